@@ -1,0 +1,116 @@
+// Package config is agentgate's configuration: one Config struct, loaded in the order defaults →
+// YAML file → AGENTGATE_* environment → flags, decoded strictly (unknown keys are errors) and
+// validated with every problem reported at once, each with its field name.
+//
+// Secrets never live in the config: it names the environment variables that hold them.
+package config
+
+import "time"
+
+// Config is the whole configuration of one agentgate process.
+type Config struct {
+	DataDir   string    `yaml:"data_dir"`
+	Log       Log       `yaml:"log"`
+	HTTP      HTTP      `yaml:"http"`
+	Store     Store     `yaml:"store"`
+	Sessions  Sessions  `yaml:"sessions"`
+	Agent     Agent     `yaml:"agent"`
+	Platforms Platforms `yaml:"platforms"`
+	Shutdown  Shutdown  `yaml:"shutdown"`
+	Persist   Persist   `yaml:"persistence"`
+}
+
+// Log configures logging.
+type Log struct {
+	Level  string `yaml:"level"`  // debug | info | warn | error
+	Format string `yaml:"format"` // text (tint) | json
+}
+
+// HTTP configures the HTTP platform listener (which also serves /metrics and health).
+type HTTP struct {
+	Addr     string `yaml:"addr"`
+	TokenEnv string `yaml:"token_env"` // env var holding the bearer token
+}
+
+// Store configures the database.
+type Store struct {
+	Driver      string `yaml:"driver"` // sqlite | postgres
+	DSN         string `yaml:"dsn"`    // default <data_dir>/agentgate.db
+	Synchronous string `yaml:"synchronous"`
+}
+
+// Sessions configures session keys, queues, resets and passivation.
+type Sessions struct {
+	GroupSessionsPerUser  bool          `yaml:"group_sessions_per_user"`
+	ThreadSessionsPerUser bool          `yaml:"thread_sessions_per_user"`
+	PassivateAfter        time.Duration `yaml:"passivate_after"`
+	Queue                 Queue         `yaml:"queue"`
+	Reset                 Reset         `yaml:"reset"`
+	Recovery              string        `yaml:"recovery"` // rerun | notice
+	HistoryLimit          int           `yaml:"history_limit"`
+}
+
+// Queue configures what happens to messages that arrive while a turn runs.
+type Queue struct {
+	Mode     string        `yaml:"mode"` // followup | collect | interrupt | steer
+	Cap      int           `yaml:"cap"`
+	Overflow string        `yaml:"overflow"` // spool | reject
+	Debounce time.Duration `yaml:"debounce"`
+}
+
+// Reset configures automatic session resets.
+type Reset struct {
+	Mode        string `yaml:"mode"` // none | idle | daily | both
+	IdleMinutes int    `yaml:"idle_minutes"`
+	AtHour      int    `yaml:"at_hour"`
+	Notify      bool   `yaml:"notify"`
+}
+
+// Agent configures the agent backend.
+type Agent struct {
+	Backend string `yaml:"backend"` // echo | exec | openai
+	Exec    Exec   `yaml:"exec"`
+	OpenAI  OpenAI `yaml:"openai"`
+}
+
+// Exec configures the exec agent.
+type Exec struct {
+	Command []string      `yaml:"command"`
+	Timeout time.Duration `yaml:"timeout"`
+	History int           `yaml:"history"`
+	// KillGrace is how long an interrupted command gets between SIGTERM and SIGKILL.
+	KillGrace time.Duration `yaml:"kill_grace"`
+}
+
+// OpenAI configures the OpenAI-compatible agent.
+type OpenAI struct {
+	BaseURL      string        `yaml:"base_url"`
+	Model        string        `yaml:"model"`
+	APIKeyEnv    string        `yaml:"api_key_env"`
+	SystemPrompt string        `yaml:"system_prompt"`
+	Timeout      time.Duration `yaml:"timeout"`
+}
+
+// Platforms configures the chat platforms other than HTTP, which is always on.
+type Platforms struct {
+	Discord Discord `yaml:"discord"`
+}
+
+// Discord configures the Discord platform.
+type Discord struct {
+	Enabled        bool   `yaml:"enabled"`
+	TokenEnv       string `yaml:"token_env"`
+	RequireMention bool   `yaml:"require_mention"`
+	AutoThread     bool   `yaml:"auto_thread"`
+}
+
+// Shutdown configures the drain on SIGTERM/SIGINT.
+type Shutdown struct {
+	// DrainTimeout bounds how long running turns may take to finish before they are cancelled.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+}
+
+// Persist configures the persistence actor.
+type Persist struct {
+	MaxBatch int `yaml:"max_batch"`
+}

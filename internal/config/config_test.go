@@ -1,0 +1,628 @@
+package config
+
+import (
+	"errors"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"go.yaml.in/yaml/v3"
+)
+
+// MustWriteConfig writes content to a config file in a temp dir and returns its path.
+func MustWriteConfig(t testing.TB, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "agentgate.yaml")
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// problems flattens a joined error into its parts.
+func problems(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, problems(e)...)
+		}
+		return out
+	}
+	return []error{err}
+}
+
+// fields returns the Field of every problem, or "!" + the message of one that is not a
+// *FieldError.
+func fields(err error) []string {
+	var out []string
+	for _, p := range problems(err) {
+		var fe *FieldError
+		if errors.As(p, &fe) {
+			out = append(out, fe.Field)
+		} else {
+			out = append(out, "!"+p.Error())
+		}
+	}
+	return out
+}
+
+func TestDefault(t *testing.T) {
+	if err := Default().Validate(); err != nil {
+		t.Errorf("Default().Validate() = %v, want nil", err)
+	}
+	got, err := Load("", nil, nil)
+	if err != nil {
+		t.Fatalf("Load(\"\", nil, nil) error = %v, want nil", err)
+	}
+	if diff := cmp.Diff(Default(), got); diff != "" {
+		t.Errorf("Load with no sources differs from Default() (-want +got):\n%s", diff)
+	}
+	a, b := Default(), Default()
+	a.Agent.Exec.Command = append(a.Agent.Exec.Command, "x")
+	if len(b.Agent.Exec.Command) != 0 {
+		t.Errorf("Default() values share the exec command slice")
+	}
+}
+
+func TestExample(t *testing.T) {
+	t.Run("decodes to Default", func(t *testing.T) {
+		dec := yaml.NewDecoder(strings.NewReader(Example()))
+		dec.KnownFields(true)
+		var got Config
+		if err := dec.Decode(&got); err != nil {
+			t.Fatalf("decode Example() error = %v, want nil", err)
+		}
+		if diff := cmp.Diff(Default(), &got, cmpopts.EquateEmpty()); diff != "" {
+			t.Errorf("Example() differs from Default() (-want +got):\n%s", diff)
+		}
+	})
+	t.Run("shows every key", func(t *testing.T) {
+		var doc yaml.Node
+		if err := yaml.Unmarshal([]byte(Example()), &doc); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		var walk func(n *yaml.Node, path string)
+		walk = func(n *yaml.Node, path string) {
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				p := joinPath(path, n.Content[i].Value)
+				if v := n.Content[i+1]; v.Kind == yaml.MappingNode {
+					walk(v, p)
+				} else {
+					got = append(got, p)
+				}
+			}
+		}
+		walk(doc.Content[0], "")
+		var want []string
+		for _, l := range leaves() {
+			want = append(want, l.path)
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("Example() keys differ from Config's, in order (-want +got):\n%s", diff)
+		}
+	})
+}
+
+func TestLoadFile(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		want func(*Config)
+	}{
+		{"empty", "", func(*Config) {}},
+		{"comments only", "# nothing here\n", func(*Config) {}},
+		{"null section keeps defaults", "log:\nsessions:\n", func(*Config) {}},
+		{
+			name: "block style",
+			yaml: "data_dir: /var/lib/agentgate\nlog:\n  level: debug\nsessions:\n  passivate_after: 90s\n  queue:\n    cap: 5\n",
+			want: func(c *Config) {
+				c.DataDir = "/var/lib/agentgate"
+				c.Log.Level = "debug"
+				c.Sessions.PassivateAfter = 90 * time.Second
+				c.Sessions.Queue.Cap = 5
+			},
+		},
+		{
+			name: "flow style keeps unset siblings",
+			yaml: "sessions:\n  reset: {mode: daily, at_hour: 6}\nagent:\n  backend: exec\n  exec: {command: [sh, -c, \"echo hi\"]}\n",
+			want: func(c *Config) {
+				c.Sessions.Reset.Mode = "daily"
+				c.Sessions.Reset.AtHour = 6
+				c.Agent.Backend = "exec"
+				c.Agent.Exec.Command = []string{"sh", "-c", "echo hi"}
+			},
+		},
+		{
+			name: "postgres",
+			yaml: "store: {driver: postgres, dsn: \"postgres://db/agentgate\"}\n",
+			want: func(c *Config) {
+				c.Store.Driver = "postgres"
+				c.Store.DSN = "postgres://db/agentgate"
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Load(MustWriteConfig(t, tt.yaml), nil, nil)
+			if err != nil {
+				t.Fatalf("Load(%q) error = %v, want nil", tt.yaml, err)
+			}
+			want := Default()
+			tt.want(want)
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("Load(%q) mismatch (-want +got):\n%s", tt.yaml, diff)
+			}
+		})
+	}
+}
+
+func TestLoadFileErrors(t *testing.T) {
+	tests := []struct {
+		name       string
+		yaml       string
+		wantFields []string // "!" marks a problem that is not a *FieldError
+		wantText   []string // substrings of the whole message
+	}{
+		{
+			name:       "unknown top-level key",
+			yaml:       "data_dir: x\nlisten: :80\n",
+			wantFields: []string{"listen"},
+			wantText:   []string{`agentgate.yaml:2: listen: unknown key`},
+		},
+		{
+			name:       "unknown nested key",
+			yaml:       "sessions:\n  queue:\n    mode: collect\n    size: 3\n",
+			wantFields: []string{"sessions.queue.size"},
+			wantText:   []string{`agentgate.yaml:4: sessions.queue.size: unknown key`},
+		},
+		{
+			name:       "wrong types",
+			yaml:       "sessions:\n  queue: {cap: lots, debounce: 5}\nplatforms:\n  discord: {enabled: maybe}\nlog: debug\n",
+			wantFields: []string{"sessions.queue.cap", "sessions.queue.debounce", "platforms.discord.enabled", "log"},
+			wantText: []string{
+				`agentgate.yaml:2: sessions.queue.cap: "lots": must be an integer`,
+				`agentgate.yaml:2: sessions.queue.debounce: "5": must be a duration`,
+				`agentgate.yaml:4: platforms.discord.enabled: "maybe": must be true or false`,
+				`agentgate.yaml:5: log: must be a mapping`,
+			},
+		},
+		{
+			name:       "list expected",
+			yaml:       "agent:\n  exec:\n    command: echo hi\n",
+			wantFields: []string{"agent.exec.command"},
+			wantText:   []string{`agentgate.yaml:3: agent.exec.command: "echo hi": must be a list of strings`},
+		},
+		{
+			name:       "decode and validation problems together",
+			yaml:       "log: {level: loud, colour: true}\n",
+			wantFields: []string{"log.colour", "log.level"},
+			wantText:   []string{"log.colour: unknown key", `log.level: "loud": must be one of debug, info, warn, error`},
+		},
+		{
+			name:       "not a mapping",
+			yaml:       "- a\n- b\n",
+			wantFields: []string{"!agentgate.yaml:1: the document must be a mapping of keys"},
+		},
+		{
+			name:       "syntax error",
+			yaml:       "log:\n  level: [info\n",
+			wantFields: []string{"!"},
+			wantText:   []string{"parse ", "agentgate.yaml: yaml: "},
+		},
+		{
+			name:       "two documents",
+			yaml:       "data_dir: a\n---\ndata_dir: b\n",
+			wantFields: []string{"!"},
+			wantText:   []string{"want one YAML document, found more"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Load(MustWriteConfig(t, tt.yaml), nil, nil)
+			if err == nil {
+				t.Fatalf("Load(%q) = %+v, nil; want an error", tt.yaml, cfg)
+			}
+			if cfg != nil {
+				t.Errorf("Load(%q) returned a config with error %v, want nil config", tt.yaml, err)
+			}
+			got := fields(err)
+			// A "!" alone matches any non-field problem; a longer one must be its suffix.
+			for i, w := range tt.wantFields {
+				if i < len(got) && strings.HasPrefix(w, "!") && strings.HasPrefix(got[i], "!") && strings.HasSuffix(got[i], w[1:]) {
+					got[i] = w
+				}
+			}
+			if diff := cmp.Diff(tt.wantFields, got); diff != "" {
+				t.Errorf("Load(%q) problems (-want +got):\n%s\nerror:\n%v", tt.yaml, diff, err)
+			}
+			for _, w := range tt.wantText {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Load(%q) error =\n%v\nwant it to contain %q", tt.yaml, err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nope.yaml")
+	_, err := Load(path, nil, nil)
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Load(%q) error = %v, want one wrapping fs.ErrNotExist", path, err)
+	}
+}
+
+func TestLoadEnv(t *testing.T) {
+	tests := []struct {
+		name    string
+		environ []string
+		want    func(*Config)
+	}{
+		{
+			name:    "strings",
+			environ: []string{"AGENTGATE_DATA_DIR=/srv/ag", "AGENTGATE_HTTP_ADDR=0.0.0.0:9000", "AGENTGATE_LOG_LEVEL=debug", "AGENTGATE_HTTP_TOKEN_ENV=AG_TOKEN"},
+			want: func(c *Config) {
+				c.DataDir = "/srv/ag"
+				c.HTTP.Addr = "0.0.0.0:9000"
+				c.Log.Level = "debug"
+				c.HTTP.TokenEnv = "AG_TOKEN"
+			},
+		},
+		{
+			name:    "string taken verbatim",
+			environ: []string{"AGENTGATE_AGENT_OPENAI_SYSTEM_PROMPT=be brief: # no yaml here", "AGENTGATE_STORE_DSN=[not, a, list]"},
+			want: func(c *Config) {
+				c.Agent.OpenAI.SystemPrompt = "be brief: # no yaml here"
+				c.Store.DSN = "[not, a, list]"
+			},
+		},
+		{
+			name:    "nested enum",
+			environ: []string{"AGENTGATE_SESSIONS_QUEUE_MODE=collect"},
+			want:    func(c *Config) { c.Sessions.Queue.Mode = "collect" },
+		},
+		{
+			name:    "durations",
+			environ: []string{"AGENTGATE_SESSIONS_PASSIVATE_AFTER=1h30m", "AGENTGATE_SESSIONS_QUEUE_DEBOUNCE=250ms"},
+			want: func(c *Config) {
+				c.Sessions.PassivateAfter = 90 * time.Minute
+				c.Sessions.Queue.Debounce = 250 * time.Millisecond
+			},
+		},
+		{
+			name:    "bools and ints",
+			environ: []string{"AGENTGATE_PLATFORMS_DISCORD_ENABLED=true", "AGENTGATE_SESSIONS_GROUP_SESSIONS_PER_USER=false", "AGENTGATE_PERSISTENCE_MAX_BATCH=64"},
+			want: func(c *Config) {
+				c.Platforms.Discord.Enabled = true
+				c.Sessions.GroupSessionsPerUser = false
+				c.Persist.MaxBatch = 64
+			},
+		},
+		{
+			name:    "list",
+			environ: []string{"AGENTGATE_AGENT_BACKEND=exec", `AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, "echo hi"]`},
+			want: func(c *Config) {
+				c.Agent.Backend = "exec"
+				c.Agent.Exec.Command = []string{"sh", "-c", "echo hi"}
+			},
+		},
+		{
+			name:    "unknown AGENTGATE variables are ignored",
+			environ: []string{"AGENTGATE_SESSION_KEY=agent:main:http:dm:u1", "AGENTGATE_PLATFORM=http", "AGENTGATE_NONSENSE=1", "HOME=/root", "agentgate_data_dir=/lower"},
+			want:    func(*Config) {},
+		},
+		{
+			name:    "last repeat wins",
+			environ: []string{"AGENTGATE_DATA_DIR=/one", "AGENTGATE_DATA_DIR=/two"},
+			want:    func(c *Config) { c.DataDir = "/two" },
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Load("", tt.environ, nil)
+			if err != nil {
+				t.Fatalf("Load(env %q) error = %v, want nil", tt.environ, err)
+			}
+			want := Default()
+			tt.want(want)
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("Load(env %q) mismatch (-want +got):\n%s", tt.environ, diff)
+			}
+		})
+	}
+}
+
+func TestLoadEnvOverridesFile(t *testing.T) {
+	path := MustWriteConfig(t, "log: {level: warn, format: json}\n")
+	got, err := Load(path, []string{"AGENTGATE_LOG_LEVEL=error"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Log{Level: "error", Format: "json"}); got.Log != want {
+		t.Errorf("Load log = %+v, want %+v", got.Log, want)
+	}
+}
+
+func TestLoadEnvErrors(t *testing.T) {
+	tests := []struct {
+		name    string
+		environ []string
+		want    []string // error substrings, in order
+	}{
+		{"duration", []string{"AGENTGATE_SESSIONS_PASSIVATE_AFTER=10"}, []string{`AGENTGATE_SESSIONS_PASSIVATE_AFTER: "10": must be a duration`}},
+		{"bool", []string{"AGENTGATE_PLATFORMS_DISCORD_ENABLED=sure"}, []string{`AGENTGATE_PLATFORMS_DISCORD_ENABLED: "sure": must be true or false`}},
+		{"int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=5x"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "5x": must be an integer`}},
+		{"empty int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP="}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "": must be an integer`}},
+		{"null int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=~"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "~": must be an integer`}},
+		{"unclosed list", []string{"AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c"}, []string{`AGENTGATE_AGENT_EXEC_COMMAND: "[sh, -c": must be a list`}},
+		{"mapping for list", []string{"AGENTGATE_AGENT_EXEC_COMMAND={a: b}"}, []string{`AGENTGATE_AGENT_EXEC_COMMAND: "{a: b}": must be a list`}},
+		{
+			name:    "all at once with validation",
+			environ: []string{"AGENTGATE_SESSIONS_QUEUE_CAP=no", "AGENTGATE_LOG_FORMAT=xml", "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=soon"},
+			want:    []string{"AGENTGATE_SESSIONS_QUEUE_CAP", "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT", "log.format"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Load("", tt.environ, nil)
+			if err == nil {
+				t.Fatalf("Load(env %q) = %+v, nil; want an error", tt.environ, cfg)
+			}
+			ps := problems(err)
+			if len(ps) != len(tt.want) {
+				t.Fatalf("Load(env %q) gave %d problems, want %d:\n%v", tt.environ, len(ps), len(tt.want), err)
+			}
+			for i, p := range ps {
+				var fe *FieldError
+				if !errors.As(p, &fe) {
+					t.Errorf("problem %d = %v (%T), want a *FieldError", i, p, p)
+				}
+				if !strings.Contains(p.Error(), tt.want[i]) {
+					t.Errorf("problem %d = %q, want it to contain %q", i, p, tt.want[i])
+				}
+			}
+		})
+	}
+}
+
+func TestLoadOverride(t *testing.T) {
+	path := MustWriteConfig(t, "http: {addr: \"127.0.0.1:1\"}\ndata_dir: /file\n")
+	environ := []string{"AGENTGATE_HTTP_ADDR=127.0.0.1:2", "AGENTGATE_DATA_DIR=/env"}
+	got, err := Load(path, environ, func(c *Config) { c.HTTP.Addr = "127.0.0.1:0" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.HTTP.Addr != "127.0.0.1:0" {
+		t.Errorf("http.addr = %q, want the override's %q", got.HTTP.Addr, "127.0.0.1:0")
+	}
+	if got.DataDir != "/env" {
+		t.Errorf("data_dir = %q, want the environment's %q", got.DataDir, "/env")
+	}
+
+	// The override is validated like everything else.
+	_, err = Load("", nil, func(c *Config) { c.HTTP.Addr = "nope" })
+	if diff := cmp.Diff([]string{"http.addr"}, fields(err)); diff != "" {
+		t.Errorf("Load with a bad override: problems (-want +got):\n%s", diff)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		want   []string // fields, in the order Validate reports them
+	}{
+		{"defaults", func(*Config) {}, nil},
+		{"port zero", func(c *Config) { c.HTTP.Addr = "127.0.0.1:0" }, nil},
+		{"all interfaces", func(c *Config) { c.HTTP.Addr = ":8080" }, nil},
+		{"exec with command", func(c *Config) { c.Agent.Backend = "exec"; c.Agent.Exec.Command = []string{"agent"} }, nil},
+		{"openai complete", func(c *Config) {
+			c.Agent.Backend = "openai"
+			c.Agent.OpenAI.BaseURL = "http://localhost:11434/v1"
+			c.Agent.OpenAI.Model = "llama3"
+			c.Agent.OpenAI.APIKeyEnv = ""
+		}, nil},
+		{"discord enabled", func(c *Config) { c.Platforms.Discord.Enabled = true }, nil},
+		{"empty data dir", func(c *Config) { c.DataDir = "" }, []string{"data_dir"}},
+		{"log", func(c *Config) { c.Log = Log{Level: "trace", Format: "xml"} }, []string{"log.level", "log.format"}},
+		{"addr without port", func(c *Config) { c.HTTP.Addr = "localhost" }, []string{"http.addr"}},
+		{"addr bad port", func(c *Config) { c.HTTP.Addr = "localhost:99999" }, []string{"http.addr"}},
+		{"token_env holds a secret", func(c *Config) { c.HTTP.TokenEnv = "abc.def-ghi" }, []string{"http.token_env"}},
+		{"postgres without dsn", func(c *Config) { c.Store.Driver = "postgres" }, []string{"store.dsn"}},
+		{"store", func(c *Config) { c.Store.Driver = "mysql"; c.Store.Synchronous = "off" }, []string{"store.driver", "store.synchronous"}},
+		{"sessions", func(c *Config) {
+			c.Sessions = Sessions{
+				PassivateAfter: -time.Second,
+				Queue:          Queue{Mode: "fast", Cap: 0, Overflow: "drop", Debounce: -1},
+				Reset:          Reset{Mode: "weekly", IdleMinutes: 0, AtHour: 24},
+				Recovery:       "ignore",
+				HistoryLimit:   -1,
+			}
+		}, []string{
+			"sessions.passivate_after", "sessions.queue.mode", "sessions.queue.cap", "sessions.queue.overflow",
+			"sessions.queue.debounce", "sessions.reset.mode", "sessions.reset.idle_minutes", "sessions.reset.at_hour",
+			"sessions.recovery", "sessions.history_limit",
+		}},
+		{"at_hour negative", func(c *Config) { c.Sessions.Reset.AtHour = -1 }, []string{"sessions.reset.at_hour"}},
+		{"unknown backend", func(c *Config) { c.Agent.Backend = "claude" }, []string{"agent.backend"}},
+		{"exec without command", func(c *Config) { c.Agent.Backend = "exec" }, []string{"agent.exec.command"}},
+		{"exec with empty argv0", func(c *Config) { c.Agent.Backend = "exec"; c.Agent.Exec.Command = []string{""} }, []string{"agent.exec.command"}},
+		{"exec limits", func(c *Config) { c.Agent.Exec.Timeout = 0; c.Agent.Exec.History = -1; c.Agent.Exec.KillGrace = -1 }, []string{
+			"agent.exec.timeout", "agent.exec.history", "agent.exec.kill_grace",
+		}},
+		{"openai without url and model", func(c *Config) { c.Agent.Backend = "openai" }, []string{"agent.openai.base_url", "agent.openai.model"}},
+		{"openai bad url", func(c *Config) { c.Agent.OpenAI.BaseURL = "api.openai.com/v1" }, []string{"agent.openai.base_url"}},
+		{"openai key and timeout", func(c *Config) { c.Agent.OpenAI.APIKeyEnv = "sk-123"; c.Agent.OpenAI.Timeout = 0 }, []string{
+			"agent.openai.api_key_env", "agent.openai.timeout",
+		}},
+		{"discord without token_env", func(c *Config) { c.Platforms.Discord = Discord{Enabled: true} }, []string{"platforms.discord.token_env"}},
+		{"discord bad token_env", func(c *Config) { c.Platforms.Discord.TokenEnv = "1TOKEN" }, []string{"platforms.discord.token_env"}},
+		{"shutdown and persistence", func(c *Config) { c.Shutdown.DrainTimeout = -1; c.Persist.MaxBatch = 0 }, []string{
+			"shutdown.drain_timeout", "persistence.max_batch",
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Default()
+			tt.mutate(c)
+			err := c.Validate()
+			got := fields(err)
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("Validate() problems (-want +got):\n%s\nerror:\n%v", diff, err)
+			}
+			if len(problems(err)) != len(tt.want) {
+				t.Errorf("Validate() gave %d problems, want %d", len(problems(err)), len(tt.want))
+			}
+		})
+	}
+}
+
+func TestFieldErrorMessages(t *testing.T) {
+	c := Default()
+	c.Sessions.Queue.Mode = "fast"
+	c.Sessions.PassivateAfter = -time.Second
+	c.HTTP.TokenEnv = "secret.token.value"
+	c.Store.Driver = "postgres"
+	c.Agent.Backend = "exec"
+	c.Agent.Exec.Command = []string{""}
+	err := c.Validate()
+
+	var fe *FieldError
+	if !errors.As(err, &fe) {
+		t.Fatalf("Validate() = %v, want it to hold a *FieldError", err)
+	}
+	want := []string{
+		`http.token_env: must be the name of an environment variable ([A-Za-z_][A-Za-z0-9_]*), not the secret`,
+		`store.dsn: required when store.driver is postgres`,
+		`sessions.passivate_after: -1s: must not be negative`,
+		`sessions.queue.mode: "fast": must be one of followup, collect, interrupt, steer`,
+		`agent.exec.command: required when agent.backend is exec`,
+	}
+	var got []string
+	for _, p := range problems(err) {
+		got = append(got, p.Error())
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Validate() messages (-want +got):\n%s", diff)
+	}
+	if strings.Contains(err.Error(), "secret.token.value") {
+		t.Errorf("Validate() = %q, leaks the value of a *_env key", err)
+	}
+}
+
+func TestFieldErrorValues(t *testing.T) {
+	reason := errors.New("bad")
+	tests := []struct {
+		value any
+		want  string
+	}{
+		{nil, "f: bad"},
+		{"x y", `f: "x y": bad`},
+		{[]string{"sh", "-c"}, `f: ["sh", "-c"]: bad`},
+		{90 * time.Second, "f: 1m30s: bad"},
+		{3, "f: 3: bad"},
+	}
+	for _, tt := range tests {
+		e := &FieldError{Field: "f", Value: tt.value, Err: reason}
+		if got := e.Error(); got != tt.want {
+			t.Errorf("FieldError{Value: %#v}.Error() = %q, want %q", tt.value, got, tt.want)
+		}
+		if !errors.Is(e, reason) {
+			t.Errorf("errors.Is(FieldError, reason) = false, want true")
+		}
+	}
+}
+
+func TestEnvNames(t *testing.T) {
+	seen := make(map[string]string)
+	for _, l := range leaves() {
+		if prev, ok := seen[l.env]; ok {
+			t.Errorf("%s and %s share the variable %s", prev, l.path, l.env)
+		}
+		seen[l.env] = l.path
+	}
+	for _, name := range []string{"AGENTGATE_DATA_DIR", "AGENTGATE_HTTP_ADDR", "AGENTGATE_LOG_LEVEL",
+		"AGENTGATE_SESSIONS_QUEUE_MODE", "AGENTGATE_PLATFORMS_DISCORD_ENABLED", "AGENTGATE_AGENT_EXEC_COMMAND"} {
+		if _, ok := seen[name]; !ok {
+			t.Errorf("no key is set by %s", name)
+		}
+	}
+	// The exec agent passes these to its subprocess (DESIGN §5); none may set a config key.
+	for _, name := range []string{"AGENTGATE_PLATFORM", "AGENTGATE_SESSION_KEY", "AGENTGATE_SESSION_ID",
+		"AGENTGATE_CHAT_ID", "AGENTGATE_CHAT_TYPE", "AGENTGATE_THREAD_ID", "AGENTGATE_USER_ID",
+		"AGENTGATE_USER_NAME", "AGENTGATE_MESSAGE_ID", "AGENTGATE_TURN_ID", "AGENTGATE_PROFILE"} {
+		if path, ok := seen[name]; ok {
+			t.Errorf("exec agent variable %s collides with key %s", name, path)
+		}
+	}
+}
+
+func TestDSN(t *testing.T) {
+	c := Default()
+	c.DataDir = "/var/lib/agentgate"
+	if got, want := c.DSN(), filepath.Join("/var/lib/agentgate", "agentgate.db"); got != want {
+		t.Errorf("DSN() = %q, want %q", got, want)
+	}
+	c.Store.DSN = "postgres://db/agentgate"
+	if got, want := c.DSN(), "postgres://db/agentgate"; got != want {
+		t.Errorf("DSN() with store.dsn = %q, want %q", got, want)
+	}
+}
+
+func TestSlogLevel(t *testing.T) {
+	for in, want := range map[string]slog.Level{
+		"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn,
+		"error": slog.LevelError, "": slog.LevelInfo, "loud": slog.LevelInfo,
+	} {
+		c := Default()
+		c.Log.Level = in
+		if got := c.SlogLevel(); got != want {
+			t.Errorf("SlogLevel() with log.level %q = %v, want %v", in, got, want)
+		}
+	}
+}
+
+func FuzzLoad(f *testing.F) {
+	f.Add("", "")
+	f.Add(Example(), "")
+	f.Add("log: {level: debug}\nsessions:\n  queue: {cap: 3, debounce: 1s}\n", "10m")
+	f.Add("agent:\n  backend: exec\n  exec: {command: [sh, -c, \"echo hi\"]}\n", "[a, b]")
+	f.Add("base: &b {level: warn}\nlog:\n  <<: *b\n", "true")
+	f.Add("sessions: [1, 2]\nlog: debug\nnope: 1\n", "{x: y}")
+	// One file for the whole run: a fuzz process calls the target sequentially.
+	path := filepath.Join(f.TempDir(), "agentgate.yaml")
+	f.Fuzz(func(t *testing.T, doc, env string) {
+		if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		environ := []string{
+			"AGENTGATE_SESSIONS_PASSIVATE_AFTER=" + env,
+			"AGENTGATE_AGENT_EXEC_COMMAND=" + env,
+			"AGENTGATE_PLATFORMS_DISCORD_ENABLED=" + env,
+			"AGENTGATE_PERSISTENCE_MAX_BATCH=" + env,
+		}
+		cfg, err := Load(path, environ, nil)
+		if err != nil {
+			if cfg != nil {
+				t.Errorf("Load returned a config with error %v", err)
+			}
+			if err.Error() == "" {
+				t.Errorf("Load error has an empty message")
+			}
+			return
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("Load succeeded but Validate() = %v", err)
+		}
+	})
+}

@@ -1,0 +1,48 @@
+package config
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// FieldError is one problem with one configuration value. Load and Validate return every
+// FieldError they find at once, joined with errors.Join; callers find them with errors.As.
+type FieldError struct {
+	// Field is the dotted YAML key path (sessions.queue.mode), or the name of the environment
+	// variable (AGENTGATE_SESSIONS_QUEUE_CAP) when the value came from one and didn't parse.
+	Field string
+	// Value is the offending value, or nil when the problem is a missing value or an unknown key.
+	Value any
+	// Err says what is wrong with the value.
+	Err error
+}
+
+// Error formats the problem as `field: value: reason`, omitting a nil Value.
+func (e *FieldError) Error() string {
+	if e.Value == nil {
+		return e.Field + ": " + e.Err.Error()
+	}
+	return e.Field + ": " + formatValue(e.Value) + ": " + e.Err.Error()
+}
+
+// Unwrap returns the reason, so errors.Is works on it.
+func (e *FieldError) Unwrap() error { return e.Err }
+
+func formatValue(v any) string {
+	switch v := v.(type) {
+	case string:
+		return strconv.Quote(v)
+	case []string:
+		q := make([]string, len(v))
+		for i, s := range v {
+			q[i] = strconv.Quote(s)
+		}
+		return "[" + strings.Join(q, ", ") + "]"
+	case time.Duration:
+		return v.String()
+	default:
+		return fmt.Sprint(v)
+	}
+}

@@ -1,0 +1,366 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// EnvPrefix starts the name of every environment variable that sets a config key:
+// AGENTGATE_ followed by the key's YAML path joined with "_" in upper case, such as
+// AGENTGATE_SESSIONS_QUEUE_MODE for sessions.queue.mode.
+const EnvPrefix = "AGENTGATE_"
+
+// Default returns the built-in configuration: SQLite in ./data, the HTTP platform on
+// 127.0.0.1:8080 and the echo agent. Every call returns a new value that shares nothing.
+func Default() *Config {
+	return &Config{
+		DataDir: "./data",
+		Log:     Log{Level: "info", Format: "text"},
+		HTTP:    HTTP{Addr: "127.0.0.1:8080"},
+		Store:   Store{Driver: "sqlite", Synchronous: "full"},
+		Sessions: Sessions{
+			GroupSessionsPerUser: true,
+			PassivateAfter:       10 * time.Minute,
+			Queue:                Queue{Mode: "followup", Cap: 50, Overflow: "spool"},
+			Reset:                Reset{Mode: "none", IdleMinutes: 1440, AtHour: 4, Notify: true},
+			Recovery:             "rerun",
+			HistoryLimit:         20,
+		},
+		Agent: Agent{
+			Backend: "echo",
+			Exec:    Exec{Timeout: 10 * time.Minute, History: 20, KillGrace: 5 * time.Second},
+			OpenAI:  OpenAI{APIKeyEnv: "OPENAI_API_KEY", Timeout: 2 * time.Minute},
+		},
+		Platforms: Platforms{Discord: Discord{TokenEnv: "DISCORD_TOKEN", RequireMention: true}},
+		Shutdown:  Shutdown{DrainTimeout: 30 * time.Second},
+		Persist:   Persist{MaxBatch: 512},
+	}
+}
+
+// Load builds the configuration in the order defaults → the YAML file at path (skipped when
+// path is empty) → the AGENTGATE_* variables in environ (os.Environ's "KEY=value" form) →
+// override (the command-line flags; may be nil), then validates it.
+//
+// The file is decoded strictly: an unknown key is an error naming the key and its line. An
+// AGENTGATE_ variable that names no key is ignored, because the exec agent hands its
+// subprocesses variables such as AGENTGATE_SESSION_KEY; one whose value doesn't parse is an
+// error naming the variable. Every problem is reported at once, joined with errors.Join; the
+// ones tied to a key are *FieldError. A file that can't be read is returned on its own,
+// wrapping the os error.
+func Load(path string, environ []string, override func(*Config)) (*Config, error) {
+	cfg := Default()
+	var errs []error
+	if path != "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("load config: %w", err)
+		}
+		errs = append(errs, decodeFile(cfg, path, data)...)
+	}
+	errs = append(errs, applyEnv(cfg, environ)...)
+	if override != nil {
+		override(cfg)
+	}
+	errs = append(errs, cfg.validate()...)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return cfg, nil
+}
+
+// DSN returns the store's data source name: store.dsn, or agentgate.db in the data directory.
+func (c *Config) DSN() string {
+	if c.Store.DSN != "" {
+		return c.Store.DSN
+	}
+	return filepath.Join(c.DataDir, "agentgate.db")
+}
+
+// SlogLevel returns log.level as a slog.Level, or slog.LevelInfo if it isn't a valid level.
+func (c *Config) SlogLevel() slog.Level {
+	switch c.Log.Level {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	default:
+		return slog.LevelInfo
+	}
+}
+
+var errUnknownKey = errors.New("unknown key")
+
+// decodeFile decodes one YAML document over cfg and returns its problems, each prefixed
+// with name and, where known, the line.
+func decodeFile(cfg *Config, name string, data []byte) []error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	err := dec.Decode(cfg)
+	if errors.Is(err, io.EOF) {
+		return nil // an empty file (or only comments) keeps the defaults
+	}
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		return describeTypeErrors(name, data, te)
+	}
+	if err != nil {
+		return []error{fmt.Errorf("parse %s: %v", name, err)}
+	}
+	// A second document would otherwise be ignored without a word.
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return []error{fmt.Errorf("parse %s: want one YAML document, found more", name)}
+	}
+	return nil
+}
+
+// describeTypeErrors turns yaml.v3's messages ("line 3: field foo not found in type
+// config.Log") into errors that name the key path. It re-walks the document to find each
+// problem's key; the decoder stays the authority on what is wrong, so a message this walk
+// can't attribute is kept as yaml.v3 wrote it.
+func describeTypeErrors(name string, data []byte, te *yaml.TypeError) []error {
+	var root yaml.Node
+	_ = yaml.Unmarshal(data, &root) // the document parsed once already
+	var diags []diag
+	diagnose(&root, reflect.TypeFor[Config](), "", &diags)
+	byLine := make(map[int][]error)
+	for _, d := range diags {
+		byLine[d.line] = append(byLine[d.line], d.err)
+	}
+	errs := make([]error, 0, len(te.Errors))
+	for _, msg := range te.Errors {
+		line := lineOf(msg)
+		if ds := byLine[line]; line > 0 && len(ds) > 0 {
+			errs = append(errs, fmt.Errorf("%s:%d: %w", name, line, ds[0]))
+			byLine[line] = ds[1:]
+			continue
+		}
+		errs = append(errs, fmt.Errorf("%s: %s", name, msg))
+	}
+	return errs
+}
+
+var lineRE = regexp.MustCompile(`^line (\d+): `)
+
+func lineOf(msg string) int {
+	m := lineRE.FindStringSubmatch(msg)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+type diag struct {
+	line int
+	err  error
+}
+
+// diagnose walks n against the type t in document order, as yaml.v3's decoder does, and
+// records every unknown key and every value that doesn't decode into its field.
+func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag) {
+	for n != nil && (n.Kind == yaml.DocumentNode || n.Kind == yaml.AliasNode) {
+		if n.Kind == yaml.AliasNode {
+			n = n.Alias
+		} else if len(n.Content) > 0 {
+			n = n.Content[0]
+		} else {
+			return
+		}
+	}
+	if n == nil {
+		return
+	}
+	if t.Kind() == reflect.Struct {
+		if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+			return // decodes to nothing: the defaults stay
+		}
+		if n.Kind != yaml.MappingNode {
+			if path == "" {
+				*out = append(*out, diag{n.Line, errors.New("the document must be a mapping of keys")})
+			} else {
+				*out = append(*out, diag{n.Line, &FieldError{Field: path, Err: errors.New("must be a mapping of keys")}})
+			}
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			if k.ShortTag() == "!!merge" {
+				continue // merged content is attributed by line only
+			}
+			p := joinPath(path, k.Value)
+			f, ok := fieldByKey(t, k.Value)
+			if !ok {
+				*out = append(*out, diag{k.Line, &FieldError{Field: p, Err: errUnknownKey}})
+				continue
+			}
+			diagnose(v, f.Type, p, out)
+		}
+		return
+	}
+	err := n.Decode(reflect.New(t).Interface())
+	if err == nil {
+		return
+	}
+	var value any
+	if n.Kind == yaml.ScalarNode {
+		value = n.Value
+	}
+	fe := &FieldError{Field: path, Value: value, Err: typeMismatch(t)}
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		*out = append(*out, diag{n.Line, fe})
+		return
+	}
+	// One entry per message keeps the pairing with the decoder's messages exact.
+	for _, msg := range te.Errors {
+		*out = append(*out, diag{lineOf(msg), fe})
+	}
+}
+
+func joinPath(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+func yamlKey(f reflect.StructField) (string, bool) {
+	name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+	switch {
+	case !f.IsExported() || name == "-":
+		return "", false
+	case name == "":
+		return strings.ToLower(f.Name), true // yaml.v3's default
+	}
+	return name, true
+}
+
+func fieldByKey(t reflect.Type, key string) (reflect.StructField, bool) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if name, ok := yamlKey(f); ok && name == key {
+			return f, true
+		}
+	}
+	return reflect.StructField{}, false
+}
+
+var durationType = reflect.TypeFor[time.Duration]()
+
+// typeMismatch says what a value of type t looks like.
+func typeMismatch(t reflect.Type) error {
+	switch {
+	case t == durationType:
+		return errors.New("must be a duration such as 90s or 10m")
+	case t.Kind() == reflect.Bool:
+		return errors.New("must be true or false")
+	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64:
+		return errors.New("must be an integer")
+	case t.Kind() == reflect.String:
+		return errors.New("must be a string")
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String:
+		return errors.New(`must be a list of strings such as [sh, -c, "echo hi"]`)
+	default:
+		return fmt.Errorf("must be a %s", t)
+	}
+}
+
+// leaf is one settable key: a field that is not itself a section.
+type leaf struct {
+	path  string // sessions.queue.mode
+	env   string // AGENTGATE_SESSIONS_QUEUE_MODE
+	index []int  // for reflect.Value.FieldByIndex
+	typ   reflect.Type
+}
+
+// leaves lists every key of Config in declaration order.
+var leaves = sync.OnceValue(func() []leaf {
+	var out []leaf
+	var walk func(t reflect.Type, path string, index []int)
+	walk = func(t reflect.Type, path string, index []int) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			name, ok := yamlKey(f)
+			if !ok {
+				continue
+			}
+			p := joinPath(path, name)
+			idx := append(index[:len(index):len(index)], i)
+			if f.Type.Kind() == reflect.Struct {
+				walk(f.Type, p, idx)
+				continue
+			}
+			env := EnvPrefix + strings.ToUpper(strings.ReplaceAll(p, ".", "_"))
+			out = append(out, leaf{path: p, env: env, index: idx, typ: f.Type})
+		}
+	}
+	walk(reflect.TypeFor[Config](), "", nil)
+	return out
+})
+
+// applyEnv sets every key named by an AGENTGATE_ variable in environ; the last of repeated
+// variables wins, as with os.Getenv.
+func applyEnv(cfg *Config, environ []string) []error {
+	vars := make(map[string]string)
+	for _, kv := range environ {
+		k, v, ok := strings.Cut(kv, "=")
+		if ok && strings.HasPrefix(k, EnvPrefix) {
+			vars[k] = v
+		}
+	}
+	if len(vars) == 0 {
+		return nil
+	}
+	root := reflect.ValueOf(cfg).Elem()
+	var errs []error
+	for _, l := range leaves() {
+		raw, ok := vars[l.env]
+		if !ok {
+			continue
+		}
+		v, err := parseEnvValue(raw, l.typ)
+		if err != nil {
+			errs = append(errs, &FieldError{Field: l.env, Value: raw, Err: err})
+			continue
+		}
+		root.FieldByIndex(l.index).Set(v)
+	}
+	return errs
+}
+
+// parseEnvValue reads raw as a YAML scalar or flow value of type t. A string is taken
+// verbatim, so that a prompt or DSN holding "#" or ": " survives.
+func parseEnvValue(raw string, t reflect.Type) (reflect.Value, error) {
+	if t.Kind() == reflect.String {
+		return reflect.ValueOf(raw).Convert(t), nil
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal([]byte(raw), &doc); err != nil || len(doc.Content) == 0 {
+		return reflect.Value{}, typeMismatch(t)
+	}
+	n := doc.Content[0]
+	if n.ShortTag() == "!!null" && t.Kind() != reflect.Slice {
+		return reflect.Value{}, typeMismatch(t)
+	}
+	ptr := reflect.New(t)
+	if err := n.Decode(ptr.Interface()); err != nil {
+		return reflect.Value{}, typeMismatch(t)
+	}
+	return ptr.Elem(), nil
+}

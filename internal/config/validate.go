@@ -1,0 +1,143 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Validate checks every key and returns all problems at once, joined with errors.Join, each a
+// *FieldError naming its key. It returns nil when the configuration is usable.
+func (c *Config) Validate() error {
+	return errors.Join(c.validate()...)
+}
+
+func (c *Config) validate() []error {
+	var v validator
+	v.required("data_dir", c.DataDir != "", "")
+	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
+	v.oneOf("log.format", c.Log.Format, "text", "json")
+	v.hostPort("http.addr", c.HTTP.Addr)
+	v.envName("http.token_env", c.HTTP.TokenEnv)
+
+	v.oneOf("store.driver", c.Store.Driver, "sqlite", "postgres")
+	if c.Store.Driver == "postgres" {
+		v.required("store.dsn", c.Store.DSN != "", "when store.driver is postgres")
+	}
+	v.oneOf("store.synchronous", c.Store.Synchronous, "full", "normal")
+
+	s := &c.Sessions
+	atLeast(&v, "sessions.passivate_after", s.PassivateAfter, 0)
+	v.oneOf("sessions.queue.mode", s.Queue.Mode, "followup", "collect", "interrupt", "steer")
+	atLeast(&v, "sessions.queue.cap", s.Queue.Cap, 1)
+	v.oneOf("sessions.queue.overflow", s.Queue.Overflow, "spool", "reject")
+	atLeast(&v, "sessions.queue.debounce", s.Queue.Debounce, 0)
+	v.oneOf("sessions.reset.mode", s.Reset.Mode, "none", "idle", "daily", "both")
+	atLeast(&v, "sessions.reset.idle_minutes", s.Reset.IdleMinutes, 1)
+	if s.Reset.AtHour < 0 || s.Reset.AtHour > 23 {
+		v.add("sessions.reset.at_hour", s.Reset.AtHour, "must be from 0 to 23")
+	}
+	v.oneOf("sessions.recovery", s.Recovery, "rerun", "notice")
+	atLeast(&v, "sessions.history_limit", s.HistoryLimit, 0)
+
+	a := &c.Agent
+	v.oneOf("agent.backend", a.Backend, "echo", "exec", "openai")
+	if a.Backend == "exec" {
+		v.required("agent.exec.command", len(a.Exec.Command) > 0 && a.Exec.Command[0] != "", "when agent.backend is exec")
+	}
+	atLeast(&v, "agent.exec.timeout", a.Exec.Timeout, 1)
+	atLeast(&v, "agent.exec.history", a.Exec.History, 0)
+	atLeast(&v, "agent.exec.kill_grace", a.Exec.KillGrace, 0)
+	if a.Backend == "openai" {
+		v.required("agent.openai.base_url", a.OpenAI.BaseURL != "", "when agent.backend is openai")
+		v.required("agent.openai.model", a.OpenAI.Model != "", "when agent.backend is openai")
+	}
+	if a.OpenAI.BaseURL != "" {
+		u, err := url.Parse(a.OpenAI.BaseURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			// No value in the message: a URL may carry credentials.
+			v.add("agent.openai.base_url", nil, "must be an absolute http or https URL")
+		}
+	}
+	v.envName("agent.openai.api_key_env", a.OpenAI.APIKeyEnv)
+	atLeast(&v, "agent.openai.timeout", a.OpenAI.Timeout, 1)
+
+	d := &c.Platforms.Discord
+	v.envName("platforms.discord.token_env", d.TokenEnv)
+	if d.Enabled {
+		v.required("platforms.discord.token_env", d.TokenEnv != "", "when platforms.discord.enabled is true")
+	}
+
+	atLeast(&v, "shutdown.drain_timeout", c.Shutdown.DrainTimeout, 0)
+	atLeast(&v, "persistence.max_batch", c.Persist.MaxBatch, 1)
+	return v.errs
+}
+
+// validator collects FieldErrors.
+type validator struct {
+	errs []error
+}
+
+func (v *validator) add(field string, value any, reason string) {
+	v.errs = append(v.errs, &FieldError{Field: field, Value: value, Err: errors.New(reason)})
+}
+
+func (v *validator) required(field string, ok bool, when string) {
+	if !ok {
+		v.add(field, nil, strings.TrimSpace("required "+when))
+	}
+}
+
+func (v *validator) oneOf(field, got string, allowed ...string) {
+	for _, a := range allowed {
+		if got == a {
+			return
+		}
+	}
+	v.add(field, got, "must be one of "+strings.Join(allowed, ", "))
+}
+
+func (v *validator) hostPort(field, addr string) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		v.add(field, addr, "must be host:port such as 127.0.0.1:8080")
+		return
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		v.add(field, addr, "port must be a number from 0 to 65535")
+	}
+}
+
+var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// envName checks that a *_env key names a variable. Its value is left out of the message
+// because the likely mistake is pasting the secret itself.
+func (v *validator) envName(field, name string) {
+	if name != "" && !envNameRE.MatchString(name) {
+		v.add(field, nil, "must be the name of an environment variable ([A-Za-z_][A-Za-z0-9_]*), not the secret")
+	}
+}
+
+// atLeast checks got >= lowest. For a duration, lowest is compared in nanoseconds, so 1 means
+// "positive".
+func atLeast[T int | time.Duration](v *validator, field string, got, lowest T) {
+	if got >= lowest {
+		return
+	}
+	_, isDuration := any(got).(time.Duration)
+	var reason string
+	switch {
+	case lowest == 0:
+		reason = "must not be negative"
+	case lowest == 1 && isDuration:
+		reason = "must be positive"
+	default:
+		reason = fmt.Sprintf("must be at least %d", lowest)
+	}
+	v.add(field, got, reason)
+}

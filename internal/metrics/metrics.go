@@ -1,0 +1,111 @@
+// Package metrics holds agentgate's Prometheus metrics on an own registry (never the default
+// one). Labels are bounded: platform names, actor kinds, outcomes and policies, never a session
+// key, chat id or user id. Labelled metrics are pre-initialised for every known label value so
+// they show from the first scrape.
+package metrics
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Known label values.
+var (
+	TurnOutcomes     = []string{"ok", "error", "crashed", "cancelled"}
+	OverflowPolicies = []string{"spool", "reject"}
+	ActorKinds       = []string{"session", "turn", "persistence", "manager", "platform"}
+	SendOutcomes     = []string{"ok", "error"}
+)
+
+// Metrics are the collectors agentgate updates. All methods are safe for concurrent use.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	SessionsActive      prometheus.Gauge
+	SessionActivations  prometheus.Counter
+	SessionPassivations prometheus.Counter
+	TurnsTotal          *prometheus.CounterVec
+	TurnDuration        prometheus.Histogram
+	QueueDepth          prometheus.Histogram
+	QueueOverflow       *prometheus.CounterVec
+	PersistBatchSize    prometheus.Histogram
+	PersistFlushSeconds prometheus.Histogram
+	SpoolFiles          prometheus.Gauge
+	ActorRestarts       *prometheus.CounterVec
+	MailboxDepth        *prometheus.GaugeVec
+	InboundTotal        *prometheus.CounterVec
+	OutboundTotal       *prometheus.CounterVec
+}
+
+// New builds the metrics on a fresh registry with the Go runtime and process collectors, and
+// pre-initialises every labelled series for the given platform names.
+func New(platforms ...string) *Metrics {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	f := func(c prometheus.Collector) { r.MustRegister(c) }
+	m := &Metrics{
+		Registry: r,
+		SessionsActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "agentgate_sessions_active", Help: "Session actors currently in memory."}),
+		SessionActivations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentgate_session_activations_total", Help: "Session actors started (first message, timer or recovery)."}),
+		SessionPassivations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentgate_session_passivations_total", Help: "Idle session actors stopped; their state is durable."}),
+		TurnsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentgate_turns_total", Help: "Agent turns by outcome."}, []string{"outcome"}),
+		TurnDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "agentgate_turn_duration_seconds", Help: "Wall time of agent turns.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}),
+		QueueDepth: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "agentgate_queue_depth", Help: "Waiting messages of a session, observed at each arrival.",
+			Buckets: []float64{0, 1, 2, 5, 10, 20, 50, 100, 500}}),
+		QueueOverflow: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentgate_queue_overflow_total", Help: "Messages that arrived at a full queue, by overflow policy."}, []string{"policy"}),
+		PersistBatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "agentgate_persist_batch_size", Help: "Write groups per committed transaction.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11)}),
+		PersistFlushSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "agentgate_persist_flush_seconds", Help: "Time to commit one batch.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 3, 10)}),
+		SpoolFiles: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "agentgate_spool_files", Help: "Writes waiting in the spool for the database to recover."}),
+		ActorRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentgate_actor_restarts_total", Help: "Supervisor restarts and stops of failed actors, by actor kind."}, []string{"kind"}),
+		MailboxDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "agentgate_mailbox_depth", Help: "Messages queued in actor mailboxes, by actor kind."}, []string{"kind"}),
+		InboundTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentgate_inbound_total", Help: "Inbound messages accepted from platforms."}, []string{"platform"}),
+		OutboundTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentgate_outbound_total", Help: "Outbound sends to platforms, by outcome."}, []string{"platform", "outcome"}),
+	}
+	for _, c := range []prometheus.Collector{m.SessionsActive, m.SessionActivations, m.SessionPassivations,
+		m.TurnsTotal, m.TurnDuration, m.QueueDepth, m.QueueOverflow, m.PersistBatchSize, m.PersistFlushSeconds,
+		m.SpoolFiles, m.ActorRestarts, m.MailboxDepth, m.InboundTotal, m.OutboundTotal} {
+		f(c)
+	}
+	for _, o := range TurnOutcomes {
+		m.TurnsTotal.WithLabelValues(o)
+	}
+	for _, p := range OverflowPolicies {
+		m.QueueOverflow.WithLabelValues(p)
+	}
+	for _, k := range ActorKinds {
+		m.ActorRestarts.WithLabelValues(k)
+		m.MailboxDepth.WithLabelValues(k)
+	}
+	for _, p := range platforms {
+		m.InboundTotal.WithLabelValues(p)
+		for _, o := range SendOutcomes {
+			m.OutboundTotal.WithLabelValues(p, o)
+		}
+	}
+	return m
+}
+
+// Handler serves the registry in the Prometheus exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+}
