@@ -1,0 +1,49 @@
+// Package agents defines the Agent interface that runs one conversational turn, and the values
+// that cross it. Backends live in sub-packages: echo (the default), exec (any command) and later
+// openai. An agent is called from a turn actor's goroutine; it must honour ctx cancellation
+// (interrupts, timeouts, shutdown) and never keep state that belongs to a session.
+//
+// This package must not import actors, supervisor or platforms.
+package agents
+
+import (
+	"context"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/identity"
+)
+
+// Message is one transcript entry shown to an agent.
+type Message struct {
+	Role      string    `json:"role"` // user | assistant | notice
+	Text      string    `json:"text"`
+	MessageID string    `json:"message_id,omitempty"`
+	At        time.Time `json:"at"`
+}
+
+// Request is everything an agent gets for one turn. Identity is the turn's own immutable
+// identity; an agent must use nothing else to decide whose turn this is.
+type Request struct {
+	Identity identity.Turn `json:"identity"`
+	// Messages are the new user messages this turn answers, oldest first (several when queued
+	// messages were collected into one turn).
+	Messages []Message `json:"messages"`
+	// History is the recent active transcript before Messages, oldest first.
+	History []Message `json:"history"`
+}
+
+// Response is an agent's answer for one turn.
+type Response struct {
+	Text string
+}
+
+// Agent runs one turn. Run blocks until the turn ends or ctx is cancelled.
+type Agent interface {
+	Run(ctx context.Context, req *Request) (*Response, error)
+}
+
+// Func adapts a function to Agent.
+type Func func(ctx context.Context, req *Request) (*Response, error)
+
+// Run calls f.
+func (f Func) Run(ctx context.Context, req *Request) (*Response, error) { return f(ctx, req) }

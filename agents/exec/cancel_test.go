@@ -1,0 +1,158 @@
+package exec_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/agents/exec"
+)
+
+// These tests stop commands: by timeout, by cancel with SIGTERM handled, ignored, or ignored
+// by a grandchild holding stdout, and by a command leaving a process behind when it exits.
+// Each checks that Run returns in time and that no process of the command survives.
+
+func TestRunTimeout(t *testing.T) {
+	t.Parallel()
+	cmd, dir := MustScript(t, `echo $$ > "$1/pid.tmp"; mv "$1/pid.tmp" "$1/pid"; exec sleep 100`)
+	a := MustNew(t, exec.Config{Command: cmd, Timeout: 200 * time.Millisecond, KillGrace: 200 * time.Millisecond})
+	start := time.Now()
+	resp, err := a.Run(t.Context(), request(turn(1), "hi"))
+	elapsed := time.Since(start)
+	if !errors.Is(err, exec.ErrTimeout) {
+		t.Errorf("Run(slow command) = %v, %v; want an error wrapping ErrTimeout", resp, err)
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Run(slow command) error = %v, want no context error (the caller's ctx is alive)", err)
+	}
+	if elapsed > pollTimeout {
+		t.Errorf("Run(slow command) took %v, want about the 200ms timeout", elapsed)
+	}
+	waitGone(t, "timed out command", MustReadPID(t, filepath.Join(dir, "pid")))
+}
+
+// TestRunCancelTerm cancels a command that handles SIGTERM: it must get the signal and Run
+// must return as soon as it exits, long before the grace period ends.
+func TestRunCancelTerm(t *testing.T) {
+	t.Parallel()
+	cmd, dir := MustScript(t, `
+trap 'echo term > "$1/term.tmp"; mv "$1/term.tmp" "$1/term"; exit 0' TERM
+sleep 100 &
+echo $! > "$1/child.tmp"; mv "$1/child.tmp" "$1/child.pid"
+echo $$ > "$1/pid.tmp"; mv "$1/pid.tmp" "$1/pid"
+wait`)
+	const grace = 3 * time.Second
+	a := MustNew(t, exec.Config{Command: cmd, KillGrace: grace})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := runAsync(ctx, a, request(turn(1), "hi"))
+	pid := MustReadPID(t, filepath.Join(dir, "pid"))
+	child := MustReadPID(t, filepath.Join(dir, "child.pid"))
+
+	start := time.Now()
+	cancel()
+	r := mustResult(t, done)
+	elapsed := time.Since(start)
+	if !errors.Is(r.err, context.Canceled) {
+		t.Errorf("Run() after cancel = %v, %v; want an error wrapping context.Canceled", r.resp, r.err)
+	}
+	if elapsed >= grace {
+		t.Errorf("Run() returned %v after cancel, want well before the %v grace period", elapsed, grace)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "term")); err != nil || string(b) != "term\n" {
+		t.Errorf("TERM trap marker = %q, %v; want %q (SIGTERM delivered)", b, err, "term\n")
+	}
+	waitGone(t, "command", pid)
+	waitGone(t, "background child", child)
+}
+
+// TestRunCancelKill cancels a command that ignores SIGTERM: the whole group must get SIGKILL
+// once the grace period has passed.
+func TestRunCancelKill(t *testing.T) {
+	t.Parallel()
+	cmd, dir := MustScript(t, `
+trap '' TERM
+sleep 100 &
+echo $! > "$1/child.tmp"; mv "$1/child.tmp" "$1/child.pid"
+echo $$ > "$1/pid.tmp"; mv "$1/pid.tmp" "$1/pid"
+while :; do wait; done`)
+	const grace = 200 * time.Millisecond
+	a := MustNew(t, exec.Config{Command: cmd, KillGrace: grace})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := runAsync(ctx, a, request(turn(1), "hi"))
+	pid := MustReadPID(t, filepath.Join(dir, "pid"))
+	child := MustReadPID(t, filepath.Join(dir, "child.pid"))
+
+	start := time.Now()
+	cancel()
+	r := mustResult(t, done)
+	elapsed := time.Since(start)
+	if !errors.Is(r.err, context.Canceled) {
+		t.Errorf("Run() after cancel = %v, %v; want an error wrapping context.Canceled", r.resp, r.err)
+	}
+	if elapsed < grace || elapsed > grace+pollTimeout {
+		t.Errorf("Run() returned %v after cancel, want just after the %v grace period", elapsed, grace)
+	}
+	waitGone(t, "command ignoring SIGTERM", pid)
+	waitGone(t, "child ignoring SIGTERM", child)
+}
+
+// TestRunCancelGrandchild cancels a command whose grandchild ignores SIGTERM and holds stdout
+// open after the command itself has died: Run must still return after the grace period, and
+// the grandchild must be killed.
+func TestRunCancelGrandchild(t *testing.T) {
+	t.Parallel()
+	cmd, dir := MustScript(t, `
+sh -c 'trap "" TERM; echo $$ > "$1/child.tmp"; mv "$1/child.tmp" "$1/child.pid"; exec sleep 100' sh "$1" &
+echo $$ > "$1/pid.tmp"; mv "$1/pid.tmp" "$1/pid"
+wait`)
+	const grace = 200 * time.Millisecond
+	a := MustNew(t, exec.Config{Command: cmd, KillGrace: grace})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := runAsync(ctx, a, request(turn(1), "hi"))
+	pid := MustReadPID(t, filepath.Join(dir, "pid"))
+	child := MustReadPID(t, filepath.Join(dir, "child.pid"))
+
+	start := time.Now()
+	cancel()
+	r := mustResult(t, done)
+	elapsed := time.Since(start)
+	if !errors.Is(r.err, context.Canceled) {
+		t.Errorf("Run() after cancel = %v, %v; want an error wrapping context.Canceled", r.resp, r.err)
+	}
+	if elapsed > grace+pollTimeout {
+		t.Errorf("Run() returned %v after cancel, want about the %v grace period", elapsed, grace)
+	}
+	waitGone(t, "command", pid)
+	waitGone(t, "grandchild holding stdout", child)
+}
+
+// TestRunLeftoverAfterExit runs a command that exits successfully but leaves a background
+// process holding stdout: Run returns the reply after the grace period and kills the leftover.
+func TestRunLeftoverAfterExit(t *testing.T) {
+	t.Parallel()
+	cmd, dir := MustScript(t, `
+sh -c 'echo $$ > "$1/child.tmp"; mv "$1/child.tmp" "$1/child.pid"; exec sleep 100' sh "$1" &
+while [ ! -e "$1/child.pid" ]; do sleep 0.01; done
+echo done`)
+	const grace = 200 * time.Millisecond
+	a := MustNew(t, exec.Config{Command: cmd, KillGrace: grace})
+	start := time.Now()
+	resp, err := a.Run(t.Context(), request(turn(1), "hi"))
+	elapsed := time.Since(start)
+	if err != nil {
+		t.Fatalf("Run() error = %v, want nil", err)
+	}
+	if resp.Text != "done" {
+		t.Errorf("Run() = %q, want %q", resp.Text, "done")
+	}
+	if elapsed > grace+pollTimeout {
+		t.Errorf("Run() took %v, want about the %v grace period", elapsed, grace)
+	}
+	waitGone(t, "leftover background process", MustReadPID(t, filepath.Join(dir, "child.pid")))
+}

@@ -1,0 +1,18 @@
+// Package exec is the agent backend that runs an operator-configured command once per turn
+// (agent.backend: exec, DESIGN §5). The command gets the turn on stdin as one JSON object (see
+// EncodeInput), the turn's identity in its environment, and answers on stdout.
+//
+// Identity (DESIGN G1): the child's environment is built afresh for every call from the
+// daemon's environment with every AGENTGATE_* variable removed, plus exactly the variables of
+// the request's identity.Turn. Nothing is ever written to the daemon's own environment, so a
+// value that leaked into it, or the identity of a session running at the same time, can never
+// reach a child.
+//
+// Concurrency: an Agent is immutable after New and Run is safe for concurrent use. Each call
+// owns its child process group and, for its duration, the goroutines os/exec starts to feed
+// stdin and drain stdout and stderr, plus a timer that escalates SIGTERM to SIGKILL after a
+// cancel. All of them end before Run returns, and Run kills whatever is left of the process
+// group before it returns, so no process started for a turn outlives the turn.
+//
+// This package must not import actors, supervisor or platforms.
+package exec

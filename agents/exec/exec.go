@@ -1,0 +1,208 @@
+package exec
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	osexec "os/exec"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/identity"
+)
+
+// DefaultKillGrace is the time between SIGTERM and SIGKILL when Config.KillGrace is zero.
+const DefaultKillGrace = 5 * time.Second
+
+// Config configures an exec Agent.
+type Config struct {
+	// Command is the program and its arguments, run once per turn. It is not run through a
+	// shell.
+	Command []string
+	// Timeout bounds one turn; zero means no limit beyond the caller's ctx.
+	Timeout time.Duration
+	// KillGrace is how long the process group gets between SIGTERM and SIGKILL after a cancel
+	// or timeout, and how long Run waits for stdout and stderr to close after the command
+	// exits. Zero means DefaultKillGrace.
+	KillGrace time.Duration
+	// History is how many of the most recent history entries go to the command; zero sends
+	// none.
+	History int
+	// Dir is the command's working directory; empty means the daemon's.
+	Dir string
+	// Logger receives debug and warning lines about runs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Agent runs a command per turn. Create it with New; it is safe for concurrent use.
+type Agent struct {
+	command []string
+	timeout time.Duration
+	grace   time.Duration
+	history int
+	dir     string
+	log     *slog.Logger
+}
+
+var _ agents.Agent = (*Agent)(nil)
+
+// New returns an Agent for c. It fails when c has no command or a negative limit.
+func New(c Config) (*Agent, error) {
+	var errs []error
+	if len(c.Command) == 0 || c.Command[0] == "" {
+		errs = append(errs, errors.New("exec agent: command is empty"))
+	}
+	if c.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("exec agent: negative timeout %v", c.Timeout))
+	}
+	if c.KillGrace < 0 {
+		errs = append(errs, fmt.Errorf("exec agent: negative kill grace %v", c.KillGrace))
+	}
+	if c.History < 0 {
+		errs = append(errs, fmt.Errorf("exec agent: negative history %d", c.History))
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	a := &Agent{
+		command: slices.Clone(c.Command),
+		timeout: c.Timeout,
+		grace:   c.KillGrace,
+		history: c.History,
+		dir:     c.Dir,
+		log:     c.Logger,
+	}
+	if a.grace == 0 {
+		a.grace = DefaultKillGrace
+	}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	return a, nil
+}
+
+// Run runs the command once for req and returns its trimmed stdout as the reply. It returns an
+// error wrapping *ExitError when the command exits unsuccessfully, ErrTimeout when it outlives
+// Config.Timeout, and ctx.Err() when ctx ends first. On a timeout or cancel the command's
+// process group gets SIGTERM, then SIGKILL after Config.KillGrace; Run returns at most about
+// KillGrace after that even if a grandchild still holds stdout open.
+func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+	name := a.command[0]
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("exec agent: run %s: %w", name, err)
+	}
+	in, err := EncodeInput(req, a.history)
+	if err != nil {
+		return nil, err
+	}
+
+	runCtx, cancel := ctx, context.CancelFunc(func() {})
+	if a.timeout > 0 {
+		runCtx, cancel = context.WithTimeoutCause(ctx, a.timeout, ErrTimeout)
+	}
+	defer cancel()
+
+	stdout := &headBuffer{max: MaxReply}
+	stderr := &tailBuffer{max: MaxStderr}
+	cmd := osexec.CommandContext(runCtx, name, a.command[1:]...)
+	cmd.Dir = a.dir
+	cmd.Env = childEnv(os.Environ(), req.Identity)
+	cmd.Stdin = bytes.NewReader(in)
+	cmd.Stdout = stdout
+	cmd.Stderr = stderr
+	// A group of its own lets one signal reach every process the command started.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// killer is set by Cancel, which os/exec calls from its own goroutine; Wait returns only
+	// after Cancel has returned, so a nil killer after Wait means the command was never
+	// signalled.
+	var killer atomic.Pointer[time.Timer]
+	cmd.Cancel = func() error {
+		pid := cmd.Process.Pid
+		if err := syscall.Kill(-pid, syscall.SIGTERM); err != nil {
+			if errors.Is(err, syscall.ESRCH) {
+				return os.ErrProcessDone
+			}
+			return err
+		}
+		killer.Store(time.AfterFunc(a.grace, func() {
+			if syscall.Kill(-pid, syscall.SIGKILL) == nil {
+				a.log.Warn("exec agent killed process group after grace period",
+					"command", name, "session", req.Identity.SessionKey, "pid", pid, "grace", a.grace)
+			}
+		}))
+		return nil
+	}
+	// WaitDelay bounds the wait for pipes a grandchild may hold open, both after a cancel (where
+	// it matches the killer above) and after the command exits by itself.
+	cmd.WaitDelay = a.grace
+
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("exec agent: start %s: %w", name, err)
+	}
+	pid := cmd.Process.Pid
+	waitErr := cmd.Wait()
+	if t := killer.Load(); t != nil {
+		t.Stop()
+	}
+	// Nothing started for this turn may outlive it. The kernel does not reuse a group id while
+	// the group has a member, so this reaches the command's own leftovers, or no one (ESRCH)
+	// unless the pid space wrapped around in the last few microseconds.
+	if syscall.Kill(-pid, syscall.SIGKILL) == nil {
+		a.log.Debug("exec agent killed leftover processes", "command", name, "pid", pid)
+	}
+	log := a.log.With("command", name, "session", req.Identity.SessionKey,
+		"duration", time.Since(start))
+
+	// A signalled command's result is an artefact of the signal; so, most likely, is a failure
+	// that coincides with the end of ctx.
+	if killer.Load() != nil || (waitErr != nil && runCtx.Err() != nil) {
+		if errors.Is(context.Cause(runCtx), ErrTimeout) {
+			return nil, fmt.Errorf("exec agent: run %s: no reply within %v: %w", name, a.timeout, ErrTimeout)
+		}
+		return nil, fmt.Errorf("exec agent: run %s: %w", name, runCtx.Err())
+	}
+	var ee *osexec.ExitError
+	switch {
+	case waitErr == nil:
+	case errors.Is(waitErr, osexec.ErrWaitDelay):
+		// The command succeeded but left a process holding stdout or stderr open; the reply
+		// is what it wrote before the pipes were closed.
+		log.Warn("exec agent closed output held open after exit", "grace", a.grace)
+	case errors.As(waitErr, &ee):
+		code := ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			code = 128 + int(ws.Signal())
+		}
+		return nil, fmt.Errorf("exec agent: run %s: %w", name, &ExitError{Code: code, Stderr: stderr.String()})
+	default:
+		return nil, fmt.Errorf("exec agent: run %s: %w", name, waitErr)
+	}
+	if s := stderr.String(); s != "" {
+		log.Debug("exec agent stderr", "stderr", s)
+	}
+	resp := &agents.Response{Text: stdout.reply()}
+	log.Debug("exec agent turn done", "reply_bytes", len(resp.Text), "truncated", stdout.truncated)
+	return resp, nil
+}
+
+// childEnv returns a new environment for one turn's command: parent without any AGENTGATE_*
+// variable, then exactly the turn's identity variables. Nothing in it is shared with another
+// call.
+func childEnv(parent []string, t identity.Turn) []string {
+	turn := t.Env()
+	env := make([]string, 0, len(parent)+len(turn))
+	for _, kv := range parent {
+		if !strings.HasPrefix(kv, identity.EnvPrefix) {
+			env = append(env, kv)
+		}
+	}
+	return append(env, turn...)
+}

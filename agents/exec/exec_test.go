@@ -1,0 +1,498 @@
+package exec_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/exec"
+	"github.com/agentgate/agentgate/internal/identity"
+)
+
+// pollTimeout bounds every wait for an effect of a subprocess.
+const pollTimeout = 5 * time.Second
+
+// MustScript writes body as a /bin/sh script into a new temp dir. It returns the command that
+// runs it with that dir as $1 (so scripts can leave marker files there) and the dir. Running
+// it through /bin/sh avoids exec'ing a file this process just wrote (ETXTBSY).
+func MustScript(t *testing.T, body string) (command []string, dir string) {
+	t.Helper()
+	dir = t.TempDir()
+	path := filepath.Join(dir, "agent.sh")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"/bin/sh", path, dir}, dir
+}
+
+// MustNew builds an exec agent for c.
+func MustNew(t *testing.T, c exec.Config) *exec.Agent {
+	t.Helper()
+	a, err := exec.New(c)
+	if err != nil {
+		t.Fatalf("New(%+v) error = %v, want nil", c, err)
+	}
+	return a
+}
+
+// waitFor polls cond until it holds or pollTimeout passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(pollTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", pollTimeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// MustReadPID waits for a script to write a pid file (scripts write it atomically with mv) and
+// returns the pid.
+func MustReadPID(t *testing.T, path string) int {
+	t.Helper()
+	var b []byte
+	waitFor(t, path, func() bool {
+		var err error
+		b, err = os.ReadFile(path)
+		return err == nil
+	})
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("pid file %s: %v", path, err)
+	}
+	return pid
+}
+
+// processGone reports whether pid has exited. An orphan that has exited may stay a zombie when
+// the machine's init does not reap, so a zombie counts as gone.
+func processGone(pid int) bool {
+	if errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+		return true
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return errors.Is(err, fs.ErrNotExist)
+	}
+	// The state follows the parenthesised command name: "pid (comm) S ...".
+	i := strings.LastIndexByte(string(stat), ')')
+	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z'
+}
+
+// waitGone waits until pid has exited.
+func waitGone(t *testing.T, what string, pid int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%s (pid %d) to be gone", what, pid), func() bool { return processGone(pid) })
+}
+
+func turn(n int) identity.Turn {
+	t := identity.Turn{
+		Platform:   "discord",
+		ChatType:   identity.ChatGroup,
+		ChatID:     fmt.Sprintf("chat-%d", n),
+		UserID:     fmt.Sprintf("user-%d", n),
+		UserName:   fmt.Sprintf("User %d", n),
+		ScopeID:    "guild-1",
+		SessionKey: fmt.Sprintf("agent:main:discord:group:chat-%d:user-%d", n, n),
+		SessionID:  fmt.Sprintf("session-%d", n),
+		MessageID:  fmt.Sprintf("message-%d", n),
+		TurnID:     fmt.Sprintf("turn-%d", n),
+	}
+	if n%2 == 1 { // Odd turns carry the optional fields, even ones leave them empty.
+		t.ThreadID = fmt.Sprintf("thread-%d", n)
+		t.Profile = fmt.Sprintf("profile-%d", n)
+	}
+	return t
+}
+
+func request(id identity.Turn, texts ...string) *agents.Request {
+	req := &agents.Request{Identity: id}
+	for _, s := range texts {
+		req.Messages = append(req.Messages, agents.Message{Role: "user", Text: s})
+	}
+	return req
+}
+
+type result struct {
+	resp *agents.Response
+	err  error
+}
+
+// runAsync runs a in a goroutine owned by the test; mustResult collects it.
+func runAsync(ctx context.Context, a *exec.Agent, req *agents.Request) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		resp, err := a.Run(ctx, req)
+		ch <- result{resp, err}
+	}()
+	return ch
+}
+
+func mustResult(t *testing.T, ch <-chan result) result {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(2 * pollTimeout):
+		t.Fatalf("Run did not return within %v", 2*pollTimeout)
+		return result{}
+	}
+}
+
+// envMap returns the AGENTGATE_* variables in env output (one NAME=value per line).
+func envMap(out string) map[string]string {
+	m := map[string]string{}
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		name, value, ok := strings.Cut(sc.Text(), "=")
+		if ok && strings.HasPrefix(name, identity.EnvPrefix) {
+			m[name] = value
+		}
+	}
+	return m
+}
+
+func wantEnv(id identity.Turn) map[string]string {
+	m := map[string]string{}
+	for _, kv := range id.Env() {
+		name, value, _ := strings.Cut(kv, "=")
+		m[name] = value
+	}
+	return m
+}
+
+func TestNew(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		config  exec.Config
+		wantErr bool
+	}{
+		{name: "command", config: exec.Config{Command: []string{"/bin/true"}}},
+		{name: "all fields", config: exec.Config{Command: []string{"/bin/sh", "-c", "true"}, Timeout: time.Second, KillGrace: time.Second, History: 3, Dir: "/"}},
+		{name: "no command", config: exec.Config{}, wantErr: true},
+		{name: "empty program", config: exec.Config{Command: []string{""}}, wantErr: true},
+		{name: "negative timeout", config: exec.Config{Command: []string{"/bin/true"}, Timeout: -time.Second}, wantErr: true},
+		{name: "negative grace", config: exec.Config{Command: []string{"/bin/true"}, KillGrace: -time.Second}, wantErr: true},
+		{name: "negative history", config: exec.Config{Command: []string{"/bin/true"}, History: -1}, wantErr: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			a, err := exec.New(tc.config)
+			if gotErr := err != nil; gotErr != tc.wantErr {
+				t.Errorf("New(%+v) = %v, %v; want error %t", tc.config, a, err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestRunReply(t *testing.T) {
+	t.Parallel()
+	aaa := func(n int) string { return fmt.Sprintf("head -c %d /dev/zero | tr '\\0' a", n) }
+	tests := []struct {
+		name   string
+		script string
+		want   string
+	}{
+		{name: "trailing newlines trimmed", script: `printf 'hello\n\n \t\n'`, want: "hello"},
+		{name: "inner and leading space kept", script: `printf '  a\n\nb  \n'`, want: "  a\n\nb"},
+		{name: "empty reply", script: `exit 0`, want: ""},
+		{name: "only white space", script: `printf '\n\n'`, want: ""},
+		{name: "stderr is not the reply", script: `echo noise >&2; echo reply`, want: "reply"},
+		{name: "unread stdin", script: `echo ignored stdin`, want: "ignored stdin"},
+		{name: "exactly the cap", script: aaa(exec.MaxReply), want: strings.Repeat("a", exec.MaxReply)},
+		{name: "one byte over the cap", script: aaa(exec.MaxReply + 1), want: strings.Repeat("a", exec.MaxReply) + exec.TruncatedSuffix},
+		{name: "far over the cap", script: aaa(3 * exec.MaxReply), want: strings.Repeat("a", exec.MaxReply) + exec.TruncatedSuffix},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cmd, _ := MustScript(t, tc.script)
+			a := MustNew(t, exec.Config{Command: cmd})
+			resp, err := a.Run(t.Context(), request(turn(1), "hi"))
+			if err != nil {
+				t.Fatalf("Run() error = %v, want nil", err)
+			}
+			if resp.Text != tc.want {
+				t.Errorf("Run() = %q (%d bytes), want %q (%d bytes)", abbrev(resp.Text), len(resp.Text), abbrev(tc.want), len(tc.want))
+			}
+		})
+	}
+}
+
+func abbrev(s string) string {
+	if len(s) <= 80 {
+		return s
+	}
+	return s[:40] + "..." + s[len(s)-40:]
+}
+
+func TestRunDir(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	a := MustNew(t, exec.Config{Command: []string{"/bin/sh", "-c", "pwd -P"}, Dir: dir})
+	resp, err := a.Run(t.Context(), request(turn(1), "hi"))
+	if err != nil {
+		t.Fatalf("Run() error = %v, want nil", err)
+	}
+	want, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Text != want {
+		t.Errorf("Run() in Dir %s = %q, want %q", dir, resp.Text, want)
+	}
+}
+
+// stdinDoc is what a command reads on stdin.
+type stdinDoc struct {
+	Identity identity.Turn    `json:"identity"`
+	Messages []agents.Message `json:"messages"`
+	History  []agents.Message `json:"history"`
+}
+
+func TestRunStdin(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	var history []agents.Message
+	for i := range 5 {
+		role := "user"
+		if i%2 == 1 {
+			role = "assistant"
+		}
+		history = append(history, agents.Message{Role: role, Text: fmt.Sprintf("old %d", i), MessageID: fmt.Sprintf("h%d", i), At: at.Add(time.Duration(i) * time.Minute)})
+	}
+	messages := []agents.Message{
+		{Role: "user", Text: "[Ann] first <b>&</b>\nline two", MessageID: "m1", At: at.Add(time.Hour)},
+		{Role: "user", Text: "second", MessageID: "m2", At: at.Add(time.Hour + time.Second)},
+	}
+	tests := []struct {
+		name        string
+		history     int
+		wantHistory []agents.Message
+	}{
+		{name: "no history", history: 0, wantHistory: []agents.Message{}},
+		{name: "last two", history: 2, wantHistory: history[3:]},
+		{name: "more than there is", history: 10, wantHistory: history},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cmd, _ := MustScript(t, `exec cat`)
+			a := MustNew(t, exec.Config{Command: cmd, History: tc.history})
+			req := &agents.Request{Identity: turn(7), Messages: messages, History: history}
+			resp, err := a.Run(t.Context(), req)
+			if err != nil {
+				t.Fatalf("Run() error = %v, want nil", err)
+			}
+			var got stdinDoc
+			if err := json.Unmarshal([]byte(resp.Text), &got); err != nil {
+				t.Fatalf("stdin %q is not one JSON object: %v", resp.Text, err)
+			}
+			want := stdinDoc{Identity: turn(7), Messages: messages, History: tc.wantHistory}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("stdin mismatch (-want +got):\n%s", diff)
+			}
+			if !strings.Contains(resp.Text, `"history":[`) {
+				t.Errorf("stdin = %s, want history as a JSON array", resp.Text)
+			}
+		})
+	}
+}
+
+// TestRunEnv sets leaked AGENTGATE_* values in this process's environment, so it cannot run in
+// parallel with other tests.
+func TestRunEnv(t *testing.T) {
+	t.Setenv("AGENTGATE_SESSION_KEY", "leaked")
+	t.Setenv("AGENTGATE_FOO", "x")
+	t.Setenv("EXECTEST_KEEP", "kept")
+	cmd, _ := MustScript(t, `exec env`)
+	a := MustNew(t, exec.Config{Command: cmd})
+	for _, n := range []int{1, 2} { // Odd turns have every field, even ones have absent fields.
+		t.Run(fmt.Sprintf("turn %d", n), func(t *testing.T) {
+			id := turn(n)
+			resp, err := a.Run(t.Context(), request(id, "hi"))
+			if err != nil {
+				t.Fatalf("Run() error = %v, want nil", err)
+			}
+			if diff := cmp.Diff(wantEnv(id), envMap(resp.Text)); diff != "" {
+				t.Errorf("child AGENTGATE_* environment mismatch (-want +got):\n%s", diff)
+			}
+			if !strings.Contains("\n"+resp.Text+"\n", "\nEXECTEST_KEEP=kept\n") {
+				t.Errorf("child environment = %q, want it to keep EXECTEST_KEEP=kept from the parent", resp.Text)
+			}
+		})
+	}
+	if got := os.Getenv("AGENTGATE_SESSION_KEY"); got != "leaked" {
+		t.Errorf("after Run, parent AGENTGATE_SESSION_KEY = %q, want %q (Run must not touch the parent's environment)", got, "leaked")
+	}
+}
+
+// TestRunConcurrentIdentity runs many turns of different sessions at once: each child must see
+// exactly its own identity in its environment and on stdin (DESIGN G1). It sets leaked
+// AGENTGATE_* values in this process's environment, so it cannot run in parallel.
+func TestRunConcurrentIdentity(t *testing.T) {
+	t.Setenv("AGENTGATE_SESSION_KEY", "leaked")
+	t.Setenv("AGENTGATE_USER_ID", "leaked")
+	const n = 50
+	cmd, _ := MustScript(t, "env\necho ---stdin---\nexec cat")
+	a := MustNew(t, exec.Config{Command: cmd, Timeout: 2 * pollTimeout})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			id := turn(i)
+			resp, err := a.Run(t.Context(), request(id, fmt.Sprintf("message %d", i)))
+			if err != nil {
+				t.Errorf("turn %d: Run() error = %v, want nil", i, err)
+				return
+			}
+			env, stdin, ok := strings.Cut(resp.Text, "---stdin---\n")
+			if !ok {
+				t.Errorf("turn %d: output %q has no stdin marker", i, resp.Text)
+				return
+			}
+			if diff := cmp.Diff(wantEnv(id), envMap(env)); diff != "" {
+				t.Errorf("turn %d: child AGENTGATE_* environment mismatch (-want +got):\n%s", i, diff)
+			}
+			var got stdinDoc
+			if err := json.Unmarshal([]byte(stdin), &got); err != nil {
+				t.Errorf("turn %d: stdin %q: %v", i, stdin, err)
+				return
+			}
+			if got.Identity != id {
+				t.Errorf("turn %d: stdin identity = %+v, want %+v", i, got.Identity, id)
+			}
+			if len(got.Messages) != 1 || got.Messages[0].Text != fmt.Sprintf("message %d", i) {
+				t.Errorf("turn %d: stdin messages = %+v, want [message %d]", i, got.Messages, i)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func TestRunExitError(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		script     string
+		wantCode   int
+		wantStderr func(string) bool
+		describe   string
+	}{
+		{
+			name:       "exit status and stderr",
+			script:     "echo partial reply\necho 'oops: bad input' >&2\nexit 3",
+			wantCode:   3,
+			wantStderr: func(s string) bool { return s == "oops: bad input\n" },
+			describe:   `"oops: bad input\n"`,
+		},
+		{
+			name:       "killed by a signal",
+			script:     "kill -KILL $$",
+			wantCode:   128 + int(syscall.SIGKILL),
+			wantStderr: func(s string) bool { return s == "" },
+			describe:   "empty",
+		},
+		{
+			name:     "stderr keeps the last bytes",
+			script:   "head -c 10000 /dev/zero | tr '\\0' x >&2\necho END >&2\nexit 1",
+			wantCode: 1,
+			wantStderr: func(s string) bool {
+				return len(s) == exec.MaxStderr && strings.HasSuffix(s, "xxEND\n")
+			},
+			describe: fmt.Sprintf("%d bytes ending in END", exec.MaxStderr),
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cmd, _ := MustScript(t, tc.script)
+			a := MustNew(t, exec.Config{Command: cmd})
+			resp, err := a.Run(t.Context(), request(turn(1), "hi"))
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) {
+				t.Fatalf("Run() = %v, %v; want an error wrapping *ExitError", resp, err)
+			}
+			if ee.Code != tc.wantCode {
+				t.Errorf("ExitError.Code = %d, want %d", ee.Code, tc.wantCode)
+			}
+			if !tc.wantStderr(ee.Stderr) {
+				t.Errorf("ExitError.Stderr = %q, want %s", abbrev(ee.Stderr), tc.describe)
+			}
+			if want := fmt.Sprintf("exit status %d", tc.wantCode); !strings.Contains(err.Error(), want) {
+				t.Errorf("Run() error = %q, want it to contain %q", err, want)
+			}
+			if errors.Is(err, exec.ErrTimeout) || errors.Is(err, context.Canceled) {
+				t.Errorf("Run() error = %v, want neither a timeout nor a cancel", err)
+			}
+		})
+	}
+}
+
+func TestRunStartError(t *testing.T) {
+	t.Parallel()
+	a := MustNew(t, exec.Config{Command: []string{filepath.Join(t.TempDir(), "missing")}})
+	resp, err := a.Run(t.Context(), request(turn(1), "hi"))
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Run(missing command) = %v, %v; want an error wrapping fs.ErrNotExist", resp, err)
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		t.Errorf("Run(missing command) error = %v, want no *ExitError", err)
+	}
+}
+
+func TestRunBadRequest(t *testing.T) {
+	t.Parallel()
+	cmd, dir := MustScript(t, `touch "$1/ran"`)
+	a := MustNew(t, exec.Config{Command: cmd})
+	bad := turn(1)
+	bad.UserName = "nul\x00name"
+	tests := []struct {
+		name string
+		req  *agents.Request
+	}{
+		{name: "nil request", req: nil},
+		{name: "NUL in identity", req: request(bad, "hi")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if resp, err := a.Run(t.Context(), tc.req); err == nil {
+				t.Errorf("Run() = %v, nil; want an error", resp)
+			}
+		})
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ran")); err == nil {
+		t.Errorf("command ran for a bad request, want it not started")
+	}
+}
+
+func TestRunCancelledBeforeStart(t *testing.T) {
+	t.Parallel()
+	cmd, dir := MustScript(t, `touch "$1/ran"`)
+	a := MustNew(t, exec.Config{Command: cmd})
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	resp, err := a.Run(ctx, request(turn(1), "hi"))
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Run(cancelled ctx) = %v, %v; want an error wrapping context.Canceled", resp, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ran")); err == nil {
+		t.Errorf("command ran with a cancelled ctx, want it not started")
+	}
+}

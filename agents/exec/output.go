@@ -1,0 +1,91 @@
+package exec
+
+import (
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Output limits.
+const (
+	// MaxReply is the most bytes of stdout kept as the reply. Output beyond it is read and
+	// discarded (so the command never blocks on a full pipe) and the reply ends with
+	// TruncatedSuffix.
+	MaxReply = 1 << 20
+	// MaxStderr is how many trailing bytes of stderr are kept for errors and logs.
+	MaxStderr = 4 << 10
+	// TruncatedSuffix ends a reply whose stdout was longer than MaxReply.
+	TruncatedSuffix = "\n[reply truncated]"
+)
+
+// headBuffer keeps the first max bytes written to it and counts the rest. It is written by one
+// os/exec goroutine and read only after Wait returns.
+type headBuffer struct {
+	max       int
+	buf       []byte
+	truncated bool
+}
+
+func (w *headBuffer) Write(p []byte) (int, error) {
+	room := w.max - len(w.buf)
+	if len(p) > room {
+		w.truncated = true
+		w.buf = append(w.buf, p[:room]...)
+		return len(p), nil
+	}
+	w.buf = append(w.buf, p...)
+	return len(p), nil
+}
+
+// reply returns the reply text: the kept bytes without trailing white space, marked when the
+// output was cut.
+func (w *headBuffer) reply() string {
+	b := w.buf
+	if w.truncated {
+		b = trimPartialRune(b)
+	}
+	s := strings.TrimRightFunc(string(b), unicode.IsSpace)
+	if w.truncated {
+		s += TruncatedSuffix
+	}
+	return s
+}
+
+// tailBuffer keeps the last max bytes written to it. It is written by one os/exec goroutine and
+// read only after Wait returns.
+type tailBuffer struct {
+	max int
+	buf []byte
+}
+
+func (w *tailBuffer) Write(p []byte) (int, error) {
+	n := len(p)
+	if len(p) >= w.max {
+		w.buf = append(w.buf[:0], p[len(p)-w.max:]...)
+		return n, nil
+	}
+	if over := len(w.buf) + len(p) - w.max; over > 0 {
+		w.buf = append(w.buf[:0], w.buf[over:]...)
+	}
+	w.buf = append(w.buf, p...)
+	return n, nil
+}
+
+// String returns the kept tail as valid UTF-8 (the cut may have split a rune).
+func (w *tailBuffer) String() string {
+	return strings.ToValidUTF8(string(w.buf), "\uFFFD")
+}
+
+// trimPartialRune drops an incomplete UTF-8 sequence at the end of b, left by cutting b at a
+// byte limit.
+func trimPartialRune(b []byte) []byte {
+	for i := 1; i < utf8.UTFMax && i <= len(b); i++ {
+		if utf8.RuneStart(b[len(b)-i]) {
+			if !utf8.FullRune(b[len(b)-i:]) {
+				return b[:len(b)-i]
+			}
+			return b
+		}
+	}
+	return b
+}

@@ -1,0 +1,131 @@
+package exec
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/identity"
+)
+
+func TestHeadBuffer(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		max    int
+		writes []string
+		want   string
+	}{
+		{name: "under the cap", max: 10, writes: []string{"ab", "cd\n \n"}, want: "abcd"},
+		{name: "at the cap", max: 4, writes: []string{"ab", "cd"}, want: "abcd"},
+		{name: "write crosses the cap", max: 4, writes: []string{"ab", "cdef"}, want: "abcd" + TruncatedSuffix},
+		{name: "writes after the cap", max: 4, writes: []string{"abcd", "e", "f"}, want: "abcd" + TruncatedSuffix},
+		{name: "white space before the cut", max: 4, writes: []string{"ab  x"}, want: "ab" + TruncatedSuffix},
+		{name: "cut inside a rune", max: 4, writes: []string{"abcé"}, want: "abc" + TruncatedSuffix},
+		{name: "cut inside a 4-byte rune", max: 3, writes: []string{"😀"}, want: TruncatedSuffix},
+		{name: "cut after a whole rune", max: 5, writes: []string{"abcé!"}, want: "abcé" + TruncatedSuffix},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := &headBuffer{max: tc.max}
+			for _, s := range tc.writes {
+				if n, err := w.Write([]byte(s)); n != len(s) || err != nil {
+					t.Fatalf("Write(%q) = %d, %v; want %d, nil", s, n, err, len(s))
+				}
+			}
+			if got := w.reply(); got != tc.want {
+				t.Errorf("reply() after %q = %q, want %q", tc.writes, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestTailBuffer(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		max    int
+		writes []string
+		want   string
+	}{
+		{name: "under the cap", max: 10, writes: []string{"ab", "cd"}, want: "abcd"},
+		{name: "small writes over the cap", max: 4, writes: []string{"ab", "cd", "ef"}, want: "cdef"},
+		{name: "one big write", max: 4, writes: []string{"a", "bcdefgh"}, want: "efgh"},
+		{name: "cut inside a rune", max: 4, writes: []string{"éabc"}, want: "\uFFFDabc"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := &tailBuffer{max: tc.max}
+			for _, s := range tc.writes {
+				if n, err := w.Write([]byte(s)); n != len(s) || err != nil {
+					t.Fatalf("Write(%q) = %d, %v; want %d, nil", s, n, err, len(s))
+				}
+			}
+			if got := w.String(); got != tc.want {
+				t.Errorf("String() after %q = %q, want %q", tc.writes, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestChildEnv(t *testing.T) {
+	t.Parallel()
+	parent := []string{
+		"PATH=/bin",
+		"AGENTGATE_SESSION_KEY=leaked",
+		"HOME=/root",
+		"AGENTGATE_FOO=x",
+		"AGENTGATE_=y",
+		"agentgate_lower=kept", // Variable names are case-sensitive: not ours.
+	}
+	id := identity.Turn{Platform: "http", SessionKey: "agent:main:http:dm:c1", TurnID: "t1"}
+	got := childEnv(parent, id)
+	want := append([]string{"PATH=/bin", "HOME=/root", "agentgate_lower=kept"}, id.Env()...)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("childEnv() mismatch (-want +got):\n%s", diff)
+	}
+	if parent[1] != "AGENTGATE_SESSION_KEY=leaked" {
+		t.Errorf("childEnv() changed its parent slice: %q", parent)
+	}
+}
+
+func TestEncodeInputArrays(t *testing.T) {
+	t.Parallel()
+	b, err := EncodeInput(&agents.Request{}, 5)
+	if err != nil {
+		t.Fatalf("EncodeInput(empty request) error = %v, want nil", err)
+	}
+	s := string(b)
+	if !strings.HasSuffix(s, "}\n") || strings.Count(s, "\n") != 1 {
+		t.Errorf("EncodeInput(empty request) = %q, want one JSON object ending in a newline", s)
+	}
+	for _, want := range []string{`"messages":[]`, `"history":[]`} {
+		if !strings.Contains(s, want) {
+			t.Errorf("EncodeInput(empty request) = %q, want it to contain %s", s, want)
+		}
+	}
+}
+
+func TestExitErrorMessage(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		err  *ExitError
+		want string
+	}{
+		{name: "with stderr", err: &ExitError{Code: 2, Stderr: "bad thing\n"}, want: "exit status 2: bad thing"},
+		{name: "without stderr", err: &ExitError{Code: 1}, want: "exit status 1"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := tc.err.Error(); got != tc.want {
+				t.Errorf("%#v.Error() = %q, want %q", tc.err, got, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,238 @@
+package http
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/lmittmann/tint"
+
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// subscriber is one live SSE stream's inbox. Send offers to it without blocking; when the
+// buffer is full the subscriber is dropped: gone is closed and the stream ends, so the client
+// reconnects with Last-Event-ID and catches up from the durable outbox.
+type subscriber struct {
+	ch   chan *platforms.Outbound
+	gone chan struct{}
+}
+
+// offer is called with p.mu held and reports whether the subscriber keeps up.
+func (s *subscriber) offer(out *platforms.Outbound) bool {
+	select {
+	case s.ch <- out:
+		return true
+	default:
+		close(s.gone)
+		return false
+	}
+}
+
+func (p *Platform) subscribe(key string) *subscriber {
+	s := &subscriber{ch: make(chan *platforms.Outbound, p.subBuffer), gone: make(chan struct{})}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	set := p.subs[key]
+	if set == nil {
+		set = make(map[*subscriber]struct{})
+		p.subs[key] = set
+	}
+	set[s] = struct{}{}
+	return s
+}
+
+func (p *Platform) unsubscribe(key string, s *subscriber) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.removeSubLocked(key, s)
+}
+
+func (p *Platform) removeSubLocked(key string, s *subscriber) {
+	set := p.subs[key]
+	delete(set, s)
+	if len(set) == 0 {
+		delete(p.subs, key)
+	}
+}
+
+// handleEvents is GET /v1/sessions/{key}/events: the durable outbox after the resume point,
+// then live events, as Server-Sent Events whose ids are outbox seqs.
+func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
+	sessions, ok := p.sessions(w)
+	if !ok {
+		return
+	}
+	key, aerr := pathKey(r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	after, aerr := resumePoint(r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	ctx := r.Context()
+	stop := p.stopped()
+
+	// Subscribe before reading the outbox: an entry recorded after the read is then sent
+	// live, and one both read and sent is skipped by seq.
+	sub := p.subscribe(key)
+	defer p.unsubscribe(key, sub)
+
+	page, err := sessions.OutboxAfter(ctx, key, after, replayPageSize)
+	if err != nil {
+		p.writeSessionsError(w, r, "outbox", err)
+		return
+	}
+
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no") // reverse proxies must not buffer the stream
+	// The stream's write deadlines must not outlive it on a reused connection, and a stream
+	// ends only when it is stopped or too slow: close the connection with it.
+	h.Set("Connection", "close")
+	w.WriteHeader(http.StatusOK)
+	sw := &sseWriter{w: w, rc: http.NewResponseController(w), last: after}
+	if err := sw.flush(); err != nil {
+		return
+	}
+
+	for {
+		for _, out := range page {
+			if err := sw.event(out); err != nil {
+				return
+			}
+		}
+		if len(page) < replayPageSize {
+			break
+		}
+		if page, err = sessions.OutboxAfter(ctx, key, sw.last, replayPageSize); err != nil {
+			// The client resumes from the last id it got.
+			p.log.Warn("sse replay failed", "session", key, tint.Err(err))
+			return
+		}
+	}
+
+	keepalive := time.NewTicker(p.cfg.KeepAlive)
+	defer keepalive.Stop()
+	for {
+		select {
+		case out := <-sub.ch:
+			if err := sw.event(out); err != nil {
+				return
+			}
+		case <-sub.gone:
+			p.log.Debug("sse stream closed for slow subscriber", "session", key)
+			return
+		case <-keepalive.C:
+			if err := sw.comment("keepalive"); err != nil {
+				return
+			}
+		case <-ctx.Done():
+			return
+		case <-stop:
+			return
+		}
+	}
+}
+
+// resumePoint is the Last-Event-ID header, else the after query parameter, else 0.
+func resumePoint(r *http.Request) (int64, *apiError) {
+	v, src := r.Header.Get("Last-Event-ID"), "Last-Event-ID"
+	if v == "" {
+		v, src = r.URL.Query().Get("after"), "after"
+	}
+	if v == "" {
+		return 0, nil
+	}
+	n, err := parseSeq(v)
+	if err != nil {
+		return 0, badRequest(CodeInvalidEventID, src+" must be a non-negative integer event id")
+	}
+	return n, nil
+}
+
+// sseWriter writes events with strictly increasing ids: an event whose seq is not above the
+// last one written (a replay/live overlap or a re-send) is skipped.
+type sseWriter struct {
+	w    http.ResponseWriter
+	rc   *http.ResponseController
+	last int64
+	buf  bytes.Buffer
+}
+
+func (s *sseWriter) event(out *platforms.Outbound) error {
+	if out.Seq <= s.last {
+		return nil
+	}
+	in := out.InReplyTo
+	if in == nil {
+		in = []string{}
+	}
+	data, err := json.Marshal(Event{Text: out.Text, TurnID: out.TurnID, SessionID: out.SessionID, InReplyTo: in})
+	if err != nil {
+		return fmt.Errorf("encode event: %w", err)
+	}
+	s.buf.Reset()
+	s.buf.WriteString("id: ")
+	s.buf.WriteString(strconv.FormatInt(out.Seq, 10))
+	s.buf.WriteString("\nevent: ")
+	s.buf.WriteString(eventKind(out.Kind))
+	s.buf.WriteString("\ndata: ")
+	s.buf.Write(data) // JSON escapes newlines, so the data is one line
+	s.buf.WriteString("\n\n")
+	if err := s.write(); err != nil {
+		return err
+	}
+	s.last = out.Seq
+	return nil
+}
+
+func (s *sseWriter) comment(text string) error {
+	s.buf.Reset()
+	s.buf.WriteString(": ")
+	s.buf.WriteString(text)
+	s.buf.WriteString("\n\n")
+	return s.write()
+}
+
+// write sends the buffer under a write deadline, so a client that stops reading cannot hold
+// the stream's goroutine forever.
+func (s *sseWriter) write() error {
+	_ = s.rc.SetWriteDeadline(time.Now().Add(sseWriteTimeout)) // unsupported only off a real conn
+	if _, err := s.w.Write(s.buf.Bytes()); err != nil {
+		return fmt.Errorf("write event: %w", err)
+	}
+	return s.flush()
+}
+
+func (s *sseWriter) flush() error {
+	if err := s.rc.Flush(); err != nil {
+		return fmt.Errorf("flush event: %w", err)
+	}
+	return nil
+}
+
+// pathKey returns the {key} path value. The mux has decoded it exactly once; it is used as is,
+// never unescaped again, because its own components are percent-escaped (identity.Escape).
+func pathKey(r *http.Request) (string, *apiError) {
+	key := r.PathValue("key")
+	switch {
+	case key == "":
+		return "", badRequest(CodeInvalidKey, "the session key is empty")
+	case len(key) > maxKeyBytes:
+		return "", badRequest(CodeInvalidKey, "the session key is too long")
+	case !utf8.ValidString(key) || strings.ContainsFunc(key, unicode.IsControl):
+		return "", badRequest(CodeInvalidKey, "the session key contains invalid characters")
+	}
+	return key, nil
+}

@@ -1,0 +1,208 @@
+package http
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/agentgate/agentgate/platforms"
+)
+
+func outbound(key string, seq int64, kind string) *platforms.Outbound {
+	return &platforms.Outbound{
+		SessionKey: key, SessionID: "s1", Seq: seq, Kind: kind,
+		Text: fmt.Sprintf("event %d", seq), TurnID: "t1", InReplyTo: []string{fmt.Sprintf("m%d", seq)},
+	}
+}
+
+func TestEventsReplayThenLive(t *testing.T) {
+	sessions := newFakeSessions()
+	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
+	// A key with escaped components travels as one path segment and must reach Sessions
+	// exactly as it was built, decoded once.
+	key := "agent:main:http:dm:a%2Fb%3Ac d"
+	for seq := int64(1); seq <= 5; seq++ {
+		kind := platforms.KindReply
+		if seq == 4 {
+			kind = platforms.KindNotice
+		}
+		sessions.addOutbox(outbound(key, seq, kind))
+	}
+	sessions.addOutbox(outbound("agent:main:http:dm:other", 9, platforms.KindReply))
+
+	s := h.openSSE(key, "2", "")
+	if s.status != 200 {
+		t.Fatalf("GET events = %d, want 200", s.status)
+	}
+	var ids []int64
+	for range 3 {
+		ev := s.mustNextEvent()
+		ids = append(ids, ev.id)
+		want := sseEvent{id: ev.id, event: "reply", data: Event{
+			Text: fmt.Sprintf("event %d", ev.id), TurnID: "t1", SessionID: "s1", InReplyTo: []string{fmt.Sprintf("m%d", ev.id)},
+		}}
+		if ev.id == 4 {
+			want.event = "notice"
+		}
+		if diff := cmp.Diff(want, ev, cmp.AllowUnexported(sseEvent{})); diff != "" {
+			t.Errorf("replayed event mismatch (-want +got):\n%s", diff)
+		}
+	}
+
+	// The seam: 5 was replayed; live copies of 5 and a re-sent 4 must not repeat.
+	ctx := context.Background()
+	for _, seq := range []int64{5, 6, 4, 7} {
+		if err := h.p.Send(ctx, outbound(key, seq, platforms.KindReply)); err != nil {
+			t.Fatalf("Send(%d) = %v", seq, err)
+		}
+	}
+	h.p.Send(ctx, outbound("agent:main:http:dm:other", 10, platforms.KindReply))
+	for range 2 {
+		ids = append(ids, s.mustNextEvent().id)
+	}
+	if want := []int64{3, 4, 5, 6, 7}; !cmp.Equal(ids, want) {
+		t.Errorf("event ids = %v, want %v", ids, want)
+	}
+	if calls := sessions.callLog(); len(calls) == 0 || calls[0] != "outbox "+key+" 2" {
+		t.Errorf("Sessions calls = %q, want first OutboxAfter(%q, 2)", calls, key)
+	}
+}
+
+func TestEventsResumePoint(t *testing.T) {
+	sessions := newFakeSessions()
+	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
+	for seq := int64(1); seq <= 3; seq++ {
+		sessions.addOutbox(outbound("k", seq, platforms.KindReply))
+	}
+	cases := []struct {
+		name     string
+		lastID   string
+		query    string
+		wantID   int64
+		wantCode string
+	}{
+		{"from the start", "", "", 1, ""},
+		{"after query", "", "?after=1", 2, ""},
+		{"header wins over query", "2", "?after=1", 3, ""},
+		{"invalid header", "abc", "", 0, CodeInvalidEventID},
+		{"negative header", "-1", "", 0, CodeInvalidEventID},
+		{"invalid query", "", "?after=x", 0, CodeInvalidEventID},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := h.openSSE("k", tc.lastID, tc.query)
+			if tc.wantCode != "" {
+				body, _ := io.ReadAll(s.body)
+				got := response{status: s.status, body: body}
+				if got.status != 400 || got.errCode() != tc.wantCode {
+					t.Errorf("GET events = %d %q, want 400 %q", got.status, got.errCode(), tc.wantCode)
+				}
+				return
+			}
+			if ev := s.mustNextEvent(); ev.id != tc.wantID {
+				t.Errorf("first event id = %d, want %d", ev.id, tc.wantID)
+			}
+		})
+	}
+
+	if got := h.do("GET", "/v1/sessions/"+url.PathEscape("bad\x01key")+"/events", nil, ""); got.status != 400 || got.errCode() != CodeInvalidKey {
+		t.Errorf("GET events of a key with a control character = %d %q, want 400 %q", got.status, got.errCode(), CodeInvalidKey)
+	}
+	noSessions := mustStart(t, Config{}, &fakeRuntime{})
+	if got := noSessions.do("GET", "/v1/sessions/k/events", nil, ""); got.status != 503 {
+		t.Errorf("GET events without Sessions = %d, want 503", got.status)
+	}
+}
+
+func TestEventsReplayPages(t *testing.T) {
+	sessions := newFakeSessions()
+	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
+	const n = 2*replayPageSize + 37
+	for seq := int64(1); seq <= n; seq++ {
+		sessions.addOutbox(outbound("k", seq, platforms.KindReply))
+	}
+	s := h.openSSE("k", "", "")
+	for want := int64(1); want <= n; want++ {
+		if ev := s.mustNextEvent(); ev.id != want {
+			t.Fatalf("event id = %d, want %d", ev.id, want)
+		}
+	}
+}
+
+func TestEventsKeepalive(t *testing.T) {
+	h := mustStart(t, Config{Sessions: newFakeSessions(), KeepAlive: 10 * time.Millisecond}, &fakeRuntime{})
+	s := h.openSSE("k", "", "")
+	ev, err := s.next()
+	if err != nil || ev.comment != "keepalive" {
+		t.Errorf("first SSE item = %+v, %v; want a keepalive comment", ev, err)
+	}
+}
+
+// TestEventsSlowSubscriber checks that Send never waits for a client that does not read, and
+// that such a client, dropped or not, still gets every event exactly once in order by resuming
+// with Last-Event-ID.
+func TestEventsSlowSubscriber(t *testing.T) {
+	sessions := newFakeSessions()
+	h := mustNew(t, Config{Sessions: sessions})
+	h.p.subBuffer = 4
+	h.start((&fakeRuntime{}).deliver)
+
+	s := h.openSSE("k", "", "")
+	waitFor(t, "the subscriber", func() bool { return h.p.subscriberCount("k") == 1 })
+
+	const n = 1000
+	text := strings.Repeat("x", 2<<10)
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	sent := make(chan error, 1)
+	go func() {
+		for seq := int64(1); seq <= n; seq++ {
+			out := outbound("k", seq, platforms.KindReply)
+			out.Text = text
+			sessions.addOutbox(out) // recorded before it is sent, as the runtime does
+			if err := h.p.Send(ctx, out); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	select {
+	case err := <-sent:
+		if err != nil {
+			t.Fatalf("Send() = %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatalf("Send blocked on a client that does not read")
+	}
+
+	var last int64
+	reconnects := 0
+	for last < n {
+		ev, err := s.next()
+		if errors.Is(err, io.EOF) {
+			reconnects++
+			s.close()
+			s = h.openSSE("k", fmt.Sprint(last), "")
+			continue
+		}
+		if err != nil {
+			t.Fatalf("read event after %d: %v", last, err)
+		}
+		if ev.comment != "" {
+			continue
+		}
+		if ev.id != last+1 {
+			t.Fatalf("event id = %d after %d, want %d (strictly increasing, no gaps or repeats)", ev.id, last, last+1)
+		}
+		last = ev.id
+	}
+	t.Logf("read %d events with %d reconnects", n, reconnects)
+}

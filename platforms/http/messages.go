@@ -1,0 +1,406 @@
+package http
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/lmittmann/tint"
+
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// handleMessages is POST /v1/messages.
+func (p *Platform) handleMessages(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	if p.draining.Load() {
+		writeError(w, http.StatusServiceUnavailable, CodeDraining, "agentgate is draining and accepts no new messages")
+		return
+	}
+	wait, aerr := p.parseWait(r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	in, aerr := decodeMessage(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	deliver, stop := p.currentDeliver()
+	if deliver == nil {
+		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "platform not running")
+		return
+	}
+
+	// The waiter exists before the message is delivered: a fast turn may answer before
+	// deliver returns.
+	var wt *waiter
+	if wait > 0 {
+		wt = p.addWaiter(in.Source.ChatID, in.MessageID)
+		defer p.removeWaiter(wt)
+	}
+
+	ack, err := deliver(r.Context(), in)
+	if err != nil {
+		p.writeDeliverError(w, ack, in, err)
+		return
+	}
+	if ack == nil {
+		p.log.Error("deliver returned no ack and no error")
+		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error")
+		return
+	}
+	if ack.Disposition == platforms.Rejected {
+		writeRejected(w, ack, "the session's queue is full")
+		return
+	}
+	p.log.Debug("message accepted", "session", ack.SessionKey, "disposition", ack.Disposition)
+
+	resp := MessageResponse{
+		MessageID:   cmpOr(ack.MessageID, in.MessageID),
+		SessionKey:  ack.SessionKey,
+		SessionID:   ack.SessionID,
+		Disposition: ack.Disposition,
+		QueueDepth:  ack.QueueDepth,
+	}
+	if wt == nil {
+		writeJSON(w, http.StatusAccepted, resp)
+		return
+	}
+	replies, ok := p.awaitReplies(r.Context(), stop, wt, ack, start.Add(wait))
+	if !ok {
+		// The message is durable and will be answered; SSE carries the replies.
+		writeJSON(w, http.StatusAccepted, resp)
+		return
+	}
+	resp.Replies = make([]Reply, len(replies))
+	for i, o := range replies {
+		resp.Replies[i] = Reply{Text: o.Text, TurnID: o.TurnID, Kind: eventKind(o.Kind), Seq: o.Seq}
+	}
+	// A command such as /new changes the session; the last reply carries the live one.
+	if sid := replies[len(replies)-1].SessionID; sid != "" {
+		resp.SessionID = sid
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (p *Platform) parseWait(r *http.Request) (time.Duration, *apiError) {
+	q := r.URL.Query()
+	if !q.Has("wait") {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(q.Get("wait"))
+	if err != nil || d < 0 {
+		return 0, badRequest(CodeInvalidWait, "wait must be a non-negative Go duration such as 30s")
+	}
+	return min(d, p.cfg.MaxWait), nil
+}
+
+func (p *Platform) writeDeliverError(w http.ResponseWriter, ack *platforms.Ack, in *platforms.Inbound, err error) {
+	switch {
+	case errors.Is(err, platforms.ErrDraining):
+		writeError(w, http.StatusServiceUnavailable, CodeDraining, "agentgate is draining and accepts no new messages")
+	case errors.Is(err, platforms.ErrRejected):
+		writeRejected(w, ack, "the session's queue is full")
+	case errors.Is(err, platforms.ErrUnavailable):
+		p.log.Warn("message not stored", "chat", in.Source.ChatID, tint.Err(err))
+		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the message could not be stored, retry later")
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the message was not acknowledged in time, retry with the same message_id")
+	default:
+		p.log.Error("deliver failed", "chat", in.Source.ChatID, tint.Err(err))
+		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error")
+	}
+}
+
+func writeRejected(w http.ResponseWriter, ack *platforms.Ack, msg string) {
+	body := RejectedResponse{
+		Disposition: platforms.Rejected,
+		Error:       APIError{Code: CodeQueueFull, Message: msg},
+	}
+	if ack != nil {
+		body.MessageID = ack.MessageID
+		body.SessionKey = ack.SessionKey
+		body.SessionID = ack.SessionID
+		body.QueueDepth = ack.QueueDepth
+	}
+	w.Header().Set("Retry-After", "1")
+	writeJSON(w, http.StatusTooManyRequests, body)
+}
+
+// decodeMessage reads, checks and converts the body of POST /v1/messages.
+func decodeMessage(w http.ResponseWriter, r *http.Request) (*platforms.Inbound, *apiError) {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || mt != "application/json" {
+			return nil, &apiError{http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "the body must be application/json"}
+		}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, &apiError{http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
+				fmt.Sprintf("the body exceeds %d bytes", MaxBodyBytes)}
+		}
+		return nil, badRequest(CodeInvalidJSON, "the body could not be read")
+	}
+	if !utf8.Valid(body) {
+		return nil, badRequest(CodeInvalidUTF8, "the body is not valid UTF-8")
+	}
+	req, aerr := parseMessageRequest(body)
+	if aerr != nil {
+		return nil, aerr
+	}
+	if aerr := req.validate(); aerr != nil {
+		return nil, aerr
+	}
+	if req.MessageID == "" {
+		req.MessageID = newMessageID()
+	}
+	return &platforms.Inbound{
+		Source: identity.Source{
+			Platform: Name,
+			ChatType: req.ChatType,
+			ChatID:   req.ChatID,
+			ThreadID: req.ThreadID,
+			UserID:   req.UserID,
+			UserName: req.UserName,
+			Profile:  req.Profile,
+		},
+		MessageID:  req.MessageID,
+		Text:       req.Text,
+		ReceivedAt: time.Now(),
+	}, nil
+}
+
+// parseMessageRequest decodes exactly one JSON object with only known fields.
+func parseMessageRequest(body []byte) (*MessageRequest, *apiError) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, badRequest(CodeInvalidJSON, "the body is empty")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	var req MessageRequest
+	if err := dec.Decode(&req); err != nil {
+		return nil, jsonError(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, badRequest(CodeInvalidJSON, "unexpected data after the JSON object")
+	}
+	return &req, nil
+}
+
+func jsonError(err error) *apiError {
+	var typeErr *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &typeErr) && typeErr.Field != "":
+		return badRequest(CodeInvalidField, fmt.Sprintf("%s must be a string", typeErr.Field))
+	case errors.As(err, &typeErr):
+		return badRequest(CodeInvalidJSON, "the body must be a JSON object")
+	case strings.Contains(err.Error(), "unknown field"):
+		// encoding/json has no typed error for DisallowUnknownFields; its message names
+		// the field, quoted, which is safe to echo.
+		msg := err.Error()
+		if i := strings.Index(msg, "unknown field "); i >= 0 {
+			msg = msg[i:]
+		}
+		return badRequest(CodeUnknownField, msg)
+	default:
+		return badRequest(CodeInvalidJSON, "the body is not valid JSON")
+	}
+}
+
+// validate checks required fields, sizes and ids, and fills in the default chat type.
+func (m *MessageRequest) validate() *apiError {
+	for _, f := range []struct{ name, v string }{
+		{"chat_id", m.ChatID}, {"user_id", m.UserID}, {"text", m.Text},
+	} {
+		if f.v == "" {
+			return badRequest(CodeMissingField, f.name+" is required")
+		}
+	}
+	if len(m.Text) > MaxTextBytes {
+		return &apiError{http.StatusRequestEntityTooLarge, CodeTextTooLarge,
+			fmt.Sprintf("text is %d bytes, the limit is %d", len(m.Text), MaxTextBytes)}
+	}
+	if m.ChatType == "" {
+		m.ChatType = identity.ChatDM
+	}
+	if !identity.ValidChatType(m.ChatType) {
+		return badRequest(CodeInvalidChatType, "chat_type must be dm, group, channel or thread")
+	}
+	if m.ChatType == identity.ChatThread && m.ThreadID == "" {
+		return badRequest(CodeMissingField, "thread_id is required when chat_type is thread")
+	}
+	for _, f := range []struct{ name, v string }{
+		{"chat_id", m.ChatID}, {"thread_id", m.ThreadID}, {"user_id", m.UserID},
+		{"message_id", m.MessageID}, {"profile", m.Profile},
+	} {
+		if aerr := checkID(f.name, f.v, MaxIDBytes); aerr != nil {
+			return aerr
+		}
+	}
+	if len(m.UserName) > MaxNameBytes {
+		return badRequest(CodeInvalidField, fmt.Sprintf("user_name is longer than %d bytes", MaxNameBytes))
+	}
+	return nil
+}
+
+// checkID rejects an id that is too long or carries control characters: ids end up in keys,
+// logs and environment variables, where such characters only do harm.
+func checkID(name, v string, maxLen int) *apiError {
+	if len(v) > maxLen {
+		return badRequest(CodeInvalidField, fmt.Sprintf("%s is longer than %d bytes", name, maxLen))
+	}
+	if strings.ContainsFunc(v, unicode.IsControl) {
+		return badRequest(CodeInvalidField, name+" contains control characters")
+	}
+	return nil
+}
+
+func newMessageID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (it panics instead)
+	return "http-" + hex.EncodeToString(b[:])
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// waiter collects the outbound messages that answer one waited-for message.
+type waiter struct {
+	chatID string
+	msgID  string
+	wake   chan struct{} // capacity 1: a pending wake-up is never lost, Send never blocks
+
+	mu  sync.Mutex
+	got []*platforms.Outbound
+}
+
+func (p *Platform) addWaiter(chatID, msgID string) *waiter {
+	w := &waiter{chatID: chatID, msgID: msgID, wake: make(chan struct{}, 1)}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	set := p.waiters[msgID]
+	if set == nil {
+		set = make(map[*waiter]struct{})
+		p.waiters[msgID] = set
+	}
+	set[w] = struct{}{}
+	return w
+}
+
+func (p *Platform) removeWaiter(w *waiter) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	set := p.waiters[w.msgID]
+	delete(set, w)
+	if len(set) == 0 {
+		delete(p.waiters, w.msgID)
+	}
+}
+
+// offer is called by Send with p.mu held. An outbound addressed to another chat is not for
+// this waiter even if a message id collides; the session key is checked once it is known.
+func (w *waiter) offer(out *platforms.Outbound) {
+	if out.Target.ChatID != "" && out.Target.ChatID != w.chatID {
+		return
+	}
+	w.mu.Lock()
+	w.got = append(w.got, out)
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// result returns the outbounds of session key up to and including the first turn end, by seq
+// without duplicates, and whether that turn end has arrived.
+func (w *waiter) result(key string) ([]*platforms.Outbound, bool) {
+	w.mu.Lock()
+	got := slices.Clone(w.got)
+	w.mu.Unlock()
+	got = slices.DeleteFunc(got, func(o *platforms.Outbound) bool { return o.SessionKey != key })
+	slices.SortStableFunc(got, func(a, b *platforms.Outbound) int { return cmp.Compare(a.Seq, b.Seq) })
+	got = slices.CompactFunc(got, func(a, b *platforms.Outbound) bool { return a.Seq == b.Seq })
+	for i, o := range got {
+		if o.TurnEnd {
+			return got[:i+1], true
+		}
+	}
+	return nil, false
+}
+
+// awaitReplies blocks until the turn that handles the waited-for message ends, the deadline
+// passes, the client goes away or the platform stops. A duplicate is first answered from the
+// durable outbox: its turn may have ended long ago.
+func (p *Platform) awaitReplies(ctx context.Context, stop <-chan struct{}, w *waiter, ack *platforms.Ack, deadline time.Time) ([]*platforms.Outbound, bool) {
+	if ack.Disposition == platforms.Duplicate && p.cfg.Sessions != nil {
+		durable, err := p.cfg.Sessions.RepliesTo(ctx, ack.SessionKey, w.msgID)
+		switch {
+		case err != nil:
+			p.log.Warn("load replies of duplicate", "session", ack.SessionKey, tint.Err(err))
+		case len(durable) > 0:
+			// The outbox does not record turn ends; what is durable is taken as complete.
+			durable = slices.Clone(durable)
+			slices.SortStableFunc(durable, func(a, b *platforms.Outbound) int { return cmp.Compare(a.Seq, b.Seq) })
+			return durable, true
+		}
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	for {
+		if got, done := w.result(ack.SessionKey); done {
+			return got, true
+		}
+		select {
+		case <-w.wake:
+		case <-timer.C:
+			return nil, false
+		case <-ctx.Done():
+			return nil, false
+		case <-stop:
+			return nil, false
+		}
+	}
+}
+
+// eventKind maps an outbound kind to its SSE event name and reply kind.
+func eventKind(kind string) string {
+	if kind == platforms.KindNotice {
+		return platforms.KindNotice
+	}
+	return platforms.KindReply
+}
+
+// parseSeq parses a non-negative outbox sequence number.
+func parseSeq(s string) (int64, error) {
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("parse seq %q: not a non-negative integer", s)
+	}
+	return n, nil
+}

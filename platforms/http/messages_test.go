@@ -1,0 +1,431 @@
+package http
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/platforms"
+)
+
+func TestPostMessageBadInput(t *testing.T) {
+	rt := &fakeRuntime{}
+	h := mustStart(t, Config{}, rt)
+
+	long := strings.Repeat("x", MaxIDBytes+1)
+	cases := []struct {
+		name       string
+		method     string
+		path       string
+		header     map[string]string
+		body       string
+		wantStatus int
+		wantCode   string
+	}{
+		{"invalid json", "POST", "/v1/messages", jsonHeader, `{"chat_id":`, 400, CodeInvalidJSON},
+		{"empty body", "POST", "/v1/messages", jsonHeader, ``, 400, CodeInvalidJSON},
+		{"array body", "POST", "/v1/messages", jsonHeader, `[1,2]`, 400, CodeInvalidJSON},
+		{"trailing object", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}{}`, 400, CodeInvalidJSON},
+		{"trailing garbage", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"} x`, 400, CodeInvalidJSON},
+		{"unknown field", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","admin":true}`, 400, CodeUnknownField},
+		{"invalid utf8", "POST", "/v1/messages", jsonHeader, "{\"chat_id\":\"c\",\"user_id\":\"u\",\"text\":\"\xff\xfe\"}", 400, CodeInvalidUTF8},
+		{"missing chat_id", "POST", "/v1/messages", jsonHeader, `{"user_id":"u","text":"t"}`, 400, CodeMissingField},
+		{"missing user_id", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","text":"t"}`, 400, CodeMissingField},
+		{"empty text", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":""}`, 400, CodeMissingField},
+		{"null text", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":null}`, 400, CodeMissingField},
+		{"number chat_id", "POST", "/v1/messages", jsonHeader, `{"chat_id":7,"user_id":"u","text":"t"}`, 400, CodeInvalidField},
+		{"unknown chat_type", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","chat_type":"forum"}`, 400, CodeInvalidChatType},
+		{"thread without thread_id", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","chat_type":"thread"}`, 400, CodeMissingField},
+		{"chat_id too long", "POST", "/v1/messages", jsonHeader, `{"chat_id":"` + long + `","user_id":"u","text":"t"}`, 400, CodeInvalidField},
+		{"message_id too long", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","message_id":"` + long + `"}`, 400, CodeInvalidField},
+		{"control char in user_id", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u\u0000x","text":"t"}`, 400, CodeInvalidField},
+		{"newline in chat_id", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c\nx","user_id":"u","text":"t"}`, 400, CodeInvalidField},
+		{"C1 control in thread_id", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","chat_type":"thread","thread_id":"a\u0085b"}`, 400, CodeInvalidField},
+		{"user_name too long", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","user_name":"` + strings.Repeat("n", MaxNameBytes+1) + `"}`, 400, CodeInvalidField},
+		{"text too large", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"` + strings.Repeat("a", MaxTextBytes+1) + `"}`, 413, CodeTextTooLarge},
+		{"multibyte text too large", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"` + strings.Repeat("é", MaxTextBytes/2+1) + `"}`, 413, CodeTextTooLarge},
+		{"body too large", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"` + strings.Repeat("a", MaxBodyBytes) + `"}`, 413, CodeBodyTooLarge},
+		{"text/plain", "POST", "/v1/messages", map[string]string{"Content-Type": "text/plain"}, `{"chat_id":"c","user_id":"u","text":"t"}`, 415, CodeUnsupportedMedia},
+		{"form", "POST", "/v1/messages", map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, `chat_id=c`, 415, CodeUnsupportedMedia},
+		{"malformed content type", "POST", "/v1/messages", map[string]string{"Content-Type": "application/json; ="}, `{"chat_id":"c","user_id":"u","text":"t"}`, 415, CodeUnsupportedMedia},
+		{"bad wait", "POST", "/v1/messages?wait=soon", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}`, 400, CodeInvalidWait},
+		{"negative wait", "POST", "/v1/messages?wait=-1s", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}`, 400, CodeInvalidWait},
+		{"empty wait", "POST", "/v1/messages?wait=", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}`, 400, CodeInvalidWait},
+		{"GET messages", "GET", "/v1/messages", nil, ``, 405, CodeMethodNotAllowed},
+		{"unknown route", "GET", "/v1/nope", nil, ``, 404, CodeNotFound},
+		{"root", "GET", "/", nil, ``, 404, CodeNotFound},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := h.do(tc.method, tc.path, tc.header, tc.body)
+			if got.status != tc.wantStatus || got.errCode() != tc.wantCode {
+				t.Errorf("%s %s = %d %q (%.200s), want %d %q", tc.method, tc.path, got.status, got.errCode(), got.body, tc.wantStatus, tc.wantCode)
+			}
+			if ct := got.header.Get("Content-Type"); ct != "application/json" {
+				t.Errorf("Content-Type = %q, want application/json", ct)
+			}
+			var e ErrorResponse
+			if err := json.Unmarshal(got.body, &e); err != nil || e.Error.Message == "" {
+				t.Errorf("error body %q: decode err %v, message %q; want a message", got.body, err, e.Error.Message)
+			}
+		})
+	}
+	if n := len(rt.delivered()); n != 0 {
+		t.Errorf("deliver called %d times for bad input, want 0", n)
+	}
+
+	// The daemon keeps serving good requests after all of that.
+	good := []struct {
+		name   string
+		header map[string]string
+		body   string
+	}{
+		{"json", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}`},
+		{"no content type", nil, `{"chat_id":"c","user_id":"u","text":"t"}`},
+		{"charset parameter", map[string]string{"Content-Type": "application/json; charset=utf-8"}, `{"chat_id":"c","user_id":"u","text":"t"}`},
+		{"text at the limit", jsonHeader, `{"chat_id":"c","user_id":"u","text":"` + strings.Repeat("a", MaxTextBytes) + `"}`},
+		{"id at the limit", jsonHeader, `{"chat_id":"` + long[1:] + `","user_id":"u","text":"t"}`},
+		{"thread with thread_id", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","chat_type":"thread","thread_id":"th"}`},
+	}
+	for _, tc := range good {
+		t.Run("good/"+tc.name, func(t *testing.T) {
+			got := h.do("POST", "/v1/messages", tc.header, tc.body)
+			if got.status != http.StatusAccepted {
+				t.Errorf("POST /v1/messages = %d %.200s, want 202", got.status, got.body)
+			}
+		})
+	}
+}
+
+func TestPostMessageAccepted(t *testing.T) {
+	rt := &fakeRuntime{}
+	rt.setRespond(func(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
+		a := ackFor(in, platforms.Queued)
+		a.QueueDepth = 3
+		return a, nil
+	})
+	h := mustStart(t, Config{}, rt)
+
+	before := time.Now()
+	got := h.post("/v1/messages", map[string]string{
+		"chat_id": "c1", "user_id": "u1", "user_name": "Ann", "text": "hello", "chat_type": "group", "profile": "ops",
+	})
+	if got.status != http.StatusAccepted {
+		t.Fatalf("POST /v1/messages = %d %s, want 202", got.status, got.body)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal(got.body, &raw); err != nil {
+		t.Fatalf("decode %s: %v", got.body, err)
+	}
+	for _, f := range []string{"message_id", "session_key", "session_id", "disposition", "queue_depth"} {
+		if _, ok := raw[f]; !ok {
+			t.Errorf("202 body %s has no %q", got.body, f)
+		}
+	}
+	if _, ok := raw["replies"]; ok {
+		t.Errorf("202 body %s has replies, want none without ?wait", got.body)
+	}
+
+	ins := rt.delivered()
+	if len(ins) != 1 {
+		t.Fatalf("delivered %d messages, want 1", len(ins))
+	}
+	in := ins[0]
+	wantSrc := identity.Source{Platform: "http", ChatType: "group", ChatID: "c1", UserID: "u1", UserName: "Ann", Profile: "ops"}
+	if diff := cmp.Diff(wantSrc, in.Source); diff != "" {
+		t.Errorf("Inbound.Source mismatch (-want +got):\n%s", diff)
+	}
+	if in.Text != "hello" || in.ReceivedAt.Before(before) {
+		t.Errorf("Inbound = %q at %v, want hello at or after %v", in.Text, in.ReceivedAt, before)
+	}
+	if !strings.HasPrefix(in.MessageID, "http-") || len(in.MessageID) != len("http-")+16 {
+		t.Errorf("generated MessageID = %q, want http- and 16 hex digits", in.MessageID)
+	}
+
+	resp := mustDecode[MessageResponse](t, got)
+	want := MessageResponse{
+		MessageID: in.MessageID, SessionKey: keyFor(wantSrc), SessionID: "s1",
+		Disposition: platforms.Queued, QueueDepth: 3,
+	}
+	if diff := cmp.Diff(want, resp); diff != "" {
+		t.Errorf("202 body mismatch (-want +got):\n%s", diff)
+	}
+
+	// A second message without message_id gets a different id; a given one is kept.
+	h.post("/v1/messages", map[string]string{"chat_id": "c1", "user_id": "u1", "text": "again"})
+	h.post("/v1/messages", map[string]string{"chat_id": "c1", "user_id": "u1", "text": "mine", "message_id": "m-42"})
+	ins = rt.delivered()
+	if ins[1].MessageID == ins[0].MessageID || ins[2].MessageID != "m-42" || ins[1].Source.ChatType != identity.ChatDM {
+		t.Errorf("message ids = %q, %q (chat type %q); want distinct generated ids, then m-42, default dm",
+			ins[0].MessageID, ins[1].MessageID, ins[1].Source.ChatType)
+	}
+}
+
+func TestPostMessageDeliverErrors(t *testing.T) {
+	cases := []struct {
+		name       string
+		ack        bool
+		disp       string
+		err        error
+		wantStatus int
+		wantCode   string
+	}{
+		{"draining", false, "", fmt.Errorf("deliver: %w", platforms.ErrDraining), 503, CodeDraining},
+		{"rejected", true, platforms.Rejected, platforms.ErrRejected, 429, CodeQueueFull},
+		{"rejected without ack", false, "", platforms.ErrRejected, 429, CodeQueueFull},
+		{"rejected disposition only", true, platforms.Rejected, nil, 429, CodeQueueFull},
+		{"unavailable", false, "", platforms.ErrUnavailable, 503, CodeUnavailable},
+		{"deadline", false, "", context.DeadlineExceeded, 503, CodeUnavailable},
+		{"other", false, "", errors.New("boom"), 500, CodeInternal},
+		{"nil ack and nil error", false, "", nil, 500, CodeInternal},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := &fakeRuntime{}
+			rt.setRespond(func(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
+				if !tc.ack {
+					return nil, tc.err
+				}
+				return ackFor(in, tc.disp), tc.err
+			})
+			h := mustStart(t, Config{}, rt)
+			got := h.post("/v1/messages", map[string]string{"chat_id": "c", "user_id": "u", "text": "t", "message_id": "m1"})
+			if got.status != tc.wantStatus || got.errCode() != tc.wantCode {
+				t.Errorf("POST = %d %q (%s), want %d %q", got.status, got.errCode(), got.body, tc.wantStatus, tc.wantCode)
+			}
+			if tc.wantStatus != http.StatusTooManyRequests {
+				return
+			}
+			rej := mustDecode[RejectedResponse](t, got)
+			if rej.Disposition != platforms.Rejected || rej.Error.Message == "" {
+				t.Errorf("429 body = %s, want disposition rejected and an error message", got.body)
+			}
+			if tc.ack && (rej.MessageID != "m1" || rej.SessionKey == "") {
+				t.Errorf("429 body = %s, want message_id m1 and the session key", got.body)
+			}
+		})
+	}
+}
+
+func TestDrain(t *testing.T) {
+	rt := &fakeRuntime{}
+	h := mustStart(t, Config{Ready: func(context.Context) map[string]error {
+		return map[string]error{"store": nil}
+	}}, rt)
+
+	body := map[string]string{"chat_id": "c", "user_id": "u", "text": "t"}
+	if got := h.post("/v1/messages", body); got.status != http.StatusAccepted {
+		t.Fatalf("POST before Drain = %d %s, want 202", got.status, got.body)
+	}
+	h.p.Drain()
+	if got := h.post("/v1/messages", body); got.status != 503 || got.errCode() != CodeDraining {
+		t.Errorf("POST after Drain = %d %q, want 503 %q", got.status, got.errCode(), CodeDraining)
+	}
+	if n := len(rt.delivered()); n != 1 {
+		t.Errorf("deliver called %d times, want 1 (none after Drain)", n)
+	}
+	got := h.do("GET", "/readyz", nil, "")
+	ready := mustDecode[ReadyResponse](t, got)
+	if got.status != 503 || ready.Status != "not_ready" || !ready.Draining || ready.Components["store"] != "ok" {
+		t.Errorf("GET /readyz after Drain = %d %s, want 503 not_ready draining with store ok", got.status, got.body)
+	}
+	if got := h.do("GET", "/healthz", nil, ""); got.status != http.StatusOK {
+		t.Errorf("GET /healthz after Drain = %d, want 200", got.status)
+	}
+}
+
+func TestWaitReturnsReplies(t *testing.T) {
+	rt := &fakeRuntime{}
+	h := mustStart(t, Config{}, rt)
+	rt.setRespond(func(ctx context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
+		other := *in
+		other.MessageID = "unrelated"
+		otherChat := *in
+		otherChat.Source.ChatID = "other-chat"
+		switch in.Text {
+		case "sync":
+			// Replies sent before the ack returns must still reach the waiter.
+			rt.p.Send(ctx, reply(&other, 1, "not yours", true))
+			rt.p.Send(ctx, reply(in, 2, "sync answer", true))
+		case "async":
+			go func() {
+				rt.p.Send(context.Background(), reply(&other, 3, "not yours", true))
+				rt.p.Send(context.Background(), reply(&otherChat, 1, "other chat, same id", true))
+				rt.p.Send(context.Background(), reply(in, 4, "part 1", false))
+				last := reply(in, 5, "part 2", true)
+				last.SessionID = "s2"
+				last.Kind = platforms.KindNotice
+				rt.p.Send(context.Background(), last)
+				rt.p.Send(context.Background(), reply(in, 6, "next turn", true))
+			}()
+		}
+		return ackFor(in, platforms.Started), nil
+	})
+
+	cases := []struct {
+		name        string
+		text        string
+		wantReplies []Reply
+		wantSession string
+	}{
+		{"reply before ack", "sync", []Reply{{Text: "sync answer", TurnID: "t1", Kind: "reply", Seq: 2}}, "s1"},
+		{"several outbounds, turn end last", "async", []Reply{
+			{Text: "part 1", TurnID: "t1", Kind: "reply", Seq: 4},
+			{Text: "part 2", TurnID: "t1", Kind: "notice", Seq: 5},
+		}, "s2"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := h.post("/v1/messages?wait=5s", map[string]string{
+				"chat_id": "c1", "user_id": "u", "text": tc.text, "message_id": "m-" + tc.text,
+			})
+			if got.status != http.StatusOK {
+				t.Fatalf("POST ?wait = %d %s, want 200", got.status, got.body)
+			}
+			resp := mustDecode[MessageResponse](t, got)
+			if diff := cmp.Diff(tc.wantReplies, resp.Replies); diff != "" {
+				t.Errorf("replies mismatch (-want +got):\n%s", diff)
+			}
+			if resp.SessionID != tc.wantSession || resp.MessageID != "m-"+tc.text || resp.Disposition != platforms.Started {
+				t.Errorf("body = %s, want session_id %q, message_id m-%s, disposition started", got.body, tc.wantSession, tc.text)
+			}
+		})
+	}
+	waitFor(t, "waiters to be removed", func() bool { return h.p.waiterCount() == 0 })
+}
+
+func TestWaitConcurrentWaitersDoNotLeak(t *testing.T) {
+	rt := &fakeRuntime{}
+	h := mustStart(t, Config{}, rt)
+	const n = 8
+	var seq sync.Mutex
+	next := int64(0)
+	rt.setRespond(func(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
+		go func() {
+			seq.Lock()
+			next++
+			s := next
+			seq.Unlock()
+			rt.p.Send(context.Background(), reply(in, s, "answer to "+in.MessageID, true))
+		}()
+		return ackFor(in, platforms.Started), nil
+	})
+
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			id := fmt.Sprintf("m%d", i)
+			got := h.post("/v1/messages?wait=5s", map[string]string{"chat_id": "shared", "user_id": "u", "text": "t", "message_id": id})
+			if got.status != http.StatusOK {
+				t.Errorf("POST %s ?wait = %d %s, want 200", id, got.status, got.body)
+				return
+			}
+			resp := mustDecode[MessageResponse](t, got)
+			if len(resp.Replies) != 1 || resp.Replies[0].Text != "answer to "+id {
+				t.Errorf("POST %s replies = %+v, want only \"answer to %s\"", id, resp.Replies, id)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func TestWaitTimeout(t *testing.T) {
+	cases := []struct {
+		name    string
+		maxWait time.Duration
+		query   string
+	}{
+		{"wait expires", 0, "?wait=50ms"},
+		{"capped by MaxWait", 50 * time.Millisecond, "?wait=1h"},
+		{"zero wait", 0, "?wait=0s"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := &fakeRuntime{}
+			h := mustStart(t, Config{MaxWait: tc.maxWait}, rt)
+			got := h.post("/v1/messages"+tc.query, map[string]string{"chat_id": "c", "user_id": "u", "text": "t", "message_id": "m1"})
+			if got.status != http.StatusAccepted {
+				t.Fatalf("POST %s = %d %s, want 202", tc.query, got.status, got.body)
+			}
+			resp := mustDecode[MessageResponse](t, got)
+			if resp.MessageID != "m1" || resp.Disposition != platforms.Started || resp.Replies != nil {
+				t.Errorf("POST %s body = %s, want the plain ack", tc.query, got.body)
+			}
+			waitFor(t, "waiter to be removed", func() bool { return h.p.waiterCount() == 0 })
+		})
+	}
+}
+
+func TestWaitDuplicate(t *testing.T) {
+	sessions := newFakeSessions()
+	rt := &fakeRuntime{}
+	h := mustStart(t, Config{Sessions: sessions}, rt)
+	rt.setRespond(func(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
+		if in.MessageID == "live" {
+			go rt.p.Send(context.Background(), reply(in, 9, "still running, now done", true))
+		}
+		return ackFor(in, platforms.Duplicate), nil
+	})
+	src := identity.Source{Platform: "http", ChatType: "dm", ChatID: "c", UserID: "u"}
+	key := keyFor(src)
+	orig := &platforms.Inbound{Source: src, MessageID: "done"}
+	sessions.replies[key+"\x00done"] = []*platforms.Outbound{
+		reply(orig, 8, "second", false), reply(orig, 7, "first", false),
+	}
+
+	cases := []struct {
+		name string
+		id   string
+		want []Reply
+	}{
+		{"durable replies", "done", []Reply{
+			{Text: "first", TurnID: "t1", Kind: "reply", Seq: 7},
+			{Text: "second", TurnID: "t1", Kind: "reply", Seq: 8},
+		}},
+		{"no durable replies yet, waits live", "live", []Reply{
+			{Text: "still running, now done", TurnID: "t1", Kind: "reply", Seq: 9},
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := h.post("/v1/messages?wait=5s", map[string]string{"chat_id": "c", "user_id": "u", "text": "t", "message_id": tc.id})
+			if got.status != http.StatusOK {
+				t.Fatalf("POST duplicate ?wait = %d %s, want 200", got.status, got.body)
+			}
+			resp := mustDecode[MessageResponse](t, got)
+			if resp.Disposition != platforms.Duplicate {
+				t.Errorf("disposition = %q, want %q", resp.Disposition, platforms.Duplicate)
+			}
+			if diff := cmp.Diff(tc.want, resp.Replies); diff != "" {
+				t.Errorf("replies mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+	if calls := sessions.callLog(); !cmp.Equal(calls, []string{"replies " + key + " done", "replies " + key + " live"}) {
+		t.Errorf("Sessions calls = %q, want RepliesTo(%s, done) then (…, live)", calls, key)
+	}
+}
+
+func TestWaitRejected(t *testing.T) {
+	rt := &fakeRuntime{}
+	rt.setRespond(func(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
+		return ackFor(in, platforms.Rejected), platforms.ErrRejected
+	})
+	h := mustStart(t, Config{}, rt)
+	got := h.post("/v1/messages?wait=10s", map[string]string{"chat_id": "c", "user_id": "u", "text": "t"})
+	if got.status != http.StatusTooManyRequests || got.errCode() != CodeQueueFull {
+		t.Errorf("POST ?wait rejected = %d %q, want 429 %q", got.status, got.errCode(), CodeQueueFull)
+	}
+	if n := h.p.waiterCount(); n != 0 {
+		t.Errorf("waiters after a rejected wait = %d, want 0", n)
+	}
+}

@@ -1,0 +1,414 @@
+package http
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lmittmann/tint"
+
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// Name is the platform name of the HTTP platform in session keys and metrics.
+const Name = "http"
+
+// Defaults and limits of the HTTP platform.
+const (
+	DefaultAddr      = "127.0.0.1:8080"
+	DefaultMaxWait   = 5 * time.Minute
+	DefaultKeepAlive = 15 * time.Second
+	// MaxTextBytes is the longest accepted message text (DESIGN §5: 64 KiB).
+	MaxTextBytes = 64 << 10
+	// MaxBodyBytes bounds a POST body: the text plus room for JSON escaping and the other fields.
+	MaxBodyBytes = 256 << 10
+	// MaxIDBytes bounds every id field of a message (chat, thread, user, message, profile).
+	MaxIDBytes = 256
+	// MaxNameBytes bounds a user name; names are neutralised later, not rejected for content.
+	MaxNameBytes = 1024
+)
+
+const (
+	readHeaderTimeout = 10 * time.Second
+	idleTimeout       = 2 * time.Minute
+	shutdownTimeout   = 5 * time.Second
+	readyTimeout      = 5 * time.Second
+	sseWriteTimeout   = 30 * time.Second
+	subscriberBuffer  = 256
+	replayPageSize    = 500
+	maxKeyBytes       = 8 << 10
+)
+
+// Config configures a Platform.
+type Config struct {
+	// Addr is the listen address, e.g. 127.0.0.1:8080 or 127.0.0.1:0; "" means DefaultAddr.
+	Addr string
+	// Token is the bearer token every route except /healthz and /readyz requires; "" means
+	// none, which New accepts only on a loopback address.
+	Token string
+	// Metrics is served at GET /metrics; nil answers 404.
+	Metrics http.Handler
+	// Ready reports each component's readiness (nil error = ok) for /readyz; nil means none.
+	Ready func(ctx context.Context) map[string]error
+	// Sessions answers the session routes and SSE replay; nil answers 503 on those routes.
+	Sessions Sessions
+	// Logger receives the platform's logs; nil discards them.
+	Logger *slog.Logger
+	// MaxWait caps ?wait on POST /v1/messages; 0 means DefaultMaxWait.
+	MaxWait time.Duration
+	// KeepAlive is the interval of SSE keepalive comments; 0 means DefaultKeepAlive.
+	KeepAlive time.Duration
+}
+
+// Platform is the HTTP platform. Create it with New, bind it with Listen, serve it with Run.
+type Platform struct {
+	cfg      Config
+	log      *slog.Logger
+	mux      *http.ServeMux
+	handler  http.Handler
+	draining atomic.Bool
+	// subBuffer is the event buffer of each SSE subscriber; a field so tests can shrink it.
+	subBuffer int
+
+	mu      sync.Mutex
+	ln      net.Listener // bound by Listen, consumed by Run
+	running bool
+	deliver platforms.Deliver
+	// stop is closed when the current Run stops serving; it ends SSE streams and ?wait waits
+	// so that Shutdown is not held up by long-lived requests.
+	stop    chan struct{}
+	subs    map[string]map[*subscriber]struct{} // by session key
+	waiters map[string]map[*waiter]struct{}     // by message id
+}
+
+var _ platforms.Platform = (*Platform)(nil)
+
+// New validates c and returns a Platform that is not yet listening. It refuses a non-loopback
+// address without a bearer token.
+func New(c Config) (*Platform, error) {
+	if c.Addr == "" {
+		c.Addr = DefaultAddr
+	}
+	loopback, err := isLoopback(c.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("new http platform: %w", err)
+	}
+	if !loopback && c.Token == "" {
+		return nil, fmt.Errorf("new http platform: refusing to listen on public address %s without a bearer token (set http.token_env)", c.Addr)
+	}
+	if c.MaxWait <= 0 {
+		c.MaxWait = DefaultMaxWait
+	}
+	if c.KeepAlive <= 0 {
+		c.KeepAlive = DefaultKeepAlive
+	}
+	log := c.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	p := &Platform{
+		cfg:       c,
+		log:       log.With("platform", Name),
+		mux:       http.NewServeMux(),
+		subBuffer: subscriberBuffer,
+		stop:      make(chan struct{}),
+		subs:      make(map[string]map[*subscriber]struct{}),
+		waiters:   make(map[string]map[*waiter]struct{}),
+	}
+	p.routes()
+	p.handler = p.recoverPanics(p.authenticate(http.HandlerFunc(p.route)))
+	return p, nil
+}
+
+// isLoopback reports whether addr's host is "localhost" or a loopback IP. An empty host or an
+// unspecified IP (0.0.0.0, ::) listens on every interface and is not loopback.
+func isLoopback(addr string) (bool, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false, fmt.Errorf("parse address %q: %w", addr, err)
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true, nil
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback(), nil
+}
+
+func (p *Platform) routes() {
+	m := p.mux
+	m.HandleFunc("POST /v1/messages", p.handleMessages)
+	m.HandleFunc("GET /v1/sessions", p.handleList)
+	m.HandleFunc("GET /v1/sessions/{key}", p.handleGet)
+	m.HandleFunc("POST /v1/sessions/{key}/reset", p.handleReset)
+	m.HandleFunc("GET /v1/sessions/{key}/transcript", p.handleTranscript)
+	m.HandleFunc("GET /v1/sessions/{key}/events", p.handleEvents)
+	m.HandleFunc("GET /metrics", p.handleMetrics)
+	m.HandleFunc("GET /healthz", p.handleHealthz)
+	m.HandleFunc("GET /readyz", p.handleReadyz)
+}
+
+// Name returns "http".
+func (p *Platform) Name() string { return Name }
+
+// Listen binds the listener, so the daemon can report the address before Run serves it.
+// Calling it again before Run returns the same address.
+func (p *Platform) Listen() (net.Addr, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		return p.ln.Addr(), nil
+	}
+	if p.running {
+		return nil, errors.New("listen http: already serving")
+	}
+	ln, err := net.Listen("tcp", p.cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen http: %w", err)
+	}
+	p.ln = ln
+	return ln.Addr(), nil
+}
+
+// Run serves the bound listener (calling Listen first if needed) and hands inbound messages to
+// deliver until ctx ends. Then it ends SSE streams and waits, shuts the server down gracefully
+// within a few seconds, and returns nil. It returns an error if serving failed.
+func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
+	if deliver == nil {
+		return errors.New("run http platform: nil deliver")
+	}
+	if _, err := p.Listen(); err != nil {
+		return fmt.Errorf("run http platform: %w", err)
+	}
+	p.mu.Lock()
+	if p.running {
+		p.mu.Unlock()
+		return errors.New("run http platform: already running")
+	}
+	ln := p.ln
+	p.ln = nil // a restarted Run binds afresh
+	p.running = true
+	p.deliver = deliver
+	stop := make(chan struct{})
+	p.stop = stop
+	p.mu.Unlock()
+
+	srv := &http.Server{
+		Handler:           p.handler,
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelWarn),
+	}
+	p.log.Info("http platform serving", "addr", ln.Addr().String())
+
+	// The Serve goroutine is owned by Run: Run does not return before Serve has.
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-served:
+	}
+
+	close(stop)
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	err := srv.Shutdown(sctx)
+	cancel()
+	if err != nil {
+		p.log.Warn("http shutdown timed out, closing connections", tint.Err(err))
+		_ = srv.Close() // the only error it reports is the listener's, already closed
+	}
+	if serveErr == nil {
+		serveErr = <-served
+	}
+
+	p.mu.Lock()
+	p.running = false
+	p.mu.Unlock()
+	p.log.Info("http platform stopped")
+
+	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
+		return fmt.Errorf("serve http: %w", serveErr)
+	}
+	return nil
+}
+
+// Drain stops intake: POST /v1/messages answers 503 draining and /readyz fails. Session
+// queries, SSE streams and waits for already accepted messages keep working.
+func (p *Platform) Drain() {
+	if !p.draining.Swap(true) {
+		p.log.Info("http platform draining")
+	}
+}
+
+// Send publishes out to the live SSE subscribers of out.SessionKey and to the ?wait callers of
+// the messages it answers. It never blocks on a client: a subscriber whose buffer is full is
+// dropped and its stream closed, and it resumes from the durable outbox with Last-Event-ID.
+// Send reports success whether or not anybody is listening, because the reply is already in
+// the outbox that SSE replays.
+func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
+	if out == nil {
+		return errors.New("send http: nil outbound")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for s := range p.subs[out.SessionKey] {
+		if !s.offer(out) {
+			p.removeSubLocked(out.SessionKey, s)
+			p.log.Warn("sse subscriber dropped, too slow", "session", out.SessionKey)
+		}
+	}
+	var seen map[*waiter]bool
+	for _, id := range out.InReplyTo {
+		for w := range p.waiters[id] {
+			if seen[w] {
+				continue
+			}
+			if seen == nil {
+				seen = make(map[*waiter]bool)
+			}
+			seen[w] = true
+			w.offer(out)
+		}
+	}
+	return nil
+}
+
+func (p *Platform) currentDeliver() (platforms.Deliver, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.deliver, p.stop
+}
+
+func (p *Platform) stopped() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stop
+}
+
+// route dispatches to the mux, answering unknown routes and wrong methods with JSON bodies
+// instead of the mux's plain text.
+func (p *Platform) route(w http.ResponseWriter, r *http.Request) {
+	h, pattern := p.mux.Handler(r)
+	if pattern != "" {
+		p.mux.ServeHTTP(w, r)
+		return
+	}
+	cw := &captureWriter{header: make(http.Header)}
+	h.ServeHTTP(cw, r)
+	switch cw.code {
+	case http.StatusMethodNotAllowed:
+		if allow := cw.header.Get("Allow"); allow != "" {
+			w.Header().Set("Allow", allow)
+		}
+		writeError(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed, "method "+r.Method+" not allowed")
+	case http.StatusNotFound:
+		writeError(w, http.StatusNotFound, CodeNotFound, "no such route")
+	default: // a redirect to the canonical path
+		p.mux.ServeHTTP(w, r)
+	}
+}
+
+// captureWriter records what the mux's own 404/405/redirect handler would answer.
+type captureWriter struct {
+	header http.Header
+	code   int
+}
+
+func (c *captureWriter) Header() http.Header { return c.header }
+
+func (c *captureWriter) Write(b []byte) (int, error) {
+	if c.code == 0 {
+		c.code = http.StatusOK
+	}
+	return len(b), nil
+}
+
+func (c *captureWriter) WriteHeader(code int) {
+	if c.code == 0 {
+		c.code = code
+	}
+}
+
+// authenticate requires the bearer token on every route except the health probes.
+func (p *Platform) authenticate(next http.Handler) http.Handler {
+	if p.cfg.Token == "" {
+		return next
+	}
+	want := []byte(p.cfg.Token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		got, ok := bearer(r.Header.Get("Authorization"))
+		if !ok || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="agentgate"`)
+			writeError(w, http.StatusUnauthorized, CodeUnauthorized, "missing or invalid bearer token")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// bearer extracts the token of an "Authorization: Bearer <token>" header; the scheme is
+// case-insensitive (RFC 9110).
+func bearer(h string) (string, bool) {
+	const scheme = "bearer "
+	if len(h) <= len(scheme) || !strings.EqualFold(h[:len(scheme)], scheme) {
+		return "", false
+	}
+	return strings.TrimSpace(h[len(scheme):]), true
+}
+
+// recoverPanics turns a handler panic into a logged 500 JSON answer, so one bad request never
+// takes the process down and the client gets a well-formed error.
+func (p *Platform) recoverPanics(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tw := &trackingWriter{ResponseWriter: w}
+		defer func() {
+			v := recover()
+			if v == nil {
+				return
+			}
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			p.log.Error("http handler panic", "route", r.Pattern, "method", r.Method,
+				"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			if !tw.wrote {
+				writeError(tw, http.StatusInternalServerError, CodeInternal, "internal error")
+			}
+		}()
+		next.ServeHTTP(tw, r)
+	})
+}
+
+// trackingWriter remembers whether the response has started. Unwrap lets
+// http.ResponseController reach the connection's Flush and write deadlines.
+type trackingWriter struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (t *trackingWriter) WriteHeader(code int) {
+	t.wrote = true
+	t.ResponseWriter.WriteHeader(code)
+}
+
+func (t *trackingWriter) Write(b []byte) (int, error) {
+	t.wrote = true
+	return t.ResponseWriter.Write(b)
+}
+
+func (t *trackingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }

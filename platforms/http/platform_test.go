@@ -1,0 +1,227 @@
+package http
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/platforms"
+)
+
+func TestNewAddressPolicy(t *testing.T) {
+	cases := []struct {
+		addr    string
+		token   string
+		wantErr string
+	}{
+		{"127.0.0.1:0", "", ""},
+		{"localhost:0", "", ""},
+		{"[::1]:0", "", ""},
+		{"127.0.0.2:8080", "", ""},
+		{"", "", ""}, // DefaultAddr, loopback
+		{"0.0.0.0:0", "", "refusing to listen on public address 0.0.0.0:0 without a bearer token (set http.token_env)"},
+		{":8080", "", "refusing to listen on public address :8080 without a bearer token"},
+		{"[::]:0", "", "refusing to listen on public address [::]:0"},
+		{"192.0.2.1:80", "", "refusing to listen on public address 192.0.2.1:80"},
+		{"example.com:80", "", "refusing to listen on public address example.com:80"},
+		{"0.0.0.0:0", "tok", ""},
+		{"no-port", "", "parse address"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.addr, func(t *testing.T) {
+			_, err := New(Config{Addr: tc.addr, Token: tc.token})
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Errorf("New(%q, token %q) error = %v, want nil", tc.addr, tc.token, err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Errorf("New(%q, token %q) error = %v, want one containing %q", tc.addr, tc.token, err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestAuth(t *testing.T) {
+	metrics := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "agentgate_up 1\n") })
+	h := mustStart(t, Config{Token: "s3cret", Metrics: metrics}, &fakeRuntime{})
+	msg := `{"chat_id":"c","user_id":"u","text":"t"}`
+	cases := []struct {
+		name       string
+		method     string
+		path       string
+		auth       string
+		wantStatus int
+	}{
+		{"message without token", "POST", "/v1/messages", "", 401},
+		{"message with wrong token", "POST", "/v1/messages", "Bearer nope", 401},
+		{"message with token prefix", "POST", "/v1/messages", "Bearer s3cre", 401},
+		{"message with basic auth", "POST", "/v1/messages", "Basic czNjcmV0", 401},
+		{"message with token", "POST", "/v1/messages", "Bearer s3cret", 202},
+		{"scheme is case-insensitive", "POST", "/v1/messages", "bearer s3cret", 202},
+		{"metrics without token", "GET", "/metrics", "", 401},
+		{"metrics with token", "GET", "/metrics", "Bearer s3cret", 200},
+		{"sessions without token", "GET", "/v1/sessions", "", 401},
+		{"unknown route without token", "GET", "/nope", "", 401},
+		{"healthz is open", "GET", "/healthz", "", 200},
+		{"readyz is open", "GET", "/readyz", "", 200},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			hdr := map[string]string{}
+			if tc.auth != "" {
+				hdr["Authorization"] = tc.auth
+			}
+			body := ""
+			if tc.method == "POST" {
+				body = msg
+			}
+			got := h.do(tc.method, tc.path, hdr, body)
+			if got.status != tc.wantStatus {
+				t.Errorf("%s %s with %q = %d %s, want %d", tc.method, tc.path, tc.auth, got.status, got.body, tc.wantStatus)
+			}
+			if tc.wantStatus == 401 && got.errCode() != CodeUnauthorized {
+				t.Errorf("401 code = %q, want %q", got.errCode(), CodeUnauthorized)
+			}
+		})
+	}
+}
+
+func TestHealthReadyMetrics(t *testing.T) {
+	storeErr := errors.New("database is locked")
+	ready := make(chan error, 1)
+	ready <- storeErr
+	h := mustStart(t, Config{Ready: func(context.Context) map[string]error {
+		err := <-ready
+		ready <- nil // later probes see a healthy store
+		return map[string]error{"store": err, "platform/http": nil}
+	}}, &fakeRuntime{})
+
+	got := h.do("GET", "/healthz", nil, "")
+	if got.status != 200 || strings.TrimSpace(string(got.body)) != `{"status":"ok"}` {
+		t.Errorf("GET /healthz = %d %s, want 200 {\"status\":\"ok\"}", got.status, got.body)
+	}
+
+	got = h.do("GET", "/readyz", nil, "")
+	r := mustDecode[ReadyResponse](t, got)
+	if got.status != 503 || r.Status != "not_ready" || r.Components["store"] != "database is locked" || r.Components["platform/http"] != "ok" {
+		t.Errorf("GET /readyz with a failing store = %d %s, want 503 not_ready with the store's error", got.status, got.body)
+	}
+	got = h.do("GET", "/readyz", nil, "")
+	r = mustDecode[ReadyResponse](t, got)
+	if got.status != 200 || r.Status != "ready" || r.Components["store"] != "ok" {
+		t.Errorf("GET /readyz = %d %s, want 200 ready", got.status, got.body)
+	}
+
+	if got := h.do("GET", "/metrics", nil, ""); got.status != 404 || got.errCode() != CodeNotFound {
+		t.Errorf("GET /metrics without a handler = %d %q, want 404 %q", got.status, got.errCode(), CodeNotFound)
+	}
+	if got := h.do("POST", "/healthz", nil, ""); got.status != 405 || got.errCode() != CodeMethodNotAllowed {
+		t.Errorf("POST /healthz = %d %q, want 405 %q", got.status, got.errCode(), CodeMethodNotAllowed)
+	}
+}
+
+func TestPanicInHandlerIsRecovered(t *testing.T) {
+	sessions := newFakeSessions()
+	sessions.panicGet = true
+	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
+	got := h.do("GET", "/v1/sessions/k", nil, "")
+	if got.status != 500 || got.errCode() != CodeInternal {
+		t.Errorf("GET with a panicking handler = %d %q, want 500 %q", got.status, got.errCode(), CodeInternal)
+	}
+	if got := h.do("GET", "/healthz", nil, ""); got.status != 200 {
+		t.Errorf("GET /healthz after a panic = %d, want 200", got.status)
+	}
+}
+
+func TestRunStopsStreamsAndWaits(t *testing.T) {
+	sessions := newFakeSessions()
+	rt := &fakeRuntime{}
+	h := mustStart(t, Config{Sessions: sessions}, rt)
+
+	stream := h.openSSE("k", "", "")
+	if stream.status != 200 {
+		t.Fatalf("GET events = %d, want 200", stream.status)
+	}
+	waited := make(chan response, 1)
+	go func() {
+		waited <- h.post("/v1/messages?wait=1m", map[string]string{"chat_id": "c", "user_id": "u", "text": "t", "message_id": "m1"})
+	}()
+	waitFor(t, "the SSE subscriber and the waiter", func() bool {
+		return h.p.subscriberCount("k") == 1 && h.p.waiterCount() == 1
+	})
+
+	start := time.Now()
+	h.stop()
+	if d := time.Since(start); d > shutdownTimeout {
+		t.Errorf("Run took %v to stop, want under %v", d, shutdownTimeout)
+	}
+	if _, err := stream.next(); !errors.Is(err, io.EOF) {
+		t.Errorf("SSE read after stop = %v, want EOF", err)
+	}
+	got := <-waited
+	if got.status != http.StatusAccepted {
+		t.Errorf("waiting POST after stop = %d %s, want 202", got.status, got.body)
+	}
+}
+
+func TestRunRestartsAfterStop(t *testing.T) {
+	h := mustNew(t, Config{})
+	for i := range 2 {
+		ctx, cancel := context.WithCancel(context.Background())
+		addr, err := h.p.Listen()
+		if err != nil {
+			t.Fatalf("Listen() #%d error = %v", i, err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- h.p.Run(ctx, (&fakeRuntime{}).deliver) }()
+		resp, err := http.Get("http://" + addr.String() + "/healthz")
+		if err != nil {
+			t.Fatalf("GET /healthz #%d error = %v", i, err)
+		}
+		resp.Body.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() #%d = %v, want nil", i, err)
+		}
+	}
+	if err := h.p.Run(context.Background(), nil); err == nil {
+		t.Errorf("Run(nil deliver) = nil, want error")
+	}
+}
+
+func TestSendNeverBlocks(t *testing.T) {
+	h := mustNew(t, Config{})
+	h.p.subBuffer = 2
+	slow := h.p.subscribe("k")
+	w := h.p.addWaiter("c", "m1")
+	ctx := context.Background()
+	for i := range 100 {
+		out := &platforms.Outbound{SessionKey: "k", Seq: int64(i + 1), InReplyTo: []string{"m1", "m1"}}
+		if err := h.p.Send(ctx, out); err != nil {
+			t.Fatalf("Send(%d) = %v, want nil", i, err)
+		}
+	}
+	select {
+	case <-slow.gone:
+	default:
+		t.Errorf("slow subscriber not dropped after overflowing its buffer")
+	}
+	if n := h.p.subscriberCount("k"); n != 0 {
+		t.Errorf("subscribers of k after drop = %d, want 0", n)
+	}
+	if got := len(slow.ch); got != 2 {
+		t.Errorf("dropped subscriber buffer holds %d events, want 2", got)
+	}
+	w.mu.Lock()
+	n := len(w.got)
+	w.mu.Unlock()
+	if n != 100 {
+		t.Errorf("waiter got %d outbounds (one per Send even with a repeated id), want 100", n)
+	}
+	if err := h.p.Send(ctx, nil); err == nil {
+		t.Errorf("Send(nil) = nil, want error")
+	}
+}

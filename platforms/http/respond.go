@@ -1,0 +1,81 @@
+package http
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/lmittmann/tint"
+
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
+)
+
+// Error codes of the HTTP API, the "code" of every error body.
+const (
+	CodeInvalidJSON      = "invalid_json"
+	CodeInvalidUTF8      = "invalid_utf8"
+	CodeUnknownField     = "unknown_field"
+	CodeMissingField     = "missing_field"
+	CodeInvalidField     = "invalid_field"
+	CodeInvalidChatType  = "invalid_chat_type"
+	CodeInvalidWait      = "invalid_wait"
+	CodeInvalidQuery     = "invalid_query"
+	CodeInvalidKey       = "invalid_key"
+	CodeInvalidEventID   = "invalid_last_event_id"
+	CodeBodyTooLarge     = "body_too_large"
+	CodeTextTooLarge     = "text_too_large"
+	CodeUnsupportedMedia = "unsupported_media_type"
+	CodeUnauthorized     = "unauthorized"
+	CodeNotFound         = "not_found"
+	CodeMethodNotAllowed = "method_not_allowed"
+	CodeQueueFull        = "queue_full"
+	CodeDraining         = "draining"
+	CodeUnavailable      = "unavailable"
+	CodeInternal         = "internal"
+)
+
+// apiError is an error answer a handler decided on.
+type apiError struct {
+	status  int
+	code    string
+	message string
+}
+
+func badRequest(code, msg string) *apiError {
+	return &apiError{status: http.StatusBadRequest, code: code, message: msg}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	// An encoding error here means the client went away; there is nobody left to tell.
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, ErrorResponse{Error: APIError{Code: code, Message: msg}})
+}
+
+func (e *apiError) write(w http.ResponseWriter) {
+	writeError(w, e.status, e.code, e.message)
+}
+
+// writeSessionsError answers an error from Sessions.
+func (p *Platform) writeSessionsError(w http.ResponseWriter, r *http.Request, op string, err error) {
+	switch {
+	case errors.Is(err, persistence.ErrNotFound):
+		writeError(w, http.StatusNotFound, CodeNotFound, "no such session")
+	case errors.Is(err, identity.ErrBadKey):
+		writeError(w, http.StatusBadRequest, CodeInvalidKey, "not a session key")
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "request cancelled or timed out")
+	default:
+		p.log.Error("session query failed", "op", op, "session", r.PathValue("key"), tint.Err(err))
+		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error")
+	}
+}

@@ -1,0 +1,138 @@
+package http
+
+import (
+	"net/http"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestSessionRoutes(t *testing.T) {
+	sessions := newFakeSessions()
+	started := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	key := "agent:main:http:dm:a%2Fb"
+	sessions.infos[key] = &SessionInfo{
+		SessionKey: key, SessionID: "s1", Platform: "http", ChatType: "dm", ChatID: "a/b", UserID: "u",
+		StartedAt: started, LastActivityAt: started, Messages: 2,
+		Live: &LiveState{Active: true, QueueDepth: 1, QueueMode: "followup", Restarts: 1},
+	}
+	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
+	path := "/v1/sessions/" + url.PathEscape(key)
+
+	t.Run("get", func(t *testing.T) {
+		got := h.do("GET", path, nil, "")
+		if got.status != 200 {
+			t.Fatalf("GET %s = %d %s, want 200", path, got.status, got.body)
+		}
+		info := mustDecode[SessionInfo](t, got)
+		if diff := cmp.Diff(sessions.infos[key], &info); diff != "" {
+			t.Errorf("SessionInfo mismatch (-want +got):\n%s", diff)
+		}
+		raw := mustDecode[map[string]any](t, got)
+		for _, f := range []string{"session_key", "session_id", "platform", "chat_type", "chat_id", "thread_id", "user_id",
+			"started_at", "last_activity_at", "ended_at", "end_reason", "title", "messages", "pending", "live"} {
+			if _, ok := raw[f]; !ok {
+				t.Errorf("SessionInfo JSON %s has no %q", got.body, f)
+			}
+		}
+	})
+	t.Run("get unknown", func(t *testing.T) {
+		got := h.do("GET", "/v1/sessions/nope", nil, "")
+		if got.status != 404 || got.errCode() != CodeNotFound {
+			t.Errorf("GET unknown session = %d %q, want 404 %q", got.status, got.errCode(), CodeNotFound)
+		}
+	})
+	t.Run("reset", func(t *testing.T) {
+		got := h.do("POST", path+"/reset", nil, "")
+		info := mustDecode[SessionInfo](t, got)
+		if got.status != 200 || info.SessionID != "s1-next" || info.PrevSessionID != "s1" {
+			t.Errorf("POST reset = %d %s, want 200 with a new session", got.status, got.body)
+		}
+		if got := h.do("GET", path+"/reset", nil, ""); got.status != 405 || got.errCode() != CodeMethodNotAllowed || got.header.Get("Allow") == "" {
+			t.Errorf("GET reset = %d %q Allow %q, want 405 %q with Allow", got.status, got.errCode(), got.header.Get("Allow"), CodeMethodNotAllowed)
+		}
+	})
+	t.Run("transcript", func(t *testing.T) {
+		got := h.do("GET", path+"/transcript?session_id=s0", nil, "")
+		tr := mustDecode[Transcript](t, got)
+		if got.status != 200 || tr.SessionKey != key || tr.SessionID != "s0" || len(tr.Messages) != 2 {
+			t.Errorf("GET transcript = %d %s, want 200 with session s0 and 2 messages", got.status, got.body)
+		}
+		raw := mustDecode[struct{ Messages []map[string]any }](t, got)
+		for _, f := range []string{"seq", "role", "text", "message_id", "turn_id", "status", "created_at"} {
+			if _, ok := raw.Messages[0][f]; !ok {
+				t.Errorf("transcript message JSON has no %q: %s", f, got.body)
+			}
+		}
+	})
+
+	// Every key reached Sessions exactly as built: decoded once by the mux, never again.
+	for _, c := range sessions.callLog() {
+		if c == "get nope" {
+			continue
+		}
+		if want := []string{"get " + key, "reset " + key, "transcript " + key + " s0"}; !contains(want, c) {
+			t.Errorf("Sessions call %q, want one of %q", c, want)
+		}
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+func TestListSessions(t *testing.T) {
+	sessions := newFakeSessions()
+	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
+	cases := []struct {
+		name     string
+		query    string
+		want     ListRequest
+		wantCode string
+	}{
+		{"defaults", "", ListRequest{Limit: DefaultListLimit}, ""},
+		{"filters", "?platform=http&state=active&after=agent:main:http:dm:c&limit=5", ListRequest{Platform: "http", State: StateActive, After: "agent:main:http:dm:c", Limit: 5}, ""},
+		{"passivated", "?state=passivated", ListRequest{State: StatePassivated, Limit: DefaultListLimit}, ""},
+		{"limit capped", "?limit=5000", ListRequest{Limit: MaxListLimit}, ""},
+		{"bad state", "?state=sleeping", ListRequest{}, CodeInvalidQuery},
+		{"zero limit", "?limit=0", ListRequest{}, CodeInvalidQuery},
+		{"bad limit", "?limit=many", ListRequest{}, CodeInvalidQuery},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := h.do("GET", "/v1/sessions"+tc.query, nil, "")
+			if tc.wantCode != "" {
+				if got.status != 400 || got.errCode() != tc.wantCode {
+					t.Errorf("GET /v1/sessions%s = %d %q, want 400 %q", tc.query, got.status, got.errCode(), tc.wantCode)
+				}
+				return
+			}
+			if got.status != 200 {
+				t.Fatalf("GET /v1/sessions%s = %d %s, want 200", tc.query, got.status, got.body)
+			}
+			if string(got.body) != "{\"sessions\":[]}\n" {
+				t.Errorf("empty list body = %q, want {\"sessions\":[]}", got.body)
+			}
+			sessions.mu.Lock()
+			req := sessions.lastList
+			sessions.mu.Unlock()
+			if diff := cmp.Diff(tc.want, req); diff != "" {
+				t.Errorf("ListRequest mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+
+	noSessions := mustStart(t, Config{}, &fakeRuntime{})
+	for _, path := range []string{"/v1/sessions", "/v1/sessions/k", "/v1/sessions/k/transcript"} {
+		if got := noSessions.do(http.MethodGet, path, nil, ""); got.status != 503 || got.errCode() != CodeUnavailable {
+			t.Errorf("GET %s without Sessions = %d %q, want 503 %q", path, got.status, got.errCode(), CodeUnavailable)
+		}
+	}
+}

@@ -1,0 +1,179 @@
+package http
+
+import (
+	"context"
+	"time"
+
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// Sessions answers the session queries of the HTTP API. The daemon implements it over the
+// store and the session manager. Methods return persistence.ErrNotFound (possibly wrapped)
+// for an unknown key or session.
+type Sessions interface {
+	// List returns one page of known sessions.
+	List(ctx context.Context, f ListRequest) (*SessionList, error)
+	// Get returns a session key's current session with its live actor state.
+	Get(ctx context.Context, key string) (*SessionInfo, error)
+	// Reset ends the key's current session (reason reset_command) and returns the new one.
+	Reset(ctx context.Context, key string) (*SessionInfo, error)
+	// Transcript returns the messages of one incarnation of key; an empty sessionID means the
+	// current one.
+	Transcript(ctx context.Context, key, sessionID string) (*Transcript, error)
+	// OutboxAfter returns the key's outbox entries with Seq > after, by Seq, at most limit.
+	OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]*platforms.Outbound, error)
+	// RepliesTo returns the key's outbox entries that answer messageID, by Seq.
+	RepliesTo(ctx context.Context, key, messageID string) ([]*platforms.Outbound, error)
+}
+
+// Session states a ListRequest can filter on.
+const (
+	StateActive     = "active"     // the session actor is running
+	StatePassivated = "passivated" // known, but no actor is running
+)
+
+// Limits of a session listing.
+const (
+	DefaultListLimit = 100
+	MaxListLimit     = 1000
+)
+
+// ListRequest selects a page of sessions for GET /v1/sessions.
+type ListRequest struct {
+	Platform string `json:"platform,omitempty"`
+	State    string `json:"state,omitempty"` // StateActive, StatePassivated or "" for both
+	After    string `json:"after,omitempty"` // only keys sorted after this one
+	Limit    int    `json:"limit,omitempty"` // 1..MaxListLimit; the handler fills in the default
+}
+
+// SessionList is one page of GET /v1/sessions.
+type SessionList struct {
+	Sessions []*SessionInfo `json:"sessions"`
+	// Next is the After of the next page; empty on the last page.
+	Next string `json:"next,omitempty"`
+}
+
+// SessionInfo describes a session key's current session, as GET /v1/sessions/{key} returns it.
+type SessionInfo struct {
+	SessionKey     string     `json:"session_key"`
+	SessionID      string     `json:"session_id"`
+	PrevSessionID  string     `json:"prev_session_id,omitempty"`
+	Platform       string     `json:"platform"`
+	ChatType       string     `json:"chat_type"`
+	ChatID         string     `json:"chat_id"`
+	ThreadID       string     `json:"thread_id"`
+	UserID         string     `json:"user_id"`
+	UserName       string     `json:"user_name,omitempty"`
+	Profile        string     `json:"profile,omitempty"`
+	StartedAt      time.Time  `json:"started_at"`
+	LastActivityAt time.Time  `json:"last_activity_at"`
+	EndedAt        *time.Time `json:"ended_at"` // null while the session is open
+	EndReason      string     `json:"end_reason"`
+	Title          string     `json:"title"`
+	Messages       int        `json:"messages"`
+	Pending        int        `json:"pending"`
+	// Live is the session actor's state; nil when no actor is running.
+	Live *LiveState `json:"live,omitempty"`
+}
+
+// LiveState is the state of a running session actor.
+type LiveState struct {
+	Active        bool      `json:"active"`
+	QueueDepth    int       `json:"queue_depth"`
+	QueueMode     string    `json:"queue_mode"`
+	RunningTurnID string    `json:"running_turn_id,omitempty"`
+	RunningSince  time.Time `json:"running_since,omitzero"`
+	Restarts      int       `json:"restarts"`
+	MailboxDepth  int       `json:"mailbox_depth"`
+	Node          string    `json:"node,omitempty"` // cluster member hosting the actor
+}
+
+// Transcript is the body of GET /v1/sessions/{key}/transcript.
+type Transcript struct {
+	SessionKey string              `json:"session_key"`
+	SessionID  string              `json:"session_id"`
+	Messages   []TranscriptMessage `json:"messages"`
+}
+
+// TranscriptMessage is one transcript row. Role is user, assistant or notice.
+type TranscriptMessage struct {
+	Seq       int64     `json:"seq"`
+	Role      string    `json:"role"`
+	Text      string    `json:"text"`
+	MessageID string    `json:"message_id"`
+	TurnID    string    `json:"turn_id"`
+	Status    string    `json:"status"`
+	CreatedAt time.Time `json:"created_at"`
+	// Archived marks rows taken back by /undo or /retry; they are kept, never deleted.
+	Archived bool `json:"archived,omitempty"`
+}
+
+// MessageRequest is the body of POST /v1/messages. ChatID, UserID and Text are required.
+type MessageRequest struct {
+	ChatID    string `json:"chat_id"`
+	ChatType  string `json:"chat_type,omitempty"` // dm (default), group, channel or thread
+	ThreadID  string `json:"thread_id,omitempty"` // required for chat_type thread
+	UserID    string `json:"user_id"`
+	UserName  string `json:"user_name,omitempty"`
+	MessageID string `json:"message_id,omitempty"` // generated when absent; dedupe key
+	Profile   string `json:"profile,omitempty"`
+	Text      string `json:"text"`
+}
+
+// MessageResponse is the answer to POST /v1/messages: 202 with the acknowledgment, or 200 with
+// Replies when ?wait saw the turn end.
+type MessageResponse struct {
+	MessageID   string `json:"message_id"`
+	SessionKey  string `json:"session_key"`
+	SessionID   string `json:"session_id"`
+	Disposition string `json:"disposition"`
+	QueueDepth  int    `json:"queue_depth"`
+	// Replies is set only on a 200 answer to ?wait.
+	Replies []Reply `json:"replies,omitempty"`
+}
+
+// Reply is one outbound message that answered a waited-for message.
+type Reply struct {
+	Text   string `json:"text"`
+	TurnID string `json:"turn_id"`
+	Kind   string `json:"kind"` // reply or notice
+	Seq    int64  `json:"seq"`
+}
+
+// RejectedResponse is the 429 body of a message refused by the session's queue cap: it says
+// both what happened to the message and why.
+type RejectedResponse struct {
+	Disposition string   `json:"disposition"` // always rejected
+	MessageID   string   `json:"message_id,omitempty"`
+	SessionKey  string   `json:"session_key,omitempty"`
+	SessionID   string   `json:"session_id,omitempty"`
+	QueueDepth  int      `json:"queue_depth,omitempty"`
+	Error       APIError `json:"error"`
+}
+
+// Event is the data of one Server-Sent Event of GET /v1/sessions/{key}/events.
+type Event struct {
+	Text      string   `json:"text"`
+	TurnID    string   `json:"turn_id"`
+	SessionID string   `json:"session_id"`
+	InReplyTo []string `json:"in_reply_to"`
+}
+
+// ErrorResponse is the body of every error answer: {"error":{"code","message"}}.
+type ErrorResponse struct {
+	Error APIError `json:"error"`
+}
+
+// APIError is a machine-readable code and a human-readable message.
+type APIError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// ReadyResponse is the body of GET /readyz.
+type ReadyResponse struct {
+	Status string `json:"status"` // ready or not_ready
+	// Components maps each checked component to "ok" or its error text.
+	Components map[string]string `json:"components"`
+	Draining   bool              `json:"draining,omitempty"`
+}

@@ -1,0 +1,94 @@
+// Package platforms is the neutral contract between agentgate and the chat platforms it serves:
+// the Platform interface, the Inbound message a platform hands in, the Ack it gets back and the
+// Outbound reply it is asked to send. Adapters live in sub-packages (http, discord); the runtime
+// that drives them lives in actors and supervisor.
+//
+// This package must not import actors, supervisor or any adapter.
+package platforms
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/identity"
+)
+
+// Inbound is one message a platform received from a user.
+type Inbound struct {
+	Source     identity.Source
+	MessageID  string // the platform's id; dedupe is by (platform, chat, message id)
+	Text       string
+	ReceivedAt time.Time
+}
+
+// Dispositions say what happened to an inbound message (DESIGN §5, G4).
+const (
+	Started     = "started"
+	Queued      = "queued"
+	Collected   = "collected"
+	Steered     = "steered"
+	Interrupted = "interrupted"
+	Rejected    = "rejected"
+	Duplicate   = "duplicate"
+	Command     = "command"
+	Spooled     = "spooled"
+)
+
+// Ack is the runtime's answer to an Inbound: it is returned only once the message is durable
+// (or rejected), and says exactly what happened to it.
+type Ack struct {
+	SessionKey  string
+	SessionID   string
+	MessageID   string
+	Disposition string
+	QueueDepth  int
+}
+
+// Deliver hands one inbound message to the runtime and returns its acknowledgment. It blocks
+// until the message is durable or refused; an error means nothing was accepted.
+type Deliver func(ctx context.Context, in *Inbound) (*Ack, error)
+
+// Outbound kinds.
+const (
+	KindReply  = "reply"  // what the agent said
+	KindNotice = "notice" // what agentgate itself tells the user
+)
+
+// Outbound is one reply or notice to deliver to a chat. It is already in the durable outbox
+// when Send is called; Seq is its outbox sequence number within the session key.
+type Outbound struct {
+	SessionKey string
+	SessionID  string
+	Seq        int64
+	Kind       string
+	Text       string
+	TurnID     string
+	InReplyTo  []string // platform message ids this answers
+	Target     identity.Source
+	// TurnEnd is set on the last outbound of a turn or command, so a platform can tell a
+	// waiting caller that everything for those messages has been said.
+	TurnEnd   bool
+	CreatedAt time.Time
+}
+
+// Platform is one chat platform adapter.
+type Platform interface {
+	// Name is the platform's identifier in session keys and metrics ("http", "discord").
+	Name() string
+	// Run connects and feeds inbound messages to deliver until ctx ends. It returns nil when
+	// ctx ended, or an error after which the platform supervisor restarts it with backoff.
+	Run(ctx context.Context, deliver Deliver) error
+	// Send delivers one outbound message. A nil error confirms delivery.
+	Send(ctx context.Context, out *Outbound) error
+}
+
+// Errors a Deliver may return, so adapters can map them to their own answers.
+var (
+	// ErrDraining means the daemon is stopping and takes no new messages.
+	ErrDraining = errors.New("platforms: draining, not accepting messages")
+	// ErrUnavailable means the message could not be made durable (database and spool failed).
+	ErrUnavailable = errors.New("platforms: message could not be stored")
+	// ErrRejected means the session's queue is full and its overflow policy is reject.
+	ErrRejected = errors.New("platforms: queue full")
+)

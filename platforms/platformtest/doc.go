@@ -1,0 +1,7 @@
+// Package platformtest holds test helpers for code that drives a platforms.Platform: Fake, an
+// in-memory platform that injects inbound messages through the Deliver func it was given in Run
+// and records every Outbound passed to Send.
+//
+// Fake is safe for concurrent use. This package must not import actors, supervisor or any
+// platform adapter.
+package platformtest
