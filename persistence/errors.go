@@ -1,0 +1,15 @@
+package persistence
+
+import "errors"
+
+// Sentinel errors of the persistence layer.
+var (
+	ErrNotFound  = errors.New("persistence: not found")
+	ErrDuplicate = errors.New("persistence: duplicate inbound message")
+	ErrClosed    = errors.New("persistence: store closed")
+	// ErrDefaultDataDir is returned when code under test tries to open the default (production)
+	// data directory.
+	ErrDefaultDataDir = errors.New("persistence: refusing to open the default data directory under go test")
+	// ErrLocked is returned when another process holds the data directory.
+	ErrLocked = errors.New("persistence: data directory in use by another process")
+)

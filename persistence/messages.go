@@ -1,0 +1,27 @@
+package persistence
+
+// Messages received by the persistence actor (Actor.Receive).
+
+// Write asks the persistence actor to commit Ops atomically. The sender gets a *WriteResult with
+// the same ID once the write is committed or has failed. Senders keep a write until it is
+// acknowledged and may re-send it (every Op is idempotent).
+type Write struct {
+	ID  uint64
+	Ops []Op
+}
+
+// WriteResult acknowledges a Write. Err is nil when the write is durable.
+type WriteResult struct {
+	ID  uint64
+	Err error
+}
+
+// Flush is a durability barrier: the sender gets a *Flushed once everything sent before it is
+// committed.
+type Flush struct{}
+
+// Flushed answers Flush.
+type Flushed struct{}
+
+// flushNow is the token the actor sends itself to commit what has queued up.
+type flushNow struct{}

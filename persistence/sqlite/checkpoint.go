@@ -1,0 +1,141 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/lmittmann/tint"
+)
+
+// Checkpoint policy. Commits never checkpoint (wal_autocheckpoint=0 on the writer): the
+// checkpointer copies the WAL back into the database every tick with PASSIVE, which never waits
+// and lets the next writer start the WAL over (in FULL mode a reused WAL keeps commit fsyncs
+// in place instead of appending). Every restartEvery it runs RESTART, and TRUNCATE once the WAL
+// file exceeds truncateAbove; both wait for readers at most checkpointBusy, because they hold
+// the writer connection meanwhile.
+const (
+	restartEvery   = 30 * time.Second
+	truncateAbove  = 64 << 20
+	checkpointBusy = 100 * time.Millisecond
+)
+
+// checkpointer is the goroutine that keeps WAL checkpoints off the commit path. It is owned by
+// a Store: started by Open, stopped by Close.
+type checkpointer struct {
+	db       *sql.DB // the Store's writer pool: its one connection serialises us with Commit
+	wal      string  // path of the -wal file
+	log      *slog.Logger
+	cancel   context.CancelFunc
+	done     chan struct{}
+	stopOnce sync.Once
+}
+
+func startCheckpointer(db *sql.DB, path string, every time.Duration, log *slog.Logger) *checkpointer {
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &checkpointer{db: db, wal: path + "-wal", log: log, cancel: cancel, done: make(chan struct{})}
+	go c.run(ctx, every)
+	return c
+}
+
+// run ticks until ctx is cancelled. Exit path: stop cancels ctx, which also aborts a checkpoint
+// in progress (waiting for the writer connection or for readers); run returns and closes done.
+func (c *checkpointer) run(ctx context.Context, every time.Duration) {
+	defer close(c.done)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	lastRestart := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		mode := "PASSIVE"
+		if fi, err := os.Stat(c.wal); err == nil && fi.Size() > truncateAbove {
+			mode = "TRUNCATE"
+		} else if time.Since(lastRestart) >= restartEvery {
+			mode = "RESTART"
+		}
+		if mode != "PASSIVE" {
+			lastRestart = time.Now()
+		}
+		if _, err := checkpoint(ctx, c.db, mode); err != nil && ctx.Err() == nil {
+			c.log.Warn("wal checkpoint failed", "mode", mode, tint.Err(err))
+		}
+	}
+}
+
+// stop ends the goroutine and waits for it. It is idempotent.
+func (c *checkpointer) stop() {
+	c.stopOnce.Do(c.cancel)
+	<-c.done
+}
+
+// ckptResult is the row of PRAGMA wal_checkpoint.
+type ckptResult struct {
+	Busy         bool // the checkpoint could not finish (readers or a writer in the way)
+	Log          int  // frames in the WAL
+	Checkpointed int  // frames copied back into the database
+}
+
+// checkpoint runs one WAL checkpoint on the writer connection. A mode that waits for readers
+// (RESTART, TRUNCATE) runs with a short busy timeout, restored afterwards, so it holds up
+// Commit for at most checkpointBusy.
+func checkpoint(ctx context.Context, db *sql.DB, mode string) (ckptResult, error) {
+	var r ckptResult
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return r, fmt.Errorf("checkpoint %s: %w", mode, err)
+	}
+	defer conn.Close()
+	if mode != "PASSIVE" {
+		if _, err := conn.ExecContext(ctx, fmt.Sprintf("PRAGMA busy_timeout = %d", checkpointBusy.Milliseconds())); err != nil {
+			return r, fmt.Errorf("checkpoint %s: %w", mode, err)
+		}
+		defer func() {
+			// The writer's busy timeout must come back even if ctx has ended; if it cannot,
+			// drop the connection so the pool opens a fresh one from the DSN.
+			if _, err := conn.ExecContext(context.WithoutCancel(ctx), "PRAGMA busy_timeout = 5000"); err != nil {
+				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+			}
+		}()
+	}
+	var busy int
+	err = conn.QueryRowContext(ctx, "PRAGMA wal_checkpoint("+mode+")").Scan(&busy, &r.Log, &r.Checkpointed)
+	r.Busy = busy != 0
+	if err != nil {
+		return r, fmt.Errorf("checkpoint %s: %w", mode, err)
+	}
+	return r, nil
+}
+
+// rateLimiter lets one event through per period and counts the ones it holds back.
+type rateLimiter struct {
+	mu      sync.Mutex
+	last    time.Time
+	pending int
+}
+
+const warnEvery = time.Minute
+
+// allow records one event and reports whether it should be logged, with the number of events
+// since the last logged one (this one included).
+func (l *rateLimiter) allow() (int, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pending++
+	now := time.Now()
+	if !l.last.IsZero() && now.Sub(l.last) < warnEvery {
+		return 0, false
+	}
+	l.last = now
+	n := l.pending
+	l.pending = 0
+	return n, true
+}

@@ -1,0 +1,33 @@
+package sqlite
+
+import (
+	"database/sql/driver"
+	"errors"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// IsUnavailable reports whether err means the database cannot be written right now (busy or
+// locked, read-only or permission denied, disk full, I/O error, cannot open, corrupt, out of
+// memory, or a dropped connection), as opposed to a problem with the write itself (a constraint,
+// a duplicate, bad SQL). The spool uses it to decide whether to keep a write on disk and retry.
+func IsUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, driver.ErrBadConn) {
+		return true
+	}
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	switch se.Code() & 0xff { // the primary result code of an extended one
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM,
+		sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_CORRUPT,
+		sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_PROTOCOL:
+		return true
+	}
+	return false
+}

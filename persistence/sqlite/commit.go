@@ -1,0 +1,431 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/lmittmann/tint"
+)
+
+// stmtID names a write statement prepared once at Open.
+type stmtID int
+
+const (
+	stSavepoint stmtID = iota
+	stRelease
+	stRollbackTo
+	stFTSSavepoint
+	stFTSRelease
+	stFTSRollbackTo
+	stCreateSession
+	stEndSession
+	stTouchSession
+	stSetTitle
+	stInsertMessage
+	stMessageAt
+	stInboundAt
+	stSetStatus
+	stIncAttempts
+	stArchive
+	stPutRoute
+	stAddOutbox
+	stMarkDelivery
+	stInsertFTS
+	numStmts
+)
+
+var writeSQL = [numStmts]string{
+	stSavepoint:     `SAVEPOINT grp`,
+	stRelease:       `RELEASE grp`,
+	stRollbackTo:    `ROLLBACK TO grp`,
+	stFTSSavepoint:  `SAVEPOINT fts`,
+	stFTSRelease:    `RELEASE fts`,
+	stFTSRollbackTo: `ROLLBACK TO fts`,
+	stCreateSession: `INSERT INTO sessions (` + sessionCols + `)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (id) DO NOTHING`,
+	stEndSession: `UPDATE sessions SET ended_at = ?, end_reason = ?
+		WHERE id = ? AND ended_at IS NULL`,
+	stTouchSession: `UPDATE sessions SET last_activity_at = MAX(COALESCE(last_activity_at, 0), ?)
+		WHERE id = ?`,
+	stSetTitle: `UPDATE sessions SET title = ? WHERE id = ?`,
+	stInsertMessage: `INSERT INTO messages (` + messageCols + `)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (session_id, seq) DO NOTHING`,
+	stMessageAt: `SELECT content, message_id FROM messages WHERE session_id = ? AND seq = ?`,
+	stInboundAt: `SELECT session_id, seq FROM messages
+		WHERE platform = ? AND chat_id = ? AND message_id = ? AND role = 'user' AND message_id <> ''`,
+	stSetStatus: `UPDATE messages SET status = ?, turn_id = CASE WHEN ? <> '' THEN ? ELSE turn_id END
+		WHERE session_id = ? AND seq = ?`,
+	stIncAttempts: `UPDATE messages SET attempts = attempts + 1 WHERE session_id = ? AND seq = ?`,
+	stArchive:     `UPDATE messages SET active = 0, archived = 1 WHERE session_id = ? AND seq = ?`,
+	stPutRoute: `INSERT INTO routing (key, session_id, generation, updated_at) VALUES (?, ?, ?, ?)
+		ON CONFLICT (key) DO UPDATE SET session_id = excluded.session_id,
+			generation = excluded.generation, updated_at = excluded.updated_at
+		WHERE excluded.generation > routing.generation`,
+	stAddOutbox: `INSERT INTO outbox (` + outboxCols + `)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (session_key, seq) DO NOTHING`,
+	// Delivered is final: a late failure report or a re-sent mark does not undo it.
+	stMarkDelivery: `UPDATE outbox SET state = ?1,
+			delivered_at = CASE WHEN ?1 = 'delivered' THEN ?2 ELSE delivered_at END,
+			attempts = attempts + 1
+		WHERE session_key = ?3 AND seq = ?4 AND state <> 'delivered'`,
+	stInsertFTS: `INSERT INTO messages_fts (rowid, content) VALUES (?, ?)`,
+}
+
+// errTxAborted marks an error after which the transaction no longer exists (SQLite rolled it
+// back on its own, or the context ended): no group of the batch can be reported committed.
+var errTxAborted = errors.New("transaction aborted")
+
+// Commit applies groups of writes in one BEGIN IMMEDIATE transaction. Each group runs inside its
+// own SAVEPOINT: a failing group is rolled back to it and reported in errs[i] while the others
+// go on. If the transaction itself fails (BEGIN, COMMIT, or an error that aborts it), every
+// group gets that error. Commit is safe for concurrent use; calls are serialised.
+func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	errs := make([]error, len(groups))
+	if err := s.enter(); err != nil {
+		return fill(errs, fmt.Errorf("commit: %w", err))
+	}
+	defer s.leave()
+	if s.readOnly {
+		return fill(errs, fmt.Errorf("commit: %w", ErrReadOnly))
+	}
+	if len(groups) == 0 {
+		return errs
+	}
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+
+	tx, err := s.writer.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
+	if err != nil {
+		return fill(errs, fmt.Errorf("commit: begin: %w", err))
+	}
+	t := &txn{ctx: ctx, tx: tx, s: s}
+	for i, g := range groups {
+		mark := len(t.fts)
+		if err := t.group(g); err != nil {
+			if errors.Is(err, errTxAborted) {
+				_ = tx.Rollback() // the transaction is already gone
+				return fill(errs, fmt.Errorf("commit: group %d: %w", i, err))
+			}
+			t.fts = t.fts[:mark] // the group's rows are rolled back
+			errs[i] = fmt.Errorf("commit: group %d: %w", i, err)
+		}
+	}
+	if err := t.indexAll(); err != nil {
+		_ = tx.Rollback() // the transaction is already gone
+		return fill(errs, fmt.Errorf("commit: %w", err))
+	}
+	if err := tx.Commit(); err != nil {
+		return fill(errs, fmt.Errorf("commit: %w", err))
+	}
+	return errs
+}
+
+func fill(errs []error, err error) []error {
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
+}
+
+// txn is one Commit transaction with its statements, bound to it lazily.
+type txn struct {
+	ctx   context.Context
+	tx    *sql.Tx
+	s     *Store
+	stmts [numStmts]*sql.Stmt
+	fts   []ftsRow // rows inserted by the groups that succeeded so far, to index at the end
+}
+
+// ftsRow is a new message row waiting to be indexed.
+type ftsRow struct {
+	rowid     int64
+	sessionID string
+	seq       int64
+	content   string
+}
+
+func (t *txn) stmt(id stmtID) *sql.Stmt {
+	if st := t.stmts[id]; st != nil {
+		return st
+	}
+	st := t.tx.StmtContext(t.ctx, t.s.prepared[id])
+	t.stmts[id] = st
+	return st
+}
+
+func (t *txn) exec(id stmtID, args ...any) (sql.Result, error) {
+	return t.stmt(id).ExecContext(t.ctx, args...)
+}
+
+// group applies one group atomically. On an op's error it rolls back to the group's savepoint
+// and returns that error; if the savepoint itself is gone, the error wraps errTxAborted.
+func (t *txn) group(ops []persistence.Op) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	if _, err := t.exec(stSavepoint); err != nil {
+		return fmt.Errorf("savepoint: %w: %w", errTxAborted, err)
+	}
+	for _, op := range ops {
+		if err := t.apply(op); err != nil {
+			if _, rerr := t.exec(stRollbackTo); rerr != nil {
+				return fmt.Errorf("%w: %w (rollback to savepoint: %v)", errTxAborted, err, rerr)
+			}
+			if _, rerr := t.exec(stRelease); rerr != nil {
+				return fmt.Errorf("%w: %w (release savepoint: %v)", errTxAborted, err, rerr)
+			}
+			return err
+		}
+	}
+	if _, err := t.exec(stRelease); err != nil {
+		return fmt.Errorf("%w: release savepoint: %w", errTxAborted, err)
+	}
+	return nil
+}
+
+// apply runs one op. Every op is idempotent except the counters (IncrementAttempts, and
+// MarkDelivery of a non-delivered state), which count each application.
+func (t *txn) apply(op persistence.Op) error {
+	switch o := op.(type) {
+	case *persistence.CreateSession:
+		if o == nil || o.Session.ID == "" || o.Session.Key == "" {
+			return errors.New("create session: id and key required")
+		}
+		ss := &o.Session
+		_, err := t.exec(stCreateSession, ss.ID, ss.Key, ss.Platform, ss.ChatType, ss.ChatID,
+			ss.ThreadID, ss.UserID, ss.UserName, ss.ScopeID, ss.Profile, timeArg(ss.StartedAt),
+			timeArg(ss.LastActivityAt), timeArg(ss.EndedAt), ss.EndReason, ss.PrevSessionID,
+			ss.Title, ss.Epoch)
+		return wrap(err, "create session %s", ss.ID)
+	case *persistence.EndSession:
+		if o == nil || o.At.IsZero() {
+			// A NULL ended_at would leave the session open forever.
+			return errors.New("end session: time required")
+		}
+		_, err := t.exec(stEndSession, timeArg(o.At), o.Reason, o.SessionID)
+		return wrap(err, "end session %s", o.SessionID)
+	case *persistence.TouchSession:
+		if o == nil {
+			return errors.New("touch session: nil op")
+		}
+		if o.At.IsZero() {
+			return nil
+		}
+		_, err := t.exec(stTouchSession, timeArg(o.At), o.SessionID)
+		return wrap(err, "touch session %s", o.SessionID)
+	case *persistence.SetTitle:
+		if o == nil {
+			return errors.New("set title: nil op")
+		}
+		_, err := t.exec(stSetTitle, o.Title, o.SessionID)
+		return wrap(err, "set title %s", o.SessionID)
+	case *persistence.AppendMessage:
+		if o == nil {
+			return errors.New("append message: nil op")
+		}
+		return t.appendMessage(&o.Message)
+	case *persistence.SetMessageStatus:
+		if o == nil {
+			return errors.New("set message status: nil op")
+		}
+		return t.eachSeq(o.SessionID, o.Seqs, "set message status", stSetStatus, o.Status, o.TurnID, o.TurnID)
+	case *persistence.IncrementAttempts:
+		if o == nil {
+			return errors.New("increment attempts: nil op")
+		}
+		return t.eachSeq(o.SessionID, o.Seqs, "increment attempts", stIncAttempts)
+	case *persistence.ArchiveMessages:
+		if o == nil {
+			return errors.New("archive messages: nil op")
+		}
+		return t.eachSeq(o.SessionID, o.Seqs, "archive messages", stArchive)
+	case *persistence.PutRoute:
+		if o == nil || o.Route.Key == "" || o.Route.SessionID == "" {
+			return errors.New("put route: key and session id required")
+		}
+		r := &o.Route
+		_, err := t.exec(stPutRoute, r.Key, r.SessionID, r.Generation, timeArg(r.UpdatedAt))
+		return wrap(err, "put route %s", r.Key)
+	case *persistence.AddOutbox:
+		if o == nil || o.Entry.SessionKey == "" {
+			return errors.New("add outbox: session key required")
+		}
+		e := &o.Entry
+		state := e.State
+		if state == "" {
+			state = persistence.DeliveryPending // an entry without a state must still be sent
+		}
+		_, err := t.exec(stAddOutbox, e.SessionKey, e.Seq, e.SessionID, e.Kind, e.Text, e.TurnID,
+			encodeIDs(e.InReplyTo), e.Platform, e.ChatType, e.ChatID, e.ThreadID, e.UserID, state,
+			e.Attempts, timeArg(e.CreatedAt), timeArg(e.DeliveredAt))
+		return wrap(err, "add outbox %s/%d", e.SessionKey, e.Seq)
+	case *persistence.MarkDelivery:
+		if o == nil || o.State == "" {
+			return errors.New("mark delivery: state required")
+		}
+		_, err := t.exec(stMarkDelivery, o.State, timeArg(o.At), o.SessionKey, o.Seq)
+		return wrap(err, "mark delivery %s/%d", o.SessionKey, o.Seq)
+	default:
+		return fmt.Errorf("apply: unknown op type %T", op)
+	}
+}
+
+// eachSeq runs a per-row statement whose last two arguments are (session id, seq).
+func (t *txn) eachSeq(sessionID string, seqs []int64, what string, id stmtID, args ...any) error {
+	for _, seq := range seqs {
+		if _, err := t.exec(id, append(args, sessionID, seq)...); err != nil {
+			return fmt.Errorf("%s %s/%d: %w", what, sessionID, seq, err)
+		}
+	}
+	return nil
+}
+
+// appendMessage inserts a transcript row and indexes it for search. An identical row already at
+// (session id, seq) is a no-op; a user row whose platform identity is stored elsewhere fails
+// with persistence.ErrDuplicate.
+func (t *txn) appendMessage(m *persistence.Message) error {
+	if m.SessionID == "" || m.Role == "" {
+		return errors.New("append message: session id and role required")
+	}
+	status := m.Status
+	if status == "" && m.Role == persistence.RoleUser {
+		status = persistence.StatusPending // an unanswered user message must be recoverable
+	}
+	res, err := t.exec(stInsertMessage, m.SessionID, m.Seq, m.Role, m.Content, m.Platform,
+		m.ChatID, m.MessageID, m.TurnID, status, boolInt(m.Active), boolInt(m.Archived),
+		m.Attempts, timeArg(m.CreatedAt))
+	if err != nil {
+		// The inbound index refused the row: either m is re-sent (its own row holds the platform
+		// identity) or the platform message is already stored elsewhere.
+		if sid, seq, ok := t.inboundAt(m); ok {
+			if sid == m.SessionID && seq == m.Seq {
+				return t.sameMessage(m)
+			}
+			return fmt.Errorf("append message %s/%d: inbound %s/%s/%s already stored as %s/%d: %w",
+				m.SessionID, m.Seq, m.Platform, m.ChatID, m.MessageID, sid, seq, persistence.ErrDuplicate)
+		}
+		return fmt.Errorf("append message %s/%d: %w", m.SessionID, m.Seq, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("append message %s/%d: %w", m.SessionID, m.Seq, err)
+	}
+	if n == 0 {
+		return t.sameMessage(m)
+	}
+	id, err := res.LastInsertId()
+	if err != nil {
+		return fmt.Errorf("append message %s/%d: %w", m.SessionID, m.Seq, err)
+	}
+	t.fts = append(t.fts, ftsRow{rowid: id, sessionID: m.SessionID, seq: m.Seq, content: m.Content})
+	return nil
+}
+
+// inboundAt returns where the user row with m's platform identity is stored, if m is a user
+// message with a message id and such a row exists.
+func (t *txn) inboundAt(m *persistence.Message) (sid string, seq int64, ok bool) {
+	if m.Role != persistence.RoleUser || m.MessageID == "" {
+		return "", 0, false
+	}
+	err := t.stmt(stInboundAt).QueryRowContext(t.ctx, m.Platform, m.ChatID, m.MessageID).Scan(&sid, &seq)
+	return sid, seq, err == nil
+}
+
+// sameMessage checks that the row already at m's (session id, seq) is m re-sent.
+func (t *txn) sameMessage(m *persistence.Message) error {
+	var content, messageID string
+	err := t.stmt(stMessageAt).QueryRowContext(t.ctx, m.SessionID, m.Seq).Scan(&content, &messageID)
+	if err != nil {
+		return fmt.Errorf("append message %s/%d: %w", m.SessionID, m.Seq, err)
+	}
+	if content != m.Content || messageID != m.MessageID {
+		return fmt.Errorf("append message %s/%d: %w", m.SessionID, m.Seq, ErrConflict)
+	}
+	return nil
+}
+
+// indexAll adds the batch's new message rows to messages_fts, at the end of the transaction
+// and inside a savepoint of its own. FTS5 flushes its pending terms to disk at every savepoint,
+// so indexing inside each group's savepoint would cost a segment write per group; indexing once
+// per batch keeps FTS5's batching.
+//
+// Search is a convenience and must never block a transcript write: if the batch fails to index
+// it is retried row by row, rows that still fail stay unindexed, and a rate-limited warning is
+// logged. Only a lost savepoint (the transaction itself is gone) is an error.
+func (t *txn) indexAll() error {
+	if len(t.fts) == 0 {
+		return nil
+	}
+	err := t.indexRows(t.fts)
+	if err == nil || errors.Is(err, errTxAborted) {
+		return err
+	}
+	failed := 0
+	for i := range t.fts {
+		if rerr := t.indexRows(t.fts[i : i+1]); rerr != nil {
+			if errors.Is(rerr, errTxAborted) {
+				return rerr
+			}
+			failed++
+			err = rerr
+		}
+	}
+	if failed == 0 {
+		return nil
+	}
+	if n, ok := t.s.ftsWarn.allow(); ok {
+		first := t.fts[0]
+		t.s.log.Warn("fts index write failed; messages stored unindexed",
+			"session", first.sessionID, "seq", first.seq, "rows", failed, "batches", n, tint.Err(err))
+	}
+	return nil
+}
+
+// indexRows indexes rows inside the fts savepoint, all or none. It returns the indexing error
+// after rolling the savepoint back, or an error wrapping errTxAborted if that is impossible.
+func (t *txn) indexRows(rows []ftsRow) error {
+	if _, err := t.exec(stFTSSavepoint); err != nil {
+		return fmt.Errorf("%w: fts savepoint: %w", errTxAborted, err)
+	}
+	var err error
+	for _, r := range rows {
+		if t.s.prepared[stInsertFTS] != nil {
+			_, err = t.exec(stInsertFTS, r.rowid, r.content)
+		} else {
+			_, err = t.tx.ExecContext(t.ctx, writeSQL[stInsertFTS], r.rowid, r.content)
+		}
+		if err != nil {
+			err = fmt.Errorf("index %s/%d: %w", r.sessionID, r.seq, err)
+			break
+		}
+	}
+	if err != nil {
+		if _, rerr := t.exec(stFTSRollbackTo); rerr != nil {
+			return fmt.Errorf("%w: %w (rollback to savepoint: %v)", errTxAborted, err, rerr)
+		}
+	}
+	if _, rerr := t.exec(stFTSRelease); rerr != nil {
+		return fmt.Errorf("%w: fts release: %w", errTxAborted, rerr)
+	}
+	return err
+}
+
+func wrap(err error, format string, args ...any) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf(format+": %w", append(args, err)...)
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,12 @@
+package sqlite
+
+import "errors"
+
+// Sentinel errors of the SQLite store, in addition to those of package persistence.
+var (
+	// ErrReadOnly is returned by the writes of a Store opened with OpenReadOnly.
+	ErrReadOnly = errors.New("sqlite: store opened read-only")
+	// ErrConflict is returned when an AppendMessage names a (session id, seq) that already holds
+	// a different row: a re-sent write is harmless, a different write to the same seq is a bug.
+	ErrConflict = errors.New("sqlite: message seq already holds a different row")
+)

@@ -1,0 +1,331 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/agentgate/agentgate/persistence"
+)
+
+const defaultListLimit = 100
+
+// querier is *sql.DB or *sql.Tx.
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// LoadSession returns the durable state of a session key, read in one snapshot: its route, the
+// routed session, that session's pending user messages (active rows only, by seq), its last
+// historyLimit active messages (by seq), the key's undelivered (pending or failed) outbox
+// entries, and the highest message and outbox seqs. A key never seen returns an empty Snapshot.
+// A route whose session row is missing returns the Route with a nil Session.
+func (s *Store) LoadSession(ctx context.Context, key string, historyLimit int) (*persistence.Snapshot, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("load session %s: %w", key, err)
+	}
+	defer s.leave()
+	snap, err := s.loadSession(ctx, key, historyLimit)
+	if err != nil {
+		return nil, fmt.Errorf("load session %s: %w", key, err)
+	}
+	return snap, nil
+}
+
+func (s *Store) loadSession(ctx context.Context, key string, historyLimit int) (*persistence.Snapshot, error) {
+	tx, err := s.reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback() }() // read-only: nothing to commit
+	snap := &persistence.Snapshot{}
+	route, err := getRoute(ctx, tx, key)
+	switch {
+	case errors.Is(err, persistence.ErrNotFound):
+	case err != nil:
+		return nil, err
+	default:
+		snap.Route = route
+		sess, err := getSession(ctx, tx, route.SessionID)
+		switch {
+		case errors.Is(err, persistence.ErrNotFound):
+		case err != nil:
+			return nil, err
+		default:
+			snap.Session = sess
+			if snap.Pending, err = queryMessages(ctx, tx, `SELECT `+messageCols+` FROM messages
+				WHERE session_id = ? AND role = 'user' AND status = 'pending' AND active = 1
+				ORDER BY seq`, sess.ID); err != nil {
+				return nil, err
+			}
+			if historyLimit > 0 {
+				if snap.History, err = queryMessages(ctx, tx, `SELECT `+messageCols+` FROM messages
+					WHERE session_id = ? AND active = 1 ORDER BY seq DESC LIMIT ?`, sess.ID, historyLimit); err != nil {
+					return nil, err
+				}
+				slices.Reverse(snap.History)
+			}
+			if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id = ?`,
+				sess.ID).Scan(&snap.LastSeq); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if snap.Unconfirmed, err = queryOutbox(ctx, tx, `SELECT `+outboxCols+` FROM outbox
+		WHERE session_key = ? AND state IN ('pending', 'failed') ORDER BY seq`, key); err != nil {
+		return nil, err
+	}
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM outbox WHERE session_key = ?`,
+		key).Scan(&snap.LastOutboxSeq); err != nil {
+		return nil, err
+	}
+	return snap, nil
+}
+
+// FindInbound finds a user message by its platform identity; persistence.ErrNotFound if absent.
+func (s *Store) FindInbound(ctx context.Context, platform, chatID, messageID string) (*persistence.Message, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("find inbound: %w", err)
+	}
+	defer s.leave()
+	if messageID == "" {
+		return nil, fmt.Errorf("find inbound %s/%s: empty message id: %w", platform, chatID, persistence.ErrNotFound)
+	}
+	m, err := scanMessage(s.reader.QueryRowContext(ctx, `SELECT `+messageCols+` FROM messages
+		WHERE platform = ? AND chat_id = ? AND message_id = ? AND role = 'user' AND message_id <> ''`,
+		platform, chatID, messageID))
+	if errors.Is(err, sql.ErrNoRows) {
+		err = persistence.ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("find inbound %s/%s/%s: %w", platform, chatID, messageID, err)
+	}
+	return &m, nil
+}
+
+// RepliesTo returns the outbox entries of a session key whose in_reply_to lists messageID, by
+// seq.
+func (s *Store) RepliesTo(ctx context.Context, key, messageID string) ([]persistence.OutboxEntry, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("replies to %s: %w", messageID, err)
+	}
+	defer s.leave()
+	// CASE guarantees json_each never sees a corrupt value.
+	es, err := queryOutbox(ctx, s.reader, `SELECT `+outboxCols+` FROM outbox o
+		WHERE o.session_key = ? AND CASE WHEN json_valid(o.in_reply_to)
+			THEN EXISTS (SELECT 1 FROM json_each(o.in_reply_to) j WHERE j.value = ?) ELSE 0 END
+		ORDER BY o.seq`, key, messageID)
+	if err != nil {
+		return nil, fmt.Errorf("replies to %s: %w", messageID, err)
+	}
+	return es, nil
+}
+
+// OutboxAfter returns a key's outbox entries with seq > after, by seq, at most limit (no limit
+// when limit <= 0).
+func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]persistence.OutboxEntry, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("outbox after %d: %w", after, err)
+	}
+	defer s.leave()
+	if limit <= 0 {
+		limit = -1 // SQLite: no limit
+	}
+	es, err := queryOutbox(ctx, s.reader, `SELECT `+outboxCols+` FROM outbox
+		WHERE session_key = ? AND seq > ? ORDER BY seq LIMIT ?`, key, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outbox after %d: %w", after, err)
+	}
+	return es, nil
+}
+
+// Transcript returns every message of a session, archived rows included, by seq. An unknown
+// session has an empty transcript.
+func (s *Store) Transcript(ctx context.Context, sessionID string) ([]persistence.Message, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("transcript %s: %w", sessionID, err)
+	}
+	defer s.leave()
+	ms, err := queryMessages(ctx, s.reader, `SELECT `+messageCols+` FROM messages
+		WHERE session_id = ? ORDER BY seq`, sessionID)
+	if err != nil {
+		return nil, fmt.Errorf("transcript %s: %w", sessionID, err)
+	}
+	return ms, nil
+}
+
+// Route returns the routing row of a key; persistence.ErrNotFound if absent.
+func (s *Store) Route(ctx context.Context, key string) (*persistence.Route, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("route %s: %w", key, err)
+	}
+	defer s.leave()
+	r, err := getRoute(ctx, s.reader, key)
+	if err != nil {
+		return nil, fmt.Errorf("route %s: %w", key, err)
+	}
+	return r, nil
+}
+
+// Session returns one session row; persistence.ErrNotFound if absent.
+func (s *Store) Session(ctx context.Context, id string) (*persistence.Session, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("session %s: %w", id, err)
+	}
+	defer s.leave()
+	ss, err := getSession(ctx, s.reader, id)
+	if err != nil {
+		return nil, fmt.Errorf("session %s: %w", id, err)
+	}
+	return ss, nil
+}
+
+// ListSessions lists routed session keys with their current session, by key. Messages counts
+// every row of the session (archived ones included); Pending counts its active pending user
+// messages. Keys whose session row is missing are left out.
+func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]persistence.SessionSummary, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("list sessions: %w", err)
+	}
+	defer s.leave()
+	limit := f.Limit
+	if limit <= 0 {
+		limit = defaultListLimit
+	}
+	rows, err := s.reader.QueryContext(ctx, `SELECT `+prefixed("s.", sessionCols)+`,
+			(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id),
+			(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id
+				AND m.role = 'user' AND m.status = 'pending' AND m.active = 1)
+		FROM routing r JOIN sessions s ON s.id = r.session_id
+		WHERE r.key > ? AND (? = '' OR s.platform = ?)
+		ORDER BY r.key LIMIT ?`, f.AfterKey, f.Platform, f.Platform, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list sessions: %w", err)
+	}
+	defer rows.Close()
+	var out []persistence.SessionSummary
+	for rows.Next() {
+		var sum persistence.SessionSummary
+		ss := &sum.Session
+		if err := rows.Scan(&ss.ID, &ss.Key, &ss.Platform, &ss.ChatType, &ss.ChatID, &ss.ThreadID,
+			&ss.UserID, &ss.UserName, &ss.ScopeID, &ss.Profile, nanoTime{&ss.StartedAt},
+			nanoTime{&ss.LastActivityAt}, nanoTime{&ss.EndedAt}, &ss.EndReason, &ss.PrevSessionID,
+			&ss.Title, &ss.Epoch, &sum.Messages, &sum.Pending); err != nil {
+			return nil, fmt.Errorf("list sessions: %w", err)
+		}
+		out = append(out, sum)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list sessions: %w", err)
+	}
+	return out, nil
+}
+
+// Recoverable returns, sorted, the keys whose routed session has active pending user messages or
+// whose outbox has pending or failed entries.
+func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("recoverable: %w", err)
+	}
+	defer s.leave()
+	rows, err := s.reader.QueryContext(ctx, `
+		SELECT r.key FROM routing r WHERE EXISTS (SELECT 1 FROM messages m
+			WHERE m.session_id = r.session_id AND m.role = 'user' AND m.status = 'pending' AND m.active = 1)
+		UNION
+		SELECT o.session_key FROM outbox o WHERE o.state IN ('pending', 'failed')
+		ORDER BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("recoverable: %w", err)
+	}
+	defer rows.Close()
+	var keys []string
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, fmt.Errorf("recoverable: %w", err)
+		}
+		keys = append(keys, k)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("recoverable: %w", err)
+	}
+	return keys, nil
+}
+
+// Search returns the messages (archived ones included) whose content matches an FTS5 query
+// (https://sqlite.org/fts5.html#full_text_query_syntax), best match first, at most limit (0
+// means 100). It is not part of persistence.Store. Messages whose indexing failed are not found.
+func (s *Store) Search(ctx context.Context, query string, limit int) ([]persistence.Message, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("search: %w", err)
+	}
+	defer s.leave()
+	if limit <= 0 {
+		limit = defaultListLimit
+	}
+	ms, err := queryMessages(ctx, s.reader, `SELECT `+prefixed("m.", messageCols)+`
+		FROM messages_fts f JOIN messages m ON m.id = f.rowid
+		WHERE messages_fts MATCH ? ORDER BY f.rank, m.id LIMIT ?`, query, limit)
+	if err != nil {
+		return nil, fmt.Errorf("search %q: %w", query, err)
+	}
+	return ms, nil
+}
+
+func getRoute(ctx context.Context, q querier, key string) (*persistence.Route, error) {
+	var r persistence.Route
+	err := q.QueryRowContext(ctx, `SELECT key, session_id, generation, updated_at FROM routing WHERE key = ?`,
+		key).Scan(&r.Key, &r.SessionID, &r.Generation, nanoTime{&r.UpdatedAt})
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, persistence.ErrNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+func getSession(ctx context.Context, q querier, id string) (*persistence.Session, error) {
+	ss, err := scanSession(q.QueryRowContext(ctx, `SELECT `+sessionCols+` FROM sessions WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, persistence.ErrNotFound
+	}
+	return ss, err
+}
+
+func queryMessages(ctx context.Context, q querier, query string, args ...any) ([]persistence.Message, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ms []persistence.Message
+	for rows.Next() {
+		m, err := scanMessage(rows)
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, m)
+	}
+	return ms, rows.Err()
+}
+
+func queryOutbox(ctx context.Context, q querier, query string, args ...any) ([]persistence.OutboxEntry, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var es []persistence.OutboxEntry
+	for rows.Next() {
+		e, err := scanOutbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		es = append(es, e)
+	}
+	return es, rows.Err()
+}

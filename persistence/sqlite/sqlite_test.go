@@ -1,0 +1,644 @@
+package sqlite
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/google/go-cmp/cmp"
+)
+
+// MustOpen opens a fresh store in a temporary directory, closed when the test ends.
+func MustOpen(t testing.TB, opts Options) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), filepath.Join(t.TempDir(), "agentgate.db"), opts)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return s
+}
+
+// MustRawDB opens a plain connection pool on a store's file, bypassing the Store, to inspect or
+// damage the database.
+func MustRawDB(t testing.TB, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", dsn(path, "_pragma=busy_timeout(5000)"))
+	if err != nil {
+		t.Fatalf("open raw db: %v", err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func mustExec(t testing.TB, db *sql.DB, query string, args ...any) {
+	t.Helper()
+	if _, err := db.Exec(query, args...); err != nil {
+		t.Fatalf("exec %q: %v", query, err)
+	}
+}
+
+func TestConformance(t *testing.T) {
+	for _, sync := range []string{"full", "normal"} {
+		t.Run("synchronous="+sync, func(t *testing.T) {
+			storetest.Run(t, func(t *testing.T) persistence.Store {
+				return MustOpen(t, Options{Synchronous: sync})
+			})
+		})
+	}
+}
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+func newSession(id, key string) persistence.Session {
+	return persistence.Session{ID: id, Key: key, Platform: "http", ChatType: "dm", ChatID: "c-" + key,
+		UserID: "u", Profile: "main", StartedAt: t0, LastActivityAt: t0}
+}
+
+func userMsg(sid string, seq int64, text string) persistence.Message {
+	return persistence.Message{SessionID: sid, Seq: seq, Role: persistence.RoleUser, Content: text,
+		Platform: "http", ChatID: "c", MessageID: fmt.Sprintf("%s-%d", sid, seq),
+		Status: persistence.StatusPending, Active: true, CreatedAt: t0}
+}
+
+func TestLockFile(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "agentgate.db")
+	s1, err := Open(ctx, path, Options{})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	_, err = Open(ctx, path, Options{})
+	if !errors.Is(err, persistence.ErrLocked) {
+		t.Fatalf("second Open = %v, want ErrLocked", err)
+	}
+	if !strings.Contains(err.Error(), path) {
+		t.Errorf("second Open error %q does not name %s", err, path)
+	}
+	if err := s1.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	s2, err := Open(ctx, path, Options{})
+	if err != nil {
+		t.Fatalf("Open after Close: %v", err)
+	}
+	if err := s2.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+}
+
+func TestTestGuard(t *testing.T) {
+	cwd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defaultDir := filepath.Join(cwd, "data")
+	_, statErr := os.Stat(defaultDir)
+	existedBefore := statErr == nil
+
+	prod := t.TempDir()
+	t.Setenv(ProductionDataDirEnv, prod)
+	link := filepath.Join(t.TempDir(), "link")
+	// A dangling link to the default data directory (which need not exist).
+	if err := os.Symlink(defaultDir, link); err != nil {
+		t.Fatal(err)
+	}
+
+	refused := []struct{ name, path string }{
+		{"relative default path", "data/agentgate.db"},
+		{"absolute default path", filepath.Join(defaultDir, "agentgate.db")},
+		{"nested under the default dir", filepath.Join("data", "sub", "agentgate.db")},
+		{"dot segments", "./data/../data/agentgate.db"},
+		{"through a symlink", filepath.Join(link, "agentgate.db")},
+		{"production dir from env", filepath.Join(prod, "agentgate.db")},
+		{"below the production dir", filepath.Join(prod, "a", "b.db")},
+	}
+	for _, tc := range refused {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := Open(context.Background(), tc.path, Options{})
+			if err == nil {
+				s.Close()
+			}
+			if !errors.Is(err, persistence.ErrDefaultDataDir) {
+				t.Errorf("Open(%s) = %v, want ErrDefaultDataDir", tc.path, err)
+			} else if !strings.Contains(err.Error(), filepath.Base(tc.path)) {
+				t.Errorf("Open(%s) error %q does not name the path", tc.path, err)
+			}
+			if s, err := OpenReadOnly(context.Background(), tc.path); !errors.Is(err, persistence.ErrDefaultDataDir) {
+				if err == nil {
+					s.Close()
+				}
+				t.Errorf("OpenReadOnly(%s) = %v, want ErrDefaultDataDir", tc.path, err)
+			}
+		})
+	}
+
+	// Neighbours of the forbidden directories are allowed (checked without opening anything).
+	allowed := []string{
+		filepath.Join(cwd, "data2", "agentgate.db"),
+		filepath.Join(cwd, "agentgate.db"),
+		filepath.Join(cwd, "testdata", "data", "agentgate.db"),
+		prod + "-other/agentgate.db",
+	}
+	for _, p := range allowed {
+		if err := guardPath(p); err != nil {
+			t.Errorf("guardPath(%s) = %v, want nil", p, err)
+		}
+	}
+
+	if _, err := os.Stat(defaultDir); !existedBefore && err == nil {
+		t.Errorf("the refused opens created %s", defaultDir)
+	}
+	if entries, _ := os.ReadDir(prod); len(entries) != 0 {
+		t.Errorf("the refused opens created %d entries in %s", len(entries), prod)
+	}
+}
+
+func TestSearch(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	storetest.MustCommit(t, s,
+		&persistence.CreateSession{Session: newSession("s1", "k1")},
+		&persistence.AppendMessage{Message: userMsg("s1", 1, "the quick brown fox")},
+		&persistence.AppendMessage{Message: userMsg("s1", 2, "a lazy dog sleeps")},
+		&persistence.AppendMessage{Message: userMsg("s1", 3, "quick thinking, quick fox")},
+		&persistence.ArchiveMessages{SessionID: "s1", Seqs: []int64{3}})
+	tests := []struct {
+		query string
+		limit int
+		want  []int64
+	}{
+		{"quick", 0, []int64{3, 1}}, // bm25: more occurrences rank first
+		{"quick", 1, []int64{3}},
+		{"fox", 0, []int64{1, 3}}, // equal rank: in insertion order
+		{"dog", 10, []int64{2}},
+		{"cat", 10, nil},
+		{`"brown fox"`, 10, []int64{1}},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("%s limit %d", tc.query, tc.limit), func(t *testing.T) {
+			ms, err := s.Search(ctx, tc.query, tc.limit)
+			if err != nil {
+				t.Fatalf("Search(%q): %v", tc.query, err)
+			}
+			var got []int64
+			for _, m := range ms {
+				got = append(got, m.Seq)
+			}
+			if !cmp.Equal(got, tc.want) {
+				t.Errorf("Search(%q) seqs = %v, want %v", tc.query, got, tc.want)
+			}
+		})
+	}
+	if _, err := s.Search(ctx, `"unbalanced`, 10); err == nil {
+		t.Errorf("Search(malformed query) = nil error, want an error")
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the store's concurrent logging.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func TestBrokenFTSDoesNotBlockWrites(t *testing.T) {
+	ctx := context.Background()
+	var logs syncBuffer
+	s := MustOpen(t, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	storetest.MustCommit(t, s,
+		&persistence.CreateSession{Session: newSession("s1", "k1")},
+		&persistence.AppendMessage{Message: userMsg("s1", 1, "indexed before the damage")})
+
+	mustExec(t, MustRawDB(t, s.Path()), `DROP TABLE messages_fts`)
+
+	errs := s.Commit(ctx, [][]persistence.Op{
+		{&persistence.AppendMessage{Message: userMsg("s1", 2, "written while the index is broken")}},
+		{&persistence.AppendMessage{Message: userMsg("s1", 3, "and another one")}},
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Commit group %d with a broken FTS index: %v", i, err)
+		}
+	}
+	ms, err := s.Transcript(ctx, "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) != 3 {
+		t.Errorf("Transcript has %d rows, want 3", len(ms))
+	}
+	if _, err := s.Search(ctx, "broken", 10); err == nil {
+		t.Errorf("Search with the FTS table dropped = nil error, want an error")
+	}
+	if n := strings.Count(logs.String(), "fts index write failed"); n != 1 {
+		t.Errorf("logged %d fts warnings for 2 failures, want 1 (rate-limited); logs:\n%s", n, logs.String())
+	}
+
+	// A store opened on the damaged file works too.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := Open(ctx, s.Path(), Options{})
+	if err != nil {
+		t.Fatalf("reopen with a broken FTS index: %v", err)
+	}
+	defer s2.Close()
+	storetest.MustCommit(t, s2, &persistence.AppendMessage{Message: userMsg("s1", 4, "after reopening")})
+}
+
+func TestInvalidTimestampsReadAsZero(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	e := persistence.OutboxEntry{SessionKey: "k1", Seq: 1, SessionID: "s1", State: persistence.DeliveryDelivered,
+		CreatedAt: t0, DeliveredAt: t0}
+	storetest.MustCommit(t, s,
+		&persistence.CreateSession{Session: newSession("s1", "k1")},
+		&persistence.EndSession{SessionID: "s1", Reason: persistence.EndIdle, At: t0},
+		&persistence.PutRoute{Route: persistence.Route{Key: "k1", SessionID: "s1", Generation: 1, UpdatedAt: t0}},
+		&persistence.AppendMessage{Message: userMsg("s1", 1, "hi")},
+		&persistence.AddOutbox{Entry: e})
+
+	raw := MustRawDB(t, s.Path())
+	mustExec(t, raw, `UPDATE sessions SET started_at = 'garbage', last_activity_at = -5, ended_at = 0`)
+	mustExec(t, raw, `UPDATE messages SET created_at = 'yesterday'`)
+	mustExec(t, raw, `UPDATE routing SET updated_at = X'00ff'`)
+	mustExec(t, raw, `UPDATE outbox SET created_at = 1e300, delivered_at = -1.5`)
+
+	ss, err := s.Session(ctx, "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Route(ctx, "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := s.LoadSession(ctx, "k1", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	es, err := s.OutboxAfter(ctx, "k1", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, got := range map[string]time.Time{
+		"sessions.started_at":       ss.StartedAt,
+		"sessions.last_activity_at": ss.LastActivityAt,
+		"sessions.ended_at":         ss.EndedAt,
+		"routing.updated_at":        r.UpdatedAt,
+		"messages.created_at":       snap.History[0].CreatedAt,
+		"outbox.created_at":         es[0].CreatedAt,
+		"outbox.delivered_at":       es[0].DeliveredAt,
+	} {
+		if !got.IsZero() {
+			t.Errorf("%s with an invalid value reads as %v, want the zero time", name, got)
+		}
+	}
+}
+
+func TestDecodeTime(t *testing.T) {
+	tests := []struct {
+		name string
+		src  any
+		want time.Time
+	}{
+		{"nanoseconds", int64(1_700_000_000_123_456_789), time.Unix(1_700_000_000, 123_456_789)},
+		{"null", nil, time.Time{}},
+		{"zero", int64(0), time.Time{}},
+		{"negative", int64(-1), time.Time{}},
+		{"float", float64(1.7e18), time.Unix(1_700_000_000, 0)},
+		{"huge float", 1e300, time.Time{}},
+		{"rfc3339 text", "2023-11-14T22:13:20Z", time.Unix(1_700_000_000, 0)},
+		{"garbage text", "not a time", time.Time{}},
+		{"garbage blob", []byte{0, 1}, time.Time{}},
+		{"bool", true, time.Time{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := decodeTime(tc.src); !got.Equal(tc.want) {
+				t.Errorf("decodeTime(%v) = %v, want %v", tc.src, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestOpenReadOnly(t *testing.T) {
+	ctx := context.Background()
+	w := MustOpen(t, Options{})
+	storetest.MustCommit(t, w,
+		&persistence.CreateSession{Session: newSession("s1", "k1")},
+		&persistence.PutRoute{Route: persistence.Route{Key: "k1", SessionID: "s1", Generation: 1}},
+		&persistence.AppendMessage{Message: userMsg("s1", 1, "hello")})
+
+	ro, err := OpenReadOnly(ctx, w.Path())
+	if err != nil {
+		t.Fatalf("OpenReadOnly while the writer is open: %v", err)
+	}
+	defer ro.Close()
+	snap, err := ro.LoadSession(ctx, "k1", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Session == nil || snap.LastSeq != 1 {
+		t.Fatalf("read-only LoadSession(k1) = %+v, want session s1 with LastSeq 1", snap)
+	}
+	errs := ro.Commit(ctx, [][]persistence.Op{{&persistence.SetTitle{SessionID: "s1", Title: "x"}}})
+	if !errors.Is(errs[0], ErrReadOnly) {
+		t.Errorf("read-only Commit = %v, want ErrReadOnly", errs[0])
+	}
+	if err := ro.Ping(ctx); !errors.Is(err, ErrReadOnly) {
+		t.Errorf("read-only Ping = %v, want ErrReadOnly", err)
+	}
+
+	// The reader sees the writer's later commits.
+	storetest.MustCommit(t, w, &persistence.AppendMessage{Message: userMsg("s1", 2, "again")})
+	if snap, err = ro.LoadSession(ctx, "k1", 10); err != nil || snap.LastSeq != 2 {
+		t.Errorf("read-only LoadSession after a write: LastSeq %d, err %v, want 2, nil", snap.LastSeq, err)
+	}
+
+	// And it works once the writer has gone (its WAL checkpointed away).
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ro2, err := OpenReadOnly(ctx, w.Path())
+	if err != nil {
+		t.Fatalf("OpenReadOnly after the writer closed: %v", err)
+	}
+	defer ro2.Close()
+	if ms, err := ro2.Transcript(ctx, "s1"); err != nil || len(ms) != 2 {
+		t.Errorf("Transcript(s1) = %d rows, %v, want 2, nil", len(ms), err)
+	}
+
+	if _, err := OpenReadOnly(ctx, filepath.Join(t.TempDir(), "missing.db")); err == nil {
+		t.Errorf("OpenReadOnly(missing file) = nil error, want an error")
+	}
+}
+
+func TestIsUnavailable(t *testing.T) {
+	s := MustOpen(t, Options{})
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")})
+
+	// SQLITE_BUSY: a second connection cannot take the write lock while the first holds it.
+	ctx := context.Background()
+	holder, err := MustRawDB(t, s.Path()).Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if _, err := holder.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	impatient, err := sql.Open("sqlite", dsn(s.Path(), "_pragma=busy_timeout(0)"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer impatient.Close()
+	_, busyErr := impatient.Exec("BEGIN IMMEDIATE")
+	if _, err := holder.ExecContext(ctx, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	// SQLITE_CONSTRAINT: a problem with the write itself.
+	_, constraintErr := impatient.Exec(`INSERT INTO sessions (id, key) VALUES ('s1', 'k1')`)
+
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"busy", busyErr, true},
+		{"wrapped busy", fmt.Errorf("commit: %w", busyErr), true},
+		{"constraint", constraintErr, false},
+		{"plain error", errors.New("boom"), false},
+		{"duplicate", persistence.ErrDuplicate, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.name != "nil" && tc.err == nil {
+				t.Fatalf("setup produced no error")
+			}
+			if got := IsUnavailable(tc.err); got != tc.want {
+				t.Errorf("IsUnavailable(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestCheckpoint(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{CheckpointInterval: time.Hour}) // only the explicit checkpoints below
+	var auto int
+	if err := s.writer.QueryRowContext(ctx, "PRAGMA wal_autocheckpoint").Scan(&auto); err != nil {
+		t.Fatal(err)
+	}
+	if auto != 0 {
+		t.Errorf("writer wal_autocheckpoint = %d, want 0 (checkpoints off the commit path)", auto)
+	}
+	ops := []persistence.Op{&persistence.CreateSession{Session: newSession("s1", "k1")}}
+	for seq := int64(1); seq <= 200; seq++ {
+		ops = append(ops, &persistence.AppendMessage{Message: userMsg("s1", seq, strings.Repeat("words ", 50))})
+	}
+	storetest.MustCommit(t, s, ops...)
+	fi, err := os.Stat(s.Path() + "-wal")
+	if err != nil || fi.Size() == 0 {
+		t.Fatalf("WAL after a commit: %v, %v; want a non-empty file", fi, err)
+	}
+	for _, mode := range []string{"PASSIVE", "RESTART", "TRUNCATE"} {
+		r, err := checkpoint(ctx, s.writer, mode)
+		if err != nil || r.Busy {
+			t.Errorf("checkpoint(%s) = %+v, %v, want not busy", mode, r, err)
+		}
+	}
+	if fi, err := os.Stat(s.Path() + "-wal"); err != nil || fi.Size() != 0 {
+		t.Errorf("WAL after TRUNCATE: size %v, err %v, want 0", fi.Size(), err)
+	}
+	// The writer's busy timeout is restored after RESTART/TRUNCATE.
+	var busy int
+	if err := s.writer.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&busy); err != nil || busy != 5000 {
+		t.Errorf("writer busy_timeout after checkpoints = %d, %v, want 5000", busy, err)
+	}
+}
+
+func TestIdentityImmutable(t *testing.T) {
+	s := MustOpen(t, Options{})
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")})
+	raw := MustRawDB(t, s.Path())
+	for _, col := range []string{"key", "platform", "chat_id", "user_id", "user_name", "profile"} {
+		if _, err := raw.Exec(`UPDATE sessions SET ` + col + ` = 'other' WHERE id = 's1'`); err == nil {
+			t.Errorf("UPDATE sessions SET %s succeeded, want the identity trigger to refuse it", col)
+		}
+	}
+}
+
+func TestMigrations(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "agentgate.db")
+	for i := range 2 { // the second Open applies nothing
+		s, err := Open(ctx, path, Options{})
+		if err != nil {
+			t.Fatalf("Open #%d: %v", i+1, err)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw := MustRawDB(t, path)
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := raw.QueryRow(`SELECT COUNT(*) FROM schema_migrations`).Scan(&n); err != nil || n != len(ms) {
+		t.Errorf("schema_migrations rows = %d, %v, want %d", n, err, len(ms))
+	}
+	mustExec(t, raw, `INSERT INTO schema_migrations (version, applied_at) VALUES (9999, 0)`)
+	if s, err := Open(ctx, path, Options{}); err == nil {
+		s.Close()
+		t.Errorf("Open of a database from a newer binary = nil error, want an error")
+	}
+}
+
+func TestOpenOptions(t *testing.T) {
+	ctx := context.Background()
+	if _, err := Open(ctx, filepath.Join(t.TempDir(), "a.db"), Options{Synchronous: "sometimes"}); err == nil {
+		t.Errorf("Open(synchronous=sometimes) = nil error, want an error")
+	}
+	tests := []struct {
+		sync string
+		want int // PRAGMA synchronous: 1 NORMAL, 2 FULL
+	}{{"", 2}, {"full", 2}, {"FULL", 2}, {"normal", 1}}
+	for _, tc := range tests {
+		t.Run("synchronous="+tc.sync, func(t *testing.T) {
+			s := MustOpen(t, Options{Synchronous: tc.sync})
+			var got int
+			if err := s.writer.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("PRAGMA synchronous = %d, want %d", got, tc.want)
+			}
+		})
+	}
+
+	// Odd characters in the path reach the file system literally; missing parents are created 0700.
+	dir := filepath.Join(t.TempDir(), "new dir")
+	path := filepath.Join(dir, "a?b#c%d.db")
+	s, err := Open(ctx, path, Options{})
+	if err != nil {
+		t.Fatalf("Open(%s): %v", path, err)
+	}
+	defer s.Close()
+	if _, err := os.Stat(path); err != nil {
+		t.Errorf("database file: %v", err)
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("created parent directory mode = %v, %v, want 0700", fi.Mode().Perm(), err)
+	}
+	if err := s.Ping(ctx); err != nil {
+		t.Errorf("Ping: %v", err)
+	}
+}
+
+// BenchmarkCommitTurns commits batches of 100 turns (user message, assistant message, touch,
+// route, outbox entry per turn, each turn its own group) and reports turns/s.
+func BenchmarkCommitTurns(b *testing.B) {
+	const turns, sessions = 100, 100
+	s := MustOpen(b, Options{})
+	var setup []persistence.Op
+	for i := range sessions {
+		setup = append(setup, &persistence.CreateSession{Session: newSession(fmt.Sprintf("s%d", i), fmt.Sprintf("k%d", i))})
+	}
+	storetest.MustCommit(b, s, setup...)
+	text := strings.Repeat("lorem ipsum dolor sit amet ", 11) // ~300 bytes
+	ctx := context.Background()
+	var seq int64
+	batches := 0
+	groups := make([][]persistence.Op, turns)
+	for b.Loop() {
+		seq += 2
+		for i := range groups {
+			sid, key := fmt.Sprintf("s%d", i%sessions), fmt.Sprintf("k%d", i%sessions)
+			at := t0.Add(time.Duration(seq) * time.Second)
+			user := userMsg(sid, seq-1, text)
+			groups[i] = []persistence.Op{
+				&persistence.AppendMessage{Message: user},
+				&persistence.AppendMessage{Message: persistence.Message{SessionID: sid, Seq: seq,
+					Role: persistence.RoleAssistant, Content: text, Status: persistence.StatusDone, Active: true, CreatedAt: at}},
+				&persistence.TouchSession{SessionID: sid, At: at},
+				&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: sid, Generation: seq, UpdatedAt: at}},
+				&persistence.AddOutbox{Entry: persistence.OutboxEntry{SessionKey: key, Seq: seq, SessionID: sid,
+					Kind: "reply", Text: text, InReplyTo: []string{user.MessageID}, CreatedAt: at}},
+			}
+		}
+		for i, err := range s.Commit(ctx, groups) {
+			if err != nil {
+				b.Fatalf("Commit group %d: %v", i, err)
+			}
+		}
+		batches++
+	}
+	b.ReportMetric(float64(batches*turns)/b.Elapsed().Seconds(), "turns/s")
+}
+
+// TestDiskFullMidBatch: a group that fills the disk fails with an "unavailable" error, and what
+// Commit reports for the other groups matches what is durable, whether SQLite kept the
+// transaction (the group alone fails) or rolled it back (every group fails).
+func TestDiskFullMidBatch(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")})
+	var pages int
+	if err := s.writer.QueryRowContext(ctx, "PRAGMA page_count").Scan(&pages); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.writer.ExecContext(ctx, fmt.Sprintf("PRAGMA max_page_count = %d", pages+2)); err != nil {
+		t.Fatal(err)
+	}
+	errs := s.Commit(ctx, [][]persistence.Op{
+		{&persistence.SetTitle{SessionID: "s1", Title: "before"}},
+		{&persistence.AppendMessage{Message: userMsg("s1", 1, strings.Repeat("x", 1<<20))}},
+		{&persistence.TouchSession{SessionID: "s1", At: t0.Add(time.Hour)}},
+	})
+	if errs[1] == nil || !IsUnavailable(errs[1]) {
+		t.Errorf("Commit of a row bigger than the disk: %v, want an unavailable error", errs[1])
+	}
+	ss, err := s.Session(ctx, "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ss.Title == "before"; got != (errs[0] == nil) {
+		t.Errorf("group 0: reported %v, title committed %v", errs[0], got)
+	}
+	if got := ss.LastActivityAt.Equal(t0.Add(time.Hour)); got != (errs[2] == nil) {
+		t.Errorf("group 2: reported %v, touch committed %v", errs[2], got)
+	}
+	if ms, _ := s.Transcript(ctx, "s1"); len(ms) != 0 {
+		t.Errorf("Transcript has %d rows after the failed group, want 0", len(ms))
+	}
+}

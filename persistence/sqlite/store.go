@@ -1,0 +1,291 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/lmittmann/tint"
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// Options configures Open. The zero value is the production default.
+type Options struct {
+	// Synchronous is the PRAGMA synchronous level: "full" (the default, durable across power
+	// loss) or "normal" (durable across process crashes only).
+	Synchronous string
+	// Logger receives lifecycle and degradation messages (a failing FTS index, checkpoints that
+	// cannot finish). Nil discards them.
+	Logger *slog.Logger
+	// CheckpointInterval is how often the background checkpointer runs a PASSIVE WAL checkpoint.
+	// Zero means one second.
+	CheckpointInterval time.Duration
+	// Readers is the size of the reader connection pool. Zero means 4.
+	Readers int
+}
+
+// Store is the SQLite persistence.Store. It is safe for concurrent use: reads run on a pool of
+// reader connections, Commit is serialised on the single writer connection.
+type Store struct {
+	path     string
+	log      *slog.Logger
+	readOnly bool
+
+	// mu is held shared by every call for its whole duration and exclusively by Close, so a
+	// closed flag read under it stays true while the pools are being closed.
+	mu     sync.RWMutex
+	closed bool
+
+	commitMu sync.Mutex // serialises Commit: the store serialises writers itself
+	writer   *sql.DB    // one connection; nil for a read-only store
+	reader   *sql.DB    // query_only connections
+	prepared [numStmts]*sql.Stmt
+	lock     *os.File // flock on <path>.lock; nil for a read-only store
+	ckpt     *checkpointer
+	ftsWarn  rateLimiter
+}
+
+var _ persistence.Store = (*Store)(nil)
+
+const defaultReaders = 4
+
+// Open opens (creating it and its parent directory if needed) the database at path, takes the
+// lock file <path>.lock, applies the embedded migrations and starts the checkpointer. A second
+// Open of the same path while the first is open fails with persistence.ErrLocked; under go test
+// the default data directory fails with persistence.ErrDefaultDataDir.
+func Open(ctx context.Context, path string, opts Options) (*Store, error) {
+	syncMode, err := synchronousPragma(opts.Synchronous)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	if err := checkTestGuard(abs); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(abs), 0o700); err != nil {
+		return nil, fmt.Errorf("open %s: %w", abs, err)
+	}
+	lock, err := lockFile(abs+".lock", abs)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{path: abs, log: logger(opts.Logger), lock: lock}
+	if err := s.open(ctx, syncMode, opts); err != nil {
+		s.closeAll()
+		return nil, fmt.Errorf("open %s: %w", abs, err)
+	}
+	s.ckpt = startCheckpointer(s.writer, abs, interval(opts.CheckpointInterval), s.log)
+	s.log.Info("store opened", "path", abs, "synchronous", syncMode)
+	return s, nil
+}
+
+// open connects the writer, migrates, prepares the write statements and connects the readers.
+func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
+	w, err := sql.Open("sqlite", dsn(s.path,
+		"_pragma=busy_timeout(5000)",
+		"_pragma=journal_mode(WAL)",
+		"_pragma=foreign_keys(1)",
+		"_pragma=synchronous("+syncMode+")",
+		// Checkpoints run in the checkpointer, never inside a commit.
+		"_pragma=wal_autocheckpoint(0)",
+		// After a checkpoint resets the WAL, shrink it back to 64 MiB.
+		"_pragma=journal_size_limit(67108864)",
+		"_txlock=immediate",
+	))
+	if err != nil {
+		return err
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxLifetime(0)
+	w.SetConnMaxIdleTime(0)
+	s.writer = w
+	if err := migrate(ctx, w); err != nil {
+		return err
+	}
+	for id, q := range writeSQL {
+		st, err := w.PrepareContext(ctx, q)
+		if err != nil {
+			if stmtID(id) == stInsertFTS {
+				// A broken FTS index must not stop the store: Commit falls back to unprepared
+				// execution and skips indexing when that fails too.
+				s.log.Warn("fts index unavailable", tint.Err(err))
+				continue
+			}
+			return fmt.Errorf("prepare %q: %w", q, err)
+		}
+		s.prepared[id] = st
+	}
+	n := opts.Readers
+	if n <= 0 {
+		n = defaultReaders
+	}
+	s.reader, err = openReader(ctx, s.path, n, false)
+	return err
+}
+
+// OpenReadOnly opens an existing database for reading only, for the admin CLI while the daemon
+// runs: it takes no lock, starts no checkpointer, and its Commit and Ping fail with ErrReadOnly.
+func OpenReadOnly(ctx context.Context, path string) (*Store, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	if err := checkTestGuard(abs); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(abs); err != nil {
+		return nil, fmt.Errorf("open %s: %w", abs, err)
+	}
+	r, err := openReader(ctx, abs, defaultReaders, true)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", abs, err)
+	}
+	if err := checkSchema(ctx, r); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("open %s: %w", abs, err)
+	}
+	return &Store{path: abs, log: logger(nil), readOnly: true, reader: r}, nil
+}
+
+// openReader opens a pool of n query_only connections and checks that one can be opened.
+func openReader(ctx context.Context, path string, n int, readOnlyFile bool) (*sql.DB, error) {
+	params := []string{"_pragma=busy_timeout(5000)", "_pragma=query_only(1)"}
+	if readOnlyFile {
+		params = append([]string{"mode=ro"}, params...)
+	}
+	r, err := sql.Open("sqlite", dsn(path, params...))
+	if err != nil {
+		return nil, err
+	}
+	r.SetMaxOpenConns(n)
+	r.SetMaxIdleConns(n)
+	if err := r.PingContext(ctx); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// dsn builds a modernc DSN: a file: URI (so SQLite sees mode=ro) with the path escaped.
+func dsn(path string, params ...string) string {
+	esc := strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path)
+	return "file:" + esc + "?" + strings.Join(params, "&")
+}
+
+// synchronousPragma maps Options.Synchronous to a PRAGMA synchronous value.
+func synchronousPragma(v string) (string, error) {
+	switch strings.ToLower(v) {
+	case "", "full":
+		return "FULL", nil
+	case "normal":
+		return "NORMAL", nil
+	}
+	return "", fmt.Errorf("synchronous %q: want full or normal", v)
+}
+
+func logger(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		l = slog.New(slog.DiscardHandler)
+	}
+	return l.With("component", "sqlite")
+}
+
+func interval(d time.Duration) time.Duration {
+	if d <= 0 {
+		return time.Second
+	}
+	return d
+}
+
+// Path returns the absolute path of the database file.
+func (s *Store) Path() string { return s.path }
+
+// enter marks the start of a call; it fails with persistence.ErrClosed once Close has begun.
+// Every successful enter is paired with leave.
+func (s *Store) enter() error {
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return persistence.ErrClosed
+	}
+	return nil
+}
+
+func (s *Store) leave() { s.mu.RUnlock() }
+
+// Ping checks that the store can be written: it takes and releases the write lock.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.enter(); err != nil {
+		return fmt.Errorf("ping: %w", err)
+	}
+	defer s.leave()
+	if s.readOnly {
+		return fmt.Errorf("ping: %w", ErrReadOnly)
+	}
+	tx, err := s.writer.BeginTx(ctx, nil) // BEGIN IMMEDIATE: takes the write lock
+	if err != nil {
+		return fmt.Errorf("ping: %w", err)
+	}
+	if err := tx.Rollback(); err != nil {
+		return fmt.Errorf("ping: %w", err)
+	}
+	return nil
+}
+
+// Close stops the checkpointer, closes both pools and releases the lock file. It waits for
+// calls in progress. Closing a closed Store returns nil; every other method then returns an
+// error wrapping persistence.ErrClosed.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	err := s.closeAll()
+	if err != nil {
+		return fmt.Errorf("close %s: %w", s.path, err)
+	}
+	s.log.Info("store closed", "path", s.path)
+	return nil
+}
+
+// closeAll releases everything the Store holds, in reverse order of acquisition, and returns
+// the first error.
+func (s *Store) closeAll() error {
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if s.ckpt != nil {
+		s.ckpt.stop()
+	}
+	if s.reader != nil {
+		keep(s.reader.Close())
+	}
+	for _, st := range s.prepared {
+		if st != nil {
+			keep(st.Close())
+		}
+	}
+	if s.writer != nil {
+		keep(s.writer.Close())
+	}
+	if s.lock != nil {
+		keep(s.lock.Close()) // closing the descriptor releases the flock
+	}
+	return first
+}

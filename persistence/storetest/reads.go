@@ -1,0 +1,355 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/agentgate/agentgate/persistence"
+)
+
+func testLoadSessionUnknownKey(t *testing.T, s persistence.Store) {
+	got := check(s.LoadSession(context.Background(), "never-seen", 10)).must(t, "LoadSession")
+	diff(t, "LoadSession(never-seen)", got, &persistence.Snapshot{})
+}
+
+func testLoadSession(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	// The previous incarnation: ended, with a pending message and a delivered reply.
+	old := start(t, s, "s0", "k", 1)
+	MustCommit(t, s,
+		&persistence.AppendMessage{Message: userMsg("s0", 1, "old-1", "left behind")},
+		&persistence.AddOutbox{Entry: outboxEntry("k", 1, "s0")},
+		&persistence.MarkDelivery{SessionKey: "k", Seq: 1, State: persistence.DeliveryDelivered, At: at(2)},
+		&persistence.EndSession{SessionID: old.ID, Reason: persistence.EndNewCommand, At: at(3)})
+	cur := start(t, s, "s1", "k", 2)
+
+	notice := persistence.Message{SessionID: "s1", Seq: 5, Role: persistence.RoleNotice,
+		Content: "session reset", Status: persistence.StatusDone, Active: true, CreatedAt: at(5)}
+	msgs := []persistence.Message{
+		userMsg("s1", 1, "m1", "one"),
+		replyMsg("s1", 2, "two"),
+		userMsg("s1", 3, "m3", "three"),
+		userMsg("s1", 4, "m4", "four, undone"),
+		notice,
+		userMsg("s1", 6, "m6", "six"),
+		replyMsg("s1", 7, "seven, retried away"),
+	}
+	var ops []persistence.Op
+	for _, m := range msgs {
+		ops = append(ops, &persistence.AppendMessage{Message: m})
+	}
+	ops = append(ops,
+		&persistence.SetMessageStatus{SessionID: "s1", Seqs: []int64{1}, Status: persistence.StatusDone, TurnID: "turn-1"},
+		&persistence.ArchiveMessages{SessionID: "s1", Seqs: []int64{4, 7}},
+		&persistence.AddOutbox{Entry: outboxEntry("k", 2, "s1", "m1")},
+		&persistence.AddOutbox{Entry: outboxEntry("k", 3, "s1", "m1")},
+		&persistence.AddOutbox{Entry: outboxEntry("k", 4, "s1", "m3")},
+		&persistence.MarkDelivery{SessionKey: "k", Seq: 3, State: persistence.DeliveryDelivered, At: at(8)},
+		&persistence.MarkDelivery{SessionKey: "k", Seq: 4, State: persistence.DeliveryFailed, At: at(8)},
+	)
+	MustCommit(t, s, ops...)
+
+	// Expected rows, as the ops above leave them.
+	msgs[0].Status, msgs[0].TurnID = persistence.StatusDone, "turn-1"
+	for _, i := range []int{3, 6} {
+		msgs[i].Active, msgs[i].Archived = false, true
+	}
+	e2, e4 := outboxEntry("k", 2, "s1", "m1"), outboxEntry("k", 4, "s1", "m3")
+	e4.State, e4.Attempts = persistence.DeliveryFailed, 1
+	r := route("k", "s1", 2)
+
+	tests := []struct {
+		name         string
+		historyLimit int
+		wantHistory  []persistence.Message
+	}{
+		{"history limit 3", 3, []persistence.Message{msgs[2], msgs[4], msgs[5]}},
+		{"history larger than transcript", 100, []persistence.Message{msgs[0], msgs[1], msgs[2], msgs[4], msgs[5]}},
+		{"no history", 0, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := check(s.LoadSession(ctx, "k", tc.historyLimit)).must(t, "LoadSession")
+			want := &persistence.Snapshot{
+				Route:         &r,
+				Session:       &cur,
+				Pending:       []persistence.Message{msgs[2], msgs[5]},
+				History:       tc.wantHistory,
+				Unconfirmed:   []persistence.OutboxEntry{e2, e4},
+				LastSeq:       7,
+				LastOutboxSeq: 4,
+			}
+			diff(t, "LoadSession(k)", got, want)
+		})
+	}
+}
+
+func testRepliesTo(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	start(t, s, "s1", "k1", 1)
+	start(t, s, "s2", "k2", 1)
+	MustCommit(t, s,
+		&persistence.AddOutbox{Entry: outboxEntry("k1", 1, "s1", "m1")},
+		&persistence.AddOutbox{Entry: outboxEntry("k1", 2, "s1", "m2")},
+		&persistence.AddOutbox{Entry: outboxEntry("k1", 3, "s1", "m1", "m2")},
+		&persistence.AddOutbox{Entry: outboxEntry("k1", 4, "s1")},
+		&persistence.AddOutbox{Entry: outboxEntry("k2", 1, "s2", "m1")},
+	)
+	tests := []struct {
+		key, id string
+		want    []int64
+	}{
+		{"k1", "m1", []int64{1, 3}},
+		{"k1", "m2", []int64{2, 3}},
+		{"k1", "m3", nil},
+		{"k2", "m1", []int64{1}},
+		{"k3", "m1", nil},
+		{"k1", "", nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.key+"/"+tc.id, func(t *testing.T) {
+			es := check(s.RepliesTo(ctx, tc.key, tc.id)).must(t, "RepliesTo")
+			diff(t, "RepliesTo("+tc.key+", "+tc.id+") seqs", outboxSeqs(es), tc.want)
+		})
+	}
+	es := check(s.RepliesTo(ctx, "k1", "m2")).must(t, "RepliesTo")
+	diff(t, "RepliesTo(k1, m2)", es, []persistence.OutboxEntry{
+		outboxEntry("k1", 2, "s1", "m2"), outboxEntry("k1", 3, "s1", "m1", "m2"),
+	})
+}
+
+func testOutboxAfter(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	var ops []persistence.Op
+	for seq := int64(1); seq <= 5; seq++ {
+		ops = append(ops, &persistence.AddOutbox{Entry: outboxEntry("k", seq, "s1")})
+	}
+	ops = append(ops, &persistence.AddOutbox{Entry: outboxEntry("other", 9, "s2")})
+	MustCommit(t, s, ops...)
+	tests := []struct {
+		name  string
+		after int64
+		limit int
+		want  []int64
+	}{
+		{"first page", 0, 2, []int64{1, 2}},
+		{"second page", 2, 2, []int64{3, 4}},
+		{"last page", 4, 2, []int64{5}},
+		{"past the end", 5, 2, nil},
+		{"no limit", 0, 0, []int64{1, 2, 3, 4, 5}},
+		{"resume mid-stream", 3, 10, []int64{4, 5}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			es := check(s.OutboxAfter(ctx, "k", tc.after, tc.limit)).must(t, "OutboxAfter")
+			diff(t, "OutboxAfter seqs", outboxSeqs(es), tc.want)
+		})
+	}
+}
+
+func testTranscript(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	start(t, s, "s1", "k1", 1)
+	m1, m2, m3 := userMsg("s1", 1, "m1", "one"), replyMsg("s1", 2, "two"), userMsg("s1", 3, "m3", "three")
+	// Appended out of order, then 2 archived.
+	MustCommit(t, s,
+		&persistence.AppendMessage{Message: m3},
+		&persistence.AppendMessage{Message: m1},
+		&persistence.AppendMessage{Message: m2},
+		&persistence.ArchiveMessages{SessionID: "s1", Seqs: []int64{2}})
+	m2.Active, m2.Archived = false, true
+	got := check(s.Transcript(ctx, "s1")).must(t, "Transcript")
+	diff(t, "Transcript(s1)", got, []persistence.Message{m1, m2, m3})
+	if got := check(s.Transcript(ctx, "unknown")).must(t, "Transcript"); len(got) != 0 {
+		t.Errorf("Transcript(unknown) = %d rows, want 0", len(got))
+	}
+}
+
+func testListSessions(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	for _, k := range []struct{ key, platform string }{{"a", "http"}, {"b", "discord"}, {"c", "http"}, {"d", "http"}} {
+		ss := newSession("old-"+k.key, k.key)
+		ss.Platform = k.platform
+		cur := ss
+		cur.ID = "cur-" + k.key
+		MustCommit(t, s,
+			&persistence.CreateSession{Session: ss},
+			&persistence.PutRoute{Route: route(k.key, ss.ID, 1)},
+			&persistence.CreateSession{Session: cur},
+			&persistence.PutRoute{Route: route(k.key, cur.ID, 2)})
+	}
+	MustCommit(t, s,
+		&persistence.AppendMessage{Message: userMsg("cur-a", 1, "a1", "pending")},
+		&persistence.AppendMessage{Message: replyMsg("cur-a", 2, "reply")},
+		&persistence.AppendMessage{Message: userMsg("cur-a", 3, "a3", "pending, then archived")},
+		&persistence.ArchiveMessages{SessionID: "cur-a", Seqs: []int64{3}},
+		&persistence.AppendMessage{Message: userMsg("old-a", 1, "a0", "old session")})
+
+	type row struct {
+		Key, ID           string
+		Messages, Pending int
+	}
+	list := func(f persistence.ListFilter) []row {
+		t.Helper()
+		var out []row
+		for _, sum := range check(s.ListSessions(ctx, f)).must(t, "ListSessions") {
+			out = append(out, row{sum.Session.Key, sum.Session.ID, sum.Messages, sum.Pending})
+		}
+		return out
+	}
+	a, b := row{"a", "cur-a", 3, 1}, row{"b", "cur-b", 0, 0}
+	c, d := row{"c", "cur-c", 0, 0}, row{"d", "cur-d", 0, 0}
+	tests := []struct {
+		name string
+		f    persistence.ListFilter
+		want []row
+	}{
+		{"all", persistence.ListFilter{}, []row{a, b, c, d}},
+		{"first page", persistence.ListFilter{Limit: 2}, []row{a, b}},
+		{"second page", persistence.ListFilter{Limit: 2, AfterKey: "b"}, []row{c, d}},
+		{"past the end", persistence.ListFilter{Limit: 2, AfterKey: "d"}, nil},
+		{"platform", persistence.ListFilter{Platform: "http"}, []row{a, c, d}},
+		{"platform paged", persistence.ListFilter{Platform: "http", AfterKey: "a", Limit: 1}, []row{c}},
+		{"unknown platform", persistence.ListFilter{Platform: "irc"}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			diff(t, "ListSessions", list(tc.f), tc.want)
+		})
+	}
+}
+
+func testRecoverable(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "c", "d", "e", "f"} {
+		start(t, s, "s-"+k, k, 1)
+	}
+	start(t, s, "s-d2", "d", 2) // d's pending message belongs to its previous session
+	done := userMsg("s-c", 1, "c1", "answered")
+	done.Status = persistence.StatusDone
+	MustCommit(t, s,
+		&persistence.AppendMessage{Message: userMsg("s-a", 1, "a1", "unanswered")},
+		&persistence.AddOutbox{Entry: outboxEntry("b", 1, "s-b")},
+		&persistence.AppendMessage{Message: done},
+		&persistence.AddOutbox{Entry: outboxEntry("c", 1, "s-c", "c1")},
+		&persistence.MarkDelivery{SessionKey: "c", Seq: 1, State: persistence.DeliveryDelivered, At: at(2)},
+		&persistence.AppendMessage{Message: userMsg("s-d", 1, "d1", "before /new")},
+		&persistence.AddOutbox{Entry: outboxEntry("e", 1, "s-e")},
+		&persistence.MarkDelivery{SessionKey: "e", Seq: 1, State: persistence.DeliveryFailed, At: at(2)},
+		&persistence.AppendMessage{Message: userMsg("s-f", 1, "f1", "undone")},
+		&persistence.ArchiveMessages{SessionID: "s-f", Seqs: []int64{1}})
+	got := check(s.Recoverable(ctx)).must(t, "Recoverable")
+	diff(t, "Recoverable()", got, []string{"a", "b", "e"})
+}
+
+func testEndSession(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	start(t, s, "s1", "k1", 1)
+	MustCommit(t, s, &persistence.EndSession{SessionID: "s1", Reason: persistence.EndNewCommand, At: at(5)})
+	MustCommit(t, s, &persistence.EndSession{SessionID: "s1", Reason: persistence.EndCrash, At: at(9)})
+	got := check(s.Session(ctx, "s1")).must(t, "Session")
+	if got.EndReason != persistence.EndNewCommand || !got.EndedAt.Equal(at(5)) {
+		t.Errorf("Session(s1) end = %q at %v, want %q at %v", got.EndReason, got.EndedAt, persistence.EndNewCommand, at(5))
+	}
+}
+
+func testTouchSession(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	start(t, s, "s1", "k1", 1)
+	tests := []struct {
+		name  string
+		touch int
+		want  int
+	}{
+		{"forward", 5, 5},
+		{"backwards is ignored", 3, 5},
+		{"same", 5, 5},
+		{"forward again", 7, 7},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			MustCommit(t, s, &persistence.TouchSession{SessionID: "s1", At: at(tc.touch)})
+			got := check(s.Session(ctx, "s1")).must(t, "Session")
+			if !got.LastActivityAt.Equal(at(tc.want)) {
+				t.Errorf("LastActivityAt after touching %v = %v, want %v", at(tc.touch), got.LastActivityAt, at(tc.want))
+			}
+		})
+	}
+}
+
+func testStatusAndTitle(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	start(t, s, "s1", "k1", 1)
+	MustCommit(t, s,
+		&persistence.AppendMessage{Message: userMsg("s1", 1, "m1", "one")},
+		&persistence.AppendMessage{Message: userMsg("s1", 2, "m2", "two")},
+		&persistence.SetMessageStatus{SessionID: "s1", Seqs: []int64{1, 2}, Status: persistence.StatusDone, TurnID: "turn-7"},
+		&persistence.SetMessageStatus{SessionID: "s1", Seqs: []int64{2}, Status: persistence.StatusQuarantined},
+		&persistence.SetTitle{SessionID: "s1", Title: "a title"},
+		&persistence.SetTitle{SessionID: "s1", Title: "the title"})
+	ms := check(s.Transcript(ctx, "s1")).must(t, "Transcript")
+	type st struct{ Status, TurnID string }
+	var got []st
+	for _, m := range ms {
+		got = append(got, st{m.Status, m.TurnID})
+	}
+	diff(t, "statuses", got, []st{{persistence.StatusDone, "turn-7"}, {persistence.StatusQuarantined, "turn-7"}})
+	if ss := check(s.Session(ctx, "s1")).must(t, "Session"); ss.Title != "the title" {
+		t.Errorf("Title = %q, want %q", ss.Title, "the title")
+	}
+}
+
+func testNotFound(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	checks := []struct {
+		name string
+		err  error
+	}{
+		{"Session", second(s.Session(ctx, "nope"))},
+		{"Route", second(s.Route(ctx, "nope"))},
+		{"FindInbound", second(s.FindInbound(ctx, "http", "chat", "nope"))},
+		{"FindInbound empty id", second(s.FindInbound(ctx, "http", "chat", ""))},
+	}
+	for _, c := range checks {
+		if !errors.Is(c.err, persistence.ErrNotFound) {
+			t.Errorf("%s error = %v, want ErrNotFound", c.name, c.err)
+		}
+	}
+}
+
+func testClosed(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	start(t, s, "s1", "k1", 1)
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("second Close = %v, want nil", err)
+	}
+	errs := s.Commit(ctx, [][]persistence.Op{{&persistence.SetTitle{SessionID: "s1"}}, {}})
+	checks := []struct {
+		name string
+		err  error
+	}{
+		{"Commit group 0", errs[0]},
+		{"Commit group 1", errs[1]},
+		{"LoadSession", second(s.LoadSession(ctx, "k1", 1))},
+		{"FindInbound", second(s.FindInbound(ctx, "http", "chat", "m1"))},
+		{"RepliesTo", second(s.RepliesTo(ctx, "k1", "m1"))},
+		{"OutboxAfter", second(s.OutboxAfter(ctx, "k1", 0, 1))},
+		{"Transcript", second(s.Transcript(ctx, "s1"))},
+		{"Route", second(s.Route(ctx, "k1"))},
+		{"Session", second(s.Session(ctx, "s1"))},
+		{"ListSessions", second(s.ListSessions(ctx, persistence.ListFilter{}))},
+		{"Recoverable", second(s.Recoverable(ctx))},
+		{"Ping", s.Ping(ctx)},
+	}
+	for _, c := range checks {
+		if !errors.Is(c.err, persistence.ErrClosed) {
+			t.Errorf("%s on a closed store: error = %v, want ErrClosed", c.name, c.err)
+		}
+	}
+}
+
+func second[T any](_ T, err error) error { return err }
