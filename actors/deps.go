@@ -1,0 +1,75 @@
+package actors
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Queue modes.
+const (
+	ModeFollowup  = "followup"
+	ModeCollect   = "collect"
+	ModeInterrupt = "interrupt"
+	ModeSteer     = "steer"
+)
+
+// SessionConfig is the part of the configuration that session actors read.
+type SessionConfig struct {
+	Keys           identity.KeyOptions
+	PassivateAfter time.Duration
+	QueueMode      string
+	QueueCap       int
+	Overflow       string // spool | reject
+	HistoryLimit   int
+	Recovery       string // rerun | notice
+	// Restarts and RestartWindow bound how often a session may crash before it is stopped.
+	Restarts      int
+	RestartWindow time.Duration
+}
+
+// Deps are the shared, immutable dependencies of the session runtime. One value is built by the
+// supervisor and read by every actor; nothing in it is mutated after start.
+type Deps struct {
+	// Ctx is the daemon's lifetime context; actors derive per-call timeouts from it.
+	Ctx     context.Context
+	Store   persistence.Store
+	Persist *actor.PID
+	Agent   agents.Agent
+	// Platforms maps a platform name to the PID of its platform actor.
+	Platforms map[string]*actor.PID
+	Config    SessionConfig
+	Log       *slog.Logger
+	Metrics   *metrics.Metrics
+	Now       func() time.Time
+	Node      string
+}
+
+func (d *Deps) now() time.Time {
+	if d.Now != nil {
+		return d.Now()
+	}
+	return time.Now()
+}
+
+// newID returns prefix followed by 16 random hex digits.
+func newID(prefix string) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// newSessionID returns a session id: local start time and 8 random hex digits.
+func newSessionID(now time.Time) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return now.Format("20060102_150405_") + hex.EncodeToString(b[:])
+}

@@ -1,0 +1,25 @@
+// Package actors is agentgate's session runtime on protoactor-go. Every conversation session is
+// an actor that owns its identity, its pending queue and its transcript buffer, so a turn can
+// only ever run with the identity of its own session and triggering message.
+//
+// The actors, with their parents and the messages they handle:
+//
+//   - SessionManager (top level, "sessions"): Routed, Drain, ListActive, and from its sessions
+//     passivate, busyChanged, stopped. Routes by session key, spawns sessions on demand, stops
+//     idle ones, supervises them one for one with a restart budget, and re-activates sessions
+//     with unfinished durable work at start.
+//   - Session (child of SessionManager, named by its key): Deliver, GetState, ResetSession
+//     (protobuf, messages.proto), TurnFinished from its Turn, persistence.WriteResult, and
+//     actor.ReceiveTimeout for passivation. Acknowledges a message only once it is durable.
+//   - Turn (child of Session): runs one agent call in a goroutine it owns; the session cancels it
+//     by stopping it. A panic in the agent fails the turn, never the session.
+//   - Platform (top level, "platform-<name>"): StartIntake, SendOutbound. Runs a platform's
+//     inbound loop with capped backoff and delivers outbound messages in order per session key,
+//     confirming each delivery in the outbox.
+//
+// Intake (not an actor) builds session keys for inbound messages and asks sessions through a
+// SessionRouter; LocalRouter routes through the SessionManager.
+//
+// Receive never blocks on the network or an agent; the only I/O inside Receive is a session's
+// snapshot read from the store when it starts. This package must not import supervisor or cmd.
+package actors

@@ -1,0 +1,68 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// Intake turns platform Inbound messages into session Deliver requests: it builds the session
+// key (the one place keys are built for inbound traffic), asks the session, and maps its answer
+// to a platforms.Ack. It is not an actor; platforms call Deliver from their own goroutines.
+type Intake struct {
+	router   SessionRouter
+	keys     identity.KeyOptions
+	metrics  *metrics.Metrics
+	draining atomic.Bool
+}
+
+// NewIntake returns an intake that routes with router.
+func NewIntake(router SessionRouter, keys identity.KeyOptions, m *metrics.Metrics) *Intake {
+	return &Intake{router: router, keys: keys, metrics: m}
+}
+
+// Drain stops intake: every later Deliver fails with platforms.ErrDraining.
+func (in *Intake) Drain() { in.draining.Store(true) }
+
+// Draining reports whether Drain was called.
+func (in *Intake) Draining() bool { return in.draining.Load() }
+
+// Key returns the session key of src.
+func (in *Intake) Key(src identity.Source) string { return identity.Key(src, in.keys) }
+
+// Deliver implements platforms.Deliver.
+func (in *Intake) Deliver(ctx context.Context, m *platforms.Inbound) (*platforms.Ack, error) {
+	if in.draining.Load() {
+		return nil, platforms.ErrDraining
+	}
+	key := in.Key(m.Source)
+	res, err := in.router.Request(ctx, key, &Deliver{
+		SessionKey: key, Source: sourceToProto(m.Source), MessageId: m.MessageID, Text: m.Text,
+		ReceivedAtUnixNano: m.ReceivedAt.UnixNano(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("deliver to %s: %w", key, err)
+	}
+	r, ok := res.(*DeliverResult)
+	if !ok {
+		return nil, fmt.Errorf("deliver to %s: unexpected answer %T", key, res)
+	}
+	ack := &platforms.Ack{SessionKey: r.SessionKey, SessionID: r.SessionId, MessageID: r.MessageId,
+		Disposition: r.Disposition, QueueDepth: int(r.QueueDepth)}
+	switch r.ErrorCode {
+	case "":
+		in.metrics.InboundTotal.WithLabelValues(m.Source.Platform).Inc()
+		return ack, nil
+	case "rejected":
+		ack.Disposition = platforms.Rejected
+		return ack, fmt.Errorf("%w: %s", platforms.ErrRejected, r.Error)
+	case "unavailable":
+		return ack, fmt.Errorf("%w: %s", platforms.ErrUnavailable, r.Error)
+	default:
+		return ack, fmt.Errorf("deliver to %s: %s", key, r.Error)
+	}
+}

@@ -1,0 +1,175 @@
+package actors
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// SessionManager routes messages to session actors by key, spawning a session on its first
+// message and stopping it when it passivates. It supervises its sessions one for one with a
+// restart budget; a session that keeps crashing is stopped, and its next message (or the next
+// recovery) starts it again from the store.
+//
+// While a passivating session stops, messages for its key are held here and handed to its
+// successor, so two actors never run for one key.
+type SessionManager struct {
+	d   *Deps
+	log *slog.Logger
+
+	sessions map[string]*actor.PID
+	keys     map[string]string   // pid id → key
+	stopping map[string][]routed // key → messages held until the old actor is gone
+	rerun    map[string]bool     // key → respawn when terminated (it stopped with work left)
+	busy     map[string]bool
+	drains   []*actor.PID
+}
+
+type routed struct {
+	msg    any
+	sender *actor.PID
+}
+
+// NewSessionManager returns the props of the session manager.
+func NewSessionManager(d *Deps) *actor.Props {
+	restarts, window := d.Config.Restarts, d.Config.RestartWindow
+	if restarts <= 0 {
+		restarts = 3
+	}
+	if window <= 0 {
+		window = time.Minute
+	}
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &SessionManager{d: d}
+	}, actor.WithSupervisor(actor.NewOneForOneStrategy(restarts, window, actor.DefaultDecider)))
+}
+
+// Receive routes, spawns and stops sessions.
+func (m *SessionManager) Receive(c actor.Context) {
+	switch msg := c.Message().(type) {
+	case *actor.Started:
+		m.start(c)
+	case *Routed:
+		m.route(c, msg.Key, routed{msg: msg.Msg, sender: c.Sender()})
+	case *passivate:
+		if pid, ok := m.sessions[msg.key]; ok {
+			delete(m.sessions, msg.key)
+			m.stopping[msg.key] = nil
+			m.d.Metrics.SessionPassivations.Inc()
+			c.Poison(pid)
+		}
+	case *stopped:
+		if msg.hasWork {
+			m.rerun[msg.key] = true
+		}
+	case *busyChanged:
+		if msg.busy {
+			m.busy[msg.key] = true
+		} else {
+			delete(m.busy, msg.key)
+			m.answerDrains(c)
+		}
+	case *actor.Terminated:
+		m.onTerminated(c, msg)
+	case *Drain:
+		m.drains = append(m.drains, c.Sender())
+		m.answerDrains(c)
+	case *ListActive:
+		keys := make([]string, 0, len(m.sessions))
+		for k := range m.sessions {
+			keys = append(keys, k)
+		}
+		c.Respond(&ActiveList{Keys: keys})
+	}
+}
+
+func (m *SessionManager) start(c actor.Context) {
+	m.log = m.d.Log.With("actor", "manager")
+	m.sessions = map[string]*actor.PID{}
+	m.keys = map[string]string{}
+	m.stopping = map[string][]routed{}
+	m.rerun = map[string]bool{}
+	m.busy = map[string]bool{}
+	keys, err := m.d.Store.Recoverable(m.d.Ctx)
+	if err != nil {
+		m.log.Error("list recoverable sessions", "err", err)
+		return
+	}
+	for _, k := range keys {
+		m.spawn(c, k)
+	}
+	if len(keys) > 0 {
+		m.log.Info("recovering sessions", "count", len(keys))
+	}
+}
+
+func (m *SessionManager) route(c actor.Context, key string, r routed) {
+	if held, ok := m.stopping[key]; ok {
+		m.stopping[key] = append(held, r)
+		return
+	}
+	pid := m.sessions[key]
+	if pid == nil {
+		pid = m.spawn(c, key)
+	}
+	m.forward(c, pid, r)
+}
+
+func (m *SessionManager) forward(c actor.Context, pid *actor.PID, r routed) {
+	if r.sender != nil {
+		c.RequestWithCustomSender(pid, r.msg, r.sender)
+	} else {
+		c.Send(pid, r.msg)
+	}
+}
+
+func (m *SessionManager) spawn(c actor.Context, key string) *actor.PID {
+	pid, err := c.SpawnNamed(NewSession(m.d, key), key)
+	if err != nil {
+		// The name is taken only while an old actor for the key is still registered; that is
+		// a broken invariant of this manager.
+		panic("session manager: spawn " + key + ": " + err.Error())
+	}
+	m.sessions[key] = pid
+	m.keys[pid.Id] = key
+	m.d.Metrics.SessionActivations.Inc()
+	m.d.Metrics.SessionsActive.Inc()
+	return pid
+}
+
+func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
+	key, ok := m.keys[t.Who.Id]
+	if !ok {
+		return
+	}
+	delete(m.keys, t.Who.Id)
+	m.d.Metrics.SessionsActive.Dec()
+	if pid := m.sessions[key]; pid != nil && pid.Equal(t.Who) {
+		delete(m.sessions, key) // stopped by its supervisor after too many crashes
+	}
+	delete(m.busy, key)
+	m.answerDrains(c)
+	held, wasStopping := m.stopping[key]
+	delete(m.stopping, key)
+	rerun := m.rerun[key]
+	delete(m.rerun, key)
+	if len(held) > 0 || (rerun && wasStopping) {
+		pid := m.spawn(c, key)
+		for _, r := range held {
+			m.forward(c, pid, r)
+		}
+	}
+}
+
+func (m *SessionManager) answerDrains(c actor.Context) {
+	if len(m.busy) > 0 || len(m.drains) == 0 {
+		return
+	}
+	for _, p := range m.drains {
+		if p != nil {
+			c.Send(p, &Drained{})
+		}
+	}
+	m.drains = nil
+}

@@ -1,0 +1,112 @@
+package actors
+
+import (
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// In-process messages, grouped by the actor that receives them. Messages that cross the session
+// boundary are the protobuf types of messages.proto.
+
+// Received by SessionManager.
+
+// Routed carries a session message to the session actor of Key, spawning it if needed. The
+// manager forwards Msg with the original sender, so a reply goes straight to the requester.
+type Routed struct {
+	Key string
+	Msg any
+}
+
+// Drain asks the manager to answer *Drained once no session runs a turn.
+type Drain struct{}
+
+// Drained answers Drain.
+type Drained struct{}
+
+// ListActive asks the manager for the keys of the session actors in memory; reply *ActiveList.
+type ListActive struct{}
+
+// ActiveList answers ListActive.
+type ActiveList struct{ Keys []string }
+
+// passivate is sent by an idle session to ask its manager to stop it.
+type passivate struct{ key string }
+
+// busyChanged is sent by a session when it starts running turns or becomes idle.
+type busyChanged struct {
+	key  string
+	busy bool
+}
+
+// stopped is sent by a session as it stops, saying whether durable work is left.
+type stopped struct {
+	key     string
+	hasWork bool
+}
+
+// Received by Session.
+
+// TurnFinished is sent by a Turn to its session when the agent returned.
+type TurnFinished struct {
+	TurnID string
+	Text   string
+	Err    error
+	Took   time.Duration
+}
+
+// Received by Turn.
+
+// agentDone carries the agent's result from the turn's goroutine back into the actor.
+type agentDone struct {
+	resp *agents.Response
+	err  error
+	took time.Duration
+}
+
+// agentPanicked carries a panic of the agent back into the actor, which re-raises it so the
+// supervisor sees a failed turn.
+type agentPanicked struct{ value any }
+
+// Received by Platform.
+
+// StartIntake tells a platform actor to start its platform's Run loop with Deliver.
+type StartIntake struct{ Deliver platforms.Deliver }
+
+// SendOutbound asks a platform actor to send one recorded outbound message.
+type SendOutbound struct{ Out *platforms.Outbound }
+
+// sendDone is the result of one platforms.Platform.Send, from the sending goroutine.
+type sendDone struct {
+	out *platforms.Outbound
+	err error
+}
+
+// runExited reports that the platform's Run returned.
+type runExited struct{ err error }
+
+// sourceToProto converts an identity.Source to its wire form.
+func sourceToProto(s identity.Source) *Source {
+	return &Source{
+		Platform: s.Platform, ChatType: s.ChatType, ChatId: s.ChatID, ThreadId: s.ThreadID,
+		ProspectiveThreadId: s.ProspectiveThreadID, UserId: s.UserID, UserName: s.UserName,
+		ScopeId: s.ScopeID, Profile: s.Profile,
+	}
+}
+
+// sourceFromProto converts a wire Source to an identity.Source.
+func sourceFromProto(s *Source) identity.Source {
+	if s == nil {
+		return identity.Source{}
+	}
+	return identity.Source{
+		Platform: s.Platform, ChatType: s.ChatType, ChatID: s.ChatId, ThreadID: s.ThreadId,
+		ProspectiveThreadID: s.ProspectiveThreadId, UserID: s.UserId, UserName: s.UserName,
+		ScopeID: s.ScopeId, Profile: s.Profile,
+	}
+}
+
+var _ = actor.PID{}

@@ -1,0 +1,168 @@
+package actors
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/scheduler"
+)
+
+// Platform supervises one platforms.Platform: it runs the platform's inbound loop, restarting
+// it with capped exponential backoff when it fails, and delivers outbound messages in order per
+// session key, confirming each delivery in the outbox. A failed send is retried with backoff;
+// it stays in the outbox (state failed) after the last attempt and is re-sent on recovery.
+type Platform struct {
+	d   *Deps
+	p   platforms.Platform
+	log *slog.Logger
+
+	runCancel context.CancelFunc
+	runDone   chan struct{}
+
+	queues   map[string][]*platforms.Outbound
+	inflight map[string]bool
+	attempts map[string]int
+	timers   *scheduler.TimerScheduler
+}
+
+// Send retry policy.
+const (
+	sendAttempts    = 5
+	sendBackoffBase = 500 * time.Millisecond
+	sendBackoffMax  = 30 * time.Second
+	runBackoffBase  = time.Second
+	runBackoffMax   = time.Minute
+	sendTimeout     = 30 * time.Second
+)
+
+// NewPlatform returns the props of the actor that supervises p.
+func NewPlatform(d *Deps, p platforms.Platform) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor { return &Platform{d: d, p: p} })
+}
+
+// Receive runs the platform loop and its outbound queues.
+func (a *Platform) Receive(c actor.Context) {
+	switch m := c.Message().(type) {
+	case *actor.Started:
+		a.log = a.d.Log.With("actor", "platform", "platform", a.p.Name())
+		a.queues = map[string][]*platforms.Outbound{}
+		a.inflight = map[string]bool{}
+		a.attempts = map[string]int{}
+		a.timers = scheduler.NewTimerScheduler(c)
+	case *StartIntake:
+		a.startRun(c, m.Deliver)
+	case *SendOutbound:
+		k := m.Out.SessionKey
+		a.queues[k] = append(a.queues[k], m.Out)
+		a.pump(c, k)
+	case *sendDone:
+		a.onSent(c, m)
+	case *retrySendHeld:
+		a.inflight[m.key] = false
+		a.pump(c, m.key)
+	case *persistence.WriteResult:
+		if m.Err != nil {
+			a.log.Warn("record delivery", "err", m.Err)
+		}
+	case *actor.Stopping:
+		if a.runCancel != nil {
+			a.runCancel()
+			select {
+			case <-a.runDone:
+			case <-time.After(10 * time.Second):
+				a.log.Warn("platform did not stop in time")
+			}
+		}
+	}
+}
+
+// startRun starts the platform's Run loop in a goroutine owned by this actor; it exits when
+// the actor stops (runCancel), and restarts Run with capped backoff when it fails.
+func (a *Platform) startRun(c actor.Context, deliver platforms.Deliver) {
+	if a.runCancel != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(a.d.Ctx)
+	a.runCancel, a.runDone = cancel, make(chan struct{})
+	p, log, done := a.p, a.log, a.runDone
+	go func() {
+		defer close(done)
+		backoff := runBackoffBase
+		for {
+			err := p.Run(ctx, deliver)
+			if ctx.Err() != nil {
+				return
+			}
+			log.Warn("platform stopped; restarting", "err", err, "backoff", backoff)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, runBackoffMax)
+		}
+	}()
+}
+
+// pump starts the next send of a key if none is in flight.
+func (a *Platform) pump(c actor.Context, key string) {
+	q := a.queues[key]
+	if a.inflight[key] || len(q) == 0 {
+		return
+	}
+	a.inflight[key] = true
+	out, p, self, root := q[0], a.p, c.Self(), c.ActorSystem().Root
+	ctx := a.d.Ctx
+	go func() {
+		sctx, cancel := context.WithTimeout(ctx, sendTimeout)
+		defer cancel()
+		root.Send(self, &sendDone{out: out, err: p.Send(sctx, out)})
+	}()
+}
+
+func (a *Platform) onSent(c actor.Context, m *sendDone) {
+	key := m.out.SessionKey
+	a.inflight[key] = false
+	name := a.p.Name()
+	if m.err == nil {
+		a.d.Metrics.OutboundTotal.WithLabelValues(name, "ok").Inc()
+		a.finishHead(c, key, m.out, persistence.DeliveryDelivered)
+		return
+	}
+	a.d.Metrics.OutboundTotal.WithLabelValues(name, "error").Inc()
+	a.attempts[key]++
+	n := a.attempts[key]
+	if n >= sendAttempts {
+		a.log.Error("send failed; kept in outbox", "session", key, "seq", m.out.Seq, "err", m.err)
+		a.finishHead(c, key, m.out, persistence.DeliveryFailed)
+		return
+	}
+	backoff := min(sendBackoffBase<<(n-1), sendBackoffMax)
+	a.log.Warn("send failed; retrying", "session", key, "seq", m.out.Seq, "attempt", n, "backoff", backoff, "err", m.err)
+	a.inflight[key] = true // hold the queue until the retry
+	a.timers.SendOnce(backoff, c.Self(), &retrySendHeld{key: key})
+}
+
+// retrySendHeld releases a held queue for its retry.
+type retrySendHeld struct{ key string }
+
+func (a *Platform) finishHead(c actor.Context, key string, out *platforms.Outbound, state string) {
+	delete(a.attempts, key)
+	q := a.queues[key]
+	if len(q) > 0 {
+		q = q[1:]
+	}
+	if len(q) == 0 {
+		delete(a.queues, key)
+		delete(a.inflight, key)
+	} else {
+		a.queues[key] = q
+	}
+	c.Request(a.d.Persist, &persistence.Write{Ops: []persistence.Op{&persistence.MarkDelivery{
+		SessionKey: out.SessionKey, Seq: out.Seq, State: state, At: a.d.now()}}})
+	a.pump(c, key)
+}

@@ -1,0 +1,65 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// SessionRouter sends messages to session actors by key. It hides whether sessions are local
+// actors (LocalRouter) or cluster virtual actors.
+type SessionRouter interface {
+	// Tell sends msg to the session of key without waiting for an answer.
+	Tell(key string, msg any)
+	// Request sends msg to the session of key and waits for its answer.
+	Request(ctx context.Context, key string, msg any) (any, error)
+}
+
+// ErrTimeout is returned by a request that got no answer in time.
+var ErrTimeout = errors.New("actors: session did not answer in time")
+
+// DefaultRequestTimeout bounds a request whose context has no deadline.
+const DefaultRequestTimeout = 30 * time.Second
+
+// LocalRouter routes through the in-process SessionManager.
+type LocalRouter struct {
+	root    *actor.RootContext
+	manager *actor.PID
+}
+
+// NewLocalRouter returns a router that sends through manager.
+func NewLocalRouter(root *actor.RootContext, manager *actor.PID) *LocalRouter {
+	return &LocalRouter{root: root, manager: manager}
+}
+
+// Tell sends msg to the session of key.
+func (r *LocalRouter) Tell(key string, msg any) {
+	r.root.Send(r.manager, &Routed{Key: key, Msg: msg})
+}
+
+// Request sends msg to the session of key and waits for the answer, at most until ctx ends or
+// DefaultRequestTimeout passes.
+func (r *LocalRouter) Request(ctx context.Context, key string, msg any) (any, error) {
+	timeout := DefaultRequestTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+	}
+	if timeout <= 0 {
+		return nil, ctx.Err()
+	}
+	f := r.root.RequestFuture(r.manager, &Routed{Key: key, Msg: msg}, timeout)
+	res, err := f.Result()
+	if errors.Is(err, actor.ErrTimeout) {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("request %T to %s: %w", msg, key, ErrTimeout)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("request %T to %s: %w", msg, key, err)
+	}
+	return res, nil
+}

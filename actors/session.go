@@ -1,0 +1,469 @@
+package actors
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Session is the actor of one session key. It alone owns the key's identity, its pending queue
+// and its transcript buffer: every turn's identity is built here from this state and the
+// triggering message, and handed to a Turn child by value.
+//
+// An inbound message is answered only once its write is acknowledged by the persistence actor,
+// so an acknowledged message is durable. Turns run one at a time in arrival order; a message
+// that arrives while a turn runs waits in the queue (up to the cap). State is rebuilt from the
+// store on every start, so a restart after a panic or a passivation carries on where it stopped.
+type Session struct {
+	d   *Deps
+	key string
+	log *slog.Logger
+
+	cur      *persistence.Session // current incarnation; nil until the first message
+	lastSeq  int64
+	lastOut  int64
+	routeGen int64
+	queue    []*item
+	running  *turnRun
+	history  []agents.Message
+	seen     map[string]bool // inbound message ids accepted in this activation
+	mode     string
+
+	nextWrite uint64
+	inflight  map[uint64]func(c actor.Context, err error)
+
+	activatedAt  time.Time
+	lastActivity time.Time
+	busy         bool
+}
+
+// item is one inbound message waiting for (or in) a turn.
+type item struct {
+	seq       int64
+	sessionID string
+	src       identity.Source
+	messageID string
+	text      string
+	at        time.Time
+	durable   bool
+	requester *actor.PID // waits for DeliverResult; nil after the ack or for recovered items
+}
+
+type turnRun struct {
+	pid     *actor.PID
+	id      string
+	items   []*item
+	started time.Time
+}
+
+// NewSession returns the props of the session actor for key.
+func NewSession(d *Deps, key string) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &Session{d: d, key: key}
+	}, actor.WithSupervisor(turnSupervisor))
+}
+
+// turnSupervisor stops a failed turn instead of restarting it: the session sees the turn
+// terminate without a result and answers the user with an error.
+var turnSupervisor = actor.NewOneForOneStrategy(0, time.Minute, func(any) actor.Directive {
+	return actor.StopDirective
+})
+
+// Receive dispatches the session's messages.
+func (s *Session) Receive(c actor.Context) {
+	switch m := c.Message().(type) {
+	case *actor.Started:
+		s.start(c)
+	case *Deliver:
+		s.onDeliver(c, m)
+	case *persistence.WriteResult:
+		s.onWriteResult(c, m)
+	case *TurnFinished:
+		s.onTurnFinished(c, m)
+	case *actor.Terminated:
+		s.onTerminated(c, m)
+	case *GetState:
+		c.Respond(s.state())
+	case *ResetSession:
+		s.onReset(c, m)
+	case *actor.ReceiveTimeout:
+		s.onIdle(c)
+	case *actor.Stopping:
+		c.Send(c.Parent(), &stopped{key: s.key, hasWork: s.running != nil || len(s.queue) > 0})
+		if s.busy {
+			c.Send(c.Parent(), &busyChanged{key: s.key, busy: false})
+		}
+	}
+}
+
+// start loads the session's durable state and resumes unanswered work.
+func (s *Session) start(c actor.Context) {
+	s.log = s.d.Log.With("actor", "session", "session", s.key)
+	s.seen = map[string]bool{}
+	s.inflight = map[uint64]func(actor.Context, error){}
+	s.mode = s.d.Config.QueueMode
+	s.activatedAt = s.d.now()
+	snap, err := s.d.Store.LoadSession(s.d.Ctx, s.key, s.d.Config.HistoryLimit)
+	if err != nil {
+		panic(fmt.Errorf("session %s: load: %w", s.key, err))
+	}
+	if snap.Route != nil {
+		s.routeGen = snap.Route.Generation
+	}
+	s.lastOut = snap.LastOutboxSeq
+	if snap.Session != nil && snap.Session.EndedAt.IsZero() {
+		s.cur = snap.Session
+		s.lastSeq = snap.LastSeq
+		s.lastActivity = snap.Session.LastActivityAt
+		for _, m := range snap.History {
+			if m.Role == persistence.RoleUser || m.Role == persistence.RoleAssistant {
+				s.history = append(s.history, agents.Message{Role: m.Role, Text: m.Content, MessageID: m.MessageID, At: m.CreatedAt})
+			}
+		}
+		for _, m := range snap.Pending {
+			src := s.sourceOf(s.cur)
+			src.UserID, src.UserName = m.UserID, m.UserName
+			s.queue = append(s.queue, &item{seq: m.Seq, sessionID: m.SessionID, src: src,
+				messageID: m.MessageID, text: m.Content, at: m.CreatedAt, durable: true})
+			s.seen[m.MessageID] = true
+		}
+	}
+	for i := range snap.Unconfirmed {
+		s.sendOutbound(c, outboundFromEntry(&snap.Unconfirmed[i]))
+	}
+	if len(s.queue) > 0 || len(snap.Unconfirmed) > 0 {
+		s.log.Info("session resumed", "pending", len(s.queue), "unconfirmed", len(snap.Unconfirmed))
+	}
+	s.armIdle(c)
+	s.tryStart(c)
+}
+
+func (s *Session) armIdle(c actor.Context) {
+	if s.d.Config.PassivateAfter > 0 {
+		c.SetReceiveTimeout(s.d.Config.PassivateAfter)
+	}
+}
+
+func (s *Session) onIdle(c actor.Context) {
+	if s.running == nil && len(s.queue) == 0 && len(s.inflight) == 0 {
+		c.Send(c.Parent(), &passivate{key: s.key})
+		return
+	}
+	s.armIdle(c)
+}
+
+// onDeliver accepts one inbound message: a duplicate or a command is answered at once;
+// anything else is written durably and then acknowledged and queued.
+func (s *Session) onDeliver(c actor.Context, m *Deliver) {
+	src := sourceFromProto(m.Source)
+	now := s.d.now()
+	if m.MessageId != "" && s.seen[m.MessageId] {
+		c.Respond(s.result(m, platforms.Duplicate, ""))
+		return
+	}
+	if cmd, ok := parseCommand(m.Text); ok {
+		s.onCommand(c, m, src, cmd, now)
+		return
+	}
+	waiting := s.waiting()
+	s.d.Metrics.QueueDepth.Observe(float64(waiting))
+	if s.running != nil && waiting >= s.d.Config.QueueCap {
+		s.d.Metrics.QueueOverflow.WithLabelValues(s.d.Config.Overflow).Inc()
+		if s.d.Config.Overflow == "reject" {
+			r := s.result(m, platforms.Rejected, "")
+			r.ErrorCode, r.Error = "rejected", fmt.Sprintf("session queue is full (%d waiting)", waiting)
+			c.Respond(r)
+			return
+		}
+	}
+	ops, created := s.ensureIncarnation(src, now)
+	s.lastSeq++
+	it := &item{seq: s.lastSeq, sessionID: s.cur.ID, src: src, messageID: m.MessageId, text: m.Text,
+		at: now, requester: c.Sender()}
+	ops = append(ops,
+		&persistence.AppendMessage{Message: persistence.Message{
+			SessionID: it.sessionID, Seq: it.seq, Role: persistence.RoleUser, Content: m.Text,
+			Platform: src.Platform, ChatID: src.ChatID, MessageID: m.MessageId,
+			UserID: src.UserID, UserName: src.UserName,
+			Status: persistence.StatusPending, Active: true, CreatedAt: now}},
+		&persistence.TouchSession{SessionID: it.sessionID, At: now})
+	s.queue = append(s.queue, it)
+	if m.MessageId != "" {
+		s.seen[m.MessageId] = true
+	}
+	s.lastActivity = now
+	s.write(c, ops, func(c actor.Context, err error) { s.accepted(c, it, m, created, err) })
+}
+
+// accepted runs when the write of an inbound message is acknowledged.
+func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, err error) {
+	if err != nil {
+		s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
+		if created && s.cur != nil && s.cur.ID == it.sessionID {
+			s.cur = nil // the incarnation was never written; the next message creates it again
+		}
+		if errors.Is(err, persistence.ErrDuplicate) {
+			c.Send(it.requester, s.result(m, platforms.Duplicate, ""))
+			return
+		}
+		delete(s.seen, m.MessageId)
+		s.log.Error("store inbound message", "err", err)
+		r := s.result(m, "", "")
+		r.ErrorCode, r.Error = "unavailable", "message could not be stored"
+		c.Send(it.requester, r)
+		return
+	}
+	it.durable = true
+	disp := platforms.Queued
+	if s.running == nil && len(s.queue) > 0 && s.queue[0] == it {
+		disp = platforms.Started
+	}
+	r := s.result(m, disp, it.sessionID)
+	r.QueueDepth = int32(s.waiting())
+	if disp == platforms.Started {
+		r.QueueDepth--
+	}
+	if it.requester != nil {
+		c.Send(it.requester, r)
+		it.requester = nil
+	}
+	s.tryStart(c)
+}
+
+// ensureIncarnation returns the ops that create a session incarnation when there is none.
+func (s *Session) ensureIncarnation(src identity.Source, now time.Time) ([]persistence.Op, bool) {
+	if s.cur != nil {
+		return nil, false
+	}
+	return s.newIncarnation(src, now, ""), true
+}
+
+// newIncarnation makes a new current session and returns the ops that record it.
+func (s *Session) newIncarnation(src identity.Source, now time.Time, prev string) []persistence.Op {
+	s.cur = &persistence.Session{
+		ID: newSessionID(now), Key: s.key,
+		Platform: src.Platform, ChatType: src.ChatType, ChatID: src.ChatID, ThreadID: src.ThreadID,
+		UserID: src.UserID, UserName: src.UserName, ScopeID: src.ScopeID, Profile: src.Profile,
+		StartedAt: now, LastActivityAt: now, PrevSessionID: prev,
+	}
+	if identity.IsShared(src, s.d.Config.Keys) {
+		s.cur.UserID, s.cur.UserName = "", "" // a shared session belongs to no single user
+	}
+	s.lastSeq = 0
+	s.history = nil
+	s.routeGen++
+	return []persistence.Op{
+		&persistence.CreateSession{Session: *s.cur},
+		&persistence.PutRoute{Route: persistence.Route{Key: s.key, SessionID: s.cur.ID, Generation: s.routeGen, UpdatedAt: now}},
+	}
+}
+
+// waiting counts the messages waiting for a turn (not the running one).
+func (s *Session) waiting() int { return len(s.queue) }
+
+// tryStart starts the next turn if none runs and the head of the queue is durable.
+func (s *Session) tryStart(c actor.Context) {
+	if s.running != nil || len(s.queue) == 0 || !s.queue[0].durable {
+		s.setBusy(c, s.running != nil)
+		return
+	}
+	it := s.queue[0]
+	s.queue = s.queue[1:]
+	turnID := newID("t_")
+	text := it.text
+	if identity.IsShared(it.src, s.d.Config.Keys) {
+		text = identity.Prefix(it.src.UserName, text)
+	}
+	req := &agents.Request{
+		Identity: s.turnIdentity(it, turnID),
+		Messages: []agents.Message{{Role: persistence.RoleUser, Text: text, MessageID: it.messageID, At: it.at}},
+		History:  slices.Clone(s.history),
+	}
+	pid := c.SpawnPrefix(NewTurn(s.d.Ctx, s.d.Agent, req), "turn-")
+	s.running = &turnRun{pid: pid, id: turnID, items: []*item{it}, started: s.d.now()}
+	s.history = append(s.history, req.Messages...)
+	s.trimHistory()
+	s.setBusy(c, true)
+	s.log.Debug("turn started", "turn", turnID, "message", it.messageID)
+}
+
+// turnIdentity builds the immutable identity of a turn from the session's own state and the
+// triggering message: nothing else.
+func (s *Session) turnIdentity(it *item, turnID string) identity.Turn {
+	return identity.Turn{
+		Platform: it.src.Platform, ChatType: it.src.ChatType, ChatID: it.src.ChatID,
+		ThreadID: it.src.ThreadID, UserID: it.src.UserID, UserName: it.src.UserName,
+		ScopeID: it.src.ScopeID, Profile: it.src.Profile,
+		SessionKey: s.key, SessionID: it.sessionID, MessageID: it.messageID, TurnID: turnID,
+	}
+}
+
+func (s *Session) setBusy(c actor.Context, busy bool) {
+	if busy != s.busy {
+		s.busy = busy
+		c.Send(c.Parent(), &busyChanged{key: s.key, busy: busy})
+	}
+}
+
+func (s *Session) trimHistory() {
+	if n := s.d.Config.HistoryLimit; len(s.history) > n {
+		s.history = slices.Clone(s.history[len(s.history)-n:])
+	}
+}
+
+// onTurnFinished records the agent's reply, sends it and starts the next turn.
+func (s *Session) onTurnFinished(c actor.Context, m *TurnFinished) {
+	r := s.running
+	if r == nil || r.id != m.TurnID {
+		return // a cancelled turn's late result: never delivered
+	}
+	s.running = nil
+	c.Stop(r.pid)
+	s.d.Metrics.TurnDuration.Observe(m.Took.Seconds())
+	if m.Err != nil {
+		s.d.Metrics.TurnsTotal.WithLabelValues("error").Inc()
+		s.log.Warn("turn failed", "turn", r.id, "err", m.Err)
+		s.finish(c, r, persistence.RoleNotice, "⚠️ The agent could not answer this message (turn "+r.id+" failed). Please try again.", persistence.StatusFailed)
+	} else {
+		s.d.Metrics.TurnsTotal.WithLabelValues("ok").Inc()
+		s.finish(c, r, persistence.RoleAssistant, m.Text, persistence.StatusDone)
+	}
+	s.tryStart(c)
+}
+
+// onTerminated notices a turn that stopped without a result: it crashed.
+func (s *Session) onTerminated(c actor.Context, m *actor.Terminated) {
+	r := s.running
+	if r == nil || !r.pid.Equal(m.Who) {
+		return
+	}
+	s.running = nil
+	s.d.Metrics.TurnsTotal.WithLabelValues("crashed").Inc()
+	s.log.Warn("turn crashed", "turn", r.id)
+	s.finish(c, r, persistence.RoleNotice, "⚠️ The agent crashed while handling this message (turn "+r.id+"). It was not retried.", persistence.StatusFailed)
+	s.tryStart(c)
+}
+
+// finish records the end of a turn (reply row, message status, outbox, activity and route in
+// one write) and sends the reply once it is durable.
+func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string) {
+	now := s.d.now()
+	seqs := make([]int64, len(r.items))
+	ids := make([]string, len(r.items))
+	for i, it := range r.items {
+		seqs[i], ids[i] = it.seq, it.messageID
+	}
+	sid := r.items[0].sessionID
+	ops := []persistence.Op{
+		&persistence.SetMessageStatus{SessionID: sid, Seqs: seqs, Status: status, TurnID: r.id},
+	}
+	if s.cur != nil && s.cur.ID == sid {
+		s.lastSeq++
+		ops = append(ops, &persistence.AppendMessage{Message: persistence.Message{
+			SessionID: sid, Seq: s.lastSeq, Role: role, Content: text, TurnID: r.id,
+			Status: persistence.StatusDone, Active: true, CreatedAt: now}},
+			&persistence.TouchSession{SessionID: sid, At: now})
+		s.routeGen++
+		ops = append(ops, &persistence.PutRoute{Route: persistence.Route{Key: s.key, SessionID: sid, Generation: s.routeGen, UpdatedAt: now}})
+		if role == persistence.RoleAssistant {
+			s.history = append(s.history, agents.Message{Role: role, Text: text, At: now})
+			s.trimHistory()
+		}
+	}
+	kind := platforms.KindReply
+	if role == persistence.RoleNotice {
+		kind = platforms.KindNotice
+	}
+	entry := s.outboxEntry(r.items[0].src, sid, kind, text, r.id, ids, now)
+	ops = append(ops, &persistence.AddOutbox{Entry: entry})
+	s.lastActivity = now
+	s.write(c, ops, func(c actor.Context, err error) {
+		if err != nil {
+			s.log.Error("store turn result", "turn", r.id, "err", err)
+		}
+		out := outboundFromEntry(&entry)
+		out.TurnEnd = true
+		s.sendOutbound(c, out)
+	})
+}
+
+func (s *Session) outboxEntry(src identity.Source, sid, kind, text, turnID string, inReplyTo []string, now time.Time) persistence.OutboxEntry {
+	s.lastOut++
+	return persistence.OutboxEntry{
+		SessionKey: s.key, Seq: s.lastOut, SessionID: sid, Kind: kind, Text: text, TurnID: turnID,
+		InReplyTo: inReplyTo, Platform: src.Platform, ChatType: src.ChatType, ChatID: src.ChatID,
+		ThreadID: src.ThreadID, UserID: src.UserID, State: persistence.DeliveryPending, CreatedAt: now,
+	}
+}
+
+func outboundFromEntry(e *persistence.OutboxEntry) *platforms.Outbound {
+	return &platforms.Outbound{
+		SessionKey: e.SessionKey, SessionID: e.SessionID, Seq: e.Seq, Kind: e.Kind, Text: e.Text,
+		TurnID: e.TurnID, InReplyTo: slices.Clone(e.InReplyTo), CreatedAt: e.CreatedAt, TurnEnd: true,
+		Target: identity.Source{Platform: e.Platform, ChatType: e.ChatType, ChatID: e.ChatID, ThreadID: e.ThreadID, UserID: e.UserID},
+	}
+}
+
+func (s *Session) sendOutbound(c actor.Context, out *platforms.Outbound) {
+	pid := s.d.Platforms[out.Target.Platform]
+	if pid == nil {
+		s.log.Error("no platform for outbound", "platform", out.Target.Platform)
+		return
+	}
+	c.Send(pid, &SendOutbound{Out: out})
+}
+
+// write sends ops to the persistence actor and runs done with the result.
+func (s *Session) write(c actor.Context, ops []persistence.Op, done func(actor.Context, error)) {
+	s.nextWrite++
+	s.inflight[s.nextWrite] = done
+	c.Request(s.d.Persist, &persistence.Write{ID: s.nextWrite, Ops: ops})
+}
+
+func (s *Session) onWriteResult(c actor.Context, m *persistence.WriteResult) {
+	done, ok := s.inflight[m.ID]
+	if !ok {
+		return
+	}
+	delete(s.inflight, m.ID)
+	done(c, m.Err)
+}
+
+func (s *Session) result(m *Deliver, disp, sid string) *DeliverResult {
+	if sid == "" && s.cur != nil {
+		sid = s.cur.ID
+	}
+	return &DeliverResult{SessionKey: s.key, SessionId: sid, MessageId: m.MessageId, Disposition: disp, QueueDepth: int32(s.waiting())}
+}
+
+func (s *Session) state() *SessionState {
+	st := &SessionState{SessionKey: s.key, QueueDepth: int32(s.waiting()), QueueMode: s.mode,
+		ActivatedAtUnixNano: s.activatedAt.UnixNano(), Node: s.d.Node}
+	if s.cur != nil {
+		st.SessionId = s.cur.ID
+	}
+	if !s.lastActivity.IsZero() {
+		st.LastActivityUnixNano = s.lastActivity.UnixNano()
+	}
+	if s.running != nil {
+		st.RunningTurnId = s.running.id
+		st.RunningSinceUnixNano = s.running.started.UnixNano()
+	}
+	return st
+}
+
+// sourceOf rebuilds the chat part of a source from a stored session row.
+func (s *Session) sourceOf(ss *persistence.Session) identity.Source {
+	return identity.Source{Platform: ss.Platform, ChatType: ss.ChatType, ChatID: ss.ChatID, ThreadID: ss.ThreadID,
+		UserID: ss.UserID, UserName: ss.UserName, ScopeID: ss.ScopeID, Profile: ss.Profile}
+}
+
+func errorsIsDuplicate(err error) bool { return errors.Is(err, persistence.ErrDuplicate) }

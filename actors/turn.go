@@ -1,0 +1,75 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Turn runs one agent turn as a child of its session, so the session stays responsive to
+// commands and new messages while the agent works. The agent runs in a goroutine owned by the
+// turn; the goroutine touches nothing but its own arguments and sends its result back with
+// system.Root.Send. Stopping the turn cancels the agent's context (interrupt, /stop, shutdown).
+//
+// A panic in the agent is carried back into Receive and re-raised there, so the session's
+// supervisor sees a failed turn and stops it; the session then answers the user with an error.
+type Turn struct {
+	agent  agents.Agent
+	req    *agents.Request
+	parent context.Context
+
+	cancel context.CancelFunc
+}
+
+// NewTurn returns the props of a turn that runs agent for req. parent is the daemon's lifetime
+// context.
+func NewTurn(parent context.Context, agent agents.Agent, req *agents.Request) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &Turn{agent: agent, req: req, parent: parent}
+	})
+}
+
+// Receive starts the agent on Started and reports its result to the session.
+func (t *Turn) Receive(c actor.Context) {
+	switch m := c.Message().(type) {
+	case *actor.Started:
+		t.start(c)
+	case *agentDone:
+		// The session stops this actor when it has the result: a Terminated (a system message)
+		// would overtake the result in the session's mailbox and look like a crash.
+		c.Send(c.Parent(), &TurnFinished{TurnID: t.req.Identity.TurnID, Text: respText(m.resp), Err: m.err, Took: m.took})
+	case *agentPanicked:
+		panic(fmt.Errorf("turn %s: agent panicked: %v", t.req.Identity.TurnID, m.value))
+	case *actor.Stopping:
+		if t.cancel != nil {
+			t.cancel()
+		}
+	}
+}
+
+func (t *Turn) start(c actor.Context) {
+	ctx, cancel := context.WithCancel(t.parent)
+	t.cancel = cancel
+	self, root := c.Self(), c.ActorSystem().Root
+	agent, req := t.agent, t.req
+	go func() {
+		start := time.Now()
+		defer func() {
+			if v := recover(); v != nil {
+				root.Send(self, &agentPanicked{value: v})
+			}
+		}()
+		resp, err := agent.Run(ctx, req)
+		root.Send(self, &agentDone{resp: resp, err: err, took: time.Since(start)})
+	}()
+}
+
+func respText(r *agents.Response) string {
+	if r == nil {
+		return ""
+	}
+	return r.Text
+}

@@ -1,0 +1,355 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+)
+
+// raceEnabled is set by race_test.go when the test binary is built with -race, so the daemon
+// under test is built the same way.
+var raceEnabled bool
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// MustBuild builds the agentgate binary once per test run.
+func MustBuild(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the daemon binary")
+	}
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "agentgate-e2e-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "agentgate")
+		args := []string{"build", "-o", binPath}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// daemon is a running agentgate process.
+type daemon struct {
+	cmd    *exec.Cmd
+	base   string
+	stderr *bytes.Buffer
+	done   chan error
+}
+
+// MustServe starts `agentgate serve` on a loopback port with dataDir and waits for its ready
+// line.
+func MustServe(t *testing.T, dataDir string, env ...string) *daemon {
+	t.Helper()
+	bin := MustBuild(t)
+	cmd := exec.Command(bin, "serve", "--data-dir", dataDir, "--http-addr", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), env...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	cmd.Stderr = &syncWriter{w: d.stderr}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-d.done
+		if t.Failed() {
+			t.Logf("daemon stderr:\n%s", d.stderr.String())
+		}
+	})
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if addr, ok := strings.CutPrefix(sc.Text(), "listening on "); ok {
+				ready <- addr
+			}
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	select {
+	case addr := <-ready:
+		d.base = "http://" + addr
+	case err := <-d.done:
+		t.Fatalf("daemon exited before ready: %v\n%s", err, d.stderr.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("no ready line within 60s\n%s", d.stderr.String())
+	}
+	return d
+}
+
+// stop sends SIGTERM and returns the exit error, failing if the daemon outlives deadline.
+func (d *daemon) stop(t *testing.T, deadline time.Duration) error {
+	t.Helper()
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-d.done:
+		d.done <- err
+		return err
+	case <-time.After(deadline):
+		t.Fatalf("daemon still running %v after SIGTERM", deadline)
+		return nil
+	}
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+func post(t *testing.T, url, contentType, body string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	raw, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(raw, &out); err != nil {
+		t.Fatalf("POST %s: status %d, body %q is not JSON: %v", url, resp.StatusCode, raw, err)
+	}
+	return resp.StatusCode, out
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(raw)
+}
+
+// TestDaemonEndToEnd runs the real binary: ready line, messages with ?wait and SSE, health,
+// metrics, SIGTERM → exit 0, and the rows it left in SQLite.
+func TestDaemonEndToEnd(t *testing.T) {
+	dataDir := t.TempDir()
+	d := MustServe(t, dataDir)
+
+	status, ack := post(t, d.base+"/v1/messages", "application/json", `{"chat_id":"c1","user_id":"u1","text":"first","message_id":"m1"}`)
+	if status != http.StatusAccepted || ack["disposition"] == "" || ack["session_key"] != "agent:main:http:dm:c1" {
+		t.Fatalf("POST = %d %v, want 202 with a disposition for agent:main:http:dm:c1", status, ack)
+	}
+	key := ack["session_key"].(string)
+
+	status, res := post(t, d.base+"/v1/messages?wait=30s", "", `{"chat_id":"c1","user_id":"u1","text":"second","message_id":"m2"}`)
+	if status != http.StatusOK {
+		t.Fatalf("POST ?wait = %d %v, want 200", status, res)
+	}
+	replies, _ := res["replies"].([]any)
+	if len(replies) != 1 || replies[0].(map[string]any)["text"] != "second" {
+		t.Fatalf("?wait replies = %v, want one echo of %q", res["replies"], "second")
+	}
+
+	status, dup := post(t, d.base+"/v1/messages?wait=30s", "", `{"chat_id":"c1","user_id":"u1","text":"second","message_id":"m2"}`)
+	if status != http.StatusOK || dup["disposition"] != "duplicate" {
+		t.Fatalf("repeated message_id = %d %v, want 200 duplicate", status, dup)
+	}
+
+	// SSE from the start: both replies, in order, with increasing ids.
+	events := readSSE(t, d.base+"/v1/sessions/"+key+"/events", "", 2)
+	if events[0].data["text"] != "first" || events[1].data["text"] != "second" {
+		t.Errorf("SSE events = %+v, want replies first, second", events)
+	}
+	// Resume after the first event.
+	resumed := readSSE(t, d.base+"/v1/sessions/"+key+"/events", events[0].id, 1)
+	if resumed[0].id != events[1].id {
+		t.Errorf("resumed SSE starts at id %s, want %s", resumed[0].id, events[1].id)
+	}
+
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if status, body := get(t, d.base+path); status != http.StatusOK {
+			t.Errorf("GET %s = %d %s, want 200", path, status, body)
+		}
+	}
+	if _, body := get(t, d.base+"/metrics"); !strings.Contains(body, `agentgate_turns_total{outcome="ok"} 2`) {
+		t.Errorf("/metrics does not count 2 ok turns:\n%s", grep(body, "agentgate_turns_total"))
+	}
+	if status, body := get(t, d.base+"/v1/sessions/"+key+"/transcript"); status != http.StatusOK || !strings.Contains(body, `"role":"assistant"`) {
+		t.Errorf("transcript = %d %s", status, body)
+	}
+
+	if err := d.stop(t, 30*time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM: %v, want 0\n%s", err, d.stderr.String())
+	}
+
+	store, err := sqlite.OpenReadOnly(t.Context(), filepath.Join(dataDir, "agentgate.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	msgs, err := store.Transcript(t.Context(), ack["session_id"].(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var users, done int
+	for _, m := range msgs {
+		if m.Role == persistence.RoleUser {
+			users++
+			if m.Status == persistence.StatusDone {
+				done++
+			}
+		}
+	}
+	if users != 2 || done != 2 {
+		t.Errorf("database has %d user messages (%d done), want 2 and 2: %+v", users, done, msgs)
+	}
+	out, err := store.OutboxAfter(t.Context(), key, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range out {
+		if e.State != persistence.DeliveryDelivered {
+			t.Errorf("outbox %d state %q, want delivered", e.Seq, e.State)
+		}
+	}
+}
+
+// TestDaemonBadInput sends malformed input to the real daemon: each case gets its status and a
+// JSON error body, and the daemon keeps serving.
+func TestDaemonBadInput(t *testing.T) {
+	d := MustServe(t, t.TempDir())
+	big := strings.Repeat("x", 64*1024+1)
+	tests := []struct {
+		name, contentType, body string
+		status                  int
+		code                    string
+	}{
+		{"invalid json", "application/json", `{"chat_id":`, 400, "invalid_json"},
+		{"unknown field", "", `{"chat_id":"c","user_id":"u","text":"t","admin":true}`, 400, "unknown_field"},
+		{"missing text", "", `{"chat_id":"c","user_id":"u"}`, 400, "missing_field"},
+		{"missing chat", "", `{"user_id":"u","text":"t"}`, 400, "missing_field"},
+		{"text too large", "", `{"chat_id":"c","user_id":"u","text":"` + big + `"}`, 413, "text_too_large"},
+		{"invalid utf8", "", "{\"chat_id\":\"c\",\"user_id\":\"u\",\"text\":\"\xff\xfe\"}", 400, "invalid_utf8"},
+		{"unknown chat type", "", `{"chat_id":"c","user_id":"u","text":"t","chat_type":"room"}`, 400, "invalid_chat_type"},
+		{"wrong content type", "text/plain", `{"chat_id":"c","user_id":"u","text":"t"}`, 415, ""},
+		{"not an object", "", `[1,2]`, 400, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			status, body := post(t, d.base+"/v1/messages", tt.contentType, tt.body)
+			errBody, _ := body["error"].(map[string]any)
+			if status != tt.status || errBody == nil || errBody["message"] == "" {
+				t.Fatalf("status %d body %v, want %d with an error body", status, body, tt.status)
+			}
+			if tt.code != "" && errBody["code"] != tt.code {
+				t.Errorf("error code %v, want %s", errBody["code"], tt.code)
+			}
+			status, res := post(t, d.base+"/v1/messages?wait=30s", "", `{"chat_id":"ok","user_id":"u","text":"still here"}`)
+			if status != http.StatusOK {
+				t.Fatalf("good request after %s = %d %v, want 200", tt.name, status, res)
+			}
+		})
+	}
+}
+
+type sseEvent struct {
+	id, event string
+	data      map[string]any
+}
+
+// readSSE reads n events from url, resuming after lastID when it is not empty.
+func readSSE(t *testing.T, url, lastID string, n int) []sseEvent {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s = %d", url, resp.StatusCode)
+	}
+	var out []sseEvent
+	var cur sseEvent
+	sc := bufio.NewScanner(resp.Body)
+	for len(out) < n && sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "":
+			if cur.id != "" {
+				out = append(out, cur)
+			}
+			cur = sseEvent{}
+		case strings.HasPrefix(line, "id: "):
+			cur.id = strings.TrimPrefix(line, "id: ")
+		case strings.HasPrefix(line, "event: "):
+			cur.event = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "data: "):
+			if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &cur.data); err != nil {
+				t.Fatalf("SSE data %q: %v", line, err)
+			}
+		}
+	}
+	if len(out) < n {
+		t.Fatalf("SSE gave %d events, want %d: %v", len(out), n, sc.Err())
+	}
+	return out
+}
+
+func grep(body, substr string) string {
+	var out []string
+	for _, l := range strings.Split(body, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}

@@ -1,0 +1,198 @@
+// Command agentgate is the agentgate daemon and its admin tool. See README.md for the commands;
+// main only parses flags, environment and file into a Config, builds the logger and runs.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/logging"
+	"github.com/agentgate/agentgate/supervisor"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, errUsage) {
+			fmt.Fprintln(os.Stderr, "agentgate:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+// errUsage means the usage text was already printed.
+var errUsage = errors.New("usage")
+
+const usage = `usage: agentgate <command> [flags]
+
+commands:
+  serve          run the daemon (the default command)
+  check-config   validate the configuration and print every problem
+  version        print the version
+
+Run 'agentgate <command> -h' for the flags of a command.
+`
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cmd := "serve"
+	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "serve":
+		return serve(ctx, args, stdout, stderr)
+	case "check-config":
+		return checkConfig(args, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "agentgate", version())
+		return nil
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprintf(stderr, "agentgate: unknown command %q\n\n%s", cmd, usage)
+	return errUsage
+}
+
+// configFlags are the flags every command that reads the configuration accepts.
+type configFlags struct {
+	file, dataDir, httpAddr, logFormat, logLevel string
+}
+
+func (f *configFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.file, "config", "", "YAML config `file` (default: built-in defaults)")
+	fs.StringVar(&f.dataDir, "data-dir", "", "data `directory` (overrides data_dir)")
+	fs.StringVar(&f.httpAddr, "http-addr", "", "HTTP listen `address` (overrides http.addr)")
+	fs.StringVar(&f.logFormat, "log-format", "", "log `format`: text or json (overrides log.format)")
+	fs.StringVar(&f.logLevel, "log-level", "", "log `level`: debug, info, warn or error (overrides log.level)")
+}
+
+func (f *configFlags) load() (*config.Config, error) {
+	return config.Load(f.file, os.Environ(), func(c *config.Config) {
+		if f.dataDir != "" {
+			c.DataDir = f.dataDir
+		}
+		if f.httpAddr != "" {
+			c.HTTP.Addr = f.httpAddr
+		}
+		if f.logFormat != "" {
+			c.Log.Format = f.logFormat
+		}
+		if f.logLevel != "" {
+			c.Log.Level = f.logLevel
+		}
+	})
+}
+
+func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "agentgate %s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		return errUsage
+	}
+	return nil
+}
+
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var cf configFlags
+	cf.register(fs)
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	cfg, err := cf.load()
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	var level slog.LevelVar
+	level.Set(cfg.SlogLevel())
+	log := logging.New(stderr, &level, cfg.Log.Format)
+
+	// The first SIGINT/SIGTERM drains; a second one exits at once.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+
+	d, err := supervisor.Start(ctx, cfg, log, supervisor.Options{})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "listening on %s\n", d.Addr())
+	select {
+	case sig := <-sigs:
+		log.Info("signal received; draining", "signal", sig.String())
+	case <-ctx.Done():
+	}
+	go func() {
+		sig := <-sigs
+		log.Warn("second signal; exiting now", "signal", sig.String())
+		os.Exit(2)
+	}()
+	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.Shutdown.DrainTimeout+30*time.Second)
+	defer cancel()
+	return d.Stop(stopCtx)
+}
+
+func checkConfig(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("check-config", flag.ContinueOnError)
+	var cf configFlags
+	cf.register(fs)
+	printDefaults := fs.Bool("print-defaults", false, "print the default configuration with every key and exit")
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	if *printDefaults {
+		fmt.Fprint(stdout, config.Example())
+		return nil
+	}
+	if _, err := cf.load(); err != nil {
+		var n int
+		for _, e := range unwrapAll(err) {
+			fmt.Fprintln(stderr, e)
+			n++
+		}
+		return fmt.Errorf("config has %d problem(s)", n)
+	}
+	fmt.Fprintln(stdout, "config ok")
+	return nil
+}
+
+func unwrapAll(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, unwrapAll(e)...)
+		}
+		return out
+	}
+	return []error{err}
+}
+
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(unknown)"
+	}
+	v := bi.Main.Version
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			v += " " + s.Value[:12]
+		}
+	}
+	return v + " " + bi.GoVersion
+}

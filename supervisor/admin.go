@@ -1,0 +1,199 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/agentgate/agentgate/actors"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
+	httpplatform "github.com/agentgate/agentgate/platforms/http"
+)
+
+// sessionsAPI answers the HTTP API's session queries from the store and the live actors.
+type sessionsAPI struct{ d *Daemon }
+
+var _ httpplatform.Sessions = (*sessionsAPI)(nil)
+
+// List returns one page of known sessions. The state filter asks the manager which actors are
+// in memory.
+func (a *sessionsAPI) List(ctx context.Context, f httpplatform.ListRequest) (*httpplatform.SessionList, error) {
+	active, err := a.activeKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &httpplatform.SessionList{Sessions: []*httpplatform.SessionInfo{}}
+	after := f.After
+	for len(out.Sessions) < f.Limit {
+		rows, err := a.d.store.ListSessions(ctx, persistence.ListFilter{Platform: f.Platform, AfterKey: after, Limit: f.Limit})
+		if err != nil {
+			return nil, fmt.Errorf("list sessions: %w", err)
+		}
+		for i := range rows {
+			r := &rows[i]
+			after = r.Session.Key
+			live := active[r.Session.Key]
+			if f.State == httpplatform.StateActive && !live || f.State == httpplatform.StatePassivated && live {
+				continue
+			}
+			info := sessionInfo(r.Session.Key, &r.Session, r.Messages, r.Pending)
+			if live {
+				info.Live = &httpplatform.LiveState{Active: true}
+			}
+			out.Sessions = append(out.Sessions, info)
+			if len(out.Sessions) == f.Limit {
+				out.Next = after
+				break
+			}
+		}
+		if len(rows) < f.Limit {
+			break
+		}
+	}
+	return out, nil
+}
+
+func (a *sessionsAPI) activeKeys(ctx context.Context) (map[string]bool, error) {
+	res, err := a.d.system.Root.RequestFuture(a.d.manager, &actors.ListActive{}, requestTimeout(ctx)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("list active sessions: %w", err)
+	}
+	keys := map[string]bool{}
+	for _, k := range res.(*actors.ActiveList).Keys {
+		keys[k] = true
+	}
+	return keys, nil
+}
+
+// Get returns a key's current session with its live state (which activates the session).
+func (a *sessionsAPI) Get(ctx context.Context, key string) (*httpplatform.SessionInfo, error) {
+	if _, err := identity.ParseKey(key); err != nil {
+		return nil, fmt.Errorf("get session: %w", persistence.ErrNotFound)
+	}
+	route, err := a.d.store.Route(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("get session: %w", err)
+	}
+	s, err := a.d.store.Session(ctx, route.SessionID)
+	if err != nil {
+		return nil, fmt.Errorf("get session: %w", err)
+	}
+	msgs, err := a.d.store.Transcript(ctx, s.ID)
+	if err != nil {
+		return nil, fmt.Errorf("get session: %w", err)
+	}
+	pending := 0
+	for _, m := range msgs {
+		if m.Role == persistence.RoleUser && m.Status == persistence.StatusPending {
+			pending++
+		}
+	}
+	info := sessionInfo(key, s, len(msgs), pending)
+	res, err := a.d.router.Request(ctx, key, &actors.GetState{})
+	if err != nil {
+		return nil, fmt.Errorf("get session state: %w", err)
+	}
+	st := res.(*actors.SessionState)
+	info.Live = &httpplatform.LiveState{Active: true, QueueDepth: int(st.QueueDepth), QueueMode: st.QueueMode,
+		RunningTurnID: st.RunningTurnId, Restarts: int(st.Restarts), Node: st.Node}
+	if st.RunningSinceUnixNano != 0 {
+		info.Live.RunningSince = time.Unix(0, st.RunningSinceUnixNano).UTC()
+	}
+	return info, nil
+}
+
+// Reset ends the key's current session and returns the new one.
+func (a *sessionsAPI) Reset(ctx context.Context, key string) (*httpplatform.SessionInfo, error) {
+	if _, err := a.d.store.Route(ctx, key); err != nil {
+		return nil, fmt.Errorf("reset session: %w", err)
+	}
+	res, err := a.d.router.Request(ctx, key, &actors.ResetSession{Reason: persistence.EndResetCommand})
+	if err != nil {
+		return nil, fmt.Errorf("reset session: %w", err)
+	}
+	if r := res.(*actors.ResetResult); r.Error != "" {
+		return nil, fmt.Errorf("reset session: %s", r.Error)
+	}
+	return a.Get(ctx, key)
+}
+
+// Transcript returns one incarnation's messages; the current one when sessionID is empty. An
+// earlier incarnation must belong to the same key.
+func (a *sessionsAPI) Transcript(ctx context.Context, key, sessionID string) (*httpplatform.Transcript, error) {
+	if sessionID == "" {
+		route, err := a.d.store.Route(ctx, key)
+		if err != nil {
+			return nil, fmt.Errorf("transcript: %w", err)
+		}
+		sessionID = route.SessionID
+	}
+	s, err := a.d.store.Session(ctx, sessionID)
+	if err != nil {
+		return nil, fmt.Errorf("transcript: %w", err)
+	}
+	if s.Key != key {
+		return nil, fmt.Errorf("transcript: session %s of another key: %w", sessionID, persistence.ErrNotFound)
+	}
+	msgs, err := a.d.store.Transcript(ctx, sessionID)
+	if err != nil {
+		return nil, fmt.Errorf("transcript: %w", err)
+	}
+	t := &httpplatform.Transcript{SessionKey: key, SessionID: sessionID, Messages: make([]httpplatform.TranscriptMessage, 0, len(msgs))}
+	for _, m := range msgs {
+		t.Messages = append(t.Messages, httpplatform.TranscriptMessage{Seq: m.Seq, Role: m.Role, Text: m.Content,
+			MessageID: m.MessageID, TurnID: m.TurnID, Status: m.Status, CreatedAt: m.CreatedAt, Archived: m.Archived})
+	}
+	return t, nil
+}
+
+// OutboxAfter returns durable outbox entries for SSE resume.
+func (a *sessionsAPI) OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]*platforms.Outbound, error) {
+	es, err := a.d.store.OutboxAfter(ctx, key, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
+	return outbounds(es), nil
+}
+
+// RepliesTo returns the durable replies to one message.
+func (a *sessionsAPI) RepliesTo(ctx context.Context, key, messageID string) ([]*platforms.Outbound, error) {
+	es, err := a.d.store.RepliesTo(ctx, key, messageID)
+	if err != nil {
+		return nil, fmt.Errorf("replies: %w", err)
+	}
+	return outbounds(es), nil
+}
+
+func outbounds(es []persistence.OutboxEntry) []*platforms.Outbound {
+	out := make([]*platforms.Outbound, len(es))
+	for i, e := range es {
+		out[i] = &platforms.Outbound{SessionKey: e.SessionKey, SessionID: e.SessionID, Seq: e.Seq, Kind: e.Kind,
+			Text: e.Text, TurnID: e.TurnID, InReplyTo: e.InReplyTo, CreatedAt: e.CreatedAt, TurnEnd: true,
+			Target: identity.Source{Platform: e.Platform, ChatType: e.ChatType, ChatID: e.ChatID, ThreadID: e.ThreadID, UserID: e.UserID}}
+	}
+	return out
+}
+
+func sessionInfo(key string, s *persistence.Session, messages, pending int) *httpplatform.SessionInfo {
+	info := &httpplatform.SessionInfo{SessionKey: key, SessionID: s.ID, PrevSessionID: s.PrevSessionID,
+		Platform: s.Platform, ChatType: s.ChatType, ChatID: s.ChatID, ThreadID: s.ThreadID, UserID: s.UserID,
+		UserName: s.UserName, Profile: s.Profile, StartedAt: s.StartedAt, LastActivityAt: s.LastActivityAt,
+		EndReason: s.EndReason, Title: s.Title, Messages: messages, Pending: pending}
+	if !s.EndedAt.IsZero() {
+		t := s.EndedAt
+		info.EndedAt = &t
+	}
+	return info
+}
+
+func requestTimeout(ctx context.Context) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		return max(time.Until(dl), time.Millisecond)
+	}
+	return actors.DefaultRequestTimeout
+}
+
+var _ = errors.New

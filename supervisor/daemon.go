@@ -1,0 +1,265 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/agentgate/agentgate/actors"
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/echo"
+	agentexec "github.com/agentgate/agentgate/agents/exec"
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/platforms"
+	httpplatform "github.com/agentgate/agentgate/platforms/http"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Options are the parts of a daemon that tests (and only tests) replace.
+type Options struct {
+	// Agent replaces the configured agent backend.
+	Agent agents.Agent
+	// Platforms are added next to the HTTP platform.
+	Platforms []platforms.Platform
+	// Now replaces the clock of the session runtime.
+	Now func() time.Time
+}
+
+// Daemon is a running agentgate: its actor system, store, platforms and the PIDs of the
+// supervision tree.
+type Daemon struct {
+	cfg     *config.Config
+	log     *slog.Logger
+	ctx     context.Context
+	cancel  context.CancelFunc
+	system  *actor.ActorSystem
+	store   persistence.Store
+	metrics *metrics.Metrics
+	agent   agents.Agent
+	deps    *actors.Deps
+
+	http      *httpplatform.Platform
+	platforms []platforms.Platform
+	intake    *actors.Intake
+	router    *actors.LocalRouter
+	addr      net.Addr
+
+	children []Child
+	pids     []*actor.PID
+	manager  *actor.PID
+	events   *eventLog
+}
+
+// Start builds the tree from cfg and starts it: store, persistence actor, platforms, session
+// manager (which re-activates sessions with unfinished work), then intake. It returns once the
+// HTTP listener is bound.
+func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Options) (_ *Daemon, err error) {
+	d := &Daemon{cfg: cfg, log: log}
+	d.ctx, d.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	defer func() {
+		if err != nil {
+			d.cancel()
+			if d.store != nil {
+				_ = d.store.Close()
+			}
+		}
+	}()
+	if d.agent = opts.Agent; d.agent == nil {
+		if d.agent, err = newAgent(cfg, log); err != nil {
+			return nil, err
+		}
+	}
+	sync := cfg.Store.Synchronous
+	if cfg.Store.Driver != "sqlite" {
+		return nil, fmt.Errorf("start: store driver %q is not available yet; use sqlite", cfg.Store.Driver)
+	}
+	if d.store, err = sqlite.Open(ctx, cfg.DSN(), sqlite.Options{Synchronous: sync, Logger: log.With("component", "persistence")}); err != nil {
+		return nil, fmt.Errorf("start: open store: %w", err)
+	}
+	names := []string{"http"}
+	for _, p := range opts.Platforms {
+		names = append(names, p.Name())
+	}
+	d.metrics = metrics.New(names...)
+	token := ""
+	if cfg.HTTP.TokenEnv != "" {
+		token = os.Getenv(cfg.HTTP.TokenEnv)
+	}
+	d.http, err = httpplatform.New(httpplatform.Config{
+		Addr: cfg.HTTP.Addr, Token: token, Metrics: d.metrics.Handler(), Ready: d.ready,
+		Sessions: &sessionsAPI{d: d}, Logger: log.With("component", "http"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start: %w", err)
+	}
+	if d.addr, err = d.http.Listen(); err != nil {
+		return nil, fmt.Errorf("start: %w", err)
+	}
+	d.platforms = append([]platforms.Platform{d.http}, opts.Platforms...)
+
+	d.system = actor.NewActorSystem(actor.WithLoggerFactory(func(s *actor.ActorSystem) *slog.Logger {
+		return slog.New(floor{h: log.Handler(), min: slog.LevelWarn}).With("component", "actors")
+	}))
+	d.events = watchEvents(d.system, log, d.metrics)
+	d.deps = &actors.Deps{
+		Ctx: d.ctx, Store: d.store, Agent: d.agent, Platforms: map[string]*actor.PID{},
+		Config: actors.SessionConfig{
+			Keys: identity.KeyOptions{
+				GroupSessionsPerUser:  cfg.Sessions.GroupSessionsPerUser,
+				ThreadSessionsPerUser: cfg.Sessions.ThreadSessionsPerUser,
+			},
+			PassivateAfter: cfg.Sessions.PassivateAfter, QueueMode: cfg.Sessions.Queue.Mode,
+			QueueCap: cfg.Sessions.Queue.Cap, Overflow: cfg.Sessions.Queue.Overflow,
+			HistoryLimit: cfg.Sessions.HistoryLimit, Recovery: cfg.Sessions.Recovery,
+		},
+		Log: log, Metrics: d.metrics, Now: opts.Now, Node: hostname(),
+	}
+	d.children = tree(d)
+	for _, ch := range d.children {
+		props := ch.Props(d).Configure(actor.WithGuardian(ch.Policy))
+		pid, err := d.system.Root.SpawnNamed(props, ch.Name)
+		if err != nil {
+			d.stopChildren(context.Background())
+			return nil, fmt.Errorf("start: spawn %s: %w", ch.Name, err)
+		}
+		d.pids = append(d.pids, pid)
+		switch {
+		case ch.Name == "persistence":
+			d.deps.Persist = pid
+		case strings.HasPrefix(ch.Name, "platform-"):
+			d.deps.Platforms[strings.TrimPrefix(ch.Name, "platform-")] = pid
+		case ch.Name == "sessions":
+			d.manager = pid
+		}
+	}
+	d.router = actors.NewLocalRouter(d.system.Root, d.manager)
+	d.intake = actors.NewIntake(d.router, d.deps.Config.Keys, d.metrics)
+	for _, pid := range d.deps.Platforms {
+		d.system.Root.Send(pid, &actors.StartIntake{Deliver: d.intake.Deliver})
+	}
+	log.Info("agentgate started", "addr", d.addr.String(), "agent", cfg.Agent.Backend, "data_dir", cfg.DataDir)
+	return d, nil
+}
+
+// Addr is the bound address of the HTTP listener.
+func (d *Daemon) Addr() net.Addr { return d.addr }
+
+// Router returns the session router (for tests and the admin API).
+func (d *Daemon) Router() actors.SessionRouter { return d.router }
+
+// Store returns the daemon's store.
+func (d *Daemon) Store() persistence.Store { return d.store }
+
+// Stop drains and stops the daemon: intake stops (HTTP 503), running turns get until the drain
+// deadline to finish, then the tree stops in reverse order (cancelling what still runs; its
+// messages stay pending in the store and run again at the next start), the persistence actor
+// flushes and the store closes. ctx bounds the whole stop.
+func (d *Daemon) Stop(ctx context.Context) error {
+	d.intake.Drain()
+	d.http.Drain()
+	d.log.Info("draining", "deadline", d.cfg.Shutdown.DrainTimeout)
+	if t := d.cfg.Shutdown.DrainTimeout; t > 0 {
+		if _, err := d.system.Root.RequestFuture(d.manager, &actors.Drain{}, t).Result(); err != nil {
+			d.log.Warn("drain deadline passed; cancelling running turns", "err", err)
+		}
+	}
+	d.stopChildren(ctx)
+	d.cancel()
+	d.events.close()
+	d.system.Shutdown()
+	err := d.store.Close()
+	d.log.Info("stopped")
+	return err
+}
+
+// stopChildren poisons the top-level actors in reverse start order, waiting for each.
+func (d *Daemon) stopChildren(ctx context.Context) {
+	for i := len(d.pids) - 1; i >= 0; i-- {
+		f := d.system.Root.PoisonFuture(d.pids[i])
+		done := make(chan error, 1)
+		go func() { done <- f.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				d.log.Warn("stop actor", "actor", d.pids[i].Id, "err", err)
+			}
+		case <-ctx.Done():
+			d.log.Warn("stop actor: deadline passed", "actor", d.pids[i].Id)
+		}
+	}
+}
+
+// ready reports each component for /readyz.
+func (d *Daemon) ready(ctx context.Context) map[string]error {
+	r := map[string]error{"store": d.store.Ping(ctx)}
+	if d.intake != nil && d.intake.Draining() {
+		r["intake"] = errors.New("draining")
+	} else {
+		r["intake"] = nil
+	}
+	for _, p := range d.platforms {
+		r["platform."+p.Name()] = nil
+	}
+	return r
+}
+
+func newAgent(cfg *config.Config, log *slog.Logger) (agents.Agent, error) {
+	switch cfg.Agent.Backend {
+	case "echo":
+		return echo.New(), nil
+	case "exec":
+		a, err := agentexec.New(agentexec.Config{
+			Command: cfg.Agent.Exec.Command, Timeout: cfg.Agent.Exec.Timeout,
+			KillGrace: cfg.Agent.Exec.KillGrace, History: cfg.Agent.Exec.History,
+			Logger: log.With("component", "agent"),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("start: agent: %w", err)
+		}
+		return a, nil
+	}
+	return nil, fmt.Errorf("start: agent backend %q is not available yet", cfg.Agent.Backend)
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
+}
+
+func persistenceProps(d *Daemon) *actor.Props {
+	return actor.PropsFromProducer(persistence.NewActor(d.ctx, d.store, d.cfg.Persist.MaxBatch,
+		d.log.With("actor", "persistence"),
+		func(n int, took time.Duration) {
+			d.metrics.PersistBatchSize.Observe(float64(n))
+			d.metrics.PersistFlushSeconds.Observe(took.Seconds())
+		}))
+}
+
+func platformProps(p platforms.Platform) func(d *Daemon) *actor.Props {
+	return func(d *Daemon) *actor.Props { return actors.NewPlatform(d.deps, p) }
+}
+
+func managerProps(d *Daemon) *actor.Props { return actors.NewSessionManager(d.deps) }
+
+// floor is a slog handler that drops records below min (protoactor logs lifecycle chatter at
+// Info).
+type floor struct {
+	h   slog.Handler
+	min slog.Level
+}
+
+func (f floor) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= f.min && f.h.Enabled(ctx, l)
+}
+func (f floor) Handle(ctx context.Context, r slog.Record) error { return f.h.Handle(ctx, r) }
+func (f floor) WithAttrs(a []slog.Attr) slog.Handler            { return floor{f.h.WithAttrs(a), f.min} }
+func (f floor) WithGroup(n string) slog.Handler                 { return floor{f.h.WithGroup(n), f.min} }

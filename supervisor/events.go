@@ -1,0 +1,55 @@
+package supervisor
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/eventstream"
+)
+
+// eventLog logs supervisor events at Warn with the actor kind and counts them (protoactor
+// itself logs them only at Info).
+type eventLog struct {
+	system *actor.ActorSystem
+	sub    *eventstream.Subscription
+}
+
+func watchEvents(system *actor.ActorSystem, log *slog.Logger, m *metrics.Metrics) *eventLog {
+	log = log.With("component", "supervisor")
+	sub := system.EventStream.Subscribe(func(evt any) {
+		e, ok := evt.(*actor.SupervisorEvent)
+		if !ok {
+			return
+		}
+		kind := kindOf(e.Child)
+		m.ActorRestarts.WithLabelValues(kind).Inc()
+		log.Warn("actor failed", "kind", kind, "directive", e.Directive.String(), "reason", fmt.Sprint(e.Reason))
+	})
+	return &eventLog{system: system, sub: sub}
+}
+
+func (e *eventLog) close() { e.system.EventStream.Unsubscribe(e.sub) }
+
+// kindOf maps an actor's PID to its bounded kind label.
+func kindOf(pid *actor.PID) string {
+	if pid == nil {
+		return "unknown"
+	}
+	id := pid.Id
+	switch {
+	case strings.Contains(id, "/turn-"):
+		return "turn"
+	case strings.HasPrefix(id, "sessions/"):
+		return "session"
+	case id == "sessions":
+		return "manager"
+	case strings.HasPrefix(id, "persistence"):
+		return "persistence"
+	case strings.HasPrefix(id, "platform-"):
+		return "platform"
+	}
+	return "other"
+}

@@ -1,0 +1,354 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	agentexec "github.com/agentgate/agentgate/agents/exec"
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/agentgate/agentgate/platforms/platformtest"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// runtime is a daemon under test with a fake platform at its edge.
+type runtime struct {
+	d    *Daemon
+	fake *platformtest.Fake
+}
+
+// MustStart starts a daemon with agent, a temp data dir, HTTP on a loopback port and a fake
+// platform, and stops it when the test ends.
+func MustStart(t *testing.T, agent agents.Agent, tweak func(*config.Config)) *runtime {
+	t.Helper()
+	cfg := config.Default()
+	cfg.DataDir = t.TempDir()
+	cfg.HTTP.Addr = "127.0.0.1:0"
+	cfg.Shutdown.DrainTimeout = 5 * time.Second
+	if tweak != nil {
+		tweak(cfg)
+	}
+	fake := platformtest.NewFake("fake")
+	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	d, err := Start(t.Context(), cfg, log, Options{Agent: agent, Platforms: []platforms.Platform{fake}})
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := d.Stop(ctx); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := fake.WaitRunning(ctx); err != nil {
+		t.Fatalf("fake platform never ran: %v", err)
+	}
+	return &runtime{d: d, fake: fake}
+}
+
+// MustExecAgent returns an exec agent running script with sh.
+func MustExecAgent(t *testing.T, script string) agents.Agent {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "agent.sh")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+script+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a, err := agentexec.New(agentexec.Config{Command: []string{"/bin/sh", path}, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func (r *runtime) inject(t *testing.T, src identity.Source, id, text string) *platforms.Ack {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	ack, err := r.fake.Inject(ctx, &platforms.Inbound{Source: src, MessageID: id, Text: text})
+	if err != nil {
+		t.Errorf("Inject(%s): %v", id, err)
+		return nil
+	}
+	return ack
+}
+
+func (r *runtime) waitSent(t *testing.T, n int) []*platforms.Outbound {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	out, err := r.fake.WaitSent(ctx, n)
+	if err != nil {
+		t.Fatalf("WaitSent(%d): got %d: %v", n, len(out), err)
+	}
+	return out
+}
+
+// parseEnv reads "NAME=value" lines.
+func parseEnv(s string) map[string]string {
+	env := map[string]string{}
+	for _, line := range strings.Split(s, "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			env[k] = v
+		}
+	}
+	return env
+}
+
+type sent struct {
+	src identity.Source
+	ack *platforms.Ack
+	id  string
+}
+
+// TestIdentityOnTheSubprocessSurface drives 100 sessions with 6 quick messages each through an
+// exec agent that prints its own environment: every subprocess must see exactly the identity of
+// the message its turn is for, never another session's or another message's.
+func TestIdentityOnTheSubprocessSurface(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns 600 subprocesses")
+	}
+	r := MustStart(t, MustExecAgent(t, `env | grep '^AGENTGATE_' | sort; sleep 0.02`), nil)
+	const sessions, perSession = 100, 6
+	var mu sync.Mutex
+	byID := map[string]sent{}
+	order := map[string][]string{} // session key → message ids in arrival order
+	var wg sync.WaitGroup
+	for i := range sessions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range perSession {
+				src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: fmt.Sprintf("chat-%d", i), UserID: fmt.Sprintf("user-%d", i)}
+				switch i % 3 {
+				case 1: // a per-user group: the key carries the user
+					src.ChatType, src.ChatID = identity.ChatGroup, "group-shared"
+				case 2: // a shared thread: several users in one session, each turn its own sender
+					src.ChatType, src.ChatID, src.ThreadID = identity.ChatThread, "chan", fmt.Sprintf("thread-%d", i)
+					src.UserID = fmt.Sprintf("user-%d-%d", i, j%2)
+				}
+				id := fmt.Sprintf("m-%d-%d", i, j)
+				ack := r.inject(t, src, id, "hello "+id)
+				if ack == nil {
+					return
+				}
+				mu.Lock()
+				byID[id] = sent{src: src, ack: ack, id: id}
+				order[ack.SessionKey] = append(order[ack.SessionKey], id)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	outs := r.waitSent(t, sessions*perSession)
+	replies := map[string][]string{}
+	for _, out := range outs {
+		if len(out.InReplyTo) != 1 {
+			t.Errorf("outbound %d answers %v, want exactly one message", out.Seq, out.InReplyTo)
+			continue
+		}
+		s, ok := byID[out.InReplyTo[0]]
+		if !ok {
+			t.Errorf("outbound answers unknown message %q", out.InReplyTo[0])
+			continue
+		}
+		replies[out.SessionKey] = append(replies[out.SessionKey], s.id)
+		env := parseEnv(out.Text)
+		want := map[string]string{
+			"AGENTGATE_PLATFORM":    "fake",
+			"AGENTGATE_SESSION_KEY": s.ack.SessionKey,
+			"AGENTGATE_SESSION_ID":  s.ack.SessionID,
+			"AGENTGATE_CHAT_ID":     s.src.ChatID,
+			"AGENTGATE_CHAT_TYPE":   s.src.ChatType,
+			"AGENTGATE_THREAD_ID":   s.src.ThreadID,
+			"AGENTGATE_USER_ID":     s.src.UserID,
+			"AGENTGATE_MESSAGE_ID":  s.id,
+			"AGENTGATE_TURN_ID":     out.TurnID,
+		}
+		for k, v := range want {
+			if env[k] != v {
+				t.Errorf("message %s: subprocess %s = %q, want %q", s.id, k, env[k], v)
+			}
+		}
+		if out.SessionKey != s.ack.SessionKey || out.SessionID != s.ack.SessionID {
+			t.Errorf("message %s answered on %s/%s, want %s/%s", s.id, out.SessionKey, out.SessionID, s.ack.SessionKey, s.ack.SessionID)
+		}
+	}
+	for key, ids := range order {
+		if got := replies[key]; strings.Join(got, ",") != strings.Join(ids, ",") {
+			t.Errorf("session %s: replies in order %v, want arrival order %v", key, got, ids)
+		}
+	}
+}
+
+// TestQueuedFollowupKeepsItsOwnIdentity is the A→B→A case: A's follow-up is queued behind a
+// running turn while session B runs in between; the follow-up's subprocess must see A's key, A's
+// session id and its own message id (hermes #80224, #113573).
+func TestQueuedFollowupKeepsItsOwnIdentity(t *testing.T) {
+	gate := filepath.Join(t.TempDir(), "gate")
+	script := fmt.Sprintf(`env | grep '^AGENTGATE_' | sort
+if [ "$AGENTGATE_MESSAGE_ID" = a1 ]; then while [ ! -e %q ]; do sleep 0.01; done; fi`, gate)
+	r := MustStart(t, MustExecAgent(t, script), nil)
+	a := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "chat-A", UserID: "alice"}
+	b := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "chat-B", UserID: "bob"}
+	a1 := r.inject(t, a, "a1", "first")
+	a2 := r.inject(t, a, "a2", "follow-up")
+	if a1.Disposition != platforms.Started || a2.Disposition != platforms.Queued {
+		t.Fatalf("dispositions = %s, %s; want started, queued", a1.Disposition, a2.Disposition)
+	}
+	b1 := r.inject(t, b, "b1", "other chat")
+	outs := r.waitSent(t, 1) // B answers while A is still busy
+	if outs[0].InReplyTo[0] != "b1" {
+		t.Fatalf("first reply answers %v, want b1", outs[0].InReplyTo)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	outs = r.waitSent(t, 3)
+	want := map[string]*platforms.Ack{"a1": a1, "a2": a2, "b1": b1}
+	for _, out := range outs {
+		env := parseEnv(out.Text)
+		ack := want[out.InReplyTo[0]]
+		if env["AGENTGATE_SESSION_KEY"] != ack.SessionKey || env["AGENTGATE_SESSION_ID"] != ack.SessionID || env["AGENTGATE_MESSAGE_ID"] != ack.MessageID {
+			t.Errorf("turn for %s saw key=%q id=%q message=%q, want %q %q %q", ack.MessageID,
+				env["AGENTGATE_SESSION_KEY"], env["AGENTGATE_SESSION_ID"], env["AGENTGATE_MESSAGE_ID"],
+				ack.SessionKey, ack.SessionID, ack.MessageID)
+		}
+	}
+	if a1.SessionKey == b1.SessionKey || a1.SessionID == b1.SessionID {
+		t.Errorf("sessions A and B share key or id: %+v %+v", a1, b1)
+	}
+}
+
+// TestSessionsNeverWaitForEachOther runs 200 sessions whose agent turns only end once all 200
+// are running at the same time: if any session waited for another, the barrier would never
+// fill and the test would time out.
+func TestSessionsNeverWaitForEachOther(t *testing.T) {
+	const n = 200
+	var mu sync.Mutex
+	running := 0
+	all := make(chan struct{})
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		mu.Lock()
+		running++
+		if running == n {
+			close(all)
+		}
+		mu.Unlock()
+		select {
+		case <-all:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return &agents.Response{Text: "done " + req.Identity.MessageID}, nil
+	})
+	r := MustStart(t, agent, nil)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.inject(t, identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: fmt.Sprint("c", i), UserID: "u"}, fmt.Sprint("m", i), "hi")
+		}()
+	}
+	wg.Wait()
+	outs := r.waitSent(t, n)
+	for _, out := range outs {
+		if out.Text != "done "+out.InReplyTo[0] {
+			t.Errorf("reply %q answers %v", out.Text, out.InReplyTo)
+		}
+	}
+}
+
+// TestSlowExecAgentRunsSessionsConcurrently: 200 sessions × 1 message with a 200 ms exec agent
+// finish in far less than the 40 s a serial gateway would need.
+func TestSlowExecAgentRunsSessionsConcurrently(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns 200 subprocesses")
+	}
+	r := MustStart(t, MustExecAgent(t, `sleep 0.2; echo "$AGENTGATE_MESSAGE_ID"`), nil)
+	const n = 200
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.inject(t, identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: fmt.Sprint("c", i), UserID: "u"}, fmt.Sprint("m", i), "hi")
+		}()
+	}
+	wg.Wait()
+	r.waitSent(t, n)
+	if serial, took := n*200*time.Millisecond, time.Since(start); took > serial/4 {
+		t.Errorf("200 sessions took %v; a serial gateway needs %v", took, serial)
+	}
+}
+
+// TestCrashIsolation: an agent panic on one message fails only that turn; other sessions' turns
+// in flight complete, the marked message gets a short error reply, and its session keeps
+// working.
+func TestCrashIsolation(t *testing.T) {
+	release := make(chan struct{})
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		text := req.Messages[0].Text
+		switch {
+		case strings.Contains(text, "PANIC"):
+			panic("agent bug on " + req.Identity.MessageID)
+		case strings.Contains(text, "slow"):
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return &agents.Response{Text: "ok " + text}, nil
+	})
+	r := MustStart(t, agent, nil)
+	src := func(chat string) identity.Source {
+		return identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: chat, UserID: "u"}
+	}
+	r.inject(t, src("B"), "b1", "slow b")
+	r.inject(t, src("C"), "c1", "slow c")
+	bad := r.inject(t, src("A"), "a1", "PANIC now")
+	outs := r.waitSent(t, 1)
+	if out := outs[0]; out.InReplyTo[0] != "a1" || out.Kind != platforms.KindNotice || !strings.Contains(out.Text, "crashed") {
+		t.Fatalf("first outbound = %+v, want a crash notice for a1", out)
+	}
+	close(release)
+	r.inject(t, src("A"), "a2", "after")
+	outs = r.waitSent(t, 4)
+	got := map[string]string{}
+	for _, o := range outs {
+		got[o.InReplyTo[0]] = o.Text
+	}
+	for id, want := range map[string]string{"b1": "ok slow b", "c1": "ok slow c", "a2": "ok after"} {
+		if got[id] != want {
+			t.Errorf("reply to %s = %q, want %q", id, got[id], want)
+		}
+	}
+	if n := testutil.ToFloat64(r.d.metrics.ActorRestarts.WithLabelValues("turn")); n != 1 {
+		t.Errorf("actor_restarts_total{kind=turn} = %v, want 1", n)
+	}
+	msgs, err := r.d.store.Transcript(t.Context(), bad.SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) == 0 || msgs[0].MessageID != "a1" || msgs[0].Status != persistence.StatusFailed {
+		t.Errorf("transcript of A starts %+v, want a1 with status failed", msgs)
+	}
+}
