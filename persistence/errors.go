@@ -7,6 +7,9 @@ var (
 	ErrNotFound  = errors.New("persistence: not found")
 	ErrDuplicate = errors.New("persistence: duplicate inbound message")
 	ErrClosed    = errors.New("persistence: store closed")
+	// ErrUnavailable wraps a write error that means the database cannot be written right now
+	// (locked, read-only, disk full, I/O error); such writes go to the spool.
+	ErrUnavailable = errors.New("persistence: database unavailable")
 	// ErrDefaultDataDir is returned when code under test tries to open the default (production)
 	// data directory.
 	ErrDefaultDataDir = errors.New("persistence: refusing to open the default data directory under go test")

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/lmittmann/tint"
+	"github.com/agentgate/agentgate/internal/logging"
 )
 
 // Checkpoint policy. Commits never checkpoint (wal_autocheckpoint=0 on the writer): the
@@ -66,7 +66,7 @@ func (c *checkpointer) run(ctx context.Context, every time.Duration) {
 			lastRestart = time.Now()
 		}
 		if _, err := checkpoint(ctx, c.db, mode); err != nil && ctx.Err() == nil {
-			c.log.Warn("wal checkpoint failed", "mode", mode, tint.Err(err))
+			c.log.Warn("wal checkpoint failed", "mode", mode, logging.Err(err))
 		}
 	}
 }

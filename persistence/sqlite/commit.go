@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
-	"github.com/lmittmann/tint"
 )
 
 // stmtID names a write statement prepared once at Open.
@@ -83,10 +83,13 @@ var errTxAborted = errors.New("transaction aborted")
 
 // Commit applies groups of writes in one BEGIN IMMEDIATE transaction. Each group runs inside its
 // own SAVEPOINT: a failing group is rolled back to it and reported in errs[i] while the others
-// go on. If the transaction itself fails (BEGIN, COMMIT, or an error that aborts it), every
-// group gets that error. Commit is safe for concurrent use; calls are serialised.
-func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) []error {
-	errs := make([]error, len(groups))
+// go on. If the transaction itself fails (BEGIN, COMMIT, or an error after which SQLite has
+// rolled it back, such as a full disk), every group gets that error. New messages are indexed
+// for Search at the end of the batch, in the same transaction; an indexing failure never fails
+// a group. Commit is safe for concurrent use; calls are serialised.
+func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []error) {
+	errs = make([]error, len(groups))
+	defer markUnavailable(errs)
 	if err := s.enter(); err != nil {
 		return fill(errs, fmt.Errorf("commit: %w", err))
 	}
@@ -124,6 +127,16 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) []error {
 		return fill(errs, fmt.Errorf("commit: %w", err))
 	}
 	return errs
+}
+
+// markUnavailable wraps errors that mean "the database cannot be written right now" with
+// persistence.ErrUnavailable, so the persistence actor can spool those writes.
+func markUnavailable(errs []error) {
+	for i, err := range errs {
+		if err != nil && IsUnavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
+			errs[i] = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
+		}
+	}
 }
 
 func fill(errs []error, err error) []error {
@@ -382,7 +395,7 @@ func (t *txn) indexAll() error {
 	if n, ok := t.s.ftsWarn.allow(); ok {
 		first := t.fts[0]
 		t.s.log.Warn("fts index write failed; messages stored unindexed",
-			"session", first.sessionID, "seq", first.seq, "rows", failed, "batches", n, tint.Err(err))
+			"session_id", first.sessionID, "seq", first.seq, "rows", failed, "batches", n, logging.Err(err))
 	}
 	return nil
 }

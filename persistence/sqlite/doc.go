@@ -12,8 +12,19 @@
 // so two processes never write the same file; OpenReadOnly takes no lock and serves the admin CLI
 // while the daemon runs.
 //
+// Op semantics beyond the persistence contract, all chosen so that a re-sent write is harmless:
+// a user message stored with an empty status is pending, an outbox entry with an empty state is
+// pending; a delivered outbox entry stays delivered; EndSession needs a time; TouchSession with
+// the zero time does nothing; an AppendMessage whose (session id, seq) holds a different row
+// fails with ErrConflict. Only IncrementAttempts and MarkDelivery of a non-delivered state count
+// each application. Pending messages are the active ones: an archived message is never re-run.
+//
+// Times are stored as INTEGER unix nanoseconds; the zero time is NULL. A stored time that is
+// NULL, not positive or unreadable reads as the zero time ("long ago"), never as now.
+//
 // Under go test, Open and OpenReadOnly refuse the default data directory (<cwd>/data) and the
 // directory named by AGENTGATE_PRODUCTION_DATA_DIR.
 //
-// The package imports persistence only; it must not import actors, supervisor or platforms.
+// Of agentgate it imports only persistence and internal/logging; it must not import actors,
+// supervisor or platforms.
 package sqlite

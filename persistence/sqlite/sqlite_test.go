@@ -205,10 +205,27 @@ func TestSearch(t *testing.T) {
 			}
 		})
 	}
+	// A failed group's rows are not indexed, even though the next group reuses their rowids.
+	errs := s.Commit(ctx, [][]persistence.Op{
+		{&persistence.AppendMessage{Message: userMsg("s1", 4, "unicorn")}, unknownOp{}},
+		{&persistence.AppendMessage{Message: userMsg("s1", 5, "zebra")}},
+	})
+	if errs[0] == nil || errs[1] != nil {
+		t.Fatalf("Commit(failing group, good group) = %v, want [error nil]", errs)
+	}
+	if ms, err := s.Search(ctx, "unicorn", 10); err != nil || len(ms) != 0 {
+		t.Errorf("Search(unicorn) = %d rows, %v, want none: the failed group was indexed", len(ms), err)
+	}
+	if ms, err := s.Search(ctx, "zebra", 10); err != nil || len(ms) != 1 || ms[0].Seq != 5 {
+		t.Errorf("Search(zebra) = %+v, %v, want seq 5", ms, err)
+	}
 	if _, err := s.Search(ctx, `"unbalanced`, 10); err == nil {
 		t.Errorf("Search(malformed query) = nil error, want an error")
 	}
 }
+
+// unknownOp is an Op type no store knows.
+type unknownOp struct{ persistence.Op }
 
 // syncBuffer is a bytes.Buffer safe for the store's concurrent logging.
 type syncBuffer struct {
@@ -400,91 +417,6 @@ func TestOpenReadOnly(t *testing.T) {
 	}
 }
 
-func TestIsUnavailable(t *testing.T) {
-	s := MustOpen(t, Options{})
-	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")})
-
-	// SQLITE_BUSY: a second connection cannot take the write lock while the first holds it.
-	ctx := context.Background()
-	holder, err := MustRawDB(t, s.Path()).Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close()
-	if _, err := holder.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		t.Fatal(err)
-	}
-	impatient, err := sql.Open("sqlite", dsn(s.Path(), "_pragma=busy_timeout(0)"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer impatient.Close()
-	_, busyErr := impatient.Exec("BEGIN IMMEDIATE")
-	if _, err := holder.ExecContext(ctx, "ROLLBACK"); err != nil {
-		t.Fatal(err)
-	}
-	// SQLITE_CONSTRAINT: a problem with the write itself.
-	_, constraintErr := impatient.Exec(`INSERT INTO sessions (id, key) VALUES ('s1', 'k1')`)
-
-	tests := []struct {
-		name string
-		err  error
-		want bool
-	}{
-		{"nil", nil, false},
-		{"busy", busyErr, true},
-		{"wrapped busy", fmt.Errorf("commit: %w", busyErr), true},
-		{"constraint", constraintErr, false},
-		{"plain error", errors.New("boom"), false},
-		{"duplicate", persistence.ErrDuplicate, false},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			if tc.name != "nil" && tc.err == nil {
-				t.Fatalf("setup produced no error")
-			}
-			if got := IsUnavailable(tc.err); got != tc.want {
-				t.Errorf("IsUnavailable(%v) = %v, want %v", tc.err, got, tc.want)
-			}
-		})
-	}
-}
-
-func TestCheckpoint(t *testing.T) {
-	ctx := context.Background()
-	s := MustOpen(t, Options{CheckpointInterval: time.Hour}) // only the explicit checkpoints below
-	var auto int
-	if err := s.writer.QueryRowContext(ctx, "PRAGMA wal_autocheckpoint").Scan(&auto); err != nil {
-		t.Fatal(err)
-	}
-	if auto != 0 {
-		t.Errorf("writer wal_autocheckpoint = %d, want 0 (checkpoints off the commit path)", auto)
-	}
-	ops := []persistence.Op{&persistence.CreateSession{Session: newSession("s1", "k1")}}
-	for seq := int64(1); seq <= 200; seq++ {
-		ops = append(ops, &persistence.AppendMessage{Message: userMsg("s1", seq, strings.Repeat("words ", 50))})
-	}
-	storetest.MustCommit(t, s, ops...)
-	fi, err := os.Stat(s.Path() + "-wal")
-	if err != nil || fi.Size() == 0 {
-		t.Fatalf("WAL after a commit: %v, %v; want a non-empty file", fi, err)
-	}
-	for _, mode := range []string{"PASSIVE", "RESTART", "TRUNCATE"} {
-		r, err := checkpoint(ctx, s.writer, mode)
-		if err != nil || r.Busy {
-			t.Errorf("checkpoint(%s) = %+v, %v, want not busy", mode, r, err)
-		}
-	}
-	if fi, err := os.Stat(s.Path() + "-wal"); err != nil || fi.Size() != 0 {
-		t.Errorf("WAL after TRUNCATE: size %v, err %v, want 0", fi.Size(), err)
-	}
-	// The writer's busy timeout is restored after RESTART/TRUNCATE.
-	var busy int
-	if err := s.writer.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&busy); err != nil || busy != 5000 {
-		t.Errorf("writer busy_timeout after checkpoints = %d, %v, want 5000", busy, err)
-	}
-}
-
 func TestIdentityImmutable(t *testing.T) {
 	s := MustOpen(t, Options{})
 	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")})
@@ -562,83 +494,5 @@ func TestOpenOptions(t *testing.T) {
 	}
 	if err := s.Ping(ctx); err != nil {
 		t.Errorf("Ping: %v", err)
-	}
-}
-
-// BenchmarkCommitTurns commits batches of 100 turns (user message, assistant message, touch,
-// route, outbox entry per turn, each turn its own group) and reports turns/s.
-func BenchmarkCommitTurns(b *testing.B) {
-	const turns, sessions = 100, 100
-	s := MustOpen(b, Options{})
-	var setup []persistence.Op
-	for i := range sessions {
-		setup = append(setup, &persistence.CreateSession{Session: newSession(fmt.Sprintf("s%d", i), fmt.Sprintf("k%d", i))})
-	}
-	storetest.MustCommit(b, s, setup...)
-	text := strings.Repeat("lorem ipsum dolor sit amet ", 11) // ~300 bytes
-	ctx := context.Background()
-	var seq int64
-	batches := 0
-	groups := make([][]persistence.Op, turns)
-	for b.Loop() {
-		seq += 2
-		for i := range groups {
-			sid, key := fmt.Sprintf("s%d", i%sessions), fmt.Sprintf("k%d", i%sessions)
-			at := t0.Add(time.Duration(seq) * time.Second)
-			user := userMsg(sid, seq-1, text)
-			groups[i] = []persistence.Op{
-				&persistence.AppendMessage{Message: user},
-				&persistence.AppendMessage{Message: persistence.Message{SessionID: sid, Seq: seq,
-					Role: persistence.RoleAssistant, Content: text, Status: persistence.StatusDone, Active: true, CreatedAt: at}},
-				&persistence.TouchSession{SessionID: sid, At: at},
-				&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: sid, Generation: seq, UpdatedAt: at}},
-				&persistence.AddOutbox{Entry: persistence.OutboxEntry{SessionKey: key, Seq: seq, SessionID: sid,
-					Kind: "reply", Text: text, InReplyTo: []string{user.MessageID}, CreatedAt: at}},
-			}
-		}
-		for i, err := range s.Commit(ctx, groups) {
-			if err != nil {
-				b.Fatalf("Commit group %d: %v", i, err)
-			}
-		}
-		batches++
-	}
-	b.ReportMetric(float64(batches*turns)/b.Elapsed().Seconds(), "turns/s")
-}
-
-// TestDiskFullMidBatch: a group that fills the disk fails with an "unavailable" error, and what
-// Commit reports for the other groups matches what is durable, whether SQLite kept the
-// transaction (the group alone fails) or rolled it back (every group fails).
-func TestDiskFullMidBatch(t *testing.T) {
-	ctx := context.Background()
-	s := MustOpen(t, Options{})
-	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")})
-	var pages int
-	if err := s.writer.QueryRowContext(ctx, "PRAGMA page_count").Scan(&pages); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.writer.ExecContext(ctx, fmt.Sprintf("PRAGMA max_page_count = %d", pages+2)); err != nil {
-		t.Fatal(err)
-	}
-	errs := s.Commit(ctx, [][]persistence.Op{
-		{&persistence.SetTitle{SessionID: "s1", Title: "before"}},
-		{&persistence.AppendMessage{Message: userMsg("s1", 1, strings.Repeat("x", 1<<20))}},
-		{&persistence.TouchSession{SessionID: "s1", At: t0.Add(time.Hour)}},
-	})
-	if errs[1] == nil || !IsUnavailable(errs[1]) {
-		t.Errorf("Commit of a row bigger than the disk: %v, want an unavailable error", errs[1])
-	}
-	ss, err := s.Session(ctx, "s1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := ss.Title == "before"; got != (errs[0] == nil) {
-		t.Errorf("group 0: reported %v, title committed %v", errs[0], got)
-	}
-	if got := ss.LastActivityAt.Equal(t0.Add(time.Hour)); got != (errs[2] == nil) {
-		t.Errorf("group 2: reported %v, touch committed %v", errs[2], got)
-	}
-	if ms, _ := s.Transcript(ctx, "s1"); len(ms) != 0 {
-		t.Errorf("Transcript has %d rows after the failed group, want 0", len(ms))
 	}
 }

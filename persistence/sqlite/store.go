@@ -11,8 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
-	"github.com/lmittmann/tint"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
 
@@ -22,7 +22,7 @@ type Options struct {
 	// loss) or "normal" (durable across process crashes only).
 	Synchronous string
 	// Logger receives lifecycle and degradation messages (a failing FTS index, checkpoints that
-	// cannot finish). Nil discards them.
+	// cannot finish); the caller sets its component attribute. Nil discards them.
 	Logger *slog.Logger
 	// CheckpointInterval is how often the background checkpointer runs a PASSIVE WAL checkpoint.
 	// Zero means one second.
@@ -119,7 +119,7 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 			if stmtID(id) == stInsertFTS {
 				// A broken FTS index must not stop the store: Commit falls back to unprepared
 				// execution and skips indexing when that fails too.
-				s.log.Warn("fts index unavailable", tint.Err(err))
+				s.log.Warn("fts index unavailable", logging.Err(err))
 				continue
 			}
 			return fmt.Errorf("prepare %q: %w", q, err)
@@ -196,9 +196,9 @@ func synchronousPragma(v string) (string, error) {
 
 func logger(l *slog.Logger) *slog.Logger {
 	if l == nil {
-		l = slog.New(slog.DiscardHandler)
+		return slog.New(slog.DiscardHandler)
 	}
-	return l.With("component", "sqlite")
+	return l
 }
 
 func interval(d time.Duration) time.Duration {
