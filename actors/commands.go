@@ -160,7 +160,7 @@ func (s *Session) stopWork(c actor.Context) ([]persistence.Op, int) {
 		ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: persistence.StatusFailed})
 	}
 	s.queue = keep
-	s.setBusy(c, false)
+	s.updateBusy(c)
 	return ops, dropped
 }
 

@@ -76,6 +76,12 @@ type agentPanicked struct{ value any }
 // StartIntake tells a platform actor to start its platform's Run loop with Deliver.
 type StartIntake struct{ Deliver platforms.Deliver }
 
+// Quiesce asks a platform actor to answer *Quiesced once it has no send queued or in flight.
+type Quiesce struct{}
+
+// Quiesced answers Quiesce.
+type Quiesced struct{}
+
 // SendOutbound asks a platform actor to send one recorded outbound message.
 type SendOutbound struct{ Out *platforms.Outbound }
 

@@ -27,6 +27,7 @@ type Platform struct {
 	inflight map[string]bool
 	attempts map[string]int
 	timers   *scheduler.TimerScheduler
+	quiesce  []*actor.PID
 }
 
 // Send retry policy.
@@ -61,6 +62,9 @@ func (a *Platform) Receive(c actor.Context) {
 		a.pump(c, k)
 	case *sendDone:
 		a.onSent(c, m)
+	case *Quiesce:
+		a.quiesce = append(a.quiesce, c.Sender())
+		a.answerQuiesce(c)
 	case *retrySendHeld:
 		a.inflight[m.key] = false
 		a.pump(c, m.key)
@@ -165,4 +169,18 @@ func (a *Platform) finishHead(c actor.Context, key string, out *platforms.Outbou
 	c.Request(a.d.Persist, &persistence.Write{Ops: []persistence.Op{&persistence.MarkDelivery{
 		SessionKey: out.SessionKey, Seq: out.Seq, State: state, At: a.d.now()}}})
 	a.pump(c, key)
+	a.answerQuiesce(c)
+}
+
+// answerQuiesce answers waiting Quiesce requests once nothing is queued or in flight.
+func (a *Platform) answerQuiesce(c actor.Context) {
+	if len(a.quiesce) == 0 || len(a.queues) > 0 {
+		return
+	}
+	for _, p := range a.quiesce {
+		if p != nil {
+			c.Send(p, &Quiesced{})
+		}
+	}
+	a.quiesce = nil
 }

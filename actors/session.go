@@ -12,6 +12,7 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/scheduler"
 )
 
 // Session is the actor of one session key. It alone owns the key's identity, its pending queue
@@ -37,12 +38,27 @@ type Session struct {
 	seen     map[string]bool // inbound message ids accepted in this activation
 	mode     string
 
-	nextWrite uint64
-	inflight  map[uint64]func(c actor.Context, err error)
+	nextWrite   uint64
+	inflight    map[uint64]*pendingWrite
+	resendArmed bool
+	sched       *scheduler.TimerScheduler
 
 	activatedAt  time.Time
 	lastActivity time.Time
 	busy         bool
+	dead         bool // set on the failed incarnation once it is being replaced
+
+	// life survives restarts of this actor (the producer closure owns it), so a new incarnation
+	// knows how often it crashed and on which messages.
+	life *lifeline
+}
+
+// lifeline is what a session actor's incarnations share across supervisor restarts: never
+// across passivation or process restarts.
+type lifeline struct {
+	restarts int
+	suspects []int64       // seqs that were running when the last incarnation crashed
+	crashes  map[int64]int // seq → crashes while it ran
 }
 
 // item is one inbound message waiting for (or in) a turn.
@@ -66,19 +82,32 @@ type turnRun struct {
 
 // NewSession returns the props of the session actor for key.
 func NewSession(d *Deps, key string) *actor.Props {
+	life := &lifeline{crashes: map[int64]int{}}
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &Session{d: d, key: key}
+		return &Session{d: d, key: key, life: life}
 	}, actor.WithSupervisor(turnSupervisor))
 }
 
-// turnSupervisor stops a failed turn instead of restarting it: the session sees the turn
-// terminate without a result and answers the user with an error.
+// turnSupervisor escalates a failed turn (an agent panic) to its session: the session restarts
+// with its state reloaded from the store and runs the message again; a message that crashes
+// its session QuarantineAfter times is quarantined instead (G5).
 var turnSupervisor = actor.NewOneForOneStrategy(0, time.Minute, func(any) actor.Directive {
-	return actor.StopDirective
+	return actor.EscalateDirective
 })
+
+// QuarantineAfter is how many crashes of its session a message may cause before it is set
+// aside. The session's restart budget (SessionConfig.Restarts) must be at least this.
+const QuarantineAfter = 3
+
+// resendAfter is how long a session waits for a write's acknowledgment before sending it
+// again: the persistence actor may have restarted and lost its batch. Writes are idempotent.
+const resendAfter = 5 * time.Second
 
 // Receive dispatches the session's messages.
 func (s *Session) Receive(c actor.Context) {
+	if s.dead {
+		return
+	}
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		s.start(c)
@@ -96,7 +125,15 @@ func (s *Session) Receive(c actor.Context) {
 		s.onReset(c, m)
 	case *actor.ReceiveTimeout:
 		s.onIdle(c)
+	case *resendTick:
+		s.resend(c)
+	case *actor.Restarting:
+		s.onRestarting(c)
 	case *actor.Stopping:
+		// Shutdown or passivation: a running turn is cancelled with its children and its
+		// messages stay pending in the store, to run again at the next activation. From here on
+		// the session acts on nothing (its turn's termination is not a crash).
+		s.dead = true
 		c.Send(c.Parent(), &stopped{key: s.key, hasWork: s.running != nil || len(s.queue) > 0})
 		if s.busy {
 			c.Send(c.Parent(), &busyChanged{key: s.key, busy: false})
@@ -108,7 +145,7 @@ func (s *Session) Receive(c actor.Context) {
 func (s *Session) start(c actor.Context) {
 	s.log = s.d.Log.With("actor", "session", "session", s.key)
 	s.seen = map[string]bool{}
-	s.inflight = map[uint64]func(actor.Context, error){}
+	s.inflight = map[uint64]*pendingWrite{}
 	s.mode = s.d.Config.QueueMode
 	s.activatedAt = s.d.now()
 	snap, err := s.d.Store.LoadSession(s.d.Ctx, s.key, s.d.Config.HistoryLimit)
@@ -138,6 +175,9 @@ func (s *Session) start(c actor.Context) {
 	}
 	for i := range snap.Unconfirmed {
 		s.sendOutbound(c, outboundFromEntry(&snap.Unconfirmed[i]))
+	}
+	if s.life.restarts > 0 {
+		s.afterCrash(c)
 	}
 	if len(s.queue) > 0 || len(snap.Unconfirmed) > 0 {
 		s.log.Info("session resumed", "pending", len(s.queue), "unconfirmed", len(snap.Unconfirmed))
@@ -272,7 +312,7 @@ func (s *Session) waiting() int { return len(s.queue) }
 // tryStart starts the next turn if none runs and the head of the queue is durable.
 func (s *Session) tryStart(c actor.Context) {
 	if s.running != nil || len(s.queue) == 0 || !s.queue[0].durable {
-		s.setBusy(c, s.running != nil)
+		s.updateBusy(c)
 		return
 	}
 	it := s.queue[0]
@@ -304,6 +344,13 @@ func (s *Session) turnIdentity(it *item, turnID string) identity.Turn {
 		ScopeID: it.src.ScopeID, Profile: it.src.Profile,
 		SessionKey: s.key, SessionID: it.sessionID, MessageID: it.messageID, TurnID: turnID,
 	}
+}
+
+// updateBusy tells the manager when the session starts or stops having work in hand: a running
+// turn or a write not yet acknowledged (a finished turn's reply is sent only after its write).
+// A drain waits until no session is busy.
+func (s *Session) updateBusy(c actor.Context) {
+	s.setBusy(c, s.running != nil || len(s.inflight) > 0)
 }
 
 func (s *Session) setBusy(c actor.Context, busy bool) {
@@ -421,20 +468,69 @@ func (s *Session) sendOutbound(c actor.Context, out *platforms.Outbound) {
 	c.Send(pid, &SendOutbound{Out: out})
 }
 
-// write sends ops to the persistence actor and runs done with the result.
+// write sends ops to the persistence actor and runs done with the result. The session keeps
+// the write until it is acknowledged and sends it again if no answer comes (resend).
 func (s *Session) write(c actor.Context, ops []persistence.Op, done func(actor.Context, error)) {
 	s.nextWrite++
-	s.inflight[s.nextWrite] = done
-	c.Request(s.d.Persist, &persistence.Write{ID: s.nextWrite, Ops: ops})
+	w := &pendingWrite{write: &persistence.Write{ID: s.nextWrite, Ops: ops}, done: done, sentAt: s.d.now()}
+	s.inflight[w.write.ID] = w
+	c.Request(s.d.Persist, w.write)
+	if !s.resendArmed {
+		s.resendArmed = true
+		s.timers(c).SendOnce(resendAfter, c.Self(), &resendTick{})
+	}
+}
+
+type pendingWrite struct {
+	write  *persistence.Write
+	done   func(actor.Context, error)
+	sentAt time.Time
+}
+
+// resendTick wakes a session to re-send writes that got no answer. It does not count as
+// activity for passivation.
+type resendTick struct{}
+
+// NotInfluenceReceiveTimeout keeps the tick from postponing passivation.
+func (*resendTick) NotInfluenceReceiveTimeout() {}
+
+func (s *Session) timers(c actor.Context) *scheduler.TimerScheduler {
+	if s.sched == nil {
+		s.sched = scheduler.NewTimerScheduler(c)
+	}
+	return s.sched
+}
+
+func (s *Session) resend(c actor.Context) {
+	s.resendArmed = false
+	if len(s.inflight) == 0 {
+		return
+	}
+	now := s.d.now()
+	ids := make([]uint64, 0, len(s.inflight))
+	for id := range s.inflight {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		if w := s.inflight[id]; now.Sub(w.sentAt) >= resendAfter {
+			s.log.Warn("write not acknowledged; sending it again", "write", id)
+			w.sentAt = now
+			c.Request(s.d.Persist, w.write)
+		}
+	}
+	s.resendArmed = true
+	s.timers(c).SendOnce(resendAfter, c.Self(), &resendTick{})
 }
 
 func (s *Session) onWriteResult(c actor.Context, m *persistence.WriteResult) {
-	done, ok := s.inflight[m.ID]
+	w, ok := s.inflight[m.ID]
 	if !ok {
-		return
+		return // an answer to a write sent again, already handled
 	}
 	delete(s.inflight, m.ID)
-	done(c, m.Err)
+	w.done(c, m.Err)
+	s.updateBusy(c)
 }
 
 func (s *Session) result(m *Deliver, disp, sid string) *DeliverResult {
@@ -446,7 +542,7 @@ func (s *Session) result(m *Deliver, disp, sid string) *DeliverResult {
 
 func (s *Session) state() *SessionState {
 	st := &SessionState{SessionKey: s.key, QueueDepth: int32(s.waiting()), QueueMode: s.mode,
-		ActivatedAtUnixNano: s.activatedAt.UnixNano(), Node: s.d.Node}
+		ActivatedAtUnixNano: s.activatedAt.UnixNano(), Node: s.d.Node, Restarts: int32(s.life.restarts)}
 	if s.cur != nil {
 		st.SessionId = s.cur.ID
 	}

@@ -181,9 +181,18 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	return err
 }
 
+// quiesceTimeout bounds how long a platform may take to finish its sends at stop.
+const quiesceTimeout = 10 * time.Second
+
 // stopChildren poisons the top-level actors in reverse start order, waiting for each.
 func (d *Daemon) stopChildren(ctx context.Context) {
 	for i := len(d.pids) - 1; i >= 0; i-- {
+		if strings.HasPrefix(d.pids[i].Id, "platform-") {
+			// Let replies already handed to the platform go out (and be confirmed) first.
+			if _, err := d.system.Root.RequestFuture(d.pids[i], &actors.Quiesce{}, quiesceTimeout).Result(); err != nil {
+				d.log.Warn("platform still sending at stop; unconfirmed replies are re-sent at the next start", "actor", d.pids[i].Id)
+			}
+		}
 		f := d.system.Root.PoisonFuture(d.pids[i])
 		done := make(chan error, 1)
 		go func() { done <- f.Wait() }()

@@ -25,7 +25,10 @@ func watchEvents(system *actor.ActorSystem, log *slog.Logger, m *metrics.Metrics
 			return
 		}
 		kind := kindOf(e.Child)
-		m.ActorRestarts.WithLabelValues(kind).Inc()
+		// An escalation is counted where it lands: as the restart (or stop) of the parent.
+		if e.Directive != actor.EscalateDirective {
+			m.ActorRestarts.WithLabelValues(kind).Inc()
+		}
 		log.Warn("actor failed", "kind", kind, "directive", e.Directive.String(), "reason", fmt.Sprint(e.Reason))
 	})
 	return &eventLog{system: system, sub: sub}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/actors"
 	"github.com/agentgate/agentgate/agents"
 	agentexec "github.com/agentgate/agentgate/agents/exec"
 	"github.com/agentgate/agentgate/internal/config"
@@ -299,15 +300,21 @@ func TestSlowExecAgentRunsSessionsConcurrently(t *testing.T) {
 	}
 }
 
-// TestCrashIsolation: an agent panic on one message fails only that turn; other sessions' turns
-// in flight complete, the marked message gets a short error reply, and its session keeps
-// working.
+// TestCrashIsolation: an agent that panics on a marked message restarts only that session, which
+// reloads its state from the store and runs the message again; after QuarantineAfter crashes the
+// message is quarantined and the user gets a short error reply. Other sessions' turns in flight
+// complete, and the crashed session keeps working.
 func TestCrashIsolation(t *testing.T) {
 	release := make(chan struct{})
+	var mu sync.Mutex
+	panics := 0
 	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 		text := req.Messages[0].Text
 		switch {
 		case strings.Contains(text, "PANIC"):
+			mu.Lock()
+			panics++
+			mu.Unlock()
 			panic("agent bug on " + req.Identity.MessageID)
 		case strings.Contains(text, "slow"):
 			select {
@@ -326,9 +333,14 @@ func TestCrashIsolation(t *testing.T) {
 	r.inject(t, src("C"), "c1", "slow c")
 	bad := r.inject(t, src("A"), "a1", "PANIC now")
 	outs := r.waitSent(t, 1)
-	if out := outs[0]; out.InReplyTo[0] != "a1" || out.Kind != platforms.KindNotice || !strings.Contains(out.Text, "crashed") {
-		t.Fatalf("first outbound = %+v, want a crash notice for a1", out)
+	if out := outs[0]; out.InReplyTo[0] != "a1" || out.Kind != platforms.KindNotice || !strings.Contains(out.Text, "quarantined") {
+		t.Fatalf("first outbound = %+v, want a quarantine notice for a1", out)
 	}
+	mu.Lock()
+	if panics != actors.QuarantineAfter {
+		t.Errorf("agent ran the marked message %d times, want %d", panics, actors.QuarantineAfter)
+	}
+	mu.Unlock()
 	close(release)
 	r.inject(t, src("A"), "a2", "after")
 	outs = r.waitSent(t, 4)
@@ -341,14 +353,14 @@ func TestCrashIsolation(t *testing.T) {
 			t.Errorf("reply to %s = %q, want %q", id, got[id], want)
 		}
 	}
-	if n := testutil.ToFloat64(r.d.metrics.ActorRestarts.WithLabelValues("turn")); n != 1 {
-		t.Errorf("actor_restarts_total{kind=turn} = %v, want 1", n)
+	if n := testutil.ToFloat64(r.d.metrics.ActorRestarts.WithLabelValues("session")); n != actors.QuarantineAfter {
+		t.Errorf("actor_restarts_total{kind=session} = %v, want %d", n, actors.QuarantineAfter)
 	}
 	msgs, err := r.d.store.Transcript(t.Context(), bad.SessionID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(msgs) == 0 || msgs[0].MessageID != "a1" || msgs[0].Status != persistence.StatusFailed {
-		t.Errorf("transcript of A starts %+v, want a1 with status failed", msgs)
+	if len(msgs) == 0 || msgs[0].MessageID != "a1" || msgs[0].Status != persistence.StatusQuarantined {
+		t.Errorf("transcript of A starts %+v, want a1 with status quarantined", msgs)
 	}
 }

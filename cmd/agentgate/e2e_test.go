@@ -63,7 +63,7 @@ func MustBuild(t *testing.T) string {
 type daemon struct {
 	cmd    *exec.Cmd
 	base   string
-	stderr *bytes.Buffer
+	stderr *syncBuffer
 	done   chan error
 }
 
@@ -78,8 +78,8 @@ func MustServe(t *testing.T, dataDir string, env ...string) *daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &daemon{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
-	cmd.Stderr = &syncWriter{w: d.stderr}
+	d := &daemon{cmd: cmd, stderr: &syncBuffer{}, done: make(chan error, 1)}
+	cmd.Stderr = d.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -128,15 +128,22 @@ func (d *daemon) stop(t *testing.T, deadline time.Duration) error {
 	}
 }
 
-type syncWriter struct {
+// syncBuffer is a bytes.Buffer the daemon's stderr copier writes while the test reads it.
+type syncBuffer struct {
 	mu sync.Mutex
-	w  io.Writer
+	b  bytes.Buffer
 }
 
-func (s *syncWriter) Write(p []byte) (int, error) {
+func (s *syncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.w.Write(p)
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func post(t *testing.T, url, contentType, body string) (int, map[string]any) {
@@ -352,4 +359,49 @@ func grep(body, substr string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestDaemonSecondSignalAndRecovery: a turn outlives the first SIGTERM (the daemon drains); a
+// second signal exits at once. The unanswered message is durable, and the next start answers it
+// without any new traffic.
+func TestDaemonSecondSignalAndRecovery(t *testing.T) {
+	dataDir := t.TempDir()
+	d := MustServe(t, dataDir, "AGENTGATE_AGENT_BACKEND=exec", `AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, "sleep 60"]`)
+	status, ack := post(t, d.base+"/v1/messages", "", `{"chat_id":"c1","user_id":"u1","text":"survive me","message_id":"m1"}`)
+	if status != http.StatusAccepted {
+		t.Fatalf("POST = %d %v", status, ack)
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		_, body := get(t, d.base+"/v1/sessions/"+ack["session_key"].(string))
+		return strings.Contains(body, `"running_turn_id":"t_`)
+	})
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool { return strings.Contains(d.stderr.String(), "draining") })
+	err := d.stop(t, 10*time.Second) // the second signal
+	if err == nil {
+		t.Fatalf("daemon exited 0 after a second signal with a turn running; want a non-zero exit")
+	}
+
+	d2 := MustServe(t, dataDir) // echo agent
+	events := readSSE(t, d2.base+"/v1/sessions/"+ack["session_key"].(string)+"/events", "", 1)
+	if events[0].data["text"] != "survive me" {
+		t.Errorf("after restart the session said %v, want the echo of the unanswered message", events[0].data)
+	}
+	if err := d2.stop(t, 30*time.Second); err != nil {
+		t.Errorf("second daemon exit: %v", err)
+	}
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v", within)
+		}
+		time.Sleep(10 * time.Millisecond) // a poll interval under a deadline
+	}
 }

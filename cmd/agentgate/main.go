@@ -32,11 +32,15 @@ func main() {
 // errUsage means the usage text was already printed.
 var errUsage = errors.New("usage")
 
+// errHelp means -h was asked for and answered: the command stops with success.
+var errHelp = errors.New("help")
+
 const usage = `usage: agentgate <command> [flags]
 
 commands:
   serve          run the daemon (the default command)
   check-config   validate the configuration and print every problem
+  sessions       list, show, export or reset sessions of the data directory
   version        print the version
 
 Run 'agentgate <command> -h' for the flags of a command.
@@ -47,11 +51,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
 		cmd, args = args[0], args[1:]
 	}
+	err := dispatch(ctx, cmd, args, stdout, stderr)
+	if errors.Is(err, errHelp) {
+		return nil
+	}
+	return err
+}
+
+func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) error {
 	switch cmd {
 	case "serve":
 		return serve(ctx, args, stdout, stderr)
 	case "check-config":
 		return checkConfig(args, stdout, stderr)
+	case "sessions":
+		return sessions(ctx, args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "agentgate", version())
 		return nil
@@ -97,7 +111,7 @@ func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return nil
+			return errHelp
 		}
 		return errUsage
 	}

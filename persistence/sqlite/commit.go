@@ -53,7 +53,7 @@ var writeSQL = [numStmts]string{
 		WHERE id = ?`,
 	stSetTitle: `UPDATE sessions SET title = ? WHERE id = ?`,
 	stInsertMessage: `INSERT INTO messages (` + messageCols + `)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (session_id, seq) DO NOTHING`,
 	stMessageAt: `SELECT content, message_id FROM messages WHERE session_id = ? AND seq = ?`,
 	stInboundAt: `SELECT session_id, seq FROM messages
@@ -312,7 +312,7 @@ func (t *txn) appendMessage(m *persistence.Message) error {
 	}
 	res, err := t.exec(stInsertMessage, m.SessionID, m.Seq, m.Role, m.Content, m.Platform,
 		m.ChatID, m.MessageID, m.TurnID, status, boolInt(m.Active), boolInt(m.Archived),
-		m.Attempts, timeArg(m.CreatedAt))
+		m.Attempts, timeArg(m.CreatedAt), m.UserID, m.UserName)
 	if err != nil {
 		// The inbound index refused the row: either m is re-sent (its own row holds the platform
 		// identity) or the platform message is already stored elsewhere.

@@ -14,7 +14,7 @@ const (
 	sessionCols = `id, key, platform, chat_type, chat_id, thread_id, user_id, user_name, scope_id,
 		profile, started_at, last_activity_at, ended_at, end_reason, prev_session_id, title, epoch`
 	messageCols = `session_id, seq, role, content, platform, chat_id, message_id, turn_id, status,
-		active, archived, attempts, created_at`
+		active, archived, attempts, created_at, user_id, user_name`
 	outboxCols = `session_key, seq, session_id, kind, text, turn_id, in_reply_to, platform,
 		chat_type, chat_id, thread_id, user_id, state, attempts, created_at, delivered_at`
 )
@@ -37,7 +37,7 @@ func scanMessage(r scanner) (persistence.Message, error) {
 	var m persistence.Message
 	var active, archived int64
 	err := r.Scan(&m.SessionID, &m.Seq, &m.Role, &m.Content, &m.Platform, &m.ChatID, &m.MessageID,
-		&m.TurnID, &m.Status, &active, &archived, &m.Attempts, nanoTime{&m.CreatedAt})
+		&m.TurnID, &m.Status, &active, &archived, &m.Attempts, nanoTime{&m.CreatedAt}, &m.UserID, &m.UserName)
 	m.Active, m.Archived = active != 0, archived != 0
 	return m, err
 }

@@ -111,7 +111,7 @@ func newSession(id, key string) persistence.Session {
 func userMsg(sid string, seq int64, msgID, text string) persistence.Message {
 	return persistence.Message{
 		SessionID: sid, Seq: seq, Role: persistence.RoleUser, Content: text,
-		Platform: "http", ChatID: "chat", MessageID: msgID,
+		Platform: "http", ChatID: "chat", MessageID: msgID, UserID: "sender-" + msgID, UserName: "Sender " + msgID,
 		Status: persistence.StatusPending, Active: true, CreatedAt: at(int(seq)),
 	}
 }

@@ -1,0 +1,88 @@
+package actors
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Crash handling of Session. A panic in a session (or in its turn's agent, which escalates)
+// restarts the session: the old incarnation notes what was running, the new one reloads
+// everything from the store and runs the pending messages again. A message that was running
+// during QuarantineAfter crashes is quarantined: kept, marked, and the user told (G5).
+
+// onRestarting runs on the failed incarnation, just before it is replaced.
+func (s *Session) onRestarting(c actor.Context) {
+	s.life.restarts++
+	s.life.suspects = nil
+	if s.running != nil {
+		s.d.Metrics.TurnsTotal.WithLabelValues("crashed").Inc()
+		for _, it := range s.running.items {
+			s.life.suspects = append(s.life.suspects, it.seq)
+		}
+	}
+	// Inbound messages whose write is still in flight get an honest answer: we cannot know
+	// whether they became durable. A client that retries with the same message id is safe:
+	// a durable one is answered as a duplicate.
+	for _, it := range s.queue {
+		if !it.durable && it.requester != nil {
+			c.Send(it.requester, &DeliverResult{SessionKey: s.key, MessageId: it.messageID,
+				ErrorCode: "unavailable", Error: "session restarted before the message was stored; retry with the same message_id"})
+		}
+	}
+	if s.busy {
+		c.Send(c.Parent(), &busyChanged{key: s.key, busy: false})
+	}
+	s.log.Warn("session restarting", "restarts", s.life.restarts, "running", s.life.suspects)
+	// The failed incarnation still sees its children terminate before it is replaced; it must
+	// act on nothing more.
+	s.dead = true
+}
+
+// afterCrash runs on the new incarnation after it loaded its state: it counts the crash against
+// the messages that were running and quarantines those that reached QuarantineAfter.
+func (s *Session) afterCrash(c actor.Context) {
+	suspects := s.life.suspects
+	s.life.suspects = nil
+	for _, seq := range suspects {
+		s.life.crashes[seq]++
+		if s.life.crashes[seq] < QuarantineAfter {
+			continue
+		}
+		delete(s.life.crashes, seq)
+		i := slices.IndexFunc(s.queue, func(it *item) bool { return it.seq == seq })
+		if i < 0 {
+			continue
+		}
+		it := s.queue[i]
+		s.queue = slices.Delete(s.queue, i, i+1)
+		s.quarantine(c, it)
+	}
+}
+
+// quarantine sets a message aside: its row is kept with status quarantined, and the user is
+// told it will not be retried.
+func (s *Session) quarantine(c actor.Context, it *item) {
+	now := s.d.now()
+	s.log.Error("message quarantined after repeated crashes", "message", it.messageID, "crashes", QuarantineAfter)
+	text := fmt.Sprintf("⚠️ This message crashed the session %d times, so it was set aside (quarantined) and will not be retried.", QuarantineAfter)
+	ops := []persistence.Op{
+		&persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: persistence.StatusQuarantined},
+	}
+	if s.cur != nil && s.cur.ID == it.sessionID {
+		s.lastSeq++
+		ops = append(ops, &persistence.AppendMessage{Message: persistence.Message{SessionID: it.sessionID, Seq: s.lastSeq,
+			Role: persistence.RoleNotice, Content: text, Status: persistence.StatusDone, Active: true, CreatedAt: now}})
+	}
+	entry := s.outboxEntry(it.src, it.sessionID, platforms.KindNotice, text, "", []string{it.messageID}, now)
+	ops = append(ops, &persistence.AddOutbox{Entry: entry})
+	s.write(c, ops, func(c actor.Context, err error) {
+		if err != nil {
+			s.log.Error("store quarantine", "err", err)
+		}
+		s.sendOutbound(c, outboundFromEntry(&entry))
+	})
+}

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestRunCommands(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("sessions:\n  queue:\n    mode: fast\n    cap: 0\nbogus: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	good := filepath.Join(dir, "good.yaml")
+	if err := os.WriteFile(good, []byte("data_dir: "+dir+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name       string
+		args       []string
+		wantErr    string // substring of the returned error; "" means success
+		wantOut    string // substring of stdout
+		wantStderr []string
+	}{
+		{name: "version", args: []string{"version"}, wantOut: "agentgate "},
+		{name: "help", args: []string{"help"}, wantOut: "check-config"},
+		{name: "serve -h does not start", args: []string{"serve", "-h"}, wantStderr: []string{"-http-addr"}},
+		{name: "unknown command", args: []string{"frobnicate"}, wantErr: "usage", wantStderr: []string{`unknown command "frobnicate"`}},
+		{name: "check-config ok", args: []string{"check-config", "--config", good}, wantOut: "config ok"},
+		{name: "check-config reports every problem", args: []string{"check-config", "--config", bad}, wantErr: "3 problem(s)",
+			wantStderr: []string{"bogus", "sessions.queue.mode", "sessions.queue.cap"}},
+		{name: "print defaults", args: []string{"check-config", "--print-defaults"}, wantOut: "passivate_after: 10m"},
+		{name: "public address needs a token", args: []string{"serve", "--data-dir", dir, "--http-addr", "0.0.0.0:0"}, wantErr: "without a bearer token"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			err := run(context.Background(), tt.args, &stdout, &stderr)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("run(%q) = %v, want success; stderr:\n%s", tt.args, err, stderr.String())
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("run(%q) = %v, want an error containing %q", tt.args, err, tt.wantErr)
+			}
+			if !strings.Contains(stdout.String(), tt.wantOut) {
+				t.Errorf("run(%q) stdout = %q, want it to contain %q", tt.args, stdout.String(), tt.wantOut)
+			}
+			for _, w := range tt.wantStderr {
+				if !strings.Contains(stderr.String(), w) {
+					t.Errorf("run(%q) stderr = %q, want it to contain %q", tt.args, stderr.String(), w)
+				}
+			}
+		})
+	}
+}

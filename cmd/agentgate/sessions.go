@@ -1,0 +1,603 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+)
+
+const sessionsUsage = `usage: agentgate sessions <command> [flags] [KEY]
+
+commands:
+  list          list session keys with their current session (--platform, --limit, --after, --json)
+  show KEY      show a key's route, current session, counts and last messages (--json)
+  export KEY    print the key's sessions (current and predecessors), transcripts and outbox as JSON
+  reset KEY     end the key's current session; the next message starts a new one (daemon stopped)
+
+Every command takes --config and --data-dir. list, show and export are safe while the daemon runs.
+`
+
+// Limits of the sessions commands.
+const (
+	defaultListPage = 50
+	showMessages    = 10   // messages printed by show
+	showTextRunes   = 80   // text runes per message line of show
+	maxIncarnations = 1000 // predecessors followed by export
+)
+
+// sessions runs `agentgate sessions <list|show|export|reset>`.
+func sessions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help" {
+		fmt.Fprint(stderr, sessionsUsage)
+		return errUsage
+	}
+	sub, args := args[0], args[1:]
+	switch sub {
+	case "list":
+		return sessionsList(ctx, args, stdout, stderr)
+	case "show":
+		return sessionsShow(ctx, args, stdout, stderr)
+	case "export":
+		return sessionsExport(ctx, args, stdout, stderr)
+	case "reset":
+		return sessionsReset(ctx, args, stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, sessionsUsage)
+		return nil
+	}
+	fmt.Fprintf(stderr, "agentgate sessions: unknown command %q\n\n%s", sub, sessionsUsage)
+	return errUsage
+}
+
+func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fset := flag.NewFlagSet("sessions list", flag.ContinueOnError)
+	var cf configFlags
+	cf.register(fset)
+	asJSON := fset.Bool("json", false, "print one JSON array")
+	platform := fset.String("platform", "", "only sessions of this `platform`")
+	limit := fset.Int("limit", defaultListPage, "at most `N` keys")
+	after := fset.String("after", "", "only keys sorted after `KEY` (paging)")
+	if _, err := parseSessionArgs(fset, args, false, stderr); err != nil {
+		return helpIsDone(err)
+	}
+	if *limit < 1 {
+		return fmt.Errorf("sessions list: --limit %d: must be at least 1", *limit)
+	}
+	st, _, err := openStore(ctx, &cf, true)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	sums, err := st.ListSessions(ctx, persistence.ListFilter{Platform: *platform, AfterKey: *after, Limit: *limit})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		out := make([]listJSON, 0, len(sums))
+		for _, s := range sums {
+			out = append(out, listJSON{Session: sessionToJSON(&s.Session), Messages: s.Messages, Pending: s.Pending})
+		}
+		if err := writeJSON(stdout, out); err != nil {
+			return err
+		}
+	} else {
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "KEY\tSESSION ID\tPLATFORM\tMESSAGES\tPENDING\tLAST ACTIVITY\tENDED")
+		for _, s := range sums {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", cell(s.Session.Key), cell(s.Session.ID),
+				cell(s.Session.Platform), s.Messages, s.Pending, timeCell(s.Session.LastActivityAt), ended(&s.Session))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if len(sums) == *limit {
+		fmt.Fprintf(stderr, "more: --after %s\n", sums[len(sums)-1].Session.Key)
+	}
+	return nil
+}
+
+func sessionsShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fset := flag.NewFlagSet("sessions show", flag.ContinueOnError)
+	var cf configFlags
+	cf.register(fset)
+	asJSON := fset.Bool("json", false, "print one JSON object")
+	key, err := parseSessionArgs(fset, args, true, stderr)
+	if err != nil {
+		return helpIsDone(err)
+	}
+	st, _, err := openStore(ctx, &cf, true)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	snap, err := st.LoadSession(ctx, key, 0)
+	if err != nil {
+		return err
+	}
+	if snap.Route == nil {
+		return fmt.Errorf("session %s not found", key)
+	}
+	out := showJSON{
+		SessionKey: key,
+		Route:      routeJSON{SessionKey: snap.Route.Key, SessionID: snap.Route.SessionID, Generation: snap.Route.Generation, UpdatedAt: utc(snap.Route.UpdatedAt)},
+		Outbox:     outboxCountsJSON{LastSeq: snap.LastOutboxSeq, Undelivered: len(snap.Unconfirmed)},
+		Last:       []messageJSON{},
+	}
+	if snap.Session != nil {
+		sj := sessionToJSON(snap.Session)
+		out.Session = &sj
+		ms, err := st.Transcript(ctx, snap.Session.ID)
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			out.Counts.Messages++
+			if m.Archived {
+				out.Counts.Archived++
+			}
+			if m.Role == persistence.RoleUser && m.Status == persistence.StatusPending && m.Active {
+				out.Counts.Pending++
+			}
+		}
+		for _, m := range ms[max(0, len(ms)-showMessages):] {
+			out.Last = append(out.Last, messageToJSON(&m))
+		}
+	}
+	if *asJSON {
+		return writeJSON(stdout, out)
+	}
+	return printShow(stdout, &out)
+}
+
+// printShow renders show's text form: key/value lines, then one line per message.
+func printShow(w io.Writer, o *showJSON) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	r := o.Route
+	fmt.Fprintf(tw, "key:\t%s\n", cell(o.SessionKey))
+	fmt.Fprintf(tw, "route:\tsession %s, generation %d, updated %s\n", cell(r.SessionID), r.Generation, timeCell(r.UpdatedAt))
+	if s := o.Session; s == nil {
+		fmt.Fprintf(tw, "session:\t%s (row missing)\n", cell(r.SessionID))
+	} else {
+		for _, kv := range [][2]string{
+			{"session", s.ID}, {"platform", s.Platform}, {"chat type", s.ChatType}, {"chat id", s.ChatID},
+			{"thread id", s.ThreadID}, {"user id", s.UserID}, {"user name", s.UserName},
+			{"scope id", s.ScopeID}, {"profile", s.Profile}, {"title", s.Title},
+			{"epoch", fmt.Sprint(s.Epoch)}, {"started", timeCell(s.StartedAt)},
+			{"last activity", timeCell(s.LastActivityAt)}, {"previous session", s.PrevSessionID},
+		} {
+			fmt.Fprintf(tw, "%s:\t%s\n", kv[0], cell(kv[1]))
+		}
+		if s.EndedAt.IsZero() {
+			fmt.Fprintln(tw, "ended:\topen")
+		} else {
+			fmt.Fprintf(tw, "ended:\t%s (%s)\n", timeCell(s.EndedAt), cell(s.EndReason))
+		}
+		c := o.Counts
+		fmt.Fprintf(tw, "messages:\t%d (pending %d, archived %d)\n", c.Messages, c.Pending, c.Archived)
+	}
+	fmt.Fprintf(tw, "outbox:\tlast seq %d, undelivered %d\n", o.Outbox.LastSeq, o.Outbox.Undelivered)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(o.Last) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\nlast %d messages:\n", len(o.Last))
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tROLE\tSTATUS\tTEXT")
+	for _, m := range o.Last {
+		status := m.Status
+		switch {
+		case m.Archived:
+			status += ",archived"
+		case !m.Active:
+			status += ",inactive"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", m.Seq, cell(m.Role), cell(status), oneLine(m.Text, showTextRunes))
+	}
+	return tw.Flush()
+}
+
+func sessionsExport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fset := flag.NewFlagSet("sessions export", flag.ContinueOnError)
+	var cf configFlags
+	cf.register(fset)
+	key, err := parseSessionArgs(fset, args, true, stderr)
+	if err != nil {
+		return helpIsDone(err)
+	}
+	st, _, err := openStore(ctx, &cf, true)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	route, err := st.Route(ctx, key)
+	if errors.Is(err, persistence.ErrNotFound) {
+		return fmt.Errorf("session %s not found", key)
+	}
+	if err != nil {
+		return err
+	}
+	out := exportJSON{SessionKey: key, ExportedAt: time.Now().UTC(), Sessions: []exportSessionJSON{}, Outbox: []outboxJSON{}}
+	// Newest first: the routed session, then each predecessor. A missing row or a cycle ends the
+	// chain.
+	seen := map[string]bool{}
+	for id := route.SessionID; id != "" && !seen[id] && len(out.Sessions) < maxIncarnations; {
+		seen[id] = true
+		s, err := st.Session(ctx, id)
+		if errors.Is(err, persistence.ErrNotFound) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		ms, err := st.Transcript(ctx, id)
+		if err != nil {
+			return err
+		}
+		es := exportSessionJSON{Session: sessionToJSON(s), Messages: make([]messageJSON, 0, len(ms))}
+		for _, m := range ms {
+			es.Messages = append(es.Messages, messageToJSON(&m))
+		}
+		out.Sessions = append(out.Sessions, es)
+		id = s.PrevSessionID
+	}
+	entries, err := st.OutboxAfter(ctx, key, 0, 0)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		out.Outbox = append(out.Outbox, outboxToJSON(&e))
+	}
+	return writeJSON(stdout, out)
+}
+
+func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fset := flag.NewFlagSet("sessions reset", flag.ContinueOnError)
+	var cf configFlags
+	cf.register(fset)
+	key, err := parseSessionArgs(fset, args, true, stderr)
+	if err != nil {
+		return helpIsDone(err)
+	}
+	st, cfg, err := openStore(ctx, &cf, false)
+	if errors.Is(err, persistence.ErrLocked) {
+		return fmt.Errorf("the daemon is running on this data directory; reset through it: %s", resetCommand(cfg, key))
+	}
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	snap, err := st.LoadSession(ctx, key, 0)
+	if err != nil {
+		return err
+	}
+	if snap.Route == nil {
+		return fmt.Errorf("session %s not found", key)
+	}
+	s := snap.Session
+	if s == nil {
+		return fmt.Errorf("session %s: routed session %s not found", key, snap.Route.SessionID)
+	}
+	if !s.EndedAt.IsZero() {
+		fmt.Fprintf(stdout, "session %s of %s already ended (%s)\n", s.ID, key, s.EndReason)
+		return nil
+	}
+	end := &persistence.EndSession{SessionID: s.ID, Reason: persistence.EndResetCommand, At: time.Now().UTC()}
+	if errs := st.Commit(ctx, [][]persistence.Op{{end}}); len(errs) > 0 && errs[0] != nil {
+		return fmt.Errorf("reset %s: %w", key, errs[0])
+	}
+	fmt.Fprintf(stdout, "ended session %s of %s (%s)\n", s.ID, key, persistence.EndResetCommand)
+	if n := len(snap.Pending); n > 0 {
+		// The daemon never resumes an ended session, so these stay unanswered.
+		fmt.Fprintf(stderr, "note: %d pending message(s) of the ended session will not be answered\n", n)
+	}
+	return nil
+}
+
+// resetCommand is the curl command line that resets key through the running daemon.
+func resetCommand(cfg *config.Config, key string) string {
+	addr := "127.0.0.1:8080"
+	var auth string
+	if cfg != nil {
+		addr = cfg.HTTP.Addr
+		if cfg.HTTP.TokenEnv != "" {
+			auth = fmt.Sprintf(` -H "Authorization: Bearer $%s"`, cfg.HTTP.TokenEnv)
+		}
+	}
+	// A wildcard listen address is reached on loopback.
+	if host, port, err := net.SplitHostPort(addr); err == nil {
+		if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+			addr = net.JoinHostPort("127.0.0.1", port)
+		}
+	}
+	return fmt.Sprintf("curl -X POST%s http://%s/v1/sessions/%s/reset", auth, addr, url.PathEscape(key))
+}
+
+// parseSessionArgs parses fset's flags, which may come before and after the KEY argument when
+// wantKey. It returns flag.ErrHelp after -h and errUsage after a usage error.
+func parseSessionArgs(fset *flag.FlagSet, args []string, wantKey bool, stderr io.Writer) (string, error) {
+	fset.SetOutput(stderr)
+	if err := fset.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return "", flag.ErrHelp
+		}
+		return "", errUsage
+	}
+	var key string
+	if wantKey {
+		if fset.NArg() == 0 {
+			fmt.Fprintf(stderr, "agentgate %s: missing KEY\n", fset.Name())
+			return "", errUsage
+		}
+		key = fset.Arg(0)
+		if err := fset.Parse(fset.Args()[1:]); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return "", flag.ErrHelp
+			}
+			return "", errUsage
+		}
+		if _, err := identity.ParseKey(key); err != nil {
+			return "", fmt.Errorf("%s: %v (want agent:<profile>:<platform>:<chat type>:<chat id>[:...], as printed by sessions list)", fset.Name(), err)
+		}
+	}
+	if fset.NArg() > 0 {
+		fmt.Fprintf(stderr, "agentgate %s: unexpected argument %q\n", fset.Name(), fset.Arg(0))
+		return "", errUsage
+	}
+	return key, nil
+}
+
+// helpIsDone turns the help request of parseSessionArgs into success.
+func helpIsDone(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	return err
+}
+
+// openStore loads the configuration and opens its SQLite database, read-only or with the write
+// lock. It never creates a database. The config is returned whenever it loaded, even on error.
+func openStore(ctx context.Context, cf *configFlags, readOnly bool) (*sqlite.Store, *config.Config, error) {
+	cfg, err := cf.load()
+	if err != nil {
+		return nil, nil, fmt.Errorf("config: %w", err)
+	}
+	if cfg.Store.Driver != "sqlite" {
+		return nil, cfg, fmt.Errorf("store driver %q: the sessions command supports sqlite only", cfg.Store.Driver)
+	}
+	path := cfg.DSN()
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return nil, cfg, fmt.Errorf("no database at %s (check --data-dir and --config)", path)
+	}
+	var st *sqlite.Store
+	if readOnly {
+		st, err = sqlite.OpenReadOnly(ctx, path)
+	} else {
+		st, err = sqlite.Open(ctx, path, sqlite.Options{Synchronous: cfg.Store.Synchronous})
+	}
+	if err != nil {
+		return nil, cfg, err
+	}
+	return st, cfg, nil
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// cell makes an untrusted value safe for one table cell: one line, no control characters, "-"
+// when empty.
+func cell(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return oneLine(s, 0)
+}
+
+// oneLine renders text on one line: line breaks become ⏎, tabs spaces and other control
+// characters U+FFFD (so nothing reaches the terminal as an escape sequence). A positive limit
+// keeps the first limit runes and marks the cut with "…".
+func oneLine(s string, limit int) string {
+	s = strings.ReplaceAll(s, "\r\n", "\n")
+	var b strings.Builder
+	n := 0
+	for _, r := range s {
+		if limit > 0 && n == limit {
+			b.WriteString("…")
+			break
+		}
+		switch {
+		case r == '\n' || r == '\r' || r == '\u2028' || r == '\u2029':
+			r = '⏎'
+		case r == '\t':
+			r = ' '
+		case unicode.IsControl(r):
+			r = unicode.ReplacementChar
+		}
+		b.WriteRune(r)
+		n++
+	}
+	return b.String()
+}
+
+// timeCell is t in RFC 3339 UTC, or "-" for the zero time.
+func timeCell(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// ended is the ENDED column: the end reason, or "open".
+func ended(s *persistence.Session) string {
+	switch {
+	case s.EndedAt.IsZero():
+		return "open"
+	case s.EndReason == "":
+		return "ended"
+	}
+	return cell(s.EndReason)
+}
+
+func utc(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Time{}
+	}
+	return t.UTC()
+}
+
+// The JSON forms below are the command's output contract: snake_case names that do not follow
+// the Go field names of the persistence rows.
+
+type sessionJSON struct {
+	ID             string    `json:"id"`
+	SessionKey     string    `json:"session_key"`
+	Platform       string    `json:"platform"`
+	ChatType       string    `json:"chat_type"`
+	ChatID         string    `json:"chat_id"`
+	ThreadID       string    `json:"thread_id"`
+	UserID         string    `json:"user_id"`
+	UserName       string    `json:"user_name"`
+	ScopeID        string    `json:"scope_id"`
+	Profile        string    `json:"profile"`
+	Title          string    `json:"title"`
+	Epoch          int64     `json:"epoch"`
+	StartedAt      time.Time `json:"started_at,omitzero"`
+	LastActivityAt time.Time `json:"last_activity_at,omitzero"`
+	EndedAt        time.Time `json:"ended_at,omitzero"`
+	EndReason      string    `json:"end_reason,omitempty"`
+	PrevSessionID  string    `json:"prev_session_id,omitempty"`
+}
+
+type messageJSON struct {
+	SessionID string    `json:"session_id"`
+	Seq       int64     `json:"seq"`
+	Role      string    `json:"role"`
+	Text      string    `json:"text"`
+	Platform  string    `json:"platform"`
+	ChatID    string    `json:"chat_id"`
+	MessageID string    `json:"message_id"`
+	UserID    string    `json:"user_id"`
+	UserName  string    `json:"user_name"`
+	TurnID    string    `json:"turn_id"`
+	Status    string    `json:"status"`
+	Active    bool      `json:"active"`
+	Archived  bool      `json:"archived"`
+	Attempts  int       `json:"attempts"`
+	CreatedAt time.Time `json:"created_at,omitzero"`
+}
+
+type outboxJSON struct {
+	SessionKey  string    `json:"session_key"`
+	Seq         int64     `json:"seq"`
+	SessionID   string    `json:"session_id"`
+	Kind        string    `json:"kind"`
+	Text        string    `json:"text"`
+	TurnID      string    `json:"turn_id"`
+	InReplyTo   []string  `json:"in_reply_to"`
+	Platform    string    `json:"platform"`
+	ChatType    string    `json:"chat_type"`
+	ChatID      string    `json:"chat_id"`
+	ThreadID    string    `json:"thread_id"`
+	UserID      string    `json:"user_id"`
+	State       string    `json:"state"`
+	Attempts    int       `json:"attempts"`
+	CreatedAt   time.Time `json:"created_at,omitzero"`
+	DeliveredAt time.Time `json:"delivered_at,omitzero"`
+}
+
+type routeJSON struct {
+	SessionKey string    `json:"session_key"`
+	SessionID  string    `json:"session_id"`
+	Generation int64     `json:"generation"`
+	UpdatedAt  time.Time `json:"updated_at,omitzero"`
+}
+
+type listJSON struct {
+	Session  sessionJSON `json:"session"`
+	Messages int         `json:"messages"`
+	Pending  int         `json:"pending"`
+}
+
+type showJSON struct {
+	SessionKey string       `json:"session_key"`
+	Route      routeJSON    `json:"route"`
+	Session    *sessionJSON `json:"session"` // null when the routed row is missing
+	Counts     struct {
+		Messages int `json:"messages"` // every row, archived ones included
+		Pending  int `json:"pending"`
+		Archived int `json:"archived"`
+	} `json:"counts"`
+	Outbox outboxCountsJSON `json:"outbox"`
+	Last   []messageJSON    `json:"last_messages"`
+}
+
+type outboxCountsJSON struct {
+	LastSeq     int64 `json:"last_seq"`
+	Undelivered int   `json:"undelivered"`
+}
+
+type exportJSON struct {
+	SessionKey string              `json:"session_key"`
+	ExportedAt time.Time           `json:"exported_at"`
+	Sessions   []exportSessionJSON `json:"sessions"` // newest first
+	Outbox     []outboxJSON        `json:"outbox"`
+}
+
+type exportSessionJSON struct {
+	Session  sessionJSON   `json:"session"`
+	Messages []messageJSON `json:"messages"`
+}
+
+func sessionToJSON(s *persistence.Session) sessionJSON {
+	return sessionJSON{
+		ID: s.ID, SessionKey: s.Key, Platform: s.Platform, ChatType: s.ChatType, ChatID: s.ChatID,
+		ThreadID: s.ThreadID, UserID: s.UserID, UserName: s.UserName, ScopeID: s.ScopeID,
+		Profile: s.Profile, Title: s.Title, Epoch: s.Epoch, StartedAt: utc(s.StartedAt),
+		LastActivityAt: utc(s.LastActivityAt), EndedAt: utc(s.EndedAt), EndReason: s.EndReason,
+		PrevSessionID: s.PrevSessionID,
+	}
+}
+
+func messageToJSON(m *persistence.Message) messageJSON {
+	return messageJSON{
+		SessionID: m.SessionID, Seq: m.Seq, Role: m.Role, Text: m.Content, Platform: m.Platform,
+		ChatID: m.ChatID, MessageID: m.MessageID, UserID: m.UserID, UserName: m.UserName,
+		TurnID: m.TurnID, Status: m.Status, Active: m.Active, Archived: m.Archived,
+		Attempts: m.Attempts, CreatedAt: utc(m.CreatedAt),
+	}
+}
+
+func outboxToJSON(e *persistence.OutboxEntry) outboxJSON {
+	in := e.InReplyTo
+	if in == nil {
+		in = []string{}
+	}
+	return outboxJSON{
+		SessionKey: e.SessionKey, Seq: e.Seq, SessionID: e.SessionID, Kind: e.Kind, Text: e.Text,
+		TurnID: e.TurnID, InReplyTo: in, Platform: e.Platform, ChatType: e.ChatType,
+		ChatID: e.ChatID, ThreadID: e.ThreadID, UserID: e.UserID, State: e.State,
+		Attempts: e.Attempts, CreatedAt: utc(e.CreatedAt), DeliveredAt: utc(e.DeliveredAt),
+	}
+}

@@ -1,0 +1,481 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/google/go-cmp/cmp"
+)
+
+// The seeded data directory: keyA has an ended predecessor (sa1) and a current session (sa2);
+// keyB (another platform) has one session. Keys sort keyB before keyA.
+const (
+	keyA = "agent:main:http:dm:alice"
+	keyB = "agent:main:discord:group:g1:bob"
+)
+
+// Fixed times: the seeded rows never read the clock.
+var sessT0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+func sessAt(min int) time.Time { return sessT0.Add(time.Duration(min) * time.Minute) }
+
+var longText = strings.Repeat("x", 200)
+
+// MustSeedSessions creates a data directory holding both keys and returns it.
+func MustSeedSessions(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatalf("sqlite.Open: %v", err)
+	}
+	defer st.Close()
+
+	sess := func(id, key, platform, chatType, chatID, user, prev string, start, last int) *persistence.CreateSession {
+		return &persistence.CreateSession{Session: persistence.Session{
+			ID: id, Key: key, Platform: platform, ChatType: chatType, ChatID: chatID, UserID: user,
+			UserName: strings.ToUpper(user[:1]) + user[1:], ScopeID: "scope-" + chatID,
+			StartedAt: sessAt(start), LastActivityAt: sessAt(last), PrevSessionID: prev, Epoch: 1,
+		}}
+	}
+	msg := func(sid string, seq int64, role, msgID, text, status string) *persistence.AppendMessage {
+		return &persistence.AppendMessage{Message: persistence.Message{
+			SessionID: sid, Seq: seq, Role: role, Content: text, Platform: "http", ChatID: "alice",
+			MessageID: msgID, UserID: "alice", Status: status, Active: true, CreatedAt: sessAt(int(seq)),
+		}}
+	}
+	route := func(key, id string, gen int64, at int) *persistence.PutRoute {
+		return &persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: id, Generation: gen, UpdatedAt: sessAt(at)}}
+	}
+	out := func(seq int64, sid, kind, text, state string, inReplyTo ...string) *persistence.AddOutbox {
+		return &persistence.AddOutbox{Entry: persistence.OutboxEntry{
+			SessionKey: keyA, Seq: seq, SessionID: sid, Kind: kind, Text: text, InReplyTo: inReplyTo,
+			Platform: "http", ChatType: "dm", ChatID: "alice", UserID: "alice", State: state,
+			CreatedAt: sessAt(int(seq)),
+		}}
+	}
+	const user, asst, done, pending = persistence.RoleUser, persistence.RoleAssistant, persistence.StatusDone, persistence.StatusPending
+
+	storetest.MustCommit(t, st,
+		sess("sa1", keyA, "http", "dm", "alice", "alice", "", 0, 5),
+		msg("sa1", 1, user, "m1", "hello", done),
+		msg("sa1", 2, asst, "", "hi there", done),
+		msg("sa1", 3, user, "m2", "scrap this", done),
+		&persistence.ArchiveMessages{SessionID: "sa1", Seqs: []int64{3}},
+		route(keyA, "sa1", 1, 0),
+		out(1, "sa1", "reply", "hi there", persistence.DeliveryDelivered, "m1"),
+		&persistence.EndSession{SessionID: "sa1", Reason: persistence.EndNewCommand, At: sessAt(6)},
+	)
+	storetest.MustCommit(t, st,
+		sess("sa2", keyA, "http", "dm", "alice", "alice", "sa1", 10, 20),
+		msg("sa2", 1, user, "m3", "line one\nline two", done),
+		msg("sa2", 2, asst, "", longText, done),
+		msg("sa2", 3, user, "m4", "still there?", pending),
+		msg("sa2", 4, user, "m5", "never mind", done),
+		&persistence.ArchiveMessages{SessionID: "sa2", Seqs: []int64{4}},
+		route(keyA, "sa2", 2, 10),
+		out(2, "sa2", "notice", "new session started", persistence.DeliveryPending),
+	)
+	storetest.MustCommit(t, st,
+		sess("sb1", keyB, "discord", "group", "g1", "bob", "", 30, 31),
+		&persistence.AppendMessage{Message: persistence.Message{
+			SessionID: "sb1", Seq: 1, Role: user, Content: "hey", Platform: "discord", ChatID: "g1",
+			MessageID: "d1", UserID: "bob", Status: pending, Active: true, CreatedAt: sessAt(31),
+		}},
+		route(keyB, "sb1", 1, 30),
+	)
+	return dir
+}
+
+// runSessions runs `agentgate sessions args...` and returns its stdout, stderr and error.
+func runSessions(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var o, e bytes.Buffer
+	err = run(context.Background(), append([]string{"sessions"}, args...), &o, &e)
+	return o.String(), e.String(), err
+}
+
+// MustRunSessions is runSessions that fails the test on an error.
+func MustRunSessions(t *testing.T, args ...string) (stdout, stderr string) {
+	t.Helper()
+	o, e, err := runSessions(t, args...)
+	if err != nil {
+		t.Fatalf("sessions %s: %v (stderr %q)", strings.Join(args, " "), err, e)
+	}
+	return o, e
+}
+
+// fieldOf returns the value of the first "label:  value" line of show's text output.
+func fieldOf(out, label string) string {
+	for line := range strings.Lines(out) {
+		if rest, ok := strings.CutPrefix(line, label+":"); ok {
+			return strings.TrimSpace(rest)
+		}
+	}
+	return "(no " + label + " line)"
+}
+
+func TestSessionsList(t *testing.T) {
+	dir := MustSeedSessions(t)
+	rowA := []string{keyA, "sa2", "http", "4", "1", "2025-03-01T12:20:00Z", "open"}
+	rowB := []string{keyB, "sb1", "discord", "1", "1", "2025-03-01T12:31:00Z", "open"}
+	tests := []struct {
+		name     string
+		args     []string
+		wantRows [][]string
+		wantMore string // the paging hint on stderr, "" for none
+	}{
+		{"all", nil, [][]string{rowB, rowA}, ""},
+		{"platform filter", []string{"--platform", "http"}, [][]string{rowA}, ""},
+		{"unknown platform", []string{"--platform", "slack"}, nil, ""},
+		{"full page", []string{"--limit", "1"}, [][]string{rowB}, "more: --after " + keyB + "\n"},
+		{"next page", []string{"--limit", "1", "--after", keyB}, [][]string{rowA}, "more: --after " + keyA + "\n"},
+		{"last page", []string{"--limit", "1", "--after", keyA}, nil, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out, errOut := MustRunSessions(t, append([]string{"list", "--data-dir", dir}, tc.args...)...)
+			lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+			if got, want := strings.Fields(lines[0]), []string{"KEY", "SESSION", "ID", "PLATFORM", "MESSAGES", "PENDING", "LAST", "ACTIVITY", "ENDED"}; !cmp.Equal(got, want) {
+				t.Errorf("header = %q, want %q", got, want)
+			}
+			var rows [][]string
+			for _, l := range lines[1:] {
+				rows = append(rows, strings.Fields(l))
+			}
+			if d := cmp.Diff(tc.wantRows, rows); d != "" {
+				t.Errorf("rows mismatch (-want +got):\n%s", d)
+			}
+			if errOut != tc.wantMore {
+				t.Errorf("stderr = %q, want %q", errOut, tc.wantMore)
+			}
+		})
+	}
+
+	t.Run("json", func(t *testing.T) {
+		out, _ := MustRunSessions(t, "list", "--data-dir", dir, "--json")
+		var got []struct {
+			Session struct {
+				ID         string `json:"id"`
+				SessionKey string `json:"session_key"`
+				Platform   string `json:"platform"`
+				UserName   string `json:"user_name"`
+				EndedAt    string `json:"ended_at"`
+			} `json:"session"`
+			Messages int `json:"messages"`
+			Pending  int `json:"pending"`
+		}
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("decode %q: %v", out, err)
+		}
+		if len(got) != 2 {
+			t.Fatalf("got %d sessions, want 2: %s", len(got), out)
+		}
+		g := got[1]
+		if g.Session.ID != "sa2" || g.Session.SessionKey != keyA || g.Session.Platform != "http" ||
+			g.Session.UserName != "Alice" || g.Session.EndedAt != "" || g.Messages != 4 || g.Pending != 1 {
+			t.Errorf("list[1] = %+v, want sa2 of %s (http, Alice, open) with 4 messages, 1 pending", g, keyA)
+		}
+	})
+
+	t.Run("json empty", func(t *testing.T) {
+		out, _ := MustRunSessions(t, "list", "--data-dir", dir, "--json", "--platform", "slack")
+		if got := strings.TrimSpace(out); got != "[]" {
+			t.Errorf("list --json of nothing = %q, want []", got)
+		}
+	})
+
+	t.Run("bad limit", func(t *testing.T) {
+		if _, _, err := runSessions(t, "list", "--data-dir", dir, "--limit", "0"); err == nil || !strings.Contains(err.Error(), "--limit") {
+			t.Errorf("list --limit 0 error = %v, want one naming --limit", err)
+		}
+	})
+
+	t.Run("no database", func(t *testing.T) {
+		_, _, err := runSessions(t, "list", "--data-dir", t.TempDir())
+		if err == nil || !strings.Contains(err.Error(), "no database at") {
+			t.Errorf("list of an empty directory error = %v, want \"no database at ...\"", err)
+		}
+	})
+}
+
+func TestSessionsShow(t *testing.T) {
+	dir := MustSeedSessions(t)
+
+	t.Run("text", func(t *testing.T) {
+		out, _ := MustRunSessions(t, "show", keyA, "--data-dir", dir)
+		for _, f := range []struct{ label, want string }{
+			{"key", keyA},
+			{"route", "session sa2, generation 2, updated 2025-03-01T12:10:00Z"},
+			{"session", "sa2"},
+			{"platform", "http"},
+			{"chat type", "dm"},
+			{"chat id", "alice"},
+			{"thread id", "-"},
+			{"user id", "alice"},
+			{"user name", "Alice"},
+			{"scope id", "scope-alice"},
+			{"started", "2025-03-01T12:10:00Z"},
+			{"last activity", "2025-03-01T12:20:00Z"},
+			{"previous session", "sa1"},
+			{"ended", "open"},
+			{"messages", "4 (pending 1, archived 1)"},
+			{"outbox", "last seq 2, undelivered 1"},
+		} {
+			if got := fieldOf(out, f.label); got != f.want {
+				t.Errorf("%s = %q, want %q\n%s", f.label, got, f.want, out)
+			}
+		}
+		_, msgs, ok := strings.Cut(out, "last 4 messages:\n")
+		if !ok {
+			t.Fatalf("show prints no message list:\n%s", out)
+		}
+		var got [][]string
+		for line := range strings.Lines(msgs) {
+			got = append(got, strings.Fields(line))
+		}
+		want := [][]string{
+			{"SEQ", "ROLE", "STATUS", "TEXT"},
+			{"1", "user", "done", "line", "one⏎line", "two"},
+			{"2", "assistant", "done", strings.Repeat("x", 80) + "…"},
+			{"3", "user", "pending", "still", "there?"},
+			{"4", "user", "done,archived", "never", "mind"},
+		}
+		if d := cmp.Diff(want, got); d != "" {
+			t.Errorf("message lines mismatch (-want +got):\n%s", d)
+		}
+	})
+
+	t.Run("json", func(t *testing.T) {
+		out, _ := MustRunSessions(t, "show", "--json", "--data-dir", dir, keyA)
+		var got struct {
+			SessionKey string `json:"session_key"`
+			Route      struct {
+				SessionID  string `json:"session_id"`
+				Generation int64  `json:"generation"`
+			} `json:"route"`
+			Session struct {
+				ID            string    `json:"id"`
+				ChatType      string    `json:"chat_type"`
+				ScopeID       string    `json:"scope_id"`
+				PrevSessionID string    `json:"prev_session_id"`
+				StartedAt     time.Time `json:"started_at"`
+			} `json:"session"`
+			Counts struct {
+				Messages, Pending, Archived int
+			} `json:"counts"`
+			Last []struct {
+				Seq  int64  `json:"seq"`
+				Text string `json:"text"`
+			} `json:"last_messages"`
+		}
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("decode %q: %v", out, err)
+		}
+		if got.SessionKey != keyA || got.Route.SessionID != "sa2" || got.Route.Generation != 2 {
+			t.Errorf("key, route = %q, %+v, want %q, {sa2 2}", got.SessionKey, got.Route, keyA)
+		}
+		if got.Session.ID != "sa2" || got.Session.ChatType != "dm" || got.Session.ScopeID != "scope-alice" ||
+			got.Session.PrevSessionID != "sa1" || !got.Session.StartedAt.Equal(sessAt(10)) {
+			t.Errorf("session = %+v, want sa2 (dm, scope-alice, prev sa1, started %v)", got.Session, sessAt(10))
+		}
+		if got.Counts.Messages != 4 || got.Counts.Pending != 1 || got.Counts.Archived != 1 {
+			t.Errorf("counts = %+v, want 4 messages, 1 pending, 1 archived", got.Counts)
+		}
+		if len(got.Last) != 4 || got.Last[1].Text != longText {
+			t.Errorf("last_messages = %+v, want 4 with the full text of seq 2", got.Last)
+		}
+	})
+
+	errTests := []struct {
+		name, key, want string
+	}{
+		{"unknown key", "agent:main:http:dm:nobody", "session agent:main:http:dm:nobody not found"},
+		{"not a key", "alice", "not a session key"},
+	}
+	for _, tc := range errTests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := runSessions(t, "show", "--data-dir", dir, tc.key)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("show %q error = %v, want one containing %q", tc.key, err, tc.want)
+			}
+		})
+	}
+
+	t.Run("missing key", func(t *testing.T) {
+		if _, _, err := runSessions(t, "show", "--data-dir", dir); !errors.Is(err, errUsage) {
+			t.Errorf("show without KEY error = %v, want errUsage", err)
+		}
+	})
+}
+
+func TestSessionsExport(t *testing.T) {
+	dir := MustSeedSessions(t)
+	out, _ := MustRunSessions(t, "export", "--data-dir", dir, keyA)
+
+	type msg struct {
+		Seq       int64  `json:"seq"`
+		Role      string `json:"role"`
+		Text      string `json:"text"`
+		MessageID string `json:"message_id"`
+		Status    string `json:"status"`
+		Active    bool   `json:"active"`
+		Archived  bool   `json:"archived"`
+	}
+	type sess struct {
+		Session struct {
+			ID            string `json:"id"`
+			SessionKey    string `json:"session_key"`
+			EndReason     string `json:"end_reason"`
+			PrevSessionID string `json:"prev_session_id"`
+		} `json:"session"`
+		Messages []msg `json:"messages"`
+	}
+	type entry struct {
+		Seq       int64    `json:"seq"`
+		SessionID string   `json:"session_id"`
+		Kind      string   `json:"kind"`
+		InReplyTo []string `json:"in_reply_to"`
+		State     string   `json:"state"`
+	}
+	var got struct {
+		SessionKey string    `json:"session_key"`
+		ExportedAt time.Time `json:"exported_at"`
+		Sessions   []sess    `json:"sessions"`
+		Outbox     []entry   `json:"outbox"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("decode %q: %v", out, err)
+	}
+	if got.SessionKey != keyA || got.ExportedAt.IsZero() {
+		t.Errorf("session_key, exported_at = %q, %v, want %q and a time", got.SessionKey, got.ExportedAt, keyA)
+	}
+
+	var want struct{ Sessions []sess }
+	want.Sessions = make([]sess, 2)
+	want.Sessions[0].Session.ID, want.Sessions[0].Session.SessionKey, want.Sessions[0].Session.PrevSessionID = "sa2", keyA, "sa1"
+	want.Sessions[0].Messages = []msg{
+		{1, "user", "line one\nline two", "m3", "done", true, false},
+		{2, "assistant", longText, "", "done", true, false},
+		{3, "user", "still there?", "m4", "pending", true, false},
+		{4, "user", "never mind", "m5", "done", false, true},
+	}
+	want.Sessions[1].Session.ID, want.Sessions[1].Session.SessionKey, want.Sessions[1].Session.EndReason = "sa1", keyA, "new_command"
+	want.Sessions[1].Messages = []msg{
+		{1, "user", "hello", "m1", "done", true, false},
+		{2, "assistant", "hi there", "", "done", true, false},
+		{3, "user", "scrap this", "m2", "done", false, true},
+	}
+	if d := cmp.Diff(want.Sessions, got.Sessions); d != "" {
+		t.Errorf("sessions mismatch (-want +got):\n%s", d)
+	}
+	wantOutbox := []entry{
+		{1, "sa1", "reply", []string{"m1"}, "delivered"},
+		{2, "sa2", "notice", []string{}, "pending"},
+	}
+	if d := cmp.Diff(wantOutbox, got.Outbox); d != "" {
+		t.Errorf("outbox mismatch (-want +got):\n%s", d)
+	}
+
+	t.Run("unknown key", func(t *testing.T) {
+		_, _, err := runSessions(t, "export", "--data-dir", dir, "agent:main:http:dm:nobody")
+		if err == nil || !strings.Contains(err.Error(), "not found") {
+			t.Errorf("export of an unknown key error = %v, want not found", err)
+		}
+	})
+}
+
+func TestSessionsReset(t *testing.T) {
+	t.Run("ends the current session", func(t *testing.T) {
+		dir := MustSeedSessions(t)
+		out, errOut := MustRunSessions(t, "reset", "--data-dir", dir, keyA)
+		if want := "ended session sa2 of " + keyA + " (reset_command)\n"; out != want {
+			t.Errorf("reset stdout = %q, want %q", out, want)
+		}
+		if want := "note: 1 pending message(s) of the ended session will not be answered\n"; errOut != want {
+			t.Errorf("reset stderr = %q, want %q", errOut, want)
+		}
+		show, _ := MustRunSessions(t, "show", "--data-dir", dir, keyA)
+		if got := fieldOf(show, "ended"); !strings.HasSuffix(got, "(reset_command)") {
+			t.Errorf("after reset, ended = %q, want it to end in (reset_command)", got)
+		}
+		list, _ := MustRunSessions(t, "list", "--data-dir", dir, "--platform", "http")
+		if !strings.Contains(list, "reset_command") {
+			t.Errorf("after reset, list = %q, want reset_command in the ENDED column", list)
+		}
+
+		out, _ = MustRunSessions(t, "reset", "--data-dir", dir, keyA)
+		if want := "session sa2 of " + keyA + " already ended (reset_command)\n"; out != want {
+			t.Errorf("second reset stdout = %q, want %q", out, want)
+		}
+	})
+
+	t.Run("unknown key", func(t *testing.T) {
+		dir := MustSeedSessions(t)
+		_, _, err := runSessions(t, "reset", "--data-dir", dir, "agent:main:http:dm:nobody")
+		if err == nil || !strings.Contains(err.Error(), "not found") {
+			t.Errorf("reset of an unknown key error = %v, want not found", err)
+		}
+	})
+
+	t.Run("daemon running", func(t *testing.T) {
+		dir := MustSeedSessions(t)
+		// The daemon holds the write lock of the data directory for its lifetime.
+		daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatalf("sqlite.Open: %v", err)
+		}
+		defer daemon.Close()
+
+		list, _ := MustRunSessions(t, "list", "--data-dir", dir)
+		if !strings.Contains(list, keyA) || !strings.Contains(list, keyB) {
+			t.Errorf("list while the daemon runs = %q, want both keys", list)
+		}
+		MustRunSessions(t, "show", "--data-dir", dir, keyA)
+		MustRunSessions(t, "export", "--data-dir", dir, keyA)
+
+		_, _, err = runSessions(t, "reset", "--data-dir", dir, "--http-addr", "0.0.0.0:9191", keyA)
+		want := "the daemon is running on this data directory; reset through it: " +
+			"curl -X POST http://127.0.0.1:9191/v1/sessions/" + keyA + "/reset"
+		if err == nil || err.Error() != want {
+			t.Errorf("reset while the daemon runs error = %v, want %q", err, want)
+		}
+		s, err := daemon.Session(context.Background(), "sa2")
+		if err != nil {
+			t.Fatalf("Session(sa2): %v", err)
+		}
+		if !s.EndedAt.IsZero() {
+			t.Errorf("after a refused reset, sa2 ended at %v (%s), want open", s.EndedAt, s.EndReason)
+		}
+	})
+}
+
+func TestSessionsOneLine(t *testing.T) {
+	tests := []struct {
+		name, in string
+		limit    int
+		want     string
+	}{
+		{"plain", "hello", 80, "hello"},
+		{"newlines", "a\nb\r\nc", 80, "a⏎b⏎c"},
+		{"controls", "a\tb\x1b[31mc", 0, "a b\uFFFD[31mc"},
+		{"cut", "héllo wörld", 5, "héllo…"},
+		{"exact", "hello", 5, "hello"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := oneLine(tc.in, tc.limit); got != tc.want {
+				t.Errorf("oneLine(%q, %d) = %q, want %q", tc.in, tc.limit, got, tc.want)
+			}
+		})
+	}
+}

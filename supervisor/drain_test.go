@@ -1,0 +1,125 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/agentgate/agentgate/platforms/platformtest"
+)
+
+// startOn starts a daemon on dataDir with agent and a fresh fake platform, without stopping it
+// at the end of the test (the test does).
+func startOn(t *testing.T, dataDir string, drain time.Duration, agent agents.Agent) *runtime {
+	t.Helper()
+	cfg := config.Default()
+	cfg.DataDir = dataDir
+	cfg.HTTP.Addr = "127.0.0.1:0"
+	cfg.Shutdown.DrainTimeout = drain
+	fake := platformtest.NewFake("fake")
+	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	d, err := Start(t.Context(), cfg, log, Options{Agent: agent, Platforms: []platforms.Platform{fake}})
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := fake.WaitRunning(ctx); err != nil {
+		t.Fatalf("fake platform never ran: %v", err)
+	}
+	return &runtime{d: d, fake: fake}
+}
+
+func (r *runtime) stop(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := r.d.Stop(ctx); err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+}
+
+var dm = identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1"}
+
+// TestDrainLetsRunningTurnsFinish: on stop, intake refuses new messages at once while a running
+// turn finishes and its reply is delivered before the daemon exits.
+func TestDrainLetsRunningTurnsFinish(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		if req.Identity.ChatID == "probe" {
+			return &agents.Response{Text: "probe"}, nil
+		}
+		close(started)
+		<-release
+		return &agents.Response{Text: "finished"}, nil
+	})
+	r := startOn(t, t.TempDir(), 30*time.Second, agent)
+	r.inject(t, dm, "m1", "work")
+	<-started
+	stopped := make(chan struct{})
+	go func() { r.stop(t); close(stopped) }()
+	probe := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "probe", UserID: "u"}
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; ; i++ {
+		_, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: probe, MessageID: fmt.Sprint("p", i), Text: "late"})
+		if errors.Is(err, platforms.ErrDraining) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("intake still accepts messages while draining (last error %v)", err)
+		}
+	}
+	close(release)
+	<-stopped
+	var work []string
+	for _, o := range r.fake.Sent() {
+		if o.Target.ChatID == "c1" {
+			work = append(work, o.Text)
+		}
+	}
+	if len(work) != 1 || work[0] != "finished" {
+		t.Errorf("replies to the running turn = %q, want [finished]", work)
+	}
+}
+
+// TestDrainDeadlineCancelsTurnsAndRecoveryRerunsThem: a turn still running at the drain deadline
+// is cancelled; its message stays pending in the store, and the next start answers it without
+// waiting for traffic.
+func TestDrainDeadlineCancelsTurnsAndRecoveryRerunsThem(t *testing.T) {
+	dir := t.TempDir()
+	stuck := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	r := startOn(t, dir, 100*time.Millisecond, stuck)
+	ack := r.inject(t, dm, "m1", "please answer")
+	r.stop(t)
+	if sent := r.fake.Sent(); len(sent) != 0 {
+		t.Fatalf("a cancelled turn delivered %+v", sent)
+	}
+
+	echo := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		return &agents.Response{Text: "answered " + req.Identity.MessageID + " in " + req.Identity.SessionID}, nil
+	})
+	r2 := startOn(t, dir, time.Second, echo)
+	defer r2.stop(t)
+	outs := r2.waitSent(t, 1)
+	if want := "answered m1 in " + ack.SessionID; outs[0].Text != want {
+		t.Errorf("after restart sent %q, want %q", outs[0].Text, want)
+	}
+	msgs, err := r2.d.store.Transcript(t.Context(), ack.SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) < 2 || msgs[0].Status != persistence.StatusDone || msgs[1].Role != persistence.RoleAssistant {
+		t.Errorf("transcript after recovery = %+v, want m1 done and the reply", msgs)
+	}
+}
