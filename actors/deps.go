@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
@@ -51,6 +52,9 @@ type Deps struct {
 	Metrics   *metrics.Metrics
 	Now       func() time.Time
 	Node      string
+	// Spooling is true while the persistence actor holds writes in the spool: the store does not
+	// show them yet, so sessions stay in memory instead of passivating.
+	Spooling atomic.Bool
 }
 
 func (d *Deps) now() time.Time {

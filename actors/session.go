@@ -193,7 +193,7 @@ func (s *Session) armIdle(c actor.Context) {
 }
 
 func (s *Session) onIdle(c actor.Context) {
-	if s.running == nil && len(s.queue) == 0 && len(s.inflight) == 0 {
+	if s.running == nil && len(s.queue) == 0 && len(s.inflight) == 0 && !s.d.Spooling.Load() {
 		c.Send(c.Parent(), &passivate{key: s.key})
 		return
 	}

@@ -10,6 +10,8 @@ var (
 	// ErrUnavailable wraps a write error that means the database cannot be written right now
 	// (locked, read-only, disk full, I/O error); such writes go to the spool.
 	ErrUnavailable = errors.New("persistence: database unavailable")
+	// ErrCorruptSpool marks a spooled batch that cannot be decoded; it is quarantined.
+	ErrCorruptSpool = errors.New("persistence: corrupt spool batch")
 	// ErrDefaultDataDir is returned when code under test tries to open the default (production)
 	// data directory.
 	ErrDefaultDataDir = errors.New("persistence: refusing to open the default data directory under go test")

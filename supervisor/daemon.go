@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/platforms"
 	httpplatform "github.com/agentgate/agentgate/platforms/http"
@@ -43,6 +45,7 @@ type Daemon struct {
 	cancel  context.CancelFunc
 	system  *actor.ActorSystem
 	store   persistence.Store
+	spool   *spool.Spool
 	metrics *metrics.Metrics
 	agent   agents.Agent
 	deps    *actors.Deps
@@ -84,6 +87,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	}
 	if d.store, err = sqlite.Open(ctx, cfg.DSN(), sqlite.Options{Synchronous: sync, Logger: log.With("component", "persistence")}); err != nil {
 		return nil, fmt.Errorf("start: open store: %w", err)
+	}
+	if d.spool, err = spool.Open(filepath.Join(cfg.DataDir, "spool")); err != nil {
+		return nil, fmt.Errorf("start: open spool: %w", err)
 	}
 	names := []string{"http"}
 	for _, p := range opts.Platforms {
@@ -135,6 +141,11 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		switch {
 		case ch.Name == "persistence":
 			d.deps.Persist = pid
+			// The actor replays a spool left by the last run when it starts; sessions must not
+			// read the store before that.
+			if _, err := d.system.Root.RequestFuture(pid, &persistence.Flush{}, time.Minute).Result(); err != nil {
+				log.Warn("persistence actor did not answer its start barrier", "err", err)
+			}
 		case strings.HasPrefix(ch.Name, "platform-"):
 			d.deps.Platforms[strings.TrimPrefix(ch.Name, "platform-")] = pid
 		case ch.Name == "sessions":
@@ -245,12 +256,17 @@ func hostname() string {
 }
 
 func persistenceProps(d *Daemon) *actor.Props {
-	return actor.PropsFromProducer(persistence.NewActor(d.ctx, d.store, d.cfg.Persist.MaxBatch,
-		d.log.With("actor", "persistence"),
-		func(n int, took time.Duration) {
+	return actor.PropsFromProducer(persistence.NewActor(d.ctx, d.store, persistence.ActorOptions{
+		MaxBatch: d.cfg.Persist.MaxBatch,
+		Log:      d.log.With("actor", "persistence"),
+		Observe: func(n int, took time.Duration) {
 			d.metrics.PersistBatchSize.Observe(float64(n))
 			d.metrics.PersistFlushSeconds.Observe(took.Seconds())
-		}))
+		},
+		Spool:      d.spool,
+		Spooling:   &d.deps.Spooling,
+		SpoolFiles: func(n int) { d.metrics.SpoolFiles.Set(float64(n)) },
+	}))
 }
 
 func platformProps(p platforms.Platform) func(d *Daemon) *actor.Props {

@@ -329,3 +329,22 @@ func syncDir(dir string) error {
 	}
 	return nil
 }
+
+// Peek returns the oldest batch's name and groups ("" when the spool is empty). It is Next in
+// the shape of persistence.Spooler.
+func (s *Spool) Peek() (string, [][]persistence.Op, error) {
+	b, err := s.Next()
+	if err != nil {
+		var ce *CorruptError
+		if errors.As(err, &ce) {
+			return ce.Name, nil, fmt.Errorf("%w: %w", persistence.ErrCorruptSpool, err)
+		}
+		return "", nil, err
+	}
+	if b == nil {
+		return "", nil, nil
+	}
+	return b.Name, b.Groups, nil
+}
+
+var _ persistence.Spooler = (*Spool)(nil)
