@@ -64,7 +64,8 @@ type daemon struct {
 	cmd    *exec.Cmd
 	base   string
 	stderr *syncBuffer
-	done   chan error
+	done   chan struct{} // closed when the process has exited
+	err    error         // its exit error, set before done closes
 }
 
 // MustServe starts `agentgate serve` on a loopback port with dataDir and waits for its ready
@@ -78,12 +79,12 @@ func MustServe(t *testing.T, dataDir string, env ...string) *daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &daemon{cmd: cmd, stderr: &syncBuffer{}, done: make(chan error, 1)}
+	d := &daemon{cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = d.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { d.done <- cmd.Wait() }()
+	go func() { d.err = cmd.Wait(); close(d.done) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-d.done
@@ -104,8 +105,8 @@ func MustServe(t *testing.T, dataDir string, env ...string) *daemon {
 	select {
 	case addr := <-ready:
 		d.base = "http://" + addr
-	case err := <-d.done:
-		t.Fatalf("daemon exited before ready: %v\n%s", err, d.stderr.String())
+	case <-d.done:
+		t.Fatalf("daemon exited before ready: %v\n%s", d.err, d.stderr.String())
 	case <-time.After(60 * time.Second):
 		t.Fatalf("no ready line within 60s\n%s", d.stderr.String())
 	}
@@ -119,9 +120,8 @@ func (d *daemon) stop(t *testing.T, deadline time.Duration) error {
 		t.Fatal(err)
 	}
 	select {
-	case err := <-d.done:
-		d.done <- err
-		return err
+	case <-d.done:
+		return d.err
 	case <-time.After(deadline):
 		t.Fatalf("daemon still running %v after SIGTERM", deadline)
 		return nil
