@@ -176,4 +176,3 @@ func postOnce(ctx context.Context, c *http.Client, base, body string) (string, b
 	}
 	return ack.SessionKey, true
 }
-
