@@ -63,14 +63,29 @@ func (s *Session) afterCrash(c actor.Context) {
 	}
 }
 
+// noticePending answers every message the last run left unanswered with a notice instead of
+// running it (sessions.recovery: notice), and marks it failed.
+func (s *Session) noticePending(c actor.Context) {
+	for _, it := range s.queue {
+		s.setAside(c, it, persistence.StatusFailed,
+			"⚠️ agentgate restarted before it could answer this message, so it was not run. Please send it again if it still matters.")
+	}
+	s.queue = nil
+}
+
 // quarantine sets a message aside: its row is kept with status quarantined, and the user is
 // told it will not be retried.
 func (s *Session) quarantine(c actor.Context, it *item) {
-	now := s.d.now()
 	s.log.Error("message quarantined after repeated crashes", "message", it.messageID, "crashes", QuarantineAfter)
-	text := fmt.Sprintf("⚠️ This message crashed the session %d times, so it was set aside (quarantined) and will not be retried.", QuarantineAfter)
+	s.setAside(c, it, persistence.StatusQuarantined,
+		fmt.Sprintf("⚠️ This message crashed the session %d times, so it was set aside (quarantined) and will not be retried.", QuarantineAfter))
+}
+
+// setAside gives a message a final status without running it and tells its sender why.
+func (s *Session) setAside(c actor.Context, it *item, status, text string) {
+	now := s.d.now()
 	ops := []persistence.Op{
-		&persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: persistence.StatusQuarantined},
+		&persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: status},
 	}
 	if s.cur != nil && s.cur.ID == it.sessionID {
 		s.lastSeq++
@@ -81,7 +96,7 @@ func (s *Session) quarantine(c actor.Context, it *item) {
 	ops = append(ops, &persistence.AddOutbox{Entry: entry})
 	s.write(c, ops, func(c actor.Context, err error) {
 		if err != nil {
-			s.log.Error("store quarantine", "err", err)
+			s.log.Error("store set-aside message", "status", status, "err", err)
 		}
 		s.sendOutbound(c, outboundFromEntry(&entry))
 	})

@@ -23,6 +23,12 @@ const (
 	ModeSteer     = "steer"
 )
 
+// Recovery modes: what a daemon does at start with messages the last run left unanswered.
+const (
+	RecoveryRerun  = "rerun"  // run them again (the default)
+	RecoveryNotice = "notice" // answer each with a notice asking the user to send it again
+)
+
 // SessionConfig is the part of the configuration that session actors read.
 type SessionConfig struct {
 	Keys           identity.KeyOptions

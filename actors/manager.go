@@ -97,7 +97,7 @@ func (m *SessionManager) start(c actor.Context) {
 		return
 	}
 	for _, k := range keys {
-		m.spawn(c, k)
+		m.spawnWith(c, k, true)
 	}
 	if len(keys) > 0 {
 		m.log.Info("recovering sessions", "count", len(keys))
@@ -125,7 +125,13 @@ func (m *SessionManager) forward(c actor.Context, pid *actor.PID, r routed) {
 }
 
 func (m *SessionManager) spawn(c actor.Context, key string) *actor.PID {
-	pid, err := c.SpawnNamed(NewSession(m.d, key), key)
+	return m.spawnWith(c, key, false)
+}
+
+// spawnWith starts the session of key; recovered marks the activation that recovers a
+// session's unfinished work at daemon start.
+func (m *SessionManager) spawnWith(c actor.Context, key string, recovered bool) *actor.PID {
+	pid, err := c.SpawnNamed(NewSession(m.d, key, recovered), key)
 	if err != nil {
 		// The name is taken only while an old actor for the key is still registered; that is
 		// a broken invariant of this manager.

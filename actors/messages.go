@@ -76,7 +76,7 @@ type agentPanicked struct{ value any }
 // StartIntake tells a platform actor to start its platform's Run loop with Deliver.
 type StartIntake struct{ Deliver platforms.Deliver }
 
-// Quiesce asks a platform actor to answer *Quiesced once it has no send queued or in flight.
+// Quiesce asks a platform actor to answer *Quiesced once it has no send in flight.
 type Quiesce struct{}
 
 // Quiesced answers Quiesce.

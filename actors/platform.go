@@ -28,6 +28,7 @@ type Platform struct {
 	attempts map[string]int
 	timers   *scheduler.TimerScheduler
 	quiesce  []*actor.PID
+	sending  int // sends in flight
 }
 
 // Send retry policy.
@@ -119,6 +120,7 @@ func (a *Platform) pump(c actor.Context, key string) {
 		return
 	}
 	a.inflight[key] = true
+	a.sending++
 	out, p, self, root := q[0], a.p, c.Self(), c.ActorSystem().Root
 	ctx := a.d.Ctx
 	go func() {
@@ -131,6 +133,8 @@ func (a *Platform) pump(c actor.Context, key string) {
 func (a *Platform) onSent(c actor.Context, m *sendDone) {
 	key := m.out.SessionKey
 	a.inflight[key] = false
+	a.sending--
+	defer a.answerQuiesce(c)
 	name := a.p.Name()
 	if m.err == nil {
 		a.d.Metrics.OutboundTotal.WithLabelValues(name, "ok").Inc()
@@ -169,12 +173,12 @@ func (a *Platform) finishHead(c actor.Context, key string, out *platforms.Outbou
 	c.Request(a.d.Persist, &persistence.Write{Ops: []persistence.Op{&persistence.MarkDelivery{
 		SessionKey: out.SessionKey, Seq: out.Seq, State: state, At: a.d.now()}}})
 	a.pump(c, key)
-	a.answerQuiesce(c)
 }
 
-// answerQuiesce answers waiting Quiesce requests once nothing is queued or in flight.
+// answerQuiesce answers waiting Quiesce requests once no send is in flight. Sends waiting for a
+// retry stay in the outbox and are re-sent at the next start.
 func (a *Platform) answerQuiesce(c actor.Context) {
-	if len(a.quiesce) == 0 || len(a.queues) > 0 {
+	if len(a.quiesce) == 0 || a.sending > 0 {
 		return
 	}
 	for _, p := range a.quiesce {

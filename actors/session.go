@@ -56,7 +56,8 @@ type Session struct {
 // lifeline is what a session actor's incarnations share across supervisor restarts: never
 // across passivation or process restarts.
 type lifeline struct {
-	restarts int
+	recovered bool // the first incarnation recovers work left by the last run
+	restarts  int
 	suspects []int64       // seqs that were running when the last incarnation crashed
 	crashes  map[int64]int // seq → crashes while it ran
 }
@@ -80,9 +81,11 @@ type turnRun struct {
 	started time.Time
 }
 
-// NewSession returns the props of the session actor for key.
-func NewSession(d *Deps, key string) *actor.Props {
-	life := &lifeline{crashes: map[int64]int{}}
+// NewSession returns the props of the session actor for key. recovered marks the activation
+// that recovers unfinished work at daemon start: with SessionConfig.Recovery "notice" its
+// pending messages are answered with a notice instead of being run again.
+func NewSession(d *Deps, key string, recovered bool) *actor.Props {
+	life := &lifeline{crashes: map[int64]int{}, recovered: recovered}
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &Session{d: d, key: key, life: life}
 	}, actor.WithSupervisor(turnSupervisor))
@@ -178,6 +181,12 @@ func (s *Session) start(c actor.Context) {
 	}
 	if s.life.restarts > 0 {
 		s.afterCrash(c)
+	}
+	if s.life.recovered {
+		s.life.recovered = false
+		if s.d.Config.Recovery == RecoveryNotice {
+			s.noticePending(c)
+		}
 	}
 	if len(s.queue) > 0 || len(snap.Unconfirmed) > 0 {
 		s.log.Info("session resumed", "pending", len(s.queue), "unconfirmed", len(snap.Unconfirmed))

@@ -5,25 +5,31 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/agentgate/agentgate/platforms/platformtest"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // startOn starts a daemon on dataDir with agent and a fresh fake platform, without stopping it
 // at the end of the test (the test does).
-func startOn(t *testing.T, dataDir string, drain time.Duration, agent agents.Agent) *runtime {
+func startOn(t *testing.T, dataDir string, drain time.Duration, agent agents.Agent, tweaks ...func(*config.Config)) *runtime {
 	t.Helper()
 	cfg := config.Default()
 	cfg.DataDir = dataDir
 	cfg.HTTP.Addr = "127.0.0.1:0"
 	cfg.Shutdown.DrainTimeout = drain
+	for _, f := range tweaks {
+		f(cfg)
+	}
 	fake := platformtest.NewFake("fake")
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	d, err := Start(t.Context(), cfg, log, Options{Agent: agent, Platforms: []platforms.Platform{fake}})
@@ -122,4 +128,68 @@ func TestDrainDeadlineCancelsTurnsAndRecoveryRerunsThem(t *testing.T) {
 	if len(msgs) < 2 || msgs[0].Status != persistence.StatusDone || msgs[1].Role != persistence.RoleAssistant {
 		t.Errorf("transcript after recovery = %+v, want m1 done and the reply", msgs)
 	}
+}
+
+// TestRecoveryNoticeMode: with sessions.recovery: notice, a message left unanswered by the last
+// run is not run again; its sender gets a notice and the row is marked failed.
+func TestRecoveryNoticeMode(t *testing.T) {
+	dir := t.TempDir()
+	stuck := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	r := startOn(t, dir, 100*time.Millisecond, stuck)
+	ack := r.inject(t, dm, "m1", "please answer")
+	r.stop(t)
+
+	ran := make(chan string, 1)
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		ran <- req.Identity.MessageID
+		return &agents.Response{Text: "ran"}, nil
+	})
+	r2 := startOn(t, dir, time.Second, agent, func(c *config.Config) { c.Sessions.Recovery = "notice" })
+	defer r2.stop(t)
+	outs := r2.waitSent(t, 1)
+	if outs[0].Kind != platforms.KindNotice || outs[0].InReplyTo[0] != "m1" || !strings.Contains(outs[0].Text, "restarted") {
+		t.Errorf("after restart sent %+v, want a restart notice for m1", outs[0])
+	}
+	select {
+	case id := <-ran:
+		t.Errorf("agent ran %s; notice mode must not run left-over messages", id)
+	default:
+	}
+	msgs, err := r2.d.store.Transcript(t.Context(), ack.SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) == 0 || msgs[0].Status != persistence.StatusFailed {
+		t.Errorf("transcript = %+v, want m1 marked failed", msgs)
+	}
+}
+
+// TestUnconfirmedRepliesAreResentAfterRestart: a reply the platform could not deliver stays in
+// the outbox; the next start re-sends it without any new traffic.
+func TestUnconfirmedRepliesAreResentAfterRestart(t *testing.T) {
+	dir := t.TempDir()
+	r := startOn(t, dir, time.Second, echo.New())
+	r.fake.SetSendError(errors.New("platform down"))
+	ack := r.inject(t, dm, "m1", "keep me")
+	waitUntil(t, func() bool {
+		return testutil.ToFloat64(r.d.metrics.OutboundTotal.WithLabelValues("fake", "error")) >= 1
+	})
+	r.stop(t)
+	if n := len(r.fake.Sent()); n != 0 {
+		t.Fatalf("failing platform recorded %d sends", n)
+	}
+
+	r2 := startOn(t, dir, time.Second, echo.New())
+	defer r2.stop(t)
+	outs := r2.waitSent(t, 1)
+	if outs[0].Text != "keep me" || outs[0].InReplyTo[0] != "m1" || outs[0].SessionID != ack.SessionID {
+		t.Errorf("re-sent %+v, want the echo of m1 in %s", outs[0], ack.SessionID)
+	}
+	waitUntil(t, func() bool {
+		es, err := r2.d.store.OutboxAfter(t.Context(), ack.SessionKey, 0, 10)
+		return err == nil && len(es) == 1 && es[0].State == persistence.DeliveryDelivered
+	})
 }

@@ -126,6 +126,13 @@ func TestKill9Torture(t *testing.T) {
 		if err != nil {
 			t.Fatalf("route %s: %v", key, err)
 		}
+		sess, err := store.Session(t.Context(), route.SessionID)
+		if err != nil {
+			t.Fatalf("session %s: %v", route.SessionID, err)
+		}
+		if sess.Platform != "http" || sess.ChatType != "dm" || !strings.HasPrefix(sess.ChatID, "chat-") || sess.Key != key {
+			t.Errorf("session row %+v lacks its identity columns", sess)
+		}
 		msgs, err := store.Transcript(t.Context(), route.SessionID)
 		if err != nil {
 			t.Fatal(err)
