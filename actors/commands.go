@@ -22,7 +22,12 @@ var commandHelp = []struct{ name, help string }{
 	{"new", "end this session and start a fresh one"},
 	{"reset", "same as /new"},
 	{"stop", "cancel the running turn and drop queued messages"},
-	{"status", "show the session id, queue and running turn"},
+	{"status", "show the session id, queue, running turn and reset policy"},
+	{"retry", "run your last message again (the old answer is archived, not deleted)"},
+	{"undo", "take back your last message and its answer (archived, not deleted)"},
+	{"resume <id|title>", "go back to an earlier session of this chat"},
+	{"title <text>", "name this session"},
+	{"queue <mode>", "what happens to messages sent while a turn runs: followup"},
 	{"help", "show this list"},
 }
 
@@ -47,6 +52,7 @@ func parseCommand(text string) (command, bool) {
 // onCommand runs a command outside the queue. The command and its answer are recorded in one
 // write; the requester is acknowledged with disposition "command" once that write is durable.
 func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cmd command, now time.Time) {
+	expired := s.expire(now)
 	var ops []persistence.Op
 	var answer string
 	switch cmd.name {
@@ -73,11 +79,40 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 		}
 	case "status":
 		answer = s.statusText(now)
+	case "retry":
+		if len(expired) == 0 && s.running == nil {
+			if it, rops, ok := s.retry(src, m, now); ok {
+				s.enqueueRetry(c, m, it, rops)
+				return
+			}
+		}
+		answer = s.cannotRewind("retry")
+	case "undo":
+		var preview string
+		if ops, preview = s.undo(); ops != nil {
+			answer = "↩️ Took back your last message and its answer (kept in the archive): “" + preview + "”"
+		} else {
+			answer = s.cannotRewind("undo")
+		}
+	case "title":
+		title := identity.NeutraliseName(cmd.args)
+		if title == "" || s.cur == nil {
+			answer = "Usage: /title <text> (in a session that has started)."
+		} else {
+			ops = []persistence.Op{&persistence.SetTitle{SessionID: s.cur.ID, Title: title}}
+			s.cur.Title = title
+			answer = "🏷️ Title set: " + title
+		}
+	case "queue":
+		answer = s.setQueueMode(cmd.args)
+	case "resume":
+		ops, answer = s.resume(c, cmd.args, now)
 	case "help":
 		answer = helpText()
 	default:
 		answer = fmt.Sprintf("Unknown command /%s.\n%s", cmd.name, helpText())
 	}
+	ops = append(expired, ops...)
 	created := false
 	if s.cur == nil {
 		var o []persistence.Op
@@ -91,10 +126,10 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 	ops = append(ops,
 		&persistence.AppendMessage{Message: persistence.Message{SessionID: sid, Seq: userSeq, Role: persistence.RoleUser,
 			Content: m.Text, Platform: src.Platform, ChatID: src.ChatID, MessageID: m.MessageId,
-			UserID: src.UserID, UserName: src.UserName, Status: persistence.StatusDone, Active: true, CreatedAt: now}},
+			UserID: src.UserID, UserName: src.UserName, Status: persistence.StatusDone, CreatedAt: now}}, // not part of the conversation
 		&persistence.AppendMessage{Message: persistence.Message{SessionID: sid, Seq: s.lastSeq, Role: persistence.RoleNotice,
 			Content: answer, Status: persistence.StatusDone, Active: true, CreatedAt: now}},
-		&persistence.TouchSession{SessionID: sid, At: now})
+		s.touch(sid, now))
 	entry := s.outboxEntry(src, sid, platforms.KindNotice, answer, "", []string{m.MessageId}, now)
 	ops = append(ops, &persistence.AddOutbox{Entry: entry})
 	if m.MessageId != "" {
@@ -201,9 +236,39 @@ func (s *Session) statusText(now time.Time) string {
 		b.WriteString("Running: nothing\n")
 	}
 	if !s.lastActivity.IsZero() {
-		fmt.Fprintf(&b, "Last activity: %s", s.lastActivity.UTC().Format(time.RFC3339))
+		fmt.Fprintf(&b, "Last activity: %s\n", s.lastActivity.UTC().Format(time.RFC3339))
+	}
+	if s.cur != nil {
+		p := s.d.Config.resetFor(s.cur.Platform, s.cur.ChatType)
+		if at, _, ok := p.Due(s.cur.LastActivityAt); ok {
+			fmt.Fprintf(&b, "Reset policy: %s; next reset %s", p.Mode, at.UTC().Format(time.RFC3339))
+		} else {
+			b.WriteString("Reset policy: none (only /new or /reset end this session)")
+		}
 	}
 	return strings.TrimRight(b.String(), "\n")
+}
+
+func (s *Session) cannotRewind(what string) string {
+	if s.running != nil {
+		return "A turn is running; send /stop first, then /" + what + "."
+	}
+	return "Nothing to " + what + " in this session."
+}
+
+// setQueueMode sets the session's queue mode (DESIGN §3). Only followup is available so far;
+// the answer says so rather than pretending.
+func (s *Session) setQueueMode(mode string) string {
+	switch strings.ToLower(mode) {
+	case "":
+		return "Queue mode: " + s.mode + ". Usage: /queue followup"
+	case ModeFollowup:
+		s.mode = ModeFollowup
+		return "Queue mode set to followup: each message sent while a turn runs gets its own turn, in order."
+	case ModeCollect, ModeInterrupt, ModeSteer:
+		return "Queue mode " + mode + " is not available yet; this session stays in " + s.mode + "."
+	}
+	return "Unknown queue mode " + mode + ". Modes: followup."
 }
 
 func helpText() string {

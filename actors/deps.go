@@ -41,6 +41,18 @@ type SessionConfig struct {
 	// Restarts and RestartWindow bound how often a session may crash before it is stopped.
 	Restarts      int
 	RestartWindow time.Duration
+	// ResetFor returns the reset policy of a platform and chat type (nil: never reset).
+	ResetFor func(platform, chatType string) ResetPolicy
+	// ResetPolicies are every distinct policy ResetFor can return (the timer scans for them).
+	ResetPolicies []ResetPolicy
+}
+
+// resetFor returns the policy of a session row.
+func (c *SessionConfig) resetFor(platform, chatType string) ResetPolicy {
+	if c.ResetFor == nil {
+		return ResetPolicy{Mode: ResetNone}
+	}
+	return c.ResetFor(platform, chatType)
 }
 
 // Deps are the shared, immutable dependencies of the session runtime. One value is built by the

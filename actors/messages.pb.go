@@ -565,6 +565,44 @@ func (x *ResetResult) GetError() string {
 	return ""
 }
 
+// ResetDue tells a session that its reset policy may have made it due; it ends itself if so.
+// Sent by the Timers actor; handled by Session.onResetDue; no reply.
+type ResetDue struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetDue) Reset() {
+	*x = ResetDue{}
+	mi := &file_actors_messages_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetDue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetDue) ProtoMessage() {}
+
+func (x *ResetDue) ProtoReflect() protoreflect.Message {
+	mi := &file_actors_messages_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetDue.ProtoReflect.Descriptor instead.
+func (*ResetDue) Descriptor() ([]byte, []int) {
+	return file_actors_messages_proto_rawDescGZIP(), []int{7}
+}
+
 var File_actors_messages_proto protoreflect.FileDescriptor
 
 const file_actors_messages_proto_rawDesc = "" +
@@ -625,7 +663,9 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12.\n" +
 	"\x13previous_session_id\x18\x02 \x01(\tR\x11previousSessionId\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05errorB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
+	"\x05error\x18\x03 \x01(\tR\x05error\"\n" +
+	"\n" +
+	"\bResetDueB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
 
 var (
 	file_actors_messages_proto_rawDescOnce sync.Once
@@ -639,7 +679,7 @@ func file_actors_messages_proto_rawDescGZIP() []byte {
 	return file_actors_messages_proto_rawDescData
 }
 
-var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_actors_messages_proto_goTypes = []any{
 	(*Source)(nil),        // 0: agentgate.actors.v1.Source
 	(*Deliver)(nil),       // 1: agentgate.actors.v1.Deliver
@@ -648,6 +688,7 @@ var file_actors_messages_proto_goTypes = []any{
 	(*SessionState)(nil),  // 4: agentgate.actors.v1.SessionState
 	(*ResetSession)(nil),  // 5: agentgate.actors.v1.ResetSession
 	(*ResetResult)(nil),   // 6: agentgate.actors.v1.ResetResult
+	(*ResetDue)(nil),      // 7: agentgate.actors.v1.ResetDue
 }
 var file_actors_messages_proto_depIdxs = []int32{
 	0, // 0: agentgate.actors.v1.Deliver.source:type_name -> agentgate.actors.v1.Source
@@ -669,7 +710,7 @@ func file_actors_messages_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_actors_messages_proto_rawDesc), len(file_actors_messages_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -28,15 +28,18 @@ type Session struct {
 	key string
 	log *slog.Logger
 
-	cur      *persistence.Session // current incarnation; nil until the first message
-	lastSeq  int64
-	lastOut  int64
-	routeGen int64
-	queue    []*item
-	running  *turnRun
-	history  []agents.Message
-	seen     map[string]bool // inbound message ids accepted in this activation
-	mode     string
+	cur  *persistence.Session // current incarnation; nil until the first message
+	prev *persistence.Session // the ended session the route still points to, if any
+	// continuity is the note the first turn of a session after an automatic reset gets.
+	continuity string
+	lastSeq    int64
+	lastOut    int64
+	routeGen   int64
+	queue      []*item
+	running    *turnRun
+	history    []histEntry     // the recent active transcript, for the agent and for /undo and /retry
+	seen       map[string]bool // inbound message ids accepted in this activation
+	mode       string
 
 	nextWrite   uint64
 	inflight    map[uint64]*pendingWrite
@@ -46,7 +49,8 @@ type Session struct {
 	activatedAt  time.Time
 	lastActivity time.Time
 	busy         bool
-	dead         bool // set on the failed incarnation once it is being replaced
+	dead         bool      // set on the failed incarnation once it is being replaced
+	lastTouched  time.Time // last message other than ticks (passivation)
 
 	// life survives restarts of this actor (the producer closure owns it), so a new incarnation
 	// knows how often it crashed and on which messages.
@@ -58,8 +62,8 @@ type Session struct {
 type lifeline struct {
 	recovered bool // the first incarnation recovers work left by the last run
 	restarts  int
-	suspects []int64       // seqs that were running when the last incarnation crashed
-	crashes  map[int64]int // seq → crashes while it ran
+	suspects  []int64       // seqs that were running when the last incarnation crashed
+	crashes   map[int64]int // seq → crashes while it ran
 }
 
 // item is one inbound message waiting for (or in) a turn.
@@ -111,6 +115,11 @@ func (s *Session) Receive(c actor.Context) {
 	if s.dead {
 		return
 	}
+	switch c.Message().(type) {
+	case *idleCheck, *resendTick, *persistence.WriteResult:
+	default:
+		s.lastTouched = time.Now() // the passivation clock: real time, not the session clock
+	}
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		s.start(c)
@@ -126,7 +135,9 @@ func (s *Session) Receive(c actor.Context) {
 		c.Respond(s.state())
 	case *ResetSession:
 		s.onReset(c, m)
-	case *actor.ReceiveTimeout:
+	case *ResetDue:
+		s.onResetDue(c)
+	case *idleCheck:
 		s.onIdle(c)
 	case *resendTick:
 		s.resend(c)
@@ -146,6 +157,7 @@ func (s *Session) Receive(c actor.Context) {
 
 // start loads the session's durable state and resumes unanswered work.
 func (s *Session) start(c actor.Context) {
+
 	s.log = s.d.Log.With("actor", "session", "session", s.key)
 	s.seen = map[string]bool{}
 	s.inflight = map[uint64]*pendingWrite{}
@@ -159,13 +171,16 @@ func (s *Session) start(c actor.Context) {
 		s.routeGen = snap.Route.Generation
 	}
 	s.lastOut = snap.LastOutboxSeq
+	if snap.Session != nil && !snap.Session.EndedAt.IsZero() {
+		s.prev = snap.Session
+	}
 	if snap.Session != nil && snap.Session.EndedAt.IsZero() {
 		s.cur = snap.Session
 		s.lastSeq = snap.LastSeq
 		s.lastActivity = snap.Session.LastActivityAt
 		for _, m := range snap.History {
 			if m.Role == persistence.RoleUser || m.Role == persistence.RoleAssistant {
-				s.history = append(s.history, agents.Message{Role: m.Role, Text: m.Content, MessageID: m.MessageID, At: m.CreatedAt})
+				s.history = append(s.history, histEntry{seq: m.Seq, raw: m.Content, msg: persistFromRow(m)})
 			}
 		}
 		for _, m := range snap.Pending {
@@ -182,6 +197,7 @@ func (s *Session) start(c actor.Context) {
 	if s.life.restarts > 0 {
 		s.afterCrash(c)
 	}
+	s.expireOnStart(c)
 	if s.life.recovered {
 		s.life.recovered = false
 		if s.d.Config.Recovery == RecoveryNotice {
@@ -195,15 +211,28 @@ func (s *Session) start(c actor.Context) {
 	s.tryStart(c)
 }
 
+// Passivation. protoactor's ReceiveTimeout is not race-clean at the pinned version (its timer
+// callback writes the actor context from the timer's goroutine), so a session keeps its own idle
+// clock and checks it with a scheduler tick, which only sends a message.
+
+// idleCheck wakes a session to see whether it has been idle for PassivateAfter.
+type idleCheck struct{}
+
 func (s *Session) armIdle(c actor.Context) {
-	if s.d.Config.PassivateAfter > 0 {
-		c.SetReceiveTimeout(s.d.Config.PassivateAfter)
+	if d := s.d.Config.PassivateAfter; d > 0 {
+		s.timers(c).SendOnce(d, c.Self(), &idleCheck{})
 	}
 }
 
 func (s *Session) onIdle(c actor.Context) {
-	if s.running == nil && len(s.queue) == 0 && len(s.inflight) == 0 && !s.d.Spooling.Load() {
+	idleFor := time.Since(s.lastTouched)
+	if idleFor >= s.d.Config.PassivateAfter && s.running == nil && len(s.queue) == 0 &&
+		len(s.inflight) == 0 && !s.d.Spooling.Load() {
 		c.Send(c.Parent(), &passivate{key: s.key})
+		return
+	}
+	if d := s.d.Config.PassivateAfter - idleFor; d > 0 {
+		s.timers(c).SendOnce(d, c.Self(), &idleCheck{})
 		return
 	}
 	s.armIdle(c)
@@ -233,7 +262,16 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 			return
 		}
 	}
-	ops, created := s.ensureIncarnation(src, now)
+	ops := s.expire(now)
+	auto := s.autoReset()
+	inc, created := s.ensureIncarnation(src, now)
+	ops = append(ops, inc...)
+	var notice *platforms.Outbound
+	if created && auto != nil {
+		var noticeOps []persistence.Op
+		notice, noticeOps = s.afterAutoReset(auto, src, m.MessageId, now)
+		ops = append(ops, noticeOps...)
+	}
 	s.lastSeq++
 	it := &item{seq: s.lastSeq, sessionID: s.cur.ID, src: src, messageID: m.MessageId, text: m.Text,
 		at: now, requester: c.Sender()}
@@ -243,17 +281,23 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 			Platform: src.Platform, ChatID: src.ChatID, MessageID: m.MessageId,
 			UserID: src.UserID, UserName: src.UserName,
 			Status: persistence.StatusPending, Active: true, CreatedAt: now}},
-		&persistence.TouchSession{SessionID: it.sessionID, At: now})
+		s.touch(it.sessionID, now))
 	s.queue = append(s.queue, it)
 	if m.MessageId != "" {
 		s.seen[m.MessageId] = true
 	}
 	s.lastActivity = now
-	s.write(c, ops, func(c actor.Context, err error) { s.accepted(c, it, m, created, err) })
+	s.write(c, ops, func(c actor.Context, err error) {
+		if err == nil && notice != nil {
+			s.sendOutbound(c, notice)
+		}
+		s.accepted(c, it, m, created, err)
+	})
 }
 
 // accepted runs when the write of an inbound message is acknowledged.
 func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, err error) {
+
 	if err != nil {
 		s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
 		if created && s.cur != nil && s.cur.ID == it.sessionID {
@@ -280,11 +324,13 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 	if disp == platforms.Started {
 		r.QueueDepth--
 	}
+	// Start the turn (and tell the manager the session is busy) before acknowledging: a drain
+	// that follows the acknowledgment must wait for this turn.
+	s.tryStart(c)
 	if it.requester != nil {
 		c.Send(it.requester, r)
 		it.requester = nil
 	}
-	s.tryStart(c)
 }
 
 // ensureIncarnation returns the ops that create a session incarnation when there is none.
@@ -292,7 +338,11 @@ func (s *Session) ensureIncarnation(src identity.Source, now time.Time) ([]persi
 	if s.cur != nil {
 		return nil, false
 	}
-	return s.newIncarnation(src, now, ""), true
+	prev := ""
+	if s.prev != nil {
+		prev = s.prev.ID
+	}
+	return s.newIncarnation(src, now, prev), true
 }
 
 // newIncarnation makes a new current session and returns the ops that record it.
@@ -308,6 +358,7 @@ func (s *Session) newIncarnation(src identity.Source, now time.Time, prev string
 	}
 	s.lastSeq = 0
 	s.history = nil
+	s.prev = nil
 	s.routeGen++
 	return []persistence.Op{
 		&persistence.CreateSession{Session: *s.cur},
@@ -334,11 +385,16 @@ func (s *Session) tryStart(c actor.Context) {
 	req := &agents.Request{
 		Identity: s.turnIdentity(it, turnID),
 		Messages: []agents.Message{{Role: persistence.RoleUser, Text: text, MessageID: it.messageID, At: it.at}},
-		History:  slices.Clone(s.history),
+		History:  s.agentHistory(),
 	}
+	if s.continuity != "" && it.sessionID == s.curID() {
+		req.Notes = []string{s.continuity}
+		s.continuity = ""
+	}
+	s.setBusy(c, true) // before the turn starts: a drain must never miss a running turn
 	pid := c.SpawnPrefix(NewTurn(s.d.Ctx, s.d.Agent, req), "turn-")
 	s.running = &turnRun{pid: pid, id: turnID, items: []*item{it}, started: s.d.now()}
-	s.history = append(s.history, req.Messages...)
+	s.history = append(s.history, histEntry{seq: it.seq, raw: it.text, msg: req.Messages[0]})
 	s.trimHistory()
 	s.setBusy(c, true)
 	s.log.Debug("turn started", "turn", turnID, "message", it.messageID)
@@ -367,6 +423,27 @@ func (s *Session) setBusy(c actor.Context, busy bool) {
 		s.busy = busy
 		c.Send(c.Parent(), &busyChanged{key: s.key, busy: busy})
 	}
+}
+
+// persistFromRow is a transcript row as the agent sees it.
+func persistFromRow(m persistence.Message) agents.Message {
+	return agents.Message{Role: m.Role, Text: m.Content, MessageID: m.MessageID, At: m.CreatedAt}
+}
+
+// histEntry is one message of the in-memory transcript buffer.
+type histEntry struct {
+	seq int64
+	raw string // the authored text (msg.Text may carry a sender prefix)
+	msg agents.Message
+}
+
+// agentHistory is the buffer as the agent sees it.
+func (s *Session) agentHistory() []agents.Message {
+	out := make([]agents.Message, len(s.history))
+	for i, h := range s.history {
+		out[i] = h.msg
+	}
+	return out
 }
 
 func (s *Session) trimHistory() {
@@ -426,11 +503,11 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string)
 		ops = append(ops, &persistence.AppendMessage{Message: persistence.Message{
 			SessionID: sid, Seq: s.lastSeq, Role: role, Content: text, TurnID: r.id,
 			Status: persistence.StatusDone, Active: true, CreatedAt: now}},
-			&persistence.TouchSession{SessionID: sid, At: now})
+			s.touch(sid, now))
 		s.routeGen++
 		ops = append(ops, &persistence.PutRoute{Route: persistence.Route{Key: s.key, SessionID: sid, Generation: s.routeGen, UpdatedAt: now}})
 		if role == persistence.RoleAssistant {
-			s.history = append(s.history, agents.Message{Role: role, Text: text, At: now})
+			s.history = append(s.history, histEntry{seq: s.lastSeq, raw: text, msg: agents.Message{Role: role, Text: text, At: now}})
 			s.trimHistory()
 		}
 	}
@@ -500,9 +577,6 @@ type pendingWrite struct {
 // activity for passivation.
 type resendTick struct{}
 
-// NotInfluenceReceiveTimeout keeps the tick from postponing passivation.
-func (*resendTick) NotInfluenceReceiveTimeout() {}
-
 func (s *Session) timers(c actor.Context) *scheduler.TimerScheduler {
 	if s.sched == nil {
 		s.sched = scheduler.NewTimerScheduler(c)
@@ -563,6 +637,13 @@ func (s *Session) state() *SessionState {
 		st.RunningSinceUnixNano = s.running.started.UnixNano()
 	}
 	return st
+}
+
+func (s *Session) curID() string {
+	if s.cur == nil {
+		return ""
+	}
+	return s.cur.ID
 }
 
 // sourceOf rebuilds the chat part of a source from a stored session row.

@@ -30,6 +30,9 @@ type Request struct {
 	Messages []Message `json:"messages"`
 	// History is the recent active transcript before Messages, oldest first.
 	History []Message `json:"history"`
+	// Notes are one-line notes from agentgate for this turn, such as "this conversation
+	// continues session X, which was reset (idle)".
+	Notes []string `json:"notes,omitempty"`
 }
 
 // Response is an agent's answer for one turn.

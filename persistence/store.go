@@ -7,6 +7,10 @@
 // committed in groups: every group is atomic, and a whole batch of groups shares one transaction
 // (group commit). Reads may run concurrently with writes.
 //
+// Rows are never deleted by an Op: undo and retry archive messages, a boundary ends a session.
+// The only deletion is Store.PruneSessions, and it deletes only sessions that ended before the
+// retention cutoff and that nothing still needs (see there).
+//
 // This package must not import actors, supervisor or platforms.
 package persistence
 
@@ -37,21 +41,24 @@ const (
 	DeliveryFailed    = "failed"
 )
 
-// End reasons. Boundaries are never reopened by recovery; accidental ends may be.
+// End reasons. Boundaries are never reopened by recovery; accidental ends may be. Only an
+// explicit user action (/resume, through ReopenSession) reopens a boundary.
 const (
 	EndNewCommand   = "new_command"
 	EndResetCommand = "reset_command"
 	EndIdle         = "idle"
 	EndDaily        = "daily"
 	EndSuspended    = "suspended"
-	EndCrash        = "crash"
-	EndShutdown     = "shutdown"
+	// EndSwitched ends a session the user left with /resume for an earlier one.
+	EndSwitched = "switched"
+	EndCrash    = "crash"
+	EndShutdown = "shutdown"
 )
 
 // IsBoundary reports whether an end reason is an intentional boundary (G6).
 func IsBoundary(reason string) bool {
 	switch reason {
-	case EndNewCommand, EndResetCommand, EndIdle, EndDaily, EndSuspended:
+	case EndNewCommand, EndResetCommand, EndIdle, EndDaily, EndSuspended, EndSwitched:
 		return true
 	}
 	return false
@@ -81,6 +88,10 @@ type Session struct {
 
 // Message is one transcript row. (SessionID, Seq) is its identity; Seq is assigned by the
 // session actor and increases within a session.
+//
+// A user message is pending while its Status is StatusPending and it is Active: an archived
+// (undone or retried away) message is never run again, so it counts as pending nowhere (not in
+// Snapshot.Pending, SessionSummary.Pending, Recoverable nor PruneSessions).
 type Message struct {
 	SessionID string
 	Seq       int64
@@ -113,7 +124,8 @@ type Route struct {
 }
 
 // OutboxEntry is one reply or notice, recorded before it is sent. (SessionKey, Seq) is its
-// identity; Seq increases per session key across incarnations and is the SSE event id.
+// identity; Seq increases per session key across incarnations and is the SSE event id. An entry
+// is undelivered while its State is not DeliveryDelivered; once delivered it stays delivered.
 type OutboxEntry struct {
 	SessionKey  string
 	Seq         int64
@@ -133,7 +145,9 @@ type OutboxEntry struct {
 	DeliveredAt time.Time
 }
 
-// Op is one write. The concrete types below are the only implementations.
+// Op is one write. The concrete types below are the only implementations. Every op is
+// idempotent (re-sending a write whose acknowledgement was lost is harmless) except the two
+// counters, IncrementAttempts and MarkDelivery, which count each application.
 type Op interface{ isOp() }
 
 // CreateSession inserts a session row with its full identity. Re-applying it is a no-op.
@@ -144,6 +158,15 @@ type EndSession struct {
 	SessionID string
 	Reason    string
 	At        time.Time
+}
+
+// ReopenSession clears the end (EndedAt and EndReason) of a session, so that it is open again.
+// It is the write of /resume, an explicit user action, and it reopens boundaries too. Recovery
+// never uses it: a boundary (IsBoundary) is never undone by a restart (G6). It does not route
+// the key to the session: send a PutRoute in the same group. Re-applying it, or applying it to
+// an open or unknown session, is a no-op.
+type ReopenSession struct {
+	SessionID string
 }
 
 // TouchSession advances a session's last activity (never backwards).
@@ -170,10 +193,20 @@ type SetMessageStatus struct {
 	TurnID    string
 }
 
-// IncrementAttempts counts one crash against rows of one session.
+// IncrementAttempts counts one crash against rows of one session. It counts each application:
+// a re-sent IncrementAttempts counts twice (use SetAttempts where a write may be re-sent).
 type IncrementAttempts struct {
 	SessionID string
 	Seqs      []int64
+}
+
+// SetAttempts raises the attempts counter of one message to Attempts: the stored value becomes
+// the larger of the two, so a re-sent or late SetAttempts never lowers it and re-applying it is
+// a no-op.
+type SetAttempts struct {
+	SessionID string
+	Seq       int64
+	Attempts  int
 }
 
 // ArchiveMessages marks rows inactive and archived (undo, retry); rows are never deleted.
@@ -188,7 +221,9 @@ type PutRoute struct{ Route Route }
 // AddOutbox records a reply or notice before it is sent. Re-applying it is a no-op.
 type AddOutbox struct{ Entry OutboxEntry }
 
-// MarkDelivery records the delivery state of an outbox entry.
+// MarkDelivery records the delivery state of an outbox entry and counts one delivery attempt
+// per application. Delivered is final: marking a delivered entry (with any state) changes
+// nothing, not even its attempts.
 type MarkDelivery struct {
 	SessionKey string
 	Seq        int64
@@ -198,11 +233,13 @@ type MarkDelivery struct {
 
 func (*CreateSession) isOp()     {}
 func (*EndSession) isOp()        {}
+func (*ReopenSession) isOp()     {}
 func (*TouchSession) isOp()      {}
 func (*SetTitle) isOp()          {}
 func (*AppendMessage) isOp()     {}
 func (*SetMessageStatus) isOp()  {}
 func (*IncrementAttempts) isOp() {}
+func (*SetAttempts) isOp()       {}
 func (*ArchiveMessages) isOp()   {}
 func (*PutRoute) isOp()          {}
 func (*AddOutbox) isOp()         {}
@@ -211,9 +248,11 @@ func (*MarkDelivery) isOp()      {}
 // Snapshot is what a session actor loads when it starts: everything it needs to carry on
 // where its last activation stopped.
 type Snapshot struct {
-	Route   *Route   // nil for a key never seen
-	Session *Session // the routed session; nil for a key never seen
-	// Pending are the routed session's user messages with status pending, by seq.
+	Route *Route // nil for a key never seen
+	// Session is the routed session; nil for a key never seen, and nil when the route points to
+	// a session row that does not exist (Route is then still set).
+	Session *Session
+	// Pending are the routed session's pending (active) user messages, by seq.
 	Pending []Message
 	// History are the last active messages of the routed session, by seq (at most the limit
 	// passed to LoadSession).
@@ -227,8 +266,8 @@ type Snapshot struct {
 // SessionSummary is one row of a session listing.
 type SessionSummary struct {
 	Session  Session
-	Messages int
-	Pending  int
+	Messages int // every message row, archived ones included
+	Pending  int // pending (active) user messages
 }
 
 // ListFilter narrows ListSessions.
@@ -239,8 +278,19 @@ type ListFilter struct {
 	Limit    int // 0 means 100
 }
 
+// Default limits of the Store's listing methods.
+const (
+	DefaultSessionsOfKeyLimit = 100
+	DefaultIdleSessionsLimit  = 1000
+	DefaultPruneLimit         = 1000
+)
+
 // Store is the durable state of agentgate. All methods are safe for concurrent use; writes are
 // serialised by the persistence actor, which is the only caller of Commit in a process.
+//
+// A stored time that is missing or cannot be read (NULL, not positive, garbage) reads as the
+// zero time, and every method treats it as "long ago", never as "now" (G6): recovery and the
+// reset timer use durable times only.
 type Store interface {
 	// Commit applies groups of writes in one transaction. Each group is atomic on its own: the
 	// error for group i is errs[i], and a failed group leaves no trace. If the transaction
@@ -248,25 +298,51 @@ type Store interface {
 	Commit(ctx context.Context, groups [][]Op) (errs []error)
 
 	// LoadSession returns the durable state of a session key, with at most historyLimit
-	// history messages.
+	// history messages (none when historyLimit <= 0). A key never seen returns an empty
+	// Snapshot; a route that points to a missing session returns the Route with a nil Session.
 	LoadSession(ctx context.Context, key string, historyLimit int) (*Snapshot, error)
 	// FindInbound finds a user message by its platform identity; ErrNotFound if absent.
 	FindInbound(ctx context.Context, platform, chatID, messageID string) (*Message, error)
 	// RepliesTo returns the outbox entries of a session key that answer a message id.
 	RepliesTo(ctx context.Context, key, messageID string) ([]OutboxEntry, error)
-	// OutboxAfter returns a key's outbox entries with seq > after, by seq, at most limit.
+	// OutboxAfter returns a key's outbox entries with seq > after, by seq, at most limit (no
+	// limit when limit <= 0).
 	OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]OutboxEntry, error)
-	// Transcript returns every message of a session (including archived rows), by seq.
+	// Transcript returns every message of a session (including archived rows), by seq. An
+	// unknown session has an empty transcript, not ErrNotFound.
 	Transcript(ctx context.Context, sessionID string) ([]Message, error)
 	// Route returns the routing row of a key; ErrNotFound if absent.
 	Route(ctx context.Context, key string) (*Route, error)
 	// Session returns one session row; ErrNotFound if absent.
 	Session(ctx context.Context, id string) (*Session, error)
+	// SessionsOfKey returns every incarnation ever recorded for a session key, ended ones
+	// included, newest started first (ties by ascending id; an unreadable StartedAt sorts as
+	// the oldest), at most limit (DefaultSessionsOfKeyLimit when limit <= 0). Sessions of other
+	// keys are never returned: /resume may only reach sessions of its own key.
+	SessionsOfKey(ctx context.Context, key string, limit int) ([]Session, error)
 	// ListSessions lists routed session keys with their current session, by key.
 	ListSessions(ctx context.Context, f ListFilter) ([]SessionSummary, error)
-	// Recoverable returns the keys whose current session has pending user messages or whose
-	// outbox has undelivered entries.
+	// IdleSessions returns the sessions the durable reset timer must look at: each is the
+	// current routed session of its key, is not ended, and its LastActivityAt is before
+	// before. A missing or unreadable last activity counts as long ago, so such a session is
+	// always returned (never treated as active now). Oldest activity first (ties by id), at
+	// most limit (DefaultIdleSessionsLimit when limit <= 0).
+	IdleSessions(ctx context.Context, before time.Time, limit int) ([]Session, error)
+	// Recoverable returns the keys whose current session has pending (active) user messages
+	// or whose outbox has undelivered entries.
 	Recoverable(ctx context.Context) ([]string, error)
+	// PruneSessions enforces the retention: it deletes, in one write transaction, sessions that
+	// ended before endedBefore, together with their messages (and their search index entries),
+	// and returns how many it deleted, at most limit (DefaultPruneLimit when limit <= 0; call
+	// again while it returns limit). It is the only method that deletes rows.
+	//
+	// A session is kept whenever it may still be needed or its safety cannot be established:
+	// while it is open, while a key routes to it, while it has pending user messages or
+	// undelivered outbox entries (for its session id), or when its end time is missing or
+	// unreadable. Outbox entries and routing rows are never deleted (outbox seqs are SSE event
+	// ids and must not be reused). On error nothing is deleted. It is called by the owner of the
+	// persistence actor, not by the actor, and is safe to run concurrently with Commit.
+	PruneSessions(ctx context.Context, endedBefore time.Time, limit int) (pruned int, err error)
 	// Ping checks that the store can be written.
 	Ping(ctx context.Context) error
 	// Close releases the store.

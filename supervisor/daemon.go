@@ -59,6 +59,7 @@ type Daemon struct {
 	children []Child
 	pids     []*actor.PID
 	manager  *actor.PID
+	timers   *actor.PID
 	events   *eventLog
 }
 
@@ -126,6 +127,10 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			PassivateAfter: cfg.Sessions.PassivateAfter, QueueMode: cfg.Sessions.Queue.Mode,
 			QueueCap: cfg.Sessions.Queue.Cap, Overflow: cfg.Sessions.Queue.Overflow,
 			HistoryLimit: cfg.Sessions.HistoryLimit, Recovery: cfg.Sessions.Recovery,
+			ResetFor: func(platform, chatType string) actors.ResetPolicy {
+				return resetPolicy(cfg.ResetFor(platform, chatType))
+			},
+			ResetPolicies: resetPolicies(cfg),
 		},
 		Log: log, Metrics: d.metrics, Now: opts.Now, Node: hostname(),
 	}
@@ -150,9 +155,11 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			d.deps.Platforms[strings.TrimPrefix(ch.Name, "platform-")] = pid
 		case ch.Name == "sessions":
 			d.manager = pid
+			d.router = actors.NewLocalRouter(d.system.Root, d.manager)
+		case ch.Name == "timers":
+			d.timers = pid
 		}
 	}
-	d.router = actors.NewLocalRouter(d.system.Root, d.manager)
 	d.intake = actors.NewIntake(d.router, d.deps.Config.Keys, d.metrics)
 	for _, pid := range d.deps.Platforms {
 		d.system.Root.Send(pid, &actors.StartIntake{Deliver: d.intake.Deliver})
@@ -250,6 +257,19 @@ func newAgent(cfg *config.Config, log *slog.Logger) (agents.Agent, error) {
 	return nil, fmt.Errorf("start: agent backend %q is not available yet", cfg.Agent.Backend)
 }
 
+// resetPolicy converts a configured reset policy for the session runtime.
+func resetPolicy(r config.Reset) actors.ResetPolicy {
+	return actors.ResetPolicy{Mode: r.Mode, Idle: r.Idle(), AtHour: r.AtHour, Notify: r.Notify, Location: r.Location()}
+}
+
+func resetPolicies(cfg *config.Config) []actors.ResetPolicy {
+	var out []actors.ResetPolicy
+	for _, r := range cfg.ResetPolicies() {
+		out = append(out, resetPolicy(r))
+	}
+	return out
+}
+
 func hostname() string {
 	h, _ := os.Hostname()
 	return h
@@ -274,6 +294,10 @@ func platformProps(p platforms.Platform) func(d *Daemon) *actor.Props {
 }
 
 func managerProps(d *Daemon) *actor.Props { return actors.NewSessionManager(d.deps) }
+
+func timersProps(d *Daemon) *actor.Props {
+	return actors.NewTimers(d.deps, d.router, d.cfg.Sessions.Reset.CheckEvery)
+}
 
 // floor is a slog handler that drops records below min (protoactor logs lifecycle chatter at
 // Info).

@@ -18,7 +18,8 @@ type Child struct {
 
 // tree returns the top-level actors in start order; they stop in reverse order. Platform
 // actors come before the session manager so that recovered sessions can send replies, and stop
-// after it so that turns finishing during the drain can still deliver.
+// after it so that turns finishing during the drain can still deliver. The reset timer comes
+// last: it talks to sessions through the manager.
 func tree(d *Daemon) []Child {
 	children := []Child{
 		{Name: "persistence", Props: persistenceProps, Policy: AlwaysRestart()},
@@ -26,5 +27,7 @@ func tree(d *Daemon) []Child {
 	for _, p := range d.platforms {
 		children = append(children, Child{Name: "platform-" + p.Name(), Props: platformProps(p), Policy: OneForOne(10, time.Minute)})
 	}
-	return append(children, Child{Name: "sessions", Props: managerProps, Policy: OneForOne(10, time.Minute)})
+	return append(children,
+		Child{Name: "sessions", Props: managerProps, Policy: OneForOne(10, time.Minute)},
+		Child{Name: "timers", Props: timersProps, Policy: OneForOne(10, time.Minute)})
 }

@@ -15,12 +15,16 @@ type input struct {
 	Identity identity.Turn    `json:"identity"`
 	Messages []agents.Message `json:"messages"`
 	History  []agents.Message `json:"history"`
+	Notes    []string         `json:"notes,omitempty"`
 }
 
 // EncodeInput returns what Run writes to the command's stdin for req: one JSON object followed
 // by "\n",
 //
-//	{"identity": {...identity.Turn...}, "messages": [...], "history": [...]}
+//	{"identity": {...identity.Turn...}, "messages": [...], "history": [...], "notes": [...]}
+//
+// notes (omitted when empty) are one-line notes from agentgate for this turn, such as the
+// continuity note after a session reset.
 //
 // where history holds only the last history entries of req.History (none when history <= 0).
 // messages and history are always arrays, never null, so a script can iterate them without a
@@ -33,6 +37,7 @@ func EncodeInput(req *agents.Request, history int) ([]byte, error) {
 		Identity: req.Identity,
 		Messages: req.Messages,
 		History:  lastN(req.History, history),
+		Notes:    req.Notes,
 	}
 	if in.Messages == nil {
 		in.Messages = []agents.Message{}

@@ -46,8 +46,13 @@ type Sessions struct {
 	PassivateAfter        time.Duration `yaml:"passivate_after"`
 	Queue                 Queue         `yaml:"queue"`
 	Reset                 Reset         `yaml:"reset"`
-	Recovery              string        `yaml:"recovery"` // rerun | notice
-	HistoryLimit          int           `yaml:"history_limit"`
+	// ResetByPlatform overrides Reset per platform name (discord, http); it beats ResetByType.
+	ResetByPlatform map[string]ResetOverride `yaml:"reset_by_platform"`
+	// ResetByType overrides Reset per chat type (dm, group, channel, thread).
+	ResetByType  map[string]ResetOverride `yaml:"reset_by_type"`
+	Prune        Prune                    `yaml:"prune"`
+	Recovery     string                   `yaml:"recovery"` // rerun | notice
+	HistoryLimit int                      `yaml:"history_limit"`
 }
 
 // Queue configures what happens to messages that arrive while a turn runs.
@@ -58,12 +63,38 @@ type Queue struct {
 	Debounce time.Duration `yaml:"debounce"`
 }
 
-// Reset configures automatic session resets.
+// Reset configures automatic session resets. Config.ResetFor gives the policy of one platform
+// and chat type, with the overrides applied.
 type Reset struct {
 	Mode        string `yaml:"mode"` // none | idle | daily | both
 	IdleMinutes int    `yaml:"idle_minutes"`
-	AtHour      int    `yaml:"at_hour"`
-	Notify      bool   `yaml:"notify"`
+	AtHour      int    `yaml:"at_hour"` // 0-23, in Timezone
+	// Timezone is the IANA name (Europe/Berlin) that AtHour is read in; "" is the machine's
+	// local time. Location resolves it.
+	Timezone string `yaml:"timezone"`
+	Notify   bool   `yaml:"notify"` // tell the user once that the session was reset
+	// QuietPlatforms are the platforms on which the reset notice is never sent.
+	QuietPlatforms []string `yaml:"quiet_platforms"`
+	// CheckEvery is how often the durable reset timer scans for sessions that are due.
+	CheckEvery time.Duration `yaml:"check_every"`
+}
+
+// ResetOverride changes some fields of Reset for one platform or chat type. A nil field (a key
+// left out of the file) inherits the value of sessions.reset.
+type ResetOverride struct {
+	Mode        *string `yaml:"mode,omitempty"`
+	IdleMinutes *int    `yaml:"idle_minutes,omitempty"`
+	AtHour      *int    `yaml:"at_hour,omitempty"`
+	Notify      *bool   `yaml:"notify,omitempty"`
+}
+
+// Prune configures the deletion of sessions that ended long ago.
+type Prune struct {
+	Enabled bool `yaml:"enabled"`
+	// Retention is how long an ended session is kept after it ended.
+	Retention time.Duration `yaml:"retention"`
+	// Interval is the time between two pruning passes.
+	Interval time.Duration `yaml:"interval"`
 }
 
 // Agent configures the agent backend.

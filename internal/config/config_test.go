@@ -95,7 +95,8 @@ func TestExample(t *testing.T) {
 		walk = func(n *yaml.Node, path string) {
 			for i := 0; i+1 < len(n.Content); i += 2 {
 				p := joinPath(path, n.Content[i].Value)
-				if v := n.Content[i+1]; v.Kind == yaml.MappingNode {
+				// An empty mapping is the value of a map key ({}), not a section.
+				if v := n.Content[i+1]; v.Kind == yaml.MappingNode && len(v.Content) > 0 {
 					walk(v, p)
 				} else {
 					got = append(got, p)
@@ -140,6 +141,28 @@ func TestLoadFile(t *testing.T) {
 				c.Sessions.Reset.AtHour = 6
 				c.Agent.Backend = "exec"
 				c.Agent.Exec.Command = []string{"sh", "-c", "echo hi"}
+			},
+		},
+		{
+			name: "reset overrides keep unset fields nil",
+			yaml: "sessions:\n  reset_by_platform:\n    discord: {mode: idle, idle_minutes: 90}\n    http:\n  reset_by_type:\n    dm: {notify: false, at_hour: ~}\n",
+			want: func(c *Config) {
+				c.Sessions.ResetByPlatform = map[string]ResetOverride{
+					"discord": {Mode: new("idle"), IdleMinutes: new(90)},
+					"http":    {},
+				}
+				c.Sessions.ResetByType = map[string]ResetOverride{"dm": {Notify: new(false)}}
+			},
+		},
+		{
+			name: "reset timezone, quiet platforms, check_every and prune",
+			yaml: "sessions:\n  reset: {mode: daily, timezone: Europe/Berlin, quiet_platforms: [discord], check_every: 10s}\n  prune: {enabled: true, retention: 720h}\n",
+			want: func(c *Config) {
+				c.Sessions.Reset.Mode = "daily"
+				c.Sessions.Reset.Timezone = "Europe/Berlin"
+				c.Sessions.Reset.QuietPlatforms = []string{"discord"}
+				c.Sessions.Reset.CheckEvery = 10 * time.Second
+				c.Sessions.Prune = Prune{Enabled: true, Retention: 720 * time.Hour, Interval: 24 * time.Hour}
 			},
 		},
 		{
@@ -207,6 +230,52 @@ func TestLoadFileErrors(t *testing.T) {
 			yaml:       "log: {level: loud, colour: true}\n",
 			wantFields: []string{"log.colour", "log.level"},
 			wantText:   []string{"log.colour: unknown key", `log.level: "loud": must be one of debug, info, warn, error`},
+		},
+		{
+			name: "reset overrides, all at once with full paths",
+			yaml: "sessions:\n" +
+				"  reset_by_platform:\n" +
+				"    discord: {mode: weekly, mod: idle, idle_minutes: 0}\n" +
+				"    http: {at_hour: noon}\n" +
+				"  reset_by_type:\n" +
+				"    dms: {notify: false}\n" +
+				"    group: {at_hour: 25, notify: maybe}\n" +
+				"  reset: {timezone: Mars/Olympus_Mons}\n",
+			wantFields: []string{
+				"sessions.reset_by_platform.discord.mod",
+				"sessions.reset_by_platform.http.at_hour",
+				"sessions.reset_by_type.group.notify",
+				"sessions.reset.timezone",
+				"sessions.reset_by_platform.discord.mode",
+				"sessions.reset_by_platform.discord.idle_minutes",
+				"sessions.reset_by_type.dms",
+				"sessions.reset_by_type.group.at_hour",
+			},
+			wantText: []string{
+				`agentgate.yaml:3: sessions.reset_by_platform.discord.mod: unknown key`,
+				`agentgate.yaml:4: sessions.reset_by_platform.http.at_hour: "noon": must be an integer`,
+				`agentgate.yaml:7: sessions.reset_by_type.group.notify: "maybe": must be true or false`,
+				`sessions.reset.timezone: "Mars/Olympus_Mons": must be an IANA time zone`,
+				`sessions.reset_by_platform.discord.mode: "weekly": must be one of none, idle, daily, both`,
+				`sessions.reset_by_platform.discord.idle_minutes: 0: must be at least 1`,
+				`sessions.reset_by_type.dms: unknown chat type: must be one of dm, group, channel, thread`,
+				`sessions.reset_by_type.group.at_hour: 25: must be from 0 to 23`,
+			},
+		},
+		{
+			name:       "an override value that doesn't decode is reported once",
+			yaml:       "sessions:\n  reset_by_type:\n    dm: {idle_minutes: soon}\n",
+			wantFields: []string{"sessions.reset_by_type.dm.idle_minutes"},
+			wantText:   []string{`agentgate.yaml:3: sessions.reset_by_type.dm.idle_minutes: "soon": must be an integer`},
+		},
+		{
+			name:       "reset override map of the wrong shape",
+			yaml:       "sessions:\n  reset_by_platform: [discord]\n  reset_by_type:\n    dm: idle\n",
+			wantFields: []string{"sessions.reset_by_platform", "sessions.reset_by_type.dm"},
+			wantText: []string{
+				`agentgate.yaml:2: sessions.reset_by_platform: must be a mapping of names to mappings with the keys mode, idle_minutes, at_hour, notify`,
+				`agentgate.yaml:4: sessions.reset_by_type.dm: must be a mapping of keys`,
+			},
 		},
 		{
 			name:       "not a mapping",
@@ -317,6 +386,34 @@ func TestLoadEnv(t *testing.T) {
 			},
 		},
 		{
+			name:    "reset check_every",
+			environ: []string{"AGENTGATE_SESSIONS_RESET_CHECK_EVERY=15s"},
+			want:    func(c *Config) { c.Sessions.Reset.CheckEvery = 15 * time.Second },
+		},
+		{
+			name: "reset timezone, quiet platforms and prune",
+			environ: []string{"AGENTGATE_SESSIONS_RESET_TIMEZONE=America/New_York", "AGENTGATE_SESSIONS_RESET_QUIET_PLATFORMS=[discord, http]",
+				"AGENTGATE_SESSIONS_PRUNE_ENABLED=true", "AGENTGATE_SESSIONS_PRUNE_RETENTION=48h", "AGENTGATE_SESSIONS_PRUNE_INTERVAL=1h"},
+			want: func(c *Config) {
+				c.Sessions.Reset.Timezone = "America/New_York"
+				c.Sessions.Reset.QuietPlatforms = []string{"discord", "http"}
+				c.Sessions.Prune = Prune{Enabled: true, Retention: 48 * time.Hour, Interval: time.Hour}
+			},
+		},
+		{
+			name:    "reset override maps are set whole",
+			environ: []string{"AGENTGATE_SESSIONS_RESET_BY_PLATFORM={discord: {mode: idle, idle_minutes: 30}}", "AGENTGATE_SESSIONS_RESET_BY_TYPE={thread: {notify: false}}"},
+			want: func(c *Config) {
+				c.Sessions.ResetByPlatform = map[string]ResetOverride{"discord": {Mode: new("idle"), IdleMinutes: new(30)}}
+				c.Sessions.ResetByType = map[string]ResetOverride{"thread": {Notify: new(false)}}
+			},
+		},
+		{
+			name:    "null empties a map",
+			environ: []string{"AGENTGATE_SESSIONS_RESET_BY_PLATFORM=~"},
+			want:    func(*Config) {},
+		},
+		{
 			name:    "unknown AGENTGATE variables are ignored",
 			environ: []string{"AGENTGATE_SESSION_KEY=agent:main:http:dm:u1", "AGENTGATE_PLATFORM=http", "AGENTGATE_NONSENSE=1", "HOME=/root", "agentgate_data_dir=/lower"},
 			want:    func(*Config) {},
@@ -366,6 +463,16 @@ func TestLoadEnvErrors(t *testing.T) {
 		{"null int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=~"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "~": must be an integer`}},
 		{"unclosed list", []string{"AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c"}, []string{`AGENTGATE_AGENT_EXEC_COMMAND: "[sh, -c": must be a list`}},
 		{"mapping for list", []string{"AGENTGATE_AGENT_EXEC_COMMAND={a: b}"}, []string{`AGENTGATE_AGENT_EXEC_COMMAND: "{a: b}": must be a list`}},
+		{"check_every not a duration", []string{"AGENTGATE_SESSIONS_RESET_CHECK_EVERY=60"}, []string{`AGENTGATE_SESSIONS_RESET_CHECK_EVERY: "60": must be a duration`}},
+		{"check_every too short", []string{"AGENTGATE_SESSIONS_RESET_CHECK_EVERY=500ms"}, []string{`sessions.reset.check_every: 500ms: must be at least 1s`}},
+		{"list for map", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE=[dm]"}, []string{`AGENTGATE_SESSIONS_RESET_BY_TYPE: "[dm]": must be a mapping of names to mappings with the keys mode, idle_minutes, at_hour, notify`}},
+		{"unknown key in a map", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE={dm: {idle: 5}}"}, []string{`AGENTGATE_SESSIONS_RESET_BY_TYPE: "{dm: {idle: 5}}": dm.idle: unknown key`}},
+		{"bad values in a map", []string{"AGENTGATE_SESSIONS_RESET_BY_PLATFORM={discord: {at_hour: x, notify: 1}}"}, []string{
+			`AGENTGATE_SESSIONS_RESET_BY_PLATFORM: "{discord: {at_hour: x, notify: 1}}": discord.at_hour: "x": must be an integer; discord.notify: "1": must be true or false`,
+		}},
+		{"map validated like the file", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE={dm: {mode: often}, chat: {}}"}, []string{
+			`sessions.reset_by_type.chat: unknown chat type`, `sessions.reset_by_type.dm.mode: "often": must be one of`,
+		}},
 		{
 			name:    "all at once with validation",
 			environ: []string{"AGENTGATE_SESSIONS_QUEUE_CAP=no", "AGENTGATE_LOG_FORMAT=xml", "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=soon"},
@@ -451,9 +558,58 @@ func TestValidate(t *testing.T) {
 		}, []string{
 			"sessions.passivate_after", "sessions.queue.mode", "sessions.queue.cap", "sessions.queue.overflow",
 			"sessions.queue.debounce", "sessions.reset.mode", "sessions.reset.idle_minutes", "sessions.reset.at_hour",
-			"sessions.recovery", "sessions.history_limit",
+			"sessions.reset.check_every", "sessions.recovery", "sessions.history_limit",
 		}},
 		{"at_hour negative", func(c *Config) { c.Sessions.Reset.AtHour = -1 }, []string{"sessions.reset.at_hour"}},
+		{"timezone UTC", func(c *Config) { c.Sessions.Reset.Timezone = "UTC" }, nil},
+		{"timezone name", func(c *Config) { c.Sessions.Reset.Timezone = "Asia/Tokyo" }, nil},
+		{"timezone Local", func(c *Config) { c.Sessions.Reset.Timezone = "Local" }, nil},
+		{"timezone unknown", func(c *Config) { c.Sessions.Reset.Timezone = "Europe/Atlantis" }, []string{"sessions.reset.timezone"}},
+		{"timezone offset", func(c *Config) { c.Sessions.Reset.Timezone = "+02:00" }, []string{"sessions.reset.timezone"}},
+		{"timezone path", func(c *Config) { c.Sessions.Reset.Timezone = "../../etc/passwd" }, []string{"sessions.reset.timezone"}},
+		{"quiet platforms", func(c *Config) { c.Sessions.Reset.QuietPlatforms = []string{"discord", "http", "fake"} }, nil},
+		{"quiet platforms bad", func(c *Config) { c.Sessions.Reset.QuietPlatforms = []string{"discord", "", "Discord"} }, []string{
+			"sessions.reset.quiet_platforms[1]", "sessions.reset.quiet_platforms[2]",
+		}},
+		{"check_every", func(c *Config) { c.Sessions.Reset.CheckEvery = time.Second }, nil},
+		{"check_every too short", func(c *Config) { c.Sessions.Reset.CheckEvery = 999 * time.Millisecond }, []string{"sessions.reset.check_every"}},
+		{"prune enabled", func(c *Config) {
+			c.Sessions.Prune = Prune{Enabled: true, Retention: 24 * time.Hour, Interval: time.Minute}
+		}, nil},
+		{"prune disabled is not checked", func(c *Config) { c.Sessions.Prune = Prune{Retention: time.Hour} }, nil},
+		{"prune too eager", func(c *Config) {
+			c.Sessions.Prune = Prune{Enabled: true, Retention: 23 * time.Hour, Interval: 59 * time.Second}
+		}, []string{
+			"sessions.prune.retention", "sessions.prune.interval",
+		}},
+		{"overrides", func(c *Config) {
+			c.Sessions.ResetByPlatform = map[string]ResetOverride{"discord": {Mode: new("both"), AtHour: new(0)}, "http": {}}
+			c.Sessions.ResetByType = map[string]ResetOverride{"dm": {IdleMinutes: new(1)}, "group": {}, "channel": {}, "thread": {Notify: new(false)}}
+		}, nil},
+		{"overrides bad, sorted by key", func(c *Config) {
+			c.Sessions.ResetByPlatform = map[string]ResetOverride{
+				"slack":   {IdleMinutes: new(-5)},
+				"discord": {Mode: new(""), AtHour: new(-1)},
+				"":        {},
+				"Http":    {},
+				"my.chat": {},
+			}
+			c.Sessions.ResetByType = map[string]ResetOverride{"private": {Mode: new("idle")}, "dm": {AtHour: new(24)}}
+		}, []string{
+			`sessions.reset_by_platform.""`,
+			"sessions.reset_by_platform.Http",
+			"sessions.reset_by_platform.discord.mode",
+			"sessions.reset_by_platform.discord.at_hour",
+			`sessions.reset_by_platform."my.chat"`,
+			"sessions.reset_by_platform.slack.idle_minutes",
+			"sessions.reset_by_type.dm.at_hour",
+			"sessions.reset_by_type.private",
+		}},
+		{"quiet platform told to notify", func(c *Config) {
+			c.Sessions.Reset.QuietPlatforms = []string{"discord"}
+			c.Sessions.ResetByPlatform = map[string]ResetOverride{"discord": {Notify: new(true)}, "http": {Notify: new(true)}}
+			c.Sessions.ResetByType = map[string]ResetOverride{"dm": {Notify: new(true)}}
+		}, []string{"sessions.reset_by_platform.discord.notify"}},
 		{"unknown backend", func(c *Config) { c.Agent.Backend = "claude" }, []string{"agent.backend"}},
 		{"exec without command", func(c *Config) { c.Agent.Backend = "exec" }, []string{"agent.exec.command"}},
 		{"exec with empty argv0", func(c *Config) { c.Agent.Backend = "exec"; c.Agent.Exec.Command = []string{""} }, []string{"agent.exec.command"}},
@@ -599,6 +755,8 @@ func FuzzLoad(f *testing.F) {
 	f.Add("agent:\n  backend: exec\n  exec: {command: [sh, -c, \"echo hi\"]}\n", "[a, b]")
 	f.Add("base: &b {level: warn}\nlog:\n  <<: *b\n", "true")
 	f.Add("sessions: [1, 2]\nlog: debug\nnope: 1\n", "{x: y}")
+	f.Add("sessions:\n  reset_by_platform: {discord: {mode: idle}, \"\": ~}\n  reset_by_type: {dm: {at_hour: 25}, x: [1]}\n  reset: {timezone: UTC}\n", "{dm: {notify: false}}")
+	f.Add("sessions:\n  reset_by_type:\n    ? [a]\n    : {mode: none}\n  prune: {enabled: true}\n", "~")
 	// One file for the whole run: a fuzz process calls the target sequentially.
 	path := filepath.Join(f.TempDir(), "agentgate.yaml")
 	f.Fuzz(func(t *testing.T, doc, env string) {
@@ -610,6 +768,8 @@ func FuzzLoad(f *testing.F) {
 			"AGENTGATE_AGENT_EXEC_COMMAND=" + env,
 			"AGENTGATE_PLATFORMS_DISCORD_ENABLED=" + env,
 			"AGENTGATE_PERSISTENCE_MAX_BATCH=" + env,
+			"AGENTGATE_SESSIONS_RESET_BY_TYPE=" + env,
+			"AGENTGATE_SESSIONS_RESET_QUIET_PLATFORMS=" + env,
 		}
 		cfg, err := Load(path, environ, nil)
 		if err != nil {

@@ -10,8 +10,10 @@ import (
 // FieldError is one problem with one configuration value. Load and Validate return every
 // FieldError they find at once, joined with errors.Join; callers find them with errors.As.
 type FieldError struct {
-	// Field is the dotted YAML key path (sessions.queue.mode), or the name of the environment
-	// variable (AGENTGATE_SESSIONS_QUEUE_CAP) when the value came from one and didn't parse.
+	// Field is the dotted YAML key path (sessions.queue.mode; a map entry's key is part of it,
+	// as in sessions.reset_by_type.dm.mode, and a list entry's index, as in
+	// sessions.reset.quiet_platforms[0]), or the name of the environment variable
+	// (AGENTGATE_SESSIONS_QUEUE_CAP) when the value came from one and didn't parse.
 	Field string
 	// Value is the offending value, or nil when the problem is a missing value or an unknown key.
 	Value any
@@ -41,8 +43,20 @@ func formatValue(v any) string {
 		}
 		return "[" + strings.Join(q, ", ") + "]"
 	case time.Duration:
-		return v.String()
+		return shortDuration(v)
 	default:
 		return fmt.Sprint(v)
 	}
+}
+
+// shortDuration writes d as a config file would: 24h, 1m, 90s rather than 24h0m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }

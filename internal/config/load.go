@@ -20,7 +20,10 @@ import (
 
 // EnvPrefix starts the name of every environment variable that sets a config key:
 // AGENTGATE_ followed by the key's YAML path joined with "_" in upper case, such as
-// AGENTGATE_SESSIONS_QUEUE_MODE for sessions.queue.mode.
+// AGENTGATE_SESSIONS_QUEUE_MODE for sessions.queue.mode. The value is YAML. A map key such as
+// sessions.reset_by_platform is set whole, as a flow mapping that replaces the file's
+// (AGENTGATE_SESSIONS_RESET_BY_PLATFORM='{discord: {mode: idle}}'); its entries have no
+// variables of their own.
 const EnvPrefix = "AGENTGATE_"
 
 // Default returns the built-in configuration: SQLite in ./data, the HTTP platform on
@@ -35,7 +38,8 @@ func Default() *Config {
 			GroupSessionsPerUser: true,
 			PassivateAfter:       10 * time.Minute,
 			Queue:                Queue{Mode: "followup", Cap: 50, Overflow: "spool"},
-			Reset:                Reset{Mode: "none", IdleMinutes: 1440, AtHour: 4, Notify: true},
+			Reset:                Reset{Mode: "none", IdleMinutes: 1440, AtHour: 4, Notify: true, CheckEvery: time.Minute},
+			Prune:                Prune{Retention: 90 * 24 * time.Hour, Interval: 24 * time.Hour},
 			Recovery:             "rerun",
 			HistoryLimit:         20,
 		},
@@ -74,7 +78,22 @@ func Load(path string, environ []string, override func(*Config)) (*Config, error
 	if override != nil {
 		override(cfg)
 	}
-	errs = append(errs, cfg.validate()...)
+	// A value that didn't decode is reported once: the decoder may have left a zero in its
+	// place (it allocates an override's pointer field before it fails), which isn't news.
+	undecoded := make(map[string]bool)
+	for _, err := range errs {
+		var fe *FieldError
+		if errors.As(err, &fe) {
+			undecoded[fe.Field] = true
+		}
+	}
+	for _, err := range cfg.validate() {
+		var fe *FieldError
+		if errors.As(err, &fe) && undecoded[fe.Field] {
+			continue
+		}
+		errs = append(errs, err)
+	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -186,6 +205,20 @@ func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag) {
 	if n == nil {
 		return
 	}
+	if t.Kind() == reflect.Map && n.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			if k.ShortTag() == "!!merge" {
+				continue
+			}
+			if err := k.Decode(reflect.New(t.Key()).Interface()); err != nil {
+				*out = append(*out, diag{k.Line, &FieldError{Field: path, Err: fmt.Errorf("each key %v", typeMismatch(t.Key()))}})
+				continue
+			}
+			diagnose(v, t.Elem(), keyPath(path, k.Value), out)
+		}
+		return
+	}
 	if t.Kind() == reflect.Struct {
 		if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
 			return // decodes to nothing: the defaults stay
@@ -240,6 +273,17 @@ func joinPath(path, key string) string {
 	return path + "." + key
 }
 
+var plainKeyRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+
+// keyPath names the entry key of the map at path; a key that would make the path ambiguous
+// (empty, or holding a dot or a space) is quoted: sessions.reset_by_platform."my.chat".
+func keyPath(path, key string) string {
+	if !plainKeyRE.MatchString(key) {
+		key = strconv.Quote(key)
+	}
+	return joinPath(path, key)
+}
+
 func yamlKey(f reflect.StructField) (string, bool) {
 	name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
 	switch {
@@ -265,6 +309,9 @@ var durationType = reflect.TypeFor[time.Duration]()
 
 // typeMismatch says what a value of type t looks like.
 func typeMismatch(t reflect.Type) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
 	switch {
 	case t == durationType:
 		return errors.New("must be a duration such as 90s or 10m")
@@ -276,6 +323,14 @@ func typeMismatch(t reflect.Type) error {
 		return errors.New("must be a string")
 	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String:
 		return errors.New(`must be a list of strings such as [sh, -c, "echo hi"]`)
+	case t.Kind() == reflect.Map && t.Elem().Kind() == reflect.Struct:
+		var keys []string
+		for i := range t.Elem().NumField() {
+			if name, ok := yamlKey(t.Elem().Field(i)); ok {
+				keys = append(keys, name)
+			}
+		}
+		return fmt.Errorf("must be a mapping of names to mappings with the keys %s", strings.Join(keys, ", "))
 	default:
 		return fmt.Errorf("must be a %s", t)
 	}
@@ -344,8 +399,9 @@ func applyEnv(cfg *Config, environ []string) []error {
 	return errs
 }
 
-// parseEnvValue reads raw as a YAML scalar or flow value of type t. A string is taken
-// verbatim, so that a prompt or DSN holding "#" or ": " survives.
+// parseEnvValue reads raw as a YAML scalar or flow value of type t, as strictly as the file (an
+// unknown key in a mapping is an error). A string is taken verbatim, so that a prompt or DSN
+// holding "#" or ": " survives. Null empties a list or a map.
 func parseEnvValue(raw string, t reflect.Type) (reflect.Value, error) {
 	if t.Kind() == reflect.String {
 		return reflect.ValueOf(raw).Convert(t), nil
@@ -354,12 +410,26 @@ func parseEnvValue(raw string, t reflect.Type) (reflect.Value, error) {
 	if err := yaml.Unmarshal([]byte(raw), &doc); err != nil || len(doc.Content) == 0 {
 		return reflect.Value{}, typeMismatch(t)
 	}
-	n := doc.Content[0]
-	if n.ShortTag() == "!!null" && t.Kind() != reflect.Slice {
+	if doc.Content[0].ShortTag() == "!!null" && t.Kind() != reflect.Slice && t.Kind() != reflect.Map {
 		return reflect.Value{}, typeMismatch(t)
 	}
 	ptr := reflect.New(t)
-	if err := n.Decode(ptr.Interface()); err != nil {
+	dec := yaml.NewDecoder(strings.NewReader(raw))
+	dec.KnownFields(true)
+	if err := dec.Decode(ptr.Interface()); err != nil {
+		// Inside a mapping, name the entry that is wrong: dm.idel: unknown key.
+		var diags []diag
+		diagnose(&doc, t, "", &diags)
+		var inner []string
+		for _, d := range diags {
+			var fe *FieldError
+			if errors.As(d.err, &fe) && fe.Field != "" {
+				inner = append(inner, fe.Error())
+			}
+		}
+		if len(inner) > 0 {
+			return reflect.Value{}, errors.New(strings.Join(inner, "; "))
+		}
 		return reflect.Value{}, typeMismatch(t)
 	}
 	return ptr.Elem(), nil

@@ -3,9 +3,11 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -37,10 +39,36 @@ func (c *Config) validate() []error {
 	atLeast(&v, "sessions.queue.cap", s.Queue.Cap, 1)
 	v.oneOf("sessions.queue.overflow", s.Queue.Overflow, "spool", "reject")
 	atLeast(&v, "sessions.queue.debounce", s.Queue.Debounce, 0)
-	v.oneOf("sessions.reset.mode", s.Reset.Mode, "none", "idle", "daily", "both")
-	atLeast(&v, "sessions.reset.idle_minutes", s.Reset.IdleMinutes, 1)
-	if s.Reset.AtHour < 0 || s.Reset.AtHour > 23 {
-		v.add("sessions.reset.at_hour", s.Reset.AtHour, "must be from 0 to 23")
+	r := &s.Reset
+	v.resetFields("sessions.reset", ResetOverride{Mode: &r.Mode, IdleMinutes: &r.IdleMinutes, AtHour: &r.AtHour})
+	if r.Timezone != "" {
+		if _, err := loadLocation(r.Timezone); err != nil {
+			v.add("sessions.reset.timezone", r.Timezone, "must be an IANA time zone such as Europe/Berlin or UTC, or empty for local time")
+		}
+	}
+	for i, p := range r.QuietPlatforms {
+		v.platformName(fmt.Sprintf("sessions.reset.quiet_platforms[%d]", i), p, p)
+	}
+	atLeast(&v, "sessions.reset.check_every", r.CheckEvery, time.Second)
+	for _, p := range slices.Sorted(maps.Keys(s.ResetByPlatform)) {
+		field := keyPath("sessions.reset_by_platform", p)
+		v.platformName(field, p, nil)
+		o := s.ResetByPlatform[p]
+		v.resetFields(field, o)
+		if o.Notify != nil && *o.Notify && slices.Contains(r.QuietPlatforms, p) {
+			v.add(field+".notify", true, "contradicts sessions.reset.quiet_platforms, which lists "+p)
+		}
+	}
+	for _, t := range slices.Sorted(maps.Keys(s.ResetByType)) {
+		field := keyPath("sessions.reset_by_type", t)
+		if !slices.Contains(chatTypes, t) {
+			v.add(field, nil, "unknown chat type: must be one of "+strings.Join(chatTypes, ", "))
+		}
+		v.resetFields(field, s.ResetByType[t])
+	}
+	if s.Prune.Enabled {
+		atLeast(&v, "sessions.prune.retention", s.Prune.Retention, 24*time.Hour)
+		atLeast(&v, "sessions.prune.interval", s.Prune.Interval, time.Minute)
 	}
 	v.oneOf("sessions.recovery", s.Recovery, "rerun", "notice")
 	atLeast(&v, "sessions.history_limit", s.HistoryLimit, 0)
@@ -113,6 +141,31 @@ func (v *validator) hostPort(field, addr string) {
 	}
 }
 
+// resetFields checks the fields of a reset policy or override under path; a nil field is left
+// to the default and so not checked here.
+func (v *validator) resetFields(path string, o ResetOverride) {
+	if o.Mode != nil {
+		v.oneOf(path+".mode", *o.Mode, resetModes...)
+	}
+	if o.IdleMinutes != nil {
+		atLeast(v, path+".idle_minutes", *o.IdleMinutes, 1)
+	}
+	if o.AtHour != nil && (*o.AtHour < 0 || *o.AtHour > 23) {
+		v.add(path+".at_hour", *o.AtHour, "must be from 0 to 23")
+	}
+}
+
+var platformNameRE = regexp.MustCompile(`^[a-z][a-z0-9_-]*$`)
+
+// platformName checks a platform name as platforms report it: lower case, so that "Discord"
+// is caught rather than never matching. value is what the message shows (nil when field
+// already holds the name).
+func (v *validator) platformName(field, name string, value any) {
+	if !platformNameRE.MatchString(name) {
+		v.add(field, value, "must be a platform name such as discord or http ([a-z][a-z0-9_-]*)")
+	}
+}
+
 var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // envName checks that a *_env key names a variable. Its value is left out of the message
@@ -136,6 +189,8 @@ func atLeast[T int | time.Duration](v *validator, field string, got, lowest T) {
 		reason = "must not be negative"
 	case lowest == 1 && isDuration:
 		reason = "must be positive"
+	case isDuration:
+		reason = "must be at least " + shortDuration(time.Duration(lowest))
 	default:
 		reason = fmt.Sprintf("must be at least %d", lowest)
 	}

@@ -65,6 +65,8 @@ func encodeOp(op persistence.Op) (string, []byte, error) {
 		typ, isNil = "CreateSession", o == nil
 	case *persistence.EndSession:
 		typ, isNil = "EndSession", o == nil
+	case *persistence.ReopenSession:
+		typ, isNil = "ReopenSession", o == nil
 	case *persistence.TouchSession:
 		typ, isNil = "TouchSession", o == nil
 	case *persistence.SetTitle:
@@ -75,6 +77,8 @@ func encodeOp(op persistence.Op) (string, []byte, error) {
 		typ, isNil = "SetMessageStatus", o == nil
 	case *persistence.IncrementAttempts:
 		typ, isNil = "IncrementAttempts", o == nil
+	case *persistence.SetAttempts:
+		typ, isNil = "SetAttempts", o == nil
 	case *persistence.ArchiveMessages:
 		typ, isNil = "ArchiveMessages", o == nil
 	case *persistence.PutRoute:
@@ -103,6 +107,8 @@ func newOp(typ string) persistence.Op {
 		return &persistence.CreateSession{}
 	case "EndSession":
 		return &persistence.EndSession{}
+	case "ReopenSession":
+		return &persistence.ReopenSession{}
 	case "TouchSession":
 		return &persistence.TouchSession{}
 	case "SetTitle":
@@ -113,6 +119,8 @@ func newOp(typ string) persistence.Op {
 		return &persistence.SetMessageStatus{}
 	case "IncrementAttempts":
 		return &persistence.IncrementAttempts{}
+	case "SetAttempts":
+		return &persistence.SetAttempts{}
 	case "ArchiveMessages":
 		return &persistence.ArchiveMessages{}
 	case "PutRoute":

@@ -40,11 +40,13 @@ func opSamples() []persistence.Op {
 	return []persistence.Op{
 		&persistence.CreateSession{Session: session},
 		&persistence.EndSession{SessionID: "s-1", Reason: persistence.EndNewCommand, At: t0.Add(999)},
+		&persistence.ReopenSession{SessionID: "s-1"},
 		&persistence.TouchSession{SessionID: "s-1", At: t0.Add(1)},
 		&persistence.SetTitle{SessionID: "s-1", Title: "a title"},
 		&persistence.AppendMessage{Message: message},
 		&persistence.SetMessageStatus{SessionID: "s-1", Seqs: []int64{1, 2, 1 << 62}, Status: persistence.StatusDone, TurnID: "turn-2"},
 		&persistence.IncrementAttempts{SessionID: "s-1", Seqs: []int64{4}},
+		&persistence.SetAttempts{SessionID: "s-1", Seq: 4, Attempts: 3},
 		&persistence.ArchiveMessages{SessionID: "s-1", Seqs: []int64{5, 6}},
 		&persistence.PutRoute{Route: persistence.Route{Key: "k", SessionID: "s-1", Generation: 9, UpdatedAt: t0}},
 		&persistence.AddOutbox{Entry: persistence.OutboxEntry{

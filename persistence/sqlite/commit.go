@@ -22,6 +22,7 @@ const (
 	stFTSRollbackTo
 	stCreateSession
 	stEndSession
+	stReopenSession
 	stTouchSession
 	stSetTitle
 	stInsertMessage
@@ -29,6 +30,7 @@ const (
 	stInboundAt
 	stSetStatus
 	stIncAttempts
+	stSetAttempts
 	stArchive
 	stPutRoute
 	stAddOutbox
@@ -49,6 +51,7 @@ var writeSQL = [numStmts]string{
 		ON CONFLICT (id) DO NOTHING`,
 	stEndSession: `UPDATE sessions SET ended_at = ?, end_reason = ?
 		WHERE id = ? AND ended_at IS NULL`,
+	stReopenSession: `UPDATE sessions SET ended_at = NULL, end_reason = '' WHERE id = ?`,
 	stTouchSession: `UPDATE sessions SET last_activity_at = MAX(COALESCE(last_activity_at, 0), ?)
 		WHERE id = ?`,
 	stSetTitle: `UPDATE sessions SET title = ? WHERE id = ?`,
@@ -61,6 +64,7 @@ var writeSQL = [numStmts]string{
 	stSetStatus: `UPDATE messages SET status = ?, turn_id = CASE WHEN ? <> '' THEN ? ELSE turn_id END
 		WHERE session_id = ? AND seq = ?`,
 	stIncAttempts: `UPDATE messages SET attempts = attempts + 1 WHERE session_id = ? AND seq = ?`,
+	stSetAttempts: `UPDATE messages SET attempts = MAX(attempts, ?) WHERE session_id = ? AND seq = ?`,
 	stArchive:     `UPDATE messages SET active = 0, archived = 1 WHERE session_id = ? AND seq = ?`,
 	stPutRoute: `INSERT INTO routing (key, session_id, generation, updated_at) VALUES (?, ?, ?, ?)
 		ON CONFLICT (key) DO UPDATE SET session_id = excluded.session_id,
@@ -223,6 +227,12 @@ func (t *txn) apply(op persistence.Op) error {
 		}
 		_, err := t.exec(stEndSession, timeArg(o.At), o.Reason, o.SessionID)
 		return wrap(err, "end session %s", o.SessionID)
+	case *persistence.ReopenSession:
+		if o == nil {
+			return errors.New("reopen session: nil op")
+		}
+		_, err := t.exec(stReopenSession, o.SessionID)
+		return wrap(err, "reopen session %s", o.SessionID)
 	case *persistence.TouchSession:
 		if o == nil {
 			return errors.New("touch session: nil op")
@@ -253,6 +263,12 @@ func (t *txn) apply(op persistence.Op) error {
 			return errors.New("increment attempts: nil op")
 		}
 		return t.eachSeq(o.SessionID, o.Seqs, "increment attempts", stIncAttempts)
+	case *persistence.SetAttempts:
+		if o == nil {
+			return errors.New("set attempts: nil op")
+		}
+		_, err := t.exec(stSetAttempts, o.Attempts, o.SessionID, o.Seq)
+		return wrap(err, "set attempts %s/%d", o.SessionID, o.Seq)
 	case *persistence.ArchiveMessages:
 		if o == nil {
 			return errors.New("archive messages: nil op")

@@ -5,7 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/agentgate/agentgate/persistence"
 )
@@ -183,6 +186,116 @@ func (s *Store) Session(ctx context.Context, id string) (*persistence.Session, e
 	return ss, nil
 }
 
+// SessionsOfKey returns every session recorded for key, ended ones included, newest started
+// first (ties by ascending id), at most limit (persistence.DefaultSessionsOfKeyLimit when limit
+// <= 0). The order is that of the decoded StartedAt, so an unreadable start time sorts as the
+// oldest; that is why the key's rows are sorted here rather than by SQLite, which would sort a
+// garbage text value above every number.
+func (s *Store) SessionsOfKey(ctx context.Context, key string, limit int) ([]persistence.Session, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("sessions of key %s: %w", key, err)
+	}
+	defer s.leave()
+	if limit <= 0 {
+		limit = persistence.DefaultSessionsOfKeyLimit
+	}
+	ss, err := querySessions(ctx, s.reader, `SELECT `+sessionCols+` FROM sessions WHERE key = ?`, key)
+	if err != nil {
+		return nil, fmt.Errorf("sessions of key %s: %w", key, err)
+	}
+	slices.SortFunc(ss, func(a, b persistence.Session) int {
+		if c := b.StartedAt.Compare(a.StartedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	if len(ss) > limit {
+		ss = ss[:limit]
+	}
+	return ss, nil
+}
+
+// IdleSessions returns the open sessions that are the current routed session of their key and
+// whose last activity is before before, oldest first (ties by id), at most limit
+// (persistence.DefaultIdleSessionsLimit when limit <= 0). A last activity that is NULL or
+// unreadable reads as the zero time, so such a session is always idle.
+//
+// Two queries in one snapshot keep this exact and indexed: the range scan of
+// sessions_open_activity finds every number below the cutoff (zero and negative ones, which
+// read as the zero time, included), and a second query finds the values that are no comparable
+// number (NULL, and the reals past the int64 range, text and blobs, which SQLite sorts above
+// every integer); those are decoded and compared here. "Open" means ended_at IS NULL: a session
+// whose ended_at holds an unreadable value is not reset by the timer (it is left to the arrival
+// path, which loads it).
+func (s *Store) IdleSessions(ctx context.Context, before time.Time, limit int) ([]persistence.Session, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("idle sessions: %w", err)
+	}
+	defer s.leave()
+	if limit <= 0 {
+		limit = persistence.DefaultIdleSessionsLimit
+	}
+	if before.IsZero() {
+		return nil, nil // nothing, not even the zero time, is before the zero time
+	}
+	ss, err := s.idleSessions(ctx, before, limit)
+	if err != nil {
+		return nil, fmt.Errorf("idle sessions before %v: %w", before, err)
+	}
+	return ss, nil
+}
+
+func (s *Store) idleSessions(ctx context.Context, before time.Time, limit int) ([]persistence.Session, error) {
+	tx, err := s.reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback() }() // read-only: nothing to commit
+	const open = `s.ended_at IS NULL
+		AND EXISTS (SELECT 1 FROM routing r WHERE r.key = s.key AND r.session_id = s.id)`
+	// Two index searches: SQLite scans the whole index for the OR of the two conditions.
+	odd, err := querySessions(ctx, tx, `SELECT `+prefixed("s.", sessionCols)+` FROM sessions s
+			WHERE `+open+` AND s.last_activity_at IS NULL
+		UNION ALL
+		SELECT `+prefixed("s.", sessionCols)+` FROM sessions s
+			WHERE `+open+` AND s.last_activity_at >= 9223372036854775808.0`)
+	if err != nil {
+		return nil, err
+	}
+	ranged, err := querySessions(ctx, tx, `SELECT `+prefixed("s.", sessionCols)+` FROM sessions s
+		WHERE `+open+` AND s.last_activity_at < ?
+		ORDER BY s.last_activity_at, s.id LIMIT ?`, nanoBound(before), limit)
+	if err != nil {
+		return nil, err
+	}
+	out := slices.DeleteFunc(append(odd, ranged...), func(ss persistence.Session) bool {
+		return !ss.LastActivityAt.Before(before)
+	})
+	slices.SortFunc(out, func(a, b persistence.Session) int {
+		if c := a.LastActivityAt.Compare(b.LastActivityAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// nanoBound converts t into a bound on stored unix-nanosecond values: a stored positive integer
+// v reads as a time before t exactly when v < nanoBound(t). A t at or before the epoch gives 1
+// (no positive value is before it), a t past the int64 range math.MaxInt64.
+func nanoBound(t time.Time) int64 {
+	switch {
+	case !t.After(time.Unix(0, 0)):
+		return 1
+	case t.After(time.Unix(0, math.MaxInt64)):
+		return math.MaxInt64
+	}
+	return t.UnixNano()
+}
+
 // ListSessions lists routed session keys with their current session, by key. Messages counts
 // every row of the session (archived ones included); Pending counts its active pending user
 // messages. Keys whose session row is missing are left out.
@@ -294,6 +407,23 @@ func getSession(ctx context.Context, q querier, id string) (*persistence.Session
 		return nil, persistence.ErrNotFound
 	}
 	return ss, err
+}
+
+func querySessions(ctx context.Context, q querier, query string, args ...any) ([]persistence.Session, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ss []persistence.Session
+	for rows.Next() {
+		s, err := scanSession(rows)
+		if err != nil {
+			return nil, err
+		}
+		ss = append(ss, *s)
+	}
+	return ss, rows.Err()
 }
 
 func queryMessages(ctx context.Context, q querier, query string, args ...any) ([]persistence.Message, error) {

@@ -343,6 +343,9 @@ func testClosed(t *testing.T, s persistence.Store) {
 		{"Session", second(s.Session(ctx, "s1"))},
 		{"ListSessions", second(s.ListSessions(ctx, persistence.ListFilter{}))},
 		{"Recoverable", second(s.Recoverable(ctx))},
+		{"SessionsOfKey", second(s.SessionsOfKey(ctx, "k1", 0))},
+		{"IdleSessions", second(s.IdleSessions(ctx, at(100), 0))},
+		{"PruneSessions", second(s.PruneSessions(ctx, at(100), 0))},
 		{"Ping", s.Ping(ctx)},
 	}
 	for _, c := range checks {

@@ -31,6 +31,8 @@ func testCreateSessionIdentity(t *testing.T, s persistence.Store) {
 }
 
 // idempotentOps is one of every idempotent op, in an order that can be applied to an empty store.
+// ReopenSession is idempotent too but undoes EndSession (re-sending either alone changes the
+// state), so testReopenSession covers it.
 func idempotentOps() []persistence.Op {
 	ss := newSession("s1", "k1")
 	return []persistence.Op{
@@ -40,6 +42,7 @@ func idempotentOps() []persistence.Op {
 		&persistence.AppendMessage{Message: replyMsg("s1", 2, "hi")},
 		&persistence.AppendMessage{Message: userMsg("s1", 3, "m3", "undo me")},
 		&persistence.SetMessageStatus{SessionID: "s1", Seqs: []int64{1}, Status: persistence.StatusDone, TurnID: "turn-1"},
+		&persistence.SetAttempts{SessionID: "s1", Seq: 1, Attempts: 2},
 		&persistence.ArchiveMessages{SessionID: "s1", Seqs: []int64{3}},
 		&persistence.TouchSession{SessionID: "s1", At: at(5)},
 		&persistence.SetTitle{SessionID: "s1", Title: "greetings"},

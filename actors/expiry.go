@@ -1,0 +1,121 @@
+package actors
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Automatic resets of Session (DESIGN §3, G6). A session's reset policy is evaluated on every
+// arrival, when the session starts (also on recovery, from the durable activity time), and when
+// the Timers actor finds it due without traffic. An expired session ends at its due time with
+// reason idle or daily; the route keeps pointing at it until the next message creates the
+// successor, which records prev_session_id, tells the user once, and gives the agent's first
+// turn a continuity note. A boundary is never undone.
+
+// touch returns the op that advances a session's activity, keeping the in-memory copy in step.
+func (s *Session) touch(sid string, now time.Time) persistence.Op {
+	if s.cur != nil && s.cur.ID == sid && now.After(s.cur.LastActivityAt) {
+		s.cur.LastActivityAt = now
+	}
+	return &persistence.TouchSession{SessionID: sid, At: now}
+}
+
+// expire ends the current session if its reset policy says it is due at now, and returns the op
+// that records the end at its due time.
+func (s *Session) expire(now time.Time) []persistence.Op {
+	if s.cur == nil {
+		return nil
+	}
+	p := s.d.Config.resetFor(s.cur.Platform, s.cur.ChatType)
+	at, reason, due := p.Overdue(s.cur.LastActivityAt, now)
+	if !due {
+		return nil
+	}
+	if at.IsZero() { // no valid activity time: it ended no later than it started
+		at = s.cur.StartedAt
+		if at.IsZero() {
+			at = now
+		}
+	}
+	ended := *s.cur
+	ended.EndedAt, ended.EndReason = at, reason
+	s.prev, s.cur = &ended, nil
+	s.log.Info("session reset", "reason", reason, "due", at.UTC().Format(time.RFC3339))
+	return []persistence.Op{&persistence.EndSession{SessionID: ended.ID, Reason: reason, At: at}}
+}
+
+// autoReset returns the session that ended automatically and that the next incarnation
+// succeeds, or nil.
+func (s *Session) autoReset() *persistence.Session {
+	if s.cur != nil || s.prev == nil {
+		return nil
+	}
+	switch s.prev.EndReason {
+	case persistence.EndIdle, persistence.EndDaily, persistence.EndSuspended:
+		return s.prev
+	}
+	return nil
+}
+
+// afterAutoReset prepares the successor of an automatically ended session: the continuity note
+// for its first turn and, unless the platform is quiet, a notice that answers messageID.
+func (s *Session) afterAutoReset(prev *persistence.Session, src identity.Source, messageID string, now time.Time) (*platforms.Outbound, []persistence.Op) {
+	p := s.d.Config.resetFor(prev.Platform, prev.ChatType)
+	why := describeReset(prev.EndReason, p, prev.LastActivityAt, now)
+	s.continuity = fmt.Sprintf("This conversation continues an earlier session %s, which was reset automatically (%s); search that session before assuming an unrelated one is the right context.", prev.ID, why)
+	if !p.Notify {
+		return nil, nil
+	}
+	text := fmt.Sprintf("◐ Your previous session was reset automatically (%s), so this is a fresh one. Send /resume %s to go back to it.", why, prev.ID)
+	s.lastSeq++
+	sid := s.cur.ID
+	entry := s.outboxEntry(src, sid, platforms.KindNotice, text, "", []string{messageID}, now)
+	ops := []persistence.Op{
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: sid, Seq: s.lastSeq, Role: persistence.RoleNotice,
+			Content: text, Status: persistence.StatusDone, Active: true, CreatedAt: now}},
+		&persistence.AddOutbox{Entry: entry},
+	}
+	out := outboundFromEntry(&entry)
+	out.TurnEnd = false // the answer to the message itself follows
+	return out, ops
+}
+
+// expireOnStart applies the reset policy when a session starts, from its durable activity time:
+// a session that became due while nobody wrote (or while agentgate was down) is reset, not
+// resurrected. Messages it still had pending are not run in a session that has ended; their
+// senders are told to send them again.
+func (s *Session) expireOnStart(c actor.Context) {
+	ops := s.expire(s.d.now())
+	if len(ops) == 0 {
+		return
+	}
+	s.write(c, ops, func(c actor.Context, err error) {
+		if err != nil {
+			s.log.Error("store session reset", "err", err)
+		}
+	})
+	for _, it := range s.queue {
+		s.setAside(c, it, persistence.StatusFailed, fmt.Sprintf(
+			"⚠️ This message could not be answered before the session was reset (%s), so it was not run. Please send it again.", s.prev.EndReason))
+	}
+	s.queue = nil
+}
+
+// onResetDue is the timer's nudge: end the session now if it is due and idle.
+func (s *Session) onResetDue(c actor.Context) {
+	if s.running != nil || len(s.queue) > 0 {
+		return
+	}
+	if ops := s.expire(s.d.now()); len(ops) > 0 {
+		s.write(c, ops, func(c actor.Context, err error) {
+			if err != nil {
+				s.log.Error("store session reset", "err", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,125 @@
+package actors
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+)
+
+// Reset modes.
+const (
+	ResetNone  = "none"
+	ResetIdle  = "idle"
+	ResetDaily = "daily"
+	ResetBoth  = "both"
+)
+
+// ResetPolicy says when a session ends on its own (DESIGN §3). It is pure: every method takes
+// the times it needs.
+type ResetPolicy struct {
+	Mode   string
+	Idle   time.Duration
+	AtHour int
+	Notify bool
+	// Location is the time zone of AtHour; nil means time.Local.
+	Location *time.Location
+}
+
+// Due returns when a session whose last durable activity was last becomes due for a reset, and
+// the end reason. ok is false when the policy never resets. A zero last (missing or invalid
+// timestamp) counts as old, never as now: such a session is due at once.
+func (p ResetPolicy) Due(last time.Time) (at time.Time, reason string, ok bool) {
+	idle, daily := p.Mode == ResetIdle || p.Mode == ResetBoth, p.Mode == ResetDaily || p.Mode == ResetBoth
+	if !idle && !daily {
+		return time.Time{}, "", false
+	}
+	if last.IsZero() {
+		if idle {
+			return time.Time{}, persistence.EndIdle, true
+		}
+		return time.Time{}, persistence.EndDaily, true
+	}
+	if idle {
+		at, reason, ok = last.Add(p.Idle), persistence.EndIdle, true
+	}
+	if daily {
+		if b := p.nextBoundary(last); !ok || b.Before(at) {
+			at, reason, ok = b, persistence.EndDaily, true
+		}
+	}
+	return at, reason, ok
+}
+
+// Overdue reports whether a session last active at last must be reset at now, with the time it
+// became due and the reason.
+func (p ResetPolicy) Overdue(last, now time.Time) (at time.Time, reason string, overdue bool) {
+	at, reason, ok := p.Due(last)
+	if !ok || now.Before(at) {
+		return time.Time{}, "", false
+	}
+	return at, reason, true
+}
+
+// nextBoundary is the first daily reset hour strictly after t.
+func (p ResetPolicy) nextBoundary(t time.Time) time.Time {
+	loc := p.Location
+	if loc == nil {
+		loc = time.Local
+	}
+	lt := t.In(loc)
+	b := time.Date(lt.Year(), lt.Month(), lt.Day(), p.AtHour, 0, 0, 0, loc)
+	if !b.After(lt) {
+		b = time.Date(lt.Year(), lt.Month(), lt.Day()+1, p.AtHour, 0, 0, 0, loc)
+	}
+	return b
+}
+
+// LatestCutoff returns a time such that every session this policy could find due at now was
+// last active before it (for the timer's scan). ok is false when the policy never resets.
+func (p ResetPolicy) LatestCutoff(now time.Time) (cutoff time.Time, ok bool) {
+	if p.Mode != ResetIdle && p.Mode != ResetDaily && p.Mode != ResetBoth {
+		return time.Time{}, false
+	}
+	if p.Mode == ResetIdle || p.Mode == ResetBoth {
+		cutoff, ok = now.Add(-p.Idle), true
+	}
+	if p.Mode == ResetDaily || p.Mode == ResetBoth {
+		// A session is due once a boundary lies after its last activity and not after now: the
+		// last boundary at or before now is the cutoff.
+		b := p.nextBoundary(now.Add(-24 * time.Hour))
+		if b.After(now) {
+			b = b.Add(-24 * time.Hour)
+		}
+		if !ok || b.After(cutoff) {
+			cutoff, ok = b, true
+		}
+	}
+	return cutoff.Add(time.Nanosecond), ok
+}
+
+// describeReset is the user-facing reason of an automatic reset.
+func describeReset(reason string, p ResetPolicy, last time.Time, now time.Time) string {
+	switch reason {
+	case persistence.EndIdle:
+		if last.IsZero() {
+			return "inactive for too long"
+		}
+		return "inactive for " + humanDuration(now.Sub(last))
+	case persistence.EndDaily:
+		return fmt.Sprintf("daily reset at %02d:00", p.AtHour)
+	}
+	return reason
+}
+
+// humanDuration writes d for people: "45m", "2h0m", "3d4h".
+func humanDuration(d time.Duration) string {
+	d = d.Round(time.Minute)
+	switch {
+	case d >= 24*time.Hour:
+		return fmt.Sprintf("%dd%dh", d/(24*time.Hour), d%(24*time.Hour)/time.Hour)
+	case d >= time.Hour:
+		return fmt.Sprintf("%dh%dm", d/time.Hour, d%time.Hour/time.Minute)
+	}
+	return fmt.Sprintf("%dm", d/time.Minute)
+}

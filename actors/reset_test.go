@@ -1,0 +1,58 @@
+package actors
+
+import (
+	"testing"
+	"time"
+)
+
+func TestResetPolicyDue(t *testing.T) {
+	utc := time.UTC
+	day := func(d, h, m int) time.Time { return time.Date(2026, 11, d, h, m, 0, 0, utc) }
+	idle := ResetPolicy{Mode: ResetIdle, Idle: 60 * time.Minute, Location: utc}
+	daily := ResetPolicy{Mode: ResetDaily, AtHour: 4, Location: utc}
+	both := ResetPolicy{Mode: ResetBoth, Idle: 24 * time.Hour, AtHour: 4, Location: utc}
+	tests := []struct {
+		name       string
+		p          ResetPolicy
+		last, now  time.Time
+		wantDue    bool
+		wantAt     time.Time
+		wantReason string
+	}{
+		{"none never", ResetPolicy{Mode: ResetNone}, day(1, 0, 0), day(30, 0, 0), false, time.Time{}, ""},
+		{"idle not yet", idle, day(10, 12, 0), day(10, 12, 59), false, time.Time{}, ""},
+		{"idle due at its time", idle, day(10, 12, 0), day(10, 13, 0), true, day(10, 13, 0), "idle"},
+		{"idle long overdue keeps the due time", idle, day(10, 12, 0), day(20, 0, 0), true, day(10, 13, 0), "idle"},
+		{"daily before the hour", daily, day(10, 3, 0), day(10, 3, 59), false, time.Time{}, ""},
+		{"daily at the hour", daily, day(10, 3, 0), day(10, 4, 0), true, day(10, 4, 0), "daily"},
+		{"daily after the hour waits a day", daily, day(10, 5, 0), day(11, 3, 59), false, time.Time{}, ""},
+		{"daily next day", daily, day(10, 5, 0), day(11, 4, 0), true, day(11, 4, 0), "daily"},
+		{"both: daily first", both, day(10, 3, 0), day(10, 4, 30), true, day(10, 4, 0), "daily"},
+		{"both: idle first", ResetPolicy{Mode: ResetBoth, Idle: time.Hour, AtHour: 4, Location: utc}, day(10, 5, 0), day(10, 6, 0), true, day(10, 6, 0), "idle"},
+		{"invalid activity counts as old", idle, time.Time{}, day(10, 0, 0), true, time.Time{}, "idle"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			at, reason, due := tt.p.Overdue(tt.last, tt.now)
+			if due != tt.wantDue || !at.Equal(tt.wantAt) || reason != tt.wantReason {
+				t.Errorf("Overdue(%v, %v) = %v %q %v, want %v %q %v", tt.last, tt.now, at, reason, due, tt.wantAt, tt.wantReason, tt.wantDue)
+			}
+			if cut, ok := tt.p.LatestCutoff(tt.now); ok && due && !tt.last.Before(cut) {
+				t.Errorf("LatestCutoff(%v) = %v does not cover a due session last active %v", tt.now, cut, tt.last)
+			}
+		})
+	}
+}
+
+func TestResetPolicyDailyInTimeZone(t *testing.T) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Skipf("no tzdata: %v", err)
+	}
+	p := ResetPolicy{Mode: ResetDaily, AtHour: 4, Location: ny}
+	last := time.Date(2026, 11, 10, 3, 0, 0, 0, ny)
+	at, _, ok := p.Due(last)
+	if want := time.Date(2026, 11, 10, 4, 0, 0, 0, ny); !ok || !at.Equal(want) {
+		t.Errorf("Due(%v) = %v, want %v", last, at, want)
+	}
+}

@@ -1,0 +1,152 @@
+package actors
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// /undo, /retry and /resume of Session. Rewinding archives rows (active=0, archived=1) and never
+// deletes them; /resume reaches only earlier sessions of the same key.
+
+// lastExchange returns the index in the history of the last user message (the exchange is it
+// and everything after it), or -1.
+func (s *Session) lastExchange() int {
+	for i := len(s.history) - 1; i >= 0; i-- {
+		if s.history[i].msg.Role == persistence.RoleUser {
+			return i
+		}
+	}
+	return -1
+}
+
+// undo archives the last exchange; nil ops when there is none (or a turn runs).
+func (s *Session) undo() ([]persistence.Op, string) {
+	i := s.lastExchange()
+	if s.running != nil || s.cur == nil || i < 0 {
+		return nil, ""
+	}
+	seqs := make([]int64, 0, len(s.history)-i)
+	for _, h := range s.history[i:] {
+		seqs = append(seqs, h.seq)
+	}
+	preview := preview(s.history[i].raw)
+	s.history = slices.Clone(s.history[:i])
+	return []persistence.Op{&persistence.ArchiveMessages{SessionID: s.cur.ID, Seqs: seqs}}, preview
+}
+
+// retry archives the last exchange and returns a new item that runs its user text again, with
+// the /retry message's id (its row holds the original text).
+func (s *Session) retry(src identity.Source, m *Deliver, now time.Time) (*item, []persistence.Op, bool) {
+	i := s.lastExchange()
+	if s.cur == nil || i < 0 {
+		return nil, nil, false
+	}
+	text := s.history[i].raw
+	ops, _ := s.undo()
+	s.lastSeq++
+	it := &item{seq: s.lastSeq, sessionID: s.cur.ID, src: src, messageID: m.MessageId, text: text, at: now}
+	ops = append(ops,
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: it.sessionID, Seq: it.seq,
+			Role: persistence.RoleUser, Content: text, Platform: src.Platform, ChatID: src.ChatID,
+			MessageID: m.MessageId, UserID: src.UserID, UserName: src.UserName,
+			Status: persistence.StatusPending, Active: true, CreatedAt: now}},
+		s.touch(it.sessionID, now))
+	return it, ops, true
+}
+
+// enqueueRetry writes the retried message and queues it; the /retry is acknowledged as a command
+// once durable, and the retried turn's reply answers it.
+func (s *Session) enqueueRetry(c actor.Context, m *Deliver, it *item, ops []persistence.Op) {
+	s.queue = append([]*item{it}, s.queue...) // it runs next: nothing runs now
+	if m.MessageId != "" {
+		s.seen[m.MessageId] = true
+	}
+	requester := c.Sender()
+	s.write(c, ops, func(c actor.Context, err error) {
+		r := s.result(m, platforms.Command, it.sessionID)
+		if err != nil {
+			s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
+			s.log.Error("store retry", "err", err)
+			r.Disposition, r.ErrorCode, r.Error = "", "unavailable", "retry could not be stored"
+		} else {
+			it.durable = true
+		}
+		c.Send(requester, r)
+		s.tryStart(c)
+	})
+}
+
+// resume switches the key to an earlier session of the same key, chosen by id or title. The
+// current session ends (reason switched) and the target is reopened: an explicit user action,
+// unlike recovery, which never reopens a boundary.
+func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persistence.Op, string) {
+	arg = strings.TrimSpace(arg)
+	if arg == "" {
+		return nil, "Usage: /resume <session id or title>. /status shows the current session."
+	}
+	all, err := s.d.Store.SessionsOfKey(s.d.Ctx, s.key, 100)
+	if err != nil {
+		s.log.Error("list sessions of key", "err", err)
+		return nil, "⚠️ Could not look up earlier sessions right now; please try again."
+	}
+	var target *persistence.Session
+	for i := range all {
+		if all[i].ID == arg || (all[i].Title != "" && strings.EqualFold(all[i].Title, arg)) {
+			target = &all[i]
+			break
+		}
+	}
+	switch {
+	case target == nil:
+		return nil, fmt.Sprintf("No earlier session %q in this chat.", arg)
+	case s.cur != nil && target.ID == s.cur.ID:
+		return nil, "That is the current session."
+	}
+	msgs, err := s.d.Store.Transcript(s.d.Ctx, target.ID)
+	if err != nil {
+		s.log.Error("load resumed transcript", "err", err)
+		return nil, "⚠️ Could not load that session right now; please try again."
+	}
+	ops, _ := s.stopWork(c)
+	if s.cur != nil {
+		ops = append(ops, &persistence.EndSession{SessionID: s.cur.ID, Reason: persistence.EndSwitched, At: now})
+	}
+	resumed := *target
+	resumed.EndedAt, resumed.EndReason = time.Time{}, ""
+	s.cur, s.prev = &resumed, nil
+	s.lastSeq, s.history = 0, nil
+	for _, m := range msgs {
+		s.lastSeq = max(s.lastSeq, m.Seq)
+		if m.Active && (m.Role == persistence.RoleUser || m.Role == persistence.RoleAssistant) {
+			s.history = append(s.history, histEntry{seq: m.Seq, raw: m.Content,
+				msg: persistFromRow(m)})
+		}
+	}
+	s.trimHistory()
+	s.routeGen++
+	ops = append(ops,
+		&persistence.ReopenSession{SessionID: resumed.ID},
+		s.touch(resumed.ID, now), // resuming is activity: the reset clock starts again
+		&persistence.PutRoute{Route: persistence.Route{Key: s.key, SessionID: resumed.ID, Generation: s.routeGen, UpdatedAt: now}})
+	name := resumed.ID
+	if resumed.Title != "" {
+		name += " (" + resumed.Title + ")"
+	}
+	return ops, "⏪ Resumed session " + name + "."
+}
+
+// preview shortens text for an answer: one line, at most 200 characters.
+func preview(text string) string {
+	t := identity.NeutraliseName(text)
+	if r := []rune(t); len(r) > 200 {
+		t = string(r[:199]) + "…"
+	}
+	return t
+}

@@ -1,0 +1,77 @@
+package actors
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/scheduler"
+)
+
+// Timers is the durable reset timer: it fires resets without traffic. Every CheckEvery it asks
+// the store for open sessions idle since before the latest cutoff any reset policy could have,
+// and nudges each one its own policy finds due (ResetDue) — the session itself decides and ends
+// at its due time. Because the scan reads durable activity times, a reset that fell due while
+// the daemon was down happens at the first scan after start.
+type Timers struct {
+	d      *Deps
+	router SessionRouter
+	every  time.Duration
+	log    *slog.Logger
+	timers *scheduler.TimerScheduler
+}
+
+// CheckResets asks Timers to scan now (also used by tests with an injected clock).
+type CheckResets struct{}
+
+// timersBatch bounds one scan; a full batch is followed by another scan at once.
+const timersBatch = 1000
+
+// NewTimers returns the props of the timers actor.
+func NewTimers(d *Deps, router SessionRouter, every time.Duration) *actor.Props {
+	if every <= 0 {
+		every = time.Minute
+	}
+	return actor.PropsFromProducer(func() actor.Actor { return &Timers{d: d, router: router, every: every} })
+}
+
+// Receive scans on start and on every tick.
+func (t *Timers) Receive(c actor.Context) {
+	switch c.Message().(type) {
+	case *actor.Started:
+		t.log = t.d.Log.With("actor", "timers")
+		t.timers = scheduler.NewTimerScheduler(c)
+		c.Send(c.Self(), &CheckResets{})
+	case *CheckResets:
+		t.scan(c)
+	}
+}
+
+func (t *Timers) scan(c actor.Context) {
+	defer t.timers.SendOnce(t.every, c.Self(), &CheckResets{})
+	now := t.d.now()
+	var cutoff time.Time
+	for _, p := range t.d.Config.ResetPolicies {
+		if cut, ok := p.LatestCutoff(now); ok && cut.After(cutoff) {
+			cutoff = cut
+		}
+	}
+	if cutoff.IsZero() {
+		return // no policy ever resets
+	}
+	ss, err := t.d.Store.IdleSessions(t.d.Ctx, cutoff, timersBatch)
+	if err != nil {
+		t.log.Warn("scan for due resets", "err", err)
+		return
+	}
+	due := 0
+	for _, s := range ss {
+		if _, _, ok := t.d.Config.resetFor(s.Platform, s.ChatType).Overdue(s.LastActivityAt, now); ok {
+			t.router.Tell(s.Key, &ResetDue{})
+			due++
+		}
+	}
+	if due > 0 {
+		t.log.Info("sessions due for reset", "count", due)
+	}
+}

@@ -1,0 +1,210 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/logging"
+	"github.com/agentgate/agentgate/persistence"
+)
+
+// pruneCandidatesSQL selects the sessions PruneSessions may delete, oldest end first. Every
+// condition errs on the side of keeping a session:
+//   - ended_at must be a positive INTEGER below the cutoff: NULL (open), zero, negative, real,
+//     text or blob values are kept, even when they might read as an old time;
+//   - no routing row may point to it, whatever its key;
+//   - no active user message may be unanswered: any status but done, failed and quarantined
+//     (a garbage one included) counts as pending;
+//   - no outbox entry recorded for its session id may be in any state but delivered.
+const pruneCandidatesSQL = `SELECT s.id FROM sessions s
+	WHERE s.ended_at IS NOT NULL AND s.ended_at > 0 AND s.ended_at < ?1
+		AND typeof(s.ended_at) = 'integer'
+		AND NOT EXISTS (SELECT 1 FROM routing r WHERE r.session_id = s.id)
+		AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id AND m.role = 'user'
+			AND m.active <> 0 AND m.status NOT IN ('done', 'failed', 'quarantined'))
+		AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.session_id = s.id AND o.state <> 'delivered')
+	ORDER BY s.ended_at, s.id LIMIT ?2`
+
+// PruneSessions deletes, in one BEGIN IMMEDIATE transaction, at most limit sessions
+// (persistence.DefaultPruneLimit when limit <= 0) that ended before endedBefore and that nothing
+// needs any more (see pruneCandidatesSQL), oldest end first, with their messages and their
+// search index entries. Routing and outbox rows are never deleted. It holds the commit mutex,
+// so it never interleaves with Commit.
+//
+// Each session is deleted inside a savepoint of its own. The search index is cleaned first,
+// for the rows it holds (those with a messages_fts_docsize row: a row whose indexing failed has
+// none, and deleting it from the index would corrupt the index). If that cleanup fails the
+// session is kept, with a rate-limited warning, and retried by a later call; a store whose
+// search index has been dropped prunes without it. Any other error rolls the whole call back
+// and deletes nothing.
+func (s *Store) PruneSessions(ctx context.Context, endedBefore time.Time, limit int) (int, error) {
+	n, err := s.prune(ctx, endedBefore, limit)
+	if err != nil {
+		err = fmt.Errorf("prune sessions ended before %v: %w", endedBefore, err)
+		if IsUnavailable(err) {
+			err = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
+		}
+		return 0, err
+	}
+	return n, nil
+}
+
+func (s *Store) prune(ctx context.Context, endedBefore time.Time, limit int) (int, error) {
+	if err := s.enter(); err != nil {
+		return 0, err
+	}
+	defer s.leave()
+	if s.readOnly {
+		return 0, ErrReadOnly
+	}
+	if limit <= 0 {
+		limit = persistence.DefaultPruneLimit
+	}
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+
+	tx, err := s.writer.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
+	ids, err := pruneCandidates(ctx, tx, nanoBound(endedBefore), limit)
+	if err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	fts, err := hasFTS(ctx, tx)
+	if err != nil {
+		return 0, err
+	}
+	pruned := 0
+	for _, id := range ids {
+		ok, err := s.pruneSession(ctx, tx, id, fts)
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			pruned++
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("commit: %w", err)
+	}
+	return pruned, nil
+}
+
+func pruneCandidates(ctx context.Context, tx *sql.Tx, bound int64, limit int) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, pruneCandidatesSQL, bound, limit)
+	if err != nil {
+		return nil, fmt.Errorf("select: %w", err)
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("select: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("select: %w", err)
+	}
+	return ids, nil
+}
+
+// hasFTS reports whether the search index and its docsize shadow table exist (a damaged store
+// may have lost them; writes go on without them).
+func hasFTS(ctx context.Context, tx *sql.Tx) (bool, error) {
+	var n int
+	err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM sqlite_schema
+		WHERE type = 'table' AND name IN ('messages_fts', 'messages_fts_docsize')`).Scan(&n)
+	if err != nil {
+		return false, fmt.Errorf("find search index: %w", err)
+	}
+	return n == 2, nil
+}
+
+// errKeep marks a failure that keeps the session instead of failing the call.
+var errKeep = errors.New("session kept")
+
+// pruneSession deletes one session inside a savepoint. It reports false, after rolling the
+// savepoint back, when the session had to be kept; an error means the transaction cannot go on.
+func (s *Store) pruneSession(ctx context.Context, tx *sql.Tx, id string, fts bool) (bool, error) {
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT prune`); err != nil {
+		return false, fmt.Errorf("session %s: savepoint: %w", id, err)
+	}
+	err := deleteSession(ctx, tx, id, fts)
+	if err != nil {
+		if _, rerr := tx.ExecContext(ctx, `ROLLBACK TO prune`); rerr != nil {
+			return false, fmt.Errorf("session %s: %w (rollback to savepoint: %v)", id, err, rerr)
+		}
+	}
+	if _, rerr := tx.ExecContext(ctx, `RELEASE prune`); rerr != nil {
+		return false, fmt.Errorf("session %s: release savepoint: %w", id, rerr)
+	}
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, errKeep) && !IsUnavailable(err) && ctx.Err() == nil:
+		if n, ok := s.ftsWarn.allow(); ok {
+			s.log.Warn("fts index delete failed; session kept", "session_id", id, "batches", n, logging.Err(err))
+		}
+		return false, nil
+	}
+	return false, fmt.Errorf("session %s: %w", id, err)
+}
+
+// deleteSession removes a session's search index entries, its messages and its row. A failure
+// to clean the search index wraps errKeep.
+func deleteSession(ctx context.Context, tx *sql.Tx, id string, fts bool) error {
+	if fts {
+		if err := unindexSession(ctx, tx, id); err != nil {
+			return fmt.Errorf("%w: %w", errKeep, err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM messages WHERE session_id = ?`, id); err != nil {
+		return fmt.Errorf("delete messages: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM sessions WHERE id = ?`, id); err != nil {
+		return fmt.Errorf("delete session: %w", err)
+	}
+	return nil
+}
+
+// unindexSession removes a session's indexed messages from messages_fts. The index has
+// external content, so each entry is removed with FTS5's delete command and the very content
+// it was indexed with (message content is never updated).
+func unindexSession(ctx context.Context, tx *sql.Tx, id string) error {
+	rows, err := tx.QueryContext(ctx, `SELECT m.id, m.content FROM messages m
+		WHERE m.session_id = ? AND EXISTS (SELECT 1 FROM messages_fts_docsize d WHERE d.id = m.id)`, id)
+	if err != nil {
+		return fmt.Errorf("find indexed messages: %w", err)
+	}
+	type indexed struct {
+		rowid   int64
+		content any // passed back exactly as stored (text or blob)
+	}
+	var rs []indexed
+	for rows.Next() {
+		var r indexed
+		if err := rows.Scan(&r.rowid, &r.content); err != nil {
+			rows.Close()
+			return fmt.Errorf("find indexed messages: %w", err)
+		}
+		rs = append(rs, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("find indexed messages: %w", err)
+	}
+	for _, r := range rs {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO messages_fts (messages_fts, rowid, content)
+			VALUES ('delete', ?, ?)`, r.rowid, r.content); err != nil {
+			return fmt.Errorf("unindex message %d: %w", r.rowid, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,315 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/google/go-cmp/cmp"
+)
+
+// The conformance suite covers IdleSessions and PruneSessions through the Store; these tests
+// damage the file to check what the suite cannot write: unreadable times and a broken index.
+
+func TestIdleSessionsUnreadableActivity(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	// Each session is routed and open; its last_activity_at is then overwritten with value.
+	tests := []struct {
+		id    string
+		value string // SQL literal
+		idle  bool   // before the cutoff t0+100s
+	}{
+		{"null", `NULL`, true},
+		{"zero", `0`, true},
+		{"negative", `-5`, true},
+		{"garbage text", `'garbage'`, true},
+		{"blob", `X'00ff'`, true},
+		{"huge real", `1e300`, true},
+		{"past the int64 range", `9223372036854775808.0`, true},
+		{"tiny real", `1.5`, true},
+		{"old rfc3339 text", `'2001-01-01T00:00:00Z'`, true},
+		{"future rfc3339 text", `'2999-01-01T00:00:00Z'`, false},
+		{"recent", fmt.Sprint(t0.Add(200 * time.Second).UnixNano()), false},
+		{"just before", fmt.Sprint(t0.Add(100*time.Second).UnixNano() - 1), true},
+		{"at the cutoff", fmt.Sprint(t0.Add(100 * time.Second).UnixNano()), false},
+	}
+	var ops []persistence.Op
+	for i, tc := range tests {
+		key := "k-" + tc.id
+		ops = append(ops, &persistence.CreateSession{Session: newSession(tc.id, key)},
+			&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: tc.id, Generation: int64(i + 1)}})
+	}
+	storetest.MustCommit(t, s, ops...)
+	raw := MustRawDB(t, s.Path())
+	for _, tc := range tests {
+		mustExec(t, raw, `UPDATE sessions SET last_activity_at = `+tc.value+` WHERE id = ?`, tc.id)
+	}
+	// Unreadable times read as the zero time and sort first, by id; then by time.
+	want := []string{"blob", "garbage text", "huge real", "negative", "null", "past the int64 range", "zero",
+		"tiny real", "old rfc3339 text", "just before"}
+
+	got, err := s.IdleSessions(ctx, t0.Add(100*time.Second), 0)
+	if err != nil {
+		t.Fatalf("IdleSessions: %v", err)
+	}
+	var ids []string
+	for _, ss := range got {
+		ids = append(ids, ss.ID)
+	}
+	if d := cmp.Diff(want, ids); d != "" {
+		t.Errorf("IdleSessions ids mismatch (-want +got):\n%s", d)
+	}
+	for _, tc := range tests {
+		if tc.idle != contains(ids, tc.id) {
+			t.Errorf("IdleSessions: session %q (last activity %s) returned = %v, want %v", tc.id, tc.value, !tc.idle, tc.idle)
+		}
+	}
+
+	t.Run("limit keeps the oldest", func(t *testing.T) {
+		got, err := s.IdleSessions(ctx, t0.Add(100*time.Second), 8)
+		if err != nil {
+			t.Fatalf("IdleSessions: %v", err)
+		}
+		var ids []string
+		for _, ss := range got {
+			ids = append(ids, ss.ID)
+		}
+		if d := cmp.Diff(want[:8], ids); d != "" {
+			t.Errorf("IdleSessions(limit 8) ids mismatch (-want +got):\n%s", d)
+		}
+	})
+
+	t.Run("an unreadable end is not open", func(t *testing.T) {
+		mustExec(t, raw, `UPDATE sessions SET ended_at = 'garbage' WHERE id = 'null'`)
+		got, err := s.IdleSessions(ctx, t0.Add(100*time.Second), 0)
+		if err != nil {
+			t.Fatalf("IdleSessions: %v", err)
+		}
+		for _, ss := range got {
+			if ss.ID == "null" {
+				t.Errorf("IdleSessions returned a session whose ended_at is set (unreadable)")
+			}
+		}
+	})
+}
+
+func contains(ids []string, id string) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+func TestPruneKeepsUnreadableEnds(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	tests := []struct {
+		id    string
+		value string // SQL literal for ended_at
+		prune bool
+	}{
+		{"valid", fmt.Sprint(t0.UnixNano()), true},
+		{"zero", `0`, false},
+		{"negative", `-1`, false},
+		{"real", `1.5`, false},
+		{"huge real", `1e300`, false},
+		{"garbage text", `'garbage'`, false},
+		{"rfc3339 text", `'2001-01-01T00:00:00Z'`, false},
+		{"blob", `X'00'`, false},
+		{"after the cutoff", fmt.Sprint(t0.Add(time.Hour).UnixNano()), false},
+	}
+	var ops []persistence.Op
+	for _, tc := range tests {
+		ops = append(ops, &persistence.CreateSession{Session: newSession(tc.id, "k")},
+			&persistence.EndSession{SessionID: tc.id, Reason: persistence.EndIdle, At: t0})
+	}
+	// An answered message whose status is unknown to this binary counts as pending.
+	ops = append(ops, &persistence.CreateSession{Session: newSession("odd status", "k")},
+		&persistence.EndSession{SessionID: "odd status", Reason: persistence.EndIdle, At: t0},
+		&persistence.AppendMessage{Message: userMsg("odd status", 1, "odd")})
+	storetest.MustCommit(t, s, ops...)
+	raw := MustRawDB(t, s.Path())
+	for _, tc := range tests {
+		mustExec(t, raw, `UPDATE sessions SET ended_at = `+tc.value+` WHERE id = ?`, tc.id)
+	}
+	mustExec(t, raw, `UPDATE messages SET status = 'answered-by-v9' WHERE session_id = 'odd status'`)
+
+	n, err := s.PruneSessions(ctx, t0.Add(time.Minute), 0)
+	if err != nil {
+		t.Fatalf("PruneSessions: %v", err)
+	}
+	if n != 1 {
+		t.Errorf("PruneSessions = %d, want 1", n)
+	}
+	for _, tc := range append(tests, struct {
+		id    string
+		value string
+		prune bool
+	}{"odd status", "", false}) {
+		_, err := s.Session(ctx, tc.id)
+		if gone := errors.Is(err, persistence.ErrNotFound); gone != tc.prune {
+			t.Errorf("session %q (ended_at %s): pruned = %v (err %v), want %v", tc.id, tc.value, gone, err, tc.prune)
+		}
+	}
+}
+
+// ftsIntegrity runs FTS5's integrity check; with rank 1 it also checks that the index matches
+// the content table (the messages) exactly.
+func ftsIntegrity(t *testing.T, s *Store, rank int) error {
+	t.Helper()
+	_, err := MustRawDB(t, s.Path()).Exec(`INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', ?)`, rank)
+	return err
+}
+
+func TestPruneSearchIndex(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	storetest.MustCommit(t, s,
+		&persistence.CreateSession{Session: newSession("old", "k")},
+		&persistence.AppendMessage{Message: userMsg("old", 1, "aardvark and badger")},
+		&persistence.AppendMessage{Message: userMsg("old", 2, "badger again")},
+		&persistence.SetMessageStatus{SessionID: "old", Seqs: []int64{1, 2}, Status: persistence.StatusDone},
+		&persistence.EndSession{SessionID: "old", Reason: persistence.EndNewCommand, At: t0},
+		&persistence.CreateSession{Session: newSession("cur", "k")},
+		&persistence.PutRoute{Route: persistence.Route{Key: "k", SessionID: "cur", Generation: 2}},
+		&persistence.AppendMessage{Message: userMsg("cur", 1, "badger in the current session")})
+	// A row whose indexing failed: stored, but not in the index.
+	raw := MustRawDB(t, s.Path())
+	mustExec(t, raw, `INSERT INTO messages (session_id, seq, role, content, status) VALUES ('old', 3, 'assistant', 'unindexed capybara', 'done')`)
+	if err := ftsIntegrity(t, s, 0); err != nil {
+		t.Fatalf("integrity check before pruning: %v", err)
+	}
+	if err := ftsIntegrity(t, s, 1); err == nil {
+		t.Fatalf("integrity check against the content before pruning = nil, want an error for the unindexed row")
+	}
+
+	n, err := s.PruneSessions(ctx, t0.Add(time.Second), 0)
+	if err != nil || n != 1 {
+		t.Fatalf("PruneSessions = %d, %v, want 1, nil", n, err)
+	}
+	// The unindexed row is gone too, so the index now matches the content exactly; deleting
+	// that row from the index as well would have corrupted it.
+	if err := ftsIntegrity(t, s, 1); err != nil {
+		t.Errorf("integrity check after pruning: %v", err)
+	}
+	for _, tc := range []struct {
+		query string
+		want  []string
+	}{
+		{"aardvark", nil},
+		{"capybara", nil},
+		{"badger", []string{"cur"}},
+	} {
+		ms, err := s.Search(ctx, tc.query, 10)
+		if err != nil {
+			t.Fatalf("Search(%s): %v", tc.query, err)
+		}
+		var got []string
+		for _, m := range ms {
+			got = append(got, m.SessionID)
+		}
+		if !cmp.Equal(got, tc.want) {
+			t.Errorf("Search(%s) sessions = %v, want %v", tc.query, got, tc.want)
+		}
+	}
+	// New rows (which may reuse the pruned rowids) are indexed afresh.
+	storetest.MustCommit(t, s, &persistence.AppendMessage{Message: userMsg("cur", 2, "aardvark is back")})
+	if ms, err := s.Search(ctx, "aardvark", 10); err != nil || len(ms) != 1 || ms[0].Seq != 2 {
+		t.Errorf("Search(aardvark) after a new message = %+v, %v, want cur/2", ms, err)
+	}
+	if err := ftsIntegrity(t, s, 1); err != nil {
+		t.Errorf("integrity check after a new message: %v", err)
+	}
+}
+
+func TestPruneWithoutSearchIndex(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	storetest.MustCommit(t, s,
+		&persistence.CreateSession{Session: newSession("old", "k")},
+		&persistence.AppendMessage{Message: userMsg("old", 1, "hello")},
+		&persistence.SetMessageStatus{SessionID: "old", Seqs: []int64{1}, Status: persistence.StatusDone},
+		&persistence.EndSession{SessionID: "old", Reason: persistence.EndNewCommand, At: t0})
+	mustExec(t, MustRawDB(t, s.Path()), `DROP TABLE messages_fts`)
+	if n, err := s.PruneSessions(ctx, t0.Add(time.Second), 0); err != nil || n != 1 {
+		t.Errorf("PruneSessions with the search index dropped = %d, %v, want 1, nil", n, err)
+	}
+}
+
+func TestPruneReadOnlyAndClosed(t *testing.T) {
+	ctx := context.Background()
+	w := MustOpen(t, Options{})
+	ro, err := OpenReadOnly(ctx, w.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	if _, err := ro.PruneSessions(ctx, t0, 0); !errors.Is(err, ErrReadOnly) {
+		t.Errorf("read-only PruneSessions error = %v, want ErrReadOnly", err)
+	}
+	if _, err := ro.IdleSessions(ctx, t0, 0); err != nil {
+		t.Errorf("read-only IdleSessions: %v", err)
+	}
+	if _, err := ro.SessionsOfKey(ctx, "k", 0); err != nil {
+		t.Errorf("read-only SessionsOfKey: %v", err)
+	}
+}
+
+// TestPruneConcurrentWithCommit runs PruneSessions while Commit writes, for the race detector
+// and the commit mutex: every commit succeeds and every old session is pruned exactly once.
+func TestPruneConcurrentWithCommit(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	const old = 40
+	var ops []persistence.Op
+	for i := range old {
+		id := fmt.Sprintf("old-%02d", i)
+		ops = append(ops, &persistence.CreateSession{Session: newSession(id, "k")},
+			&persistence.EndSession{SessionID: id, Reason: persistence.EndIdle, At: t0})
+	}
+	storetest.MustCommit(t, s, ops...)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := range 30 {
+			id := fmt.Sprintf("new-%02d", i)
+			errs := s.Commit(ctx, [][]persistence.Op{{
+				&persistence.CreateSession{Session: newSession(id, "k")},
+				&persistence.AppendMessage{Message: userMsg(id, 1, "hi")},
+			}})
+			if errs[0] != nil {
+				t.Errorf("Commit %s: %v", id, errs[0])
+				return
+			}
+		}
+	})
+	total := 0
+	for {
+		n, err := s.PruneSessions(ctx, t0.Add(time.Second), 7)
+		if err != nil {
+			t.Fatalf("PruneSessions: %v", err)
+		}
+		total += n
+		if n < 7 {
+			break
+		}
+	}
+	wg.Wait()
+	if total != old {
+		t.Errorf("pruned %d sessions in total, want %d", total, old)
+	}
+	ss, err := s.SessionsOfKey(ctx, "k", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ss) != 30 {
+		t.Errorf("SessionsOfKey(k) = %d sessions, want the 30 new ones", len(ss))
+	}
+}

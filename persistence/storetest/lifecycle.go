@@ -1,0 +1,474 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+)
+
+// Tests of the session lifecycle beyond one incarnation: the incarnations of a key (/resume,
+// export), the durable reset timer (IdleSessions), /resume (ReopenSession), idempotent crash
+// counts (SetAttempts) and retention (PruneSessions).
+
+// sessionIDs returns the ids of sessions, in order.
+func sessionIDs(ss []persistence.Session) []string {
+	var ids []string
+	for _, s := range ss {
+		ids = append(ids, s.ID)
+	}
+	return ids
+}
+
+// ended returns a session of key that started at start and ended at end with a boundary.
+func ended(id, key string, start, end int) persistence.Session {
+	ss := newSession(id, key)
+	ss.StartedAt, ss.LastActivityAt = at(start), at(start)
+	ss.EndedAt, ss.EndReason = at(end), persistence.EndNewCommand
+	return ss
+}
+
+func testSessionsOfKey(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	mk := func(id, key string, start int) persistence.Session {
+		ss := newSession(id, key)
+		ss.StartedAt = at(start)
+		return ss
+	}
+	noStart := mk("k-nostart", "k", 0)
+	noStart.StartedAt = time.Time{} // unknown: sorts as the oldest
+	sessions := []persistence.Session{
+		mk("k-a", "k", 10),
+		ended("k-b", "k", 30, 35),
+		mk("k-c", "k", 20),
+		noStart,
+		mk("k-e", "k", 30), // same start as k-b: ties by id
+		mk("k2-a", "k2", 40),
+		mk("other", "K", 50),
+		mk("pct", "k%", 60),
+	}
+	var ops []persistence.Op
+	for _, ss := range sessions {
+		ops = append(ops, &persistence.CreateSession{Session: ss})
+	}
+	ops = append(ops, &persistence.PutRoute{Route: route("k", "k-e", 1)})
+	MustCommit(t, s, ops...)
+
+	byID := make(map[string]persistence.Session)
+	for _, ss := range sessions {
+		byID[ss.ID] = ss
+	}
+	tests := []struct {
+		name  string
+		key   string
+		limit int
+		want  []string
+	}{
+		{"newest started first", "k", 0, []string{"k-b", "k-e", "k-c", "k-a", "k-nostart"}},
+		{"limit", "k", 2, []string{"k-b", "k-e"}},
+		{"limit above count", "k", 50, []string{"k-b", "k-e", "k-c", "k-a", "k-nostart"}},
+		{"other key", "k2", 0, []string{"k2-a"}},
+		{"key is matched exactly, not by case", "K", 0, []string{"other"}},
+		{"key is matched exactly, not as a pattern", "k%", 0, []string{"pct"}},
+		{"unknown key", "never-seen", 0, nil},
+		{"empty key", "", 0, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := check(s.SessionsOfKey(ctx, tc.key, tc.limit)).must(t, "SessionsOfKey")
+			var want []persistence.Session
+			for _, id := range tc.want {
+				want = append(want, byID[id])
+			}
+			diff(t, fmt.Sprintf("SessionsOfKey(%q, %d)", tc.key, tc.limit), got, want)
+		})
+	}
+
+	t.Run("default limit is 100", func(t *testing.T) {
+		var ops []persistence.Op
+		for i := range persistence.DefaultSessionsOfKeyLimit + 1 {
+			ops = append(ops, &persistence.CreateSession{Session: mk(fmt.Sprintf("many-%03d", i), "many", i)})
+		}
+		MustCommit(t, s, ops...)
+		got := check(s.SessionsOfKey(ctx, "many", 0)).must(t, "SessionsOfKey")
+		if len(got) != persistence.DefaultSessionsOfKeyLimit {
+			t.Fatalf("SessionsOfKey(many, 0) = %d sessions, want %d", len(got), persistence.DefaultSessionsOfKeyLimit)
+		}
+		if first, last := got[0].ID, got[len(got)-1].ID; first != "many-100" || last != "many-001" {
+			t.Errorf("SessionsOfKey(many, 0) runs from %s to %s, want many-100 to many-001", first, last)
+		}
+	})
+}
+
+func testIdleSessions(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	// routed creates a session of its own key, routed to it, last active at sec (zero time
+	// when sec < 0).
+	routed := func(id string, sec int) []persistence.Op {
+		ss := newSession(id, "key-"+id)
+		ss.LastActivityAt = at(sec)
+		if sec < 0 {
+			ss.LastActivityAt = time.Time{}
+		}
+		return []persistence.Op{
+			&persistence.CreateSession{Session: ss},
+			&persistence.PutRoute{Route: route(ss.Key, id, 1)},
+		}
+	}
+	var ops []persistence.Op
+	for _, r := range []struct {
+		id  string
+		sec int
+	}{
+		{"old", 10}, {"older", 5}, {"no-activity", -1}, {"recent", 200}, {"at-cutoff", 100},
+		{"ended", 10}, {"also-old", 10},
+	} {
+		ops = append(ops, routed(r.id, r.sec)...)
+	}
+	ops = append(ops, &persistence.EndSession{SessionID: "ended", Reason: persistence.EndIdle, At: at(20)})
+	// The previous incarnation of "key-old": open (say a crash lost its end) but no longer
+	// routed, and idle for long.
+	prev := newSession("old-prev", "key-old")
+	prev.LastActivityAt = at(1)
+	ops = append(ops, &persistence.CreateSession{Session: prev})
+	// A route pointing at a session of another key does not make it that key's session.
+	stray := newSession("stray", "key-stray")
+	stray.LastActivityAt = at(1)
+	ops = append(ops, &persistence.CreateSession{Session: stray},
+		&persistence.PutRoute{Route: route("key-elsewhere", "stray", 1)})
+	MustCommit(t, s, ops...)
+
+	tests := []struct {
+		name   string
+		before time.Time
+		limit  int
+		want   []string
+	}{
+		{"oldest first, unknown activity oldest", at(100), 0, []string{"no-activity", "older", "also-old", "old"}},
+		{"limit", at(100), 2, []string{"no-activity", "older"}},
+		{"later cutoff", at(201), 0, []string{"no-activity", "older", "also-old", "old", "at-cutoff", "recent"}},
+		{"early cutoff", at(5), 0, []string{"no-activity"}},
+		{"zero cutoff", time.Time{}, 0, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := check(s.IdleSessions(ctx, tc.before, tc.limit)).must(t, "IdleSessions")
+			diff(t, fmt.Sprintf("IdleSessions(%v, %d) ids", tc.before, tc.limit), sessionIDs(got), tc.want)
+		})
+	}
+
+	t.Run("rows are complete", func(t *testing.T) {
+		got := check(s.IdleSessions(ctx, at(6), 0)).must(t, "IdleSessions")
+		want := newSession("older", "key-older")
+		want.LastActivityAt = at(5)
+		noActivity := newSession("no-activity", "key-no-activity")
+		noActivity.LastActivityAt = time.Time{}
+		diff(t, "IdleSessions(at(6))", got, []persistence.Session{noActivity, want})
+	})
+
+	t.Run("activity moves a session out", func(t *testing.T) {
+		MustCommit(t, s, &persistence.TouchSession{SessionID: "older", At: at(150)})
+		got := check(s.IdleSessions(ctx, at(100), 0)).must(t, "IdleSessions")
+		diff(t, "IdleSessions(at(100)) ids after touching older", sessionIDs(got), []string{"no-activity", "also-old", "old"})
+	})
+
+	t.Run("a reopened session is idle again", func(t *testing.T) {
+		MustCommit(t, s, &persistence.ReopenSession{SessionID: "ended"})
+		got := check(s.IdleSessions(ctx, at(100), 0)).must(t, "IdleSessions")
+		diff(t, "IdleSessions(at(100)) ids after reopening ended", sessionIDs(got), []string{"no-activity", "also-old", "ended", "old"})
+	})
+}
+
+func testReopenSession(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	open := start(t, s, "s1", "k1", 1)
+	endedAt := func(reason string, sec int) persistence.Session {
+		ss := open
+		ss.EndedAt, ss.EndReason = at(sec), reason
+		return ss
+	}
+	steps := []struct {
+		name string
+		op   persistence.Op
+		want persistence.Session
+	}{
+		{"end with a boundary", &persistence.EndSession{SessionID: "s1", Reason: persistence.EndResetCommand, At: at(5)}, endedAt(persistence.EndResetCommand, 5)},
+		{"reopen clears the end", &persistence.ReopenSession{SessionID: "s1"}, open},
+		{"reopen again is a no-op", &persistence.ReopenSession{SessionID: "s1"}, open},
+		{"the reopened session can end again", &persistence.EndSession{SessionID: "s1", Reason: persistence.EndIdle, At: at(9)}, endedAt(persistence.EndIdle, 9)},
+		{"reopen after the second end", &persistence.ReopenSession{SessionID: "s1"}, open},
+		{"reopening an unknown session is a no-op", &persistence.ReopenSession{SessionID: "nope"}, open},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			MustCommit(t, s, st.op)
+			got := check(s.Session(ctx, "s1")).must(t, "Session")
+			diff(t, "Session(s1)", got, &st.want)
+		})
+	}
+	if _, err := s.Session(ctx, "nope"); !errors.Is(err, persistence.ErrNotFound) {
+		t.Errorf("Session(nope) after ReopenSession(nope): error = %v, want ErrNotFound", err)
+	}
+
+	t.Run("resume routes back", func(t *testing.T) {
+		// /resume: the key moves back to an earlier incarnation in one group.
+		start(t, s, "s2", "k1", 2)
+		MustCommit(t, s,
+			&persistence.EndSession{SessionID: "s2", Reason: persistence.EndNewCommand, At: at(20)},
+			&persistence.EndSession{SessionID: "s1", Reason: persistence.EndNewCommand, At: at(20)})
+		MustCommit(t, s,
+			&persistence.ReopenSession{SessionID: "s1"},
+			&persistence.PutRoute{Route: route("k1", "s1", 3)})
+		snap := check(s.LoadSession(ctx, "k1", 0)).must(t, "LoadSession")
+		if snap.Session == nil || snap.Session.ID != "s1" || !snap.Session.EndedAt.IsZero() || snap.Session.EndReason != "" {
+			t.Errorf("LoadSession(k1).Session = %+v, want s1 open", snap.Session)
+		}
+	})
+}
+
+func testSetAttempts(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	start(t, s, "s1", "k1", 1)
+	MustCommit(t, s, &persistence.AppendMessage{Message: userMsg("s1", 1, "m1", "crashy")},
+		&persistence.AppendMessage{Message: userMsg("s1", 2, "m2", "bystander")})
+	set := func(n int) persistence.Op { return &persistence.SetAttempts{SessionID: "s1", Seq: 1, Attempts: n} }
+	steps := []struct {
+		name string
+		op   persistence.Op
+		want int
+	}{
+		{"raise", set(2), 2},
+		{"re-sent", set(2), 2},
+		{"lower is ignored", set(1), 2},
+		{"zero is ignored", set(0), 2},
+		{"negative is ignored", set(-3), 2},
+		{"raise again", set(3), 3},
+		{"increment still counts", &persistence.IncrementAttempts{SessionID: "s1", Seqs: []int64{1}}, 4},
+		{"late set after increment", set(3), 4},
+		{"unknown seq is a no-op", &persistence.SetAttempts{SessionID: "s1", Seq: 99, Attempts: 7}, 4},
+		{"unknown session is a no-op", &persistence.SetAttempts{SessionID: "nope", Seq: 1, Attempts: 7}, 4},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			MustCommit(t, s, st.op)
+			ms := check(s.Transcript(ctx, "s1")).must(t, "Transcript")
+			if len(ms) != 2 {
+				t.Fatalf("Transcript(s1) = %d rows, want 2", len(ms))
+			}
+			if ms[0].Attempts != st.want || ms[1].Attempts != 0 {
+				t.Errorf("Attempts of seqs 1, 2 = %d, %d, want %d, 0", ms[0].Attempts, ms[1].Attempts, st.want)
+			}
+		})
+	}
+	t.Run("twice in one group", func(t *testing.T) {
+		MustCommit(t, s, set(6), set(5), set(6))
+		m := check(s.FindInbound(ctx, "http", "chat", "m1")).must(t, "FindInbound")
+		if m.Attempts != 6 {
+			t.Errorf("Attempts = %d, want 6", m.Attempts)
+		}
+	})
+}
+
+func testLoadSessionMissingSession(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	r := route("k", "ghost", 1)
+	MustCommit(t, s, &persistence.PutRoute{Route: r},
+		&persistence.AddOutbox{Entry: outboxEntry("k", 3, "ghost")})
+	got := check(s.LoadSession(ctx, "k", 10)).must(t, "LoadSession")
+	diff(t, "LoadSession(k) routed to a missing session", got, &persistence.Snapshot{
+		Route:         &r,
+		Unconfirmed:   []persistence.OutboxEntry{outboxEntry("k", 3, "ghost")},
+		LastOutboxSeq: 3,
+	})
+}
+
+// pruneFixture is a store with one session per PruneSessions rule, all ended before at(100)
+// unless named otherwise.
+type pruneFixture struct {
+	prunable []string // deleted by PruneSessions(at(100)), oldest end first
+	kept     []string
+}
+
+func setUpPrune(t *testing.T, s persistence.Store) pruneFixture {
+	t.Helper()
+	var ops []persistence.Op
+	create := func(ss persistence.Session, more ...persistence.Op) {
+		ops = append(append(ops, &persistence.CreateSession{Session: ss}), more...)
+	}
+	done := func(m persistence.Message) persistence.Message {
+		m.Status = persistence.StatusDone
+		return m
+	}
+	// Prunable: ended long ago, answered, delivered, not routed.
+	create(ended("plain", "k", 1, 10))
+	create(ended("answered", "k", 2, 20),
+		&persistence.AppendMessage{Message: done(userMsg("answered", 1, "ans-1", "question"))},
+		&persistence.AppendMessage{Message: replyMsg("answered", 2, "answer")},
+		&persistence.AddOutbox{Entry: outboxEntry("k", 1, "answered", "ans-1")},
+		&persistence.MarkDelivery{SessionKey: "k", Seq: 1, State: persistence.DeliveryDelivered, At: at(21)})
+	create(ended("undone", "k", 3, 30),
+		&persistence.AppendMessage{Message: userMsg("undone", 1, "undone-1", "undone, never re-run")},
+		&persistence.ArchiveMessages{SessionID: "undone", Seqs: []int64{1}})
+	create(ended("quarantined", "k", 4, 40),
+		&persistence.AppendMessage{Message: userMsg("quarantined", 1, "q-1", "crashes")},
+		&persistence.SetMessageStatus{SessionID: "quarantined", Seqs: []int64{1}, Status: persistence.StatusQuarantined})
+
+	// Kept.
+	create(ended("pending", "k", 5, 11),
+		&persistence.AppendMessage{Message: userMsg("pending", 1, "p-1", "never answered")})
+	create(ended("undelivered", "k", 6, 12),
+		&persistence.AddOutbox{Entry: outboxEntry("k", 2, "undelivered")})
+	create(ended("failed-delivery", "k", 7, 13),
+		&persistence.AddOutbox{Entry: outboxEntry("k", 3, "failed-delivery")},
+		&persistence.MarkDelivery{SessionKey: "k", Seq: 3, State: persistence.DeliveryFailed, At: at(14)})
+	create(ended("recent", "k", 8, 150))
+	create(ended("at-cutoff", "k", 9, 100))
+	open := newSession("open", "k")
+	open.LastActivityAt = at(1)
+	create(open) // open, not routed, idle for long: not ended, so never pruned
+	create(ended("routed-ended", "k-routed", 1, 10),
+		&persistence.PutRoute{Route: route("k-routed", "routed-ended", 1)})
+	create(ended("routed-elsewhere", "k-x", 1, 10),
+		&persistence.PutRoute{Route: route("k-y", "routed-elsewhere", 1)})
+	current := newSession("current", "k")
+	current.LastActivityAt = at(1)
+	create(current,
+		&persistence.PutRoute{Route: route("k", "current", 9)},
+		&persistence.AppendMessage{Message: done(userMsg("current", 1, "cur-1", "hi"))})
+	MustCommit(t, s, ops...)
+	return pruneFixture{
+		prunable: []string{"plain", "answered", "undone", "quarantined"},
+		kept: []string{"pending", "undelivered", "failed-delivery", "recent", "at-cutoff", "open",
+			"routed-ended", "routed-elsewhere", "current"},
+	}
+}
+
+// sessionState is what the suite reads about one session.
+type sessionState struct {
+	Session    *persistence.Session
+	Transcript []persistence.Message
+}
+
+func readSession(t testing.TB, s persistence.Store, id string) sessionState {
+	t.Helper()
+	ctx := context.Background()
+	return sessionState{
+		Session:    check(s.Session(ctx, id)).must(t, "Session"),
+		Transcript: check(s.Transcript(ctx, id)).must(t, "Transcript"),
+	}
+}
+
+func testPruneSessions(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	f := setUpPrune(t, s)
+	keptBefore := make(map[string]sessionState)
+	for _, id := range f.kept {
+		keptBefore[id] = readSession(t, s, id)
+	}
+	outboxBefore := check(s.OutboxAfter(ctx, "k", 0, 0)).must(t, "OutboxAfter")
+
+	n := check(s.PruneSessions(ctx, at(100), 0)).must(t, "PruneSessions")
+	if n != len(f.prunable) {
+		t.Errorf("PruneSessions(at(100), 0) = %d, want %d", n, len(f.prunable))
+	}
+
+	t.Run("pruned sessions are gone", func(t *testing.T) {
+		for _, id := range f.prunable {
+			if _, err := s.Session(ctx, id); !errors.Is(err, persistence.ErrNotFound) {
+				t.Errorf("Session(%s) after pruning: error = %v, want ErrNotFound", id, err)
+			}
+			if ms := check(s.Transcript(ctx, id)).must(t, "Transcript"); len(ms) != 0 {
+				t.Errorf("Transcript(%s) after pruning = %d rows, want 0", id, len(ms))
+			}
+		}
+		for _, msgID := range []string{"ans-1", "undone-1", "q-1"} {
+			if _, err := s.FindInbound(ctx, "http", "chat", msgID); !errors.Is(err, persistence.ErrNotFound) {
+				t.Errorf("FindInbound(%s) after pruning: error = %v, want ErrNotFound", msgID, err)
+			}
+		}
+	})
+	t.Run("kept sessions are untouched", func(t *testing.T) {
+		for _, id := range f.kept {
+			diff(t, "state of kept session "+id, readSession(t, s, id), keptBefore[id])
+		}
+	})
+	t.Run("outbox and routing are never deleted", func(t *testing.T) {
+		diff(t, "OutboxAfter(k)", check(s.OutboxAfter(ctx, "k", 0, 0)).must(t, "OutboxAfter"), outboxBefore)
+		for key, want := range map[string]string{"k": "current", "k-routed": "routed-ended", "k-y": "routed-elsewhere"} {
+			if r := check(s.Route(ctx, key)).must(t, "Route"); r.SessionID != want {
+				t.Errorf("Route(%s) = %s, want %s", key, r.SessionID, want)
+			}
+		}
+	})
+	t.Run("sessions of the key", func(t *testing.T) {
+		got := sessionIDs(check(s.SessionsOfKey(ctx, "k", 0)).must(t, "SessionsOfKey"))
+		diff(t, "SessionsOfKey(k) ids", got, []string{"at-cutoff", "recent", "failed-delivery", "undelivered", "pending", "current", "open"})
+	})
+	t.Run("again prunes nothing", func(t *testing.T) {
+		if n := check(s.PruneSessions(ctx, at(100), 0)).must(t, "PruneSessions"); n != 0 {
+			t.Errorf("second PruneSessions(at(100), 0) = %d, want 0", n)
+		}
+	})
+	t.Run("once answered and delivered", func(t *testing.T) {
+		MustCommit(t, s,
+			&persistence.SetMessageStatus{SessionID: "pending", Seqs: []int64{1}, Status: persistence.StatusDone},
+			&persistence.MarkDelivery{SessionKey: "k", Seq: 2, State: persistence.DeliveryDelivered, At: at(120)})
+		if n := check(s.PruneSessions(ctx, at(100), 0)).must(t, "PruneSessions"); n != 2 {
+			t.Errorf("PruneSessions(at(100), 0) = %d, want 2 (pending, undelivered)", n)
+		}
+		got := sessionIDs(check(s.SessionsOfKey(ctx, "k", 0)).must(t, "SessionsOfKey"))
+		diff(t, "SessionsOfKey(k) ids", got, []string{"at-cutoff", "recent", "failed-delivery", "current", "open"})
+	})
+	t.Run("a routed session is never pruned", func(t *testing.T) {
+		MustCommit(t, s, &persistence.EndSession{SessionID: "current", Reason: persistence.EndShutdown, At: at(2)})
+		if n := check(s.PruneSessions(ctx, at(1000), 0)).must(t, "PruneSessions"); n != 2 {
+			t.Errorf("PruneSessions(at(1000), 0) = %d, want 2 (recent, at-cutoff)", n)
+		}
+		for _, id := range []string{"current", "routed-ended", "routed-elsewhere", "open", "failed-delivery"} {
+			if _, err := s.Session(ctx, id); err != nil {
+				t.Errorf("Session(%s) after PruneSessions(at(1000)): %v, want it kept", id, err)
+			}
+		}
+		if ms := check(s.Transcript(ctx, "current")).must(t, "Transcript"); len(ms) != 1 {
+			t.Errorf("Transcript(current) = %d rows, want 1", len(ms))
+		}
+	})
+}
+
+func testPruneSessionsLimit(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	var ops []persistence.Op
+	for i, end := range []int{30, 10, 20, 10} {
+		ops = append(ops, &persistence.CreateSession{Session: ended(fmt.Sprintf("s%d", i), "k", 1, end)})
+	}
+	MustCommit(t, s, ops...)
+	steps := []struct {
+		name      string
+		limit     int
+		want      int
+		wantLeft  []string
+		endedFrom time.Time
+	}{
+		{"oldest end first, ties by id", 2, 2, []string{"s0", "s2"}, at(100)},
+		{"then the next", 1, 1, []string{"s0"}, at(100)},
+		{"cutoff is exclusive", 5, 0, []string{"s0"}, at(30)},
+		{"default limit", 0, 1, nil, at(31)},
+		{"empty store", 0, 0, nil, at(1000)},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			n := check(s.PruneSessions(ctx, st.endedFrom, st.limit)).must(t, "PruneSessions")
+			if n != st.want {
+				t.Errorf("PruneSessions(%v, %d) = %d, want %d", st.endedFrom, st.limit, n, st.want)
+			}
+			got := sessionIDs(check(s.SessionsOfKey(ctx, "k", 0)).must(t, "SessionsOfKey"))
+			diff(t, "sessions left", got, st.wantLeft)
+		})
+	}
+	if n := check(s.PruneSessions(ctx, time.Time{}, 0)).must(t, "PruneSessions"); n != 0 {
+		t.Errorf("PruneSessions(zero time) = %d, want 0", n)
+	}
+}

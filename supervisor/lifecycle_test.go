@@ -1,0 +1,284 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/actors"
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/agentgate/agentgate/platforms/platformtest"
+)
+
+// clock is an injected clock the tests advance by hand.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// recorder is an agent that records each request and echoes the text.
+type recorder struct {
+	mu   sync.Mutex
+	reqs []*agents.Request
+}
+
+func (r *recorder) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+	r.mu.Lock()
+	r.reqs = append(r.reqs, req)
+	r.mu.Unlock()
+	return &agents.Response{Text: "echo: " + req.Messages[0].Text}, nil
+}
+
+func (r *recorder) last() *agents.Request {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.reqs[len(r.reqs)-1]
+}
+
+// startClocked starts a daemon on dir with an injected clock and an idle/daily policy.
+func startClocked(t *testing.T, dir string, clk *clock, agent agents.Agent, tweak func(*config.Config)) *runtime {
+	t.Helper()
+	cfg := config.Default()
+	cfg.DataDir = dir
+	cfg.HTTP.Addr = "127.0.0.1:0"
+	cfg.Shutdown.DrainTimeout = 5 * time.Second
+	cfg.Sessions.Reset.Timezone = "UTC"
+	if tweak != nil {
+		tweak(cfg)
+	}
+	fake := platformtest.NewFake("fake")
+	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	d, err := Start(t.Context(), cfg, log, Options{Agent: agent, Platforms: []platforms.Platform{fake}, Now: clk.Now})
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := fake.WaitRunning(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return &runtime{d: d, fake: fake}
+}
+
+func idleHour(c *config.Config) { c.Sessions.Reset.Mode, c.Sessions.Reset.IdleMinutes = "idle", 60 }
+
+// checkResets makes the reset timer scan now.
+func (r *runtime) checkResets() { r.d.system.Root.Send(r.d.timers, &actors.CheckResets{}) }
+
+func (r *runtime) session(t *testing.T, id string) *persistence.Session {
+	t.Helper()
+	s, err := r.d.store.Session(t.Context(), id)
+	if err != nil {
+		t.Fatalf("Session(%s): %v", id, err)
+	}
+	return s
+}
+
+var t0 = time.Date(2026, 11, 10, 12, 0, 0, 0, time.UTC)
+
+// TestIdleResetOnArrival: a message after the idle time starts a successor that records
+// prev_session_id; the user is told once why; the agent's first turn in it gets a continuity
+// note naming the previous session; the old session ended at its due time, not now.
+func TestIdleResetOnArrival(t *testing.T) {
+	clk := &clock{t: t0}
+	agent := &recorder{}
+	r := startClocked(t, t.TempDir(), clk, agent, idleHour)
+	defer r.stop(t)
+	first := r.inject(t, dm, "m1", "hello")
+	r.waitSent(t, 1)
+	clk.Advance(2 * time.Hour)
+	second := r.inject(t, dm, "m2", "back again")
+	outs := r.waitSent(t, 3)
+	if second.SessionID == first.SessionID {
+		t.Fatalf("m2 ran in the expired session %s", first.SessionID)
+	}
+	if n := outs[1]; n.Kind != platforms.KindNotice || !strings.Contains(n.Text, "inactive for 2h0m") || n.InReplyTo[0] != "m2" {
+		t.Errorf("second outbound = %+v, want the reset notice answering m2", n)
+	}
+	if note := agent.last().Notes; len(note) != 1 || !strings.Contains(note[0], first.SessionID) {
+		t.Errorf("first turn after the reset got notes %q, want one naming %s", note, first.SessionID)
+	}
+	old := r.session(t, first.SessionID)
+	if old.EndReason != persistence.EndIdle || !old.EndedAt.Equal(t0.Add(time.Hour)) {
+		t.Errorf("old session ended %v (%s), want idle at %v", old.EndedAt, old.EndReason, t0.Add(time.Hour))
+	}
+	if succ := r.session(t, second.SessionID); succ.PrevSessionID != first.SessionID {
+		t.Errorf("successor prev_session_id = %q, want %q", succ.PrevSessionID, first.SessionID)
+	}
+	clk.Advance(time.Minute)
+	r.inject(t, dm, "m3", "still here")
+	outs = r.waitSent(t, 4)
+	if outs[3].Kind != platforms.KindReply || len(r.fake.Sent()) != 4 {
+		t.Errorf("third message got %+v; the reset notice must be sent once", outs[3:])
+	}
+	if note := agent.last().Notes; len(note) != 0 {
+		t.Errorf("second turn after the reset got notes %q, want none", note)
+	}
+}
+
+// TestResetsFireWithoutTraffic: the durable timer ends an idle session and a daily session at
+// their due times with no message arriving; nobody is woken with a notice until they write.
+func TestResetsFireWithoutTraffic(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		tweak   func(*config.Config)
+		advance time.Duration
+		reason  string
+		endedAt time.Time
+	}{
+		{"idle", idleHour, 61 * time.Minute, persistence.EndIdle, t0.Add(time.Hour)},
+		{"daily at its hour", func(c *config.Config) { c.Sessions.Reset.Mode, c.Sessions.Reset.AtHour = "daily", 13 }, 61 * time.Minute, persistence.EndDaily, t0.Add(time.Hour)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &clock{t: t0}
+			r := startClocked(t, t.TempDir(), clk, &recorder{}, tc.tweak)
+			defer r.stop(t)
+			ack := r.inject(t, dm, "m1", "hello")
+			r.waitSent(t, 1)
+			clk.Advance(tc.advance)
+			r.checkResets()
+			waitUntil(t, func() bool { return !r.session(t, ack.SessionID).EndedAt.IsZero() })
+			s := r.session(t, ack.SessionID)
+			if s.EndReason != tc.reason || !s.EndedAt.Equal(tc.endedAt) {
+				t.Errorf("session ended %v (%s), want %s at %v", s.EndedAt, s.EndReason, tc.reason, tc.endedAt)
+			}
+			if n := len(r.fake.Sent()); n != 1 {
+				t.Errorf("a reset without traffic sent %d messages, want only the first reply", n)
+			}
+		})
+	}
+}
+
+// TestRecoveryHonoursResets: a session overdue at restart is reset, not resurrected (it ended at
+// its due time from the durable activity, not at restart time); a session ended by /new is never
+// reopened by recovery; a session recovered before its due time still ages out later.
+func TestRecoveryHonoursResets(t *testing.T) {
+	dir := t.TempDir()
+	clk := &clock{t: t0}
+	other := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c2", UserID: "u2"}
+	fresh := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c3", UserID: "u3"}
+	r := startClocked(t, dir, clk, &recorder{}, idleHour)
+	overdue := r.inject(t, dm, "m1", "hello")
+	r.inject(t, other, "o1", "hi")
+	r.waitSent(t, 2) // /new would cancel o1's turn
+	clk.Advance(50 * time.Minute)
+	newCmd := r.inject(t, other, "o2", "/new")
+	stale := r.inject(t, fresh, "f1", "later")
+	r.waitSent(t, 4)
+	r.stop(t)
+
+	clk.Advance(40 * time.Minute) // m1 is overdue (90 min idle); f1 is 40 min idle
+	r2 := startClocked(t, dir, clk, &recorder{}, idleHour)
+	defer r2.stop(t)
+	again := r2.inject(t, dm, "m2", "hello again")
+	if again.SessionID == overdue.SessionID {
+		t.Errorf("an overdue session was resurrected after the restart")
+	}
+	if s := r2.session(t, overdue.SessionID); s.EndReason != persistence.EndIdle || !s.EndedAt.Equal(t0.Add(time.Hour)) {
+		t.Errorf("overdue session ended %v (%s), want idle at %v", s.EndedAt, s.EndReason, t0.Add(time.Hour))
+	}
+	o3 := r2.inject(t, other, "o3", "after new")
+	if o3.SessionID != newCmd.SessionID {
+		t.Errorf("after restart %s runs in %s, want the session /new started (%s)", "o3", o3.SessionID, newCmd.SessionID)
+	}
+	if s := r2.session(t, r2.session(t, newCmd.SessionID).PrevSessionID); s.EndReason != persistence.EndNewCommand {
+		t.Errorf("the session /new ended was reopened: %+v", s)
+	}
+	f2 := r2.inject(t, fresh, "f2", "not yet due")
+	if f2.SessionID != stale.SessionID {
+		t.Errorf("a session 40 min idle was reset after the restart")
+	}
+	r2.waitReplyTo(t, "f2")       // its turn's activity is stamped before the clock moves on
+	clk.Advance(61 * time.Minute) // due from its durable activity, not from the restart
+	r2.checkResets()
+	waitUntil(t, func() bool { return !r2.session(t, stale.SessionID).EndedAt.IsZero() })
+}
+
+// TestRetryUndoAndResume: /undo and /retry archive rows instead of deleting them; /resume
+// reaches earlier sessions of the same key only.
+func TestRetryUndoAndResume(t *testing.T) {
+	clk := &clock{t: t0}
+	agent := &recorder{}
+	r := startClocked(t, t.TempDir(), clk, agent, nil)
+	defer r.stop(t)
+	alice := identity.Source{Platform: "fake", ChatType: identity.ChatGroup, ChatID: "room", UserID: "alice"}
+	bob := identity.Source{Platform: "fake", ChatType: identity.ChatGroup, ChatID: "room", UserID: "bob"}
+	send := func(src identity.Source, id, text string) *platforms.Ack {
+		n := len(r.fake.Sent())
+		ack := r.inject(t, src, id, text)
+		r.waitSent(t, n+1)
+		clk.Advance(time.Second)
+		return ack
+	}
+	a1 := send(alice, "a1", "first question")
+	send(alice, "a2", "second question")
+	send(alice, "a3", "/undo")
+	send(alice, "a4", "/retry")
+	if got := agent.last().Messages[0].Text; got != "first question" {
+		t.Errorf("/retry after /undo ran %q, want the first question again", got)
+	}
+	msgs, err := r.d.store.Transcript(t.Context(), a1.SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var archived []string
+	for _, m := range msgs {
+		if m.Archived {
+			archived = append(archived, m.Content)
+		}
+	}
+	if fmt.Sprint(archived) != fmt.Sprint([]string{"first question", "echo: first question", "second question", "echo: second question"}) {
+		t.Errorf("archived rows = %q, want both earlier exchanges kept", archived)
+	}
+
+	send(alice, "a5", "/title plans")
+	send(alice, "a6", "/new")
+	b1 := send(bob, "b1", "/resume "+a1.SessionID)
+	if out := r.fake.Sent(); !strings.Contains(out[len(out)-1].Text, "No earlier session") {
+		t.Errorf("bob's /resume of alice's session answered %q", out[len(out)-1].Text)
+	}
+	if b1.SessionKey == a1.SessionKey {
+		t.Fatalf("alice and bob share a key in a per-user group")
+	}
+	back := send(alice, "a7", "/resume plans")
+	if back.SessionID != a1.SessionID {
+		t.Errorf("/resume plans switched to %s, want %s", back.SessionID, a1.SessionID)
+	}
+	send(alice, "a8", "where were we")
+	if h := agent.last().History; len(h) == 0 || h[len(h)-1].Text != "echo: first question" {
+		t.Errorf("after /resume the agent's history ends %+v, want the resumed session's last answer", h)
+	}
+}
+
+// waitReplyTo waits until a reply to message id was sent.
+func (r *runtime) waitReplyTo(t *testing.T, id string) {
+	t.Helper()
+	waitUntil(t, func() bool {
+		for _, o := range r.fake.Sent() {
+			if o.TurnEnd && len(o.InReplyTo) > 0 && o.InReplyTo[0] == id {
+				return true
+			}
+		}
+		return false
+	})
+}

@@ -1,0 +1,112 @@
+package supervisor
+
+import (
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/actors"
+	"github.com/agentgate/agentgate/agents/echo"
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/agentgate/agentgate/platforms/platformtest"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestMemoryIsBoundedByActiveSessions: with 100,000 known sessions in the store and 100 of them
+// active, only the 100 have actors; idle ones passivate and come back on their next message.
+func TestMemoryIsBoundedByActiveSessions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("creates 100,000 sessions")
+	}
+	const known, active = 100_000, 100
+	dir := t.TempDir()
+	cfg := config.Default()
+	cfg.DataDir = dir
+	src := func(i int) identity.Source {
+		return identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: fmt.Sprint("chat-", i), UserID: "u"}
+	}
+	// The store creates the schema; the known sessions are then written in one statement (the
+	// keys are exactly what Key builds for src(i): agent:main:fake:dm:chat-<i>). Under -race the
+	// pure-Go SQLite makes this the slow part of the test (~35 s); without it, well under 1 s.
+	store, err := sqlite.Open(t.Context(), cfg.DSN(), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if k := identity.Key(src(7), identity.DefaultKeyOptions); k != "agent:main:fake:dm:chat-7" {
+		t.Fatalf("key layout changed: %s", k)
+	}
+	db, err := sql.Open("sqlite", "file:"+cfg.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(-time.Hour).UnixNano()
+	for _, q := range []string{
+		`WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i+1 FROM n WHERE i+1 < ?)
+		 INSERT INTO sessions (id, key, platform, chat_type, chat_id, user_id, started_at, last_activity_at)
+		 SELECT 's-'||i, 'agent:main:fake:dm:chat-'||i, 'fake', 'dm', 'chat-'||i, 'u', ?2, ?2 FROM n`,
+		`INSERT INTO routing (key, session_id, generation, updated_at) SELECT key, id, 1, started_at FROM sessions`,
+	} {
+		if _, err := db.ExecContext(t.Context(), q, known, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg.HTTP.Addr = "127.0.0.1:0"
+	cfg.Sessions.PassivateAfter = 300 * time.Millisecond
+	fake := platformtest.NewFake("fake")
+	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	d, err := Start(t.Context(), cfg, log, Options{Agent: echo.New(), Platforms: []platforms.Platform{fake}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &runtime{d: d, fake: fake}
+	defer r.stop(t)
+	var wg sync.WaitGroup
+	for i := range active {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if ack := r.inject(t, src(i*(known/active)), fmt.Sprint("m", i), "hi"); ack != nil && ack.SessionID != fmt.Sprint("s-", i*(known/active)) {
+				t.Errorf("message to a known key started session %s, want its stored one", ack.SessionID)
+			}
+		}()
+	}
+	wg.Wait()
+	r.waitSent(t, active)
+	if n := len(r.activeKeys(t)); n > active {
+		t.Errorf("%d session actors in memory with %d known and %d active, want at most %d", n, known, active, active)
+	}
+	waitUntil(t, func() bool { return len(r.activeKeys(t)) == 0 })
+	if got := testutil.ToFloat64(d.metrics.SessionPassivations); got != active {
+		t.Errorf("passivations = %v, want %d", got, active)
+	}
+	if got := testutil.ToFloat64(d.metrics.SessionsActive); got != 0 {
+		t.Errorf("sessions_active = %v after passivation, want 0", got)
+	}
+	ack := r.inject(t, src(0), "again", "back")
+	r.waitSent(t, active+1)
+	if ack.SessionID != "s-0" || testutil.ToFloat64(d.metrics.SessionActivations) != active+1 {
+		t.Errorf("re-activation: session %s, activations %v; want s-0 and %d", ack.SessionID, testutil.ToFloat64(d.metrics.SessionActivations), active+1)
+	}
+}
+
+func (r *runtime) activeKeys(t *testing.T) []string {
+	t.Helper()
+	res, err := r.d.system.Root.RequestFuture(r.d.manager, &actors.ListActive{}, 10*time.Second).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.(*actors.ActiveList).Keys
+}
