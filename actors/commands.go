@@ -68,14 +68,16 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 			answer += " The previous session " + prev + " has ended."
 		}
 	case "stop":
+		wasRunning := s.running != nil
 		var dropped int
 		ops, dropped = s.stopWork(c)
-		answer = "⏹️ Stopped."
-		if dropped > 0 {
-			answer += fmt.Sprintf(" Dropped %d queued message(s).", dropped)
-		}
-		if len(ops) == 0 && dropped == 0 && answer == "⏹️ Stopped." && s.running == nil {
+		switch {
+		case !wasRunning && dropped == 0:
 			answer = "Nothing is running."
+		case dropped > 0:
+			answer = fmt.Sprintf("⏹️ Stopped. Dropped %d queued message(s).", dropped)
+		default:
+			answer = "⏹️ Stopped."
 		}
 	case "status":
 		answer = s.statusText(now)

@@ -45,6 +45,15 @@ type SessionConfig struct {
 	ResetFor func(platform, chatType string) ResetPolicy
 	// ResetPolicies are every distinct policy ResetFor can return (the timer scans for them).
 	ResetPolicies []ResetPolicy
+	// Prune configures the deletion of old ended sessions (off by default).
+	Prune PrunePolicy
+}
+
+// PrunePolicy says when ended sessions are deleted.
+type PrunePolicy struct {
+	Enabled bool
+	After   time.Duration // sessions that ended longer ago than this
+	Every   time.Duration
 }
 
 // resetFor returns the policy of a session row.

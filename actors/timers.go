@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/scheduler"
 )
@@ -13,6 +14,9 @@ import (
 // and nudges each one its own policy finds due (ResetDue) — the session itself decides and ends
 // at its due time. Because the scan reads durable activity times, a reset that fell due while
 // the daemon was down happens at the first scan after start.
+//
+// When pruning is enabled it also asks the persistence actor, every PruneEvery, to delete
+// sessions that ended more than PruneAfter ago (the store keeps any whose safety check fails).
 type Timers struct {
 	d      *Deps
 	router SessionRouter
@@ -20,6 +24,9 @@ type Timers struct {
 	log    *slog.Logger
 	timers *scheduler.TimerScheduler
 }
+
+// Prune asks Timers to prune old ended sessions now (when pruning is enabled).
+type Prune struct{}
 
 // CheckResets asks Timers to scan now (also used by tests with an injected clock).
 type CheckResets struct{}
@@ -42,9 +49,22 @@ func (t *Timers) Receive(c actor.Context) {
 		t.log = t.d.Log.With("actor", "timers")
 		t.timers = scheduler.NewTimerScheduler(c)
 		c.Send(c.Self(), &CheckResets{})
+		c.Send(c.Self(), &Prune{})
 	case *CheckResets:
 		t.scan(c)
+	case *Prune:
+		t.prune(c)
+	case *persistence.Pruned:
 	}
+}
+
+func (t *Timers) prune(c actor.Context) {
+	p := t.d.Config.Prune
+	if !p.Enabled {
+		return
+	}
+	c.Request(t.d.Persist, &persistence.Prune{Before: t.d.now().Add(-p.After)})
+	t.timers.SendOnce(p.Every, c.Self(), &Prune{})
 }
 
 func (t *Timers) scan(c actor.Context) {

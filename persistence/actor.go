@@ -99,7 +99,7 @@ func NewActor(ctx context.Context, store Store, o ActorOptions) actor.Producer {
 	}
 }
 
-// Receive handles Write, Flush and the internal flush and replay tokens.
+// Receive handles Write, Flush, Prune and the internal flush and replay tokens.
 func (a *Actor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
@@ -123,6 +123,17 @@ func (a *Actor) Receive(c actor.Context) {
 		a.flush(c)
 		if c.Sender() != nil {
 			c.Respond(&Flushed{})
+		}
+	case *Prune:
+		a.flush(c)
+		n, err := a.store.PruneSessions(a.ctx, m.Before, m.Limit)
+		if err != nil {
+			a.o.Log.Warn("prune ended sessions", "err", err)
+		} else if n > 0 {
+			a.o.Log.Info("pruned ended sessions", "count", n, "ended_before", m.Before.UTC().Format(time.RFC3339))
+		}
+		if c.Sender() != nil {
+			c.Respond(&Pruned{Sessions: n, Err: err})
 		}
 	case *actor.Stopping:
 		a.flush(c)

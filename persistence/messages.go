@@ -1,5 +1,7 @@
 package persistence
 
+import "time"
+
 // Messages received by the persistence actor (Actor.Receive).
 
 // Write asks the persistence actor to commit Ops atomically. The sender gets a *WriteResult with
@@ -25,3 +27,17 @@ type Flushed struct{}
 
 // flushNow is the token the actor sends itself to commit what has queued up.
 type flushNow struct{}
+
+// Prune asks the persistence actor to delete sessions that ended before Before (and passed the
+// store's safety checks); the sender gets a *Pruned. Running it on the persistence actor keeps
+// it the only writer.
+type Prune struct {
+	Before time.Time
+	Limit  int
+}
+
+// Pruned answers Prune.
+type Pruned struct {
+	Sessions int
+	Err      error
+}

@@ -131,6 +131,8 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 				return resetPolicy(cfg.ResetFor(platform, chatType))
 			},
 			ResetPolicies: resetPolicies(cfg),
+			Prune: actors.PrunePolicy{Enabled: cfg.Sessions.Prune.Enabled,
+				After: cfg.Sessions.Prune.Retention, Every: cfg.Sessions.Prune.Interval},
 		},
 		Log: log, Metrics: d.metrics, Now: opts.Now, Node: hostname(),
 	}
