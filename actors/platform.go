@@ -43,7 +43,8 @@ const (
 
 // NewPlatform returns the props of the actor that supervises p.
 func NewPlatform(d *Deps, p platforms.Platform) *actor.Props {
-	return actor.PropsFromProducer(func() actor.Actor { return &Platform{d: d, p: p} })
+	return actor.PropsFromProducer(func() actor.Actor { return &Platform{d: d, p: p} },
+		actor.WithMailbox(actor.Unbounded(d.Metrics.Mailboxes.Kind("platform"))))
 }
 
 // Receive runs the platform loop and its outbound queues.

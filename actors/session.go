@@ -92,7 +92,7 @@ func NewSession(d *Deps, key string, recovered bool) *actor.Props {
 	life := &lifeline{crashes: map[int64]int{}, recovered: recovered}
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &Session{d: d, key: key, life: life}
-	}, actor.WithSupervisor(turnSupervisor))
+	}, actor.WithSupervisor(turnSupervisor), actor.WithMailbox(actor.Unbounded(d.Metrics.Mailboxes.Kind("session"))))
 }
 
 // turnSupervisor escalates a failed turn (an agent panic) to its session: the session restarts
@@ -392,7 +392,8 @@ func (s *Session) tryStart(c actor.Context) {
 		s.continuity = ""
 	}
 	s.setBusy(c, true) // before the turn starts: a drain must never miss a running turn
-	pid := c.SpawnPrefix(NewTurn(s.d.Ctx, s.d.Agent, req), "turn-")
+	props := NewTurn(s.d.Ctx, s.d.Agent, req).Configure(actor.WithMailbox(actor.Unbounded(s.d.Metrics.Mailboxes.Kind("turn"))))
+	pid := c.SpawnPrefix(props, "turn-")
 	s.running = &turnRun{pid: pid, id: turnID, items: []*item{it}, started: s.d.now()}
 	s.history = append(s.history, histEntry{seq: it.seq, raw: it.text, msg: req.Messages[0]})
 	s.trimHistory()

@@ -288,7 +288,7 @@ func persistenceProps(d *Daemon) *actor.Props {
 		Spool:      d.spool,
 		Spooling:   &d.deps.Spooling,
 		SpoolFiles: func(n int) { d.metrics.SpoolFiles.Set(float64(n)) },
-	}))
+	}), actor.WithMailbox(actor.Unbounded(d.metrics.Mailboxes.Kind("persistence"))))
 }
 
 func platformProps(p platforms.Platform) func(d *Daemon) *actor.Props {

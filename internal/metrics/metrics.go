@@ -35,9 +35,10 @@ type Metrics struct {
 	PersistFlushSeconds prometheus.Histogram
 	SpoolFiles          prometheus.Gauge
 	ActorRestarts       *prometheus.CounterVec
-	MailboxDepth        *prometheus.GaugeVec
-	InboundTotal        *prometheus.CounterVec
-	OutboundTotal       *prometheus.CounterVec
+	// Mailboxes counts queued messages per actor kind; see Mailbox.
+	Mailboxes     *MailboxDepths
+	InboundTotal  *prometheus.CounterVec
+	OutboundTotal *prometheus.CounterVec
 }
 
 // New builds the metrics on a fresh registry with the Go runtime and process collectors, and
@@ -74,8 +75,7 @@ func New(platforms ...string) *Metrics {
 			Name: "agentgate_spool_files", Help: "Writes waiting in the spool for the database to recover."}),
 		ActorRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentgate_actor_restarts_total", Help: "Supervisor restarts and stops of failed actors, by actor kind."}, []string{"kind"}),
-		MailboxDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "agentgate_mailbox_depth", Help: "Messages queued in actor mailboxes, by actor kind."}, []string{"kind"}),
+		Mailboxes: newMailboxDepths(ActorKinds),
 		InboundTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentgate_inbound_total", Help: "Inbound messages accepted from platforms."}, []string{"platform"}),
 		OutboundTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -83,7 +83,7 @@ func New(platforms ...string) *Metrics {
 	}
 	for _, c := range []prometheus.Collector{m.SessionsActive, m.SessionActivations, m.SessionPassivations,
 		m.TurnsTotal, m.TurnDuration, m.QueueDepth, m.QueueOverflow, m.PersistBatchSize, m.PersistFlushSeconds,
-		m.SpoolFiles, m.ActorRestarts, m.MailboxDepth, m.InboundTotal, m.OutboundTotal} {
+		m.SpoolFiles, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal} {
 		f(c)
 	}
 	for _, o := range TurnOutcomes {
@@ -94,7 +94,6 @@ func New(platforms ...string) *Metrics {
 	}
 	for _, k := range ActorKinds {
 		m.ActorRestarts.WithLabelValues(k)
-		m.MailboxDepth.WithLabelValues(k)
 	}
 	for _, p := range platforms {
 		m.InboundTotal.WithLabelValues(p)
