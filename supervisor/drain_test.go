@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -15,33 +14,17 @@ import (
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
-	"github.com/agentgate/agentgate/platforms/platformtest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// startOn starts a daemon on dataDir with agent and a fresh fake platform, without stopping it
-// at the end of the test (the test does).
+// startOn starts a daemon on dataDir with agent and a fresh fake platform; the test stops it.
 func startOn(t *testing.T, dataDir string, drain time.Duration, agent agents.Agent, tweaks ...func(*config.Config)) *runtime {
 	t.Helper()
-	cfg := config.Default()
-	cfg.DataDir = dataDir
-	cfg.HTTP.Addr = "127.0.0.1:0"
-	cfg.Shutdown.DrainTimeout = drain
-	for _, f := range tweaks {
-		f(cfg)
-	}
-	fake := platformtest.NewFake("fake")
-	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	d, err := Start(t.Context(), cfg, log, Options{Agent: agent, Platforms: []platforms.Platform{fake}})
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	if err := fake.WaitRunning(ctx); err != nil {
-		t.Fatalf("fake platform never ran: %v", err)
-	}
-	return &runtime{d: d, fake: fake}
+	return MustStartDaemon(t, agent, daemonOpts{dir: dataDir, drain: drain, tweak: func(c *config.Config) {
+		for _, f := range tweaks {
+			f(c)
+		}
+	}})
 }
 
 func (r *runtime) stop(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -16,7 +15,6 @@ import (
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
-	"github.com/agentgate/agentgate/platforms/platformtest"
 )
 
 // clock is an injected clock the tests advance by hand.
@@ -56,29 +54,15 @@ func (r *recorder) last() *agents.Request {
 	return r.reqs[len(r.reqs)-1]
 }
 
-// startClocked starts a daemon on dir with an injected clock and an idle/daily policy.
+// startClocked starts a daemon on dir with an injected clock and the daily hour in UTC.
 func startClocked(t *testing.T, dir string, clk *clock, agent agents.Agent, tweak func(*config.Config)) *runtime {
 	t.Helper()
-	cfg := config.Default()
-	cfg.DataDir = dir
-	cfg.HTTP.Addr = "127.0.0.1:0"
-	cfg.Shutdown.DrainTimeout = 5 * time.Second
-	cfg.Sessions.Reset.Timezone = "UTC"
-	if tweak != nil {
-		tweak(cfg)
-	}
-	fake := platformtest.NewFake("fake")
-	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	d, err := Start(t.Context(), cfg, log, Options{Agent: agent, Platforms: []platforms.Platform{fake}, Now: clk.Now})
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	if err := fake.WaitRunning(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return &runtime{d: d, fake: fake}
+	return MustStartDaemon(t, agent, daemonOpts{dir: dir, now: clk.Now, tweak: func(c *config.Config) {
+		c.Sessions.Reset.Timezone = "UTC"
+		if tweak != nil {
+			tweak(c)
+		}
+	}})
 }
 
 func idleHour(c *config.Config) { c.Sessions.Reset.Mode, c.Sessions.Reset.IdleMinutes = "idle", 60 }

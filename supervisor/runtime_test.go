@@ -29,36 +29,51 @@ type runtime struct {
 	fake *platformtest.Fake
 }
 
-// MustStart starts a daemon with agent, a temp data dir, HTTP on a loopback port and a fake
-// platform, and stops it when the test ends.
-func MustStart(t *testing.T, agent agents.Agent, tweak func(*config.Config)) *runtime {
+// daemonOpts say how a test daemon differs from the defaults.
+type daemonOpts struct {
+	dir   string        // data dir; a new temp dir when empty
+	drain time.Duration // shutdown.drain_timeout; 5s when zero
+	now   func() time.Time
+	tweak func(*config.Config)
+}
+
+// MustStartDaemon starts a daemon with agent, HTTP on a loopback port and a fake platform. The
+// caller stops it (runtime.stop), so a test can restart one on the same data dir.
+func MustStartDaemon(t *testing.T, agent agents.Agent, o daemonOpts) *runtime {
 	t.Helper()
 	cfg := config.Default()
-	cfg.DataDir = t.TempDir()
+	cfg.DataDir = o.dir
+	if cfg.DataDir == "" {
+		cfg.DataDir = t.TempDir()
+	}
 	cfg.HTTP.Addr = "127.0.0.1:0"
-	cfg.Shutdown.DrainTimeout = 5 * time.Second
-	if tweak != nil {
-		tweak(cfg)
+	cfg.Shutdown.DrainTimeout = o.drain
+	if o.drain == 0 {
+		cfg.Shutdown.DrainTimeout = 5 * time.Second
+	}
+	if o.tweak != nil {
+		o.tweak(cfg)
 	}
 	fake := platformtest.NewFake("fake")
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	d, err := Start(t.Context(), cfg, log, Options{Agent: agent, Platforms: []platforms.Platform{fake}})
+	d, err := Start(t.Context(), cfg, log, Options{Agent: agent, Platforms: []platforms.Platform{fake}, Now: o.now})
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := d.Stop(ctx); err != nil {
-			t.Errorf("Stop: %v", err)
-		}
-	})
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	if err := fake.WaitRunning(ctx); err != nil {
 		t.Fatalf("fake platform never ran: %v", err)
 	}
 	return &runtime{d: d, fake: fake}
+}
+
+// MustStart starts a daemon on a temp data dir and stops it when the test ends.
+func MustStart(t *testing.T, agent agents.Agent, tweak func(*config.Config)) *runtime {
+	t.Helper()
+	r := MustStartDaemon(t, agent, daemonOpts{tweak: tweak})
+	t.Cleanup(func() { r.stop(t) })
+	return r
 }
 
 // MustExecAgent returns an exec agent running script with sh.
