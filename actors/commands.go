@@ -27,7 +27,7 @@ var commandHelp = []struct{ name, help string }{
 	{"undo", "take back your last message and its answer (archived, not deleted)"},
 	{"resume <id|title>", "go back to an earlier session of this chat"},
 	{"title <text>", "name this session"},
-	{"queue <mode>", "what happens to messages sent while a turn runs: followup"},
+	{"queue <mode>", "what happens to messages sent while a turn runs: followup, collect, interrupt or steer"},
 	{"help", "show this list"},
 }
 
@@ -258,19 +258,27 @@ func (s *Session) cannotRewind(what string) string {
 	return "Nothing to " + what + " in this session."
 }
 
-// setQueueMode sets the session's queue mode (DESIGN §3). Only followup is available so far;
-// the answer says so rather than pretending.
+// setQueueMode sets the session's queue mode (DESIGN §3) for this activation. steer needs an
+// agent that can take messages into a running turn; none of the current backends can, so a
+// steer session behaves as followup and its acknowledgments say "queued".
 func (s *Session) setQueueMode(mode string) string {
-	switch strings.ToLower(mode) {
+	switch m := strings.ToLower(mode); m {
 	case "":
-		return "Queue mode: " + s.mode + ". Usage: /queue followup"
+		return "Queue mode: " + s.mode + ". Usage: /queue followup|collect|interrupt|steer"
 	case ModeFollowup:
-		s.mode = ModeFollowup
+		s.mode = m
 		return "Queue mode set to followup: each message sent while a turn runs gets its own turn, in order."
-	case ModeCollect, ModeInterrupt, ModeSteer:
-		return "Queue mode " + mode + " is not available yet; this session stays in " + s.mode + "."
+	case ModeCollect:
+		s.mode = m
+		return "Queue mode set to collect: messages sent while a turn runs are answered together in the next turn."
+	case ModeInterrupt:
+		s.mode = m
+		return "Queue mode set to interrupt: a new message cancels the running turn and runs next."
+	case ModeSteer:
+		s.mode = m
+		return "Queue mode set to steer. This agent cannot take messages into a running turn, so they are queued as in followup."
 	}
-	return "Unknown queue mode " + mode + ". Modes: followup."
+	return "Unknown queue mode " + mode + ". Modes: followup, collect, interrupt, steer."
 }
 
 func helpText() string {

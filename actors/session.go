@@ -316,8 +316,14 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 	}
 	it.durable = true
 	disp := platforms.Queued
-	if s.running == nil && len(s.queue) > 0 && s.queue[0] == it {
+	switch {
+	case s.running == nil && len(s.queue) > 0 && s.queue[0] == it:
 		disp = platforms.Started
+	case s.running != nil && s.mode == ModeInterrupt && len(s.queue) > 0 && s.queue[0] == it:
+		s.interrupt(c) // the new message runs next
+		disp = platforms.Interrupted
+	case s.mode == ModeCollect && len(s.queue) > 1 && s.queue[len(s.queue)-2].src.UserID == it.src.UserID:
+		disp = platforms.Collected // it joins the messages waiting for the next turn
 	}
 	r := s.result(m, disp, it.sessionID)
 	r.QueueDepth = int32(s.waiting())
@@ -375,30 +381,75 @@ func (s *Session) tryStart(c actor.Context) {
 		s.updateBusy(c)
 		return
 	}
-	it := s.queue[0]
-	s.queue = s.queue[1:]
+	group := s.nextGroup()
+	s.queue = s.queue[len(group):]
+	last := group[len(group)-1]
 	turnID := newID("t_")
-	text := it.text
-	if identity.IsShared(it.src, s.d.Config.Keys) {
-		text = identity.Prefix(it.src.UserName, text)
-	}
 	req := &agents.Request{
-		Identity: s.turnIdentity(it, turnID),
-		Messages: []agents.Message{{Role: persistence.RoleUser, Text: text, MessageID: it.messageID, At: it.at}},
+		Identity: s.turnIdentity(last, turnID),
 		History:  s.agentHistory(),
 	}
-	if s.continuity != "" && it.sessionID == s.curID() {
+	for _, it := range group {
+		text := it.text
+		if identity.IsShared(it.src, s.d.Config.Keys) {
+			text = identity.Prefix(it.src.UserName, text)
+		}
+		msg := agents.Message{Role: persistence.RoleUser, Text: text, MessageID: it.messageID, At: it.at}
+		req.Messages = append(req.Messages, msg)
+		s.history = append(s.history, histEntry{seq: it.seq, raw: it.text, msg: msg})
+	}
+	if s.continuity != "" && last.sessionID == s.curID() {
 		req.Notes = []string{s.continuity}
 		s.continuity = ""
 	}
 	s.setBusy(c, true) // before the turn starts: a drain must never miss a running turn
 	props := NewTurn(s.d.Ctx, s.d.Agent, req).Configure(actor.WithMailbox(actor.Unbounded(s.d.Metrics.Mailboxes.Kind("turn"))))
 	pid := c.SpawnPrefix(props, "turn-")
-	s.running = &turnRun{pid: pid, id: turnID, items: []*item{it}, started: s.d.now()}
-	s.history = append(s.history, histEntry{seq: it.seq, raw: it.text, msg: req.Messages[0]})
+	s.running = &turnRun{pid: pid, id: turnID, items: group, started: s.d.now()}
 	s.trimHistory()
-	s.setBusy(c, true)
-	s.log.Debug("turn started", "turn", turnID, "message", it.messageID)
+	s.log.Debug("turn started", "turn", turnID, "messages", len(group))
+}
+
+// nextGroup returns the messages the next turn is for: the head of the queue and, in collect
+// mode, every durable message behind it from the same sender in the same incarnation (they
+// merge into one turn, whose identity is that sender's and whose message id is the last one's).
+func (s *Session) nextGroup() []*item {
+	head := s.queue[0]
+	n := 1
+	if s.mode == ModeCollect {
+		for n < len(s.queue) {
+			it := s.queue[n]
+			if !it.durable || it.src.UserID != head.src.UserID || it.sessionID != head.sessionID {
+				break
+			}
+			n++
+		}
+	}
+	return s.queue[:n]
+}
+
+// interrupt cancels the running turn for a newer message (interrupt mode): the cancelled turn's
+// reply, if it ever comes, is never delivered, and its messages are marked failed. The next turn
+// still sees them in its history.
+func (s *Session) interrupt(c actor.Context) {
+	r := s.running
+	if r == nil {
+		return
+	}
+	s.running = nil
+	c.Stop(r.pid)
+	s.d.Metrics.TurnsTotal.WithLabelValues("cancelled").Inc()
+	seqs := make([]int64, len(r.items))
+	for i, it := range r.items {
+		seqs[i] = it.seq
+	}
+	s.log.Debug("turn interrupted", "turn", r.id)
+	s.write(c, []persistence.Op{&persistence.SetMessageStatus{SessionID: r.items[0].sessionID, Seqs: seqs,
+		Status: persistence.StatusFailed, TurnID: r.id}}, func(c actor.Context, err error) {
+		if err != nil {
+			s.log.Error("store interrupted turn", "err", err)
+		}
+	})
 }
 
 // turnIdentity builds the immutable identity of a turn from the session's own state and the

@@ -1,0 +1,211 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// TestQueueModes drives each queue mode with the exec agent: m1 starts a turn that waits for a
+// gate, m2 and m3 arrive while it runs. The table asserts the turns the agent actually ran (from
+// the stdin and environment each subprocess recorded), the replies delivered and the
+// dispositions returned.
+func TestQueueModes(t *testing.T) {
+	tests := []struct {
+		mode         string
+		dispositions []string
+		turns        [][]string // messages of each turn the agent ran, in order
+		replies      [][]string // in_reply_to of each reply delivered, in order
+	}{
+		{"followup", []string{platforms.Started, platforms.Queued, platforms.Queued},
+			[][]string{{"m1"}, {"m2"}, {"m3"}}, [][]string{{"m1"}, {"m2"}, {"m3"}}},
+		{"collect", []string{platforms.Started, platforms.Queued, platforms.Collected},
+			[][]string{{"m1"}, {"m2", "m3"}}, [][]string{{"m1"}, {"m2", "m3"}}},
+		{"interrupt", []string{platforms.Started, platforms.Interrupted, platforms.Interrupted},
+			[][]string{{"m1"}, {"m2"}, {"m3"}}, [][]string{{"m3"}}},
+		{"steer", []string{platforms.Started, platforms.Queued, platforms.Queued}, // no agent can steer yet
+			[][]string{{"m1"}, {"m2"}, {"m3"}}, [][]string{{"m1"}, {"m2"}, {"m3"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.mode, func(t *testing.T) {
+			logs := t.TempDir()
+			gate := filepath.Join(t.TempDir(), "gate")
+			agent := MustExecAgent(t, fmt.Sprintf(`f=%[1]s/$AGENTGATE_TURN_ID
+cat > "$f.in"
+env | grep '^AGENTGATE_' > "$f.env"
+date +%%s%%N > "$f.started"
+while [ ! -e %[2]q ]; do sleep 0.01; done
+echo "reply to $AGENTGATE_MESSAGE_ID"`, logs, gate))
+			r := MustStart(t, agent, func(c *config.Config) { c.Sessions.Queue.Mode = tt.mode })
+			var got []string
+			started := func(n int) {
+				waitUntil(t, func() bool { ms, _ := filepath.Glob(filepath.Join(logs, "*.started")); return len(ms) >= n })
+			}
+			for i, id := range []string{"m1", "m2", "m3"} {
+				ack := r.inject(t, dm, id, "text of "+id)
+				got = append(got, ack.Disposition)
+				if i == 0 || i == 1 && tt.mode == "interrupt" {
+					started(i + 1) // the turn this message started runs before the next one arrives
+				}
+			}
+			if !slices.Equal(got, tt.dispositions) {
+				t.Errorf("dispositions = %v, want %v", got, tt.dispositions)
+			}
+			if err := os.WriteFile(gate, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			outs := r.waitSent(t, len(tt.replies))
+			var replies [][]string
+			for _, o := range outs {
+				replies = append(replies, o.InReplyTo)
+				if want := "reply to " + o.InReplyTo[len(o.InReplyTo)-1]; o.Text != want {
+					t.Errorf("reply %q, want %q", o.Text, want)
+				}
+			}
+			if fmt.Sprint(replies) != fmt.Sprint(tt.replies) {
+				t.Errorf("replies answer %v, want %v", replies, tt.replies)
+			}
+			started(len(tt.turns))
+			if turns := agentTurns(t, logs, r.fake.Sent()[0].SessionKey); fmt.Sprint(turns) != fmt.Sprint(tt.turns) {
+				t.Errorf("the agent ran turns %v, want %v", turns, tt.turns)
+			}
+			if n := len(r.fake.Sent()); n != len(tt.replies) {
+				t.Errorf("%d replies delivered, want %d (a cancelled turn's reply must never be delivered)", n, len(tt.replies))
+			}
+		})
+	}
+}
+
+// agentTurns reads what each subprocess recorded, in start order, and checks that its
+// environment carries the identity of the message(s) it was for.
+func agentTurns(t *testing.T, dir, key string) [][]string {
+	t.Helper()
+	starts, _ := filepath.Glob(filepath.Join(dir, "*.started"))
+	type turn struct {
+		at  string
+		ids []string
+	}
+	var turns []turn
+	for _, s := range starts {
+		base := strings.TrimSuffix(s, ".started")
+		at, _ := os.ReadFile(s)
+		raw, err := os.ReadFile(base + ".in")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var in struct {
+			Messages []struct {
+				MessageID string `json:"message_id"`
+			} `json:"messages"`
+		}
+		if err := json.Unmarshal(raw, &in); err != nil {
+			t.Fatalf("turn stdin %q: %v", raw, err)
+		}
+		var ids []string
+		for _, m := range in.Messages {
+			ids = append(ids, m.MessageID)
+		}
+		envRaw, _ := os.ReadFile(base + ".env")
+		env := parseEnv(string(envRaw))
+		if env["AGENTGATE_MESSAGE_ID"] != ids[len(ids)-1] || env["AGENTGATE_SESSION_KEY"] != key || env["AGENTGATE_TURN_ID"] != filepath.Base(base) {
+			t.Errorf("turn for %v ran with message %q key %q turn %q", ids, env["AGENTGATE_MESSAGE_ID"], env["AGENTGATE_SESSION_KEY"], env["AGENTGATE_TURN_ID"])
+		}
+		turns = append(turns, turn{strings.TrimSpace(string(at)), ids})
+	}
+	slices.SortFunc(turns, func(a, b turn) int { return strings.Compare(a.at, b.at) })
+	out := make([][]string, len(turns))
+	for i, tr := range turns {
+		out[i] = tr.ids
+	}
+	return out
+}
+
+// TestQueueCapOverflow floods one session with 10× its cap while a turn runs: with overflow
+// spool nothing is lost and everything runs in order; with reject exactly the overflow is
+// refused with an explicit answer.
+func TestQueueCapOverflow(t *testing.T) {
+	const capacity, sent = 5, 50
+	for _, policy := range []string{"spool", "reject"} {
+		t.Run(policy, func(t *testing.T) {
+			release := make(chan struct{})
+			agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+				if req.Identity.MessageID == "f00" {
+					<-release
+				}
+				return &agents.Response{Text: req.Identity.MessageID}, nil
+			})
+			r := MustStart(t, agent, func(c *config.Config) {
+				c.Sessions.Queue.Cap, c.Sessions.Queue.Overflow = capacity, policy
+			})
+			var accepted []string
+			rejected := 0
+			for i := range sent {
+				id := fmt.Sprintf("f%02d", i)
+				ack, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: dm, MessageID: id, Text: id})
+				switch {
+				case errors.Is(err, platforms.ErrRejected):
+					rejected++
+					if ack == nil || ack.Disposition != platforms.Rejected {
+						t.Errorf("%s refused with ack %+v, want disposition rejected", id, ack)
+					}
+				case err != nil:
+					t.Fatalf("Inject(%s): %v", id, err)
+				default:
+					accepted = append(accepted, id)
+				}
+			}
+			close(release)
+			want := sent
+			if policy == "reject" {
+				want = 1 + capacity // the running turn plus a full queue
+			}
+			if len(accepted) != want || rejected != sent-want {
+				t.Errorf("accepted %d, rejected %d; want %d and %d", len(accepted), rejected, want, sent-want)
+			}
+			outs := r.waitSent(t, len(accepted))
+			for i, o := range outs {
+				if o.Text != accepted[i] {
+					t.Fatalf("reply %d answers %s, want %s (in order, none lost)", i, o.Text, accepted[i])
+				}
+			}
+		})
+	}
+}
+
+// TestRestartRunsTheQueueInOrder: messages queued behind a turn when the daemon stops run in
+// arrival order after the next start.
+func TestRestartRunsTheQueueInOrder(t *testing.T) {
+	dir := t.TempDir()
+	stuck := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	r := startOn(t, dir, 100*time.Millisecond, stuck)
+	var ids []string
+	for i := range 5 {
+		id := fmt.Sprint("q", i)
+		r.inject(t, dm, id, id)
+		ids = append(ids, id)
+	}
+	r.stop(t)
+
+	r2 := startOn(t, dir, time.Second, &recorder{})
+	defer r2.stop(t)
+	outs := r2.waitSent(t, len(ids))
+	for i, o := range outs {
+		if o.InReplyTo[0] != ids[i] {
+			t.Errorf("after restart reply %d answers %v, want %s", i, o.InReplyTo, ids[i])
+		}
+	}
+}
