@@ -84,16 +84,7 @@ func TestDrainLetsRunningTurnsFinish(t *testing.T) {
 // waiting for traffic.
 func TestDrainDeadlineCancelsTurnsAndRecoveryRerunsThem(t *testing.T) {
 	dir := t.TempDir()
-	stuck := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-		<-ctx.Done()
-		return nil, ctx.Err()
-	})
-	r := startOn(t, dir, 100*time.Millisecond, stuck)
-	ack := r.inject(t, dm, "m1", "please answer")
-	r.stop(t)
-	if sent := r.fake.Sent(); len(sent) != 0 {
-		t.Fatalf("a cancelled turn delivered %+v", sent)
-	}
+	ack := leaveUnanswered(t, dir, "m1")[0]
 
 	echo := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 		return &agents.Response{Text: "answered " + req.Identity.MessageID + " in " + req.Identity.SessionID}, nil
@@ -117,13 +108,7 @@ func TestDrainDeadlineCancelsTurnsAndRecoveryRerunsThem(t *testing.T) {
 // run is not run again; its sender gets a notice and the row is marked failed.
 func TestRecoveryNoticeMode(t *testing.T) {
 	dir := t.TempDir()
-	stuck := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-		<-ctx.Done()
-		return nil, ctx.Err()
-	})
-	r := startOn(t, dir, 100*time.Millisecond, stuck)
-	ack := r.inject(t, dm, "m1", "please answer")
-	r.stop(t)
+	ack := leaveUnanswered(t, dir, "m1")[0]
 
 	ran := make(chan string, 1)
 	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
@@ -175,4 +160,24 @@ func TestUnconfirmedRepliesAreResentAfterRestart(t *testing.T) {
 		es, err := r2.d.store.OutboxAfter(t.Context(), ack.SessionKey, 0, 10)
 		return err == nil && len(es) == 1 && es[0].State == persistence.DeliveryDelivered
 	})
+}
+
+// leaveUnanswered runs a daemon on dir whose agent never answers, sends ids to one session and
+// stops it at a short drain deadline: the messages stay durable and unanswered.
+func leaveUnanswered(t *testing.T, dir string, ids ...string) []*platforms.Ack {
+	t.Helper()
+	stuck := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	r := startOn(t, dir, 100*time.Millisecond, stuck)
+	var acks []*platforms.Ack
+	for _, id := range ids {
+		acks = append(acks, r.inject(t, dm, id, "please answer "+id))
+	}
+	r.stop(t)
+	if sent := r.fake.Sent(); len(sent) != 0 {
+		t.Fatalf("a cancelled turn delivered %+v", sent)
+	}
+	return acks
 }

@@ -187,18 +187,8 @@ func TestQueueCapOverflow(t *testing.T) {
 // arrival order after the next start.
 func TestRestartRunsTheQueueInOrder(t *testing.T) {
 	dir := t.TempDir()
-	stuck := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-		<-ctx.Done()
-		return nil, ctx.Err()
-	})
-	r := startOn(t, dir, 100*time.Millisecond, stuck)
-	var ids []string
-	for i := range 5 {
-		id := fmt.Sprint("q", i)
-		r.inject(t, dm, id, id)
-		ids = append(ids, id)
-	}
-	r.stop(t)
+	ids := []string{"q0", "q1", "q2", "q3", "q4"}
+	leaveUnanswered(t, dir, ids...)
 
 	r2 := startOn(t, dir, time.Second, &recorder{})
 	defer r2.stop(t)
