@@ -2,6 +2,7 @@ package actors
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -182,7 +183,7 @@ func (s *Session) stopWork(c actor.Context) ([]persistence.Op, int) {
 		s.running = nil
 		c.Stop(r.pid)
 		s.d.Metrics.TurnsTotal.WithLabelValues("cancelled").Inc()
-		for _, it := range r.items {
+		for _, it := range append(slices.Clone(r.items), r.steered...) {
 			ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: persistence.StatusFailed, TurnID: r.id})
 		}
 	}

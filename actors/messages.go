@@ -56,6 +56,9 @@ type TurnFinished struct {
 	Text   string
 	Err    error
 	Took   time.Duration
+	// Steered is how many steered messages reached the agent before it answered; later ones
+	// arrived too late and run in the next turn.
+	Steered int
 }
 
 // Received by Turn.
@@ -66,6 +69,9 @@ type agentDone struct {
 	err  error
 	took time.Duration
 }
+
+// steerIn delivers a message into the running turn (queue mode steer).
+type steerIn struct{ msg agents.Message }
 
 // agentPanicked carries a panic of the agent back into the actor, which re-raises it so the
 // supervisor sees a failed turn.

@@ -82,6 +82,7 @@ type turnRun struct {
 	pid     *actor.PID
 	id      string
 	items   []*item
+	steered []*item // sent into the running turn (queue mode steer), in order
 	started time.Time
 }
 
@@ -322,6 +323,8 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 	case s.running != nil && s.mode == ModeInterrupt && len(s.queue) > 0 && s.queue[0] == it:
 		s.interrupt(c) // the new message runs next
 		disp = platforms.Interrupted
+	case s.running != nil && s.mode == ModeSteer && s.steer(c, it):
+		disp = platforms.Steered
 	case s.mode == ModeCollect && len(s.queue) > 1 && s.queue[len(s.queue)-2].src.UserID == it.src.UserID:
 		disp = platforms.Collected // it joins the messages waiting for the next turn
 	}
@@ -428,6 +431,28 @@ func (s *Session) nextGroup() []*item {
 	return s.queue[:n]
 }
 
+// steer delivers it into the running turn when the agent can take it and it comes from the
+// turn's own sender in the same incarnation (a turn's identity never changes); otherwise it
+// stays queued as in followup. A steered message belongs to the running turn: its reply
+// answers it too.
+func (s *Session) steer(c actor.Context, it *item) bool {
+	r := s.running
+	last := r.items[len(r.items)-1]
+	if !agents.CanSteer(s.d.Agent) || len(r.steered) >= MaxSteered || len(s.queue) == 0 || s.queue[0] != it ||
+		it.src.UserID != last.src.UserID || it.sessionID != last.sessionID {
+		return false
+	}
+	s.queue = s.queue[1:]
+	text := it.text
+	if identity.IsShared(it.src, s.d.Config.Keys) {
+		text = identity.Prefix(it.src.UserName, text)
+	}
+	msg := agents.Message{Role: persistence.RoleUser, Text: text, MessageID: it.messageID, At: it.at}
+	r.steered = append(r.steered, it)
+	c.Send(r.pid, &steerIn{msg: msg})
+	return true
+}
+
 // interrupt cancels the running turn for a newer message (interrupt mode): the cancelled turn's
 // reply, if it ever comes, is never delivered, and its messages are marked failed. The next turn
 // still sees them in its history.
@@ -512,6 +537,15 @@ func (s *Session) onTurnFinished(c actor.Context, m *TurnFinished) {
 	}
 	s.running = nil
 	c.Stop(r.pid)
+	// Steered messages the agent saw belong to this turn; any that arrived after it answered run
+	// next, in order.
+	k := min(m.Steered, len(r.steered))
+	for _, it := range r.steered[:k] {
+		r.items = append(r.items, it)
+		s.history = append(s.history, histEntry{seq: it.seq, raw: it.text,
+			msg: agents.Message{Role: persistence.RoleUser, Text: it.text, MessageID: it.messageID, At: it.at}})
+	}
+	s.queue = append(slices.Clone(r.steered[k:]), s.queue...)
 	s.d.Metrics.TurnDuration.Observe(m.Took.Seconds())
 	if m.Err != nil {
 		s.d.Metrics.TurnsTotal.WithLabelValues("error").Inc()

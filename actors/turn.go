@@ -21,8 +21,13 @@ type Turn struct {
 	req    *agents.Request
 	parent context.Context
 
-	cancel context.CancelFunc
+	cancel  context.CancelFunc
+	steer   chan agents.Message // open while the agent runs, when it can steer
+	steered int                 // messages put into steer
 }
+
+// MaxSteered bounds the messages steered into one turn; more wait for the next turn.
+const MaxSteered = 32
 
 // NewTurn returns the props of a turn that runs agent for req. parent is the daemon's lifetime
 // context.
@@ -40,10 +45,17 @@ func (t *Turn) Receive(c actor.Context) {
 	case *agentDone:
 		// The session stops this actor when it has the result: a Terminated (a system message)
 		// would overtake the result in the session's mailbox and look like a crash.
-		c.Send(c.Parent(), &TurnFinished{TurnID: t.req.Identity.TurnID, Text: respText(m.resp), Err: m.err, Took: m.took})
+		t.closeSteer()
+		c.Send(c.Parent(), &TurnFinished{TurnID: t.req.Identity.TurnID, Text: respText(m.resp), Err: m.err, Took: m.took, Steered: t.steered})
+	case *steerIn:
+		if t.steer != nil {
+			t.steer <- m.msg // never blocks: the session steers at most MaxSteered per turn
+			t.steered++
+		}
 	case *agentPanicked:
 		panic(fmt.Errorf("turn %s: agent panicked: %v", t.req.Identity.TurnID, m.value))
 	case *actor.Stopping:
+		t.closeSteer()
 		if t.cancel != nil {
 			t.cancel()
 		}
@@ -55,6 +67,12 @@ func (t *Turn) start(c actor.Context) {
 	t.cancel = cancel
 	self, root := c.Self(), c.ActorSystem().Root
 	agent, req := t.agent, t.req
+	if agents.CanSteer(agent) {
+		t.steer = make(chan agents.Message, MaxSteered)
+		r := *req
+		r.Steer = t.steer
+		req = &r
+	}
 	go func() {
 		start := time.Now()
 		defer func() {
@@ -72,4 +90,12 @@ func respText(r *agents.Response) string {
 		return ""
 	}
 	return r.Text
+}
+
+// closeSteer ends the steering channel: the agent has answered (or is being cancelled).
+func (t *Turn) closeSteer() {
+	if t.steer != nil {
+		close(t.steer)
+		t.steer = nil
+	}
 }

@@ -33,6 +33,22 @@ type Request struct {
 	// Notes are one-line notes from agentgate for this turn, such as "this conversation
 	// continues session X, which was reset (idle)".
 	Notes []string `json:"notes,omitempty"`
+	// Steer delivers messages that arrive while the turn runs (queue mode steer) to an agent
+	// that can take them (Steerer). It is closed when the turn ends; nil when not steering.
+	Steer <-chan Message `json:"-"`
+}
+
+// Steerer is an Agent that can take new user messages into a running turn.
+type Steerer interface {
+	Agent
+	// CanSteer reports whether Run reads Request.Steer.
+	CanSteer() bool
+}
+
+// CanSteer reports whether a can take messages into a running turn.
+func CanSteer(a Agent) bool {
+	s, ok := a.(Steerer)
+	return ok && s.CanSteer()
 }
 
 // Response is an agent's answer for one turn.

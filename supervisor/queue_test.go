@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -197,5 +198,74 @@ func TestRestartRunsTheQueueInOrder(t *testing.T) {
 		if o.InReplyTo[0] != ids[i] {
 			t.Errorf("after restart reply %d answers %v, want %s", i, o.InReplyTo, ids[i])
 		}
+	}
+}
+
+// steerer is an agent that takes steered messages. A first message "text:N" answers once N
+// steered messages arrived; any other answers when gate closes. The reply joins every text it
+// got and names the turn's sender.
+type steerer struct{ gate chan struct{} }
+
+func (s *steerer) CanSteer() bool { return true }
+
+func (s *steerer) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+	texts := []string{req.Messages[0].Text}
+	var n int
+	_, err := fmt.Sscanf(texts[0][strings.LastIndex(texts[0], ":")+1:], "%d", &n)
+	for err != nil || len(texts)-1 < n {
+		select {
+		case m, ok := <-req.Steer:
+			if !ok {
+				break
+			}
+			texts = append(texts, m.Text)
+			continue
+		case <-s.gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		break
+	}
+	return &agents.Response{Text: strings.Join(texts, "+") + " as " + req.Identity.UserID}, nil
+}
+
+// TestSteerIntoTheRunningTurn: with an agent that can steer, messages from the turn's own sender
+// go into the running turn ("steered") and its one reply answers all of them. In a shared thread
+// a message from another sender never joins someone else's turn: it waits ("queued"), and so
+// does everything behind it.
+func TestSteerIntoTheRunningTurn(t *testing.T) {
+	gate := make(chan struct{})
+	r := MustStart(t, &steerer{gate: gate}, func(c *config.Config) { c.Sessions.Queue.Mode = "steer" })
+	thread := func(user string) identity.Source {
+		return identity.Source{Platform: "fake", ChatType: identity.ChatThread, ChatID: "chan", ThreadID: "th", UserID: user, UserName: user}
+	}
+	send := func(msgs ...[3]string) []string {
+		var got []string
+		for _, m := range msgs {
+			got = append(got, r.inject(t, thread(m[0]), m[1], m[2]).Disposition)
+		}
+		return got
+	}
+	got := send([3]string{"ann", "a0", "plan:2"}, [3]string{"ann", "a1", "more"}, [3]string{"ann", "a2", "done"})
+	if want := []string{platforms.Started, platforms.Steered, platforms.Steered}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("dispositions %v, want %v", got, want)
+	}
+	outs := r.waitSent(t, 1)
+	if o := outs[0]; o.Text != "[ann] plan:2+[ann] more+[ann] done as ann" || fmt.Sprint(o.InReplyTo) != "[a0 a1 a2]" {
+		t.Errorf("steered turn answered %q to %v, want one reply to a0 a1 a2", o.Text, o.InReplyTo)
+	}
+
+	got = send([3]string{"ann", "x", "first"}, [3]string{"bob", "y", "mine"}, [3]string{"ann", "z", "again"})
+	if want := []string{platforms.Started, platforms.Queued, platforms.Queued}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("dispositions %v, want %v", got, want)
+	}
+	close(gate)
+	outs = r.waitSent(t, 4)
+	var texts []string
+	for _, o := range outs[1:] {
+		texts = append(texts, o.Text)
+	}
+	if want := []string{"[ann] first as ann", "[bob] mine as bob", "[ann] again as ann"}; fmt.Sprint(texts) != fmt.Sprint(want) {
+		t.Errorf("replies %q, want %q", texts, want)
 	}
 }
