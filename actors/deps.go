@@ -35,9 +35,12 @@ type SessionConfig struct {
 	PassivateAfter time.Duration
 	QueueMode      string
 	QueueCap       int
-	Overflow       string // spool | reject
-	HistoryLimit   int
-	Recovery       string // rerun | notice
+	// Debounce merges rapid consecutive messages from one sender into one turn: a turn starts
+	// only once its sender has been quiet this long (0: off).
+	Debounce     time.Duration
+	Overflow     string // spool | reject
+	HistoryLimit int
+	Recovery     string // rerun | notice
 	// Restarts and RestartWindow bound how often a session may crash before it is stopped.
 	Restarts      int
 	RestartWindow time.Duration

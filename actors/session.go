@@ -74,6 +74,7 @@ type item struct {
 	messageID string
 	text      string
 	at        time.Time
+	arrived   time.Time // real arrival time (debounce)
 	durable   bool
 	requester *actor.PID // waits for DeliverResult; nil after the ack or for recovered items
 }
@@ -117,7 +118,7 @@ func (s *Session) Receive(c actor.Context) {
 		return
 	}
 	switch c.Message().(type) {
-	case *idleCheck, *resendTick, *persistence.WriteResult:
+	case *idleCheck, *resendTick, *debounceTick, *persistence.WriteResult:
 	default:
 		s.lastTouched = time.Now() // the passivation clock: real time, not the session clock
 	}
@@ -140,6 +141,8 @@ func (s *Session) Receive(c actor.Context) {
 		s.onResetDue(c)
 	case *idleCheck:
 		s.onIdle(c)
+	case *debounceTick:
+		s.tryStart(c)
 	case *resendTick:
 		s.resend(c)
 	case *actor.Restarting:
@@ -275,7 +278,7 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 	}
 	s.lastSeq++
 	it := &item{seq: s.lastSeq, sessionID: s.cur.ID, src: src, messageID: m.MessageId, text: m.Text,
-		at: now, requester: c.Sender()}
+		at: now, arrived: time.Now(), requester: c.Sender()}
 	ops = append(ops,
 		&persistence.AppendMessage{Message: persistence.Message{
 			SessionID: it.sessionID, Seq: it.seq, Role: persistence.RoleUser, Content: m.Text,
@@ -325,7 +328,7 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 		disp = platforms.Interrupted
 	case s.running != nil && s.mode == ModeSteer && s.steer(c, it):
 		disp = platforms.Steered
-	case s.mode == ModeCollect && len(s.queue) > 1 && s.queue[len(s.queue)-2].src.UserID == it.src.UserID:
+	case (s.mode == ModeCollect || s.debounced(it)) && len(s.queue) > 1 && s.queue[len(s.queue)-2].src.UserID == it.src.UserID:
 		disp = platforms.Collected // it joins the messages waiting for the next turn
 	}
 	r := s.result(m, disp, it.sessionID)
@@ -384,6 +387,11 @@ func (s *Session) tryStart(c actor.Context) {
 		s.updateBusy(c)
 		return
 	}
+	if wait := s.holdFor(); wait > 0 {
+		s.timers(c).SendOnce(wait, c.Self(), &debounceTick{})
+		s.updateBusy(c)
+		return
+	}
 	group := s.nextGroup()
 	s.queue = s.queue[len(group):]
 	last := group[len(group)-1]
@@ -419,16 +427,43 @@ func (s *Session) tryStart(c actor.Context) {
 func (s *Session) nextGroup() []*item {
 	head := s.queue[0]
 	n := 1
-	if s.mode == ModeCollect {
-		for n < len(s.queue) {
-			it := s.queue[n]
-			if !it.durable || it.src.UserID != head.src.UserID || it.sessionID != head.sessionID {
-				break
-			}
-			n++
+	for n < len(s.queue) {
+		it, prev := s.queue[n], s.queue[n-1]
+		if !it.durable || it.src.UserID != head.src.UserID || it.sessionID != head.sessionID {
+			break
 		}
+		if s.mode != ModeCollect && !(s.debounced(it) && it.arrived.Sub(prev.arrived) <= s.d.Config.Debounce) {
+			break
+		}
+		n++
 	}
 	return s.queue[:n]
+}
+
+// debounceTick wakes a session whose debounce window may have passed.
+type debounceTick struct{}
+
+// debounced reports whether debounce applies to it (it arrived while nothing ran for its sender).
+func (s *Session) debounced(it *item) bool {
+	return s.d.Config.Debounce > 0 && !it.arrived.IsZero()
+}
+
+// holdFor is how long the head of the queue must still wait for its sender to be quiet: the
+// debounce window counts from the last message of the sender's run at the head.
+func (s *Session) holdFor() time.Duration {
+	d := s.d.Config.Debounce
+	head := s.queue[0]
+	if d <= 0 || !s.debounced(head) {
+		return 0
+	}
+	last := head.arrived
+	for _, it := range s.queue[1:] {
+		if !it.durable || it.src.UserID != head.src.UserID || it.arrived.Sub(last) > d {
+			break
+		}
+		last = it.arrived
+	}
+	return time.Until(last.Add(d))
 }
 
 // steer delivers it into the running turn when the agent can take it and it comes from the

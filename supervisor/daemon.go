@@ -126,6 +126,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			},
 			PassivateAfter: cfg.Sessions.PassivateAfter, QueueMode: cfg.Sessions.Queue.Mode,
 			QueueCap: cfg.Sessions.Queue.Cap, Overflow: cfg.Sessions.Queue.Overflow,
+			Debounce:     cfg.Sessions.Queue.Debounce,
 			HistoryLimit: cfg.Sessions.HistoryLimit, Recovery: cfg.Sessions.Recovery,
 			ResetFor: func(platform, chatType string) actors.ResetPolicy {
 				return resetPolicy(cfg.ResetFor(platform, chatType))
@@ -248,7 +249,7 @@ func newAgent(cfg *config.Config, log *slog.Logger) (agents.Agent, error) {
 	case "exec":
 		a, err := agentexec.New(agentexec.Config{
 			Command: cfg.Agent.Exec.Command, Timeout: cfg.Agent.Exec.Timeout,
-			KillGrace: cfg.Agent.Exec.KillGrace, History: cfg.Agent.Exec.History,
+			KillGrace: cfg.Agent.Exec.KillGrace, History: cfg.Agent.Exec.History, Steer: cfg.Agent.Exec.Steer,
 			Logger: log.With("component", "agent"),
 		})
 		if err != nil {

@@ -269,3 +269,24 @@ func TestSteerIntoTheRunningTurn(t *testing.T) {
 		t.Errorf("replies %q, want %q", texts, want)
 	}
 }
+
+// TestDebounceMergesABurst: with a debounce window, rapid messages from one sender become one
+// turn once the sender is quiet; another sender's message is not merged into it.
+func TestDebounceMergesABurst(t *testing.T) {
+	agent := &recorder{}
+	r := MustStart(t, agent, func(c *config.Config) { c.Sessions.Queue.Debounce = time.Second })
+	var got []string
+	for _, id := range []string{"d1", "d2", "d3"} {
+		got = append(got, r.inject(t, dm, id, id).Disposition)
+	}
+	if want := []string{platforms.Started, platforms.Collected, platforms.Collected}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("dispositions %v, want %v", got, want)
+	}
+	outs := r.waitSent(t, 1)
+	if fmt.Sprint(outs[0].InReplyTo) != "[d1 d2 d3]" {
+		t.Errorf("the burst was answered by a turn for %v, want one turn for d1 d2 d3", outs[0].InReplyTo)
+	}
+	if req := agent.last(); len(req.Messages) != 3 || req.Identity.MessageID != "d3" {
+		t.Errorf("the agent got %d messages for message id %s, want 3 for d3", len(req.Messages), req.Identity.MessageID)
+	}
+}

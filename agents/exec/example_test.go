@@ -32,3 +32,16 @@ func ExampleEncodeInput() {
 	// Output:
 	// {"identity":{"platform":"http","chat_type":"dm","chat_id":"c1","thread_id":"","user_id":"u1","user_name":"Ann","scope_id":"","profile":"","session_key":"agent:main:http:dm:c1","session_id":"s1","message_id":"m2","turn_id":"t1"},"messages":[{"role":"user","text":"and now?","message_id":"m2","at":"2025-03-01T12:00:00Z"}],"history":[{"role":"assistant","text":"hi Ann","at":"2025-03-01T11:59:00Z"}]}
 }
+
+// The line a steering command reads on stdin, after the input object, for each message
+// steered into its running turn.
+func ExampleEncodeSteer() {
+	at := time.Date(2025, 3, 1, 12, 0, 30, 0, time.UTC)
+	b, err := exec.EncodeSteer(agents.Message{Role: "user", Text: "use <main.go> instead", MessageID: "m3", At: at})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Print(string(b))
+	// Output:
+	// {"steer":{"role":"user","text":"use <main.go> instead","message_id":"m3","at":"2025-03-01T12:00:30Z"}}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	osexec "os/exec"
@@ -13,6 +14,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/lmittmann/tint"
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/identity"
@@ -37,6 +40,10 @@ type Config struct {
 	History int
 	// Dir is the command's working directory; empty means the daemon's.
 	Dir string
+	// Steer declares that the command reads steered messages as JSON lines on stdin while it
+	// runs (see EncodeInput). When it is set, Run forwards Request.Steer to the command and
+	// CanSteer reports true.
+	Steer bool
 	// Logger receives debug and warning lines about runs; nil discards them.
 	Logger *slog.Logger
 }
@@ -48,10 +55,11 @@ type Agent struct {
 	grace   time.Duration
 	history int
 	dir     string
+	steer   bool
 	log     *slog.Logger
 }
 
-var _ agents.Agent = (*Agent)(nil)
+var _ agents.Steerer = (*Agent)(nil)
 
 // New returns an Agent for c. It fails when c has no command or a negative limit.
 func New(c Config) (*Agent, error) {
@@ -77,6 +85,7 @@ func New(c Config) (*Agent, error) {
 		grace:   c.KillGrace,
 		history: c.History,
 		dir:     c.Dir,
+		steer:   c.Steer,
 		log:     c.Logger,
 	}
 	if a.grace == 0 {
@@ -88,11 +97,21 @@ func New(c Config) (*Agent, error) {
 	return a, nil
 }
 
+// CanSteer reports whether Run forwards Request.Steer to the command, as set by Config.Steer.
+func (a *Agent) CanSteer() bool { return a.steer }
+
 // Run runs the command once for req and returns its trimmed stdout as the reply. It returns an
 // error wrapping *ExitError when the command exits unsuccessfully, ErrTimeout when it outlives
 // Config.Timeout, and ctx.Err() when ctx ends first. On a timeout or cancel the command's
 // process group gets SIGTERM, then SIGKILL after Config.KillGrace; Run returns at most about
 // KillGrace after that even if a grandchild still holds stdout open.
+//
+// With Config.Steer set and a non-nil req.Steer, stdin stays open after the input object and
+// every message received from req.Steer is written to it as one line (see EncodeInput) until
+// req.Steer is closed, which closes stdin. Run stops receiving from req.Steer when the command
+// exits or ctx ends, and does not wait for req.Steer to be closed: a sender must not block on
+// it once the turn is over. Without steering, stdin closes after the input object and
+// req.Steer is never read.
 func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 	name := a.command[0]
 	if err := ctx.Err(); err != nil {
@@ -114,7 +133,15 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	cmd := osexec.CommandContext(runCtx, name, a.command[1:]...)
 	cmd.Dir = a.dir
 	cmd.Env = childEnv(os.Environ(), req.Identity)
-	cmd.Stdin = bytes.NewReader(in)
+	steer := a.steer && req.Steer != nil
+	var stdin io.WriteCloser
+	if steer {
+		if stdin, err = cmd.StdinPipe(); err != nil {
+			return nil, fmt.Errorf("exec agent: run %s: %w", name, err)
+		}
+	} else {
+		cmd.Stdin = bytes.NewReader(in)
+	}
 	cmd.Stdout = stdout
 	cmd.Stderr = stderr
 	// A group of its own lets one signal reach every process the command started.
@@ -144,11 +171,28 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	cmd.WaitDelay = a.grace
 
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	if err := cmd.Start(); err != nil { // Start closes stdin when it fails.
 		return nil, fmt.Errorf("exec agent: start %s: %w", name, err)
 	}
 	pid := cmd.Process.Pid
+	var exited, forwarded chan struct{}
+	if steer {
+		// The forwarder belongs to this call: it ends when the command exits (exited), at the
+		// latest, and Run waits for it below.
+		exited, forwarded = make(chan struct{}), make(chan struct{})
+		flog := a.log.With("command", name, "session", req.Identity.SessionKey)
+		go func() {
+			defer close(forwarded)
+			forwardSteer(runCtx, stdin, in, req.Steer, exited, flog)
+		}()
+	}
 	waitErr := cmd.Wait()
+	if steer {
+		// Wait has closed stdin, which ends a write blocked on a full pipe; exited ends a
+		// forwarder waiting on a steer channel that is never closed.
+		close(exited)
+		<-forwarded
+	}
 	if t := killer.Load(); t != nil {
 		t.Stop()
 	}
@@ -191,6 +235,39 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	resp := &agents.Response{Text: stdout.reply()}
 	log.Debug("exec agent turn done", "reply_bytes", len(resp.Text), "truncated", stdout.truncated)
 	return resp, nil
+}
+
+// forwardSteer writes the input object to stdin, then every message received from steer as one
+// steer line, until steer is closed, the command has exited (exited is closed) or ctx ends, and
+// closes stdin. A failed write means the command no longer reads stdin, so it stops there.
+func forwardSteer(ctx context.Context, stdin io.WriteCloser, in []byte, steer <-chan agents.Message, exited <-chan struct{}, log *slog.Logger) {
+	defer stdin.Close()
+	if _, err := stdin.Write(in); err != nil {
+		log.Debug("exec agent command did not read its input", tint.Err(err))
+		return
+	}
+	for {
+		select {
+		case m, ok := <-steer:
+			if !ok {
+				return
+			}
+			line, err := EncodeSteer(m)
+			if err != nil {
+				log.Warn("exec agent could not encode steered message", "message_id", m.MessageID, tint.Err(err))
+				continue
+			}
+			if _, err := stdin.Write(line); err != nil {
+				log.Warn("exec agent could not deliver steered message", "message_id", m.MessageID, tint.Err(err))
+				return
+			}
+			log.Debug("exec agent steered message", "message_id", m.MessageID)
+		case <-exited:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // childEnv returns a new environment for one turn's command: parent without any AGENTGATE_*

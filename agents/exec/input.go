@@ -18,17 +18,25 @@ type input struct {
 	Notes    []string         `json:"notes,omitempty"`
 }
 
-// EncodeInput returns what Run writes to the command's stdin for req: one JSON object followed
-// by "\n",
+// EncodeInput returns the input object Run writes first to the command's stdin for req: one
+// JSON object followed by "\n",
 //
 //	{"identity": {...identity.Turn...}, "messages": [...], "history": [...], "notes": [...]}
 //
-// notes (omitted when empty) are one-line notes from agentgate for this turn, such as the
-// continuity note after a session reset.
+// where history holds only the last history entries of req.History (none when history <= 0),
+// and notes (omitted when empty) are one-line notes from agentgate for this turn, such as the
+// continuity note after a session reset. messages and history are always arrays, never null,
+// so a script can iterate them without a check. HTML characters are not escaped.
 //
-// where history holds only the last history entries of req.History (none when history <= 0).
-// messages and history are always arrays, never null, so a script can iterate them without a
-// check. HTML characters are not escaped.
+// Without steering (Config.Steer false, or no Request.Steer), stdin closes after this line.
+// With steering, stdin stays open: each message steered into the running turn follows as one
+// line from EncodeSteer,
+//
+//	{"steer": {"role": "user", "text": "...", "message_id": "...", "at": "..."}}
+//
+// and stdin closes when the turn's messages end (the caller closes Request.Steer after the
+// turn). A command that declares steering must therefore read stdin line by line, not to EOF,
+// before it answers; it may exit without reading further lines.
 func EncodeInput(req *agents.Request, history int) ([]byte, error) {
 	if req == nil {
 		return nil, errors.New("exec agent: encode input: nil request")
@@ -47,6 +55,24 @@ func EncodeInput(req *agents.Request, history int) ([]byte, error) {
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(in); err != nil { // Encode ends the object with "\n".
 		return nil, fmt.Errorf("exec agent: encode input: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// steerLine is the shape of one steered message on stdin.
+type steerLine struct {
+	Steer agents.Message `json:"steer"`
+}
+
+// EncodeSteer returns the line Run writes to a steering command's stdin for a message steered
+// into the running turn: {"steer": m} as one JSON object followed by "\n". HTML characters are
+// not escaped.
+func EncodeSteer(m agents.Message) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(steerLine{Steer: m}); err != nil { // Encode ends the object with "\n".
+		return nil, fmt.Errorf("exec agent: encode steer: %w", err)
 	}
 	return buf.Bytes(), nil
 }

@@ -111,6 +111,10 @@ type Exec struct {
 	History int           `yaml:"history"`
 	// KillGrace is how long an interrupted command gets between SIGTERM and SIGKILL.
 	KillGrace time.Duration `yaml:"kill_grace"`
+	// Steer declares that the command reads steered messages as JSON lines on stdin while it
+	// runs, so queue mode steer can deliver into its running turn; without it, steer falls
+	// back to followup.
+	Steer bool `yaml:"steer"`
 }
 
 // OpenAI configures the OpenAI-compatible agent.

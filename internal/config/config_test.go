@@ -144,6 +144,15 @@ func TestLoadFile(t *testing.T) {
 			},
 		},
 		{
+			name: "exec steer",
+			yaml: "agent:\n  backend: exec\n  exec:\n    command: [my-agent]\n    steer: true\n",
+			want: func(c *Config) {
+				c.Agent.Backend = "exec"
+				c.Agent.Exec.Command = []string{"my-agent"}
+				c.Agent.Exec.Steer = true
+			},
+		},
+		{
 			name: "reset overrides keep unset fields nil",
 			yaml: "sessions:\n  reset_by_platform:\n    discord: {mode: idle, idle_minutes: 90}\n    http:\n  reset_by_type:\n    dm: {notify: false, at_hour: ~}\n",
 			want: func(c *Config) {
@@ -384,6 +393,11 @@ func TestLoadEnv(t *testing.T) {
 				c.Agent.Backend = "exec"
 				c.Agent.Exec.Command = []string{"sh", "-c", "echo hi"}
 			},
+		},
+		{
+			name:    "exec steer",
+			environ: []string{"AGENTGATE_AGENT_EXEC_STEER=true"},
+			want:    func(c *Config) { c.Agent.Exec.Steer = true },
 		},
 		{
 			name:    "reset check_every",

@@ -1,0 +1,329 @@
+package exec_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/exec"
+)
+
+// These tests run commands with steering (Config.Steer and a Request.Steer channel): steered
+// messages reach stdin as lines after the input object, a command that stops reading never
+// blocks Run, and without steering stdin still closes after the input object.
+
+func TestCanSteer(t *testing.T) {
+	t.Parallel()
+	for _, steer := range []bool{false, true} {
+		t.Run(fmt.Sprintf("steer %t", steer), func(t *testing.T) {
+			t.Parallel()
+			a := MustNew(t, exec.Config{Command: []string{"/bin/true"}, Steer: steer})
+			if got := a.CanSteer(); got != steer {
+				t.Errorf("CanSteer() = %t, want %t", got, steer)
+			}
+			if got := agents.CanSteer(a); got != steer {
+				t.Errorf("agents.CanSteer(exec agent) = %t, want %t", got, steer)
+			}
+		})
+	}
+}
+
+// steerDoc is one steer line on stdin.
+type steerDoc struct {
+	Steer agents.Message `json:"steer"`
+}
+
+// mustStdinLines splits a reply that echoed stdin into its lines and checks that the first
+// is the input object for req.
+func mustStdinLines(t *testing.T, reply string, req *agents.Request) []string {
+	t.Helper()
+	lines := strings.Split(reply, "\n")
+	var got stdinDoc
+	if err := json.Unmarshal([]byte(lines[0]), &got); err != nil {
+		t.Fatalf("first stdin line %q is not the input object: %v", lines[0], err)
+	}
+	want := stdinDoc{Identity: req.Identity, Messages: req.Messages, History: []agents.Message{}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("first stdin line mismatch (-want +got):\n%s", diff)
+	}
+	return lines
+}
+
+// mustSend sends m on ch, failing the test if no one receives it in time.
+func mustSend(t *testing.T, ch chan<- agents.Message, m agents.Message) {
+	t.Helper()
+	select {
+	case ch <- m:
+	case <-time.After(pollTimeout):
+		t.Fatalf("steered message %q not received within %v", m.MessageID, pollTimeout)
+	}
+}
+
+func TestRunSteer(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	steered := []agents.Message{
+		{Role: "user", Text: "[Ann] wait, <b>&</b>\nuse the other file", MessageID: "m2", At: at},
+		{Role: "user", Text: `and quote "this" \ too`, MessageID: "m3", At: at.Add(time.Second)},
+	}
+	tests := []struct {
+		name string
+		// script echoes the stdin lines it reads.
+		script string
+		// closeFirst queues the steered messages and closes the channel before Run; otherwise
+		// they are sent while the command runs and the channel is closed after Run returns.
+		closeFirst bool
+	}{
+		{
+			name: "command reads until it has what it needs",
+			script: `
+n=0
+while IFS= read -r line; do
+	printf '%s\n' "$line"
+	n=$((n+1))
+	if [ "$n" -eq 3 ]; then exit 0; fi
+done
+echo "stdin closed after $n lines" >&2
+exit 1`,
+		},
+		{name: "closed channel closes stdin", script: `exec cat`, closeFirst: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cmd, _ := MustScript(t, tc.script)
+			a := MustNew(t, exec.Config{Command: cmd, Steer: true})
+			req := request(turn(3), "first")
+			var r result
+			if tc.closeFirst {
+				steer := make(chan agents.Message, len(steered))
+				for _, m := range steered {
+					steer <- m
+				}
+				close(steer)
+				req.Steer = steer
+				r = mustResult(t, runAsync(t.Context(), a, req))
+			} else {
+				steer := make(chan agents.Message)
+				req.Steer = steer
+				done := runAsync(t.Context(), a, req)
+				for _, m := range steered {
+					mustSend(t, steer, m)
+				}
+				r = mustResult(t, done)
+				close(steer) // The caller closes the channel after the turn.
+			}
+			if r.err != nil {
+				t.Fatalf("Run() error = %v, want nil", r.err)
+			}
+			lines := mustStdinLines(t, r.resp.Text, req)
+			if got, want := len(lines), 1+len(steered); got != want {
+				t.Fatalf("command read %d stdin lines %q, want %d", got, lines, want)
+			}
+			for i, m := range steered {
+				line := lines[1+i]
+				var got steerDoc
+				if err := json.Unmarshal([]byte(line), &got); err != nil {
+					t.Fatalf("stdin line %d %q is not a steer object: %v", 2+i, line, err)
+				}
+				if diff := cmp.Diff(steerDoc{Steer: m}, got); diff != "" {
+					t.Errorf("stdin line %d mismatch (-want +got):\n%s", 2+i, diff)
+				}
+				want, err := exec.EncodeSteer(m)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if line+"\n" != string(want) {
+					t.Errorf("stdin line %d = %s, want EncodeSteer's %s", 2+i, line, want)
+				}
+			}
+			if !strings.Contains(lines[1], `<b>&</b>`) {
+				t.Errorf("stdin line 2 = %s, want HTML characters unescaped", lines[1])
+			}
+		})
+	}
+}
+
+// sender offers steered messages of one size on an unbuffered channel, as a session does,
+// until stopped. Its goroutine is owned by the test that starts it.
+type sender struct {
+	ch       chan agents.Message
+	received atomic.Int64
+	stop     chan struct{}
+	done     chan struct{}
+	once     sync.Once
+}
+
+// startSender starts a sender of messages of size bytes; it is stopped at the end of the test.
+func startSender(t *testing.T, size int) *sender {
+	t.Helper()
+	s := &sender{ch: make(chan agents.Message), stop: make(chan struct{}), done: make(chan struct{})}
+	text := strings.Repeat("s", size)
+	go func() {
+		defer close(s.done)
+		for i := 0; ; i++ {
+			m := agents.Message{Role: "user", Text: text, MessageID: fmt.Sprintf("s%d", i)}
+			select {
+			case s.ch <- m:
+				s.received.Add(1)
+			case <-s.stop:
+				return
+			}
+		}
+	}()
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Stop ends the sender and waits for its goroutine.
+func (s *sender) Stop() {
+	s.once.Do(func() { close(s.stop) })
+	<-s.done
+}
+
+// TestRunSteerNotRead runs commands that stop reading stdin while steered messages keep coming
+// on a channel that is never closed: Run must return as soon as the command is done, and
+// nothing of Run may receive from the channel afterwards.
+func TestRunSteerNotRead(t *testing.T) {
+	t.Parallel()
+	const (
+		grace = 3 * time.Second
+		// size makes one steer line larger than a pipe's buffer, so the forwarding write
+		// blocks until the command is gone.
+		size = 128 << 10
+	)
+	tests := []struct {
+		name   string
+		script string
+		// cancel cancels the turn once a steered message was received, and wants
+		// context.Canceled; otherwise Run must return the reply.
+		cancel  bool
+		want    string
+		pidFile string // a process Run must leave gone
+		// idle sends nothing: the forwarder waits on the channel, not on a write.
+		idle bool
+	}{
+		{
+			name:   "command exits while the channel is idle",
+			script: `IFS= read -r line; echo got input`,
+			want:   "got input",
+			idle:   true,
+		},
+		{
+			name:   "command exits after the input line",
+			script: `IFS= read -r line; echo got input`,
+			want:   "got input",
+		},
+		{
+			name: "grandchild holds stdin without reading",
+			script: `
+exec 3<&0
+sh -c 'echo $$ > "$1/child.tmp"; mv "$1/child.tmp" "$1/child.pid"; exec sleep 100' sh "$1" <&3 >/dev/null 2>&1 &
+exec 3<&-
+while [ ! -e "$1/child.pid" ]; do sleep 0.01; done
+IFS= read -r line
+echo got input`,
+			want:    "got input",
+			pidFile: "child.pid",
+		},
+		{
+			name:    "cancel while stdin is full",
+			script:  `IFS= read -r line; echo $$ > "$1/pid.tmp"; mv "$1/pid.tmp" "$1/pid"; exec sleep 100`,
+			cancel:  true,
+			pidFile: "pid",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cmd, dir := MustScript(t, tc.script)
+			a := MustNew(t, exec.Config{Command: cmd, Steer: true, KillGrace: grace})
+			s := startSender(t, size)
+			if tc.idle {
+				s.Stop()
+			}
+			req := request(turn(1), "hi")
+			req.Steer = s.ch
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			start := time.Now()
+			done := runAsync(ctx, a, req)
+			if tc.cancel {
+				waitFor(t, "a steered message to be received", func() bool { return s.received.Load() > 0 })
+				MustReadPID(t, filepath.Join(dir, tc.pidFile))
+				start = time.Now()
+				cancel()
+			}
+			r := mustResult(t, done)
+			elapsed := time.Since(start)
+			switch {
+			case tc.cancel && !errors.Is(r.err, context.Canceled):
+				t.Errorf("Run() after cancel = %v, %v; want an error wrapping context.Canceled", r.resp, r.err)
+			case !tc.cancel && r.err != nil:
+				t.Errorf("Run() error = %v, want nil", r.err)
+			case !tc.cancel && r.resp.Text != tc.want:
+				t.Errorf("Run() = %q, want %q", r.resp.Text, tc.want)
+			}
+			if elapsed >= grace {
+				t.Errorf("Run() took %v, want well before the %v grace period", elapsed, grace)
+			}
+			// Run waits for its forwarding goroutine, so no one may take a message now.
+			s.Stop()
+			select {
+			case s.ch <- agents.Message{Role: "user", Text: "late", MessageID: "late"}:
+				t.Errorf("after Run returned, someone received a steered message; want Run's goroutines gone")
+			case <-time.After(50 * time.Millisecond):
+			}
+			if tc.pidFile != "" {
+				waitGone(t, tc.pidFile, MustReadPID(t, filepath.Join(dir, tc.pidFile)))
+			}
+		})
+	}
+}
+
+// TestRunNoSteer checks that without steering stdin closes after the input object, so a
+// command reading to EOF ends, and that the steer channel is not read.
+func TestRunNoSteer(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		steer   bool
+		channel bool
+	}{
+		{name: "steer off with a channel", steer: false, channel: true},
+		{name: "steer on without a channel", steer: true, channel: false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cmd, _ := MustScript(t, `exec cat`)
+			a := MustNew(t, exec.Config{Command: cmd, Steer: tc.steer})
+			req := request(turn(2), "hi")
+			steer := make(chan agents.Message, 1)
+			steer <- agents.Message{Role: "user", Text: "not for this command", MessageID: "m2"}
+			if tc.channel {
+				req.Steer = steer // Never closed: stdin must close without it.
+			}
+			r := mustResult(t, runAsync(t.Context(), a, req))
+			if r.err != nil {
+				t.Fatalf("Run() error = %v, want nil", r.err)
+			}
+			if lines := mustStdinLines(t, r.resp.Text, req); len(lines) != 1 {
+				t.Errorf("command read %d stdin lines %q, want only the input object", len(lines), lines)
+			}
+			if got := len(steer); got != 1 {
+				t.Errorf("after Run, steer channel holds %d messages, want 1 (not read)", got)
+			}
+		})
+	}
+}
