@@ -76,6 +76,12 @@ func (m *SessionManager) Receive(c actor.Context) {
 	case *Drain:
 		m.drains = append(m.drains, c.Sender())
 		m.answerDrains(c)
+	case *Peek:
+		if pid := m.sessions[msg.Key]; pid != nil {
+			m.forward(c, pid, routed{msg: &GetState{}, sender: c.Sender()})
+		} else {
+			c.Respond(&SessionState{SessionKey: msg.Key})
+		}
 	case *ListActive:
 		keys := make([]string, 0, len(m.sessions))
 		for k := range m.sessions {

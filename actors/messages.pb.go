@@ -304,7 +304,8 @@ func (x *DeliverResult) GetError() string {
 	return ""
 }
 
-// GetState asks a session for its live state. Handled by Session.onGetState; reply SessionState.
+// GetState asks a session for its live state; reply SessionState. Routed with
+// SessionManager's Peek semantics it never activates a passivated session.
 type GetState struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -354,8 +355,11 @@ type SessionState struct {
 	LastActivityUnixNano int64                  `protobuf:"varint,8,opt,name=last_activity_unix_nano,json=lastActivityUnixNano,proto3" json:"last_activity_unix_nano,omitempty"`
 	ActivatedAtUnixNano  int64                  `protobuf:"varint,9,opt,name=activated_at_unix_nano,json=activatedAtUnixNano,proto3" json:"activated_at_unix_nano,omitempty"`
 	Node                 string                 `protobuf:"bytes,10,opt,name=node,proto3" json:"node,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// active is false when no actor runs for the key (it is passivated); the other fields are
+	// then empty.
+	Active        bool `protobuf:"varint,11,opt,name=active,proto3" json:"active,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SessionState) Reset() {
@@ -456,6 +460,13 @@ func (x *SessionState) GetNode() string {
 		return x.Node
 	}
 	return ""
+}
+
+func (x *SessionState) GetActive() bool {
+	if x != nil {
+		return x.Active
+	}
+	return false
 }
 
 // ResetSession ends the current incarnation with a boundary reason and starts a new one.
@@ -640,7 +651,7 @@ const file_actors_messages_proto_rawDesc = "" +
 	"error_code\x18\x06 \x01(\tR\terrorCode\x12\x14\n" +
 	"\x05error\x18\a \x01(\tR\x05error\"\n" +
 	"\n" +
-	"\bGetState\"\x89\x03\n" +
+	"\bGetState\"\xa1\x03\n" +
 	"\fSessionState\x12\x1f\n" +
 	"\vsession_key\x18\x01 \x01(\tR\n" +
 	"sessionKey\x12\x1d\n" +
@@ -656,7 +667,8 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\x17last_activity_unix_nano\x18\b \x01(\x03R\x14lastActivityUnixNano\x123\n" +
 	"\x16activated_at_unix_nano\x18\t \x01(\x03R\x13activatedAtUnixNano\x12\x12\n" +
 	"\x04node\x18\n" +
-	" \x01(\tR\x04node\"&\n" +
+	" \x01(\tR\x04node\x12\x16\n" +
+	"\x06active\x18\v \x01(\bR\x06active\"&\n" +
 	"\fResetSession\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"r\n" +
 	"\vResetResult\x12\x1d\n" +

@@ -256,7 +256,11 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 		return
 	}
 	waiting := s.waiting()
-	s.d.Metrics.QueueDepth.Observe(float64(waiting))
+	if s.running != nil {
+		s.d.Metrics.QueueDepth.Observe(float64(waiting + 1)) // this one waits too
+	} else {
+		s.d.Metrics.QueueDepth.Observe(float64(waiting))
+	}
 	if s.running != nil && waiting >= s.d.Config.QueueCap {
 		s.d.Metrics.QueueOverflow.WithLabelValues(s.d.Config.Overflow).Inc()
 		if s.d.Config.Overflow == "reject" {
@@ -746,7 +750,7 @@ func (s *Session) result(m *Deliver, disp, sid string) *DeliverResult {
 
 func (s *Session) state() *SessionState {
 	st := &SessionState{SessionKey: s.key, QueueDepth: int32(s.waiting()), QueueMode: s.mode,
-		ActivatedAtUnixNano: s.activatedAt.UnixNano(), Node: s.d.Node, Restarts: int32(s.life.restarts)}
+		ActivatedAtUnixNano: s.activatedAt.UnixNano(), Node: s.d.Node, Restarts: int32(s.life.restarts), Active: true}
 	if s.cur != nil {
 		st.SessionId = s.cur.ID
 	}

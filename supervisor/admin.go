@@ -41,7 +41,9 @@ func (a *sessionsAPI) List(ctx context.Context, f httpplatform.ListRequest) (*ht
 			}
 			info := sessionInfo(r.Session.Key, &r.Session, r.Messages, r.Pending)
 			if live {
-				info.Live = &httpplatform.LiveState{Active: true}
+				if info.Live, err = a.live(ctx, r.Session.Key); err != nil {
+					return nil, err
+				}
 			}
 			out.Sessions = append(out.Sessions, info)
 			if len(out.Sessions) == f.Limit {
@@ -92,17 +94,33 @@ func (a *sessionsAPI) Get(ctx context.Context, key string) (*httpplatform.Sessio
 		}
 	}
 	info := sessionInfo(key, s, len(msgs), pending)
-	res, err := a.d.router.Request(ctx, key, &actors.GetState{})
-	if err != nil {
-		return nil, fmt.Errorf("get session state: %w", err)
-	}
-	st := res.(*actors.SessionState)
-	info.Live = &httpplatform.LiveState{Active: true, QueueDepth: int(st.QueueDepth), QueueMode: st.QueueMode,
-		RunningTurnID: st.RunningTurnId, Restarts: int(st.Restarts), Node: st.Node}
-	if st.RunningSinceUnixNano != 0 {
-		info.Live.RunningSince = time.Unix(0, st.RunningSinceUnixNano).UTC()
+	if info.Live, err = a.live(ctx, key); err != nil {
+		return nil, err
 	}
 	return info, nil
+}
+
+// live returns the live state of key's session actor, or nil when it is passivated; it never
+// activates a session.
+func (a *sessionsAPI) live(ctx context.Context, key string) (*httpplatform.LiveState, error) {
+	res, err := a.d.system.Root.RequestFuture(a.d.manager, &actors.Peek{Key: key}, requestTimeout(ctx)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("session state of %s: %w", key, err)
+	}
+	st := res.(*actors.SessionState)
+	if !st.Active {
+		return nil, nil
+	}
+	live := &httpplatform.LiveState{Active: true, QueueDepth: int(st.QueueDepth), QueueMode: st.QueueMode,
+		RunningTurnID: st.RunningTurnId, Restarts: int(st.Restarts), Node: st.Node,
+		MailboxDepth: int(a.d.metrics.Mailboxes.Kind("session").Depth())}
+	if st.RunningSinceUnixNano != 0 {
+		live.RunningSince = time.Unix(0, st.RunningSinceUnixNano).UTC()
+	}
+	if st.ActivatedAtUnixNano != 0 {
+		live.ActivatedAt = time.Unix(0, st.ActivatedAtUnixNano).UTC()
+	}
+	return live, nil
 }
 
 // Reset ends the key's current session and returns the new one.

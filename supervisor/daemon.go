@@ -24,6 +24,7 @@ import (
 	"github.com/agentgate/agentgate/platforms"
 	httpplatform "github.com/agentgate/agentgate/platforms/http"
 	"github.com/asynkron/protoactor-go/actor"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
 // Options are the parts of a daemon that tests (and only tests) replace.
@@ -47,6 +48,7 @@ type Daemon struct {
 	store   persistence.Store
 	spool   *spool.Spool
 	metrics *metrics.Metrics
+	meters  *sdkmetric.MeterProvider // protoactor's own metrics; nil when off
 	agent   agents.Agent
 	deps    *actors.Deps
 
@@ -113,9 +115,16 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	}
 	d.platforms = append([]platforms.Platform{d.http}, opts.Platforms...)
 
-	d.system = actor.NewActorSystem(actor.WithLoggerFactory(func(s *actor.ActorSystem) *slog.Logger {
+	sysOpts := []actor.ConfigOption{actor.WithLoggerFactory(func(s *actor.ActorSystem) *slog.Logger {
 		return slog.New(floor{h: log.Handler(), min: slog.LevelWarn}).With("component", "actors")
-	}))
+	})}
+	if cfg.Metrics.Actors {
+		if d.meters, err = d.metrics.ActorMeterProvider(); err != nil {
+			return nil, fmt.Errorf("start: %w", err)
+		}
+		sysOpts = append(sysOpts, actor.WithMetricProviders(d.meters))
+	}
+	d.system = actor.NewActorSystem(sysOpts...)
 	d.events = watchEvents(d.system, log, d.metrics)
 	d.deps = &actors.Deps{
 		Ctx: d.ctx, Store: d.store, Agent: d.agent, Platforms: map[string]*actor.PID{},
@@ -197,6 +206,9 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	d.cancel()
 	d.events.close()
 	d.system.Shutdown()
+	if d.meters != nil {
+		_ = d.meters.Shutdown(ctx)
+	}
 	err := d.store.Close()
 	d.log.Info("stopped")
 	return err

@@ -17,6 +17,7 @@ type Config struct {
 	Agent     Agent     `yaml:"agent"`
 	Platforms Platforms `yaml:"platforms"`
 	Shutdown  Shutdown  `yaml:"shutdown"`
+	Metrics   Metrics   `yaml:"metrics"`
 	Persist   Persist   `yaml:"persistence"`
 }
 
@@ -148,4 +149,10 @@ type Shutdown struct {
 // Persist configures the persistence actor.
 type Persist struct {
 	MaxBatch int `yaml:"max_batch"`
+}
+
+// Metrics configures what /metrics exports beyond agentgate's own metrics.
+type Metrics struct {
+	// Actors adds protoactor's own actor metrics (about 1 µs per actor message).
+	Actors bool `yaml:"actors"`
 }

@@ -50,6 +50,7 @@ func Default() *Config {
 		},
 		Platforms: Platforms{Discord: Discord{TokenEnv: "DISCORD_TOKEN", RequireMention: true}},
 		Shutdown:  Shutdown{DrainTimeout: 30 * time.Second},
+		Metrics:   Metrics{Actors: true},
 		Persist:   Persist{MaxBatch: 512},
 	}
 }

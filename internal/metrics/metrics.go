@@ -5,7 +5,12 @@
 package metrics
 
 import (
+	"fmt"
 	"net/http"
+
+	"go.opentelemetry.io/otel"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -102,6 +107,20 @@ func New(platforms ...string) *Metrics {
 		}
 	}
 	return m
+}
+
+// ActorMeterProvider returns an OpenTelemetry meter provider that exports into this registry,
+// for protoactor's own actor metrics (spawns, restarts, message durations, dead letters). The
+// caller passes it to actor.WithMetricProviders and shuts it down on stop. protoactor reads the
+// global provider (otel.Meter), so this sets it too: one daemon per process.
+func (m *Metrics) ActorMeterProvider() (*sdkmetric.MeterProvider, error) {
+	exp, err := otelprom.New(otelprom.WithRegisterer(m.Registry))
+	if err != nil {
+		return nil, fmt.Errorf("actor metrics exporter: %w", err)
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
+	otel.SetMeterProvider(mp)
+	return mp, nil
 }
 
 // Handler serves the registry in the Prometheus exposition format.

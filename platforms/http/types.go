@@ -83,9 +83,12 @@ type LiveState struct {
 	QueueMode     string    `json:"queue_mode"`
 	RunningTurnID string    `json:"running_turn_id,omitempty"`
 	RunningSince  time.Time `json:"running_since,omitzero"`
+	ActivatedAt   time.Time `json:"activated_at,omitzero"`
 	Restarts      int       `json:"restarts"`
-	MailboxDepth  int       `json:"mailbox_depth"`
-	Node          string    `json:"node,omitempty"` // cluster member hosting the actor
+	// MailboxDepth is the number of messages queued in all session actors' mailboxes (it is
+	// counted per actor kind, not per session).
+	MailboxDepth int    `json:"mailbox_depth"`
+	Node         string `json:"node,omitempty"` // cluster member hosting the actor
 }
 
 // Transcript is the body of GET /v1/sessions/{key}/transcript.

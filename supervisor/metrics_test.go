@@ -1,0 +1,220 @@
+package supervisor
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// scrape reads /metrics from the daemon's HTTP listener.
+func (r *runtime) scrape(t *testing.T) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get("http://" + r.d.Addr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(string(raw)))
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	return families
+}
+
+// value returns the value of family name's series whose labels include want (counter, gauge,
+// or a histogram's sample count).
+func value(fams map[string]*dto.MetricFamily, name string, want ...string) float64 {
+	f := fams[name]
+	if f == nil {
+		return -1
+	}
+	for _, m := range f.Metric {
+		labels := map[string]string{}
+		for _, l := range m.Label {
+			labels[l.GetName()] = l.GetValue()
+		}
+		ok := true
+		for i := 0; i+1 < len(want); i += 2 {
+			ok = ok && labels[want[i]] == want[i+1]
+		}
+		if !ok {
+			continue
+		}
+		switch {
+		case m.Counter != nil:
+			return m.Counter.GetValue()
+		case m.Gauge != nil:
+			return m.Gauge.GetValue()
+		case m.Histogram != nil:
+			return float64(m.Histogram.GetSampleCount())
+		}
+	}
+	return -1
+}
+
+// TestMetricsMoveWithTheLoad scrapes /metrics around a load: every DESIGN metric is there from
+// the first scrape and moves as it must, protoactor's own metrics are exported, and no label
+// value anywhere is a session key, chat id or user id.
+func TestMetricsMoveWithTheLoad(t *testing.T) {
+	release := make(chan struct{})
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		switch req.Messages[0].Text {
+		case "panic":
+			panic("injected")
+		case "slow":
+			<-release
+		}
+		return &agents.Response{Text: "ok"}, nil
+	})
+	r := MustStart(t, agent, nil)
+	before := r.scrape(t)
+	for _, name := range []string{"agentgate_sessions_active", "agentgate_session_activations_total",
+		"agentgate_session_passivations_total", "agentgate_turns_total", "agentgate_turn_duration_seconds",
+		"agentgate_queue_depth", "agentgate_queue_overflow_total", "agentgate_persist_batch_size",
+		"agentgate_persist_flush_seconds", "agentgate_spool_files", "agentgate_actor_restarts_total",
+		"agentgate_mailbox_depth", "agentgate_inbound_total", "agentgate_outbound_total"} {
+		if before[name] == nil {
+			t.Errorf("%s missing from the first scrape", name)
+		}
+	}
+
+	var ids []string
+	src := func(i int) identity.Source {
+		return identity.Source{Platform: "fake", ChatType: identity.ChatGroup, ChatID: fmt.Sprint("chat-", i), UserID: fmt.Sprint("user-", i)}
+	}
+	const sessions, each = 10, 3
+	for i := range sessions {
+		for j := range each {
+			id := fmt.Sprintf("m-%d-%d", i, j)
+			r.inject(t, src(i), id, "hello")
+			ids = append(ids, id)
+		}
+	}
+	r.waitSent(t, sessions*each)
+	busy := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "busy-chat", UserID: "busy-user"}
+	r.inject(t, busy, "b1", "slow")
+	r.inject(t, busy, "b2", "hello") // waits behind b1: the queue depth histogram sees 1
+	r.inject(t, src(99), "p1", "panic")
+	r.waitReplyTo(t, "p1") // quarantined after 3 crashes
+	close(release)
+	r.waitReplyTo(t, "b2")
+
+	// Block the writer: writes pile up in the persistence actor's mailbox.
+	lock, err := sql.Open("sqlite", "file:"+r.d.cfg.DSN()+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	conn, err := lock.Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(t.Context(), "BEGIN EXCLUSIVE"); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.inject(t, src(200+i), fmt.Sprint("burst-", i), "hello")
+		}()
+	}
+	waitUntil(t, func() bool { return value(r.scrape(t), "agentgate_mailbox_depth", "kind", "persistence") > 0 })
+	if _, err := conn.ExecContext(context.Background(), "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	wg.Wait()
+	r.waitSent(t, sessions*each+3+20)
+
+	after := r.scrape(t)
+	okTurns := value(after, "agentgate_turns_total", "outcome", "ok") - value(before, "agentgate_turns_total", "outcome", "ok")
+	if want := float64(sessions*each + 2 + 20); okTurns != want {
+		t.Errorf("turns_total{ok} rose by %v, want %v", okTurns, want)
+	}
+	if got := value(after, "agentgate_actor_restarts_total", "kind", "session"); got != 3 {
+		t.Errorf("actor_restarts_total{session} = %v, want 3 (one per injected panic)", got)
+	}
+	if f := after["agentgate_queue_depth"]; f == nil || f.Metric[0].Histogram.GetBucket()[0].GetCumulativeCount() == f.Metric[0].Histogram.GetSampleCount() {
+		t.Errorf("queue depth histogram never saw a waiting message")
+	}
+	if v := value(after, "agentgate_inbound_total", "platform", "fake"); v < float64(sessions*each) {
+		t.Errorf("inbound_total{fake} = %v", v)
+	}
+	protoactor := false
+	forbidden := map[string]bool{}
+	for i := range 220 {
+		s := src(i)
+		forbidden[s.ChatID], forbidden[s.UserID], forbidden[identity.Key(s, identity.DefaultKeyOptions)] = true, true, true
+	}
+	for _, s := range []identity.Source{busy} {
+		forbidden[s.ChatID], forbidden[s.UserID], forbidden[identity.Key(s, identity.DefaultKeyOptions)] = true, true, true
+	}
+	for name, f := range after {
+		protoactor = protoactor || strings.HasPrefix(name, "protoactor_")
+		for _, m := range f.Metric {
+			for _, l := range m.Label {
+				if forbidden[l.GetValue()] || strings.HasPrefix(l.GetValue(), "agent:") {
+					t.Errorf("%s has label %s=%q, an identity value", name, l.GetName(), l.GetValue())
+				}
+			}
+		}
+	}
+	if !protoactor {
+		t.Errorf("no protoactor_* metrics in the scrape")
+	}
+	if len(ids) != sessions*each {
+		t.Fatalf("sent %d messages", len(ids))
+	}
+}
+
+// TestLiveSessionState: GET /v1/sessions/{key} reports the live actor state of an active
+// session, and of a passivated one reports none — without activating it.
+func TestLiveSessionState(t *testing.T) {
+	r := MustStart(t, &recorder{}, func(c *config.Config) { c.Sessions.PassivateAfter = 300 * time.Millisecond })
+	ack := r.inject(t, dm, "m1", "hi")
+	r.waitReplyTo(t, "m1")
+	get := func() map[string]any {
+		resp, err := http.Get("http://" + r.d.Addr().String() + "/v1/sessions/" + ack.SessionKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET session = %d, %v", resp.StatusCode, err)
+		}
+		return body
+	}
+	live, _ := get()["live"].(map[string]any)
+	if live == nil || live["active"] != true || live["queue_mode"] != "followup" || live["activated_at"] == nil || live["node"] == "" {
+		t.Errorf("live state of an active session = %v", live)
+	}
+	waitUntil(t, func() bool { return len(r.activeKeys(t)) == 0 })
+	activations := testutil.ToFloat64(r.d.metrics.SessionActivations)
+	body := get()
+	if body["live"] != nil || body["session_id"] != ack.SessionID {
+		t.Errorf("passivated session = %v, want its stored session and no live state", body)
+	}
+	if len(r.activeKeys(t)) != 0 || testutil.ToFloat64(r.d.metrics.SessionActivations) != activations {
+		t.Errorf("reading a passivated session's state activated it")
+	}
+}
