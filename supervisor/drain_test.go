@@ -27,7 +27,7 @@ func startOn(t *testing.T, dataDir string, drain time.Duration, agent agents.Age
 	}})
 }
 
-func (r *runtime) stop(t *testing.T) {
+func (r *runtime) stop(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -39,7 +39,7 @@ type daemonOpts struct {
 
 // MustStartDaemon starts a daemon with agent, HTTP on a loopback port and a fake platform. The
 // caller stops it (runtime.stop), so a test can restart one on the same data dir.
-func MustStartDaemon(t *testing.T, agent agents.Agent, o daemonOpts) *runtime {
+func MustStartDaemon(t testing.TB, agent agents.Agent, o daemonOpts) *runtime {
 	t.Helper()
 	cfg := config.Default()
 	cfg.DataDir = o.dir
@@ -90,7 +90,7 @@ func MustExecAgent(t *testing.T, script string) agents.Agent {
 	return a
 }
 
-func (r *runtime) inject(t *testing.T, src identity.Source, id, text string) *platforms.Ack {
+func (r *runtime) inject(t testing.TB, src identity.Source, id, text string) *platforms.Ack {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
@@ -102,7 +102,7 @@ func (r *runtime) inject(t *testing.T, src identity.Source, id, text string) *pl
 	return ack
 }
 
-func (r *runtime) waitSent(t *testing.T, n int) []*platforms.Outbound {
+func (r *runtime) waitSent(t testing.TB, n int) []*platforms.Outbound {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
