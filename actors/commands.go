@@ -56,6 +56,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 	expired := s.expire(now)
 	var ops []persistence.Op
 	var answer string
+	queueChanged := false
 	switch cmd.name {
 	case "new", "reset":
 		reason := persistence.EndNewCommand
@@ -107,7 +108,9 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 			answer = "🏷️ Title set: " + title
 		}
 	case "queue":
+		before := s.mode
 		answer = s.setQueueMode(cmd.args)
+		queueChanged = s.mode != before
 	case "resume":
 		ops, answer = s.resume(c, cmd.args, now)
 	case "help":
@@ -123,6 +126,10 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 		ops = append(ops, o...)
 	}
 	sid := s.cur.ID
+	if queueChanged { // stored with the session (created just above if it is new)
+		s.cur.QueueMode = s.mode
+		ops = append(ops, &persistence.SetQueueMode{SessionID: sid, Mode: s.mode})
+	}
 	s.lastSeq++
 	userSeq := s.lastSeq
 	s.lastSeq++
@@ -172,6 +179,7 @@ func (s *Session) boundary(c actor.Context, src identity.Source, reason string, 
 		ops = append(ops, &persistence.EndSession{SessionID: prev, Reason: reason, At: now})
 	}
 	ops = append(ops, s.newIncarnation(src, now, prev)...)
+	s.mode = s.d.Config.QueueMode // a new session starts with the default queue mode
 	return ops, prev
 }
 
@@ -259,7 +267,8 @@ func (s *Session) cannotRewind(what string) string {
 	return "Nothing to " + what + " in this session."
 }
 
-// setQueueMode sets the session's queue mode (DESIGN §3) for this activation. steer needs an
+// setQueueMode sets the session's own queue mode (DESIGN §3); it is stored with the session, so
+// it outlives passivation and restarts, and a new session starts with the default. steer needs an
 // agent that can take messages into a running turn; none of the current backends can, so a
 // steer session behaves as followup and its acknowledgments say "queued".
 func (s *Session) setQueueMode(mode string) string {

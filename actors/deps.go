@@ -37,10 +37,12 @@ type SessionConfig struct {
 	QueueCap       int
 	// Debounce merges rapid consecutive messages from one sender into one turn: a turn starts
 	// only once its sender has been quiet this long (0: off).
-	Debounce     time.Duration
-	Overflow     string // spool | reject
-	HistoryLimit int
-	Recovery     string // rerun | notice
+	Debounce time.Duration
+	// DebounceByPlatform overrides Debounce per platform.
+	DebounceByPlatform map[string]time.Duration
+	Overflow           string // spool | reject
+	HistoryLimit       int
+	Recovery           string // rerun | notice
 	// Restarts and RestartWindow bound how often a session may crash before it is stopped.
 	Restarts      int
 	RestartWindow time.Duration

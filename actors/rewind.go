@@ -121,6 +121,10 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	resumed := *target
 	resumed.EndedAt, resumed.EndReason = time.Time{}, ""
 	s.cur, s.prev = &resumed, nil
+	s.mode = s.d.Config.QueueMode
+	if resumed.QueueMode != "" {
+		s.mode = resumed.QueueMode
+	}
 	s.lastSeq, s.history = 0, nil
 	for _, m := range msgs {
 		s.lastSeq = max(s.lastSeq, m.Seq)

@@ -180,6 +180,9 @@ func (s *Session) start(c actor.Context) {
 	}
 	if snap.Session != nil && snap.Session.EndedAt.IsZero() {
 		s.cur = snap.Session
+		if s.cur.QueueMode != "" {
+			s.mode = s.cur.QueueMode
+		}
 		s.lastSeq = snap.LastSeq
 		s.lastActivity = snap.Session.LastActivityAt
 		for _, m := range snap.History {
@@ -436,7 +439,7 @@ func (s *Session) nextGroup() []*item {
 		if !it.durable || it.src.UserID != head.src.UserID || it.sessionID != head.sessionID {
 			break
 		}
-		if s.mode != ModeCollect && !(s.debounced(it) && it.arrived.Sub(prev.arrived) <= s.d.Config.Debounce) {
+		if s.mode != ModeCollect && !(s.debounced(it) && it.arrived.Sub(prev.arrived) <= s.debounceFor(it.src.Platform)) {
 			break
 		}
 		n++
@@ -447,16 +450,25 @@ func (s *Session) nextGroup() []*item {
 // debounceTick wakes a session whose debounce window may have passed.
 type debounceTick struct{}
 
-// debounced reports whether debounce applies to it (it arrived while nothing ran for its sender).
+// debounceFor is the debounce window of a platform.
+func (s *Session) debounceFor(platform string) time.Duration {
+	if d, ok := s.d.Config.DebounceByPlatform[platform]; ok {
+		return d
+	}
+	return s.d.Config.Debounce
+}
+
+// debounced reports whether debounce applies to it: its platform has a window, and it arrived
+// live (recovered messages are never held).
 func (s *Session) debounced(it *item) bool {
-	return s.d.Config.Debounce > 0 && !it.arrived.IsZero()
+	return s.debounceFor(it.src.Platform) > 0 && !it.arrived.IsZero()
 }
 
 // holdFor is how long the head of the queue must still wait for its sender to be quiet: the
 // debounce window counts from the last message of the sender's run at the head.
 func (s *Session) holdFor() time.Duration {
-	d := s.d.Config.Debounce
 	head := s.queue[0]
+	d := s.debounceFor(head.src.Platform)
 	if d <= 0 || !s.debounced(head) {
 		return 0
 	}

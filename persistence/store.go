@@ -84,6 +84,8 @@ type Session struct {
 	PrevSessionID  string
 	Title          string
 	Epoch          int64
+	// QueueMode is the session's own queue mode (set with /queue); empty means the default.
+	QueueMode string
 }
 
 // Message is one transcript row. (SessionID, Seq) is its identity; Seq is assigned by the
@@ -175,6 +177,12 @@ type TouchSession struct {
 	At        time.Time
 }
 
+// SetQueueMode sets a session's own queue mode (/queue).
+type SetQueueMode struct {
+	SessionID string
+	Mode      string
+}
+
 // SetTitle sets a session's title.
 type SetTitle struct {
 	SessionID string
@@ -236,6 +244,7 @@ func (*EndSession) isOp()        {}
 func (*ReopenSession) isOp()     {}
 func (*TouchSession) isOp()      {}
 func (*SetTitle) isOp()          {}
+func (*SetQueueMode) isOp()      {}
 func (*AppendMessage) isOp()     {}
 func (*SetMessageStatus) isOp()  {}
 func (*IncrementAttempts) isOp() {}

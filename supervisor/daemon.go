@@ -135,7 +135,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			},
 			PassivateAfter: cfg.Sessions.PassivateAfter, QueueMode: cfg.Sessions.Queue.Mode,
 			QueueCap: cfg.Sessions.Queue.Cap, Overflow: cfg.Sessions.Queue.Overflow,
-			Debounce:     cfg.Sessions.Queue.Debounce,
+			Debounce: cfg.Sessions.Queue.Debounce, DebounceByPlatform: cfg.Sessions.Queue.DebounceByPlatform,
 			HistoryLimit: cfg.Sessions.HistoryLimit, Recovery: cfg.Sessions.Recovery,
 			ResetFor: func(platform, chatType string) actors.ResetPolicy {
 				return resetPolicy(cfg.ResetFor(platform, chatType))

@@ -273,20 +273,46 @@ func TestSteerIntoTheRunningTurn(t *testing.T) {
 // TestDebounceMergesABurst: with a debounce window, rapid messages from one sender become one
 // turn once the sender is quiet; another sender's message is not merged into it.
 func TestDebounceMergesABurst(t *testing.T) {
-	agent := &recorder{}
-	r := MustStart(t, agent, func(c *config.Config) { c.Sessions.Queue.Debounce = time.Second })
-	var got []string
-	for _, id := range []string{"d1", "d2", "d3"} {
-		got = append(got, r.inject(t, dm, id, id).Disposition)
+	for _, tc := range []struct {
+		name  string
+		tweak func(*config.Config)
+	}{
+		{"global window", func(c *config.Config) { c.Sessions.Queue.Debounce = time.Second }},
+		{"window of this platform", func(c *config.Config) {
+			c.Sessions.Queue.DebounceByPlatform = map[string]time.Duration{"fake": time.Second, "http": 0}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			agent := &recorder{}
+			r := MustStart(t, agent, tc.tweak)
+			var got []string
+			for _, id := range []string{"d1", "d2", "d3"} {
+				got = append(got, r.inject(t, dm, id, id).Disposition)
+			}
+			if want := []string{platforms.Started, platforms.Collected, platforms.Collected}; fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("dispositions %v, want %v", got, want)
+			}
+			outs := r.waitSent(t, 1)
+			if fmt.Sprint(outs[0].InReplyTo) != "[d1 d2 d3]" {
+				t.Errorf("the burst was answered by a turn for %v, want one turn for d1 d2 d3", outs[0].InReplyTo)
+			}
+			if req := agent.last(); len(req.Messages) != 3 || req.Identity.MessageID != "d3" {
+				t.Errorf("the agent got %d messages for message id %s, want 3 for d3", len(req.Messages), req.Identity.MessageID)
+			}
+		})
 	}
-	if want := []string{platforms.Started, platforms.Collected, platforms.Collected}; fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("dispositions %v, want %v", got, want)
-	}
-	outs := r.waitSent(t, 1)
-	if fmt.Sprint(outs[0].InReplyTo) != "[d1 d2 d3]" {
-		t.Errorf("the burst was answered by a turn for %v, want one turn for d1 d2 d3", outs[0].InReplyTo)
-	}
-	if req := agent.last(); len(req.Messages) != 3 || req.Identity.MessageID != "d3" {
-		t.Errorf("the agent got %d messages for message id %s, want 3 for d3", len(req.Messages), req.Identity.MessageID)
+}
+
+// TestQueueModeOverrideOutlivesPassivation: /queue sets the session's own mode, which it keeps
+// after it passivates and comes back.
+func TestQueueModeOverrideOutlivesPassivation(t *testing.T) {
+	r := MustStart(t, &recorder{}, func(c *config.Config) { c.Sessions.PassivateAfter = 300 * time.Millisecond })
+	r.inject(t, dm, "q1", "/queue collect")
+	r.waitReplyTo(t, "q1")
+	waitUntil(t, func() bool { return len(r.activeKeys(t)) == 0 })
+	r.inject(t, dm, "q2", "/status")
+	r.waitReplyTo(t, "q2")
+	if out := r.fake.Sent(); !strings.Contains(out[len(out)-1].Text, "mode collect") {
+		t.Errorf("/status after passivation says %q, want mode collect", out[len(out)-1].Text)
 	}
 }

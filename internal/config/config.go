@@ -62,6 +62,8 @@ type Queue struct {
 	Cap      int           `yaml:"cap"`
 	Overflow string        `yaml:"overflow"` // spool | reject
 	Debounce time.Duration `yaml:"debounce"`
+	// DebounceByPlatform overrides Debounce per platform name.
+	DebounceByPlatform map[string]time.Duration `yaml:"debounce_by_platform"`
 }
 
 // Reset configures automatic session resets. Config.ResetFor gives the policy of one platform

@@ -39,6 +39,9 @@ func (c *Config) validate() []error {
 	atLeast(&v, "sessions.queue.cap", s.Queue.Cap, 1)
 	v.oneOf("sessions.queue.overflow", s.Queue.Overflow, "spool", "reject")
 	atLeast(&v, "sessions.queue.debounce", s.Queue.Debounce, 0)
+	for _, p := range slices.Sorted(maps.Keys(s.Queue.DebounceByPlatform)) {
+		atLeast(&v, "sessions.queue.debounce_by_platform."+p, s.Queue.DebounceByPlatform[p], 0)
+	}
 	r := &s.Reset
 	v.resetFields("sessions.reset", ResetOverride{Mode: &r.Mode, IdleMinutes: &r.IdleMinutes, AtHour: &r.AtHour})
 	if r.Timezone != "" {

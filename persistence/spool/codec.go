@@ -71,6 +71,8 @@ func encodeOp(op persistence.Op) (string, []byte, error) {
 		typ, isNil = "TouchSession", o == nil
 	case *persistence.SetTitle:
 		typ, isNil = "SetTitle", o == nil
+	case *persistence.SetQueueMode:
+		typ, isNil = "SetQueueMode", o == nil
 	case *persistence.AppendMessage:
 		typ, isNil = "AppendMessage", o == nil
 	case *persistence.SetMessageStatus:
@@ -113,6 +115,8 @@ func newOp(typ string) persistence.Op {
 		return &persistence.TouchSession{}
 	case "SetTitle":
 		return &persistence.SetTitle{}
+	case "SetQueueMode":
+		return &persistence.SetQueueMode{}
 	case "AppendMessage":
 		return &persistence.AppendMessage{}
 	case "SetMessageStatus":

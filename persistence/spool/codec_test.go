@@ -29,7 +29,7 @@ func opSamples() []persistence.Op {
 		ID: "s-1", Key: "agent:main:http:dm:c1", Platform: "http", ChatType: "dm", ChatID: "c1",
 		ThreadID: "t1", UserID: "u1", UserName: "Ünïcode \"name\"\n", ScopeID: "g1", Profile: "main",
 		StartedAt: t0, LastActivityAt: t0.Add(time.Nanosecond).In(cest), EndedAt: t0.Add(time.Hour),
-		EndReason: persistence.EndCrash, PrevSessionID: "s-0", Title: "title", Epoch: 7,
+		EndReason: persistence.EndCrash, PrevSessionID: "s-0", Title: "title", Epoch: 7, QueueMode: "steer",
 	}
 	message := persistence.Message{
 		SessionID: "s-1", Seq: 3, Role: persistence.RoleUser, Content: "hello\x00 <world> & \u2028",
@@ -43,6 +43,7 @@ func opSamples() []persistence.Op {
 		&persistence.ReopenSession{SessionID: "s-1"},
 		&persistence.TouchSession{SessionID: "s-1", At: t0.Add(1)},
 		&persistence.SetTitle{SessionID: "s-1", Title: "a title"},
+		&persistence.SetQueueMode{SessionID: "s-1", Mode: "collect"},
 		&persistence.AppendMessage{Message: message},
 		&persistence.SetMessageStatus{SessionID: "s-1", Seqs: []int64{1, 2, 1 << 62}, Status: persistence.StatusDone, TurnID: "turn-2"},
 		&persistence.IncrementAttempts{SessionID: "s-1", Seqs: []int64{4}},

@@ -25,6 +25,7 @@ const (
 	stReopenSession
 	stTouchSession
 	stSetTitle
+	stSetQueueMode
 	stInsertMessage
 	stMessageAt
 	stInboundAt
@@ -47,14 +48,15 @@ var writeSQL = [numStmts]string{
 	stFTSRelease:    `RELEASE fts`,
 	stFTSRollbackTo: `ROLLBACK TO fts`,
 	stCreateSession: `INSERT INTO sessions (` + sessionCols + `)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO NOTHING`,
 	stEndSession: `UPDATE sessions SET ended_at = ?, end_reason = ?
 		WHERE id = ? AND ended_at IS NULL`,
 	stReopenSession: `UPDATE sessions SET ended_at = NULL, end_reason = '' WHERE id = ?`,
 	stTouchSession: `UPDATE sessions SET last_activity_at = MAX(COALESCE(last_activity_at, 0), ?)
 		WHERE id = ?`,
-	stSetTitle: `UPDATE sessions SET title = ? WHERE id = ?`,
+	stSetTitle:     `UPDATE sessions SET title = ? WHERE id = ?`,
+	stSetQueueMode: `UPDATE sessions SET queue_mode = ? WHERE id = ?`,
 	stInsertMessage: `INSERT INTO messages (` + messageCols + `)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (session_id, seq) DO NOTHING`,
@@ -218,7 +220,7 @@ func (t *txn) apply(op persistence.Op) error {
 		_, err := t.exec(stCreateSession, ss.ID, ss.Key, ss.Platform, ss.ChatType, ss.ChatID,
 			ss.ThreadID, ss.UserID, ss.UserName, ss.ScopeID, ss.Profile, timeArg(ss.StartedAt),
 			timeArg(ss.LastActivityAt), timeArg(ss.EndedAt), ss.EndReason, ss.PrevSessionID,
-			ss.Title, ss.Epoch)
+			ss.Title, ss.Epoch, ss.QueueMode)
 		return wrap(err, "create session %s", ss.ID)
 	case *persistence.EndSession:
 		if o == nil || o.At.IsZero() {
@@ -248,6 +250,12 @@ func (t *txn) apply(op persistence.Op) error {
 		}
 		_, err := t.exec(stSetTitle, o.Title, o.SessionID)
 		return wrap(err, "set title %s", o.SessionID)
+	case *persistence.SetQueueMode:
+		if o == nil {
+			return errors.New("set queue mode: nil op")
+		}
+		_, err := t.exec(stSetQueueMode, o.Mode, o.SessionID)
+		return wrap(err, "set queue mode %s", o.SessionID)
 	case *persistence.AppendMessage:
 		if o == nil {
 			return errors.New("append message: nil op")

@@ -12,7 +12,8 @@ import (
 // Column lists, in the order the scan functions read them.
 const (
 	sessionCols = `id, key, platform, chat_type, chat_id, thread_id, user_id, user_name, scope_id,
-		profile, started_at, last_activity_at, ended_at, end_reason, prev_session_id, title, epoch`
+		profile, started_at, last_activity_at, ended_at, end_reason, prev_session_id, title, epoch,
+		queue_mode`
 	messageCols = `session_id, seq, role, content, platform, chat_id, message_id, turn_id, status,
 		active, archived, attempts, created_at, user_id, user_name`
 	outboxCols = `session_key, seq, session_id, kind, text, turn_id, in_reply_to, platform,
@@ -26,7 +27,7 @@ func scanSession(r scanner) (*persistence.Session, error) {
 	var s persistence.Session
 	err := r.Scan(&s.ID, &s.Key, &s.Platform, &s.ChatType, &s.ChatID, &s.ThreadID, &s.UserID,
 		&s.UserName, &s.ScopeID, &s.Profile, nanoTime{&s.StartedAt}, nanoTime{&s.LastActivityAt},
-		nanoTime{&s.EndedAt}, &s.EndReason, &s.PrevSessionID, &s.Title, &s.Epoch)
+		nanoTime{&s.EndedAt}, &s.EndReason, &s.PrevSessionID, &s.Title, &s.Epoch, &s.QueueMode)
 	if err != nil {
 		return nil, err
 	}

@@ -111,7 +111,7 @@ func newSession(id, key string) persistence.Session {
 	return persistence.Session{
 		ID: id, Key: key, Platform: "http", ChatType: "dm", ChatID: "chat-" + key,
 		UserID: "user-" + key, UserName: "Ann", Profile: "main",
-		StartedAt: at(0), LastActivityAt: at(0), Epoch: 1,
+		StartedAt: at(0), LastActivityAt: at(0), Epoch: 1, QueueMode: "collect",
 	}
 }
 
