@@ -2,7 +2,10 @@ package actors
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
@@ -22,6 +25,7 @@ type Platform struct {
 
 	runCancel context.CancelFunc
 	runDone   chan struct{}
+	health    *PlatformHealth
 
 	queues   map[string][]*platforms.Outbound
 	inflight map[string]bool
@@ -30,6 +34,11 @@ type Platform struct {
 	quiesce  []*actor.PID
 	sending  int // sends in flight
 }
+
+var (
+	errNotStarted = errors.New("not started")
+	errStopped    = errors.New("stopped")
+)
 
 // Send retry policy.
 const (
@@ -41,9 +50,30 @@ const (
 	sendTimeout     = 30 * time.Second
 )
 
-// NewPlatform returns the props of the actor that supervises p.
-func NewPlatform(d *Deps, p platforms.Platform) *actor.Props {
-	return actor.PropsFromProducer(func() actor.Actor { return &Platform{d: d, p: p} },
+// PlatformHealth is what a platform actor knows about its platform's Run loop: nil while Run
+// runs, the error it returned while the loop waits to restart it. Safe for concurrent use.
+type PlatformHealth struct{ err atomic.Pointer[error] }
+
+// Err returns why the platform is not running, or nil.
+func (h *PlatformHealth) Err() error {
+	if e := h.err.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+func (h *PlatformHealth) set(err error) {
+	if err == nil {
+		h.err.Store(nil)
+		return
+	}
+	h.err.Store(&err)
+}
+
+// NewPlatform returns the props of the actor that supervises p; health reports its Run loop.
+func NewPlatform(d *Deps, p platforms.Platform, health *PlatformHealth) *actor.Props {
+	health.set(errNotStarted)
+	return actor.PropsFromProducer(func() actor.Actor { return &Platform{d: d, p: p, health: health} },
 		actor.WithMailbox(actor.Unbounded(d.Metrics.Mailboxes.Kind("platform"))))
 }
 
@@ -94,15 +124,21 @@ func (a *Platform) startRun(c actor.Context, deliver platforms.Deliver) {
 	}
 	ctx, cancel := context.WithCancel(a.d.Ctx)
 	a.runCancel, a.runDone = cancel, make(chan struct{})
-	p, log, done := a.p, a.log, a.runDone
+	p, log, done, health := a.p, a.log, a.runDone, a.health
 	go func() {
 		defer close(done)
 		backoff := runBackoffBase
 		for {
+			health.set(nil)
 			err := p.Run(ctx, deliver)
 			if ctx.Err() != nil {
+				health.set(errStopped)
 				return
 			}
+			if err == nil {
+				err = errors.New("run returned")
+			}
+			health.set(fmt.Errorf("restarting after: %w", err))
 			log.Warn("platform stopped; restarting", "err", err, "backoff", backoff)
 			select {
 			case <-ctx.Done():

@@ -83,6 +83,12 @@ type Platform interface {
 	Send(ctx context.Context, out *Outbound) error
 }
 
+// Checker is implemented by a platform that knows whether it is connected (a gateway session,
+// say); /readyz reports its answer. A platform without it is ready while its Run is running.
+type Checker interface {
+	Ready(ctx context.Context) error
+}
+
 // Errors a Deliver may return, so adapters can map them to their own answers.
 var (
 	// ErrDraining means the daemon is stopping and takes no new messages.

@@ -54,6 +54,7 @@ type Daemon struct {
 
 	http      *httpplatform.Platform
 	platforms []platforms.Platform
+	health    map[string]*actors.PlatformHealth
 	intake    *actors.Intake
 	router    *actors.LocalRouter
 	addr      net.Addr
@@ -69,7 +70,7 @@ type Daemon struct {
 // manager (which re-activates sessions with unfinished work), then intake. It returns once the
 // HTTP listener is bound.
 func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Options) (_ *Daemon, err error) {
-	d := &Daemon{cfg: cfg, log: log}
+	d := &Daemon{cfg: cfg, log: log, health: map[string]*actors.PlatformHealth{}}
 	d.ctx, d.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {
 		if err != nil {
@@ -249,7 +250,11 @@ func (d *Daemon) ready(ctx context.Context) map[string]error {
 		r["intake"] = nil
 	}
 	for _, p := range d.platforms {
-		r["platform."+p.Name()] = nil
+		if c, ok := p.(platforms.Checker); ok {
+			r["platform."+p.Name()] = c.Ready(ctx)
+		} else {
+			r["platform."+p.Name()] = d.health[p.Name()].Err()
+		}
 	}
 	return r
 }
@@ -305,7 +310,11 @@ func persistenceProps(d *Daemon) *actor.Props {
 }
 
 func platformProps(p platforms.Platform) func(d *Daemon) *actor.Props {
-	return func(d *Daemon) *actor.Props { return actors.NewPlatform(d.deps, p) }
+	return func(d *Daemon) *actor.Props {
+		h := &actors.PlatformHealth{}
+		d.health[p.Name()] = h
+		return actors.NewPlatform(d.deps, p, h)
+	}
 }
 
 func managerProps(d *Daemon) *actor.Props { return actors.NewSessionManager(d.deps) }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -15,6 +17,7 @@ import (
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/platforms"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -216,5 +219,50 @@ func TestLiveSessionState(t *testing.T) {
 	}
 	if len(r.activeKeys(t)) != 0 || testutil.ToFloat64(r.d.metrics.SessionActivations) != activations {
 		t.Errorf("reading a passivated session's state activated it")
+	}
+}
+
+// brokenPlatform cannot connect: Run fails at once, every time.
+type brokenPlatform struct{}
+
+func (brokenPlatform) Name() string { return "broken" }
+func (brokenPlatform) Run(ctx context.Context, _ platforms.Deliver) error {
+	return errors.New("cannot reach the platform")
+}
+func (brokenPlatform) Send(context.Context, *platforms.Outbound) error { return nil }
+
+// TestReadyzReportsEachComponent: /readyz lists every component; a platform whose Run keeps
+// failing makes it fail with that platform's error, while /healthz still says the process serves.
+func TestReadyzReportsEachComponent(t *testing.T) {
+	cfg := config.Default()
+	cfg.DataDir, cfg.HTTP.Addr = t.TempDir(), "127.0.0.1:0"
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := Start(t.Context(), cfg, log, Options{Platforms: []platforms.Platform{brokenPlatform{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &runtime{d: d}
+	defer r.stop(t)
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + d.Addr().String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	waitUntil(t, func() bool {
+		code, body := get("/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "cannot reach the platform")
+	})
+	_, body := get("/readyz")
+	for _, c := range []string{`"store":"ok"`, `"platform.http":"ok"`, `"platform.broken"`} {
+		if !strings.Contains(body, c) {
+			t.Errorf("/readyz = %s, want %s", body, c)
+		}
+	}
+	if code, _ := get("/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz = %d while a platform is down, want 200", code)
 	}
 }
