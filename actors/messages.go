@@ -101,9 +101,6 @@ type sendDone struct {
 	err error
 }
 
-// runExited reports that the platform's Run returned.
-type runExited struct{ err error }
-
 // sourceToProto converts an identity.Source to its wire form.
 func sourceToProto(s identity.Source) *Source {
 	return &Source{

@@ -68,7 +68,7 @@ func (t *Timers) prune(c actor.Context) {
 }
 
 func (t *Timers) scan(c actor.Context) {
-	defer t.timers.SendOnce(t.every, c.Self(), &CheckResets{})
+	defer func() { t.timers.SendOnce(t.every, c.Self(), &CheckResets{}) }() // the next scan
 	now := t.d.now()
 	var cutoff time.Time
 	for _, p := range t.d.Config.ResetPolicies {
