@@ -34,6 +34,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"DuplicateInbound", testDuplicateInbound},
 		{"RoutingGenerations", testRoutingGenerations},
 		{"ConcurrentRouting", testConcurrentRouting},
+		{"RoutingRebuildNeverRollsBack", testRoutingRebuildNeverRollsBack},
 		{"ConcurrentReadsAndWrites", testConcurrentReadsAndWrites},
 		{"LoadSession", testLoadSession},
 		{"LoadSessionUnknownKey", testLoadSessionUnknownKey},

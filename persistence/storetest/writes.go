@@ -359,6 +359,45 @@ func testConcurrentRouting(t *testing.T, s persistence.Store) {
 	}
 }
 
+// testRoutingRebuildNeverRollsBack: a full rebuild of the routing table (one group rewriting
+// every key's route from a snapshot taken earlier) races single-row upserts of newer
+// generations; whatever the interleaving, every key ends at its newest generation.
+func testRoutingRebuildNeverRollsBack(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	const keys, rounds = 20, 15
+	var snapshot []persistence.Op // every key at generation 1: older than anything below
+	for k := range keys {
+		key := fmt.Sprintf("rk%d", k)
+		snapshot = append(snapshot, &persistence.PutRoute{Route: route(key, "stale", 1)})
+	}
+	errc := make(chan error, keys*rounds+rounds)
+	var wg sync.WaitGroup
+	for k := range keys {
+		wg.Go(func() {
+			for g := int64(2); g < rounds+2; g++ {
+				errc <- errors.Join(s.Commit(ctx, [][]persistence.Op{{
+					&persistence.PutRoute{Route: route(fmt.Sprintf("rk%d", k), fmt.Sprintf("s%d", g), g)}}})...)
+			}
+		})
+	}
+	for range rounds {
+		wg.Go(func() { errc <- errors.Join(s.Commit(ctx, [][]persistence.Op{snapshot})...) })
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		if err != nil {
+			t.Fatalf("concurrent Commit: %v", err)
+		}
+	}
+	for k := range keys {
+		got := check(s.Route(ctx, fmt.Sprintf("rk%d", k))).must(t, "Route")
+		if got.Generation != rounds+1 || got.SessionID != fmt.Sprintf("s%d", rounds+1) {
+			t.Errorf("Route(rk%d) = %s gen %d after a stale rebuild, want s%d gen %d", k, got.SessionID, got.Generation, rounds+1, rounds+1)
+		}
+	}
+}
+
 // testConcurrentReadsAndWrites runs readers while a writer commits, for the race detector and
 // for the snapshot invariant (a pending message is never seen without its session).
 func testConcurrentReadsAndWrites(t *testing.T, s persistence.Store) {
