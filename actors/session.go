@@ -421,8 +421,7 @@ func (s *Session) tryStart(c actor.Context) {
 		s.continuity = ""
 	}
 	s.setBusy(c, true) // before the turn starts: a drain must never miss a running turn
-	props := NewTurn(s.d.Ctx, s.d.Agent, req).Configure(actor.WithMailbox(actor.Unbounded(s.d.Metrics.Mailboxes.Kind("turn"))))
-	pid := c.SpawnPrefix(props, "turn-")
+	pid := c.SpawnPrefix(NewTurn(s.d.Ctx, s.d.Agent, req, s.d.Metrics.Mailboxes.Kind("turn")), "turn-")
 	s.running = &turnRun{pid: pid, id: turnID, items: group, started: s.d.now()}
 	s.trimHistory()
 	s.log.Debug("turn started", "turn", turnID, "messages", len(group))

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/asynkron/protoactor-go/actor"
 )
 
@@ -20,6 +21,7 @@ type Turn struct {
 	agent  agents.Agent
 	req    *agents.Request
 	parent context.Context
+	box    *metrics.Mailbox
 
 	cancel  context.CancelFunc
 	steer   chan agents.Message // open while the agent runs, when it can steer
@@ -30,11 +32,11 @@ type Turn struct {
 const MaxSteered = 32
 
 // NewTurn returns the props of a turn that runs agent for req. parent is the daemon's lifetime
-// context.
-func NewTurn(parent context.Context, agent agents.Agent, req *agents.Request) *actor.Props {
+// context; box counts the turns' mailbox depth.
+func NewTurn(parent context.Context, agent agents.Agent, req *agents.Request, box *metrics.Mailbox) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &Turn{agent: agent, req: req, parent: parent}
-	})
+		return &Turn{agent: agent, req: req, parent: parent, box: box}
+	}, actor.WithMailbox(actor.Unbounded(box)))
 }
 
 // Receive starts the agent on Started and reports its result to the session.
@@ -53,6 +55,7 @@ func (t *Turn) Receive(c actor.Context) {
 			t.steered++
 		}
 	case *agentPanicked:
+		t.box.Failed() // the mailbox never sees this message received: it panics
 		panic(fmt.Errorf("turn %s: agent panicked: %v", t.req.Identity.TurnID, m.value))
 	case *actor.Stopping:
 		t.closeSteer()

@@ -147,6 +147,15 @@ func TestMetricsMoveWithTheLoad(t *testing.T) {
 	conn.Close()
 	wg.Wait()
 	r.waitSent(t, sessions*each+3+20)
+	waitUntil(t, func() bool { // every mailbox drains once the load is over
+		fams := r.scrape(t)
+		for _, k := range []string{"session", "turn", "persistence", "manager", "platform"} {
+			if value(fams, "agentgate_mailbox_depth", "kind", k) != 0 {
+				return false
+			}
+		}
+		return true
+	})
 
 	after := r.scrape(t)
 	okTurns := value(after, "agentgate_turns_total", "outcome", "ok") - value(before, "agentgate_turns_total", "outcome", "ok")

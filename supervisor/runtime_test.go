@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -380,62 +379,3 @@ func TestCrashIsolation(t *testing.T) {
 		t.Errorf("transcript of A starts %+v, want a1 with status quarantined", msgs)
 	}
 }
-
-// TestMailboxDepthSeesABurst: while a session's turn is blocked, a burst of messages to it shows
-// in agentgate_mailbox_depth, and the gauge returns to zero once everything is handled.
-func TestMailboxDepthSeesABurst(t *testing.T) {
-	release := make(chan struct{})
-	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-		<-release
-		return &agents.Response{Text: "ok"}, nil
-	})
-	r := MustStart(t, agent, nil)
-	// Sample the session and persistence mailboxes while 50 messages arrive at once.
-	var mu sync.Mutex
-	peak := int64(0)
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			d := r.d.metrics.Mailboxes.Kind("session").Depth() + r.d.metrics.Mailboxes.Kind("persistence").Depth()
-			mu.Lock()
-			peak = max(peak, d)
-			mu.Unlock()
-			goruntime.Gosched()
-		}
-	}()
-	var wg sync.WaitGroup
-	for i := range 50 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.inject(t, dm1, fmt.Sprint("b", i), "burst")
-		}()
-	}
-	wg.Wait()
-	close(stop)
-	<-done
-	close(release)
-	r.waitSent(t, 50)
-	mu.Lock()
-	defer mu.Unlock()
-	if peak == 0 {
-		t.Errorf("mailbox depth never rose above 0 during a burst of 50 messages")
-	}
-	waitUntil(t, func() bool {
-		for _, k := range []string{"session", "persistence", "manager", "turn"} {
-			if r.d.metrics.Mailboxes.Kind(k).Depth() != 0 {
-				return false
-			}
-		}
-		return true
-	})
-}
-
-var dm1 = identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "burst", UserID: "u"}

@@ -53,6 +53,10 @@ type Mailbox struct{ n atomic.Int64 }
 // Depth is the number of messages posted and not yet received.
 func (b *Mailbox) Depth() int64 { return b.n.Load() }
 
+// Failed accounts for a message its actor is about to panic on: the mailbox never reports it
+// received. (A panic elsewhere leaves the depth one too high.)
+func (b *Mailbox) Failed() { b.n.Add(-1) }
+
 // MailboxStarted implements actor.MailboxMiddleware.
 func (b *Mailbox) MailboxStarted() {}
 
