@@ -9,8 +9,8 @@ import (
 	"github.com/asynkron/protoactor-go/scheduler"
 )
 
-// Timers is the durable reset timer: it fires resets without traffic. Every CheckEvery it asks
-// the store for open sessions idle since before the latest cutoff any reset policy could have,
+// Timers is the durable reset timer: it fires resets without traffic. Every CheckEvery it pages
+// through the open sessions idle since before the latest cutoff any reset policy could have,
 // and nudges each one its own policy finds due (ResetDue) — the session itself decides and ends
 // at its due time. Because the scan reads durable activity times, a reset that fell due while
 // the daemon was down happens at the first scan after start.
@@ -31,7 +31,7 @@ type Prune struct{}
 // CheckResets asks Timers to scan now (also used by tests with an injected clock).
 type CheckResets struct{}
 
-// timersBatch bounds one scan; a full batch is followed by another scan at once.
+// timersBatch is the page size of a scan; a scan reads every page.
 const timersBatch = 1000
 
 // NewTimers returns the props of the timers actor.
@@ -79,17 +79,23 @@ func (t *Timers) scan(c actor.Context) {
 	if cutoff.IsZero() {
 		return // no policy ever resets
 	}
+	due := 0
 	ss, err := t.d.Store.IdleSessions(t.d.Ctx, cutoff, timersBatch)
+	for err == nil && len(ss) > 0 {
+		for _, s := range ss {
+			if _, _, ok := t.d.Config.resetFor(s.Platform, s.ChatType).Overdue(s.LastActivityAt, now); ok {
+				t.router.Tell(s.Key, &ResetDue{})
+				due++
+			}
+		}
+		if len(ss) < timersBatch {
+			break
+		}
+		last := ss[len(ss)-1]
+		ss, err = t.d.Store.IdleSessionsAfter(t.d.Ctx, cutoff, last.LastActivityAt, last.ID, timersBatch)
+	}
 	if err != nil {
 		t.log.Warn("scan for due resets", "err", err)
-		return
-	}
-	due := 0
-	for _, s := range ss {
-		if _, _, ok := t.d.Config.resetFor(s.Platform, s.ChatType).Overdue(s.LastActivityAt, now); ok {
-			t.router.Tell(s.Key, &ResetDue{})
-			due++
-		}
 	}
 	if due > 0 {
 		t.log.Info("sessions due for reset", "count", due)

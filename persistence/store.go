@@ -337,6 +337,10 @@ type Store interface {
 	// always returned (never treated as active now). Oldest activity first (ties by id), at
 	// most limit (DefaultIdleSessionsLimit when limit <= 0).
 	IdleSessions(ctx context.Context, before time.Time, limit int) ([]Session, error)
+	// IdleSessionsAfter continues IdleSessions past the last session of the previous page
+	// (whose LastActivityAt and ID are given): the sessions with valid activity after it in the
+	// same order (the ones with missing activity all come on the first page).
+	IdleSessionsAfter(ctx context.Context, before time.Time, lastActivity time.Time, lastID string, limit int) ([]Session, error)
 	// Recoverable returns the keys whose current session has pending (active) user messages
 	// or whose outbox has undelivered entries.
 	Recoverable(ctx context.Context) ([]string, error)

@@ -283,6 +283,36 @@ func (s *Store) idleSessions(ctx context.Context, before time.Time, limit int) (
 	return out, nil
 }
 
+// IdleSessionsAfter continues IdleSessions after the session (lastActivity, lastID).
+func (s *Store) IdleSessionsAfter(ctx context.Context, before, lastActivity time.Time, lastID string, limit int) ([]persistence.Session, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("idle sessions: %w", err)
+	}
+	defer s.leave()
+	if limit <= 0 {
+		limit = persistence.DefaultIdleSessionsLimit
+	}
+	if before.IsZero() {
+		return nil, nil
+	}
+	// A zero lastActivity continues after the sessions without a valid activity time, which all
+	// came on the first page: the range starts at the first valid time.
+	from := int64(0)
+	if !lastActivity.IsZero() {
+		from = lastActivity.UnixNano()
+	}
+	ss, err := querySessions(ctx, s.reader, `SELECT `+prefixed("s.", sessionCols)+` FROM sessions s
+		WHERE s.ended_at IS NULL
+		AND EXISTS (SELECT 1 FROM routing r WHERE r.key = s.key AND r.session_id = s.id)
+		AND s.last_activity_at < ?
+		AND (s.last_activity_at > ? OR (s.last_activity_at = ? AND s.id > ?))
+		ORDER BY s.last_activity_at, s.id LIMIT ?`, nanoBound(before), from, from, lastID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("idle sessions after %s: %w", lastID, err)
+	}
+	return ss, nil
+}
+
 // nanoBound converts t into a bound on stored unix-nanosecond values: a stored positive integer
 // v reads as a time before t exactly when v < nanoBound(t). A t at or before the epoch gives 1
 // (no positive value is before it), a t past the int64 range math.MaxInt64.

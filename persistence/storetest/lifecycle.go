@@ -472,3 +472,26 @@ func testPruneSessionsLimit(t *testing.T, s persistence.Store) {
 		t.Errorf("PruneSessions(zero time) = %d, want 0", n)
 	}
 }
+
+// testIdleSessionsPaging: IdleSessionsAfter continues IdleSessions page by page, in the same
+// order, without skipping or repeating a session (also when activity times tie).
+func testIdleSessionsPaging(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	var want []string
+	for i := range 7 {
+		id, key := fmt.Sprintf("p%d", i), fmt.Sprintf("pk%d", i)
+		sess := newSession(id, key)
+		sess.LastActivityAt = at(i / 2) // pairs share a time: ties are ordered by id
+		MustCommit(t, s, &persistence.CreateSession{Session: sess},
+			&persistence.PutRoute{Route: route(key, id, 1)})
+		want = append(want, id)
+	}
+	var got []string
+	page := check(s.IdleSessions(ctx, at(100), 3)).must(t, "IdleSessions")
+	for len(page) > 0 {
+		got = append(got, sessionIDs(page)...)
+		last := page[len(page)-1]
+		page = check(s.IdleSessionsAfter(ctx, at(100), last.LastActivityAt, last.ID, 3)).must(t, "IdleSessionsAfter")
+	}
+	diff(t, "paged idle sessions", got, want)
+}

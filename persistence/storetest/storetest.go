@@ -46,6 +46,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"Recoverable", testRecoverable},
 		{"SessionsOfKey", testSessionsOfKey},
 		{"IdleSessions", testIdleSessions},
+		{"IdleSessionsPaging", testIdleSessionsPaging},
 		{"ReopenSession", testReopenSession},
 		{"SetAttempts", testSetAttempts},
 		{"PruneSessions", testPruneSessions},
