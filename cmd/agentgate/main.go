@@ -41,6 +41,7 @@ commands:
   serve          run the daemon (the default command)
   check-config   validate the configuration and print every problem
   sessions       list, show, export or reset sessions of the data directory
+  bench          load an in-process daemon and measure turns/s, latency and the SQLite ceiling
   version        print the version
 
 Run 'agentgate <command> -h' for the flags of a command.
@@ -66,6 +67,8 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 		return checkConfig(args, stdout, stderr)
 	case "sessions":
 		return sessions(ctx, args, stdout, stderr)
+	case "bench":
+		return bench(ctx, args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "agentgate", version())
 		return nil

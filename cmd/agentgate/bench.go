@@ -1,0 +1,487 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/agentgate/agentgate/supervisor"
+)
+
+// Parameters of `agentgate bench`.
+const (
+	benchRowsPerTurn  = 3   // the user message, the assistant message and the outbox row
+	benchRawBatch     = 500 // turns per transaction of the raw SQLite ceiling
+	benchTextBytes    = 300 // bytes of each message text, as in persistence/bench_test.go
+	benchVocab        = 5000
+	benchReplyTimeout = time.Minute      // one reply may take at most this long
+	benchStartTimeout = 30 * time.Second // until the bench platform's Run is called
+)
+
+// benchReport is the result of one bench run; its JSON form is the --json output.
+type benchReport struct {
+	Sessions       int     `json:"sessions"`
+	Messages       int     `json:"messages"`
+	Turns          int     `json:"turns"`
+	Seconds        float64 `json:"seconds"`
+	TurnsPerSec    float64 `json:"turns_per_sec"`
+	LatencyP50ms   float64 `json:"latency_p50_ms"`
+	LatencyP99ms   float64 `json:"latency_p99_ms"`
+	RowsPerSec     float64 `json:"rows_per_sec"`
+	MeanBatch      float64 `json:"mean_batch"`
+	HeapPerSession int64   `json:"heap_per_active_session_bytes"`
+	RawTurnsPerSec float64 `json:"raw_turns_per_sec"`
+	RatioToRaw     float64 `json:"ratio_to_raw"`
+}
+
+// bench runs `agentgate bench`: it starts the daemon in-process with a bench platform, drives
+// N closed-loop sessions of M messages each through it, then measures the raw batched SQLite
+// ceiling on a fresh store, so the ratio compares measurements taken in the same run.
+func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	sessions := fs.Int("sessions", 100, "concurrent sessions `N`")
+	messages := fs.Int("messages", 20, "messages `M` each session sends, one after the other")
+	dataDir := fs.String("data-dir", "", "data `directory` (default: a new temporary directory, removed afterwards)")
+	asJSON := fs.Bool("json", false, "print only one JSON object on stdout")
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	if *sessions < 1 || *messages < 1 {
+		return fmt.Errorf("bench: --sessions %d --messages %d: both must be at least 1", *sessions, *messages)
+	}
+	dir := *dataDir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "agentgate-bench-*"); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		defer func() {
+			if rerr := os.RemoveAll(dir); rerr != nil && err == nil {
+				err = fmt.Errorf("bench: %w", rerr)
+			}
+		}()
+	}
+	cfg, err := config.Load("", nil, func(c *config.Config) {
+		c.DataDir = dir
+		c.HTTP.Addr = "127.0.0.1:0"
+		c.Log.Level = "warn"
+	})
+	if err != nil {
+		return fmt.Errorf("bench: config: %w", err)
+	}
+	var level slog.LevelVar
+	level.Set(cfg.SlogLevel())
+	log := logging.New(stderr, &level, cfg.Log.Format)
+
+	texts := newBenchTexts(2 * *sessions * *messages)
+	rep, err := benchDaemon(ctx, cfg, log, *sessions, *messages, texts, isTTY(stderr), stderr)
+	if err != nil {
+		return err
+	}
+	rawElapsed, err := benchRaw(ctx, *sessions, *messages, texts)
+	if err != nil {
+		return err
+	}
+	rep.RawTurnsPerSec = float64(rep.Turns) / rawElapsed.Seconds()
+	rep.RatioToRaw = rep.TurnsPerSec / rep.RawTurnsPerSec
+	if *asJSON {
+		return json.NewEncoder(stdout).Encode(rep)
+	}
+	printBenchReport(stdout, rep)
+	return nil
+}
+
+func printBenchReport(w io.Writer, r *benchReport) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "sessions × messages\t%d × %d = %d turns\n", r.Sessions, r.Messages, r.Turns)
+	fmt.Fprintf(tw, "wall time\t%.2f s\n", r.Seconds)
+	fmt.Fprintf(tw, "turns/s\t%.0f\n", r.TurnsPerSec)
+	fmt.Fprintf(tw, "latency p50 / p99\t%.2f ms / %.2f ms\t(deliver → reply sent)\n", r.LatencyP50ms, r.LatencyP99ms)
+	fmt.Fprintf(tw, "persisted rows/s\t%.0f\t(%d rows per turn: 2 messages + 1 outbox)\n", r.RowsPerSec, benchRowsPerTurn)
+	fmt.Fprintf(tw, "mean batch\t%.1f\t(write groups per transaction)\n", r.MeanBatch)
+	fmt.Fprintf(tw, "heap per active session\t~%.1f KiB\t(approximate: HeapAlloc after GC, minus baseline, ÷ N)\n", float64(r.HeapPerSession)/1024)
+	fmt.Fprintf(tw, "raw SQLite ceiling\t%.0f turns/s\t(%d turns per transaction, fresh store)\n", r.RawTurnsPerSec, benchRawBatch)
+	fmt.Fprintf(tw, "ratio to raw\t%.3f\n", r.RatioToRaw)
+	tw.Flush()
+}
+
+// benchDaemon starts the daemon with a bench platform, runs the load and stops the daemon.
+func benchDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m int, texts []string, progress bool, stderr io.Writer) (_ *benchReport, err error) {
+	p := newBenchPlatform()
+	d, err := supervisor.Start(ctx, cfg, log, supervisor.Options{Platforms: []platforms.Platform{p}})
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Shutdown.DrainTimeout+30*time.Second)
+		defer cancel()
+		if serr := d.Stop(stopCtx); serr != nil && err == nil {
+			err = fmt.Errorf("bench: stop daemon: %w", serr)
+		}
+	}()
+	deliver, err := p.waitDeliver(ctx, benchStartTimeout)
+	if err != nil {
+		return nil, err
+	}
+
+	var base runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&base)
+
+	total := n * m
+	var done atomic.Int64
+	stopProgress := func() {}
+	if progress {
+		stopProgress = startProgress(stderr, &done, total)
+	}
+	lat := make([][]time.Duration, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range n {
+		wg.Go(func() {
+			lat[i], errs[i] = benchSession(ctx, p, deliver, i, m, texts[2*i*m:], &done)
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	stopProgress()
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+
+	// The session actors stay active (they passivate after minutes), so this is their heap.
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+
+	meanBatch, err := scrapeMeanBatch(ctx, "http://"+d.Addr().String()+"/metrics")
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	return &benchReport{
+		Sessions:       n,
+		Messages:       m,
+		Turns:          total,
+		Seconds:        elapsed.Seconds(),
+		TurnsPerSec:    float64(total) / elapsed.Seconds(),
+		LatencyP50ms:   ms(percentile(all, 0.50)),
+		LatencyP99ms:   ms(percentile(all, 0.99)),
+		RowsPerSec:     float64(total*benchRowsPerTurn) / elapsed.Seconds(),
+		MeanBatch:      meanBatch,
+		HeapPerSession: (int64(after.HeapAlloc) - int64(base.HeapAlloc)) / int64(n),
+	}, nil
+}
+
+// benchSession is one closed-loop session: it sends m messages, each after the previous one's
+// reply was sent, and returns the end-to-end latency of each.
+func benchSession(ctx context.Context, p *benchPlatform, deliver platforms.Deliver, i, m int, texts []string, done *atomic.Int64) ([]time.Duration, error) {
+	src := identity.Source{Platform: "bench", ChatType: "dm", ChatID: fmt.Sprintf("bench-%d", i), UserID: "u"}
+	lat := make([]time.Duration, 0, m)
+	timer := time.NewTimer(benchReplyTimeout)
+	defer timer.Stop()
+	for k := range m {
+		id := fmt.Sprintf("bench-%d-%d", i, k)
+		replied := p.expect(id)
+		start := time.Now()
+		if _, err := deliver(ctx, &platforms.Inbound{Source: src, MessageID: id, Text: texts[2*k], ReceivedAt: start}); err != nil {
+			return nil, fmt.Errorf("session %d message %d: deliver: %w", i, k, err)
+		}
+		timer.Reset(benchReplyTimeout)
+		select {
+		case at := <-replied:
+			lat = append(lat, at.Sub(start))
+			done.Add(1)
+		case <-timer.C:
+			return nil, fmt.Errorf("session %d message %d: no reply after %v", i, k, benchReplyTimeout)
+		case <-ctx.Done():
+			return nil, fmt.Errorf("session %d message %d: %w", i, k, ctx.Err())
+		}
+	}
+	return lat, nil
+}
+
+// startProgress prints a progress line on stderr (a terminal) until the returned func is called.
+func startProgress(w io.Writer, done *atomic.Int64, total int) (stop func()) {
+	quit, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				fmt.Fprintf(w, "\rbench: %d/%d turns", done.Load(), total)
+			case <-quit:
+				fmt.Fprintf(w, "\rbench: %d/%d turns\n", done.Load(), total)
+				return
+			}
+		}
+	}()
+	return func() { close(quit); <-exited }
+}
+
+// scrapeMeanBatch reads agentgate_persist_batch_size from the daemon's /metrics and returns
+// its mean (groups per committed transaction).
+func scrapeMeanBatch(ctx context.Context, url string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, fmt.Errorf("scrape metrics: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("scrape metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("scrape metrics: status %s", resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return 0, fmt.Errorf("scrape metrics: %w", err)
+	}
+	mf := families["agentgate_persist_batch_size"]
+	if mf == nil || len(mf.GetMetric()) == 0 {
+		return 0, errors.New("scrape metrics: no agentgate_persist_batch_size")
+	}
+	h := mf.GetMetric()[0].GetHistogram()
+	if h.GetSampleCount() == 0 {
+		return 0, errors.New("scrape metrics: agentgate_persist_batch_size is empty")
+	}
+	return h.GetSampleSum() / float64(h.GetSampleCount()), nil
+}
+
+// benchRaw commits n×m turns (the ops of persistence/bench_test.go) to a fresh store in a
+// temporary directory from one goroutine, benchRawBatch turns per transaction, and returns the
+// time the commits took.
+func benchRaw(ctx context.Context, n, m int, texts []string) (_ time.Duration, err error) {
+	dir, err := os.MkdirTemp("", "agentgate-bench-raw-*")
+	if err != nil {
+		return 0, fmt.Errorf("bench raw: %w", err)
+	}
+	defer func() {
+		if rerr := os.RemoveAll(dir); rerr != nil && err == nil {
+			err = fmt.Errorf("bench raw: %w", rerr)
+		}
+	}()
+	store, err := sqlite.Open(ctx, filepath.Join(dir, "raw.db"), sqlite.Options{})
+	if err != nil {
+		return 0, fmt.Errorf("bench raw: %w", err)
+	}
+	defer func() {
+		if cerr := store.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("bench raw: close store: %w", cerr)
+		}
+	}()
+	sessions, turns := rawTurns(n, m, texts)
+	if err := commitAll(ctx, store, sessions); err != nil {
+		return 0, fmt.Errorf("bench raw: create sessions: %w", err)
+	}
+	runtime.GC()
+	start := time.Now()
+	for i := 0; i < len(turns); i += benchRawBatch {
+		if err := commitAll(ctx, store, turns[i:min(i+benchRawBatch, len(turns))]); err != nil {
+			return 0, fmt.Errorf("bench raw: turn %d: %w", i, err)
+		}
+	}
+	return time.Since(start), nil
+}
+
+func commitAll(ctx context.Context, store *sqlite.Store, groups [][]persistence.Op) error {
+	return errors.Join(store.Commit(ctx, groups)...)
+}
+
+// rawTurns returns the groups creating n sessions and their n×m turns, turn k of every session
+// before turn k+1, each a user message, an assistant message, a status change, a touch, a route
+// and an outbox entry.
+func rawTurns(n, m int, texts []string) (create, turns [][]persistence.Op) {
+	base := time.Now().UTC()
+	ss := make([]persistence.Session, n)
+	for i := range n {
+		ss[i] = persistence.Session{
+			ID: fmt.Sprintf("sess-%d", i), Key: fmt.Sprintf("bench:dm:bench-%d", i),
+			Platform: "bench", ChatType: "dm", ChatID: fmt.Sprintf("bench-%d", i), UserID: "u",
+			Profile: "default", StartedAt: base, LastActivityAt: base, Epoch: 1,
+		}
+		create = append(create, []persistence.Op{&persistence.CreateSession{Session: ss[i]}})
+	}
+	for k := range m {
+		for i := range n {
+			s, at := ss[i], base.Add(time.Duration(k+1)*time.Millisecond)
+			msgID, turnID := fmt.Sprintf("bench-%d-%d", i, k), fmt.Sprintf("t-%d-%d", i, k)
+			userSeq, replySeq := int64(2*k+1), int64(2*k+2)
+			text, reply := texts[2*(i*m+k)], texts[2*(i*m+k)+1]
+			turns = append(turns, []persistence.Op{
+				&persistence.AppendMessage{Message: persistence.Message{
+					SessionID: s.ID, Seq: userSeq, Role: persistence.RoleUser, Content: text,
+					Platform: s.Platform, ChatID: s.ChatID, MessageID: msgID, UserID: s.UserID,
+					Status: persistence.StatusPending, Active: true, CreatedAt: at,
+				}},
+				&persistence.AppendMessage{Message: persistence.Message{
+					SessionID: s.ID, Seq: replySeq, Role: persistence.RoleAssistant, Content: reply,
+					TurnID: turnID, Status: persistence.StatusDone, Active: true, CreatedAt: at,
+				}},
+				&persistence.SetMessageStatus{SessionID: s.ID, Seqs: []int64{userSeq}, Status: persistence.StatusDone, TurnID: turnID},
+				&persistence.TouchSession{SessionID: s.ID, At: at},
+				&persistence.PutRoute{Route: persistence.Route{Key: s.Key, SessionID: s.ID, Generation: int64(k + 1), UpdatedAt: at}},
+				&persistence.AddOutbox{Entry: persistence.OutboxEntry{
+					SessionKey: s.Key, Seq: int64(k + 1), SessionID: s.ID, Kind: platforms.KindReply,
+					Text: reply, TurnID: turnID, InReplyTo: []string{msgID}, Platform: s.Platform,
+					ChatType: s.ChatType, ChatID: s.ChatID, UserID: s.UserID,
+					State: persistence.DeliveryPending, CreatedAt: at,
+				}},
+			})
+		}
+	}
+	return create, turns
+}
+
+// newBenchTexts returns count message texts of benchTextBytes bytes: Zipf-distributed words
+// (s = 1.1) from a generated vocabulary with a fixed seed, as in persistence/bench_test.go.
+func newBenchTexts(count int) []string {
+	r := rand.New(rand.NewPCG(1, 2))
+	syllables := strings.Fields("a an be ca de di en fo ga he in jo ka la li mo na ne or pa " +
+		"qu re ri sa se ta ti to un ve wa xe yo za ch sh th st tr pl")
+	seen := make(map[string]bool, benchVocab)
+	vocab := make([]string, 0, benchVocab)
+	for len(vocab) < benchVocab {
+		var sb strings.Builder
+		for range 1 + r.IntN(4) {
+			sb.WriteString(syllables[r.IntN(len(syllables))])
+		}
+		if w := sb.String(); !seen[w] {
+			seen[w] = true
+			vocab = append(vocab, w)
+		}
+	}
+	zipf := rand.NewZipf(r, 1.1, 1, benchVocab-1)
+	texts := make([]string, count)
+	for i := range texts {
+		var sb strings.Builder
+		for sb.Len() < benchTextBytes {
+			if sb.Len() > 0 {
+				sb.WriteByte(' ')
+			}
+			sb.WriteString(vocab[zipf.Uint64()])
+		}
+		texts[i] = sb.String()[:benchTextBytes]
+	}
+	return texts
+}
+
+// percentile returns the nearest-rank q-quantile of sorted.
+func percentile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(sorted))+0.5) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// isTTY reports whether w is a terminal (a character device).
+func isTTY(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// benchPlatform is the in-process platform of `agentgate bench`: Run hands its deliver func to
+// the load generator, and Send records when the reply to each expected message arrives.
+type benchPlatform struct {
+	ready     chan struct{}
+	readyOnce sync.Once
+
+	mu      sync.Mutex
+	deliver platforms.Deliver
+	waiting map[string]chan time.Time // by the inbound message id a reply answers
+}
+
+func newBenchPlatform() *benchPlatform {
+	return &benchPlatform{ready: make(chan struct{}), waiting: map[string]chan time.Time{}}
+}
+
+// Name implements platforms.Platform.
+func (p *benchPlatform) Name() string { return "bench" }
+
+// Run implements platforms.Platform: it keeps deliver and blocks until ctx ends.
+func (p *benchPlatform) Run(ctx context.Context, deliver platforms.Deliver) error {
+	p.mu.Lock()
+	p.deliver = deliver
+	p.mu.Unlock()
+	p.readyOnce.Do(func() { close(p.ready) })
+	<-ctx.Done()
+	return nil
+}
+
+// Send implements platforms.Platform: it records the arrival time of an expected reply.
+func (p *benchPlatform) Send(_ context.Context, out *platforms.Outbound) error {
+	at := time.Now()
+	if len(out.InReplyTo) == 0 {
+		return nil
+	}
+	p.mu.Lock()
+	ch, ok := p.waiting[out.InReplyTo[0]]
+	delete(p.waiting, out.InReplyTo[0])
+	p.mu.Unlock()
+	if ok {
+		ch <- at
+	}
+	return nil
+}
+
+// expect registers the message id whose reply the caller waits for; the channel receives the
+// time the reply was sent.
+func (p *benchPlatform) expect(id string) <-chan time.Time {
+	ch := make(chan time.Time, 1)
+	p.mu.Lock()
+	p.waiting[id] = ch
+	p.mu.Unlock()
+	return ch
+}
+
+// waitDeliver waits until the daemon called Run and returns the deliver func it gave.
+func (p *benchPlatform) waitDeliver(ctx context.Context, timeout time.Duration) (platforms.Deliver, error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-p.ready:
+	case <-t.C:
+		return nil, fmt.Errorf("bench: platform not started after %v", timeout)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("bench: %w", ctx.Err())
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.deliver, nil
+}

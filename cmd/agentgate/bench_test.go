@@ -1,0 +1,57 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+)
+
+func TestBenchJSON(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	args := []string{"bench", "--sessions", "5", "--messages", "3", "--json", "--data-dir", t.TempDir()}
+	if err := run(ctx, args, &stdout, &stderr); err != nil {
+		t.Fatalf("run(%q) = %v, want success; stderr:\n%s", args, err, stderr.String())
+	}
+	dec := json.NewDecoder(&stdout)
+	dec.DisallowUnknownFields()
+	var got benchReport
+	if err := dec.Decode(&got); err != nil {
+		t.Fatalf("decode stdout: %v; stdout:\n%s", err, stdout.String())
+	}
+	if dec.More() {
+		t.Fatalf("stdout has more than one JSON value: %q", stdout.String())
+	}
+	if got.Sessions != 5 || got.Messages != 3 || got.Turns != 15 {
+		t.Errorf("sessions, messages, turns = %d, %d, %d, want 5, 3, 15", got.Sessions, got.Messages, got.Turns)
+	}
+	if got.TurnsPerSec <= 0 {
+		t.Errorf("turns_per_sec = %v, want > 0", got.TurnsPerSec)
+	}
+	if got.LatencyP50ms <= 0 || got.LatencyP99ms < got.LatencyP50ms {
+		t.Errorf("latency p50, p99 = %v, %v ms, want 0 < p50 <= p99", got.LatencyP50ms, got.LatencyP99ms)
+	}
+	if got.RawTurnsPerSec <= 0 {
+		t.Errorf("raw_turns_per_sec = %v, want > 0", got.RawTurnsPerSec)
+	}
+	if got.MeanBatch < 1 {
+		t.Errorf("mean_batch = %v, want >= 1", got.MeanBatch)
+	}
+	if got.RatioToRaw <= 0 {
+		t.Errorf("ratio_to_raw = %v, want > 0", got.RatioToRaw)
+	}
+}
+
+func TestBenchBadFlags(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	args := []string{"bench", "--sessions", "0"}
+	if err := run(context.Background(), args, &stdout, &stderr); err == nil {
+		t.Errorf("run(%q) = nil, want an error", args)
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("run(%q) stdout = %q, want nothing", args, stdout.String())
+	}
+}
