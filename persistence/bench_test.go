@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/persistence/workload"
 )
 
 // The benchmarks in this file check the goals G1, G2, G3 and G9 of
@@ -30,10 +30,8 @@ import (
 // -v logs every round.
 
 const (
-	benchMaxBatch = 512  // ActorOptions.MaxBatch, as in production
-	rawBatch      = 500  // groups per transaction of the raw baseline: the physical ceiling
-	textBytes     = 300  // bytes of each message text
-	vocabSize     = 5000 // words in the Zipf vocabulary (as in perf-anchors.md §0)
+	benchMaxBatch = 512 // ActorOptions.MaxBatch, as in production
+	rawBatch      = 500 // groups per transaction of the raw baseline: the physical ceiling
 	phaseTimeout  = 2 * time.Minute
 )
 
@@ -126,9 +124,9 @@ func BenchmarkSingleTurnLatency(b *testing.B) {
 	b.ReportMetric(median(rawP99), "raw_p99_us")
 }
 
-// workload is the pre-built, read-only data of a benchmark: S sessions and their turns. Both
+// load is the pre-built, read-only data of a benchmark: S sessions and their turns. Both
 // paths write exactly these groups.
-type workload struct {
+type load struct {
 	sessions []persistence.Session
 	turns    [][][]persistence.Op // turns[i][k]: the ops of session i's turn k, in order
 	byTurn   [][]persistence.Op   // every turn, turn k of every session before turn k+1
@@ -136,22 +134,10 @@ type workload struct {
 }
 
 // newWorkload builds perSession turns for each of s sessions, deterministically.
-func newWorkload(s, perSession int) *workload {
-	r := rand.New(rand.NewPCG(1, 2))
-	vocab := newVocab(r, vocabSize)
-	zipf := rand.NewZipf(r, 1.1, 1, vocabSize-1)
-	text := func() string {
-		var sb strings.Builder
-		for sb.Len() < textBytes {
-			if sb.Len() > 0 {
-				sb.WriteByte(' ')
-			}
-			sb.WriteString(vocab[zipf.Uint64()])
-		}
-		return sb.String()[:textBytes]
-	}
+func newWorkload(s, perSession int) *load {
+	texts := workload.Texts(rand.New(rand.NewPCG(1, 2)), 2*s*perSession)
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	w := &workload{total: s * perSession}
+	w := &load{total: s * perSession}
 	for i := range s {
 		ss := persistence.Session{
 			ID:             fmt.Sprintf("sess-%04d", i),
@@ -170,35 +156,8 @@ func newWorkload(s, perSession int) *workload {
 		turns := make([][]persistence.Op, perSession)
 		for k := range perSession {
 			at := base.Add(time.Duration(k+1)*time.Minute + time.Duration(i)*time.Millisecond)
-			msgID := fmt.Sprintf("m%d", k+1)
-			turnID := fmt.Sprintf("t-%04d-%d", i, k+1)
-			userSeq, replySeq := int64(2*k+1), int64(2*k+2)
-			reply := text()
-			turns[k] = []persistence.Op{
-				&persistence.AppendMessage{Message: persistence.Message{
-					SessionID: ss.ID, Seq: userSeq, Role: persistence.RoleUser, Content: text(),
-					Platform: ss.Platform, ChatID: ss.ChatID, MessageID: msgID,
-					UserID: ss.UserID, UserName: ss.UserName, Status: persistence.StatusPending,
-					Active: true, CreatedAt: at,
-				}},
-				&persistence.AppendMessage{Message: persistence.Message{
-					SessionID: ss.ID, Seq: replySeq, Role: persistence.RoleAssistant, Content: reply,
-					TurnID: turnID, Status: persistence.StatusDone, Active: true, CreatedAt: at,
-				}},
-				&persistence.SetMessageStatus{
-					SessionID: ss.ID, Seqs: []int64{userSeq}, Status: persistence.StatusDone, TurnID: turnID,
-				},
-				&persistence.TouchSession{SessionID: ss.ID, At: at},
-				&persistence.PutRoute{Route: persistence.Route{
-					Key: ss.Key, SessionID: ss.ID, Generation: int64(k + 1), UpdatedAt: at,
-				}},
-				&persistence.AddOutbox{Entry: persistence.OutboxEntry{
-					SessionKey: ss.Key, Seq: int64(k + 1), SessionID: ss.ID, Kind: "reply",
-					Text: reply, TurnID: turnID, InReplyTo: []string{msgID}, Platform: ss.Platform,
-					ChatType: ss.ChatType, ChatID: ss.ChatID, UserID: ss.UserID,
-					State: persistence.DeliveryPending, CreatedAt: at,
-				}},
-			}
+			n := 2 * (i*perSession + k)
+			turns[k] = workload.Turn(ss, k, texts[n], texts[n+1], at)
 		}
 		w.turns = append(w.turns, turns)
 	}
@@ -210,30 +169,10 @@ func newWorkload(s, perSession int) *workload {
 	return w
 }
 
-// newVocab returns n distinct pseudo-words built from syllables; with a Zipf draw over their
-// indexes the text has the skewed term distribution FTS5 sees in chat.
-func newVocab(r *rand.Rand, n int) []string {
-	syllables := strings.Fields("a an be ca de di en fo ga he in jo ka la li mo na ne or pa " +
-		"qu re ri sa se ta ti to un ve wa xe yo za ch sh th st tr pl")
-	seen := make(map[string]bool, n)
-	words := make([]string, 0, n)
-	for len(words) < n {
-		var sb strings.Builder
-		for range 1 + r.IntN(4) {
-			sb.WriteString(syllables[r.IntN(len(syllables))])
-		}
-		if wd := sb.String(); !seen[wd] {
-			seen[wd] = true
-			words = append(words, wd)
-		}
-	}
-	return words
-}
-
 // mustOpenStore opens a fresh store (synchronous FULL, the default) in its own temporary
-// directory and commits the workload's sessions. The phase that opened it defers closeStore, so
+// directory and commits the load's sessions. The phase that opened it defers closeStore, so
 // no store (nor its checkpointer) outlives its phase.
-func mustOpenStore(b *testing.B, w *workload) (store *sqlite.Store, closeStore func()) {
+func mustOpenStore(b *testing.B, w *load) (store *sqlite.Store, closeStore func()) {
 	b.Helper()
 	dir := b.TempDir()
 	store, err := sqlite.Open(context.Background(), filepath.Join(dir, "bench.db"), sqlite.Options{})
@@ -285,7 +224,7 @@ type actorEnv struct {
 // stop, which stops every actor, shuts the system down and closes the store. With stepped set,
 // each sender persists one turn per begin message and reports it on stepped; otherwise a begin
 // starts a closed loop over all its turns and wg is done when the last is acknowledged.
-func startActors(b *testing.B, w *workload, stepped chan error) (env *actorEnv, stop func()) {
+func startActors(b *testing.B, w *load, stepped chan error) (env *actorEnv, stop func()) {
 	b.Helper()
 	store, closeStore := mustOpenStore(b, w)
 	env = &actorEnv{b: b}
@@ -337,9 +276,9 @@ func (env *actorEnv) err() error {
 	return nil
 }
 
-// runActor persists the workload through the persistence actor, every sender in a closed loop.
+// runActor persists the load through the persistence actor, every sender in a closed loop.
 // The timer runs only while the turns are being persisted.
-func runActor(b *testing.B, w *workload) actorRun {
+func runActor(b *testing.B, w *load) actorRun {
 	b.Helper()
 	env, stop := startActors(b, w, nil)
 	defer stop()
@@ -368,9 +307,9 @@ func runActor(b *testing.B, w *workload) actorRun {
 	return run
 }
 
-// runRawBatched commits the workload from one goroutine, batch groups per transaction, and
+// runRawBatched commits the load from one goroutine, batch groups per transaction, and
 // returns how long that took.
-func runRawBatched(b *testing.B, w *workload, batch int) time.Duration {
+func runRawBatched(b *testing.B, w *load, batch int) time.Duration {
 	b.Helper()
 	batch = max(batch, 1)
 	store, closeStore := mustOpenStore(b, w)
@@ -391,10 +330,10 @@ func runRawBatched(b *testing.B, w *workload, batch int) time.Duration {
 	return elapsed
 }
 
-// runPaired persists a one-session workload turn by turn, alternating between the persistence
+// runPaired persists a one-session load turn by turn, alternating between the persistence
 // actor and a bare Commit of one turn on a second fresh store (raw first on odd turns, or on even
 // turns when rawFirst is set). It returns both paths' per-turn latencies.
-func runPaired(b *testing.B, w *workload, rawFirst bool) (actorLat, rawLat []time.Duration) {
+func runPaired(b *testing.B, w *load, rawFirst bool) (actorLat, rawLat []time.Duration) {
 	b.Helper()
 	if len(w.sessions) != 1 {
 		b.Fatalf("runPaired: %d sessions, want 1", len(w.sessions))

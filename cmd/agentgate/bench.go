@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -28,16 +27,15 @@ import (
 	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/persistence/workload"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/agentgate/agentgate/supervisor"
 )
 
 // Parameters of `agentgate bench`.
 const (
-	benchRowsPerTurn  = 3   // the user message, the assistant message and the outbox row
-	benchRawBatch     = 500 // turns per transaction of the raw SQLite ceiling
-	benchTextBytes    = 300 // bytes of each message text, as in persistence/bench_test.go
-	benchVocab        = 5000
+	benchRowsPerTurn  = 3                // the user message, the assistant message and the outbox row
+	benchRawBatch     = 500              // turns per transaction of the raw SQLite ceiling
 	benchReplyTimeout = time.Minute      // one reply may take at most this long
 	benchStartTimeout = 30 * time.Second // until the bench platform's Run is called
 )
@@ -96,7 +94,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 	level.Set(cfg.SlogLevel())
 	log := logging.New(stderr, &level, cfg.Log.Format)
 
-	texts := newBenchTexts(2 * *sessions * *messages)
+	texts := workload.Texts(rand.New(rand.NewPCG(1, 2)), 2**sessions**messages)
 	rep, err := benchDaemon(ctx, cfg, log, *sessions, *messages, texts, isTTY(stderr), stderr)
 	if err != nil {
 		return err
@@ -333,66 +331,11 @@ func rawTurns(n, m int, texts []string) (create, turns [][]persistence.Op) {
 	}
 	for k := range m {
 		for i := range n {
-			s, at := ss[i], base.Add(time.Duration(k+1)*time.Millisecond)
-			msgID, turnID := fmt.Sprintf("bench-%d-%d", i, k), fmt.Sprintf("t-%d-%d", i, k)
-			userSeq, replySeq := int64(2*k+1), int64(2*k+2)
-			text, reply := texts[2*(i*m+k)], texts[2*(i*m+k)+1]
-			turns = append(turns, []persistence.Op{
-				&persistence.AppendMessage{Message: persistence.Message{
-					SessionID: s.ID, Seq: userSeq, Role: persistence.RoleUser, Content: text,
-					Platform: s.Platform, ChatID: s.ChatID, MessageID: msgID, UserID: s.UserID,
-					Status: persistence.StatusPending, Active: true, CreatedAt: at,
-				}},
-				&persistence.AppendMessage{Message: persistence.Message{
-					SessionID: s.ID, Seq: replySeq, Role: persistence.RoleAssistant, Content: reply,
-					TurnID: turnID, Status: persistence.StatusDone, Active: true, CreatedAt: at,
-				}},
-				&persistence.SetMessageStatus{SessionID: s.ID, Seqs: []int64{userSeq}, Status: persistence.StatusDone, TurnID: turnID},
-				&persistence.TouchSession{SessionID: s.ID, At: at},
-				&persistence.PutRoute{Route: persistence.Route{Key: s.Key, SessionID: s.ID, Generation: int64(k + 1), UpdatedAt: at}},
-				&persistence.AddOutbox{Entry: persistence.OutboxEntry{
-					SessionKey: s.Key, Seq: int64(k + 1), SessionID: s.ID, Kind: platforms.KindReply,
-					Text: reply, TurnID: turnID, InReplyTo: []string{msgID}, Platform: s.Platform,
-					ChatType: s.ChatType, ChatID: s.ChatID, UserID: s.UserID,
-					State: persistence.DeliveryPending, CreatedAt: at,
-				}},
-			})
+			at := base.Add(time.Duration(k+1) * time.Millisecond)
+			turns = append(turns, workload.Turn(ss[i], k, texts[2*(i*m+k)], texts[2*(i*m+k)+1], at))
 		}
 	}
 	return create, turns
-}
-
-// newBenchTexts returns count message texts of benchTextBytes bytes: Zipf-distributed words
-// (s = 1.1) from a generated vocabulary with a fixed seed, as in persistence/bench_test.go.
-func newBenchTexts(count int) []string {
-	r := rand.New(rand.NewPCG(1, 2))
-	syllables := strings.Fields("a an be ca de di en fo ga he in jo ka la li mo na ne or pa " +
-		"qu re ri sa se ta ti to un ve wa xe yo za ch sh th st tr pl")
-	seen := make(map[string]bool, benchVocab)
-	vocab := make([]string, 0, benchVocab)
-	for len(vocab) < benchVocab {
-		var sb strings.Builder
-		for range 1 + r.IntN(4) {
-			sb.WriteString(syllables[r.IntN(len(syllables))])
-		}
-		if w := sb.String(); !seen[w] {
-			seen[w] = true
-			vocab = append(vocab, w)
-		}
-	}
-	zipf := rand.NewZipf(r, 1.1, 1, benchVocab-1)
-	texts := make([]string, count)
-	for i := range texts {
-		var sb strings.Builder
-		for sb.Len() < benchTextBytes {
-			if sb.Len() > 0 {
-				sb.WriteByte(' ')
-			}
-			sb.WriteString(vocab[zipf.Uint64()])
-		}
-		texts[i] = sb.String()[:benchTextBytes]
-	}
-	return texts
 }
 
 // percentile returns the nearest-rank q-quantile of sorted.
