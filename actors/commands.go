@@ -165,7 +165,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 		}
 		r := s.result(m, platforms.Command, sid)
 		c.Send(requester, r)
-		s.sendOutbound(c, outboundFromEntry(&entry))
+		s.sendOutbound(c, OutboundFromEntry(&entry))
 	})
 }
 

@@ -98,6 +98,6 @@ func (s *Session) setAside(c actor.Context, it *item, status, text string) {
 		if err != nil {
 			s.log.Error("store set-aside message", "status", status, "err", err)
 		}
-		s.sendOutbound(c, outboundFromEntry(&entry))
+		s.sendOutbound(c, OutboundFromEntry(&entry))
 	})
 }

@@ -80,7 +80,7 @@ func (s *Session) afterAutoReset(prev *persistence.Session, src identity.Source,
 			Content: text, Status: persistence.StatusDone, Active: true, CreatedAt: now}},
 		&persistence.AddOutbox{Entry: entry},
 	}
-	out := outboundFromEntry(&entry)
+	out := OutboundFromEntry(&entry)
 	out.TurnEnd = false // the answer to the message itself follows
 	return out, ops
 }

@@ -199,7 +199,7 @@ func (s *Session) start(c actor.Context) {
 		}
 	}
 	for i := range snap.Unconfirmed {
-		s.sendOutbound(c, outboundFromEntry(&snap.Unconfirmed[i]))
+		s.sendOutbound(c, OutboundFromEntry(&snap.Unconfirmed[i]))
 	}
 	if s.life.restarts > 0 {
 		s.afterCrash(c)
@@ -658,7 +658,7 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string)
 		if err != nil {
 			s.log.Error("store turn result", "turn", r.id, "err", err)
 		}
-		out := outboundFromEntry(&entry)
+		out := OutboundFromEntry(&entry)
 		out.TurnEnd = true
 		s.sendOutbound(c, out)
 	})
@@ -673,7 +673,9 @@ func (s *Session) outboxEntry(src identity.Source, sid, kind, text, turnID strin
 	}
 }
 
-func outboundFromEntry(e *persistence.OutboxEntry) *platforms.Outbound {
+// OutboundFromEntry is the platform message for a recorded outbox entry (sent as the end of its
+// turn; callers clear TurnEnd when more follows).
+func OutboundFromEntry(e *persistence.OutboxEntry) *platforms.Outbound {
 	return &platforms.Outbound{
 		SessionKey: e.SessionKey, SessionID: e.SessionID, Seq: e.Seq, Kind: e.Kind, Text: e.Text,
 		TurnID: e.TurnID, InReplyTo: slices.Clone(e.InReplyTo), CreatedAt: e.CreatedAt, TurnEnd: true,

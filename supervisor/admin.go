@@ -187,10 +187,8 @@ func (a *sessionsAPI) RepliesTo(ctx context.Context, key, messageID string) ([]*
 
 func outbounds(es []persistence.OutboxEntry) []*platforms.Outbound {
 	out := make([]*platforms.Outbound, len(es))
-	for i, e := range es {
-		out[i] = &platforms.Outbound{SessionKey: e.SessionKey, SessionID: e.SessionID, Seq: e.Seq, Kind: e.Kind,
-			Text: e.Text, TurnID: e.TurnID, InReplyTo: e.InReplyTo, CreatedAt: e.CreatedAt, TurnEnd: true,
-			Target: identity.Source{Platform: e.Platform, ChatType: e.ChatType, ChatID: e.ChatID, ThreadID: e.ThreadID, UserID: e.UserID}}
+	for i := range es {
+		out[i] = actors.OutboundFromEntry(&es[i])
 	}
 	return out
 }

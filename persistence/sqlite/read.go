@@ -439,53 +439,38 @@ func getSession(ctx context.Context, q querier, id string) (*persistence.Session
 	return ss, err
 }
 
-func querySessions(ctx context.Context, q querier, query string, args ...any) ([]persistence.Session, error) {
+// queryAll runs query and scans every row with scan.
+func queryAll[T any](ctx context.Context, q querier, scan func(scanner) (T, error), query string, args ...any) ([]T, error) {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var ss []persistence.Session
+	var out []T
 	for rows.Next() {
-		s, err := scanSession(rows)
+		v, err := scan(rows)
 		if err != nil {
 			return nil, err
 		}
-		ss = append(ss, *s)
+		out = append(out, v)
 	}
-	return ss, rows.Err()
+	return out, rows.Err()
+}
+
+func querySessions(ctx context.Context, q querier, query string, args ...any) ([]persistence.Session, error) {
+	return queryAll(ctx, q, func(r scanner) (persistence.Session, error) {
+		s, err := scanSession(r)
+		if err != nil {
+			return persistence.Session{}, err
+		}
+		return *s, nil
+	}, query, args...)
 }
 
 func queryMessages(ctx context.Context, q querier, query string, args ...any) ([]persistence.Message, error) {
-	rows, err := q.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var ms []persistence.Message
-	for rows.Next() {
-		m, err := scanMessage(rows)
-		if err != nil {
-			return nil, err
-		}
-		ms = append(ms, m)
-	}
-	return ms, rows.Err()
+	return queryAll(ctx, q, scanMessage, query, args...)
 }
 
 func queryOutbox(ctx context.Context, q querier, query string, args ...any) ([]persistence.OutboxEntry, error) {
-	rows, err := q.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var es []persistence.OutboxEntry
-	for rows.Next() {
-		e, err := scanOutbox(rows)
-		if err != nil {
-			return nil, err
-		}
-		es = append(es, e)
-	}
-	return es, rows.Err()
+	return queryAll(ctx, q, scanOutbox, query, args...)
 }
