@@ -36,6 +36,11 @@ type Request struct {
 	// Steer delivers messages that arrive while the turn runs (queue mode steer) to an agent
 	// that can take them (Steerer). It is closed when the turn ends; nil when not steering.
 	Steer <-chan Message `json:"-"`
+	// Partial receives the reply as it grows (the whole text so far, not a delta) when the
+	// platform can edit a message it sent; nil otherwise. An agent that streams calls it from
+	// its own goroutine as often as it likes (the runtime throttles the edits) and still returns
+	// the whole text in Response; an agent that does not stream ignores it.
+	Partial func(text string) `json:"-"`
 }
 
 // Steerer is an Agent that can take new user messages into a running turn.
@@ -54,6 +59,14 @@ func CanSteer(a Agent) bool {
 // Response is an agent's answer for one turn.
 type Response struct {
 	Text string
+	// Usage is what the turn cost in model tokens; zero for agents that do not know.
+	Usage Usage
+}
+
+// Usage counts the model tokens of one turn.
+type Usage struct {
+	InputTokens  int64
+	OutputTokens int64
 }
 
 // Agent runs one turn. Run blocks until the turn ends or ctx is cancelled.

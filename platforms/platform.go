@@ -70,6 +70,8 @@ type Outbound struct {
 	// waiting caller that everything for those messages has been said.
 	TurnEnd   bool
 	CreatedAt time.Time
+	// DraftID, set only for an Editor, is the id of the draft this reply finishes (see Editor).
+	DraftID string
 }
 
 // Platform is one chat platform adapter.
@@ -87,6 +89,19 @@ type Platform interface {
 // say); /readyz reports its answer. A platform without it is ready while its Run is running.
 type Checker interface {
 	Ready(ctx context.Context) error
+}
+
+// Editor is implemented by a platform that can edit a message it has sent, so a streaming
+// agent's reply grows in place (Discord). The runtime posts a draft with the first partial text,
+// edits it as the text grows, and then sends the final reply as an Outbound whose DraftID names
+// the draft: Send then edits the draft into the final text (posting any overflow as further
+// messages) instead of posting anew. Drafts are not durable; the final reply is.
+type Editor interface {
+	// SendDraft posts text into target's chat, answering inReplyTo, and returns the platform's
+	// id of the new message.
+	SendDraft(ctx context.Context, target identity.Source, inReplyTo []string, text string) (id string, err error)
+	// EditDraft replaces the text of the draft id in target's chat.
+	EditDraft(ctx context.Context, target identity.Source, id, text string) error
 }
 
 // Errors a Deliver may return, so adapters can map them to their own answers.
