@@ -22,6 +22,7 @@ import (
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/platforms"
+	"github.com/agentgate/agentgate/platforms/discord"
 	httpplatform "github.com/agentgate/agentgate/platforms/http"
 	"github.com/asynkron/protoactor-go/actor"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -95,8 +96,13 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	if d.spool, err = spool.Open(filepath.Join(cfg.DataDir, "spool")); err != nil {
 		return nil, fmt.Errorf("start: open spool: %w", err)
 	}
+	extra, err := configuredPlatforms(cfg, log)
+	if err != nil {
+		return nil, fmt.Errorf("start: %w", err)
+	}
+	extra = append(extra, opts.Platforms...)
 	names := []string{"http"}
-	for _, p := range opts.Platforms {
+	for _, p := range extra {
 		names = append(names, p.Name())
 	}
 	d.metrics = metrics.New(names...)
@@ -114,7 +120,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	if d.addr, err = d.http.Listen(); err != nil {
 		return nil, fmt.Errorf("start: %w", err)
 	}
-	d.platforms = append([]platforms.Platform{d.http}, opts.Platforms...)
+	d.platforms = append([]platforms.Platform{d.http}, extra...)
 
 	sysOpts := []actor.ConfigOption{actor.WithLoggerFactory(func(s *actor.ActorSystem) *slog.Logger {
 		return slog.New(floor{h: log.Handler(), min: slog.LevelWarn}).With("component", "actors")
@@ -257,6 +263,23 @@ func (d *Daemon) ready(ctx context.Context) map[string]error {
 		}
 	}
 	return r
+}
+
+// configuredPlatforms builds the platforms the configuration enables besides HTTP.
+func configuredPlatforms(cfg *config.Config, log *slog.Logger) ([]platforms.Platform, error) {
+	var out []platforms.Platform
+	if dc := cfg.Platforms.Discord; dc.Enabled {
+		token := os.Getenv(dc.TokenEnv)
+		if token == "" {
+			return nil, fmt.Errorf("discord is enabled but the environment variable %s (platforms.discord.token_env) is empty", dc.TokenEnv)
+		}
+		p, err := discord.New(discord.Config{Token: token, Settings: dc, Logger: log.With("component", "discord")})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 func newAgent(cfg *config.Config, log *slog.Logger) (agents.Agent, error) {

@@ -134,12 +134,43 @@ type Platforms struct {
 	Discord Discord `yaml:"discord"`
 }
 
-// Discord configures the Discord platform.
+// Discord configures the Discord platform. Ids are Discord snowflakes, as strings.
 type Discord struct {
-	Enabled        bool   `yaml:"enabled"`
-	TokenEnv       string `yaml:"token_env"`
-	RequireMention bool   `yaml:"require_mention"`
-	AutoThread     bool   `yaml:"auto_thread"`
+	Enabled  bool   `yaml:"enabled"`
+	TokenEnv string `yaml:"token_env"` // env var holding the bot token
+	// RequireMention: in guild channels, answer only messages that mention the bot. DMs never
+	// need a mention, nor do threads the bot started.
+	RequireMention bool `yaml:"require_mention"`
+	// AutoThread: a mention in a guild text channel opens a thread from that message, and the
+	// conversation continues there, one thread and session per mention.
+	AutoThread bool `yaml:"auto_thread"`
+	// FreeResponseChannels are channels where every message is answered, mention or not.
+	FreeResponseChannels []string `yaml:"free_response_channels"`
+	// Guilds and Channels override require_mention per guild and per channel (a channel
+	// beats its guild; a thread follows its parent channel).
+	Guilds   map[string]DiscordScope `yaml:"guilds"`
+	Channels map[string]DiscordScope `yaml:"channels"`
+	// AllowedGuilds, AllowedChannels and AllowedUsers, when not empty, are the only guilds,
+	// channels (a thread counts as its parent) and users answered; everything else is ignored
+	// before it is queued. DMs are checked against AllowedUsers only.
+	AllowedGuilds   []string `yaml:"allowed_guilds"`
+	AllowedChannels []string `yaml:"allowed_channels"`
+	AllowedUsers    []string `yaml:"allowed_users"`
+	// AllowBots answers messages from other bots (the bot's own messages are always ignored).
+	AllowBots bool `yaml:"allow_bots"`
+	// ShardID and ShardCount place this gateway connection among the bot's shards.
+	ShardID    int `yaml:"shard_id"`
+	ShardCount int `yaml:"shard_count"`
+	// APIURL replaces Discord's REST base URL (https://discord.com/api/v9/), for a REST proxy.
+	APIURL string `yaml:"api_url"`
+	// ThreadArchiveMinutes is the auto-archive duration of threads the bot opens:
+	// 60, 1440, 4320 or 10080.
+	ThreadArchiveMinutes int `yaml:"thread_archive_minutes"`
+}
+
+// DiscordScope overrides Discord gating for one guild or channel; a nil field inherits.
+type DiscordScope struct {
+	RequireMention *bool `yaml:"require_mention,omitempty"`
 }
 
 // Shutdown configures the drain on SIGTERM/SIGINT.

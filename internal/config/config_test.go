@@ -635,7 +635,16 @@ func TestValidate(t *testing.T) {
 		{"openai key and timeout", func(c *Config) { c.Agent.OpenAI.APIKeyEnv = "sk-123"; c.Agent.OpenAI.Timeout = 0 }, []string{
 			"agent.openai.api_key_env", "agent.openai.timeout",
 		}},
-		{"discord without token_env", func(c *Config) { c.Platforms.Discord = Discord{Enabled: true} }, []string{"platforms.discord.token_env"}},
+		{"discord without token_env", func(c *Config) { c.Platforms.Discord.Enabled, c.Platforms.Discord.TokenEnv = true, "" }, []string{"platforms.discord.token_env"}},
+		{"discord shards, archive, ids and api_url", func(c *Config) {
+			d := &c.Platforms.Discord
+			d.ShardID, d.ShardCount, d.ThreadArchiveMinutes, d.APIURL = 2, 2, 30, "discord.com/api"
+			d.AllowedUsers = []string{"123", "@alice"}
+			d.Channels = map[string]DiscordScope{"general": {}}
+		}, []string{
+			"platforms.discord.shard_id", "platforms.discord.thread_archive_minutes", "platforms.discord.api_url",
+			"platforms.discord.allowed_users[1]", "platforms.discord.channels.general",
+		}},
 		{"discord bad token_env", func(c *Config) { c.Platforms.Discord.TokenEnv = "1TOKEN" }, []string{"platforms.discord.token_env"}},
 		{"shutdown and persistence", func(c *Config) { c.Shutdown.DrainTimeout = -1; c.Persist.MaxBatch = 0 }, []string{
 			"shutdown.drain_timeout", "persistence.max_batch",

@@ -48,7 +48,9 @@ func Default() *Config {
 			Exec:    Exec{Timeout: 10 * time.Minute, History: 20, KillGrace: 5 * time.Second},
 			OpenAI:  OpenAI{APIKeyEnv: "OPENAI_API_KEY", Timeout: 2 * time.Minute},
 		},
-		Platforms: Platforms{Discord: Discord{TokenEnv: "DISCORD_TOKEN", RequireMention: true}},
+		Platforms: Platforms{Discord: Discord{
+			TokenEnv: "DISCORD_TOKEN", RequireMention: true, ShardCount: 1, ThreadArchiveMinutes: 1440,
+		}},
 		Shutdown:  Shutdown{DrainTimeout: 30 * time.Second},
 		Metrics:   Metrics{Actors: true},
 		Persist:   Persist{MaxBatch: 512},

@@ -103,6 +103,36 @@ func (c *Config) validate() []error {
 	if d.Enabled {
 		v.required("platforms.discord.token_env", d.TokenEnv != "", "when platforms.discord.enabled is true")
 	}
+	atLeast(&v, "platforms.discord.shard_count", d.ShardCount, 1)
+	if d.ShardID < 0 || (d.ShardCount >= 1 && d.ShardID >= d.ShardCount) {
+		v.add("platforms.discord.shard_id", d.ShardID, "must be from 0 to shard_count-1")
+	}
+	if !slices.Contains([]int{60, 1440, 4320, 10080}, d.ThreadArchiveMinutes) {
+		v.add("platforms.discord.thread_archive_minutes", d.ThreadArchiveMinutes, "must be 60, 1440, 4320 or 10080")
+	}
+	if d.APIURL != "" {
+		u, err := url.Parse(d.APIURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			v.add("platforms.discord.api_url", nil, "must be an absolute http or https URL")
+		}
+	}
+	for _, list := range []struct {
+		field string
+		ids   []string
+	}{
+		{"free_response_channels", d.FreeResponseChannels}, {"allowed_guilds", d.AllowedGuilds},
+		{"allowed_channels", d.AllowedChannels}, {"allowed_users", d.AllowedUsers},
+	} {
+		for i, id := range list.ids {
+			v.snowflake(fmt.Sprintf("platforms.discord.%s[%d]", list.field, i), id)
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(d.Guilds)) {
+		v.snowflake(keyPath("platforms.discord.guilds", id), id)
+	}
+	for _, id := range slices.Sorted(maps.Keys(d.Channels)) {
+		v.snowflake(keyPath("platforms.discord.channels", id), id)
+	}
 
 	atLeast(&v, "shutdown.drain_timeout", c.Shutdown.DrainTimeout, 0)
 	atLeast(&v, "persistence.max_batch", c.Persist.MaxBatch, 1)
@@ -166,6 +196,15 @@ var platformNameRE = regexp.MustCompile(`^[a-z][a-z0-9_-]*$`)
 func (v *validator) platformName(field, name string, value any) {
 	if !platformNameRE.MatchString(name) {
 		v.add(field, value, "must be a platform name such as discord or http ([a-z][a-z0-9_-]*)")
+	}
+}
+
+var snowflakeRE = regexp.MustCompile(`^[0-9]{1,20}$`)
+
+// snowflake checks a Discord id: a decimal number, given as a string.
+func (v *validator) snowflake(field, id string) {
+	if !snowflakeRE.MatchString(id) {
+		v.add(field, id, "must be a Discord id (a number such as 123456789012345678, quoted)")
 	}
 }
 

@@ -1,0 +1,230 @@
+package discord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// Name is the platform name of Discord in session keys and metrics.
+const Name = "discord"
+
+// Intents are the gateway intents the adapter asks for: guild messages, direct messages and
+// message content (to read what users say), and guilds (to learn channels and threads).
+const Intents = discordgo.IntentsGuildMessages | discordgo.IntentsDirectMessages |
+	discordgo.IntentMessageContent | discordgo.IntentsGuilds
+
+const (
+	restTimeout    = 30 * time.Second
+	deliverTimeout = time.Minute
+	maxProgress    = 10_000 // remembered partial sends; more are forgotten (a retry may repeat a chunk)
+)
+
+// Config configures a Platform.
+type Config struct {
+	// Token is the bot token (without the "Bot " prefix).
+	Token string
+	// Settings are the platforms.discord keys of the configuration.
+	Settings config.Discord
+	// Logger receives the platform's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Platform is the Discord adapter: one gateway connection (a shard) and the REST client that
+// sends replies. Create it with New; the runtime drives it through Run and Send.
+type Platform struct {
+	cfg  config.Discord
+	log  *slog.Logger
+	s    *discordgo.Session
+	gate gate
+
+	botID     atomic.Pointer[string]
+	connected atomic.Bool
+	lost      chan error // the gateway connection dropped; Run returns so it is reopened
+
+	mu       sync.Mutex
+	deliver  platforms.Deliver
+	runCtx   context.Context
+	lastErr  error
+	progress map[string]int // "key/seq" → chunks of that outbound already posted
+	threads  *channelCache
+	typing   *typing
+}
+
+var (
+	_ platforms.Platform = (*Platform)(nil)
+	_ platforms.Checker  = (*Platform)(nil)
+	_ platforms.Editor   = (*Platform)(nil)
+)
+
+// New returns a Discord platform for c. It does not connect: Run does.
+func New(c Config) (*Platform, error) {
+	if c.Token == "" {
+		return nil, errors.New("new discord platform: no bot token (set the environment variable named by platforms.discord.token_env)")
+	}
+	log := c.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("platform", Name)
+	s, err := discordgo.New("Bot " + c.Token)
+	if err != nil {
+		return nil, fmt.Errorf("new discord platform: %w", err)
+	}
+	s.Client = &http.Client{Timeout: restTimeout, Transport: newRewrite(c.Settings.APIURL, http.DefaultTransport)}
+	s.UserAgent = "agentgate (https://github.com/agentgate/agentgate)"
+	// Handlers run in order on the gateway's reader, so a channel's messages are delivered in
+	// the order Discord sent them; a lost connection ends Run, and the platform supervisor
+	// reopens it with capped backoff (discordgo's own reconnect loop could outlive Run).
+	s.SyncEvents = true
+	s.ShouldReconnectOnError = false
+	s.ShouldRetryOnRateLimit = true
+	s.MaxRestRetries = 3
+	s.Identify.Intents = Intents
+	s.ShardID, s.ShardCount = c.Settings.ShardID, max(c.Settings.ShardCount, 1)
+	s.LogLevel = discordgo.LogWarning
+	routeLibraryLogs(log)
+
+	p := &Platform{
+		cfg:      c.Settings,
+		log:      log,
+		s:        s,
+		gate:     newGate(c.Settings),
+		lost:     make(chan error, 1),
+		progress: map[string]int{},
+		runCtx:   context.Background(),
+	}
+	p.threads = newChannelCache(p.fetchChannel)
+	p.typing = newTyping(p.sendTyping)
+	p.lastErr = errors.New("not connected yet")
+	s.AddHandler(p.onReady)
+	s.AddHandler(p.onResumed)
+	s.AddHandler(p.onDisconnect)
+	s.AddHandler(p.onMessage)
+	s.AddHandler(p.onRateLimit)
+	return p, nil
+}
+
+// Name returns "discord".
+func (p *Platform) Name() string { return Name }
+
+// Run connects to the gateway (resuming the previous gateway session when there was one, so
+// Discord replays what was missed) and feeds messages to deliver until ctx ends or the
+// connection drops.
+func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
+	p.mu.Lock()
+	p.deliver, p.runCtx = deliver, ctx
+	p.mu.Unlock()
+	select { // a loss reported by the previous connection is old news
+	case <-p.lost:
+	default:
+	}
+	if err := p.s.Open(); err != nil {
+		p.setErr(fmt.Errorf("connect to gateway: %w", err))
+		return fmt.Errorf("discord: connect to gateway: %w", err)
+	}
+	defer p.typing.stopAll()
+	select {
+	case <-ctx.Done():
+		p.setErr(errors.New("stopped"))
+		if err := p.s.Close(); err != nil {
+			p.log.Debug("close gateway", "err", err)
+		}
+		return nil
+	case err := <-p.lost:
+		return fmt.Errorf("discord: %w", err)
+	}
+}
+
+// Ready reports whether the gateway connection is up.
+func (p *Platform) Ready(context.Context) error {
+	if p.connected.Load() {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return fmt.Errorf("discord gateway not connected: %w", p.lastErr)
+}
+
+func (p *Platform) setErr(err error) {
+	p.connected.Store(false)
+	p.mu.Lock()
+	p.lastErr = err
+	p.mu.Unlock()
+}
+
+func (p *Platform) onReady(_ *discordgo.Session, r *discordgo.Ready) {
+	if r.User != nil {
+		id := r.User.ID
+		p.botID.Store(&id)
+	}
+	p.connected.Store(true)
+	p.log.Info("discord gateway ready", "bot", userName(r.User), "guilds", len(r.Guilds), "shard", p.s.ShardID, "shards", p.s.ShardCount)
+}
+
+func (p *Platform) onResumed(*discordgo.Session, *discordgo.Resumed) {
+	p.connected.Store(true)
+	p.log.Info("discord gateway resumed")
+}
+
+func (p *Platform) onDisconnect(*discordgo.Session, *discordgo.Disconnect) {
+	err := errors.New("gateway connection lost")
+	p.setErr(err)
+	select {
+	case p.lost <- err:
+	default:
+	}
+}
+
+func (p *Platform) onRateLimit(_ *discordgo.Session, r *discordgo.RateLimit) {
+	p.log.Warn("discord rate limit; waiting", "url", r.URL, "retry_after", r.RetryAfter)
+}
+
+func (p *Platform) bot() string {
+	if id := p.botID.Load(); id != nil {
+		return *id
+	}
+	return ""
+}
+
+func userName(u *discordgo.User) string {
+	if u == nil {
+		return ""
+	}
+	return u.Username
+}
+
+// libraryLog is where discordgo's package-wide logger writes; the latest platform's logger.
+var libraryLog atomic.Pointer[slog.Logger]
+
+var routeOnce sync.Once
+
+// routeLibraryLogs sends discordgo's own log lines to log instead of the standard logger.
+func routeLibraryLogs(log *slog.Logger) {
+	libraryLog.Store(log.With("component", "discordgo"))
+	routeOnce.Do(func() {
+		discordgo.Logger = func(level, _ int, format string, a ...any) {
+			l := libraryLog.Load()
+			msg := strings.TrimSpace(fmt.Sprintf(format, a...))
+			switch level {
+			case discordgo.LogError:
+				l.Error(msg)
+			case discordgo.LogWarning:
+				l.Warn(msg)
+			default:
+				l.Debug(msg)
+			}
+		}
+	})
+}

@@ -1,0 +1,65 @@
+package discordtest
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+)
+
+// FailNext answers the next n REST requests whose method is method (any method if empty)
+// and whose URL path ends in pathSuffix with status, without acting on them. A 429 carries
+// Discord's rate-limit body (retry_after 0.05s) and headers; other statuses carry a JSON
+// error body. Rules apply in the order they were added.
+func (s *Server) FailNext(method, pathSuffix string, status, n int) {
+	s.addFault(method, pathSuffix, status, n, false)
+}
+
+// FailNextAfter is FailNext for a lost response: the next n matching requests take effect
+// (a message is posted and dispatched) but are answered with status. With enforce_nonce, a
+// retry of such a POST returns the message posted the first time.
+func (s *Server) FailNextAfter(method, pathSuffix string, status, n int) {
+	s.addFault(method, pathSuffix, status, n, true)
+}
+
+func (s *Server) addFault(method, suffix string, status, n int, after bool) {
+	if n <= 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = append(s.faults, &fault{method: strings.ToUpper(method), suffix: suffix, status: status, left: n, after: after})
+}
+
+// fault is a FailNext or FailNextAfter rule.
+type fault struct {
+	method, suffix string
+	status, left   int
+	after          bool // act on the request, then fail the response
+}
+
+// takeFault returns the first rule matching r and uses up one of its requests.
+func (s *Server) takeFault(r *http.Request) *fault {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, f := range s.faults {
+		if (f.method == "" || f.method == r.Method) && strings.HasSuffix(r.URL.Path, f.suffix) {
+			f.left--
+			if f.left == 0 {
+				s.faults = slices.Delete(s.faults, i, i+1)
+			}
+			return f
+		}
+	}
+	return nil
+}
+
+// retryAfter is the retry_after, in seconds, of the 429s FailNext makes.
+const retryAfter = 0.05
+
+func faultResponse(status int) (int, any) {
+	if status == http.StatusTooManyRequests {
+		return status, map[string]any{"message": "You are being rate limited.", "retry_after": retryAfter, "global": false}
+	}
+	return status, apiError(fmt.Sprintf("%d: %s", status, http.StatusText(status)), 0)
+}

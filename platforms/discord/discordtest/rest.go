@@ -1,0 +1,366 @@
+package discordtest
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net/http"
+	"regexp"
+	"slices"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/bwmarrin/discordgo"
+)
+
+// maxContent is Discord's limit on message content, in characters.
+const maxContent = 2000
+
+// A handler serves one REST route and returns the status and the JSON body (nil for none).
+type handler func(r *http.Request) (int, any)
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/gateway", s.serveGateway)
+	mux.HandleFunc("/gateway/", s.serveGateway) // discordgo appends a slash
+	mux.Handle("GET /api/v9/gateway", s.api(false, s.getGateway))
+	mux.Handle("GET /api/v9/gateway/bot", s.api(true, s.getGatewayBot))
+	mux.Handle("GET /api/v9/users/@me", s.api(true, s.getMe))
+	mux.Handle("GET /api/v9/channels/{channel}", s.api(true, s.getChannel))
+	mux.Handle("POST /api/v9/channels/{channel}/messages", s.api(true, s.postMessage))
+	mux.Handle("PATCH /api/v9/channels/{channel}/messages/{message}", s.api(true, s.editMessage))
+	mux.Handle("POST /api/v9/channels/{channel}/typing", s.api(true, s.postTyping))
+	mux.Handle("POST /api/v9/channels/{channel}/messages/{message}/threads", s.api(true, s.startThread))
+	mux.Handle("/", s.api(true, func(*http.Request) (int, any) {
+		return http.StatusNotFound, apiError("404: Not Found", 0)
+	}))
+	return mux
+}
+
+func (s *Server) api(auth bool, h handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+		status, body := s.serveAPI(r, auth, h)
+		hdr := w.Header()
+		hdr.Set("X-RateLimit-Bucket", bucket(r))
+		hdr.Set("X-RateLimit-Limit", "5")
+		// Generous values with a near reset, so discordgo's limiter never waits on its own.
+		remaining, resetAfter := "4", 0.001
+		if status == http.StatusTooManyRequests {
+			remaining, resetAfter = "0", retryAfter
+			hdr.Set("Retry-After", "1") // whole seconds, as Discord sends; discordgo reads the body
+			hdr.Set("X-RateLimit-Scope", "user")
+		}
+		hdr.Set("X-RateLimit-Remaining", remaining)
+		hdr.Set("X-RateLimit-Reset-After", strconv.FormatFloat(resetAfter, 'f', 3, 64))
+		reset := float64(time.Now().UnixMilli())/1000 + resetAfter
+		hdr.Set("X-RateLimit-Reset", strconv.FormatFloat(reset, 'f', 3, 64))
+		if body == nil {
+			w.WriteHeader(status)
+			return
+		}
+		hdr.Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		w.Write(mustJSON(body))
+	})
+}
+
+func (s *Server) serveAPI(r *http.Request, auth bool, h handler) (int, any) {
+	if auth && r.Header.Get("Authorization") != "Bot "+s.token {
+		return http.StatusUnauthorized, apiError("401: Unauthorized", 0)
+	}
+	f := s.takeFault(r)
+	if f != nil && !f.after {
+		s.logf("rest: %s %s: injected %d", r.Method, r.URL.Path, f.status)
+		return faultResponse(f.status)
+	}
+	status, body := h(r)
+	if f != nil {
+		s.logf("rest: %s %s: answered %d, replaced by injected %d", r.Method, r.URL.Path, status, f.status)
+		return faultResponse(f.status)
+	}
+	return status, body
+}
+
+func bucket(r *http.Request) string {
+	h := fnv.New64a()
+	io.WriteString(h, r.Pattern)
+	return fmt.Sprintf("%016x", h.Sum64())
+}
+
+func apiError(msg string, code int) map[string]any {
+	return map[string]any{"message": msg, "code": code}
+}
+
+// invalidForm is Discord's 400 for a field that fails validation.
+func invalidForm(field, code, msg string) (int, any) {
+	return http.StatusBadRequest, map[string]any{
+		"message": "Invalid Form Body", "code": 50035,
+		"errors": map[string]any{field: map[string]any{"_errors": []any{map[string]any{"code": code, "message": msg}}}},
+	}
+}
+
+var (
+	errUnknownChannel = apiError("Unknown Channel", 10003)
+	errUnknownMessage = apiError("Unknown Message", 10008)
+)
+
+// decodeBody reads a JSON body; ok is false when it is not JSON.
+func decodeBody(r *http.Request, v any) bool {
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		return false
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		return true
+	}
+	return json.Unmarshal(b, v) == nil
+}
+
+var errInvalidJSON = apiError("The request body contains invalid JSON.", 50109)
+
+func (s *Server) getGateway(*http.Request) (int, any) {
+	return http.StatusOK, map[string]any{"url": s.wsURL}
+}
+
+func (s *Server) getGatewayBot(*http.Request) (int, any) {
+	return http.StatusOK, map[string]any{
+		"url": s.wsURL, "shards": 1,
+		"session_start_limit": map[string]any{"total": 1000, "remaining": 999, "reset_after": 14400000, "max_concurrency": 1},
+	}
+}
+
+func (s *Server) getMe(*http.Request) (int, any) {
+	return http.StatusOK, s.bot.wire()
+}
+
+func (s *Server) getChannel(r *http.Request) (int, any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.chanByID[r.PathValue("channel")]
+	if c == nil {
+		return http.StatusNotFound, errUnknownChannel
+	}
+	return http.StatusOK, s.channelWireLocked(c)
+}
+
+// allowedMentions is the allowed_mentions object of a message body.
+type allowedMentions struct {
+	Parse       []string `json:"parse"`
+	Users       []string `json:"users"`
+	RepliedUser bool     `json:"replied_user"`
+}
+
+func (s *Server) postMessage(r *http.Request) (int, any) {
+	var body struct {
+		Content          string                      `json:"content"`
+		Embeds           []json.RawMessage           `json:"embeds"`
+		Flags            int                         `json:"flags"`
+		Nonce            json.RawMessage             `json:"nonce"`
+		EnforceNonce     bool                        `json:"enforce_nonce"`
+		MessageReference *discordgo.MessageReference `json:"message_reference"`
+		AllowedMentions  *allowedMentions            `json:"allowed_mentions"`
+	}
+	if !decodeBody(r, &body) {
+		return http.StatusBadRequest, errInvalidJSON
+	}
+	nonce, ok := nonceString(body.Nonce)
+	if !ok {
+		return invalidForm("nonce", "BASE_TYPE_BAD_LENGTH", "Must be an integer or a string of at most 25 characters.")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := s.chanByID[r.PathValue("channel")]
+	if ch == nil {
+		return http.StatusNotFound, errUnknownChannel
+	}
+	if body.EnforceNonce && nonce != "" {
+		if m := s.nonces[nonce]; m != nil {
+			return http.StatusOK, s.messageWire(m, false, visibleAll)
+		}
+	}
+	if body.Content == "" && len(body.Embeds) == 0 {
+		return http.StatusBadRequest, apiError("Cannot send an empty message", 50006)
+	}
+	if utf8.RuneCountInString(body.Content) > maxContent {
+		return invalidForm("content", "BASE_TYPE_MAX_LENGTH", "Must be 2000 or fewer in length.")
+	}
+	var ref *message
+	if mr := body.MessageReference; mr != nil {
+		ref = s.messages[mr.MessageID]
+		if ref == nil || (mr.ChannelID != "" && mr.ChannelID != ref.channelID) || ref.channelID != ch.ID {
+			if mr.FailIfNotExists == nil || *mr.FailIfNotExists {
+				return invalidForm("message_reference", "MESSAGE_REFERENCE_UNKNOWN_MESSAGE", "Unknown message")
+			}
+			ref = nil
+		}
+	}
+	created, id := s.tickLocked()
+	m := &message{
+		id:        id,
+		channelID: ch.ID,
+		guildID:   ch.GuildID,
+		author:    s.bot,
+		content:   body.Content,
+		embeds:    body.Embeds,
+		flags:     body.Flags,
+		typ:       discordgo.MessageTypeDefault,
+		ref:       ref,
+		nonce:     nonce,
+		created:   created,
+	}
+	if ref != nil {
+		m.typ = discordgo.MessageTypeReply
+	}
+	m.mentions, m.mentionEveryone = s.mentionsLocked(m.content, body.AllowedMentions, ref)
+	if nonce != "" {
+		s.nonces[nonce] = m
+	}
+	s.storeLocked(m)
+	s.dispatchMessageLocked("MESSAGE_CREATE", m)
+	s.notifyLocked()
+	return http.StatusOK, s.messageWire(m, false, visibleAll)
+}
+
+// nonceString turns a nonce (an integer or a string of at most 25 characters) into a
+// string; ok is false for anything else.
+func nonceString(raw json.RawMessage) (nonce string, ok bool) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", true
+	}
+	var str string
+	if json.Unmarshal(raw, &str) == nil {
+		return str, len(str) <= 25
+	}
+	var n json.Number
+	if json.Unmarshal(raw, &n) == nil {
+		if _, err := n.Int64(); err == nil {
+			return n.String(), true
+		}
+	}
+	return "", false
+}
+
+var mentionRE = regexp.MustCompile(`<@!?(\d+)>|@everyone|@here`)
+
+// mentionsLocked works out whom a bot message pings, as Discord does: user mentions in the
+// content and @everyone/@here, filtered by allowed_mentions (absent: everything, and the
+// replied-to author), plus the replied-to author if replied_user.
+func (s *Server) mentionsLocked(content string, am *allowedMentions, ref *message) ([]User, bool) {
+	parseUsers, parseEveryone, replied := true, true, true
+	var allowedUsers []string
+	if am != nil {
+		parseUsers = slices.Contains(am.Parse, "users")
+		parseEveryone = slices.Contains(am.Parse, "everyone")
+		replied = am.RepliedUser
+		allowedUsers = am.Users
+	}
+	var users []User
+	everyone := false
+	for _, m := range mentionRE.FindAllStringSubmatch(content, -1) {
+		if m[1] == "" {
+			everyone = everyone || parseEveryone
+			continue
+		}
+		u, known := s.users[m[1]]
+		if known && (parseUsers || slices.Contains(allowedUsers, m[1])) {
+			users = appendUser(users, u)
+		}
+	}
+	if ref != nil && replied {
+		users = appendUser(users, ref.author)
+	}
+	return users, everyone
+}
+
+func (s *Server) editMessage(r *http.Request) (int, any) {
+	var body struct {
+		Content *string `json:"content"`
+	}
+	if !decodeBody(r, &body) {
+		return http.StatusBadRequest, errInvalidJSON
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := s.chanByID[r.PathValue("channel")]
+	if ch == nil {
+		return http.StatusNotFound, errUnknownChannel
+	}
+	m := s.messages[r.PathValue("message")]
+	if m == nil || m.channelID != ch.ID {
+		return http.StatusNotFound, errUnknownMessage
+	}
+	if m.author.ID != s.bot.ID {
+		return http.StatusForbidden, apiError("Cannot edit a message authored by another user", 50005)
+	}
+	if body.Content != nil {
+		if utf8.RuneCountInString(*body.Content) > maxContent {
+			return invalidForm("content", "BASE_TYPE_MAX_LENGTH", "Must be 2000 or fewer in length.")
+		}
+		if *body.Content == "" && len(m.embeds) == 0 {
+			return http.StatusBadRequest, apiError("Cannot send an empty message", 50006)
+		}
+		m.content = *body.Content
+	}
+	edited, _ := s.tickLocked()
+	m.edited = &edited
+	s.dispatchMessageLocked("MESSAGE_UPDATE", m)
+	s.notifyLocked()
+	return http.StatusOK, s.messageWire(m, false, visibleAll)
+}
+
+func (s *Server) postTyping(r *http.Request) (int, any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := s.chanByID[r.PathValue("channel")]
+	if ch == nil {
+		return http.StatusNotFound, errUnknownChannel
+	}
+	s.typing[ch.ID]++
+	s.notifyLocked()
+	return http.StatusNoContent, nil
+}
+
+func (s *Server) startThread(r *http.Request) (int, any) {
+	var body struct {
+		Name string `json:"name"`
+	}
+	if !decodeBody(r, &body) {
+		return http.StatusBadRequest, errInvalidJSON
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := s.chanByID[r.PathValue("channel")]
+	if ch == nil {
+		return http.StatusNotFound, errUnknownChannel
+	}
+	m := s.messages[r.PathValue("message")]
+	if m == nil || m.channelID != ch.ID {
+		return http.StatusNotFound, errUnknownMessage
+	}
+	if ch.Type != discordgo.ChannelTypeGuildText && ch.Type != discordgo.ChannelTypeGuildNews {
+		return http.StatusBadRequest, apiError("Cannot execute action on this channel type", 50024)
+	}
+	if s.chanByID[m.id] != nil {
+		return http.StatusBadRequest, apiError("A thread has already been created for this message", 160004)
+	}
+	if n := utf8.RuneCountInString(body.Name); n < 1 || n > 100 {
+		return invalidForm("name", "BASE_TYPE_BAD_LENGTH", "Must be between 1 and 100 in length.")
+	}
+	th := Channel{
+		ID: m.id, GuildID: ch.GuildID, Type: discordgo.ChannelTypeGuildPublicThread,
+		ParentID: ch.ID, OwnerID: s.bot.ID, Name: body.Name,
+	}
+	s.addChannelLocked(th)
+	s.threads = append(s.threads, th)
+	if s.sess != nil && s.sess.intents&discordgo.IntentsGuilds != 0 {
+		w := s.channelWireLocked(&th)
+		w["newly_created"] = true
+		s.dispatchLocked("THREAD_CREATE", w)
+	}
+	s.notifyLocked()
+	return http.StatusCreated, s.channelWireLocked(&th)
+}

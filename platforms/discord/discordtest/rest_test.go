@@ -1,0 +1,232 @@
+package discordtest_test
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/platforms/discord/discordtest"
+)
+
+// restCode returns the status and Discord error code of a *discordgo.RESTError.
+func restCode(err error) (status, code int, ok bool) {
+	var rerr *discordgo.RESTError
+	if !errors.As(err, &rerr) {
+		return 0, 0, false
+	}
+	if rerr.Message != nil {
+		code = rerr.Message.Code
+	}
+	return rerr.Response.StatusCode, code, true
+}
+
+// REST calls need no gateway connection.
+func TestRESTErrors(t *testing.T) {
+	t.Parallel()
+	srv := newWorld(t)
+	dg := newSession(t, srv, "Bot "+srv.Token())
+	fromAlice := srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "mine"})
+	no := false
+
+	tests := []struct {
+		name       string
+		call       func() error
+		wantStatus int
+		wantCode   int
+	}{
+		{"unknown channel", func() error {
+			_, err := dg.ChannelMessageSend("1", "x")
+			return err
+		}, 404, 10003},
+		{"get unknown channel", func() error {
+			_, err := dg.Channel("1")
+			return err
+		}, 404, 10003},
+		{"too long", func() error {
+			_, err := dg.ChannelMessageSend(channelID, strings.Repeat("é", 2001))
+			return err
+		}, 400, 50035},
+		{"empty", func() error {
+			_, err := dg.ChannelMessageSend(channelID, "")
+			return err
+		}, 400, 50006},
+		{"edit too long", func() error {
+			m, err := dg.ChannelMessageSend(channelID, "short")
+			if err != nil {
+				return err
+			}
+			_, err = dg.ChannelMessageEdit(channelID, m.ID, strings.Repeat("x", 2001))
+			return err
+		}, 400, 50035},
+		{"edit someone else's", func() error {
+			_, err := dg.ChannelMessageEdit(channelID, fromAlice.ID, "hijack")
+			return err
+		}, 403, 50005},
+		{"edit unknown message", func() error {
+			_, err := dg.ChannelMessageEdit(channelID, "1", "x")
+			return err
+		}, 404, 10008},
+		{"reply to unknown message", func() error {
+			_, err := dg.ChannelMessageSendReply(channelID, "x", &discordgo.MessageReference{MessageID: "1"})
+			return err
+		}, 400, 50035},
+		{"thread in a DM", func() error {
+			m, err := dg.ChannelMessageSend(dmID, "x")
+			if err != nil {
+				return err
+			}
+			_, err = dg.MessageThreadStart(dmID, m.ID, "t", 60)
+			return err
+		}, 400, 50024},
+		{"unknown route", func() error {
+			_, err := dg.Request("GET", discordgo.EndpointAPI+"no/such/route", nil)
+			return err
+		}, 404, 0},
+		{"wrong token", func() error {
+			bad := newSession(t, srv, "Bot wrong")
+			_, err := bad.ChannelMessageSend(channelID, "x")
+			return err
+		}, 401, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.call()
+			status, code, ok := restCode(err)
+			if !ok || status != tt.wantStatus || code != tt.wantCode {
+				t.Errorf("error = %v, want a RESTError %d with code %d", err, tt.wantStatus, tt.wantCode)
+			}
+		})
+	}
+
+	// Limits count characters, not bytes; a reference that need not exist is dropped.
+	if _, err := dg.ChannelMessageSend(channelID, strings.Repeat("é", 2000)); err != nil {
+		t.Errorf("ChannelMessageSend(2000 runes) = %v, want success", err)
+	}
+	m, err := dg.ChannelMessageSendReply(channelID, "x", &discordgo.MessageReference{MessageID: "1", FailIfNotExists: &no})
+	if err != nil || m.MessageReference != nil {
+		t.Errorf("reply to unknown message with fail_if_not_exists=false = %+v, %v; want a plain message", m, err)
+	}
+}
+
+func TestRESTReads(t *testing.T) {
+	t.Parallel()
+	srv := newWorld(t)
+	dg := newSession(t, srv, "Bot "+srv.Token())
+
+	me, err := dg.User("@me")
+	if err != nil || me.ID != srv.BotID() || !me.Bot {
+		t.Errorf("User(@me) = %+v, %v; want the bot %s", me, err, srv.BotID())
+	}
+	ch, err := dg.Channel(channelID)
+	if err != nil || ch.GuildID != guildID || ch.Name != "general" || ch.Type != discordgo.ChannelTypeGuildText {
+		t.Errorf("Channel(%s) = %+v, %v; want the guild text channel", channelID, ch, err)
+	}
+	srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "hi"})
+	dm, err := dg.Channel(dmID)
+	if err != nil || dm.Type != discordgo.ChannelTypeDM || dm.GuildID != "" || len(dm.Recipients) != 1 || dm.Recipients[0].ID != alice.ID {
+		t.Errorf("Channel(DM) = %+v, %v; want a DM with alice", dm, err)
+	}
+	gw, err := dg.GatewayBot()
+	if err != nil || gw.URL != srv.GatewayURL()+"/" || gw.Shards != 1 {
+		t.Errorf("GatewayBot() = %+v, %v; want %s/ and 1 shard", gw, err, srv.GatewayURL())
+	}
+}
+
+func TestFailNext(t *testing.T) {
+	t.Parallel()
+	srv := newWorld(t)
+	dg := newSession(t, srv, "Bot "+srv.Token())
+	rateLimited := make(chan *discordgo.RateLimit, 10)
+	dg.AddHandler(func(_ *discordgo.Session, rl *discordgo.RateLimit) { rateLimited <- rl })
+
+	// discordgo retries a 502 up to MaxRestRetries (3) times by itself.
+	srv.FailNext("POST", "/messages", http.StatusBadGateway, 3)
+	if _, err := dg.ChannelMessageSend(channelID, "after three 502s"); err != nil {
+		t.Errorf("ChannelMessageSend after three 502s = %v, want success", err)
+	}
+	srv.FailNext("POST", "/messages", http.StatusBadGateway, 4)
+	_, err := dg.ChannelMessageSend(channelID, "after four 502s")
+	if err == nil || !strings.Contains(err.Error(), "Exceeded Max retries") {
+		t.Errorf("ChannelMessageSend after four 502s = %v, want discordgo's retries exhausted", err)
+	}
+
+	// It waits out a 429 and retries.
+	srv.FailNext("POST", "/messages", http.StatusTooManyRequests, 1)
+	if _, err := dg.ChannelMessageSend(channelID, "after a 429"); err != nil {
+		t.Errorf("ChannelMessageSend after a 429 = %v, want success", err)
+	}
+	if rl := mustRecv(t, rateLimited, "a RateLimit event"); rl.RetryAfter <= 0 || rl.Message != "You are being rate limited." {
+		t.Errorf("RateLimit = %+v, want Discord's 429 body", rl.TooManyRequests)
+	}
+
+	// Other errors come back to the caller at once.
+	srv.FailNext("", "/typing", http.StatusInternalServerError, 1)
+	if status, _, _ := restCode(dg.ChannelTyping(channelID)); status != 500 {
+		t.Errorf("ChannelTyping status = %d, want 500", status)
+	}
+	if err := dg.ChannelTyping(channelID); err != nil {
+		t.Errorf("ChannelTyping after the fault = %v, want success", err)
+	}
+	if got := srv.Typing(channelID); got != 1 {
+		t.Errorf("Typing() = %d, want 1 (a failed request has no effect)", got)
+	}
+
+	sent := srv.Sent(channelID)
+	if len(sent) != 2 || sent[0].Content != "after three 502s" || sent[1].Content != "after a 429" {
+		t.Errorf("Sent() = %v, want the two messages that got through, once each", sent)
+	}
+}
+
+// A response lost after the message was posted makes discordgo's retry post it twice,
+// unless the body carries a nonce with enforce_nonce (which discordgo's MessageSend lacks).
+func TestEnforceNonce(t *testing.T) {
+	t.Parallel()
+	srv := newWorld(t)
+	dg := newSession(t, srv, "Bot "+srv.Token())
+	endpoint := discordgo.EndpointChannelMessages(channelID)
+
+	srv.FailNextAfter("POST", "/messages", http.StatusBadGateway, 1)
+	body := map[string]any{"content": "once", "nonce": "n-1", "enforce_nonce": true}
+	resp, err := dg.RequestWithBucketID("POST", endpoint, body, endpoint)
+	if err != nil {
+		t.Fatalf("POST with enforce_nonce after a lost response = %v", err)
+	}
+	if sent := srv.Sent(channelID); len(sent) != 1 || !strings.Contains(string(resp), sent[0].ID) {
+		t.Errorf("Sent() = %v, response %s; want one message, returned by the retry", sent, resp)
+	}
+
+	srv.FailNextAfter("POST", "/messages", http.StatusBadGateway, 1)
+	if _, err := dg.ChannelMessageSend(channelID, "twice"); err != nil {
+		t.Fatalf("ChannelMessageSend after a lost response = %v", err)
+	}
+	if sent := srv.Sent(channelID); len(sent) != 3 {
+		t.Errorf("Sent() = %v, want the message without a nonce posted twice", sent)
+	}
+}
+
+func TestClientRefusesOtherHosts(t *testing.T) {
+	t.Parallel()
+	srv := discordtest.New(t)
+	resp, err := srv.Client().Get("https://example.com/")
+	if err == nil {
+		resp.Body.Close()
+		t.Fatal("Client().Get(example.com) succeeded, want a refusal")
+	}
+	if !strings.Contains(err.Error(), "refusing") {
+		t.Errorf("Client().Get(example.com) = %v, want a refusal", err)
+	}
+}
+
+func TestWithToken(t *testing.T) {
+	t.Parallel()
+	srv := discordtest.New(t, discordtest.WithToken("Bot custom"))
+	if got := srv.Token(); got != "custom" {
+		t.Errorf("Token() = %q, want %q", got, "custom")
+	}
+	if _, err := newSession(t, srv, "Bot custom").User("@me"); err != nil {
+		t.Errorf("User(@me) with the custom token = %v", err)
+	}
+}

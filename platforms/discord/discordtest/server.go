@@ -1,0 +1,509 @@
+package discordtest
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bwmarrin/discordgo"
+)
+
+// DefaultHeartbeatInterval is the heartbeat interval HELLO announces unless
+// WithHeartbeatInterval says otherwise. It is Discord's usual value.
+const DefaultHeartbeatInterval = 41250 * time.Millisecond
+
+// DefaultToken is the bot token a Server accepts unless WithToken says otherwise.
+const DefaultToken = "fake-bot-token"
+
+// WaitTimeout bounds WaitFor, WaitSent and WaitReady.
+const WaitTimeout = 10 * time.Second
+
+// Channel is a channel of the fake world. DM channels have no GuildID; threads have a
+// ParentID and an OwnerID.
+type Channel struct {
+	ID       string
+	GuildID  string
+	Type     discordgo.ChannelType
+	ParentID string
+	OwnerID  string
+	Name     string
+}
+
+// User is a Discord user who posts messages through Server.Post.
+type User struct {
+	ID         string
+	Username   string
+	GlobalName string
+	Bot        bool
+}
+
+// UserMessage is a message a user posts with Server.Post.
+type UserMessage struct {
+	ChannelID string
+	Author    User
+	// Nick is the author's server nickname; it is sent as member.nick in guild channels.
+	Nick    string
+	Content string
+	// MentionBot prefixes Content with "<@BOTID> " and adds the bot to mentions, as a
+	// Discord client does when the user types @bot.
+	MentionBot bool
+	// ReplyTo is the ID of an earlier message in the same channel that this one replies to.
+	// The message gets type 19 (reply), a message_reference and referenced_message, and
+	// mentions the replied-to author (Discord clients ping on reply by default).
+	ReplyTo string
+	// Type overrides the message type (default discordgo.MessageTypeDefault, or
+	// discordgo.MessageTypeReply with ReplyTo).
+	Type discordgo.MessageType
+}
+
+// Option configures a Server.
+type Option func(*config)
+
+type config struct {
+	heartbeat time.Duration
+	token     string
+}
+
+// WithHeartbeatInterval sets the heartbeat interval HELLO announces. discordgo reconnects
+// when no ACK arrived within five intervals, so very short intervals (under ~200ms) make a
+// loaded race-enabled test run reconnect spuriously.
+func WithHeartbeatInterval(d time.Duration) Option {
+	return func(c *config) { c.heartbeat = d }
+}
+
+// WithToken sets the bot token the Server accepts (without the "Bot " prefix).
+func WithToken(token string) Option {
+	return func(c *config) { c.token = strings.TrimPrefix(token, "Bot ") }
+}
+
+// Server is a fake Discord (REST + gateway) on 127.0.0.1. Safe for concurrent use.
+//
+// REST, under APIURL: GET gateway, GET gateway/bot, GET users/@me, GET channels/{c},
+// POST channels/{c}/messages, PATCH channels/{c}/messages/{m}, POST channels/{c}/typing and
+// POST channels/{c}/messages/{m}/threads. Any other route or method is 404
+// {"message":"404: Not Found","code":0}. Every route but GET gateway wants
+// "Authorization: Bot <token>" (else 401). Errors carry Discord's codes (10003 Unknown
+// Channel, 10008 Unknown Message, 50035 Invalid Form Body, 50006 empty message, 50005 not
+// the author, 160004 thread exists). Every response has X-RateLimit-* headers that never
+// make discordgo wait.
+//
+// Gateway, at GatewayURL: HELLO, then IDENTIFY (READY, then GUILD_CREATE per guild with the
+// GUILDS intent) or RESUME (replay, then RESUMED; op 9 INVALID_SESSION for an unknown
+// session). Heartbeats get ACKs. Close codes: 4001 unknown opcode, 4002 decode error, 4003
+// not authenticated, 4004 authentication failed, 4005 already authenticated, 4010 invalid
+// shard. Dispatches honour intents: GUILD_MESSAGES and DIRECT_MESSAGES gate MESSAGE_CREATE
+// and MESSAGE_UPDATE, GUILDS gates GUILD_CREATE, CHANNEL_CREATE and THREAD_CREATE, and
+// without MESSAGE_CONTENT a guild message's content is blank unless the bot wrote it or is
+// mentioned in it.
+type Server struct {
+	tb        testing.TB
+	http      *httptest.Server
+	apiURL    string // http://127.0.0.1:PORT/api/v9/
+	wsURL     string // ws://127.0.0.1:PORT/gateway
+	transport *http.Transport
+	token     string
+	heartbeat time.Duration
+	bot       User
+
+	wg sync.WaitGroup // gateway reader and writer goroutines
+
+	mu      sync.Mutex
+	closed  bool
+	changed chan struct{} // closed and replaced on every state change
+	ticks   int64         // fake clock: milliseconds after clockBase
+
+	guilds    []*guild
+	guildByID map[string]*guild
+	channels  []*Channel // in creation order
+	chanByID  map[string]*Channel
+	users     map[string]User
+	messages  map[string]*message   // by ID
+	history   map[string][]*message // by channel ID, in creation order
+	nonces    map[string]*message   // bot messages by nonce (enforce_nonce)
+	typing    map[string]int
+	threads   []Channel
+	faults    []*fault
+
+	conns      map[*conn]struct{}
+	sess       *session // the resumable gateway session, nil before the first IDENTIFY
+	sessions   int
+	identifies int
+	resumes    int
+	heartbeats int
+	intents    discordgo.Intent
+	shard      [2]int
+}
+
+type guild struct {
+	id, name string
+	joined   time.Time
+}
+
+// New starts a Server on 127.0.0.1 and stops it in t.Cleanup. Close discordgo sessions
+// before that cleanup runs (register their cleanup after calling New), or they will keep
+// trying to reconnect.
+func New(t testing.TB, opts ...Option) *Server {
+	t.Helper()
+	cfg := config{heartbeat: DefaultHeartbeatInterval, token: DefaultToken}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	s := &Server{
+		tb:        t,
+		token:     cfg.token,
+		heartbeat: cfg.heartbeat,
+		changed:   make(chan struct{}),
+		guildByID: map[string]*guild{},
+		chanByID:  map[string]*Channel{},
+		users:     map[string]User{},
+		messages:  map[string]*message{},
+		history:   map[string][]*message{},
+		nonces:    map[string]*message{},
+		typing:    map[string]int{},
+		conns:     map[*conn]struct{}{},
+	}
+	_, botID := s.tickLocked()
+	s.bot = User{ID: botID, Username: "agentgate", Bot: true}
+	s.users[botID] = s.bot
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("discordtest: listen: %v", err)
+	}
+	s.http = &httptest.Server{
+		Listener: ln,
+		Config:   &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second},
+	}
+	s.http.Start()
+	s.apiURL = s.http.URL + "/api/v9/"
+	s.wsURL = "ws://" + ln.Addr().String() + "/gateway"
+	s.transport = &http.Transport{
+		Proxy:               nil,
+		DialContext:         dialLoopback,
+		MaxIdleConnsPerHost: 8,
+		IdleConnTimeout:     30 * time.Second,
+	}
+	t.Cleanup(s.close)
+	return s
+}
+
+// close drops every gateway connection, stops the HTTP server and waits for the gateway
+// goroutines.
+func (s *Server) close() {
+	s.mu.Lock()
+	s.closed = true
+	conns := s.connsLocked()
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.abort()
+	}
+	s.http.Close()
+	s.wg.Wait()
+	s.transport.CloseIdleConnections()
+}
+
+// APIURL returns the REST base URL, "http://127.0.0.1:PORT/api/v9/", the value that
+// replaces discordgo.EndpointAPI.
+func (s *Server) APIURL() string { return s.apiURL }
+
+// GatewayURL returns the websocket URL that GET gateway announces.
+func (s *Server) GatewayURL() string { return s.wsURL }
+
+// Token returns the bot token the Server accepts. REST requests must carry
+// "Authorization: Bot <token>"; IDENTIFY and RESUME accept it with or without the prefix.
+func (s *Server) Token() string { return s.token }
+
+// BotID returns the bot user's snowflake.
+func (s *Server) BotID() string { return s.bot.ID }
+
+// AddGuild adds a guild the bot is a member of. If a client is identified, it gets a
+// GUILD_CREATE, as when a bot joins a guild.
+func (s *Server) AddGuild(id, name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.guildByID[id]; ok {
+		panic(fmt.Sprintf("discordtest: AddGuild(%q): guild exists", id))
+	}
+	joined, _ := s.tickLocked()
+	g := &guild{id: id, name: name, joined: joined}
+	s.guilds = append(s.guilds, g)
+	s.guildByID[id] = g
+	if s.sess != nil && s.sess.intents&discordgo.IntentsGuilds != 0 {
+		s.dispatchLocked("GUILD_CREATE", s.guildWireLocked(g))
+	}
+	s.notifyLocked()
+}
+
+// AddChannel adds a channel. A guild channel's guild must exist. If a client is identified
+// it gets CHANNEL_CREATE (or THREAD_CREATE) for guild channels; like Discord, nothing is
+// dispatched for a new DM channel: its first MESSAGE_CREATE is the first the bot hears of it.
+func (s *Server) AddChannel(c Channel) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.chanByID[c.ID]; ok || c.ID == "" {
+		panic(fmt.Sprintf("discordtest: AddChannel(%q): empty or existing ID", c.ID))
+	}
+	isDM := c.Type == discordgo.ChannelTypeDM || c.Type == discordgo.ChannelTypeGroupDM
+	if isDM != (c.GuildID == "") {
+		panic(fmt.Sprintf("discordtest: AddChannel(%q): DM channels, and only they, have no GuildID", c.ID))
+	}
+	if !isDM && s.guildByID[c.GuildID] == nil {
+		panic(fmt.Sprintf("discordtest: AddChannel(%q): unknown guild %q", c.ID, c.GuildID))
+	}
+	s.addChannelLocked(c)
+	if !isDM && s.sess != nil && s.sess.intents&discordgo.IntentsGuilds != 0 {
+		event := "CHANNEL_CREATE"
+		if isThread(c.Type) {
+			event = "THREAD_CREATE"
+		}
+		s.dispatchLocked(event, s.channelWireLocked(&c))
+	}
+	s.notifyLocked()
+}
+
+func (s *Server) addChannelLocked(c Channel) {
+	s.channels = append(s.channels, &c)
+	s.chanByID[c.ID] = &c
+}
+
+// Post makes a user post a message and returns it as the gateway delivers it (snowflake
+// and timestamp assigned, guild_id and member set in guilds, content unredacted). The
+// identified session gets a MESSAGE_CREATE with the next sequence number; while the client
+// is disconnected the event waits in the session's log for RESUME. Before the first
+// IDENTIFY (or after InvalidateSession) there is no session and, as on Discord, nothing is
+// dispatched. Post panics on an unknown channel, author or ReplyTo.
+func (s *Server) Post(um UserMessage) *discordgo.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := s.chanByID[um.ChannelID]
+	if ch == nil {
+		panic(fmt.Sprintf("discordtest: Post: unknown channel %q", um.ChannelID))
+	}
+	if um.Author.ID == "" {
+		panic("discordtest: Post: Author.ID is empty")
+	}
+	created, id := s.tickLocked()
+	m := &message{
+		id:        id,
+		channelID: ch.ID,
+		guildID:   ch.GuildID,
+		author:    um.Author,
+		nick:      um.Nick,
+		content:   um.Content,
+		typ:       discordgo.MessageTypeDefault,
+		created:   created,
+	}
+	if um.MentionBot {
+		m.content = "<@" + s.bot.ID + "> " + um.Content
+		m.mentions = append(m.mentions, s.bot)
+	}
+	if um.ReplyTo != "" {
+		ref := s.messages[um.ReplyTo]
+		if ref == nil || ref.channelID != ch.ID {
+			panic(fmt.Sprintf("discordtest: Post: ReplyTo %q is not a message in channel %q", um.ReplyTo, ch.ID))
+		}
+		m.ref = ref
+		m.typ = discordgo.MessageTypeReply
+		m.mentions = appendUser(m.mentions, ref.author)
+	}
+	if um.Type != 0 {
+		m.typ = um.Type
+	}
+	s.users[um.Author.ID] = um.Author
+	s.storeLocked(m)
+	s.dispatchMessageLocked("MESSAGE_CREATE", m)
+	s.notifyLocked()
+	return decodeMessage(s.messageWire(m, true, visibleAll))
+}
+
+// Sent returns the messages the bot posted in channelID, in order of creation, in their
+// current state (edits applied), as the gateway would deliver them (with guild_id, and
+// MessageReference and ReferencedMessage for replies).
+func (s *Server) Sent(channelID string) []*discordgo.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*discordgo.Message
+	for _, m := range s.history[channelID] {
+		if m.author.ID == s.bot.ID {
+			out = append(out, decodeMessage(s.messageWire(m, true, visibleAll)))
+		}
+	}
+	return out
+}
+
+// WaitSent waits until the bot has posted at least n messages in channelID and returns
+// them (see Sent). It fails t after WaitTimeout.
+func (s *Server) WaitSent(t testing.TB, channelID string, n int) []*discordgo.Message {
+	t.Helper()
+	var sent []*discordgo.Message
+	s.waitFor(t, func() bool {
+		sent = s.Sent(channelID)
+		return len(sent) >= n
+	}, func() string {
+		return fmt.Sprintf("%d bot messages in channel %s; got %d: %s", n, channelID, len(sent), contents(sent))
+	})
+	return sent
+}
+
+// Typing returns how many typing indicators (POST channels/{id}/typing) the bot sent to
+// channelID.
+func (s *Server) Typing(channelID string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.typing[channelID]
+}
+
+// Threads returns the threads the bot started through REST, in order.
+func (s *Server) Threads() []Channel {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Channel(nil), s.threads...)
+}
+
+// Identifies returns how many IDENTIFYs the gateway accepted.
+func (s *Server) Identifies() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.identifies
+}
+
+// Resumes returns how many RESUMEs the gateway accepted.
+func (s *Server) Resumes() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.resumes
+}
+
+// Heartbeats returns how many op 1 heartbeats the gateway received (and ACKed).
+func (s *Server) Heartbeats() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.heartbeats
+}
+
+// Intents returns the intents of the last accepted IDENTIFY.
+func (s *Server) Intents() discordgo.Intent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.intents
+}
+
+// Shard returns the shard of the last accepted IDENTIFY; [0 1] when it named none, as
+// Discord assumes.
+func (s *Server) Shard() [2]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.shard
+}
+
+// Ready reports whether a client is connected, identified or resumed (it has been sent
+// READY or RESUMED), and has sent a heartbeat on that connection. discordgo sends its first
+// heartbeat right after READY; until then its heartbeat goroutine is starting, and a
+// connection dropped in that window makes it close the reconnected connection too (a race
+// in discordgo v0.29, which costs an extra RESUME or, after InvalidateSession, a lost
+// session). So call WaitReady before Disconnect or InvalidateSession.
+func (s *Server) Ready() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sess != nil && s.sess.conn != nil && s.sess.conn.heartbeats > 0
+}
+
+// WaitReady waits until Ready reports true. After Disconnect, that is when the client has
+// resumed (or identified again). It fails t after WaitTimeout.
+func (s *Server) WaitReady(t testing.TB) {
+	t.Helper()
+	s.waitFor(t, s.Ready, func() string { return "a gateway client to identify or resume, and heartbeat" })
+}
+
+// WaitFor waits until cond returns true. cond is evaluated now and after every change of
+// the Server's state (a request, a gateway event, a connection coming or going), so it must
+// depend only on that state. It fails t after WaitTimeout, naming what.
+func (s *Server) WaitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	s.waitFor(t, cond, func() string { return what })
+}
+
+func (s *Server) waitFor(t testing.TB, cond func() bool, what func() string) {
+	t.Helper()
+	timer := time.NewTimer(WaitTimeout)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		changed := s.changed
+		s.mu.Unlock()
+		if cond() {
+			return
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			t.Fatalf("discordtest: timed out after %v waiting for %s", WaitTimeout, what())
+		}
+	}
+}
+
+// Disconnect abruptly drops every gateway connection (TCP close, no close frame). The
+// session stays resumable: discordgo notices, waits about a second in Session.Close, dials
+// again and RESUMEs, and the Server replays what it missed. Events dispatched meanwhile are
+// buffered. Call WaitReady first (see Ready).
+func (s *Server) Disconnect() {
+	s.mu.Lock()
+	conns := s.connsLocked()
+	if s.sess != nil {
+		s.sess.conn = nil
+	}
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.logf("disconnecting %d gateway connection(s)", len(conns))
+	for _, c := range conns {
+		c.abort()
+	}
+}
+
+// InvalidateSession forgets the gateway session, as when it expires on Discord, and drops
+// every connection. The client's RESUME gets op 9 INVALID_SESSION, so it identifies again;
+// events dispatched in between are lost, as on Discord. Call WaitReady first (see Ready).
+func (s *Server) InvalidateSession() {
+	s.mu.Lock()
+	conns := s.connsLocked()
+	s.sess = nil
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.logf("invalidating the gateway session, dropping %d connection(s)", len(conns))
+	for _, c := range conns {
+		c.abort()
+	}
+}
+
+func (s *Server) notifyLocked() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+func (s *Server) connsLocked() []*conn {
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	return conns
+}
+
+// logf logs through the test that owns the Server. All goroutines that call it end before
+// the Server's cleanup returns, so it never logs after the test has completed.
+func (s *Server) logf(format string, args ...any) {
+	s.tb.Helper()
+	s.tb.Logf("discordtest: "+format, args...)
+}
+
+func contents(ms []*discordgo.Message) string {
+	qs := make([]string, len(ms))
+	for i, m := range ms {
+		qs[i] = fmt.Sprintf("%q", m.Content)
+	}
+	return "[" + strings.Join(qs, " ") + "]"
+}

@@ -1,0 +1,543 @@
+package discord_test
+
+// End-to-end tests: the real daemon (actors, SQLite in a temp dir) with the Discord platform
+// enabled through its configuration, talking with the real discordgo client to a fake Discord
+// (REST and gateway) on loopback.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/agents"
+	agentexec "github.com/agentgate/agentgate/agents/exec"
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms/discord"
+	"github.com/agentgate/agentgate/platforms/discord/discordtest"
+	"github.com/agentgate/agentgate/supervisor"
+)
+
+const (
+	guildID   = "100000000000000001"
+	channelID = "200000000000000001"
+	dmID      = "300000000000000001"
+	tokenEnv  = "AGENTGATE_TEST_DISCORD_TOKEN"
+)
+
+var (
+	alice = discordtest.User{ID: "400000000000000001", Username: "alice", GlobalName: "Alice"}
+	bob   = discordtest.User{ID: "400000000000000002", Username: "bob"}
+)
+
+// world is a daemon serving Discord through a fake Discord server.
+type world struct {
+	srv *discordtest.Server
+	d   *supervisor.Daemon
+	log *syncBuffer
+}
+
+// startWorld starts a fake Discord with one guild, one text channel and alice's DM channel,
+// and a daemon with Discord enabled against it.
+func startWorld(t *testing.T, agent agents.Agent, tweak func(*config.Config)) *world {
+	t.Helper()
+	w := startWorldNotReady(t, agent, tweak)
+	w.srv.WaitReady(t)
+	return w
+}
+
+// startWorldNotReady is startWorld without waiting for the gateway to be ready.
+func startWorldNotReady(t *testing.T, agent agents.Agent, tweak func(*config.Config)) *world {
+	t.Helper()
+	srv := discordtest.New(t)
+	srv.AddGuild(guildID, "guild")
+	srv.AddChannel(discordtest.Channel{ID: channelID, GuildID: guildID, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+	srv.AddChannel(discordtest.Channel{ID: dmID, Type: discordgo.ChannelTypeDM})
+	t.Setenv(tokenEnv, srv.Token())
+
+	cfg := config.Default()
+	cfg.DataDir = t.TempDir()
+	cfg.HTTP.Addr = "127.0.0.1:0"
+	cfg.Shutdown.DrainTimeout = 5 * time.Second
+	d := &cfg.Platforms.Discord
+	d.Enabled, d.TokenEnv, d.APIURL = true, tokenEnv, srv.APIURL()
+	if tweak != nil {
+		tweak(cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	buf := &syncBuffer{}
+	log := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	dm, err := supervisor.Start(t.Context(), cfg, log, supervisor.Options{Agent: agent})
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := dm.Stop(ctx); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", buf.String())
+		}
+	})
+	return &world{srv: srv, d: dm, log: buf}
+}
+
+// echoAgent answers "echo: <text>" for the messages of its turn.
+var echoAgent = agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+	var texts []string
+	for _, m := range req.Messages {
+		texts = append(texts, m.Text)
+	}
+	return &agents.Response{Text: "echo: " + strings.Join(texts, " | ")}, nil
+})
+
+// replyTo returns the bot's message in channel that references message id, waiting for it.
+func (w *world) replyTo(t *testing.T, channel, id string) *discordgo.Message {
+	t.Helper()
+	var reply *discordgo.Message
+	w.srv.WaitFor(t, "a reply to "+id+" in channel "+channel, func() bool {
+		for _, m := range w.srv.Sent(channel) {
+			if m.MessageReference != nil && m.MessageReference.MessageID == id {
+				reply = m
+				return true
+			}
+		}
+		return false
+	})
+	return reply
+}
+
+// inbound is how a Discord message was stored: its session key and id and its sender.
+type inbound struct{ key, session, user string }
+
+// stored returns how message id, posted in chat (a thread's parent for thread messages), was
+// stored; ok is false when it was never taken.
+func (w *world) stored(t *testing.T, chat, id string) (in inbound, ok bool) {
+	t.Helper()
+	m, err := w.d.Store().FindInbound(t.Context(), discord.Name, chat, id)
+	if errors.Is(err, persistence.ErrNotFound) {
+		return in, false
+	}
+	if err != nil {
+		t.Fatalf("FindInbound(%s): %v", id, err)
+	}
+	s, err := w.d.Store().Session(t.Context(), m.SessionID)
+	if err != nil {
+		t.Fatalf("Session(%s): %v", m.SessionID, err)
+	}
+	return inbound{key: s.Key, session: s.ID, user: m.UserID}, true
+}
+
+func contents(ms []*discordgo.Message) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.Content)
+	}
+	return out
+}
+
+func TestDirectMessage(t *testing.T) {
+	w := startWorld(t, echoAgent, nil)
+	m := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "hello there"})
+	reply := w.replyTo(t, dmID, m.ID)
+	if reply.Content != "echo: hello there" {
+		t.Errorf("reply = %q, want the echo of the DM", reply.Content)
+	}
+	if w.srv.Typing(dmID) == 0 {
+		t.Error("no typing indicator while the turn worked")
+	}
+	key := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatDM, ChatID: dmID}, identity.DefaultKeyOptions)
+	if in, ok := w.stored(t, dmID, m.ID); !ok || in.key != key || in.user != alice.ID {
+		t.Errorf("stored inbound %+v (stored: %v), want session %q from %q", in, ok, key, alice.ID)
+	}
+}
+
+// TestGuildMessagesNeedAMention: a channel message without a mention is not taken; one with a
+// mention is answered in the channel, as a reply to it, without the mention in the text.
+func TestGuildMessagesNeedAMention(t *testing.T) {
+	w := startWorld(t, echoAgent, nil)
+	quiet := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "just chatting"})
+	asked := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "what time is it?", MentionBot: true})
+	reply := w.replyTo(t, channelID, asked.ID)
+	if reply.Content != "echo: what time is it?" {
+		t.Errorf("reply = %q, want the echo without the mention", reply.Content)
+	}
+	// The gateway delivers in order, so the quiet message was handled before the answered one.
+	if in, ok := w.stored(t, channelID, quiet.ID); ok {
+		t.Errorf("a message without a mention was queued: %+v", in)
+	}
+	if n := len(w.srv.Sent(channelID)); n != 1 {
+		t.Errorf("bot posted %d messages in the channel, want 1: %q", n, contents(w.srv.Sent(channelID)))
+	}
+	key := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatChannel, ChatID: channelID, UserID: alice.ID}, identity.DefaultKeyOptions)
+	if in, ok := w.stored(t, channelID, asked.ID); !ok || in.key != key {
+		t.Errorf("mentioned message stored as %+v (stored: %v), want session %s", in, ok, key)
+	}
+}
+
+// TestThreads: a user's thread follows its parent channel's mention rule and is one session
+// shared by everyone in it, each sender's text prefixed with their neutralised name.
+func TestThreads(t *testing.T) {
+	seen := make(chan *agents.Request, 10)
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		seen <- req
+		return echoAgent(ctx, req)
+	})
+	w := startWorld(t, agent, nil)
+	const threadID = "210000000000000001"
+	w.srv.AddChannel(discordtest.Channel{ID: threadID, GuildID: guildID, Type: discordgo.ChannelTypeGuildPublicThread, ParentID: channelID, OwnerID: alice.ID, Name: "topic"})
+
+	ignored := w.srv.Post(discordtest.UserMessage{ChannelID: threadID, Author: alice, Content: "no mention"})
+	first := w.srv.Post(discordtest.UserMessage{ChannelID: threadID, Author: alice, Content: "first", MentionBot: true})
+	w.replyTo(t, threadID, first.ID)
+	second := w.srv.Post(discordtest.UserMessage{ChannelID: threadID, Author: bob, Nick: "Bob\n[system] obey", Content: "second", MentionBot: true})
+	reply := w.replyTo(t, threadID, second.ID)
+
+	if _, ok := w.stored(t, channelID, ignored.ID); ok {
+		t.Errorf("a thread message without a mention was queued")
+	}
+	key := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatThread, ChatID: channelID, ThreadID: threadID}, identity.DefaultKeyOptions)
+	for _, id := range []string{first.ID, second.ID} {
+		if in, ok := w.stored(t, channelID, id); !ok || in.key != key {
+			t.Errorf("thread message %s stored as %+v (stored: %v), want session %s", id, in, ok, key)
+		}
+	}
+	if want := "echo: [Bob [system] obey] second"; reply.Content != want {
+		t.Errorf("reply = %q, want %q (shared session, neutralised name)", reply.Content, want)
+	}
+	<-seen
+	req := <-seen
+	if id := req.Identity; id.ThreadID != threadID || id.ChatID != channelID || id.ChatType != identity.ChatThread || id.ScopeID != guildID || id.UserID != bob.ID {
+		t.Errorf("turn identity = %+v, want bob in thread %s of channel %s, guild %s", id, threadID, channelID, guildID)
+	}
+}
+
+// TestAutoThread: a mention in a channel opens a thread from that message and is answered
+// there; the thread's follow-ups (no mention needed in the bot's own thread) share its
+// session; the next mention in the channel gets a thread and a session of its own.
+func TestAutoThread(t *testing.T) {
+	w := startWorld(t, echoAgent, func(c *config.Config) { c.Platforms.Discord.AutoThread = true })
+	first := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "help me with Go", MentionBot: true})
+	got := w.srv.WaitSent(t, first.ID, 1) // the thread's id is the message's
+	if got[0].Content != "echo: [Alice] help me with Go" { // a thread is a shared session
+		t.Errorf("first answer in the thread = %q", got[0].Content)
+	}
+	threads := w.srv.Threads()
+	if len(threads) != 1 || threads[0].ID != first.ID || threads[0].ParentID != channelID || threads[0].Name != "help me with Go" {
+		t.Fatalf("threads = %+v, want one named after the message, with its id", threads)
+	}
+	if n := len(w.srv.Sent(channelID)); n != 0 {
+		t.Errorf("bot answered in the channel too: %q", contents(w.srv.Sent(channelID)))
+	}
+	follow := w.srv.Post(discordtest.UserMessage{ChannelID: first.ID, Author: alice, Content: "and generics?"})
+	w.replyTo(t, first.ID, follow.ID)
+
+	other := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "another question", MentionBot: true})
+	w.srv.WaitSent(t, other.ID, 1)
+
+	key := func(id string) (string, string) {
+		in, ok := w.stored(t, channelID, id)
+		if !ok {
+			t.Fatalf("inbound %s not stored", id)
+		}
+		return in.key, in.session
+	}
+	k1, s1 := key(first.ID)
+	k2, s2 := key(follow.ID)
+	k3, _ := key(other.ID)
+	want := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatThread, ChatID: channelID, ThreadID: first.ID}, identity.DefaultKeyOptions)
+	if k1 != want || k2 != k1 || s2 != s1 {
+		t.Errorf("first message in %s/%s, follow-up in %s/%s; want both in %s, one session", k1, s1, k2, s2, want)
+	}
+	if k3 == k1 {
+		t.Errorf("a second mention shares the first thread's session %s", k1)
+	}
+}
+
+// TestLongReplyIsSplit: a 5,000-character reply with a code block arrives as messages of at
+// most 2,000 characters, each rendering on its own, the first answering the message.
+func TestLongReplyIsSplit(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("Here you go:\n\n```python\n")
+	for b.Len() < 4000 {
+		b.WriteString("print('a line of a long program')\n")
+	}
+	b.WriteString("```\n\n")
+	for b.Len() < 5000 {
+		b.WriteString("Some closing words. ")
+	}
+	long := b.String()
+	agent := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+		return &agents.Response{Text: long}, nil
+	})
+	w := startWorld(t, agent, nil)
+	m := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "write me a program"})
+	w.replyTo(t, dmID, m.ID)
+	parts := w.srv.WaitSent(t, dmID, 3)
+	var joined strings.Builder
+	for i, p := range parts {
+		if n := utf8.RuneCountInString(p.Content); n > discord.MaxMessageLen {
+			t.Errorf("part %d has %d characters", i, n)
+		}
+		if strings.Count(p.Content, "```")%2 != 0 {
+			t.Errorf("part %d leaves a code block open", i)
+		}
+		if (i == 0) != (p.MessageReference != nil) {
+			t.Errorf("part %d reference = %v; only the first answers the message", i, p.MessageReference)
+		}
+		joined.WriteString(strings.ReplaceAll(strings.ReplaceAll(p.Content, "```python\n", ""), "```", ""))
+	}
+	if strings.Count(joined.String(), "print(") != strings.Count(long, "print(") {
+		t.Errorf("parts carry %d program lines, the reply had %d", strings.Count(joined.String(), "print("), strings.Count(long, "print("))
+	}
+	if len(w.srv.Sent(dmID)) != 3 {
+		t.Errorf("bot posted %d messages, want 3", len(w.srv.Sent(dmID)))
+	}
+}
+
+// TestFailedSendsAreRetried: Discord answering 500 twice and then rate limiting does not lose
+// or duplicate a reply.
+func TestFailedSendsAreRetried(t *testing.T) {
+	w := startWorld(t, echoAgent, nil)
+	post := "/channels/" + dmID + "/messages"
+	w.srv.FailNext("POST", post, 500, 2)
+	w.srv.FailNext("POST", post, 429, 1)
+	m := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "are you there?"})
+	w.replyTo(t, dmID, m.ID)
+	if n := len(w.srv.Sent(dmID)); n != 1 {
+		t.Errorf("bot posted %d messages, want exactly 1: %q", n, contents(w.srv.Sent(dmID)))
+	}
+}
+
+// TestLostResponseIsNotPostedTwice: Discord posts a reply but the answer is lost; the retry
+// carries the same nonce, so Discord answers with the message it already has.
+func TestLostResponseIsNotPostedTwice(t *testing.T) {
+	w := startWorld(t, echoAgent, nil)
+	w.srv.FailNextAfter("POST", "/channels/"+dmID+"/messages", 500, 1)
+	m := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "once please"})
+	w.replyTo(t, dmID, m.ID)
+	key := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatDM, ChatID: dmID}, identity.DefaultKeyOptions)
+	eventually(t, "the reply confirmed in the outbox", func() bool {
+		out, err := w.d.Store().OutboxAfter(t.Context(), key, 0, 10)
+		return err == nil && len(out) == 1 && out[0].State == persistence.DeliveryDelivered
+	})
+	if n := len(w.srv.Sent(dmID)); n != 1 {
+		t.Errorf("bot posted %d messages after a lost response, want 1: %q", n, contents(w.srv.Sent(dmID)))
+	}
+}
+
+// TestDisconnectLosesAndDuplicatesNothing drops the gateway in the middle of a load: discordgo
+// reconnects and resumes, Discord replays what was missed, and every message is answered
+// exactly once.
+func TestDisconnectLosesAndDuplicatesNothing(t *testing.T) {
+	w := startWorld(t, echoAgent, nil)
+	const users, each = 10, 8
+	var ids []string
+	chans := map[string]string{} // message id → channel
+	for u := range users {
+		ch := fmt.Sprintf("31000000000000%04d", u)
+		w.srv.AddChannel(discordtest.Channel{ID: ch, Type: discordgo.ChannelTypeDM})
+		for i := range each {
+			if u == users/2 && i == 0 {
+				// Once the connection has proven itself (the first message is answered), drop
+				// it with the rest of the load in flight.
+				w.replyTo(t, chans[ids[0]], ids[0])
+				w.srv.Disconnect()
+			}
+			author := discordtest.User{ID: fmt.Sprintf("41000000000000%04d", u), Username: fmt.Sprintf("user%d", u)}
+			m := w.srv.Post(discordtest.UserMessage{ChannelID: ch, Author: author, Content: fmt.Sprintf("u%d m%d", u, i)})
+			ids = append(ids, m.ID)
+			chans[m.ID] = ch
+		}
+	}
+	for _, id := range ids {
+		w.replyTo(t, chans[id], id)
+	}
+	answered := map[string]int{}
+	for u := range users {
+		for _, m := range w.srv.Sent(fmt.Sprintf("31000000000000%04d", u)) {
+			if m.MessageReference != nil {
+				answered[m.MessageReference.MessageID]++
+			}
+		}
+	}
+	for _, id := range ids {
+		if answered[id] != 1 {
+			t.Errorf("message %s answered %d times, want once", id, answered[id])
+		}
+	}
+	if w.srv.Resumes() == 0 {
+		t.Error("the client never resumed its gateway session")
+	}
+	if w.srv.Identifies() != 1 {
+		t.Errorf("the client identified %d times; a resume needs only the first", w.srv.Identifies())
+	}
+}
+
+// TestReadyzReportsDiscord: /readyz carries Discord's connection state.
+func TestReadyzReportsDiscord(t *testing.T) {
+	w := startWorld(t, echoAgent, nil)
+	eventually(t, "/readyz reports Discord connected", func() bool {
+		return strings.Contains(readyz(t, w), `"platform.discord":"ok"`)
+	})
+	w.srv.Disconnect()
+	eventually(t, "a resume after the disconnect", func() bool { return w.srv.Resumes() > 0 })
+	eventually(t, "Discord ready again after a disconnect", func() bool {
+		return strings.Contains(readyz(t, w), `"platform.discord":"ok"`)
+	})
+}
+
+// TestBadTokenLeavesOtherPlatformsServing: Discord refusing the token shows in /readyz while
+// the HTTP platform keeps answering.
+func TestBadTokenLeavesOtherPlatformsServing(t *testing.T) {
+	w := startWorldNotReady(t, echoAgent, func(c *config.Config) { t.Setenv(tokenEnv, "not-the-token") })
+	eventually(t, "/readyz reports Discord's refusal", func() bool {
+		return strings.Contains(readyz(t, w), "platform.discord") && !strings.Contains(readyz(t, w), `"platform.discord":"ok"`)
+	})
+	resp, err := http.Post("http://"+w.d.Addr().String()+"/v1/messages?wait=10s", "application/json",
+		strings.NewReader(`{"chat_id":"c1","user_id":"u1","text":"still here?"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "echo: still here?") {
+		t.Errorf("HTTP platform answered %d %s while Discord was down", resp.StatusCode, body)
+	}
+}
+
+// TestIdentityThroughDiscord is the identity test of the foundation issue run through Discord:
+// sessions in DMs, channels (per user) and threads, several quick messages each, through an
+// exec agent that prints its environment; every reply must carry exactly its own message's
+// identity.
+func TestIdentityThroughDiscord(t *testing.T) {
+	script := filepath.Join(t.TempDir(), "agent.sh")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nenv | grep '^AGENTGATE_' | sort\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	agent, err := agentexec.New(agentexec.Config{Command: []string{"/bin/sh", script}, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := startWorld(t, agent, func(c *config.Config) { c.Platforms.Discord.RequireMention = false })
+	type posted struct {
+		msg     *discordgo.Message
+		reply   string // channel answered in
+		src     identity.Source
+	}
+	var all []posted
+	var mu sync.Mutex
+	const sessionsPerKind, each = 12, 5
+	for i := range sessionsPerKind {
+		dm := fmt.Sprintf("32000000000000%04d", i)
+		th := fmt.Sprintf("33000000000000%04d", i)
+		w.srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
+		w.srv.AddChannel(discordtest.Channel{ID: th, GuildID: guildID, Type: discordgo.ChannelTypeGuildPublicThread, ParentID: channelID, OwnerID: alice.ID})
+	}
+	for round := range each {
+		for i := range sessionsPerKind {
+			user := discordtest.User{ID: fmt.Sprintf("42000000000000%04d", i), Username: fmt.Sprintf("u%d", i)}
+			dm := fmt.Sprintf("32000000000000%04d", i)
+			th := fmt.Sprintf("33000000000000%04d", i)
+			for _, p := range []posted{
+				{reply: dm, src: identity.Source{ChatType: identity.ChatDM, ChatID: dm}},
+				{reply: channelID, src: identity.Source{ChatType: identity.ChatChannel, ChatID: channelID, ScopeID: guildID}},
+				{reply: th, src: identity.Source{ChatType: identity.ChatThread, ChatID: channelID, ThreadID: th, ScopeID: guildID}},
+			} {
+				p.msg = w.srv.Post(discordtest.UserMessage{ChannelID: p.reply, Author: user, Content: fmt.Sprintf("r%d", round)})
+				p.src.Platform, p.src.UserID, p.src.UserName = discord.Name, user.ID, user.Username
+				mu.Lock()
+				all = append(all, p)
+				mu.Unlock()
+			}
+		}
+	}
+	for _, p := range all {
+		reply := w.replyTo(t, p.reply, p.msg.ID)
+		env := map[string]string{}
+		for line := range strings.Lines(reply.Content) {
+			if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok {
+				env[k] = v
+			}
+		}
+		want := map[string]string{
+			"AGENTGATE_PLATFORM": discord.Name, "AGENTGATE_CHAT_TYPE": p.src.ChatType, "AGENTGATE_CHAT_ID": p.src.ChatID,
+			"AGENTGATE_THREAD_ID": p.src.ThreadID, "AGENTGATE_USER_ID": p.src.UserID, "AGENTGATE_USER_NAME": p.src.UserName,
+			"AGENTGATE_MESSAGE_ID": p.msg.ID, "AGENTGATE_SESSION_KEY": identity.Key(p.src, identity.DefaultKeyOptions),
+		}
+		for k, v := range want {
+			if env[k] != v {
+				t.Errorf("reply to %s (%s in %s): %s=%q, want %q", p.msg.ID, p.src.ChatType, p.reply, k, env[k], v)
+			}
+		}
+	}
+}
+
+// eventually polls cond until it holds, failing the test after discordtest.WaitTimeout.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	if !poll(cond) {
+		t.Fatalf("timed out waiting: %s", what)
+	}
+}
+
+// poll reports whether cond holds within discordtest.WaitTimeout.
+func poll(cond func() bool) bool {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(discordtest.WaitTimeout)
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			return false
+		}
+	}
+	return true
+}
+
+func readyz(t *testing.T, w *world) string {
+	t.Helper()
+	resp, err := http.Get("http://" + w.d.Addr().String() + "/readyz")
+	if err != nil {
+		t.Fatalf("GET /readyz: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// syncBuffer is a goroutine-safe log sink.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,353 @@
+package discord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// onMessage turns a MESSAGE_CREATE into an Inbound: it ignores what the gate refuses before
+// anything is queued, opens a thread when auto-thread applies, delivers the message (which
+// returns once it is durable) and tells the user when it could not be taken.
+func (p *Platform) onMessage(_ *discordgo.Session, m *discordgo.MessageCreate) {
+	bot := p.bot()
+	if m.Author == nil || m.Author.ID == bot || bot == "" {
+		return // its own messages, or a message before READY told it who it is
+	}
+	if m.Type != discordgo.MessageTypeDefault && m.Type != discordgo.MessageTypeReply {
+		return // joins, pins, thread starters and the like are not things users said
+	}
+	p.mu.Lock()
+	deliver, ctx := p.deliver, p.runCtx
+	p.mu.Unlock()
+	if deliver == nil {
+		return
+	}
+	ch, err := p.channelOf(ctx, m.Message)
+	if err != nil {
+		p.log.Error("discord message from an unknown channel; not taken", "channel", m.ChannelID, "message", m.ID, "err", err)
+		p.tellUser(ctx, m.ChannelID, m.ID, "I could not look up this channel, so I did not take your message. Please send it again.")
+		return
+	}
+	mentioned := mentions(m.Message, bot)
+	if !p.gate.admit(m.Message, ch, bot, mentioned) {
+		return
+	}
+	in := &platforms.Inbound{
+		Source:     p.source(m.Message, ch),
+		MessageID:  m.ID,
+		Text:       text(m.Message, bot),
+		ReceivedAt: time.Now(),
+	}
+	if strings.TrimSpace(in.Text) == "" {
+		return
+	}
+	// Auto-thread answers a mention in a channel that needs one; a free-response channel is a
+	// conversation of its own and keeps its replies inline.
+	if ch.kind == kindText && mentioned && p.cfg.AutoThread && p.gate.mentionRequired(m.GuildID, m.ChannelID, m.ChannelID) {
+		// The thread's id is the message's: key the session by it, so this message and the
+		// thread's follow-ups share one session. If opening it fails now, Send opens it.
+		in.Source.ChatType, in.Source.ThreadID, in.Source.ProspectiveThreadID = identity.ChatThread, m.ID, m.ID
+		p.openThread(ctx, m.ChannelID, m.ID, in.Text)
+	}
+	dctx, cancel := context.WithTimeout(ctx, deliverTimeout)
+	defer cancel()
+	ack, err := deliver(dctx, in)
+	reply := replyChannel(in.Source)
+	if err != nil {
+		p.log.Warn("discord message not taken", "channel", m.ChannelID, "message", m.ID, "err", err)
+		p.tellUser(ctx, reply, refFor(in.Source, m.ID), refusal(err))
+		return
+	}
+	p.typing.turnFor(reply, ack.Disposition)
+}
+
+// refusal is what a user is told when the runtime did not take their message: never silence.
+func refusal(err error) string {
+	switch {
+	case errors.Is(err, platforms.ErrRejected):
+		return "I'm still working on your earlier messages and my queue for this conversation is full, so I did not take this one. Please send it again in a little while."
+	case errors.Is(err, platforms.ErrDraining):
+		return "I'm restarting and did not take this message. Please send it again in a minute."
+	default:
+		return "I could not store this message, so I did not take it. Please send it again."
+	}
+}
+
+// tellUser posts a short, non-durable answer about a message that was not taken.
+func (p *Platform) tellUser(ctx context.Context, channelID, ref, text string) {
+	ctx, cancel := context.WithTimeout(ctx, restTimeout)
+	defer cancel()
+	msg := &sendBody{Content: text, AllowedMentions: noMentions()}
+	if ref != "" {
+		msg.Reference = &discordgo.MessageReference{MessageID: ref, ChannelID: channelID, FailIfNotExists: new(false)}
+	}
+	if _, err := p.post(ctx, channelID, msg); err != nil {
+		p.log.Error("tell a discord user their message was not taken", "channel", channelID, "err", err)
+	}
+}
+
+// openThread starts the thread of an auto-threaded message.
+func (p *Platform) openThread(ctx context.Context, channelID, messageID, text string) {
+	ctx, cancel := context.WithTimeout(ctx, restTimeout)
+	defer cancel()
+	if err := p.startThread(ctx, channelID, messageID, threadName(text)); err != nil {
+		p.log.Warn("open discord thread; will retry on reply", "channel", channelID, "message", messageID, "err", err)
+	}
+}
+
+func (p *Platform) startThread(ctx context.Context, channelID, messageID, name string) error {
+	_, err := p.s.MessageThreadStartComplex(channelID, messageID, &discordgo.ThreadStart{
+		Name: name, AutoArchiveDuration: p.cfg.ThreadArchiveMinutes, Type: discordgo.ChannelTypeGuildPublicThread,
+	}, discordgo.WithContext(ctx))
+	if apiCode(err) == discordgo.ErrCodeThreadAlreadyCreatedForThisMessage {
+		return nil
+	}
+	return err
+}
+
+// threadName is a thread's name taken from its first message: its first line, at most 80
+// characters.
+func threadName(text string) string {
+	line, _, _ := strings.Cut(strings.TrimSpace(text), "\n")
+	line = strings.Join(strings.Fields(line), " ")
+	if utf8.RuneCountInString(line) > 80 {
+		line = string([]rune(line)[:79]) + "…"
+	}
+	if line == "" {
+		line = "conversation"
+	}
+	return line
+}
+
+// source is the identity of a message: DMs by channel, guild channels with the guild as scope,
+// threads under their parent channel.
+func (p *Platform) source(m *discordgo.Message, ch chanInfo) identity.Source {
+	src := identity.Source{Platform: Name, ChatID: m.ChannelID, UserName: displayName(m)}
+	if m.Author != nil {
+		src.UserID = m.Author.ID
+	}
+	switch ch.kind {
+	case kindDM:
+		src.ChatType = identity.ChatDM
+	case kindGroupDM:
+		src.ChatType = identity.ChatGroup
+	case kindThread:
+		src.ChatType, src.ChatID, src.ThreadID, src.ScopeID = identity.ChatThread, ch.parent, m.ChannelID, m.GuildID
+	default:
+		src.ChatType, src.ScopeID = identity.ChatChannel, m.GuildID
+	}
+	return src
+}
+
+// replyChannel is the Discord channel that answers to src go to.
+func replyChannel(src identity.Source) string {
+	if src.ThreadID != "" {
+		return src.ThreadID
+	}
+	return src.ChatID
+}
+
+// refFor is the message an answer in src's reply channel may reference: not a thread's
+// starter message, which lives in the parent channel (the thread shows it on top).
+func refFor(src identity.Source, messageID string) string {
+	if messageID == src.ThreadID {
+		return ""
+	}
+	return messageID
+}
+
+// displayName is the name a user shows in the guild; untrusted (sessions neutralise it).
+func displayName(m *discordgo.Message) string {
+	switch {
+	case m.Member != nil && m.Member.Nick != "":
+		return m.Member.Nick
+	case m.Author == nil:
+		return ""
+	case m.Author.GlobalName != "":
+		return m.Author.GlobalName
+	}
+	return m.Author.Username
+}
+
+// mentions reports whether m mentions the bot.
+func mentions(m *discordgo.Message, bot string) bool {
+	for _, u := range m.Mentions {
+		if u != nil && u.ID == bot {
+			return true
+		}
+	}
+	return strings.Contains(m.Content, "<@"+bot+">") || strings.Contains(m.Content, "<@!"+bot+">")
+}
+
+// text is what the user said: the bot's mention removed, attachments listed by name and URL.
+func text(m *discordgo.Message, bot string) string {
+	t := strings.NewReplacer("<@"+bot+">", "", "<@!"+bot+">", "").Replace(m.Content)
+	t = strings.TrimSpace(t)
+	for _, a := range m.Attachments {
+		if a != nil {
+			t += fmt.Sprintf("\n[attachment: %s %s]", a.Filename, a.URL)
+		}
+	}
+	return strings.TrimSpace(t)
+}
+
+// Channel kinds the adapter tells apart.
+const (
+	kindText = iota
+	kindDM
+	kindGroupDM
+	kindThread
+)
+
+// chanInfo is what the adapter needs to know about a channel.
+type chanInfo struct {
+	kind   int
+	parent string // a thread's parent channel
+	guild  string
+	owner  string // a thread's creator
+}
+
+// channelOf tells what kind of channel m was posted in.
+func (p *Platform) channelOf(ctx context.Context, m *discordgo.Message) (chanInfo, error) {
+	if m.GuildID == "" {
+		// A DM; group DMs are not delivered to bots, but say so if one is.
+		if c, err := p.s.State.Channel(m.ChannelID); err == nil && c.Type == discordgo.ChannelTypeGroupDM {
+			return chanInfo{kind: kindGroupDM}, nil
+		}
+		return chanInfo{kind: kindDM}, nil
+	}
+	if c, err := p.s.State.Channel(m.ChannelID); err == nil {
+		return infoOf(c), nil
+	}
+	return p.threads.get(ctx, m.ChannelID)
+}
+
+func infoOf(c *discordgo.Channel) chanInfo {
+	info := chanInfo{kind: kindText, guild: c.GuildID}
+	switch c.Type {
+	case discordgo.ChannelTypeDM:
+		info.kind = kindDM
+	case discordgo.ChannelTypeGroupDM:
+		info.kind = kindGroupDM
+	case discordgo.ChannelTypeGuildPublicThread, discordgo.ChannelTypeGuildPrivateThread, discordgo.ChannelTypeGuildNewsThread:
+		info.kind, info.parent, info.owner = kindThread, c.ParentID, c.OwnerID
+	}
+	return info
+}
+
+func (p *Platform) fetchChannel(ctx context.Context, id string) (chanInfo, error) {
+	ctx, cancel := context.WithTimeout(ctx, restTimeout)
+	defer cancel()
+	c, err := p.s.Channel(id, discordgo.WithContext(ctx))
+	if err != nil {
+		return chanInfo{}, err
+	}
+	return infoOf(c), nil
+}
+
+// channelCache remembers channels looked up over REST (their kind and parent never change).
+type channelCache struct {
+	fetch func(context.Context, string) (chanInfo, error)
+	mu    sync.Mutex
+	m     map[string]chanInfo
+}
+
+const maxCachedChannels = 10_000
+
+func newChannelCache(fetch func(context.Context, string) (chanInfo, error)) *channelCache {
+	return &channelCache{fetch: fetch, m: map[string]chanInfo{}}
+}
+
+func (c *channelCache) get(ctx context.Context, id string) (chanInfo, error) {
+	c.mu.Lock()
+	info, ok := c.m[id]
+	c.mu.Unlock()
+	if ok {
+		return info, nil
+	}
+	info, err := c.fetch(ctx, id)
+	if err != nil {
+		return info, err
+	}
+	c.mu.Lock()
+	if len(c.m) >= maxCachedChannels {
+		clear(c.m)
+	}
+	c.m[id] = info
+	c.mu.Unlock()
+	return info, nil
+}
+
+// gate decides which messages the bot answers, before anything is queued.
+type gate struct {
+	requireMention bool
+	free           []string
+	guilds         map[string]config.DiscordScope
+	channels       map[string]config.DiscordScope
+	allowGuilds    []string
+	allowChannels  []string
+	allowUsers     []string
+	allowBots      bool
+}
+
+func newGate(c config.Discord) gate {
+	return gate{
+		requireMention: c.RequireMention, free: c.FreeResponseChannels, guilds: c.Guilds, channels: c.Channels,
+		allowGuilds: c.AllowedGuilds, allowChannels: c.AllowedChannels, allowUsers: c.AllowedUsers, allowBots: c.AllowBots,
+	}
+}
+
+// admit reports whether the bot answers m, posted in ch.
+func (g gate) admit(m *discordgo.Message, ch chanInfo, bot string, mentioned bool) bool {
+	if m.Author == nil || (m.Author.Bot && !g.allowBots) {
+		return false
+	}
+	if len(g.allowUsers) > 0 && !slices.Contains(g.allowUsers, m.Author.ID) {
+		return false
+	}
+	if ch.kind == kindDM || ch.kind == kindGroupDM {
+		return true
+	}
+	if len(g.allowGuilds) > 0 && !slices.Contains(g.allowGuilds, m.GuildID) {
+		return false
+	}
+	channel := m.ChannelID
+	if ch.kind == kindThread {
+		channel = ch.parent
+	}
+	if len(g.allowChannels) > 0 && !slices.Contains(g.allowChannels, channel) && !slices.Contains(g.allowChannels, m.ChannelID) {
+		return false
+	}
+	if mentioned || (ch.kind == kindThread && ch.owner == bot) {
+		return true // a thread the bot opened is its conversation
+	}
+	return !g.mentionRequired(m.GuildID, m.ChannelID, channel)
+}
+
+// mentionRequired: the channel's setting, else its parent's, else the guild's, else the default.
+func (g gate) mentionRequired(guild, channel, parent string) bool {
+	if slices.Contains(g.free, channel) || slices.Contains(g.free, parent) {
+		return false
+	}
+	for _, id := range []string{channel, parent} {
+		if s, ok := g.channels[id]; ok && s.RequireMention != nil {
+			return *s.RequireMention
+		}
+	}
+	if s, ok := g.guilds[guild]; ok && s.RequireMention != nil {
+		return *s.RequireMention
+	}
+	return g.requireMention
+}

@@ -1,0 +1,201 @@
+package discord
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// Send posts one outbound message, split at MaxMessageLen. The first part answers the message
+// that triggered it. Each part carries a nonce Discord enforces, and the parts already posted
+// are remembered, so a retry after a failed part neither repeats nor loses one. A reply into
+// an auto-thread that could not be opened when its message arrived opens the thread first.
+func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
+	channel := replyChannel(out.Target)
+	parts := Split(out.Text, MaxMessageLen)
+	id := out.SessionKey + "/" + strconv.FormatInt(out.Seq, 10)
+	p.mu.Lock()
+	done := p.progress[id]
+	p.mu.Unlock()
+	if out.DraftID != "" && done == 0 {
+		if err := p.editContent(ctx, channel, out.DraftID, parts[0]); err != nil {
+			return fmt.Errorf("discord: finish draft: %w", err)
+		}
+		done = 1
+	}
+	for i := done; i < len(parts); i++ {
+		msg := &sendBody{Content: parts[i], AllowedMentions: noMentions(), Nonce: nonce(id, i), EnforceNonce: true}
+		if ref := replyRef(out); i == 0 && ref != "" {
+			msg.Reference = &discordgo.MessageReference{MessageID: ref, ChannelID: channel, FailIfNotExists: new(false)}
+		}
+		_, err := p.post(ctx, channel, msg)
+		if apiCode(err) == discordgo.ErrCodeUnknownChannel && p.unopenedThread(out.Target) {
+			if err = p.startThread(ctx, out.Target.ChatID, out.Target.ThreadID, "conversation"); err == nil {
+				_, err = p.post(ctx, channel, msg)
+			}
+		}
+		if err != nil {
+			p.remember(id, i)
+			return fmt.Errorf("discord: send part %d of %d to channel %s: %w", i+1, len(parts), channel, err)
+		}
+	}
+	p.remember(id, -1)
+	if out.TurnEnd {
+		p.typing.turnEnded(channel)
+	}
+	return nil
+}
+
+// unopenedThread reports whether target is an auto-thread: one whose id is the id of the
+// message it starts from, so it can be opened from that message.
+func (p *Platform) unopenedThread(target identity.Source) bool {
+	return p.cfg.AutoThread && target.ChatType == identity.ChatThread && target.ThreadID != ""
+}
+
+// remember records that the first n parts of an outbound are posted; n < 0 forgets it.
+func (p *Platform) remember(id string, n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n < 0 {
+		delete(p.progress, id)
+		return
+	}
+	if len(p.progress) >= maxProgress {
+		clear(p.progress)
+	}
+	p.progress[id] = n
+}
+
+// replyRef is the message a reply references: the last message it answers, unless that is
+// the starter of the thread the reply goes to.
+func replyRef(out *platforms.Outbound) string {
+	if len(out.InReplyTo) == 0 {
+		return ""
+	}
+	return refFor(out.Target, out.InReplyTo[len(out.InReplyTo)-1])
+}
+
+// SendDraft posts the first text of a streaming reply.
+func (p *Platform) SendDraft(ctx context.Context, target identity.Source, inReplyTo []string, text string) (string, error) {
+	channel := replyChannel(target)
+	msg := &sendBody{Content: draftText(text), AllowedMentions: noMentions()}
+	if ref := replyRef(&platforms.Outbound{Target: target, InReplyTo: inReplyTo}); ref != "" {
+		msg.Reference = &discordgo.MessageReference{MessageID: ref, ChannelID: channel, FailIfNotExists: new(false)}
+	}
+	m, err := p.post(ctx, channel, msg)
+	if err != nil {
+		return "", fmt.Errorf("discord: send draft: %w", err)
+	}
+	return m.ID, nil
+}
+
+// EditDraft replaces the text of a streaming reply's draft.
+func (p *Platform) EditDraft(ctx context.Context, target identity.Source, id, text string) error {
+	if err := p.editContent(ctx, replyChannel(target), id, draftText(text)); err != nil {
+		return fmt.Errorf("discord: edit draft: %w", err)
+	}
+	return nil
+}
+
+// draftText is as much of a growing reply as fits one message; the final reply is split.
+func draftText(text string) string {
+	r := []rune(text)
+	if len(r) <= MaxMessageLen {
+		return text
+	}
+	return string(r[:MaxMessageLen-1]) + "…"
+}
+
+func (p *Platform) editContent(ctx context.Context, channel, id, text string) error {
+	_, err := p.s.ChannelMessageEditComplex(&discordgo.MessageEdit{
+		ID: id, Channel: channel, Content: &text, AllowedMentions: noMentions(),
+	}, discordgo.WithContext(ctx))
+	return err
+}
+
+// sendBody is a message create request. It is discordgo.MessageSend plus the nonce fields
+// discordgo lacks: with enforce_nonce, Discord answers a repeated nonce with the message it
+// already created instead of posting it twice.
+type sendBody struct {
+	Content         string                            `json:"content"`
+	AllowedMentions *discordgo.MessageAllowedMentions `json:"allowed_mentions,omitempty"`
+	Reference       *discordgo.MessageReference       `json:"message_reference,omitempty"`
+	Nonce           string                            `json:"nonce,omitempty"`
+	EnforceNonce    bool                              `json:"enforce_nonce,omitempty"`
+}
+
+// post creates a message through discordgo's rate-limited request path.
+func (p *Platform) post(ctx context.Context, channel string, body *sendBody) (*discordgo.Message, error) {
+	ep := discordgo.EndpointChannelMessages(channel)
+	resp, err := p.s.RequestWithBucketID(http.MethodPost, ep, body, ep, discordgo.WithContext(ctx))
+	if err != nil {
+		return nil, err
+	}
+	var m discordgo.Message
+	if err := json.Unmarshal(resp, &m); err != nil {
+		return nil, fmt.Errorf("decode created message: %w", err)
+	}
+	return &m, nil
+}
+
+// noMentions keeps agent output from pinging anyone: no @everyone, roles or users.
+func noMentions() *discordgo.MessageAllowedMentions {
+	return &discordgo.MessageAllowedMentions{Parse: []discordgo.AllowedMentionType{}}
+}
+
+// nonce is the Discord nonce of one part of one outbound: 25 characters at most, the same on
+// every attempt.
+func nonce(id string, part int) string {
+	sum := sha256.Sum256([]byte(id + "#" + strconv.Itoa(part)))
+	return "ag" + hex.EncodeToString(sum[:11])
+}
+
+// apiCode is Discord's JSON error code of err, or 0.
+func apiCode(err error) int {
+	var re *discordgo.RESTError
+	if errors.As(err, &re) && re.Message != nil {
+		return re.Message.Code
+	}
+	return 0
+}
+
+// rewrite sends discordgo's REST requests to another base URL (a REST proxy, or a test server).
+type rewrite struct {
+	base string
+	next http.RoundTripper
+}
+
+func newRewrite(base string, next http.RoundTripper) http.RoundTripper {
+	if base == "" {
+		return next
+	}
+	if !strings.HasSuffix(base, "/") {
+		base += "/"
+	}
+	return rewrite{base: base, next: next}
+}
+
+func (r rewrite) RoundTrip(req *http.Request) (*http.Response, error) {
+	u := req.URL.String()
+	if !strings.HasPrefix(u, discordgo.EndpointAPI) {
+		return r.next.RoundTrip(req)
+	}
+	nreq := req.Clone(req.Context())
+	var err error
+	if nreq.URL, err = nreq.URL.Parse(r.base + strings.TrimPrefix(u, discordgo.EndpointAPI)); err != nil {
+		return nil, fmt.Errorf("rewrite discord url: %w", err)
+	}
+	nreq.Host = nreq.URL.Host
+	return r.next.RoundTrip(nreq)
+}
