@@ -17,8 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bwmarrin/discordgo"
+
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/platforms/discord/discordtest"
 )
 
 // raceEnabled is set by race_test.go when the test binary is built with -race, so the daemon
@@ -403,5 +406,26 @@ func waitFor(t *testing.T, within time.Duration, cond func() bool) {
 			t.Fatalf("condition not met within %v", within)
 		}
 		time.Sleep(10 * time.Millisecond) // a poll interval under a deadline
+	}
+}
+
+// TestDaemonServesDiscord runs the binary with Discord switched on through the environment, as
+// an operator would, against a fake Discord on loopback: a DM is answered, and SIGTERM drains.
+func TestDaemonServesDiscord(t *testing.T) {
+	srv := discordtest.New(t)
+	const dm = "300000000000000001"
+	srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
+	d := MustServe(t, t.TempDir(),
+		"AGENTGATE_PLATFORMS_DISCORD_ENABLED=true",
+		"AGENTGATE_PLATFORMS_DISCORD_API_URL="+srv.APIURL(),
+		"DISCORD_TOKEN="+srv.Token())
+	srv.WaitReady(t)
+	m := srv.Post(discordtest.UserMessage{ChannelID: dm, Author: discordtest.User{ID: "400000000000000001", Username: "alice"}, Content: "hello from discord"})
+	got := srv.WaitSent(t, dm, 1)
+	if got[0].Content != "hello from discord" || got[0].MessageReference == nil || got[0].MessageReference.MessageID != m.ID {
+		t.Errorf("reply = %q answering %v, want the echo answering %s", got[0].Content, got[0].MessageReference, m.ID)
+	}
+	if err := d.stop(t, 30*time.Second); err != nil {
+		t.Errorf("stop: %v", err)
 	}
 }

@@ -391,9 +391,18 @@ func TestDisconnectLosesAndDuplicatesNothing(t *testing.T) {
 	}
 }
 
-// TestReadyzReportsDiscord: /readyz carries Discord's connection state.
+// TestReadyzReportsDiscord: /readyz carries Discord's connection state, also across a
+// disconnect. It also checks what the client identified with: the configured shard and the intents.
 func TestReadyzReportsDiscord(t *testing.T) {
-	w := startWorld(t, echoAgent, nil)
+	w := startWorld(t, echoAgent, func(c *config.Config) {
+		c.Platforms.Discord.ShardID, c.Platforms.Discord.ShardCount = 1, 2
+	})
+	if got := w.srv.Shard(); got != [2]int{1, 2} {
+		t.Errorf("identified as shard %v, want [1 2]", got)
+	}
+	if got := w.srv.Intents(); got != discord.Intents {
+		t.Errorf("intents = %d, want %d (guilds, guild messages, DMs, message content)", got, discord.Intents)
+	}
 	eventually(t, "/readyz reports Discord connected", func() bool {
 		return strings.Contains(readyz(t, w), `"platform.discord":"ok"`)
 	})
