@@ -186,6 +186,13 @@ func TestGuildMessagesNeedAMention(t *testing.T) {
 	if n := len(w.srv.Sent(channelID)); n != 1 {
 		t.Errorf("bot posted %d messages in the channel, want 1: %q", n, contents(w.srv.Sent(channelID)))
 	}
+	bare := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "", MentionBot: true})
+	if hint := w.replyTo(t, channelID, bare.ID); !strings.Contains(hint.Content, "without a message") {
+		t.Errorf("a bare mention was answered %q, want a hint", hint.Content)
+	}
+	if _, ok := w.stored(t, channelID, bare.ID); ok {
+		t.Error("a bare mention was queued")
+	}
 	key := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatChannel, ChatID: channelID, UserID: alice.ID}, identity.DefaultKeyOptions)
 	if in, ok := w.stored(t, channelID, asked.ID); !ok || in.key != key {
 		t.Errorf("mentioned message stored as %+v (stored: %v), want session %s", in, ok, key)

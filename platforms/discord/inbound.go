@@ -50,7 +50,10 @@ func (p *Platform) onMessage(_ *discordgo.Session, m *discordgo.MessageCreate) {
 		Text:       text(m.Message, bot),
 		ReceivedAt: time.Now(),
 	}
-	if strings.TrimSpace(in.Text) == "" {
+	if in.Text == "" { // a bare mention, or a sticker: nothing to answer, but say so
+		if mentioned {
+			p.tellUser(ctx, m.ChannelID, m.ID, "You mentioned me without a message: write it after the mention.")
+		}
 		return
 	}
 	// Auto-thread answers a mention in a channel that needs one; a free-response channel is a
