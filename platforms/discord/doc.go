@@ -1,0 +1,14 @@
+// Package discord is agentgate's Discord platform: one gateway connection (a shard) of
+// github.com/bwmarrin/discordgo and its REST client.
+//
+// Inbound, it decides before anything is queued which messages the bot answers (mentions,
+// free-response channels, allowlists, bots), maps DMs, guild channels and threads to session
+// identities (the guild is the scope; an auto-threaded mention is keyed by the thread it opens)
+// and hands each message to the runtime in gateway order. Outbound, it splits replies at
+// Discord's 2,000 characters without breaking code fences, references the triggering message,
+// runs a typing indicator while turns work, and posts with nonces Discord enforces so a retry
+// never posts twice. A dropped connection ends Run; the platform supervisor reopens it and
+// discordgo resumes the gateway session, so Discord replays what was missed.
+//
+// Package discordtest is a fake Discord for tests of this package and the daemon.
+package discord
