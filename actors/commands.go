@@ -189,7 +189,7 @@ func (s *Session) stopWork(c actor.Context) ([]persistence.Op, int) {
 	var ops []persistence.Op
 	if r := s.running; r != nil {
 		s.running = nil
-		c.Stop(r.pid)
+		s.cancelTurn(c, r)
 		s.d.Metrics.TurnsTotal.WithLabelValues("cancelled").Inc()
 		for _, it := range append(slices.Clone(r.items), r.steered...) {
 			ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: persistence.StatusFailed, TurnID: r.id})

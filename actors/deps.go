@@ -79,11 +79,17 @@ type Deps struct {
 	Agent   agents.Agent
 	// Platforms maps a platform name to the PID of its platform actor.
 	Platforms map[string]*actor.PID
-	Config    SessionConfig
-	Log       *slog.Logger
-	Metrics   *metrics.Metrics
-	Now       func() time.Time
-	Node      string
+	// Editors names the platforms that implement platforms.Editor: their turns stream into a
+	// draft that grows in place.
+	Editors map[string]bool
+	// DraftInterval is the least time between two edits of one turn's draft (DefaultDraftInterval
+	// when zero).
+	DraftInterval time.Duration
+	Config        SessionConfig
+	Log           *slog.Logger
+	Metrics       *metrics.Metrics
+	Now           func() time.Time
+	Node          string
 	// Spooling is true while the persistence actor holds writes in the spool: the store does not
 	// show them yet, so sessions stay in memory instead of passivating.
 	Spooling atomic.Bool

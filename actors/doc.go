@@ -11,11 +11,14 @@
 //   - Session (child of SessionManager, named by its key): Deliver, GetState, ResetSession
 //     (protobuf, messages.proto), TurnFinished from its Turn, persistence.WriteResult, and
 //     actor.ReceiveTimeout for passivation. Acknowledges a message only once it is durable.
-//   - Turn (child of Session): runs one agent call in a goroutine it owns; the session cancels it
-//     by stopping it. A panic in the agent fails the turn, never the session.
-//   - Platform (top level, "platform-<name>"): StartIntake, SendOutbound. Runs a platform's
+//   - Turn (child of Session): runs one agent call in a goroutine it owns, and a relay goroutine
+//     that hands steered messages to the agent; the session cancels it by stopping it. A panic in
+//     the agent fails the turn, never the session.
+//   - Platform (top level, "platform-<name>"): StartIntake, SendOutbound, and for a
+//     platforms.Editor DraftText (from a turn's Request.Partial) and DropDraft. Runs a platform's
 //     inbound loop with capped backoff and delivers outbound messages in order per session key,
-//     confirming each delivery in the outbox.
+//     confirming each delivery in the outbox; posts and edits the drafts of streaming turns in
+//     the same per-key order.
 //
 // Intake (not an actor) builds session keys for inbound messages and asks sessions through a
 // SessionRouter; LocalRouter routes through the SessionManager.

@@ -60,18 +60,21 @@ type TurnFinished struct {
 	Text   string
 	Err    error
 	Took   time.Duration
-	// Steered is how many steered messages reached the agent before it answered; later ones
+	// Steered is how many steered messages the agent received before it answered; later ones
 	// arrived too late and run in the next turn.
 	Steered int
+	// Usage is what the turn cost in model tokens (also when it failed, if the agent knows).
+	Usage agents.Usage
 }
 
 // Received by Turn.
 
 // agentDone carries the agent's result from the turn's goroutine back into the actor.
 type agentDone struct {
-	resp *agents.Response
-	err  error
-	took time.Duration
+	resp    *agents.Response
+	err     error
+	took    time.Duration
+	steered int // steered messages the agent received
 }
 
 // steerIn delivers a message into the running turn (queue mode steer).
@@ -100,6 +103,37 @@ type sendDone struct {
 	out *platforms.Outbound
 	err error
 }
+
+// DraftText is the whole reply of a running turn so far, sent by the turn's Request.Partial
+// (from the agent's goroutine) when the platform is a platforms.Editor. The platform actor
+// posts it as a draft, then edits the draft as the text grows (throttled); the turn's final
+// outbound finishes the draft.
+type DraftText struct {
+	SessionKey string
+	TurnID     string
+	Target     identity.Source
+	InReplyTo  []string
+	Text       string
+}
+
+// DropDraft tells the platform actor that a turn was cancelled: its draft is marked as
+// interrupted and is never finished with a reply.
+type DropDraft struct {
+	SessionKey string
+	TurnID     string
+}
+
+// draftDone is the result of one SendDraft or EditDraft, from the sending goroutine.
+type draftDone struct {
+	key  string
+	turn string
+	id   string // the new draft's id (SendDraft)
+	text string // the text the platform now shows
+	err  error
+}
+
+// draftTick wakes the platform actor when a throttled draft edit may go out.
+type draftTick struct{ turn string }
 
 // sourceToProto converts an identity.Source to its wire form.
 func sourceToProto(s identity.Source) *Source {

@@ -18,6 +18,10 @@ import (
 // it with capped exponential backoff when it fails, and delivers outbound messages in order per
 // session key, confirming each delivery in the outbox. A failed send is retried with backoff;
 // it stays in the outbox (state failed) after the last attempt and is re-sent on recovery.
+//
+// For a platforms.Editor it also keeps the draft of each session key's running turn (see
+// drafts.go): the draft's posts and edits go through the same per-key queue as the outbound
+// messages, so the turn's final reply, which finishes the draft, always comes after them.
 type Platform struct {
 	d   *Deps
 	p   platforms.Platform
@@ -27,12 +31,22 @@ type Platform struct {
 	runDone   chan struct{}
 	health    *PlatformHealth
 
-	queues   map[string][]*platforms.Outbound
+	queues   map[string][]*job
 	inflight map[string]bool
 	attempts map[string]int
 	timers   *scheduler.TimerScheduler
 	quiesce  []*actor.PID
 	sending  int // sends in flight
+
+	drafts    map[string]*draft // by turn id
+	liveDraft map[string]string // session key → turn id of its latest draft
+	ended     endedTurns        // turns whose drafts are finished or dropped
+}
+
+// job is one entry of a key's send queue: an outbound message, or a draft post or edit.
+type job struct {
+	out       *platforms.Outbound
+	draftTurn string // set for a draft job: the turn whose draft it posts or edits
 }
 
 var (
@@ -82,7 +96,9 @@ func (a *Platform) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		a.log = a.d.Log.With("actor", "platform", "platform", a.p.Name())
-		a.queues = map[string][]*platforms.Outbound{}
+		a.queues = map[string][]*job{}
+		a.drafts = map[string]*draft{}
+		a.liveDraft = map[string]string{}
 		a.inflight = map[string]bool{}
 		a.attempts = map[string]int{}
 		a.timers = scheduler.NewTimerScheduler(c)
@@ -90,10 +106,18 @@ func (a *Platform) Receive(c actor.Context) {
 		a.startRun(c, m.Deliver)
 	case *SendOutbound:
 		k := m.Out.SessionKey
-		a.queues[k] = append(a.queues[k], m.Out)
+		a.queues[k] = append(a.queues[k], &job{out: m.Out})
 		a.pump(c, k)
 	case *sendDone:
 		a.onSent(c, m)
+	case *DraftText:
+		a.onDraftText(c, m)
+	case *DropDraft:
+		a.onDropDraft(c, m)
+	case *draftDone:
+		a.onDraftDone(c, m)
+	case *draftTick:
+		a.onDraftTick(c, m)
 	case *Quiesce:
 		a.quiesce = append(a.quiesce, c.Sender())
 		a.answerQuiesce(c)
@@ -130,7 +154,11 @@ func (a *Platform) startRun(c actor.Context, deliver platforms.Deliver) {
 		backoff := runBackoffBase
 		for {
 			health.set(nil)
+			began := time.Now()
 			err := p.Run(ctx, deliver)
+			if time.Since(began) > runBackoffMax {
+				backoff = runBackoffBase // it ran well for a while: this is a new failure, not a streak
+			}
 			if ctx.Err() != nil {
 				health.set(errStopped)
 				return
@@ -158,7 +186,12 @@ func (a *Platform) pump(c actor.Context, key string) {
 	}
 	a.inflight[key] = true
 	a.sending++
-	out, p, self, root := q[0], a.p, c.Self(), c.ActorSystem().Root
+	if q[0].draftTurn != "" {
+		a.sendDraft(c, key, q[0].draftTurn)
+		return
+	}
+	q[0].out = a.finishesDraft(q[0].out)
+	out, p, self, root := q[0].out, a.p, c.Self(), c.ActorSystem().Root
 	ctx := a.d.Ctx
 	go func() {
 		sctx, cancel := context.WithTimeout(ctx, sendTimeout)
@@ -197,6 +230,14 @@ type retrySendHeld struct{ key string }
 
 func (a *Platform) finishHead(c actor.Context, key string, out *platforms.Outbound, state string) {
 	delete(a.attempts, key)
+	a.popHead(key)
+	c.Request(a.d.Persist, &persistence.Write{Ops: []persistence.Op{&persistence.MarkDelivery{
+		SessionKey: out.SessionKey, Seq: out.Seq, State: state, At: a.d.now()}}})
+	a.pump(c, key)
+}
+
+// popHead removes the head of a key's queue.
+func (a *Platform) popHead(key string) {
 	q := a.queues[key]
 	if len(q) > 0 {
 		q = q[1:]
@@ -207,9 +248,6 @@ func (a *Platform) finishHead(c actor.Context, key string, out *platforms.Outbou
 	} else {
 		a.queues[key] = q
 	}
-	c.Request(a.d.Persist, &persistence.Write{Ops: []persistence.Op{&persistence.MarkDelivery{
-		SessionKey: out.SessionKey, Seq: out.Seq, State: state, At: a.d.now()}}})
-	a.pump(c, key)
 }
 
 // answerQuiesce answers waiting Quiesce requests once no send is in flight. Sends waiting for a

@@ -187,7 +187,14 @@ func (s *Session) start(c actor.Context) {
 		s.lastActivity = snap.Session.LastActivityAt
 		for _, m := range snap.History {
 			if m.Role == persistence.RoleUser || m.Role == persistence.RoleAssistant {
-				s.history = append(s.history, histEntry{seq: m.Seq, raw: m.Content, msg: persistFromRow(m)})
+				msg := persistFromRow(m)
+				if m.Role == persistence.RoleUser {
+					// The sender's prefix, as the turn that first showed it had it.
+					src := s.sourceOf(s.cur)
+					src.UserName = m.UserName
+					msg.Text = s.agentText(src, m.Content)
+				}
+				s.history = append(s.history, histEntry{seq: m.Seq, raw: m.Content, msg: msg})
 			}
 		}
 		for _, m := range snap.Pending {
@@ -408,14 +415,11 @@ func (s *Session) tryStart(c actor.Context) {
 		History:  s.agentHistory(),
 	}
 	for _, it := range group {
-		text := it.text
-		if identity.IsShared(it.src, s.d.Config.Keys) {
-			text = identity.Prefix(it.src.UserName, text)
-		}
-		msg := agents.Message{Role: persistence.RoleUser, Text: text, MessageID: it.messageID, At: it.at}
+		msg := s.agentMessage(it)
 		req.Messages = append(req.Messages, msg)
 		s.history = append(s.history, histEntry{seq: it.seq, raw: it.text, msg: msg})
 	}
+	req.Partial = s.partial(c, turnID, group)
 	if s.continuity != "" && last.sessionID == s.curID() {
 		req.Notes = []string{s.continuity}
 		s.continuity = ""
@@ -493,14 +497,23 @@ func (s *Session) steer(c actor.Context, it *item) bool {
 		return false
 	}
 	s.queue = s.queue[1:]
-	text := it.text
-	if identity.IsShared(it.src, s.d.Config.Keys) {
-		text = identity.Prefix(it.src.UserName, text)
-	}
-	msg := agents.Message{Role: persistence.RoleUser, Text: text, MessageID: it.messageID, At: it.at}
 	r.steered = append(r.steered, it)
-	c.Send(r.pid, &steerIn{msg: msg})
+	c.Send(r.pid, &steerIn{msg: s.agentMessage(it)})
 	return true
+}
+
+// agentMessage is a queued message as the agent sees it.
+func (s *Session) agentMessage(it *item) agents.Message {
+	return agents.Message{Role: persistence.RoleUser, Text: s.agentText(it.src, it.text), MessageID: it.messageID, At: it.at}
+}
+
+// agentText is a user's text as the agent sees it: in a shared session, prefixed with the
+// sender's neutralised name, so the agent can tell the senders apart (G7).
+func (s *Session) agentText(src identity.Source, text string) string {
+	if identity.IsShared(src, s.d.Config.Keys) {
+		return identity.Prefix(src.UserName, text)
+	}
+	return text
 }
 
 // interrupt cancels the running turn for a newer message (interrupt mode): the cancelled turn's
@@ -512,7 +525,7 @@ func (s *Session) interrupt(c actor.Context) {
 		return
 	}
 	s.running = nil
-	c.Stop(r.pid)
+	s.cancelTurn(c, r)
 	s.d.Metrics.TurnsTotal.WithLabelValues("cancelled").Inc()
 	seqs := make([]int64, len(r.items))
 	for i, it := range r.items {
@@ -592,18 +605,21 @@ func (s *Session) onTurnFinished(c actor.Context, m *TurnFinished) {
 	k := min(m.Steered, len(r.steered))
 	for _, it := range r.steered[:k] {
 		r.items = append(r.items, it)
-		s.history = append(s.history, histEntry{seq: it.seq, raw: it.text,
-			msg: agents.Message{Role: persistence.RoleUser, Text: it.text, MessageID: it.messageID, At: it.at}})
+		s.history = append(s.history, histEntry{seq: it.seq, raw: it.text, msg: s.agentMessage(it)})
 	}
 	s.queue = append(slices.Clone(r.steered[k:]), s.queue...)
 	s.d.Metrics.TurnDuration.Observe(m.Took.Seconds())
+	if m.Usage.InputTokens > 0 || m.Usage.OutputTokens > 0 {
+		s.d.Metrics.AgentTokens.WithLabelValues("input").Add(float64(m.Usage.InputTokens))
+		s.d.Metrics.AgentTokens.WithLabelValues("output").Add(float64(m.Usage.OutputTokens))
+	}
 	if m.Err != nil {
 		s.d.Metrics.TurnsTotal.WithLabelValues("error").Inc()
 		s.log.Warn("turn failed", "turn", r.id, "err", m.Err)
-		s.finish(c, r, persistence.RoleNotice, "⚠️ The agent could not answer this message (turn "+r.id+" failed). Please try again.", persistence.StatusFailed)
+		s.finish(c, r, persistence.RoleNotice, "⚠️ The agent could not answer this message (turn "+r.id+" failed). Please try again.", persistence.StatusFailed, m.Usage)
 	} else {
 		s.d.Metrics.TurnsTotal.WithLabelValues("ok").Inc()
-		s.finish(c, r, persistence.RoleAssistant, m.Text, persistence.StatusDone)
+		s.finish(c, r, persistence.RoleAssistant, m.Text, persistence.StatusDone, m.Usage)
 	}
 	s.tryStart(c)
 }
@@ -617,13 +633,13 @@ func (s *Session) onTerminated(c actor.Context, m *actor.Terminated) {
 	s.running = nil
 	s.d.Metrics.TurnsTotal.WithLabelValues("crashed").Inc()
 	s.log.Warn("turn crashed", "turn", r.id)
-	s.finish(c, r, persistence.RoleNotice, "⚠️ The agent crashed while handling this message (turn "+r.id+"). It was not retried.", persistence.StatusFailed)
+	s.finish(c, r, persistence.RoleNotice, "⚠️ The agent crashed while handling this message (turn "+r.id+"). It was not retried.", persistence.StatusFailed, agents.Usage{})
 	s.tryStart(c)
 }
 
-// finish records the end of a turn (reply row, message status, outbox, activity and route in
-// one write) and sends the reply once it is durable.
-func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string) {
+// finish records the end of a turn (reply row, message status, outbox, activity, route and the
+// tokens it used, in one write) and sends the reply once it is durable.
+func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string, usage agents.Usage) {
 	now := s.d.now()
 	seqs := make([]int64, len(r.items))
 	ids := make([]string, len(r.items))
@@ -633,6 +649,10 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string)
 	sid := r.items[0].sessionID
 	ops := []persistence.Op{
 		&persistence.SetMessageStatus{SessionID: sid, Seqs: seqs, Status: status, TurnID: r.id},
+	}
+	if usage.InputTokens > 0 || usage.OutputTokens > 0 {
+		ops = append(ops, &persistence.AddUsage{SessionID: sid, TurnID: r.id,
+			InputTokens: usage.InputTokens, OutputTokens: usage.OutputTokens})
 	}
 	if s.cur != nil && s.cur.ID == sid {
 		s.lastSeq++

@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
@@ -23,9 +24,8 @@ type Turn struct {
 	parent context.Context
 	box    *metrics.Mailbox
 
-	cancel  context.CancelFunc
-	steer   chan agents.Message // open while the agent runs, when it can steer
-	steered int                 // messages put into steer
+	cancel context.CancelFunc
+	steer  chan agents.Message // into the steering relay; open while the agent runs, when it can steer
 }
 
 // MaxSteered bounds the messages steered into one turn; more wait for the next turn.
@@ -48,11 +48,14 @@ func (t *Turn) Receive(c actor.Context) {
 		// The session stops this actor when it has the result: a Terminated (a system message)
 		// would overtake the result in the session's mailbox and look like a crash.
 		t.closeSteer()
-		c.Send(c.Parent(), &TurnFinished{TurnID: t.req.Identity.TurnID, Text: respText(m.resp), Err: m.err, Took: m.took, Steered: t.steered})
+		fin := &TurnFinished{TurnID: t.req.Identity.TurnID, Text: respText(m.resp), Err: m.err, Took: m.took, Steered: m.steered}
+		if m.resp != nil {
+			fin.Usage = m.resp.Usage
+		}
+		c.Send(c.Parent(), fin)
 	case *steerIn:
 		if t.steer != nil {
 			t.steer <- m.msg // never blocks: the session steers at most MaxSteered per turn
-			t.steered++
 		}
 	case *agentPanicked:
 		t.box.Failed() // the mailbox never sees this message received: it panics
@@ -70,22 +73,79 @@ func (t *Turn) start(c actor.Context) {
 	t.cancel = cancel
 	self, root := c.Self(), c.ActorSystem().Root
 	agent, req := t.agent, t.req
+	var relay *steerRelay
 	if agents.CanSteer(agent) {
-		t.steer = make(chan agents.Message, MaxSteered)
+		relay = newSteerRelay()
+		t.steer = relay.in
 		r := *req
-		r.Steer = t.steer
+		r.Steer = relay.out
 		req = &r
+		go relay.run()
 	}
 	go func() {
 		start := time.Now()
 		defer func() {
 			if v := recover(); v != nil {
+				relay.finish()
 				root.Send(self, &agentPanicked{value: v})
 			}
 		}()
 		resp, err := agent.Run(ctx, req)
-		root.Send(self, &agentDone{resp: resp, err: err, took: time.Since(start)})
+		root.Send(self, &agentDone{resp: resp, err: err, took: time.Since(start), steered: relay.finish()})
 	}()
+}
+
+// steerRelay hands steered messages to the agent one at a time over an unbuffered channel, and
+// counts exactly those the agent received: a message still waiting when the agent answers was
+// not seen by it, so the session runs it as the next turn instead of counting it answered.
+type steerRelay struct {
+	in   chan agents.Message // from the Turn actor, which closes it when the turn ends
+	out  chan agents.Message // Request.Steer; closed by the relay when it ends
+	stop chan struct{}       // closed by finish
+	once sync.Once
+	mu   sync.Mutex // held across each hand-over, so finish reads a settled count
+	n    int
+}
+
+func newSteerRelay() *steerRelay {
+	return &steerRelay{in: make(chan agents.Message, MaxSteered), out: make(chan agents.Message), stop: make(chan struct{})}
+}
+
+// run forwards in to out until in is closed or finish is called. Its goroutine is owned by the
+// turn: it ends with the agent's call at the latest.
+func (r *steerRelay) run() {
+	defer close(r.out)
+	for {
+		select {
+		case m, ok := <-r.in:
+			if !ok {
+				return
+			}
+			r.mu.Lock()
+			select {
+			case r.out <- m:
+				r.n++
+				r.mu.Unlock()
+			case <-r.stop:
+				r.mu.Unlock()
+				return
+			}
+		case <-r.stop:
+			return
+		}
+	}
+}
+
+// finish stops the relay (the agent has returned) and reports how many messages the agent
+// received. It is safe on a nil relay (no steering) and to call twice.
+func (r *steerRelay) finish() int {
+	if r == nil {
+		return 0
+	}
+	r.once.Do(func() { close(r.stop) })
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n
 }
 
 func respText(r *agents.Response) string {

@@ -1,7 +1,8 @@
 // Package agents defines the Agent interface that runs one conversational turn, and the values
-// that cross it. Backends live in sub-packages: echo (the default), exec (any command) and later
-// openai. An agent is called from a turn actor's goroutine; it must honour ctx cancellation
-// (interrupts, timeouts, shutdown) and never keep state that belongs to a session.
+// that cross it. Backends live in sub-packages: echo (the default), exec (any command) and
+// openai (an OpenAI-compatible model). An agent is called from a turn actor's goroutine; it must
+// honour ctx cancellation (interrupts, timeouts, shutdown) and never keep state that belongs to
+// a session.
 //
 // This package must not import actors, supervisor or platforms.
 package agents
@@ -69,7 +70,9 @@ type Usage struct {
 	OutputTokens int64
 }
 
-// Agent runs one turn. Run blocks until the turn ends or ctx is cancelled.
+// Agent runs one turn. Run blocks until the turn ends or ctx is cancelled. Next to an error,
+// Run may return a Response whose Usage counts the tokens the failed turn spent (its Text is
+// ignored).
 type Agent interface {
 	Run(ctx context.Context, req *Request) (*Response, error)
 }

@@ -86,6 +86,10 @@ type Session struct {
 	Epoch          int64
 	// QueueMode is the session's own queue mode (set with /queue); empty means the default.
 	QueueMode string
+	// InputTokens and OutputTokens are the model tokens the session's turns used, summed by
+	// AddUsage.
+	InputTokens  int64
+	OutputTokens int64
 }
 
 // Message is one transcript row. (SessionID, Seq) is its identity; Seq is assigned by the
@@ -149,7 +153,8 @@ type OutboxEntry struct {
 
 // Op is one write. The concrete types below are the only implementations. Every op is
 // idempotent (re-sending a write whose acknowledgement was lost is harmless) except the two
-// counters, IncrementAttempts and MarkDelivery, which count each application.
+// counters, IncrementAttempts and MarkDelivery, which count each application. AddUsage adds,
+// but once per turn, so it is idempotent too.
 type Op interface{ isOp() }
 
 // CreateSession inserts a session row with its full identity. Re-applying it is a no-op.
@@ -229,6 +234,16 @@ type PutRoute struct{ Route Route }
 // AddOutbox records a reply or notice before it is sent. Re-applying it is a no-op.
 type AddOutbox struct{ Entry OutboxEntry }
 
+// AddUsage adds the model tokens one turn used to its session's totals. It is recorded per
+// (SessionID, TurnID): re-applying it for a turn already recorded changes nothing, whatever its
+// numbers. The session must exist.
+type AddUsage struct {
+	SessionID    string
+	TurnID       string
+	InputTokens  int64
+	OutputTokens int64
+}
+
 // MarkDelivery records the delivery state of an outbox entry and counts one delivery attempt
 // per application. Delivered is final: marking a delivered entry (with any state) changes
 // nothing, not even its attempts.
@@ -253,6 +268,7 @@ func (*ArchiveMessages) isOp()   {}
 func (*PutRoute) isOp()          {}
 func (*AddOutbox) isOp()         {}
 func (*MarkDelivery) isOp()      {}
+func (*AddUsage) isOp()          {}
 
 // Snapshot is what a session actor loads when it starts: everything it needs to carry on
 // where its last activation stopped.

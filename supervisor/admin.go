@@ -197,7 +197,8 @@ func sessionInfo(key string, s *persistence.Session, messages, pending int) *htt
 	info := &httpplatform.SessionInfo{SessionKey: key, SessionID: s.ID, PrevSessionID: s.PrevSessionID,
 		Platform: s.Platform, ChatType: s.ChatType, ChatID: s.ChatID, ThreadID: s.ThreadID, UserID: s.UserID,
 		UserName: s.UserName, Profile: s.Profile, StartedAt: s.StartedAt, LastActivityAt: s.LastActivityAt,
-		EndReason: s.EndReason, Title: s.Title, Messages: messages, Pending: pending}
+		EndReason: s.EndReason, Title: s.Title, Messages: messages, Pending: pending,
+		InputTokens: s.InputTokens, OutputTokens: s.OutputTokens}
 	if !s.EndedAt.IsZero() {
 		t := s.EndedAt
 		info.EndedAt = &t

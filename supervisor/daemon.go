@@ -15,6 +15,7 @@ import (
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/echo"
 	agentexec "github.com/agentgate/agentgate/agents/exec"
+	"github.com/agentgate/agentgate/agents/openai"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/metrics"
@@ -36,6 +37,8 @@ type Options struct {
 	Platforms []platforms.Platform
 	// Now replaces the clock of the session runtime.
 	Now func() time.Time
+	// DraftInterval replaces the least time between two edits of a streaming reply's draft.
+	DraftInterval time.Duration
 }
 
 // Daemon is a running agentgate: its actor system, store, platforms and the PIDs of the
@@ -152,6 +155,12 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 				After: cfg.Sessions.Prune.Retention, Every: cfg.Sessions.Prune.Interval},
 		},
 		Log: log, Metrics: d.metrics, Now: opts.Now, Node: hostname(),
+		Editors: map[string]bool{}, DraftInterval: opts.DraftInterval,
+	}
+	for _, p := range d.platforms {
+		if _, ok := p.(platforms.Editor); ok {
+			d.deps.Editors[p.Name()] = true
+		}
 	}
 	d.children = tree(d)
 	for _, ch := range d.children {
@@ -291,6 +300,18 @@ func newAgent(cfg *config.Config, log *slog.Logger) (agents.Agent, error) {
 			Command: cfg.Agent.Exec.Command, Timeout: cfg.Agent.Exec.Timeout,
 			KillGrace: cfg.Agent.Exec.KillGrace, History: cfg.Agent.Exec.History, Steer: cfg.Agent.Exec.Steer,
 			Logger: log.With("component", "agent"),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("start: agent: %w", err)
+		}
+		return a, nil
+	case "openai":
+		o := cfg.Agent.OpenAI
+		a, err := openai.New(openai.Config{
+			BaseURL: o.BaseURL, Model: o.Model, APIKeyEnv: o.APIKeyEnv, SystemPrompt: o.SystemPrompt,
+			Temperature: o.Temperature, MaxTokens: o.MaxTokens, Timeout: o.Timeout,
+			MaxHistory: o.MaxHistory, TokenBudget: o.TokenBudget, MaxRetries: o.MaxRetries,
+			MaxBackoff: o.MaxBackoff, Logger: log.With("component", "agent"),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("start: agent: %w", err)

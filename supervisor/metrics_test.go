@@ -92,7 +92,8 @@ func TestMetricsMoveWithTheLoad(t *testing.T) {
 		"agentgate_session_passivations_total", "agentgate_turns_total", "agentgate_turn_duration_seconds",
 		"agentgate_queue_depth", "agentgate_queue_overflow_total", "agentgate_persist_batch_size",
 		"agentgate_persist_flush_seconds", "agentgate_spool_files", "agentgate_actor_restarts_total",
-		"agentgate_mailbox_depth", "agentgate_inbound_total", "agentgate_outbound_total"} {
+		"agentgate_mailbox_depth", "agentgate_inbound_total", "agentgate_outbound_total",
+		"agentgate_agent_tokens_total"} {
 		if before[name] == nil {
 			t.Errorf("%s missing from the first scrape", name)
 		}

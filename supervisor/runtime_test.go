@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -24,8 +25,9 @@ import (
 
 // runtime is a daemon under test with a fake platform at its edge.
 type runtime struct {
-	d    *Daemon
-	fake *platformtest.Fake
+	d      *Daemon
+	fake   *platformtest.Fake
+	editor *platformtest.EditorFake // the same platform as fake, when it can edit (daemonOpts.editor)
 }
 
 // daemonOpts say how a test daemon differs from the defaults.
@@ -34,6 +36,12 @@ type daemonOpts struct {
 	drain time.Duration // shutdown.drain_timeout; 5s when zero
 	now   func() time.Time
 	tweak func(*config.Config)
+	// editor makes the fake platform a platforms.Editor, with drafts edited at most once per
+	// draftInterval.
+	editor        bool
+	draftInterval time.Duration
+	// logs receives the daemon's log at debug level (instead of warnings to the test output).
+	logs io.Writer
 }
 
 // MustStartDaemon starts a daemon with agent, HTTP on a loopback port and a fake platform. The
@@ -54,8 +62,17 @@ func MustStartDaemon(t testing.TB, agent agents.Agent, o daemonOpts) *runtime {
 		o.tweak(cfg)
 	}
 	fake := platformtest.NewFake("fake")
+	var editor *platformtest.EditorFake
+	var platform platforms.Platform = fake
+	if o.editor {
+		editor = platformtest.NewEditorFake("fake")
+		fake, platform = editor.Fake, editor
+	}
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	d, err := Start(t.Context(), cfg, log, Options{Agent: agent, Platforms: []platforms.Platform{fake}, Now: o.now})
+	if o.logs != nil {
+		log = slog.New(slog.NewTextHandler(o.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	d, err := Start(t.Context(), cfg, log, Options{Agent: agent, Platforms: []platforms.Platform{platform}, Now: o.now, DraftInterval: o.draftInterval})
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
@@ -64,7 +81,7 @@ func MustStartDaemon(t testing.TB, agent agents.Agent, o daemonOpts) *runtime {
 	if err := fake.WaitRunning(ctx); err != nil {
 		t.Fatalf("fake platform never ran: %v", err)
 	}
-	return &runtime{d: d, fake: fake}
+	return &runtime{d: d, fake: fake, editor: editor}
 }
 
 // MustStart starts a daemon on a temp data dir and stops it when the test ends.

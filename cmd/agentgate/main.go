@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -177,13 +178,19 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stdout, config.Example())
 		return nil
 	}
-	if _, err := cf.load(); err != nil {
+	cfg, err := cf.load()
+	if err != nil {
 		var n int
 		for _, e := range unwrapAll(err) {
 			fmt.Fprintln(stderr, e)
 			n++
 		}
 		return fmt.Errorf("config has %d problem(s)", n)
+	}
+	// Secrets are not part of the configuration, so a missing one is not a config problem (the
+	// file may be checked where the secrets are not), but serve will refuse to start without it.
+	if o := cfg.Agent.OpenAI; cfg.Agent.Backend == "openai" && o.APIKeyEnv != "" && strings.TrimSpace(os.Getenv(o.APIKeyEnv)) == "" {
+		fmt.Fprintf(stderr, "warning: agent.openai.api_key_env: %s is not set here; serve refuses to start without the API key\n", o.APIKeyEnv)
 	}
 	fmt.Fprintln(stdout, "config ok")
 	return nil

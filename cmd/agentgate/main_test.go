@@ -19,6 +19,11 @@ func TestRunCommands(t *testing.T) {
 	if err := os.WriteFile(good, []byte("data_dir: "+dir+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// An openai agent whose key variable is not set: the config is fine, serve refuses to start.
+	noKey := filepath.Join(dir, "openai.yaml")
+	if err := os.WriteFile(noKey, []byte("data_dir: "+dir+"\nagent:\n  backend: openai\n  openai:\n    base_url: http://127.0.0.1:1/v1\n    model: m\n    api_key_env: AGENTGATE_TEST_UNSET_OPENAI_KEY\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name       string
 		args       []string
@@ -34,6 +39,10 @@ func TestRunCommands(t *testing.T) {
 		{name: "check-config reports every problem", args: []string{"check-config", "--config", bad}, wantErr: "3 problem(s)",
 			wantStderr: []string{"bogus", "sessions.queue.mode", "sessions.queue.cap"}},
 		{name: "print defaults", args: []string{"check-config", "--print-defaults"}, wantOut: "passivate_after: 10m"},
+		{name: "check-config warns of a missing API key", args: []string{"check-config", "--config", noKey}, wantOut: "config ok",
+			wantStderr: []string{"warning: agent.openai.api_key_env: AGENTGATE_TEST_UNSET_OPENAI_KEY is not set"}},
+		{name: "serve refuses an openai agent without its key", args: []string{"serve", "--config", noKey, "--http-addr", "127.0.0.1:0"},
+			wantErr: "environment variable AGENTGATE_TEST_UNSET_OPENAI_KEY (agent.openai.api_key_env) holds no API key"},
 		{name: "public address needs a token", args: []string{"serve", "--data-dir", dir, "--http-addr", "0.0.0.0:0"}, wantErr: "without a bearer token"},
 	}
 	for _, tt := range tests {

@@ -191,6 +191,7 @@ func printShow(w io.Writer, o *showJSON) error {
 		}
 		c := o.Counts
 		fmt.Fprintf(tw, "messages:\t%d (pending %d, archived %d)\n", c.Messages, c.Pending, c.Archived)
+		fmt.Fprintf(tw, "tokens:\tinput %d, output %d\n", s.InputTokens, s.OutputTokens)
 	}
 	fmt.Fprintf(tw, "outbox:\tlast seq %d, undelivered %d\n", o.Outbox.LastSeq, o.Outbox.Undelivered)
 	if err := tw.Flush(); err != nil {
@@ -488,6 +489,8 @@ type sessionJSON struct {
 	EndedAt        time.Time `json:"ended_at,omitzero"`
 	EndReason      string    `json:"end_reason,omitempty"`
 	PrevSessionID  string    `json:"prev_session_id,omitempty"`
+	InputTokens    int64     `json:"input_tokens"`
+	OutputTokens   int64     `json:"output_tokens"`
 }
 
 type messageJSON struct {
@@ -576,7 +579,7 @@ func sessionToJSON(s *persistence.Session) sessionJSON {
 		ThreadID: s.ThreadID, UserID: s.UserID, UserName: s.UserName, ScopeID: s.ScopeID,
 		Profile: s.Profile, Title: s.Title, Epoch: s.Epoch, StartedAt: utc(s.StartedAt),
 		LastActivityAt: utc(s.LastActivityAt), EndedAt: utc(s.EndedAt), EndReason: s.EndReason,
-		PrevSessionID: s.PrevSessionID,
+		PrevSessionID: s.PrevSessionID, InputTokens: s.InputTokens, OutputTokens: s.OutputTokens,
 	}
 }
 

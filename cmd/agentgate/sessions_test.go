@@ -82,6 +82,7 @@ func MustSeedSessions(t *testing.T) string {
 		msg("sa2", 3, user, "m4", "still there?", pending),
 		msg("sa2", 4, user, "m5", "never mind", done),
 		&persistence.ArchiveMessages{SessionID: "sa2", Seqs: []int64{4}},
+		&persistence.AddUsage{SessionID: "sa2", TurnID: "t-1", InputTokens: 1234, OutputTokens: 56},
 		route(keyA, "sa2", 2, 10),
 		out(2, "sa2", "notice", "new session started", persistence.DeliveryPending),
 	)
@@ -229,6 +230,7 @@ func TestSessionsShow(t *testing.T) {
 			{"previous session", "sa1"},
 			{"ended", "open"},
 			{"messages", "4 (pending 1, archived 1)"},
+			{"tokens", "input 1234, output 56"},
 			{"outbox", "last seq 2, undelivered 1"},
 		} {
 			if got := fieldOf(out, f.label); got != f.want {
@@ -269,6 +271,8 @@ func TestSessionsShow(t *testing.T) {
 				ScopeID       string    `json:"scope_id"`
 				PrevSessionID string    `json:"prev_session_id"`
 				StartedAt     time.Time `json:"started_at"`
+				InputTokens   int64     `json:"input_tokens"`
+				OutputTokens  int64     `json:"output_tokens"`
 			} `json:"session"`
 			Counts struct {
 				Messages, Pending, Archived int
@@ -287,6 +291,9 @@ func TestSessionsShow(t *testing.T) {
 		if got.Session.ID != "sa2" || got.Session.ChatType != "dm" || got.Session.ScopeID != "scope-alice" ||
 			got.Session.PrevSessionID != "sa1" || !got.Session.StartedAt.Equal(sessAt(10)) {
 			t.Errorf("session = %+v, want sa2 (dm, scope-alice, prev sa1, started %v)", got.Session, sessAt(10))
+		}
+		if got.Session.InputTokens != 1234 || got.Session.OutputTokens != 56 {
+			t.Errorf("session tokens = %d/%d, want 1234/56", got.Session.InputTokens, got.Session.OutputTokens)
 		}
 		if got.Counts.Messages != 4 || got.Counts.Pending != 1 || got.Counts.Archived != 1 {
 			t.Errorf("counts = %+v, want 4 messages, 1 pending, 1 archived", got.Counts)

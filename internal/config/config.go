@@ -122,11 +122,27 @@ type Exec struct {
 
 // OpenAI configures the OpenAI-compatible agent.
 type OpenAI struct {
-	BaseURL      string        `yaml:"base_url"`
-	Model        string        `yaml:"model"`
-	APIKeyEnv    string        `yaml:"api_key_env"`
-	SystemPrompt string        `yaml:"system_prompt"`
-	Timeout      time.Duration `yaml:"timeout"`
+	BaseURL string `yaml:"base_url"`
+	Model   string `yaml:"model"`
+	// APIKeyEnv names the environment variable holding the API key; "" sends no key (a local
+	// endpoint).
+	APIKeyEnv    string `yaml:"api_key_env"`
+	SystemPrompt string `yaml:"system_prompt"`
+	// Temperature is sent when set (0 to 2); unset leaves it to the endpoint.
+	Temperature *float64 `yaml:"temperature,omitempty"`
+	// MaxTokens bounds a reply (max_tokens); 0 leaves it to the endpoint.
+	MaxTokens int `yaml:"max_tokens"`
+	// Timeout bounds one turn, retries included.
+	Timeout time.Duration `yaml:"timeout"`
+	// MaxHistory is how many earlier messages a request carries at most.
+	MaxHistory int `yaml:"max_history"`
+	// TokenBudget bounds a request's estimated tokens (4 characters a token) by dropping the
+	// oldest history; 0 means no budget.
+	TokenBudget int `yaml:"token_budget"`
+	// MaxRetries is how often a call refused with 429 or 5xx, or not answered, is tried again.
+	MaxRetries int `yaml:"max_retries"`
+	// MaxBackoff caps the wait before a retry (and the Retry-After honoured).
+	MaxBackoff time.Duration `yaml:"max_backoff"`
 }
 
 // Platforms configures the chat platforms other than HTTP, which is always on.

@@ -400,6 +400,20 @@ func TestLoadEnv(t *testing.T) {
 			want:    func(c *Config) { c.Agent.Exec.Steer = true },
 		},
 		{
+			name: "openai options",
+			environ: []string{"AGENTGATE_AGENT_OPENAI_TEMPERATURE=0.7", "AGENTGATE_AGENT_OPENAI_MAX_TOKENS=512",
+				"AGENTGATE_AGENT_OPENAI_TOKEN_BUDGET=0", "AGENTGATE_AGENT_OPENAI_MAX_BACKOFF=5s"},
+			want: func(c *Config) {
+				c.Agent.OpenAI.Temperature = new(0.7)
+				c.Agent.OpenAI.MaxTokens, c.Agent.OpenAI.TokenBudget, c.Agent.OpenAI.MaxBackoff = 512, 0, 5*time.Second
+			},
+		},
+		{
+			name:    "openai temperature null",
+			environ: []string{"AGENTGATE_AGENT_OPENAI_TEMPERATURE=null"},
+			want:    func(c *Config) {},
+		},
+		{
 			name:    "reset check_every",
 			environ: []string{"AGENTGATE_SESSIONS_RESET_CHECK_EVERY=15s"},
 			want:    func(c *Config) { c.Sessions.Reset.CheckEvery = 15 * time.Second },
@@ -634,6 +648,13 @@ func TestValidate(t *testing.T) {
 		{"openai bad url", func(c *Config) { c.Agent.OpenAI.BaseURL = "api.openai.com/v1" }, []string{"agent.openai.base_url"}},
 		{"openai key and timeout", func(c *Config) { c.Agent.OpenAI.APIKeyEnv = "sk-123"; c.Agent.OpenAI.Timeout = 0 }, []string{
 			"agent.openai.api_key_env", "agent.openai.timeout",
+		}},
+		{"openai limits", func(c *Config) {
+			o := &c.Agent.OpenAI
+			o.Temperature, o.MaxTokens, o.MaxHistory, o.TokenBudget, o.MaxRetries, o.MaxBackoff = new(2.5), -1, -1, -1, -1, 0
+		}, []string{
+			"agent.openai.temperature", "agent.openai.max_tokens", "agent.openai.max_history",
+			"agent.openai.token_budget", "agent.openai.max_retries", "agent.openai.max_backoff",
 		}},
 		{"discord without token_env", func(c *Config) { c.Platforms.Discord.Enabled, c.Platforms.Discord.TokenEnv = true, "" }, []string{"platforms.discord.token_env"}},
 		{"discord shards, archive, ids and api_url", func(c *Config) {

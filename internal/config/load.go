@@ -46,14 +46,15 @@ func Default() *Config {
 		Agent: Agent{
 			Backend: "echo",
 			Exec:    Exec{Timeout: 10 * time.Minute, History: 20, KillGrace: 5 * time.Second},
-			OpenAI:  OpenAI{APIKeyEnv: "OPENAI_API_KEY", Timeout: 2 * time.Minute},
+			OpenAI: OpenAI{APIKeyEnv: "OPENAI_API_KEY", Timeout: 2 * time.Minute, MaxHistory: 20,
+				TokenBudget: 8000, MaxRetries: 3, MaxBackoff: 30 * time.Second},
 		},
 		Platforms: Platforms{Discord: Discord{
 			TokenEnv: "DISCORD_TOKEN", RequireMention: true, ShardCount: 1, ThreadArchiveMinutes: 1440,
 		}},
-		Shutdown:  Shutdown{DrainTimeout: 30 * time.Second},
-		Metrics:   Metrics{Actors: true},
-		Persist:   Persist{MaxBatch: 512},
+		Shutdown: Shutdown{DrainTimeout: 30 * time.Second},
+		Metrics:  Metrics{Actors: true},
+		Persist:  Persist{MaxBatch: 512},
 	}
 }
 
@@ -322,6 +323,8 @@ func typeMismatch(t reflect.Type) error {
 		return errors.New("must be true or false")
 	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64:
 		return errors.New("must be an integer")
+	case t.Kind() == reflect.Float32 || t.Kind() == reflect.Float64:
+		return errors.New("must be a number")
 	case t.Kind() == reflect.String:
 		return errors.New("must be a string")
 	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String:
@@ -404,7 +407,7 @@ func applyEnv(cfg *Config, environ []string) []error {
 
 // parseEnvValue reads raw as a YAML scalar or flow value of type t, as strictly as the file (an
 // unknown key in a mapping is an error). A string is taken verbatim, so that a prompt or DSN
-// holding "#" or ": " survives. Null empties a list or a map.
+// holding "#" or ": " survives. Null empties a list or a map, or unsets an optional value.
 func parseEnvValue(raw string, t reflect.Type) (reflect.Value, error) {
 	if t.Kind() == reflect.String {
 		return reflect.ValueOf(raw).Convert(t), nil
@@ -413,7 +416,7 @@ func parseEnvValue(raw string, t reflect.Type) (reflect.Value, error) {
 	if err := yaml.Unmarshal([]byte(raw), &doc); err != nil || len(doc.Content) == 0 {
 		return reflect.Value{}, typeMismatch(t)
 	}
-	if doc.Content[0].ShortTag() == "!!null" && t.Kind() != reflect.Slice && t.Kind() != reflect.Map {
+	if doc.Content[0].ShortTag() == "!!null" && t.Kind() != reflect.Slice && t.Kind() != reflect.Map && t.Kind() != reflect.Pointer {
 		return reflect.Value{}, typeMismatch(t)
 	}
 	ptr := reflect.New(t)

@@ -96,7 +96,15 @@ func (c *Config) validate() []error {
 		}
 	}
 	v.envName("agent.openai.api_key_env", a.OpenAI.APIKeyEnv)
+	if t := a.OpenAI.Temperature; t != nil && !(*t >= 0 && *t <= 2) {
+		v.add("agent.openai.temperature", *t, "must be from 0 to 2")
+	}
+	atLeast(&v, "agent.openai.max_tokens", a.OpenAI.MaxTokens, 0)
 	atLeast(&v, "agent.openai.timeout", a.OpenAI.Timeout, 1)
+	atLeast(&v, "agent.openai.max_history", a.OpenAI.MaxHistory, 0)
+	atLeast(&v, "agent.openai.token_budget", a.OpenAI.TokenBudget, 0)
+	atLeast(&v, "agent.openai.max_retries", a.OpenAI.MaxRetries, 0)
+	atLeast(&v, "agent.openai.max_backoff", a.OpenAI.MaxBackoff, time.Second)
 
 	d := &c.Platforms.Discord
 	v.envName("platforms.discord.token_env", d.TokenEnv)

@@ -23,6 +23,7 @@ var (
 	OverflowPolicies = []string{"spool", "reject"}
 	ActorKinds       = []string{"session", "turn", "persistence", "manager", "platform"}
 	SendOutcomes     = []string{"ok", "error"}
+	TokenDirections  = []string{"input", "output"}
 )
 
 // Metrics are the collectors agentgate updates. All methods are safe for concurrent use.
@@ -44,6 +45,8 @@ type Metrics struct {
 	Mailboxes     *MailboxDepths
 	InboundTotal  *prometheus.CounterVec
 	OutboundTotal *prometheus.CounterVec
+	// AgentTokens counts the model tokens turns used, by direction (input, output).
+	AgentTokens *prometheus.CounterVec
 }
 
 // New builds the metrics on a fresh registry with the Go runtime and process collectors, and
@@ -85,10 +88,12 @@ func New(platforms ...string) *Metrics {
 			Name: "agentgate_inbound_total", Help: "Inbound messages accepted from platforms."}, []string{"platform"}),
 		OutboundTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentgate_outbound_total", Help: "Outbound sends to platforms, by outcome."}, []string{"platform", "outcome"}),
+		AgentTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentgate_agent_tokens_total", Help: "Model tokens used by agent turns, by direction (input: prompt, output: completion)."}, []string{"direction"}),
 	}
 	for _, c := range []prometheus.Collector{m.SessionsActive, m.SessionActivations, m.SessionPassivations,
 		m.TurnsTotal, m.TurnDuration, m.QueueDepth, m.QueueOverflow, m.PersistBatchSize, m.PersistFlushSeconds,
-		m.SpoolFiles, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal} {
+		m.SpoolFiles, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens} {
 		f(c)
 	}
 	for _, o := range TurnOutcomes {
@@ -99,6 +104,9 @@ func New(platforms ...string) *Metrics {
 	}
 	for _, k := range ActorKinds {
 		m.ActorRestarts.WithLabelValues(k)
+	}
+	for _, d := range TokenDirections {
+		m.AgentTokens.WithLabelValues(d)
 	}
 	for _, p := range platforms {
 		m.InboundTotal.WithLabelValues(p)

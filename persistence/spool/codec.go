@@ -89,6 +89,8 @@ func encodeOp(op persistence.Op) (string, []byte, error) {
 		typ, isNil = "AddOutbox", o == nil
 	case *persistence.MarkDelivery:
 		typ, isNil = "MarkDelivery", o == nil
+	case *persistence.AddUsage:
+		typ, isNil = "AddUsage", o == nil
 	default:
 		return "", nil, fmt.Errorf("unknown op type %T", op)
 	}
@@ -133,6 +135,8 @@ func newOp(typ string) persistence.Op {
 		return &persistence.AddOutbox{}
 	case "MarkDelivery":
 		return &persistence.MarkDelivery{}
+	case "AddUsage":
+		return &persistence.AddUsage{}
 	}
 	return nil
 }

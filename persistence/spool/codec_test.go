@@ -30,6 +30,7 @@ func opSamples() []persistence.Op {
 		ThreadID: "t1", UserID: "u1", UserName: "Ünïcode \"name\"\n", ScopeID: "g1", Profile: "main",
 		StartedAt: t0, LastActivityAt: t0.Add(time.Nanosecond).In(cest), EndedAt: t0.Add(time.Hour),
 		EndReason: persistence.EndCrash, PrevSessionID: "s-0", Title: "title", Epoch: 7, QueueMode: "steer",
+		InputTokens: 1200, OutputTokens: 340,
 	}
 	message := persistence.Message{
 		SessionID: "s-1", Seq: 3, Role: persistence.RoleUser, Content: "hello\x00 <world> & \u2028",
@@ -57,6 +58,7 @@ func opSamples() []persistence.Op {
 			CreatedAt: t0, DeliveredAt: t0.Add(time.Second).In(cest),
 		}},
 		&persistence.MarkDelivery{SessionKey: "k", Seq: 11, State: persistence.DeliveryDelivered, At: t0.Add(2)},
+		&persistence.AddUsage{SessionID: "s-1", TurnID: "turn-1", InputTokens: 812, OutputTokens: 96},
 	}
 }
 

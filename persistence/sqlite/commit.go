@@ -36,6 +36,8 @@ const (
 	stPutRoute
 	stAddOutbox
 	stMarkDelivery
+	stInsertTurnUsage
+	stAddSessionUsage
 	stInsertFTS
 	numStmts
 )
@@ -48,7 +50,7 @@ var writeSQL = [numStmts]string{
 	stFTSRelease:    `RELEASE fts`,
 	stFTSRollbackTo: `ROLLBACK TO fts`,
 	stCreateSession: `INSERT INTO sessions (` + sessionCols + `)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO NOTHING`,
 	stEndSession: `UPDATE sessions SET ended_at = ?, end_reason = ?
 		WHERE id = ? AND ended_at IS NULL`,
@@ -80,6 +82,11 @@ var writeSQL = [numStmts]string{
 			delivered_at = CASE WHEN ?1 = 'delivered' THEN ?2 ELSE delivered_at END,
 			attempts = attempts + 1
 		WHERE session_key = ?3 AND seq = ?4 AND state <> 'delivered'`,
+	// A turn's usage is recorded once; only a first recording adds to its session.
+	stInsertTurnUsage: `INSERT INTO turn_usage (session_id, turn_id, input_tokens, output_tokens)
+		VALUES (?, ?, ?, ?) ON CONFLICT (session_id, turn_id) DO NOTHING`,
+	stAddSessionUsage: `UPDATE sessions SET input_tokens = input_tokens + ?,
+		output_tokens = output_tokens + ? WHERE id = ?`,
 	stInsertFTS: `INSERT INTO messages_fts (rowid, content) VALUES (?, ?)`,
 }
 
@@ -209,7 +216,8 @@ func (t *txn) group(ops []persistence.Op) error {
 }
 
 // apply runs one op. Every op is idempotent except the counters (IncrementAttempts, and
-// MarkDelivery of a non-delivered state), which count each application.
+// MarkDelivery of a non-delivered state), which count each application; AddUsage adds once
+// per turn.
 func (t *txn) apply(op persistence.Op) error {
 	switch o := op.(type) {
 	case *persistence.CreateSession:
@@ -220,7 +228,7 @@ func (t *txn) apply(op persistence.Op) error {
 		_, err := t.exec(stCreateSession, ss.ID, ss.Key, ss.Platform, ss.ChatType, ss.ChatID,
 			ss.ThreadID, ss.UserID, ss.UserName, ss.ScopeID, ss.Profile, timeArg(ss.StartedAt),
 			timeArg(ss.LastActivityAt), timeArg(ss.EndedAt), ss.EndReason, ss.PrevSessionID,
-			ss.Title, ss.Epoch, ss.QueueMode)
+			ss.Title, ss.Epoch, ss.QueueMode, ss.InputTokens, ss.OutputTokens)
 		return wrap(err, "create session %s", ss.ID)
 	case *persistence.EndSession:
 		if o == nil || o.At.IsZero() {
@@ -308,9 +316,34 @@ func (t *txn) apply(op persistence.Op) error {
 		}
 		_, err := t.exec(stMarkDelivery, o.State, timeArg(o.At), o.SessionKey, o.Seq)
 		return wrap(err, "mark delivery %s/%d", o.SessionKey, o.Seq)
+	case *persistence.AddUsage:
+		if o == nil || o.SessionID == "" || o.TurnID == "" {
+			return errors.New("add usage: session id and turn id required")
+		}
+		return t.addUsage(o)
 	default:
 		return fmt.Errorf("apply: unknown op type %T", op)
 	}
+}
+
+// addUsage records a turn's usage and, the first time only, adds it to its session.
+func (t *txn) addUsage(o *persistence.AddUsage) error {
+	if o.InputTokens < 0 || o.OutputTokens < 0 {
+		return fmt.Errorf("add usage %s/%s: negative token count", o.SessionID, o.TurnID)
+	}
+	res, err := t.exec(stInsertTurnUsage, o.SessionID, o.TurnID, o.InputTokens, o.OutputTokens)
+	if err != nil {
+		return fmt.Errorf("add usage %s/%s: %w", o.SessionID, o.TurnID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("add usage %s/%s: %w", o.SessionID, o.TurnID, err)
+	}
+	if n == 0 {
+		return nil // recorded before: a re-sent write
+	}
+	_, err = t.exec(stAddSessionUsage, o.InputTokens, o.OutputTokens, o.SessionID)
+	return wrap(err, "add usage %s/%s", o.SessionID, o.TurnID)
 }
 
 // eachSeq runs a per-row statement whose last two arguments are (session id, seq).

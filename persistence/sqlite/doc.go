@@ -17,12 +17,13 @@
 // pending; a delivered outbox entry stays delivered; EndSession needs a time; TouchSession with
 // the zero time does nothing; an AppendMessage whose (session id, seq) holds a different row
 // fails with ErrConflict. Only IncrementAttempts and MarkDelivery of a non-delivered state count
-// each application; SetAttempts keeps the larger count. Pending messages are the active ones: an
-// archived message is never re-run.
+// each application; SetAttempts keeps the larger count; AddUsage adds a turn's tokens to its
+// session once (turn_usage remembers the turns recorded). Pending messages are the active ones:
+// an archived message is never re-run.
 //
 // Rows are deleted in one place only, PruneSessions (prune.go): ended sessions older than the
-// retention, with their messages and search index entries, and only when every safety check
-// passes (see pruneCandidatesSQL). It runs under the commit mutex, like Commit.
+// retention, with their messages, turn usage and search index entries, and only when every
+// safety check passes (see pruneCandidatesSQL). It runs under the commit mutex, like Commit.
 //
 // Times are stored as INTEGER unix nanoseconds; the zero time is NULL. A stored time that is
 // NULL, not positive or unreadable reads as the zero time ("long ago"), never as now.

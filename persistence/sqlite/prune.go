@@ -157,7 +157,8 @@ func (s *Store) pruneSession(ctx context.Context, tx *sql.Tx, id string, fts boo
 	return false, fmt.Errorf("session %s: %w", id, err)
 }
 
-// deleteSession removes a session's search index entries, its messages and its row. A failure
+// deleteSession removes a session's search index entries, its messages, its turns' usage and
+// its row. A failure
 // to clean the search index wraps errKeep.
 func deleteSession(ctx context.Context, tx *sql.Tx, id string, fts bool) error {
 	if fts {
@@ -167,6 +168,9 @@ func deleteSession(ctx context.Context, tx *sql.Tx, id string, fts bool) error {
 	}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM messages WHERE session_id = ?`, id); err != nil {
 		return fmt.Errorf("delete messages: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM turn_usage WHERE session_id = ?`, id); err != nil {
+		return fmt.Errorf("delete turn usage: %w", err)
 	}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM sessions WHERE id = ?`, id); err != nil {
 		return fmt.Errorf("delete session: %w", err)

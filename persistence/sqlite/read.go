@@ -356,7 +356,8 @@ func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]p
 		if err := rows.Scan(&ss.ID, &ss.Key, &ss.Platform, &ss.ChatType, &ss.ChatID, &ss.ThreadID,
 			&ss.UserID, &ss.UserName, &ss.ScopeID, &ss.Profile, nanoTime{&ss.StartedAt},
 			nanoTime{&ss.LastActivityAt}, nanoTime{&ss.EndedAt}, &ss.EndReason, &ss.PrevSessionID,
-			&ss.Title, &ss.Epoch, &ss.QueueMode, &sum.Messages, &sum.Pending); err != nil {
+			&ss.Title, &ss.Epoch, &ss.QueueMode, &ss.InputTokens, &ss.OutputTokens,
+			&sum.Messages, &sum.Pending); err != nil {
 			return nil, fmt.Errorf("list sessions: %w", err)
 		}
 		out = append(out, sum)

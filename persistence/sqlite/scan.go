@@ -13,7 +13,7 @@ import (
 const (
 	sessionCols = `id, key, platform, chat_type, chat_id, thread_id, user_id, user_name, scope_id,
 		profile, started_at, last_activity_at, ended_at, end_reason, prev_session_id, title, epoch,
-		queue_mode`
+		queue_mode, input_tokens, output_tokens`
 	messageCols = `session_id, seq, role, content, platform, chat_id, message_id, turn_id, status,
 		active, archived, attempts, created_at, user_id, user_name`
 	outboxCols = `session_key, seq, session_id, kind, text, turn_id, in_reply_to, platform,
@@ -27,7 +27,8 @@ func scanSession(r scanner) (*persistence.Session, error) {
 	var s persistence.Session
 	err := r.Scan(&s.ID, &s.Key, &s.Platform, &s.ChatType, &s.ChatID, &s.ThreadID, &s.UserID,
 		&s.UserName, &s.ScopeID, &s.Profile, nanoTime{&s.StartedAt}, nanoTime{&s.LastActivityAt},
-		nanoTime{&s.EndedAt}, &s.EndReason, &s.PrevSessionID, &s.Title, &s.Epoch, &s.QueueMode)
+		nanoTime{&s.EndedAt}, &s.EndReason, &s.PrevSessionID, &s.Title, &s.Epoch, &s.QueueMode,
+		&s.InputTokens, &s.OutputTokens)
 	if err != nil {
 		return nil, err
 	}

@@ -308,7 +308,8 @@ func setUpPrune(t *testing.T, s persistence.Store) pruneFixture {
 		&persistence.AppendMessage{Message: done(userMsg("answered", 1, "ans-1", "question"))},
 		&persistence.AppendMessage{Message: replyMsg("answered", 2, "answer")},
 		&persistence.AddOutbox{Entry: outboxEntry("k", 1, "answered", "ans-1")},
-		&persistence.MarkDelivery{SessionKey: "k", Seq: 1, State: persistence.DeliveryDelivered, At: at(21)})
+		&persistence.MarkDelivery{SessionKey: "k", Seq: 1, State: persistence.DeliveryDelivered, At: at(21)},
+		&persistence.AddUsage{SessionID: "answered", TurnID: "turn-1", InputTokens: 30, OutputTokens: 4})
 	create(ended("undone", "k", 3, 30),
 		&persistence.AppendMessage{Message: userMsg("undone", 1, "undone-1", "undone, never re-run")},
 		&persistence.ArchiveMessages{SessionID: "undone", Seqs: []int64{1}})
@@ -318,7 +319,8 @@ func setUpPrune(t *testing.T, s persistence.Store) pruneFixture {
 
 	// Kept.
 	create(ended("pending", "k", 5, 11),
-		&persistence.AppendMessage{Message: userMsg("pending", 1, "p-1", "never answered")})
+		&persistence.AppendMessage{Message: userMsg("pending", 1, "p-1", "never answered")},
+		&persistence.AddUsage{SessionID: "pending", TurnID: "turn-1", InputTokens: 7, OutputTokens: 1})
 	create(ended("undelivered", "k", 6, 12),
 		&persistence.AddOutbox{Entry: outboxEntry("k", 2, "undelivered")})
 	create(ended("failed-delivery", "k", 7, 13),

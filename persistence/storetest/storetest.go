@@ -54,6 +54,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"EndSessionKeepsFirstReason", testEndSession},
 		{"TouchSessionMonotonic", testTouchSession},
 		{"MessageStatusAndTitle", testStatusAndTitle},
+		{"UsageAddsOncePerTurn", testUsage},
 		{"NotFound", testNotFound},
 		{"Closed", testClosed},
 	}

@@ -49,6 +49,7 @@ func idempotentOps() []persistence.Op {
 		&persistence.AddOutbox{Entry: outboxEntry("k1", 1, "s1", "m1")},
 		&persistence.MarkDelivery{SessionKey: "k1", Seq: 1, State: persistence.DeliveryDelivered, At: at(6)},
 		&persistence.AddOutbox{Entry: outboxEntry("k1", 2, "s1", "m1")},
+		&persistence.AddUsage{SessionID: "s1", TurnID: "turn-1", InputTokens: 120, OutputTokens: 30},
 		&persistence.EndSession{SessionID: "s1", Reason: persistence.EndIdle, At: at(9)},
 	}
 }

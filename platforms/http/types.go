@@ -72,6 +72,9 @@ type SessionInfo struct {
 	Title          string     `json:"title"`
 	Messages       int        `json:"messages"`
 	Pending        int        `json:"pending"`
+	// InputTokens and OutputTokens are the model tokens this session's turns used.
+	InputTokens  int64 `json:"input_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
 	// Live is the session actor's state; nil when no actor is running.
 	Live *LiveState `json:"live,omitempty"`
 }

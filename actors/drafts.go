@@ -1,0 +1,270 @@
+package actors
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Streaming drafts. When a session's platform is a platforms.Editor, the session gives its
+// turn's agent a Request.Partial that sends the growing reply to the platform actor (DraftText).
+// The platform actor posts a draft with the first non-empty text, edits it as the text grows (at
+// most once per DraftInterval per turn, the latest text winning), and attaches the draft's id
+// to the turn's final outbound (reply, or the notice of a failed turn), which the platform
+// then edits into the final text. A cancelled turn's draft is marked interrupted and never
+// finished with a reply. Drafts live in the platform actor's memory only: after a restart the
+// final reply, re-sent from the outbox, is posted anew.
+
+// DefaultDraftInterval is the least time between two edits of one turn's draft.
+const DefaultDraftInterval = time.Second
+
+// interruptedMark ends the text of a cancelled turn's draft.
+const interruptedMark = "\n\n⏹ (interrupted)"
+
+// maxDraftEditFailures is how many edits of a draft may fail in a row before it is left alone.
+const maxDraftEditFailures = 3
+
+// endedTurnsKept bounds how many finished or dropped turns a platform actor remembers, to
+// ignore their late draft texts.
+const endedTurnsKept = 1024
+
+// partial returns the Request.Partial of a turn whose platform can edit messages, nil for any
+// other. It runs on the agent's goroutine: it only sends to the platform actor.
+func (s *Session) partial(c actor.Context, turnID string, group []*item) func(string) {
+	src := group[0].src
+	pid := s.d.Platforms[src.Platform]
+	if pid == nil || !s.d.Editors[src.Platform] {
+		return nil
+	}
+	ids := make([]string, len(group))
+	for i, it := range group {
+		ids[i] = it.messageID
+	}
+	root := c.ActorSystem().Root
+	target := identity.Source{Platform: src.Platform, ChatType: src.ChatType, ChatID: src.ChatID,
+		ThreadID: src.ThreadID, UserID: src.UserID}
+	key := s.key
+	var mu sync.Mutex
+	last := ""
+	return func(text string) {
+		if strings.TrimSpace(text) == "" {
+			return
+		}
+		mu.Lock()
+		same := text == last
+		last = text
+		mu.Unlock()
+		if !same {
+			root.Send(pid, &DraftText{SessionKey: key, TurnID: turnID, Target: target, InReplyTo: slices.Clone(ids), Text: text})
+		}
+	}
+}
+
+// cancelTurn stops a running turn (its agent's context is cancelled) and drops its draft.
+func (s *Session) cancelTurn(c actor.Context, r *turnRun) {
+	c.Stop(r.pid)
+	p := r.items[0].src.Platform
+	if pid := s.d.Platforms[p]; pid != nil && s.d.Editors[p] {
+		c.Send(pid, &DropDraft{SessionKey: s.key, TurnID: r.id})
+	}
+}
+
+// draft is the draft of one turn.
+type draft struct {
+	key       string
+	turn      string
+	target    identity.Source
+	inReplyTo []string
+	id        string    // the platform's id of the draft, once posted
+	text      string    // the text it should show
+	shown     string    // the text it shows
+	lastEdit  time.Time // when the last post or edit went out
+	queued    bool      // a post or edit waits in (or runs from) the key's queue
+	ticking   bool      // a draftTick is armed
+	failed    bool      // the post (or editFailures edits) failed: the final reply is posted anew
+	editFails int       // edits that failed in a row
+	dropped   bool      // the turn was cancelled: the draft gets its interrupted mark, then is gone
+}
+
+// endedTurns remembers the last endedTurnsKept turns whose drafts are over.
+type endedTurns struct {
+	set   map[string]bool
+	order []string
+}
+
+func (e *endedTurns) add(turn string) {
+	if e.set == nil {
+		e.set = map[string]bool{}
+	}
+	if e.set[turn] {
+		return
+	}
+	e.set[turn] = true
+	e.order = append(e.order, turn)
+	if len(e.order) > endedTurnsKept {
+		delete(e.set, e.order[0])
+		e.order = e.order[1:]
+	}
+}
+
+func (e *endedTurns) has(turn string) bool { return e.set[turn] }
+
+func (a *Platform) draftInterval() time.Duration {
+	if a.d.DraftInterval > 0 {
+		return a.d.DraftInterval
+	}
+	return DefaultDraftInterval
+}
+
+// onDraftText takes a running turn's text: the first starts its draft, later ones edit it.
+func (a *Platform) onDraftText(c actor.Context, m *DraftText) {
+	if _, ok := a.p.(platforms.Editor); !ok || m.TurnID == "" || a.ended.has(m.TurnID) {
+		return
+	}
+	d := a.drafts[m.TurnID]
+	if d == nil {
+		// A key runs one turn at a time: an earlier turn's draft that is still here was never
+		// finished (its session crashed) and is left as it is.
+		if prev := a.drafts[a.liveDraft[m.SessionKey]]; prev != nil && !prev.dropped {
+			a.endDraft(prev)
+		}
+		d = &draft{key: m.SessionKey, turn: m.TurnID, target: m.Target, inReplyTo: m.InReplyTo}
+		a.drafts[m.TurnID] = d
+		a.liveDraft[m.SessionKey] = m.TurnID
+	}
+	d.text = m.Text
+	a.scheduleDraft(c, d)
+}
+
+// endDraft forgets a draft; later texts of its turn are ignored.
+func (a *Platform) endDraft(d *draft) {
+	delete(a.drafts, d.turn)
+	if a.liveDraft[d.key] == d.turn {
+		delete(a.liveDraft, d.key)
+	}
+	a.ended.add(d.turn)
+}
+
+// onDropDraft marks a cancelled turn's draft as interrupted; it is never finished.
+func (a *Platform) onDropDraft(c actor.Context, m *DropDraft) {
+	a.ended.add(m.TurnID)
+	d := a.drafts[m.TurnID]
+	if d == nil {
+		return
+	}
+	if d.failed || (d.id == "" && !d.queued) {
+		a.endDraft(d)
+		return
+	}
+	d.dropped = true
+	d.text += interruptedMark
+	a.scheduleDraft(c, d)
+}
+
+// scheduleDraft queues a post or edit of d when its text changed, at most one per
+// DraftInterval (a timer brings a throttled edit later, with the latest text).
+func (a *Platform) scheduleDraft(c actor.Context, d *draft) {
+	if d.queued || d.failed || d.text == d.shown {
+		return
+	}
+	if d.id != "" && !d.dropped {
+		if wait := a.draftInterval() - time.Since(d.lastEdit); wait > 0 {
+			if !d.ticking {
+				d.ticking = true
+				a.timers.SendOnce(wait, c.Self(), &draftTick{turn: d.turn})
+			}
+			return
+		}
+	}
+	d.queued = true
+	a.queues[d.key] = append(a.queues[d.key], &job{draftTurn: d.turn})
+	a.pump(c, d.key)
+}
+
+func (a *Platform) onDraftTick(c actor.Context, m *draftTick) {
+	if d := a.drafts[m.turn]; d != nil {
+		d.ticking = false
+		a.scheduleDraft(c, d)
+	}
+}
+
+// sendDraft runs the draft job at the head of key's queue: a post of the draft's latest text
+// or, once posted, an edit. A job whose draft is gone is skipped.
+func (a *Platform) sendDraft(c actor.Context, key, turn string) {
+	d := a.drafts[turn]
+	ed, ok := a.p.(platforms.Editor)
+	if d == nil || !ok {
+		c.Send(c.Self(), &draftDone{key: key, turn: turn})
+		return
+	}
+	id, text, target, inReplyTo := d.id, d.text, d.target, slices.Clone(d.inReplyTo)
+	self, root, ctx := c.Self(), c.ActorSystem().Root, a.d.Ctx
+	go func() {
+		sctx, cancel := context.WithTimeout(ctx, sendTimeout)
+		defer cancel()
+		done := &draftDone{key: key, turn: turn, text: text}
+		if id == "" {
+			done.id, done.err = ed.SendDraft(sctx, target, inReplyTo, text)
+		} else {
+			done.err = ed.EditDraft(sctx, target, id, text)
+		}
+		root.Send(self, done)
+	}()
+}
+
+func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
+	a.sending--
+	a.inflight[m.key] = false
+	a.popHead(m.key)
+	defer a.answerQuiesce(c)
+	defer a.pump(c, m.key)
+	d := a.drafts[m.turn]
+	if d == nil {
+		return
+	}
+	d.queued = false
+	switch {
+	case m.err != nil && d.id == "":
+		d.failed = true // the final reply is posted as a message of its own
+		a.log.Warn("post draft", "session", m.key, "turn", m.turn, "err", m.err)
+	case m.err != nil:
+		a.log.Debug("edit draft", "session", m.key, "turn", m.turn, "err", m.err)
+		d.lastEdit = time.Now()
+		if d.editFails++; d.editFails >= maxDraftEditFailures || d.dropped {
+			d.failed = true // the draft stays as it is; the final reply is posted anew
+		}
+	default:
+		if d.id == "" {
+			d.id = m.id
+		}
+		d.shown, d.lastEdit, d.editFails = m.text, time.Now(), 0
+	}
+	if d.dropped && (d.failed || d.text == d.shown) {
+		a.endDraft(d)
+		return
+	}
+	a.scheduleDraft(c, d)
+}
+
+// finishesDraft returns out with DraftID set when it is the final outbound of a turn with a
+// draft; the draft is then over.
+func (a *Platform) finishesDraft(out *platforms.Outbound) *platforms.Outbound {
+	d := a.drafts[out.TurnID]
+	if out.TurnID == "" || d == nil || d.dropped || d.key != out.SessionKey {
+		return out
+	}
+	a.endDraft(d)
+	if d.id == "" || d.failed || out.DraftID != "" {
+		return out
+	}
+	o := *out
+	o.InReplyTo = slices.Clone(out.InReplyTo)
+	o.DraftID = d.id
+	return &o
+}

@@ -1,0 +1,407 @@
+package openai
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/logging"
+)
+
+// Limits of what is read from the endpoint.
+const (
+	// MaxReply bounds the reply text of one call, in bytes; a longer reply is cut there.
+	MaxReply = 1 << 20
+	// maxBody bounds a non-streamed response body.
+	maxBody = 8 << 20
+	// maxErrorBody bounds what is read of an error response.
+	maxErrorBody = 16 << 10
+	// maxLine bounds one line of a stream.
+	maxLine = 4 << 20
+)
+
+// retryBase is the first backoff; each retry doubles it, up to Config.MaxBackoff.
+const retryBase = time.Second
+
+// result is what one model call returned.
+type result struct {
+	text   string
+	usage  agents.Usage
+	finish string // finish_reason, when the endpoint said
+}
+
+// call makes one model call for body, retrying what can be retried (see the package comment).
+// partial, when not nil, streams.
+func (a *Agent) call(ctx context.Context, body []byte, partial func(string)) (*result, error) {
+	for attempt := 1; ; attempt++ {
+		start := time.Now()
+		res, err := a.attempt(ctx, body, partial)
+		if err == nil {
+			a.log.Debug("model call", "attempt", attempt, "took", time.Since(start),
+				"input_tokens", res.usage.InputTokens, "output_tokens", res.usage.OutputTokens)
+			return res, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctxErr(ctx)
+		}
+		wait, ok := a.retryWait(err, attempt)
+		if !ok {
+			return nil, err
+		}
+		if dl, has := ctx.Deadline(); has && time.Until(dl) < wait {
+			return nil, err // the turn would end before the retry: fail now
+		}
+		a.log.Warn("model call failed; retrying", "attempt", attempt, "wait", wait, logging.Err(err))
+		if err := a.sleep(ctx, wait); err != nil {
+			return nil, ctxErr(ctx)
+		}
+	}
+}
+
+// retryWait says whether err after attempt is retried, and after how long.
+func (a *Agent) retryWait(err error, attempt int) (time.Duration, bool) {
+	if attempt > a.maxRetries {
+		return 0, false
+	}
+	backoff := min(retryBase<<min(attempt-1, 20), a.maxBackoff)
+	var se *StatusError
+	var te *transportError
+	switch {
+	case errors.As(err, &se):
+		if !se.retryable() {
+			return 0, false
+		}
+		if se.RetryAfter > 0 {
+			if se.RetryAfter > a.maxBackoff {
+				return 0, false // honouring it would take longer than we may wait
+			}
+			return se.RetryAfter, true
+		}
+		return backoff, true
+	case errors.As(err, &te):
+		return backoff, !te.shown
+	}
+	return 0, false
+}
+
+// ctxErr is the error of a turn whose context ended: ErrTimeout for our own deadline.
+func ctxErr(ctx context.Context) error {
+	if cause := context.Cause(ctx); errors.Is(cause, ErrTimeout) {
+		return ErrTimeout
+	}
+	return fmt.Errorf("openai agent: run: %w", ctx.Err())
+}
+
+// attempt is one HTTP request.
+func (a *Agent) attempt(ctx context.Context, body []byte, partial func(string)) (*result, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.url, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("openai agent: build request: %w", stripURL(err))
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if partial != nil {
+		req.Header.Set("Accept", "text/event-stream")
+	} else {
+		req.Header.Set("Accept", "application/json")
+	}
+	if a.key != nil && a.key.v != "" {
+		req.Header.Set("Authorization", "Bearer "+a.key.v)
+	}
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return nil, &transportError{what: "unreachable", err: a.safeErr(err)}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return nil, a.statusError(resp)
+	}
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if partial != nil && mt == "text/event-stream" {
+		return a.readStream(resp.Body, partial)
+	}
+	res, err := a.readJSON(resp.Body)
+	if err == nil && partial != nil && res.text != "" {
+		partial(res.text) // an endpoint that ignored stream: true
+	}
+	return res, err
+}
+
+// safeErr strips the URL from a transport error and redacts the key.
+func (a *Agent) safeErr(err error) error {
+	return errors.New(sanitize(stripURL(err).Error(), a.keyString()))
+}
+
+// stripURL returns the error inside a *url.Error, whose message carries the URL.
+func stripURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+// statusError reads an error response into a safe StatusError.
+func (a *Agent) statusError(resp *http.Response) *StatusError {
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	return &StatusError{
+		Code:       resp.StatusCode,
+		Message:    sanitize(errorMessage(raw), a.keyString()),
+		RetryAfter: retryAfter(resp.Header, a.now()),
+	}
+}
+
+// errorMessage finds the message in an error body: {"error":{"message"}}, {"error":"…"},
+// {"message"}, or the body itself when it is not JSON.
+func errorMessage(raw []byte) string {
+	var doc struct {
+		Error   json.RawMessage `json:"error"`
+		Message string          `json:"message"`
+	}
+	if json.Unmarshal(raw, &doc) != nil {
+		return string(raw)
+	}
+	var inner struct {
+		Message string `json:"message"`
+	}
+	var s string
+	switch {
+	case json.Unmarshal(doc.Error, &inner) == nil && inner.Message != "":
+		return inner.Message
+	case json.Unmarshal(doc.Error, &s) == nil && s != "":
+		return s
+	}
+	return doc.Message
+}
+
+// retryAfter reads how long the endpoint asks to wait: retry-after-ms, or Retry-After in
+// seconds or as an HTTP date. Zero when it says nothing usable.
+func retryAfter(h http.Header, now time.Time) time.Duration {
+	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
+		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms > 0 && ms < 1e12 {
+			return time.Duration(ms * float64(time.Millisecond))
+		}
+	}
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if s <= 0 || s > 1e9 {
+			return 0
+		}
+		return time.Duration(s) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return t.Sub(now)
+	}
+	return 0
+}
+
+// completion is the part of a chat completion (or of one stream chunk) that is read.
+type completion struct {
+	Choices []struct {
+		Message      *choiceText `json:"message"`
+		Delta        *choiceText `json:"delta"`
+		FinishReason *string     `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens     int64 `json:"prompt_tokens"`
+		CompletionTokens int64 `json:"completion_tokens"`
+	} `json:"usage"`
+	Error json.RawMessage `json:"error"`
+}
+
+// choiceText is a message or a delta. Content is a string, or a list of parts on some servers.
+type choiceText struct {
+	Content json.RawMessage `json:"content"`
+	Refusal *string         `json:"refusal"`
+}
+
+func (c *choiceText) text() string {
+	if c == nil {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(c.Content, &s) == nil && s != "" {
+		return s
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if json.Unmarshal(c.Content, &parts) == nil {
+		var b strings.Builder
+		for _, p := range parts {
+			if p.Type == "text" || p.Type == "" {
+				b.WriteString(p.Text)
+			}
+		}
+		if b.Len() > 0 {
+			return b.String()
+		}
+	}
+	if c.Refusal != nil {
+		return *c.Refusal
+	}
+	return ""
+}
+
+// apply adds one completion (or chunk) to res; it returns an error for an error document.
+func (a *Agent) apply(res *result, c *completion, b *strings.Builder) error {
+	if len(c.Error) > 0 && string(c.Error) != "null" {
+		return &StatusError{Code: http.StatusOK, Message: sanitize(errorMessage([]byte(`{"error":`+string(c.Error)+`}`)), a.keyString())}
+	}
+	for i, ch := range c.Choices {
+		if i > 0 {
+			break // n is never asked for: only the first choice counts
+		}
+		t := ch.Delta
+		if ch.Message != nil {
+			t = ch.Message
+		}
+		if s := t.text(); s != "" && b.Len() < MaxReply {
+			b.WriteString(cutAt(s, MaxReply-b.Len()))
+		}
+		if ch.FinishReason != nil && *ch.FinishReason != "" {
+			res.finish = *ch.FinishReason
+		}
+	}
+	if c.Usage != nil {
+		res.usage = agents.Usage{InputTokens: c.Usage.PromptTokens, OutputTokens: c.Usage.CompletionTokens}
+	}
+	return nil
+}
+
+// cutAt returns the longest prefix of s of at most n bytes that does not split a character.
+func cutAt(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// readJSON reads a non-streamed completion.
+func (a *Agent) readJSON(body io.Reader) (*result, error) {
+	raw, err := io.ReadAll(io.LimitReader(body, maxBody+1))
+	if err != nil {
+		return nil, &transportError{what: "response broke off", err: a.safeErr(err)}
+	}
+	if len(raw) > maxBody {
+		return nil, fmt.Errorf("openai agent: response larger than %d bytes", maxBody)
+	}
+	var c completion
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return nil, fmt.Errorf("openai agent: response is not a chat completion: %v", err)
+	}
+	res := &result{}
+	var b strings.Builder
+	if err := a.apply(res, &c, &b); err != nil {
+		return nil, err
+	}
+	res.text = b.String()
+	return res, nil
+}
+
+// readStream reads a server-sent event stream of completion chunks, calling partial with the
+// whole text each time it grows. The stream ends with "data: [DONE]" (or, on some servers, at a
+// clean end of the body).
+func (a *Agent) readStream(body io.Reader, partial func(string)) (*result, error) {
+	res := &result{}
+	var b strings.Builder
+	r := bufio.NewReaderSize(body, 64<<10)
+	var data []string
+	dispatch := func() (bool, error) {
+		if len(data) == 0 {
+			return false, nil
+		}
+		payload := strings.Join(data, "\n")
+		data = data[:0]
+		if strings.TrimSpace(payload) == "[DONE]" {
+			return true, nil
+		}
+		var c completion
+		if err := json.Unmarshal([]byte(payload), &c); err != nil {
+			return false, fmt.Errorf("openai agent: stream chunk is not a chat completion: %v", err)
+		}
+		before := b.Len()
+		if err := a.apply(res, &c, &b); err != nil {
+			return false, err
+		}
+		if b.Len() > before {
+			partial(b.String())
+		}
+		return false, nil
+	}
+	for {
+		line, err := readLine(r)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				if _, derr := dispatch(); derr != nil {
+					return nil, derr
+				}
+				if b.Len() > 0 || res.finish != "" {
+					break // a server that closes without [DONE]
+				}
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, &transportError{what: "response broke off", err: a.safeErr(err), shown: b.Len() > 0}
+		}
+		switch {
+		case line == "":
+			done, err := dispatch()
+			if err != nil {
+				return nil, err
+			}
+			if done {
+				res.text = b.String()
+				return res, nil
+			}
+		case strings.HasPrefix(line, ":"): // a comment (keep-alive)
+		default:
+			field, value, _ := strings.Cut(line, ":")
+			if field == "data" {
+				data = append(data, strings.TrimPrefix(value, " "))
+			}
+		}
+	}
+	res.text = b.String()
+	return res, nil
+}
+
+// readLine reads one line without its end (\n or \r\n), at most maxLine bytes.
+func readLine(r *bufio.Reader) (string, error) {
+	var buf []byte
+	for {
+		chunk, err := r.ReadSlice('\n')
+		buf = append(buf, chunk...)
+		if len(buf) > maxLine {
+			return "", fmt.Errorf("stream line longer than %d bytes", maxLine)
+		}
+		if err == nil {
+			break
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if len(buf) > 0 && errors.Is(err, io.EOF) {
+			break // a last line without its end
+		}
+		return "", err
+	}
+	return strings.TrimRight(string(buf), "\r\n"), nil
+}

@@ -1,0 +1,91 @@
+package openai
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestReadStreamShapes(t *testing.T) {
+	a := &Agent{key: &apiKey{"sk-internal-0123456789"}}
+	tests := []struct {
+		name, body string
+		want       string
+		partials   int
+	}{
+		{"CRLF, comments and DONE", ": hi\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\r\n\r\ndata: [DONE]\r\n\r\n", "ab", 2},
+		{"no DONE, no final blank line", "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"y\"},\"finish_reason\":\"stop\"}]}", "xy", 2},
+		{"content parts and refusal", "data: {\"choices\":[{\"delta\":{\"content\":[{\"type\":\"text\",\"text\":\"p1\"}]}}]}\n\ndata: {\"choices\":[{\"delta\":{\"refusal\":\"no\"}}]}\n\ndata: [DONE]\n\n", "p1no", 2},
+		{"event and id fields are ignored", "event: message\nid: 3\ndata: {\"choices\":[{\"delta\":{\"content\":\"z\"}}]}\n\ndata: [DONE]\n\n", "z", 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := 0
+			res, err := a.readStream(strings.NewReader(tt.body), func(string) { n++ })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.text != tt.want || n != tt.partials {
+				t.Errorf("readStream = %q with %d partials, want %q with %d", res.text, n, tt.want, tt.partials)
+			}
+		})
+	}
+	if _, err := a.readStream(strings.NewReader(""), func(string) {}); err == nil {
+		t.Error("readStream of an empty body: no error")
+	}
+}
+
+func TestRetryAfter(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		header, ms string
+		want       time.Duration
+	}{
+		{"7", "", 7 * time.Second},
+		{"0", "", 0},
+		{"-3", "", 0},
+		{"soon", "", 0},
+		{now.Add(90 * time.Second).Format(http.TimeFormat), "", 90 * time.Second},
+		{now.Add(-time.Minute).Format(http.TimeFormat), "", 0},
+		{"2", "250", 250 * time.Millisecond},
+	} {
+		h := http.Header{}
+		if tt.header != "" {
+			h.Set("Retry-After", tt.header)
+		}
+		if tt.ms != "" {
+			h.Set("Retry-After-Ms", tt.ms)
+		}
+		if got := retryAfter(h, now); got != tt.want {
+			t.Errorf("retryAfter(%q, ms %q) = %v, want %v", tt.header, tt.ms, got, tt.want)
+		}
+	}
+}
+
+func TestSanitize(t *testing.T) {
+	key := "k3y-value-that-is-secret"
+	for _, tt := range []struct{ in, want string }{
+		{"bad key " + key, "bad key [redacted]"},
+		{"Authorization: Bearer abc.def", "Authorization: Bearer [redacted]"},
+		{"got sk-proj-ABCDEFGHIJ12 here", "got [redacted] here"},
+		{"line one\n\tline two\x00", "line one line two"},
+		{strings.Repeat("é", 300), strings.Repeat("é", maxErrorMessage) + "…"},
+	} {
+		if got := sanitize(tt.in, key); got != tt.want {
+			t.Errorf("sanitize(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestCutAt(t *testing.T) {
+	for _, tt := range []struct {
+		s    string
+		n    int
+		want string
+	}{{"héllo", 10, "héllo"}, {"héllo", 2, "h"}, {"héllo", 3, "hé"}, {"é", 1, ""}} {
+		if got := cutAt(tt.s, tt.n); got != tt.want {
+			t.Errorf("cutAt(%q, %d) = %q, want %q", tt.s, tt.n, got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,47 @@
+// Package openai is the agent backend that answers a turn with a chat completion from any
+// OpenAI-compatible endpoint (agent.backend: openai): POST {base_url}/chat/completions, built on
+// net/http and encoding/json alone.
+//
+// The request of a turn is, in this order: the system prompt (one system message, when set);
+// agentgate's notes for the turn, such as the continuity note after a reset (one system
+// message, lines joined); the turn's history; its new messages. History and new messages keep
+// their roles user and assistant; notices (what agentgate itself told the user) are left out,
+// because the model said none of them. Sender prefixes of shared sessions ("[Ann] hi") are
+// already in the texts the session hands over. The history is trimmed, oldest first, to at
+// most Config.MaxHistory messages and then until the whole request fits Config.TokenBudget
+// (estimated at one token per 4 characters plus 4 per message; see EstimateTokens); a history
+// that would then start with an assistant message loses that message too. The system prompt,
+// the notes and the turn's own messages are never trimmed.
+//
+// When the platform can edit a message (Request.Partial is set) the call streams
+// (stream: true, stream_options.include_usage) and Partial gets the whole text so far as it
+// grows; otherwise one reply is read. Token usage is returned in Response.Usage, summed over
+// every call of the turn, also together with an error when tokens were spent.
+//
+// Retries: 429, 5xx and transport failures are retried up to Config.MaxRetries times, waiting
+// 1s, 2s, 4s… capped at Config.MaxBackoff, or exactly what the endpoint asks for in
+// Retry-After (seconds or an HTTP date) or retry-after-ms. An answer that asks for more than
+// MaxBackoff, or for more than the turn has left, is not retried. A stream that breaks after
+// text was shown is not retried either (the user would see the text start over). Config.Timeout
+// bounds the whole turn, retries and waits included.
+//
+// Steering (queue mode steer; CanSteer is true): while a model call runs, the agent takes the
+// steered messages from Request.Steer. When the call ends and messages were steered in, the
+// answer so far and the steered messages are appended to the conversation and the model is
+// called again, at most MaxSteerRounds more times per turn; in the last allowed call the agent
+// stops taking messages, so that every message it took is answered, and messages it did not
+// take run as the session's next turn. The reply of such a turn is the answers of its calls
+// joined with a blank line (what a streaming user has seen grow).
+//
+// Secrets: the API key is read once, by New, from the environment variable Config.APIKeyEnv,
+// and is only ever written into the Authorization header. Errors and log lines never carry it,
+// nor the request URL (which may hold credentials), nor a response body: an endpoint's error
+// message is cut to 200 characters with the key and anything that looks like a key or a bearer
+// token replaced by [redacted].
+//
+// Concurrency: an Agent is immutable after New and Run is safe for concurrent use. Each Run owns
+// one goroutine for the call in flight, which ends before Run returns; cancelling ctx aborts the
+// HTTP request at once.
+//
+// This package must not import actors, supervisor or platforms.
+package openai

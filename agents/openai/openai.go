@@ -1,0 +1,340 @@
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultTimeout    = 2 * time.Minute
+	DefaultMaxBackoff = 30 * time.Second
+)
+
+// MaxSteerRounds is how many more model calls one turn may make for messages steered into it.
+const MaxSteerRounds = 3
+
+// Config configures an Agent.
+type Config struct {
+	// BaseURL is the API root, such as https://api.openai.com/v1; requests go to
+	// BaseURL + "/chat/completions".
+	BaseURL string
+	// Model is the model name sent with every request.
+	Model string
+	// APIKeyEnv names the environment variable New reads the API key from. Empty sends no
+	// Authorization header (a local endpoint); a named variable that is unset or empty is an
+	// error.
+	APIKeyEnv    string
+	SystemPrompt string
+	// Temperature is sent when not nil (0 to 2).
+	Temperature *float64
+	// MaxTokens bounds the reply (max_tokens); zero leaves it to the endpoint.
+	MaxTokens int
+	// Timeout bounds one turn, retries and waits included; zero means DefaultTimeout.
+	Timeout time.Duration
+	// MaxHistory is how many history messages a request carries at most; zero sends none.
+	MaxHistory int
+	// TokenBudget bounds a request's estimated tokens (EstimateTokens) by dropping the oldest
+	// history messages; zero means no budget.
+	TokenBudget int
+	// MaxRetries is how many times a failed call is tried again; zero never retries.
+	MaxRetries int
+	// MaxBackoff caps the wait before a retry, and the Retry-After an endpoint may ask for;
+	// zero means DefaultMaxBackoff.
+	MaxBackoff time.Duration
+	// HTTPClient sends the requests; nil uses a client of its own. Its Timeout should be zero:
+	// a stream lasts as long as the reply.
+	HTTPClient *http.Client
+	// Logger receives debug lines per call and warnings per retry; nil discards them.
+	Logger *slog.Logger
+	// Sleep waits d or until ctx ends, returning ctx's error then; nil uses a timer. Tests
+	// inject one that records the waits.
+	Sleep func(ctx context.Context, d time.Duration) error
+	// Now is the clock an HTTP-date Retry-After is read against; nil is time.Now.
+	Now func() time.Time
+}
+
+// Agent answers turns with chat completions. Create it with New; it is safe for concurrent use.
+type Agent struct {
+	url          string
+	model        string
+	key          *apiKey // a pointer, so that %v of an Agent never prints it
+	systemPrompt string
+	temperature  *float64
+	maxTokens    int
+	timeout      time.Duration
+	maxHistory   int
+	budget       int
+	maxRetries   int
+	maxBackoff   time.Duration
+	client       *http.Client
+	log          *slog.Logger
+	sleepFn      func(ctx context.Context, d time.Duration) error
+	nowFn        func() time.Time
+}
+
+type apiKey struct{ v string }
+
+var _ agents.Steerer = (*Agent)(nil)
+
+// New returns an Agent for c, reading the API key from the environment variable c.APIKeyEnv.
+// Every problem of c is reported at once; none of the errors carries the key or the URL.
+func New(c Config) (*Agent, error) {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("openai agent: "+format, args...)) }
+	u, err := url.Parse(c.BaseURL)
+	if c.BaseURL == "" {
+		bad("base URL is empty (agent.openai.base_url)")
+	} else if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		bad("base URL must be an absolute http or https URL (agent.openai.base_url)")
+	}
+	if strings.TrimSpace(c.Model) == "" {
+		bad("model is empty (agent.openai.model)")
+	}
+	key := ""
+	if c.APIKeyEnv != "" {
+		v, ok := os.LookupEnv(c.APIKeyEnv)
+		if !ok || strings.TrimSpace(v) == "" {
+			bad("environment variable %s (agent.openai.api_key_env) holds no API key", c.APIKeyEnv)
+		}
+		key = strings.TrimSpace(v)
+	}
+	if t := c.Temperature; t != nil && (*t < 0 || *t > 2) {
+		bad("temperature %v is not from 0 to 2", *t)
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"max tokens", int64(c.MaxTokens)}, {"max history", int64(c.MaxHistory)},
+		{"token budget", int64(c.TokenBudget)}, {"max retries", int64(c.MaxRetries)},
+		{"timeout", int64(c.Timeout)}, {"max backoff", int64(c.MaxBackoff)},
+	} {
+		if f.v < 0 {
+			bad("negative %s", f.name)
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	a := &Agent{
+		url:          strings.TrimRight(c.BaseURL, "/") + "/chat/completions",
+		model:        c.Model,
+		key:          &apiKey{key},
+		systemPrompt: c.SystemPrompt,
+		temperature:  c.Temperature,
+		maxTokens:    c.MaxTokens,
+		timeout:      c.Timeout,
+		maxHistory:   c.MaxHistory,
+		budget:       c.TokenBudget,
+		maxRetries:   c.MaxRetries,
+		maxBackoff:   c.MaxBackoff,
+		client:       c.HTTPClient,
+		log:          c.Logger,
+		sleepFn:      c.Sleep,
+		nowFn:        c.Now,
+	}
+	if c.Temperature != nil {
+		t := *c.Temperature
+		a.temperature = &t
+	}
+	if a.timeout == 0 {
+		a.timeout = DefaultTimeout
+	}
+	if a.maxBackoff == 0 {
+		a.maxBackoff = DefaultMaxBackoff
+	}
+	if a.client == nil {
+		a.client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	if key != "" && u.Scheme == "http" && !isLoopback(u.Hostname()) {
+		a.log.Warn("openai agent sends its API key over plain http", "host", u.Hostname())
+	}
+	return a, nil
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// CanSteer reports true: Run takes steered messages between its model calls.
+func (a *Agent) CanSteer() bool { return true }
+
+func (a *Agent) keyString() string {
+	if a.key == nil {
+		return ""
+	}
+	return a.key.v
+}
+
+func (a *Agent) now() time.Time {
+	if a.nowFn != nil {
+		return a.nowFn()
+	}
+	return time.Now()
+}
+
+func (a *Agent) sleep(ctx context.Context, d time.Duration) error {
+	if a.sleepFn != nil {
+		return a.sleepFn(ctx, d)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Run answers req with one model call, or more when messages are steered into the turn (see
+// the package comment). It returns ErrTimeout when the turn outlived Config.Timeout, an error
+// wrapping ctx's when ctx ended, a *StatusError when the endpoint refused, and ErrEmptyReply
+// when the model said nothing. With an error, the Response (when not nil) still carries the
+// tokens the turn spent.
+func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+	if req == nil {
+		return nil, errors.New("openai agent: run: nil request")
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("openai agent: run: %w", err)
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, a.timeout, ErrTimeout)
+	defer cancel()
+
+	conv := a.newConversation(req)
+	steer := req.Steer
+	var answers []string
+	var usage agents.Usage
+	for round := 0; ; round++ {
+		body, err := a.body(conv, req.Partial != nil)
+		if err != nil {
+			return nil, err
+		}
+		partial := req.Partial
+		if partial != nil && len(answers) > 0 {
+			before := strings.Join(answers, "\n\n") + "\n\n"
+			partial = func(s string) { req.Partial(before + s) }
+		}
+		takeSteer := steer
+		if round >= MaxSteerRounds {
+			takeSteer = nil // the last call: every message taken must be answered
+		}
+		res, steered, open, err := a.round(ctx, body, partial, takeSteer)
+		if !open {
+			steer = nil
+		}
+		if res != nil {
+			usage.InputTokens += res.usage.InputTokens
+			usage.OutputTokens += res.usage.OutputTokens
+		}
+		if err != nil {
+			return spent(usage), err
+		}
+		text := strings.TrimSpace(res.text)
+		if text == "" && len(steered) == 0 {
+			if len(answers) > 0 {
+				break
+			}
+			return spent(usage), fmt.Errorf("%w (finish reason %q)", ErrEmptyReply, res.finish)
+		}
+		if text != "" {
+			answers = append(answers, text)
+			conv.tail = append(conv.tail, chatMessage{Role: roleAssistant, Content: text})
+		}
+		if len(steered) == 0 {
+			break
+		}
+		a.log.Debug("steered messages join the turn", "messages", len(steered), "turn", req.Identity.TurnID)
+		conv.tail = append(conv.tail, chatMessages(steered)...)
+	}
+	return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage}, nil
+}
+
+func spent(u agents.Usage) *agents.Response {
+	if u == (agents.Usage{}) {
+		return nil
+	}
+	return &agents.Response{Usage: u}
+}
+
+// body encodes the request of conv.
+func (a *Agent) body(conv *conversation, stream bool) ([]byte, error) {
+	r := chatRequest{
+		Model:       a.model,
+		Messages:    conv.messages(a.maxHistory, a.budget),
+		Temperature: a.temperature,
+		MaxTokens:   a.maxTokens,
+	}
+	if stream {
+		r.Stream = true
+		r.StreamOptions = &streamOptions{IncludeUsage: true}
+	}
+	b, err := json.Marshal(&r)
+	if err != nil {
+		return nil, fmt.Errorf("openai agent: encode request: %w", err)
+	}
+	return b, nil
+}
+
+// round makes one model call (with its retries) and, while it runs, takes the messages steered
+// into the turn from steer (when not nil). It reports whether steer is still open.
+func (a *Agent) round(ctx context.Context, body []byte, partial func(string), steer <-chan agents.Message) (*result, []agents.Message, bool, error) {
+	type outcome struct {
+		res *result
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := a.call(ctx, body, partial)
+		done <- outcome{res, err}
+	}()
+	var steered []agents.Message
+	open := true
+	for {
+		select {
+		case o := <-done:
+			// Take what is already waiting: it joins the next call rather than the next turn.
+			for steer != nil {
+				select {
+				case m, ok := <-steer:
+					if !ok {
+						steer, open = nil, false
+						continue
+					}
+					steered = append(steered, m)
+					continue
+				default:
+				}
+				break
+			}
+			return o.res, steered, open, o.err
+		case m, ok := <-steer:
+			if !ok {
+				steer, open = nil, false
+				continue
+			}
+			a.log.Debug("steered message taken", "message", m.MessageID)
+			steered = append(steered, m)
+		}
+	}
+}

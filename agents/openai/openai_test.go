@@ -1,0 +1,567 @@
+package openai_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/openai"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/google/go-cmp/cmp"
+)
+
+func msg(role, text string) agents.Message { return agents.Message{Role: role, Text: text} }
+
+// pad makes a text of exactly 40 characters: EstimateTokens gives it 14.
+func pad(s string) string { return fmt.Sprintf("%-40s", s) }
+
+// TestRequestBodies checks the exact body of the request a turn sends: system prompt, notes,
+// history (with the sender prefixes the session put in), new messages, and the trimming by
+// max_history and by the token budget.
+func TestRequestBodies(t *testing.T) {
+	temp := 0.2
+	hist := []agents.Message{msg("user", pad("u1")), msg("assistant", pad("a1")), msg("user", pad("u2")), msg("assistant", pad("a2"))}
+	histJSON := func(names ...string) string {
+		var parts []string
+		for _, n := range names {
+			role := "user"
+			if n[0] == 'a' {
+				role = "assistant"
+			}
+			parts = append(parts, fmt.Sprintf(`{"role":%q,"content":%q}`, role, pad(n)))
+		}
+		return strings.Join(parts, ",")
+	}
+	sys := `{"role":"system","content":"Be brief."}` // 9 characters: 7 estimated tokens
+	now := `{"role":"user","content":"now?"}`        // 5 estimated tokens
+	tests := []struct {
+		name  string
+		tweak func(*openai.Config)
+		req   agents.Request
+		want  string
+	}{
+		{
+			name: "shared session with prompt, note and options",
+			tweak: func(c *openai.Config) {
+				c.SystemPrompt, c.Temperature, c.MaxTokens = "You are helpful.", &temp, 64
+			},
+			req: agents.Request{
+				Notes:    []string{"This conversation continues session 20261110_120000_ab12cd34, which was reset (idle)."},
+				History:  []agents.Message{msg("user", "[Ann] hi"), msg("assistant", "hello Ann"), msg("notice", "⚠️ reset")},
+				Messages: []agents.Message{msg("user", "[Bob] and me?"), msg("user", "[Bob] hello?")},
+			},
+			want: `{"model":"gpt-test","messages":[
+				{"role":"system","content":"You are helpful."},
+				{"role":"system","content":"This conversation continues session 20261110_120000_ab12cd34, which was reset (idle)."},
+				{"role":"user","content":"[Ann] hi"},{"role":"assistant","content":"hello Ann"},
+				{"role":"user","content":"[Bob] and me?"},{"role":"user","content":"[Bob] hello?"}],
+				"temperature":0.2,"max_tokens":64}`,
+		},
+		{
+			name: "no prompt, no options",
+			req:  agents.Request{Messages: []agents.Message{msg("user", "hi")}},
+			want: `{"model":"gpt-test","messages":[{"role":"user","content":"hi"}]}`,
+		},
+		{
+			name:  "max_history keeps the newest",
+			tweak: func(c *openai.Config) { c.SystemPrompt, c.MaxHistory = "Be brief.", 2 },
+			req:   agents.Request{History: hist, Messages: []agents.Message{msg("user", "now?")}},
+			want:  `{"model":"gpt-test","messages":[` + sys + `,` + histJSON("u2", "a2") + `,` + now + `]}`,
+		},
+		{
+			name:  "max_history never starts with an assistant message",
+			tweak: func(c *openai.Config) { c.SystemPrompt, c.MaxHistory = "Be brief.", 3 },
+			req:   agents.Request{History: hist, Messages: []agents.Message{msg("user", "now?")}},
+			want:  `{"model":"gpt-test","messages":[` + sys + `,` + histJSON("u2", "a2") + `,` + now + `]}`,
+		},
+		{
+			name:  "max_history 0 sends no history",
+			tweak: func(c *openai.Config) { c.SystemPrompt, c.MaxHistory = "Be brief.", 0 },
+			req:   agents.Request{History: hist, Messages: []agents.Message{msg("user", "now?")}},
+			want:  `{"model":"gpt-test","messages":[` + sys + `,` + now + `]}`,
+		},
+		{
+			name:  "budget fits everything",
+			tweak: func(c *openai.Config) { c.SystemPrompt, c.TokenBudget = "Be brief.", 7+5+4*14 },
+			req:   agents.Request{History: hist, Messages: []agents.Message{msg("user", "now?")}},
+			want:  `{"model":"gpt-test","messages":[` + sys + `,` + histJSON("u1", "a1", "u2", "a2") + `,` + now + `]}`,
+		},
+		{
+			name:  "budget drops the oldest",
+			tweak: func(c *openai.Config) { c.SystemPrompt, c.TokenBudget = "Be brief.", 7+5+4*14-1 },
+			req:   agents.Request{History: hist, Messages: []agents.Message{msg("user", "now?")}},
+			want:  `{"model":"gpt-test","messages":[` + sys + `,` + histJSON("u2", "a2") + `,` + now + `]}`,
+		},
+		{
+			name:  "budget smaller than the turn keeps the turn",
+			tweak: func(c *openai.Config) { c.SystemPrompt, c.TokenBudget = "Be brief.", 3 },
+			req:   agents.Request{History: hist, Messages: []agents.Message{msg("user", "now?")}},
+			want:  `{"model":"gpt-test","messages":[` + sys + `,` + now + `]}`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newFakeModel(t, reply("ok", 1, 1))
+			a := MustAgent(t, m, nil, nil, tt.tweak)
+			if _, err := a.Run(t.Context(), &tt.req); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			calls := m.recorded()
+			if len(calls) != 1 {
+				t.Fatalf("%d requests, want 1", len(calls))
+			}
+			if got, want := calls[0].Body, compact(t, tt.want); got != want {
+				t.Errorf("request body\n got %s\nwant %s", got, want)
+			}
+			h := calls[0].Header
+			if h.Get("Authorization") != "Bearer "+testKey || h.Get("Content-Type") != "application/json" {
+				t.Errorf("headers Authorization=%q Content-Type=%q", h.Get("Authorization"), h.Get("Content-Type"))
+			}
+		})
+	}
+}
+
+func TestNoKeyVariableSendsNoAuthorization(t *testing.T) {
+	m := newFakeModel(t, reply("ok", 1, 1))
+	a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.APIKeyEnv = "" })
+	if _, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}}); err != nil {
+		t.Fatal(err)
+	}
+	if h := m.recorded()[0].Header.Get("Authorization"); h != "" {
+		t.Errorf("Authorization = %q, want none", h)
+	}
+}
+
+func TestReplyAndUsage(t *testing.T) {
+	m := newFakeModel(t, reply("  Hello there.\n", 321, 12))
+	a := MustAgent(t, m, nil, nil, nil)
+	resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Text != "Hello there." || resp.Usage != (agents.Usage{InputTokens: 321, OutputTokens: 12}) {
+		t.Errorf("Run = %q %+v, want \"Hello there.\" {321 12}", resp.Text, resp.Usage)
+	}
+}
+
+func TestEmptyReplyIsAnError(t *testing.T) {
+	m := newFakeModel(t, reply("", 40, 0))
+	a := MustAgent(t, m, nil, nil, nil)
+	resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
+	if !errors.Is(err, openai.ErrEmptyReply) {
+		t.Fatalf("Run error = %v, want ErrEmptyReply", err)
+	}
+	if resp == nil || resp.Usage.InputTokens != 40 {
+		t.Errorf("Run response = %+v, want the spent usage", resp)
+	}
+}
+
+// TestStreaming: with Partial set the request streams, Partial gets the whole text as it grows
+// (one call per delta), and the reply and usage come from the stream.
+func TestStreaming(t *testing.T) {
+	gate := make(chan struct{})
+	m := newFakeModel(t, stream(gate, 55, 3, "Hel", "lo, ", "world"))
+	a := MustAgent(t, m, nil, nil, nil)
+	partials := make(chan string, 16)
+	type result struct {
+		resp *agents.Response
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := a.Run(t.Context(), &agents.Request{
+			Messages: []agents.Message{msg("user", "hi")},
+			Partial:  func(s string) { partials <- s },
+		})
+		done <- result{resp, err}
+	}()
+	for i, want := range []string{"Hel", "Hello, ", "Hello, world"} {
+		if i > 0 {
+			gate <- struct{}{}
+		}
+		select {
+		case got := <-partials:
+			if got != want {
+				t.Errorf("partial %d = %q, want %q", i, got, want)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("no partial %d", i)
+		}
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.resp.Text != "Hello, world" || r.resp.Usage != (agents.Usage{InputTokens: 55, OutputTokens: 3}) {
+		t.Errorf("Run = %q %+v, want \"Hello, world\" {55 3}", r.resp.Text, r.resp.Usage)
+	}
+	want := compact(t, `{"model":"gpt-test","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`)
+	if got := m.recorded()[0]; got.Body != want || got.Header.Get("Accept") != "text/event-stream" {
+		t.Errorf("request %s (Accept %q), want %s", got.Body, got.Header.Get("Accept"), want)
+	}
+	if len(partials) != 0 {
+		t.Errorf("%d more partials, want none", len(partials))
+	}
+}
+
+func TestStreamRequestAnsweredWithJSON(t *testing.T) {
+	m := newFakeModel(t, reply("whole", 2, 1))
+	a := MustAgent(t, m, nil, nil, nil)
+	var got []string
+	resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}, Partial: func(s string) { got = append(got, s) }})
+	if err != nil || resp.Text != "whole" || fmt.Sprint(got) != "[whole]" {
+		t.Errorf("Run = %+v, %v with partials %q; want \"whole\" once", resp, err, got)
+	}
+}
+
+// TestRetries: 429 and 5xx are retried with capped exponential backoff, honouring Retry-After in
+// seconds, as an HTTP date and as retry-after-ms; the waits are what the injected sleep saw.
+func TestRetries(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name      string
+		steps     []http.HandlerFunc
+		tweak     func(*openai.Config)
+		waits     []time.Duration
+		calls     int
+		wantErr   string // "" means success
+		wantReply string
+	}{
+		{
+			name: "Retry-After seconds, HTTP date, backoff",
+			steps: []http.HandlerFunc{
+				status(429, `{"error":{"message":"Rate limit reached"}}`, "Retry-After: 7"),
+				status(503, `overloaded`, "Retry-After: "+now.Add(3*time.Second).Format(http.TimeFormat)),
+				status(500, `{"error":{"message":"boom"}}`),
+				reply("finally", 9, 2),
+			},
+			waits: []time.Duration{7 * time.Second, 3 * time.Second, 4 * time.Second}, calls: 4, wantReply: "finally",
+		},
+		{
+			name:  "retry-after-ms",
+			steps: []http.HandlerFunc{status(429, `{}`, "Retry-After-Ms: 1500", "Retry-After: 2"), reply("ok", 1, 1)},
+			waits: []time.Duration{1500 * time.Millisecond}, calls: 2, wantReply: "ok",
+		},
+		{
+			name:  "backoff is capped",
+			steps: []http.HandlerFunc{status(502, ``), status(502, ``), status(502, ``), status(502, ``), reply("ok", 1, 1)},
+			tweak: func(c *openai.Config) { c.MaxRetries, c.MaxBackoff = 5, 3*time.Second },
+			waits: []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 3 * time.Second}, calls: 5, wantReply: "ok",
+		},
+		{
+			name:  "retries run out",
+			steps: []http.HandlerFunc{status(500, `{"error":{"message":"still broken"}}`)},
+			waits: []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}, calls: 4,
+			wantErr: "model endpoint answered 500 Internal Server Error: still broken",
+		},
+		{
+			name:  "Retry-After longer than max_backoff is not retried",
+			steps: []http.HandlerFunc{status(429, `{"error":{"message":"quota"}}`, "Retry-After: 120")},
+			calls: 1, wantErr: "model endpoint answered 429 Too Many Requests: quota",
+		},
+		{
+			name:  "a client error is not retried",
+			steps: []http.HandlerFunc{status(400, `{"error":{"message":"context length exceeded"}}`)},
+			calls: 1, wantErr: "model endpoint answered 400 Bad Request: context length exceeded",
+		},
+		{
+			name: "a stream that breaks before any text is retried",
+			steps: []http.HandlerFunc{func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				w.(http.Flusher).Flush()
+				panic(http.ErrAbortHandler)
+			}, stream(nil, 1, 1, "fine")},
+			tweak: func(c *openai.Config) {}, waits: []time.Duration{time.Second}, calls: 2, wantReply: "fine",
+		},
+		{
+			name: "a stream that breaks after text is not retried",
+			steps: []http.HandlerFunc{func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"half an ans\"}}]}\n\n")
+				w.(http.Flusher).Flush()
+				panic(http.ErrAbortHandler)
+			}},
+			calls: 1, wantErr: "response broke off",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newFakeModel(t, tt.steps...)
+			sl := &sleeps{}
+			a := MustAgent(t, m, nil, sl, func(c *openai.Config) {
+				c.Now = func() time.Time { return now }
+				if tt.tweak != nil {
+					tt.tweak(c)
+				}
+			})
+			req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}}
+			if strings.Contains(tt.name, "stream") {
+				req.Partial = func(string) {}
+			}
+			resp, err := a.Run(t.Context(), req)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("Run: %v", err)
+			case tt.wantErr == "" && resp.Text != tt.wantReply:
+				t.Errorf("reply %q, want %q", resp.Text, tt.wantReply)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Errorf("Run error = %v, want one containing %q", err, tt.wantErr)
+			}
+			if d := cmp.Diff(tt.waits, sl.waits()); d != "" {
+				t.Errorf("waits mismatch (-want +got):\n%s", d)
+			}
+			if n := len(m.recorded()); n != tt.calls {
+				t.Errorf("%d requests, want %d", n, tt.calls)
+			}
+		})
+	}
+}
+
+// TestUnreachableIsRetriedAndSafe: a refused connection is retried; the error names neither the
+// URL nor the credentials it may carry.
+func TestUnreachableIsRetriedAndSafe(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	t.Setenv("OPENAI_TEST_KEY", testKey)
+	sl := &sleeps{}
+	a, err := openai.New(openai.Config{BaseURL: "http://proxyuser:hunter2hunter2@" + addr + "/v1?api-key=" + testKey,
+		Model: "m", APIKeyEnv: "OPENAI_TEST_KEY", MaxRetries: 2, Sleep: sl.sleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
+	if err == nil || !strings.Contains(err.Error(), "model endpoint unreachable") {
+		t.Fatalf("Run error = %v, want unreachable", err)
+	}
+	for _, secret := range []string{"hunter2hunter2", testKey, addr + "/v1"} {
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("error %q contains %q", err, secret)
+		}
+	}
+	if d := cmp.Diff([]time.Duration{time.Second, 2 * time.Second}, sl.waits()); d != "" {
+		t.Errorf("waits mismatch (-want +got):\n%s", d)
+	}
+}
+
+// TestCancelAbortsTheRequest: cancelling the turn's context (an interrupt) cancels the HTTP
+// request in flight; the server sees its request context end.
+func TestCancelAbortsTheRequest(t *testing.T) {
+	cancelled := make(chan struct{})
+	m := newFakeModel(t, func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+		close(cancelled)
+	})
+	for _, streaming := range []bool{false, true} {
+		t.Run(fmt.Sprint("streaming=", streaming), func(t *testing.T) {
+			if streaming {
+				cancelled = make(chan struct{})
+			}
+			a := MustAgent(t, m, nil, nil, nil)
+			ctx, cancel := context.WithCancel(t.Context())
+			req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}}
+			if streaming {
+				req.Partial = func(string) {}
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, err := a.Run(ctx, req)
+				done <- err
+			}()
+			m.waitCall(t)
+			cancel()
+			select {
+			case <-cancelled:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the server never saw the request cancelled")
+			}
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Errorf("Run error = %v, want context.Canceled", err)
+			}
+		})
+	}
+}
+
+func TestTimeoutBoundsTheTurn(t *testing.T) {
+	m := newFakeModel(t, func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.Timeout = 50 * time.Millisecond })
+	_, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
+	if !errors.Is(err, openai.ErrTimeout) {
+		t.Errorf("Run error = %v, want ErrTimeout", err)
+	}
+}
+
+// TestSteering: a message steered in while the model works joins the next call, after the
+// answer so far; the turn's reply holds both answers and its usage both calls'.
+func TestSteering(t *testing.T) {
+	release := make(chan struct{})
+	m := newFakeModel(t, func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		reply("First answer.", 10, 2)(w, r)
+	}, reply("Second answer.", 20, 3))
+	a := MustAgent(t, m, nil, nil, nil)
+	if !a.CanSteer() {
+		t.Fatal("CanSteer() = false")
+	}
+	steer := make(chan agents.Message) // unbuffered: a send returns once the agent took it
+	done := make(chan *agents.Response, 1)
+	go func() {
+		resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "[Ann] question")}, Steer: steer})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- resp
+	}()
+	m.waitCall(t)
+	steer <- msg("user", "[Ann] and also this")
+	close(release)
+	resp := <-done
+	close(steer)
+	calls := m.recorded()
+	if len(calls) != 2 {
+		t.Fatalf("%d requests, want 2", len(calls))
+	}
+	want := compact(t, `{"model":"gpt-test","messages":[{"role":"user","content":"[Ann] question"},
+		{"role":"assistant","content":"First answer."},{"role":"user","content":"[Ann] and also this"}]}`)
+	if calls[1].Body != want {
+		t.Errorf("second request\n got %s\nwant %s", calls[1].Body, want)
+	}
+	if resp.Text != "First answer.\n\nSecond answer." || resp.Usage != (agents.Usage{InputTokens: 30, OutputTokens: 5}) {
+		t.Errorf("Run = %q %+v", resp.Text, resp.Usage)
+	}
+}
+
+// TestSteeringIsBounded: a turn makes at most MaxSteerRounds more calls; in the last one the
+// agent takes no more messages, so every message it took is answered.
+func TestSteeringIsBounded(t *testing.T) {
+	steer := make(chan agents.Message)
+	var answers []http.HandlerFunc
+	for i := range openai.MaxSteerRounds + 1 {
+		answers = append(answers, reply(fmt.Sprint("answer ", i), 1, 1))
+	}
+	m := newFakeModel(t, answers...)
+	m.steps = nil
+	release := make(chan struct{})
+	for i := range openai.MaxSteerRounds + 1 {
+		m.steps = append(m.steps, func(w http.ResponseWriter, r *http.Request) {
+			<-release
+			answers[i](w, r)
+		})
+	}
+	a := MustAgent(t, m, nil, nil, nil)
+	done := make(chan *agents.Response, 1)
+	go func() {
+		resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "go")}, Steer: steer})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- resp
+	}()
+	for i := range openai.MaxSteerRounds {
+		m.waitCall(t)
+		steer <- msg("user", fmt.Sprint("more ", i))
+		release <- struct{}{}
+	}
+	m.waitCall(t) // the last call: nothing is taken any more
+	select {
+	case steer <- msg("user", "too late"):
+		t.Error("the agent took a message during its last call")
+	default:
+	}
+	release <- struct{}{}
+	resp := <-done
+	if n := len(m.recorded()); n != openai.MaxSteerRounds+1 {
+		t.Errorf("%d requests, want %d", n, openai.MaxSteerRounds+1)
+	}
+	if want := "answer 0\n\nanswer 1\n\nanswer 2\n\nanswer 3"; resp.Text != want {
+		t.Errorf("reply %q, want %q", resp.Text, want)
+	}
+}
+
+// TestSecretsStayOut: whatever the endpoint echoes, the key reaches neither an error nor a log
+// line (debug included), nor the printed agent.
+func TestSecretsStayOut(t *testing.T) {
+	echo := fmt.Sprintf(`{"error":{"message":"Incorrect API key provided: %s. Header was Authorization: Bearer %s","type":"invalid_request_error"}}`, testKey, testKey)
+	tests := []struct {
+		name    string
+		steps   []http.HandlerFunc
+		stream  bool
+		wantErr string
+	}{
+		{"401 echoing the key", []http.HandlerFunc{status(401, echo)}, false, "401 Unauthorized: Incorrect API key provided: [redacted]"},
+		{"429 echoing the key, retried", []http.HandlerFunc{status(429, echo, "Retry-After: 1")}, false, "429 Too Many Requests"},
+		{"error inside a stream", []http.HandlerFunc{func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprintf(w, "data: %s\n\n", echo)
+		}}, true, "model endpoint answered with an error"},
+		{"plain text body", []http.HandlerFunc{func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "bad key "+testKey+" and "+r.Header.Get("Authorization"), http.StatusForbidden)
+		}}, false, "403 Forbidden: bad key [redacted] and Bearer [redacted]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newFakeModel(t, tt.steps...)
+			logs := &syncBuffer{}
+			a := MustAgent(t, m, logs, nil, nil)
+			req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}, Identity: identity.Turn{TurnID: "t_1"}}
+			if tt.stream {
+				req.Partial = func(string) {}
+			}
+			_, err := a.Run(t.Context(), req)
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("Run error = %v, want one containing %q", err, tt.wantErr)
+			}
+			for what, s := range map[string]string{"error": err.Error(), "logs": logs.String(), "agent": fmt.Sprintf("%+v %#v", a, a)} {
+				if strings.Contains(s, testKey) || strings.Contains(s, testKey[10:30]) {
+					t.Errorf("%s contains the key: %s", what, s)
+				}
+			}
+		})
+	}
+}
+
+func TestNewRefusesBadConfig(t *testing.T) {
+	t.Setenv("OPENAI_TEST_EMPTY", " ")
+	temp := 2.5
+	tests := []struct {
+		name string
+		c    openai.Config
+		want []string
+	}{
+		{"nothing", openai.Config{}, []string{"base URL is empty", "model is empty"}},
+		{"key variable unset", openai.Config{BaseURL: "https://api.example/v1", Model: "m", APIKeyEnv: "OPENAI_TEST_SURELY_UNSET"},
+			[]string{"environment variable OPENAI_TEST_SURELY_UNSET (agent.openai.api_key_env) holds no API key"}},
+		{"key variable empty", openai.Config{BaseURL: "https://api.example/v1", Model: "m", APIKeyEnv: "OPENAI_TEST_EMPTY"},
+			[]string{"OPENAI_TEST_EMPTY (agent.openai.api_key_env) holds no API key"}},
+		{"relative URL with a secret", openai.Config{BaseURL: "api.example/v1?key=sekrit123", Model: "m"},
+			[]string{"base URL must be an absolute http or https URL"}},
+		{"ranges", openai.Config{BaseURL: "http://localhost/v1", Model: "m", Temperature: &temp, MaxTokens: -1, TokenBudget: -1},
+			[]string{"temperature 2.5 is not from 0 to 2", "negative max tokens", "negative token budget"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := openai.New(tt.c)
+			if err == nil {
+				t.Fatal("New: no error")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("New error = %q, want it to contain %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "sekrit123") {
+				t.Errorf("New error %q shows the URL", err)
+			}
+		})
+	}
+}

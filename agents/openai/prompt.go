@@ -1,0 +1,129 @@
+package openai
+
+import (
+	"strings"
+	"unicode/utf8"
+
+	"github.com/agentgate/agentgate/agents"
+)
+
+// Chat roles of the chat completions API.
+const (
+	roleSystem    = "system"
+	roleUser      = "user"
+	roleAssistant = "assistant"
+)
+
+// chatMessage is one message of a chat completions request.
+type chatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// chatRequest is the body of POST /chat/completions.
+type chatRequest struct {
+	Model         string         `json:"model"`
+	Messages      []chatMessage  `json:"messages"`
+	Temperature   *float64       `json:"temperature,omitempty"`
+	MaxTokens     int            `json:"max_tokens,omitempty"`
+	Stream        bool           `json:"stream,omitempty"`
+	StreamOptions *streamOptions `json:"stream_options,omitempty"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// CharsPerToken and MessageOverhead make EstimateTokens.
+const (
+	CharsPerToken   = 4
+	MessageOverhead = 4
+)
+
+// EstimateTokens estimates what one message costs in a request: one token per CharsPerToken
+// characters (rounded up) plus MessageOverhead for its framing. It is a deliberate
+// over-approximation for English text that needs no tokenizer; the budget it enforces is a
+// guard, not an exact count.
+func EstimateTokens(content string) int {
+	return MessageOverhead + (utf8.RuneCountInString(content)+CharsPerToken-1)/CharsPerToken
+}
+
+// conversation is what a turn sends to the model, before trimming.
+type conversation struct {
+	head    []chatMessage // system prompt and notes: never trimmed
+	history []chatMessage // oldest first: trimmed
+	tail    []chatMessage // the turn's own messages, and its answers and steered messages so far
+}
+
+// newConversation builds the conversation of req.
+func (a *Agent) newConversation(req *agents.Request) *conversation {
+	c := &conversation{}
+	if a.systemPrompt != "" {
+		c.head = append(c.head, chatMessage{Role: roleSystem, Content: a.systemPrompt})
+	}
+	if notes := nonEmpty(req.Notes); len(notes) > 0 {
+		c.head = append(c.head, chatMessage{Role: roleSystem, Content: strings.Join(notes, "\n")})
+	}
+	c.history = chatMessages(req.History)
+	c.tail = chatMessages(req.Messages)
+	return c
+}
+
+// chatMessages converts transcript entries; notices and unknown roles are left out.
+func chatMessages(ms []agents.Message) []chatMessage {
+	out := make([]chatMessage, 0, len(ms))
+	for _, m := range ms {
+		switch m.Role {
+		case roleUser, roleAssistant:
+			out = append(out, chatMessage{Role: m.Role, Content: m.Text})
+		}
+	}
+	return out
+}
+
+func nonEmpty(ss []string) []string {
+	var out []string
+	for _, s := range ss {
+		if strings.TrimSpace(s) != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// messages returns the request's messages: head, the trimmed history, tail.
+func (c *conversation) messages(maxHistory, budget int) []chatMessage {
+	hist := trimHistory(c.history, maxHistory, budget, tokens(c.head)+tokens(c.tail))
+	out := make([]chatMessage, 0, len(c.head)+len(hist)+len(c.tail))
+	out = append(out, c.head...)
+	out = append(out, hist...)
+	return append(out, c.tail...)
+}
+
+// trimHistory keeps the newest messages of hist: at most maxHistory of them, and (when budget
+// is positive) only as many as fit in budget next to fixed estimated tokens. A kept history
+// never starts with an assistant message (it would answer nothing the model can see).
+func trimHistory(hist []chatMessage, maxHistory, budget, fixed int) []chatMessage {
+	if len(hist) > maxHistory {
+		hist = hist[len(hist)-max(maxHistory, 0):]
+	}
+	if budget > 0 {
+		used := fixed + tokens(hist)
+		for len(hist) > 0 && used > budget {
+			used -= EstimateTokens(hist[0].Content)
+			hist = hist[1:]
+		}
+	}
+	for len(hist) > 0 && hist[0].Role == roleAssistant {
+		hist = hist[1:]
+	}
+	return hist
+}
+
+func tokens(ms []chatMessage) int {
+	n := 0
+	for _, m := range ms {
+		n += EstimateTokens(m.Content)
+	}
+	return n
+}

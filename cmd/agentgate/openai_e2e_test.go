@@ -1,0 +1,84 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestDaemonWithAModel runs the real binary with agent.backend openai against a loopback model
+// that first refuses the key (echoing it back, as some endpoints do) and then answers: the user
+// gets a short error reply, then the answer; the tokens show in /metrics and in `sessions
+// show`; and the key is in no line of the daemon's debug log and no byte of its data directory.
+func TestDaemonWithAModel(t *testing.T) {
+	const key = "sk-e2e-3b7f1c9d2e8a4f6b0c5d7e9a1b3c5d7f"
+	var calls atomic.Int32
+	model := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if calls.Add(1) == 1 || r.Header.Get("Authorization") != "Bearer "+key {
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprintf(w, `{"error":{"message":"Incorrect API key provided: %s"}}`, r.Header.Get("Authorization"))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[{"message":{"role":"assistant","content":"Hi from the model."},"finish_reason":"stop"}],"usage":{"prompt_tokens":42,"completion_tokens":5}}`)
+	}))
+	defer model.Close()
+	dataDir := t.TempDir()
+	d := MustServe(t, dataDir, "AGENTGATE_AGENT_BACKEND=openai", "AGENTGATE_AGENT_OPENAI_BASE_URL="+model.URL+"/v1",
+		"AGENTGATE_AGENT_OPENAI_MODEL=test-model", "AGENTGATE_AGENT_OPENAI_API_KEY_ENV=E2E_MODEL_KEY", "E2E_MODEL_KEY="+key,
+		"AGENTGATE_LOG_LEVEL=debug")
+
+	var texts []string
+	for i, want := range []string{"could not answer", "Hi from the model."} {
+		status, res := post(t, d.base+"/v1/messages?wait=30s", "", fmt.Sprintf(`{"chat_id":"c1","user_id":"u1","text":"hello %d"}`, i))
+		replies, _ := res["replies"].([]any)
+		if status != http.StatusOK || len(replies) != 1 || !strings.Contains(replies[0].(map[string]any)["text"].(string), want) {
+			t.Fatalf("message %d: %d %v, want one reply containing %q", i, status, res, want)
+		}
+		texts = append(texts, replies[0].(map[string]any)["text"].(string))
+	}
+	_, metrics := get(t, d.base+"/metrics")
+	for _, want := range []string{`agentgate_agent_tokens_total{direction="input"} 42`, `agentgate_agent_tokens_total{direction="output"} 5`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s:\n%s", want, grep(metrics, "agentgate_agent_tokens_total"))
+		}
+	}
+	if err := d.stop(t, 30*time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM: %v, want 0", err)
+	}
+	show, _ := MustRunSessions(t, "show", "agent:main:http:dm:c1", "--data-dir", dataDir)
+	if !strings.Contains(show, "input 42, output 5") {
+		t.Errorf("sessions show lacks the tokens:\n%s", show)
+	}
+
+	logs := d.stderr.String()
+	if !strings.Contains(logs, "401 Unauthorized: Incorrect API key provided: Bearer [redacted]") {
+		t.Errorf("the log does not name the refusal:\n%s", logs)
+	}
+	leaks := map[string]string{"daemon log": logs, "replies": strings.Join(texts, "\n"), "metrics": metrics, "sessions show": show}
+	err := filepath.WalkDir(dataDir, func(path string, e fs.DirEntry, err error) error {
+		if err != nil || e.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		leaks[path] = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for where, s := range leaks {
+		if strings.Contains(s, key) || strings.Contains(s, key[7:27]) {
+			t.Errorf("the API key is in %s", where)
+		}
+	}
+}
