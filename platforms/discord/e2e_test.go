@@ -319,6 +319,48 @@ func TestLongReplyIsSplit(t *testing.T) {
 	}
 }
 
+// TestStreamingReplyGrowsInPlace: a streaming agent's reply appears as a draft that is edited
+// as it grows and finally edited into the reply, whose overflow beyond 2,000 characters
+// follows as a second message.
+func TestStreamingReplyGrowsInPlace(t *testing.T) {
+	var w *world
+	final := "Part one of the answer. " + strings.Repeat("More of it. ", 200) // > 2,000 characters
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		if req.Partial == nil {
+			return nil, errors.New("no Partial: Discord should stream")
+		}
+		req.Partial("Part one")
+		for len(w.srv.Sent(dmID)) == 0 { // the draft is posted
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		req.Partial("Part one of the answer.")
+		return &agents.Response{Text: final}, nil
+	})
+	w = startWorld(t, agent, nil)
+	m := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "tell me everything"})
+	w.srv.WaitSent(t, dmID, 2)
+	w.srv.WaitFor(t, "the draft edited into the reply", func() bool {
+		return strings.HasPrefix(w.srv.Sent(dmID)[0].Content, "Part one of the answer. More of it.")
+	})
+	got := w.srv.Sent(dmID)
+	if len(got) != 2 {
+		t.Fatalf("bot posted %d messages, want the draft and the overflow: %q", len(got), contents(got))
+	}
+	if got[0].MessageReference == nil || got[0].MessageReference.MessageID != m.ID {
+		t.Errorf("the draft does not answer the message: %+v", got[0].MessageReference)
+	}
+	if got[0].EditedTimestamp == nil {
+		t.Error("the draft was never edited")
+	}
+	if squashed := strings.Join(strings.Fields(got[0].Content+" "+got[1].Content), " "); squashed != strings.Join(strings.Fields(final), " ") {
+		t.Errorf("draft and overflow do not carry the reply: %q", squashed)
+	}
+}
+
 // TestFailedSendsAreRetried: Discord answering 500 twice and then rate limiting does not lose
 // or duplicate a reply.
 func TestFailedSendsAreRetried(t *testing.T) {
