@@ -21,6 +21,7 @@ import (
 	"github.com/agentgate/agentgate/agents/openai"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/agentgate/agentgate/platforms/platformtest"
 	"github.com/google/go-cmp/cmp"
@@ -457,7 +458,7 @@ func TestOpenAIKeyNeverLeaks(t *testing.T) {
 			writeStream(w, r, nil, 3, 1, "fine")
 		}
 	})
-	logs := &syncWriter{}
+	logs := &testutil.Buffer{}
 	var waits []time.Duration
 	var mu sync.Mutex
 	t.Setenv("AGENTGATE_TEST_OPENAI_KEY", openaiKey)
@@ -527,24 +528,6 @@ func TestOpenAIKeyNeverLeaks(t *testing.T) {
 	}
 }
 
-// syncWriter is a log sink safe for concurrent writes.
-type syncWriter struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
-
 // TestOpenAISteeredTooLateRunsNext: a message steered into a turn whose agent no longer takes
 // messages (its last allowed model call) is not lost with that turn: the agent never received
 // it, so it runs as the next turn and gets its own reply.
@@ -556,7 +539,7 @@ func TestOpenAISteeredTooLateRunsNext(t *testing.T) {
 		}
 		writeReply(w, fmt.Sprint("answer ", n), 1, 1)
 	})
-	logs := &syncWriter{}
+	logs := &testutil.Buffer{}
 	r := MustStartDaemon(t, nil, daemonOpts{logs: logs,
 		tweak: func(c *config.Config) { useOpenAI(t, m, nil)(c); c.Sessions.Queue.Mode = "steer" }})
 	defer r.stop(t)

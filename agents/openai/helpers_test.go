@@ -145,24 +145,6 @@ func (s *sleeps) waits() []time.Duration {
 	return append([]time.Duration(nil), s.d...)
 }
 
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // MustAgent builds an agent for m with the key in OPENAI_TEST_KEY, debug logs into logs (when
 // not nil) and recorded sleeps; tweak changes the config first.
 func MustAgent(t *testing.T, m *fakeModel, logs io.Writer, sl *sleeps, tweak func(*openai.Config)) *openai.Agent {

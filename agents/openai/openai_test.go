@@ -14,6 +14,7 @@ import (
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/openai"
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -511,7 +512,7 @@ func TestSecretsStayOut(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			m := newFakeModel(t, tt.steps...)
-			logs := &syncBuffer{}
+			logs := &testutil.Buffer{}
 			a := MustAgent(t, m, logs, nil, nil)
 			req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}, Identity: identity.Turn{TurnID: "t_1"}}
 			if tt.stream {

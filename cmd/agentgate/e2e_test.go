@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/bwmarrin/discordgo"
 
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/platforms/discord/discordtest"
@@ -66,7 +66,7 @@ func MustBuild(t *testing.T) string {
 type daemon struct {
 	cmd    *exec.Cmd
 	base   string
-	stderr *syncBuffer
+	stderr *testutil.Buffer
 	done   chan struct{} // closed when the process has exited
 	err    error         // its exit error, set before done closes
 }
@@ -82,7 +82,7 @@ func MustServe(t *testing.T, dataDir string, env ...string) *daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &daemon{cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	d := &daemon{cmd: cmd, stderr: &testutil.Buffer{}, done: make(chan struct{})}
 	cmd.Stderr = d.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -129,24 +129,6 @@ func (d *daemon) stop(t *testing.T, deadline time.Duration) error {
 		t.Fatalf("daemon still running %v after SIGTERM", deadline)
 		return nil
 	}
-}
-
-// syncBuffer is a bytes.Buffer the daemon's stderr copier writes while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func post(t *testing.T, url, contentType, body string) (int, map[string]any) {

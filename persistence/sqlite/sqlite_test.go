@@ -1,7 +1,6 @@
 package sqlite
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -10,10 +9,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/google/go-cmp/cmp"
@@ -227,27 +226,9 @@ func TestSearch(t *testing.T) {
 // unknownOp is an Op type no store knows.
 type unknownOp struct{ persistence.Op }
 
-// syncBuffer is a bytes.Buffer safe for the store's concurrent logging.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func TestBrokenFTSDoesNotBlockWrites(t *testing.T) {
 	ctx := context.Background()
-	var logs syncBuffer
+	var logs testutil.Buffer
 	s := MustOpen(t, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	storetest.MustCommit(t, s,
 		&persistence.CreateSession{Session: newSession("s1", "k1")},

@@ -9,8 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,6 +25,7 @@ import (
 	agentexec "github.com/agentgate/agentgate/agents/exec"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms/discord"
 	"github.com/agentgate/agentgate/platforms/discord/discordtest"
@@ -47,7 +48,7 @@ var (
 type world struct {
 	srv *discordtest.Server
 	d   *supervisor.Daemon
-	log *syncBuffer
+	log *testutil.Buffer
 }
 
 // startWorld starts a fake Discord with one guild, one text channel and alice's DM channel,
@@ -80,7 +81,7 @@ func startWorldNotReady(t *testing.T, agent agents.Agent, tweak func(*config.Con
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("config: %v", err)
 	}
-	buf := &syncBuffer{}
+	buf := &testutil.Buffer{}
 	log := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	dm, err := supervisor.Start(t.Context(), cfg, log, supervisor.Options{Agent: agent})
 	if err != nil {
@@ -242,7 +243,7 @@ func TestThreads(t *testing.T) {
 func TestAutoThread(t *testing.T) {
 	w := startWorld(t, echoAgent, func(c *config.Config) { c.Platforms.Discord.AutoThread = true })
 	first := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "help me with Go", MentionBot: true})
-	got := w.srv.WaitSent(t, first.ID, 1) // the thread's id is the message's
+	got := w.srv.WaitSent(t, first.ID, 1)                  // the thread's id is the message's
 	if got[0].Content != "echo: [Alice] help me with Go" { // a thread is a shared session
 		t.Errorf("first answer in the thread = %q", got[0].Content)
 	}
@@ -496,9 +497,9 @@ func TestIdentityThroughDiscord(t *testing.T) {
 	}
 	w := startWorld(t, agent, func(c *config.Config) { c.Platforms.Discord.RequireMention = false })
 	type posted struct {
-		msg     *discordgo.Message
-		reply   string // channel answered in
-		src     identity.Source
+		msg   *discordgo.Message
+		reply string // channel answered in
+		src   identity.Source
 	}
 	var all []posted
 	var mu sync.Mutex
@@ -580,22 +581,4 @@ func readyz(t *testing.T, w *world) string {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
-}
-
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
