@@ -279,6 +279,25 @@ func TestAutoThread(t *testing.T) {
 	}
 }
 
+// TestAutoThreadThatCouldNotOpen: when Discord refuses to open the thread, the user is told at
+// once, and the reply still goes into the thread, opened when it is sent.
+func TestAutoThreadThatCouldNotOpen(t *testing.T) {
+	w := startWorld(t, echoAgent, func(c *config.Config) { c.Platforms.Discord.AutoThread = true })
+	w.srv.FailNext("POST", "/threads", 500, 1)
+	m := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "question", MentionBot: true})
+	notice := w.replyTo(t, channelID, m.ID)
+	if !strings.Contains(notice.Content, "could not open a thread") {
+		t.Errorf("notice in the channel = %q", notice.Content)
+	}
+	got := w.srv.WaitSent(t, m.ID, 1)
+	if got[0].Content != "echo: [Alice] question" {
+		t.Errorf("answer in the thread = %q", got[0].Content)
+	}
+	if n := len(w.srv.Threads()); n != 1 {
+		t.Errorf("%d threads opened, want 1", n)
+	}
+}
+
 // TestLongReplyIsSplit: a 5,000-character reply with a code block arrives as messages of at
 // most 2,000 characters, each rendering on its own, the first answering the message.
 func TestLongReplyIsSplit(t *testing.T) {

@@ -107,6 +107,7 @@ func (p *Platform) openThread(ctx context.Context, channelID, messageID, text st
 	defer cancel()
 	if err := p.startThread(ctx, channelID, messageID, threadName(text)); err != nil {
 		p.log.Warn("open discord thread; will retry on reply", "channel", channelID, "message", messageID, "err", err)
+		p.tellUser(ctx, channelID, messageID, "I could not open a thread for this message yet; I'll answer in its thread as soon as Discord lets me.")
 	}
 }
 
