@@ -4,6 +4,11 @@ BIN      := bin/agentgate
 PKG      ?= ./...
 FUZZ     ?= FuzzKey
 PROTOC_GEN_GO_VERSION := v1.36.12
+# Benchmarks timed per operation (default -benchtime), and benchmarks whose b.Loop iteration is
+# a whole round of a same-run comparison (docs/BENCHMARKS.md); ROUNDS rounds each.
+BENCH_PER_OP := Key|SessionTurn|HTTPIngress|CommitTurns
+BENCH_ROUNDS := PersistenceActor|RawBatchSize|SingleTurnLatency|Pipeline|RoutingKeys|IdleSessionHeap|KnownVsActiveSessions|MetricsOverhead
+ROUNDS   ?= 3
 
 .DEFAULT_GOAL := build
 .PHONY: build run test test-short bench fuzz lint check cover tidy generate clean help
@@ -20,8 +25,11 @@ test: ## run every test with the race detector (includes the binary end-to-end t
 test-short: ## run the fast tests only
 	$(GO) test -race -short ./...
 
-bench: ## run the Go benchmarks
-	$(GO) test -run='^$$' -bench=. -benchmem ./...
+bench: build ## run the benchmarks (~3 min on 2 cores) and a short agentgate bench; ROUNDS=8 for a goal check
+	$(GO) test -run='^$$' -bench='^Benchmark($(BENCH_PER_OP))$$' -benchmem ./...
+	$(GO) test -run='^$$' -bench='^Benchmark($(BENCH_ROUNDS))$$' -benchtime=$(ROUNDS)x ./...
+	./$(BIN) bench --sessions 100 --messages 20
+	./$(BIN) bench --sessions 1000 --messages 5
 
 fuzz: ## fuzz one target for 30s: make fuzz FUZZ=FuzzKey PKG=./internal/identity
 	$(GO) test -run='^$$' -fuzz=$(FUZZ) -fuzztime=30s $(PKG)

@@ -44,36 +44,97 @@ type ActorOptions struct {
 	SpoolFiles func(n int)
 	// ReplayEvery is how often a non-empty spool is replayed (default 1s).
 	ReplayEvery time.Duration
+	// MaxLinger bounds how long a collected batch may wait for the writers the last commit
+	// answered (default DefaultMaxLinger; negative: never wait). See Actor.
+	MaxLinger time.Duration
 }
 
-// Actor is the persistence actor: the only writer of a Store in a process. It batches every
-// Write queued in its mailbox into one transaction (group commit): the first Write of a batch
-// sends the actor a flush token, which queues behind everything already in the mailbox, and the
-// flush commits all of it (at most MaxBatch groups per transaction) and answers each sender.
+// DefaultMaxLinger is the default ActorOptions.MaxLinger.
+const DefaultMaxLinger = 2 * time.Millisecond
+
+// Group-commit pacing: a batch waits for answered writers for at most lingerShare of the last
+// commit's duration, and not at all when that is below minLinger (timers are not that precise,
+// and a commit so short costs little to repeat).
+const (
+	lingerShare = 8
+	minLinger   = 100 * time.Microsecond
+	// lingerBackoff is how many commits go without lingering after a linger ran out.
+	lingerBackoff = 32
+)
+
+// Actor is the persistence actor: the only writer of a Store in a process. It batches the
+// Writes it receives into one transaction (group commit) and answers each sender once its write
+// is durable (or has failed).
+//
+// Commits run on a committer goroutine the actor owns, one at a time, so the actor keeps
+// collecting the next batch while the current one commits (and the commit runs on a long-lived
+// stack, not on the mailbox's goroutine of the moment). When a commit ends, the committer
+// answers its senders at once (the actor does, after spooling, when the database was
+// unavailable) and the actor sends the next batch. That batch holds everything that arrived
+// meanwhile, and it waits a little for the writers just answered: until as many writes have arrived as were answered, the
+// batch reaches MaxBatch, or lingerShare of the last commit's duration has passed (at most
+// MaxLinger). In a closed loop this makes one transaction of all S writers instead of two
+// alternating halves (a transaction has a large fixed cost: fsync, WAL pages, an FTS segment);
+// a lone writer never waits. When a linger runs out (the writers answered are busy elsewhere,
+// as sessions waiting for an agent are), the actor stops lingering for lingerBackoff commits.
+// A batch that did not fill up is sent with a flush token, which queues behind the writes
+// already in the mailbox, so it takes all of them (at most MaxBatch per transaction).
 //
 // When the database cannot be written (persistence.ErrUnavailable), the writes go to the spool
 // and their senders are answered as durable. From then on every write goes to the spool, in
 // order, until a replay has drained it into the database; a batch that fails for good is
-// quarantined, never dropped.
+// quarantined, never dropped. Only one commit is ever in flight and the spool is decided in
+// Receive, so the order of writes is kept.
 //
-// The commit runs inside Receive: blocking is this actor's whole job, and writes that arrive
-// meanwhile simply make the next batch bigger. A restart loses only the batch being collected;
-// its senders still hold those writes and re-send them.
+// A restart loses only the batch being collected; its senders still hold those writes and
+// re-send them. Flush, Prune and stopping wait (in Receive) for the commit in flight.
 type Actor struct {
 	store Store
 	ctx   context.Context
 	o     ActorOptions
 
-	batch     []pendingWrite
-	scheduled bool
+	batch     []pendingWrite // collected, not yet committing
+	inflight  *commitJob     // being committed; nil when the committer is idle
+	jobs      chan<- *commitJob
+	scheduled bool // a flushNow token is queued
+	lingering bool // a lingerTick is armed
+	waited    bool // the batch being collected has lingered
+	lingerOff int  // commits left before lingering is tried again
 	replaying bool
 	timers    *scheduler.TimerScheduler
+
+	// pacing of the next batch (see Actor)
+	answeredAt time.Time
+	answered   int // writes the last commit answered
+	arrived    int // writes received since then
+	lastTook   time.Duration
 }
 
 type pendingWrite struct {
 	sender *actor.PID
 	write  *Write
+	at     time.Time // arrival
 }
+
+// commitJob is one transaction handed to the committer. The committer sets the fields below
+// done, then closes done; the actor reads them only after done is closed.
+type commitJob struct {
+	part   []pendingWrite
+	groups [][]Op
+	done   chan struct{}
+
+	errs       []error
+	took       time.Duration
+	answered   bool      // the committer answered the senders
+	answeredAt time.Time // when it started to
+	panicked   any
+}
+
+// committed tells the actor that a commit job has ended.
+type committed struct{ job *commitJob }
+
+// lingerTick wakes the actor when a collected batch has waited long enough.
+type lingerTick struct{}
 
 // replayTick asks the actor to replay the spool.
 type replayTick struct{}
@@ -94,38 +155,47 @@ func NewActor(ctx context.Context, store Store, o ActorOptions) actor.Producer {
 	if o.ReplayEvery <= 0 {
 		o.ReplayEvery = time.Second
 	}
+	if o.MaxLinger == 0 {
+		o.MaxLinger = DefaultMaxLinger
+	}
 	return func() actor.Actor {
 		return &Actor{store: store, ctx: ctx, o: o}
 	}
 }
 
-// Receive handles Write, Flush, Prune and the internal flush and replay tokens.
+// Receive handles Write, Flush, Prune and the internal flush, commit, linger and replay
+// tokens.
 func (a *Actor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		a.timers = scheduler.NewTimerScheduler(c)
+		a.startCommitter(c)
 		a.replay(c)
 	case *Write:
-		a.batch = append(a.batch, pendingWrite{sender: c.Sender(), write: m})
-		if len(a.batch) >= a.o.MaxBatch {
-			a.flush(c)
-		} else if !a.scheduled {
-			a.scheduled = true
-			c.Send(c.Self(), &flushNow{})
-		}
+		a.batch = append(a.batch, pendingWrite{sender: c.Sender(), write: m, at: time.Now()})
+		a.arrived++
+		a.pace(c)
 	case *flushNow:
 		a.scheduled = false
-		a.flush(c)
+		a.dispatch(c)
+	case *committed:
+		if m.job == a.inflight { // else it was already finished by a barrier
+			a.finish(c)
+			a.pace(c)
+		}
+	case *lingerTick:
+		a.lingering = false
+		a.pace(c)
 	case *replayTick:
 		a.replaying = false
 		a.replay(c)
 	case *Flush:
-		a.flush(c)
+		a.drain(c)
 		if c.Sender() != nil {
 			c.Respond(&Flushed{})
 		}
 	case *Prune:
-		a.flush(c)
+		a.drain(c)
 		n, err := a.store.PruneSessions(a.ctx, m.Before, m.Limit)
 		if err != nil {
 			a.o.Log.Warn("prune ended sessions", "err", err)
@@ -135,8 +205,182 @@ func (a *Actor) Receive(c actor.Context) {
 		if c.Sender() != nil {
 			c.Respond(&Pruned{Sessions: n, Err: err})
 		}
+	case *actor.Restarting:
+		// The collected batch is lost (its senders re-send it); the commit in flight is
+		// answered, so that the next incarnation never commits next to it.
+		if a.inflight != nil {
+			a.finishQuietly(c)
+		}
+		a.stopCommitter()
 	case *actor.Stopping:
-		a.flush(c)
+		a.drain(c)
+		a.stopCommitter()
+	case *actor.Stopped:
+		a.stopCommitter()
+	}
+}
+
+// startCommitter starts the goroutine that runs the commit jobs. It owns nothing but the job in
+// hand, and it ends when the actor closes its channel (stopping or restarting). When no write of
+// a job met an unavailable database, it answers the senders itself, right after the commit (one
+// hop less per write); otherwise the actor answers them once it has spooled what it must.
+func (a *Actor) startCommitter(c actor.Context) {
+	jobs := make(chan *commitJob, 1) // one job in flight: a send never blocks
+	a.jobs = jobs
+	root, self, ctx, store := c.ActorSystem().Root, c.Self(), a.ctx, a.store
+	go func() {
+		for j := range jobs {
+			runJob(ctx, store, j)
+			if j.answered {
+				j.answeredAt = time.Now()
+				for i, p := range j.part {
+					if p.sender != nil {
+						root.Send(p.sender, &WriteResult{ID: p.write.ID, Err: j.errs[i]})
+					}
+				}
+			}
+			close(j.done)
+			root.Send(self, &committed{job: j})
+		}
+	}()
+}
+
+// runJob commits j's groups and decides whether the committer may answer them (j.answered). A
+// panic in the store is carried back to the actor, which re-raises it in Receive, so that its
+// supervisor sees it.
+func runJob(ctx context.Context, store Store, j *commitJob) {
+	defer func() {
+		if v := recover(); v != nil {
+			j.panicked = v
+			j.answered = false
+		}
+	}()
+	start := time.Now()
+	j.errs = store.Commit(ctx, j.groups)
+	j.took = time.Since(start)
+	j.answered = len(j.errs) == len(j.groups) && !anyUnavailable(j.errs)
+}
+
+func (a *Actor) stopCommitter() {
+	if a.jobs != nil {
+		close(a.jobs)
+		a.jobs = nil
+	}
+}
+
+// pace sends the collected batch to the committer when it may go (see Actor), or arms a
+// lingerTick for when it may.
+func (a *Actor) pace(c actor.Context) {
+	if a.inflight != nil || len(a.batch) == 0 || a.scheduled {
+		return
+	}
+	switch wait := a.linger() - time.Since(a.answeredAt); {
+	case a.arrived >= a.answered || len(a.batch) >= a.o.MaxBatch:
+		a.dispatch(c)
+	case wait <= 0 || a.lingerOff > 0:
+		if a.waited {
+			// The answered writers did not come back in time: their next writes are not
+			// imminent (they wait for an agent, a platform, a user), so waiting for them only
+			// idles the disk. Commit greedily for a while.
+			a.lingerOff = lingerBackoff
+		}
+		// The flush token also takes the writes queued behind this one.
+		a.scheduled = true
+		c.Send(c.Self(), &flushNow{})
+	case !a.lingering:
+		a.lingering, a.waited = true, true
+		root, self := c.ActorSystem().Root, c.Self()
+		time.AfterFunc(wait, func() { root.Send(self, &lingerTick{}) })
+	}
+}
+
+// linger is how long a batch may wait for the writers the last commit answered.
+func (a *Actor) linger() time.Duration {
+	d := min(a.lastTook/lingerShare, a.o.MaxLinger)
+	if d < minLinger {
+		return 0
+	}
+	return d
+}
+
+// dispatch hands the first MaxBatch collected writes to the committer when it is idle. While the
+// spool is in use, it spools them instead, in order, and answers their senders.
+func (a *Actor) dispatch(c actor.Context) {
+	for a.inflight == nil && len(a.batch) > 0 {
+		n := min(len(a.batch), a.o.MaxBatch)
+		part := a.batch[:n:n]
+		if a.batch = a.batch[n:]; len(a.batch) == 0 {
+			a.batch = nil
+		}
+		groups := make([][]Op, n)
+		for i, p := range part {
+			groups[i] = p.write.Ops
+		}
+		if a.spoolLen() > 0 {
+			a.answer(c, part, a.spool(c, groups, make([]error, n))) // keep order behind what is spooled
+			continue
+		}
+		if a.jobs == nil {
+			panic("persistence: commit after the committer stopped") // a broken invariant of this actor
+		}
+		a.inflight = &commitJob{part: part, groups: groups, done: make(chan struct{})}
+		a.jobs <- a.inflight
+	}
+}
+
+// finish waits for the commit in flight (it has usually ended already), spools what the
+// database could not take and answers the senders.
+func (a *Actor) finish(c actor.Context) {
+	j := a.inflight
+	<-j.done
+	a.inflight = nil
+	if j.panicked != nil {
+		panic(fmt.Errorf("persistence: commit: %v", j.panicked))
+	}
+	a.o.Observe(len(j.part), j.took)
+	a.lastTook = j.took
+	if !j.answered {
+		j.answeredAt = time.Now()
+		a.answer(c, j.part, a.spool(c, j.groups, j.errs))
+	}
+	// The writes that arrived after the answers went out are (mostly) the answered writers'
+	// next ones.
+	a.answeredAt, a.answered, a.arrived, a.waited = j.answeredAt, len(j.part), 0, false
+	if a.lingerOff > 0 {
+		a.lingerOff--
+	}
+	for _, p := range a.batch {
+		if !p.at.Before(j.answeredAt) {
+			a.arrived++
+		}
+	}
+}
+
+// finishQuietly is finish for an actor that is restarting: a panic of the job is only logged.
+func (a *Actor) finishQuietly(c actor.Context) {
+	defer func() {
+		if v := recover(); v != nil {
+			a.o.Log.Error("commit failed while restarting", "err", v)
+		}
+	}()
+	a.finish(c)
+}
+
+// drain commits everything collected and waits for it: the barrier of Flush, Prune and stop.
+func (a *Actor) drain(c actor.Context) {
+	for a.inflight != nil || len(a.batch) > 0 {
+		if a.inflight != nil {
+			a.finish(c)
+		}
+		a.dispatch(c)
+	}
+}
+
+func (a *Actor) answer(c actor.Context, part []pendingWrite, errs []error) {
+	for i, p := range part {
+		if p.sender != nil {
+			c.Send(p.sender, &WriteResult{ID: p.write.ID, Err: errs[i]})
+		}
 	}
 }
 
@@ -145,33 +389,6 @@ func (a *Actor) spoolLen() int {
 		return 0
 	}
 	return a.o.Spool.Len()
-}
-
-func (a *Actor) flush(c actor.Context) {
-	for len(a.batch) > 0 {
-		n := min(len(a.batch), a.o.MaxBatch)
-		part := a.batch[:n]
-		groups := make([][]Op, n)
-		for i, p := range part {
-			groups[i] = p.write.Ops
-		}
-		var errs []error
-		if a.spoolLen() > 0 {
-			errs = a.spool(c, groups, make([]error, n)) // keep order behind what is spooled
-		} else {
-			start := time.Now()
-			errs = a.store.Commit(a.ctx, groups)
-			a.o.Observe(n, time.Since(start))
-			errs = a.spool(c, groups, errs)
-		}
-		for i, p := range part {
-			if p.sender != nil {
-				c.Send(p.sender, &WriteResult{ID: p.write.ID, Err: errs[i]})
-			}
-		}
-		a.batch = a.batch[n:]
-	}
-	a.batch = nil
 }
 
 // spool writes to the spool the groups whose error says the database is unavailable (all of
@@ -218,6 +435,9 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 func (a *Actor) replay(c actor.Context) {
 	if a.o.Spool == nil {
 		return
+	}
+	if a.inflight != nil {
+		a.finish(c) // never two writers: the spool only fills while nothing commits, but be sure
 	}
 	for a.o.Spool.Len() > 0 {
 		name, groups, err := a.o.Spool.Peek()

@@ -49,7 +49,7 @@ func BenchmarkPersistenceActor(b *testing.B) {
 	} {
 		b.Run(fmt.Sprintf("sessions=%d", tc.sessions), func(b *testing.B) {
 			w := newWorkload(tc.sessions, tc.turns/tc.sessions)
-			var actorRate, rawRate, ratio, meanBatch, sameBatch []float64
+			var actorRate, rawRate, ratio, meanBatch, sameBatch, busy []float64
 			round := 0
 			for b.Loop() {
 				b.StopTimer()
@@ -73,9 +73,10 @@ func BenchmarkPersistenceActor(b *testing.B) {
 				ratio = append(ratio, ar/rr)
 				meanBatch = append(meanBatch, a.meanBatch)
 				sameBatch = append(sameBatch, ar/rs)
+				busy = append(busy, a.busy)
 				if testing.Verbose() {
-					b.Logf("round %d: actor %.0f turns/s, raw %.0f turns/s, ratio %.3f, mean batch %.1f, raw at that batch %.0f turns/s (ratio %.3f)",
-						round, ar, rr, ar/rr, a.meanBatch, rs, ar/rs)
+					b.Logf("round %d: actor %.0f turns/s, raw %.0f turns/s, ratio %.3f, mean batch %.1f, raw at that batch %.0f turns/s (ratio %.3f), committer busy %.3f",
+						round, ar, rr, ar/rr, a.meanBatch, rs, ar/rs, a.busy)
 				}
 				b.StartTimer()
 			}
@@ -84,7 +85,48 @@ func BenchmarkPersistenceActor(b *testing.B) {
 			b.ReportMetric(median(ratio), "ratio")
 			b.ReportMetric(median(meanBatch), "mean_batch")
 			b.ReportMetric(median(sameBatch), "ratio_same_batch")
+			b.ReportMetric(median(busy), "commit_busy")
 		})
+	}
+}
+
+// BenchmarkRawBatchSize shows why no closed-loop writer reaches the raw ceiling at S=100: it
+// commits the turns of 100 sessions from one goroutine (no actors) at several transaction sizes
+// in every round, each on a fresh database, and reports turns/s per size and each size's rate ÷
+// the 500-turn rate (median over rounds). A closed loop of S sessions has at most one write per
+// session in flight, so its transactions hold at most S turns, each of a different session.
+func BenchmarkRawBatchSize(b *testing.B) {
+	const sessions, perSession = 100, 50
+	sizes := []int{10, 50, 100, 200, 500, 1000}
+	w := newWorkload(sessions, perSession)
+	rates := make([][]float64, len(sizes))
+	rel := make([][]float64, len(sizes))
+	round := 0
+	for b.Loop() {
+		b.StopTimer()
+		got := make([]float64, len(sizes))
+		for k := range sizes {
+			i := k
+			if round%2 == 1 {
+				i = len(sizes) - 1 - k // alternate the order
+			}
+			got[i] = float64(w.total) / runRawBatched(b, w, sizes[i]).Seconds()
+		}
+		round++
+		for i := range sizes {
+			rates[i] = append(rates[i], got[i])
+			rel[i] = append(rel[i], got[i]/got[slices.Index(sizes, rawBatch)])
+		}
+		if testing.Verbose() {
+			b.Logf("round %d: turns/s by turns per transaction %v: %.0f", round, sizes, got)
+		}
+		b.StartTimer()
+	}
+	for i, n := range sizes {
+		b.ReportMetric(median(rates[i]), fmt.Sprintf("turns/s@%d", n))
+		if n != rawBatch {
+			b.ReportMetric(median(rel[i]), fmt.Sprintf("ratio@%d", n))
+		}
 	}
 }
 
@@ -122,6 +164,58 @@ func BenchmarkSingleTurnLatency(b *testing.B) {
 	b.ReportMetric(median(ratio), "p50_ratio")
 	b.ReportMetric(median(actorP99), "actor_p99_us")
 	b.ReportMetric(median(rawP99), "raw_p99_us")
+}
+
+// TestBenchActorHarness runs the closed loop of BenchmarkPersistenceActor small (and under
+// -race in CI): every write is acknowledged once, in order per sender, and every turn is in the
+// store afterwards, whatever the batch size and pacing.
+func TestBenchActorHarness(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		sessions, perSess int
+		maxBatch          int
+		maxLinger         time.Duration
+	}{
+		{"one_session", 1, 30, benchMaxBatch, 0},
+		{"merged", 20, 10, benchMaxBatch, 0},
+		{"batch_cap", 20, 10, 7, 0},
+		{"no_linger", 20, 10, benchMaxBatch, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorkload(tc.sessions, tc.perSess)
+			env, stop := startActors(t, w, nil, persistence.ActorOptions{MaxBatch: tc.maxBatch, MaxLinger: tc.maxLinger})
+			defer stop()
+			env.wg.Add(len(env.senders))
+			for _, pid := range env.senders {
+				env.system.Root.Send(pid, &begin{})
+			}
+			if !waitTimeout(&env.wg, phaseTimeout) {
+				t.Fatalf("not finished after %v", phaseTimeout)
+			}
+			if err := env.err(); err != nil {
+				t.Fatal(err)
+			}
+			env.stop() // the store stays open until the deferred stop
+			if got, want := env.groups.Load(), int64(w.total); got != want {
+				t.Errorf("committed %d groups, want %d", got, want)
+			}
+			for _, ss := range w.sessions {
+				msgs, err := env.store.Transcript(t.Context(), ss.ID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got, want := len(msgs), 2*tc.perSess; got != want {
+					t.Errorf("session %s: %d messages, want %d", ss.ID, got, want)
+				}
+				for i, m := range msgs {
+					if m.Seq != int64(i+1) {
+						t.Errorf("session %s: message %d has seq %d, want %d", ss.ID, i, m.Seq, i+1)
+						break
+					}
+				}
+			}
+		})
+	}
 }
 
 // load is the pre-built, read-only data of a benchmark: S sessions and their turns. Both
@@ -172,7 +266,7 @@ func newWorkload(s, perSession int) *load {
 // mustOpenStore opens a fresh store (synchronous FULL, the default) in its own temporary
 // directory and commits the load's sessions. The phase that opened it defers closeStore, so
 // no store (nor its checkpointer) outlives its phase.
-func mustOpenStore(b *testing.B, w *load) (store *sqlite.Store, closeStore func()) {
+func mustOpenStore(b testing.TB, w *load) (store *sqlite.Store, closeStore func()) {
 	b.Helper()
 	dir := b.TempDir()
 	store, err := sqlite.Open(context.Background(), filepath.Join(dir, "bench.db"), sqlite.Options{})
@@ -205,12 +299,14 @@ func mustOpenStore(b *testing.B, w *load) (store *sqlite.Store, closeStore func(
 type actorRun struct {
 	elapsed   time.Duration
 	meanBatch float64 // groups per committed transaction
+	busy      float64 // share of elapsed the store spent in Commit
 }
 
 // actorEnv is an actor system with a persistence actor over a fresh store and one sender actor
 // per session of a workload.
 type actorEnv struct {
-	b       *testing.B
+	b       testing.TB
+	store   *sqlite.Store
 	system  *actor.ActorSystem
 	persist *actor.PID
 	senders []*actor.PID
@@ -218,27 +314,32 @@ type actorEnv struct {
 	wg      sync.WaitGroup
 	commits atomic.Int64
 	groups  atomic.Int64
+	busy    atomic.Int64 // nanoseconds spent in Commit
+
+	stopOnce sync.Once
 }
 
 // startActors opens a fresh store and starts the actor system. The caller defers the returned
-// stop, which stops every actor, shuts the system down and closes the store. With stepped set,
+// stop, which stops every actor, shuts the system down and closes the store (once; the persistence
+// actor has reported every commit to Observe when it returns). With stepped set,
 // each sender persists one turn per begin message and reports it on stepped; otherwise a begin
 // starts a closed loop over all its turns and wg is done when the last is acknowledged.
-func startActors(b *testing.B, w *load, stepped chan error) (env *actorEnv, stop func()) {
+func startActors(b testing.TB, w *load, stepped chan error, o persistence.ActorOptions) (env *actorEnv, stop func()) {
 	b.Helper()
 	store, closeStore := mustOpenStore(b, w)
-	env = &actorEnv{b: b}
+	env = &actorEnv{b: b, store: store}
 	env.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}))
-	env.persist = env.system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(context.Background(), store,
-		persistence.ActorOptions{
-			MaxBatch: benchMaxBatch,
-			Observe: func(n int, _ time.Duration) {
-				env.commits.Add(1)
-				env.groups.Add(int64(n))
-			},
-		})))
+	if o.MaxBatch == 0 {
+		o.MaxBatch = benchMaxBatch
+	}
+	o.Observe = func(n int, took time.Duration) {
+		env.commits.Add(1)
+		env.groups.Add(int64(n))
+		env.busy.Add(int64(took))
+	}
+	env.persist = env.system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(context.Background(), store, o)))
 	for i := range w.sessions {
 		out := &senderOut{}
 		cfg := senderConfig{persist: env.persist, turns: w.turns[i], out: out, stepped: stepped, wg: &env.wg}
@@ -247,24 +348,27 @@ func startActors(b *testing.B, w *load, stepped chan error) (env *actorEnv, stop
 			return &sender{senderConfig: cfg}
 		})))
 	}
+	var once sync.Once
 	return env, func() {
 		env.stop()
-		closeStore()
+		once.Do(closeStore)
 	}
 }
 
 // stop stops the senders, then the persistence actor (which commits what it still holds), then
-// the system.
+// the system; only the first call does anything.
 func (env *actorEnv) stop() {
-	for _, pid := range env.senders {
-		if err := env.system.Root.PoisonFuture(pid).Wait(); err != nil {
-			env.b.Errorf("stop sender: %v", err)
+	env.stopOnce.Do(func() {
+		for _, pid := range env.senders {
+			if err := env.system.Root.PoisonFuture(pid).Wait(); err != nil {
+				env.b.Errorf("stop sender: %v", err)
+			}
 		}
-	}
-	if err := env.system.Root.PoisonFuture(env.persist).Wait(); err != nil {
-		env.b.Errorf("stop persistence actor: %v", err)
-	}
-	env.system.Shutdown()
+		if err := env.system.Root.PoisonFuture(env.persist).Wait(); err != nil {
+			env.b.Errorf("stop persistence actor: %v", err)
+		}
+		env.system.Shutdown()
+	})
 }
 
 func (env *actorEnv) err() error {
@@ -280,7 +384,7 @@ func (env *actorEnv) err() error {
 // The timer runs only while the turns are being persisted.
 func runActor(b *testing.B, w *load) actorRun {
 	b.Helper()
-	env, stop := startActors(b, w, nil)
+	env, stop := startActors(b, w, nil, persistence.ActorOptions{})
 	defer stop()
 	env.wg.Add(len(env.senders))
 	runtime.GC() // don't bill the previous phase's garbage to this one
@@ -300,7 +404,8 @@ func runActor(b *testing.B, w *load) actorRun {
 	if err := env.err(); err != nil {
 		b.Fatalf("actor phase: %v", err)
 	}
-	run := actorRun{elapsed: elapsed}
+	stop() // the last commit's answers can overtake its report to Observe
+	run := actorRun{elapsed: elapsed, busy: float64(env.busy.Load()) / float64(elapsed)}
 	if n := env.commits.Load(); n > 0 {
 		run.meanBatch = float64(env.groups.Load()) / float64(n)
 	}
@@ -339,7 +444,7 @@ func runPaired(b *testing.B, w *load, rawFirst bool) (actorLat, rawLat []time.Du
 		b.Fatalf("runPaired: %d sessions, want 1", len(w.sessions))
 	}
 	stepped := make(chan error, 1)
-	env, stop := startActors(b, w, stepped)
+	env, stop := startActors(b, w, stepped, persistence.ActorOptions{})
 	defer stop()
 	raw, closeRaw := mustOpenStore(b, w)
 	defer closeRaw()

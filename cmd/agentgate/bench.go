@@ -19,9 +19,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/logging"
@@ -38,6 +41,11 @@ const (
 	benchRawBatch     = 500              // turns per transaction of the raw SQLite ceiling
 	benchReplyTimeout = time.Minute      // one reply may take at most this long
 	benchStartTimeout = 30 * time.Second // until the bench platform's Run is called
+	// Sessions passivate this long after their last message, so that the bench can measure the
+	// heap without them. A passivated session's memory is free once its last scheduler timer
+	// (the 5 s write re-send check) has fired: benchTimerGrace.
+	benchPassivateAfter = 2 * time.Second
+	benchTimerGrace     = 6 * time.Second
 )
 
 // benchReport is the result of one bench run; its JSON form is the --json output.
@@ -51,14 +59,17 @@ type benchReport struct {
 	LatencyP99ms   float64 `json:"latency_p99_ms"`
 	RowsPerSec     float64 `json:"rows_per_sec"`
 	MeanBatch      float64 `json:"mean_batch"`
-	HeapPerSession int64   `json:"heap_per_active_session_bytes"`
+	HeapIdle       int64   `json:"heap_per_idle_session_bytes"`
+	HeapActive     int64   `json:"heap_per_active_session_bytes"`
 	RawTurnsPerSec float64 `json:"raw_turns_per_sec"`
 	RatioToRaw     float64 `json:"ratio_to_raw"`
 }
 
 // bench runs `agentgate bench`: it starts the daemon in-process with a bench platform, drives
-// N closed-loop sessions of M messages each through it, then measures the raw batched SQLite
-// ceiling on a fresh store, so the ratio compares measurements taken in the same run.
+// N closed-loop sessions of M messages each through it, measures the heap per idle session (after
+// the load) and per active session (one more message each, held in the agent), then measures
+// the raw batched SQLite ceiling on a fresh store, so the ratio compares measurements taken in
+// the same run.
 func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	sessions := fs.Int("sessions", 100, "concurrent sessions `N`")
@@ -86,6 +97,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 		c.DataDir = dir
 		c.HTTP.Addr = "127.0.0.1:0"
 		c.Log.Level = "warn"
+		c.Sessions.PassivateAfter = benchPassivateAfter
 	})
 	if err != nil {
 		return fmt.Errorf("bench: config: %w", err)
@@ -120,7 +132,8 @@ func printBenchReport(w io.Writer, r *benchReport) {
 	fmt.Fprintf(tw, "latency p50 / p99\t%.2f ms / %.2f ms\t(deliver → reply sent)\n", r.LatencyP50ms, r.LatencyP99ms)
 	fmt.Fprintf(tw, "persisted rows/s\t%.0f\t(%d rows per turn: 2 messages + 1 outbox)\n", r.RowsPerSec, benchRowsPerTurn)
 	fmt.Fprintf(tw, "mean batch\t%.1f\t(write groups per transaction)\n", r.MeanBatch)
-	fmt.Fprintf(tw, "heap per active session\t~%.1f KiB\t(approximate: HeapAlloc after GC, minus baseline, ÷ N)\n", float64(r.HeapPerSession)/1024)
+	fmt.Fprintf(tw, "heap per idle session\t%.1f KiB\t(heap + stacks, after GC, freed when the idle sessions passivate, ÷ N)\n", float64(r.HeapIdle)/1024)
+	fmt.Fprintf(tw, "heap per active session\t%.1f KiB\t(idle plus what one running turn adds: its actor, goroutine, request)\n", float64(r.HeapActive)/1024)
 	fmt.Fprintf(tw, "raw SQLite ceiling\t%.0f turns/s\t(%d turns per transaction, fresh store)\n", r.RawTurnsPerSec, benchRawBatch)
 	fmt.Fprintf(tw, "ratio to raw\t%.3f\n", r.RatioToRaw)
 	tw.Flush()
@@ -129,7 +142,8 @@ func printBenchReport(w io.Writer, r *benchReport) {
 // benchDaemon starts the daemon with a bench platform, runs the load and stops the daemon.
 func benchDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m int, texts []string, progress bool, stderr io.Writer) (_ *benchReport, err error) {
 	p := newBenchPlatform()
-	d, err := supervisor.Start(ctx, cfg, log, supervisor.Options{Platforms: []platforms.Platform{p}})
+	agent := &holdingAgent{inner: echo.New()}
+	d, err := supervisor.Start(ctx, cfg, log, supervisor.Options{Agent: agent, Platforms: []platforms.Platform{p}})
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
@@ -145,23 +159,23 @@ func benchDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m
 		return nil, err
 	}
 
-	var base runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&base)
-
 	total := n * m
+	lat := make([][]time.Duration, n)
+	for i := range lat {
+		lat[i] = make([]time.Duration, 0, m)
+	}
+	errs := make([]error, n)
+
 	var done atomic.Int64
 	stopProgress := func() {}
 	if progress {
 		stopProgress = startProgress(stderr, &done, total)
 	}
-	lat := make([][]time.Duration, n)
-	errs := make([]error, n)
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i := range n {
 		wg.Go(func() {
-			lat[i], errs[i] = benchSession(ctx, p, deliver, i, m, texts[2*i*m:], &done)
+			lat[i], errs[i] = benchSession(ctx, p, deliver, i, m, texts[2*i*m:], lat[i], &done)
 		})
 	}
 	wg.Wait()
@@ -171,36 +185,44 @@ func benchDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m
 		return nil, fmt.Errorf("bench: %w", err)
 	}
 
-	// The session actors stay active (they passivate after minutes), so this is their heap.
-	var after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-
-	meanBatch, err := scrapeMeanBatch(ctx, "http://"+d.Addr().String()+"/metrics")
+	metricsURL := "http://" + d.Addr().String() + "/metrics"
+	meanBatch, err := scrapeMeanBatch(ctx, metricsURL)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	// The n sessions are in memory and idle now; they passivate benchPassivateAfter after their
+	// last message. Their heap is what goes away then (what the load left elsewhere, such as the
+	// actor registry's map growth or SQLite's caches, stays).
+	idle := heapInUse()
+	turns, err := benchActiveHeap(ctx, p, deliver, agent, n)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	gone, err := benchPassivated(ctx, metricsURL)
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
 	all := slices.Concat(lat...)
 	slices.Sort(all)
 	return &benchReport{
-		Sessions:       n,
-		Messages:       m,
-		Turns:          total,
-		Seconds:        elapsed.Seconds(),
-		TurnsPerSec:    float64(total) / elapsed.Seconds(),
-		LatencyP50ms:   ms(percentile(all, 0.50)),
-		LatencyP99ms:   ms(percentile(all, 0.99)),
-		RowsPerSec:     float64(total*benchRowsPerTurn) / elapsed.Seconds(),
-		MeanBatch:      meanBatch,
-		HeapPerSession: (int64(after.HeapAlloc) - int64(base.HeapAlloc)) / int64(n),
+		Sessions:     n,
+		Messages:     m,
+		Turns:        total,
+		Seconds:      elapsed.Seconds(),
+		TurnsPerSec:  float64(total) / elapsed.Seconds(),
+		LatencyP50ms: ms(percentile(all, 0.50)),
+		LatencyP99ms: ms(percentile(all, 0.99)),
+		RowsPerSec:   float64(total*benchRowsPerTurn) / elapsed.Seconds(),
+		MeanBatch:    meanBatch,
+		HeapIdle:     (idle - gone) / int64(n),
+		HeapActive:   (idle - gone + turns) / int64(n),
 	}, nil
 }
 
 // benchSession is one closed-loop session: it sends m messages, each after the previous one's
 // reply was sent, and returns the end-to-end latency of each.
-func benchSession(ctx context.Context, p *benchPlatform, deliver platforms.Deliver, i, m int, texts []string, done *atomic.Int64) ([]time.Duration, error) {
-	src := identity.Source{Platform: "bench", ChatType: "dm", ChatID: fmt.Sprintf("bench-%d", i), UserID: "u"}
-	lat := make([]time.Duration, 0, m)
+func benchSession(ctx context.Context, p *benchPlatform, deliver platforms.Deliver, i, m int, texts []string, lat []time.Duration, done *atomic.Int64) ([]time.Duration, error) {
+	src := benchSource(i)
 	timer := time.NewTimer(benchReplyTimeout)
 	defer timer.Stop()
 	for k := range m {
@@ -222,6 +244,116 @@ func benchSession(ctx context.Context, p *benchPlatform, deliver platforms.Deliv
 		}
 	}
 	return lat, nil
+}
+
+func benchSource(i int) identity.Source {
+	return identity.Source{Platform: "bench", ChatType: "dm", ChatID: fmt.Sprintf("bench-%d", i), UserID: "u"}
+}
+
+// benchActiveHeap sends one more message to each of the n (idle) sessions while the agent holds
+// every turn, and returns the heap those running turns add, once all n run. It then lets them
+// finish and waits for the replies.
+func benchActiveHeap(ctx context.Context, p *benchPlatform, deliver platforms.Deliver, agent *holdingAgent, n int) (int64, error) {
+	h := agent.hold()
+	ids := make([]string, n)
+	replies := make([]<-chan time.Time, n)
+	for i := range n {
+		ids[i] = fmt.Sprintf("bench-%d-active", i)
+		replies[i] = p.expect(ids[i])
+	}
+	before := heapInUse()
+	for i := range n {
+		if _, err := deliver(ctx, &platforms.Inbound{Source: benchSource(i), MessageID: ids[i], Text: "active", ReceivedAt: time.Now()}); err != nil {
+			agent.release(h)
+			return 0, fmt.Errorf("active heap: deliver: %w", err)
+		}
+	}
+	err := h.waitEntered(ctx, n, benchReplyTimeout)
+	running := heapInUse()
+	agent.release(h)
+	if err != nil {
+		return 0, fmt.Errorf("active heap: %w", err)
+	}
+	timer := time.NewTimer(benchReplyTimeout)
+	defer timer.Stop()
+	for i, ch := range replies {
+		select {
+		case <-ch:
+		case <-timer.C:
+			return 0, fmt.Errorf("active heap: session %d: no reply after %v", i, benchReplyTimeout)
+		case <-ctx.Done():
+			return 0, fmt.Errorf("active heap: %w", ctx.Err())
+		}
+	}
+	return running - before, nil
+}
+
+// heapInUse returns the bytes of heap and goroutine stacks in use after two collections.
+func heapInUse() int64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc + m.StackInuse)
+}
+
+// holdingAgent is the agent of `agentgate bench`: inner (echo), except that while a hold is set
+// every turn waits until it is released, so that the bench can measure sessions with a turn
+// running.
+type holdingAgent struct {
+	inner agents.Agent
+	cur   atomic.Pointer[agentHold]
+}
+
+// agentHold is one hold: turns wait on release and count themselves in entered.
+type agentHold struct {
+	release chan struct{}
+	entered atomic.Int64
+	changed chan struct{} // gets a token for every turn that enters
+}
+
+// Run implements agents.Agent.
+func (a *holdingAgent) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+	if h := a.cur.Load(); h != nil {
+		h.entered.Add(1)
+		select {
+		case h.changed <- struct{}{}:
+		default:
+		}
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return a.inner.Run(ctx, req)
+}
+
+func (a *holdingAgent) hold() *agentHold {
+	h := &agentHold{release: make(chan struct{}), changed: make(chan struct{}, 1)}
+	a.cur.Store(h)
+	return h
+}
+
+func (a *holdingAgent) release(h *agentHold) {
+	a.cur.CompareAndSwap(h, nil)
+	close(h.release)
+}
+
+// waitEntered waits until n turns wait in the hold.
+func (h *agentHold) waitEntered(ctx context.Context, n int, timeout time.Duration) error {
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for h.entered.Load() < int64(n) {
+		select {
+		case <-h.changed:
+		case <-timer.C:
+			return fmt.Errorf("%d of %d turns running after %v", h.entered.Load(), n, timeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // startProgress prints a progress line on stderr (a terminal) until the returned func is called.
@@ -247,22 +379,9 @@ func startProgress(w io.Writer, done *atomic.Int64, total int) (stop func()) {
 // scrapeMeanBatch reads agentgate_persist_batch_size from the daemon's /metrics and returns
 // its mean (groups per committed transaction).
 func scrapeMeanBatch(ctx context.Context, url string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	families, err := scrape(ctx, url)
 	if err != nil {
-		return 0, fmt.Errorf("scrape metrics: %w", err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("scrape metrics: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("scrape metrics: status %s", resp.Status)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		return 0, fmt.Errorf("scrape metrics: %w", err)
+		return 0, err
 	}
 	mf := families["agentgate_persist_batch_size"]
 	if mf == nil || len(mf.GetMetric()) == 0 {
@@ -273,6 +392,57 @@ func scrapeMeanBatch(ctx context.Context, url string) (float64, error) {
 		return 0, errors.New("scrape metrics: agentgate_persist_batch_size is empty")
 	}
 	return h.GetSampleSum() / float64(h.GetSampleCount()), nil
+}
+
+// benchPassivated waits until no session actor is left in memory (agentgate_sessions_active is
+// 0) and their timers have fired, and returns the lowest heap in use seen meanwhile.
+func benchPassivated(ctx context.Context, url string) (int64, error) {
+	deadline := time.Now().Add(benchPassivateAfter + benchReplyTimeout)
+	for {
+		families, err := scrape(ctx, url)
+		if err != nil {
+			return 0, err
+		}
+		mf := families["agentgate_sessions_active"]
+		if mf == nil || len(mf.GetMetric()) == 0 {
+			return 0, errors.New("scrape metrics: no agentgate_sessions_active")
+		}
+		if mf.GetMetric()[0].GetGauge().GetValue() == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("sessions still in memory after %v", benchPassivateAfter+benchReplyTimeout)
+		}
+		time.Sleep(100 * time.Millisecond) // a poll interval under a deadline
+	}
+	low := heapInUse()
+	for end := time.Now().Add(benchTimerGrace); time.Now().Before(end); {
+		time.Sleep(time.Second) // the stopped sessions' last timers fire meanwhile
+		low = min(low, heapInUse())
+	}
+	return low, nil
+}
+
+// scrape reads the daemon's /metrics.
+func scrape(ctx context.Context, url string) (map[string]*dto.MetricFamily, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("scrape metrics: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("scrape metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("scrape metrics: status %s", resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("scrape metrics: %w", err)
+	}
+	return families, nil
 }
 
 // benchRaw commits n×m turns (the ops of persistence/bench_test.go) to a fresh store in a
