@@ -381,6 +381,33 @@ func TestStreamingReplyGrowsInPlace(t *testing.T) {
 	}
 }
 
+// TestDeletedDraftGetsTheReplyAnew: when someone deletes the draft while the turn works, the
+// final reply is posted as a new message instead of failing to edit the draft.
+func TestDeletedDraftGetsTheReplyAnew(t *testing.T) {
+	var w *world
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		req.Partial("thinking")
+		for len(w.srv.Sent(dmID)) == 0 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		w.srv.Delete(w.srv.Sent(dmID)[0].ID)
+		return &agents.Response{Text: "the answer"}, nil
+	})
+	w = startWorld(t, agent, nil)
+	m := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "question"})
+	w.srv.WaitFor(t, "the answer posted anew", func() bool {
+		got := w.srv.Sent(dmID)
+		return len(got) == 1 && got[0].Content == "the answer"
+	})
+	if got := w.srv.Sent(dmID)[0]; got.MessageReference == nil || got.MessageReference.MessageID != m.ID {
+		t.Errorf("the reply posted anew does not answer the message: %+v", got.MessageReference)
+	}
+}
+
 // TestFailedSendsAreRetried: Discord answering 500 twice and then rate limiting does not lose
 // or duplicate a reply.
 func TestFailedSendsAreRetried(t *testing.T) {

@@ -29,10 +29,15 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 	done := p.progress[id]
 	p.mu.Unlock()
 	if out.DraftID != "" && done == 0 {
-		if err := p.editContent(ctx, channel, out.DraftID, parts[0]); err != nil {
+		switch err := p.editContent(ctx, channel, out.DraftID, parts[0]); {
+		case err == nil:
+			done = 1
+		case apiCode(err) == discordgo.ErrCodeUnknownMessage:
+			// The draft is gone (deleted by someone): post the reply whole instead.
+			p.log.Info("discord draft gone; posting the reply anew", "channel", channel, "draft", out.DraftID)
+		default:
 			return fmt.Errorf("discord: finish draft: %w", err)
 		}
-		done = 1
 	}
 	for i := done; i < len(parts); i++ {
 		msg := &sendBody{Content: parts[i], AllowedMentions: noMentions(), Nonce: nonce(id, i), EnforceNonce: true}

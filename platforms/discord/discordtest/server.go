@@ -358,6 +358,26 @@ func (s *Server) Typing(channelID string) int {
 	return s.typing[channelID]
 }
 
+// Delete removes message id from its channel, as a moderator deleting it would: later edits
+// of it get 404 Unknown Message. It panics if the message is unknown.
+func (s *Server) Delete(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.messages[id]
+	if m == nil {
+		panic("discordtest: Delete of unknown message " + id)
+	}
+	delete(s.messages, id)
+	h := s.history[m.channelID]
+	for i, x := range h {
+		if x == m {
+			s.history[m.channelID] = append(h[:i:i], h[i+1:]...)
+			break
+		}
+	}
+	s.notifyLocked()
+}
+
 // Threads returns the threads the bot started through REST, in order.
 func (s *Server) Threads() []Channel {
 	s.mu.Lock()
