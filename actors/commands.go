@@ -143,7 +143,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 	entry := s.outboxEntry(src, sid, platforms.KindNotice, answer, "", []string{m.MessageId}, now)
 	ops = append(ops, &persistence.AddOutbox{Entry: entry})
 	if m.MessageId != "" {
-		s.seen[m.MessageId] = true
+		s.seen.add(m.MessageId)
 	}
 	s.lastActivity = now
 	requester := c.Sender()
@@ -156,8 +156,8 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 			if errorsIsDuplicate(err) {
 				r.Disposition = platforms.Duplicate
 			} else {
-				delete(s.seen, m.MessageId)
-				s.log.Error("store command", "err", err)
+				s.seen.remove(m.MessageId)
+				s.logger().Error("store command", "err", err)
 				r.ErrorCode, r.Error = "unavailable", "command could not be stored"
 			}
 			c.Send(requester, r)

@@ -16,9 +16,14 @@ import (
 
 // onRestarting runs on the failed incarnation, just before it is replaced.
 func (s *Session) onRestarting(c actor.Context) {
+	if s.life == nil {
+		s.life = &lifeline{}
+		s.d.lifelines.Store(s.key, s.life) // the next incarnation takes it in start
+	}
 	s.life.restarts++
 	s.life.suspects = nil
 	if s.running != nil {
+		c.Stop(s.running.pid) // the turn is no child of the session: stop it here
 		s.d.Metrics.TurnsTotal.WithLabelValues("crashed").Inc()
 		for _, it := range s.running.items {
 			s.life.suspects = append(s.life.suspects, it.seq)
@@ -36,7 +41,7 @@ func (s *Session) onRestarting(c actor.Context) {
 	if s.busy {
 		c.Send(c.Parent(), &busyChanged{key: s.key, busy: false})
 	}
-	s.log.Warn("session restarting", "restarts", s.life.restarts, "running", s.life.suspects)
+	s.logger().Warn("session restarting", "restarts", s.life.restarts, "running", s.life.suspects)
 	// The failed incarnation still sees its children terminate before it is replaced; it must
 	// act on nothing more.
 	s.dead = true
@@ -48,6 +53,9 @@ func (s *Session) afterCrash(c actor.Context) {
 	suspects := s.life.suspects
 	s.life.suspects = nil
 	for _, seq := range suspects {
+		if s.life.crashes == nil {
+			s.life.crashes = map[int64]int{}
+		}
 		s.life.crashes[seq]++
 		if s.life.crashes[seq] < QuarantineAfter {
 			continue
@@ -76,7 +84,7 @@ func (s *Session) noticePending(c actor.Context) {
 // quarantine sets a message aside: its row is kept with status quarantined, and the user is
 // told it will not be retried.
 func (s *Session) quarantine(c actor.Context, it *item) {
-	s.log.Error("message quarantined after repeated crashes", "message", it.messageID, "crashes", QuarantineAfter)
+	s.logger().Error("message quarantined after repeated crashes", "message", it.messageID, "crashes", QuarantineAfter)
 	s.setAside(c, it, persistence.StatusQuarantined,
 		fmt.Sprintf("⚠️ This message crashed the session %d times, so it was set aside (quarantined) and will not be retried.", QuarantineAfter))
 }
@@ -96,7 +104,7 @@ func (s *Session) setAside(c actor.Context, it *item, status, text string) {
 	ops = append(ops, &persistence.AddOutbox{Entry: entry})
 	s.write(c, ops, func(c actor.Context, err error) {
 		if err != nil {
-			s.log.Error("store set-aside message", "status", status, "err", err)
+			s.logger().Error("store set-aside message", "status", status, "err", err)
 		}
 		s.sendOutbound(c, OutboundFromEntry(&entry))
 	})

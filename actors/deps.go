@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -93,6 +94,23 @@ type Deps struct {
 	// Spooling is true while the persistence actor holds writes in the spool: the store does not
 	// show them yet, so sessions stay in memory instead of passivating.
 	Spooling atomic.Bool
+
+	// The props every session and turn is spawned from, built once: props hold nothing per
+	// actor (a session learns its key from its PID), so per-actor props would only cost memory.
+	propsOnce                               sync.Once
+	sessionProps, recoveredProps, turnProps *actor.Props
+	// lifelines holds the lifeline of each session that has crashed in its current activation,
+	// by key: the one thing a session's incarnations share (see lifeline).
+	lifelines sync.Map
+}
+
+// props builds the shared props on first use.
+func (d *Deps) props() {
+	d.propsOnce.Do(func() {
+		d.sessionProps = newSessionProps(d, false)
+		d.recoveredProps = newSessionProps(d, true)
+		d.turnProps = NewTurn(d.Ctx, d.Agent, d.Metrics.Mailboxes.Kind("turn"))
+	})
 }
 
 func (d *Deps) now() time.Time {

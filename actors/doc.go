@@ -5,15 +5,17 @@
 // The actors, with their parents and the messages they handle:
 //
 //   - SessionManager (top level, "sessions"): Routed, Drain, ListActive, and from its sessions
-//     passivate, busyChanged, stopped. Routes by session key, spawns sessions on demand, stops
+//     passivate, busyChanged, stopped, and its own idleSweep tick. Routes by session key, spawns sessions on demand, stops
 //     idle ones, supervises them one for one with a restart budget, and re-activates sessions
 //     with unfinished durable work at start.
 //   - Session (child of SessionManager, named by its key): Deliver, GetState, ResetSession
-//     (protobuf, messages.proto), TurnFinished from its Turn, persistence.WriteResult, and
-//     actor.ReceiveTimeout for passivation. Acknowledges a message only once it is durable.
-//   - Turn (child of Session): runs one agent call in a goroutine it owns, and a relay goroutine
-//     that hands steered messages to the agent; the session cancels it by stopping it. A panic in
-//     the agent fails the turn, never the session.
+//     (protobuf, messages.proto), TurnFinished and turnPanicked from its Turn,
+//     persistence.WriteResult, and idleCheck from the manager's idle sweep (passivation).
+//     Acknowledges a message only once it is durable.
+//   - Turn (top level, "turn-<n>", spawned by a Session): runTurn, then runs one agent call in a
+//     goroutine it owns, and a relay goroutine that hands steered messages to the agent; the
+//     session cancels it by stopping it. A panic in the agent is handed to the session, which
+//     re-raises it and restarts (G5).
 //   - Platform (top level, "platform-<name>"): StartIntake, SendOutbound, and for a
 //     platforms.Editor DraftText (from a turn's Request.Partial) and DropDraft. Runs a platform's
 //     inbound loop with capped backoff and delivers outbound messages in order per session key,

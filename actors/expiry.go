@@ -17,6 +17,15 @@ import (
 // successor, which records prev_session_id, tells the user once, and gives the agent's first
 // turn a continuity note. A boundary is never undone.
 
+// resets reports whether the current session has a reset policy, which reads its activity.
+func (s *Session) resets() bool {
+	if s.cur == nil {
+		return false
+	}
+	_, _, ok := s.d.Config.resetFor(s.cur.Platform, s.cur.ChatType).Due(s.cur.LastActivityAt)
+	return ok
+}
+
 // touch returns the op that advances a session's activity, keeping the in-memory copy in step.
 func (s *Session) touch(sid string, now time.Time) persistence.Op {
 	if s.cur != nil && s.cur.ID == sid && now.After(s.cur.LastActivityAt) {
@@ -45,7 +54,7 @@ func (s *Session) expire(now time.Time) []persistence.Op {
 	ended := *s.cur
 	ended.EndedAt, ended.EndReason = at, reason
 	s.prev, s.cur = &ended, nil
-	s.log.Info("session reset", "reason", reason, "due", at.UTC().Format(time.RFC3339))
+	s.logger().Info("session reset", "reason", reason, "due", at.UTC().Format(time.RFC3339))
 	return []persistence.Op{&persistence.EndSession{SessionID: ended.ID, Reason: reason, At: at}}
 }
 
@@ -96,7 +105,7 @@ func (s *Session) expireOnStart(c actor.Context) {
 	}
 	s.write(c, ops, func(c actor.Context, err error) {
 		if err != nil {
-			s.log.Error("store session reset", "err", err)
+			s.logger().Error("store session reset", "err", err)
 		}
 	})
 	for _, it := range s.queue {
@@ -114,7 +123,7 @@ func (s *Session) onResetDue(c actor.Context) {
 	if ops := s.expire(s.d.now()); len(ops) > 0 {
 		s.write(c, ops, func(c actor.Context, err error) {
 			if err != nil {
-				s.log.Error("store session reset", "err", err)
+				s.logger().Error("store session reset", "err", err)
 			}
 		})
 	}

@@ -2,9 +2,11 @@ package actors
 
 import (
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/scheduler"
 )
 
 // SessionManager routes messages to session actors by key, spawning a session on its first
@@ -19,11 +21,23 @@ type SessionManager struct {
 	log *slog.Logger
 
 	sessions map[string]*actor.PID
-	keys     map[string]string   // pid id → key
 	stopping map[string][]routed // key → messages held until the old actor is gone
 	rerun    map[string]bool     // key → respawn when terminated (it stopped with work left)
 	busy     map[string]bool
 	drains   []*actor.PID
+
+	stopSweep scheduler.CancelFunc // the idle sweep's ticker; nil without passivation
+}
+
+// idleSweep is the manager's tick: it asks every session in memory to check its idle clock.
+// One ticker for all sessions costs less than a timer per session, and a stopped session is
+// never kept reachable by a pending timer of its own.
+type idleSweep struct{}
+
+// sweepEvery is how often the manager sweeps for sessions idle for passivateAfter: a session
+// passivates between passivateAfter and 1.25 × passivateAfter after its last message.
+func sweepEvery(passivateAfter time.Duration) time.Duration {
+	return max(passivateAfter/4, 10*time.Millisecond)
 }
 
 type routed struct {
@@ -51,6 +65,15 @@ func (m *SessionManager) Receive(c actor.Context) {
 	switch msg := c.Message().(type) {
 	case *actor.Started:
 		m.start(c)
+	case *idleSweep:
+		for _, pid := range m.sessions {
+			c.Send(pid, sweepCheck)
+		}
+	case *actor.Stopping, *actor.Restarting:
+		if m.stopSweep != nil {
+			m.stopSweep()
+			m.stopSweep = nil
+		}
 	case *Routed:
 		m.route(c, msg.Key, routed{msg: msg.Msg, sender: c.Sender()})
 	case *passivate:
@@ -94,10 +117,13 @@ func (m *SessionManager) Receive(c actor.Context) {
 func (m *SessionManager) start(c actor.Context) {
 	m.log = m.d.Log.With("actor", "manager")
 	m.sessions = map[string]*actor.PID{}
-	m.keys = map[string]string{}
 	m.stopping = map[string][]routed{}
 	m.rerun = map[string]bool{}
 	m.busy = map[string]bool{}
+	if p := m.d.Config.PassivateAfter; p > 0 {
+		every := sweepEvery(p)
+		m.stopSweep = scheduler.NewTimerScheduler(c).SendRepeatedly(every, every, c.Self(), &idleSweep{})
+	}
 	keys, err := m.d.Store.Recoverable(m.d.Ctx)
 	if err != nil {
 		m.log.Error("list recoverable sessions", "err", err)
@@ -138,25 +164,25 @@ func (m *SessionManager) spawn(c actor.Context, key string) *actor.PID {
 // spawnWith starts the session of key; recovered marks the activation that recovers a
 // session's unfinished work at daemon start.
 func (m *SessionManager) spawnWith(c actor.Context, key string, recovered bool) *actor.PID {
-	pid, err := c.SpawnNamed(NewSession(m.d, key, recovered), key)
+	pid, err := c.SpawnNamed(NewSession(m.d, recovered), key)
 	if err != nil {
 		// The name is taken only while an old actor for the key is still registered; that is
 		// a broken invariant of this manager.
 		panic("session manager: spawn " + key + ": " + err.Error())
 	}
 	m.sessions[key] = pid
-	m.keys[pid.Id] = key
 	m.d.Metrics.SessionActivations.Inc()
 	m.d.Metrics.SessionsActive.Inc()
 	return pid
 }
 
 func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
-	key, ok := m.keys[t.Who.Id]
-	if !ok {
+	// Every child is a session, named by its key.
+	prefix := c.Self().Id + "/"
+	if !strings.HasPrefix(t.Who.Id, prefix) {
 		return
 	}
-	delete(m.keys, t.Who.Id)
+	key := t.Who.Id[len(prefix):]
 	m.d.Metrics.SessionsActive.Dec()
 	if pid := m.sessions[key]; pid != nil && pid.Equal(t.Who) {
 		delete(m.sessions, key) // stopped by its supervisor after too many crashes

@@ -54,6 +54,13 @@ type stopped struct {
 
 // Received by Session.
 
+// idleCheck asks a session to passivate if it has been idle for PassivateAfter (from the
+// manager's idle sweep).
+type idleCheck struct{}
+
+// sweepCheck is the one idleCheck every sweep sends.
+var sweepCheck = &idleCheck{}
+
 // TurnFinished is sent by a Turn to its session when the agent returned.
 type TurnFinished struct {
 	TurnID string
@@ -67,7 +74,20 @@ type TurnFinished struct {
 	Usage agents.Usage
 }
 
+// turnPanicked is sent by a Turn whose agent panicked; the session re-raises it (G5).
+type turnPanicked struct {
+	TurnID string
+	Err    error
+}
+
 // Received by Turn.
+
+// runTurn is a turn's first message, from its session: the request to run, and the session to
+// report to.
+type runTurn struct {
+	req     *agents.Request
+	session *actor.PID
+}
 
 // agentDone carries the agent's result from the turn's goroutine back into the actor.
 type agentDone struct {
@@ -80,8 +100,7 @@ type agentDone struct {
 // steerIn delivers a message into the running turn (queue mode steer).
 type steerIn struct{ msg agents.Message }
 
-// agentPanicked carries a panic of the agent back into the actor, which re-raises it so the
-// supervisor sees a failed turn.
+// agentPanicked carries a panic of the agent back into the actor, which hands it to the session.
 type agentPanicked struct{ value any }
 
 // Received by Platform.

@@ -38,6 +38,8 @@ type Platform struct {
 	quiesce  []*actor.PID
 	sending  int // sends in flight
 
+	marks marks // delivery marks waiting for (or in) their write
+
 	drafts    map[string]*draft // by turn id
 	liveDraft map[string]string // session key → turn id of its latest draft
 	ended     endedTurns        // turns whose drafts are finished or dropped
@@ -125,10 +127,11 @@ func (a *Platform) Receive(c actor.Context) {
 		a.inflight[m.key] = false
 		a.pump(c, m.key)
 	case *persistence.WriteResult:
-		if m.Err != nil {
-			a.log.Warn("record delivery", "err", m.Err)
-		}
+		a.onMarksWritten(c, m)
+	case *marksTick:
+		a.onMarksTick(c, m)
 	case *actor.Stopping:
+		a.flushMarks(c) // the persistence actor stops after the platforms: it still takes them
 		if a.runCancel != nil {
 			a.runCancel()
 			select {
@@ -231,8 +234,7 @@ type retrySendHeld struct{ key string }
 func (a *Platform) finishHead(c actor.Context, key string, out *platforms.Outbound, state string) {
 	delete(a.attempts, key)
 	a.popHead(key)
-	c.Request(a.d.Persist, &persistence.Write{Ops: []persistence.Op{&persistence.MarkDelivery{
-		SessionKey: out.SessionKey, Seq: out.Seq, State: state, At: a.d.now()}}})
+	a.mark(c, &persistence.MarkDelivery{SessionKey: out.SessionKey, Seq: out.Seq, State: state, At: a.d.now()})
 	a.pump(c, key)
 }
 
@@ -253,7 +255,7 @@ func (a *Platform) popHead(key string) {
 // answerQuiesce answers waiting Quiesce requests once no send is in flight. Sends waiting for a
 // retry stay in the outbox and are re-sent at the next start.
 func (a *Platform) answerQuiesce(c actor.Context) {
-	if len(a.quiesce) == 0 || a.sending > 0 {
+	if len(a.quiesce) == 0 || a.sending > 0 || a.marks.busy() {
 		return
 	}
 	for _, p := range a.quiesce {

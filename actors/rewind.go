@@ -66,14 +66,14 @@ func (s *Session) retry(src identity.Source, m *Deliver, now time.Time) (*item, 
 func (s *Session) enqueueRetry(c actor.Context, m *Deliver, it *item, ops []persistence.Op) {
 	s.queue = append([]*item{it}, s.queue...) // it runs next: nothing runs now
 	if m.MessageId != "" {
-		s.seen[m.MessageId] = true
+		s.seen.add(m.MessageId)
 	}
 	requester := c.Sender()
 	s.write(c, ops, func(c actor.Context, err error) {
 		r := s.result(m, platforms.Command, it.sessionID)
 		if err != nil {
 			s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
-			s.log.Error("store retry", "err", err)
+			s.logger().Error("store retry", "err", err)
 			r.Disposition, r.ErrorCode, r.Error = "", "unavailable", "retry could not be stored"
 		} else {
 			it.durable = true
@@ -93,7 +93,7 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	}
 	all, err := s.d.Store.SessionsOfKey(s.d.Ctx, s.key, 100)
 	if err != nil {
-		s.log.Error("list sessions of key", "err", err)
+		s.logger().Error("list sessions of key", "err", err)
 		return nil, "⚠️ Could not look up earlier sessions right now; please try again."
 	}
 	var target *persistence.Session
@@ -111,7 +111,7 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	}
 	msgs, err := s.d.Store.Transcript(s.d.Ctx, target.ID)
 	if err != nil {
-		s.log.Error("load resumed transcript", "err", err)
+		s.logger().Error("load resumed transcript", "err", err)
 		return nil, "⚠️ Could not load that session right now; please try again."
 	}
 	ops, _ := s.stopWork(c)

@@ -24,9 +24,10 @@ import (
 // that arrives while a turn runs waits in the queue (up to the cap). State is rebuilt from the
 // store on every start, so a restart after a panic or a passivation carries on where it stopped.
 type Session struct {
-	d   *Deps
-	key string
-	log *slog.Logger
+	d         *Deps
+	key       string       // the actor's name under the manager
+	log       *slog.Logger // built on first use (logger): most sessions never log
+	recovered bool         // spawned to recover work left by the last run (see NewSession)
 
 	cur  *persistence.Session // current incarnation; nil until the first message
 	prev *persistence.Session // the ended session the route still points to, if any
@@ -37,33 +38,35 @@ type Session struct {
 	routeGen   int64
 	queue      []*item
 	running    *turnRun
-	history    []histEntry     // the recent active transcript, for the agent and for /undo and /retry
-	seen       map[string]bool // inbound message ids accepted in this activation
+	history    []histEntry // the recent active transcript, for the agent and for /undo and /retry
+	seen       idSet       // inbound message ids accepted in this activation
 	mode       string
 
-	nextWrite   uint64
-	inflight    map[uint64]*pendingWrite
-	resendArmed bool
-	sched       *scheduler.TimerScheduler
+	nextWrite  uint64
+	inflight   []*pendingWrite      // by write id, ascending
+	stopResend scheduler.CancelFunc // the armed resend tick; nil when none is armed
+	sched      *scheduler.TimerScheduler
 
 	activatedAt  time.Time
 	lastActivity time.Time
 	busy         bool
 	dead         bool      // set on the failed incarnation once it is being replaced
 	lastTouched  time.Time // last message other than ticks (passivation)
+	passivating  bool      // asked the manager to stop it
 
-	// life survives restarts of this actor (the producer closure owns it), so a new incarnation
-	// knows how often it crashed and on which messages.
+	// life survives restarts of this actor, so a new incarnation knows how often it crashed and
+	// on which messages. It is nil until the first crash: the failing incarnation creates it
+	// and files it in Deps.lifelines, where the next incarnation finds it; the last one removes
+	// it when it stops.
 	life *lifeline
 }
 
 // lifeline is what a session actor's incarnations share across supervisor restarts: never
 // across passivation or process restarts.
 type lifeline struct {
-	recovered bool // the first incarnation recovers work left by the last run
-	restarts  int
-	suspects  []int64       // seqs that were running when the last incarnation crashed
-	crashes   map[int64]int // seq → crashes while it ran
+	restarts int
+	suspects []int64       // seqs that were running when the last incarnation crashed
+	crashes  map[int64]int // seq → crashes while it ran; nil until a crash is counted
 }
 
 // item is one inbound message waiting for (or in) a turn.
@@ -87,22 +90,52 @@ type turnRun struct {
 	started time.Time
 }
 
-// NewSession returns the props of the session actor for key. recovered marks the activation
-// that recovers unfinished work at daemon start: with SessionConfig.Recovery "notice" its
-// pending messages are answered with a notice instead of being run again.
-func NewSession(d *Deps, key string, recovered bool) *actor.Props {
-	life := &lifeline{crashes: map[int64]int{}, recovered: recovered}
-	return actor.PropsFromProducer(func() actor.Actor {
-		return &Session{d: d, key: key, life: life}
-	}, actor.WithSupervisor(turnSupervisor), actor.WithMailbox(actor.Unbounded(d.Metrics.Mailboxes.Kind("session"))))
+// NewSession returns the props of session actors, spawned as children of the SessionManager
+// and named by their key (a session reads its key from its PID). One value serves every session
+// of d. recovered marks the activation that recovers unfinished work at daemon start: with
+// SessionConfig.Recovery "notice" its pending messages are answered with a notice instead of
+// being run again.
+func NewSession(d *Deps, recovered bool) *actor.Props {
+	d.props()
+	if recovered {
+		return d.recoveredProps
+	}
+	return d.sessionProps
 }
 
-// turnSupervisor escalates a failed turn (an agent panic) to its session: the session restarts
-// with its state reloaded from the store and runs the message again; a message that crashes
-// its session QuarantineAfter times is quarantined instead (G5).
-var turnSupervisor = actor.NewOneForOneStrategy(0, time.Minute, func(any) actor.Directive {
-	return actor.EscalateDirective
-})
+func newSessionProps(d *Deps, recovered bool) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &Session{d: d, recovered: recovered}
+	}, actor.WithMailbox(actor.Unbounded(d.Metrics.Mailboxes.Kind("session"))))
+}
+
+// childName is the name a child was spawned with under its parent.
+func childName(c actor.Context) string {
+	self, parent := c.Self().Id, c.Parent().Id
+	if len(self) > len(parent)+1 && self[:len(parent)] == parent && self[len(parent)] == '/' {
+		return self[len(parent)+1:]
+	}
+	return self
+}
+
+// logger returns the session's logger, built on first use.
+func (s *Session) logger() *slog.Logger {
+	if s.log == nil {
+		s.log = s.d.Log.With("actor", "session", "session", s.key)
+	}
+	return s.log
+}
+
+// debugOn reports whether Debug lines are logged, so a session that never logs builds no logger.
+func (s *Session) debugOn() bool { return s.d.Log.Enabled(s.d.Ctx, slog.LevelDebug) }
+
+// restarts is how often this session restarted in its current activation.
+func (s *Session) restarts() int {
+	if s.life == nil {
+		return 0
+	}
+	return s.life.restarts
+}
 
 // QuarantineAfter is how many crashes of its session a message may cause before it is set
 // aside. The session's restart budget (SessionConfig.Restarts) must be at least this.
@@ -114,6 +147,9 @@ const resendAfter = 5 * time.Second
 
 // Receive dispatches the session's messages.
 func (s *Session) Receive(c actor.Context) {
+	if _, ok := c.Message().(*actor.Stopped); ok && s.life != nil {
+		s.d.lifelines.Delete(s.key) // the activation is over; the next one starts afresh
+	}
 	if s.dead {
 		return
 	}
@@ -131,8 +167,13 @@ func (s *Session) Receive(c actor.Context) {
 		s.onWriteResult(c, m)
 	case *TurnFinished:
 		s.onTurnFinished(c, m)
-	case *actor.Terminated:
-		s.onTerminated(c, m)
+	case *turnPanicked:
+		if s.running != nil && s.running.id == m.TurnID {
+			// The session restarts with its state reloaded from the store and runs the message
+			// again; a message that crashes its session QuarantineAfter times is quarantined.
+			s.d.Metrics.Mailboxes.Kind("session").Failed() // the mailbox never sees it received
+			panic(m.Err)
+		}
 	case *GetState:
 		c.Respond(s.state())
 	case *ResetSession:
@@ -152,6 +193,9 @@ func (s *Session) Receive(c actor.Context) {
 		// messages stay pending in the store, to run again at the next activation. From here on
 		// the session acts on nothing (its turn's termination is not a crash).
 		s.dead = true
+		if s.running != nil {
+			c.Stop(s.running.pid)
+		}
 		c.Send(c.Parent(), &stopped{key: s.key, hasWork: s.running != nil || len(s.queue) > 0})
 		if s.busy {
 			c.Send(c.Parent(), &busyChanged{key: s.key, busy: false})
@@ -161,10 +205,10 @@ func (s *Session) Receive(c actor.Context) {
 
 // start loads the session's durable state and resumes unanswered work.
 func (s *Session) start(c actor.Context) {
-
-	s.log = s.d.Log.With("actor", "session", "session", s.key)
-	s.seen = map[string]bool{}
-	s.inflight = map[uint64]*pendingWrite{}
+	s.key = childName(c)
+	if l, ok := s.d.lifelines.Load(s.key); ok {
+		s.life = l.(*lifeline)
+	}
 	s.mode = s.d.Config.QueueMode
 	s.activatedAt = s.d.now()
 	snap, err := s.d.Store.LoadSession(s.d.Ctx, s.key, s.d.Config.HistoryLimit)
@@ -202,54 +246,40 @@ func (s *Session) start(c actor.Context) {
 			src.UserID, src.UserName = m.UserID, m.UserName
 			s.queue = append(s.queue, &item{seq: m.Seq, sessionID: m.SessionID, src: src,
 				messageID: m.MessageID, text: m.Content, at: m.CreatedAt, durable: true})
-			s.seen[m.MessageID] = true
+			s.seen.add(m.MessageID)
 		}
 	}
 	for i := range snap.Unconfirmed {
 		s.sendOutbound(c, OutboundFromEntry(&snap.Unconfirmed[i]))
 	}
-	if s.life.restarts > 0 {
+	if s.restarts() > 0 {
 		s.afterCrash(c)
 	}
 	s.expireOnStart(c)
-	if s.life.recovered {
-		s.life.recovered = false
-		if s.d.Config.Recovery == RecoveryNotice {
-			s.noticePending(c)
-		}
+	if s.recovered && s.life == nil && s.d.Config.Recovery == RecoveryNotice {
+		// Only the first incarnation recovers: a restarted one has a lifeline.
+		s.noticePending(c)
 	}
 	if len(s.queue) > 0 || len(snap.Unconfirmed) > 0 {
-		s.log.Info("session resumed", "pending", len(s.queue), "unconfirmed", len(snap.Unconfirmed))
+		s.logger().Info("session resumed", "pending", len(s.queue), "unconfirmed", len(snap.Unconfirmed))
 	}
-	s.armIdle(c)
 	s.tryStart(c)
 }
 
 // Passivation. protoactor's ReceiveTimeout is not race-clean at the pinned version (its timer
 // callback writes the actor context from the timer's goroutine), so a session keeps its own idle
-// clock and checks it with a scheduler tick, which only sends a message.
-
-// idleCheck wakes a session to see whether it has been idle for PassivateAfter.
-type idleCheck struct{}
-
-func (s *Session) armIdle(c actor.Context) {
-	if d := s.d.Config.PassivateAfter; d > 0 {
-		s.timers(c).SendOnce(d, c.Self(), &idleCheck{})
-	}
-}
+// clock, and the manager's idle sweep (one scheduler tick for all sessions, which only sends
+// messages) asks it to check the clock.
 
 func (s *Session) onIdle(c actor.Context) {
-	idleFor := time.Since(s.lastTouched)
-	if idleFor >= s.d.Config.PassivateAfter && s.running == nil && len(s.queue) == 0 &&
+	if s.passivating || s.d.Config.PassivateAfter <= 0 {
+		return
+	}
+	if time.Since(s.lastTouched) >= s.d.Config.PassivateAfter && s.running == nil && len(s.queue) == 0 &&
 		len(s.inflight) == 0 && !s.d.Spooling.Load() {
+		s.passivating = true
 		c.Send(c.Parent(), &passivate{key: s.key})
-		return
 	}
-	if d := s.d.Config.PassivateAfter - idleFor; d > 0 {
-		s.timers(c).SendOnce(d, c.Self(), &idleCheck{})
-		return
-	}
-	s.armIdle(c)
 }
 
 // onDeliver accepts one inbound message: a duplicate or a command is answered at once;
@@ -257,7 +287,7 @@ func (s *Session) onIdle(c actor.Context) {
 func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 	src := sourceFromProto(m.Source)
 	now := s.d.now()
-	if m.MessageId != "" && s.seen[m.MessageId] {
+	if m.MessageId != "" && s.seen.has(m.MessageId) {
 		c.Respond(s.result(m, platforms.Duplicate, ""))
 		return
 	}
@@ -298,11 +328,17 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 			SessionID: it.sessionID, Seq: it.seq, Role: persistence.RoleUser, Content: m.Text,
 			Platform: src.Platform, ChatID: src.ChatID, MessageID: m.MessageId,
 			UserID: src.UserID, UserName: src.UserName,
-			Status: persistence.StatusPending, Active: true, CreatedAt: now}},
-		s.touch(it.sessionID, now))
+			Status: persistence.StatusPending, Active: true, CreatedAt: now}})
+	if touch := s.touch(it.sessionID, now); !created && s.resets() {
+		// The turn's result write records the activity again (later) in any case. The arrival
+		// must be durable on its own only where a reset policy reads it: a restart before the
+		// result must not reset a session its user just wrote to. A new incarnation's row
+		// carries its activity already.
+		ops = append(ops, touch)
+	}
 	s.queue = append(s.queue, it)
 	if m.MessageId != "" {
-		s.seen[m.MessageId] = true
+		s.seen.add(m.MessageId)
 	}
 	s.lastActivity = now
 	s.write(c, ops, func(c actor.Context, err error) {
@@ -325,8 +361,8 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 			c.Send(it.requester, s.result(m, platforms.Duplicate, ""))
 			return
 		}
-		delete(s.seen, m.MessageId)
-		s.log.Error("store inbound message", "err", err)
+		s.seen.remove(m.MessageId)
+		s.logger().Error("store inbound message", "err", err)
 		r := s.result(m, "", "")
 		r.ErrorCode, r.Error = "unavailable", "message could not be stored"
 		c.Send(it.requester, r)
@@ -406,6 +442,7 @@ func (s *Session) tryStart(c actor.Context) {
 		s.updateBusy(c)
 		return
 	}
+	s.d.props()
 	group := s.nextGroup()
 	s.queue = s.queue[len(group):]
 	last := group[len(group)-1]
@@ -424,11 +461,14 @@ func (s *Session) tryStart(c actor.Context) {
 		req.Notes = []string{s.continuity}
 		s.continuity = ""
 	}
-	s.setBusy(c, true) // before the turn starts: a drain must never miss a running turn
-	pid := c.SpawnPrefix(NewTurn(s.d.Ctx, s.d.Agent, req, s.d.Metrics.Mailboxes.Kind("turn")), "turn-")
+	s.setBusy(c, true)                                              // before the turn starts: a drain must never miss a running turn
+	pid := c.ActorSystem().Root.SpawnPrefix(s.d.turnProps, "turn-") // top level: see Turn
+	c.Send(pid, &runTurn{req: req, session: c.Self()})
 	s.running = &turnRun{pid: pid, id: turnID, items: group, started: s.d.now()}
 	s.trimHistory()
-	s.log.Debug("turn started", "turn", turnID, "messages", len(group))
+	if s.debugOn() {
+		s.logger().Debug("turn started", "turn", turnID, "messages", len(group))
+	}
 }
 
 // nextGroup returns the messages the next turn is for: the head of the queue and, in collect
@@ -531,11 +571,13 @@ func (s *Session) interrupt(c actor.Context) {
 	for i, it := range r.items {
 		seqs[i] = it.seq
 	}
-	s.log.Debug("turn interrupted", "turn", r.id)
+	if s.debugOn() {
+		s.logger().Debug("turn interrupted", "turn", r.id)
+	}
 	s.write(c, []persistence.Op{&persistence.SetMessageStatus{SessionID: r.items[0].sessionID, Seqs: seqs,
 		Status: persistence.StatusFailed, TurnID: r.id}}, func(c actor.Context, err error) {
 		if err != nil {
-			s.log.Error("store interrupted turn", "err", err)
+			s.logger().Error("store interrupted turn", "err", err)
 		}
 	})
 }
@@ -615,25 +657,12 @@ func (s *Session) onTurnFinished(c actor.Context, m *TurnFinished) {
 	}
 	if m.Err != nil {
 		s.d.Metrics.TurnsTotal.WithLabelValues("error").Inc()
-		s.log.Warn("turn failed", "turn", r.id, "err", m.Err)
+		s.logger().Warn("turn failed", "turn", r.id, "err", m.Err)
 		s.finish(c, r, persistence.RoleNotice, "⚠️ The agent could not answer this message (turn "+r.id+" failed). Please try again.", persistence.StatusFailed, m.Usage)
 	} else {
 		s.d.Metrics.TurnsTotal.WithLabelValues("ok").Inc()
 		s.finish(c, r, persistence.RoleAssistant, m.Text, persistence.StatusDone, m.Usage)
 	}
-	s.tryStart(c)
-}
-
-// onTerminated notices a turn that stopped without a result: it crashed.
-func (s *Session) onTerminated(c actor.Context, m *actor.Terminated) {
-	r := s.running
-	if r == nil || !r.pid.Equal(m.Who) {
-		return
-	}
-	s.running = nil
-	s.d.Metrics.TurnsTotal.WithLabelValues("crashed").Inc()
-	s.log.Warn("turn crashed", "turn", r.id)
-	s.finish(c, r, persistence.RoleNotice, "⚠️ The agent crashed while handling this message (turn "+r.id+"). It was not retried.", persistence.StatusFailed, agents.Usage{})
 	s.tryStart(c)
 }
 
@@ -676,7 +705,7 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string,
 	s.lastActivity = now
 	s.write(c, ops, func(c actor.Context, err error) {
 		if err != nil {
-			s.log.Error("store turn result", "turn", r.id, "err", err)
+			s.logger().Error("store turn result", "turn", r.id, "err", err)
 		}
 		out := OutboundFromEntry(&entry)
 		out.TurnEnd = true
@@ -706,7 +735,7 @@ func OutboundFromEntry(e *persistence.OutboxEntry) *platforms.Outbound {
 func (s *Session) sendOutbound(c actor.Context, out *platforms.Outbound) {
 	pid := s.d.Platforms[out.Target.Platform]
 	if pid == nil {
-		s.log.Error("no platform for outbound", "platform", out.Target.Platform)
+		s.logger().Error("no platform for outbound", "platform", out.Target.Platform)
 		return
 	}
 	c.Send(pid, &SendOutbound{Out: out})
@@ -717,11 +746,10 @@ func (s *Session) sendOutbound(c actor.Context, out *platforms.Outbound) {
 func (s *Session) write(c actor.Context, ops []persistence.Op, done func(actor.Context, error)) {
 	s.nextWrite++
 	w := &pendingWrite{write: &persistence.Write{ID: s.nextWrite, Ops: ops}, done: done, sentAt: s.d.now()}
-	s.inflight[w.write.ID] = w
+	s.inflight = append(s.inflight, w)
 	c.Request(s.d.Persist, w.write)
-	if !s.resendArmed {
-		s.resendArmed = true
-		s.timers(c).SendOnce(resendAfter, c.Self(), &resendTick{})
+	if s.stopResend == nil {
+		s.stopResend = s.timers(c).SendOnce(resendAfter, c.Self(), &resendTick{})
 	}
 }
 
@@ -743,33 +771,35 @@ func (s *Session) timers(c actor.Context) *scheduler.TimerScheduler {
 }
 
 func (s *Session) resend(c actor.Context) {
-	s.resendArmed = false
+	s.stopResend = nil
 	if len(s.inflight) == 0 {
 		return
 	}
 	now := s.d.now()
-	ids := make([]uint64, 0, len(s.inflight))
-	for id := range s.inflight {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		if w := s.inflight[id]; now.Sub(w.sentAt) >= resendAfter {
-			s.log.Warn("write not acknowledged; sending it again", "write", id)
+	for _, w := range s.inflight {
+		if now.Sub(w.sentAt) >= resendAfter {
+			s.logger().Warn("write not acknowledged; sending it again", "write", w.write.ID)
 			w.sentAt = now
 			c.Request(s.d.Persist, w.write)
 		}
 	}
-	s.resendArmed = true
-	s.timers(c).SendOnce(resendAfter, c.Self(), &resendTick{})
+	s.stopResend = s.timers(c).SendOnce(resendAfter, c.Self(), &resendTick{})
 }
 
 func (s *Session) onWriteResult(c actor.Context, m *persistence.WriteResult) {
-	w, ok := s.inflight[m.ID]
-	if !ok {
+	i := slices.IndexFunc(s.inflight, func(w *pendingWrite) bool { return w.write.ID == m.ID })
+	if i < 0 {
 		return // an answer to a write sent again, already handled
 	}
-	delete(s.inflight, m.ID)
+	w := s.inflight[i]
+	s.inflight = slices.Delete(s.inflight, i, i+1)
+	if len(s.inflight) == 0 {
+		s.inflight = nil // an idle session keeps no buffer, and no timer
+		if s.stopResend != nil {
+			s.stopResend()
+			s.stopResend = nil
+		}
+	}
 	w.done(c, m.Err)
 	s.updateBusy(c)
 }
@@ -783,7 +813,7 @@ func (s *Session) result(m *Deliver, disp, sid string) *DeliverResult {
 
 func (s *Session) state() *SessionState {
 	st := &SessionState{SessionKey: s.key, QueueDepth: int32(s.waiting()), QueueMode: s.mode,
-		ActivatedAtUnixNano: s.activatedAt.UnixNano(), Node: s.d.Node, Restarts: int32(s.life.restarts), Active: true}
+		ActivatedAtUnixNano: s.activatedAt.UnixNano(), Node: s.d.Node, Restarts: int32(s.restarts()), Active: true}
 	if s.cur != nil {
 		st.SessionId = s.cur.ID
 	}
@@ -811,3 +841,47 @@ func (s *Session) sourceOf(ss *persistence.Session) identity.Source {
 }
 
 func errorsIsDuplicate(err error) bool { return errors.Is(err, persistence.ErrDuplicate) }
+
+// idSet is a set of message ids. Most sessions see a few ids per activation, so it is a slice
+// until it holds idSetSmall ids, and a map beyond.
+type idSet struct {
+	small []string
+	big   map[string]struct{}
+}
+
+const idSetSmall = 16
+
+func (m *idSet) has(id string) bool {
+	if m.big != nil {
+		_, ok := m.big[id]
+		return ok
+	}
+	return slices.Contains(m.small, id)
+}
+
+func (m *idSet) add(id string) {
+	switch {
+	case m.has(id):
+	case m.big != nil:
+		m.big[id] = struct{}{}
+	case len(m.small) < idSetSmall:
+		m.small = append(m.small, id)
+	default:
+		m.big = make(map[string]struct{}, 2*idSetSmall)
+		for _, x := range m.small {
+			m.big[x] = struct{}{}
+		}
+		m.big[id] = struct{}{}
+		m.small = nil
+	}
+}
+
+func (m *idSet) remove(id string) {
+	if m.big != nil {
+		delete(m.big, id)
+		return
+	}
+	if i := slices.Index(m.small, id); i >= 0 {
+		m.small = slices.Delete(m.small, i, i+1)
+	}
+}

@@ -11,18 +11,29 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 )
 
-// Turn runs one agent turn as a child of its session, so the session stays responsive to
-// commands and new messages while the agent works. The agent runs in a goroutine owned by the
-// turn; the goroutine touches nothing but its own arguments and sends its result back with
-// system.Root.Send. Stopping the turn cancels the agent's context (interrupt, /stop, shutdown).
+// Turn runs one agent turn for its session, so the session stays responsive to commands and new
+// messages while the agent works. The agent runs in a goroutine owned by the turn; the goroutine
+// touches nothing but its own arguments and sends its result back with system.Root.Send.
+// Stopping the turn cancels the agent's context (interrupt, /stop, shutdown); the session stops
+// its turn when it has the result, when it stops, and when it restarts.
 //
-// A panic in the agent is carried back into Receive and re-raised there, so the session's
-// supervisor sees a failed turn and stops it; the session then answers the user with an error.
+// A panic in the agent is carried back into Receive and handed to the session (turnPanicked),
+// which re-raises it: the session restarts with its state reloaded and runs the message again,
+// and a message that keeps crashing it is quarantined (G5).
+//
+// A turn is spawned at the top level, not as a child of its session, from the same Props for
+// every turn (Deps.turnProps), and gets its request as its first message (runTurn). A child
+// would cost every session that ever ran a turn its children set, and protoactor keeps the last
+// stopped child reachable from its parent (PIDSet.Remove leaves the vacated slot of the children
+// slice set, and a PID caches its process): ~1.2 KiB per idle session. A stopped turn also
+// drops its request and agent at once.
 type Turn struct {
-	agent  agents.Agent
-	req    *agents.Request
-	parent context.Context
-	box    *metrics.Mailbox
+	agent   agents.Agent
+	req     *agents.Request
+	session *actor.PID
+	turnID  string
+	parent  context.Context
+	box     *metrics.Mailbox
 
 	cancel context.CancelFunc
 	steer  chan agents.Message // into the steering relay; open while the agent runs, when it can steer
@@ -31,41 +42,68 @@ type Turn struct {
 // MaxSteered bounds the messages steered into one turn; more wait for the next turn.
 const MaxSteered = 32
 
-// NewTurn returns the props of a turn that runs agent for req. parent is the daemon's lifetime
-// context; box counts the turns' mailbox depth.
-func NewTurn(parent context.Context, agent agents.Agent, req *agents.Request, box *metrics.Mailbox) *actor.Props {
+// NewTurn returns the props of the turns that run agent; a turn starts when it receives its
+// request (runTurn). parent is the daemon's lifetime context; box counts the turns' mailbox
+// depth. The props hold nothing per turn, so one value serves every turn of a daemon.
+func NewTurn(parent context.Context, agent agents.Agent, box *metrics.Mailbox) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &Turn{agent: agent, req: req, parent: parent, box: box}
+		return &Turn{agent: agent, parent: parent, box: box}
 	}, actor.WithMailbox(actor.Unbounded(box)))
 }
 
-// Receive starts the agent on Started and reports its result to the session.
+// Receive starts the agent on runTurn and reports its result to the session.
 func (t *Turn) Receive(c actor.Context) {
+	defer func() {
+		// A turn has no supervisor of its own (the top-level guardian would restart it empty):
+		// a failure of the turn is its session's to handle.
+		if v := recover(); v != nil && t.session != nil {
+			c.Send(t.session, &turnPanicked{TurnID: t.turnID, Err: fmt.Errorf("turn %s: %v", t.turnID, v)})
+		}
+	}()
 	switch m := c.Message().(type) {
-	case *actor.Started:
-		t.start(c)
+	case *runTurn:
+		if t.req == nil && t.agent != nil {
+			t.req, t.session, t.turnID = m.req, m.session, m.req.Identity.TurnID
+			t.start(c)
+		}
 	case *agentDone:
+		if t.session == nil {
+			return // stopped: the session no longer waits for it
+		}
 		// The session stops this actor when it has the result: a Terminated (a system message)
 		// would overtake the result in the session's mailbox and look like a crash.
 		t.closeSteer()
-		fin := &TurnFinished{TurnID: t.req.Identity.TurnID, Text: respText(m.resp), Err: m.err, Took: m.took, Steered: m.steered}
+		fin := &TurnFinished{TurnID: t.turnID, Text: respText(m.resp), Err: m.err, Took: m.took, Steered: m.steered}
 		if m.resp != nil {
 			fin.Usage = m.resp.Usage
 		}
-		c.Send(c.Parent(), fin)
+		c.Send(t.session, fin)
 	case *steerIn:
 		if t.steer != nil {
 			t.steer <- m.msg // never blocks: the session steers at most MaxSteered per turn
 		}
 	case *agentPanicked:
-		t.box.Failed() // the mailbox never sees this message received: it panics
-		panic(fmt.Errorf("turn %s: agent panicked: %v", t.req.Identity.TurnID, m.value))
+		if t.session == nil {
+			return
+		}
+		t.closeSteer()
+		c.Send(t.session, &turnPanicked{TurnID: t.turnID, Err: fmt.Errorf("turn %s: agent panicked: %v", t.turnID, m.value)})
 	case *actor.Stopping:
 		t.closeSteer()
 		if t.cancel != nil {
 			t.cancel()
 		}
+		t.release()
+	case *actor.Stopped:
+		t.release()
 	}
+}
+
+// release drops what the turn references beyond its own small state: the request (with its
+// copy of the history) and the agent. The agent's goroutine keeps its own copies until it
+// returns.
+func (t *Turn) release() {
+	t.req, t.agent, t.cancel, t.session = nil, nil, nil, nil
 }
 
 func (t *Turn) start(c actor.Context) {

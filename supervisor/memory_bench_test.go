@@ -24,9 +24,8 @@ import (
 // use after the round minus before it, per session, both after two collections: everything the
 // session costs the daemon, the manager's and the actor registry's map entries included.
 //
-// Stopping the sessions again does not give a usable "net" figure: a stopped session stays
-// reachable until its pending scheduler timers fire (the idle check after PassivateAfter, an
-// hour here), and PoisonFuture's futures until their own timeout.
+// Stopping the sessions again does not give a usable "net" figure: PoisonFuture's futures stay
+// reachable until their own timeout.
 func BenchmarkIdleSessionHeap(b *testing.B) {
 	const n = 5000
 	bd := mustStartBenchDaemon(b, "", "bench", func(c *config.Config) { c.Sessions.PassivateAfter = time.Hour })

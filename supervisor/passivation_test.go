@@ -92,9 +92,9 @@ func TestMemoryIsBoundedByActiveSessions(t *testing.T) {
 	if got := testutil.ToFloat64(d.metrics.SessionPassivations); got != active {
 		t.Errorf("passivations = %v, want %d", got, active)
 	}
-	if got := testutil.ToFloat64(d.metrics.SessionsActive); got != 0 {
-		t.Errorf("sessions_active = %v after passivation, want 0", got)
-	}
+	// A passivated session leaves the manager's list at once and the gauge when it has stopped;
+	// the sessions passivate together (one idle sweep), so the last ones may still be stopping.
+	waitUntil(t, func() bool { return testutil.ToFloat64(d.metrics.SessionsActive) == 0 })
 	ack := r.inject(t, src(0), "again", "back")
 	r.waitSent(t, active+1)
 	if ack.SessionID != "s-0" || testutil.ToFloat64(d.metrics.SessionActivations) != active+1 {

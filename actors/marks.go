@@ -1,0 +1,109 @@
+package actors
+
+import (
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Delivery marks of Platform. A sent (or finally failed) outbound message is marked in the
+// outbox, so the next start does not send it again. The marks of many sends are coalesced into
+// one write group: at most one mark write is in flight, and the marks of the sends that finish
+// meanwhile wait for it and go together in the next one (at most maxMarks per write). Under
+// load a turn then costs the store two groups (its inbound message and its result) and a share
+// of a mark group, instead of three.
+//
+// A mark not yet written when the process dies means the reply is sent again at the next start:
+// delivery is at least once, as it already is for a crash between a send and its mark. Discord
+// sends carry a nonce derived from the outbox entry and the HTTP API's event stream is replayed
+// by seq, so a client sees a re-sent reply at most as a repeat of the same seq. A mark write
+// whose answer does not come is sent again after resendAfter: MarkDelivery counts attempts, so a
+// re-applied "failed" mark counts one attempt more (a "delivered" mark is final and re-applies
+// as a no-op). A mark write that fails is split into one write per mark, so one bad entry never
+// loses the others' marks; those are logged, not retried, like a single mark's failure was.
+
+// maxMarks bounds the marks of one write.
+const maxMarks = 256
+
+// marks is a platform actor's coalescing buffer of delivery marks.
+type marks struct {
+	waiting  []*persistence.MarkDelivery // not yet sent to the persistence actor
+	inflight *persistence.Write          // the write awaiting its result, if any
+	nextID   uint64                      // ids of coalesced writes: 1, 2, …; 0 marks a single mark's write
+}
+
+// busy reports whether marks wait to be written or a mark write awaits its result.
+func (m *marks) busy() bool { return len(m.waiting) > 0 || m.inflight != nil }
+
+// marksTick wakes the platform actor to re-send a mark write that got no answer.
+type marksTick struct{ id uint64 }
+
+// mark queues one delivery mark, and writes it at once when no mark write is in flight.
+func (a *Platform) mark(c actor.Context, op *persistence.MarkDelivery) {
+	a.marks.waiting = append(a.marks.waiting, op)
+	if a.marks.inflight == nil {
+		a.flushMarks(c)
+	}
+}
+
+// flushMarks sends the waiting marks (up to maxMarks) as one write group.
+func (a *Platform) flushMarks(c actor.Context) {
+	m := &a.marks
+	if len(m.waiting) == 0 || m.inflight != nil {
+		return
+	}
+	n := min(len(m.waiting), maxMarks)
+	ops := make([]persistence.Op, n)
+	for i, op := range m.waiting[:n] {
+		ops[i] = op
+	}
+	m.waiting = append(m.waiting[:0:0], m.waiting[n:]...)
+	if len(m.waiting) == 0 {
+		m.waiting = nil
+	}
+	m.nextID++
+	m.inflight = &persistence.Write{ID: m.nextID, Ops: ops}
+	c.Request(a.d.Persist, m.inflight)
+	a.timers.SendOnce(resendAfter, c.Self(), &marksTick{id: m.nextID})
+}
+
+// onMarksWritten handles the result of a mark write.
+func (a *Platform) onMarksWritten(c actor.Context, r *persistence.WriteResult) {
+	m := &a.marks
+	if r.ID == 0 { // one mark of a split write
+		if r.Err != nil {
+			a.log.Warn("record delivery", "err", r.Err)
+		}
+		return
+	}
+	w := m.inflight
+	if w == nil || w.ID != r.ID {
+		return // the answer to a write sent again, already handled
+	}
+	m.inflight = nil
+	if r.Err != nil {
+		if len(w.Ops) == 1 {
+			a.log.Warn("record delivery", "err", r.Err)
+		} else {
+			// The group is atomic: none of its marks was written. Each goes alone, so one bad
+			// entry does not take the others with it.
+			a.log.Warn("record deliveries; writing them one by one", "marks", len(w.Ops), "err", r.Err)
+			for _, op := range w.Ops {
+				c.Request(a.d.Persist, &persistence.Write{Ops: []persistence.Op{op}})
+			}
+		}
+	}
+	a.flushMarks(c)
+	a.answerQuiesce(c)
+}
+
+// onMarksTick re-sends a mark write that got no answer (the persistence actor may have
+// restarted and lost its batch).
+func (a *Platform) onMarksTick(c actor.Context, t *marksTick) {
+	w := a.marks.inflight
+	if w == nil || w.ID != t.id {
+		return
+	}
+	a.log.Warn("delivery marks not acknowledged; sending them again", "marks", len(w.Ops))
+	c.Request(a.d.Persist, w)
+	a.timers.SendOnce(resendAfter, c.Self(), &marksTick{id: t.id})
+}
