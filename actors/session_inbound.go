@@ -1,0 +1,212 @@
+package actors
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// onDeliver accepts one inbound message: a duplicate or a command is answered at once;
+// anything else is written durably and then acknowledged and queued.
+func (s *Session) onDeliver(c actor.Context, m *Deliver) {
+	src := sourceFromProto(m.Source)
+	now := s.d.now()
+	if m.MessageId != "" && s.seen.has(m.MessageId) {
+		c.Respond(s.result(m, platforms.Duplicate, ""))
+		return
+	}
+	if cmd, ok := parseCommand(m.Text); ok {
+		s.onCommand(c, m, src, cmd, now)
+		return
+	}
+	waiting := s.waiting()
+	if s.running != nil {
+		s.d.Metrics.QueueDepth.Observe(float64(waiting + 1)) // this one waits too
+	} else {
+		s.d.Metrics.QueueDepth.Observe(float64(waiting))
+	}
+	if s.running != nil && waiting >= s.d.Config.QueueCap {
+		s.d.Metrics.QueueOverflow.WithLabelValues(s.d.Config.Overflow).Inc()
+		if s.d.Config.Overflow == "reject" {
+			r := s.result(m, platforms.Rejected, "")
+			r.ErrorCode, r.Error = "rejected", fmt.Sprintf("session queue is full (%d waiting)", waiting)
+			c.Respond(r)
+			return
+		}
+	}
+	ops := s.expire(now)
+	auto := s.autoReset()
+	inc, created := s.ensureIncarnation(src, now)
+	ops = append(ops, inc...)
+	var notice *platforms.Outbound
+	if created && auto != nil {
+		var noticeOps []persistence.Op
+		notice, noticeOps = s.afterAutoReset(auto, src, m.MessageId, now)
+		ops = append(ops, noticeOps...)
+	}
+	s.lastSeq++
+	it := &item{seq: s.lastSeq, sessionID: s.cur.ID, src: src, messageID: m.MessageId, text: m.Text,
+		at: now, arrived: time.Now(), requester: c.Sender()}
+	ops = append(ops,
+		&persistence.AppendMessage{Message: persistence.Message{
+			SessionID: it.sessionID, Seq: it.seq, Role: persistence.RoleUser, Content: m.Text,
+			Platform: src.Platform, ChatID: src.ChatID, MessageID: m.MessageId,
+			UserID: src.UserID, UserName: src.UserName,
+			Status: persistence.StatusPending, Active: true, CreatedAt: now}})
+	if touch := s.touch(it.sessionID, now); !created && s.resets() {
+		// The turn's result write records the activity again (later) in any case. The arrival
+		// must be durable on its own only where a reset policy reads it: a restart before the
+		// result must not reset a session its user just wrote to. A new incarnation's row
+		// carries its activity already.
+		ops = append(ops, touch)
+	}
+	s.queue = append(s.queue, it)
+	if m.MessageId != "" {
+		s.seen.add(m.MessageId)
+	}
+	s.lastActivity = now
+	s.write(c, ops, func(c actor.Context, err error) {
+		if err == nil && notice != nil {
+			s.sendOutbound(c, notice)
+		}
+		s.accepted(c, it, m, created, err)
+	})
+}
+
+// accepted runs when the write of an inbound message is acknowledged.
+func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, err error) {
+
+	if err != nil {
+		s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
+		if created && s.cur != nil && s.cur.ID == it.sessionID {
+			s.cur = nil // the incarnation was never written; the next message creates it again
+		}
+		if errors.Is(err, persistence.ErrDuplicate) {
+			c.Send(it.requester, s.result(m, platforms.Duplicate, ""))
+			return
+		}
+		s.seen.remove(m.MessageId)
+		s.logger().Error("store inbound message", "err", err)
+		r := s.result(m, "", "")
+		r.ErrorCode, r.Error = "unavailable", "message could not be stored"
+		c.Send(it.requester, r)
+		return
+	}
+	it.durable = true
+	disp := platforms.Queued
+	switch {
+	case s.running == nil && len(s.queue) > 0 && s.queue[0] == it:
+		disp = platforms.Started
+	case s.running != nil && s.mode == ModeInterrupt && len(s.queue) > 0 && s.queue[0] == it:
+		s.interrupt(c) // the new message runs next
+		disp = platforms.Interrupted
+	case s.running != nil && s.mode == ModeSteer && s.steer(c, it):
+		disp = platforms.Steered
+	case (s.mode == ModeCollect || s.debounced(it)) && len(s.queue) > 1 && s.queue[len(s.queue)-2].src.UserID == it.src.UserID:
+		disp = platforms.Collected // it joins the messages waiting for the next turn
+	}
+	r := s.result(m, disp, it.sessionID)
+	r.QueueDepth = int32(s.waiting())
+	if disp == platforms.Started {
+		r.QueueDepth--
+	}
+	// Start the turn (and tell the manager the session is busy) before acknowledging: a drain
+	// that follows the acknowledgment must wait for this turn.
+	s.tryStart(c)
+	if it.requester != nil {
+		c.Send(it.requester, r)
+		it.requester = nil
+	}
+}
+
+// ensureIncarnation returns the ops that create a session incarnation when there is none.
+func (s *Session) ensureIncarnation(src identity.Source, now time.Time) ([]persistence.Op, bool) {
+	if s.cur != nil {
+		return nil, false
+	}
+	prev := ""
+	if s.prev != nil {
+		prev = s.prev.ID
+	}
+	return s.newIncarnation(src, now, prev), true
+}
+
+// newIncarnation makes a new current session and returns the ops that record it.
+func (s *Session) newIncarnation(src identity.Source, now time.Time, prev string) []persistence.Op {
+	s.cur = &persistence.Session{
+		ID: newSessionID(now), Key: s.key,
+		Platform: src.Platform, ChatType: src.ChatType, ChatID: src.ChatID, ThreadID: src.ThreadID,
+		UserID: src.UserID, UserName: src.UserName, ScopeID: src.ScopeID, Profile: src.Profile,
+		StartedAt: now, LastActivityAt: now, PrevSessionID: prev,
+	}
+	if identity.IsShared(src, s.d.Config.Keys) {
+		s.cur.UserID, s.cur.UserName = "", "" // a shared session belongs to no single user
+	}
+	s.lastSeq = 0
+	s.history = nil
+	s.prev = nil
+	s.routeGen++
+	return []persistence.Op{
+		&persistence.CreateSession{Session: *s.cur},
+		&persistence.PutRoute{Route: persistence.Route{Key: s.key, SessionID: s.cur.ID, Generation: s.routeGen, UpdatedAt: now}},
+	}
+}
+
+func (s *Session) result(m *Deliver, disp, sid string) *DeliverResult {
+	if sid == "" && s.cur != nil {
+		sid = s.cur.ID
+	}
+	return &DeliverResult{SessionKey: s.key, SessionId: sid, MessageId: m.MessageId, Disposition: disp, QueueDepth: int32(s.waiting())}
+}
+
+func errorsIsDuplicate(err error) bool { return errors.Is(err, persistence.ErrDuplicate) }
+
+// idSet is a set of message ids. Most sessions see a few ids per activation, so it is a slice
+// until it holds idSetSmall ids, and a map beyond.
+type idSet struct {
+	small []string
+	big   map[string]struct{}
+}
+
+func (m *idSet) has(id string) bool {
+	if m.big != nil {
+		_, ok := m.big[id]
+		return ok
+	}
+	return slices.Contains(m.small, id)
+}
+
+func (m *idSet) add(id string) {
+	switch {
+	case m.has(id):
+	case m.big != nil:
+		m.big[id] = struct{}{}
+	case len(m.small) < idSetSmall:
+		m.small = append(m.small, id)
+	default:
+		m.big = make(map[string]struct{}, 2*idSetSmall)
+		for _, x := range m.small {
+			m.big[x] = struct{}{}
+		}
+		m.big[id] = struct{}{}
+		m.small = nil
+	}
+}
+
+func (m *idSet) remove(id string) {
+	if m.big != nil {
+		delete(m.big, id)
+		return
+	}
+	if i := slices.Index(m.small, id); i >= 0 {
+		m.small = slices.Delete(m.small, i, i+1)
+	}
+}
+
+const idSetSmall = 16

@@ -1,0 +1,283 @@
+package actors
+
+import (
+	"slices"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// waiting counts the messages waiting for a turn (not the running one).
+func (s *Session) waiting() int { return len(s.queue) }
+
+// tryStart starts the next turn if none runs and the head of the queue is durable.
+func (s *Session) tryStart(c actor.Context) {
+	if s.running != nil || len(s.queue) == 0 || !s.queue[0].durable {
+		s.updateBusy(c)
+		return
+	}
+	if wait := s.holdFor(); wait > 0 {
+		s.timers(c).SendOnce(wait, c.Self(), &debounceTick{})
+		s.updateBusy(c)
+		return
+	}
+	s.d.props()
+	group := s.nextGroup()
+	s.queue = s.queue[len(group):]
+	last := group[len(group)-1]
+	turnID := newID("t_")
+	req := &agents.Request{
+		Identity: s.turnIdentity(last, turnID),
+		History:  s.agentHistory(),
+	}
+	for _, it := range group {
+		msg := s.agentMessage(it)
+		req.Messages = append(req.Messages, msg)
+		s.history = append(s.history, histEntry{seq: it.seq, raw: it.text, msg: msg})
+	}
+	req.Partial = s.partial(c, turnID, group)
+	if s.continuity != "" && last.sessionID == s.curID() {
+		req.Notes = []string{s.continuity}
+		s.continuity = ""
+	}
+	s.setBusy(c, true)                                              // before the turn starts: a drain must never miss a running turn
+	pid := c.ActorSystem().Root.SpawnPrefix(s.d.turnProps, "turn-") // top level: see Turn
+	c.Send(pid, &runTurn{req: req, session: c.Self()})
+	s.running = &turnRun{pid: pid, id: turnID, items: group, started: s.d.now()}
+	s.trimHistory()
+	if s.debugOn() {
+		s.logger().Debug("turn started", "turn", turnID, "messages", len(group))
+	}
+}
+
+// nextGroup returns the messages the next turn is for: the head of the queue and, in collect
+// mode, every durable message behind it from the same sender in the same incarnation (they
+// merge into one turn, whose identity is that sender's and whose message id is the last one's).
+func (s *Session) nextGroup() []*item {
+	head := s.queue[0]
+	n := 1
+	for n < len(s.queue) {
+		it, prev := s.queue[n], s.queue[n-1]
+		if !it.durable || it.src.UserID != head.src.UserID || it.sessionID != head.sessionID {
+			break
+		}
+		if s.mode != ModeCollect && !(s.debounced(it) && it.arrived.Sub(prev.arrived) <= s.debounceFor(it.src.Platform)) {
+			break
+		}
+		n++
+	}
+	return s.queue[:n]
+}
+
+// debounceTick wakes a session whose debounce window may have passed.
+type debounceTick struct{}
+
+// debounceFor is the debounce window of a platform.
+func (s *Session) debounceFor(platform string) time.Duration {
+	if d, ok := s.d.Config.DebounceByPlatform[platform]; ok {
+		return d
+	}
+	return s.d.Config.Debounce
+}
+
+// debounced reports whether debounce applies to it: its platform has a window, and it arrived
+// live (recovered messages are never held).
+func (s *Session) debounced(it *item) bool {
+	return s.debounceFor(it.src.Platform) > 0 && !it.arrived.IsZero()
+}
+
+// holdFor is how long the head of the queue must still wait for its sender to be quiet: the
+// debounce window counts from the last message of the sender's run at the head.
+func (s *Session) holdFor() time.Duration {
+	head := s.queue[0]
+	d := s.debounceFor(head.src.Platform)
+	if d <= 0 || !s.debounced(head) {
+		return 0
+	}
+	last := head.arrived
+	for _, it := range s.queue[1:] {
+		if !it.durable || it.src.UserID != head.src.UserID || it.arrived.Sub(last) > d {
+			break
+		}
+		last = it.arrived
+	}
+	return time.Until(last.Add(d))
+}
+
+// steer delivers it into the running turn when the agent can take it and it comes from the
+// turn's own sender in the same incarnation (a turn's identity never changes); otherwise it
+// stays queued as in followup. A steered message belongs to the running turn: its reply
+// answers it too.
+func (s *Session) steer(c actor.Context, it *item) bool {
+	r := s.running
+	last := r.items[len(r.items)-1]
+	if !agents.CanSteer(s.d.Agent) || len(r.steered) >= MaxSteered || len(s.queue) == 0 || s.queue[0] != it ||
+		it.src.UserID != last.src.UserID || it.sessionID != last.sessionID {
+		return false
+	}
+	s.queue = s.queue[1:]
+	r.steered = append(r.steered, it)
+	c.Send(r.pid, &steerIn{msg: s.agentMessage(it)})
+	return true
+}
+
+// agentMessage is a queued message as the agent sees it.
+func (s *Session) agentMessage(it *item) agents.Message {
+	return agents.Message{Role: persistence.RoleUser, Text: s.agentText(it.src, it.text), MessageID: it.messageID, At: it.at}
+}
+
+// agentText is a user's text as the agent sees it: in a shared session, prefixed with the
+// sender's neutralised name, so the agent can tell the senders apart (G7).
+func (s *Session) agentText(src identity.Source, text string) string {
+	if identity.IsShared(src, s.d.Config.Keys) {
+		return identity.Prefix(src.UserName, text)
+	}
+	return text
+}
+
+// interrupt cancels the running turn for a newer message (interrupt mode): the cancelled turn's
+// reply, if it ever comes, is never delivered, and its messages are marked failed. The next turn
+// still sees them in its history.
+func (s *Session) interrupt(c actor.Context) {
+	r := s.running
+	if r == nil {
+		return
+	}
+	s.running = nil
+	s.cancelTurn(c, r)
+	s.d.Metrics.TurnsTotal.WithLabelValues("cancelled").Inc()
+	seqs := make([]int64, len(r.items))
+	for i, it := range r.items {
+		seqs[i] = it.seq
+	}
+	if s.debugOn() {
+		s.logger().Debug("turn interrupted", "turn", r.id)
+	}
+	s.write(c, []persistence.Op{&persistence.SetMessageStatus{SessionID: r.items[0].sessionID, Seqs: seqs,
+		Status: persistence.StatusFailed, TurnID: r.id}}, func(c actor.Context, err error) {
+		if err != nil {
+			s.logger().Error("store interrupted turn", "err", err)
+		}
+	})
+}
+
+// turnIdentity builds the immutable identity of a turn from the session's own state and the
+// triggering message: nothing else.
+func (s *Session) turnIdentity(it *item, turnID string) identity.Turn {
+	return identity.Turn{
+		Platform: it.src.Platform, ChatType: it.src.ChatType, ChatID: it.src.ChatID,
+		ThreadID: it.src.ThreadID, UserID: it.src.UserID, UserName: it.src.UserName,
+		ScopeID: it.src.ScopeID, Profile: it.src.Profile,
+		SessionKey: s.key, SessionID: it.sessionID, MessageID: it.messageID, TurnID: turnID,
+	}
+}
+
+// persistFromRow is a transcript row as the agent sees it.
+func persistFromRow(m persistence.Message) agents.Message {
+	return agents.Message{Role: m.Role, Text: m.Content, MessageID: m.MessageID, At: m.CreatedAt}
+}
+
+// histEntry is one message of the in-memory transcript buffer.
+type histEntry struct {
+	seq int64
+	raw string // the authored text (msg.Text may carry a sender prefix)
+	msg agents.Message
+}
+
+// agentHistory is the buffer as the agent sees it.
+func (s *Session) agentHistory() []agents.Message {
+	out := make([]agents.Message, len(s.history))
+	for i, h := range s.history {
+		out[i] = h.msg
+	}
+	return out
+}
+
+func (s *Session) trimHistory() {
+	if n := s.d.Config.HistoryLimit; len(s.history) > n {
+		s.history = slices.Clone(s.history[len(s.history)-n:])
+	}
+}
+
+// onTurnFinished records the agent's reply, sends it and starts the next turn.
+func (s *Session) onTurnFinished(c actor.Context, m *TurnFinished) {
+	r := s.running
+	if r == nil || r.id != m.TurnID {
+		return // a cancelled turn's late result: never delivered
+	}
+	s.running = nil
+	c.Stop(r.pid)
+	// Steered messages the agent saw belong to this turn; any that arrived after it answered run
+	// next, in order.
+	k := min(m.Steered, len(r.steered))
+	for _, it := range r.steered[:k] {
+		r.items = append(r.items, it)
+		s.history = append(s.history, histEntry{seq: it.seq, raw: it.text, msg: s.agentMessage(it)})
+	}
+	s.queue = append(slices.Clone(r.steered[k:]), s.queue...)
+	s.d.Metrics.TurnDuration.Observe(m.Took.Seconds())
+	if m.Usage.InputTokens > 0 || m.Usage.OutputTokens > 0 {
+		s.d.Metrics.AgentTokens.WithLabelValues("input").Add(float64(m.Usage.InputTokens))
+		s.d.Metrics.AgentTokens.WithLabelValues("output").Add(float64(m.Usage.OutputTokens))
+	}
+	if m.Err != nil {
+		s.d.Metrics.TurnsTotal.WithLabelValues("error").Inc()
+		s.logger().Warn("turn failed", "turn", r.id, "err", m.Err)
+		s.finish(c, r, persistence.RoleNotice, "⚠️ The agent could not answer this message (turn "+r.id+" failed). Please try again.", persistence.StatusFailed, m.Usage)
+	} else {
+		s.d.Metrics.TurnsTotal.WithLabelValues("ok").Inc()
+		s.finish(c, r, persistence.RoleAssistant, m.Text, persistence.StatusDone, m.Usage)
+	}
+	s.tryStart(c)
+}
+
+// finish records the end of a turn (reply row, message status, outbox, activity, route and the
+// tokens it used, in one write) and sends the reply once it is durable.
+func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string, usage agents.Usage) {
+	now := s.d.now()
+	seqs := make([]int64, len(r.items))
+	ids := make([]string, len(r.items))
+	for i, it := range r.items {
+		seqs[i], ids[i] = it.seq, it.messageID
+	}
+	sid := r.items[0].sessionID
+	ops := []persistence.Op{
+		&persistence.SetMessageStatus{SessionID: sid, Seqs: seqs, Status: status, TurnID: r.id},
+	}
+	if usage.InputTokens > 0 || usage.OutputTokens > 0 {
+		ops = append(ops, &persistence.AddUsage{SessionID: sid, TurnID: r.id,
+			InputTokens: usage.InputTokens, OutputTokens: usage.OutputTokens})
+	}
+	if s.cur != nil && s.cur.ID == sid {
+		s.lastSeq++
+		ops = append(ops, &persistence.AppendMessage{Message: persistence.Message{
+			SessionID: sid, Seq: s.lastSeq, Role: role, Content: text, TurnID: r.id,
+			Status: persistence.StatusDone, Active: true, CreatedAt: now}},
+			s.touch(sid, now))
+		s.routeGen++
+		ops = append(ops, &persistence.PutRoute{Route: persistence.Route{Key: s.key, SessionID: sid, Generation: s.routeGen, UpdatedAt: now}})
+		if role == persistence.RoleAssistant {
+			s.history = append(s.history, histEntry{seq: s.lastSeq, raw: text, msg: agents.Message{Role: role, Text: text, At: now}})
+			s.trimHistory()
+		}
+	}
+	kind := platforms.KindReply
+	if role == persistence.RoleNotice {
+		kind = platforms.KindNotice
+	}
+	entry := s.outboxEntry(r.items[0].src, sid, kind, text, r.id, ids, now)
+	ops = append(ops, &persistence.AddOutbox{Entry: entry})
+	s.lastActivity = now
+	s.write(c, ops, func(c actor.Context, err error) {
+		if err != nil {
+			s.logger().Error("store turn result", "turn", r.id, "err", err)
+		}
+		out := OutboundFromEntry(&entry)
+		out.TurnEnd = true
+		s.sendOutbound(c, out)
+	})
+}
