@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 )
 
@@ -17,9 +16,6 @@ const (
 	stSavepoint stmtID = iota
 	stRelease
 	stRollbackTo
-	stFTSSavepoint
-	stFTSRelease
-	stFTSRollbackTo
 	stCreateSession
 	stEndSession
 	stReopenSession
@@ -38,17 +34,13 @@ const (
 	stMarkDelivery
 	stInsertTurnUsage
 	stAddSessionUsage
-	stInsertFTS
 	numStmts
 )
 
 var writeSQL = [numStmts]string{
-	stSavepoint:     `SAVEPOINT grp`,
-	stRelease:       `RELEASE grp`,
-	stRollbackTo:    `ROLLBACK TO grp`,
-	stFTSSavepoint:  `SAVEPOINT fts`,
-	stFTSRelease:    `RELEASE fts`,
-	stFTSRollbackTo: `ROLLBACK TO fts`,
+	stSavepoint:  `SAVEPOINT grp`,
+	stRelease:    `RELEASE grp`,
+	stRollbackTo: `ROLLBACK TO grp`,
 	stCreateSession: `INSERT INTO sessions (` + sessionCols + `)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO NOTHING`,
@@ -87,7 +79,6 @@ var writeSQL = [numStmts]string{
 		VALUES (?, ?, ?, ?) ON CONFLICT (session_id, turn_id) DO NOTHING`,
 	stAddSessionUsage: `UPDATE sessions SET input_tokens = input_tokens + ?,
 		output_tokens = output_tokens + ? WHERE id = ?`,
-	stInsertFTS: `INSERT INTO messages_fts (rowid, content) VALUES (?, ?)`,
 }
 
 // errTxAborted marks an error after which the transaction no longer exists (SQLite rolled it
@@ -122,23 +113,20 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 	}
 	t := &txn{ctx: ctx, tx: tx, s: s}
 	for i, g := range groups {
-		mark := len(t.fts)
+		mark := t.added
 		if err := t.group(g); err != nil {
 			if errors.Is(err, errTxAborted) {
 				_ = tx.Rollback() // the transaction is already gone
 				return fill(errs, fmt.Errorf("commit: group %d: %w", i, err))
 			}
-			t.fts = t.fts[:mark] // the group's rows are rolled back
+			t.added = mark // the group's rows are rolled back
 			errs[i] = fmt.Errorf("commit: group %d: %w", i, err)
 		}
-	}
-	if err := t.indexAll(); err != nil {
-		_ = tx.Rollback() // the transaction is already gone
-		return fill(errs, fmt.Errorf("commit: %w", err))
 	}
 	if err := tx.Commit(); err != nil {
 		return fill(errs, fmt.Errorf("commit: %w", err))
 	}
+	s.indexCommitted(ctx, t.added)
 	return errs
 }
 
@@ -165,15 +153,7 @@ type txn struct {
 	tx    *sql.Tx
 	s     *Store
 	stmts [numStmts]*sql.Stmt
-	fts   []ftsRow // rows inserted by the groups that succeeded so far, to index at the end
-}
-
-// ftsRow is a new message row waiting to be indexed.
-type ftsRow struct {
-	rowid     int64
-	sessionID string
-	seq       int64
-	content   string
+	added int // message rows inserted by the groups that succeeded so far
 }
 
 func (t *txn) stmt(id stmtID) *sql.Stmt {
@@ -356,7 +336,7 @@ func (t *txn) eachSeq(sessionID string, seqs []int64, what string, id stmtID, ar
 	return nil
 }
 
-// appendMessage inserts a transcript row and indexes it for search. An identical row already at
+// appendMessage inserts a transcript row (indexed for search later). An identical row already at
 // (session id, seq) is a no-op; a user row whose platform identity is stored elsewhere fails
 // with persistence.ErrDuplicate.
 func (t *txn) appendMessage(m *persistence.Message) error {
@@ -389,11 +369,7 @@ func (t *txn) appendMessage(m *persistence.Message) error {
 	if n == 0 {
 		return t.sameMessage(m)
 	}
-	id, err := res.LastInsertId()
-	if err != nil {
-		return fmt.Errorf("append message %s/%d: %w", m.SessionID, m.Seq, err)
-	}
-	t.fts = append(t.fts, ftsRow{rowid: id, sessionID: m.SessionID, seq: m.Seq, content: m.Content})
+	t.added++
 	return nil
 }
 
@@ -418,72 +394,6 @@ func (t *txn) sameMessage(m *persistence.Message) error {
 		return fmt.Errorf("append message %s/%d: %w", m.SessionID, m.Seq, ErrConflict)
 	}
 	return nil
-}
-
-// indexAll adds the batch's new message rows to messages_fts, at the end of the transaction
-// and inside a savepoint of its own. FTS5 flushes its pending terms to disk at every savepoint,
-// so indexing inside each group's savepoint would cost a segment write per group; indexing once
-// per batch keeps FTS5's batching.
-//
-// Search is a convenience and must never block a transcript write: if the batch fails to index
-// it is retried row by row, rows that still fail stay unindexed, and a rate-limited warning is
-// logged. Only a lost savepoint (the transaction itself is gone) is an error.
-func (t *txn) indexAll() error {
-	if len(t.fts) == 0 {
-		return nil
-	}
-	err := t.indexRows(t.fts)
-	if err == nil || errors.Is(err, errTxAborted) {
-		return err
-	}
-	failed := 0
-	for i := range t.fts {
-		if rerr := t.indexRows(t.fts[i : i+1]); rerr != nil {
-			if errors.Is(rerr, errTxAborted) {
-				return rerr
-			}
-			failed++
-			err = rerr
-		}
-	}
-	if failed == 0 {
-		return nil
-	}
-	if n, ok := t.s.ftsWarn.allow(); ok {
-		first := t.fts[0]
-		t.s.log.Warn("fts index write failed; messages stored unindexed",
-			"session_id", first.sessionID, "seq", first.seq, "rows", failed, "batches", n, logging.Err(err))
-	}
-	return nil
-}
-
-// indexRows indexes rows inside the fts savepoint, all or none. It returns the indexing error
-// after rolling the savepoint back, or an error wrapping errTxAborted if that is impossible.
-func (t *txn) indexRows(rows []ftsRow) error {
-	if _, err := t.exec(stFTSSavepoint); err != nil {
-		return fmt.Errorf("%w: fts savepoint: %w", errTxAborted, err)
-	}
-	var err error
-	for _, r := range rows {
-		if t.s.prepared[stInsertFTS] != nil {
-			_, err = t.exec(stInsertFTS, r.rowid, r.content)
-		} else {
-			_, err = t.tx.ExecContext(t.ctx, writeSQL[stInsertFTS], r.rowid, r.content)
-		}
-		if err != nil {
-			err = fmt.Errorf("index %s/%d: %w", r.sessionID, r.seq, err)
-			break
-		}
-	}
-	if err != nil {
-		if _, rerr := t.exec(stFTSRollbackTo); rerr != nil {
-			return fmt.Errorf("%w: %w (rollback to savepoint: %v)", errTxAborted, err, rerr)
-		}
-	}
-	if _, rerr := t.exec(stFTSRelease); rerr != nil {
-		return fmt.Errorf("%w: fts release: %w", errTxAborted, rerr)
-	}
-	return err
 }
 
 func wrap(err error, format string, args ...any) error {

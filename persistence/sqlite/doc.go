@@ -2,9 +2,10 @@
 // FTS5 included).
 //
 // A Store owns two connection pools on one database file in WAL mode: a single writer connection
-// (Commit, Ping, migrations and the checkpointer) and a pool of query_only reader connections, so
-// reads run concurrently with writes. Commit applies a whole batch of groups in one BEGIN
-// IMMEDIATE transaction, each group inside its own SAVEPOINT, and is serialised by a mutex.
+// (Commit, Ping, migrations, search indexing and the checkpointer) and a pool of query_only
+// reader connections, so reads run concurrently with writes. Commit applies a whole batch of
+// groups in one BEGIN IMMEDIATE transaction, each group inside its own SAVEPOINT, and is
+// serialised by a mutex.
 //
 // Concurrency: one background goroutine per writable Store, the checkpointer, runs WAL
 // checkpoints off the commit path (wal_autocheckpoint is 0 on the writer); Close stops it before
@@ -20,6 +21,14 @@
 // each application; SetAttempts keeps the larger count; AddUsage adds a turn's tokens to its
 // session once (turn_usage remembers the turns recorded). Pending messages are the active ones:
 // an archived message is never re-run.
+//
+// Search indexing (index.go): a commit does not index its messages for Search. They are
+// indexed in bulk, in a transaction of their own, by the Commit that finds Options.IndexRows of
+// them waiting or the oldest waiting for Options.IndexDelay, and before Search answers, on Close
+// and on Open. fts_watermark records, in the same transaction as the index entries, the highest
+// message id dealt with, so a crash between a commit and its indexing loses nothing. Indexing
+// runs under the commit mutex on the writer connection (no goroutine of its own), and its
+// failures are logged, rate-limited, and never fail a write.
 //
 // Rows are deleted in one place only, PruneSessions (prune.go): ended sessions older than the
 // retention, with their messages, turn usage and search index entries, and only when every

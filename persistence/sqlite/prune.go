@@ -35,11 +35,13 @@ const pruneCandidatesSQL = `SELECT s.id FROM sessions s
 // so it never interleaves with Commit.
 //
 // Each session is deleted inside a savepoint of its own. The search index is cleaned first,
-// for the rows it holds (those with a messages_fts_docsize row: a row whose indexing failed has
-// none, and deleting it from the index would corrupt the index). If that cleanup fails the
-// session is kept, with a rate-limited warning, and retried by a later call; a store whose
-// search index has been dropped prunes without it. Any other error rolls the whole call back
-// and deletes nothing.
+// for the rows it holds (those with a messages_fts_docsize row: a row whose indexing failed, or
+// that waits to be indexed, has none, and deleting it from the index would corrupt the index).
+// If that cleanup fails the session is kept, with a rate-limited warning, and retried by a later
+// call; a store whose search index has been dropped prunes without it. When the deleted rows
+// were the highest ones, the search index watermark is lowered to the highest row left, so the
+// ids SQLite hands out again are indexed (lowerWatermark). Any other error rolls the whole call
+// back and deletes nothing.
 func (s *Store) PruneSessions(ctx context.Context, endedBefore time.Time, limit int) (int, error) {
 	n, err := s.prune(ctx, endedBefore, limit)
 	if err != nil {
@@ -88,6 +90,9 @@ func (s *Store) prune(ctx context.Context, endedBefore time.Time, limit int) (in
 		if ok {
 			pruned++
 		}
+	}
+	if err := lowerWatermark(ctx, tx); err != nil {
+		return 0, fmt.Errorf("search index watermark: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("commit: %w", err)

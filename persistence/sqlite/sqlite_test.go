@@ -226,49 +226,65 @@ func TestSearch(t *testing.T) {
 // unknownOp is an Op type no store knows.
 type unknownOp struct{ persistence.Op }
 
+// TestBrokenFTSDoesNotBlockWrites: with the search index dropped, every write succeeds and the
+// failure is logged once (rate-limited), whether the indexing pass that meets the damage runs in
+// Commit or in Search.
 func TestBrokenFTSDoesNotBlockWrites(t *testing.T) {
-	ctx := context.Background()
-	var logs testutil.Buffer
-	s := MustOpen(t, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	storetest.MustCommit(t, s,
-		&persistence.CreateSession{Session: newSession("s1", "k1")},
-		&persistence.AppendMessage{Message: userMsg("s1", 1, "indexed before the damage")})
+	for _, tc := range []struct {
+		name string
+		opts Options
+	}{
+		{"indexed by search", Options{}},
+		{"indexed by every commit", Options{IndexRows: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			var logs testutil.Buffer
+			opts := tc.opts
+			opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+			s := MustOpen(t, opts)
+			storetest.MustCommit(t, s,
+				&persistence.CreateSession{Session: newSession("s1", "k1")},
+				&persistence.AppendMessage{Message: userMsg("s1", 1, "indexed before the damage")})
+			MustIndex(t, s)
 
-	mustExec(t, MustRawDB(t, s.Path()), `DROP TABLE messages_fts`)
+			mustExec(t, MustRawDB(t, s.Path()), `DROP TABLE messages_fts`)
 
-	errs := s.Commit(ctx, [][]persistence.Op{
-		{&persistence.AppendMessage{Message: userMsg("s1", 2, "written while the index is broken")}},
-		{&persistence.AppendMessage{Message: userMsg("s1", 3, "and another one")}},
-	})
-	for i, err := range errs {
-		if err != nil {
-			t.Errorf("Commit group %d with a broken FTS index: %v", i, err)
-		}
-	}
-	ms, err := s.Transcript(ctx, "s1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ms) != 3 {
-		t.Errorf("Transcript has %d rows, want 3", len(ms))
-	}
-	if _, err := s.Search(ctx, "broken", 10); err == nil {
-		t.Errorf("Search with the FTS table dropped = nil error, want an error")
-	}
-	if n := strings.Count(logs.String(), "fts index write failed"); n != 1 {
-		t.Errorf("logged %d fts warnings for 2 failures, want 1 (rate-limited); logs:\n%s", n, logs.String())
-	}
+			errs := s.Commit(ctx, [][]persistence.Op{
+				{&persistence.AppendMessage{Message: userMsg("s1", 2, "written while the index is broken")}},
+				{&persistence.AppendMessage{Message: userMsg("s1", 3, "and another one")}},
+			})
+			for i, err := range errs {
+				if err != nil {
+					t.Errorf("Commit group %d with a broken FTS index: %v", i, err)
+				}
+			}
+			ms, err := s.Transcript(ctx, "s1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ms) != 3 {
+				t.Errorf("Transcript has %d rows, want 3", len(ms))
+			}
+			if _, err := s.Search(ctx, "broken", 10); err == nil {
+				t.Errorf("Search with the FTS table dropped = nil error, want an error")
+			}
+			if n := strings.Count(logs.String(), "fts index write failed"); n != 1 {
+				t.Errorf("logged %d fts warnings for 2 failures, want 1 (rate-limited); logs:\n%s", n, logs.String())
+			}
 
-	// A store opened on the damaged file works too.
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
+			// A store opened on the damaged file works too.
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			s2, err := Open(ctx, s.Path(), opts)
+			if err != nil {
+				t.Fatalf("reopen with a broken FTS index: %v", err)
+			}
+			defer s2.Close()
+			storetest.MustCommit(t, s2, &persistence.AppendMessage{Message: userMsg("s1", 4, "after reopening")})
+		})
 	}
-	s2, err := Open(ctx, s.Path(), Options{})
-	if err != nil {
-		t.Fatalf("reopen with a broken FTS index: %v", err)
-	}
-	defer s2.Close()
-	storetest.MustCommit(t, s2, &persistence.AppendMessage{Message: userMsg("s1", 4, "after reopening")})
 }
 
 func TestInvalidTimestampsReadAsZero(t *testing.T) {

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
@@ -29,6 +28,12 @@ type Options struct {
 	CheckpointInterval time.Duration
 	// Readers is the size of the reader connection pool. Zero means 4.
 	Readers int
+	// IndexRows and IndexDelay say when new messages are added to the search index: in bulk, by
+	// the Commit that finds IndexRows of them waiting (zero means 1,000) or the oldest of them
+	// waiting for IndexDelay (zero means one second), and always before Search answers, on Close
+	// and on Open (see index.go).
+	IndexRows  int
+	IndexDelay time.Duration
 }
 
 // Store is the SQLite persistence.Store. It is safe for concurrent use: reads run on a pool of
@@ -49,6 +54,8 @@ type Store struct {
 	prepared [numStmts]*sql.Stmt
 	lock     *os.File // flock on <path>.lock; nil for a read-only store
 	ckpt     *checkpointer
+	idx      *indexer // the search index backlog; nil for a read-only store
+	now      func() time.Time
 	ftsWarn  rateLimiter
 }
 
@@ -79,10 +86,15 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{path: abs, log: logger(opts.Logger), lock: lock}
+	s := &Store{path: abs, log: logger(opts.Logger), lock: lock, idx: newIndexer(opts), now: time.Now}
 	if err := s.open(ctx, syncMode, opts); err != nil {
 		s.closeAll()
 		return nil, fmt.Errorf("open %s: %w", abs, err)
+	}
+	// Messages committed before a crash, and not indexed yet, are indexed now. A failure is
+	// logged and retried by later commits: it never stops the store.
+	if n, err := s.indexAll(ctx); err == nil && n > 0 {
+		s.log.Info("search index caught up", "rows", n)
 	}
 	s.ckpt = startCheckpointer(s.writer, abs, interval(opts.CheckpointInterval), s.log)
 	s.log.Info("store opened", "path", abs, "synchronous", syncMode)
@@ -116,12 +128,6 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	for id, q := range writeSQL {
 		st, err := w.PrepareContext(ctx, q)
 		if err != nil {
-			if stmtID(id) == stInsertFTS {
-				// A broken FTS index must not stop the store: Commit falls back to unprepared
-				// execution and skips indexing when that fails too.
-				s.log.Warn("fts index unavailable", logging.Err(err))
-				continue
-			}
 			return fmt.Errorf("prepare %q: %w", q, err)
 		}
 		s.prepared[id] = st
@@ -243,9 +249,10 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close stops the checkpointer, closes both pools and releases the lock file. It waits for
-// calls in progress. Closing a closed Store returns nil; every other method then returns an
-// error wrapping persistence.ErrClosed.
+// Close indexes the messages still waiting for the search index, stops the checkpointer, closes
+// both pools and releases the lock file. It waits for calls in progress. Closing a closed Store
+// returns nil; every other method then returns an error wrapping persistence.ErrClosed. An
+// indexing failure is logged, not returned: the next Open indexes what is left.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -253,6 +260,11 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
+	if s.idx != nil && s.idx.pending.Load() > 0 {
+		s.commitMu.Lock()
+		_, _ = s.indexAll(context.Background()) // logged by indexPass
+		s.commitMu.Unlock()
+	}
 	err := s.closeAll()
 	if err != nil {
 		return fmt.Errorf("close %s: %w", s.path, err)
