@@ -80,12 +80,12 @@ func BenchmarkPersistenceActor(b *testing.B) {
 				}
 				b.StartTimer()
 			}
-			b.ReportMetric(median(actorRate), "actor_turns/s")
-			b.ReportMetric(median(rawRate), "raw_turns/s")
-			b.ReportMetric(median(ratio), "ratio")
-			b.ReportMetric(median(meanBatch), "mean_batch")
-			b.ReportMetric(median(sameBatch), "ratio_same_batch")
-			b.ReportMetric(median(busy), "commit_busy")
+			b.ReportMetric(workload.Median(actorRate), "actor_turns/s")
+			b.ReportMetric(workload.Median(rawRate), "raw_turns/s")
+			b.ReportMetric(workload.Median(ratio), "ratio")
+			b.ReportMetric(workload.Median(meanBatch), "mean_batch")
+			b.ReportMetric(workload.Median(sameBatch), "ratio_same_batch")
+			b.ReportMetric(workload.Median(busy), "commit_busy")
 		})
 	}
 }
@@ -123,9 +123,9 @@ func BenchmarkRawBatchSize(b *testing.B) {
 		b.StartTimer()
 	}
 	for i, n := range sizes {
-		b.ReportMetric(median(rates[i]), fmt.Sprintf("turns/s@%d", n))
+		b.ReportMetric(workload.Median(rates[i]), fmt.Sprintf("turns/s@%d", n))
 		if n != rawBatch {
-			b.ReportMetric(median(rel[i]), fmt.Sprintf("ratio@%d", n))
+			b.ReportMetric(workload.Median(rel[i]), fmt.Sprintf("ratio@%d", n))
 		}
 	}
 }
@@ -144,8 +144,8 @@ func BenchmarkSingleTurnLatency(b *testing.B) {
 		b.StopTimer()
 		al, rl := runPaired(b, w, round%2 == 1)
 		round++
-		ap50, ap99 := percentileUS(al, 0.50), percentileUS(al, 0.99)
-		rp50, rp99 := percentileUS(rl, 0.50), percentileUS(rl, 0.99)
+		ap50, ap99 := workload.QuantileUS(al, 0.50), workload.QuantileUS(al, 0.99)
+		rp50, rp99 := workload.QuantileUS(rl, 0.50), workload.QuantileUS(rl, 0.99)
 		actorP50 = append(actorP50, ap50)
 		actorP99 = append(actorP99, ap99)
 		rawP50 = append(rawP50, rp50)
@@ -158,12 +158,12 @@ func BenchmarkSingleTurnLatency(b *testing.B) {
 		}
 		b.StartTimer()
 	}
-	b.ReportMetric(median(actorP50), "actor_p50_us")
-	b.ReportMetric(median(rawP50), "raw_p50_us")
-	b.ReportMetric(median(added), "added_us")
-	b.ReportMetric(median(ratio), "p50_ratio")
-	b.ReportMetric(median(actorP99), "actor_p99_us")
-	b.ReportMetric(median(rawP99), "raw_p99_us")
+	b.ReportMetric(workload.Median(actorP50), "actor_p50_us")
+	b.ReportMetric(workload.Median(rawP50), "raw_p50_us")
+	b.ReportMetric(workload.Median(added), "added_us")
+	b.ReportMetric(workload.Median(ratio), "p50_ratio")
+	b.ReportMetric(workload.Median(actorP99), "actor_p99_us")
+	b.ReportMetric(workload.Median(rawP99), "raw_p99_us")
 }
 
 // TestBenchActorHarness runs the closed loop of BenchmarkPersistenceActor small (and under
@@ -564,27 +564,4 @@ func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 	case <-t.C:
 		return false
 	}
-}
-
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if n := len(s); n%2 == 0 {
-		return (s[n/2-1] + s[n/2]) / 2
-	}
-	return s[len(s)/2]
-}
-
-// percentileUS returns the p-quantile of ds in microseconds (nearest rank).
-func percentileUS(ds []time.Duration, p float64) float64 {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := min(int(p*float64(len(s))), len(s)-1)
-	return float64(s[i].Nanoseconds()) / 1e3
 }

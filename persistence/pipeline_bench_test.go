@@ -12,6 +12,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/workload"
 )
 
 // BenchmarkPipeline measures what protoactor costs end to end (issue #9: the protoactor
@@ -60,10 +61,10 @@ func BenchmarkPipeline(b *testing.B) {
 				}
 				b.StartTimer()
 			}
-			b.ReportMetric(median(proto), "proto_turns/s")
-			b.ReportMetric(median(chans), "chan_turns/s")
-			b.ReportMetric(median(ratio), "ratio")
-			b.ReportMetric((1/median(proto)-1/median(chans))*1e6, "added_us/turn")
+			b.ReportMetric(workload.Median(proto), "proto_turns/s")
+			b.ReportMetric(workload.Median(chans), "chan_turns/s")
+			b.ReportMetric(workload.Median(ratio), "ratio")
+			b.ReportMetric((1/workload.Median(proto)-1/workload.Median(chans))*1e6, "added_us/turn")
 		})
 	}
 }

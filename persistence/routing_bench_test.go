@@ -47,9 +47,9 @@ func BenchmarkRoutingKeys(b *testing.B) {
 					b.Logf("round %d: %d keys %.1f µs/turn, %d keys %.1f µs/turn, ratio %.3f", round, small, s, large, l, l/s)
 				}
 			}
-			b.ReportMetric(median(smallUS), fmt.Sprintf("us/turn@%d", small))
-			b.ReportMetric(median(largeUS), fmt.Sprintf("us/turn@%d", large))
-			b.ReportMetric(median(ratio), "ratio")
+			b.ReportMetric(workload.Median(smallUS), fmt.Sprintf("us/turn@%d", small))
+			b.ReportMetric(workload.Median(largeUS), fmt.Sprintf("us/turn@%d", large))
+			b.ReportMetric(workload.Median(ratio), "ratio")
 		})
 	}
 }

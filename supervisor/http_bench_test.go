@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence/workload"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -58,9 +59,9 @@ func BenchmarkHTTPIngress(b *testing.B) {
 					}
 					direct = append(direct, time.Since(start))
 				}
-				b.ReportMetric(quantileUS(viaHTTP, 0.50), "http_p50_us")
-				b.ReportMetric(quantileUS(direct, 0.50), "direct_p50_us")
-				b.ReportMetric(quantileUS(viaHTTP, 0.50)-quantileUS(direct, 0.50), "http_added_us")
+				b.ReportMetric(workload.QuantileUS(viaHTTP, 0.50), "http_p50_us")
+				b.ReportMetric(workload.QuantileUS(direct, 0.50), "direct_p50_us")
+				b.ReportMetric(workload.QuantileUS(viaHTTP, 0.50)-workload.QuantileUS(direct, 0.50), "http_added_us")
 				return
 			}
 			work := make(chan int)
@@ -98,8 +99,8 @@ func BenchmarkHTTPIngress(b *testing.B) {
 				all = append(all, lat[w]...)
 			}
 			b.ReportMetric(float64(n)/elapsed.Seconds(), "req/s")
-			b.ReportMetric(quantileUS(all, 0.50), "p50_us")
-			b.ReportMetric(quantileUS(all, 0.99), "p99_us")
+			b.ReportMetric(workload.QuantileUS(all, 0.50), "p50_us")
+			b.ReportMetric(workload.QuantileUS(all, 0.99), "p99_us")
 		})
 	}
 }

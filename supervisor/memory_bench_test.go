@@ -12,6 +12,7 @@ import (
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/persistence/workload"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -41,8 +42,8 @@ func BenchmarkIdleSessionHeap(b *testing.B) {
 			b.Logf("round %d: empty %.0f B/session, after one turn %.0f B/session", round, e, o)
 		}
 	}
-	b.ReportMetric(medianOf(empty), "B/session")
-	b.ReportMetric(medianOf(oneTurn), "B/session_one_turn")
+	b.ReportMetric(workload.Median(empty), "B/session")
+	b.ReportMetric(workload.Median(oneTurn), "B/session_one_turn")
 }
 
 // idleHeap activates n new sessions named after prefix (with one turn each when withTurn) and
@@ -124,11 +125,11 @@ func BenchmarkKnownVsActiveSessions(b *testing.B) {
 		}
 	}
 	for i, known := range knowns {
-		b.ReportMetric(medianOf(start[i]), fmt.Sprintf("start_KiB@%d_known", known))
-		b.ReportMetric(medianOf(perActive[i]), fmt.Sprintf("B/active_session@%d_known", known))
+		b.ReportMetric(workload.Median(start[i]), fmt.Sprintf("start_KiB@%d_known", known))
+		b.ReportMetric(workload.Median(perActive[i]), fmt.Sprintf("B/active_session@%d_known", known))
 	}
-	b.ReportMetric(medianOf(start[1])/medianOf(start[0]), "start_ratio")
-	b.ReportMetric(medianOf(perActive[1])/medianOf(perActive[0]), "active_ratio")
+	b.ReportMetric(workload.Median(start[1])/workload.Median(start[0]), "start_ratio")
+	b.ReportMetric(workload.Median(perActive[1])/workload.Median(perActive[0]), "active_ratio")
 }
 
 // knownSource is the source of known session i (its key is bench's dm key of chat-<i>).

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"path/filepath"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -181,10 +180,10 @@ func BenchmarkSessionTurn(b *testing.B) {
 		raws = append(raws, raw.commit(b, i))
 		i++
 	}
-	b.ReportMetric(quantileUS(turns, 0.50), "turn_p50_us")
-	b.ReportMetric(quantileUS(turns, 0.99), "turn_p99_us")
-	b.ReportMetric(quantileUS(raws, 0.50), "raw_p50_us")
-	b.ReportMetric(quantileUS(turns, 0.50)-quantileUS(raws, 0.50), "added_us")
+	b.ReportMetric(workload.QuantileUS(turns, 0.50), "turn_p50_us")
+	b.ReportMetric(workload.QuantileUS(turns, 0.99), "turn_p99_us")
+	b.ReportMetric(workload.QuantileUS(raws, 0.50), "raw_p50_us")
+	b.ReportMetric(workload.QuantileUS(turns, 0.50)-workload.QuantileUS(raws, 0.50), "added_us")
 }
 
 // rawTurns commits a session's turns with no actors, as the runtime's three writes per turn.
@@ -255,26 +254,4 @@ func parallel(b testing.TB, n, workers int, f func(i int) error) {
 	if err := first.Load(); err != nil {
 		b.Fatal(*err)
 	}
-}
-
-func medianOf(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if n := len(s); n%2 == 0 {
-		return (s[n/2-1] + s[n/2]) / 2
-	}
-	return s[len(s)/2]
-}
-
-// quantileUS returns the nearest-rank q-quantile of ds in microseconds.
-func quantileUS(ds []time.Duration, q float64) float64 {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return float64(s[min(int(q*float64(len(s))), len(s)-1)].Nanoseconds()) / 1e3
 }
