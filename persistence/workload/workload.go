@@ -1,8 +1,8 @@
 // Package workload builds the synthetic chat load that agentgate's benchmarks measure: message
-// texts with a skewed (Zipf) word distribution, like the search index sees in chat, and the ops
-// of one persisted turn, and the statistics benchmarks report (Median, QuantileUS). The
-// persistence actor benchmark, the raw SQLite ceiling and
-// `agentgate bench` all use it, so they measure the same writes.
+// texts with a skewed (Zipf) word distribution, like the search index sees in chat, the ops of
+// one persisted turn, and the statistics the benchmarks report (Median, QuantileUS). The
+// persistence actor benchmark, the raw SQLite ceiling and `agentgate bench` all use it, so they
+// measure the same writes.
 //
 // It is pure and deterministic for a given random source. It imports only persistence.
 package workload
