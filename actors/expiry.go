@@ -71,12 +71,41 @@ func (s *Session) autoReset() *persistence.Session {
 	return nil
 }
 
+// continuityNote is the note the first turn after an automatic reset gets.
+func continuityNote(prevID, why string) string {
+	return fmt.Sprintf("This conversation continues an earlier session %s, which was reset automatically (%s); search that session before assuming an unrelated one is the right context.", prevID, why)
+}
+
+// restoreContinuity rebuilds the continuity note of a session that succeeded an automatic reset
+// and has not answered anything yet, when it starts again (after a restart or a crash between
+// the reset and its first turn): the note lives in memory until that turn takes it.
+func (s *Session) restoreContinuity(history []persistence.Message) {
+	if s.cur == nil || s.cur.PrevSessionID == "" {
+		return
+	}
+	for _, m := range history {
+		if m.Role == persistence.RoleAssistant {
+			return // a turn has run: it had the note
+		}
+	}
+	prev, err := s.d.Store.Session(s.d.Ctx, s.cur.PrevSessionID)
+	if err != nil {
+		s.logger().Warn("load the previous session for its continuity note", "prev", s.cur.PrevSessionID, "err", err)
+		return
+	}
+	switch prev.EndReason {
+	case persistence.EndIdle, persistence.EndDaily, persistence.EndSuspended:
+		p := s.d.Config.resetFor(prev.Platform, prev.ChatType)
+		s.continuity = continuityNote(prev.ID, describeReset(prev.EndReason, p, prev.LastActivityAt, prev.EndedAt))
+	}
+}
+
 // afterAutoReset prepares the successor of an automatically ended session: the continuity note
 // for its first turn and, unless the platform is quiet, a notice that answers messageID.
 func (s *Session) afterAutoReset(prev *persistence.Session, src identity.Source, messageID string, now time.Time) (*platforms.Outbound, []persistence.Op) {
 	p := s.d.Config.resetFor(prev.Platform, prev.ChatType)
 	why := describeReset(prev.EndReason, p, prev.LastActivityAt, now)
-	s.continuity = fmt.Sprintf("This conversation continues an earlier session %s, which was reset automatically (%s); search that session before assuming an unrelated one is the right context.", prev.ID, why)
+	s.continuity = continuityNote(prev.ID, why)
 	if !p.Notify {
 		return nil, nil
 	}

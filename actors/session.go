@@ -233,6 +233,7 @@ func (s *Session) start(c actor.Context) {
 				s.history = append(s.history, histEntry{seq: m.Seq, raw: m.Content, msg: msg})
 			}
 		}
+		s.restoreContinuity(snap.History)
 		for _, m := range snap.Pending {
 			src := s.sourceOf(s.cur)
 			src.UserID, src.UserName = m.UserID, m.UserName

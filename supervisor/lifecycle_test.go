@@ -121,6 +121,37 @@ func TestIdleResetOnArrival(t *testing.T) {
 	}
 }
 
+// TestContinuityNoteSurvivesARestart: the daemon stops after an idle reset but before the
+// successor's first turn has answered; after the restart that turn runs again and still gets
+// the continuity note naming the previous session.
+func TestContinuityNoteSurvivesARestart(t *testing.T) {
+	clk := &clock{t: t0}
+	dir := t.TempDir()
+	hang := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		if req.Messages[0].MessageID == "m2" {
+			<-ctx.Done() // still working when the daemon stops
+			return nil, ctx.Err()
+		}
+		return &agents.Response{Text: "ok"}, nil
+	})
+	opts := daemonOpts{dir: dir, now: clk.Now, drain: 10 * time.Millisecond, tweak: idleHour}
+	r := MustStartDaemon(t, hang, opts)
+	first := r.inject(t, dm, "m1", "hello")
+	r.waitSent(t, 1)
+	clk.Advance(2 * time.Hour)
+	r.inject(t, dm, "m2", "back again")
+	r.waitSent(t, 2) // the reset notice; m2's turn hangs
+	r.stop(t)
+
+	agent := &recorder{}
+	r = MustStartDaemon(t, agent, daemonOpts{dir: dir, now: clk.Now, tweak: idleHour})
+	defer r.stop(t)
+	r.waitSent(t, 1) // m2 answered after the restart
+	if note := agent.last().Notes; len(note) != 1 || !strings.Contains(note[0], first.SessionID) {
+		t.Errorf("m2's turn after the restart got notes %q, want one naming %s", note, first.SessionID)
+	}
+}
+
 // TestResetsFireWithoutTraffic: the durable timer ends an idle session and a daily session at
 // their due times with no message arriving; nobody is woken with a notice until they write.
 func TestResetsFireWithoutTraffic(t *testing.T) {
