@@ -13,27 +13,10 @@ import (
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 )
-
-// clock is an injected clock the tests advance by hand.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // recorder is an agent that records each request and echoes the text.
 type recorder struct {
@@ -55,7 +38,7 @@ func (r *recorder) last() *agents.Request {
 }
 
 // startClocked starts a daemon on dir with an injected clock and the daily hour in UTC.
-func startClocked(t *testing.T, dir string, clk *clock, agent agents.Agent, tweak func(*config.Config)) *runtime {
+func startClocked(t *testing.T, dir string, clk *testutil.Clock, agent agents.Agent, tweak func(*config.Config)) *runtime {
 	t.Helper()
 	return MustStartDaemon(t, agent, daemonOpts{dir: dir, now: clk.Now, tweak: func(c *config.Config) {
 		c.Sessions.Reset.Timezone = "UTC"
@@ -85,7 +68,7 @@ var t0 = time.Date(2026, 11, 10, 12, 0, 0, 0, time.UTC)
 // prev_session_id; the user is told once why; the agent's first turn in it gets a continuity
 // note naming the previous session; the old session ended at its due time, not now.
 func TestIdleResetOnArrival(t *testing.T) {
-	clk := &clock{t: t0}
+	clk := testutil.NewClock(t0)
 	agent := &recorder{}
 	r := startClocked(t, t.TempDir(), clk, agent, idleHour)
 	defer r.stop(t)
@@ -125,7 +108,7 @@ func TestIdleResetOnArrival(t *testing.T) {
 // successor's first turn has answered; after the restart that turn runs again and still gets
 // the continuity note naming the previous session.
 func TestContinuityNoteSurvivesARestart(t *testing.T) {
-	clk := &clock{t: t0}
+	clk := testutil.NewClock(t0)
 	dir := t.TempDir()
 	hang := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 		if req.Messages[0].MessageID == "m2" {
@@ -166,7 +149,7 @@ func TestResetsFireWithoutTraffic(t *testing.T) {
 		{"daily at its hour", func(c *config.Config) { c.Sessions.Reset.Mode, c.Sessions.Reset.AtHour = "daily", 13 }, 61 * time.Minute, persistence.EndDaily, t0.Add(time.Hour)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clk := &clock{t: t0}
+			clk := testutil.NewClock(t0)
 			r := startClocked(t, t.TempDir(), clk, &recorder{}, tc.tweak)
 			defer r.stop(t)
 			ack := r.inject(t, dm, "m1", "hello")
@@ -190,7 +173,7 @@ func TestResetsFireWithoutTraffic(t *testing.T) {
 // reopened by recovery; a session recovered before its due time still ages out later.
 func TestRecoveryHonoursResets(t *testing.T) {
 	dir := t.TempDir()
-	clk := &clock{t: t0}
+	clk := testutil.NewClock(t0)
 	other := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c2", UserID: "u2"}
 	fresh := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c3", UserID: "u3"}
 	r := startClocked(t, dir, clk, &recorder{}, idleHour)
@@ -233,7 +216,7 @@ func TestRecoveryHonoursResets(t *testing.T) {
 // TestRetryUndoAndResume: /undo and /retry archive rows instead of deleting them; /resume
 // reaches earlier sessions of the same key only.
 func TestRetryUndoAndResume(t *testing.T) {
-	clk := &clock{t: t0}
+	clk := testutil.NewClock(t0)
 	agent := &recorder{}
 	r := startClocked(t, t.TempDir(), clk, agent, nil)
 	defer r.stop(t)
@@ -302,7 +285,7 @@ func (r *runtime) waitReplyTo(t *testing.T, id string) {
 // TestPruneOldEndedSessions: with pruning on, a session that ended longer ago than the retention
 // is deleted; the current one stays.
 func TestPruneOldEndedSessions(t *testing.T) {
-	clk := &clock{t: t0}
+	clk := testutil.NewClock(t0)
 	r := startClocked(t, t.TempDir(), clk, &recorder{}, func(c *config.Config) {
 		c.Sessions.Prune.Enabled, c.Sessions.Prune.Retention, c.Sessions.Prune.Interval = true, 24*time.Hour, time.Hour
 	})
@@ -330,7 +313,7 @@ func TestPruneOldEndedSessions(t *testing.T) {
 // messages; an unknown command gets help, not an agent turn; in a shared thread each message
 // reaches the agent with its sender's neutralised name.
 func TestStopUnknownCommandAndSharedPrefix(t *testing.T) {
-	clk := &clock{t: t0}
+	clk := testutil.NewClock(t0)
 	release := make(chan struct{})
 	var mu sync.Mutex
 	var seen []string

@@ -140,7 +140,7 @@ func TestOpenAIRequestsThroughTheRuntime(t *testing.T) {
 	m := newModel(t, func(n int, w http.ResponseWriter, r *http.Request) {
 		writeReply(w, replies[n-1], int64(100*n), int64(10*n))
 	})
-	clk := &clock{t: t0}
+	clk := testutil.NewClock(t0)
 	dir := t.TempDir()
 	tweak := useOpenAI(t, m, func(o *config.OpenAI) { o.SystemPrompt, o.MaxHistory, o.TokenBudget = "You are a test.", 3, 41 })
 	withReset := func(c *config.Config) { tweak(c); idleHour(c) }

@@ -44,24 +44,6 @@ func indexState(t testing.TB, path string) (watermark, indexed, maxID int64) {
 	return watermark, indexed, maxID
 }
 
-// fakeClock is the Store's clock in tests that check the indexing policy.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 func msgs(sid string, from, to int64, text string) []persistence.Op {
 	var ops []persistence.Op
 	for seq := from; seq <= to; seq++ {
@@ -149,7 +131,7 @@ func TestIndexPolicy(t *testing.T) {
 			opts := tc.opts
 			opts.CheckpointInterval = time.Hour
 			s := MustOpen(t, opts)
-			clock := &fakeClock{t: t0}
+			clock := testutil.NewClock(t0)
 			s.now = clock.Now
 			if tc.limit > 0 {
 				s.idx.limit = tc.limit
