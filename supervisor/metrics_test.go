@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -121,18 +120,7 @@ func TestMetricsMoveWithTheLoad(t *testing.T) {
 	r.waitReplyTo(t, "b2")
 
 	// Block the writer: writes pile up in the persistence actor's mailbox.
-	lock, err := sql.Open("sqlite", "file:"+r.d.cfg.DSN()+"?_pragma=busy_timeout(10000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	conn, err := lock.Conn(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.ExecContext(t.Context(), "BEGIN EXCLUSIVE"); err != nil {
-		t.Fatal(err)
-	}
+	unlock := r.lockDatabase(t)
 	var wg sync.WaitGroup
 	for i := range 20 {
 		wg.Add(1)
@@ -142,10 +130,7 @@ func TestMetricsMoveWithTheLoad(t *testing.T) {
 		}()
 	}
 	waitUntil(t, func() bool { return value(r.scrape(t), "agentgate_mailbox_depth", "kind", "persistence") > 0 })
-	if _, err := conn.ExecContext(context.Background(), "ROLLBACK"); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close()
+	unlock()
 	wg.Wait()
 	r.waitSent(t, sessions*each+3+20)
 	waitUntil(t, func() bool { // every mailbox drains once the load is over

@@ -58,18 +58,7 @@ func TestDatabaseLockedSpoolsAndDrains(t *testing.T) {
 	first := send("before", before)
 	r.waitSent(t, sessions*before)
 
-	lock, err := sql.Open("sqlite", "file:"+r.d.cfg.DSN()+"?_pragma=busy_timeout(10000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	conn, err := lock.Conn(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.ExecContext(t.Context(), "BEGIN EXCLUSIVE"); err != nil {
-		t.Fatalf("take the database lock: %v", err)
-	}
+	unlock := r.lockDatabase(t)
 	second := send("during", during) // acknowledged although the database is locked
 	if t.Failed() {
 		t.FailNow()
@@ -77,10 +66,7 @@ func TestDatabaseLockedSpoolsAndDrains(t *testing.T) {
 	if n := testutil.ToFloat64(r.d.metrics.SpoolFiles); n == 0 {
 		t.Errorf("agentgate_spool_files = 0 while the database is locked, want > 0")
 	}
-	if _, err := conn.ExecContext(context.Background(), "ROLLBACK"); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close()
+	unlock()
 
 	outs := r.waitSent(t, sessions*(before+during))
 	answered := map[string]int{}
@@ -162,23 +148,44 @@ func TestDatabaseAndSpoolFailingRefusesExplicitly(t *testing.T) {
 	if err := os.WriteFile(spoolDir, []byte("not a directory"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	lock, err := sql.Open("sqlite", "file:"+r.d.cfg.DSN()+"?_pragma=busy_timeout(10000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	conn, err := lock.Conn(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(t.Context(), "BEGIN EXCLUSIVE"); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.ExecContext(context.Background(), "ROLLBACK")
+	unlock := r.lockDatabase(t)
+	defer unlock()
 
-	_, err = r.fake.Inject(t.Context(), &platforms.Inbound{Source: src, MessageID: "lost?", Text: "x"})
+	_, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: src, MessageID: "lost?", Text: "x"})
 	if !errors.Is(err, platforms.ErrUnavailable) {
 		t.Fatalf("Inject with database and spool failing = %v, want platforms.ErrUnavailable", err)
 	}
+}
+
+// lockDatabase takes the database's write lock from outside the daemon (BEGIN EXCLUSIVE on a
+// connection of its own), so the daemon's writes fail as unavailable; unlock releases it and is
+// safe to call twice.
+func (r *runtime) lockDatabase(t *testing.T) (unlock func()) {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+r.d.cfg.DSN()+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := db.Conn(t.Context())
+	if err != nil {
+		db.Close()
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(t.Context(), "BEGIN EXCLUSIVE"); err != nil {
+		conn.Close()
+		db.Close()
+		t.Fatalf("take the database lock: %v", err)
+	}
+	var once sync.Once
+	unlock = func() {
+		once.Do(func() {
+			if _, err := conn.ExecContext(context.Background(), "ROLLBACK"); err != nil {
+				t.Errorf("release the database lock: %v", err)
+			}
+			conn.Close()
+			db.Close()
+		})
+	}
+	t.Cleanup(unlock)
+	return unlock
 }
