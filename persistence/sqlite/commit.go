@@ -85,12 +85,17 @@ var writeSQL = [numStmts]string{
 // back on its own, or the context ended): no group of the batch can be reported committed.
 var errTxAborted = errors.New("transaction aborted")
 
-// Commit applies groups of writes in one BEGIN IMMEDIATE transaction. Each group runs inside its
-// own SAVEPOINT: a failing group is rolled back to it and reported in errs[i] while the others
-// go on. If the transaction itself fails (BEGIN, COMMIT, or an error after which SQLite has
-// rolled it back, such as a full disk), every group gets that error. New messages are indexed
-// for Search at the end of the batch, in the same transaction; an indexing failure never fails
-// a group. Commit is safe for concurrent use; calls are serialised.
+// Commit applies groups of writes in one BEGIN IMMEDIATE transaction. Each group is atomic: a
+// failing group is rolled back and reported in errs[i] while the others go on. If the
+// transaction itself fails (BEGIN, COMMIT, or an error after which SQLite has rolled it back,
+// such as a full disk), every group gets that error. New messages are indexed for Search after
+// the commit (see indexCommitted); an indexing failure never fails a group. Commit is safe for
+// concurrent use; calls are serialised.
+//
+// Groups rarely fail, so the batch first runs without a savepoint per group: a savepoint costs
+// two statements and a copy of every page the group touches into the statement journal. The
+// first group that fails rolls that transaction back, and the batch runs again with each group
+// inside its own SAVEPOINT.
 func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []error) {
 	errs = make([]error, len(groups))
 	defer markUnavailable(errs)
@@ -107,27 +112,50 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
 
+	added, retry := s.commitTx(ctx, groups, errs, false)
+	if retry {
+		clear(errs)
+		added, _ = s.commitTx(ctx, groups, errs, true)
+	}
+	s.indexCommitted(ctx, added)
+	return errs
+}
+
+// commitTx runs groups in one transaction and fills errs. Without savepoints, a failing group
+// rolls the whole transaction back and commitTx asks for a retry with them. It returns the
+// number of message rows the committed transaction inserted.
+func (s *Store) commitTx(ctx context.Context, groups [][]persistence.Op, errs []error, savepoints bool) (added int, retry bool) {
 	tx, err := s.writer.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
 	if err != nil {
-		return fill(errs, fmt.Errorf("commit: begin: %w", err))
+		fill(errs, fmt.Errorf("commit: begin: %w", err))
+		return 0, false
 	}
 	t := &txn{ctx: ctx, tx: tx, s: s}
 	for i, g := range groups {
 		mark := t.added
-		if err := t.group(g); err != nil {
-			if errors.Is(err, errTxAborted) {
-				_ = tx.Rollback() // the transaction is already gone
-				return fill(errs, fmt.Errorf("commit: group %d: %w", i, err))
+		err := t.group(g, savepoints)
+		switch {
+		case err == nil:
+		case errors.Is(err, errTxAborted):
+			_ = tx.Rollback() // the transaction is already gone
+			fill(errs, fmt.Errorf("commit: group %d: %w", i, err))
+			return 0, false
+		case !savepoints:
+			if rerr := tx.Rollback(); rerr != nil {
+				fill(errs, fmt.Errorf("commit: group %d: %w (rollback: %v)", i, err, rerr))
+				return 0, false
 			}
+			return 0, true
+		default:
 			t.added = mark // the group's rows are rolled back
 			errs[i] = fmt.Errorf("commit: group %d: %w", i, err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return fill(errs, fmt.Errorf("commit: %w", err))
+		fill(errs, fmt.Errorf("commit: %w", err))
+		return 0, false
 	}
-	s.indexCommitted(ctx, t.added)
-	return errs
+	return t.added, false
 }
 
 // markUnavailable wraps errors that mean "the database cannot be written right now" with
@@ -169,10 +197,19 @@ func (t *txn) exec(id stmtID, args ...any) (sql.Result, error) {
 	return t.stmt(id).ExecContext(t.ctx, args...)
 }
 
-// group applies one group atomically. On an op's error it rolls back to the group's savepoint
-// and returns that error; if the savepoint itself is gone, the error wraps errTxAborted.
-func (t *txn) group(ops []persistence.Op) error {
+// group applies one group. With savepoints it is atomic on its own: on an op's error it rolls
+// back to the group's savepoint and returns that error. Without, the caller must roll back the
+// transaction when it fails. If the transaction is gone, the error wraps errTxAborted.
+func (t *txn) group(ops []persistence.Op, savepoints bool) error {
 	if len(ops) == 0 {
+		return nil
+	}
+	if !savepoints {
+		for _, op := range ops {
+			if err := t.apply(op); err != nil {
+				return err
+			}
+		}
 		return nil
 	}
 	if _, err := t.exec(stSavepoint); err != nil {

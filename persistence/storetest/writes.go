@@ -155,6 +155,8 @@ func testGroupAtomicity(t *testing.T, s persistence.Store) {
 			&persistence.AppendMessage{Message: userMsg(id, 1, msgID, "text of "+id)},
 			&persistence.AddOutbox{Entry: outboxEntry(key, 1, id, msgID)},
 			&persistence.TouchSession{SessionID: id, At: at(3)},
+			// A counter: it must count once even if the store runs the batch twice.
+			&persistence.IncrementAttempts{SessionID: id, Seqs: []int64{1}},
 		}, last...)
 	}
 	tests := []struct {
@@ -205,7 +207,10 @@ func testGroupAtomicity(t *testing.T, s persistence.Store) {
 			for _, id := range []string{a, c} {
 				snap := check(s.LoadSession(ctx, "key-"+id, 10)).must(t, "LoadSession")
 				if snap.Session == nil || snap.Session.ID != id || len(snap.Pending) != 1 || len(snap.Unconfirmed) != 1 {
-					t.Errorf("LoadSession(key-%s) = %+v, want session %s with 1 pending and 1 unconfirmed", id, snap, id)
+					t.Fatalf("LoadSession(key-%s) = %+v, want session %s with 1 pending and 1 unconfirmed", id, snap, id)
+				}
+				if got := snap.Pending[0].Attempts; got != 1 {
+					t.Errorf("LoadSession(key-%s): pending message attempts = %d, want 1", id, got)
 				}
 			}
 		})
