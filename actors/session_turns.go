@@ -258,8 +258,8 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string,
 			SessionID: sid, Seq: s.lastSeq, Role: role, Content: text, TurnID: r.id,
 			Status: persistence.StatusDone, Active: true, CreatedAt: now}},
 			s.touch(sid, now))
-		s.routeGen++
-		ops = append(ops, &persistence.PutRoute{Route: persistence.Route{Key: s.key, SessionID: sid, Generation: s.routeGen, UpdatedAt: now}})
+		// The route is written when it changes (a new incarnation, a resume), not every turn:
+		// nothing reads its time, and the session row carries the activity.
 		if role == persistence.RoleAssistant {
 			s.history = append(s.history, histEntry{seq: s.lastSeq, raw: text, msg: agents.Message{Role: role, Text: text, At: now}})
 			s.trimHistory()
