@@ -29,7 +29,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
-// Options are the parts of a daemon that tests (and only tests) replace.
+// Options are the parts of a daemon that tests and `agentgate bench` replace.
 type Options struct {
 	// Agent replaces the configured agent backend.
 	Agent agents.Agent
@@ -39,6 +39,9 @@ type Options struct {
 	Now func() time.Time
 	// DraftInterval replaces the least time between two edits of a streaming reply's draft.
 	DraftInterval time.Duration
+	// WrapStore, when set, wraps the opened store; the daemon uses what it returns (`agentgate
+	// bench` records the daemon's transactions through it).
+	WrapStore func(persistence.Store) persistence.Store
 }
 
 // Daemon is a running agentgate: its actor system, store, platforms and the PIDs of the
@@ -95,6 +98,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	}
 	if d.store, err = sqlite.Open(ctx, cfg.DSN(), sqlite.Options{Synchronous: sync, Logger: log.With("component", "persistence")}); err != nil {
 		return nil, fmt.Errorf("start: open store: %w", err)
+	}
+	if opts.WrapStore != nil {
+		d.store = opts.WrapStore(d.store)
 	}
 	if d.spool, err = spool.Open(filepath.Join(cfg.DataDir, "spool")); err != nil {
 		return nil, fmt.Errorf("start: open spool: %w", err)

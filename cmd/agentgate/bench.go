@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -59,10 +60,17 @@ type benchReport struct {
 	LatencyP99ms   float64 `json:"latency_p99_ms"`
 	RowsPerSec     float64 `json:"rows_per_sec"`
 	MeanBatch      float64 `json:"mean_batch"`
+	WriterBusy     float64 `json:"writer_busy"`
 	HeapIdle       int64   `json:"heap_per_idle_session_bytes"`
 	HeapActive     int64   `json:"heap_per_active_session_bytes"`
 	RawTurnsPerSec float64 `json:"raw_turns_per_sec"`
 	RatioToRaw     float64 `json:"ratio_to_raw"`
+	// The daemon's own transactions of the load, committed again into a fresh store by one
+	// goroutine: what the daemon's writes cost with no actors around them.
+	Transactions      int     `json:"transactions"`
+	ReplayTurnsPerSec float64 `json:"replay_turns_per_sec"`
+	RatioToReplay     float64 `json:"ratio_to_replay"`
+	ReplayToRaw       float64 `json:"replay_to_raw"`
 }
 
 // bench runs `agentgate bench`: it starts the daemon in-process with a bench platform, drives
@@ -75,7 +83,9 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 	sessions := fs.Int("sessions", 100, "concurrent sessions `N`")
 	messages := fs.Int("messages", 20, "messages `M` each session sends, one after the other")
 	dataDir := fs.String("data-dir", "", "data `directory` (default: a new temporary directory, removed afterwards)")
+	configFile := fs.String("config", "", "YAML config `file` whose persistence, sessions and metrics settings the daemon runs with (AGENTGATE_* variables apply too; default: built-in defaults)")
 	asJSON := fs.Bool("json", false, "print only one JSON object on stdout")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the load phase to `file` (go tool pprof reads it)")
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
@@ -93,11 +103,12 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 			}
 		}()
 	}
-	cfg, err := config.Load("", nil, func(c *config.Config) {
+	cfg, err := config.Load(*configFile, os.Environ(), func(c *config.Config) {
 		c.DataDir = dir
 		c.HTTP.Addr = "127.0.0.1:0"
 		c.Log.Level = "warn"
 		c.Sessions.PassivateAfter = benchPassivateAfter
+		c.Platforms.Discord.Enabled = false // the load comes from the bench platform only
 	})
 	if err != nil {
 		return fmt.Errorf("bench: config: %w", err)
@@ -107,7 +118,11 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 	log := logging.New(stderr, &level, cfg.Log.Format)
 
 	texts := workload.Texts(rand.New(rand.NewPCG(1, 2)), 2**sessions**messages)
-	rep, err := benchDaemon(ctx, cfg, log, *sessions, *messages, texts, isTTY(stderr), stderr)
+	rep, txns, err := benchDaemon(ctx, cfg, log, *sessions, *messages, texts, *cpuProfile, isTTY(stderr), stderr)
+	if err != nil {
+		return err
+	}
+	replayElapsed, err := benchReplay(ctx, txns)
 	if err != nil {
 		return err
 	}
@@ -115,8 +130,12 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 	if err != nil {
 		return err
 	}
+	rep.Transactions = len(txns)
+	rep.ReplayTurnsPerSec = float64(rep.Turns) / replayElapsed.Seconds()
+	rep.RatioToReplay = rep.TurnsPerSec / rep.ReplayTurnsPerSec
 	rep.RawTurnsPerSec = float64(rep.Turns) / rawElapsed.Seconds()
 	rep.RatioToRaw = rep.TurnsPerSec / rep.RawTurnsPerSec
+	rep.ReplayToRaw = rep.ReplayTurnsPerSec / rep.RawTurnsPerSec
 	if *asJSON {
 		return json.NewEncoder(stdout).Encode(rep)
 	}
@@ -132,20 +151,27 @@ func printBenchReport(w io.Writer, r *benchReport) {
 	fmt.Fprintf(tw, "latency p50 / p99\t%.2f ms / %.2f ms\t(deliver → reply sent)\n", r.LatencyP50ms, r.LatencyP99ms)
 	fmt.Fprintf(tw, "persisted rows/s\t%.0f\t(%d rows per turn: 2 messages + 1 outbox)\n", r.RowsPerSec, benchRowsPerTurn)
 	fmt.Fprintf(tw, "mean batch\t%.1f\t(write groups per transaction)\n", r.MeanBatch)
+	fmt.Fprintf(tw, "writer busy\t%.0f %%\t(share of the wall time spent in commits: near 100 %% the store bounds the run)\n", 100*r.WriterBusy)
 	fmt.Fprintf(tw, "heap per idle session\t%.1f KiB\t(heap + stacks, after GC, freed when the idle sessions passivate, ÷ N)\n", float64(r.HeapIdle)/1024)
 	fmt.Fprintf(tw, "heap per active session\t%.1f KiB\t(idle plus what one running turn adds: its actor, goroutine, request)\n", float64(r.HeapActive)/1024)
+	fmt.Fprintf(tw, "replayed writes\t%.0f turns/s\t(the daemon's %d transactions committed again, no actors, fresh store)\n", r.ReplayTurnsPerSec, r.Transactions)
 	fmt.Fprintf(tw, "raw SQLite ceiling\t%.0f turns/s\t(%d turns per transaction, fresh store)\n", r.RawTurnsPerSec, benchRawBatch)
+	fmt.Fprintf(tw, "ratio to replayed\t%.3f\t(the cost of the runtime around the writes)\n", r.RatioToReplay)
+	fmt.Fprintf(tw, "replayed ÷ raw\t%.3f\t(the cost of the daemon's write pattern: two commits per turn, smaller transactions)\n", r.ReplayToRaw)
 	fmt.Fprintf(tw, "ratio to raw\t%.3f\n", r.RatioToRaw)
 	tw.Flush()
 }
 
-// benchDaemon starts the daemon with a bench platform, runs the load and stops the daemon.
-func benchDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m int, texts []string, progress bool, stderr io.Writer) (_ *benchReport, err error) {
+// benchDaemon starts the daemon with a bench platform, runs the load and stops the daemon. It
+// returns the report and the transactions the daemon committed during the load.
+func benchDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m int, texts []string, cpuProfile string, progress bool, stderr io.Writer) (_ *benchReport, _ [][][]persistence.Op, err error) {
 	p := newBenchPlatform()
 	agent := &holdingAgent{inner: echo.New()}
-	d, err := supervisor.Start(ctx, cfg, log, supervisor.Options{Agent: agent, Platforms: []platforms.Platform{p}})
+	rec := &recordingStore{}
+	wrap := func(s persistence.Store) persistence.Store { rec.Store = s; return rec }
+	d, err := supervisor.Start(ctx, cfg, log, supervisor.Options{Agent: agent, Platforms: []platforms.Platform{p}, WrapStore: wrap})
 	if err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
+		return nil, nil, fmt.Errorf("bench: %w", err)
 	}
 	defer func() {
 		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Shutdown.DrainTimeout+30*time.Second)
@@ -156,7 +182,7 @@ func benchDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m
 	}()
 	deliver, err := p.waitDeliver(ctx, benchStartTimeout)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 
 	total := n * m
@@ -171,7 +197,12 @@ func benchDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m
 	if progress {
 		stopProgress = startProgress(stderr, &done, total)
 	}
+	stopProfile, err := startCPUProfile(cpuProfile)
+	if err != nil {
+		return nil, nil, err
+	}
 	var wg sync.WaitGroup
+	rec.record(true)
 	start := time.Now()
 	for i := range n {
 		wg.Go(func() {
@@ -180,15 +211,19 @@ func benchDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	txns := rec.record(false)
 	stopProgress()
+	if err := stopProfile(); err != nil {
+		return nil, nil, err
+	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
+		return nil, nil, fmt.Errorf("bench: %w", err)
 	}
 
 	metricsURL := "http://" + d.Addr().String() + "/metrics"
-	meanBatch, err := scrapeMeanBatch(ctx, metricsURL)
+	meanBatch, commitSeconds, err := scrapeCommits(ctx, metricsURL)
 	if err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
+		return nil, nil, fmt.Errorf("bench: %w", err)
 	}
 	// The n sessions are in memory and idle now; they passivate benchPassivateAfter after their
 	// last message. Their heap is what goes away then (what the load left elsewhere, such as the
@@ -196,11 +231,11 @@ func benchDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m
 	idle := heapInUse()
 	turns, err := benchActiveHeap(ctx, p, deliver, agent, n)
 	if err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
+		return nil, nil, fmt.Errorf("bench: %w", err)
 	}
 	gone, err := benchPassivated(ctx, metricsURL)
 	if err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
+		return nil, nil, fmt.Errorf("bench: %w", err)
 	}
 	all := slices.Concat(lat...)
 	slices.Sort(all)
@@ -214,8 +249,32 @@ func benchDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m
 		LatencyP99ms: ms(percentile(all, 0.99)),
 		RowsPerSec:   float64(total*benchRowsPerTurn) / elapsed.Seconds(),
 		MeanBatch:    meanBatch,
+		WriterBusy:   commitSeconds / elapsed.Seconds(),
 		HeapIdle:     (idle - gone) / int64(n),
 		HeapActive:   (idle - gone + turns) / int64(n),
+	}, txns, nil
+}
+
+// startCPUProfile starts writing a CPU profile to path (nothing when path is empty) and returns
+// the function that ends it.
+func startCPUProfile(path string) (stop func() error, err error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("bench: cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("bench: cpu profile: %w", err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("bench: cpu profile: %w", err)
+		}
+		return nil
 	}, nil
 }
 
@@ -376,22 +435,34 @@ func startProgress(w io.Writer, done *atomic.Int64, total int) (stop func()) {
 	return func() { close(quit); <-exited }
 }
 
-// scrapeMeanBatch reads agentgate_persist_batch_size from the daemon's /metrics and returns
-// its mean (groups per committed transaction).
-func scrapeMeanBatch(ctx context.Context, url string) (float64, error) {
+// scrapeCommits reads the daemon's /metrics and returns the mean number of write groups per
+// transaction (agentgate_persist_batch_size) and the seconds spent in commits
+// (agentgate_persist_flush_seconds), both since the daemon started.
+func scrapeCommits(ctx context.Context, url string) (meanBatch, seconds float64, err error) {
 	families, err := scrape(ctx, url)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	mf := families["agentgate_persist_batch_size"]
-	if mf == nil || len(mf.GetMetric()) == 0 {
-		return 0, errors.New("scrape metrics: no agentgate_persist_batch_size")
+	hist := func(name string) (*dto.Histogram, error) {
+		mf := families[name]
+		if mf == nil || len(mf.GetMetric()) == 0 {
+			return nil, fmt.Errorf("scrape metrics: no %s", name)
+		}
+		h := mf.GetMetric()[0].GetHistogram()
+		if h.GetSampleCount() == 0 {
+			return nil, fmt.Errorf("scrape metrics: %s is empty", name)
+		}
+		return h, nil
 	}
-	h := mf.GetMetric()[0].GetHistogram()
-	if h.GetSampleCount() == 0 {
-		return 0, errors.New("scrape metrics: agentgate_persist_batch_size is empty")
+	batch, err := hist("agentgate_persist_batch_size")
+	if err != nil {
+		return 0, 0, err
 	}
-	return h.GetSampleSum() / float64(h.GetSampleCount()), nil
+	flush, err := hist("agentgate_persist_flush_seconds")
+	if err != nil {
+		return 0, 0, err
+	}
+	return batch.GetSampleSum() / float64(batch.GetSampleCount()), flush.GetSampleSum(), nil
 }
 
 // benchPassivated waits until no session actor is left in memory (agentgate_sessions_active is
@@ -445,40 +516,98 @@ func scrape(ctx context.Context, url string) (map[string]*dto.MetricFamily, erro
 	return families, nil
 }
 
-// benchRaw commits n×m turns (the ops of persistence/bench_test.go) to a fresh store in a
-// temporary directory from one goroutine, benchRawBatch turns per transaction, and returns the
-// time the commits took.
-func benchRaw(ctx context.Context, n, m int, texts []string) (_ time.Duration, err error) {
-	dir, err := os.MkdirTemp("", "agentgate-bench-raw-*")
+// benchRaw commits n×m turns (the ops of persistence/bench_test.go) to a fresh store from one
+// goroutine, benchRawBatch turns per transaction, and returns the time the commits took.
+func benchRaw(ctx context.Context, n, m int, texts []string) (time.Duration, error) {
+	sessions, turns := rawTurns(n, m, texts)
+	var took time.Duration
+	err := withFreshStore(ctx, "raw", func(store *sqlite.Store) error {
+		if err := commitAll(ctx, store, sessions); err != nil {
+			return fmt.Errorf("create sessions: %w", err)
+		}
+		runtime.GC()
+		start := time.Now()
+		for i := 0; i < len(turns); i += benchRawBatch {
+			if err := commitAll(ctx, store, turns[i:min(i+benchRawBatch, len(turns))]); err != nil {
+				return fmt.Errorf("turn %d: %w", i, err)
+			}
+		}
+		took = time.Since(start)
+		return nil
+	})
+	return took, err
+}
+
+// benchReplay commits the daemon's transactions again, in order, to a fresh store from one
+// goroutine, and returns the time the commits took.
+func benchReplay(ctx context.Context, txns [][][]persistence.Op) (time.Duration, error) {
+	var took time.Duration
+	err := withFreshStore(ctx, "replay", func(store *sqlite.Store) error {
+		runtime.GC()
+		start := time.Now()
+		for i, groups := range txns {
+			if err := commitAll(ctx, store, groups); err != nil {
+				return fmt.Errorf("transaction %d: %w", i, err)
+			}
+		}
+		took = time.Since(start)
+		return nil
+	})
+	return took, err
+}
+
+// withFreshStore runs f on a new store in a temporary directory that it removes afterwards.
+func withFreshStore(ctx context.Context, name string, f func(*sqlite.Store) error) (err error) {
+	dir, err := os.MkdirTemp("", "agentgate-bench-"+name+"-*")
 	if err != nil {
-		return 0, fmt.Errorf("bench raw: %w", err)
+		return fmt.Errorf("bench %s: %w", name, err)
 	}
 	defer func() {
 		if rerr := os.RemoveAll(dir); rerr != nil && err == nil {
-			err = fmt.Errorf("bench raw: %w", rerr)
+			err = fmt.Errorf("bench %s: %w", name, rerr)
 		}
 	}()
-	store, err := sqlite.Open(ctx, filepath.Join(dir, "raw.db"), sqlite.Options{})
+	store, err := sqlite.Open(ctx, filepath.Join(dir, name+".db"), sqlite.Options{})
 	if err != nil {
-		return 0, fmt.Errorf("bench raw: %w", err)
+		return fmt.Errorf("bench %s: %w", name, err)
 	}
 	defer func() {
 		if cerr := store.Close(); cerr != nil && err == nil {
-			err = fmt.Errorf("bench raw: close store: %w", cerr)
+			err = fmt.Errorf("bench %s: close store: %w", name, cerr)
 		}
 	}()
-	sessions, turns := rawTurns(n, m, texts)
-	if err := commitAll(ctx, store, sessions); err != nil {
-		return 0, fmt.Errorf("bench raw: create sessions: %w", err)
+	if err := f(store); err != nil {
+		return fmt.Errorf("bench %s: %w", name, err)
 	}
-	runtime.GC()
-	start := time.Now()
-	for i := 0; i < len(turns); i += benchRawBatch {
-		if err := commitAll(ctx, store, turns[i:min(i+benchRawBatch, len(turns))]); err != nil {
-			return 0, fmt.Errorf("bench raw: turn %d: %w", i, err)
-		}
+	return nil
+}
+
+// recordingStore is the daemon's store as `agentgate bench` wraps it: while recording, it keeps
+// the groups of every transaction the daemon commits, for benchReplay.
+type recordingStore struct {
+	persistence.Store
+
+	mu        sync.Mutex
+	recording bool
+	txns      [][][]persistence.Op
+}
+
+// Commit implements persistence.Store.
+func (r *recordingStore) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	r.mu.Lock()
+	if r.recording {
+		r.txns = append(r.txns, slices.Clone(groups))
 	}
-	return time.Since(start), nil
+	r.mu.Unlock()
+	return r.Store.Commit(ctx, groups)
+}
+
+// record starts or stops recording and returns what was recorded so far.
+func (r *recordingStore) record(on bool) [][][]persistence.Op {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recording = on
+	return r.txns
 }
 
 func commitAll(ctx context.Context, store *sqlite.Store, groups [][]persistence.Op) error {

@@ -40,6 +40,13 @@ func TestBenchJSON(t *testing.T) {
 	if got.MeanBatch < 1 {
 		t.Errorf("mean_batch = %v, want >= 1", got.MeanBatch)
 	}
+	if got.WriterBusy <= 0 || got.WriterBusy > 1.05 { // Observe's timing brackets the commits
+		t.Errorf("writer_busy = %v, want a share in (0, 1]", got.WriterBusy)
+	}
+	if got.Transactions < 1 || got.ReplayTurnsPerSec <= 0 || got.RatioToReplay <= 0 || got.ReplayToRaw <= 0 {
+		t.Errorf("transactions, replay_turns_per_sec, ratio_to_replay, replay_to_raw = %d, %v, %v, %v, want all > 0",
+			got.Transactions, got.ReplayTurnsPerSec, got.RatioToReplay, got.ReplayToRaw)
+	}
 	if got.RatioToRaw <= 0 {
 		t.Errorf("ratio_to_raw = %v, want > 0", got.RatioToRaw)
 	}
