@@ -91,6 +91,9 @@ type Deps struct {
 	Metrics       *metrics.Metrics
 	Now           func() time.Time
 	Node          string
+	// Dispatcher runs every actor's mailbox (nil: protoactor's default, a new goroutine per
+	// mailbox run).
+	Dispatcher actor.Dispatcher
 	// Spooling is true while the persistence actor holds writes in the spool: the store does not
 	// show them yet, so sessions stay in memory instead of passivating.
 	Spooling atomic.Bool
@@ -109,8 +112,22 @@ func (d *Deps) props() {
 	d.propsOnce.Do(func() {
 		d.sessionProps = newSessionProps(d, false)
 		d.recoveredProps = newSessionProps(d, true)
-		d.turnProps = NewTurn(d.Ctx, d.Agent, d.Metrics.Mailboxes.Kind("turn"))
+		d.turnProps = NewTurn(d.Ctx, d.Agent, d.Metrics.Mailboxes.Kind("turn"), d.Dispatcher)
 	})
+}
+
+// Mailbox returns the props options of an actor of kind: an unbounded mailbox whose depth is
+// counted per kind, run by d.Dispatcher.
+func (d *Deps) Mailbox(kind string) []actor.PropsOption {
+	return mailbox(d.Metrics.Mailboxes.Kind(kind), d.Dispatcher)
+}
+
+func mailbox(box *metrics.Mailbox, dispatcher actor.Dispatcher) []actor.PropsOption {
+	opts := []actor.PropsOption{actor.WithMailbox(actor.Unbounded(box))}
+	if dispatcher != nil {
+		opts = append(opts, actor.WithDispatcher(dispatcher))
+	}
+	return opts
 }
 
 func (d *Deps) now() time.Time {

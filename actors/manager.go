@@ -56,8 +56,8 @@ func NewSessionManager(d *Deps) *actor.Props {
 	}
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &SessionManager{d: d}
-	}, actor.WithSupervisor(actor.NewOneForOneStrategy(restarts, window, actor.DefaultDecider)),
-		actor.WithMailbox(actor.Unbounded(d.Metrics.Mailboxes.Kind("manager"))))
+	}, append(d.Mailbox("manager"),
+		actor.WithSupervisor(actor.NewOneForOneStrategy(restarts, window, actor.DefaultDecider)))...)
 }
 
 // Receive routes, spawns and stops sessions.

@@ -90,7 +90,7 @@ func (h *PlatformHealth) set(err error) {
 func NewPlatform(d *Deps, p platforms.Platform, health *PlatformHealth) *actor.Props {
 	health.set(errNotStarted)
 	return actor.PropsFromProducer(func() actor.Actor { return &Platform{d: d, p: p, health: health} },
-		actor.WithMailbox(actor.Unbounded(d.Metrics.Mailboxes.Kind("platform"))))
+		d.Mailbox("platform")...)
 }
 
 // Receive runs the platform loop and its outbound queues.

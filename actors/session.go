@@ -102,7 +102,7 @@ func NewSession(d *Deps, recovered bool) *actor.Props {
 func newSessionProps(d *Deps, recovered bool) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &Session{d: d, recovered: recovered}
-	}, actor.WithMailbox(actor.Unbounded(d.Metrics.Mailboxes.Kind("session"))))
+	}, d.Mailbox("session")...)
 }
 
 // childName is the name a child was spawned with under its parent.

@@ -44,11 +44,12 @@ const MaxSteered = 32
 
 // NewTurn returns the props of the turns that run agent; a turn starts when it receives its
 // request (runTurn). parent is the daemon's lifetime context; box counts the turns' mailbox
-// depth. The props hold nothing per turn, so one value serves every turn of a daemon.
-func NewTurn(parent context.Context, agent agents.Agent, box *metrics.Mailbox) *actor.Props {
+// depth; dispatcher runs their mailboxes (nil: protoactor's default). The props hold nothing
+// per turn, so one value serves every turn of a daemon.
+func NewTurn(parent context.Context, agent agents.Agent, box *metrics.Mailbox, dispatcher actor.Dispatcher) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &Turn{agent: agent, parent: parent, box: box}
-	}, actor.WithMailbox(actor.Unbounded(box)))
+	}, mailbox(box, dispatcher)...)
 }
 
 // Receive starts the agent on runTurn and reports its result to the session.

@@ -56,8 +56,10 @@ type Daemon struct {
 	spool   *spool.Spool
 	metrics *metrics.Metrics
 	meters  *sdkmetric.MeterProvider // protoactor's own metrics; nil when off
-	agent   agents.Agent
-	deps    *actors.Deps
+	// dispatcher runs every actor's mailbox on a pool of long-lived goroutines.
+	dispatcher *actors.Dispatcher
+	agent      agents.Agent
+	deps       *actors.Deps
 
 	http      *httpplatform.Platform
 	platforms []platforms.Platform
@@ -142,8 +144,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	}
 	d.system = actor.NewActorSystem(sysOpts...)
 	d.events = watchEvents(d.system, log, d.metrics)
+	d.dispatcher = actors.NewDispatcher(dispatcherThroughput, dispatcherWorkers)
 	d.deps = &actors.Deps{
-		Ctx: d.ctx, Store: d.store, Agent: d.agent, Platforms: map[string]*actor.PID{},
+		Ctx: d.ctx, Store: d.store, Agent: d.agent, Platforms: map[string]*actor.PID{}, Dispatcher: d.dispatcher,
 		Config: actors.SessionConfig{
 			Keys: identity.KeyOptions{
 				GroupSessionsPerUser:  cfg.Sessions.GroupSessionsPerUser,
@@ -228,6 +231,7 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	d.cancel()
 	d.events.close()
 	d.system.Shutdown()
+	d.dispatcher.Stop()
 	if d.meters != nil {
 		_ = d.meters.Shutdown(ctx)
 	}
@@ -235,6 +239,13 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	d.log.Info("stopped")
 	return err
 }
+
+// The actors' dispatcher: protoactor's default mailbox throughput (messages per run before it
+// yields), and at most this many pool workers per GOMAXPROCS.
+const (
+	dispatcherThroughput = 300
+	dispatcherWorkers    = 32
+)
 
 // quiesceTimeout bounds how long a platform may take to finish its sends at stop.
 const quiesceTimeout = 10 * time.Second
@@ -356,7 +367,7 @@ func persistenceProps(d *Daemon) *actor.Props {
 		Spool:      d.spool,
 		Spooling:   &d.deps.Spooling,
 		SpoolFiles: func(n int) { d.metrics.SpoolFiles.Set(float64(n)) },
-	}), actor.WithMailbox(actor.Unbounded(d.metrics.Mailboxes.Kind("persistence"))))
+	}), d.deps.Mailbox("persistence")...)
 }
 
 func platformProps(p platforms.Platform) func(d *Daemon) *actor.Props {
