@@ -71,13 +71,17 @@ type benchReport struct {
 	ReplayTurnsPerSec float64 `json:"replay_turns_per_sec"`
 	RatioToReplay     float64 `json:"ratio_to_replay"`
 	ReplayToRaw       float64 `json:"replay_to_raw"`
+	// With --rounds K > 1 every figure above is the median over the rounds, and Rounds holds
+	// each round's report.
+	Rounds []*benchReport `json:"rounds,omitempty"`
 }
 
 // bench runs `agentgate bench`: it starts the daemon in-process with a bench platform, drives
 // N closed-loop sessions of M messages each through it, measures the heap per idle session (after
-// the load) and per active session (one more message each, held in the agent), then measures
-// the raw batched SQLite ceiling on a fresh store, so the ratio compares measurements taken in
-// the same run.
+// the load) and per active session (one more message each, held in the agent), then replays the
+// daemon's transactions and measures the raw batched SQLite ceiling on fresh stores, so the
+// ratios compare measurements taken in the same run. --rounds repeats all of it, alternating the
+// order, and reports medians.
 func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	sessions := fs.Int("sessions", 100, "concurrent sessions `N`")
@@ -85,12 +89,13 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 	dataDir := fs.String("data-dir", "", "data `directory` (default: a new temporary directory, removed afterwards)")
 	configFile := fs.String("config", "", "YAML config `file` whose persistence, sessions and metrics settings the daemon runs with (AGENTGATE_* variables apply too; default: built-in defaults)")
 	asJSON := fs.Bool("json", false, "print only one JSON object on stdout")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the load phase to `file` (go tool pprof reads it)")
+	rounds := fs.Int("rounds", 1, "repeat the whole measurement `K` times, each on a fresh data directory, and report medians")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the first round's load phase to `file` (go tool pprof reads it)")
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
-	if *sessions < 1 || *messages < 1 {
-		return fmt.Errorf("bench: --sessions %d --messages %d: both must be at least 1", *sessions, *messages)
+	if *sessions < 1 || *messages < 1 || *rounds < 1 {
+		return fmt.Errorf("bench: --sessions %d --messages %d --rounds %d: all must be at least 1", *sessions, *messages, *rounds)
 	}
 	dir := *dataDir
 	if dir == "" {
@@ -118,24 +123,29 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 	log := logging.New(stderr, &level, cfg.Log.Format)
 
 	texts := workload.Texts(rand.New(rand.NewPCG(1, 2)), 2**sessions**messages)
-	rep, txns, err := benchDaemon(ctx, cfg, log, *sessions, *messages, texts, *cpuProfile, isTTY(stderr), stderr)
-	if err != nil {
-		return err
+	var reps []*benchReport
+	for k := range *rounds {
+		rc := *cfg
+		if *rounds > 1 {
+			rc.DataDir = filepath.Join(dir, fmt.Sprintf("round-%d", k+1))
+		}
+		profile := *cpuProfile
+		if k > 0 {
+			profile = ""
+		}
+		rep, err := benchRound(ctx, &rc, log, *sessions, *messages, texts, k%2 == 1, profile, isTTY(stderr), stderr)
+		if err != nil {
+			if *rounds > 1 {
+				return fmt.Errorf("%w (round %d of %d)", err, k+1, *rounds)
+			}
+			return err
+		}
+		reps = append(reps, rep)
 	}
-	replayElapsed, err := benchReplay(ctx, txns)
-	if err != nil {
-		return err
+	rep := reps[0]
+	if len(reps) > 1 {
+		rep = medianReport(reps)
 	}
-	rawElapsed, err := benchRaw(ctx, *sessions, *messages, texts)
-	if err != nil {
-		return err
-	}
-	rep.Transactions = len(txns)
-	rep.ReplayTurnsPerSec = float64(rep.Turns) / replayElapsed.Seconds()
-	rep.RatioToReplay = rep.TurnsPerSec / rep.ReplayTurnsPerSec
-	rep.RawTurnsPerSec = float64(rep.Turns) / rawElapsed.Seconds()
-	rep.RatioToRaw = rep.TurnsPerSec / rep.RawTurnsPerSec
-	rep.ReplayToRaw = rep.ReplayTurnsPerSec / rep.RawTurnsPerSec
 	if *asJSON {
 		return json.NewEncoder(stdout).Encode(rep)
 	}
@@ -143,8 +153,86 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 	return nil
 }
 
+// benchRound is one measurement: the daemon under load, then the replay of its transactions and
+// the raw ceiling (the raw ceiling first when rawFirst).
+func benchRound(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m int, texts []string, rawFirst bool, cpuProfile string, progress bool, stderr io.Writer) (*benchReport, error) {
+	var rawElapsed time.Duration
+	var err error
+	if rawFirst {
+		if rawElapsed, err = benchRaw(ctx, n, m, texts); err != nil {
+			return nil, err
+		}
+	}
+	rep, txns, err := benchDaemon(ctx, cfg, log, n, m, texts, cpuProfile, progress, stderr)
+	if err != nil {
+		return nil, err
+	}
+	replayElapsed, err := benchReplay(ctx, txns)
+	if err != nil {
+		return nil, err
+	}
+	if !rawFirst {
+		if rawElapsed, err = benchRaw(ctx, n, m, texts); err != nil {
+			return nil, err
+		}
+	}
+	rep.Transactions = len(txns)
+	rep.ReplayTurnsPerSec = float64(rep.Turns) / replayElapsed.Seconds()
+	rep.RatioToReplay = rep.TurnsPerSec / rep.ReplayTurnsPerSec
+	rep.RawTurnsPerSec = float64(rep.Turns) / rawElapsed.Seconds()
+	rep.RatioToRaw = rep.TurnsPerSec / rep.RawTurnsPerSec
+	rep.ReplayToRaw = rep.ReplayTurnsPerSec / rep.RawTurnsPerSec
+	return rep, nil
+}
+
+// medianReport returns a report whose every figure is the median of rs, with rs as its rounds.
+func medianReport(rs []*benchReport) *benchReport {
+	med := func(f func(*benchReport) float64) float64 {
+		xs := make([]float64, len(rs))
+		for i, r := range rs {
+			xs[i] = f(r)
+		}
+		return workload.Median(xs)
+	}
+	r0 := rs[0]
+	return &benchReport{
+		Sessions: r0.Sessions, Messages: r0.Messages, Turns: r0.Turns,
+		Seconds:           med(func(r *benchReport) float64 { return r.Seconds }),
+		TurnsPerSec:       med(func(r *benchReport) float64 { return r.TurnsPerSec }),
+		LatencyP50ms:      med(func(r *benchReport) float64 { return r.LatencyP50ms }),
+		LatencyP99ms:      med(func(r *benchReport) float64 { return r.LatencyP99ms }),
+		RowsPerSec:        med(func(r *benchReport) float64 { return r.RowsPerSec }),
+		MeanBatch:         med(func(r *benchReport) float64 { return r.MeanBatch }),
+		WriterBusy:        med(func(r *benchReport) float64 { return r.WriterBusy }),
+		HeapIdle:          int64(med(func(r *benchReport) float64 { return float64(r.HeapIdle) })),
+		HeapActive:        int64(med(func(r *benchReport) float64 { return float64(r.HeapActive) })),
+		RawTurnsPerSec:    med(func(r *benchReport) float64 { return r.RawTurnsPerSec }),
+		RatioToRaw:        med(func(r *benchReport) float64 { return r.RatioToRaw }),
+		Transactions:      int(med(func(r *benchReport) float64 { return float64(r.Transactions) })),
+		ReplayTurnsPerSec: med(func(r *benchReport) float64 { return r.ReplayTurnsPerSec }),
+		RatioToReplay:     med(func(r *benchReport) float64 { return r.RatioToReplay }),
+		ReplayToRaw:       med(func(r *benchReport) float64 { return r.ReplayToRaw }),
+		Rounds:            rs,
+	}
+}
+
+// spread formats the range of one ratio over the rounds, or nothing for a single round.
+func spread(r *benchReport, f func(*benchReport) float64) string {
+	if len(r.Rounds) < 2 {
+		return ""
+	}
+	lo, hi := f(r.Rounds[0]), f(r.Rounds[0])
+	for _, x := range r.Rounds[1:] {
+		lo, hi = min(lo, f(x)), max(hi, f(x))
+	}
+	return fmt.Sprintf(" [%.3f–%.3f]", lo, hi)
+}
+
 func printBenchReport(w io.Writer, r *benchReport) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if len(r.Rounds) > 1 {
+		fmt.Fprintf(tw, "rounds\t%d\t(medians, [min–max] over the rounds)\n", len(r.Rounds))
+	}
 	fmt.Fprintf(tw, "sessions × messages\t%d × %d = %d turns\n", r.Sessions, r.Messages, r.Turns)
 	fmt.Fprintf(tw, "wall time\t%.2f s\n", r.Seconds)
 	fmt.Fprintf(tw, "turns/s\t%.0f\n", r.TurnsPerSec)
@@ -156,9 +244,9 @@ func printBenchReport(w io.Writer, r *benchReport) {
 	fmt.Fprintf(tw, "heap per active session\t%.1f KiB\t(idle plus what one running turn adds: its actor, goroutine, request)\n", float64(r.HeapActive)/1024)
 	fmt.Fprintf(tw, "replayed writes\t%.0f turns/s\t(the daemon's %d transactions committed again, no actors, fresh store)\n", r.ReplayTurnsPerSec, r.Transactions)
 	fmt.Fprintf(tw, "raw SQLite ceiling\t%.0f turns/s\t(%d turns per transaction, fresh store)\n", r.RawTurnsPerSec, benchRawBatch)
-	fmt.Fprintf(tw, "ratio to replayed\t%.3f\t(the cost of the runtime around the writes)\n", r.RatioToReplay)
-	fmt.Fprintf(tw, "replayed ÷ raw\t%.3f\t(the cost of the daemon's write pattern: two commits per turn, smaller transactions)\n", r.ReplayToRaw)
-	fmt.Fprintf(tw, "ratio to raw\t%.3f\n", r.RatioToRaw)
+	fmt.Fprintf(tw, "ratio to replayed\t%.3f%s\t(the cost of the runtime around the writes)\n", r.RatioToReplay, spread(r, func(x *benchReport) float64 { return x.RatioToReplay }))
+	fmt.Fprintf(tw, "replayed ÷ raw\t%.3f%s\t(the cost of the daemon's write pattern: two commits per turn, smaller transactions)\n", r.ReplayToRaw, spread(r, func(x *benchReport) float64 { return x.ReplayToRaw }))
+	fmt.Fprintf(tw, "ratio to raw\t%.3f%s\n", r.RatioToRaw, spread(r, func(x *benchReport) float64 { return x.RatioToRaw }))
 	tw.Flush()
 }
 

@@ -12,7 +12,7 @@ func TestBenchJSON(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	args := []string{"bench", "--sessions", "5", "--messages", "3", "--json", "--data-dir", t.TempDir()}
+	args := []string{"bench", "--sessions", "5", "--messages", "3", "--rounds", "2", "--json", "--data-dir", t.TempDir()}
 	if err := run(ctx, args, &stdout, &stderr); err != nil {
 		t.Fatalf("run(%q) = %v, want success; stderr:\n%s", args, err, stderr.String())
 	}
@@ -50,15 +50,39 @@ func TestBenchJSON(t *testing.T) {
 	if got.RatioToRaw <= 0 {
 		t.Errorf("ratio_to_raw = %v, want > 0", got.RatioToRaw)
 	}
+	// Two rounds: each has its own report, and the top level holds their medians (of two: the
+	// mean, so between them).
+	if len(got.Rounds) != 2 {
+		t.Fatalf("rounds = %d reports, want 2", len(got.Rounds))
+	}
+	a, b := got.Rounds[0], got.Rounds[1]
+	if a.Turns != 15 || b.Turns != 15 || len(a.Rounds)+len(b.Rounds) != 0 {
+		t.Errorf("round reports: turns %d, %d and nested rounds %d, %d, want 15, 15, 0, 0", a.Turns, b.Turns, len(a.Rounds), len(b.Rounds))
+	}
+	for name, f := range map[string]func(*benchReport) float64{
+		"turns_per_sec": func(r *benchReport) float64 { return r.TurnsPerSec },
+		"ratio_to_raw":  func(r *benchReport) float64 { return r.RatioToRaw },
+		"replay_to_raw": func(r *benchReport) float64 { return r.ReplayToRaw },
+	} {
+		if m, lo, hi := f(&got), min(f(a), f(b)), max(f(a), f(b)); m < lo || m > hi || f(a) <= 0 {
+			t.Errorf("%s = %v, want the median of the rounds' %v and %v", name, m, f(a), f(b))
+		}
+	}
 }
 
 func TestBenchBadFlags(t *testing.T) {
-	var stdout, stderr bytes.Buffer
-	args := []string{"bench", "--sessions", "0"}
-	if err := run(context.Background(), args, &stdout, &stderr); err == nil {
-		t.Errorf("run(%q) = nil, want an error", args)
-	}
-	if stdout.Len() != 0 {
-		t.Errorf("run(%q) stdout = %q, want nothing", args, stdout.String())
+	for _, args := range [][]string{
+		{"bench", "--sessions", "0"},
+		{"bench", "--messages", "-1"},
+		{"bench", "--rounds", "0"},
+		{"bench", "--config", "/nonexistent/agentgate.yaml"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if err := run(context.Background(), args, &stdout, &stderr); err == nil {
+			t.Errorf("run(%q) = nil, want an error", args)
+		}
+		if stdout.Len() != 0 {
+			t.Errorf("run(%q) stdout = %q, want nothing", args, stdout.String())
+		}
 	}
 }
