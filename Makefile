@@ -25,11 +25,11 @@ test: ## run every test with the race detector (includes the binary end-to-end t
 test-short: ## run the fast tests only
 	$(GO) test -race -short ./...
 
-bench: build ## run the benchmarks (~3 min on 2 cores) and a short agentgate bench; ROUNDS=8 for a goal check
+bench: build ## run the benchmarks and agentgate bench (~5 min on 2 cores); ROUNDS=8 for a goal check
 	$(GO) test -run='^$$' -bench='^Benchmark($(BENCH_PER_OP))$$' -benchmem ./...
 	$(GO) test -run='^$$' -bench='^Benchmark($(BENCH_ROUNDS))$$' -benchtime=$(ROUNDS)x ./...
-	./$(BIN) bench --sessions 100 --messages 20
-	./$(BIN) bench --sessions 1000 --messages 5
+	./$(BIN) bench --sessions 100 --messages 50 --rounds $(ROUNDS)
+	./$(BIN) bench --sessions 1000 --messages 10 --rounds $(ROUNDS)
 
 fuzz: ## fuzz one target for 30s: make fuzz FUZZ=FuzzKey PKG=./internal/identity
 	$(GO) test -run='^$$' -fuzz=$(FUZZ) -fuzztime=30s $(PKG)
