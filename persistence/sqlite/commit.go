@@ -130,7 +130,10 @@ func (s *Store) commitTx(ctx context.Context, groups [][]persistence.Op, errs []
 		fill(errs, fmt.Errorf("commit: begin: %w", err))
 		return 0, false
 	}
-	t := &txn{ctx: ctx, tx: tx, s: s}
+	// The statements run with a context that is never cancelled: for a cancellable one the
+	// driver starts a goroutine per statement to watch it. Cancelling ctx still ends the batch:
+	// database/sql rolls the transaction back, and the next statement or the commit fails.
+	t := &txn{ctx: context.WithoutCancel(ctx), tx: tx, s: s}
 	for i, g := range groups {
 		mark := t.added
 		err := t.group(g, savepoints)
