@@ -123,7 +123,11 @@ func (d *Deps) Mailbox(kind string) []actor.PropsOption {
 }
 
 func mailbox(box *metrics.Mailbox, dispatcher actor.Dispatcher) []actor.PropsOption {
-	opts := []actor.PropsOption{actor.WithMailbox(actor.Unbounded(box))}
+	return dispatchedBy(dispatcher, actor.WithMailbox(actor.Unbounded(box)))
+}
+
+// dispatchedBy returns opts with dispatcher, when there is one.
+func dispatchedBy(dispatcher actor.Dispatcher, opts ...actor.PropsOption) []actor.PropsOption {
 	if dispatcher != nil {
 		opts = append(opts, actor.WithDispatcher(dispatcher))
 	}

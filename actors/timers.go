@@ -39,11 +39,8 @@ func NewTimers(d *Deps, router SessionRouter, every time.Duration) *actor.Props 
 	if every <= 0 {
 		every = time.Minute
 	}
-	var opts []actor.PropsOption
-	if d.Dispatcher != nil {
-		opts = append(opts, actor.WithDispatcher(d.Dispatcher))
-	}
-	return actor.PropsFromProducer(func() actor.Actor { return &Timers{d: d, router: router, every: every} }, opts...)
+	return actor.PropsFromProducer(func() actor.Actor { return &Timers{d: d, router: router, every: every} },
+		dispatchedBy(d.Dispatcher)...)
 }
 
 // Receive scans on start and on every tick.
