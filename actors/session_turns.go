@@ -197,11 +197,28 @@ func (s *Session) agentHistory() []agents.Message {
 	return out
 }
 
+// trimHistory keeps the last HistoryLimit entries. A full buffer is trimmed twice a turn, so it
+// shifts them to the front of the buffer it has, clearing the slots it frees; only a buffer
+// with more than historyHeadroom spare slots (grown by a turn of many messages, or a reload) is
+// replaced by one of the limit plus that headroom.
 func (s *Session) trimHistory() {
-	if n := s.d.Config.HistoryLimit; len(s.history) > n {
-		s.history = slices.Clone(s.history[len(s.history)-n:])
+	n := s.d.Config.HistoryLimit
+	if len(s.history) <= n {
+		return
 	}
+	keep := s.history[len(s.history)-n:]
+	if cap(s.history) > n+historyHeadroom {
+		s.history = append(make([]histEntry, 0, n+historyHeadroom), keep...)
+		return
+	}
+	k := copy(s.history, keep)
+	clear(s.history[k:])
+	s.history = s.history[:k]
 }
+
+// historyHeadroom is the spare room of a full transcript buffer: a turn's user message and
+// reply are appended without growing it.
+const historyHeadroom = 2
 
 // onTurnFinished records the agent's reply, sends it and starts the next turn.
 func (s *Session) onTurnFinished(c actor.Context, m *TurnFinished) {
