@@ -84,6 +84,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	defer func() {
 		if err != nil {
 			d.cancel()
+			if d.dispatcher != nil {
+				d.dispatcher.Stop()
+			}
 			if d.store != nil {
 				_ = d.store.Close()
 			}
