@@ -69,7 +69,7 @@ type benchReport struct {
 func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	sessions := fs.Int("sessions", 100, "concurrent sessions `N`")
-	messages := fs.Int("messages", 20, "messages `M` each session sends, one after the other")
+	messages := fs.Int("messages", 50, "messages `M` each session sends, one after the other")
 	dataDir := fs.String("data-dir", "", "data `directory` (default: a new temporary directory, removed afterwards)")
 	configFile := fs.String("config", "", "YAML config `file` whose persistence, sessions and metrics settings the daemon runs with (AGENTGATE_* variables apply too; default: built-in defaults)")
 	asJSON := fs.Bool("json", false, "print only one JSON object on stdout")
