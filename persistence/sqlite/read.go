@@ -21,9 +21,15 @@ type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
+// unconfirmedSQL selects a key's undelivered outbox entries through the partial index that holds
+// only those: without INDEXED BY the planner walks the key's whole outbox (every reply it ever
+// had) through the primary key, at every activation.
+const unconfirmedSQL = `SELECT ` + outboxCols + ` FROM outbox INDEXED BY outbox_undelivered
+	WHERE session_key = ? AND state <> 'delivered' ORDER BY seq`
+
 // LoadSession returns the durable state of a session key, read in one snapshot: its route, the
 // routed session, that session's pending user messages (active rows only, by seq), its last
-// historyLimit active messages (by seq), the key's undelivered (pending or failed) outbox
+// historyLimit active messages (by seq), the key's undelivered (not delivered) outbox
 // entries, and the highest message and outbox seqs. A key never seen returns an empty Snapshot.
 // A route whose session row is missing returns the Route with a nil Session.
 func (s *Store) LoadSession(ctx context.Context, key string, historyLimit int) (*persistence.Snapshot, error) {
@@ -77,8 +83,7 @@ func (s *Store) loadSession(ctx context.Context, key string, historyLimit int) (
 			}
 		}
 	}
-	if snap.Unconfirmed, err = queryOutbox(ctx, tx, `SELECT `+outboxCols+` FROM outbox
-		WHERE session_key = ? AND state IN ('pending', 'failed') ORDER BY seq`, key); err != nil {
+	if snap.Unconfirmed, err = queryOutbox(ctx, tx, unconfirmedSQL, key); err != nil {
 		return nil, err
 	}
 	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM outbox WHERE session_key = ?`,
@@ -369,7 +374,7 @@ func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]p
 }
 
 // Recoverable returns, sorted, the keys whose routed session has active pending user messages or
-// whose outbox has pending or failed entries.
+// whose outbox has undelivered entries.
 func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
 	if err := s.enter(); err != nil {
 		return nil, fmt.Errorf("recoverable: %w", err)
@@ -379,7 +384,7 @@ func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
 		SELECT r.key FROM routing r WHERE EXISTS (SELECT 1 FROM messages m
 			WHERE m.session_id = r.session_id AND m.role = 'user' AND m.status = 'pending' AND m.active = 1)
 		UNION
-		SELECT o.session_key FROM outbox o WHERE o.state IN ('pending', 'failed')
+		SELECT o.session_key FROM outbox o WHERE o.state <> 'delivered'
 		ORDER BY 1`)
 	if err != nil {
 		return nil, fmt.Errorf("recoverable: %w", err)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -491,5 +492,100 @@ func TestOpenOptions(t *testing.T) {
 	}
 	if err := s.Ping(ctx); err != nil {
 		t.Errorf("Ping: %v", err)
+	}
+}
+
+// TestMigrationOneUndeliveredIndex: 0007 replaces the two partial indexes of undelivered outbox
+// entries by one; a store from before it keeps finding exactly the entries not delivered.
+func TestMigrationOneUndeliveredIndex(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")})
+	for seq, state := range []string{"pending", "failed", "delivered", "pending"} {
+		storetest.MustCommit(t, s, &persistence.AddOutbox{Entry: persistence.OutboxEntry{
+			SessionKey: "k1", Seq: int64(seq + 1), SessionID: "s1", Kind: "reply", Text: state,
+			Platform: "http", ChatType: "dm", ChatID: "c", State: state, CreatedAt: t0}})
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	raw := MustRawDB(t, s.Path())
+	// As a store before 0007 had them; seq 4 in a state no version writes.
+	mustExec(t, raw, `DROP INDEX outbox_undelivered`)
+	mustExec(t, raw, `CREATE INDEX outbox_undelivered ON outbox (session_key, seq) WHERE state IN ('pending', 'failed')`)
+	mustExec(t, raw, `CREATE INDEX outbox_session_undelivered ON outbox (session_id) WHERE state <> 'delivered'`)
+	mustExec(t, raw, `DELETE FROM schema_migrations WHERE version >= 7`)
+	mustExec(t, raw, `UPDATE outbox SET state = 'sending' WHERE seq = 4`)
+
+	s2, err := Open(ctx, s.Path(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	var indexes []string
+	rows, err := raw.Query(`SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'outbox' AND sql IS NOT NULL ORDER BY name`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var q string
+		if err := rows.Scan(&q); err != nil {
+			t.Fatal(err)
+		}
+		indexes = append(indexes, q)
+	}
+	rows.Close()
+	want := []string{`CREATE INDEX outbox_undelivered ON outbox (session_key, seq) WHERE state <> 'delivered'`}
+	if !slices.Equal(indexes, want) {
+		t.Errorf("outbox indexes after migrating = %q, want %q", indexes, want)
+	}
+	snap, err := s2.LoadSession(ctx, "k1", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int64
+	for _, e := range snap.Unconfirmed {
+		got = append(got, e.Seq)
+	}
+	if want := []int64{1, 2, 4}; !slices.Equal(got, want) {
+		t.Errorf("unconfirmed outbox seqs = %v, want %v (everything not delivered)", got, want)
+	}
+	keys, err := s2.Recoverable(ctx)
+	if err != nil || !slices.Equal(keys, []string{"k1"}) {
+		t.Errorf("Recoverable = %v, %v, want [k1]", keys, err)
+	}
+}
+
+// TestUndeliveredLookupsUseTheirIndex: activation and retention find a key's undelivered outbox
+// entries through the partial index, not by walking every reply the key ever had.
+func TestUndeliveredLookupsUseTheirIndex(t *testing.T) {
+	s := MustOpen(t, Options{})
+	for name, q := range map[string]struct {
+		sql  string
+		args []any
+	}{"unconfirmed": {unconfirmedSQL, []any{"k"}}, "prune": {pruneCandidatesSQL, []any{1, 1}}} {
+		rows, err := s.writer.Query(`EXPLAIN QUERY PLAN `+q.sql, q.args...)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var plan []string
+		for rows.Next() {
+			var id, parent, notused int
+			var detail string
+			if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+				t.Fatal(err)
+			}
+			plan = append(plan, detail)
+		}
+		rows.Close()
+		var outbox string
+		for _, step := range plan {
+			if strings.Contains(step, "outbox") || strings.Contains(step, " o ") {
+				outbox = step
+			}
+		}
+		if !strings.Contains(outbox, "USING INDEX outbox_undelivered (session_key=?)") {
+			t.Errorf("%s: query plan %q, want the outbox searched through outbox_undelivered by key", name, plan)
+		}
 	}
 }
