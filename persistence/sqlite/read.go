@@ -50,47 +50,106 @@ func (s *Store) loadSession(ctx context.Context, key string, historyLimit int) (
 		return nil, err
 	}
 	defer func() { _ = tx.Rollback() }() // read-only: nothing to commit
+	q := preparedTx{tx: tx, s: s}
+	// The statements run under a context that is never cancelled: for a cancellable one modernc
+	// starts a goroutine per statement to watch it, and every activation would pay seven. A
+	// cancelled ctx still ends the snapshot: database/sql rolls the transaction back.
+	qctx := context.WithoutCancel(ctx)
 	snap := &persistence.Snapshot{}
-	route, err := getRoute(ctx, tx, key)
+	route, err := getRoute(qctx, q, key)
 	switch {
 	case errors.Is(err, persistence.ErrNotFound):
 	case err != nil:
 		return nil, err
 	default:
 		snap.Route = route
-		sess, err := getSession(ctx, tx, route.SessionID)
+		sess, err := getSession(qctx, q, route.SessionID)
 		switch {
 		case errors.Is(err, persistence.ErrNotFound):
 		case err != nil:
 			return nil, err
 		default:
 			snap.Session = sess
-			if snap.Pending, err = queryMessages(ctx, tx, `SELECT `+messageCols+` FROM messages
-				WHERE session_id = ? AND role = 'user' AND status = 'pending' AND active = 1
-				ORDER BY seq`, sess.ID); err != nil {
+			if snap.Pending, err = queryMessages(qctx, q, pendingSQL, sess.ID); err != nil {
 				return nil, err
 			}
 			if historyLimit > 0 {
-				if snap.History, err = queryMessages(ctx, tx, `SELECT `+messageCols+` FROM messages
-					WHERE session_id = ? AND active = 1 ORDER BY seq DESC LIMIT ?`, sess.ID, historyLimit); err != nil {
+				if snap.History, err = queryMessages(qctx, q, historySQL, sess.ID, historyLimit); err != nil {
 					return nil, err
 				}
 				slices.Reverse(snap.History)
 			}
-			if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id = ?`,
-				sess.ID).Scan(&snap.LastSeq); err != nil {
+			if err := q.QueryRowContext(qctx, lastSeqSQL, sess.ID).Scan(&snap.LastSeq); err != nil {
 				return nil, err
 			}
 		}
 	}
-	if snap.Unconfirmed, err = queryOutbox(ctx, tx, unconfirmedSQL, key); err != nil {
+	if snap.Unconfirmed, err = queryOutbox(qctx, q, unconfirmedSQL, key); err != nil {
 		return nil, err
 	}
-	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM outbox WHERE session_key = ?`,
-		key).Scan(&snap.LastOutboxSeq); err != nil {
+	if err := q.QueryRowContext(qctx, lastOutboxSeqSQL, key).Scan(&snap.LastOutboxSeq); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	return snap, nil
+}
+
+// The other queries of loadSession.
+const (
+	pendingSQL = `SELECT ` + messageCols + ` FROM messages
+		WHERE session_id = ? AND role = 'user' AND status = 'pending' AND active = 1 ORDER BY seq`
+	historySQL = `SELECT ` + messageCols + ` FROM messages
+		WHERE session_id = ? AND active = 1 ORDER BY seq DESC LIMIT ?`
+	lastSeqSQL       = `SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id = ?`
+	lastOutboxSeqSQL = `SELECT COALESCE(MAX(seq), 0) FROM outbox WHERE session_key = ?`
+)
+
+// preparedTx is a querier that runs each query of a read transaction as a statement prepared
+// once per reader connection (see Store.readStmt), instead of parsing and planning the SQL at
+// every call: a third of an activation's cost otherwise.
+type preparedTx struct {
+	tx *sql.Tx
+	s  *Store
+}
+
+func (p preparedTx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	st, err := p.s.readStmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return p.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+}
+
+func (p preparedTx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	st, err := p.s.readStmt(ctx, query)
+	if err != nil {
+		// sql.Row cannot be made with an error: run the query unprepared, which reports the
+		// same failure (a closed pool, a bad query) through the Row it returns.
+		return p.tx.QueryRowContext(ctx, query, args...)
+	}
+	return p.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+}
+
+// readStmt returns the reader pool's prepared statement for query, preparing it on first use.
+// database/sql prepares it again on each reader connection the first time it runs there, and
+// keeps it for that connection.
+func (s *Store) readStmt(ctx context.Context, query string) (*sql.Stmt, error) {
+	s.readStmtsMu.Lock()
+	defer s.readStmtsMu.Unlock()
+	if st, ok := s.readStmts[query]; ok {
+		return st, nil
+	}
+	st, err := s.reader.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	if s.readStmts == nil {
+		s.readStmts = make(map[string]*sql.Stmt)
+	}
+	s.readStmts[query] = st
+	return st, nil
 }
 
 // FindInbound finds a user message by its platform identity; persistence.ErrNotFound if absent.

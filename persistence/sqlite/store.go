@@ -52,11 +52,14 @@ type Store struct {
 	writer   *sql.DB    // one connection; nil for a read-only store
 	reader   *sql.DB    // query_only connections
 	prepared [numStmts]*sql.Stmt
-	lock     *os.File // flock on <path>.lock; nil for a read-only store
-	ckpt     *checkpointer
-	idx      *indexer // the search index backlog; nil for a read-only store
-	now      func() time.Time
-	ftsWarn  rateLimiter
+	// readStmts are the reader pool's prepared statements, by query (see readStmt).
+	readStmtsMu sync.Mutex
+	readStmts   map[string]*sql.Stmt
+	lock        *os.File // flock on <path>.lock; nil for a read-only store
+	ckpt        *checkpointer
+	idx         *indexer // the search index backlog; nil for a read-only store
+	now         func() time.Time
+	ftsWarn     rateLimiter
 }
 
 var _ persistence.Store = (*Store)(nil)
@@ -284,6 +287,9 @@ func (s *Store) closeAll() error {
 	}
 	if s.ckpt != nil {
 		s.ckpt.stop()
+	}
+	for _, st := range s.readStmts {
+		keep(st.Close())
 	}
 	if s.reader != nil {
 		keep(s.reader.Close())
