@@ -96,8 +96,10 @@ func (s *Store) loadSession(ctx context.Context, key string, historyLimit int) (
 	return snap, nil
 }
 
-// The other queries of loadSession.
+// The queries of loadSession, prepared on the reader pool when the store opens (activationSQL).
 const (
+	routeSQL   = `SELECT key, session_id, generation, updated_at FROM routing WHERE key = ?`
+	sessionSQL = `SELECT ` + sessionCols + ` FROM sessions WHERE id = ?`
 	pendingSQL = `SELECT ` + messageCols + ` FROM messages
 		WHERE session_id = ? AND role = 'user' AND status = 'pending' AND active = 1 ORDER BY seq`
 	historySQL = `SELECT ` + messageCols + ` FROM messages
@@ -106,50 +108,29 @@ const (
 	lastOutboxSeqSQL = `SELECT COALESCE(MAX(seq), 0) FROM outbox WHERE session_key = ?`
 )
 
-// preparedTx is a querier that runs each query of a read transaction as a statement prepared
-// once per reader connection (see Store.readStmt), instead of parsing and planning the SQL at
-// every call: a third of an activation's cost otherwise.
+var activationSQL = []string{routeSQL, sessionSQL, pendingSQL, historySQL, lastSeqSQL, unconfirmedSQL, lastOutboxSeqSQL}
+
+// preparedTx is a querier that runs the queries of a read transaction that the store prepared
+// when it opened (Store.readStmts) as those statements: database/sql prepares each once per
+// reader connection, the first time it runs there, and keeps it, instead of parsing and planning
+// the SQL at every call (a third of an activation's cost). Other queries run unprepared.
 type preparedTx struct {
 	tx *sql.Tx
 	s  *Store
 }
 
 func (p preparedTx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	st, err := p.s.readStmt(ctx, query)
-	if err != nil {
-		return nil, err
+	if st := p.s.readStmts[query]; st != nil {
+		return p.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
 	}
-	return p.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+	return p.tx.QueryContext(ctx, query, args...)
 }
 
 func (p preparedTx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	st, err := p.s.readStmt(ctx, query)
-	if err != nil {
-		// sql.Row cannot be made with an error: run the query unprepared, which reports the
-		// same failure (a closed pool, a bad query) through the Row it returns.
-		return p.tx.QueryRowContext(ctx, query, args...)
+	if st := p.s.readStmts[query]; st != nil {
+		return p.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
 	}
-	return p.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
-}
-
-// readStmt returns the reader pool's prepared statement for query, preparing it on first use.
-// database/sql prepares it again on each reader connection the first time it runs there, and
-// keeps it for that connection.
-func (s *Store) readStmt(ctx context.Context, query string) (*sql.Stmt, error) {
-	s.readStmtsMu.Lock()
-	defer s.readStmtsMu.Unlock()
-	if st, ok := s.readStmts[query]; ok {
-		return st, nil
-	}
-	st, err := s.reader.PrepareContext(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	if s.readStmts == nil {
-		s.readStmts = make(map[string]*sql.Stmt)
-	}
-	s.readStmts[query] = st
-	return st, nil
+	return p.tx.QueryRowContext(ctx, query, args...)
 }
 
 // FindInbound finds a user message by its platform identity; persistence.ErrNotFound if absent.
@@ -500,8 +481,7 @@ func (s *Store) Search(ctx context.Context, query string, limit int) ([]persiste
 
 func getRoute(ctx context.Context, q querier, key string) (*persistence.Route, error) {
 	var r persistence.Route
-	err := q.QueryRowContext(ctx, `SELECT key, session_id, generation, updated_at FROM routing WHERE key = ?`,
-		key).Scan(&r.Key, &r.SessionID, &r.Generation, nanoTime{&r.UpdatedAt})
+	err := q.QueryRowContext(ctx, routeSQL, key).Scan(&r.Key, &r.SessionID, &r.Generation, nanoTime{&r.UpdatedAt})
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, persistence.ErrNotFound
 	}
@@ -512,7 +492,7 @@ func getRoute(ctx context.Context, q querier, key string) (*persistence.Route, e
 }
 
 func getSession(ctx context.Context, q querier, id string) (*persistence.Session, error) {
-	ss, err := scanSession(q.QueryRowContext(ctx, `SELECT `+sessionCols+` FROM sessions WHERE id = ?`, id))
+	ss, err := scanSession(q.QueryRowContext(ctx, sessionSQL, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, persistence.ErrNotFound
 	}

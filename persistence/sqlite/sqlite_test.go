@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -587,5 +588,47 @@ func TestUndeliveredLookupsUseTheirIndex(t *testing.T) {
 		if !strings.Contains(outbox, "USING INDEX outbox_undelivered (session_key=?)") {
 			t.Errorf("%s: query plan %q, want the outbox searched through outbox_undelivered by key", name, plan)
 		}
+	}
+}
+
+// TestLoadSessionConcurrently activates more sessions at once than the store has reader
+// connections, as a daemon restarting with many busy sessions does: each LoadSession holds a
+// connection for its read transaction, and the prepared statements it runs must never need a
+// second one.
+func TestLoadSessionConcurrently(t *testing.T) {
+	const readers, sessions, loads = 2, 8, 16
+	s := MustOpen(t, Options{Readers: readers})
+	var ops []persistence.Op
+	for i := range sessions {
+		sess := newSession(fmt.Sprintf("s%d", i), fmt.Sprintf("k%d", i))
+		ops = append(ops, &persistence.CreateSession{Session: sess},
+			&persistence.PutRoute{Route: persistence.Route{Key: sess.Key, SessionID: sess.ID, Generation: 1, UpdatedAt: t0}},
+			&persistence.AppendMessage{Message: persistence.Message{SessionID: sess.ID, Seq: 1, Role: persistence.RoleUser,
+				Content: "hello", Status: persistence.StatusPending, Active: true, CreatedAt: t0}})
+	}
+	storetest.MustCommit(t, s, ops...)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	errs := make(chan error, 4*sessions)
+	var wg sync.WaitGroup
+	for g := range 4 * sessions {
+		wg.Go(func() {
+			key := fmt.Sprintf("k%d", g%sessions)
+			for range loads {
+				snap, err := s.LoadSession(ctx, key, 10)
+				if err == nil && (snap.Session == nil || len(snap.Pending) != 1 || snap.LastSeq != 1) {
+					err = fmt.Errorf("snapshot of %s: session %v, %d pending, last seq %d", key, snap.Session != nil, len(snap.Pending), snap.LastSeq)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }

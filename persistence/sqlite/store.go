@@ -52,14 +52,14 @@ type Store struct {
 	writer   *sql.DB    // one connection; nil for a read-only store
 	reader   *sql.DB    // query_only connections
 	prepared [numStmts]*sql.Stmt
-	// readStmts are the reader pool's prepared statements, by query (see readStmt).
-	readStmtsMu sync.Mutex
-	readStmts   map[string]*sql.Stmt
-	lock        *os.File // flock on <path>.lock; nil for a read-only store
-	ckpt        *checkpointer
-	idx         *indexer // the search index backlog; nil for a read-only store
-	now         func() time.Time
-	ftsWarn     rateLimiter
+	// readStmts are the reader pool's prepared statements, by query (see preparedTx); read
+	// only once the store is open.
+	readStmts map[string]*sql.Stmt
+	lock      *os.File // flock on <path>.lock; nil for a read-only store
+	ckpt      *checkpointer
+	idx       *indexer // the search index backlog; nil for a read-only store
+	now       func() time.Time
+	ftsWarn   rateLimiter
 }
 
 var _ persistence.Store = (*Store)(nil)
@@ -139,8 +139,18 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	if n <= 0 {
 		n = defaultReaders
 	}
-	s.reader, err = openReader(ctx, s.path, n, false)
-	return err
+	if s.reader, err = openReader(ctx, s.path, n, false); err != nil {
+		return err
+	}
+	s.readStmts = make(map[string]*sql.Stmt, len(activationSQL))
+	for _, q := range activationSQL {
+		st, err := s.reader.PrepareContext(ctx, q)
+		if err != nil {
+			return fmt.Errorf("prepare %q: %w", q, err)
+		}
+		s.readStmts[q] = st
+	}
+	return nil
 }
 
 // OpenReadOnly opens an existing database for reading only, for the admin CLI while the daemon
