@@ -224,14 +224,24 @@ func printBenchReport(w io.Writer, r *benchReport) {
 	fmt.Fprintf(tw, "persisted rows/s\t%.0f\t(%d rows per turn: 2 messages + 1 outbox)\n", r.RowsPerSec, benchRowsPerTurn)
 	fmt.Fprintf(tw, "mean batch\t%.1f\t(write groups per transaction)\n", r.MeanBatch)
 	fmt.Fprintf(tw, "writer busy\t%.0f %%\t(share of the wall time spent in commits: near 100 %% the store bounds the run)\n", 100*r.WriterBusy)
-	fmt.Fprintf(tw, "heap per idle session\t%.1f KiB\t(heap + stacks, after GC, freed when the idle sessions passivate, ÷ N)\n", float64(r.HeapIdle)/1024)
-	fmt.Fprintf(tw, "heap per active session\t%.1f KiB\t(idle plus what one running turn adds: its actor, goroutine, request)\n", float64(r.HeapActive)/1024)
+	fmt.Fprintf(tw, "heap per idle session\t%s\t(heap + stacks, after GC, freed when the idle sessions passivate, ÷ N)\n", heapFigure(r.HeapIdle))
+	fmt.Fprintf(tw, "heap per active session\t%s\t(idle plus what one running turn adds: its actor, goroutine, request)\n", heapFigure(r.HeapActive))
 	fmt.Fprintf(tw, "replayed writes\t%.0f turns/s\t(the daemon's %d transactions committed again, no actors, fresh store)\n", r.ReplayTurnsPerSec, r.Transactions)
 	fmt.Fprintf(tw, "raw SQLite ceiling\t%.0f turns/s\t(%d turns per transaction, fresh store)\n", r.RawTurnsPerSec, benchRawBatch)
 	fmt.Fprintf(tw, "ratio to replayed\t%.3f%s\t(the cost of the runtime around the writes)\n", r.RatioToReplay, spread(r, func(x *benchReport) float64 { return x.RatioToReplay }))
 	fmt.Fprintf(tw, "replayed ÷ raw\t%.3f%s\t(the cost of the daemon's write pattern: two commits per turn, smaller transactions)\n", r.ReplayToRaw, spread(r, func(x *benchReport) float64 { return x.ReplayToRaw }))
 	fmt.Fprintf(tw, "ratio to raw\t%.3f%s\n", r.RatioToRaw, spread(r, func(x *benchReport) float64 { return x.RatioToRaw }))
 	tw.Flush()
+}
+
+// heapFigure formats a heap difference per session. With few sessions the difference drowns in
+// what the rest of the process allocates and frees meanwhile, and can come out at or below
+// zero: that says nothing about a session, so it is not shown as a size.
+func heapFigure(perSession int64) string {
+	if perSession <= 0 {
+		return "not measurable (below the heap's noise at this N: use more sessions)"
+	}
+	return fmt.Sprintf("%.1f KiB", float64(perSession)/1024)
 }
 
 // startCPUProfile starts writing a CPU profile to path (nothing when path is empty) and returns

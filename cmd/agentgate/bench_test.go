@@ -70,6 +70,18 @@ func TestBenchJSON(t *testing.T) {
 	}
 }
 
+func TestHeapFigure(t *testing.T) {
+	for in, want := range map[int64]string{
+		1536:  "1.5 KiB",
+		0:     "not measurable (below the heap's noise at this N: use more sessions)",
+		-3112: "not measurable (below the heap's noise at this N: use more sessions)",
+	} {
+		if got := heapFigure(in); got != want {
+			t.Errorf("heapFigure(%d) = %q, want %q", in, got, want)
+		}
+	}
+}
+
 func TestBenchBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"bench", "--sessions", "0"},
