@@ -86,9 +86,16 @@ func BenchmarkPersistenceActor(b *testing.B) {
 			b.ReportMetric(workload.Median(meanBatch), "mean_batch")
 			b.ReportMetric(workload.Median(sameBatch), "ratio_same_batch")
 			b.ReportMetric(workload.Median(busy), "commit_busy")
+			if bound, ok := g1Targets[tc.sessions]; ok {
+				b.Log(workload.Target{Name: fmt.Sprintf("G1 persistence actor ÷ raw at %d sessions", tc.sessions), Bound: bound}.Verdict(workload.Median(ratio)))
+				b.Log(workload.Target{Name: fmt.Sprintf("G3 mean batch ÷ sessions at %d sessions", tc.sessions), Bound: 0.3}.Verdict(workload.Median(meanBatch) / float64(tc.sessions)))
+			}
 		})
 	}
 }
+
+// g1Targets are G1's bounds by number of sessions (issue #9, perf-anchors §8).
+var g1Targets = map[int]float64{100: 0.75, 1000: 0.85}
 
 // BenchmarkRawBatchSize shows why no closed-loop writer reaches the raw ceiling at S=100: it
 // commits the turns of 100 sessions from one goroutine (no actors) at several transaction sizes
@@ -164,6 +171,9 @@ func BenchmarkSingleTurnLatency(b *testing.B) {
 	b.ReportMetric(workload.Median(ratio), "p50_ratio")
 	b.ReportMetric(workload.Median(actorP99), "actor_p99_us")
 	b.ReportMetric(workload.Median(rawP99), "raw_p99_us")
+	b.Log(workload.Target{Name: "G2 one session's added p50 over a bare transaction", Bound: 50, AtMost: true, Unit: "µs"}.Verdict(workload.Median(added)))
+	b.Log(workload.Target{Name: "G2 p99 over the bare transaction's p99", Bound: 1000, AtMost: true, Unit: "µs"}.Verdict(workload.Median(actorP99) - workload.Median(rawP99)))
+	b.Log(workload.Target{Name: "G9 single-turn p50 ÷ bare transaction p50", Bound: 1.25, AtMost: true}.Verdict(workload.Median(ratio)))
 }
 
 // TestBenchActorHarness runs the closed loop of BenchmarkPersistenceActor small (and under

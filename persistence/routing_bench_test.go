@@ -50,6 +50,8 @@ func BenchmarkRoutingKeys(b *testing.B) {
 			b.ReportMetric(workload.Median(smallUS), fmt.Sprintf("us/turn@%d", small))
 			b.ReportMetric(workload.Median(largeUS), fmt.Sprintf("us/turn@%d", large))
 			b.ReportMetric(workload.Median(ratio), "ratio")
+			b.Log(workload.Target{Name: fmt.Sprintf("G6 per-turn cost at %d ÷ %d routing keys, %d turns per transaction", large, small, tc.perTxn),
+				Bound: 1.25, AtMost: true}.Verdict(workload.Median(ratio)))
 		})
 	}
 }

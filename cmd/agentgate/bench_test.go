@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 )
@@ -50,6 +51,10 @@ func TestBenchJSON(t *testing.T) {
 	if got.RatioToRaw <= 0 {
 		t.Errorf("ratio_to_raw = %v, want > 0", got.RatioToRaw)
 	}
+	if got.Target != 0 || got.TargetShortfall != 0 {
+		t.Errorf("target_ratio_to_raw, target_shortfall = %v, %v at 5 sessions, want none (the issue sets targets at 100 and 1,000)",
+			got.Target, got.TargetShortfall)
+	}
 	// Two rounds: each has its own report, and the top level holds their medians (of two: the
 	// mean, so between them).
 	if len(got.Rounds) != 2 {
@@ -78,6 +83,31 @@ func TestHeapFigure(t *testing.T) {
 	} {
 		if got := heapFigure(in); got != want {
 			t.Errorf("heapFigure(%d) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestBenchTargetInReport(t *testing.T) {
+	for _, tc := range []struct {
+		sessions int
+		ratio    float64
+		want     string // in the text report; "" for no target line
+	}{
+		{100, 0.5, "target daemon ÷ raw at 100 sessions (issue #9): 0.500 (≥ 0.750): MISSED by 0.250"},
+		{1000, 0.9, "target daemon ÷ raw at 1000 sessions (issue #9): 0.900 (≥ 0.850): met"},
+		{5, 0.5, ""},
+	} {
+		var out bytes.Buffer
+		printBenchReport(&out, &benchReport{Sessions: tc.sessions, RatioToRaw: tc.ratio, ReplayToRaw: 0.7, RatioToReplay: tc.ratio / 0.7})
+		text := out.String()
+		switch {
+		case tc.want == "" && strings.Contains(text, "target"):
+			t.Errorf("report at %d sessions has a target line:\n%s", tc.sessions, text)
+		case tc.want != "" && !strings.Contains(text, tc.want+"\n"):
+			t.Errorf("report at %d sessions lacks %q:\n%s", tc.sessions, tc.want, text)
+		}
+		if missed := strings.Contains(text, "MISSED"); missed != strings.Contains(text, "why:") {
+			t.Errorf("report at %d sessions: a miss and its why go together:\n%s", tc.sessions, text)
 		}
 	}
 }
