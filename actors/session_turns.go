@@ -14,6 +14,17 @@ import (
 // waiting counts the messages waiting for a turn (not the running one).
 func (s *Session) waiting() int { return len(s.queue) }
 
+// dequeue removes the first n items of the queue. A queue that empties drops its backing array:
+// the array still holds the items taken out, so an idle session would otherwise keep its last
+// message (text, source, requester) alive until the next one arrives.
+func (s *Session) dequeue(n int) {
+	if n == len(s.queue) {
+		s.queue = nil
+		return
+	}
+	s.queue = s.queue[n:]
+}
+
 // tryStart starts the next turn if none runs and the head of the queue is durable.
 func (s *Session) tryStart(c actor.Context) {
 	if s.running != nil || len(s.queue) == 0 || !s.queue[0].durable {
@@ -27,7 +38,7 @@ func (s *Session) tryStart(c actor.Context) {
 	}
 	s.d.props()
 	group := s.nextGroup()
-	s.queue = s.queue[len(group):]
+	s.dequeue(len(group))
 	last := group[len(group)-1]
 	turnID := newID("t_")
 	req := &agents.Request{
@@ -119,7 +130,7 @@ func (s *Session) steer(c actor.Context, it *item) bool {
 		it.src.UserID != last.src.UserID || it.sessionID != last.sessionID {
 		return false
 	}
-	s.queue = s.queue[1:]
+	s.dequeue(1)
 	r.steered = append(r.steered, it)
 	c.Send(r.pid, &steerIn{msg: s.agentMessage(it)})
 	return true
