@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -631,4 +632,137 @@ func TestLoadSessionConcurrently(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
+}
+
+// TestMigrationOutboxRowidTable migrates a store whose outbox is still the WITHOUT ROWID table
+// of 0001–0007: every entry keeps every column, the key stays unique (a re-sent AddOutbox is
+// still a no-op), new entries follow the old ones, and lookups by key use the key's index.
+func TestMigrationOutboxRowidTable(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")},
+		&persistence.CreateSession{Session: newSession("s2", "k2")})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	raw := MustRawDB(t, s.Path())
+	// The outbox as 0001 created it and 0007 left it.
+	mustExec(t, raw, `DROP TABLE outbox`)
+	mustExec(t, raw, `CREATE TABLE outbox (
+		session_key TEXT NOT NULL, seq INTEGER NOT NULL, session_id TEXT NOT NULL DEFAULT '',
+		kind TEXT NOT NULL DEFAULT '', text TEXT NOT NULL DEFAULT '', turn_id TEXT NOT NULL DEFAULT '',
+		in_reply_to TEXT NOT NULL DEFAULT '[]', platform TEXT NOT NULL DEFAULT '',
+		chat_type TEXT NOT NULL DEFAULT '', chat_id TEXT NOT NULL DEFAULT '',
+		thread_id TEXT NOT NULL DEFAULT '', user_id TEXT NOT NULL DEFAULT '',
+		state TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0,
+		created_at INTEGER, delivered_at INTEGER,
+		PRIMARY KEY (session_key, seq)) WITHOUT ROWID`)
+	mustExec(t, raw, `CREATE INDEX outbox_undelivered ON outbox (session_key, seq) WHERE state <> 'delivered'`)
+	old := []persistence.OutboxEntry{
+		{SessionKey: "k1", Seq: 1, SessionID: "s1", Kind: "reply", Text: "one", TurnID: "t1", InReplyTo: []string{"m1"},
+			Platform: "http", ChatType: "dm", ChatID: "c-k1", UserID: "u", State: persistence.DeliveryDelivered,
+			Attempts: 1, CreatedAt: t0, DeliveredAt: t0.Add(time.Second)},
+		{SessionKey: "k2", Seq: 1, SessionID: "s2", Kind: "notice", Text: "two", ThreadID: "th",
+			Platform: "discord", ChatType: "thread", ChatID: "c-k2", State: persistence.DeliveryFailed,
+			Attempts: 3, CreatedAt: t0.Add(2 * time.Second)},
+		{SessionKey: "k1", Seq: 2, SessionID: "s1", Kind: "reply", Text: "three", InReplyTo: []string{"m2", "m3"},
+			Platform: "http", ChatType: "dm", ChatID: "c-k1", State: persistence.DeliveryPending,
+			CreatedAt: t0.Add(3 * time.Second)},
+	}
+	for _, e := range old {
+		inReplyTo, err := json.Marshal(e.InReplyTo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, raw, `INSERT INTO outbox (`+outboxCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			e.SessionKey, e.Seq, e.SessionID, e.Kind, e.Text, e.TurnID, string(inReplyTo),
+			e.Platform, e.ChatType, e.ChatID, e.ThreadID, e.UserID, e.State, e.Attempts, e.CreatedAt.UnixNano(),
+			nullTime(e.DeliveredAt))
+	}
+	mustExec(t, raw, `DELETE FROM schema_migrations WHERE version >= 8`)
+
+	s2, err := Open(ctx, s.Path(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	var withoutRowid int
+	if err := raw.QueryRow(`SELECT wr FROM pragma_table_list WHERE name = 'outbox'`).Scan(&withoutRowid); err != nil {
+		t.Fatal(err)
+	}
+	if withoutRowid != 0 {
+		t.Error("the outbox is still a WITHOUT ROWID table")
+	}
+	// Every column of every entry survives.
+	got, err := queryOutbox(ctx, raw, `SELECT `+outboxCols+` FROM outbox ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(old, got); diff != "" {
+		t.Errorf("outbox after migrating, in id order (-before +after):\n%s", diff)
+	}
+	// The key is still unique: a re-sent entry changes nothing, a new one goes after the old.
+	again := old[2]
+	again.Text = "changed"
+	storetest.MustCommit(t, s2, &persistence.AddOutbox{Entry: again},
+		&persistence.AddOutbox{Entry: persistence.OutboxEntry{SessionKey: "k1", Seq: 3, SessionID: "s1",
+			Kind: "reply", Text: "four", State: persistence.DeliveryPending, CreatedAt: t0.Add(4 * time.Second)}})
+	var texts []string
+	rows, err := raw.Query(`SELECT text FROM outbox ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var x string
+		if err := rows.Scan(&x); err != nil {
+			t.Fatal(err)
+		}
+		texts = append(texts, x)
+	}
+	rows.Close()
+	if want := []string{"one", "two", "three", "four"}; !slices.Equal(texts, want) {
+		t.Errorf("outbox texts in id order = %q, want %q", texts, want)
+	}
+	snap, err := s2.LoadSession(ctx, "k1", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.LastOutboxSeq != 3 || len(snap.Unconfirmed) != 2 || snap.Unconfirmed[0].Seq != 2 || snap.Unconfirmed[1].Seq != 3 {
+		t.Errorf("k1 after migrating: last outbox seq %d, unconfirmed %+v; want 3 and seqs 2, 3", snap.LastOutboxSeq, snap.Unconfirmed)
+	}
+	// Lookups by key go through the key's index, never through the whole table.
+	for _, q := range []string{lastOutboxSeqSQL, unconfirmedSQL} {
+		plan := queryPlan(t, s2.writer, q, "k1")
+		if strings.Contains(plan, "SCAN outbox") {
+			t.Errorf("plan of %q scans the outbox:\n%s", q, plan)
+		}
+	}
+}
+
+// queryPlan returns EXPLAIN QUERY PLAN of q, one detail per line.
+func queryPlan(t *testing.T, db *sql.DB, q string, args ...any) string {
+	t.Helper()
+	rows, err := db.Query(`EXPLAIN QUERY PLAN `+q, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var sb strings.Builder
+	for rows.Next() {
+		var id, parent, notused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		sb.WriteString(detail + "\n")
+	}
+	return sb.String()
+}
+
+// nullTime is t in Unix nanoseconds, or NULL for the zero time, as the store writes times.
+func nullTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.UnixNano()
 }
