@@ -6,6 +6,7 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"path"
 	"sort"
 	"strconv"
@@ -54,8 +55,9 @@ func migrations() ([]migration, error) {
 
 // migrate applies the embedded migrations that the database lacks, in order, in one write
 // transaction, and records each in schema_migrations. A database migrated by a newer binary is
-// refused.
-func migrate(ctx context.Context, w *sql.DB) error {
+// refused. It logs each migration it applies and how long they took together (a migration that
+// rebuilds a table takes a while on a large store, and the daemon does not listen meanwhile).
+func migrate(ctx context.Context, w *sql.DB, log *slog.Logger) error {
 	ms, err := migrations()
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
@@ -78,10 +80,15 @@ func migrate(ctx context.Context, w *sql.DB) error {
 	if latest := ms[len(ms)-1].version; current > latest {
 		return fmt.Errorf("migrate: database schema version %d is newer than this binary's %d", current, latest)
 	}
+	start, applied := time.Now(), 0
 	for _, m := range ms {
 		if m.version <= current {
 			continue
 		}
+		if current > 0 { // a new database gets every migration: nothing to tell
+			log.Info("migrating the schema", "migration", m.name)
+		}
+		applied++
 		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
 			return fmt.Errorf("migrate %s: %w", m.name, err)
 		}
@@ -93,6 +100,9 @@ func migrate(ctx context.Context, w *sql.DB) error {
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("migrate: %w", err)
+	}
+	if applied > 0 && current > 0 {
+		log.Info("schema migrated", "from", current, "to", ms[len(ms)-1].version, "took", time.Since(start).Round(time.Millisecond))
 	}
 	return nil
 }

@@ -681,11 +681,17 @@ func TestMigrationOutboxRowidTable(t *testing.T) {
 	}
 	mustExec(t, raw, `DELETE FROM schema_migrations WHERE version >= 8`)
 
-	s2, err := Open(ctx, s.Path(), Options{})
+	var logs testutil.Buffer
+	s2, err := Open(ctx, s.Path(), Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s2.Close()
+	for _, want := range []string{"msg=\"migrating the schema\" migration=0008_outbox_rowid_table.sql", "msg=\"schema migrated\" from=7 to=8"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, logs.String())
+		}
+	}
 	var withoutRowid int
 	if err := raw.QueryRow(`SELECT wr FROM pragma_table_list WHERE name = 'outbox'`).Scan(&withoutRowid); err != nil {
 		t.Fatal(err)

@@ -125,7 +125,7 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
 	s.writer = w
-	if err := migrate(ctx, w); err != nil {
+	if err := migrate(ctx, w, s.log); err != nil {
 		return err
 	}
 	for id, q := range writeSQL {
