@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents/openai"
+	"github.com/agentgate/agentgate/agents/openai/openaitest"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/testutil"
@@ -31,92 +31,26 @@ import (
 // byte may ever contain it.
 const openaiKey = "sk-agentgate-test-7d1e0c9b5a3f28e64c1d9b7a5e3f1c0d"
 
-// fakeModel is an OpenAI-compatible endpoint on loopback: answer(n) answers the n-th request (from
-// 1); every request body is recorded before it is answered.
-type fakeModel struct {
-	srv    *httptest.Server
-	mu     sync.Mutex
-	bodies []string
-	answer func(n int, w http.ResponseWriter, r *http.Request)
-	got    chan int
-}
-
-func newModel(t *testing.T, answer func(n int, w http.ResponseWriter, r *http.Request)) *fakeModel {
+// newModel starts a fake model that answers the n-th request (from 1) with answer, once it
+// carries the test key (a request without it gets 401).
+func newModel(t *testing.T, answer func(n int, w http.ResponseWriter, r *http.Request)) *openaitest.Model {
 	t.Helper()
-	m := &fakeModel{answer: answer, got: make(chan int, 64)}
-	m.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/v1/chat/completions" || r.Header.Get("Authorization") != "Bearer "+openaiKey {
-			http.Error(w, "wrong path or key", http.StatusUnauthorized)
+	return openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+openaiKey {
+			http.Error(w, "wrong key", http.StatusUnauthorized)
 			return
 		}
-		body, _ := io.ReadAll(r.Body)
-		m.mu.Lock()
-		m.bodies = append(m.bodies, string(body))
-		n := len(m.bodies)
-		m.mu.Unlock()
-		m.got <- n
-		m.answer(n, w, r)
-	}))
-	t.Cleanup(m.srv.Close)
-	return m
-}
-
-// body returns the n-th request body (from 1).
-func (m *fakeModel) body(t *testing.T, n int) string {
-	t.Helper()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if len(m.bodies) < n {
-		t.Fatalf("the model got %d requests, want at least %d", len(m.bodies), n)
-	}
-	return m.bodies[n-1]
-}
-
-func (m *fakeModel) requests() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.bodies)
-}
-
-// waitRequest blocks until the model got its n-th request.
-func (m *fakeModel) waitRequest(t *testing.T, n int) {
-	t.Helper()
-	waitUntil(t, func() bool { return m.requests() >= n })
-}
-
-// writeReply answers with one non-streamed completion.
-func writeReply(w http.ResponseWriter, text string, in, out int64) {
-	w.Header().Set("Content-Type", "application/json")
-	b, _ := json.Marshal(text)
-	fmt.Fprintf(w, `{"choices":[{"index":0,"message":{"role":"assistant","content":%s},"finish_reason":"stop"}],"usage":{"prompt_tokens":%d,"completion_tokens":%d}}`, b, in, out)
-}
-
-// writeStream answers with a stream of deltas, waiting for gate before each delta after the
-// first, then the usage and [DONE].
-func writeStream(w http.ResponseWriter, r *http.Request, gate <-chan struct{}, in, out int64, deltas ...string) {
-	w.Header().Set("Content-Type", "text/event-stream")
-	for i, d := range deltas {
-		if i > 0 && gate != nil {
-			select {
-			case <-gate:
-			case <-r.Context().Done():
-				return
-			}
-		}
-		b, _ := json.Marshal(d)
-		fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":%s}}]}\n\n", b)
-		w.(http.Flusher).Flush()
-	}
-	fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d}}\n\ndata: [DONE]\n\n", in, out)
+		answer(n, w, r)
+	})
 }
 
 // useOpenAI configures the openai backend against m with the test key.
-func useOpenAI(t *testing.T, m *fakeModel, more func(*config.OpenAI)) func(*config.Config) {
+func useOpenAI(t *testing.T, m *openaitest.Model, more func(*config.OpenAI)) func(*config.Config) {
 	t.Setenv("AGENTGATE_TEST_OPENAI_KEY", openaiKey)
 	return func(c *config.Config) {
 		c.Agent.Backend = "openai"
 		o := &c.Agent.OpenAI
-		o.BaseURL, o.Model, o.APIKeyEnv = m.srv.URL+"/v1", "test-model", "AGENTGATE_TEST_OPENAI_KEY"
+		o.BaseURL, o.Model, o.APIKeyEnv = m.URL(), "test-model", "AGENTGATE_TEST_OPENAI_KEY"
 		if more != nil {
 			more(o)
 		}
@@ -138,7 +72,7 @@ func jsonString(s string) string {
 func TestOpenAIRequestsThroughTheRuntime(t *testing.T) {
 	replies := []string{"Hello Ann.", "Hi Bob.", "Third reply.", "Long answer.", "Fresh start."}
 	m := newModel(t, func(n int, w http.ResponseWriter, r *http.Request) {
-		writeReply(w, replies[n-1], int64(100*n), int64(10*n))
+		openaitest.WriteReply(w, replies[n-1], int64(100*n), int64(10*n))
 	})
 	clk := testutil.NewClock(t0)
 	dir := t.TempDir()
@@ -152,7 +86,7 @@ func TestOpenAIRequestsThroughTheRuntime(t *testing.T) {
 	sys := `{"role":"system","content":"You are a test."}`
 	check := func(n int, want string) {
 		t.Helper()
-		if got := m.body(t, n); got != compactJSON(t, want) {
+		if got := m.Body(t, n); got != compactJSON(t, want) {
 			t.Errorf("request %d\n got %s\nwant %s", n, got, compactJSON(t, want))
 		}
 	}
@@ -266,10 +200,10 @@ func TestOpenAIStreamsIntoADraft(t *testing.T) {
 			gate := make(chan struct{})
 			m := newModel(t, func(n int, w http.ResponseWriter, r *http.Request) {
 				if n == 1 {
-					writeStream(w, r, gate, 11, 3, "Hel", "lo", " world")
+					openaitest.WriteStream(w, r, gate, 11, 3, "Hel", "lo", " world")
 					return
 				}
-				writeReply(w, "plain reply", 5, 2)
+				openaitest.WriteReply(w, "plain reply", 5, 2)
 			})
 			r := MustStartDaemon(t, nil, daemonOpts{editor: true, draftInterval: tc.interval, tweak: useOpenAI(t, m, nil)})
 			defer r.stop(t)
@@ -299,8 +233,8 @@ func TestOpenAIStreamsIntoADraft(t *testing.T) {
 			if len(sent) != 1 || sent[0].DraftID != "draft-1" || sent[0].Text != "Hello world" || sent[0].Kind != platforms.KindReply {
 				t.Errorf("sent %+v, want one reply \"Hello world\" finishing draft-1", sent)
 			}
-			if !strings.Contains(m.body(t, 1), `"stream":true,"stream_options":{"include_usage":true}`) {
-				t.Errorf("request 1 does not stream: %s", m.body(t, 1))
+			if !strings.Contains(m.Body(t, 1), `"stream":true,"stream_options":{"include_usage":true}`) {
+				t.Errorf("request 1 does not stream: %s", m.Body(t, 1))
 			}
 			if s := r.session(t, ack.SessionID); s.InputTokens != 11 || s.OutputTokens != 3 {
 				t.Errorf("session tokens = %d/%d, want 11/3 from the stream", s.InputTokens, s.OutputTokens)
@@ -317,7 +251,7 @@ func TestOpenAIStreamsIntoADraft(t *testing.T) {
 			if resp.StatusCode != http.StatusOK || !strings.Contains(string(raw), `"plain reply"`) {
 				t.Errorf("HTTP answer %d %s, want the reply", resp.StatusCode, raw)
 			}
-			if b := m.body(t, 2); strings.Contains(b, "stream") {
+			if b := m.Body(t, 2); strings.Contains(b, "stream") {
 				t.Errorf("request from the HTTP platform streams: %s", b)
 			}
 		})
@@ -338,7 +272,7 @@ func TestOpenAIInterruptCancelsTheRequest(t *testing.T) {
 			close(cancelled)
 			return
 		}
-		writeStream(w, r, nil, 7, 2, "second")
+		openaitest.WriteStream(w, r, nil, 7, 2, "second")
 	})
 	r := MustStartDaemon(t, nil, daemonOpts{editor: true, draftInterval: time.Nanosecond,
 		tweak: func(c *config.Config) { useOpenAI(t, m, nil)(c); c.Sessions.Queue.Mode = "interrupt" }})
@@ -398,10 +332,10 @@ func TestOpenAISteering(t *testing.T) {
 	m := newModel(t, func(n int, w http.ResponseWriter, r *http.Request) {
 		if n == 1 {
 			<-release
-			writeReply(w, "First.", 10, 1)
+			openaitest.WriteReply(w, "First.", 10, 1)
 			return
 		}
-		writeReply(w, "Second.", 20, 2)
+		openaitest.WriteReply(w, "Second.", 20, 2)
 	})
 	logs := &logSignal{want: "steered message taken", ready: make(chan struct{})}
 	taken := logs.ready
@@ -409,7 +343,7 @@ func TestOpenAISteering(t *testing.T) {
 		tweak: func(c *config.Config) { useOpenAI(t, m, nil)(c); c.Sessions.Queue.Mode = "steer" }})
 	defer r.stop(t)
 	first := r.inject(t, dm, "s1", "question")
-	m.waitRequest(t, 1)
+	m.WaitRequests(t, 1)
 	if ack := r.inject(t, dm, "s2", "and also this"); ack.Disposition != platforms.Steered {
 		t.Fatalf("s2 disposition %s, want steered", ack.Disposition)
 	}
@@ -422,7 +356,7 @@ func TestOpenAISteering(t *testing.T) {
 	r.waitReplyTo(t, "s1")
 	want := `{"model":"test-model","messages":[{"role":"user","content":"question"},{"role":"assistant","content":"First."},
 		{"role":"user","content":"and also this"}]}`
-	if got := m.body(t, 2); got != compactJSON(t, want) {
+	if got := m.Body(t, 2); got != compactJSON(t, want) {
 		t.Errorf("second call\n got %s\nwant %s", got, compactJSON(t, want))
 	}
 	sent := r.fake.Sent()
@@ -455,14 +389,14 @@ func TestOpenAIKeyNeverLeaks(t *testing.T) {
 		case 4:
 			http.Error(w, "no such key "+openaiKey, http.StatusForbidden)
 		default:
-			writeStream(w, r, nil, 3, 1, "fine")
+			openaitest.WriteStream(w, r, nil, 3, 1, "fine")
 		}
 	})
 	logs := &testutil.Buffer{}
 	var waits []time.Duration
 	var mu sync.Mutex
 	t.Setenv("AGENTGATE_TEST_OPENAI_KEY", openaiKey)
-	agent, err := openai.New(openai.Config{BaseURL: m.srv.URL + "/v1", Model: "test-model", APIKeyEnv: "AGENTGATE_TEST_OPENAI_KEY",
+	agent, err := openai.New(openai.Config{BaseURL: m.URL(), Model: "test-model", APIKeyEnv: "AGENTGATE_TEST_OPENAI_KEY",
 		MaxRetries: 1, Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Sleep: func(ctx context.Context, d time.Duration) error {
 			mu.Lock()
@@ -478,8 +412,8 @@ func TestOpenAIKeyNeverLeaks(t *testing.T) {
 	for i, id := range []string{"k1", "k2", "k3", "k4"} {
 		r.inject(t, dm, id, "try "+id)
 		r.waitReplyTo(t, id)
-		if i == 0 && m.requests() != 2 {
-			t.Errorf("first turn made %d requests, want 2 (429 retried once)", m.requests())
+		if i == 0 && m.Count() != 2 {
+			t.Errorf("first turn made %d requests, want 2 (429 retried once)", m.Count())
 		}
 	}
 	mu.Lock()
@@ -537,7 +471,7 @@ func TestOpenAISteeredTooLateRunsNext(t *testing.T) {
 		if n <= openai.MaxSteerRounds+1 {
 			<-release
 		}
-		writeReply(w, fmt.Sprint("answer ", n), 1, 1)
+		openaitest.WriteReply(w, fmt.Sprint("answer ", n), 1, 1)
 	})
 	logs := &testutil.Buffer{}
 	r := MustStartDaemon(t, nil, daemonOpts{logs: logs,
@@ -545,14 +479,14 @@ func TestOpenAISteeredTooLateRunsNext(t *testing.T) {
 	defer r.stop(t)
 	r.inject(t, dm, "s0", "go")
 	for i := 1; i <= openai.MaxSteerRounds; i++ {
-		m.waitRequest(t, i)
+		m.WaitRequests(t, i)
 		if ack := r.inject(t, dm, fmt.Sprint("s", i), fmt.Sprint("more ", i)); ack.Disposition != platforms.Steered {
 			t.Fatalf("s%d disposition %s, want steered", i, ack.Disposition)
 		}
 		waitUntil(t, func() bool { return strings.Count(logs.String(), "steered message taken") == i })
 		release <- struct{}{}
 	}
-	m.waitRequest(t, openai.MaxSteerRounds+1) // the last call of the turn: nothing is taken now
+	m.WaitRequests(t, openai.MaxSteerRounds+1) // the last call of the turn: nothing is taken now
 	late := r.inject(t, dm, "late", "one more")
 	if late.Disposition != platforms.Steered {
 		t.Fatalf("late disposition %s, want steered (the session does not know the agent's limit)", late.Disposition)
@@ -568,7 +502,7 @@ func TestOpenAISteeredTooLateRunsNext(t *testing.T) {
 		}
 		t.Errorf("replies answer %v, want [[s0 s1 s2 s3] [late]]", got)
 	}
-	if last := m.body(t, openai.MaxSteerRounds+2); !strings.Contains(last, `"content":"one more"}]}`) {
+	if last := m.Body(t, openai.MaxSteerRounds+2); !strings.Contains(last, `"content":"one more"}]}`) {
 		t.Errorf("the late message's own turn sent %s", last)
 	}
 }

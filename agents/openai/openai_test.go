@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/openai"
+	"github.com/agentgate/agentgate/agents/openai/openaitest"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/google/go-cmp/cmp"
@@ -109,12 +110,12 @@ func TestRequestBodies(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			m := newFakeModel(t, reply("ok", 1, 1))
+			m := newFakeModel(t, openaitest.Reply("ok", 1, 1))
 			a := MustAgent(t, m, nil, nil, tt.tweak)
 			if _, err := a.Run(t.Context(), &tt.req); err != nil {
 				t.Fatalf("Run: %v", err)
 			}
-			calls := m.recorded()
+			calls := m.Requests()
 			if len(calls) != 1 {
 				t.Fatalf("%d requests, want 1", len(calls))
 			}
@@ -130,18 +131,18 @@ func TestRequestBodies(t *testing.T) {
 }
 
 func TestNoKeyVariableSendsNoAuthorization(t *testing.T) {
-	m := newFakeModel(t, reply("ok", 1, 1))
+	m := newFakeModel(t, openaitest.Reply("ok", 1, 1))
 	a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.APIKeyEnv = "" })
 	if _, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}}); err != nil {
 		t.Fatal(err)
 	}
-	if h := m.recorded()[0].Header.Get("Authorization"); h != "" {
+	if h := m.Requests()[0].Header.Get("Authorization"); h != "" {
 		t.Errorf("Authorization = %q, want none", h)
 	}
 }
 
 func TestReplyAndUsage(t *testing.T) {
-	m := newFakeModel(t, reply("  Hello there.\n", 321, 12))
+	m := newFakeModel(t, openaitest.Reply("  Hello there.\n", 321, 12))
 	a := MustAgent(t, m, nil, nil, nil)
 	resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
 	if err != nil {
@@ -153,7 +154,7 @@ func TestReplyAndUsage(t *testing.T) {
 }
 
 func TestEmptyReplyIsAnError(t *testing.T) {
-	m := newFakeModel(t, reply("", 40, 0))
+	m := newFakeModel(t, openaitest.Reply("", 40, 0))
 	a := MustAgent(t, m, nil, nil, nil)
 	resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
 	if !errors.Is(err, openai.ErrEmptyReply) {
@@ -168,7 +169,7 @@ func TestEmptyReplyIsAnError(t *testing.T) {
 // (one call per delta), and the reply and usage come from the stream.
 func TestStreaming(t *testing.T) {
 	gate := make(chan struct{})
-	m := newFakeModel(t, stream(gate, 55, 3, "Hel", "lo, ", "world"))
+	m := newFakeModel(t, openaitest.Stream(gate, 55, 3, "Hel", "lo, ", "world"))
 	a := MustAgent(t, m, nil, nil, nil)
 	partials := make(chan string, 16)
 	type result struct {
@@ -204,7 +205,7 @@ func TestStreaming(t *testing.T) {
 		t.Errorf("Run = %q %+v, want \"Hello, world\" {55 3}", r.resp.Text, r.resp.Usage)
 	}
 	want := compact(t, `{"model":"gpt-test","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`)
-	if got := m.recorded()[0]; got.Body != want || got.Header.Get("Accept") != "text/event-stream" {
+	if got := m.Requests()[0]; got.Body != want || got.Header.Get("Accept") != "text/event-stream" {
 		t.Errorf("request %s (Accept %q), want %s", got.Body, got.Header.Get("Accept"), want)
 	}
 	if len(partials) != 0 {
@@ -213,7 +214,7 @@ func TestStreaming(t *testing.T) {
 }
 
 func TestStreamRequestAnsweredWithJSON(t *testing.T) {
-	m := newFakeModel(t, reply("whole", 2, 1))
+	m := newFakeModel(t, openaitest.Reply("whole", 2, 1))
 	a := MustAgent(t, m, nil, nil, nil)
 	var got []string
 	resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}, Partial: func(s string) { got = append(got, s) }})
@@ -238,38 +239,38 @@ func TestRetries(t *testing.T) {
 		{
 			name: "Retry-After seconds, HTTP date, backoff",
 			steps: []http.HandlerFunc{
-				status(429, `{"error":{"message":"Rate limit reached"}}`, "Retry-After: 7"),
-				status(503, `overloaded`, "Retry-After: "+now.Add(3*time.Second).Format(http.TimeFormat)),
-				status(500, `{"error":{"message":"boom"}}`),
-				reply("finally", 9, 2),
+				openaitest.Status(429, `{"error":{"message":"Rate limit reached"}}`, "Retry-After: 7"),
+				openaitest.Status(503, `overloaded`, "Retry-After: "+now.Add(3*time.Second).Format(http.TimeFormat)),
+				openaitest.Status(500, `{"error":{"message":"boom"}}`),
+				openaitest.Reply("finally", 9, 2),
 			},
 			waits: []time.Duration{7 * time.Second, 3 * time.Second, 4 * time.Second}, calls: 4, wantReply: "finally",
 		},
 		{
 			name:  "retry-after-ms",
-			steps: []http.HandlerFunc{status(429, `{}`, "Retry-After-Ms: 1500", "Retry-After: 2"), reply("ok", 1, 1)},
+			steps: []http.HandlerFunc{openaitest.Status(429, `{}`, "Retry-After-Ms: 1500", "Retry-After: 2"), openaitest.Reply("ok", 1, 1)},
 			waits: []time.Duration{1500 * time.Millisecond}, calls: 2, wantReply: "ok",
 		},
 		{
 			name:  "backoff is capped",
-			steps: []http.HandlerFunc{status(502, ``), status(502, ``), status(502, ``), status(502, ``), reply("ok", 1, 1)},
+			steps: []http.HandlerFunc{openaitest.Status(502, ``), openaitest.Status(502, ``), openaitest.Status(502, ``), openaitest.Status(502, ``), openaitest.Reply("ok", 1, 1)},
 			tweak: func(c *openai.Config) { c.MaxRetries, c.MaxBackoff = 5, 3*time.Second },
 			waits: []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 3 * time.Second}, calls: 5, wantReply: "ok",
 		},
 		{
 			name:  "retries run out",
-			steps: []http.HandlerFunc{status(500, `{"error":{"message":"still broken"}}`)},
+			steps: []http.HandlerFunc{openaitest.Status(500, `{"error":{"message":"still broken"}}`)},
 			waits: []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}, calls: 4,
 			wantErr: "model endpoint answered 500 Internal Server Error: still broken",
 		},
 		{
 			name:  "Retry-After longer than max_backoff is not retried",
-			steps: []http.HandlerFunc{status(429, `{"error":{"message":"quota"}}`, "Retry-After: 120")},
+			steps: []http.HandlerFunc{openaitest.Status(429, `{"error":{"message":"quota"}}`, "Retry-After: 120")},
 			calls: 1, wantErr: "model endpoint answered 429 Too Many Requests: quota",
 		},
 		{
 			name:  "a client error is not retried",
-			steps: []http.HandlerFunc{status(400, `{"error":{"message":"context length exceeded"}}`)},
+			steps: []http.HandlerFunc{openaitest.Status(400, `{"error":{"message":"context length exceeded"}}`)},
 			calls: 1, wantErr: "model endpoint answered 400 Bad Request: context length exceeded",
 		},
 		{
@@ -278,7 +279,7 @@ func TestRetries(t *testing.T) {
 				w.Header().Set("Content-Type", "text/event-stream")
 				w.(http.Flusher).Flush()
 				panic(http.ErrAbortHandler)
-			}, stream(nil, 1, 1, "fine")},
+			}, openaitest.Stream(nil, 1, 1, "fine")},
 			tweak: func(c *openai.Config) {}, waits: []time.Duration{time.Second}, calls: 2, wantReply: "fine",
 		},
 		{
@@ -318,7 +319,7 @@ func TestRetries(t *testing.T) {
 			if d := cmp.Diff(tt.waits, sl.waits()); d != "" {
 				t.Errorf("waits mismatch (-want +got):\n%s", d)
 			}
-			if n := len(m.recorded()); n != tt.calls {
+			if n := len(m.Requests()); n != tt.calls {
 				t.Errorf("%d requests, want %d", n, tt.calls)
 			}
 		})
@@ -379,7 +380,7 @@ func TestCancelAbortsTheRequest(t *testing.T) {
 				_, err := a.Run(ctx, req)
 				done <- err
 			}()
-			m.waitCall(t)
+			m.Wait(t)
 			cancel()
 			select {
 			case <-cancelled:
@@ -408,8 +409,8 @@ func TestSteering(t *testing.T) {
 	release := make(chan struct{})
 	m := newFakeModel(t, func(w http.ResponseWriter, r *http.Request) {
 		<-release
-		reply("First answer.", 10, 2)(w, r)
-	}, reply("Second answer.", 20, 3))
+		openaitest.Reply("First answer.", 10, 2)(w, r)
+	}, openaitest.Reply("Second answer.", 20, 3))
 	a := MustAgent(t, m, nil, nil, nil)
 	if !a.CanSteer() {
 		t.Fatal("CanSteer() = false")
@@ -423,12 +424,12 @@ func TestSteering(t *testing.T) {
 		}
 		done <- resp
 	}()
-	m.waitCall(t)
+	m.Wait(t)
 	steer <- msg("user", "[Ann] and also this")
 	close(release)
 	resp := <-done
 	close(steer)
-	calls := m.recorded()
+	calls := m.Requests()
 	if len(calls) != 2 {
 		t.Fatalf("%d requests, want 2", len(calls))
 	}
@@ -448,17 +449,17 @@ func TestSteeringIsBounded(t *testing.T) {
 	steer := make(chan agents.Message)
 	var answers []http.HandlerFunc
 	for i := range openai.MaxSteerRounds + 1 {
-		answers = append(answers, reply(fmt.Sprint("answer ", i), 1, 1))
+		answers = append(answers, openaitest.Reply(fmt.Sprint("answer ", i), 1, 1))
 	}
-	m := newFakeModel(t, answers...)
-	m.steps = nil
 	release := make(chan struct{})
+	var held []http.HandlerFunc
 	for i := range openai.MaxSteerRounds + 1 {
-		m.steps = append(m.steps, func(w http.ResponseWriter, r *http.Request) {
+		held = append(held, func(w http.ResponseWriter, r *http.Request) {
 			<-release
 			answers[i](w, r)
 		})
 	}
+	m := newFakeModel(t, held...)
 	a := MustAgent(t, m, nil, nil, nil)
 	done := make(chan *agents.Response, 1)
 	go func() {
@@ -469,11 +470,11 @@ func TestSteeringIsBounded(t *testing.T) {
 		done <- resp
 	}()
 	for i := range openai.MaxSteerRounds {
-		m.waitCall(t)
+		m.Wait(t)
 		steer <- msg("user", fmt.Sprint("more ", i))
 		release <- struct{}{}
 	}
-	m.waitCall(t) // the last call: nothing is taken any more
+	m.Wait(t) // the last call: nothing is taken any more
 	select {
 	case steer <- msg("user", "too late"):
 		t.Error("the agent took a message during its last call")
@@ -481,7 +482,7 @@ func TestSteeringIsBounded(t *testing.T) {
 	}
 	release <- struct{}{}
 	resp := <-done
-	if n := len(m.recorded()); n != openai.MaxSteerRounds+1 {
+	if n := len(m.Requests()); n != openai.MaxSteerRounds+1 {
 		t.Errorf("%d requests, want %d", n, openai.MaxSteerRounds+1)
 	}
 	if want := "answer 0\n\nanswer 1\n\nanswer 2\n\nanswer 3"; resp.Text != want {
@@ -499,8 +500,8 @@ func TestSecretsStayOut(t *testing.T) {
 		stream  bool
 		wantErr string
 	}{
-		{"401 echoing the key", []http.HandlerFunc{status(401, echo)}, false, "401 Unauthorized: Incorrect API key provided: [redacted]"},
-		{"429 echoing the key, retried", []http.HandlerFunc{status(429, echo, "Retry-After: 1")}, false, "429 Too Many Requests"},
+		{"401 echoing the key", []http.HandlerFunc{openaitest.Status(401, echo)}, false, "401 Unauthorized: Incorrect API key provided: [redacted]"},
+		{"429 echoing the key, retried", []http.HandlerFunc{openaitest.Status(429, echo, "Retry-After: 1")}, false, "429 Too Many Requests"},
 		{"error inside a stream", []http.HandlerFunc{func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/event-stream")
 			fmt.Fprintf(w, "data: %s\n\n", echo)

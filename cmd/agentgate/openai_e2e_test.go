@@ -2,16 +2,15 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"io/fs"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/agentgate/agentgate/agents/openai/openaitest"
 )
 
 // TestDaemonWithAModel runs the real binary with agent.backend openai against a loopback model
@@ -20,20 +19,16 @@ import (
 // show`; and the key is in no line of the daemon's debug log and no byte of its data directory.
 func TestDaemonWithAModel(t *testing.T) {
 	const key = "sk-e2e-3b7f1c9d2e8a4f6b0c5d7e9a1b3c5d7f"
-	var calls atomic.Int32
-	model := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		if calls.Add(1) == 1 || r.Header.Get("Authorization") != "Bearer "+key {
-			w.WriteHeader(http.StatusUnauthorized)
-			fmt.Fprintf(w, `{"error":{"message":"Incorrect API key provided: %s"}}`, r.Header.Get("Authorization"))
+	model := openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 1 || r.Header.Get("Authorization") != "Bearer "+key {
+			openaitest.Status(http.StatusUnauthorized,
+				fmt.Sprintf(`{"error":{"message":"Incorrect API key provided: %s"}}`, r.Header.Get("Authorization")))(w, r)
 			return
 		}
-		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, `{"choices":[{"message":{"role":"assistant","content":"Hi from the model."},"finish_reason":"stop"}],"usage":{"prompt_tokens":42,"completion_tokens":5}}`)
-	}))
-	defer model.Close()
+		openaitest.WriteReply(w, "Hi from the model.", 42, 5)
+	})
 	dataDir := t.TempDir()
-	d := MustServe(t, dataDir, "AGENTGATE_AGENT_BACKEND=openai", "AGENTGATE_AGENT_OPENAI_BASE_URL="+model.URL+"/v1",
+	d := MustServe(t, dataDir, "AGENTGATE_AGENT_BACKEND=openai", "AGENTGATE_AGENT_OPENAI_BASE_URL="+model.URL(),
 		"AGENTGATE_AGENT_OPENAI_MODEL=test-model", "AGENTGATE_AGENT_OPENAI_API_KEY_ENV=E2E_MODEL_KEY", "E2E_MODEL_KEY="+key,
 		"AGENTGATE_LOG_LEVEL=debug")
 
