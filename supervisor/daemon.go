@@ -101,9 +101,13 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	if cfg.Store.Driver != "sqlite" {
 		return nil, fmt.Errorf("start: store driver %q is not available yet; use sqlite", cfg.Store.Driver)
 	}
-	if d.store, err = sqlite.Open(ctx, cfg.DSN(), sqlite.Options{Synchronous: sync, Logger: log.With("component", "persistence")}); err != nil {
+	// Into its own variable first: a failed Open returns a nil *sqlite.Store, which as a
+	// persistence.Store would be a non-nil interface that the cleanup above closes.
+	store, err := sqlite.Open(ctx, cfg.DSN(), sqlite.Options{Synchronous: sync, Logger: log.With("component", "persistence")})
+	if err != nil {
 		return nil, fmt.Errorf("start: open store: %w", err)
 	}
+	d.store = store
 	if opts.WrapStore != nil {
 		d.store = opts.WrapStore(d.store)
 	}
