@@ -25,11 +25,13 @@ test: ## run every test with the race detector (includes the binary end-to-end t
 test-short: ## run the fast tests only
 	$(GO) test -race -short ./...
 
-bench: build ## run the benchmarks and agentgate bench (~4 min on 2 cores); ROUNDS=8 for a goal check
-	$(GO) test -run='^$$' -bench='^Benchmark($(BENCH_PER_OP))$$' -benchmem ./...
-	$(GO) test -run='^$$' -bench='^Benchmark($(BENCH_ROUNDS))$$' -benchtime=$(ROUNDS)x ./...
-	./$(BIN) bench --sessions 100 --messages 50 --rounds $(ROUNDS)
-	./$(BIN) bench --sessions 1000 --messages 10 --rounds $(ROUNDS)
+bench: build ## run the benchmarks and agentgate bench (~4 min on 2 cores), then list the targets' verdicts (also in bench.out); ROUNDS=8 for a goal check
+	@{ $(GO) test -run='^$$' -bench='^Benchmark($(BENCH_PER_OP))$$' -benchmem ./... && \
+	  $(GO) test -run='^$$' -bench='^Benchmark($(BENCH_ROUNDS))$$' -benchtime=$(ROUNDS)x ./... && \
+	  ./$(BIN) bench --sessions 100 --messages 50 --rounds $(ROUNDS) && \
+	  ./$(BIN) bench --sessions 1000 --messages 10 --rounds $(ROUNDS); echo $$? > bench.status; } 2>&1 | tee bench.out
+	@echo; echo "== targets (issue #9), medians of this run's $(ROUNDS) rounds (1 is a smoke test; 5 or more a check):"; grep -o 'target .*' bench.out
+	@exit $$(cat bench.status)
 
 fuzz: ## fuzz one target for 30s: make fuzz FUZZ=FuzzKey PKG=./internal/identity
 	$(GO) test -run='^$$' -fuzz=$(FUZZ) -fuzztime=30s $(PKG)
@@ -55,7 +57,7 @@ generate: ## regenerate protobuf code (needs Debian's protobuf-compiler)
 	PATH="$$($(GO) env GOPATH)/bin:$$PATH" protoc --go_out=. --go_opt=paths=source_relative actors/messages.proto
 
 clean: ## remove build output (never ./data)
-	rm -rf bin cover.out
+	rm -rf bin cover.out bench.out bench.status
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
