@@ -13,5 +13,7 @@ import cmap "github.com/orcaman/concurrent-map"
 //
 // cmap.SHARD_COUNT is read by every cmap.New and by every lookup, so it may only be set before
 // the first map exists and never again: here, at package initialisation, before any actor
-// system can be built (protoactor creates no map of its own before NewActorSystem).
+// system can be built (protoactor creates no map of its own before NewActorSystem). The only
+// other cmap in protoactor is the cluster's PID cache, which becomes one map behind one lock:
+// revisit this when cluster mode is built.
 func init() { cmap.SHARD_COUNT = 1 }
