@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -409,5 +410,27 @@ func TestDaemonServesDiscord(t *testing.T) {
 	}
 	if err := d.stop(t, 30*time.Second); err != nil {
 		t.Errorf("stop: %v", err)
+	}
+}
+
+// TestDaemonRefusesADataDirInUse: a second `agentgate serve` on the data directory a running
+// daemon holds exits non-zero with a message that says so (it once panicked), and the first one
+// keeps answering.
+func TestDaemonRefusesADataDirInUse(t *testing.T) {
+	dataDir := t.TempDir()
+	d := MustServe(t, dataDir)
+	out, err := exec.Command(MustBuild(t), "serve", "--data-dir", dataDir, "--http-addr", "127.0.0.1:0").CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+		t.Fatalf("second serve: %v, want a non-zero exit\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "data directory in use by another process") || strings.Contains(string(out), "panic") {
+		t.Errorf("second serve said:\n%s\nwant the data directory in use, and no panic", out)
+	}
+	if status, ack := post(t, d.base+"/v1/messages", "", `{"chat_id":"c1","user_id":"u1","text":"still here"}`); status != http.StatusAccepted {
+		t.Errorf("first daemon after the refused start: %d %v", status, ack)
+	}
+	if err := d.stop(t, 30*time.Second); err != nil {
+		t.Errorf("first daemon exit: %v", err)
 	}
 }
