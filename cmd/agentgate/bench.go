@@ -35,20 +35,27 @@ const (
 
 // benchReport is the result of one bench run; its JSON form is the --json output.
 type benchReport struct {
-	Sessions       int     `json:"sessions"`
-	Messages       int     `json:"messages"`
-	Turns          int     `json:"turns"`
-	Seconds        float64 `json:"seconds"`
-	TurnsPerSec    float64 `json:"turns_per_sec"`
-	LatencyP50ms   float64 `json:"latency_p50_ms"`
-	LatencyP99ms   float64 `json:"latency_p99_ms"`
-	RowsPerSec     float64 `json:"rows_per_sec"`
-	MeanBatch      float64 `json:"mean_batch"`
-	WriterBusy     float64 `json:"writer_busy"`
-	HeapIdle       int64   `json:"heap_per_idle_session_bytes"`
-	HeapActive     int64   `json:"heap_per_active_session_bytes"`
+	Sessions     int     `json:"sessions"`
+	Messages     int     `json:"messages"`
+	Turns        int     `json:"turns"`
+	Seconds      float64 `json:"seconds"`
+	TurnsPerSec  float64 `json:"turns_per_sec"`
+	LatencyP50ms float64 `json:"latency_p50_ms"`
+	LatencyP99ms float64 `json:"latency_p99_ms"`
+	RowsPerSec   float64 `json:"rows_per_sec"`
+	MeanBatch    float64 `json:"mean_batch"`
+	WriterBusy   float64 `json:"writer_busy"`
+	HeapIdle     int64   `json:"heap_per_idle_session_bytes"`
+	HeapActive   int64   `json:"heap_per_active_session_bytes"`
+	// CPU time the process spent per turn during the load (user and system, all cores), and
+	// the garbage collections meanwhile.
+	CPUPerTurnUS   float64 `json:"cpu_per_turn_us"`
+	GCCycles       int     `json:"gc_cycles"`
 	RawTurnsPerSec float64 `json:"raw_turns_per_sec"`
 	RatioToRaw     float64 `json:"ratio_to_raw"`
+	// CPU time per turn of the replay and of the raw ceiling (one goroutine each).
+	ReplayCPUPerTurnUS float64 `json:"replay_cpu_per_turn_us"`
+	RawCPUPerTurnUS    float64 `json:"raw_cpu_per_turn_us"`
 	// The daemon's own transactions of the load, committed again into a fresh store by one
 	// goroutine: what the daemon's writes cost with no actors around them.
 	Transactions      int     `json:"transactions"`
@@ -147,10 +154,10 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 // benchRound is one measurement: the daemon under load, then the replay of its transactions and
 // the raw ceiling (the raw ceiling first when rawFirst).
 func benchRound(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m int, texts []string, rawFirst bool, cpuProfile string, progress bool, stderr io.Writer) (*benchReport, error) {
-	var rawElapsed time.Duration
+	var raw spent
 	var err error
 	if rawFirst {
-		if rawElapsed, err = benchRaw(ctx, n, m, texts); err != nil {
+		if raw, err = benchRaw(ctx, n, m, texts); err != nil {
 			return nil, err
 		}
 	}
@@ -158,19 +165,21 @@ func benchRound(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m 
 	if err != nil {
 		return nil, err
 	}
-	replayElapsed, err := benchReplay(ctx, txns)
+	replay, err := benchReplay(ctx, txns)
 	if err != nil {
 		return nil, err
 	}
 	if !rawFirst {
-		if rawElapsed, err = benchRaw(ctx, n, m, texts); err != nil {
+		if raw, err = benchRaw(ctx, n, m, texts); err != nil {
 			return nil, err
 		}
 	}
 	rep.Transactions = len(txns)
-	rep.ReplayTurnsPerSec = float64(rep.Turns) / replayElapsed.Seconds()
+	rep.ReplayTurnsPerSec = float64(rep.Turns) / replay.wall.Seconds()
+	rep.ReplayCPUPerTurnUS = perTurnUS(replay.cpu, rep.Turns)
 	rep.RatioToReplay = rep.TurnsPerSec / rep.ReplayTurnsPerSec
-	rep.RawTurnsPerSec = float64(rep.Turns) / rawElapsed.Seconds()
+	rep.RawTurnsPerSec = float64(rep.Turns) / raw.wall.Seconds()
+	rep.RawCPUPerTurnUS = perTurnUS(raw.cpu, rep.Turns)
 	rep.RatioToRaw = rep.TurnsPerSec / rep.RawTurnsPerSec
 	rep.ReplayToRaw = rep.ReplayTurnsPerSec / rep.RawTurnsPerSec
 	return rep, nil
@@ -195,22 +204,26 @@ func medianReport(rs []*benchReport) *benchReport {
 	r0 := rs[0]
 	return &benchReport{
 		Sessions: r0.Sessions, Messages: r0.Messages, Turns: r0.Turns,
-		Seconds:           med(func(r *benchReport) float64 { return r.Seconds }),
-		TurnsPerSec:       med(func(r *benchReport) float64 { return r.TurnsPerSec }),
-		LatencyP50ms:      med(func(r *benchReport) float64 { return r.LatencyP50ms }),
-		LatencyP99ms:      med(func(r *benchReport) float64 { return r.LatencyP99ms }),
-		RowsPerSec:        med(func(r *benchReport) float64 { return r.RowsPerSec }),
-		MeanBatch:         med(func(r *benchReport) float64 { return r.MeanBatch }),
-		WriterBusy:        med(func(r *benchReport) float64 { return r.WriterBusy }),
-		HeapIdle:          int64(med(func(r *benchReport) float64 { return float64(r.HeapIdle) })),
-		HeapActive:        int64(med(func(r *benchReport) float64 { return float64(r.HeapActive) })),
-		RawTurnsPerSec:    med(func(r *benchReport) float64 { return r.RawTurnsPerSec }),
-		RatioToRaw:        med(func(r *benchReport) float64 { return r.RatioToRaw }),
-		Transactions:      int(med(func(r *benchReport) float64 { return float64(r.Transactions) })),
-		ReplayTurnsPerSec: med(func(r *benchReport) float64 { return r.ReplayTurnsPerSec }),
-		RatioToReplay:     med(func(r *benchReport) float64 { return r.RatioToReplay }),
-		ReplayToRaw:       med(func(r *benchReport) float64 { return r.ReplayToRaw }),
-		Rounds:            rs,
+		Seconds:            med(func(r *benchReport) float64 { return r.Seconds }),
+		TurnsPerSec:        med(func(r *benchReport) float64 { return r.TurnsPerSec }),
+		LatencyP50ms:       med(func(r *benchReport) float64 { return r.LatencyP50ms }),
+		LatencyP99ms:       med(func(r *benchReport) float64 { return r.LatencyP99ms }),
+		RowsPerSec:         med(func(r *benchReport) float64 { return r.RowsPerSec }),
+		MeanBatch:          med(func(r *benchReport) float64 { return r.MeanBatch }),
+		WriterBusy:         med(func(r *benchReport) float64 { return r.WriterBusy }),
+		CPUPerTurnUS:       med(func(r *benchReport) float64 { return r.CPUPerTurnUS }),
+		GCCycles:           int(med(func(r *benchReport) float64 { return float64(r.GCCycles) })),
+		ReplayCPUPerTurnUS: med(func(r *benchReport) float64 { return r.ReplayCPUPerTurnUS }),
+		RawCPUPerTurnUS:    med(func(r *benchReport) float64 { return r.RawCPUPerTurnUS }),
+		HeapIdle:           int64(med(func(r *benchReport) float64 { return float64(r.HeapIdle) })),
+		HeapActive:         int64(med(func(r *benchReport) float64 { return float64(r.HeapActive) })),
+		RawTurnsPerSec:     med(func(r *benchReport) float64 { return r.RawTurnsPerSec }),
+		RatioToRaw:         med(func(r *benchReport) float64 { return r.RatioToRaw }),
+		Transactions:       int(med(func(r *benchReport) float64 { return float64(r.Transactions) })),
+		ReplayTurnsPerSec:  med(func(r *benchReport) float64 { return r.ReplayTurnsPerSec }),
+		RatioToReplay:      med(func(r *benchReport) float64 { return r.RatioToReplay }),
+		ReplayToRaw:        med(func(r *benchReport) float64 { return r.ReplayToRaw }),
+		Rounds:             rs,
 	}
 }
 
@@ -238,6 +251,10 @@ func printBenchReport(w io.Writer, r *benchReport) {
 	fmt.Fprintf(tw, "persisted rows/s\t%.0f\t(%d rows per turn: 2 messages + 1 outbox)\n", r.RowsPerSec, benchRowsPerTurn)
 	fmt.Fprintf(tw, "mean batch\t%.1f\t(write groups per transaction)\n", r.MeanBatch)
 	fmt.Fprintf(tw, "writer busy\t%.0f %%\t(share of the wall time spent in commits: near 100 %% the store bounds the run)\n", 100*r.WriterBusy)
+	if r.CPUPerTurnUS > 0 {
+		fmt.Fprintf(tw, "cpu per turn\t%.0f µs\t(user + system, all cores; replayed writes %.0f µs, raw ceiling %.0f µs)\n", r.CPUPerTurnUS, r.ReplayCPUPerTurnUS, r.RawCPUPerTurnUS)
+	}
+	fmt.Fprintf(tw, "garbage collections\t%d\t(during the load)\n", r.GCCycles)
 	fmt.Fprintf(tw, "heap per idle session\t%s\t(heap + stacks, after GC, freed when the idle sessions passivate, ÷ N)\n", heapFigure(r.HeapIdle))
 	fmt.Fprintf(tw, "heap per active session\t%s\t(idle plus what one running turn adds: its actor, goroutine, request)\n", heapFigure(r.HeapActive))
 	fmt.Fprintf(tw, "replayed writes\t%.0f turns/s\t(the daemon's %d transactions committed again, no actors, fresh store)\n", r.ReplayTurnsPerSec, r.Transactions)
@@ -319,6 +336,11 @@ func percentile(sorted []time.Duration, q float64) time.Duration {
 	}
 	i := int(q*float64(len(sorted))+0.5) - 1
 	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// perTurnUS returns d ÷ turns in microseconds.
+func perTurnUS(d time.Duration, turns int) float64 {
+	return float64(d) / float64(time.Microsecond) / float64(turns)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

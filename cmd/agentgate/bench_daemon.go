@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -67,14 +68,15 @@ func benchDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m
 	}
 	var wg sync.WaitGroup
 	rec.record(true)
-	start := time.Now()
+	gcs, cpu, start := gcCycles(), processCPU(), time.Now()
 	for i := range n {
 		wg.Go(func() {
 			lat[i], errs[i] = benchSession(ctx, p, deliver, i, m, texts[2*i*m:], lat[i], &done)
 		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
+	elapsed, cpu := time.Since(start), processCPU()-cpu
+	gcs = gcCycles() - gcs
 	txns := rec.record(false)
 	stopProgress()
 	if err := stopProfile(); err != nil {
@@ -114,6 +116,8 @@ func benchDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m
 		RowsPerSec:   float64(total*benchRowsPerTurn) / elapsed.Seconds(),
 		MeanBatch:    meanBatch,
 		WriterBusy:   commitSeconds / elapsed.Seconds(),
+		CPUPerTurnUS: perTurnUS(cpu, total),
+		GCCycles:     int(gcs),
 		HeapIdle:     (idle - gone) / int64(n),
 		HeapActive:   (idle - gone + turns) / int64(n),
 	}, txns, nil
@@ -186,6 +190,13 @@ func benchActiveHeap(ctx context.Context, p *benchPlatform, deliver platforms.De
 		}
 	}
 	return running - before, nil
+}
+
+// gcCycles returns the number of garbage collections the process has completed.
+func gcCycles() uint64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
 
 // heapInUse returns the bytes of heap and goroutine stacks in use after two collections.

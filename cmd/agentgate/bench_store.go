@@ -16,42 +16,56 @@ import (
 	"github.com/agentgate/agentgate/persistence/workload"
 )
 
+// spent is what a measured phase took: wall time and the process's CPU time (all cores).
+type spent struct{ wall, cpu time.Duration }
+
+// measure runs f and returns what it spent.
+func measure(f func() error) (spent, error) {
+	start, cpu := time.Now(), processCPU()
+	err := f()
+	return spent{wall: time.Since(start), cpu: processCPU() - cpu}, err
+}
+
 // benchRaw commits n×m turns (the ops of persistence/bench_test.go) to a fresh store from one
-// goroutine, benchRawBatch turns per transaction, and returns the time the commits took.
-func benchRaw(ctx context.Context, n, m int, texts []string) (time.Duration, error) {
+// goroutine, benchRawBatch turns per transaction, and returns what the commits spent.
+func benchRaw(ctx context.Context, n, m int, texts []string) (spent, error) {
 	sessions, turns := rawTurns(n, m, texts)
-	var took time.Duration
+	var took spent
 	err := withFreshStore(ctx, "raw", func(store *sqlite.Store) error {
 		if err := commitAll(ctx, store, sessions); err != nil {
 			return fmt.Errorf("create sessions: %w", err)
 		}
 		runtime.GC()
-		start := time.Now()
-		for i := 0; i < len(turns); i += benchRawBatch {
-			if err := commitAll(ctx, store, turns[i:min(i+benchRawBatch, len(turns))]); err != nil {
-				return fmt.Errorf("turn %d: %w", i, err)
+		var err error
+		took, err = measure(func() error {
+			for i := 0; i < len(turns); i += benchRawBatch {
+				if err := commitAll(ctx, store, turns[i:min(i+benchRawBatch, len(turns))]); err != nil {
+					return fmt.Errorf("turn %d: %w", i, err)
+				}
 			}
-		}
-		took = time.Since(start)
-		return nil
+			return nil
+		})
+		return err
 	})
 	return took, err
 }
 
 // benchReplay commits the daemon's transactions again, in order, to a fresh store from one
-// goroutine, and returns the time the commits took.
-func benchReplay(ctx context.Context, txns [][][]persistence.Op) (time.Duration, error) {
-	var took time.Duration
+// goroutine, and returns what the commits spent.
+func benchReplay(ctx context.Context, txns [][][]persistence.Op) (spent, error) {
+	var took spent
 	err := withFreshStore(ctx, "replay", func(store *sqlite.Store) error {
 		runtime.GC()
-		start := time.Now()
-		for i, groups := range txns {
-			if err := commitAll(ctx, store, groups); err != nil {
-				return fmt.Errorf("transaction %d: %w", i, err)
+		var err error
+		took, err = measure(func() error {
+			for i, groups := range txns {
+				if err := commitAll(ctx, store, groups); err != nil {
+					return fmt.Errorf("transaction %d: %w", i, err)
+				}
 			}
-		}
-		took = time.Since(start)
-		return nil
+			return nil
+		})
+		return err
 	})
 	return took, err
 }

@@ -51,6 +51,12 @@ func TestBenchJSON(t *testing.T) {
 	if got.RatioToRaw <= 0 {
 		t.Errorf("ratio_to_raw = %v, want > 0", got.RatioToRaw)
 	}
+	// The load's CPU time includes at least the commits' (the writer is part of the process),
+	// and every phase uses some.
+	if got.CPUPerTurnUS <= 0 || got.ReplayCPUPerTurnUS <= 0 || got.RawCPUPerTurnUS <= 0 {
+		t.Errorf("cpu_per_turn_us, replay_cpu_per_turn_us, raw_cpu_per_turn_us = %v, %v, %v, want all > 0",
+			got.CPUPerTurnUS, got.ReplayCPUPerTurnUS, got.RawCPUPerTurnUS)
+	}
 	if got.Target != 0 || got.TargetShortfall != 0 {
 		t.Errorf("target_ratio_to_raw, target_shortfall = %v, %v at 5 sessions, want none (the issue sets targets at 100 and 1,000)",
 			got.Target, got.TargetShortfall)
@@ -68,6 +74,7 @@ func TestBenchJSON(t *testing.T) {
 		"turns_per_sec": func(r *benchReport) float64 { return r.TurnsPerSec },
 		"ratio_to_raw":  func(r *benchReport) float64 { return r.RatioToRaw },
 		"replay_to_raw": func(r *benchReport) float64 { return r.ReplayToRaw },
+		"cpu_per_turn":  func(r *benchReport) float64 { return r.CPUPerTurnUS },
 	} {
 		if m, lo, hi := f(&got), min(f(a), f(b)), max(f(a), f(b)); m < lo || m > hi || f(a) <= 0 {
 			t.Errorf("%s = %v, want the median of the rounds' %v and %v", name, m, f(a), f(b))
