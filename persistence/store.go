@@ -136,7 +136,7 @@ type OutboxEntry struct {
 	SessionKey  string
 	Seq         int64
 	SessionID   string
-	Kind        string // reply | notice
+	Kind        string // reply | notice | pruned (KindPruned)
 	Text        string
 	TurnID      string
 	InReplyTo   []string
@@ -150,6 +150,11 @@ type OutboxEntry struct {
 	CreatedAt   time.Time
 	DeliveredAt time.Time
 }
+
+// KindPruned is the kind of the last outbox entry of a key whose session PruneSessions deleted:
+// the entry keeps the key's seq and nothing of the session's content, and OutboxAfter never
+// returns it.
+const KindPruned = "pruned"
 
 // Op is one write. The concrete types below are the only implementations. Every op is
 // idempotent (re-sending a write whose acknowledgement was lost is harmless) except the two
@@ -331,7 +336,7 @@ type Store interface {
 	// RepliesTo returns the outbox entries of a session key that answer a message id.
 	RepliesTo(ctx context.Context, key, messageID string) ([]OutboxEntry, error)
 	// OutboxAfter returns a key's outbox entries with seq > after, by seq, at most limit (no
-	// limit when limit <= 0).
+	// limit when limit <= 0), never a KindPruned one.
 	OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]OutboxEntry, error)
 	// Transcript returns every message of a session (including archived rows), by seq. An
 	// unknown session has an empty transcript, not ErrNotFound.
@@ -362,14 +367,17 @@ type Store interface {
 	Recoverable(ctx context.Context) ([]string, error)
 	// PruneSessions enforces the retention: it deletes, in one write transaction, sessions that
 	// ended before endedBefore, together with their messages (and their search index entries),
-	// and returns how many it deleted, at most limit (DefaultPruneLimit when limit <= 0; call
-	// again while it returns limit). It is the only method that deletes rows.
+	// their turns' usage and their outbox entries, and returns how many it deleted, at most
+	// limit (DefaultPruneLimit when limit <= 0; call again while it returns limit). It is the
+	// only method that deletes rows.
 	//
 	// A session is kept whenever it may still be needed or its safety cannot be established:
 	// while it is open, while a key routes to it, while it has pending user messages or
 	// undelivered outbox entries (for its session id), or when its end time is missing or
-	// unreadable. Outbox entries and routing rows are never deleted (outbox seqs are SSE event
-	// ids and must not be reused). On error nothing is deleted. It is called by the owner of the
+	// unreadable. Routing rows are never deleted, and a key's last outbox entry stays with its
+	// seq (outbox seqs are SSE event ids and must never be reused): when it is a pruned
+	// session's it becomes KindPruned, without text or the ids it answered. On error nothing
+	// is deleted. It is called by the owner of the
 	// persistence actor, not by the actor, and is safe to run concurrently with Commit.
 	PruneSessions(ctx context.Context, endedBefore time.Time, limit int) (pruned int, err error)
 	// Ping checks that the store can be written.

@@ -32,9 +32,13 @@ const pruneCandidatesSQL = `SELECT s.id FROM sessions s
 
 // PruneSessions deletes, in one BEGIN IMMEDIATE transaction, at most limit sessions
 // (persistence.DefaultPruneLimit when limit <= 0) that ended before endedBefore and that nothing
-// needs any more (see pruneCandidatesSQL), oldest end first, with their messages and their
-// search index entries. Routing and outbox rows are never deleted. It holds the commit mutex,
-// so it never interleaves with Commit.
+// needs any more (see pruneCandidatesSQL), oldest end first, with their messages, their search
+// index entries, their turns' usage and their replies in the outbox. Routing rows are never
+// deleted, and neither is the last outbox entry of a key: the key's next reply continues its
+// seq, the SSE event id. When that entry is a pruned session's, it keeps its seq and state
+// and loses its text, the ids it answered and its kind (persistence.KindPruned), so no text
+// of the session is left and readers skip it. It holds the commit mutex, so it never
+// interleaves with Commit.
 //
 // Each session is deleted inside a savepoint of its own. The search index is cleaned first,
 // for the rows it holds (those with a messages_fts_docsize row: a row whose indexing failed, or
@@ -164,14 +168,28 @@ func (s *Store) pruneSession(ctx context.Context, tx *sql.Tx, id string, fts boo
 	return false, fmt.Errorf("session %s: %w", id, err)
 }
 
-// deleteSession removes a session's search index entries, its messages, its turns' usage and
-// its row. A failure
-// to clean the search index wraps errKeep.
+// deleteSession removes a session's search index entries, its messages, its turns' usage, its
+// outbox entries (all but the key's last, which loses its content instead) and its row. A
+// failure to clean the search index wraps errKeep.
 func deleteSession(ctx context.Context, tx *sql.Tx, id string, fts bool) error {
 	if fts {
 		if err := unindexSession(ctx, tx, id); err != nil {
 			return fmt.Errorf("%w: %w", errKeep, err)
 		}
+	}
+	var key string
+	if err := tx.QueryRowContext(ctx, `SELECT key FROM sessions WHERE id = ?`, id).Scan(&key); err != nil {
+		return fmt.Errorf("read session key: %w", err)
+	}
+	// By key and session id, so the unique (session_key, seq) index finds them. Every entry is
+	// delivered: pruneCandidatesSQL keeps a session with any other.
+	if _, err := tx.ExecContext(ctx, `DELETE FROM outbox WHERE session_key = ?1 AND session_id = ?2
+		AND seq < (SELECT MAX(seq) FROM outbox WHERE session_key = ?1)`, key, id); err != nil {
+		return fmt.Errorf("delete outbox entries: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE outbox SET kind = ?3, text = '', in_reply_to = '[]'
+		WHERE session_key = ?1 AND session_id = ?2`, key, id, persistence.KindPruned); err != nil {
+		return fmt.Errorf("clear the key's last outbox entry: %w", err)
 	}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM messages WHERE session_id = ?`, id); err != nil {
 		return fmt.Errorf("delete messages: %w", err)

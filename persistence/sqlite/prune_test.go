@@ -315,3 +315,78 @@ func TestPruneConcurrentWithCommit(t *testing.T) {
 		t.Errorf("SessionsOfKey(k) = %d sessions, want the 30 new ones", len(ss))
 	}
 }
+
+// TestPruneLeavesNoReplyText: after pruning, no outbox row holds a pruned session's text or the
+// ids it answered; the key's last entry stays, emptied, as KindPruned; a later reply to the key
+// continues its seq.
+func TestPruneLeavesNoReplyText(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	reply := func(key, sid string, seq int64, text string) []persistence.Op {
+		return []persistence.Op{
+			&persistence.AddOutbox{Entry: persistence.OutboxEntry{SessionKey: key, Seq: seq, SessionID: sid, Kind: "reply",
+				Text: text, InReplyTo: []string{fmt.Sprintf("m-%s-%d", sid, seq)}, Platform: "http", ChatType: "dm",
+				ChatID: "c", State: persistence.DeliveryPending, CreatedAt: t0}},
+			&persistence.MarkDelivery{SessionKey: key, Seq: seq, State: persistence.DeliveryDelivered, At: t0},
+		}
+	}
+	var ops []persistence.Op
+	ops = append(ops, &persistence.CreateSession{Session: newSession("old", "k")})
+	ops = append(ops, reply("k", "old", 1, "secret one")...)
+	ops = append(ops, reply("k", "old", 2, "secret two")...)
+	ops = append(ops, &persistence.EndSession{SessionID: "old", Reason: persistence.EndNewCommand, At: t0},
+		&persistence.CreateSession{Session: newSession("cur", "k")},
+		&persistence.PutRoute{Route: persistence.Route{Key: "k", SessionID: "cur", Generation: 2}})
+	storetest.MustCommit(t, s, ops...)
+
+	if n, err := s.PruneSessions(ctx, t0.Add(time.Second), 0); err != nil || n != 1 {
+		t.Fatalf("PruneSessions = %d, %v, want 1, nil", n, err)
+	}
+	raw := MustRawDB(t, s.Path())
+	got := mustQueryStrings(t, raw, `SELECT session_key || '/' || seq || ' ' || session_id || ' ' || kind || ' ' || state || ' [' || text || '] ' || in_reply_to FROM outbox ORDER BY id`)
+	if d := cmp.Diff([]string{"k/2 old pruned delivered [] []"}, got); d != "" {
+		t.Errorf("outbox rows after pruning (-want +got):\n%s", d)
+	}
+	storetest.MustCommit(t, s, reply("k", "cur", 3, "new")...)
+	if es, err := s.OutboxAfter(ctx, "k", 0, 0); err != nil || len(es) != 1 || es[0].Seq != 3 || es[0].Text != "new" {
+		t.Errorf("OutboxAfter(k, 0) after a new reply = %+v, %v, want only seq 3", es, err)
+	}
+}
+
+// TestMigrationPrunesLeftOverOutbox: migration 0009 removes the outbox entries that sessions
+// pruned before 0009 left behind, the way pruning does now, and nothing else.
+func TestMigrationPrunesLeftOverOutbox(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("alive", "k2")})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	raw := MustRawDB(t, s.Path())
+	for _, row := range []string{
+		`'k1', 1, 'gone', 'reply', 'old text 1', '["a"]', 'delivered'`,  // a pruned session's: deleted
+		`'k1', 2, 'gone', 'notice', 'old text 2', '["b"]', 'delivered'`, // k1's last: emptied
+		`'k2', 1, 'gone', 'reply', 'old text 3', '["c"]', 'delivered'`,  // deleted: k2 has a later entry
+		`'k2', 2, 'alive', 'reply', 'kept text', '["d"]', 'delivered'`,  // its session exists
+		`'k3', 1, 'ghost', 'reply', 'unsent', '["e"]', 'pending'`,       // undelivered: never touched
+		`'k4', 1, '', 'notice', 'no session', '[]', 'delivered'`,        // no session id: never touched
+	} {
+		mustExec(t, raw, `INSERT INTO outbox (session_key, seq, session_id, kind, text, in_reply_to, state) VALUES (`+row+`)`)
+	}
+	mustExec(t, raw, `DELETE FROM schema_migrations WHERE version >= 9`)
+	s2, err := Open(ctx, s.Path(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	got := mustQueryStrings(t, raw, `SELECT session_key || '/' || seq || ' ' || session_id || ' ' || kind || ' [' || text || '] ' || in_reply_to FROM outbox ORDER BY id`)
+	want := []string{
+		"k1/2 gone pruned [] []",
+		"k2/2 alive reply [kept text] [\"d\"]",
+		"k3/1 ghost reply [unsent] [\"e\"]",
+		"k4/1  notice [no session] []",
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("outbox after migration 0009 (-want +got):\n%s", d)
+	}
+}

@@ -173,7 +173,7 @@ func (s *Store) RepliesTo(ctx context.Context, key, messageID string) ([]persist
 }
 
 // OutboxAfter returns a key's outbox entries with seq > after, by seq, at most limit (no limit
-// when limit <= 0).
+// when limit <= 0), except a pruned session's (persistence.KindPruned).
 func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]persistence.OutboxEntry, error) {
 	if err := s.enter(); err != nil {
 		return nil, fmt.Errorf("outbox after %d: %w", after, err)
@@ -183,7 +183,7 @@ func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit 
 		limit = -1 // SQLite: no limit
 	}
 	es, err := queryOutbox(ctx, s.reader, `SELECT `+outboxCols+` FROM outbox
-		WHERE session_key = ? AND seq > ? ORDER BY seq LIMIT ?`, key, after, limit)
+		WHERE session_key = ? AND seq > ? AND kind <> ? ORDER BY seq LIMIT ?`, key, after, persistence.KindPruned, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox after %d: %w", after, err)
 	}

@@ -316,6 +316,12 @@ func setUpPrune(t *testing.T, s persistence.Store) pruneFixture {
 	create(ended("quarantined", "k", 4, 40),
 		&persistence.AppendMessage{Message: userMsg("quarantined", 1, "q-1", "crashes")},
 		&persistence.SetMessageStatus{SessionID: "quarantined", Seqs: []int64{1}, Status: persistence.StatusQuarantined})
+	// Its key's last outbox entry is its own: the key's current session has not replied yet.
+	create(ended("last-ended", "k-last", 1, 10),
+		&persistence.AddOutbox{Entry: outboxEntry("k-last", 1, "last-ended", "last-1")},
+		&persistence.AddOutbox{Entry: outboxEntry("k-last", 2, "last-ended", "last-2")},
+		&persistence.MarkDelivery{SessionKey: "k-last", Seq: 1, State: persistence.DeliveryDelivered, At: at(5)},
+		&persistence.MarkDelivery{SessionKey: "k-last", Seq: 2, State: persistence.DeliveryDelivered, At: at(6)})
 
 	// Kept.
 	create(ended("pending", "k", 5, 11),
@@ -340,11 +346,14 @@ func setUpPrune(t *testing.T, s persistence.Store) pruneFixture {
 	create(current,
 		&persistence.PutRoute{Route: route("k", "current", 9)},
 		&persistence.AppendMessage{Message: done(userMsg("current", 1, "cur-1", "hi"))})
+	lastCurrent := newSession("last-current", "k-last")
+	lastCurrent.LastActivityAt = at(1)
+	create(lastCurrent, &persistence.PutRoute{Route: route("k-last", "last-current", 2)})
 	MustCommit(t, s, ops...)
 	return pruneFixture{
-		prunable: []string{"plain", "answered", "undone", "quarantined"},
+		prunable: []string{"plain", "last-ended", "answered", "undone", "quarantined"},
 		kept: []string{"pending", "undelivered", "failed-delivery", "recent", "at-cutoff", "open",
-			"routed-ended", "routed-elsewhere", "current"},
+			"routed-ended", "routed-elsewhere", "current", "last-current"},
 	}
 }
 
@@ -397,9 +406,28 @@ func testPruneSessions(t *testing.T, s persistence.Store) {
 			diff(t, "state of kept session "+id, readSession(t, s, id), keptBefore[id])
 		}
 	})
-	t.Run("outbox and routing are never deleted", func(t *testing.T) {
-		diff(t, "OutboxAfter(k)", check(s.OutboxAfter(ctx, "k", 0, 0)).must(t, "OutboxAfter"), outboxBefore)
-		for key, want := range map[string]string{"k": "current", "k-routed": "routed-ended", "k-y": "routed-elsewhere"} {
+	t.Run("pruned sessions' replies are gone, kept sessions' stay", func(t *testing.T) {
+		// "answered" had k's entry 1; k's last entry (3) is a kept session's.
+		diff(t, "OutboxAfter(k)", check(s.OutboxAfter(ctx, "k", 0, 0)).must(t, "OutboxAfter"), outboxBefore[1:])
+		if got := check(s.RepliesTo(ctx, "k", "ans-1")).must(t, "RepliesTo"); len(got) != 0 {
+			t.Errorf("RepliesTo(k, ans-1) after pruning = %+v, want none", got)
+		}
+	})
+	t.Run("a key's last entry keeps its seq, not its content", func(t *testing.T) {
+		if got := check(s.OutboxAfter(ctx, "k-last", 0, 0)).must(t, "OutboxAfter"); len(got) != 0 {
+			t.Errorf("OutboxAfter(k-last) after pruning its only replying session = %+v, want none", got)
+		}
+		if got := check(s.RepliesTo(ctx, "k-last", "last-2")).must(t, "RepliesTo"); len(got) != 0 {
+			t.Errorf("RepliesTo(k-last, last-2) after pruning = %+v, want none", got)
+		}
+		snap := check(s.LoadSession(ctx, "k-last", 0)).must(t, "LoadSession")
+		if snap.LastOutboxSeq != 2 || len(snap.Unconfirmed) != 0 {
+			t.Errorf("LoadSession(k-last): LastOutboxSeq %d, %d unconfirmed, want 2 (the next reply is seq 3, never a reused one), 0",
+				snap.LastOutboxSeq, len(snap.Unconfirmed))
+		}
+	})
+	t.Run("routing is never deleted", func(t *testing.T) {
+		for key, want := range map[string]string{"k": "current", "k-routed": "routed-ended", "k-y": "routed-elsewhere", "k-last": "last-current"} {
 			if r := check(s.Route(ctx, key)).must(t, "Route"); r.SessionID != want {
 				t.Errorf("Route(%s) = %s, want %s", key, r.SessionID, want)
 			}
@@ -423,6 +451,8 @@ func testPruneSessions(t *testing.T, s persistence.Store) {
 		}
 		got := sessionIDs(check(s.SessionsOfKey(ctx, "k", 0)).must(t, "SessionsOfKey"))
 		diff(t, "SessionsOfKey(k) ids", got, []string{"at-cutoff", "recent", "failed-delivery", "current", "open"})
+		diff(t, "OutboxAfter(k) once undelivered's entry 2 went with it",
+			check(s.OutboxAfter(ctx, "k", 0, 0)).must(t, "OutboxAfter"), outboxBefore[2:])
 	})
 	t.Run("a routed session is never pruned", func(t *testing.T) {
 		MustCommit(t, s, &persistence.EndSession{SessionID: "current", Reason: persistence.EndShutdown, At: at(2)})
