@@ -167,11 +167,18 @@ func (s *Session) result(m *Deliver, disp, sid string) *DeliverResult {
 
 func errorsIsDuplicate(err error) bool { return errors.Is(err, persistence.ErrDuplicate) }
 
-// idSet is a set of message ids. Most sessions see a few ids per activation, so it is a slice
-// until it holds idSetSmall ids, and a map beyond.
+// idSet is the set of the most recent inbound message ids of an activation: the fast path that
+// answers a re-delivered message (a platform retry, Discord replaying events after a RESUME) as a
+// duplicate without a write. It holds at most idSetMax ids and forgets the oldest beyond that,
+// so a session that stays active for weeks does not keep every id it ever saw; an older
+// duplicate is still refused, by the store's unique index of inbound ids (ErrDuplicate). Most
+// sessions see a few ids per activation, so it is a slice until it holds idSetSmall ids, and a
+// map with an insertion-order ring beyond.
 type idSet struct {
 	small []string
 	big   map[string]struct{}
+	order []string // the ids added to big, oldest first from next, once it is full
+	next  int
 }
 
 func (m *idSet) has(id string) bool {
@@ -187,16 +194,32 @@ func (m *idSet) add(id string) {
 	case m.has(id):
 	case m.big != nil:
 		m.big[id] = struct{}{}
+		m.remember(id)
 	case len(m.small) < idSetSmall:
 		m.small = append(m.small, id)
 	default:
 		m.big = make(map[string]struct{}, 2*idSetSmall)
 		for _, x := range m.small {
 			m.big[x] = struct{}{}
+			m.remember(x)
 		}
 		m.big[id] = struct{}{}
+		m.remember(id)
 		m.small = nil
 	}
+}
+
+// remember appends id to the ring, forgetting the oldest id once idSetMax are held. An id that
+// was removed and added again is in the ring twice; forgetting the older entry forgets it early,
+// which only sends its duplicate to the store.
+func (m *idSet) remember(id string) {
+	if len(m.order) < idSetMax {
+		m.order = append(m.order, id)
+		return
+	}
+	delete(m.big, m.order[m.next])
+	m.order[m.next] = id
+	m.next = (m.next + 1) % idSetMax
 }
 
 func (m *idSet) remove(id string) {
@@ -209,4 +232,8 @@ func (m *idSet) remove(id string) {
 	}
 }
 
-const idSetSmall = 16
+// idSetSmall is the size up to which an idSet is a slice; idSetMax the most ids it holds.
+const (
+	idSetSmall = 16
+	idSetMax   = 1024
+)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/platforms"
@@ -314,5 +315,31 @@ func TestQueueModeOverrideOutlivesPassivation(t *testing.T) {
 	r.waitReplyTo(t, "q2")
 	if out := r.fake.Sent(); !strings.Contains(out[len(out)-1].Text, "mode collect") {
 		t.Errorf("/status after passivation says %q, want mode collect", out[len(out)-1].Text)
+	}
+}
+
+// TestOldDuplicateInALongActivation: a session remembers only its most recent inbound ids in
+// memory (actors' idSet); a re-delivery of a message it accepted long before in the same
+// activation is still answered as a duplicate (by the store), never run again.
+func TestOldDuplicateInALongActivation(t *testing.T) {
+	const n = 1100 // more than the ids a session keeps in memory (idSetMax, 1,024)
+	r := MustStart(t, echo.New(), nil)
+	src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "busy", UserID: "u"}
+	for i := range n {
+		if ack := r.inject(t, src, fmt.Sprint("m", i), fmt.Sprint("message ", i)); ack == nil || ack.Disposition == platforms.Duplicate {
+			t.Fatalf("message %d: ack %+v, want it accepted", i, ack)
+		}
+	}
+	r.waitSent(t, n)
+	for _, id := range []string{"m0", "m1", fmt.Sprint("m", n-1)} { // forgotten, forgotten, remembered
+		if ack := r.inject(t, src, id, "again"); ack == nil || ack.Disposition != platforms.Duplicate {
+			t.Errorf("re-delivered %s: ack %+v, want disposition %s", id, ack, platforms.Duplicate)
+		}
+	}
+	// A turn for a duplicate would run before this one's, in order.
+	r.inject(t, src, "last", "last")
+	sent := r.waitSent(t, n+1)
+	if got := sent[n].InReplyTo; len(sent) != n+1 || len(got) != 1 || got[0] != "last" {
+		t.Errorf("after the duplicates: %d replies, the last answering %v, want %d, [last]", len(sent), got, n+1)
 	}
 }
