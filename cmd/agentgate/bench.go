@@ -35,6 +35,7 @@ const (
 
 // benchReport is the result of one bench run; its JSON form is the --json output.
 type benchReport struct {
+	Cores        int     `json:"cores"` // GOMAXPROCS: the CPUs the process may use at once
 	Sessions     int     `json:"sessions"`
 	Messages     int     `json:"messages"`
 	Turns        int     `json:"turns"`
@@ -203,7 +204,7 @@ func medianReport(rs []*benchReport) *benchReport {
 	}
 	r0 := rs[0]
 	return &benchReport{
-		Sessions: r0.Sessions, Messages: r0.Messages, Turns: r0.Turns,
+		Cores: r0.Cores, Sessions: r0.Sessions, Messages: r0.Messages, Turns: r0.Turns,
 		Seconds:            med(func(r *benchReport) float64 { return r.Seconds }),
 		TurnsPerSec:        med(func(r *benchReport) float64 { return r.TurnsPerSec }),
 		LatencyP50ms:       med(func(r *benchReport) float64 { return r.LatencyP50ms }),
@@ -272,6 +273,12 @@ func printBenchReport(w io.Writer, r *benchReport) {
 				"    closed loop commit far fewer turns at once than the raw %d\n"+
 				"  runtime (daemon ÷ replayed) %.3f: actors, agent, platform and actor metrics around the same writes,\n"+
 				"    on the same cores\n", r.ReplayToRaw, benchRawBatch, r.RatioToReplay)
+			if r.CPUPerTurnUS > 0 && r.Cores > 0 {
+				rate := t.Bound * r.RawTurnsPerSec
+				fmt.Fprintf(w, "  cpu budget: at the target rate (%.0f turns/s) %d cores allow %.0f µs of CPU per turn;\n"+
+					"    the daemon spent %.0f µs, the same writes replayed alone %.0f µs\n",
+					rate, r.Cores, float64(r.Cores)*1e6/rate, r.CPUPerTurnUS, r.ReplayCPUPerTurnUS)
+			}
 		}
 	}
 }

@@ -106,6 +106,7 @@ func benchDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m
 	all := slices.Concat(lat...)
 	slices.Sort(all)
 	return &benchReport{
+		Cores:        runtime.GOMAXPROCS(0),
 		Sessions:     n,
 		Messages:     m,
 		Turns:        total,

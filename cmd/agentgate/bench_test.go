@@ -105,8 +105,14 @@ func TestBenchTargetInReport(t *testing.T) {
 		{5, 0.5, ""},
 	} {
 		var out bytes.Buffer
-		printBenchReport(&out, &benchReport{Sessions: tc.sessions, RatioToRaw: tc.ratio, ReplayToRaw: 0.7, RatioToReplay: tc.ratio / 0.7})
+		printBenchReport(&out, &benchReport{Cores: 2, Sessions: tc.sessions, RatioToRaw: tc.ratio, ReplayToRaw: 0.7,
+			RatioToReplay: tc.ratio / 0.7, RawTurnsPerSec: 10000, CPUPerTurnUS: 330, ReplayCPUPerTurnUS: 120})
 		text := out.String()
+		// The CPU budget of a miss: 2 cores at 0.75 × 10,000 turns/s allow 267 µs a turn.
+		budget := "cores allow 267 µs of CPU per turn;\n    the daemon spent 330 µs, the same writes replayed alone 120 µs"
+		if want := tc.sessions == 100; strings.Contains(text, budget) != want {
+			t.Errorf("report at %d sessions: cpu budget line present = %v, want %v:\n%s", tc.sessions, !want, want, text)
+		}
 		switch {
 		case tc.want == "" && strings.Contains(text, "target"):
 			t.Errorf("report at %d sessions has a target line:\n%s", tc.sessions, text)
