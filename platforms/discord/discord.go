@@ -60,6 +60,7 @@ type Platform struct {
 	progress map[string]int // "key/seq" → chunks of that outbound already posted
 	threads  *channelCache
 	typing   *typing
+	seen     map[string]seenAt // channel → the newest message seen there (backfill.go)
 }
 
 var (
@@ -103,6 +104,7 @@ func New(c Config) (*Platform, error) {
 		gate:     newGate(c.Settings),
 		lost:     make(chan error, 1),
 		progress: map[string]int{},
+		seen:     map[string]seenAt{},
 		runCtx:   context.Background(),
 	}
 	p.threads = newChannelCache(p.fetchChannel)
@@ -171,6 +173,9 @@ func (p *Platform) onReady(_ *discordgo.Session, r *discordgo.Ready) {
 	}
 	p.connected.Store(true)
 	p.log.Info("discord gateway ready", "bot", userName(r.User), "guilds", len(r.Guilds), "shard", p.s.ShardID, "shards", p.s.ShardCount)
+	// A READY starts a new gateway session, to which Discord replays nothing. The first one
+	// finds no channel seen yet.
+	p.backfill()
 }
 
 func (p *Platform) onResumed(*discordgo.Session, *discordgo.Resumed) {

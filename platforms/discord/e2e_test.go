@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -484,6 +485,57 @@ func TestDisconnectLosesAndDuplicatesNothing(t *testing.T) {
 	}
 	if w.srv.Identifies() != 1 {
 		t.Errorf("the client identified %d times; a resume needs only the first", w.srv.Identifies())
+	}
+}
+
+// TestNewGatewaySessionReadsWhatWasMissed: when Discord refuses to resume (the gateway session
+// expired), it replays nothing; the platform reads the history of the channels it knows after
+// the newest message it saw there, and answers what was said in the gap exactly once, in order,
+// with the identity of its channel (a guild channel stays a channel, not a DM), before what is
+// said afterwards.
+func TestNewGatewaySessionReadsWhatWasMissed(t *testing.T) {
+	w := startWorld(t, echoAgent, nil)
+	before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
+	w.replyTo(t, dmID, before.ID)
+	asked := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: bob, Content: "in the channel", MentionBot: true})
+	w.replyTo(t, channelID, asked.ID)
+
+	w.srv.InvalidateSession() // from here until the client identifies again nothing is dispatched
+	gap1 := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "gap one"})
+	gap2 := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "gap two"})
+	quiet := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: bob, Content: "no mention, not for the bot"})
+	gapAsked := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: bob, Content: "gap in the channel", MentionBot: true})
+	w.srv.WaitReady(t)
+	after := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "after"})
+
+	if r := w.replyTo(t, channelID, gapAsked.ID); r.Content != "echo: gap in the channel" {
+		t.Errorf("reply to the channel's missed message = %q, want its echo", r.Content)
+	}
+	w.replyTo(t, dmID, after.ID)
+	var order []string // what the DM replies answer, in the order they were posted
+	for _, m := range w.srv.Sent(dmID) {
+		if m.MessageReference != nil {
+			order = append(order, m.MessageReference.MessageID)
+		}
+	}
+	if want := []string{before.ID, gap1.ID, gap2.ID, after.ID}; !slices.Equal(order, want) {
+		t.Errorf("DM replies answer %v, want %v (before, the gap in order, after; each once)", order, want)
+	}
+	if n := len(w.srv.Sent(channelID)); n != 2 {
+		t.Errorf("bot posted %d messages in the channel, want 2 (the mentioned ones): %q", n, contents(w.srv.Sent(channelID)))
+	}
+	if _, ok := w.stored(t, channelID, quiet.ID); ok {
+		t.Error("a missed message without a mention was queued")
+	}
+	key := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatChannel, ChatID: channelID, UserID: bob.ID}, identity.DefaultKeyOptions)
+	if in, ok := w.stored(t, channelID, gapAsked.ID); !ok || in.key != key || in.user != bob.ID {
+		t.Errorf("missed channel message stored as %+v (stored: %v), want session %s from %s", in, ok, key, bob.ID)
+	}
+	if got := w.srv.Identifies(); got != 2 {
+		t.Errorf("identified %d times, want 2 (the first, and after the refused resume)", got)
+	}
+	if !strings.Contains(w.log.String(), "read what was missed") {
+		t.Errorf("no log line about the missed messages:\n%s", w.log.String())
 	}
 }
 

@@ -17,13 +17,23 @@ import (
 	"github.com/agentgate/agentgate/platforms"
 )
 
-// onMessage turns a MESSAGE_CREATE into an Inbound: it ignores what the gate refuses before
-// anything is queued, opens a thread when auto-thread applies, delivers the message (which
-// returns once it is durable) and tells the user when it could not be taken.
+// onMessage handles a MESSAGE_CREATE.
 func (p *Platform) onMessage(_ *discordgo.Session, m *discordgo.MessageCreate) {
+	p.handle(m.Message)
+}
+
+// handle turns a message (from the gateway, or from channel history after a lost gateway
+// session: backfill) into an Inbound: it ignores what the gate refuses before anything is
+// queued, opens a thread when auto-thread applies, delivers the message (which returns once it
+// is durable) and tells the user when it could not be taken.
+func (p *Platform) handle(m *discordgo.Message) {
 	bot := p.bot()
-	if m.Author == nil || m.Author.ID == bot || bot == "" {
-		return // its own messages, or a message before READY told it who it is
+	if bot == "" {
+		return // a message before READY told it who it is
+	}
+	p.noteSeen(m)
+	if m.Author == nil || m.Author.ID == bot {
+		return // its own messages
 	}
 	if m.Type != discordgo.MessageTypeDefault && m.Type != discordgo.MessageTypeReply {
 		return // joins, pins, thread starters and the like are not things users said
@@ -34,20 +44,20 @@ func (p *Platform) onMessage(_ *discordgo.Session, m *discordgo.MessageCreate) {
 	if deliver == nil {
 		return
 	}
-	ch, err := p.channelOf(ctx, m.Message)
+	ch, err := p.channelOf(ctx, m)
 	if err != nil {
 		p.log.Error("discord message from an unknown channel; not taken", "channel", m.ChannelID, "message", m.ID, "err", err)
 		p.tellUser(ctx, m.ChannelID, m.ID, "I could not look up this channel, so I did not take your message. Please send it again.")
 		return
 	}
-	mentioned := mentions(m.Message, bot)
-	if !p.gate.admit(m.Message, ch, bot, mentioned) {
+	mentioned := mentions(m, bot)
+	if !p.gate.admit(m, ch, bot, mentioned) {
 		return
 	}
 	in := &platforms.Inbound{
-		Source:     p.source(m.Message, ch),
+		Source:     p.source(m, ch),
 		MessageID:  m.ID,
-		Text:       text(m.Message, bot),
+		Text:       text(m, bot),
 		ReceivedAt: time.Now(),
 	}
 	if in.Text == "" { // a bare mention, or a sticker: nothing to answer, but say so

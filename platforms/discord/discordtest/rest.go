@@ -30,6 +30,7 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /api/v9/gateway/bot", s.api(true, s.getGatewayBot))
 	mux.Handle("GET /api/v9/users/@me", s.api(true, s.getMe))
 	mux.Handle("GET /api/v9/channels/{channel}", s.api(true, s.getChannel))
+	mux.Handle("GET /api/v9/channels/{channel}/messages", s.api(true, s.getMessages))
 	mux.Handle("POST /api/v9/channels/{channel}/messages", s.api(true, s.postMessage))
 	mux.Handle("PATCH /api/v9/channels/{channel}/messages/{message}", s.api(true, s.editMessage))
 	mux.Handle("POST /api/v9/channels/{channel}/typing", s.api(true, s.postTyping))
@@ -145,6 +146,50 @@ func (s *Server) getChannel(r *http.Request) (int, any) {
 		return http.StatusNotFound, errUnknownChannel
 	}
 	return http.StatusOK, s.channelWireLocked(c)
+}
+
+// getMessages lists a channel's messages, as Discord's Get Channel Messages does with after:
+// the first limit (1–100, default 50) messages after the given id, newest first, in the REST
+// form (no guild_id, no member). Only after is supported; without it, the newest messages.
+func (s *Server) getMessages(r *http.Request) (int, any) {
+	q := r.URL.Query()
+	limit := 50
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			return http.StatusBadRequest, apiError("Invalid Form Body", 50035)
+		}
+		limit = n
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.chanByID[r.PathValue("channel")] == nil {
+		return http.StatusNotFound, errUnknownChannel
+	}
+	h := s.history[r.PathValue("channel")]
+	var page []*message
+	if after := q.Get("after"); after != "" {
+		for _, m := range h { // in creation order: ids ascend
+			if snowflakeLess(after, m.id) && len(page) < limit {
+				page = append(page, m)
+			}
+		}
+	} else {
+		page = h[max(len(h)-limit, 0):]
+	}
+	out := make([]map[string]any, len(page))
+	for i, m := range page {
+		out[len(page)-1-i] = s.messageWire(m, false, visibleAll)
+	}
+	return http.StatusOK, out
+}
+
+// snowflakeLess orders two snowflakes (decimal strings without leading zeros).
+func snowflakeLess(a, b string) bool {
+	if len(a) != len(b) {
+		return len(a) < len(b)
+	}
+	return a < b
 }
 
 // allowedMentions is the allowed_mentions object of a message body.

@@ -230,3 +230,45 @@ func TestWithToken(t *testing.T) {
 		t.Errorf("User(@me) with the custom token = %v", err)
 	}
 }
+
+// TestChannelHistory: Get Channel Messages with after returns the first messages after it,
+// newest first, in the REST form (no guild_id); a bad limit or channel is refused.
+func TestChannelHistory(t *testing.T) {
+	t.Parallel()
+	srv := newWorld(t)
+	dg := newSession(t, srv, "Bot "+srv.Token())
+	var ids []string
+	for _, text := range []string{"one", "two", "three"} {
+		ids = append(ids, srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: text}).ID)
+	}
+	for _, tc := range []struct {
+		after string
+		limit int
+		want  []string // contents, as returned
+	}{
+		{ids[0], 100, []string{"three", "two"}},
+		{ids[0], 1, []string{"two"}},
+		{ids[2], 100, nil},
+		{"", 2, []string{"three", "two"}}, // no after: the newest
+	} {
+		ms, err := dg.ChannelMessages(channelID, tc.limit, "", tc.after, "")
+		if err != nil {
+			t.Fatalf("ChannelMessages(after %s, limit %d): %v", tc.after, tc.limit, err)
+		}
+		var got []string
+		for _, m := range ms {
+			got = append(got, m.Content)
+			if m.GuildID != "" {
+				t.Errorf("history message %s has guild_id %q; REST messages carry none", m.ID, m.GuildID)
+			}
+		}
+		if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+			t.Errorf("ChannelMessages(after %s, limit %d) = %q, want %q", tc.after, tc.limit, got, tc.want)
+		}
+	}
+	if _, err := dg.ChannelMessages("1", 10, "", ids[0], ""); err == nil {
+		t.Error("history of an unknown channel: no error")
+	} else if status, code, _ := restCode(err); status != 404 || code != 10003 {
+		t.Errorf("history of an unknown channel: %d/%d, want 404/10003", status, code)
+	}
+}

@@ -84,7 +84,8 @@ func WithToken(token string) Option {
 // Server is a fake Discord (REST + gateway) on 127.0.0.1. Safe for concurrent use.
 //
 // REST, under APIURL: GET gateway, GET gateway/bot, GET users/@me, GET channels/{c},
-// POST channels/{c}/messages, PATCH channels/{c}/messages/{m}, POST channels/{c}/typing and
+// GET channels/{c}/messages (after and limit only), POST channels/{c}/messages, PATCH
+// channels/{c}/messages/{m}, POST channels/{c}/typing and
 // POST channels/{c}/messages/{m}/threads. Any other route or method is 404
 // {"message":"404: Not Found","code":0}. Every route but GET gateway wants
 // "Authorization: Bot <token>" (else 401). Errors carry Discord's codes (10003 Unknown
