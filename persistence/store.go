@@ -313,7 +313,18 @@ const (
 	DefaultSessionsOfKeyLimit = 100
 	DefaultIdleSessionsLimit  = 1000
 	DefaultPruneLimit         = 1000
+	DefaultRecentChatsLimit   = 1000
 )
+
+// ChatMark is the newest inbound message a store took from one chat (or thread) of a
+// platform: where a platform that can read its chats' history picks up after a restart.
+type ChatMark struct {
+	ChatID    string // the chat; a thread's parent for a thread
+	ThreadID  string // the thread, when the message was in one
+	ScopeID   string // the guild or workspace
+	MessageID string
+	At        time.Time // when it was stored
+}
 
 // Store is the durable state of agentgate. All methods are safe for concurrent use; writes are
 // serialised by the persistence actor, which is the only caller of Commit in a process.
@@ -365,6 +376,11 @@ type Store interface {
 	// Recoverable returns the keys whose current session has pending (active) user messages
 	// or whose outbox has undelivered entries.
 	Recoverable(ctx context.Context) ([]string, error)
+	// RecentChats returns the chats (chat and thread) of platform with an inbound message
+	// stored at or after since, each with its newest one, most recent first, at most limit
+	// (DefaultRecentChatsLimit when limit <= 0). It reads back from the newest message and
+	// stops at the first one stored before since (an unreadable time is before any).
+	RecentChats(ctx context.Context, platform string, since time.Time, limit int) ([]ChatMark, error)
 	// PruneSessions enforces the retention: it deletes, in one write transaction, sessions that
 	// ended before endedBefore, together with their messages (and their search index entries),
 	// their turns' usage and their outbox entries, and returns how many it deleted, at most

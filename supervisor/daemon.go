@@ -35,7 +35,7 @@ type Options struct {
 	Agent agents.Agent
 	// Platforms are added next to the HTTP platform.
 	Platforms []platforms.Platform
-	// Now replaces the clock of the session runtime.
+	// Now replaces the clock of the session runtime (and of the platforms that read one).
 	Now func() time.Time
 	// DraftInterval replaces the least time between two edits of a streaming reply's draft.
 	DraftInterval time.Duration
@@ -114,7 +114,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	if d.spool, err = spool.Open(filepath.Join(cfg.DataDir, "spool")); err != nil {
 		return nil, fmt.Errorf("start: open spool: %w", err)
 	}
-	extra, err := configuredPlatforms(cfg, log)
+	extra, err := configuredPlatforms(cfg, log, d.store, opts.Now)
 	if err != nil {
 		return nil, fmt.Errorf("start: %w", err)
 	}
@@ -298,15 +298,19 @@ func (d *Daemon) ready(ctx context.Context) map[string]error {
 	return r
 }
 
-// configuredPlatforms builds the platforms the configuration enables besides HTTP.
-func configuredPlatforms(cfg *config.Config, log *slog.Logger) ([]platforms.Platform, error) {
+// configuredPlatforms builds the platforms the configuration enables besides HTTP; store tells
+// Discord where to read back from after a restart, now is the clock (nil: time.Now).
+func configuredPlatforms(cfg *config.Config, log *slog.Logger, store persistence.Store, now func() time.Time) ([]platforms.Platform, error) {
 	var out []platforms.Platform
 	if dc := cfg.Platforms.Discord; dc.Enabled {
 		token := os.Getenv(dc.TokenEnv)
 		if token == "" {
 			return nil, fmt.Errorf("discord is enabled but the environment variable %s (platforms.discord.token_env) is empty", dc.TokenEnv)
 		}
-		p, err := discord.New(discord.Config{Token: token, Settings: dc, Logger: log.With("component", "discord")})
+		recent := func(ctx context.Context, since time.Time) ([]persistence.ChatMark, error) {
+			return store.RecentChats(ctx, discord.Name, since, 0)
+		}
+		p, err := discord.New(discord.Config{Token: token, Settings: dc, Logger: log.With("component", "discord"), Recent: recent, Now: now})
 		if err != nil {
 			return nil, err
 		}

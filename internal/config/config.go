@@ -182,6 +182,10 @@ type Discord struct {
 	// ThreadArchiveMinutes is the auto-archive duration of threads the bot opens:
 	// 60, 1440, 4320 or 10080.
 	ThreadArchiveMinutes int `yaml:"thread_archive_minutes"`
+	// BackfillWindow bounds what the bot reads back from channel history when Discord replayed
+	// nothing (a new gateway session: after a restart, or a refused resume): the channels it
+	// took a message from within this window, and messages at most this old. 0 turns it off.
+	BackfillWindow time.Duration `yaml:"backfill_window"`
 }
 
 // DiscordScope overrides Discord gating for one guild or channel; a nil field inherits.

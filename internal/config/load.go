@@ -51,6 +51,7 @@ func Default() *Config {
 		},
 		Platforms: Platforms{Discord: Discord{
 			TokenEnv: "DISCORD_TOKEN", RequireMention: true, ShardCount: 1, ThreadArchiveMinutes: 1440,
+			BackfillWindow: time.Hour,
 		}},
 		Shutdown: Shutdown{DrainTimeout: 30 * time.Second},
 		Metrics:  Metrics{Actors: true},

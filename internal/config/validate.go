@@ -115,6 +115,7 @@ func (c *Config) validate() []error {
 	if d.ShardID < 0 || (d.ShardCount >= 1 && d.ShardID >= d.ShardCount) {
 		v.add("platforms.discord.shard_id", d.ShardID, "must be from 0 to shard_count-1")
 	}
+	atLeast(&v, "platforms.discord.backfill_window", d.BackfillWindow, 0)
 	if !slices.Contains([]int{60, 1440, 4320, 10080}, d.ThreadArchiveMinutes) {
 		v.add("platforms.discord.thread_archive_minutes", d.ThreadArchiveMinutes, "must be 60, 1440, 4320 or 10080")
 	}

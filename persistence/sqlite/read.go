@@ -444,6 +444,52 @@ func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
 	return keys, nil
 }
 
+// RecentChats implements persistence.Store. It walks the messages backwards in the order they
+// were stored (the rowid), so it reads only the rows stored since since, plus one.
+func (s *Store) RecentChats(ctx context.Context, platform string, since time.Time, limit int) ([]persistence.ChatMark, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("recent chats: %w", err)
+	}
+	defer s.leave()
+	if limit <= 0 {
+		limit = persistence.DefaultRecentChatsLimit
+	}
+	rows, err := s.reader.QueryContext(ctx, `SELECT m.platform, m.chat_id, COALESCE(s.thread_id, ''), COALESCE(s.scope_id, ''),
+			m.message_id, m.created_at
+		FROM messages m LEFT JOIN sessions s ON s.id = m.session_id
+		WHERE m.role = 'user' AND m.message_id <> '' ORDER BY m.id DESC`)
+	if err != nil {
+		return nil, fmt.Errorf("recent chats: %w", err)
+	}
+	defer rows.Close()
+	bound := nanoBound(since)
+	seen := map[[2]string]bool{}
+	var marks []persistence.ChatMark
+	for len(marks) < limit && rows.Next() {
+		var p string
+		var m persistence.ChatMark
+		var at any
+		if err := rows.Scan(&p, &m.ChatID, &m.ThreadID, &m.ScopeID, &m.MessageID, &at); err != nil {
+			return nil, fmt.Errorf("recent chats: %w", err)
+		}
+		n, ok := at.(int64)
+		if !ok || n <= 0 || n < bound {
+			break // stored before since, or at an unreadable time: long ago
+		}
+		chat := [2]string{m.ChatID, m.ThreadID}
+		if p != platform || seen[chat] {
+			continue
+		}
+		seen[chat] = true
+		m.At = time.Unix(0, n).UTC()
+		marks = append(marks, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("recent chats: %w", err)
+	}
+	return marks, nil
+}
+
 // Search returns the messages (archived ones included) whose content matches an FTS5 query
 // (https://sqlite.org/fts5.html#full_text_query_syntax), best match first, at most limit (0
 // means 100). It is not part of persistence.Store. Messages whose indexing failed are not found.

@@ -343,6 +343,7 @@ func testClosed(t *testing.T, s persistence.Store) {
 		{"Session", second(s.Session(ctx, "s1"))},
 		{"ListSessions", second(s.ListSessions(ctx, persistence.ListFilter{}))},
 		{"Recoverable", second(s.Recoverable(ctx))},
+		{"RecentChats", second(s.RecentChats(ctx, "http", at(0), 0))},
 		{"SessionsOfKey", second(s.SessionsOfKey(ctx, "k1", 0))},
 		{"IdleSessions", second(s.IdleSessions(ctx, at(100), 0))},
 		{"PruneSessions", second(s.PruneSessions(ctx, at(100), 0))},
@@ -356,3 +357,50 @@ func testClosed(t *testing.T, s persistence.Store) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+// testRecentChats: the chats and threads of one platform with a message stored since a time,
+// each with its newest inbound message, most recent first.
+func testRecentChats(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	session := func(id, chat, thread, scope string) persistence.Session {
+		ss := newSession(id, "k-"+id)
+		ss.Platform, ss.ChatType, ss.ChatID, ss.ThreadID, ss.ScopeID = "discord", "channel", chat, thread, scope
+		return ss
+	}
+	msg := func(sid string, seq int64, platform, chat, id string, sec int) persistence.Op {
+		m := userMsg(sid, seq, id, "text "+id)
+		m.Platform, m.ChatID, m.CreatedAt = platform, chat, at(sec)
+		return &persistence.AppendMessage{Message: m}
+	}
+	MustCommit(t, s,
+		&persistence.CreateSession{Session: session("old", "c-old", "", "g")},
+		msg("old", 1, "discord", "c-old", "m-old", 1), // before since
+		&persistence.CreateSession{Session: session("dm", "c-dm", "", "")},
+		msg("dm", 1, "discord", "c-dm", "m1", 10),
+		msg("dm", 2, "discord", "c-dm", "m2", 20),
+		&persistence.CreateSession{Session: session("thread", "c-chan", "t-1", "g")},
+		msg("thread", 1, "discord", "c-chan", "m3", 30),
+		&persistence.AppendMessage{Message: replyMsg("thread", 2, "an answer is not inbound")},
+		&persistence.CreateSession{Session: session("chan", "c-chan", "", "g")},
+		msg("chan", 1, "discord", "c-chan", "m4", 40),
+		&persistence.CreateSession{Session: newSession("http", "k-http")},
+		msg("http", 1, "http", "c-http", "h1", 50), // another platform
+	)
+	want := []persistence.ChatMark{
+		{ChatID: "c-chan", ScopeID: "g", MessageID: "m4", At: at(40)},
+		{ChatID: "c-chan", ThreadID: "t-1", ScopeID: "g", MessageID: "m3", At: at(30)},
+		{ChatID: "c-dm", MessageID: "m2", At: at(20)},
+	}
+	got := check(s.RecentChats(ctx, "discord", at(5), 0)).must(t, "RecentChats")
+	diff(t, "RecentChats(discord, since 5s)", got, want)
+	got = check(s.RecentChats(ctx, "discord", at(5), 2)).must(t, "RecentChats")
+	diff(t, "RecentChats(discord, since 5s, limit 2)", got, want[:2])
+	got = check(s.RecentChats(ctx, "discord", at(25), 0)).must(t, "RecentChats")
+	diff(t, "RecentChats(discord, since 25s)", got, want[:2])
+	got = check(s.RecentChats(ctx, "discord", at(0), 0)).must(t, "RecentChats")
+	if len(got) != 4 || got[3].MessageID != "m-old" {
+		t.Errorf("RecentChats(discord, since 0) = %+v, want the three and then c-old's m-old", got)
+	}
+	got = check(s.RecentChats(ctx, "slack", at(0), 0)).must(t, "RecentChats")
+	diff(t, "RecentChats(slack)", got, []persistence.ChatMark(nil))
+}

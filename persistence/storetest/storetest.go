@@ -44,6 +44,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"Transcript", testTranscript},
 		{"ListSessions", testListSessions},
 		{"Recoverable", testRecoverable},
+		{"RecentChats", testRecentChats},
 		{"SessionsOfKey", testSessionsOfKey},
 		{"IdleSessions", testIdleSessions},
 		{"IdleSessionsPaging", testIdleSessionsPaging},

@@ -4,21 +4,25 @@ import (
 	"cmp"
 	"context"
 	"slices"
+	"time"
 
 	"github.com/bwmarrin/discordgo"
 )
 
-// Backfill. When Discord refuses to RESUME a gateway session (it expired, or the connection
-// was down too long), the client identifies afresh and Discord replays nothing: whatever was
-// said in the gap would be lost without a trace. So the platform remembers, per channel, the
-// newest message it saw there, and on every READY after the first it reads each such channel's
-// history after that message (Get Channel Messages, which needs the Read Message History
-// permission) and handles what it finds exactly like live messages, oldest first, before any
-// live event of the new session (handlers run in order on the gateway's reader). A message
-// that was taken already is answered as a duplicate by the runtime and never runs twice.
+// Backfill. Discord replays missed events only to a gateway session that RESUMEs. A new
+// session (the first one after a restart, or one identified afresh after Discord refused a
+// RESUME because the session expired) gets nothing of what was said meanwhile: it would be
+// lost without a trace. So the platform keeps, per channel, the newest message it saw there
+// (seeded at the first READY from the store's recent chats, Config.Recent), and on every READY
+// reads each such channel's history after that message (Get Channel Messages, which needs the
+// Read Message History permission) and handles what it finds exactly like live messages,
+// oldest first, before any live event of the new session (handlers run in order on the
+// gateway's reader). A message that was taken already is answered as a duplicate by the
+// runtime and never runs twice. platforms.discord.backfill_window bounds it: only channels
+// active within the window are read after a restart, and older messages are not answered.
 //
-// What it does not cover: channels the bot saw nothing in since the process started (a
-// restart remembers no channel), and more than backfillPages pages per channel.
+// What it does not cover: channels the store took nothing from within the window, and more
+// than backfillPages pages per channel.
 const (
 	backfillChannels = 1000 // channels remembered; the one quiet longest is forgotten first
 	backfillPages    = 5    // pages of 100 messages read per channel
@@ -56,15 +60,48 @@ func (p *Platform) noteSeen(m *discordgo.Message) {
 	p.seen[m.ChannelID] = seenAt{id: m.ID, guild: guild}
 }
 
+// seed fills seen from the store's recent chats, once per process: a thread's parent channel
+// is read too (a mention there opens a new thread).
+func (p *Platform) seed(ctx context.Context, since time.Time) {
+	p.mu.Lock()
+	done := p.seeded || p.recent == nil
+	p.seeded = true
+	p.mu.Unlock()
+	if done {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, restTimeout)
+	defer cancel()
+	marks, err := p.recent(ctx, since)
+	if err != nil {
+		p.log.Warn("discord backfill: cannot read the recent chats from the store; what was said while the daemon was down is not answered", "err", err)
+		return
+	}
+	for _, m := range marks {
+		if m.ThreadID != "" {
+			p.noteSeen(&discordgo.Message{ChannelID: m.ThreadID, ID: m.MessageID, GuildID: m.ScopeID})
+		}
+		p.noteSeen(&discordgo.Message{ChannelID: m.ChatID, ID: m.MessageID, GuildID: m.ScopeID})
+	}
+}
+
 // backfill handles the messages posted in the remembered channels after the newest one seen
 // there (see Backfill above). It runs in the READY handler of a new gateway session.
 func (p *Platform) backfill() {
+	window := p.cfg.BackfillWindow
+	if window <= 0 {
+		return
+	}
 	type from struct {
 		channel string
 		seenAt
 	}
 	p.mu.Lock()
 	ctx := p.runCtx
+	p.mu.Unlock()
+	since := p.now().Add(-window)
+	p.seed(ctx, since)
+	p.mu.Lock()
 	chans := make([]from, 0, len(p.seen))
 	for ch, s := range p.seen {
 		chans = append(chans, from{ch, s})
@@ -74,18 +111,23 @@ func (p *Platform) backfill() {
 		return
 	}
 	slices.SortFunc(chans, func(a, b from) int { return compareSnowflakes(a.id, b.id) })
-	fetched, failed := 0, 0
+	fetched, old, failed := 0, 0, 0
 	for _, c := range chans {
 		after := c.id
 		for range backfillPages {
 			ms, err := p.history(ctx, c.channel, after)
 			if err != nil {
 				failed++
-				p.log.Warn("discord backfill: cannot read the channel's history; what was said in it while the gateway session was lost is not answered",
+				p.log.Warn("discord backfill: cannot read the channel's history; what was said in it while disconnected is not answered",
 					"channel", c.channel, "after", after, "err", err)
 				break
 			}
 			for _, m := range ms {
+				if m.Timestamp.Before(since) {
+					old++
+					p.noteSeen(m)
+					continue
+				}
 				if m.GuildID == "" {
 					m.GuildID = c.guild
 				}
@@ -98,7 +140,8 @@ func (p *Platform) backfill() {
 			after = ms[len(ms)-1].ID
 		}
 	}
-	p.log.Info("discord gateway session was new: read what was missed", "channels", len(chans), "messages", fetched, "failed", failed)
+	p.log.Info("discord gateway session was new: read what was missed", "channels", len(chans), "messages", fetched,
+		"older_than_window", old, "failed", failed)
 }
 
 // history returns a page of channel's messages after the message after, oldest first.

@@ -14,6 +14,7 @@ import (
 	"github.com/bwmarrin/discordgo"
 
 	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -39,6 +40,12 @@ type Config struct {
 	Settings config.Discord
 	// Logger receives the platform's logs; nil discards them.
 	Logger *slog.Logger
+	// Recent returns the chats the store took a Discord message from since a time, with the
+	// newest one of each: where the first gateway session of the process reads back what was
+	// said while it was down (backfill.go). Nil reads back nothing after a restart.
+	Recent func(ctx context.Context, since time.Time) ([]persistence.ChatMark, error)
+	// Now is the clock that backfill_window is measured on; nil is time.Now.
+	Now func() time.Time
 }
 
 // Platform is the Discord adapter: one gateway connection (a shard) and the REST client that
@@ -61,6 +68,9 @@ type Platform struct {
 	threads  *channelCache
 	typing   *typing
 	seen     map[string]seenAt // channel → the newest message seen there (backfill.go)
+	recent   func(context.Context, time.Time) ([]persistence.ChatMark, error)
+	now      func() time.Time
+	seeded   bool // seen was filled from recent (at the first READY)
 }
 
 var (
@@ -105,7 +115,12 @@ func New(c Config) (*Platform, error) {
 		lost:     make(chan error, 1),
 		progress: map[string]int{},
 		seen:     map[string]seenAt{},
+		recent:   c.Recent,
+		now:      c.Now,
 		runCtx:   context.Background(),
+	}
+	if p.now == nil {
+		p.now = time.Now
 	}
 	p.threads = newChannelCache(p.fetchChannel)
 	p.typing = newTyping(p.sendTyping)
@@ -173,8 +188,7 @@ func (p *Platform) onReady(_ *discordgo.Session, r *discordgo.Ready) {
 	}
 	p.connected.Store(true)
 	p.log.Info("discord gateway ready", "bot", userName(r.User), "guilds", len(r.Guilds), "shard", p.s.ShardID, "shards", p.s.ShardCount)
-	// A READY starts a new gateway session, to which Discord replays nothing. The first one
-	// finds no channel seen yet.
+	// A READY starts a new gateway session, to which Discord replays nothing.
 	p.backfill()
 }
 

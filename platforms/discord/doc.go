@@ -8,8 +8,9 @@
 // Discord's 2,000 characters without breaking code fences, references the triggering message,
 // runs a typing indicator while turns work, and posts with nonces Discord enforces so a retry
 // never posts twice. A dropped connection ends Run; the platform supervisor reopens it and
-// discordgo resumes the gateway session, so Discord replays what was missed; when Discord
-// refuses the resume, the platform reads what was missed from the channels' history (backfill.go).
+// discordgo resumes the gateway session, so Discord replays what was missed; after a restart,
+// or when Discord refuses the resume, the platform reads what was missed from the channels'
+// history (backfill.go).
 //
 // Package discordtest is a fake Discord for tests of this package and the daemon.
 package discord

@@ -50,6 +50,10 @@ type world struct {
 	srv *discordtest.Server
 	d   *supervisor.Daemon
 	log *testutil.Buffer
+
+	cfg   *config.Config
+	agent agents.Agent
+	stop  func(t *testing.T) // stops d (once)
 }
 
 // startWorld starts a fake Discord with one guild, one text channel and alice's DM channel,
@@ -82,26 +86,38 @@ func startWorldNotReady(t *testing.T, agent agents.Agent, tweak func(*config.Con
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("config: %v", err)
 	}
+	w := &world{srv: srv, cfg: cfg, agent: agent}
+	w.start(t)
+	return w
+}
+
+// start starts the world's daemon (again, after stop: on the same data directory).
+func (w *world) start(t *testing.T) {
+	t.Helper()
 	buf := &testutil.Buffer{}
 	log := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	dm, err := supervisor.Start(t.Context(), cfg, log, supervisor.Options{Agent: agent})
+	// The daemon runs on the fake's clock, so message times and backfill_window agree.
+	dm, err := supervisor.Start(t.Context(), w.cfg, log, supervisor.Options{Agent: w.agent, Now: w.srv.Now})
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := dm.Stop(ctx); err != nil {
-			t.Errorf("Stop: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", buf.String())
-		}
-	})
-	return &world{srv: srv, d: dm, log: buf}
+	var once sync.Once
+	stop := func(t *testing.T) {
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := dm.Stop(ctx); err != nil {
+				t.Errorf("Stop: %v", err)
+			}
+			if t.Failed() {
+				t.Logf("daemon log:\n%s", buf.String())
+			}
+		})
+	}
+	t.Cleanup(func() { stop(t) })
+	w.d, w.log, w.stop = dm, buf, stop
 }
 
-// echoAgent answers "echo: <text>" for the messages of its turn.
 var echoAgent = agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
 	var texts []string
 	for _, m := range req.Messages {
@@ -536,6 +552,89 @@ func TestNewGatewaySessionReadsWhatWasMissed(t *testing.T) {
 	}
 	if !strings.Contains(w.log.String(), "read what was missed") {
 		t.Errorf("no log line about the missed messages:\n%s", w.log.String())
+	}
+}
+
+// TestRestartReadsWhatWasSaidWhileDown: what users said while the daemon was stopped is read
+// back from the history of the chats it took messages from (the store's recent chats) and
+// answered once, in order, with its channel's identity; a message answered before the restart
+// is not answered again.
+func TestRestartReadsWhatWasSaidWhileDown(t *testing.T) {
+	w := startWorld(t, echoAgent, nil)
+	before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
+	w.replyTo(t, dmID, before.ID)
+	asked := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: bob, Content: "in the channel", MentionBot: true})
+	w.replyTo(t, channelID, asked.ID)
+	w.stop(t)
+
+	down1 := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "while down"})
+	down2 := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "still down"})
+	downAsked := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: bob, Content: "down, in the channel", MentionBot: true})
+	w.start(t)
+	w.srv.WaitReady(t)
+	after := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "after"})
+
+	w.replyTo(t, channelID, downAsked.ID)
+	w.replyTo(t, dmID, after.ID)
+	var order []string
+	for _, m := range w.srv.Sent(dmID) {
+		if m.MessageReference != nil {
+			order = append(order, m.MessageReference.MessageID)
+		}
+	}
+	if want := []string{before.ID, down1.ID, down2.ID, after.ID}; !slices.Equal(order, want) {
+		t.Errorf("DM replies answer %v, want %v (each once, in order)", order, want)
+	}
+	if n := len(w.srv.Sent(channelID)); n != 2 {
+		t.Errorf("bot posted %d messages in the channel, want 2: %q", n, contents(w.srv.Sent(channelID)))
+	}
+	key := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatChannel, ChatID: channelID, UserID: bob.ID}, identity.DefaultKeyOptions)
+	if in, ok := w.stored(t, channelID, downAsked.ID); !ok || in.key != key {
+		t.Errorf("channel message said while down stored as %+v (stored: %v), want session %s", in, ok, key)
+	}
+}
+
+// TestBackfillOff: with backfill_window 0 nothing said while the daemon was down is read back.
+func TestBackfillOff(t *testing.T) {
+	w := startWorld(t, echoAgent, func(c *config.Config) { c.Platforms.Discord.BackfillWindow = 0 })
+	before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
+	w.replyTo(t, dmID, before.ID)
+	w.stop(t)
+	down := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "while down"})
+	w.start(t)
+	w.srv.WaitReady(t)
+	after := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "after"})
+	w.replyTo(t, dmID, after.ID) // a backfill would have run before the new session's first live event
+	if _, ok := w.stored(t, dmID, down.ID); ok {
+		t.Error("with backfill_window 0 a message said while down was taken")
+	}
+	if n := len(w.srv.Sent(dmID)); n != 2 {
+		t.Errorf("bot posted %d messages in the DM, want 2 (before, after): %q", n, contents(w.srv.Sent(dmID)))
+	}
+}
+
+// TestBackfillSkipsWhatIsOlderThanTheWindow: a message missed longer ago than backfill_window
+// is not answered. The fake's clock moves a millisecond per message, so ten messages elsewhere
+// age the missed one past a window of 3 ms.
+func TestBackfillSkipsWhatIsOlderThanTheWindow(t *testing.T) {
+	w := startWorld(t, echoAgent, func(c *config.Config) { c.Platforms.Discord.BackfillWindow = 3 * time.Millisecond })
+	const elsewhere = "300000000000000002"
+	w.srv.AddChannel(discordtest.Channel{ID: elsewhere, Type: discordgo.ChannelTypeDM})
+	before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
+	w.replyTo(t, dmID, before.ID)
+	w.srv.InvalidateSession()
+	stale := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "long ago"})
+	for i := range 10 {
+		w.srv.Post(discordtest.UserMessage{ChannelID: elsewhere, Author: bob, Content: fmt.Sprint("elsewhere ", i)})
+	}
+	w.srv.WaitReady(t)
+	after := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "after"})
+	w.replyTo(t, dmID, after.ID)
+	if _, ok := w.stored(t, dmID, stale.ID); ok {
+		t.Error("a missed message older than backfill_window was taken")
+	}
+	if !strings.Contains(w.log.String(), "older_than_window=1") {
+		t.Errorf("the log does not count the one message older than the window:\n%s", w.log.String())
 	}
 }
 

@@ -386,6 +386,14 @@ func (s *Server) Threads() []Channel {
 	return append([]Channel(nil), s.threads...)
 }
 
+// Now returns the fake clock's time: the timestamp of the newest message, or its zero. A
+// daemon under test that runs on it sees messages exactly as recent as Discord says they are.
+func (s *Server) Now() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return clockBase.Add(time.Duration(s.ticks) * time.Millisecond)
+}
+
 // Identifies returns how many IDENTIFYs the gateway accepted.
 func (s *Server) Identifies() int {
 	s.mu.Lock()
