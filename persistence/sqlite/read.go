@@ -444,6 +444,13 @@ func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
 	return keys, nil
 }
 
+// recentChatsSQL walks the inbound messages from the newest stored. It must scan the table
+// backwards along its rowid, never sort (TestRecentChatsPlan): RecentChats stops early.
+const recentChatsSQL = `SELECT m.platform, m.chat_id, COALESCE(s.thread_id, ''), COALESCE(s.scope_id, ''),
+		m.message_id, m.created_at
+	FROM messages m NOT INDEXED LEFT JOIN sessions s ON s.id = m.session_id
+	WHERE m.role = 'user' AND m.message_id <> '' ORDER BY m.id DESC`
+
 // RecentChats implements persistence.Store. It walks the messages backwards in the order they
 // were stored (the rowid), so it reads only the rows stored since since, plus one.
 func (s *Store) RecentChats(ctx context.Context, platform string, since time.Time, limit int) ([]persistence.ChatMark, error) {
@@ -454,10 +461,7 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 	if limit <= 0 {
 		limit = persistence.DefaultRecentChatsLimit
 	}
-	rows, err := s.reader.QueryContext(ctx, `SELECT m.platform, m.chat_id, COALESCE(s.thread_id, ''), COALESCE(s.scope_id, ''),
-			m.message_id, m.created_at
-		FROM messages m LEFT JOIN sessions s ON s.id = m.session_id
-		WHERE m.role = 'user' AND m.message_id <> '' ORDER BY m.id DESC`)
+	rows, err := s.reader.QueryContext(ctx, recentChatsSQL)
 	if err != nil {
 		return nil, fmt.Errorf("recent chats: %w", err)
 	}
