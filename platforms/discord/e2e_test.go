@@ -504,6 +504,29 @@ func TestDisconnectLosesAndDuplicatesNothing(t *testing.T) {
 	}
 }
 
+// answeredInBoth has alice say something in her DM and bob mention the bot in the channel,
+// waits for both replies, and returns alice's message.
+func (w *world) answeredInBoth(t *testing.T) *discordgo.Message {
+	t.Helper()
+	before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
+	w.replyTo(t, dmID, before.ID)
+	asked := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: bob, Content: "in the channel", MentionBot: true})
+	w.replyTo(t, channelID, asked.ID)
+	return before
+}
+
+// answered returns the ids of the messages the bot's replies in channel answer, in the order
+// the replies were posted.
+func (w *world) answered(channel string) []string {
+	var ids []string
+	for _, m := range w.srv.Sent(channel) {
+		if m.MessageReference != nil {
+			ids = append(ids, m.MessageReference.MessageID)
+		}
+	}
+	return ids
+}
+
 // TestNewGatewaySessionReadsWhatWasMissed: when Discord refuses to resume (the gateway session
 // expired), it replays nothing; the platform reads the history of the channels it knows after
 // the newest message it saw there, and answers what was said in the gap exactly once, in order,
@@ -511,10 +534,7 @@ func TestDisconnectLosesAndDuplicatesNothing(t *testing.T) {
 // said afterwards.
 func TestNewGatewaySessionReadsWhatWasMissed(t *testing.T) {
 	w := startWorld(t, echoAgent, nil)
-	before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
-	w.replyTo(t, dmID, before.ID)
-	asked := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: bob, Content: "in the channel", MentionBot: true})
-	w.replyTo(t, channelID, asked.ID)
+	before := w.answeredInBoth(t)
 
 	w.srv.InvalidateSession() // from here until the client identifies again nothing is dispatched
 	gap1 := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "gap one"})
@@ -528,12 +548,7 @@ func TestNewGatewaySessionReadsWhatWasMissed(t *testing.T) {
 		t.Errorf("reply to the channel's missed message = %q, want its echo", r.Content)
 	}
 	w.replyTo(t, dmID, after.ID)
-	var order []string // what the DM replies answer, in the order they were posted
-	for _, m := range w.srv.Sent(dmID) {
-		if m.MessageReference != nil {
-			order = append(order, m.MessageReference.MessageID)
-		}
-	}
+	order := w.answered(dmID) // in the order the replies were posted
 	if want := []string{before.ID, gap1.ID, gap2.ID, after.ID}; !slices.Equal(order, want) {
 		t.Errorf("DM replies answer %v, want %v (before, the gap in order, after; each once)", order, want)
 	}
@@ -561,10 +576,7 @@ func TestNewGatewaySessionReadsWhatWasMissed(t *testing.T) {
 // is not answered again.
 func TestRestartReadsWhatWasSaidWhileDown(t *testing.T) {
 	w := startWorld(t, echoAgent, nil)
-	before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
-	w.replyTo(t, dmID, before.ID)
-	asked := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: bob, Content: "in the channel", MentionBot: true})
-	w.replyTo(t, channelID, asked.ID)
+	before := w.answeredInBoth(t)
 	w.stop(t)
 
 	down1 := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "while down"})
@@ -576,12 +588,7 @@ func TestRestartReadsWhatWasSaidWhileDown(t *testing.T) {
 
 	w.replyTo(t, channelID, downAsked.ID)
 	w.replyTo(t, dmID, after.ID)
-	var order []string
-	for _, m := range w.srv.Sent(dmID) {
-		if m.MessageReference != nil {
-			order = append(order, m.MessageReference.MessageID)
-		}
-	}
+	order := w.answered(dmID)
 	if want := []string{before.ID, down1.ID, down2.ID, after.ID}; !slices.Equal(order, want) {
 		t.Errorf("DM replies answer %v, want %v (each once, in order)", order, want)
 	}
