@@ -3,6 +3,7 @@ package discord
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -112,14 +113,15 @@ func (p *Platform) backfill() {
 	}
 	slices.SortFunc(chans, func(a, b from) int { return compareSnowflakes(a.id, b.id) })
 	fetched, old, failed := 0, 0, 0
+	var firstErr error // one warning per READY, not one per channel (a missing permission fails them all)
 	for _, c := range chans {
 		after := c.id
 		for range backfillPages {
 			ms, err := p.history(ctx, c.channel, after)
 			if err != nil {
-				failed++
-				p.log.Warn("discord backfill: cannot read the channel's history; what was said in it while disconnected is not answered",
-					"channel", c.channel, "after", after, "err", err)
+				if failed++; firstErr == nil {
+					firstErr = fmt.Errorf("channel %s: %w", c.channel, err)
+				}
 				break
 			}
 			for _, m := range ms {
@@ -142,6 +144,10 @@ func (p *Platform) backfill() {
 	}
 	p.log.Info("discord gateway session was new: read what was missed", "channels", len(chans), "messages", fetched,
 		"older_than_window", old, "failed", failed)
+	if firstErr != nil {
+		p.log.Warn("discord backfill: cannot read the history of some channels (the bot needs the Read Message History permission); what was said in them while disconnected is not answered",
+			"channels", failed, "first_err", firstErr)
+	}
 }
 
 // history returns a page of channel's messages after the message after, oldest first.

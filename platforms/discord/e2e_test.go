@@ -645,6 +645,27 @@ func TestBackfillSkipsWhatIsOlderThanTheWindow(t *testing.T) {
 	}
 }
 
+// TestBackfillWithoutHistoryPermission: when Discord refuses to show channel history (the bot
+// lacks Read Message History), the bot says so once in its log and goes on serving live messages.
+func TestBackfillWithoutHistoryPermission(t *testing.T) {
+	w := startWorld(t, echoAgent, nil)
+	w.answeredInBoth(t)
+	w.srv.FailNext("GET", "/messages", http.StatusForbidden, 2) // the DM's and the channel's
+	w.srv.InvalidateSession()
+	w.srv.WaitReady(t)
+	after := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "after"})
+	w.replyTo(t, dmID, after.ID)
+	var warnings []string
+	for _, line := range strings.Split(w.log.String(), "\n") {
+		if strings.Contains(line, "cannot read the history of some channels") {
+			warnings = append(warnings, line)
+		}
+	}
+	if len(warnings) != 1 || !strings.Contains(warnings[0], "channels=2") || !strings.Contains(warnings[0], "403") {
+		t.Errorf("warnings about the history = %q, want one naming 2 channels and the 403", warnings)
+	}
+}
+
 // TestReadyzReportsDiscord: /readyz carries Discord's connection state, also across a
 // disconnect. It also checks what the client identified with: the configured shard and the intents.
 func TestReadyzReportsDiscord(t *testing.T) {
