@@ -577,11 +577,16 @@ func TestNewGatewaySessionReadsWhatWasMissed(t *testing.T) {
 func TestRestartReadsWhatWasSaidWhileDown(t *testing.T) {
 	w := startWorld(t, echoAgent, nil)
 	before := w.answeredInBoth(t)
+	const threadID = "210000000000000002"
+	w.srv.AddChannel(discordtest.Channel{ID: threadID, GuildID: guildID, Type: discordgo.ChannelTypeGuildPublicThread, ParentID: channelID, OwnerID: alice.ID, Name: "topic"})
+	inThread := w.srv.Post(discordtest.UserMessage{ChannelID: threadID, Author: alice, Content: "in the thread", MentionBot: true})
+	w.replyTo(t, threadID, inThread.ID)
 	w.stop(t)
 
 	down1 := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "while down"})
 	down2 := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "still down"})
 	downAsked := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: bob, Content: "down, in the channel", MentionBot: true})
+	downThread := w.srv.Post(discordtest.UserMessage{ChannelID: threadID, Author: bob, Content: "down, in the thread", MentionBot: true})
 	w.start(t)
 	w.srv.WaitReady(t)
 	after := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "after"})
@@ -598,6 +603,14 @@ func TestRestartReadsWhatWasSaidWhileDown(t *testing.T) {
 	key := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatChannel, ChatID: channelID, UserID: bob.ID}, identity.DefaultKeyOptions)
 	if in, ok := w.stored(t, channelID, downAsked.ID); !ok || in.key != key {
 		t.Errorf("channel message said while down stored as %+v (stored: %v), want session %s", in, ok, key)
+	}
+	w.replyTo(t, threadID, downThread.ID)
+	threadKey := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatThread, ChatID: channelID, ThreadID: threadID}, identity.DefaultKeyOptions)
+	if in, ok := w.stored(t, channelID, downThread.ID); !ok || in.key != threadKey || in.user != bob.ID {
+		t.Errorf("thread message said while down stored as %+v (stored: %v), want session %s from %s", in, ok, threadKey, bob.ID)
+	}
+	if got := w.answered(threadID); !slices.Equal(got, []string{inThread.ID, downThread.ID}) {
+		t.Errorf("thread replies answer %v, want %v", got, []string{inThread.ID, downThread.ID})
 	}
 }
 
