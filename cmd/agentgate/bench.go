@@ -269,8 +269,8 @@ func printBenchReport(w io.Writer, r *benchReport) {
 		if !t.Met(r.RatioToRaw) {
 			fmt.Fprintf(w, "  why: daemon ÷ raw = write pattern × runtime (docs/BENCHMARKS.md has the analysis)\n"+
 				"  write pattern (replayed ÷ raw) %.3f: the daemon's own transactions, committed again with no actors;\n"+
-				"    two durable commits per turn (the inbound before its ack, the reply before it is sent) make a\n"+
-				"    closed loop commit far fewer turns at once than the raw %d\n"+
+				"    two durable commits per turn (the inbound before its ack, the reply before it is sent), the\n"+
+				"    delivery marks, and a closed loop's smaller transactions than the raw %d turns\n"+
 				"  runtime (daemon ÷ replayed) %.3f: actors, agent, platform and actor metrics around the same writes,\n"+
 				"    on the same cores\n", r.ReplayToRaw, benchRawBatch, r.RatioToReplay)
 			if r.CPUPerTurnUS > 0 && r.Cores > 0 {
