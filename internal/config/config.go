@@ -184,7 +184,7 @@ type Discord struct {
 	ThreadArchiveMinutes int `yaml:"thread_archive_minutes"`
 	// BackfillWindow bounds what the bot reads back from channel history when Discord replayed
 	// nothing (a new gateway session: after a restart, or a refused resume): the channels it
-	// took a message from within this window, and messages at most this old. 0 turns it off.
+	// took a message from within this window, and messages at most this old. 0s turns it off.
 	BackfillWindow time.Duration `yaml:"backfill_window"`
 }
 
