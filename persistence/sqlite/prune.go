@@ -74,7 +74,24 @@ func (s *Store) prune(ctx context.Context, endedBefore time.Time, limit int) (in
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
 
-	tx, err := s.writer.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
+	conn, err := s.writer.Conn(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("writer connection: %w", err)
+	}
+	defer conn.Close()
+	// SQLite leaves deleted content in place (in the page, or in a freed page) until it is
+	// reused. While pruning it overwrites it with zeros instead, so a pruned conversation does
+	// not stay in the file. Only here: on the commit path it would cost a write of every page
+	// the search index frees.
+	if _, err := conn.ExecContext(ctx, `PRAGMA secure_delete = ON`); err != nil {
+		return 0, fmt.Errorf("secure delete on: %w", err)
+	}
+	defer func() {
+		if _, err := conn.ExecContext(context.WithoutCancel(ctx), `PRAGMA secure_delete = OFF`); err != nil {
+			s.log.Warn("secure delete off after pruning; commits stay correct but write more", logging.Err(err))
+		}
+	}()
+	tx, err := conn.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
 	if err != nil {
 		return 0, fmt.Errorf("begin: %w", err)
 	}

@@ -1,9 +1,12 @@
 package sqlite
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -388,5 +391,49 @@ func TestMigrationPrunesLeftOverOutbox(t *testing.T) {
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("outbox after migration 0009 (-want +got):\n%s", d)
+	}
+}
+
+// TestPruneZeroesWhatItDeletes: a pruned conversation's rows are overwritten in the database
+// file (secure_delete during the prune), not left in free pages or cells. Copies SQLite left in
+// unused page space when it moved rows between pages earlier, with secure_delete off, can
+// remain (until VACUUM); so the test counts the copies before and after.
+func TestPruneZeroesWhatItDeletes(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	const secret, sessions = "Quokka-Secret-7781", 40
+	var ops []persistence.Op
+	for i := range sessions { // enough rows to fill and free whole pages
+		sid := fmt.Sprint("old-", i)
+		m := userMsg(sid, 1, fmt.Sprintf("%s %d %s", secret, i, strings.Repeat("padding ", 40)))
+		m.Status = persistence.StatusDone
+		ops = append(ops, &persistence.CreateSession{Session: newSession(sid, "k-"+sid)},
+			&persistence.AppendMessage{Message: m},
+			&persistence.EndSession{SessionID: sid, Reason: persistence.EndNewCommand, At: t0})
+	}
+	storetest.MustCommit(t, s, ops...)
+	MustIndex(t, s)
+	copies := func() int {
+		t.Helper()
+		if _, err := checkpoint(ctx, s.writer, "TRUNCATE"); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(s.Path())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bytes.Count(b, []byte(secret))
+	}
+	before := copies()
+	if n, err := s.PruneSessions(ctx, t0.Add(time.Second), 0); err != nil || n != sessions {
+		t.Fatalf("PruneSessions = %d, %v, want %d, nil", n, err, sessions)
+	}
+	if after := copies(); after > before-sessions {
+		t.Errorf("the file holds %d copies of the pruned text after pruning, %d before: want the %d rows' own copies gone", after, before, sessions)
+	}
+	// Commits after a prune run without secure_delete again.
+	var on int
+	if err := s.writer.QueryRowContext(ctx, `PRAGMA secure_delete`).Scan(&on); err != nil || on != 0 {
+		t.Errorf("secure_delete after pruning = %d, %v, want 0 (off)", on, err)
 	}
 }
