@@ -11,7 +11,8 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 )
 
-// pruneCandidatesSQL selects the sessions PruneSessions may delete, oldest end first. Every
+// pruneCandidatesSQL selects the sessions PruneSessions may delete (id and key), oldest end
+// first. Every
 // condition errs on the side of keeping a session:
 //   - ended_at must be a positive INTEGER below the cutoff: NULL (open), zero, negative, real,
 //     text or blob values are kept, even when they might read as an old time;
@@ -20,7 +21,7 @@ import (
 //     (a garbage one included) counts as pending;
 //   - no outbox entry recorded for its session id (under its key) may be in any state but
 //     delivered.
-const pruneCandidatesSQL = `SELECT s.id FROM sessions s
+const pruneCandidatesSQL = `SELECT s.id, s.key FROM sessions s
 	WHERE s.ended_at IS NOT NULL AND s.ended_at > 0 AND s.ended_at < ?1
 		AND typeof(s.ended_at) = 'integer'
 		AND NOT EXISTS (SELECT 1 FROM routing r WHERE r.session_id = s.id)
@@ -96,8 +97,8 @@ func (s *Store) prune(ctx context.Context, endedBefore time.Time, limit int) (in
 		return 0, fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
-	ids, err := pruneCandidates(ctx, tx, nanoBound(endedBefore), limit)
-	if err != nil || len(ids) == 0 {
+	cands, err := pruneCandidates(ctx, tx, nanoBound(endedBefore), limit)
+	if err != nil || len(cands) == 0 {
 		return 0, err
 	}
 	fts, err := hasFTS(ctx, tx)
@@ -105,8 +106,8 @@ func (s *Store) prune(ctx context.Context, endedBefore time.Time, limit int) (in
 		return 0, err
 	}
 	pruned := 0
-	for _, id := range ids {
-		ok, err := s.pruneSession(ctx, tx, id, fts)
+	for _, c := range cands {
+		ok, err := s.pruneSession(ctx, tx, c, fts)
 		if err != nil {
 			return 0, err
 		}
@@ -123,24 +124,27 @@ func (s *Store) prune(ctx context.Context, endedBefore time.Time, limit int) (in
 	return pruned, nil
 }
 
-func pruneCandidates(ctx context.Context, tx *sql.Tx, bound int64, limit int) ([]string, error) {
+// pruneCandidate is a session PruneSessions may delete.
+type pruneCandidate struct{ id, key string }
+
+func pruneCandidates(ctx context.Context, tx *sql.Tx, bound int64, limit int) ([]pruneCandidate, error) {
 	rows, err := tx.QueryContext(ctx, pruneCandidatesSQL, bound, limit)
 	if err != nil {
 		return nil, fmt.Errorf("select: %w", err)
 	}
 	defer rows.Close()
-	var ids []string
+	var cands []pruneCandidate
 	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
+		var c pruneCandidate
+		if err := rows.Scan(&c.id, &c.key); err != nil {
 			return nil, fmt.Errorf("select: %w", err)
 		}
-		ids = append(ids, id)
+		cands = append(cands, c)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("select: %w", err)
 	}
-	return ids, nil
+	return cands, nil
 }
 
 // hasFTS reports whether the search index and its docsize shadow table exist (a damaged store
@@ -160,11 +164,12 @@ var errKeep = errors.New("session kept")
 
 // pruneSession deletes one session inside a savepoint. It reports false, after rolling the
 // savepoint back, when the session had to be kept; an error means the transaction cannot go on.
-func (s *Store) pruneSession(ctx context.Context, tx *sql.Tx, id string, fts bool) (bool, error) {
+func (s *Store) pruneSession(ctx context.Context, tx *sql.Tx, c pruneCandidate, fts bool) (bool, error) {
+	id := c.id
 	if _, err := tx.ExecContext(ctx, `SAVEPOINT prune`); err != nil {
 		return false, fmt.Errorf("session %s: savepoint: %w", id, err)
 	}
-	err := deleteSession(ctx, tx, id, fts)
+	err := deleteSession(ctx, tx, c, fts)
 	if err != nil {
 		if _, rerr := tx.ExecContext(ctx, `ROLLBACK TO prune`); rerr != nil {
 			return false, fmt.Errorf("session %s: %w (rollback to savepoint: %v)", id, err, rerr)
@@ -188,15 +193,12 @@ func (s *Store) pruneSession(ctx context.Context, tx *sql.Tx, id string, fts boo
 // deleteSession removes a session's search index entries, its messages, its turns' usage, its
 // outbox entries (all but the key's last, which loses its content instead) and its row. A
 // failure to clean the search index wraps errKeep.
-func deleteSession(ctx context.Context, tx *sql.Tx, id string, fts bool) error {
+func deleteSession(ctx context.Context, tx *sql.Tx, c pruneCandidate, fts bool) error {
+	id, key := c.id, c.key
 	if fts {
 		if err := unindexSession(ctx, tx, id); err != nil {
 			return fmt.Errorf("%w: %w", errKeep, err)
 		}
-	}
-	var key string
-	if err := tx.QueryRowContext(ctx, `SELECT key FROM sessions WHERE id = ?`, id).Scan(&key); err != nil {
-		return fmt.Errorf("read session key: %w", err)
 	}
 	// By key and session id, so the unique (session_key, seq) index finds them. Every entry is
 	// delivered: pruneCandidatesSQL keeps a session with any other.
