@@ -1,0 +1,400 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Column lists, in the order the scan functions and the INSERTs use them.
+const (
+	sessionCols = `id, key, platform, chat_type, chat_id, thread_id, user_id, user_name, scope_id,
+		profile, started_at, last_activity_at, ended_at, end_reason, prev_session_id, title, epoch,
+		queue_mode, input_tokens, output_tokens`
+	messageCols = `session_id, seq, role, content, platform, chat_id, message_id, turn_id, status,
+		active, archived, attempts, created_at, user_id, user_name`
+	outboxCols = `session_key, seq, session_id, kind, text, turn_id, in_reply_to, platform,
+		chat_type, chat_id, thread_id, user_id, state, attempts, created_at, delivered_at`
+)
+
+// The write statements. pgx prepares each once per connection (its statement cache).
+const (
+	createSessionSQL = `INSERT INTO sessions (` + sessionCols + `)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
+		ON CONFLICT (id) DO NOTHING`
+	endSessionSQL = `UPDATE sessions SET ended_at = $1, end_reason = $2
+		WHERE id = $3 AND ended_at IS NULL`
+	reopenSessionSQL = `UPDATE sessions SET ended_at = NULL, end_reason = '' WHERE id = $1`
+	touchSessionSQL  = `UPDATE sessions SET last_activity_at = GREATEST(COALESCE(last_activity_at, 0), $1)
+		WHERE id = $2`
+	setTitleSQL     = `UPDATE sessions SET title = $1 WHERE id = $2`
+	setQueueModeSQL = `UPDATE sessions SET queue_mode = $1 WHERE id = $2`
+	// No conflict target: a row at the same (session_id, seq) and a user row with the same
+	// platform identity (messages_inbound) both make it a no-op, told apart by verifyMessage.
+	insertMessageSQL = `INSERT INTO messages (` + messageCols + `)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+		ON CONFLICT DO NOTHING`
+	messageAtSQL = `SELECT content, message_id FROM messages WHERE session_id = $1 AND seq = $2`
+	inboundAtSQL = `SELECT session_id, seq FROM messages
+		WHERE platform = $1 AND chat_id = $2 AND message_id = $3 AND role = 'user' AND message_id <> ''`
+	setStatusSQL = `UPDATE messages SET status = $1, turn_id = CASE WHEN $2::text <> '' THEN $2::text ELSE turn_id END
+		WHERE session_id = $3 AND seq = $4`
+	incAttemptsSQL = `UPDATE messages SET attempts = attempts + 1 WHERE session_id = $1 AND seq = $2`
+	setAttemptsSQL = `UPDATE messages SET attempts = GREATEST(attempts, $1) WHERE session_id = $2 AND seq = $3`
+	archiveSQL     = `UPDATE messages SET active = FALSE, archived = TRUE WHERE session_id = $1 AND seq = $2`
+	putRouteSQL    = `INSERT INTO routing (key, session_id, generation, updated_at) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (key) DO UPDATE SET session_id = excluded.session_id,
+			generation = excluded.generation, updated_at = excluded.updated_at
+		WHERE excluded.generation > routing.generation`
+	addOutboxSQL = `INSERT INTO outbox (` + outboxCols + `)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+		ON CONFLICT (session_key, seq) DO NOTHING`
+	// Delivered is final: a late failure report or a re-sent mark does not undo it.
+	markDeliverySQL = `UPDATE outbox SET state = $1::text,
+			delivered_at = CASE WHEN $1::text = 'delivered' THEN $2::bigint ELSE delivered_at END,
+			attempts = attempts + 1
+		WHERE session_key = $3 AND seq = $4 AND state <> 'delivered'`
+	// A turn's usage is recorded once; only a first recording adds to its session.
+	addUsageSQL = `WITH recorded AS (
+			INSERT INTO turn_usage (session_id, turn_id, input_tokens, output_tokens)
+			VALUES ($1, $2, $3, $4) ON CONFLICT (session_id, turn_id) DO NOTHING RETURNING 1)
+		UPDATE sessions SET input_tokens = input_tokens + $3, output_tokens = output_tokens + $4
+		WHERE id = $1 AND EXISTS (SELECT 1 FROM recorded)`
+)
+
+// stmt is one statement of a group. msg is set for a message INSERT: when it inserts nothing,
+// verifyMessage tells a re-sent row (fine) from a duplicate or a conflict (the group fails).
+type stmt struct {
+	sql  string
+	args []any
+	msg  *persistence.Message
+}
+
+// Commit applies groups of writes in one transaction. Each group is atomic: a failing group is
+// rolled back and reported in errs[i] while the others go on. If the transaction itself fails
+// (BEGIN, COMMIT, a lost connection), every group gets that error.
+//
+// The batch first runs as one pipelined pgx.Batch with no savepoints. An op that is invalid on
+// its face fails its group before anything is sent. A group that fails in the database rolls
+// the transaction back, and the batch runs again with each group inside its own SAVEPOINT.
+func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []error) {
+	errs = make([]error, len(groups))
+	defer markUnavailable(errs)
+	if err := s.enter(); err != nil {
+		return fill(errs, fmt.Errorf("commit: %w", err))
+	}
+	defer s.leave()
+	if len(groups) == 0 {
+		return errs
+	}
+	if err := s.lockHeld(); err != nil {
+		return fill(errs, fmt.Errorf("commit: %w", err))
+	}
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+
+	stmts := make([][]stmt, len(groups))
+	for i, g := range groups {
+		st, err := groupStmts(g)
+		if err != nil {
+			errs[i] = fmt.Errorf("commit: group %d: %w", i, err)
+			continue
+		}
+		stmts[i] = st
+	}
+	valid := make([]int, 0, len(groups))
+	for i := range groups {
+		if errs[i] == nil && len(stmts[i]) > 0 {
+			valid = append(valid, i)
+		}
+	}
+	if len(valid) == 0 {
+		return errs
+	}
+	if retry := s.commitTx(ctx, stmts, valid, errs, false); retry {
+		s.commitTx(ctx, stmts, valid, errs, true)
+	}
+	return errs
+}
+
+// commitTx runs the valid groups in one transaction and fills their errs. Without savepoints,
+// a group that fails rolls the whole transaction back and commitTx asks for a retry with them.
+func (s *Store) commitTx(ctx context.Context, stmts [][]stmt, valid []int, errs []error, savepoints bool) (retry bool) {
+	failAll := func(err error) bool {
+		for _, i := range valid {
+			errs[i] = err
+		}
+		return false
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return failAll(fmt.Errorf("commit: begin: %w", err))
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
+	if !savepoints {
+		failed, err := run(ctx, tx, stmts, valid)
+		switch {
+		case err == nil:
+		case failed < 0 || IsUnavailable(err) || ctx.Err() != nil:
+			return failAll(fmt.Errorf("commit: %w", err))
+		default:
+			return true
+		}
+	} else {
+		for _, i := range valid {
+			if _, err := tx.Exec(ctx, `SAVEPOINT grp`); err != nil {
+				return failAll(fmt.Errorf("commit: group %d: savepoint: %w", i, err))
+			}
+			_, err := run(ctx, tx, stmts, []int{i})
+			if err == nil {
+				if _, err := tx.Exec(ctx, `RELEASE SAVEPOINT grp`); err != nil {
+					return failAll(fmt.Errorf("commit: group %d: release savepoint: %w", i, err))
+				}
+				continue
+			}
+			if IsUnavailable(err) || ctx.Err() != nil {
+				return failAll(fmt.Errorf("commit: group %d: %w", i, err))
+			}
+			if _, rerr := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT grp`); rerr != nil {
+				return failAll(fmt.Errorf("commit: group %d: %w (rollback to savepoint: %v)", i, err, rerr))
+			}
+			errs[i] = fmt.Errorf("commit: group %d: %w", i, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		for _, i := range valid {
+			errs[i] = fmt.Errorf("commit: %w", err)
+		}
+	}
+	return false
+}
+
+// run sends the statements of the groups idx as one batch and then verifies the message
+// INSERTs that inserted nothing. On error it returns the index of the group that failed, or
+// -1 when the error is not one group's (the batch could not be sent).
+func run(ctx context.Context, tx pgx.Tx, stmts [][]stmt, idx []int) (failed int, err error) {
+	b := &pgx.Batch{}
+	for _, i := range idx {
+		for _, st := range stmts[i] {
+			b.Queue(st.sql, st.args...)
+		}
+	}
+	type check struct {
+		group int
+		msg   *persistence.Message
+	}
+	var checks []check
+	br := tx.SendBatch(ctx, b)
+	for _, i := range idx {
+		for _, st := range stmts[i] {
+			tag, err := br.Exec()
+			if err != nil {
+				_ = br.Close()
+				return i, describe(st, err)
+			}
+			if st.msg != nil && tag.RowsAffected() == 0 {
+				checks = append(checks, check{i, st.msg})
+			}
+		}
+	}
+	if err := br.Close(); err != nil {
+		return -1, err
+	}
+	for _, c := range checks {
+		if err := verifyMessage(ctx, tx, c.msg); err != nil {
+			return c.group, err
+		}
+	}
+	return 0, nil
+}
+
+// describe names the op behind a failed statement.
+func describe(st stmt, err error) error {
+	if st.msg != nil {
+		return fmt.Errorf("append message %s/%d: %w", st.msg.SessionID, st.msg.Seq, err)
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "23503" { // foreign key violation
+		return fmt.Errorf("%s: %w", pe.ConstraintName, err)
+	}
+	return err
+}
+
+// verifyMessage is called for a message INSERT that inserted nothing: either m is re-sent (the
+// row at its (session id, seq) is m), or its platform identity is stored elsewhere
+// (persistence.ErrDuplicate), or its seq holds a different row (ErrConflict).
+func verifyMessage(ctx context.Context, tx pgx.Tx, m *persistence.Message) error {
+	if m.Role == persistence.RoleUser && m.MessageID != "" {
+		var sid string
+		var seq int64
+		err := tx.QueryRow(ctx, inboundAtSQL, m.Platform, m.ChatID, m.MessageID).Scan(&sid, &seq)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return fmt.Errorf("append message %s/%d: %w", m.SessionID, m.Seq, err)
+		case sid != m.SessionID || seq != m.Seq:
+			return fmt.Errorf("append message %s/%d: inbound %s/%s/%s already stored as %s/%d: %w",
+				m.SessionID, m.Seq, m.Platform, m.ChatID, m.MessageID, sid, seq, persistence.ErrDuplicate)
+		}
+	}
+	var content, messageID string
+	if err := tx.QueryRow(ctx, messageAtSQL, m.SessionID, m.Seq).Scan(&content, &messageID); err != nil {
+		return fmt.Errorf("append message %s/%d: %w", m.SessionID, m.Seq, err)
+	}
+	if content != m.Content || messageID != m.MessageID {
+		return fmt.Errorf("append message %s/%d: %w", m.SessionID, m.Seq, ErrConflict)
+	}
+	return nil
+}
+
+// markUnavailable wraps errors that mean "the database cannot be written right now" with
+// persistence.ErrUnavailable, so the persistence actor can spool those writes.
+func markUnavailable(errs []error) {
+	for i, err := range errs {
+		if err != nil && IsUnavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
+			errs[i] = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
+		}
+	}
+}
+
+func fill(errs []error, err error) []error {
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
+}
+
+// groupStmts returns the statements of one group, or the error of its first op that is invalid
+// on its face. Every op is idempotent except the counters (IncrementAttempts, and MarkDelivery
+// of a non-delivered state), which count each application; AddUsage adds once per turn.
+func groupStmts(ops []persistence.Op) ([]stmt, error) {
+	var out []stmt
+	add := func(sql string, args ...any) { out = append(out, stmt{sql: sql, args: args}) }
+	eachSeq := func(sql, sessionID string, seqs []int64, args ...any) {
+		for _, seq := range seqs {
+			add(sql, append(append([]any(nil), args...), sessionID, seq)...)
+		}
+	}
+	for _, op := range ops {
+		switch o := op.(type) {
+		case *persistence.CreateSession:
+			if o == nil || o.Session.ID == "" || o.Session.Key == "" {
+				return nil, errors.New("create session: id and key required")
+			}
+			ss := &o.Session
+			add(createSessionSQL, ss.ID, ss.Key, ss.Platform, ss.ChatType, ss.ChatID, ss.ThreadID,
+				ss.UserID, ss.UserName, ss.ScopeID, ss.Profile, timeArg(ss.StartedAt),
+				timeArg(ss.LastActivityAt), timeArg(ss.EndedAt), ss.EndReason, ss.PrevSessionID,
+				ss.Title, ss.Epoch, ss.QueueMode, ss.InputTokens, ss.OutputTokens)
+		case *persistence.EndSession:
+			if o == nil || o.At.IsZero() {
+				// A NULL ended_at would leave the session open forever.
+				return nil, errors.New("end session: time required")
+			}
+			add(endSessionSQL, timeArg(o.At), o.Reason, o.SessionID)
+		case *persistence.ReopenSession:
+			if o == nil {
+				return nil, errors.New("reopen session: nil op")
+			}
+			add(reopenSessionSQL, o.SessionID)
+		case *persistence.TouchSession:
+			if o == nil {
+				return nil, errors.New("touch session: nil op")
+			}
+			if !o.At.IsZero() {
+				add(touchSessionSQL, timeArg(o.At), o.SessionID)
+			}
+		case *persistence.SetTitle:
+			if o == nil {
+				return nil, errors.New("set title: nil op")
+			}
+			add(setTitleSQL, o.Title, o.SessionID)
+		case *persistence.SetQueueMode:
+			if o == nil {
+				return nil, errors.New("set queue mode: nil op")
+			}
+			add(setQueueModeSQL, o.Mode, o.SessionID)
+		case *persistence.AppendMessage:
+			if o == nil {
+				return nil, errors.New("append message: nil op")
+			}
+			m := &o.Message
+			if m.SessionID == "" || m.Role == "" {
+				return nil, errors.New("append message: session id and role required")
+			}
+			status := m.Status
+			if status == "" && m.Role == persistence.RoleUser {
+				status = persistence.StatusPending // an unanswered user message must be recoverable
+			}
+			out = append(out, stmt{sql: insertMessageSQL, msg: m, args: []any{m.SessionID, m.Seq,
+				m.Role, m.Content, m.Platform, m.ChatID, m.MessageID, m.TurnID, status, m.Active,
+				m.Archived, m.Attempts, timeArg(m.CreatedAt), m.UserID, m.UserName}})
+		case *persistence.SetMessageStatus:
+			if o == nil {
+				return nil, errors.New("set message status: nil op")
+			}
+			eachSeq(setStatusSQL, o.SessionID, o.Seqs, o.Status, o.TurnID)
+		case *persistence.IncrementAttempts:
+			if o == nil {
+				return nil, errors.New("increment attempts: nil op")
+			}
+			eachSeq(incAttemptsSQL, o.SessionID, o.Seqs)
+		case *persistence.SetAttempts:
+			if o == nil {
+				return nil, errors.New("set attempts: nil op")
+			}
+			add(setAttemptsSQL, o.Attempts, o.SessionID, o.Seq)
+		case *persistence.ArchiveMessages:
+			if o == nil {
+				return nil, errors.New("archive messages: nil op")
+			}
+			eachSeq(archiveSQL, o.SessionID, o.Seqs)
+		case *persistence.PutRoute:
+			if o == nil || o.Route.Key == "" || o.Route.SessionID == "" {
+				return nil, errors.New("put route: key and session id required")
+			}
+			r := &o.Route
+			add(putRouteSQL, r.Key, r.SessionID, r.Generation, timeArg(r.UpdatedAt))
+		case *persistence.AddOutbox:
+			if o == nil || o.Entry.SessionKey == "" {
+				return nil, errors.New("add outbox: session key required")
+			}
+			e := &o.Entry
+			state := e.State
+			if state == "" {
+				state = persistence.DeliveryPending // an entry without a state must still be sent
+			}
+			add(addOutboxSQL, e.SessionKey, e.Seq, e.SessionID, e.Kind, e.Text, e.TurnID,
+				ids(e.InReplyTo), e.Platform, e.ChatType, e.ChatID, e.ThreadID, e.UserID, state,
+				e.Attempts, timeArg(e.CreatedAt), timeArg(e.DeliveredAt))
+		case *persistence.MarkDelivery:
+			if o == nil || o.State == "" {
+				return nil, errors.New("mark delivery: state required")
+			}
+			add(markDeliverySQL, o.State, timeArg(o.At), o.SessionKey, o.Seq)
+		case *persistence.AddUsage:
+			if o == nil || o.SessionID == "" || o.TurnID == "" {
+				return nil, errors.New("add usage: session id and turn id required")
+			}
+			if o.InputTokens < 0 || o.OutputTokens < 0 {
+				return nil, fmt.Errorf("add usage %s/%s: negative token count", o.SessionID, o.TurnID)
+			}
+			add(addUsageSQL, o.SessionID, o.TurnID, o.InputTokens, o.OutputTokens)
+		default:
+			return nil, fmt.Errorf("apply: unknown op type %T", op)
+		}
+	}
+	return out, nil
+}
+
+// ids is a message id list as a text[] argument (never NULL).
+func ids(v []string) []string {
+	if v == nil {
+		return []string{}
+	}
+	return v
+}

@@ -1,0 +1,19 @@
+// Package postgres is the PostgreSQL persistence.Store (github.com/jackc/pgx/v5), the shared
+// store of cluster mode and an alternative to SQLite for a single daemon. It passes the same
+// conformance suite (persistence/storetest) as the SQLite store and keeps the same rows: times
+// are BIGINT unix nanoseconds, identity columns are immutable (a trigger), and rows are deleted
+// only by PruneSessions.
+//
+// Commit sends a whole batch of groups as one pipelined pgx.Batch inside one transaction, so a
+// batch costs one round trip plus its COMMIT, whatever its size. Groups rarely fail; when one
+// does, the transaction is rolled back and the batch runs again with a SAVEPOINT per group, so
+// that each group stays atomic on its own (as in the SQLite store).
+//
+// Reads run on the same connection pool as writes, each in its own snapshot where it reads more
+// than one statement (LoadSession sends its seven queries as one batch in a REPEATABLE READ,
+// read-only transaction). Everything is safe for concurrent use.
+//
+// There is no full-text Search: the SQLite store's FTS5 index has no counterpart here yet.
+//
+// This package imports persistence and internal/logging only (and pgx).
+package postgres

@@ -1,0 +1,259 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/jackc/pgx/v5"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// MustOpen opens a store on a fresh database of the test server, closed when the test ends.
+func MustOpen(t testing.TB) (*Store, string) {
+	t.Helper()
+	dsn := pgtest.NewDatabase(t)
+	s, err := Open(context.Background(), dsn, Options{})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return s, dsn
+}
+
+// mustConn opens a plain connection to a store's database, bypassing the Store.
+func mustConn(t testing.TB, dsn string) *pgx.Conn {
+	t.Helper()
+	c, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) persistence.Store {
+		s, _ := MustOpen(t)
+		return s
+	})
+}
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+func newSession(id, key string) persistence.Session {
+	return persistence.Session{ID: id, Key: key, Platform: "http", ChatType: "dm", ChatID: "c-" + key,
+		UserID: "u", Profile: "main", StartedAt: t0, LastActivityAt: t0}
+}
+
+func TestIdentityImmutable(t *testing.T) {
+	s, dsn := MustOpen(t)
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")})
+	c := mustConn(t, dsn)
+	for _, col := range []string{"key", "chat_id", "user_id", "profile"} {
+		_, err := c.Exec(context.Background(), `UPDATE sessions SET `+col+` = 'other' WHERE id = 's1'`)
+		if err == nil || !strings.Contains(err.Error(), "session identity is immutable") {
+			t.Errorf("UPDATE sessions SET %s: error = %v, want the identity trigger's", col, err)
+		}
+	}
+	got, err := s.Session(context.Background(), "s1")
+	if err != nil || got.Key != "k1" || got.ChatID != "c-k1" {
+		t.Errorf("Session(s1) = %+v, %v; want its identity unchanged", got, err)
+	}
+}
+
+// TestMigrations: opening a database again applies nothing twice, members opening one database
+// at once all succeed, and a database migrated by a newer binary is refused.
+func TestMigrations(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Go(func() {
+			s, err := Open(ctx, dsn, Options{})
+			if err == nil {
+				err = s.Close()
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("concurrent Open %d: %v", i, err)
+		}
+	}
+	c := mustConn(t, dsn)
+	var n, max int
+	if err := c.QueryRow(ctx, `SELECT COUNT(*), MAX(version) FROM schema_migrations`).Scan(&n, &max); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != len(ms) || max != ms[len(ms)-1].version {
+		t.Errorf("schema_migrations has %d rows up to %d, want %d up to %d", n, max, len(ms), ms[len(ms)-1].version)
+	}
+	if _, err := c.Exec(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES (9999, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Open(ctx, dsn, Options{})
+	if err == nil || !strings.Contains(err.Error(), "newer than this binary") {
+		t.Errorf("Open of a newer schema: error = %v, want it refused", err)
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	ctx := context.Background()
+	_, err := Open(ctx, "postgres://ann:s3cret@[::1", Options{})
+	if err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "cannot be parsed") {
+		t.Errorf("Open(bad dsn) error = %v, want a parse error without the password", err)
+	}
+	// A socket directory where no server listens: the error names the place, not the password.
+	dir := t.TempDir()
+	_, err = Open(ctx, "host="+dir+" port=5432 user=ann password=s3cret dbname=x connect_timeout=5", Options{})
+	if err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), dir) {
+		t.Errorf("Open(no server) error = %v, want one naming %s without the password", err, dir)
+	}
+	if err != nil && !IsUnavailable(err) {
+		t.Errorf("IsUnavailable(%v) = false, want true: no server is unavailability", err)
+	}
+}
+
+// TestUnavailableWhenTheConnectionsDie: a Commit on a database whose connections were terminated
+// and which accepts no new ones fails every group with persistence.ErrUnavailable, so the
+// persistence actor spools the writes instead of dropping them.
+func TestUnavailableWhenTheConnectionsDie(t *testing.T) {
+	s, dsn := MustOpen(t)
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")})
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := cfg.Database
+	db := pgx.Identifier{name}.Sanitize()
+	cfg.Database = "postgres"
+	admin, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	// The database refuses new connections, and the pool's connections are terminated: the
+	// store can neither use its connections nor open new ones.
+	if _, err := admin.Exec(ctx, `ALTER DATABASE `+db+` WITH ALLOW_CONNECTIONS false`); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = admin.Exec(ctx, `ALTER DATABASE `+db+` WITH ALLOW_CONNECTIONS true`) }()
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE datname = $1`, name); err != nil {
+		t.Fatal(err)
+	}
+	errs := s.Commit(ctx, [][]persistence.Op{
+		{&persistence.SetTitle{SessionID: "s1", Title: "a"}},
+		{&persistence.SetTitle{SessionID: "s1", Title: "b"}},
+	})
+	for i, err := range errs {
+		if !errors.Is(err, persistence.ErrUnavailable) {
+			t.Errorf("group %d: error = %v, want ErrUnavailable", i, err)
+		}
+	}
+}
+
+// TestFailingGroupInALargeBatch: a failing group in a large batch fails alone, and every other
+// group of the batch is committed (the savepoint retry).
+func TestFailingGroupInALargeBatch(t *testing.T) {
+	s, _ := MustOpen(t)
+	ctx := context.Background()
+	var groups [][]persistence.Op
+	for i := range 200 {
+		id := "s" + string(rune('a'+i%26)) + strings.Repeat("x", i/26)
+		groups = append(groups, []persistence.Op{&persistence.CreateSession{Session: newSession(id, "k"+id)}})
+	}
+	// Group 100 appends a message to a session that does not exist (a foreign key violation in
+	// the database, not a check Commit can make first).
+	groups[100] = append(groups[100], &persistence.AppendMessage{Message: persistence.Message{
+		SessionID: "missing", Seq: 1, Role: persistence.RoleAssistant, Content: "x", Active: true}})
+	errs := s.Commit(ctx, groups)
+	for i, err := range errs {
+		if (err != nil) != (i == 100) {
+			t.Errorf("group %d: error = %v", i, err)
+		}
+	}
+	list, err := s.ListSessions(ctx, persistence.ListFilter{Limit: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 0 {
+		t.Errorf("ListSessions = %d rows, want 0 (no routes)", len(list))
+	}
+	for i, g := range groups {
+		id := g[0].(*persistence.CreateSession).Session.ID
+		_, err := s.Session(ctx, id)
+		if wantGone := i == 100; errors.Is(err, persistence.ErrNotFound) != wantGone {
+			t.Errorf("Session(%s) of group %d: error = %v", id, i, err)
+		}
+	}
+}
+
+// TestExclusive: an exclusive store keeps a second daemon off its database; one that lost its
+// lock to another process refuses writes (ErrUnavailable, so they are spooled) and is not
+// ready, until it has the lock again.
+func TestExclusive(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	a, err := Open(ctx, dsn, Options{Exclusive: true})
+	if err != nil {
+		t.Fatalf("Open A: %v", err)
+	}
+	defer a.Close()
+	if _, err := Open(ctx, dsn, Options{Exclusive: true}); !errors.Is(err, persistence.ErrLocked) {
+		t.Fatalf("Open B while A runs: error = %v, want ErrLocked", err)
+	}
+	shared, err := Open(ctx, dsn, Options{}) // not exclusive: a tool reading the database
+	if err != nil {
+		t.Fatalf("Open a non-exclusive store next to A: %v", err)
+	}
+	shared.Close()
+
+	// A's lock connection dies and B takes the lock: A must stop writing.
+	c := mustConn(t, dsn)
+	if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(l.pid) FROM pg_locks l
+		WHERE l.locktype = 'advisory' AND l.granted`); err != nil {
+		t.Fatal(err)
+	}
+	b, err := Open(ctx, dsn, Options{Exclusive: true})
+	if err != nil {
+		t.Fatalf("Open B after A lost its lock: %v", err)
+	}
+	if err := a.Ping(ctx); err == nil {
+		t.Error("A.Ping while B holds the lock = nil, want an error")
+	}
+	errs := a.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s1", "k1")}}})
+	if !errors.Is(errs[0], persistence.ErrUnavailable) {
+		t.Errorf("A.Commit without the lock: error = %v, want ErrUnavailable", errs[0])
+	}
+	if _, err := b.Session(ctx, "s1"); !errors.Is(err, persistence.ErrNotFound) {
+		t.Errorf("A's write reached the database: Session(s1) error = %v", err)
+	}
+	// B stops: A takes the lock again at its next Ping and writes again.
+	b.Close()
+	if err := a.Ping(ctx); err != nil {
+		t.Fatalf("A.Ping after B stopped: %v", err)
+	}
+	storetest.MustCommit(t, a, &persistence.CreateSession{Session: newSession("s1", "k1")})
+}

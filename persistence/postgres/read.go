@@ -1,0 +1,476 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/jackc/pgx/v5"
+)
+
+const defaultListLimit = 100
+
+// querier is the pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// The queries of LoadSession. Each finds the routed session through the key, so that all of
+// them go to the server at once (one batch, one round trip).
+const (
+	routeSQL        = `SELECT key, session_id, generation, updated_at FROM routing WHERE key = $1`
+	routedSession   = `(SELECT session_id FROM routing WHERE key = $1)`
+	sessionOfKeySQL = `SELECT ` + sessionCols + ` FROM sessions WHERE id = ` + routedSession
+	pendingSQL      = `SELECT ` + messageCols + ` FROM messages
+		WHERE session_id = ` + routedSession + ` AND role = 'user' AND status = 'pending' AND active
+		ORDER BY seq`
+	historySQL = `SELECT * FROM (SELECT ` + messageCols + ` FROM messages
+		WHERE session_id = ` + routedSession + ` AND active ORDER BY seq DESC LIMIT $2) h ORDER BY seq`
+	lastSeqSQL       = `SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id = ` + routedSession
+	unconfirmedSQL   = `SELECT ` + outboxCols + ` FROM outbox WHERE session_key = $1 AND state <> 'delivered' ORDER BY seq`
+	lastOutboxSeqSQL = `SELECT COALESCE(MAX(seq), 0) FROM outbox WHERE session_key = $1`
+	sessionSQL       = `SELECT ` + sessionCols + ` FROM sessions WHERE id = $1`
+)
+
+// LoadSession returns the durable state of a session key, read in one snapshot: its route, the
+// routed session, that session's pending user messages (active rows only, by seq), its last
+// historyLimit active messages (by seq), the key's undelivered outbox entries, and the highest
+// message and outbox seqs. A key never seen returns an empty Snapshot. A route whose session
+// row is missing returns the Route with a nil Session.
+func (s *Store) LoadSession(ctx context.Context, key string, historyLimit int) (*persistence.Snapshot, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("load session %s: %w", key, err)
+	}
+	defer s.leave()
+	snap, err := s.loadSession(ctx, key, historyLimit)
+	if err != nil {
+		return nil, fmt.Errorf("load session %s: %w", key, err)
+	}
+	return snap, nil
+}
+
+func (s *Store) loadSession(ctx context.Context, key string, historyLimit int) (*persistence.Snapshot, error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // read-only: nothing to commit
+	b := &pgx.Batch{}
+	b.Queue(routeSQL, key)
+	b.Queue(sessionOfKeySQL, key)
+	b.Queue(pendingSQL, key)
+	if historyLimit > 0 {
+		b.Queue(historySQL, key, historyLimit)
+	}
+	b.Queue(lastSeqSQL, key)
+	b.Queue(unconfirmedSQL, key)
+	b.Queue(lastOutboxSeqSQL, key)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+
+	snap := &persistence.Snapshot{}
+	var r persistence.Route
+	switch err := br.QueryRow().Scan(&r.Key, &r.SessionID, &r.Generation, nanoTime{&r.UpdatedAt}); {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return nil, err
+	default:
+		snap.Route = &r
+	}
+	switch ss, err := scanSession(br.QueryRow()); {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return nil, err
+	default:
+		snap.Session = ss
+	}
+	pending, err := collect(br.Query())
+	if err != nil {
+		return nil, err
+	}
+	var history []persistence.Message
+	if historyLimit > 0 {
+		if history, err = collect(br.Query()); err != nil {
+			return nil, err
+		}
+	}
+	if snap.Session != nil { // as the SQLite store: messages only of a session that exists
+		snap.Pending, snap.History = pending, history
+	}
+	if err := br.QueryRow().Scan(&snap.LastSeq); err != nil {
+		return nil, err
+	}
+	if snap.Session == nil {
+		snap.LastSeq = 0
+	}
+	if snap.Unconfirmed, err = collectOutbox(br.Query()); err != nil {
+		return nil, err
+	}
+	if err := br.QueryRow().Scan(&snap.LastOutboxSeq); err != nil {
+		return nil, err
+	}
+	return snap, nil
+}
+
+// collect reads every message row of a batch result.
+func collect(rows pgx.Rows, err error) ([]persistence.Message, error) {
+	if err != nil {
+		return nil, err
+	}
+	return scanAll(rows, scanMessage)
+}
+
+func collectOutbox(rows pgx.Rows, err error) ([]persistence.OutboxEntry, error) {
+	if err != nil {
+		return nil, err
+	}
+	return scanAll(rows, scanOutbox)
+}
+
+// scanAll scans every row with scan and closes rows.
+func scanAll[T any](rows pgx.Rows, scan func(scanner) (T, error)) ([]T, error) {
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// queryAll runs query and scans every row with scan.
+func queryAll[T any](ctx context.Context, q querier, scan func(scanner) (T, error), query string, args ...any) ([]T, error) {
+	rows, err := q.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return scanAll(rows, scan)
+}
+
+func scanSessionValue(r scanner) (persistence.Session, error) {
+	s, err := scanSession(r)
+	if err != nil {
+		return persistence.Session{}, err
+	}
+	return *s, nil
+}
+
+// FindInbound finds a user message by its platform identity; persistence.ErrNotFound if absent.
+func (s *Store) FindInbound(ctx context.Context, platform, chatID, messageID string) (*persistence.Message, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("find inbound: %w", err)
+	}
+	defer s.leave()
+	if messageID == "" {
+		return nil, fmt.Errorf("find inbound %s/%s: empty message id: %w", platform, chatID, persistence.ErrNotFound)
+	}
+	m, err := scanMessage(s.pool.QueryRow(ctx, `SELECT `+messageCols+` FROM messages
+		WHERE platform = $1 AND chat_id = $2 AND message_id = $3 AND role = 'user' AND message_id <> ''`,
+		platform, chatID, messageID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = persistence.ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("find inbound %s/%s/%s: %w", platform, chatID, messageID, err)
+	}
+	return &m, nil
+}
+
+// RepliesTo returns the outbox entries of a session key whose in_reply_to lists messageID, by
+// seq.
+func (s *Store) RepliesTo(ctx context.Context, key, messageID string) ([]persistence.OutboxEntry, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("replies to %s: %w", messageID, err)
+	}
+	defer s.leave()
+	es, err := queryAll(ctx, s.pool, scanOutbox, `SELECT `+outboxCols+` FROM outbox
+		WHERE session_key = $1 AND $2 = ANY (in_reply_to) ORDER BY seq`, key, messageID)
+	if err != nil {
+		return nil, fmt.Errorf("replies to %s: %w", messageID, err)
+	}
+	return es, nil
+}
+
+// OutboxAfter returns a key's outbox entries with seq > after, by seq, at most limit (no limit
+// when limit <= 0), except a pruned session's (persistence.KindPruned).
+func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]persistence.OutboxEntry, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("outbox after %d: %w", after, err)
+	}
+	defer s.leave()
+	var lim any // NULL: no limit
+	if limit > 0 {
+		lim = limit
+	}
+	es, err := queryAll(ctx, s.pool, scanOutbox, `SELECT `+outboxCols+` FROM outbox
+		WHERE session_key = $1 AND seq > $2 AND kind <> $3 ORDER BY seq LIMIT $4`,
+		key, after, persistence.KindPruned, lim)
+	if err != nil {
+		return nil, fmt.Errorf("outbox after %d: %w", after, err)
+	}
+	return es, nil
+}
+
+// Transcript returns every message of a session, archived rows included, by seq. An unknown
+// session has an empty transcript.
+func (s *Store) Transcript(ctx context.Context, sessionID string) ([]persistence.Message, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("transcript %s: %w", sessionID, err)
+	}
+	defer s.leave()
+	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+messageCols+` FROM messages
+		WHERE session_id = $1 ORDER BY seq`, sessionID)
+	if err != nil {
+		return nil, fmt.Errorf("transcript %s: %w", sessionID, err)
+	}
+	return ms, nil
+}
+
+// Route returns the routing row of a key; persistence.ErrNotFound if absent.
+func (s *Store) Route(ctx context.Context, key string) (*persistence.Route, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("route %s: %w", key, err)
+	}
+	defer s.leave()
+	var r persistence.Route
+	err := s.pool.QueryRow(ctx, routeSQL, key).Scan(&r.Key, &r.SessionID, &r.Generation, nanoTime{&r.UpdatedAt})
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = persistence.ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("route %s: %w", key, err)
+	}
+	return &r, nil
+}
+
+// Session returns one session row; persistence.ErrNotFound if absent.
+func (s *Store) Session(ctx context.Context, id string) (*persistence.Session, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("session %s: %w", id, err)
+	}
+	defer s.leave()
+	ss, err := scanSession(s.pool.QueryRow(ctx, sessionSQL, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = persistence.ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("session %s: %w", id, err)
+	}
+	return ss, nil
+}
+
+// validNanos is a stored time column as the nanoseconds it reads as: NULL, zero and negative
+// values read as the zero time, so they sort as 0.
+func validNanos(col string) string { return `GREATEST(COALESCE(` + col + `, 0), 0)` }
+
+// SessionsOfKey returns every session recorded for key, ended ones included, newest started
+// first (ties by ascending id), at most limit (persistence.DefaultSessionsOfKeyLimit when limit
+// <= 0). A missing start time sorts as the oldest.
+func (s *Store) SessionsOfKey(ctx context.Context, key string, limit int) ([]persistence.Session, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("sessions of key %s: %w", key, err)
+	}
+	defer s.leave()
+	if limit <= 0 {
+		limit = persistence.DefaultSessionsOfKeyLimit
+	}
+	ss, err := queryAll(ctx, s.pool, scanSessionValue, `SELECT `+sessionCols+` FROM sessions
+		WHERE key = $1 ORDER BY `+validNanos("started_at")+` DESC, id COLLATE "C" LIMIT $2`, key, limit)
+	if err != nil {
+		return nil, fmt.Errorf("sessions of key %s: %w", key, err)
+	}
+	return ss, nil
+}
+
+// openRouted restricts sessions s to the open ones that their key routes to.
+const openRouted = `s.ended_at IS NULL
+	AND EXISTS (SELECT 1 FROM routing r WHERE r.key = s.key AND r.session_id = s.id)`
+
+// IdleSessions returns the open sessions that are the current routed session of their key and
+// whose last activity is before before, oldest first (ties by id), at most limit
+// (persistence.DefaultIdleSessionsLimit when limit <= 0). A missing last activity reads as the
+// zero time, so such a session is always idle.
+func (s *Store) IdleSessions(ctx context.Context, before time.Time, limit int) ([]persistence.Session, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("idle sessions: %w", err)
+	}
+	defer s.leave()
+	if limit <= 0 {
+		limit = persistence.DefaultIdleSessionsLimit
+	}
+	if before.IsZero() {
+		return nil, nil // nothing, not even the zero time, is before the zero time
+	}
+	ss, err := queryAll(ctx, s.pool, scanSessionValue, `SELECT `+prefixed("s.", sessionCols)+`
+		FROM sessions s WHERE `+openRouted+`
+			AND (s.last_activity_at IS NULL OR s.last_activity_at < $1)
+		ORDER BY `+validNanos("s.last_activity_at")+`, s.id COLLATE "C" LIMIT $2`, nanoBound(before), limit)
+	if err != nil {
+		return nil, fmt.Errorf("idle sessions before %v: %w", before, err)
+	}
+	return ss, nil
+}
+
+// IdleSessionsAfter continues IdleSessions after the session (lastActivity, lastID).
+func (s *Store) IdleSessionsAfter(ctx context.Context, before, lastActivity time.Time, lastID string, limit int) ([]persistence.Session, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("idle sessions: %w", err)
+	}
+	defer s.leave()
+	if limit <= 0 {
+		limit = persistence.DefaultIdleSessionsLimit
+	}
+	if before.IsZero() {
+		return nil, nil
+	}
+	// A zero lastActivity continues after the sessions without a valid activity time, which all
+	// came on the first page: the range starts at the first valid time.
+	from := int64(0)
+	if !lastActivity.IsZero() {
+		from = lastActivity.UnixNano()
+	}
+	ss, err := queryAll(ctx, s.pool, scanSessionValue, `SELECT `+prefixed("s.", sessionCols)+`
+		FROM sessions s WHERE `+openRouted+`
+			AND s.last_activity_at < $1
+			AND (s.last_activity_at > $2 OR (s.last_activity_at = $2 AND s.id COLLATE "C" > $3))
+		ORDER BY s.last_activity_at, s.id COLLATE "C" LIMIT $4`, nanoBound(before), from, lastID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("idle sessions after %s: %w", lastID, err)
+	}
+	return ss, nil
+}
+
+// nanoBound converts t into a bound on stored unix-nanosecond values: a stored positive value v
+// reads as a time before t exactly when v < nanoBound(t). A t at or before the epoch gives 1
+// (no positive value is before it), a t past the int64 range math.MaxInt64.
+func nanoBound(t time.Time) int64 {
+	switch {
+	case !t.After(time.Unix(0, 0)):
+		return 1
+	case t.After(time.Unix(0, math.MaxInt64)):
+		return math.MaxInt64
+	}
+	return t.UnixNano()
+}
+
+// ListSessions lists routed session keys with their current session, by key. Messages counts
+// every row of the session (archived ones included); Pending counts its active pending user
+// messages. Keys whose session row is missing are left out.
+func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]persistence.SessionSummary, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("list sessions: %w", err)
+	}
+	defer s.leave()
+	limit := f.Limit
+	if limit <= 0 {
+		limit = defaultListLimit
+	}
+	out, err := queryAll(ctx, s.pool, func(r scanner) (persistence.SessionSummary, error) {
+		var sum persistence.SessionSummary
+		ss := &sum.Session
+		err := r.Scan(&ss.ID, &ss.Key, &ss.Platform, &ss.ChatType, &ss.ChatID, &ss.ThreadID,
+			&ss.UserID, &ss.UserName, &ss.ScopeID, &ss.Profile, nanoTime{&ss.StartedAt},
+			nanoTime{&ss.LastActivityAt}, nanoTime{&ss.EndedAt}, &ss.EndReason, &ss.PrevSessionID,
+			&ss.Title, &ss.Epoch, &ss.QueueMode, &ss.InputTokens, &ss.OutputTokens,
+			&sum.Messages, &sum.Pending)
+		return sum, err
+	}, `SELECT `+prefixed("s.", sessionCols)+`,
+			(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id),
+			(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id
+				AND m.role = 'user' AND m.status = 'pending' AND m.active)
+		FROM routing r JOIN sessions s ON s.id = r.session_id
+		WHERE r.key COLLATE "C" > $1 AND ($2 = '' OR s.platform = $2)
+		ORDER BY r.key COLLATE "C" LIMIT $3`, f.AfterKey, f.Platform, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list sessions: %w", err)
+	}
+	return out, nil
+}
+
+// Recoverable returns, sorted, the keys whose routed session has active pending user messages or
+// whose outbox has undelivered entries.
+func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("recoverable: %w", err)
+	}
+	defer s.leave()
+	keys, err := queryAll(ctx, s.pool, func(r scanner) (string, error) {
+		var k string
+		return k, r.Scan(&k)
+	}, `SELECT k FROM (
+			SELECT r.key FROM routing r WHERE EXISTS (SELECT 1 FROM messages m
+				WHERE m.session_id = r.session_id AND m.role = 'user' AND m.status = 'pending' AND m.active)
+			UNION
+			SELECT o.session_key FROM outbox o WHERE o.state <> 'delivered') u (k)
+		ORDER BY k COLLATE "C"`)
+	if err != nil {
+		return nil, fmt.Errorf("recoverable: %w", err)
+	}
+	return keys, nil
+}
+
+// recentChatsSQL reads one page of inbound messages backwards from the newest stored (by id,
+// through the primary key; never a sort of the whole table).
+const recentChatsSQL = `SELECT m.id, m.platform, m.chat_id, COALESCE(s.thread_id, ''),
+		COALESCE(s.scope_id, ''), m.message_id, m.created_at
+	FROM messages m LEFT JOIN sessions s ON s.id = m.session_id
+	WHERE m.role = 'user' AND m.message_id <> '' AND m.id < $1 ORDER BY m.id DESC LIMIT $2`
+
+// recentChatsPage is how many messages RecentChats reads per query.
+const recentChatsPage = 500
+
+// RecentChats implements persistence.Store. It walks the messages backwards in the order they
+// were stored, a page at a time, so it reads only the rows stored since since, plus a page.
+func (s *Store) RecentChats(ctx context.Context, platform string, since time.Time, limit int) ([]persistence.ChatMark, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("recent chats: %w", err)
+	}
+	defer s.leave()
+	if limit <= 0 {
+		limit = persistence.DefaultRecentChatsLimit
+	}
+	bound := nanoBound(since)
+	seen := map[[2]string]bool{}
+	var marks []persistence.ChatMark
+	for before := int64(math.MaxInt64); ; {
+		type row struct {
+			id       int64
+			platform string
+			mark     persistence.ChatMark
+			at       *int64
+		}
+		page, err := queryAll(ctx, s.pool, func(r scanner) (row, error) {
+			var v row
+			err := r.Scan(&v.id, &v.platform, &v.mark.ChatID, &v.mark.ThreadID, &v.mark.ScopeID, &v.mark.MessageID, &v.at)
+			return v, err
+		}, recentChatsSQL, before, recentChatsPage)
+		if err != nil {
+			return nil, fmt.Errorf("recent chats: %w", err)
+		}
+		for _, v := range page {
+			if v.at == nil || *v.at <= 0 || *v.at < bound {
+				return marks, nil // stored before since, or at an unreadable time: long ago
+			}
+			chat := [2]string{v.mark.ChatID, v.mark.ThreadID}
+			if v.platform != platform || seen[chat] {
+				continue
+			}
+			seen[chat] = true
+			v.mark.At = time.Unix(0, *v.at).UTC()
+			if marks = append(marks, v.mark); len(marks) == limit {
+				return marks, nil
+			}
+		}
+		if len(page) < recentChatsPage {
+			return marks, nil
+		}
+		before = page[len(page)-1].id
+	}
+}

@@ -1,0 +1,72 @@
+package postgres
+
+import (
+	"strings"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+)
+
+// scanner is pgx.Row or pgx.Rows.
+type scanner interface{ Scan(dest ...any) error }
+
+func scanSession(r scanner) (*persistence.Session, error) {
+	var s persistence.Session
+	err := r.Scan(&s.ID, &s.Key, &s.Platform, &s.ChatType, &s.ChatID, &s.ThreadID, &s.UserID,
+		&s.UserName, &s.ScopeID, &s.Profile, nanoTime{&s.StartedAt}, nanoTime{&s.LastActivityAt},
+		nanoTime{&s.EndedAt}, &s.EndReason, &s.PrevSessionID, &s.Title, &s.Epoch, &s.QueueMode,
+		&s.InputTokens, &s.OutputTokens)
+	if err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+func scanMessage(r scanner) (persistence.Message, error) {
+	var m persistence.Message
+	err := r.Scan(&m.SessionID, &m.Seq, &m.Role, &m.Content, &m.Platform, &m.ChatID, &m.MessageID,
+		&m.TurnID, &m.Status, &m.Active, &m.Archived, &m.Attempts, nanoTime{&m.CreatedAt}, &m.UserID, &m.UserName)
+	return m, err
+}
+
+func scanOutbox(r scanner) (persistence.OutboxEntry, error) {
+	var e persistence.OutboxEntry
+	err := r.Scan(&e.SessionKey, &e.Seq, &e.SessionID, &e.Kind, &e.Text, &e.TurnID, &e.InReplyTo,
+		&e.Platform, &e.ChatType, &e.ChatID, &e.ThreadID, &e.UserID, &e.State, &e.Attempts,
+		nanoTime{&e.CreatedAt}, nanoTime{&e.DeliveredAt})
+	if len(e.InReplyTo) == 0 {
+		e.InReplyTo = nil
+	}
+	return e, err
+}
+
+// timeArg encodes a time as unix nanoseconds; the zero time is NULL.
+func timeArg(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.UnixNano()
+}
+
+// nanoTime scans a unix-nanosecond column into a time.Time. NULL, zero and negative values
+// read as the zero time, which every caller treats as "long ago" (G6: recovery must never
+// mistake a bad timestamp for "now").
+type nanoTime struct{ t *time.Time }
+
+// Scan implements sql.Scanner.
+func (n nanoTime) Scan(src any) error {
+	*n.t = time.Time{}
+	if v, ok := src.(int64); ok && v > 0 {
+		*n.t = time.Unix(0, v).UTC()
+	}
+	return nil
+}
+
+// prefixed qualifies every column of a column list with a table alias ("m." + "seq").
+func prefixed(alias, cols string) string {
+	parts := strings.Split(cols, ",")
+	for i, p := range parts {
+		parts[i] = alias + strings.TrimSpace(p)
+	}
+	return strings.Join(parts, ", ")
+}

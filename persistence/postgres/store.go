@@ -1,0 +1,259 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/logging"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Options configures Open. The zero value is the production default.
+type Options struct {
+	// Logger receives lifecycle messages (migrations); the caller sets its component attribute.
+	// Nil discards them.
+	Logger *slog.Logger
+	// MaxConns bounds the connection pool (reads run concurrently with the one writer). Zero
+	// means 8, or pool_max_conns when the DSN sets it.
+	MaxConns int32
+	// Exclusive makes the store the database's only user among agentgate processes, as the
+	// SQLite store's lock file does for its data directory: Open takes a session advisory lock
+	// on a connection of its own and fails with persistence.ErrLocked while another process
+	// holds it. A single daemon must run exclusive (two daemons on one database would both
+	// activate a session and interleave its writes); cluster members share the database and
+	// fence their writes instead.
+	Exclusive bool
+	// LockCheckInterval is how often an exclusive store checks that it still holds its lock
+	// (and takes it again when its connection was lost). Zero means five seconds.
+	LockCheckInterval time.Duration
+}
+
+// Store is the PostgreSQL persistence.Store. It is safe for concurrent use; Commit calls of one
+// Store are serialised (the persistence actor is the only writer of a process).
+type Store struct {
+	pool *pgxpool.Pool
+	log  *slog.Logger
+
+	// mu is held shared by every call for its whole duration and exclusively by Close, so a
+	// closed flag read under it stays true while the pool is being closed.
+	mu     sync.RWMutex
+	closed bool
+
+	commitMu sync.Mutex
+
+	lockMu   sync.Mutex
+	lockCfg  *pgx.ConnConfig // nil unless Exclusive
+	lockConn *pgx.Conn       // holds the advisory lock; nil while lost
+	lockLost bool            // the last check failed (logged once per loss)
+	stop     chan struct{}   // closed by Close: ends the lock watcher
+	watcher  sync.WaitGroup
+}
+
+var _ persistence.Store = (*Store)(nil)
+
+const defaultMaxConns = 8
+
+// Open connects to the database named by dsn (a postgres:// URL or a libpq key=value string,
+// as pgx accepts), checks that it answers and applies the embedded migrations that it lacks.
+// Members of a cluster may open the same database at once: migrations take an advisory lock.
+func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		// pgx's message quotes the DSN and redacts its password only as far as it can parse it.
+		return nil, errors.New("open postgres: the dsn cannot be parsed; write it as " +
+			"postgres://user:password@host:port/database?sslmode=... or as key=value pairs " +
+			"(host=... port=... dbname=... user=...)")
+	}
+	switch {
+	case opts.MaxConns > 0:
+		cfg.MaxConns = opts.MaxConns
+	case !strings.Contains(dsn, "pool_max_conns"):
+		cfg.MaxConns = defaultMaxConns
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
+	}
+	st := &Store{pool: pool, log: log, stop: make(chan struct{})}
+	if opts.Exclusive {
+		st.lockCfg = cfg.ConnConfig.Copy()
+		if err := st.lock(ctx); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
+		}
+	}
+	if err := migrate(ctx, pool, log); err != nil {
+		st.unlock()
+		pool.Close()
+		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
+	}
+	if opts.Exclusive {
+		every := opts.LockCheckInterval
+		if every <= 0 {
+			every = 5 * time.Second
+		}
+		st.watcher.Go(func() { st.watchLock(every) })
+	}
+	return st, nil
+}
+
+// watchLock checks the daemon lock every interval until the store closes, so that a lost lock
+// stops the writes (lockHeld) without waiting for a readiness probe.
+func (s *Store) watchLock(every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), every)
+			_ = s.checkLock(ctx) // logged by checkLock
+			cancel()
+		}
+	}
+}
+
+// daemonLock is the advisory lock key an exclusive store holds: "agentgdl" in ASCII.
+const daemonLock = 0x6167656e7467646c
+
+// lock takes the daemon lock on a connection of its own. Called with lockMu held or before the
+// store is shared.
+func (s *Store) lock(ctx context.Context) error {
+	conn, err := pgx.ConnectConfig(ctx, s.lockCfg)
+	if err != nil {
+		return err
+	}
+	var ok bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(daemonLock)).Scan(&ok); err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return err
+	}
+	if !ok {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return fmt.Errorf("%w: another agentgate daemon uses this database", persistence.ErrLocked)
+	}
+	s.lockConn = conn
+	return nil
+}
+
+// unlock releases the daemon lock (closing its connection ends the lock).
+func (s *Store) unlock() {
+	if s.lockConn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.lockConn.Close(ctx)
+		s.lockConn = nil
+	}
+}
+
+// lockHeld returns an error when an exclusive store has lost its lock and not taken it again
+// (checkLock, run by Ping, does): its writes wait, spooled, rather than race another daemon.
+func (s *Store) lockHeld() error {
+	if s.lockCfg == nil {
+		return nil
+	}
+	s.lockMu.Lock()
+	defer s.lockMu.Unlock()
+	if s.lockConn == nil {
+		return fmt.Errorf("%w: the daemon lock on the database is lost", persistence.ErrUnavailable)
+	}
+	return nil
+}
+
+// checkLock checks that an exclusive store still holds its lock, and takes it again on a new
+// connection when the old one was lost (a restarted server, a dropped connection).
+func (s *Store) checkLock(ctx context.Context) error {
+	if s.lockCfg == nil {
+		return nil
+	}
+	s.lockMu.Lock()
+	defer s.lockMu.Unlock()
+	if s.lockConn != nil {
+		if err := s.lockConn.Ping(ctx); err == nil {
+			return nil
+		}
+		s.unlock()
+	}
+	if err := s.lock(ctx); err != nil {
+		if !s.lockLost {
+			s.lockLost = true
+			s.log.Error("lost the database's daemon lock; writes are spooled until it is taken again", logging.Err(err))
+		}
+		return fmt.Errorf("daemon lock lost: %w", err)
+	}
+	s.log.Warn("took the database's daemon lock again after its connection was lost")
+	s.lockLost = false
+	return nil
+}
+
+// where names the database of cfg for error messages, without its password.
+func where(cfg *pgxpool.Config) string {
+	c := cfg.ConnConfig
+	return fmt.Sprintf("(host %s port %d database %s user %s)", c.Host, c.Port, c.Database, c.User)
+}
+
+// enter starts a call; it fails once the store is closed. Every enter is paired with leave.
+func (s *Store) enter() error {
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return persistence.ErrClosed
+	}
+	return nil
+}
+
+func (s *Store) leave() { s.mu.RUnlock() }
+
+// Ping checks that the database answers and that this session can write (a standby, or a
+// database set read-only, fails).
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.enter(); err != nil {
+		return fmt.Errorf("ping: %w", err)
+	}
+	defer s.leave()
+	if err := s.checkLock(ctx); err != nil {
+		return fmt.Errorf("ping: %w", err)
+	}
+	var readOnly string
+	if err := s.pool.QueryRow(ctx, `SHOW transaction_read_only`).Scan(&readOnly); err != nil {
+		return fmt.Errorf("ping: %w", err)
+	}
+	if readOnly == "on" {
+		return fmt.Errorf("ping: %w: the database accepts no writes (transaction_read_only is on)", persistence.ErrUnavailable)
+	}
+	return nil
+}
+
+// Close waits for the calls in progress and closes the pool. It is idempotent.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	close(s.stop)
+	s.watcher.Wait()
+	s.lockMu.Lock()
+	s.unlock()
+	s.lockMu.Unlock()
+	s.pool.Close()
+	return nil
+}
