@@ -20,6 +20,7 @@ import (
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/platforms"
@@ -97,17 +98,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			return nil, err
 		}
 	}
-	sync := cfg.Store.Synchronous
-	if cfg.Store.Driver != "sqlite" {
-		return nil, fmt.Errorf("start: store driver %q is not available yet; use sqlite", cfg.Store.Driver)
-	}
-	// Into its own variable first: a failed Open returns a nil *sqlite.Store, which as a
-	// persistence.Store would be a non-nil interface that the cleanup above closes.
-	store, err := sqlite.Open(ctx, cfg.DSN(), sqlite.Options{Synchronous: sync, Logger: log.With("component", "persistence")})
-	if err != nil {
+	if d.store, err = openStore(ctx, cfg, log.With("component", "persistence")); err != nil {
 		return nil, fmt.Errorf("start: open store: %w", err)
 	}
-	d.store = store
 	if opts.WrapStore != nil {
 		d.store = opts.WrapStore(d.store)
 	}
@@ -408,3 +401,23 @@ func (f floor) Enabled(ctx context.Context, l slog.Level) bool {
 func (f floor) Handle(ctx context.Context, r slog.Record) error { return f.h.Handle(ctx, r) }
 func (f floor) WithAttrs(a []slog.Attr) slog.Handler            { return floor{f.h.WithAttrs(a), f.min} }
 func (f floor) WithGroup(n string) slog.Handler                 { return floor{f.h.WithGroup(n), f.min} }
+
+// openStore opens the configured store: SQLite (the default) or PostgreSQL. A failed Open
+// returns a nil interface, never a nil *Store inside one (the caller's cleanup closes a
+// non-nil store).
+func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger) (persistence.Store, error) {
+	switch cfg.Store.Driver {
+	case "postgres":
+		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{Logger: log, Exclusive: true})
+		if err != nil {
+			return nil, err
+		}
+		return st, nil
+	default:
+		st, err := sqlite.Open(ctx, cfg.DSN(), sqlite.Options{Synchronous: cfg.Store.Synchronous, Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		return st, nil
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 )
 
@@ -374,15 +375,20 @@ func helpIsDone(err error) error {
 	return err
 }
 
-// openStore loads the configuration and opens its SQLite database, read-only or with the write
-// lock. It never creates a database. The config is returned whenever it loaded, even on error.
-func openStore(ctx context.Context, cf *configFlags, readOnly bool) (*sqlite.Store, *config.Config, error) {
+// openStore loads the configuration and opens its database read-only or with the write lock
+// (which a running daemon holds): a SQLite file (it never creates one) or PostgreSQL (whose
+// daemon lock is an advisory lock). The config is returned whenever it loaded, even on error.
+func openStore(ctx context.Context, cf *configFlags, readOnly bool) (persistence.Store, *config.Config, error) {
 	cfg, err := cf.load()
 	if err != nil {
 		return nil, nil, fmt.Errorf("config: %w", err)
 	}
-	if cfg.Store.Driver != "sqlite" {
-		return nil, cfg, fmt.Errorf("store driver %q: the sessions command supports sqlite only", cfg.Store.Driver)
+	if cfg.Store.Driver == "postgres" {
+		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{MaxConns: 2, Exclusive: !readOnly})
+		if err != nil {
+			return nil, cfg, err
+		}
+		return st, cfg, nil
 	}
 	path := cfg.DSN()
 	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {

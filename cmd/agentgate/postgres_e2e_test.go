@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/jackc/pgx/v5"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// TestDaemonOnPostgres runs the binary on PostgreSQL as an operator would configure it (the
+// environment): an acknowledged message is in the database, survives kill -9 and is answered
+// by the next daemon; a second daemon on the same database is refused while one runs; the
+// sessions command reads it.
+func TestDaemonOnPostgres(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	pg := []string{"AGENTGATE_STORE_DRIVER=postgres", "AGENTGATE_STORE_DSN=" + dsn}
+	d := MustServe(t, t.TempDir(), append(pg, "AGENTGATE_AGENT_BACKEND=exec", `AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, "sleep 60"]`)...)
+	status, ack := post(t, d.base+"/v1/messages", "", `{"chat_id":"c1","user_id":"u1","text":"survive me","message_id":"m1"}`)
+	if status != http.StatusAccepted {
+		t.Fatalf("POST = %d %v", status, ack)
+	}
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var text, state string
+	err = conn.QueryRow(context.Background(), `SELECT content, status FROM messages
+		WHERE message_id = 'm1' AND role = 'user'`).Scan(&text, &state)
+	if err != nil || text != "survive me" || state != "pending" {
+		t.Fatalf("the acknowledged message in PostgreSQL: %q %q %v, want it stored and pending", text, state, err)
+	}
+
+	second := exec.Command(MustBuild(t), "serve", "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0")
+	second.Env = append(os.Environ(), pg...)
+	out, err := second.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || !strings.Contains(string(out), "another agentgate daemon uses this database") {
+		t.Errorf("a second daemon on the database: %v\n%s\nwant it refused", err, out)
+	}
+
+	if err := d.cmd.Process.Kill(); err != nil { // kill -9 with the turn running
+		t.Fatal(err)
+	}
+	<-d.done
+	d2 := MustServe(t, t.TempDir(), pg...) // echo agent; nothing of the first daemon's data dir
+	key := ack["session_key"].(string)
+	events := readSSE(t, d2.base+"/v1/sessions/"+key+"/events", "", 1)
+	if events[0].data["text"] != "survive me" {
+		t.Errorf("after kill -9 the session said %v, want the echo of the acknowledged message", events[0].data)
+	}
+	if err := d2.stop(t, 30*time.Second); err != nil {
+		t.Errorf("second daemon exit: %v", err)
+	}
+	list := exec.Command(MustBuild(t), "sessions", "list", "--data-dir", t.TempDir())
+	list.Env = append(os.Environ(), pg...)
+	if out, err := list.CombinedOutput(); err != nil || !strings.Contains(string(out), key) {
+		t.Errorf("agentgate sessions list on PostgreSQL: %v\n%s\nwant the session %s", err, out, key)
+	}
+	var users, replies int
+	err = conn.QueryRow(context.Background(), `SELECT
+		COUNT(*) FILTER (WHERE role = 'user' AND status = 'done'),
+		COUNT(*) FILTER (WHERE role = 'assistant' AND content = 'survive me')
+		FROM messages`).Scan(&users, &replies)
+	if err != nil || users != 1 || replies != 1 {
+		t.Errorf("rows after the restart: %d answered user messages, %d replies (%v); want 1 and 1", users, replies, err)
+	}
+}
