@@ -15,6 +15,7 @@ var (
 	// ErrDefaultDataDir is returned when code under test tries to open the default (production)
 	// data directory.
 	ErrDefaultDataDir = errors.New("persistence: refusing to open the default data directory under go test")
-	// ErrLocked is returned when another process holds the data directory.
-	ErrLocked = errors.New("persistence: data directory in use by another process")
+	// ErrLocked is returned when another process holds the store: the SQLite data directory,
+	// or the PostgreSQL database a daemon runs on.
+	ErrLocked = errors.New("persistence: store in use by another agentgate process")
 )

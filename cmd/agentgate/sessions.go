@@ -281,7 +281,11 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	st, cfg, err := openStore(ctx, &cf, false)
 	if errors.Is(err, persistence.ErrLocked) {
-		return fmt.Errorf("the daemon is running on this data directory; reset through it: %s", resetCommand(cfg, key))
+		where := "data directory"
+		if cfg.Store.Driver == "postgres" {
+			where = "database"
+		}
+		return fmt.Errorf("the daemon is running on this %s; reset through it: %s", where, resetCommand(cfg, key))
 	}
 	if err != nil {
 		return err

@@ -6,19 +6,16 @@ import (
 	"fmt"
 
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Column lists, in the order the scan functions and the INSERTs use them.
 const (
-	sessionCols = `id, key, platform, chat_type, chat_id, thread_id, user_id, user_name, scope_id,
-		profile, started_at, last_activity_at, ended_at, end_reason, prev_session_id, title, epoch,
-		queue_mode, input_tokens, output_tokens`
-	messageCols = `session_id, seq, role, content, platform, chat_id, message_id, turn_id, status,
-		active, archived, attempts, created_at, user_id, user_name`
-	outboxCols = `session_key, seq, session_id, kind, text, turn_id, in_reply_to, platform,
-		chat_type, chat_id, thread_id, user_id, state, attempts, created_at, delivered_at`
+	sessionCols = sqlstore.SessionCols
+	messageCols = sqlstore.MessageCols
+	outboxCols  = sqlstore.OutboxCols
 )
 
 // The write statements. pgx prepares each once per connection (its statement cache).
@@ -83,16 +80,16 @@ type stmt struct {
 // the transaction back, and the batch runs again with each group inside its own SAVEPOINT.
 func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []error) {
 	errs = make([]error, len(groups))
-	defer markUnavailable(errs)
+	defer sqlstore.MarkUnavailable(errs, IsUnavailable)
 	if err := s.enter(); err != nil {
-		return fill(errs, fmt.Errorf("commit: %w", err))
+		return sqlstore.Fill(errs, fmt.Errorf("commit: %w", err))
 	}
 	defer s.leave()
 	if len(groups) == 0 {
 		return errs
 	}
 	if err := s.lockHeld(); err != nil {
-		return fill(errs, fmt.Errorf("commit: %w", err))
+		return sqlstore.Fill(errs, fmt.Errorf("commit: %w", err))
 	}
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
@@ -249,23 +246,6 @@ func verifyMessage(ctx context.Context, tx pgx.Tx, m *persistence.Message) error
 		return fmt.Errorf("append message %s/%d: %w", m.SessionID, m.Seq, ErrConflict)
 	}
 	return nil
-}
-
-// markUnavailable wraps errors that mean "the database cannot be written right now" with
-// persistence.ErrUnavailable, so the persistence actor can spool those writes.
-func markUnavailable(errs []error) {
-	for i, err := range errs {
-		if err != nil && IsUnavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
-			errs[i] = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
-		}
-	}
-}
-
-func fill(errs []error, err error) []error {
-	for i := range errs {
-		errs[i] = err
-	}
-	return errs
 }
 
 // groupStmts returns the statements of one group, or the error of its first op that is invalid

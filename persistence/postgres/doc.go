@@ -15,5 +15,6 @@
 //
 // There is no full-text Search: the SQLite store's FTS5 index has no counterpart here yet.
 //
-// This package imports persistence and internal/logging only (and pgx).
+// This package imports persistence, persistence/internal/sqlstore (what it shares with the
+// SQLite store) and internal/logging only, and pgx.
 package postgres

@@ -4,14 +4,10 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
 	"log/slog"
-	"path"
-	"sort"
-	"strconv"
-	"strings"
 	"time"
 
+	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -19,40 +15,9 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// migration is one embedded schema change, named NNNN_description.sql.
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
 // migrations returns the embedded migrations in version order.
-func migrations() ([]migration, error) {
-	names, err := fs.Glob(migrationFS, "migrations/*.sql")
-	if err != nil {
-		return nil, err
-	}
-	var ms []migration
-	for _, n := range names {
-		base := path.Base(n)
-		num, _, _ := strings.Cut(base, "_")
-		v, err := strconv.Atoi(num)
-		if err != nil || v <= 0 {
-			return nil, fmt.Errorf("migration %s: name must start with a positive version number", base)
-		}
-		b, err := migrationFS.ReadFile(n)
-		if err != nil {
-			return nil, err
-		}
-		ms = append(ms, migration{version: v, name: base, sql: string(b)})
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
-	for i := 1; i < len(ms); i++ {
-		if ms[i].version == ms[i-1].version {
-			return nil, fmt.Errorf("migration %s: duplicate version %d", ms[i].name, ms[i].version)
-		}
-	}
-	return ms, nil
+func migrations() ([]sqlstore.Migration, error) {
+	return sqlstore.Migrations(migrationFS, "migrations/*.sql")
 }
 
 // migrateLock is the advisory lock key that serialises migrations of one database between
@@ -81,22 +46,22 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 		if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
 			return err
 		}
-		if latest := ms[len(ms)-1].version; current > latest {
+		if latest := ms[len(ms)-1].Version; current > latest {
 			return fmt.Errorf("database schema version %d is newer than this binary's %d", current, latest)
 		}
 		for _, m := range ms {
-			if m.version <= current {
+			if m.Version <= current {
 				continue
 			}
 			if current > 0 { // a new database gets every migration: nothing to tell
-				log.Info("migrating the schema", "migration", m.name)
+				log.Info("migrating the schema", "migration", m.Name)
 			}
-			if _, err := tx.Exec(ctx, m.sql); err != nil {
-				return fmt.Errorf("%s: %w", m.name, err)
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return fmt.Errorf("%s: %w", m.Name, err)
 			}
 			if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)`,
-				m.version, time.Now().UnixNano()); err != nil {
-				return fmt.Errorf("%s: %w", m.name, err)
+				m.Version, time.Now().UnixNano()); err != nil {
+				return fmt.Errorf("%s: %w", m.Name, err)
 			}
 		}
 		return nil

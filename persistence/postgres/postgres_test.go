@@ -105,8 +105,8 @@ func TestMigrations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != len(ms) || max != ms[len(ms)-1].version {
-		t.Errorf("schema_migrations has %d rows up to %d, want %d up to %d", n, max, len(ms), ms[len(ms)-1].version)
+	if n != len(ms) || max != ms[len(ms)-1].Version {
+		t.Errorf("schema_migrations has %d rows up to %d, want %d up to %d", n, max, len(ms), ms[len(ms)-1].Version)
 	}
 	if _, err := c.Exec(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES (9999, 0)`); err != nil {
 		t.Fatal(err)
@@ -221,7 +221,7 @@ func TestExclusive(t *testing.T) {
 		t.Fatalf("Open A: %v", err)
 	}
 	defer a.Close()
-	if _, err := Open(ctx, dsn, Options{Exclusive: true}); !errors.Is(err, persistence.ErrLocked) {
+	if _, err := Open(ctx, dsn, Options{Exclusive: true, LockWait: 50 * time.Millisecond}); !errors.Is(err, persistence.ErrLocked) {
 		t.Fatalf("Open B while A runs: error = %v, want ErrLocked", err)
 	}
 	shared, err := Open(ctx, dsn, Options{}) // not exclusive: a tool reading the database

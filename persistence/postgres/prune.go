@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -55,7 +56,7 @@ func (s *Store) prune(ctx context.Context, endedBefore time.Time, limit int) (in
 		cands, err := queryAll(ctx, tx, func(r scanner) (cand, error) {
 			var c cand
 			return c, r.Scan(&c.id, &c.key)
-		}, pruneCandidatesSQL, nanoBound(endedBefore), limit)
+		}, pruneCandidatesSQL, sqlstore.NanoBound(endedBefore), limit)
 		if err != nil {
 			return fmt.Errorf("select: %w", err)
 		}

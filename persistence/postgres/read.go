@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -308,10 +309,10 @@ func (s *Store) IdleSessions(ctx context.Context, before time.Time, limit int) (
 	if before.IsZero() {
 		return nil, nil // nothing, not even the zero time, is before the zero time
 	}
-	ss, err := queryAll(ctx, s.pool, scanSessionValue, `SELECT `+prefixed("s.", sessionCols)+`
+	ss, err := queryAll(ctx, s.pool, scanSessionValue, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+`
 		FROM sessions s WHERE `+openRouted+`
 			AND (s.last_activity_at IS NULL OR s.last_activity_at < $1)
-		ORDER BY `+validNanos("s.last_activity_at")+`, s.id COLLATE "C" LIMIT $2`, nanoBound(before), limit)
+		ORDER BY `+validNanos("s.last_activity_at")+`, s.id COLLATE "C" LIMIT $2`, sqlstore.NanoBound(before), limit)
 	if err != nil {
 		return nil, fmt.Errorf("idle sessions before %v: %w", before, err)
 	}
@@ -336,28 +337,15 @@ func (s *Store) IdleSessionsAfter(ctx context.Context, before, lastActivity time
 	if !lastActivity.IsZero() {
 		from = lastActivity.UnixNano()
 	}
-	ss, err := queryAll(ctx, s.pool, scanSessionValue, `SELECT `+prefixed("s.", sessionCols)+`
+	ss, err := queryAll(ctx, s.pool, scanSessionValue, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+`
 		FROM sessions s WHERE `+openRouted+`
 			AND s.last_activity_at < $1
 			AND (s.last_activity_at > $2 OR (s.last_activity_at = $2 AND s.id COLLATE "C" > $3))
-		ORDER BY s.last_activity_at, s.id COLLATE "C" LIMIT $4`, nanoBound(before), from, lastID, limit)
+		ORDER BY s.last_activity_at, s.id COLLATE "C" LIMIT $4`, sqlstore.NanoBound(before), from, lastID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("idle sessions after %s: %w", lastID, err)
 	}
 	return ss, nil
-}
-
-// nanoBound converts t into a bound on stored unix-nanosecond values: a stored positive value v
-// reads as a time before t exactly when v < nanoBound(t). A t at or before the epoch gives 1
-// (no positive value is before it), a t past the int64 range math.MaxInt64.
-func nanoBound(t time.Time) int64 {
-	switch {
-	case !t.After(time.Unix(0, 0)):
-		return 1
-	case t.After(time.Unix(0, math.MaxInt64)):
-		return math.MaxInt64
-	}
-	return t.UnixNano()
 }
 
 // ListSessions lists routed session keys with their current session, by key. Messages counts
@@ -381,7 +369,7 @@ func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]p
 			&ss.Title, &ss.Epoch, &ss.QueueMode, &ss.InputTokens, &ss.OutputTokens,
 			&sum.Messages, &sum.Pending)
 		return sum, err
-	}, `SELECT `+prefixed("s.", sessionCols)+`,
+	}, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+`,
 			(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id),
 			(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id
 				AND m.role = 'user' AND m.status = 'pending' AND m.active)
@@ -436,7 +424,7 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 	if limit <= 0 {
 		limit = persistence.DefaultRecentChatsLimit
 	}
-	bound := nanoBound(since)
+	bound := sqlstore.NanoBound(since)
 	seen := map[[2]string]bool{}
 	var marks []persistence.ChatMark
 	for before := int64(math.MaxInt64); ; {

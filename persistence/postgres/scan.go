@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"strings"
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
@@ -60,13 +59,4 @@ func (n nanoTime) Scan(src any) error {
 		*n.t = time.Unix(0, v).UTC()
 	}
 	return nil
-}
-
-// prefixed qualifies every column of a column list with a table alias ("m." + "seq").
-func prefixed(alias, cols string) string {
-	parts := strings.Split(cols, ",")
-	for i, p := range parts {
-		parts[i] = alias + strings.TrimSpace(p)
-	}
-	return strings.Join(parts, ", ")
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -31,6 +32,10 @@ type Options struct {
 	// activate a session and interleave its writes); cluster members share the database and
 	// fence their writes instead.
 	Exclusive bool
+	// LockWait is how long Open waits for the daemon lock while another process holds it: a
+	// daemon restarted right after a crash finds its predecessor's lock until the server has
+	// noticed that connection's end. Zero means five seconds.
+	LockWait time.Duration
 	// LockCheckInterval is how often an exclusive store checks that it still holds its lock
 	// (and takes it again when its connection was lost). Zero means five seconds.
 	LockCheckInterval time.Duration
@@ -93,7 +98,11 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	st := &Store{pool: pool, log: log, stop: make(chan struct{})}
 	if opts.Exclusive {
 		st.lockCfg = cfg.ConnConfig.Copy()
-		if err := st.lock(ctx); err != nil {
+		wait := opts.LockWait
+		if wait <= 0 {
+			wait = 5 * time.Second
+		}
+		if err := st.lock(ctx, wait); err != nil {
 			pool.Close()
 			return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 		}
@@ -133,31 +142,38 @@ func (s *Store) watchLock(every time.Duration) {
 // daemonLock is the advisory lock key an exclusive store holds: "agentgdl" in ASCII.
 const daemonLock = 0x6167656e7467646c
 
-// lock takes the daemon lock on a connection of its own. Called with lockMu held or before the
-// store is shared.
-func (s *Store) lock(ctx context.Context) error {
+// lock takes the daemon lock on a connection of its own, waiting up to wait (the server's
+// lock_timeout) while another session holds it. Called with lockMu held or before the store is
+// shared.
+func (s *Store) lock(ctx context.Context, wait time.Duration) error {
 	conn, err := pgx.ConnectConfig(ctx, s.lockCfg)
 	if err != nil {
 		return err
 	}
-	var ok bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(daemonLock)).Scan(&ok); err != nil {
-		_ = conn.Close(context.WithoutCancel(ctx))
-		return err
+	_, err = conn.Exec(ctx, fmt.Sprintf(`SET lock_timeout = %d`, max(wait.Milliseconds(), 1)))
+	if err == nil {
+		_, err = conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, int64(daemonLock))
 	}
-	if !ok {
+	if err != nil {
 		_ = conn.Close(context.WithoutCancel(ctx))
-		return fmt.Errorf("%w: another agentgate daemon uses this database", persistence.ErrLocked)
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available: lock_timeout ran out
+			return fmt.Errorf("another agentgate daemon uses this database: %w", persistence.ErrLocked)
+		}
+		return err
 	}
 	s.lockConn = conn
 	return nil
 }
 
-// unlock releases the daemon lock (closing its connection ends the lock).
+// unlock releases the daemon lock before it closes the lock's connection: the server ends a
+// closed connection's session (and its locks) only some time after the client went, and a
+// daemon restarted at once must find the lock free.
 func (s *Store) unlock() {
 	if s.lockConn != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
+		_, _ = s.lockConn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, int64(daemonLock))
 		_ = s.lockConn.Close(ctx)
 		s.lockConn = nil
 	}
@@ -191,7 +207,7 @@ func (s *Store) checkLock(ctx context.Context) error {
 		}
 		s.unlock()
 	}
-	if err := s.lock(ctx); err != nil {
+	if err := s.lock(ctx, time.Millisecond); err != nil {
 		if !s.lockLost {
 			s.lockLost = true
 			s.log.Error("lost the database's daemon lock; writes are spooled until it is taken again", logging.Err(err))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 )
 
 // stmtID names a write statement prepared once at Open.
@@ -98,13 +99,13 @@ var errTxAborted = errors.New("transaction aborted")
 // inside its own SAVEPOINT.
 func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []error) {
 	errs = make([]error, len(groups))
-	defer markUnavailable(errs)
+	defer sqlstore.MarkUnavailable(errs, IsUnavailable)
 	if err := s.enter(); err != nil {
-		return fill(errs, fmt.Errorf("commit: %w", err))
+		return sqlstore.Fill(errs, fmt.Errorf("commit: %w", err))
 	}
 	defer s.leave()
 	if s.readOnly {
-		return fill(errs, fmt.Errorf("commit: %w", ErrReadOnly))
+		return sqlstore.Fill(errs, fmt.Errorf("commit: %w", ErrReadOnly))
 	}
 	if len(groups) == 0 {
 		return errs
@@ -127,7 +128,7 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 func (s *Store) commitTx(ctx context.Context, groups [][]persistence.Op, errs []error, savepoints bool) (added int, retry bool) {
 	tx, err := s.writer.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
 	if err != nil {
-		fill(errs, fmt.Errorf("commit: begin: %w", err))
+		sqlstore.Fill(errs, fmt.Errorf("commit: begin: %w", err))
 		return 0, false
 	}
 	// The statements run with a context that is never cancelled: for a cancellable one the
@@ -141,11 +142,11 @@ func (s *Store) commitTx(ctx context.Context, groups [][]persistence.Op, errs []
 		case err == nil:
 		case errors.Is(err, errTxAborted):
 			_ = tx.Rollback() // the transaction is already gone
-			fill(errs, fmt.Errorf("commit: group %d: %w", i, err))
+			sqlstore.Fill(errs, fmt.Errorf("commit: group %d: %w", i, err))
 			return 0, false
 		case !savepoints:
 			if rerr := tx.Rollback(); rerr != nil {
-				fill(errs, fmt.Errorf("commit: group %d: %w (rollback: %v)", i, err, rerr))
+				sqlstore.Fill(errs, fmt.Errorf("commit: group %d: %w (rollback: %v)", i, err, rerr))
 				return 0, false
 			}
 			return 0, true
@@ -155,27 +156,10 @@ func (s *Store) commitTx(ctx context.Context, groups [][]persistence.Op, errs []
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		fill(errs, fmt.Errorf("commit: %w", err))
+		sqlstore.Fill(errs, fmt.Errorf("commit: %w", err))
 		return 0, false
 	}
 	return t.added, false
-}
-
-// markUnavailable wraps errors that mean "the database cannot be written right now" with
-// persistence.ErrUnavailable, so the persistence actor can spool those writes.
-func markUnavailable(errs []error) {
-	for i, err := range errs {
-		if err != nil && IsUnavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
-			errs[i] = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
-		}
-	}
-}
-
-func fill(errs []error, err error) []error {
-	for i := range errs {
-		errs[i] = err
-	}
-	return errs
 }
 
 // txn is one Commit transaction with its statements, bound to it lazily.

@@ -96,7 +96,7 @@ func lockFile(path, db string) (*os.File, error) {
 	if err != nil {
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("open %s: lock %s already held: %w", db, path, persistence.ErrLocked)
+			return nil, fmt.Errorf("open %s: data directory in use by another process (lock %s held): %w", db, path, persistence.ErrLocked)
 		}
 		return nil, fmt.Errorf("open %s: lock %s: %w", db, path, err)
 	}

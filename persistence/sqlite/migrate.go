@@ -5,52 +5,18 @@ import (
 	"database/sql"
 	"embed"
 	"fmt"
-	"io/fs"
 	"log/slog"
-	"path"
-	"sort"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 )
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// migration is one embedded schema change, named NNNN_description.sql.
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
 // migrations returns the embedded migrations in version order.
-func migrations() ([]migration, error) {
-	names, err := fs.Glob(migrationFS, "migrations/*.sql")
-	if err != nil {
-		return nil, err
-	}
-	var ms []migration
-	for _, n := range names {
-		base := path.Base(n)
-		num, _, _ := strings.Cut(base, "_")
-		v, err := strconv.Atoi(num)
-		if err != nil || v <= 0 {
-			return nil, fmt.Errorf("migration %s: name must start with a positive version number", base)
-		}
-		b, err := migrationFS.ReadFile(n)
-		if err != nil {
-			return nil, err
-		}
-		ms = append(ms, migration{version: v, name: base, sql: string(b)})
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
-	for i := 1; i < len(ms); i++ {
-		if ms[i].version == ms[i-1].version {
-			return nil, fmt.Errorf("migration %s: duplicate version %d", ms[i].name, ms[i].version)
-		}
-	}
-	return ms, nil
+func migrations() ([]sqlstore.Migration, error) {
+	return sqlstore.Migrations(migrationFS, "migrations/*.sql")
 }
 
 // migrate applies the embedded migrations that the database lacks, in order, in one write
@@ -77,32 +43,32 @@ func migrate(ctx context.Context, w *sql.DB, log *slog.Logger) error {
 	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	if latest := ms[len(ms)-1].version; current > latest {
+	if latest := ms[len(ms)-1].Version; current > latest {
 		return fmt.Errorf("migrate: database schema version %d is newer than this binary's %d", current, latest)
 	}
 	start, applied := time.Now(), 0
 	for _, m := range ms {
-		if m.version <= current {
+		if m.Version <= current {
 			continue
 		}
 		if current > 0 { // a new database gets every migration: nothing to tell
-			log.Info("migrating the schema", "migration", m.name)
+			log.Info("migrating the schema", "migration", m.Name)
 		}
 		applied++
-		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
-			return fmt.Errorf("migrate %s: %w", m.name, err)
+		if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
+			return fmt.Errorf("migrate %s: %w", m.Name, err)
 		}
 		if _, err := tx.ExecContext(ctx,
 			`INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`,
-			m.version, time.Now().UnixNano()); err != nil {
-			return fmt.Errorf("migrate %s: %w", m.name, err)
+			m.Version, time.Now().UnixNano()); err != nil {
+			return fmt.Errorf("migrate %s: %w", m.Name, err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	if applied > 0 && current > 0 {
-		log.Info("schema migrated", "from", current, "to", ms[len(ms)-1].version, "took", time.Since(start).Round(time.Millisecond))
+		log.Info("schema migrated", "from", current, "to", ms[len(ms)-1].Version, "took", time.Since(start).Round(time.Millisecond))
 	}
 	return nil
 }
@@ -118,7 +84,7 @@ func checkSchema(ctx context.Context, r *sql.DB) error {
 	if err := r.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
 		return fmt.Errorf("check schema: %w", err)
 	}
-	if want := ms[len(ms)-1].version; current < want {
+	if want := ms[len(ms)-1].Version; current < want {
 		return fmt.Errorf("check schema: database schema version %d, want %d (open it read-write once to migrate)", current, want)
 	}
 	return nil

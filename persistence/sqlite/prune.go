@@ -9,6 +9,7 @@ import (
 
 	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 )
 
 // pruneCandidatesSQL selects the sessions PruneSessions may delete (id and key), oldest end
@@ -97,7 +98,7 @@ func (s *Store) prune(ctx context.Context, endedBefore time.Time, limit int) (in
 		return 0, fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
-	cands, err := pruneCandidates(ctx, tx, nanoBound(endedBefore), limit)
+	cands, err := pruneCandidates(ctx, tx, sqlstore.NanoBound(endedBefore), limit)
 	if err != nil || len(cands) == 0 {
 		return 0, err
 	}

@@ -5,12 +5,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 )
 
 const defaultListLimit = 100
@@ -299,17 +299,17 @@ func (s *Store) idleSessions(ctx context.Context, before time.Time, limit int) (
 	const open = `s.ended_at IS NULL
 		AND EXISTS (SELECT 1 FROM routing r WHERE r.key = s.key AND r.session_id = s.id)`
 	// Two index searches: SQLite scans the whole index for the OR of the two conditions.
-	odd, err := querySessions(ctx, tx, `SELECT `+prefixed("s.", sessionCols)+` FROM sessions s
+	odd, err := querySessions(ctx, tx, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+` FROM sessions s
 			WHERE `+open+` AND s.last_activity_at IS NULL
 		UNION ALL
-		SELECT `+prefixed("s.", sessionCols)+` FROM sessions s
+		SELECT `+sqlstore.Prefixed("s.", sessionCols)+` FROM sessions s
 			WHERE `+open+` AND s.last_activity_at >= 9223372036854775808.0`)
 	if err != nil {
 		return nil, err
 	}
-	ranged, err := querySessions(ctx, tx, `SELECT `+prefixed("s.", sessionCols)+` FROM sessions s
+	ranged, err := querySessions(ctx, tx, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+` FROM sessions s
 		WHERE `+open+` AND s.last_activity_at < ?
-		ORDER BY s.last_activity_at, s.id LIMIT ?`, nanoBound(before), limit)
+		ORDER BY s.last_activity_at, s.id LIMIT ?`, sqlstore.NanoBound(before), limit)
 	if err != nil {
 		return nil, err
 	}
@@ -346,29 +346,16 @@ func (s *Store) IdleSessionsAfter(ctx context.Context, before, lastActivity time
 	if !lastActivity.IsZero() {
 		from = lastActivity.UnixNano()
 	}
-	ss, err := querySessions(ctx, s.reader, `SELECT `+prefixed("s.", sessionCols)+` FROM sessions s
+	ss, err := querySessions(ctx, s.reader, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+` FROM sessions s
 		WHERE s.ended_at IS NULL
 		AND EXISTS (SELECT 1 FROM routing r WHERE r.key = s.key AND r.session_id = s.id)
 		AND s.last_activity_at < ?
 		AND (s.last_activity_at > ? OR (s.last_activity_at = ? AND s.id > ?))
-		ORDER BY s.last_activity_at, s.id LIMIT ?`, nanoBound(before), from, from, lastID, limit)
+		ORDER BY s.last_activity_at, s.id LIMIT ?`, sqlstore.NanoBound(before), from, from, lastID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("idle sessions after %s: %w", lastID, err)
 	}
 	return ss, nil
-}
-
-// nanoBound converts t into a bound on stored unix-nanosecond values: a stored positive integer
-// v reads as a time before t exactly when v < nanoBound(t). A t at or before the epoch gives 1
-// (no positive value is before it), a t past the int64 range math.MaxInt64.
-func nanoBound(t time.Time) int64 {
-	switch {
-	case !t.After(time.Unix(0, 0)):
-		return 1
-	case t.After(time.Unix(0, math.MaxInt64)):
-		return math.MaxInt64
-	}
-	return t.UnixNano()
 }
 
 // ListSessions lists routed session keys with their current session, by key. Messages counts
@@ -383,7 +370,7 @@ func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]p
 	if limit <= 0 {
 		limit = defaultListLimit
 	}
-	rows, err := s.reader.QueryContext(ctx, `SELECT `+prefixed("s.", sessionCols)+`,
+	rows, err := s.reader.QueryContext(ctx, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+`,
 			(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id),
 			(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id
 				AND m.role = 'user' AND m.status = 'pending' AND m.active = 1)
@@ -466,7 +453,7 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 		return nil, fmt.Errorf("recent chats: %w", err)
 	}
 	defer rows.Close()
-	bound := nanoBound(since)
+	bound := sqlstore.NanoBound(since)
 	seen := map[[2]string]bool{}
 	var marks []persistence.ChatMark
 	for len(marks) < limit && rows.Next() {
@@ -520,7 +507,7 @@ func (s *Store) Search(ctx context.Context, query string, limit int) ([]persiste
 		_, _ = s.indexAll(ctx) // logged by indexPass; what is indexed is still searched
 		s.commitMu.Unlock()
 	}
-	ms, err := queryMessages(ctx, s.reader, `SELECT `+prefixed("m.", messageCols)+`
+	ms, err := queryMessages(ctx, s.reader, `SELECT `+sqlstore.Prefixed("m.", messageCols)+`
 		FROM messages_fts f JOIN messages m ON m.id = f.rowid
 		WHERE messages_fts MATCH ? ORDER BY f.rank, m.id LIMIT ?`, query, limit)
 	if err != nil {

@@ -3,21 +3,17 @@ package sqlite
 import (
 	"encoding/json"
 	"math"
-	"strings"
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 )
 
 // Column lists, in the order the scan functions read them.
 const (
-	sessionCols = `id, key, platform, chat_type, chat_id, thread_id, user_id, user_name, scope_id,
-		profile, started_at, last_activity_at, ended_at, end_reason, prev_session_id, title, epoch,
-		queue_mode, input_tokens, output_tokens`
-	messageCols = `session_id, seq, role, content, platform, chat_id, message_id, turn_id, status,
-		active, archived, attempts, created_at, user_id, user_name`
-	outboxCols = `session_key, seq, session_id, kind, text, turn_id, in_reply_to, platform,
-		chat_type, chat_id, thread_id, user_id, state, attempts, created_at, delivered_at`
+	sessionCols = sqlstore.SessionCols
+	messageCols = sqlstore.MessageCols
+	outboxCols  = sqlstore.OutboxCols
 )
 
 // scanner is *sql.Row or *sql.Rows.
@@ -125,13 +121,4 @@ func parseTimeText(s string) time.Time {
 		return time.Time{}
 	}
 	return t.UTC()
-}
-
-// prefixed qualifies every column of a column list with a table alias ("m." + "seq").
-func prefixed(alias, cols string) string {
-	parts := strings.Split(cols, ",")
-	for i, p := range parts {
-		parts[i] = alias + strings.TrimSpace(p)
-	}
-	return strings.Join(parts, ", ")
 }

@@ -768,5 +768,5 @@ func latestMigration(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return fmt.Sprint(ms[len(ms)-1].version)
+	return fmt.Sprint(ms[len(ms)-1].Version)
 }

@@ -1,0 +1,112 @@
+// Package sqlstore holds what the SQLite and the PostgreSQL store share beyond the
+// persistence contract: the column lists of their rows, the loader of their embedded
+// migrations, the bound that compares stored unix-nanosecond times, and the error helpers of
+// Commit. It imports persistence only.
+package sqlstore
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+)
+
+// Column lists of the three row types, in the order both stores' scan functions read them and
+// their INSERTs write them.
+const (
+	SessionCols = `id, key, platform, chat_type, chat_id, thread_id, user_id, user_name, scope_id,
+		profile, started_at, last_activity_at, ended_at, end_reason, prev_session_id, title, epoch,
+		queue_mode, input_tokens, output_tokens`
+	MessageCols = `session_id, seq, role, content, platform, chat_id, message_id, turn_id, status,
+		active, archived, attempts, created_at, user_id, user_name`
+	OutboxCols = `session_key, seq, session_id, kind, text, turn_id, in_reply_to, platform,
+		chat_type, chat_id, thread_id, user_id, state, attempts, created_at, delivered_at`
+)
+
+// Prefixed qualifies every column of a column list with a table alias ("m." + "seq").
+func Prefixed(alias, cols string) string {
+	parts := strings.Split(cols, ",")
+	for i, p := range parts {
+		parts[i] = alias + strings.TrimSpace(p)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// NanoBound converts t into a bound on stored unix-nanosecond values: a stored positive
+// value v reads as a time before t exactly when v < NanoBound(t). A t at or before the epoch
+// gives 1 (no positive value is before it), a t past the int64 range math.MaxInt64.
+func NanoBound(t time.Time) int64 {
+	switch {
+	case !t.After(time.Unix(0, 0)):
+		return 1
+	case t.After(time.Unix(0, math.MaxInt64)):
+		return math.MaxInt64
+	}
+	return t.UnixNano()
+}
+
+// Migration is one embedded schema change, a file named NNNN_description.sql.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string
+}
+
+// Migrations returns the migrations in fsys matching pattern (such as "migrations/*.sql"), in
+// version order. A name without a positive version number, or two files with one version,
+// is an error.
+func Migrations(fsys fs.FS, pattern string) ([]Migration, error) {
+	names, err := fs.Glob(fsys, pattern)
+	if err != nil {
+		return nil, err
+	}
+	var ms []Migration
+	for _, n := range names {
+		base := path.Base(n)
+		num, _, _ := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("migration %s: name must start with a positive version number", base)
+		}
+		b, err := fs.ReadFile(fsys, n)
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, Migration{Version: v, Name: base, SQL: string(b)})
+	}
+	if len(ms) == 0 {
+		return nil, fmt.Errorf("no migrations match %s", pattern)
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
+	for i := 1; i < len(ms); i++ {
+		if ms[i].Version == ms[i-1].Version {
+			return nil, fmt.Errorf("migration %s: duplicate version %d", ms[i].Name, ms[i].Version)
+		}
+	}
+	return ms, nil
+}
+
+// Fill sets every error of errs to err and returns errs.
+func Fill(errs []error, err error) []error {
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
+}
+
+// MarkUnavailable wraps the errors that unavailable says mean "the database cannot be written
+// right now" with persistence.ErrUnavailable, so the persistence actor spools those writes.
+func MarkUnavailable(errs []error, unavailable func(error) bool) {
+	for i, err := range errs {
+		if err != nil && unavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
+			errs[i] = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
+		}
+	}
+}
