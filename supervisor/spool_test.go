@@ -30,6 +30,14 @@ func TestDatabaseLockedSpoolsAndDrains(t *testing.T) {
 	dir := t.TempDir()
 	r := startOn(t, dir, 10*time.Second, echo.New())
 	defer r.stop(t)
+	spoolsAndDrains(t, r, r.lockDatabase)
+}
+
+// spoolsAndDrains sends messages to 5 sessions, makes the database unavailable with fail,
+// sends more, makes it available again with the function fail returned, and checks that every
+// acknowledged message is in the database exactly once, answered exactly once, in arrival
+// order per session.
+func spoolsAndDrains(t *testing.T, r *runtime, fail func(*testing.T) (restore func())) {
 	const sessions, before, during = 5, 4, 8
 	send := func(phase string, n int) map[string][]string {
 		var mu sync.Mutex
@@ -58,7 +66,7 @@ func TestDatabaseLockedSpoolsAndDrains(t *testing.T) {
 	first := send("before", before)
 	r.waitSent(t, sessions*before)
 
-	unlock := r.lockDatabase(t)
+	unlock := fail(t)
 	second := send("during", during) // acknowledged although the database is locked
 	if t.Failed() {
 		t.FailNow()
