@@ -1,13 +1,15 @@
 // Package pgtest starts a real PostgreSQL server for tests: one private server per test binary,
 // reachable only over a Unix socket in its own temporary directory, and a fresh, empty
 // database for each test that asks for one. A test binary that uses it calls Main from its
-// TestMain. Production code never imports it.
+// TestMain. Tests run the server without fsync; a binary that runs benchmarks gets a durable
+// one. Production code never imports it.
 package pgtest
 
 import (
 	"bufio"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -169,9 +171,14 @@ func startIn(dir, bin string, cred *credential) (*server, error) {
 		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
 	}
 
+	// Tests need no durability across a crash of the machine; benchmarks measure it.
+	durability := "off"
+	if benchmarking() {
+		durability = "on"
+	}
 	cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-k", dir,
-		"-c", "listen_addresses=", "-c", "fsync=off", "-c", "synchronous_commit=off",
-		"-c", "full_page_writes=off", "-c", "max_connections=200", "-c", "lc_messages=C",
+		"-c", "listen_addresses=", "-c", "fsync="+durability, "-c", "synchronous_commit="+durability,
+		"-c", "full_page_writes="+durability, "-c", "max_connections=200", "-c", "lc_messages=C",
 		"-p", port)
 	cmd.Dir = dir
 	if cmd.SysProcAttr, err = sysProcAttr(cred, true); err != nil {
@@ -246,6 +253,14 @@ func (s *server) stop() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// benchmarking reports whether the test binary runs benchmarks (-test.bench): their server
+// makes its commits durable (fsync, synchronous_commit and full_page_writes on), as a
+// production server does, so that they measure what an operator gets.
+func benchmarking() bool {
+	f := flag.Lookup("test.bench")
+	return f != nil && f.Value.String() != ""
 }
 
 // exec runs one statement in the server's postgres database.
