@@ -201,7 +201,8 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	for _, pid := range d.deps.Platforms {
 		d.system.Root.Send(pid, &actors.StartIntake{Deliver: d.intake.Deliver})
 	}
-	log.Info("agentgate started", "addr", d.addr.String(), "agent", cfg.Agent.Backend, "data_dir", cfg.DataDir)
+	log.Info("agentgate started", "addr", d.addr.String(), "agent", cfg.Agent.Backend, "data_dir", cfg.DataDir,
+		"store", storeName(d.store))
 	return d, nil
 }
 
@@ -420,4 +421,13 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger) (persi
 		}
 		return st, nil
 	}
+}
+
+// storeName names a store for the start log: its String (the SQLite file, or the PostgreSQL
+// database without its password), or its type when it has none (a wrapped store).
+func storeName(st persistence.Store) string {
+	if s, ok := st.(fmt.Stringer); ok {
+		return s.String()
+	}
+	return fmt.Sprintf("%T", st)
 }

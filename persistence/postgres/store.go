@@ -44,8 +44,9 @@ type Options struct {
 // Store is the PostgreSQL persistence.Store. It is safe for concurrent use; Commit calls of one
 // Store are serialised (the persistence actor is the only writer of a process).
 type Store struct {
-	pool *pgxpool.Pool
-	log  *slog.Logger
+	pool  *pgxpool.Pool
+	log   *slog.Logger
+	where string // the database, for logs: where(cfg)
 
 	// mu is held shared by every call for its whole duration and exclusively by Close, so a
 	// closed flag read under it stays true while the pool is being closed.
@@ -95,7 +96,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 	}
-	st := &Store{pool: pool, log: log, stop: make(chan struct{})}
+	st := &Store{pool: pool, log: log, where: where(cfg), stop: make(chan struct{})}
 	if opts.Exclusive {
 		st.lockCfg = cfg.ConnConfig.Copy()
 		wait := opts.LockWait
@@ -224,6 +225,9 @@ func where(cfg *pgxpool.Config) string {
 	c := cfg.ConnConfig
 	return fmt.Sprintf("(host %s port %d database %s user %s)", c.Host, c.Port, c.Database, c.User)
 }
+
+// String names the database for logs, without its password.
+func (s *Store) String() string { return "postgres " + s.where }
 
 // enter starts a call; it fails once the store is closed. Every enter is paired with leave.
 func (s *Store) enter() error {

@@ -64,6 +64,9 @@ type Store struct {
 
 var _ persistence.Store = (*Store)(nil)
 
+// String names the database file for logs.
+func (s *Store) String() string { return "sqlite " + s.path }
+
 const defaultReaders = 4
 
 // Open opens (creating it and its parent directory if needed) the database at path, takes the
