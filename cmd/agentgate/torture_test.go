@@ -15,19 +15,36 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 )
 
 // TestKill9Torture drives 50 sessions × 40 messages through POST /v1/messages while the daemon is
-// killed with SIGKILL at random moments and restarted. At the end every message that got a 202
-// is in the database exactly once with exactly one reply, and the SSE stream, resumed with
-// Last-Event-ID, delivers each reply once.
+// killed with SIGKILL at random moments and restarted, on SQLite and on PostgreSQL. At the end
+// every message that got a 202 is in the database exactly once with exactly one reply, and the
+// SSE stream, resumed with Last-Event-ID, delivers each reply once.
 func TestKill9Torture(t *testing.T) {
+	t.Run("sqlite", func(t *testing.T) {
+		dataDir := t.TempDir()
+		torture(t, dataDir, nil, func() (persistence.Store, error) {
+			return sqlite.OpenReadOnly(t.Context(), filepath.Join(dataDir, "agentgate.db"))
+		})
+	})
+	t.Run("postgres", func(t *testing.T) {
+		dsn := pgtest.NewDatabase(t)
+		torture(t, t.TempDir(), []string{"AGENTGATE_STORE_DRIVER=postgres", "AGENTGATE_STORE_DSN=" + dsn},
+			func() (persistence.Store, error) { return postgres.Open(t.Context(), dsn, postgres.Options{}) })
+	})
+}
+
+// torture is TestKill9Torture on the daemon started with env; open opens its database once the
+// daemon has stopped.
+func torture(t *testing.T, dataDir string, env []string, open func() (persistence.Store, error)) {
 	const sessions, perSession, kills = 50, 40, 4
-	dataDir := t.TempDir()
 	var base atomic.Value
-	d := MustServe(t, dataDir)
+	d := MustServe(t, dataDir, env...)
 	base.Store(d.base)
 
 	var acked sync.Map // message id → session key
@@ -80,7 +97,7 @@ func TestKill9Torture(t *testing.T) {
 			t.Fatal(err)
 		}
 		<-d.done
-		d = MustServe(t, dataDir)
+		d = MustServe(t, dataDir, env...)
 		base.Store(d.base)
 	}
 	<-loadDone
@@ -116,7 +133,7 @@ func TestKill9Torture(t *testing.T) {
 	if err := d.stop(t, 30*time.Second); err != nil {
 		t.Fatalf("final stop: %v", err)
 	}
-	store, err := sqlite.OpenReadOnly(t.Context(), filepath.Join(dataDir, "agentgate.db"))
+	store, err := open()
 	if err != nil {
 		t.Fatal(err)
 	}
