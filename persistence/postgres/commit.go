@@ -81,10 +81,11 @@ type stmt struct {
 func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []error) {
 	errs = make([]error, len(groups))
 	defer sqlstore.MarkUnavailable(errs, IsUnavailable)
-	if err := s.enter(); err != nil {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
 		return sqlstore.Fill(errs, fmt.Errorf("commit: %w", err))
 	}
-	defer s.leave()
+	defer done()
 	if len(groups) == 0 {
 		return errs
 	}
@@ -114,6 +115,9 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 	}
 	if retry := s.commitTx(ctx, stmts, valid, errs, false); retry {
 		s.commitTx(ctx, stmts, valid, errs, true)
+	}
+	for i, err := range errs {
+		errs[i] = s.explain(ctx, err)
 	}
 	return errs
 }

@@ -257,3 +257,43 @@ func TestExclusive(t *testing.T) {
 	}
 	storetest.MustCommit(t, a, &persistence.CreateSession{Session: newSession("s1", "k1")})
 }
+
+// TestTimeout: a server that does not answer (here: a table locked by another session) fails
+// a Commit after Options.Timeout with persistence.ErrUnavailable, so the persistence actor
+// spools the writes instead of waiting for ever; reads fail the same way; once the server
+// answers again, so does the store.
+func TestTimeout(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	s, err := Open(ctx, dsn, Options{Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")},
+		&persistence.PutRoute{Route: persistence.Route{Key: "k1", SessionID: "s1", Generation: 1}})
+
+	locker := mustConn(t, dsn)
+	tx, err := locker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `LOCK TABLE sessions, routing IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	errs := s.Commit(ctx, [][]persistence.Op{{&persistence.SetTitle{SessionID: "s1", Title: "t"}}})
+	if !errors.Is(errs[0], persistence.ErrUnavailable) || !strings.Contains(errs[0].Error(), "did not answer within 300ms") {
+		t.Errorf("Commit against a locked table: error = %v, want ErrUnavailable saying it did not answer", errs[0])
+	}
+	if _, err := s.LoadSession(ctx, "k1", 10); !errors.Is(err, persistence.ErrUnavailable) {
+		t.Errorf("LoadSession against a locked table: error = %v, want ErrUnavailable", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	storetest.MustCommit(t, s, &persistence.SetTitle{SessionID: "s1", Title: "after"})
+	got, err := s.Session(ctx, "s1")
+	if err != nil || got.Title != "after" {
+		t.Errorf("Session(s1) after the lock = %+v, %v; want title after", got, err)
+	}
+}

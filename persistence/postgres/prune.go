@@ -43,15 +43,16 @@ func (s *Store) PruneSessions(ctx context.Context, endedBefore time.Time, limit 
 }
 
 func (s *Store) prune(ctx context.Context, endedBefore time.Time, limit int) (int, error) {
-	if err := s.enter(); err != nil {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
 		return 0, err
 	}
-	defer s.leave()
+	defer done()
 	if limit <= 0 {
 		limit = persistence.DefaultPruneLimit
 	}
 	pruned := 0
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		type cand struct{ id, key string }
 		cands, err := queryAll(ctx, tx, func(r scanner) (cand, error) {
 			var c cand
@@ -80,7 +81,7 @@ func (s *Store) prune(ctx context.Context, endedBefore time.Time, limit int) (in
 		return nil
 	})
 	if err != nil {
-		return 0, err
+		return 0, s.explain(ctx, err)
 	}
 	return pruned, nil
 }

@@ -43,13 +43,14 @@ const (
 // message and outbox seqs. A key never seen returns an empty Snapshot. A route whose session
 // row is missing returns the Route with a nil Session.
 func (s *Store) LoadSession(ctx context.Context, key string, historyLimit int) (*persistence.Snapshot, error) {
-	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("load session %s: %w", key, err)
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("load session %s: %w", key, s.explain(ctx, err))
 	}
-	defer s.leave()
+	defer done()
 	snap, err := s.loadSession(ctx, key, historyLimit)
 	if err != nil {
-		return nil, fmt.Errorf("load session %s: %w", key, err)
+		return nil, fmt.Errorf("load session %s: %w", key, s.explain(ctx, err))
 	}
 	return snap, nil
 }
@@ -165,10 +166,11 @@ func scanSessionValue(r scanner) (persistence.Session, error) {
 
 // FindInbound finds a user message by its platform identity; persistence.ErrNotFound if absent.
 func (s *Store) FindInbound(ctx context.Context, platform, chatID, messageID string) (*persistence.Message, error) {
-	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("find inbound: %w", err)
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("find inbound: %w", s.explain(ctx, err))
 	}
-	defer s.leave()
+	defer done()
 	if messageID == "" {
 		return nil, fmt.Errorf("find inbound %s/%s: empty message id: %w", platform, chatID, persistence.ErrNotFound)
 	}
@@ -179,7 +181,7 @@ func (s *Store) FindInbound(ctx context.Context, platform, chatID, messageID str
 		err = persistence.ErrNotFound
 	}
 	if err != nil {
-		return nil, fmt.Errorf("find inbound %s/%s/%s: %w", platform, chatID, messageID, err)
+		return nil, fmt.Errorf("find inbound %s/%s/%s: %w", platform, chatID, messageID, s.explain(ctx, err))
 	}
 	return &m, nil
 }
@@ -187,14 +189,15 @@ func (s *Store) FindInbound(ctx context.Context, platform, chatID, messageID str
 // RepliesTo returns the outbox entries of a session key whose in_reply_to lists messageID, by
 // seq.
 func (s *Store) RepliesTo(ctx context.Context, key, messageID string) ([]persistence.OutboxEntry, error) {
-	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("replies to %s: %w", messageID, err)
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("replies to %s: %w", messageID, s.explain(ctx, err))
 	}
-	defer s.leave()
+	defer done()
 	es, err := queryAll(ctx, s.pool, scanOutbox, `SELECT `+outboxCols+` FROM outbox
 		WHERE session_key = $1 AND $2 = ANY (in_reply_to) ORDER BY seq`, key, messageID)
 	if err != nil {
-		return nil, fmt.Errorf("replies to %s: %w", messageID, err)
+		return nil, fmt.Errorf("replies to %s: %w", messageID, s.explain(ctx, err))
 	}
 	return es, nil
 }
@@ -202,10 +205,11 @@ func (s *Store) RepliesTo(ctx context.Context, key, messageID string) ([]persist
 // OutboxAfter returns a key's outbox entries with seq > after, by seq, at most limit (no limit
 // when limit <= 0), except a pruned session's (persistence.KindPruned).
 func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]persistence.OutboxEntry, error) {
-	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("outbox after %d: %w", after, err)
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("outbox after %d: %w", after, s.explain(ctx, err))
 	}
-	defer s.leave()
+	defer done()
 	var lim any // NULL: no limit
 	if limit > 0 {
 		lim = limit
@@ -214,7 +218,7 @@ func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit 
 		WHERE session_key = $1 AND seq > $2 AND kind <> $3 ORDER BY seq LIMIT $4`,
 		key, after, persistence.KindPruned, lim)
 	if err != nil {
-		return nil, fmt.Errorf("outbox after %d: %w", after, err)
+		return nil, fmt.Errorf("outbox after %d: %w", after, s.explain(ctx, err))
 	}
 	return es, nil
 }
@@ -222,47 +226,50 @@ func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit 
 // Transcript returns every message of a session, archived rows included, by seq. An unknown
 // session has an empty transcript.
 func (s *Store) Transcript(ctx context.Context, sessionID string) ([]persistence.Message, error) {
-	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("transcript %s: %w", sessionID, err)
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("transcript %s: %w", sessionID, s.explain(ctx, err))
 	}
-	defer s.leave()
+	defer done()
 	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+messageCols+` FROM messages
 		WHERE session_id = $1 ORDER BY seq`, sessionID)
 	if err != nil {
-		return nil, fmt.Errorf("transcript %s: %w", sessionID, err)
+		return nil, fmt.Errorf("transcript %s: %w", sessionID, s.explain(ctx, err))
 	}
 	return ms, nil
 }
 
 // Route returns the routing row of a key; persistence.ErrNotFound if absent.
 func (s *Store) Route(ctx context.Context, key string) (*persistence.Route, error) {
-	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("route %s: %w", key, err)
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("route %s: %w", key, s.explain(ctx, err))
 	}
-	defer s.leave()
+	defer done()
 	var r persistence.Route
-	err := s.pool.QueryRow(ctx, routeSQL, key).Scan(&r.Key, &r.SessionID, &r.Generation, nanoTime{&r.UpdatedAt})
+	err = s.pool.QueryRow(ctx, routeSQL, key).Scan(&r.Key, &r.SessionID, &r.Generation, nanoTime{&r.UpdatedAt})
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = persistence.ErrNotFound
 	}
 	if err != nil {
-		return nil, fmt.Errorf("route %s: %w", key, err)
+		return nil, fmt.Errorf("route %s: %w", key, s.explain(ctx, err))
 	}
 	return &r, nil
 }
 
 // Session returns one session row; persistence.ErrNotFound if absent.
 func (s *Store) Session(ctx context.Context, id string) (*persistence.Session, error) {
-	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("session %s: %w", id, err)
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("session %s: %w", id, s.explain(ctx, err))
 	}
-	defer s.leave()
+	defer done()
 	ss, err := scanSession(s.pool.QueryRow(ctx, sessionSQL, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = persistence.ErrNotFound
 	}
 	if err != nil {
-		return nil, fmt.Errorf("session %s: %w", id, err)
+		return nil, fmt.Errorf("session %s: %w", id, s.explain(ctx, err))
 	}
 	return ss, nil
 }
@@ -275,17 +282,18 @@ func validNanos(col string) string { return `GREATEST(COALESCE(` + col + `, 0), 
 // first (ties by ascending id), at most limit (persistence.DefaultSessionsOfKeyLimit when limit
 // <= 0). A missing start time sorts as the oldest.
 func (s *Store) SessionsOfKey(ctx context.Context, key string, limit int) ([]persistence.Session, error) {
-	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("sessions of key %s: %w", key, err)
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("sessions of key %s: %w", key, s.explain(ctx, err))
 	}
-	defer s.leave()
+	defer done()
 	if limit <= 0 {
 		limit = persistence.DefaultSessionsOfKeyLimit
 	}
 	ss, err := queryAll(ctx, s.pool, scanSessionValue, `SELECT `+sessionCols+` FROM sessions
 		WHERE key = $1 ORDER BY `+validNanos("started_at")+` DESC, id COLLATE "C" LIMIT $2`, key, limit)
 	if err != nil {
-		return nil, fmt.Errorf("sessions of key %s: %w", key, err)
+		return nil, fmt.Errorf("sessions of key %s: %w", key, s.explain(ctx, err))
 	}
 	return ss, nil
 }
@@ -299,10 +307,11 @@ const openRouted = `s.ended_at IS NULL
 // (persistence.DefaultIdleSessionsLimit when limit <= 0). A missing last activity reads as the
 // zero time, so such a session is always idle.
 func (s *Store) IdleSessions(ctx context.Context, before time.Time, limit int) ([]persistence.Session, error) {
-	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("idle sessions: %w", err)
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("idle sessions: %w", s.explain(ctx, err))
 	}
-	defer s.leave()
+	defer done()
 	if limit <= 0 {
 		limit = persistence.DefaultIdleSessionsLimit
 	}
@@ -314,17 +323,18 @@ func (s *Store) IdleSessions(ctx context.Context, before time.Time, limit int) (
 			AND (s.last_activity_at IS NULL OR s.last_activity_at < $1)
 		ORDER BY `+validNanos("s.last_activity_at")+`, s.id COLLATE "C" LIMIT $2`, sqlstore.NanoBound(before), limit)
 	if err != nil {
-		return nil, fmt.Errorf("idle sessions before %v: %w", before, err)
+		return nil, fmt.Errorf("idle sessions before %v: %w", before, s.explain(ctx, err))
 	}
 	return ss, nil
 }
 
 // IdleSessionsAfter continues IdleSessions after the session (lastActivity, lastID).
 func (s *Store) IdleSessionsAfter(ctx context.Context, before, lastActivity time.Time, lastID string, limit int) ([]persistence.Session, error) {
-	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("idle sessions: %w", err)
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("idle sessions: %w", s.explain(ctx, err))
 	}
-	defer s.leave()
+	defer done()
 	if limit <= 0 {
 		limit = persistence.DefaultIdleSessionsLimit
 	}
@@ -343,7 +353,7 @@ func (s *Store) IdleSessionsAfter(ctx context.Context, before, lastActivity time
 			AND (s.last_activity_at > $2 OR (s.last_activity_at = $2 AND s.id COLLATE "C" > $3))
 		ORDER BY s.last_activity_at, s.id COLLATE "C" LIMIT $4`, sqlstore.NanoBound(before), from, lastID, limit)
 	if err != nil {
-		return nil, fmt.Errorf("idle sessions after %s: %w", lastID, err)
+		return nil, fmt.Errorf("idle sessions after %s: %w", lastID, s.explain(ctx, err))
 	}
 	return ss, nil
 }
@@ -352,10 +362,11 @@ func (s *Store) IdleSessionsAfter(ctx context.Context, before, lastActivity time
 // every row of the session (archived ones included); Pending counts its active pending user
 // messages. Keys whose session row is missing are left out.
 func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]persistence.SessionSummary, error) {
-	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("list sessions: %w", err)
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list sessions: %w", s.explain(ctx, err))
 	}
-	defer s.leave()
+	defer done()
 	limit := f.Limit
 	if limit <= 0 {
 		limit = defaultListLimit
@@ -377,7 +388,7 @@ func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]p
 		WHERE r.key COLLATE "C" > $1 AND ($2 = '' OR s.platform = $2)
 		ORDER BY r.key COLLATE "C" LIMIT $3`, f.AfterKey, f.Platform, limit)
 	if err != nil {
-		return nil, fmt.Errorf("list sessions: %w", err)
+		return nil, fmt.Errorf("list sessions: %w", s.explain(ctx, err))
 	}
 	return out, nil
 }
@@ -385,10 +396,11 @@ func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]p
 // Recoverable returns, sorted, the keys whose routed session has active pending user messages or
 // whose outbox has undelivered entries.
 func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
-	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("recoverable: %w", err)
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("recoverable: %w", s.explain(ctx, err))
 	}
-	defer s.leave()
+	defer done()
 	keys, err := queryAll(ctx, s.pool, func(r scanner) (string, error) {
 		var k string
 		return k, r.Scan(&k)
@@ -399,7 +411,7 @@ func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
 			SELECT o.session_key FROM outbox o WHERE o.state <> 'delivered') u (k)
 		ORDER BY k COLLATE "C"`)
 	if err != nil {
-		return nil, fmt.Errorf("recoverable: %w", err)
+		return nil, fmt.Errorf("recoverable: %w", s.explain(ctx, err))
 	}
 	return keys, nil
 }
@@ -417,10 +429,11 @@ const recentChatsPage = 500
 // RecentChats implements persistence.Store. It walks the messages backwards in the order they
 // were stored, a page at a time, so it reads only the rows stored since since, plus a page.
 func (s *Store) RecentChats(ctx context.Context, platform string, since time.Time, limit int) ([]persistence.ChatMark, error) {
-	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("recent chats: %w", err)
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("recent chats: %w", s.explain(ctx, err))
 	}
-	defer s.leave()
+	defer done()
 	if limit <= 0 {
 		limit = persistence.DefaultRecentChatsLimit
 	}
@@ -440,7 +453,7 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 			return v, err
 		}, recentChatsSQL, before, recentChatsPage)
 		if err != nil {
-			return nil, fmt.Errorf("recent chats: %w", err)
+			return nil, fmt.Errorf("recent chats: %w", s.explain(ctx, err))
 		}
 		for _, v := range page {
 			if v.at == nil || *v.at <= 0 || *v.at < bound {

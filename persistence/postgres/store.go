@@ -32,6 +32,10 @@ type Options struct {
 	// activate a session and interleave its writes); cluster members share the database and
 	// fence their writes instead.
 	Exclusive bool
+	// Timeout bounds every call of the store, a Commit with all its groups included: a server
+	// that does not answer in time (hung, or behind a lost network) fails the call with
+	// persistence.ErrUnavailable, so writes are spooled. Zero means 15 seconds.
+	Timeout time.Duration
 	// LockWait is how long Open waits for the daemon lock while another process holds it: a
 	// daemon restarted right after a crash finds its predecessor's lock until the server has
 	// noticed that connection's end. Zero means five seconds.
@@ -47,6 +51,9 @@ type Store struct {
 	pool  *pgxpool.Pool
 	log   *slog.Logger
 	where string // the database, for logs: where(cfg)
+
+	timeout  time.Duration
+	noAnswer error // the cause of a call's context when timeout ran out
 
 	// mu is held shared by every call for its whole duration and exclusively by Close, so a
 	// closed flag read under it stays true while the pool is being closed.
@@ -96,7 +103,12 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 	}
-	st := &Store{pool: pool, log: log, where: where(cfg), stop: make(chan struct{})}
+	timeout := opts.Timeout
+	if timeout <= 0 {
+		timeout = 15 * time.Second
+	}
+	st := &Store{pool: pool, log: log, where: where(cfg), stop: make(chan struct{}), timeout: timeout,
+		noAnswer: fmt.Errorf("%w: postgres did not answer within %v", persistence.ErrUnavailable, timeout)}
 	if opts.Exclusive {
 		st.lockCfg = cfg.ConnConfig.Copy()
 		wait := opts.LockWait
@@ -229,31 +241,43 @@ func where(cfg *pgxpool.Config) string {
 // String names the database for logs, without its password.
 func (s *Store) String() string { return "postgres " + s.where }
 
-// enter starts a call; it fails once the store is closed. Every enter is paired with leave.
-func (s *Store) enter() error {
+// enter starts a call: it fails once the store is closed, and otherwise returns ctx bounded
+// by the store's Timeout and the function that ends the call. A call that outlives the bound
+// fails with an error that wraps persistence.ErrUnavailable (explain), so a hung server or a
+// lost network spools writes instead of stopping the persistence actor.
+func (s *Store) enter(ctx context.Context) (context.Context, func(), error) {
 	s.mu.RLock()
 	if s.closed {
 		s.mu.RUnlock()
-		return persistence.ErrClosed
+		return ctx, func() {}, persistence.ErrClosed
 	}
-	return nil
+	ctx, cancel := context.WithTimeoutCause(ctx, s.timeout, s.noAnswer)
+	return ctx, func() { cancel(); s.mu.RUnlock() }, nil
 }
 
-func (s *Store) leave() { s.mu.RUnlock() }
+// explain returns err, or, when the call's bound (enter) ran out, an error that says so and
+// wraps persistence.ErrUnavailable.
+func (s *Store) explain(ctx context.Context, err error) error {
+	if err != nil && errors.Is(context.Cause(ctx), s.noAnswer) && !errors.Is(err, persistence.ErrUnavailable) {
+		return fmt.Errorf("%w (%v)", s.noAnswer, err)
+	}
+	return err
+}
 
 // Ping checks that the database answers and that this session can write (a standby, or a
 // database set read-only, fails).
 func (s *Store) Ping(ctx context.Context) error {
-	if err := s.enter(); err != nil {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
 		return fmt.Errorf("ping: %w", err)
 	}
-	defer s.leave()
+	defer done()
 	if err := s.checkLock(ctx); err != nil {
-		return fmt.Errorf("ping: %w", err)
+		return fmt.Errorf("ping: %w", s.explain(ctx, err))
 	}
 	var readOnly string
 	if err := s.pool.QueryRow(ctx, `SHOW transaction_read_only`).Scan(&readOnly); err != nil {
-		return fmt.Errorf("ping: %w", err)
+		return fmt.Errorf("ping: %w", s.explain(ctx, err))
 	}
 	if readOnly == "on" {
 		return fmt.Errorf("ping: %w: the database accepts no writes (transaction_read_only is on)", persistence.ErrUnavailable)
