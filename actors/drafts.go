@@ -18,14 +18,18 @@ import (
 // most once per DraftInterval per turn, the latest text winning), and attaches the draft's id
 // to the turn's final outbound (reply, or the notice of a failed turn), which the platform
 // then edits into the final text. A cancelled turn's draft is marked interrupted and never
-// finished with a reply. Drafts live in the platform actor's memory only: after a restart the
-// final reply, re-sent from the outbox, is posted anew.
+// finished with a reply. A draft whose turn's session crashed is marked interrupted too, as soon
+// as the key's next turn streams (the message runs again and answers anew; a re-sent reply of
+// an older turn says nothing about which turn runs now, so it does not count). Drafts
+// live in the platform actor's memory only: after a restart of the process the final reply,
+// re-sent from the outbox, is posted anew, and a draft that was streaming when the process died
+// stays as it was.
 
 // DefaultDraftInterval is the least time between two edits of one turn's draft.
 const DefaultDraftInterval = time.Second
 
-// interruptedMark ends the text of a cancelled turn's draft.
-const interruptedMark = "\n\n⏹ (interrupted)"
+// InterruptedMark ends the text of a draft whose turn was cancelled or crashed.
+const InterruptedMark = "\n\n⏹ (interrupted)"
 
 // maxDraftEditFailures is how many edits of a draft may fail in a row before it is left alone.
 const maxDraftEditFailures = 3
@@ -129,11 +133,7 @@ func (a *Platform) onDraftText(c actor.Context, m *DraftText) {
 	}
 	d := a.drafts[m.TurnID]
 	if d == nil {
-		// A key runs one turn at a time: an earlier turn's draft that is still here was never
-		// finished (its session crashed) and is left as it is.
-		if prev := a.drafts[a.liveDraft[m.SessionKey]]; prev != nil && !prev.dropped {
-			a.endDraft(prev)
-		}
+		a.abandonDraft(c, m.SessionKey, m.TurnID)
 		d = &draft{key: m.SessionKey, turn: m.TurnID, target: m.Target, inReplyTo: m.InReplyTo}
 		a.drafts[m.TurnID] = d
 		a.liveDraft[m.SessionKey] = m.TurnID
@@ -151,19 +151,37 @@ func (a *Platform) endDraft(d *draft) {
 	a.ended.add(d.turn)
 }
 
+// abandonDraft marks the draft of an earlier turn of key as interrupted when turn, the turn
+// running now, streams: a key runs one turn at a time, so a draft of another turn that is still
+// here was never finished (its session crashed, and the message runs again).
+func (a *Platform) abandonDraft(c actor.Context, key, turn string) {
+	live := a.liveDraft[key]
+	if live == "" || live == turn {
+		return
+	}
+	if prev := a.drafts[live]; prev != nil && !prev.dropped {
+		a.ended.add(live)
+		a.interruptDraft(c, prev)
+	}
+}
+
 // onDropDraft marks a cancelled turn's draft as interrupted; it is never finished.
 func (a *Platform) onDropDraft(c actor.Context, m *DropDraft) {
 	a.ended.add(m.TurnID)
-	d := a.drafts[m.TurnID]
-	if d == nil {
-		return
+	if d := a.drafts[m.TurnID]; d != nil {
+		a.interruptDraft(c, d)
 	}
+}
+
+// interruptDraft ends d with the interrupted mark: the edit is queued behind what the key's
+// queue holds, and the draft is forgotten once it shows (or could not be posted at all).
+func (a *Platform) interruptDraft(c actor.Context, d *draft) {
 	if d.failed || (d.id == "" && !d.queued) {
 		a.endDraft(d)
 		return
 	}
 	d.dropped = true
-	d.text += interruptedMark
+	d.text += InterruptedMark
 	a.scheduleDraft(c, d)
 }
 

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -395,4 +396,38 @@ func TestCrashIsolation(t *testing.T) {
 	if len(msgs) == 0 || msgs[0].MessageID != "a1" || msgs[0].Status != persistence.StatusQuarantined {
 		t.Errorf("transcript of A starts %+v, want a1 with status quarantined", msgs)
 	}
+}
+
+// TestCrashedTurnsDraftIsMarkedInterrupted: a turn that streamed into a draft and then crashed
+// its session does not leave a half answer that looks alive: when the message runs again and
+// streams, the old draft is marked interrupted, and the rerun answers in a draft of its own.
+func TestCrashedTurnsDraftIsMarkedInterrupted(t *testing.T) {
+	var calls atomic.Int32
+	shown := make(chan struct{})
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		n := calls.Add(1)
+		req.Partial(fmt.Sprintf("half an answer (%d)", n))
+		if n == 1 {
+			<-shown // the draft is posted: now crash the session
+			panic("agent crashed mid-stream")
+		}
+		return &agents.Response{Text: "the whole answer"}, nil
+	})
+	r := MustStartDaemon(t, agent, daemonOpts{editor: true, draftInterval: time.Nanosecond})
+	r.inject(t, dm, "m1", "question")
+	waitUntil(t, func() bool {
+		ds := r.editor.Drafts()
+		return len(ds) == 1 && ds[0].Text() == "half an answer (1)"
+	})
+	close(shown)
+	r.waitReplyTo(t, "m1")
+	waitUntil(t, func() bool {
+		ds := r.editor.Drafts()
+		return len(ds) == 2 && ds[0].Text() == "half an answer (1)"+actors.InterruptedMark
+	})
+	ds := r.editor.Drafts()
+	if ds[0].Final || !ds[1].Final || ds[1].Text() != "the whole answer" {
+		t.Errorf("drafts = %+v, want the crashed one interrupted and the rerun's finished with the answer", ds)
+	}
+	r.stop(t)
 }
