@@ -1,8 +1,8 @@
-// Package postgres is the PostgreSQL persistence.Store (github.com/jackc/pgx/v5), the shared
-// store of cluster mode and an alternative to SQLite for a single daemon. It passes the same
-// conformance suite (persistence/storetest) as the SQLite store and keeps the same rows: times
-// are BIGINT unix nanoseconds, identity columns are immutable (a trigger), and rows are deleted
-// only by PruneSessions.
+// Package postgres is the PostgreSQL persistence.Store (github.com/jackc/pgx/v5): an
+// alternative to SQLite for a single daemon, and the shared store that cluster mode (not built
+// yet) is designed around. It passes the same conformance suite (persistence/storetest) as the
+// SQLite store and keeps the same rows: times are BIGINT unix nanoseconds, identity columns are
+// immutable (a trigger), and rows are deleted only by PruneSessions.
 //
 // Commit sends a whole batch of groups as one pipelined pgx.Batch inside one transaction, so a
 // batch costs one round trip plus its COMMIT, whatever its size. Groups rarely fail; when one
@@ -12,6 +12,10 @@
 // Reads run on the same connection pool as writes, each in its own snapshot where it reads more
 // than one statement (LoadSession sends its seven queries as one batch in a REPEATABLE READ,
 // read-only transaction). Everything is safe for concurrent use.
+//
+// Every call is bounded (Options.Timeout): a server that does not answer fails it with
+// persistence.ErrUnavailable. An exclusive store (a daemon's) holds an advisory lock for as
+// long as it is open, so that two daemons never share one database.
 //
 // There is no full-text Search: the SQLite store's FTS5 index has no counterpart here yet.
 //

@@ -45,7 +45,7 @@ const (
 func (s *Store) LoadSession(ctx context.Context, key string, historyLimit int) (*persistence.Snapshot, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("load session %s: %w", key, s.explain(ctx, err))
+		return nil, fmt.Errorf("load session %s: %w", key, err)
 	}
 	defer done()
 	snap, err := s.loadSession(ctx, key, historyLimit)
@@ -168,7 +168,7 @@ func scanSessionValue(r scanner) (persistence.Session, error) {
 func (s *Store) FindInbound(ctx context.Context, platform, chatID, messageID string) (*persistence.Message, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("find inbound: %w", s.explain(ctx, err))
+		return nil, fmt.Errorf("find inbound: %w", err)
 	}
 	defer done()
 	if messageID == "" {
@@ -191,7 +191,7 @@ func (s *Store) FindInbound(ctx context.Context, platform, chatID, messageID str
 func (s *Store) RepliesTo(ctx context.Context, key, messageID string) ([]persistence.OutboxEntry, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("replies to %s: %w", messageID, s.explain(ctx, err))
+		return nil, fmt.Errorf("replies to %s: %w", messageID, err)
 	}
 	defer done()
 	es, err := queryAll(ctx, s.pool, scanOutbox, `SELECT `+outboxCols+` FROM outbox
@@ -207,7 +207,7 @@ func (s *Store) RepliesTo(ctx context.Context, key, messageID string) ([]persist
 func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]persistence.OutboxEntry, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("outbox after %d: %w", after, s.explain(ctx, err))
+		return nil, fmt.Errorf("outbox after %d: %w", after, err)
 	}
 	defer done()
 	var lim any // NULL: no limit
@@ -228,7 +228,7 @@ func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit 
 func (s *Store) Transcript(ctx context.Context, sessionID string) ([]persistence.Message, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("transcript %s: %w", sessionID, s.explain(ctx, err))
+		return nil, fmt.Errorf("transcript %s: %w", sessionID, err)
 	}
 	defer done()
 	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+messageCols+` FROM messages
@@ -243,7 +243,7 @@ func (s *Store) Transcript(ctx context.Context, sessionID string) ([]persistence
 func (s *Store) Route(ctx context.Context, key string) (*persistence.Route, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("route %s: %w", key, s.explain(ctx, err))
+		return nil, fmt.Errorf("route %s: %w", key, err)
 	}
 	defer done()
 	var r persistence.Route
@@ -261,7 +261,7 @@ func (s *Store) Route(ctx context.Context, key string) (*persistence.Route, erro
 func (s *Store) Session(ctx context.Context, id string) (*persistence.Session, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("session %s: %w", id, s.explain(ctx, err))
+		return nil, fmt.Errorf("session %s: %w", id, err)
 	}
 	defer done()
 	ss, err := scanSession(s.pool.QueryRow(ctx, sessionSQL, id))
@@ -284,7 +284,7 @@ func validNanos(col string) string { return `GREATEST(COALESCE(` + col + `, 0), 
 func (s *Store) SessionsOfKey(ctx context.Context, key string, limit int) ([]persistence.Session, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("sessions of key %s: %w", key, s.explain(ctx, err))
+		return nil, fmt.Errorf("sessions of key %s: %w", key, err)
 	}
 	defer done()
 	if limit <= 0 {
@@ -309,7 +309,7 @@ const openRouted = `s.ended_at IS NULL
 func (s *Store) IdleSessions(ctx context.Context, before time.Time, limit int) ([]persistence.Session, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("idle sessions: %w", s.explain(ctx, err))
+		return nil, fmt.Errorf("idle sessions: %w", err)
 	}
 	defer done()
 	if limit <= 0 {
@@ -332,7 +332,7 @@ func (s *Store) IdleSessions(ctx context.Context, before time.Time, limit int) (
 func (s *Store) IdleSessionsAfter(ctx context.Context, before, lastActivity time.Time, lastID string, limit int) ([]persistence.Session, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("idle sessions: %w", s.explain(ctx, err))
+		return nil, fmt.Errorf("idle sessions: %w", err)
 	}
 	defer done()
 	if limit <= 0 {
@@ -364,7 +364,7 @@ func (s *Store) IdleSessionsAfter(ctx context.Context, before, lastActivity time
 func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]persistence.SessionSummary, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("list sessions: %w", s.explain(ctx, err))
+		return nil, fmt.Errorf("list sessions: %w", err)
 	}
 	defer done()
 	limit := f.Limit
@@ -398,7 +398,7 @@ func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]p
 func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("recoverable: %w", s.explain(ctx, err))
+		return nil, fmt.Errorf("recoverable: %w", err)
 	}
 	defer done()
 	keys, err := queryAll(ctx, s.pool, func(r scanner) (string, error) {
@@ -431,7 +431,7 @@ const recentChatsPage = 500
 func (s *Store) RecentChats(ctx context.Context, platform string, since time.Time, limit int) ([]persistence.ChatMark, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("recent chats: %w", s.explain(ctx, err))
+		return nil, fmt.Errorf("recent chats: %w", err)
 	}
 	defer done()
 	if limit <= 0 {

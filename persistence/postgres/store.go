@@ -29,8 +29,8 @@ type Options struct {
 	// SQLite store's lock file does for its data directory: Open takes a session advisory lock
 	// on a connection of its own and fails with persistence.ErrLocked while another process
 	// holds it. A single daemon must run exclusive (two daemons on one database would both
-	// activate a session and interleave its writes); cluster members share the database and
-	// fence their writes instead.
+	// activate a session and interleave its writes). Cluster members, once cluster mode is
+	// built, share the database and fence their writes instead (docs/ARCHITECTURE.md).
 	Exclusive bool
 	// Timeout bounds every call of the store, a Commit with all its groups included: a server
 	// that does not answer in time (hung, or behind a lost network) fails the call with
