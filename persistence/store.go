@@ -9,7 +9,9 @@
 //
 // Rows are never deleted by an Op: undo and retry archive messages, a boundary ends a session.
 // The only deletion is Store.PruneSessions, and it deletes only sessions that ended before the
-// retention cutoff and that nothing still needs (see there).
+// retention cutoff and that nothing still needs (see there). Draft records are the exception:
+// they are bookkeeping of messages on a platform, not conversation data, and CloseDraft deletes
+// them.
 //
 // This package must not import actors, supervisor or platforms.
 package persistence
@@ -156,6 +158,23 @@ type OutboxEntry struct {
 // returns it.
 const KindPruned = "pruned"
 
+// Draft is a streaming reply's draft posted on a platform and not yet finished: the record a
+// restart needs to remove a draft whose turn never finished it (the turn runs again and
+// answers anew). (Platform, ID) is its identity.
+type Draft struct {
+	Platform   string
+	ID         string // the platform's id of the draft message
+	SessionKey string
+	TurnID     string
+	ChatType   string
+	ChatID     string
+	ThreadID   string
+	// Run identifies the daemon run that posted the draft: a run removes only earlier runs'
+	// drafts, never its own.
+	Run       string
+	CreatedAt time.Time
+}
+
 // Op is one write. The concrete types below are the only implementations. Every op is
 // idempotent (re-sending a write whose acknowledgement was lost is harmless) except the two
 // counters, IncrementAttempts and MarkDelivery, which count each application. AddUsage adds,
@@ -259,6 +278,18 @@ type MarkDelivery struct {
 	At         time.Time
 }
 
+// OpenDraft records a posted draft. Re-applying it is a no-op.
+type OpenDraft struct{ Draft Draft }
+
+// CloseDraft deletes the record of a draft that is finished, marked interrupted or removed.
+// Closing an unknown draft, or re-applying it, is a no-op.
+type CloseDraft struct {
+	Platform string
+	ID       string
+}
+
+func (*OpenDraft) isOp()         {}
+func (*CloseDraft) isOp()        {}
 func (*CreateSession) isOp()     {}
 func (*EndSession) isOp()        {}
 func (*ReopenSession) isOp()     {}
@@ -314,6 +345,7 @@ const (
 	DefaultIdleSessionsLimit  = 1000
 	DefaultPruneLimit         = 1000
 	DefaultRecentChatsLimit   = 1000
+	DefaultOpenDraftsLimit    = 1000
 )
 
 // ChatMark is the newest inbound message a store took from one chat (or thread) of a
@@ -396,6 +428,9 @@ type Store interface {
 	// is deleted. It is called by the owner of the
 	// persistence actor, not by the actor, and is safe to run concurrently with Commit.
 	PruneSessions(ctx context.Context, endedBefore time.Time, limit int) (pruned int, err error)
+	// OpenDrafts returns the drafts of platform recorded and not closed, oldest first (ties by
+	// id), at most limit (DefaultOpenDraftsLimit when limit <= 0).
+	OpenDrafts(ctx context.Context, platform string, limit int) ([]Draft, error)
 	// Ping checks that the store can be written.
 	Ping(ctx context.Context) error
 	// Close releases the store.

@@ -63,6 +63,13 @@ const (
 		WHERE id = $1 AND EXISTS (SELECT 1 FROM recorded)`
 )
 
+// Draft records.
+const (
+	openDraftSQL = `INSERT INTO drafts (` + sqlstore.DraftCols + `) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+		ON CONFLICT (platform, id) DO NOTHING`
+	closeDraftSQL = `DELETE FROM drafts WHERE platform = $1 AND id = $2`
+)
+
 // stmt is one statement of a group. msg is set for a message INSERT: when it inserts nothing,
 // verifyMessage tells a re-sent row (fine) from a duplicate or a conflict (the group fails).
 type stmt struct {
@@ -368,6 +375,18 @@ func groupStmts(ops []persistence.Op) ([]stmt, error) {
 				return nil, fmt.Errorf("add usage %s/%s: negative token count", o.SessionID, o.TurnID)
 			}
 			add(addUsageSQL, o.SessionID, o.TurnID, o.InputTokens, o.OutputTokens)
+		case *persistence.OpenDraft:
+			if o == nil || o.Draft.Platform == "" || o.Draft.ID == "" {
+				return nil, errors.New("open draft: platform and id required")
+			}
+			d := &o.Draft
+			add(openDraftSQL, d.Platform, d.ID, d.SessionKey, d.TurnID, d.ChatType, d.ChatID,
+				d.ThreadID, d.Run, timeArg(d.CreatedAt))
+		case *persistence.CloseDraft:
+			if o == nil || o.Platform == "" || o.ID == "" {
+				return nil, errors.New("close draft: platform and id required")
+			}
+			add(closeDraftSQL, o.Platform, o.ID)
 		default:
 			return nil, fmt.Errorf("apply: unknown op type %T", op)
 		}

@@ -475,3 +475,21 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 		before = page[len(page)-1].id
 	}
 }
+
+// OpenDrafts implements persistence.Store.
+func (s *Store) OpenDrafts(ctx context.Context, platform string, limit int) ([]persistence.Draft, error) {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("open drafts: %w", err)
+	}
+	defer done()
+	if limit <= 0 {
+		limit = persistence.DefaultOpenDraftsLimit
+	}
+	ds, err := queryAll(ctx, s.pool, scanDraft, `SELECT `+sqlstore.DraftCols+` FROM drafts
+		WHERE platform = $1 ORDER BY `+validNanos("created_at")+`, id COLLATE "C" LIMIT $2`, platform, limit)
+	if err != nil {
+		return nil, fmt.Errorf("open drafts of %s: %w", platform, s.explain(ctx, err))
+	}
+	return ds, nil
+}

@@ -60,3 +60,10 @@ func (n nanoTime) Scan(src any) error {
 	}
 	return nil
 }
+
+func scanDraft(r scanner) (persistence.Draft, error) {
+	var d persistence.Draft
+	err := r.Scan(&d.Platform, &d.ID, &d.SessionKey, &d.TurnID, &d.ChatType, &d.ChatID, &d.ThreadID,
+		&d.Run, nanoTime{&d.CreatedAt})
+	return d, err
+}

@@ -91,6 +91,10 @@ func encodeOp(op persistence.Op) (string, []byte, error) {
 		typ, isNil = "MarkDelivery", o == nil
 	case *persistence.AddUsage:
 		typ, isNil = "AddUsage", o == nil
+	case *persistence.OpenDraft:
+		typ, isNil = "OpenDraft", o == nil
+	case *persistence.CloseDraft:
+		typ, isNil = "CloseDraft", o == nil
 	default:
 		return "", nil, fmt.Errorf("unknown op type %T", op)
 	}
@@ -137,6 +141,10 @@ func newOp(typ string) persistence.Op {
 		return &persistence.MarkDelivery{}
 	case "AddUsage":
 		return &persistence.AddUsage{}
+	case "OpenDraft":
+		return &persistence.OpenDraft{}
+	case "CloseDraft":
+		return &persistence.CloseDraft{}
 	}
 	return nil
 }

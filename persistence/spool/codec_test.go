@@ -59,6 +59,9 @@ func opSamples() []persistence.Op {
 		}},
 		&persistence.MarkDelivery{SessionKey: "k", Seq: 11, State: persistence.DeliveryDelivered, At: t0.Add(2)},
 		&persistence.AddUsage{SessionID: "s-1", TurnID: "turn-1", InputTokens: 812, OutputTokens: 96},
+		&persistence.OpenDraft{Draft: persistence.Draft{Platform: "discord", ID: "1300", SessionKey: "k",
+			TurnID: "turn-1", ChatType: "thread", ChatID: "c", ThreadID: "th", Run: "r_1", CreatedAt: t0.Add(3)}},
+		&persistence.CloseDraft{Platform: "discord", ID: "1300"},
 	}
 }
 

@@ -35,6 +35,8 @@ const (
 	stMarkDelivery
 	stInsertTurnUsage
 	stAddSessionUsage
+	stOpenDraft
+	stCloseDraft
 	numStmts
 )
 
@@ -80,6 +82,9 @@ var writeSQL = [numStmts]string{
 		VALUES (?, ?, ?, ?) ON CONFLICT (session_id, turn_id) DO NOTHING`,
 	stAddSessionUsage: `UPDATE sessions SET input_tokens = input_tokens + ?,
 		output_tokens = output_tokens + ? WHERE id = ?`,
+	stOpenDraft: `INSERT INTO drafts (` + sqlstore.DraftCols + `) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (platform, id) DO NOTHING`,
+	stCloseDraft: `DELETE FROM drafts WHERE platform = ? AND id = ?`,
 }
 
 // errTxAborted marks an error after which the transaction no longer exists (SQLite rolled it
@@ -325,6 +330,20 @@ func (t *txn) apply(op persistence.Op) error {
 			return errors.New("add usage: session id and turn id required")
 		}
 		return t.addUsage(o)
+	case *persistence.OpenDraft:
+		if o == nil || o.Draft.Platform == "" || o.Draft.ID == "" {
+			return errors.New("open draft: platform and id required")
+		}
+		d := &o.Draft
+		_, err := t.exec(stOpenDraft, d.Platform, d.ID, d.SessionKey, d.TurnID, d.ChatType, d.ChatID,
+			d.ThreadID, d.Run, timeArg(d.CreatedAt))
+		return wrap(err, "open draft %s/%s", d.Platform, d.ID)
+	case *persistence.CloseDraft:
+		if o == nil || o.Platform == "" || o.ID == "" {
+			return errors.New("close draft: platform and id required")
+		}
+		_, err := t.exec(stCloseDraft, o.Platform, o.ID)
+		return wrap(err, "close draft %s/%s", o.Platform, o.ID)
 	default:
 		return fmt.Errorf("apply: unknown op type %T", op)
 	}

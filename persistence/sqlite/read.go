@@ -571,3 +571,20 @@ func queryMessages(ctx context.Context, q querier, query string, args ...any) ([
 func queryOutbox(ctx context.Context, q querier, query string, args ...any) ([]persistence.OutboxEntry, error) {
 	return queryAll(ctx, q, scanOutbox, query, args...)
 }
+
+// OpenDrafts implements persistence.Store.
+func (s *Store) OpenDrafts(ctx context.Context, platform string, limit int) ([]persistence.Draft, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("open drafts: %w", err)
+	}
+	defer s.leave()
+	if limit <= 0 {
+		limit = persistence.DefaultOpenDraftsLimit
+	}
+	ds, err := queryAll(ctx, s.reader, scanDraft, `SELECT `+sqlstore.DraftCols+` FROM drafts
+		WHERE platform = ? ORDER BY created_at, id LIMIT ?`, platform, limit)
+	if err != nil {
+		return nil, fmt.Errorf("open drafts of %s: %w", platform, err)
+	}
+	return ds, nil
+}

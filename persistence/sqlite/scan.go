@@ -122,3 +122,10 @@ func parseTimeText(s string) time.Time {
 	}
 	return t.UTC()
 }
+
+func scanDraft(r scanner) (persistence.Draft, error) {
+	var d persistence.Draft
+	err := r.Scan(&d.Platform, &d.ID, &d.SessionKey, &d.TurnID, &d.ChatType, &d.ChatID, &d.ThreadID,
+		&d.Run, nanoTime{&d.CreatedAt})
+	return d, err
+}

@@ -347,6 +347,7 @@ func testClosed(t *testing.T, s persistence.Store) {
 		{"SessionsOfKey", second(s.SessionsOfKey(ctx, "k1", 0))},
 		{"IdleSessions", second(s.IdleSessions(ctx, at(100), 0))},
 		{"PruneSessions", second(s.PruneSessions(ctx, at(100), 0))},
+		{"OpenDrafts", second(s.OpenDrafts(ctx, "http", 0))},
 		{"Ping", s.Ping(ctx)},
 	}
 	for _, c := range checks {

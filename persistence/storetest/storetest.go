@@ -56,6 +56,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"TouchSessionMonotonic", testTouchSession},
 		{"MessageStatusAndTitle", testStatusAndTitle},
 		{"UsageAddsOncePerTurn", testUsage},
+		{"Drafts", testDrafts},
 		{"NotFound", testNotFound},
 		{"Closed", testClosed},
 	}

@@ -454,3 +454,40 @@ func testConcurrentReadsAndWrites(t *testing.T, s persistence.Store) {
 	}
 	wg.Wait()
 }
+
+// testDrafts: a draft is open from OpenDraft until CloseDraft, both idempotent; OpenDrafts
+// lists one platform's, oldest first, up to a limit.
+func testDrafts(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	draft := func(platform, id string, sec int) persistence.Draft {
+		return persistence.Draft{Platform: platform, ID: id, SessionKey: "k-" + id, TurnID: "t-" + id,
+			ChatType: "thread", ChatID: "c-" + id, ThreadID: "th-" + id, Run: "run-1", CreatedAt: at(sec)}
+	}
+	d1, d2, d3, other := draft("discord", "d1", 3), draft("discord", "d2", 1), draft("discord", "d3", 2), draft("slack", "d1", 0)
+	MustCommit(t, s, &persistence.OpenDraft{Draft: d1}, &persistence.OpenDraft{Draft: d2},
+		&persistence.OpenDraft{Draft: d3}, &persistence.OpenDraft{Draft: other})
+	changed := d1
+	changed.TurnID = "another turn"
+	MustCommit(t, s, &persistence.OpenDraft{Draft: changed}) // re-applied: no change
+	got := check(s.OpenDrafts(ctx, "discord", 0)).must(t, "OpenDrafts")
+	diff(t, "OpenDrafts(discord)", got, []persistence.Draft{d2, d3, d1})
+	got = check(s.OpenDrafts(ctx, "discord", 2)).must(t, "OpenDrafts")
+	diff(t, "OpenDrafts(discord, limit 2)", got, []persistence.Draft{d2, d3})
+
+	MustCommit(t, s, &persistence.CloseDraft{Platform: "discord", ID: "d3"})
+	MustCommit(t, s, &persistence.CloseDraft{Platform: "discord", ID: "d3"},
+		&persistence.CloseDraft{Platform: "discord", ID: "never opened"})
+	got = check(s.OpenDrafts(ctx, "discord", 0)).must(t, "OpenDrafts")
+	diff(t, "OpenDrafts(discord) after closing d3", got, []persistence.Draft{d2, d1})
+	got = check(s.OpenDrafts(ctx, "slack", 0)).must(t, "OpenDrafts")
+	diff(t, "OpenDrafts(slack)", got, []persistence.Draft{other})
+
+	for _, bad := range []persistence.Op{
+		&persistence.OpenDraft{Draft: persistence.Draft{Platform: "discord"}},
+		&persistence.CloseDraft{ID: "d1"},
+	} {
+		if errs := s.Commit(ctx, [][]persistence.Op{{bad}}); errs[0] == nil {
+			t.Errorf("Commit(%T without its identity) = nil error, want one", bad)
+		}
+	}
+}

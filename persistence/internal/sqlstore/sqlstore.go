@@ -18,7 +18,7 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 )
 
-// Column lists of the three row types, in the order both stores' scan functions read them and
+// Column lists of the row types, in the order both stores' scan functions read them and
 // their INSERTs write them.
 const (
 	SessionCols = `id, key, platform, chat_type, chat_id, thread_id, user_id, user_name, scope_id,
@@ -28,6 +28,7 @@ const (
 		active, archived, attempts, created_at, user_id, user_name`
 	OutboxCols = `session_key, seq, session_id, kind, text, turn_id, in_reply_to, platform,
 		chat_type, chat_id, thread_id, user_id, state, attempts, created_at, delivered_at`
+	DraftCols = `platform, id, session_key, turn_id, chat_type, chat_id, thread_id, run, created_at`
 )
 
 // Prefixed qualifies every column of a column list with a table alias ("m." + "seq").
