@@ -91,6 +91,9 @@ type Deps struct {
 	Metrics       *metrics.Metrics
 	Now           func() time.Time
 	Node          string
+	// Run identifies this daemon run: drafts record it, so that a start removes only the
+	// drafts earlier runs left unfinished (see drafts.go). Empty turns that removal off.
+	Run string
 	// Dispatcher runs every actor's mailbox (nil: protoactor's default, a new goroutine per
 	// mailbox run).
 	Dispatcher actor.Dispatcher

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
 )
@@ -20,10 +21,14 @@ import (
 // then edits into the final text. A cancelled turn's draft is marked interrupted and never
 // finished with a reply. A draft whose turn's session crashed is marked interrupted too, as soon
 // as the key's next turn streams (the message runs again and answers anew; a re-sent reply of
-// an older turn says nothing about which turn runs now, so it does not count). Drafts
-// live in the platform actor's memory only: after a restart of the process the final reply,
-// re-sent from the outbox, is posted anew, and a draft that was streaming when the process died
-// stays as it was.
+// an older turn says nothing about which turn runs now, so it does not count).
+//
+// A draft lives in the platform actor's memory, and a record of it in the store (OpenDraft
+// once posted, CloseDraft once finished or shown interrupted, through the queue of the delivery
+// marks): when the process dies, the next start deletes the drafts earlier runs left open
+// (removeOldDrafts), since their messages run again and answer anew, and the final replies
+// re-sent from the outbox are posted anew. A draft posted just before the process died, whose
+// record was not written yet, stays.
 
 // DefaultDraftInterval is the least time between two edits of one turn's draft.
 const DefaultDraftInterval = time.Second
@@ -260,10 +265,16 @@ func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
 	default:
 		if d.id == "" {
 			d.id = m.id
+			a.mark(c, &persistence.OpenDraft{Draft: persistence.Draft{Platform: a.p.Name(), ID: d.id,
+				SessionKey: d.key, TurnID: d.turn, ChatType: d.target.ChatType, ChatID: d.target.ChatID,
+				ThreadID: d.target.ThreadID, Run: a.d.Run, CreatedAt: a.d.now()}})
 		}
 		d.shown, d.lastEdit, d.editFails = m.text, time.Now(), 0
 	}
 	if d.dropped && (d.failed || d.text == d.shown) {
+		if !d.failed {
+			a.closeDraft(c, d.id) // it shows its interrupted mark; a failed one is left to removeOldDrafts
+		}
 		a.endDraft(d)
 		return
 	}
@@ -285,4 +296,59 @@ func (a *Platform) finishesDraft(out *platforms.Outbound) *platforms.Outbound {
 	o.InReplyTo = slices.Clone(out.InReplyTo)
 	o.DraftID = d.id
 	return &o
+}
+
+// closeDraft forgets the record of a draft that shows what it should: its final text, or its
+// interrupted mark.
+func (a *Platform) closeDraft(c actor.Context, id string) {
+	if id != "" {
+		a.mark(c, &persistence.CloseDraft{Platform: a.p.Name(), ID: id})
+	}
+}
+
+// oldDraftsRemoved are the drafts removeOldDrafts deleted from the platform.
+type oldDraftsRemoved struct{ ids []string }
+
+// removeOldDrafts deletes, in a goroutine, the drafts that earlier runs of the daemon posted
+// and never finished, and then closes their records. This run's drafts are never touched: they
+// carry its Run.
+func (a *Platform) removeOldDrafts(c actor.Context) {
+	ed, ok := a.p.(platforms.Editor)
+	if !ok || a.d.Run == "" || a.d.Store == nil {
+		return
+	}
+	self, root, ctx, store, name, run := c.Self(), c.ActorSystem().Root, a.d.Ctx, a.d.Store, a.p.Name(), a.d.Run
+	log := a.log
+	go func() {
+		ds, err := store.OpenDrafts(ctx, name, 0)
+		if err != nil {
+			log.Warn("read the drafts earlier runs left; they stay", "err", err)
+			return
+		}
+		var removed []string
+		for _, d := range ds {
+			if d.Run == run {
+				continue
+			}
+			target := identity.Source{Platform: name, ChatType: d.ChatType, ChatID: d.ChatID, ThreadID: d.ThreadID}
+			sctx, cancel := context.WithTimeout(ctx, sendTimeout)
+			err := ed.DeleteDraft(sctx, target, d.ID)
+			cancel()
+			if err != nil {
+				log.Warn("delete a draft an earlier run left; it stays", "session", d.SessionKey, "draft", d.ID, "err", err)
+				continue
+			}
+			removed = append(removed, d.ID)
+		}
+		if len(removed) > 0 {
+			log.Info("deleted the drafts earlier runs left unfinished; their messages answer anew", "drafts", len(removed))
+		}
+		root.Send(self, &oldDraftsRemoved{ids: removed})
+	}()
+}
+
+func (a *Platform) onOldDraftsRemoved(c actor.Context, m *oldDraftsRemoved) {
+	for _, id := range m.ids {
+		a.closeDraft(c, id)
+	}
 }

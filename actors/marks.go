@@ -6,7 +6,8 @@ import (
 )
 
 // Delivery marks of Platform. A sent (or finally failed) outbound message is marked in the
-// outbox, so the next start does not send it again. The marks of many sends are coalesced into
+// outbox, so the next start does not send it again. The records of streaming drafts (OpenDraft,
+// CloseDraft; see drafts.go) go through the same queue, in order. The marks of many sends are coalesced into
 // one write group: at most one mark write is in flight, and the marks of the sends that finish
 // meanwhile wait for it and go together in the next one (at most maxMarks per write). Under
 // load a turn then costs the store two groups (its inbound message and its result) and a share
@@ -26,9 +27,9 @@ const maxMarks = 256
 
 // marks is a platform actor's coalescing buffer of delivery marks.
 type marks struct {
-	waiting  []*persistence.MarkDelivery // not yet sent to the persistence actor
-	inflight *persistence.Write          // the write awaiting its result, if any
-	nextID   uint64                      // ids of coalesced writes: 1, 2, …; 0 marks a single mark's write
+	waiting  []persistence.Op   // marks and draft records not yet sent to the persistence actor
+	inflight *persistence.Write // the write awaiting its result, if any
+	nextID   uint64             // ids of coalesced writes: 1, 2, …; 0 marks a single mark's write
 }
 
 // busy reports whether marks wait to be written or a mark write awaits its result.
@@ -37,8 +38,9 @@ func (m *marks) busy() bool { return len(m.waiting) > 0 || m.inflight != nil }
 // marksTick wakes the platform actor to re-send a mark write that got no answer.
 type marksTick struct{ id uint64 }
 
-// mark queues one delivery mark, and writes it at once when no mark write is in flight.
-func (a *Platform) mark(c actor.Context, op *persistence.MarkDelivery) {
+// mark queues one delivery mark or draft record, and writes it at once when no mark write is
+// in flight.
+func (a *Platform) mark(c actor.Context, op persistence.Op) {
 	a.marks.waiting = append(a.marks.waiting, op)
 	if a.marks.inflight == nil {
 		a.flushMarks(c)
@@ -52,10 +54,7 @@ func (a *Platform) flushMarks(c actor.Context) {
 		return
 	}
 	n := min(len(m.waiting), maxMarks)
-	ops := make([]persistence.Op, n)
-	for i, op := range m.waiting[:n] {
-		ops[i] = op
-	}
+	ops := append([]persistence.Op(nil), m.waiting[:n]...)
 	m.waiting = append(m.waiting[:0:0], m.waiting[n:]...)
 	if len(m.waiting) == 0 {
 		m.waiting = nil

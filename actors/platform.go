@@ -104,6 +104,9 @@ func (a *Platform) Receive(c actor.Context) {
 		a.inflight = map[string]bool{}
 		a.attempts = map[string]int{}
 		a.timers = scheduler.NewTimerScheduler(c)
+		a.removeOldDrafts(c)
+	case *oldDraftsRemoved:
+		a.onOldDraftsRemoved(c, m)
 	case *StartIntake:
 		a.startRun(c, m.Deliver)
 	case *SendOutbound:
@@ -211,6 +214,7 @@ func (a *Platform) onSent(c actor.Context, m *sendDone) {
 	name := a.p.Name()
 	if m.err == nil {
 		a.d.Metrics.OutboundTotal.WithLabelValues(name, "ok").Inc()
+		a.closeDraft(c, m.out.DraftID) // it shows the final text now
 		a.finishHead(c, key, m.out, persistence.DeliveryDelivered)
 		return
 	}

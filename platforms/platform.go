@@ -95,13 +95,18 @@ type Checker interface {
 // agent's reply grows in place (Discord). The runtime posts a draft with the first partial text,
 // edits it as the text grows, and then sends the final reply as an Outbound whose DraftID names
 // the draft: Send then edits the draft into the final text (posting any overflow as further
-// messages) instead of posting anew. Drafts are not durable; the final reply is.
+// messages) instead of posting anew. The runtime records each draft until its turn finishes
+// it; a draft a crashed run left behind is removed at the next start (DeleteDraft), and its
+// message runs again and answers anew.
 type Editor interface {
 	// SendDraft posts text into target's chat, answering inReplyTo, and returns the platform's
 	// id of the new message.
 	SendDraft(ctx context.Context, target identity.Source, inReplyTo []string, text string) (id string, err error)
 	// EditDraft replaces the text of the draft id in target's chat.
 	EditDraft(ctx context.Context, target identity.Source, id, text string) error
+	// DeleteDraft removes the draft id from target's chat. A draft that is already gone is not
+	// an error.
+	DeleteDraft(ctx context.Context, target identity.Source, id string) error
 }
 
 // Errors a Deliver may return, so adapters can map them to their own answers.

@@ -2,6 +2,8 @@ package supervisor
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -163,7 +165,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			Prune: actors.PrunePolicy{Enabled: cfg.Sessions.Prune.Enabled,
 				After: cfg.Sessions.Prune.Retention, Every: cfg.Sessions.Prune.Interval},
 		},
-		Log: log, Metrics: d.metrics, Now: opts.Now, Node: hostname(),
+		Log: log, Metrics: d.metrics, Now: opts.Now, Node: hostname(), Run: newRunID(),
 		Editors: map[string]bool{}, DraftInterval: opts.DraftInterval,
 	}
 	for _, p := range d.platforms {
@@ -430,4 +432,11 @@ func storeName(st persistence.Store) string {
 		return s.String()
 	}
 	return fmt.Sprintf("%T", st)
+}
+
+// newRunID identifies one run of the daemon (actors.Deps.Run).
+func newRunID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "r_" + hex.EncodeToString(b[:])
 }

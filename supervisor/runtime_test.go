@@ -431,3 +431,43 @@ func TestCrashedTurnsDraftIsMarkedInterrupted(t *testing.T) {
 	}
 	r.stop(t)
 }
+
+// TestDraftRecords: a streamed draft is recorded in the store from its first post until it
+// shows what it should (the final reply, or its interrupted mark after /stop), so that only
+// drafts a dead run left behind are ever removed at a start.
+func TestDraftRecords(t *testing.T) {
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		req.Partial("thinking about " + req.Messages[0].Text)
+		if req.Messages[0].Text == "forever" {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		return &agents.Response{Text: "done with " + req.Messages[0].Text}, nil
+	})
+	r := MustStartDaemon(t, agent, daemonOpts{editor: true, draftInterval: time.Nanosecond})
+	defer r.stop(t)
+	open := func() int {
+		ds, err := r.d.store.OpenDrafts(t.Context(), "fake", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ds)
+	}
+	r.inject(t, dm, "m1", "forever")
+	waitUntil(t, func() bool { return open() == 1 })
+	ds, err := r.d.store.OpenDrafts(t.Context(), "fake", 0)
+	if err != nil || len(ds) != 1 || ds[0].ChatID != dm.ChatID || ds[0].Run == "" || ds[0].ID != r.editor.Drafts()[0].ID {
+		t.Fatalf("open drafts = %+v, %v; want the posted draft, with its chat and this run", ds, err)
+	}
+	r.inject(t, dm, "m2", "/stop")
+	waitUntil(t, func() bool { return open() == 0 })
+	if got := r.editor.Drafts()[0].Text(); got != "thinking about forever"+actors.InterruptedMark {
+		t.Errorf("stopped draft shows %q, want its interrupted mark", got)
+	}
+	r.inject(t, dm, "m3", "quickly")
+	r.waitReplyTo(t, "m3")
+	waitUntil(t, func() bool { return open() == 0 && len(r.editor.Drafts()) == 2 && r.editor.Drafts()[1].Final })
+	if deleted := r.editor.DeletedDrafts(); len(deleted) != 0 {
+		t.Errorf("deleted drafts %v of this run, want none", deleted)
+	}
+}

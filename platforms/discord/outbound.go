@@ -113,6 +113,16 @@ func (p *Platform) EditDraft(ctx context.Context, target identity.Source, id, te
 	return nil
 }
 
+// DeleteDraft removes a streaming reply's draft that a crashed run left unfinished. A draft
+// that is already gone (deleted by someone) is not an error.
+func (p *Platform) DeleteDraft(ctx context.Context, target identity.Source, id string) error {
+	err := p.s.ChannelMessageDelete(replyChannel(target), id, discordgo.WithContext(ctx))
+	if err != nil && apiCode(err) != discordgo.ErrCodeUnknownMessage {
+		return fmt.Errorf("discord: delete draft: %w", err)
+	}
+	return nil
+}
+
 // draftText is as much of a growing reply as fits one message; the final reply is split.
 func draftText(text string) string {
 	r := []rune(text)

@@ -20,6 +20,8 @@ type Draft struct {
 	Texts []string
 	// Final is set once an Outbound with this draft's DraftID was sent.
 	Final bool
+	// Deleted is set once DeleteDraft removed it.
+	Deleted bool
 }
 
 // Text is what the draft shows now.
@@ -35,7 +37,8 @@ func (d *Draft) Text() string {
 // finishes that draft (it is also recorded as sent, like any Outbound).
 type EditorFake struct {
 	*Fake
-	drafts []*Draft // guarded by Fake.mu
+	drafts  []*Draft // guarded by Fake.mu
+	deleted []string // ids DeleteDraft was called with, in order; guarded by Fake.mu
 }
 
 var _ platforms.Editor = (*EditorFake)(nil)
@@ -78,6 +81,32 @@ func (f *EditorFake) EditDraft(ctx context.Context, _ identity.Source, id, text 
 	d.Texts = append(d.Texts, text)
 	f.notifyLocked()
 	return nil
+}
+
+// DeleteDraft records that draft id was deleted. An id it never posted is not an error (a
+// draft of an earlier run, or one a moderator deleted), as on Discord.
+func (f *EditorFake) DeleteDraft(ctx context.Context, _ identity.Source, id string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("delete draft: %w", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.sendErr != nil {
+		return f.sendErr
+	}
+	if d := f.draftLocked(id); d != nil {
+		d.Deleted = true
+	}
+	f.deleted = append(f.deleted, id)
+	f.notifyLocked()
+	return nil
+}
+
+// DeletedDrafts returns the ids DeleteDraft was called with, in order.
+func (f *EditorFake) DeletedDrafts() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.deleted)
 }
 
 // Send records out (see Fake.Send); when out.DraftID names a draft, out's text finishes it. An

@@ -33,6 +33,7 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /api/v9/channels/{channel}/messages", s.api(true, s.getMessages))
 	mux.Handle("POST /api/v9/channels/{channel}/messages", s.api(true, s.postMessage))
 	mux.Handle("PATCH /api/v9/channels/{channel}/messages/{message}", s.api(true, s.editMessage))
+	mux.Handle("DELETE /api/v9/channels/{channel}/messages/{message}", s.api(true, s.deleteMessage))
 	mux.Handle("POST /api/v9/channels/{channel}/typing", s.api(true, s.postTyping))
 	mux.Handle("POST /api/v9/channels/{channel}/messages/{message}/threads", s.api(true, s.startThread))
 	mux.Handle("/", s.api(true, func(*http.Request) (int, any) {
@@ -355,6 +356,27 @@ func (s *Server) editMessage(r *http.Request) (int, any) {
 	s.dispatchMessageLocked("MESSAGE_UPDATE", m)
 	s.notifyLocked()
 	return http.StatusOK, s.messageWire(m, false, visibleAll)
+}
+
+// deleteMessage deletes one of the bot's own messages (deleting other users' messages needs the
+// Manage Messages permission, which the fake's bot does not have) and answers 204.
+func (s *Server) deleteMessage(r *http.Request) (int, any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := s.chanByID[r.PathValue("channel")]
+	if ch == nil {
+		return http.StatusNotFound, errUnknownChannel
+	}
+	m := s.messages[r.PathValue("message")]
+	if m == nil || m.channelID != ch.ID {
+		return http.StatusNotFound, errUnknownMessage
+	}
+	if m.author.ID != s.bot.ID {
+		return http.StatusForbidden, apiError("Missing Permissions", 50013)
+	}
+	s.deleteLocked(m)
+	s.deleted = append(s.deleted, m.id)
+	return http.StatusNoContent, nil
 }
 
 func (s *Server) postTyping(r *http.Request) (int, any) {

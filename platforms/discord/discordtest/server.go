@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -127,6 +128,7 @@ type Server struct {
 	history   map[string][]*message // by channel ID, in creation order
 	nonces    map[string]*message   // bot messages by nonce (enforce_nonce)
 	typing    map[string]int
+	deleted   []string // ids of messages the bot deleted through the API
 	threads   []Channel
 	faults    []*fault
 
@@ -368,7 +370,12 @@ func (s *Server) Delete(id string) {
 	if m == nil {
 		panic("discordtest: Delete of unknown message " + id)
 	}
-	delete(s.messages, id)
+	s.deleteLocked(m)
+}
+
+// deleteLocked removes m from its channel.
+func (s *Server) deleteLocked(m *message) {
+	delete(s.messages, m.id)
 	h := s.history[m.channelID]
 	for i, x := range h {
 		if x == m {
@@ -377,6 +384,13 @@ func (s *Server) Delete(id string) {
 		}
 	}
 	s.notifyLocked()
+}
+
+// DeletedByBot returns the ids of the messages the bot deleted through the API, in order.
+func (s *Server) DeletedByBot() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.deleted)
 }
 
 // Threads returns the threads the bot started through REST, in order.
