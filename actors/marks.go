@@ -6,12 +6,12 @@ import (
 )
 
 // Delivery marks of Platform. A sent (or finally failed) outbound message is marked in the
-// outbox, so the next start does not send it again. The records of streaming drafts (OpenDraft,
-// CloseDraft; see drafts.go) go through the same queue, in order. The marks of many sends are coalesced into
+// outbox, so the next start does not send it again. The marks of many sends are coalesced into
 // one write group: at most one mark write is in flight, and the marks of the sends that finish
 // meanwhile wait for it and go together in the next one (at most maxMarks per write). Under
 // load a turn then costs the store two groups (its inbound message and its result) and a share
-// of a mark group, instead of three.
+// of a mark group, instead of three. The records of streaming drafts (OpenDraft, CloseDraft; see
+// drafts.go) go through the same queue, in order.
 //
 // A mark not yet written when the process dies means the reply is sent again at the next start:
 // delivery is at least once, as it already is for a crash between a send and its mark. Discord

@@ -77,4 +77,3 @@ func openDrafts(t *testing.T, dataDir string) int {
 	}
 	return len(ds)
 }
-
