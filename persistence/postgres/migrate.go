@@ -20,9 +20,11 @@ func migrations() ([]sqlstore.Migration, error) {
 	return sqlstore.Migrations(migrationFS, "migrations/*.sql")
 }
 
-// migrateLock is the advisory lock key that serialises migrations of one database between
-// processes (cluster members starting together): "agentgat" in ASCII.
-const migrateLock = 0x6167656e74676174
+// migrateLock is the advisory lock class that serialises migrations of one schema between
+// processes (cluster members starting together): "agmg" in ASCII. The lock's second key is the
+// schema's hash, so deployments in different schemas of one database never wait for each
+// other.
+const migrateLock = 0x61676d67
 
 // migrate applies the embedded migrations that the database lacks, in order, in one transaction
 // under an advisory lock, and records each in schema_migrations. A database migrated by a newer
@@ -33,7 +35,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrateLock)); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext(current_schema()))`, int32(migrateLock)); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (

@@ -351,3 +351,38 @@ func TestPruneConcurrentWithCommit(t *testing.T) {
 		t.Errorf("SessionsOfKey(k) = %d sessions, want the 30 new ones", len(ss))
 	}
 }
+
+// TestSchemas: two deployments in different schemas of one database (search_path) keep their
+// rows and their daemon locks apart.
+func TestSchemas(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	c := mustConn(t, dsn)
+	if _, err := c.Exec(ctx, `CREATE SCHEMA blue; CREATE SCHEMA green`); err != nil {
+		t.Fatal(err)
+	}
+	open := func(schema string, wait time.Duration) (*Store, error) {
+		return Open(ctx, dsn+" search_path="+schema, Options{Exclusive: true, LockWait: wait})
+	}
+	blue, err := open("blue", 0)
+	if err != nil {
+		t.Fatalf("Open blue: %v", err)
+	}
+	defer blue.Close()
+	green, err := open("green", 0)
+	if err != nil {
+		t.Fatalf("Open green next to blue: %v", err)
+	}
+	defer green.Close()
+	if _, err := open("blue", 50*time.Millisecond); !errors.Is(err, persistence.ErrLocked) {
+		t.Errorf("a second daemon on blue: error = %v, want ErrLocked", err)
+	}
+	storetest.MustCommit(t, blue, &persistence.CreateSession{Session: newSession("s1", "k1")})
+	if _, err := green.Session(ctx, "s1"); !errors.Is(err, persistence.ErrNotFound) {
+		t.Errorf("green sees blue's session: error = %v, want ErrNotFound", err)
+	}
+	var n int
+	if err := c.QueryRow(ctx, `SELECT COUNT(*) FROM blue.sessions`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("blue.sessions has %d rows (%v), want 1", n, err)
+	}
+}

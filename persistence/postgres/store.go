@@ -152,8 +152,10 @@ func (s *Store) watchLock(every time.Duration) {
 	}
 }
 
-// daemonLock is the advisory lock key an exclusive store holds: "agentgdl" in ASCII.
-const daemonLock = 0x6167656e7467646c
+// daemonLock is the advisory lock class an exclusive store holds: "agdl" in ASCII. The lock's
+// second key is the hash of the schema the store's tables are in (current_schema), so that
+// deployments in different schemas of one database do not exclude each other.
+const daemonLock = 0x6167646c
 
 // lock takes the daemon lock on a connection of its own, waiting up to wait (the server's
 // lock_timeout) while another session holds it. Called with lockMu held or before the store is
@@ -165,7 +167,7 @@ func (s *Store) lock(ctx context.Context, wait time.Duration) error {
 	}
 	_, err = conn.Exec(ctx, fmt.Sprintf(`SET lock_timeout = %d`, max(wait.Milliseconds(), 1)))
 	if err == nil {
-		_, err = conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, int64(daemonLock))
+		_, err = conn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext(current_schema()))`, int32(daemonLock))
 	}
 	if err != nil {
 		_ = conn.Close(context.WithoutCancel(ctx))
@@ -186,7 +188,7 @@ func (s *Store) unlock() {
 	if s.lockConn != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_, _ = s.lockConn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, int64(daemonLock))
+		_, _ = s.lockConn.Exec(ctx, `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`, int32(daemonLock))
 		_ = s.lockConn.Close(ctx)
 		s.lockConn = nil
 	}
