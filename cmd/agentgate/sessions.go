@@ -388,7 +388,7 @@ func openStore(ctx context.Context, cf *configFlags, readOnly bool) (persistence
 		return nil, nil, fmt.Errorf("config: %w", err)
 	}
 	if cfg.Store.Driver == "postgres" {
-		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{MaxConns: 2, Exclusive: !readOnly})
+		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{MaxConns: 2, Exclusive: !readOnly, NoMigrate: true})
 		if err != nil {
 			return nil, cfg, err
 		}

@@ -3,12 +3,14 @@ package postgres
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -70,6 +72,28 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	})
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
+	}
+	return nil
+}
+
+// checkSchema reports an error unless every embedded migration has been applied (see
+// Options.NoMigrate); a newer schema is fine for reading.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool, _ *slog.Logger) error {
+	ms, err := migrations()
+	if err != nil {
+		return fmt.Errorf("check schema: %w", err)
+	}
+	var current int
+	err = pool.QueryRow(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42P01" { // undefined table: never migrated
+		current, err = 0, nil
+	}
+	if err != nil {
+		return fmt.Errorf("check schema: %w", err)
+	}
+	if want := ms[len(ms)-1].Version; current < want {
+		return fmt.Errorf("check schema: database schema version %d, want %d (start the daemon on it once to migrate)", current, want)
 	}
 	return nil
 }

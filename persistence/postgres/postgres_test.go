@@ -386,3 +386,27 @@ func TestSchemas(t *testing.T) {
 		t.Errorf("blue.sessions has %d rows (%v), want 1", n, err)
 	}
 }
+
+// TestNoMigrate: a store opened with NoMigrate (the sessions command) never changes the schema:
+// it refuses a database that is not migrated, and reads one that is.
+func TestNoMigrate(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	if _, err := Open(ctx, dsn, Options{NoMigrate: true}); err == nil || !strings.Contains(err.Error(), "start the daemon on it once") {
+		t.Errorf("Open(NoMigrate) of an empty database: error = %v, want it refused", err)
+	}
+	var tables int
+	if err := mustConn(t, dsn).QueryRow(ctx, `SELECT COUNT(*) FROM pg_tables WHERE schemaname = 'public'`).Scan(&tables); err != nil || tables != 0 {
+		t.Errorf("after Open(NoMigrate): %d tables (%v), want none", tables, err)
+	}
+	s, err := Open(ctx, dsn, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	r, err := Open(ctx, dsn, Options{NoMigrate: true})
+	if err != nil {
+		t.Fatalf("Open(NoMigrate) of a migrated database: %v", err)
+	}
+	r.Close()
+}

@@ -40,6 +40,10 @@ type Options struct {
 	// daemon restarted right after a crash finds its predecessor's lock until the server has
 	// noticed that connection's end. Zero means five seconds.
 	LockWait time.Duration
+	// NoMigrate opens the database without changing its schema: a tool that reads next to a
+	// running daemon must not migrate the database under it. A database whose schema is older
+	// than this binary's is refused.
+	NoMigrate bool
 	// LockCheckInterval is how often an exclusive store checks that it still holds its lock
 	// (and takes it again when its connection was lost). Zero means five seconds.
 	LockCheckInterval time.Duration
@@ -120,7 +124,11 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 			return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 		}
 	}
-	if err := migrate(ctx, pool, log); err != nil {
+	migrateOrCheck := migrate
+	if opts.NoMigrate {
+		migrateOrCheck = checkSchema
+	}
+	if err := migrateOrCheck(ctx, pool, log); err != nil {
 		st.unlock()
 		pool.Close()
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
