@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -142,28 +141,7 @@ func TestUnavailableWhenTheConnectionsDie(t *testing.T) {
 	s, dsn := MustOpen(t)
 	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")})
 	ctx := context.Background()
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := cfg.Database
-	db := pgx.Identifier{name}.Sanitize()
-	cfg.Database = "postgres"
-	admin, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	// The database refuses new connections, and the pool's connections are terminated: the
-	// store can neither use its connections nor open new ones.
-	if _, err := admin.Exec(ctx, `ALTER DATABASE `+db+` WITH ALLOW_CONNECTIONS false`); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _, _ = admin.Exec(ctx, `ALTER DATABASE `+db+` WITH ALLOW_CONNECTIONS true`) }()
-	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-		WHERE datname = $1`, name); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.Cut(t, dsn)
 	errs := s.Commit(ctx, [][]persistence.Op{
 		{&persistence.SetTitle{SessionID: "s1", Title: "a"}},
 		{&persistence.SetTitle{SessionID: "s1", Title: "b"}},
@@ -296,59 +274,6 @@ func TestTimeout(t *testing.T) {
 	got, err := s.Session(ctx, "s1")
 	if err != nil || got.Title != "after" {
 		t.Errorf("Session(s1) after the lock = %+v, %v; want title after", got, err)
-	}
-}
-
-// TestPruneConcurrentWithCommit runs PruneSessions while Commit writes, on two connections of
-// the pool: every commit succeeds and every old session is pruned exactly once.
-func TestPruneConcurrentWithCommit(t *testing.T) {
-	ctx := context.Background()
-	s, _ := MustOpen(t)
-	const old = 40
-	var ops []persistence.Op
-	for i := range old {
-		id := fmt.Sprintf("old-%02d", i)
-		ops = append(ops, &persistence.CreateSession{Session: newSession(id, "k")},
-			&persistence.EndSession{SessionID: id, Reason: persistence.EndIdle, At: t0})
-	}
-	storetest.MustCommit(t, s, ops...)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for i := range 30 {
-			id := fmt.Sprintf("new-%02d", i)
-			errs := s.Commit(ctx, [][]persistence.Op{{
-				&persistence.CreateSession{Session: newSession(id, "k")},
-				&persistence.AppendMessage{Message: persistence.Message{SessionID: id, Seq: 1,
-					Role: persistence.RoleUser, Content: "hi", Platform: "http", ChatID: "c", MessageID: id,
-					Status: persistence.StatusPending, Active: true, CreatedAt: t0}},
-			}})
-			if errs[0] != nil {
-				t.Errorf("Commit %s: %v", id, errs[0])
-				return
-			}
-		}
-	})
-	total := 0
-	for {
-		n, err := s.PruneSessions(ctx, t0.Add(time.Second), 7)
-		if err != nil {
-			t.Fatalf("PruneSessions: %v", err)
-		}
-		total += n
-		if n < 7 {
-			break
-		}
-	}
-	wg.Wait()
-	if total != old {
-		t.Errorf("pruned %d sessions in total, want %d", total, old)
-	}
-	ss, err := s.SessionsOfKey(ctx, "k", 1000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ss) != 30 {
-		t.Errorf("SessionsOfKey(k) = %d sessions, want the 30 new ones", len(ss))
 	}
 }
 

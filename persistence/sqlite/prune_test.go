@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -265,57 +264,6 @@ func TestPruneReadOnlyAndClosed(t *testing.T) {
 	}
 	if _, err := ro.SessionsOfKey(ctx, "k", 0); err != nil {
 		t.Errorf("read-only SessionsOfKey: %v", err)
-	}
-}
-
-// TestPruneConcurrentWithCommit runs PruneSessions while Commit writes, for the race detector
-// and the commit mutex: every commit succeeds and every old session is pruned exactly once.
-func TestPruneConcurrentWithCommit(t *testing.T) {
-	ctx := context.Background()
-	s := MustOpen(t, Options{})
-	const old = 40
-	var ops []persistence.Op
-	for i := range old {
-		id := fmt.Sprintf("old-%02d", i)
-		ops = append(ops, &persistence.CreateSession{Session: newSession(id, "k")},
-			&persistence.EndSession{SessionID: id, Reason: persistence.EndIdle, At: t0})
-	}
-	storetest.MustCommit(t, s, ops...)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for i := range 30 {
-			id := fmt.Sprintf("new-%02d", i)
-			errs := s.Commit(ctx, [][]persistence.Op{{
-				&persistence.CreateSession{Session: newSession(id, "k")},
-				&persistence.AppendMessage{Message: userMsg(id, 1, "hi")},
-			}})
-			if errs[0] != nil {
-				t.Errorf("Commit %s: %v", id, errs[0])
-				return
-			}
-		}
-	})
-	total := 0
-	for {
-		n, err := s.PruneSessions(ctx, t0.Add(time.Second), 7)
-		if err != nil {
-			t.Fatalf("PruneSessions: %v", err)
-		}
-		total += n
-		if n < 7 {
-			break
-		}
-	}
-	wg.Wait()
-	if total != old {
-		t.Errorf("pruned %d sessions in total, want %d", total, old)
-	}
-	ss, err := s.SessionsOfKey(ctx, "k", 1000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ss) != 30 {
-		t.Errorf("SessionsOfKey(k) = %d sessions, want the 30 new ones", len(ss))
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -526,4 +527,52 @@ func testIdleSessionsPaging(t *testing.T, s persistence.Store) {
 		page = check(s.IdleSessionsAfter(ctx, at(100), last.LastActivityAt, last.ID, 3)).must(t, "IdleSessionsAfter")
 	}
 	diff(t, "paged idle sessions", got, want)
+}
+
+// testPruneConcurrentWithCommit runs PruneSessions while Commit writes new sessions (for the
+// race detector, and for the store's own serialisation or locking): every commit succeeds and
+// every old session is pruned exactly once.
+func testPruneConcurrentWithCommit(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	const old = 40
+	var ops []persistence.Op
+	for i := range old {
+		id := fmt.Sprintf("old-%02d", i)
+		ops = append(ops, &persistence.CreateSession{Session: newSession(id, "k")},
+			&persistence.EndSession{SessionID: id, Reason: persistence.EndIdle, At: at(1)})
+	}
+	MustCommit(t, s, ops...)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := range 30 {
+			id := fmt.Sprintf("new-%02d", i)
+			errs := s.Commit(ctx, [][]persistence.Op{{
+				&persistence.CreateSession{Session: newSession(id, "k")},
+				&persistence.AppendMessage{Message: userMsg(id, 1, "m-"+id, "hi")},
+			}})
+			if errs[0] != nil {
+				t.Errorf("Commit %s: %v", id, errs[0])
+				return
+			}
+		}
+	})
+	total := 0
+	for {
+		n, err := s.PruneSessions(ctx, at(2), 7)
+		if err != nil {
+			t.Fatalf("PruneSessions: %v", err)
+		}
+		total += n
+		if n < 7 {
+			break
+		}
+	}
+	wg.Wait()
+	if total != old {
+		t.Errorf("pruned %d sessions in total, want %d", total, old)
+	}
+	ss := check(s.SessionsOfKey(ctx, "k", 1000)).must(t, "SessionsOfKey")
+	if len(ss) != 30 {
+		t.Errorf("SessionsOfKey(k) = %d sessions, want the 30 new ones", len(ss))
+	}
 }

@@ -52,6 +52,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"SetAttempts", testSetAttempts},
 		{"PruneSessions", testPruneSessions},
 		{"PruneSessionsLimit", testPruneSessionsLimit},
+		{"PruneConcurrentWithCommit", testPruneConcurrentWithCommit},
 		{"EndSessionKeepsFirstReason", testEndSession},
 		{"TouchSessionMonotonic", testTouchSession},
 		{"MessageStatusAndTitle", testStatusAndTitle},

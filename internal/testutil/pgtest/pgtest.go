@@ -94,6 +94,42 @@ func NewDatabase(t testing.TB) string {
 	return s.dsn(name)
 }
 
+// Cut makes the database of dsn (from NewDatabase) unavailable, as a server restart or a cut
+// network looks to a client: it refuses new connections and its open ones are terminated.
+// restore lets connections in again; it also runs when t ends.
+func Cut(t testing.TB, dsn string) (restore func()) {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := cfg.Database
+	db := pgx.Identifier{name}.Sanitize()
+	cfg.Database = "postgres"
+	admin, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, `ALTER DATABASE `+db+` WITH ALLOW_CONNECTIONS false`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, name); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	restore = func() {
+		once.Do(func() {
+			if _, err := admin.Exec(ctx, `ALTER DATABASE `+db+` WITH ALLOW_CONNECTIONS true`); err != nil {
+				t.Errorf("let connections in again: %v", err)
+			}
+			admin.Close(ctx)
+		})
+	}
+	t.Cleanup(restore)
+	return restore
+}
+
 // running returns the package's server, starting it on first use.
 func running() (*server, error) {
 	mu.Lock()

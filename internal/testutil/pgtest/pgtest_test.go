@@ -191,3 +191,29 @@ func TestLogTailKeepsLastLines(t *testing.T) {
 		t.Fatalf("kept %d lines from %q to %q", len(lines), lines[0], lines[len(lines)-1])
 	}
 }
+
+// TestCut: a cut database refuses connections and drops the open ones; restored, it takes them
+// again.
+func TestCut(t *testing.T) {
+	dsn := NewDatabase(t)
+	ctx := context.Background()
+	open, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close(ctx)
+	restore := Cut(t, dsn)
+	if err := open.Ping(ctx); err == nil {
+		t.Error("a connection opened before the cut still answers")
+	}
+	if c, err := pgx.Connect(ctx, dsn); err == nil {
+		c.Close(ctx)
+		t.Error("a new connection during the cut succeeded")
+	}
+	restore()
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("connect after restore: %v", err)
+	}
+	c.Close(ctx)
+}
