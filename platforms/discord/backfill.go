@@ -126,7 +126,9 @@ func (p *Platform) backfill() {
 			}
 			for _, m := range ms {
 				if m.Timestamp.Before(since) {
-					old++
+					if userSaid(m, p.bot()) {
+						old++ // the bot's own replies are not messages it failed to answer
+					}
 					p.noteSeen(m)
 					continue
 				}

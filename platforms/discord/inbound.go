@@ -32,11 +32,8 @@ func (p *Platform) handle(m *discordgo.Message) {
 		return // a message before READY told it who it is
 	}
 	p.noteSeen(m)
-	if m.Author == nil || m.Author.ID == bot {
-		return // its own messages
-	}
-	if m.Type != discordgo.MessageTypeDefault && m.Type != discordgo.MessageTypeReply {
-		return // joins, pins, thread starters and the like are not things users said
+	if !userSaid(m, bot) {
+		return
 	}
 	p.mu.Lock()
 	deliver, ctx := p.deliver, p.runCtx
@@ -84,6 +81,13 @@ func (p *Platform) handle(m *discordgo.Message) {
 		return
 	}
 	p.typing.turnFor(reply, ack.Disposition)
+}
+
+// userSaid reports whether m is something a user said: not one of the bot's own messages, and
+// not a join, a pin, a thread starter or the like.
+func userSaid(m *discordgo.Message, bot string) bool {
+	return m.Author != nil && m.Author.ID != bot &&
+		(m.Type == discordgo.MessageTypeDefault || m.Type == discordgo.MessageTypeReply)
 }
 
 // refusal is what a user is told when the runtime did not take their message: never silence.
