@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -334,4 +336,40 @@ func TestNoMigrate(t *testing.T) {
 		t.Fatalf("Open(NoMigrate) of a migrated database: %v", err)
 	}
 	r.Close()
+}
+
+// TestIsUnavailable: which errors send writes to the spool (the server cannot take them now)
+// and which fail the write (something is wrong with the write itself).
+func TestIsUnavailable(t *testing.T) {
+	pg := func(code string) error { return &pgconn.PgError{Code: code, Message: "m"} }
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"connection failure", pg("08006"), true},
+		{"disk full", pg("53100"), true},
+		{"too many connections", pg("53300"), true},
+		{"admin shutdown", pg("57P01"), true},
+		{"cannot connect now (starting)", pg("57P03"), true},
+		{"io error", pg("58030"), true},
+		{"read-only transaction (a standby)", pg("25006"), true},
+		{"serialization failure", pg("40001"), true},
+		{"deadlock", pg("40P01"), true},
+		{"statement cancelled", pg("57014"), false},
+		{"unique violation", pg("23505"), false},
+		{"foreign key violation", pg("23503"), false},
+		{"syntax error", pg("42601"), false},
+		{"wrapped", fmt.Errorf("commit: %w", pg("08006")), true},
+		{"caller gave up", context.Canceled, false},
+		{"caller's deadline", fmt.Errorf("x: %w", context.DeadlineExceeded), false},
+		{"connection closed", errors.New("conn closed"), true},
+		{"connection reset", errors.New("read tcp 10.0.0.1:5432: read: connection reset by peer"), true},
+		{"a plain error", errors.New("something else"), false},
+	} {
+		if got := IsUnavailable(c.err); got != c.want {
+			t.Errorf("IsUnavailable(%s: %v) = %v, want %v", c.name, c.err, got, c.want)
+		}
+	}
 }
