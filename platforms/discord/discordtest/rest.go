@@ -331,16 +331,9 @@ func (s *Server) editMessage(r *http.Request) (int, any) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ch := s.chanByID[r.PathValue("channel")]
-	if ch == nil {
-		return http.StatusNotFound, errUnknownChannel
-	}
-	m := s.messages[r.PathValue("message")]
-	if m == nil || m.channelID != ch.ID {
-		return http.StatusNotFound, errUnknownMessage
-	}
-	if m.author.ID != s.bot.ID {
-		return http.StatusForbidden, apiError("Cannot edit a message authored by another user", 50005)
+	m, status, errBody := s.botMessageLocked(r, apiError("Cannot edit a message authored by another user", 50005))
+	if m == nil {
+		return status, errBody
 	}
 	if body.Content != nil {
 		if utf8.RuneCountInString(*body.Content) > maxContent {
@@ -358,21 +351,32 @@ func (s *Server) editMessage(r *http.Request) (int, any) {
 	return http.StatusOK, s.messageWire(m, false, visibleAll)
 }
 
+// botMessageLocked returns the message the request's path names, when it is in the path's
+// channel and the bot wrote it; otherwise nil with the status and body Discord answers
+// (forbidden: the body for a message of another author).
+func (s *Server) botMessageLocked(r *http.Request, forbidden any) (*message, int, any) {
+	ch := s.chanByID[r.PathValue("channel")]
+	if ch == nil {
+		return nil, http.StatusNotFound, errUnknownChannel
+	}
+	m := s.messages[r.PathValue("message")]
+	if m == nil || m.channelID != ch.ID {
+		return nil, http.StatusNotFound, errUnknownMessage
+	}
+	if m.author.ID != s.bot.ID {
+		return nil, http.StatusForbidden, forbidden
+	}
+	return m, 0, nil
+}
+
 // deleteMessage deletes one of the bot's own messages (deleting other users' messages needs the
 // Manage Messages permission, which the fake's bot does not have) and answers 204.
 func (s *Server) deleteMessage(r *http.Request) (int, any) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ch := s.chanByID[r.PathValue("channel")]
-	if ch == nil {
-		return http.StatusNotFound, errUnknownChannel
-	}
-	m := s.messages[r.PathValue("message")]
-	if m == nil || m.channelID != ch.ID {
-		return http.StatusNotFound, errUnknownMessage
-	}
-	if m.author.ID != s.bot.ID {
-		return http.StatusForbidden, apiError("Missing Permissions", 50013)
+	m, status, errBody := s.botMessageLocked(r, apiError("Missing Permissions", 50013))
+	if m == nil {
+		return status, errBody
 	}
 	s.deleteLocked(m)
 	s.deleted = append(s.deleted, m.id)
