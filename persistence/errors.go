@@ -10,6 +10,9 @@ var (
 	// ErrUnavailable wraps a write error that means the database cannot be written right now
 	// (locked, read-only, disk full, I/O error); such writes go to the spool.
 	ErrUnavailable = errors.New("persistence: database unavailable")
+	// ErrFenced fails a write group whose Fence is older than its key's current claim: another
+	// activation of the session owns the key now, and this one must stop (Store.Claim).
+	ErrFenced = errors.New("persistence: session key claimed by a newer activation")
 	// ErrCorruptSpool marks a spooled batch that cannot be decoded; it is quarantined.
 	ErrCorruptSpool = errors.New("persistence: corrupt spool batch")
 	// ErrDefaultDataDir is returned when code under test tries to open the default (production)

@@ -288,6 +288,17 @@ type CloseDraft struct {
 	ID       string
 }
 
+// Fence makes its group commit only while no claim of Key newer than Epoch exists (see
+// Store.Claim); otherwise the whole group fails with an error wrapping ErrFenced. It writes
+// nothing. A session activation that claimed its key puts a Fence first in every group it
+// writes, so a duplicate activation (a brief one during a cluster membership change) can never
+// interleave its writes with the newer one's.
+type Fence struct {
+	Key   string
+	Epoch int64
+}
+
+func (*Fence) isOp()             {}
 func (*OpenDraft) isOp()         {}
 func (*CloseDraft) isOp()        {}
 func (*CreateSession) isOp()     {}
@@ -305,6 +316,14 @@ func (*PutRoute) isOp()          {}
 func (*AddOutbox) isOp()         {}
 func (*MarkDelivery) isOp()      {}
 func (*AddUsage) isOp()          {}
+
+// Ownership is the current claim of a session key (Store.Claim).
+type Ownership struct {
+	Key       string
+	Epoch     int64
+	Owner     string // who claimed it: the cluster member's name
+	ClaimedAt time.Time
+}
 
 // Snapshot is what a session actor loads when it starts: everything it needs to carry on
 // where its last activation stopped.
@@ -431,6 +450,17 @@ type Store interface {
 	// OpenDrafts returns the drafts of platform recorded and not closed, oldest first (ties by
 	// id), at most limit (DefaultOpenDraftsLimit when limit <= 0).
 	OpenDrafts(ctx context.Context, platform string, limit int) ([]Draft, error)
+	// Claim makes owner the owner of a session key: in a transaction of its own it raises the
+	// key's epoch by one (the first claim gets 1) and returns it. From its return on, a group
+	// with a Fence of the key and an older epoch fails with ErrFenced, and no such group
+	// commits later: a claim waits for the commits in flight that passed their fence. So an
+	// activation that claims and then loads its snapshot sees every write its predecessor
+	// will ever make. Epochs come from the database, never from a clock, and a key's epoch
+	// never goes back (claims are never deleted, not even by PruneSessions). at is recorded
+	// as the claim's time.
+	Claim(ctx context.Context, key, owner string, at time.Time) (epoch int64, err error)
+	// Ownership returns the current claim of a key; ErrNotFound if it was never claimed.
+	Ownership(ctx context.Context, key string) (*Ownership, error)
 	// Ping checks that the store can be written.
 	Ping(ctx context.Context) error
 	// Close releases the store.

@@ -226,8 +226,12 @@ func describe(st stmt, err error) error {
 		return fmt.Errorf("append message %s/%d: %w", st.msg.SessionID, st.msg.Seq, err)
 	}
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) && pe.Code == "23503" { // foreign key violation
+	switch {
+	case !errors.As(err, &pe):
+	case pe.Code == "23503": // foreign key violation
 		return fmt.Errorf("%s: %w", pe.ConstraintName, err)
+	case pe.Code == fencedCode:
+		return fmt.Errorf("fence: %s: %w", pe.Message, persistence.ErrFenced)
 	}
 	return err
 }
@@ -387,6 +391,11 @@ func groupStmts(ops []persistence.Op) ([]stmt, error) {
 				return nil, errors.New("close draft: platform and id required")
 			}
 			add(closeDraftSQL, o.Platform, o.ID)
+		case *persistence.Fence:
+			if err := sqlstore.CheckFence(o); err != nil {
+				return nil, err
+			}
+			add(fenceSQL, o.Key, o.Epoch)
 		default:
 			return nil, fmt.Errorf("apply: unknown op type %T", op)
 		}

@@ -95,6 +95,8 @@ func encodeOp(op persistence.Op) (string, []byte, error) {
 		typ, isNil = "OpenDraft", o == nil
 	case *persistence.CloseDraft:
 		typ, isNil = "CloseDraft", o == nil
+	case *persistence.Fence:
+		typ, isNil = "Fence", o == nil
 	default:
 		return "", nil, fmt.Errorf("unknown op type %T", op)
 	}
@@ -145,6 +147,8 @@ func newOp(typ string) persistence.Op {
 		return &persistence.OpenDraft{}
 	case "CloseDraft":
 		return &persistence.CloseDraft{}
+	case "Fence":
+		return &persistence.Fence{}
 	}
 	return nil
 }

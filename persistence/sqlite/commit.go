@@ -37,6 +37,7 @@ const (
 	stAddSessionUsage
 	stOpenDraft
 	stCloseDraft
+	stFence
 	numStmts
 )
 
@@ -85,6 +86,9 @@ var writeSQL = [numStmts]string{
 	stOpenDraft: `INSERT INTO drafts (` + sqlstore.DraftCols + `) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (platform, id) DO NOTHING`,
 	stCloseDraft: `DELETE FROM drafts WHERE platform = ? AND id = ?`,
+	// Commits are serialised (BEGIN IMMEDIATE), so a plain read fences: a claim is a write
+	// transaction of its own, never concurrent with this one.
+	stFence: `SELECT epoch FROM owners WHERE key = ?`,
 }
 
 // errTxAborted marks an error after which the transaction no longer exists (SQLite rolled it
@@ -344,6 +348,19 @@ func (t *txn) apply(op persistence.Op) error {
 		}
 		_, err := t.exec(stCloseDraft, o.Platform, o.ID)
 		return wrap(err, "close draft %s/%s", o.Platform, o.ID)
+	case *persistence.Fence:
+		if err := sqlstore.CheckFence(o); err != nil {
+			return err
+		}
+		var cur int64
+		err := t.stmt(stFence).QueryRowContext(t.ctx, o.Key).Scan(&cur)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("fence %s: %w", o.Key, err)
+		}
+		return sqlstore.Fenced(o, cur)
 	default:
 		return fmt.Errorf("apply: unknown op type %T", op)
 	}

@@ -310,6 +310,7 @@ func testNotFound(t *testing.T, s persistence.Store) {
 		{"Route", second(s.Route(ctx, "nope"))},
 		{"FindInbound", second(s.FindInbound(ctx, "http", "chat", "nope"))},
 		{"FindInbound empty id", second(s.FindInbound(ctx, "http", "chat", ""))},
+		{"Ownership", second(s.Ownership(ctx, "nope"))},
 	}
 	for _, c := range checks {
 		if !errors.Is(c.err, persistence.ErrNotFound) {
@@ -348,6 +349,8 @@ func testClosed(t *testing.T, s persistence.Store) {
 		{"IdleSessions", second(s.IdleSessions(ctx, at(100), 0))},
 		{"PruneSessions", second(s.PruneSessions(ctx, at(100), 0))},
 		{"OpenDrafts", second(s.OpenDrafts(ctx, "http", 0))},
+		{"Claim", second(s.Claim(ctx, "k1", "member-1", at(0)))},
+		{"Ownership", second(s.Ownership(ctx, "k1"))},
 		{"Ping", s.Ping(ctx)},
 	}
 	for _, c := range checks {

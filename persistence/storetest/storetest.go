@@ -58,6 +58,8 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"MessageStatusAndTitle", testStatusAndTitle},
 		{"UsageAddsOncePerTurn", testUsage},
 		{"Drafts", testDrafts},
+		{"ClaimAndFence", testClaimAndFence},
+		{"ClaimWaitsForFencedCommits", testClaimWaitsForFencedCommits},
 		{"NotFound", testNotFound},
 		{"Closed", testClosed},
 	}

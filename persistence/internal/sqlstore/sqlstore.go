@@ -111,3 +111,22 @@ func MarkUnavailable(errs []error, unavailable func(error) bool) {
 		}
 	}
 }
+
+// CheckFence returns the error of a Fence that is invalid on its face: it must name a key and
+// carry an epoch a claim returned (at least 1).
+func CheckFence(f *persistence.Fence) error {
+	if f == nil || f.Key == "" || f.Epoch < 1 {
+		return errors.New("fence: key and an epoch of at least 1 required")
+	}
+	return nil
+}
+
+// Fenced is the error of a Fence given the key's current epoch: nil unless a newer claim
+// exists.
+func Fenced(f *persistence.Fence, current int64) error {
+	if current > f.Epoch {
+		return fmt.Errorf("fence %s: claimed with epoch %d, this write has epoch %d: %w",
+			f.Key, current, f.Epoch, persistence.ErrFenced)
+	}
+	return nil
+}

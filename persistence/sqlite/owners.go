@@ -1,0 +1,76 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+)
+
+const (
+	claimSQL = `INSERT INTO owners (key, epoch, owner, claimed_at) VALUES (?1, 1, ?2, ?3)
+		ON CONFLICT (key) DO UPDATE SET epoch = owners.epoch + 1, owner = ?2, claimed_at = ?3
+		RETURNING epoch`
+	ownershipSQL = `SELECT key, epoch, owner, claimed_at FROM owners WHERE key = ?`
+)
+
+// Claim implements persistence.Store: one BEGIN IMMEDIATE transaction under the commit mutex,
+// so it never interleaves with a Commit and every later fence reads its epoch.
+func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time) (int64, error) {
+	epoch, err := s.claim(ctx, key, owner, at)
+	if err != nil {
+		err = fmt.Errorf("claim %s: %w", key, err)
+		if IsUnavailable(err) {
+			err = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
+		}
+		return 0, err
+	}
+	return epoch, nil
+}
+
+func (s *Store) claim(ctx context.Context, key, owner string, at time.Time) (epoch int64, err error) {
+	if key == "" {
+		return 0, errors.New("key required")
+	}
+	if err := s.enter(); err != nil {
+		return 0, err
+	}
+	defer s.leave()
+	if s.readOnly {
+		return 0, ErrReadOnly
+	}
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	tx, err := s.writer.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
+	if err := tx.QueryRowContext(ctx, claimSQL, key, owner, timeArg(at)).Scan(&epoch); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, err
+	}
+	return epoch, nil
+}
+
+// Ownership implements persistence.Store.
+func (s *Store) Ownership(ctx context.Context, key string) (*persistence.Ownership, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("ownership of %s: %w", key, err)
+	}
+	defer s.leave()
+	var o persistence.Ownership
+	err := s.reader.QueryRowContext(ctx, ownershipSQL, key).Scan(&o.Key, &o.Epoch, &o.Owner, nanoTime{&o.ClaimedAt})
+	if errors.Is(err, sql.ErrNoRows) {
+		err = persistence.ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ownership of %s: %w", key, err)
+	}
+	return &o, nil
+}

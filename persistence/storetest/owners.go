@@ -1,0 +1,127 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/agentgate/agentgate/persistence"
+)
+
+// testClaimAndFence: claims count a key's epoch up from 1, per key; a group fenced with an older
+// epoch fails with ErrFenced and leaves no trace, while the other groups of its batch commit;
+// a fence of the current (or a later) epoch, or of a key never claimed, passes; claims survive
+// PruneSessions.
+func testClaimAndFence(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	ss := start(t, s, "s1", "k1", 1)
+	start(t, s, "s2", "k2", 1)
+	for i, want := range []int64{1, 2} {
+		got := check(s.Claim(ctx, "k1", fmt.Sprintf("member-%d", i), at(i))).must(t, "Claim(k1)")
+		if got != want {
+			t.Fatalf("claim %d of k1: epoch %d, want %d", i, got, want)
+		}
+	}
+	if got := check(s.Claim(ctx, "k2", "member-0", at(5))).must(t, "Claim(k2)"); got != 1 {
+		t.Errorf("first claim of k2: epoch %d, want 1 (epochs are per key)", got)
+	}
+	diff(t, "Ownership(k1)", check(s.Ownership(ctx, "k1")).must(t, "Ownership"),
+		&persistence.Ownership{Key: "k1", Epoch: 2, Owner: "member-1", ClaimedAt: at(1)})
+	if _, err := s.Claim(ctx, "", "member-0", at(0)); err == nil {
+		t.Error("Claim of an empty key: nil error, want one")
+	}
+
+	appendAt := func(seq int64) persistence.Op {
+		return &persistence.AppendMessage{Message: replyMsg(ss.ID, seq, fmt.Sprintf("reply %d", seq))}
+	}
+	errs := s.Commit(ctx, [][]persistence.Op{
+		{&persistence.Fence{Key: "k1", Epoch: 1}, appendAt(1), &persistence.SetTitle{SessionID: ss.ID, Title: "old owner"}},
+		{&persistence.Fence{Key: "k1", Epoch: 2}, appendAt(2)},
+		{&persistence.Fence{Key: "k1", Epoch: 3}, appendAt(3)}, // not a newer claim: passes
+		{&persistence.Fence{Key: "never-claimed", Epoch: 1}, appendAt(4)},
+		{&persistence.Fence{Key: "k2", Epoch: 1}, &persistence.SetTitle{SessionID: "s2", Title: "k2's owner"}},
+	})
+	if !errors.Is(errs[0], persistence.ErrFenced) {
+		t.Errorf("group fenced with epoch 1 after claim 2: error %v, want ErrFenced", errs[0])
+	}
+	for i, err := range errs[1:] {
+		if err != nil {
+			t.Errorf("group %d: %v, want it committed", i+1, err)
+		}
+	}
+	var seqs []int64
+	for _, m := range check(s.Transcript(ctx, ss.ID)).must(t, "Transcript") {
+		seqs = append(seqs, m.Seq)
+	}
+	diff(t, "transcript seqs after the fenced batch", seqs, []int64{2, 3, 4})
+	if got := check(s.Session(ctx, ss.ID)).must(t, "Session").Title; got != "" {
+		t.Errorf("title %q: the fenced group's write is stored", got)
+	}
+	if got := check(s.Session(ctx, "s2")).must(t, "Session").Title; got != "k2's owner" {
+		t.Errorf("k2's title %q, want the write fenced by its own claim", got)
+	}
+
+	for _, bad := range []*persistence.Fence{{Epoch: 1}, {Key: "k1"}, {Key: "k1", Epoch: -1}} {
+		errs := s.Commit(ctx, [][]persistence.Op{{bad, appendAt(9)}})
+		if errs[0] == nil || errors.Is(errs[0], persistence.ErrFenced) {
+			t.Errorf("Commit(%+v) = %v, want an error other than ErrFenced", *bad, errs[0])
+		}
+	}
+
+	// A key's epoch never goes back, whatever is pruned.
+	MustCommit(t, s, &persistence.PutRoute{Route: route("k1", "s9", 2)},
+		&persistence.CreateSession{Session: ended("s9", "k1", 0, 1)})
+	MustCommit(t, s, &persistence.EndSession{SessionID: ss.ID, Reason: persistence.EndResetCommand, At: at(2)},
+		&persistence.SetMessageStatus{SessionID: ss.ID, Seqs: []int64{2, 3, 4}, Status: persistence.StatusDone})
+	check(s.PruneSessions(ctx, at(1_000_000), 0)).must(t, "PruneSessions")
+	if got := check(s.Claim(ctx, "k1", "member-2", at(7))).must(t, "Claim after prune"); got != 3 {
+		t.Errorf("claim of k1 after PruneSessions: epoch %d, want 3", got)
+	}
+}
+
+// testClaimWaitsForFencedCommits is the guarantee an activation relies on: once Claim has
+// returned, no group fenced with an older epoch commits, so a snapshot read after the claim is
+// the predecessor's final state. A writer commits fenced batches as fast as it can while
+// claims run; after each claim the transcript is read, and once the writer has been fenced the
+// transcript must not have grown.
+func testClaimWaitsForFencedCommits(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	const rounds, perGroup = 20, 20
+	for round := range rounds {
+		key, sid := fmt.Sprintf("race-%d", round), fmt.Sprintf("race-s%d", round)
+		start(t, s, sid, key, 1)
+		epoch := check(s.Claim(ctx, key, "old", at(0))).must(t, "Claim")
+
+		var wg sync.WaitGroup
+		var fenced error
+		wg.Go(func() {
+			seq := int64(0)
+			for {
+				ops := []persistence.Op{&persistence.Fence{Key: key, Epoch: epoch}}
+				for range perGroup {
+					seq++
+					ops = append(ops, &persistence.AppendMessage{Message: replyMsg(sid, seq, "x")})
+				}
+				if err := s.Commit(ctx, [][]persistence.Op{ops})[0]; err != nil {
+					fenced = err
+					return
+				}
+			}
+		})
+		// Claim while the writer is busy: after its first commit.
+		for len(check(s.Transcript(ctx, sid)).must(t, "Transcript")) == 0 {
+		}
+		check(s.Claim(ctx, key, "new", at(1))).must(t, "Claim")
+		snap := len(check(s.Transcript(ctx, sid)).must(t, "Transcript"))
+		wg.Wait()
+		if !errors.Is(fenced, persistence.ErrFenced) {
+			t.Fatalf("round %d: the old writer stopped with %v, want ErrFenced", round, fenced)
+		}
+		if final := len(check(s.Transcript(ctx, sid)).must(t, "Transcript")); final != snap {
+			t.Fatalf("round %d: %d rows read right after the claim, %d in the end: "+
+				"a write fenced by an older epoch committed after the claim", round, snap, final)
+		}
+	}
+}
