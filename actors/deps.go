@@ -97,6 +97,11 @@ type Deps struct {
 	// Dispatcher runs every actor's mailbox (nil: protoactor's default, a new goroutine per
 	// mailbox run).
 	Dispatcher actor.Dispatcher
+	// Fencing makes every session activation claim its key in the store before it loads it,
+	// and fence every write with the claim's epoch (persistence.Store.Claim): members that share
+	// one store can then never interleave the writes of a key, whatever their routing does.
+	// A fenced session stops, and what it was asked hands over to the key's next activation.
+	Fencing bool
 	// Spooling is true while the persistence actor holds writes in the spool: the store does not
 	// show them yet, so sessions stay in memory instead of passivating.
 	Spooling atomic.Bool
@@ -105,6 +110,9 @@ type Deps struct {
 	// actor (a session learns its key from its PID), so per-actor props would only cost memory.
 	propsOnce                               sync.Once
 	sessionProps, recoveredProps, turnProps *actor.Props
+	// writeIDs numbers the writes of every session: an answer meant for a write of a session's
+	// previous incarnation never matches a write of the current one.
+	writeIDs atomic.Uint64
 	// lifelines holds the lifeline of each session that has crashed in its current activation,
 	// by key: the one thing a session's incarnations share (see lifeline).
 	lifelines sync.Map

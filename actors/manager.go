@@ -80,7 +80,9 @@ func (m *SessionManager) Receive(c actor.Context) {
 		if pid, ok := m.sessions[msg.key]; ok {
 			delete(m.sessions, msg.key)
 			m.stopping[msg.key] = nil
-			m.d.Metrics.SessionPassivations.Inc()
+			if !msg.fenced {
+				m.d.Metrics.SessionPassivations.Inc()
+			}
 			c.Poison(pid)
 		}
 	case *stopped:

@@ -38,7 +38,10 @@ type ListActive struct{}
 type ActiveList struct{ Keys []string }
 
 // passivate is sent by an idle session to ask its manager to stop it.
-type passivate struct{ key string }
+type passivate struct {
+	key    string
+	fenced bool // another activation claimed the key (Deps.Fencing)
+}
 
 // busyChanged is sent by a session when it starts running turns or becomes idle.
 type busyChanged struct {

@@ -1,8 +1,10 @@
 package actors
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
@@ -38,7 +40,9 @@ type Session struct {
 	seen       idSet       // inbound message ids accepted in this activation
 	mode       string
 
-	nextWrite  uint64
+	epoch      int64                // the key's claim (Deps.Fencing); 0 when not claimed
+	fencedOut  bool                 // a newer activation claimed the key: this one hands over and stops
+	handoff    []routed             // requests for the key's next activation, sent once the session stops
 	inflight   []*pendingWrite      // by write id, ascending
 	stopResend scheduler.CancelFunc // the armed resend tick; nil when none is armed
 	sched      *scheduler.TimerScheduler
@@ -142,7 +146,7 @@ func (s *Session) Receive(c actor.Context) {
 	if _, ok := c.Message().(*actor.Stopped); ok && s.life != nil {
 		s.d.lifelines.Delete(s.key) // the activation is over; the next one starts afresh
 	}
-	if s.dead {
+	if s.dead || (s.fencedOut && !s.whileFenced(c)) {
 		return
 	}
 	switch c.Message().(type) {
@@ -188,7 +192,8 @@ func (s *Session) Receive(c actor.Context) {
 		if s.running != nil {
 			c.Stop(s.running.pid)
 		}
-		c.Send(c.Parent(), &stopped{key: s.key, hasWork: s.running != nil || len(s.queue) > 0})
+		// A fenced session's work belongs to the activation that claimed the key.
+		c.Send(c.Parent(), &stopped{key: s.key, hasWork: !s.fencedOut && (s.running != nil || len(s.queue) > 0)})
 		if s.busy {
 			c.Send(c.Parent(), &busyChanged{key: s.key, busy: false})
 		}
@@ -203,6 +208,22 @@ func (s *Session) start(c actor.Context) {
 	}
 	s.mode = s.d.Config.QueueMode
 	s.activatedAt = s.d.now()
+	if s.d.Fencing {
+		// Claim before loading: the snapshot then holds every write the key's previous
+		// activation will ever make (its later ones are fenced).
+		epoch, err := s.d.Store.Claim(s.d.Ctx, s.key, s.d.Node, s.activatedAt)
+		if err != nil {
+			panic(fmt.Errorf("session %s: claim: %w", s.key, err))
+		}
+		s.epoch = epoch
+	} else if s.restarts() > 0 {
+		// The failed incarnation's writes may still wait in the persistence actor: load only
+		// once they are committed, or this one would not know of them (a message stored but
+		// never run, a seq used twice). They were sent before this flush, so it waits for them.
+		if _, err := c.RequestFuture(s.d.Persist, &persistence.Flush{}, restartFlushTimeout).Result(); err != nil {
+			panic(fmt.Errorf("session %s: wait for the writes of the failed incarnation: %w", s.key, err))
+		}
+	}
 	snap, err := s.d.Store.LoadSession(s.d.Ctx, s.key, s.d.Config.HistoryLimit)
 	if err != nil {
 		panic(fmt.Errorf("session %s: load: %w", s.key, err))
@@ -222,6 +243,9 @@ func (s *Session) start(c actor.Context) {
 		s.lastSeq = snap.LastSeq
 		s.lastActivity = snap.Session.LastActivityAt
 		for _, m := range snap.History {
+			if m.Role == persistence.RoleUser && isPending(snap.Pending, m.Seq) {
+				continue // it joins the history when its turn runs, as one of the turn's messages
+			}
 			if m.Role == persistence.RoleUser || m.Role == persistence.RoleAssistant {
 				msg := persistFromRow(m)
 				if m.Role == persistence.RoleUser {
@@ -258,6 +282,17 @@ func (s *Session) start(c actor.Context) {
 	}
 	s.tryStart(c)
 }
+
+// isPending reports whether seq is one of pending (sorted by seq).
+func isPending(pending []persistence.Message, seq int64) bool {
+	_, found := slices.BinarySearchFunc(pending, seq, func(m persistence.Message, seq int64) int {
+		return cmp.Compare(m.Seq, seq)
+	})
+	return found
+}
+
+// restartFlushTimeout bounds how long a restarted session waits for its predecessor's writes.
+const restartFlushTimeout = time.Minute
 
 // Passivation. protoactor's ReceiveTimeout is not race-clean at the pinned version (its timer
 // callback writes the actor context from the timer's goroutine), so a session keeps its own idle
@@ -316,4 +351,69 @@ func (s *Session) curID() string {
 func (s *Session) sourceOf(ss *persistence.Session) identity.Source {
 	return identity.Source{Platform: ss.Platform, ChatType: ss.ChatType, ChatID: ss.ChatID, ThreadID: ss.ThreadID,
 		UserID: ss.UserID, UserName: ss.UserName, ScopeID: ss.ScopeID, Profile: ss.Profile}
+}
+
+// Fencing (Deps.Fencing). Once a write of this activation is refused because another
+// activation claimed the key, this one writes and sends nothing more: the newer activation
+// loaded its state after its claim, so it holds every write of this one that committed, and it
+// runs again whatever this one had not finished. This one waits for the answers to its writes
+// still in flight (requests waiting on them get them), hands every request it is sent meanwhile
+// to the manager, which gives them to the key's next activation, and then stops.
+
+// fence starts the hand-over.
+func (s *Session) fence(c actor.Context) {
+	s.fencedOut = true
+	s.d.Metrics.SessionsFenced.Inc()
+	s.logger().Warn("another activation claimed the session; this one hands over and stops",
+		"epoch", s.epoch, "pending", len(s.queue), "running", s.running != nil)
+	if s.running != nil {
+		c.Stop(s.running.pid) // its result would be fenced; the new owner runs the message again
+	}
+}
+
+// whileFenced handles a message of a fenced session and reports whether Receive should go on
+// with it: only the answers to its writes, its resend timer, and stopping.
+func (s *Session) whileFenced(c actor.Context) bool {
+	switch c.Message().(type) {
+	case *persistence.WriteResult, *resendTick, *actor.Stopping, *actor.Stopped:
+		return true
+	case *Deliver, *ResetSession, *ResetDue, *GetState:
+		s.handOver(c, c.Message(), c.Sender())
+	}
+	return false
+}
+
+// handOver gives a request to the key's next activation: the manager holds it until this actor
+// is gone. The answer goes to sender.
+func (s *Session) handOver(c actor.Context, msg any, sender *actor.PID) {
+	r := routed{msg: msg, sender: sender}
+	if !s.passivating {
+		s.handoff = append(s.handoff, r) // sent after the passivate, so the manager holds it
+		s.stopWhenSettled(c)
+		return
+	}
+	s.sendToManager(c, r)
+}
+
+// stopWhenSettled asks the manager to stop a fenced session once no write of it is in flight
+// (each request waiting on one gets its answer first), and hands it what was asked meanwhile.
+func (s *Session) stopWhenSettled(c actor.Context) {
+	if !s.fencedOut || s.passivating || len(s.inflight) > 0 {
+		return
+	}
+	s.passivating = true
+	c.Send(c.Parent(), &passivate{key: s.key, fenced: true})
+	for _, r := range s.handoff {
+		s.sendToManager(c, r)
+	}
+	s.handoff = nil
+}
+
+func (s *Session) sendToManager(c actor.Context, r routed) {
+	m := &Routed{Key: s.key, Msg: r.msg}
+	if r.sender != nil {
+		c.RequestWithCustomSender(c.Parent(), m, r.sender)
+	} else {
+		c.Send(c.Parent(), m)
+	}
 }

@@ -91,6 +91,10 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 			c.Send(it.requester, s.result(m, platforms.Duplicate, ""))
 			return
 		}
+		if errors.Is(err, persistence.ErrFenced) {
+			s.handOver(c, m, it.requester) // the key's next activation stores it
+			return
+		}
 		s.seen.remove(m.MessageId)
 		s.logger().Error("store inbound message", "err", err)
 		r := s.result(m, "", "")

@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"errors"
 	"slices"
 	"time"
 
@@ -32,6 +33,9 @@ func OutboundFromEntry(e *persistence.OutboxEntry) *platforms.Outbound {
 }
 
 func (s *Session) sendOutbound(c actor.Context, out *platforms.Outbound) {
+	if s.fencedOut {
+		return // the write behind it was refused, or the new owner sends it
+	}
 	pid := s.d.Platforms[out.Target.Platform]
 	if pid == nil {
 		s.logger().Error("no platform for outbound", "platform", out.Target.Platform)
@@ -43,8 +47,10 @@ func (s *Session) sendOutbound(c actor.Context, out *platforms.Outbound) {
 // write sends ops to the persistence actor and runs done with the result. The session keeps
 // the write until it is acknowledged and sends it again if no answer comes (resend).
 func (s *Session) write(c actor.Context, ops []persistence.Op, done func(actor.Context, error)) {
-	s.nextWrite++
-	w := &pendingWrite{write: &persistence.Write{ID: s.nextWrite, Ops: ops}, done: done, sentAt: s.d.now()}
+	if s.epoch > 0 {
+		ops = append([]persistence.Op{&persistence.Fence{Key: s.key, Epoch: s.epoch}}, ops...)
+	}
+	w := &pendingWrite{write: &persistence.Write{ID: s.d.writeIDs.Add(1), Ops: ops}, done: done, sentAt: s.d.now()}
 	s.inflight = append(s.inflight, w)
 	c.Request(s.d.Persist, w.write)
 	if s.stopResend == nil {
@@ -99,8 +105,12 @@ func (s *Session) onWriteResult(c actor.Context, m *persistence.WriteResult) {
 			s.stopResend = nil
 		}
 	}
+	if errors.Is(m.Err, persistence.ErrFenced) && !s.fencedOut {
+		s.fence(c)
+	}
 	w.done(c, m.Err)
 	s.updateBusy(c)
+	s.stopWhenSettled(c)
 }
 
 // resendAfter is how long a session waits for a write's acknowledgment before sending it

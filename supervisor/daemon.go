@@ -45,6 +45,15 @@ type Options struct {
 	// WrapStore, when set, wraps the opened store; the daemon uses what it returns (`agentgate
 	// bench` records the daemon's transactions through it).
 	WrapStore func(persistence.Store) persistence.Store
+	// SharedStore runs the daemon as one of several that write one PostgreSQL database: the
+	// groundwork of cluster mode (DESIGN §6), which will set it; no config key reaches it yet.
+	// The daemon takes no lock on the database; every session activation claims its key and
+	// fences its writes (actors.Deps.Fencing), so two activations of one key, on two daemons,
+	// never interleave their writes. Writes are never spooled: a spooled write would live on
+	// one member's disk and be fenced when replayed, so a daemon that cannot write refuses
+	// messages (503) instead. Drafts left by earlier runs are not removed at start (they may be
+	// another live member's).
+	SharedStore bool
 }
 
 // Daemon is a running agentgate: its actor system, store, platforms and the PIDs of the
@@ -100,14 +109,19 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			return nil, err
 		}
 	}
-	if d.store, err = openStore(ctx, cfg, log.With("component", "persistence")); err != nil {
+	if opts.SharedStore && cfg.Store.Driver != "postgres" {
+		return nil, errors.New("start: a shared store must be PostgreSQL (store.driver: postgres)")
+	}
+	if d.store, err = openStore(ctx, cfg, log.With("component", "persistence"), !opts.SharedStore); err != nil {
 		return nil, fmt.Errorf("start: open store: %w", err)
 	}
 	if opts.WrapStore != nil {
 		d.store = opts.WrapStore(d.store)
 	}
-	if d.spool, err = spool.Open(filepath.Join(cfg.DataDir, "spool")); err != nil {
-		return nil, fmt.Errorf("start: open spool: %w", err)
+	if !opts.SharedStore {
+		if d.spool, err = spool.Open(filepath.Join(cfg.DataDir, "spool")); err != nil {
+			return nil, fmt.Errorf("start: open spool: %w", err)
+		}
 	}
 	extra, err := configuredPlatforms(cfg, log, d.store, opts.Now)
 	if err != nil {
@@ -166,7 +180,11 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 				After: cfg.Sessions.Prune.Retention, Every: cfg.Sessions.Prune.Interval},
 		},
 		Log: log, Metrics: d.metrics, Now: opts.Now, Node: hostname(), Run: newRunID(),
-		Editors: map[string]bool{}, DraftInterval: opts.DraftInterval,
+		Editors: map[string]bool{}, DraftInterval: opts.DraftInterval, Fencing: opts.SharedStore,
+	}
+	if opts.SharedStore {
+		d.deps.Node += "/" + d.deps.Run // several members may run on one host
+		d.deps.Run = ""                 // another member's drafts are not this start's to remove
 	}
 	for _, p := range d.platforms {
 		if _, ok := p.(platforms.Editor); ok {
@@ -364,6 +382,10 @@ func hostname() string {
 }
 
 func persistenceProps(d *Daemon) *actor.Props {
+	var sp persistence.Spooler // nil, not a nil *spool.Spool: without a spool, failed writes are refused
+	if d.spool != nil {
+		sp = d.spool
+	}
 	return actor.PropsFromProducer(persistence.NewActor(d.ctx, d.store, persistence.ActorOptions{
 		MaxBatch: d.cfg.Persist.MaxBatch,
 		Log:      d.log.With("actor", "persistence"),
@@ -371,7 +393,7 @@ func persistenceProps(d *Daemon) *actor.Props {
 			d.metrics.PersistBatchSize.Observe(float64(n))
 			d.metrics.PersistFlushSeconds.Observe(took.Seconds())
 		},
-		Spool:      d.spool,
+		Spool:      sp,
 		Spooling:   &d.deps.Spooling,
 		SpoolFiles: func(n int) { d.metrics.SpoolFiles.Set(float64(n)) },
 	}), d.deps.Mailbox("persistence")...)
@@ -408,10 +430,10 @@ func (f floor) WithGroup(n string) slog.Handler                 { return floor{f
 // openStore opens the configured store: SQLite (the default) or PostgreSQL. A failed Open
 // returns a nil interface, never a nil *Store inside one (the caller's cleanup closes a
 // non-nil store).
-func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger) (persistence.Store, error) {
+func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, exclusive bool) (persistence.Store, error) {
 	switch cfg.Store.Driver {
 	case "postgres":
-		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{Logger: log, Exclusive: true})
+		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{Logger: log, Exclusive: exclusive})
 		if err != nil {
 			return nil, err
 		}

@@ -43,6 +43,10 @@ type daemonOpts struct {
 	draftInterval time.Duration
 	// logs receives the daemon's log at debug level (instead of warnings to the test output).
 	logs io.Writer
+	// wrap wraps the daemon's store (Options.WrapStore).
+	wrap func(persistence.Store) persistence.Store
+	// shared runs the daemon as a member of a shared store (Options.SharedStore).
+	shared bool
 }
 
 // MustStartDaemon starts a daemon with agent, HTTP on a loopback port and a fake platform. The
@@ -73,7 +77,7 @@ func MustStartDaemon(t testing.TB, agent agents.Agent, o daemonOpts) *runtime {
 	if o.logs != nil {
 		log = slog.New(slog.NewTextHandler(o.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	d, err := Start(t.Context(), cfg, log, Options{Agent: agent, Platforms: []platforms.Platform{platform}, Now: o.now, DraftInterval: o.draftInterval})
+	d, err := Start(t.Context(), cfg, log, Options{Agent: agent, Platforms: []platforms.Platform{platform}, Now: o.now, DraftInterval: o.draftInterval, WrapStore: o.wrap, SharedStore: o.shared})
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}

@@ -1,0 +1,162 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// startMembers starts n daemons sharing one PostgreSQL database (Options.SharedStore).
+func startMembers(t *testing.T, n int, agent agents.Agent) []*runtime {
+	t.Helper()
+	dsn := pgtest.NewDatabase(t)
+	var rs []*runtime
+	for range n {
+		r := MustStartDaemon(t, agent, daemonOpts{shared: true, tweak: func(c *config.Config) {
+			c.Store.Driver, c.Store.DSN = "postgres", dsn
+		}})
+		t.Cleanup(func() { r.stop(t) })
+		rs = append(rs, r)
+	}
+	return rs
+}
+
+// historyAgent answers each message with the user messages it was shown before it.
+func historyAgent(block func(text string)) agents.Agent {
+	return agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		var seen []string
+		for _, m := range req.History {
+			if m.Role == persistence.RoleUser {
+				seen = append(seen, m.Text)
+			}
+		}
+		text := req.Messages[len(req.Messages)-1].Text
+		if block != nil {
+			block(text)
+		}
+		return &agents.Response{Text: fmt.Sprintf("[%s] %s", strings.Join(seen, " "), text)}, nil
+	})
+}
+
+// repliesByMessage maps the message ids a platform's replies answer to their texts.
+func repliesByMessage(out []*platforms.Outbound) map[string][]string {
+	got := map[string][]string{}
+	for _, o := range out {
+		for _, id := range o.InReplyTo {
+			got[id] = append(got[id], o.Text)
+		}
+	}
+	return got
+}
+
+// TestSharedStoreFencesTheOlderActivation: two daemons on one database each activate the same
+// session key, as a cluster does for a moment when its membership changes. The newer
+// activation claims the key and loads everything the older one wrote; the older one's next
+// write is refused, so it never writes with its stale state (its seq would collide with the
+// newer one's). The message it was given is handed to a fresh activation that claims the key
+// again, and is answered knowing the whole conversation.
+func TestSharedStoreFencesTheOlderActivation(t *testing.T) {
+	rs := startMembers(t, 2, historyAgent(nil))
+	a, b := rs[0], rs[1]
+
+	a.inject(t, dm, "m1", "one")
+	a.waitSent(t, 1)
+	b.inject(t, dm, "m2", "two")
+	b.waitSent(t, 1)
+	ack := a.inject(t, dm, "m3", "three") // a's session still thinks it owns the key
+	if ack == nil || ack.Disposition != platforms.Started {
+		t.Fatalf("m3 on the older activation: ack %+v, want it started by the next activation", ack)
+	}
+	a.waitSent(t, 2)
+
+	want := map[string][]string{"m1": {"[] one"}, "m3": {"[one two] three"}}
+	if got := repliesByMessage(a.fake.Sent()); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("member a replied %v, want %v", got, want)
+	}
+	want = map[string][]string{"m2": {"[one] two"}}
+	if got := repliesByMessage(b.fake.Sent()); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("member b replied %v, want %v (it must have loaded a's turn)", got, want)
+	}
+	if n := testutil.ToFloat64(a.d.metrics.SessionsFenced); n != 1 {
+		t.Errorf("member a: sessions_fenced_total = %v, want 1", n)
+	}
+
+	msgs, err := a.d.store.Transcript(t.Context(), ack.SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []string
+	for i, m := range msgs {
+		if m.Seq != int64(i+1) {
+			t.Errorf("row %d has seq %d: seqs must be 1, 2, 3… with no gap or reuse", i, m.Seq)
+		}
+		rows = append(rows, m.Role+":"+m.Content)
+	}
+	wantRows := "user:one assistant:[] one user:two assistant:[one] two user:three assistant:[one two] three"
+	if got := strings.Join(rows, " "); got != wantRows {
+		t.Errorf("transcript\n got %s\nwant %s", got, wantRows)
+	}
+	own, err := a.d.store.Ownership(t.Context(), ack.SessionKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if own.Epoch != 3 || own.Owner != a.d.deps.Node {
+		t.Errorf("ownership %+v, want epoch 3 held by member a (%s)", own, a.d.deps.Node)
+	}
+}
+
+// TestSharedStoreFencedTurnIsAnsweredOnce: a turn runs on one daemon while another claims its
+// key. The newer activation runs the message again (it is pending in the store); the older
+// turn's result is refused, so it is never stored and never sent: the user gets one answer.
+func TestSharedStoreFencedTurnIsAnsweredOnce(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	var slowRuns atomic.Int32
+	rs := startMembers(t, 2, historyAgent(func(text string) {
+		if text == "slow" && slowRuns.Add(1) == 1 { // the first run only: member a's
+			close(started)
+			<-release
+		}
+	}))
+	a, b := rs[0], rs[1]
+
+	ack := a.inject(t, dm, "m1", "slow")
+	<-started
+	b.inject(t, dm, "m2", "next")
+	b.waitSent(t, 2)
+	close(release)
+	// a's session is fenced by its turn's result write and stops; a's next message starts a
+	// fresh activation, which shows a's fenced turn left nothing behind.
+	a.inject(t, dm, "m3", "last")
+	a.waitSent(t, 1)
+
+	want := map[string][]string{"m1": {"[] slow"}, "m2": {"[slow] next"}}
+	if got := repliesByMessage(b.fake.Sent()); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("member b replied %v, want %v", got, want)
+	}
+	want = map[string][]string{"m3": {"[slow next] last"}}
+	if got := repliesByMessage(a.fake.Sent()); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("member a replied %v, want %v (its fenced turn must send nothing)", got, want)
+	}
+	msgs, err := a.d.store.Transcript(t.Context(), ack.SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []string
+	for _, m := range msgs {
+		rows = append(rows, m.Role+":"+m.Content)
+	}
+	// m2 was stored while m1 waited for its rerun: the transcript keeps arrival order.
+	wantRows := "user:slow user:next assistant:[] slow assistant:[slow] next user:last assistant:[slow next] last"
+	if got := strings.Join(rows, " "); got != wantRows {
+		t.Errorf("transcript\n got %s\nwant %s", got, wantRows)
+	}
+}
