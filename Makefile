@@ -19,8 +19,10 @@ build: ## build bin/agentgate
 run: build ## run the daemon on its embedded default (SQLite in ./data, HTTP on 127.0.0.1:8080, echo agent)
 	./$(BIN) serve
 
-test: ## run every test with the race detector (includes the binary end-to-end tests)
+test: ## run every test with the race detector (includes the binary end-to-end tests), then the cluster tests without it
 	$(GO) test -race -count=1 -shuffle=on ./...
+	@# protoactor's cluster code is not race-clean: the multi-member tests (//go:build !race) run without -race
+	$(GO) test -count=1 -shuffle=on -run '^TestCluster' ./supervisor ./cmd/agentgate
 
 test-short: ## run the fast tests only
 	$(GO) test -race -short ./...

@@ -102,6 +102,9 @@ type Deps struct {
 	// one store can then never interleave the writes of a key, whatever their routing does.
 	// A fenced session stops, and what it was asked hands over to the key's next activation.
 	Fencing bool
+	// Clustered is set on the members of a cluster: sessions are reached through their cluster
+	// grains (SessionGrain), and the manager recovers only the keys it is sent Recover for.
+	Clustered bool
 	// Spooling is true while the persistence actor holds writes in the spool: the store does not
 	// show them yet, so sessions stay in memory instead of passivating.
 	Spooling atomic.Bool

@@ -25,6 +25,8 @@ type SessionManager struct {
 	rerun    map[string]bool     // key → respawn when terminated (it stopped with work left)
 	busy     map[string]bool
 	drains   []*actor.PID
+	// grains are the cluster grains of the sessions in memory, by key (cluster mode).
+	grains map[string]*actor.PID
 
 	stopSweep scheduler.CancelFunc // the idle sweep's ticker; nil without passivation
 }
@@ -75,7 +77,16 @@ func (m *SessionManager) Receive(c actor.Context) {
 			m.stopSweep = nil
 		}
 	case *Routed:
+		if msg.Grain != nil {
+			m.grains[msg.Key] = msg.Grain
+		}
+		if _, ok := msg.Msg.(*Recover); ok {
+			m.recover(c, msg.Key)
+			return
+		}
 		m.route(c, msg.Key, routed{msg: msg.Msg, sender: c.Sender()})
+	case *grainStopped:
+		m.onGrainStopped(c, msg)
 	case *passivate:
 		if pid, ok := m.sessions[msg.key]; ok {
 			delete(m.sessions, msg.key)
@@ -122,9 +133,13 @@ func (m *SessionManager) start(c actor.Context) {
 	m.stopping = map[string][]routed{}
 	m.rerun = map[string]bool{}
 	m.busy = map[string]bool{}
+	m.grains = map[string]*actor.PID{}
 	if p := m.d.Config.PassivateAfter; p > 0 {
 		every := sweepEvery(p)
 		m.stopSweep = scheduler.NewTimerScheduler(c).SendRepeatedly(every, every, c.Self(), &idleSweep{})
+	}
+	if m.d.Clustered {
+		return // each member recovers the keys the cluster gives it (Recover)
 	}
 	keys, err := m.d.Store.Recoverable(m.d.Ctx)
 	if err != nil {
@@ -191,6 +206,12 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 	}
 	delete(m.busy, key)
 	m.answerDrains(c)
+	if g := m.grains[key]; g != nil && !m.stoppingWithWork(key) {
+		// The session stopped for good (passivated, or fenced out): so does its grain, and the
+		// cluster activates a new one on the key's next message.
+		delete(m.grains, key)
+		c.Poison(g)
+	}
 	held, wasStopping := m.stopping[key]
 	delete(m.stopping, key)
 	rerun := m.rerun[key]
@@ -213,4 +234,33 @@ func (m *SessionManager) answerDrains(c actor.Context) {
 		}
 	}
 	m.drains = nil
+}
+
+// stoppingWithWork reports whether the stopped session of key is about to be replaced here.
+func (m *SessionManager) stoppingWithWork(key string) bool {
+	held, wasStopping := m.stopping[key]
+	return len(held) > 0 || (m.rerun[key] && wasStopping)
+}
+
+// recover activates the session of key as a recovery (see Recover), unless it is in memory.
+func (m *SessionManager) recover(c actor.Context, key string) {
+	if _, ok := m.stopping[key]; ok || m.sessions[key] != nil {
+		return
+	}
+	m.spawnWith(c, key, true)
+}
+
+// onGrainStopped stops the session of a key whose grain stopped: the cluster placed the key on
+// another member (whose activation claims it, so this one's next write would be refused
+// anyway), or this member leaves.
+func (m *SessionManager) onGrainStopped(c actor.Context, g *grainStopped) {
+	if cur := m.grains[g.key]; cur == nil || !cur.Equal(g.grain) {
+		return // a grain the manager stopped itself, or one already replaced
+	}
+	delete(m.grains, g.key)
+	if pid, ok := m.sessions[g.key]; ok {
+		delete(m.sessions, g.key)
+		m.stopping[g.key] = nil
+		c.Poison(pid)
+	}
 }

@@ -19,6 +19,16 @@ import (
 type Routed struct {
 	Key string
 	Msg any
+	// Grain is the cluster grain that routed Msg here (cluster mode; see SessionGrain): the
+	// manager stops it when the session stops, and stops the session when it stops.
+	Grain *actor.PID
+}
+
+// grainStopped tells the manager that the grain of key stopped: the cluster moved the key to
+// another member, or the member leaves.
+type grainStopped struct {
+	key   string
+	grain *actor.PID
 }
 
 // Drain asks the manager to answer *Drained once no session runs a turn.

@@ -614,6 +614,46 @@ func (*ResetDue) Descriptor() ([]byte, []int) {
 	return file_actors_messages_proto_rawDescGZIP(), []int{7}
 }
 
+// Recover activates a session that has unfinished work in the store (unanswered messages,
+// unconfirmed replies) as a recovery at start (SessionConfig.Recovery applies). In cluster mode
+// every member sends it, after each change of membership, to the keys it now owns. An active
+// session ignores it; no reply.
+type Recover struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Recover) Reset() {
+	*x = Recover{}
+	mi := &file_actors_messages_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Recover) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Recover) ProtoMessage() {}
+
+func (x *Recover) ProtoReflect() protoreflect.Message {
+	mi := &file_actors_messages_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Recover.ProtoReflect.Descriptor instead.
+func (*Recover) Descriptor() ([]byte, []int) {
+	return file_actors_messages_proto_rawDescGZIP(), []int{8}
+}
+
 var File_actors_messages_proto protoreflect.FileDescriptor
 
 const file_actors_messages_proto_rawDesc = "" +
@@ -677,7 +717,8 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\x13previous_session_id\x18\x02 \x01(\tR\x11previousSessionId\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"\n" +
 	"\n" +
-	"\bResetDueB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
+	"\bResetDue\"\t\n" +
+	"\aRecoverB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
 
 var (
 	file_actors_messages_proto_rawDescOnce sync.Once
@@ -691,7 +732,7 @@ func file_actors_messages_proto_rawDescGZIP() []byte {
 	return file_actors_messages_proto_rawDescData
 }
 
-var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_actors_messages_proto_goTypes = []any{
 	(*Source)(nil),        // 0: agentgate.actors.v1.Source
 	(*Deliver)(nil),       // 1: agentgate.actors.v1.Deliver
@@ -701,6 +742,7 @@ var file_actors_messages_proto_goTypes = []any{
 	(*ResetSession)(nil),  // 5: agentgate.actors.v1.ResetSession
 	(*ResetResult)(nil),   // 6: agentgate.actors.v1.ResetResult
 	(*ResetDue)(nil),      // 7: agentgate.actors.v1.ResetDue
+	(*Recover)(nil),       // 8: agentgate.actors.v1.Recover
 }
 var file_actors_messages_proto_depIdxs = []int32{
 	0, // 0: agentgate.actors.v1.Deliver.source:type_name -> agentgate.actors.v1.Source
@@ -722,7 +764,7 @@ func file_actors_messages_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_actors_messages_proto_rawDesc), len(file_actors_messages_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

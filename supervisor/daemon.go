@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/agentgate/agentgate/actors"
@@ -29,6 +30,7 @@ import (
 	"github.com/agentgate/agentgate/platforms/discord"
 	httpplatform "github.com/agentgate/agentgate/platforms/http"
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/cluster"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
@@ -77,7 +79,7 @@ type Daemon struct {
 	platforms []platforms.Platform
 	health    map[string]*actors.PlatformHealth
 	intake    *actors.Intake
-	router    *actors.LocalRouter
+	router    actors.SessionRouter
 	addr      net.Addr
 
 	children []Child
@@ -85,13 +87,31 @@ type Daemon struct {
 	manager  *actor.PID
 	timers   *actor.PID
 	events   *eventLog
+	// cluster mode
+	cluster  *cluster.Cluster
+	topology topologySubscription
+	members  memberStore // the store's membership registry (PostgreSQL)
+	fatal    chan error  // receives why the daemon must stop on its own (see Fatal)
+	fatalOne sync.Once
+}
+
+// Fatal receives the error that makes a running daemon unable to go on (a cluster member the
+// others dropped); its owner should Stop it and exit non-zero.
+func (d *Daemon) Fatal() <-chan error { return d.fatal }
+
+// fail reports a fatal error once.
+func (d *Daemon) fail(err error) {
+	d.fatalOne.Do(func() {
+		d.log.Error("the daemon cannot go on", "err", err)
+		d.fatal <- err
+	})
 }
 
 // Start builds the tree from cfg and starts it: store, persistence actor, platforms, session
 // manager (which re-activates sessions with unfinished work), then intake. It returns once the
 // HTTP listener is bound.
 func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Options) (_ *Daemon, err error) {
-	d := &Daemon{cfg: cfg, log: log, health: map[string]*actors.PlatformHealth{}}
+	d := &Daemon{cfg: cfg, log: log, health: map[string]*actors.PlatformHealth{}, fatal: make(chan error, 1)}
 	d.ctx, d.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {
 		if err != nil {
@@ -109,11 +129,17 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			return nil, err
 		}
 	}
+	if cfg.Cluster.Enabled {
+		opts.SharedStore = true // see Options.SharedStore
+	}
 	if opts.SharedStore && cfg.Store.Driver != "postgres" {
 		return nil, errors.New("start: a shared store must be PostgreSQL (store.driver: postgres)")
 	}
 	if d.store, err = openStore(ctx, cfg, log.With("component", "persistence"), !opts.SharedStore); err != nil {
 		return nil, fmt.Errorf("start: open store: %w", err)
+	}
+	if ms, ok := d.store.(memberStore); ok {
+		d.members = ms
 	}
 	if opts.WrapStore != nil {
 		d.store = opts.WrapStore(d.store)
@@ -181,6 +207,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		},
 		Log: log, Metrics: d.metrics, Now: opts.Now, Node: hostname(), Run: newRunID(),
 		Editors: map[string]bool{}, DraftInterval: opts.DraftInterval, Fencing: opts.SharedStore,
+		Clustered: cfg.Cluster.Enabled,
 	}
 	if opts.SharedStore {
 		d.deps.Node += "/" + d.deps.Run // several members may run on one host
@@ -213,6 +240,12 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		case ch.Name == "sessions":
 			d.manager = pid
 			d.router = actors.NewLocalRouter(d.system.Root, d.manager)
+			if cfg.Cluster.Enabled {
+				if err := d.startCluster(); err != nil {
+					d.stopChildren(context.Background())
+					return nil, fmt.Errorf("start: %w", err)
+				}
+			}
 		case ch.Name == "timers":
 			d.timers = pid
 		}
@@ -251,7 +284,11 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	d.stopChildren(ctx)
 	d.cancel()
 	d.events.close()
-	d.system.Shutdown()
+	if d.cluster != nil {
+		d.leaveCluster() // it shuts the actor system down
+	} else {
+		d.system.Shutdown()
+	}
 	d.dispatcher.Stop()
 	if d.meters != nil {
 		_ = d.meters.Shutdown(ctx)

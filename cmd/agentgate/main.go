@@ -151,9 +151,12 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "listening on %s\n", d.Addr())
+	var fatal error
 	select {
 	case sig := <-sigs:
 		log.Info("signal received; draining", "signal", sig.String())
+	case fatal = <-d.Fatal():
+		log.Info("stopping", "reason", fatal)
 	case <-ctx.Done():
 	}
 	go func() {
@@ -163,7 +166,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}()
 	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.Shutdown.DrainTimeout+30*time.Second)
 	defer cancel()
-	return d.Stop(stopCtx)
+	if err := d.Stop(stopCtx); err != nil || fatal == nil {
+		return err
+	}
+	return fatal
 }
 
 func checkConfig(args []string, stdout, stderr io.Writer) error {

@@ -19,6 +19,7 @@ type Config struct {
 	Shutdown  Shutdown  `yaml:"shutdown"`
 	Metrics   Metrics   `yaml:"metrics"`
 	Persist   Persist   `yaml:"persistence"`
+	Cluster   Cluster   `yaml:"cluster"`
 }
 
 // Log configures logging.
@@ -202,6 +203,22 @@ type Shutdown struct {
 // Persist configures the persistence actor.
 type Persist struct {
 	MaxBatch int `yaml:"max_batch"`
+}
+
+// Cluster configures cluster mode (DESIGN §6): several members share one PostgreSQL store, and
+// each session runs on the member the cluster places its key on.
+type Cluster struct {
+	Enabled bool   `yaml:"enabled"`
+	Name    string `yaml:"name"` // members with the same name form one cluster
+	// Bind is the host:port of this member's gRPC listener, which the other members dial.
+	Bind string `yaml:"bind"`
+	// Advertise is the host:port the other members dial when it differs from Bind (behind NAT,
+	// or when Bind is 0.0.0.0).
+	Advertise string `yaml:"advertise"`
+	// MemberTTL is how long a member stays in the cluster without renewing its registration in
+	// the store (it renews every third of it): how soon the others take over its sessions when
+	// it dies.
+	MemberTTL time.Duration `yaml:"member_ttl"`
 }
 
 // Metrics configures what /metrics exports beyond agentgate's own metrics.

@@ -34,6 +34,7 @@ func Default() *Config {
 		Log:     Log{Level: "info", Format: "text"},
 		HTTP:    HTTP{Addr: "127.0.0.1:8080"},
 		Store:   Store{Driver: "sqlite", Synchronous: "full"},
+		Cluster: Cluster{Name: "agentgate", Bind: "127.0.0.1:6340", MemberTTL: 6 * time.Second},
 		Sessions: Sessions{
 			GroupSessionsPerUser: true,
 			PassivateAfter:       10 * time.Minute,

@@ -32,6 +32,17 @@ func (c *Config) validate() []error {
 		v.required("store.dsn", c.Store.DSN != "", "when store.driver is postgres")
 	}
 	v.oneOf("store.synchronous", c.Store.Synchronous, "full", "normal")
+	if cl := &c.Cluster; cl.Enabled {
+		if c.Store.Driver != "postgres" {
+			v.add("cluster.enabled", true, "needs store.driver: postgres (every member must reach the sessions' store)")
+		}
+		v.required("cluster.name", cl.Name != "", "when cluster.enabled")
+		v.hostPort("cluster.bind", cl.Bind)
+		if cl.Advertise != "" {
+			v.hostPort("cluster.advertise", cl.Advertise)
+		}
+		atLeast(&v, "cluster.member_ttl", cl.MemberTTL, time.Second)
+	}
 
 	s := &c.Sessions
 	atLeast(&v, "sessions.passivate_after", s.PassivateAfter, 0)

@@ -1,0 +1,105 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/agentgate/agentgate/actors"
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/cluster"
+	"github.com/asynkron/protoactor-go/cluster/identitylookup/disthash"
+	"github.com/asynkron/protoactor-go/eventstream"
+	"github.com/asynkron/protoactor-go/remote"
+)
+
+// Cluster mode (DESIGN §6, docs/ARCHITECTURE.md). Each member runs the whole daemon: platforms,
+// intake, a SessionManager and a persistence actor on the shared PostgreSQL store. Intake routes
+// every message through the cluster to the grain of its key (actors.SessionGrain) on the member
+// that owns the key, whose manager runs the session. Sessions claim their keys and fence their
+// writes (Options.SharedStore), so the brief dual activation of a membership change never
+// interleaves writes.
+
+// clusterRequestTimeout bounds one cluster request when the caller gives no deadline.
+const clusterRequestTimeout = 30 * time.Second
+
+// startCluster makes the daemon a member of its cluster and routes sessions through it. It
+// runs once the session manager is spawned and before intake starts.
+func (d *Daemon) startCluster() (err error) {
+	cc := d.cfg.Cluster
+	host, portText, err := net.SplitHostPort(cc.Bind)
+	if err != nil {
+		return fmt.Errorf("cluster.bind: %w", err)
+	}
+	port, err := strconv.Atoi(portText)
+	if err != nil {
+		return fmt.Errorf("cluster.bind: port %q: %w", portText, err)
+	}
+	var ropts []remote.ConfigOption
+	if cc.Advertise != "" {
+		ropts = append(ropts, remote.WithAdvertisedHost(cc.Advertise))
+	}
+	if d.members == nil {
+		return errors.New("cluster: the store keeps no cluster membership (store.driver must be postgres)")
+	}
+	provider := newStoreMembership(d.members, cc.Name, cc.MemberTTL, d.log.With("component", "cluster"), d.fail)
+	kind := actors.NewSessionKind(func() *actor.PID { return d.manager })
+	cfg := cluster.Configure(cc.Name, provider, disthash.New(), remote.Configure(host, port, ropts...),
+		cluster.WithKinds(kind), cluster.WithRequestTimeout(clusterRequestTimeout))
+	d.cluster = cluster.New(d.system, cfg)
+	defer func() {
+		// protoactor panics when it cannot listen or register; that is a start error here.
+		if p := recover(); p != nil {
+			err = fmt.Errorf("cluster: join %s as %s: %v", cc.Name, cc.Bind, p)
+		}
+	}()
+	d.topology = d.system.EventStream.Subscribe(func(ev any) {
+		if t, ok := ev.(*cluster.ClusterTopology); ok {
+			go d.recoverOwned(t)
+		}
+	})
+	d.cluster.StartMember()
+	d.router = actors.NewClusterRouter(d.cluster, d.log.With("component", "cluster"))
+	d.log.Info("joined the cluster", "cluster", cc.Name, "address", d.system.Address())
+	return nil
+}
+
+// recoverOwned activates, after a change of membership, the sessions with unfinished work in
+// the store whose keys this member now owns: those of a member that left, and at start its own.
+func (d *Daemon) recoverOwned(t *cluster.ClusterTopology) {
+	ctx, cancel := context.WithTimeout(d.ctx, time.Minute)
+	defer cancel()
+	keys, err := d.store.Recoverable(ctx)
+	if err != nil {
+		d.log.Error("list recoverable sessions after a change of membership", "err", err)
+		return
+	}
+	rdv := cluster.NewRendezvous()
+	rdv.UpdateMembers(t.Members)
+	me := d.system.Address()
+	n := 0
+	for _, key := range keys {
+		if rdv.GetByClusterIdentity(cluster.NewClusterIdentity(key, actors.SessionKind)) == me {
+			d.router.Tell(key, &actors.Recover{})
+			n++
+		}
+	}
+	d.log.Info("cluster membership changed", "members", len(t.Members), "joined", len(t.Joined),
+		"left", len(t.Left), "recovering", n)
+}
+
+// leaveCluster leaves the cluster (gracefully: the other members take over its keys) and stops
+// the actor system. It runs after the daemon's own actors have stopped.
+func (d *Daemon) leaveCluster() {
+	if d.cluster == nil {
+		return
+	}
+	d.system.EventStream.Unsubscribe(d.topology)
+	d.cluster.Shutdown(true)
+}
+
+// topologySubscription is the daemon's subscription to membership changes.
+type topologySubscription = *eventstream.Subscription

@@ -1,0 +1,175 @@
+//go:build !race
+
+// Cluster tests run several members in one process, and protoactor's cluster code is not
+// race-clean (docs/ARCHITECTURE.md): they are the documented exception to -race, and `make
+// test` runs them in a second pass without it.
+
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// startCluster starts n members of one cluster on a fresh PostgreSQL database. The caller
+// stops them (runtime.stop).
+func startClusterMembers(t *testing.T, n int, agent agents.Agent, drain time.Duration) []*runtime {
+	t.Helper()
+	dsn := pgtest.NewDatabase(t)
+	var rs []*runtime
+	for range n {
+		rs = append(rs, MustStartDaemon(t, agent, daemonOpts{drain: drain, tweak: func(c *config.Config) {
+			c.Store.Driver, c.Store.DSN = "postgres", dsn
+			c.Cluster.Enabled, c.Cluster.Bind, c.Cluster.MemberTTL = true, "127.0.0.1:0", 2*time.Second
+		}}))
+	}
+	// Every member must see all of them before the test routes: a member that has not yet seen
+	// the others would place every key on itself.
+	waitUntil(t, func() bool {
+		for _, r := range rs {
+			if len(r.d.cluster.MemberList.Members().Members()) != n {
+				return false
+			}
+		}
+		return true
+	})
+	return rs
+}
+
+func chat(i int) identity.Source {
+	return identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: fmt.Sprint("c", i), UserID: "u"}
+}
+
+// TestClusterRoutesEveryKeyToItsOwner: messages for many chats arrive on both members; each
+// session runs on the one member that owns its key, whichever member took the message, and
+// every message is stored once and answered once, by the owner.
+func TestClusterRoutesEveryKeyToItsOwner(t *testing.T) {
+	rs := startClusterMembers(t, 2, agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		return &agents.Response{Text: "ok " + req.Messages[0].Text}, nil
+	}), 0)
+	defer func() {
+		for _, r := range rs {
+			r.stop(t)
+		}
+	}()
+	const chats, rounds = 20, 3
+	acks := map[string]*platforms.Ack{}
+	for round := range rounds {
+		for i := range chats {
+			id := fmt.Sprintf("m%d-%d", i, round)
+			if ack := rs[(i+round)%2].inject(t, chat(i), id, id); ack != nil {
+				acks[id] = ack
+			}
+		}
+	}
+	if len(acks) != chats*rounds {
+		t.Fatalf("%d of %d messages acknowledged", len(acks), chats*rounds)
+	}
+	answered := map[string]int{}       // message id → replies, over both members
+	ranOn := map[string]map[int]bool{} // session key → members that answered it
+	waitUntil(t, func() bool { return len(rs[0].fake.Sent())+len(rs[1].fake.Sent()) >= chats*rounds })
+	for m, r := range rs {
+		for _, o := range r.fake.Sent() {
+			answered[o.InReplyTo[0]]++
+			if ranOn[o.SessionKey] == nil {
+				ranOn[o.SessionKey] = map[int]bool{}
+			}
+			ranOn[o.SessionKey][m] = true
+		}
+	}
+	for id := range acks {
+		if answered[id] != 1 {
+			t.Errorf("message %s answered %d times, want once", id, answered[id])
+		}
+	}
+	owners := map[int]int{}
+	for key, on := range ranOn {
+		if len(on) != 1 {
+			t.Errorf("session %s ran on %d members, want one", key, len(on))
+		}
+		for m := range on {
+			owners[m]++
+		}
+	}
+	if owners[0] == 0 || owners[1] == 0 {
+		t.Errorf("sessions per member: %v; both members should own some of %d keys", owners, chats)
+	}
+	for i := range chats {
+		key := acks[fmt.Sprintf("m%d-0", i)].SessionKey
+		msgs, err := rs[0].d.store.Transcript(t.Context(), acks[fmt.Sprintf("m%d-0", i)].SessionID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(msgs) != 2*rounds {
+			t.Errorf("session %s holds %d rows, want %d (a message and its reply per round)", key, len(msgs), 2*rounds)
+		}
+	}
+}
+
+// TestClusterMemberLeavingHandsItsSessionsOver: a member leaves while a turn of a session it
+// owns runs; the turn is cancelled and its message stays pending in the store. The remaining
+// member takes the key over and answers the message, and the next message of the chat goes
+// to it as well.
+func TestClusterMemberLeavingHandsItsSessionsOver(t *testing.T) {
+	started := make(chan string, 1)
+	var blockOnce atomic.Bool
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		if req.Messages[0].Text == "slow" && blockOnce.CompareAndSwap(false, true) {
+			started <- req.Identity.SessionKey
+			<-ctx.Done() // until its member leaves
+			return nil, ctx.Err()
+		}
+		return &agents.Response{Text: "ok " + req.Messages[0].Text}, nil
+	})
+	rs := startClusterMembers(t, 2, agent, 50*time.Millisecond)
+	a := rs[0]
+	defer a.stop(t)
+
+	// Find a chat whose key the second member owns, by sending through the first.
+	var leaving *runtime
+	var src identity.Source
+	for i := 0; leaving == nil; i++ {
+		ack := a.inject(t, chat(i), fmt.Sprint("probe", i), "probe")
+		waitUntil(t, func() bool { return len(a.fake.Sent())+len(rs[1].fake.Sent()) > i })
+		if len(rs[1].fake.Sent()) > 0 {
+			leaving, src = rs[1], chat(i)
+			_ = ack
+		}
+	}
+	a.inject(t, src, "slow-1", "slow")
+	<-started
+	leaving.stop(t) // drains for 50ms, cancels the turn, leaves the cluster
+
+	waitUntil(t, func() bool { return len(a.d.cluster.MemberList.Members().Members()) == 1 })
+	var got []string
+	waitUntil(t, func() bool {
+		got = nil
+		for _, o := range a.fake.Sent() {
+			if o.InReplyTo[0] == "slow-1" {
+				got = append(got, o.Text)
+			}
+		}
+		return len(got) > 0
+	})
+	if fmt.Sprint(got) != "[ok slow]" {
+		t.Errorf("replies to the message whose turn was cancelled: %q, want one, from the remaining member", got)
+	}
+	a.inject(t, src, "after", "after")
+	waitUntil(t, func() bool {
+		for _, o := range a.fake.Sent() {
+			if o.InReplyTo[0] == "after" {
+				return true
+			}
+		}
+		return false
+	})
+}

@@ -1,0 +1,117 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence/postgres"
+	"github.com/asynkron/protoactor-go/cluster"
+)
+
+// memberStore is the membership registry of cluster mode: the shared PostgreSQL store.
+type memberStore interface {
+	Heartbeat(ctx context.Context, cluster string, m postgres.Member, ttl time.Duration) ([]postgres.Member, error)
+	Leave(ctx context.Context, cluster, id string) error
+}
+
+// storeMembership is cluster mode's protoactor ClusterProvider. Every member registers in the
+// shared store and renews its registration every ttl/3; the members whose registration is
+// younger than ttl, by the database's clock, are the cluster. It needs no static peer list, no
+// port of its own and nothing beyond the store every member must reach anyway (DESIGN §6 names
+// protoactor's automanaged provider instead: see docs/ARCHITECTURE.md for why not).
+//
+// protoactor never readmits a member id it saw leave. A member whose renewals fail for a whole
+// ttl has been dropped by the others, so it reports itself lost (the daemon then stops, and a
+// process supervisor starts it again, with a new id).
+type storeMembership struct {
+	store memberStore
+	name  string
+	ttl   time.Duration
+	log   *slog.Logger
+	lost  func(error)
+
+	me   postgres.Member
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+func newStoreMembership(store memberStore, name string, ttl time.Duration, log *slog.Logger, lost func(error)) *storeMembership {
+	return &storeMembership{store: store, name: name, ttl: ttl, log: log, lost: lost,
+		stop: make(chan struct{}), done: make(chan struct{})}
+}
+
+// StartMember registers the member and starts renewing it.
+func (p *storeMembership) StartMember(c *cluster.Cluster) error {
+	host, port, err := c.ActorSystem.GetHostPort()
+	if err != nil {
+		return fmt.Errorf("membership: %w", err)
+	}
+	p.me = postgres.Member{ID: c.ActorSystem.ID, Host: host, Port: port, Kinds: c.GetClusterKinds()}
+	ctx, cancel := context.WithTimeout(context.Background(), p.ttl)
+	defer cancel()
+	live, err := p.store.Heartbeat(ctx, p.name, p.me, p.ttl)
+	if err != nil {
+		return fmt.Errorf("membership: register: %w", err)
+	}
+	p.publish(c, live)
+	go p.renew(c)
+	return nil
+}
+
+// StartClient is not used: every agentgate process is a member.
+func (p *storeMembership) StartClient(*cluster.Cluster) error {
+	return errors.New("membership: agentgate runs members only")
+}
+
+// Shutdown stops renewing and removes the registration, so the others see this member gone at
+// their next renewal rather than after a ttl.
+func (p *storeMembership) Shutdown(bool) error {
+	p.once.Do(func() { close(p.stop) })
+	<-p.done
+	ctx, cancel := context.WithTimeout(context.Background(), p.ttl)
+	defer cancel()
+	return p.store.Leave(ctx, p.name, p.me.ID)
+}
+
+func (p *storeMembership) renew(c *cluster.Cluster) {
+	defer close(p.done)
+	every := p.ttl / 3
+	t := time.NewTicker(every)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		live, err := p.store.Heartbeat(ctx, p.name, p.me, p.ttl)
+		cancel()
+		if err == nil {
+			last = time.Now()
+			p.publish(c, live)
+			continue
+		}
+		if since := time.Since(last); since >= p.ttl {
+			p.lost(fmt.Errorf("cluster membership lost: no renewal for %v (the other members count this one as gone): %w",
+				since.Round(time.Millisecond), err))
+			return
+		}
+		p.log.Warn("cluster membership not renewed; retrying", "err", err)
+	}
+}
+
+// publish hands the live members to protoactor's member list.
+func (p *storeMembership) publish(c *cluster.Cluster, live []postgres.Member) {
+	members := make([]*cluster.Member, 0, len(live))
+	for _, m := range live {
+		members = append(members, &cluster.Member{Id: m.ID, Host: m.Host, Port: int32(m.Port), Kinds: m.Kinds})
+	}
+	c.MemberList.UpdateClusterTopology(members)
+}
