@@ -13,6 +13,7 @@ import (
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
 )
 
@@ -105,6 +106,9 @@ type Deps struct {
 	// Clustered is set on the members of a cluster: sessions are reached through their cluster
 	// grains (SessionGrain), and the manager recovers only the keys it is sent Recover for.
 	Clustered bool
+	// Relay hands a reply sent on a platforms.Watched platform to the same platform on the
+	// other members of the cluster (RelayedOutbound); nil outside cluster mode.
+	Relay func(platform string, out *platforms.Outbound)
 	// Spooling is true while the persistence actor holds writes in the spool: the store does not
 	// show them yet, so sessions stay in memory instead of passivating.
 	Spooling atomic.Bool

@@ -189,3 +189,16 @@ func sourceFromProto(s *Source) identity.Source {
 }
 
 var _ = actor.PID{}
+
+// RelayOf is the RelayedOutbound of out (see Deps.Relay).
+func RelayOf(out *platforms.Outbound) *RelayedOutbound {
+	return &RelayedOutbound{SessionKey: out.SessionKey, SessionId: out.SessionID, Seq: out.Seq, Kind: out.Kind,
+		Text: out.Text, TurnId: out.TurnID, InReplyTo: out.InReplyTo, Target: sourceToProto(out.Target),
+		TurnEnd: out.TurnEnd, CreatedAtUnixNano: out.CreatedAt.UnixNano()}
+}
+
+func outboundFromRelay(m *RelayedOutbound) *platforms.Outbound {
+	return &platforms.Outbound{SessionKey: m.SessionKey, SessionID: m.SessionId, Seq: m.Seq, Kind: m.Kind,
+		Text: m.Text, TurnID: m.TurnId, InReplyTo: m.InReplyTo, Target: sourceFromProto(m.Target),
+		TurnEnd: m.TurnEnd, CreatedAt: time.Unix(0, m.CreatedAtUnixNano)}
+}

@@ -654,6 +654,127 @@ func (*Recover) Descriptor() ([]byte, []int) {
 	return file_actors_messages_proto_rawDescGZIP(), []int{8}
 }
 
+// RelayedOutbound is a reply or notice that the member owning its session has sent on a
+// platforms.Watched platform (HTTP), handed to the same platform on every other member of the
+// cluster: a client may wait for it there (?wait, event streams). It is durable and delivered
+// already; the receiving platform only shows it to its clients. Sent by the Platform actor of
+// the owner to the Platform actors of the others; no reply.
+type RelayedOutbound struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	SessionKey        string                 `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	SessionId         string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Seq               int64                  `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	Kind              string                 `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
+	Text              string                 `protobuf:"bytes,5,opt,name=text,proto3" json:"text,omitempty"`
+	TurnId            string                 `protobuf:"bytes,6,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	InReplyTo         []string               `protobuf:"bytes,7,rep,name=in_reply_to,json=inReplyTo,proto3" json:"in_reply_to,omitempty"`
+	Target            *Source                `protobuf:"bytes,8,opt,name=target,proto3" json:"target,omitempty"`
+	TurnEnd           bool                   `protobuf:"varint,9,opt,name=turn_end,json=turnEnd,proto3" json:"turn_end,omitempty"`
+	CreatedAtUnixNano int64                  `protobuf:"varint,10,opt,name=created_at_unix_nano,json=createdAtUnixNano,proto3" json:"created_at_unix_nano,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *RelayedOutbound) Reset() {
+	*x = RelayedOutbound{}
+	mi := &file_actors_messages_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayedOutbound) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayedOutbound) ProtoMessage() {}
+
+func (x *RelayedOutbound) ProtoReflect() protoreflect.Message {
+	mi := &file_actors_messages_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayedOutbound.ProtoReflect.Descriptor instead.
+func (*RelayedOutbound) Descriptor() ([]byte, []int) {
+	return file_actors_messages_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RelayedOutbound) GetSessionKey() string {
+	if x != nil {
+		return x.SessionKey
+	}
+	return ""
+}
+
+func (x *RelayedOutbound) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *RelayedOutbound) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *RelayedOutbound) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *RelayedOutbound) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *RelayedOutbound) GetTurnId() string {
+	if x != nil {
+		return x.TurnId
+	}
+	return ""
+}
+
+func (x *RelayedOutbound) GetInReplyTo() []string {
+	if x != nil {
+		return x.InReplyTo
+	}
+	return nil
+}
+
+func (x *RelayedOutbound) GetTarget() *Source {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+func (x *RelayedOutbound) GetTurnEnd() bool {
+	if x != nil {
+		return x.TurnEnd
+	}
+	return false
+}
+
+func (x *RelayedOutbound) GetCreatedAtUnixNano() int64 {
+	if x != nil {
+		return x.CreatedAtUnixNano
+	}
+	return 0
+}
+
 var File_actors_messages_proto protoreflect.FileDescriptor
 
 const file_actors_messages_proto_rawDesc = "" +
@@ -718,7 +839,21 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"\n" +
 	"\n" +
 	"\bResetDue\"\t\n" +
-	"\aRecoverB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
+	"\aRecover\"\xc5\x02\n" +
+	"\x0fRelayedOutbound\x12\x1f\n" +
+	"\vsession_key\x18\x01 \x01(\tR\n" +
+	"sessionKey\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x03R\x03seq\x12\x12\n" +
+	"\x04kind\x18\x04 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04text\x18\x05 \x01(\tR\x04text\x12\x17\n" +
+	"\aturn_id\x18\x06 \x01(\tR\x06turnId\x12\x1e\n" +
+	"\vin_reply_to\x18\a \x03(\tR\tinReplyTo\x123\n" +
+	"\x06target\x18\b \x01(\v2\x1b.agentgate.actors.v1.SourceR\x06target\x12\x19\n" +
+	"\bturn_end\x18\t \x01(\bR\aturnEnd\x12/\n" +
+	"\x14created_at_unix_nano\x18\n" +
+	" \x01(\x03R\x11createdAtUnixNanoB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
 
 var (
 	file_actors_messages_proto_rawDescOnce sync.Once
@@ -732,25 +867,27 @@ func file_actors_messages_proto_rawDescGZIP() []byte {
 	return file_actors_messages_proto_rawDescData
 }
 
-var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_actors_messages_proto_goTypes = []any{
-	(*Source)(nil),        // 0: agentgate.actors.v1.Source
-	(*Deliver)(nil),       // 1: agentgate.actors.v1.Deliver
-	(*DeliverResult)(nil), // 2: agentgate.actors.v1.DeliverResult
-	(*GetState)(nil),      // 3: agentgate.actors.v1.GetState
-	(*SessionState)(nil),  // 4: agentgate.actors.v1.SessionState
-	(*ResetSession)(nil),  // 5: agentgate.actors.v1.ResetSession
-	(*ResetResult)(nil),   // 6: agentgate.actors.v1.ResetResult
-	(*ResetDue)(nil),      // 7: agentgate.actors.v1.ResetDue
-	(*Recover)(nil),       // 8: agentgate.actors.v1.Recover
+	(*Source)(nil),          // 0: agentgate.actors.v1.Source
+	(*Deliver)(nil),         // 1: agentgate.actors.v1.Deliver
+	(*DeliverResult)(nil),   // 2: agentgate.actors.v1.DeliverResult
+	(*GetState)(nil),        // 3: agentgate.actors.v1.GetState
+	(*SessionState)(nil),    // 4: agentgate.actors.v1.SessionState
+	(*ResetSession)(nil),    // 5: agentgate.actors.v1.ResetSession
+	(*ResetResult)(nil),     // 6: agentgate.actors.v1.ResetResult
+	(*ResetDue)(nil),        // 7: agentgate.actors.v1.ResetDue
+	(*Recover)(nil),         // 8: agentgate.actors.v1.Recover
+	(*RelayedOutbound)(nil), // 9: agentgate.actors.v1.RelayedOutbound
 }
 var file_actors_messages_proto_depIdxs = []int32{
 	0, // 0: agentgate.actors.v1.Deliver.source:type_name -> agentgate.actors.v1.Source
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	0, // 1: agentgate.actors.v1.RelayedOutbound.target:type_name -> agentgate.actors.v1.Source
+	2, // [2:2] is the sub-list for method output_type
+	2, // [2:2] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_actors_messages_proto_init() }
@@ -764,7 +901,7 @@ func file_actors_messages_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_actors_messages_proto_rawDesc), len(file_actors_messages_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

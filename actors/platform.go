@@ -115,6 +115,10 @@ func (a *Platform) Receive(c actor.Context) {
 		a.pump(c, k)
 	case *sendDone:
 		a.onSent(c, m)
+	case *RelayedOutbound:
+		if w, ok := a.p.(platforms.Watched); ok {
+			w.Show(outboundFromRelay(m))
+		}
 	case *DraftText:
 		a.onDraftText(c, m)
 	case *DropDraft:
@@ -215,6 +219,9 @@ func (a *Platform) onSent(c actor.Context, m *sendDone) {
 	if m.err == nil {
 		a.d.Metrics.OutboundTotal.WithLabelValues(name, "ok").Inc()
 		a.closeDraft(c, m.out.DraftID) // it shows the final text now
+		if _, ok := a.p.(platforms.Watched); ok && a.d.Relay != nil {
+			a.d.Relay(name, m.out) // its client may wait on another member
+		}
 		a.finishHead(c, key, m.out, persistence.DeliveryDelivered)
 		return
 	}

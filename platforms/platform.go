@@ -85,6 +85,15 @@ type Platform interface {
 	Send(ctx context.Context, out *Outbound) error
 }
 
+// Watched is implemented by a platform whose clients wait for replies on the agentgate process
+// they are connected to (HTTP's ?wait and event streams). In cluster mode a session runs on the
+// member that owns its key, so a reply sent there is also shown on every other member: Show
+// hands it to that member's waiting clients. It sends nothing out of the process, must not
+// block, and must tolerate a reply it has shown already.
+type Watched interface {
+	Show(out *Outbound)
+}
+
 // Checker is implemented by a platform that knows whether it is connected (a gateway session,
 // say); /readyz reports its answer. A platform without it is ready while its Run is running.
 type Checker interface {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/actors"
+	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
 	"github.com/asynkron/protoactor-go/cluster/identitylookup/disthash"
@@ -79,6 +80,9 @@ func (d *Daemon) recoverOwned(t *cluster.ClusterTopology) {
 	}
 	rdv := cluster.NewRendezvous()
 	rdv.UpdateMembers(t.Members)
+	if d.cluster == nil {
+		return // not joined yet: nothing runs sessions before that
+	}
 	me := d.system.Address()
 	n := 0
 	for _, key := range keys {
@@ -103,3 +107,20 @@ func (d *Daemon) leaveCluster() {
 
 // topologySubscription is the daemon's subscription to membership changes.
 type topologySubscription = *eventstream.Subscription
+
+// relay hands a reply sent on a watched platform (HTTP) to the same platform actor on every
+// other member, whose clients may wait for it (actors.RelayedOutbound). A member it cannot
+// reach misses it: its clients' waits time out with 202, and their event streams resume from
+// the durable outbox.
+func (d *Daemon) relay(platform string, out *platforms.Outbound) {
+	me := d.system.Address()
+	var msg *actors.RelayedOutbound
+	for _, m := range d.cluster.MemberList.Members().Members() {
+		if addr := m.Address(); addr != me {
+			if msg == nil {
+				msg = actors.RelayOf(out)
+			}
+			d.system.Root.Send(actor.NewPID(addr, "platform-"+platform), msg)
+		}
+	}
+}

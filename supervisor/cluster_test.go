@@ -8,7 +8,10 @@ package supervisor
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -172,4 +175,48 @@ func TestClusterMemberLeavingHandsItsSessionsOver(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// TestClusterWaitOnAnyMember: a client waits (?wait) on the member it is connected to, for
+// chats whose sessions run on either member: a reply sent by the owner reaches the waiting
+// client on the other.
+func TestClusterWaitOnAnyMember(t *testing.T) {
+	rs := startClusterMembers(t, 2, agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		return &agents.Response{Text: "ok " + req.Messages[0].Text}, nil
+	}), 0)
+	defer func() {
+		for _, r := range rs {
+			r.stop(t)
+		}
+	}()
+	a := rs[0]
+	remote := 0
+	for i := range 10 {
+		body := fmt.Sprintf(`{"chat_id":"w%d","user_id":"u","text":"hello %d","message_id":"w%d"}`, i, i, i)
+		resp, err := http.Post("http://"+a.d.Addr().String()+"/v1/messages?wait=20s", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got struct {
+			SessionKey string `json:"session_key"`
+			Replies    []struct {
+				Text string `json:"text"`
+			} `json:"replies"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK || len(got.Replies) != 1 || got.Replies[0].Text != fmt.Sprint("ok hello ", i) {
+			t.Fatalf("chat w%d: status %d, body %+v, err %v; want 200 with its reply", i, resp.StatusCode, got, err)
+		}
+		own, err := a.d.store.Ownership(t.Context(), got.SessionKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if own.Owner != a.d.deps.Node {
+			remote++
+		}
+	}
+	if remote == 0 {
+		t.Error("every session ran on the member the client waited on; the test proves nothing")
+	}
 }

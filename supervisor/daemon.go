@@ -209,6 +209,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		Editors: map[string]bool{}, DraftInterval: opts.DraftInterval, Fencing: opts.SharedStore,
 		Clustered: cfg.Cluster.Enabled,
 	}
+	if cfg.Cluster.Enabled {
+		d.deps.Relay = d.relay
+	}
 	if opts.SharedStore {
 		d.deps.Node += "/" + d.deps.Run // several members may run on one host
 		d.deps.Run = ""                 // another member's drafts are not this start's to remove

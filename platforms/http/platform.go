@@ -260,6 +260,13 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 	if out == nil {
 		return errors.New("send http: nil outbound")
 	}
+	p.Show(out)
+	return nil
+}
+
+// Show implements platforms.Watched: it hands a reply sent on another cluster member to this
+// member's SSE subscribers and ?wait callers, as Send does (both skip a reply they have had).
+func (p *Platform) Show(out *platforms.Outbound) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for s := range p.subs[out.SessionKey] {
@@ -281,7 +288,6 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 			w.offer(out)
 		}
 	}
-	return nil
 }
 
 func (p *Platform) currentDeliver() (platforms.Deliver, <-chan struct{}) {
