@@ -37,10 +37,6 @@ type Drain struct{}
 // Drained answers Drain.
 type Drained struct{}
 
-// Peek asks the manager for the live state of Key's session without activating it: the session
-// answers GetState when it is in memory, the manager an inactive SessionState otherwise.
-type Peek struct{ Key string }
-
 // ListActive asks the manager for the keys of the session actors in memory; reply *ActiveList.
 type ListActive struct{}
 

@@ -775,6 +775,53 @@ func (x *RelayedOutbound) GetCreatedAtUnixNano() int64 {
 	return 0
 }
 
+// Peek asks a SessionManager for the live state of a key's session without activating it: the
+// session answers GetState when it is in memory, the manager an inactive SessionState
+// otherwise. In cluster mode it is sent to the manager of the member that owns the key.
+type Peek struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Peek) Reset() {
+	*x = Peek{}
+	mi := &file_actors_messages_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Peek) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Peek) ProtoMessage() {}
+
+func (x *Peek) ProtoReflect() protoreflect.Message {
+	mi := &file_actors_messages_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Peek.ProtoReflect.Descriptor instead.
+func (*Peek) Descriptor() ([]byte, []int) {
+	return file_actors_messages_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Peek) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
 var File_actors_messages_proto protoreflect.FileDescriptor
 
 const file_actors_messages_proto_rawDesc = "" +
@@ -853,7 +900,9 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\x06target\x18\b \x01(\v2\x1b.agentgate.actors.v1.SourceR\x06target\x12\x19\n" +
 	"\bturn_end\x18\t \x01(\bR\aturnEnd\x12/\n" +
 	"\x14created_at_unix_nano\x18\n" +
-	" \x01(\x03R\x11createdAtUnixNanoB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
+	" \x01(\x03R\x11createdAtUnixNano\"\x18\n" +
+	"\x04Peek\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03keyB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
 
 var (
 	file_actors_messages_proto_rawDescOnce sync.Once
@@ -867,7 +916,7 @@ func file_actors_messages_proto_rawDescGZIP() []byte {
 	return file_actors_messages_proto_rawDescData
 }
 
-var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_actors_messages_proto_goTypes = []any{
 	(*Source)(nil),          // 0: agentgate.actors.v1.Source
 	(*Deliver)(nil),         // 1: agentgate.actors.v1.Deliver
@@ -879,6 +928,7 @@ var file_actors_messages_proto_goTypes = []any{
 	(*ResetDue)(nil),        // 7: agentgate.actors.v1.ResetDue
 	(*Recover)(nil),         // 8: agentgate.actors.v1.Recover
 	(*RelayedOutbound)(nil), // 9: agentgate.actors.v1.RelayedOutbound
+	(*Peek)(nil),            // 10: agentgate.actors.v1.Peek
 }
 var file_actors_messages_proto_depIdxs = []int32{
 	0, // 0: agentgate.actors.v1.Deliver.source:type_name -> agentgate.actors.v1.Source
@@ -901,7 +951,7 @@ func file_actors_messages_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_actors_messages_proto_rawDesc), len(file_actors_messages_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -103,7 +103,7 @@ func (a *sessionsAPI) Get(ctx context.Context, key string) (*httpplatform.Sessio
 // live returns the live state of key's session actor, or nil when it is passivated; it never
 // activates a session.
 func (a *sessionsAPI) live(ctx context.Context, key string) (*httpplatform.LiveState, error) {
-	res, err := a.d.system.Root.RequestFuture(a.d.manager, &actors.Peek{Key: key}, requestTimeout(ctx)).Result()
+	res, err := a.d.system.Root.RequestFuture(a.d.managerOf(key), &actors.Peek{Key: key}, requestTimeout(ctx)).Result()
 	if err != nil {
 		return nil, fmt.Errorf("session state of %s: %w", key, err)
 	}

@@ -124,3 +124,18 @@ func (d *Daemon) relay(platform string, out *platforms.Outbound) {
 		}
 	}
 }
+
+// managerOf is the SessionManager that runs key's session: in cluster mode the one of the
+// member that owns the key.
+func (d *Daemon) managerOf(key string) *actor.PID {
+	if d.cluster == nil {
+		return d.manager
+	}
+	rdv := cluster.NewRendezvous()
+	rdv.UpdateMembers(d.cluster.MemberList.Members().Members())
+	owner := rdv.GetByClusterIdentity(cluster.NewClusterIdentity(key, actors.SessionKind))
+	if owner == "" || owner == d.system.Address() {
+		return d.manager
+	}
+	return actor.NewPID(owner, d.manager.Id)
+}

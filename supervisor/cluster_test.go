@@ -27,7 +27,11 @@ import (
 // stops them (runtime.stop).
 func startClusterMembers(t *testing.T, n int, agent agents.Agent, drain time.Duration) []*runtime {
 	t.Helper()
-	dsn := pgtest.NewDatabase(t)
+	return startClusterOn(t, pgtest.NewDatabase(t), n, agent, drain)
+}
+
+func startClusterOn(t *testing.T, dsn string, n int, agent agents.Agent, drain time.Duration) []*runtime {
+	t.Helper()
 	var rs []*runtime
 	for range n {
 		rs = append(rs, MustStartDaemon(t, agent, daemonOpts{drain: drain, tweak: func(c *config.Config) {
@@ -212,11 +216,49 @@ func TestClusterWaitOnAnyMember(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if own.Owner != a.d.deps.Node {
-			remote++
+		if own.Owner == a.d.deps.Node {
+			continue
+		}
+		remote++
+		// The admin API of the member the client talks to shows the owner's live session.
+		resp, err = http.Get("http://" + a.d.Addr().String() + "/v1/sessions/" + got.SessionKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var info struct {
+			Live *struct {
+				Active bool   `json:"active"`
+				Node   string `json:"node"`
+			} `json:"live"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&info)
+		resp.Body.Close()
+		if err != nil || info.Live == nil || !info.Live.Active || info.Live.Node != own.Owner {
+			t.Errorf("GET /v1/sessions/%s on a non-owner: live %+v (%v), want it active on %s", got.SessionKey, info.Live, err, own.Owner)
 		}
 	}
 	if remote == 0 {
 		t.Error("every session ran on the member the client waited on; the test proves nothing")
 	}
+}
+
+// TestClusterMemberCutOffFromTheStoreStops: a member that cannot renew its registration for
+// cluster.member_ttl has been dropped by the others, and protoactor never readmits a member it
+// dropped: the daemon reports it cannot go on (Fatal; serve then stops and exits non-zero).
+func TestClusterMemberCutOffFromTheStoreStops(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	r := startClusterOn(t, dsn, 1, agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		return &agents.Response{Text: "ok"}, nil
+	}), 0)[0]
+	restore := pgtest.Cut(t, dsn)
+	select {
+	case err := <-r.d.Fatal():
+		if !strings.Contains(err.Error(), "cluster membership lost") {
+			t.Errorf("Fatal: %v, want the lost membership", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a member cut off from the store for 30s still runs")
+	}
+	restore()
+	r.stop(t)
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentgate/agentgate/actors"
@@ -92,6 +93,7 @@ type Daemon struct {
 	topology topologySubscription
 	members  memberStore // the store's membership registry (PostgreSQL)
 	fatal    chan error  // receives why the daemon must stop on its own (see Fatal)
+	stopping atomic.Bool // Stop has begun
 	fatalOne sync.Once
 }
 
@@ -176,7 +178,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	d.platforms = append([]platforms.Platform{d.http}, extra...)
 
 	sysOpts := []actor.ConfigOption{actor.WithLoggerFactory(func(s *actor.ActorSystem) *slog.Logger {
-		return slog.New(floor{h: log.Handler(), min: slog.LevelWarn}).With("component", "actors")
+		return slog.New(floor{h: log.Handler(), min: slog.LevelWarn, hush: &d.stopping}).With("component", "actors")
 	})}
 	if cfg.Metrics.Actors {
 		if d.meters, err = d.metrics.ActorMeterProvider(); err != nil {
@@ -276,6 +278,7 @@ func (d *Daemon) Store() persistence.Store { return d.store }
 // messages stay pending in the store and run again at the next start), the persistence actor
 // flushes and the store closes. ctx bounds the whole stop.
 func (d *Daemon) Stop(ctx context.Context) error {
+	d.stopping.Store(true)
 	d.intake.Drain()
 	d.http.Drain()
 	d.log.Info("draining", "deadline", d.cfg.Shutdown.DrainTimeout)
@@ -455,17 +458,31 @@ func timersProps(d *Daemon) *actor.Props {
 
 // floor is a slog handler that drops records below min (protoactor logs lifecycle chatter at
 // Info).
+//
+// Once the daemon stops (hush set), what protoactor still says is logged at debug level: a
+// leaving cluster member's connections to the others close, which protoactor reports as
+// errors ("EndpointWriter lost connection") on every clean stop.
 type floor struct {
-	h   slog.Handler
-	min slog.Level
+	h    slog.Handler
+	min  slog.Level
+	hush *atomic.Bool
 }
 
 func (f floor) Enabled(ctx context.Context, l slog.Level) bool {
+	if f.hush != nil && f.hush.Load() {
+		return f.h.Enabled(ctx, slog.LevelDebug)
+	}
 	return l >= f.min && f.h.Enabled(ctx, l)
 }
-func (f floor) Handle(ctx context.Context, r slog.Record) error { return f.h.Handle(ctx, r) }
-func (f floor) WithAttrs(a []slog.Attr) slog.Handler            { return floor{f.h.WithAttrs(a), f.min} }
-func (f floor) WithGroup(n string) slog.Handler                 { return floor{f.h.WithGroup(n), f.min} }
+
+func (f floor) Handle(ctx context.Context, r slog.Record) error {
+	if f.hush != nil && f.hush.Load() {
+		r.Level = slog.LevelDebug
+	}
+	return f.h.Handle(ctx, r)
+}
+func (f floor) WithAttrs(a []slog.Attr) slog.Handler { return floor{f.h.WithAttrs(a), f.min, f.hush} }
+func (f floor) WithGroup(n string) slog.Handler      { return floor{f.h.WithGroup(n), f.min, f.hush} }
 
 // openStore opens the configured store: SQLite (the default) or PostgreSQL. A failed Open
 // returns a nil interface, never a nil *Store inside one (the caller's cleanup closes a

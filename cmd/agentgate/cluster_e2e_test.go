@@ -1,0 +1,88 @@
+//go:build !race
+
+// Multi-member cluster tests run without -race (protoactor's cluster code is not race-clean);
+// `make test` runs them in a second pass.
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/jackc/pgx/v5"
+)
+
+// TestClusterMemberKilled: two `agentgate serve` members of one cluster on one PostgreSQL
+// database. A session whose key the second member owns has a turn running there when that
+// member is killed with -9. Once the first member counts it gone (cluster.member_ttl), it
+// takes the key over: the acknowledged message is answered exactly once, by it, and the chat
+// goes on there.
+func TestClusterMemberKilled(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	env := []string{"AGENTGATE_STORE_DRIVER=postgres", "AGENTGATE_STORE_DSN=" + dsn,
+		"AGENTGATE_CLUSTER_ENABLED=true", "AGENTGATE_CLUSTER_BIND=127.0.0.1:0", "AGENTGATE_CLUSTER_MEMBER_TTL=2s",
+		"AGENTGATE_AGENT_BACKEND=exec",
+		// BLOCK (not an AGENTGATE_ variable, so the agent sees it) makes the victim's turns hang.
+		`AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'if [ -n "$BLOCK" ]; then sleep 60; fi; echo "ok $AGENTGATE_MESSAGE_ID"']`}
+	a := MustServe(t, t.TempDir(), env...)
+	b := MustServe(t, t.TempDir(), append(env, "BLOCK=1")...)
+
+	// A chat whose session runs on b is one whose ?wait on a times out: b's agent hangs.
+	var chat, msgID string
+	deadline := time.Now().Add(60 * time.Second)
+	for i := 0; chat == ""; i++ {
+		if time.Now().After(deadline) {
+			t.Fatal("no session was placed on the second member within 60s")
+		}
+		id := fmt.Sprint("m", i)
+		status, body := post(t, a.base+"/v1/messages?wait=2s", "",
+			fmt.Sprintf(`{"chat_id":"c%d","user_id":"u","text":"hi","message_id":%q}`, i, id))
+		switch status {
+		case http.StatusAccepted:
+			chat, msgID = fmt.Sprint("c", i), id
+		case http.StatusOK:
+		default:
+			t.Fatalf("POST: %d %v", status, body)
+		}
+	}
+	if err := b.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-b.done
+
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	answers := func() int {
+		var n int
+		err := conn.QueryRow(context.Background(), `SELECT COUNT(*) FROM outbox o
+			WHERE $1 = ANY(o.in_reply_to) AND o.text = $2`, msgID, "ok "+msgID).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitFor(t, 30*time.Second, func() bool { return answers() > 0 })
+	status, body := post(t, a.base+"/v1/messages?wait=10s", "",
+		fmt.Sprintf(`{"chat_id":%q,"user_id":"u","text":"again","message_id":"after"}`, chat))
+	if status != http.StatusOK {
+		t.Errorf("the chat after the takeover: %d %v, want 200 with the reply", status, body)
+	}
+	if n := answers(); n != 1 {
+		t.Errorf("the message acknowledged before the kill was answered %d times, want once", n)
+	}
+	var pending int
+	if err := conn.QueryRow(context.Background(), `SELECT COUNT(*) FROM messages
+		WHERE role = 'user' AND status = 'pending'`).Scan(&pending); err != nil || pending != 0 {
+		t.Errorf("%d messages still pending (%v), want none", pending, err)
+	}
+	if err := a.stop(t, 30*time.Second); err != nil {
+		t.Errorf("first member exit: %v", err)
+	}
+}
