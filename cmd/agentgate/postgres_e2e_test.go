@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -73,5 +75,51 @@ func TestDaemonOnPostgres(t *testing.T) {
 		FROM messages`).Scan(&users, &replies)
 	if err != nil || users != 1 || replies != 1 {
 		t.Errorf("rows after the restart: %d answered user messages, %d replies (%v); want 1 and 1", users, replies, err)
+	}
+}
+
+// TestSessionsResetInACluster: cluster members hold no lock on the database, so `sessions
+// reset` claims the key as a session activation does: the member running the session is
+// fenced out at its next write, and the reset is what the next activation loads.
+func TestSessionsResetInACluster(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	st, err := postgres.Open(ctx, dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	const key = "agent:main:http:dm:c1"
+	at := time.Now()
+	s := persistence.Session{ID: "s1", Key: key, Platform: "http", ChatType: "dm", ChatID: "c1", StartedAt: at, LastActivityAt: at}
+	memberEpoch, err := st.Claim(ctx, key, "member-1", at) // a member runs the session
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := st.Commit(ctx, [][]persistence.Op{{&persistence.Fence{Key: key, Epoch: memberEpoch},
+		&persistence.CreateSession{Session: s},
+		&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: "s1", Generation: 1, UpdatedAt: at}}}}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+
+	t.Setenv("AGENTGATE_STORE_DRIVER", "postgres")
+	t.Setenv("AGENTGATE_STORE_DSN", dsn)
+	t.Setenv("AGENTGATE_CLUSTER_ENABLED", "true")
+	out, _ := MustRunSessions(t, "reset", key, "--data-dir", t.TempDir())
+	if !strings.Contains(out, "ended session s1") {
+		t.Errorf("sessions reset said %q", out)
+	}
+	got, err := st.Session(ctx, "s1")
+	if err != nil || got.EndReason != persistence.EndResetCommand {
+		t.Errorf("session after the reset: %+v, %v; want it ended by reset_command", got, err)
+	}
+	own, err := st.Ownership(ctx, key)
+	if err != nil || own.Epoch != memberEpoch+1 {
+		t.Errorf("ownership after the reset: %+v, %v; want the key claimed by the reset", own, err)
+	}
+	errs := st.Commit(ctx, [][]persistence.Op{{&persistence.Fence{Key: key, Epoch: memberEpoch},
+		&persistence.SetTitle{SessionID: "s1", Title: "the member writes on"}}})
+	if !errors.Is(errs[0], persistence.ErrFenced) {
+		t.Errorf("the member's next write: %v, want ErrFenced", errs[0])
 	}
 }

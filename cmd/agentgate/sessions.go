@@ -291,6 +291,17 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	defer st.Close()
+	var fence []persistence.Op
+	if cfg.Cluster.Enabled {
+		// The members share the database and hold no lock on it: claim the key as a session
+		// activation does, so that the member running it hands over at its next write (and the
+		// next activation loads the ended session), and load the state after the claim.
+		epoch, err := st.Claim(ctx, key, "agentgate sessions reset", time.Now())
+		if err != nil {
+			return fmt.Errorf("reset %s: %w", key, err)
+		}
+		fence = []persistence.Op{&persistence.Fence{Key: key, Epoch: epoch}}
+	}
 	snap, err := st.LoadSession(ctx, key, 0)
 	if err != nil {
 		return err
@@ -307,7 +318,7 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return nil
 	}
 	end := &persistence.EndSession{SessionID: s.ID, Reason: persistence.EndResetCommand, At: time.Now().UTC()}
-	if errs := st.Commit(ctx, [][]persistence.Op{{end}}); len(errs) > 0 && errs[0] != nil {
+	if errs := st.Commit(ctx, [][]persistence.Op{append(fence, end)}); len(errs) > 0 && errs[0] != nil {
 		return fmt.Errorf("reset %s: %w", key, errs[0])
 	}
 	fmt.Fprintf(stdout, "ended session %s of %s (%s)\n", s.ID, key, persistence.EndResetCommand)
