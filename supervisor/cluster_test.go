@@ -52,6 +52,17 @@ func startClusterOn(t *testing.T, dsn string, n int, agent agents.Agent, drain t
 	return rs
 }
 
+// okAgent answers "ok <text>".
+var okAgent = agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+	return &agents.Response{Text: "ok " + req.Messages[0].Text}, nil
+})
+
+func stopAll(t *testing.T, rs []*runtime) {
+	for _, r := range rs {
+		r.stop(t)
+	}
+}
+
 func chat(i int) identity.Source {
 	return identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: fmt.Sprint("c", i), UserID: "u"}
 }
@@ -60,14 +71,8 @@ func chat(i int) identity.Source {
 // session runs on the one member that owns its key, whichever member took the message, and
 // every message is stored once and answered once, by the owner.
 func TestClusterRoutesEveryKeyToItsOwner(t *testing.T) {
-	rs := startClusterMembers(t, 2, agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-		return &agents.Response{Text: "ok " + req.Messages[0].Text}, nil
-	}), 0)
-	defer func() {
-		for _, r := range rs {
-			r.stop(t)
-		}
-	}()
+	rs := startClusterMembers(t, 2, okAgent, 0)
+	defer stopAll(t, rs)
 	const chats, rounds = 20, 3
 	acks := map[string]*platforms.Ack{}
 	for round := range rounds {
@@ -185,14 +190,8 @@ func TestClusterMemberLeavingHandsItsSessionsOver(t *testing.T) {
 // chats whose sessions run on either member: a reply sent by the owner reaches the waiting
 // client on the other.
 func TestClusterWaitOnAnyMember(t *testing.T) {
-	rs := startClusterMembers(t, 2, agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-		return &agents.Response{Text: "ok " + req.Messages[0].Text}, nil
-	}), 0)
-	defer func() {
-		for _, r := range rs {
-			r.stop(t)
-		}
-	}()
+	rs := startClusterMembers(t, 2, okAgent, 0)
+	defer stopAll(t, rs)
 	a := rs[0]
 	remote := 0
 	for i := range 10 {
@@ -247,9 +246,7 @@ func TestClusterWaitOnAnyMember(t *testing.T) {
 // dropped: the daemon reports it cannot go on (Fatal; serve then stops and exits non-zero).
 func TestClusterMemberCutOffFromTheStoreStops(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
-	r := startClusterOn(t, dsn, 1, agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-		return &agents.Response{Text: "ok"}, nil
-	}), 0)[0]
+	r := startClusterOn(t, dsn, 1, okAgent, 0)[0]
 	restore := pgtest.Cut(t, dsn)
 	select {
 	case err := <-r.d.Fatal():

@@ -47,6 +47,15 @@ func historyAgent(block func(text string)) agents.Agent {
 	})
 }
 
+// checkReplies fails the test unless the platform's replies, by the message ids they answer,
+// are want.
+func checkReplies(t *testing.T, who string, r *runtime, want map[string][]string) {
+	t.Helper()
+	if got := repliesByMessage(r.fake.Sent()); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("%s replied %v, want %v", who, got, want)
+	}
+}
+
 // repliesByMessage maps the message ids a platform's replies answer to their texts.
 func repliesByMessage(out []*platforms.Outbound) map[string][]string {
 	got := map[string][]string{}
@@ -78,14 +87,8 @@ func TestSharedStoreFencesTheOlderActivation(t *testing.T) {
 	}
 	a.waitSent(t, 2)
 
-	want := map[string][]string{"m1": {"[] one"}, "m3": {"[one two] three"}}
-	if got := repliesByMessage(a.fake.Sent()); fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("member a replied %v, want %v", got, want)
-	}
-	want = map[string][]string{"m2": {"[one] two"}}
-	if got := repliesByMessage(b.fake.Sent()); fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("member b replied %v, want %v (it must have loaded a's turn)", got, want)
-	}
+	checkReplies(t, "member a", a, map[string][]string{"m1": {"[] one"}, "m3": {"[one two] three"}})
+	checkReplies(t, "member b (it must have loaded a's turn)", b, map[string][]string{"m2": {"[one] two"}})
 	if n := testutil.ToFloat64(a.d.metrics.SessionsFenced); n != 1 {
 		t.Errorf("member a: sessions_fenced_total = %v, want 1", n)
 	}
@@ -138,14 +141,8 @@ func TestSharedStoreFencedTurnIsAnsweredOnce(t *testing.T) {
 	a.inject(t, dm, "m3", "last")
 	a.waitSent(t, 1)
 
-	want := map[string][]string{"m1": {"[] slow"}, "m2": {"[slow] next"}}
-	if got := repliesByMessage(b.fake.Sent()); fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("member b replied %v, want %v", got, want)
-	}
-	want = map[string][]string{"m3": {"[slow next] last"}}
-	if got := repliesByMessage(a.fake.Sent()); fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("member a replied %v, want %v (its fenced turn must send nothing)", got, want)
-	}
+	checkReplies(t, "member b", b, map[string][]string{"m1": {"[] slow"}, "m2": {"[slow] next"}})
+	checkReplies(t, "member a (its fenced turn must send nothing)", a, map[string][]string{"m3": {"[slow next] last"}})
 	msgs, err := a.d.store.Transcript(t.Context(), ack.SessionID)
 	if err != nil {
 		t.Fatal(err)
