@@ -39,7 +39,10 @@ func (d *Daemon) startCluster() (err error) {
 	if err != nil {
 		return fmt.Errorf("cluster.bind: port %q: %w", portText, err)
 	}
-	var ropts []remote.ConfigOption
+	ropts, err := clusterTLS(cc.TLS)
+	if err != nil {
+		return err
+	}
 	if cc.Advertise != "" {
 		ropts = append(ropts, remote.WithAdvertisedHost(cc.Advertise))
 	}

@@ -219,6 +219,16 @@ type Cluster struct {
 	// the store (it renews every third of it): how soon the others take over its sessions when
 	// it dies.
 	MemberTTL time.Duration `yaml:"member_ttl"`
+	// TLS makes the members talk mutual TLS: each presents its certificate, and accepts only
+	// peers whose certificate the CA signed.
+	TLS ClusterTLS `yaml:"tls"`
+}
+
+// ClusterTLS names PEM files; all three are set, or none (plain gRPC, for a private network).
+type ClusterTLS struct {
+	CertFile string `yaml:"cert_file"` // this member's certificate (chain)
+	KeyFile  string `yaml:"key_file"`  // its private key
+	CAFile   string `yaml:"ca_file"`   // the CA that signs every member's certificate
 }
 
 // Metrics configures what /metrics exports beyond agentgate's own metrics.

@@ -575,6 +575,16 @@ func TestValidate(t *testing.T) {
 		{"token_env holds a secret", func(c *Config) { c.HTTP.TokenEnv = "abc.def-ghi" }, []string{"http.token_env"}},
 		{"postgres without dsn", func(c *Config) { c.Store.Driver = "postgres" }, []string{"store.dsn"}},
 		{"store", func(c *Config) { c.Store.Driver = "mysql"; c.Store.Synchronous = "off" }, []string{"store.driver", "store.synchronous"}},
+		{"cluster", func(c *Config) {
+			c.Store.Driver, c.Store.DSN = "postgres", "postgres://db/agentgate"
+			c.Cluster = Cluster{Enabled: true, Name: "agentgate", Bind: "10.0.0.5:6340", Advertise: "gw-1.internal:6340",
+				MemberTTL: 6 * time.Second, TLS: ClusterTLS{CertFile: "m.pem", KeyFile: "m-key.pem", CAFile: "ca.pem"}}
+		}, nil},
+		{"cluster disabled is not checked", func(c *Config) { c.Cluster = Cluster{Bind: "nowhere"} }, nil},
+		{"cluster bad", func(c *Config) {
+			c.Cluster = Cluster{Enabled: true, Bind: "10.0.0.5", Advertise: "gw:x", MemberTTL: 500 * time.Millisecond,
+				TLS: ClusterTLS{CertFile: "m.pem"}}
+		}, []string{"cluster.enabled", "cluster.name", "cluster.bind", "cluster.advertise", "cluster.member_ttl", "cluster.tls"}},
 		{"sessions", func(c *Config) {
 			c.Sessions = Sessions{
 				PassivateAfter: -time.Second,

@@ -42,6 +42,10 @@ func (c *Config) validate() []error {
 			v.hostPort("cluster.advertise", cl.Advertise)
 		}
 		atLeast(&v, "cluster.member_ttl", cl.MemberTTL, time.Second)
+		if t := cl.TLS; (t.CertFile != "" || t.KeyFile != "" || t.CAFile != "") && (t.CertFile == "" || t.KeyFile == "" || t.CAFile == "") {
+			v.add("cluster.tls", fmt.Sprintf("cert_file %q, key_file %q, ca_file %q", t.CertFile, t.KeyFile, t.CAFile),
+				"set all three files (mutual TLS) or none")
+		}
 	}
 
 	s := &c.Sessions
