@@ -74,6 +74,7 @@ func (d *Daemon) startCluster() (err error) {
 // recoverOwned activates, after a change of membership, the sessions with unfinished work in
 // the store whose keys this member now owns: those of a member that left, and at start its own.
 func (d *Daemon) recoverOwned(t *cluster.ClusterTopology) {
+	d.metrics.ClusterMembers.Set(float64(len(t.Members)))
 	ctx, cancel := context.WithTimeout(d.ctx, time.Minute)
 	defer cancel()
 	keys, err := d.store.Recoverable(ctx)
@@ -141,4 +142,15 @@ func (d *Daemon) managerOf(key string) *actor.PID {
 		return d.manager
 	}
 	return actor.NewPID(owner, d.manager.Id)
+}
+
+// clusterReady reports whether this member is in the cluster's topology, as it sees it.
+func (d *Daemon) clusterReady() error {
+	switch {
+	case d.cluster == nil:
+		return errors.New("not joined")
+	case !d.cluster.MemberList.ContainsMemberID(d.system.ID):
+		return errors.New("not a member of the cluster's topology")
+	}
+	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/agentgate/agentgate/platforms"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // startCluster starts n members of one cluster on a fresh PostgreSQL database. The caller
@@ -73,6 +75,20 @@ func chat(i int) identity.Source {
 func TestClusterRoutesEveryKeyToItsOwner(t *testing.T) {
 	rs := startClusterMembers(t, 2, okAgent, 0)
 	defer stopAll(t, rs)
+	for i, r := range rs {
+		resp, err := http.Get("http://" + r.d.Addr().String() + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"cluster"`) {
+			t.Errorf("member %d: /readyz %d %s, want 200 with the cluster ready", i, resp.StatusCode, body)
+		}
+		if n := testutil.ToFloat64(r.d.metrics.ClusterMembers); n != 2 {
+			t.Errorf("member %d: agentgate_cluster_members = %v, want 2", i, n)
+		}
+	}
 	const chats, rounds = 20, 3
 	acks := map[string]*platforms.Ack{}
 	for round := range rounds {
@@ -161,7 +177,7 @@ func TestClusterMemberLeavingHandsItsSessionsOver(t *testing.T) {
 	<-started
 	leaving.stop(t) // drains for 50ms, cancels the turn, leaves the cluster
 
-	waitUntil(t, func() bool { return len(a.d.cluster.MemberList.Members().Members()) == 1 })
+	waitUntil(t, func() bool { return testutil.ToFloat64(a.d.metrics.ClusterMembers) == 1 })
 	var got []string
 	waitUntil(t, func() bool {
 		got = nil

@@ -352,6 +352,9 @@ func (d *Daemon) ready(ctx context.Context) map[string]error {
 			r["platform."+p.Name()] = d.health[p.Name()].Err()
 		}
 	}
+	if d.cfg.Cluster.Enabled {
+		r["cluster"] = d.clusterReady()
+	}
 	return r
 }
 

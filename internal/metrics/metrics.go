@@ -34,6 +34,7 @@ type Metrics struct {
 	SessionActivations  prometheus.Counter
 	SessionPassivations prometheus.Counter
 	SessionsFenced      prometheus.Counter
+	ClusterMembers      prometheus.Gauge
 	TurnsTotal          *prometheus.CounterVec
 	TurnDuration        prometheus.Histogram
 	QueueDepth          prometheus.Histogram
@@ -66,6 +67,8 @@ func New(platforms ...string) *Metrics {
 			Name: "agentgate_session_passivations_total", Help: "Idle session actors stopped; their state is durable."}),
 		SessionsFenced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "agentgate_sessions_fenced_total", Help: "Session actors stopped because another activation claimed their key (shared store)."}),
+		ClusterMembers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "agentgate_cluster_members", Help: "Members of the cluster this member sees, itself included (0 outside cluster mode)."}),
 		TurnsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentgate_turns_total", Help: "Agent turns by outcome."}, []string{"outcome"}),
 		TurnDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -94,7 +97,7 @@ func New(platforms ...string) *Metrics {
 		AgentTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentgate_agent_tokens_total", Help: "Model tokens used by agent turns, by direction (input: prompt, output: completion)."}, []string{"direction"}),
 	}
-	for _, c := range []prometheus.Collector{m.SessionsActive, m.SessionActivations, m.SessionPassivations, m.SessionsFenced,
+	for _, c := range []prometheus.Collector{m.SessionsActive, m.SessionActivations, m.SessionPassivations, m.SessionsFenced, m.ClusterMembers,
 		m.TurnsTotal, m.TurnDuration, m.QueueDepth, m.QueueOverflow, m.PersistBatchSize, m.PersistFlushSeconds,
 		m.SpoolFiles, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens} {
 		f(c)
