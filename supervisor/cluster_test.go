@@ -275,3 +275,27 @@ func TestClusterMemberCutOffFromTheStoreStops(t *testing.T) {
 	restore()
 	r.stop(t)
 }
+
+// TestClusterSplitTheYoungerLeaves: when protoactor has dropped a member that the store still
+// lists alive (gossip lost it, as across a network partition, while both reach the
+// database), the two would route by different views for ever. The younger one reports itself
+// lost, so that it starts again with a new id and rejoins; the older one goes on.
+func TestClusterSplitTheYoungerLeaves(t *testing.T) {
+	rs := startClusterMembers(t, 2, okAgent, 0)
+	older, younger := rs[0], rs[1]
+	defer stopAll(t, rs)
+	younger.d.cluster.Remote.BlockList().Block(older.d.system.ID) // what 20 s without gossip does
+	select {
+	case err := <-younger.d.Fatal():
+		if !strings.Contains(err.Error(), "cluster split") || !strings.Contains(err.Error(), older.d.system.ID) {
+			t.Errorf("Fatal: %v, want the split from %s", err, older.d.system.ID)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the younger member of a split cluster still runs")
+	}
+	select {
+	case err := <-older.d.Fatal():
+		t.Errorf("the older member reported %v; it must go on", err)
+	default:
+	}
+}

@@ -26,7 +26,13 @@ type memberStore interface {
 //
 // protoactor never readmits a member id it saw leave. A member whose renewals fail for a whole
 // ttl has been dropped by the others, so it reports itself lost (the daemon then stops, and a
-// process supervisor starts it again, with a new id).
+// process supervisor starts it again, with a new id). The same goes for a split: protoactor's
+// gossip drops (blocks, for ever) a member it has not heard from for 20 s, as after a network
+// partition between members that both still reach the store. The store then lists a member
+// that protoactor has blocked, and the two would route each key by different views for ever
+// (safely, for the fencing, but each key's session would move at every message). So when the
+// store lists a live member this one has blocked, the younger of the two (registered later)
+// reports itself lost; the older one stays.
 type storeMembership struct {
 	store memberStore
 	name  string
@@ -95,6 +101,10 @@ func (p *storeMembership) renew(c *cluster.Cluster) {
 		cancel()
 		if err == nil {
 			last = time.Now()
+			if err := p.split(c, live); err != nil {
+				p.lost(err)
+				return
+			}
 			p.publish(c, live)
 			continue
 		}
@@ -105,6 +115,22 @@ func (p *storeMembership) renew(c *cluster.Cluster) {
 		}
 		p.log.Warn("cluster membership not renewed; retrying", "err", err)
 	}
+}
+
+// split returns an error when this member must leave a split cluster: an older live member
+// (live is oldest first) is one protoactor has blocked.
+func (p *storeMembership) split(c *cluster.Cluster, live []postgres.Member) error {
+	blocked := c.GetBlockedMembers()
+	for _, m := range live {
+		if m.ID == p.me.ID {
+			return nil // the blocked ones after this one are younger: they leave
+		}
+		if blocked.Contains(m.ID) {
+			return fmt.Errorf("cluster split: member %s (%s:%d) is alive in the store but this member "+
+				"stopped hearing from it, and it is the older one: this member leaves and must start again", m.ID, m.Host, m.Port)
+		}
+	}
+	return nil
 }
 
 // publish hands the live members to protoactor's member list.
