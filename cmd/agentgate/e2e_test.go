@@ -76,8 +76,13 @@ type daemon struct {
 // line.
 func MustServe(t *testing.T, dataDir string, env ...string) *daemon {
 	t.Helper()
-	bin := MustBuild(t)
-	cmd := exec.Command(bin, "serve", "--data-dir", dataDir, "--http-addr", "127.0.0.1:0")
+	return MustServeCmd(t, exec.Command(MustBuild(t), "serve", "--data-dir", dataDir, "--http-addr", "127.0.0.1:0"), env...)
+}
+
+// MustServeCmd starts cmd, an `agentgate serve` command line, with env added to the
+// environment, and waits for its ready line.
+func MustServeCmd(t *testing.T, cmd *exec.Cmd, env ...string) *daemon {
+	t.Helper()
 	cmd.Env = append(os.Environ(), env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
