@@ -143,6 +143,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	if ms, ok := d.store.(memberStore); ok {
 		d.members = ms
 	}
+	leases, _ := d.store.(leaser)
 	if opts.WrapStore != nil {
 		d.store = opts.WrapStore(d.store)
 	}
@@ -154,6 +155,11 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	extra, err := configuredPlatforms(cfg, log, d.store, opts.Now)
 	if err != nil {
 		return nil, fmt.Errorf("start: %w", err)
+	}
+	for i, p := range extra {
+		if gp, ok := p.(gatewayPlatform); ok && cfg.Cluster.Enabled && leases != nil {
+			extra[i] = newLeaderPlatform(gp, leases, log.With("component", p.Name()))
+		}
 	}
 	extra = append(extra, opts.Platforms...)
 	names := []string{"http"}

@@ -68,6 +68,7 @@ type Store struct {
 
 	lockMu   sync.Mutex
 	lockCfg  *pgx.ConnConfig // nil unless Exclusive
+	connCfg  *pgx.ConnConfig // for connections of their own (Lease)
 	lockConn *pgx.Conn       // holds the advisory lock; nil while lost
 	lockLost bool            // the last check failed (logged once per loss)
 	stop     chan struct{}   // closed by Close: ends the lock watcher
@@ -111,7 +112,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if timeout <= 0 {
 		timeout = 15 * time.Second
 	}
-	st := &Store{pool: pool, log: log, where: where(cfg), stop: make(chan struct{}), timeout: timeout,
+	st := &Store{pool: pool, log: log, where: where(cfg), stop: make(chan struct{}), timeout: timeout, connCfg: cfg.ConnConfig.Copy(),
 		noAnswer: fmt.Errorf("%w: postgres did not answer within %v", persistence.ErrUnavailable, timeout)}
 	if opts.Exclusive {
 		st.lockCfg = cfg.ConnConfig.Copy()

@@ -1,0 +1,88 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// leaser hands out leases that at most one process of the cluster holds at a time (the
+// PostgreSQL store's Lease).
+type leaser interface {
+	Lease(ctx context.Context, name string) (lost <-chan struct{}, release func(), err error)
+}
+
+// gatewayPlatform is a platform with a connection that must be one per bot (Discord's gateway):
+// it sends over REST from anywhere, but only one process should receive.
+type gatewayPlatform interface {
+	platforms.Platform
+	platforms.Editor
+	platforms.Checker
+}
+
+// leaderPlatform runs a gateway platform's Run (its inbound connection) only while this
+// cluster member holds the platform's lease, so a cluster keeps one gateway connection per bot
+// however many members have the platform enabled; when its holder stops or dies the lease
+// frees and another member connects (and, as after any reconnect, reads back what it missed).
+// Sends, drafts and edits work on every member. A member waiting for the lease is ready: it
+// serves everything but the gateway.
+type leaderPlatform struct {
+	gatewayPlatform
+	leases  leaser
+	log     *slog.Logger
+	standby atomic.Bool
+}
+
+func newLeaderPlatform(p gatewayPlatform, leases leaser, log *slog.Logger) *leaderPlatform {
+	l := &leaderPlatform{gatewayPlatform: p, leases: leases, log: log}
+	l.standby.Store(true)
+	return l
+}
+
+// errLeaseLost ends a Run whose lease went with its database connection; the platform actor
+// runs it again, which waits for the lease anew.
+var errLeaseLost = errors.New("the gateway lease was lost with its database connection")
+
+// Run waits for the lease, then runs the platform's own Run until ctx ends or the lease is lost.
+func (l *leaderPlatform) Run(ctx context.Context, deliver platforms.Deliver) error {
+	l.standby.Store(true)
+	lost, release, err := l.leases.Lease(ctx, "gateway/"+l.Name())
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("%s: wait for the gateway lease: %w", l.Name(), err)
+	}
+	defer release()
+	l.log.Info("this member holds the gateway connection", "platform", l.Name())
+	l.standby.Store(false)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-lost:
+			cancel()
+		case <-runCtx.Done():
+		}
+	}()
+	err = l.gatewayPlatform.Run(runCtx, deliver)
+	select {
+	case <-lost:
+		return fmt.Errorf("%s: %w", l.Name(), errLeaseLost)
+	default:
+		return err
+	}
+}
+
+// Ready reports the gateway's state on the member that holds the lease; a member waiting for
+// it is ready.
+func (l *leaderPlatform) Ready(ctx context.Context) error {
+	if l.standby.Load() {
+		return nil
+	}
+	return l.gatewayPlatform.Ready(ctx)
+}
