@@ -24,9 +24,18 @@ func NewClusterRouter(c *cluster.Cluster, log *slog.Logger) *ClusterRouter {
 	return &ClusterRouter{c: c, log: log}
 }
 
-// clusterRetries is how often a request is tried: the cluster retries at once when the grain it
-// had cached is gone (a dead letter), which happens when a session passivates or moves.
-const clusterRetries = 5
+// clusterRetries is how often a request is tried: the cluster retries when the grain it had
+// cached is gone (a dead letter: the session passivated or moved) or the member it places the
+// key on does not answer (it just left, and the topology does not show it yet).
+const clusterRetries = 8
+
+// retryBackoff waits before retry i+1 and returns i+1: 50 ms doubling to 1 s, about 3.5 s over
+// all retries, which outlasts a membership renewal (member_ttl/3) after a member leaves.
+// protoactor's default retries at once, so a leaving member made requests fail in a burst.
+func retryBackoff(i int) int {
+	time.Sleep(min(50*time.Millisecond<<i, time.Second))
+	return i + 1
+}
 
 // Tell sends msg to the session of key without waiting. Finding (or activating) the grain
 // may take a network round trip, so it happens on a goroutine of its own; a message the
@@ -60,7 +69,8 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 	if timeout <= 0 {
 		return nil, ctx.Err()
 	}
-	res, err := r.c.Request(key, SessionKind, msg, cluster.WithTimeout(timeout), cluster.WithRetryCount(clusterRetries))
+	res, err := r.c.Request(key, SessionKind, msg, cluster.WithTimeout(timeout), cluster.WithRetryCount(clusterRetries),
+		cluster.WithRetryAction(retryBackoff))
 	switch {
 	case err == nil && res == nil:
 		return nil, fmt.Errorf("request %T to %s: %w", msg, key, ErrTimeout)

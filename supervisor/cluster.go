@@ -50,6 +50,7 @@ func (d *Daemon) startCluster() (err error) {
 		return errors.New("cluster: the store keeps no cluster membership (store.driver must be postgres)")
 	}
 	provider := newStoreMembership(d.members, cc.Name, cc.MemberTTL, d.log.With("component", "cluster"), d.fail)
+	d.membership = provider
 	kind := actors.NewSessionKind(func() *actor.PID { return d.manager })
 	cfg := cluster.Configure(cc.Name, provider, disthash.New(), remote.Configure(host, port, ropts...),
 		cluster.WithKinds(kind), cluster.WithRequestTimeout(clusterRequestTimeout))
@@ -97,6 +98,20 @@ func (d *Daemon) recoverOwned(t *cluster.ClusterTopology) {
 	}
 	d.log.Info("cluster membership changed", "members", len(t.Members), "joined", len(t.Joined),
 		"left", len(t.Left), "recovering", n)
+}
+
+// withdraw takes the member out of the cluster's membership at the start of a stop: the others
+// see it gone at their next renewal and route its keys to themselves, so that the drain that
+// follows is not fed by the cluster while it waits for running turns. The member still serves
+// what reaches it meanwhile; a session the others activate claims its key, and this member's
+// activation hands over.
+func (d *Daemon) withdraw() {
+	if d.membership == nil {
+		return
+	}
+	if err := d.membership.Shutdown(true); err != nil {
+		d.log.Warn("leave the cluster's membership", "err", err)
+	}
 }
 
 // leaveCluster leaves the cluster (gracefully: the other members take over its keys) and stops

@@ -13,6 +13,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -36,10 +38,7 @@ func startClusterOn(t *testing.T, dsn string, n int, agent agents.Agent, drain t
 	t.Helper()
 	var rs []*runtime
 	for range n {
-		rs = append(rs, MustStartDaemon(t, agent, daemonOpts{drain: drain, tweak: func(c *config.Config) {
-			c.Store.Driver, c.Store.DSN = "postgres", dsn
-			c.Cluster.Enabled, c.Cluster.Bind, c.Cluster.MemberTTL = true, "127.0.0.1:0", 2*time.Second
-		}}))
+		rs = append(rs, startClusterMember(t, dsn, agent, drain))
 	}
 	// Every member must see all of them before the test routes: a member that has not yet seen
 	// the others would place every key on itself.
@@ -63,6 +62,15 @@ func stopAll(t *testing.T, rs []*runtime) {
 	for _, r := range rs {
 		r.stop(t)
 	}
+}
+
+// startClusterMember starts one member of the cluster on dsn; the caller stops it.
+func startClusterMember(t *testing.T, dsn string, agent agents.Agent, drain time.Duration) *runtime {
+	t.Helper()
+	return MustStartDaemon(t, agent, daemonOpts{drain: drain, tweak: func(c *config.Config) {
+		c.Store.Driver, c.Store.DSN = "postgres", dsn
+		c.Cluster.Enabled, c.Cluster.Bind, c.Cluster.MemberTTL = true, "127.0.0.1:0", 2*time.Second
+	}})
 }
 
 func chat(i int) identity.Source {
@@ -298,4 +306,109 @@ func TestClusterSplitTheYoungerLeaves(t *testing.T) {
 		t.Errorf("the older member reported %v; it must go on", err)
 	default:
 	}
+}
+
+// TestClusterRollingRestart: members are restarted one at a time while a client keeps
+// talking to the cluster through another member, as in a deploy. A stopping member first
+// leaves the membership, so the others take its keys while it drains. Every message the
+// cluster acknowledged is stored once and answered once, and nothing is left pending.
+func TestClusterRollingRestart(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	rs := startClusterOn(t, dsn, 3, okAgent, 5*time.Second)
+	front := rs[0]
+	var mu sync.Mutex
+	acked, failed := map[string]bool{}, 0
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		c := &http.Client{Timeout: 60 * time.Second}
+		for n := 0; ; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			id := fmt.Sprint("r", n)
+			body := fmt.Sprintf(`{"chat_id":"c%d","user_id":"u","text":%q,"message_id":%q}`, n%12, id, id)
+			resp, err := c.Post("http://"+front.d.Addr().String()+"/v1/messages?wait=5s", "application/json", strings.NewReader(body))
+			mu.Lock()
+			if err == nil && (resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusAccepted) {
+				acked[id] = true
+			} else {
+				failed++
+			}
+			mu.Unlock()
+			if err == nil {
+				resp.Body.Close()
+			}
+		}
+	})
+	for i := 1; i < len(rs); i++ { // restart every member but the front one, one at a time
+		rs[i].stop(t)
+		rs[i] = startClusterMember(t, dsn, okAgent, 5*time.Second)
+		waitUntil(t, func() bool {
+			return testutil.ToFloat64(front.d.metrics.ClusterMembers) == 3 && testutil.ToFloat64(rs[i].d.metrics.ClusterMembers) == 3
+		})
+	}
+	close(stop)
+	wg.Wait()
+	defer stopAll(t, rs)
+
+	ctx := t.Context()
+	waitUntil(t, func() bool {
+		for _, key := range keysOf(t, front, 12) {
+			snap, err := front.d.store.LoadSession(ctx, key, 0)
+			if err != nil || len(snap.Pending) > 0 || len(snap.Unconfirmed) > 0 {
+				return false
+			}
+		}
+		return true
+	})
+	stored := map[string]int{}
+	answered := map[string]int{}
+	for _, key := range keysOf(t, front, 12) {
+		r, err := front.d.store.Route(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs, err := front.d.store.Transcript(ctx, r.SessionID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, m := range msgs {
+			if m.Seq != int64(i+1) {
+				t.Errorf("session %s: row %d has seq %d", key, i, m.Seq)
+			}
+			if m.Role == persistence.RoleUser {
+				stored[m.MessageID]++
+			}
+		}
+		out, err := front.d.store.OutboxAfter(ctx, key, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range out {
+			for _, id := range e.InReplyTo {
+				answered[id]++
+			}
+		}
+	}
+	for id := range acked {
+		if stored[id] != 1 || answered[id] != 1 {
+			t.Errorf("acknowledged message %s: stored %d times, answered %d times; want once and once", id, stored[id], answered[id])
+		}
+	}
+	t.Logf("%d messages acknowledged, %d refused or failed during the restarts", len(acked), failed)
+	if len(acked) == 0 {
+		t.Fatal("no message was acknowledged")
+	}
+}
+
+// keysOf returns the session keys of the chats c0..c<n-1> of the HTTP platform.
+func keysOf(t *testing.T, r *runtime, n int) []string {
+	var keys []string
+	for i := range n {
+		keys = append(keys, r.d.intake.Key(identity.Source{Platform: "http", ChatType: identity.ChatDM, ChatID: fmt.Sprint("c", i), UserID: "u"}))
+	}
+	return keys
 }

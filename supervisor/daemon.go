@@ -89,12 +89,13 @@ type Daemon struct {
 	timers   *actor.PID
 	events   *eventLog
 	// cluster mode
-	cluster  *cluster.Cluster
-	topology topologySubscription
-	members  memberStore // the store's membership registry (PostgreSQL)
-	fatal    chan error  // receives why the daemon must stop on its own (see Fatal)
-	stopping atomic.Bool // Stop has begun
-	fatalOne sync.Once
+	cluster    *cluster.Cluster
+	topology   topologySubscription
+	members    memberStore      // the store's membership registry (PostgreSQL)
+	membership *storeMembership // this member's registration in it
+	fatal      chan error       // receives why the daemon must stop on its own (see Fatal)
+	stopping   atomic.Bool      // Stop has begun
+	fatalOne   sync.Once
 }
 
 // Fatal receives the error that makes a running daemon unable to go on (a cluster member the
@@ -287,6 +288,7 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	d.stopping.Store(true)
 	d.intake.Drain()
 	d.http.Drain()
+	d.withdraw()
 	d.log.Info("draining", "deadline", d.cfg.Shutdown.DrainTimeout)
 	if t := d.cfg.Shutdown.DrainTimeout; t > 0 {
 		if _, err := d.system.Root.RequestFuture(d.manager, &actors.Drain{}, t).Result(); err != nil {

@@ -75,7 +75,7 @@ func (p *storeMembership) StartClient(*cluster.Cluster) error {
 }
 
 // Shutdown stops renewing and removes the registration, so the others see this member gone at
-// their next renewal rather than after a ttl.
+// their next renewal rather than after a ttl. A second call removes it again (harmless).
 func (p *storeMembership) Shutdown(bool) error {
 	p.once.Do(func() { close(p.stop) })
 	<-p.done
