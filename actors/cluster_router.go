@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
+	"github.com/asynkron/protoactor-go/remote"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -24,18 +26,15 @@ func NewClusterRouter(c *cluster.Cluster, log *slog.Logger) *ClusterRouter {
 	return &ClusterRouter{c: c, log: log}
 }
 
-// clusterRetries is how often a request is tried: the cluster retries when the grain it had
-// cached is gone (a dead letter: the session passivated or moved) or the member it places the
-// key on does not answer (it just left, and the topology does not show it yet).
-const clusterRetries = 8
+// clusterAttemptTimeout bounds one attempt of a request. A request in flight to a member that
+// dies or leaves is never answered; it is tried again (with the grain looked up anew) instead
+// of waiting out the whole request. A retried request may arrive twice; every session request
+// is idempotent (a Deliver is recognised by its message id).
+const clusterAttemptTimeout = 10 * time.Second
 
-// retryBackoff waits before retry i+1 and returns i+1: 50 ms doubling to 1 s, about 3.5 s over
-// all retries, which outlasts a membership renewal (member_ttl/3) after a member leaves.
-// protoactor's default retries at once, so a leaving member made requests fail in a burst.
-func retryBackoff(i int) int {
-	time.Sleep(min(50*time.Millisecond<<i, time.Second))
-	return i + 1
-}
+// retryBackoff is the wait before attempt i+1: 50 ms doubling to 1 s, so that the retries
+// outlast a membership renewal (member_ttl/3) after a member leaves and its grains are gone.
+func retryBackoff(i int) time.Duration { return min(50*time.Millisecond<<i, time.Second) }
 
 // Tell sends msg to the session of key without waiting. Finding (or activating) the grain
 // may take a network round trip, so it happens on a goroutine of its own; a message the
@@ -56,8 +55,10 @@ func (r *ClusterRouter) Tell(key string, msg any) {
 }
 
 // Request sends msg to the session of key and waits for its answer, at most until ctx ends or
-// DefaultRequestTimeout passes. The cluster may deliver a retried request twice; every session
-// request is idempotent (a Deliver is recognised by its message id).
+// DefaultRequestTimeout passes. It looks the key's grain up (activating it on the member that
+// owns the key) and tries again, after a short backoff, when the grain is gone (a dead
+// letter: the session passivated or moved), no member takes the key, or an attempt gets no
+// answer within clusterAttemptTimeout (its member died or left).
 func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, error) {
 	if _, ok := msg.(proto.Message); !ok {
 		return nil, fmt.Errorf("request %T to %s: not a protobuf message", msg, key)
@@ -66,21 +67,42 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 	}
-	if timeout <= 0 {
-		return nil, ctx.Err()
-	}
-	res, err := r.c.Request(key, SessionKind, msg, cluster.WithTimeout(timeout), cluster.WithRetryCount(clusterRetries),
-		cluster.WithRetryAction(retryBackoff))
-	switch {
-	case err == nil && res == nil:
-		return nil, fmt.Errorf("request %T to %s: %w", msg, key, ErrTimeout)
-	case errors.Is(err, context.DeadlineExceeded):
+	deadline := time.Now().Add(timeout)
+	lastErr := errors.New("no member took the session")
+	for attempt := 0; ; attempt++ {
+		remaining := time.Until(deadline)
+		if remaining <= 0 {
+			break
+		}
+		pid, _ := r.c.PidCache.Get(key, SessionKind)
+		if pid == nil {
+			if pid = r.c.Get(key, SessionKind); pid != nil {
+				r.c.PidCache.Set(key, SessionKind, pid)
+			}
+		}
+		if pid != nil {
+			res, err := r.c.ActorSystem.Root.RequestFuture(pid, msg, min(remaining, clusterAttemptTimeout)).Result()
+			if err == nil {
+				return res, nil
+			}
+			if !errors.Is(err, actor.ErrTimeout) && !errors.Is(err, actor.ErrDeadLetter) &&
+				!errors.Is(err, remote.ErrTimeout) && !errors.Is(err, remote.ErrDeadLetter) {
+				return nil, fmt.Errorf("request %T to %s: %w", msg, key, err)
+			}
+			r.c.PidCache.RemoveByValue(key, SessionKind, pid)
+			lastErr = err
+		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("request %T to %s: %w", msg, key, ErrTimeout)
-	case err != nil:
-		return nil, fmt.Errorf("request %T to %s: %w", msg, key, err)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(min(retryBackoff(attempt), max(time.Until(deadline), 0))):
+		}
 	}
-	return res, nil
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	return nil, fmt.Errorf("request %T to %s: %w (last: %v)", msg, key, ErrTimeout, lastErr)
 }

@@ -32,12 +32,7 @@ func (s *Session) onRestarting(c actor.Context) {
 	// Inbound messages whose write is still in flight get an honest answer: we cannot know
 	// whether they became durable. A client that retries with the same message id is safe:
 	// a durable one is answered as a duplicate.
-	for _, it := range s.queue {
-		if !it.durable && it.requester != nil {
-			c.Send(it.requester, &DeliverResult{SessionKey: s.key, MessageId: it.messageID,
-				ErrorCode: "unavailable", Error: "session restarted before the message was stored; retry with the same message_id"})
-		}
-	}
+	s.answerUnstored(c, "session restarted before the message was stored; retry with the same message_id")
 	if s.busy {
 		c.Send(c.Parent(), &busyChanged{key: s.key, busy: false})
 	}

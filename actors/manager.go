@@ -252,15 +252,15 @@ func (m *SessionManager) recover(c actor.Context, key string) {
 
 // onGrainStopped stops the session of a key whose grain stopped: the cluster placed the key on
 // another member (whose activation claims it, so this one's next write would be refused
-// anyway), or this member leaves.
+// anyway), or this member leaves. The session is told, not poisoned: it answers the messages
+// whose writes are in flight first.
 func (m *SessionManager) onGrainStopped(c actor.Context, g *grainStopped) {
 	if cur := m.grains[g.key]; cur == nil || !cur.Equal(g.grain) {
 		return // a grain the manager stopped itself, or one already replaced
 	}
 	delete(m.grains, g.key)
 	if pid, ok := m.sessions[g.key]; ok {
-		delete(m.sessions, g.key)
-		m.stopping[g.key] = nil
-		c.Poison(pid)
+		// It hands over once its writes in flight are answered, then asks to passivate.
+		c.Send(pid, &moved{})
 	}
 }

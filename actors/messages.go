@@ -24,6 +24,9 @@ type Routed struct {
 	Grain *actor.PID
 }
 
+// moved tells a session that the cluster placed its key on another member: it hands over.
+type moved struct{}
+
 // grainStopped tells the manager that the grain of key stopped: the cluster moved the key to
 // another member, or the member leaves.
 type grainStopped struct {

@@ -178,6 +178,8 @@ func (s *Session) Receive(c actor.Context) {
 		s.onResetDue(c)
 	case *idleCheck:
 		s.onIdle(c)
+	case *moved:
+		s.onMoved(c)
 	case *debounceTick:
 		s.tryStart(c)
 	case *resendTick:
@@ -192,6 +194,10 @@ func (s *Session) Receive(c actor.Context) {
 		if s.running != nil {
 			c.Stop(s.running.pid)
 		}
+		// A message whose write is still in flight gets an honest answer, not silence: a stop
+		// that does not wait for the session's writes (a daemon stopping past its drain, a
+		// key moving off a cluster member) must not leave its sender waiting in vain.
+		s.answerUnstored(c, "the session stopped before the message was stored; send it again with the same message_id")
 		// A fenced session's work belongs to the activation that claimed the key.
 		c.Send(c.Parent(), &stopped{key: s.key, hasWork: !s.fencedOut && (s.running != nil || len(s.queue) > 0)})
 		if s.busy {
@@ -362,12 +368,41 @@ func (s *Session) sourceOf(ss *persistence.Session) identity.Source {
 
 // fence starts the hand-over.
 func (s *Session) fence(c actor.Context) {
-	s.fencedOut = true
 	s.d.Metrics.SessionsFenced.Inc()
 	s.logger().Warn("another activation claimed the session; this one hands over and stops",
 		"epoch", s.epoch, "pending", len(s.queue), "running", s.running != nil)
+	s.handOverAll(c)
+}
+
+// handOverAll turns the session into a hand-over (see above).
+func (s *Session) handOverAll(c actor.Context) {
+	s.fencedOut = true
 	if s.running != nil {
 		c.Stop(s.running.pid) // its result would be fenced; the new owner runs the message again
+	}
+}
+
+// onMoved runs when the cluster placed the session's key on another member (its grain here
+// stopped): the session hands over as a fenced one does, once its writes in flight are
+// answered, rather than stop with them unanswered.
+func (s *Session) onMoved(c actor.Context) {
+	if s.fencedOut {
+		return
+	}
+	s.logger().Info("the session's key moved to another member; this one hands over and stops",
+		"pending", len(s.queue), "running", s.running != nil)
+	s.handOverAll(c)
+	s.stopWhenSettled(c)
+}
+
+// answerUnstored answers the senders of queued messages whose write is not acknowledged.
+func (s *Session) answerUnstored(c actor.Context, why string) {
+	for _, it := range s.queue {
+		if !it.durable && it.requester != nil {
+			c.Send(it.requester, &DeliverResult{SessionKey: s.key, MessageId: it.messageID,
+				ErrorCode: "unavailable", Error: why})
+			it.requester = nil
+		}
 	}
 }
 

@@ -61,33 +61,39 @@ func (d *Daemon) startCluster() (err error) {
 			err = fmt.Errorf("cluster: join %s as %s: %v", cc.Name, cc.Bind, p)
 		}
 	}()
+	// The router is the cluster's before the first change of membership, whose recovery uses it.
+	d.router = actors.NewClusterRouter(d.cluster, d.log.With("component", "cluster"))
 	d.topology = d.system.EventStream.Subscribe(func(ev any) {
 		if t, ok := ev.(*cluster.ClusterTopology); ok {
-			go d.recoverOwned(t)
+			d.metrics.ClusterMembers.Set(float64(len(t.Members)))
+			go func() {
+				n := d.recoverOwned(t.Members)
+				d.log.Info("cluster membership changed", "members", len(t.Members), "joined", len(t.Joined),
+					"left", len(t.Left), "recovering", n)
+			}()
 		}
 	})
 	d.cluster.StartMember()
-	d.router = actors.NewClusterRouter(d.cluster, d.log.With("component", "cluster"))
+	go d.sweepRecoverable(cc.MemberTTL)
 	d.log.Info("joined the cluster", "cluster", cc.Name, "address", d.system.Address())
 	return nil
 }
 
-// recoverOwned activates, after a change of membership, the sessions with unfinished work in
-// the store whose keys this member now owns: those of a member that left, and at start its own.
-func (d *Daemon) recoverOwned(t *cluster.ClusterTopology) {
-	d.metrics.ClusterMembers.Set(float64(len(t.Members)))
+// recoverOwned activates the sessions with unfinished work in the store (unanswered messages,
+// unconfirmed replies) whose keys this member owns among members, and returns how many it
+// asked. An active session ignores the request (Recover).
+func (d *Daemon) recoverOwned(members []*cluster.Member) int {
 	ctx, cancel := context.WithTimeout(d.ctx, time.Minute)
 	defer cancel()
 	keys, err := d.store.Recoverable(ctx)
 	if err != nil {
-		d.log.Error("list recoverable sessions after a change of membership", "err", err)
-		return
+		if d.ctx.Err() == nil {
+			d.log.Error("list recoverable sessions", "err", err)
+		}
+		return 0
 	}
 	rdv := cluster.NewRendezvous()
-	rdv.UpdateMembers(t.Members)
-	if d.cluster == nil {
-		return // not joined yet: nothing runs sessions before that
-	}
+	rdv.UpdateMembers(members)
 	me := d.system.Address()
 	n := 0
 	for _, key := range keys {
@@ -96,8 +102,27 @@ func (d *Daemon) recoverOwned(t *cluster.ClusterTopology) {
 			n++
 		}
 	}
-	d.log.Info("cluster membership changed", "members", len(t.Members), "joined", len(t.Joined),
-		"left", len(t.Left), "recovering", n)
+	return n
+}
+
+// sweepRecoverable runs recoverOwned every interval until the daemon stops. A change of
+// membership recovers the keys that moved, but a member that leaves finishes its running turns
+// after the others took its keys over: a reply it recorded and could no longer send (its
+// session was stopped while the reply's write was in flight) would wait for the chat's next
+// message. The sweep finds such work within an interval.
+func (d *Daemon) sweepRecoverable(every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if n := d.recoverOwned(d.cluster.MemberList.Members().Members()); n > 0 {
+			d.log.Debug("recovery sweep", "recovering", n)
+		}
+	}
 }
 
 // withdraw takes the member out of the cluster's membership at the start of a stop: the others
@@ -132,6 +157,9 @@ type topologySubscription = *eventstream.Subscription
 // reach misses it: its clients' waits time out with 202, and their event streams resume from
 // the durable outbox.
 func (d *Daemon) relay(platform string, out *platforms.Outbound) {
+	if d.cluster == nil {
+		return // not joined yet: nothing runs sessions before that
+	}
 	me := d.system.Address()
 	var msg *actors.RelayedOutbound
 	for _, m := range d.cluster.MemberList.Members().Members() {

@@ -9,6 +9,7 @@ package supervisor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/actors"
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
@@ -65,7 +67,7 @@ func stopAll(t *testing.T, rs []*runtime) {
 }
 
 // startClusterMember starts one member of the cluster on dsn; the caller stops it.
-func startClusterMember(t *testing.T, dsn string, agent agents.Agent, drain time.Duration) *runtime {
+func startClusterMember(t testing.TB, dsn string, agent agents.Agent, drain time.Duration) *runtime {
 	t.Helper()
 	return MustStartDaemon(t, agent, daemonOpts{drain: drain, tweak: func(c *config.Config) {
 		c.Store.Driver, c.Store.DSN = "postgres", dsn
@@ -218,7 +220,12 @@ func TestClusterWaitOnAnyMember(t *testing.T) {
 	defer stopAll(t, rs)
 	a := rs[0]
 	remote := 0
-	for i := range 10 {
+	// Until three sessions ran on the other member: placement follows the cluster's view, which
+	// may still be a's alone for a moment after both members listed each other.
+	for i := 0; remote < 3; i++ {
+		if i == 60 {
+			t.Fatalf("%d of 60 sessions ran on the other member", remote)
+		}
 		body := fmt.Sprintf(`{"chat_id":"w%d","user_id":"u","text":"hello %d","message_id":"w%d"}`, i, i, i)
 		resp, err := http.Post("http://"+a.d.Addr().String()+"/v1/messages?wait=20s", "application/json", strings.NewReader(body))
 		if err != nil {
@@ -259,9 +266,6 @@ func TestClusterWaitOnAnyMember(t *testing.T) {
 		if err != nil || info.Live == nil || !info.Live.Active || info.Live.Node != own.Owner {
 			t.Errorf("GET /v1/sessions/%s on a non-owner: live %+v (%v), want it active on %s", got.SessionKey, info.Live, err, own.Owner)
 		}
-	}
-	if remote == 0 {
-		t.Error("every session ran on the member the client waited on; the test proves nothing")
 	}
 }
 
@@ -355,19 +359,46 @@ func TestClusterRollingRestart(t *testing.T) {
 	defer stopAll(t, rs)
 
 	ctx := t.Context()
-	waitUntil(t, func() bool {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var stuck []string
 		for _, key := range keysOf(t, front, 12) {
 			snap, err := front.d.store.LoadSession(ctx, key, 0)
 			if err != nil || len(snap.Pending) > 0 || len(snap.Unconfirmed) > 0 {
-				return false
+				own, _ := front.d.store.Ownership(ctx, key)
+				var pend []string
+				for _, m := range snap.Pending {
+					pend = append(pend, fmt.Sprint(m.Seq, ":", m.MessageID))
+				}
+				var unc []int64
+				for _, e := range snap.Unconfirmed {
+					unc = append(unc, e.Seq)
+				}
+				var live []string
+				for i, r := range rs {
+					st, _ := r.d.system.Root.RequestFuture(r.d.manager, &actors.Peek{Key: key}, time.Second).Result()
+					if s, ok := st.(*actors.SessionState); ok && s.Active {
+						live = append(live, fmt.Sprintf("m%d(%s running=%s q=%d)", i, r.d.deps.Node, s.RunningTurnId, s.QueueDepth))
+					}
+				}
+				stuck = append(stuck, fmt.Sprintf("%s pending=%v unconfirmed=%v owner=%+v live=%v err=%v", key, pend, unc, own, live, err))
 			}
 		}
-		return true
-	})
+		if len(stuck) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stuck sessions:\n%s", strings.Join(stuck, "\n"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	stored := map[string]int{}
 	answered := map[string]int{}
 	for _, key := range keysOf(t, front, 12) {
 		r, err := front.d.store.Route(ctx, key)
+		if errors.Is(err, persistence.ErrNotFound) {
+			continue // no message of this chat was stored
+		}
 		if err != nil {
 			t.Fatal(err)
 		}

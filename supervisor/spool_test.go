@@ -125,7 +125,7 @@ func spoolsAndDrains(t *testing.T, r *runtime, fail func(*testing.T) (restore fu
 }
 
 // waitUntil polls cond under a deadline.
-func waitUntil(t *testing.T, cond func() bool) {
+func waitUntil(t testing.TB, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
