@@ -68,3 +68,67 @@ func BenchmarkCommitTurns(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFencedCommit measures what ownership fencing (cluster mode) costs a commit on
+// PostgreSQL: the same turns, batch per Commit, once with a Fence first in every group (the
+// owner row read FOR SHARE) and once without, alternating batch by batch on two sets of 100
+// sessions of one database. It reports both rates and fenced/plain.
+func BenchmarkFencedCommit(b *testing.B) {
+	const sessions = 100
+	texts := workload.Texts(rand.New(rand.NewPCG(3, 4)), 4096)
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, batch := range []int{1, 100} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			pg, _ := MustOpen(b)
+			ctx := context.Background()
+			type side struct {
+				ss     []persistence.Session
+				epochs []int64 // nil: no fence
+				spent  time.Duration
+			}
+			sides := []*side{{}, {epochs: make([]int64, sessions)}}
+			for k, sd := range sides {
+				var setup []persistence.Op
+				for i := range sessions {
+					s := newSession(fmt.Sprintf("s%d-%d", k, i), fmt.Sprintf("k%d-%d", k, i))
+					sd.ss = append(sd.ss, s)
+					setup = append(setup, &persistence.CreateSession{Session: s})
+					if sd.epochs != nil {
+						e, err := pg.Claim(ctx, s.Key, "bench", base)
+						if err != nil {
+							b.Fatal(err)
+						}
+						sd.epochs[i] = e
+					}
+				}
+				storetest.MustCommit(b, pg, setup...)
+			}
+			groups := make([][]persistence.Op, batch)
+			n := 0 // turns committed to each side
+			for b.Loop() {
+				for _, sd := range sides {
+					for i := range groups {
+						j := (n + i) % sessions
+						groups[i] = workload.Turn(sd.ss[j], (n+i)/sessions, texts[(2*(n+i))%len(texts)],
+							texts[(2*(n+i)+1)%len(texts)], base.Add(time.Duration(n+i)*time.Millisecond))
+						if sd.epochs != nil {
+							groups[i] = append([]persistence.Op{&persistence.Fence{Key: sd.ss[j].Key, Epoch: sd.epochs[j]}}, groups[i]...)
+						}
+					}
+					start := time.Now()
+					for i, err := range pg.Commit(ctx, groups) {
+						if err != nil {
+							b.Fatalf("Commit group %d: %v", i, err)
+						}
+					}
+					sd.spent += time.Since(start)
+				}
+				n += batch
+			}
+			plain, fenced := float64(n)/sides[0].spent.Seconds(), float64(n)/sides[1].spent.Seconds()
+			b.ReportMetric(plain, "plain_turns/s")
+			b.ReportMetric(fenced, "fenced_turns/s")
+			b.ReportMetric(fenced/plain, "fenced/plain")
+		})
+	}
+}
