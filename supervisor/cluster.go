@@ -92,12 +92,11 @@ func (d *Daemon) recoverOwned(members []*cluster.Member) int {
 		}
 		return 0
 	}
-	rdv := cluster.NewRendezvous()
-	rdv.UpdateMembers(members)
+	owner := ownerOf(members)
 	me := d.system.Address()
 	n := 0
 	for _, key := range keys {
-		if rdv.GetByClusterIdentity(cluster.NewClusterIdentity(key, actors.SessionKind)) == me {
+		if owner(key) == me {
 			d.router.Tell(key, &actors.Recover{})
 			n++
 		}
@@ -178,9 +177,7 @@ func (d *Daemon) managerOf(key string) *actor.PID {
 	if d.cluster == nil {
 		return d.manager
 	}
-	rdv := cluster.NewRendezvous()
-	rdv.UpdateMembers(d.cluster.MemberList.Members().Members())
-	owner := rdv.GetByClusterIdentity(cluster.NewClusterIdentity(key, actors.SessionKind))
+	owner := ownerOf(d.cluster.MemberList.Members().Members())(key)
 	if owner == "" || owner == d.system.Address() {
 		return d.manager
 	}
@@ -196,4 +193,15 @@ func (d *Daemon) clusterReady() error {
 		return errors.New("not a member of the cluster's topology")
 	}
 	return nil
+}
+
+// ownerOf returns the function that names the address of the member owning a session key
+// among members, as the cluster's placement (disthash: rendezvous hashing) decides; "" when
+// no member hosts sessions.
+func ownerOf(members []*cluster.Member) func(key string) string {
+	rdv := cluster.NewRendezvous()
+	rdv.UpdateMembers(members)
+	return func(key string) string {
+		return rdv.GetByClusterIdentity(cluster.NewClusterIdentity(key, actors.SessionKind))
+	}
 }
