@@ -2,7 +2,11 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -77,11 +81,17 @@ func TestSharedStoreFencesTheOlderActivation(t *testing.T) {
 	rs := startMembers(t, 2, historyAgent(nil))
 	a, b := rs[0], rs[1]
 
-	a.inject(t, dm, "m1", "one")
+	ack := a.inject(t, dm, "m1", "one")
 	a.waitSent(t, 1)
+	// a's reply is delivered and marked so: b's activation would otherwise send it again (a
+	// reply not yet confirmed is re-sent at activation, at least once).
+	waitUntil(t, func() bool {
+		snap, err := a.d.store.LoadSession(t.Context(), ack.SessionKey, 0)
+		return err == nil && len(snap.Unconfirmed) == 0
+	})
 	b.inject(t, dm, "m2", "two")
 	b.waitSent(t, 1)
-	ack := a.inject(t, dm, "m3", "three") // a's session still thinks it owns the key
+	ack = a.inject(t, dm, "m3", "three") // a's session still thinks it owns the key
 	if ack == nil || ack.Disposition != platforms.Started {
 		t.Fatalf("m3 on the older activation: ack %+v, want it started by the next activation", ack)
 	}
@@ -156,4 +166,33 @@ func TestSharedStoreFencedTurnIsAnsweredOnce(t *testing.T) {
 	if got := strings.Join(rows, " "); got != wantRows {
 		t.Errorf("transcript\n got %s\nwant %s", got, wantRows)
 	}
+}
+
+// TestSharedStoreRefusesWhenTheStoreIsDown: a member of a shared store keeps no spool (a write
+// spooled on its disk could be answered by no other member, and would be fenced when
+// replayed), so while the database cannot be written a message is refused explicitly (HTTP
+// 503), never kept locally or dropped silently; once it is back, the same message is taken.
+func TestSharedStoreRefusesWhenTheStoreIsDown(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	r := MustStartDaemon(t, historyAgent(nil), daemonOpts{shared: true, tweak: func(c *config.Config) {
+		c.Store.Driver, c.Store.DSN = "postgres", dsn
+	}})
+	defer r.stop(t)
+	r.inject(t, dm, "m1", "one")
+	r.waitSent(t, 1)
+
+	restore := pgtest.Cut(t, dsn)
+	_, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: dm, MessageID: "m2", Text: "two"})
+	if !errors.Is(err, platforms.ErrUnavailable) {
+		t.Fatalf("Inject with the shared store down = %v, want platforms.ErrUnavailable (503)", err)
+	}
+	if _, err := os.Stat(filepath.Join(r.d.cfg.DataDir, "spool")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a member of a shared store has a spool directory (%v)", err)
+	}
+	restore()
+
+	r.inject(t, dm, "m2", "two") // the sender tries again
+	checkReplies(t, "the member", r, map[string][]string{"m1": {"[] one"}})
+	r.waitSent(t, 2)
+	checkReplies(t, "the member", r, map[string][]string{"m1": {"[] one"}, "m2": {"[one] two"}})
 }
