@@ -130,18 +130,37 @@ func (d *Deps) props() {
 	d.propsOnce.Do(func() {
 		d.sessionProps = newSessionProps(d, false)
 		d.recoveredProps = newSessionProps(d, true)
-		d.turnProps = NewTurn(d.Ctx, d.Agent, d.Metrics.Mailboxes.Kind("turn"), d.Dispatcher)
+		d.turnProps = NewTurn(d.Ctx, d.Agent, d.Metrics.Actor("turn"), d.Dispatcher)
 	})
 }
 
-// Mailbox returns the props options of an actor of kind: an unbounded mailbox whose depth is
-// counted per kind, run by d.Dispatcher.
+// Mailbox returns the props options of an actor of kind: an unbounded mailbox run by
+// d.Dispatcher, and the kind's actor metrics (mailbox depth, handling time, starts and stops).
 func (d *Deps) Mailbox(kind string) []actor.PropsOption {
-	return mailbox(d.Metrics.Mailboxes.Kind(kind), d.Dispatcher)
+	return mailbox(d.Metrics.Actor(kind), d.Dispatcher)
 }
 
-func mailbox(box *metrics.Mailbox, dispatcher actor.Dispatcher) []actor.PropsOption {
-	return dispatchedBy(dispatcher, actor.WithMailbox(actor.Unbounded(box)))
+func mailbox(rec *metrics.Actor, dispatcher actor.Dispatcher) []actor.PropsOption {
+	return dispatchedBy(dispatcher, actor.WithMailbox(actor.Unbounded(rec.Box)), actor.WithReceiverMiddleware(measured(rec)))
+}
+
+// measured is the receiver middleware behind agentgate_actor_*: it times every message an actor
+// handles and counts its starts and stops. A message the actor panics on is not timed; its
+// failure shows as a restart.
+func measured(rec *metrics.Actor) actor.ReceiverMiddleware {
+	return func(next actor.ReceiverFunc) actor.ReceiverFunc {
+		return func(c actor.ReceiverContext, env *actor.MessageEnvelope) {
+			switch env.Message.(type) {
+			case *actor.Started:
+				rec.Started()
+			case *actor.Stopped:
+				rec.Stopped()
+			}
+			start := time.Now()
+			next(c, env)
+			rec.Handled(time.Since(start))
+		}
+	}
 }
 
 // dispatchedBy returns opts with dispatcher, when there is one.

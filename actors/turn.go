@@ -33,7 +33,6 @@ type Turn struct {
 	session *actor.PID
 	turnID  string
 	parent  context.Context
-	box     *metrics.Mailbox
 
 	cancel context.CancelFunc
 	steer  chan agents.Message // into the steering relay; open while the agent runs, when it can steer
@@ -43,13 +42,13 @@ type Turn struct {
 const MaxSteered = 32
 
 // NewTurn returns the props of the turns that run agent; a turn starts when it receives its
-// request (runTurn). parent is the daemon's lifetime context; box counts the turns' mailbox
-// depth; dispatcher runs their mailboxes (nil: protoactor's default). The props hold nothing
+// request (runTurn). parent is the daemon's lifetime context; rec records the turns' actor
+// metrics; dispatcher runs their mailboxes (nil: protoactor's default). The props hold nothing
 // per turn, so one value serves every turn of a daemon.
-func NewTurn(parent context.Context, agent agents.Agent, box *metrics.Mailbox, dispatcher actor.Dispatcher) *actor.Props {
+func NewTurn(parent context.Context, agent agents.Agent, rec *metrics.Actor, dispatcher actor.Dispatcher) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &Turn{agent: agent, parent: parent, box: box}
-	}, mailbox(box, dispatcher)...)
+		return &Turn{agent: agent, parent: parent}
+	}, mailbox(rec, dispatcher)...)
 }
 
 // Receive starts the agent on runTurn and reports its result to the session.

@@ -11,7 +11,7 @@ import (
 )
 
 // eventLog logs supervisor events at Warn with the actor kind and counts them (protoactor
-// itself logs them only at Info).
+// itself logs them only at Info), and counts dead letters.
 type eventLog struct {
 	system *actor.ActorSystem
 	sub    *eventstream.Subscription
@@ -20,6 +20,10 @@ type eventLog struct {
 func watchEvents(system *actor.ActorSystem, log *slog.Logger, m *metrics.Metrics) *eventLog {
 	log = log.With("component", "supervisor")
 	sub := system.EventStream.Subscribe(func(evt any) {
+		if _, ok := evt.(*actor.DeadLetterEvent); ok {
+			m.DeadLetters.Inc()
+			return
+		}
 		e, ok := evt.(*actor.SupervisorEvent)
 		if !ok {
 			return

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -72,8 +73,9 @@ func value(fams map[string]*dto.MetricFamily, name string, want ...string) float
 }
 
 // TestMetricsMoveWithTheLoad scrapes /metrics around a load: every DESIGN metric is there from
-// the first scrape and moves as it must, protoactor's own metrics are exported, and no label
-// value anywhere is a session key, chat id or user id.
+// the first scrape and moves as it must, agentgate's actor metrics account for every actor
+// kind, protoactor's own metrics stay off by default, and no label value anywhere is a session
+// key, chat id or user id.
 func TestMetricsMoveWithTheLoad(t *testing.T) {
 	release := make(chan struct{})
 	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
@@ -92,7 +94,8 @@ func TestMetricsMoveWithTheLoad(t *testing.T) {
 		"agentgate_queue_depth", "agentgate_queue_overflow_total", "agentgate_persist_batch_size",
 		"agentgate_persist_flush_seconds", "agentgate_spool_files", "agentgate_actor_restarts_total",
 		"agentgate_mailbox_depth", "agentgate_inbound_total", "agentgate_outbound_total",
-		"agentgate_agent_tokens_total"} {
+		"agentgate_agent_tokens_total", "agentgate_actor_message_seconds", "agentgate_actor_starts_total",
+		"agentgate_actor_stops_total", "agentgate_actor_deadletters_total"} {
 		if before[name] == nil {
 			t.Errorf("%s missing from the first scrape", name)
 		}
@@ -176,11 +179,45 @@ func TestMetricsMoveWithTheLoad(t *testing.T) {
 			}
 		}
 	}
-	if !protoactor {
-		t.Errorf("no protoactor_* metrics in the scrape")
+	if protoactor {
+		t.Errorf("protoactor_* metrics in the scrape, though metrics.actors is off by default")
 	}
+	for _, k := range []string{"session", "turn", "persistence", "manager", "platform"} {
+		if n := value(after, "agentgate_actor_message_seconds", "kind", k); n <= 0 {
+			t.Errorf("actor_message_seconds{%s} counted %v messages", k, n)
+		}
+	}
+	if n := value(after, "agentgate_actor_starts_total", "kind", "turn"); n < okTurns {
+		t.Errorf("actor_starts_total{turn} = %v for %v turns", n, okTurns)
+	}
+	waitUntil(t, func() bool { // every turn actor stops once its turn is over
+		fams := r.scrape(t)
+		return value(fams, "agentgate_actor_stops_total", "kind", "turn") == value(fams, "agentgate_actor_starts_total", "kind", "turn")
+	})
 	if len(ids) != sessions*each {
 		t.Fatalf("sent %d messages", len(ids))
+	}
+}
+
+// TestProtoactorMetricsOptIn: metrics.actors adds protoactor's own actor metrics to the scrape.
+func TestProtoactorMetricsOptIn(t *testing.T) {
+	r := MustStart(t, agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+		return &agents.Response{Text: "ok"}, nil
+	}), func(c *config.Config) { c.Metrics.Actors = true })
+	r.inject(t, identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c", UserID: "u"}, "m1", "hello")
+	r.waitSent(t, 1)
+	fams := r.scrape(t)
+	var names []string
+	for name := range fams {
+		if strings.HasPrefix(name, "protoactor_") {
+			names = append(names, name)
+		}
+	}
+	if !slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, "protoactor_actor_message_receive_duration") }) {
+		t.Errorf("protoactor metrics with metrics.actors on: %v, want protoactor_actor_message_receive_duration_seconds among them", names)
+	}
+	if value(fams, "agentgate_actor_message_seconds", "kind", "session") <= 0 {
+		t.Errorf("agentgate_actor_message_seconds{session} missing beside protoactor's metrics")
 	}
 }
 

@@ -55,7 +55,6 @@ func Default() *Config {
 			BackfillWindow: time.Hour,
 		}},
 		Shutdown: Shutdown{DrainTimeout: 30 * time.Second},
-		Metrics:  Metrics{Actors: true},
 		Persist:  Persist{MaxBatch: 512},
 	}
 }

@@ -49,6 +49,10 @@ type Metrics struct {
 	OutboundTotal *prometheus.CounterVec
 	// AgentTokens counts the model tokens turns used, by direction (input, output).
 	AgentTokens *prometheus.CounterVec
+	// DeadLetters counts messages sent to actors that no longer exist.
+	DeadLetters prometheus.Counter
+
+	actors *actorSeries
 }
 
 // New builds the metrics on a fresh registry with the Go runtime and process collectors, and
@@ -96,10 +100,16 @@ func New(platforms ...string) *Metrics {
 			Name: "agentgate_outbound_total", Help: "Outbound sends to platforms, by outcome."}, []string{"platform", "outcome"}),
 		AgentTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentgate_agent_tokens_total", Help: "Model tokens used by agent turns, by direction (input: prompt, output: completion)."}, []string{"direction"}),
+		DeadLetters: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentgate_actor_deadletters_total", Help: "Messages sent to actors that had stopped (protoactor dead letters)."}),
 	}
+	m.actors = newActorSeries(m.Mailboxes)
 	for _, c := range []prometheus.Collector{m.SessionsActive, m.SessionActivations, m.SessionPassivations, m.SessionsFenced, m.ClusterMembers,
 		m.TurnsTotal, m.TurnDuration, m.QueueDepth, m.QueueOverflow, m.PersistBatchSize, m.PersistFlushSeconds,
-		m.SpoolFiles, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens} {
+		m.SpoolFiles, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters} {
+		f(c)
+	}
+	for _, c := range m.actors.collectors() {
 		f(c)
 	}
 	for _, o := range TurnOutcomes {
@@ -124,7 +134,8 @@ func New(platforms ...string) *Metrics {
 }
 
 // ActorMeterProvider returns an OpenTelemetry meter provider that exports into this registry,
-// for protoactor's own actor metrics (spawns, restarts, message durations, dead letters). The
+// for protoactor's own actor metrics (protoactor_*: spawns, restarts, message durations, dead
+// letters), which config metrics.actors turns on. The
 // caller passes it to actor.WithMetricProviders and shuts it down on stop. protoactor reads the
 // global provider (otel.Meter), so this sets it too: one daemon per process.
 func (m *Metrics) ActorMeterProvider() (*sdkmetric.MeterProvider, error) {
