@@ -167,7 +167,7 @@ func (s *Session) Receive(c actor.Context) {
 		if s.running != nil && s.running.id == m.TurnID {
 			// The session restarts with its state reloaded from the store and runs the message
 			// again; a message that crashes its session QuarantineAfter times is quarantined.
-			s.d.Metrics.Mailboxes.Kind("session").Failed() // the mailbox never sees it received
+			s.d.Metrics.Actor("session").Box.Failed() // the mailbox never sees it received
 			panic(m.Err)
 		}
 	case *GetState:

@@ -113,7 +113,7 @@ func (a *sessionsAPI) live(ctx context.Context, key string) (*httpplatform.LiveS
 	}
 	live := &httpplatform.LiveState{Active: true, QueueDepth: int(st.QueueDepth), QueueMode: st.QueueMode,
 		RunningTurnID: st.RunningTurnId, Restarts: int(st.Restarts), Node: st.Node,
-		MailboxDepth: int(a.d.metrics.Mailboxes.Kind("session").Depth())}
+		MailboxDepth: int(a.d.metrics.Actor("session").Box.Depth())}
 	if st.RunningSinceUnixNano != 0 {
 		live.RunningSince = time.Unix(0, st.RunningSinceUnixNano).UTC()
 	}

@@ -35,6 +35,7 @@ type actorSeries struct {
 	starts   *prometheus.CounterVec
 	stops    *prometheus.CounterVec
 	kinds    map[string]*Actor
+	other    *Actor // for a kind not in ActorKinds: recorded nowhere that is exported
 }
 
 func newActorSeries(boxes *MailboxDepths) *actorSeries {
@@ -47,9 +48,12 @@ func newActorSeries(boxes *MailboxDepths) *actorSeries {
 		stops: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentgate_actor_stops_total", Help: "Actors stopped, by actor kind."}, []string{"kind"}),
 		kinds: map[string]*Actor{},
+		other: &Actor{Box: &Mailbox{}, handling: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "unexported"}),
+			starts: prometheus.NewCounter(prometheus.CounterOpts{Name: "unexported"}),
+			stops:  prometheus.NewCounter(prometheus.CounterOpts{Name: "unexported"})},
 	}
 	for _, k := range ActorKinds {
-		s.kinds[k] = &Actor{Box: boxes.Kind(k), handling: s.handling.WithLabelValues(k),
+		s.kinds[k] = &Actor{Box: boxes.depths[k], handling: s.handling.WithLabelValues(k),
 			starts: s.starts.WithLabelValues(k), stops: s.stops.WithLabelValues(k)}
 	}
 	return s
@@ -59,13 +63,11 @@ func (s *actorSeries) collectors() []prometheus.Collector {
 	return []prometheus.Collector{s.handling, s.starts, s.stops}
 }
 
-// Actor returns the recorder of an actor kind (one of ActorKinds). An unknown kind gets one
+// Actor returns the recorder of an actor kind (one of ActorKinds). An unknown kind shares one
 // that is not exported.
 func (m *Metrics) Actor(kind string) *Actor {
 	if a, ok := m.actors.kinds[kind]; ok {
 		return a
 	}
-	return &Actor{Box: &Mailbox{}, handling: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "unexported"}),
-		starts: prometheus.NewCounter(prometheus.CounterOpts{Name: "unexported"}),
-		stops:  prometheus.NewCounter(prometheus.CounterOpts{Name: "unexported"})}
+	return m.actors.other
 }

@@ -8,7 +8,7 @@ import (
 
 // MailboxDepths is agentgate_mailbox_depth{kind}: the messages queued in the mailboxes of every
 // actor of a kind. protoactor's own mailbox gauge is never exported at the pinned version, so
-// each kind's mailboxes share a Mailbox middleware that counts posts and receipts.
+// each kind's mailboxes share a Mailbox middleware that counts posts and receipts (Actor.Box).
 type MailboxDepths struct {
 	desc   *prometheus.Desc
 	kinds  []string
@@ -25,15 +25,6 @@ func newMailboxDepths(kinds []string) *MailboxDepths {
 		m.depths[k] = &Mailbox{}
 	}
 	return m
-}
-
-// Kind returns the mailbox middleware of an actor kind (one of ActorKinds); pass it to
-// actor.Unbounded. An unknown kind gets a middleware that is not exported.
-func (m *MailboxDepths) Kind(kind string) *Mailbox {
-	if d, ok := m.depths[kind]; ok {
-		return d
-	}
-	return &Mailbox{}
 }
 
 // Describe implements prometheus.Collector.

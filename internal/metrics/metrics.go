@@ -43,7 +43,7 @@ type Metrics struct {
 	PersistFlushSeconds prometheus.Histogram
 	SpoolFiles          prometheus.Gauge
 	ActorRestarts       *prometheus.CounterVec
-	// Mailboxes counts queued messages per actor kind; see Mailbox.
+	// Mailboxes exports agentgate_mailbox_depth; each kind's counter is Actor(kind).Box.
 	Mailboxes     *MailboxDepths
 	InboundTotal  *prometheus.CounterVec
 	OutboundTotal *prometheus.CounterVec
