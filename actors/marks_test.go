@@ -1,0 +1,65 @@
+package actors
+
+import (
+	"fmt"
+	"log/slog"
+	"testing"
+	"testing/synctest"
+
+	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/agentgate/agentgate/platforms/platformtest"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// heldWrite is a write the test's persistence actor received and has not answered.
+type heldWrite struct {
+	w    *persistence.Write
+	from *actor.PID
+}
+
+// TestMarksKeepPaceWithSends: the delivery marks of every send that finished while a mark write
+// was in flight go in the next mark write, however many they are up to the persistence actor's
+// largest transaction. (With at most 256 marks a write, a platform that sent more replies per
+// commit than that fell further behind with every commit, and its backlog grew for as long as
+// the load lasted.)
+func TestMarksKeepPaceWithSends(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		quiet := slog.New(slog.DiscardHandler)
+		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+		defer system.Shutdown()
+		writes := make(chan heldWrite, 16)
+		persist := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if w, ok := c.Message().(*persistence.Write); ok {
+				writes <- heldWrite{w: w, from: c.Sender()}
+			}
+		}))
+		fake := platformtest.NewFake("fake")
+		d := &Deps{Ctx: t.Context(), Persist: persist, Log: quiet, Metrics: metrics.New("fake")}
+		p := system.Root.Spawn(NewPlatform(d, fake, &PlatformHealth{}))
+		defer system.Root.Stop(p)
+
+		const replies = 1500
+		for i := range replies {
+			system.Root.Send(p, &SendOutbound{Out: &platforms.Outbound{SessionKey: fmt.Sprintf("fake:dm:%d", i), Seq: 1, Text: "hi"}})
+		}
+		first := <-writes // in flight, unanswered, while the other sends finish
+		synctest.Wait()
+		if n := len(fake.Sent()); n != replies {
+			t.Fatalf("%d replies sent, want %d", n, replies)
+		}
+		system.Root.Send(first.from, &persistence.WriteResult{ID: first.w.ID})
+		second := <-writes
+		if got, want := len(first.w.Ops)+len(second.w.Ops), replies; got != want {
+			t.Errorf("the first two mark writes hold %d + %d marks, want all %d", len(first.w.Ops), len(second.w.Ops), want)
+		}
+		system.Root.Send(second.from, &persistence.WriteResult{ID: second.w.ID})
+		synctest.Wait()
+		select {
+		case w := <-writes:
+			t.Errorf("a third mark write of %d marks, want none", len(w.w.Ops))
+		default:
+		}
+	})
+}
