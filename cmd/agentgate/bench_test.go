@@ -4,9 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/workload"
 )
 
 func TestBenchJSON(t *testing.T) {
@@ -139,5 +149,46 @@ func TestBenchBadFlags(t *testing.T) {
 		if stdout.Len() != 0 {
 			t.Errorf("run(%q) stdout = %q, want nothing", args, stdout.String())
 		}
+	}
+}
+
+// TestRawTurnsWriteWhatTheDaemonWrites: the raw ceiling commits the rows and updates the
+// daemon's load commits, op for op (only their grouping into transactions differs), so the
+// ratio compares the runtime with the same writes done ideally. The marks of the last replies
+// may still be on their way when the load ends: at most one a session is missing.
+func TestRawTurnsWriteWhatTheDaemonWrites(t *testing.T) {
+	const n, m = 8, 3
+	cfg, err := config.Load("", nil, func(c *config.Config) {
+		c.DataDir = t.TempDir()
+		c.HTTP.Addr = "127.0.0.1:0"
+		c.Sessions.PassivateAfter = benchPassivateAfter
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	texts := workload.Texts(rand.New(rand.NewPCG(1, 2)), 2*n*m)
+	_, txns, err := benchDaemon(t.Context(), cfg, log, n, m, texts, "", false, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func(groups [][]persistence.Op) map[string]int {
+		c := map[string]int{}
+		for _, g := range groups {
+			for _, op := range g {
+				c[fmt.Sprintf("%T", op)]++
+			}
+		}
+		return c
+	}
+	daemon, raw := count(slices.Concat(txns...)), count(rawTurns(n, m, texts))
+	const mark = "*persistence.MarkDelivery"
+	if d := raw[mark] - daemon[mark]; d < 0 || d > n {
+		t.Errorf("the daemon wrote %d delivery marks, raw %d: want raw's, less at most %d", daemon[mark], raw[mark], n)
+	}
+	delete(daemon, mark)
+	delete(raw, mark)
+	if !maps.Equal(daemon, raw) {
+		t.Errorf("ops by type: the daemon's load wrote %v, raw writes %v", daemon, raw)
 	}
 }
