@@ -259,9 +259,9 @@ func printBenchReport(w io.Writer, r *benchReport) {
 	fmt.Fprintf(tw, "heap per idle session\t%s\t(heap + stacks, after GC, freed when the idle sessions passivate, ÷ N)\n", heapFigure(r.HeapIdle))
 	fmt.Fprintf(tw, "heap per active session\t%s\t(idle plus what one running turn adds: its actor, goroutine, request)\n", heapFigure(r.HeapActive))
 	fmt.Fprintf(tw, "replayed writes\t%.0f turns/s\t(the daemon's %d transactions committed again, no actors, fresh store)\n", r.ReplayTurnsPerSec, r.Transactions)
-	fmt.Fprintf(tw, "raw SQLite ceiling\t%.0f turns/s\t(%d turns per transaction, fresh store)\n", r.RawTurnsPerSec, benchRawBatch)
+	fmt.Fprintf(tw, "raw SQLite ceiling\t%.0f turns/s\t(the same writes, %d turns per transaction, no actors, fresh store)\n", r.RawTurnsPerSec, benchRawBatch)
 	fmt.Fprintf(tw, "ratio to replayed\t%.3f%s\t(the cost of the runtime around the writes)\n", r.RatioToReplay, spread(r, func(x *benchReport) float64 { return x.RatioToReplay }))
-	fmt.Fprintf(tw, "replayed ÷ raw\t%.3f%s\t(the cost of the daemon's write pattern: two commits per turn, smaller transactions)\n", r.ReplayToRaw, spread(r, func(x *benchReport) float64 { return x.ReplayToRaw }))
+	fmt.Fprintf(tw, "replayed ÷ raw\t%.3f%s\t(the cost of the daemon's write pattern: two commits per turn, a closed loop's smaller transactions)\n", r.ReplayToRaw, spread(r, func(x *benchReport) float64 { return x.ReplayToRaw }))
 	fmt.Fprintf(tw, "ratio to raw\t%.3f%s\n", r.RatioToRaw, spread(r, func(x *benchReport) float64 { return x.RatioToRaw }))
 	tw.Flush()
 	if t, ok := benchTarget(r.Sessions); ok {
@@ -269,8 +269,9 @@ func printBenchReport(w io.Writer, r *benchReport) {
 		if !t.Met(r.RatioToRaw) {
 			fmt.Fprintf(w, "  why: daemon ÷ raw = write pattern × runtime (docs/BENCHMARKS.md has the analysis)\n"+
 				"  write pattern (replayed ÷ raw) %.3f: the daemon's own transactions, committed again with no actors;\n"+
-				"    two durable commits per turn (the inbound before its ack, the reply before it is sent), the\n"+
-				"    delivery marks, and a closed loop's smaller transactions than the raw %d turns\n"+
+				"    the same rows and updates as the raw ceiling, in two durable commits per turn (the inbound\n"+
+				"    before its ack, the reply before it is sent) and a closed loop's smaller transactions than\n"+
+				"    the raw %d turns\n"+
 				"  runtime (daemon ÷ replayed) %.3f: actors, agent, platform and actor metrics around the same writes,\n"+
 				"    on the same cores\n", r.ReplayToRaw, benchRawBatch, r.RatioToReplay)
 			if r.CPUPerTurnUS > 0 && r.Cores > 0 {
