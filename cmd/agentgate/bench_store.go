@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/persistence/workload"
@@ -131,15 +133,19 @@ func commitAll(ctx context.Context, store *sqlite.Store, groups [][]persistence.
 // and its delivery mark; a session's first turn also creates the session and its route, as the
 // daemon's first message does (the daemon writes a route only when a session starts, so
 // workload.Turn's route, which the persistence benchmarks keep as the reference's turn, is left
-// out after the first). The timed raw phase therefore holds the same rows and updates as the
-// daemon's load, in batches of the ideal size and with no actors.
+// out after the first). Keys and ids have the daemon's shapes: the bench platform's session
+// keys and message ids, session ids of a start time and 8 hex digits, turn ids of 16. The timed
+// raw phase therefore holds the same rows and updates as the daemon's load, in batches of the
+// ideal size and with no actors.
 func rawTurns(n, m int, texts []string) [][]persistence.Op {
 	base := time.Now().UTC()
+	r := rand.New(rand.NewPCG(3, 4))
 	ss := make([]persistence.Session, n)
 	for i := range n {
+		src := benchSource(i)
 		ss[i] = persistence.Session{
-			ID: fmt.Sprintf("sess-%d", i), Key: fmt.Sprintf("bench:dm:bench-%d", i),
-			Platform: "bench", ChatType: "dm", ChatID: fmt.Sprintf("bench-%d", i), UserID: "u",
+			ID: fmt.Sprintf("%s%08x", base.Format("20060102_150405_"), r.Uint32()), Key: identity.Key(src, identity.KeyOptions{}),
+			Platform: src.Platform, ChatType: src.ChatType, ChatID: src.ChatID, UserID: src.UserID,
 			Profile: "default", StartedAt: base, LastActivityAt: base, Epoch: 1,
 		}
 	}
@@ -153,7 +159,8 @@ func rawTurns(n, m int, texts []string) [][]persistence.Op {
 				ops = append(ops, &persistence.CreateSession{Session: *s},
 					&persistence.PutRoute{Route: persistence.Route{Key: s.Key, SessionID: s.ID, Generation: 1, UpdatedAt: at}})
 			}
-			for _, op := range workload.Turn(*s, k, texts[2*(i*m+k)], texts[2*(i*m+k)+1], at) {
+			msgID, turnID := fmt.Sprintf("bench-%d-%d", i, k), fmt.Sprintf("t_%016x", r.Uint64())
+			for _, op := range workload.TurnWith(*s, k, msgID, turnID, texts[2*(i*m+k)], texts[2*(i*m+k)+1], at) {
 				if _, route := op.(*persistence.PutRoute); !route {
 					ops = append(ops, op)
 				}

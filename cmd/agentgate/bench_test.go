@@ -153,9 +153,10 @@ func TestBenchBadFlags(t *testing.T) {
 }
 
 // TestRawTurnsWriteWhatTheDaemonWrites: the raw ceiling commits the rows and updates the
-// daemon's load commits, op for op (only their grouping into transactions differs), so the
-// ratio compares the runtime with the same writes done ideally. The marks of the last replies
-// may still be on their way when the load ends: at most one a session is missing.
+// daemon's load commits, op for op (only their grouping into transactions differs), with the
+// same session keys and message ids and ids of the same shapes, so the ratio compares the
+// runtime with the same writes done ideally. The marks of the last replies may still be on
+// their way when the load ends: at most one a session is missing.
 func TestRawTurnsWriteWhatTheDaemonWrites(t *testing.T) {
 	const n, m = 8, 3
 	cfg, err := config.Load("", nil, func(c *config.Config) {
@@ -172,23 +173,46 @@ func TestRawTurnsWriteWhatTheDaemonWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	count := func(groups [][]persistence.Op) map[string]int {
-		c := map[string]int{}
-		for _, g := range groups {
-			for _, op := range g {
-				c[fmt.Sprintf("%T", op)]++
+	daemon, raw := summarizeWrites(slices.Concat(txns...)), summarizeWrites(rawTurns(n, m, texts))
+	const mark = "*persistence.MarkDelivery"
+	if d := raw.ops[mark] - daemon.ops[mark]; d < 0 || d > n {
+		t.Errorf("the daemon wrote %d delivery marks, raw %d: want raw's, less at most %d", daemon.ops[mark], raw.ops[mark], n)
+	}
+	delete(daemon.ops, mark)
+	delete(raw.ops, mark)
+	if !maps.Equal(daemon.ops, raw.ops) {
+		t.Errorf("ops by type: the daemon's load wrote %v, raw writes %v", daemon.ops, raw.ops)
+	}
+	if !maps.Equal(daemon.shapes, raw.shapes) {
+		t.Errorf("keys and ids: the daemon's load wrote %v, raw writes %v", daemon.shapes, raw.shapes)
+	}
+}
+
+// writes summarizes a load's writes: its ops by type, and the set of its session keys and
+// message ids with the lengths of its session and turn ids.
+type writes struct {
+	ops    map[string]int
+	shapes map[string]bool
+}
+
+func summarizeWrites(groups [][]persistence.Op) writes {
+	w := writes{ops: map[string]int{}, shapes: map[string]bool{}}
+	for _, g := range groups {
+		for _, op := range g {
+			w.ops[fmt.Sprintf("%T", op)]++
+			switch o := op.(type) {
+			case *persistence.CreateSession:
+				w.shapes["key "+o.Session.Key] = true
+				w.shapes[fmt.Sprintf("session id of %d bytes", len(o.Session.ID))] = true
+			case *persistence.AppendMessage:
+				if o.Message.MessageID != "" {
+					w.shapes["message id "+o.Message.MessageID] = true
+				}
+				if o.Message.TurnID != "" {
+					w.shapes[fmt.Sprintf("turn id of %d bytes", len(o.Message.TurnID))] = true
+				}
 			}
 		}
-		return c
 	}
-	daemon, raw := count(slices.Concat(txns...)), count(rawTurns(n, m, texts))
-	const mark = "*persistence.MarkDelivery"
-	if d := raw[mark] - daemon[mark]; d < 0 || d > n {
-		t.Errorf("the daemon wrote %d delivery marks, raw %d: want raw's, less at most %d", daemon[mark], raw[mark], n)
-	}
-	delete(daemon, mark)
-	delete(raw, mark)
-	if !maps.Equal(daemon, raw) {
-		t.Errorf("ops by type: the daemon's load wrote %v, raw writes %v", daemon, raw)
-	}
+	return w
 }

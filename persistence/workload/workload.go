@@ -65,7 +65,12 @@ func vocabulary(r *rand.Rand, n int) []string {
 // the user message, the assistant reply, the user message's status, the session's activity, its
 // route and the reply's outbox entry.
 func Turn(s persistence.Session, k int, user, reply string, at time.Time) []persistence.Op {
-	msgID, turnID := fmt.Sprintf("m%d", k+1), fmt.Sprintf("t-%s-%d", s.ID, k+1)
+	return TurnWith(s, k, fmt.Sprintf("m%d", k+1), fmt.Sprintf("t-%s-%d", s.ID, k+1), user, reply, at)
+}
+
+// TurnWith is Turn with the user message's platform id and the turn's id given, for a load
+// whose ids must look like a running daemon's.
+func TurnWith(s persistence.Session, k int, msgID, turnID, user, reply string, at time.Time) []persistence.Op {
 	userSeq, replySeq := int64(2*k+1), int64(2*k+2)
 	return []persistence.Op{
 		&persistence.AppendMessage{Message: persistence.Message{
