@@ -26,7 +26,8 @@ import (
 // (persistence.max_batch, 512 groups by default), so one mark write per commit keeps pace with
 // any load: with 256, a platform that sent more replies than that per commit fell further
 // behind at every commit for as long as the load lasted (TestMarksKeepPaceWithSends). The bound
-// keeps the backlog of a long store outage in writes of a few milliseconds each.
+// keeps the backlog of a long store outage in writes of a few milliseconds each. (A max_batch
+// set above it could outrun it again, at the write ceiling only.)
 const maxMarks = 4096
 
 // marks is a platform actor's coalescing buffer of delivery marks.

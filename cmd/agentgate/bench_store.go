@@ -146,7 +146,7 @@ func rawTurns(n, m int, texts []string) [][]persistence.Op {
 		ss[i] = persistence.Session{
 			ID: fmt.Sprintf("%s%08x", base.Format("20060102_150405_"), r.Uint32()), Key: identity.Key(src, identity.KeyOptions{}),
 			Platform: src.Platform, ChatType: src.ChatType, ChatID: src.ChatID, UserID: src.UserID,
-			Profile: "default", StartedAt: base, LastActivityAt: base, Epoch: 1,
+			Profile: src.Profile, StartedAt: base, LastActivityAt: base, Epoch: 1,
 		}
 	}
 	turns := make([][]persistence.Op, 0, n*m)

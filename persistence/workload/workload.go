@@ -61,9 +61,11 @@ func vocabulary(r *rand.Rand, n int) []string {
 	return words
 }
 
-// Turn returns the writes of turn k (0-based) of session s, as the session actor records a turn:
-// the user message, the assistant reply, the user message's status, the session's activity, its
-// route and the reply's outbox entry.
+// Turn returns the writes of turn k (0-based) of session s, the gateway turn of
+// shared/reference/perf-anchors.md §2d: the user message, the assistant reply, the user
+// message's status, the session's activity, its route and the reply's outbox entry. (The daemon
+// writes a route only when a session starts, and a delivery mark for every reply: `agentgate
+// bench`'s raw ceiling builds its turns from TurnWith to match.)
 func Turn(s persistence.Session, k int, user, reply string, at time.Time) []persistence.Op {
 	return TurnWith(s, k, fmt.Sprintf("m%d", k+1), fmt.Sprintf("t-%s-%d", s.ID, k+1), user, reply, at)
 }
