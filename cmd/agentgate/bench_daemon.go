@@ -131,7 +131,7 @@ func benchSession(ctx context.Context, p *benchPlatform, deliver platforms.Deliv
 	timer := time.NewTimer(benchReplyTimeout)
 	defer timer.Stop()
 	for k := range m {
-		id := fmt.Sprintf("bench-%d-%d", i, k)
+		id := benchMessageID(i, k)
 		replied := p.expect(id)
 		start := time.Now()
 		if _, err := deliver(ctx, &platforms.Inbound{Source: src, MessageID: id, Text: texts[2*k], ReceivedAt: start}); err != nil {
@@ -150,6 +150,9 @@ func benchSession(ctx context.Context, p *benchPlatform, deliver platforms.Deliv
 	}
 	return lat, nil
 }
+
+// benchMessageID is the platform id of session i's message k.
+func benchMessageID(i, k int) string { return fmt.Sprintf("bench-%d-%d", i, k) }
 
 func benchSource(i int) identity.Source {
 	return identity.Source{Platform: "bench", ChatType: "dm", ChatID: fmt.Sprintf("bench-%d", i), UserID: "u"}

@@ -159,7 +159,7 @@ func rawTurns(n, m int, texts []string) [][]persistence.Op {
 				ops = append(ops, &persistence.CreateSession{Session: *s},
 					&persistence.PutRoute{Route: persistence.Route{Key: s.Key, SessionID: s.ID, Generation: 1, UpdatedAt: at}})
 			}
-			msgID, turnID := fmt.Sprintf("bench-%d-%d", i, k), fmt.Sprintf("t_%016x", r.Uint64())
+			msgID, turnID := benchMessageID(i, k), fmt.Sprintf("t_%016x", r.Uint64())
 			for _, op := range workload.TurnWith(*s, k, msgID, turnID, texts[2*(i*m+k)], texts[2*(i*m+k)+1], at) {
 				if _, route := op.(*persistence.PutRoute); !route {
 					ops = append(ops, op)
