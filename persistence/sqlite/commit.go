@@ -3,14 +3,16 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 )
 
-// stmtID names a write statement prepared once at Open.
+// stmtID names a write statement, prepared once on the writer's connection (writeStmts).
 type stmtID int
 
 const (
@@ -134,17 +136,55 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 // commitTx runs groups in one transaction and fills errs. Without savepoints, a failing group
 // rolls the whole transaction back and commitTx asks for a retry with them. It returns the
 // number of message rows the committed transaction inserted.
+//
+// The transaction runs on the writer's driver connection itself (sql.Conn.Raw), with statements
+// prepared on it once (writeStmts), not through a *sql.Tx: database/sql starts a goroutine per
+// transaction to watch its context, and the driver one per call whose context can be cancelled.
+// Waking and stopping them, and handing the connection's lock back and forth, made the committer
+// wait for a CPU behind the sessions' work under load (docs/BENCHMARKS.md, "The tenth session").
+// The driver calls get a context that is never cancelled; cancelling ctx still ends the batch:
+// it is checked before every group and before the commit, and the transaction rolls back.
 func (s *Store) commitTx(ctx context.Context, groups [][]persistence.Op, errs []error, savepoints bool) (added int, retry bool) {
-	tx, err := s.writer.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
+	ran := false
+	err := s.onWriter(ctx, func(dc any) error { // the one writer connection, waited for like a BeginTx
+		ran = true
+		added, retry = s.commitOn(ctx, dc, groups, errs, savepoints)
+		return nil
+	})
+	if err != nil && !ran {
+		sqlstore.Fill(errs, fmt.Errorf("commit: begin: %w", err))
+		return 0, false
+	}
+	// Once commitOn ran, errs hold the outcome: an error handing the connection back to the pool
+	// afterwards cannot undo a commit.
+	return added, retry
+}
+
+// commitOn is commitTx on the driver connection dc.
+func (s *Store) commitOn(ctx context.Context, dc any, groups [][]persistence.Op, errs []error, savepoints bool) (added int, retry bool) {
+	stmts, err := s.writeStmts(dc)
+	if err != nil {
+		sqlstore.Fill(errs, fmt.Errorf("commit: %w", err))
+		return 0, false
+	}
+	begin, ok := dc.(driver.ConnBeginTx)
+	if !ok {
+		sqlstore.Fill(errs, fmt.Errorf("commit: driver connection %T cannot begin a transaction", dc))
+		return 0, false
+	}
+	bg := context.WithoutCancel(ctx)
+	tx, err := begin.BeginTx(bg, driver.TxOptions{}) // _txlock=immediate: BEGIN IMMEDIATE
 	if err != nil {
 		sqlstore.Fill(errs, fmt.Errorf("commit: begin: %w", err))
 		return 0, false
 	}
-	// The statements run with a context that is never cancelled: for a cancellable one the
-	// driver starts a goroutine per statement to watch it. Cancelling ctx still ends the batch:
-	// database/sql rolls the transaction back, and the next statement or the commit fails.
-	t := &txn{ctx: context.WithoutCancel(ctx), tx: tx, s: s}
+	t := &txn{ctx: bg, stmts: stmts}
 	for i, g := range groups {
+		if err := ctx.Err(); err != nil {
+			_ = tx.Rollback()
+			sqlstore.Fill(errs, fmt.Errorf("commit: group %d: %w: %w", i, errTxAborted, err))
+			return 0, false
+		}
 		mark := t.added
 		err := t.group(g, savepoints)
 		switch {
@@ -164,6 +204,11 @@ func (s *Store) commitTx(ctx context.Context, groups [][]persistence.Op, errs []
 			errs[i] = fmt.Errorf("commit: group %d: %w", i, err)
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		_ = tx.Rollback()
+		sqlstore.Fill(errs, fmt.Errorf("commit: %w: %w", errTxAborted, err))
+		return 0, false
+	}
 	if err := tx.Commit(); err != nil {
 		sqlstore.Fill(errs, fmt.Errorf("commit: %w", err))
 		return 0, false
@@ -171,26 +216,95 @@ func (s *Store) commitTx(ctx context.Context, groups [][]persistence.Op, errs []
 	return t.added, false
 }
 
-// txn is one Commit transaction with its statements, bound to it lazily.
-type txn struct {
-	ctx   context.Context
-	tx    *sql.Tx
-	s     *Store
-	stmts [numStmts]*sql.Stmt
-	added int // message rows inserted by the groups that succeeded so far
-}
-
-func (t *txn) stmt(id stmtID) *sql.Stmt {
-	if st := t.stmts[id]; st != nil {
-		return st
+// writeStmts returns the write statements prepared on the writer's driver connection dc,
+// preparing them the first time, and again should database/sql ever replace the connection.
+// It does so only after the old one was closed (the driver reports a connection unusable only
+// then), and a closed connection's statements cannot be finalized any more: they are dropped.
+// The caller holds commitMu, or is open or closeAll.
+func (s *Store) writeStmts(dc any) (*[numStmts]driver.Stmt, error) {
+	if s.wstmts.conn == dc {
+		return &s.wstmts.st, nil
 	}
-	st := t.tx.StmtContext(t.ctx, t.s.prepared[id])
-	t.stmts[id] = st
-	return st
+	prep, ok := dc.(driver.ConnPrepareContext)
+	if !ok {
+		return nil, fmt.Errorf("driver connection %T cannot prepare statements", dc)
+	}
+	var st [numStmts]driver.Stmt
+	for id, q := range writeSQL {
+		p, err := prep.PrepareContext(context.Background(), q)
+		if err != nil {
+			closeStmts(st[:id])
+			return nil, fmt.Errorf("prepare %q: %w", q, err)
+		}
+		st[id] = p
+	}
+	s.wstmts.conn, s.wstmts.st = dc, st
+	return &s.wstmts.st, nil
 }
 
-func (t *txn) exec(id stmtID, args ...any) (sql.Result, error) {
-	return t.stmt(id).ExecContext(t.ctx, args...)
+// closeStmts closes the non-nil statements of sts and returns the first error.
+func closeStmts(sts []driver.Stmt) error {
+	var first error
+	for _, st := range sts {
+		if st == nil {
+			continue
+		}
+		if err := st.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// txn is one Commit transaction on the writer's driver connection.
+type txn struct {
+	ctx   context.Context // never cancelled (see commitTx)
+	stmts *[numStmts]driver.Stmt
+	args  []driver.NamedValue // the arguments of the statement running, reused by the next
+	added int                 // message rows inserted by the groups that succeeded so far
+}
+
+// bind converts args as database/sql would (driver.DefaultParameterConverter: the driver has no
+// converter of its own) into t.args.
+func (t *txn) bind(args []any) ([]driver.NamedValue, error) {
+	t.args = t.args[:0]
+	for i, a := range args {
+		v, err := driver.DefaultParameterConverter.ConvertValue(a)
+		if err != nil {
+			return nil, fmt.Errorf("argument %d: %w", i+1, err)
+		}
+		t.args = append(t.args, driver.NamedValue{Ordinal: i + 1, Value: v})
+	}
+	return t.args, nil
+}
+
+func (t *txn) exec(id stmtID, args ...any) (driver.Result, error) {
+	named, err := t.bind(args)
+	if err != nil {
+		return nil, err
+	}
+	return t.stmts[id].(driver.StmtExecContext).ExecContext(t.ctx, named)
+}
+
+// queryRow runs query id and reads its first row into dest (one value per column); no row is
+// sql.ErrNoRows.
+func (t *txn) queryRow(id stmtID, dest []driver.Value, args ...any) error {
+	named, err := t.bind(args)
+	if err != nil {
+		return err
+	}
+	rows, err := t.stmts[id].(driver.StmtQueryContext).QueryContext(t.ctx, named)
+	if err != nil {
+		return err
+	}
+	err = rows.Next(dest)
+	if cerr := rows.Close(); err == nil {
+		err = cerr
+	}
+	if errors.Is(err, io.EOF) {
+		return sql.ErrNoRows
+	}
+	return err
 }
 
 // group applies one group. With savepoints it is atomic on its own: on an op's error it rolls
@@ -352,13 +466,17 @@ func (t *txn) apply(op persistence.Op) error {
 		if err := sqlstore.CheckFence(o); err != nil {
 			return err
 		}
-		var cur int64
-		err := t.stmt(stFence).QueryRowContext(t.ctx, o.Key).Scan(&cur)
+		row := make([]driver.Value, 1)
+		err := t.queryRow(stFence, row, o.Key)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("fence %s: %w", o.Key, err)
+		}
+		cur, ok := row[0].(int64)
+		if !ok {
+			return fmt.Errorf("fence %s: epoch is %T, not an integer", o.Key, row[0])
 		}
 		return sqlstore.Fenced(o, cur)
 	default:
@@ -439,18 +557,24 @@ func (t *txn) inboundAt(m *persistence.Message) (sid string, seq int64, ok bool)
 	if m.Role != persistence.RoleUser || m.MessageID == "" {
 		return "", 0, false
 	}
-	err := t.stmt(stInboundAt).QueryRowContext(t.ctx, m.Platform, m.ChatID, m.MessageID).Scan(&sid, &seq)
-	return sid, seq, err == nil
+	row := make([]driver.Value, 2)
+	if err := t.queryRow(stInboundAt, row, m.Platform, m.ChatID, m.MessageID); err != nil {
+		return "", 0, false
+	}
+	sid, ok1 := text(row[0])
+	seq, ok2 := row[1].(int64)
+	return sid, seq, ok1 && ok2
 }
 
 // sameMessage checks that the row already at m's (session id, seq) is m re-sent.
 func (t *txn) sameMessage(m *persistence.Message) error {
-	var content, messageID string
-	err := t.stmt(stMessageAt).QueryRowContext(t.ctx, m.SessionID, m.Seq).Scan(&content, &messageID)
-	if err != nil {
+	row := make([]driver.Value, 2)
+	if err := t.queryRow(stMessageAt, row, m.SessionID, m.Seq); err != nil {
 		return fmt.Errorf("append message %s/%d: %w", m.SessionID, m.Seq, err)
 	}
-	if content != m.Content || messageID != m.MessageID {
+	content, ok1 := text(row[0])
+	messageID, ok2 := text(row[1])
+	if !ok1 || !ok2 || content != m.Content || messageID != m.MessageID {
 		return fmt.Errorf("append message %s/%d: %w", m.SessionID, m.Seq, ErrConflict)
 	}
 	return nil
@@ -461,6 +585,17 @@ func wrap(err error, format string, args ...any) error {
 		return nil
 	}
 	return fmt.Errorf(format+": %w", append(args, err)...)
+}
+
+// text reads a TEXT column's driver value.
+func text(v driver.Value) (string, bool) {
+	switch v := v.(type) {
+	case string:
+		return v, true
+	case []byte:
+		return string(v), true
+	}
+	return "", false
 }
 
 func boolInt(b bool) int64 {

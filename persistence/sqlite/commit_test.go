@@ -146,6 +146,69 @@ func TestDiskFullMidBatch(t *testing.T) {
 // which a shared machine disturbs much less than wall time. Both include indexing every
 // committed message for Search: what still waits after the loop is indexed, and counted, before
 // the figures are taken.
+// countdownCtx reports itself cancelled from its n-th Err call on. Done never fires: a context
+// that ends while a batch runs is seen by its Err, wherever the batch looks.
+type countdownCtx struct {
+	context.Context
+	n int
+}
+
+func (c *countdownCtx) Err() error {
+	if c.n--; c.n < 0 {
+		return context.Canceled
+	}
+	return nil
+}
+
+// A context that ends during a batch, wherever in it, commits none of its groups and fails all
+// of them; one that does not end commits them all.
+func TestCommitCancelledMidBatch(t *testing.T) {
+	const groups = 5
+	cancelled := 0
+	for n := 0; ; n++ {
+		s := MustOpen(t, Options{})
+		batch := make([][]persistence.Op, groups)
+		for i := range batch {
+			batch[i] = []persistence.Op{&persistence.CreateSession{Session: newSession(fmt.Sprintf("s%d", i), fmt.Sprintf("k%d", i))}}
+		}
+		errs := s.Commit(&countdownCtx{Context: context.Background(), n: n}, batch)
+		failed := 0
+		for i, err := range errs {
+			if err != nil {
+				failed++
+				if !errors.Is(err, context.Canceled) {
+					t.Errorf("n=%d: group %d error = %v, want context.Canceled", n, i, err)
+				}
+			}
+		}
+		stored := 0
+		for i := range groups {
+			_, err := s.Session(context.Background(), fmt.Sprintf("s%d", i))
+			switch {
+			case err == nil:
+				stored++
+			case !errors.Is(err, persistence.ErrNotFound):
+				t.Fatalf("n=%d: Session(s%d): %v", n, i, err)
+			}
+		}
+		if failed == groups && stored == 0 {
+			cancelled++
+		} else if failed != 0 || stored != groups {
+			t.Fatalf("n=%d: %d groups failed and %d were stored, want all or none", n, failed, stored)
+		}
+		if failed == 0 {
+			break // the context was not looked at often enough to end the batch
+		}
+		if n > 100 {
+			t.Fatal("a batch of 5 groups looked at its context more than 100 times")
+		}
+	}
+	// The batch looks at its context before every group and before the commit.
+	if cancelled < groups+1 {
+		t.Errorf("the batch ended at %d points, want at least %d (every group and the commit)", cancelled, groups+1)
+	}
+}
+
 func BenchmarkCommitTurns(b *testing.B) {
 	const sessions = 100
 	texts := workload.Texts(rand.New(rand.NewPCG(1, 2)), 4096)

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"fmt"
 	"log/slog"
 	"os"
@@ -51,7 +52,12 @@ type Store struct {
 	commitMu sync.Mutex // serialises Commit: the store serialises writers itself
 	writer   *sql.DB    // one connection; nil for a read-only store
 	reader   *sql.DB    // query_only connections
-	prepared [numStmts]*sql.Stmt
+	// wstmts are the write statements, prepared on the writer's driver connection (writeStmts);
+	// guarded by commitMu.
+	wstmts struct {
+		conn any
+		st   [numStmts]driver.Stmt
+	}
 	// readStmts are the reader pool's prepared statements, by query (see preparedTx); read
 	// only once the store is open.
 	readStmts map[string]*sql.Stmt
@@ -131,12 +137,8 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	if err := migrate(ctx, w, s.log); err != nil {
 		return err
 	}
-	for id, q := range writeSQL {
-		st, err := w.PrepareContext(ctx, q)
-		if err != nil {
-			return fmt.Errorf("prepare %q: %w", q, err)
-		}
-		s.prepared[id] = st
+	if err := s.onWriter(ctx, func(dc any) error { _, err := s.writeStmts(dc); return err }); err != nil {
+		return err
 	}
 	n := opts.Readers
 	if n <= 0 {
@@ -307,10 +309,13 @@ func (s *Store) closeAll() error {
 	if s.reader != nil {
 		keep(s.reader.Close())
 	}
-	for _, st := range s.prepared {
-		if st != nil {
-			keep(st.Close())
-		}
+	if s.wstmts.conn != nil {
+		keep(s.onWriter(context.Background(), func(dc any) error {
+			if dc != s.wstmts.conn {
+				return nil // database/sql closed that connection, and its statements with it
+			}
+			return closeStmts(s.wstmts.st[:])
+		}))
 	}
 	if s.writer != nil {
 		keep(s.writer.Close())
@@ -319,4 +324,17 @@ func (s *Store) closeAll() error {
 		keep(s.lock.Close()) // closing the descriptor releases the flock
 	}
 	return first
+}
+
+// onWriter runs f with the writer's driver connection, which it holds meanwhile.
+func (s *Store) onWriter(ctx context.Context, f func(dc any) error) error {
+	conn, err := s.writer.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	err = conn.Raw(f)
+	if cerr := conn.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
