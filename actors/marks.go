@@ -22,12 +22,12 @@ import (
 // as a no-op). A mark write that fails is split into one write per mark, so one bad entry never
 // loses the others' marks; those are logged, not retried, like a single mark's failure was.
 
-// maxMarks bounds the marks of one write. It is well above the replies one commit can carry
-// (persistence.max_batch, 512 groups by default), so one mark write per commit keeps pace with
-// any load: with 256, a platform that sent more replies than that per commit fell further
-// behind at every commit for as long as the load lasted (TestMarksKeepPaceWithSends). The bound
-// keeps the backlog of a long store outage in writes of a few milliseconds each. (A max_batch
-// set above it could outrun it again, at the write ceiling only.)
+// maxMarks bounds the marks of one write. It is not below the replies one commit can carry
+// (persistence.max_batch: 512 groups by default, config.MaxBatchLimit at most), so one mark
+// write per commit keeps pace with any load: with 256, a platform that sent more replies than
+// that per commit fell further behind at every commit for as long as the load lasted
+// (TestMarksKeepPaceWithSends). The bound keeps the backlog of a long store outage in writes of
+// a few milliseconds each.
 const maxMarks = 4096
 
 // marks is a platform actor's coalescing buffer of delivery marks.

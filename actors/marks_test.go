@@ -6,6 +6,7 @@ import (
 	"testing"
 	"testing/synctest"
 
+	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
@@ -17,6 +18,13 @@ import (
 type heldWrite struct {
 	w    *persistence.Write
 	from *actor.PID
+}
+
+// One mark write takes the marks of every reply the largest allowed transaction can carry.
+func TestMarksCoverTheLargestBatch(t *testing.T) {
+	if maxMarks < config.MaxBatchLimit {
+		t.Errorf("maxMarks = %d, below config.MaxBatchLimit %d: a commit could carry more replies than one mark write takes", maxMarks, config.MaxBatchLimit)
+	}
 }
 
 // TestMarksKeepPaceWithSends: the delivery marks of every send that finished while a mark write

@@ -202,8 +202,15 @@ type Shutdown struct {
 
 // Persist configures the persistence actor.
 type Persist struct {
+	// MaxBatch bounds the write groups of one transaction: 1 to MaxBatchLimit.
 	MaxBatch int `yaml:"max_batch"`
 }
+
+// MaxBatchLimit is the largest persistence.max_batch. A larger transaction holds the store's
+// write lock longer for no gain (the batching gain is spent well below it, docs/BENCHMARKS.md),
+// and a platform writes the delivery marks of at most this many replies at a time: a batch
+// above it could carry more replies per commit than one mark write can keep up with.
+const MaxBatchLimit = 4096
 
 // Cluster configures cluster mode (DESIGN §6): several members share one PostgreSQL store, and
 // each session runs on the member the cluster places its key on.

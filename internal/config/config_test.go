@@ -680,6 +680,7 @@ func TestValidate(t *testing.T) {
 		{"shutdown and persistence", func(c *Config) { c.Shutdown.DrainTimeout = -1; c.Persist.MaxBatch = 0 }, []string{
 			"shutdown.drain_timeout", "persistence.max_batch",
 		}},
+		{"max_batch above its limit", func(c *Config) { c.Persist.MaxBatch = MaxBatchLimit + 1 }, []string{"persistence.max_batch"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -160,6 +160,9 @@ func (c *Config) validate() []error {
 
 	atLeast(&v, "shutdown.drain_timeout", c.Shutdown.DrainTimeout, 0)
 	atLeast(&v, "persistence.max_batch", c.Persist.MaxBatch, 1)
+	if c.Persist.MaxBatch > MaxBatchLimit {
+		v.add("persistence.max_batch", c.Persist.MaxBatch, fmt.Sprintf("must be at most %d", MaxBatchLimit))
+	}
 	return v.errs
 }
 
