@@ -3,6 +3,7 @@ package actors
 import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/scheduler"
 )
 
 // Delivery marks of Platform. A sent (or finally failed) outbound message is marked in the
@@ -32,9 +33,10 @@ const maxMarks = 4096
 
 // marks is a platform actor's coalescing buffer of delivery marks.
 type marks struct {
-	waiting  []persistence.Op   // marks and draft records not yet sent to the persistence actor
-	inflight *persistence.Write // the write awaiting its result, if any
-	nextID   uint64             // ids of coalesced writes: 1, 2, …; 0 marks a single mark's write
+	waiting  []persistence.Op     // marks and draft records not yet sent to the persistence actor
+	inflight *persistence.Write   // the write awaiting its result, if any
+	stopTick scheduler.CancelFunc // cancels the inflight write's re-send tick
+	nextID   uint64               // ids of coalesced writes: 1, 2, …; 0 marks a single mark's write
 }
 
 // busy reports whether marks wait to be written or a mark write awaits its result.
@@ -67,7 +69,7 @@ func (a *Platform) flushMarks(c actor.Context) {
 	m.nextID++
 	m.inflight = &persistence.Write{ID: m.nextID, Ops: ops}
 	c.Request(a.d.Persist, m.inflight)
-	a.timers.SendOnce(resendAfter, c.Self(), &marksTick{id: m.nextID})
+	m.stopTick = a.timers.SendOnce(resendAfter, c.Self(), &marksTick{id: m.nextID})
 }
 
 // onMarksWritten handles the result of a mark write.
@@ -84,6 +86,8 @@ func (a *Platform) onMarksWritten(c actor.Context, r *persistence.WriteResult) {
 		return // the answer to a write sent again, already handled
 	}
 	m.inflight = nil
+	cancelTimer(m.stopTick)
+	m.stopTick = nil
 	if r.Err != nil {
 		if len(w.Ops) == 1 {
 			a.log.Warn("record delivery", "err", r.Err)
@@ -109,5 +113,5 @@ func (a *Platform) onMarksTick(c actor.Context, t *marksTick) {
 	}
 	a.log.Warn("delivery marks not acknowledged; sending them again", "marks", len(w.Ops))
 	c.Request(a.d.Persist, w)
-	a.timers.SendOnce(resendAfter, c.Self(), &marksTick{id: t.id})
+	a.marks.stopTick = a.timers.SendOnce(resendAfter, c.Self(), &marksTick{id: t.id})
 }

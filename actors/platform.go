@@ -139,6 +139,9 @@ func (a *Platform) Receive(c actor.Context) {
 		a.onMarksTick(c, m)
 	case *actor.Stopping:
 		a.flushMarks(c) // the persistence actor stops after the platforms: it still takes them
+		// No re-send tick can reach a stopped actor; a pending one would only hold the actor
+		// system until it fired.
+		cancelTimer(a.marks.stopTick)
 		if a.runCancel != nil {
 			a.runCancel()
 			select {

@@ -194,6 +194,10 @@ func (s *Session) Receive(c actor.Context) {
 		if s.running != nil {
 			c.Stop(s.running.pid)
 		}
+		if s.stopResend != nil { // a stopped actor re-sends nothing
+			s.stopResend()
+			s.stopResend = nil
+		}
 		// A message whose write is still in flight gets an honest answer, not silence: a stop
 		// that does not wait for the session's writes (a daemon stopping past its drain, a
 		// key moving off a cluster member) must not leave its sender waiting in vain.

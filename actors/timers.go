@@ -23,6 +23,10 @@ type Timers struct {
 	every  time.Duration
 	log    *slog.Logger
 	timers *scheduler.TimerScheduler
+	// stopScan and stopPrune cancel the pending next scan and prune. A pending timer holds the
+	// actor system until it fires, which would keep a stopped daemon in memory for up to
+	// CheckEvery or PruneEvery (one process may start several: tests, agentgate bench).
+	stopScan, stopPrune scheduler.CancelFunc
 }
 
 // Prune asks Timers to prune old ended sessions now (when pruning is enabled).
@@ -56,6 +60,9 @@ func (t *Timers) Receive(c actor.Context) {
 	case *Prune:
 		t.prune(c)
 	case *persistence.Pruned:
+	case *actor.Stopping, *actor.Restarting: // a restarted instance starts its own
+		cancelTimer(t.stopScan)
+		cancelTimer(t.stopPrune)
 	}
 }
 
@@ -65,11 +72,13 @@ func (t *Timers) prune(c actor.Context) {
 		return
 	}
 	c.Request(t.d.Persist, &persistence.Prune{Before: t.d.now().Add(-p.After)})
-	t.timers.SendOnce(p.Every, c.Self(), &Prune{})
+	cancelTimer(t.stopPrune) // a Prune sent by hand replaces the pending one
+	t.stopPrune = t.timers.SendOnce(p.Every, c.Self(), &Prune{})
 }
 
 func (t *Timers) scan(c actor.Context) {
-	defer func() { t.timers.SendOnce(t.every, c.Self(), &CheckResets{}) }() // the next scan
+	cancelTimer(t.stopScan)                                                              // a CheckResets sent by hand replaces the pending scan
+	defer func() { t.stopScan = t.timers.SendOnce(t.every, c.Self(), &CheckResets{}) }() // the next scan
 	now := t.d.now()
 	var cutoff time.Time
 	for _, p := range t.d.Config.ResetPolicies {
@@ -100,5 +109,12 @@ func (t *Timers) scan(c actor.Context) {
 	}
 	if due > 0 {
 		t.log.Info("sessions due for reset", "count", due)
+	}
+}
+
+// cancelTimer cancels a pending timer, if any.
+func cancelTimer(cancel scheduler.CancelFunc) {
+	if cancel != nil {
+		cancel()
 	}
 }

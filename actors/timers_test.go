@@ -1,0 +1,74 @@
+package actors
+
+import (
+	"log/slog"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// The timers actor keeps one pending prune and one pending scan: a Prune or CheckResets sent by
+// hand replaces the pending one instead of starting a second chain of them, and a stopped
+// timers actor leaves none behind. A pending tick holds the actor, and through its Deps the
+// whole daemon, until it fires: up to PruneEvery (hours) after a stop, in every process that
+// starts daemons more than once (tests, agentgate bench, whose heap figures it disturbed).
+func TestTimersKeepOnePendingTick(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		quiet := slog.New(slog.DiscardHandler)
+		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+		defer system.Shutdown()
+		prunes := make(chan struct{}, 100)
+		persist := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if _, ok := c.Message().(*persistence.Prune); ok {
+				prunes <- struct{}{}
+			}
+		}))
+		count := func() int {
+			synctest.Wait()
+			n := 0
+			for len(prunes) > 0 {
+				<-prunes
+				n++
+			}
+			return n
+		}
+		lateTicks := make(chan any, 100)
+		system.EventStream.Subscribe(func(m any) {
+			if dl, ok := m.(*actor.DeadLetterEvent); ok {
+				switch dl.Message.(type) {
+				case *Prune, *CheckResets:
+					lateTicks <- dl.Message
+				}
+			}
+		})
+		d := &Deps{Persist: persist, Log: quiet, Metrics: metrics.New("fake"),
+			Config: SessionConfig{Prune: PrunePolicy{Enabled: true, After: 24 * time.Hour, Every: time.Hour}}}
+		pid := system.Root.Spawn(NewTimers(d, nil, time.Minute))
+		if n := count(); n != 1 {
+			t.Fatalf("%d prunes at start, want 1", n)
+		}
+		for range 3 {
+			system.Root.Send(pid, &Prune{})
+			system.Root.Send(pid, &CheckResets{})
+		}
+		if n := count(); n != 3 {
+			t.Fatalf("%d prunes sent by hand ran, want 3", n)
+		}
+		time.Sleep(time.Hour) // PruneEvery
+		if n := count(); n != 1 {
+			t.Errorf("%d prunes in the hour after, want 1 (one pending prune, not one chain per Prune sent)", n)
+		}
+		if err := system.Root.StopFuture(pid).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Hour) // past the pending scan and prune
+		synctest.Wait()
+		if n := len(lateTicks); n > 0 {
+			t.Errorf("%d scan or prune ticks fired after the timers actor stopped (first: %T), want none", n, <-lateTicks)
+		}
+	})
+}
