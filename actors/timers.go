@@ -77,8 +77,9 @@ func (t *Timers) prune(c actor.Context) {
 }
 
 func (t *Timers) scan(c actor.Context) {
-	cancelTimer(t.stopScan)                                                              // a CheckResets sent by hand replaces the pending scan
-	defer func() { t.stopScan = t.timers.SendOnce(t.every, c.Self(), &CheckResets{}) }() // the next scan
+	// A CheckResets sent by hand replaces the pending scan; this scan schedules the next.
+	cancelTimer(t.stopScan)
+	defer func() { t.stopScan = t.timers.SendOnce(t.every, c.Self(), &CheckResets{}) }()
 	now := t.d.now()
 	var cutoff time.Time
 	for _, p := range t.d.Config.ResetPolicies {
