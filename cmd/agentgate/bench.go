@@ -57,6 +57,11 @@ type benchReport struct {
 	// CPU time per turn of the replay and of the raw ceiling (one goroutine each).
 	ReplayCPUPerTurnUS float64 `json:"replay_cpu_per_turn_us"`
 	RawCPUPerTurnUS    float64 `json:"raw_cpu_per_turn_us"`
+	// Bytes the process wrote per turn during the replay and during the raw ceiling: the WAL
+	// frames of their commits, nearly all of it (Linux only; 0 elsewhere). A commit appends every
+	// page it changed, whole, so smaller transactions write more per turn.
+	ReplayWrittenPerTurn float64 `json:"replay_written_bytes_per_turn"`
+	RawWrittenPerTurn    float64 `json:"raw_written_bytes_per_turn"`
 	// The daemon's own transactions of the load, committed again into a fresh store by one
 	// goroutine: what the daemon's writes cost with no actors around them.
 	Transactions      int     `json:"transactions"`
@@ -181,6 +186,8 @@ func benchRound(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m 
 	rep.RatioToReplay = rep.TurnsPerSec / rep.ReplayTurnsPerSec
 	rep.RawTurnsPerSec = float64(rep.Turns) / raw.wall.Seconds()
 	rep.RawCPUPerTurnUS = perTurnUS(raw.cpu, rep.Turns)
+	rep.ReplayWrittenPerTurn = float64(replay.written) / float64(rep.Turns)
+	rep.RawWrittenPerTurn = float64(raw.written) / float64(rep.Turns)
 	rep.RatioToRaw = rep.TurnsPerSec / rep.RawTurnsPerSec
 	rep.ReplayToRaw = rep.ReplayTurnsPerSec / rep.RawTurnsPerSec
 	return rep, nil
@@ -205,26 +212,28 @@ func medianReport(rs []*benchReport) *benchReport {
 	r0 := rs[0]
 	return &benchReport{
 		Cores: r0.Cores, Sessions: r0.Sessions, Messages: r0.Messages, Turns: r0.Turns,
-		Seconds:            med(func(r *benchReport) float64 { return r.Seconds }),
-		TurnsPerSec:        med(func(r *benchReport) float64 { return r.TurnsPerSec }),
-		LatencyP50ms:       med(func(r *benchReport) float64 { return r.LatencyP50ms }),
-		LatencyP99ms:       med(func(r *benchReport) float64 { return r.LatencyP99ms }),
-		RowsPerSec:         med(func(r *benchReport) float64 { return r.RowsPerSec }),
-		MeanBatch:          med(func(r *benchReport) float64 { return r.MeanBatch }),
-		WriterBusy:         med(func(r *benchReport) float64 { return r.WriterBusy }),
-		CPUPerTurnUS:       med(func(r *benchReport) float64 { return r.CPUPerTurnUS }),
-		GCCycles:           int(med(func(r *benchReport) float64 { return float64(r.GCCycles) })),
-		ReplayCPUPerTurnUS: med(func(r *benchReport) float64 { return r.ReplayCPUPerTurnUS }),
-		RawCPUPerTurnUS:    med(func(r *benchReport) float64 { return r.RawCPUPerTurnUS }),
-		HeapIdle:           int64(med(func(r *benchReport) float64 { return float64(r.HeapIdle) })),
-		HeapActive:         int64(med(func(r *benchReport) float64 { return float64(r.HeapActive) })),
-		RawTurnsPerSec:     med(func(r *benchReport) float64 { return r.RawTurnsPerSec }),
-		RatioToRaw:         med(func(r *benchReport) float64 { return r.RatioToRaw }),
-		Transactions:       int(med(func(r *benchReport) float64 { return float64(r.Transactions) })),
-		ReplayTurnsPerSec:  med(func(r *benchReport) float64 { return r.ReplayTurnsPerSec }),
-		RatioToReplay:      med(func(r *benchReport) float64 { return r.RatioToReplay }),
-		ReplayToRaw:        med(func(r *benchReport) float64 { return r.ReplayToRaw }),
-		Rounds:             rs,
+		Seconds:              med(func(r *benchReport) float64 { return r.Seconds }),
+		TurnsPerSec:          med(func(r *benchReport) float64 { return r.TurnsPerSec }),
+		LatencyP50ms:         med(func(r *benchReport) float64 { return r.LatencyP50ms }),
+		LatencyP99ms:         med(func(r *benchReport) float64 { return r.LatencyP99ms }),
+		RowsPerSec:           med(func(r *benchReport) float64 { return r.RowsPerSec }),
+		MeanBatch:            med(func(r *benchReport) float64 { return r.MeanBatch }),
+		WriterBusy:           med(func(r *benchReport) float64 { return r.WriterBusy }),
+		CPUPerTurnUS:         med(func(r *benchReport) float64 { return r.CPUPerTurnUS }),
+		GCCycles:             int(med(func(r *benchReport) float64 { return float64(r.GCCycles) })),
+		ReplayCPUPerTurnUS:   med(func(r *benchReport) float64 { return r.ReplayCPUPerTurnUS }),
+		RawCPUPerTurnUS:      med(func(r *benchReport) float64 { return r.RawCPUPerTurnUS }),
+		ReplayWrittenPerTurn: med(func(r *benchReport) float64 { return r.ReplayWrittenPerTurn }),
+		RawWrittenPerTurn:    med(func(r *benchReport) float64 { return r.RawWrittenPerTurn }),
+		HeapIdle:             int64(med(func(r *benchReport) float64 { return float64(r.HeapIdle) })),
+		HeapActive:           int64(med(func(r *benchReport) float64 { return float64(r.HeapActive) })),
+		RawTurnsPerSec:       med(func(r *benchReport) float64 { return r.RawTurnsPerSec }),
+		RatioToRaw:           med(func(r *benchReport) float64 { return r.RatioToRaw }),
+		Transactions:         int(med(func(r *benchReport) float64 { return float64(r.Transactions) })),
+		ReplayTurnsPerSec:    med(func(r *benchReport) float64 { return r.ReplayTurnsPerSec }),
+		RatioToReplay:        med(func(r *benchReport) float64 { return r.RatioToReplay }),
+		ReplayToRaw:          med(func(r *benchReport) float64 { return r.ReplayToRaw }),
+		Rounds:               rs,
 	}
 }
 
@@ -260,6 +269,10 @@ func printBenchReport(w io.Writer, r *benchReport) {
 	fmt.Fprintf(tw, "heap per active session\t%s\t(idle plus what one running turn adds: its actor, goroutine, request)\n", heapFigure(r.HeapActive))
 	fmt.Fprintf(tw, "replayed writes\t%.0f turns/s\t(the daemon's %d transactions committed again, no actors, fresh store)\n", r.ReplayTurnsPerSec, r.Transactions)
 	fmt.Fprintf(tw, "raw SQLite ceiling\t%.0f turns/s\t(the same writes, %d turns per transaction, no actors, fresh store)\n", r.RawTurnsPerSec, benchRawBatch)
+	if r.ReplayWrittenPerTurn > 0 && r.RawWrittenPerTurn > 0 {
+		fmt.Fprintf(tw, "written per turn\t%.1f KiB replayed, %.1f KiB raw\t(bytes written, nearly all WAL: a commit appends every page it changed, whole)\n",
+			r.ReplayWrittenPerTurn/1024, r.RawWrittenPerTurn/1024)
+	}
 	fmt.Fprintf(tw, "ratio to replayed\t%.3f%s\t(the cost of the runtime around the writes)\n", r.RatioToReplay, spread(r, func(x *benchReport) float64 { return x.RatioToReplay }))
 	fmt.Fprintf(tw, "replayed ÷ raw\t%.3f%s\t(the cost of the daemon's write pattern: two commits per turn, a closed loop's smaller transactions)\n", r.ReplayToRaw, spread(r, func(x *benchReport) float64 { return x.ReplayToRaw }))
 	fmt.Fprintf(tw, "ratio to raw\t%.3f%s\n", r.RatioToRaw, spread(r, func(x *benchReport) float64 { return x.RatioToRaw }))
@@ -271,9 +284,14 @@ func printBenchReport(w io.Writer, r *benchReport) {
 				"  write pattern (replayed ÷ raw) %.3f: the daemon's own transactions, committed again with no actors;\n"+
 				"    the same rows and updates as the raw ceiling, in two durable commits per turn (the inbound\n"+
 				"    before its ack, the reply before it is sent) and a closed loop's smaller transactions than\n"+
-				"    the raw %d turns\n"+
-				"  runtime (daemon ÷ replayed) %.3f: actors, agent, platform and actor metrics around the same writes,\n"+
-				"    on the same cores\n", r.ReplayToRaw, benchRawBatch, r.RatioToReplay)
+				"    the raw %d turns\n", r.ReplayToRaw, benchRawBatch)
+			if r.ReplayWrittenPerTurn > 0 && r.RawWrittenPerTurn > 0 {
+				fmt.Fprintf(w, "    (%.1f× the bytes per turn: every commit rewrites whole the pages of each session's index\n"+
+					"    entries and rows it touches, which the raw ceiling's transactions share among 500 turns)\n",
+					r.ReplayWrittenPerTurn/r.RawWrittenPerTurn)
+			}
+			fmt.Fprintf(w, "  runtime (daemon ÷ replayed) %.3f: actors, agent, platform and actor metrics around the same writes,\n"+
+				"    on the same cores\n", r.RatioToReplay)
 			if r.CPUPerTurnUS > 0 && r.Cores > 0 {
 				rate := t.Bound * r.RawTurnsPerSec
 				fmt.Fprintf(w, "  cpu budget: at the target rate (%.0f turns/s) %d cores allow %.0f µs of CPU per turn;\n"+

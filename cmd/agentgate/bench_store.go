@@ -18,14 +18,18 @@ import (
 	"github.com/agentgate/agentgate/persistence/workload"
 )
 
-// spent is what a measured phase took: wall time and the process's CPU time (all cores).
-type spent struct{ wall, cpu time.Duration }
+// spent is what a measured phase took: wall time, the process's CPU time (all cores) and the
+// bytes it wrote (the store's WAL, nearly all of it).
+type spent struct {
+	wall, cpu time.Duration
+	written   int64
+}
 
 // measure runs f and returns what it spent.
 func measure(f func() error) (spent, error) {
-	start, cpu := time.Now(), processCPU()
+	start, cpu, written := time.Now(), processCPU(), processWritten()
 	err := f()
-	return spent{wall: time.Since(start), cpu: processCPU() - cpu}, err
+	return spent{wall: time.Since(start), cpu: processCPU() - cpu, written: processWritten() - written}, err
 }
 
 // benchRaw commits n×m turns, written as the daemon writes them (rawTurns), to a fresh store

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -67,6 +69,12 @@ func TestBenchJSON(t *testing.T) {
 		t.Errorf("cpu_per_turn_us, replay_cpu_per_turn_us, raw_cpu_per_turn_us = %v, %v, %v, want all > 0",
 			got.CPUPerTurnUS, got.ReplayCPUPerTurnUS, got.RawCPUPerTurnUS)
 	}
+	// The replay commits the same rows as the raw ceiling in more transactions: every page the
+	// raw ceiling writes, some replayed commit writes too.
+	if runtime.GOOS == "linux" && (got.RawWrittenPerTurn <= 0 || got.ReplayWrittenPerTurn < got.RawWrittenPerTurn) {
+		t.Errorf("replay_written_bytes_per_turn, raw_written_bytes_per_turn = %v, %v, want replay >= raw > 0",
+			got.ReplayWrittenPerTurn, got.RawWrittenPerTurn)
+	}
 	if got.Target != 0 || got.TargetShortfall != 0 {
 		t.Errorf("target_ratio_to_raw, target_shortfall = %v, %v at 5 sessions, want none (the issue sets targets at 100 and 1,000)",
 			got.Target, got.TargetShortfall)
@@ -116,8 +124,16 @@ func TestBenchTargetInReport(t *testing.T) {
 	} {
 		var out bytes.Buffer
 		printBenchReport(&out, &benchReport{Cores: 2, Sessions: tc.sessions, RatioToRaw: tc.ratio, ReplayToRaw: 0.7,
-			RatioToReplay: tc.ratio / 0.7, RawTurnsPerSec: 10000, CPUPerTurnUS: 330, ReplayCPUPerTurnUS: 120})
+			RatioToReplay: tc.ratio / 0.7, RawTurnsPerSec: 10000, CPUPerTurnUS: 330, ReplayCPUPerTurnUS: 120,
+			ReplayWrittenPerTurn: 15 * 1024, RawWrittenPerTurn: 3 * 1024})
 		text := out.String()
+		if !regexp.MustCompile(`(?m)^written per turn +15.0 KiB replayed, 3.0 KiB raw `).MatchString(text) {
+			t.Errorf("report at %d sessions lacks the bytes written per turn:\n%s", tc.sessions, text)
+		}
+		// A miss says how many times the bytes per turn the daemon's transactions wrote.
+		if want := tc.sessions == 100; strings.Contains(text, "(5.0× the bytes per turn") != want {
+			t.Errorf("report at %d sessions: the write pattern's bytes ratio present = %v, want %v:\n%s", tc.sessions, !want, want, text)
+		}
 		// The CPU budget of a miss: 2 cores at 0.75 × 10,000 turns/s allow 267 µs a turn.
 		budget := "cores allow 267 µs of CPU per turn;\n    the daemon spent 330 µs, the same writes replayed alone 120 µs"
 		if want := tc.sessions == 100; strings.Contains(text, budget) != want {
