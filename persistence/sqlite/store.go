@@ -312,7 +312,7 @@ func (s *Store) closeAll() error {
 	if s.wstmts.conn != nil {
 		keep(s.onWriter(context.Background(), func(dc any) error {
 			if dc != s.wstmts.conn {
-				return nil // database/sql closed that connection, and its statements with it
+				return nil // that connection was closed: its statements cannot be finalized (writeStmts)
 			}
 			return closeStmts(s.wstmts.st[:])
 		}))
