@@ -22,7 +22,7 @@ type SessionManager struct {
 
 	sessions map[string]*actor.PID
 	stopping map[string][]routed // key → messages held until the old actor is gone
-	rerun    map[string]bool     // key → respawn when terminated (it stopped with work left)
+	rerun    map[string]bool     // key → activate again once its stopping session is gone (passivate.rerun)
 	busy     map[string]bool
 	drains   []*actor.PID
 	// grains are the cluster grains of the sessions in memory, by key (cluster mode).
@@ -91,14 +91,13 @@ func (m *SessionManager) Receive(c actor.Context) {
 		if pid, ok := m.sessions[msg.key]; ok {
 			delete(m.sessions, msg.key)
 			m.stopping[msg.key] = nil
+			if msg.rerun {
+				m.rerun[msg.key] = true
+			}
 			if !msg.fenced {
 				m.d.Metrics.SessionPassivations.Inc()
 			}
 			c.Poison(pid)
-		}
-	case *stopped:
-		if msg.hasWork {
-			m.rerun[msg.key] = true
 		}
 	case *busyChanged:
 		if msg.busy {
@@ -212,11 +211,11 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 		delete(m.grains, key)
 		c.Poison(g)
 	}
-	held, wasStopping := m.stopping[key]
+	held := m.stopping[key]
 	delete(m.stopping, key)
 	rerun := m.rerun[key]
 	delete(m.rerun, key)
-	if len(held) > 0 || (rerun && wasStopping) {
+	if len(held) > 0 || rerun {
 		pid := m.spawn(c, key)
 		for _, r := range held {
 			m.forward(c, pid, r)
@@ -238,13 +237,20 @@ func (m *SessionManager) answerDrains(c actor.Context) {
 
 // stoppingWithWork reports whether the stopped session of key is about to be replaced here.
 func (m *SessionManager) stoppingWithWork(key string) bool {
-	held, wasStopping := m.stopping[key]
-	return len(held) > 0 || (m.rerun[key] && wasStopping)
+	return len(m.stopping[key]) > 0 || m.rerun[key]
 }
 
-// recover activates the session of key as a recovery (see Recover), unless it is in memory.
+// recover activates the session of key as a recovery (see Recover). A session in memory is
+// told instead: under fencing it may have loaded its state before another member's activation
+// claimed the key and stored work it does not know of (Session.onRecover).
 func (m *SessionManager) recover(c actor.Context, key string) {
-	if _, ok := m.stopping[key]; ok || m.sessions[key] != nil {
+	if _, ok := m.stopping[key]; ok {
+		return
+	}
+	if pid := m.sessions[key]; pid != nil {
+		if m.d.Fencing {
+			c.Send(pid, &Recover{})
+		}
 		return
 	}
 	m.spawnWith(c, key, true)

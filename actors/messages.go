@@ -46,22 +46,19 @@ type ListActive struct{}
 // ActiveList answers ListActive.
 type ActiveList struct{ Keys []string }
 
-// passivate is sent by an idle session to ask its manager to stop it.
+// passivate is sent by an idle session to ask its manager to stop it. From then on the session
+// hands every request for work to the manager, which holds them for the key's next activation:
+// a stopping session is never left with work.
 type passivate struct {
 	key    string
 	fenced bool // another activation claimed the key (Deps.Fencing)
+	rerun  bool // the key is activated again once the session is gone (its state was stale)
 }
 
 // busyChanged is sent by a session when it starts running turns or becomes idle.
 type busyChanged struct {
 	key  string
 	busy bool
-}
-
-// stopped is sent by a session as it stops, saying whether durable work is left.
-type stopped struct {
-	key     string
-	hasWork bool
 }
 
 // Received by Session.

@@ -616,8 +616,9 @@ func (*ResetDue) Descriptor() ([]byte, []int) {
 
 // Recover activates a session that has unfinished work in the store (unanswered messages,
 // unconfirmed replies) as a recovery at start (SessionConfig.Recovery applies). In cluster mode
-// every member sends it, after each change of membership, to the keys it now owns. An active
-// session ignores it; no reply.
+// every member sends it, after each change of membership and on a sweep, to the keys it now
+// owns. An active session is told: under fencing, an idle one whose claim is no longer the key's
+// latest starts again (Session.onRecover); otherwise it is ignored. No reply.
 type Recover struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields

@@ -42,6 +42,7 @@ type Session struct {
 
 	epoch      int64                // the key's claim (Deps.Fencing); 0 when not claimed
 	fencedOut  bool                 // a newer activation claimed the key: this one hands over and stops
+	stale      bool                 // fenced out while idle: this member activates the key again (onRecover)
 	handoff    []routed             // requests for the key's next activation, sent once the session stops
 	inflight   []*pendingWrite      // by write id, ascending
 	stopResend scheduler.CancelFunc // the armed resend tick; nil when none is armed
@@ -146,11 +147,11 @@ func (s *Session) Receive(c actor.Context) {
 	if _, ok := c.Message().(*actor.Stopped); ok && s.life != nil {
 		s.d.lifelines.Delete(s.key) // the activation is over; the next one starts afresh
 	}
-	if s.dead || (s.fencedOut && !s.whileFenced(c)) {
+	if s.dead || (s.passivating || s.fencedOut) && !s.whileStopping(c) {
 		return
 	}
 	switch c.Message().(type) {
-	case *idleCheck, *resendTick, *debounceTick, *persistence.WriteResult:
+	case *idleCheck, *resendTick, *debounceTick, *persistence.WriteResult, *Recover:
 	default:
 		s.lastTouched = time.Now() // the passivation clock: real time, not the session clock
 	}
@@ -180,6 +181,8 @@ func (s *Session) Receive(c actor.Context) {
 		s.onIdle(c)
 	case *moved:
 		s.onMoved(c)
+	case *Recover:
+		s.onRecover(c)
 	case *debounceTick:
 		s.tryStart(c)
 	case *resendTick:
@@ -202,8 +205,6 @@ func (s *Session) Receive(c actor.Context) {
 		// that does not wait for the session's writes (a daemon stopping past its drain, a
 		// key moving off a cluster member) must not leave its sender waiting in vain.
 		s.answerUnstored(c, "the session stopped before the message was stored; send it again with the same message_id")
-		// A fenced session's work belongs to the activation that claimed the key.
-		c.Send(c.Parent(), &stopped{key: s.key, hasWork: !s.fencedOut && (s.running != nil || len(s.queue) > 0)})
 		if s.busy {
 			c.Send(c.Parent(), &busyChanged{key: s.key, busy: false})
 		}
@@ -399,6 +400,35 @@ func (s *Session) onMoved(c actor.Context) {
 	s.stopWhenSettled(c)
 }
 
+// onRecover runs when this member, owning the key, finds work of it in the store (Recover)
+// while this activation is in memory. Under fencing an idle activation may not know of that
+// work: during a change of membership another member's activation can claim the key after this
+// one loaded its state, store a message (acknowledged to its sender) and then hand the key back
+// as the cluster's view settles. Only a write would tell this activation it is fenced, and an
+// idle one writes nothing, so the message would wait for the chat's next one. If the key's
+// claim is no longer this activation's, it stops and the manager activates the key again,
+// which claims it and loads everything stored. A session with work in hand needs no check: its
+// next write is fenced if its claim is stale.
+func (s *Session) onRecover(c actor.Context) {
+	if !s.d.Fencing || s.fencedOut || s.running != nil || len(s.queue) > 0 || len(s.inflight) > 0 {
+		return
+	}
+	own, err := s.d.Store.Ownership(s.d.Ctx, s.key)
+	if err != nil {
+		s.logger().Warn("check the session's claim", "err", err)
+		return
+	}
+	if own.Epoch == s.epoch {
+		return
+	}
+	s.logger().Warn("another activation claimed the session since this one loaded it; the session starts again",
+		"epoch", s.epoch, "claimed", own.Epoch, "by", own.Owner)
+	s.d.Metrics.SessionsFenced.Inc()
+	s.stale = true
+	s.handOverAll(c)
+	s.stopWhenSettled(c)
+}
+
 // answerUnstored answers the senders of queued messages whose write is not acknowledged.
 func (s *Session) answerUnstored(c actor.Context, why string) {
 	for _, it := range s.queue {
@@ -410,13 +440,21 @@ func (s *Session) answerUnstored(c actor.Context, why string) {
 	}
 }
 
-// whileFenced handles a message of a fenced session and reports whether Receive should go on
-// with it: only the answers to its writes, its resend timer, and stopping.
-func (s *Session) whileFenced(c actor.Context) bool {
+// whileStopping handles a message of a session that passivates or is fenced, and reports
+// whether Receive should go on with it: only the answers to its writes, its resend timer,
+// stopping, and (unless fenced) a request for its state. Requests for work are handed over, so
+// a session that asked to stop never takes new work: its manager holds them for the key's next
+// activation. (A request routed to it before the manager knew of the stop is one of these.)
+func (s *Session) whileStopping(c actor.Context) bool {
 	switch c.Message().(type) {
 	case *persistence.WriteResult, *resendTick, *actor.Stopping, *actor.Stopped:
 		return true
-	case *Deliver, *ResetSession, *ResetDue, *GetState:
+	case *GetState:
+		if !s.fencedOut {
+			return true // an idle session's state is still the key's
+		}
+		s.handOver(c, c.Message(), c.Sender())
+	case *Deliver, *ResetSession, *ResetDue:
 		s.handOver(c, c.Message(), c.Sender())
 	}
 	return false
@@ -441,7 +479,7 @@ func (s *Session) stopWhenSettled(c actor.Context) {
 		return
 	}
 	s.passivating = true
-	c.Send(c.Parent(), &passivate{key: s.key, fenced: true})
+	c.Send(c.Parent(), &passivate{key: s.key, fenced: true, rerun: s.stale})
 	for _, r := range s.handoff {
 		s.sendToManager(c, r)
 	}

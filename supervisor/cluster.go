@@ -81,7 +81,7 @@ func (d *Daemon) startCluster() (err error) {
 
 // recoverOwned activates the sessions with unfinished work in the store (unanswered messages,
 // unconfirmed replies) whose keys this member owns among members, and returns how many it
-// asked. An active session ignores the request (Recover).
+// asked. An active session is told, and starts again if its claim is stale (actors.Recover).
 func (d *Daemon) recoverOwned(members []*cluster.Member) int {
 	ctx, cancel := context.WithTimeout(d.ctx, time.Minute)
 	defer cancel()

@@ -10,7 +10,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/agentgate/agentgate/actors"
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
@@ -165,6 +167,54 @@ func TestSharedStoreFencedTurnIsAnsweredOnce(t *testing.T) {
 	wantRows := "user:slow user:next assistant:[] slow assistant:[slow] next user:last assistant:[slow next] last"
 	if got := strings.Join(rows, " "); got != wantRows {
 		t.Errorf("transcript\n got %s\nwant %s", got, wantRows)
+	}
+}
+
+// TestSharedStoreStaleIdleActivationRecovers: an idle activation on member a loaded the key
+// before member b's activation claimed it, stored a message (acknowledged to its sender) and
+// stopped before running it, as when a cluster's view of its members settles. a writes nothing,
+// so no fenced write tells it its state is stale. The recovery that a's member sends for keys
+// with work in the store (Recover, the cluster's sweep) must make a start the session again and
+// answer the message knowing the whole conversation; a session that ignored it left the message
+// unanswered until the chat's next one.
+func TestSharedStoreStaleIdleActivationRecovers(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	onDSN := func(c *config.Config) { c.Store.Driver, c.Store.DSN = "postgres", dsn }
+	a := MustStartDaemon(t, historyAgent(nil), daemonOpts{shared: true, tweak: onDSN})
+	t.Cleanup(func() { a.stop(t) })
+	started := make(chan struct{})
+	blocked := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		close(started)
+		<-ctx.Done() // until b stops: the message stays pending in the store
+		return nil, ctx.Err()
+	})
+	b := MustStartDaemon(t, blocked, daemonOpts{shared: true, drain: 10 * time.Millisecond, tweak: onDSN})
+
+	ack := a.inject(t, dm, "m1", "one")
+	a.waitSent(t, 1)
+	waitUntil(t, func() bool { // confirmed, so no activation sends it again
+		snap, err := a.d.store.LoadSession(t.Context(), ack.SessionKey, 0)
+		return err == nil && len(snap.Unconfirmed) == 0
+	})
+	if got := b.inject(t, dm, "m2", "two"); got == nil || got.SessionKey != ack.SessionKey {
+		t.Fatalf("m2 on member b: ack %+v", got)
+	}
+	<-started
+	b.stop(t)
+	snap, err := a.d.store.LoadSession(t.Context(), ack.SessionKey, 0)
+	if err != nil || len(snap.Pending) != 1 || snap.Pending[0].MessageID != "m2" {
+		t.Fatalf("after member b stopped: pending %+v (err %v), want m2 alone", snap.Pending, err)
+	}
+
+	a.d.system.Root.Send(a.d.manager, &actors.Routed{Key: ack.SessionKey, Msg: &actors.Recover{}})
+	a.waitSent(t, 2)
+	checkReplies(t, "member a", a, map[string][]string{"m1": {"[] one"}, "m2": {"[one] two"}})
+	own, err := a.d.store.Ownership(t.Context(), ack.SessionKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if own.Epoch != 3 || own.Owner != a.d.deps.Node {
+		t.Errorf("ownership %+v, want epoch 3 held by member a (%s)", own, a.d.deps.Node)
 	}
 }
 
