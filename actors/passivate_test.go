@@ -31,8 +31,7 @@ func TestPassivatingSessionHandsOverWhatReachesIt(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer store.Close()
-		quiet := slog.New(slog.DiscardHandler)
-		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+		system, quiet := quietSystem()
 		defer system.Shutdown()
 
 		replies := make(chan string, 10)
@@ -107,4 +106,10 @@ func TestPassivatingSessionHandsOverWhatReachesIt(t *testing.T) {
 			t.Errorf("%v activations and %v passivations, want 2 and 1", a, p)
 		}
 	})
+}
+
+// quietSystem returns an actor system that logs nothing, and the logger that discards.
+func quietSystem() (*actor.ActorSystem, *slog.Logger) {
+	quiet := slog.New(slog.DiscardHandler)
+	return actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet })), quiet
 }

@@ -1,7 +1,6 @@
 package actors
 
 import (
-	"log/slog"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -18,8 +17,7 @@ import (
 // starts daemons more than once (tests, agentgate bench, whose heap figures it disturbed).
 func TestTimersKeepOnePendingTick(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		quiet := slog.New(slog.DiscardHandler)
-		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+		system, quiet := quietSystem()
 		defer system.Shutdown()
 		prunes := make(chan struct{}, 100)
 		persist := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
