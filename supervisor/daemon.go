@@ -33,6 +33,8 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Options are the parts of a daemon that tests and `agentgate bench` replace.
@@ -472,7 +474,10 @@ func timersProps(d *Daemon) *actor.Props {
 //
 // Once the daemon stops (hush set), what protoactor still says is logged at debug level: a
 // leaving cluster member's connections to the others close, which protoactor reports as
-// errors ("EndpointWriter lost connection") on every clean stop.
+// errors ("EndpointWriter lost connection") on every clean stop. The members that stay report
+// the same when they close their connection to a member that left (the gRPC stream ends
+// Canceled: this side closed it); that is logged at debug level too, since the membership
+// change is logged already. A connection lost any other way stays an error.
 type floor struct {
 	h    slog.Handler
 	min  slog.Level
@@ -487,10 +492,29 @@ func (f floor) Enabled(ctx context.Context, l slog.Level) bool {
 }
 
 func (f floor) Handle(ctx context.Context, r slog.Record) error {
-	if f.hush != nil && f.hush.Load() {
+	if f.hush != nil && f.hush.Load() || closedHere(r) {
 		r.Level = slog.LevelDebug
+		if !f.h.Enabled(ctx, r.Level) {
+			return nil
+		}
 	}
 	return f.h.Handle(ctx, r)
+}
+
+// closedHere reports whether r is protoactor's report of a connection to another member that
+// this member closed itself (after the member left).
+func closedHere(r slog.Record) bool {
+	if r.Level < slog.LevelError || r.Message != "EndpointWriter lost connection" {
+		return false
+	}
+	canceled := false
+	r.Attrs(func(a slog.Attr) bool {
+		if err, ok := a.Value.Any().(error); ok && a.Key == "error" {
+			canceled = status.Code(err) == codes.Canceled
+		}
+		return !canceled
+	})
+	return canceled
 }
 func (f floor) WithAttrs(a []slog.Attr) slog.Handler { return floor{f.h.WithAttrs(a), f.min, f.hush} }
 func (f floor) WithGroup(n string) slog.Handler      { return floor{f.h.WithGroup(n), f.min, f.hush} }

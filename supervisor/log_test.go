@@ -1,0 +1,58 @@
+package supervisor
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// The actor system's log (floor): protoactor's lifecycle chatter is dropped, a connection this
+// member closed to a member that left is debug, and a connection lost otherwise stays an error.
+func TestActorLogFloor(t *testing.T) {
+	lost := func(err error) func(*slog.Logger) {
+		return func(l *slog.Logger) {
+			l.Error("EndpointWriter lost connection", slog.String("address", "127.0.0.1:6341"), slog.Any("error", err))
+		}
+	}
+	closing := status.Error(codes.Canceled, "grpc: the client connection is closing")
+	tests := []struct {
+		name     string
+		level    slog.Level // the daemon's log level
+		stopping bool
+		log      func(*slog.Logger)
+		want     string // the level logged; "" for nothing
+	}{
+		{"info chatter dropped", slog.LevelInfo, false, func(l *slog.Logger) { l.Info("actor system started") }, ""},
+		{"warning kept", slog.LevelInfo, false, func(l *slog.Logger) { l.Warn("dead letter") }, "WARN"},
+		{"connection closed here: not an error", slog.LevelInfo, false, lost(closing), ""},
+		{"connection closed here, at debug level", slog.LevelDebug, false, lost(closing), "DEBUG"},
+		{"connection lost otherwise", slog.LevelInfo, false, lost(status.Error(codes.Unavailable, "connection reset by peer")), "ERROR"},
+		{"not a gRPC error", slog.LevelInfo, false, lost(errors.New("boom")), "ERROR"},
+		{"another error with Canceled", slog.LevelInfo, false, func(l *slog.Logger) {
+			l.Error("EndpointWriter failed to receive connect response", slog.Any("error", closing))
+		}, "ERROR"},
+		{"while stopping: any error is debug", slog.LevelInfo, true, lost(errors.New("boom")), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			var hush atomic.Bool
+			hush.Store(tt.stopping)
+			h := slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: tt.level})
+			tt.log(slog.New(floor{h: h, min: slog.LevelWarn, hush: &hush}).With("component", "actors"))
+			got := buf.String()
+			switch {
+			case tt.want == "" && got != "":
+				t.Errorf("logged %q, want nothing", got)
+			case tt.want != "" && !strings.Contains(got, "level="+tt.want+" "):
+				t.Errorf("logged %q, want it at %s", got, tt.want)
+			}
+		})
+	}
+}
