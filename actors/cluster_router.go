@@ -57,8 +57,9 @@ func (r *ClusterRouter) Tell(key string, msg any) {
 // Request sends msg to the session of key and waits for its answer, at most until ctx ends or
 // DefaultRequestTimeout passes. It looks the key's grain up (activating it on the member that
 // owns the key) and tries again, after a short backoff, when the grain is gone (a dead
-// letter: the session passivated or moved), no member takes the key, or an attempt gets no
-// answer within clusterAttemptTimeout (its member died or left).
+// letter: the session passivated or moved), no member takes the key, an attempt gets no
+// answer within clusterAttemptTimeout (its member died or left), or the answer says the
+// session stopped before it stored the message (ErrCodeStopped: its member is leaving).
 func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, error) {
 	if _, ok := msg.(proto.Message); !ok {
 		return nil, fmt.Errorf("request %T to %s: not a protobuf message", msg, key)
@@ -69,6 +70,7 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 	}
 	deadline := time.Now().Add(timeout)
 	lastErr := errors.New("no member took the session")
+	var stopped *DeliverResult // the last ErrCodeStopped answer, given if no attempt succeeds
 	for attempt := 0; ; attempt++ {
 		remaining := time.Until(deadline)
 		if remaining <= 0 {
@@ -82,10 +84,13 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 		}
 		if pid != nil {
 			res, err := r.c.ActorSystem.Root.RequestFuture(pid, msg, min(remaining, clusterAttemptTimeout)).Result()
-			if err == nil {
+			if dr, ok := res.(*DeliverResult); ok && err == nil && dr.ErrorCode == ErrCodeStopped {
+				stopped, err = dr, errors.New(dr.Error)
+				r.log.Debug("cluster router: the session stopped before it stored the message; sending it again",
+					"session", key, "message_id", dr.MessageId, "attempt", attempt+1)
+			} else if err == nil {
 				return res, nil
-			}
-			if !errors.Is(err, actor.ErrTimeout) && !errors.Is(err, actor.ErrDeadLetter) &&
+			} else if !errors.Is(err, actor.ErrTimeout) && !errors.Is(err, actor.ErrDeadLetter) &&
 				!errors.Is(err, remote.ErrTimeout) && !errors.Is(err, remote.ErrDeadLetter) {
 				return nil, fmt.Errorf("request %T to %s: %w", msg, key, err)
 			}
@@ -103,6 +108,9 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 	}
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
+	}
+	if stopped != nil {
+		return stopped, nil
 	}
 	return nil, fmt.Errorf("request %T to %s: %w (last: %v)", msg, key, ErrTimeout, lastErr)
 }

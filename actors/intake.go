@@ -60,7 +60,7 @@ func (in *Intake) Deliver(ctx context.Context, m *platforms.Inbound) (*platforms
 	case "rejected":
 		ack.Disposition = platforms.Rejected
 		return ack, fmt.Errorf("%w: %s", platforms.ErrRejected, r.Error)
-	case "unavailable":
+	case "unavailable", ErrCodeStopped:
 		return ack, fmt.Errorf("%w: %s", platforms.ErrUnavailable, r.Error)
 	default:
 		return ack, fmt.Errorf("deliver to %s: %s", key, r.Error)

@@ -21,6 +21,12 @@ type SessionRouter interface {
 // ErrTimeout is returned by a request that got no answer in time.
 var ErrTimeout = errors.New("actors: session did not answer in time")
 
+// ErrCodeStopped is the DeliverResult.ErrorCode of a message whose session stopped before the
+// message's write was acknowledged: its member stops past its drain, for instance. The message
+// may or may not be stored; sent again with the same message id it is stored once. The
+// cluster router sends it again itself, to the key's next owner.
+const ErrCodeStopped = "stopped"
+
 // DefaultRequestTimeout bounds a request whose context has no deadline.
 const DefaultRequestTimeout = 30 * time.Second
 

@@ -429,12 +429,13 @@ func (s *Session) onRecover(c actor.Context) {
 	s.stopWhenSettled(c)
 }
 
-// answerUnstored answers the senders of queued messages whose write is not acknowledged.
+// answerUnstored answers the senders of queued messages whose write is not acknowledged, as
+// the session stops or restarts (ErrCodeStopped).
 func (s *Session) answerUnstored(c actor.Context, why string) {
 	for _, it := range s.queue {
 		if !it.durable && it.requester != nil {
 			c.Send(it.requester, &DeliverResult{SessionKey: s.key, MessageId: it.messageID,
-				ErrorCode: "unavailable", Error: why})
+				ErrorCode: ErrCodeStopped, Error: why})
 			it.requester = nil
 		}
 	}
