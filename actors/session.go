@@ -2,6 +2,7 @@ package actors
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -400,6 +401,10 @@ func (s *Session) onMoved(c actor.Context) {
 	s.stopWhenSettled(c)
 }
 
+// claimCheckTimeout bounds onRecover's read of the key's claim: the check repeats at the next
+// sweep, so a slow store must not hold the session.
+const claimCheckTimeout = 5 * time.Second
+
 // onRecover runs when this member, owning the key, finds work of it in the store (Recover)
 // while this activation is in memory. Under fencing an idle activation may not know of that
 // work: during a change of membership another member's activation can claim the key after this
@@ -413,7 +418,9 @@ func (s *Session) onRecover(c actor.Context) {
 	if !s.d.Fencing || s.fencedOut || s.running != nil || len(s.queue) > 0 || len(s.inflight) > 0 {
 		return
 	}
-	own, err := s.d.Store.Ownership(s.d.Ctx, s.key)
+	ctx, cancel := context.WithTimeout(s.d.Ctx, claimCheckTimeout)
+	defer cancel()
+	own, err := s.d.Store.Ownership(ctx, s.key)
 	if err != nil {
 		s.logger().Warn("check the session's claim", "err", err)
 		return
