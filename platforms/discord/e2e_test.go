@@ -171,15 +171,25 @@ func contents(ms []*discordgo.Message) []string {
 	return out
 }
 
+// TestDirectMessage: a DM is answered in the DM, with the typing indicator shown while the turn
+// works, and stored under the DM's session key.
 func TestDirectMessage(t *testing.T) {
-	w := startWorld(t, echoAgent, nil)
+	typed := make(chan struct{})
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		select { // the turn works until the test has seen the indicator
+		case <-typed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return echoAgent(ctx, req)
+	})
+	w := startWorld(t, agent, nil)
 	m := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "hello there"})
+	w.srv.WaitFor(t, "a typing indicator while the turn works", func() bool { return w.srv.Typing(dmID) > 0 })
+	close(typed)
 	reply := w.replyTo(t, dmID, m.ID)
 	if reply.Content != "echo: hello there" {
 		t.Errorf("reply = %q, want the echo of the DM", reply.Content)
-	}
-	if w.srv.Typing(dmID) == 0 {
-		t.Error("no typing indicator while the turn worked")
 	}
 	key := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatDM, ChatID: dmID}, identity.DefaultKeyOptions)
 	if in, ok := w.stored(t, dmID, m.ID); !ok || in.key != key || in.user != alice.ID {

@@ -73,14 +73,14 @@ func (p *Platform) handle(m *discordgo.Message) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, deliverTimeout)
 	defer cancel()
-	ack, err := deliver(dctx, in)
 	reply := replyChannel(in.Source)
+	p.typing.expect(reply)
+	ack, err := deliver(dctx, in)
+	p.typing.delivered(reply, ack, err)
 	if err != nil {
 		p.log.Warn("discord message not taken", "channel", m.ChannelID, "message", m.ID, "err", err)
 		p.tellUser(ctx, reply, refFor(in.Source, m.ID), refusal(err))
-		return
 	}
-	p.typing.turnFor(reply, ack.Disposition)
 }
 
 // userSaid reports whether m is something a user said: not one of the bot's own messages, and

@@ -20,6 +20,12 @@ const (
 
 // typing runs Discord's typing indicator in a channel while turns for it work: each message
 // that starts or queues a turn adds one, each reply that ends a turn takes one away.
+//
+// A message is counted before it is delivered (expect) and settled once its delivery is
+// acknowledged (delivered): a fast turn's reply can end the turn before its acknowledgment
+// comes back, and a turn counted only then would never be taken away again (the indicator ran
+// on until typingMax, long after the reply). The indicator starts at the acknowledgment, so
+// a message that starts no turn shows none.
 type typing struct {
 	send func(channel string)
 
@@ -30,43 +36,66 @@ type typing struct {
 type typist struct {
 	turns  int
 	since  time.Time
-	cancel context.CancelFunc
+	cancel context.CancelFunc // of the indicator's goroutine; nil before it starts
 }
 
 func newTyping(send func(channel string)) *typing {
 	return &typing{send: send, chans: map[string]*typist{}}
 }
 
-// turnFor counts a delivered message's disposition: one more turn to come for channel, or not.
-func (t *typing) turnFor(channel, disposition string) {
-	switch disposition {
-	case platforms.Started, platforms.Queued, platforms.Spooled, platforms.Command:
-	default: // merged into a turn that is already counted, replaced it, or no turn at all
-		return
-	}
+// expect counts a message about to be delivered in channel as a turn to come.
+func (t *typing) expect(channel string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	tp := t.chans[channel]
 	if tp == nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		tp = &typist{cancel: cancel}
+		tp = &typist{}
 		t.chans[channel] = tp
-		go t.run(ctx, channel, tp)
 	}
 	tp.turns++
 	tp.since = time.Now()
+}
+
+// delivered settles an expect with the delivery's outcome: a message that starts or queues no
+// turn is taken away again; one that does starts the indicator, unless every turn counted has
+// ended already.
+func (t *typing) delivered(channel string, ack *platforms.Ack, err error) {
+	counted := false
+	if err == nil && ack != nil {
+		switch ack.Disposition {
+		case platforms.Started, platforms.Queued, platforms.Spooled, platforms.Command:
+			counted = true
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tp := t.chans[channel]
+	switch {
+	case tp == nil:
+		// every turn counted has ended
+	case !counted:
+		t.endLocked(channel, tp) // merged into a counted turn, replaced one, or no turn at all
+	case tp.cancel == nil:
+		ctx, cancel := context.WithCancel(context.Background())
+		tp.cancel = cancel
+		go t.run(ctx, channel, tp)
+	}
 }
 
 // turnEnded counts a reply that ended a turn in channel.
 func (t *typing) turnEnded(channel string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	tp := t.chans[channel]
-	if tp == nil {
-		return
+	if tp := t.chans[channel]; tp != nil {
+		t.endLocked(channel, tp)
 	}
+}
+
+func (t *typing) endLocked(channel string, tp *typist) {
 	if tp.turns--; tp.turns <= 0 {
-		tp.cancel()
+		if tp.cancel != nil {
+			tp.cancel()
+		}
 		delete(t.chans, channel)
 	}
 }
@@ -75,7 +104,9 @@ func (t *typing) stopAll() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for ch, tp := range t.chans {
-		tp.cancel()
+		if tp.cancel != nil {
+			tp.cancel()
+		}
 		delete(t.chans, ch)
 	}
 }
