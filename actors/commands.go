@@ -84,19 +84,19 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 	case "status":
 		answer = s.statusText(now)
 	case "retry":
-		if len(expired) == 0 && s.running == nil {
+		if len(expired) == 0 && s.running == nil && len(s.queue) == 0 { // the retry runs next, in order
 			if it, rops, ok := s.retry(src, m, now); ok {
 				s.enqueueRetry(c, m, it, rops)
 				return
 			}
 		}
-		answer = s.cannotRewind("retry")
+		answer = s.cannotRewind("retry", src)
 	case "undo":
 		var preview string
-		if ops, preview = s.undo(); ops != nil {
+		if ops, preview = s.undo(src); ops != nil {
 			answer = "↩️ Took back your last message and its answer (kept in the archive): “" + preview + "”"
 		} else {
-			answer = s.cannotRewind("undo")
+			answer = s.cannotRewind("undo", src)
 		}
 	case "title":
 		title := identity.NeutraliseName(cmd.args)
@@ -118,6 +118,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 	default:
 		answer = fmt.Sprintf("Unknown command /%s.\n%s", cmd.name, helpText())
 	}
+	acted := len(ops) > 0 || len(expired) > 0 || queueChanged // memory changed ahead of the write
 	ops = append(expired, ops...)
 	created := false
 	if s.cur == nil {
@@ -159,6 +160,10 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 				s.seen.remove(m.MessageId)
 				s.logger().Error("store command", "err", err)
 				r.ErrorCode, r.Error = "unavailable", "command could not be stored"
+			}
+			if acted && !s.fencedOut {
+				r.SessionId = "" // not stored: the session starts again from what is
+				s.restartFromStore(c, "the write of /"+cmd.name+" was refused")
 			}
 			c.Send(requester, r)
 			return
@@ -260,9 +265,14 @@ func (s *Session) statusText(now time.Time) string {
 	return strings.TrimRight(b.String(), "\n")
 }
 
-func (s *Session) cannotRewind(what string) string {
-	if s.running != nil {
+func (s *Session) cannotRewind(what string, src identity.Source) string {
+	switch {
+	case s.running != nil:
 		return "A turn is running; send /stop first, then /" + what + "."
+	case what == "retry" && len(s.queue) > 0:
+		return "Messages are waiting to run; send /retry once they have."
+	case s.lastExchange() >= 0 && s.ownLastExchange(src) < 0:
+		return "The last message here is someone else's; /" + what + " takes back only your own, while it is the latest."
 	}
 	return "Nothing to " + what + " in this session."
 }

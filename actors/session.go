@@ -43,7 +43,7 @@ type Session struct {
 
 	epoch      int64                // the key's claim (Deps.Fencing); 0 when not claimed
 	fencedOut  bool                 // a newer activation claimed the key: this one hands over and stops
-	stale      bool                 // fenced out while idle: this member activates the key again (onRecover)
+	stale      bool                 // memory is behind the store: the key is activated again (onRecover, restartFromStore)
 	handoff    []routed             // requests for the key's next activation, sent once the session stops
 	inflight   []*pendingWrite      // by write id, ascending
 	stopResend scheduler.CancelFunc // the armed resend tick; nil when none is armed
@@ -266,7 +266,7 @@ func (s *Session) start(c actor.Context) {
 					src.UserName = m.UserName
 					msg.Text = s.agentText(src, m.Content)
 				}
-				s.history = append(s.history, histEntry{seq: m.Seq, raw: m.Content, msg: msg})
+				s.history = append(s.history, histEntry{seq: m.Seq, raw: m.Content, msg: msg, sender: m.UserID})
 			}
 		}
 		s.restoreContinuity(snap.History)
@@ -431,6 +431,18 @@ func (s *Session) onRecover(c actor.Context) {
 	s.logger().Warn("another activation claimed the session since this one loaded it; the session starts again",
 		"epoch", s.epoch, "claimed", own.Epoch, "by", own.Owner)
 	s.d.Metrics.SessionsFenced.Inc()
+	s.stale = true
+	s.handOverAll(c)
+	s.stopWhenSettled(c)
+}
+
+// restartFromStore stops the session, and its manager activates the key again at once, from
+// the store. A command changes the session in memory before its write; when that write is
+// refused, memory and store disagree, and the store is the truth. What the session was asked
+// meanwhile is handed to the next activation, as a fenced session's is; a running turn stops,
+// and its message, still pending in the store, runs again.
+func (s *Session) restartFromStore(c actor.Context, why string) {
+	s.logger().Warn("the session starts again from the store", "why", why)
 	s.stale = true
 	s.handOverAll(c)
 	s.stopWhenSettled(c)

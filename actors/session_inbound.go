@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -22,6 +23,10 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 		return
 	}
 	if cmd, ok := parseCommand(m.Text); ok {
+		if s.storedBefore(m, src) {
+			c.Respond(s.result(m, platforms.Duplicate, ""))
+			return
+		}
 		s.onCommand(c, m, src, cmd, now)
 		return
 	}
@@ -78,6 +83,32 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 		s.accepted(c, it, m, created, err)
 	})
 }
+
+// storedBefore reports whether the store already holds the inbound message m, which this
+// activation has not seen: a command re-delivered after a restart (a client's retry, a platform
+// replaying its events). A command acts before its write, which is what refuses a duplicate,
+// and its action cannot be taken back (a cancelled turn, a session ended), so a command is
+// checked first. Commands are rare; a read each costs little. If the store cannot answer, the
+// command runs, and its write decides (onCommand restarts the session if it is refused).
+func (s *Session) storedBefore(m *Deliver, src identity.Source) bool {
+	if m.MessageId == "" {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
+	defer cancel()
+	_, err := s.d.Store.FindInbound(ctx, src.Platform, src.ChatID, m.MessageId)
+	switch {
+	case err == nil:
+		s.seen.add(m.MessageId)
+		return true
+	case !errors.Is(err, persistence.ErrNotFound):
+		s.logger().Warn("check a command for a duplicate", "message_id", m.MessageId, "err", err)
+	}
+	return false
+}
+
+// duplicateCheckTimeout bounds storedBefore's read.
+const duplicateCheckTimeout = 5 * time.Second
 
 // accepted runs when the write of an inbound message is acknowledged.
 func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, err error) {

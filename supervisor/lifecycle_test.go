@@ -33,6 +33,12 @@ func (r *recorder) Run(ctx context.Context, req *agents.Request) (*agents.Respon
 	return &agents.Response{Text: "echo: " + req.Messages[0].Text}, nil
 }
 
+func (r *recorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.reqs)
+}
+
 func (r *recorder) last() *agents.Request {
 	r.mu.Lock()
 	defer r.mu.Unlock()
