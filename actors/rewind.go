@@ -26,9 +26,21 @@ func (s *Session) lastExchange() int {
 	return -1
 }
 
-// undo archives the last exchange; nil ops when there is none (or a turn runs).
-func (s *Session) undo() ([]persistence.Op, string) {
+// ownLastExchange is lastExchange when its message is by the user of src, else -1. In a
+// shared session (a thread, a group keyed per chat) /undo and /retry take back only the
+// caller's own message, and only while it is the latest: another user's message is theirs,
+// and a retry of it would run it under the caller's identity.
+func (s *Session) ownLastExchange(src identity.Source) int {
 	i := s.lastExchange()
+	if i >= 0 && s.history[i].sender != "" && s.history[i].sender != src.UserID {
+		return -1
+	}
+	return i
+}
+
+// undo archives the caller's last exchange; nil ops when there is none (or a turn runs).
+func (s *Session) undo(src identity.Source) ([]persistence.Op, string) {
+	i := s.ownLastExchange(src)
 	if s.running != nil || s.cur == nil || i < 0 {
 		return nil, ""
 	}
@@ -41,15 +53,15 @@ func (s *Session) undo() ([]persistence.Op, string) {
 	return []persistence.Op{&persistence.ArchiveMessages{SessionID: s.cur.ID, Seqs: seqs}}, preview
 }
 
-// retry archives the last exchange and returns a new item that runs its user text again, with
-// the /retry message's id (its row holds the original text).
+// retry archives the caller's last exchange and returns a new item that runs its user text
+// again, with the /retry message's id (its row holds the original text).
 func (s *Session) retry(src identity.Source, m *Deliver, now time.Time) (*item, []persistence.Op, bool) {
-	i := s.lastExchange()
+	i := s.ownLastExchange(src)
 	if s.cur == nil || i < 0 {
 		return nil, nil, false
 	}
 	text := s.history[i].raw
-	ops, _ := s.undo()
+	ops, _ := s.undo(src)
 	s.lastSeq++
 	it := &item{seq: s.lastSeq, sessionID: s.cur.ID, src: src, messageID: m.MessageId, text: text, at: now}
 	ops = append(ops,
@@ -64,7 +76,7 @@ func (s *Session) retry(src identity.Source, m *Deliver, now time.Time) (*item, 
 // enqueueRetry writes the retried message and queues it; the /retry is acknowledged as a command
 // once durable, and the retried turn's reply answers it.
 func (s *Session) enqueueRetry(c actor.Context, m *Deliver, it *item, ops []persistence.Op) {
-	s.queue = append([]*item{it}, s.queue...) // it runs next: nothing runs now
+	s.queue = append(s.queue, it) // nothing runs or waits: it runs next
 	if m.MessageId != "" {
 		s.seen.add(m.MessageId)
 	}
@@ -73,8 +85,15 @@ func (s *Session) enqueueRetry(c actor.Context, m *Deliver, it *item, ops []pers
 		r := s.result(m, platforms.Command, it.sessionID)
 		if err != nil {
 			s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
-			s.logger().Error("store retry", "err", err)
-			r.Disposition, r.ErrorCode, r.Error = "", "unavailable", "retry could not be stored"
+			r.Disposition = platforms.Duplicate
+			if !errorsIsDuplicate(err) {
+				s.seen.remove(m.MessageId)
+				s.logger().Error("store retry", "err", err)
+				r.Disposition, r.ErrorCode, r.Error = "", "unavailable", "retry could not be stored"
+			}
+			if !s.fencedOut {
+				s.restartFromStore(c, "the write of /retry was refused") // its exchange was archived in memory
+			}
 		} else {
 			it.durable = true
 		}
@@ -130,7 +149,7 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 		s.lastSeq = max(s.lastSeq, m.Seq)
 		if m.Active && (m.Role == persistence.RoleUser || m.Role == persistence.RoleAssistant) {
 			s.history = append(s.history, histEntry{seq: m.Seq, raw: m.Content,
-				msg: persistFromRow(m)})
+				msg: persistFromRow(m), sender: m.UserID})
 		}
 	}
 	s.trimHistory()

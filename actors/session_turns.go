@@ -48,7 +48,7 @@ func (s *Session) tryStart(c actor.Context) {
 	for _, it := range group {
 		msg := s.agentMessage(it)
 		req.Messages = append(req.Messages, msg)
-		s.history = append(s.history, histEntry{seq: it.seq, raw: it.text, msg: msg})
+		s.history = append(s.history, histEntry{seq: it.seq, raw: it.text, msg: msg, sender: it.src.UserID})
 	}
 	req.Partial = s.partial(c, turnID, group)
 	if s.continuity != "" && last.sessionID == s.curID() {
@@ -194,9 +194,10 @@ func persistFromRow(m persistence.Message) agents.Message {
 
 // histEntry is one message of the in-memory transcript buffer.
 type histEntry struct {
-	seq int64
-	raw string // the authored text (msg.Text may carry a sender prefix)
-	msg agents.Message
+	seq    int64
+	raw    string // the authored text (msg.Text may carry a sender prefix)
+	msg    agents.Message
+	sender string // a user message's user id: /undo and /retry take back only the caller's own
 }
 
 // agentHistory is the buffer as the agent sees it.
@@ -244,7 +245,7 @@ func (s *Session) onTurnFinished(c actor.Context, m *TurnFinished) {
 	k := min(m.Steered, len(r.steered))
 	for _, it := range r.steered[:k] {
 		r.items = append(r.items, it)
-		s.history = append(s.history, histEntry{seq: it.seq, raw: it.text, msg: s.agentMessage(it)})
+		s.history = append(s.history, histEntry{seq: it.seq, raw: it.text, msg: s.agentMessage(it), sender: it.src.UserID})
 	}
 	s.queue = append(slices.Clone(r.steered[k:]), s.queue...)
 	s.d.Metrics.TurnDuration.Observe(m.Took.Seconds())
