@@ -55,6 +55,7 @@ type Session struct {
 	dead         bool      // set on the failed incarnation once it is being replaced
 	lastTouched  time.Time // last message other than ticks (passivation)
 	passivating  bool      // asked the manager to stop it
+	unloaded     bool      // started while the spool held writes: not loaded yet (waitForStore)
 
 	// life survives restarts of this actor, so a new incarnation knows how often it crashed and
 	// on which messages. It is nil until the first crash: the failing incarnation creates it
@@ -148,7 +149,7 @@ func (s *Session) Receive(c actor.Context) {
 	if _, ok := c.Message().(*actor.Stopped); ok && s.life != nil {
 		s.d.lifelines.Delete(s.key) // the activation is over; the next one starts afresh
 	}
-	if s.dead || (s.passivating || s.fencedOut) && !s.whileStopping(c) {
+	if s.dead || (s.passivating || s.fencedOut) && !s.whileStopping(c) || s.unloaded && !s.whileWaiting(c) {
 		return
 	}
 	switch c.Message().(type) {
@@ -220,6 +221,25 @@ func (s *Session) start(c actor.Context) {
 	}
 	s.mode = s.d.Config.QueueMode
 	s.activatedAt = s.d.now()
+	if !s.d.Fencing && s.restarts() > 0 {
+		// The failed incarnation's writes may still wait in the persistence actor: load only
+		// once they are committed (or spooled), or this one would not know of them (a message
+		// stored but never run, a seq used twice). They were sent before this flush, so it
+		// waits for them.
+		if _, err := c.RequestFuture(s.d.Persist, &persistence.Flush{}, restartFlushTimeout).Result(); err != nil {
+			panic(fmt.Errorf("session %s: wait for the writes of the failed incarnation: %w", s.key, err))
+		}
+	}
+	if s.d.Spooling.Load() {
+		s.waitForStore(c)
+		return
+	}
+	s.load(c)
+}
+
+// load claims the key (Deps.Fencing), reads the session's durable state and resumes its
+// unanswered work.
+func (s *Session) load(c actor.Context) {
 	if s.d.Fencing {
 		// Claim before loading: the snapshot then holds every write the key's previous
 		// activation will ever make (its later ones are fenced).
@@ -228,13 +248,6 @@ func (s *Session) start(c actor.Context) {
 			panic(fmt.Errorf("session %s: claim: %w", s.key, err))
 		}
 		s.epoch = epoch
-	} else if s.restarts() > 0 {
-		// The failed incarnation's writes may still wait in the persistence actor: load only
-		// once they are committed, or this one would not know of them (a message stored but
-		// never run, a seq used twice). They were sent before this flush, so it waits for them.
-		if _, err := c.RequestFuture(s.d.Persist, &persistence.Flush{}, restartFlushTimeout).Result(); err != nil {
-			panic(fmt.Errorf("session %s: wait for the writes of the failed incarnation: %w", s.key, err))
-		}
 	}
 	snap, err := s.d.Store.LoadSession(s.d.Ctx, s.key, s.d.Config.HistoryLimit)
 	if err != nil {
@@ -293,6 +306,50 @@ func (s *Session) start(c actor.Context) {
 		s.logger().Info("session resumed", "pending", len(s.queue), "unconfirmed", len(snap.Unconfirmed))
 	}
 	s.tryStart(c)
+}
+
+// Waiting for the store. While the spool holds writes the database does not show them yet, and
+// a session that loaded its state then would not know of those that are its own: it would
+// reuse their seqs, run a message twice or never. A session in memory keeps its state and goes
+// on spooling; one that starts (activated, or restarted after a crash) waits until the spool
+// has drained, and refuses messages meanwhile with an explicit "unavailable" (HTTP 503), which
+// the sender can retry.
+
+// storeTick wakes a waiting session to check the spool again.
+type storeTick struct{}
+
+// storeWaitTick is how often a waiting session checks whether the spool has drained.
+const storeWaitTick = time.Second
+
+func (s *Session) waitForStore(c actor.Context) {
+	if !s.unloaded {
+		s.unloaded = true
+		s.logger().Warn("the database is unavailable and writes wait in the spool; the session loads once they are replayed")
+	}
+	s.timers(c).SendOnce(storeWaitTick, c.Self(), &storeTick{})
+}
+
+// whileWaiting handles a message of a waiting session and reports whether Receive should go on
+// with it: only stopping, restarting and a request for its state.
+func (s *Session) whileWaiting(c actor.Context) bool {
+	switch m := c.Message().(type) {
+	case *storeTick:
+		if s.d.Spooling.Load() {
+			s.waitForStore(c)
+			return false
+		}
+		s.unloaded = false
+		s.logger().Info("the spool has drained; the session loads")
+		s.load(c)
+	case *Deliver:
+		c.Respond(&DeliverResult{SessionKey: s.key, MessageId: m.MessageId, ErrorCode: "unavailable",
+			Error: "the database is unavailable and this chat's session cannot load until the writes waiting in the spool are replayed; send the message again shortly"})
+	case *ResetSession:
+		c.Respond(&ResetResult{Error: "the database is unavailable; the session cannot load until the spool is replayed"})
+	case *GetState, *actor.Stopping, *actor.Stopped, *actor.Restarting:
+		return true
+	}
+	return false
 }
 
 // isPending reports whether seq is one of pending (sorted by seq).

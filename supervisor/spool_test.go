@@ -8,9 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
@@ -196,4 +198,134 @@ func (r *runtime) lockDatabase(t *testing.T) (unlock func()) {
 	}
 	t.Cleanup(unlock)
 	return unlock
+}
+
+// outage is a store whose commits can be made to fail as a database that cannot be written
+// does (persistence.ErrUnavailable), while reads go on.
+type outage struct {
+	persistence.Store
+	down atomic.Bool
+}
+
+func (o *outage) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	if !o.down.Load() {
+		return o.Store.Commit(ctx, groups)
+	}
+	errs := make([]error, len(groups))
+	for i := range errs {
+		errs[i] = fmt.Errorf("%w: disk full (test)", persistence.ErrUnavailable)
+	}
+	return errs
+}
+
+// startWithOutage starts a daemon on dir whose store is o's.
+func startWithOutage(t *testing.T, dir string, o *outage, agent agents.Agent) *runtime {
+	return MustStartDaemon(t, agent, daemonOpts{dir: dir, wrap: func(s persistence.Store) persistence.Store {
+		o.Store = s
+		return o
+	}})
+}
+
+// injectWhenLoaded sends a message until the session accepts it: while writes wait in the spool
+// a session that starts refuses messages with ErrUnavailable, which a sender retries.
+func (r *runtime) injectWhenLoaded(t *testing.T, src identity.Source, id, text string) {
+	t.Helper()
+	waitUntil(t, func() bool {
+		_, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: src, MessageID: id, Text: text})
+		if err != nil && !errors.Is(err, platforms.ErrUnavailable) {
+			t.Fatalf("Inject(%s): %v", id, err)
+		}
+		return err == nil
+	})
+}
+
+// checkAnsweredInOrder checks that the session of the key holds exactly ids as its user
+// messages, in this order, each done, each followed by one reply, and that no spool batch was
+// set aside.
+func checkAnsweredInOrder(t *testing.T, r *runtime, dir, key string, ids ...string) {
+	t.Helper()
+	snap, err := r.d.store.LoadSession(t.Context(), key, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	replies := 0
+	for _, m := range snap.History {
+		switch m.Role {
+		case persistence.RoleUser:
+			got = append(got, m.MessageID+":"+m.Status)
+		case persistence.RoleAssistant:
+			replies++
+		}
+	}
+	var want []string
+	for _, id := range ids {
+		want = append(want, id+":"+persistence.StatusDone)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) || replies != len(ids) {
+		t.Errorf("the session holds %v and %d replies, want %v and %d", got, replies, want, len(ids))
+	}
+	if failed, _ := os.ReadDir(filepath.Join(dir, "spool", "failed")); len(failed) > 0 {
+		t.Errorf("spool batches set aside: %d files in spool/failed", len(failed))
+	}
+}
+
+// TestRestartWhileSpoolingLoadsAfterReplay: a daemon restarted while the database still cannot
+// be written, with acknowledged writes in the spool, does not start the chat's session from a
+// database that lacks them: the session refuses messages as unavailable (the sender retries)
+// until the spool is replayed, then loads and goes on. Every acknowledged message is stored
+// once and answered, in order, and no spool batch is set aside.
+func TestRestartWhileSpoolingLoadsAfterReplay(t *testing.T) {
+	dir := t.TempDir()
+	o := &outage{}
+	r := startWithOutage(t, dir, o, echo.New())
+	a1 := r.inject(t, dm, "m1", "one")
+	r.waitSent(t, 1)
+	o.down.Store(true)
+	r.inject(t, dm, "m2", "two, spooled")
+	r.waitSent(t, 2)
+	r.stop(t)
+
+	o = &outage{}
+	o.down.Store(true)
+	r = startWithOutage(t, dir, o, echo.New())
+	defer r.stop(t)
+	if _, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: dm, MessageID: "m3", Text: "three"}); !errors.Is(err, platforms.ErrUnavailable) {
+		t.Errorf("a message to a session whose writes wait in the spool: %v, want ErrUnavailable", err)
+	}
+	o.down.Store(false)
+	r.injectWhenLoaded(t, dm, "m3", "three")
+	r.waitReplyTo(t, "m3")
+	checkAnsweredInOrder(t, r, dir, a1.SessionKey, "m1", "m2", "m3")
+}
+
+// TestCrashWhileSpoolingLoadsAfterReplay: a session that crashes while its writes wait in the
+// spool starts again only once they are replayed, so it never reuses their seqs nor forgets the
+// message it was running.
+func TestCrashWhileSpoolingLoadsAfterReplay(t *testing.T) {
+	dir := t.TempDir()
+	var crashed atomic.Bool
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		if text := req.Messages[0].Text; text == "crash" && crashed.CompareAndSwap(false, true) {
+			panic("agent bug (test)")
+		}
+		return &agents.Response{Text: "ok " + req.Messages[0].Text}, nil
+	})
+	o := &outage{}
+	r := startWithOutage(t, dir, o, agent)
+	defer r.stop(t)
+	a1 := r.inject(t, dm, "m1", "one")
+	r.waitSent(t, 1)
+	o.down.Store(true)
+	r.inject(t, dm, "m2", "crash")
+	restarts := r.d.metrics.ActorRestarts.WithLabelValues("session")
+	waitUntil(t, func() bool { return testutil.ToFloat64(restarts) >= 1 })
+	if _, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: dm, MessageID: "m3", Text: "three"}); !errors.Is(err, platforms.ErrUnavailable) {
+		t.Errorf("a message to a restarted session whose writes wait in the spool: %v, want ErrUnavailable", err)
+	}
+	o.down.Store(false)
+	r.injectWhenLoaded(t, dm, "m3", "three")
+	r.waitReplyTo(t, "m3")
+	r.waitReplyTo(t, "m2")
+	checkAnsweredInOrder(t, r, dir, a1.SessionKey, "m1", "m2", "m3")
 }
