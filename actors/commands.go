@@ -53,9 +53,10 @@ func parseCommand(text string) (command, bool) {
 // onCommand runs a command outside the queue. The command and its answer are recorded in one
 // write; the requester is acknowledged with disposition "command" once that write is durable.
 func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cmd command, now time.Time) {
-	expired := s.expire(now)
+	expired := s.expireIfIdle(now)
 	var ops []persistence.Op
 	var answer string
+	var dropped []*item // messages the command leaves unanswered: its answer answers them too
 	queueChanged := false
 	switch cmd.name {
 	case "new", "reset":
@@ -64,20 +65,20 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 			reason = persistence.EndResetCommand
 		}
 		var prev string
-		ops, prev = s.boundary(c, src, reason, now)
+		ops, prev, dropped = s.boundary(c, src, reason, now)
 		answer = fmt.Sprintf("✨ Started a new session (%s).", s.cur.ID)
 		if prev != "" {
 			answer += " The previous session " + prev + " has ended."
 		}
+		answer += unanswered(dropped)
 	case "stop":
-		wasRunning := s.running != nil
-		var dropped int
-		ops, dropped = s.stopWork(c)
-		switch {
-		case !wasRunning && dropped == 0:
+		var cancelled int
+		ops, cancelled, dropped = s.stopWork(c)
+		switch queued := len(dropped) - cancelled; {
+		case len(dropped) == 0:
 			answer = "Nothing is running."
-		case dropped > 0:
-			answer = fmt.Sprintf("⏹️ Stopped. Dropped %d queued message(s).", dropped)
+		case queued > 0:
+			answer = fmt.Sprintf("⏹️ Stopped. Dropped %d queued message(s).", queued)
 		default:
 			answer = "⏹️ Stopped."
 		}
@@ -112,7 +113,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 		answer = s.setQueueMode(cmd.args)
 		queueChanged = s.mode != before
 	case "resume":
-		ops, answer = s.resume(c, cmd.args, now)
+		ops, answer, dropped = s.resume(c, cmd.args, now)
 	case "help":
 		answer = helpText()
 	default:
@@ -141,7 +142,16 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 		&persistence.AppendMessage{Message: persistence.Message{SessionID: sid, Seq: s.lastSeq, Role: persistence.RoleNotice,
 			Content: answer, Status: persistence.StatusDone, Active: true, CreatedAt: now}},
 		s.touch(sid, now))
-	entry := s.outboxEntry(src, sid, platforms.KindNotice, answer, "", []string{m.MessageId}, now)
+	// The answer also answers the messages the command dropped (a waiting client gets it), and
+	// it refers to the command (a platform references the last message answered).
+	inReplyTo := make([]string, 0, len(dropped)+1)
+	for _, it := range dropped {
+		if it.messageID != "" {
+			inReplyTo = append(inReplyTo, it.messageID)
+		}
+	}
+	inReplyTo = append(inReplyTo, m.MessageId)
+	entry := s.outboxEntry(src, sid, platforms.KindNotice, answer, "", inReplyTo, now)
 	ops = append(ops, &persistence.AddOutbox{Entry: entry})
 	if m.MessageId != "" {
 		s.seen.add(m.MessageId)
@@ -175,9 +185,10 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 }
 
 // boundary ends the current incarnation with reason and starts a new one. A running turn is
-// cancelled and queued messages are dropped (marked failed): a boundary is never undone.
-func (s *Session) boundary(c actor.Context, src identity.Source, reason string, now time.Time) ([]persistence.Op, string) {
-	ops, _ := s.stopWork(c)
+// cancelled and queued messages are dropped (marked failed; see stopWork): a boundary is never
+// undone.
+func (s *Session) boundary(c actor.Context, src identity.Source, reason string, now time.Time) ([]persistence.Op, string, []*item) {
+	ops, _, dropped := s.stopWork(c)
 	prev := ""
 	if s.cur != nil {
 		prev = s.cur.ID
@@ -185,34 +196,46 @@ func (s *Session) boundary(c actor.Context, src identity.Source, reason string, 
 	}
 	ops = append(ops, s.newIncarnation(src, now, prev)...)
 	s.mode = s.d.Config.QueueMode // a new session starts with the default queue mode
-	return ops, prev
+	return ops, prev, dropped
 }
 
-// stopWork cancels the running turn and drops the queued messages, returning the ops that
-// mark them failed and how many queued messages were dropped.
-func (s *Session) stopWork(c actor.Context) ([]persistence.Op, int) {
-	var ops []persistence.Op
+// stopWork cancels the running turn and drops the queued messages. It returns the ops that
+// mark them failed, how many were in the running turn, and the dropped messages (the turn's
+// first, then the queued ones in order), whose senders the caller must tell: nothing is dropped
+// silently. A message whose write is still in flight stays queued, marked dropped: it is set
+// aside with a notice of its own when its write lands (accepted).
+func (s *Session) stopWork(c actor.Context) (ops []persistence.Op, cancelled int, dropped []*item) {
 	if r := s.running; r != nil {
 		s.running = nil
 		s.cancelTurn(c, r)
 		s.d.Metrics.TurnsTotal.WithLabelValues("cancelled").Inc()
 		for _, it := range append(slices.Clone(r.items), r.steered...) {
 			ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: persistence.StatusFailed, TurnID: r.id})
+			dropped = append(dropped, it)
 		}
+		cancelled = len(dropped)
 	}
-	dropped := 0
 	var keep []*item
 	for _, it := range s.queue {
 		if !it.durable {
-			keep = append(keep, it) // its write is in flight; it is answered when it lands
+			it.dropped = true
+			keep = append(keep, it)
 			continue
 		}
-		dropped++
+		dropped = append(dropped, it)
 		ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: persistence.StatusFailed})
 	}
 	s.queue = keep
 	s.updateBusy(c)
-	return ops, dropped
+	return ops, cancelled, dropped
+}
+
+// unanswered is what a command's answer adds about the messages it dropped.
+func unanswered(dropped []*item) string {
+	if len(dropped) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" %d message(s) sent before it were not answered.", len(dropped))
 }
 
 // onReset ends the session from the admin API.
@@ -227,13 +250,27 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		reason = persistence.EndResetCommand
 	}
 	src := s.sourceOf(s.cur)
-	ops, prev := s.boundary(c, src, reason, now)
+	ops, prev, dropped := s.boundary(c, src, reason, now)
+	var notice *persistence.OutboxEntry
+	if len(dropped) > 0 {
+		// Their senders are told, in their chat, under the session they wrote to.
+		var ids []string
+		for _, it := range dropped {
+			ids = append(ids, it.messageID)
+		}
+		text := fmt.Sprintf("⏹️ The session was reset by an operator; %d message(s) were not answered. Please send them again.", len(dropped))
+		entry := s.outboxEntry(dropped[0].src, dropped[0].sessionID, platforms.KindNotice, text, "", ids, now)
+		ops = append(ops, &persistence.AddOutbox{Entry: entry})
+		notice = &entry
+	}
 	requester := c.Sender()
 	sid := s.cur.ID
 	s.write(c, ops, func(c actor.Context, err error) {
 		r := &ResetResult{SessionId: sid, PreviousSessionId: prev}
 		if err != nil {
 			r.Error = err.Error()
+		} else if notice != nil {
+			s.sendOutbound(c, OutboundFromEntry(notice))
 		}
 		c.Send(requester, r)
 	})

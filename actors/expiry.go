@@ -58,6 +58,18 @@ func (s *Session) expire(now time.Time) []persistence.Op {
 	return []persistence.Op{&persistence.EndSession{SessionID: ended.ID, Reason: reason, At: at}}
 }
 
+// expireIfIdle is expire for a session with no work in hand. A session whose turn runs or whose
+// messages wait is in use: ending it would cut its turn off from the transcript it belongs to
+// and run its waiting messages in a session they were not sent to. Its policy is evaluated
+// again at the next arrival (or timer nudge) that finds it idle; the turn's activity by then
+// usually means it is no longer due.
+func (s *Session) expireIfIdle(now time.Time) []persistence.Op {
+	if s.running != nil || len(s.queue) > 0 {
+		return nil
+	}
+	return s.expire(now)
+}
+
 // autoReset returns the session that ended automatically and that the next incarnation
 // succeeds, or nil.
 func (s *Session) autoReset() *persistence.Session {
@@ -146,10 +158,7 @@ func (s *Session) expireOnStart(c actor.Context) {
 
 // onResetDue is the timer's nudge: end the session now if it is due and idle.
 func (s *Session) onResetDue(c actor.Context) {
-	if s.running != nil || len(s.queue) > 0 {
-		return
-	}
-	if ops := s.expire(s.d.now()); len(ops) > 0 {
+	if ops := s.expireIfIdle(s.d.now()); len(ops) > 0 {
 		s.write(c, ops, func(c actor.Context, err error) {
 			if err != nil {
 				s.logger().Error("store session reset", "err", err)

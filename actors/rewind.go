@@ -105,15 +105,15 @@ func (s *Session) enqueueRetry(c actor.Context, m *Deliver, it *item, ops []pers
 // resume switches the key to an earlier session of the same key, chosen by id or title. The
 // current session ends (reason switched) and the target is reopened: an explicit user action,
 // unlike recovery, which never reopens a boundary.
-func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persistence.Op, string) {
+func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persistence.Op, string, []*item) {
 	arg = strings.TrimSpace(arg)
 	if arg == "" {
-		return nil, "Usage: /resume <session id or title>. /status shows the current session."
+		return nil, "Usage: /resume <session id or title>. /status shows the current session.", nil
 	}
 	all, err := s.d.Store.SessionsOfKey(s.d.Ctx, s.key, 100)
 	if err != nil {
 		s.logger().Error("list sessions of key", "err", err)
-		return nil, "⚠️ Could not look up earlier sessions right now; please try again."
+		return nil, "⚠️ Could not look up earlier sessions right now; please try again.", nil
 	}
 	var target *persistence.Session
 	for i := range all {
@@ -124,16 +124,16 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	}
 	switch {
 	case target == nil:
-		return nil, fmt.Sprintf("No earlier session %q in this chat.", arg)
+		return nil, fmt.Sprintf("No earlier session %q in this chat.", arg), nil
 	case s.cur != nil && target.ID == s.cur.ID:
-		return nil, "That is the current session."
+		return nil, "That is the current session.", nil
 	}
 	msgs, err := s.d.Store.Transcript(s.d.Ctx, target.ID)
 	if err != nil {
 		s.logger().Error("load resumed transcript", "err", err)
-		return nil, "⚠️ Could not load that session right now; please try again."
+		return nil, "⚠️ Could not load that session right now; please try again.", nil
 	}
-	ops, _ := s.stopWork(c)
+	ops, _, dropped := s.stopWork(c)
 	if s.cur != nil {
 		ops = append(ops, &persistence.EndSession{SessionID: s.cur.ID, Reason: persistence.EndSwitched, At: now})
 	}
@@ -162,7 +162,7 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	if resumed.Title != "" {
 		name += " (" + resumed.Title + ")"
 	}
-	return ops, "⏪ Resumed session " + name + "."
+	return ops, "⏪ Resumed session " + name + "." + unanswered(dropped), dropped
 }
 
 // preview shortens text for an answer: one line, at most 200 characters.

@@ -82,6 +82,7 @@ type item struct {
 	at        time.Time
 	arrived   time.Time // real arrival time (debounce)
 	durable   bool
+	dropped   bool       // a command dropped it while its write was in flight: set aside when it lands
 	requester *actor.PID // waits for DeliverResult; nil after the ack or for recovered items
 }
 

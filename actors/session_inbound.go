@@ -45,7 +45,7 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 			return
 		}
 	}
-	ops := s.expire(now)
+	ops := s.expireIfIdle(now)
 	auto := s.autoReset()
 	inc, created := s.ensureIncarnation(src, now)
 	ops = append(ops, inc...)
@@ -134,6 +134,17 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 		return
 	}
 	it.durable = true
+	if it.dropped {
+		// A command dropped the session's work while this write was in flight: the message is
+		// stored, so it is set aside like the others, with its own notice.
+		s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
+		c.Send(it.requester, s.result(m, platforms.Queued, it.sessionID))
+		it.requester = nil
+		s.setAside(c, it, persistence.StatusFailed,
+			"⚠️ This message arrived as a command ended or stopped the session's work, so it was not run. Please send it again if it still matters.")
+		s.tryStart(c)
+		return
+	}
 	disp := platforms.Queued
 	switch {
 	case s.running == nil && len(s.queue) > 0 && s.queue[0] == it:

@@ -3,11 +3,16 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/echo"
+	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
@@ -134,4 +139,128 @@ func TestRefusedCommandStartsSessionFromStore(t *testing.T) {
 		t.Errorf("next message stored in session %s, want %s (the first /new's)", next.SessionID, fresh.SessionID)
 	}
 	r.waitReplyTo(t, "m2")
+}
+
+// blockOn is an agent that holds the turn of message id until release is closed (or the turn
+// is cancelled), records the history every turn saw, and echoes.
+type blockOn struct {
+	id      string
+	release chan struct{}
+	started chan struct{} // closed when the held turn starts
+
+	mu      sync.Mutex
+	history map[string][]string // message id → the texts of the history its turn saw
+}
+
+func newBlockOn(id string) *blockOn {
+	return &blockOn{id: id, release: make(chan struct{}), started: make(chan struct{}), history: map[string][]string{}}
+}
+
+func (b *blockOn) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+	var h []string
+	for _, m := range req.History {
+		h = append(h, m.Text)
+	}
+	b.mu.Lock()
+	b.history[req.Identity.MessageID] = h
+	b.mu.Unlock()
+	if req.Identity.MessageID == b.id {
+		close(b.started)
+		select {
+		case <-b.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return &agents.Response{Text: "re " + req.Messages[0].Text}, nil
+}
+
+func (b *blockOn) historyOf(id string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.history[id]
+}
+
+// TestDailyResetWaitsForTheSessionsWork: a daily boundary that passes while a turn runs and a
+// message waits does not end the session under them when the next message arrives. All three
+// messages are answered in the session they were sent to, each turn sees the one before, and
+// the session is reset once it is idle past the next boundary.
+func TestDailyResetWaitsForTheSessionsWork(t *testing.T) {
+	clk := testutil.NewClock(time.Date(2026, 11, 10, 3, 58, 0, 0, time.UTC))
+	agent := newBlockOn("m1")
+	r := startClocked(t, t.TempDir(), clk, agent, func(c *config.Config) {
+		c.Sessions.Reset.Mode, c.Sessions.Reset.AtHour = "daily", 4
+	})
+	defer r.stop(t)
+	a1 := r.inject(t, dm, "m1", "one")
+	<-agent.started
+	r.inject(t, dm, "m2", "two")
+	clk.Advance(3 * time.Minute) // 04:01: the boundary has passed
+	a3 := r.inject(t, dm, "m3", "three")
+	if a3.SessionID != a1.SessionID || a3.Disposition != platforms.Queued {
+		t.Errorf("m3 after the boundary while the session works: %s in %s, want queued in %s", a3.Disposition, a3.SessionID, a1.SessionID)
+	}
+	close(agent.release)
+	r.waitReplyTo(t, "m3")
+	if h := agent.historyOf("m3"); len(h) < 4 || h[len(h)-1] != "re two" {
+		t.Errorf("m3's turn saw the history %q, want it to end with the answers to m1 and m2", h)
+	}
+	msgs, err := r.d.store.Transcript(t.Context(), a1.SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []string
+	for _, m := range msgs {
+		rows = append(rows, m.Role+":"+m.Content)
+	}
+	want := []string{"user:one", "user:two", "user:three", "assistant:re one", "assistant:re two", "assistant:re three"} // by seq: arrival
+	if fmt.Sprint(rows) != fmt.Sprint(want) {
+		t.Errorf("the session's transcript is %q, want %q", rows, want)
+	}
+
+	clk.Advance(24 * time.Hour) // idle past the next boundary
+	a4 := r.inject(t, dm, "m4", "four")
+	if a4.SessionID == a1.SessionID {
+		t.Errorf("m4, idle past the next boundary, is in the old session %s", a4.SessionID)
+	}
+	if s := r.session(t, a1.SessionID); s.EndReason != persistence.EndDaily {
+		t.Errorf("the old session's end reason is %q, want %q", s.EndReason, persistence.EndDaily)
+	}
+}
+
+// TestNewAnswersTheMessagesItDrops: /new cancels the running turn and drops the waiting
+// messages, and its answer says so and answers them too, so no sender waits in vain: their
+// rows are marked failed, not left pending.
+func TestNewAnswersTheMessagesItDrops(t *testing.T) {
+	agent := newBlockOn("a1")
+	r := MustStart(t, agent, nil)
+	th := func(user string) identity.Source {
+		return identity.Source{Platform: "fake", ChatType: identity.ChatThread, ChatID: "chan", ThreadID: "th", UserID: user, UserName: user}
+	}
+	a1 := r.inject(t, th("alice"), "a1", "long task")
+	<-agent.started
+	r.inject(t, th("alice"), "a2", "and then this")
+	r.inject(t, th("bob"), "b1", "/new")
+	r.waitReplyTo(t, "b1")
+	var answer *platforms.Outbound
+	for _, o := range r.fake.Sent() {
+		if slices.Contains(o.InReplyTo, "b1") {
+			answer = o
+		}
+	}
+	if !strings.Contains(answer.Text, "2 message(s) sent before it were not answered") {
+		t.Errorf("/new answered %q, want it to say 2 messages were not answered", answer.Text)
+	}
+	if got := fmt.Sprint(answer.InReplyTo); got != "[a1 a2 b1]" {
+		t.Errorf("/new's answer is in reply to %s, want [a1 a2 b1]", got)
+	}
+	msgs, err := r.d.store.Transcript(t.Context(), a1.SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		if m.Role == persistence.RoleUser && m.Status != persistence.StatusFailed {
+			t.Errorf("dropped message %s has status %s, want failed", m.MessageID, m.Status)
+		}
+	}
 }

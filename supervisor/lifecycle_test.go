@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -277,12 +278,12 @@ func TestRetryUndoAndResume(t *testing.T) {
 	}
 }
 
-// waitReplyTo waits until a reply to message id was sent.
+// waitReplyTo waits until an outbound that ends the answer to message id was sent.
 func (r *runtime) waitReplyTo(t *testing.T, id string) {
 	t.Helper()
 	waitUntil(t, func() bool {
 		for _, o := range r.fake.Sent() {
-			if o.TurnEnd && len(o.InReplyTo) > 0 && o.InReplyTo[0] == id {
+			if o.TurnEnd && slices.Contains(o.InReplyTo, id) {
 				return true
 			}
 		}
