@@ -449,6 +449,25 @@ func TestFailedSendsAreRetried(t *testing.T) {
 	}
 }
 
+// TestEmptyReplyPostsNothing: an agent that answers nothing gets nothing posted (Discord
+// refuses an empty message), and the reply counts as delivered, so it is not sent again and
+// again at every activation.
+func TestEmptyReplyPostsNothing(t *testing.T) {
+	silent := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+		return &agents.Response{Text: " \n "}, nil
+	})
+	w := startWorld(t, silent, nil)
+	w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "do the thing"})
+	key := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatDM, ChatID: dmID}, identity.DefaultKeyOptions)
+	eventually(t, "the empty reply confirmed in the outbox", func() bool {
+		out, err := w.d.Store().OutboxAfter(t.Context(), key, 0, 10)
+		return err == nil && len(out) == 1 && out[0].State == persistence.DeliveryDelivered
+	})
+	if n := len(w.srv.Sent(dmID)); n != 0 {
+		t.Errorf("bot posted %d messages for an empty reply: %q", n, contents(w.srv.Sent(dmID)))
+	}
+}
+
 // TestLostResponseIsNotPostedTwice: Discord posts a reply but the answer is lost; the retry
 // carries the same nonce, so Discord answers with the message it already has.
 func TestLostResponseIsNotPostedTwice(t *testing.T) {

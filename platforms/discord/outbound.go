@@ -23,6 +23,15 @@ import (
 // an auto-thread that could not be opened when its message arrived opens the thread first.
 func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 	channel := replyChannel(out.Target)
+	if strings.TrimSpace(out.Text) == "" {
+		// An agent may answer nothing; Discord refuses an empty message (50006), so nothing is
+		// posted and the reply counts as delivered. A draft keeps what it showed.
+		p.log.Debug("discord: empty reply; nothing posted", "channel", channel, "turn", out.TurnID)
+		if out.TurnEnd {
+			p.typing.turnEnded(channel)
+		}
+		return nil
+	}
 	parts := Split(out.Text, MaxMessageLen)
 	id := out.SessionKey + "/" + strconv.FormatInt(out.Seq, 10)
 	p.mu.Lock()

@@ -19,7 +19,8 @@ const (
 // break, then a line break, then a space in the second half of each message, and cutting hard
 // only when a message has none. A split inside a code block closes the fence at the end of the
 // message and reopens it, with its language, at the start of the next, so every message renders
-// on its own. Text that fits is returned as is.
+// on its own. Text that fits is returned as is; a longer text never yields a message of only
+// whitespace (Discord refuses one).
 func Split(text string, limit int) []string {
 	limit = max(limit, minLimit)
 	if utf8.RuneCountInString(text) <= limit {
@@ -32,7 +33,10 @@ func Split(text string, limit int) []string {
 		// Only the next limit runes matter: build the candidate message from them.
 		window := append(append([]rune(nil), reopen...), rest[:min(len(rest), limit)]...)
 		if len(reopen)+len(rest) <= limit {
-			return append(out, string(window))
+			if last := string(window); strings.TrimSpace(last) != "" {
+				out = append(out, last)
+			}
+			return out
 		}
 		from := len(reopen)
 		cut := cutAt(window, from, limit)
@@ -52,7 +56,9 @@ func Split(text string, limit int) []string {
 			rest = trimRunes(rest, "\n", -1)
 			rest = trimRunes(rest, " ", 1)
 		}
-		out = append(out, piece)
+		if strings.TrimSpace(piece) != "" {
+			out = append(out, piece)
+		}
 	}
 }
 
@@ -94,11 +100,12 @@ func matchAt(r []rune, i int, s []rune) bool {
 	return true
 }
 
-// fenceState reports whether text ends inside a ``` code block, and that block's language.
+// fenceState reports whether text ends inside a ``` code block, and that block's language. A
+// line that opens a block and closes it again ("```go test ./...```") leaves none open.
 func fenceState(text string) (open bool, lang string) {
 	for line := range strings.Lines(text) {
 		t := strings.TrimSpace(line)
-		if !strings.HasPrefix(t, fence) {
+		if !strings.HasPrefix(t, fence) || !open && strings.Contains(strings.TrimLeft(t, "`"), fence) {
 			continue
 		}
 		if open {

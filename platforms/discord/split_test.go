@@ -153,3 +153,39 @@ func FuzzSplit(f *testing.F) {
 		}
 	})
 }
+
+// TestSplitNeverYieldsWhitespaceMessages: Discord refuses a message of only whitespace (50006),
+// so a reply with a long run of blanks must not become one.
+func TestSplitNeverYieldsWhitespaceMessages(t *testing.T) {
+	for _, text := range []string{
+		"start" + strings.Repeat(" ", 4500) + "end",
+		"start" + strings.Repeat("\n", 4500) + "end",
+		strings.Repeat("word ", 500) + strings.Repeat(" ", 3000),
+	} {
+		got := Split(text, MaxMessageLen)
+		for i, m := range got {
+			if strings.TrimSpace(m) == "" {
+				t.Errorf("message %d of %d is only whitespace (%d runes)", i, len(got), utf8.RuneCountInString(m))
+			}
+		}
+		if squash(strings.Join(got, "")) != squash(text) {
+			t.Errorf("messages do not carry the text")
+		}
+	}
+}
+
+// TestSplitOneLineFence: a block opened and closed on one line ("```go test ./...```") is
+// closed in Discord's markdown, so a later cut adds no fences around prose.
+func TestSplitOneLineFence(t *testing.T) {
+	text := "Run it like this:\n```go test ./...```\n\n" + strings.Repeat("Plain prose sentence here. ", 120)
+	got := Split(text, MaxMessageLen)
+	if len(got) < 2 {
+		t.Fatalf("got %d messages, want a split", len(got))
+	}
+	for i, m := range got {
+		if strings.HasSuffix(m, closeFence) || i > 0 && strings.HasPrefix(m, fence) {
+			t.Errorf("message %d got a fence added although no block spans the cut: starts %q, ends %q", i, m[:min(20, len(m))], tail(m))
+		}
+	}
+	checkSplit(t, text, got, MaxMessageLen)
+}

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -228,7 +229,7 @@ func (s *Server) postMessage(r *http.Request) (int, any) {
 			return http.StatusOK, s.messageWire(m, false, visibleAll)
 		}
 	}
-	if body.Content == "" && len(body.Embeds) == 0 {
+	if strings.TrimSpace(body.Content) == "" && len(body.Embeds) == 0 { // Discord trims content
 		return http.StatusBadRequest, apiError("Cannot send an empty message", 50006)
 	}
 	if utf8.RuneCountInString(body.Content) > maxContent {
@@ -339,7 +340,7 @@ func (s *Server) editMessage(r *http.Request) (int, any) {
 		if utf8.RuneCountInString(*body.Content) > maxContent {
 			return invalidForm("content", "BASE_TYPE_MAX_LENGTH", "Must be 2000 or fewer in length.")
 		}
-		if *body.Content == "" && len(m.embeds) == 0 {
+		if strings.TrimSpace(*body.Content) == "" && len(m.embeds) == 0 {
 			return http.StatusBadRequest, apiError("Cannot send an empty message", 50006)
 		}
 		m.content = *body.Content
