@@ -39,9 +39,13 @@ func (in *Intake) Deliver(ctx context.Context, m *platforms.Inbound) (*platforms
 	if in.draining.Load() {
 		return nil, platforms.ErrDraining
 	}
-	key := in.Key(m.Source)
+	src := m.Source
+	// A display name is the sender's to choose: from here on (rows, prompts, a subprocess's
+	// environment, which cannot hold a NUL) only its neutralised form exists.
+	src.UserName = identity.NeutraliseName(src.UserName)
+	key := in.Key(src)
 	res, err := in.router.Request(ctx, key, &Deliver{
-		SessionKey: key, Source: sourceToProto(m.Source), MessageId: m.MessageID, Text: m.Text,
+		SessionKey: key, Source: sourceToProto(src), MessageId: m.MessageID, Text: m.Text,
 		ReceivedAtUnixNano: m.ReceivedAt.UnixNano(),
 	})
 	if err != nil {

@@ -397,7 +397,7 @@ func newAgent(cfg *config.Config, log *slog.Logger) (agents.Agent, error) {
 		a, err := agentexec.New(agentexec.Config{
 			Command: cfg.Agent.Exec.Command, Timeout: cfg.Agent.Exec.Timeout,
 			KillGrace: cfg.Agent.Exec.KillGrace, History: cfg.Agent.Exec.History, Steer: cfg.Agent.Exec.Steer,
-			Logger: log.With("component", "agent"),
+			Withhold: cfg.SecretEnv(), Logger: log.With("component", "agent"),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("start: agent: %w", err)

@@ -44,6 +44,10 @@ type Config struct {
 	// runs (see EncodeInput). When it is set, Run forwards Request.Steer to the command and
 	// CanSteer reports true.
 	Steer bool
+	// Withhold names environment variables the command must not see: the daemon's own
+	// secrets (its bot token, its HTTP bearer token). A command is driven by chat input, and
+	// the tools it runs with it inherit its environment.
+	Withhold []string
 	// Logger receives debug and warning lines about runs; nil discards them.
 	Logger *slog.Logger
 }
@@ -56,7 +60,9 @@ type Agent struct {
 	history int
 	dir     string
 	steer   bool
-	log     *slog.Logger
+	// withhold: see Config.Withhold
+	withhold []string
+	log      *slog.Logger
 }
 
 var _ agents.Steerer = (*Agent)(nil)
@@ -87,6 +93,8 @@ func New(c Config) (*Agent, error) {
 		dir:     c.Dir,
 		steer:   c.Steer,
 		log:     c.Logger,
+
+		withhold: slices.DeleteFunc(slices.Clone(c.Withhold), func(s string) bool { return s == "" }),
 	}
 	if a.grace == 0 {
 		a.grace = DefaultKillGrace
@@ -132,7 +140,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	stderr := &tailBuffer{max: MaxStderr}
 	cmd := osexec.CommandContext(runCtx, name, a.command[1:]...)
 	cmd.Dir = a.dir
-	cmd.Env = childEnv(os.Environ(), req.Identity)
+	cmd.Env = childEnv(os.Environ(), a.withhold, req.Identity)
 	steer := a.steer && req.Steer != nil
 	var stdin io.WriteCloser
 	if steer {
@@ -271,13 +279,14 @@ func forwardSteer(ctx context.Context, stdin io.WriteCloser, in []byte, steer <-
 }
 
 // childEnv returns a new environment for one turn's command: parent without any AGENTGATE_*
-// variable, then exactly the turn's identity variables. Nothing in it is shared with another
-// call.
-func childEnv(parent []string, t identity.Turn) []string {
+// variable and without those named in withhold, then exactly the turn's identity variables.
+// Nothing in it is shared with another call.
+func childEnv(parent, withhold []string, t identity.Turn) []string {
 	turn := t.Env()
 	env := make([]string, 0, len(parent)+len(turn))
 	for _, kv := range parent {
-		if !strings.HasPrefix(kv, identity.EnvPrefix) {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, identity.EnvPrefix) && !slices.Contains(withhold, name) {
 			env = append(env, kv)
 		}
 	}

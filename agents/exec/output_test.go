@@ -81,10 +81,13 @@ func TestChildEnv(t *testing.T) {
 		"AGENTGATE_FOO=x",
 		"AGENTGATE_=y",
 		"agentgate_lower=kept", // Variable names are case-sensitive: not ours.
+		"DISCORD_TOKEN=secret", // withheld: the daemon's own secret
+		"DISCORD_TOKEN_HINT=kept",
+		"API_KEY=secret=with=equals",
 	}
 	id := identity.Turn{Platform: "http", SessionKey: "agent:main:http:dm:c1", TurnID: "t1"}
-	got := childEnv(parent, id)
-	want := append([]string{"PATH=/bin", "HOME=/root", "agentgate_lower=kept"}, id.Env()...)
+	got := childEnv(parent, []string{"DISCORD_TOKEN", "API_KEY"}, id)
+	want := append([]string{"PATH=/bin", "HOME=/root", "agentgate_lower=kept", "DISCORD_TOKEN_HINT=kept"}, id.Env()...)
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("childEnv() mismatch (-want +got):\n%s", diff)
 	}

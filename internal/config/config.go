@@ -5,7 +5,10 @@
 // Secrets never live in the config: it names the environment variables that hold them.
 package config
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Config is the whole configuration of one agentgate process.
 type Config struct {
@@ -244,4 +247,16 @@ type Metrics struct {
 	// ceiling they cost about a third of the daemon's CPU). agentgate's own actor metrics
 	// (agentgate_actor_*, agentgate_mailbox_depth) are always exported.
 	Actors bool `yaml:"actors"`
+}
+
+// SecretEnv names the environment variables that hold the daemon's secrets (bearer token, bot
+// token, API key): an agent's subprocess must not inherit them.
+func (c *Config) SecretEnv() []string {
+	var out []string
+	for _, v := range []string{c.HTTP.TokenEnv, c.Platforms.Discord.TokenEnv, c.Agent.OpenAI.APIKeyEnv} {
+		if v != "" && !slices.Contains(out, v) {
+			out = append(out, v)
+		}
+	}
+	return out
 }
