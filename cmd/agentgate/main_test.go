@@ -7,7 +7,22 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 )
+
+// TestMain clears the configuration a developer's environment may hold (AGENTGATE_STORE_DSN
+// and the like), which this process's config loading and every daemon it starts would read:
+// a test sets what it needs explicitly.
+func TestMain(m *testing.M) {
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); config.IsEnvKey(name) {
+			os.Unsetenv(name)
+		}
+	}
+	os.Exit(pgtest.Main(m))
+}
 
 func TestRunCommands(t *testing.T) {
 	dir := t.TempDir()

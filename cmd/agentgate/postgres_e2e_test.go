@@ -16,8 +16,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
-
 // TestDaemonOnPostgres runs the binary on PostgreSQL as an operator would configure it (the
 // environment): an acknowledged message is in the database, survives kill -9 and is answered
 // by the next daemon; a second daemon on the same database is refused while one runs; the

@@ -841,3 +841,14 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+func TestIsEnvKey(t *testing.T) {
+	for name, want := range map[string]bool{
+		"AGENTGATE_STORE_DSN": true, "AGENTGATE_SESSIONS_QUEUE_CAP": true, "AGENTGATE_DATA_DIR": true,
+		"AGENTGATE_PG_BIN": false, "AGENTGATE_SESSION_KEY": false, "STORE_DSN": false, "agentgate_store_dsn": false,
+	} {
+		if got := IsEnvKey(name); got != want {
+			t.Errorf("IsEnvKey(%q) = %v, want %v", name, got, want)
+		}
+	}
+}

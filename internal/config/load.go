@@ -376,6 +376,18 @@ var leaves = sync.OnceValue(func() []leaf {
 	return out
 })
 
+// IsEnvKey reports whether the environment variable name sets a configuration key (as
+// AGENTGATE_STORE_DSN does). Tests clear these, so that a developer's environment never points
+// a test's daemon at a real database.
+func IsEnvKey(name string) bool {
+	for _, l := range leaves() {
+		if l.env == name {
+			return true
+		}
+	}
+	return false
+}
+
 // applyEnv sets every key named by an AGENTGATE_ variable in environ; the last of repeated
 // variables wins, as with os.Getenv.
 func applyEnv(cfg *Config, environ []string) []error {
