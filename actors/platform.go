@@ -56,9 +56,14 @@ var (
 	errStopped    = errors.New("stopped")
 )
 
-// Send retry policy.
+// Send retry policy: a send that may succeed later is retried, with backoff up to
+// sendBackoffMax, until it does, while the key's later messages wait behind it (their order is
+// kept); one refused for good (platforms.ErrUndeliverable) is recorded as failed at once.
+// sendWarnings is how many failed attempts in a row are logged at Warn; after that one in
+// sendWarnEvery is.
 const (
-	sendAttempts    = 5
+	sendWarnings    = 5
+	sendWarnEvery   = 20
 	sendBackoffBase = 500 * time.Millisecond
 	sendBackoffMax  = 30 * time.Second
 	runBackoffBase  = time.Second
@@ -229,15 +234,18 @@ func (a *Platform) onSent(c actor.Context, m *sendDone) {
 		return
 	}
 	a.d.Metrics.OutboundTotal.WithLabelValues(name, "error").Inc()
-	a.attempts[key]++
-	n := a.attempts[key]
-	if n >= sendAttempts {
-		a.log.Error("send failed; kept in outbox", "session", key, "seq", m.out.Seq, "err", m.err)
+	if errors.Is(m.err, platforms.ErrUndeliverable) {
+		a.log.Error("the platform refused the message for good; recorded as failed",
+			"session", key, "seq", m.out.Seq, "kind", m.out.Kind, "err", m.err)
 		a.finishHead(c, key, m.out, persistence.DeliveryFailed)
 		return
 	}
-	backoff := min(sendBackoffBase<<(n-1), sendBackoffMax)
-	a.log.Warn("send failed; retrying", "session", key, "seq", m.out.Seq, "attempt", n, "backoff", backoff, "err", m.err)
+	a.attempts[key]++
+	n := a.attempts[key]
+	backoff := min(sendBackoffBase<<min(n-1, 16), sendBackoffMax)
+	if n <= sendWarnings || n%sendWarnEvery == 0 {
+		a.log.Warn("send failed; retrying", "session", key, "seq", m.out.Seq, "attempt", n, "backoff", backoff, "err", m.err)
+	}
 	a.inflight[key] = true // hold the queue until the retry
 	a.timers.SendOnce(backoff, c.Self(), &retrySendHeld{key: key})
 }

@@ -36,7 +36,9 @@ const (
 	StatusQuarantined = "quarantined"
 )
 
-// Outbox delivery states.
+// Outbox delivery states. A pending entry is undelivered: it is sent again when its key's
+// session starts. Delivered and failed are final: a failed entry was refused by its platform
+// for good (platforms.ErrUndeliverable), and sending it again could not help.
 const (
 	DeliveryPending   = "pending"
 	DeliveryDelivered = "delivered"
@@ -133,7 +135,7 @@ type Route struct {
 
 // OutboxEntry is one reply or notice, recorded before it is sent. (SessionKey, Seq) is its
 // identity; Seq increases per session key across incarnations and is the SSE event id. An entry
-// is undelivered while its State is not DeliveryDelivered; once delivered it stays delivered.
+// is undelivered while its State is DeliveryPending; once delivered it stays delivered.
 type OutboxEntry struct {
 	SessionKey  string
 	Seq         int64

@@ -81,7 +81,9 @@ type Platform interface {
 	// Run connects and feeds inbound messages to deliver until ctx ends. It returns nil when
 	// ctx ended, or an error after which the platform supervisor restarts it with backoff.
 	Run(ctx context.Context, deliver Deliver) error
-	// Send delivers one outbound message. A nil error confirms delivery.
+	// Send delivers one outbound message. A nil error confirms delivery. An error wrapping
+	// ErrUndeliverable says the platform refused it for good; any other is retried until it
+	// succeeds.
 	Send(ctx context.Context, out *Outbound) error
 }
 
@@ -127,3 +129,8 @@ var (
 	// ErrRejected means the session's queue is full and its overflow policy is reject.
 	ErrRejected = errors.New("platforms: queue full")
 )
+
+// ErrUndeliverable is wrapped by a Send error when the platform refused the message for good:
+// the chat is gone, the bot may not post there, the user does not take messages from it.
+// Sending it again cannot help; the outbox records it as failed.
+var ErrUndeliverable = errors.New("platforms: undeliverable")

@@ -19,7 +19,7 @@ const pruneCandidatesSQL = `SELECT s.id, s.key FROM sessions s
 		AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id AND m.role = 'user'
 			AND m.active AND m.status NOT IN ('done', 'failed', 'quarantined'))
 		AND NOT EXISTS (SELECT 1 FROM outbox o
-			WHERE o.session_key = s.key AND o.state <> 'delivered' AND o.session_id = s.id)
+			WHERE o.session_key = s.key AND o.state = 'pending' AND o.session_id = s.id)
 	ORDER BY s.ended_at, s.id COLLATE "C" LIMIT $2
 	FOR UPDATE OF s`
 

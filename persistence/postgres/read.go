@@ -32,7 +32,7 @@ const (
 	historySQL = `SELECT * FROM (SELECT ` + messageCols + ` FROM messages
 		WHERE session_id = ` + routedSession + ` AND active ORDER BY seq DESC LIMIT $2) h ORDER BY seq`
 	lastSeqSQL       = `SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id = ` + routedSession
-	unconfirmedSQL   = `SELECT ` + outboxCols + ` FROM outbox WHERE session_key = $1 AND state <> 'delivered' ORDER BY seq`
+	unconfirmedSQL   = `SELECT ` + outboxCols + ` FROM outbox WHERE session_key = $1 AND state = 'pending' ORDER BY seq`
 	lastOutboxSeqSQL = `SELECT COALESCE(MAX(seq), 0) FROM outbox WHERE session_key = $1`
 	sessionSQL       = `SELECT ` + sessionCols + ` FROM sessions WHERE id = $1`
 )
@@ -408,7 +408,7 @@ func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
 			SELECT r.key FROM routing r WHERE EXISTS (SELECT 1 FROM messages m
 				WHERE m.session_id = r.session_id AND m.role = 'user' AND m.status = 'pending' AND m.active)
 			UNION
-			SELECT o.session_key FROM outbox o WHERE o.state <> 'delivered') u (k)
+			SELECT o.session_key FROM outbox o WHERE o.state = 'pending') u (k)
 		ORDER BY k COLLATE "C"`)
 	if err != nil {
 		return nil, fmt.Errorf("recoverable: %w", s.explain(ctx, err))

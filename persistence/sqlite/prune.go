@@ -20,8 +20,8 @@ import (
 //   - no routing row may point to it, whatever its key;
 //   - no active user message may be unanswered: any status but done, failed and quarantined
 //     (a garbage one included) counts as pending;
-//   - no outbox entry recorded for its session id (under its key) may be in any state but
-//     delivered.
+//   - no outbox entry recorded for its session id (under its key) may be pending (delivered
+//     and failed, refused by its platform for good, are final).
 const pruneCandidatesSQL = `SELECT s.id, s.key FROM sessions s
 	WHERE s.ended_at IS NOT NULL AND s.ended_at > 0 AND s.ended_at < ?1
 		AND typeof(s.ended_at) = 'integer'
@@ -29,7 +29,7 @@ const pruneCandidatesSQL = `SELECT s.id, s.key FROM sessions s
 		AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id AND m.role = 'user'
 			AND m.active <> 0 AND m.status NOT IN ('done', 'failed', 'quarantined'))
 		AND NOT EXISTS (SELECT 1 FROM outbox o INDEXED BY outbox_undelivered
-			WHERE o.session_key = s.key AND o.state <> 'delivered' AND o.session_id = s.id)
+			WHERE o.session_key = s.key AND o.state = 'pending' AND o.session_id = s.id)
 	ORDER BY s.ended_at, s.id LIMIT ?2`
 
 // PruneSessions deletes, in one BEGIN IMMEDIATE transaction, at most limit sessions

@@ -25,7 +25,7 @@ type querier interface {
 // only those: without INDEXED BY the planner walks the key's whole outbox (every reply it ever
 // had) through the primary key, at every activation.
 const unconfirmedSQL = `SELECT ` + outboxCols + ` FROM outbox INDEXED BY outbox_undelivered
-	WHERE session_key = ? AND state <> 'delivered' ORDER BY seq`
+	WHERE session_key = ? AND state = 'pending' ORDER BY seq`
 
 // LoadSession returns the durable state of a session key, read in one snapshot: its route, the
 // routed session, that session's pending user messages (active rows only, by seq), its last
@@ -411,7 +411,7 @@ func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
 		SELECT r.key FROM routing r WHERE EXISTS (SELECT 1 FROM messages m
 			WHERE m.session_id = r.session_id AND m.role = 'user' AND m.status = 'pending' AND m.active = 1)
 		UNION
-		SELECT o.session_key FROM outbox o WHERE o.state <> 'delivered'
+		SELECT o.session_key FROM outbox o WHERE o.state = 'pending'
 		ORDER BY 1`)
 	if err != nil {
 		return nil, fmt.Errorf("recoverable: %w", err)

@@ -330,6 +330,8 @@ func setUpPrune(t *testing.T, s persistence.Store) pruneFixture {
 		&persistence.AddUsage{SessionID: "pending", TurnID: "turn-1", InputTokens: 7, OutputTokens: 1})
 	create(ended("undelivered", "k", 6, 12),
 		&persistence.AddOutbox{Entry: outboxEntry("k", 2, "undelivered")})
+	// Pruned too: its platform refused its reply for good (failed is final). The key's last
+	// entry is its own, so it stays, without its content.
 	create(ended("failed-delivery", "k", 7, 13),
 		&persistence.AddOutbox{Entry: outboxEntry("k", 3, "failed-delivery")},
 		&persistence.MarkDelivery{SessionKey: "k", Seq: 3, State: persistence.DeliveryFailed, At: at(14)})
@@ -352,8 +354,8 @@ func setUpPrune(t *testing.T, s persistence.Store) pruneFixture {
 	create(lastCurrent, &persistence.PutRoute{Route: route("k-last", "last-current", 2)})
 	MustCommit(t, s, ops...)
 	return pruneFixture{
-		prunable: []string{"plain", "last-ended", "answered", "undone", "quarantined"},
-		kept: []string{"pending", "undelivered", "failed-delivery", "recent", "at-cutoff", "open",
+		prunable: []string{"plain", "last-ended", "answered", "undone", "quarantined", "failed-delivery"},
+		kept: []string{"pending", "undelivered", "recent", "at-cutoff", "open",
 			"routed-ended", "routed-elsewhere", "current", "last-current"},
 	}
 }
@@ -408,8 +410,9 @@ func testPruneSessions(t *testing.T, s persistence.Store) {
 		}
 	})
 	t.Run("pruned sessions' replies are gone, kept sessions' stay", func(t *testing.T) {
-		// "answered" had k's entry 1; k's last entry (3) is a kept session's.
-		diff(t, "OutboxAfter(k)", check(s.OutboxAfter(ctx, "k", 0, 0)).must(t, "OutboxAfter"), outboxBefore[1:])
+		// "answered" had k's entry 1; k's last entry (3), failed-delivery's, is kept without its
+		// content, and OutboxAfter shows no pruned entry.
+		diff(t, "OutboxAfter(k)", check(s.OutboxAfter(ctx, "k", 0, 0)).must(t, "OutboxAfter"), outboxBefore[1:2])
 		if got := check(s.RepliesTo(ctx, "k", "ans-1")).must(t, "RepliesTo"); len(got) != 0 {
 			t.Errorf("RepliesTo(k, ans-1) after pruning = %+v, want none", got)
 		}
@@ -436,7 +439,7 @@ func testPruneSessions(t *testing.T, s persistence.Store) {
 	})
 	t.Run("sessions of the key", func(t *testing.T) {
 		got := sessionIDs(check(s.SessionsOfKey(ctx, "k", 0)).must(t, "SessionsOfKey"))
-		diff(t, "SessionsOfKey(k) ids", got, []string{"at-cutoff", "recent", "failed-delivery", "undelivered", "pending", "current", "open"})
+		diff(t, "SessionsOfKey(k) ids", got, []string{"at-cutoff", "recent", "undelivered", "pending", "current", "open"})
 	})
 	t.Run("again prunes nothing", func(t *testing.T) {
 		if n := check(s.PruneSessions(ctx, at(100), 0)).must(t, "PruneSessions"); n != 0 {
@@ -451,16 +454,17 @@ func testPruneSessions(t *testing.T, s persistence.Store) {
 			t.Errorf("PruneSessions(at(100), 0) = %d, want 2 (pending, undelivered)", n)
 		}
 		got := sessionIDs(check(s.SessionsOfKey(ctx, "k", 0)).must(t, "SessionsOfKey"))
-		diff(t, "SessionsOfKey(k) ids", got, []string{"at-cutoff", "recent", "failed-delivery", "current", "open"})
-		diff(t, "OutboxAfter(k) once undelivered's entry 2 went with it",
-			check(s.OutboxAfter(ctx, "k", 0, 0)).must(t, "OutboxAfter"), outboxBefore[2:])
+		diff(t, "SessionsOfKey(k) ids", got, []string{"at-cutoff", "recent", "current", "open"})
+		if got := check(s.OutboxAfter(ctx, "k", 0, 0)).must(t, "OutboxAfter"); len(got) != 0 {
+			t.Errorf("OutboxAfter(k) once undelivered's entry 2 went with it = %+v, want none", got)
+		}
 	})
 	t.Run("a routed session is never pruned", func(t *testing.T) {
 		MustCommit(t, s, &persistence.EndSession{SessionID: "current", Reason: persistence.EndShutdown, At: at(2)})
 		if n := check(s.PruneSessions(ctx, at(1000), 0)).must(t, "PruneSessions"); n != 2 {
 			t.Errorf("PruneSessions(at(1000), 0) = %d, want 2 (recent, at-cutoff)", n)
 		}
-		for _, id := range []string{"current", "routed-ended", "routed-elsewhere", "open", "failed-delivery"} {
+		for _, id := range []string{"current", "routed-ended", "routed-elsewhere", "open"} {
 			if _, err := s.Session(ctx, id); err != nil {
 				t.Errorf("Session(%s) after PruneSessions(at(1000)): %v, want it kept", id, err)
 			}

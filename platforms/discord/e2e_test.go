@@ -325,6 +325,65 @@ func TestAutoThreadThatCouldNotOpen(t *testing.T) {
 	}
 }
 
+// TestAutoThreadRefusedForGoodAnswersInTheChannel: where the bot may not open threads (403
+// every time), the reply goes to the channel, under the message, instead of waiting for a
+// thread that can never open, and it is recorded as delivered.
+func TestAutoThreadRefusedForGoodAnswersInTheChannel(t *testing.T) {
+	w := startWorld(t, echoAgent, func(c *config.Config) { c.Platforms.Discord.AutoThread = true })
+	w.srv.FailNext("POST", "/threads", 403, 1000)
+	m := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "question", MentionBot: true})
+	reply := w.replyTo(t, channelID, m.ID)
+	if reply.Content != "echo: [Alice] question" {
+		t.Errorf("answer in the channel = %q", reply.Content)
+	}
+	if n := len(w.srv.Threads()); n != 0 {
+		t.Errorf("%d threads opened, want none", n)
+	}
+	key := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatThread, ChatID: channelID, ThreadID: m.ID}, identity.DefaultKeyOptions)
+	eventually(t, "the reply confirmed in the outbox", func() bool {
+		out, err := w.d.Store().OutboxAfter(t.Context(), key, 0, 10)
+		return err == nil && len(out) == 1 && out[0].State == persistence.DeliveryDelivered
+	})
+	if got := contents(w.srv.Sent(channelID)); len(got) != 1 {
+		t.Errorf("the channel got %q, want only the answer (no promise of a thread)", got)
+	}
+}
+
+// TestAutoThreadSkipsVoiceChannelChat: a voice channel's chat has no threads; a mention there
+// is answered inline.
+func TestAutoThreadSkipsVoiceChannelChat(t *testing.T) {
+	w := startWorld(t, echoAgent, func(c *config.Config) { c.Platforms.Discord.AutoThread = true })
+	const voiceID = "220000000000000001"
+	w.srv.AddChannel(discordtest.Channel{ID: voiceID, GuildID: guildID, Type: discordgo.ChannelTypeGuildVoice, Name: "lounge"})
+	m := w.srv.Post(discordtest.UserMessage{ChannelID: voiceID, Author: alice, Content: "question", MentionBot: true})
+	if reply := w.replyTo(t, voiceID, m.ID); reply.Content != "echo: question" {
+		t.Errorf("answer in the voice channel's chat = %q", reply.Content)
+	}
+	if n := len(w.srv.Threads()); n != 0 {
+		t.Errorf("%d threads opened, want none", n)
+	}
+}
+
+// TestUndeliverableReplyIsFinal: a reply Discord refuses for good (the user takes no DMs from
+// the bot: 403) is recorded as failed after one attempt, and the chat's next reply still goes
+// out.
+func TestUndeliverableReplyIsFinal(t *testing.T) {
+	w := startWorld(t, echoAgent, nil)
+	post := "/channels/" + dmID + "/messages"
+	w.srv.FailNext("POST", post, 403, 1)
+	w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "first"})
+	key := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatDM, ChatID: dmID}, identity.DefaultKeyOptions)
+	eventually(t, "the refused reply recorded as failed", func() bool {
+		out, err := w.d.Store().OutboxAfter(t.Context(), key, 0, 10)
+		return err == nil && len(out) == 1 && out[0].State == persistence.DeliveryFailed && out[0].Attempts == 1
+	})
+	second := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "second"})
+	w.replyTo(t, dmID, second.ID)
+	if got := contents(w.srv.Sent(dmID)); len(got) != 1 || got[0] != "echo: second" {
+		t.Errorf("the DM got %q, want only the second reply", got)
+	}
+}
+
 // TestLongReplyIsSplit: a 5,000-character reply with a code block arrives as messages of at
 // most 2,000 characters, each rendering on its own, the first answering the message.
 func TestLongReplyIsSplit(t *testing.T) {

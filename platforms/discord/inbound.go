@@ -65,7 +65,8 @@ func (p *Platform) handle(m *discordgo.Message) {
 	}
 	// Auto-thread answers a mention in a channel that needs one; a free-response channel is a
 	// conversation of its own and keeps its replies inline.
-	if ch.kind == kindText && mentioned && p.cfg.AutoThread && p.gate.mentionRequired(m.GuildID, m.ChannelID, m.ChannelID) {
+	// A voice or stage channel's chat has no threads.
+	if ch.kind == kindText && ch.threads && mentioned && p.cfg.AutoThread && p.gate.mentionRequired(m.GuildID, m.ChannelID, m.ChannelID) {
 		// The thread's id is the message's: key the session by it, so this message and the
 		// thread's follow-ups share one session. If opening it fails now, Send opens it.
 		in.Source.ChatType, in.Source.ThreadID, in.Source.ProspectiveThreadID = identity.ChatThread, m.ID, m.ID
@@ -119,7 +120,12 @@ func (p *Platform) tellUser(ctx context.Context, channelID, ref, text string) {
 func (p *Platform) openThread(ctx context.Context, channelID, messageID, text string) {
 	ctx, cancel := context.WithTimeout(ctx, restTimeout)
 	defer cancel()
-	if err := p.startThread(ctx, channelID, messageID, threadName(text)); err != nil {
+	switch err := p.startThread(ctx, channelID, messageID, threadName(text)); {
+	case err == nil:
+	case refusedForGood(err):
+		// No permission to open threads here: the reply goes to the channel (Send).
+		p.log.Warn("discord refuses a thread for this message; the reply goes to the channel", "channel", channelID, "message", messageID, "err", err)
+	default:
 		p.log.Warn("open discord thread; will retry on reply", "channel", channelID, "message", messageID, "err", err)
 		p.tellUser(ctx, channelID, messageID, "I could not open a thread for this message yet; I'll answer in its thread as soon as Discord lets me.")
 	}
@@ -231,10 +237,11 @@ const (
 
 // chanInfo is what the adapter needs to know about a channel.
 type chanInfo struct {
-	kind   int
-	parent string // a thread's parent channel
-	guild  string
-	owner  string // a thread's creator
+	kind    int
+	parent  string // a thread's parent channel
+	guild   string
+	owner   string // a thread's creator
+	threads bool   // a text or announcement channel, where a message can start a thread
 }
 
 // channelOf tells what kind of channel m was posted in.
@@ -255,6 +262,8 @@ func (p *Platform) channelOf(ctx context.Context, m *discordgo.Message) (chanInf
 func infoOf(c *discordgo.Channel) chanInfo {
 	info := chanInfo{kind: kindText, guild: c.GuildID}
 	switch c.Type {
+	case discordgo.ChannelTypeGuildText, discordgo.ChannelTypeGuildNews:
+		info.threads = true
 	case discordgo.ChannelTypeDM:
 		info.kind = kindDM
 	case discordgo.ChannelTypeGroupDM:

@@ -41,9 +41,9 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 		switch err := p.editContent(ctx, channel, out.DraftID, parts[0]); {
 		case err == nil:
 			done = 1
-		case apiCode(err) == discordgo.ErrCodeUnknownMessage:
-			// The draft is gone (deleted by someone): post the reply whole instead.
-			p.log.Info("discord draft gone; posting the reply anew", "channel", channel, "draft", out.DraftID)
+		case apiCode(err) == discordgo.ErrCodeUnknownMessage || refusedForGood(err):
+			// The draft is gone (deleted by someone) or cannot be edited: post the reply whole.
+			p.log.Info("discord draft gone; posting the reply anew", "channel", channel, "draft", out.DraftID, "err", err)
 		default:
 			return fmt.Errorf("discord: finish draft: %w", err)
 		}
@@ -54,13 +54,30 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 			msg.Reference = &discordgo.MessageReference{MessageID: ref, ChannelID: channel, FailIfNotExists: new(false)}
 		}
 		_, err := p.post(ctx, channel, msg)
-		if apiCode(err) == discordgo.ErrCodeUnknownChannel && p.unopenedThread(out.Target) {
-			if err = p.startThread(ctx, out.Target.ChatID, out.Target.ThreadID, "conversation"); err == nil {
+		if apiCode(err) == discordgo.ErrCodeUnknownChannel && p.unopenedThread(out.Target) && channel == out.Target.ThreadID {
+			switch err = p.startThread(ctx, out.Target.ChatID, out.Target.ThreadID, "conversation"); {
+			case err == nil:
+				_, err = p.post(ctx, channel, msg)
+			case refusedForGood(err):
+				// The thread can never be opened (no permission to): answer in the channel,
+				// under the message the thread was for.
+				p.log.Warn("discord refuses the reply's thread; answering in the channel", "channel", out.Target.ChatID, "err", err)
+				channel = out.Target.ChatID
+				msg.Reference = nil
+				if i == 0 {
+					msg.Reference = &discordgo.MessageReference{MessageID: out.Target.ThreadID, ChannelID: channel, FailIfNotExists: new(false)}
+				}
 				_, err = p.post(ctx, channel, msg)
 			}
 		}
 		if err != nil {
 			p.remember(id, i)
+			if refusedForGood(err) {
+				if out.TurnEnd {
+					p.typing.turnEnded(replyChannel(out.Target))
+				}
+				return fmt.Errorf("discord: send part %d of %d to channel %s: %w: %w", i+1, len(parts), channel, platforms.ErrUndeliverable, err)
+			}
 			return fmt.Errorf("discord: send part %d of %d to channel %s: %w", i+1, len(parts), channel, err)
 		}
 	}
@@ -186,6 +203,23 @@ func nonce(id string, part int) string {
 }
 
 // apiCode is Discord's JSON error code of err, or 0.
+// refusedForGood reports whether Discord refused a request for good: a client error (4xx)
+// other than a bad token (401: the operator's to fix, and every send waits for it), a timeout
+// (408) or rate limiting (429, which discordgo waits out): a missing permission, an unknown
+// channel, a user who takes no messages from the bot, an invalid body.
+func refusedForGood(err error) bool {
+	var re *discordgo.RESTError
+	if !errors.As(err, &re) || re.Response == nil {
+		return false
+	}
+	switch s := re.Response.StatusCode; s {
+	case http.StatusUnauthorized, http.StatusRequestTimeout, http.StatusTooManyRequests:
+		return false
+	default:
+		return s >= 400 && s < 500
+	}
+}
+
 func apiCode(err error) int {
 	var re *discordgo.RESTError
 	if errors.As(err, &re) && re.Message != nil {

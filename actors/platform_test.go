@@ -1,0 +1,120 @@
+package actors
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/agentgate/agentgate/platforms/platformtest"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// sendWorld is a platform actor over a fake platform whose mark writes the test answers at once
+// and collects.
+type sendWorld struct {
+	system *actor.ActorSystem
+	fake   *platformtest.Fake
+	pid    *actor.PID
+	marks  chan *persistence.MarkDelivery
+}
+
+func newSendWorld(t *testing.T) *sendWorld {
+	quiet := slog.New(slog.DiscardHandler)
+	w := &sendWorld{
+		system: actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet })),
+		fake:   platformtest.NewFake("fake"),
+		marks:  make(chan *persistence.MarkDelivery, 64),
+	}
+	persist := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if wr, ok := c.Message().(*persistence.Write); ok {
+			for _, op := range wr.Ops {
+				w.marks <- op.(*persistence.MarkDelivery)
+			}
+			c.Respond(&persistence.WriteResult{ID: wr.ID})
+		}
+	}))
+	d := &Deps{Ctx: t.Context(), Persist: persist, Log: quiet, Metrics: metrics.New("fake")}
+	w.pid = w.system.Root.Spawn(NewPlatform(d, w.fake, &PlatformHealth{}))
+	return w
+}
+
+func (w *sendWorld) send(seq int64) {
+	w.system.Root.Send(w.pid, &SendOutbound{Out: &platforms.Outbound{SessionKey: "fake:dm:c1", Seq: seq, Text: fmt.Sprint("reply ", seq), TurnEnd: true}})
+}
+
+// takeMarks returns the marks written so far, by seq.
+func (w *sendWorld) takeMarks() map[int64]string {
+	got := map[int64]string{}
+	for {
+		select {
+		case m := <-w.marks:
+			got[m.Seq] = m.State
+		default:
+			return got
+		}
+	}
+}
+
+// TestSendRetriesUntilDelivered: a send that fails for a reason that may pass is retried, past
+// any number of attempts, until it succeeds, and the key's later replies wait behind it, so
+// they are delivered in order. (It used to be given up after five attempts, ~8 s, and the next
+// reply overtook it.)
+func TestSendRetriesUntilDelivered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newSendWorld(t)
+		defer w.system.Shutdown()
+		w.fake.SetSendError(errors.New("503 service unavailable"))
+		w.send(1)
+		w.send(2)
+		time.Sleep(10 * time.Minute) // an outage of ten minutes: ~25 attempts
+		synctest.Wait()
+		if n := len(w.fake.Sent()); n != 0 {
+			t.Fatalf("%d replies sent during the outage", n)
+		}
+		if m := w.takeMarks(); len(m) != 0 {
+			t.Fatalf("marks written during the outage: %v, want none (the replies are still pending)", m)
+		}
+		w.fake.SetSendError(nil)
+		time.Sleep(sendBackoffMax)
+		synctest.Wait()
+		var order []int64
+		for _, o := range w.fake.Sent() {
+			order = append(order, o.Seq)
+		}
+		if fmt.Sprint(order) != "[1 2]" {
+			t.Errorf("replies sent in the order %v, want [1 2]", order)
+		}
+		if m := w.takeMarks(); m[1] != persistence.DeliveryDelivered || m[2] != persistence.DeliveryDelivered {
+			t.Errorf("marks %v, want both delivered", m)
+		}
+		w.system.Root.Stop(w.pid)
+	})
+}
+
+// TestUndeliverableSendFailsAtOnce: a send the platform refuses for good is recorded as failed
+// at its first attempt, and the key's next reply goes out.
+func TestUndeliverableSendFailsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newSendWorld(t)
+		defer w.system.Shutdown()
+		w.fake.SetSendError(fmt.Errorf("403 missing access: %w", platforms.ErrUndeliverable))
+		w.send(1)
+		synctest.Wait()
+		w.fake.SetSendError(nil)
+		w.send(2)
+		synctest.Wait()
+		if m := w.takeMarks(); m[1] != persistence.DeliveryFailed || m[2] != persistence.DeliveryDelivered {
+			t.Errorf("marks %v, want 1 failed and 2 delivered", m)
+		}
+		if sent := w.fake.Sent(); len(sent) != 1 || sent[0].Seq != 2 {
+			t.Errorf("sent %d replies, want only the second", len(sent))
+		}
+		w.system.Root.Stop(w.pid)
+	})
+}
