@@ -200,11 +200,14 @@ func (s *Session) boundary(c actor.Context, src identity.Source, reason string, 
 }
 
 // stopWork cancels the running turn and drops the queued messages. It returns the ops that
-// mark them failed, how many were in the running turn, and the dropped messages (the turn's
-// first, then the queued ones in order), whose senders the caller must tell: nothing is dropped
+// mark them failed, how many were in cancelled turns (the running one, and any cut short by an
+// interrupt and not yet answered), and the dropped messages (those first, then the queued ones
+// in order), whose senders the caller must tell: nothing is dropped
 // silently. A message whose write is still in flight stays queued, marked dropped: it is set
 // aside with a notice of its own when its write lands (accepted).
 func (s *Session) stopWork(c actor.Context) (ops []persistence.Op, cancelled int, dropped []*item) {
+	dropped, s.interrupted = s.interrupted, nil // cut short by an interrupt, not answered yet
+	cancelled = len(dropped)
 	if r := s.running; r != nil {
 		s.running = nil
 		s.cancelTurn(c, r)
@@ -212,8 +215,8 @@ func (s *Session) stopWork(c actor.Context) (ops []persistence.Op, cancelled int
 		for _, it := range append(slices.Clone(r.items), r.steered...) {
 			ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: persistence.StatusFailed, TurnID: r.id})
 			dropped = append(dropped, it)
+			cancelled++
 		}
-		cancelled = len(dropped)
 	}
 	var keep []*item
 	for _, it := range s.queue {

@@ -37,9 +37,12 @@ type Session struct {
 	routeGen   int64
 	queue      []*item
 	running    *turnRun
-	history    []histEntry // the recent active transcript, for the agent and for /undo and /retry
-	seen       idSet       // inbound message ids accepted in this activation
-	mode       string
+	// interrupted are the messages of turns cut short by a newer message (queue mode
+	// interrupt): the next answer answers them too.
+	interrupted []*item
+	history     []histEntry // the recent active transcript, for the agent and for /undo and /retry
+	seen        idSet       // inbound message ids accepted in this activation
+	mode        string
 
 	epoch      int64                // the key's claim (Deps.Fencing); 0 when not claimed
 	fencedOut  bool                 // a newer activation claimed the key: this one hands over and stops

@@ -165,6 +165,9 @@ func (s *Session) interrupt(c actor.Context) {
 	for i, it := range r.items {
 		seqs[i] = it.seq
 	}
+	// The next turn's answer answers these too: their senders (a client waiting on one) hear
+	// that the conversation moved on, and no notice interrupts it.
+	s.interrupted = append(s.interrupted, r.items...)
 	if s.debugOn() {
 		s.logger().Debug("turn interrupted", "turn", r.id)
 	}
@@ -269,9 +272,14 @@ func (s *Session) onTurnFinished(c actor.Context, m *TurnFinished) {
 func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string, usage agents.Usage) {
 	now := s.d.now()
 	seqs := make([]int64, len(r.items))
-	ids := make([]string, len(r.items))
+	var ids []string
+	for _, it := range s.interrupted {
+		ids = append(ids, it.messageID)
+	}
+	s.interrupted = nil
 	for i, it := range r.items {
-		seqs[i], ids[i] = it.seq, it.messageID
+		seqs[i] = it.seq
+		ids = append(ids, it.messageID)
 	}
 	sid := r.items[0].sessionID
 	ops := []persistence.Op{

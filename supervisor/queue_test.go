@@ -34,8 +34,8 @@ func TestQueueModes(t *testing.T) {
 			[][]string{{"m1"}, {"m2"}, {"m3"}}, [][]string{{"m1"}, {"m2"}, {"m3"}}},
 		{"collect", []string{platforms.Started, platforms.Queued, platforms.Collected},
 			[][]string{{"m1"}, {"m2", "m3"}}, [][]string{{"m1"}, {"m2", "m3"}}},
-		{"interrupt", []string{platforms.Started, platforms.Interrupted, platforms.Interrupted},
-			[][]string{{"m1"}, {"m2"}, {"m3"}}, [][]string{{"m3"}}},
+		{"interrupt", []string{platforms.Started, platforms.Interrupted, platforms.Interrupted}, // the answer answers the interrupted too
+			[][]string{{"m1"}, {"m2"}, {"m3"}}, [][]string{{"m1", "m2", "m3"}}},
 		{"steer", []string{platforms.Started, platforms.Queued, platforms.Queued}, // no agent can steer yet
 			[][]string{{"m1"}, {"m2"}, {"m3"}}, [][]string{{"m1"}, {"m2"}, {"m3"}}},
 	}
