@@ -12,6 +12,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -102,7 +103,10 @@ func (p *Platform) handleMessages(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Platform) parseWait(r *http.Request) (time.Duration, *apiError) {
-	q := r.URL.Query()
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return 0, badRequest(CodeInvalidWait, "the query string is malformed: "+err.Error())
+	}
 	if !q.Has("wait") {
 		return 0, nil
 	}
@@ -162,6 +166,7 @@ func decodeMessage(w http.ResponseWriter, r *http.Request) (*platforms.Inbound, 
 		}
 		return nil, badRequest(CodeInvalidJSON, "the body could not be read")
 	}
+	_ = http.NewResponseController(w).SetReadDeadline(time.Time{}) // read whole: see limitBody
 	if !utf8.Valid(body) {
 		return nil, badRequest(CodeInvalidUTF8, "the body is not valid UTF-8")
 	}

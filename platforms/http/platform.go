@@ -27,10 +27,13 @@ const (
 	DefaultAddr      = "127.0.0.1:8080"
 	DefaultMaxWait   = 5 * time.Minute
 	DefaultKeepAlive = 15 * time.Second
+	// DefaultBodyTimeout bounds how long a client may take to send a request's body.
+	DefaultBodyTimeout = 30 * time.Second
 	// MaxTextBytes is the longest accepted message text (DESIGN §5: 64 KiB).
 	MaxTextBytes = 64 << 10
-	// MaxBodyBytes bounds a POST body: the text plus room for JSON escaping and the other fields.
-	MaxBodyBytes = 256 << 10
+	// MaxBodyBytes bounds a POST body: the text plus room for JSON escaping (a client may write
+	// every character as a six-byte \u escape) and the other fields.
+	MaxBodyBytes = 6*MaxTextBytes + 64<<10
 	// MaxIDBytes bounds every id field of a message (chat, thread, user, message, profile).
 	MaxIDBytes = 256
 	// MaxNameBytes bounds a user name; names are neutralised later, not rejected for content.
@@ -67,6 +70,8 @@ type Config struct {
 	MaxWait time.Duration
 	// KeepAlive is the interval of SSE keepalive comments; 0 means DefaultKeepAlive.
 	KeepAlive time.Duration
+	// BodyTimeout is how long a request may take to send its body; 0 means DefaultBodyTimeout.
+	BodyTimeout time.Duration
 }
 
 // Platform is the HTTP platform. Create it with New, bind it with Listen, serve it with Run.
@@ -111,6 +116,9 @@ func New(c Config) (*Platform, error) {
 	if c.KeepAlive <= 0 {
 		c.KeepAlive = DefaultKeepAlive
 	}
+	if c.BodyTimeout <= 0 {
+		c.BodyTimeout = DefaultBodyTimeout
+	}
 	log := c.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -125,7 +133,7 @@ func New(c Config) (*Platform, error) {
 		waiters:   make(map[string]map[*waiter]struct{}),
 	}
 	p.routes()
-	p.handler = p.recoverPanics(p.authenticate(http.HandlerFunc(p.route)))
+	p.handler = p.recoverPanics(p.limitBody(p.authenticate(http.HandlerFunc(p.route))))
 	return p, nil
 }
 
@@ -344,6 +352,27 @@ func (c *captureWriter) WriteHeader(code int) {
 	if c.code == 0 {
 		c.code = code
 	}
+}
+
+// limitBody refuses a body announced larger than MaxBodyBytes before reading any of it (so a
+// client that waits for "100 Continue" is told 413 at once), and gives a request with a body
+// Config.BodyTimeout to send it: a client that stalls mid-body must not hold a connection and its
+// goroutine forever (the server reads what is left of a body a handler did not read, a 401's
+// included). A handler that reads the whole body lifts the deadline (readBody): a reply it
+// waits for (?wait) or a stream it writes is not bounded by it.
+func (p *Platform) limitBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > MaxBodyBytes {
+			w.Header().Set("Connection", "close")
+			writeError(w, http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
+				fmt.Sprintf("the body is %d bytes; the limit is %d", r.ContentLength, MaxBodyBytes))
+			return
+		}
+		if r.ContentLength != 0 { // -1: chunked, length unknown
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(p.cfg.BodyTimeout))
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // authenticate requires the bearer token on every route except the health probes.
