@@ -172,7 +172,10 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	d.metrics = metrics.New(names...)
 	token := ""
 	if cfg.HTTP.TokenEnv != "" {
-		token = os.Getenv(cfg.HTTP.TokenEnv)
+		// Named but empty is a mistake, never a wish to serve without a token.
+		if token = os.Getenv(cfg.HTTP.TokenEnv); strings.TrimSpace(token) == "" {
+			return nil, fmt.Errorf("start: http.token_env names %s, which is not set or empty: set it, or remove http.token_env to serve without a token (on a loopback address only)", cfg.HTTP.TokenEnv)
+		}
 	}
 	d.http, err = httpplatform.New(httpplatform.Config{
 		Addr: cfg.HTTP.Addr, Token: token, Metrics: d.metrics.Handler(), Ready: d.ready,
@@ -553,4 +556,26 @@ func newRunID() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return "r_" + hex.EncodeToString(b[:])
+}
+
+// Preflight returns what serve would refuse in the environment getenv reads, which the
+// configuration alone cannot tell: a secret variable that is not set, or a public listener
+// without a token. check-config prints each as a warning (secrets are not configuration: a file
+// may be checked where they are not).
+func Preflight(cfg *config.Config, getenv func(string) string) []string {
+	var out []string
+	unset := func(name string) bool { return strings.TrimSpace(getenv(name)) == "" }
+	switch loopback, err := httpplatform.IsLoopback(cfg.HTTP.Addr); {
+	case cfg.HTTP.TokenEnv != "" && unset(cfg.HTTP.TokenEnv):
+		out = append(out, fmt.Sprintf("http.token_env: %s is not set here; serve refuses to start without the bearer token", cfg.HTTP.TokenEnv))
+	case cfg.HTTP.TokenEnv == "" && err == nil && !loopback:
+		out = append(out, fmt.Sprintf("http.addr: %s is not a loopback address; serve refuses to listen there without a bearer token (set http.token_env)", cfg.HTTP.Addr))
+	}
+	if dc := cfg.Platforms.Discord; dc.Enabled && unset(dc.TokenEnv) {
+		out = append(out, fmt.Sprintf("platforms.discord.token_env: %s is not set here; serve refuses to start without the bot token", dc.TokenEnv))
+	}
+	if o := cfg.Agent.OpenAI; cfg.Agent.Backend == "openai" && o.APIKeyEnv != "" && unset(o.APIKeyEnv) {
+		out = append(out, fmt.Sprintf("agent.openai.api_key_env: %s is not set here; serve refuses to start without the API key", o.APIKeyEnv))
+	}
+	return out
 }

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
-	"strings"
 	"syscall"
 	"time"
 
@@ -193,10 +192,8 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 		}
 		return fmt.Errorf("config has %d problem(s)", n)
 	}
-	// Secrets are not part of the configuration, so a missing one is not a config problem (the
-	// file may be checked where the secrets are not), but serve will refuse to start without it.
-	if o := cfg.Agent.OpenAI; cfg.Agent.Backend == "openai" && o.APIKeyEnv != "" && strings.TrimSpace(os.Getenv(o.APIKeyEnv)) == "" {
-		fmt.Fprintf(stderr, "warning: agent.openai.api_key_env: %s is not set here; serve refuses to start without the API key\n", o.APIKeyEnv)
+	for _, w := range supervisor.Preflight(cfg, os.Getenv) {
+		fmt.Fprintln(stderr, "warning: "+w)
 	}
 	fmt.Fprintln(stdout, "config ok")
 	return nil

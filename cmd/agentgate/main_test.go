@@ -39,6 +39,20 @@ func TestRunCommands(t *testing.T) {
 	if err := os.WriteFile(noKey, []byte("data_dir: "+dir+"\nagent:\n  backend: openai\n  openai:\n    base_url: http://127.0.0.1:1/v1\n    model: m\n    api_key_env: AGENTGATE_TEST_UNSET_OPENAI_KEY\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// Configurations serve refuses for their environment: check-config warns of each.
+	public := filepath.Join(dir, "public.yaml")
+	emptyToken := filepath.Join(dir, "empty-token.yaml")
+	noBotToken := filepath.Join(dir, "discord.yaml")
+	for path, text := range map[string]string{
+		public:     "data_dir: " + dir + "\nhttp:\n  addr: 0.0.0.0:18050\n",
+		emptyToken: "data_dir: " + dir + "\nhttp:\n  addr: 127.0.0.1:0\n  token_env: AGENTGATE_TEST_EMPTY_TOKEN\n",
+		noBotToken: "data_dir: " + dir + "\nplatforms:\n  discord:\n    enabled: true\n    token_env: AGENTGATE_TEST_UNSET_BOT_TOKEN\n",
+	} {
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("AGENTGATE_TEST_EMPTY_TOKEN", "")
 	tests := []struct {
 		name       string
 		args       []string
@@ -59,6 +73,13 @@ func TestRunCommands(t *testing.T) {
 		{name: "serve refuses an openai agent without its key", args: []string{"serve", "--config", noKey, "--http-addr", "127.0.0.1:0"},
 			wantErr: "environment variable AGENTGATE_TEST_UNSET_OPENAI_KEY (agent.openai.api_key_env) holds no API key"},
 		{name: "public address needs a token", args: []string{"serve", "--data-dir", dir, "--http-addr", "0.0.0.0:0"}, wantErr: "without a bearer token"},
+		{name: "check-config warns of a public address without a token", args: []string{"check-config", "--config", public}, wantOut: "config ok",
+			wantStderr: []string{"warning: http.addr: 0.0.0.0:18050 is not a loopback address"}},
+		{name: "check-config warns of an empty token variable", args: []string{"check-config", "--config", emptyToken}, wantOut: "config ok",
+			wantStderr: []string{"warning: http.token_env: AGENTGATE_TEST_EMPTY_TOKEN is not set here"}},
+		{name: "serve refuses an empty token variable", args: []string{"serve", "--config", emptyToken}, wantErr: "http.token_env names AGENTGATE_TEST_EMPTY_TOKEN, which is not set or empty"},
+		{name: "check-config warns of a missing bot token", args: []string{"check-config", "--config", noBotToken}, wantOut: "config ok",
+			wantStderr: []string{"warning: platforms.discord.token_env: AGENTGATE_TEST_UNSET_BOT_TOKEN is not set here"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

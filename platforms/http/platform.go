@@ -139,7 +139,11 @@ func New(c Config) (*Platform, error) {
 
 // isLoopback reports whether addr's host is "localhost" or a loopback IP. An empty host or an
 // unspecified IP (0.0.0.0, ::) listens on every interface and is not loopback.
-func isLoopback(addr string) (bool, error) {
+func isLoopback(addr string) (bool, error) { return IsLoopback(addr) }
+
+// IsLoopback reports whether addr's host is "localhost" or a loopback IP: only there may the
+// platform listen without a bearer token.
+func IsLoopback(addr string) (bool, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return false, fmt.Errorf("parse address %q: %w", addr, err)
