@@ -229,6 +229,15 @@ func TestLoadFileErrors(t *testing.T) {
 			},
 		},
 		{
+			name:       "a fraction where an integer goes", // yaml.v3 alone would read 1.5 as 1
+			yaml:       "sessions:\n  queue:\n    cap: 1.5\n  reset_by_type:\n    dm: {at_hour: 4.5}\n",
+			wantFields: []string{"sessions.queue.cap", "sessions.reset_by_type.dm.at_hour"},
+			wantText: []string{
+				`agentgate.yaml:3: sessions.queue.cap: "1.5": must be an integer`,
+				`agentgate.yaml:5: sessions.reset_by_type.dm.at_hour: "4.5": must be an integer`,
+			},
+		},
+		{
 			name:       "list expected",
 			yaml:       "agent:\n  exec:\n    command: echo hi\n",
 			wantFields: []string{"agent.exec.command"},
@@ -487,6 +496,8 @@ func TestLoadEnvErrors(t *testing.T) {
 		{"duration", []string{"AGENTGATE_SESSIONS_PASSIVATE_AFTER=10"}, []string{`AGENTGATE_SESSIONS_PASSIVATE_AFTER: "10": must be a duration`}},
 		{"bool", []string{"AGENTGATE_PLATFORMS_DISCORD_ENABLED=sure"}, []string{`AGENTGATE_PLATFORMS_DISCORD_ENABLED: "sure": must be true or false`}},
 		{"int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=5x"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "5x": must be an integer`}},
+		{"fraction for an int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=2.7"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "2.7": must be an integer`}},
+		{"fraction in a map", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE={dm: {at_hour: 4.5}}"}, []string{`AGENTGATE_SESSIONS_RESET_BY_TYPE: "{dm: {at_hour: 4.5}}": dm.at_hour: "4.5": must be an integer`}},
 		{"empty int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP="}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "": must be an integer`}},
 		{"null int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=~"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "~": must be an integer`}},
 		{"unclosed list", []string{"AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c"}, []string{`AGENTGATE_AGENT_EXEC_COMMAND: "[sh, -c": must be a list`}},

@@ -150,7 +150,31 @@ func decodeFile(cfg *Config, name string, data []byte) []error {
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return []error{fmt.Errorf("parse %s: want one YAML document, found more", name)}
 	}
-	return nil
+	// yaml.v3 truncates a float into an integer field (cap: 1.5 reads as 1); the walk that
+	// names type errors refuses it.
+	var root yaml.Node
+	_ = yaml.Unmarshal(data, &root) // the document parsed once already
+	var diags []diag
+	diagnose(&root, reflect.TypeFor[Config](), "", &diags)
+	var errs []error
+	for _, d := range diags {
+		errs = append(errs, fmt.Errorf("%s:%d: %w", name, d.line, d.err))
+	}
+	return errs
+}
+
+// isInteger reports whether t is an integer kind (a time.Duration included), or a pointer to
+// one (an optional setting).
+func isInteger(t reflect.Type) bool {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return true
+	}
+	return false
 }
 
 // describeTypeErrors turns yaml.v3's messages ("line 3: field foo not found in type
@@ -249,6 +273,10 @@ func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag) {
 			}
 			diagnose(v, f.Type, p, out)
 		}
+		return
+	}
+	if isInteger(t) && n.Kind == yaml.ScalarNode && n.ShortTag() == "!!float" {
+		*out = append(*out, diag{n.Line, &FieldError{Field: path, Value: n.Value, Err: typeMismatch(t)}})
 		return
 	}
 	err := n.Decode(reflect.New(t).Interface())
@@ -450,6 +478,14 @@ func parseEnvValue(raw string, t reflect.Type) (reflect.Value, error) {
 			return reflect.Value{}, errors.New(strings.Join(inner, "; "))
 		}
 		return reflect.Value{}, typeMismatch(t)
+	}
+	var diags []diag // a float into an integer, anywhere in the value (yaml.v3 truncated it)
+	diagnose(&doc, t, "", &diags)
+	if len(diags) > 0 {
+		if fe := (*FieldError)(nil); errors.As(diags[0].err, &fe) && fe.Field == "" {
+			return reflect.Value{}, fe.Err // the variable itself: its name is said already
+		}
+		return reflect.Value{}, diags[0].err
 	}
 	return ptr.Elem(), nil
 }
