@@ -11,8 +11,9 @@ import (
 
 // SessionManager routes messages to session actors by key, spawning a session on its first
 // message and stopping it when it passivates. It supervises its sessions one for one with a
-// restart budget; a session that keeps crashing is stopped, and its next message (or the next
-// recovery) starts it again from the store.
+// restart budget; a session that keeps crashing is stopped, and started again from the store
+// crashPause later (or at its next message), so the messages it still holds are run (or
+// quarantined: each start counts their crashes anew) without waiting for the chat's next one.
 //
 // While a passivating session stops, messages for its key are held here and handed to its
 // successor, so two actors never run for one key.
@@ -29,7 +30,24 @@ type SessionManager struct {
 	grains map[string]*actor.PID
 
 	stopSweep scheduler.CancelFunc // the idle sweep's ticker; nil without passivation
+	timers    *scheduler.TimerScheduler
+	closing   bool // the manager stops or restarts
 }
+
+// recoverAll asks the manager to list the keys with unfinished work and start their sessions
+// (at start, and again after a failed listing).
+type recoverAll struct{}
+
+// restartCrashed asks the manager to start again a session its supervisor stopped.
+type restartCrashed struct{ key string }
+
+const (
+	// recoverRetry is how long the manager waits to list the recoverable keys again when the
+	// store could not.
+	recoverRetry = 5 * time.Second
+	// crashPause is how long a session stopped for crashing too often stays stopped.
+	crashPause = 10 * time.Second
+)
 
 // idleSweep is the manager's tick: it asks every session in memory to check its idle clock.
 // One ticker for all sessions costs less than a timer per session, and a stopped session is
@@ -72,6 +90,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 			c.Send(pid, sweepCheck)
 		}
 	case *actor.Stopping, *actor.Restarting:
+		m.closing = true // its sessions stop with it: none is started again
 		if m.stopSweep != nil {
 			m.stopSweep()
 			m.stopSweep = nil
@@ -87,6 +106,12 @@ func (m *SessionManager) Receive(c actor.Context) {
 		m.route(c, msg.Key, routed{msg: msg.Msg, sender: c.Sender()})
 	case *grainStopped:
 		m.onGrainStopped(c, msg)
+	case *recoverAll:
+		m.recoverAll(c)
+	case *restartCrashed:
+		if m.sessions[msg.key] == nil {
+			m.recover(c, msg.key)
+		}
 	case *passivate:
 		if pid, ok := m.sessions[msg.key]; ok {
 			delete(m.sessions, msg.key)
@@ -137,16 +162,25 @@ func (m *SessionManager) start(c actor.Context) {
 		every := sweepEvery(p)
 		m.stopSweep = scheduler.NewTimerScheduler(c).SendRepeatedly(every, every, c.Self(), &idleSweep{})
 	}
+	m.timers = scheduler.NewTimerScheduler(c)
 	if m.d.Clustered {
 		return // each member recovers the keys the cluster gives it (Recover)
 	}
+	m.recoverAll(c)
+}
+
+// recoverAll starts the session of every key with unfinished work: unanswered messages run
+// (or are answered with a notice), unconfirmed replies are sent again. When the store cannot
+// list them, it tries again recoverRetry later, until it can.
+func (m *SessionManager) recoverAll(c actor.Context) {
 	keys, err := m.d.Store.Recoverable(m.d.Ctx)
 	if err != nil {
-		m.log.Error("list recoverable sessions", "err", err)
+		m.log.Error("list recoverable sessions; trying again", "err", err, "in", recoverRetry)
+		m.timers.SendOnce(recoverRetry, c.Self(), &recoverAll{})
 		return
 	}
 	for _, k := range keys {
-		m.spawnWith(c, k, true)
+		m.recover(c, k)
 	}
 	if len(keys) > 0 {
 		m.log.Info("recovering sessions", "count", len(keys))
@@ -200,8 +234,11 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 	}
 	key := t.Who.Id[len(prefix):]
 	m.d.Metrics.SessionsActive.Dec()
-	if pid := m.sessions[key]; pid != nil && pid.Equal(t.Who) {
-		delete(m.sessions, key) // stopped by its supervisor after too many crashes
+	if pid := m.sessions[key]; pid != nil && pid.Equal(t.Who) && !m.closing {
+		// Stopped by its supervisor after too many crashes, with work it may still hold.
+		delete(m.sessions, key)
+		m.log.Error("session stopped after crashing too often; it starts again from the store", "session", key, "in", crashPause)
+		m.timers.SendOnce(crashPause, c.Self(), &restartCrashed{key: key})
 	}
 	delete(m.busy, key)
 	m.answerDrains(c)

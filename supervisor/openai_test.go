@@ -293,7 +293,7 @@ func TestOpenAIInterruptCancelsTheRequest(t *testing.T) {
 		t.Errorf("drafts %+v, want draft-1 interrupted and never finished, draft-2 finished with the reply", ds)
 	}
 	for _, o := range r.fake.Sent() {
-		if fmt.Sprint(o.InReplyTo) != "[m2]" || o.DraftID != "draft-2" {
+		if fmt.Sprint(o.InReplyTo) != "[m1 m2]" || o.DraftID != "draft-2" { // it answers the interrupted m1 too
 			t.Errorf("sent %+v; only m2's reply, finishing draft-2, may be sent", o)
 		}
 	}
