@@ -2,6 +2,7 @@ package actors
 
 import (
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,6 +24,7 @@ type SessionManager struct {
 
 	sessions map[string]*actor.PID
 	stopping map[string][]routed // key → messages held until the old actor is gone
+	handed   map[string]int      // key → how many of those its stopping session handed back (they come first)
 	rerun    map[string]bool     // key → activate again once its stopping session is gone (passivate.rerun)
 	busy     map[string]bool
 	drains   []*actor.PID
@@ -106,6 +108,15 @@ func (m *SessionManager) Receive(c actor.Context) {
 		m.route(c, msg.Key, routed{msg: msg.Msg, sender: c.Sender()})
 	case *grainStopped:
 		m.onGrainStopped(c, msg)
+	case *handedBack:
+		held, ok := m.stopping[msg.key]
+		if !ok {
+			m.route(c, msg.key, msg.r)
+			break
+		}
+		i := m.handed[msg.key] // after those handed back before it, before what came later
+		m.stopping[msg.key] = slices.Insert(held, i, msg.r)
+		m.handed[msg.key] = i + 1
 	case *recoverAll:
 		m.recoverAll(c)
 	case *restartCrashed:
@@ -155,6 +166,7 @@ func (m *SessionManager) start(c actor.Context) {
 	m.log = m.d.Log.With("actor", "manager")
 	m.sessions = map[string]*actor.PID{}
 	m.stopping = map[string][]routed{}
+	m.handed = map[string]int{}
 	m.rerun = map[string]bool{}
 	m.busy = map[string]bool{}
 	m.grains = map[string]*actor.PID{}
@@ -250,6 +262,7 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 	}
 	held := m.stopping[key]
 	delete(m.stopping, key)
+	delete(m.handed, key)
 	rerun := m.rerun[key]
 	delete(m.rerun, key)
 	if len(held) > 0 || rerun {

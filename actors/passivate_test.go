@@ -113,3 +113,66 @@ func quietSystem() (*actor.ActorSystem, *slog.Logger) {
 	quiet := slog.New(slog.DiscardHandler)
 	return actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet })), quiet
 }
+
+// What a passivating session hands back reached it before anything its manager held for the
+// key meanwhile (those arrived after the session asked to stop), so the next activation takes
+// it first: the chat's order holds.
+func TestHandedBackMessagesGoFirst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer store.Close()
+		system, quiet := quietSystem()
+		defer system.Shutdown()
+		platform := system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+		echo := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "echo"}, nil
+		})
+		d := &Deps{Ctx: ctx, Store: store, Agent: echo, Platforms: map[string]*actor.PID{"fake": platform},
+			Log: quiet, Metrics: metrics.New("fake"), Node: "test",
+			Config: SessionConfig{PassivateAfter: time.Hour, QueueMode: ModeFollowup, QueueCap: 10, HistoryLimit: 50}}
+		d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, store, persistence.ActorOptions{MaxBatch: 64})))
+		manager := system.Root.Spawn(NewSessionManager(d))
+		defer func() {
+			_ = system.Root.StopFuture(manager).Wait()
+			_ = system.Root.StopFuture(d.Persist).Wait()
+		}()
+		src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1"}
+		key := identity.Key(src, d.Config.Keys)
+		deliver := func(id string) *Deliver {
+			return &Deliver{SessionKey: key, Source: sourceToProto(src), MessageId: id, Text: id, ReceivedAtUnixNano: time.Now().UnixNano()}
+		}
+		if _, err := system.Root.RequestFuture(manager, &Routed{Key: key, Msg: deliver("m0")}, time.Minute).Result(); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+
+		// The manager takes the session's request to stop, then m2, then m1 handed back.
+		system.Root.Send(manager, &passivate{key: key})
+		f2 := system.Root.RequestFuture(manager, &Routed{Key: key, Msg: deliver("m2")}, time.Minute)
+		f1 := actor.NewFuture(system, time.Minute)
+		system.Root.Send(manager, &handedBack{key: key, r: routed{msg: deliver("m1"), sender: f1.PID()}})
+		for _, f := range []*actor.Future{f1, f2} {
+			if res, err := f.Result(); err != nil || res.(*DeliverResult).ErrorCode != "" {
+				t.Fatalf("deliver: %v %+v", err, res)
+			}
+		}
+		var seqs []int64
+		for _, id := range []string{"m1", "m2"} {
+			m, err := store.FindInbound(ctx, "fake", "c1", id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seqs = append(seqs, m.Seq)
+		}
+		if seqs[0] > seqs[1] {
+			t.Errorf("m1 (handed back) stored at seq %d after m2 (held) at %d, want it first", seqs[0], seqs[1])
+		}
+		time.Sleep(time.Minute) // protoactor's dead-letter throttle, if a stopped session got mail, ends
+		synctest.Wait()
+	})
+}

@@ -568,10 +568,13 @@ func (s *Session) stopWhenSettled(c actor.Context) {
 }
 
 func (s *Session) sendToManager(c actor.Context, r routed) {
-	m := &Routed{Key: s.key, Msg: r.msg}
-	if r.sender != nil {
-		c.RequestWithCustomSender(c.Parent(), m, r.sender)
-	} else {
-		c.Send(c.Parent(), m)
-	}
+	c.Send(c.Parent(), &handedBack{key: s.key, r: r})
+}
+
+// handedBack is a request a stopping session gives back to its manager for the key's next
+// activation. It reached the session before anything the manager holds for the key (those
+// arrived after the session asked to stop), so it goes before them.
+type handedBack struct {
+	key string
+	r   routed
 }
