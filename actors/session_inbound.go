@@ -46,6 +46,7 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 		}
 	}
 	ops := s.expireIfIdle(now)
+	expired := len(ops) > 0
 	auto := s.autoReset()
 	inc, created := s.ensureIncarnation(src, now)
 	ops = append(ops, inc...)
@@ -81,6 +82,11 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 			s.sendOutbound(c, notice)
 		}
 		s.accepted(c, it, m, created, err)
+		if err != nil && (created || expired) && !s.fencedOut {
+			// The write that was refused also ended the session or started its successor:
+			// memory (the reset's link, its notice, its continuity note) is ahead of the store.
+			s.restartFromStore(c, "the write of a message that reset the session was refused")
+		}
 	})
 }
 

@@ -264,3 +264,35 @@ func TestNewAnswersTheMessagesItDrops(t *testing.T) {
 		}
 	}
 }
+
+// TestDuplicateFirstAfterResetKeepsTheLink: after an idle reset, the first message to reach the
+// session is a re-delivery of one already stored (a platform's replay), whose write is refused.
+// The successor the chat's next message starts still records the reset: its prev_session_id,
+// the notice to the user and the agent's continuity note.
+func TestDuplicateFirstAfterResetKeepsTheLink(t *testing.T) {
+	dir := t.TempDir()
+	clk := testutil.NewClock(t0)
+	r := startClocked(t, dir, clk, &recorder{}, idleHour)
+	a1 := r.inject(t, dm, "m1", "hello")
+	r.waitSent(t, 1)
+	r.stop(t)
+
+	clk.Advance(2 * time.Hour)
+	agent := &recorder{}
+	r = startClocked(t, dir, clk, agent, idleHour)
+	defer r.stop(t)
+	if dup := r.inject(t, dm, "m1", "hello"); dup == nil || dup.Disposition != platforms.Duplicate {
+		t.Fatalf("m1 again: %+v, want duplicate", dup)
+	}
+	a2 := r.inject(t, dm, "m2", "back again")
+	r.waitReplyTo(t, "m2")
+	notified := false
+	for _, o := range r.fake.Sent() {
+		notified = notified || o.Kind == platforms.KindNotice && strings.Contains(o.Text, "reset automatically")
+	}
+	succ := r.session(t, a2.SessionID)
+	if succ.PrevSessionID != a1.SessionID || !notified || len(agent.last().Notes) == 0 {
+		t.Errorf("the successor %s lost its reset: prev_session_id %q (want %s), notice sent %v, notes %q",
+			a2.SessionID, succ.PrevSessionID, a1.SessionID, notified, agent.last().Notes)
+	}
+}
