@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	iofs "io/fs"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -87,7 +89,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	sessions := fs.Int("sessions", 100, "concurrent sessions `N`")
 	messages := fs.Int("messages", 50, "messages `M` each session sends, one after the other")
-	dataDir := fs.String("data-dir", "", "data `directory` (default: a new temporary directory, removed afterwards)")
+	dataDir := fs.String("data-dir", "", "an empty or new data `directory` to keep the run's data in (default: a new temporary directory, removed afterwards)")
 	configFile := fs.String("config", "", "YAML config `file` whose persistence, sessions and metrics settings the daemon runs with (AGENTGATE_* variables apply too; default: built-in defaults)")
 	asJSON := fs.Bool("json", false, "print only one JSON object on stdout")
 	rounds := fs.Int("rounds", 1, "repeat the whole measurement `K` times, each on a fresh data directory, and report medians")
@@ -99,6 +101,15 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 		return fmt.Errorf("bench: --sessions %d --messages %d --rounds %d: all must be at least 1", *sessions, *messages, *rounds)
 	}
 	dir := *dataDir
+	if dir != "" {
+		// A benchmark writes thousands of sessions: never into a real data directory.
+		switch entries, err := os.ReadDir(dir); {
+		case err == nil && len(entries) > 0:
+			return fmt.Errorf("bench: --data-dir %s is not empty; bench writes sessions of its own there, so give it an empty or new directory", dir)
+		case err != nil && !errors.Is(err, iofs.ErrNotExist):
+			return fmt.Errorf("bench: --data-dir: %w", err)
+		}
+	}
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "agentgate-bench-*"); err != nil {
 			return fmt.Errorf("bench: %w", err)
@@ -111,6 +122,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 	}
 	cfg, err := config.Load(*configFile, os.Environ(), func(c *config.Config) {
 		c.DataDir = dir
+		c.Store.Driver, c.Store.DSN = "sqlite", "" // in dir, whatever the environment names
 		c.HTTP.Addr = "127.0.0.1:0"
 		c.Log.Level = "warn"
 		c.Sessions.PassivateAfter = benchPassivateAfter

@@ -83,9 +83,12 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 // configFlags are the flags every command that reads the configuration accepts.
 type configFlags struct {
 	file, dataDir, httpAddr, logFormat, logLevel string
+
+	fs *flag.FlagSet
 }
 
 func (f *configFlags) register(fs *flag.FlagSet) {
+	f.fs = fs
 	fs.StringVar(&f.file, "config", "", "YAML config `file` (default: built-in defaults)")
 	fs.StringVar(&f.dataDir, "data-dir", "", "data `directory` (overrides data_dir)")
 	fs.StringVar(&f.httpAddr, "http-addr", "", "HTTP listen `address` (overrides http.addr)")
@@ -94,17 +97,21 @@ func (f *configFlags) register(fs *flag.FlagSet) {
 }
 
 func (f *configFlags) load() (*config.Config, error) {
+	// A flag given overrides, even when empty (--data-dir '' is a mistake to report, not a
+	// wish for the default).
+	set := map[string]bool{}
+	f.fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
 	return config.Load(f.file, os.Environ(), func(c *config.Config) {
-		if f.dataDir != "" {
+		if set["data-dir"] {
 			c.DataDir = f.dataDir
 		}
-		if f.httpAddr != "" {
+		if set["http-addr"] {
 			c.HTTP.Addr = f.httpAddr
 		}
-		if f.logFormat != "" {
+		if set["log-format"] {
 			c.Log.Format = f.logFormat
 		}
-		if f.logLevel != "" {
+		if set["log-level"] {
 			c.Log.Level = f.logLevel
 		}
 	})

@@ -78,6 +78,10 @@ func TestRunCommands(t *testing.T) {
 		{name: "check-config warns of an empty token variable", args: []string{"check-config", "--config", emptyToken}, wantOut: "config ok",
 			wantStderr: []string{"warning: http.token_env: AGENTGATE_TEST_EMPTY_TOKEN is not set here"}},
 		{name: "serve refuses an empty token variable", args: []string{"serve", "--config", emptyToken}, wantErr: "http.token_env names AGENTGATE_TEST_EMPTY_TOKEN, which is not set or empty"},
+		{name: "an empty --data-dir is an error, not the default", args: []string{"check-config", "--data-dir", ""}, wantErr: "config",
+			wantStderr: []string{"data_dir: required"}},
+		{name: "bench refuses a data directory that holds data", args: []string{"bench", "--data-dir", dir, "--sessions", "1", "--messages", "1"},
+			wantErr: "is not empty"},
 		{name: "check-config warns of a missing bot token", args: []string{"check-config", "--config", noBotToken}, wantOut: "config ok",
 			wantStderr: []string{"warning: platforms.discord.token_env: AGENTGATE_TEST_UNSET_BOT_TOKEN is not set here"}},
 	}
