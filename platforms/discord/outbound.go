@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/bwmarrin/discordgo"
 
@@ -32,7 +33,7 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 		}
 		return nil
 	}
-	parts := Split(out.Text, MaxMessageLen)
+	parts := capParts(Split(out.Text, MaxMessageLen))
 	id := out.SessionKey + "/" + strconv.FormatInt(out.Seq, 10)
 	p.mu.Lock()
 	done := p.progress[id]
@@ -86,6 +87,24 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 		p.typing.turnEnded(channel)
 	}
 	return nil
+}
+
+// MaxReplyParts is how many messages one reply may become; what follows is cut, and a last
+// message says so. An agent's reply may run to a megabyte (some 500 messages), which would
+// flood the channel for minutes under Discord's rate limits.
+const MaxReplyParts = 10
+
+// capParts keeps the first MaxReplyParts parts and says how much was cut.
+func capParts(parts []string) []string {
+	if len(parts) <= MaxReplyParts {
+		return parts
+	}
+	cut := 0
+	for _, p := range parts[MaxReplyParts:] {
+		cut += utf8.RuneCountInString(p)
+	}
+	return append(parts[:MaxReplyParts:MaxReplyParts],
+		fmt.Sprintf("… (the reply goes on for about %d more characters, too long for Discord; the whole of it is in the session's transcript)", cut))
 }
 
 // unopenedThread reports whether target is an auto-thread: one whose id is the id of the

@@ -189,3 +189,24 @@ func TestSplitOneLineFence(t *testing.T) {
 	}
 	checkSplit(t, text, got, MaxMessageLen)
 }
+
+// TestCapParts: a reply longer than MaxReplyParts messages keeps its first MaxReplyParts and a
+// last one that says how much was cut; a shorter one is untouched.
+func TestCapParts(t *testing.T) {
+	long := Split(strings.Repeat("word ", 6000), MaxMessageLen) // ~30,000 runes: 16 messages
+	if len(long) <= MaxReplyParts {
+		t.Fatalf("test text splits into %d messages, want more than %d", len(long), MaxReplyParts)
+	}
+	got := capParts(long)
+	if len(got) != MaxReplyParts+1 || !strings.Contains(got[MaxReplyParts], "the reply goes on for about") {
+		t.Errorf("capped to %d messages ending %q, want %d and a note", len(got), tail(got[len(got)-1]), MaxReplyParts+1)
+	}
+	for i := range MaxReplyParts {
+		if got[i] != long[i] {
+			t.Errorf("message %d changed", i)
+		}
+	}
+	if short := Split("hello", MaxMessageLen); len(capParts(short)) != 1 {
+		t.Error("a short reply was changed")
+	}
+}
