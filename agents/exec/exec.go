@@ -216,6 +216,9 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	// A signalled command's result is an artefact of the signal; so, most likely, is a failure
 	// that coincides with the end of ctx.
 	if killer.Load() != nil || (waitErr != nil && runCtx.Err() != nil) {
+		if s := stderr.String(); s != "" && errors.Is(context.Cause(runCtx), ErrTimeout) {
+			log.Warn("exec agent stderr before its timeout", "stderr", s) // what it was stuck on
+		}
 		if errors.Is(context.Cause(runCtx), ErrTimeout) {
 			return nil, fmt.Errorf("exec agent: run %s: no reply within %v: %w", name, a.timeout, ErrTimeout)
 		}

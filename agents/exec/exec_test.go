@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -21,6 +22,7 @@ import (
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/exec"
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/testutil"
 )
 
 // pollTimeout bounds every wait for an effect of a subprocess.
@@ -494,5 +496,21 @@ func TestRunCancelledBeforeStart(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "ran")); err == nil {
 		t.Errorf("command ran with a cancelled ctx, want it not started")
+	}
+}
+
+// TestTimeoutLogsStderr: a command that times out has its stderr logged: what it was stuck on
+// is what an operator needs to see.
+func TestTimeoutLogsStderr(t *testing.T) {
+	t.Parallel()
+	var logs testutil.Buffer
+	cmd, _ := MustScript(t, "echo 'waiting for the lock on /var/x' >&2\nexec sleep 60")
+	a := MustNew(t, exec.Config{Command: cmd, Timeout: 200 * time.Millisecond, KillGrace: 100 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if _, err := a.Run(t.Context(), request(turn(1), "hi")); !errors.Is(err, exec.ErrTimeout) {
+		t.Fatalf("Run() error = %v, want ErrTimeout", err)
+	}
+	if !strings.Contains(logs.String(), "waiting for the lock on /var/x") {
+		t.Errorf("log after a timeout lacks the command's stderr:\n%s", logs.String())
 	}
 }
