@@ -187,6 +187,11 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	if d.addr, err = d.http.Listen(); err != nil {
 		return nil, fmt.Errorf("start: %w", err)
 	}
+	// Where the running daemon listens, for the admin commands on this data directory (they
+	// point an operator at its HTTP API when it holds the database).
+	if err := os.WriteFile(filepath.Join(cfg.DataDir, AddrFile), []byte(d.addr.String()+"\n"), 0o600); err != nil {
+		log.Warn("record the HTTP address in the data directory", "err", err)
+	}
 	d.platforms = append([]platforms.Platform{d.http}, extra...)
 
 	sysOpts := []actor.ConfigOption{actor.WithLoggerFactory(func(s *actor.ActorSystem) *slog.Logger {
@@ -313,9 +318,13 @@ func (d *Daemon) Stop(ctx context.Context) error {
 		_ = d.meters.Shutdown(ctx)
 	}
 	err := d.store.Close()
+	_ = os.Remove(filepath.Join(d.cfg.DataDir, AddrFile))
 	d.log.Info("stopped")
 	return err
 }
+
+// AddrFile is the file in the data directory that holds the running daemon's HTTP address.
+const AddrFile = "http.addr"
 
 // The actors' dispatcher: protoactor's default mailbox throughput (messages per run before it
 // yields), and at most this many pool workers per GOMAXPROCS.

@@ -2,8 +2,10 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/agentgate/agentgate/actors"
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/echo"
 	agentexec "github.com/agentgate/agentgate/agents/exec"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
@@ -516,5 +519,20 @@ func TestDraftRecords(t *testing.T) {
 	waitUntil(t, func() bool { return open() == 0 && len(r.editor.Drafts()) == 2 && r.editor.Drafts()[1].Final })
 	if deleted := r.editor.DeletedDrafts(); len(deleted) != 0 {
 		t.Errorf("deleted drafts %v of this run, want none", deleted)
+	}
+}
+
+// TestAddrFileNamesTheListener: while the daemon runs, its data directory says where it
+// listens (the admin commands point an operator there); after a stop it does not.
+func TestAddrFileNamesTheListener(t *testing.T) {
+	dir := t.TempDir()
+	r := startOn(t, dir, 0, echo.New())
+	b, err := os.ReadFile(filepath.Join(dir, AddrFile))
+	if err != nil || strings.TrimSpace(string(b)) != r.d.Addr().String() {
+		t.Errorf("%s = %q, %v; want %s", AddrFile, b, err, r.d.Addr())
+	}
+	r.stop(t)
+	if _, err := os.Stat(filepath.Join(dir, AddrFile)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("%s after the stop: %v, want it gone", AddrFile, err)
 	}
 }

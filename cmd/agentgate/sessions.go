@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/supervisor"
 )
 
 const sessionsUsage = `usage: agentgate sessions <command> [flags] [KEY]
@@ -335,6 +337,10 @@ func resetCommand(cfg *config.Config, key string) string {
 	var auth string
 	if cfg != nil {
 		addr = cfg.HTTP.Addr
+		// The running daemon says where it listens (its own flags may differ from ours).
+		if b, err := os.ReadFile(filepath.Join(cfg.DataDir, supervisor.AddrFile)); err == nil && strings.TrimSpace(string(b)) != "" {
+			addr = strings.TrimSpace(string(b))
+		}
 		if cfg.HTTP.TokenEnv != "" {
 			auth = fmt.Sprintf(` -H "Authorization: Bearer $%s"`, cfg.HTTP.TokenEnv)
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/agentgate/agentgate/supervisor"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -462,6 +464,15 @@ func TestSessionsReset(t *testing.T) {
 		}
 		if !s.EndedAt.IsZero() {
 			t.Errorf("after a refused reset, sa2 ended at %v (%s), want open", s.EndedAt, s.EndReason)
+		}
+
+		// A daemon started with other flags says where it listens; that address wins.
+		if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte("127.0.0.1:18040\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
+		if want := "curl -X POST http://127.0.0.1:18040/v1/sessions/" + keyA + "/reset"; err == nil || !strings.HasSuffix(err.Error(), want) {
+			t.Errorf("reset while a daemon on :18040 runs: error = %v, want it to end %q", err, want)
 		}
 	})
 }
