@@ -71,6 +71,15 @@ type Platform struct {
 	recent   func(context.Context, time.Time) ([]persistence.ChatMark, error)
 	now      func() time.Time
 	seeded   bool // seen was filled from recent (at the first READY)
+
+	// backfills counts the backfills running or waiting (one READY each); while it is above
+	// zero, or held is being taken (releasing), live messages wait in held, so that a
+	// channel's messages are taken in order: what was missed first, then what arrives.
+	// backfillMu runs the backfills and their releases one at a time.
+	backfills  int
+	releasing  bool
+	held       []*discordgo.Message
+	backfillMu sync.Mutex
 }
 
 var (
@@ -188,8 +197,43 @@ func (p *Platform) onReady(_ *discordgo.Session, r *discordgo.Ready) {
 	}
 	p.connected.Store(true)
 	p.log.Info("discord gateway ready", "bot", userName(r.User), "guilds", len(r.Guilds), "shard", p.s.ShardID, "shards", p.s.ShardCount)
-	// A READY starts a new gateway session, to which Discord replays nothing.
+	// A READY starts a new gateway session, to which Discord replays nothing: read back what
+	// was missed. Not here: handlers run on discordgo's gateway reader (SyncEvents), and the
+	// first READY's inside Open, before heartbeats start; a backfill of many channels takes
+	// longer than a heartbeat interval, and Discord (or discordgo, missing the acks) would drop
+	// the connection, and the next READY would backfill again.
+	p.mu.Lock()
+	p.backfills++
+	p.mu.Unlock()
+	go p.backfillThenRelease()
+}
+
+// backfillThenRelease runs a backfill, then takes the live messages held meanwhile, in order,
+// once no other backfill waits.
+func (p *Platform) backfillThenRelease() {
+	p.backfillMu.Lock()
+	defer p.backfillMu.Unlock()
 	p.backfill()
+	p.mu.Lock()
+	p.backfills--
+	p.mu.Unlock()
+	for {
+		p.mu.Lock()
+		if p.backfills > 0 {
+			p.mu.Unlock()
+			return // a later READY's backfill waits: it takes them after its own
+		}
+		held := p.held
+		p.held = nil
+		p.releasing = len(held) > 0
+		p.mu.Unlock()
+		if len(held) == 0 {
+			return
+		}
+		for _, m := range held {
+			p.handle(m)
+		}
+	}
 }
 
 func (p *Platform) onResumed(*discordgo.Session, *discordgo.Resumed) {

@@ -66,9 +66,9 @@ func startWorld(t *testing.T, agent agents.Agent, tweak func(*config.Config)) *w
 }
 
 // startWorldNotReady is startWorld without waiting for the gateway to be ready.
-func startWorldNotReady(t *testing.T, agent agents.Agent, tweak func(*config.Config)) *world {
+func startWorldNotReady(t *testing.T, agent agents.Agent, tweak func(*config.Config), opts ...discordtest.Option) *world {
 	t.Helper()
-	srv := discordtest.New(t)
+	srv := discordtest.New(t, opts...)
 	srv.AddGuild(guildID, "guild")
 	srv.AddChannel(discordtest.Channel{ID: channelID, GuildID: guildID, Type: discordgo.ChannelTypeGuildText, Name: "general"})
 	srv.AddChannel(discordtest.Channel{ID: dmID, Type: discordgo.ChannelTypeDM})
@@ -613,6 +613,37 @@ func (w *world) answered(channel string) []string {
 		}
 	}
 	return ids
+}
+
+// TestSlowBackfillKeepsTheGatewayAlive: reading back what was missed can take long (hundreds of
+// channels, rate limits); it runs beside the gateway connection, not on its reader, so the
+// connection stays up (discordgo, missing its heartbeat acks, would drop it, and the next READY
+// would backfill again), and what is said meanwhile is answered after what was missed.
+func TestSlowBackfillKeepsTheGatewayAlive(t *testing.T) {
+	const beat = 100 * time.Millisecond
+	w := startWorldNotReady(t, echoAgent, nil, discordtest.WithHeartbeatInterval(beat))
+	w.srv.WaitReady(t)
+	before := w.answeredInBoth(t)
+
+	release := make(chan struct{})
+	w.srv.HoldNext("GET", "/messages", release, 1) // the backfill's first page waits
+	w.srv.InvalidateSession()
+	gap := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "gap"})
+	w.srv.WaitFor(t, "a new gateway session", func() bool { return w.srv.Identifies() == 2 && w.srv.Ready() })
+	live := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "live"})
+	// Ten heartbeat intervals with the backfill held: discordgo gives up on a connection after
+	// five without acks, so a gateway reader stuck in the backfill would have reconnected.
+	from := w.srv.Heartbeats()
+	w.srv.WaitFor(t, "ten heartbeats", func() bool { return w.srv.Heartbeats() >= from+10 })
+	if n, r := w.srv.Identifies(), w.srv.Resumes(); n != 2 || r != 0 {
+		t.Errorf("the connection was dropped during the backfill: %d identifies, %d resumes, want 2 and 0", n, r)
+	}
+	close(release)
+	w.replyTo(t, dmID, live.ID)
+	got := w.answered(dmID)
+	if want := []string{before.ID, gap.ID, live.ID}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("answered in the order %v, want %v (what was missed, then what came after)", got, want)
+	}
 }
 
 // TestNewGatewaySessionReadsWhatWasMissed: when Discord refuses to resume (the gateway session

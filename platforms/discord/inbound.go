@@ -19,6 +19,13 @@ import (
 
 // onMessage handles a MESSAGE_CREATE.
 func (p *Platform) onMessage(_ *discordgo.Session, m *discordgo.MessageCreate) {
+	p.mu.Lock()
+	if p.backfills > 0 || p.releasing {
+		p.held = append(p.held, m.Message) // after what is being read back (backfillThenRelease)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
 	p.handle(m.Message)
 }
 

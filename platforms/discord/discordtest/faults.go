@@ -22,6 +22,17 @@ func (s *Server) FailNextAfter(method, pathSuffix string, status, n int) {
 	s.addFault(method, pathSuffix, status, n, true)
 }
 
+// HoldNext makes the next n REST requests matching method and pathSuffix (as FailNext) wait
+// until release is closed, then answers them as usual: a slow Discord, without sleeps.
+func (s *Server) HoldNext(method, pathSuffix string, release <-chan struct{}, n int) {
+	if n <= 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = append(s.faults, &fault{method: strings.ToUpper(method), suffix: pathSuffix, left: n, hold: release})
+}
+
 func (s *Server) addFault(method, suffix string, status, n int, after bool) {
 	if n <= 0 {
 		return
@@ -31,11 +42,12 @@ func (s *Server) addFault(method, suffix string, status, n int, after bool) {
 	s.faults = append(s.faults, &fault{method: strings.ToUpper(method), suffix: suffix, status: status, left: n, after: after})
 }
 
-// fault is a FailNext or FailNextAfter rule.
+// fault is a FailNext, FailNextAfter or HoldNext rule.
 type fault struct {
 	method, suffix string
 	status, left   int
-	after          bool // act on the request, then fail the response
+	after          bool            // act on the request, then fail the response
+	hold           <-chan struct{} // wait for it to close, then act as usual (HoldNext)
 }
 
 // takeFault returns the first rule matching r and uses up one of its requests.

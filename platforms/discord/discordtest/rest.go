@@ -76,6 +76,11 @@ func (s *Server) serveAPI(r *http.Request, auth bool, h handler) (int, any) {
 		return http.StatusUnauthorized, apiError("401: Unauthorized", 0)
 	}
 	f := s.takeFault(r)
+	if f != nil && f.hold != nil {
+		s.logf("rest: %s %s: held", r.Method, r.URL.Path)
+		<-f.hold
+		f = nil
+	}
 	if f != nil && !f.after {
 		s.logf("rest: %s %s: injected %d", r.Method, r.URL.Path, f.status)
 		return faultResponse(f.status)
