@@ -66,6 +66,8 @@ func (in *Intake) Deliver(ctx context.Context, m *platforms.Inbound) (*platforms
 		return ack, fmt.Errorf("%w: %s", platforms.ErrRejected, r.Error)
 	case "unavailable", ErrCodeStopped:
 		return ack, fmt.Errorf("%w: %s", platforms.ErrUnavailable, r.Error)
+	case ErrCodeConflict:
+		return ack, fmt.Errorf("%w: %s", platforms.ErrConflict, r.Error)
 	default:
 		return ack, fmt.Errorf("deliver to %s: %s", key, r.Error)
 	}

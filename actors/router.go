@@ -27,6 +27,11 @@ var ErrTimeout = errors.New("actors: session did not answer in time")
 // cluster router sends it again itself, to the key's next owner.
 const ErrCodeStopped = "stopped"
 
+// ErrCodeConflict answers a message whose id is already another conversation's in the same
+// chat (platforms.ErrConflict): it is not a re-delivery, so "duplicate" would misstate it, and
+// the original's replies are not its sender's to see.
+const ErrCodeConflict = "conflict"
+
 // DefaultRequestTimeout bounds a request whose context has no deadline.
 const DefaultRequestTimeout = 30 * time.Second
 

@@ -113,6 +113,23 @@ func (s *Session) storedBefore(m *Deliver, src identity.Source) bool {
 	return false
 }
 
+// takenElsewhere reports whether the stored message whose id it's refused write repeats is
+// another session key's: in a chat whose sessions are per user (a group), two users' messages
+// sharing an id are no re-delivery of each other.
+func (s *Session) takenElsewhere(it *item) bool {
+	ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
+	defer cancel()
+	orig, err := s.d.Store.FindInbound(ctx, it.src.Platform, it.src.ChatID, it.messageID)
+	if err != nil {
+		return false
+	}
+	if s.cur != nil && orig.SessionID == s.cur.ID {
+		return false
+	}
+	other, err := s.d.Store.Session(ctx, orig.SessionID)
+	return err == nil && other.Key != s.key
+}
+
 // duplicateCheckTimeout bounds storedBefore's read.
 const duplicateCheckTimeout = 5 * time.Second
 
@@ -125,6 +142,13 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 			s.cur = nil // the incarnation was never written; the next message creates it again
 		}
 		if errors.Is(err, persistence.ErrDuplicate) {
+			if s.takenElsewhere(it) {
+				s.seen.remove(m.MessageId)
+				r := s.result(m, "", "")
+				r.ErrorCode, r.Error = ErrCodeConflict, "message id "+m.MessageId+" is already another conversation's in this chat"
+				c.Send(it.requester, r)
+				return
+			}
 			c.Send(it.requester, s.result(m, platforms.Duplicate, ""))
 			return
 		}

@@ -128,6 +128,8 @@ var (
 	ErrUnavailable = errors.New("platforms: message could not be stored")
 	// ErrRejected means the session's queue is full and its overflow policy is reject.
 	ErrRejected = errors.New("platforms: queue full")
+	// ErrConflict means the message's id is already another conversation's in its chat.
+	ErrConflict = errors.New("platforms: message id already used in this chat")
 )
 
 // ErrUndeliverable is wrapped by a Send error when the platform refused the message for good:

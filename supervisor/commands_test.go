@@ -296,3 +296,27 @@ func TestDuplicateFirstAfterResetKeepsTheLink(t *testing.T) {
 			a2.SessionID, succ.PrevSessionID, a1.SessionID, notified, agent.last().Notes)
 	}
 }
+
+// TestMessageIDOfAnotherConversationIsAConflict: in a group, where each user has a session of
+// their own, a message that reuses the id of another user's message is refused as a conflict,
+// not answered "duplicate" (it is no re-delivery, and the other's replies are not its sender's);
+// it is not stored, and sent again with its own id it is taken. The same user's repeat is still
+// a duplicate.
+func TestMessageIDOfAnotherConversationIsAConflict(t *testing.T) {
+	r := MustStart(t, echo.New(), nil)
+	alice := identity.Source{Platform: "fake", ChatType: identity.ChatGroup, ChatID: "room", UserID: "alice"}
+	bob := alice
+	bob.UserID = "bob"
+	r.inject(t, alice, "id-1", "hello from alice")
+	r.waitReplyTo(t, "id-1")
+	if dup := r.inject(t, alice, "id-1", "hello from alice"); dup == nil || dup.Disposition != platforms.Duplicate {
+		t.Errorf("alice's repeat: %+v, want duplicate", dup)
+	}
+	_, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: bob, MessageID: "id-1", Text: "hello from bob"})
+	if !errors.Is(err, platforms.ErrConflict) {
+		t.Fatalf("bob's message with alice's id: %v, want ErrConflict", err)
+	}
+	if ack := r.inject(t, bob, "id-2", "hello from bob"); ack == nil || ack.Disposition != platforms.Started {
+		t.Errorf("bob's message with its own id: %+v, want started", ack)
+	}
+}

@@ -105,7 +105,7 @@ func (p *Platform) handleMessages(w http.ResponseWriter, r *http.Request) {
 func (p *Platform) parseWait(r *http.Request) (time.Duration, *apiError) {
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
-		return 0, badRequest(CodeInvalidWait, "the query string is malformed: "+err.Error())
+		return 0, badRequest(CodeInvalidQuery, "the query string is malformed: "+err.Error())
 	}
 	if !q.Has("wait") {
 		return 0, nil
@@ -123,6 +123,8 @@ func (p *Platform) writeDeliverError(w http.ResponseWriter, ack *platforms.Ack, 
 		writeError(w, http.StatusServiceUnavailable, CodeDraining, "agentgate is draining and accepts no new messages")
 	case errors.Is(err, platforms.ErrRejected):
 		writeRejected(w, ack, "the session's queue is full")
+	case errors.Is(err, platforms.ErrConflict):
+		writeError(w, http.StatusConflict, CodeMessageIDConflict, "message_id is already used in this chat by another conversation; give each message its own id")
 	case errors.Is(err, platforms.ErrUnavailable):
 		p.log.Warn("message not stored", "chat", in.Source.ChatID, tint.Err(err))
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the message could not be stored, retry later")

@@ -182,6 +182,7 @@ func TestPostMessageDeliverErrors(t *testing.T) {
 		{"draining", false, "", fmt.Errorf("deliver: %w", platforms.ErrDraining), 503, CodeDraining},
 		{"rejected", true, platforms.Rejected, platforms.ErrRejected, 429, CodeQueueFull},
 		{"rejected without ack", false, "", platforms.ErrRejected, 429, CodeQueueFull},
+		{"id of another conversation", false, "", fmt.Errorf("deliver: %w", platforms.ErrConflict), 409, CodeMessageIDConflict},
 		{"rejected disposition only", true, platforms.Rejected, nil, 429, CodeQueueFull},
 		{"unavailable", false, "", platforms.ErrUnavailable, 503, CodeUnavailable},
 		{"deadline", false, "", context.DeadlineExceeded, 503, CodeUnavailable},

@@ -85,7 +85,7 @@ func TestEscapedTextAtTheLimitIsAccepted(t *testing.T) {
 func TestMalformedQueryIsRefused(t *testing.T) {
 	h := mustStart(t, Config{}, &fakeRuntime{})
 	r := h.do("POST", "/v1/messages?wait=%ZZ", map[string]string{"Content-Type": "application/json"}, `{"chat_id":"c","user_id":"u","text":"hi"}`)
-	if r.status != http.StatusBadRequest || r.errCode() != CodeInvalidWait {
-		t.Errorf("status %d %s, want 400 %s", r.status, r.body, CodeInvalidWait)
+	if r.status != http.StatusBadRequest || r.errCode() != CodeInvalidQuery {
+		t.Errorf("status %d %s, want 400 %s", r.status, r.body, CodeInvalidQuery)
 	}
 }
