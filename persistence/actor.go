@@ -196,6 +196,18 @@ func (a *Actor) Receive(c actor.Context) {
 		}
 	case *Prune:
 		a.drain(c)
+		if a.spoolLen() > 0 {
+			a.replay(c)
+		}
+		if a.spoolLen() > 0 {
+			// A spooled write may reopen or write to a session the prune would delete; the
+			// next prune runs once the spool has drained.
+			a.o.Log.Info("prune put off: writes wait in the spool", "batches", a.spoolLen())
+			if c.Sender() != nil {
+				c.Respond(&Pruned{})
+			}
+			return
+		}
 		n, err := a.store.PruneSessions(a.ctx, m.Before, m.Limit)
 		if err != nil {
 			a.o.Log.Warn("prune ended sessions", "err", err)
@@ -439,7 +451,7 @@ func (a *Actor) replay(c actor.Context) {
 	if a.inflight != nil {
 		a.finish(c) // never two writers: the spool only fills while nothing commits, but be sure
 	}
-	for a.o.Spool.Len() > 0 {
+	for a.o.Spool.Len() > 0 && a.ctx.Err() == nil {
 		name, groups, err := a.o.Spool.Peek()
 		if errors.Is(err, ErrCorruptSpool) {
 			a.o.Log.Error("corrupt spool batch quarantined", "batch", name, "err", err)
@@ -454,8 +466,8 @@ func (a *Actor) replay(c actor.Context) {
 			break
 		}
 		errs := a.store.Commit(a.ctx, groups)
-		if anyUnavailable(errs) {
-			break // still unavailable; the batch stays and is replayed again later
+		if anyUnavailable(errs) || anyTransient(errs) || a.ctx.Err() != nil {
+			break // still unavailable, or stopping; the batch stays and is replayed later
 		}
 		var failed []string
 		for i, err := range errs {
@@ -495,6 +507,18 @@ func (a *Actor) spoolChanged(c actor.Context) {
 		a.replaying = true
 		a.timers.SendOnce(a.o.ReplayEvery, c.Self(), &replayTick{})
 	}
+}
+
+// anyTransient reports whether a replayed batch failed for a reason that is not its own: the
+// daemon stopping (its context ended, its store closed). Such a batch stays in the spool; only
+// a batch the database refuses for what it holds is set aside.
+func anyTransient(errs []error) bool {
+	for _, err := range errs {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrClosed) {
+			return true
+		}
+	}
+	return false
 }
 
 func anyUnavailable(errs []error) bool {
