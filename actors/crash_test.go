@@ -21,8 +21,16 @@ import (
 // The first message crashes the session three times and is quarantined; the second one's
 // first crash is one too many for the session's restart budget, and its supervisor stops it.
 // The manager starts it again crashPause later, from the store, so the second message is not
-// left pending until the chat writes again: it is run, and quarantined in its turn.
+// left pending until the chat writes again: it is run, and quarantined in its turn. That start
+// is no recovery after a restart of agentgate: with sessions.recovery: notice too, the second
+// message is run, not answered "agentgate restarted".
 func TestSessionStoppedForCrashingStartsAgain(t *testing.T) {
+	for _, recovery := range []string{RecoveryRerun, RecoveryNotice} {
+		t.Run(recovery, func(t *testing.T) { crashedOutSessionStartsAgain(t, recovery) })
+	}
+}
+
+func crashedOutSessionStartsAgain(t *testing.T, recovery string) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
@@ -47,7 +55,7 @@ func TestSessionStoppedForCrashingStartsAgain(t *testing.T) {
 		})
 		d := &Deps{Ctx: ctx, Store: store, Agent: crashy, Platforms: map[string]*actor.PID{"fake": platform},
 			Log: quiet, Metrics: metrics.New("fake"), Node: "test",
-			Config: SessionConfig{PassivateAfter: time.Hour, QueueMode: ModeFollowup, QueueCap: 10, HistoryLimit: 50}}
+			Config: SessionConfig{PassivateAfter: time.Hour, QueueMode: ModeFollowup, QueueCap: 10, HistoryLimit: 50, Recovery: recovery}}
 		d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, store, persistence.ActorOptions{MaxBatch: 64})))
 		manager := system.Root.Spawn(NewSessionManager(d))
 		defer func() { // before the store closes, and inside the bubble

@@ -25,6 +25,9 @@ type SessionManager struct {
 	sessions map[string]*actor.PID
 	stopping map[string][]routed // key → messages held until the old actor is gone
 	handed   map[string]int      // key → how many of those its stopping session handed back (they come first)
+	// crashStops counts, per key, the times its supervisor stopped the session for crashing
+	// since it last passivated (the pause before it starts again grows with it).
+	crashStops map[string]int
 	rerun    map[string]bool     // key → activate again once its stopping session is gone (passivate.rerun)
 	busy     map[string]bool
 	drains   []*actor.PID
@@ -47,8 +50,10 @@ const (
 	// recoverRetry is how long the manager waits to list the recoverable keys again when the
 	// store could not.
 	recoverRetry = 5 * time.Second
-	// crashPause is how long a session stopped for crashing too often stays stopped.
-	crashPause = 10 * time.Second
+	// crashPause is how long a session stopped for crashing too often stays stopped, the first
+	// time; each time again doubles it, up to maxCrashPause, until the session passivates.
+	crashPause    = 10 * time.Second
+	maxCrashPause = 10 * time.Minute
 )
 
 // idleSweep is the manager's tick: it asks every session in memory to check its idle clock.
@@ -117,11 +122,13 @@ func (m *SessionManager) Receive(c actor.Context) {
 		i := m.handed[msg.key] // after those handed back before it, before what came later
 		m.stopping[msg.key] = slices.Insert(held, i, msg.r)
 		m.handed[msg.key] = i + 1
+	case *successor:
+		m.startSuccessor(c, msg.key)
 	case *recoverAll:
 		m.recoverAll(c)
 	case *restartCrashed:
-		if m.sessions[msg.key] == nil {
-			m.recover(c, msg.key)
+		if _, stopping := m.stopping[msg.key]; m.sessions[msg.key] == nil && !stopping {
+			m.spawn(c, msg.key) // not a recovery: its messages run (sessions.recovery is for restarts of agentgate)
 		}
 	case *passivate:
 		if pid, ok := m.sessions[msg.key]; ok {
@@ -132,6 +139,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 			}
 			if !msg.fenced {
 				m.d.Metrics.SessionPassivations.Inc()
+				delete(m.crashStops, msg.key) // it ran well long enough to be idle
 			}
 			c.Poison(pid)
 		}
@@ -167,6 +175,7 @@ func (m *SessionManager) start(c actor.Context) {
 	m.sessions = map[string]*actor.PID{}
 	m.stopping = map[string][]routed{}
 	m.handed = map[string]int{}
+	m.crashStops = map[string]int{}
 	m.rerun = map[string]bool{}
 	m.busy = map[string]bool{}
 	m.grains = map[string]*actor.PID{}
@@ -247,10 +256,18 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 	key := t.Who.Id[len(prefix):]
 	m.d.Metrics.SessionsActive.Dec()
 	if pid := m.sessions[key]; pid != nil && pid.Equal(t.Who) && !m.closing {
-		// Stopped by its supervisor after too many crashes, with work it may still hold.
+		// Stopped by its supervisor after too many crashes, with work it may still hold. In a
+		// cluster the recovery sweep starts it again, wherever the key lives by then.
 		delete(m.sessions, key)
-		m.log.Error("session stopped after crashing too often; it starts again from the store", "session", key, "in", crashPause)
-		m.timers.SendOnce(crashPause, c.Self(), &restartCrashed{key: key})
+		if m.d.Clustered {
+			m.log.Error("session stopped after crashing too often; the cluster's recovery starts it again", "session", key)
+		} else {
+			n := m.crashStops[key]
+			m.crashStops[key] = n + 1
+			pause := min(crashPause<<min(n, 6), maxCrashPause) // a session that cannot even load backs off
+			m.log.Error("session stopped after crashing too often; it starts again from the store", "session", key, "in", pause)
+			m.timers.SendOnce(pause, c.Self(), &restartCrashed{key: key})
+		}
 	}
 	delete(m.busy, key)
 	m.answerDrains(c)
@@ -260,6 +277,19 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 		delete(m.grains, key)
 		c.Poison(g)
 	}
+	if _, ok := m.stopping[key]; ok {
+		// Terminated is a system message: it overtakes what the session handed back before
+		// it stopped (handedBack, still in the mailbox). The successor starts once those are
+		// in the held list, in their place.
+		c.Send(c.Self(), &successor{key: key})
+	}
+}
+
+// successor asks the manager to start the successor of a stopped session of key, with the
+// requests held for it, if it has any or must run again (passivate.rerun).
+type successor struct{ key string }
+
+func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 	held := m.stopping[key]
 	delete(m.stopping, key)
 	delete(m.handed, key)

@@ -98,6 +98,12 @@ func (s *Session) enqueueRetry(c actor.Context, m *Deliver, it *item, ops []pers
 			it.durable = true
 		}
 		c.Send(requester, r)
+		if err == nil && it.dropped {
+			// A command stopped the session's work while this write was in flight.
+			s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
+			s.setAside(c, it, persistence.StatusFailed,
+				"⚠️ This /retry arrived as a command ended or stopped the session's work, so it was not run. Please send it again if it still matters.")
+		}
 		s.tryStart(c)
 	})
 }

@@ -350,6 +350,12 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 			Error: "the database is unavailable and this chat's session cannot load until the writes waiting in the spool are replayed; send the message again shortly"})
 	case *ResetSession:
 		c.Respond(&ResetResult{Error: "the database is unavailable; the session cannot load until the spool is replayed"})
+	case *moved:
+		// The key lives on another member now: this one must not claim it once the spool
+		// drains. It stops without loading; what it is asked meanwhile goes to the manager.
+		s.logger().Info("the session's key moved to another member while it waited for the spool; it stops")
+		s.handOverAll(c)
+		s.stopWhenSettled(c)
 	case *GetState, *actor.Stopping, *actor.Stopped, *actor.Restarting:
 		return true
 	}

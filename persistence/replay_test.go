@@ -117,9 +117,9 @@ func TestReplayDuringAStopKeepsTheSpool(t *testing.T) {
 		w.write(t, 1, session("s1", "k1", t0))
 		w.out.down.Store(true)
 		w.write(t, 2, userMessage("s1", 1, "m1")) // spooled, acknowledged
-		cancel()                                   // the daemon stops…
-		w.out.down.Store(false)                    // …as the database comes back
-		time.Sleep(5 * time.Second)                // replay ticks run
+		cancel()                                  // the daemon stops…
+		w.out.down.Store(false)                   // …as the database comes back
+		time.Sleep(5 * time.Second)               // replay ticks run
 		synctest.Wait()
 		if n := w.files("failed"); n != 0 {
 			t.Errorf("%d spooled batches set aside during a stop, want none", n)
