@@ -28,9 +28,9 @@ type SessionManager struct {
 	// crashStops counts, per key, the times its supervisor stopped the session for crashing
 	// since it last passivated (the pause before it starts again grows with it).
 	crashStops map[string]int
-	rerun    map[string]bool     // key → activate again once its stopping session is gone (passivate.rerun)
-	busy     map[string]bool
-	drains   []*actor.PID
+	rerun      map[string]bool // key → activate again once its stopping session is gone (passivate.rerun)
+	busy       map[string]bool
+	drains     []*actor.PID
 	// grains are the cluster grains of the sessions in memory, by key (cluster mode).
 	grains map[string]*actor.PID
 

@@ -78,7 +78,7 @@ func TestHandedBackBeatsTerminated(t *testing.T) {
 		synctest.Wait()
 		f2 := system.Root.RequestFuture(manager, &Routed{Key: key, Msg: deliver("m2")}, 3*time.Hour)
 		slow.gate <- r2
-		system.Root.Send(manager, &recoverAll{}) // other work between the passivate and what follows
+		system.Root.Send(manager, &recoverAll{})                             // other work between the passivate and what follows
 		f1 := system.Root.RequestFuture(session, deliver("m1"), 3*time.Hour) // routed before the manager knew
 		synctest.Wait()
 		close(r1) // passivate → Poison; m2 held; then busy again
