@@ -42,6 +42,10 @@ func (s *Session) expire(now time.Time) []persistence.Op {
 	}
 	p := s.d.Config.resetFor(s.cur.Platform, s.cur.ChatType)
 	at, reason, due := p.Overdue(s.cur.LastActivityAt, now)
+	if o := s.overdue; o != nil && o.sid == s.cur.ID {
+		at, reason, due = o.at, o.reason, true // it fell due while the session worked
+	}
+	s.overdue = nil
 	if !due {
 		return nil
 	}
@@ -65,9 +69,38 @@ func (s *Session) expire(now time.Time) []persistence.Op {
 // usually means it is no longer due.
 func (s *Session) expireIfIdle(now time.Time) []persistence.Op {
 	if s.running != nil || len(s.queue) > 0 {
+		// Remember that it fell due: the work's own activity would otherwise move the due time
+		// on (a daily reset by a whole day). It ends once the work is done (endOverdue).
+		if s.cur != nil && s.overdue == nil {
+			p := s.d.Config.resetFor(s.cur.Platform, s.cur.ChatType)
+			if at, reason, due := p.Overdue(s.cur.LastActivityAt, now); due {
+				s.overdue = &overdue{sid: s.cur.ID, at: at, reason: reason}
+			}
+		}
 		return nil
 	}
 	return s.expire(now)
+}
+
+// overdue is a reset that fell due while its session worked.
+type overdue struct {
+	sid    string
+	at     time.Time
+	reason string
+}
+
+// endOverdue ends the session whose reset fell due while it worked, once its work is done.
+func (s *Session) endOverdue(c actor.Context) {
+	if s.overdue == nil || s.running != nil || len(s.queue) > 0 || s.fencedOut || s.passivating {
+		return
+	}
+	if ops := s.expire(s.d.now()); len(ops) > 0 {
+		s.write(c, ops, func(c actor.Context, err error) {
+			if err != nil {
+				s.logger().Error("store session reset", "err", err)
+			}
+		})
+	}
 }
 
 // autoReset returns the session that ended automatically and that the next incarnation

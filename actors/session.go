@@ -40,6 +40,7 @@ type Session struct {
 	// interrupted are the messages of turns cut short by a newer message (queue mode
 	// interrupt): the next answer answers them too.
 	interrupted []*item
+	overdue     *overdue    // a reset that fell due while the session worked (expireIfIdle)
 	history     []histEntry // the recent active transcript, for the agent and for /undo and /retry
 	seen        idSet       // inbound message ids accepted in this activation
 	mode        string

@@ -28,6 +28,7 @@ func (s *Session) dequeue(n int) {
 // tryStart starts the next turn if none runs and the head of the queue is durable.
 func (s *Session) tryStart(c actor.Context) {
 	if s.running != nil || len(s.queue) == 0 || !s.queue[0].durable {
+		s.endOverdue(c)
 		s.updateBusy(c)
 		return
 	}

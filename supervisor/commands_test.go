@@ -184,7 +184,7 @@ func (b *blockOn) historyOf(id string) []string {
 // TestDailyResetWaitsForTheSessionsWork: a daily boundary that passes while a turn runs and a
 // message waits does not end the session under them when the next message arrives. All three
 // messages are answered in the session they were sent to, each turn sees the one before, and
-// the session is reset once it is idle past the next boundary.
+// the session is reset (at the boundary it passed) once its work is done.
 func TestDailyResetWaitsForTheSessionsWork(t *testing.T) {
 	clk := testutil.NewClock(time.Date(2026, 11, 10, 3, 58, 0, 0, time.UTC))
 	agent := newBlockOn("m1")
@@ -218,13 +218,13 @@ func TestDailyResetWaitsForTheSessionsWork(t *testing.T) {
 		t.Errorf("the session's transcript is %q, want %q", rows, want)
 	}
 
-	clk.Advance(24 * time.Hour) // idle past the next boundary
+	waitUntil(t, func() bool { return r.session(t, a1.SessionID).EndReason == persistence.EndDaily })
+	if s := r.session(t, a1.SessionID); !s.EndedAt.Equal(time.Date(2026, 11, 10, 4, 0, 0, 0, time.UTC)) {
+		t.Errorf("the session ended at %v, want at the boundary it passed, 04:00", s.EndedAt)
+	}
 	a4 := r.inject(t, dm, "m4", "four")
 	if a4.SessionID == a1.SessionID {
-		t.Errorf("m4, idle past the next boundary, is in the old session %s", a4.SessionID)
-	}
-	if s := r.session(t, a1.SessionID); s.EndReason != persistence.EndDaily {
-		t.Errorf("the old session's end reason is %q, want %q", s.EndReason, persistence.EndDaily)
+		t.Errorf("m4, after the reset, is in the old session %s", a4.SessionID)
 	}
 }
 
