@@ -270,13 +270,15 @@ func TestAgentSubprocessGetsNoDaemonSecrets(t *testing.T) {
 	if err := os.WriteFile(script, []byte("#!/bin/sh\nenv | grep '^AGTEST_' | sort | tr '\\n' ' '\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	t.Setenv("AGTEST_MODEL_KEY", "the agent's own")
 	r := MustStart(t, nil, func(c *config.Config) { // the daemon builds the exec agent from its config
 		c.Agent.Backend, c.Agent.Exec.Command = "exec", []string{"/bin/sh", script}
-		c.Platforms.Discord.TokenEnv, c.HTTP.TokenEnv = "AGTEST_BOT_TOKEN", "AGTEST_BEARER"
+		c.HTTP.TokenEnv = "AGTEST_BEARER"
+		c.Agent.OpenAI.APIKeyEnv = "AGTEST_MODEL_KEY" // not the backend: the daemon does not use it
 	})
 	r.inject(t, dm, "m1", "env please")
-	if got := strings.TrimSpace(r.waitSent(t, 1)[0].Text); got != "AGTEST_PLAIN=plain-value" {
-		t.Errorf("the subprocess saw %q, want only AGTEST_PLAIN=plain-value", got)
+	if got := strings.TrimSpace(r.waitSent(t, 1)[0].Text); got != "AGTEST_BOT_TOKEN=bot-secret AGTEST_MODEL_KEY=the agent's own AGTEST_PLAIN=plain-value" {
+		t.Errorf("the subprocess saw %q, want all but the bearer token (Discord is off: its token variable is not the daemon's)", got)
 	}
 }
 

@@ -249,14 +249,23 @@ type Metrics struct {
 	Actors bool `yaml:"actors"`
 }
 
-// SecretEnv names the environment variables that hold the daemon's secrets (bearer token, bot
-// token, API key): an agent's subprocess must not inherit them.
+// SecretEnv names the environment variables that hold the secrets this daemon uses (its HTTP
+// bearer token, its bot token when Discord is enabled, its API key when the openai backend
+// runs): an agent's subprocess must not inherit them. A variable the daemon does not use is the
+// operator's to pass on (an exec agent calling a model may want OPENAI_API_KEY).
 func (c *Config) SecretEnv() []string {
 	var out []string
-	for _, v := range []string{c.HTTP.TokenEnv, c.Platforms.Discord.TokenEnv, c.Agent.OpenAI.APIKeyEnv} {
+	add := func(v string) {
 		if v != "" && !slices.Contains(out, v) {
 			out = append(out, v)
 		}
+	}
+	add(c.HTTP.TokenEnv)
+	if c.Platforms.Discord.Enabled {
+		add(c.Platforms.Discord.TokenEnv)
+	}
+	if c.Agent.Backend == "openai" {
+		add(c.Agent.OpenAI.APIKeyEnv)
 	}
 	return out
 }

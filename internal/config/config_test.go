@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -861,5 +862,18 @@ func TestIsEnvKey(t *testing.T) {
 		if got := IsEnvKey(name); got != want {
 			t.Errorf("IsEnvKey(%q) = %v, want %v", name, got, want)
 		}
+	}
+}
+
+func TestSecretEnv(t *testing.T) {
+	c := Default()
+	c.HTTP.TokenEnv = "BEARER"
+	if got := fmt.Sprint(c.SecretEnv()); got != "[BEARER]" {
+		t.Errorf("defaults with a bearer token: %s, want [BEARER] (Discord off, echo agent)", got)
+	}
+	c.Platforms.Discord.Enabled = true
+	c.Agent.Backend = "openai"
+	if got := fmt.Sprint(c.SecretEnv()); got != "[BEARER DISCORD_TOKEN OPENAI_API_KEY]" {
+		t.Errorf("with Discord and openai: %s, want [BEARER DISCORD_TOKEN OPENAI_API_KEY]", got)
 	}
 }
