@@ -82,9 +82,9 @@ func (p *Platform) handle(m *discordgo.Message) {
 	dctx, cancel := context.WithTimeout(ctx, deliverTimeout)
 	defer cancel()
 	reply := replyChannel(in.Source)
-	p.typing.expect(reply)
+	p.typing.expect(reply, m.ID)
 	ack, err := deliver(dctx, in)
-	p.typing.delivered(reply, ack, err)
+	p.typing.delivered(reply, m.ID, ack, err)
 	if err != nil {
 		p.log.Warn("discord message not taken", "channel", m.ChannelID, "message", m.ID, "err", err)
 		p.tellUser(ctx, reply, refFor(in.Source, m.ID), refusal(err))

@@ -29,7 +29,7 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 		// posted and the reply counts as delivered. A draft keeps what it showed.
 		p.log.Debug("discord: empty reply; nothing posted", "channel", channel, "turn", out.TurnID)
 		if out.TurnEnd {
-			p.typing.turnEnded(channel)
+			p.typing.turnEnded(replyChannel(out.Target), out.InReplyTo)
 		}
 		return nil
 	}
@@ -75,7 +75,7 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 			p.remember(id, i)
 			if refusedForGood(err) {
 				if out.TurnEnd {
-					p.typing.turnEnded(replyChannel(out.Target))
+					p.typing.turnEnded(replyChannel(out.Target), out.InReplyTo)
 				}
 				return fmt.Errorf("discord: send part %d of %d to channel %s: %w: %w", i+1, len(parts), channel, platforms.ErrUndeliverable, err)
 			}
@@ -84,7 +84,7 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 	}
 	p.remember(id, -1)
 	if out.TurnEnd {
-		p.typing.turnEnded(channel)
+		p.typing.turnEnded(replyChannel(out.Target), out.InReplyTo)
 	}
 	return nil
 }

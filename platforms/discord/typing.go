@@ -19,13 +19,15 @@ const (
 )
 
 // typing runs Discord's typing indicator in a channel while turns for it work: each message
-// that starts or queues a turn adds one, each reply that ends a turn takes one away.
+// that starts or queues a turn is awaited, and a reply that ends a turn settles the messages it
+// answers (a command's answer also answers the messages it dropped; a turn after an interrupt
+// also the interrupted one). The indicator stops when none is awaited.
 //
-// A message is counted before it is delivered (expect) and settled once its delivery is
+// A message is awaited before it is delivered (expect) and settled once its delivery is
 // acknowledged (delivered): a fast turn's reply can end the turn before its acknowledgment
-// comes back, and a turn counted only then would never be taken away again (the indicator ran
-// on until typingMax, long after the reply). The indicator starts at the acknowledgment, so
-// a message that starts no turn shows none.
+// comes back, and a message awaited only then would never be settled (the indicator ran on
+// until typingMax, long after the reply). The indicator starts at the acknowledgment, so a
+// message that starts no turn shows none.
 type typing struct {
 	send func(channel string)
 
@@ -34,32 +36,32 @@ type typing struct {
 }
 
 type typist struct {
-	turns  int
-	since  time.Time
-	cancel context.CancelFunc // of the indicator's goroutine; nil before it starts
+	awaited map[string]bool // message ids whose turn is to come or runs
+	since   time.Time
+	cancel  context.CancelFunc // of the indicator's goroutine; nil before it starts
 }
 
 func newTyping(send func(channel string)) *typing {
 	return &typing{send: send, chans: map[string]*typist{}}
 }
 
-// expect counts a message about to be delivered in channel as a turn to come.
-func (t *typing) expect(channel string) {
+// expect awaits message id, about to be delivered in channel, as a turn to come.
+func (t *typing) expect(channel, id string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	tp := t.chans[channel]
 	if tp == nil {
-		tp = &typist{}
+		tp = &typist{awaited: map[string]bool{}}
 		t.chans[channel] = tp
 	}
-	tp.turns++
+	tp.awaited[id] = true
 	tp.since = time.Now()
 }
 
 // delivered settles an expect with the delivery's outcome: a message that starts or queues no
 // turn is taken away again; one that does starts the indicator, unless every turn counted has
 // ended already.
-func (t *typing) delivered(channel string, ack *platforms.Ack, err error) {
+func (t *typing) delivered(channel, id string, ack *platforms.Ack, err error) {
 	counted := false
 	if err == nil && ack != nil {
 		switch ack.Disposition {
@@ -74,7 +76,7 @@ func (t *typing) delivered(channel string, ack *platforms.Ack, err error) {
 	case tp == nil:
 		// every turn counted has ended
 	case !counted:
-		t.endLocked(channel, tp) // merged into a counted turn, replaced one, or no turn at all
+		t.settleLocked(channel, tp, id) // merged into a counted turn, replaced one, or no turn at all
 	case tp.cancel == nil:
 		ctx, cancel := context.WithCancel(context.Background())
 		tp.cancel = cancel
@@ -82,17 +84,21 @@ func (t *typing) delivered(channel string, ack *platforms.Ack, err error) {
 	}
 }
 
-// turnEnded counts a reply that ended a turn in channel.
-func (t *typing) turnEnded(channel string) {
+// turnEnded settles the messages a reply that ended a turn in channel answers.
+func (t *typing) turnEnded(channel string, answered []string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if tp := t.chans[channel]; tp != nil {
-		t.endLocked(channel, tp)
+	tp := t.chans[channel]
+	for _, id := range answered {
+		if tp != nil {
+			t.settleLocked(channel, tp, id)
+		}
+		tp = t.chans[channel]
 	}
 }
 
-func (t *typing) endLocked(channel string, tp *typist) {
-	if tp.turns--; tp.turns <= 0 {
+func (t *typing) settleLocked(channel string, tp *typist, id string) {
+	if delete(tp.awaited, id); len(tp.awaited) == 0 {
 		if tp.cancel != nil {
 			tp.cancel()
 		}

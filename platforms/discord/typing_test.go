@@ -20,35 +20,53 @@ func TestTypingFollowsTurns(t *testing.T) {
 		want  int // indicators sent over the first typingEvery and three renewals
 	}{
 		{"a turn shows the indicator until its reply", func(tp *typing) {
-			tp.expect("c")
-			tp.delivered("c", ack(platforms.Started), nil)
+			tp.expect("c", "m1")
+			tp.delivered("c", "m1", ack(platforms.Started), nil)
 			synctest.Wait()
 			time.Sleep(typingEvery + time.Second) // one renewal
-			tp.turnEnded("c")
+			tp.turnEnded("c", []string{"m1"})
 		}, 2},
 		{"a turn that ended before its acknowledgment shows none", func(tp *typing) {
-			tp.expect("c")
-			tp.turnEnded("c") // a fast agent: the reply is out first
-			tp.delivered("c", ack(platforms.Started), nil)
+			tp.expect("c", "m1")
+			tp.turnEnded("c", []string{"m1"}) // a fast agent: the reply is out first
+			tp.delivered("c", "m1", ack(platforms.Started), nil)
 		}, 0},
 		{"a message that starts no turn shows none", func(tp *typing) {
-			tp.expect("c")
-			tp.delivered("c", ack(platforms.Duplicate), nil)
+			tp.expect("c", "m1")
+			tp.delivered("c", "m1", ack(platforms.Duplicate), nil)
 		}, 0},
 		{"a refused message shows none", func(tp *typing) {
-			tp.expect("c")
-			tp.delivered("c", nil, errors.New("unavailable"))
+			tp.expect("c", "m1")
+			tp.delivered("c", "m1", nil, errors.New("unavailable"))
 		}, 0},
 		{"two turns: the indicator runs until the second reply", func(tp *typing) {
-			tp.expect("c")
-			tp.delivered("c", ack(platforms.Started), nil)
-			tp.expect("c")
-			tp.delivered("c", ack(platforms.Queued), nil)
+			tp.expect("c", "m1")
+			tp.delivered("c", "m1", ack(platforms.Started), nil)
+			tp.expect("c", "m2")
+			tp.delivered("c", "m2", ack(platforms.Queued), nil)
 			synctest.Wait()
-			tp.turnEnded("c")
+			tp.turnEnded("c", []string{"m1"})
 			time.Sleep(typingEvery + time.Second) // still one turn to come: renewed
-			tp.turnEnded("c")
+			tp.turnEnded("c", []string{"m2"})
 		}, 2},
+		{"a command's answer settles the messages it dropped", func(tp *typing) {
+			for _, id := range []string{"m1", "m2"} { // running, queued
+				tp.expect("c", id)
+				tp.delivered("c", id, ack(platforms.Queued), nil)
+			}
+			tp.expect("c", "stop")
+			tp.delivered("c", "stop", ack(platforms.Command), nil)
+			synctest.Wait()
+			tp.turnEnded("c", []string{"m1", "m2", "stop"})
+		}, 1},
+		{"a collected message settles with its turn's reply", func(tp *typing) {
+			tp.expect("c", "m1")
+			tp.delivered("c", "m1", ack(platforms.Started), nil)
+			tp.expect("c", "m2")
+			tp.delivered("c", "m2", ack(platforms.Collected), nil)
+			synctest.Wait()
+			tp.turnEnded("c", []string{"m1", "m2"})
+		}, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
