@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"context"
 	"log/slog"
 	"slices"
 	"strings"
@@ -48,8 +49,9 @@ type restartCrashed struct{ key string }
 
 const (
 	// recoverRetry is how long the manager waits to list the recoverable keys again when the
-	// store could not.
-	recoverRetry = 5 * time.Second
+	// store could not; recoverListTimeout bounds one listing.
+	recoverRetry       = 5 * time.Second
+	recoverListTimeout = 5 * time.Second
 	// crashPause is how long a session stopped for crashing too often stays stopped, the first
 	// time; each time again doubles it, up to maxCrashPause, until the session passivates.
 	crashPause    = 10 * time.Second
@@ -194,7 +196,11 @@ func (m *SessionManager) start(c actor.Context) {
 // (or are answered with a notice), unconfirmed replies are sent again. When the store cannot
 // list them, it tries again recoverRetry later, until it can.
 func (m *SessionManager) recoverAll(c actor.Context) {
-	keys, err := m.d.Store.Recoverable(m.d.Ctx)
+	// The read runs on the manager, which routes every message: a store that does not answer
+	// must not hold it for long.
+	ctx, cancel := context.WithTimeout(m.d.Ctx, recoverListTimeout)
+	keys, err := m.d.Store.Recoverable(ctx)
+	cancel()
 	if err != nil {
 		m.log.Error("list recoverable sessions; trying again", "err", err, "in", recoverRetry)
 		m.timers.SendOnce(recoverRetry, c.Self(), &recoverAll{})
