@@ -45,7 +45,7 @@ func (in *Intake) Deliver(ctx context.Context, m *platforms.Inbound) (*platforms
 	src.UserName = identity.NeutraliseName(src.UserName)
 	key := in.Key(src)
 	res, err := in.router.Request(ctx, key, &Deliver{
-		SessionKey: key, Source: sourceToProto(src), MessageId: m.MessageID, Text: m.Text,
+		SessionKey: key, Source: sourceToProto(src), MessageId: m.MessageID, Text: withoutNUL(m.Text),
 		ReceivedAtUnixNano: m.ReceivedAt.UnixNano(),
 	})
 	if err != nil {

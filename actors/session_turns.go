@@ -2,6 +2,7 @@ package actors
 
 import (
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
@@ -244,6 +245,9 @@ func (s *Session) onTurnFinished(c actor.Context, m *TurnFinished) {
 	}
 	s.running = nil
 	c.Stop(r.pid)
+	// An agent (a model endpoint) reports the usage: a negative count would panic the token
+	// counter and fail the turn's write, one out of all reason overflow the session's totals.
+	m.Usage.InputTokens, m.Usage.OutputTokens = saneTokens(m.Usage.InputTokens), saneTokens(m.Usage.OutputTokens)
 	// Steered messages the agent saw belong to this turn; any that arrived after it answered run
 	// next, in order.
 	k := min(m.Steered, len(r.steered))
@@ -268,10 +272,24 @@ func (s *Session) onTurnFinished(c actor.Context, m *TurnFinished) {
 	s.tryStart(c)
 }
 
+// maxTurnTokens bounds the tokens one turn may add to its session's totals.
+const maxTurnTokens = 1 << 40
+
+func saneTokens(n int64) int64 { return min(max(n, 0), maxTurnTokens) }
+
+// withoutNUL replaces NUL characters, which PostgreSQL cannot store in text, by U+FFFD.
+func withoutNUL(s string) string {
+	if !strings.Contains(s, "\x00") {
+		return s
+	}
+	return strings.ReplaceAll(s, "\x00", "\uFFFD")
+}
+
 // finish records the end of a turn (reply row, message status, outbox, activity, route and the
 // tokens it used, in one write) and sends the reply once it is durable.
 func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string, usage agents.Usage) {
 	now := s.d.now()
+	text = withoutNUL(text) // an agent's output: PostgreSQL stores no NUL, and no chat shows one
 	seqs := make([]int64, len(r.items))
 	var ids []string
 	for _, it := range s.interrupted {

@@ -1,13 +1,17 @@
 package supervisor
 
 import (
+	"context"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -24,4 +28,47 @@ func TestPostgresUnavailableSpoolsAndDrains(t *testing.T) {
 	})
 	defer r.stop(t)
 	spoolsAndDrains(t, r, func(t *testing.T) func() { return pgtest.Cut(t, dsn) })
+}
+
+// TestHostileAgentOutputIsStored: an agent (a model endpoint) may answer a NUL, which
+// PostgreSQL cannot store in text, or report usage out of all reason, which would overflow the
+// session's totals (SQLite turned them into a REAL that no read could scan; PostgreSQL refused
+// the turn's whole write). On both stores the turns are stored and answered, and the store
+// stays readable.
+func TestHostileAgentOutputIsStored(t *testing.T) {
+	agent := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+		return &agents.Response{Text: "a\x00b", Usage: agents.Usage{InputTokens: 1 << 62, OutputTokens: -5}}, nil
+	})
+	for _, driver := range []string{"sqlite", "postgres"} {
+		t.Run(driver, func(t *testing.T) {
+			r := MustStartDaemon(t, agent, daemonOpts{tweak: func(c *config.Config) {
+				if driver == "postgres" {
+					c.Store.Driver, c.Store.DSN = "postgres", pgtest.NewDatabase(t)
+				}
+			}})
+			defer r.stop(t)
+			var ack *platforms.Ack
+			for _, id := range []string{"m1", "m2", "m3"} {
+				ack = r.inject(t, dm, id, "x\x00y")
+				r.waitReplyTo(t, id)
+			}
+			if got := r.fake.Sent()[0].Text; got != "a\uFFFDb" {
+				t.Errorf("reply %q, want the NUL replaced", got)
+			}
+			s := r.session(t, ack.SessionID)
+			if s.InputTokens <= 0 || s.OutputTokens != 0 {
+				t.Errorf("session tokens %d in, %d out; want a bounded positive total and no negative", s.InputTokens, s.OutputTokens)
+			}
+			if _, err := r.d.store.ListSessions(t.Context(), persistence.ListFilter{}); err != nil {
+				t.Errorf("ListSessions after the hostile usage: %v", err)
+			}
+			msgs, err := r.d.store.Transcript(t.Context(), ack.SessionID)
+			if err != nil || len(msgs) != 6 {
+				t.Fatalf("transcript: %d rows, %v; want 6", len(msgs), err)
+			}
+			if msgs[0].Content != "x\uFFFDy" {
+				t.Errorf("stored user text %q, want the NUL replaced", msgs[0].Content)
+			}
+		})
+	}
 }
