@@ -11,10 +11,8 @@ import (
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/identity"
-	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/sqlite"
-	"github.com/asynkron/protoactor-go/actor"
 )
 
 // TestSessionStoppedForCrashingStartsAgain: an agent that panics on every message of a chat.
@@ -32,54 +30,25 @@ func TestSessionStoppedForCrashingStartsAgain(t *testing.T) {
 
 func crashedOutSessionStartsAgain(t *testing.T, recovery string) {
 	synctest.Test(t, func(t *testing.T) {
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer store.Close()
-		system, quiet := quietSystem()
-		defer system.Shutdown()
-
-		notices := make(chan *SendOutbound, 50)
-		platform := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-			if m, ok := c.Message().(*SendOutbound); ok {
-				notices <- m
-			}
-		}))
 		gate := make(chan struct{})
 		crashy := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
 			<-gate
 			panic("agent bug on " + req.Identity.MessageID)
 		})
-		d := &Deps{Ctx: ctx, Store: store, Agent: crashy, Platforms: map[string]*actor.PID{"fake": platform},
-			Log: quiet, Metrics: metrics.New("fake"), Node: "test",
-			Config: SessionConfig{PassivateAfter: time.Hour, QueueMode: ModeFollowup, QueueCap: 10, HistoryLimit: 50, Recovery: recovery}}
-		d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, store, persistence.ActorOptions{MaxBatch: 64})))
-		manager := system.Root.Spawn(NewSessionManager(d))
-		defer func() { // before the store closes, and inside the bubble
-			_ = system.Root.StopFuture(manager).Wait()
-			_ = system.Root.StopFuture(d.Persist).Wait()
-		}()
-
-		src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1"}
-		key := identity.Key(src, d.Config.Keys)
+		w := newManagerWorld(t, crashy, func(d *Deps) { d.Config.Recovery = recovery })
 		var sid string
 		for _, id := range []string{"m1", "m2"} {
-			msg := &Routed{Key: key, Msg: &Deliver{SessionKey: key, Source: sourceToProto(src), MessageId: id, Text: "boom",
-				ReceivedAtUnixNano: time.Now().UnixNano()}}
-			res, err := system.Root.RequestFuture(manager, msg, time.Minute).Result()
-			if err != nil || res.(*DeliverResult).ErrorCode != "" {
-				t.Fatalf("deliver %s: %v %+v", id, err, res)
+			r := w.deliver(t, id, "boom")
+			if r.ErrorCode != "" {
+				t.Fatalf("deliver %s: %+v", id, r)
 			}
-			sid = res.(*DeliverResult).SessionId
+			sid = r.SessionId
 		}
 		close(gate)
 		time.Sleep(time.Minute) // crashPause and every restart fit in it
 		synctest.Wait()
 
-		msgs, err := store.Transcript(ctx, sid)
+		msgs, err := w.store.Transcript(w.ctx, sid)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,8 +63,8 @@ func crashedOutSessionStartsAgain(t *testing.T, recovery string) {
 		}
 		// Each start sends again what is not confirmed (this platform confirms nothing).
 		told := map[string]bool{}
-		for len(notices) > 0 {
-			if m := <-notices; strings.Contains(m.Out.Text, "quarantined") {
+		for len(w.sent) > 0 {
+			if m := <-w.sent; strings.Contains(m.Out.Text, "quarantined") {
 				told[strings.Join(m.Out.InReplyTo, ",")] = true
 			}
 		}
@@ -124,54 +93,40 @@ func (b *blindRecovery) Recoverable(ctx context.Context) ([]string, error) {
 // is run without waiting for the chat's next one.
 func TestRecoveryRetriesItsListing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer store.Close()
-		// What a run that died mid-turn leaves: a session with a pending message.
+		// What a run that died mid-turn leaves: a session with a pending message. It is
+		// written before the manager starts, through a store of its own on the same file.
+		dir := t.TempDir()
+		path := filepath.Join(dir, "agentgate.db")
 		now := time.Now()
 		src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1"}
 		key := identity.Key(src, identity.KeyOptions{})
-		if errs := store.Commit(ctx, [][]persistence.Op{{
-			&persistence.CreateSession{Session: persistence.Session{ID: "s1", Key: key, Platform: "fake", ChatType: identity.ChatDM,
-				ChatID: "c1", UserID: "u1", StartedAt: now, LastActivityAt: now}},
-			&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: "s1", Generation: 1, UpdatedAt: now}},
-			&persistence.AppendMessage{Message: persistence.Message{SessionID: "s1", Seq: 1, Role: persistence.RoleUser,
-				Content: "left over", Platform: "fake", ChatID: "c1", MessageID: "m1", UserID: "u1",
-				Status: persistence.StatusPending, Active: true, CreatedAt: now}},
-		}}); errs[0] != nil {
-			t.Fatal(errs[0])
-		}
-		system, quiet := quietSystem()
-		defer system.Shutdown()
-		replies := make(chan string, 10)
-		platform := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-			if m, ok := c.Message().(*SendOutbound); ok {
-				replies <- m.Out.Text
+		func() {
+			store, err := sqlite.Open(t.Context(), path, sqlite.Options{})
+			if err != nil {
+				t.Fatal(err)
 			}
-		}))
+			defer store.Close()
+			if errs := store.Commit(t.Context(), [][]persistence.Op{{
+				&persistence.CreateSession{Session: persistence.Session{ID: "s1", Key: key, Platform: "fake", ChatType: identity.ChatDM,
+					ChatID: "c1", UserID: "u1", StartedAt: now, LastActivityAt: now}},
+				&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: "s1", Generation: 1, UpdatedAt: now}},
+				&persistence.AppendMessage{Message: persistence.Message{SessionID: "s1", Seq: 1, Role: persistence.RoleUser,
+					Content: "left over", Platform: "fake", ChatID: "c1", MessageID: "m1", UserID: "u1",
+					Status: persistence.StatusPending, Active: true, CreatedAt: now}},
+			}}); errs[0] != nil {
+				t.Fatal(errs[0])
+			}
+		}()
 		echo := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
 			return &agents.Response{Text: "echo: " + req.Messages[0].Text}, nil
 		})
-		blind := &blindRecovery{Store: store, failures: 2}
-		d := &Deps{Ctx: ctx, Store: blind, Agent: echo, Platforms: map[string]*actor.PID{"fake": platform},
-			Log: quiet, Metrics: metrics.New("fake"), Node: "test",
-			Config: SessionConfig{PassivateAfter: time.Hour, QueueMode: ModeFollowup, QueueCap: 10, HistoryLimit: 50}}
-		d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, store, persistence.ActorOptions{MaxBatch: 64})))
-		manager := system.Root.Spawn(NewSessionManager(d))
-		defer func() {
-			_ = system.Root.StopFuture(manager).Wait()
-			_ = system.Root.StopFuture(d.Persist).Wait()
-		}()
+		w := newManagerWorldAt(t, path, echo, func(d *Deps) { d.Store = &blindRecovery{Store: d.Store, failures: 2} })
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		select {
-		case got := <-replies:
-			if got != "echo: left over" {
-				t.Errorf("reply %q, want the left-over message answered", got)
+		case got := <-w.sent:
+			if got.Out.Text != "echo: left over" {
+				t.Errorf("reply %q, want the left-over message answered", got.Out.Text)
 			}
 		default:
 			t.Errorf("the left-over message was not run after the store could list it again")

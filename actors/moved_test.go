@@ -2,17 +2,12 @@ package actors
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
-	"github.com/agentgate/agentgate/internal/identity"
-	"github.com/agentgate/agentgate/internal/metrics"
-	"github.com/agentgate/agentgate/persistence"
-	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/asynkron/protoactor-go/actor"
 )
 
@@ -21,31 +16,13 @@ import (
 // key the new owner holds.
 func TestWaitingSessionStopsWhenItsKeyMoves(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer store.Close()
-		system, quiet := quietSystem()
-		defer system.Shutdown()
-		platform := system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
-		grain := system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
 		echo := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
 			return &agents.Response{Text: "echo"}, nil
 		})
-		d := &Deps{Ctx: ctx, Store: store, Agent: echo, Platforms: map[string]*actor.PID{"fake": platform},
-			Log: quiet, Metrics: metrics.New("fake"), Node: "a", Fencing: true, Clustered: true,
-			Config: SessionConfig{PassivateAfter: time.Hour, QueueMode: ModeFollowup, QueueCap: 10, HistoryLimit: 50}}
-		d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, store, persistence.ActorOptions{MaxBatch: 64})))
-		manager := system.Root.Spawn(NewSessionManager(d))
-		defer func() {
-			_ = system.Root.StopFuture(manager).Wait()
-			_ = system.Root.StopFuture(d.Persist).Wait()
-		}()
-		src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1"}
-		key := identity.Key(src, d.Config.Keys)
+		w := newManagerWorld(t, echo, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		system, manager, key, d, store, ctx := w.system, w.manager, w.key, w.d, w.store, w.ctx
+		src := w.src
+		grain := system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
 		d.Spooling.Store(true)
 		res, err := system.Root.RequestFuture(manager, &Routed{Key: key, Grain: grain, Msg: &Deliver{SessionKey: key,
 			Source: sourceToProto(src), MessageId: "m1", Text: "hi", ReceivedAtUnixNano: time.Now().UnixNano()}}, time.Hour).Result()

@@ -2,16 +2,12 @@ package actors
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
-	"github.com/agentgate/agentgate/internal/identity"
-	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/persistence"
-	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/asynkron/protoactor-go/actor"
 )
 
@@ -35,36 +31,17 @@ func (s *slowListing) Recoverable(ctx context.Context) ([]string, error) {
 // must still run before m2, which the manager held after the session asked to stop.
 func TestHandedBackBeatsTerminated(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer store.Close()
-		system, quiet := quietSystem()
-		defer system.Shutdown()
-		platform := system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
 		echo := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
 			return &agents.Response{Text: "echo"}, nil
 		})
-		slow := &slowListing{Store: store, gate: make(chan chan struct{}, 2)}
-		d := &Deps{Ctx: ctx, Store: slow, Agent: echo, Platforms: map[string]*actor.PID{"fake": platform},
-			Log: quiet, Metrics: metrics.New("fake"), Node: "test",
-			Config: SessionConfig{PassivateAfter: time.Hour, QueueMode: ModeFollowup, QueueCap: 10, HistoryLimit: 50}}
-		d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, store, persistence.ActorOptions{MaxBatch: 64})))
-		manager := system.Root.Spawn(NewSessionManager(d))
-		defer func() {
-			_ = system.Root.StopFuture(manager).Wait()
-			_ = system.Root.StopFuture(d.Persist).Wait()
-		}()
-		src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1"}
-		key := identity.Key(src, d.Config.Keys)
-		deliver := func(id string) *Deliver {
-			return &Deliver{SessionKey: key, Source: sourceToProto(src), MessageId: id, Text: id, ReceivedAtUnixNano: time.Now().UnixNano()}
-		}
-		if _, err := system.Root.RequestFuture(manager, &Routed{Key: key, Msg: deliver("m0")}, time.Hour).Result(); err != nil {
-			t.Fatal(err)
+		var slow *slowListing
+		w := newManagerWorld(t, echo, func(d *Deps) {
+			slow = &slowListing{Store: d.Store, gate: make(chan chan struct{}, 2)}
+			d.Store = slow
+		})
+		system, manager, key, deliver := w.system, w.manager, w.key, func(id string) *Deliver { return w.message(id, id) }
+		if r := w.deliver(t, "m0", "m0"); r.ErrorCode != "" {
+			t.Fatalf("m0: %+v", r)
 		}
 		synctest.Wait()
 		session := actor.NewPID(system.Address(), manager.Id+"/"+key)
@@ -91,7 +68,7 @@ func TestHandedBackBeatsTerminated(t *testing.T) {
 		}
 		var seqs []int64
 		for _, id := range []string{"m1", "m2"} {
-			m, err := store.FindInbound(ctx, "fake", "c1", id)
+			m, err := w.store.FindInbound(w.ctx, "fake", "c1", id)
 			if err != nil {
 				t.Fatal(err)
 			}

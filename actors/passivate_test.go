@@ -3,16 +3,11 @@ package actors
 import (
 	"context"
 	"log/slog"
-	"path/filepath"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
-	"github.com/agentgate/agentgate/internal/identity"
-	"github.com/agentgate/agentgate/internal/metrics"
-	"github.com/agentgate/agentgate/persistence"
-	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -24,42 +19,19 @@ import (
 // message of the chat).
 func TestPassivatingSessionHandsOverWhatReachesIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer store.Close()
-		system, quiet := quietSystem()
-		defer system.Shutdown()
-
-		replies := make(chan string, 10)
-		platform := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-			if m, ok := c.Message().(*SendOutbound); ok {
-				replies <- m.Out.Text
-			}
-		}))
 		echo := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
 			return &agents.Response{Text: "echo: " + req.Messages[len(req.Messages)-1].Text}, nil
 		})
-		d := &Deps{Ctx: ctx, Store: store, Agent: echo, Platforms: map[string]*actor.PID{"fake": platform},
-			Log: quiet, Metrics: metrics.New("fake"), Node: "test",
-			Config: SessionConfig{PassivateAfter: time.Hour, QueueMode: ModeFollowup, QueueCap: 10, HistoryLimit: 50}}
-		d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, store, persistence.ActorOptions{MaxBatch: 64})))
-		manager := system.Root.Spawn(NewSessionManager(d))
-		defer func() { // before the store closes, and inside the bubble
-			_ = system.Root.StopFuture(manager).Wait()
-			_ = system.Root.StopFuture(d.Persist).Wait()
-		}()
+		w := newManagerWorld(t, echo, nil)
+		system, manager, key, d := w.system, w.manager, w.key, w.d
 		// reply waits for the reply text want; a reply not yet marked delivered is sent again
 		// by each activation (at least once), so earlier ones may come first.
 		reply := func(want string) {
 			t.Helper()
 			for {
 				select {
-				case got := <-replies:
-					if got == want {
+				case got := <-w.sent:
+					if got.Out.Text == want {
 						return
 					}
 				case <-time.After(time.Minute):
@@ -68,13 +40,10 @@ func TestPassivatingSessionHandsOverWhatReachesIt(t *testing.T) {
 			}
 		}
 
-		src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1"}
-		key := identity.Key(src, d.Config.Keys)
 		// deliver sends a message to pid: the manager (routed, as the router does) or a session.
 		deliver := func(pid *actor.PID, id, text string) *DeliverResult {
 			t.Helper()
-			var msg any = &Deliver{SessionKey: key, Source: sourceToProto(src), MessageId: id, Text: text,
-				ReceivedAtUnixNano: time.Now().UnixNano()}
+			var msg any = w.message(id, text)
 			if pid == manager {
 				msg = &Routed{Key: key, Msg: msg}
 			}

@@ -2,34 +2,19 @@ package actors
 
 import (
 	"context"
-	"path/filepath"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
-	"github.com/agentgate/agentgate/internal/identity"
-	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/persistence"
-	"github.com/agentgate/agentgate/persistence/sqlite"
-	"github.com/asynkron/protoactor-go/actor"
 )
 
 // TestRetryInFlightIsDroppedByNew: /new right after /retry, while the retry's write is in
 // flight: the retried message must not run after the boundary (in the ended session).
 func TestRetryInFlightIsDroppedByNew(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer store.Close()
-		system, quiet := quietSystem()
-		defer system.Shutdown()
-		platform := system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
 		var mu sync.Mutex
 		var calls []string
 		echo := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
@@ -38,20 +23,8 @@ func TestRetryInFlightIsDroppedByNew(t *testing.T) {
 			mu.Unlock()
 			return &agents.Response{Text: "echo"}, nil
 		})
-		d := &Deps{Ctx: ctx, Store: store, Agent: echo, Platforms: map[string]*actor.PID{"fake": platform},
-			Log: quiet, Metrics: metrics.New("fake"), Node: "test",
-			Config: SessionConfig{PassivateAfter: time.Hour, QueueMode: ModeFollowup, QueueCap: 10, HistoryLimit: 50}}
-		d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, store, persistence.ActorOptions{MaxBatch: 64})))
-		manager := system.Root.Spawn(NewSessionManager(d))
-		defer func() {
-			_ = system.Root.StopFuture(manager).Wait()
-			_ = system.Root.StopFuture(d.Persist).Wait()
-		}()
-		src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1"}
-		key := identity.Key(src, d.Config.Keys)
-		deliver := func(id, text string) *Deliver {
-			return &Deliver{SessionKey: key, Source: sourceToProto(src), MessageId: id, Text: text, ReceivedAtUnixNano: time.Now().UnixNano()}
-		}
+		w := newManagerWorld(t, echo, nil)
+		system, manager, key, store, ctx, deliver := w.system, w.manager, w.key, w.store, w.ctx, w.message
 		if _, err := system.Root.RequestFuture(manager, &Routed{Key: key, Msg: deliver("m0", "hello")}, time.Hour).Result(); err != nil {
 			t.Fatal(err)
 		}

@@ -2,11 +2,9 @@ package persistence_test
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -16,31 +14,15 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/persistence/storetest"
 )
-
-// outage is a store whose commits fail as a database that cannot be written does while down.
-type outage struct {
-	persistence.Store
-	down atomic.Bool
-}
-
-func (o *outage) Commit(ctx context.Context, groups [][]persistence.Op) []error {
-	if !o.down.Load() {
-		return o.Store.Commit(ctx, groups)
-	}
-	errs := make([]error, len(groups))
-	for i := range errs {
-		errs[i] = fmt.Errorf("%w: disk full (test)", persistence.ErrUnavailable)
-	}
-	return errs
-}
 
 // spoolWorld is a persistence actor with a spool over a real SQLite store that can fail.
 type spoolWorld struct {
 	system *actor.ActorSystem
 	pid    *actor.PID
 	store  *sqlite.Store
-	out    *outage
+	out    *storetest.Outage
 	dir    string
 }
 
@@ -58,7 +40,7 @@ func newSpoolWorld(t *testing.T, ctx context.Context) *spoolWorld {
 	quiet := slog.New(slog.DiscardHandler)
 	w := &spoolWorld{
 		system: actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet })),
-		store:  st, out: &outage{Store: st}, dir: dir,
+		store:  st, out: &storetest.Outage{Store: st}, dir: dir,
 	}
 	w.pid = w.system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, w.out, persistence.ActorOptions{
 		MaxBatch: 64, Spool: sp, ReplayEvery: time.Second, Log: quiet})))
@@ -97,6 +79,19 @@ func (w *spoolWorld) files(sub string) int {
 
 var t0 = time.Unix(1_700_000_000, 0)
 
+// spooledResume writes session x of key k, ended by /new, and its successor y; then, with the
+// database down, the /resume of x (y ended, x reopened and routed), which goes to the spool.
+func (w *spoolWorld) spooledResume(t *testing.T) {
+	t.Helper()
+	end := t0.Add(time.Minute)
+	w.write(t, 1, session("x", "k", t0), &persistence.EndSession{SessionID: "x", Reason: persistence.EndNewCommand, At: end},
+		session("y", "k", end), &persistence.PutRoute{Route: persistence.Route{Key: "k", SessionID: "y", Generation: 2, UpdatedAt: end}})
+	w.out.Down.Store(true)
+	w.write(t, 2, &persistence.EndSession{SessionID: "y", Reason: persistence.EndSwitched, At: end},
+		&persistence.ReopenSession{SessionID: "x"},
+		&persistence.PutRoute{Route: persistence.Route{Key: "k", SessionID: "x", Generation: 3, UpdatedAt: end}})
+}
+
 func session(id, key string, at time.Time) *persistence.CreateSession {
 	return &persistence.CreateSession{Session: persistence.Session{ID: id, Key: key, Platform: "http", StartedAt: at, LastActivityAt: at}}
 }
@@ -115,10 +110,10 @@ func TestReplayDuringAStopKeepsTheSpool(t *testing.T) {
 		w := newSpoolWorld(t, ctx)
 		defer w.close(t)
 		w.write(t, 1, session("s1", "k1", t0))
-		w.out.down.Store(true)
+		w.out.Down.Store(true)
 		w.write(t, 2, userMessage("s1", 1, "m1")) // spooled, acknowledged
 		cancel()                                  // the daemon stops…
-		w.out.down.Store(false)                   // …as the database comes back
+		w.out.Down.Store(false)                   // …as the database comes back
 		time.Sleep(5 * time.Second)               // replay ticks run
 		synctest.Wait()
 		if n := w.files("failed"); n != 0 {
@@ -136,16 +131,9 @@ func TestPruneWaitsForTheSpool(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newSpoolWorld(t, t.Context())
 		defer w.close(t)
-		end := t0.Add(time.Minute)
-		w.write(t, 1, session("x", "k", t0), &persistence.EndSession{SessionID: "x", Reason: persistence.EndNewCommand, At: end},
-			session("y", "k", end), &persistence.PutRoute{Route: persistence.Route{Key: "k", SessionID: "y", Generation: 2, UpdatedAt: end}})
-		w.out.down.Store(true)
-		// /resume x and a message in it, both spooled.
-		w.write(t, 2, &persistence.EndSession{SessionID: "y", Reason: persistence.EndSwitched, At: end},
-			&persistence.ReopenSession{SessionID: "x"},
-			&persistence.PutRoute{Route: persistence.Route{Key: "k", SessionID: "x", Generation: 3, UpdatedAt: end}})
+		w.spooledResume(t) // and a message in x, spooled too
 		w.write(t, 3, userMessage("x", 1, "m1"))
-		w.out.down.Store(false)
+		w.out.Down.Store(false)
 		res, err := w.system.Root.RequestFuture(w.pid, &persistence.Prune{Before: t0.Add(24 * time.Hour)}, time.Minute).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -170,13 +158,7 @@ func TestPruneIsPutOffWhileTheSpoolWaits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newSpoolWorld(t, t.Context())
 		defer w.close(t)
-		end := t0.Add(time.Minute)
-		w.write(t, 1, session("x", "k", t0), &persistence.EndSession{SessionID: "x", Reason: persistence.EndNewCommand, At: end},
-			session("y", "k", end), &persistence.PutRoute{Route: persistence.Route{Key: "k", SessionID: "y", Generation: 2, UpdatedAt: end}})
-		w.out.down.Store(true)
-		w.write(t, 2, &persistence.EndSession{SessionID: "y", Reason: persistence.EndSwitched, At: end},
-			&persistence.ReopenSession{SessionID: "x"},
-			&persistence.PutRoute{Route: persistence.Route{Key: "k", SessionID: "x", Generation: 3, UpdatedAt: end}})
+		w.spooledResume(t)
 		res, err := w.system.Root.RequestFuture(w.pid, &persistence.Prune{Before: t0.Add(24 * time.Hour)}, time.Minute).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -187,7 +169,7 @@ func TestPruneIsPutOffWhileTheSpoolWaits(t *testing.T) {
 		if _, err := w.store.Session(context.Background(), "x"); err != nil {
 			t.Errorf("Session(x): %v, want it kept for the spooled /resume", err)
 		}
-		w.out.down.Store(false)
+		w.out.Down.Store(false)
 		time.Sleep(5 * time.Second)
 		synctest.Wait()
 	})

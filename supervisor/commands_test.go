@@ -19,20 +19,27 @@ import (
 	"github.com/agentgate/agentgate/platforms"
 )
 
+// newThenStop runs a daemon on dir in which the chat says hello, then /new (as n1), and stops
+// it; it returns /new's acknowledgment.
+func newThenStop(t *testing.T, dir string) *platforms.Ack {
+	t.Helper()
+	r := startOn(t, dir, 0, echo.New())
+	defer r.stop(t)
+	r.inject(t, dm, "m1", "hello")
+	r.waitSent(t, 1)
+	fresh := r.inject(t, dm, "n1", "/new")
+	r.waitSent(t, 2)
+	return fresh
+}
+
 // TestRedeliveredCommandAfterRestart: a command sent again with the id it had before a restart
 // (a client's retry, a platform replaying its events) is answered "duplicate" and changes
 // nothing: the session it ended stays ended, and the chat's next message is stored and answered
 // in the session the first /new started.
 func TestRedeliveredCommandAfterRestart(t *testing.T) {
 	dir := t.TempDir()
+	fresh := newThenStop(t, dir)
 	r := startOn(t, dir, 0, echo.New())
-	r.inject(t, dm, "m1", "hello")
-	r.waitSent(t, 1)
-	fresh := r.inject(t, dm, "n1", "/new")
-	r.waitSent(t, 2)
-	r.stop(t)
-
-	r = startOn(t, dir, 0, echo.New())
 	defer r.stop(t)
 	for _, text := range []string{"/new", "/stop"} {
 		dup := r.inject(t, dm, "n1", text)
@@ -119,14 +126,8 @@ func (blindStore) FindInbound(context.Context, string, string, string) (*persist
 // stored and answered in the session the store holds.
 func TestRefusedCommandStartsSessionFromStore(t *testing.T) {
 	dir := t.TempDir()
-	r := startOn(t, dir, 0, echo.New())
-	r.inject(t, dm, "m1", "hello")
-	r.waitSent(t, 1)
-	fresh := r.inject(t, dm, "n1", "/new")
-	r.waitSent(t, 2)
-	r.stop(t)
-
-	r = MustStartDaemon(t, echo.New(), daemonOpts{dir: dir, wrap: func(s persistence.Store) persistence.Store { return blindStore{s} }})
+	fresh := newThenStop(t, dir)
+	r := MustStartDaemon(t, echo.New(), daemonOpts{dir: dir, wrap: func(s persistence.Store) persistence.Store { return blindStore{s} }})
 	defer r.stop(t)
 	if dup := r.inject(t, dm, "n1", "/new"); dup == nil || dup.Disposition != platforms.Duplicate {
 		t.Fatalf("/new sent again as n1: %+v, want disposition duplicate", dup)

@@ -16,6 +16,7 @@ import (
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	_ "modernc.org/sqlite"
@@ -200,26 +201,8 @@ func (r *runtime) lockDatabase(t *testing.T) (unlock func()) {
 	return unlock
 }
 
-// outage is a store whose commits can be made to fail as a database that cannot be written
-// does (persistence.ErrUnavailable), while reads go on.
-type outage struct {
-	persistence.Store
-	down atomic.Bool
-}
-
-func (o *outage) Commit(ctx context.Context, groups [][]persistence.Op) []error {
-	if !o.down.Load() {
-		return o.Store.Commit(ctx, groups)
-	}
-	errs := make([]error, len(groups))
-	for i := range errs {
-		errs[i] = fmt.Errorf("%w: disk full (test)", persistence.ErrUnavailable)
-	}
-	return errs
-}
-
 // startWithOutage starts a daemon on dir whose store is o's.
-func startWithOutage(t *testing.T, dir string, o *outage, agent agents.Agent) *runtime {
+func startWithOutage(t *testing.T, dir string, o *storetest.Outage, agent agents.Agent) *runtime {
 	return MustStartDaemon(t, agent, daemonOpts{dir: dir, wrap: func(s persistence.Store) persistence.Store {
 		o.Store = s
 		return o
@@ -277,23 +260,23 @@ func checkAnsweredInOrder(t *testing.T, r *runtime, dir, key string, ids ...stri
 // once and answered, in order, and no spool batch is set aside.
 func TestRestartWhileSpoolingLoadsAfterReplay(t *testing.T) {
 	dir := t.TempDir()
-	o := &outage{}
+	o := &storetest.Outage{}
 	r := startWithOutage(t, dir, o, echo.New())
 	a1 := r.inject(t, dm, "m1", "one")
 	r.waitSent(t, 1)
-	o.down.Store(true)
+	o.Down.Store(true)
 	r.inject(t, dm, "m2", "two, spooled")
 	r.waitSent(t, 2)
 	r.stop(t)
 
-	o = &outage{}
-	o.down.Store(true)
+	o = &storetest.Outage{}
+	o.Down.Store(true)
 	r = startWithOutage(t, dir, o, echo.New())
 	defer r.stop(t)
 	if _, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: dm, MessageID: "m3", Text: "three"}); !errors.Is(err, platforms.ErrUnavailable) {
 		t.Errorf("a message to a session whose writes wait in the spool: %v, want ErrUnavailable", err)
 	}
-	o.down.Store(false)
+	o.Down.Store(false)
 	r.injectWhenLoaded(t, dm, "m3", "three")
 	r.waitReplyTo(t, "m3")
 	checkAnsweredInOrder(t, r, dir, a1.SessionKey, "m1", "m2", "m3")
@@ -311,19 +294,19 @@ func TestCrashWhileSpoolingLoadsAfterReplay(t *testing.T) {
 		}
 		return &agents.Response{Text: "ok " + req.Messages[0].Text}, nil
 	})
-	o := &outage{}
+	o := &storetest.Outage{}
 	r := startWithOutage(t, dir, o, agent)
 	defer r.stop(t)
 	a1 := r.inject(t, dm, "m1", "one")
 	r.waitSent(t, 1)
-	o.down.Store(true)
+	o.Down.Store(true)
 	r.inject(t, dm, "m2", "crash")
 	restarts := r.d.metrics.ActorRestarts.WithLabelValues("session")
 	waitUntil(t, func() bool { return testutil.ToFloat64(restarts) >= 1 })
 	if _, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: dm, MessageID: "m3", Text: "three"}); !errors.Is(err, platforms.ErrUnavailable) {
 		t.Errorf("a message to a restarted session whose writes wait in the spool: %v, want ErrUnavailable", err)
 	}
-	o.down.Store(false)
+	o.Down.Store(false)
 	r.injectWhenLoaded(t, dm, "m3", "three")
 	r.waitReplyTo(t, "m3")
 	r.waitReplyTo(t, "m2")

@@ -1,0 +1,100 @@
+package actors
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// managerWorld is a session manager as the daemon runs one: a real SQLite store in a temp
+// dir, the persistence actor over it, and a platform actor that records what it is asked to
+// send. Tests run it inside a synctest bubble, so its timers run on the bubble's clock.
+type managerWorld struct {
+	ctx     context.Context
+	store   *sqlite.Store
+	system  *actor.ActorSystem
+	d       *Deps
+	manager *actor.PID
+	sent    chan *SendOutbound // what the platform was asked to send, in order
+	src     identity.Source    // the chat deliver writes from
+	key     string             // its session key
+}
+
+// newManagerWorld starts a world whose sessions run agent. setup may change the Deps before
+// the manager starts (wrap the Store its sessions read, set the clock or the Config); the
+// persistence actor always writes to the SQLite store itself. Call it inside synctest.Test:
+// the world stops when the test ends, inside the bubble.
+func newManagerWorld(t *testing.T, agent agents.Agent, setup func(*Deps)) *managerWorld {
+	t.Helper()
+	return newManagerWorldAt(t, filepath.Join(t.TempDir(), "agentgate.db"), agent, setup)
+}
+
+// newManagerWorldAt is newManagerWorld on the database at path (which may hold data already).
+func newManagerWorldAt(t *testing.T, path string, agent agents.Agent, setup func(*Deps)) *managerWorld {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	store, err := sqlite.Open(ctx, path, sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	system, quiet := quietSystem()
+	w := &managerWorld{ctx: ctx, store: store, system: system, sent: make(chan *SendOutbound, 256),
+		src: identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1"}}
+	platform := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if m, ok := c.Message().(*SendOutbound); ok {
+			select {
+			case w.sent <- m:
+			default: // a test that reads none of it
+			}
+		}
+	}))
+	w.d = &Deps{Ctx: ctx, Store: store, Agent: agent, Platforms: map[string]*actor.PID{"fake": platform},
+		Log: quiet, Metrics: metrics.New("fake"), Node: "test",
+		Config: SessionConfig{PassivateAfter: time.Hour, QueueMode: ModeFollowup, QueueCap: 10, HistoryLimit: 50}}
+	if setup != nil {
+		setup(w.d)
+	}
+	w.d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, store, persistence.ActorOptions{MaxBatch: 64})))
+	w.manager = system.Root.Spawn(NewSessionManager(w.d))
+	w.key = identity.Key(w.src, w.d.Config.Keys)
+	t.Cleanup(func() { // the manager and the writer before the store closes
+		_ = system.Root.StopFuture(w.manager).Wait()
+		_ = system.Root.StopFuture(w.d.Persist).Wait()
+		system.Shutdown()
+		if err := store.Close(); err != nil {
+			t.Error(err)
+		}
+		cancel()
+	})
+	return w
+}
+
+// message is a Deliver of the world's chat.
+func (w *managerWorld) message(id, text string) *Deliver {
+	return &Deliver{SessionKey: w.key, Source: sourceToProto(w.src), MessageId: id, Text: text,
+		ReceivedAtUnixNano: time.Now().UnixNano()}
+}
+
+// deliver routes a message of the world's chat through the manager, as the router does, and
+// returns the session's answer.
+func (w *managerWorld) deliver(t *testing.T, id, text string) *DeliverResult {
+	t.Helper()
+	res, err := w.request(id, text).Result()
+	if err != nil {
+		t.Fatalf("deliver %s: %v", id, err)
+	}
+	return res.(*DeliverResult)
+}
+
+// request is deliver without waiting for the answer.
+func (w *managerWorld) request(id, text string) *actor.Future {
+	return w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: w.message(id, text)}, time.Hour)
+}
