@@ -339,7 +339,9 @@ func (m *SessionManager) recover(c actor.Context, key string) {
 		}
 		return
 	}
-	m.spawnWith(c, key, true)
+	// In a cluster a Recover follows a change of membership: the key moved, and its work is
+	// no restart's to answer with a notice (sessions.recovery: notice), it runs.
+	m.spawnWith(c, key, !m.d.Clustered)
 }
 
 // onGrainStopped stops the session of a key whose grain stopped: the cluster placed the key on

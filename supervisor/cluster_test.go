@@ -448,3 +448,57 @@ func keysOf(t *testing.T, r *runtime, n int) []string {
 	}
 	return keys
 }
+
+// TestClusterKeyMoveRunsPendingWorkUnderNoticeRecovery: sessions.recovery: notice answers what
+// a restart of agentgate interrupted instead of running it; a key that merely moves between
+// members (one leaves, nothing restarts) runs its acknowledged messages.
+func TestClusterKeyMoveRunsPendingWorkUnderNoticeRecovery(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	start := func(a agents.Agent) *runtime {
+		return MustStartDaemon(t, a, daemonOpts{drain: 50 * time.Millisecond, tweak: func(c *config.Config) {
+			c.Store.Driver, c.Store.DSN = "postgres", dsn
+			c.Cluster.Enabled, c.Cluster.Bind, c.Cluster.MemberTTL = true, "127.0.0.1:0", 2*time.Second
+			c.Sessions.Recovery = "notice"
+		}})
+	}
+	started := make(chan struct{}, 1)
+	var blockOnce atomic.Bool
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		if req.Messages[0].Text == "slow" && blockOnce.CompareAndSwap(false, true) {
+			started <- struct{}{}
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		return &agents.Response{Text: "ok " + req.Messages[0].Text}, nil
+	})
+	a, b := start(agent), start(agent)
+	defer a.stop(t)
+	waitUntil(t, func() bool {
+		return len(a.d.cluster.MemberList.Members().Members()) == 2 && len(b.d.cluster.MemberList.Members().Members()) == 2
+	})
+	var src identity.Source
+	for i := 0; ; i++ {
+		a.inject(t, chat(i), fmt.Sprint("probe", i), "probe")
+		waitUntil(t, func() bool { return len(a.fake.Sent())+len(b.fake.Sent()) > i })
+		if len(b.fake.Sent()) > 0 {
+			src = chat(i)
+			break
+		}
+	}
+	a.inject(t, src, "slow-1", "slow")
+	<-started
+	b.stop(t)
+	var got []string
+	waitUntil(t, func() bool {
+		got = nil
+		for _, o := range a.fake.Sent() {
+			if o.InReplyTo[0] == "slow-1" {
+				got = append(got, o.Text)
+			}
+		}
+		return len(got) > 0
+	})
+	if fmt.Sprint(got) != "[ok slow]" {
+		t.Errorf("a message whose key moved (no restart of the cluster) was answered %q", got)
+	}
+}
