@@ -86,8 +86,9 @@ type item struct {
 	at        time.Time
 	arrived   time.Time // real arrival time (debounce)
 	durable   bool
-	dropped   bool       // a command dropped it while its write was in flight: set aside when it lands
-	requester *actor.PID // waits for DeliverResult; nil after the ack or for recovered items
+	dropped   bool         // a command dropped it while its write was in flight: set aside when it lands
+	requester *actor.PID   // waits for DeliverResult; nil after the ack or for recovered items
+	repeats   []*actor.PID // senders of the same message id while its write was in flight
 }
 
 type turnRun struct {
@@ -520,11 +521,15 @@ func (s *Session) restartFromStore(c actor.Context, why string) {
 // the session stops or restarts (ErrCodeStopped).
 func (s *Session) answerUnstored(c actor.Context, why string) {
 	for _, it := range s.queue {
-		if !it.durable && it.requester != nil {
-			c.Send(it.requester, &DeliverResult{SessionKey: s.key, MessageId: it.messageID,
-				ErrorCode: ErrCodeStopped, Error: why})
-			it.requester = nil
+		if it.durable {
+			continue
 		}
+		for _, p := range append(it.repeats, it.requester) {
+			if p != nil {
+				c.Send(p, &DeliverResult{SessionKey: s.key, MessageId: it.messageID, ErrorCode: ErrCodeStopped, Error: why})
+			}
+		}
+		it.requester, it.repeats = nil, nil
 	}
 }
 

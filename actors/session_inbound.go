@@ -19,6 +19,12 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 	src := sourceFromProto(m.Source)
 	now := s.d.now()
 	if m.MessageId != "" && s.seen.has(m.MessageId) {
+		if it := s.inFlight(m.MessageId); it != nil && c.Sender() != nil {
+			// The first's write is not answered yet: it may still fail, and "duplicate" would
+			// then acknowledge a message nobody stored. This one gets the first's outcome.
+			it.repeats = append(it.repeats, c.Sender())
+			return
+		}
 		c.Respond(s.result(m, platforms.Duplicate, ""))
 		return
 	}
@@ -90,6 +96,34 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 	})
 }
 
+// inFlight returns the queued message with id whose write is not answered yet, or nil.
+func (s *Session) inFlight(id string) *item {
+	for _, it := range s.queue {
+		if !it.durable && it.messageID == id {
+			return it
+		}
+	}
+	return nil
+}
+
+// answerRepeats answers the repeats of a message that arrived while its write was in flight
+// (a client's or the cluster router's retry), with that write's outcome: "duplicate" once it is
+// stored, the same refusal if it was not.
+func (s *Session) answerRepeats(c actor.Context, it *item, m *Deliver, err error) {
+	for _, p := range it.repeats {
+		r := s.result(m, platforms.Duplicate, it.sessionID)
+		switch {
+		case err == nil, errors.Is(err, persistence.ErrDuplicate):
+		case errors.Is(err, persistence.ErrFenced):
+			r.Disposition, r.ErrorCode, r.Error = "", ErrCodeStopped, "the session handed the message to its next activation; send it again with the same message_id"
+		default:
+			r.Disposition, r.ErrorCode, r.Error = "", "unavailable", "message could not be stored"
+		}
+		c.Send(p, r)
+	}
+	it.repeats = nil
+}
+
 // storedBefore reports whether the store already holds the inbound message m, which this
 // activation has not seen: a command re-delivered after a restart (a client's retry, a platform
 // replaying its events). A command acts before its write, which is what refuses a duplicate,
@@ -135,7 +169,7 @@ const duplicateCheckTimeout = 5 * time.Second
 
 // accepted runs when the write of an inbound message is acknowledged.
 func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, err error) {
-
+	s.answerRepeats(c, it, m, err)
 	if err != nil {
 		s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
 		if created && s.cur != nil && s.cur.ID == it.sessionID {

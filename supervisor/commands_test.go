@@ -321,3 +321,69 @@ func TestMessageIDOfAnotherConversationIsAConflict(t *testing.T) {
 		t.Errorf("bob's message with its own id: %+v, want started", ack)
 	}
 }
+
+// stallThenRefuse is a store whose commit of a batch holding message id stalls until release
+// is closed and then refuses that message's group for good.
+type stallThenRefuse struct {
+	persistence.Store
+	id      string
+	stalled chan struct{} // closed when the commit stalls
+	release chan struct{}
+}
+
+func (s *stallThenRefuse) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	hit := -1
+	for i, g := range groups {
+		for _, op := range g {
+			if a, ok := op.(*persistence.AppendMessage); ok && a.Message.MessageID == s.id {
+				hit = i
+			}
+		}
+	}
+	if hit < 0 {
+		return s.Store.Commit(ctx, groups)
+	}
+	close(s.stalled)
+	<-s.release
+	errs := make([]error, len(groups))
+	for i := range errs {
+		errs[i] = errors.New("constraint failed (test)")
+	}
+	return errs
+}
+
+// TestRepeatWhileTheWriteIsInFlightGetsItsOutcome: a message sent again with its id while its
+// first write is still in flight (a client's retry after a timeout, the cluster router's) is
+// not answered "duplicate" at once: that write may fail, and the repeat would acknowledge a
+// message nobody stored. It gets the first write's outcome.
+func TestRepeatWhileTheWriteIsInFlightGetsItsOutcome(t *testing.T) {
+	st := &stallThenRefuse{id: "m1", stalled: make(chan struct{}), release: make(chan struct{})}
+	r := MustStartDaemon(t, echo.New(), daemonOpts{wrap: func(s persistence.Store) persistence.Store { st.Store = s; return st }})
+	defer r.stop(t)
+	first := make(chan error, 1)
+	go func() {
+		_, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: dm, MessageID: "m1", Text: "hello"})
+		first <- err
+	}()
+	<-st.stalled
+	repeat := make(chan error, 1)
+	go func() {
+		ack, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: dm, MessageID: "m1", Text: "hello"})
+		if err == nil {
+			err = fmt.Errorf("acknowledged %q", ack.Disposition)
+		}
+		repeat <- err
+	}()
+	select {
+	case err := <-repeat:
+		t.Fatalf("the repeat was answered while the first write was in flight: %v", err)
+	case <-time.After(200 * time.Millisecond): // nothing may come: a bounded look
+	}
+	close(st.release)
+	if err := <-first; !errors.Is(err, platforms.ErrUnavailable) {
+		t.Errorf("the first: %v, want ErrUnavailable", err)
+	}
+	if err := <-repeat; !errors.Is(err, platforms.ErrUnavailable) {
+		t.Errorf("the repeat: %v, want the first's refusal (ErrUnavailable)", err)
+	}
+}
