@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"errors"
 	"slices"
 	"strings"
 	"time"
@@ -331,6 +332,12 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string,
 	s.write(c, ops, func(c actor.Context, err error) {
 		if err != nil {
 			s.logger().Error("store turn result", "turn", r.id, "err", err)
+			if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {
+				// Nothing of the turn is stored: its message is still pending and runs again.
+				// A reply sent now would be the first of two.
+				s.restartFromStore(c, "the turn's result was not stored")
+			}
+			return
 		}
 		out := OutboundFromEntry(&entry)
 		out.TurnEnd = true

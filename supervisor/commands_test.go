@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -385,5 +386,48 @@ func TestRepeatWhileTheWriteIsInFlightGetsItsOutcome(t *testing.T) {
 	}
 	if err := <-repeat; !errors.Is(err, platforms.ErrUnavailable) {
 		t.Errorf("the repeat: %v, want the first's refusal (ErrUnavailable)", err)
+	}
+}
+
+// refuseFirstResult is a store that refuses, once, the group recording a turn's result.
+type refuseFirstResult struct {
+	persistence.Store
+	refused atomic.Bool
+}
+
+func (s *refuseFirstResult) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	for i, g := range groups {
+		for _, op := range g {
+			if a, ok := op.(*persistence.AddOutbox); ok && a.Entry.Kind == platforms.KindReply && s.refused.CompareAndSwap(false, true) {
+				errs := s.Store.Commit(ctx, append(slices.Clone(groups[:i]), groups[i+1:]...))
+				return slices.Insert(errs, i, error(errors.New("constraint failed (test)")))
+			}
+		}
+	}
+	return s.Store.Commit(ctx, groups)
+}
+
+// TestUnstoredTurnResultIsNotSent: a turn whose result could not be stored sends no reply: its
+// message is still pending and runs again, and the chat gets one answer, the stored one.
+func TestUnstoredTurnResultIsNotSent(t *testing.T) {
+	var runs atomic.Int32
+	agent := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+		return &agents.Response{Text: fmt.Sprint("answer ", runs.Add(1))}, nil
+	})
+	st := &refuseFirstResult{}
+	r := MustStartDaemon(t, agent, daemonOpts{wrap: func(s persistence.Store) persistence.Store { st.Store = s; return st }})
+	defer r.stop(t)
+	ack := r.inject(t, dm, "m1", "hello")
+	r.waitReplyTo(t, "m1")
+	waitUntil(t, func() bool { // the reply's delivery mark: the turn is over
+		snap, err := r.d.store.LoadSession(t.Context(), ack.SessionKey, 0)
+		return err == nil && len(snap.Unconfirmed) == 0 && len(snap.Pending) == 0
+	})
+	var got []string
+	for _, o := range r.fake.Sent() {
+		got = append(got, o.Text)
+	}
+	if fmt.Sprint(got) != "[answer 2]" {
+		t.Errorf("replies %q, want only the stored answer of the second run", got)
 	}
 }
