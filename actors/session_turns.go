@@ -34,6 +34,12 @@ func (s *Session) tryStart(c actor.Context) {
 		s.updateBusy(c)
 		return
 	}
+	if s.fencedOut {
+		// Another activation owns the key: it runs what is queued here (its result write
+		// would be refused, and the agent would have run for nothing, or twice).
+		s.updateBusy(c)
+		return
+	}
 	if wait := s.holdFor(); wait > 0 {
 		s.timers(c).SendOnce(wait, c.Self(), &debounceTick{})
 		s.updateBusy(c)
