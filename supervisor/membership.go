@@ -100,6 +100,14 @@ func (p *storeMembership) renew(c *cluster.Cluster) {
 		live, err := p.store.Heartbeat(ctx, p.name, p.me, p.ttl)
 		cancel()
 		if err == nil {
+			if since := time.Since(last); since >= p.ttl {
+				// A pause longer than member_ttl (a stalled process, host or connection): the
+				// others counted this member as gone and blocked it, and its staying would make
+				// them, the younger ones, leave as the losing side of a split.
+				p.lost(fmt.Errorf("cluster membership lost: %v between renewals, past member_ttl %v (the other members counted this one as gone)",
+					since.Round(time.Millisecond), p.ttl))
+				return
+			}
 			last = time.Now()
 			if err := p.split(c, live); err != nil {
 				p.lost(err)
