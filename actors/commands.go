@@ -144,13 +144,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 		s.touch(sid, now))
 	// The answer also answers the messages the command dropped (a waiting client gets it), and
 	// it refers to the command (a platform references the last message answered).
-	inReplyTo := make([]string, 0, len(dropped)+1)
-	for _, it := range dropped {
-		if it.messageID != "" {
-			inReplyTo = append(inReplyTo, it.messageID)
-		}
-	}
-	inReplyTo = append(inReplyTo, m.MessageId)
+	inReplyTo := append(messageIDs(dropped), m.MessageId)
 	entry := s.outboxEntry(src, sid, platforms.KindNotice, answer, "", inReplyTo, now)
 	ops = append(ops, &persistence.AddOutbox{Entry: entry})
 	if m.MessageId != "" {
@@ -202,9 +196,9 @@ func (s *Session) boundary(c actor.Context, src identity.Source, reason string, 
 // stopWork cancels the running turn and drops the queued messages. It returns the ops that
 // mark them failed, how many were in cancelled turns (the running one, and any cut short by an
 // interrupt and not yet answered), and the dropped messages (those first, then the queued ones
-// in order), whose senders the caller must tell: nothing is dropped
-// silently. A message whose write is still in flight stays queued, marked dropped: it is set
-// aside with a notice of its own when its write lands (accepted).
+// in order), whose senders the caller must tell: nothing is dropped silently. A message whose
+// write is still in flight stays queued, marked dropped: it is set aside with a notice of its
+// own when its write lands (accepted).
 func (s *Session) stopWork(c actor.Context) (ops []persistence.Op, cancelled int, dropped []*item) {
 	dropped, s.interrupted = s.interrupted, nil // cut short by an interrupt, not answered yet
 	cancelled = len(dropped)
@@ -233,6 +227,18 @@ func (s *Session) stopWork(c actor.Context) (ops []persistence.Op, cancelled int
 	return ops, cancelled, dropped
 }
 
+// messageIDs are the platform ids of items, those that have one, in order: what an answer to
+// them lists in its in_reply_to.
+func messageIDs(items []*item) []string {
+	ids := make([]string, 0, len(items)+1)
+	for _, it := range items {
+		if it.messageID != "" {
+			ids = append(ids, it.messageID)
+		}
+	}
+	return ids
+}
+
 // unanswered is what a command's answer adds about the messages it dropped.
 func unanswered(dropped []*item) string {
 	if len(dropped) == 0 {
@@ -257,12 +263,8 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 	var notice *persistence.OutboxEntry
 	if len(dropped) > 0 {
 		// Their senders are told, in their chat, under the session they wrote to.
-		var ids []string
-		for _, it := range dropped {
-			ids = append(ids, it.messageID)
-		}
 		text := fmt.Sprintf("⏹️ The session was reset by an operator; %d message(s) were not answered. Please send them again.", len(dropped))
-		entry := s.outboxEntry(dropped[0].src, dropped[0].sessionID, platforms.KindNotice, text, "", ids, now)
+		entry := s.outboxEntry(dropped[0].src, dropped[0].sessionID, platforms.KindNotice, text, "", messageIDs(dropped), now)
 		ops = append(ops, &persistence.AddOutbox{Entry: entry})
 		notice = &entry
 	}

@@ -64,9 +64,8 @@ func (s *Session) expire(now time.Time) []persistence.Op {
 
 // expireIfIdle is expire for a session with no work in hand. A session whose turn runs or whose
 // messages wait is in use: ending it would cut its turn off from the transcript it belongs to
-// and run its waiting messages in a session they were not sent to. Its policy is evaluated
-// again at the next arrival (or timer nudge) that finds it idle; the turn's activity by then
-// usually means it is no longer due.
+// and run its waiting messages in a session they were not sent to. A reset that falls due
+// meanwhile is remembered and done, at its due time, once the work is done (endOverdue).
 func (s *Session) expireIfIdle(now time.Time) []persistence.Op {
 	if s.running != nil || len(s.queue) > 0 {
 		// Remember that it fell due: the work's own activity would otherwise move the due time
@@ -94,13 +93,19 @@ func (s *Session) endOverdue(c actor.Context) {
 	if s.overdue == nil || s.running != nil || len(s.queue) > 0 || s.fencedOut || s.passivating {
 		return
 	}
-	if ops := s.expire(s.d.now()); len(ops) > 0 {
-		s.write(c, ops, func(c actor.Context, err error) {
-			if err != nil {
-				s.logger().Error("store session reset", "err", err)
-			}
-		})
+	s.writeReset(c, s.expire(s.d.now()))
+}
+
+// writeReset writes the ops of an automatic reset, if any.
+func (s *Session) writeReset(c actor.Context, ops []persistence.Op) {
+	if len(ops) == 0 {
+		return
 	}
+	s.write(c, ops, func(c actor.Context, err error) {
+		if err != nil {
+			s.logger().Error("store session reset", "err", err)
+		}
+	})
 }
 
 // autoReset returns the session that ended automatically and that the next incarnation
@@ -177,11 +182,7 @@ func (s *Session) expireOnStart(c actor.Context) {
 	if len(ops) == 0 {
 		return
 	}
-	s.write(c, ops, func(c actor.Context, err error) {
-		if err != nil {
-			s.logger().Error("store session reset", "err", err)
-		}
-	})
+	s.writeReset(c, ops)
 	for _, it := range s.queue {
 		s.setAside(c, it, persistence.StatusFailed, fmt.Sprintf(
 			"⚠️ This message could not be answered before the session was reset (%s), so it was not run. Please send it again.", s.prev.EndReason))
@@ -191,11 +192,5 @@ func (s *Session) expireOnStart(c actor.Context) {
 
 // onResetDue is the timer's nudge: end the session now if it is due and idle.
 func (s *Session) onResetDue(c actor.Context) {
-	if ops := s.expireIfIdle(s.d.now()); len(ops) > 0 {
-		s.write(c, ops, func(c actor.Context, err error) {
-			if err != nil {
-				s.logger().Error("store session reset", "err", err)
-			}
-		})
-	}
+	s.writeReset(c, s.expireIfIdle(s.d.now()))
 }

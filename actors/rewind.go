@@ -99,10 +99,7 @@ func (s *Session) enqueueRetry(c actor.Context, m *Deliver, it *item, ops []pers
 		}
 		c.Send(requester, r)
 		if err == nil && it.dropped {
-			// A command stopped the session's work while this write was in flight.
-			s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
-			s.setAside(c, it, persistence.StatusFailed,
-				"⚠️ This /retry arrived as a command ended or stopped the session's work, so it was not run. Please send it again if it still matters.")
+			s.setAsideDropped(c, it) // a command stopped the session's work while this write was in flight
 		}
 		s.tryStart(c)
 	})

@@ -96,6 +96,14 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 	})
 }
 
+// setAsideDropped takes out of the queue a message a command dropped while its write was in
+// flight (stopWork), now that it is stored, and sets it aside with a notice of its own.
+func (s *Session) setAsideDropped(c actor.Context, it *item) {
+	s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
+	s.setAside(c, it, persistence.StatusFailed,
+		"⚠️ This message arrived as a command ended or stopped the session's work, so it was not run. Please send it again if it still matters.")
+}
+
 // inFlight returns the queued message with id whose write is not answered yet, or nil.
 func (s *Session) inFlight(id string) *item {
 	for _, it := range s.queue {
@@ -134,9 +142,7 @@ func (s *Session) storedBefore(m *Deliver, src identity.Source) bool {
 	if m.MessageId == "" {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
-	defer cancel()
-	_, err := s.d.Store.FindInbound(ctx, src.Platform, src.ChatID, m.MessageId)
+	_, err := s.findStored(src, m.MessageId)
 	switch {
 	case err == nil:
 		s.seen.add(m.MessageId)
@@ -147,24 +153,29 @@ func (s *Session) storedBefore(m *Deliver, src identity.Source) bool {
 	return false
 }
 
-// takenElsewhere reports whether the stored message whose id it's refused write repeats is
-// another session key's: in a chat whose sessions are per user (a group), two users' messages
-// sharing an id are no re-delivery of each other.
+// takenElsewhere reports whether the stored message that its write repeated (ErrDuplicate)
+// is another session key's: in a chat whose sessions are per user (a group), two users'
+// messages sharing an id are no re-delivery of each other.
 func (s *Session) takenElsewhere(it *item) bool {
+	orig, err := s.findStored(it.src, it.messageID)
+	if err != nil || s.cur != nil && orig.SessionID == s.cur.ID {
+		return false
+	}
 	ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
 	defer cancel()
-	orig, err := s.d.Store.FindInbound(ctx, it.src.Platform, it.src.ChatID, it.messageID)
-	if err != nil {
-		return false
-	}
-	if s.cur != nil && orig.SessionID == s.cur.ID {
-		return false
-	}
 	other, err := s.d.Store.Session(ctx, orig.SessionID)
 	return err == nil && other.Key != s.key
 }
 
-// duplicateCheckTimeout bounds storedBefore's read.
+// findStored reads the stored inbound message of src's chat with id, within
+// duplicateCheckTimeout.
+func (s *Session) findStored(src identity.Source, id string) (*persistence.Message, error) {
+	ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
+	defer cancel()
+	return s.d.Store.FindInbound(ctx, src.Platform, src.ChatID, id)
+}
+
+// duplicateCheckTimeout bounds each read of the duplicate checks.
 const duplicateCheckTimeout = 5 * time.Second
 
 // accepted runs when the write of an inbound message is acknowledged.
@@ -201,11 +212,9 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 	if it.dropped {
 		// A command dropped the session's work while this write was in flight: the message is
 		// stored, so it is set aside like the others, with its own notice.
-		s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
 		c.Send(it.requester, s.result(m, platforms.Queued, it.sessionID))
 		it.requester = nil
-		s.setAside(c, it, persistence.StatusFailed,
-			"⚠️ This message arrived as a command ended or stopped the session's work, so it was not run. Please send it again if it still matters.")
+		s.setAsideDropped(c, it)
 		s.tryStart(c)
 		return
 	}

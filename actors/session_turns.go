@@ -285,12 +285,7 @@ const maxTurnTokens = 1 << 40
 func saneTokens(n int64) int64 { return min(max(n, 0), maxTurnTokens) }
 
 // withoutNUL replaces NUL characters, which PostgreSQL cannot store in text, by U+FFFD.
-func withoutNUL(s string) string {
-	if !strings.Contains(s, "\x00") {
-		return s
-	}
-	return strings.ReplaceAll(s, "\x00", "\uFFFD")
-}
+func withoutNUL(s string) string { return strings.ReplaceAll(s, "\x00", "\uFFFD") } // s itself when it has none
 
 // finish records the end of a turn (reply row, message status, outbox, activity, route and the
 // tokens it used, in one write) and sends the reply once it is durable.
@@ -298,15 +293,11 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string,
 	now := s.d.now()
 	text = withoutNUL(text) // an agent's output: PostgreSQL stores no NUL, and no chat shows one
 	seqs := make([]int64, len(r.items))
-	var ids []string
-	for _, it := range s.interrupted {
-		ids = append(ids, it.messageID)
-	}
-	s.interrupted = nil
 	for i, it := range r.items {
 		seqs[i] = it.seq
-		ids = append(ids, it.messageID)
 	}
+	ids := append(messageIDs(s.interrupted), messageIDs(r.items)...)
+	s.interrupted = nil
 	sid := r.items[0].sessionID
 	ops := []persistence.Op{
 		&persistence.SetMessageStatus{SessionID: sid, Seqs: seqs, Status: status, TurnID: r.id},
