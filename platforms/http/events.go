@@ -13,6 +13,7 @@ import (
 
 	"github.com/lmittmann/tint"
 
+	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -72,6 +73,13 @@ func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
 	key, aerr := pathKey(r)
 	if aerr != nil {
 		aerr.write(w)
+		return
+	}
+	// A key that is not a session key can never have events: refuse it rather than hold a
+	// stream open for ever. A well-formed key with no session yet is streamed, so a client
+	// may subscribe before its first message.
+	if _, err := identity.ParseKey(key); err != nil {
+		writeError(w, http.StatusBadRequest, CodeInvalidKey, "not a session key")
 		return
 	}
 	after, aerr := resumePoint(r)

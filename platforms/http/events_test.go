@@ -79,7 +79,7 @@ func TestEventsResumePoint(t *testing.T) {
 	sessions := newFakeSessions()
 	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
 	for seq := int64(1); seq <= 3; seq++ {
-		sessions.addOutbox(outbound("k", seq, platforms.KindReply))
+		sessions.addOutbox(outbound(streamKey, seq, platforms.KindReply))
 	}
 	cases := []struct {
 		name     string
@@ -97,7 +97,7 @@ func TestEventsResumePoint(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s := h.openSSE("k", tc.lastID, tc.query)
+			s := h.openSSE(streamKey, tc.lastID, tc.query)
 			if tc.wantCode != "" {
 				body, _ := io.ReadAll(s.body)
 				got := response{status: s.status, body: body}
@@ -115,6 +115,13 @@ func TestEventsResumePoint(t *testing.T) {
 	if got := h.do("GET", "/v1/sessions/"+url.PathEscape("bad\x01key")+"/events", nil, ""); got.status != 400 || got.errCode() != CodeInvalidKey {
 		t.Errorf("GET events of a key with a control character = %d %q, want 400 %q", got.status, got.errCode(), CodeInvalidKey)
 	}
+	// Not a session key: refused at once, not held open as a stream that can never carry
+	// an event.
+	for _, key := range []string{"nope", "agent:main:http:nochat:1", "agent:main:http:dm:a:b:c"} {
+		if got := h.do("GET", "/v1/sessions/"+url.PathEscape(key)+"/events", nil, ""); got.status != 400 || got.errCode() != CodeInvalidKey {
+			t.Errorf("GET events of %q = %d %q, want 400 %q", key, got.status, got.errCode(), CodeInvalidKey)
+		}
+	}
 	noSessions := mustStart(t, Config{}, &fakeRuntime{})
 	if got := noSessions.do("GET", "/v1/sessions/k/events", nil, ""); got.status != 503 {
 		t.Errorf("GET events without Sessions = %d, want 503", got.status)
@@ -126,9 +133,9 @@ func TestEventsReplayPages(t *testing.T) {
 	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
 	const n = 2*replayPageSize + 37
 	for seq := int64(1); seq <= n; seq++ {
-		sessions.addOutbox(outbound("k", seq, platforms.KindReply))
+		sessions.addOutbox(outbound(streamKey, seq, platforms.KindReply))
 	}
-	s := h.openSSE("k", "", "")
+	s := h.openSSE(streamKey, "", "")
 	for want := int64(1); want <= n; want++ {
 		if ev := s.mustNextEvent(); ev.id != want {
 			t.Fatalf("event id = %d, want %d", ev.id, want)
@@ -138,7 +145,7 @@ func TestEventsReplayPages(t *testing.T) {
 
 func TestEventsKeepalive(t *testing.T) {
 	h := mustStart(t, Config{Sessions: newFakeSessions(), KeepAlive: 10 * time.Millisecond}, &fakeRuntime{})
-	s := h.openSSE("k", "", "")
+	s := h.openSSE(streamKey, "", "")
 	ev, err := s.next()
 	if err != nil || ev.comment != "keepalive" {
 		t.Errorf("first SSE item = %+v, %v; want a keepalive comment", ev, err)
@@ -154,8 +161,8 @@ func TestEventsSlowSubscriber(t *testing.T) {
 	h.p.subBuffer = 4
 	h.start((&fakeRuntime{}).deliver)
 
-	s := h.openSSE("k", "", "")
-	waitFor(t, "the subscriber", func() bool { return h.p.subscriberCount("k") == 1 })
+	s := h.openSSE(streamKey, "", "")
+	waitFor(t, "the subscriber", func() bool { return h.p.subscriberCount(streamKey) == 1 })
 
 	const n = 1000
 	text := strings.Repeat("x", 2<<10)
@@ -164,7 +171,7 @@ func TestEventsSlowSubscriber(t *testing.T) {
 	sent := make(chan error, 1)
 	go func() {
 		for seq := int64(1); seq <= n; seq++ {
-			out := outbound("k", seq, platforms.KindReply)
+			out := outbound(streamKey, seq, platforms.KindReply)
 			out.Text = text
 			sessions.addOutbox(out) // recorded before it is sent, as the runtime does
 			if err := h.p.Send(ctx, out); err != nil {
@@ -190,7 +197,7 @@ func TestEventsSlowSubscriber(t *testing.T) {
 		if errors.Is(err, io.EOF) {
 			reconnects++
 			s.close()
-			s = h.openSSE("k", fmt.Sprint(last), "")
+			s = h.openSSE(streamKey, fmt.Sprint(last), "")
 			continue
 		}
 		if err != nil {

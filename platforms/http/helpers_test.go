@@ -26,6 +26,10 @@ import (
 // testTimeout bounds every wait of a test; nothing waits on a sleep.
 const testTimeout = 10 * time.Second
 
+// streamKey is a well-formed session key for the event stream tests: the stream refuses a
+// string that is not a session key.
+const streamKey = "agent:main:http:dm:chat-1"
+
 // harness is one Platform serving on 127.0.0.1:0 through a real listener.
 type harness struct {
 	t      *testing.T

@@ -141,7 +141,7 @@ func TestRunStopsStreamsAndWaits(t *testing.T) {
 	rt := &fakeRuntime{}
 	h := mustStart(t, Config{Sessions: sessions}, rt)
 
-	stream := h.openSSE("k", "", "")
+	stream := h.openSSE(streamKey, "", "")
 	if stream.status != 200 {
 		t.Fatalf("GET events = %d, want 200", stream.status)
 	}
@@ -150,7 +150,7 @@ func TestRunStopsStreamsAndWaits(t *testing.T) {
 		waited <- h.post("/v1/messages?wait=1m", map[string]string{"chat_id": "c", "user_id": "u", "text": "t", "message_id": "m1"})
 	}()
 	waitFor(t, "the SSE subscriber and the waiter", func() bool {
-		return h.p.subscriberCount("k") == 1 && h.p.waiterCount() == 1
+		return h.p.subscriberCount(streamKey) == 1 && h.p.waiterCount() == 1
 	})
 
 	start := time.Now()
@@ -195,11 +195,11 @@ func TestRunRestartsAfterStop(t *testing.T) {
 func TestSendNeverBlocks(t *testing.T) {
 	h := mustNew(t, Config{})
 	h.p.subBuffer = 2
-	slow := h.p.subscribe("k")
+	slow := h.p.subscribe(streamKey)
 	w := h.p.addWaiter("c", "m1")
 	ctx := context.Background()
 	for i := range 100 {
-		out := &platforms.Outbound{SessionKey: "k", Seq: int64(i + 1), InReplyTo: []string{"m1", "m1"}}
+		out := &platforms.Outbound{SessionKey: streamKey, Seq: int64(i + 1), InReplyTo: []string{"m1", "m1"}}
 		if err := h.p.Send(ctx, out); err != nil {
 			t.Fatalf("Send(%d) = %v, want nil", i, err)
 		}
@@ -209,7 +209,7 @@ func TestSendNeverBlocks(t *testing.T) {
 	default:
 		t.Errorf("slow subscriber not dropped after overflowing its buffer")
 	}
-	if n := h.p.subscriberCount("k"); n != 0 {
+	if n := h.p.subscriberCount(streamKey); n != 0 {
 		t.Errorf("subscribers of k after drop = %d, want 0", n)
 	}
 	if got := len(slow.ch); got != 2 {
