@@ -32,8 +32,10 @@ commands:
   show KEY      show a key's route, current session, counts and last messages (--json)
   export KEY    print the key's sessions (current and predecessors), transcripts and outbox as JSON
   reset KEY     end the key's current session; the next message starts a new one (daemon stopped)
+  search QUERY  find messages by their text, best match first (--limit, --json; SQLite only)
 
-Every command takes --config and --data-dir. list, show and export are safe while the daemon runs.
+Every command takes --config and --data-dir. list, show, export and search are safe while the
+daemon runs.
 `
 
 // Limits of the sessions commands.
@@ -44,7 +46,7 @@ const (
 	maxIncarnations = 1000 // predecessors followed by export
 )
 
-// sessions runs `agentgate sessions <list|show|export|reset>`.
+// sessions runs `agentgate sessions <list|show|export|reset|search>`.
 func sessions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help" {
 		fmt.Fprint(stderr, sessionsUsage)
@@ -60,6 +62,8 @@ func sessions(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return sessionsExport(ctx, args, stdout, stderr)
 	case "reset":
 		return sessionsReset(ctx, args, stdout, stderr)
+	case "search":
+		return sessionsSearch(ctx, args, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, sessionsUsage)
 		return nil
@@ -331,6 +335,82 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	return nil
 }
 
+// searcher is a store with a full-text index over message content (the SQLite store's FTS5).
+type searcher interface {
+	Search(ctx context.Context, query string, limit int) ([]persistence.Message, error)
+}
+
+// searchHelp says what a search query may hold, for a query the index refuses.
+const searchHelp = `words match whole words (all of them), "a phrase" in quotes, prefix* a word's start, ` +
+	`and OR and NOT (upper case) combine; quote a word that holds punctuation`
+
+func sessionsSearch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fset := flag.NewFlagSet("sessions search", flag.ContinueOnError)
+	var cf configFlags
+	cf.register(fset)
+	asJSON := fset.Bool("json", false, "print one JSON array")
+	limit := fset.Int("limit", defaultListPage, "at most `N` messages")
+	query, err := parseArgs(fset, args, "QUERY", stderr)
+	if err != nil {
+		return helpIsDone(err)
+	}
+	if strings.TrimSpace(query) == "" {
+		return errors.New("sessions search: the query is empty")
+	}
+	if *limit < 1 {
+		return fmt.Errorf("sessions search: --limit %d: must be at least 1", *limit)
+	}
+	st, _, err := openStore(ctx, &cf, true)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	idx, ok := st.(searcher)
+	if !ok {
+		return errors.New("sessions search: this store has no full-text index (only the SQLite store has one)")
+	}
+	ms, err := idx.Search(ctx, query, *limit)
+	if err != nil {
+		if errors.Is(err, sqlite.ErrBadQuery) {
+			return fmt.Errorf("sessions search: %q is not a query the index understands: %s", query, searchHelp)
+		}
+		return err
+	}
+	// Name each hit's session key: a message row carries its session id.
+	keys := map[string]string{}
+	out := make([]searchJSON, 0, len(ms))
+	for _, m := range ms {
+		key, seen := keys[m.SessionID]
+		if !seen {
+			s, err := st.Session(ctx, m.SessionID)
+			switch {
+			case err == nil:
+				key = s.Key
+			case !errors.Is(err, persistence.ErrNotFound):
+				return err
+			}
+			keys[m.SessionID] = key
+		}
+		out = append(out, searchJSON{SessionKey: key, messageJSON: messageToJSON(&m)})
+	}
+	if *asJSON {
+		return writeJSON(stdout, out)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tSESSION ID\tSEQ\tROLE\tCREATED\tTEXT")
+	for _, m := range out {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", cell(m.SessionKey), cell(m.SessionID), m.Seq, cell(m.Role),
+			timeCell(m.CreatedAt), oneLine(m.Text, showTextRunes))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(out) == 0 {
+		fmt.Fprintln(stderr, "no message matches (messages of the last second may not be indexed yet)")
+	}
+	return nil
+}
+
 // resetCommand is the curl command line that resets key through the running daemon.
 func resetCommand(cfg *config.Config, key string) string {
 	addr := "127.0.0.1:8080"
@@ -357,35 +437,52 @@ func resetCommand(cfg *config.Config, key string) string {
 // parseSessionArgs parses fset's flags, which may come before and after the KEY argument when
 // wantKey. It returns flag.ErrHelp after -h and errUsage after a usage error.
 func parseSessionArgs(fset *flag.FlagSet, args []string, wantKey bool, stderr io.Writer) (string, error) {
-	fset.SetOutput(stderr)
-	if err := fset.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return "", flag.ErrHelp
-		}
-		return "", errUsage
+	if !wantKey {
+		return parseArgs(fset, args, "", stderr)
 	}
-	var key string
-	if wantKey {
+	key, err := parseArgs(fset, args, "KEY", stderr)
+	if err != nil {
+		return "", err
+	}
+	if _, err := identity.ParseKey(key); err != nil {
+		return "", fmt.Errorf("%s: %v (want agent:<profile>:<platform>:<chat type>:<chat id>[:...], as printed by sessions list)", fset.Name(), err)
+	}
+	return key, nil
+}
+
+// parseArgs parses fset's flags and, when name is not empty, the one argument it names, with
+// flags before and after it. It returns flag.ErrHelp after -h and errUsage after a usage error.
+func parseArgs(fset *flag.FlagSet, args []string, name string, stderr io.Writer) (string, error) {
+	fset.SetOutput(stderr)
+	parse := func(args []string) error {
+		err := fset.Parse(args)
+		if errors.Is(err, flag.ErrHelp) {
+			return flag.ErrHelp
+		}
+		if err != nil {
+			return errUsage
+		}
+		return nil
+	}
+	if err := parse(args); err != nil {
+		return "", err
+	}
+	var arg string
+	if name != "" {
 		if fset.NArg() == 0 {
-			fmt.Fprintf(stderr, "agentgate %s: missing KEY\n", fset.Name())
+			fmt.Fprintf(stderr, "agentgate %s: missing %s\n", fset.Name(), name)
 			return "", errUsage
 		}
-		key = fset.Arg(0)
-		if err := fset.Parse(fset.Args()[1:]); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return "", flag.ErrHelp
-			}
-			return "", errUsage
-		}
-		if _, err := identity.ParseKey(key); err != nil {
-			return "", fmt.Errorf("%s: %v (want agent:<profile>:<platform>:<chat type>:<chat id>[:...], as printed by sessions list)", fset.Name(), err)
+		arg = fset.Arg(0)
+		if err := parse(fset.Args()[1:]); err != nil {
+			return "", err
 		}
 	}
 	if fset.NArg() > 0 {
 		fmt.Fprintf(stderr, "agentgate %s: unexpected argument %q\n", fset.Name(), fset.Arg(0))
 		return "", errUsage
 	}
-	return key, nil
+	return arg, nil
 }
 
 // helpIsDone turns the help request of parseSessionArgs into success.
@@ -518,6 +615,12 @@ type sessionJSON struct {
 	PrevSessionID  string    `json:"prev_session_id,omitempty"`
 	InputTokens    int64     `json:"input_tokens"`
 	OutputTokens   int64     `json:"output_tokens"`
+}
+
+// searchJSON is one hit of search: the message and its session's key.
+type searchJSON struct {
+	SessionKey string `json:"session_key"`
+	messageJSON
 }
 
 type messageJSON struct {

@@ -477,6 +477,68 @@ func TestSessionsReset(t *testing.T) {
 	})
 }
 
+func TestSessionsSearch(t *testing.T) {
+	dir := MustSeedSessions(t)
+
+	t.Run("text", func(t *testing.T) {
+		out, _ := MustRunSessions(t, "search", "there", "--data-dir", dir)
+		var got [][]string
+		for line := range strings.Lines(out) {
+			got = append(got, strings.Fields(line))
+		}
+		// Best match first: bm25 ranks the shorter text higher.
+		want := [][]string{
+			{"KEY", "SESSION", "ID", "SEQ", "ROLE", "CREATED", "TEXT"},
+			{keyA, "sa1", "2", "assistant", "2025-03-01T12:02:00Z", "hi", "there"},
+			{keyA, "sa2", "3", "user", "2025-03-01T12:03:00Z", "still", "there?"},
+		}
+		if d := cmp.Diff(want, got); d != "" {
+			t.Errorf("search there (-want +got):\n%s", d)
+		}
+	})
+	t.Run("limit and archived", func(t *testing.T) {
+		out, _ := MustRunSessions(t, "search", "--data-dir", dir, "--json", "--limit", "1", "scrap")
+		var hits []struct {
+			SessionKey string `json:"session_key"`
+			SessionID  string `json:"session_id"`
+			Seq        int64  `json:"seq"`
+			Text       string `json:"text"`
+			Archived   bool   `json:"archived"`
+		}
+		if err := json.Unmarshal([]byte(out), &hits); err != nil {
+			t.Fatalf("search --json: %v\n%s", err, out)
+		}
+		if len(hits) != 1 || hits[0].SessionKey != keyA || hits[0].SessionID != "sa1" || hits[0].Seq != 3 || !hits[0].Archived {
+			t.Errorf("search scrap = %+v, want the archived message 3 of sa1 under %s", hits, keyA)
+		}
+		out, _ = MustRunSessions(t, "search", "--data-dir", dir, "--json", "--limit", "1", "hey OR hello")
+		if err := json.Unmarshal([]byte(out), &hits); err != nil || len(hits) != 1 {
+			t.Errorf("search --limit 1 = %s (%v), want one hit", out, err)
+		}
+	})
+	t.Run("no match", func(t *testing.T) {
+		out, errOut := MustRunSessions(t, "search", "--data-dir", dir, "unicorn")
+		if strings.Count(out, "\n") != 1 || !strings.Contains(errOut, "no message matches") {
+			t.Errorf("search unicorn = %q, stderr %q; want the header only and a note", out, errOut)
+		}
+	})
+	t.Run("bad query", func(t *testing.T) {
+		_, _, err := runSessions(t, "search", "--data-dir", dir, `"unbalanced`)
+		if err == nil || !strings.Contains(err.Error(), "not a query the index understands") {
+			t.Errorf("search of a malformed query error = %v, want one naming the query syntax", err)
+		}
+		if _, _, err := runSessions(t, "search", "--data-dir", dir); !errors.Is(err, errUsage) {
+			t.Errorf("search without QUERY error = %v, want errUsage", err)
+		}
+		if _, _, err := runSessions(t, "search", "--data-dir", dir, "a", "b"); !errors.Is(err, errUsage) {
+			t.Errorf("search with two arguments error = %v, want errUsage", err)
+		}
+		if _, _, err := runSessions(t, "search", "--data-dir", dir, " "); err == nil {
+			t.Errorf("search of an empty query = nil error")
+		}
+	})
+}
+
 func TestSessionsOneLine(t *testing.T) {
 	tests := []struct {
 		name, in string

@@ -8,6 +8,17 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 )
 
+// ErrBadQuery wraps a Search query the full-text index refuses (FTS5 syntax, an unknown column
+// filter), as opposed to a failing database.
+var ErrBadQuery = errors.New("not a full-text query")
+
+// isQueryError reports whether err is SQLite's generic SQL error, which is what a malformed
+// MATCH expression gives.
+func isQueryError(err error) bool {
+	var se *sqlite.Error
+	return errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_ERROR
+}
+
 // IsUnavailable reports whether err means the database cannot be written right now (busy or
 // locked, read-only or permission denied, disk full, I/O error, cannot open, corrupt, out of
 // memory, or a dropped connection), as opposed to a problem with the write itself (a constraint,

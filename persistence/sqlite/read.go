@@ -484,6 +484,7 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 // Search returns the messages (archived ones included) whose content matches an FTS5 query
 // (https://sqlite.org/fts5.html#full_text_query_syntax), best match first, at most limit (0
 // means 100). It is not part of persistence.Store. Messages whose indexing failed are not found.
+// A query the index refuses is an ErrBadQuery.
 //
 // Commits index new messages in bulk (index.go), so the newest committed messages may not be
 // indexed yet. A writable store indexes them before it queries, so it finds every message
@@ -510,6 +511,9 @@ func (s *Store) Search(ctx context.Context, query string, limit int) ([]persiste
 	ms, err := queryMessages(ctx, s.reader, `SELECT `+sqlstore.Prefixed("m.", messageCols)+`
 		FROM messages_fts f JOIN messages m ON m.id = f.rowid
 		WHERE messages_fts MATCH ? ORDER BY f.rank, m.id LIMIT ?`, query, limit)
+	if isQueryError(err) {
+		return nil, fmt.Errorf("search %q: %w: %v", query, ErrBadQuery, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("search %q: %w", query, err)
 	}

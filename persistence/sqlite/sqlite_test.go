@@ -221,8 +221,10 @@ func TestSearch(t *testing.T) {
 	if ms, err := s.Search(ctx, "zebra", 10); err != nil || len(ms) != 1 || ms[0].Seq != 5 {
 		t.Errorf("Search(zebra) = %+v, %v, want seq 5", ms, err)
 	}
-	if _, err := s.Search(ctx, `"unbalanced`, 10); err == nil {
-		t.Errorf("Search(malformed query) = nil error, want an error")
+	for _, q := range []string{`"unbalanced`, `nosuchcolumn:zebra`, `AND`} {
+		if _, err := s.Search(ctx, q, 10); !errors.Is(err, ErrBadQuery) {
+			t.Errorf("Search(%q) error = %v, want ErrBadQuery", q, err)
+		}
 	}
 }
 
