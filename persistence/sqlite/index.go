@@ -17,15 +17,18 @@ import (
 // migration 0006) are indexed in bulk, in a transaction of their own that also advances the
 // watermark (10–15 µs a row, so ~15 ms for 1,000 rows on the reference VM):
 //
-//   - by the Commit that finds at least Options.IndexRows rows waiting, or the oldest of them
-//     waiting for Options.IndexDelay, right after its own transaction has committed (so an
-//     indexing failure can never fail or roll back a transcript write), at most
-//     max(IndexRows, 5,000) rows per Commit;
+//   - by the Commit that finds at least Options.IndexRows rows waiting, right after its own
+//     transaction has committed (so an indexing failure can never fail or roll back a
+//     transcript write), at most max(IndexRows, 5,000) rows per Commit;
+//   - by a timer Options.IndexDelay after the oldest waiting row was committed, so a quiet
+//     daemon's last messages are found by a read-only Search (agentgate sessions search) within
+//     about IndexDelay, not only after its next commit;
 //   - by Search (all of them, before it queries), by Close (all), and by Open (all, which is what
 //     recovers from a crash between a commit and its indexing).
 //
-// Every pass runs under the commit mutex on the one writer connection: there is no indexing
-// goroutine competing for the write lock.
+// Every pass runs under the commit mutex on the one writer connection, so a pass and a commit
+// never compete for the write lock: a commit waits for a timer's pass as it would for the pass
+// of the Commit before it.
 const (
 	defaultIndexRows  = 1000
 	defaultIndexDelay = time.Second
@@ -44,8 +47,8 @@ type indexer struct {
 	// pending counts the rows committed above the watermark (an estimate: a pruned row stays
 	// counted until the next pass). Atomic so that Search can skip the commit mutex when it is 0.
 	pending atomic.Int64
-	since   time.Time // when the oldest pending row was committed; guarded by commitMu
-	retryAt time.Time // no pass before this, after a failed one; guarded by commitMu
+	retryAt time.Time   // no pass before this, after a failed one; guarded by commitMu
+	timer   *time.Timer // the pass IndexDelay after the oldest pending row; guarded by commitMu
 }
 
 func newIndexer(opts Options) *indexer {
@@ -64,18 +67,43 @@ func newIndexer(opts Options) *indexer {
 // added message rows has committed. It runs one bounded pass when one is due.
 func (s *Store) indexCommitted(ctx context.Context, added int) {
 	x := s.idx
-	now := s.now()
-	if added > 0 {
-		if x.pending.Load() == 0 {
-			x.since = now
-		}
-		x.pending.Add(int64(added))
+	n := x.pending.Add(int64(added))
+	if n >= int64(x.rows) && !s.now().Before(x.retryAt) {
+		s.indexPass(ctx)
 	}
-	n := x.pending.Load()
-	if n == 0 || now.Before(x.retryAt) || (n < int64(x.rows) && now.Sub(x.since) < x.delay) {
-		return
+	s.indexLater()
+}
+
+// indexLater arms the timer of the next pass, IndexDelay from now, when rows wait and none is
+// armed. The caller holds the commit mutex.
+func (s *Store) indexLater() {
+	if x := s.idx; x.pending.Load() > 0 && x.timer == nil {
+		x.timer = time.AfterFunc(x.delay, s.indexDue)
 	}
-	s.indexPass(ctx)
+}
+
+// indexDue is the timer's pass: it indexes what waits (one bounded pass) and arms the timer
+// again if rows still wait, after more than a pass's worth or a failed pass.
+func (s *Store) indexDue() {
+	if s.enter() != nil {
+		return // closed: Close indexed what it could, Open indexes the rest
+	}
+	defer s.leave()
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	s.idx.timer = nil
+	if s.idx.pending.Load() > 0 {
+		s.indexPass(context.Background())
+	}
+	s.indexLater()
+}
+
+// stopIndexTimer cancels a pending timer pass. The caller holds the commit mutex.
+func (s *Store) stopIndexTimer() {
+	if x := s.idx; x.timer != nil {
+		x.timer.Stop()
+		x.timer = nil
+	}
 }
 
 // indexAll indexes every pending row, a bounded transaction at a time, and stops at the first
@@ -108,7 +136,6 @@ func (s *Store) indexPass(ctx context.Context) (n int, more bool, err error) {
 		x.retryAt = now.Add(x.delay)
 		if x.pending.Load() == 0 {
 			x.pending.Store(1) // unknown, but Open could not catch up: try again later
-			x.since = now
 		}
 		if c, ok := s.ftsWarn.allow(); ok {
 			s.log.Warn("fts index pass failed; messages wait unindexed", "batches", c, logging.Err(err))
@@ -126,7 +153,7 @@ func (s *Store) indexPass(ctx context.Context) (n int, more bool, err error) {
 		x.pending.Store(max(x.pending.Load()-int64(n), 1))
 	} else {
 		x.pending.Store(0)
-		x.since = time.Time{}
+		s.stopIndexTimer()
 	}
 	return n, more, nil
 }

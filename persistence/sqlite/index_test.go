@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/testutil"
@@ -109,16 +110,6 @@ func TestIndexPolicy(t *testing.T) {
 			{0, msgs("s1", 11, 15, "w"), 10},
 			{0, msgs("s1", 16, 27, "w"), 27},
 		}},
-		{"by age of the oldest", Options{IndexRows: 1000, IndexDelay: time.Second}, 0, []step{
-			{0, msgs("s1", 1, 1, "w"), 0},
-			{900 * time.Millisecond, msgs("s1", 2, 2, "w"), 0},
-			{50 * time.Millisecond, []persistence.Op{&persistence.SetTitle{SessionID: "s1", Title: "x"}}, 0},
-			// 1 s after the first row, a commit without messages indexes both.
-			{50 * time.Millisecond, []persistence.Op{&persistence.SetTitle{SessionID: "s1", Title: "y"}}, 2},
-			{0, msgs("s1", 3, 3, "w"), 2},
-			{999 * time.Millisecond, msgs("s1", 4, 4, "w"), 2},
-			{time.Millisecond, msgs("s1", 5, 5, "w"), 5},
-		}},
 		{"bounded pass", Options{IndexRows: 2, IndexDelay: time.Hour}, 3, []step{
 			{0, msgs("s1", 1, 8, "w"), 3},
 			{0, []persistence.Op{&persistence.SetTitle{SessionID: "s1", Title: "x"}}, 6},
@@ -146,6 +137,44 @@ func TestIndexPolicy(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestIndexTimer: the rows a quiet store holds are indexed IndexDelay after the oldest of them
+// was committed, without another commit, so a read-only Search (agentgate sessions search beside
+// a running daemon) finds them.
+func TestIndexTimer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := MustOpen(t, Options{IndexRows: 1000, IndexDelay: time.Second, CheckpointInterval: time.Hour})
+		storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")})
+		indexed := func(when string, want int64) {
+			t.Helper()
+			synctest.Wait()
+			if _, n, _ := indexState(t, s.Path()); n != want {
+				t.Errorf("%s: %d rows indexed, want %d", when, n, want)
+			}
+		}
+		storetest.MustCommit(t, s, msgs("s1", 1, 1, "w")...)
+		time.Sleep(900 * time.Millisecond)
+		storetest.MustCommit(t, s, msgs("s1", 2, 2, "w")...)
+		indexed("0.9 s after the first row", 0)
+		time.Sleep(150 * time.Millisecond)
+		indexed("1.05 s after the first row", 2)
+
+		storetest.MustCommit(t, s, msgs("s1", 3, 4, "w")...)
+		time.Sleep(999 * time.Millisecond)
+		indexed("0.999 s after the next rows", 2)
+		time.Sleep(2 * time.Millisecond)
+		indexed("1.001 s after the next rows", 4)
+
+		ro, err := OpenReadOnly(t.Context(), s.Path())
+		if err != nil {
+			t.Fatalf("OpenReadOnly: %v", err)
+		}
+		defer ro.Close()
+		if ms, err := ro.Search(t.Context(), "w", 10); err != nil || len(ms) != 4 {
+			t.Errorf("read-only Search(w) = %d rows, %v; want all 4", len(ms), err)
+		}
+	})
 }
 
 // abandon releases a store's files as a killed process would: without Close, so nothing that

@@ -30,9 +30,9 @@ type Options struct {
 	// Readers is the size of the reader connection pool. Zero means 4.
 	Readers int
 	// IndexRows and IndexDelay say when new messages are added to the search index: in bulk, by
-	// the Commit that finds IndexRows of them waiting (zero means 1,000) or the oldest of them
-	// waiting for IndexDelay (zero means one second), and always before Search answers, on Close
-	// and on Open (see index.go).
+	// the Commit that finds IndexRows of them waiting (zero means 1,000), by a timer once the
+	// oldest of them has waited IndexDelay (zero means one second), and always before Search
+	// answers, on Close and on Open (see index.go).
 	IndexRows  int
 	IndexDelay time.Duration
 }
@@ -108,6 +108,9 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	if n, err := s.indexAll(ctx); err == nil && n > 0 {
 		s.log.Info("search index caught up", "rows", n)
 	}
+	s.commitMu.Lock()
+	s.indexLater() // after a failed catch-up
+	s.commitMu.Unlock()
 	s.ckpt = startCheckpointer(s.writer, abs, interval(opts.CheckpointInterval), s.log)
 	s.log.Info("store opened", "path", abs, "synchronous", syncMode)
 	return s, nil
@@ -278,9 +281,12 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
-	if s.idx != nil && s.idx.pending.Load() > 0 {
+	if s.idx != nil {
 		s.commitMu.Lock()
-		_, _ = s.indexAll(context.Background()) // logged by indexPass
+		if s.idx.pending.Load() > 0 {
+			_, _ = s.indexAll(context.Background()) // logged by indexPass
+		}
+		s.stopIndexTimer()
 		s.commitMu.Unlock()
 	}
 	err := s.closeAll()
