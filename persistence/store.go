@@ -388,7 +388,9 @@ type ChatMark struct {
 type Store interface {
 	// Commit applies groups of writes in one transaction. Each group is atomic on its own: the
 	// error for group i is errs[i], and a failed group leaves no trace. If the transaction
-	// itself fails, every group gets that error.
+	// itself fails, every group gets that error. A group that fails because the database is
+	// unavailable (ErrUnavailable) fails the whole batch the same way: its writes go to the
+	// spool, and a later group (of the same session, perhaps) must not commit ahead of them.
 	Commit(ctx context.Context, groups [][]Op) (errs []error)
 
 	// LoadSession returns the durable state of a session key, with at most historyLimit

@@ -100,7 +100,9 @@ var errTxAborted = errors.New("transaction aborted")
 // Commit applies groups of writes in one BEGIN IMMEDIATE transaction. Each group is atomic: a
 // failing group is rolled back and reported in errs[i] while the others go on. If the
 // transaction itself fails (BEGIN, COMMIT, or an error after which SQLite has rolled it back,
-// such as a full disk), every group gets that error. New messages are indexed for Search after
+// such as a full disk), every group gets that error, and so does a group that fails because
+// the database is unavailable (IsUnavailable): the whole batch is rolled back, so that no
+// later group commits ahead of a write that must wait in the spool. New messages are indexed for Search after
 // the commit (see indexCommitted); an indexing failure never fails a group. Commit is safe for
 // concurrent use; calls are serialised.
 //
@@ -178,7 +180,7 @@ func (s *Store) commitOn(ctx context.Context, dc any, groups [][]persistence.Op,
 		sqlstore.Fill(errs, fmt.Errorf("commit: begin: %w", err))
 		return 0, false
 	}
-	t := &txn{ctx: bg, stmts: stmts}
+	t := &txn{ctx: bg, stmts: stmts, fault: s.fault}
 	for i, g := range groups {
 		if err := ctx.Err(); err != nil {
 			_ = tx.Rollback()
@@ -191,6 +193,13 @@ func (s *Store) commitOn(ctx context.Context, dc any, groups [][]persistence.Op,
 		case err == nil:
 		case errors.Is(err, errTxAborted):
 			_ = tx.Rollback() // the transaction is already gone
+			sqlstore.Fill(errs, fmt.Errorf("commit: group %d: %w", i, err))
+			return 0, false
+		case IsUnavailable(err):
+			// The group goes to the spool; the groups after it may hold later writes of its
+			// session, which must not commit ahead of it. The batch fails as a whole and is
+			// spooled in order (as the PostgreSQL store's does).
+			_ = tx.Rollback()
 			sqlstore.Fill(errs, fmt.Errorf("commit: group %d: %w", i, err))
 			return 0, false
 		case !savepoints:
@@ -260,8 +269,9 @@ func closeStmts(sts []driver.Stmt) error {
 type txn struct {
 	ctx   context.Context // never cancelled (see commitTx)
 	stmts *[numStmts]driver.Stmt
-	args  []driver.NamedValue // the arguments of the statement running, reused by the next
-	added int                 // message rows inserted by the groups that succeeded so far
+	args  []driver.NamedValue        // the arguments of the statement running, reused by the next
+	added int                        // message rows inserted by the groups that succeeded so far
+	fault func(persistence.Op) error // Store.fault
 }
 
 // bind converts args as database/sql would (driver.DefaultParameterConverter: the driver has no
@@ -346,6 +356,11 @@ func (t *txn) group(ops []persistence.Op, savepoints bool) error {
 // MarkDelivery of a non-delivered state), which count each application; AddUsage adds once
 // per turn.
 func (t *txn) apply(op persistence.Op) error {
+	if t.fault != nil {
+		if err := t.fault(op); err != nil {
+			return err
+		}
+	}
 	switch o := op.(type) {
 	case *persistence.CreateSession:
 		if o == nil || o.Session.ID == "" || o.Session.Key == "" {

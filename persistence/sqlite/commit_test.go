@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -255,4 +256,52 @@ func cpuTime(b *testing.B) time.Duration {
 		b.Fatalf("getrusage: %v", err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestUnavailableGroupFailsTheBatch: a group the database cannot take (a fault injected into one
+// of its ops, as a write error of the disk would be) fails the whole batch with ErrUnavailable.
+// The persistence actor then spools the batch as it is, in order, so no later write of the same
+// session commits ahead of the one that waits in the spool. (The savepoint retry used to commit
+// every other group: here session a's third write, a status that the replay of its second
+// would then have overtaken.)
+func TestUnavailableGroupFailsTheBatch(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("a", "ka")},
+		&persistence.CreateSession{Session: newSession("b", "kb")})
+	s.fault = func(op persistence.Op) error {
+		if m, ok := op.(*persistence.AppendMessage); ok && m.Message.SessionID == "a" && m.Message.Seq == 2 {
+			return fmt.Errorf("disk I/O error (test): %w", driver.ErrBadConn)
+		}
+		return nil
+	}
+	groups := [][]persistence.Op{
+		{&persistence.AppendMessage{Message: userMsg("a", 1, "one")}},
+		{&persistence.AppendMessage{Message: userMsg("a", 2, "two")}},
+		{&persistence.SetMessageStatus{SessionID: "a", Seqs: []int64{2}, Status: persistence.StatusDone},
+			&persistence.AppendMessage{Message: userMsg("a", 3, "three")}},
+		{&persistence.AppendMessage{Message: userMsg("b", 1, "other session")}},
+	}
+	errs := s.Commit(ctx, groups)
+	for i := 1; i < len(groups); i++ {
+		if !errors.Is(errs[i], persistence.ErrUnavailable) {
+			t.Errorf("group %d: error = %v, want ErrUnavailable (it must not commit ahead of group 1)", i, errs[i])
+		}
+	}
+	// Every group is atomic: stored exactly when it reported success.
+	stored := map[string]bool{}
+	for _, sid := range []string{"a", "b"} {
+		tr, err := s.Transcript(ctx, sid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range tr {
+			stored[fmt.Sprintf("%s/%d", m.SessionID, m.Seq)] = true
+		}
+	}
+	for i, key := range []string{"a/1", "a/2", "a/3", "b/1"} {
+		if stored[key] != (errs[i] == nil) {
+			t.Errorf("message %s stored = %v, but its group's error is %v", key, stored[key], errs[i])
+		}
+	}
 }

@@ -66,6 +66,9 @@ type Store struct {
 	idx       *indexer // the search index backlog; nil for a read-only store
 	now       func() time.Time
 	ftsWarn   rateLimiter
+	// fault, set only by tests, fails an op of Commit before it runs, as a database that
+	// cannot take that one write would (a fault at the store's edge).
+	fault func(persistence.Op) error
 }
 
 var _ persistence.Store = (*Store)(nil)
