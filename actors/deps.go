@@ -114,6 +114,10 @@ type Deps struct {
 	// Spooling is true while the persistence actor holds writes in the spool: the store does not
 	// show them yet, so sessions stay in memory instead of passivating.
 	Spooling atomic.Bool
+	// PersistIncarnation counts the persistence actor's restarts (its
+	// persistence.ActorOptions.Incarnation): a session sends its unacknowledged writes again,
+	// in order, once it has grown past the incarnation they were sent to.
+	PersistIncarnation atomic.Uint64
 
 	// The props every session and turn is spawned from, built once: props hold nothing per
 	// actor (a session learns its key from its PID), so per-actor props would only cost memory.

@@ -45,27 +45,56 @@ func (s *Session) sendOutbound(c actor.Context, out *platforms.Outbound) {
 }
 
 // write sends ops to the persistence actor and runs done with the result. The session keeps
-// the write until it is acknowledged and sends it again if no answer comes (resend).
+// the write until it is acknowledged and sends it again, in order with its other unacknowledged
+// writes, when the persistence actor has restarted since it sent it (resendAll).
 func (s *Session) write(c actor.Context, ops []persistence.Op, done func(actor.Context, error)) {
 	if s.epoch > 0 {
 		ops = append([]persistence.Op{&persistence.Fence{Key: s.key, Epoch: s.epoch}}, ops...)
 	}
-	w := &pendingWrite{write: &persistence.Write{ID: s.d.writeIDs.Add(1), Ops: ops}, done: done, sentAt: s.d.now()}
+	inc := s.d.PersistIncarnation.Load()
+	if s.lostSome(inc) {
+		s.resendAll(c, inc) // nothing newer goes ahead of them
+	}
+	w := &pendingWrite{id: s.d.writeIDs.Add(1), ops: ops, done: done}
 	s.inflight = append(s.inflight, w)
-	c.Request(s.d.Persist, w.write)
+	s.send(c, w, inc, len(s.inflight) > 1)
 	if s.stopResend == nil {
 		s.stopResend = s.timers(c).SendOnce(resendAfter, c.Self(), &resendTick{})
 	}
 }
 
 type pendingWrite struct {
-	write  *persistence.Write
-	done   func(actor.Context, error)
-	sentAt time.Time
+	id   uint64
+	ops  []persistence.Op
+	done func(actor.Context, error)
+	inc  uint64 // the persistence actor's incarnation when the write was last sent
 }
 
-// resendTick wakes a session to re-send writes that got no answer. It does not count as
-// activity for passivation.
+// send sends w to the persistence actor's incarnation inc; after says that earlier writes of
+// this session are unacknowledged (persistence.Write).
+func (s *Session) send(c actor.Context, w *pendingWrite, inc uint64, after bool) {
+	w.inc = inc
+	c.Request(s.d.Persist, &persistence.Write{ID: w.id, Ops: w.ops, Incarnation: inc, After: after})
+}
+
+// lostSome reports whether an unacknowledged write was sent to an incarnation of the
+// persistence actor older than inc: the restart may have lost it.
+func (s *Session) lostSome(inc uint64) bool {
+	return slices.ContainsFunc(s.inflight, func(w *pendingWrite) bool { return w.inc < inc })
+}
+
+// resendAll sends every unacknowledged write again, in the order they were first sent, to the
+// persistence actor's incarnation inc. A write the restart did not lose is applied twice, in
+// order (writes are idempotent); the first answer for it settles it.
+func (s *Session) resendAll(c actor.Context, inc uint64) {
+	s.logger().Warn("the persistence actor restarted; sending the unacknowledged writes again", "writes", len(s.inflight))
+	for i, w := range s.inflight {
+		s.send(c, w, inc, i > 0)
+	}
+}
+
+// resendTick wakes a session that has unacknowledged writes to check whether the persistence
+// actor restarted since it sent them. It does not count as activity for passivation.
 type resendTick struct{}
 
 func (s *Session) timers(c actor.Context) *scheduler.TimerScheduler {
@@ -80,23 +109,26 @@ func (s *Session) resend(c actor.Context) {
 	if len(s.inflight) == 0 {
 		return
 	}
-	now := s.d.now()
-	for _, w := range s.inflight {
-		if now.Sub(w.sentAt) >= resendAfter {
-			s.logger().Warn("write not acknowledged; sending it again", "write", w.write.ID)
-			w.sentAt = now
-			c.Request(s.d.Persist, w.write)
-		}
+	if inc := s.d.PersistIncarnation.Load(); s.lostSome(inc) {
+		s.resendAll(c, inc)
 	}
 	s.stopResend = s.timers(c).SendOnce(resendAfter, c.Self(), &resendTick{})
 }
 
 func (s *Session) onWriteResult(c actor.Context, m *persistence.WriteResult) {
-	i := slices.IndexFunc(s.inflight, func(w *pendingWrite) bool { return w.write.ID == m.ID })
+	i := slices.IndexFunc(s.inflight, func(w *pendingWrite) bool { return w.id == m.ID })
 	if i < 0 {
 		return // an answer to a write sent again, already handled
 	}
 	w := s.inflight[i]
+	if errors.Is(m.Err, persistence.ErrResend) {
+		// Sent behind writes a restart of the persistence actor may have lost; unless they
+		// were sent again since, send them again, in order, and this one after them.
+		if inc := s.d.PersistIncarnation.Load(); w.inc < inc {
+			s.resendAll(c, inc)
+		}
+		return
+	}
 	s.inflight = slices.Delete(s.inflight, i, i+1)
 	if len(s.inflight) == 0 {
 		s.inflight = nil // an idle session keeps no buffer, and no timer
@@ -113,6 +145,7 @@ func (s *Session) onWriteResult(c actor.Context, m *persistence.WriteResult) {
 	s.stopWhenSettled(c)
 }
 
-// resendAfter is how long a session waits for a write's acknowledgment before sending it
-// again: the persistence actor may have restarted and lost its batch. Writes are idempotent.
+// resendAfter is how often a session with unacknowledged writes checks whether the persistence
+// actor restarted (and lost its batch) since it sent them, and how long the platform actor
+// waits for a mark write's acknowledgment before sending it again. Writes are idempotent.
 const resendAfter = 5 * time.Second

@@ -40,6 +40,13 @@ func newManagerWorld(t *testing.T, agent agents.Agent, setup func(*Deps)) *manag
 // newManagerWorldAt is newManagerWorld on the database at path (which may hold data already).
 func newManagerWorldAt(t *testing.T, path string, agent agents.Agent, setup func(*Deps)) *managerWorld {
 	t.Helper()
+	return newManagerWorldWith(t, path, agent, setup, nil)
+}
+
+// newManagerWorldWith is newManagerWorldAt whose persistence actor commits through
+// commits(store) when commits is not nil (a store that fails or panics on cue).
+func newManagerWorldWith(t *testing.T, path string, agent agents.Agent, setup func(*Deps), commits func(persistence.Store) persistence.Store) *managerWorld {
+	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	store, err := sqlite.Open(ctx, path, sqlite.Options{})
 	if err != nil {
@@ -62,7 +69,12 @@ func newManagerWorldAt(t *testing.T, path string, agent agents.Agent, setup func
 	if setup != nil {
 		setup(w.d)
 	}
-	w.d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, store, persistence.ActorOptions{MaxBatch: 64})))
+	var writeTo persistence.Store = store
+	if commits != nil {
+		writeTo = commits(store)
+	}
+	w.d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, writeTo, persistence.ActorOptions{MaxBatch: 64,
+		Incarnation: &w.d.PersistIncarnation})))
 	w.manager = system.Root.Spawn(NewSessionManager(w.d))
 	w.key = identity.Key(w.src, w.d.Config.Keys)
 	t.Cleanup(func() { // the manager and the writer before the store closes

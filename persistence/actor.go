@@ -47,6 +47,10 @@ type ActorOptions struct {
 	// MaxLinger bounds how long a collected batch may wait for the writers the last commit
 	// answered (default DefaultMaxLinger; negative: never wait). See Actor.
 	MaxLinger time.Duration
+	// Incarnation counts the actor's restarts: each restart raises it before the new
+	// incarnation takes a message. Senders read it to keep their writes in order across a
+	// restart (Write.Incarnation). Nil: no write is refused for it.
+	Incarnation *atomic.Uint64
 }
 
 // DefaultMaxLinger is the default ActorOptions.MaxLinger.
@@ -86,8 +90,12 @@ const (
 // quarantined, never dropped. Only one commit is ever in flight and the spool is decided in
 // Receive, so the order of writes is kept.
 //
-// A restart loses only the batch being collected; its senders still hold those writes and
-// re-send them. Flush, Prune and stopping wait (in Receive) for the commit in flight.
+// A restart loses only the batch being collected (and a commit that panicked); its senders
+// still hold those writes and send them again. So that a sender's later writes, which may be in
+// the mailbox already, do not commit ahead of them, the restart raises ActorOptions.Incarnation,
+// and the new incarnation refuses, with ErrResend, a write sent to an earlier one behind
+// unacknowledged writes of its sender (see Write). Flush, Prune and stopping wait (in Receive)
+// for the commit in flight.
 type Actor struct {
 	store Store
 	ctx   context.Context
@@ -102,6 +110,8 @@ type Actor struct {
 	lingerOff int  // commits left before lingering is tried again
 	replaying bool
 	timers    *scheduler.TimerScheduler
+	// incarnation is ActorOptions.Incarnation when this incarnation started.
+	incarnation uint64
 
 	// pacing of the next batch (see Actor)
 	answeredAt time.Time
@@ -168,10 +178,20 @@ func NewActor(ctx context.Context, store Store, o ActorOptions) actor.Producer {
 func (a *Actor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
+		if a.o.Incarnation != nil {
+			a.incarnation = a.o.Incarnation.Load()
+		}
 		a.timers = scheduler.NewTimerScheduler(c)
 		a.startCommitter(c)
 		a.replay(c)
 	case *Write:
+		if m.After && a.o.Incarnation != nil && m.Incarnation < a.incarnation {
+			// An earlier write of its sender may have been lost with the last incarnation.
+			if c.Sender() != nil {
+				c.Send(c.Sender(), &WriteResult{ID: m.ID, Err: ErrResend})
+			}
+			return
+		}
 		a.batch = append(a.batch, pendingWrite{sender: c.Sender(), write: m, at: time.Now()})
 		a.arrived++
 		a.pace(c)
@@ -220,6 +240,9 @@ func (a *Actor) Receive(c actor.Context) {
 	case *actor.Restarting:
 		// The collected batch is lost (its senders re-send it); the commit in flight is
 		// answered, so that the next incarnation never commits next to it.
+		if a.o.Incarnation != nil {
+			a.o.Incarnation.Add(1)
+		}
 		if a.inflight != nil {
 			a.finishQuietly(c)
 		}

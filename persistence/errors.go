@@ -13,6 +13,10 @@ var (
 	// ErrFenced fails a write group whose Fence is older than its key's current claim: another
 	// activation of the session owns the key now, and this one must stop (Store.Claim).
 	ErrFenced = errors.New("persistence: session key claimed by a newer activation")
+	// ErrResend refuses a Write sent, behind unacknowledged writes of its sender, to an earlier
+	// incarnation of the persistence actor: a restart may have lost those, and this one must not
+	// commit ahead of them. The sender sends them all again, in order (see Write).
+	ErrResend = errors.New("persistence: write sent before a restart of the persistence actor; send the unacknowledged writes again in order")
 	// ErrCorruptSpool marks a spooled batch that cannot be decoded; it is quarantined.
 	ErrCorruptSpool = errors.New("persistence: corrupt spool batch")
 	// ErrDefaultDataDir is returned when code under test tries to open the default (production)

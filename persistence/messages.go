@@ -7,9 +7,20 @@ import "time"
 // Write asks the persistence actor to commit Ops atomically. The sender gets a *WriteResult with
 // the same ID once the write is committed or has failed. Senders keep a write until it is
 // acknowledged and may re-send it (every Op is idempotent).
+//
+// A restart of the persistence actor loses the writes it had collected, and a sender's later
+// writes, already in its mailbox, would commit ahead of them. A sender that keeps its writes in
+// order (a session) sets Incarnation to the actor's incarnation (ActorOptions.Incarnation) when
+// it sends, and After when earlier writes of its own are still unacknowledged. The actor refuses
+// a write with After set that was sent to an earlier incarnation (ErrResend): the sender sends
+// its unacknowledged writes again, in order, and this one after them. A sender that sees the
+// incarnation grow past the one its unacknowledged writes were sent to does the same before
+// it sends anything newer.
 type Write struct {
-	ID  uint64
-	Ops []Op
+	ID          uint64
+	Ops         []Op
+	Incarnation uint64
+	After       bool
 }
 
 // WriteResult acknowledges a Write. Err is nil when the write is durable.

@@ -461,9 +461,10 @@ func persistenceProps(d *Daemon) *actor.Props {
 			d.metrics.PersistBatchSize.Observe(float64(n))
 			d.metrics.PersistFlushSeconds.Observe(took.Seconds())
 		},
-		Spool:      sp,
-		Spooling:   &d.deps.Spooling,
-		SpoolFiles: func(n int) { d.metrics.SpoolFiles.Set(float64(n)) },
+		Spool:       sp,
+		Spooling:    &d.deps.Spooling,
+		SpoolFiles:  func(n int) { d.metrics.SpoolFiles.Set(float64(n)) },
+		Incarnation: &d.deps.PersistIncarnation,
 	}), d.deps.Mailbox("persistence")...)
 }
 
