@@ -96,8 +96,13 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 	if len(groups) == 0 {
 		return errs
 	}
-	if err := s.lockHeld(); err != nil {
+	epoch, err := s.lockHeld()
+	if err != nil {
 		return sqlstore.Fill(errs, fmt.Errorf("commit: %w", err))
+	}
+	var fence *stmt
+	if epoch > 0 {
+		fence = &stmt{sql: daemonFenceSQL, args: []any{epoch}}
 	}
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
@@ -120,8 +125,8 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 	if len(valid) == 0 {
 		return errs
 	}
-	if retry := s.commitTx(ctx, stmts, valid, errs, false); retry {
-		s.commitTx(ctx, stmts, valid, errs, true)
+	if retry := s.commitTx(ctx, fence, stmts, valid, errs, false); retry {
+		s.commitTx(ctx, fence, stmts, valid, errs, true)
 	}
 	for i, err := range errs {
 		errs[i] = s.explain(ctx, err)
@@ -131,7 +136,8 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 
 // commitTx runs the valid groups in one transaction and fills their errs. Without savepoints,
 // a group that fails rolls the whole transaction back and commitTx asks for a retry with them.
-func (s *Store) commitTx(ctx context.Context, stmts [][]stmt, valid []int, errs []error, savepoints bool) (retry bool) {
+// A fence, when not nil, runs first: when it fails, so does every group.
+func (s *Store) commitTx(ctx context.Context, fence *stmt, stmts [][]stmt, valid []int, errs []error, savepoints bool) (retry bool) {
 	failAll := func(err error) bool {
 		for _, i := range valid {
 			errs[i] = err
@@ -144,7 +150,7 @@ func (s *Store) commitTx(ctx context.Context, stmts [][]stmt, valid []int, errs 
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
 	if !savepoints {
-		failed, err := run(ctx, tx, stmts, valid)
+		failed, err := run(ctx, tx, fence, stmts, valid)
 		switch {
 		case err == nil:
 		case failed < 0 || IsUnavailable(err) || ctx.Err() != nil:
@@ -153,11 +159,16 @@ func (s *Store) commitTx(ctx context.Context, stmts [][]stmt, valid []int, errs 
 			return true
 		}
 	} else {
+		if fence != nil {
+			if _, err := tx.Exec(ctx, fence.sql, fence.args...); err != nil {
+				return failAll(fmt.Errorf("commit: %w", describe(*fence, err)))
+			}
+		}
 		for _, i := range valid {
 			if _, err := tx.Exec(ctx, `SAVEPOINT grp`); err != nil {
 				return failAll(fmt.Errorf("commit: group %d: savepoint: %w", i, err))
 			}
-			_, err := run(ctx, tx, stmts, []int{i})
+			_, err := run(ctx, tx, nil, stmts, []int{i})
 			if err == nil {
 				if _, err := tx.Exec(ctx, `RELEASE SAVEPOINT grp`); err != nil {
 					return failAll(fmt.Errorf("commit: group %d: release savepoint: %w", i, err))
@@ -181,11 +192,15 @@ func (s *Store) commitTx(ctx context.Context, stmts [][]stmt, valid []int, errs 
 	return false
 }
 
-// run sends the statements of the groups idx as one batch and then verifies the message
-// INSERTs that inserted nothing. On error it returns the index of the group that failed, or
-// -1 when the error is not one group's (the batch could not be sent).
-func run(ctx context.Context, tx pgx.Tx, stmts [][]stmt, idx []int) (failed int, err error) {
+// run sends the statements of the groups idx as one batch, after fence when it is not nil,
+// and then verifies the message INSERTs that inserted nothing. On error it returns the index
+// of the group that failed, or -1 when the error is not one group's (the batch could not be
+// sent, or the fence failed).
+func run(ctx context.Context, tx pgx.Tx, fence *stmt, stmts [][]stmt, idx []int) (failed int, err error) {
 	b := &pgx.Batch{}
+	if fence != nil {
+		b.Queue(fence.sql, fence.args...)
+	}
 	for _, i := range idx {
 		for _, st := range stmts[i] {
 			b.Queue(st.sql, st.args...)
@@ -197,6 +212,12 @@ func run(ctx context.Context, tx pgx.Tx, stmts [][]stmt, idx []int) (failed int,
 	}
 	var checks []check
 	br := tx.SendBatch(ctx, b)
+	if fence != nil {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return -1, describe(*fence, err)
+		}
+	}
 	for _, i := range idx {
 		for _, st := range stmts[i] {
 			tag, err := br.Exec()
@@ -232,6 +253,11 @@ func describe(st stmt, err error) error {
 		return fmt.Errorf("%s: %w", pe.ConstraintName, err)
 	case pe.Code == fencedCode:
 		return fmt.Errorf("fence: %s: %w", pe.Message, persistence.ErrFenced)
+	case pe.Code == daemonFencedCode:
+		// Another daemon took the lock: the writes wait in the spool (this daemon's next check
+		// of its lock finds it lost, and /readyz fails).
+		return fmt.Errorf("%w: another agentgate daemon took the database's daemon lock: %s",
+			persistence.ErrUnavailable, pe.Message)
 	}
 	return err
 }

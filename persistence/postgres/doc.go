@@ -15,7 +15,9 @@
 //
 // Every call is bounded (Options.Timeout): a server that does not answer fails it with
 // persistence.ErrUnavailable. An exclusive store (a daemon's) holds an advisory lock for as
-// long as it is open, so that two daemons never share one database.
+// long as it is open, so that two daemons never share one database; taking the lock raises its
+// epoch (migration 0006), and every write transaction of the store checks the epoch it took
+// first, so one whose lock connection died commits nothing once another daemon has the lock.
 //
 // There is no full-text Search: the SQLite store's FTS5 index has no counterpart here yet.
 //

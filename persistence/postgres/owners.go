@@ -22,6 +22,10 @@ const (
 	fenceSQL     = `SELECT agentgate_fence($1, $2)`
 	// fencedCode is the SQLSTATE agentgate_fence raises.
 	fencedCode = "AG001"
+	// daemonFenceSQL fails a commit of an exclusive store whose daemon lock another process has
+	// taken since (migration 0006), with daemonFencedCode.
+	daemonFenceSQL   = `SELECT agentgate_daemon_fence($1)`
+	daemonFencedCode = "AG002"
 )
 
 // Claim implements persistence.Store. It is one statement in a transaction of its own.
@@ -34,7 +38,7 @@ func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time) (int
 		return 0, fmt.Errorf("claim %s: %w", key, err)
 	}
 	defer done()
-	if err := s.lockHeld(); err != nil {
+	if _, err := s.lockHeld(); err != nil {
 		return 0, fmt.Errorf("claim %s: %w", key, err)
 	}
 	var epoch int64

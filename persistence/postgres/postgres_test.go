@@ -239,6 +239,47 @@ func TestExclusive(t *testing.T) {
 	storetest.MustCommit(t, a, &persistence.CreateSession{Session: newSession("s1", "k1")})
 }
 
+// TestExclusiveFencesCommits: a daemon whose lock connection died commits nothing once another
+// daemon has taken the lock, even before its own check of the lock (LockCheckInterval, an hour
+// here) has noticed: every commit checks, in its transaction, that the lock's epoch is still
+// the one this daemon took. Before, it went on committing next to the other daemon until that
+// check ran (5 s by default).
+func TestExclusiveFencesCommits(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	a, err := Open(ctx, dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
+	if err != nil {
+		t.Fatalf("Open A: %v", err)
+	}
+	defer a.Close()
+	storetest.MustCommit(t, a, &persistence.CreateSession{Session: newSession("s0", "k0")})
+
+	c := mustConn(t, dsn)
+	if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(l.pid) FROM pg_locks l
+		WHERE l.locktype = 'advisory' AND l.granted`); err != nil {
+		t.Fatal(err)
+	}
+	b, err := Open(ctx, dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
+	if err != nil {
+		t.Fatalf("Open B after A lost its lock: %v", err)
+	}
+	defer b.Close()
+	errs := a.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s1", "k1")}}})
+	if !errors.Is(errs[0], persistence.ErrUnavailable) {
+		t.Errorf("A.Commit after B took the lock: error = %v, want ErrUnavailable", errs[0])
+	}
+	if _, err := b.Session(ctx, "s1"); !errors.Is(err, persistence.ErrNotFound) {
+		t.Errorf("A's write reached the database while B held the lock: Session(s1) error = %v", err)
+	}
+	if _, err := a.PruneSessions(ctx, t0.Add(time.Hour), 0); !errors.Is(err, persistence.ErrUnavailable) {
+		t.Errorf("A.PruneSessions after B took the lock: error = %v, want ErrUnavailable", err)
+	}
+	storetest.MustCommit(t, b, &persistence.CreateSession{Session: newSession("s1", "k1")})
+	if err := a.Ping(ctx); err == nil {
+		t.Error("A.Ping while B holds the lock = nil, want an error")
+	}
+}
+
 // TestTimeout: a server that does not answer (here: a table locked by another session) fails
 // a Commit after Options.Timeout with persistence.ErrUnavailable, so the persistence actor
 // spools the writes instead of waiting for ever; reads fail the same way; once the server

@@ -45,7 +45,9 @@ type Options struct {
 	// than this binary's is refused.
 	NoMigrate bool
 	// LockCheckInterval is how often an exclusive store checks that it still holds its lock
-	// (and takes it again when its connection was lost). Zero means five seconds.
+	// (and takes it again when its connection was lost). Zero means five seconds. Between two
+	// checks the store's commits are fenced by the lock's epoch: once another daemon has
+	// taken the lock, none of them commits.
 	LockCheckInterval time.Duration
 }
 
@@ -73,6 +75,9 @@ type Store struct {
 	lockLost bool            // the last check failed (logged once per loss)
 	stop     chan struct{}   // closed by Close: ends the lock watcher
 	watcher  sync.WaitGroup
+	// lockEpoch is the daemon lock's epoch this store raised when it took the lock
+	// (raiseEpoch); every commit is fenced with it (agentgate_daemon_fence). 0 until then.
+	lockEpoch int64
 }
 
 var _ persistence.Store = (*Store)(nil)
@@ -135,6 +140,11 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 	}
 	if opts.Exclusive {
+		if err := st.raiseEpoch(ctx); err != nil { // the table exists once migrated
+			st.unlock()
+			pool.Close()
+			return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
+		}
 		every := opts.LockCheckInterval
 		if every <= 0 {
 			every = 5 * time.Second
@@ -190,6 +200,27 @@ func (s *Store) lock(ctx context.Context, wait time.Duration) error {
 	return nil
 }
 
+// raiseEpoch raises the daemon lock's epoch, on the lock's connection, right after this store
+// took the lock, and keeps it for the fence of its commits. The raise waits for the commits of
+// the lock's previous holder that passed their fence, and no later one of them passes it. Called
+// with lockMu held or before the store is shared.
+func (s *Store) raiseEpoch(ctx context.Context) error {
+	var epoch int64
+	err := pgx.BeginFunc(ctx, s.lockConn, func(tx pgx.Tx) error {
+		// The lock's own lock_timeout may be a millisecond (checkLock); a commit in flight of
+		// the previous holder is worth waiting for.
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '15s'`); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `UPDATE daemon_epoch SET epoch = epoch + 1 RETURNING epoch`).Scan(&epoch)
+	})
+	if err != nil {
+		return fmt.Errorf("raise the daemon lock's epoch: %w", err)
+	}
+	s.lockEpoch = epoch
+	return nil
+}
+
 // unlock releases the daemon lock before it closes the lock's connection: the server ends a
 // closed connection's session (and its locks) only some time after the client went, and a
 // daemon restarted at once must find the lock free.
@@ -205,16 +236,19 @@ func (s *Store) unlock() {
 
 // lockHeld returns an error when an exclusive store has lost its lock and not taken it again
 // (checkLock, run by Ping, does): its writes wait, spooled, rather than race another daemon.
-func (s *Store) lockHeld() error {
+// Otherwise it returns the lock's epoch, which Commit fences its transaction with (0 for a
+// store that is not exclusive: no fence). A lock connection that died unnoticed still counts
+// as held here; the fence refuses the commit once another daemon has taken the lock.
+func (s *Store) lockHeld() (epoch int64, err error) {
 	if s.lockCfg == nil {
-		return nil
+		return 0, nil
 	}
 	s.lockMu.Lock()
 	defer s.lockMu.Unlock()
 	if s.lockConn == nil {
-		return fmt.Errorf("%w: the daemon lock on the database is lost", persistence.ErrUnavailable)
+		return 0, fmt.Errorf("%w: the daemon lock on the database is lost", persistence.ErrUnavailable)
 	}
-	return nil
+	return s.lockEpoch, nil
 }
 
 // checkLock checks that an exclusive store still holds its lock, and takes it again on a new
@@ -231,7 +265,13 @@ func (s *Store) checkLock(ctx context.Context) error {
 		}
 		s.unlock()
 	}
-	if err := s.lock(ctx, time.Millisecond); err != nil {
+	err := s.lock(ctx, time.Millisecond)
+	if err == nil {
+		if err = s.raiseEpoch(ctx); err != nil {
+			s.unlock()
+		}
+	}
+	if err != nil {
 		if !s.lockLost {
 			s.lockLost = true
 			s.log.Error("lost the database's daemon lock; writes are spooled until it is taken again", logging.Err(err))
