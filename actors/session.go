@@ -44,6 +44,9 @@ type Session struct {
 	history     []histEntry // the recent active transcript, for the agent and for /undo and /retry
 	seen        idSet       // inbound message ids accepted in this activation
 	mode        string
+	// unsure are the inbound writes of this activation that failed in a way that may have
+	// committed (a COMMIT whose answer was lost), by message id (adoptStored, adoptUnsure).
+	unsure map[string]*item
 
 	epoch      int64                // the key's claim (Deps.Fencing); 0 when not claimed
 	fencedOut  bool                 // a newer activation claimed the key: this one hands over and stops
@@ -482,9 +485,16 @@ const claimCheckTimeout = 5 * time.Second
 // idle one writes nothing, so the message would wait for the chat's next one. If the key's
 // claim is no longer this activation's, it stops and the manager activates the key again,
 // which claims it and loads everything stored. A session with work in hand needs no check: its
-// next write is fenced if its claim is stale.
+// next write is fenced if its claim is stale. Work of its own that it does not know of is
+// checked first: a message whose write committed although its answer was lost (adoptUnsure).
 func (s *Session) onRecover(c actor.Context) {
-	if !s.d.Fencing || s.fencedOut || s.running != nil || len(s.queue) > 0 || len(s.inflight) > 0 {
+	if s.fencedOut {
+		return
+	}
+	if s.adoptUnsure(c) {
+		return
+	}
+	if !s.d.Fencing || s.running != nil || len(s.queue) > 0 || len(s.inflight) > 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(s.d.Ctx, claimCheckTimeout)

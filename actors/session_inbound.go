@@ -84,6 +84,9 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 	}
 	s.lastActivity = now
 	s.write(c, ops, func(c actor.Context, err error) {
+		if errors.Is(err, persistence.ErrDuplicate) && !created && !expired && s.adoptStored(it) {
+			err = nil // an earlier write of it applied; only its answer was lost
+		}
 		if err == nil && notice != nil {
 			s.sendOutbound(c, notice)
 		}
@@ -94,6 +97,98 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 			s.restartFromStore(c, "the write of a message that reset the session was refused")
 		}
 	})
+}
+
+// rememberUnsure notes that the write of it failed in a way that does not tell whether it
+// committed: a connection lost after COMMIT fails a write that applied. Its sender is told it
+// was not stored and may send it again; if the store then refuses that as a duplicate of this
+// very write, the message is stored and adoptStored queues it. If no retry comes, the key's
+// recovery (Recover: the store lists the message as pending) finds it (adoptUnsure). At most
+// idSetMax are kept; forgetting one leaves its message to the key's next activation.
+func (s *Session) rememberUnsure(it *item) {
+	if it.messageID == "" {
+		return
+	}
+	if s.unsure == nil {
+		s.unsure = map[string]*item{}
+	}
+	for k := range s.unsure {
+		if len(s.unsure) < idSetMax {
+			break
+		}
+		delete(s.unsure, k)
+	}
+	u := *it
+	u.requester, u.repeats = nil, nil // answered already
+	s.unsure[it.messageID] = &u
+}
+
+// storedAsWritten returns the stored message u's write put in the store, if it is there as
+// that write left it: in the current incarnation, at its seq, from its sender, with its text,
+// and still pending. ErrNotFound means the write did not apply.
+func (s *Session) storedAsWritten(u *item) (*persistence.Message, error) {
+	orig, err := s.findStored(u.src, u.messageID)
+	if err != nil {
+		return nil, err
+	}
+	if s.cur == nil || orig.SessionID != s.cur.ID || orig.SessionID != u.sessionID || orig.Seq != u.seq ||
+		orig.Status != persistence.StatusPending || orig.Content != u.text || orig.UserID != u.src.UserID {
+		return nil, fmt.Errorf("message %s: stored as %s/%d (%s), not as written: %w", u.messageID, orig.SessionID, orig.Seq, orig.Status, persistence.ErrDuplicate)
+	}
+	return orig, nil
+}
+
+// adoptStored reports whether the write of it, refused as a duplicate, repeats an earlier
+// write of this activation whose answer was lost (rememberUnsure) and that applied
+// (storedAsWritten). Then it becomes that stored message (its seq), to be acknowledged and
+// run like any accepted one; the refused write took nothing, so its seq is free again if no
+// later one was given out. Any other duplicate (a platform's re-delivery of a message this
+// activation holds, or ran, or one stored in another incarnation) stays a duplicate: a
+// message runs at most once.
+func (s *Session) adoptStored(it *item) bool {
+	u, ok := s.unsure[it.messageID]
+	if !ok || u.text != it.text || u.src.UserID != it.src.UserID {
+		return false
+	}
+	orig, err := s.storedAsWritten(u)
+	if err != nil {
+		return false
+	}
+	delete(s.unsure, it.messageID)
+	if s.lastSeq == it.seq {
+		s.lastSeq--
+	}
+	it.seq, it.sessionID, it.at = orig.Seq, orig.SessionID, orig.CreatedAt
+	s.logger().Warn("a message whose write was reported failed is stored (the commit's answer was lost); it runs now",
+		"message_id", it.messageID, "seq", it.seq)
+	return true
+}
+
+// adoptUnsure queues the messages whose writes failed unsure (rememberUnsure) and are stored
+// as written, and forgets those the store does not hold; it reports whether it queued any.
+// Recover runs it: the store lists the key's pending work, and a message whose sender did not
+// send it again is pending there but known to no queue.
+func (s *Session) adoptUnsure(c actor.Context) bool {
+	adopted := false
+	for id, u := range s.unsure {
+		_, err := s.storedAsWritten(u)
+		switch {
+		case err == nil:
+			u.durable = true
+			s.queue = append(s.queue, u)
+			s.seen.add(id)
+			adopted = true
+			s.logger().Warn("a message whose write was reported failed is stored (the commit's answer was lost); it runs now",
+				"message_id", id, "seq", u.seq)
+		case !errors.Is(err, persistence.ErrNotFound) && !errors.Is(err, persistence.ErrDuplicate):
+			continue // the store cannot tell now; the next recovery asks again
+		}
+		delete(s.unsure, id)
+	}
+	if adopted {
+		s.tryStart(c)
+	}
+	return adopted
 }
 
 // setAsideDropped takes out of the queue a message a command dropped while its write was in
@@ -187,6 +282,7 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 			s.cur = nil // the incarnation was never written; the next message creates it again
 		}
 		if errors.Is(err, persistence.ErrDuplicate) {
+			delete(s.unsure, m.MessageId)
 			if s.takenElsewhere(it) {
 				s.seen.remove(m.MessageId)
 				r := s.result(m, "", "")
@@ -202,6 +298,7 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 			return
 		}
 		s.seen.remove(m.MessageId)
+		s.rememberUnsure(it)
 		s.logger().Error("store inbound message", "err", err)
 		r := s.result(m, "", "")
 		r.ErrorCode, r.Error = "unavailable", "message could not be stored"
@@ -209,6 +306,7 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 		return
 	}
 	it.durable = true
+	delete(s.unsure, it.messageID) // stored now, whether or not the earlier write was
 	if it.dropped {
 		// A command dropped the session's work while this write was in flight: the message is
 		// stored, so it is set aside like the others, with its own notice.

@@ -110,3 +110,10 @@ func (w *managerWorld) deliver(t *testing.T, id, text string) *DeliverResult {
 func (w *managerWorld) request(id, text string) *actor.Future {
 	return w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: w.message(id, text)}, time.Hour)
 }
+
+// newManagerWorldWrites is newManagerWorld whose persistence actor commits through
+// writes(store): a fault at the process edge (storetest.Outage).
+func newManagerWorldWrites(t *testing.T, agent agents.Agent, setup func(*Deps), writes func(persistence.Store) persistence.Store) *managerWorld {
+	t.Helper()
+	return newManagerWorldWith(t, filepath.Join(t.TempDir(), "agentgate.db"), agent, setup, writes)
+}
