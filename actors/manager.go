@@ -34,6 +34,9 @@ type SessionManager struct {
 	drains     []*actor.PID
 	// grains are the cluster grains of the sessions in memory, by key (cluster mode).
 	grains map[string]*actor.PID
+	// stoppedGrains are the grains the manager stopped, by key, until they report their stop:
+	// a message such a grain still hands on is no sign of the key's live grain (ownGrain).
+	stoppedGrains map[string][]*actor.PID
 
 	stopSweep scheduler.CancelFunc // the idle sweep's ticker; nil without passivation
 	timers    *scheduler.TimerScheduler
@@ -105,7 +108,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 			m.stopSweep = nil
 		}
 	case *Routed:
-		if msg.Grain != nil {
+		if msg.Grain != nil && !m.stoppedByManager(msg.Key, msg.Grain) {
 			m.grains[msg.Key] = msg.Grain
 		}
 		if _, ok := msg.Msg.(*Recover); ok {
@@ -181,6 +184,7 @@ func (m *SessionManager) start(c actor.Context) {
 	m.rerun = map[string]bool{}
 	m.busy = map[string]bool{}
 	m.grains = map[string]*actor.PID{}
+	m.stoppedGrains = map[string][]*actor.PID{}
 	if p := m.d.Config.PassivateAfter; p > 0 {
 		every := sweepEvery(p)
 		m.stopSweep = scheduler.NewTimerScheduler(c).SendRepeatedly(every, every, c.Self(), &idleSweep{})
@@ -281,6 +285,7 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 		// The session stopped for good (passivated, or fenced out): so does its grain, and the
 		// cluster activates a new one on the key's next message.
 		delete(m.grains, key)
+		m.stoppedGrains[key] = append(m.stoppedGrains[key], g)
 		c.Poison(g)
 	}
 	if _, ok := m.stopping[key]; ok {
@@ -349,6 +354,14 @@ func (m *SessionManager) recover(c actor.Context, key string) {
 // anyway), or this member leaves. The session is told, not poisoned: it answers the messages
 // whose writes are in flight first.
 func (m *SessionManager) onGrainStopped(c actor.Context, g *grainStopped) {
+	if stopped := m.stoppedGrains[g.key]; len(stopped) > 0 {
+		stopped = slices.DeleteFunc(stopped, g.grain.Equal)
+		if len(stopped) == 0 {
+			delete(m.stoppedGrains, g.key)
+		} else {
+			m.stoppedGrains[g.key] = stopped
+		}
+	}
 	if cur := m.grains[g.key]; cur == nil || !cur.Equal(g.grain) {
 		return // a grain the manager stopped itself, or one already replaced
 	}
@@ -357,4 +370,13 @@ func (m *SessionManager) onGrainStopped(c actor.Context, g *grainStopped) {
 		// It hands over once its writes in flight are answered, then asks to passivate.
 		c.Send(pid, &moved{})
 	}
+}
+
+// stoppedByManager reports whether grain is one the manager stopped for key (its session had
+// stopped for good) and that has not yet reported its stop. Such a grain may still hand on a
+// message that was in its mailbox before the stop; the session started for that message is
+// not the grain's, and the grain's stop is no move of the key (the cluster activates a new
+// grain for the key's next message).
+func (m *SessionManager) stoppedByManager(key string, grain *actor.PID) bool {
+	return slices.ContainsFunc(m.stoppedGrains[key], grain.Equal)
 }
