@@ -22,7 +22,22 @@ type ClusterRouter struct {
 }
 
 // NewClusterRouter returns a router over c.
+//
+// The router caches the grain of each key it routes to (the cluster's PidCache); a grain on
+// this member leaves the cache when it stops, one on another member only when a request to it
+// fails or its member leaves. So the router also forgets a grain when the cluster announces
+// that it stopped anywhere (the placement actor broadcasts ActivationTerminated to every
+// member when a grain passivates, moves or its member leaves): otherwise a daemon that runs
+// for months keeps one entry per key it ever routed to another member. An announcement that
+// is lost (its member unreachable at that moment) or that overtakes the caching of the grain
+// it names leaves one entry, until a request to it fails.
 func NewClusterRouter(c *cluster.Cluster, log *slog.Logger) *ClusterRouter {
+	c.ActorSystem.EventStream.Subscribe(func(ev any) {
+		if t, ok := ev.(*cluster.ActivationTerminated); ok && t.Pid != nil && t.ClusterIdentity != nil &&
+			t.ClusterIdentity.Kind == SessionKind {
+			c.PidCache.RemoveByValue(t.ClusterIdentity.Identity, SessionKind, t.Pid)
+		}
+	})
 	return &ClusterRouter{c: c, log: log}
 }
 
