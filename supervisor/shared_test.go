@@ -62,6 +62,17 @@ func checkReplies(t *testing.T, who string, r *runtime, want map[string][]string
 	}
 }
 
+// waitConfirmed waits until every reply of key is marked delivered in the store r writes to: an
+// activation on another member sends an unconfirmed reply again (at least once), which a test
+// of who answered what must not take for a second answer.
+func waitConfirmed(t *testing.T, r *runtime, key string) {
+	t.Helper()
+	waitUntil(t, func() bool {
+		snap, err := r.d.store.LoadSession(t.Context(), key, 0)
+		return err == nil && len(snap.Unconfirmed) == 0
+	})
+}
+
 // repliesByMessage maps the message ids a platform's replies answer to their texts.
 func repliesByMessage(out []*platforms.Outbound) map[string][]string {
 	got := map[string][]string{}
@@ -86,13 +97,12 @@ func TestSharedStoreFencesTheOlderActivation(t *testing.T) {
 	ack := a.inject(t, dm, "m1", "one")
 	a.waitSent(t, 1)
 	// a's reply is delivered and marked so: b's activation would otherwise send it again (a
-	// reply not yet confirmed is re-sent at activation, at least once).
-	waitUntil(t, func() bool {
-		snap, err := a.d.store.LoadSession(t.Context(), ack.SessionKey, 0)
-		return err == nil && len(snap.Unconfirmed) == 0
-	})
+	// reply not yet confirmed is re-sent at activation, at least once). The same for b's reply
+	// before a's next activation.
+	waitConfirmed(t, a, ack.SessionKey)
 	b.inject(t, dm, "m2", "two")
 	b.waitSent(t, 1)
+	waitConfirmed(t, b, ack.SessionKey)
 	ack = a.inject(t, dm, "m3", "three") // a's session still thinks it owns the key
 	if ack == nil || ack.Disposition != platforms.Started {
 		t.Fatalf("m3 on the older activation: ack %+v, want it started by the next activation", ack)
@@ -147,6 +157,7 @@ func TestSharedStoreFencedTurnIsAnsweredOnce(t *testing.T) {
 	<-started
 	b.inject(t, dm, "m2", "next")
 	b.waitSent(t, 2)
+	waitConfirmed(t, b, ack.SessionKey) // or a's next activation sends b's replies again
 	close(release)
 	// a's session is fenced by its turn's result write and stops; a's next message starts a
 	// fresh activation, which shows a's fenced turn left nothing behind.
@@ -192,10 +203,7 @@ func TestSharedStoreStaleIdleActivationRecovers(t *testing.T) {
 
 	ack := a.inject(t, dm, "m1", "one")
 	a.waitSent(t, 1)
-	waitUntil(t, func() bool { // confirmed, so no activation sends it again
-		snap, err := a.d.store.LoadSession(t.Context(), ack.SessionKey, 0)
-		return err == nil && len(snap.Unconfirmed) == 0
-	})
+	waitConfirmed(t, a, ack.SessionKey) // so no activation sends it again
 	if got := b.inject(t, dm, "m2", "two"); got == nil || got.SessionKey != ack.SessionKey {
 		t.Fatalf("m2 on member b: ack %+v", got)
 	}
