@@ -23,7 +23,9 @@ func (s *Session) onRestarting(c actor.Context) {
 	s.life.restarts++
 	s.life.suspects = nil
 	if s.running != nil {
-		c.Stop(s.running.pid) // the turn is no child of the session: stop it here
+		// The turn is no child of the session: stop it here. Its draft is marked interrupted
+		// now: a message quarantined at its last crash has no rerun whose stream would.
+		s.cancelTurn(c, s.running)
 		s.d.Metrics.TurnsTotal.WithLabelValues("crashed").Inc()
 		for _, it := range s.running.items {
 			s.life.suspects = append(s.life.suspects, it.seq)

@@ -19,9 +19,12 @@ import (
 // most once per DraftInterval per turn, the latest text winning), and attaches the draft's id
 // to the turn's final outbound (reply, or the notice of a failed turn), which the platform
 // then edits into the final text. A cancelled turn's draft is marked interrupted and never
-// finished with a reply. A draft whose turn's session crashed is marked interrupted too, as soon
-// as the key's next turn streams (the message runs again and answers anew; a re-sent reply of
-// an older turn says nothing about which turn runs now, so it does not count).
+// finished with a reply. So is the draft of a turn whose session crashed or handed over (the
+// session drops it as it stops the turn: the message runs again and answers anew, or is
+// quarantined and never does); a draft of an earlier turn still here when the key's next turn
+// streams is marked then (a re-sent reply of an older turn says nothing about which turn runs
+// now, so it does not count). A draft is forgotten once it shows its final text or its mark, so
+// the platform actor holds only the drafts of turns in progress.
 //
 // A draft lives in the platform actor's memory, and a record of it in the store (OpenDraft
 // once posted, CloseDraft once finished or shown interrupted, through the queue of the delivery

@@ -456,7 +456,9 @@ func (s *Session) fence(c actor.Context) {
 func (s *Session) handOverAll(c actor.Context) {
 	s.fencedOut = true
 	if s.running != nil {
-		c.Stop(s.running.pid) // its result would be fenced; the new owner runs the message again
+		// Its result would be fenced; the new owner runs the message again, in a draft of its
+		// own (on its member, perhaps), so this one's is marked interrupted.
+		s.cancelTurn(c, s.running)
 	}
 }
 

@@ -451,8 +451,8 @@ func TestCrashIsolation(t *testing.T) {
 }
 
 // TestCrashedTurnsDraftIsMarkedInterrupted: a turn that streamed into a draft and then crashed
-// its session does not leave a half answer that looks alive: when the message runs again and
-// streams, the old draft is marked interrupted, and the rerun answers in a draft of its own.
+// its session does not leave a half answer that looks alive: the old draft is marked
+// interrupted, and the rerun answers in a draft of its own.
 func TestCrashedTurnsDraftIsMarkedInterrupted(t *testing.T) {
 	var calls atomic.Int32
 	shown := make(chan struct{})
@@ -482,6 +482,46 @@ func TestCrashedTurnsDraftIsMarkedInterrupted(t *testing.T) {
 		t.Errorf("drafts = %+v, want the crashed one interrupted and the rerun's finished with the answer", ds)
 	}
 	r.stop(t)
+}
+
+// TestQuarantinedTurnsDraftIsClosed: the draft of a turn that crashed its session is marked
+// interrupted and forgotten at the crash, not only when a rerun of its message streams: a
+// message quarantined after its last crash has no rerun, and its draft stayed in the platform
+// actor's memory and open in the store (one per chat, for as long as the daemon ran), showing
+// a half answer as if still alive.
+func TestQuarantinedTurnsDraftIsClosed(t *testing.T) {
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		req.Partial("half an answer for " + req.Identity.ChatID)
+		panic("agent crashed mid-stream")
+	})
+	r := MustStartDaemon(t, agent, daemonOpts{editor: true, draftInterval: time.Nanosecond})
+	defer r.stop(t)
+	const chats = 3
+	for i := range chats {
+		src := dm
+		src.ChatID = fmt.Sprint("poison-", i)
+		r.inject(t, src, fmt.Sprint("m", i), "question")
+	}
+	for i := range chats {
+		r.waitReplyTo(t, fmt.Sprint("m", i)) // the quarantine notice
+	}
+	open := func() int {
+		ds, err := r.d.store.OpenDrafts(t.Context(), "fake", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ds)
+	}
+	waitUntil(t, func() bool { return open() == 0 })
+	ds := r.editor.Drafts()
+	if len(ds) != chats*actors.QuarantineAfter {
+		t.Fatalf("%d drafts posted, want %d (one per crashed turn)", len(ds), chats*actors.QuarantineAfter)
+	}
+	for _, d := range ds {
+		if !strings.HasSuffix(d.Text(), actors.InterruptedMark) {
+			t.Errorf("draft %s shows %q, want its interrupted mark", d.ID, d.Text())
+		}
+	}
 }
 
 // TestDraftRecords: a streamed draft is recorded in the store from its first post until it
