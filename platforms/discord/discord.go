@@ -68,6 +68,7 @@ type Platform struct {
 	threads  *channelCache
 	typing   *typing
 	seen     map[string]seenAt // channel → the newest message seen there (backfill.go)
+	live     map[string]string // thread → guild: the threads discordgo's state holds (threads.go)
 	recent   func(context.Context, time.Time) ([]persistence.ChatMark, error)
 	now      func() time.Time
 	seeded   bool // seen was filled from recent (at the first READY)
@@ -124,6 +125,7 @@ func New(c Config) (*Platform, error) {
 		lost:     make(chan error, 1),
 		progress: map[string]int{},
 		seen:     map[string]seenAt{},
+		live:     map[string]string{},
 		recent:   c.Recent,
 		now:      c.Now,
 		runCtx:   context.Background(),
@@ -138,6 +140,11 @@ func New(c Config) (*Platform, error) {
 	s.AddHandler(p.onResumed)
 	s.AddHandler(p.onDisconnect)
 	s.AddHandler(p.onMessage)
+	s.AddHandler(p.onThreadCreate)
+	s.AddHandler(p.onThreadUpdate)
+	s.AddHandler(p.onThreadDelete)
+	s.AddHandler(p.onThreadListSync)
+	s.AddHandler(p.onGuildCreate)
 	s.AddHandler(p.onRateLimit)
 	return p, nil
 }

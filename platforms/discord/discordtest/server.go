@@ -25,7 +25,7 @@ const DefaultToken = "fake-bot-token"
 const WaitTimeout = 10 * time.Second
 
 // Channel is a channel of the fake world. DM channels have no GuildID; threads have a
-// ParentID and an OwnerID.
+// ParentID and an OwnerID, and may be archived (ArchiveThread).
 type Channel struct {
 	ID       string
 	GuildID  string
@@ -33,6 +33,7 @@ type Channel struct {
 	ParentID string
 	OwnerID  string
 	Name     string
+	Archived bool
 }
 
 // User is a Discord user who posts messages through Server.Post.
@@ -265,6 +266,23 @@ func (s *Server) AddChannel(c Channel) {
 			event = "THREAD_CREATE"
 		}
 		s.dispatchLocked(event, s.channelWireLocked(&c))
+	}
+	s.notifyLocked()
+}
+
+// ArchiveThread archives thread id, as Discord does after its auto-archive duration without
+// activity: the identified session gets a THREAD_UPDATE with archived set, and a later
+// GUILD_CREATE no longer lists the thread (it lists active threads only).
+func (s *Server) ArchiveThread(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.chanByID[id]
+	if c == nil || !isThread(c.Type) {
+		panic(fmt.Sprintf("discordtest: ArchiveThread(%q): no such thread", id))
+	}
+	c.Archived = true
+	if s.sess != nil && s.sess.intents&discordgo.IntentsGuilds != 0 {
+		s.dispatchLocked("THREAD_UPDATE", s.channelWireLocked(c))
 	}
 	s.notifyLocked()
 }

@@ -202,7 +202,7 @@ func (s *Server) channelWireLocked(c *Channel) map[string]any {
 		w["message_count"] = len(s.history[c.ID])
 		w["member_count"] = 1
 		w["thread_metadata"] = map[string]any{
-			"archived": false, "auto_archive_duration": 1440, "archive_timestamp": discordTime(clockBase),
+			"archived": c.Archived, "auto_archive_duration": 1440, "archive_timestamp": discordTime(clockBase),
 			"locked": false,
 		}
 		return w
@@ -223,7 +223,9 @@ func (s *Server) guildWireLocked(g *guild) map[string]any {
 			continue
 		}
 		if isThread(c.Type) {
-			threads = append(threads, s.channelWireLocked(c))
+			if !c.Archived { // GUILD_CREATE lists the active threads only
+				threads = append(threads, s.channelWireLocked(c))
+			}
 		} else {
 			channels = append(channels, s.channelWireLocked(c))
 		}
