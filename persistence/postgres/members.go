@@ -14,13 +14,16 @@ type Member struct {
 	Host  string
 	Port  int
 	Kinds []string
+	// Leaving marks a member that stops: it drains its running turns and hands the rest of its
+	// keys on, and it is still the member that owns its keys until its row is gone.
+	Leaving bool
 }
 
 const (
-	heartbeatSQL = `INSERT INTO members (cluster, id, host, port, kinds) VALUES ($1, $2, $3, $4, $5)
+	heartbeatSQL = `INSERT INTO members (cluster, id, host, port, kinds, leaving) VALUES ($1, $2, $3, $4, $5, $6)
 		ON CONFLICT (cluster, id) DO UPDATE SET host = excluded.host, port = excluded.port,
-			kinds = excluded.kinds, heartbeat_at = clock_timestamp()`
-	liveMembersSQL = `SELECT id, host, port, kinds FROM members
+			kinds = excluded.kinds, leaving = excluded.leaving, heartbeat_at = clock_timestamp()`
+	liveMembersSQL = `SELECT id, host, port, kinds, leaving FROM members
 		WHERE cluster = $1 AND heartbeat_at > clock_timestamp() - make_interval(secs => $2)
 		ORDER BY joined_at, id`
 	// Rows long expired are removed by whichever member renews next; a member that comes back
@@ -33,7 +36,8 @@ const (
 // Heartbeat registers m as a live member of cluster (or renews its registration) and returns
 // the members whose last heartbeat is younger than ttl, by the database's clock, m included,
 // oldest member first. It is cluster mode's membership: every member calls it every fraction
-// of ttl, and the list it returns is the cluster's topology.
+// of ttl, and the list it returns is the cluster's topology. A leaving member (Member.Leaving)
+// is listed, as leaving, for as long as it renews.
 func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl time.Duration) ([]Member, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
@@ -48,7 +52,7 @@ func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl tim
 		if kinds == nil {
 			kinds = []string{} // the column is NOT NULL
 		}
-		b.Queue(heartbeatSQL, cluster, m.ID, m.Host, m.Port, kinds)
+		b.Queue(heartbeatSQL, cluster, m.ID, m.Host, m.Port, kinds, m.Leaving)
 		b.Queue(expireMembersSQL, cluster, 10*secs)
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err
@@ -59,7 +63,7 @@ func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl tim
 		}
 		live, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
 			var m Member
-			return m, r.Scan(&m.ID, &m.Host, &m.Port, &m.Kinds)
+			return m, r.Scan(&m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving)
 		})
 		return err
 	})

@@ -8,8 +8,9 @@ import (
 )
 
 // TestMembers: members renew their registration with Heartbeat and each gets the live list; a
-// member that leaves is gone at once, one whose heartbeat is older than the ttl (by the
-// database's clock) is not listed, and clusters do not see each other's members.
+// member that stops is listed as leaving until it leaves, and is gone at once then; one whose
+// heartbeat is older than the ttl (by the database's clock) is not listed, and clusters do not
+// see each other's members.
 func TestMembers(t *testing.T) {
 	s, dsn := MustOpen(t)
 	ctx := context.Background()
@@ -52,6 +53,16 @@ func TestMembers(t *testing.T) {
 	// A renewal brings it back (protoactor itself never readmits an id it saw leave).
 	if got, want := beat("c1", b), "[a@10.0.0.1:6340[session] b@10.0.0.2:6340[session]]"; got != want {
 		t.Errorf("b renewed: it sees %s, want %s", got, want)
+	}
+	// b stops: it renews as leaving, and is listed (as leaving) until it removes its row.
+	b.Leaving = true
+	beat("c1", b)
+	live, err := s.Heartbeat(ctx, "c1", a, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(live) != 2 || live[0].Leaving || !live[1].Leaving {
+		t.Errorf("b leaving: a sees %+v, want a and b, b leaving", live)
 	}
 	if err := s.Leave(ctx, "c1", "b"); err != nil {
 		t.Fatal(err)
