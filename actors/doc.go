@@ -4,13 +4,16 @@
 //
 // The actors, with their parents and the messages they handle:
 //
-//   - SessionManager (top level, "sessions"): Routed, Drain, ListActive, and from its sessions
+//   - SessionManager (top level, "sessions"): Routed, Drain, ListActive, Leave, Forward (from a
+//     leaving member's manager), and from its sessions
 //     passivate, busyChanged, stopped, and its own idleSweep tick. Routes by session key, spawns sessions on demand, stops
 //     idle ones, supervises them one for one with a restart budget, and re-activates sessions
-//     with unfinished durable work at start.
+//     with unfinished durable work at start. While its member leaves the cluster it forwards
+//     what it no longer runs to each key's successor.
 //   - Session (child of SessionManager, named by its key): Deliver, GetState, ResetSession
 //     (protobuf, messages.proto), TurnFinished and turnPanicked from its Turn,
-//     persistence.WriteResult, and idleCheck from the manager's idle sweep (passivation).
+//     persistence.WriteResult, idleCheck from the manager's idle sweep (passivation), and
+//     leaving when its member leaves the cluster.
 //     Acknowledges a message only once it is durable.
 //   - Turn (top level, "turn-<n>", spawned by a Session): runTurn, then runs one agent call in a
 //     goroutine it owns, and a relay goroutine that hands steered messages to the agent; the

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/scheduler"
 )
@@ -41,6 +42,10 @@ type SessionManager struct {
 	stopSweep scheduler.CancelFunc // the idle sweep's ticker; nil without passivation
 	timers    *scheduler.TimerScheduler
 	closing   bool // the manager stops or restarts
+	// successor names the manager that takes a key over while the member leaves the cluster
+	// (Leave); nil otherwise.
+	successor func(key string) *actor.PID
+	quieted   map[string]bool // keys whose platform confirmed the stopped session's sends (startSuccessor)
 }
 
 // recoverAll asks the manager to list the keys with unfinished work and start their sessions
@@ -75,7 +80,13 @@ func sweepEvery(passivateAfter time.Duration) time.Duration {
 type routed struct {
 	msg    any
 	sender *actor.PID
+	hops   int32 // how many leaving members forwarded it here (Forward)
 }
+
+// maxForwardHops bounds how often a message is forwarded from a leaving member to another:
+// past it, the member that has it runs it (members that leave at once may each see the other as
+// the successor for a moment).
+const maxForwardHops = 2
 
 // NewSessionManager returns the props of the session manager.
 func NewSessionManager(d *Deps) *actor.Props {
@@ -112,10 +123,14 @@ func (m *SessionManager) Receive(c actor.Context) {
 			m.grains[msg.Key] = msg.Grain
 		}
 		if _, ok := msg.Msg.(*Recover); ok {
-			m.recover(c, msg.Key)
+			m.recover(c, msg.Key, 0)
 			return
 		}
 		m.route(c, msg.Key, routed{msg: msg.Msg, sender: c.Sender()})
+	case *Forward:
+		m.onForward(c, msg)
+	case *Leave:
+		m.onLeave(c, msg)
 	case *grainStopped:
 		m.onGrainStopped(c, msg)
 	case *handedBack:
@@ -185,6 +200,7 @@ func (m *SessionManager) start(c actor.Context) {
 	m.busy = map[string]bool{}
 	m.grains = map[string]*actor.PID{}
 	m.stoppedGrains = map[string][]*actor.PID{}
+	m.quieted = map[string]bool{}
 	if p := m.d.Config.PassivateAfter; p > 0 {
 		every := sweepEvery(p)
 		m.stopSweep = scheduler.NewTimerScheduler(c).SendRepeatedly(every, every, c.Self(), &idleSweep{})
@@ -211,7 +227,7 @@ func (m *SessionManager) recoverAll(c actor.Context) {
 		return
 	}
 	for _, k := range keys {
-		m.recover(c, k)
+		m.recover(c, k, 0)
 	}
 	if len(keys) > 0 {
 		m.log.Info("recovering sessions", "count", len(keys))
@@ -225,6 +241,9 @@ func (m *SessionManager) route(c actor.Context, key string, r routed) {
 	}
 	pid := m.sessions[key]
 	if pid == nil {
+		if m.handOn(c, key, r) {
+			return
+		}
 		pid = m.spawn(c, key)
 	}
 	m.forward(c, pid, r)
@@ -301,11 +320,39 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 type successor struct{ key string }
 
 func (m *SessionManager) startSuccessor(c actor.Context, key string) {
+	if m.successor != nil && !m.quieted[key] && (len(m.stopping[key]) > 0 || m.rerun[key]) {
+		if pid := m.platformOf(key); pid != nil {
+			// The member leaves and the key goes on. Its successor loads the replies whose
+			// delivery is not yet confirmed and sends them again: first let the platform send and
+			// confirm those the stopped session handed it. Meanwhile what comes for the key is
+			// held, in order.
+			m.quieted[key] = true
+			c.ReenterAfter(c.RequestFuture(pid, &Quiesce{}, handOnQuiesceTimeout), func(any, error) {
+				m.startSuccessor(c, key)
+			})
+			return
+		}
+	}
+	delete(m.quieted, key)
 	held := m.stopping[key]
 	delete(m.stopping, key)
 	delete(m.handed, key)
 	rerun := m.rerun[key]
 	delete(m.rerun, key)
+	defer m.answerDrains(c) // a leaving member's drain waits for its hand-overs
+	if m.successor != nil {
+		// The member leaves: the successor runs what the session left queued, and gets what
+		// was asked meanwhile.
+		var local []routed
+		for _, r := range held {
+			if !m.handOn(c, key, r) {
+				local = append(local, r)
+			}
+		}
+		// Held messages activate the key where they go; without any, a Recover does.
+		rerun = rerun && len(held) == 0 && !m.handOn(c, key, routed{msg: &Recover{}})
+		held = local
+	}
 	if len(held) > 0 || rerun {
 		pid := m.spawn(c, key)
 		for _, r := range held {
@@ -315,7 +362,7 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 }
 
 func (m *SessionManager) answerDrains(c actor.Context) {
-	if len(m.busy) > 0 || len(m.drains) == 0 {
+	if len(m.busy) > 0 || len(m.drains) == 0 || m.successor != nil && len(m.stopping) > 0 {
 		return
 	}
 	for _, p := range m.drains {
@@ -333,8 +380,9 @@ func (m *SessionManager) stoppingWithWork(key string) bool {
 
 // recover activates the session of key as a recovery (see Recover). A session in memory is
 // told instead: under fencing it may have loaded its state before another member's activation
-// claimed the key and stored work it does not know of (Session.onRecover).
-func (m *SessionManager) recover(c actor.Context, key string) {
+// claimed the key and stored work it does not know of (Session.onRecover). hops counts the
+// leaving members that forwarded the Recover here.
+func (m *SessionManager) recover(c actor.Context, key string, hops int32) {
 	if _, ok := m.stopping[key]; ok {
 		return
 	}
@@ -342,6 +390,9 @@ func (m *SessionManager) recover(c actor.Context, key string) {
 		if m.d.Fencing {
 			c.Send(pid, &Recover{})
 		}
+		return
+	}
+	if m.handOn(c, key, routed{msg: &Recover{}, hops: hops}) {
 		return
 	}
 	// In a cluster a Recover follows a change of membership: the key moved, and its work is
@@ -379,4 +430,89 @@ func (m *SessionManager) onGrainStopped(c actor.Context, g *grainStopped) {
 // grain for the key's next message).
 func (m *SessionManager) stoppedByManager(key string, grain *actor.PID) bool {
 	return slices.ContainsFunc(m.stoppedGrains[key], grain.Equal)
+}
+
+// Leaving the cluster (Leave). The member keeps its keys until its drain ends: the other members
+// route them here and recover none of them, so a key whose turn still runs here is never
+// activated elsewhere (it was, when the member withdrew before it drained: the agent ran on two
+// members at once, and the first result was fenced). What this member does not run any more it
+// forwards to the key's successor, so the drain is not fed and nothing waits for it.
+
+// onLeave starts the member's leaving: every session in memory is told, and from now on a key
+// without a session here goes to its successor.
+func (m *SessionManager) onLeave(c actor.Context, l *Leave) {
+	if l.Successor == nil {
+		return
+	}
+	m.successor = l.Successor
+	for _, pid := range m.sessions {
+		c.Send(pid, &leaving{})
+	}
+	m.log.Info("the member leaves the cluster; its sessions hand their keys on", "sessions", len(m.sessions), "running", len(m.busy))
+}
+
+// handOnQuiesceTimeout bounds how long a leaving member waits for a platform to confirm a
+// stopped session's sends before it hands the key on (a send left unconfirmed is sent again by
+// the successor).
+const handOnQuiesceTimeout = 10 * time.Second
+
+// platformOf is the platform actor that sends the replies of key; nil when there is none.
+func (m *SessionManager) platformOf(key string) *actor.PID {
+	k, err := identity.ParseKey(key)
+	if err != nil {
+		return nil
+	}
+	return m.d.Platforms[k.Platform]
+}
+
+// handOn forwards r to the manager of key's successor while the member leaves, and reports
+// whether it did. It does not when the member does not leave, no member takes the key, the
+// message has been forwarded often enough already, or it is not a session message that crosses
+// members.
+func (m *SessionManager) handOn(c actor.Context, key string, r routed) bool {
+	if m.successor == nil || r.hops >= maxForwardHops {
+		return false
+	}
+	to := m.successor(key)
+	if to == nil || to.Equal(c.Self()) {
+		return false
+	}
+	f := &Forward{Key: key, Hops: r.hops + 1}
+	switch msg := r.msg.(type) {
+	case *Deliver:
+		f.Msg = &Forward_Deliver{Deliver: msg}
+	case *GetState:
+		f.Msg = &Forward_GetState{GetState: msg}
+	case *ResetSession:
+		f.Msg = &Forward_ResetSession{ResetSession: msg}
+	case *ResetDue:
+		f.Msg = &Forward_ResetDue{ResetDue: msg}
+	case *Recover:
+		f.Msg = &Forward_Recover{Recover: msg}
+	default:
+		return false
+	}
+	m.forward(c, to, routed{msg: f, sender: r.sender})
+	return true
+}
+
+// onForward routes a message a leaving member forwarded here as the key's grain would have.
+func (m *SessionManager) onForward(c actor.Context, f *Forward) {
+	var msg any
+	switch x := f.Msg.(type) {
+	case *Forward_Deliver:
+		msg = x.Deliver
+	case *Forward_GetState:
+		msg = x.GetState
+	case *Forward_ResetSession:
+		msg = x.ResetSession
+	case *Forward_ResetDue:
+		msg = x.ResetDue
+	case *Forward_Recover:
+		m.recover(c, f.Key, f.Hops)
+		return
+	default:
+		return
+	}
+	m.route(c, f.Key, routed{msg: msg, sender: c.Sender(), hops: f.Hops})
 }

@@ -34,8 +34,25 @@ type grainStopped struct {
 	grain *actor.PID
 }
 
-// Drain asks the manager to answer *Drained once no session runs a turn.
+// Drain asks the manager to answer *Drained once no session runs a turn (and, after Leave,
+// once every session that hands its key on has stopped and what it handed back is forwarded).
 type Drain struct{}
+
+// Leave tells the manager that its member leaves the cluster (Daemon.Stop, before Drain). The
+// member stays the owner of its keys (its membership row says it is leaving) until its drain
+// ends, so that no other member claims a key of which it still runs a turn. Meanwhile its
+// sessions start no turn: one with no turn running hands its key on at once, one with a turn
+// running once the turn's result is stored and sent. The manager starts no session: what it
+// is asked for a key without one goes to Successor(key), the manager of the member that takes
+// the key over (Forward), and so does what a stopped session handed back, or a Recover when it
+// left messages queued. So nothing waits for the drain but the messages that arrive for a key
+// whose turn still runs here: they are stored and acknowledged (queued), and run at the
+// successor once that turn is done.
+type Leave struct {
+	// Successor returns the manager of the member that takes key over; nil when none does
+	// (every other member leaves too), and the manager then runs the key itself.
+	Successor func(key string) *actor.PID
+}
 
 // Drained answers Drain.
 type Drained struct{}
@@ -62,6 +79,10 @@ type busyChanged struct {
 }
 
 // Received by Session.
+
+// leaving tells a session that its member leaves the cluster (Leave): it starts no turn, and
+// hands its key on once no turn of it runs and no write of it is in flight.
+type leaving struct{}
 
 // idleCheck asks a session to passivate if it has been idle for PassivateAfter (from the
 // manager's idle sweep).

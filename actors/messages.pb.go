@@ -823,6 +823,157 @@ func (x *Peek) GetKey() string {
 	return ""
 }
 
+// Forward hands a session message to the SessionManager of another member, which routes it as
+// the key's grain would have (a reply goes to the original sender). A leaving member's manager
+// sends it to the member that takes the key over, for every key of which it runs no turn
+// (SessionManager, Leave); hops counts the members that forwarded it, so that two members
+// that leave at once and see each other as the successor do not pass it back and forth.
+type Forward struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Hops  int32                  `protobuf:"varint,2,opt,name=hops,proto3" json:"hops,omitempty"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*Forward_Deliver
+	//	*Forward_GetState
+	//	*Forward_ResetSession
+	//	*Forward_ResetDue
+	//	*Forward_Recover
+	Msg           isForward_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Forward) Reset() {
+	*x = Forward{}
+	mi := &file_actors_messages_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Forward) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Forward) ProtoMessage() {}
+
+func (x *Forward) ProtoReflect() protoreflect.Message {
+	mi := &file_actors_messages_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Forward.ProtoReflect.Descriptor instead.
+func (*Forward) Descriptor() ([]byte, []int) {
+	return file_actors_messages_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Forward) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Forward) GetHops() int32 {
+	if x != nil {
+		return x.Hops
+	}
+	return 0
+}
+
+func (x *Forward) GetMsg() isForward_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *Forward) GetDeliver() *Deliver {
+	if x != nil {
+		if x, ok := x.Msg.(*Forward_Deliver); ok {
+			return x.Deliver
+		}
+	}
+	return nil
+}
+
+func (x *Forward) GetGetState() *GetState {
+	if x != nil {
+		if x, ok := x.Msg.(*Forward_GetState); ok {
+			return x.GetState
+		}
+	}
+	return nil
+}
+
+func (x *Forward) GetResetSession() *ResetSession {
+	if x != nil {
+		if x, ok := x.Msg.(*Forward_ResetSession); ok {
+			return x.ResetSession
+		}
+	}
+	return nil
+}
+
+func (x *Forward) GetResetDue() *ResetDue {
+	if x != nil {
+		if x, ok := x.Msg.(*Forward_ResetDue); ok {
+			return x.ResetDue
+		}
+	}
+	return nil
+}
+
+func (x *Forward) GetRecover() *Recover {
+	if x != nil {
+		if x, ok := x.Msg.(*Forward_Recover); ok {
+			return x.Recover
+		}
+	}
+	return nil
+}
+
+type isForward_Msg interface {
+	isForward_Msg()
+}
+
+type Forward_Deliver struct {
+	Deliver *Deliver `protobuf:"bytes,3,opt,name=deliver,proto3,oneof"`
+}
+
+type Forward_GetState struct {
+	GetState *GetState `protobuf:"bytes,4,opt,name=get_state,json=getState,proto3,oneof"`
+}
+
+type Forward_ResetSession struct {
+	ResetSession *ResetSession `protobuf:"bytes,5,opt,name=reset_session,json=resetSession,proto3,oneof"`
+}
+
+type Forward_ResetDue struct {
+	ResetDue *ResetDue `protobuf:"bytes,6,opt,name=reset_due,json=resetDue,proto3,oneof"`
+}
+
+type Forward_Recover struct {
+	Recover *Recover `protobuf:"bytes,7,opt,name=recover,proto3,oneof"`
+}
+
+func (*Forward_Deliver) isForward_Msg() {}
+
+func (*Forward_GetState) isForward_Msg() {}
+
+func (*Forward_ResetSession) isForward_Msg() {}
+
+func (*Forward_ResetDue) isForward_Msg() {}
+
+func (*Forward_Recover) isForward_Msg() {}
+
 var File_actors_messages_proto protoreflect.FileDescriptor
 
 const file_actors_messages_proto_rawDesc = "" +
@@ -903,7 +1054,16 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\x14created_at_unix_nano\x18\n" +
 	" \x01(\x03R\x11createdAtUnixNano\"\x18\n" +
 	"\x04Peek\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03keyB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
+	"\x03key\x18\x01 \x01(\tR\x03key\"\xf0\x02\n" +
+	"\aForward\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
+	"\x04hops\x18\x02 \x01(\x05R\x04hops\x128\n" +
+	"\adeliver\x18\x03 \x01(\v2\x1c.agentgate.actors.v1.DeliverH\x00R\adeliver\x12<\n" +
+	"\tget_state\x18\x04 \x01(\v2\x1d.agentgate.actors.v1.GetStateH\x00R\bgetState\x12H\n" +
+	"\rreset_session\x18\x05 \x01(\v2!.agentgate.actors.v1.ResetSessionH\x00R\fresetSession\x12<\n" +
+	"\treset_due\x18\x06 \x01(\v2\x1d.agentgate.actors.v1.ResetDueH\x00R\bresetDue\x128\n" +
+	"\arecover\x18\a \x01(\v2\x1c.agentgate.actors.v1.RecoverH\x00R\arecoverB\x05\n" +
+	"\x03msgB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
 
 var (
 	file_actors_messages_proto_rawDescOnce sync.Once
@@ -917,7 +1077,7 @@ func file_actors_messages_proto_rawDescGZIP() []byte {
 	return file_actors_messages_proto_rawDescData
 }
 
-var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_actors_messages_proto_goTypes = []any{
 	(*Source)(nil),          // 0: agentgate.actors.v1.Source
 	(*Deliver)(nil),         // 1: agentgate.actors.v1.Deliver
@@ -930,15 +1090,21 @@ var file_actors_messages_proto_goTypes = []any{
 	(*Recover)(nil),         // 8: agentgate.actors.v1.Recover
 	(*RelayedOutbound)(nil), // 9: agentgate.actors.v1.RelayedOutbound
 	(*Peek)(nil),            // 10: agentgate.actors.v1.Peek
+	(*Forward)(nil),         // 11: agentgate.actors.v1.Forward
 }
 var file_actors_messages_proto_depIdxs = []int32{
 	0, // 0: agentgate.actors.v1.Deliver.source:type_name -> agentgate.actors.v1.Source
 	0, // 1: agentgate.actors.v1.RelayedOutbound.target:type_name -> agentgate.actors.v1.Source
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	1, // 2: agentgate.actors.v1.Forward.deliver:type_name -> agentgate.actors.v1.Deliver
+	3, // 3: agentgate.actors.v1.Forward.get_state:type_name -> agentgate.actors.v1.GetState
+	5, // 4: agentgate.actors.v1.Forward.reset_session:type_name -> agentgate.actors.v1.ResetSession
+	7, // 5: agentgate.actors.v1.Forward.reset_due:type_name -> agentgate.actors.v1.ResetDue
+	8, // 6: agentgate.actors.v1.Forward.recover:type_name -> agentgate.actors.v1.Recover
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_actors_messages_proto_init() }
@@ -946,13 +1112,20 @@ func file_actors_messages_proto_init() {
 	if File_actors_messages_proto != nil {
 		return
 	}
+	file_actors_messages_proto_msgTypes[11].OneofWrappers = []any{
+		(*Forward_Deliver)(nil),
+		(*Forward_GetState)(nil),
+		(*Forward_ResetSession)(nil),
+		(*Forward_ResetDue)(nil),
+		(*Forward_Recover)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_actors_messages_proto_rawDesc), len(file_actors_messages_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

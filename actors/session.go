@@ -51,6 +51,7 @@ type Session struct {
 	epoch      int64                // the key's claim (Deps.Fencing); 0 when not claimed
 	fencedOut  bool                 // a newer activation claimed the key: this one hands over and stops
 	stale      bool                 // memory is behind the store: the key is activated again (onRecover, restartFromStore)
+	leaving    bool                 // the member leaves the cluster: no new turn, and the key goes on once idle (Leave)
 	handoff    []routed             // requests for the key's next activation, sent once the session stops
 	inflight   []*pendingWrite      // by write id, ascending
 	stopResend scheduler.CancelFunc // the armed resend tick; nil when none is armed
@@ -192,6 +193,9 @@ func (s *Session) Receive(c actor.Context) {
 		s.onIdle(c)
 	case *moved:
 		s.onMoved(c)
+	case *leaving:
+		s.leaving = true
+		s.leaveIfIdle(c)
 	case *Recover:
 		s.onRecover(c)
 	case *debounceTick:
@@ -471,6 +475,21 @@ func (s *Session) onMoved(c actor.Context) {
 	}
 	s.logger().Info("the session's key moved to another member; this one hands over and stops",
 		"pending", len(s.queue), "running", s.running != nil)
+	s.handOverAll(c)
+	s.stopWhenSettled(c)
+}
+
+// leaveIfIdle hands the key on when the member leaves the cluster (Leave) and the session has
+// nothing in hand: no turn running (it starts none) and no write in flight (a finished turn's
+// reply is sent once its write is stored). It stops as a moved session does; the messages it
+// still holds queued are pending in the store, and its manager has the key's successor run
+// them (passivate.rerun).
+func (s *Session) leaveIfIdle(c actor.Context) {
+	if !s.leaving || s.fencedOut || s.running != nil || len(s.inflight) > 0 {
+		return
+	}
+	s.logger().Info("the member leaves the cluster; the session hands its key on", "pending", len(s.queue))
+	s.stale = len(s.queue) > 0
 	s.handOverAll(c)
 	s.stopWhenSettled(c)
 }

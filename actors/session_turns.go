@@ -29,6 +29,12 @@ func (s *Session) dequeue(n int) {
 
 // tryStart starts the next turn if none runs and the head of the queue is durable.
 func (s *Session) tryStart(c actor.Context) {
+	if s.leaving && s.running == nil {
+		// The member leaves the cluster: the key's successor runs what waits here.
+		s.updateBusy(c)
+		s.leaveIfIdle(c)
+		return
+	}
 	if s.running != nil || len(s.queue) == 0 || !s.queue[0].durable {
 		s.endOverdue(c)
 		s.updateBusy(c)

@@ -143,6 +143,7 @@ func (s *Session) onWriteResult(c actor.Context, m *persistence.WriteResult) {
 	w.done(c, m.Err)
 	s.updateBusy(c)
 	s.stopWhenSettled(c)
+	s.leaveIfIdle(c)
 }
 
 // resendAfter is how often a session with unacknowledged writes checks whether the persistence
