@@ -124,11 +124,46 @@ func (d *Daemon) sweepRecoverable(every time.Duration) {
 	}
 }
 
-// withdraw takes the member out of the cluster's membership at the start of a stop: the others
-// see it gone at their next renewal and route its keys to themselves, so that the drain that
-// follows is not fed by the cluster while it waits for running turns. The member still serves
-// what reaches it meanwhile; a session the others activate claims its key, and this member's
-// activation hands over.
+// leave begins the member's leaving of the cluster, at the start of a stop and before the
+// drain. Its registration says it is leaving (storeMembership.leave), but it stays a member:
+// the others route its keys to it and recover none of them until it withdraws, after its drain,
+// so a key whose turn it is still finishing is never activated on another member (the agent
+// would run twice at once). Its manager forwards what it no longer runs to each key's
+// successor (actors.Leave), so the drain is not fed: it runs no new turn, and a session with no
+// turn running hands its key on at once. Without another member to take its keys, it runs them
+// itself to the end, as a single daemon does.
+func (d *Daemon) leave() {
+	if d.membership == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Cluster.MemberTTL)
+	err := d.membership.leave(ctx)
+	cancel()
+	if err != nil {
+		d.log.Warn("say in the cluster's membership that this member leaves", "err", err)
+	}
+	if len(d.membership.successors()) == 0 {
+		return
+	}
+	d.system.Root.Send(d.manager, &actors.Leave{Successor: d.successorOf})
+}
+
+// successorOf is the SessionManager of the member that takes key over from this leaving one:
+// its owner among the live members that do not leave. nil when there is none.
+func (d *Daemon) successorOf(key string) *actor.PID {
+	owner := ownerOf(d.membership.successors())(key)
+	if owner == "" {
+		return nil
+	}
+	return actor.NewPID(owner, d.manager.Id)
+}
+
+// withdraw takes the member out of the cluster's membership, once its drain has ended and its
+// sessions have stopped (no turn of it runs any more) and its platforms have sent (and
+// confirmed) the replies handed to them: the others see it gone at their next renewal, route
+// its keys to themselves and recover their unfinished work, which no longer includes a reply
+// this member was still sending. A request that reaches it meanwhile meets a dead letter, and
+// its router tries again.
 func (d *Daemon) withdraw() {
 	if d.membership == nil {
 		return

@@ -245,7 +245,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		props := ch.Props(d).Configure(actor.WithGuardian(ch.Policy))
 		pid, err := d.system.Root.SpawnNamed(props, ch.Name)
 		if err != nil {
-			d.stopChildren(context.Background())
+			d.stopChildren(context.Background(), nil)
 			return nil, fmt.Errorf("start: spawn %s: %w", ch.Name, err)
 		}
 		d.pids = append(d.pids, pid)
@@ -264,7 +264,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			d.router = actors.NewLocalRouter(d.system.Root, d.manager)
 			if cfg.Cluster.Enabled {
 				if err := d.startCluster(); err != nil {
-					d.stopChildren(context.Background())
+					d.stopChildren(context.Background(), nil)
 					return nil, fmt.Errorf("start: %w", err)
 				}
 			}
@@ -298,14 +298,14 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	d.stopping.Store(true)
 	d.intake.Drain()
 	d.http.Drain()
-	d.withdraw()
+	d.leave()
 	d.log.Info("draining", "deadline", d.cfg.Shutdown.DrainTimeout)
 	if t := d.cfg.Shutdown.DrainTimeout; t > 0 {
 		if _, err := d.system.Root.RequestFuture(d.manager, &actors.Drain{}, t).Result(); err != nil {
 			d.log.Warn("drain deadline passed; cancelling running turns", "err", err)
 		}
 	}
-	d.stopChildren(ctx)
+	d.stopChildren(ctx, d.withdraw)
 	d.cancel()
 	d.events.close()
 	if d.cluster != nil {
@@ -336,9 +336,14 @@ const (
 // quiesceTimeout bounds how long a platform may take to finish its sends at stop.
 const quiesceTimeout = 10 * time.Second
 
-// stopChildren poisons the top-level actors in reverse start order, waiting for each.
-func (d *Daemon) stopChildren(ctx context.Context) {
+// stopChildren poisons the top-level actors in reverse start order, waiting for each, and
+// calls beforeStore (when not nil) once the sessions and the platforms have stopped, before the
+// persistence actor does.
+func (d *Daemon) stopChildren(ctx context.Context, beforeStore func()) {
 	for i := len(d.pids) - 1; i >= 0; i-- {
+		if d.pids[i] == d.deps.Persist && beforeStore != nil {
+			beforeStore()
+		}
 		if strings.HasPrefix(d.pids[i].Id, "platform-") {
 			// Let replies already handed to the platform go out (and be confirmed) first.
 			if _, err := d.system.Root.RequestFuture(d.pids[i], &actors.Quiesce{}, quiesceTimeout).Result(); err != nil {

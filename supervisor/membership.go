@@ -44,6 +44,11 @@ type storeMembership struct {
 	stop chan struct{}
 	done chan struct{}
 	once sync.Once
+
+	beat    sync.Mutex // one renewal at a time: a renewal begun before leaving must not undo it
+	mu      sync.Mutex
+	leaving bool              // the member stops: it renews its registration as leaving
+	live    []postgres.Member // the live members as of the last renewal, oldest first
 }
 
 func newStoreMembership(store memberStore, name string, ttl time.Duration, log *slog.Logger, lost func(error)) *storeMembership {
@@ -60,7 +65,7 @@ func (p *storeMembership) StartMember(c *cluster.Cluster) error {
 	p.me = postgres.Member{ID: c.ActorSystem.ID, Host: host, Port: port, Kinds: c.GetClusterKinds()}
 	ctx, cancel := context.WithTimeout(context.Background(), p.ttl)
 	defer cancel()
-	live, err := p.store.Heartbeat(ctx, p.name, p.me, p.ttl)
+	live, err := p.heartbeat(ctx)
 	if err != nil {
 		return fmt.Errorf("membership: register: %w", err)
 	}
@@ -75,7 +80,9 @@ func (p *storeMembership) StartClient(*cluster.Cluster) error {
 }
 
 // Shutdown stops renewing and removes the registration, so the others see this member gone at
-// their next renewal rather than after a ttl. A second call removes it again (harmless).
+// their next renewal rather than after a ttl. A second call removes it again (harmless). A
+// stopping daemon calls it once it has drained and stopped its sessions (leave marks the
+// registration before that).
 func (p *storeMembership) Shutdown(bool) error {
 	p.once.Do(func() { close(p.stop) })
 	<-p.done
@@ -97,7 +104,7 @@ func (p *storeMembership) renew(c *cluster.Cluster) {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), every)
-		live, err := p.store.Heartbeat(ctx, p.name, p.me, p.ttl)
+		live, err := p.heartbeat(ctx)
 		cancel()
 		if err == nil {
 			if since := time.Since(last); since >= p.ttl {
@@ -123,6 +130,49 @@ func (p *storeMembership) renew(c *cluster.Cluster) {
 		}
 		p.log.Warn("cluster membership not renewed; retrying", "err", err)
 	}
+}
+
+// heartbeat renews the member's registration, as leaving once it leaves, and keeps the live
+// members it returns.
+func (p *storeMembership) heartbeat(ctx context.Context) ([]postgres.Member, error) {
+	p.beat.Lock()
+	defer p.beat.Unlock()
+	p.mu.Lock()
+	me := p.me
+	me.Leaving = p.leaving
+	p.mu.Unlock()
+	live, err := p.store.Heartbeat(ctx, p.name, me, p.ttl)
+	if err == nil {
+		p.mu.Lock()
+		p.live = live
+		p.mu.Unlock()
+	}
+	return live, err
+}
+
+// leave marks the registration leaving, at once and at every renewal from then on. The member
+// stays one, and keeps its keys, until Shutdown removes its registration (or it expires): the
+// others never take over a key whose turn it is still finishing.
+func (p *storeMembership) leave(ctx context.Context) error {
+	p.mu.Lock()
+	p.leaving = true
+	p.mu.Unlock()
+	_, err := p.heartbeat(ctx)
+	return err
+}
+
+// successors are the members that take this one's keys over when it leaves: the other live
+// members, as of the last renewal, that do not leave themselves.
+func (p *storeMembership) successors() []*cluster.Member {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []*cluster.Member
+	for _, m := range p.live {
+		if m.ID != p.me.ID && !m.Leaving {
+			out = append(out, &cluster.Member{Id: m.ID, Host: m.Host, Port: int32(m.Port), Kinds: m.Kinds})
+		}
+	}
+	return out
 }
 
 // split returns an error when this member must leave a split cluster: an older live member
