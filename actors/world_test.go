@@ -56,11 +56,14 @@ func newManagerWorldWith(t *testing.T, path string, agent agents.Agent, setup fu
 	w := &managerWorld{ctx: ctx, store: store, system: system, sent: make(chan *SendOutbound, 256),
 		src: identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1"}}
 	platform := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-		if m, ok := c.Message().(*SendOutbound); ok {
+		switch m := c.Message().(type) {
+		case *SendOutbound:
 			select {
 			case w.sent <- m:
 			default: // a test that reads none of it
 			}
+		case *Quiesce:
+			c.Respond(&Quiesced{}) // it sends nothing for real: nothing is ever in flight
 		}
 	}))
 	w.d = &Deps{Ctx: ctx, Store: store, Agent: agent, Platforms: map[string]*actor.PID{"fake": platform},

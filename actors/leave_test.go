@@ -1,0 +1,104 @@
+package actors
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// TestLeavingManagerHandsKeysOnOnceTheirTurnsEnd: a manager whose member leaves the cluster
+// (Leave) starts no turn. A message for the key whose turn runs is stored behind it (queued);
+// one for a key without a session here goes to the key's successor at once (Forward). When the
+// running turn ends, its reply is sent, the session stops without starting the queued message,
+// and the successor is told to recover the key, where that message is pending; only then is the
+// drain answered.
+func TestLeavingManagerHandsKeysOnOnceTheirTurnsEnd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		ran := make(chan string, 8)
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			ran <- req.Messages[0].Text
+			if req.Messages[0].Text == "slow" {
+				<-release
+			}
+			return &agents.Response{Text: "ok"}, nil
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		forwarded := make(chan *Forward, 8)
+		successor := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if f, ok := c.Message().(*Forward); ok {
+				forwarded <- f
+				if d := f.GetDeliver(); d != nil {
+					c.Respond(&DeliverResult{SessionKey: f.Key, MessageId: d.MessageId, Disposition: "started"})
+				}
+			}
+		}))
+
+		slow := w.request("m1", "slow")
+		if got := <-ran; got != "slow" {
+			t.Fatalf("the agent ran %q, want the slow message", got)
+		}
+		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return successor }})
+		drained := make(chan struct{}, 1)
+		drainer := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if _, ok := c.Message().(*Drained); ok {
+				drained <- struct{}{}
+			}
+		}))
+		w.system.Root.RequestWithCustomSender(w.manager, &Drain{}, drainer)
+
+		if res := w.deliver(t, "m2", "next"); res.Disposition != "queued" || res.ErrorCode != "" {
+			t.Errorf("a message behind the running turn: %+v, want it queued", res)
+		}
+		other := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c2", UserID: "u1"}
+		otherKey := identity.Key(other, w.d.Config.Keys)
+		res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: otherKey, Msg: &Deliver{SessionKey: otherKey,
+			Source: sourceToProto(other), MessageId: "o1", Text: "hi"}}, time.Hour).Result()
+		if err != nil || res.(*DeliverResult).Disposition != "started" {
+			t.Errorf("a message for a key without a session: %+v %v, want the successor's answer", res, err)
+		}
+		if f := <-forwarded; f.Key != otherKey || f.GetDeliver().GetMessageId() != "o1" || f.Hops != 1 {
+			t.Errorf("forwarded %v, want o1 of %s, one hop", f, otherKey)
+		}
+		synctest.Wait()
+		select {
+		case <-drained:
+			t.Error("the drain was answered while a turn still ran")
+		default:
+		}
+
+		close(release)
+		if r := (<-w.sent).Out; len(r.InReplyTo) != 1 || r.InReplyTo[0] != "m1" {
+			t.Errorf("sent %+v, want the slow message's reply", r)
+		}
+		if _, err := slow.Result(); err != nil {
+			t.Fatal(err)
+		}
+		if f := <-forwarded; f.Key != w.key || f.GetRecover() == nil {
+			t.Errorf("forwarded %v, want a Recover of %s", f, w.key)
+		}
+		<-drained
+		synctest.Wait()
+		select {
+		case text := <-ran:
+			t.Errorf("the leaving member ran %q", text)
+		default:
+		}
+		act, _ := w.system.Root.RequestFuture(w.manager, &ListActive{}, time.Hour).Result()
+		if keys := act.(*ActiveList).Keys; len(keys) != 0 {
+			t.Errorf("sessions %v still in memory, want none", keys)
+		}
+		snap, err := w.store.LoadSession(w.ctx, w.key, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(snap.Pending) != 1 || snap.Pending[0].MessageID != "m2" {
+			t.Errorf("pending %+v, want m2 for the successor", snap.Pending)
+		}
+	})
+}
