@@ -2,7 +2,6 @@ package actors
 
 import (
 	"fmt"
-	"log/slog"
 	"testing"
 	"testing/synctest"
 
@@ -34,8 +33,7 @@ func TestMarksCoverTheLargestBatch(t *testing.T) {
 // the load lasted.)
 func TestMarksKeepPaceWithSends(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		quiet := slog.New(slog.DiscardHandler)
-		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+		system, quiet := quietSystem(t)
 		defer system.Shutdown()
 		writes := make(chan heldWrite, 16)
 		persist := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {

@@ -78,7 +78,18 @@ func TestPassivatingSessionHandsOverWhatReachesIt(t *testing.T) {
 }
 
 // quietSystem returns an actor system that logs nothing, and the logger that discards.
-func quietSystem() (*actor.ActorSystem, *slog.Logger) {
+//
+// When the test ends it waits out protoactor's dead-letter log throttle: the first dead letter
+// of an interval starts a goroutine that waits for the interval on a ticker, and a synctest
+// bubble that ends while one waits panics ("blocked goroutines remain"). The interval is a
+// millisecond, so outside a bubble the wait costs nothing either.
+func quietSystem(t *testing.T) (*actor.ActorSystem, *slog.Logger) {
 	quiet := slog.New(slog.DiscardHandler)
-	return actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet })), quiet
+	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }),
+		actor.WithDeadLetterThrottleInterval(deadLetterThrottle))
+	t.Cleanup(func() { time.Sleep(2 * deadLetterThrottle) }) // registered first, so it runs last
+	return system, quiet
 }
+
+// deadLetterThrottle is the test systems' dead-letter log throttle interval (quietSystem).
+const deadLetterThrottle = time.Millisecond

@@ -3,7 +3,6 @@ package actors
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -25,9 +24,9 @@ type sendWorld struct {
 }
 
 func newSendWorld(t *testing.T) *sendWorld {
-	quiet := slog.New(slog.DiscardHandler)
+	system, quiet := quietSystem(t)
 	w := &sendWorld{
-		system: actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet })),
+		system: system,
 		fake:   platformtest.NewFake("fake"),
 		marks:  make(chan *persistence.MarkDelivery, 64),
 	}

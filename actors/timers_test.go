@@ -17,7 +17,7 @@ import (
 // starts daemons more than once (tests, agentgate bench, whose heap figures it disturbed).
 func TestTimersKeepOnePendingTick(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		system, quiet := quietSystem()
+		system, quiet := quietSystem(t)
 		defer system.Shutdown()
 		prunes := make(chan struct{}, 100)
 		persist := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {

@@ -52,7 +52,7 @@ func newManagerWorldWith(t *testing.T, path string, agent agents.Agent, setup fu
 	if err != nil {
 		t.Fatal(err)
 	}
-	system, quiet := quietSystem()
+	system, quiet := quietSystem(t)
 	w := &managerWorld{ctx: ctx, store: store, system: system, sent: make(chan *SendOutbound, 256),
 		src: identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1"}}
 	platform := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
