@@ -151,7 +151,10 @@ func (m *SessionManager) Receive(c actor.Context) {
 			m.spawn(c, msg.key) // not a recovery: its messages run (sessions.recovery is for restarts of agentgate)
 		}
 	case *passivate:
-		if pid, ok := m.sessions[msg.key]; ok {
+		// Only from the session in memory: one that stopped meanwhile (its Terminated, a
+		// system message, overtakes what it sent before) must not stop its successor, count a
+		// passivation, or reset the key's crash backoff.
+		if pid, ok := m.sessions[msg.key]; ok && pid.Equal(msg.pid) {
 			delete(m.sessions, msg.key)
 			m.stopping[msg.key] = nil
 			if msg.rerun {

@@ -68,8 +68,9 @@ type ActiveList struct{ Keys []string }
 // a stopping session is never left with work.
 type passivate struct {
 	key    string
-	fenced bool // another activation claimed the key (Deps.Fencing)
-	rerun  bool // the key is activated again once the session is gone (its state was stale)
+	pid    *actor.PID // the session asking: a late request of a stopped one leaves its successor alone
+	fenced bool       // another activation claimed the key (Deps.Fencing)
+	rerun  bool       // the key is activated again once the session is gone (its state was stale)
 }
 
 // busyChanged is sent by a session when it starts running turns or becomes idle.

@@ -64,10 +64,24 @@ func TestPassivatingSessionHandsOverWhatReachesIt(t *testing.T) {
 		time.Sleep(61 * time.Minute)
 		synctest.Wait()
 
+		// The session asks to passivate, and is then given a message: both are in its mailbox
+		// before it handles the first (it is suspended meanwhile), as when the manager forwards
+		// a message before the request reaches it. Otherwise the manager's stop could overtake
+		// the test's message.
 		session := actor.NewPID(system.Address(), manager.Id+"/"+key)
-		system.Root.Send(session, &idleCheck{}) // it asks to passivate…
-		r := deliver(session, "m2", "two")      // …and is then given a message
-		if r.ErrorCode != "" {
+		proc, ok := system.ProcessRegistry.Get(session)
+		if !ok {
+			t.Fatalf("no session %s", session)
+		}
+		proc.SendSystemMessage(session, &actor.SuspendMailbox{})
+		system.Root.Send(session, &idleCheck{})
+		fut := system.Root.RequestFuture(session, w.message("m2", "two"), time.Minute)
+		proc.SendSystemMessage(session, &actor.ResumeMailbox{})
+		res, err := fut.Result()
+		if err != nil {
+			t.Fatalf("deliver m2: %v", err)
+		}
+		if r := res.(*DeliverResult); r.ErrorCode != "" {
 			t.Fatalf("m2 reached the passivating session: %+v, want it accepted by the next activation", r)
 		}
 		reply("echo: two")
@@ -93,3 +107,30 @@ func quietSystem(t *testing.T) (*actor.ActorSystem, *slog.Logger) {
 
 // deadLetterThrottle is the test systems' dead-letter log throttle interval (quietSystem).
 const deadLetterThrottle = time.Millisecond
+
+// TestLatePassivateLeavesTheSuccessorAlone: a request to passivate that reaches the manager
+// after its session stopped (the session's Terminated, a system message, overtakes what it sent
+// before) names a session that is gone: the key's session in memory now, its successor, is not
+// stopped, and no passivation is counted (which would also reset the key's crash backoff).
+func TestLatePassivateLeavesTheSuccessorAlone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		echo := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "echo: " + req.Messages[len(req.Messages)-1].Text}, nil
+		})
+		w := newManagerWorld(t, echo, nil)
+		if r := w.deliver(t, "m1", "one"); r.ErrorCode != "" {
+			t.Fatalf("m1: %+v", r)
+		}
+		synctest.Wait()
+		gone := actor.NewPID(w.system.Address(), w.manager.Id+"/an-earlier-incarnation")
+		w.system.Root.Send(w.manager, &passivate{key: w.key, pid: gone})
+		synctest.Wait()
+		if r := w.deliver(t, "m2", "two"); r.ErrorCode != "" {
+			t.Fatalf("m2: %+v", r)
+		}
+		synctest.Wait()
+		if a, p := testutil.ToFloat64(w.d.Metrics.SessionActivations), testutil.ToFloat64(w.d.Metrics.SessionPassivations); a != 1 || p != 0 {
+			t.Errorf("%v activations and %v passivations, want 1 and 0: a stale request stopped the live session", a, p)
+		}
+	})
+}

@@ -394,7 +394,7 @@ func (s *Session) onIdle(c actor.Context) {
 	if time.Since(s.lastTouched) >= s.d.Config.PassivateAfter && s.running == nil && len(s.queue) == 0 &&
 		len(s.inflight) == 0 && !s.d.Spooling.Load() {
 		s.passivating = true
-		c.Send(c.Parent(), &passivate{key: s.key})
+		c.Send(c.Parent(), &passivate{key: s.key, pid: c.Self()})
 	}
 }
 
@@ -603,7 +603,7 @@ func (s *Session) stopWhenSettled(c actor.Context) {
 		return
 	}
 	s.passivating = true
-	c.Send(c.Parent(), &passivate{key: s.key, fenced: true, rerun: s.stale})
+	c.Send(c.Parent(), &passivate{key: s.key, pid: c.Self(), fenced: true, rerun: s.stale})
 	for _, r := range s.handoff {
 		s.sendToManager(c, r)
 	}
