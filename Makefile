@@ -6,7 +6,7 @@ FUZZ     ?= FuzzKey
 PROTOC_GEN_GO_VERSION := v1.36.12
 # Benchmarks timed per operation (default -benchtime), and benchmarks whose b.Loop iteration is
 # a whole round of a same-run comparison (docs/BENCHMARKS.md); ROUNDS rounds each.
-BENCH_PER_OP := Key|SessionTurn|HTTPIngress|CommitTurns|FencedCommit|LoadSession|ClusterDeliver
+BENCH_PER_OP := Key|SessionTurn|HTTPIngress|CommitTurns|FencedCommit|ExclusiveCommit|LoadSession|ClusterDeliver
 BENCH_ROUNDS := PersistenceActor|RawBatchSize|SingleTurnLatency|Pipeline|RoutingKeys|IdleSessionHeap|KnownVsActiveSessions|MetricsOverhead
 ROUNDS   ?= 3
 

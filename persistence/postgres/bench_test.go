@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/persistence/storetest"
@@ -129,6 +130,67 @@ func BenchmarkFencedCommit(b *testing.B) {
 			b.ReportMetric(plain, "plain_turns/s")
 			b.ReportMetric(fenced, "fenced_turns/s")
 			b.ReportMetric(fenced/plain, "fenced/plain")
+		})
+	}
+}
+
+// BenchmarkExclusiveCommit measures what the daemon fence of an exclusive store (the lock's
+// epoch checked at the start of every write transaction, migration 0006) costs a commit: the
+// same turns, batch per Commit, alternating batch by batch between an exclusive store and a
+// shared one, each on a database of its own on the same server. It reports both rates and
+// exclusive/shared.
+func BenchmarkExclusiveCommit(b *testing.B) {
+	const sessions = 100
+	texts := workload.Texts(rand.New(rand.NewPCG(5, 6)), 4096)
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, batch := range []int{1, 100} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			ctx := context.Background()
+			type side struct {
+				st    *Store
+				ss    []persistence.Session
+				spent time.Duration
+			}
+			var sides []*side
+			for _, exclusive := range []bool{false, true} {
+				st, err := Open(ctx, pgtest.NewDatabase(b), Options{Exclusive: exclusive})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { st.Close() })
+				sd := &side{st: st}
+				var setup []persistence.Op
+				for i := range sessions {
+					s := newSession(fmt.Sprintf("s%d", i), fmt.Sprintf("k%d", i))
+					sd.ss = append(sd.ss, s)
+					setup = append(setup, &persistence.CreateSession{Session: s})
+				}
+				storetest.MustCommit(b, st, setup...)
+				sides = append(sides, sd)
+			}
+			groups := make([][]persistence.Op, batch)
+			n := 0 // turns committed to each side
+			for b.Loop() {
+				for _, sd := range sides {
+					for i := range groups {
+						j := (n + i) % sessions
+						groups[i] = workload.Turn(sd.ss[j], (n+i)/sessions, texts[(2*(n+i))%len(texts)],
+							texts[(2*(n+i)+1)%len(texts)], base.Add(time.Duration(n+i)*time.Millisecond))
+					}
+					start := time.Now()
+					for i, err := range sd.st.Commit(ctx, groups) {
+						if err != nil {
+							b.Fatalf("Commit group %d: %v", i, err)
+						}
+					}
+					sd.spent += time.Since(start)
+				}
+				n += batch
+			}
+			shared, exclusive := float64(n)/sides[0].spent.Seconds(), float64(n)/sides[1].spent.Seconds()
+			b.ReportMetric(shared, "shared_turns/s")
+			b.ReportMetric(exclusive, "exclusive_turns/s")
+			b.ReportMetric(exclusive/shared, "exclusive/shared")
 		})
 	}
 }
