@@ -379,6 +379,15 @@ type ChatMark struct {
 	At        time.Time // when it was stored
 }
 
+// Searcher is a Store with full-text search over message content (DESIGN §4), for operators
+// (agentgate sessions search): Search returns the messages, archived ones included, whose
+// content matches query, best match first, at most limit (0 means 100). Words match whole and
+// case-blind. The query syntax is the store's own: SQLite's FTS5 or PostgreSQL's web search;
+// both take words (all must match), "a phrase" in quotes and OR.
+type Searcher interface {
+	Search(ctx context.Context, query string, limit int) ([]Message, error)
+}
+
 // Store is the durable state of agentgate. All methods are safe for concurrent use; writes are
 // serialised by the persistence actor, which is the only caller of Commit in a process.
 //

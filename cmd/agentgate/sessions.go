@@ -32,7 +32,7 @@ commands:
   show KEY      show a key's route, current session, counts and last messages (--json)
   export KEY    print the key's sessions (current and predecessors), transcripts and outbox as JSON
   reset KEY     end the key's current session; the next message starts a new one (daemon stopped)
-  search QUERY  find messages by their text, best match first (--limit, --json; SQLite only)
+  search QUERY  find messages by their text, best match first (--limit, --json)
 
 Every command takes --config and --data-dir. list, show, export and search are safe while the
 daemon runs.
@@ -335,12 +335,8 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	return nil
 }
 
-// searcher is a store with a full-text index over message content (the SQLite store's FTS5).
-type searcher interface {
-	Search(ctx context.Context, query string, limit int) ([]persistence.Message, error)
-}
-
-// searchHelp says what a search query may hold, for a query the index refuses.
+// searchHelp says what a search query may hold, for a query SQLite's index refuses (PostgreSQL's
+// web-search syntax refuses none).
 const searchHelp = `words match whole words (all of them), "a phrase" in quotes, prefix* a word's start, ` +
 	`and OR and NOT (upper case) combine; quote a word that holds punctuation`
 
@@ -365,9 +361,9 @@ func sessionsSearch(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	defer st.Close()
-	idx, ok := st.(searcher)
+	idx, ok := st.(persistence.Searcher)
 	if !ok {
-		return errors.New("sessions search: this store has no full-text index (only the SQLite store has one)")
+		return fmt.Errorf("sessions search: the %T store has no full-text index", st)
 	}
 	ms, err := idx.Search(ctx, query, *limit)
 	if err != nil {

@@ -19,7 +19,9 @@
 // epoch (migration 0006), and every write transaction of the store checks the epoch it took
 // first, so one whose lock connection died commits nothing once another daemon has the lock.
 //
-// There is no full-text Search: the SQLite store's FTS5 index has no counterpart here yet.
+// Search is full-text search over message content in web-search query syntax (the SQLite
+// store's takes FTS5 syntax). It scans the messages: there is no index unless an operator
+// creates one (see Search), because indexing every message halved the commit rate.
 //
 // This package imports persistence, persistence/internal/sqlstore (what it shares with the
 // SQLite store) and internal/logging only, and pgx.

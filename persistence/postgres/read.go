@@ -239,6 +239,38 @@ func (s *Store) Transcript(ctx context.Context, sessionID string) ([]persistence
 	return ms, nil
 }
 
+// Search returns the messages (archived ones included) whose content matches query, best match
+// first, at most limit (0 means 100). The query is web-search syntax (websearch_to_tsquery):
+// words must all match, "a phrase" in quotes, OR between alternatives, -word to exclude; it
+// never fails on syntax, and a query of no words matches nothing. Words are matched whole and
+// case-blind, with no stemming (the 'simple' configuration, as FTS5's default tokenizer).
+//
+// It scans the messages (about 16 µs a message on the reference VM: 1.6 s for 100,000): an
+// index of every message's words would make it instant but halved the store's commit rate in
+// BenchmarkCommitTurns (docs/BENCHMARKS.md), for an operator's occasional search. An operator
+// who wants it fast creates the index by hand; the query uses it as it is:
+//
+//	CREATE INDEX CONCURRENTLY messages_search ON messages USING gin (to_tsvector('simple', content));
+func (s *Store) Search(ctx context.Context, query string, limit int) ([]persistence.Message, error) {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("search: %w", err)
+	}
+	defer done()
+	if limit <= 0 {
+		limit = defaultListLimit
+	}
+	// The WHERE clause is the expression of the optional index above, so the planner uses it.
+	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+messageCols+`
+		FROM messages, websearch_to_tsquery('simple', $1) AS q
+		WHERE to_tsvector('simple', content) @@ q
+		ORDER BY ts_rank(to_tsvector('simple', content), q) DESC, id LIMIT $2`, query, limit)
+	if err != nil {
+		return nil, fmt.Errorf("search %q: %w", query, s.explain(ctx, err))
+	}
+	return ms, nil
+}
+
 // Route returns the routing row of a key; persistence.ErrNotFound if absent.
 func (s *Store) Route(ctx context.Context, key string) (*persistence.Route, error) {
 	ctx, done, err := s.enter(ctx)

@@ -58,6 +58,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"MessageStatusAndTitle", testStatusAndTitle},
 		{"UsageAddsOncePerTurn", testUsage},
 		{"Drafts", testDrafts},
+		{"Search", testSearch},
 		{"ClaimAndFence", testClaimAndFence},
 		{"ClaimWaitsForFencedCommits", testClaimWaitsForFencedCommits},
 		{"NotFound", testNotFound},
