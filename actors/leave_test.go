@@ -102,3 +102,53 @@ func TestLeavingManagerHandsKeysOnOnceTheirTurnsEnd(t *testing.T) {
 		}
 	})
 }
+
+// TestLeavingManagersDrainWaitsForTheHandOver: the drain of a leaving member ends once its
+// sessions have handed their keys on, not as soon as no turn runs. A session whose turn ends
+// with a message queued behind it tells its manager it is idle and that it hands over; when it
+// said it was idle first, the drain was answered before the manager knew of the hand-over, the
+// daemon went on to stop the manager, and the successor was never told to recover the key (the
+// queued message waited for the member to withdraw and the others' next recovery).
+func TestLeavingManagersDrainWaitsForTheHandOver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			if req.Messages[0].Text == "slow" {
+				<-release
+			}
+			return &agents.Response{Text: "ok"}, nil
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		// One actor is both the successor and the drain's requester: its mailbox shows the order
+		// in which the manager sent them.
+		seen := make(chan string, 8)
+		observer := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			switch m := c.Message().(type) {
+			case *Forward:
+				if m.GetRecover() != nil {
+					seen <- "recover"
+				} else {
+					seen <- "forward"
+				}
+			case *Drained:
+				seen <- "drained"
+			}
+		}))
+		slow := w.request("m1", "slow")
+		synctest.Wait()
+		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return observer }})
+		w.system.Root.RequestWithCustomSender(w.manager, &Drain{}, observer)
+		if res := w.deliver(t, "m2", "next"); res.Disposition != "queued" {
+			t.Fatalf("m2: %+v, want queued", res)
+		}
+		close(release)
+		if _, err := slow.Result(); err != nil {
+			t.Fatal(err)
+		}
+		<-w.sent
+		if first := <-seen; first != "recover" {
+			t.Errorf("the manager's first word after the turn: %s, want the successor's recover before the drain's end", first)
+		}
+		synctest.Wait()
+	})
+}

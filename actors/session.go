@@ -401,8 +401,20 @@ func (s *Session) onIdle(c actor.Context) {
 // updateBusy tells the manager when the session starts or stops having work in hand: a running
 // turn or a write not yet acknowledged (a finished turn's reply is sent only after its write).
 // A drain waits until no session is busy.
+//
+// A session that hands its key over once idle (fenced, moved, stale, or its member leaving)
+// stays busy until it has asked its manager to stop it (its Stopping then says it is idle): a
+// leaving member's manager answers its drain once no session is busy and none hands over
+// (SessionManager.answerDrains). A session that said it was idle first had the drain answered
+// before its manager knew of the hand-over; the daemon then stopped the manager, and the key's
+// successor was never told to run what the session left queued
+// (TestLeavingManagersDrainWaitsForTheHandOver).
 func (s *Session) updateBusy(c actor.Context) {
-	s.setBusy(c, s.running != nil || len(s.inflight) > 0)
+	busy := s.running != nil || len(s.inflight) > 0
+	if !busy && (s.leaving || s.fencedOut) && !s.passivating {
+		return // it hands over next (leaveIfIdle, stopWhenSettled), and says so first
+	}
+	s.setBusy(c, busy)
 }
 
 func (s *Session) setBusy(c actor.Context, busy bool) {
