@@ -21,6 +21,7 @@ func (s *Session) onRestarting(c actor.Context) {
 		s.d.lifelines.Store(s.key, s.life) // the next incarnation takes it in start
 	}
 	s.life.restarts++
+	s.life.leaving = s.leaving // a restart is no reason to run turns on a leaving member
 	s.life.suspects = nil
 	if s.running != nil {
 		// The turn is no child of the session: stop it here. Its draft is marked interrupted

@@ -152,3 +152,63 @@ func TestLeavingManagersDrainWaitsForTheHandOver(t *testing.T) {
 		synctest.Wait()
 	})
 }
+
+// TestLeavingSessionRestartedAfterACrashStartsNoTurn: the agent of a leaving member's running
+// turn panics, and the session restarts from the store. The new incarnation is still the
+// leaving member's: it starts no turn, and hands the key on to its successor with the message
+// that crashed and the one queued behind it. Before, a restart forgot that the member leaves:
+// the new incarnation ran both messages here, feeding the drain, and a drain deadline then
+// cancelled them to run again at the successor.
+func TestLeavingSessionRestartedAfterACrashStartsNoTurn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		ran := make(chan string, 8)
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			ran <- req.Messages[0].Text
+			if req.Messages[0].Text == "boom" {
+				<-release
+				panic("agent bug")
+			}
+			return &agents.Response{Text: "ok"}, nil
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		forwarded := make(chan *Forward, 8)
+		successor := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if f, ok := c.Message().(*Forward); ok {
+				forwarded <- f
+			}
+		}))
+		if res := w.deliver(t, "m1", "boom"); res.Disposition != "started" {
+			t.Fatalf("m1: %+v", res)
+		}
+		if got := <-ran; got != "boom" {
+			t.Fatalf("the agent ran %q", got)
+		}
+		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return successor }})
+		if res := w.deliver(t, "m2", "next"); res.Disposition != "queued" {
+			t.Fatalf("m2: %+v, want queued", res)
+		}
+		close(release)
+		select {
+		case f := <-forwarded:
+			if f.Key != w.key || f.GetRecover() == nil {
+				t.Errorf("forwarded %v, want a Recover of %s", f, w.key)
+			}
+		case text := <-ran:
+			t.Fatalf("the leaving member ran %q again after its session restarted", text)
+		}
+		synctest.Wait()
+		select {
+		case text := <-ran:
+			t.Errorf("the leaving member ran %q", text)
+		default:
+		}
+		snap, err := w.store.LoadSession(w.ctx, w.key, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(snap.Pending) != 2 {
+			t.Errorf("pending %+v, want m1 and m2 for the successor", snap.Pending)
+		}
+	})
+}

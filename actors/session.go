@@ -78,6 +78,9 @@ type lifeline struct {
 	restarts int
 	suspects []int64       // seqs that were running when the last incarnation crashed
 	crashes  map[int64]int // seq → crashes while it ran; nil until a crash is counted
+	// leaving: the member was leaving the cluster when the last incarnation crashed (Leave);
+	// the next one starts no turn either, and hands the key on.
+	leaving bool
 }
 
 // item is one inbound message waiting for (or in) a turn.
@@ -231,6 +234,7 @@ func (s *Session) start(c actor.Context) {
 	s.key = childName(c)
 	if l, ok := s.d.lifelines.Load(s.key); ok {
 		s.life = l.(*lifeline)
+		s.leaving = s.life.leaving
 	}
 	s.mode = s.d.Config.QueueMode
 	s.activatedAt = s.d.now()
