@@ -8,6 +8,7 @@ import (
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/asynkron/protoactor-go/actor"
 )
 
@@ -209,6 +210,59 @@ func TestLeavingSessionRestartedAfterACrashStartsNoTurn(t *testing.T) {
 		}
 		if len(snap.Pending) != 2 {
 			t.Errorf("pending %+v, want m1 and m2 for the successor", snap.Pending)
+		}
+	})
+}
+
+// TestRecoverWhileTheSessionStopsRunsTheWork: a Recover reaches the manager while the key's
+// session stops (it asked to passivate; a leaving member's hand-over sends one to the key's
+// successor, whose own session may be passivating). The work the store lists for the key is
+// run by the session started once the old one is gone. Before, the Recover was dropped, and the
+// work waited for the key's next message or recovery sweep.
+func TestRecoverWhileTheSessionStopsRunsTheWork(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		echo := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "echo: " + req.Messages[len(req.Messages)-1].Text}, nil
+		})
+		w := newManagerWorld(t, echo, nil)
+		r := w.deliver(t, "m1", "one")
+		if r.ErrorCode != "" {
+			t.Fatalf("m1: %+v", r)
+		}
+		<-w.sent
+		synctest.Wait()
+		// The session asks to stop; it is suspended, so the manager's stop waits in its mailbox.
+		session := actor.NewPID(w.system.Address(), w.manager.Id+"/"+w.key)
+		proc, ok := w.system.ProcessRegistry.Get(session)
+		if !ok {
+			t.Fatalf("no session %s", session)
+		}
+		proc.SendSystemMessage(session, &actor.SuspendMailbox{})
+		w.system.Root.Send(w.manager, &passivate{key: w.key, pid: session})
+		synctest.Wait()
+		// Meanwhile another activation stored a message of the key (as the leaving member's
+		// session did), and the key's recovery is asked for.
+		err := w.store.Commit(w.ctx, [][]persistence.Op{{&persistence.AppendMessage{Message: persistence.Message{
+			SessionID: r.SessionId, Seq: 3, Role: persistence.RoleUser, Content: "two", Platform: w.src.Platform,
+			ChatID: w.src.ChatID, MessageID: "m2", UserID: w.src.UserID, Status: persistence.StatusPending,
+			Active: true, CreatedAt: time.Now()}}}})[0]
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &Recover{}})
+		synctest.Wait()
+		proc.SendSystemMessage(session, &actor.ResumeMailbox{})
+		for {
+			// The fake platform marks nothing delivered: the next activation sends m1's reply
+			// again first.
+			select {
+			case got := <-w.sent:
+				if got.Out.Text == "echo: two" {
+					return
+				}
+			case <-time.After(time.Hour):
+				t.Fatal("m2, pending in the store, did not run: the Recover that came while the session stopped was dropped")
+			}
 		}
 	})
 }

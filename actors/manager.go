@@ -387,6 +387,10 @@ func (m *SessionManager) stoppingWithWork(key string) bool {
 // leaving members that forwarded the Recover here.
 func (m *SessionManager) recover(c actor.Context, key string, hops int32) {
 	if _, ok := m.stopping[key]; ok {
+		// Its session stops: the one started once it is gone (or, while the member leaves,
+		// the key's successor) loads and runs the work. Dropped, it waited for the key's next
+		// message or recovery sweep (TestRecoverWhileTheSessionStopsRunsTheWork).
+		m.rerun[key] = true
 		return
 	}
 	if pid := m.sessions[key]; pid != nil {
