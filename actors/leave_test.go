@@ -266,3 +266,63 @@ func TestRecoverWhileTheSessionStopsRunsTheWork(t *testing.T) {
 		}
 	})
 }
+
+// heldCommits is a store whose Commit waits while hold is set, until release is closed.
+type heldCommits struct {
+	persistence.Store
+	hold    chan struct{} // closed: commits wait for release
+	release chan struct{}
+	held    chan struct{} // a commit waits
+}
+
+func (h *heldCommits) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	select {
+	case <-h.hold:
+		h.held <- struct{}{}
+		<-h.release
+	default:
+	}
+	return h.Store.Commit(ctx, groups)
+}
+
+// TestLeavingSessionAcknowledgesQueued: a message whose write completes after the member began
+// to leave is acknowledged queued, not started: the session starts no turn and hands the key
+// on, and the message runs at the successor.
+func TestLeavingSessionAcknowledgesQueued(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ran := make(chan string, 8)
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			ran <- req.Messages[0].Text
+			return &agents.Response{Text: "ok"}, nil
+		})
+		hc := &heldCommits{hold: make(chan struct{}), release: make(chan struct{}), held: make(chan struct{}, 1)}
+		w := newManagerWorldWrites(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true },
+			func(s persistence.Store) persistence.Store { hc.Store = s; return hc })
+		if res := w.deliver(t, "m1", "one"); res.Disposition != "started" {
+			t.Fatalf("m1: %+v, want it started", res)
+		}
+		<-ran
+		synctest.Wait()
+
+		successor := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+		close(hc.hold)
+		m2 := w.request("m2", "two")
+		<-hc.held // m2's write waits in the store
+		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return successor }})
+		synctest.Wait()
+		close(hc.release)
+		res, err := m2.Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := res.(*DeliverResult).Disposition; d != "queued" {
+			t.Errorf("m2, stored after the member began to leave: %q, want queued (it runs at the successor)", d)
+		}
+		synctest.Wait()
+		select {
+		case text := <-ran:
+			t.Errorf("the leaving member ran %q", text)
+		default:
+		}
+	})
+}

@@ -318,8 +318,8 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 	}
 	disp := platforms.Queued
 	switch {
-	case s.running == nil && len(s.queue) > 0 && s.queue[0] == it:
-		disp = platforms.Started
+	case s.running == nil && len(s.queue) > 0 && s.queue[0] == it && !s.leaving && !s.fencedOut:
+		disp = platforms.Started // (a leaving or fenced session starts no turn: it hands the key on)
 	case s.running != nil && s.mode == ModeInterrupt && len(s.queue) > 0 && s.queue[0] == it:
 		s.interrupt(c) // the new message runs next
 		disp = platforms.Interrupted
