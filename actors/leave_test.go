@@ -9,6 +9,7 @@ import (
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/asynkron/protoactor-go/actor"
 )
 
@@ -323,6 +324,46 @@ func TestLeavingSessionAcknowledgesQueued(t *testing.T) {
 		case text := <-ran:
 			t.Errorf("the leaving member ran %q", text)
 		default:
+		}
+	})
+}
+
+// TestLeavingSessionHandsOnAnUnsureMessage: a message whose commit applied though its answer
+// was lost is pending in the store but in no queue. A session that hands its key on as its
+// member leaves has the successor recover the key for it too; before, only a queue made it
+// ask, and the message waited for a recovery sweep.
+func TestLeavingSessionHandsOnAnUnsureMessage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "ok"}, nil
+		})
+		out := &storetest.Outage{}
+		w := newManagerWorldWrites(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true },
+			func(s persistence.Store) persistence.Store { out.Store = s; return out })
+		if res := w.deliver(t, "m0", "zero"); res.Disposition != "started" {
+			t.Fatalf("m0: %+v", res)
+		}
+		<-w.sent
+		out.Lost.Store(1)
+		if res := w.deliver(t, "m1", "one"); res.ErrorCode != "unavailable" {
+			t.Fatalf("m1 whose commit answer is lost: %+v, want unavailable", res)
+		}
+		synctest.Wait()
+
+		forwarded := make(chan *Forward, 8)
+		successor := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if f, ok := c.Message().(*Forward); ok {
+				forwarded <- f
+			}
+		}))
+		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return successor }})
+		select {
+		case f := <-forwarded:
+			if f.Key != w.key || f.GetRecover() == nil {
+				t.Errorf("forwarded %v, want a Recover of %s", f, w.key)
+			}
+		case <-time.After(time.Minute):
+			t.Error("the successor was not told to recover the key, where m1 is pending")
 		}
 	})
 }

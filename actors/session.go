@@ -505,7 +505,9 @@ func (s *Session) leaveIfIdle(c actor.Context) {
 		return
 	}
 	s.logger().Info("the member leaves the cluster; the session hands its key on", "pending", len(s.queue))
-	s.stale = len(s.queue) > 0
+	// Messages whose commit may have applied though its answer was lost (unsure) may be
+	// pending in the store too: the successor looks.
+	s.stale = len(s.queue) > 0 || len(s.unsure) > 0
 	s.handOverAll(c)
 	s.stopWhenSettled(c)
 }
