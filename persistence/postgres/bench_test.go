@@ -42,24 +42,16 @@ func BenchmarkCommitTurns(b *testing.B) {
 			for _, s := range stores {
 				storetest.MustCommit(b, s, setup...)
 			}
-			ctx := context.Background()
 			groups := make([][]persistence.Op, batch)
 			var spent [2]time.Duration
 			n := 0 // turns committed to each store
 			for b.Loop() {
 				for i := range groups {
-					groups[i] = workload.Turn(ss[n%sessions], n/sessions, texts[(2*n)%len(texts)],
-						texts[(2*n+1)%len(texts)], base.Add(time.Duration(n)*time.Millisecond))
+					groups[i] = benchTurn(ss, n, texts, base)
 					n++
 				}
 				for j, s := range stores {
-					start := time.Now()
-					for i, err := range s.Commit(ctx, groups) {
-						if err != nil {
-							b.Fatalf("Commit group %d: %v", i, err)
-						}
-					}
-					spent[j] += time.Since(start)
+					spent[j] += timedCommit(b, s, groups)
 				}
 			}
 			pgRate, liteRate := float64(n)/spent[0].Seconds(), float64(n)/spent[1].Seconds()
@@ -109,20 +101,12 @@ func BenchmarkFencedCommit(b *testing.B) {
 			for b.Loop() {
 				for _, sd := range sides {
 					for i := range groups {
-						j := (n + i) % sessions
-						groups[i] = workload.Turn(sd.ss[j], (n+i)/sessions, texts[(2*(n+i))%len(texts)],
-							texts[(2*(n+i)+1)%len(texts)], base.Add(time.Duration(n+i)*time.Millisecond))
-						if sd.epochs != nil {
+						groups[i] = benchTurn(sd.ss, n+i, texts, base)
+						if j := (n + i) % sessions; sd.epochs != nil {
 							groups[i] = append([]persistence.Op{&persistence.Fence{Key: sd.ss[j].Key, Epoch: sd.epochs[j]}}, groups[i]...)
 						}
 					}
-					start := time.Now()
-					for i, err := range pg.Commit(ctx, groups) {
-						if err != nil {
-							b.Fatalf("Commit group %d: %v", i, err)
-						}
-					}
-					sd.spent += time.Since(start)
+					sd.spent += timedCommit(b, pg, groups)
 				}
 				n += batch
 			}
@@ -173,17 +157,9 @@ func BenchmarkExclusiveCommit(b *testing.B) {
 			for b.Loop() {
 				for _, sd := range sides {
 					for i := range groups {
-						j := (n + i) % sessions
-						groups[i] = workload.Turn(sd.ss[j], (n+i)/sessions, texts[(2*(n+i))%len(texts)],
-							texts[(2*(n+i)+1)%len(texts)], base.Add(time.Duration(n+i)*time.Millisecond))
+						groups[i] = benchTurn(sd.ss, n+i, texts, base)
 					}
-					start := time.Now()
-					for i, err := range sd.st.Commit(ctx, groups) {
-						if err != nil {
-							b.Fatalf("Commit group %d: %v", i, err)
-						}
-					}
-					sd.spent += time.Since(start)
+					sd.spent += timedCommit(b, sd.st, groups)
 				}
 				n += batch
 			}
@@ -193,4 +169,25 @@ func BenchmarkExclusiveCommit(b *testing.B) {
 			b.ReportMetric(exclusive/shared, "exclusive/shared")
 		})
 	}
+}
+
+// benchTurn is turn n of the benchmarks' workload: the sessions take turns, each turn's texts
+// come from texts in order, and each turn is a millisecond after the one before.
+func benchTurn(ss []persistence.Session, n int, texts []string, base time.Time) []persistence.Op {
+	return workload.Turn(ss[n%len(ss)], n/len(ss), texts[(2*n)%len(texts)], texts[(2*n+1)%len(texts)],
+		base.Add(time.Duration(n)*time.Millisecond))
+}
+
+// timedCommit commits groups to st, failing b on any group's error, and returns how long the
+// Commit took.
+func timedCommit(b *testing.B, st persistence.Store, groups [][]persistence.Op) time.Duration {
+	start := time.Now()
+	errs := st.Commit(context.Background(), groups)
+	took := time.Since(start)
+	for i, err := range errs {
+		if err != nil {
+			b.Fatalf("Commit group %d: %v", i, err)
+		}
+	}
+	return took
 }
