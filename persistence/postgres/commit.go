@@ -80,7 +80,8 @@ type stmt struct {
 
 // Commit applies groups of writes in one transaction. Each group is atomic: a failing group is
 // rolled back and reported in errs[i] while the others go on. If the transaction itself fails
-// (BEGIN, COMMIT, a lost connection), every group gets that error.
+// (BEGIN, COMMIT, a lost connection, a group the server cannot take), every group gets that
+// error but one the savepoint pass had already refused, which keeps its own.
 //
 // The batch first runs as one pipelined pgx.Batch with no savepoints. An op that is invalid on
 // its face fails its group before anything is sent. A group that fails in the database rolls
@@ -138,9 +139,13 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 // a group that fails rolls the whole transaction back and commitTx asks for a retry with them.
 // A fence, when not nil, runs first: when it fails, so does every group.
 func (s *Store) commitTx(ctx context.Context, fence *stmt, stmts [][]stmt, valid []int, errs []error, savepoints bool) (retry bool) {
+	// failAll fails the groups not yet decided: a group the savepoint pass refused for what it
+	// holds keeps its own error (see sqlstore.FillUndecided).
 	failAll := func(err error) bool {
 		for _, i := range valid {
-			errs[i] = err
+			if errs[i] == nil {
+				errs[i] = err
+			}
 		}
 		return false
 	}
@@ -185,9 +190,7 @@ func (s *Store) commitTx(ctx context.Context, fence *stmt, stmts [][]stmt, valid
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		for _, i := range valid {
-			errs[i] = fmt.Errorf("commit: %w", err)
-		}
+		failAll(fmt.Errorf("commit: %w", err))
 	}
 	return false
 }

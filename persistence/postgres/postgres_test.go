@@ -414,3 +414,44 @@ func TestIsUnavailable(t *testing.T) {
 		}
 	}
 }
+
+// TestUnavailableBatchKeepsRefusedGroupsErrors: when a group the server cannot take (here a
+// trigger that raises disk_full for session b's messages) fails the batch, a group the savepoint
+// pass had already refused for what it holds (a write fenced out by a newer claim of its key)
+// keeps its own error. Before, it got the batch's ErrUnavailable: the persistence actor spooled
+// it and acknowledged it as durable, the fenced-out session went on as the key's owner, and the
+// replay set the batch aside.
+func TestUnavailableBatchKeepsRefusedGroupsErrors(t *testing.T) {
+	s, dsn := MustOpen(t)
+	ctx := context.Background()
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("a", "ka")},
+		&persistence.CreateSession{Session: newSession("b", "kb")})
+	old, err := s.Claim(ctx, "ka", "first", t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Claim(ctx, "ka", "second", t0); err != nil {
+		t.Fatal(err)
+	}
+	c := mustConn(t, dsn)
+	if _, err := c.Exec(ctx, `CREATE FUNCTION full_disk() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'no space left (test)' USING ERRCODE = 'disk_full'; END $$;
+		CREATE TRIGGER full_disk BEFORE INSERT ON messages FOR EACH ROW
+			WHEN (NEW.session_id = 'b') EXECUTE FUNCTION full_disk()`); err != nil {
+		t.Fatal(err)
+	}
+	msg := func(sid, text string) *persistence.AppendMessage {
+		return &persistence.AppendMessage{Message: persistence.Message{SessionID: sid, Seq: 1,
+			Role: persistence.RoleAssistant, Content: text, Active: true, CreatedAt: t0}}
+	}
+	errs := s.Commit(ctx, [][]persistence.Op{
+		{&persistence.Fence{Key: "ka", Epoch: old}, msg("a", "fenced")},
+		{msg("b", "waits in the spool")},
+	})
+	if !errors.Is(errs[0], persistence.ErrFenced) || errors.Is(errs[0], persistence.ErrUnavailable) {
+		t.Errorf("the fenced group: error = %v, want ErrFenced (not ErrUnavailable: the actor would spool it and acknowledge it durable)", errs[0])
+	}
+	if !errors.Is(errs[1], persistence.ErrUnavailable) {
+		t.Errorf("the group the server cannot take: error = %v, want ErrUnavailable", errs[1])
+	}
+}

@@ -102,9 +102,10 @@ var errTxAborted = errors.New("transaction aborted")
 // transaction itself fails (BEGIN, COMMIT, or an error after which SQLite has rolled it back,
 // such as a full disk), every group gets that error, and so does a group that fails because
 // the database is unavailable (IsUnavailable): the whole batch is rolled back, so that no
-// later group commits ahead of a write that must wait in the spool. New messages are indexed for Search after
-// the commit (see indexCommitted); an indexing failure never fails a group. Commit is safe for
-// concurrent use; calls are serialised.
+// later group commits ahead of a write that must wait in the spool. A group that had already
+// failed on its own in the savepoint pass keeps its own error (sqlstore.FillUndecided). New
+// messages are indexed for Search after the commit (see indexCommitted); an indexing failure
+// never fails a group. Commit is safe for concurrent use; calls are serialised.
 //
 // Groups rarely fail, so the batch first runs without a savepoint per group: a savepoint costs
 // two statements and a copy of every page the group touches into the statement journal. The
@@ -184,7 +185,7 @@ func (s *Store) commitOn(ctx context.Context, dc any, groups [][]persistence.Op,
 	for i, g := range groups {
 		if err := ctx.Err(); err != nil {
 			_ = tx.Rollback()
-			sqlstore.Fill(errs, fmt.Errorf("commit: group %d: %w: %w", i, errTxAborted, err))
+			sqlstore.FillUndecided(errs, fmt.Errorf("commit: group %d: %w: %w", i, errTxAborted, err))
 			return 0, false
 		}
 		mark := t.added
@@ -193,18 +194,18 @@ func (s *Store) commitOn(ctx context.Context, dc any, groups [][]persistence.Op,
 		case err == nil:
 		case errors.Is(err, errTxAborted):
 			_ = tx.Rollback() // the transaction is already gone
-			sqlstore.Fill(errs, fmt.Errorf("commit: group %d: %w", i, err))
+			sqlstore.FillUndecided(errs, fmt.Errorf("commit: group %d: %w", i, err))
 			return 0, false
 		case IsUnavailable(err):
 			// The group goes to the spool; the groups after it may hold later writes of its
 			// session, which must not commit ahead of it. The batch fails as a whole and is
 			// spooled in order (as the PostgreSQL store's does).
 			_ = tx.Rollback()
-			sqlstore.Fill(errs, fmt.Errorf("commit: group %d: %w", i, err))
+			sqlstore.FillUndecided(errs, fmt.Errorf("commit: group %d: %w", i, err))
 			return 0, false
 		case !savepoints:
 			if rerr := tx.Rollback(); rerr != nil {
-				sqlstore.Fill(errs, fmt.Errorf("commit: group %d: %w (rollback: %v)", i, err, rerr))
+				sqlstore.FillUndecided(errs, fmt.Errorf("commit: group %d: %w (rollback: %v)", i, err, rerr))
 				return 0, false
 			}
 			return 0, true
@@ -215,11 +216,11 @@ func (s *Store) commitOn(ctx context.Context, dc any, groups [][]persistence.Op,
 	}
 	if err := ctx.Err(); err != nil {
 		_ = tx.Rollback()
-		sqlstore.Fill(errs, fmt.Errorf("commit: %w: %w", errTxAborted, err))
+		sqlstore.FillUndecided(errs, fmt.Errorf("commit: %w: %w", errTxAborted, err))
 		return 0, false
 	}
 	if err := tx.Commit(); err != nil {
-		sqlstore.Fill(errs, fmt.Errorf("commit: %w", err))
+		sqlstore.FillUndecided(errs, fmt.Errorf("commit: %w", err))
 		return 0, false
 	}
 	return t.added, false

@@ -305,3 +305,38 @@ func TestUnavailableGroupFailsTheBatch(t *testing.T) {
 		}
 	}
 }
+
+// TestUnavailableBatchKeepsRefusedGroupsErrors: when a group the database cannot take fails the
+// batch, a group that the savepoint pass had already refused for what it holds (here a write
+// fenced out by a newer claim of its key) keeps its own error. Before, the whole batch got the
+// unavailable error, so the persistence actor spooled the refused group and acknowledged it as
+// durable: the fenced-out session went on as the key's owner, and the replay set the batch aside.
+func TestUnavailableBatchKeepsRefusedGroupsErrors(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("a", "ka")},
+		&persistence.CreateSession{Session: newSession("b", "kb")})
+	old, err := s.Claim(ctx, "ka", "first", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Claim(ctx, "ka", "second", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	s.fault = func(op persistence.Op) error {
+		if m, ok := op.(*persistence.AppendMessage); ok && m.Message.SessionID == "b" {
+			return fmt.Errorf("disk I/O error (test): %w", driver.ErrBadConn)
+		}
+		return nil
+	}
+	errs := s.Commit(ctx, [][]persistence.Op{
+		{&persistence.Fence{Key: "ka", Epoch: old}, &persistence.AppendMessage{Message: userMsg("a", 1, "fenced")}},
+		{&persistence.AppendMessage{Message: userMsg("b", 1, "waits in the spool")}},
+	})
+	if !errors.Is(errs[0], persistence.ErrFenced) || errors.Is(errs[0], persistence.ErrUnavailable) {
+		t.Errorf("the fenced group: error = %v, want ErrFenced (not ErrUnavailable: the actor would spool it and acknowledge it durable)", errs[0])
+	}
+	if !errors.Is(errs[1], persistence.ErrUnavailable) {
+		t.Errorf("the group the database cannot take: error = %v, want ErrUnavailable", errs[1])
+	}
+}

@@ -102,6 +102,20 @@ func Fill(errs []error, err error) []error {
 	return errs
 }
 
+// FillUndecided sets to err the errors of errs that are still nil: the groups of a batch whose
+// transaction failed as a whole (the database unavailable, the transaction gone, the commit
+// failed), not those that had already failed for what they hold. Those were rolled back to their
+// savepoint and keep their own error: it must reach their sender, whereas the batch's error
+// (ErrUnavailable) would have them spooled and acknowledged as durable, and a replay could only
+// refuse them again.
+func FillUndecided(errs []error, err error) {
+	for i := range errs {
+		if errs[i] == nil {
+			errs[i] = err
+		}
+	}
+}
+
 // MarkUnavailable wraps the errors that unavailable says mean "the database cannot be written
 // right now" with persistence.ErrUnavailable, so the persistence actor spools those writes.
 func MarkUnavailable(errs []error, unavailable func(error) bool) {
