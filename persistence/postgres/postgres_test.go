@@ -455,3 +455,42 @@ func TestUnavailableBatchKeepsRefusedGroupsErrors(t *testing.T) {
 		t.Errorf("the group the server cannot take: error = %v, want ErrUnavailable", errs[1])
 	}
 }
+
+// TestSearchPastALongMessage: a message whose words would not fit a tsvector (PostgreSQL caps
+// its lexemes at 1 MB; a hyphenated word counts whole and in parts, so a reply of 600 KB of
+// identifiers is enough, and replies may hold 1 MiB) neither fails every search nor hides the
+// other messages. Before, each search computed that message's tsvector and failed with "string
+// is too long for tsvector".
+func TestSearchPastALongMessage(t *testing.T) {
+	s, dsn := MustOpen(t)
+	ctx := context.Background()
+	// The index README suggests must not fail the long message's INSERT either.
+	if _, err := mustConn(t, dsn).Exec(ctx, `CREATE INDEX messages_search ON messages
+		USING gin (to_tsvector('simple', left(content, 65536)))`); err != nil {
+		t.Fatal(err)
+	}
+	var long strings.Builder
+	for i := 0; long.Len() < 600<<10; i++ {
+		fmt.Fprintf(&long, "id%07d-part%07d ", i, i)
+	}
+	long.WriteString("needle")
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("a", "ka")},
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: "a", Seq: 1,
+			Role: persistence.RoleAssistant, Content: long.String(), Active: true, CreatedAt: t0}},
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: "a", Seq: 2,
+			Role: persistence.RoleAssistant, Content: "the quick brown fox", Active: true, CreatedAt: t0}})
+	ms, err := s.Search(ctx, "quick", 0)
+	if err != nil {
+		t.Fatalf("Search(quick) beside a long message: %v", err)
+	}
+	if len(ms) != 1 || ms[0].Seq != 2 {
+		t.Errorf("Search(quick) = %d messages, want a/2", len(ms))
+	}
+	ms, err = s.Search(ctx, "id0000001-part0000001", 0)
+	if err != nil {
+		t.Fatalf("Search in the long message: %v", err)
+	}
+	if len(ms) != 1 || ms[0].Seq != 1 {
+		t.Errorf("Search for a word at the start of the long message = %d messages, want a/1", len(ms))
+	}
+}

@@ -250,7 +250,14 @@ func (s *Store) Transcript(ctx context.Context, sessionID string) ([]persistence
 // BenchmarkCommitTurns (docs/BENCHMARKS.md), for an operator's occasional search. An operator
 // who wants it fast creates the index by hand; the query uses it as it is:
 //
-//	CREATE INDEX CONCURRENTLY messages_search ON messages USING gin (to_tsvector('simple', content));
+//	CREATE INDEX CONCURRENTLY messages_search ON messages USING gin (to_tsvector('simple', left(content, 65536)));
+//
+// Only a message's first 65,536 characters are searched: a tsvector holds at most 1 MB of
+// words, and a reply may hold 1 MiB of them (a hyphenated word counts whole and in parts, so
+// 600 KB of identifiers overflow it). One such message failed every search, and with the index
+// above on the whole content its INSERT would fail: a search index must never fail a
+// transcript write. 65,536 characters hold any inbound message whole (64 KiB at most) and make
+// at most 512 KiB of words (4 bytes a character, twice).
 func (s *Store) Search(ctx context.Context, query string, limit int) ([]persistence.Message, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
@@ -263,13 +270,17 @@ func (s *Store) Search(ctx context.Context, query string, limit int) ([]persiste
 	// The WHERE clause is the expression of the optional index above, so the planner uses it.
 	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+messageCols+`
 		FROM messages, websearch_to_tsquery('simple', $1) AS q
-		WHERE to_tsvector('simple', content) @@ q
-		ORDER BY ts_rank(to_tsvector('simple', content), q) DESC, id LIMIT $2`, query, limit)
+		WHERE `+searchVector+` @@ q
+		ORDER BY ts_rank(`+searchVector+`, q) DESC, id LIMIT $2`, query, limit)
 	if err != nil {
 		return nil, fmt.Errorf("search %q: %w", query, s.explain(ctx, err))
 	}
 	return ms, nil
 }
+
+// searchVector is the expression Search matches, on a message's first 65,536 characters (see
+// there); an operator's index must repeat it.
+const searchVector = `to_tsvector('simple', left(content, 65536))`
 
 // Route returns the routing row of a key; persistence.ErrNotFound if absent.
 func (s *Store) Route(ctx context.Context, key string) (*persistence.Route, error) {
