@@ -356,7 +356,7 @@ func sessionsSearch(ctx context.Context, args []string, stdout, stderr io.Writer
 	if *limit < 1 {
 		return fmt.Errorf("sessions search: --limit %d: must be at least 1", *limit)
 	}
-	st, _, err := openStore(ctx, &cf, true)
+	st, _, err := openStoreFor(ctx, &cf, true, searchTimeout)
 	if err != nil {
 		return err
 	}
@@ -493,12 +493,23 @@ func helpIsDone(err error) error {
 // (which a running daemon holds): a SQLite file (it never creates one) or PostgreSQL (whose
 // daemon lock is an advisory lock). The config is returned whenever it loaded, even on error.
 func openStore(ctx context.Context, cf *configFlags, readOnly bool) (persistence.Store, *config.Config, error) {
+	return openStoreFor(ctx, cf, readOnly, 0)
+}
+
+// searchTimeout bounds a search on PostgreSQL, which scans the messages (about 16 µs each
+// without README's index): the store's default 15 s would fail it at about a million. Ctrl-C
+// still ends it at once.
+const searchTimeout = 30 * time.Minute
+
+// openStoreFor is openStore whose PostgreSQL calls may take up to timeout (0: the store's
+// default).
+func openStoreFor(ctx context.Context, cf *configFlags, readOnly bool, timeout time.Duration) (persistence.Store, *config.Config, error) {
 	cfg, err := cf.load()
 	if err != nil {
 		return nil, nil, fmt.Errorf("config: %w", err)
 	}
 	if cfg.Store.Driver == "postgres" {
-		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{MaxConns: 2, Exclusive: !readOnly, NoMigrate: true})
+		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{MaxConns: 2, Exclusive: !readOnly, NoMigrate: true, Timeout: timeout})
 		if err != nil {
 			return nil, cfg, err
 		}
