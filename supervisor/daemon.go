@@ -543,7 +543,7 @@ func (f floor) WithGroup(n string) slog.Handler      { return floor{f.h.WithGrou
 func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, exclusive bool) (persistence.Store, error) {
 	switch cfg.Store.Driver {
 	case "postgres":
-		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{Logger: log, Exclusive: exclusive})
+		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{Logger: log, Exclusive: exclusive, Shared: !exclusive})
 		if err != nil {
 			return nil, err
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/agentgate/agentgate/actors"
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/agentgate/agentgate/persistence"
@@ -253,4 +255,36 @@ func TestSharedStoreRefusesWhenTheStoreIsDown(t *testing.T) {
 	checkReplies(t, "the member", r, map[string][]string{"m1": {"[] one"}})
 	r.waitSent(t, 2)
 	checkReplies(t, "the member", r, map[string][]string{"m1": {"[] one"}, "m2": {"[one] two"}})
+}
+
+// TestSingleDaemonAndSharedStoreMembersExcludeEachOther: a single daemon is not started on the
+// database of a shared store's (a cluster's) members, nor a member on a single daemon's: both
+// would activate the same sessions and run their agents at once. Before, members held no lock
+// on the database, so either start succeeded.
+func TestSingleDaemonAndSharedStoreMembersExcludeEachOther(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	onDSN := func(c *config.Config) { c.Store.Driver, c.Store.DSN = "postgres", dsn }
+	start := func(shared bool) (*Daemon, error) {
+		cfg := config.Default()
+		cfg.DataDir, cfg.HTTP.Addr = t.TempDir(), "127.0.0.1:0"
+		onDSN(cfg)
+		return Start(t.Context(), cfg, slog.New(slog.DiscardHandler), Options{Agent: echo.New(), SharedStore: shared})
+	}
+	member := MustStartDaemon(t, echo.New(), daemonOpts{shared: true, tweak: onDSN})
+	if d, err := start(false); err == nil {
+		(&runtime{d: d}).stop(t)
+		t.Error("a single daemon started on the database of a running member")
+	} else if !errors.Is(err, persistence.ErrLocked) {
+		t.Errorf("single daemon's Start next to a member = %v, want persistence.ErrLocked", err)
+	}
+	member.stop(t)
+
+	single := MustStartDaemon(t, echo.New(), daemonOpts{tweak: onDSN})
+	defer single.stop(t)
+	if d, err := start(true); err == nil {
+		(&runtime{d: d}).stop(t)
+		t.Error("a member started on the database of a running single daemon")
+	} else if !errors.Is(err, persistence.ErrLocked) {
+		t.Errorf("member's Start next to a single daemon = %v, want persistence.ErrLocked", err)
+	}
 }

@@ -509,7 +509,10 @@ func openStoreFor(ctx context.Context, cf *configFlags, readOnly bool, timeout t
 		return nil, nil, fmt.Errorf("config: %w", err)
 	}
 	if cfg.Store.Driver == "postgres" {
-		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{MaxConns: 2, Exclusive: !readOnly, NoMigrate: true, Timeout: timeout})
+		// A cluster's members hold the daemon lock shared: a writing tool of the cluster joins
+		// them (and is kept off while a single daemon runs), a single daemon's takes it alone.
+		member := !readOnly && cfg.Cluster.Enabled
+		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{MaxConns: 2, Exclusive: !readOnly && !member, Shared: member, NoMigrate: true, Timeout: timeout})
 		if err != nil {
 			return nil, cfg, err
 		}

@@ -239,6 +239,44 @@ func TestExclusive(t *testing.T) {
 	storetest.MustCommit(t, a, &persistence.CreateSession{Session: newSession("s1", "k1")})
 }
 
+// TestSharedAndExclusiveExcludeEachOther: cluster members (Shared) open one database together,
+// but a single daemon (Exclusive) is kept off it while they run, and they are kept off while it
+// runs. Before, members took no lock, so a single daemon started next to a cluster (or a member
+// next to a single daemon) ran the same sessions with it.
+func TestSharedAndExclusiveExcludeEachOther(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	a, err := Open(ctx, dsn, Options{Shared: true})
+	if err != nil {
+		t.Fatalf("Open member A: %v", err)
+	}
+	b, err := Open(ctx, dsn, Options{Shared: true, LockWait: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("Open member B next to member A: %v", err)
+	}
+	if _, err := Open(ctx, dsn, Options{Exclusive: true, LockWait: 50 * time.Millisecond}); !errors.Is(err, persistence.ErrLocked) {
+		t.Fatalf("Open a single daemon while members run: error = %v, want ErrLocked", err)
+	}
+	storetest.MustCommit(t, a, &persistence.CreateSession{Session: newSession("s1", "k1")})
+	a.Close()
+	if _, err := Open(ctx, dsn, Options{Exclusive: true, LockWait: 50 * time.Millisecond}); !errors.Is(err, persistence.ErrLocked) {
+		t.Fatalf("Open a single daemon while member B runs: error = %v, want ErrLocked", err)
+	}
+	b.Close()
+	single, err := Open(ctx, dsn, Options{Exclusive: true})
+	if err != nil {
+		t.Fatalf("Open a single daemon once the members stopped: %v", err)
+	}
+	defer single.Close()
+	_, err = Open(ctx, dsn, Options{Shared: true, LockWait: 50 * time.Millisecond})
+	if !errors.Is(err, persistence.ErrLocked) {
+		t.Fatalf("Open a member while a single daemon runs: error = %v, want ErrLocked", err)
+	}
+	if !strings.Contains(err.Error(), "a single agentgate daemon (not a cluster member) uses this database") {
+		t.Errorf("Open a member while a single daemon runs: error %q does not say why", err)
+	}
+}
+
 // TestExclusiveFencesCommits: a daemon whose lock connection died commits nothing once another
 // daemon has taken the lock, even before its own check of the lock (LockCheckInterval, an hour
 // here) has noticed: every commit checks, in its transaction, that the lock's epoch is still

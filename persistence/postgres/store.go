@@ -29,9 +29,15 @@ type Options struct {
 	// SQLite store's lock file does for its data directory: Open takes a session advisory lock
 	// on a connection of its own and fails with persistence.ErrLocked while another process
 	// holds it. A single daemon must run exclusive (two daemons on one database would both
-	// activate a session and interleave its writes). Cluster members, once cluster mode is
-	// built, share the database and fence their writes instead (docs/ARCHITECTURE.md).
+	// activate a session and interleave its writes). Cluster members share the database and
+	// fence their writes instead (docs/ARCHITECTURE.md); they open it Shared.
 	Exclusive bool
+	// Shared makes the store one of the database's cluster members: Open takes the daemon lock
+	// shared, so that members do not exclude each other while a single (Exclusive) daemon and
+	// they do: each one's Open fails with persistence.ErrLocked while the other kind runs. A
+	// member that lost the lock and cannot take it again refuses writes, as an exclusive store
+	// does. Ignored with Exclusive.
+	Shared bool
 	// Timeout bounds every call of the store, a Commit with all its groups included: a server
 	// that does not answer in time (hung, or behind a lost network) fails the call with
 	// persistence.ErrUnavailable, so writes are spooled. Zero means 15 seconds.
@@ -69,7 +75,8 @@ type Store struct {
 	commitMu sync.Mutex
 
 	lockMu   sync.Mutex
-	lockCfg  *pgx.ConnConfig // nil unless Exclusive
+	lockCfg  *pgx.ConnConfig // nil unless Exclusive or Shared
+	shared   bool            // the daemon lock is held shared (a cluster member), unfenced
 	connCfg  *pgx.ConnConfig // for connections of their own (Lease)
 	lockConn *pgx.Conn       // holds the advisory lock; nil while lost
 	lockLost bool            // the last check failed (logged once per loss)
@@ -119,8 +126,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	}
 	st := &Store{pool: pool, log: log, where: where(cfg), stop: make(chan struct{}), timeout: timeout, connCfg: cfg.ConnConfig.Copy(),
 		noAnswer: fmt.Errorf("%w: postgres did not answer within %v", persistence.ErrUnavailable, timeout)}
-	if opts.Exclusive {
-		st.lockCfg = cfg.ConnConfig.Copy()
+	if opts.Exclusive || opts.Shared {
+		st.lockCfg, st.shared = cfg.ConnConfig.Copy(), !opts.Exclusive
 		wait := opts.LockWait
 		if wait <= 0 {
 			wait = 5 * time.Second
@@ -139,7 +146,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 	}
-	if opts.Exclusive {
+	if opts.Exclusive || opts.Shared {
 		if err := st.raiseEpoch(ctx); err != nil { // the table exists once migrated
 			st.unlock()
 			pool.Close()
@@ -171,9 +178,10 @@ func (s *Store) watchLock(every time.Duration) {
 	}
 }
 
-// daemonLock is the advisory lock class an exclusive store holds: "agdl" in ASCII. The lock's
-// second key is the hash of the schema the store's tables are in (current_schema), so that
-// deployments in different schemas of one database do not exclude each other.
+// daemonLock is the advisory lock class an exclusive store holds, and every cluster member
+// (Shared) holds shared: "agdl" in ASCII. The lock's second key is the hash of the schema the
+// store's tables are in (current_schema), so that deployments in different schemas of one
+// database do not exclude each other.
 const daemonLock = 0x6167646c
 
 // lock takes the daemon lock on a connection of its own, waiting up to wait (the server's
@@ -186,13 +194,16 @@ func (s *Store) lock(ctx context.Context, wait time.Duration) error {
 	}
 	_, err = conn.Exec(ctx, fmt.Sprintf(`SET lock_timeout = %d`, max(wait.Milliseconds(), 1)))
 	if err == nil {
-		_, err = conn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext(current_schema()))`, int32(daemonLock))
+		_, err = conn.Exec(ctx, fmt.Sprintf(`SELECT %s($1, hashtext(current_schema()))`, s.lockFunc("lock")), int32(daemonLock))
 	}
 	if err != nil {
 		_ = conn.Close(context.WithoutCancel(ctx))
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available: lock_timeout ran out
-			return fmt.Errorf("another agentgate daemon uses this database: %w", persistence.ErrLocked)
+			if s.shared {
+				return fmt.Errorf("a single agentgate daemon (not a cluster member) uses this database: %w", persistence.ErrLocked)
+			}
+			return fmt.Errorf("another agentgate daemon uses this database (a single daemon, or the members of a cluster): %w", persistence.ErrLocked)
 		}
 		return err
 	}
@@ -205,6 +216,9 @@ func (s *Store) lock(ctx context.Context, wait time.Duration) error {
 // the lock's previous holder that passed their fence, and no later one of them passes it. Called
 // with lockMu held or before the store is shared.
 func (s *Store) raiseEpoch(ctx context.Context) error {
+	if s.shared {
+		return nil // members fence their writes per session key (Claim), not with this epoch
+	}
 	var epoch int64
 	err := pgx.BeginFunc(ctx, s.lockConn, func(tx pgx.Tx) error {
 		// The lock's own lock_timeout may be a millisecond (checkLock); a commit in flight of
@@ -228,10 +242,19 @@ func (s *Store) unlock() {
 	if s.lockConn != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_, _ = s.lockConn.Exec(ctx, `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`, int32(daemonLock))
+		_, _ = s.lockConn.Exec(ctx, fmt.Sprintf(`SELECT %s($1, hashtext(current_schema()))`, s.lockFunc("unlock")), int32(daemonLock))
 		_ = s.lockConn.Close(ctx)
 		s.lockConn = nil
 	}
+}
+
+// lockFunc names the advisory lock function op (lock or unlock) for this store's hold of the
+// daemon lock: exclusive or shared.
+func (s *Store) lockFunc(op string) string {
+	if s.shared {
+		return "pg_advisory_" + op + "_shared"
+	}
+	return "pg_advisory_" + op
 }
 
 // lockHeld returns an error when an exclusive store has lost its lock and not taken it again
