@@ -402,7 +402,11 @@ func sessionsSearch(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	if len(out) == 0 {
-		fmt.Fprintln(stderr, "no message matches (messages of the last second may not be indexed yet)")
+		note := ""
+		if _, lags := idx.(*sqlite.Store); lags {
+			note = " (messages of the last second may not be indexed yet)"
+		}
+		fmt.Fprintln(stderr, "no message matches"+note)
 	}
 	return nil
 }
