@@ -152,8 +152,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	}
 	cmd.Stdout = stdout
 	cmd.Stderr = stderr
-	// A group of its own lets one signal reach every process the command started.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = procAttr()
 	// killer is set by Cancel, which os/exec calls from its own goroutine; Wait returns only
 	// after Cancel has returned, so a nil killer after Wait means the command was never
 	// signalled.

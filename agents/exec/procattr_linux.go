@@ -1,0 +1,13 @@
+package exec
+
+import "syscall"
+
+// procAttr puts the command in a process group of its own, so that one signal reaches every
+// process it started, and has the kernel kill it if the daemon dies (kill -9, out of memory)
+// without stopping it: otherwise it would run on, and the daemon's next start, or the cluster
+// member that takes its session over, would run the same message beside it. The kernel sends
+// that signal when the thread that started the command exits; the Go runtime does not end its
+// threads (nothing in the daemon locks a goroutine to one), so only the daemon's death does.
+func procAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+}
