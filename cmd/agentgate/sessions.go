@@ -22,6 +22,7 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/platforms"
 	"github.com/agentgate/agentgate/supervisor"
 )
 
@@ -323,16 +324,45 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintf(stdout, "session %s of %s already ended (%s)\n", s.ID, key, s.EndReason)
 		return nil
 	}
-	end := &persistence.EndSession{SessionID: s.ID, Reason: persistence.EndResetCommand, At: time.Now().UTC()}
-	if errs := st.Commit(ctx, [][]persistence.Op{append(fence, end)}); len(errs) > 0 && errs[0] != nil {
+	now := time.Now().UTC()
+	ops := append(fence, &persistence.EndSession{SessionID: s.ID, Reason: persistence.EndResetCommand, At: now})
+	ops = append(ops, unansweredOps(key, s, snap, now)...)
+	if errs := st.Commit(ctx, [][]persistence.Op{ops}); len(errs) > 0 && errs[0] != nil {
 		return fmt.Errorf("reset %s: %w", key, errs[0])
 	}
 	fmt.Fprintf(stdout, "ended session %s of %s (%s)\n", s.ID, key, persistence.EndResetCommand)
 	if n := len(snap.Pending); n > 0 {
-		// The daemon never resumes an ended session, so these stay unanswered.
-		fmt.Fprintf(stderr, "note: %d pending message(s) of the ended session will not be answered\n", n)
+		fmt.Fprintf(stderr, "note: %d pending message(s) of the ended session will not be answered; their senders are told so (at the daemon's next start, or a cluster's next recovery)\n", n)
 	}
 	return nil
+}
+
+// unansweredOps settles the pending messages of a session the reset ends, as the daemon's own
+// reset does: the daemon never resumes an ended session, so they are marked failed, and a
+// notice in the outbox, sent by the daemon when it next activates the key (its start's
+// recovery, or a cluster's recovery sweep, both of which look for undelivered replies), tells
+// their senders to send them again.
+func unansweredOps(key string, s *persistence.Session, snap *persistence.Snapshot, now time.Time) []persistence.Op {
+	if len(snap.Pending) == 0 {
+		return nil
+	}
+	var seqs []int64
+	var ids []string
+	for _, m := range snap.Pending {
+		seqs = append(seqs, m.Seq)
+		if m.MessageID != "" {
+			ids = append(ids, m.MessageID)
+		}
+	}
+	text := fmt.Sprintf("⏹️ The session was reset by an operator; %d message(s) were not answered. Please send them again.", len(snap.Pending))
+	return []persistence.Op{
+		&persistence.SetMessageStatus{SessionID: s.ID, Seqs: seqs, Status: persistence.StatusFailed},
+		&persistence.AddOutbox{Entry: persistence.OutboxEntry{
+			SessionKey: key, Seq: snap.LastOutboxSeq + 1, SessionID: s.ID, Kind: platforms.KindNotice, Text: text,
+			InReplyTo: ids, Platform: s.Platform, ChatType: s.ChatType, ChatID: s.ChatID, ThreadID: s.ThreadID,
+			UserID: snap.Pending[0].UserID, State: persistence.DeliveryPending, CreatedAt: now,
+		}},
+	}
 }
 
 // searchHelp says what a search query may hold, for a query SQLite's index refuses (PostgreSQL's

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -410,8 +411,30 @@ func TestSessionsReset(t *testing.T) {
 		if want := "ended session sa2 of " + keyA + " (reset_command)\n"; out != want {
 			t.Errorf("reset stdout = %q, want %q", out, want)
 		}
-		if want := "note: 1 pending message(s) of the ended session will not be answered\n"; errOut != want {
+		if want := "note: 1 pending message(s) of the ended session will not be answered; their senders are told so (at the daemon's next start, or a cluster's next recovery)\n"; errOut != want {
 			t.Errorf("reset stderr = %q, want %q", errOut, want)
+		}
+		// The pending message is settled as the daemon's own reset settles it: failed, and a
+		// notice to its sender waits in the outbox.
+		st, err := sqlite.OpenReadOnly(context.Background(), filepath.Join(dir, "agentgate.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		ms, err := st.Transcript(context.Background(), "sa2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := ms[2]; m.MessageID != "m4" || m.Status != persistence.StatusFailed {
+			t.Errorf("after reset, message 3 of sa2 = %s %s, want m4 failed", m.MessageID, m.Status)
+		}
+		out3, err := st.OutboxAfter(context.Background(), keyA, 2, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out3) != 1 || out3[0].Kind != "notice" || fmt.Sprint(out3[0].InReplyTo) != "[m4]" ||
+			out3[0].State != persistence.DeliveryPending || out3[0].SessionID != "sa2" {
+			t.Errorf("after reset, outbox after seq 2 = %+v, want one pending notice answering m4", out3)
 		}
 		show, _ := MustRunSessions(t, "show", "--data-dir", dir, keyA)
 		if got := fieldOf(show, "ended"); !strings.HasSuffix(got, "(reset_command)") {
@@ -426,6 +449,26 @@ func TestSessionsReset(t *testing.T) {
 		if want := "session sa2 of " + keyA + " already ended (reset_command)\n"; out != want {
 			t.Errorf("second reset stdout = %q, want %q", out, want)
 		}
+	})
+
+	t.Run("the daemon tells the senders", func(t *testing.T) {
+		dir := MustSeedSessions(t)
+		MustRunSessions(t, "reset", "--data-dir", dir, keyA)
+		d := MustServe(t, dir)
+		defer func() {
+			if err := d.stop(t, 30*time.Second); err != nil {
+				t.Error(err)
+			}
+		}()
+		waitFor(t, 30*time.Second, func() bool { // the start's recovery sends the notice
+			st, err := sqlite.OpenReadOnly(context.Background(), filepath.Join(dir, "agentgate.db"))
+			if err != nil {
+				return false
+			}
+			defer st.Close()
+			out, err := st.OutboxAfter(context.Background(), keyA, 2, 0)
+			return err == nil && len(out) == 1 && out[0].State == persistence.DeliveryDelivered
+		})
 	})
 
 	t.Run("unknown key", func(t *testing.T) {
