@@ -105,10 +105,10 @@ func (d *Daemon) recoverOwned(members []*cluster.Member) int {
 }
 
 // sweepRecoverable runs recoverOwned every interval until the daemon stops. A change of
-// membership recovers the keys that moved, but a member that leaves finishes its running turns
-// after the others took its keys over: a reply it recorded and could no longer send (its
-// session was stopped while the reply's write was in flight) would wait for the chat's next
-// message. The sweep finds such work within an interval.
+// membership recovers the keys that moved, but not work stored after it: a reply a member
+// recorded and could no longer send (its session was stopped while the reply's write was in
+// flight) would wait for the chat's next message, and so would the notice of a `sessions
+// reset` run beside the members. The sweep finds such work within an interval.
 func (d *Daemon) sweepRecoverable(every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()

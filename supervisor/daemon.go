@@ -50,11 +50,12 @@ type Options struct {
 	// WrapStore, when set, wraps the opened store; the daemon uses what it returns (`agentgate
 	// bench` records the daemon's transactions through it).
 	WrapStore func(persistence.Store) persistence.Store
-	// SharedStore runs the daemon as one of several that write one PostgreSQL database: the
-	// groundwork of cluster mode (DESIGN §6), which will set it; no config key reaches it yet.
-	// The daemon takes no lock on the database; every session activation claims its key and
-	// fences its writes (actors.Deps.Fencing), so two activations of one key, on two daemons,
-	// never interleave their writes. Writes are never spooled: a spooled write would live on
+	// SharedStore runs the daemon as one of several that write one PostgreSQL database, as a
+	// cluster member does (cluster.enabled sets it; DESIGN §6). The daemon holds the database's
+	// daemon lock shared (postgres.Options.Shared), so such daemons do not exclude each other
+	// but a single daemon and they do; every session activation claims its key and fences its
+	// writes (actors.Deps.Fencing), so two activations of one key, on two daemons, never
+	// interleave their writes. Writes are never spooled: a spooled write would live on
 	// one member's disk and be fenced when replayed, so a daemon that cannot write refuses
 	// messages (503) instead. Drafts left by earlier runs are not removed at start (they may be
 	// another live member's).

@@ -40,7 +40,7 @@ const usage = `usage: agentgate <command> [flags]
 commands:
   serve          run the daemon (the default command)
   check-config   validate the configuration and print every problem
-  sessions       list, show, export or reset sessions of the data directory
+  sessions       list, show, export, reset or search the stored sessions
   bench          load an in-process daemon and measure turns/s, latency and the SQLite ceiling
   version        print the version
 

@@ -32,7 +32,8 @@ commands:
   list          list session keys with their current session (--platform, --limit, --after, --json)
   show KEY      show a key's route, current session, counts and last messages (--json)
   export KEY    print the key's sessions (current and predecessors), transcripts and outbox as JSON
-  reset KEY     end the key's current session; the next message starts a new one (daemon stopped)
+  reset KEY     end the key's current session; the next message starts a new one (daemon
+                stopped; in a cluster, also while its members run)
   search QUERY  find messages by their text, best match first (--limit, --json)
 
 Every command takes --config and --data-dir. list, show, export and search are safe while the
@@ -300,9 +301,11 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	defer st.Close()
 	var fence []persistence.Op
 	if cfg.Cluster.Enabled {
-		// The members share the database and hold no lock on it: claim the key as a session
-		// activation does, so that the member running it hands over at its next write (and the
-		// next activation loads the ended session), and load the state after the claim.
+		// The members share the database (they, and this command, hold the daemon lock
+		// shared): claim the key as a session activation does, so that the member running it
+		// hands over at its next write (and the next activation loads the ended session), and
+		// load the state after the claim. A turn the member runs is not cancelled: its result
+		// is fenced.
 		epoch, err := st.Claim(ctx, key, "agentgate sessions reset", time.Now())
 		if err != nil {
 			return fmt.Errorf("reset %s: %w", key, err)

@@ -1,8 +1,8 @@
 // Package postgres is the PostgreSQL persistence.Store (github.com/jackc/pgx/v5): an
-// alternative to SQLite for a single daemon, and the shared store that cluster mode (not built
-// yet) is designed around. It passes the same conformance suite (persistence/storetest) as the
-// SQLite store and keeps the same rows: times are BIGINT unix nanoseconds, identity columns are
-// immutable (a trigger), and rows are deleted only by PruneSessions.
+// alternative to SQLite for a single daemon, and the shared store of cluster mode. It passes
+// the same conformance suite (persistence/storetest) as the SQLite store and keeps the same
+// rows: times are BIGINT unix nanoseconds, identity columns are immutable (a trigger), and rows
+// are deleted only by PruneSessions.
 //
 // Commit sends a whole batch of groups as one pipelined pgx.Batch inside one transaction, so a
 // batch costs one round trip plus its COMMIT, whatever its size. Groups rarely fail; when one
@@ -18,6 +18,8 @@
 // long as it is open, so that two daemons never share one database; taking the lock raises its
 // epoch (migration 0006), and every write transaction of the store checks the epoch it took
 // first, so one whose lock connection died commits nothing once another daemon has the lock.
+// A shared store (a cluster member's) holds the same lock shared: members do not exclude each
+// other, but a single daemon and they do. Members fence their writes per session key (Claim).
 //
 // Search is full-text search over message content in web-search query syntax (the SQLite
 // store's takes FTS5 syntax). It scans the messages: there is no index unless an operator

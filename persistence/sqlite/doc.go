@@ -4,14 +4,15 @@
 // A Store owns two connection pools on one database file in WAL mode: a single writer connection
 // (Commit, Ping, migrations, search indexing and the checkpointer) and a pool of query_only
 // reader connections, so reads run concurrently with writes. Commit applies a whole batch of
-// groups in one BEGIN IMMEDIATE transaction, each group inside its own SAVEPOINT, and is
-// serialised by a mutex.
+// groups in one BEGIN IMMEDIATE transaction, each group atomic on its own (when a group fails,
+// the batch runs again with each group inside its own SAVEPOINT), and is serialised by a mutex.
 //
 // Concurrency: one background goroutine per writable Store, the checkpointer, runs WAL
 // checkpoints off the commit path (wal_autocheckpoint is 0 on the writer); Close stops it before
-// it closes the pools. A writable Store holds an exclusive flock on "<path>.lock" for its lifetime,
-// so two processes never write the same file; OpenReadOnly takes no lock and serves the admin CLI
-// while the daemon runs.
+// it closes the pools; the search indexing timer (below) runs its passes on a timer's goroutine.
+// A writable Store holds an exclusive flock on "<path>.lock" for its lifetime, so two processes
+// never write the same file; OpenReadOnly takes no lock and serves the admin CLI while the
+// daemon runs.
 //
 // Op semantics beyond the persistence contract, all chosen so that a re-sent write is harmless:
 // a user message stored with an empty status is pending, an outbox entry with an empty state is
@@ -24,11 +25,12 @@
 //
 // Search indexing (index.go): a commit does not index its messages for Search. They are
 // indexed in bulk, in a transaction of their own, by the Commit that finds Options.IndexRows of
-// them waiting or the oldest waiting for Options.IndexDelay, and before Search answers, on Close
-// and on Open. fts_watermark records, in the same transaction as the index entries, the highest
-// message id dealt with, so a crash between a commit and its indexing loses nothing. Indexing
-// runs under the commit mutex on the writer connection (no goroutine of its own), and its
-// failures are logged, rate-limited, and never fail a write.
+// them waiting, by a timer once the oldest has waited Options.IndexDelay (so a read-only Search
+// beside a quiet daemon finds its last messages), and before Search answers, on Close and on
+// Open. fts_watermark (migration 0006) records, in the same transaction as the index entries,
+// the highest message id dealt with, so a crash between a commit and its indexing loses
+// nothing. Indexing runs under the commit mutex on the writer connection, and its failures are
+// logged, rate-limited, and never fail a write.
 //
 // Rows are deleted in one place only, PruneSessions (prune.go): ended sessions older than the
 // retention, with their messages, turn usage and search index entries, and only when every
