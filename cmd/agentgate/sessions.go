@@ -21,6 +21,7 @@ import (
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/postgres"
+	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/agentgate/agentgate/supervisor"
@@ -299,6 +300,18 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	defer st.Close()
+	if !cfg.Cluster.Enabled { // (a cluster keeps no spool)
+		// Writes the daemon spooled while the database was unavailable are not in it yet: a
+		// reset read without them would end the session under them and take the outbox seq of
+		// one of them. The daemon replays them first when it starts.
+		dir := filepath.Join(cfg.DataDir, "spool")
+		if n, err := spool.Waiting(dir); err != nil {
+			return fmt.Errorf("reset %s: %w", key, err)
+		} else if n > 0 {
+			return fmt.Errorf("reset %s: %s holds %d batch(es) of writes the database does not have yet; "+
+				"start the daemon, which replays them first, and reset through it: %s", key, dir, n, resetCommand(cfg, key))
+		}
+	}
 	var fence []persistence.Op
 	if cfg.Cluster.Enabled {
 		// The members share the database (they, and this command, hold the daemon lock

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/supervisor"
@@ -469,6 +470,25 @@ func TestSessionsReset(t *testing.T) {
 			out, err := st.OutboxAfter(context.Background(), keyA, 2, 0)
 			return err == nil && len(out) == 1 && out[0].State == persistence.DeliveryDelivered
 		})
+	})
+
+	t.Run("writes wait in the spool", func(t *testing.T) {
+		dir := MustSeedSessions(t)
+		sp, err := spool.Open(filepath.Join(dir, "spool"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sp.Append([][]persistence.Op{{&persistence.SetTitle{SessionID: "sa2", Title: "spooled"}}}); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
+		if err == nil || !strings.Contains(err.Error(), "1 batch(es) of writes the database does not have yet") {
+			t.Errorf("reset while the spool holds writes: error = %v, want a refusal naming them", err)
+		}
+		show, _ := MustRunSessions(t, "show", "--data-dir", dir, keyA)
+		if got := fieldOf(show, "ended"); got != "open" {
+			t.Errorf("after a refused reset, ended = %q, want open", got)
+		}
 	})
 
 	t.Run("unknown key", func(t *testing.T) {

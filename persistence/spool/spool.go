@@ -145,6 +145,27 @@ func parseName(name string) (uint64, bool) {
 	return seq, err == nil
 }
 
+// Waiting counts the batches waiting in the spool in dir, as Open would find them, without
+// creating or changing anything: a tool that writes the store while the daemon is stopped asks
+// it first, since the waiting batches hold writes the store does not have yet. A missing dir
+// holds none.
+func Waiting(dir string) (int, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("spool: %w", err)
+	}
+	n := 0
+	for _, e := range entries {
+		if _, ok := parseName(e.Name()); ok && e.Type().IsRegular() {
+			n++
+		}
+	}
+	return n, nil
+}
+
 // Dir returns the spool directory.
 func (s *Spool) Dir() string { return s.dir }
 

@@ -589,3 +589,31 @@ func TestNextSkipsBatchDeletedByHand(t *testing.T) {
 		t.Errorf("Len = %d, want %d", got, want)
 	}
 }
+
+// TestWaiting counts the batches Open would queue, without creating or changing the spool.
+func TestWaiting(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "spool")
+	if n, err := Waiting(dir); n != 0 || err != nil {
+		t.Errorf("Waiting(missing dir) = %d, %v; want 0, nil", n, err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Waiting created %s (stat: %v)", dir, err)
+	}
+	s := MustOpen(t, dir)
+	for i := range 3 {
+		MustAppend(t, s, batchOf(i))
+	}
+	name := MustAppend(t, s, batchOf(3))
+	if err := s.Quarantine(name, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "x.tmp"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := Waiting(dir); n != 3 || err != nil {
+		t.Errorf("Waiting = %d, %v; want the 3 batches Open queues (not the quarantined one or a temp file)", n, err)
+	}
+	if got := MustOpen(t, dir).Len(); got != 3 {
+		t.Errorf("Open queues %d batches, want 3", got)
+	}
+}
