@@ -97,13 +97,9 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 	if len(groups) == 0 {
 		return errs
 	}
-	epoch, err := s.lockHeld()
+	fence, err := s.lockHeld()
 	if err != nil {
 		return sqlstore.Fill(errs, fmt.Errorf("commit: %w", err))
-	}
-	var fence *stmt
-	if epoch > 0 {
-		fence = &stmt{sql: daemonFenceSQL, args: []any{epoch}}
 	}
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()

@@ -318,6 +318,43 @@ func TestExclusiveFencesCommits(t *testing.T) {
 	}
 }
 
+// TestSharedFencesCommits: cluster members (Shared) read the daemon lock's epoch and fence
+// their commits with it. When every member's hold is gone (a restarted server ends their lock
+// connections) and a single daemon takes the lock exclusively before they notice, its raise of
+// the epoch refuses their commits at once; before, they committed beside it until their next
+// check of the lock.
+func TestSharedFencesCommits(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	a, err := Open(ctx, dsn, Options{Shared: true, LockCheckInterval: time.Hour})
+	if err != nil {
+		t.Fatalf("Open member A: %v", err)
+	}
+	defer a.Close()
+	storetest.MustCommit(t, a, &persistence.CreateSession{Session: newSession("s0", "k0")})
+
+	c := mustConn(t, dsn)
+	if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(l.pid) FROM pg_locks l
+		WHERE l.locktype = 'advisory' AND l.granted`); err != nil {
+		t.Fatal(err)
+	}
+	b, err := Open(ctx, dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
+	if err != nil {
+		t.Fatalf("Open a single daemon B after the member lost its hold: %v", err)
+	}
+	defer b.Close()
+	errs := a.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s1", "k1")}}})
+	if !errors.Is(errs[0], persistence.ErrUnavailable) {
+		t.Errorf("member A's Commit after B took the lock: error = %v, want ErrUnavailable", errs[0])
+	}
+	if _, err := b.Session(ctx, "s1"); !errors.Is(err, persistence.ErrNotFound) {
+		t.Errorf("A's write reached the database while B held the lock: Session(s1) error = %v", err)
+	}
+	if _, err := a.PruneSessions(ctx, t0.Add(time.Hour), 0); !errors.Is(err, persistence.ErrUnavailable) {
+		t.Errorf("member A's PruneSessions after B took the lock: error = %v, want ErrUnavailable", err)
+	}
+}
+
 // TestTimeout: a server that does not answer (here: a table locked by another session) fails
 // a Commit after Options.Timeout with persistence.ErrUnavailable, so the persistence actor
 // spools the writes instead of waiting for ever; reads fail the same way; once the server

@@ -51,15 +51,15 @@ func (s *Store) prune(ctx context.Context, endedBefore time.Time, limit int) (in
 	if limit <= 0 {
 		limit = persistence.DefaultPruneLimit
 	}
-	epoch, err := s.lockHeld()
+	fence, err := s.lockHeld()
 	if err != nil {
 		return 0, err
 	}
 	pruned := 0
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if epoch > 0 { // fenced as a commit is: a daemon that lost its lock deletes nothing
-			if _, err := tx.Exec(ctx, daemonFenceSQL, epoch); err != nil {
-				return describe(stmt{sql: daemonFenceSQL}, err)
+		if fence != nil { // fenced as a commit is: a daemon that lost its lock deletes nothing
+			if _, err := tx.Exec(ctx, fence.sql, fence.args...); err != nil {
+				return describe(*fence, err)
 			}
 		}
 		type cand struct{ id, key string }

@@ -82,8 +82,8 @@ type Store struct {
 	lockLost bool            // the last check failed (logged once per loss)
 	stop     chan struct{}   // closed by Close: ends the lock watcher
 	watcher  sync.WaitGroup
-	// lockEpoch is the daemon lock's epoch this store raised when it took the lock
-	// (raiseEpoch); every commit is fenced with it (agentgate_daemon_fence). 0 until then.
+	// lockEpoch is the daemon lock's epoch this store raised (exclusive) or read (shared) when
+	// it took the lock (raiseEpoch); every commit is fenced with it (agentgate_daemon_fence).
 	lockEpoch int64
 }
 
@@ -217,7 +217,15 @@ func (s *Store) lock(ctx context.Context, wait time.Duration) error {
 // with lockMu held or before the store is shared.
 func (s *Store) raiseEpoch(ctx context.Context) error {
 	if s.shared {
-		return nil // members fence their writes per session key (Claim), not with this epoch
+		// Members fence their writes against each other per session key (Claim). They read
+		// the epoch, not raise it (a raise would fence the other members), and fence their
+		// commits with it: a single daemon can take the lock only once every member's hold is
+		// gone, and its raise then refuses the members' commits, even before they notice.
+		err := s.lockConn.QueryRow(ctx, `SELECT epoch FROM daemon_epoch`).Scan(&s.lockEpoch)
+		if err != nil {
+			return fmt.Errorf("read the daemon lock's epoch: %w", err)
+		}
+		return nil
 	}
 	var epoch int64
 	err := pgx.BeginFunc(ctx, s.lockConn, func(tx pgx.Tx) error {
@@ -257,21 +265,22 @@ func (s *Store) lockFunc(op string) string {
 	return "pg_advisory_" + op
 }
 
-// lockHeld returns an error when an exclusive store has lost its lock and not taken it again
-// (checkLock, run by Ping, does): its writes wait, spooled, rather than race another daemon.
-// Otherwise it returns the lock's epoch, which Commit fences its transaction with (0 for a
-// store that is not exclusive: no fence). A lock connection that died unnoticed still counts
-// as held here; the fence refuses the commit once another daemon has taken the lock.
-func (s *Store) lockHeld() (epoch int64, err error) {
+// lockHeld returns an error when a store that holds the daemon lock (exclusive or shared) has
+// lost it and not taken it again (checkLock, run by Ping, does): its writes wait, spooled,
+// rather than race another daemon. Otherwise it returns the fence of the lock's epoch, which
+// Commit runs first in its transaction (nil for a store that holds no lock: no fence). A lock
+// connection that died unnoticed still counts as held here; the fence refuses the commit once
+// another daemon has taken the lock exclusively.
+func (s *Store) lockHeld() (fence *stmt, err error) {
 	if s.lockCfg == nil {
-		return 0, nil
+		return nil, nil
 	}
 	s.lockMu.Lock()
 	defer s.lockMu.Unlock()
 	if s.lockConn == nil {
-		return 0, fmt.Errorf("%w: the daemon lock on the database is lost", persistence.ErrUnavailable)
+		return nil, fmt.Errorf("%w: the daemon lock on the database is lost", persistence.ErrUnavailable)
 	}
-	return s.lockEpoch, nil
+	return &stmt{sql: daemonFenceSQL, args: []any{s.lockEpoch}}, nil
 }
 
 // checkLock checks that an exclusive store still holds its lock, and takes it again on a new
