@@ -334,7 +334,13 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string,
 	s.lastActivity = now
 	s.write(c, ops, func(c actor.Context, err error) {
 		if err != nil {
-			s.logger().Error("store turn result", "turn", r.id, "err", err)
+			if errors.Is(err, persistence.ErrFenced) {
+				// Another activation owns the key (a cluster moved it, or an operator reset it):
+				// it runs the message, and this result is rightly refused.
+				s.logger().Warn("turn result refused: another activation owns the session; it runs the message", "turn", r.id, "err", err)
+			} else {
+				s.logger().Error("store turn result", "turn", r.id, "err", err)
+			}
 			if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {
 				// Nothing of the turn is stored: its message is still pending and runs again.
 				// A reply sent now would be the first of two.
