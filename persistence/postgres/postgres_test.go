@@ -277,15 +277,31 @@ func TestSharedAndExclusiveExcludeEachOther(t *testing.T) {
 	}
 }
 
-// TestExclusiveFencesCommits: a daemon whose lock connection died commits nothing once another
+// TestLockHoldersFenceCommits: a daemon whose lock connection died commits nothing once another
 // daemon has taken the lock, even before its own check of the lock (LockCheckInterval, an hour
 // here) has noticed: every commit checks, in its transaction, that the lock's epoch is still
 // the one this daemon took. Before, it went on committing next to the other daemon until that
 // check ran (5 s by default).
-func TestExclusiveFencesCommits(t *testing.T) {
+//
+// Cluster members (Shared) fence theirs the same way with the epoch they read: when every
+// member's hold is gone (a restarted server ends their lock connections) and a single daemon
+// takes the lock before they notice, its raise refuses their commits at once.
+func TestLockHoldersFenceCommits(t *testing.T) {
+	for _, a := range []struct {
+		name string
+		opts Options
+	}{
+		{"exclusive", Options{Exclusive: true, LockCheckInterval: time.Hour}},
+		{"shared", Options{Shared: true, LockCheckInterval: time.Hour}},
+	} {
+		t.Run(a.name, func(t *testing.T) { testLockHolderFencesCommits(t, a.opts) })
+	}
+}
+
+func testLockHolderFencesCommits(t *testing.T, opts Options) {
 	dsn := pgtest.NewDatabase(t)
 	ctx := context.Background()
-	a, err := Open(ctx, dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
+	a, err := Open(ctx, dsn, opts)
 	if err != nil {
 		t.Fatalf("Open A: %v", err)
 	}
@@ -315,43 +331,6 @@ func TestExclusiveFencesCommits(t *testing.T) {
 	storetest.MustCommit(t, b, &persistence.CreateSession{Session: newSession("s1", "k1")})
 	if err := a.Ping(ctx); err == nil {
 		t.Error("A.Ping while B holds the lock = nil, want an error")
-	}
-}
-
-// TestSharedFencesCommits: cluster members (Shared) read the daemon lock's epoch and fence
-// their commits with it. When every member's hold is gone (a restarted server ends their lock
-// connections) and a single daemon takes the lock exclusively before they notice, its raise of
-// the epoch refuses their commits at once; before, they committed beside it until their next
-// check of the lock.
-func TestSharedFencesCommits(t *testing.T) {
-	dsn := pgtest.NewDatabase(t)
-	ctx := context.Background()
-	a, err := Open(ctx, dsn, Options{Shared: true, LockCheckInterval: time.Hour})
-	if err != nil {
-		t.Fatalf("Open member A: %v", err)
-	}
-	defer a.Close()
-	storetest.MustCommit(t, a, &persistence.CreateSession{Session: newSession("s0", "k0")})
-
-	c := mustConn(t, dsn)
-	if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(l.pid) FROM pg_locks l
-		WHERE l.locktype = 'advisory' AND l.granted`); err != nil {
-		t.Fatal(err)
-	}
-	b, err := Open(ctx, dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
-	if err != nil {
-		t.Fatalf("Open a single daemon B after the member lost its hold: %v", err)
-	}
-	defer b.Close()
-	errs := a.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s1", "k1")}}})
-	if !errors.Is(errs[0], persistence.ErrUnavailable) {
-		t.Errorf("member A's Commit after B took the lock: error = %v, want ErrUnavailable", errs[0])
-	}
-	if _, err := b.Session(ctx, "s1"); !errors.Is(err, persistence.ErrNotFound) {
-		t.Errorf("A's write reached the database while B held the lock: Session(s1) error = %v", err)
-	}
-	if _, err := a.PruneSessions(ctx, t0.Add(time.Hour), 0); !errors.Is(err, persistence.ErrUnavailable) {
-		t.Errorf("member A's PruneSessions after B took the lock: error = %v, want ErrUnavailable", err)
 	}
 }
 
