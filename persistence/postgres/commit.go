@@ -136,13 +136,9 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 // A fence, when not nil, runs first: when it fails, so does every group.
 func (s *Store) commitTx(ctx context.Context, fence *stmt, stmts [][]stmt, valid []int, errs []error, savepoints bool) (retry bool) {
 	// failAll fails the groups not yet decided: a group the savepoint pass refused for what it
-	// holds keeps its own error (see sqlstore.FillUndecided).
+	// holds keeps its own error, as does one invalid on its face (sqlstore.FillUndecided).
 	failAll := func(err error) bool {
-		for _, i := range valid {
-			if errs[i] == nil {
-				errs[i] = err
-			}
-		}
+		sqlstore.FillUndecided(errs, err)
 		return false
 	}
 	tx, err := s.pool.Begin(ctx)
