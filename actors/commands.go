@@ -247,6 +247,12 @@ func unanswered(dropped []*item) string {
 	return fmt.Sprintf(" %d message(s) sent before it were not answered.", len(dropped))
 }
 
+// OperatorResetNotice tells the senders of n messages that an operator's reset (the admin API,
+// or agentgate sessions reset) left them unanswered.
+func OperatorResetNotice(n int) string {
+	return fmt.Sprintf("⏹️ The session was reset by an operator; %d message(s) were not answered. Please send them again.", n)
+}
+
 // onReset ends the session from the admin API.
 func (s *Session) onReset(c actor.Context, m *ResetSession) {
 	now := s.d.now()
@@ -263,8 +269,7 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 	var notice *persistence.OutboxEntry
 	if len(dropped) > 0 {
 		// Their senders are told, in their chat, under the session they wrote to.
-		text := fmt.Sprintf("⏹️ The session was reset by an operator; %d message(s) were not answered. Please send them again.", len(dropped))
-		entry := s.outboxEntry(dropped[0].src, dropped[0].sessionID, platforms.KindNotice, text, "", messageIDs(dropped), now)
+		entry := s.outboxEntry(dropped[0].src, dropped[0].sessionID, platforms.KindNotice, OperatorResetNotice(len(dropped)), "", messageIDs(dropped), now)
 		ops = append(ops, &persistence.AddOutbox{Entry: entry})
 		notice = &entry
 	}

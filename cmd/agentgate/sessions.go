@@ -17,6 +17,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/agentgate/agentgate/actors"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
@@ -370,7 +371,7 @@ func unansweredOps(key string, s *persistence.Session, snap *persistence.Snapsho
 			ids = append(ids, m.MessageID)
 		}
 	}
-	text := fmt.Sprintf("⏹️ The session was reset by an operator; %d message(s) were not answered. Please send them again.", len(snap.Pending))
+	text := actors.OperatorResetNotice(len(snap.Pending))
 	return []persistence.Op{
 		&persistence.SetMessageStatus{SessionID: s.ID, Seqs: seqs, Status: persistence.StatusFailed},
 		&persistence.AddOutbox{Entry: persistence.OutboxEntry{
