@@ -159,9 +159,14 @@ func (s *Session) adoptStored(it *item) bool {
 		s.lastSeq--
 	}
 	it.seq, it.sessionID, it.at = orig.Seq, orig.SessionID, orig.CreatedAt
+	s.logAdopted(it)
+	return true
+}
+
+// logAdopted says that it, whose write was reported failed, is stored and runs now.
+func (s *Session) logAdopted(it *item) {
 	s.logger().Warn("a message whose write was reported failed is stored (the commit's answer was lost); it runs now",
 		"message_id", it.messageID, "seq", it.seq)
-	return true
 }
 
 // adoptUnsure queues the messages whose writes failed unsure (rememberUnsure) and are stored
@@ -178,8 +183,7 @@ func (s *Session) adoptUnsure(c actor.Context) bool {
 			s.queue = append(s.queue, u)
 			s.seen.add(id)
 			adopted = true
-			s.logger().Warn("a message whose write was reported failed is stored (the commit's answer was lost); it runs now",
-				"message_id", id, "seq", u.seq)
+			s.logAdopted(u)
 		case !errors.Is(err, persistence.ErrNotFound) && !errors.Is(err, persistence.ErrDuplicate):
 			continue // the store cannot tell now; the next recovery asks again
 		}
