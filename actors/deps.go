@@ -73,6 +73,16 @@ func (c *SessionConfig) resetFor(platform, chatType string) ResetPolicy {
 	return c.ResetFor(platform, chatType)
 }
 
+// Placement is the cluster's placement of session keys, as one member sees it.
+type Placement interface {
+	// Owner is the SessionManager of the member that owns key; nil when no member does.
+	Owner(key string) *actor.PID
+	// Peers are the SessionManagers of the other members.
+	Peers() []*actor.PID
+	// Self is this member's SessionManager as the other members reach it.
+	Self() *actor.PID
+}
+
 // Deps are the shared, immutable dependencies of the session runtime. One value is built by the
 // supervisor and read by every actor; nothing in it is mutated after start.
 type Deps struct {
@@ -108,6 +118,10 @@ type Deps struct {
 	// Clustered is set on the members of a cluster: sessions are reached through their cluster
 	// grains (SessionGrain), and the manager recovers only the keys it is sent Recover for.
 	Clustered bool
+	// Placement is where the cluster places session keys (cluster mode; nil otherwise): the
+	// manager asks the other members to let go of a key before it activates it (Release), and
+	// hands what it no longer runs to the key's owner.
+	Placement Placement
 	// Relay hands a reply sent on a platforms.Watched platform to the same platform on the
 	// other members of the cluster (RelayedOutbound); nil outside cluster mode.
 	Relay func(platform string, out *platforms.Outbound)

@@ -46,6 +46,10 @@ type SessionManager struct {
 	// (Leave); nil otherwise.
 	successor func(key string) *actor.PID
 	quieted   map[string]bool // keys whose platform confirmed the stopped session's sends (startSuccessor)
+	// activating are the keys whose session waits for the other members to let go of them;
+	// waiters, the managers of other members waiting for this one to let go of a key (Release).
+	activating map[string]*activation
+	waiters    map[string][]*actor.PID
 }
 
 // recoverAll asks the manager to list the keys with unfinished work and start their sessions
@@ -118,6 +122,14 @@ func (m *SessionManager) Receive(c actor.Context) {
 			m.stopSweep()
 			m.stopSweep = nil
 		}
+		// Requests held for a session that will not start here get an honest answer: a
+		// message is sent again (ClusterRouter), with its id, to wherever its key lives next.
+		for _, a := range m.activating {
+			answerStopped(c, a.held)
+		}
+		for _, held := range m.stopping {
+			answerStopped(c, held)
+		}
 	case *Routed:
 		if msg.Grain != nil && !m.stoppedByManager(msg.Key, msg.Grain) {
 			m.grains[msg.Key] = msg.Grain
@@ -129,6 +141,12 @@ func (m *SessionManager) Receive(c actor.Context) {
 		m.route(c, msg.Key, routed{msg: msg.Msg, sender: c.Sender()})
 	case *Forward:
 		m.onForward(c, msg)
+	case *Release:
+		m.onRelease(c, msg)
+	case *Released:
+		m.onReleased(c, msg)
+	case *askAgain:
+		m.onAskAgain(c, msg)
 	case *Leave:
 		m.onLeave(c, msg)
 	case *grainStopped:
@@ -147,8 +165,8 @@ func (m *SessionManager) Receive(c actor.Context) {
 	case *recoverAll:
 		m.recoverAll(c)
 	case *restartCrashed:
-		if _, stopping := m.stopping[msg.key]; m.sessions[msg.key] == nil && !stopping {
-			m.spawn(c, msg.key) // not a recovery: its messages run (sessions.recovery is for restarts of agentgate)
+		if _, stopping := m.stopping[msg.key]; m.sessions[msg.key] == nil && !stopping && m.activating[msg.key] == nil {
+			m.activate(c, msg.key, false) // not a recovery: its messages run (sessions.recovery is for restarts of agentgate)
 		}
 	case *passivate:
 		// Only from the session in memory: one that stopped meanwhile (its Terminated, a
@@ -204,6 +222,8 @@ func (m *SessionManager) start(c actor.Context) {
 	m.grains = map[string]*actor.PID{}
 	m.stoppedGrains = map[string][]*actor.PID{}
 	m.quieted = map[string]bool{}
+	m.activating = map[string]*activation{}
+	m.waiters = map[string][]*actor.PID{}
 	if p := m.d.Config.PassivateAfter; p > 0 {
 		every := sweepEvery(p)
 		m.stopSweep = scheduler.NewTimerScheduler(c).SendRepeatedly(every, every, c.Self(), &idleSweep{})
@@ -242,12 +262,16 @@ func (m *SessionManager) route(c actor.Context, key string, r routed) {
 		m.stopping[key] = append(held, r)
 		return
 	}
+	if a := m.activating[key]; a != nil {
+		m.whileActivating(c, key, a, r)
+		return
+	}
 	pid := m.sessions[key]
 	if pid == nil {
-		if m.handOn(c, key, r) {
-			return
+		if !m.handOn(c, key, r) {
+			m.activate(c, key, false, r)
 		}
-		pid = m.spawn(c, key)
+		return
 	}
 	m.forward(c, pid, r)
 }
@@ -315,6 +339,18 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 		// it stopped (handedBack, still in the mailbox). The successor starts once those are
 		// in the held list, in their place.
 		c.Send(c.Self(), &successor{key: key})
+	} else {
+		m.letGo(c, key)
+	}
+}
+
+// answerStopped answers the messages among rs that wait for their write with ErrCodeStopped.
+func answerStopped(c actor.Context, rs []routed) {
+	for _, r := range rs {
+		if d, ok := r.msg.(*Deliver); ok && r.sender != nil {
+			c.Send(r.sender, &DeliverResult{SessionKey: d.SessionKey, MessageId: d.MessageId, ErrorCode: ErrCodeStopped,
+				Error: "the session's member stopped before the message was stored; send it again with the same message_id"})
+		}
 	}
 }
 
@@ -323,12 +359,12 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 type successor struct{ key string }
 
 func (m *SessionManager) startSuccessor(c actor.Context, key string) {
-	if m.successor != nil && !m.quieted[key] && (len(m.stopping[key]) > 0 || m.rerun[key]) {
+	if !m.quieted[key] && (m.elsewhere(key) != nil && (len(m.stopping[key]) > 0 || m.rerun[key]) || len(m.waiters[key]) > 0) {
 		if pid := m.platformOf(key); pid != nil {
-			// The member leaves and the key goes on. Its successor loads the replies whose
-			// delivery is not yet confirmed and sends them again: first let the platform send and
-			// confirm those the stopped session handed it. Meanwhile what comes for the key is
-			// held, in order.
+			// The key goes on to another member (this one leaves, or the key moved), which loads
+			// the replies whose delivery is not yet confirmed and sends them again: first let the
+			// platform send and confirm those the stopped session handed it. Meanwhile what comes
+			// for the key is held, in order.
 			m.quieted[key] = true
 			c.ReenterAfter(c.RequestFuture(pid, &Quiesce{}, handOnQuiesceTimeout), func(any, error) {
 				m.startSuccessor(c, key)
@@ -343,9 +379,11 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 	rerun := m.rerun[key]
 	delete(m.rerun, key)
 	defer m.answerDrains(c) // a leaving member's drain waits for its hand-overs
-	if m.successor != nil {
-		// The member leaves: the successor runs what the session left queued, and gets what
-		// was asked meanwhile.
+	if m.elsewhere(key) != nil {
+		// The key is another member's now: it runs what the session left queued, and gets
+		// what was asked meanwhile. The members waiting for this one to let go of the key are
+		// told first, so that what follows finds their session.
+		m.letGo(c, key)
 		var local []routed
 		for _, r := range held {
 			if !m.handOn(c, key, r) {
@@ -357,11 +395,10 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		held = local
 	}
 	if len(held) > 0 || rerun {
-		pid := m.spawn(c, key)
-		for _, r := range held {
-			m.forward(c, pid, r)
-		}
+		m.activate(c, key, false, held...)
+		return
 	}
+	m.letGo(c, key)
 }
 
 func (m *SessionManager) answerDrains(c actor.Context) {
@@ -393,6 +430,10 @@ func (m *SessionManager) recover(c actor.Context, key string, hops int32) {
 		m.rerun[key] = true
 		return
 	}
+	if a := m.activating[key]; a != nil {
+		a.recover = true
+		return
+	}
 	if pid := m.sessions[key]; pid != nil {
 		if m.d.Fencing {
 			c.Send(pid, &Recover{})
@@ -404,7 +445,7 @@ func (m *SessionManager) recover(c actor.Context, key string, hops int32) {
 	}
 	// In a cluster a Recover follows a change of membership: the key moved, and its work is
 	// no restart's to answer with a notice (sessions.recovery: notice), it runs.
-	m.spawnWith(c, key, !m.d.Clustered)
+	m.activate(c, key, !m.d.Clustered)
 }
 
 // onGrainStopped stops the session of a key whose grain stopped: the cluster placed the key on
@@ -425,8 +466,11 @@ func (m *SessionManager) onGrainStopped(c actor.Context, g *grainStopped) {
 	}
 	delete(m.grains, g.key)
 	if pid, ok := m.sessions[g.key]; ok {
-		// It hands over once its writes in flight are answered, then asks to passivate.
+		// It hands over once its turn is done, then asks to passivate (Session.onMoved).
 		c.Send(pid, &moved{})
+	}
+	if m.activating[g.key] != nil && m.elsewhere(g.key) != nil {
+		m.cancelActivation(c, g.key)
 	}
 }
 
@@ -472,18 +516,24 @@ func (m *SessionManager) platformOf(key string) *actor.PID {
 	return m.d.Platforms[k.Platform]
 }
 
-// handOn forwards r to the manager of key's successor while the member leaves, and reports
-// whether it did. It does not when the member does not leave, no member takes the key, the
-// message has been forwarded often enough already, or it is not a session message that crosses
-// members.
+// handOn forwards r to the manager of the member that takes key over (elsewhere: the key's
+// successor while this member leaves, or its owner when the key moved to another member), and
+// reports whether it did. It does not when the key stays here, the message has been forwarded
+// often enough already, or it is not a session message that crosses members.
 func (m *SessionManager) handOn(c actor.Context, key string, r routed) bool {
-	if m.successor == nil || r.hops >= maxForwardHops {
+	if r.hops >= maxForwardHops {
 		return false
 	}
-	to := m.successor(key)
+	to := m.elsewhere(key)
 	if to == nil || to.Equal(c.Self()) {
 		return false
 	}
+	return m.forwardTo(c, to, key, r)
+}
+
+// forwardTo forwards r to the manager to (Forward), and reports whether it did: not a message
+// that does not cross members.
+func (m *SessionManager) forwardTo(c actor.Context, to *actor.PID, key string, r routed) bool {
 	f := &Forward{Key: key, Hops: r.hops + 1}
 	switch msg := r.msg.(type) {
 	case *Deliver:

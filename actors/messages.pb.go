@@ -974,6 +974,145 @@ func (*Forward_ResetDue) isForward_Msg() {}
 
 func (*Forward_Recover) isForward_Msg() {}
 
+// Release asks the SessionManager of another member to let go of a key that the asking
+// manager is about to activate (cluster mode). The asked manager answers Released at once,
+// saying whether it holds the key (a session of it in memory, stopping, or about to start),
+// and, when it did, once more when it no longer does: after the turn its session was running
+// has stored and sent its result. The asking manager claims the key only then, so a turn still
+// running on the key's previous member is never cancelled and run again beside it. Meanwhile
+// it forwards the key's messages to the holder (Forward), which stores them behind its turn.
+// address and id name the asking manager (its PID as the other members reach it); the
+// answers go there.
+type Release struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	Id            string                 `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Release) Reset() {
+	*x = Release{}
+	mi := &file_actors_messages_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Release) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Release) ProtoMessage() {}
+
+func (x *Release) ProtoReflect() protoreflect.Message {
+	mi := &file_actors_messages_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Release.ProtoReflect.Descriptor instead.
+func (*Release) Descriptor() ([]byte, []int) {
+	return file_actors_messages_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Release) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Release) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *Release) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+// Released answers Release. address and id name the answering manager; holding says whether
+// it still holds the key (another Released follows when it lets go).
+type Released struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	Id            string                 `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
+	Holding       bool                   `protobuf:"varint,4,opt,name=holding,proto3" json:"holding,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Released) Reset() {
+	*x = Released{}
+	mi := &file_actors_messages_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Released) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Released) ProtoMessage() {}
+
+func (x *Released) ProtoReflect() protoreflect.Message {
+	mi := &file_actors_messages_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Released.ProtoReflect.Descriptor instead.
+func (*Released) Descriptor() ([]byte, []int) {
+	return file_actors_messages_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Released) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Released) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *Released) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Released) GetHolding() bool {
+	if x != nil {
+		return x.Holding
+	}
+	return false
+}
+
 var File_actors_messages_proto protoreflect.FileDescriptor
 
 const file_actors_messages_proto_rawDesc = "" +
@@ -1063,7 +1202,16 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\rreset_session\x18\x05 \x01(\v2!.agentgate.actors.v1.ResetSessionH\x00R\fresetSession\x12<\n" +
 	"\treset_due\x18\x06 \x01(\v2\x1d.agentgate.actors.v1.ResetDueH\x00R\bresetDue\x128\n" +
 	"\arecover\x18\a \x01(\v2\x1c.agentgate.actors.v1.RecoverH\x00R\arecoverB\x05\n" +
-	"\x03msgB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
+	"\x03msg\"E\n" +
+	"\aRelease\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x0e\n" +
+	"\x02id\x18\x03 \x01(\tR\x02id\"`\n" +
+	"\bReleased\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x0e\n" +
+	"\x02id\x18\x03 \x01(\tR\x02id\x12\x18\n" +
+	"\aholding\x18\x04 \x01(\bR\aholdingB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
 
 var (
 	file_actors_messages_proto_rawDescOnce sync.Once
@@ -1077,7 +1225,7 @@ func file_actors_messages_proto_rawDescGZIP() []byte {
 	return file_actors_messages_proto_rawDescData
 }
 
-var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_actors_messages_proto_goTypes = []any{
 	(*Source)(nil),          // 0: agentgate.actors.v1.Source
 	(*Deliver)(nil),         // 1: agentgate.actors.v1.Deliver
@@ -1091,6 +1239,8 @@ var file_actors_messages_proto_goTypes = []any{
 	(*RelayedOutbound)(nil), // 9: agentgate.actors.v1.RelayedOutbound
 	(*Peek)(nil),            // 10: agentgate.actors.v1.Peek
 	(*Forward)(nil),         // 11: agentgate.actors.v1.Forward
+	(*Release)(nil),         // 12: agentgate.actors.v1.Release
+	(*Released)(nil),        // 13: agentgate.actors.v1.Released
 }
 var file_actors_messages_proto_depIdxs = []int32{
 	0, // 0: agentgate.actors.v1.Deliver.source:type_name -> agentgate.actors.v1.Source
@@ -1125,7 +1275,7 @@ func file_actors_messages_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_actors_messages_proto_rawDesc), len(file_actors_messages_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -483,28 +483,31 @@ func (s *Session) handOverAll(c actor.Context) {
 }
 
 // onMoved runs when the cluster placed the session's key on another member (its grain here
-// stopped): the session hands over as a fenced one does, once its writes in flight are
-// answered, rather than stop with them unanswered.
+// stopped, or the key's new owner asked this member to let go of it: Release). The session
+// goes on as a leaving member's does: it starts no turn, lets a running one store and send its
+// result, stores what reaches it meanwhile behind it (queued), and then hands the key on. The
+// new owner claims the key only once this session has stopped (SessionManager.activate).
+// Before, it cancelled its running turn at once, and the new owner ran the message again.
 func (s *Session) onMoved(c actor.Context) {
-	if s.fencedOut {
+	if s.fencedOut || s.leaving {
 		return
 	}
-	s.logger().Info("the session's key moved to another member; this one hands over and stops",
+	s.logger().Info("the session's key moved to another member; it hands the key on once its running turn is done",
 		"pending", len(s.queue), "running", s.running != nil)
-	s.handOverAll(c)
-	s.stopWhenSettled(c)
+	s.leaving = true
+	s.leaveIfIdle(c)
 }
 
-// leaveIfIdle hands the key on when the member leaves the cluster (Leave) and the session has
-// nothing in hand: no turn running (it starts none) and no write in flight (a finished turn's
-// reply is sent once its write is stored). It stops as a moved session does; the messages it
-// still holds queued are pending in the store, and its manager has the key's successor run
-// them (passivate.rerun).
+// leaveIfIdle hands the key on when the session leaves its member (its member leaves the
+// cluster, Leave, or its key moved, onMoved) and it has nothing in hand: no turn running (it
+// starts none) and no write in flight (a finished turn's reply is sent once its write is
+// stored). It stops as a fenced session does; the messages it still holds queued are pending
+// in the store, and its manager has the key's successor run them (passivate.rerun).
 func (s *Session) leaveIfIdle(c actor.Context) {
 	if !s.leaving || s.fencedOut || s.running != nil || len(s.inflight) > 0 {
 		return
 	}
-	s.logger().Info("the member leaves the cluster; the session hands its key on", "pending", len(s.queue))
+	s.logger().Info("the session hands its key on to another member", "pending", len(s.queue))
 	// Messages whose commit may have applied though its answer was lost (unsure) may be
 	// pending in the store too: the successor looks.
 	s.stale = len(s.queue) > 0 || len(s.unsure) > 0

@@ -209,15 +209,44 @@ func (d *Daemon) relay(platform string, out *platforms.Outbound) {
 // managerOf is the SessionManager that runs key's session: in cluster mode the one of the
 // member that owns the key.
 func (d *Daemon) managerOf(key string) *actor.PID {
-	if d.cluster == nil {
-		return d.manager
+	p := placement{d}
+	if owner := p.Owner(key); owner != nil && !owner.Equal(p.Self()) {
+		return owner
 	}
-	owner := ownerOf(d.cluster.MemberList.Members().Members())(key)
-	if owner == "" || owner == d.system.Address() {
-		return d.manager
-	}
-	return actor.NewPID(owner, d.manager.Id)
+	return d.manager
 }
+
+// placement is the cluster's placement of session keys as this member sees it
+// (actors.Placement): the managers of the key's owner and of the other members, reached by
+// their member's address.
+type placement struct{ d *Daemon }
+
+func (p placement) Owner(key string) *actor.PID {
+	if p.d.cluster == nil {
+		return nil
+	}
+	owner := ownerOf(p.d.cluster.MemberList.Members().Members())(key)
+	if owner == "" {
+		return nil
+	}
+	return actor.NewPID(owner, p.d.manager.Id)
+}
+
+func (p placement) Peers() []*actor.PID {
+	if p.d.cluster == nil {
+		return nil
+	}
+	me := p.d.system.Address()
+	var out []*actor.PID
+	for _, m := range p.d.cluster.MemberList.Members().Members() {
+		if addr := m.Address(); addr != me {
+			out = append(out, actor.NewPID(addr, p.d.manager.Id))
+		}
+	}
+	return out
+}
+
+func (p placement) Self() *actor.PID { return actor.NewPID(p.d.system.Address(), p.d.manager.Id) }
 
 // clusterReady reports whether this member is in the cluster's topology, as it sees it.
 func (d *Daemon) clusterReady() error {

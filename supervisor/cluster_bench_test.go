@@ -16,7 +16,9 @@ import (
 // from intake to its durable acknowledgment, on a member of a two-member cluster (one shared
 // PostgreSQL database, fsync on), for a chat whose session runs on that member ("local") and
 // for one whose session runs on the other ("remote": a gRPC hop each way). The two run in the
-// same process, one after the other; their difference is the hop.
+// same process, one after the other; their difference is the hop. "activate" is a chat's first
+// message: its session starts on the key's owner, which asks the other member to let go of the
+// key before it claims and loads it.
 func BenchmarkClusterDeliver(b *testing.B) {
 	dsn := pgtest.NewDatabase(b)
 	var rs []*runtime
@@ -60,4 +62,17 @@ func BenchmarkClusterDeliver(b *testing.B) {
 			}
 		})
 	}
+	// A chat's first message activates its session on the key's owner, which first asks the other
+	// member to let go of the key (actors.Release), then claims and loads it.
+	b.Run("activate", func(b *testing.B) {
+		n := 0
+		for b.Loop() {
+			n++
+			ack, err := a.d.intake.Deliver(b.Context(), &platforms.Inbound{Source: src(fmt.Sprint("new", n)),
+				MessageID: fmt.Sprint("first", n), Text: "hello"})
+			if err != nil || ack == nil {
+				b.Fatalf("deliver: %v", err)
+			}
+		}
+	})
 }

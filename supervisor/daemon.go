@@ -231,6 +231,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	}
 	if cfg.Cluster.Enabled {
 		d.deps.Relay = d.relay
+		d.deps.Placement = placement{d}
 	}
 	if opts.SharedStore {
 		d.deps.Node += "/" + d.deps.Run // several members may run on one host

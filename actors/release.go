@@ -1,0 +1,254 @@
+package actors
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Letting go of a key before another member claims it (cluster mode, Deps.Placement).
+//
+// A change of membership moves keys between members, and the members learn of it at different
+// moments. A key may move while its session runs a turn on the member that held it: a member
+// that joins takes over a share of every other member's keys. Claiming such a key at once
+// fences the running turn: its result is refused, and the new owner runs the message again, for
+// a moment beside the old one (the agent runs twice; its tools act twice). So before a manager
+// activates a key it asks every other member's manager to let go of it (Release). One that holds
+// the key (a session of it in memory, stopping, or about to start) says so; its session, when
+// the key is no longer its member's, finishes its running turn, stores what reaches it meanwhile
+// behind that turn, and hands the key on (Session.onMoved); its manager then says it let go.
+// Until every other member has let go, the asking manager forwards the key's requests to the
+// holder, which stores them behind its turn (queued), and starts the session only then; its
+// claim then fences nothing that still runs. A member that does not answer within
+// releaseAnswerTimeout (it died or cannot be reached) is not waited for: fencing still keeps the
+// store exactly-once.
+
+// releaseAnswerTimeout is how long a manager waits for another member's answer to Release. A
+// holder is asked again each time it passes, so a holder that dies is waited for no longer.
+const releaseAnswerTimeout = 5 * time.Second
+
+// activation is a key whose session waits for the other members to let go of it.
+type activation struct {
+	asked   map[string]*actor.PID // managers not yet known to have let go, by PID
+	holder  *actor.PID            // a manager that holds the key: requests go there meanwhile
+	held    []routed              // requests for the session once it starts
+	recover bool                  // a Recover came meanwhile (the session loads the work anyway)
+}
+
+// askAgain asks a holder of key again whether it still holds it (releaseAnswerTimeout after it
+// said so).
+type askAgain struct {
+	key    string
+	a      *activation
+	holder *actor.PID
+}
+
+// activate starts the session of key and hands it rs, once no other member holds the key; in a
+// single daemon, or a cluster of one, at once. recovered marks the activation that recovers
+// the key's work at daemon start (NewSession).
+func (m *SessionManager) activate(c actor.Context, key string, recovered bool, rs ...routed) {
+	var peers []*actor.PID
+	if m.d.Placement != nil {
+		peers = m.d.Placement.Peers()
+	}
+	if len(peers) == 0 {
+		pid := m.spawnWith(c, key, recovered)
+		for _, r := range rs {
+			m.forward(c, pid, r)
+		}
+		return
+	}
+	a := &activation{asked: make(map[string]*actor.PID, len(peers))}
+	for _, p := range peers {
+		a.asked[p.String()] = p
+	}
+	m.activating[key] = a
+	for _, r := range rs {
+		m.whileActivating(c, key, a, r)
+	}
+	for _, p := range peers {
+		m.askRelease(c, key, a, p)
+	}
+}
+
+// whileActivating takes a request for a key whose session waits for the others to let go: it
+// goes to the holder, if one said it holds the key, or waits for the session.
+func (m *SessionManager) whileActivating(c actor.Context, key string, a *activation, r routed) {
+	if _, ok := r.msg.(*Recover); ok {
+		a.recover = true // the session loads the work when it starts
+		return
+	}
+	if a.holder != nil && r.hops < maxForwardHops && m.forwardTo(c, a.holder, key, r) {
+		return
+	}
+	a.held = append(a.held, r)
+}
+
+// askRelease asks the manager p whether it holds key. Its answer, or the dead letter or
+// timeout a member that cannot answer leaves, comes back to the activation.
+func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, p *actor.PID) {
+	me := m.d.Placement.Self()
+	f := c.RequestFuture(p, &Release{Key: key, Address: me.Address, Id: me.Id}, releaseAnswerTimeout)
+	c.ReenterAfter(f, func(res any, err error) {
+		if m.activating[key] != a {
+			return // started or given up meanwhile
+		}
+		r, ok := res.(*Released)
+		if err == nil && !ok {
+			err = fmt.Errorf("unexpected answer %T", res)
+		}
+		if err != nil {
+			m.log.Warn("a member did not say whether it still runs the session; this member takes the key over",
+				"session", key, "member", p.Address, "err", err)
+			r = &Released{Key: key, Address: p.Address, Id: p.Id}
+		}
+		m.onReleased(c, r)
+		if r.Holding && a.holder != nil && a.holder.Equal(p) {
+			m.timers.SendOnce(releaseAnswerTimeout, c.Self(), &askAgain{key: key, a: a, holder: p})
+		}
+	})
+}
+
+// onAskAgain asks a holder again, while the activation still waits for it: a holder that has
+// died since it answered is then waited for no longer.
+func (m *SessionManager) onAskAgain(c actor.Context, t *askAgain) {
+	if m.activating[t.key] != t.a {
+		return
+	}
+	if _, ok := t.a.asked[t.holder.String()]; ok {
+		m.askRelease(c, t.key, t.a, t.holder)
+	}
+}
+
+// onReleased takes another member's answer to Release: at once (holding or not), or later,
+// once it let go of the key.
+func (m *SessionManager) onReleased(c actor.Context, r *Released) {
+	a := m.activating[r.Key]
+	if a == nil {
+		return
+	}
+	p := actor.NewPID(r.Address, r.Id)
+	k := p.String()
+	if _, ok := a.asked[k]; !ok {
+		return
+	}
+	if r.Holding {
+		if a.holder == nil {
+			m.log.Info("another member still holds the session; its requests go there until it lets go",
+				"session", r.Key, "member", r.Address)
+			a.holder = p
+			held := a.held
+			a.held = nil
+			for _, h := range held {
+				m.whileActivating(c, r.Key, a, h)
+			}
+		}
+		return
+	}
+	delete(a.asked, k)
+	if a.holder != nil && a.holder.Equal(p) {
+		a.holder = nil
+	}
+	if len(a.asked) == 0 {
+		m.activated(c, r.Key)
+	}
+}
+
+// activated starts the session of a key the other members let go of.
+func (m *SessionManager) activated(c actor.Context, key string) {
+	a := m.activating[key]
+	delete(m.activating, key)
+	pid := m.spawn(c, key)
+	for _, r := range a.held {
+		m.forward(c, pid, r)
+	}
+}
+
+// cancelActivation gives up the activation of a key that moved to another member meanwhile: what
+// waited for it goes to the key's owner.
+func (m *SessionManager) cancelActivation(c actor.Context, key string) {
+	a := m.activating[key]
+	var local []routed
+	for _, r := range a.held {
+		if !m.handOn(c, key, r) {
+			local = append(local, r)
+		}
+	}
+	if a.recover {
+		m.handOn(c, key, routed{msg: &Recover{}})
+	}
+	if len(local) > 0 {
+		a.held = local // forwarded often enough: they run here, once the others let go
+		return
+	}
+	delete(m.activating, key)
+	m.letGo(c, key)
+}
+
+// onRelease answers another member's manager that is about to activate key: whether this one
+// holds the key, and later, if it did, that it let go of it (letGo). A session whose key this
+// member no longer owns is told so (moved). Two members that each activate the key, each
+// believing it its own (their views of the membership differ for a moment), would each wait for
+// the other: the one whose PID sorts first holds it.
+func (m *SessionManager) onRelease(c actor.Context, r *Release) {
+	if m.d.Placement == nil {
+		return
+	}
+	asker := actor.NewPID(r.Address, r.Id)
+	me := m.d.Placement.Self()
+	_, stopping := m.stopping[r.Key]
+	holds := m.sessions[r.Key] != nil || stopping ||
+		m.activating[r.Key] != nil && m.elsewhere(r.Key) == nil && me.String() < asker.String()
+	c.Respond(&Released{Key: r.Key, Address: me.Address, Id: me.Id, Holding: holds})
+	if !holds {
+		return
+	}
+	if ws := m.waiters[r.Key]; !containsPID(ws, asker) {
+		m.waiters[r.Key] = append(ws, asker)
+	}
+	if pid := m.sessions[r.Key]; pid != nil && m.elsewhere(r.Key) != nil {
+		c.Send(pid, &moved{})
+	}
+}
+
+// letGo tells the managers waiting for key (onRelease) that this member let go of it, once it
+// holds it no longer.
+func (m *SessionManager) letGo(c actor.Context, key string) {
+	ws := m.waiters[key]
+	if len(ws) == 0 {
+		return
+	}
+	if _, stopping := m.stopping[key]; stopping || m.sessions[key] != nil || m.activating[key] != nil {
+		return
+	}
+	delete(m.waiters, key)
+	me := m.d.Placement.Self()
+	for _, w := range ws {
+		c.Send(w, &Released{Key: key, Address: me.Address, Id: me.Id})
+	}
+}
+
+// elsewhere is the manager of the member that takes key over, when that is not this one: the
+// key's successor while this member leaves (Leave), else the key's owner in this member's view
+// of the cluster. nil when the key is this member's.
+func (m *SessionManager) elsewhere(key string) *actor.PID {
+	if m.successor != nil {
+		return m.successor(key)
+	}
+	if p := m.d.Placement; p != nil {
+		if owner := p.Owner(key); owner != nil && !owner.Equal(p.Self()) {
+			return owner
+		}
+	}
+	return nil
+}
+
+func containsPID(pids []*actor.PID, p *actor.PID) bool {
+	for _, q := range pids {
+		if q.Equal(p) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,166 @@
+package actors
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// testPlacement places every key on the manager owner names.
+type testPlacement struct {
+	self, peer *actor.PID
+	owner      *atomic.Pointer[actor.PID]
+}
+
+func (p testPlacement) Owner(string) *actor.PID { return p.owner.Load() }
+func (p testPlacement) Peers() []*actor.PID     { return []*actor.PID{p.peer} }
+func (p testPlacement) Self() *actor.PID        { return p.self }
+
+// TestActivationWaitsForTheHolderToLetGo: two members' managers on one store. The key moves
+// from the one running its turn to the other, which is then sent the chat's next message. The
+// new owner claims nothing while the turn runs: it asks the holder to let go (Release) and
+// forwards the message there, where it is stored behind the turn (queued). Once the turn's
+// reply is sent, the holder lets go, and the new owner claims the key and runs the next message.
+// Each message runs once.
+func TestActivationWaitsForTheHolderToLetGo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var mu sync.Mutex
+		calls := map[string][]string{} // text → the members that ran it
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			text := req.Messages[0].Text
+			mu.Lock()
+			calls[text] = append(calls[text], req.Identity.SessionID)
+			mu.Unlock()
+			if text == "slow" {
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			return &agents.Response{Text: "ok " + text}, nil
+		})
+		var owner atomic.Pointer[actor.PID]
+		var second *actor.PID
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		db := &Deps{Ctx: w.ctx, Store: w.store, Agent: agent, Platforms: w.d.Platforms, Log: w.d.Log,
+			Metrics: metrics.New("fake"), Node: "b", Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
+		second = w.system.Root.Spawn(NewSessionManager(db))
+		t.Cleanup(func() { _ = w.system.Root.StopFuture(second).Wait() })
+		w.d.Placement = testPlacement{self: w.manager, peer: second, owner: &owner}
+		db.Placement = testPlacement{self: second, peer: w.manager, owner: &owner}
+		owner.Store(w.manager)
+
+		slow := w.request("m1", "slow")
+		synctest.Wait()
+		owner.Store(second) // the key moves to the other member
+		res, err := w.system.Root.RequestFuture(second, &Routed{Key: w.key, Msg: w.message("m2", "next")}, time.Hour).Result()
+		if err != nil || res.(*DeliverResult).Disposition != "queued" {
+			t.Errorf("the next message, sent to the new owner: %+v %v, want it queued behind the running turn", res, err)
+		}
+		synctest.Wait()
+		if own, err := w.store.Ownership(w.ctx, w.key); err != nil || own.Owner != "a" {
+			t.Errorf("while the turn ran the key's claim is %+v (%v), want the holder's", own, err)
+		}
+
+		close(release)
+		if _, err := slow.Result(); err != nil {
+			t.Fatal(err)
+		}
+		// The world's platform confirms no delivery, so the new owner sends the slow message's
+		// reply again when it loads the key: at least once, as after any move.
+		var replies []string
+		for len(replies) == 0 || replies[len(replies)-1] != "ok next" {
+			if out := (<-w.sent).Out; out.TurnEnd {
+				replies = append(replies, out.Text)
+			}
+		}
+		if replies[0] != "ok slow" {
+			t.Errorf("replies %q, want the slow message's first", replies)
+		}
+		synctest.Wait()
+		if own, err := w.store.Ownership(w.ctx, w.key); err != nil || own.Owner != "b" {
+			t.Errorf("after the turn the key's claim is %+v (%v), want the new owner's", own, err)
+		}
+		act, _ := w.system.Root.RequestFuture(w.manager, &ListActive{}, time.Hour).Result()
+		if keys := act.(*ActiveList).Keys; len(keys) != 0 {
+			t.Errorf("the old owner still has sessions %v, want none", keys)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(calls["slow"]) != 1 || len(calls["next"]) != 1 {
+			t.Errorf("the agent ran the slow message %d times and the next %d, want once each", len(calls["slow"]), len(calls["next"]))
+		}
+	})
+}
+
+// TestActivationDoesNotWaitForAMemberThatCannotAnswer: a member whose manager is gone (its
+// Release comes back as a dead letter) is not waited for, and one that does not answer is
+// waited for releaseAnswerTimeout: the message then runs here.
+func TestActivationDoesNotWaitForAMemberThatCannotAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		peer func(*actor.ActorSystem) *actor.PID
+		wait time.Duration
+	}{
+		{"gone", func(s *actor.ActorSystem) *actor.PID { return actor.NewPID(s.Address(), "no-such-manager") }, 0},
+		{"silent", func(s *actor.ActorSystem) *actor.PID {
+			return s.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {})) // takes Release, answers nothing
+		}, releaseAnswerTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				echo := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+					return &agents.Response{Text: "echo"}, nil
+				})
+				var owner atomic.Pointer[actor.PID]
+				w := newManagerWorld(t, echo, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+				w.d.Placement = testPlacement{self: w.manager, peer: tc.peer(w.system), owner: &owner}
+				owner.Store(w.manager)
+				begin := time.Now()
+				if res := w.deliver(t, "m1", "hi"); res.Disposition != "started" {
+					t.Errorf("deliver: %+v, want started", res)
+				}
+				if took := time.Since(begin); took != tc.wait {
+					t.Errorf("the message was stored after %v, want %v", took, tc.wait)
+				}
+			})
+		})
+	}
+}
+
+// TestStoppingManagerAnswersWhatWaitsForAnActivation: a message that waits for the other
+// members to let go of its key, when its manager stops, is answered "stopped" (the cluster
+// router sends it again to the key's next owner), not left to time out.
+func TestStoppingManagerAnswersWhatWaitsForAnActivation(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		echo := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "echo"}, nil
+		})
+		var owner atomic.Pointer[actor.PID]
+		w := newManagerWorld(t, echo, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		silent := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+		w.d.Placement = testPlacement{self: w.manager, peer: silent, owner: &owner}
+		owner.Store(w.manager)
+		f := w.request("m1", "hi")
+		synctest.Wait()
+		if err := w.system.Root.StopFuture(w.manager).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		res, err := f.Result()
+		if err != nil {
+			t.Fatalf("the waiting message got no answer: %v", err)
+		}
+		if r := res.(*DeliverResult); r.ErrorCode != ErrCodeStopped {
+			t.Errorf("the waiting message was answered %+v, want %q", r, ErrCodeStopped)
+		}
+	})
+}
