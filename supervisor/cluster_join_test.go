@@ -137,4 +137,3 @@ func TestClusterJoiningMemberWaitsForTheRunningTurn(t *testing.T) {
 			overlaps, calls["next"])
 	}
 }
-
