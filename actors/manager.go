@@ -366,7 +366,7 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 			// platform send and confirm those the stopped session handed it. Meanwhile what comes
 			// for the key is held, in order.
 			m.quieted[key] = true
-			c.ReenterAfter(c.RequestFuture(pid, &Quiesce{}, handOnQuiesceTimeout), func(any, error) {
+			c.ReenterAfter(c.RequestFuture(pid, &Quiesce{Key: key}, handOnQuiesceTimeout), func(any, error) {
 				m.startSuccessor(c, key)
 			})
 			return

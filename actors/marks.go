@@ -42,6 +42,20 @@ type marks struct {
 // busy reports whether marks wait to be written or a mark write awaits its result.
 func (m *marks) busy() bool { return len(m.waiting) > 0 || m.inflight != nil }
 
+// holds reports whether a delivery mark of key's session waits to be written or is in the
+// write in flight.
+func (m *marks) holds(key string) bool {
+	has := func(ops []persistence.Op) bool {
+		for _, op := range ops {
+			if d, ok := op.(*persistence.MarkDelivery); ok && d.SessionKey == key {
+				return true
+			}
+		}
+		return false
+	}
+	return has(m.waiting) || m.inflight != nil && has(m.inflight.Ops)
+}
+
 // marksTick wakes the platform actor to re-send a mark write that got no answer.
 type marksTick struct{ id uint64 }
 

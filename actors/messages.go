@@ -139,8 +139,9 @@ type agentPanicked struct{ value any }
 // StartIntake tells a platform actor to start its platform's Run loop with Deliver.
 type StartIntake struct{ Deliver platforms.Deliver }
 
-// Quiesce asks a platform actor to answer *Quiesced once it has no send in flight.
-type Quiesce struct{}
+// Quiesce asks a platform actor to answer *Quiesced once it has no send in flight and no
+// delivery mark unwritten: of Key's session, or of any when Key is empty.
+type Quiesce struct{ Key string }
 
 // Quiesced answers Quiesce.
 type Quiesced struct{}

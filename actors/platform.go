@@ -35,7 +35,7 @@ type Platform struct {
 	inflight map[string]bool
 	attempts map[string]int
 	timers   *scheduler.TimerScheduler
-	quiesce  []*actor.PID
+	quiesce  []quiesceWait
 	sending  int // sends in flight
 
 	marks marks // delivery marks waiting for (or in) their write
@@ -133,7 +133,7 @@ func (a *Platform) Receive(c actor.Context) {
 	case *draftTick:
 		a.onDraftTick(c, m)
 	case *Quiesce:
-		a.quiesce = append(a.quiesce, c.Sender())
+		a.quiesce = append(a.quiesce, quiesceWait{pid: c.Sender(), key: m.Key})
 		a.answerQuiesce(c)
 	case *retrySendHeld:
 		a.inflight[m.key] = false
@@ -274,16 +274,36 @@ func (a *Platform) popHead(key string) {
 	}
 }
 
-// answerQuiesce answers waiting Quiesce requests once no send is in flight. Sends waiting for a
-// retry stay in the outbox and are re-sent at the next start.
+// quiesceWait is a Quiesce request waiting for its answer.
+type quiesceWait struct {
+	pid *actor.PID
+	key string
+}
+
+// answerQuiesce answers the waiting Quiesce requests that are met: no send in flight and no
+// mark unwritten (of their key's session, or of any). Sends waiting for a retry stay in the
+// outbox and are re-sent at the next start. A request for one key does not wait for the other
+// keys' sends, which under load never all end at once.
 func (a *Platform) answerQuiesce(c actor.Context) {
-	if len(a.quiesce) == 0 || a.sending > 0 || a.marks.busy() {
+	if len(a.quiesce) == 0 {
 		return
 	}
-	for _, p := range a.quiesce {
-		if p != nil {
-			c.Send(p, &Quiesced{})
+	waiting := a.quiesce[:0]
+	for _, q := range a.quiesce {
+		quiet := a.sending == 0 && !a.marks.busy()
+		if q.key != "" {
+			quiet = !a.inflight[q.key] && len(a.queues[q.key]) == 0 && !a.marks.holds(q.key)
+		}
+		switch {
+		case !quiet:
+			waiting = append(waiting, q)
+		case q.pid != nil:
+			c.Send(q.pid, &Quiesced{})
 		}
 	}
-	a.quiesce = nil
+	clear(a.quiesce[len(waiting):])
+	a.quiesce = waiting
+	if len(a.quiesce) == 0 {
+		a.quiesce = nil
+	}
 }

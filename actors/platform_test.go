@@ -117,3 +117,62 @@ func TestUndeliverableSendFailsAtOnce(t *testing.T) {
 		w.system.Root.Stop(w.pid)
 	})
 }
+
+// TestQuiesceOfOneKeyWaitsOnlyForItsSends: a Quiesce for one session's key is answered once that
+// session's sends are done and their marks written, whatever other sessions' sends and marks
+// are doing; a Quiesce of the whole platform waits for all of them. (A member handing one key on
+// under load waited for a moment with no send and no mark in flight at all, which may not come
+// before the 10 s bound.)
+func TestQuiesceOfOneKeyWaitsOnlyForItsSends(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		system, quiet := quietSystem(t)
+		defer system.Shutdown()
+		fake := platformtest.NewFake("fake")
+		release := make(chan struct{})
+		persist := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if wr, ok := c.Message().(*persistence.Write); ok {
+				<-release // the mark write takes as long as the test wants
+				c.Respond(&persistence.WriteResult{ID: wr.ID})
+			}
+		}))
+		d := &Deps{Ctx: t.Context(), Persist: persist, Log: quiet, Metrics: metrics.New("fake")}
+		pid := system.Root.Spawn(NewPlatform(d, fake, &PlatformHealth{}))
+		system.Root.Send(pid, &SendOutbound{Out: &platforms.Outbound{SessionKey: "fake:dm:busy", Seq: 1, Text: "r", TurnEnd: true}})
+		synctest.Wait() // sent; its mark write waits
+
+		answers := make(chan string, 3)
+		ask := func(name string, q *Quiesce) {
+			waiter := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+				if _, ok := c.Message().(*Quiesced); ok {
+					answers <- name
+				}
+			}))
+			system.Root.RequestWithCustomSender(pid, q, waiter)
+		}
+		ask("idle", &Quiesce{Key: "fake:dm:idle"})
+		ask("busy", &Quiesce{Key: "fake:dm:busy"})
+		ask("all", &Quiesce{})
+		synctest.Wait()
+		if got := drain(answers); fmt.Sprint(got) != "[idle]" {
+			t.Errorf("answered %v while the busy session's mark was unwritten, want only the idle session's", got)
+		}
+		close(release)
+		synctest.Wait()
+		if got := drain(answers); len(got) != 2 {
+			t.Errorf("answered %v once the mark was written, want the busy session's and the platform's", got)
+		}
+	})
+}
+
+// drain returns what ch holds now.
+func drain(ch chan string) []string {
+	var out []string
+	for {
+		select {
+		case v := <-ch:
+			out = append(out, v)
+		default:
+			return out
+		}
+	}
+}
