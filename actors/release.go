@@ -79,7 +79,9 @@ func (m *SessionManager) whileActivating(c actor.Context, key string, a *activat
 		a.recover = true // the session loads the work when it starts
 		return
 	}
-	if a.holder != nil && r.hops < maxForwardHops && m.forwardTo(c, a.holder, key, r) {
+	// Past maxForwardHops too: the holder runs the key's session (or starts it), so the message
+	// does not travel on from there, and it must not wait here until the holder lets go.
+	if a.holder != nil && m.forwardTo(c, a.holder, key, r) {
 		return
 	}
 	a.held = append(a.held, r)
