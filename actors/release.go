@@ -106,7 +106,10 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 			r = &Released{Key: key, Address: p.Address, Id: p.Id}
 		}
 		m.onReleased(c, r)
-		if r.Holding && a.holder != nil && a.holder.Equal(p) {
+		if r.Holding {
+			// Every member that holds the key is asked again, not only the one the requests go
+			// to: one that dies holding it while another is the holder would be waited for
+			// for ever once the other lets go.
 			m.timers.SendOnce(releaseAnswerTimeout, c.Self(), &askAgain{key: key, a: a, holder: p})
 		}
 	})

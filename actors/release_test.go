@@ -164,3 +164,60 @@ func TestStoppingManagerAnswersWhatWaitsForAnActivation(t *testing.T) {
 		}
 	})
 }
+
+// peersPlacement places every key on the manager owner names, with any number of peers.
+type peersPlacement struct {
+	self  *actor.PID
+	peers []*actor.PID
+	owner *atomic.Pointer[actor.PID]
+}
+
+func (p peersPlacement) Owner(string) *actor.PID { return p.owner.Load() }
+func (p peersPlacement) Peers() []*actor.PID     { return p.peers }
+func (p peersPlacement) Self() *actor.PID        { return p.self }
+
+// TestActivationAsksEveryHolderAgain: two members say they hold the key. The first lets go;
+// the second then dies without letting go. The activation asks it again, is not answered, and
+// activates the key: it does not wait for the dead member for ever.
+func TestActivationAsksEveryHolderAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		echo := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "echo"}, nil
+		})
+		var owner atomic.Pointer[actor.PID]
+		w := newManagerWorld(t, echo, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		var letGo atomic.Bool
+		var first, second *actor.PID
+		first = w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			switch m := c.Message().(type) {
+			case *Release:
+				c.Respond(&Released{Key: m.Key, Address: first.Address, Id: first.Id, Holding: !letGo.Load()})
+			case string: // let go now
+				c.Send(w.manager, &Released{Key: w.key, Address: first.Address, Id: first.Id})
+			}
+		}))
+		answered := false
+		second = w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if m, ok := c.Message().(*Release); ok && !answered {
+				answered = true // it answers once, then dies (it answers nothing more)
+				time.Sleep(time.Millisecond)
+				c.Respond(&Released{Key: m.Key, Address: second.Address, Id: second.Id, Holding: true})
+			}
+		}))
+		w.d.Placement = peersPlacement{self: w.manager, peers: []*actor.PID{first, second}, owner: &owner}
+		owner.Store(w.manager)
+		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &Recover{}})
+		synctest.Wait()
+		time.Sleep(time.Second)
+		letGo.Store(true)
+		w.system.Root.Send(first, "let go")
+		synctest.Wait()
+		res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: w.message("m1", "hi")}, time.Minute).Result()
+		if err != nil {
+			t.Fatalf("the message waits for a member that died holding the key: %v", err)
+		}
+		if r := res.(*DeliverResult); r.Disposition != "started" {
+			t.Errorf("deliver: %+v, want started", r)
+		}
+	})
+}
