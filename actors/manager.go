@@ -553,6 +553,16 @@ func (m *SessionManager) forwardTo(c actor.Context, to *actor.PID, key string, r
 	return true
 }
 
+// crossesMembers reports whether msg is a session message that can be forwarded to another
+// member (forwardTo).
+func crossesMembers(msg any) bool {
+	switch msg.(type) {
+	case *Deliver, *GetState, *ResetSession, *ResetDue, *Recover:
+		return true
+	}
+	return false
+}
+
 // onForward routes a message a leaving member forwarded here as the key's grain would have.
 func (m *SessionManager) onForward(c actor.Context, f *Forward) {
 	var msg any

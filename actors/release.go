@@ -171,24 +171,31 @@ func (m *SessionManager) activated(c actor.Context, key string) {
 }
 
 // cancelActivation gives up the activation of a key that moved to another member meanwhile: what
-// waited for it goes to the key's owner.
+// waited for it goes to the key's owner. The members waiting for this one to let go of the key
+// are told first: the owner may be one of them, and while it waits for this member it would
+// forward what it is handed back here.
 func (m *SessionManager) cancelActivation(c actor.Context, key string) {
 	a := m.activating[key]
-	var local []routed
+	var local, away []routed
 	for _, r := range a.held {
-		if !m.handOn(c, key, r) {
-			local = append(local, r)
+		if r.hops < maxForwardHops && crossesMembers(r.msg) {
+			away = append(away, r)
+		} else {
+			local = append(local, r) // forwarded often enough: it runs here, once the others let go
 		}
 	}
+	a.held = local
+	if len(local) == 0 {
+		delete(m.activating, key)
+		m.letGo(c, key)
+	}
+	for _, r := range away {
+		m.handOn(c, key, r) // it takes them: the key is elsewhere's, and they may cross members
+	}
 	if a.recover {
+		a.recover = false
 		m.handOn(c, key, routed{msg: &Recover{}})
 	}
-	if len(local) > 0 {
-		a.held = local // forwarded often enough: they run here, once the others let go
-		return
-	}
-	delete(m.activating, key)
-	m.letGo(c, key)
 }
 
 // onRelease answers another member's manager that is about to activate key: whether this one

@@ -221,3 +221,51 @@ func TestActivationAsksEveryHolderAgain(t *testing.T) {
 		}
 	})
 }
+
+// TestCancelledActivationLetsGoBeforeItHandsOn: two members each activate a key, both believing
+// it theirs; the one whose PID sorts first holds it, and the other forwards its message there.
+// The first member's view then settles on the other (its grain stops) while it still waits for
+// a third member: it gives up its activation and hands what it holds to the owner. The owner is
+// told first that it let go, so it takes those messages itself rather than send them back, and
+// each message is answered at once by the owner.
+func TestCancelledActivationLetsGoBeforeItHandsOn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		echo := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "echo"}, nil
+		})
+		var ownerA, ownerB atomic.Pointer[actor.PID]
+		w := newManagerWorld(t, echo, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		db := &Deps{Ctx: w.ctx, Store: w.store, Agent: echo, Platforms: w.d.Platforms, Log: w.d.Log,
+			Metrics: metrics.New("fake"), Node: "b", Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
+		b, err := w.system.Root.SpawnNamed(NewSessionManager(db), "zz-manager") // sorts after w.manager
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.system.Root.StopFuture(b).Wait() })
+		silent := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+		w.d.Placement = peersPlacement{self: w.manager, peers: []*actor.PID{b, silent}, owner: &ownerA}
+		db.Placement = peersPlacement{self: b, peers: []*actor.PID{w.manager}, owner: &ownerB}
+		ownerA.Store(w.manager)
+		ownerB.Store(b)
+		grain := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+
+		m1 := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: w.message("m1", "one"), Grain: grain}, time.Minute)
+		m2 := w.system.Root.RequestFuture(b, &Routed{Key: w.key, Msg: w.message("m2", "two")}, time.Minute)
+		synctest.Wait()
+		ownerA.Store(b) // the first member's view settles: the key is the other's
+		w.system.Root.Send(w.manager, &grainStopped{key: w.key, grain: grain})
+		for _, f := range []*actor.Future{m1, m2} {
+			res, err := f.Result()
+			if err != nil {
+				t.Errorf("a message was not answered: %v", err)
+				continue
+			}
+			if r := res.(*DeliverResult); r.ErrorCode != "" {
+				t.Errorf("deliver: %+v", r)
+			}
+		}
+		if own, err := w.store.Ownership(w.ctx, w.key); err != nil || own.Owner != "b" {
+			t.Errorf("the key's claim is %+v (%v), want the owner's", own, err)
+		}
+	})
+}
