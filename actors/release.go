@@ -160,8 +160,16 @@ func (m *SessionManager) onReleased(c actor.Context, r *Released) {
 	}
 }
 
-// activated starts the session of a key the other members let go of.
+// activated starts the session of a key the other members let go of. When the key is
+// another member's by now (this member began to leave, or its view of the cluster changed with
+// no grain of the key here to stop), what waited for it goes there instead (cancelActivation),
+// and the session starts here only for what was forwarded often enough already.
 func (m *SessionManager) activated(c actor.Context, key string) {
+	if m.elsewhere(key) != nil {
+		if m.cancelActivation(c, key); m.activating[key] == nil {
+			return
+		}
+	}
 	a := m.activating[key]
 	delete(m.activating, key)
 	pid := m.spawn(c, key)

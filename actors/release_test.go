@@ -176,6 +176,48 @@ func (p peersPlacement) Owner(string) *actor.PID { return p.owner.Load() }
 func (p peersPlacement) Peers() []*actor.PID     { return p.peers }
 func (p peersPlacement) Self() *actor.PID        { return p.self }
 
+// TestActivationFinishedAfterLeaveHandsTheKeyOn: a manager waits for another member's answer
+// before it activates a key (a member that does not answer, here) and its member starts to
+// leave meanwhile. Once the wait is over the key is not started on the leaving member, whose
+// drain would then wait for its turns: the message goes to the key's successor, as one that
+// reaches a leaving member for a key without a session does.
+func TestActivationFinishedAfterLeaveHandsTheKeyOn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var ran atomic.Int32
+		agent := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+			ran.Add(1)
+			return &agents.Response{Text: "echo"}, nil
+		})
+		var owner atomic.Pointer[actor.PID]
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		silent := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+		w.d.Placement = peersPlacement{self: w.manager, peers: []*actor.PID{silent}, owner: &owner}
+		owner.Store(w.manager)
+		forwarded := make(chan *Forward, 4)
+		successor := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if f, ok := c.Message().(*Forward); ok {
+				forwarded <- f
+			}
+		}))
+		w.request("m1", "hi")
+		synctest.Wait()
+		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return successor }})
+		time.Sleep(2 * releaseAnswerTimeout)
+		synctest.Wait()
+		if n := ran.Load(); n != 0 {
+			t.Errorf("the leaving member ran %d turns of a key it started after it began to leave, want none", n)
+		}
+		select {
+		case f := <-forwarded:
+			if d := f.GetDeliver(); d == nil || d.MessageId != "m1" {
+				t.Errorf("the successor was forwarded %+v, want m1", f)
+			}
+		default:
+			t.Error("the message was not forwarded to the key's successor")
+		}
+	})
+}
+
 // TestActivationAsksEveryHolderAgain: two members say they hold the key. The first lets go;
 // the second then dies without letting go. The activation asks it again, is not answered, and
 // activates the key: it does not wait for the dead member for ever.
