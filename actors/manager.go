@@ -49,7 +49,9 @@ type SessionManager struct {
 	// activating are the keys whose session waits for the other members to let go of them;
 	// waiters, the managers of other members waiting for this one to let go of a key (Release).
 	activating map[string]*activation
-	waiters    map[string][]*actor.PID
+	waiters    map[string][]waiter
+	// activations numbers the activations that ask the other members to let go (Release).
+	activations uint64
 }
 
 // recoverAll asks the manager to list the keys with unfinished work and start their sessions
@@ -223,7 +225,7 @@ func (m *SessionManager) start(c actor.Context) {
 	m.stoppedGrains = map[string][]*actor.PID{}
 	m.quieted = map[string]bool{}
 	m.activating = map[string]*activation{}
-	m.waiters = map[string][]*actor.PID{}
+	m.waiters = map[string][]waiter{}
 	if p := m.d.Config.PassivateAfter; p > 0 {
 		every := sweepEvery(p)
 		m.stopSweep = scheduler.NewTimerScheduler(c).SendRepeatedly(every, every, c.Self(), &idleSweep{})

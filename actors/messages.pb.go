@@ -982,12 +982,14 @@ func (*Forward_Recover) isForward_Msg() {}
 // running on the key's previous member is never cancelled and run again beside it. Meanwhile
 // it forwards the key's messages to the holder (Forward), which stores them behind its turn.
 // address and id name the asking manager (its PID as the other members reach it); the
-// answers go there.
+// answers go there. activation numbers the asking manager's activations, so that a Released
+// of an earlier one is not taken for an answer to this one.
 type Release struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
 	Id            string                 `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
+	Activation    uint64                 `protobuf:"varint,4,opt,name=activation,proto3" json:"activation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1043,14 +1045,23 @@ func (x *Release) GetId() string {
 	return ""
 }
 
+func (x *Release) GetActivation() uint64 {
+	if x != nil {
+		return x.Activation
+	}
+	return 0
+}
+
 // Released answers Release. address and id name the answering manager; holding says whether
-// it still holds the key (another Released follows when it lets go).
+// it still holds the key (another Released follows when it lets go); activation is the
+// Release's.
 type Released struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
 	Id            string                 `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
 	Holding       bool                   `protobuf:"varint,4,opt,name=holding,proto3" json:"holding,omitempty"`
+	Activation    uint64                 `protobuf:"varint,5,opt,name=activation,proto3" json:"activation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1111,6 +1122,13 @@ func (x *Released) GetHolding() bool {
 		return x.Holding
 	}
 	return false
+}
+
+func (x *Released) GetActivation() uint64 {
+	if x != nil {
+		return x.Activation
+	}
+	return 0
 }
 
 var File_actors_messages_proto protoreflect.FileDescriptor
@@ -1202,16 +1220,22 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\rreset_session\x18\x05 \x01(\v2!.agentgate.actors.v1.ResetSessionH\x00R\fresetSession\x12<\n" +
 	"\treset_due\x18\x06 \x01(\v2\x1d.agentgate.actors.v1.ResetDueH\x00R\bresetDue\x128\n" +
 	"\arecover\x18\a \x01(\v2\x1c.agentgate.actors.v1.RecoverH\x00R\arecoverB\x05\n" +
-	"\x03msg\"E\n" +
+	"\x03msg\"e\n" +
 	"\aRelease\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x0e\n" +
-	"\x02id\x18\x03 \x01(\tR\x02id\"`\n" +
+	"\x02id\x18\x03 \x01(\tR\x02id\x12\x1e\n" +
+	"\n" +
+	"activation\x18\x04 \x01(\x04R\n" +
+	"activation\"\x80\x01\n" +
 	"\bReleased\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x0e\n" +
 	"\x02id\x18\x03 \x01(\tR\x02id\x12\x18\n" +
-	"\aholding\x18\x04 \x01(\bR\aholdingB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
+	"\aholding\x18\x04 \x01(\bR\aholding\x12\x1e\n" +
+	"\n" +
+	"activation\x18\x05 \x01(\x04R\n" +
+	"activationB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
 
 var (
 	file_actors_messages_proto_rawDescOnce sync.Once

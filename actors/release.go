@@ -2,6 +2,7 @@ package actors
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -30,6 +31,7 @@ const releaseAnswerTimeout = 5 * time.Second
 
 // activation is a key whose session waits for the other members to let go of it.
 type activation struct {
+	id      uint64                // numbers this manager's activations (Release.activation)
 	asked   map[string]*actor.PID // managers not yet known to have let go, by PID
 	holder  *actor.PID            // a manager that holds the key: requests go there meanwhile
 	held    []routed              // requests for the session once it starts
@@ -59,7 +61,8 @@ func (m *SessionManager) activate(c actor.Context, key string, recovered bool, r
 		}
 		return
 	}
-	a := &activation{asked: make(map[string]*actor.PID, len(peers))}
+	m.activations++
+	a := &activation{id: m.activations, asked: make(map[string]*actor.PID, len(peers))}
 	for _, p := range peers {
 		a.asked[p.String()] = p
 	}
@@ -91,7 +94,7 @@ func (m *SessionManager) whileActivating(c actor.Context, key string, a *activat
 // timeout a member that cannot answer leaves, comes back to the activation.
 func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, p *actor.PID) {
 	me := m.d.Placement.Self()
-	f := c.RequestFuture(p, &Release{Key: key, Address: me.Address, Id: me.Id}, releaseAnswerTimeout)
+	f := c.RequestFuture(p, &Release{Key: key, Address: me.Address, Id: me.Id, Activation: a.id}, releaseAnswerTimeout)
 	c.ReenterAfter(f, func(res any, err error) {
 		if m.activating[key] != a {
 			return // started or given up meanwhile
@@ -103,7 +106,7 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 		if err != nil {
 			m.log.Warn("a member did not say whether it still runs the session; this member takes the key over",
 				"session", key, "member", p.Address, "err", err)
-			r = &Released{Key: key, Address: p.Address, Id: p.Id}
+			r = &Released{Key: key, Address: p.Address, Id: p.Id, Activation: a.id}
 		}
 		m.onReleased(c, r)
 		if r.Holding {
@@ -130,8 +133,8 @@ func (m *SessionManager) onAskAgain(c actor.Context, t *askAgain) {
 // once it let go of the key.
 func (m *SessionManager) onReleased(c actor.Context, r *Released) {
 	a := m.activating[r.Key]
-	if a == nil {
-		return
+	if a == nil || r.Activation != a.id {
+		return // an answer to an earlier activation of the key
 	}
 	p := actor.NewPID(r.Address, r.Id)
 	k := p.String()
@@ -220,12 +223,15 @@ func (m *SessionManager) onRelease(c actor.Context, r *Release) {
 	_, stopping := m.stopping[r.Key]
 	holds := m.sessions[r.Key] != nil || stopping ||
 		m.activating[r.Key] != nil && m.elsewhere(r.Key) == nil && me.String() < asker.String()
-	c.Respond(&Released{Key: r.Key, Address: me.Address, Id: me.Id, Holding: holds})
+	c.Respond(&Released{Key: r.Key, Address: me.Address, Id: me.Id, Holding: holds, Activation: r.Activation})
 	if !holds {
 		return
 	}
-	if ws := m.waiters[r.Key]; !containsPID(ws, asker) {
-		m.waiters[r.Key] = append(ws, asker)
+	ws := m.waiters[r.Key]
+	if i := slices.IndexFunc(ws, func(w waiter) bool { return w.pid.Equal(asker) }); i >= 0 {
+		ws[i].activation = r.Activation // the asker's latest activation of the key
+	} else {
+		m.waiters[r.Key] = append(ws, waiter{pid: asker, activation: r.Activation})
 	}
 	if pid := m.sessions[r.Key]; pid != nil && m.elsewhere(r.Key) != nil {
 		c.Send(pid, &moved{})
@@ -245,7 +251,7 @@ func (m *SessionManager) letGo(c actor.Context, key string) {
 	delete(m.waiters, key)
 	me := m.d.Placement.Self()
 	for _, w := range ws {
-		c.Send(w, &Released{Key: key, Address: me.Address, Id: me.Id})
+		c.Send(w.pid, &Released{Key: key, Address: me.Address, Id: me.Id, Activation: w.activation})
 	}
 }
 
@@ -264,11 +270,8 @@ func (m *SessionManager) elsewhere(key string) *actor.PID {
 	return nil
 }
 
-func containsPID(pids []*actor.PID, p *actor.PID) bool {
-	for _, q := range pids {
-		if q.Equal(p) {
-			return true
-		}
-	}
-	return false
+// waiter is another member's manager waiting for this one to let go of a key.
+type waiter struct {
+	pid        *actor.PID
+	activation uint64 // its activation of the key (Release.activation)
 }

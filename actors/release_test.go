@@ -230,12 +230,14 @@ func TestActivationAsksEveryHolderAgain(t *testing.T) {
 		w := newManagerWorld(t, echo, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
 		var letGo atomic.Bool
 		var first, second *actor.PID
+		var activation uint64 // the activation first was asked for
 		first = w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
 			switch m := c.Message().(type) {
 			case *Release:
-				c.Respond(&Released{Key: m.Key, Address: first.Address, Id: first.Id, Holding: !letGo.Load()})
+				activation = m.Activation
+				c.Respond(&Released{Key: m.Key, Address: first.Address, Id: first.Id, Holding: !letGo.Load(), Activation: m.Activation})
 			case string: // let go now
-				c.Send(w.manager, &Released{Key: w.key, Address: first.Address, Id: first.Id})
+				c.Send(w.manager, &Released{Key: w.key, Address: first.Address, Id: first.Id, Activation: activation})
 			}
 		}))
 		answered := false
@@ -243,7 +245,7 @@ func TestActivationAsksEveryHolderAgain(t *testing.T) {
 			if m, ok := c.Message().(*Release); ok && !answered {
 				answered = true // it answers once, then dies (it answers nothing more)
 				time.Sleep(time.Millisecond)
-				c.Respond(&Released{Key: m.Key, Address: second.Address, Id: second.Id, Holding: true})
+				c.Respond(&Released{Key: m.Key, Address: second.Address, Id: second.Id, Holding: true, Activation: m.Activation})
 			}
 		}))
 		w.d.Placement = peersPlacement{self: w.manager, peers: []*actor.PID{first, second}, owner: &owner}
@@ -308,6 +310,46 @@ func TestCancelledActivationLetsGoBeforeItHandsOn(t *testing.T) {
 		}
 		if own, err := w.store.Ownership(w.ctx, w.key); err != nil || own.Owner != "b" {
 			t.Errorf("the key's claim is %+v (%v), want the owner's", own, err)
+		}
+	})
+}
+
+// TestReleasedOfAnEarlierActivationIsNotTaken: a holder's "let go" that answers an earlier
+// activation of the key (it took the key again since) does not let the current one claim the
+// key; the holder's answer to this activation does.
+func TestReleasedOfAnEarlierActivationIsNotTaken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		echo := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "echo"}, nil
+		})
+		var owner atomic.Pointer[actor.PID]
+		w := newManagerWorld(t, echo, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		var holder *actor.PID
+		asked := make(chan uint64, 8)
+		holder = w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if m, ok := c.Message().(*Release); ok {
+				asked <- m.Activation
+				c.Respond(&Released{Key: m.Key, Address: holder.Address, Id: holder.Id, Holding: true, Activation: m.Activation})
+			}
+		}))
+		w.d.Placement = testPlacement{self: w.manager, peer: holder, owner: &owner}
+		owner.Store(w.manager)
+		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &Recover{}})
+		synctest.Wait()
+		activation := <-asked
+		active := func() bool {
+			res, _ := w.system.Root.RequestFuture(w.manager, &ListActive{}, time.Hour).Result()
+			return len(res.(*ActiveList).Keys) > 0
+		}
+		w.system.Root.Send(w.manager, &Released{Key: w.key, Address: holder.Address, Id: holder.Id, Activation: activation - 1})
+		synctest.Wait()
+		if active() {
+			t.Fatal("the session started on an earlier activation's Released, while the holder still holds the key")
+		}
+		w.system.Root.Send(w.manager, &Released{Key: w.key, Address: holder.Address, Id: holder.Id, Activation: activation})
+		synctest.Wait()
+		if !active() {
+			t.Error("the session did not start once the holder let go")
 		}
 	})
 }
