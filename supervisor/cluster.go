@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
@@ -209,23 +210,38 @@ func (d *Daemon) relay(platform string, out *platforms.Outbound) {
 // managerOf is the SessionManager that runs key's session: in cluster mode the one of the
 // member that owns the key.
 func (d *Daemon) managerOf(key string) *actor.PID {
-	p := placement{d}
-	if owner := p.Owner(key); owner != nil && !owner.Equal(p.Self()) {
-		return owner
+	if d.cluster == nil {
+		return d.manager
 	}
-	return d.manager
+	owner := ownerOf(d.cluster.MemberList.Members().Members())(key)
+	if owner == "" || owner == d.system.Address() {
+		return d.manager
+	}
+	return actor.NewPID(owner, d.manager.Id)
 }
 
 // placement is the cluster's placement of session keys as this member sees it
 // (actors.Placement): the managers of the key's owner and of the other members, reached by
-// their member's address.
+// their member's address. The owner it names is the one among the members that do not leave: a
+// leaving member still owns its keys in the cluster's routing until it withdraws (so that no
+// other member claims a key whose turn it is finishing), but what it hands on must stay with
+// the member it handed it to. Before, that member sent a handed-on key back to the leaving one,
+// which, unable to forward it again, started the key's session itself and ran its turns until
+// its drain deadline (TestClusterLeavingMemberHandsOnEveryBusyKey).
 type placement struct{ d *Daemon }
 
 func (p placement) Owner(key string) *actor.PID {
 	if p.d.cluster == nil {
 		return nil
 	}
-	owner := ownerOf(p.d.cluster.MemberList.Members().Members())(key)
+	members := p.d.cluster.MemberList.Members().Members()
+	if leaving := p.d.membership.leavingMembers(); len(leaving) > 0 {
+		staying := slices.DeleteFunc(slices.Clone(members), func(m *cluster.Member) bool { return leaving[m.Id] })
+		if len(staying) > 0 {
+			members = staying
+		}
+	}
+	owner := ownerOf(members)(key)
 	if owner == "" {
 		return nil
 	}

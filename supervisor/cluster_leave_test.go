@@ -6,7 +6,10 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
+	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -161,4 +164,126 @@ func repliesTo(rs []*runtime, id string) int {
 		}
 	}
 	return n
+}
+
+// TestClusterLeavingMemberHandsOnEveryBusyKey: a member stops while turns of several chats it
+// owns run, each with messages queued behind it. As each turn ends the chat goes to the other
+// member, which runs the queued messages and the chat's later ones (the cluster still routes
+// them to the leaving member, which forwards them) while the leaving member still drains another
+// chat's turn; the leaving member runs none of them, and no message runs twice.
+//
+// Before, the member that took a chat over sent it back to the leaving member (its view still
+// placed the chat there, as the leaving member stays a member until it withdraws); the leaving
+// member, unable to forward it again, started the chat's session itself and ran its turns until
+// its drain deadline, then cancelled them, and the other member ran them again.
+func TestClusterLeavingMemberHandsOnEveryBusyKey(t *testing.T) {
+	release, holdout := make(chan struct{}), make(chan struct{})
+	releaseOnce, holdoutOnce := sync.OnceFunc(func() { close(release) }), sync.OnceFunc(func() { close(holdout) })
+	defer releaseOnce()
+	defer holdoutOnce()
+	started := make(chan string, 16)
+	var mu sync.Mutex
+	ran := map[string][]string{} // message text → the members that ran it
+	agentOf := func(member string) agents.Agent {
+		return agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			text := req.Messages[0].Text
+			mu.Lock()
+			ran[text] = append(ran[text], member)
+			mu.Unlock()
+			wait := release
+			if text == "holdout" {
+				wait = holdout
+			}
+			if strings.HasPrefix(text, "slow") || text == "holdout" {
+				started <- text
+				select {
+				case <-wait:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			return &agents.Response{Text: "ok " + text}, nil
+		})
+	}
+	dsn := pgtest.NewDatabase(t)
+	stays := startClusterMember(t, dsn, agentOf("stays"), 30*time.Second)
+	defer stays.stop(t)
+	leaving := startClusterMember(t, dsn, agentOf("leaving"), 30*time.Second)
+	rs := []*runtime{stays, leaving}
+	waitUntil(t, func() bool {
+		return len(stays.d.cluster.MemberList.Members().Members()) == 2 && len(leaving.d.cluster.MemberList.Members().Members()) == 2
+	})
+	owner := ownerOf(stays.d.cluster.MemberList.Members().Members())
+	var busy []int
+	for i := 0; len(busy) < 4; i++ {
+		if owner(stays.d.intake.Key(chat(i))) == leaving.d.system.Address() {
+			busy = append(busy, i)
+		}
+	}
+	last := busy[3] // its turn holds the leaving member's drain open
+	busy = busy[:3]
+	stays.inject(t, chat(last), "holdout", "holdout")
+	for _, i := range busy {
+		stays.inject(t, chat(i), fmt.Sprint("slow-", i), fmt.Sprint("slow-", i))
+	}
+	for range len(busy) + 1 {
+		<-started
+	}
+	for _, i := range busy {
+		for j := range 2 {
+			id := fmt.Sprintf("queued-%d-%d", i, j)
+			if ack := stays.inject(t, chat(i), id, id); ack != nil && ack.Disposition != platforms.Queued {
+				t.Errorf("%s: disposition %q, want %q", id, ack.Disposition, platforms.Queued)
+			}
+		}
+	}
+
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		leaving.stop(t)
+	}()
+	// The member that stays renews (as its own renewal would) once the leaving member's
+	// registration shows that it leaves.
+	waitUntil(t, func() bool {
+		live, err := stays.d.membership.heartbeat(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(live, func(m postgres.Member) bool { return m.ID == leaving.d.system.ID && !m.Leaving }) {
+			return false
+		}
+		stays.d.membership.publish(stays.d.cluster, live)
+		return true
+	})
+	releaseOnce()
+	for _, i := range busy {
+		for j := range 2 {
+			waitReply(t, rs, fmt.Sprintf("queued-%d-%d", i, j))
+		}
+	}
+	// The leaving member still drains the holdout turn: the cluster routes the chats' next
+	// messages to it, and it forwards them.
+	for _, i := range busy {
+		id := fmt.Sprint("late-", i)
+		stays.inject(t, chat(i), id, id)
+		waitReply(t, rs, id)
+	}
+	holdoutOnce()
+	<-stopped
+	mu.Lock()
+	defer mu.Unlock()
+	for _, i := range busy {
+		if got := ran[fmt.Sprint("slow-", i)]; fmt.Sprint(got) != "[leaving]" {
+			t.Errorf("slow-%d ran on %v, want once on the leaving member", i, got)
+		}
+		for _, text := range []string{fmt.Sprintf("queued-%d-0", i), fmt.Sprintf("queued-%d-1", i), fmt.Sprint("late-", i)} {
+			if got := ran[text]; fmt.Sprint(got) != "[stays]" {
+				t.Errorf("%s ran on %v, want once, on the member that stays", text, got)
+			}
+		}
+	}
+	if got := ran["holdout"]; fmt.Sprint(got) != "[leaving]" {
+		t.Errorf("the holdout turn ran on %v, want once on the leaving member", got)
+	}
 }

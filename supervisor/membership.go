@@ -175,6 +175,23 @@ func (p *storeMembership) successors() []*cluster.Member {
 	return out
 }
 
+// leavingMembers are the ids of the live members that leave (this one too, if it does), as of
+// the last renewal; nil when none does.
+func (p *storeMembership) leavingMembers() map[string]bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out map[string]bool
+	for _, m := range p.live {
+		if m.Leaving {
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[m.ID] = true
+		}
+	}
+	return out
+}
+
 // split returns an error when this member must leave a split cluster: an older live member
 // (live is oldest first) is one protoactor has blocked.
 func (p *storeMembership) split(c *cluster.Cluster, live []postgres.Member) error {
