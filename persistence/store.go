@@ -114,13 +114,16 @@ type Message struct {
 	MessageID string
 	// UserID and UserName are the sender of a user message: in a shared session each queued
 	// message keeps its own sender, so its turn runs with that sender's identity.
-	UserID    string
-	UserName  string
-	TurnID    string
-	Status    string
-	Active    bool // false once undone or retried away
-	Archived  bool
-	Attempts  int // times a turn for this message crashed its session
+	UserID   string
+	UserName string
+	TurnID   string
+	Status   string
+	Active   bool // false once undone or retried away
+	Archived bool
+	// Attempts counts the unclean stops of the daemon (Store.BeginRun) while the message was
+	// the head of its session's pending queue. Crashes of its session alone are counted in
+	// memory.
+	Attempts  int
 	CreatedAt time.Time
 }
 
@@ -345,6 +348,14 @@ type Snapshot struct {
 	LastOutboxSeq int64 // highest outbox seq of the key
 }
 
+// UncleanStop is a daemon run that never ended cleanly (Store.BeginRun).
+type UncleanStop struct {
+	Run       string
+	StartedAt time.Time
+	// Counted is how many head pending messages had one attempt added.
+	Counted int
+}
+
 // SessionSummary is one row of a session listing.
 type SessionSummary struct {
 	Session  Session
@@ -474,6 +485,17 @@ type Store interface {
 	Claim(ctx context.Context, key, owner string, at time.Time) (epoch int64, err error)
 	// Ownership returns the current claim of a key; ErrNotFound if it was never claimed.
 	Ownership(ctx context.Context, key string) (*Ownership, error)
+	// BeginRun records that a single daemon (the only writer of the store) starts run. When
+	// the run before it never ended (no EndRun: the process was killed, ran out of memory or
+	// hit a fatal runtime error), it counts that unclean stop in the same transaction: it adds
+	// 1 to Attempts of the head pending message (the lowest seq with StatusPending, active,
+	// of role user) of each routed session, the message that was running or next to run
+	// there, and returns the run before; otherwise it returns nil. Cluster members, which
+	// start and stop independently on one database, never call it.
+	BeginRun(ctx context.Context, run string, at time.Time) (*UncleanStop, error)
+	// EndRun records that run stopped cleanly. It changes nothing when another run began
+	// since.
+	EndRun(ctx context.Context, run string) error
 	// Ping checks that the store can be written.
 	Ping(ctx context.Context) error
 	// Close releases the store.

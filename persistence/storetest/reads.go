@@ -351,6 +351,8 @@ func testClosed(t *testing.T, s persistence.Store) {
 		{"OpenDrafts", second(s.OpenDrafts(ctx, "http", 0))},
 		{"Claim", second(s.Claim(ctx, "k1", "member-1", at(0)))},
 		{"Ownership", second(s.Ownership(ctx, "k1"))},
+		{"BeginRun", second(s.BeginRun(ctx, "r1", at(0)))},
+		{"EndRun", s.EndRun(ctx, "r1")},
 		{"Ping", s.Ping(ctx)},
 	}
 	for _, c := range checks {

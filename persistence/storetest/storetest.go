@@ -50,6 +50,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"IdleSessionsPaging", testIdleSessionsPaging},
 		{"ReopenSession", testReopenSession},
 		{"SetAttempts", testSetAttempts},
+		{"UncleanStops", testUncleanStops},
 		{"PruneSessions", testPruneSessions},
 		{"PruneSessionsLimit", testPruneSessionsLimit},
 		{"PruneConcurrentWithCommit", testPruneConcurrentWithCommit},

@@ -1,0 +1,99 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/jackc/pgx/v5"
+)
+
+const (
+	// lastRunSQL locks the row: the daemon lock keeps a second daemon out already, but a
+	// BeginRun that raced another would count one unclean stop twice.
+	lastRunSQL = `SELECT run, started_at FROM daemon_run WHERE one FOR UPDATE`
+	// countUncleanStopSQL adds one attempt to the head pending message of each routed session
+	// (messages_pending serves the MIN).
+	countUncleanStopSQL = `UPDATE messages m SET attempts = m.attempts + 1
+		WHERE m.role = 'user' AND m.status = 'pending' AND m.active
+			AND m.session_id IN (SELECT session_id FROM routing)
+			AND m.seq = (SELECT MIN(h.seq) FROM messages h WHERE h.session_id = m.session_id
+				AND h.role = 'user' AND h.status = 'pending' AND h.active)`
+	beginRunSQL = `INSERT INTO daemon_run (one, run, started_at) VALUES (TRUE, $1, $2)
+		ON CONFLICT (one) DO UPDATE SET run = excluded.run, started_at = excluded.started_at`
+	endRunSQL = `UPDATE daemon_run SET run = '' WHERE one AND run = $1`
+)
+
+// BeginRun implements persistence.Store: one transaction, fenced by the daemon lock as a
+// commit is, reads the last run, counts its unclean stop and records run.
+func (s *Store) BeginRun(ctx context.Context, run string, at time.Time) (*persistence.UncleanStop, error) {
+	u, err := s.beginRun(ctx, run, at)
+	if err != nil {
+		err = fmt.Errorf("begin run %s: %w", run, err)
+		if IsUnavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
+			err = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
+		}
+		return nil, err
+	}
+	return u, nil
+}
+
+func (s *Store) beginRun(ctx context.Context, run string, at time.Time) (*persistence.UncleanStop, error) {
+	if run == "" {
+		return nil, errors.New("run id required")
+	}
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	fence, err := s.lockHeld()
+	if err != nil {
+		return nil, err
+	}
+	var u *persistence.UncleanStop
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if fence != nil {
+			if _, err := tx.Exec(ctx, fence.sql, fence.args...); err != nil {
+				return describe(*fence, err)
+			}
+		}
+		var last persistence.UncleanStop
+		if err := tx.QueryRow(ctx, lastRunSQL).Scan(&last.Run, nanoTime{&last.StartedAt}); err != nil {
+			return fmt.Errorf("read the last run: %w", err)
+		}
+		if last.Run != "" {
+			tag, err := tx.Exec(ctx, countUncleanStopSQL)
+			if err != nil {
+				return fmt.Errorf("count the unclean stop: %w", err)
+			}
+			last.Counted = int(tag.RowsAffected())
+			u = &last
+		}
+		_, err := tx.Exec(ctx, beginRunSQL, run, timeArg(at))
+		return err
+	})
+	if err != nil {
+		return nil, s.explain(ctx, err)
+	}
+	return u, nil
+}
+
+// EndRun implements persistence.Store.
+func (s *Store) EndRun(ctx context.Context, run string) error {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return fmt.Errorf("end run %s: %w", run, err)
+	}
+	defer done()
+	if _, err := s.pool.Exec(ctx, endRunSQL, run); err != nil {
+		err = fmt.Errorf("end run %s: %w", run, s.explain(ctx, err))
+		if IsUnavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
+			err = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
+		}
+		return err
+	}
+	return nil
+}

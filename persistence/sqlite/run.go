@@ -1,0 +1,107 @@
+package sqlite
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+)
+
+const (
+	lastRunSQL = `SELECT run, started_at FROM daemon_run WHERE one = 1`
+	// countUncleanStopSQL adds one attempt to the head pending message of each routed session
+	// (messages_pending serves the MIN).
+	countUncleanStopSQL = `UPDATE messages SET attempts = attempts + 1
+		WHERE role = 'user' AND status = 'pending' AND active = 1
+			AND session_id IN (SELECT session_id FROM routing)
+			AND seq = (SELECT MIN(h.seq) FROM messages h WHERE h.session_id = messages.session_id
+				AND h.role = 'user' AND h.status = 'pending' AND h.active = 1)`
+	beginRunSQL = `INSERT INTO daemon_run (one, run, started_at) VALUES (1, ?1, ?2)
+		ON CONFLICT (one) DO UPDATE SET run = ?1, started_at = ?2`
+	endRunSQL = `UPDATE daemon_run SET run = '' WHERE one = 1 AND run = ?`
+)
+
+// BeginRun implements persistence.Store: one BEGIN IMMEDIATE transaction under the commit
+// mutex reads the last run, counts its unclean stop and records run.
+func (s *Store) BeginRun(ctx context.Context, run string, at time.Time) (*persistence.UncleanStop, error) {
+	u, err := s.beginRun(ctx, run, at)
+	if err != nil {
+		err = fmt.Errorf("begin run %s: %w", run, err)
+		if IsUnavailable(err) {
+			err = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
+		}
+		return nil, err
+	}
+	return u, nil
+}
+
+func (s *Store) beginRun(ctx context.Context, run string, at time.Time) (_ *persistence.UncleanStop, err error) {
+	if run == "" {
+		return nil, fmt.Errorf("run id required")
+	}
+	if err := s.enter(); err != nil {
+		return nil, err
+	}
+	defer s.leave()
+	if s.readOnly {
+		return nil, ErrReadOnly
+	}
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	tx, err := s.writer.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
+	var u *persistence.UncleanStop
+	var last persistence.UncleanStop
+	if err := tx.QueryRowContext(ctx, lastRunSQL).Scan(&last.Run, nanoTime{&last.StartedAt}); err != nil {
+		return nil, fmt.Errorf("read the last run: %w", err)
+	}
+	if last.Run != "" {
+		res, err := tx.ExecContext(ctx, countUncleanStopSQL)
+		if err != nil {
+			return nil, fmt.Errorf("count the unclean stop: %w", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return nil, fmt.Errorf("count the unclean stop: %w", err)
+		}
+		last.Counted = int(n)
+		u = &last
+	}
+	if _, err := tx.ExecContext(ctx, beginRunSQL, run, timeArg(at)); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	return u, nil
+}
+
+// EndRun implements persistence.Store.
+func (s *Store) EndRun(ctx context.Context, run string) error {
+	if err := s.endRun(ctx, run); err != nil {
+		err = fmt.Errorf("end run %s: %w", run, err)
+		if IsUnavailable(err) {
+			err = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
+		}
+		return err
+	}
+	return nil
+}
+
+func (s *Store) endRun(ctx context.Context, run string) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.leave()
+	if s.readOnly {
+		return ErrReadOnly
+	}
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	_, err := s.writer.ExecContext(ctx, endRunSQL, run)
+	return err
+}
