@@ -69,6 +69,28 @@ func (s *Session) afterCrash(c actor.Context) {
 	}
 }
 
+// afterUncleanStops runs whenever the session loads: it quarantines the head of the queue
+// while the daemon stopped uncleanly QuarantineAfter times when it was next to run (the store
+// counts those stops at start, Store.BeginRun). Such a message may take the whole process down
+// (out of memory, a fatal runtime error), which no in-memory count survives; run again at every
+// start, it would crash-loop the daemon under a process supervisor. In collect mode the
+// messages that merge with it (nextGroup) ran in the same turn and go with it, as the
+// in-memory path quarantines every message of the crashed turn. The next message runs.
+func (s *Session) afterUncleanStops(c actor.Context) {
+	for len(s.queue) > 0 && s.queue[0].restarts >= QuarantineAfter {
+		group := slices.Clone(s.nextGroup())
+		s.dequeue(len(group))
+		n := group[0].restarts
+		for _, it := range group {
+			s.logger().Error("message quarantined after repeated unclean restarts of agentgate",
+				"message", it.messageID, "restarts", n)
+			s.d.Metrics.MessagesQuarantined.WithLabelValues("unclean_restart").Inc()
+			s.setAside(c, it, persistence.StatusQuarantined,
+				fmt.Sprintf("⚠️ agentgate restarted %d times without stopping cleanly while this message was running (it may crash the whole gateway), so it was set aside (quarantined) and will not be retried.", n))
+		}
+	}
+}
+
 // noticePending answers every message the last run left unanswered with a notice instead of
 // running it (sessions.recovery: notice), and marks it failed.
 func (s *Session) noticePending(c actor.Context) {
@@ -83,6 +105,7 @@ func (s *Session) noticePending(c actor.Context) {
 // told it will not be retried.
 func (s *Session) quarantine(c actor.Context, it *item) {
 	s.logger().Error("message quarantined after repeated crashes", "message", it.messageID, "crashes", QuarantineAfter)
+	s.d.Metrics.MessagesQuarantined.WithLabelValues("session_crash").Inc()
 	s.setAside(c, it, persistence.StatusQuarantined,
 		fmt.Sprintf("⚠️ This message crashed the session %d times, so it was set aside (quarantined) and will not be retried.", QuarantineAfter))
 }

@@ -3,6 +3,8 @@ package actors
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestSessionStoppedForCrashingStartsAgain: an agent that panics on every message of a chat.
@@ -132,4 +135,108 @@ func TestRecoveryRetriesItsListing(t *testing.T) {
 			t.Errorf("the left-over message was not run after the store could list it again")
 		}
 	})
+}
+
+// TestUncleanRestartsQuarantine: a message that was at the head of its session when agentgate
+// stopped uncleanly QuarantineAfter times (counted by Store.BeginRun) is quarantined when its
+// session loads, its sender told, and the session goes on with the next message. In collect
+// mode the messages of its sender that merge with it into one turn go with it; another
+// sender's message runs.
+func TestUncleanRestartsQuarantine(t *testing.T) {
+	tests := []struct {
+		mode        string
+		quarantined []string
+		answered    []string
+	}{
+		{ModeFollowup, []string{"m1"}, []string{"m2", "m3"}},
+		{ModeCollect, []string{"m1", "m2"}, []string{"m3"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.mode, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { uncleanRestartsQuarantine(t, tc.mode, tc.quarantined, tc.answered) })
+		})
+	}
+}
+
+func uncleanRestartsQuarantine(t *testing.T, mode string, quarantined, answered []string) {
+	path := filepath.Join(t.TempDir(), "agentgate.db")
+	now := time.Now()
+	src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1"}
+	key := identity.Key(src, identity.KeyOptions{})
+	func() {
+		store, err := sqlite.Open(t.Context(), path, sqlite.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer store.Close()
+		msg := func(seq int64, id, user string) persistence.Op {
+			return &persistence.AppendMessage{Message: persistence.Message{SessionID: "s1", Seq: seq, Role: persistence.RoleUser,
+				Content: "text of " + id, Platform: "fake", ChatID: "c1", MessageID: id, UserID: user,
+				Status: persistence.StatusPending, Active: true, CreatedAt: now}}
+		}
+		if errs := store.Commit(t.Context(), [][]persistence.Op{{
+			&persistence.CreateSession{Session: persistence.Session{ID: "s1", Key: key, Platform: "fake", ChatType: identity.ChatDM,
+				ChatID: "c1", UserID: "u1", StartedAt: now, LastActivityAt: now}},
+			&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: "s1", Generation: 1, UpdatedAt: now}},
+			msg(1, "m1", "u1"), msg(2, "m2", "u1"), msg(3, "m3", "u2"),
+		}}); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+		// Four runs, none of them stopped: three unclean stops counted against m1.
+		for i := range QuarantineAfter + 1 {
+			if _, err := store.BeginRun(t.Context(), fmt.Sprint("run-", i), now); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}()
+	echo := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+		return &agents.Response{Text: "echo"}, nil
+	})
+	w := newManagerWorldAt(t, path, echo, func(d *Deps) { d.Config.QueueMode = mode })
+	time.Sleep(time.Minute)
+	synctest.Wait()
+
+	msgs, err := w.store.Transcript(w.ctx, "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := map[string]string{}
+	for _, m := range msgs {
+		if m.Role == persistence.RoleUser {
+			status[m.MessageID] = m.Status
+		}
+	}
+	want := map[string]string{}
+	for _, id := range quarantined {
+		want[id] = persistence.StatusQuarantined
+	}
+	for _, id := range answered {
+		want[id] = persistence.StatusDone
+	}
+	if !maps.Equal(status, want) {
+		t.Errorf("message statuses %v, want %v", status, want)
+	}
+	told := map[string]bool{}
+	for len(w.sent) > 0 {
+		m := <-w.sent
+		if strings.Contains(m.Out.Text, "quarantined") {
+			if !strings.Contains(m.Out.Text, fmt.Sprintf("restarted %d times", QuarantineAfter)) {
+				t.Errorf("quarantine notice %q does not say how often agentgate restarted", m.Out.Text)
+			}
+			for _, id := range m.Out.InReplyTo {
+				told[id] = true
+			}
+		}
+	}
+	if len(told) != len(quarantined) {
+		t.Errorf("quarantine notices answer %v, want %v", told, quarantined)
+	}
+	for _, id := range quarantined {
+		if !told[id] {
+			t.Errorf("quarantine notices answer %v, want %v", told, quarantined)
+		}
+	}
+	if n := testutil.ToFloat64(w.d.Metrics.MessagesQuarantined.WithLabelValues("unclean_restart")); n != float64(len(quarantined)) {
+		t.Errorf("messages_quarantined_total{cause=unclean_restart} = %v, want %d", n, len(quarantined))
+	}
 }

@@ -93,6 +93,9 @@ type item struct {
 	at        time.Time
 	arrived   time.Time // real arrival time (debounce)
 	durable   bool
+	// restarts counts the unclean stops of the daemon while it was its session's head pending
+	// message (persistence.Message.Attempts, raised by Store.BeginRun).
+	restarts  int
 	dropped   bool         // a command dropped it while its write was in flight: set aside when it lands
 	requester *actor.PID   // waits for DeliverResult; nil after the ack or for recovered items
 	repeats   []*actor.PID // senders of the same message id while its write was in flight
@@ -304,7 +307,7 @@ func (s *Session) load(c actor.Context) {
 			src := s.sourceOf(s.cur)
 			src.UserID, src.UserName = m.UserID, m.UserName
 			s.queue = append(s.queue, &item{seq: m.Seq, sessionID: m.SessionID, src: src,
-				messageID: m.MessageID, text: m.Content, at: m.CreatedAt, durable: true})
+				messageID: m.MessageID, text: m.Content, at: m.CreatedAt, durable: true, restarts: m.Attempts})
 			s.seen.add(m.MessageID)
 		}
 	}
@@ -314,6 +317,7 @@ func (s *Session) load(c actor.Context) {
 	if s.restarts() > 0 {
 		s.afterCrash(c)
 	}
+	s.afterUncleanStops(c)
 	s.expireOnStart(c)
 	if s.recovered && s.life == nil && s.d.Config.Recovery == RecoveryNotice {
 		// Only the first incarnation recovers: a restarted one has a lifeline.

@@ -95,7 +95,7 @@ func TestMetricsMoveWithTheLoad(t *testing.T) {
 		"agentgate_persist_flush_seconds", "agentgate_spool_files", "agentgate_actor_restarts_total",
 		"agentgate_mailbox_depth", "agentgate_inbound_total", "agentgate_outbound_total",
 		"agentgate_agent_tokens_total", "agentgate_actor_message_seconds", "agentgate_actor_starts_total",
-		"agentgate_actor_stops_total", "agentgate_actor_deadletters_total"} {
+		"agentgate_actor_stops_total", "agentgate_actor_deadletters_total", "agentgate_messages_quarantined_total"} {
 		if before[name] == nil {
 			t.Errorf("%s missing from the first scrape", name)
 		}

@@ -24,6 +24,9 @@ var (
 	ActorKinds       = []string{"session", "turn", "persistence", "manager", "platform"}
 	SendOutcomes     = []string{"ok", "error"}
 	TokenDirections  = []string{"input", "output"}
+	// QuarantineCauses: a message crashed its session QuarantineAfter times, or it was running
+	// when the daemon stopped uncleanly that often (it may take the whole process down).
+	QuarantineCauses = []string{"session_crash", "unclean_restart"}
 )
 
 // Metrics are the collectors agentgate updates. All methods are safe for concurrent use.
@@ -51,6 +54,8 @@ type Metrics struct {
 	AgentTokens *prometheus.CounterVec
 	// DeadLetters counts messages sent to actors that no longer exist.
 	DeadLetters prometheus.Counter
+	// MessagesQuarantined counts messages set aside for crashing, by cause (QuarantineCauses).
+	MessagesQuarantined *prometheus.CounterVec
 
 	actors *actorSeries
 }
@@ -102,11 +107,13 @@ func New(platforms ...string) *Metrics {
 			Name: "agentgate_agent_tokens_total", Help: "Model tokens used by agent turns, by direction (input: prompt, output: completion)."}, []string{"direction"}),
 		DeadLetters: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "agentgate_actor_deadletters_total", Help: "Messages sent to actors that had stopped (protoactor dead letters)."}),
+		MessagesQuarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentgate_messages_quarantined_total", Help: "Messages set aside for crashing, by cause (session_crash, unclean_restart)."}, []string{"cause"}),
 	}
 	m.actors = newActorSeries(m.Mailboxes)
 	for _, c := range []prometheus.Collector{m.SessionsActive, m.SessionActivations, m.SessionPassivations, m.SessionsFenced, m.ClusterMembers,
 		m.TurnsTotal, m.TurnDuration, m.QueueDepth, m.QueueOverflow, m.PersistBatchSize, m.PersistFlushSeconds,
-		m.SpoolFiles, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters} {
+		m.SpoolFiles, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined} {
 		f(c)
 	}
 	for _, c := range m.actors.collectors() {
@@ -123,6 +130,9 @@ func New(platforms ...string) *Metrics {
 	}
 	for _, d := range TokenDirections {
 		m.AgentTokens.WithLabelValues(d)
+	}
+	for _, c := range QuarantineCauses {
+		m.MessagesQuarantined.WithLabelValues(c)
 	}
 	for _, p := range platforms {
 		m.InboundTotal.WithLabelValues(p)
