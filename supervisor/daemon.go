@@ -98,7 +98,9 @@ type Daemon struct {
 	membership *storeMembership // this member's registration in it
 	fatal      chan error       // receives why the daemon must stop on its own (see Fatal)
 	stopping   atomic.Bool      // Stop has begun
-	fatalOne   sync.Once
+	// began: this run is recorded in the store (beginRun); a clean stop ends it (endRun).
+	began    bool
+	fatalOne sync.Once
 }
 
 // Fatal receives the error that makes a running daemon unable to go on (a cluster member the
@@ -126,6 +128,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 				d.dispatcher.Stop()
 			}
 			if d.store != nil {
+				d.endRun(context.Background()) // a failed start is no unclean stop
 				_ = d.store.Close()
 			}
 		}
@@ -259,6 +262,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			if _, err := d.system.Root.RequestFuture(pid, &persistence.Flush{}, time.Minute).Result(); err != nil {
 				log.Warn("persistence actor did not answer its start barrier", "err", err)
 			}
+			if !opts.SharedStore {
+				d.beginRun(opts.Now)
+			}
 		case strings.HasPrefix(ch.Name, "platform-"):
 			d.deps.Platforms[strings.TrimPrefix(ch.Name, "platform-")] = pid
 		case ch.Name == "sessions":
@@ -319,10 +325,53 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	if d.meters != nil {
 		_ = d.meters.Shutdown(ctx)
 	}
+	d.endRun(ctx)
 	err := d.store.Close()
 	_ = os.Remove(filepath.Join(d.cfg.DataDir, AddrFile))
 	d.log.Info("stopped")
 	return err
+}
+
+// beginRun records this run in the store (Store.BeginRun) once the persistence actor has
+// replayed the spool the last run left, and before any session loads. When the last run never
+// stopped cleanly (killed, out of memory, a fatal runtime error), the store counts that against
+// the message each session was running, and a session quarantines one counted
+// actors.QuarantineAfter times when it loads: a message that takes the whole process down
+// would otherwise crash-loop a daemon under a process supervisor. Only a single daemon does
+// this: cluster members start and stop on their own, and one's death says nothing of the
+// messages the others run. A failure is logged and the daemon goes on, uncounted.
+func (d *Daemon) beginRun(now func() time.Time) {
+	if now == nil {
+		now = time.Now
+	}
+	u, err := d.store.BeginRun(d.ctx, d.deps.Run, now())
+	if err != nil {
+		d.log.Warn("record the daemon's run in the store; an unclean stop is not counted", "err", err)
+		return
+	}
+	d.began = true
+	if u != nil {
+		d.log.Warn("the last run did not stop cleanly; one unclean stop counted against the message each session was running",
+			"run", u.Run, "started", u.StartedAt, "messages", u.Counted)
+	}
+}
+
+// endRunTimeout bounds the write that records a clean stop, also when the stop's own deadline
+// has passed: without it the next start counts an unclean stop.
+const endRunTimeout = 5 * time.Second
+
+// endRun records in the store that this run stopped cleanly, after the persistence actor's
+// final flush.
+func (d *Daemon) endRun(ctx context.Context) {
+	if !d.began {
+		return
+	}
+	d.began = false
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endRunTimeout)
+	defer cancel()
+	if err := d.store.EndRun(ctx, d.deps.Run); err != nil {
+		d.log.Warn("record the clean stop in the store; the next start counts an unclean stop", "err", err)
+	}
 }
 
 // AddrFile is the file in the data directory that holds the running daemon's HTTP address.

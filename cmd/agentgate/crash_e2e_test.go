@@ -1,0 +1,72 @@
+package main
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestPoisonMessageStopsTheCrashLoop: a message whose turn takes the whole daemon down (here
+// the test kills it with -9 while the agent hangs on it, as the OOM killer would) runs again at
+// every start. The store counts each unclean stop against it, and the start after the third
+// quarantines it: its sender gets the notice, and the chat's next message is answered. A clean
+// stop (SIGTERM, the drain cut short) in between does not count.
+func TestPoisonMessageStopsTheCrashLoop(t *testing.T) {
+	dataDir := t.TempDir()
+	env := []string{"AGENTGATE_AGENT_BACKEND=exec", "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=100ms",
+		`AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'case "$AGENTGATE_MESSAGE_ID" in poison*) sleep 60;; esac; echo "answered $AGENTGATE_MESSAGE_ID"']`}
+	const key = "agent:main:http:dm:c1"
+	running := func(d *daemon) {
+		t.Helper()
+		waitFor(t, 30*time.Second, func() bool {
+			_, body := get(t, d.base+"/v1/sessions/"+key)
+			return strings.Contains(body, `"running_turn_id":"t_`)
+		})
+	}
+	kill := func(d *daemon) {
+		t.Helper()
+		if err := d.cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		<-d.done
+	}
+
+	d := MustServe(t, dataDir, env...)
+	status, ack := post(t, d.base+"/v1/messages", "", `{"chat_id":"c1","user_id":"u1","text":"poison","message_id":"poison-1"}`)
+	if status != http.StatusAccepted || ack["session_key"] != key {
+		t.Fatalf("POST = %d %v, want 202 for %s", status, ack, key)
+	}
+	running(d)
+	kill(d) // unclean stop 1
+
+	d = MustServe(t, dataDir, env...)
+	running(d) // recovered and run again
+	if err := d.stop(t, 30*time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM: %v, want 0\n%s", err, d.stderr.String())
+	}
+
+	for i := 2; i <= 3; i++ {
+		d = MustServe(t, dataDir, env...)
+		running(d) // not quarantined yet: the clean stop did not count
+		kill(d)    // unclean stop i
+	}
+
+	d = MustServe(t, dataDir, env...)
+	events := readSSE(t, d.base+"/v1/sessions/"+key+"/events", "", 1)
+	if text, _ := events[0].data["text"].(string); events[0].event != "notice" ||
+		!strings.Contains(text, "quarantined") || !strings.Contains(text, "restarted 3 times") {
+		t.Errorf("after the third unclean stop the chat got %s %v, want a quarantine notice that says agentgate restarted 3 times", events[0].event, events[0].data)
+	}
+	status, res := post(t, d.base+"/v1/messages?wait=30s", "", `{"chat_id":"c1","user_id":"u1","text":"hello","message_id":"m2"}`)
+	replies, _ := res["replies"].([]any)
+	if status != http.StatusOK || len(replies) != 1 || replies[0].(map[string]any)["text"] != "answered m2" {
+		t.Fatalf("POST ?wait after the quarantine = %d %v, want 200 with the answer to m2", status, res)
+	}
+	if _, body := get(t, d.base+"/metrics"); !strings.Contains(body, `agentgate_messages_quarantined_total{cause="unclean_restart"} 1`) {
+		t.Errorf("/metrics does not count the quarantine:\n%s", grep(body, "agentgate_messages_quarantined_total"))
+	}
+	if err := d.stop(t, 30*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v, want 0", err)
+	}
+}
