@@ -193,7 +193,10 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	}
 	// Where the running daemon listens, for the admin commands on this data directory (they
 	// point an operator at its HTTP API when it holds the database).
-	if err := os.WriteFile(filepath.Join(cfg.DataDir, AddrFile), []byte(d.addr.String()+"\n"), 0o600); err != nil {
+	// With a PostgreSQL store nothing else may have created the data directory.
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		log.Warn("create the data directory", "err", err)
+	} else if err := os.WriteFile(filepath.Join(cfg.DataDir, AddrFile), []byte(d.addr.String()+"\n"), 0o600); err != nil {
 		log.Warn("record the HTTP address in the data directory", "err", err)
 	}
 	d.platforms = append([]platforms.Platform{d.http}, extra...)

@@ -3,6 +3,8 @@ package supervisor
 import (
 	"context"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,5 +72,23 @@ func TestHostileAgentOutputIsStored(t *testing.T) {
 				t.Errorf("stored user text %q, want the NUL replaced", msgs[0].Content)
 			}
 		})
+	}
+}
+
+// TestPostgresDaemonRecordsItsAddress: a daemon on PostgreSQL whose data directory does not exist
+// yet (nothing of the store lives there) creates it and records its HTTP address in it, for the
+// admin commands; it used to warn at every start that it could not.
+func TestPostgresDaemonRecordsItsAddress(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	r := MustStartDaemon(t, echo.New(), daemonOpts{dir: dir, tweak: func(c *config.Config) {
+		c.Store.Driver, c.Store.DSN = "postgres", pgtest.NewDatabase(t)
+	}})
+	defer r.stop(t)
+	got, err := os.ReadFile(filepath.Join(dir, AddrFile))
+	if err != nil {
+		t.Fatalf("the daemon's address in its data directory: %v", err)
+	}
+	if strings.TrimSpace(string(got)) != r.d.Addr().String() {
+		t.Errorf("recorded address %q, want %s", got, r.d.Addr())
 	}
 }
