@@ -75,12 +75,13 @@ func TestHostileAgentOutputIsStored(t *testing.T) {
 	}
 }
 
-// TestPostgresDaemonRecordsItsAddress: a daemon on PostgreSQL whose data directory does not exist
-// yet (nothing of the store lives there) creates it and records its HTTP address in it, for the
-// admin commands; it used to warn at every start that it could not.
+// TestPostgresDaemonRecordsItsAddress: a member of a shared PostgreSQL store (a cluster member:
+// no spool, nothing else in its data directory) whose data directory does not exist yet creates
+// it and records its HTTP address in it, for the admin commands; it used to warn at every start
+// that it could not.
 func TestPostgresDaemonRecordsItsAddress(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
-	r := MustStartDaemon(t, echo.New(), daemonOpts{dir: dir, tweak: func(c *config.Config) {
+	r := MustStartDaemon(t, echo.New(), daemonOpts{dir: dir, shared: true, tweak: func(c *config.Config) {
 		c.Store.Driver, c.Store.DSN = "postgres", pgtest.NewDatabase(t)
 	}})
 	defer r.stop(t)
