@@ -209,7 +209,12 @@ func (m *SessionManager) Receive(c actor.Context) {
 		for k := range m.sessions {
 			keys = append(keys, k)
 		}
-		c.Respond(&ActiveList{Keys: keys})
+		busy := make([]string, 0, len(m.busy))
+		for k := range m.busy {
+			busy = append(busy, k)
+		}
+		slices.Sort(busy)
+		c.Respond(&ActiveList{Keys: keys, Busy: busy})
 	}
 }
 

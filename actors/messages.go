@@ -60,8 +60,9 @@ type Drained struct{}
 // ListActive asks the manager for the keys of the session actors in memory; reply *ActiveList.
 type ListActive struct{}
 
-// ActiveList answers ListActive.
-type ActiveList struct{ Keys []string }
+// ActiveList answers ListActive: the keys of the sessions in memory, and (sorted) those of them
+// with work in hand (a running turn or a write not yet acknowledged: what a drain waits for).
+type ActiveList struct{ Keys, Busy []string }
 
 // passivate is sent by an idle session to ask its manager to stop it. From then on the session
 // hands every request for work to the manager, which holds them for the key's next activation:

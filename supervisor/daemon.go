@@ -313,7 +313,7 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	d.log.Info("draining", "deadline", d.cfg.Shutdown.DrainTimeout)
 	if t := d.cfg.Shutdown.DrainTimeout; t > 0 {
 		if _, err := d.system.Root.RequestFuture(d.manager, &actors.Drain{}, t).Result(); err != nil {
-			d.log.Warn("drain deadline passed; cancelling running turns", "err", err)
+			d.drainMissed(t)
 		}
 	}
 	d.stopChildren(ctx, d.withdraw)
@@ -375,6 +375,19 @@ func (d *Daemon) endRun(ctx context.Context) {
 	if err := d.store.EndRun(ctx, d.deps.Run); err != nil {
 		d.log.Warn("record the clean stop in the store; the next start counts an unclean stop", "err", err)
 	}
+}
+
+// drainMissed logs which sessions still have work in hand when the drain deadline passes: their
+// running turns are cancelled now, and their messages, pending in the store, run again at the
+// next start (or, in a cluster, on the member that takes the session over).
+func (d *Daemon) drainMissed(deadline time.Duration) {
+	var busy []string
+	if res, err := d.system.Root.RequestFuture(d.manager, &actors.ListActive{}, time.Second).Result(); err == nil {
+		busy = res.(*actors.ActiveList).Busy
+	}
+	const shown = 10
+	d.log.Warn("drain deadline passed; cancelling the turns still running: their messages stay pending and run again at the next start, or on the member that takes their session over",
+		"deadline", deadline, "sessions", len(busy), "keys", busy[:min(len(busy), shown)])
 }
 
 // AddrFile is the file in the data directory that holds the running daemon's HTTP address.

@@ -181,3 +181,25 @@ func leaveUnanswered(t *testing.T, dir string, ids ...string) []*platforms.Ack {
 	}
 	return acks
 }
+
+// TestDrainDeadlineSaysWhatItCancels: when the drain deadline passes, the log says how many
+// sessions still had work in hand and which, since their turns are cancelled and run again.
+func TestDrainDeadlineSaysWhatItCancels(t *testing.T) {
+	stuck := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	logs := &logSignal{}
+	r := MustStartDaemon(t, stuck, daemonOpts{drain: 100 * time.Millisecond, logs: logs})
+	ack := r.inject(t, dm, "m1", "never answered")
+	r.stop(t)
+	var line string
+	for l := range strings.SplitSeq(logs.String(), "\n") {
+		if strings.Contains(l, "drain deadline passed") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "sessions=1") || !strings.Contains(line, ack.SessionKey) {
+		t.Errorf("the drain deadline's log line %q, want the one session with work in hand (%s)", line, ack.SessionKey)
+	}
+}
