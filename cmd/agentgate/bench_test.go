@@ -172,7 +172,9 @@ func TestBenchBadFlags(t *testing.T) {
 // daemon's load commits, op for op (only their grouping into transactions differs), with the
 // same session keys and message ids and ids of the same shapes, so the ratio compares the
 // runtime with the same writes done ideally. The marks of the last replies may still be on
-// their way when the load ends: at most one a session is missing.
+// their way when the load ends: those in the one mark write in flight and those waiting behind
+// it, which on a busy machine can hold two replies of a session (the next turn ran while the
+// mark write waited for its commit). So at most two a session are missing.
 func TestRawTurnsWriteWhatTheDaemonWrites(t *testing.T) {
 	const n, m = 8, 3
 	cfg, err := config.Load("", nil, func(c *config.Config) {
@@ -191,8 +193,8 @@ func TestRawTurnsWriteWhatTheDaemonWrites(t *testing.T) {
 	}
 	daemon, raw := summarizeWrites(slices.Concat(txns...)), summarizeWrites(rawTurns(n, m, texts))
 	const mark = "*persistence.MarkDelivery"
-	if d := raw.ops[mark] - daemon.ops[mark]; d < 0 || d > n {
-		t.Errorf("the daemon wrote %d delivery marks, raw %d: want raw's, less at most %d", daemon.ops[mark], raw.ops[mark], n)
+	if d := raw.ops[mark] - daemon.ops[mark]; d < 0 || d > 2*n {
+		t.Errorf("the daemon wrote %d delivery marks, raw %d: want raw's, less at most %d", daemon.ops[mark], raw.ops[mark], 2*n)
 	}
 	delete(daemon.ops, mark)
 	delete(raw.ops, mark)
