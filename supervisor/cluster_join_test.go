@@ -5,14 +5,11 @@
 package supervisor
 
 import (
-	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/agentgate/agentgate/platforms"
 )
@@ -30,35 +27,8 @@ func TestClusterJoiningMemberWaitsForTheRunningTurn(t *testing.T) {
 	release := make(chan struct{})
 	releaseOnce := sync.OnceFunc(func() { close(release) })
 	defer releaseOnce() // a failed test must not hold the members' drains
-	started := make(chan string, 64)
-	var mu sync.Mutex
-	running := map[string]int{} // session key → agent calls running now
-	overlaps := 0               // agent calls that began while another one of their session ran
-	calls := map[string]int{}   // message text → agent calls
-	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-		key, text := req.Identity.SessionKey, req.Messages[0].Text
-		mu.Lock()
-		running[key]++
-		if running[key] > 1 {
-			overlaps++
-		}
-		calls[text]++
-		mu.Unlock()
-		defer func() {
-			mu.Lock()
-			running[key]--
-			mu.Unlock()
-		}()
-		if strings.HasPrefix(text, "slow") {
-			started <- text
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		return &agents.Response{Text: "ok " + text}, nil
-	})
+	rec := newTurnRecorder(release, 64)
+	agent := rec.agent()
 	dsn := pgtest.NewDatabase(t)
 	a := startClusterOn(t, dsn, 1, agent, 30*time.Second)[0]
 	defer a.stop(t)
@@ -68,7 +38,7 @@ func TestClusterJoiningMemberWaitsForTheRunningTurn(t *testing.T) {
 		a.inject(t, chat(i), fmt.Sprint("slow-", i), fmt.Sprint("slow-", i))
 	}
 	for range chats {
-		<-started
+		<-rec.started
 	}
 
 	b := startClusterMember(t, dsn, agent, 30*time.Second)
@@ -125,15 +95,15 @@ func TestClusterJoiningMemberWaitsForTheRunningTurn(t *testing.T) {
 	if own, err := b.d.store.Ownership(t.Context(), key); err != nil || own.Owner != b.d.deps.Node {
 		t.Errorf("after the turn, the moved key is owned by %+v (%v), want the new member %s", own, err, b.d.deps.Node)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
 	for i := range chats {
-		if n := calls[fmt.Sprint("slow-", i)]; n != 1 {
+		if n := rec.calls[fmt.Sprint("slow-", i)]; n != 1 {
 			t.Errorf("the agent ran slow-%d %d times, want once", i, n)
 		}
 	}
-	if overlaps > 0 || calls["next"] != 1 {
+	if rec.overlaps > 0 || rec.calls["next"] != 1 {
 		t.Errorf("the agent ran twice at once for a session %d times, and %d times for the next message; want never, and once",
-			overlaps, calls["next"])
+			rec.overlaps, rec.calls["next"])
 	}
 }

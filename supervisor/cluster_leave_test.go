@@ -33,35 +33,8 @@ import (
 // turn the leaving member was still finishing (whose result was then fenced).
 func TestClusterLeavingMemberKeepsItsKeysUntilDrained(t *testing.T) {
 	release := make(chan struct{})
-	started := make(chan string, 4)
-	var mu sync.Mutex
-	running := map[string]int{} // session key → agent calls running now
-	overlaps := 0               // agent calls that began while another one of their session ran
-	calls := map[string]int{}   // message text → agent calls
-	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-		key, text := req.Identity.SessionKey, req.Messages[0].Text
-		mu.Lock()
-		running[key]++
-		if running[key] > 1 {
-			overlaps++
-		}
-		calls[text]++
-		mu.Unlock()
-		defer func() {
-			mu.Lock()
-			running[key]--
-			mu.Unlock()
-		}()
-		if text == "slow" {
-			started <- key
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		return &agents.Response{Text: "ok " + text}, nil
-	})
+	rec := newTurnRecorder(release, 4)
+	agent := rec.agent()
 	rs := startClusterMembers(t, 2, agent, 30*time.Second)
 	a, leaving := rs[0], rs[1]
 	defer a.stop(t)
@@ -85,7 +58,7 @@ func TestClusterLeavingMemberKeepsItsKeysUntilDrained(t *testing.T) {
 	a.inject(t, other, "other-1", "first") // the other chat's session is in memory, idle, on the leaving member
 	waitReply(t, rs, "other-1")
 	a.inject(t, busy, "slow-1", "slow")
-	if key := <-started; key != busyKey {
+	if key := <-rec.started; key != busyKey {
 		t.Fatalf("the slow turn ran for %s, want %s", key, busyKey)
 	}
 
@@ -139,12 +112,56 @@ func TestClusterLeavingMemberKeepsItsKeysUntilDrained(t *testing.T) {
 			t.Errorf("message %s answered %d times, want once", id, n)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if overlaps > 0 || calls["slow"] != 1 {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.overlaps > 0 || rec.calls["slow"] != 1 {
 		t.Errorf("the agent ran twice at once for a session %d times, and %d times for the slow message; want never, and once",
-			overlaps, calls["slow"])
+			rec.overlaps, rec.calls["slow"])
 	}
+}
+
+// turnRecorder is an agent that counts its calls by message text and the calls that began while
+// another one of their session ran; a message whose text starts with "slow" announces its
+// session key on started and waits for release.
+type turnRecorder struct {
+	release <-chan struct{}
+	started chan string
+	mu      sync.Mutex
+	running map[string]int // session key → agent calls running now
+	// overlaps counts the agent calls that began while another one of their session ran.
+	overlaps int
+	calls    map[string]int // message text → agent calls
+}
+
+func newTurnRecorder(release <-chan struct{}, slow int) *turnRecorder {
+	return &turnRecorder{release: release, started: make(chan string, slow), running: map[string]int{}, calls: map[string]int{}}
+}
+
+func (r *turnRecorder) agent() agents.Agent {
+	return agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		key, text := req.Identity.SessionKey, req.Messages[0].Text
+		r.mu.Lock()
+		r.running[key]++
+		if r.running[key] > 1 {
+			r.overlaps++
+		}
+		r.calls[text]++
+		r.mu.Unlock()
+		defer func() {
+			r.mu.Lock()
+			r.running[key]--
+			r.mu.Unlock()
+		}()
+		if strings.HasPrefix(text, "slow") {
+			r.started <- key
+			select {
+			case <-r.release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return &agents.Response{Text: "ok " + text}, nil
+	})
 }
 
 // waitReply waits until one of the members sent the end of a reply to the message id.
