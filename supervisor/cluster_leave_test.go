@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/agentgate/agentgate/platforms"
@@ -302,5 +303,104 @@ func TestClusterLeavingMemberHandsOnEveryBusyKey(t *testing.T) {
 	}
 	if got := ran["holdout"]; fmt.Sprint(got) != "[leaving]" {
 		t.Errorf("the holdout turn ran on %v, want once on the leaving member", got)
+	}
+}
+
+// TestClusterLeavingMemberHandsOnBeforeTheOthersRenew: a member stops while a turn of a chat it
+// owns runs with messages queued behind it, and the turn ends before the member that stays has
+// renewed its registration since (it renews every member_ttl/3, here 10 s). What the leaving
+// member hands on still stays with the member it went to: the queued messages run there, once.
+//
+// Before, the member that stays learnt that the other one leaves only at its next renewal; until
+// then its placement still named the leaving member the chat's owner, and it sent the chat back,
+// to be run by the leaving member (the hand-over of TestClusterLeavingMemberHandsOnEveryBusyKey
+// worked only once every other member had renewed).
+func TestClusterLeavingMemberHandsOnBeforeTheOthersRenew(t *testing.T) {
+	release, holdout := make(chan struct{}), make(chan struct{})
+	releaseOnce, holdoutOnce := sync.OnceFunc(func() { close(release) }), sync.OnceFunc(func() { close(holdout) })
+	defer releaseOnce()
+	defer holdoutOnce()
+	started := make(chan string, 4)
+	var mu sync.Mutex
+	ran := map[string][]string{} // message text → the members that ran it
+	agentOf := func(member string) agents.Agent {
+		return agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			text := req.Messages[0].Text
+			mu.Lock()
+			ran[text] = append(ran[text], member)
+			mu.Unlock()
+			wait := map[string]chan struct{}{"slow": release, "holdout": holdout}[text]
+			if wait != nil {
+				started <- text
+				select {
+				case <-wait:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			return &agents.Response{Text: "ok " + text}, nil
+		})
+	}
+	slowRenewals := func(c *config.Config) { c.Cluster.MemberTTL = 30 * time.Second }
+	dsn := pgtest.NewDatabase(t)
+	stays := startClusterMember(t, dsn, agentOf("stays"), 30*time.Second, slowRenewals)
+	defer stays.stop(t)
+	leaving := startClusterMember(t, dsn, agentOf("leaving"), 30*time.Second, slowRenewals)
+	rs := []*runtime{stays, leaving}
+	// The member that started first sees the second at once, not at its next renewal.
+	live, err := stays.d.membership.heartbeat(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stays.d.membership.publish(stays.d.cluster, live)
+	waitUntil(t, func() bool {
+		return len(stays.d.cluster.MemberList.Members().Members()) == 2 && len(leaving.d.cluster.MemberList.Members().Members()) == 2
+	})
+	owner := ownerOf(stays.d.cluster.MemberList.Members().Members())
+	var owned []int
+	for i := 0; len(owned) < 2; i++ {
+		if owner(stays.d.intake.Key(chat(i))) == leaving.d.system.Address() {
+			owned = append(owned, i)
+		}
+	}
+	busy, last := owned[0], owned[1]
+	stays.inject(t, chat(last), "holdout", "holdout") // its turn holds the leaving member's drain open
+	stays.inject(t, chat(busy), "slow", "slow")
+	<-started
+	<-started
+	for j := range 2 {
+		id := fmt.Sprint("queued-", j)
+		stays.inject(t, chat(busy), id, id)
+	}
+
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		leaving.stop(t)
+	}()
+	waitUntil(t, func() bool {
+		leaving.d.membership.mu.Lock()
+		defer leaving.d.membership.mu.Unlock()
+		return leaving.d.membership.leaving
+	})
+	time.Sleep(200 * time.Millisecond) // the leaving member's manager is told (actors.Leave)
+	releaseOnce()
+	// Well before the member that stays renews (10 s) and the leaving member's drain deadline
+	// (30 s), after which the other member's recovery would run them.
+	at := time.Now()
+	for j := range 2 {
+		waitReply(t, rs, fmt.Sprint("queued-", j))
+	}
+	if took := time.Since(at); took > 5*time.Second {
+		t.Errorf("the queued messages were answered %v after the turn before them ended, want at once", took.Round(time.Second))
+	}
+	holdoutOnce()
+	<-stopped
+	mu.Lock()
+	defer mu.Unlock()
+	for _, text := range []string{"queued-0", "queued-1"} {
+		if got := ran[text]; fmt.Sprint(got) != "[stays]" {
+			t.Errorf("%s ran on %v, want once, on the member that stays", text, got)
+		}
 	}
 }
