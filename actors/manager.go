@@ -86,7 +86,10 @@ func sweepEvery(passivateAfter time.Duration) time.Duration {
 type routed struct {
 	msg    any
 	sender *actor.PID
-	hops   int32 // how many leaving members forwarded it here (Forward)
+	hops   int32 // how many members forwarded it here (Forward)
+	// toHolder: a member waiting to activate the key forwarded it here, to the key's holder
+	// (Forward.to_holder).
+	toHolder bool
 }
 
 // maxForwardHops bounds how often a message is forwarded from a leaving member to another:
@@ -453,6 +456,9 @@ func (m *SessionManager) recover(c actor.Context, key string, hops int32) {
 	// In a cluster a Recover follows a change of membership: the key moved, and its work is
 	// no restart's to answer with a notice (sessions.recovery: notice), it runs.
 	m.activate(c, key, !m.d.Clustered)
+	if a := m.activating[key]; a != nil {
+		a.recover = true // given up, the activation hands the Recover on (cancelActivation)
+	}
 }
 
 // onGrainStopped stops the session of a key whose grain stopped: the cluster placed the key on
@@ -528,20 +534,32 @@ func (m *SessionManager) platformOf(key string) *actor.PID {
 // reports whether it did. It does not when the key stays here, the message has been forwarded
 // often enough already, or it is not a session message that crosses members.
 func (m *SessionManager) handOn(c actor.Context, key string, r routed) bool {
-	if r.hops >= maxForwardHops {
+	if !m.mayHandOn(r) {
 		return false
 	}
 	to := m.elsewhere(key)
 	if to == nil || to.Equal(c.Self()) {
 		return false
 	}
-	return m.forwardTo(c, to, key, r)
+	return m.forwardTo(c, to, key, r, false)
+}
+
+// mayHandOn reports whether r may go on to another member (handOn): not past maxForwardHops,
+// and not at all from a member that does not leave when another member handed it here (a
+// leaving member's hand-over: that member chose this one, and this member's view of the
+// cluster may be the older one), unless it was sent here as to the key's holder, which has let
+// go of the key since. (A member that had not yet renewed since
+// another began to leave sent the keys handed to it back, until its next renewal:
+// TestClusterLeavingMemberHandsOnBeforeTheOthersRenew.)
+func (m *SessionManager) mayHandOn(r routed) bool {
+	return r.hops < maxForwardHops && (r.hops == 0 || m.successor != nil || r.toHolder)
 }
 
 // forwardTo forwards r to the manager to (Forward), and reports whether it did: not a message
-// that does not cross members.
-func (m *SessionManager) forwardTo(c actor.Context, to *actor.PID, key string, r routed) bool {
-	f := &Forward{Key: key, Hops: r.hops + 1}
+// that does not cross members. toHolder marks a message sent to the key's holder by a manager
+// that waits to activate the key (Forward.to_holder).
+func (m *SessionManager) forwardTo(c actor.Context, to *actor.PID, key string, r routed, toHolder bool) bool {
+	f := &Forward{Key: key, Hops: r.hops + 1, ToHolder: toHolder}
 	switch msg := r.msg.(type) {
 	case *Deliver:
 		f.Msg = &Forward_Deliver{Deliver: msg}
@@ -588,5 +606,5 @@ func (m *SessionManager) onForward(c actor.Context, f *Forward) {
 	default:
 		return
 	}
-	m.route(c, f.Key, routed{msg: msg, sender: c.Sender(), hops: f.Hops})
+	m.route(c, f.Key, routed{msg: msg, sender: c.Sender(), hops: f.Hops, toHolder: f.ToHolder})
 }

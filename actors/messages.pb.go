@@ -839,7 +839,11 @@ type Forward struct {
 	//	*Forward_ResetSession
 	//	*Forward_ResetDue
 	//	*Forward_Recover
-	Msg           isForward_Msg `protobuf_oneof:"msg"`
+	Msg isForward_Msg `protobuf_oneof:"msg"`
+	// to_holder marks a message a manager that waits to activate the key sent to the member that
+	// holds it (Release): if that member lets go of the key meanwhile, it sends the message on.
+	// Any other forwarded message stays with the member it reached, unless that member leaves.
+	ToHolder      bool `protobuf:"varint,8,opt,name=to_holder,json=toHolder,proto3" json:"to_holder,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -938,6 +942,13 @@ func (x *Forward) GetRecover() *Recover {
 		}
 	}
 	return nil
+}
+
+func (x *Forward) GetToHolder() bool {
+	if x != nil {
+		return x.ToHolder
+	}
+	return false
 }
 
 type isForward_Msg interface {
@@ -1211,7 +1222,7 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\x14created_at_unix_nano\x18\n" +
 	" \x01(\x03R\x11createdAtUnixNano\"\x18\n" +
 	"\x04Peek\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\"\xf0\x02\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"\x8d\x03\n" +
 	"\aForward\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04hops\x18\x02 \x01(\x05R\x04hops\x128\n" +
@@ -1219,7 +1230,8 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\tget_state\x18\x04 \x01(\v2\x1d.agentgate.actors.v1.GetStateH\x00R\bgetState\x12H\n" +
 	"\rreset_session\x18\x05 \x01(\v2!.agentgate.actors.v1.ResetSessionH\x00R\fresetSession\x12<\n" +
 	"\treset_due\x18\x06 \x01(\v2\x1d.agentgate.actors.v1.ResetDueH\x00R\bresetDue\x128\n" +
-	"\arecover\x18\a \x01(\v2\x1c.agentgate.actors.v1.RecoverH\x00R\arecoverB\x05\n" +
+	"\arecover\x18\a \x01(\v2\x1c.agentgate.actors.v1.RecoverH\x00R\arecover\x12\x1b\n" +
+	"\tto_holder\x18\b \x01(\bR\btoHolderB\x05\n" +
 	"\x03msg\"e\n" +
 	"\aRelease\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x18\n" +

@@ -84,7 +84,7 @@ func (m *SessionManager) whileActivating(c actor.Context, key string, a *activat
 	}
 	// Past maxForwardHops too: the holder runs the key's session (or starts it), so the message
 	// does not travel on from there, and it must not wait here until the holder lets go.
-	if a.holder != nil && m.forwardTo(c, a.holder, key, r) {
+	if a.holder != nil && m.forwardTo(c, a.holder, key, r, true) {
 		return
 	}
 	a.held = append(a.held, r)
@@ -163,12 +163,16 @@ func (m *SessionManager) onReleased(c actor.Context, r *Released) {
 	}
 }
 
-// activated starts the session of a key the other members let go of. When the key is
-// another member's by now (this member began to leave, or its view of the cluster changed with
-// no grain of the key here to stop), what waited for it goes there instead (cancelActivation),
-// and the session starts here only for what was forwarded often enough already.
+// activated starts the session of a key the other members let go of. When this member began
+// to leave meanwhile, what waited for it goes to the key's successor instead
+// (cancelActivation), and the session starts here only for what was forwarded often enough
+// already. A member that does not leave starts it even if its view places the key elsewhere:
+// the activation may be for what a leaving member handed it, while its view is older than the
+// leaving member's; handing that back started a loop that ended only at its next renewal
+// (TestClusterLeavingMemberHandsOnBeforeTheOthersRenew). If the key is another member's, that
+// member's activation asks this one to let go of it.
 func (m *SessionManager) activated(c actor.Context, key string) {
-	if m.elsewhere(key) != nil {
+	if m.successor != nil && m.elsewhere(key) != nil {
 		if m.cancelActivation(c, key); m.activating[key] == nil {
 			return
 		}
@@ -189,10 +193,10 @@ func (m *SessionManager) cancelActivation(c actor.Context, key string) {
 	a := m.activating[key]
 	var local, away []routed
 	for _, r := range a.held {
-		if r.hops < maxForwardHops && crossesMembers(r.msg) {
+		if m.mayHandOn(r) && crossesMembers(r.msg) {
 			away = append(away, r)
 		} else {
-			local = append(local, r) // forwarded often enough: it runs here, once the others let go
+			local = append(local, r) // forwarded here on purpose: it runs here, once the others let go
 		}
 	}
 	a.held = local
