@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -103,9 +104,17 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 		if err == nil && !ok {
 			err = fmt.Errorf("unexpected answer %T", res)
 		}
-		if err != nil {
+		switch {
+		case errors.Is(err, actor.ErrDeadLetter):
+			// Its manager is gone: the member stopped (a graceful restart ends so, after its
+			// sessions handed their keys on), and holds no session any more.
+			m.log.Debug("a member's session manager has stopped; this member takes the key over",
+				"session", key, "member", p.Address)
+		case err != nil:
 			m.log.Warn("a member did not say whether it still runs the session; this member takes the key over",
 				"session", key, "member", p.Address, "err", err)
+		}
+		if err != nil {
 			r = &Released{Key: key, Address: p.Address, Id: p.Id, Activation: a.id}
 		}
 		m.onReleased(c, r)
