@@ -352,8 +352,15 @@ type Snapshot struct {
 type UncleanStop struct {
 	Run       string
 	StartedAt time.Time
-	// Counted is how many head pending messages had one attempt added.
-	Counted int
+	// Counted are the head pending messages that had one attempt added, by session id.
+	Counted []CountedMessage
+}
+
+// CountedMessage is a message an unclean stop was counted against (UncleanStop).
+type CountedMessage struct {
+	SessionID string
+	MessageID string
+	Attempts  int // its attempts now
 }
 
 // SessionSummary is one row of a session listing.

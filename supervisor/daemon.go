@@ -354,8 +354,15 @@ func (d *Daemon) beginRun(now func() time.Time) {
 	}
 	d.began = true
 	if u != nil {
-		d.log.Warn("the last run did not stop cleanly; one unclean stop counted against the message each session was running",
-			"run", u.Run, "started", u.StartedAt, "messages", u.Counted)
+		// Which messages got a strike, and how many they have: one at actors.QuarantineAfter is
+		// set aside as its session loads.
+		const shown = 20
+		strikes := make([]string, 0, min(len(u.Counted), shown))
+		for _, m := range u.Counted[:min(len(u.Counted), shown)] {
+			strikes = append(strikes, fmt.Sprintf("%s=%d/%d", m.MessageID, m.Attempts, actors.QuarantineAfter))
+		}
+		d.log.Warn("the last run did not stop cleanly; one unclean stop is counted against the message each session was running",
+			"run", u.Run, "started", u.StartedAt, "messages", len(u.Counted), "strikes", strikes)
 	}
 }
 

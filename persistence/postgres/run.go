@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -20,7 +21,8 @@ const (
 		WHERE m.role = 'user' AND m.status = 'pending' AND m.active
 			AND m.session_id IN (SELECT session_id FROM routing)
 			AND m.seq = (SELECT MIN(h.seq) FROM messages h WHERE h.session_id = m.session_id
-				AND h.role = 'user' AND h.status = 'pending' AND h.active)`
+				AND h.role = 'user' AND h.status = 'pending' AND h.active)
+		RETURNING m.session_id, m.message_id, m.attempts`
 	beginRunSQL = `INSERT INTO daemon_run (one, run, started_at) VALUES (TRUE, $1, $2)
 		ON CONFLICT (one) DO UPDATE SET run = excluded.run, started_at = excluded.started_at`
 	endRunSQL = `UPDATE daemon_run SET run = '' WHERE one AND run = $1`
@@ -65,11 +67,18 @@ func (s *Store) beginRun(ctx context.Context, run string, at time.Time) (*persis
 			return fmt.Errorf("read the last run: %w", err)
 		}
 		if last.Run != "" {
-			tag, err := tx.Exec(ctx, countUncleanStopSQL)
+			rows, err := tx.Query(ctx, countUncleanStopSQL)
 			if err != nil {
 				return fmt.Errorf("count the unclean stop: %w", err)
 			}
-			last.Counted = int(tag.RowsAffected())
+			counted, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (persistence.CountedMessage, error) {
+				var c persistence.CountedMessage
+				return c, r.Scan(&c.SessionID, &c.MessageID, &c.Attempts)
+			})
+			if err != nil {
+				return fmt.Errorf("count the unclean stop: %w", err)
+			}
+			last.Counted = sqlstore.SortCounted(counted)
 			u = &last
 		}
 		_, err := tx.Exec(ctx, beginRunSQL, run, timeArg(at))

@@ -2,10 +2,12 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 )
 
 const (
@@ -16,7 +18,8 @@ const (
 		WHERE role = 'user' AND status = 'pending' AND active = 1
 			AND session_id IN (SELECT session_id FROM routing)
 			AND seq = (SELECT MIN(h.seq) FROM messages h WHERE h.session_id = messages.session_id
-				AND h.role = 'user' AND h.status = 'pending' AND h.active = 1)`
+				AND h.role = 'user' AND h.status = 'pending' AND h.active = 1)
+		RETURNING session_id, message_id, attempts`
 	beginRunSQL = `INSERT INTO daemon_run (one, run, started_at) VALUES (1, ?1, ?2)
 		ON CONFLICT (one) DO UPDATE SET run = ?1, started_at = ?2`
 	endRunSQL = `UPDATE daemon_run SET run = '' WHERE one = 1 AND run = ?`
@@ -60,15 +63,11 @@ func (s *Store) beginRun(ctx context.Context, run string, at time.Time) (_ *pers
 		return nil, fmt.Errorf("read the last run: %w", err)
 	}
 	if last.Run != "" {
-		res, err := tx.ExecContext(ctx, countUncleanStopSQL)
+		counted, err := countUncleanStop(ctx, tx)
 		if err != nil {
 			return nil, fmt.Errorf("count the unclean stop: %w", err)
 		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return nil, fmt.Errorf("count the unclean stop: %w", err)
-		}
-		last.Counted = int(n)
+		last.Counted = sqlstore.SortCounted(counted)
 		u = &last
 	}
 	if _, err := tx.ExecContext(ctx, beginRunSQL, run, timeArg(at)); err != nil {
@@ -104,4 +103,22 @@ func (s *Store) endRun(ctx context.Context, run string) error {
 	defer s.commitMu.Unlock()
 	_, err := s.writer.ExecContext(ctx, endRunSQL, run)
 	return err
+}
+
+// countUncleanStop runs countUncleanStopSQL and returns the messages it counted against.
+func countUncleanStop(ctx context.Context, tx *sql.Tx) ([]persistence.CountedMessage, error) {
+	rows, err := tx.QueryContext(ctx, countUncleanStopSQL)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []persistence.CountedMessage
+	for rows.Next() {
+		var c persistence.CountedMessage
+		if err := rows.Scan(&c.SessionID, &c.MessageID, &c.Attempts); err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
 }

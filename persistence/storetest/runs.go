@@ -52,9 +52,13 @@ func testUncleanStops(t *testing.T, s persistence.Store) {
 		{name: "first run", run: "r1", attempts: zero},
 		{name: "after a clean stop", end: "r1", run: "r2", attempts: zero},
 		{name: "after an unclean stop", run: "r3",
-			unclean: &persistence.UncleanStop{Run: "r2", StartedAt: at(2), Counted: 2}, attempts: once},
+			unclean: &persistence.UncleanStop{Run: "r2", StartedAt: at(2), Counted: []persistence.CountedMessage{
+				{SessionID: "s1", MessageID: "a1", Attempts: 1}, {SessionID: "s2", MessageID: "b4", Attempts: 1}}},
+			attempts: once},
 		{name: "a stale end ends nothing", end: "r2", run: "r4",
-			unclean: &persistence.UncleanStop{Run: "r3", StartedAt: at(3), Counted: 2}, attempts: twice},
+			unclean: &persistence.UncleanStop{Run: "r3", StartedAt: at(3), Counted: []persistence.CountedMessage{
+				{SessionID: "s1", MessageID: "a1", Attempts: 2}, {SessionID: "s2", MessageID: "b4", Attempts: 2}}},
+			attempts: twice},
 		{name: "clean again", end: "r4", run: "r5", attempts: twice},
 	}
 	for i, st := range steps {

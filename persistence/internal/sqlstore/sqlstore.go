@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"math"
 	"path"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -143,4 +144,14 @@ func Fenced(f *persistence.Fence, current int64) error {
 			f.Key, current, f.Epoch, persistence.ErrFenced)
 	}
 	return nil
+}
+
+// SortCounted orders the messages an unclean stop was counted against by session id
+// (persistence.UncleanStop.Counted); nil when there are none.
+func SortCounted(c []persistence.CountedMessage) []persistence.CountedMessage {
+	if len(c) == 0 {
+		return nil
+	}
+	slices.SortFunc(c, func(a, b persistence.CountedMessage) int { return strings.Compare(a.SessionID, b.SessionID) })
+	return c
 }
