@@ -353,7 +353,9 @@ func (d *Daemon) beginRun(now func() time.Time) {
 		return
 	}
 	d.began = true
-	if u != nil {
+	if u != nil && len(u.Counted) == 0 {
+		d.log.Info("the last run did not stop cleanly; no message was running", "run", u.Run, "started", u.StartedAt)
+	} else if u != nil {
 		// Which messages got a strike, and how many they have: one at actors.QuarantineAfter is
 		// set aside as its session loads.
 		const shown = 20
