@@ -27,8 +27,15 @@ import (
 // store exactly-once.
 
 // releaseAnswerTimeout is how long a manager waits for another member's answer to Release. A
-// holder is asked again each time it passes, so a holder that dies is waited for no longer.
-const releaseAnswerTimeout = 5 * time.Second
+// holder is asked again each time it passes, so a holder that dies is waited for no longer. A
+// member that leaves releaseTries Releases in a row unanswered is taken to hold nothing: an
+// answer can be lost while the members' connections recover (a member killed and back at once
+// asked the others while their connections to its address were still failing, and took a live
+// member's silence for an empty hand after one try).
+const (
+	releaseAnswerTimeout = 5 * time.Second
+	releaseTries         = 2
+)
 
 // activation is a key whose session waits for the other members to let go of it.
 type activation struct {
@@ -37,6 +44,8 @@ type activation struct {
 	holder  *actor.PID            // a manager that holds the key: requests go there meanwhile
 	held    []routed              // requests for the session once it starts
 	recover bool                  // a Recover came meanwhile (the session loads the work anyway)
+	// silent counts, by PID, the Releases in a row a member left unanswered (releaseTries).
+	silent map[string]int
 }
 
 // askAgain asks a holder of key again whether it still holds it (releaseAnswerTimeout after it
@@ -104,6 +113,18 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 		if err == nil && !ok {
 			err = fmt.Errorf("unexpected answer %T", res)
 		}
+		if err != nil && !errors.Is(err, actor.ErrDeadLetter) {
+			if a.silent == nil {
+				a.silent = map[string]int{}
+			}
+			if a.silent[p.String()]++; a.silent[p.String()] < releaseTries {
+				m.log.Debug("a member did not answer whether it still runs the session; asking again",
+					"session", key, "member", p.Address, "err", err)
+				m.askRelease(c, key, a, p)
+				return
+			}
+		}
+		delete(a.silent, p.String())
 		switch {
 		case errors.Is(err, actor.ErrDeadLetter):
 			// Its manager is gone: the member stopped (a graceful restart ends so, after its

@@ -104,7 +104,7 @@ func TestActivationWaitsForTheHolderToLetGo(t *testing.T) {
 
 // TestActivationDoesNotWaitForAMemberThatCannotAnswer: a member whose manager is gone (its
 // Release comes back as a dead letter) is not waited for, and one that does not answer is
-// waited for releaseAnswerTimeout: the message then runs here.
+// asked releaseTries times, releaseAnswerTimeout each: the message then runs here.
 func TestActivationDoesNotWaitForAMemberThatCannotAnswer(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -114,7 +114,7 @@ func TestActivationDoesNotWaitForAMemberThatCannotAnswer(t *testing.T) {
 		{"gone", func(s *actor.ActorSystem) *actor.PID { return actor.NewPID(s.Address(), "no-such-manager") }, 0},
 		{"silent", func(s *actor.ActorSystem) *actor.PID {
 			return s.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {})) // takes Release, answers nothing
-		}, releaseAnswerTimeout},
+		}, releaseTries * releaseAnswerTimeout},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -350,6 +350,49 @@ func TestReleasedOfAnEarlierActivationIsNotTaken(t *testing.T) {
 		synctest.Wait()
 		if !active() {
 			t.Error("the session did not start once the holder let go")
+		}
+	})
+}
+
+// TestActivationAsksASilentMemberAgain: a member whose first answer to Release is lost (the
+// members' connections recovering after a restart) is asked again, and its answer counts: it
+// holds the key, so the message goes to it instead of a claim beside its running session.
+func TestActivationAsksASilentMemberAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		echo := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "echo"}, nil
+		})
+		var owner atomic.Pointer[actor.PID]
+		w := newManagerWorld(t, echo, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		forwarded := make(chan *Forward, 4)
+		var holder *actor.PID
+		asked := 0
+		holder = w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			switch m := c.Message().(type) {
+			case *Release:
+				if asked++; asked > 1 { // the first answer is lost
+					c.Respond(&Released{Key: m.Key, Address: holder.Address, Id: holder.Id, Holding: true, Activation: m.Activation})
+				}
+			case *Forward:
+				forwarded <- m
+				c.Respond(&DeliverResult{SessionKey: m.Key, MessageId: m.GetDeliver().GetMessageId(), Disposition: "queued"})
+			}
+		}))
+		w.d.Placement = testPlacement{self: w.manager, peer: holder, owner: &owner}
+		owner.Store(w.manager)
+		if res := w.deliver(t, "m1", "hi"); res.Disposition != "queued" {
+			t.Errorf("deliver: %+v, want the holder's answer", res)
+		}
+		select {
+		case f := <-forwarded:
+			if f.GetDeliver().GetMessageId() != "m1" || !f.ToHolder {
+				t.Errorf("forwarded %v, want m1 to the holder", f)
+			}
+		default:
+			t.Error("nothing was forwarded to the member that holds the key")
+		}
+		if _, err := w.store.Ownership(w.ctx, w.key); err == nil {
+			t.Error("the key was claimed while another member holds it")
 		}
 	})
 }
