@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -165,6 +166,46 @@ func (r *turnRecorder) agent() agents.Agent {
 	})
 }
 
+// whereRan is the agent of each member of a test cluster: it records which member ran each
+// message, by text; a message for which wait gives a channel announces its text on started and
+// waits for the channel to close.
+type whereRan struct {
+	wait    func(text string) <-chan struct{}
+	started chan string
+	mu      sync.Mutex
+	ran     map[string][]string // message text → the members that ran it
+}
+
+func newWhereRan(waiting int, wait func(text string) <-chan struct{}) *whereRan {
+	return &whereRan{wait: wait, started: make(chan string, waiting), ran: map[string][]string{}}
+}
+
+// agent is the agent of the member named member.
+func (w *whereRan) agent(member string) agents.Agent {
+	return agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		text := req.Messages[0].Text
+		w.mu.Lock()
+		w.ran[text] = append(w.ran[text], member)
+		w.mu.Unlock()
+		if ch := w.wait(text); ch != nil {
+			w.started <- text
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return &agents.Response{Text: "ok " + text}, nil
+	})
+}
+
+// result is what ran where so far.
+func (w *whereRan) result() map[string][]string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return maps.Clone(w.ran)
+}
+
 // waitReply waits until one of the members sent the end of a reply to the message id.
 func waitReply(t *testing.T, rs []*runtime, id string) {
 	t.Helper()
@@ -199,30 +240,16 @@ func TestClusterLeavingMemberHandsOnEveryBusyKey(t *testing.T) {
 	releaseOnce, holdoutOnce := sync.OnceFunc(func() { close(release) }), sync.OnceFunc(func() { close(holdout) })
 	defer releaseOnce()
 	defer holdoutOnce()
-	started := make(chan string, 16)
-	var mu sync.Mutex
-	ran := map[string][]string{} // message text → the members that ran it
-	agentOf := func(member string) agents.Agent {
-		return agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			text := req.Messages[0].Text
-			mu.Lock()
-			ran[text] = append(ran[text], member)
-			mu.Unlock()
-			wait := release
-			if text == "holdout" {
-				wait = holdout
-			}
-			if strings.HasPrefix(text, "slow") || text == "holdout" {
-				started <- text
-				select {
-				case <-wait:
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				}
-			}
-			return &agents.Response{Text: "ok " + text}, nil
-		})
-	}
+	w := newWhereRan(16, func(text string) <-chan struct{} {
+		switch {
+		case text == "holdout":
+			return holdout
+		case strings.HasPrefix(text, "slow"):
+			return release
+		}
+		return nil
+	})
+	started, agentOf := w.started, w.agent
 	dsn := pgtest.NewDatabase(t)
 	stays := startClusterMember(t, dsn, agentOf("stays"), 30*time.Second)
 	defer stays.stop(t)
@@ -289,8 +316,7 @@ func TestClusterLeavingMemberHandsOnEveryBusyKey(t *testing.T) {
 	}
 	holdoutOnce()
 	<-stopped
-	mu.Lock()
-	defer mu.Unlock()
+	ran := w.result()
 	for _, i := range busy {
 		if got := ran[fmt.Sprint("slow-", i)]; fmt.Sprint(got) != "[leaving]" {
 			t.Errorf("slow-%d ran on %v, want once on the leaving member", i, got)
@@ -320,27 +346,10 @@ func TestClusterLeavingMemberHandsOnBeforeTheOthersRenew(t *testing.T) {
 	releaseOnce, holdoutOnce := sync.OnceFunc(func() { close(release) }), sync.OnceFunc(func() { close(holdout) })
 	defer releaseOnce()
 	defer holdoutOnce()
-	started := make(chan string, 4)
-	var mu sync.Mutex
-	ran := map[string][]string{} // message text → the members that ran it
-	agentOf := func(member string) agents.Agent {
-		return agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			text := req.Messages[0].Text
-			mu.Lock()
-			ran[text] = append(ran[text], member)
-			mu.Unlock()
-			wait := map[string]chan struct{}{"slow": release, "holdout": holdout}[text]
-			if wait != nil {
-				started <- text
-				select {
-				case <-wait:
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				}
-			}
-			return &agents.Response{Text: "ok " + text}, nil
-		})
-	}
+	w := newWhereRan(4, func(text string) <-chan struct{} {
+		return map[string]chan struct{}{"slow": release, "holdout": holdout}[text]
+	})
+	started, agentOf := w.started, w.agent
 	// Renewals every 40 s, and a drain that outlasts the test's waits (30 s each): what runs the
 	// queued messages in time is the hand-over, not the other member's next renewal, nor its
 	// recovery after the drain.
@@ -405,8 +414,7 @@ func TestClusterLeavingMemberHandsOnBeforeTheOthersRenew(t *testing.T) {
 	}
 	holdoutOnce()
 	<-stopped
-	mu.Lock()
-	defer mu.Unlock()
+	ran := w.result()
 	for _, text := range []string{"queued-0", "queued-1"} {
 		if got := ran[text]; fmt.Sprint(got) != "[stays]" {
 			t.Errorf("%s ran on %v, want once, on the member that stays", text, got)
