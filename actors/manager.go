@@ -272,18 +272,17 @@ func (m *SessionManager) route(c actor.Context, key string, r routed) {
 		m.stopping[key] = append(held, r)
 		return
 	}
+	if pid := m.sessions[key]; pid != nil { // the common case first: a key is never both
+		m.forward(c, pid, r)
+		return
+	}
 	if a := m.activating[key]; a != nil {
 		m.whileActivating(c, key, a, r)
 		return
 	}
-	pid := m.sessions[key]
-	if pid == nil {
-		if !m.handOn(c, key, r) {
-			m.activate(c, key, false, r)
-		}
-		return
+	if !m.handOn(c, key, r) {
+		m.activate(c, key, false, r)
 	}
-	m.forward(c, pid, r)
 }
 
 func (m *SessionManager) forward(c actor.Context, pid *actor.PID, r routed) {
@@ -479,7 +478,7 @@ func (m *SessionManager) onGrainStopped(c actor.Context, g *grainStopped) {
 	}
 	delete(m.grains, g.key)
 	if pid, ok := m.sessions[g.key]; ok {
-		// It hands over once its turn is done, then asks to passivate (Session.onMoved).
+		// It hands over once its turn is done, then asks to passivate (Session.leave).
 		c.Send(pid, &moved{})
 	}
 	if m.activating[g.key] != nil && m.elsewhere(g.key) != nil {

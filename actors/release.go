@@ -19,7 +19,7 @@ import (
 // activates a key it asks every other member's manager to let go of it (Release). One that holds
 // the key (a session of it in memory, stopping, or about to start) says so; its session, when
 // the key is no longer its member's, finishes its running turn, stores what reaches it meanwhile
-// behind that turn, and hands the key on (Session.onMoved); its manager then says it let go.
+// behind that turn, and hands the key on (Session.leave); its manager then says it let go.
 // Until every other member has let go, the asking manager forwards the key's requests to the
 // holder, which stores them behind its turn (queued), and starts the session only then; its
 // claim then fences nothing that still runs. A member that does not answer within
@@ -113,7 +113,16 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 		if err == nil && !ok {
 			err = fmt.Errorf("unexpected answer %T", res)
 		}
-		if err != nil && !errors.Is(err, actor.ErrDeadLetter) {
+		switch {
+		case err == nil:
+			delete(a.silent, p.String())
+		case errors.Is(err, actor.ErrDeadLetter):
+			// Its manager is gone: the member stopped (a graceful restart ends so, after its
+			// sessions handed their keys on), and holds no session any more.
+			m.log.Debug("a member's session manager has stopped; this member takes the key over",
+				"session", key, "member", p.Address)
+			r = &Released{Key: key, Address: p.Address, Id: p.Id, Activation: a.id}
+		default:
 			if a.silent == nil {
 				a.silent = map[string]int{}
 			}
@@ -123,19 +132,8 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 				m.askRelease(c, key, a, p)
 				return
 			}
-		}
-		delete(a.silent, p.String())
-		switch {
-		case errors.Is(err, actor.ErrDeadLetter):
-			// Its manager is gone: the member stopped (a graceful restart ends so, after its
-			// sessions handed their keys on), and holds no session any more.
-			m.log.Debug("a member's session manager has stopped; this member takes the key over",
-				"session", key, "member", p.Address)
-		case err != nil:
 			m.log.Warn("a member did not say whether it still runs the session; this member takes the key over",
 				"session", key, "member", p.Address, "err", err)
-		}
-		if err != nil {
 			r = &Released{Key: key, Address: p.Address, Id: p.Id, Activation: a.id}
 		}
 		m.onReleased(c, r)

@@ -198,10 +198,9 @@ func (s *Session) Receive(c actor.Context) {
 	case *idleCheck:
 		s.onIdle(c)
 	case *moved:
-		s.onMoved(c)
+		s.leave(c, "the session's key moved to another member; it hands the key on once its running turn is done")
 	case *leaving:
-		s.leaving = true
-		s.leaveIfIdle(c)
+		s.leave(c, "the member leaves the cluster; the session hands its key on once its running turn is done")
 	case *Recover:
 		s.onRecover(c)
 	case *debounceTick:
@@ -486,24 +485,26 @@ func (s *Session) handOverAll(c actor.Context) {
 	}
 }
 
-// onMoved runs when the cluster placed the session's key on another member (its grain here
-// stopped, or the key's new owner asked this member to let go of it: Release). The session
-// goes on as a leaving member's does: it starts no turn, lets a running one store and send its
-// result, stores what reaches it meanwhile behind it (queued), and then hands the key on. The
-// new owner claims the key only once this session has stopped (SessionManager.activate).
-// Before, it cancelled its running turn at once, and the new owner ran the message again.
-func (s *Session) onMoved(c actor.Context) {
+// leave starts the session's leaving of its member: its member leaves the cluster (Leave), or
+// the cluster placed its key on another member (its grain here stopped, or the key's new owner
+// asked this member to let go of it: Release). It starts no turn, lets a running one store and
+// send its result, stores what reaches it meanwhile behind it (queued), and then hands the key
+// on (leaveIfIdle). A new owner claims the key only once this session has stopped
+// (SessionManager.activate); before, a moved session cancelled its running turn at once, and the
+// new owner ran the message again.
+func (s *Session) leave(c actor.Context, why string) {
 	if s.fencedOut || s.leaving {
 		return
 	}
-	s.logger().Info("the session's key moved to another member; it hands the key on once its running turn is done",
-		"pending", len(s.queue), "running", s.running != nil)
+	if s.debugOn() { // leaveIfIdle logs the hand-over itself
+		s.logger().Debug(why, "pending", len(s.queue), "running", s.running != nil)
+	}
 	s.leaving = true
 	s.leaveIfIdle(c)
 }
 
-// leaveIfIdle hands the key on when the session leaves its member (its member leaves the
-// cluster, Leave, or its key moved, onMoved) and it has nothing in hand: no turn running (it
+// leaveIfIdle hands the key on when the session leaves its member (leave) and it has nothing in
+// hand: no turn running (it
 // starts none) and no write in flight (a finished turn's reply is sent once its write is
 // stored). It stops as a fenced session does; the messages it still holds queued are pending
 // in the store, and its manager has the key's successor run them (passivate.rerun).

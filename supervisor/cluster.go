@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 	"strconv"
 	"time"
 
@@ -152,7 +151,13 @@ func (d *Daemon) leave() {
 // successorOf is the SessionManager of the member that takes key over from this leaving one:
 // its owner among the live members that do not leave. nil when there is none.
 func (d *Daemon) successorOf(key string) *actor.PID {
-	owner := ownerOf(d.membership.successors())(key)
+	return d.managerAmong(d.membership.successors(), key)
+}
+
+// managerAmong is the SessionManager of the member that owns key among members; nil when no
+// member hosts sessions.
+func (d *Daemon) managerAmong(members []*cluster.Member, key string) *actor.PID {
+	owner := ownerOf(members)(key)
 	if owner == "" {
 		return nil
 	}
@@ -213,11 +218,11 @@ func (d *Daemon) managerOf(key string) *actor.PID {
 	if d.cluster == nil {
 		return d.manager
 	}
-	owner := ownerOf(d.cluster.MemberList.Members().Members())(key)
-	if owner == "" || owner == d.system.Address() {
+	owner := d.managerAmong(d.cluster.MemberList.Members().Members(), key)
+	if owner == nil || owner.Address == d.system.Address() {
 		return d.manager
 	}
-	return actor.NewPID(owner, d.manager.Id)
+	return owner
 }
 
 // placement is the cluster's placement of session keys as this member sees it
@@ -234,18 +239,7 @@ func (p placement) Owner(key string) *actor.PID {
 	if p.d.cluster == nil {
 		return nil
 	}
-	members := p.d.cluster.MemberList.Members().Members()
-	if leaving := p.d.membership.leavingMembers(); len(leaving) > 0 {
-		staying := slices.DeleteFunc(slices.Clone(members), func(m *cluster.Member) bool { return leaving[m.Id] })
-		if len(staying) > 0 {
-			members = staying
-		}
-	}
-	owner := ownerOf(members)(key)
-	if owner == "" {
-		return nil
-	}
-	return actor.NewPID(owner, p.d.manager.Id)
+	return p.d.managerAmong(p.d.membership.staying(p.d.cluster.MemberList.Members().Members()), key)
 }
 
 func (p placement) Peers() []*actor.PID {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -175,21 +176,21 @@ func (p *storeMembership) successors() []*cluster.Member {
 	return out
 }
 
-// leavingMembers are the ids of the live members that leave (this one too, if it does), as of
-// the last renewal; nil when none does.
-func (p *storeMembership) leavingMembers() map[string]bool {
+// staying returns members without those that leave, as of the last renewal; members itself
+// when none of them leaves, or all do.
+func (p *storeMembership) staying(members []*cluster.Member) []*cluster.Member {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var out map[string]bool
-	for _, m := range p.live {
-		if m.Leaving {
-			if out == nil {
-				out = map[string]bool{}
-			}
-			out[m.ID] = true
-		}
+	leaves := func(m *cluster.Member) bool {
+		return slices.ContainsFunc(p.live, func(l postgres.Member) bool { return l.ID == m.Id && l.Leaving })
 	}
-	return out
+	if !slices.ContainsFunc(members, leaves) {
+		return members
+	}
+	if out := slices.DeleteFunc(slices.Clone(members), leaves); len(out) > 0 {
+		return out
+	}
+	return members
 }
 
 // split returns an error when this member must leave a split cluster: an older live member
