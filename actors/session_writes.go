@@ -15,8 +15,15 @@ import (
 // outboxEntry is the outbox entry of one reply or notice to src, with the next outbox seq.
 func (s *Session) outboxEntry(src identity.Source, sid, kind, text, turnID string, inReplyTo []string, now time.Time) persistence.OutboxEntry {
 	s.lastOut++
+	return NewOutboxEntry(s.key, s.lastOut, src, sid, kind, text, turnID, inReplyTo, now)
+}
+
+// NewOutboxEntry is the pending outbox entry seq of key: a message of kind to the chat of src,
+// under the session sid (also for `agentgate sessions reset`, which writes its notice without
+// a session actor).
+func NewOutboxEntry(key string, seq int64, src identity.Source, sid, kind, text, turnID string, inReplyTo []string, now time.Time) persistence.OutboxEntry {
 	return persistence.OutboxEntry{
-		SessionKey: s.key, Seq: s.lastOut, SessionID: sid, Kind: kind, Text: text, TurnID: turnID,
+		SessionKey: key, Seq: seq, SessionID: sid, Kind: kind, Text: text, TurnID: turnID,
 		InReplyTo: inReplyTo, Platform: src.Platform, ChatType: src.ChatType, ChatID: src.ChatID,
 		ThreadID: src.ThreadID, UserID: src.UserID, State: persistence.DeliveryPending, CreatedAt: now,
 	}

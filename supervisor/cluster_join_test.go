@@ -95,6 +95,18 @@ func TestClusterJoiningMemberWaitsForTheRunningTurn(t *testing.T) {
 	if own, err := b.d.store.Ownership(t.Context(), key); err != nil || own.Owner != b.d.deps.Node {
 		t.Errorf("after the turn, the moved key is owned by %+v (%v), want the new member %s", own, err, b.d.deps.Node)
 	}
+	// The chat's replies are in the order of its messages, though two members sent them.
+	out, err := b.d.store.OutboxAfter(t.Context(), key, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for _, e := range out {
+		order = append(order, e.InReplyTo...)
+	}
+	if want := fmt.Sprint([]string{fmt.Sprint("slow-", next), "next"}); fmt.Sprint(order) != want {
+		t.Errorf("the moved chat's replies answer %v, in that order; want %s", order, want)
+	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	for i := range chats {

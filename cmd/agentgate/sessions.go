@@ -374,11 +374,9 @@ func unansweredOps(key string, s *persistence.Session, snap *persistence.Snapsho
 	text := actors.OperatorResetNotice(len(snap.Pending))
 	return []persistence.Op{
 		&persistence.SetMessageStatus{SessionID: s.ID, Seqs: seqs, Status: persistence.StatusFailed},
-		&persistence.AddOutbox{Entry: persistence.OutboxEntry{
-			SessionKey: key, Seq: snap.LastOutboxSeq + 1, SessionID: s.ID, Kind: platforms.KindNotice, Text: text,
-			InReplyTo: ids, Platform: s.Platform, ChatType: s.ChatType, ChatID: s.ChatID, ThreadID: s.ThreadID,
-			UserID: snap.Pending[0].UserID, State: persistence.DeliveryPending, CreatedAt: now,
-		}},
+		&persistence.AddOutbox{Entry: actors.NewOutboxEntry(key, snap.LastOutboxSeq+1,
+			identity.Source{Platform: s.Platform, ChatType: s.ChatType, ChatID: s.ChatID, ThreadID: s.ThreadID, UserID: snap.Pending[0].UserID},
+			s.ID, platforms.KindNotice, text, "", ids, now)},
 	}
 }
 
