@@ -22,16 +22,7 @@ import (
 // seq the refused retry took is used by the next row, so the transcript has no gap.
 func TestRetryAfterALostCommitAnswerRuns(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var mu sync.Mutex
-		ran := map[string]int{}
-		echo := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			for _, m := range req.Messages {
-				ran[m.MessageID]++
-			}
-			return &agents.Response{Text: "echo: " + req.Messages[len(req.Messages)-1].Text}, nil
-		})
+		echo, ran := countingEcho()
 		out := &storetest.Outage{}
 		w := newManagerWorldWrites(t, echo, nil, func(s persistence.Store) persistence.Store {
 			out.Store = s
@@ -72,11 +63,9 @@ func TestRetryAfterALostCommitAnswerRuns(t *testing.T) {
 		reply("echo: two")
 		synctest.Wait()
 
-		mu.Lock()
-		if ran["m1"] != 1 {
-			t.Errorf("m1 ran %d times, want once", ran["m1"])
+		if n := ran("m1"); n != 1 {
+			t.Errorf("m1 ran %d times, want once", n)
 		}
-		mu.Unlock()
 		snap, err := w.store.LoadSession(w.ctx, w.key, 100)
 		if err != nil {
 			t.Fatal(err)
@@ -101,16 +90,7 @@ func TestRetryAfterALostCommitAnswerRuns(t *testing.T) {
 // it, once, rather than leave it to the key's next activation.
 func TestLostCommitAnswerRunsAtTheKeysRecovery(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var mu sync.Mutex
-		ran := map[string]int{}
-		echo := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			for _, m := range req.Messages {
-				ran[m.MessageID]++
-			}
-			return &agents.Response{Text: "echo: " + req.Messages[len(req.Messages)-1].Text}, nil
-		})
+		echo, ran := countingEcho()
 		out := &storetest.Outage{}
 		w := newManagerWorldWrites(t, echo, func(d *Deps) { d.Fencing = true }, func(s persistence.Store) persistence.Store {
 			out.Store = s
@@ -144,10 +124,28 @@ func TestLostCommitAnswerRunsAtTheKeysRecovery(t *testing.T) {
 			t.Errorf("m1 sent again after it ran: %+v, want duplicate", r)
 		}
 		synctest.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		if ran["m1"] != 1 {
-			t.Errorf("m1 ran %d times, want once", ran["m1"])
+		if n := ran("m1"); n != 1 {
+			t.Errorf("m1 ran %d times, want once", n)
 		}
 	})
+}
+
+// countingEcho is an agent that echoes the last message of its turn, and ran, how many turns
+// each message id ran in.
+func countingEcho() (agent agents.Agent, ran func(id string) int) {
+	var mu sync.Mutex
+	runs := map[string]int{}
+	agent = agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, m := range req.Messages {
+			runs[m.MessageID]++
+		}
+		return &agents.Response{Text: "echo: " + req.Messages[len(req.Messages)-1].Text}, nil
+	})
+	return agent, func(id string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return runs[id]
+	}
 }

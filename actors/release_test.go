@@ -9,9 +9,17 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/asynkron/protoactor-go/actor"
 )
+
+// clusterWorld is a manager world of cluster member "a": its sessions claim their keys and fence
+// their writes (set its Placement before the first message).
+func clusterWorld(t *testing.T, agent agents.Agent) *managerWorld {
+	t.Helper()
+	return newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+}
 
 // testPlacement places every key on the manager owner names.
 type testPlacement struct {
@@ -50,7 +58,7 @@ func TestActivationWaitsForTheHolderToLetGo(t *testing.T) {
 		})
 		var owner atomic.Pointer[actor.PID]
 		var second *actor.PID
-		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		w := clusterWorld(t, agent)
 		db := &Deps{Ctx: w.ctx, Store: w.store, Agent: agent, Platforms: w.d.Platforms, Log: w.d.Log,
 			Metrics: metrics.New("fake"), Node: "b", Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
 		second = w.system.Root.Spawn(NewSessionManager(db))
@@ -118,11 +126,8 @@ func TestActivationDoesNotWaitForAMemberThatCannotAnswer(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				echo := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
-					return &agents.Response{Text: "echo"}, nil
-				})
 				var owner atomic.Pointer[actor.PID]
-				w := newManagerWorld(t, echo, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+				w := clusterWorld(t, echo.New())
 				w.d.Placement = testPlacement{self: w.manager, peer: tc.peer(w.system), owner: &owner}
 				owner.Store(w.manager)
 				begin := time.Now()
@@ -142,11 +147,8 @@ func TestActivationDoesNotWaitForAMemberThatCannotAnswer(t *testing.T) {
 // router sends it again to the key's next owner), not left to time out.
 func TestStoppingManagerAnswersWhatWaitsForAnActivation(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		echo := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
-			return &agents.Response{Text: "echo"}, nil
-		})
 		var owner atomic.Pointer[actor.PID]
-		w := newManagerWorld(t, echo, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		w := clusterWorld(t, echo.New())
 		silent := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
 		w.d.Placement = testPlacement{self: w.manager, peer: silent, owner: &owner}
 		owner.Store(w.manager)
@@ -189,7 +191,7 @@ func TestActivationFinishedAfterLeaveHandsTheKeyOn(t *testing.T) {
 			return &agents.Response{Text: "echo"}, nil
 		})
 		var owner atomic.Pointer[actor.PID]
-		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		w := clusterWorld(t, agent)
 		silent := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
 		w.d.Placement = peersPlacement{self: w.manager, peers: []*actor.PID{silent}, owner: &owner}
 		owner.Store(w.manager)
@@ -223,11 +225,8 @@ func TestActivationFinishedAfterLeaveHandsTheKeyOn(t *testing.T) {
 // activates the key: it does not wait for the dead member for ever.
 func TestActivationAsksEveryHolderAgain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		echo := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
-			return &agents.Response{Text: "echo"}, nil
-		})
 		var owner atomic.Pointer[actor.PID]
-		w := newManagerWorld(t, echo, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		w := clusterWorld(t, echo.New())
 		var letGo atomic.Bool
 		var first, second *actor.PID
 		var activation uint64 // the activation first was asked for
@@ -274,12 +273,9 @@ func TestActivationAsksEveryHolderAgain(t *testing.T) {
 // each message is answered at once by the owner.
 func TestCancelledActivationLetsGoBeforeItHandsOn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		echo := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
-			return &agents.Response{Text: "echo"}, nil
-		})
 		var ownerA, ownerB atomic.Pointer[actor.PID]
-		w := newManagerWorld(t, echo, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
-		db := &Deps{Ctx: w.ctx, Store: w.store, Agent: echo, Platforms: w.d.Platforms, Log: w.d.Log,
+		w := clusterWorld(t, echo.New())
+		db := &Deps{Ctx: w.ctx, Store: w.store, Agent: w.d.Agent, Platforms: w.d.Platforms, Log: w.d.Log,
 			Metrics: metrics.New("fake"), Node: "b", Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
 		b, err := w.system.Root.SpawnNamed(NewSessionManager(db), "zz-manager") // sorts after w.manager
 		if err != nil {
@@ -319,11 +315,8 @@ func TestCancelledActivationLetsGoBeforeItHandsOn(t *testing.T) {
 // key; the holder's answer to this activation does.
 func TestReleasedOfAnEarlierActivationIsNotTaken(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		echo := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
-			return &agents.Response{Text: "echo"}, nil
-		})
 		var owner atomic.Pointer[actor.PID]
-		w := newManagerWorld(t, echo, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		w := clusterWorld(t, echo.New())
 		var holder *actor.PID
 		asked := make(chan uint64, 8)
 		holder = w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
@@ -359,11 +352,8 @@ func TestReleasedOfAnEarlierActivationIsNotTaken(t *testing.T) {
 // holds the key, so the message goes to it instead of a claim beside its running session.
 func TestActivationAsksASilentMemberAgain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		echo := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
-			return &agents.Response{Text: "echo"}, nil
-		})
 		var owner atomic.Pointer[actor.PID]
-		w := newManagerWorld(t, echo, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		w := clusterWorld(t, echo.New())
 		forwarded := make(chan *Forward, 4)
 		var holder *actor.PID
 		asked := 0
