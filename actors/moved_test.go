@@ -28,10 +28,11 @@ func TestWaitingSessionStopsWhenItsKeyMoves(t *testing.T) {
 			Source: sourceToProto(src), MessageId: "m1", Text: "hi", ReceivedAtUnixNano: time.Now().UnixNano()}}, time.Hour).Result()
 		t.Logf("deliver while spooling: %+v %v", res, err)
 		// Another member now owns the key and claims it.
-		epoch, err := store.Claim(ctx, key, "b", time.Now())
+		claimed, err := store.Claim(ctx, key, "b", time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
+		epoch := claimed.Epoch
 		system.Root.Send(manager, &grainStopped{key: key, grain: grain})
 		synctest.Wait()
 		time.Sleep(5 * time.Second)

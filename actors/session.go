@@ -262,11 +262,17 @@ func (s *Session) load(c actor.Context) {
 	if s.d.Fencing {
 		// Claim before loading: the snapshot then holds every write the key's previous
 		// activation will ever make (its later ones are fenced).
-		epoch, err := s.d.Store.Claim(s.d.Ctx, s.key, s.d.Node, s.activatedAt)
+		claimed, err := s.d.Store.Claim(s.d.Ctx, s.key, s.d.Node, s.activatedAt)
 		if err != nil {
 			panic(fmt.Errorf("session %s: claim: %w", s.key, err))
 		}
-		s.epoch = epoch
+		s.epoch = claimed.Epoch
+		if h := claimed.Counted; h != nil {
+			// The member that held the key died: its death counts against the message it was
+			// running (or was next to run), which afterUncleanStops quarantines at the limit.
+			s.logger().Warn("took the session over from a cluster member that stopped uncleanly; its head message counts it",
+				"previous_owner", claimed.Previous, "message", h.MessageID, "strikes", fmt.Sprintf("%d/%d", h.Attempts, QuarantineAfter))
+		}
 	}
 	snap, err := s.d.Store.LoadSession(s.d.Ctx, s.key, s.d.Config.HistoryLimit)
 	if err != nil {

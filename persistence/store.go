@@ -330,6 +330,18 @@ type Ownership struct {
 	ClaimedAt time.Time
 }
 
+// Claimed is the outcome of Store.Claim.
+type Claimed struct {
+	Epoch int64
+	// Previous is the owner the claim replaced; "" at the key's first claim.
+	Previous string
+	// Counted is the key's head pending message (as BeginRun counts them) when Previous is a
+	// cluster member that is gone without leaving (killed, out of memory, cut off: its
+	// registration expired, or a newer member registered its address): the claim added 1 to
+	// its Attempts, as a single daemon's unclean stop does. nil otherwise.
+	Counted *CountedMessage
+}
+
 // Snapshot is what a session actor loads when it starts: everything it needs to carry on
 // where its last activation stopped.
 type Snapshot struct {
@@ -488,8 +500,9 @@ type Store interface {
 	// activation that claims and then loads its snapshot sees every write its predecessor
 	// will ever make. Epochs come from the database, never from a clock, and a key's epoch
 	// never goes back (claims are never deleted, not even by PruneSessions). at is recorded
-	// as the claim's time.
-	Claim(ctx context.Context, key, owner string, at time.Time) (epoch int64, err error)
+	// as the claim's time. A store that keeps cluster membership (PostgreSQL) counts, in the
+	// same transaction, the death of a member that held the key (Claimed.Counted).
+	Claim(ctx context.Context, key, owner string, at time.Time) (Claimed, error)
 	// Ownership returns the current claim of a key; ErrNotFound if it was never claimed.
 	Ownership(ctx context.Context, key string) (*Ownership, error)
 	// BeginRun records that a single daemon (the only writer of the store) starts run. When

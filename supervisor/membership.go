@@ -37,6 +37,7 @@ type memberStore interface {
 type storeMembership struct {
 	store memberStore
 	name  string
+	node  string // the owner name this member's sessions claim keys with (Deps.Node)
 	ttl   time.Duration
 	log   *slog.Logger
 	lost  func(error)
@@ -52,8 +53,8 @@ type storeMembership struct {
 	live    []postgres.Member // the live members as of the last renewal, oldest first
 }
 
-func newStoreMembership(store memberStore, name string, ttl time.Duration, log *slog.Logger, lost func(error)) *storeMembership {
-	return &storeMembership{store: store, name: name, ttl: ttl, log: log, lost: lost,
+func newStoreMembership(store memberStore, name, node string, ttl time.Duration, log *slog.Logger, lost func(error)) *storeMembership {
+	return &storeMembership{store: store, name: name, node: node, ttl: ttl, log: log, lost: lost,
 		stop: make(chan struct{}), done: make(chan struct{})}
 }
 
@@ -63,7 +64,7 @@ func (p *storeMembership) StartMember(c *cluster.Cluster) error {
 	if err != nil {
 		return fmt.Errorf("membership: %w", err)
 	}
-	p.me = postgres.Member{ID: c.ActorSystem.ID, Host: host, Port: port, Kinds: c.GetClusterKinds()}
+	p.me = postgres.Member{ID: c.ActorSystem.ID, Host: host, Port: port, Kinds: c.GetClusterKinds(), Node: p.node}
 	ctx, cancel := context.WithTimeout(context.Background(), p.ttl)
 	defer cancel()
 	live, err := p.heartbeat(ctx)

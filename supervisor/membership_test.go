@@ -33,7 +33,7 @@ func (s *stalledHeartbeat) Leave(context.Context, string, string) error { return
 func TestRenewalAfterAStallLeaves(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		lost := make(chan error, 1)
-		p := newStoreMembership(&stalledHeartbeat{stall: 3 * time.Second}, "agentgate", 2*time.Second,
+		p := newStoreMembership(&stalledHeartbeat{stall: 3 * time.Second}, "agentgate", "node", 2*time.Second,
 			slog.New(slog.DiscardHandler), func(err error) { lost <- err })
 		go p.renew(nil) // the stalled renewal reports before it would use the cluster
 		select {

@@ -8,7 +8,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,5 +86,34 @@ func TestClusterMemberKilled(t *testing.T) {
 	}
 	if err := a.stop(t, 30*time.Second); err != nil {
 		t.Errorf("first member exit: %v", err)
+	}
+}
+
+// TestClusterPoisonMessageStopsTheCrashLoop is TestPoisonMessageStopsTheCrashLoop for a
+// cluster: a one-member cluster under a process supervisor. The member is killed with -9 while
+// its agent runs a message (as the OOM killer would) and started again at once on its address,
+// long before its registration expires (member_ttl is a minute). The new process registers the
+// address, which makes the killed one gone, and the claim that takes the key over counts the
+// death against the message. A clean stop in between does not count; the start after the third
+// death quarantines the message, and the chat goes on.
+func TestClusterPoisonMessageStopsTheCrashLoop(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	dataDir := t.TempDir()
+	d := poisonCrashLoop(t, func() *daemon {
+		return MustServe(t, dataDir, "AGENTGATE_STORE_DRIVER=postgres", "AGENTGATE_STORE_DSN="+dsn,
+			"AGENTGATE_CLUSTER_ENABLED=true", fmt.Sprint("AGENTGATE_CLUSTER_BIND=127.0.0.1:", port),
+			"AGENTGATE_CLUSTER_MEMBER_TTL=1m", "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=100ms", "AGENTGATE_AGENT_BACKEND=exec", poisonAgent)
+	})
+	if !strings.Contains(d.stderr.String(), "strikes=3/3") {
+		t.Errorf("the member's log does not say it counted the third death:\n%s", grep(d.stderr.String(), "took the session over"))
+	}
+	if err := d.stop(t, 30*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v, want 0", err)
 	}
 }

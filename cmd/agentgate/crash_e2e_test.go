@@ -14,8 +14,24 @@ import (
 // stop (SIGTERM, the drain cut short) in between does not count.
 func TestPoisonMessageStopsTheCrashLoop(t *testing.T) {
 	dataDir := t.TempDir()
-	env := []string{"AGENTGATE_AGENT_BACKEND=exec", "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=100ms",
-		`AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'case "$AGENTGATE_MESSAGE_ID" in poison*) sleep 60;; esac; echo "answered $AGENTGATE_MESSAGE_ID"']`}
+	d := poisonCrashLoop(t, func() *daemon {
+		return MustServe(t, dataDir, "AGENTGATE_AGENT_BACKEND=exec", "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=100ms", poisonAgent)
+	})
+	if err := d.stop(t, 30*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v, want 0", err)
+	}
+}
+
+// poisonAgent is an exec agent whose turns of messages with an id that starts with poison
+// hang, as one that takes its daemon down would run until it does.
+const poisonAgent = `AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'case "$AGENTGATE_MESSAGE_ID" in poison*) sleep 60;; esac; echo "answered $AGENTGATE_MESSAGE_ID"']`
+
+// poisonCrashLoop sends a poison message to the daemons serve starts one after the other (with
+// poisonAgent), kills three of them with -9 while its turn runs and stops one in between with
+// SIGTERM, and checks that the next one quarantines it, tells its sender and counts it, and
+// answers the chat's next message. It returns that daemon, running.
+func poisonCrashLoop(t *testing.T, serve func() *daemon) *daemon {
+	t.Helper()
 	const key = "agent:main:http:dm:c1"
 	running := func(d *daemon) {
 		t.Helper()
@@ -32,7 +48,7 @@ func TestPoisonMessageStopsTheCrashLoop(t *testing.T) {
 		<-d.done
 	}
 
-	d := MustServe(t, dataDir, env...)
+	d := serve()
 	status, ack := post(t, d.base+"/v1/messages", "", `{"chat_id":"c1","user_id":"u1","text":"poison","message_id":"poison-1"}`)
 	if status != http.StatusAccepted || ack["session_key"] != key {
 		t.Fatalf("POST = %d %v, want 202 for %s", status, ack, key)
@@ -40,19 +56,19 @@ func TestPoisonMessageStopsTheCrashLoop(t *testing.T) {
 	running(d)
 	kill(d) // unclean stop 1
 
-	d = MustServe(t, dataDir, env...)
+	d = serve()
 	running(d) // recovered and run again
 	if err := d.stop(t, 30*time.Second); err != nil {
 		t.Fatalf("exit after SIGTERM: %v, want 0\n%s", err, d.stderr.String())
 	}
 
-	for i := 2; i <= 3; i++ {
-		d = MustServe(t, dataDir, env...)
+	for range 2 {
+		d = serve()
 		running(d) // not quarantined yet: the clean stop did not count
-		kill(d)    // unclean stop i
+		kill(d)    // unclean stops 2 and 3
 	}
 
-	d = MustServe(t, dataDir, env...)
+	d = serve()
 	events := readSSE(t, d.base+"/v1/sessions/"+key+"/events", "", 1)
 	if text, _ := events[0].data["text"].(string); events[0].event != "notice" ||
 		!strings.Contains(text, "quarantined") || !strings.Contains(text, "restarted 3 times") {
@@ -66,7 +82,5 @@ func TestPoisonMessageStopsTheCrashLoop(t *testing.T) {
 	if _, body := get(t, d.base+"/metrics"); !strings.Contains(body, `agentgate_messages_quarantined_total{cause="unclean_restart"} 1`) {
 		t.Errorf("/metrics does not count the quarantine:\n%s", grep(body, "agentgate_messages_quarantined_total"))
 	}
-	if err := d.stop(t, 30*time.Second); err != nil {
-		t.Errorf("exit after SIGTERM: %v, want 0", err)
-	}
+	return d
 }

@@ -90,10 +90,11 @@ func TestSessionsResetInACluster(t *testing.T) {
 	const key = "agent:main:http:dm:c1"
 	at := time.Now()
 	s := persistence.Session{ID: "s1", Key: key, Platform: "http", ChatType: "dm", ChatID: "c1", StartedAt: at, LastActivityAt: at}
-	memberEpoch, err := st.Claim(ctx, key, "member-1", at) // a member runs the session
+	claimed, err := st.Claim(ctx, key, "member-1", at) // a member runs the session
 	if err != nil {
 		t.Fatal(err)
 	}
+	memberEpoch := claimed.Epoch
 	if errs := st.Commit(ctx, [][]persistence.Op{{&persistence.Fence{Key: key, Epoch: memberEpoch},
 		&persistence.CreateSession{Session: s},
 		&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: "s1", Generation: 1, UpdatedAt: at}}}}); errs[0] != nil {

@@ -320,11 +320,11 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		// hands over at its next write (and the next activation loads the ended session), and
 		// load the state after the claim. A turn the member runs is not cancelled: its result
 		// is fenced.
-		epoch, err := st.Claim(ctx, key, "agentgate sessions reset", time.Now())
+		claimed, err := st.Claim(ctx, key, "agentgate sessions reset", time.Now())
 		if err != nil {
 			return fmt.Errorf("reset %s: %w", key, err)
 		}
-		fence = []persistence.Op{&persistence.Fence{Key: key, Epoch: epoch}}
+		fence = []persistence.Op{&persistence.Fence{Key: key, Epoch: claimed.Epoch}}
 	}
 	snap, err := st.LoadSession(ctx, key, 0)
 	if err != nil {

@@ -91,7 +91,7 @@ func BenchmarkFencedCommit(b *testing.B) {
 						if err != nil {
 							b.Fatal(err)
 						}
-						sd.epochs[i] = e
+						sd.epochs[i] = e.Epoch
 					}
 				}
 				storetest.MustCommit(b, pg, setup...)

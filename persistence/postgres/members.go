@@ -17,25 +17,47 @@ type Member struct {
 	// Leaving marks a member that stops: it drains its running turns and hands the rest of its
 	// keys on, and it is still the member that owns its keys until its row is gone.
 	Leaving bool
+	// Node is the owner name the member claims session keys with (Store.Claim): a claim that
+	// takes a key from a member that died counts that death against the key's head message.
+	Node string
+}
+
+// gone is a condition true of a member row m whose member is gone without leaving: its
+// registration is older than its ttl (mTTL, an SQL expression of seconds), or a newer member
+// n, live by its ttl (nTTL), registered its address: a process restarted on its port is back
+// before its old registration expires, and the old process is gone for certain.
+func gone(mTTL, nTTL string) string {
+	return `(m.heartbeat_at <= clock_timestamp() - make_interval(secs => ` + mTTL + `)
+		OR EXISTS (SELECT 1 FROM members n WHERE n.cluster = m.cluster AND n.host = m.host
+			AND n.port = m.port AND n.joined_at > m.joined_at
+			AND n.heartbeat_at > clock_timestamp() - make_interval(secs => ` + nTTL + `)))`
 }
 
 const (
-	heartbeatSQL = `INSERT INTO members (cluster, id, host, port, kinds, leaving) VALUES ($1, $2, $3, $4, $5, $6)
+	heartbeatSQL = `INSERT INTO members (cluster, id, host, port, kinds, leaving, node, ttl_secs)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 		ON CONFLICT (cluster, id) DO UPDATE SET host = excluded.host, port = excluded.port,
-			kinds = excluded.kinds, leaving = excluded.leaving, heartbeat_at = clock_timestamp()`
-	liveMembersSQL = `SELECT id, host, port, kinds, leaving FROM members
-		WHERE cluster = $1 AND heartbeat_at > clock_timestamp() - make_interval(secs => $2)
-		ORDER BY joined_at, id`
-	// Rows long expired are removed by whichever member renews next; a member that comes back
-	// after that registers anew (protoactor never readmits a member id it saw leave anyway).
+			kinds = excluded.kinds, leaving = excluded.leaving, node = excluded.node,
+			ttl_secs = excluded.ttl_secs, heartbeat_at = clock_timestamp()`
+	// Rows expired for a day are removed by whichever member renews next: until then a claim
+	// of a key the member held counts its death (migration 0009). A member that comes back
+	// after its row expired renews it (protoactor never readmits a member id it saw leave).
 	expireMembersSQL = `DELETE FROM members
 		WHERE cluster = $1 AND heartbeat_at < clock_timestamp() - make_interval(secs => $2)`
 	leaveSQL = `DELETE FROM members WHERE cluster = $1 AND id = $2`
+	// keepGone is how long a gone member's row is kept: a claim that takes one of its keys
+	// within it counts its death.
+	keepGone = 24 * time.Hour
 )
+
+// liveMembersSQL lists the members that are not gone by the caller's ttl ($2).
+var liveMembersSQL = `SELECT id, host, port, kinds, leaving, node FROM members m
+	WHERE cluster = $1 AND NOT ` + gone("$2", "$2") + `
+	ORDER BY joined_at, id`
 
 // Heartbeat registers m as a live member of cluster (or renews its registration) and returns
 // the members whose last heartbeat is younger than ttl, by the database's clock, m included,
-// oldest member first. It is cluster mode's membership: every member calls it every fraction
+// oldest member first; a member whose address a newer live member registered is gone. It is cluster mode's membership: every member calls it every fraction
 // of ttl, and the list it returns is the cluster's topology. A leaving member (Member.Leaving)
 // is listed, as leaving, for as long as it renews.
 func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl time.Duration) ([]Member, error) {
@@ -52,8 +74,8 @@ func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl tim
 		if kinds == nil {
 			kinds = []string{} // the column is NOT NULL
 		}
-		b.Queue(heartbeatSQL, cluster, m.ID, m.Host, m.Port, kinds, m.Leaving)
-		b.Queue(expireMembersSQL, cluster, 10*secs)
+		b.Queue(heartbeatSQL, cluster, m.ID, m.Host, m.Port, kinds, m.Leaving, m.Node, secs)
+		b.Queue(expireMembersSQL, cluster, max(10*secs, keepGone.Seconds()))
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err
 		}
@@ -63,7 +85,7 @@ func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl tim
 		}
 		live, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
 			var m Member
-			return m, r.Scan(&m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving)
+			return m, r.Scan(&m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node)
 		})
 		return err
 	})

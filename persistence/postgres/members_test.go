@@ -3,8 +3,14 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"reflect"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
 )
 
 // TestMembers: members renew their registration with Heartbeat and each gets the live list; a
@@ -69,5 +75,154 @@ func TestMembers(t *testing.T) {
 	}
 	if got := beat("c1", a); got != "[a@10.0.0.1:6340[session]]" {
 		t.Errorf("after b left, a sees %s", got)
+	}
+}
+
+// TestMemberGoneByItsAddress: a member that registers the address of an older one, as a
+// process restarted on its port does before the old registration expires, makes the older one
+// gone at once: it is no longer listed.
+func TestMemberGoneByItsAddress(t *testing.T) {
+	s, _ := MustOpen(t)
+	ctx := context.Background()
+	const ttl = time.Minute
+	old := Member{ID: "old", Host: "10.0.0.1", Port: 6340, Node: "h1/r_old"}
+	other := Member{ID: "other", Host: "10.0.0.2", Port: 6340, Node: "h2/r_other"}
+	for _, m := range []Member{old, other} {
+		if _, err := s.Heartbeat(ctx, "c1", m, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restarted := Member{ID: "new", Host: "10.0.0.1", Port: 6340, Node: "h1/r_new"}
+	live, err := s.Heartbeat(ctx, "c1", restarted, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range live {
+		got = append(got, m.ID+"="+m.Node)
+	}
+	if want := "[other=h2/r_other new=h1/r_new]"; fmt.Sprint(got) != want {
+		t.Errorf("after a member registered the old one's address: %v, want %s", got, want)
+	}
+}
+
+// TestClaimCountsTheDeathOfTheMemberThatHeldTheKey: a claim that takes a key from a member
+// gone without leaving (its registration expired, or a newer member registered its address)
+// adds one attempt to the key's head pending message, in the claim, once; a claim from a live
+// member, from one that left, or of a key with nothing pending counts nothing.
+func TestClaimCountsTheDeathOfTheMemberThatHeldTheKey(t *testing.T) {
+	s, dsn := MustOpen(t)
+	ctx := context.Background()
+	conn := mustConn(t, dsn)
+	const ttl = 5 * time.Second
+	pending := func(sid string, seq int64) persistence.Op {
+		return &persistence.AppendMessage{Message: persistence.Message{SessionID: sid, Seq: seq,
+			Role: persistence.RoleUser, Content: "hi", Platform: "http", ChatID: "c", MessageID: fmt.Sprint(sid, "-m", seq),
+			UserID: "u", Status: persistence.StatusPending, Active: true, CreatedAt: t0}}
+	}
+	route := func(key, sid string) persistence.Op {
+		return &persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: sid, Generation: 1, UpdatedAt: t0}}
+	}
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("a", "ka")}, route("ka", "a"),
+		pending("a", 1), pending("a", 2),
+		&persistence.CreateSession{Session: newSession("b", "kb")}, route("kb", "b"))
+	beat := func(m Member) {
+		t.Helper()
+		if _, err := s.Heartbeat(ctx, "c1", m, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kill := func(m Member) { // its registration expires
+		t.Helper()
+		if _, err := conn.Exec(ctx, `UPDATE members SET heartbeat_at = heartbeat_at - interval '6 seconds' WHERE id = $1`, m.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim := func(key, owner string) persistence.Claimed {
+		t.Helper()
+		c, err := s.Claim(ctx, key, owner, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	attempts := func(seq int64) int {
+		t.Helper()
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT attempts FROM messages WHERE session_id = 'a' AND seq = $1`, seq).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	diff := func(what string, got, want persistence.Claimed) {
+		t.Helper()
+		text := func(c persistence.Claimed) string {
+			if c.Counted == nil {
+				return fmt.Sprintf("%+v", c)
+			}
+			return fmt.Sprintf("{Epoch:%d Previous:%s Counted:%+v}", c.Epoch, c.Previous, *c.Counted)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: %s, want %s", what, text(got), text(want))
+		}
+	}
+	p := Member{ID: "p", Host: "10.0.0.1", Port: 6340, Node: "h1/r_p"}
+	q := Member{ID: "q", Host: "10.0.0.2", Port: 6340, Node: "h2/r_q"}
+	beat(p)
+	beat(q)
+
+	diff("first claim", claim("ka", p.Node), persistence.Claimed{Epoch: 1})
+	diff("claim from a live member", claim("ka", q.Node), persistence.Claimed{Epoch: 2, Previous: p.Node})
+	kill(q)
+	diff("claim from a member whose registration expired", claim("ka", p.Node), persistence.Claimed{Epoch: 3, Previous: q.Node,
+		Counted: &persistence.CountedMessage{SessionID: "a", MessageID: "a-m1", Attempts: 1}})
+	if a1, a2 := attempts(1), attempts(2); a1 != 1 || a2 != 0 {
+		t.Errorf("attempts of a's messages %d, %d; want 1, 0 (only the head counts)", a1, a2)
+	}
+	diff("claim from the member that claimed after the death", claim("ka", "h3/r_x"), persistence.Claimed{Epoch: 4, Previous: p.Node})
+
+	// p holds the key and restarts on its port: the new process registers p's address.
+	claim("ka", p.Node)
+	restarted := Member{ID: "p2", Host: p.Host, Port: p.Port, Node: "h1/r_p2"}
+	beat(restarted)
+	if got := claim("ka", restarted.Node); got.Counted == nil || got.Counted.Attempts != 2 {
+		t.Errorf("claim from a member whose address a newer member registered: %+v, want the head counted (2 attempts)", got)
+	}
+	// p2 leaves cleanly: what it hands on counts nothing.
+	if err := s.Leave(ctx, "c1", restarted.ID); err != nil {
+		t.Fatal(err)
+	}
+	claim("ka", restarted.Node)
+	if got := claim("ka", "h3/r_x"); got.Counted != nil {
+		t.Errorf("claim from a member that left: counted %+v, want nothing", got.Counted)
+	}
+	// A key with nothing pending: nothing to count.
+	claim("kb", q.Node)
+	if got := claim("kb", p.Node); got.Counted != nil {
+		t.Errorf("claim of a key with nothing pending: counted %+v", got.Counted)
+	}
+
+	// Two members claim a dead member's key at once: its death counts once.
+	for round := range 10 {
+		dead := Member{ID: fmt.Sprint("d", round), Host: "10.0.1.1", Port: 7000 + round, Node: fmt.Sprint("h9/r_d", round)}
+		beat(dead)
+		claim("ka", dead.Node)
+		kill(dead)
+		before := attempts(1)
+		var wg sync.WaitGroup
+		var counted atomic.Int32
+		for _, owner := range []string{"h1/r_x", "h2/r_y"} {
+			wg.Go(func() {
+				if c, err := s.Claim(ctx, "ka", owner, t0); err != nil {
+					t.Error(err)
+				} else if c.Counted != nil {
+					counted.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		if n, after := counted.Load(), attempts(1); n != 1 || after != before+1 {
+			t.Fatalf("round %d: two claims at once counted the death %d times (attempts %d → %d), want once", round, n, before, after)
+		}
 	}
 }

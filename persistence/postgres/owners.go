@@ -10,14 +10,34 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// claimSQL claims key $1 for owner $2 at $3 and counts the death of the owner it replaces
+// (migration 0009). The claim's row lock waits for the transactions that passed a fence of the
+// key (their FOR SHARE lock, see agentgate_fence in migration 0003) and makes the fences that
+// follow wait for it; owners.owner in DO UPDATE is the row as locked, so of two claims at once
+// the second replaces the first's owner, which is alive: a death is counted once. The count
+// adds 1 to attempts of the routed session's head pending message, as BeginRun does (the
+// session that loads next quarantines it at QuarantineAfter).
+var claimSQL = `WITH claimed AS (
+		INSERT INTO owners (key, epoch, owner, claimed_at) VALUES ($1, 1, $2, $3)
+		ON CONFLICT (key) DO UPDATE SET epoch = owners.epoch + 1, previous = owners.owner,
+			owner = excluded.owner, claimed_at = excluded.claimed_at
+		RETURNING epoch, previous
+	), counted AS (
+		UPDATE messages h SET attempts = h.attempts + 1
+		FROM claimed c, routing r
+		WHERE c.previous <> '' AND c.previous <> $2
+			AND EXISTS (SELECT 1 FROM members m WHERE m.node = c.previous
+				AND ` + gone("NULLIF(m.ttl_secs, 0)", "NULLIF(n.ttl_secs, 0)") + `)
+			AND r.key = $1 AND h.session_id = r.session_id
+			AND h.role = 'user' AND h.status = 'pending' AND h.active
+			AND h.seq = (SELECT MIN(p.seq) FROM messages p WHERE p.session_id = r.session_id
+				AND p.role = 'user' AND p.status = 'pending' AND p.active)
+		RETURNING h.session_id, h.message_id, h.attempts
+	)
+	SELECT c.epoch, c.previous, k.session_id, k.message_id, k.attempts
+	FROM claimed c LEFT JOIN counted k ON true`
+
 const (
-	// The claim's row lock waits for the transactions that passed a fence of the key (their
-	// FOR SHARE lock, see agentgate_fence in migration 0003) and makes the fences that follow
-	// wait for it.
-	claimSQL = `INSERT INTO owners (key, epoch, owner, claimed_at) VALUES ($1, 1, $2, $3)
-		ON CONFLICT (key) DO UPDATE SET epoch = owners.epoch + 1, owner = excluded.owner,
-			claimed_at = excluded.claimed_at
-		RETURNING epoch`
 	ownershipSQL = `SELECT key, epoch, owner, claimed_at FROM owners WHERE key = $1`
 	fenceSQL     = `SELECT agentgate_fence($1, $2)`
 	// fencedCode is the SQLSTATE agentgate_fence raises.
@@ -29,27 +49,33 @@ const (
 )
 
 // Claim implements persistence.Store. It is one statement in a transaction of its own.
-func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time) (int64, error) {
+func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time) (persistence.Claimed, error) {
+	var c persistence.Claimed
 	if key == "" {
-		return 0, errors.New("claim: key required")
+		return c, errors.New("claim: key required")
 	}
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("claim %s: %w", key, err)
+		return c, fmt.Errorf("claim %s: %w", key, err)
 	}
 	defer done()
 	if _, err := s.lockHeld(); err != nil {
-		return 0, fmt.Errorf("claim %s: %w", key, err)
+		return c, fmt.Errorf("claim %s: %w", key, err)
 	}
-	var epoch int64
-	if err := s.pool.QueryRow(ctx, claimSQL, key, owner, timeArg(at)).Scan(&epoch); err != nil {
+	var sessionID, messageID *string
+	var attempts *int
+	err = s.pool.QueryRow(ctx, claimSQL, key, owner, timeArg(at)).Scan(&c.Epoch, &c.Previous, &sessionID, &messageID, &attempts)
+	if err != nil {
 		err = fmt.Errorf("claim %s: %w", key, s.explain(ctx, err))
 		if IsUnavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
 			err = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
 		}
-		return 0, err
+		return persistence.Claimed{}, err
 	}
-	return epoch, nil
+	if sessionID != nil {
+		c.Counted = &persistence.CountedMessage{SessionID: *sessionID, MessageID: *messageID, Attempts: *attempts}
+	}
+	return c, nil
 }
 
 // Ownership implements persistence.Store.

@@ -480,10 +480,11 @@ func TestUnavailableBatchKeepsRefusedGroupsErrors(t *testing.T) {
 	ctx := context.Background()
 	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("a", "ka")},
 		&persistence.CreateSession{Session: newSession("b", "kb")})
-	old, err := s.Claim(ctx, "ka", "first", t0)
+	claimed, err := s.Claim(ctx, "ka", "first", t0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	old := claimed.Epoch
 	if _, err := s.Claim(ctx, "ka", "second", t0); err != nil {
 		t.Fatal(err)
 	}

@@ -316,10 +316,11 @@ func TestUnavailableBatchKeepsRefusedGroupsErrors(t *testing.T) {
 	s := MustOpen(t, Options{})
 	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("a", "ka")},
 		&persistence.CreateSession{Session: newSession("b", "kb")})
-	old, err := s.Claim(ctx, "ka", "first", time.Now())
+	claimed, err := s.Claim(ctx, "ka", "first", time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
+	old := claimed.Epoch
 	if _, err := s.Claim(ctx, "ka", "second", time.Now()); err != nil {
 		t.Fatal(err)
 	}

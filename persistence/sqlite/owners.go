@@ -15,47 +15,52 @@ const (
 		ON CONFLICT (key) DO UPDATE SET epoch = owners.epoch + 1, owner = ?2, claimed_at = ?3
 		RETURNING epoch`
 	ownershipSQL = `SELECT key, epoch, owner, claimed_at FROM owners WHERE key = ?`
+	ownerSQL     = `SELECT owner FROM owners WHERE key = ?`
 )
 
 // Claim implements persistence.Store: one BEGIN IMMEDIATE transaction under the commit mutex,
-// so it never interleaves with a Commit and every later fence reads its epoch.
-func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time) (int64, error) {
-	epoch, err := s.claim(ctx, key, owner, at)
+// so it never interleaves with a Commit and every later fence reads its epoch. SQLite keeps
+// no cluster membership: a claim counts nothing (Claimed.Counted is nil).
+func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time) (persistence.Claimed, error) {
+	c, err := s.claim(ctx, key, owner, at)
 	if err != nil {
 		err = fmt.Errorf("claim %s: %w", key, err)
 		if IsUnavailable(err) {
 			err = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
 		}
-		return 0, err
+		return persistence.Claimed{}, err
 	}
-	return epoch, nil
+	return c, nil
 }
 
-func (s *Store) claim(ctx context.Context, key, owner string, at time.Time) (epoch int64, err error) {
+func (s *Store) claim(ctx context.Context, key, owner string, at time.Time) (c persistence.Claimed, err error) {
 	if key == "" {
-		return 0, errors.New("key required")
+		return c, errors.New("key required")
 	}
 	if err := s.enter(); err != nil {
-		return 0, err
+		return c, err
 	}
 	defer s.leave()
 	if s.readOnly {
-		return 0, ErrReadOnly
+		return c, ErrReadOnly
 	}
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
 	tx, err := s.writer.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
 	if err != nil {
-		return 0, err
+		return c, err
 	}
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
-	if err := tx.QueryRowContext(ctx, claimSQL, key, owner, timeArg(at)).Scan(&epoch); err != nil {
-		return 0, err
+	if err := tx.QueryRowContext(ctx, ownerSQL, key).Scan(&c.Previous); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return c, err
+	}
+	if err := tx.QueryRowContext(ctx, claimSQL, key, owner, timeArg(at)).Scan(&c.Epoch); err != nil {
+		return c, err
 	}
 	if err := tx.Commit(); err != nil {
-		return 0, err
+		return c, err
 	}
-	return epoch, nil
+	return c, nil
 }
 
 // Ownership implements persistence.Store.
