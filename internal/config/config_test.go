@@ -593,6 +593,18 @@ func TestValidate(t *testing.T) {
 				MemberTTL: 6 * time.Second, TLS: ClusterTLS{CertFile: "m.pem", KeyFile: "m-key.pem", CAFile: "ca.pem"}}
 		}, nil},
 		{"cluster disabled is not checked", func(c *Config) { c.Cluster = Cluster{Bind: "nowhere"} }, nil},
+		{"cluster on every interface, advertised", func(c *Config) {
+			c.Store.Driver, c.Store.DSN = "postgres", "postgres://db/agentgate"
+			c.Cluster = Cluster{Enabled: true, Name: "agentgate", Bind: "0.0.0.0:6340", Advertise: "10.0.0.5:6340", MemberTTL: 6 * time.Second}
+		}, nil},
+		{"cluster on every interface, not advertised", func(c *Config) {
+			c.Store.Driver, c.Store.DSN = "postgres", "postgres://db/agentgate"
+			c.Cluster = Cluster{Enabled: true, Name: "agentgate", Bind: "[::]:6340", MemberTTL: 6 * time.Second}
+		}, []string{"cluster.bind"}},
+		{"cluster without a host, advertising every interface", func(c *Config) {
+			c.Store.Driver, c.Store.DSN = "postgres", "postgres://db/agentgate"
+			c.Cluster = Cluster{Enabled: true, Name: "agentgate", Bind: ":6340", Advertise: "0.0.0.0:6340", MemberTTL: 6 * time.Second}
+		}, []string{"cluster.advertise"}},
 		{"cluster bad", func(c *Config) {
 			c.Cluster = Cluster{Enabled: true, Bind: "10.0.0.5", Advertise: "gw:x", MemberTTL: 500 * time.Millisecond,
 				TLS: ClusterTLS{CertFile: "m.pem"}}

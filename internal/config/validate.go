@@ -40,6 +40,14 @@ func (c *Config) validate() []error {
 		v.hostPort("cluster.bind", cl.Bind)
 		if cl.Advertise != "" {
 			v.hostPort("cluster.advertise", cl.Advertise)
+			if everyInterface(cl.Advertise) {
+				v.add("cluster.advertise", cl.Advertise, "must be an address the other members can dial, not every interface")
+			}
+		} else if everyInterface(cl.Bind) {
+			// protoactor would register the listener's address, which every other member dials
+			// as itself; two such members would also register one address, the mark of a
+			// restarted member (the older one would be taken for gone).
+			v.add("cluster.bind", cl.Bind, "listens on every interface: set cluster.advertise to the host:port the other members dial")
 		}
 		atLeast(&v, "cluster.member_ttl", cl.MemberTTL, time.Second)
 		if t := cl.TLS; (t.CertFile != "" || t.KeyFile != "" || t.CAFile != "") && (t.CertFile == "" || t.KeyFile == "" || t.CAFile == "") {
@@ -188,6 +196,16 @@ func (v *validator) oneOf(field, got string, allowed ...string) {
 		}
 	}
 	v.add(field, got, "must be one of "+strings.Join(allowed, ", "))
+}
+
+// everyInterface reports whether addr (host:port) has no host or an unspecified one (0.0.0.0, ::).
+func everyInterface(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return host == "" || ip != nil && ip.IsUnspecified()
 }
 
 func (v *validator) hostPort(field, addr string) {
