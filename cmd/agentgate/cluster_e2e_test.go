@@ -21,8 +21,8 @@ import (
 // TestClusterMemberKilled: two `agentgate serve` members of one cluster on one PostgreSQL
 // database. A session whose key the second member owns has a turn running there when that
 // member is killed with -9. Once the first member counts it gone (cluster.member_ttl), it
-// takes the key over: the acknowledged message is answered exactly once, by it, and the chat
-// goes on there.
+// takes the key over: the acknowledged message is answered exactly once, by it, the death
+// counts against it, and the chat goes on there.
 func TestClusterMemberKilled(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	env := []string{"AGENTGATE_STORE_DRIVER=postgres", "AGENTGATE_STORE_DSN=" + dsn,
@@ -83,6 +83,16 @@ func TestClusterMemberKilled(t *testing.T) {
 	if err := conn.QueryRow(context.Background(), `SELECT COUNT(*) FROM messages
 		WHERE role = 'user' AND status = 'pending'`).Scan(&pending); err != nil || pending != 0 {
 		t.Errorf("%d messages still pending (%v), want none", pending, err)
+	}
+	// The death counts against the message it was running (once it expired: member_ttl), and
+	// only against it: the message sent after the takeover counts nothing.
+	var attempts []int
+	rows, err := conn.Query(context.Background(), `SELECT attempts FROM messages WHERE message_id IN ($1, 'after') ORDER BY seq`, msgID)
+	if err == nil {
+		attempts, err = pgx.CollectRows(rows, pgx.RowTo[int])
+	}
+	if err != nil || fmt.Sprint(attempts) != "[1 0]" {
+		t.Errorf("attempts of the killed member's message and the next: %v (%v), want [1 0]", attempts, err)
 	}
 	if err := a.stop(t, 30*time.Second); err != nil {
 		t.Errorf("first member exit: %v", err)
