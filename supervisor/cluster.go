@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/agentgate/agentgate/actors"
@@ -15,6 +16,9 @@ import (
 	"github.com/asynkron/protoactor-go/cluster/identitylookup/disthash"
 	"github.com/asynkron/protoactor-go/eventstream"
 	"github.com/asynkron/protoactor-go/remote"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/stats"
+	"google.golang.org/protobuf/types/known/emptypb"
 )
 
 // Cluster mode (DESIGN §6, docs/ARCHITECTURE.md). Each member runs the whole daemon: platforms,
@@ -46,6 +50,10 @@ func (d *Daemon) startCluster() (err error) {
 	if cc.Advertise != "" {
 		ropts = append(ropts, remote.WithAdvertisedHost(cc.Advertise))
 	}
+	d.peers = newPeers()
+	ropts = append(ropts, func(c *remote.Config) {
+		c.ServerOptions = append(c.ServerOptions, grpc.StatsHandler(d.peers))
+	})
 	if d.members == nil {
 		return errors.New("cluster: the store keeps no cluster membership (store.driver must be postgres)")
 	}
@@ -179,15 +187,95 @@ func (d *Daemon) withdraw() {
 	}
 }
 
-// leaveCluster leaves the cluster (gracefully: the other members take over its keys) and stops
-// the actor system. It runs after the daemon's own actors have stopped.
-func (d *Daemon) leaveCluster() {
+// leaveCluster leaves protoactor's cluster and stops the actor system. It runs after the
+// daemon's own actors have stopped and the member has withdrawn from the membership.
+//
+// It takes the steps of protoactor's graceful cluster.Shutdown, in its order, but for the
+// fixed 2 s sleep that Shutdown takes after stopping the placement actor ("to wait ownership
+// transferring complete"), which ended every stop of a member. No ownership is transferred
+// there: the placement actor (disthash) stops its grains, which are shells; agentgate hands
+// its keys on itself (actors.Leave), and everything the stop must finish (the drain, the
+// replies and their delivery marks, the persistence actor's last flush, the withdrawal) is
+// done by then. What the sleep did give is time for the other members to drop this one: until
+// their next renewal they still route its keys to it, and while its cluster port is open such
+// a request meets a dead letter at once and is looked up again (ClusterRouter); once the port
+// is closed it waits out protoactor's 5 s activation timeout and reconnection attempts, logged
+// as errors on the member that stays. So the port stays open until the other members have
+// dropped this one (each closes its connection to it then: peers.dropped), and no longer: a
+// member with no other member leaves at once (TestClusterLoneMemberStopsAtOnce,
+// TestClusterLeavingMemberWaitsForTheOthersToDropIt). It waits at most dropWithin.
+func (d *Daemon) leaveCluster(ctx context.Context) {
 	if d.cluster == nil {
 		return
 	}
 	d.system.EventStream.Unsubscribe(d.topology)
-	d.cluster.Shutdown(true)
+	c := d.cluster
+	c.Gossip.SetState(cluster.GracefullyLeftKey, &emptypb.Empty{})
+	d.system.Shutdown()
+	// protoactor's Shutdown would now shut the membership provider down: Stop has withdrawn.
+	c.IdentityLookup.Shutdown()
+	t := time.NewTimer(dropWithin(d.cfg.Cluster.MemberTTL))
+	select {
+	case <-d.peers.dropped():
+	case <-t.C:
+		d.log.Debug("leaving the cluster while other members still hold a connection to this one")
+	case <-ctx.Done():
+	}
+	t.Stop()
+	c.Gossip.Shutdown()
+	c.Remote.Shutdown(true)
 }
+
+// dropWithin bounds how long a leaving member waits for the others to drop it: a member that
+// renews in time does so within a renewal period (ttl/3) after the withdrawal, and its renewal
+// takes at most another (storeMembership.renew). A member that holds its connection past that
+// (one that stops at the same time, and no longer renews) is not waited for.
+func dropWithin(ttl time.Duration) time.Duration { return 2 * ttl / 3 }
+
+// peers counts the connections that other members hold open to this member's cluster port,
+// as a gRPC stats handler of its server. A member dials each member of its topology (its
+// gossip reaches every member several times a second) and closes that connection when its
+// topology drops the member (protoactor's MemberList.TerminateMember).
+type peers struct {
+	mu   sync.Mutex
+	open int
+	none chan struct{} // closed while open is 0
+}
+
+func newPeers() *peers {
+	p := &peers{none: make(chan struct{})}
+	close(p.none)
+	return p
+}
+
+// dropped is closed while no other member holds a connection to this one.
+func (p *peers) dropped() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.none
+}
+
+// HandleConn counts the connections as they begin and end.
+func (p *peers) HandleConn(_ context.Context, s stats.ConnStats) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch s.(type) {
+	case *stats.ConnBegin:
+		if p.open == 0 {
+			p.none = make(chan struct{})
+		}
+		p.open++
+	case *stats.ConnEnd:
+		if p.open--; p.open == 0 {
+			close(p.none)
+		}
+	}
+}
+
+// TagConn, TagRPC and HandleRPC complete stats.Handler; RPCs are not counted.
+func (p *peers) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (p *peers) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context   { return ctx }
+func (p *peers) HandleRPC(context.Context, stats.RPCStats)                         {}
 
 // topologySubscription is the daemon's subscription to membership changes.
 type topologySubscription = *eventstream.Subscription

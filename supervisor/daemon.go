@@ -96,6 +96,7 @@ type Daemon struct {
 	topology   topologySubscription
 	members    memberStore      // the store's membership registry (PostgreSQL)
 	membership *storeMembership // this member's registration in it
+	peers      *peers           // the other members' connections to this one
 	fatal      chan error       // receives why the daemon must stop on its own (see Fatal)
 	stopping   atomic.Bool      // Stop has begun
 	// began: this run is recorded in the store (beginRun); a clean stop ends it (endRun).
@@ -320,7 +321,7 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	d.cancel()
 	d.events.close()
 	if d.cluster != nil {
-		d.leaveCluster() // it shuts the actor system down
+		d.leaveCluster(ctx) // it shuts the actor system down
 	} else {
 		d.system.Shutdown()
 	}
