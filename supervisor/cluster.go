@@ -214,14 +214,19 @@ func (d *Daemon) leaveCluster(ctx context.Context) {
 	d.system.Shutdown()
 	// protoactor's Shutdown would now shut the membership provider down: Stop has withdrawn.
 	c.IdentityLookup.Shutdown()
-	t := time.NewTimer(dropWithin(d.cfg.Cluster.MemberTTL))
-	select {
-	case <-d.peers.dropped():
-	case <-t.C:
-		d.log.Debug("leaving the cluster while other members still hold a connection to this one")
-	case <-ctx.Done():
+	if len(d.membership.successors()) > 0 {
+		// Only members that stay route to this one; when all the others leave too (a whole
+		// cluster stopped at once) their connections last until they close their own ports,
+		// and waiting for them would only make each wait out dropWithin.
+		t := time.NewTimer(dropWithin(d.cfg.Cluster.MemberTTL))
+		select {
+		case <-d.peers.dropped():
+		case <-t.C:
+			d.log.Debug("leaving the cluster while other members still hold a connection to this one")
+		case <-ctx.Done():
+		}
+		t.Stop()
 	}
-	t.Stop()
 	c.Gossip.Shutdown()
 	c.Remote.Shutdown(true)
 }
@@ -229,7 +234,8 @@ func (d *Daemon) leaveCluster(ctx context.Context) {
 // dropWithin bounds how long a leaving member waits for the others to drop it: a member that
 // renews in time does so within a renewal period (ttl/3) after the withdrawal, and its renewal
 // takes at most another (storeMembership.renew). A member that holds its connection past that
-// (one that stops at the same time, and no longer renews) is not waited for.
+// (one that stops at the same time, and no longer renews) is not waited for: when members
+// stop at once while another stays, each leaving one waits this long.
 func dropWithin(ttl time.Duration) time.Duration { return 2 * ttl / 3 }
 
 // peers counts the connections that other members hold open to this member's cluster port,

@@ -5,11 +5,16 @@
 package supervisor
 
 import (
+	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/agentgate/agentgate/persistence/postgres"
+	"github.com/jackc/pgx/v5"
 )
 
 // TestClusterLoneMemberStopsAtOnce: a member with no other member, whose session has answered
@@ -70,4 +75,58 @@ func lastRenewal(r *runtime) *postgres.Member {
 		return nil
 	}
 	return &p.live[0]
+}
+
+// TestClusterMembersStoppingAtOnceDoNotWaitForEachOther: when the other members leave too, a
+// leaving member does not wait for them to drop it. Each holds its connections to the others
+// until it closes its own port, so two members that each waited for the other would both wait
+// out dropWithin (6 s here). The second member is told to stop once the first is marked
+// leaving (or gone) in the store: it sees no member that stays and leaves at once, which ends
+// the first one's wait.
+func TestClusterMembersStoppingAtOnceDoNotWaitForEachOther(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	var rs []*runtime
+	var logs []*logSignal
+	for range 2 {
+		l := &logSignal{}
+		logs = append(logs, l)
+		rs = append(rs, MustStartDaemon(t, okAgent, daemonOpts{logs: l, tweak: func(c *config.Config) {
+			c.Store.Driver, c.Store.DSN = "postgres", dsn
+			c.Cluster.Enabled, c.Cluster.Bind, c.Cluster.MemberTTL = true, "127.0.0.1:0", 9*time.Second
+		}}))
+	}
+	waitUntil(t, func() bool {
+		return len(rs[0].d.cluster.MemberList.Members().Members()) == 2 && len(rs[1].d.cluster.MemberList.Members().Members()) == 2
+	})
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+
+	var wg sync.WaitGroup
+	wg.Go(func() { rs[0].stop(t) })
+	waitUntil(t, func() bool { // marked leaving, or already withdrawn (it has no turn to drain)
+		var staying bool
+		err := conn.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM members WHERE id = $1 AND NOT leaving)`,
+			rs[0].d.system.ID).Scan(&staying)
+		return err == nil && !staying
+	})
+	wg.Go(func() { rs[1].stop(t) })
+	wg.Wait()
+	for i, l := range logs {
+		if line := grepLine(l.String(), "still hold a connection"); line != "" {
+			t.Errorf("member %d waited for the other to drop it until its bound: %s", i, line)
+		}
+	}
+}
+
+// grepLine returns the first line of text that holds substr, or "".
+func grepLine(text, substr string) string {
+	for l := range strings.SplitSeq(text, "\n") {
+		if strings.Contains(l, substr) {
+			return l
+		}
+	}
+	return ""
 }
