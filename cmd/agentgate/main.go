@@ -41,6 +41,7 @@ commands:
   serve          run the daemon (the default command)
   check-config   validate the configuration and print every problem
   sessions       list, show, export, reset or search the stored sessions
+  backup         write a consistent copy of the SQLite database, also while the daemon runs
   bench          load an in-process daemon and measure turns/s, latency and the SQLite ceiling
   version        print the version
 
@@ -67,6 +68,8 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 		return checkConfig(args, stdout, stderr)
 	case "sessions":
 		return sessions(ctx, args, stdout, stderr)
+	case "backup":
+		return backup(ctx, args, stdout, stderr)
 	case "bench":
 		return bench(ctx, args, stdout, stderr)
 	case "version":

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/agentgate/agentgate/persistence/spool"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+)
+
+const backupUsage = `usage: agentgate backup [--config FILE] [--data-dir DIR] FILE
+
+Writes a consistent copy of the SQLite database to FILE, which must not exist, also while the
+daemon runs (copying agentgate.db by hand is not a backup: recent writes live in its -wal
+file). The copy is checked before it takes its name. To restore it, stop the daemon, move
+agentgate.db and its -wal and -shm files aside, copy FILE to agentgate.db and start it.
+
+A PostgreSQL store is backed up with pg_dump.
+`
+
+// backup runs `agentgate backup FILE`.
+func backup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fset := flag.NewFlagSet("backup", flag.ContinueOnError)
+	fset.Usage = func() {
+		fmt.Fprint(fset.Output(), backupUsage, "\nflags:\n")
+		fset.PrintDefaults()
+	}
+	var cf configFlags
+	cf.register(fset)
+	out, err := parseArgs(fset, args, "FILE", stderr)
+	if err != nil {
+		return helpIsDone(err)
+	}
+	cfg, err := cf.load()
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	if cfg.Store.Driver == "postgres" {
+		return errors.New("backup: the store is PostgreSQL: back it up with pg_dump " +
+			"(pg_dump --format=custom --file=agentgate.dump \"$DSN\"; restore with pg_restore)")
+	}
+	if _, err := os.Stat(cfg.DSN()); errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("backup: no database at %s (check --data-dir and --config)", cfg.DSN())
+	}
+	size, err := sqlite.Backup(ctx, cfg.DSN(), out)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "backed up %s to %s (%d bytes)\n", cfg.DSN(), out, size)
+	dir := filepath.Join(cfg.DataDir, "spool")
+	if n, err := spool.Waiting(dir); err != nil {
+		fmt.Fprintf(stderr, "warning: could not read %s: %v\n", dir, err)
+	} else if n > 0 {
+		fmt.Fprintf(stderr, "warning: %s holds %d batch(es) of writes the database does not have yet, so the backup "+
+			"lacks them too; the daemon writes them once the database takes writes again: back up again after that\n", dir, n)
+	}
+	return nil
+}

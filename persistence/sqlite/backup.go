@@ -1,0 +1,144 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Backup writes a consistent copy of the database at path to out, also while a daemon writes
+// it: one VACUUM INTO from a read-only connection, which copies the state of one read
+// transaction (the committed writes in the WAL included) into a compact new database. The copy
+// is made in a temporary file beside out, checked (PRAGMA quick_check and the schema version),
+// synced and only then renamed to out, so out is either a whole, checked backup or absent.
+// out must not exist. It returns the backup's size in bytes.
+//
+// Copying the database file while a daemon runs is not a backup: the committed writes not yet
+// checkpointed live in the -wal file, and a copy of the two taken at different moments is
+// inconsistent.
+func Backup(ctx context.Context, path, out string) (int64, error) {
+	n, err := backup(ctx, path, out)
+	if err != nil {
+		return 0, fmt.Errorf("back up %s to %s: %w", path, out, err)
+	}
+	return n, nil
+}
+
+func backup(ctx context.Context, path, out string) (int64, error) {
+	src, err := filepath.Abs(path)
+	if err != nil {
+		return 0, err
+	}
+	dst, err := filepath.Abs(out)
+	if err != nil {
+		return 0, err
+	}
+	if err := checkTestGuard(src); err != nil {
+		return 0, err
+	}
+	if _, err := os.Stat(src); err != nil {
+		return 0, err
+	}
+	if _, err := os.Lstat(dst); err == nil {
+		return 0, fmt.Errorf("%s exists: back up to a new file", out)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return 0, err
+	}
+	// VACUUM INTO writes a file that is empty or absent; an empty temporary file reserves a
+	// unique name beside out, on the same file system, for the rename.
+	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".*.partial")
+	if err != nil {
+		return 0, err
+	}
+	tmpPath := tmp.Name()
+	if err := tmp.Close(); err != nil {
+		return 0, err
+	}
+	done := false
+	defer func() {
+		if !done {
+			_ = os.Remove(tmpPath)
+		}
+	}()
+
+	// mode=ro without query_only: query_only refuses VACUUM INTO, although it writes only the
+	// new file.
+	db, err := sql.Open("sqlite", dsn(src, "mode=ro", "_pragma=busy_timeout(5000)"))
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	version, err := schemaVersion(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", tmpPath); err != nil {
+		return 0, err
+	}
+	if err := verifyBackup(ctx, tmpPath, version); err != nil {
+		return 0, err
+	}
+	if err := syncPath(tmpPath); err != nil {
+		return 0, err
+	}
+	if err := os.Rename(tmpPath, dst); err != nil {
+		return 0, err
+	}
+	done = true
+	if err := syncPath(filepath.Dir(dst)); err != nil {
+		return 0, err
+	}
+	info, err := os.Stat(dst)
+	if err != nil {
+		return 0, err
+	}
+	return info.Size(), nil
+}
+
+// schemaVersion is the schema version of an agentgate database (its last migration).
+func schemaVersion(ctx context.Context, db *sql.DB) (int, error) {
+	var v int
+	if err := db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&v); err != nil {
+		return 0, fmt.Errorf("not an agentgate database? %w", err)
+	}
+	return v, nil
+}
+
+// verifyBackup opens the new file read-only and checks its pages and its schema version.
+func verifyBackup(ctx context.Context, path string, version int) error {
+	db, err := sql.Open("sqlite", dsn(path, "mode=ro"))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var res string
+	if err := db.QueryRowContext(ctx, "PRAGMA quick_check").Scan(&res); err != nil {
+		return fmt.Errorf("check the backup: %w", err)
+	}
+	if !strings.EqualFold(res, "ok") {
+		return fmt.Errorf("check the backup: quick_check says %q", res)
+	}
+	if v, err := schemaVersion(ctx, db); err != nil || v != version {
+		return fmt.Errorf("check the backup: schema version %d (%v), want %d", v, err, version)
+	}
+	return nil
+}
+
+// syncPath fsyncs a file or a directory.
+func syncPath(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

@@ -1,0 +1,121 @@
+package sqlite
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
+)
+
+// TestBackupWhileWriting: a backup taken while a writer commits holds exactly the commits made
+// before some moment, whole (here every commit writes a message and its reply: the backup never
+// holds a message without its reply), and the store goes on. The backup opens as a store.
+func TestBackupWhileWriting(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")})
+	reply := func(seq int64) persistence.Message {
+		m := userMsg("s1", seq, "reply")
+		m.Role, m.MessageID, m.Status = persistence.RoleAssistant, "", persistence.StatusDone
+		return m
+	}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	committed := make(chan int64, 1) // the writer's last seq
+	wg.Go(func() {
+		seq := int64(0)
+		defer func() { committed <- seq }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			errs := s.Commit(ctx, [][]persistence.Op{{
+				&persistence.AppendMessage{Message: userMsg("s1", seq+1, "hello")},
+				&persistence.AppendMessage{Message: reply(seq + 2)},
+			}})
+			if errs[0] != nil {
+				t.Error(errs[0])
+				return
+			}
+			seq += 2
+		}
+	})
+	for { // back up once the writer has committed a few times
+		if ms, err := s.Transcript(ctx, "s1"); err != nil {
+			t.Fatal(err)
+		} else if len(ms) >= 20 {
+			break
+		}
+	}
+	out := filepath.Join(t.TempDir(), "backup.db")
+	size, err := Backup(ctx, s.Path(), out)
+	close(stop)
+	wg.Wait()
+	last := <-committed
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := os.Stat(out); err != nil || info.Size() != size {
+		t.Errorf("backup file: %v (size %d), want %d bytes", err, info.Size(), size)
+	}
+	b, err := OpenReadOnly(ctx, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ms, err := b.Transcript(ctx, "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := int64(len(ms)); n < 20 || n%2 != 0 || n > last {
+		t.Fatalf("backup holds %d messages of the %d committed, want an even number from 20 on (whole commits)", n, last)
+	}
+	for i, m := range ms {
+		if m.Seq != int64(i+1) {
+			t.Fatalf("backup message %d has seq %d: a gap", i, m.Seq)
+		}
+	}
+	if matches, _ := filepath.Glob(filepath.Join(filepath.Dir(out), ".*partial")); len(matches) != 0 {
+		t.Errorf("temporary files left: %v", matches)
+	}
+}
+
+// TestBackupRefuses: a backup never overwrites a file, and a failed one leaves nothing behind.
+func TestBackupRefuses(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	dir := t.TempDir()
+	existing := filepath.Join(dir, "existing.db")
+	if err := os.WriteFile(existing, []byte("keep me"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Backup(ctx, s.Path(), existing); err == nil {
+		t.Error("backup onto an existing file: nil error")
+	}
+	if b, _ := os.ReadFile(existing); string(b) != "keep me" {
+		t.Errorf("the existing file now holds %q", b)
+	}
+	notDB := filepath.Join(dir, "not.db")
+	if err := os.WriteFile(notDB, []byte("plain text, not SQLite"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, src := range []string{filepath.Join(dir, "missing.db"), notDB} {
+		out := filepath.Join(dir, fmt.Sprint(filepath.Base(src), ".backup"))
+		if _, err := Backup(ctx, src, out); err == nil {
+			t.Errorf("backup of %s: nil error", src)
+		}
+		if _, err := os.Stat(out); !os.IsNotExist(err) {
+			t.Errorf("failed backup of %s left %s (%v)", src, out, err)
+		}
+	}
+	if matches, _ := filepath.Glob(filepath.Join(dir, ".*partial")); len(matches) != 0 {
+		t.Errorf("temporary files left: %v", matches)
+	}
+}
