@@ -128,6 +128,9 @@ type Deps struct {
 	// Spooling is true while the persistence actor holds writes in the spool: the store does not
 	// show them yet, so sessions stay in memory instead of passivating.
 	Spooling atomic.Bool
+	// Stopping is true once the daemon has begun to stop (Daemon.Stop): a turn whose agent a
+	// stop signal ended then is cut short by the stop, not failed (agents.ErrStopSignal).
+	Stopping atomic.Bool
 	// PersistIncarnation counts the persistence actor's restarts (its
 	// persistence.ActorOptions.Incarnation): a session sends its unacknowledged writes again,
 	// in order, once it has grown past the incarnation they were sent to.

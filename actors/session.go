@@ -52,6 +52,7 @@ type Session struct {
 	fencedOut  bool                 // a newer activation claimed the key: this one hands over and stops
 	stale      bool                 // memory is behind the store: the key is activated again (onRecover, restartFromStore)
 	leaving    bool                 // the member leaves the cluster: no new turn, and the key goes on once idle (Leave)
+	halted     bool                 // the daemon stops and a stop signal ended this session's agent: no new turn (stoppedBySignal)
 	handoff    []routed             // requests for the key's next activation, sent once the session stops
 	inflight   []*pendingWrite      // by write id, ascending
 	stopResend scheduler.CancelFunc // the armed resend tick; nil when none is armed

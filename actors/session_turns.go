@@ -35,7 +35,7 @@ func (s *Session) tryStart(c actor.Context) {
 		s.leaveIfIdle(c)
 		return
 	}
-	if s.running != nil || len(s.queue) == 0 || !s.queue[0].durable {
+	if s.running != nil || len(s.queue) == 0 || !s.queue[0].durable || s.halted {
 		s.endOverdue(c)
 		s.updateBusy(c)
 		return
@@ -274,6 +274,10 @@ func (s *Session) onTurnFinished(c actor.Context, m *TurnFinished) {
 		s.d.Metrics.AgentTokens.WithLabelValues("input").Add(float64(m.Usage.InputTokens))
 		s.d.Metrics.AgentTokens.WithLabelValues("output").Add(float64(m.Usage.OutputTokens))
 	}
+	if m.Err != nil && s.d.Stopping.Load() && errors.Is(m.Err, agents.ErrStopSignal) {
+		s.stoppedBySignal(c, r, m.Err)
+		return
+	}
 	if m.Err != nil {
 		s.d.Metrics.TurnsTotal.WithLabelValues("error").Inc()
 		s.logger().Warn("turn failed", "turn", r.id, "err", m.Err)
@@ -282,6 +286,27 @@ func (s *Session) onTurnFinished(c actor.Context, m *TurnFinished) {
 		s.d.Metrics.TurnsTotal.WithLabelValues("ok").Inc()
 		s.finish(c, r, persistence.RoleAssistant, m.Text, persistence.StatusDone, m.Usage)
 	}
+	s.tryStart(c)
+}
+
+// stoppedBySignal ends a turn whose agent's process was ended by a stop signal while the daemon
+// stops: a service manager that signals agentgate's whole process tree at once (systemd's
+// default KillMode=control-group) ends the agents' commands along with it. The turn did not
+// fail, the stop cut it short: its messages stay pending in the store and run again at the
+// next start (or, in a cluster, on the key's next owner), as a turn cancelled at the drain
+// deadline does, and the session starts no turn before it stops (halted).
+func (s *Session) stoppedBySignal(c actor.Context, r *turnRun, err error) {
+	s.d.Metrics.TurnsTotal.WithLabelValues("cancelled").Inc()
+	s.logger().Warn("the agent's process was ended by a signal while agentgate stops; its messages run again at the next start "+
+		"(a service manager signalled it with agentgate: under systemd, set KillMode=mixed)", "turn", r.id, "err", err)
+	s.cancelTurn(c, r)
+	// Back at the head of the queue, as pending as they are in the store: a leaving member's
+	// session then has its successor run them at once (passivate.rerun).
+	s.queue = append(slices.Clone(r.items), s.queue...)
+	s.history = slices.DeleteFunc(s.history, func(h histEntry) bool {
+		return slices.ContainsFunc(r.items, func(it *item) bool { return it.seq == h.seq })
+	})
+	s.halted = true
 	s.tryStart(c)
 }
 

@@ -9,6 +9,7 @@ package agents
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
@@ -69,6 +70,12 @@ type Usage struct {
 	InputTokens  int64
 	OutputTokens int64
 }
+
+// ErrStopSignal is wrapped by an agent's error (errors.Is) when the process that ran the turn
+// was ended by a signal that stops processes (SIGTERM, SIGINT, SIGHUP, SIGKILL) which agentgate
+// did not send: as a service manager does when it stops agentgate and every process it started
+// together (systemd's default KillMode=control-group).
+var ErrStopSignal = errors.New("agent process ended by a stop signal")
 
 // Agent runs one turn. Run blocks until the turn ends or ctx is cancelled. Next to an error,
 // Run may return a Response whose Usage counts the tokens the failed turn spent (its Text is

@@ -308,6 +308,7 @@ func (d *Daemon) Store() persistence.Store { return d.store }
 // flushes and the store closes. ctx bounds the whole stop.
 func (d *Daemon) Stop(ctx context.Context) error {
 	d.stopping.Store(true)
+	d.deps.Stopping.Store(true)
 	d.intake.Drain()
 	d.http.Drain()
 	d.leave()

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/exec"
 )
 
@@ -155,4 +157,43 @@ echo done`)
 		t.Errorf("Run() took %v, want about the %v grace period", elapsed, grace)
 	}
 	waitGone(t, "leftover background process", MustReadPID(t, filepath.Join(dir, "child.pid")))
+}
+
+// TestRunStopSignal: a command ended by a stop signal agentgate did not send (as a service
+// manager stopping the whole process tree does) fails with an error that matches
+// agents.ErrStopSignal; one that fails on its own, or is killed by another signal, does not.
+func TestRunStopSignal(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		script string
+		kill   syscall.Signal // sent to the command's group from outside; 0 for none
+		want   bool
+	}{
+		{"SIGTERM", "sleep 100", syscall.SIGTERM, true},
+		{"SIGKILL", "sleep 100", syscall.SIGKILL, true},
+		{"SIGINT to a shell that exits 130", "trap 'exit 130' INT; sleep 100", syscall.SIGINT, true},
+		{"a failure of its own", "exit 1", 0, false},
+		{"SIGSEGV", "kill -SEGV $$", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cmd, dir := MustScript(t, `echo $$ > "$1/pid.tmp"; mv "$1/pid.tmp" "$1/pid"; `+tc.script)
+			a := MustNew(t, exec.Config{Command: cmd})
+			done := runAsync(t.Context(), a, request(turn(1), "hi"))
+			if tc.kill != 0 {
+				pid := MustReadPID(t, filepath.Join(dir, "pid"))
+				if err := syscall.Kill(-pid, tc.kill); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := mustResult(t, done)
+			if r.err == nil {
+				t.Fatalf("Run() = %v, nil error; want a failure", r.resp)
+			}
+			if got := errors.Is(r.err, agents.ErrStopSignal); got != tc.want {
+				t.Errorf("errors.Is(%v, agents.ErrStopSignal) = %v, want %v", r.err, got, tc.want)
+			}
+		})
+	}
 }

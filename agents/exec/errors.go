@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"syscall"
+
+	"github.com/agentgate/agentgate/agents"
 )
 
 // ErrTimeout is wrapped by the error Run returns when the command did not finish within
@@ -18,6 +21,19 @@ type ExitError struct {
 	Code int
 	// Stderr is the tail (at most MaxStderr bytes) of what the command wrote to stderr.
 	Stderr string
+}
+
+// Is makes an ExitError match agents.ErrStopSignal when its code says the command ended by a
+// stop signal: killed by it, or a shell that exited 128 plus its number after it.
+func (e *ExitError) Is(target error) bool {
+	if target != agents.ErrStopSignal {
+		return false
+	}
+	switch syscall.Signal(e.Code - 128) {
+	case syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGKILL:
+		return true
+	}
+	return false
 }
 
 // Error returns the exit status followed by the captured stderr, if any.

@@ -1,8 +1,13 @@
 package main
 
 import (
+	"errors"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -83,4 +88,52 @@ func poisonCrashLoop(t *testing.T, serve func() *daemon) *daemon {
 		t.Errorf("/metrics does not count the quarantine:\n%s", grep(body, "agentgate_messages_quarantined_total"))
 	}
 	return d
+}
+
+// TestAgentSignalledWithTheDaemonRunsAgain: a service manager that stops agentgate signals its
+// whole process tree at once (systemd's default KillMode=control-group), the running agent's
+// command included. That turn did not fail, the stop cut it short: no failure notice, the
+// message stays pending, and the next start runs it and answers it once.
+func TestAgentSignalledWithTheDaemonRunsAgain(t *testing.T) {
+	dataDir, marks := t.TempDir(), t.TempDir()
+	env := []string{"AGENTGATE_AGENT_BACKEND=exec", "MARKS=" + marks,
+		// The first run records its process group and hangs; the next answers.
+		`AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'if [ ! -e "$MARKS/pgid" ]; then echo $$ > "$MARKS/pgid.tmp"; mv "$MARKS/pgid.tmp" "$MARKS/pgid"; sleep 60; fi; echo "answered $AGENTGATE_MESSAGE_ID"']`}
+	d := MustServe(t, dataDir, env...)
+	if status, ack := post(t, d.base+"/v1/messages", "", `{"chat_id":"c1","user_id":"u1","text":"hi","message_id":"m1"}`); status != http.StatusAccepted {
+		t.Fatalf("POST = %d %v", status, ack)
+	}
+	var pgid int
+	waitFor(t, 30*time.Second, func() bool {
+		b, err := os.ReadFile(filepath.Join(marks, "pgid"))
+		if err != nil {
+			return false
+		}
+		pgid, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil
+	})
+	// As KillMode=control-group does: SIGTERM to every process at once.
+	if err := errors.Join(d.cmd.Process.Signal(syscall.SIGTERM), syscall.Kill(-pgid, syscall.SIGTERM)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-d.done:
+		if d.err != nil {
+			t.Fatalf("exit after SIGTERM: %v, want 0\n%s", d.err, d.stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the daemon did not stop")
+	}
+	if !strings.Contains(d.stderr.String(), "KillMode=mixed") {
+		t.Errorf("the log does not say why the turn ran again:\n%s", d.stderr.String())
+	}
+
+	d = MustServe(t, dataDir, env...)
+	events := readSSE(t, d.base+"/v1/sessions/agent:main:http:dm:c1/events", "", 1)
+	if text, _ := events[0].data["text"].(string); events[0].event != "reply" || text != "answered m1" {
+		t.Errorf("the chat's first event after the restart: %s %v, want the reply to m1 (no failure notice)", events[0].event, events[0].data)
+	}
+	if err := d.stop(t, 30*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v, want 0", err)
+	}
 }
