@@ -15,8 +15,8 @@ import (
 // it: one VACUUM INTO from a read-only connection, which copies the state of one read
 // transaction (the committed writes in the WAL included) into a compact new database. The copy
 // is made in a temporary file beside out, checked (PRAGMA quick_check and the schema version),
-// synced and only then renamed to out, so out is either a whole, checked backup or absent.
-// out must not exist. It returns the backup's size in bytes.
+// synced and only then given the name out (never replacing a file that took it meanwhile), so
+// out is either a whole, checked backup or absent. out must not exist. It returns the backup's size in bytes.
 //
 // Copying the database file while a daemon runs is not a backup: the committed writes not yet
 // checkpointed live in the -wal file, and a copy of the two taken at different moments is
@@ -87,7 +87,7 @@ func backup(ctx context.Context, path, out string) (int64, error) {
 	if err := syncPath(tmpPath); err != nil {
 		return 0, err
 	}
-	if err := os.Rename(tmpPath, dst); err != nil {
+	if err := takeName(tmpPath, dst); err != nil {
 		return 0, err
 	}
 	done = true
@@ -99,6 +99,25 @@ func backup(ctx context.Context, path, out string) (int64, error) {
 		return 0, err
 	}
 	return info.Size(), nil
+}
+
+// takeName gives the file at tmp the name dst, which must not exist, and removes tmp. A hard
+// link takes the name or fails if it is taken, at once: the check at the start of backup comes
+// long before, and a rename would replace a file written meanwhile (another backup to the same
+// name). Where the file system has no hard links, the name is checked again and renamed to.
+func takeName(tmp, dst string) error {
+	err := os.Link(tmp, dst)
+	if err == nil {
+		_ = os.Remove(tmp) // dst holds the copy; a leftover tmp is only a name too many
+		return nil
+	}
+	if errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("%s exists: back up to a new file", dst)
+	}
+	if _, lerr := os.Lstat(dst); lerr == nil {
+		return fmt.Errorf("%s exists: back up to a new file", dst)
+	}
+	return os.Rename(tmp, dst)
 }
 
 // schemaVersion is the schema version of an agentgate database (its last migration).

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/agentgate/agentgate/persistence"
@@ -114,6 +116,39 @@ func TestBackupRefuses(t *testing.T) {
 		if _, err := os.Stat(out); !os.IsNotExist(err) {
 			t.Errorf("failed backup of %s left %s (%v)", src, out, err)
 		}
+	}
+	if matches, _ := filepath.Glob(filepath.Join(dir, ".*partial")); len(matches) != 0 {
+		t.Errorf("temporary files left: %v", matches)
+	}
+}
+
+// TestBackupsAtOnceNeverOverwrite: of backups to one file taken at once (two cron jobs, an
+// operator who runs the command twice), one writes it and the others fail; none replaces the
+// file another wrote and reported. The check that the file does not exist comes long before the
+// copy takes its name, so the name must be taken without replacing what holds it.
+func TestBackupsAtOnceNeverOverwrite(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")})
+	var ops []persistence.Op
+	for i := range 2000 { // a copy that takes a while, so the backups overlap
+		ops = append(ops, &persistence.AppendMessage{Message: userMsg("s1", int64(i+1), strings.Repeat("x", 500))})
+	}
+	storetest.MustCommit(t, s, ops...)
+	dir := t.TempDir()
+	out := filepath.Join(dir, "backup.db")
+	var wg sync.WaitGroup
+	var written atomic.Int32
+	for range 4 {
+		wg.Go(func() {
+			if _, err := Backup(ctx, s.Path(), out); err == nil {
+				written.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if n := written.Load(); n != 1 {
+		t.Errorf("%d backups to one file reported success, want 1 (the others overwrote it)", n)
 	}
 	if matches, _ := filepath.Glob(filepath.Join(dir, ".*partial")); len(matches) != 0 {
 		t.Errorf("temporary files left: %v", matches)
