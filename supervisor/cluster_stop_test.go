@@ -130,3 +130,26 @@ func grepLine(text, substr string) string {
 	}
 	return ""
 }
+
+// TestClusterMemberWhoseAddressAnotherRegistersStops: two live members that register one
+// address (both left on the default bind 127.0.0.1:6340 on two hosts, or one advertise copied
+// to two members) cannot both be reached there. The store takes the older one for a member
+// restarted on its port, gone, and leaves it out of every member's topology, its own included;
+// it must not run on unseen, dropped by everyone: it reports itself lost, naming the address.
+func TestClusterMemberWhoseAddressAnotherRegistersStops(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	older := startClusterOn(t, dsn, 1, okAgent, 0)[0]
+	defer older.stop(t)
+	addr := older.d.system.Address()
+	newer := startClusterMember(t, dsn, okAgent, 0, func(c *config.Config) { c.Cluster.Advertise = addr })
+	defer newer.stop(t)
+	select {
+	case err := <-older.d.Fatal():
+		if !strings.Contains(err.Error(), addr) {
+			t.Errorf("Fatal: %v, want the shared address %s", err, addr)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("a member whose address a newer live member registered still runs, in no member's topology (its own: %d members)",
+			len(older.d.cluster.MemberList.Members().Members()))
+	}
+}

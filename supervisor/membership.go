@@ -118,6 +118,10 @@ func (p *storeMembership) renew(c *cluster.Cluster) {
 				return
 			}
 			last = time.Now()
+			if err := p.displaced(live); err != nil {
+				p.lost(err)
+				return
+			}
 			if err := p.split(c, live); err != nil {
 				p.lost(err)
 				return
@@ -192,6 +196,21 @@ func (p *storeMembership) staying(members []*cluster.Member) []*cluster.Member {
 		return out
 	}
 	return members
+}
+
+// displaced returns an error when this member is not among the live members its own renewal
+// returned: a newer live member registered its host and port, which the store takes for this
+// member restarted on its port (persistence/postgres gone), so every member, this one too,
+// leaves it out of the topology. Two live members on one address are a misconfiguration (the
+// default bind 127.0.0.1:6340 on two hosts, one advertise on two members); this one must not
+// run on unseen.
+func (p *storeMembership) displaced(live []postgres.Member) error {
+	if slices.ContainsFunc(live, func(m postgres.Member) bool { return m.ID == p.me.ID }) {
+		return nil
+	}
+	return fmt.Errorf("cluster membership lost: another live member registered this member's address %s:%d, "+
+		"so the cluster takes this one for gone; each member needs an address of its own (cluster.bind, cluster.advertise)",
+		p.me.Host, p.me.Port)
 }
 
 // split returns an error when this member must leave a split cluster: an older live member
