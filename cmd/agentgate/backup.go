@@ -19,7 +19,8 @@ const backupUsage = `usage: agentgate backup [--config FILE] [--data-dir DIR] FI
 Writes a consistent copy of the SQLite database to FILE, which must not exist, also while the
 daemon runs (copying agentgate.db by hand is not a backup: recent writes live in its -wal
 file). The copy is checked before it takes its name. To restore it, stop the daemon, move
-agentgate.db and its -wal and -shm files aside, copy FILE to agentgate.db and start it.
+agentgate.db, its -wal and -shm files and the spool directory aside, copy FILE to
+agentgate.db and start it.
 
 A PostgreSQL store is backed up with pg_dump.
 `

@@ -81,6 +81,9 @@ func backup(ctx context.Context, path, out string) (int64, error) {
 	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", tmpPath); err != nil {
 		return 0, err
 	}
+	if err := endRunIn(ctx, tmpPath); err != nil {
+		return 0, err
+	}
 	if err := verifyBackup(ctx, tmpPath, version); err != nil {
 		return 0, err
 	}
@@ -118,6 +121,30 @@ func takeName(tmp, dst string) error {
 		return fmt.Errorf("%s exists: back up to a new file", dst)
 	}
 	return os.Rename(tmp, dst)
+}
+
+// endRunIn ends, in the copy at path, the daemon run the database recorded (daemon_run,
+// migration 0013): the copy of a running daemon's database holds its run as begun, and a daemon
+// started on the restored copy would count an unclean stop that never happened against every
+// session's head pending message. (A copy taken after a crash, before the next start, loses
+// that one count: a restore is an operator's deliberate start.)
+func endRunIn(ctx context.Context, path string) error {
+	db, err := sql.Open("sqlite", dsn(path))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var tables int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'daemon_run'`).Scan(&tables); err != nil {
+		return fmt.Errorf("end the recorded run in the backup: %w", err)
+	}
+	if tables == 0 {
+		return nil // a database from before migration 0013
+	}
+	if _, err := db.ExecContext(ctx, `UPDATE daemon_run SET run = '' WHERE one = 1`); err != nil {
+		return fmt.Errorf("end the recorded run in the backup: %w", err)
+	}
+	return nil
 }
 
 // schemaVersion is the schema version of an agentgate database (its last migration).

@@ -154,3 +154,33 @@ func TestBackupsAtOnceNeverOverwrite(t *testing.T) {
 		t.Errorf("temporary files left: %v", matches)
 	}
 }
+
+// TestBackupOfARunningDaemonIsNoUncleanStop: a backup taken while the daemon runs holds its
+// run as not ended (daemon_run), so the daemon started on the restored copy counts an unclean
+// stop that never happened against every session's head pending message (a strike of 3).
+func TestBackupOfARunningDaemonIsNoUncleanStop(t *testing.T) {
+	ctx := context.Background()
+	s := MustOpen(t, Options{})
+	if _, err := s.BeginRun(ctx, "running", t0); err != nil {
+		t.Fatal(err)
+	}
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")},
+		&persistence.PutRoute{Route: persistence.Route{Key: "k1", SessionID: "s1", Generation: 1, UpdatedAt: t0}},
+		&persistence.AppendMessage{Message: userMsg("s1", 1, "hello")})
+	out := filepath.Join(t.TempDir(), "backup.db")
+	if _, err := Backup(ctx, s.Path(), out); err != nil {
+		t.Fatal(err)
+	}
+	restored, err := Open(ctx, out, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer restored.Close()
+	u, err := restored.BeginRun(ctx, "after-restore", t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u != nil {
+		t.Errorf("the daemon started on a restored backup counted an unclean stop of run %q against %+v", u.Run, u.Counted)
+	}
+}
