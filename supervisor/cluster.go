@@ -28,6 +28,13 @@ import (
 // writes (Options.SharedStore), so the brief dual activation of a membership change never
 // interleaves writes.
 
+// gossipExpiry is how long protoactor's gossip waits for a silent member before it blocks it:
+// its default, 20 s, or twice member_ttl when that is longer. The store must drop a dead member
+// first (all members see it gone within 4/3 of member_ttl): a member that gossip blocks while
+// the store lists it alive is taken for the other side of a split (storeMembership.split), and
+// every member younger than a dead one would stop.
+func gossipExpiry(ttl time.Duration) time.Duration { return max(20*time.Second, 2*ttl) }
+
 // clusterRequestTimeout bounds one cluster request when the caller gives no deadline.
 const clusterRequestTimeout = 30 * time.Second
 
@@ -61,7 +68,8 @@ func (d *Daemon) startCluster() (err error) {
 	d.membership = provider
 	kind := actors.NewSessionKind(func() *actor.PID { return d.manager })
 	cfg := cluster.Configure(cc.Name, provider, disthash.New(), remote.Configure(host, port, ropts...),
-		cluster.WithKinds(kind), cluster.WithRequestTimeout(clusterRequestTimeout))
+		cluster.WithKinds(kind), cluster.WithRequestTimeout(clusterRequestTimeout),
+		cluster.WithHeartbeatExpiration(gossipExpiry(cc.MemberTTL)))
 	d.cluster = cluster.New(d.system, cfg)
 	defer func() {
 		// protoactor panics when it cannot listen or register; that is a start error here.
