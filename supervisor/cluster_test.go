@@ -70,12 +70,20 @@ func stopAll(t *testing.T, rs []*runtime) {
 func startClusterMember(t testing.TB, dsn string, agent agents.Agent, drain time.Duration, tweaks ...func(*config.Config)) *runtime {
 	t.Helper()
 	return MustStartDaemon(t, agent, daemonOpts{drain: drain, tweak: func(c *config.Config) {
-		c.Store.Driver, c.Store.DSN = "postgres", dsn
-		c.Cluster.Enabled, c.Cluster.Bind, c.Cluster.MemberTTL = true, "127.0.0.1:0", 2*time.Second
+		clusterOn(dsn)(c)
 		for _, f := range tweaks {
 			f(c)
 		}
 	}})
+}
+
+// clusterOn configures a member of the test cluster on dsn (startClusterMember), for a test
+// that starts one with daemonOpts of its own.
+func clusterOn(dsn string) func(*config.Config) {
+	return func(c *config.Config) {
+		c.Store.Driver, c.Store.DSN = "postgres", dsn
+		c.Cluster.Enabled, c.Cluster.Bind, c.Cluster.MemberTTL = true, "127.0.0.1:0", 2*time.Second
+	}
 }
 
 func chat(i int) identity.Source {
