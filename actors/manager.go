@@ -388,19 +388,28 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 	rerun := m.rerun[key]
 	delete(m.rerun, key)
 	defer m.answerDrains(c) // a leaving member's drain waits for its hand-overs
-	if m.elsewhere(key) != nil {
+	if to := m.elsewhere(key); to != nil {
 		// The key is another member's now: it runs what the session left queued, and gets
 		// what was asked meanwhile. The members waiting for this one to let go of the key are
-		// told first, so that what follows finds their session.
+		// told first, so that what follows finds their session. A member that asked for the
+		// key (Release) is the one that takes it over: it claims the key once this one let go.
+		// What is left goes to it, not to the owner in this member's view, which may be older
+		// than the asker's: a member that had not renewed since another joined and a third
+		// began to leave sent it to the leaving one, which sent it back here, where a new
+		// activation, asking only the members this one knew, claimed the key beside the
+		// asker's (TestClusterThreeViewsMoveAKeyOnce).
+		if ws := m.waiters[key]; len(ws) > 0 {
+			to = ws[0].pid
+		}
 		m.letGo(c, key)
 		var local []routed
 		for _, r := range held {
-			if !m.handOn(c, key, r) {
+			if !m.handOnTo(c, to, key, r) {
 				local = append(local, r)
 			}
 		}
 		// Held messages activate the key where they go; without any, a Recover does.
-		rerun = rerun && len(held) == 0 && !m.handOn(c, key, routed{msg: &Recover{}})
+		rerun = rerun && len(held) == 0 && !m.handOnTo(c, to, key, routed{msg: &Recover{}})
 		held = local
 	}
 	if len(held) > 0 || rerun {
@@ -533,11 +542,12 @@ func (m *SessionManager) platformOf(key string) *actor.PID {
 // reports whether it did. It does not when the key stays here, the message has been forwarded
 // often enough already, or it is not a session message that crosses members.
 func (m *SessionManager) handOn(c actor.Context, key string, r routed) bool {
-	if !m.mayHandOn(r) {
-		return false
-	}
-	to := m.elsewhere(key)
-	if to == nil || to.Equal(c.Self()) {
+	return m.handOnTo(c, m.elsewhere(key), key, r)
+}
+
+// handOnTo forwards r to the manager to as handOn does, and reports whether it did.
+func (m *SessionManager) handOnTo(c actor.Context, to *actor.PID, key string, r routed) bool {
+	if !m.mayHandOn(r) || to == nil || to.Equal(c.Self()) {
 		return false
 	}
 	return m.forwardTo(c, to, key, r, false)
