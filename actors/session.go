@@ -170,7 +170,7 @@ func (s *Session) Receive(c actor.Context) {
 		return
 	}
 	switch c.Message().(type) {
-	case *idleCheck, *resendTick, *debounceTick, *persistence.WriteResult, *Recover:
+	case *idleCheck, *resendTick, *debounceTick, *persistence.WriteResult, *Recover, *signalledTurn:
 	default:
 		s.lastTouched = time.Now() // the passivation clock: real time, not the session clock
 	}
@@ -183,6 +183,8 @@ func (s *Session) Receive(c actor.Context) {
 		s.onWriteResult(c, m)
 	case *TurnFinished:
 		s.onTurnFinished(c, m)
+	case *signalledTurn:
+		s.onTurnEnded(c, m.m)
 	case *turnPanicked:
 		if s.running != nil && s.running.id == m.TurnID {
 			// The session restarts with its state reloaded from the store and runs the message

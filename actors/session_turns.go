@@ -256,6 +256,30 @@ func (s *Session) onTurnFinished(c actor.Context, m *TurnFinished) {
 	if r == nil || r.id != m.TurnID {
 		return // a cancelled turn's late result: never delivered
 	}
+	if m.Err != nil && !s.d.Stopping.Load() && errors.Is(m.Err, agents.ErrStopSignal) {
+		// A service manager that stops agentgate and its agents' commands at once signals
+		// agentgate first, but the command dies at once, and its turn can end before the
+		// signal handler has begun the stop. The turn stays running (the session busy, no other
+		// turn starts) until stopSignalGrace has passed: a stop begun by then cut it short.
+		s.timers(c).SendOnce(stopSignalGrace, c.Self(), &signalledTurn{m})
+		return
+	}
+	s.onTurnEnded(c, m)
+}
+
+// stopSignalGrace is how long a turn whose agent a stop signal ended waits for the daemon's
+// stop to begin before it counts as failed (onTurnFinished).
+const stopSignalGrace = 2 * time.Second
+
+// signalledTurn is a TurnFinished held for stopSignalGrace (onTurnFinished).
+type signalledTurn struct{ m *TurnFinished }
+
+// onTurnEnded is onTurnFinished once the turn's result is to be taken.
+func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
+	r := s.running
+	if r == nil || r.id != m.TurnID {
+		return // cancelled while its result was held (signalledTurn)
+	}
 	s.running = nil
 	c.Stop(r.pid)
 	// An agent (a model endpoint) reports the usage: a negative count would panic the token
