@@ -397,9 +397,11 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		// than the asker's: a member that had not renewed since another joined and a third
 		// began to leave sent it to the leaving one, which sent it back here, where a new
 		// activation, asking only the members this one knew, claimed the key beside the
-		// asker's (TestClusterThreeViewsMoveAKeyOnce).
-		if ws := m.waiters[key]; len(ws) > 0 {
-			to = ws[0].pid
+		// asker's (TestClusterThreeViewsMoveAKeyOnce). An asker that stopped asking (it died,
+		// or gave its activation up) takes nothing over: what is left goes to the owner
+		// (TestHandOverSkipsAWaiterThatDied).
+		if asker := m.takingOver(key); asker != nil {
+			to = asker
 		}
 		m.letGo(c, key)
 		var local []routed

@@ -262,8 +262,9 @@ func (m *SessionManager) onRelease(c actor.Context, r *Release) {
 	ws := m.waiters[r.Key]
 	if i := slices.IndexFunc(ws, func(w waiter) bool { return w.pid.Equal(asker) }); i >= 0 {
 		ws[i].activation = r.Activation // the asker's latest activation of the key
+		ws[i].asked = time.Now()
 	} else {
-		m.waiters[r.Key] = append(ws, waiter{pid: asker, activation: r.Activation})
+		m.waiters[r.Key] = append(ws, waiter{pid: asker, activation: r.Activation, asked: time.Now()})
 	}
 	if pid := m.sessions[r.Key]; pid != nil && m.elsewhere(r.Key) != nil {
 		c.Send(pid, &moved{})
@@ -305,5 +306,22 @@ func (m *SessionManager) elsewhere(key string) *actor.PID {
 // waiter is another member's manager waiting for this one to let go of a key.
 type waiter struct {
 	pid        *actor.PID
-	activation uint64 // its activation of the key (Release.activation)
+	activation uint64    // its activation of the key (Release.activation)
+	asked      time.Time // when it last asked (Release); a live waiter asks again every releaseAnswerTimeout
+}
+
+// waiterGone is how long after its last Release a waiter is taken to have died or given up its
+// activation: one that waits asks again releaseAnswerTimeout after each answer, and again at
+// once when an ask goes unanswered.
+const waiterGone = 3 * releaseAnswerTimeout
+
+// takingOver is the manager of the member that asked for key (Release) and still waits for it,
+// the first one if several do; nil when none does (startSuccessor).
+func (m *SessionManager) takingOver(key string) *actor.PID {
+	for _, w := range m.waiters[key] {
+		if time.Since(w.asked) < waiterGone {
+			return w.pid
+		}
+	}
+	return nil
 }
