@@ -70,16 +70,12 @@ func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	// A key that is not a session key can never have events: it is refused rather than held
+	// open as a stream for ever. A well-formed key with no session yet is streamed, so a client
+	// may subscribe before its first message.
 	key, aerr := pathKey(r)
 	if aerr != nil {
 		aerr.write(w)
-		return
-	}
-	// A key that is not a session key can never have events: refuse it rather than hold a
-	// stream open for ever. A well-formed key with no session yet is streamed, so a client
-	// may subscribe before its first message.
-	if _, err := identity.ParseKey(key); err != nil {
-		writeError(w, http.StatusBadRequest, CodeInvalidKey, "not a session key")
 		return
 	}
 	after, aerr := resumePoint(r)
@@ -230,8 +226,9 @@ func (s *sseWriter) flush() error {
 	return nil
 }
 
-// pathKey returns the {key} path value. The mux has decoded it exactly once; it is used as is,
-// never unescaped again, because its own components are percent-escaped (identity.Escape).
+// pathKey returns the {key} path value, or a 400 invalid_key when it is no session key. The
+// mux has decoded it exactly once; it is used as is, never unescaped again, because its own
+// components are percent-escaped (identity.Escape).
 func pathKey(r *http.Request) (string, *apiError) {
 	key := r.PathValue("key")
 	switch {
@@ -241,6 +238,9 @@ func pathKey(r *http.Request) (string, *apiError) {
 		return "", badRequest(CodeInvalidKey, "the session key is too long")
 	case !utf8.ValidString(key) || strings.ContainsFunc(key, unicode.IsControl):
 		return "", badRequest(CodeInvalidKey, "the session key contains invalid characters")
+	}
+	if _, err := identity.ParseKey(key); err != nil {
+		return "", badRequest(CodeInvalidKey, "not a session key (want agent:<profile>:<platform>:<chat type>:<chat id>[:…], as a reply's session_key)")
 	}
 	return key, nil
 }

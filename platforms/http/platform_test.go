@@ -127,7 +127,7 @@ func TestPanicInHandlerIsRecovered(t *testing.T) {
 	sessions := newFakeSessions()
 	sessions.panicGet = true
 	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
-	got := h.do("GET", "/v1/sessions/k", nil, "")
+	got := h.do("GET", "/v1/sessions/agent:main:http:dm:k", nil, "")
 	if got.status != 500 || got.errCode() != CodeInternal {
 		t.Errorf("GET with a panicking handler = %d %q, want 500 %q", got.status, got.errCode(), CodeInternal)
 	}

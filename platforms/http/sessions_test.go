@@ -39,9 +39,21 @@ func TestSessionRoutes(t *testing.T) {
 		}
 	})
 	t.Run("get unknown", func(t *testing.T) {
-		got := h.do("GET", "/v1/sessions/nope", nil, "")
+		got := h.do("GET", "/v1/sessions/agent:main:http:dm:nope", nil, "")
 		if got.status != 404 || got.errCode() != CodeNotFound {
 			t.Errorf("GET unknown session = %d %q, want 404 %q", got.status, got.errCode(), CodeNotFound)
+		}
+	})
+	t.Run("not a session key", func(t *testing.T) {
+		// As the event stream: a string that is no session key is bad input, not a session
+		// that happens not to exist.
+		for _, req := range []struct{ method, path string }{
+			{"GET", "/v1/sessions/nope"}, {"GET", "/v1/sessions/nope/transcript"}, {"POST", "/v1/sessions/nope/reset"},
+			{"GET", "/v1/sessions/" + url.PathEscape("agent:main:http:dm:a:b:c")},
+		} {
+			if got := h.do(req.method, req.path, nil, ""); got.status != 400 || got.errCode() != CodeInvalidKey {
+				t.Errorf("%s %s = %d %q, want 400 %q", req.method, req.path, got.status, got.errCode(), CodeInvalidKey)
+			}
 		}
 	})
 	t.Run("reset", func(t *testing.T) {
@@ -70,7 +82,7 @@ func TestSessionRoutes(t *testing.T) {
 
 	// Every key reached Sessions exactly as built: decoded once by the mux, never again.
 	for _, c := range sessions.callLog() {
-		if c == "get nope" {
+		if c == "get agent:main:http:dm:nope" {
 			continue
 		}
 		if want := []string{"get " + key, "reset " + key, "transcript " + key + " s0"}; !contains(want, c) {
