@@ -240,7 +240,7 @@ func pathKey(r *http.Request) (string, *apiError) {
 		return "", badRequest(CodeInvalidKey, "the session key contains invalid characters")
 	}
 	if _, err := identity.ParseKey(key); err != nil {
-		return "", badRequest(CodeInvalidKey, "not a session key (want agent:<profile>:<platform>:<chat type>:<chat id>[:…], as a reply's session_key)")
+		return "", badRequest(CodeInvalidKey, "not a session key (use the session_key a message's answer gives, such as agent:main:http:dm:CHAT)")
 	}
 	return key, nil
 }
