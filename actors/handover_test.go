@@ -1,14 +1,11 @@
 package actors
 
 import (
-	"context"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/asynkron/protoactor-go/actor"
 )
@@ -21,22 +18,7 @@ import (
 func TestHandOverSkipsAWaiterThatDied(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		var mu sync.Mutex
-		calls := map[string]int{}
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			text := req.Messages[0].Text
-			mu.Lock()
-			calls[text]++
-			mu.Unlock()
-			if text == "slow" {
-				select {
-				case <-release:
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				}
-			}
-			return &agents.Response{Text: "ok " + text}, nil
-		})
+		agent, ran := slowUntil(release)
 		var owner atomic.Pointer[actor.PID]
 		w := clusterWorld(t, agent)
 		member := func(node string) (*Deps, *actor.PID) {
@@ -73,10 +55,8 @@ func TestHandOverSkipsAWaiterThatDied(t *testing.T) {
 		synctest.Wait()
 		time.Sleep(time.Minute) // less than any recovery sweep
 		synctest.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		if calls["next"] != 1 {
-			t.Errorf("the queued message ran %d times, want once (on c, the key's owner)", calls["next"])
+		if n := ran("next"); n != 1 {
+			t.Errorf("the queued message ran %d times, want once (on c, the key's owner)", n)
 		}
 	})
 }

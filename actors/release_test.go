@@ -31,6 +31,32 @@ func (p testPlacement) Owner(string) *actor.PID { return p.owner.Load() }
 func (p testPlacement) Peers() []*actor.PID     { return []*actor.PID{p.peer} }
 func (p testPlacement) Self() *actor.PID        { return p.self }
 
+// slowUntil is an agent that answers "ok <text>" and runs the message "slow" until release is
+// closed (or its turn is cancelled); ran counts the turns each text ran in.
+func slowUntil(release <-chan struct{}) (agent agents.Agent, ran func(text string) int) {
+	var mu sync.Mutex
+	runs := map[string]int{}
+	agent = agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		text := req.Messages[0].Text
+		mu.Lock()
+		runs[text]++
+		mu.Unlock()
+		if text == "slow" {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return &agents.Response{Text: "ok " + text}, nil
+	})
+	return agent, func(text string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return runs[text]
+	}
+}
+
 // TestActivationWaitsForTheHolderToLetGo: two members' managers on one store. The key moves
 // from the one running its turn to the other, which is then sent the chat's next message. The
 // new owner claims nothing while the turn runs: it asks the holder to let go (Release) and
@@ -40,22 +66,7 @@ func (p testPlacement) Self() *actor.PID        { return p.self }
 func TestActivationWaitsForTheHolderToLetGo(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		var mu sync.Mutex
-		calls := map[string][]string{} // text → the members that ran it
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			text := req.Messages[0].Text
-			mu.Lock()
-			calls[text] = append(calls[text], req.Identity.SessionID)
-			mu.Unlock()
-			if text == "slow" {
-				select {
-				case <-release:
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				}
-			}
-			return &agents.Response{Text: "ok " + text}, nil
-		})
+		agent, ran := slowUntil(release)
 		var owner atomic.Pointer[actor.PID]
 		var second *actor.PID
 		w := clusterWorld(t, agent)
@@ -102,10 +113,8 @@ func TestActivationWaitsForTheHolderToLetGo(t *testing.T) {
 		if keys := act.(*ActiveList).Keys; len(keys) != 0 {
 			t.Errorf("the old owner still has sessions %v, want none", keys)
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		if len(calls["slow"]) != 1 || len(calls["next"]) != 1 {
-			t.Errorf("the agent ran the slow message %d times and the next %d, want once each", len(calls["slow"]), len(calls["next"]))
+		if ran("slow") != 1 || ran("next") != 1 {
+			t.Errorf("the agent ran the slow message %d times and the next %d, want once each", ran("slow"), ran("next"))
 		}
 	})
 }
