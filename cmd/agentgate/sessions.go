@@ -471,10 +471,8 @@ func resetCommand(cfg *config.Config, key string) string {
 		}
 	}
 	// A wildcard listen address is reached on loopback.
-	if host, port, err := net.SplitHostPort(addr); err == nil {
-		if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
-			addr = net.JoinHostPort("127.0.0.1", port)
-		}
+	if _, port, err := net.SplitHostPort(addr); err == nil && config.EveryInterface(addr) {
+		addr = net.JoinHostPort("127.0.0.1", port)
 	}
 	return fmt.Sprintf("curl -X POST%s http://%s/v1/sessions/%s/reset", auth, addr, url.PathEscape(key))
 }

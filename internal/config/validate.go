@@ -40,10 +40,10 @@ func (c *Config) validate() []error {
 		v.hostPort("cluster.bind", cl.Bind)
 		if cl.Advertise != "" {
 			v.hostPort("cluster.advertise", cl.Advertise)
-			if everyInterface(cl.Advertise) {
+			if EveryInterface(cl.Advertise) {
 				v.add("cluster.advertise", cl.Advertise, "must be an address the other members can dial, not every interface")
 			}
-		} else if everyInterface(cl.Bind) {
+		} else if EveryInterface(cl.Bind) {
 			// protoactor would register the listener's address, which every other member dials
 			// as itself; two such members would also register one address, the mark of a
 			// restarted member (the older one would be taken for gone).
@@ -198,8 +198,9 @@ func (v *validator) oneOf(field, got string, allowed ...string) {
 	v.add(field, got, "must be one of "+strings.Join(allowed, ", "))
 }
 
-// everyInterface reports whether addr (host:port) has no host or an unspecified one (0.0.0.0, ::).
-func everyInterface(addr string) bool {
+// EveryInterface reports whether addr (host:port) has no host or an unspecified one (0.0.0.0,
+// ::): a listener on every interface.
+func EveryInterface(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return false
