@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -938,4 +939,54 @@ func readyz(t *testing.T, w *world) string {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
+}
+
+// TestThreadStarterMessageRunsNothing: the thread-starter message Discord posts in a thread
+// opened from a message (type 21, even when it carries the message's text) is no second copy of
+// the user's message: it is not stored and runs no turn (hermes #51057: the duplicate event
+// triggered a second run).
+func TestThreadStarterMessageRunsNothing(t *testing.T) {
+	var runs atomic.Int32
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		runs.Add(1)
+		return echoAgent(ctx, req)
+	})
+	w := startWorld(t, agent, func(c *config.Config) { c.Platforms.Discord.AutoThread = true })
+	first := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "help me with Go", MentionBot: true})
+	w.srv.WaitSent(t, first.ID, 1) // the thread's id is the message's
+	starter := w.srv.Post(discordtest.UserMessage{ChannelID: first.ID, Author: alice, Content: "<@" + w.srv.BotID() + "> help me with Go",
+		Type: discordgo.MessageTypeThreadStarterMessage})
+	follow := w.srv.Post(discordtest.UserMessage{ChannelID: first.ID, Author: alice, Content: "and generics?"})
+	w.replyTo(t, first.ID, follow.ID) // events are handled in order: the starter was seen before
+
+	if _, ok := w.stored(t, channelID, starter.ID); ok {
+		t.Errorf("the thread-starter message was stored")
+	}
+	if n := runs.Load(); n != 2 {
+		t.Errorf("the agent ran %d times, want 2 (the message and its follow-up)", n)
+	}
+	if got := contents(w.srv.Sent(first.ID)); len(got) != 2 {
+		t.Errorf("the bot posted %q in the thread, want the two answers only", got)
+	}
+}
+
+// TestReplyInAChannelStaysInItsSession: a user's reply to the bot's answer in a channel
+// continues the user's session in that channel; the reply's reference never makes a thread or
+// a session of its own (hermes #28153: reply-derived thread ids split one conversation).
+func TestReplyInAChannelStaysInItsSession(t *testing.T) {
+	w := startWorld(t, echoAgent, nil)
+	asked := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "first", MentionBot: true})
+	answer := w.replyTo(t, channelID, asked.ID)
+	again := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "and then?", ReplyTo: answer.ID})
+	w.replyTo(t, channelID, again.ID)
+
+	a, okA := w.stored(t, channelID, asked.ID)
+	b, okB := w.stored(t, channelID, again.ID)
+	want := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatChannel, ChatID: channelID, UserID: alice.ID}, identity.DefaultKeyOptions)
+	if !okA || !okB || a.key != want || b != a {
+		t.Errorf("message stored as %+v (%v), reply to the answer as %+v (%v); want both in one session of %s", a, okA, b, okB, want)
+	}
+	if n := len(w.srv.Threads()); n != 0 {
+		t.Errorf("%d threads opened, want none", n)
+	}
 }
