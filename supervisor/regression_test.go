@@ -2,8 +2,12 @@ package supervisor
 
 import (
 	"context"
+	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -147,4 +151,51 @@ func TestRestartResendsOnlyUnconfirmedReplies(t *testing.T) {
 	if s := outboxState(r2, 2); s != persistence.DeliveryFailed {
 		t.Errorf("the refused reply's delivery state is %q after the restart, want %q", s, persistence.DeliveryFailed)
 	}
+}
+
+// TestTranscriptReadFailureIsAnError: when the store cannot read a transcript, GET
+// /v1/sessions/{key}/transcript answers an error with a JSON error body, never 200 with an empty
+// or partial list a client would take for the conversation (hermes scenario 48: a read failure
+// must raise, not return []).
+func TestTranscriptReadFailureIsAnError(t *testing.T) {
+	r := MustStart(t, echo.New(), nil)
+	ack := r.inject(t, dm, "m1", "hello")
+	r.waitReplyTo(t, "m1")
+	url := "http://" + r.d.Addr().String() + "/v1/sessions/" + ack.SessionKey + "/transcript"
+	if status, _ := getJSON(t, url); status != http.StatusOK {
+		t.Fatalf("GET transcript = %d before the failure, want 200", status)
+	}
+
+	db, err := sql.Open("sqlite", "file:"+r.d.cfg.DSN()+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(t.Context(), "ALTER TABLE messages RENAME TO messages_away"); err != nil {
+		t.Fatal(err)
+	}
+	status, body := getJSON(t, url)
+	var e struct {
+		Error struct{ Code, Message string }
+	}
+	if err := json.Unmarshal(body, &e); status < 500 || err != nil || e.Error.Code == "" {
+		t.Errorf("GET transcript with an unreadable store = %d %s, want a 5xx with a JSON error body", status, body)
+	}
+	if _, err := db.ExecContext(t.Context(), "ALTER TABLE messages_away RENAME TO messages"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func getJSON(t *testing.T, url string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, body
 }
