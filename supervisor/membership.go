@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/asynkron/protoactor-go/cluster"
 )
@@ -38,6 +40,7 @@ type storeMembership struct {
 	store memberStore
 	name  string
 	node  string // the owner name this member's sessions claim keys with (Deps.Node)
+	http  string // the address the daemon's HTTP API listens on
 	ttl   time.Duration
 	log   *slog.Logger
 	lost  func(error)
@@ -53,8 +56,8 @@ type storeMembership struct {
 	live    []postgres.Member // the live members as of the last renewal, oldest first
 }
 
-func newStoreMembership(store memberStore, name, node string, ttl time.Duration, log *slog.Logger, lost func(error)) *storeMembership {
-	return &storeMembership{store: store, name: name, node: node, ttl: ttl, log: log, lost: lost,
+func newStoreMembership(store memberStore, name, node, http string, ttl time.Duration, log *slog.Logger, lost func(error)) *storeMembership {
+	return &storeMembership{store: store, name: name, node: node, http: http, ttl: ttl, log: log, lost: lost,
 		stop: make(chan struct{}), done: make(chan struct{})}
 }
 
@@ -64,7 +67,8 @@ func (p *storeMembership) StartMember(c *cluster.Cluster) error {
 	if err != nil {
 		return fmt.Errorf("membership: %w", err)
 	}
-	p.me = postgres.Member{ID: c.ActorSystem.ID, Host: host, Port: port, Kinds: c.GetClusterKinds(), Node: p.node}
+	p.me = postgres.Member{ID: c.ActorSystem.ID, Host: host, Port: port, Kinds: c.GetClusterKinds(), Node: p.node,
+		HTTP: httpForCluster(p.http, host)}
 	ctx, cancel := context.WithTimeout(context.Background(), p.ttl)
 	defer cancel()
 	live, err := p.heartbeat(ctx)
@@ -74,6 +78,29 @@ func (p *storeMembership) StartMember(c *cluster.Cluster) error {
 	p.publish(c, live)
 	go p.renew(c)
 	return nil
+}
+
+// httpForCluster is the address of a member's HTTP API (listening on addr) as it registers it
+// for admin commands on other hosts (postgres.Store.MemberHTTP), given the host the other
+// members reach it at: that host when the API listens on every interface, none when it listens
+// on loopback only and the cluster spans hosts (127.0.0.1 would name another host's process
+// there, perhaps another deployment's), else addr.
+func httpForCluster(addr, host string) string {
+	h, port, err := net.SplitHostPort(addr)
+	switch {
+	case err != nil:
+		return ""
+	case config.EveryInterface(addr):
+		return net.JoinHostPort(host, port)
+	case isLoopback(h) && !isLoopback(host):
+		return ""
+	}
+	return addr
+}
+
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || ip != nil && ip.IsLoopback()
 }
 
 // StartClient is not used: every agentgate process is a member.

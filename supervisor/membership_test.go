@@ -33,7 +33,7 @@ func (s *stalledHeartbeat) Leave(context.Context, string, string) error { return
 func TestRenewalAfterAStallLeaves(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		lost := make(chan error, 1)
-		p := newStoreMembership(&stalledHeartbeat{stall: 3 * time.Second}, "agentgate", "node", 2*time.Second,
+		p := newStoreMembership(&stalledHeartbeat{stall: 3 * time.Second}, "agentgate", "node", "127.0.0.1:8080", 2*time.Second,
 			slog.New(slog.DiscardHandler), func(err error) { lost <- err })
 		go p.renew(nil) // the stalled renewal reports before it would use the cluster
 		select {
@@ -46,4 +46,22 @@ func TestRenewalAfterAStallLeaves(t *testing.T) {
 		}
 		<-p.done
 	})
+}
+
+// TestHTTPForCluster: a member registers its HTTP API at the address other hosts reach it at,
+// and none that would name another host's process.
+func TestHTTPForCluster(t *testing.T) {
+	for _, c := range []struct{ addr, host, want string }{
+		{"0.0.0.0:8080", "10.0.0.5", "10.0.0.5:8080"},
+		{"[::]:8080", "10.0.0.5", "10.0.0.5:8080"},
+		{":8080", "node-a.internal", "node-a.internal:8080"},
+		{"10.0.0.5:8080", "10.0.0.5", "10.0.0.5:8080"},
+		{"127.0.0.1:8080", "127.0.0.1", "127.0.0.1:8080"}, // a cluster on one host
+		{"127.0.0.1:8080", "10.0.0.5", ""},                // loopback names another host's process there
+		{"localhost:8080", "10.0.0.5", ""},
+	} {
+		if got := httpForCluster(c.addr, c.host); got != c.want {
+			t.Errorf("httpForCluster(%q, %q) = %q, want %q", c.addr, c.host, got, c.want)
+		}
+	}
 }

@@ -20,6 +20,8 @@ type Member struct {
 	// Node is the owner name the member claims session keys with (Store.Claim): a claim that
 	// takes a key from a member that died counts that death against the key's head message.
 	Node string
+	// HTTP is the address of the member's HTTP API, as another host reaches it (MemberHTTP).
+	HTTP string
 }
 
 // gone is a condition true of a member row m whose member is gone without leaving: its
@@ -34,11 +36,11 @@ func gone(mTTL, nTTL string) string {
 }
 
 const (
-	heartbeatSQL = `INSERT INTO members (cluster, id, host, port, kinds, leaving, node, ttl_secs)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+	heartbeatSQL = `INSERT INTO members (cluster, id, host, port, kinds, leaving, node, ttl_secs, http_addr)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 		ON CONFLICT (cluster, id) DO UPDATE SET host = excluded.host, port = excluded.port,
 			kinds = excluded.kinds, leaving = excluded.leaving, node = excluded.node,
-			ttl_secs = excluded.ttl_secs, heartbeat_at = clock_timestamp()`
+			ttl_secs = excluded.ttl_secs, http_addr = excluded.http_addr, heartbeat_at = clock_timestamp()`
 	// Rows expired for a day are removed by whichever member renews next: until then a claim
 	// of a key the member held counts its death (migration 0009). A member that comes back
 	// after its row expired renews it (protoactor never readmits a member id it saw leave).
@@ -51,7 +53,7 @@ const (
 )
 
 // liveMembersSQL lists the members that are not gone by the caller's ttl ($2).
-var liveMembersSQL = `SELECT id, host, port, kinds, leaving, node FROM members m
+var liveMembersSQL = `SELECT id, host, port, kinds, leaving, node, http_addr FROM members m
 	WHERE cluster = $1 AND NOT ` + gone("$2", "$2") + `
 	ORDER BY joined_at, id`
 
@@ -74,7 +76,7 @@ func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl tim
 		if kinds == nil {
 			kinds = []string{} // the column is NOT NULL
 		}
-		b.Queue(heartbeatSQL, cluster, m.ID, m.Host, m.Port, kinds, m.Leaving, m.Node, secs)
+		b.Queue(heartbeatSQL, cluster, m.ID, m.Host, m.Port, kinds, m.Leaving, m.Node, secs, m.HTTP)
 		b.Queue(expireMembersSQL, cluster, max(10*secs, keepGone.Seconds()))
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err
@@ -85,7 +87,7 @@ func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl tim
 		}
 		live, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
 			var m Member
-			return m, r.Scan(&m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node)
+			return m, r.Scan(&m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node, &m.HTTP)
 		})
 		return err
 	})
@@ -106,4 +108,29 @@ func (s *Store) Leave(ctx context.Context, cluster, id string) error {
 		return fmt.Errorf("leave %s: %w", cluster, s.explain(ctx, err))
 	}
 	return nil
+}
+
+// memberHTTPSQL lists the HTTP addresses of the members that are live by their own ttl and not
+// leaving, the most recently renewed first.
+var memberHTTPSQL = `SELECT http_addr FROM members m
+	WHERE cluster = $1 AND http_addr <> '' AND NOT leaving AND NOT ` + gone("m.ttl_secs", "n.ttl_secs") + `
+	ORDER BY heartbeat_at DESC, id`
+
+// MemberHTTP returns the HTTP API addresses of cluster's live members that do not leave, the
+// most recently renewed first: where an admin command that is no member (`agentgate sessions
+// reset`) asks the cluster to act for it.
+func (s *Store) MemberHTTP(ctx context.Context, cluster string) ([]string, error) {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list members: %w", err)
+	}
+	defer done()
+	rows, err := s.pool.Query(ctx, memberHTTPSQL, cluster)
+	if err == nil {
+		var addrs []string
+		if addrs, err = pgx.CollectRows(rows, pgx.RowTo[string]); err == nil {
+			return addrs, nil
+		}
+	}
+	return nil, fmt.Errorf("list members of %s: %w", cluster, s.explain(ctx, err))
 }

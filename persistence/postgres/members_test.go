@@ -226,3 +226,35 @@ func TestClaimCountsTheDeathOfTheMemberThatHeldTheKey(t *testing.T) {
 		}
 	}
 }
+
+// TestMemberHTTP: the HTTP addresses an admin command may ask are those of the live members
+// that do not leave, by each one's own ttl, the most recently renewed first; a member gone (its
+// registration expired, or its address taken by a newer member), one that registered none and
+// another cluster's are not listed.
+func TestMemberHTTP(t *testing.T) {
+	s, dsn := MustOpen(t)
+	ctx := context.Background()
+	beat := func(cluster string, m Member, ttl time.Duration) {
+		t.Helper()
+		if _, err := s.Heartbeat(ctx, cluster, m, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	beat("c1", Member{ID: "expired", Host: "10.0.0.9", Port: 6340, HTTP: "10.0.0.9:8080"}, time.Second)
+	beat("c1", Member{ID: "old", Host: "10.0.0.1", Port: 6340, HTTP: "10.0.0.1:8080"}, time.Hour)
+	beat("c1", Member{ID: "a", Host: "10.0.0.2", Port: 6340, HTTP: "10.0.0.2:8080"}, time.Hour)
+	beat("c1", Member{ID: "leaving", Host: "10.0.0.3", Port: 6340, HTTP: "10.0.0.3:8080", Leaving: true}, time.Hour)
+	beat("c1", Member{ID: "quiet", Host: "10.0.0.4", Port: 6340}, time.Hour)
+	beat("c2", Member{ID: "x", Host: "10.0.1.1", Port: 6340, HTTP: "10.0.1.1:8080"}, time.Hour)
+	beat("c1", Member{ID: "new", Host: "10.0.0.1", Port: 6340, HTTP: "10.0.0.1:8081"}, time.Hour) // restarted on old's address
+	if _, err := mustConn(t, dsn).Exec(ctx, `UPDATE members SET heartbeat_at = heartbeat_at - interval '2 seconds' WHERE id = 'expired'`); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.MemberHTTP(ctx, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "[10.0.0.1:8081 10.0.0.2:8080]"; fmt.Sprint(got) != want {
+		t.Errorf("MemberHTTP = %v, want %s", got, want)
+	}
+}
