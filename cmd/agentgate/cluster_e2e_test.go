@@ -7,9 +7,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -125,5 +128,63 @@ func TestClusterPoisonMessageStopsTheCrashLoop(t *testing.T) {
 	}
 	if err := d.stop(t, 30*time.Second); err != nil {
 		t.Errorf("exit after SIGTERM: %v, want 0", err)
+	}
+}
+
+// TestClusterSessionsResetThroughAMember: `agentgate sessions reset` on a host that runs no
+// member finds the members in the store and asks one to reset the session; the reset reaches
+// the member that runs it, which cancels the running turn (before, the reset only fenced the
+// session in the store: its agent ran on to its end).
+func TestClusterSessionsResetThroughAMember(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	mark := filepath.Join(t.TempDir(), "mark")
+	env := []string{"AGENTGATE_STORE_DRIVER=postgres", "AGENTGATE_STORE_DSN=" + dsn,
+		"AGENTGATE_CLUSTER_ENABLED=true", "AGENTGATE_CLUSTER_BIND=127.0.0.1:0", "AGENTGATE_CLUSTER_MEMBER_TTL=2s",
+		"AGENTGATE_AGENT_BACKEND=exec", "MARK=" + mark,
+		// BLOCK makes the second member's turns run until they are cancelled.
+		`AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'if [ -n "$BLOCK" ]; then trap "echo cancelled > \"$MARK\"; exit 143" TERM; sleep 60 & wait; fi; echo "ok"']`}
+	a := MustServe(t, t.TempDir(), env...)
+	b := MustServe(t, t.TempDir(), append(env, "BLOCK=1")...)
+
+	var key, first string
+	deadline := time.Now().Add(60 * time.Second)
+	for i := 0; key == ""; i++ {
+		if time.Now().After(deadline) {
+			t.Fatal("no session was placed on the second member within 60s")
+		}
+		status, body := post(t, a.base+"/v1/messages?wait=2s", "", fmt.Sprintf(`{"chat_id":"c%d","user_id":"u","text":"hi"}`, i))
+		switch status {
+		case http.StatusAccepted: // its turn runs on b
+			key, first = body["session_key"].(string), body["session_id"].(string)
+		case http.StatusOK:
+		default:
+			t.Fatalf("POST: %d %v", status, body)
+		}
+	}
+
+	t.Setenv("AGENTGATE_STORE_DRIVER", "postgres")
+	t.Setenv("AGENTGATE_STORE_DSN", dsn)
+	t.Setenv("AGENTGATE_CLUSTER_ENABLED", "true")
+	out, errOut := MustRunSessions(t, "reset", "--data-dir", t.TempDir(), key)
+	if want := "ended session " + first + " of " + key + " (reset_command) through the daemon at 127.0.0.1:"; !strings.HasPrefix(out, want) || errOut != "" {
+		t.Errorf("reset said %q (stderr %q), want it to begin %q", out, errOut, want)
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		b, _ := os.ReadFile(mark)
+		return strings.TrimSpace(string(b)) == "cancelled"
+	})
+	status, raw := get(t, a.base+"/v1/sessions/"+key)
+	var info struct {
+		SessionID     string `json:"session_id"`
+		PrevSessionID string `json:"prev_session_id"`
+	}
+	if err := json.Unmarshal([]byte(raw), &info); status != http.StatusOK || err != nil ||
+		info.PrevSessionID != first || info.SessionID == first {
+		t.Errorf("the key's session after the reset: %d %s (%v), want a new session after %s", status, raw, err, first)
+	}
+	for _, m := range []*daemon{a, b} {
+		if err := m.stop(t, 30*time.Second); err != nil {
+			t.Errorf("member exit: %v", err)
+		}
 	}
 }

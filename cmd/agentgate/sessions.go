@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -25,7 +24,6 @@ import (
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/platforms"
-	"github.com/agentgate/agentgate/supervisor"
 )
 
 const sessionsUsage = `usage: agentgate sessions <command> [flags] [KEY]
@@ -34,8 +32,8 @@ commands:
   list          list session keys with their current session (--platform, --limit, --after, --json)
   show KEY      show a key's route, current session, counts and last messages (--json)
   export KEY    print the key's sessions (current and predecessors), transcripts and outbox as JSON
-  reset KEY     end the key's current session; the next message starts a new one (daemon
-                stopped; in a cluster, also while its members run)
+  reset KEY     end the key's current session; the next message starts a new one (through
+                the daemon, or a cluster member, when one runs)
   search QUERY  find messages by their text, best match first (--limit, --json)
 
 Every command takes --config and --data-dir. list, show, export and search are safe while the
@@ -291,16 +289,33 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	st, cfg, err := openStore(ctx, &cf, false)
 	if errors.Is(err, persistence.ErrLocked) {
-		where := "data directory"
-		if cfg.Store.Driver == "postgres" {
-			where = "database"
+		// The daemon holds the database: it resets the session itself.
+		addr := daemonAddr(cfg)
+		info, err := daemonReset(ctx, cfg, addr, key)
+		if errors.Is(err, errNoAnswer) {
+			where := "data directory"
+			if cfg.Store.Driver == "postgres" {
+				where = "database"
+			}
+			return fmt.Errorf("the daemon is running on this %s, but %v; reset through it when it answers: %s", where, err, resetCommand(cfg, key))
 		}
-		return fmt.Errorf("the daemon is running on this %s; reset through it: %s", where, resetCommand(cfg, key))
+		if err != nil {
+			return fmt.Errorf("reset %s: %w", key, err)
+		}
+		printDaemonReset(stdout, key, addr, info)
+		return nil
 	}
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	if cfg.Cluster.Enabled {
+		// A live member resets the session as the daemon's own reset does, on the member that
+		// runs it, cancelling its running turn.
+		if done, err := resetThroughMember(ctx, st, cfg, key, stdout, stderr); done || err != nil {
+			return err
+		}
+	}
 	if !cfg.Cluster.Enabled { // (a cluster keeps no spool)
 		// Writes the daemon spooled while the database was unavailable are not in it yet: a
 		// reset read without them would end the session under them and take the outbox seq of
@@ -315,11 +330,11 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	var fence []persistence.Op
 	if cfg.Cluster.Enabled {
-		// The members share the database (they, and this command, hold the daemon lock
-		// shared): claim the key as a session activation does, so that the member running it
-		// hands over at its next write (and the next activation loads the ended session), and
-		// load the state after the claim. A turn the member runs is not cancelled: its result
-		// is fenced.
+		// No member answers (or none runs). The members share the database (they, and this
+		// command, hold the daemon lock shared): claim the key as a session activation does,
+		// so that a member running it after all hands over at its next write (and the next
+		// activation loads the ended session), and load the state after the claim. A turn
+		// such a member runs is not cancelled: its result is fenced.
 		claimed, err := st.Claim(ctx, key, "agentgate sessions reset", time.Now())
 		if err != nil {
 			return fmt.Errorf("reset %s: %w", key, err)
@@ -458,23 +473,11 @@ func sessionsSearch(ctx context.Context, args []string, stdout, stderr io.Writer
 
 // resetCommand is the curl command line that resets key through the running daemon.
 func resetCommand(cfg *config.Config, key string) string {
-	addr := "127.0.0.1:8080"
 	var auth string
-	if cfg != nil {
-		addr = cfg.HTTP.Addr
-		// The running daemon says where it listens (its own flags may differ from ours).
-		if b, err := os.ReadFile(filepath.Join(cfg.DataDir, supervisor.AddrFile)); err == nil && strings.TrimSpace(string(b)) != "" {
-			addr = strings.TrimSpace(string(b))
-		}
-		if cfg.HTTP.TokenEnv != "" {
-			auth = fmt.Sprintf(` -H "Authorization: Bearer $%s"`, cfg.HTTP.TokenEnv)
-		}
+	if cfg.HTTP.TokenEnv != "" {
+		auth = fmt.Sprintf(` -H "Authorization: Bearer $%s"`, cfg.HTTP.TokenEnv)
 	}
-	// A wildcard listen address is reached on loopback.
-	if _, port, err := net.SplitHostPort(addr); err == nil && config.EveryInterface(addr) {
-		addr = net.JoinHostPort("127.0.0.1", port)
-	}
-	return fmt.Sprintf("curl -X POST%s http://%s/v1/sessions/%s/reset", auth, addr, url.PathEscape(key))
+	return fmt.Sprintf("curl -X POST%s http://%s/v1/sessions/%s/reset", auth, daemonAddr(cfg), url.PathEscape(key))
 }
 
 // parseSessionArgs parses fset's flags, which may come before and after the KEY argument when

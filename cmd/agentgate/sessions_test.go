@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -515,11 +516,14 @@ func TestSessionsReset(t *testing.T) {
 		MustRunSessions(t, "show", "--data-dir", dir, keyA)
 		MustRunSessions(t, "export", "--data-dir", dir, keyA)
 
-		_, _, err = runSessions(t, "reset", "--data-dir", dir, "--http-addr", "0.0.0.0:9191", keyA)
-		want := "the daemon is running on this data directory; reset through it: " +
-			"curl -X POST http://127.0.0.1:9191/v1/sessions/" + keyA + "/reset"
-		if err == nil || err.Error() != want {
-			t.Errorf("reset while the daemon runs error = %v, want %q", err, want)
+		// A daemon that does not answer (it starts, or it is stuck) is not reset behind its back.
+		addr := closedAddr(t)
+		_, port, _ := net.SplitHostPort(addr)
+		_, _, err = runSessions(t, "reset", "--data-dir", dir, "--http-addr", "0.0.0.0:"+port, keyA)
+		wantStart := "the daemon is running on this data directory, but no answer at " + addr + " ("
+		wantEnd := "); reset through it when it answers: curl -X POST http://" + addr + "/v1/sessions/" + keyA + "/reset"
+		if err == nil || !strings.HasPrefix(err.Error(), wantStart) || !strings.HasSuffix(err.Error(), wantEnd) {
+			t.Errorf("reset while the daemon runs but does not answer: error = %v, want %q…%q", err, wantStart, wantEnd)
 		}
 		s, err := daemon.Session(context.Background(), "sa2")
 		if err != nil {
@@ -530,12 +534,13 @@ func TestSessionsReset(t *testing.T) {
 		}
 
 		// A daemon started with other flags says where it listens; that address wins.
-		if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte("127.0.0.1:18040\n"), 0o600); err != nil {
+		recorded := closedAddr(t)
+		if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte(recorded+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
-		if want := "curl -X POST http://127.0.0.1:18040/v1/sessions/" + keyA + "/reset"; err == nil || !strings.HasSuffix(err.Error(), want) {
-			t.Errorf("reset while a daemon on :18040 runs: error = %v, want it to end %q", err, want)
+		if want := "curl -X POST http://" + recorded + "/v1/sessions/" + keyA + "/reset"; err == nil || !strings.HasSuffix(err.Error(), want) {
+			t.Errorf("reset while a daemon on %s runs: error = %v, want it to end %q", recorded, err, want)
 		}
 	})
 }
@@ -621,4 +626,15 @@ func TestSessionsOneLine(t *testing.T) {
 			}
 		})
 	}
+}
+
+// closedAddr is a loopback address where nothing listens.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/persistence"
+	httpplatform "github.com/agentgate/agentgate/platforms/http"
+	"github.com/agentgate/agentgate/supervisor"
+)
+
+// `agentgate sessions reset` while the daemon runs asks the daemon to reset the session (POST
+// /v1/sessions/{key}/reset): its own reset cancels a turn it runs for the session and tells the
+// senders of the session's unanswered messages at once. A single daemon is found at the
+// address it records in its data directory; a cluster's members at the addresses they register
+// in the store.
+
+// errNoAnswer is the error of a daemon address where nothing answers, or where the daemon
+// takes no request now (it starts, or drains: 503).
+var errNoAnswer = errors.New("no answer")
+
+// resetTimeout bounds one reset request: the daemon cancels a running turn and stores the reset.
+const resetTimeout = 30 * time.Second
+
+// adminClient talks to the daemon directly, never through an HTTP_PROXY of the environment.
+var adminClient = &http.Client{Transport: &http.Transport{Proxy: nil}}
+
+// daemonAddr is where the daemon on cfg's data directory listens: the address it records there,
+// else the configured one; a wildcard address is reached on loopback.
+func daemonAddr(cfg *config.Config) string {
+	addr := cfg.HTTP.Addr
+	// The running daemon says where it listens (its own flags may differ from ours).
+	if b, err := os.ReadFile(filepath.Join(cfg.DataDir, supervisor.AddrFile)); err == nil && strings.TrimSpace(string(b)) != "" {
+		addr = strings.TrimSpace(string(b))
+	}
+	if _, port, err := net.SplitHostPort(addr); err == nil && config.EveryInterface(addr) {
+		addr = net.JoinHostPort("127.0.0.1", port)
+	}
+	return addr
+}
+
+// daemonReset asks the daemon listening at addr to reset key, with the bearer token of cfg's
+// http.token_env when it is set, and returns the key's session after the reset. The error
+// wraps errNoAnswer when nothing answers at addr or the daemon there takes no request now.
+func daemonReset(ctx context.Context, cfg *config.Config, addr, key string) (*httpplatform.SessionInfo, error) {
+	ctx, cancel := context.WithTimeout(ctx, resetTimeout)
+	defer cancel()
+	u := "http://" + addr + "/v1/sessions/" + url.PathEscape(key) + "/reset"
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	token := ""
+	if cfg.HTTP.TokenEnv != "" {
+		token = os.Getenv(cfg.HTTP.TokenEnv)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := adminClient.Do(req)
+	if err != nil {
+		if ue := (*url.Error)(nil); errors.As(err, &ue) {
+			err = ue.Err // without the method and URL
+		}
+		return nil, fmt.Errorf("%w at %s (%v)", errNoAnswer, addr, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, fmt.Errorf("%w at %s (%v)", errNoAnswer, addr, err)
+	}
+	if resp.StatusCode == http.StatusOK {
+		var info httpplatform.SessionInfo
+		if err := json.Unmarshal(body, &info); err != nil {
+			return nil, fmt.Errorf("the daemon at %s: its answer: %w", addr, err)
+		}
+		return &info, nil
+	}
+	var e httpplatform.ErrorResponse
+	msg := strings.TrimSpace(string(body))
+	if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
+		msg = e.Error.Message
+	}
+	switch {
+	case resp.StatusCode == http.StatusServiceUnavailable:
+		return nil, fmt.Errorf("%w at %s now (%s)", errNoAnswer, addr, msg)
+	case resp.StatusCode == http.StatusNotFound:
+		return nil, fmt.Errorf("session %s not found", key)
+	case resp.StatusCode == http.StatusUnauthorized && cfg.HTTP.TokenEnv == "":
+		return nil, fmt.Errorf("the daemon at %s asks for a bearer token: name the variable that holds it in http.token_env, as the daemon's config does", addr)
+	case resp.StatusCode == http.StatusUnauthorized && token == "":
+		return nil, fmt.Errorf("the daemon at %s asks for a bearer token: set %s (http.token_env) to it", addr, cfg.HTTP.TokenEnv)
+	case resp.StatusCode == http.StatusUnauthorized:
+		return nil, fmt.Errorf("the daemon at %s refused the token in %s (http.token_env): %s", addr, cfg.HTTP.TokenEnv, msg)
+	}
+	return nil, fmt.Errorf("the daemon at %s answered %s: %s", addr, resp.Status, msg)
+}
+
+// memberLister lists the HTTP addresses of a cluster's live members (postgres.Store).
+type memberLister interface {
+	MemberHTTP(ctx context.Context, cluster string) ([]string, error)
+}
+
+// resetThroughMember resets key through a live member of cfg's cluster, trying each the store
+// lists until one answers. done is false when none answers (or none is live): the caller then
+// resets in the store.
+func resetThroughMember(ctx context.Context, st persistence.Store, cfg *config.Config, key string, stdout, stderr io.Writer) (done bool, err error) {
+	ml, ok := st.(memberLister)
+	if !ok {
+		return false, nil
+	}
+	addrs, err := ml.MemberHTTP(ctx, cfg.Cluster.Name)
+	if err != nil {
+		return false, err
+	}
+	var silent []string
+	for _, addr := range addrs {
+		info, err := daemonReset(ctx, cfg, addr, key)
+		if errors.Is(err, errNoAnswer) {
+			silent = append(silent, err.Error())
+			continue
+		}
+		if err != nil {
+			return true, fmt.Errorf("reset %s: %w", key, err)
+		}
+		printDaemonReset(stdout, key, addr, info)
+		return true, nil
+	}
+	if len(silent) > 0 {
+		fmt.Fprintf(stderr, "note: no cluster member answered (%s); the reset is made in the store, and a turn a member runs for the session is not cancelled\n",
+			strings.Join(silent, "; "))
+	}
+	return false, nil
+}
+
+// printDaemonReset reports a reset the daemon at addr made.
+func printDaemonReset(w io.Writer, key, addr string, info *httpplatform.SessionInfo) {
+	if info.PrevSessionID != "" {
+		fmt.Fprintf(w, "ended session %s of %s (%s) through the daemon at %s; session %s follows it\n",
+			info.PrevSessionID, key, persistence.EndResetCommand, addr, info.SessionID)
+		return
+	}
+	fmt.Fprintf(w, "reset %s through the daemon at %s; its session is %s\n", key, addr, info.SessionID)
+}
