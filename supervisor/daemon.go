@@ -652,17 +652,13 @@ func newRunID() string {
 }
 
 // Preflight returns what serve would refuse in the environment getenv reads, which the
-// configuration alone cannot tell: a secret variable that is not set, or a public listener
-// without a token. check-config prints each as a warning (secrets are not configuration: a file
+// configuration alone cannot tell: a secret variable that is not set. check-config prints each as a warning (secrets are not configuration: a file
 // may be checked where they are not).
 func Preflight(cfg *config.Config, getenv func(string) string) []string {
 	var out []string
 	unset := func(name string) bool { return strings.TrimSpace(getenv(name)) == "" }
-	switch loopback, err := httpplatform.IsLoopback(cfg.HTTP.Addr); {
-	case cfg.HTTP.TokenEnv != "" && unset(cfg.HTTP.TokenEnv):
+	if cfg.HTTP.TokenEnv != "" && unset(cfg.HTTP.TokenEnv) {
 		out = append(out, fmt.Sprintf("http.token_env: %s is not set here; serve refuses to start without the bearer token", cfg.HTTP.TokenEnv))
-	case cfg.HTTP.TokenEnv == "" && err == nil && !loopback:
-		out = append(out, fmt.Sprintf("http.addr: %s is not a loopback address; serve refuses to listen there without a bearer token (set http.token_env)", cfg.HTTP.Addr))
 	}
 	if dc := cfg.Platforms.Discord; dc.Enabled && unset(dc.TokenEnv) {
 		out = append(out, fmt.Sprintf("platforms.discord.token_env: %s is not set here; serve refuses to start without the bot token", dc.TokenEnv))

@@ -92,15 +92,10 @@ func httpForCluster(addr, host string) string {
 		return ""
 	case config.EveryInterface(addr):
 		return net.JoinHostPort(host, port)
-	case isLoopback(h) && !isLoopback(host):
+	case config.LoopbackHost(h) && !config.LoopbackHost(host):
 		return ""
 	}
 	return addr
-}
-
-func isLoopback(host string) bool {
-	ip := net.ParseIP(host)
-	return host == "localhost" || ip != nil && ip.IsLoopback()
 }
 
 // StartClient is not used: every agentgate process is a member.

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/config"
 )
 
 // Defaults for the zero values of Config.
@@ -161,18 +161,10 @@ func New(c Config) (*Agent, error) {
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
 	}
-	if key != "" && u.Scheme == "http" && !isLoopback(u.Hostname()) {
+	if key != "" && u.Scheme == "http" && !config.LoopbackHost(u.Hostname()) {
 		a.log.Warn("openai agent sends its API key over plain http", "host", u.Hostname())
 	}
 	return a, nil
-}
-
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // CanSteer reports true: Run takes steered messages between its model calls.

@@ -517,11 +517,14 @@ func TestSessionsReset(t *testing.T) {
 		MustRunSessions(t, "export", "--data-dir", dir, keyA)
 
 		// A daemon that does not answer (it starts, or it is stuck) is not reset behind its back.
+		// (A daemon on every interface is reached on loopback.)
 		addr := closedAddr(t)
 		_, port, _ := net.SplitHostPort(addr)
+		t.Setenv("AGENTGATE_HTTP_TOKEN_ENV", "ADMIN_TOKEN")
 		_, _, err = runSessions(t, "reset", "--data-dir", dir, "--http-addr", "0.0.0.0:"+port, keyA)
 		wantStart := "the daemon is running on this data directory, but no answer at " + addr + " ("
-		wantEnd := "); reset through it when it answers: curl -X POST http://" + addr + "/v1/sessions/" + keyA + "/reset"
+		wantEnd := `); reset through it when it answers: curl -X POST -H "Authorization: Bearer $ADMIN_TOKEN" http://` +
+			addr + "/v1/sessions/" + keyA + "/reset"
 		if err == nil || !strings.HasPrefix(err.Error(), wantStart) || !strings.HasSuffix(err.Error(), wantEnd) {
 			t.Errorf("reset while the daemon runs but does not answer: error = %v, want %q…%q", err, wantStart, wantEnd)
 		}
@@ -534,6 +537,7 @@ func TestSessionsReset(t *testing.T) {
 		}
 
 		// A daemon started with other flags says where it listens; that address wins.
+		t.Setenv("AGENTGATE_HTTP_TOKEN_ENV", "")
 		recorded := closedAddr(t)
 		if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte(recorded+"\n"), 0o600); err != nil {
 			t.Fatal(err)

@@ -571,7 +571,11 @@ func TestValidate(t *testing.T) {
 	}{
 		{"defaults", func(*Config) {}, nil},
 		{"port zero", func(c *Config) { c.HTTP.Addr = "127.0.0.1:0" }, nil},
-		{"all interfaces", func(c *Config) { c.HTTP.Addr = ":8080" }, nil},
+		{"all interfaces with a token", func(c *Config) { c.HTTP.Addr = ":8080"; c.HTTP.TokenEnv = "AGENTGATE_TOKEN" }, nil},
+		{"all interfaces without a token", func(c *Config) { c.HTTP.Addr = ":8080" }, []string{"http.addr"}},
+		{"a host's address without a token", func(c *Config) { c.HTTP.Addr = "10.0.0.5:8080" }, []string{"http.addr"}},
+		{"localhost without a token", func(c *Config) { c.HTTP.Addr = "localhost:8080" }, nil},
+		{"IPv6 loopback without a token", func(c *Config) { c.HTTP.Addr = "[::1]:8080" }, nil},
 		{"exec with command", func(c *Config) { c.Agent.Backend = "exec"; c.Agent.Exec.Command = []string{"agent"} }, nil},
 		{"openai complete", func(c *Config) {
 			c.Agent.Backend = "openai"

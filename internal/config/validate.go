@@ -26,6 +26,9 @@ func (c *Config) validate() []error {
 	v.oneOf("log.format", c.Log.Format, "text", "json")
 	v.hostPort("http.addr", c.HTTP.Addr)
 	v.envName("http.token_env", c.HTTP.TokenEnv)
+	if host, _, err := net.SplitHostPort(c.HTTP.Addr); err == nil && c.HTTP.TokenEnv == "" && !LoopbackHost(host) {
+		v.add("http.addr", c.HTTP.Addr, "is not a loopback address, where the API needs a bearer token: set http.token_env")
+	}
 
 	v.oneOf("store.driver", c.Store.Driver, "sqlite", "postgres")
 	if c.Store.Driver == "postgres" {
@@ -207,6 +210,16 @@ func EveryInterface(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return host == "" || ip != nil && ip.IsUnspecified()
+}
+
+// LoopbackHost reports whether host (of a host:port) is "localhost" or a loopback IP. An empty
+// host or an unspecified IP (0.0.0.0, ::) is every interface, not loopback.
+func LoopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func (v *validator) hostPort(field, addr string) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/lmittmann/tint"
 
+	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -103,7 +104,7 @@ func New(c Config) (*Platform, error) {
 	if c.Addr == "" {
 		c.Addr = DefaultAddr
 	}
-	loopback, err := isLoopback(c.Addr)
+	loopback, err := IsLoopback(c.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("new http platform: %w", err)
 	}
@@ -137,10 +138,6 @@ func New(c Config) (*Platform, error) {
 	return p, nil
 }
 
-// isLoopback reports whether addr's host is "localhost" or a loopback IP. An empty host or an
-// unspecified IP (0.0.0.0, ::) listens on every interface and is not loopback.
-func isLoopback(addr string) (bool, error) { return IsLoopback(addr) }
-
 // IsLoopback reports whether addr's host is "localhost" or a loopback IP: only there may the
 // platform listen without a bearer token.
 func IsLoopback(addr string) (bool, error) {
@@ -148,11 +145,7 @@ func IsLoopback(addr string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("parse address %q: %w", addr, err)
 	}
-	if strings.EqualFold(host, "localhost") {
-		return true, nil
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback(), nil
+	return config.LoopbackHost(host), nil
 }
 
 func (p *Platform) routes() {
