@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -217,6 +218,7 @@ func TestRunReply(t *testing.T) {
 		{name: "only white space", script: `printf '\n\n'`, want: ""},
 		{name: "stderr is not the reply", script: `echo noise >&2; echo reply`, want: "reply"},
 		{name: "unread stdin", script: `echo ignored stdin`, want: "ignored stdin"},
+		{name: "invalid UTF-8 replaced", script: `printf 'caf\351 \377\376ok\n'`, want: "caf\uFFFD \uFFFDok"},
 		{name: "exactly the cap", script: aaa(exec.MaxReply), want: strings.Repeat("a", exec.MaxReply)},
 		{name: "one byte over the cap", script: aaa(exec.MaxReply + 1), want: strings.Repeat("a", exec.MaxReply) + exec.TruncatedSuffix},
 		{name: "far over the cap", script: aaa(3 * exec.MaxReply), want: strings.Repeat("a", exec.MaxReply) + exec.TruncatedSuffix},
@@ -229,6 +231,9 @@ func TestRunReply(t *testing.T) {
 			resp, err := a.Run(t.Context(), request(turn(1), "hi"))
 			if err != nil {
 				t.Fatalf("Run() error = %v, want nil", err)
+			}
+			if !utf8.ValidString(resp.Text) {
+				t.Errorf("Run() = %q, not valid UTF-8", abbrev(resp.Text))
 			}
 			if resp.Text != tc.want {
 				t.Errorf("Run() = %q (%d bytes), want %q (%d bytes)", abbrev(resp.Text), len(resp.Text), abbrev(tc.want), len(tc.want))

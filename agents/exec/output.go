@@ -38,13 +38,14 @@ func (w *headBuffer) Write(p []byte) (int, error) {
 }
 
 // reply returns the reply text: the kept bytes without trailing white space, marked when the
-// output was cut.
+// output was cut. Bytes that are not UTF-8 (a command printing Latin-1, or binary) become
+// U+FFFD: the reply is stored as text (PostgreSQL refuses invalid UTF-8) and shown in chats.
 func (w *headBuffer) reply() string {
 	b := w.buf
 	if w.truncated {
 		b = trimPartialRune(b)
 	}
-	s := strings.TrimRightFunc(string(b), unicode.IsSpace)
+	s := strings.TrimRightFunc(strings.ToValidUTF8(string(b), "\uFFFD"), unicode.IsSpace)
 	if w.truncated {
 		s += TruncatedSuffix
 	}
