@@ -28,7 +28,7 @@ const (
 	maxBody = 8 << 20
 	// maxErrorBody bounds what is read of an error response.
 	maxErrorBody = 16 << 10
-	// maxLine bounds one line of a stream.
+	// maxLine bounds one line of a stream, and the data lines of one event together.
 	maxLine = 4 << 20
 )
 
@@ -325,12 +325,13 @@ func (a *Agent) readStream(body io.Reader, partial func(string)) (*result, error
 	var b strings.Builder
 	r := bufio.NewReaderSize(body, 64<<10)
 	var data []string
+	size := 0 // of data
 	dispatch := func() (bool, error) {
 		if len(data) == 0 {
 			return false, nil
 		}
 		payload := strings.Join(data, "\n")
-		data = data[:0]
+		data, size = data[:0], 0
 		if strings.TrimSpace(payload) == "[DONE]" {
 			return true, nil
 		}
@@ -375,7 +376,13 @@ func (a *Agent) readStream(body io.Reader, partial func(string)) (*result, error
 		default:
 			field, value, _ := strings.Cut(line, ":")
 			if field == "data" {
-				data = append(data, strings.TrimPrefix(value, " "))
+				value = strings.TrimPrefix(value, " ")
+				// Lines are bounded one by one; an event that never ends (no blank line)
+				// would otherwise grow until the turn's timeout.
+				if size += len(value) + 1; size > maxLine {
+					return nil, fmt.Errorf("openai agent: stream event longer than %d bytes", maxLine)
+				}
+				data = append(data, value)
 			}
 		}
 	}

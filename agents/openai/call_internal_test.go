@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -33,6 +34,41 @@ func TestReadStreamShapes(t *testing.T) {
 	}
 	if _, err := a.readStream(strings.NewReader(""), func(string) {}); err == nil {
 		t.Error("readStream of an empty body: no error")
+	}
+}
+
+// endlessData is a stream body of data lines that never ends its event with a blank line. It
+// counts what is read of it and ends (EOF) after limit bytes.
+type endlessData struct {
+	read, limit int
+}
+
+func (e *endlessData) Read(p []byte) (int, error) {
+	if e.read >= e.limit {
+		return 0, io.EOF
+	}
+	line := "data: " + strings.Repeat("x", 1000) + "\n"
+	n := 0
+	for n < len(p) && e.read < e.limit {
+		c := copy(p[n:], line[e.read%len(line):])
+		n += c
+		e.read += c
+	}
+	return n, nil
+}
+
+// TestReadStreamBoundsAnEvent: an event's data lines are bounded as a whole, not only one by
+// one: an endpoint (or a proxy) that sends data lines without the blank line that ends an event
+// must not make the agent hold all of them until the turn's timeout.
+func TestReadStreamBoundsAnEvent(t *testing.T) {
+	a := &Agent{key: &apiKey{"sk-internal-0123456789"}}
+	body := &endlessData{limit: 16 * maxLine}
+	_, err := a.readStream(body, func(string) {})
+	if err == nil {
+		t.Fatal("readStream of an event without end: no error")
+	}
+	if body.read > maxLine+128<<10 {
+		t.Errorf("readStream read %d bytes of one event before it failed (%v), want at most about %d", body.read, err, maxLine)
 	}
 }
 
