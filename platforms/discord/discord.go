@@ -64,7 +64,8 @@ type Platform struct {
 	deliver  platforms.Deliver
 	runCtx   context.Context
 	lastErr  error
-	progress map[string]int // "key/seq" → chunks of that outbound already posted
+	progress map[string]int       // "key/seq" → chunks of that outbound already posted
+	limited  map[string]time.Time // endpoint → until when Discord rate limits it (post)
 	threads  *channelCache
 	typing   *typing
 	seen     map[string]seenAt // channel → the newest message seen there (backfill.go)
@@ -124,6 +125,7 @@ func New(c Config) (*Platform, error) {
 		gate:     newGate(c.Settings),
 		lost:     make(chan error, 1),
 		progress: map[string]int{},
+		limited:  map[string]time.Time{},
 		seen:     map[string]seenAt{},
 		live:     map[string]string{},
 		recent:   c.Recent,

@@ -7,9 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/bwmarrin/discordgo"
@@ -195,18 +197,81 @@ type sendBody struct {
 	EnforceNonce    bool                              `json:"enforce_nonce,omitempty"`
 }
 
-// post creates a message through discordgo's rate-limited request path.
+// post creates a message through discordgo's rate-limited request path. A rate limit (429) is
+// waited out here, and only as long as ctx allows: discordgo's own wait sleeps whatever
+// Discord asks (hours for a slowmode the bot may not bypass, or a long ban), deaf to ctx, and
+// so does its limiter before the next request to the channel; the chat's replies wait behind
+// the send, and a notice posted from the gateway's reader held every chat's intake. A send
+// whose ctx ends first fails, and the platform actor tries again later.
 func (p *Platform) post(ctx context.Context, channel string, body *sendBody) (*discordgo.Message, error) {
 	ep := discordgo.EndpointChannelMessages(channel)
-	resp, err := p.s.RequestWithBucketID(http.MethodPost, ep, body, ep, discordgo.WithContext(ctx))
-	if err != nil {
-		return nil, err
+	var resp []byte
+	for {
+		if err := p.waitRateLimit(ctx, ep); err != nil {
+			return nil, fmt.Errorf("post to channel %s: %w", channel, err)
+		}
+		var err error
+		resp, err = p.s.RequestWithBucketID(http.MethodPost, ep, body, ep, discordgo.WithContext(ctx), discordgo.WithRetryOnRatelimit(false))
+		var rl *discordgo.RateLimitError
+		if errors.As(err, &rl) {
+			p.noteRateLimit(ep, rl.RateLimit)
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		break
 	}
 	var m discordgo.Message
 	if err := json.Unmarshal(resp, &m); err != nil {
 		return nil, fmt.Errorf("decode created message: %w", err)
 	}
 	return &m, nil
+}
+
+// minRateLimitWait is the least wait after a 429, so that one asking for none is not retried
+// in a tight loop.
+const minRateLimitWait = 50 * time.Millisecond
+
+// maxRateLimited bounds the remembered rate limits; past ones are forgotten first.
+const maxRateLimited = 1000
+
+// noteRateLimit remembers until when Discord refuses requests to ep.
+func (p *Platform) noteRateLimit(ep string, rl *discordgo.RateLimit) {
+	until := time.Now().Add(max(rl.RetryAfter, minRateLimitWait))
+	p.log.Warn("discord rate limit; waiting", "url", rl.URL, "retry_after", rl.RetryAfter)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.limited) >= maxRateLimited {
+		now := time.Now()
+		maps.DeleteFunc(p.limited, func(_ string, t time.Time) bool { return !t.After(now) })
+	}
+	if len(p.limited) < maxRateLimited && until.After(p.limited[ep]) {
+		p.limited[ep] = until
+	}
+}
+
+// waitRateLimit waits until Discord takes requests to ep again, or fails at once when ctx would
+// end before that.
+func (p *Platform) waitRateLimit(ctx context.Context, ep string) error {
+	p.mu.Lock()
+	until := p.limited[ep]
+	p.mu.Unlock()
+	wait := time.Until(until)
+	if wait <= 0 {
+		return nil
+	}
+	if dl, ok := ctx.Deadline(); ok && dl.Before(until) {
+		return fmt.Errorf("discord rate limit: retry after %v", wait.Round(time.Millisecond))
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // noMentions keeps agent output from pinging anyone: no @everyone, roles or users.

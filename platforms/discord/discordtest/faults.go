@@ -1,10 +1,12 @@
 package discordtest
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 )
 
 // FailNext answers the next n REST requests whose method is method (any method if empty)
@@ -13,6 +15,19 @@ import (
 // error body. Rules apply in the order they were added.
 func (s *Server) FailNext(method, pathSuffix string, status, n int) {
 	s.addFault(method, pathSuffix, status, n, false)
+}
+
+// RateLimitNext answers the next n REST requests matching method and pathSuffix (as FailNext)
+// with Discord's 429 asking to retry after retryAfter (a slowmode or a long ban asks for
+// hours), without acting on them.
+func (s *Server) RateLimitNext(method, pathSuffix string, retryAfter time.Duration, n int) {
+	if n <= 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = append(s.faults, &fault{method: strings.ToUpper(method), suffix: pathSuffix, status: http.StatusTooManyRequests,
+		left: n, retryAfter: retryAfter.Seconds()})
 }
 
 // FailNextAfter is FailNext for a lost response: the next n matching requests take effect
@@ -48,6 +63,7 @@ type fault struct {
 	status, left   int
 	after          bool            // act on the request, then fail the response
 	hold           <-chan struct{} // wait for it to close, then act as usual (HoldNext)
+	retryAfter     float64         // of a 429, in seconds; 0 is the default retryAfter
 }
 
 // takeFault returns the first rule matching r and uses up one of its requests.
@@ -69,9 +85,10 @@ func (s *Server) takeFault(r *http.Request) *fault {
 // retryAfter is the retry_after, in seconds, of the 429s FailNext makes.
 const retryAfter = 0.05
 
-func faultResponse(status int) (int, any) {
+func faultResponse(f *fault) (int, any) {
+	status := f.status
 	if status == http.StatusTooManyRequests {
-		return status, map[string]any{"message": "You are being rate limited.", "retry_after": retryAfter, "global": false}
+		return status, map[string]any{"message": "You are being rate limited.", "retry_after": cmp.Or(f.retryAfter, retryAfter), "global": false}
 	}
 	return status, apiError(fmt.Sprintf("%d: %s", status, http.StatusText(status)), 0)
 }

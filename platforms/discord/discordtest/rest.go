@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"math"
 	"net/http"
 	"regexp"
 	"slices"
@@ -54,7 +55,10 @@ func (s *Server) api(auth bool, h handler) http.Handler {
 		remaining, resetAfter := "4", 0.001
 		if status == http.StatusTooManyRequests {
 			remaining, resetAfter = "0", retryAfter
-			hdr.Set("Retry-After", "1") // whole seconds, as Discord sends; discordgo reads the body
+			if b, ok := body.(map[string]any); ok {
+				resetAfter, _ = b["retry_after"].(float64) // the bucket resets when the wait ends
+			}
+			hdr.Set("Retry-After", strconv.Itoa(int(math.Ceil(resetAfter)))) // whole seconds, as Discord sends; discordgo reads the body
 			hdr.Set("X-RateLimit-Scope", "user")
 		}
 		hdr.Set("X-RateLimit-Remaining", remaining)
@@ -83,12 +87,12 @@ func (s *Server) serveAPI(r *http.Request, auth bool, h handler) (int, any) {
 	}
 	if f != nil && !f.after {
 		s.logf("rest: %s %s: injected %d", r.Method, r.URL.Path, f.status)
-		return faultResponse(f.status)
+		return faultResponse(f)
 	}
 	status, body := h(r)
 	if f != nil {
 		s.logf("rest: %s %s: answered %d, replaced by injected %d", r.Method, r.URL.Path, status, f.status)
-		return faultResponse(f.status)
+		return faultResponse(f)
 	}
 	return status, body
 }
