@@ -48,13 +48,19 @@ func (p *Platform) handle(m *discordgo.Message) {
 	if deliver == nil {
 		return
 	}
+	mentioned := mentions(m, bot)
+	if !p.gate.admitSender(m) {
+		return // what needs no lookup first: other bots are never told anything
+	}
 	ch, err := p.channelOf(ctx, m)
 	if err != nil {
 		p.log.Error("discord message from an unknown channel; not taken", "channel", m.ChannelID, "message", m.ID, "err", err)
-		p.tellUser(ctx, m.ChannelID, m.ID, "I could not look up this channel, so I did not take your message. Please send it again.")
+		// Only a message the bot would likely answer is told: not chatter that needs a mention.
+		if mentioned || !p.gate.mentionRequired(m.GuildID, m.ChannelID, m.ChannelID) {
+			p.tellUser(ctx, m.ChannelID, m.ID, "I could not look up this channel, so I did not take your message. Please send it again.")
+		}
 		return
 	}
-	mentioned := mentions(m, bot)
 	if !p.gate.admit(m, ch, bot, mentioned) {
 		return
 	}
@@ -343,19 +349,25 @@ func newGate(c config.Discord) gate {
 	}
 }
 
-// admit reports whether the bot answers m, posted in ch.
-func (g gate) admit(m *discordgo.Message, ch chanInfo, bot string, mentioned bool) bool {
+// admitSender reports whether the bot may answer m as far as its author and guild tell,
+// without knowing its channel.
+func (g gate) admitSender(m *discordgo.Message) bool {
 	if m.Author == nil || (m.Author.Bot && !g.allowBots) {
 		return false
 	}
 	if len(g.allowUsers) > 0 && !slices.Contains(g.allowUsers, m.Author.ID) {
 		return false
 	}
+	return m.GuildID == "" || len(g.allowGuilds) == 0 || slices.Contains(g.allowGuilds, m.GuildID)
+}
+
+// admit reports whether the bot answers m, posted in ch.
+func (g gate) admit(m *discordgo.Message, ch chanInfo, bot string, mentioned bool) bool {
+	if !g.admitSender(m) {
+		return false
+	}
 	if ch.kind == kindDM || ch.kind == kindGroupDM {
 		return true
-	}
-	if len(g.allowGuilds) > 0 && !slices.Contains(g.allowGuilds, m.GuildID) {
-		return false
 	}
 	channel := m.ChannelID
 	if ch.kind == kindThread {
