@@ -156,7 +156,14 @@ func decodeMessage(w http.ResponseWriter, r *http.Request) (*platforms.Inbound, 
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || mt != "application/json" {
-			return nil, &apiError{http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "the body must be application/json"}
+			sent := "a malformed Content-Type"
+			if err == nil {
+				sent = fmt.Sprintf("%.100q", mt)
+			}
+			// curl -d sends a form type: the first thing a new user meets.
+			return nil, &apiError{http.StatusUnsupportedMediaType, CodeUnsupportedMedia,
+				"the body must be JSON, sent as Content-Type: application/json (or with no Content-Type), not " + sent +
+					"; with curl, add -H 'Content-Type: application/json'"}
 		}
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))

@@ -82,6 +82,13 @@ func TestPostMessageBadInput(t *testing.T) {
 	if n := len(rt.delivered()); n != 0 {
 		t.Errorf("deliver called %d times for bad input, want 0", n)
 	}
+	// A form post (curl -d without -H) is told what to send instead.
+	form := h.do("POST", "/v1/messages", map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, `{"chat_id":"c","user_id":"u","text":"t"}`)
+	var formErr ErrorResponse
+	_ = json.Unmarshal(form.body, &formErr)
+	if want := `not "application/x-www-form-urlencoded"; with curl, add -H 'Content-Type: application/json'`; !strings.Contains(formErr.Error.Message, want) {
+		t.Errorf("a form post's error: %s, want it to say %q", form.body, want)
+	}
 
 	// The daemon keeps serving good requests after all of that.
 	good := []struct {
