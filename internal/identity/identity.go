@@ -158,9 +158,19 @@ func IsShared(src Source, o KeyOptions) bool {
 	return src.ChatType != ChatDM && !IsPerUser(src, o)
 }
 
+// CanonicalProfile is profile p as a message's source carries it: "" for the default profile,
+// which a message may also name "default" (both are keyed agent:main:…, so both must give the
+// session's turns one AGENTGATE_PROFILE).
+func CanonicalProfile(p string) string {
+	if p == "default" {
+		return ""
+	}
+	return p
+}
+
 func profileSlot(p string) string {
-	switch p {
-	case "", "default":
+	switch CanonicalProfile(p) {
+	case "":
 		return defaultProfile
 	case defaultProfile:
 		return defaultProfile + "~"

@@ -175,6 +175,12 @@ func TestPostMessageAccepted(t *testing.T) {
 		t.Errorf("message ids = %q, %q (chat type %q); want distinct generated ids, then m-42, default dm",
 			ins[0].MessageID, ins[1].MessageID, ins[1].Source.ChatType)
 	}
+
+	// The default profile named "default" is the default profile, "": one key, one identity.
+	h.post("/v1/messages", map[string]string{"chat_id": "c1", "user_id": "u1", "text": "default", "profile": "default"})
+	if ins = rt.delivered(); len(ins) != 4 || ins[3].Source.Profile != "" {
+		t.Errorf("a message of profile \"default\": delivered %+v, want its source's profile \"\"", ins[len(ins)-1].Source)
+	}
 }
 
 func TestPostMessageDeliverErrors(t *testing.T) {
