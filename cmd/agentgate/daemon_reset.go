@@ -96,7 +96,7 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, key string) (*ht
 	case resp.StatusCode == http.StatusServiceUnavailable:
 		return nil, fmt.Errorf("%w at %s now (%s)", errNoAnswer, addr, msg)
 	case resp.StatusCode == http.StatusNotFound:
-		return nil, fmt.Errorf("session %s not found", key)
+		return nil, errors.New("no such session")
 	case resp.StatusCode == http.StatusUnauthorized && cfg.HTTP.TokenEnv == "":
 		return nil, fmt.Errorf("the daemon at %s asks for a bearer token: name the variable that holds it in http.token_env, as the daemon's config does", addr)
 	case resp.StatusCode == http.StatusUnauthorized && token == "":

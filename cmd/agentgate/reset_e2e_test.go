@@ -60,6 +60,9 @@ func TestSessionsResetThroughTheDaemon(t *testing.T) {
 	}
 
 	t.Setenv("ADMIN_TOKEN", "s3cret")
+	if _, _, err := runSessions(t, "reset", "--data-dir", dir, "agent:main:http:dm:nobody"); err == nil || err.Error() != "reset agent:main:http:dm:nobody: no such session" {
+		t.Errorf("reset of an unknown key through the daemon: %v, want no such session", err)
+	}
 	out, _ := MustRunSessions(t, "reset", "--data-dir", dir, key)
 	if want := "ended session " + first + " of " + key + " (reset_command) through the daemon at "; !strings.HasPrefix(out, want) {
 		t.Errorf("reset said %q, want it to begin %q", out, want)
