@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -56,6 +57,13 @@ const (
 var liveMembersSQL = `SELECT id, host, port, kinds, leaving, node, http_addr FROM members m
 	WHERE cluster = $1 AND NOT ` + gone("$2", "$2") + `
 	ORDER BY joined_at, id`
+
+// holderSQL finds the live member of cluster $2 (by the caller's ttl, $3) whose node holds the
+// latest claim of key $1; no row when the key was never claimed or that member is gone.
+var holderSQL = `SELECT m.id, m.host, m.port, m.kinds, m.leaving, m.node
+	FROM owners o JOIN members m ON m.node = o.owner AND m.node <> ''
+	WHERE o.key = $1 AND m.cluster = $2 AND NOT ` + gone("$3", "$3") + `
+	ORDER BY m.joined_at DESC LIMIT 1`
 
 // Heartbeat registers m as a live member of cluster (or renews its registration) and returns
 // the members whose last heartbeat is younger than ttl, by the database's clock, m included,
@@ -133,4 +141,26 @@ func (s *Store) MemberHTTP(ctx context.Context, cluster string) ([]string, error
 		}
 	}
 	return nil, fmt.Errorf("list members of %s: %w", cluster, s.explain(ctx, err))
+}
+
+// Holder returns the live member of cluster (not gone by ttl, as Heartbeat judges it) that holds
+// the latest claim of key (Store.Claim names the member by its Member.Node); ok is false when
+// the key was never claimed, or the member that claimed it last is gone. A member about to
+// claim a key asks it to let go first even when its own view of the cluster, as of its last
+// renewal, does not list it yet.
+func (s *Store) Holder(ctx context.Context, cluster, key string, ttl time.Duration) (m Member, ok bool, err error) {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return m, false, fmt.Errorf("holder of %s: %w", key, err)
+	}
+	defer done()
+	err = s.pool.QueryRow(ctx, holderSQL, key, cluster, ttl.Seconds()).
+		Scan(&m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Member{}, false, nil
+	}
+	if err != nil {
+		return Member{}, false, fmt.Errorf("holder of %s: %w", key, s.explain(ctx, err))
+	}
+	return m, true, nil
 }

@@ -258,3 +258,62 @@ func TestMemberHTTP(t *testing.T) {
 		t.Errorf("MemberHTTP = %v, want %s", got, want)
 	}
 }
+
+// TestHolder: the holder of a key is the live member whose node made the key's latest claim; a
+// key never claimed, claimed by a name no member registers, by a member of another cluster or
+// by one whose registration expired has none.
+func TestHolder(t *testing.T) {
+	s, dsn := MustOpen(t)
+	ctx := context.Background()
+	conn := mustConn(t, dsn)
+	const ttl = 5 * time.Second
+	a := Member{ID: "a", Host: "10.0.0.1", Port: 6340, Kinds: []string{"session"}, Node: "h1/r_a"}
+	b := Member{ID: "b", Host: "10.0.0.2", Port: 6341, Kinds: []string{"session"}, Node: "h2/r_b"}
+	other := Member{ID: "o", Host: "10.0.0.3", Port: 6340, Node: "h3/r_o"}
+	for _, m := range []Member{a, b} {
+		if _, err := s.Heartbeat(ctx, "c1", m, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Heartbeat(ctx, "c2", other, ttl); err != nil {
+		t.Fatal(err)
+	}
+	holder := func(key string) string {
+		t.Helper()
+		m, ok, err := s.Holder(ctx, "c1", key, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return "none"
+		}
+		return fmt.Sprintf("%s@%s:%d", m.ID, m.Host, m.Port)
+	}
+	claim := func(key, owner string) {
+		t.Helper()
+		if _, err := s.Claim(ctx, key, owner, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := holder("k"); got != "none" {
+		t.Errorf("a key never claimed: holder %s, want none", got)
+	}
+	claim("k", a.Node)
+	claim("k", b.Node)
+	if got := holder("k"); got != "b@10.0.0.2:6341" {
+		t.Errorf("claimed by a, then b: holder %s, want b", got)
+	}
+	claim("unknown", "h9/r_x")
+	claim("elsewhere", other.Node)
+	for _, key := range []string{"unknown", "elsewhere"} {
+		if got := holder(key); got != "none" {
+			t.Errorf("%s: holder %s, want none", key, got)
+		}
+	}
+	if _, err := conn.Exec(ctx, `UPDATE members SET heartbeat_at = heartbeat_at - interval '6 seconds' WHERE id = 'b'`); err != nil {
+		t.Fatal(err)
+	}
+	if got := holder("k"); got != "none" {
+		t.Errorf("b's registration expired: holder %s, want none", got)
+	}
+}
