@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -26,6 +27,15 @@ import (
 // releaseAnswerTimeout (it died or cannot be reached) is not waited for: fencing still keeps the
 // store exactly-once.
 
+// A member's view of the cluster is as of its last renewal: one that joined since is not among
+// its peers, and may already run the key (it asked this member, which held nothing then). So an
+// activation also looks up the key's holder in the store (Placement.Holder: the live member
+// whose node made the key's latest claim), off the actor, and asks it too when it is neither
+// this member nor a peer already asked. The session starts only once the lookup has answered
+// (or holderLookupTimeout passed: the activation goes on, as with a silent member) and every
+// member asked has let go. A member that claims the key after the lookup is not found so; one
+// that knows this member asks it first (onRelease asks it back).
+
 // releaseAnswerTimeout is how long a manager waits for another member's answer to Release. A
 // holder is asked again each time it passes, so a holder that dies is waited for no longer. A
 // member that leaves releaseTries Releases in a row unanswered is taken to hold nothing: an
@@ -35,6 +45,8 @@ import (
 const (
 	releaseAnswerTimeout = 5 * time.Second
 	releaseTries         = 2
+	// holderLookupTimeout bounds the activation's lookup of the key's holder in the store.
+	holderLookupTimeout = releaseAnswerTimeout
 )
 
 // activation is a key whose session waits for the other members to let go of it.
@@ -46,6 +58,14 @@ type activation struct {
 	recover bool                  // a Recover came meanwhile (the session loads the work anyway)
 	// silent counts, by PID, the Releases in a row a member left unanswered (releaseTries).
 	silent map[string]int
+	peers  []*actor.PID // the members asked first: this member's view of the others
+	lookup bool         // the key's holder in the store is still being looked up (lookUpHolder)
+}
+
+// holderFound is the answer of the lookup of a key's holder in the store (lookUpHolder).
+type holderFound struct {
+	pid *actor.PID
+	err error
 }
 
 // askAgain asks a holder of key again whether it still holds it (releaseAnswerTimeout after it
@@ -57,22 +77,20 @@ type askAgain struct {
 }
 
 // activate starts the session of key and hands it rs, once no other member holds the key; in a
-// single daemon, or a cluster of one, at once. recovered marks the activation that recovers
-// the key's work at daemon start (NewSession).
+// single daemon at once. recovered marks the activation that recovers the key's work at daemon
+// start (NewSession). A cluster member alone in its view asks the key's holder in the store all
+// the same: it is the member most likely not to know yet of one that joined.
 func (m *SessionManager) activate(c actor.Context, key string, recovered bool, rs ...routed) {
-	var peers []*actor.PID
-	if m.d.Placement != nil {
-		peers = m.d.Placement.Peers()
-	}
-	if len(peers) == 0 {
+	if m.d.Placement == nil {
 		pid := m.spawnWith(c, key, recovered)
 		for _, r := range rs {
 			m.forward(c, pid, r)
 		}
 		return
 	}
+	peers := m.d.Placement.Peers()
 	m.activations++
-	a := &activation{id: m.activations, asked: make(map[string]*actor.PID, len(peers))}
+	a := &activation{id: m.activations, asked: make(map[string]*actor.PID, len(peers)), peers: peers, lookup: true}
 	for _, p := range peers {
 		a.asked[p.String()] = p
 	}
@@ -80,9 +98,48 @@ func (m *SessionManager) activate(c actor.Context, key string, recovered bool, r
 	for _, r := range rs {
 		m.whileActivating(c, key, a, r)
 	}
+	m.lookUpHolder(c, key, a)
 	for _, p := range peers {
 		m.askRelease(c, key, a, p)
 	}
+}
+
+// lookUpHolder looks up the holder of key in the store, off the actor, and asks it to let go
+// of the key too when it is a member the activation has not asked (one this member's view does
+// not list yet). The activation waits for the answer, at most holderLookupTimeout.
+func (m *SessionManager) lookUpHolder(c actor.Context, key string, a *activation) {
+	system, placement, ctx := c.ActorSystem(), m.d.Placement, m.d.Ctx
+	f := actor.NewFuture(system, holderLookupTimeout)
+	go func() { // owned by the activation: it ends with the store call, bounded by the same timeout
+		ctx, cancel := context.WithTimeout(ctx, holderLookupTimeout)
+		defer cancel()
+		pid, err := placement.Holder(ctx, key)
+		system.Root.Send(f.PID(), &holderFound{pid: pid, err: err})
+	}()
+	c.ReenterAfter(f, func(res any, err error) {
+		if m.activating[key] != a {
+			return // given up meanwhile
+		}
+		a.lookup = false
+		h, _ := res.(*holderFound)
+		switch {
+		case err != nil || h == nil || h.err != nil:
+			if err == nil && h != nil {
+				err = h.err
+			}
+			m.log.Warn("could not look up which member holds the session; activating without asking it",
+				"session", key, "err", err)
+		case h.pid != nil && !h.pid.Equal(m.d.Placement.Self()) && a.asked[h.pid.String()] == nil &&
+			!slices.ContainsFunc(a.peers, h.pid.Equal):
+			m.log.Info("the session's holder is a member this one does not know yet; asking it to let go too",
+				"session", key, "member", h.pid.Address)
+			a.asked[h.pid.String()] = h.pid
+			m.askRelease(c, key, a, h.pid)
+		}
+		if len(a.asked) == 0 {
+			m.activated(c, key)
+		}
+	})
 }
 
 // whileActivating takes a request for a key whose session waits for the others to let go: it
@@ -186,7 +243,7 @@ func (m *SessionManager) onReleased(c actor.Context, r *Released) {
 	if a.holder != nil && a.holder.Equal(p) {
 		a.holder = nil
 	}
-	if len(a.asked) == 0 {
+	if len(a.asked) == 0 && !a.lookup {
 		m.activated(c, r.Key)
 	}
 }

@@ -30,6 +30,9 @@ type testPlacement struct {
 func (p testPlacement) Owner(string) *actor.PID { return p.owner.Load() }
 func (p testPlacement) Peers() []*actor.PID     { return []*actor.PID{p.peer} }
 func (p testPlacement) Self() *actor.PID        { return p.self }
+func (p testPlacement) Holder(context.Context, string) (*actor.PID, error) {
+	return nil, nil
+}
 
 // slowUntil is an agent that answers "ok <text>" and runs the message "slow" until release is
 // closed (or its turn is cancelled); ran counts the turns each text ran in.
@@ -186,6 +189,9 @@ type peersPlacement struct {
 func (p peersPlacement) Owner(string) *actor.PID { return p.owner.Load() }
 func (p peersPlacement) Peers() []*actor.PID     { return p.peers }
 func (p peersPlacement) Self() *actor.PID        { return p.self }
+func (p peersPlacement) Holder(context.Context, string) (*actor.PID, error) {
+	return nil, nil
+}
 
 // TestActivationFinishedAfterLeaveHandsTheKeyOn: a manager waits for another member's answer
 // before it activates a key (a member that does not answer, here) and its member starts to

@@ -360,6 +360,19 @@ func (p placement) Peers() []*actor.PID {
 
 func (p placement) Self() *actor.PID { return actor.NewPID(p.d.system.Address(), p.d.manager.Id) }
 
+// Holder asks the store's membership registry, not this member's view: a member that joined
+// since this one's last renewal may hold the key.
+func (p placement) Holder(ctx context.Context, key string) (*actor.PID, error) {
+	if p.d.members == nil {
+		return nil, nil
+	}
+	m, ok, err := p.d.members.Holder(ctx, p.d.cfg.Cluster.Name, key, p.d.cfg.Cluster.MemberTTL)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return actor.NewPID((&cluster.Member{Host: m.Host, Port: int32(m.Port)}).Address(), p.d.manager.Id), nil
+}
+
 // clusterReady reports whether this member is in the cluster's topology, as it sees it.
 func (d *Daemon) clusterReady() error {
 	switch {

@@ -138,3 +138,83 @@ func TestClusterThreeViewsMoveAKeyOnce(t *testing.T) {
 		t.Errorf("the chat's replies answer %s, in that order; want slow queued next", got)
 	}
 }
+
+// TestClusterStaleMemberAsksTheKeysHolder: member x joins a cluster of h, which has not renewed
+// since and does not know of x. A chat x owns in its view runs its turn on x; the chat's next
+// message reaches h, whose view (h alone) places the chat on h. h's activation finds the key's
+// holder in the store (its claim names x, a live member h does not know yet) and asks x to let
+// go of it too: the next message is stored behind the running turn (queued), and every message
+// of the chat runs once, on x, and is answered once, in order.
+//
+// Before, h asked only the members it knew (none), claimed the key at once and ran the chat's
+// pending messages beside x: the running turn's agent ran a second time on h.
+func TestClusterStaleMemberAsksTheKeysHolder(t *testing.T) {
+	release := make(chan struct{})
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	defer releaseOnce()
+	w := newWhereRan(4, func(text string) <-chan struct{} {
+		if text == "slow" {
+			return release
+		}
+		return nil
+	})
+	// Renewals every 100 s: the test renews by hand, and no member's view changes on its own.
+	slowRenewals := func(c *config.Config) { c.Cluster.MemberTTL = 5 * time.Minute }
+	dsn := pgtest.NewDatabase(t)
+	h := startClusterMember(t, dsn, w.agent("h"), 10*time.Second, slowRenewals)
+	defer h.stop(t)
+	x := startClusterMember(t, dsn, w.agent("x"), 10*time.Second, slowRenewals)
+	defer x.stop(t)
+	rs := []*runtime{h, x}
+	waitUntil(t, func() bool { return len(x.d.cluster.MemberList.Members().Members()) == 2 })
+	if n := len(h.d.cluster.MemberList.Members().Members()); n != 1 {
+		t.Fatalf("h sees %d members, want 1 (it has not renewed since x joined)", n)
+	}
+	ownerX := ownerOf(x.d.cluster.MemberList.Members().Members())
+	c := -1
+	for i := 0; i < 64 && c < 0; i++ {
+		if ownerX(x.d.intake.Key(chat(i))) == x.d.system.Address() {
+			c = i
+		}
+	}
+	if c < 0 {
+		t.Fatal("none of 64 chats is x's in x's view")
+	}
+
+	x.inject(t, chat(c), "slow", "slow")
+	if text := <-w.started; text != "slow" {
+		t.Fatalf("%s started, want slow", text)
+	}
+	// Sent through h, whose view places the chat on h.
+	if ack := h.inject(t, chat(c), "next", "next"); ack != nil && ack.Disposition != platforms.Queued {
+		t.Errorf("next: disposition %q, want %q", ack.Disposition, platforms.Queued)
+	}
+	key := x.d.intake.Key(chat(c))
+	if own, err := x.d.store.Ownership(t.Context(), key); err != nil || own.Owner != x.d.deps.Node {
+		t.Errorf("while x ran the chat's turn the key's claim is %+v (%v), want x's (%s)", own, err, x.d.deps.Node)
+	}
+	releaseOnce()
+	for _, id := range []string{"slow", "next"} {
+		waitReply(t, rs, id)
+	}
+	ran := w.result()
+	for _, id := range []string{"slow", "next"} {
+		if got := ran[id]; len(got) != 1 {
+			t.Errorf("%s ran on %v, want once", id, got)
+		}
+		if n := repliesTo(rs, id); n != 1 {
+			t.Errorf("%s answered %d times, want once", id, n)
+		}
+	}
+	out, err := x.d.store.OutboxAfter(t.Context(), key, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for _, e := range out {
+		order = append(order, e.InReplyTo...)
+	}
+	if got := strings.Join(order, " "); got != "slow next" {
+		t.Errorf("the chat's replies answer %s, in that order; want slow next", got)
+	}
+}

@@ -19,6 +19,7 @@ import (
 type memberStore interface {
 	Heartbeat(ctx context.Context, cluster string, m postgres.Member, ttl time.Duration) ([]postgres.Member, error)
 	Leave(ctx context.Context, cluster, id string) error
+	Holder(ctx context.Context, cluster, key string, ttl time.Duration) (postgres.Member, bool, error)
 }
 
 // storeMembership is cluster mode's protoactor ClusterProvider. Every member registers in the

@@ -26,6 +26,10 @@ func (s *stalledHeartbeat) Heartbeat(_ context.Context, _ string, m postgres.Mem
 
 func (s *stalledHeartbeat) Leave(context.Context, string, string) error { return nil }
 
+func (s *stalledHeartbeat) Holder(context.Context, string, string, time.Duration) (postgres.Member, bool, error) {
+	return postgres.Member{}, false, nil
+}
+
 // TestRenewalAfterAStallLeaves: a member whose renewal comes more than member_ttl after the
 // last one was counted as gone (and blocked) by the others, even though the renewal succeeds:
 // it reports its membership lost rather than stay, where the younger members, finding an older

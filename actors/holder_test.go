@@ -1,0 +1,128 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/agents/echo"
+	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// storedPlacement is a peersPlacement whose Holder reads the key's claim in the store and names
+// the member that made it by its node, as the cluster's membership registry does.
+type storedPlacement struct {
+	peersPlacement
+	store persistence.Store
+	nodes map[string]*actor.PID
+}
+
+func (p storedPlacement) Holder(ctx context.Context, key string) (*actor.PID, error) {
+	own, err := p.store.Ownership(ctx, key)
+	if errors.Is(err, persistence.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return p.nodes[own.Owner], nil
+}
+
+// TestActivationAsksTheHolderItDoesNotKnow: member b joined, and member a has not renewed since:
+// a's view lists no other member and places every key on a, b's lists a and places the key on
+// b. b runs the key's turn (its activation asked a, which held nothing). The chat's next message
+// reaches a, whose activation finds b's claim in the store and asks b to let go too: the message
+// is stored behind b's turn (queued), b keeps its claim, and each message runs once.
+//
+// Before, a asked no member, claimed the key at once, and ran b's turn's message again beside it.
+func TestActivationAsksTheHolderItDoesNotKnow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		agent, ran := slowUntil(release)
+		var ownerA, ownerB atomic.Pointer[actor.PID]
+		w := clusterWorld(t, agent)
+		db := &Deps{Ctx: w.ctx, Store: w.store, Agent: agent, Platforms: w.d.Platforms, Log: w.d.Log,
+			Metrics: metrics.New("fake"), Node: "b", Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
+		b := w.system.Root.Spawn(NewSessionManager(db))
+		t.Cleanup(func() { _ = w.system.Root.StopFuture(b).Wait() })
+		nodes := map[string]*actor.PID{"a": w.manager, "b": b}
+		w.d.Placement = storedPlacement{peersPlacement{self: w.manager, owner: &ownerA}, w.store, nodes}
+		db.Placement = storedPlacement{peersPlacement{self: b, peers: []*actor.PID{w.manager}, owner: &ownerB}, w.store, nodes}
+		ownerA.Store(w.manager)
+		ownerB.Store(b)
+
+		slow := w.system.Root.RequestFuture(b, &Routed{Key: w.key, Msg: w.message("m1", "slow")}, time.Hour)
+		synctest.Wait()
+		if ran("slow") != 1 {
+			t.Fatalf("the slow message ran %d times on b, want once", ran("slow"))
+		}
+		res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: w.message("m2", "next")}, time.Hour).Result()
+		if err != nil || res.(*DeliverResult).Disposition != "queued" {
+			t.Errorf("the next message, sent to a: %+v %v, want it queued behind b's running turn", res, err)
+		}
+		synctest.Wait()
+		if own, err := w.store.Ownership(w.ctx, w.key); err != nil || own.Owner != "b" {
+			t.Errorf("while b ran the turn the key's claim is %+v (%v), want b's", own, err)
+		}
+		close(release)
+		if res, err := slow.Result(); err != nil || res.(*DeliverResult).Disposition != "started" {
+			t.Errorf("the slow message: %+v %v, want started", res, err)
+		}
+		for done := 0; done < 2; {
+			if out := (<-w.sent).Out; out.TurnEnd {
+				done++
+			}
+		}
+		synctest.Wait()
+		if ran("slow") != 1 || ran("next") != 1 {
+			t.Errorf("the agent ran the slow message %d times and the next %d, want once each", ran("slow"), ran("next"))
+		}
+	})
+}
+
+// failingHolder is a Placement of a member alone in its view whose lookup of a key's holder
+// fails, at once or when its context ends.
+type failingHolder struct {
+	peersPlacement
+	wait bool
+}
+
+func (p failingHolder) Holder(ctx context.Context, _ string) (*actor.PID, error) {
+	if p.wait {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return nil, errors.New("store unavailable")
+}
+
+// TestActivationDoesNotWaitForAFailedHolderLookup: an activation whose lookup of the key's
+// holder fails goes on at once, and one whose lookup does not answer goes on after
+// holderLookupTimeout: the message runs here.
+func TestActivationDoesNotWaitForAFailedHolderLookup(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		wait bool
+		took time.Duration
+	}{{"error", false, 0}, {"silent", true, holderLookupTimeout}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var owner atomic.Pointer[actor.PID]
+				w := clusterWorld(t, echo.New())
+				w.d.Placement = failingHolder{peersPlacement{self: w.manager, owner: &owner}, tc.wait}
+				owner.Store(w.manager)
+				begin := time.Now()
+				if res := w.deliver(t, "m1", "hi"); res.Disposition != "started" {
+					t.Errorf("deliver: %+v, want started", res)
+				}
+				if took := time.Since(begin); took != tc.took {
+					t.Errorf("the message was stored after %v, want %v", took, tc.took)
+				}
+			})
+		})
+	}
+}
