@@ -126,3 +126,61 @@ func TestActivationDoesNotWaitForAFailedHolderLookup(t *testing.T) {
 		})
 	}
 }
+
+// TestActivationAsksAnotherActivationOfTheKey: members a and b both place the key on
+// themselves (their views differ), and a's PID sorts first. b activates the key first: a
+// holds nothing then, and b waits for a third member that does not answer. Meanwhile a activates
+// the key and asks b, which says it does not hold it (b's PID sorts after a's). b asks a back:
+// a's activation holds the key, so b waits for a rather than claim the key once the silent
+// member is given up, and b's message goes to a. Each message runs once, on a.
+//
+// Before, b did not ask a again: it claimed the key when the silent member was given up, which
+// fenced a's running turn, and ran its message again.
+func TestActivationAsksAnotherActivationOfTheKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		agent, ran := slowUntil(release)
+		var ownerA, ownerB atomic.Pointer[actor.PID]
+		w := clusterWorld(t, agent)
+		db := &Deps{Ctx: w.ctx, Store: w.store, Agent: agent, Platforms: w.d.Platforms, Log: w.d.Log,
+			Metrics: metrics.New("fake"), Node: "b", Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
+		b, err := w.system.Root.SpawnNamed(NewSessionManager(db), "zz-manager") // sorts after w.manager
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.system.Root.StopFuture(b).Wait() })
+		silent := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+		w.d.Placement = peersPlacement{self: w.manager, peers: []*actor.PID{b}, owner: &ownerA}
+		db.Placement = peersPlacement{self: b, peers: []*actor.PID{w.manager, silent}, owner: &ownerB}
+		ownerA.Store(w.manager)
+		ownerB.Store(b)
+
+		hi := w.system.Root.RequestFuture(b, &Routed{Key: w.key, Msg: w.message("m1", "hi")}, time.Hour)
+		synctest.Wait()
+		slow := w.request("m2", "slow")
+		synctest.Wait()
+		if ran("slow") != 1 {
+			t.Fatalf("the slow message ran %d times on a, want once", ran("slow"))
+		}
+		time.Sleep(releaseTries * releaseAnswerTimeout) // b gives the silent member up
+		synctest.Wait()
+		if own, err := w.store.Ownership(w.ctx, w.key); err != nil || own.Owner != "a" {
+			t.Errorf("while a ran the turn the key's claim is %+v (%v), want a's", own, err)
+		}
+		close(release)
+		for _, f := range []*actor.Future{slow, hi} {
+			if res, err := f.Result(); err != nil || res.(*DeliverResult).ErrorCode != "" {
+				t.Errorf("deliver: %+v %v", res, err)
+			}
+		}
+		for done := 0; done < 2; {
+			if out := (<-w.sent).Out; out.TurnEnd {
+				done++
+			}
+		}
+		synctest.Wait()
+		if ran("slow") != 1 || ran("hi") != 1 {
+			t.Errorf("the agent ran the slow message %d times and hi %d, want once each", ran("slow"), ran("hi"))
+		}
+	})
+}

@@ -314,6 +314,14 @@ func (m *SessionManager) onRelease(c actor.Context, r *Release) {
 		m.activating[r.Key] != nil && m.elsewhere(r.Key) == nil && me.String() < asker.String()
 	c.Respond(&Released{Key: r.Key, Address: me.Address, Id: me.Id, Holding: holds, Activation: r.Activation})
 	if !holds {
+		if a := m.activating[r.Key]; a != nil && a.asked[asker.String()] == nil && !asker.Equal(me) {
+			// The asker activates the key too, and this activation is not waiting for it (it
+			// is no peer, or it let go before it began): it may claim the key first, and this
+			// claim would fence its session. So it is asked too; it holds the key when it got
+			// there first.
+			a.asked[asker.String()] = asker
+			m.askRelease(c, r.Key, a, asker)
+		}
 		return
 	}
 	ws := m.waiters[r.Key]
