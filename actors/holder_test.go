@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents/echo"
+	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/asynkron/protoactor-go/actor"
@@ -181,6 +182,80 @@ func TestActivationAsksAnotherActivationOfTheKey(t *testing.T) {
 		synctest.Wait()
 		if ran("slow") != 1 || ran("hi") != 1 {
 			t.Errorf("the agent ran the slow message %d times and hi %d, want once each", ran("slow"), ran("hi"))
+		}
+	})
+}
+
+// gatedHolder is a Placement of a member alone in its view whose lookup of key's holder answers
+// "none" once gate is closed (or fails when its context ends); other keys' lookups answer at once.
+type gatedHolder struct {
+	peersPlacement
+	key  string
+	gate <-chan struct{}
+}
+
+func (p gatedHolder) Holder(ctx context.Context, key string) (*actor.PID, error) {
+	if key != p.key {
+		return nil, nil
+	}
+	select {
+	case <-p.gate:
+		return nil, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// TestStoppingManagerStartsNoSessionForALateLookup: a manager stops (another session in memory
+// keeps it stopping for a moment) while an activation waits for its lookup of the key's holder;
+// the waiting message is answered "stopped". The lookup's answer, arriving during the stop,
+// starts no session: the manager stops, and the message, which the cluster router sends again
+// to the key's next owner, is not stored here.
+//
+// Before, the late answer started the key's session under the stopping manager, which then
+// waited for that child for ever (its stop had already stopped the others), and the session
+// stored and ran the message its sender had been told to send again elsewhere (and answered it
+// a second time, "started").
+func TestStoppingManagerStartsNoSessionForALateLookup(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var owner atomic.Pointer[actor.PID]
+		var slow *slowListing
+		w := newManagerWorld(t, echo.New(), func(d *Deps) {
+			d.Node, d.Fencing, d.Clustered = "a", true, true
+			slow = &slowListing{Store: d.Store, gate: make(chan chan struct{}, 1)}
+			d.Store = slow
+		})
+		gate := make(chan struct{})
+		w.d.Placement = gatedHolder{peersPlacement{self: w.manager, owner: &owner}, w.key, gate}
+		owner.Store(w.manager)
+
+		other := w.src
+		other.ChatID = "c2"
+		otherKey := identity.Key(other, w.d.Config.Keys)
+		res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: otherKey, Msg: &Deliver{SessionKey: otherKey,
+			Source: sourceToProto(other), MessageId: "m0", Text: "hi", ReceivedAtUnixNano: time.Now().UnixNano()}}, time.Hour).Result()
+		if err != nil || res.(*DeliverResult).Disposition != "started" {
+			t.Fatalf("the other chat's message: %+v %v, want started", res, err)
+		}
+		f := w.request("m1", "hi") // its activation waits for the lookup
+		synctest.Wait()
+		busy := make(chan struct{})
+		slow.gate <- busy
+		w.system.Root.Send(w.manager, &recoverAll{}) // the manager is busy while the stop and the lookup's answer arrive
+		synctest.Wait()
+		stopped := w.system.Root.StopFuture(w.manager)
+		close(gate) // the lookup answers behind the stop
+		synctest.Wait()
+		close(busy)
+		if err := stopped.Wait(); err != nil {
+			t.Errorf("the manager did not stop: %v", err)
+		}
+		if res, err := f.Result(); err != nil || res.(*DeliverResult).ErrorCode != ErrCodeStopped {
+			t.Errorf("the waiting message: %+v %v, want %q", res, err, ErrCodeStopped)
+		}
+		synctest.Wait()
+		if m, err := w.store.FindInbound(w.ctx, "fake", "c1", "m1"); !errors.Is(err, persistence.ErrNotFound) {
+			t.Errorf("the message answered %q was stored here all the same: %+v %v", ErrCodeStopped, m, err)
 		}
 	})
 }

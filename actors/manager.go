@@ -129,8 +129,13 @@ func (m *SessionManager) Receive(c actor.Context) {
 		}
 		// Requests held for a session that will not start here get an honest answer: a
 		// message is sent again (ClusterRouter), with its id, to wherever its key lives next.
-		for _, a := range m.activating {
+		// The activations are given up: an answer to one (a lookup, a Released) that arrives
+		// during the stop must not start a session under a manager whose stop has already
+		// stopped the others (it waited for that child for ever, and the session ran what was
+		// just answered "stopped").
+		for key, a := range m.activating {
 			answerStopped(c, a.held)
+			delete(m.activating, key)
 		}
 		for _, held := range m.stopping {
 			answerStopped(c, held)
