@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -256,6 +257,66 @@ func TestStoppingManagerStartsNoSessionForALateLookup(t *testing.T) {
 		synctest.Wait()
 		if m, err := w.store.FindInbound(w.ctx, "fake", "c1", "m1"); !errors.Is(err, persistence.ErrNotFound) {
 			t.Errorf("the message answered %q was stored here all the same: %+v %v", ErrCodeStopped, m, err)
+		}
+	})
+}
+
+// TestActivationsAskEachOtherBackOnce: members a and b activate the key at once, each waiting
+// for its lookup of the key's holder; b does not know a, and a's view places the key on b (a
+// was handed the message). Neither holds the key for the other (a because the key is b's in
+// its view, b because a's PID sorts first), so each asks the asker back. That happens once per
+// activation of the other: the two do not ask each other back and forth while they wait.
+//
+// Before, each answer to an ask-back came before the next Release, so each manager found the
+// other no longer asked and asked it back again: a loop of Releases between the two members for
+// as long as the lookups took (up to holderLookupTimeout; here, until the test cut it short).
+func TestActivationsAskEachOtherBackOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var ownerA, ownerB atomic.Pointer[actor.PID]
+		w := clusterWorld(t, echo.New())
+		db := &Deps{Ctx: w.ctx, Store: w.store, Agent: w.d.Agent, Platforms: w.d.Platforms, Log: w.d.Log,
+			Metrics: metrics.New("fake"), Node: "b", Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
+		b, err := w.system.Root.SpawnNamed(NewSessionManager(db), "zz-manager") // sorts after a
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.system.Root.StopFuture(b).Wait() })
+		// a is reached through a relay that counts the Releases it is sent; past a bound the
+		// lookups answer, so that a loop ends.
+		gate := make(chan struct{})
+		openGate := sync.OnceFunc(func() { close(gate) })
+		defer openGate()
+		var releases atomic.Int32
+		a := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			switch c.Message().(type) {
+			case *actor.Started, *actor.Stopping, *actor.Stopped, *actor.Restarting:
+				return
+			case *Release:
+				if releases.Add(1) > 100 {
+					openGate()
+				}
+			}
+			c.Forward(w.manager)
+		}))
+		w.d.Placement = gatedHolder{peersPlacement{self: a, peers: []*actor.PID{b}, owner: &ownerA}, w.key, gate}
+		db.Placement = gatedHolder{peersPlacement{self: b, owner: &ownerB}, w.key, gate}
+		ownerA.Store(b)
+		ownerB.Store(b)
+
+		fb := w.system.Root.RequestFuture(b, &Routed{Key: w.key, Msg: w.message("m1", "one")}, time.Hour)
+		synctest.Wait()
+		// Handed to a by a leaving member: a does not send it on, and activates the key.
+		fa := w.system.Root.RequestFuture(w.manager, &Forward{Key: w.key, Hops: 1,
+			Msg: &Forward_Deliver{Deliver: w.message("m2", "two")}}, time.Hour)
+		synctest.Wait()
+		if n := releases.Load(); n > 1 {
+			t.Errorf("a was sent %d Releases while both activations waited for their lookups, want at most one (b asks it back once)", n)
+		}
+		openGate()
+		for _, f := range []*actor.Future{fa, fb} {
+			if _, err := f.Result(); err != nil {
+				t.Errorf("deliver: %v", err)
+			}
 		}
 	})
 }

@@ -60,6 +60,10 @@ type activation struct {
 	silent map[string]int
 	peers  []*actor.PID // the members asked first: this member's view of the others
 	lookup bool         // the key's holder in the store is still being looked up (lookUpHolder)
+	// askedBack names, by PID, the activation of another member's manager this one asked back
+	// (onRelease): once per activation of the asker, or two that hold the key for neither
+	// would ask each other back and forth while they wait.
+	askedBack map[string]uint64
 }
 
 // holderFound is the answer of the lookup of a key's holder in the store (lookUpHolder).
@@ -314,12 +318,20 @@ func (m *SessionManager) onRelease(c actor.Context, r *Release) {
 		m.activating[r.Key] != nil && m.elsewhere(r.Key) == nil && me.String() < asker.String()
 	c.Respond(&Released{Key: r.Key, Address: me.Address, Id: me.Id, Holding: holds, Activation: r.Activation})
 	if !holds {
-		if a := m.activating[r.Key]; a != nil && a.asked[asker.String()] == nil && !asker.Equal(me) {
+		k := asker.String()
+		if a := m.activating[r.Key]; a != nil && a.asked[k] == nil && a.askedBack[k] != r.Activation && !asker.Equal(me) {
 			// The asker activates the key too, and this activation is not waiting for it (it
 			// is no peer, or it let go before it began): it may claim the key first, and this
 			// claim would fence its session. So it is asked too; it holds the key when it got
-			// there first.
-			a.asked[asker.String()] = asker
+			// there first. Once for each of its activations: its answer, that it does not
+			// hold the key, comes back before its next Release, and two activations that
+			// hold it for neither (each asked the other back) would ask each other again for
+			// as long as they wait (TestActivationsAskEachOtherBackOnce).
+			if a.askedBack == nil {
+				a.askedBack = map[string]uint64{}
+			}
+			a.askedBack[k] = r.Activation
+			a.asked[k] = asker
 			m.askRelease(c, r.Key, a, asker)
 		}
 		return
