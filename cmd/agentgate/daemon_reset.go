@@ -8,10 +8,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/config"
@@ -26,12 +28,19 @@ import (
 // address it records in its data directory; a cluster's members at the addresses they register
 // in the store.
 
-// errNoAnswer is the error of a daemon address where nothing answers, or where the daemon
-// takes no request now (it starts, or drains: 503).
+// errNoAnswer is the error of a daemon address where nothing took the request: no connection
+// was made, so the request was never sent (another member, or the store, may reset instead).
 var errNoAnswer = errors.New("no answer")
 
+// errAnswerLost is the error of a reset request the daemon took, but whose answer did not come
+// back: it timed out, the connection broke, or the daemon gave up waiting for the session
+// (503). The daemon may have reset the session, or may still: resetting again (through another
+// member, or in the store) would end the session that reset began.
+var errAnswerLost = errors.New("the answer was lost")
+
 // resetTimeout bounds one reset request: the daemon cancels a running turn and stores the reset.
-const resetTimeout = 30 * time.Second
+// (A variable for tests.)
+var resetTimeout = 30 * time.Second
 
 // adminClient talks to the daemon directly, never through an HTTP_PROXY of the environment.
 var adminClient = &http.Client{Transport: &http.Transport{Proxy: nil}}
@@ -52,7 +61,8 @@ func daemonAddr(cfg *config.Config) string {
 
 // daemonReset asks the daemon listening at addr to reset key, with the bearer token of cfg's
 // http.token_env when it is set, and returns the key's session after the reset. The error
-// wraps errNoAnswer when nothing answers at addr or the daemon there takes no request now.
+// wraps errNoAnswer when nothing took the request at addr, and errAnswerLost when the daemon
+// there took it but its answer did not come back (it may have reset the session).
 func daemonReset(ctx context.Context, cfg *config.Config, addr, key string) (*httpplatform.SessionInfo, error) {
 	ctx, cancel := context.WithTimeout(ctx, resetTimeout)
 	defer cancel()
@@ -68,17 +78,26 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, key string) (*ht
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
+	// Once connected, the request may have reached the daemon, which may act on it even after
+	// this command gave up (a daemon that starts serves the connections waiting for it).
+	var connected atomic.Bool
+	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { connected.Store(true) },
+	}))
 	resp, err := adminClient.Do(req)
 	if err != nil {
 		if ue := (*url.Error)(nil); errors.As(err, &ue) {
 			err = ue.Err // without the method and URL
+		}
+		if connected.Load() {
+			return nil, fmt.Errorf("the daemon at %s took the request, but %w (%v)", addr, errAnswerLost, err)
 		}
 		return nil, fmt.Errorf("%w at %s (%v)", errNoAnswer, addr, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return nil, fmt.Errorf("%w at %s (%v)", errNoAnswer, addr, err)
+		return nil, fmt.Errorf("the daemon at %s took the request, but %w (%s, then %v)", addr, errAnswerLost, resp.Status, err)
 	}
 	if resp.StatusCode == http.StatusOK {
 		var info httpplatform.SessionInfo
@@ -94,7 +113,9 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, key string) (*ht
 	}
 	switch {
 	case resp.StatusCode == http.StatusServiceUnavailable:
-		return nil, fmt.Errorf("%w at %s now (%s)", errNoAnswer, addr, msg)
+		// The daemon answers a reset 503 when its own request to the session timed out: the
+		// session may take the reset after all.
+		return nil, fmt.Errorf("the daemon at %s took the request, but %w (%s: %s)", addr, errAnswerLost, resp.Status, msg)
 	case resp.StatusCode == http.StatusNotFound:
 		return nil, errors.New("no such session")
 	case resp.StatusCode == http.StatusUnauthorized && cfg.HTTP.TokenEnv == "":
@@ -131,6 +152,9 @@ func resetThroughMember(ctx context.Context, st persistence.Store, cfg *config.C
 			silent = append(silent, err.Error())
 			continue
 		}
+		if errors.Is(err, errAnswerLost) {
+			return true, answerLost(key, err)
+		}
 		if err != nil {
 			return true, fmt.Errorf("reset %s: %w", key, err)
 		}
@@ -142,6 +166,12 @@ func resetThroughMember(ctx context.Context, st persistence.Store, cfg *config.C
 			strings.Join(silent, "; "))
 	}
 	return false, nil
+}
+
+// answerLost is the error of a reset whose answer err (errAnswerLost) did not come back: the
+// operator looks before resetting again, which would end the session that reset began.
+func answerLost(key string, err error) error {
+	return fmt.Errorf("reset %s: %v: it may have reset the session: see agentgate sessions show %s before you try again", key, err, key)
 }
 
 // printDaemonReset reports a reset the daemon at addr made.

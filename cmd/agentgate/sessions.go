@@ -299,6 +299,9 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 			}
 			return fmt.Errorf("the daemon is running on this %s, but %v; reset through it when it answers: %s", where, err, resetCommand(cfg, key))
 		}
+		if errors.Is(err, errAnswerLost) {
+			return answerLost(key, err)
+		}
 		if err != nil {
 			return fmt.Errorf("reset %s: %w", key, err)
 		}

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/agentgate/agentgate/persistence/postgres"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/supervisor"
+)
+
+// takenResets are daemons that took a reset request but whose answer never comes back: the
+// reset may have been made (or may still be made) all the same. timeout, when set, is the
+// command's resetTimeout (the daemon that times out keeps the request until the command gives
+// up).
+var takenResets = []struct {
+	name    string
+	timeout time.Duration
+	handler http.HandlerFunc
+}{
+	{"timed out", time.Second, func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done() // a slow reset: it goes on after the command gave up
+	}},
+	{"connection lost", 0, func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}},
+	{"gave up (503)", 0, func(w http.ResponseWriter, r *http.Request) {
+		// What the daemon answers when its own request to the session timed out: the
+		// session may have taken the reset since.
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		w.Write([]byte(`{"error":{"code":"unavailable","message":"request cancelled or timed out"}}`))
+	}},
+}
+
+// setResetTimeout sets resetTimeout to d (when d is not 0) for the rest of the test.
+func setResetTimeout(t *testing.T, d time.Duration) {
+	t.Helper()
+	if d == 0 {
+		return
+	}
+	old := resetTimeout
+	resetTimeout = d
+	t.Cleanup(func() { resetTimeout = old })
+}
+
+// countingServer answers every request 200 with a session and counts the requests.
+func countingServer(t *testing.T) (*httptest.Server, *atomic.Int32) {
+	t.Helper()
+	var n atomic.Int32
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"session_key":"` + keyA + `","session_id":"new","prev_session_id":"sa2"}`))
+	}))
+	t.Cleanup(s.Close)
+	return s, &n
+}
+
+// TestSessionsResetThroughAMemberWhoseAnswerIsLost: a member that took the reset request but
+// whose answer is lost (it timed out, its connection broke, it answered 503) may have reset
+// the session: the command says so and asks no other member, nor resets in the store, which
+// would end the session that reset began.
+func TestSessionsResetThroughAMemberWhoseAnswerIsLost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL")
+	}
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	st, err := postgres.Open(ctx, dsn, postgres.Options{Shared: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	t.Setenv("AGENTGATE_STORE_DRIVER", "postgres")
+	t.Setenv("AGENTGATE_STORE_DSN", dsn)
+	t.Setenv("AGENTGATE_CLUSTER_ENABLED", "true")
+	for _, c := range takenResets {
+		t.Run(c.name, func(t *testing.T) {
+			other, asked := countingServer(t)
+			taken := httptest.NewServer(c.handler)
+			t.Cleanup(taken.Close)
+			// The member renewed last is asked first.
+			for i, s := range []*httptest.Server{other, taken} {
+				m := postgres.Member{ID: c.name + string(rune('a'+i)), Host: "127.0.0.1", Port: 6340 + i,
+					HTTP: s.Listener.Addr().String()}
+				if _, err := st.Heartbeat(ctx, "agentgate", m, time.Hour); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { st.Leave(ctx, "agentgate", m.ID) })
+			}
+			setResetTimeout(t, c.timeout)
+			out, _, err := runSessions(t, "reset", "--data-dir", t.TempDir(), keyA)
+			if n := asked.Load(); n != 0 {
+				t.Errorf("the other member was asked to reset too (%d requests; stdout %q)", n, out)
+			}
+			want := "may have reset the session: see agentgate sessions show " + keyA + " before you try again"
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("reset: %v, want an error that says %q", err, want)
+			}
+		})
+	}
+}
+
+// TestSessionsResetThroughTheDaemonWhoseAnswerIsLost: a daemon that took the reset request but
+// whose answer is lost may have reset the session: the command does not ask the operator to
+// reset again through it.
+func TestSessionsResetThroughTheDaemonWhoseAnswerIsLost(t *testing.T) {
+	for _, c := range takenResets {
+		t.Run(c.name, func(t *testing.T) {
+			dir := MustSeedSessions(t)
+			daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+			if err != nil {
+				t.Fatalf("sqlite.Open: %v", err)
+			}
+			defer daemon.Close()
+			taken := httptest.NewServer(c.handler)
+			defer taken.Close()
+			if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte(taken.Listener.Addr().String()+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			setResetTimeout(t, c.timeout)
+			_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
+			want := "may have reset the session: see agentgate sessions show " + keyA + " before you try again"
+			if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "curl") {
+				t.Errorf("reset: %v, want an error that says %q, and no curl to reset again", err, want)
+			}
+		})
+	}
+}
