@@ -42,8 +42,12 @@ var errAnswerLost = errors.New("the answer was lost")
 // (A variable for tests.)
 var resetTimeout = 30 * time.Second
 
-// adminClient talks to the daemon directly, never through an HTTP_PROXY of the environment.
-var adminClient = &http.Client{Transport: &http.Transport{Proxy: nil}}
+// adminClient talks to the daemon directly, never through an HTTP_PROXY of the environment,
+// and follows no redirect: the reset and its bearer token go to the daemon's address only (Go's
+// client would send the token on to another port of the same host, and turn the POST of a 301
+// or 302 into a GET, whose 200 would look like a reset made).
+var adminClient = &http.Client{Transport: &http.Transport{Proxy: nil},
+	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 
 // daemonAddr is where the daemon on cfg's data directory listens: the address it records there,
 // else the configured one; a wildcard address is reached on loopback.
@@ -116,6 +120,8 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, key string) (*ht
 		// The daemon answers a reset 503 when its own request to the session timed out: the
 		// session may take the reset after all.
 		return nil, fmt.Errorf("the daemon at %s took the request, but %w (%s: %s)", addr, errAnswerLost, resp.Status, msg)
+	case resp.StatusCode >= 300 && resp.StatusCode < 400:
+		return nil, fmt.Errorf("the daemon at %s answered %s (a redirect to %q, not followed): is this the daemon's address?", addr, resp.Status, resp.Header.Get("Location"))
 	case resp.StatusCode == http.StatusNotFound:
 		return nil, errors.New("no such session")
 	case resp.StatusCode == http.StatusUnauthorized && cfg.HTTP.TokenEnv == "":

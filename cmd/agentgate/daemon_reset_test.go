@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -135,6 +136,49 @@ func TestSessionsResetThroughTheDaemonWhoseAnswerIsLost(t *testing.T) {
 			want := "may have reset the session: see agentgate sessions show " + keyA + " before you try again"
 			if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "curl") {
 				t.Errorf("reset: %v, want an error that says %q, and no curl to reset again", err, want)
+			}
+		})
+	}
+}
+
+// TestSessionsResetFollowsNoRedirect: the command posts the reset, with the bearer token, to
+// the daemon's own address only. A redirect (from whatever listens there now) is not followed:
+// neither to another port of the host (which would get the token: Go's client keeps the
+// Authorization header for the same host name), nor as a GET (301, 302) that another server
+// answers 200 with a session, which the command took for a reset made.
+func TestSessionsResetFollowsNoRedirect(t *testing.T) {
+	for _, code := range []int{http.StatusMovedPermanently, http.StatusFound, http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
+		t.Run(http.StatusText(code), func(t *testing.T) {
+			dir := MustSeedSessions(t)
+			daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+			if err != nil {
+				t.Fatalf("sqlite.Open: %v", err)
+			}
+			defer daemon.Close()
+			var tokens atomic.Int32
+			elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("Authorization") != "" {
+					tokens.Add(1)
+				}
+				w.Header().Set("Content-Type", "application/json")
+				w.Write([]byte(`{"session_key":"` + keyA + `","session_id":"sa2"}`))
+			}))
+			defer elsewhere.Close()
+			redirector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, elsewhere.URL+r.URL.Path, code)
+			}))
+			defer redirector.Close()
+			if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte(redirector.Listener.Addr().String()+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			t.Setenv("AGENTGATE_HTTP_TOKEN_ENV", "ADMIN_TOKEN")
+			t.Setenv("ADMIN_TOKEN", "s3cret")
+			out, _, err := runSessions(t, "reset", "--data-dir", dir, keyA)
+			if n := tokens.Load(); n != 0 {
+				t.Errorf("the token went to the redirect's target (%d requests)", n)
+			}
+			if want := "answered " + strconv.Itoa(code) + " " + http.StatusText(code) + " (a redirect to "; err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("reset: %v (stdout %q), want an error that says %q", err, out, want)
 			}
 		})
 	}
