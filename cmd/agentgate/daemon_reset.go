@@ -49,18 +49,21 @@ var resetTimeout = 30 * time.Second
 var adminClient = &http.Client{Transport: &http.Transport{Proxy: nil},
 	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 
-// daemonAddr is where the daemon on cfg's data directory listens: the address it records there,
-// else the configured one; a wildcard address is reached on loopback.
-func daemonAddr(cfg *config.Config) string {
-	addr := cfg.HTTP.Addr
+// daemonAddr is where the daemon on cfg's data directory listens: the address it records there
+// (recorded), else the configured one; a wildcard address is reached on loopback. Only a
+// recorded address is asked to reset: the configured one names no process known to hold the
+// database (the holder may run on another host, as a single daemon on PostgreSQL may, and
+// another deployment's daemon may listen there).
+func daemonAddr(cfg *config.Config) (addr string, recorded bool) {
+	addr = cfg.HTTP.Addr
 	// The running daemon says where it listens (its own flags may differ from ours).
 	if b, err := os.ReadFile(filepath.Join(cfg.DataDir, supervisor.AddrFile)); err == nil && strings.TrimSpace(string(b)) != "" {
-		addr = strings.TrimSpace(string(b))
+		addr, recorded = strings.TrimSpace(string(b)), true
 	}
 	if _, port, err := net.SplitHostPort(addr); err == nil && config.EveryInterface(addr) {
 		addr = net.JoinHostPort("127.0.0.1", port)
 	}
-	return addr
+	return addr, recorded
 }
 
 // daemonReset asks the daemon listening at addr to reset key, with the bearer token of cfg's

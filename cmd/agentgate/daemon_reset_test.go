@@ -183,3 +183,29 @@ func TestSessionsResetFollowsNoRedirect(t *testing.T) {
 		})
 	}
 }
+
+// TestSessionsResetAsksNoAddressTheDaemonDidNotRecord: while the database is locked but the
+// data directory records no daemon address (the lock holder runs on another host, as a
+// single daemon on PostgreSQL may, or it is starting, or it is another admin command), the
+// configured address names no process known to hold the database (perhaps another
+// deployment's daemon on this host): the command does not post the reset, with the token,
+// there; it prints the curl to use, as before.
+func TestSessionsResetAsksNoAddressTheDaemonDidNotRecord(t *testing.T) {
+	dir := MustSeedSessions(t)
+	daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatalf("sqlite.Open: %v", err)
+	}
+	defer daemon.Close()
+	other, asked := countingServer(t) // another deployment's daemon at the configured address
+	addr := other.Listener.Addr().String()
+	_, _, err = runSessions(t, "reset", "--data-dir", dir, "--http-addr", addr, keyA)
+	if n := asked.Load(); n != 0 {
+		t.Errorf("the daemon at the configured address %s was asked to reset (%d requests)", addr, n)
+	}
+	want := "the daemon is running on this data directory, but it records no address in " + dir +
+		" (it starts, or it runs on another host); reset through it: curl -X POST http://" + addr + "/v1/sessions/" + keyA + "/reset"
+	if err == nil || err.Error() != want {
+		t.Errorf("reset: %v, want %q", err, want)
+	}
+}

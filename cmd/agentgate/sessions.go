@@ -290,13 +290,17 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	st, cfg, err := openStore(ctx, &cf, false)
 	if errors.Is(err, persistence.ErrLocked) {
 		// The daemon holds the database: it resets the session itself.
-		addr := daemonAddr(cfg)
+		where := "data directory"
+		if cfg.Store.Driver == "postgres" {
+			where = "database"
+		}
+		addr, recorded := daemonAddr(cfg)
+		if !recorded {
+			return fmt.Errorf("the daemon is running on this %s, but it records no address in %s (it starts, or it runs on another host); reset through it: %s",
+				where, cfg.DataDir, resetCommand(cfg, key))
+		}
 		info, err := daemonReset(ctx, cfg, addr, key)
 		if errors.Is(err, errNoAnswer) {
-			where := "data directory"
-			if cfg.Store.Driver == "postgres" {
-				where = "database"
-			}
 			return fmt.Errorf("the daemon is running on this %s, but %v; reset through it when it answers: %s", where, err, resetCommand(cfg, key))
 		}
 		if errors.Is(err, errAnswerLost) {
@@ -480,7 +484,8 @@ func resetCommand(cfg *config.Config, key string) string {
 	if cfg.HTTP.TokenEnv != "" {
 		auth = fmt.Sprintf(` -H "Authorization: Bearer $%s"`, cfg.HTTP.TokenEnv)
 	}
-	return fmt.Sprintf("curl -X POST%s http://%s/v1/sessions/%s/reset", auth, daemonAddr(cfg), url.PathEscape(key))
+	addr, _ := daemonAddr(cfg)
+	return fmt.Sprintf("curl -X POST%s http://%s/v1/sessions/%s/reset", auth, addr, url.PathEscape(key))
 }
 
 // parseSessionArgs parses fset's flags, which may come before and after the KEY argument when

@@ -516,17 +516,18 @@ func TestSessionsReset(t *testing.T) {
 		MustRunSessions(t, "show", "--data-dir", dir, keyA)
 		MustRunSessions(t, "export", "--data-dir", dir, keyA)
 
-		// A daemon that does not answer (it starts, or it is stuck) is not reset behind its back.
-		// (A daemon on every interface is reached on loopback.)
+		// A daemon that records no address (it starts, or it runs on another host) is not
+		// reset behind its back: the curl names the configured address (a daemon on every
+		// interface is reached on loopback).
 		addr := closedAddr(t)
 		_, port, _ := net.SplitHostPort(addr)
 		t.Setenv("AGENTGATE_HTTP_TOKEN_ENV", "ADMIN_TOKEN")
 		_, _, err = runSessions(t, "reset", "--data-dir", dir, "--http-addr", "0.0.0.0:"+port, keyA)
-		wantStart := "the daemon is running on this data directory, but no answer at " + addr + " ("
-		wantEnd := `); reset through it when it answers: curl -X POST -H "Authorization: Bearer $ADMIN_TOKEN" http://` +
+		want := "the daemon is running on this data directory, but it records no address in " + dir +
+			` (it starts, or it runs on another host); reset through it: curl -X POST -H "Authorization: Bearer $ADMIN_TOKEN" http://` +
 			addr + "/v1/sessions/" + keyA + "/reset"
-		if err == nil || !strings.HasPrefix(err.Error(), wantStart) || !strings.HasSuffix(err.Error(), wantEnd) {
-			t.Errorf("reset while the daemon runs but does not answer: error = %v, want %q…%q", err, wantStart, wantEnd)
+		if err == nil || err.Error() != want {
+			t.Errorf("reset while the daemon runs but records no address: error = %v, want %q", err, want)
 		}
 		s, err := daemon.Session(context.Background(), "sa2")
 		if err != nil {
@@ -542,9 +543,12 @@ func TestSessionsReset(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte(recorded+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
+		// One that does not answer there (it is stuck) is not reset behind its back either.
 		_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
-		if want := "curl -X POST http://" + recorded + "/v1/sessions/" + keyA + "/reset"; err == nil || !strings.HasSuffix(err.Error(), want) {
-			t.Errorf("reset while a daemon on %s runs: error = %v, want it to end %q", recorded, err, want)
+		wantStart := "the daemon is running on this data directory, but no answer at " + recorded + " ("
+		wantEnd := "); reset through it when it answers: curl -X POST http://" + recorded + "/v1/sessions/" + keyA + "/reset"
+		if err == nil || !strings.HasPrefix(err.Error(), wantStart) || !strings.HasSuffix(err.Error(), wantEnd) {
+			t.Errorf("reset while a daemon on %s runs but does not answer: error = %v, want %q…%q", recorded, err, wantStart, wantEnd)
 		}
 	})
 }
