@@ -119,13 +119,14 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, key string) (*ht
 		msg = e.Error.Message
 	}
 	switch {
-	case resp.StatusCode == http.StatusServiceUnavailable:
-		// The daemon answers a reset 503 when its own request to the session timed out: the
-		// session may take the reset after all.
+	case resp.StatusCode >= 500:
+		// The daemon answers a reset 503 when its own request to the session was cancelled or
+		// timed out, and 500 when the session did not answer in time or its state could not be
+		// read after the reset: the session may take, or have taken, the reset all the same.
 		return nil, fmt.Errorf("the daemon at %s took the request, but %w (%s: %s)", addr, errAnswerLost, resp.Status, msg)
 	case resp.StatusCode >= 300 && resp.StatusCode < 400:
 		return nil, fmt.Errorf("the daemon at %s answered %s (a redirect to %q, not followed): is this the daemon's address?", addr, resp.Status, resp.Header.Get("Location"))
-	case resp.StatusCode == http.StatusNotFound:
+	case resp.StatusCode == http.StatusNotFound && e.Error.Code == httpplatform.CodeNotFound && msg == "no such session":
 		return nil, errors.New("no such session")
 	case resp.StatusCode == http.StatusUnauthorized && cfg.HTTP.TokenEnv == "":
 		return nil, fmt.Errorf("the daemon at %s asks for a bearer token: name the variable that holds it in http.token_env, as the daemon's config does", addr)

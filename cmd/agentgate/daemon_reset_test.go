@@ -43,6 +43,13 @@ var takenResets = []struct {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		w.Write([]byte(`{"error":{"code":"unavailable","message":"request cancelled or timed out"}}`))
 	}},
+	{"failed (500)", 0, func(w http.ResponseWriter, r *http.Request) {
+		// What the daemon answers when the session did not answer in time (the reset may
+		// be made yet), or the session's state could not be read after the reset.
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusInternalServerError)
+		w.Write([]byte(`{"error":{"code":"internal","message":"internal error"}}`))
+	}},
 }
 
 // setResetTimeout sets resetTimeout to d (when d is not 0) for the rest of the test.
@@ -205,6 +212,27 @@ func TestSessionsResetAsksNoAddressTheDaemonDidNotRecord(t *testing.T) {
 	}
 	want := "the daemon is running on this data directory, but it records no address in " + dir +
 		" (it starts, or it runs on another host); reset through it: curl -X POST http://" + addr + "/v1/sessions/" + keyA + "/reset"
+	if err == nil || err.Error() != want {
+		t.Errorf("reset: %v, want %q", err, want)
+	}
+}
+
+// TestSessionsResetNotFound: only the daemon's own "no such session" is one; a 404 of whatever
+// else listens at the address (no such route) is named as it is.
+func TestSessionsResetNotFound(t *testing.T) {
+	dir := MustSeedSessions(t)
+	daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatalf("sqlite.Open: %v", err)
+	}
+	defer daemon.Close()
+	other := httptest.NewServer(http.NotFoundHandler())
+	defer other.Close()
+	if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte(other.Listener.Addr().String()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
+	want := "reset " + keyA + ": the daemon at " + other.Listener.Addr().String() + " answered 404 Not Found: 404 page not found"
 	if err == nil || err.Error() != want {
 		t.Errorf("reset: %v, want %q", err, want)
 	}
