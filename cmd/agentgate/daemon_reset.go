@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/postgres"
 	httpplatform "github.com/agentgate/agentgate/platforms/http"
 	"github.com/agentgate/agentgate/supervisor"
 )
@@ -138,9 +140,9 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, key string) (*ht
 	return nil, fmt.Errorf("the daemon at %s answered %s: %s", addr, resp.Status, msg)
 }
 
-// memberLister lists the HTTP addresses of a cluster's live members (postgres.Store).
+// memberLister lists a cluster's live members with their HTTP addresses (postgres.Store).
 type memberLister interface {
-	MemberHTTP(ctx context.Context, cluster string) ([]string, error)
+	MemberHTTP(ctx context.Context, cluster string) ([]postgres.Member, error)
 }
 
 // resetThroughMember resets key through a live member of cfg's cluster, trying each the store
@@ -151,12 +153,23 @@ func resetThroughMember(ctx context.Context, st persistence.Store, cfg *config.C
 	if !ok {
 		return false, nil
 	}
-	addrs, err := ml.MemberHTTP(ctx, cfg.Cluster.Name)
+	members, err := ml.MemberHTTP(ctx, cfg.Cluster.Name)
 	if err != nil {
 		return false, err
 	}
+	here, _ := os.Hostname()
 	var silent []string
-	for _, addr := range addrs {
+	for _, m := range members {
+		addr := m.HTTP
+		// A loopback address (a cluster on one host registers it) names the process of the
+		// member's host: from another host it names another process, perhaps another
+		// deployment's daemon, which would reset its own session of the key.
+		if h, _, err := net.SplitHostPort(addr); err == nil && config.LoopbackHost(h) {
+			if host, _, _ := strings.Cut(m.Node, "/"); host == "" || host != here {
+				silent = append(silent, fmt.Sprintf("%s is %s's loopback, not this host's (%s)", addr, cmp.Or(host, "another host"), here))
+				continue
+			}
+		}
 		info, err := daemonReset(ctx, cfg, addr, key)
 		if errors.Is(err, errNoAnswer) {
 			silent = append(silent, err.Error())

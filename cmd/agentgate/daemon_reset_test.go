@@ -94,6 +94,7 @@ func TestSessionsResetThroughAMemberWhoseAnswerIsLost(t *testing.T) {
 	t.Setenv("AGENTGATE_STORE_DRIVER", "postgres")
 	t.Setenv("AGENTGATE_STORE_DSN", dsn)
 	t.Setenv("AGENTGATE_CLUSTER_ENABLED", "true")
+	here, _ := os.Hostname() // the members run on this host
 	for _, c := range takenResets {
 		t.Run(c.name, func(t *testing.T) {
 			other, asked := countingServer(t)
@@ -102,7 +103,7 @@ func TestSessionsResetThroughAMemberWhoseAnswerIsLost(t *testing.T) {
 			// The member renewed last is asked first.
 			for i, s := range []*httptest.Server{other, taken} {
 				m := postgres.Member{ID: c.name + string(rune('a'+i)), Host: "127.0.0.1", Port: 6340 + i,
-					HTTP: s.Listener.Addr().String()}
+					Node: here + "/r_" + strconv.Itoa(i), HTTP: s.Listener.Addr().String()}
 				if _, err := st.Heartbeat(ctx, "agentgate", m, time.Hour); err != nil {
 					t.Fatal(err)
 				}
@@ -235,5 +236,39 @@ func TestSessionsResetNotFound(t *testing.T) {
 	want := "reset " + keyA + ": the daemon at " + other.Listener.Addr().String() + " answered 404 Not Found: 404 page not found"
 	if err == nil || err.Error() != want {
 		t.Errorf("reset: %v, want %q", err, want)
+	}
+}
+
+// TestSessionsResetSkipsALoopbackMemberOfAnotherHost: a member of a cluster on one host
+// registers its loopback address; the command run on another host (with the database's DSN)
+// does not ask its own loopback there, where another process listens (perhaps a daemon of
+// another deployment, which would reset its own session of the key with the token), and says
+// why it reset in the store.
+func TestSessionsResetSkipsALoopbackMemberOfAnotherHost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL")
+	}
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	st, err := postgres.Open(ctx, dsn, postgres.Options{Shared: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	local, asked := countingServer(t) // this host's process at the member's loopback address
+	m := postgres.Member{ID: "m1", Host: "127.0.0.1", Port: 6340, Node: "another-host/r_0123456789abcdef",
+		HTTP: local.Listener.Addr().String()}
+	if _, err := st.Heartbeat(ctx, "agentgate", m, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("AGENTGATE_STORE_DRIVER", "postgres")
+	t.Setenv("AGENTGATE_STORE_DSN", dsn)
+	t.Setenv("AGENTGATE_CLUSTER_ENABLED", "true")
+	_, errOut, _ := runSessions(t, "reset", "--data-dir", t.TempDir(), keyA)
+	if n := asked.Load(); n != 0 {
+		t.Errorf("this host's process at %s was asked to reset (%d requests)", m.HTTP, n)
+	}
+	if want := m.HTTP + " is another-host's loopback"; !strings.Contains(errOut, want) {
+		t.Errorf("reset stderr %q, want it to say %q", errOut, want)
 	}
 }

@@ -118,16 +118,17 @@ func (s *Store) Leave(ctx context.Context, cluster, id string) error {
 	return nil
 }
 
-// memberHTTPSQL lists the HTTP addresses of the members that are live by their own ttl and not
-// leaving, the most recently renewed first.
-var memberHTTPSQL = `SELECT http_addr FROM members m
+// memberHTTPSQL lists the members that are live by their own ttl, not leaving, and registered
+// an HTTP address, the most recently renewed first.
+var memberHTTPSQL = `SELECT id, node, http_addr FROM members m
 	WHERE cluster = $1 AND http_addr <> '' AND NOT leaving AND NOT ` + gone("m.ttl_secs", "n.ttl_secs") + `
 	ORDER BY heartbeat_at DESC, id`
 
-// MemberHTTP returns the HTTP API addresses of cluster's live members that do not leave, the
-// most recently renewed first: where an admin command that is no member (`agentgate sessions
-// reset`) asks the cluster to act for it.
-func (s *Store) MemberHTTP(ctx context.Context, cluster string) ([]string, error) {
+// MemberHTTP returns cluster's live members that do not leave and registered the address of
+// their HTTP API, the most recently renewed first, each with its ID, Node and HTTP: where an
+// admin command that is no member (`agentgate sessions reset`) asks the cluster to act for it.
+// (A loopback HTTP names the member's host's process: Node says which host.)
+func (s *Store) MemberHTTP(ctx context.Context, cluster string) ([]Member, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list members: %w", err)
@@ -135,9 +136,12 @@ func (s *Store) MemberHTTP(ctx context.Context, cluster string) ([]string, error
 	defer done()
 	rows, err := s.pool.Query(ctx, memberHTTPSQL, cluster)
 	if err == nil {
-		var addrs []string
-		if addrs, err = pgx.CollectRows(rows, pgx.RowTo[string]); err == nil {
-			return addrs, nil
+		var ms []Member
+		if ms, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
+			var m Member
+			return m, r.Scan(&m.ID, &m.Node, &m.HTTP)
+		}); err == nil {
+			return ms, nil
 		}
 	}
 	return nil, fmt.Errorf("list members of %s: %w", cluster, s.explain(ctx, err))

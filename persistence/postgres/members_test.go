@@ -250,11 +250,15 @@ func TestMemberHTTP(t *testing.T) {
 	if _, err := mustConn(t, dsn).Exec(ctx, `UPDATE members SET heartbeat_at = heartbeat_at - interval '2 seconds' WHERE id = 'expired'`); err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.MemberHTTP(ctx, "c1")
+	ms, err := s.MemberHTTP(ctx, "c1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "[10.0.0.1:8081 10.0.0.2:8080]"; fmt.Sprint(got) != want {
+	var got []string
+	for _, m := range ms {
+		got = append(got, m.ID+"="+m.HTTP)
+	}
+	if want := "[new=10.0.0.1:8081 a=10.0.0.2:8080]"; fmt.Sprint(got) != want {
 		t.Errorf("MemberHTTP = %v, want %s", got, want)
 	}
 }
