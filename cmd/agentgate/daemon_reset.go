@@ -109,9 +109,10 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, key string) (*ht
 		return nil, fmt.Errorf("the daemon at %s took the request, but %w (%s, then %v)", addr, errAnswerLost, resp.Status, err)
 	}
 	if resp.StatusCode == http.StatusOK {
+		// Only the key's session, as the daemon answers a reset, tells of a reset made.
 		var info httpplatform.SessionInfo
-		if err := json.Unmarshal(body, &info); err != nil {
-			return nil, fmt.Errorf("the daemon at %s: its answer: %w", addr, err)
+		if err := json.Unmarshal(body, &info); err != nil || info.SessionKey != key || info.SessionID == "" {
+			return nil, fmt.Errorf("the daemon at %s answered %s without a session of %s: is this the daemon's address?", addr, resp.Status, key)
 		}
 		return &info, nil
 	}

@@ -272,3 +272,36 @@ func TestSessionsResetSkipsALoopbackMemberOfAnotherHost(t *testing.T) {
 		t.Errorf("reset stderr %q, want it to say %q", errOut, want)
 	}
 }
+
+// TestSessionsResetTakesOnlyASessionOfTheKey: a 200 that carries no session of the key (from
+// whatever listens at the address) is no reset made.
+func TestSessionsResetTakesOnlyASessionOfTheKey(t *testing.T) {
+	for name, body := range map[string]string{
+		"empty object":   `{}`,
+		"another key":    `{"session_key":"agent:main:http:dm:bob","session_id":"sb1","prev_session_id":"sb0"}`,
+		"no session id":  `{"session_key":"` + keyA + `"}`,
+		"a JSON array":   `[]`,
+		"a JSON literal": `null`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := MustSeedSessions(t)
+			daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+			if err != nil {
+				t.Fatalf("sqlite.Open: %v", err)
+			}
+			defer daemon.Close()
+			other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				w.Write([]byte(body))
+			}))
+			defer other.Close()
+			if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte(other.Listener.Addr().String()+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out, _, err := runSessions(t, "reset", "--data-dir", dir, keyA)
+			if want := "answered 200 OK without a session of " + keyA; err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("reset: %v (stdout %q), want an error that says %q", err, out, want)
+			}
+		})
+	}
+}
