@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/persistence"
@@ -82,7 +83,13 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, key string) (*ht
 	}
 	token := ""
 	if cfg.HTTP.TokenEnv != "" {
-		token = os.Getenv(cfg.HTTP.TokenEnv)
+		// Without the white space around it, as the daemon reads a bearer token ($(cat file)
+		// keeps the \r of a Windows line end). A control character inside is the variable's
+		// fault, not a daemon that does not answer (Go's client refuses to send it).
+		token = strings.TrimSpace(os.Getenv(cfg.HTTP.TokenEnv))
+		if strings.ContainsFunc(token, unicode.IsControl) {
+			return nil, fmt.Errorf("%s (http.token_env) holds a control character, which a bearer token cannot carry", cfg.HTTP.TokenEnv)
+		}
 	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)

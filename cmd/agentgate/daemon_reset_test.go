@@ -305,3 +305,38 @@ func TestSessionsResetTakesOnlyASessionOfTheKey(t *testing.T) {
 		})
 	}
 }
+
+// TestSessionsResetTokenOfAFile: a token read from a file with Windows line ends ($(cat file)
+// keeps the \r) is sent without its surrounding white space, as the daemon reads a bearer
+// token; one with a control character inside is named as the variable's fault, not as a
+// daemon that does not answer.
+func TestSessionsResetTokenOfAFile(t *testing.T) {
+	dir := MustSeedSessions(t)
+	daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatalf("sqlite.Open: %v", err)
+	}
+	defer daemon.Close()
+	d := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer s3cret" {
+			w.WriteHeader(http.StatusUnauthorized)
+			w.Write([]byte(`{"error":{"code":"unauthorized","message":"missing or invalid bearer token"}}`))
+			return
+		}
+		w.Write([]byte(`{"session_key":"` + keyA + `","session_id":"new","prev_session_id":"sa2"}`))
+	}))
+	defer d.Close()
+	if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte(d.Listener.Addr().String()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("AGENTGATE_HTTP_TOKEN_ENV", "ADMIN_TOKEN")
+	t.Setenv("ADMIN_TOKEN", "s3cret\r")
+	if _, _, err := runSessions(t, "reset", "--data-dir", dir, keyA); err != nil {
+		t.Errorf("reset with a token that ends in \\r: %v", err)
+	}
+	t.Setenv("ADMIN_TOKEN", "s3\x01cret")
+	_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
+	if want := "reset " + keyA + ": ADMIN_TOKEN (http.token_env) holds a control character, which a bearer token cannot carry"; err == nil || err.Error() != want {
+		t.Errorf("reset with a control character in the token: %v, want %q", err, want)
+	}
+}
