@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -128,6 +129,7 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, key string) (*ht
 	if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
 		msg = e.Error.Message
 	}
+	msg = printable(msg)
 	switch {
 	case resp.StatusCode >= 500:
 		// The daemon answers a reset 503 when its own request to the session was cancelled or
@@ -146,6 +148,24 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, key string) (*ht
 		return nil, fmt.Errorf("the daemon at %s refused the token in %s (http.token_env): %s", addr, cfg.HTTP.TokenEnv, msg)
 	}
 	return nil, fmt.Errorf("the daemon at %s answered %s: %s", addr, resp.Status, msg)
+}
+
+// printable is an answer's message as the command prints it: at most 300 bytes, and quoted
+// when it carries a control character (whatever listens at the address may answer anything,
+// terminal control sequences included).
+func printable(msg string) string {
+	const limit = 300
+	long := len(msg) > limit
+	if long {
+		msg = strings.ToValidUTF8(msg[:limit], "")
+	}
+	if strings.ContainsFunc(msg, unicode.IsControl) {
+		msg = strconv.Quote(msg)
+	}
+	if long {
+		msg += "…"
+	}
+	return msg
 }
 
 // memberLister lists a cluster's live members with their HTTP addresses (postgres.Store).

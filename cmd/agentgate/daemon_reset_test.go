@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -338,5 +339,29 @@ func TestSessionsResetTokenOfAFile(t *testing.T) {
 	_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
 	if want := "reset " + keyA + ": ADMIN_TOKEN (http.token_env) holds a control character, which a bearer token cannot carry"; err == nil || err.Error() != want {
 		t.Errorf("reset with a control character in the token: %v, want %q", err, want)
+	}
+}
+
+// TestSessionsResetQuotesAHostileAnswer: the body of an error answer that is not the daemon's
+// JSON is quoted in the command's error, short, and without the terminal control sequences
+// it may carry.
+func TestSessionsResetQuotesAHostileAnswer(t *testing.T) {
+	dir := MustSeedSessions(t)
+	daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatalf("sqlite.Open: %v", err)
+	}
+	defer daemon.Close()
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusTeapot)
+		w.Write([]byte("\x1b[2J\x1b]0;pwned\x07" + strings.Repeat("A", 512<<10)))
+	}))
+	defer other.Close()
+	if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte(other.Listener.Addr().String()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
+	if err == nil || len(err.Error()) > 500 || strings.ContainsRune(err.Error(), '\x1b') || !strings.Contains(err.Error(), "answered 418 I'm a teapot") {
+		t.Errorf("reset: an error of %d bytes: %.300q…, want one under 500 bytes, that names the 418 and carries no escape", len(fmt.Sprint(err)), fmt.Sprint(err))
 	}
 }
