@@ -182,9 +182,10 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			return nil, fmt.Errorf("start: http.token_env names %s, which is not set or empty: set it, or remove http.token_env to serve without a token (on a loopback address only)", cfg.HTTP.TokenEnv)
 		}
 	}
+	run := newRunID()
 	d.http, err = httpplatform.New(httpplatform.Config{
 		Addr: cfg.HTTP.Addr, Token: token, Metrics: d.metrics.Handler(), Ready: d.ready,
-		Sessions: &sessionsAPI{d: d}, Logger: log.With("component", "http"),
+		Sessions: &sessionsAPI{d: d}, Logger: log.With("component", "http"), Run: run,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start: %w", err)
@@ -197,7 +198,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	// With a PostgreSQL store nothing else may have created the data directory.
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		log.Warn("create the data directory", "err", err)
-	} else if err := os.WriteFile(filepath.Join(cfg.DataDir, AddrFile), []byte(d.addr.String()+"\n"), 0o600); err != nil {
+	} else if err := recordAddr(cfg.DataDir, d.addr.String(), run); err != nil {
 		log.Warn("record the HTTP address in the data directory", "err", err)
 	}
 	d.platforms = append([]platforms.Platform{d.http}, extra...)
@@ -232,7 +233,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			Prune: actors.PrunePolicy{Enabled: cfg.Sessions.Prune.Enabled,
 				After: cfg.Sessions.Prune.Retention, Every: cfg.Sessions.Prune.Interval},
 		},
-		Log: log, Metrics: d.metrics, Now: opts.Now, Node: hostname(), Run: newRunID(),
+		Log: log, Metrics: d.metrics, Now: opts.Now, Node: hostname(), Run: run,
 		Editors: map[string]bool{}, DraftInterval: opts.DraftInterval, Fencing: opts.SharedStore,
 		Clustered: cfg.Cluster.Enabled,
 	}
@@ -333,6 +334,7 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	d.endRun(ctx)
 	err := d.store.Close()
 	_ = os.Remove(filepath.Join(d.cfg.DataDir, AddrFile))
+	_ = os.Remove(filepath.Join(d.cfg.DataDir, RunFile))
 	d.log.Info("stopped")
 	return err
 }
@@ -403,6 +405,21 @@ func (d *Daemon) drainMissed(deadline time.Duration) {
 
 // AddrFile is the file in the data directory that holds the running daemon's HTTP address.
 const AddrFile = "http.addr"
+
+// RunFile is the file in the data directory that names the running daemon's run, which its HTTP
+// answers carry (httpplatform.RunHeader): an admin command asks the address of AddrFile only
+// when the process there answers as that run, not a process of another run (the record of a
+// daemon killed with -9 names an address another process may have taken since).
+const RunFile = "http.run"
+
+// recordAddr records the daemon's HTTP address and run in dir (AddrFile, RunFile), the run
+// first: an address recorded beside another run's name is not asked.
+func recordAddr(dir, addr, run string) error {
+	if err := os.WriteFile(filepath.Join(dir, RunFile), []byte(run+"\n"), 0o600); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, AddrFile), []byte(addr+"\n"), 0o600)
+}
 
 // The actors' dispatcher: protoactor's default mailbox throughput (messages per run before it
 // yields), and at most this many pool workers per GOMAXPROCS.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
+	httpplatform "github.com/agentgate/agentgate/platforms/http"
 	"github.com/agentgate/agentgate/platforms/platformtest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -573,8 +575,20 @@ func TestAddrFileNamesTheListener(t *testing.T) {
 	if err != nil || strings.TrimSpace(string(b)) != r.d.Addr().String() {
 		t.Errorf("%s = %q, %v; want %s", AddrFile, b, err, r.d.Addr())
 	}
+	// The run it records is the one its answers name.
+	run, err := os.ReadFile(filepath.Join(dir, RunFile))
+	resp, herr := http.Get("http://" + r.d.Addr().String() + "/healthz")
+	if herr != nil {
+		t.Fatal(herr)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get(httpplatform.RunHeader); err != nil || got == "" || strings.TrimSpace(string(run)) != got {
+		t.Errorf("%s = %q, %v; want the run the answers name, %q", RunFile, run, err, got)
+	}
 	r.stop(t)
-	if _, err := os.Stat(filepath.Join(dir, AddrFile)); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("%s after the stop: %v, want it gone", AddrFile, err)
+	for _, f := range []string{AddrFile, RunFile} {
+		if _, err := os.Stat(filepath.Join(dir, f)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s after the stop: %v, want it gone", f, err)
+		}
 	}
 }

@@ -36,6 +36,13 @@ import (
 // was made, so the request was never sent (another member, or the store, may reset instead).
 var errNoAnswer = errors.New("no answer")
 
+// errNotTheDaemon is the error of an address where the process that answers is not the daemon
+// meant (another run, or no agentgate): the reset was not sent there.
+var errNotTheDaemon = errors.New("not the daemon")
+
+// probeTimeout bounds the request that asks the process at an address which run it is.
+const probeTimeout = 10 * time.Second
+
 // errAnswerLost is the error of a reset request the daemon took, but whose answer did not come
 // back: it timed out, the connection broke, or the daemon gave up waiting for the session
 // (503). The daemon may have reset the session, or may still: resetting again (through another
@@ -53,28 +60,69 @@ var resetTimeout = 30 * time.Second
 var adminClient = &http.Client{Transport: &http.Transport{Proxy: nil},
 	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 
-// daemonAddr is where the daemon on cfg's data directory listens: the address it records there
-// (recorded), else the configured one; a wildcard address is reached on loopback. Only a
+// daemonAddr is where the daemon on cfg's data directory listens, and its run: the address and
+// run it records there (recorded), else the configured address; a wildcard address is reached on loopback. Only a
 // recorded address is asked to reset: the configured one names no process known to hold the
 // database (the holder may run on another host, as a single daemon on PostgreSQL may, and
 // another deployment's daemon may listen there).
-func daemonAddr(cfg *config.Config) (addr string, recorded bool) {
+func daemonAddr(cfg *config.Config) (addr, run string, recorded bool) {
 	addr = cfg.HTTP.Addr
-	// The running daemon says where it listens (its own flags may differ from ours).
+	// The running daemon says where it listens (its own flags may differ from ours), and
+	// which run it is (its answers say so too).
 	if b, err := os.ReadFile(filepath.Join(cfg.DataDir, supervisor.AddrFile)); err == nil && strings.TrimSpace(string(b)) != "" {
 		addr, recorded = strings.TrimSpace(string(b)), true
+		if b, err := os.ReadFile(filepath.Join(cfg.DataDir, supervisor.RunFile)); err == nil {
+			run = strings.TrimSpace(string(b))
+		}
 	}
 	if _, port, err := net.SplitHostPort(addr); err == nil && config.EveryInterface(addr) {
 		addr = net.JoinHostPort("127.0.0.1", port)
 	}
-	return addr, recorded
+	return addr, run, recorded
 }
 
-// daemonReset asks the daemon listening at addr to reset key, with the bearer token of cfg's
-// http.token_env when it is set, and returns the key's session after the reset. The error
-// wraps errNoAnswer when nothing took the request at addr, and errAnswerLost when the daemon
-// there took it but its answer did not come back (it may have reset the session).
-func daemonReset(ctx context.Context, cfg *config.Config, addr, key string) (*httpplatform.SessionInfo, error) {
+// daemonRun asks the process at addr which daemon run it is (its answer to GET /healthz names
+// it), sending no token: one that names none, or another, is not asked to reset (errNotTheDaemon).
+func daemonRun(ctx context.Context, addr, run string) error {
+	if run == "" {
+		return fmt.Errorf("the daemon's record names no run (an agentgate older than this command?): %w", errNotTheDaemon)
+	}
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/healthz", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := adminClient.Do(req)
+	if err != nil {
+		if ue := (*url.Error)(nil); errors.As(err, &ue) {
+			err = ue.Err // without the method and URL
+		}
+		return fmt.Errorf("%w at %s (%v)", errNoAnswer, addr, err)
+	}
+	resp.Body.Close()
+	switch got := resp.Header.Get(httpplatform.RunHeader); got {
+	case run:
+		return nil
+	case "":
+		return fmt.Errorf("the process at %s does not say which agentgate run it is (it answered %s), so it is not run %s, which recorded that address: %w",
+			addr, resp.Status, run, errNotTheDaemon)
+	default:
+		return fmt.Errorf("the process at %s is agentgate run %s, not run %s, which recorded that address: %w",
+			addr, printable(got), run, errNotTheDaemon)
+	}
+}
+
+// daemonReset asks the daemon listening at addr, run run, to reset key, with the bearer token of
+// cfg's http.token_env when it is set, and returns the key's session after the reset. It first
+// asks the process there which run it is, without the token (daemonRun). The error wraps
+// errNoAnswer when nothing took the request at addr, errNotTheDaemon when the process there is
+// not run run, and errAnswerLost when the daemon took the request but its answer did not come
+// back (it may have reset the session).
+func daemonReset(ctx context.Context, cfg *config.Config, addr, run, key string) (*httpplatform.SessionInfo, error) {
+	if err := daemonRun(ctx, addr, run); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, resetTimeout)
 	defer cancel()
 	u := "http://" + addr + "/v1/sessions/" + url.PathEscape(key) + "/reset"
@@ -82,6 +130,8 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, key string) (*ht
 	if err != nil {
 		return nil, err
 	}
+	// A daemon of another run (the address changed hands since the probe) refuses it: 421.
+	req.Header.Set(httpplatform.RunHeader, run)
 	token := ""
 	if cfg.HTTP.TokenEnv != "" {
 		// Without the white space around it, as the daemon reads a bearer token ($(cat file)
@@ -136,6 +186,8 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, key string) (*ht
 		// timed out, and 500 when the session did not answer in time or its state could not be
 		// read after the reset: the session may take, or have taken, the reset all the same.
 		return nil, fmt.Errorf("the daemon at %s took the request, but %w (%s: %s)", addr, errAnswerLost, resp.Status, msg)
+	case resp.StatusCode == http.StatusMisdirectedRequest && e.Error.Code == httpplatform.CodeMisdirected:
+		return nil, fmt.Errorf("the process at %s: %s: %w", addr, msg, errNotTheDaemon)
 	case resp.StatusCode >= 300 && resp.StatusCode < 400:
 		return nil, fmt.Errorf("the daemon at %s answered %s (a redirect to %q, not followed): is this the daemon's address?", addr, resp.Status, resp.Header.Get("Location"))
 	case resp.StatusCode == http.StatusNotFound && e.Error.Code == httpplatform.CodeNotFound && msg == "no such session":
@@ -192,14 +244,15 @@ func resetThroughMember(ctx context.Context, st persistence.Store, cfg *config.C
 		// A loopback address (a cluster on one host registers it) names the process of the
 		// member's host: from another host it names another process, perhaps another
 		// deployment's daemon, which would reset its own session of the key.
+		host, run, _ := strings.Cut(m.Node, "/") // the member's host name and run
 		if h, _, err := net.SplitHostPort(addr); err == nil && config.LoopbackHost(h) {
-			if host, _, _ := strings.Cut(m.Node, "/"); host == "" || host != here {
+			if host == "" || host != here {
 				silent = append(silent, fmt.Sprintf("%s is %s's loopback, not this host's (%s)", addr, cmp.Or(host, "another host"), here))
 				continue
 			}
 		}
-		info, err := daemonReset(ctx, cfg, addr, key)
-		if errors.Is(err, errNoAnswer) {
+		info, err := daemonReset(ctx, cfg, addr, run, key)
+		if errors.Is(err, errNoAnswer) || errors.Is(err, errNotTheDaemon) {
 			silent = append(silent, err.Error())
 			continue
 		}

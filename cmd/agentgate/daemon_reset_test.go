@@ -16,6 +16,7 @@ import (
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/agentgate/agentgate/persistence/sqlite"
+	httpplatform "github.com/agentgate/agentgate/platforms/http"
 	"github.com/agentgate/agentgate/supervisor"
 )
 
@@ -64,16 +65,46 @@ func setResetTimeout(t *testing.T, d time.Duration) {
 	t.Cleanup(func() { resetTimeout = old })
 }
 
-// countingServer answers every request 200 with a session and counts the requests.
-func countingServer(t *testing.T) (*httptest.Server, *atomic.Int32) {
+// testRun is the run of the daemons the tests stand in for.
+const testRun = "r_0123456789abcdef"
+
+// daemonServer stands in for a daemon of run run, at the process edge: its answers name the
+// run, it answers GET /healthz, and it hands every other request to h.
+func daemonServer(t *testing.T, run string, h http.HandlerFunc) *httptest.Server {
+	t.Helper()
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(httpplatform.RunHeader, run)
+		if r.URL.Path == "/healthz" {
+			w.Write([]byte(`{"status":"ok"}`))
+			return
+		}
+		h(w, r)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// MustRecordDaemon records s as the address of the daemon of run in dir, as the daemon does.
+func MustRecordDaemon(t *testing.T, dir string, s *httptest.Server, run string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, supervisor.RunFile), []byte(run+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte(s.Listener.Addr().String()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// countingServer stands in for a daemon of run run that answers every reset 200 with a
+// session, and counts the resets.
+func countingServer(t *testing.T, run string) (*httptest.Server, *atomic.Int32) {
 	t.Helper()
 	var n atomic.Int32
-	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s := daemonServer(t, run, func(w http.ResponseWriter, r *http.Request) {
 		n.Add(1)
 		w.Header().Set("Content-Type", "application/json")
 		w.Write([]byte(`{"session_key":"` + keyA + `","session_id":"new","prev_session_id":"sa2"}`))
-	}))
-	t.Cleanup(s.Close)
+	})
 	return s, &n
 }
 
@@ -98,13 +129,13 @@ func TestSessionsResetThroughAMemberWhoseAnswerIsLost(t *testing.T) {
 	here, _ := os.Hostname() // the members run on this host
 	for _, c := range takenResets {
 		t.Run(c.name, func(t *testing.T) {
-			other, asked := countingServer(t)
-			taken := httptest.NewServer(c.handler)
+			other, asked := countingServer(t, testRun)
+			taken := daemonServer(t, testRun, c.handler)
 			t.Cleanup(taken.Close)
 			// The member renewed last is asked first.
 			for i, s := range []*httptest.Server{other, taken} {
 				m := postgres.Member{ID: c.name + string(rune('a'+i)), Host: "127.0.0.1", Port: 6340 + i,
-					Node: here + "/r_" + strconv.Itoa(i), HTTP: s.Listener.Addr().String()}
+					Node: here + "/" + testRun, HTTP: s.Listener.Addr().String()}
 				if _, err := st.Heartbeat(ctx, "agentgate", m, time.Hour); err != nil {
 					t.Fatal(err)
 				}
@@ -135,11 +166,9 @@ func TestSessionsResetThroughTheDaemonWhoseAnswerIsLost(t *testing.T) {
 				t.Fatalf("sqlite.Open: %v", err)
 			}
 			defer daemon.Close()
-			taken := httptest.NewServer(c.handler)
+			taken := daemonServer(t, testRun, c.handler)
 			defer taken.Close()
-			if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte(taken.Listener.Addr().String()+"\n"), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			MustRecordDaemon(t, dir, taken, testRun)
 			setResetTimeout(t, c.timeout)
 			_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
 			want := "may have reset the session: see agentgate sessions show " + keyA + " before you try again"
@@ -173,13 +202,11 @@ func TestSessionsResetFollowsNoRedirect(t *testing.T) {
 				w.Write([]byte(`{"session_key":"` + keyA + `","session_id":"sa2"}`))
 			}))
 			defer elsewhere.Close()
-			redirector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			redirector := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
 				http.Redirect(w, r, elsewhere.URL+r.URL.Path, code)
-			}))
+			})
 			defer redirector.Close()
-			if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte(redirector.Listener.Addr().String()+"\n"), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			MustRecordDaemon(t, dir, redirector, testRun)
 			t.Setenv("AGENTGATE_HTTP_TOKEN_ENV", "ADMIN_TOKEN")
 			t.Setenv("ADMIN_TOKEN", "s3cret")
 			out, _, err := runSessions(t, "reset", "--data-dir", dir, keyA)
@@ -206,7 +233,7 @@ func TestSessionsResetAsksNoAddressTheDaemonDidNotRecord(t *testing.T) {
 		t.Fatalf("sqlite.Open: %v", err)
 	}
 	defer daemon.Close()
-	other, asked := countingServer(t) // another deployment's daemon at the configured address
+	other, asked := countingServer(t, testRun) // another deployment's daemon at the configured address
 	addr := other.Listener.Addr().String()
 	_, _, err = runSessions(t, "reset", "--data-dir", dir, "--http-addr", addr, keyA)
 	if n := asked.Load(); n != 0 {
@@ -228,11 +255,9 @@ func TestSessionsResetNotFound(t *testing.T) {
 		t.Fatalf("sqlite.Open: %v", err)
 	}
 	defer daemon.Close()
-	other := httptest.NewServer(http.NotFoundHandler())
+	other := daemonServer(t, testRun, http.NotFound)
 	defer other.Close()
-	if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte(other.Listener.Addr().String()+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	MustRecordDaemon(t, dir, other, testRun)
 	_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
 	want := "reset " + keyA + ": the daemon at " + other.Listener.Addr().String() + " answered 404 Not Found: 404 page not found"
 	if err == nil || err.Error() != want {
@@ -256,7 +281,7 @@ func TestSessionsResetSkipsALoopbackMemberOfAnotherHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	local, asked := countingServer(t) // this host's process at the member's loopback address
+	local, asked := countingServer(t, testRun) // this host's process at the member's loopback address
 	m := postgres.Member{ID: "m1", Host: "127.0.0.1", Port: 6340, Node: "another-host/r_0123456789abcdef",
 		HTTP: local.Listener.Addr().String()}
 	if _, err := st.Heartbeat(ctx, "agentgate", m, time.Hour); err != nil {
@@ -291,14 +316,12 @@ func TestSessionsResetTakesOnlyASessionOfTheKey(t *testing.T) {
 				t.Fatalf("sqlite.Open: %v", err)
 			}
 			defer daemon.Close()
-			other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			other := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Content-Type", "application/json")
 				w.Write([]byte(body))
-			}))
+			})
 			defer other.Close()
-			if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte(other.Listener.Addr().String()+"\n"), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			MustRecordDaemon(t, dir, other, testRun)
 			out, _, err := runSessions(t, "reset", "--data-dir", dir, keyA)
 			if want := "answered 200 OK without a session of " + keyA; err == nil || !strings.Contains(err.Error(), want) {
 				t.Errorf("reset: %v (stdout %q), want an error that says %q", err, out, want)
@@ -318,18 +341,16 @@ func TestSessionsResetTokenOfAFile(t *testing.T) {
 		t.Fatalf("sqlite.Open: %v", err)
 	}
 	defer daemon.Close()
-	d := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	d := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer s3cret" {
 			w.WriteHeader(http.StatusUnauthorized)
 			w.Write([]byte(`{"error":{"code":"unauthorized","message":"missing or invalid bearer token"}}`))
 			return
 		}
 		w.Write([]byte(`{"session_key":"` + keyA + `","session_id":"new","prev_session_id":"sa2"}`))
-	}))
+	})
 	defer d.Close()
-	if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte(d.Listener.Addr().String()+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	MustRecordDaemon(t, dir, d, testRun)
 	t.Setenv("AGENTGATE_HTTP_TOKEN_ENV", "ADMIN_TOKEN")
 	t.Setenv("ADMIN_TOKEN", "s3cret\r")
 	if _, _, err := runSessions(t, "reset", "--data-dir", dir, keyA); err != nil {
@@ -352,16 +373,102 @@ func TestSessionsResetQuotesAHostileAnswer(t *testing.T) {
 		t.Fatalf("sqlite.Open: %v", err)
 	}
 	defer daemon.Close()
-	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	other := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusTeapot)
 		w.Write([]byte("\x1b[2J\x1b]0;pwned\x07" + strings.Repeat("A", 512<<10)))
-	}))
+	})
 	defer other.Close()
-	if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte(other.Listener.Addr().String()+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	MustRecordDaemon(t, dir, other, testRun)
 	_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
 	if err == nil || len(err.Error()) > 500 || strings.ContainsRune(err.Error(), '\x1b') || !strings.Contains(err.Error(), "answered 418 I'm a teapot") {
 		t.Errorf("reset: an error of %d bytes: %.300q…, want one under 500 bytes, that names the 418 and carries no escape", len(fmt.Sprint(err)), fmt.Sprint(err))
+	}
+}
+
+// strangerAt stands in for a process that took a daemon's address since it recorded it: a
+// daemon of another run (run), or no agentgate (run ""). It counts the requests that carry a
+// token and the resets it is asked.
+func strangerAt(t *testing.T, run string) (s *httptest.Server, tokens, resets *atomic.Int32) {
+	t.Helper()
+	tokens, resets = new(atomic.Int32), new(atomic.Int32)
+	s = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if run != "" {
+			w.Header().Set(httpplatform.RunHeader, run)
+		}
+		if r.Header.Get("Authorization") != "" {
+			tokens.Add(1)
+		}
+		if strings.HasSuffix(r.URL.Path, "/reset") {
+			resets.Add(1)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"session_key":"` + keyA + `","session_id":"new","prev_session_id":"sa2","status":"ok"}`))
+	}))
+	t.Cleanup(s.Close)
+	return s, tokens, resets
+}
+
+// TestSessionsResetAsksOnlyTheRunThatRecordedTheAddress: the daemon's record names its run;
+// the process at the recorded address is asked which run it is, without the token, and one of
+// another run (the record of a daemon killed with -9 names an address another deployment's
+// daemon may have taken since), or no agentgate, is neither sent the token nor asked to reset.
+func TestSessionsResetAsksOnlyTheRunThatRecordedTheAddress(t *testing.T) {
+	for _, c := range []struct{ name, run, want string }{
+		{"another run", "r_fedcba9876543210", "is agentgate run r_fedcba9876543210, not run " + testRun + ", which recorded that address"},
+		{"no agentgate", "", "does not say which agentgate run it is (it answered 200 OK), so it is not run " + testRun},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := MustSeedSessions(t)
+			daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+			if err != nil {
+				t.Fatalf("sqlite.Open: %v", err)
+			}
+			defer daemon.Close()
+			s, tokens, resets := strangerAt(t, c.run)
+			MustRecordDaemon(t, dir, s, testRun)
+			t.Setenv("AGENTGATE_HTTP_TOKEN_ENV", "ADMIN_TOKEN")
+			t.Setenv("ADMIN_TOKEN", "s3cret")
+			_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
+			if n, m := tokens.Load(), resets.Load(); n != 0 || m != 0 {
+				t.Errorf("the process at the address got the token %d times and %d resets, want none", n, m)
+			}
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "reset through it where it listens: curl") {
+				t.Errorf("reset: %v, want an error that says %q, with the curl", err, c.want)
+			}
+		})
+	}
+}
+
+// TestSessionsResetAsksOnlyTheRunOfAMember: a member's registration names its run (its node);
+// a process of another run at its address (it took the port after the member died, within its
+// ttl) is not asked, and the command says why it reset in the store.
+func TestSessionsResetAsksOnlyTheRunOfAMember(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL")
+	}
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	st, err := postgres.Open(ctx, dsn, postgres.Options{Shared: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	s, tokens, resets := strangerAt(t, "r_fedcba9876543210")
+	here, _ := os.Hostname()
+	m := postgres.Member{ID: "m1", Host: "127.0.0.1", Port: 6340, Node: here + "/" + testRun, HTTP: s.Listener.Addr().String()}
+	if _, err := st.Heartbeat(ctx, "agentgate", m, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("AGENTGATE_STORE_DRIVER", "postgres")
+	t.Setenv("AGENTGATE_STORE_DSN", dsn)
+	t.Setenv("AGENTGATE_CLUSTER_ENABLED", "true")
+	t.Setenv("AGENTGATE_HTTP_TOKEN_ENV", "ADMIN_TOKEN")
+	t.Setenv("ADMIN_TOKEN", "s3cret")
+	_, errOut, _ := runSessions(t, "reset", "--data-dir", t.TempDir(), keyA)
+	if n, r := tokens.Load(), resets.Load(); n != 0 || r != 0 {
+		t.Errorf("the process at %s got the token %d times and %d resets, want none", m.HTTP, n, r)
+	}
+	if want := "is agentgate run r_fedcba9876543210, not run " + testRun; !strings.Contains(errOut, want) {
+		t.Errorf("reset stderr %q, want it to say %q", errOut, want)
 	}
 }

@@ -294,12 +294,16 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		if cfg.Store.Driver == "postgres" {
 			where = "database"
 		}
-		addr, recorded := daemonAddr(cfg)
+		addr, run, recorded := daemonAddr(cfg)
 		if !recorded {
 			return fmt.Errorf("the daemon is running on this %s, but it records no address in %s (it starts, or it runs on another host); reset through it: %s",
 				where, cfg.DataDir, resetCommand(cfg, key))
 		}
-		info, err := daemonReset(ctx, cfg, addr, key)
+		info, err := daemonReset(ctx, cfg, addr, run, key)
+		if errors.Is(err, errNotTheDaemon) {
+			// A record another run left (a daemon killed with -9), or one not written yet.
+			return fmt.Errorf("the daemon is running on this %s, but %v; reset through it where it listens: %s", where, err, resetCommand(cfg, key))
+		}
 		if errors.Is(err, errNoAnswer) {
 			return fmt.Errorf("the daemon is running on this %s, but %v; reset through it when it answers: %s", where, err, resetCommand(cfg, key))
 		}
@@ -484,7 +488,7 @@ func resetCommand(cfg *config.Config, key string) string {
 	if cfg.HTTP.TokenEnv != "" {
 		auth = fmt.Sprintf(` -H "Authorization: Bearer $%s"`, cfg.HTTP.TokenEnv)
 	}
-	addr, _ := daemonAddr(cfg)
+	addr, _, _ := daemonAddr(cfg)
 	return fmt.Sprintf("curl -X POST%s http://%s/v1/sessions/%s/reset", auth, addr, url.PathEscape(key))
 }
 

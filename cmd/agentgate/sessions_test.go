@@ -543,6 +543,9 @@ func TestSessionsReset(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, supervisor.AddrFile), []byte(recorded+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
+		if err := os.WriteFile(filepath.Join(dir, supervisor.RunFile), []byte(testRun+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
 		// One that does not answer there (it is stuck) is not reset behind its back either.
 		_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
 		wantStart := "the daemon is running on this data directory, but no answer at " + recorded + " ("

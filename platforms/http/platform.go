@@ -73,7 +73,15 @@ type Config struct {
 	KeepAlive time.Duration
 	// BodyTimeout is how long a request may take to send its body; 0 means DefaultBodyTimeout.
 	BodyTimeout time.Duration
+	// Run names this run of the daemon: every answer carries it in the RunHeader, and a request
+	// that names another run in it is answered 421 before anything else (an admin command that
+	// found this address in a record of another run, or another deployment's). "" means none.
+	Run string
 }
+
+// RunHeader is the header that names a daemon's run (Config.Run), in its answers and in the
+// requests meant for that run only.
+const RunHeader = "Agentgate-Run"
 
 // Platform is the HTTP platform. Create it with New, bind it with Listen, serve it with Run.
 type Platform struct {
@@ -134,7 +142,7 @@ func New(c Config) (*Platform, error) {
 		waiters:   make(map[string]map[*waiter]struct{}),
 	}
 	p.routes()
-	p.handler = p.recoverPanics(p.limitBody(p.authenticate(http.HandlerFunc(p.route))))
+	p.handler = p.recoverPanics(p.identify(p.limitBody(p.authenticate(http.HandlerFunc(p.route)))))
 	return p, nil
 }
 
@@ -373,6 +381,23 @@ func (p *Platform) limitBody(next http.Handler) http.Handler {
 }
 
 // authenticate requires the bearer token on every route except the health probes.
+// identify names the daemon's run in every answer, and answers 421 a request meant for another
+// run, before the token is looked at.
+func (p *Platform) identify(next http.Handler) http.Handler {
+	if p.cfg.Run == "" {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(RunHeader, p.cfg.Run)
+		if want := r.Header.Get(RunHeader); want != "" && want != p.cfg.Run {
+			writeError(w, http.StatusMisdirectedRequest, CodeMisdirected,
+				fmt.Sprintf("this is agentgate run %s, not %s", p.cfg.Run, want))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 func (p *Platform) authenticate(next http.Handler) http.Handler {
 	if p.cfg.Token == "" {
 		return next

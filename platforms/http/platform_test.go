@@ -89,6 +89,42 @@ func TestAuth(t *testing.T) {
 	}
 }
 
+// TestRunHeader: every answer names the daemon's run; a request meant for another run (an admin
+// command that found this address in another run's record) is answered 421 before the token
+// is looked at, and never reaches a route; one that names this run, or none, goes on.
+func TestRunHeader(t *testing.T) {
+	h := mustStart(t, Config{Token: "s3cret", Run: "r_1"}, &fakeRuntime{})
+	cases := []struct {
+		name, method, path, run, auth string
+		wantStatus                    int
+	}{
+		{"healthz", "GET", "/healthz", "", "", 200},
+		{"healthz of this run", "GET", "/healthz", "r_1", "", 200},
+		{"healthz of another run", "GET", "/healthz", "r_2", "", 421},
+		{"reset of another run, with the token", "POST", "/v1/sessions/agent:main:http:dm:u/reset", "r_2", "Bearer s3cret", 421},
+		{"reset of another run, without the token", "POST", "/v1/sessions/agent:main:http:dm:u/reset", "r_2", "", 421},
+		{"reset of this run, without the token", "POST", "/v1/sessions/agent:main:http:dm:u/reset", "r_1", "", 401},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			hdr := map[string]string{}
+			if tc.auth != "" {
+				hdr["Authorization"] = tc.auth
+			}
+			if tc.run != "" {
+				hdr[RunHeader] = tc.run
+			}
+			got := h.do(tc.method, tc.path, hdr, "")
+			if got.status != tc.wantStatus || got.header.Get(RunHeader) != "r_1" {
+				t.Errorf("%s %s (run %q) = %d %s, run %q; want %d, run r_1", tc.method, tc.path, tc.run, got.status, got.body, got.header.Get(RunHeader), tc.wantStatus)
+			}
+			if tc.wantStatus == 421 && got.errCode() != CodeMisdirected {
+				t.Errorf("421 code = %q, want %q", got.errCode(), CodeMisdirected)
+			}
+		})
+	}
+}
+
 func TestHealthReadyMetrics(t *testing.T) {
 	storeErr := errors.New("database is locked")
 	ready := make(chan error, 1)

@@ -34,6 +34,7 @@ const (
 	CodeMessageIDConflict = "message_id_conflict"
 	CodeDraining          = "draining"
 	CodeUnavailable       = "unavailable"
+	CodeMisdirected       = "misdirected"
 	CodeInternal          = "internal"
 )
 
