@@ -36,9 +36,17 @@ import (
 // was made, so the request was never sent (another member, or the store, may reset instead).
 var errNoAnswer = errors.New("no answer")
 
-// errNotTheDaemon is the error of an address where the process that answers is not the daemon
-// meant (another run, or no agentgate): the reset was not sent there.
-var errNotTheDaemon = errors.New("not the daemon")
+// notTheDaemon is the error of an address where the process that answers is not the daemon
+// meant (another run, or no agentgate): it was not asked to reset, or refused (421).
+type notTheDaemon struct{ why string }
+
+func (e *notTheDaemon) Error() string { return e.why }
+
+// isNotTheDaemon reports whether err is, or wraps, a notTheDaemon.
+func isNotTheDaemon(err error) bool {
+	var e *notTheDaemon
+	return errors.As(err, &e)
+}
 
 // probeTimeout bounds the request that asks the process at an address which run it is.
 const probeTimeout = 10 * time.Second
@@ -82,10 +90,10 @@ func daemonAddr(cfg *config.Config) (addr, run string, recorded bool) {
 }
 
 // daemonRun asks the process at addr which daemon run it is (its answer to GET /healthz names
-// it), sending no token: one that names none, or another, is not asked to reset (errNotTheDaemon).
+// it), sending no token: one that names none, or another, is not asked to reset (notTheDaemon).
 func daemonRun(ctx context.Context, addr, run string) error {
 	if run == "" {
-		return fmt.Errorf("the daemon's record names no run (an agentgate older than this command?): %w", errNotTheDaemon)
+		return &notTheDaemon{"the daemon's record names no run (an agentgate older than this command?), so it is not asked"}
 	}
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
@@ -105,18 +113,18 @@ func daemonRun(ctx context.Context, addr, run string) error {
 	case run:
 		return nil
 	case "":
-		return fmt.Errorf("the process at %s does not say which agentgate run it is (it answered %s), so it is not run %s, which recorded that address: %w",
-			addr, resp.Status, run, errNotTheDaemon)
+		return &notTheDaemon{fmt.Sprintf("the process at %s does not say which agentgate run it is (it answered %s), so it is not run %s, which recorded that address, and is not asked",
+			addr, resp.Status, run)}
 	default:
-		return fmt.Errorf("the process at %s is agentgate run %s, not run %s, which recorded that address: %w",
-			addr, printable(got), run, errNotTheDaemon)
+		return &notTheDaemon{fmt.Sprintf("the process at %s is agentgate run %s, not run %s, which recorded that address, so it is not asked",
+			addr, printable(got), run)}
 	}
 }
 
 // daemonReset asks the daemon listening at addr, run run, to reset key, with the bearer token of
 // cfg's http.token_env when it is set, and returns the key's session after the reset. It first
 // asks the process there which run it is, without the token (daemonRun). The error wraps
-// errNoAnswer when nothing took the request at addr, errNotTheDaemon when the process there is
+// errNoAnswer when nothing took the request at addr, is a notTheDaemon when the process there is
 // not run run, and errAnswerLost when the daemon took the request but its answer did not come
 // back (it may have reset the session).
 func daemonReset(ctx context.Context, cfg *config.Config, addr, run, key string) (*httpplatform.SessionInfo, error) {
@@ -187,7 +195,7 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, run, key string)
 		// read after the reset: the session may take, or have taken, the reset all the same.
 		return nil, fmt.Errorf("the daemon at %s took the request, but %w (%s: %s)", addr, errAnswerLost, resp.Status, msg)
 	case resp.StatusCode == http.StatusMisdirectedRequest && e.Error.Code == httpplatform.CodeMisdirected:
-		return nil, fmt.Errorf("the process at %s: %s: %w", addr, msg, errNotTheDaemon)
+		return nil, &notTheDaemon{fmt.Sprintf("the process at %s refused the reset: %s", addr, msg)}
 	case resp.StatusCode >= 300 && resp.StatusCode < 400:
 		return nil, fmt.Errorf("the daemon at %s answered %s (a redirect to %q, not followed): is this the daemon's address?", addr, resp.Status, resp.Header.Get("Location"))
 	case resp.StatusCode == http.StatusNotFound && e.Error.Code == httpplatform.CodeNotFound && msg == "no such session":
@@ -252,7 +260,7 @@ func resetThroughMember(ctx context.Context, st persistence.Store, cfg *config.C
 			}
 		}
 		info, err := daemonReset(ctx, cfg, addr, run, key)
-		if errors.Is(err, errNoAnswer) || errors.Is(err, errNotTheDaemon) {
+		if errors.Is(err, errNoAnswer) || isNotTheDaemon(err) {
 			silent = append(silent, err.Error())
 			continue
 		}

@@ -414,8 +414,8 @@ func strangerAt(t *testing.T, run string) (s *httptest.Server, tokens, resets *a
 // daemon may have taken since), or no agentgate, is neither sent the token nor asked to reset.
 func TestSessionsResetAsksOnlyTheRunThatRecordedTheAddress(t *testing.T) {
 	for _, c := range []struct{ name, run, want string }{
-		{"another run", "r_fedcba9876543210", "is agentgate run r_fedcba9876543210, not run " + testRun + ", which recorded that address"},
-		{"no agentgate", "", "does not say which agentgate run it is (it answered 200 OK), so it is not run " + testRun},
+		{"another run", "r_fedcba9876543210", "is agentgate run r_fedcba9876543210, not run " + testRun + ", which recorded that address, so it is not asked"},
+		{"no agentgate", "", "does not say which agentgate run it is (it answered 200 OK), so it is not run " + testRun + ", which recorded that address, and is not asked"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := MustSeedSessions(t)
@@ -432,8 +432,11 @@ func TestSessionsResetAsksOnlyTheRunThatRecordedTheAddress(t *testing.T) {
 			if n, m := tokens.Load(), resets.Load(); n != 0 || m != 0 {
 				t.Errorf("the process at the address got the token %d times and %d resets, want none", n, m)
 			}
-			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "reset through it where it listens: curl") {
-				t.Errorf("reset: %v, want an error that says %q, with the curl", err, c.want)
+			// The curl names no address: the recorded one is another process's.
+			wantCurl := "reset through it where it listens (its log says: listening on ADDRESS): " +
+				`curl -X POST -H "Authorization: Bearer $ADMIN_TOKEN" http://ADDRESS/v1/sessions/` + keyA + "/reset"
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasSuffix(err.Error(), wantCurl) {
+				t.Errorf("reset: %v, want an error that says %q, and ends %q", err, c.want, wantCurl)
 			}
 		})
 	}

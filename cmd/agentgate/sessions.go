@@ -300,9 +300,11 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 				where, cfg.DataDir, resetCommand(cfg, key))
 		}
 		info, err := daemonReset(ctx, cfg, addr, run, key)
-		if errors.Is(err, errNotTheDaemon) {
-			// A record another run left (a daemon killed with -9), or one not written yet.
-			return fmt.Errorf("the daemon is running on this %s, but %v; reset through it where it listens: %s", where, err, resetCommand(cfg, key))
+		if isNotTheDaemon(err) {
+			// A record another run left (a daemon killed with -9), or one not written yet: its
+			// address may be another process's, which the curl must not name.
+			return fmt.Errorf("the daemon is running on this %s, but %v; reset through it where it listens (its log says: listening on ADDRESS): %s",
+				where, err, resetCommandAt(cfg, "ADDRESS", key))
 		}
 		if errors.Is(err, errNoAnswer) {
 			return fmt.Errorf("the daemon is running on this %s, but %v; reset through it when it answers: %s", where, err, resetCommand(cfg, key))
@@ -484,11 +486,16 @@ func sessionsSearch(ctx context.Context, args []string, stdout, stderr io.Writer
 
 // resetCommand is the curl command line that resets key through the running daemon.
 func resetCommand(cfg *config.Config, key string) string {
+	addr, _, _ := daemonAddr(cfg)
+	return resetCommandAt(cfg, addr, key)
+}
+
+// resetCommandAt is the curl command line that resets key through the daemon at addr.
+func resetCommandAt(cfg *config.Config, addr, key string) string {
 	var auth string
 	if cfg.HTTP.TokenEnv != "" {
 		auth = fmt.Sprintf(` -H "Authorization: Bearer $%s"`, cfg.HTTP.TokenEnv)
 	}
-	addr, _, _ := daemonAddr(cfg)
 	return fmt.Sprintf("curl -X POST%s http://%s/v1/sessions/%s/reset", auth, addr, url.PathEscape(key))
 }
 
