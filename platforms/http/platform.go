@@ -380,7 +380,6 @@ func (p *Platform) limitBody(next http.Handler) http.Handler {
 	})
 }
 
-// authenticate requires the bearer token on every route except the health probes.
 // identify names the daemon's run in every answer, and answers 421 a request meant for another
 // run, before the token is looked at.
 func (p *Platform) identify(next http.Handler) http.Handler {
@@ -398,6 +397,7 @@ func (p *Platform) identify(next http.Handler) http.Handler {
 	})
 }
 
+// authenticate requires the bearer token on every route except the health probes.
 func (p *Platform) authenticate(next http.Handler) http.Handler {
 	if p.cfg.Token == "" {
 		return next
