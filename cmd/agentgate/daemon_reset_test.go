@@ -15,7 +15,6 @@ import (
 
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/agentgate/agentgate/persistence/postgres"
-	"github.com/agentgate/agentgate/persistence/sqlite"
 	httpplatform "github.com/agentgate/agentgate/platforms/http"
 	"github.com/agentgate/agentgate/supervisor"
 )
@@ -160,17 +159,12 @@ func TestSessionsResetThroughAMemberWhoseAnswerIsLost(t *testing.T) {
 func TestSessionsResetThroughTheDaemonWhoseAnswerIsLost(t *testing.T) {
 	for _, c := range takenResets {
 		t.Run(c.name, func(t *testing.T) {
-			dir := MustSeedSessions(t)
-			daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-			if err != nil {
-				t.Fatalf("sqlite.Open: %v", err)
-			}
-			defer daemon.Close()
+			dir, _ := MustSeedLockedSessions(t) // the daemon holds the database
 			taken := daemonServer(t, testRun, c.handler)
 			defer taken.Close()
 			MustRecordDaemon(t, dir, taken, testRun)
 			setResetTimeout(t, c.timeout)
-			_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
+			_, _, err := runSessions(t, "reset", "--data-dir", dir, keyA)
 			want := "may have reset the session: see agentgate sessions show " + keyA + " before you try again"
 			if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "curl") {
 				t.Errorf("reset: %v, want an error that says %q, and no curl to reset again", err, want)
@@ -187,12 +181,7 @@ func TestSessionsResetThroughTheDaemonWhoseAnswerIsLost(t *testing.T) {
 func TestSessionsResetFollowsNoRedirect(t *testing.T) {
 	for _, code := range []int{http.StatusMovedPermanently, http.StatusFound, http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
 		t.Run(http.StatusText(code), func(t *testing.T) {
-			dir := MustSeedSessions(t)
-			daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-			if err != nil {
-				t.Fatalf("sqlite.Open: %v", err)
-			}
-			defer daemon.Close()
+			dir, _ := MustSeedLockedSessions(t) // the daemon holds the database
 			var tokens atomic.Int32
 			elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if r.Header.Get("Authorization") != "" {
@@ -227,15 +216,10 @@ func TestSessionsResetFollowsNoRedirect(t *testing.T) {
 // deployment's daemon on this host): the command does not post the reset, with the token,
 // there; it prints the curl to use, as before.
 func TestSessionsResetAsksNoAddressTheDaemonDidNotRecord(t *testing.T) {
-	dir := MustSeedSessions(t)
-	daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-	if err != nil {
-		t.Fatalf("sqlite.Open: %v", err)
-	}
-	defer daemon.Close()
+	dir, _ := MustSeedLockedSessions(t)        // the daemon holds the database
 	other, asked := countingServer(t, testRun) // another deployment's daemon at the configured address
 	addr := other.Listener.Addr().String()
-	_, _, err = runSessions(t, "reset", "--data-dir", dir, "--http-addr", addr, keyA)
+	_, _, err := runSessions(t, "reset", "--data-dir", dir, "--http-addr", addr, keyA)
 	if n := asked.Load(); n != 0 {
 		t.Errorf("the daemon at the configured address %s was asked to reset (%d requests)", addr, n)
 	}
@@ -249,16 +233,11 @@ func TestSessionsResetAsksNoAddressTheDaemonDidNotRecord(t *testing.T) {
 // TestSessionsResetNotFound: only the daemon's own "no such session" is one; a 404 of whatever
 // else listens at the address (no such route) is named as it is.
 func TestSessionsResetNotFound(t *testing.T) {
-	dir := MustSeedSessions(t)
-	daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-	if err != nil {
-		t.Fatalf("sqlite.Open: %v", err)
-	}
-	defer daemon.Close()
+	dir, _ := MustSeedLockedSessions(t) // the daemon holds the database
 	other := daemonServer(t, testRun, http.NotFound)
 	defer other.Close()
 	MustRecordDaemon(t, dir, other, testRun)
-	_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
+	_, _, err := runSessions(t, "reset", "--data-dir", dir, keyA)
 	want := "reset " + keyA + ": the daemon at " + other.Listener.Addr().String() + " answered 404 Not Found: 404 page not found"
 	if err == nil || err.Error() != want {
 		t.Errorf("reset: %v, want %q", err, want)
@@ -310,12 +289,7 @@ func TestSessionsResetTakesOnlyASessionOfTheKey(t *testing.T) {
 		"a JSON literal": `null`,
 	} {
 		t.Run(name, func(t *testing.T) {
-			dir := MustSeedSessions(t)
-			daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-			if err != nil {
-				t.Fatalf("sqlite.Open: %v", err)
-			}
-			defer daemon.Close()
+			dir, _ := MustSeedLockedSessions(t) // the daemon holds the database
 			other := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Content-Type", "application/json")
 				w.Write([]byte(body))
@@ -335,12 +309,7 @@ func TestSessionsResetTakesOnlyASessionOfTheKey(t *testing.T) {
 // token; one with a control character inside is named as the variable's fault, not as a
 // daemon that does not answer.
 func TestSessionsResetTokenOfAFile(t *testing.T) {
-	dir := MustSeedSessions(t)
-	daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-	if err != nil {
-		t.Fatalf("sqlite.Open: %v", err)
-	}
-	defer daemon.Close()
+	dir, _ := MustSeedLockedSessions(t) // the daemon holds the database
 	d := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer s3cret" {
 			w.WriteHeader(http.StatusUnauthorized)
@@ -357,7 +326,7 @@ func TestSessionsResetTokenOfAFile(t *testing.T) {
 		t.Errorf("reset with a token that ends in \\r: %v", err)
 	}
 	t.Setenv("ADMIN_TOKEN", "s3\x01cret")
-	_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
+	_, _, err := runSessions(t, "reset", "--data-dir", dir, keyA)
 	if want := "reset " + keyA + ": ADMIN_TOKEN (http.token_env) holds a control character, which a bearer token cannot carry"; err == nil || err.Error() != want {
 		t.Errorf("reset with a control character in the token: %v, want %q", err, want)
 	}
@@ -367,19 +336,14 @@ func TestSessionsResetTokenOfAFile(t *testing.T) {
 // JSON is quoted in the command's error, short, and without the terminal control sequences
 // it may carry.
 func TestSessionsResetQuotesAHostileAnswer(t *testing.T) {
-	dir := MustSeedSessions(t)
-	daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-	if err != nil {
-		t.Fatalf("sqlite.Open: %v", err)
-	}
-	defer daemon.Close()
+	dir, _ := MustSeedLockedSessions(t) // the daemon holds the database
 	other := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusTeapot)
 		w.Write([]byte("\x1b[2J\x1b]0;pwned\x07" + strings.Repeat("A", 512<<10)))
 	})
 	defer other.Close()
 	MustRecordDaemon(t, dir, other, testRun)
-	_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
+	_, _, err := runSessions(t, "reset", "--data-dir", dir, keyA)
 	if err == nil || len(err.Error()) > 500 || strings.ContainsRune(err.Error(), '\x1b') || !strings.Contains(err.Error(), "answered 418 I'm a teapot") {
 		t.Errorf("reset: an error of %d bytes: %.300q…, want one under 500 bytes, that names the 418 and carries no escape", len(fmt.Sprint(err)), fmt.Sprint(err))
 	}
@@ -418,17 +382,12 @@ func TestSessionsResetAsksOnlyTheRunThatRecordedTheAddress(t *testing.T) {
 		{"no agentgate", "", "does not say which agentgate run it is (it answered 200 OK), so it is not run " + testRun + ", which recorded that address, and is not asked"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			dir := MustSeedSessions(t)
-			daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-			if err != nil {
-				t.Fatalf("sqlite.Open: %v", err)
-			}
-			defer daemon.Close()
+			dir, _ := MustSeedLockedSessions(t) // the daemon holds the database
 			s, tokens, resets := strangerAt(t, c.run)
 			MustRecordDaemon(t, dir, s, testRun)
 			t.Setenv("AGENTGATE_HTTP_TOKEN_ENV", "ADMIN_TOKEN")
 			t.Setenv("ADMIN_TOKEN", "s3cret")
-			_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
+			_, _, err := runSessions(t, "reset", "--data-dir", dir, keyA)
 			if n, m := tokens.Load(), resets.Load(); n != 0 || m != 0 {
 				t.Errorf("the process at the address got the token %d times and %d resets, want none", n, m)
 			}

@@ -102,6 +102,19 @@ func MustSeedSessions(t *testing.T) string {
 	return dir
 }
 
+// MustSeedLockedSessions is MustSeedSessions whose database a daemon holds (its write lock, as a
+// running daemon does) until the test ends: what the admin commands find while the daemon runs.
+func MustSeedLockedSessions(t *testing.T) (dir string, daemon *sqlite.Store) {
+	t.Helper()
+	dir = MustSeedSessions(t)
+	daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatalf("sqlite.Open: %v", err)
+	}
+	t.Cleanup(func() { daemon.Close() })
+	return dir, daemon
+}
+
 // runSessions runs `agentgate sessions args...` and returns its stdout, stderr and error.
 func runSessions(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
@@ -501,13 +514,7 @@ func TestSessionsReset(t *testing.T) {
 	})
 
 	t.Run("daemon running", func(t *testing.T) {
-		dir := MustSeedSessions(t)
-		// The daemon holds the write lock of the data directory for its lifetime.
-		daemon, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatalf("sqlite.Open: %v", err)
-		}
-		defer daemon.Close()
+		dir, daemon := MustSeedLockedSessions(t) // the daemon holds the database
 
 		list, _ := MustRunSessions(t, "list", "--data-dir", dir)
 		if !strings.Contains(list, keyA) || !strings.Contains(list, keyB) {
@@ -522,7 +529,7 @@ func TestSessionsReset(t *testing.T) {
 		addr := closedAddr(t)
 		_, port, _ := net.SplitHostPort(addr)
 		t.Setenv("AGENTGATE_HTTP_TOKEN_ENV", "ADMIN_TOKEN")
-		_, _, err = runSessions(t, "reset", "--data-dir", dir, "--http-addr", "0.0.0.0:"+port, keyA)
+		_, _, err := runSessions(t, "reset", "--data-dir", dir, "--http-addr", "0.0.0.0:"+port, keyA)
 		want := "the daemon is running on this data directory, but it records no address in " + dir +
 			` (it starts, or it runs on another host); reset through it: curl -X POST -H "Authorization: Bearer $ADMIN_TOKEN" http://` +
 			addr + "/v1/sessions/" + keyA + "/reset"
