@@ -116,6 +116,9 @@ func New(c Config) (*Platform, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new http platform: %w", err)
 	}
+	// A token read with its line end ($(cat file) keeps a Windows \r; an EnvironmentFile may
+	// too) is the token without it, as a client's header is read.
+	c.Token = strings.TrimSpace(c.Token)
 	if !loopback && c.Token == "" {
 		return nil, fmt.Errorf("new http platform: refusing to listen on public address %s without a bearer token (set http.token_env)", c.Addr)
 	}

@@ -87,6 +87,13 @@ func TestAuth(t *testing.T) {
 			}
 		})
 	}
+
+	// A token read with its line end (a file with Windows line ends, an EnvironmentFile) is the
+	// token without it, as a client's header is read: before, every request was refused.
+	crlf := mustStart(t, Config{Token: "s3cret\r\n"}, &fakeRuntime{})
+	if got := crlf.do("GET", "/v1/sessions", map[string]string{"Authorization": "Bearer s3cret"}, ""); got.status == 401 {
+		t.Errorf("a token configured with its line end refuses the token: %d %s", got.status, got.body)
+	}
 }
 
 // TestRunHeader: every answer names the daemon's run; a request meant for another run (an admin
