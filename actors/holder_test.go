@@ -75,11 +75,7 @@ func TestActivationAsksTheHolderItDoesNotKnow(t *testing.T) {
 		if res, err := slow.Result(); err != nil || res.(*DeliverResult).Disposition != "started" {
 			t.Errorf("the slow message: %+v %v, want started", res, err)
 		}
-		for done := 0; done < 2; {
-			if out := (<-w.sent).Out; out.TurnEnd {
-				done++
-			}
-		}
+		w.awaitTurnEnds(2)
 		synctest.Wait()
 		if ran("slow") != 1 || ran("next") != 1 {
 			t.Errorf("the agent ran the slow message %d times and the next %d, want once each", ran("slow"), ran("next"))
@@ -175,11 +171,7 @@ func TestActivationAsksAnotherActivationOfTheKey(t *testing.T) {
 				t.Errorf("deliver: %+v %v", res, err)
 			}
 		}
-		for done := 0; done < 2; {
-			if out := (<-w.sent).Out; out.TurnEnd {
-				done++
-			}
-		}
+		w.awaitTurnEnds(2)
 		synctest.Wait()
 		if ran("slow") != 1 || ran("hi") != 1 {
 			t.Errorf("the agent ran the slow message %d times and hi %d, want once each", ran("slow"), ran("hi"))

@@ -92,6 +92,15 @@ func newManagerWorldWith(t *testing.T, path string, agent agents.Agent, setup fu
 	return w
 }
 
+// awaitTurnEnds waits until the platform has been sent the last outbound of n turns.
+func (w *managerWorld) awaitTurnEnds(n int) {
+	for done := 0; done < n; {
+		if (<-w.sent).Out.TurnEnd {
+			done++
+		}
+	}
+}
+
 // message is a Deliver of the world's chat.
 func (w *managerWorld) message(id, text string) *Deliver {
 	return &Deliver{SessionKey: w.key, Source: sourceToProto(w.src), MessageId: id, Text: text,
