@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"sync"
@@ -236,7 +237,23 @@ func (d *Daemon) leaveCluster(ctx context.Context) {
 		t.Stop()
 	}
 	c.Gossip.Shutdown()
-	c.Remote.Shutdown(true)
+	shutdownRemote(c.Remote, d.log)
+}
+
+// shutdownRemote shuts protoactor's remote down gracefully. Its endpoint manager can panic
+// there with "send on closed channel": it signals each endpoint reader's channel, which a
+// reader whose peer has just disconnected closes before it is removed from the manager's map,
+// and a leaving member shuts down right when the others drop it (leaveCluster), so that is
+// the moment it meets. Such a panic is recovered and the server stopped at once: the peers the
+// graceful stop would have told have disconnected already.
+func shutdownRemote(r *remote.Remote, log *slog.Logger) {
+	defer func() {
+		if p := recover(); p != nil {
+			log.Debug("protoactor's remote failed its graceful stop as a peer disconnected; stopping it at once", "panic", p)
+			r.Shutdown(false)
+		}
+	}()
+	r.Shutdown(true)
 }
 
 // dropWithin bounds how long a leaving member waits for the others to drop it: a member that
