@@ -176,9 +176,9 @@ func TestClusterGossipOutlastsTheStore(t *testing.T) {
 // TestClusterRemoteStopsWhenAPeerDisconnectsMeanwhile: protoactor's remote panics on its
 // graceful stop ("send on closed channel") when a peer's connection ends as it stops, which is
 // when a leaving member stops it: once the others have dropped it. shutdownRemote recovers and
-// stops the server at once. The race is narrow (about one stop in forty here), so the test
-// stops a remote a thousand times (without the recovery, two runs in three panicked here), each right after its one peer disconnected, and checks
-// each time that its port is closed after the stop.
+// stops the server at once. The race is narrow, so the test stops a remote a thousand times,
+// each right after its one peer disconnected, and checks each time that its port is closed
+// after the stop (without the recovery, two runs of the test in three panicked here).
 func TestClusterRemoteStopsWhenAPeerDisconnectsMeanwhile(t *testing.T) {
 	rounds := 1000
 	if testing.Short() {
