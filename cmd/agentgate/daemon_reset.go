@@ -69,10 +69,10 @@ var adminClient = &http.Client{Transport: &http.Transport{Proxy: nil},
 	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 
 // daemonAddr is where the daemon on cfg's data directory listens, and its run: the address and
-// run it records there (recorded), else the configured address; a wildcard address is reached on loopback. Only a
-// recorded address is asked to reset: the configured one names no process known to hold the
-// database (the holder may run on another host, as a single daemon on PostgreSQL may, and
-// another deployment's daemon may listen there).
+// run it records there (recorded), else the configured address; a wildcard address is reached
+// on loopback. Only a recorded address is asked to reset: the configured one names no process
+// known to hold the database (the holder may run on another host, as a single daemon on
+// PostgreSQL may, and another deployment's daemon may listen there).
 func daemonAddr(cfg *config.Config) (addr, run string, recorded bool) {
 	addr = cfg.HTTP.Addr
 	// The running daemon says where it listens (its own flags may differ from ours), and
@@ -103,9 +103,7 @@ func daemonRun(ctx context.Context, addr, run string) error {
 	}
 	resp, err := adminClient.Do(req)
 	if err != nil {
-		if ue := (*url.Error)(nil); errors.As(err, &ue) {
-			err = ue.Err // without the method and URL
-		}
+		err = withoutURL(err)
 		return fmt.Errorf("%w at %s (%v)", errNoAnswer, addr, err)
 	}
 	resp.Body.Close()
@@ -161,9 +159,7 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, run, key string)
 	}))
 	resp, err := adminClient.Do(req)
 	if err != nil {
-		if ue := (*url.Error)(nil); errors.As(err, &ue) {
-			err = ue.Err // without the method and URL
-		}
+		err = withoutURL(err)
 		if connected.Load() {
 			return nil, fmt.Errorf("the daemon at %s took the request, but %w (%v)", addr, errAnswerLost, err)
 		}
@@ -208,6 +204,15 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, run, key string)
 		return nil, fmt.Errorf("the daemon at %s refused the token in %s (http.token_env): %s", addr, cfg.HTTP.TokenEnv, msg)
 	}
 	return nil, fmt.Errorf("the daemon at %s answered %s: %s", addr, resp.Status, msg)
+}
+
+// withoutURL is a client error without the method and URL it names (the messages name the
+// address themselves).
+func withoutURL(err error) error {
+	if ue := (*url.Error)(nil); errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
 }
 
 // printable is an answer's message as the command prints it: at most 300 bytes, and quoted
