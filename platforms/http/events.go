@@ -105,7 +105,7 @@ func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
 	// ends only when it is stopped or too slow: close the connection with it.
 	h.Set("Connection", "close")
 	w.WriteHeader(http.StatusOK)
-	sw := &sseWriter{w: w, rc: http.NewResponseController(w), last: after}
+	sw := &sseWriter{w: w, rc: http.NewResponseController(w), timeout: p.cfg.WriteTimeout, last: after}
 	if err := sw.flush(); err != nil {
 		return
 	}
@@ -168,10 +168,11 @@ func resumePoint(r *http.Request) (int64, *apiError) {
 // sseWriter writes events with strictly increasing ids: an event whose seq is not above the
 // last one written (a replay/live overlap or a re-send) is skipped.
 type sseWriter struct {
-	w    http.ResponseWriter
-	rc   *http.ResponseController
-	last int64
-	buf  bytes.Buffer
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration // Config.WriteTimeout, for each event
+	last    int64
+	buf     bytes.Buffer
 }
 
 func (s *sseWriter) event(out *platforms.Outbound) error {
@@ -212,7 +213,7 @@ func (s *sseWriter) comment(text string) error {
 // write sends the buffer under a write deadline, so a client that stops reading cannot hold
 // the stream's goroutine forever.
 func (s *sseWriter) write() error {
-	_ = s.rc.SetWriteDeadline(time.Now().Add(sseWriteTimeout)) // unsupported only off a real conn
+	_ = s.rc.SetWriteDeadline(time.Now().Add(s.timeout)) // unsupported only off a real conn
 	if _, err := s.w.Write(s.buf.Bytes()); err != nil {
 		return fmt.Errorf("write event: %w", err)
 	}

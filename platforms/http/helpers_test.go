@@ -232,6 +232,8 @@ type fakeSessions struct {
 	calls    []string
 	lastList ListRequest
 	panicGet bool
+	// bigText, when set, is the text of every transcript message.
+	bigText string
 }
 
 func newFakeSessions() *fakeSessions {
@@ -307,9 +309,13 @@ func (f *fakeSessions) Transcript(_ context.Context, key, sessionID string) (*Tr
 	if _, ok := f.infos[key]; !ok {
 		return nil, persistence.ErrNotFound
 	}
+	user, assistant := "hi", "hello"
+	if f.bigText != "" {
+		user, assistant = f.bigText, f.bigText
+	}
 	return &Transcript{SessionKey: key, SessionID: cmpOr(sessionID, "s1"), Messages: []TranscriptMessage{
-		{Seq: 1, Role: persistence.RoleUser, Text: "hi", MessageID: "m1", Status: persistence.StatusDone},
-		{Seq: 2, Role: persistence.RoleAssistant, Text: "hello", TurnID: "t1", Status: persistence.StatusDone},
+		{Seq: 1, Role: persistence.RoleUser, Text: user, MessageID: "m1", Status: persistence.StatusDone},
+		{Seq: 2, Role: persistence.RoleAssistant, Text: assistant, TurnID: "t1", Status: persistence.StatusDone},
 	}}, nil
 }
 

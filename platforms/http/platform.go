@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -30,6 +31,9 @@ const (
 	DefaultKeepAlive = 15 * time.Second
 	// DefaultBodyTimeout bounds how long a client may take to send a request's body.
 	DefaultBodyTimeout = 30 * time.Second
+	// DefaultWriteTimeout bounds how long a client may take to read an answer (an event
+	// stream: each event).
+	DefaultWriteTimeout = 30 * time.Second
 	// MaxTextBytes is the longest accepted message text (DESIGN §5: 64 KiB).
 	MaxTextBytes = 64 << 10
 	// MaxBodyBytes bounds a POST body: the text plus room for JSON escaping (a client may write
@@ -46,7 +50,6 @@ const (
 	idleTimeout       = 2 * time.Minute
 	shutdownTimeout   = 5 * time.Second
 	readyTimeout      = 5 * time.Second
-	sseWriteTimeout   = 30 * time.Second
 	subscriberBuffer  = 256
 	replayPageSize    = 500
 	maxKeyBytes       = 8 << 10
@@ -73,6 +76,9 @@ type Config struct {
 	KeepAlive time.Duration
 	// BodyTimeout is how long a request may take to send its body; 0 means DefaultBodyTimeout.
 	BodyTimeout time.Duration
+	// WriteTimeout is how long a client may take to read an answer once it starts (an event
+	// stream: each event); 0 means DefaultWriteTimeout.
+	WriteTimeout time.Duration
 	// Run names this run of the daemon: every answer carries it in the RunHeader, and a request
 	// that names another run in it is answered 421 before anything else (an admin command that
 	// found this address in a record of another run, or another deployment's). "" means none.
@@ -130,6 +136,9 @@ func New(c Config) (*Platform, error) {
 	}
 	if c.BodyTimeout <= 0 {
 		c.BodyTimeout = DefaultBodyTimeout
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = DefaultWriteTimeout
 	}
 	log := c.Logger
 	if log == nil {
@@ -432,13 +441,22 @@ func bearer(h string) (string, bool) {
 }
 
 // recoverPanics turns a handler panic into a logged 500 JSON answer, so one bad request never
-// takes the process down and the client gets a well-formed error.
+// takes the process down and the client gets a well-formed error. It also bounds the writing
+// of every answer (trackingWriter), and logs an answer cut off because its client stopped
+// reading.
 func (p *Platform) recoverPanics(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tw := &trackingWriter{ResponseWriter: w}
+		tw := &trackingWriter{ResponseWriter: w, writeTimeout: p.cfg.WriteTimeout}
+		// A deadline the connection's previous answer left must not cut this one (the server
+		// sets none of its own); this one's starts with its first byte.
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
 		defer func() {
 			v := recover()
 			if v == nil {
+				if tw.timedOut {
+					p.log.Warn("answer cut off: the client stopped reading it", "route", r.Pattern,
+						"method", r.Method, "remote", r.RemoteAddr, "write_timeout", p.cfg.WriteTimeout)
+				}
 				return
 			}
 			if v == http.ErrAbortHandler {
@@ -454,21 +472,39 @@ func (p *Platform) recoverPanics(next http.Handler) http.Handler {
 	})
 }
 
-// trackingWriter remembers whether the response has started. Unwrap lets
-// http.ResponseController reach the connection's Flush and write deadlines.
+// trackingWriter remembers whether the response has started, and bounds writing it: when the
+// answer starts, the connection gets a write deadline writeTimeout away, so a client that stops
+// reading cannot hold its handler, and the answer's buffers, for ever. (An event stream sets a
+// new deadline for each event.) Unwrap lets http.ResponseController reach the connection's
+// Flush and write deadlines.
 type trackingWriter struct {
 	http.ResponseWriter
-	wrote bool
+	writeTimeout time.Duration
+	wrote        bool
+	timedOut     bool // a write failed on the deadline
+}
+
+func (t *trackingWriter) start() {
+	if t.wrote {
+		return
+	}
+	t.wrote = true
+	// Unsupported only off a real connection (an httptest.ResponseRecorder).
+	_ = http.NewResponseController(t.ResponseWriter).SetWriteDeadline(time.Now().Add(t.writeTimeout))
 }
 
 func (t *trackingWriter) WriteHeader(code int) {
-	t.wrote = true
+	t.start()
 	t.ResponseWriter.WriteHeader(code)
 }
 
 func (t *trackingWriter) Write(b []byte) (int, error) {
-	t.wrote = true
-	return t.ResponseWriter.Write(b)
+	t.start()
+	n, err := t.ResponseWriter.Write(b)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.timedOut = true
+	}
+	return n, err
 }
 
 func (t *trackingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }

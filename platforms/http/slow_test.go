@@ -2,12 +2,19 @@ package http
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/platforms"
 )
 
 // rawRequest writes head and then part of a body on a raw connection, and returns the
@@ -51,6 +58,65 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 			}
 			if took := time.Since(start); took > testTimeout/2 {
 				t.Errorf("the server held the stalled request %v", took)
+			}
+		})
+	}
+}
+
+// TestUnreadAnswerIsCutOff: a client that asks for a large answer and never reads it does not
+// hold its handler: Config.WriteTimeout after the answer starts the server gives up on it,
+// says so in its log, and closes the connection. Both a JSON answer and an event stream.
+func TestUnreadAnswerIsCutOff(t *testing.T) {
+	const size = 8 << 20 // well past what the socket buffers of both ends hold
+	for _, tc := range []struct {
+		name, path string
+		setup      func(*fakeSessions)
+	}{
+		{"transcript", "/v1/sessions/" + streamKey + "/transcript", func(s *fakeSessions) {
+			s.bigText = strings.Repeat("x", size/2)
+		}},
+		{"event stream", "/v1/sessions/" + streamKey + "/events", func(s *fakeSessions) {
+			for seq := range int64(8) {
+				s.addOutbox(&platforms.Outbound{SessionKey: streamKey, Seq: seq + 1, Text: strings.Repeat("x", size/8)})
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sessions := newFakeSessions()
+			sessions.infos[streamKey] = &SessionInfo{SessionKey: streamKey, SessionID: "s1"}
+			tc.setup(sessions)
+			logs := &testutil.Buffer{}
+			h := mustStart(t, Config{Sessions: sessions, WriteTimeout: 200 * time.Millisecond,
+				Logger: slog.New(slog.NewTextHandler(logs, nil))}, &fakeRuntime{})
+
+			conn, err := net.Dial("tcp", strings.TrimPrefix(h.base, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if err := conn.(*net.TCPConn).SetReadBuffer(128 << 10); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", tc.path); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the answer cut off in the log", func() bool {
+				return strings.Contains(logs.String(), "answer cut off")
+			})
+			if !strings.Contains(logs.String(), "route=\"GET "+strings.SplitN(tc.path, streamKey, 2)[0]) {
+				t.Errorf("the log names no route: %s", logs)
+			}
+			// The connection ends: what the server had sent is there to read and then EOF, or
+			// (the server's close found it unread) a reset.
+			if err := conn.SetReadDeadline(time.Now().Add(testTimeout)); err != nil {
+				t.Fatal(err)
+			}
+			n, err := io.Copy(io.Discard, conn)
+			if err != nil && !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("reading after the cut: %v, want the connection closed", err)
+			}
+			if n >= size {
+				t.Errorf("read %d bytes, the whole answer: it was not cut off", n)
 			}
 		})
 	}
