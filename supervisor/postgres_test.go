@@ -2,6 +2,9 @@ package supervisor
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +14,7 @@ import (
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
@@ -91,5 +95,44 @@ func TestPostgresDaemonRecordsItsAddress(t *testing.T) {
 	}
 	if strings.TrimSpace(string(got)) != r.d.Addr().String() {
 		t.Errorf("recorded address %q, want %s", got, r.d.Addr())
+	}
+}
+
+// TestPostgresUnavailableAnswers503: while the database cannot be reached, the session queries
+// answer 503 unavailable (DESIGN's code for "retry later"), not 500; once it is back they
+// answer again.
+func TestPostgresUnavailableAnswers503(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	r := startOn(t, t.TempDir(), 10*time.Second, echo.New(), func(c *config.Config) {
+		c.Store.Driver, c.Store.DSN = "postgres", dsn
+	})
+	defer r.stop(t)
+	src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c", UserID: "u"}
+	ack := r.inject(t, src, "m1", "hello")
+	r.waitSent(t, 1)
+	base := "http://" + r.d.Addr().String()
+	key := url.PathEscape(ack.SessionKey)
+
+	restore := pgtest.Cut(t, dsn)
+	for _, path := range []string{"/v1/sessions", "/v1/sessions/" + key + "/transcript"} {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"code":"unavailable"`) {
+			t.Errorf("GET %s with the database cut: %d %s, want 503 unavailable", path, resp.StatusCode, body)
+		}
+	}
+	restore()
+	resp, err := http.Get(base + "/v1/sessions/" + key + "/transcript")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "hello") {
+		t.Errorf("GET transcript with the database back: %d %s, want 200 with the message", resp.StatusCode, body)
 	}
 }

@@ -18,6 +18,12 @@ func IsUnavailable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
+	// A connection that could not be made cannot serve now, whatever the server said when it
+	// refused (a database that takes no connections, 55000; too many clients, 53300).
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return true
+	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		switch pe.Code[:2] {
@@ -34,10 +40,6 @@ func IsUnavailable(err error) bool {
 			return true
 		}
 		return false
-	}
-	var ce *pgconn.ConnectError
-	if errors.As(err, &ce) {
-		return true
 	}
 	var ne net.Error
 	if errors.As(err, &ne) {

@@ -339,10 +339,16 @@ func (s *Store) enter(ctx context.Context) (context.Context, func(), error) {
 }
 
 // explain returns err, or, when the call's bound (enter) ran out, an error that says so and
-// wraps persistence.ErrUnavailable.
+// wraps persistence.ErrUnavailable; an error that means the server cannot be reached or cannot
+// serve now (IsUnavailable) wraps it too, so that a reader can tell "retry later" from a fault.
 func (s *Store) explain(ctx context.Context, err error) error {
-	if err != nil && errors.Is(context.Cause(ctx), s.noAnswer) && !errors.Is(err, persistence.ErrUnavailable) {
+	switch {
+	case err == nil || errors.Is(err, persistence.ErrUnavailable):
+		return err
+	case errors.Is(context.Cause(ctx), s.noAnswer):
 		return fmt.Errorf("%w (%v)", s.noAnswer, err)
+	case IsUnavailable(err):
+		return fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
 	}
 	return err
 }

@@ -76,6 +76,9 @@ func (p *Platform) writeSessionsError(w http.ResponseWriter, r *http.Request, op
 		writeError(w, http.StatusBadRequest, CodeInvalidKey, "not a session key")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "request cancelled or timed out")
+	case errors.Is(err, persistence.ErrUnavailable):
+		p.log.Error("session query failed: the store is unavailable", "op", op, "session", r.PathValue("key"), tint.Err(err))
+		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the store cannot be read right now, retry later")
 	default:
 		p.log.Error("session query failed", "op", op, "session", r.PathValue("key"), tint.Err(err))
 		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error")
