@@ -21,13 +21,25 @@ func (s *Server) FailNext(method, pathSuffix string, status, n int) {
 // with Discord's 429 asking to retry after retryAfter (a slowmode or a long ban asks for
 // hours), without acting on them.
 func (s *Server) RateLimitNext(method, pathSuffix string, retryAfter time.Duration, n int) {
+	s.addRateLimit(method, pathSuffix, retryAfter, n, false)
+}
+
+// GlobalRateLimitNext is RateLimitNext with Discord's global rate limit, which holds every
+// route of the bot: the 429's body says "global": true, and its headers are Retry-After,
+// X-RateLimit-Global and X-RateLimit-Scope: global, without the route's X-RateLimit-* headers
+// (as Discord answers it). The Server itself refuses nothing else meanwhile.
+func (s *Server) GlobalRateLimitNext(method, pathSuffix string, retryAfter time.Duration, n int) {
+	s.addRateLimit(method, pathSuffix, retryAfter, n, true)
+}
+
+func (s *Server) addRateLimit(method, suffix string, retryAfter time.Duration, n int, global bool) {
 	if n <= 0 {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.faults = append(s.faults, &fault{method: strings.ToUpper(method), suffix: pathSuffix, status: http.StatusTooManyRequests,
-		left: n, retryAfter: retryAfter.Seconds()})
+	s.faults = append(s.faults, &fault{method: strings.ToUpper(method), suffix: suffix, status: http.StatusTooManyRequests,
+		left: n, retryAfter: retryAfter.Seconds(), global: global})
 }
 
 // FailNextAfter is FailNext for a lost response: the next n matching requests take effect
@@ -64,6 +76,7 @@ type fault struct {
 	after          bool            // act on the request, then fail the response
 	hold           <-chan struct{} // wait for it to close, then act as usual (HoldNext)
 	retryAfter     float64         // of a 429, in seconds; 0 is the default retryAfter
+	global         bool            // a 429 of the global rate limit (GlobalRateLimitNext)
 }
 
 // takeFault returns the first rule matching r and uses up one of its requests.
@@ -88,7 +101,7 @@ const retryAfter = 0.05
 func faultResponse(f *fault) (int, any) {
 	status := f.status
 	if status == http.StatusTooManyRequests {
-		return status, map[string]any{"message": "You are being rate limited.", "retry_after": cmp.Or(f.retryAfter, retryAfter), "global": false}
+		return status, map[string]any{"message": "You are being rate limited.", "retry_after": cmp.Or(f.retryAfter, retryAfter), "global": f.global}
 	}
 	return status, apiError(fmt.Sprintf("%d: %s", status, http.StatusText(status)), 0)
 }

@@ -49,22 +49,29 @@ func (s *Server) api(auth bool, h handler) http.Handler {
 		r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
 		status, body := s.serveAPI(r, auth, h)
 		hdr := w.Header()
-		hdr.Set("X-RateLimit-Bucket", bucket(r))
-		hdr.Set("X-RateLimit-Limit", "5")
 		// Generous values with a near reset, so discordgo's limiter never waits on its own.
-		remaining, resetAfter := "4", 0.001
+		remaining, resetAfter, global := "4", 0.001, false
 		if status == http.StatusTooManyRequests {
 			remaining, resetAfter = "0", retryAfter
 			if b, ok := body.(map[string]any); ok {
 				resetAfter, _ = b["retry_after"].(float64) // the bucket resets when the wait ends
+				global, _ = b["global"].(bool)
 			}
 			hdr.Set("Retry-After", strconv.Itoa(int(math.Ceil(resetAfter)))) // whole seconds, as Discord sends; discordgo reads the body
 			hdr.Set("X-RateLimit-Scope", "user")
 		}
-		hdr.Set("X-RateLimit-Remaining", remaining)
-		hdr.Set("X-RateLimit-Reset-After", strconv.FormatFloat(resetAfter, 'f', 3, 64))
-		reset := float64(time.Now().UnixMilli())/1000 + resetAfter
-		hdr.Set("X-RateLimit-Reset", strconv.FormatFloat(reset, 'f', 3, 64))
+		if global {
+			// Discord's global 429 names no route: no bucket, no remaining, no reset.
+			hdr.Set("X-RateLimit-Global", "true")
+			hdr.Set("X-RateLimit-Scope", "global")
+		} else {
+			hdr.Set("X-RateLimit-Bucket", bucket(r))
+			hdr.Set("X-RateLimit-Limit", "5")
+			hdr.Set("X-RateLimit-Remaining", remaining)
+			hdr.Set("X-RateLimit-Reset-After", strconv.FormatFloat(resetAfter, 'f', 3, 64))
+			reset := float64(time.Now().UnixMilli())/1000 + resetAfter
+			hdr.Set("X-RateLimit-Reset", strconv.FormatFloat(reset, 'f', 3, 64))
+		}
 		if body == nil {
 			w.WriteHeader(status)
 			return
@@ -76,6 +83,10 @@ func (s *Server) api(auth bool, h handler) http.Handler {
 }
 
 func (s *Server) serveAPI(r *http.Request, auth bool, h handler) (int, any) {
+	s.mu.Lock()
+	s.requests[r.Method+" "+r.URL.Path]++
+	s.notifyLocked()
+	s.mu.Unlock()
 	if auth && r.Header.Get("Authorization") != "Bot "+s.token {
 		return http.StatusUnauthorized, apiError("401: Unauthorized", 0)
 	}

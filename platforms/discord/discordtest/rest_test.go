@@ -1,10 +1,12 @@
 package discordtest_test
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/bwmarrin/discordgo"
 
@@ -177,6 +179,61 @@ func TestFailNext(t *testing.T) {
 	sent := srv.Sent(channelID)
 	if len(sent) != 2 || sent[0].Content != "after three 502s" || sent[1].Content != "after a 429" {
 		t.Errorf("Sent() = %v, want the two messages that got through, once each", sent)
+	}
+}
+
+// A global 429 has Discord's form: "global": true in the body, X-RateLimit-Global and the global
+// scope, and none of the route's headers (discordgo would read them as the route's). Requests
+// counts what was answered, the 429 included.
+func TestGlobalRateLimitNext(t *testing.T) {
+	t.Parallel()
+	srv := newWorld(t)
+	srv.GlobalRateLimitNext("POST", "/typing", 90*time.Second, 1)
+	typing := func() *http.Response {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, discordgo.EndpointChannelTyping(channelID), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bot "+srv.Token())
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatalf("POST typing: %v", err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	resp := typing()
+	var body struct {
+		RetryAfter float64 `json:"retry_after"`
+		Global     bool    `json:"global"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatalf("decode the 429's body: %v", err)
+	}
+	if resp.StatusCode != http.StatusTooManyRequests || body.RetryAfter != 90 || !body.Global {
+		t.Errorf("POST typing = %d %+v, want 429 with retry_after 90 and global", resp.StatusCode, body)
+	}
+	h := resp.Header
+	if h.Get("X-RateLimit-Global") != "true" || h.Get("X-RateLimit-Scope") != "global" || h.Get("Retry-After") != "90" {
+		t.Errorf("429 headers = %v, want X-RateLimit-Global true, scope global, Retry-After 90", h)
+	}
+	for _, k := range []string{"X-RateLimit-Bucket", "X-RateLimit-Remaining", "X-RateLimit-Reset", "X-RateLimit-Reset-After"} {
+		if v := h.Get(k); v != "" {
+			t.Errorf("global 429 has %s: %s, want none", k, v)
+		}
+	}
+	if resp := typing(); resp.StatusCode != http.StatusNoContent || resp.Header.Get("X-RateLimit-Bucket") == "" {
+		t.Errorf("POST typing after the 429 = %d with headers %v, want 204 with the route's headers", resp.StatusCode, resp.Header)
+	}
+	if got := srv.Requests("POST", "/channels/"+channelID+"/typing"); got != 2 {
+		t.Errorf("Requests(POST typing) = %d, want 2", got)
+	}
+	if got := srv.Requests("", "/typing"); got != 2 {
+		t.Errorf("Requests(any typing) = %d, want 2", got)
+	}
+	if got := srv.Typing(channelID); got != 1 {
+		t.Errorf("Typing() = %d, want 1 (the 429 had no effect)", got)
 	}
 }
 

@@ -87,13 +87,13 @@ func WithToken(token string) Option {
 //
 // REST, under APIURL: GET gateway, GET gateway/bot, GET users/@me, GET channels/{c},
 // GET channels/{c}/messages (after and limit only), POST channels/{c}/messages, PATCH
-// channels/{c}/messages/{m}, POST channels/{c}/typing and
-// POST channels/{c}/messages/{m}/threads. Any other route or method is 404
+// channels/{c}/messages/{m}, DELETE channels/{c}/messages/{m} (the bot's own), POST
+// channels/{c}/typing and POST channels/{c}/messages/{m}/threads. Any other route or method is 404
 // {"message":"404: Not Found","code":0}. Every route but GET gateway wants
 // "Authorization: Bot <token>" (else 401). Errors carry Discord's codes (10003 Unknown
 // Channel, 10008 Unknown Message, 50035 Invalid Form Body, 50006 empty message, 50005 not
-// the author, 160004 thread exists). Every response has X-RateLimit-* headers that never
-// make discordgo wait.
+// the author, 160004 thread exists). Every response but a global 429 has X-RateLimit-* headers
+// that never make discordgo wait.
 //
 // Gateway, at GatewayURL: HELLO, then IDENTIFY (READY, then GUILD_CREATE per guild with the
 // GUILDS intent) or RESUME (replay, then RESUMED; op 9 INVALID_SESSION for an unknown
@@ -129,7 +129,8 @@ type Server struct {
 	history   map[string][]*message // by channel ID, in creation order
 	nonces    map[string]*message   // bot messages by nonce (enforce_nonce)
 	typing    map[string]int
-	deleted   []string // ids of messages the bot deleted through the API
+	deleted   []string       // ids of messages the bot deleted through the API
+	requests  map[string]int // "METHOD /api/v9/path" → REST requests answered
 	threads   []Channel
 	faults    []*fault
 
@@ -169,6 +170,7 @@ func New(t testing.TB, opts ...Option) *Server {
 		history:   map[string][]*message{},
 		nonces:    map[string]*message{},
 		typing:    map[string]int{},
+		requests:  map[string]int{},
 		conns:     map[*conn]struct{}{},
 	}
 	_, botID := s.tickLocked()
@@ -377,6 +379,21 @@ func (s *Server) Typing(channelID string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.typing[channelID]
+}
+
+// Requests returns how many REST requests whose method is method (any method if empty) and
+// whose URL path ends in pathSuffix the Server answered, faults and refusals included.
+func (s *Server) Requests(method, pathSuffix string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for k, c := range s.requests {
+		m, path, _ := strings.Cut(k, " ")
+		if (method == "" || strings.EqualFold(method, m)) && strings.HasSuffix(path, pathSuffix) {
+			n += c
+		}
+	}
+	return n
 }
 
 // Delete removes message id from its channel, as a moderator deleting it would: later edits
