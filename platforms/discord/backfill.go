@@ -4,7 +4,10 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"net/http"
+	"net/url"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/bwmarrin/discordgo"
@@ -156,8 +159,13 @@ func (p *Platform) backfill() {
 func (p *Platform) history(ctx context.Context, channel, after string) ([]*discordgo.Message, error) {
 	ctx, cancel := context.WithTimeout(ctx, restTimeout)
 	defer cancel()
-	ms, err := p.s.ChannelMessages(channel, backfillPageSize, "", after, "", discordgo.WithContext(ctx))
-	if err != nil {
+	q := url.Values{"limit": {strconv.Itoa(backfillPageSize)}}
+	if after != "" {
+		q.Set("after", after)
+	}
+	ep := discordgo.EndpointChannelMessages(channel)
+	var ms []*discordgo.Message
+	if err := p.request(ctx, http.MethodGet, ep+"?"+q.Encode(), ep, nil, &ms); err != nil {
 		return nil, err
 	}
 	slices.SortFunc(ms, func(a, b *discordgo.Message) int { return compareSnowflakes(a.ID, b.ID) })

@@ -65,7 +65,7 @@ type Platform struct {
 	runCtx   context.Context
 	lastErr  error
 	progress map[string]int       // "key/seq" → chunks of that outbound already posted
-	limited  map[string]time.Time // endpoint → until when Discord rate limits it (post)
+	limited  map[string]time.Time // discordgo bucket → until when Discord rate limits it (ratelimit.go)
 	threads  *channelCache
 	typing   *typing
 	seen     map[string]seenAt // channel → the newest message seen there (backfill.go)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -145,9 +146,11 @@ func (p *Platform) openThread(ctx context.Context, channelID, messageID, text st
 }
 
 func (p *Platform) startThread(ctx context.Context, channelID, messageID, name string) error {
-	_, err := p.s.MessageThreadStartComplex(channelID, messageID, &discordgo.ThreadStart{
+	ep := discordgo.EndpointChannelMessageThread(channelID, messageID)
+	var th discordgo.Channel
+	err := p.request(ctx, http.MethodPost, ep, ep, &discordgo.ThreadStart{
 		Name: name, AutoArchiveDuration: p.cfg.ThreadArchiveMinutes, Type: discordgo.ChannelTypeGuildPublicThread,
-	}, discordgo.WithContext(ctx))
+	}, &th)
 	if apiCode(err) == discordgo.ErrCodeThreadAlreadyCreatedForThisMessage {
 		return nil
 	}
@@ -290,11 +293,12 @@ func infoOf(c *discordgo.Channel) chanInfo {
 func (p *Platform) fetchChannel(ctx context.Context, id string) (chanInfo, error) {
 	ctx, cancel := context.WithTimeout(ctx, restTimeout)
 	defer cancel()
-	c, err := p.s.Channel(id, discordgo.WithContext(ctx))
-	if err != nil {
+	ep := discordgo.EndpointChannel(id)
+	var c discordgo.Channel
+	if err := p.request(ctx, http.MethodGet, ep, ep, nil, &c); err != nil {
 		return chanInfo{}, err
 	}
-	return infoOf(c), nil
+	return infoOf(&c), nil
 }
 
 // channelCache remembers channels looked up over REST (their kind and parent never change).

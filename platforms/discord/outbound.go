@@ -4,14 +4,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 	"unicode/utf8"
 
 	"github.com/bwmarrin/discordgo"
@@ -163,7 +160,8 @@ func (p *Platform) EditDraft(ctx context.Context, target identity.Source, id, te
 // DeleteDraft removes a streaming reply's draft that a crashed run left unfinished. A draft
 // that is already gone (deleted by someone) is not an error.
 func (p *Platform) DeleteDraft(ctx context.Context, target identity.Source, id string) error {
-	err := p.s.ChannelMessageDelete(replyChannel(target), id, discordgo.WithContext(ctx))
+	channel := replyChannel(target)
+	err := p.request(ctx, http.MethodDelete, discordgo.EndpointChannelMessage(channel, id), discordgo.EndpointChannelMessage(channel, ""), nil, nil)
 	if err != nil && apiCode(err) != discordgo.ErrCodeUnknownMessage {
 		return fmt.Errorf("discord: delete draft: %w", err)
 	}
@@ -180,10 +178,9 @@ func draftText(text string) string {
 }
 
 func (p *Platform) editContent(ctx context.Context, channel, id, text string) error {
-	_, err := p.s.ChannelMessageEditComplex(&discordgo.MessageEdit{
-		ID: id, Channel: channel, Content: &text, AllowedMentions: noMentions(),
-	}, discordgo.WithContext(ctx))
-	return err
+	edit := &discordgo.MessageEdit{ID: id, Channel: channel, Content: &text, AllowedMentions: noMentions()}
+	var m discordgo.Message
+	return p.request(ctx, http.MethodPatch, discordgo.EndpointChannelMessage(channel, id), discordgo.EndpointChannelMessage(channel, ""), edit, &m)
 }
 
 // sendBody is a message create request. It is discordgo.MessageSend plus the nonce fields
@@ -197,81 +194,14 @@ type sendBody struct {
 	EnforceNonce    bool                              `json:"enforce_nonce,omitempty"`
 }
 
-// post creates a message through discordgo's rate-limited request path. A rate limit (429) is
-// waited out here, and only as long as ctx allows: discordgo's own wait sleeps whatever
-// Discord asks (hours for a slowmode the bot may not bypass, or a long ban), deaf to ctx, and
-// so does its limiter before the next request to the channel; the chat's replies wait behind
-// the send, and a notice posted from the gateway's reader held every chat's intake. A send
-// whose ctx ends first fails, and the platform actor tries again later.
+// post creates a message. Its rate limits are handled by request.
 func (p *Platform) post(ctx context.Context, channel string, body *sendBody) (*discordgo.Message, error) {
 	ep := discordgo.EndpointChannelMessages(channel)
-	var resp []byte
-	for {
-		if err := p.waitRateLimit(ctx, ep); err != nil {
-			return nil, fmt.Errorf("post to channel %s: %w", channel, err)
-		}
-		var err error
-		resp, err = p.s.RequestWithBucketID(http.MethodPost, ep, body, ep, discordgo.WithContext(ctx), discordgo.WithRetryOnRatelimit(false))
-		var rl *discordgo.RateLimitError
-		if errors.As(err, &rl) {
-			p.noteRateLimit(ep, rl.RateLimit)
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		break
-	}
 	var m discordgo.Message
-	if err := json.Unmarshal(resp, &m); err != nil {
-		return nil, fmt.Errorf("decode created message: %w", err)
+	if err := p.request(ctx, http.MethodPost, ep, ep, body, &m); err != nil {
+		return nil, err
 	}
 	return &m, nil
-}
-
-// minRateLimitWait is the least wait after a 429, so that one asking for none is not retried
-// in a tight loop.
-const minRateLimitWait = 50 * time.Millisecond
-
-// maxRateLimited bounds the remembered rate limits; past ones are forgotten first.
-const maxRateLimited = 1000
-
-// noteRateLimit remembers until when Discord refuses requests to ep.
-func (p *Platform) noteRateLimit(ep string, rl *discordgo.RateLimit) {
-	until := time.Now().Add(max(rl.RetryAfter, minRateLimitWait))
-	p.log.Warn("discord rate limit; waiting", "url", rl.URL, "retry_after", rl.RetryAfter)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.limited) >= maxRateLimited {
-		now := time.Now()
-		maps.DeleteFunc(p.limited, func(_ string, t time.Time) bool { return !t.After(now) })
-	}
-	if len(p.limited) < maxRateLimited && until.After(p.limited[ep]) {
-		p.limited[ep] = until
-	}
-}
-
-// waitRateLimit waits until Discord takes requests to ep again, or fails at once when ctx would
-// end before that.
-func (p *Platform) waitRateLimit(ctx context.Context, ep string) error {
-	p.mu.Lock()
-	until := p.limited[ep]
-	p.mu.Unlock()
-	wait := time.Until(until)
-	if wait <= 0 {
-		return nil
-	}
-	if dl, ok := ctx.Deadline(); ok && dl.Before(until) {
-		return fmt.Errorf("discord rate limit: retry after %v", wait.Round(time.Millisecond))
-	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // noMentions keeps agent output from pinging anyone: no @everyone, roles or users.
@@ -289,8 +219,9 @@ func nonce(id string, part int) string {
 // apiCode is Discord's JSON error code of err, or 0.
 // refusedForGood reports whether Discord refused a request for good: a client error (4xx)
 // other than a bad token (401: the operator's to fix, and every send waits for it), a timeout
-// (408) or rate limiting (429, which discordgo waits out): a missing permission, an unknown
-// channel, a user who takes no messages from the bot, an invalid body.
+// (408) or rate limiting (429, which request waits out while the call's deadline allows): a
+// missing permission, an unknown channel, a user who takes no messages from the bot, an
+// invalid body.
 func refusedForGood(err error) bool {
 	var re *discordgo.RESTError
 	if !errors.As(err, &re) || re.Response == nil {

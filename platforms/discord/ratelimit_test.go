@@ -3,6 +3,7 @@ package discord
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -67,4 +68,204 @@ func TestLongRateLimitEndsTheSend(t *testing.T) {
 	if n := len(srv.Sent(dm2)); n != 1 {
 		t.Errorf("posted %d messages, want 1", n)
 	}
+}
+
+// TestLongRateLimitEndsTheDraftEdit: a streamed reply ends by editing its draft into the final
+// reply, inside Send. A 429 on that edit asking to wait an hour ends the send within its
+// deadline, with an error the platform actor retries; discordgo slept the hour, and the chat's
+// final reply and every reply queued behind it waited. A send that comes back while the limit
+// lasts fails without asking Discord; a short limit is waited out within the send.
+func TestLongRateLimitEndsTheDraftEdit(t *testing.T) {
+	const dm, dm2 = "300000000000000001", "300000000000000002"
+	srv := discordtest.New(t)
+	srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
+	srv.AddChannel(discordtest.Channel{ID: dm2, Type: discordgo.ChannelTypeDM})
+	p := mustNew(t, srv)
+	reply := func(chat string) (*platforms.Outbound, string) {
+		t.Helper()
+		target := identity.Source{Platform: Name, ChatType: identity.ChatDM, ChatID: chat}
+		draft, err := p.SendDraft(t.Context(), target, nil, "thinking")
+		if err != nil {
+			t.Fatalf("SendDraft = %v", err)
+		}
+		return &platforms.Outbound{SessionKey: "agent:main:discord:dm:" + chat, Seq: 1, Text: "the answer", TurnEnd: true,
+			Target: target, DraftID: draft}, "/channels/" + chat + "/messages/" + draft
+	}
+
+	out, edit := reply(dm)
+	srv.RateLimitNext("PATCH", edit, time.Hour, 1)
+	send := func(ctx context.Context) error { return p.Send(ctx, out) }
+	if err := mustReturnWithin(t, time.Second, send); err == nil || errors.Is(err, platforms.ErrUndeliverable) {
+		t.Fatalf("Send whose draft edit is rate limited for an hour = %v, want a retryable error", err)
+	}
+	if err := mustReturnWithin(t, time.Second, send); err == nil {
+		t.Errorf("Send again while the rate limit lasts = nil, want an error")
+	}
+	if n := srv.Requests("PATCH", edit); n != 1 {
+		t.Errorf("%d edits reached Discord, want 1 (the one rate limited)", n)
+	}
+	if got := srv.Sent(dm); len(got) != 1 || got[0].Content != "thinking" {
+		t.Errorf("channel holds %q, want only the draft, unchanged", contentsOf(got))
+	}
+
+	out, edit = reply(dm2)
+	srv.RateLimitNext("PATCH", edit, 100*time.Millisecond, 1)
+	if err := mustReturnWithin(t, 10*time.Second, send); err != nil {
+		t.Errorf("Send whose draft edit is rate limited for 100ms = %v, want nil", err)
+	}
+	if got := srv.Sent(dm2); len(got) != 1 || got[0].Content != "the answer" {
+		t.Errorf("channel holds %q, want the draft edited into the answer", contentsOf(got))
+	}
+}
+
+// TestEveryCallWaitsOnlyWithinItsDeadline: every REST call of the platform, not only a post,
+// waits out a 429 only as long as its ctx allows. Under a limit of an hour each call ends
+// within its deadline (the typing indicator's is restTimeout), and a call while the limit
+// lasts fails without asking Discord; a limit of 100ms is waited out and the call succeeds.
+// discordgo's own handling slept the hour: a draft's edit or deletion held its chat, the
+// channel lookup the gateway's reader, the backfill every channel after the one limited.
+func TestEveryCallWaitsOnlyWithinItsDeadline(t *testing.T) {
+	const guild, text, dm = "100000000000000001", "200000000000000001", "300000000000000001"
+	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+	dmTarget := identity.Source{Platform: Name, ChatType: identity.ChatDM, ChatID: dm}
+	type world struct {
+		srv   *discordtest.Server
+		draft string // the bot's draft in the DM
+		msg   string // alice's message in the text channel
+	}
+	for _, tc := range []struct {
+		name   string
+		method string
+		path   func(w *world) string
+		call   func(ctx context.Context, p *Platform, w *world) error
+		done   func(w *world) bool // whether the call took effect
+	}{{
+		name: "edit draft", method: "PATCH",
+		path: func(w *world) string { return "/channels/" + dm + "/messages/" + w.draft },
+		call: func(ctx context.Context, p *Platform, w *world) error {
+			return p.EditDraft(ctx, dmTarget, w.draft, "more")
+		},
+		done: func(w *world) bool { return w.srv.Sent(dm)[0].Content == "more" },
+	}, {
+		name: "delete draft", method: "DELETE",
+		path: func(w *world) string { return "/channels/" + dm + "/messages/" + w.draft },
+		call: func(ctx context.Context, p *Platform, w *world) error { return p.DeleteDraft(ctx, dmTarget, w.draft) },
+		done: func(w *world) bool { return len(w.srv.DeletedByBot()) == 1 },
+	}, {
+		name: "typing", method: "POST",
+		path: func(*world) string { return "/channels/" + dm + "/typing" },
+		call: func(_ context.Context, p *Platform, _ *world) error {
+			p.sendTyping(dm) // on its own deadline; it logs what fails
+			return nil
+		},
+		done: func(w *world) bool { return w.srv.Typing(dm) == 1 },
+	}, {
+		name: "channel lookup", method: "GET",
+		path: func(*world) string { return "/channels/" + text },
+		call: func(ctx context.Context, p *Platform, _ *world) error {
+			info, err := p.fetchChannel(ctx, text)
+			if err == nil && !info.threads {
+				err = fmt.Errorf("fetchChannel = %+v, want a text channel", info)
+			}
+			return err
+		},
+	}, {
+		name: "thread start", method: "POST",
+		path: func(w *world) string { return "/channels/" + text + "/messages/" + w.msg + "/threads" },
+		call: func(ctx context.Context, p *Platform, w *world) error {
+			return p.startThread(ctx, text, w.msg, "hello")
+		},
+		done: func(w *world) bool { return len(w.srv.Threads()) == 1 },
+	}, {
+		name: "backfill page", method: "GET",
+		path: func(*world) string { return "/channels/" + text + "/messages" },
+		call: func(ctx context.Context, p *Platform, w *world) error {
+			ms, err := p.history(ctx, text, "")
+			if err == nil && (len(ms) != 1 || ms[0].ID != w.msg) {
+				err = fmt.Errorf("history = %d messages, want alice's", len(ms))
+			}
+			return err
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := &world{srv: discordtest.New(t)}
+			w.srv.AddGuild(guild, "guild")
+			w.srv.AddChannel(discordtest.Channel{ID: text, GuildID: guild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+			w.srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
+			w.msg = w.srv.Post(discordtest.UserMessage{ChannelID: text, Author: alice, Content: "hello"}).ID
+			p := mustNew(t, w.srv)
+			var err error
+			if w.draft, err = p.SendDraft(t.Context(), dmTarget, nil, "thinking"); err != nil {
+				t.Fatalf("SendDraft = %v", err)
+			}
+			path := tc.path(w)
+			call := func(ctx context.Context) error { return tc.call(ctx, p, w) }
+			deadline := 2 * time.Second
+			if tc.name == "typing" {
+				deadline = restTimeout
+			}
+
+			w.srv.RateLimitNext(tc.method, path, time.Hour, 1)
+			if err := mustReturnWithin(t, deadline, call); err == nil && tc.name != "typing" {
+				t.Errorf("call rate limited for an hour = nil, want an error")
+			}
+			if err := mustReturnWithin(t, deadline, call); err == nil && tc.name != "typing" {
+				t.Errorf("call again while the rate limit lasts = nil, want an error")
+			}
+			if n := w.srv.Requests(tc.method, path); n != 1 {
+				t.Errorf("%d requests reached Discord, want 1 (the one rate limited)", n)
+			}
+			if tc.done != nil && tc.done(w) {
+				t.Errorf("the call took effect under a rate limit of an hour")
+			}
+
+			// A new platform (nothing remembered) under a short limit.
+			p = mustNew(t, w.srv)
+			w.srv.RateLimitNext(tc.method, path, 100*time.Millisecond, 1)
+			if err := mustReturnWithin(t, 10*time.Second, call); err != nil {
+				t.Errorf("call rate limited for 100ms = %v, want nil", err)
+			}
+			if n := w.srv.Requests(tc.method, path); n != 3 {
+				t.Errorf("%d requests reached Discord, want 3 (a 429 each, and the retry)", n)
+			}
+			if tc.done != nil && !tc.done(w) {
+				t.Errorf("the call did not take effect after a rate limit of 100ms")
+			}
+		})
+	}
+}
+
+// mustNew returns a Platform that talks to srv's REST API; it is not connected to the gateway.
+func mustNew(t *testing.T, srv *discordtest.Server) *Platform {
+	t.Helper()
+	p, err := New(Config{Token: srv.Token(), Settings: config.Discord{APIURL: srv.APIURL()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// mustReturnWithin runs call with a ctx that ends after d and returns its error. It fails t
+// when call has not returned 10 s after that: it is sleeping through a rate limit, deaf to ctx.
+func mustReturnWithin(t *testing.T, d time.Duration, call func(context.Context) error) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- call(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(d + 10*time.Second):
+		t.Fatalf("a call with a %v deadline has not returned after %v", d, d+10*time.Second)
+		return nil
+	}
+}
+
+func contentsOf(ms []*discordgo.Message) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.Content
+	}
+	return out
 }

@@ -2,6 +2,7 @@ package discord
 
 import (
 	"context"
+	"net/http"
 	"sync"
 	"time"
 
@@ -146,7 +147,8 @@ func (p *Platform) sendTyping(channel string) {
 	p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, restTimeout)
 	defer cancel()
-	if err := p.s.ChannelTyping(channel, discordgo.WithContext(ctx)); err != nil {
+	ep := discordgo.EndpointChannelTyping(channel)
+	if err := p.request(ctx, http.MethodPost, ep, ep, nil, nil); err != nil {
 		p.log.Debug("discord typing indicator", "channel", channel, "err", err)
 	}
 }

@@ -1,0 +1,95 @@
+package discord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"time"
+
+	"github.com/bwmarrin/discordgo"
+)
+
+// Rate limits. Every REST call of the platform goes through request: discordgo's request path
+// (its bucket limiter, its retries of a 502, its errors) without discordgo's own handling of a
+// 429, which sleeps whatever retry_after Discord asks (hours for a slowmode the bot may not
+// bypass, or a long ban), deaf to the call's ctx, and then retries; whatever made the call
+// waited that long: a chat's final reply and every reply queued behind it, the gateway's
+// reader looking up a channel. Here a 429 is remembered until its retry_after ends, for the
+// route's bucket, and a call to that bucket waits out what is remembered only while its ctx's
+// deadline allows; otherwise it fails at once with an error that says so, and its caller tries
+// again later (the platform actor, for a send). The bucket is the one discordgo keys the route
+// by, so that by the time a call reaches discordgo's limiter, which would sleep until the
+// bucket resets just as deafly, the reset has passed.
+
+// minRateLimitWait is the least wait after a 429, so that one asking for none is not retried
+// in a tight loop.
+const minRateLimitWait = 50 * time.Millisecond
+
+// maxRateLimited bounds the remembered rate limits; past ones are forgotten first.
+const maxRateLimited = 1000
+
+// request makes one REST call: method on url, body encoded as JSON (nil for none), in
+// discordgo's bucket for the route, under the platform's rate-limit policy (see above). The
+// response is decoded into v as discordgo decodes it; nil ignores it.
+func (p *Platform) request(ctx context.Context, method, url, bucket string, body, v any) error {
+	for {
+		if err := p.waitRateLimit(ctx, bucket); err != nil {
+			return err
+		}
+		resp, err := p.s.RequestWithBucketID(method, url, body, bucket,
+			discordgo.WithContext(ctx), discordgo.WithRetryOnRatelimit(false))
+		var rl *discordgo.RateLimitError
+		if errors.As(err, &rl) {
+			p.noteRateLimit(bucket, rl.RateLimit)
+			continue
+		}
+		if err != nil || v == nil {
+			return err
+		}
+		if err := discordgo.Unmarshal(resp, v); err != nil {
+			return fmt.Errorf("%w: %s", discordgo.ErrJSONUnmarshal, err)
+		}
+		return nil
+	}
+}
+
+// noteRateLimit remembers until when Discord refuses requests in bucket.
+func (p *Platform) noteRateLimit(bucket string, rl *discordgo.RateLimit) {
+	until := time.Now().Add(max(rl.RetryAfter, minRateLimitWait))
+	p.log.Warn("discord rate limit", "url", rl.URL, "retry_after", rl.RetryAfter)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.limited) >= maxRateLimited {
+		now := time.Now()
+		maps.DeleteFunc(p.limited, func(_ string, t time.Time) bool { return !t.After(now) })
+	}
+	if len(p.limited) < maxRateLimited && until.After(p.limited[bucket]) {
+		p.limited[bucket] = until
+	}
+}
+
+// waitRateLimit waits until Discord takes requests in bucket again, or fails at once when ctx
+// would end before that.
+func (p *Platform) waitRateLimit(ctx context.Context, bucket string) error {
+	p.mu.Lock()
+	until := p.limited[bucket]
+	p.mu.Unlock()
+	wait := time.Until(until)
+	if wait <= 0 {
+		return nil
+	}
+	if dl, ok := ctx.Deadline(); ok && dl.Before(until) {
+		return fmt.Errorf("discord rate limit on %s: retry after %v, past the call's deadline",
+			strings.TrimPrefix(bucket, discordgo.EndpointAPI), wait.Round(time.Millisecond))
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
