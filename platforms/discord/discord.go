@@ -66,6 +66,7 @@ type Platform struct {
 	lastErr  error
 	progress map[string]int       // "key/seq" → chunks of that outbound already posted
 	limited  map[string]time.Time // discordgo bucket → until when Discord rate limits it (ratelimit.go)
+	global   time.Time            // until when Discord rate limits every route (ratelimit.go)
 	threads  *channelCache
 	typing   *typing
 	seen     map[string]seenAt // channel → the newest message seen there (backfill.go)

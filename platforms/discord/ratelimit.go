@@ -21,7 +21,9 @@ import (
 // deadline allows; otherwise it fails at once with an error that says so, and its caller tries
 // again later (the platform actor, for a send). The bucket is the one discordgo keys the route
 // by, so that by the time a call reaches discordgo's limiter, which would sleep until the
-// bucket resets just as deafly, the reset has passed.
+// bucket resets just as deafly, the reset has passed. A 429 whose body says "global": true
+// holds every route of the bot, so it is remembered for every bucket, and every call honours
+// it first.
 
 // minRateLimitWait is the least wait after a 429, so that one asking for none is not retried
 // in a tight loop.
@@ -42,7 +44,8 @@ func (p *Platform) request(ctx context.Context, method, url, bucket string, body
 			discordgo.WithContext(ctx), discordgo.WithRetryOnRatelimit(false))
 		var rl *discordgo.RateLimitError
 		if errors.As(err, &rl) {
-			p.noteRateLimit(bucket, rl.RateLimit)
+			// discordgo's RateLimit drops the body's "global", but returns the body.
+			p.noteRateLimit(bucket, rl.RateLimit, isGlobal(resp))
 			continue
 		}
 		if err != nil || v == nil {
@@ -55,12 +58,19 @@ func (p *Platform) request(ctx context.Context, method, url, bucket string, body
 	}
 }
 
-// noteRateLimit remembers until when Discord refuses requests in bucket.
-func (p *Platform) noteRateLimit(bucket string, rl *discordgo.RateLimit) {
+// noteRateLimit remembers until when Discord refuses requests in bucket, or in every bucket
+// when the limit is global.
+func (p *Platform) noteRateLimit(bucket string, rl *discordgo.RateLimit, global bool) {
 	until := time.Now().Add(max(rl.RetryAfter, minRateLimitWait))
-	p.log.Warn("discord rate limit", "url", rl.URL, "retry_after", rl.RetryAfter)
+	p.log.Warn("discord rate limit", "url", rl.URL, "retry_after", rl.RetryAfter, "global", global)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if global {
+		if until.After(p.global) {
+			p.global = until
+		}
+		return
+	}
 	if len(p.limited) >= maxRateLimited {
 		now := time.Now()
 		maps.DeleteFunc(p.limited, func(_ string, t time.Time) bool { return !t.After(now) })
@@ -70,19 +80,21 @@ func (p *Platform) noteRateLimit(bucket string, rl *discordgo.RateLimit) {
 	}
 }
 
-// waitRateLimit waits until Discord takes requests in bucket again, or fails at once when ctx
-// would end before that.
+// waitRateLimit waits until Discord takes requests in bucket again, after a global limit too,
+// or fails at once when ctx would end before that.
 func (p *Platform) waitRateLimit(ctx context.Context, bucket string) error {
 	p.mu.Lock()
-	until := p.limited[bucket]
+	until, scope := p.limited[bucket], strings.TrimPrefix(bucket, discordgo.EndpointAPI)
+	if p.global.After(until) {
+		until, scope = p.global, "every route (global)"
+	}
 	p.mu.Unlock()
 	wait := time.Until(until)
 	if wait <= 0 {
 		return nil
 	}
 	if dl, ok := ctx.Deadline(); ok && dl.Before(until) {
-		return fmt.Errorf("discord rate limit on %s: retry after %v, past the call's deadline",
-			strings.TrimPrefix(bucket, discordgo.EndpointAPI), wait.Round(time.Millisecond))
+		return fmt.Errorf("discord rate limit on %s: retry after %v, past the call's deadline", scope, wait.Round(time.Millisecond))
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -92,4 +104,12 @@ func (p *Platform) waitRateLimit(ctx context.Context, bucket string) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// isGlobal reports whether the body of a 429 says the limit is global.
+func isGlobal(body []byte) bool {
+	var b struct {
+		Global bool `json:"global"`
+	}
+	return discordgo.Unmarshal(body, &b) == nil && b.Global
 }

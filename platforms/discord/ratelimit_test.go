@@ -235,6 +235,72 @@ func TestEveryCallWaitsOnlyWithinItsDeadline(t *testing.T) {
 	}
 }
 
+// TestGlobalRateLimitHoldsEveryRoute: a 429 whose body says "global": true limits every route
+// of the bot, not just the one that got it. Under a global limit of an hour, got by the typing
+// indicator, a post, a draft's edit and a channel lookup each fail within their deadline
+// without asking Discord (they went out, and only made the ban longer). A shorter one is waited
+// out by a call on another route that has the time.
+func TestGlobalRateLimitHoldsEveryRoute(t *testing.T) {
+	const dm, text, guild = "300000000000000001", "200000000000000001", "100000000000000001"
+	srv := discordtest.New(t)
+	srv.AddGuild(guild, "guild")
+	srv.AddChannel(discordtest.Channel{ID: text, GuildID: guild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+	srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
+	target := identity.Source{Platform: Name, ChatType: identity.ChatDM, ChatID: dm}
+	p := mustNew(t, srv)
+	draft, err := p.SendDraft(t.Context(), target, nil, "thinking")
+	if err != nil {
+		t.Fatalf("SendDraft = %v", err)
+	}
+	edit, post := "/channels/"+dm+"/messages/"+draft, "/channels/"+dm+"/messages"
+
+	srv.GlobalRateLimitNext("POST", "/channels/"+dm+"/typing", time.Hour, 1)
+	p.sendTyping(dm)
+	out := &platforms.Outbound{SessionKey: "agent:main:discord:dm:" + dm, Seq: 1, Text: "the answer", Target: target}
+	for _, c := range []struct {
+		name         string
+		method, path string
+		call         func(context.Context) error
+	}{
+		{"Send", "POST", post, func(ctx context.Context) error { return p.Send(ctx, out) }},
+		{"EditDraft", "PATCH", edit, func(ctx context.Context) error { return p.EditDraft(ctx, target, draft, "more") }},
+		{"fetchChannel", "GET", "/channels/" + text, func(ctx context.Context) error { _, err := p.fetchChannel(ctx, text); return err }},
+	} {
+		before := srv.Requests(c.method, c.path)
+		if err := mustReturnWithin(t, 2*time.Second, c.call); err == nil {
+			t.Errorf("%s under a global rate limit of an hour = nil, want an error", c.name)
+		}
+		if n := srv.Requests(c.method, c.path) - before; n != 0 {
+			t.Errorf("%s under a global rate limit made %d requests, want 0", c.name, n)
+		}
+	}
+	if got := srv.Sent(dm); len(got) != 1 || got[0].Content != "thinking" {
+		t.Errorf("channel holds %q, want only the draft, unchanged", contentsOf(got))
+	}
+
+	// A new platform (nothing remembered). The channel lookup gets a global limit longer than its
+	// deadline and fails at once; the draft's edit has the time, and goes once the limit is over.
+	p = mustNew(t, srv)
+	const limit = 1500 * time.Millisecond
+	srv.GlobalRateLimitNext("GET", "/channels/"+text, limit, 1)
+	start := time.Now()
+	if err := mustReturnWithin(t, limit/2, func(ctx context.Context) error { _, err := p.fetchChannel(ctx, text); return err }); err == nil {
+		t.Fatalf("fetchChannel under a global limit past its deadline = nil, want an error")
+	}
+	if err := mustReturnWithin(t, 10*time.Second, func(ctx context.Context) error { return p.EditDraft(ctx, target, draft, "more") }); err != nil {
+		t.Errorf("EditDraft after a global limit of %v = %v, want nil", limit, err)
+	}
+	if took := time.Since(start); took < limit {
+		t.Errorf("EditDraft went %v after the global limit of %v began, want after it ended", took, limit)
+	}
+	if got := srv.Sent(dm); len(got) != 1 || got[0].Content != "more" {
+		t.Errorf("channel holds %q, want the draft edited", contentsOf(got))
+	}
+	if n := srv.Requests("PATCH", edit); n != 1 {
+		t.Errorf("%d edits reached Discord, want 1 (after the limit)", n)
+	}
+}
+
 // mustNew returns a Platform that talks to srv's REST API; it is not connected to the gateway.
 func mustNew(t *testing.T, srv *discordtest.Server) *Platform {
 	t.Helper()
