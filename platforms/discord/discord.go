@@ -112,7 +112,11 @@ func New(c Config) (*Platform, error) {
 	// reopens it with capped backoff (discordgo's own reconnect loop could outlive Run).
 	s.SyncEvents = true
 	s.ShouldReconnectOnError = false
-	s.ShouldRetryOnRateLimit = true
+	// Nothing uses discordgo's own wait on a 429, which sleeps whatever retry_after Discord asks
+	// (hours), deaf to the caller's ctx: every REST call of the platform goes through request
+	// (ratelimit.go), and Run waits out a limit on Open's gateway lookup. Off, so that a call
+	// that bypasses request fails with a RateLimitError instead of sleeping silently.
+	s.ShouldRetryOnRateLimit = false
 	s.MaxRestRetries = 3
 	s.Identify.Intents = Intents
 	s.ShardID, s.ShardCount = c.Settings.ShardID, max(c.Settings.ShardCount, 1)
@@ -148,7 +152,6 @@ func New(c Config) (*Platform, error) {
 	s.AddHandler(p.onThreadDelete)
 	s.AddHandler(p.onThreadListSync)
 	s.AddHandler(p.onGuildCreate)
-	s.AddHandler(p.onRateLimit)
 	return p, nil
 }
 
@@ -166,7 +169,19 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	case <-p.lost:
 	default:
 	}
+	if err := p.waitGatewayLookup(ctx); err != nil {
+		if ctx.Err() != nil {
+			p.setErr(errors.New("stopped"))
+			return nil
+		}
+		p.setErr(fmt.Errorf("connect to gateway: %w", err))
+		return fmt.Errorf("discord: connect to gateway: %w", err)
+	}
 	if err := p.s.Open(); err != nil {
+		var rl *discordgo.RateLimitError
+		if errors.As(err, &rl) {
+			p.noteRateLimit(discordgo.EndpointGateway, rl.RateLimit, false) // Open does not say if it is global
+		}
 		p.setErr(fmt.Errorf("connect to gateway: %w", err))
 		return fmt.Errorf("discord: connect to gateway: %w", err)
 	}
@@ -258,10 +273,6 @@ func (p *Platform) onDisconnect(*discordgo.Session, *discordgo.Disconnect) {
 	case p.lost <- err:
 	default:
 	}
-}
-
-func (p *Platform) onRateLimit(_ *discordgo.Session, r *discordgo.RateLimit) {
-	p.log.Warn("discord rate limit; waiting", "url", r.URL, "retry_after", r.RetryAfter)
 }
 
 func (p *Platform) bot() string {

@@ -89,6 +89,12 @@ func (p *Platform) waitRateLimit(ctx context.Context, bucket string) error {
 		until, scope = p.global, "every route (global)"
 	}
 	p.mu.Unlock()
+	return waitUntil(ctx, until, scope)
+}
+
+// waitUntil waits until until, or fails at once when ctx would end before that; scope names
+// what is rate limited.
+func waitUntil(ctx context.Context, until time.Time, scope string) error {
 	wait := time.Until(until)
 	if wait <= 0 {
 		return nil
@@ -104,6 +110,19 @@ func (p *Platform) waitRateLimit(ctx context.Context, bucket string) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// waitGatewayLookup waits out a rate limit Open's gateway lookup got, within ctx. Open makes the
+// one REST call the platform does not make itself (discordgo's GET gateway, until it has the
+// URL); discordgo no longer sleeps through its 429 (ShouldRetryOnRateLimit is off), so Open
+// fails, and the next Run waits here, where a stop ends the wait. A global limit is not waited
+// for: Open makes no REST call once it knows the gateway's URL, and the gateway is not rate
+// limited with REST; if it does make one, its 429 is waited for here the next time.
+func (p *Platform) waitGatewayLookup(ctx context.Context) error {
+	p.mu.Lock()
+	until := p.limited[discordgo.EndpointGateway]
+	p.mu.Unlock()
+	return waitUntil(ctx, until, "the gateway lookup")
 }
 
 // isGlobal reports whether the body of a 429 says the limit is global.

@@ -301,6 +301,48 @@ func TestGlobalRateLimitHoldsEveryRoute(t *testing.T) {
 	}
 }
 
+// TestRateLimitedGatewayLookupHoldsNoRun: Open looks the gateway's URL up over REST, discordgo's
+// own call, and discordgo slept through a 429 on it inside Open, deaf to Run's ctx: a limit of
+// an hour held the connection and the daemon's stop. Now Run ends with an error at once; the
+// next Run waits the limit out without asking Discord again, fails at once when its deadline
+// comes first, and a stop ends its wait.
+func TestRateLimitedGatewayLookupHoldsNoRun(t *testing.T) {
+	srv := discordtest.New(t)
+	p := mustNew(t, srv)
+	run := func(ctx context.Context) error {
+		return p.Run(ctx, func(context.Context, *platforms.Inbound) (*platforms.Ack, error) { return &platforms.Ack{}, nil })
+	}
+	srv.RateLimitNext("GET", "/gateway", time.Hour, 1)
+	ctx, stop := context.WithCancel(t.Context())
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Errorf("Run whose gateway lookup is rate limited for an hour = nil, want an error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Run whose gateway lookup is rate limited for an hour has not returned after 10s")
+	}
+	if err := mustReturnWithin(t, 2*time.Second, run); err == nil {
+		t.Errorf("Run with a deadline before the limit ends = nil, want an error")
+	}
+	go func() { done <- run(ctx) }()
+	stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run stopped while waiting out the limit = %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Run stopped while waiting out the limit has not returned after 10s")
+	}
+	if n := srv.Requests("GET", "/gateway"); n != 1 {
+		t.Errorf("%d gateway lookups reached Discord, want 1 (the one rate limited)", n)
+	}
+}
+
 // mustNew returns a Platform that talks to srv's REST API; it is not connected to the gateway.
 func mustNew(t *testing.T, srv *discordtest.Server) *Platform {
 	t.Helper()
