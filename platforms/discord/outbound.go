@@ -216,7 +216,6 @@ func nonce(id string, part int) string {
 	return "ag" + hex.EncodeToString(sum[:11])
 }
 
-// apiCode is Discord's JSON error code of err, or 0.
 // refusedForGood reports whether Discord refused a request for good: a client error (4xx)
 // other than a bad token (401: the operator's to fix, and every send waits for it), a timeout
 // (408) or rate limiting (429, which request waits out while the call's deadline allows): a
@@ -235,6 +234,7 @@ func refusedForGood(err error) bool {
 	}
 }
 
+// apiCode is Discord's JSON error code of err, or 0.
 func apiCode(err error) int {
 	var re *discordgo.RESTError
 	if errors.As(err, &re) && re.Message != nil {
