@@ -75,7 +75,15 @@ func (p *Platform) handleGet(w http.ResponseWriter, r *http.Request) {
 
 // handleReset is POST /v1/sessions/{key}/reset; it answers the new session.
 func (p *Platform) handleReset(w http.ResponseWriter, r *http.Request) {
-	p.sessionInfo(w, r, "reset", Sessions.Reset)
+	p.sessionInfo(w, r, "reset", func(s Sessions, ctx context.Context, key string) (*SessionInfo, error) {
+		info, err := s.Reset(ctx, key)
+		if err == nil && info != nil {
+			// An operator's action that ends a conversation: the log says who asked and what ended.
+			p.log.Info("session reset through the API", "session", key, "ended", info.PrevSessionID,
+				"new", info.SessionID, "remote", r.RemoteAddr)
+		}
+		return info, err
+	})
 }
 
 func (p *Platform) sessionInfo(w http.ResponseWriter, r *http.Request, op string,

@@ -1,12 +1,16 @@
 package http
 
 import (
+	"log/slog"
 	"net/http"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/agentgate/agentgate/internal/testutil"
 )
 
 func TestSessionRoutes(t *testing.T) {
@@ -18,7 +22,8 @@ func TestSessionRoutes(t *testing.T) {
 		StartedAt: started, LastActivityAt: started, Messages: 2,
 		Live: &LiveState{Active: true, QueueDepth: 1, QueueMode: "followup", Restarts: 1},
 	}
-	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
+	logs := &testutil.Buffer{}
+	h := mustStart(t, Config{Sessions: sessions, Logger: slog.New(slog.NewTextHandler(logs, nil))}, &fakeRuntime{})
 	path := "/v1/sessions/" + url.PathEscape(key)
 
 	t.Run("get", func(t *testing.T) {
@@ -61,6 +66,9 @@ func TestSessionRoutes(t *testing.T) {
 		info := mustDecode[SessionInfo](t, got)
 		if got.status != 200 || info.SessionID != "s1-next" || info.PrevSessionID != "s1" {
 			t.Errorf("POST reset = %d %s, want 200 with a new session", got.status, got.body)
+		}
+		if want := `level=INFO msg="session reset through the API" platform=http session=` + key + ` ended=s1 new=s1-next`; !strings.Contains(logs.String(), want) {
+			t.Errorf("the log has no line %q:\n%s", want, logs)
 		}
 		if got := h.do("GET", path+"/reset", nil, ""); got.status != 405 || got.errCode() != CodeMethodNotAllowed || got.header.Get("Allow") == "" {
 			t.Errorf("GET reset = %d %q Allow %q, want 405 %q with Allow", got.status, got.errCode(), got.header.Get("Allow"), CodeMethodNotAllowed)
