@@ -14,6 +14,7 @@ import (
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/asynkron/protoactor-go/actor"
+	"google.golang.org/protobuf/proto"
 )
 
 // storedPlacement is a peersPlacement whose Holder reads the key's claim in the store and names
@@ -255,9 +256,13 @@ func TestStoppingManagerStartsNoSessionForALateLookup(t *testing.T) {
 
 // TestActivationsAskEachOtherBackOnce: members a and b activate the key at once, each waiting
 // for its lookup of the key's holder; b does not know a, and a's view places the key on b (a
-// was handed the message). Neither holds the key for the other (a because the key is b's in
-// its view, b because a's PID sorts first), so each asks the asker back. That happens once per
-// activation of the other: the two do not ask each other back and forth while they wait.
+// was handed the message). a runs an earlier version: its Releases do not say that its view
+// places the key elsewhere (a relay in front of b drops Release.owner). Neither holds the key
+// for the other (a because the key is b's in its view, b because it holds the key for a member
+// of an earlier version only when its PID sorts first, as that version decides), so each asks
+// the asker back. That happens once per activation of the other: the two do not ask each other
+// back and forth while they wait. (Between members of this version b holds the key for a:
+// TestConcurrentActivationsClaimTheKeyOnce.)
 //
 // Before, each answer to an ask-back came before the next Release, so each manager found the
 // other no longer asked and asked it back again: a loop of Releases between the two members for
@@ -273,6 +278,21 @@ func TestActivationsAskEachOtherBackOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = w.system.Root.StopFuture(b).Wait() })
+		bRelay, err := w.system.Root.SpawnNamed(actor.PropsFromFunc(func(c actor.Context) {
+			switch m := c.Message().(type) {
+			case *actor.Started, *actor.Stopping, *actor.Stopped, *actor.Restarting:
+				return
+			case *Release:
+				earlier := proto.Clone(m).(*Release)
+				earlier.Owner = nil
+				c.RequestWithCustomSender(b, earlier, c.Sender())
+				return
+			}
+			c.Forward(b)
+		}), "zz-relay") // sorts after a
+		if err != nil {
+			t.Fatal(err)
+		}
 		// a is reached through a relay that counts the Releases it is sent; past a bound the
 		// lookups answer, so that a loop ends.
 		gate := make(chan struct{})
@@ -290,19 +310,19 @@ func TestActivationsAskEachOtherBackOnce(t *testing.T) {
 			}
 			c.Forward(w.manager)
 		}))
-		w.d.Placement = gatedHolder{peersPlacement{self: a, peers: []*actor.PID{b}, owner: &ownerA}, w.key, gate}
-		db.Placement = gatedHolder{peersPlacement{self: b, owner: &ownerB}, w.key, gate}
-		ownerA.Store(b)
-		ownerB.Store(b)
+		w.d.Placement = gatedHolder{peersPlacement{self: a, peers: []*actor.PID{bRelay}, owner: &ownerA}, w.key, gate}
+		db.Placement = gatedHolder{peersPlacement{self: bRelay, owner: &ownerB}, w.key, gate}
+		ownerA.Store(bRelay)
+		ownerB.Store(bRelay)
 
-		fb := w.system.Root.RequestFuture(b, &Routed{Key: w.key, Msg: w.message("m1", "one")}, time.Hour)
+		fb := w.system.Root.RequestFuture(bRelay, &Routed{Key: w.key, Msg: w.message("m1", "one")}, time.Hour)
 		synctest.Wait()
 		// Handed to a by a leaving member: a does not send it on, and activates the key.
 		fa := w.system.Root.RequestFuture(w.manager, &Forward{Key: w.key, Hops: 1,
 			Msg: &Forward_Deliver{Deliver: w.message("m2", "two")}}, time.Hour)
 		synctest.Wait()
-		if n := releases.Load(); n > 1 {
-			t.Errorf("a was sent %d Releases while both activations waited for their lookups, want at most one (b asks it back once)", n)
+		if n := releases.Load(); n != 1 {
+			t.Errorf("a was sent %d Releases while both activations waited for their lookups, want one (b asks it back once)", n)
 		}
 		openGate()
 		for _, f := range []*actor.Future{fa, fb} {

@@ -995,12 +995,23 @@ func (*Forward_Recover) isForward_Msg() {}
 // address and id name the asking manager (its PID as the other members reach it); the
 // answers go there. activation numbers the asking manager's activations, so that a Released
 // of an earlier one is not taken for an answer to this one.
+//
+// owner says whether the asking member's view of the cluster placed the key on that member
+// when its activation began (false: it activates a key it was handed, which its view places on
+// another member). An asked manager that activates the key itself holds it for the asker when
+// its own activation ranks first: the one whose view placed the key on its own member, and
+// between two alike, the one whose manager's PID sorts first. Each activation's rank is fixed
+// when it begins and both members compare the same two, so exactly one of two concurrent
+// activations holds the key for the other. A member of an earlier version sends no owner; the
+// asked manager then holds the key only when its own view placed the key on it and its PID
+// sorts first, as that version decides (they never both hold it).
 type Release struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
 	Id            string                 `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
 	Activation    uint64                 `protobuf:"varint,4,opt,name=activation,proto3" json:"activation,omitempty"`
+	Owner         *bool                  `protobuf:"varint,5,opt,name=owner,proto3,oneof" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1061,6 +1072,13 @@ func (x *Release) GetActivation() uint64 {
 		return x.Activation
 	}
 	return 0
+}
+
+func (x *Release) GetOwner() bool {
+	if x != nil && x.Owner != nil {
+		return *x.Owner
+	}
+	return false
 }
 
 // Released answers Release. address and id name the answering manager; holding says whether
@@ -1232,14 +1250,16 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\treset_due\x18\x06 \x01(\v2\x1d.agentgate.actors.v1.ResetDueH\x00R\bresetDue\x128\n" +
 	"\arecover\x18\a \x01(\v2\x1c.agentgate.actors.v1.RecoverH\x00R\arecover\x12\x1b\n" +
 	"\tto_holder\x18\b \x01(\bR\btoHolderB\x05\n" +
-	"\x03msg\"e\n" +
+	"\x03msg\"\x8a\x01\n" +
 	"\aRelease\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x0e\n" +
 	"\x02id\x18\x03 \x01(\tR\x02id\x12\x1e\n" +
 	"\n" +
 	"activation\x18\x04 \x01(\x04R\n" +
-	"activation\"\x80\x01\n" +
+	"activation\x12\x19\n" +
+	"\x05owner\x18\x05 \x01(\bH\x00R\x05owner\x88\x01\x01B\b\n" +
+	"\x06_owner\"\x80\x01\n" +
 	"\bReleased\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x0e\n" +
@@ -1305,6 +1325,7 @@ func file_actors_messages_proto_init() {
 		(*Forward_ResetDue)(nil),
 		(*Forward_Recover)(nil),
 	}
+	file_actors_messages_proto_msgTypes[12].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

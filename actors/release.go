@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"google.golang.org/protobuf/proto"
 )
 
 // Letting go of a key before another member claims it (cluster mode, Deps.Placement).
@@ -25,7 +26,9 @@ import (
 // holder, which stores them behind its turn (queued), and starts the session only then; its
 // claim then fences nothing that still runs. A member that does not answer within
 // releaseAnswerTimeout (it died or cannot be reached) is not waited for: fencing still keeps the
-// store exactly-once.
+// store exactly-once. Two members may activate the key at once (their views differ for a
+// moment, or one was handed the key by a leaving member): each asks the other, and the
+// activation that ranks first holds the key for the other, which waits for it (ranksFirst).
 
 // A member's view of the cluster is as of its last renewal: one that joined since is not among
 // its peers, and may already run the key (it asked this member, which held nothing then). So an
@@ -64,6 +67,10 @@ type activation struct {
 	// (onRelease): once per activation of the asker, or two that hold the key for neither
 	// would ask each other back and forth while they wait.
 	askedBack map[string]uint64
+	// owner: this member's view placed the key on it when the activation began (Release.owner);
+	// false when it activates a key it was handed. Fixed for the activation, so that another
+	// member compares the same rank as this one (ranksFirst).
+	owner bool
 }
 
 // holderFound is the answer of the lookup of a key's holder in the store (lookUpHolder).
@@ -94,7 +101,8 @@ func (m *SessionManager) activate(c actor.Context, key string, recovered bool, r
 	}
 	peers := m.d.Placement.Peers()
 	m.activations++
-	a := &activation{id: m.activations, asked: make(map[string]*actor.PID, len(peers)), peers: peers, lookup: true}
+	a := &activation{id: m.activations, asked: make(map[string]*actor.PID, len(peers)), peers: peers, lookup: true,
+		owner: m.elsewhere(key) == nil}
 	for _, p := range peers {
 		a.asked[p.String()] = p
 	}
@@ -165,7 +173,8 @@ func (m *SessionManager) whileActivating(c actor.Context, key string, a *activat
 // timeout a member that cannot answer leaves, comes back to the activation.
 func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, p *actor.PID) {
 	me := m.d.Placement.Self()
-	f := c.RequestFuture(p, &Release{Key: key, Address: me.Address, Id: me.Id, Activation: a.id}, releaseAnswerTimeout)
+	f := c.RequestFuture(p, &Release{Key: key, Address: me.Address, Id: me.Id, Activation: a.id, Owner: proto.Bool(a.owner)},
+		releaseAnswerTimeout)
 	c.ReenterAfter(f, func(res any, err error) {
 		if m.activating[key] != a {
 			return // started or given up meanwhile
@@ -304,9 +313,9 @@ func (m *SessionManager) cancelActivation(c actor.Context, key string) {
 
 // onRelease answers another member's manager that is about to activate key: whether this one
 // holds the key, and later, if it did, that it let go of it (letGo). A session whose key this
-// member no longer owns is told so (moved). Two members that each activate the key, each
-// believing it its own (their views of the membership differ for a moment), would each wait for
-// the other: the one whose PID sorts first holds it.
+// member no longer owns is told so (moved). Two members that each activate the key (their views
+// of the membership differ for a moment, or one was handed the key) would each wait for the
+// other, or each claim it: the activation that ranks first holds it (ranksFirst).
 func (m *SessionManager) onRelease(c actor.Context, r *Release) {
 	if m.d.Placement == nil {
 		return
@@ -314,19 +323,20 @@ func (m *SessionManager) onRelease(c actor.Context, r *Release) {
 	asker := actor.NewPID(r.Address, r.Id)
 	me := m.d.Placement.Self()
 	_, stopping := m.stopping[r.Key]
-	holds := m.sessions[r.Key] != nil || stopping ||
-		m.activating[r.Key] != nil && m.elsewhere(r.Key) == nil && me.String() < asker.String()
+	a := m.activating[r.Key]
+	holds := m.sessions[r.Key] != nil || stopping || a != nil && a.ranksFirst(me, asker, r)
 	c.Respond(&Released{Key: r.Key, Address: me.Address, Id: me.Id, Holding: holds, Activation: r.Activation})
 	if !holds {
 		k := asker.String()
-		if a := m.activating[r.Key]; a != nil && a.asked[k] == nil && a.askedBack[k] != r.Activation && !asker.Equal(me) {
+		if a != nil && a.asked[k] == nil && a.askedBack[k] != r.Activation && !asker.Equal(me) {
 			// The asker activates the key too, and this activation is not waiting for it (it
 			// is no peer, or it let go before it began): it may claim the key first, and this
 			// claim would fence its session. So it is asked too; it holds the key when it got
-			// there first. Once for each of its activations: its answer, that it does not
-			// hold the key, comes back before its next Release, and two activations that
-			// hold it for neither (each asked the other back) would ask each other again for
-			// as long as they wait (TestActivationsAskEachOtherBackOnce).
+			// there first, or ranks first. Once for each of its activations: its answer, that
+			// it does not hold the key, comes back before its next Release, and two
+			// activations that hold it for neither (each asked the other back: a member of an
+			// earlier version, which ranks by PID alone) would ask each other again for as
+			// long as they wait (TestActivationsAskEachOtherBackOnce).
 			if a.askedBack == nil {
 				a.askedBack = map[string]uint64{}
 			}
@@ -346,6 +356,28 @@ func (m *SessionManager) onRelease(c actor.Context, r *Release) {
 	if pid := m.sessions[r.Key]; pid != nil && m.elsewhere(r.Key) != nil {
 		c.Send(pid, &moved{})
 	}
+}
+
+// ranksFirst reports whether activation a, of this member's manager me, holds its key for the
+// activation of asker that asks this one to let go of it (r). The activation whose member's view
+// placed the key on that member ranks first (the other was handed the key, which its view
+// places elsewhere); between two alike, the one whose manager's PID sorts first. Both members
+// compare the same ranks, each fixed when its activation began, so exactly one of the two holds
+// the key for the other: with the PID alone, two activations of which the one handed the key
+// sorted first held it for neither, and both claimed it (TestConcurrentActivationsClaimTheKeyOnce).
+// A member of an earlier version says nothing of its view (r.Owner unset) and holds the key when
+// its own view places the key on it and its PID sorts first; this one then holds it only in the
+// opposite case, so that they never both hold it (each would forward the key's messages to the
+// other).
+func (a *activation) ranksFirst(me, asker *actor.PID, r *Release) bool {
+	first := me.String() < asker.String()
+	if r.Owner == nil {
+		return a.owner && first
+	}
+	if a.owner != *r.Owner {
+		return a.owner
+	}
+	return first
 }
 
 // letGo tells the managers waiting for key (onRelease) that this member let go of it, once it
