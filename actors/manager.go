@@ -162,6 +162,10 @@ func (m *SessionManager) Receive(c actor.Context) {
 	case *grainStopped:
 		m.onGrainStopped(c, msg)
 	case *handedBack:
+		if m.closing {
+			m.whileClosing(c, msg.key, msg.r)
+			break
+		}
 		held, ok := m.stopping[msg.key]
 		if !ok {
 			m.route(c, msg.key, msg.r)
@@ -175,7 +179,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 	case *recoverAll:
 		m.recoverAll(c)
 	case *restartCrashed:
-		if _, stopping := m.stopping[msg.key]; m.sessions[msg.key] == nil && !stopping && m.activating[msg.key] == nil {
+		if _, stopping := m.stopping[msg.key]; !m.closing && m.sessions[msg.key] == nil && !stopping && m.activating[msg.key] == nil {
 			m.activate(c, msg.key, false) // not a recovery: its messages run (sessions.recovery is for restarts of agentgate)
 		}
 	case *passivate:
@@ -207,7 +211,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 		m.drains = append(m.drains, c.Sender())
 		m.answerDrains(c)
 	case *Peek:
-		if pid := m.sessions[msg.Key]; pid != nil {
+		if pid := m.sessions[msg.Key]; pid != nil && !m.closing { // a session stopped with the manager answers nothing
 			m.forward(c, pid, routed{msg: &GetState{}, sender: c.Sender()})
 		} else {
 			c.Respond(&SessionState{SessionKey: msg.Key})
@@ -273,6 +277,10 @@ func (m *SessionManager) recoverAll(c actor.Context) {
 }
 
 func (m *SessionManager) route(c actor.Context, key string, r routed) {
+	if m.closing {
+		m.whileClosing(c, key, r)
+		return
+	}
 	if held, ok := m.stopping[key]; ok {
 		m.stopping[key] = append(held, r)
 		return
@@ -358,13 +366,34 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 	}
 }
 
-// answerStopped answers the messages among rs that wait for their write with ErrCodeStopped.
+// answerStopped answers the requests among rs, which no session of this manager will take: a
+// Deliver with ErrCodeStopped (sent again with the same id, it is stored once), any other with a
+// dead letter, as a manager that has stopped answers (the cluster router sends both again, to
+// the key's next owner).
 func answerStopped(c actor.Context, rs []routed) {
 	for _, r := range rs {
-		if d, ok := r.msg.(*Deliver); ok && r.sender != nil {
+		if r.sender == nil {
+			continue
+		}
+		if d, ok := r.msg.(*Deliver); ok {
 			c.Send(r.sender, &DeliverResult{SessionKey: d.SessionKey, MessageId: d.MessageId, ErrorCode: ErrCodeStopped,
 				Error: "the session's member stopped before the message was stored; send it again with the same message_id"})
+		} else {
+			c.Send(r.sender, &actor.DeadLetterResponse{Target: c.Self()})
 		}
+	}
+}
+
+// whileClosing takes a message for key that reaches the manager while it stops or restarts
+// (closing), after its stop has stopped its sessions. A session started now would be one the
+// stop waits for in vain, and it would run a message whose sender may already have been told to
+// send it elsewhere; one in memory stops without taking it. So the message goes to the member
+// that takes the key over when there is one (handOn: this member leaves, or the key is another
+// member's), and is answered as the requests held at the stop are otherwise (answerStopped).
+// A Recover goes nowhere else: the work stays in the store for the key's next activation.
+func (m *SessionManager) whileClosing(c actor.Context, key string, r routed) {
+	if !m.handOn(c, key, r) {
+		answerStopped(c, []routed{r})
 	}
 }
 
@@ -373,6 +402,19 @@ func answerStopped(c actor.Context, rs []routed) {
 type successor struct{ key string }
 
 func (m *SessionManager) startSuccessor(c actor.Context, key string) {
+	if m.closing {
+		// The manager stops: the requests held for the key were answered as the stop began
+		// (later ones are not held: whileClosing), and no session starts here any more.
+		if m.rerun[key] {
+			m.whileClosing(c, key, routed{msg: &Recover{}})
+		}
+		delete(m.stopping, key)
+		delete(m.handed, key)
+		delete(m.rerun, key)
+		delete(m.quieted, key)
+		m.letGo(c, key)
+		return
+	}
 	if !m.quieted[key] && (m.elsewhere(key) != nil && (len(m.stopping[key]) > 0 || m.rerun[key]) || len(m.waiters[key]) > 0) {
 		if pid := m.platformOf(key); pid != nil {
 			// The key goes on to another member (this one leaves, or the key moved), which loads
@@ -448,6 +490,10 @@ func (m *SessionManager) stoppingWithWork(key string) bool {
 // claimed the key and stored work it does not know of (Session.onRecover). hops counts the
 // leaving members that forwarded the Recover here.
 func (m *SessionManager) recover(c actor.Context, key string, hops int32) {
+	if m.closing {
+		m.whileClosing(c, key, routed{msg: &Recover{}, hops: hops})
+		return
+	}
 	if _, ok := m.stopping[key]; ok {
 		// Its session stops: the one started once it is gone (or, while the member leaves,
 		// the key's successor) loads and runs the work. Dropped, it waited for the key's next
