@@ -37,27 +37,28 @@ func (s *gatedLoads) LoadSession(ctx context.Context, key string, historyLimit i
 // session, in a single daemon or a cluster member, is answered "stopped" and not stored (a
 // platform asks its sender to send it again; the cluster router sends it again to the key's
 // next owner); a message for the key of the session that stops with the manager is answered so
-// too; a reset is answered with a dead letter, as a stopped manager's would be; a leaving member
-// hands the message to the key's successor; a Recover starts nothing (the work stays in the
-// store for the key's next activation). The manager's stop ends once the starting session has
-// stopped.
+// too, and a Peek at it says it is inactive; a reset is answered with a dead letter, as a stopped
+// manager's would be; a leaving member hands the message to the key's successor; a Recover
+// starts nothing (the work stays in the store for the key's next activation). The manager's stop
+// ends once the starting session has stopped.
 //
 // Before, the message started an activation under the stopping manager: its session stored and
 // ran the message and answered it, and the manager's stop then waited for that session, which
-// nothing stopped, for ever. A message for the stopping session's key was forwarded to it and
-// dropped unanswered.
+// nothing stopped, for ever. A message for the stopping session's key (and a Peek's GetState)
+// was forwarded to it and dropped unanswered.
 func TestStoppingManagerStartsNothingForALateMessage(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		clustered bool
 		leaving   bool
 		sameKey   bool   // the message is for the key of the session that stops with the manager
-		kind      string // of the message: "deliver" (by default), "reset" or "recover"
+		kind      string // of the message: "deliver" (by default), "reset", "recover" or "peek"
 	}{
 		{name: "single daemon"},
 		{name: "cluster member", clustered: true},
 		{name: "the stopping session's key", sameKey: true},
 		{name: "a reset", kind: "reset"},
+		{name: "a peek at the stopping session", sameKey: true, kind: "peek"},
 		{name: "a recover", kind: "recover"},
 		{name: "a recover, cluster member", clustered: true, kind: "recover"},
 		{name: "leaving member", clustered: true, leaving: true},
@@ -105,7 +106,12 @@ func TestStoppingManagerStartsNothingForALateMessage(t *testing.T) {
 				case "recover":
 					msg = &Recover{}
 				}
-				f := w.system.Root.RequestFuture(w.manager, &Routed{Key: key, Msg: msg}, time.Hour)
+				if tc.kind != "peek" {
+					msg = &Routed{Key: key, Msg: msg}
+				} else {
+					msg = &Peek{Key: key}
+				}
+				f := w.system.Root.RequestFuture(w.manager, msg, time.Hour)
 				synctest.Wait()
 				close(loads.gate)
 				if err := stopped.Wait(); err != nil {
@@ -113,6 +119,10 @@ func TestStoppingManagerStartsNothingForALateMessage(t *testing.T) {
 				}
 				switch {
 				case tc.kind == "recover":
+				case tc.kind == "peek":
+					if res, err := f.Result(); err != nil || res.(*SessionState).Active {
+						t.Errorf("the peek during the stop: %+v %v, want the session inactive", res, err)
+					}
 				case tc.kind == "reset":
 					if res, err := f.Result(); !errors.Is(err, actor.ErrDeadLetter) {
 						t.Errorf("the reset routed during the stop: %+v %v, want a dead letter", res, err)
