@@ -136,6 +136,9 @@ type Deps struct {
 	// Stopping is true once the daemon has begun to stop (Daemon.Stop): a turn whose agent a
 	// stop signal ended then is cut short by the stop, not failed (agents.ErrStopSignal).
 	Stopping atomic.Bool
+	// AgentCalls counts the agent calls the turns have in flight: a stopping daemon waits for
+	// them (AgentCalls.Wait), so that nothing an agent started outlives it.
+	AgentCalls AgentCalls
 	// PersistIncarnation counts the persistence actor's restarts (its
 	// persistence.ActorOptions.Incarnation): a session sends its unacknowledged writes again,
 	// in order, once it has grown past the incarnation they were sent to.
@@ -158,7 +161,7 @@ func (d *Deps) props() {
 	d.propsOnce.Do(func() {
 		d.sessionProps = newSessionProps(d, false)
 		d.recoveredProps = newSessionProps(d, true)
-		d.turnProps = NewTurn(d.Ctx, d.Agent, d.Metrics.Actor("turn"), d.Dispatcher)
+		d.turnProps = NewTurn(d.Ctx, d.Agent, &d.AgentCalls, d.Metrics.Actor("turn"), d.Dispatcher)
 	})
 }
 

@@ -33,6 +33,7 @@ type Turn struct {
 	session *actor.PID
 	turnID  string
 	parent  context.Context
+	calls   *AgentCalls
 
 	cancel context.CancelFunc
 	steer  chan agents.Message // into the steering relay; open while the agent runs, when it can steer
@@ -42,12 +43,13 @@ type Turn struct {
 const MaxSteered = 32
 
 // NewTurn returns the props of the turns that run agent; a turn starts when it receives its
-// request (runTurn). parent is the daemon's lifetime context; rec records the turns' actor
-// metrics; dispatcher runs their mailboxes (nil: protoactor's default). The props hold nothing
-// per turn, so one value serves every turn of a daemon.
-func NewTurn(parent context.Context, agent agents.Agent, rec *metrics.Actor, dispatcher actor.Dispatcher) *actor.Props {
+// request (runTurn). parent is the daemon's lifetime context; calls counts the agent calls in
+// flight (nil: not counted); rec records the turns' actor metrics; dispatcher runs their
+// mailboxes (nil: protoactor's default). The props hold nothing per turn, so one value serves
+// every turn of a daemon.
+func NewTurn(parent context.Context, agent agents.Agent, calls *AgentCalls, rec *metrics.Actor, dispatcher actor.Dispatcher) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &Turn{agent: agent, parent: parent}
+		return &Turn{agent: agent, parent: parent, calls: calls}
 	}, mailbox(rec, dispatcher)...)
 }
 
@@ -120,8 +122,11 @@ func (t *Turn) start(c actor.Context) {
 		req = &r
 		go relay.run()
 	}
+	calls := t.calls
+	calls.add()
 	go func() {
 		start := time.Now()
+		defer calls.done()
 		defer func() {
 			if v := recover(); v != nil {
 				relay.finish()
@@ -198,5 +203,70 @@ func (t *Turn) closeSteer() {
 	if t.steer != nil {
 		close(t.steer)
 		t.steer = nil
+	}
+}
+
+// AgentCalls counts the agent calls in flight, so that a stopping daemon can wait for them
+// (Wait): a stop cancels every turn, but an agent needs a moment to end what it started (the
+// exec agent signals its command's process group and kills it after its grace period). A
+// daemon that exited first left the processes its commands started running, reparented to
+// init. The zero value counts; a nil *AgentCalls counts nothing.
+type AgentCalls struct {
+	mu      sync.Mutex
+	n       int
+	waiters []chan struct{} // closed when n reaches 0
+}
+
+func (a *AgentCalls) add() {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	a.n++
+	a.mu.Unlock()
+}
+
+func (a *AgentCalls) done() {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.n--; a.n == 0 {
+		for _, w := range a.waiters {
+			close(w)
+		}
+		a.waiters = nil
+	}
+}
+
+// Running returns how many agent calls are in flight.
+func (a *AgentCalls) Running() int {
+	if a == nil {
+		return 0
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.n
+}
+
+// Wait returns nil once no agent call is in flight, or ctx's error if ctx ends first.
+func (a *AgentCalls) Wait(ctx context.Context) error {
+	if a == nil {
+		return nil
+	}
+	a.mu.Lock()
+	if a.n == 0 {
+		a.mu.Unlock()
+		return nil
+	}
+	idle := make(chan struct{})
+	a.waiters = append(a.waiters, idle)
+	a.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }

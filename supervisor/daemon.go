@@ -321,6 +321,7 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	}
 	d.stopChildren(ctx, d.withdraw)
 	d.cancel()
+	d.waitAgents(ctx)
 	d.events.close()
 	if d.cluster != nil {
 		d.leaveCluster(ctx) // it shuts the actor system down
@@ -387,6 +388,22 @@ func (d *Daemon) endRun(ctx context.Context) {
 	defer cancel()
 	if err := d.store.EndRun(ctx, d.deps.Run); err != nil {
 		d.log.Warn("record the clean stop in the store; the next start counts an unclean stop", "err", err)
+	}
+}
+
+// waitAgents waits, within ctx, for the agent calls still in flight once every turn is
+// cancelled: an exec agent's command gets SIGTERM, and SIGKILL for its whole process group
+// after agent.exec.kill_grace. A daemon that exited before that left the processes its commands
+// started running (only the command itself dies with the daemon, by Pdeathsig).
+func (d *Daemon) waitAgents(ctx context.Context) {
+	n := d.deps.AgentCalls.Running()
+	if n == 0 {
+		return
+	}
+	d.log.Info("waiting for cancelled agent calls to end", "calls", n)
+	if err := d.deps.AgentCalls.Wait(ctx); err != nil {
+		d.log.Warn("agent calls still running at the stop's deadline; what they started may outlive the daemon",
+			"calls", d.deps.AgentCalls.Running())
 	}
 }
 
