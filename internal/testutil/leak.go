@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -30,14 +31,30 @@ func (r Resources) String() string {
 		r.Goroutines, r.FDs, r.Children, r.Zombies, r.Marked)
 }
 
-// TakeResources counts the process's resources now.
-func TakeResources() Resources {
-	r := Resources{Goroutines: runtime.NumGoroutine(), FDs: -1, Children: -1, Marked: -1}
+// TakeResources counts the process's resources now. Goroutines whose stack holds one of
+// ignore (a function name) are not counted: a pool that keeps its workers by design grows with
+// the load it once had, not with the work done.
+func TakeResources(ignore ...string) Resources {
+	r := Resources{Goroutines: countGoroutines(ignore), FDs: -1, Children: -1, Marked: -1}
 	if fds, err := os.ReadDir("/proc/self/fd"); err == nil {
 		r.FDs = len(fds) - 1 // the directory being read is one
 	}
 	r.Children, r.Zombies, r.Marked = processes(os.Getpid(), os.Getenv(markEnv))
 	return r
+}
+
+// countGoroutines counts the goroutines whose stack holds none of ignore.
+func countGoroutines(ignore []string) int {
+	if len(ignore) == 0 {
+		return runtime.NumGoroutine()
+	}
+	n := 0
+	for g := range strings.SplitSeq(Goroutines(), "\n\n") {
+		if !slices.ContainsFunc(ignore, func(s string) bool { return strings.Contains(g, s) }) {
+			n++
+		}
+	}
+	return n
 }
 
 // markEnv is the environment variable of MarkProcesses. It must not start with AGENTGATE_:
@@ -102,6 +119,8 @@ func processes(pid int, mark string) (children, zombies, marked int) {
 // worker, a keep-alive connection, a timer of the runtime), never growth with the work done.
 type Slack struct {
 	Goroutines, FDs, Children int
+	// Ignore is passed to TakeResources; the baseline must have been taken with it too.
+	Ignore []string
 }
 
 // within reports whether r is at most base plus slack.
@@ -120,7 +139,7 @@ func MustSettle(t testing.TB, what string, base Resources, slack Slack, timeout 
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		now := TakeResources()
+		now := TakeResources(slack.Ignore...)
 		if now.within(base, slack) {
 			return now
 		}
