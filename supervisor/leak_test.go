@@ -3,6 +3,7 @@ package supervisor
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"fmt"
 	"io"
 	"net/http"
@@ -63,7 +64,8 @@ func TestStopLeavesNoAgentProcess(t *testing.T) {
 // up, event streams dropped mid-stream, sessions reset and /stop while their turn runs (which
 // cancels its command), and every session passivating after. Once a round's sessions have
 // passivated, the daemon holds what it held after the first round: goroutines, fds, child
-// processes and what their commands started do not grow with the work done.
+// processes and what their commands started do not grow with the work done. At the end no read
+// holds a snapshot of the database, which would keep the WAL from being checkpointed away.
 func TestIdleDaemonReturnsToBaseline(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs hundreds of subprocesses")
@@ -117,6 +119,17 @@ func TestIdleDaemonReturnsToBaseline(t *testing.T) {
 	}
 	if got := promtestutil.ToFloat64(r.d.metrics.TurnsTotal.WithLabelValues("cancelled")); got < rounds*chats/5 {
 		t.Errorf("%v turns cancelled, want at least %d: the scenarios did not cut turns short", got, rounds*chats/5)
+	}
+	// No read of all that (a session's load, the API, a stream's replay) still holds a
+	// snapshot: one would keep every later commit in the WAL, which then grows for ever.
+	db, err := sql.Open("sqlite", "file:"+r.d.cfg.DSN()+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var busy, frames, done int
+	if err := db.QueryRowContext(t.Context(), "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &frames, &done); err != nil || busy != 0 {
+		t.Errorf("wal_checkpoint(TRUNCATE) of the idle daemon's database = busy %d, %v; want it done: a reader holds a snapshot", busy, err)
 	}
 }
 
