@@ -98,6 +98,11 @@ func spoolsAndDrains(t *testing.T, r *runtime, fail func(*testing.T) (restore fu
 		}
 	}
 	waitUntil(t, func() bool { return testutil.ToFloat64(r.d.metrics.SpoolFiles) == 0 })
+	// Drained is empty on disk too: a daemon that spools now and then for months must not
+	// keep a file of every batch it replayed.
+	if left, err := os.ReadDir(r.d.spool.Dir()); err != nil || len(left) > 0 {
+		t.Errorf("spool directory after the replay holds %d entries (%v), want none: %v", len(left), err, left)
+	}
 	for key := range first {
 		snap, err := r.d.store.LoadSession(t.Context(), key, 1000)
 		if err != nil {
