@@ -114,8 +114,10 @@ func TestIdleDaemonReturnsToBaseline(t *testing.T) {
 	base := testutil.TakeResources(ignore...)
 	for i := range rounds {
 		round()
+		// The store's pool of 4 read connections (3 files each) may open its last ones in a
+		// later round than the first.
 		testutil.MustSettle(t, fmt.Sprintf("after round %d (%d chats)", i+1, n), base,
-			testutil.Slack{Goroutines: 2, FDs: 2, Ignore: ignore}, 10*time.Second)
+			testutil.Slack{Goroutines: 2, FDs: 12, Ignore: ignore}, 10*time.Second)
 	}
 	if got := promtestutil.ToFloat64(r.d.metrics.TurnsTotal.WithLabelValues("cancelled")); got < rounds*chats/5 {
 		t.Errorf("%v turns cancelled, want at least %d: the scenarios did not cut turns short", got, rounds*chats/5)

@@ -50,7 +50,11 @@ func TestManyCutTurnsLeaveNothingBehind(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := openaitest.New(t, func(_ int, w http.ResponseWriter, r *http.Request) { tc.answer(w, r) })
+			// The client keeps a few idle connections for the next turns: they are closed
+			// before each count, so that only what a turn left counts.
+			client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 			a := MustAgent(t, m, nil, nil, func(c *openai.Config) {
+				c.HTTPClient = client
 				c.MaxRetries = 0
 				if tc.timeout > 0 {
 					c.Timeout = tc.timeout
@@ -63,11 +67,13 @@ func TestManyCutTurnsLeaveNothingBehind(t *testing.T) {
 				}
 				wg.Wait()
 			}
-			run(8) // the client's idle connections: kept for the next turns, a bounded few
+			run(8)
+			client.CloseIdleConnections()
 			base := testutil.TakeResources()
 			for range turns / 8 {
 				run(8)
 			}
+			client.CloseIdleConnections()
 			testutil.MustSettle(t, tc.name, base, testutil.Slack{Goroutines: 2, FDs: 2}, 10*time.Second)
 		})
 	}
