@@ -15,8 +15,8 @@ import (
 // TestManyTurnsLeaveNothingBehind runs each way a command can end badly many times, as real
 // subprocesses, and checks that the daemon is left with what it had before: no file
 // descriptor, goroutine, child process or zombie grows with the number of turns, and no process
-// a command started outlives its turn. A daemon runs
-// for months; one fd or one zombie per bad turn ends it.
+// a command started outlives its turn. A daemon runs for months; one fd or one zombie per bad
+// turn ends it.
 func TestManyTurnsLeaveNothingBehind(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts over a thousand subprocesses")
@@ -38,7 +38,9 @@ func TestManyTurnsLeaveNothingBehind(t *testing.T) {
 		// timeout is Config.Timeout; cancel cancels the turn's ctx after that long instead.
 		timeout, cancel time.Duration
 		steer           bool
+		missing         bool // the command is not there: every Start fails
 	}{
+		{name: "cannot start", text: "hi", steer: true, missing: true},
 		{name: "answers", script: `cat >/dev/null; echo ok`, text: "hi"},
 		{name: "exits before reading stdin", script: `echo early`, text: big},
 		{name: "fails before reading stdin", script: `echo oops >&2; exit 3`, text: big},
@@ -54,12 +56,15 @@ func TestManyTurnsLeaveNothingBehind(t *testing.T) {
 		{name: "steers and is cancelled", script: `IFS= read -r line; exec sleep 100`, text: "hi", steer: true, cancel: 20 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd, _ := MustScript(t, tc.script)
+			cmd, dir := MustScript(t, tc.script)
+			if tc.missing {
+				cmd = []string{dir + "/missing"}
+			}
 			a := MustNew(t, exec.Config{Command: cmd, Timeout: tc.timeout, KillGrace: grace, Steer: tc.steer})
 			// A first turn loads what the first use of os/exec keeps for good.
-			runTurns(t, a, tc.text, tc.cancel, tc.steer, 1, 1)
+			runTurns(t, a, tc.text, tc.cancel, tc.steer, tc.missing, 1, 1)
 			base := testutil.TakeResources()
-			runTurns(t, a, tc.text, tc.cancel, tc.steer, turns, parallel)
+			runTurns(t, a, tc.text, tc.cancel, tc.steer, tc.missing, turns, parallel)
 			// The poller's own fds and a goroutine of the runtime may come and go.
 			testutil.MustSettle(t, tc.name, base, testutil.Slack{Goroutines: 2, FDs: 2}, 10*time.Second)
 		})
@@ -68,8 +73,9 @@ func TestManyTurnsLeaveNothingBehind(t *testing.T) {
 
 // runTurns runs n turns of a, at most parallel at once, each with a request of text. A turn is
 // cancelled after cancel when that is not zero; with steer, a channel that is never closed
-// offers a steered message to every other turn.
-func runTurns(t *testing.T, a *exec.Agent, text string, cancel time.Duration, steer bool, n, parallel int) {
+// offers a steered message to every other turn. A turn that does not answer must fail when it
+// is cancelled, or when fails says so.
+func runTurns(t *testing.T, a *exec.Agent, text string, cancel time.Duration, steer, fails bool, n, parallel int) {
 	t.Helper()
 	sem := make(chan struct{}, parallel)
 	var wg sync.WaitGroup
@@ -93,8 +99,8 @@ func runTurns(t *testing.T, a *exec.Agent, text string, cancel time.Duration, st
 				}
 				req.Steer = ch // never closed
 			}
-			if _, err := a.Run(ctx, req); err == nil && (cancel > 0) {
-				t.Errorf("turn %d: Run() = nil error, want the cancel's", i)
+			if _, err := a.Run(ctx, req); err == nil && (cancel > 0 || fails) {
+				t.Errorf("turn %d: Run() = nil error, want one", i)
 			}
 		})
 	}
