@@ -39,7 +39,7 @@ func TakeResources(ignore ...string) Resources {
 	if fds, err := os.ReadDir("/proc/self/fd"); err == nil {
 		r.FDs = len(fds) - 1 // the directory being read is one
 	}
-	r.Children, r.Zombies, r.Marked = processes(os.Getpid(), os.Getenv(markEnv))
+	r.Children, r.Zombies, r.Marked = processes(os.Getpid(), os.Getenv(markEnv), nil)
 	return r
 }
 
@@ -71,8 +71,9 @@ func MarkProcesses(t *testing.T) {
 }
 
 // processes counts the processes whose parent is pid and the zombies among them, and the live
-// processes other than pid whose environment holds markEnv=mark (-1 when mark is empty).
-func processes(pid int, mark string) (children, zombies, marked int) {
+// processes other than pid whose environment holds markEnv=mark (-1 when mark is empty). When
+// list is not nil, it gets a line for each of those processes.
+func processes(pid int, mark string, list *strings.Builder) (children, zombies, marked int) {
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
 		return -1, 0, -1
@@ -97,19 +98,25 @@ func processes(pid int, mark string) (children, zombies, marked int) {
 			continue
 		}
 		f := strings.Fields(s[i+1:])
-		if len(f) >= 2 && f[1] == self {
+		child := len(f) >= 2 && f[1] == self
+		if child {
 			children++
 			if f[0] == "Z" {
 				zombies++
 			}
 		}
-		if mark == "" {
-			continue
-		}
 		// A zombie's environment reads empty: it counts as its parent's child, not as marked.
-		env, err := os.ReadFile("/proc/" + p.Name() + "/environ")
-		if err == nil && bytes.Contains(append([]byte{0}, env...), want) {
-			marked++
+		isMarked := false
+		if mark != "" {
+			env, err := os.ReadFile("/proc/" + p.Name() + "/environ")
+			if isMarked = err == nil && bytes.Contains(append([]byte{0}, env...), want); isMarked {
+				marked++
+			}
+		}
+		if list != nil && (child || isMarked) {
+			cmd, _ := os.ReadFile("/proc/" + p.Name() + "/cmdline")
+			fmt.Fprintf(list, "  pid %s %s child=%v marked=%v: %s\n", p.Name(), strings.TrimSpace(s[:i+1]),
+				child, isMarked, strings.ReplaceAll(strings.TrimRight(string(cmd), "\x00"), "\x00", " "))
 		}
 	}
 	return children, zombies, marked
@@ -144,8 +151,14 @@ func MustSettle(t testing.TB, what string, base Resources, slack Slack, timeout 
 			return now
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: resources did not return to their baseline within %v:\n got  %v\n want at most %v plus %+v\n%s",
-				what, timeout, now, base, slack, Goroutines())
+			var procs strings.Builder
+			processes(os.Getpid(), os.Getenv(markEnv), &procs)
+			lines := strings.SplitAfter(procs.String(), "\n")
+			if len(lines) > 20 {
+				lines = append(lines[:20], fmt.Sprintf("  … and %d more\n", len(lines)-20))
+			}
+			t.Fatalf("%s: resources did not return to their baseline within %v:\n got  %v\n want at most %v plus %+v\nprocesses:\n%s\n%s",
+				what, timeout, now, base, slack, strings.Join(lines, ""), Goroutines())
 			return now
 		}
 		runtime.Gosched()
