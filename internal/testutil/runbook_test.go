@@ -1,0 +1,49 @@
+package testutil
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestRunbookQuotesRealLogLines: every log line docs/RUNBOOK.md explains (`WRN …`, `ERR …`,
+// `INF …`) is a message the code logs, word for word, so the runbook cannot go on explaining a
+// line that was reworded or removed.
+func TestRunbookQuotesRealLogLines(t *testing.T) {
+	root := filepath.Join("..", "..")
+	runbook, err := os.ReadFile(filepath.Join(root, "docs", "RUNBOOK.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var code strings.Builder
+	err = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "data" || d.Name() == "bin") && path != root {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		code.Write(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	quoted := regexp.MustCompile("`(?:WRN|ERR|INF) ([^`]+)`").FindAllStringSubmatch(string(runbook), -1)
+	if len(quoted) < 20 {
+		t.Fatalf("found %d log lines in the runbook; the pattern no longer matches how it quotes them", len(quoted))
+	}
+	for _, q := range quoted {
+		msg := strings.TrimSuffix(strings.TrimSpace(q[1]), " …")
+		msg = strings.TrimSuffix(msg, " (PostgreSQL)")
+		if !strings.Contains(code.String(), `"`+msg) {
+			t.Errorf("the runbook explains %q, which no code logs", msg)
+		}
+	}
+}
