@@ -251,6 +251,24 @@ type SetAttempts struct {
 	Attempts  int
 }
 
+// MarkProbation records that a suspect message (Attempts at least ProbationAfter) is about to
+// run in the daemon run Run, alone among suspects: Store.BeginRun counts an unclean stop
+// against such a message only when its mark names the run that died. Re-applying it is a
+// no-op; an unknown message is a no-op.
+type MarkProbation struct {
+	SessionID string
+	Seq       int64
+	Run       string
+}
+
+// ProbationAfter is the attempts (unclean stops counted, Message.Attempts) from which a head
+// pending message is a suspect: it runs alone among suspects, marked with its run first
+// (MarkProbation), and an unclean stop counts against it only when it was running then. It is
+// one below the session's quarantine limit (actors.QuarantineAfter), so that every message in
+// flight during a crash loop reaches it and only the one that runs when the process dies goes
+// past it.
+const ProbationAfter = 2
+
 // ArchiveMessages marks rows inactive and archived (undo, retry); rows are never deleted.
 type ArchiveMessages struct {
 	SessionID string
@@ -316,6 +334,7 @@ func (*AppendMessage) isOp()     {}
 func (*SetMessageStatus) isOp()  {}
 func (*IncrementAttempts) isOp() {}
 func (*SetAttempts) isOp()       {}
+func (*MarkProbation) isOp()     {}
 func (*ArchiveMessages) isOp()   {}
 func (*PutRoute) isOp()          {}
 func (*AddOutbox) isOp()         {}

@@ -40,10 +40,11 @@ const (
 		WHERE platform = $1 AND chat_id = $2 AND message_id = $3 AND role = 'user' AND message_id <> ''`
 	setStatusSQL = `UPDATE messages SET status = $1, turn_id = CASE WHEN $2::text <> '' THEN $2::text ELSE turn_id END
 		WHERE session_id = $3 AND seq = $4`
-	incAttemptsSQL = `UPDATE messages SET attempts = attempts + 1 WHERE session_id = $1 AND seq = $2`
-	setAttemptsSQL = `UPDATE messages SET attempts = GREATEST(attempts, $1) WHERE session_id = $2 AND seq = $3`
-	archiveSQL     = `UPDATE messages SET active = FALSE, archived = TRUE WHERE session_id = $1 AND seq = $2`
-	putRouteSQL    = `INSERT INTO routing (key, session_id, generation, updated_at) VALUES ($1, $2, $3, $4)
+	incAttemptsSQL   = `UPDATE messages SET attempts = attempts + 1 WHERE session_id = $1 AND seq = $2`
+	setAttemptsSQL   = `UPDATE messages SET attempts = GREATEST(attempts, $1) WHERE session_id = $2 AND seq = $3`
+	archiveSQL       = `UPDATE messages SET active = FALSE, archived = TRUE WHERE session_id = $1 AND seq = $2`
+	markProbationSQL = `UPDATE messages SET probation_run = $1 WHERE session_id = $2 AND seq = $3`
+	putRouteSQL      = `INSERT INTO routing (key, session_id, generation, updated_at) VALUES ($1, $2, $3, $4)
 		ON CONFLICT (key) DO UPDATE SET session_id = excluded.session_id,
 			generation = excluded.generation, updated_at = excluded.updated_at
 		WHERE excluded.generation > routing.generation`
@@ -364,6 +365,11 @@ func groupStmts(ops []persistence.Op) ([]stmt, error) {
 				return nil, errors.New("set attempts: nil op")
 			}
 			add(setAttemptsSQL, o.Attempts, o.SessionID, o.Seq)
+		case *persistence.MarkProbation:
+			if o == nil || o.Run == "" {
+				return nil, errors.New("mark probation: run required")
+			}
+			add(markProbationSQL, o.Run, o.SessionID, o.Seq)
 		case *persistence.ArchiveMessages:
 			if o == nil {
 				return nil, errors.New("archive messages: nil op")

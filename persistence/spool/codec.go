@@ -81,6 +81,8 @@ func encodeOp(op persistence.Op) (string, []byte, error) {
 		typ, isNil = "IncrementAttempts", o == nil
 	case *persistence.SetAttempts:
 		typ, isNil = "SetAttempts", o == nil
+	case *persistence.MarkProbation:
+		typ, isNil = "MarkProbation", o == nil
 	case *persistence.ArchiveMessages:
 		typ, isNil = "ArchiveMessages", o == nil
 	case *persistence.PutRoute:
@@ -133,6 +135,8 @@ func newOp(typ string) persistence.Op {
 		return &persistence.IncrementAttempts{}
 	case "SetAttempts":
 		return &persistence.SetAttempts{}
+	case "MarkProbation":
+		return &persistence.MarkProbation{}
 	case "ArchiveMessages":
 		return &persistence.ArchiveMessages{}
 	case "PutRoute":

@@ -49,6 +49,7 @@ func opSamples() []persistence.Op {
 		&persistence.SetMessageStatus{SessionID: "s-1", Seqs: []int64{1, 2, 1 << 62}, Status: persistence.StatusDone, TurnID: "turn-2"},
 		&persistence.IncrementAttempts{SessionID: "s-1", Seqs: []int64{4}},
 		&persistence.SetAttempts{SessionID: "s-1", Seq: 4, Attempts: 3},
+		&persistence.MarkProbation{SessionID: "s-1", Seq: 4, Run: "r-1"},
 		&persistence.ArchiveMessages{SessionID: "s-1", Seqs: []int64{5, 6}},
 		&persistence.PutRoute{Route: persistence.Route{Key: "k", SessionID: "s-1", Generation: 9, UpdatedAt: t0}},
 		&persistence.AddOutbox{Entry: persistence.OutboxEntry{

@@ -31,6 +31,7 @@ const (
 	stSetStatus
 	stIncAttempts
 	stSetAttempts
+	stMarkProbation
 	stArchive
 	stPutRoute
 	stAddOutbox
@@ -65,9 +66,10 @@ var writeSQL = [numStmts]string{
 		WHERE platform = ? AND chat_id = ? AND message_id = ? AND role = 'user' AND message_id <> ''`,
 	stSetStatus: `UPDATE messages SET status = ?, turn_id = CASE WHEN ? <> '' THEN ? ELSE turn_id END
 		WHERE session_id = ? AND seq = ?`,
-	stIncAttempts: `UPDATE messages SET attempts = attempts + 1 WHERE session_id = ? AND seq = ?`,
-	stSetAttempts: `UPDATE messages SET attempts = MAX(attempts, ?) WHERE session_id = ? AND seq = ?`,
-	stArchive:     `UPDATE messages SET active = 0, archived = 1 WHERE session_id = ? AND seq = ?`,
+	stIncAttempts:   `UPDATE messages SET attempts = attempts + 1 WHERE session_id = ? AND seq = ?`,
+	stSetAttempts:   `UPDATE messages SET attempts = MAX(attempts, ?) WHERE session_id = ? AND seq = ?`,
+	stArchive:       `UPDATE messages SET active = 0, archived = 1 WHERE session_id = ? AND seq = ?`,
+	stMarkProbation: `UPDATE messages SET probation_run = ? WHERE session_id = ? AND seq = ?`,
 	stPutRoute: `INSERT INTO routing (key, session_id, generation, updated_at) VALUES (?, ?, ?, ?)
 		ON CONFLICT (key) DO UPDATE SET session_id = excluded.session_id,
 			generation = excluded.generation, updated_at = excluded.updated_at
@@ -428,6 +430,12 @@ func (t *txn) apply(op persistence.Op) error {
 		}
 		_, err := t.exec(stSetAttempts, o.Attempts, o.SessionID, o.Seq)
 		return wrap(err, "set attempts %s/%d", o.SessionID, o.Seq)
+	case *persistence.MarkProbation:
+		if o == nil || o.Run == "" {
+			return errors.New("mark probation: run required")
+		}
+		_, err := t.exec(stMarkProbation, o.Run, o.SessionID, o.Seq)
+		return wrap(err, "mark probation %s/%d", o.SessionID, o.Seq)
 	case *persistence.ArchiveMessages:
 		if o == nil {
 			return errors.New("archive messages: nil op")

@@ -518,6 +518,7 @@ func TestMigrationOneUndeliveredIndex(t *testing.T) {
 	mustExec(t, raw, `DROP INDEX outbox_undelivered`)
 	mustExec(t, raw, `CREATE INDEX outbox_undelivered ON outbox (session_key, seq) WHERE state IN ('pending', 'failed')`)
 	mustExec(t, raw, `CREATE INDEX outbox_session_undelivered ON outbox (session_id) WHERE state <> 'delivered'`)
+	undoProbationColumn(t, raw)
 	mustExec(t, raw, `DELETE FROM schema_migrations WHERE version >= 7`)
 	mustExec(t, raw, `UPDATE outbox SET state = 'sending' WHERE seq = 4`)
 
@@ -656,6 +657,7 @@ func TestMigrationOutboxRowidTable(t *testing.T) {
 			e.Platform, e.ChatType, e.ChatID, e.ThreadID, e.UserID, e.State, e.Attempts, e.CreatedAt.UnixNano(),
 			nullTime(e.DeliveredAt))
 	}
+	undoProbationColumn(t, raw)
 	mustExec(t, raw, `DELETE FROM schema_migrations WHERE version >= 8`)
 
 	var logs testutil.Buffer
@@ -763,6 +765,13 @@ func nullTime(t time.Time) any {
 		return nil
 	}
 	return t.UnixNano()
+}
+
+// undoProbationColumn drops the column migration 0014 adds (SQLite has no ADD COLUMN IF NOT
+// EXISTS), for a test that migrates again from a version before it.
+func undoProbationColumn(t *testing.T, raw *sql.DB) {
+	t.Helper()
+	mustExec(t, raw, `ALTER TABLE messages DROP COLUMN probation_run`)
 }
 
 // latestMigration returns the version the schema migrates to, as the log prints it.

@@ -43,6 +43,7 @@ func idempotentOps() []persistence.Op {
 		&persistence.AppendMessage{Message: userMsg("s1", 3, "m3", "undo me")},
 		&persistence.SetMessageStatus{SessionID: "s1", Seqs: []int64{1}, Status: persistence.StatusDone, TurnID: "turn-1"},
 		&persistence.SetAttempts{SessionID: "s1", Seq: 1, Attempts: 2},
+		&persistence.MarkProbation{SessionID: "s1", Seq: 1, Run: "r1"},
 		&persistence.ArchiveMessages{SessionID: "s1", Seqs: []int64{3}},
 		&persistence.TouchSession{SessionID: "s1", At: at(5)},
 		&persistence.SetTitle{SessionID: "s1", Title: "greetings"},
