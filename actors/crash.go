@@ -23,6 +23,7 @@ func (s *Session) onRestarting(c actor.Context) {
 	s.life.restarts++
 	s.life.leaving = s.leaving // a restart is no reason to run turns on a leaving member
 	s.life.suspects = nil
+	s.endProbation(c) // the next incarnation asks again if its head is still a suspect
 	if s.running != nil {
 		// The turn is no child of the session: stop it here. Its draft is marked interrupted
 		// now: a message quarantined at its last crash has no rerun whose stream would.

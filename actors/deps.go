@@ -112,6 +112,10 @@ type Deps struct {
 	// Run identifies this daemon run: drafts record it, so that a start removes only the
 	// drafts earlier runs left unfinished (see drafts.go). Empty turns that removal off.
 	Run string
+	// Probation is the probation actor (NewProbation): a session asks it for the token before
+	// it runs a suspect message (ProbationAfter). nil turns probation off: cluster mode, where
+	// deaths are counted at claim time (Store.Claim) and Store.BeginRun is never called.
+	Probation *actor.PID
 	// Dispatcher runs every actor's mailbox (nil: protoactor's default, a new goroutine per
 	// mailbox run).
 	Dispatcher actor.Dispatcher

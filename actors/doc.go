@@ -12,9 +12,14 @@
 //     what it no longer runs to each key's successor.
 //   - Session (child of SessionManager, named by its key): Deliver, GetState, ResetSession
 //     (protobuf, messages.proto), TurnFinished and turnPanicked from its Turn,
-//     persistence.WriteResult, idleCheck from the manager's idle sweep (passivation), and
-//     leaving when its member leaves the cluster.
+//     persistence.WriteResult, idleCheck from the manager's idle sweep (passivation),
+//     leaving when its member leaves the cluster, and probationGranted and probationLost from
+//     Probation.
 //     Acknowledges a message only once it is durable.
+//   - Probation (top level, "probation"; a single daemon's only): askProbation and endProbation
+//     from sessions, and Terminated of the sessions it watches. Grants its one token in request
+//     order to sessions whose next message is a suspect (the daemon's unclean stops counted
+//     against it ProbationAfter times; probationGranted), so that suspects run one at a time.
 //   - Turn (top level, "turn-<n>", spawned by a Session): runTurn, then runs one agent call in a
 //     goroutine it owns, and a relay goroutine that hands steered messages to the agent; the
 //     session cancels it by stopping it. A panic in the agent is handed to the session, which

@@ -112,6 +112,29 @@ type turnPanicked struct {
 	Err    error
 }
 
+// probationGranted gives a session the probation token it asked for (askProbation id): its
+// suspect message may run.
+type probationGranted struct{ id string }
+
+// probationLost tells a session that Probation restarted and forgot its request id: it asks
+// again.
+type probationLost struct{ id string }
+
+// Received by Probation.
+
+// askProbation asks for the probation token for a session's suspect message (the key and
+// message id are for the logs). The answer is a probationGranted with the same id.
+type askProbation struct {
+	id      string
+	session *actor.PID
+	key     string
+	message string
+}
+
+// endProbation gives the token of request id back, or withdraws the request if it waits.
+// Unknown ids are ignored.
+type endProbation struct{ id string }
+
 // Received by Turn.
 
 // runTurn is a turn's first message, from its session: the request to run, and the session to

@@ -65,6 +65,9 @@ type Session struct {
 	lastTouched  time.Time // last message other than ticks (passivation)
 	passivating  bool      // asked the manager to stop it
 	unloaded     bool      // started while the spool held writes: not loaded yet (waitForStore)
+	// probation is the request for the probation token of a suspect message (Probation); nil
+	// when the session neither holds nor waits for it.
+	probation *probationRun
 
 	// life survives restarts of this actor, so a new incarnation knows how often it crashed and
 	// on which messages. It is nil until the first crash: the failing incarnation creates it
@@ -210,6 +213,10 @@ func (s *Session) Receive(c actor.Context) {
 		s.tryStart(c)
 	case *resendTick:
 		s.resend(c)
+	case *probationGranted:
+		s.onProbationGranted(c, m)
+	case *probationLost:
+		s.onProbationLost(c, m)
 	case *actor.Restarting:
 		s.onRestarting(c)
 	case *actor.Stopping:
@@ -217,6 +224,7 @@ func (s *Session) Receive(c actor.Context) {
 		// messages stay pending in the store, to run again at the next activation. From here on
 		// the session acts on nothing (its turn's termination is not a crash).
 		s.dead = true
+		s.endProbation(c)
 		if s.running != nil {
 			c.Stop(s.running.pid)
 		}
@@ -231,6 +239,9 @@ func (s *Session) Receive(c actor.Context) {
 		if s.busy {
 			c.Send(c.Parent(), &busyChanged{key: s.key, busy: false})
 		}
+	}
+	if s.probation != nil && !s.dead {
+		s.settleProbation(c)
 	}
 }
 

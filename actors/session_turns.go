@@ -51,6 +51,10 @@ func (s *Session) tryStart(c actor.Context) {
 		s.updateBusy(c)
 		return
 	}
+	if s.holdForProbation(c) {
+		s.updateBusy(c)
+		return
+	}
 	s.d.props()
 	group := s.nextGroup()
 	s.dequeue(len(group))

@@ -78,10 +78,13 @@ func newManagerWorldWith(t *testing.T, path string, agent agents.Agent, setup fu
 	}
 	w.d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, writeTo, persistence.ActorOptions{MaxBatch: 64,
 		Incarnation: &w.d.PersistIncarnation})))
+	// As a single daemon has it; sessions ask it only when setup gives the world a Run.
+	w.d.Probation = system.Root.Spawn(NewProbation(w.d))
 	w.manager = system.Root.Spawn(NewSessionManager(w.d))
 	w.key = identity.Key(w.src, w.d.Config.Keys)
 	t.Cleanup(func() { // the manager and the writer before the store closes
 		_ = system.Root.StopFuture(w.manager).Wait()
+		_ = system.Root.StopFuture(w.d.Probation).Wait()
 		_ = system.Root.StopFuture(w.d.Persist).Wait()
 		system.Shutdown()
 		if err := store.Close(); err != nil {

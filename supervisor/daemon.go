@@ -281,6 +281,8 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 					return nil, fmt.Errorf("start: %w", err)
 				}
 			}
+		case ch.Name == "probation":
+			d.deps.Probation = pid
 		case ch.Name == "timers":
 			d.timers = pid
 		}
@@ -594,6 +596,8 @@ func platformProps(p platforms.Platform) func(d *Daemon) *actor.Props {
 }
 
 func managerProps(d *Daemon) *actor.Props { return actors.NewSessionManager(d.deps) }
+
+func probationProps(d *Daemon) *actor.Props { return actors.NewProbation(d.deps) }
 
 func timersProps(d *Daemon) *actor.Props {
 	return actors.NewTimers(d.deps, d.router, d.cfg.Sessions.Reset.CheckEvery)
