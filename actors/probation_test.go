@@ -86,6 +86,50 @@ func TestProbationRunsSuspectsOneAtATime(t *testing.T) {
 	})
 }
 
+// TestProbationMarksTheRunningSuspect: a suspect's turn starts only once its run is marked, so
+// when the daemon dies meanwhile, the next start (Store.BeginRun) counts that suspect alone: not
+// the one waiting for the token. A message that is no suspect counts as ever.
+func TestProbationMarksTheRunningSuspect(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		MustSeedHeads(t, path, map[string]int{"p1": ProbationAfter, "p2": ProbationAfter, "n3": 0})
+		func() { // the run that is about to die, recorded as the daemon does at start
+			store, err := sqlite.Open(t.Context(), path, sqlite.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer store.Close()
+			if _, err := store.BeginRun(t.Context(), "run-1", time.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}()
+		started := make(chan string, 16)
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			started <- req.Identity.MessageID
+			<-ctx.Done() // it runs until the process dies
+			return nil, ctx.Err()
+		})
+		w := newManagerWorldAt(t, path, agent, func(d *Deps) { d.Run = "run-1" })
+		synctest.Wait()
+		got := drain(started)
+		running := slices.DeleteFunc(slices.Clone(got), func(id string) bool { return id == "n3" })
+		if len(running) != 1 || len(got) != 2 {
+			t.Fatalf("turns started: %v, want n3 and one suspect", got)
+		}
+		// The process dies here: the next start counts its unclean stop.
+		u, err := w.store.BeginRun(t.Context(), "run-2", time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []persistence.CountedMessage{{SessionID: "s-n3", MessageID: "n3", Attempts: 1},
+			{SessionID: "s-" + running[0], MessageID: running[0], Attempts: ProbationAfter + 1}}
+		slices.SortFunc(want, func(a, b persistence.CountedMessage) int { return strings.Compare(a.SessionID, b.SessionID) })
+		if u == nil || !slices.Equal(u.Counted, want) {
+			t.Errorf("BeginRun after the death counted %+v, want %+v (the waiting suspect not)", u, want)
+		}
+	})
+}
+
 // TestProbationWithoutARunRunsAll: without a run (cluster mode, which counts deaths at claim
 // time) suspects run as any message does, at once.
 func TestProbationWithoutARunRunsAll(t *testing.T) {

@@ -529,7 +529,10 @@ type Store interface {
 	// hit a fatal runtime error), it counts that unclean stop in the same transaction: it adds
 	// 1 to Attempts of the head pending message (the lowest seq with StatusPending, active,
 	// of role user) of each routed session, the message that was running or next to run
-	// there, and returns the run before; otherwise it returns nil. Cluster members, which
+	// there, and returns the run before; otherwise it returns nil. A head whose Attempts
+	// have reached ProbationAfter (a suspect) counts only when MarkProbation marked it in the
+	// run that died: suspects run one at a time, so only the one running then counts, not
+	// those waiting for their turn. Cluster members, which
 	// start and stop independently on one database, never call it.
 	BeginRun(ctx context.Context, run string, at time.Time) (*UncleanStop, error)
 	// EndRun records that run stopped cleanly. It changes nothing when another run began

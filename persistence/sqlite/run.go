@@ -13,12 +13,14 @@ import (
 const (
 	lastRunSQL = `SELECT run, started_at FROM daemon_run WHERE one = 1`
 	// countUncleanStopSQL adds one attempt to the head pending message of each routed session
-	// (messages_pending serves the MIN).
+	// (messages_pending serves the MIN), unless it is a suspect (attempts ?1 or more,
+	// persistence.ProbationAfter) that was not marked to run in the run that died (?2).
 	countUncleanStopSQL = `UPDATE messages SET attempts = attempts + 1
 		WHERE role = 'user' AND status = 'pending' AND active = 1
 			AND session_id IN (SELECT session_id FROM routing)
 			AND seq = (SELECT MIN(h.seq) FROM messages h WHERE h.session_id = messages.session_id
 				AND h.role = 'user' AND h.status = 'pending' AND h.active = 1)
+			AND (attempts < ?1 OR probation_run = ?2)
 		RETURNING session_id, message_id, attempts`
 	beginRunSQL = `INSERT INTO daemon_run (one, run, started_at) VALUES (1, ?1, ?2)
 		ON CONFLICT (one) DO UPDATE SET run = ?1, started_at = ?2`
@@ -63,7 +65,7 @@ func (s *Store) beginRun(ctx context.Context, run string, at time.Time) (_ *pers
 		return nil, fmt.Errorf("read the last run: %w", err)
 	}
 	if last.Run != "" {
-		counted, err := countUncleanStop(ctx, tx)
+		counted, err := countUncleanStop(ctx, tx, last.Run)
 		if err != nil {
 			return nil, fmt.Errorf("count the unclean stop: %w", err)
 		}
@@ -105,9 +107,10 @@ func (s *Store) endRun(ctx context.Context, run string) error {
 	return err
 }
 
-// countUncleanStop runs countUncleanStopSQL and returns the messages it counted against.
-func countUncleanStop(ctx context.Context, tx *sql.Tx) ([]persistence.CountedMessage, error) {
-	rows, err := tx.QueryContext(ctx, countUncleanStopSQL)
+// countUncleanStop runs countUncleanStopSQL for the run that died and returns the messages it
+// counted against.
+func countUncleanStop(ctx context.Context, tx *sql.Tx, died string) ([]persistence.CountedMessage, error) {
+	rows, err := tx.QueryContext(ctx, countUncleanStopSQL, persistence.ProbationAfter, died)
 	if err != nil {
 		return nil, err
 	}

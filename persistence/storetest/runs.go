@@ -81,3 +81,74 @@ func testUncleanStops(t *testing.T, s persistence.Store) {
 		t.Fatalf("EndRun(%s) error: %v", last, err)
 	}
 }
+
+// testUncleanStopsOnProbation: a head whose attempts reached persistence.ProbationAfter (a
+// suspect) counts an unclean stop only when MarkProbation marked it in the run that died: not
+// when unmarked (it waited for its turn), nor when marked in an earlier run; no message behind
+// it counts in its place. Heads below ProbationAfter count as ever.
+func testUncleanStopsOnProbation(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	p := persistence.ProbationAfter
+	head := func(sid, key, msgID string, attempts int) {
+		t.Helper()
+		start(t, s, sid, key, 1)
+		MustCommit(t, s, &persistence.AppendMessage{Message: userMsg(sid, 1, msgID, "head")},
+			&persistence.AppendMessage{Message: userMsg(sid, 2, msgID+"-next", "behind it")},
+			&persistence.SetAttempts{SessionID: sid, Seq: 1, Attempts: attempts})
+	}
+	head("s1", "k1", "waited", p)      // a suspect that never ran: not counted
+	head("s2", "k2", "ran", p)         // the suspect running when the run died: counted
+	head("s3", "k3", "ran-before", p)  // a suspect marked in an earlier run: not counted
+	head("s4", "k4", "in-flight", p-1) // below probation: counted as ever
+	head("s5", "k5", "fresh", 0)       // counted as ever
+	attempts := func(t *testing.T) map[string]int {
+		t.Helper()
+		got := map[string]int{}
+		for _, sid := range []string{"s1", "s2", "s3", "s4", "s5"} {
+			for _, m := range check(s.Transcript(ctx, sid)).must(t, "Transcript") {
+				if m.Role == persistence.RoleUser {
+					got[m.MessageID] = m.Attempts
+				}
+			}
+		}
+		return got
+	}
+	begin := func(t *testing.T, run string, sec int) *persistence.UncleanStop {
+		t.Helper()
+		u, err := s.BeginRun(ctx, run, at(sec))
+		if err != nil {
+			t.Fatalf("BeginRun(%s) error: %v", run, err)
+		}
+		return u
+	}
+	begin(t, "r1", 1)
+	MustCommit(t, s, &persistence.MarkProbation{SessionID: "s3", Seq: 1, Run: "r1"})
+	if err := s.EndRun(ctx, "r1"); err != nil {
+		t.Fatalf("EndRun(r1) error: %v", err)
+	}
+	begin(t, "r2", 2)
+	// Re-sent, as a write whose answer was lost is: a no-op.
+	mark := &persistence.MarkProbation{SessionID: "s2", Seq: 1, Run: "r2"}
+	MustCommit(t, s, mark)
+	MustCommit(t, s, mark)
+	MustCommit(t, s, &persistence.MarkProbation{SessionID: "s0", Seq: 1, Run: "r2"}) // unknown: a no-op
+
+	t.Run("only the marked suspect and heads below probation count", func(t *testing.T) {
+		got := begin(t, "r3", 3) // r2 died
+		diff(t, "BeginRun(r3)", got, &persistence.UncleanStop{Run: "r2", StartedAt: at(2), Counted: []persistence.CountedMessage{
+			{SessionID: "s2", MessageID: "ran", Attempts: p + 1},
+			{SessionID: "s4", MessageID: "in-flight", Attempts: p},
+			{SessionID: "s5", MessageID: "fresh", Attempts: 1}}})
+		diff(t, "attempts", attempts(t), map[string]int{
+			"waited": p, "waited-next": 0, "ran": p + 1, "ran-next": 0, "ran-before": p, "ran-before-next": 0,
+			"in-flight": p, "in-flight-next": 0, "fresh": 1, "fresh-next": 0})
+	})
+	t.Run("a mark of a run that did not die counts nothing", func(t *testing.T) {
+		got := begin(t, "r4", 4) // r3 died; s2's mark names r2, and s4 is a suspect now
+		diff(t, "BeginRun(r4)", got, &persistence.UncleanStop{Run: "r3", StartedAt: at(3), Counted: []persistence.CountedMessage{
+			{SessionID: "s5", MessageID: "fresh", Attempts: 2}}})
+	})
+	if err := s.EndRun(ctx, "r4"); err != nil {
+		t.Fatalf("EndRun(r4) error: %v", err)
+	}
+}

@@ -51,6 +51,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"ReopenSession", testReopenSession},
 		{"SetAttempts", testSetAttempts},
 		{"UncleanStops", testUncleanStops},
+		{"UncleanStopsOnProbation", testUncleanStopsOnProbation},
 		{"PruneSessions", testPruneSessions},
 		{"PruneSessionsLimit", testPruneSessionsLimit},
 		{"PruneConcurrentWithCommit", testPruneConcurrentWithCommit},
