@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -88,6 +89,99 @@ func poisonCrashLoop(t *testing.T, serve func() *daemon) *daemon {
 		t.Errorf("/metrics does not count the quarantine:\n%s", grep(body, "agentgate_messages_quarantined_total"))
 	}
 	return d
+}
+
+// TestPoisonSparesTheChatsInFlight: a slow, innocent message of another chat is in flight at
+// every unclean stop of the poison message's crash loop (its turn runs again at each start and
+// is still running when the process dies). Both reach 2 strikes; from then on they run on
+// probation, one at a time, and a stop counts only against the one that ran: the poison message
+// is quarantined after 3 stops, the innocent one is answered. Without probation both reach 3.
+func TestPoisonSparesTheChatsInFlight(t *testing.T) {
+	dataDir, marks := t.TempDir(), t.TempDir()
+	// Poison hangs, as one that takes its daemon down runs until it does; slow hangs until the
+	// test creates $MARKS/release (at most 60 s: a killed daemon leaves it behind).
+	env := []string{"AGENTGATE_AGENT_BACKEND=exec", "MARKS=" + marks, "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=100ms",
+		`AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'case "$AGENTGATE_MESSAGE_ID" in poison*) sleep 60;; slow*) i=0; while [ ! -e "$MARKS/release" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done;; esac; echo "answered $AGENTGATE_MESSAGE_ID"']`}
+	const poisonKey, slowKey = "agent:main:http:dm:c1", "agent:main:http:dm:c2"
+	running := func(d *daemon, key string) bool {
+		t.Helper()
+		_, body := get(t, d.base+"/v1/sessions/"+key)
+		return strings.Contains(body, `"running_turn_id":"t_`)
+	}
+	kill := func(d *daemon) {
+		t.Helper()
+		if err := d.cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		<-d.done
+	}
+	release := func() {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(marks, "release"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	d := MustServe(t, dataDir, env...)
+	for _, m := range []string{`{"chat_id":"c1","user_id":"u1","text":"poison","message_id":"poison-1"}`,
+		`{"chat_id":"c2","user_id":"u2","text":"slow","message_id":"slow-1"}`} {
+		if status, ack := post(t, d.base+"/v1/messages", "", m); status != http.StatusAccepted {
+			t.Fatalf("POST %s = %d %v, want 202", m, status, ack)
+		}
+	}
+	for stop := 1; stop <= 2; stop++ {
+		if stop > 1 {
+			d = MustServe(t, dataDir, env...)
+		}
+		waitFor(t, 30*time.Second, func() bool { return running(d, poisonKey) && running(d, slowKey) })
+		kill(d) // unclean stops 1 and 2: both in flight, both count
+	}
+
+	// Both have 2 strikes: they run one at a time. When the slow one runs first (the poison
+	// message's session says it waits), it is answered, and the poison message runs next.
+	d = MustServe(t, dataDir, env...)
+	waitFor(t, 30*time.Second, func() bool {
+		return running(d, poisonKey) || running(d, slowKey) && logged(d, "waits to run alone", "message=poison-1")
+	})
+	if !running(d, poisonKey) {
+		t.Log("the slow message runs first on probation; it is answered, then the poison message runs")
+		release()
+		waitFor(t, 30*time.Second, func() bool { return running(d, poisonKey) })
+	}
+	if running(d, slowKey) {
+		t.Errorf("the slow message runs along with the poison message after 2 unclean stops, want one at a time")
+	}
+	if !logged(d, "running a suspect message on probation", "message=poison-1", "strikes=2/3") {
+		t.Errorf("the log does not say the poison message runs on probation:\n%s", d.stderr.String())
+	}
+	kill(d) // unclean stop 3: counted against the poison message alone
+	release()
+
+	d = MustServe(t, dataDir, env...)
+	events := readSSE(t, d.base+"/v1/sessions/"+poisonKey+"/events", "", 1)
+	if text, _ := events[0].data["text"].(string); events[0].event != "notice" || !strings.Contains(text, "restarted 3 times") {
+		t.Errorf("the poison message's chat got %s %v, want a quarantine notice that says agentgate restarted 3 times", events[0].event, events[0].data)
+	}
+	events = readSSE(t, d.base+"/v1/sessions/"+slowKey+"/events", "", 1)
+	if text, _ := events[0].data["text"].(string); events[0].event != "reply" || text != "answered slow-1" {
+		t.Errorf("the slow message's chat got %s %v, want the answer to slow-1", events[0].event, events[0].data)
+	}
+	if _, body := get(t, d.base+"/metrics"); !strings.Contains(body, `agentgate_messages_quarantined_total{cause="unclean_restart"} 1`) {
+		t.Errorf("/metrics does not count one quarantine:\n%s", grep(body, "agentgate_messages_quarantined_total"))
+	}
+	if err := d.stop(t, 30*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v, want 0", err)
+	}
+}
+
+// logged reports whether a line of d's log holds every one of parts.
+func logged(d *daemon, parts ...string) bool {
+	for line := range strings.Lines(d.stderr.String()) {
+		if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
+			return true
+		}
+	}
+	return false
 }
 
 // TestAgentSignalledWithTheDaemonRunsAgain: a service manager that stops agentgate signals its
