@@ -113,8 +113,9 @@ type Deps struct {
 	// drafts earlier runs left unfinished (see drafts.go). Empty turns that removal off.
 	Run string
 	// Probation is the probation actor (NewProbation): a session asks it for the token before
-	// it runs a suspect message (ProbationAfter). nil turns probation off: cluster mode, where
-	// deaths are counted at claim time (Store.Claim) and Store.BeginRun is never called.
+	// it runs a suspect message (ProbationAfter), and marks it with Run. nil (or an empty Run)
+	// turns probation off: cluster mode, where deaths are counted at claim time (Store.Claim)
+	// and Store.BeginRun is never called.
 	Probation *actor.PID
 	// Dispatcher runs every actor's mailbox (nil: protoactor's default, a new goroutine per
 	// mailbox run).
