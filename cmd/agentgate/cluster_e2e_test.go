@@ -54,10 +54,7 @@ func TestClusterMemberKilled(t *testing.T) {
 			t.Fatalf("POST: %d %v", status, body)
 		}
 	}
-	if err := b.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	<-b.done
+	b.kill(t)
 
 	conn, err := pgx.Connect(context.Background(), dsn)
 	if err != nil {

@@ -46,13 +46,6 @@ func poisonCrashLoop(t *testing.T, serve func() *daemon) *daemon {
 			return strings.Contains(body, `"running_turn_id":"t_`)
 		})
 	}
-	kill := func(d *daemon) {
-		t.Helper()
-		if err := d.cmd.Process.Kill(); err != nil {
-			t.Fatal(err)
-		}
-		<-d.done
-	}
 
 	d := serve()
 	status, ack := post(t, d.base+"/v1/messages", "", `{"chat_id":"c1","user_id":"u1","text":"poison","message_id":"poison-1"}`)
@@ -60,7 +53,7 @@ func poisonCrashLoop(t *testing.T, serve func() *daemon) *daemon {
 		t.Fatalf("POST = %d %v, want 202 for %s", status, ack, key)
 	}
 	running(d)
-	kill(d) // unclean stop 1
+	d.kill(t) // unclean stop 1
 
 	d = serve()
 	running(d) // recovered and run again
@@ -71,7 +64,7 @@ func poisonCrashLoop(t *testing.T, serve func() *daemon) *daemon {
 	for range 2 {
 		d = serve()
 		running(d) // not quarantined yet: the clean stop did not count
-		kill(d)    // unclean stops 2 and 3
+		d.kill(t)  // unclean stops 2 and 3
 	}
 
 	d = serve()
@@ -108,13 +101,6 @@ func TestPoisonSparesTheChatsInFlight(t *testing.T) {
 		_, body := get(t, d.base+"/v1/sessions/"+key)
 		return strings.Contains(body, `"running_turn_id":"t_`)
 	}
-	kill := func(d *daemon) {
-		t.Helper()
-		if err := d.cmd.Process.Kill(); err != nil {
-			t.Fatal(err)
-		}
-		<-d.done
-	}
 	release := func() {
 		t.Helper()
 		if err := os.WriteFile(filepath.Join(marks, "release"), nil, 0o600); err != nil {
@@ -134,7 +120,7 @@ func TestPoisonSparesTheChatsInFlight(t *testing.T) {
 			d = MustServe(t, dataDir, env...)
 		}
 		waitFor(t, 30*time.Second, func() bool { return running(d, poisonKey) && running(d, slowKey) })
-		kill(d) // unclean stops 1 and 2: both in flight, both count
+		d.kill(t) // unclean stops 1 and 2: both in flight, both count
 	}
 
 	// Both have 2 strikes: they run one at a time. When the slow one runs first (the poison
@@ -154,7 +140,7 @@ func TestPoisonSparesTheChatsInFlight(t *testing.T) {
 	if !logged(d, "running a suspect message on probation", "message=poison-1", "strikes=2/3") {
 		t.Errorf("the log does not say the poison message runs on probation:\n%s", d.stderr.String())
 	}
-	kill(d) // unclean stop 3: counted against the poison message alone
+	d.kill(t) // unclean stop 3: counted against the poison message alone
 	release()
 
 	d = MustServe(t, dataDir, env...)

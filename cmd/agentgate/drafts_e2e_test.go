@@ -41,10 +41,7 @@ func TestKilledWhileStreamingLeavesNoHalfAnswer(t *testing.T) {
 		t.Fatalf("draft = %q, want the first words of the stream", draft.Content)
 	}
 	waitFor(t, 10*time.Second, func() bool { return openDrafts(t, dataDir) == 1 }) // its record is durable
-	if err := d.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	<-d.done
+	d.kill(t)
 
 	d = MustServe(t, dataDir, env...)
 	srv.WaitReady(t)

@@ -122,6 +122,15 @@ func MustServeCmd(t *testing.T, cmd *exec.Cmd, env ...string) *daemon {
 	return d
 }
 
+// kill stops the daemon with SIGKILL (an unclean stop) and waits for it to exit.
+func (d *daemon) kill(t *testing.T) {
+	t.Helper()
+	if err := d.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-d.done
+}
+
 // stop sends SIGTERM and returns the exit error, failing if the daemon outlives deadline.
 func (d *daemon) stop(t *testing.T, deadline time.Duration) error {
 	t.Helper()

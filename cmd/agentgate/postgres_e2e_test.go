@@ -48,10 +48,7 @@ func TestDaemonOnPostgres(t *testing.T) {
 		t.Errorf("a second daemon on the database: %v\n%s\nwant it refused", err, out)
 	}
 
-	if err := d.cmd.Process.Kill(); err != nil { // kill -9 with the turn running
-		t.Fatal(err)
-	}
-	<-d.done
+	d.kill(t)                              // kill -9 with the turn running
 	d2 := MustServe(t, t.TempDir(), pg...) // echo agent; nothing of the first daemon's data dir
 	key := ack["session_key"].(string)
 	events := readSSE(t, d2.base+"/v1/sessions/"+key+"/events", "", 1)
