@@ -357,7 +357,10 @@ type SessionState struct {
 	Node                 string                 `protobuf:"bytes,10,opt,name=node,proto3" json:"node,omitempty"`
 	// active is false when no actor runs for the key (it is passivated); the other fields are
 	// then empty.
-	Active        bool `protobuf:"varint,11,opt,name=active,proto3" json:"active,omitempty"`
+	Active bool `protobuf:"varint,11,opt,name=active,proto3" json:"active,omitempty"`
+	// probation is "waiting" while the next message, a suspect (Probation), waits for its turn
+	// to run alone among such messages, "running" while it runs so; empty otherwise.
+	Probation     string `protobuf:"bytes,12,opt,name=probation,proto3" json:"probation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -467,6 +470,13 @@ func (x *SessionState) GetActive() bool {
 		return x.Active
 	}
 	return false
+}
+
+func (x *SessionState) GetProbation() string {
+	if x != nil {
+		return x.Probation
+	}
+	return ""
 }
 
 // ResetSession ends the current incarnation with a boundary reason and starts a new one.
@@ -1197,7 +1207,7 @@ const file_actors_messages_proto_rawDesc = "" +
 	"error_code\x18\x06 \x01(\tR\terrorCode\x12\x14\n" +
 	"\x05error\x18\a \x01(\tR\x05error\"\n" +
 	"\n" +
-	"\bGetState\"\xa1\x03\n" +
+	"\bGetState\"\xbf\x03\n" +
 	"\fSessionState\x12\x1f\n" +
 	"\vsession_key\x18\x01 \x01(\tR\n" +
 	"sessionKey\x12\x1d\n" +
@@ -1214,7 +1224,8 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\x16activated_at_unix_nano\x18\t \x01(\x03R\x13activatedAtUnixNano\x12\x12\n" +
 	"\x04node\x18\n" +
 	" \x01(\tR\x04node\x12\x16\n" +
-	"\x06active\x18\v \x01(\bR\x06active\"&\n" +
+	"\x06active\x18\v \x01(\bR\x06active\x12\x1c\n" +
+	"\tprobation\x18\f \x01(\tR\tprobation\"&\n" +
 	"\fResetSession\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"r\n" +
 	"\vResetResult\x12\x1d\n" +

@@ -464,6 +464,7 @@ func (s *Session) state() *SessionState {
 		st.RunningTurnId = s.running.id
 		st.RunningSinceUnixNano = s.running.started.UnixNano()
 	}
+	st.Probation = s.probationState()
 	return st
 }
 

@@ -122,3 +122,17 @@ func (s *Session) endProbation(c actor.Context) {
 		s.probation = nil
 	}
 }
+
+// probationState is what GetState says of the session's probation: "running" while its
+// suspect's turn runs, "waiting" while the suspect waits for the token or its mark, "" when the
+// session has no suspect.
+func (s *Session) probationState() string {
+	p := s.probation
+	switch {
+	case p == nil:
+		return ""
+	case s.running != nil && s.running.items[0].seq == p.seq:
+		return "running"
+	}
+	return "waiting"
+}

@@ -112,7 +112,7 @@ func (a *sessionsAPI) live(ctx context.Context, key string) (*httpplatform.LiveS
 		return nil, nil
 	}
 	live := &httpplatform.LiveState{Active: true, QueueDepth: int(st.QueueDepth), QueueMode: st.QueueMode,
-		RunningTurnID: st.RunningTurnId, Restarts: int(st.Restarts), Node: st.Node,
+		RunningTurnID: st.RunningTurnId, Restarts: int(st.Restarts), Node: st.Node, Probation: st.Probation,
 		MailboxDepth: int(a.d.metrics.Actor("session").Box.Depth())}
 	if st.RunningSinceUnixNano != 0 {
 		live.RunningSince = time.Unix(0, st.RunningSinceUnixNano).UTC()

@@ -129,6 +129,20 @@ func TestPoisonSparesTheChatsInFlight(t *testing.T) {
 	waitFor(t, 30*time.Second, func() bool {
 		return running(d, poisonKey) || running(d, slowKey) && logged(d, "waits to run alone", "message=poison-1")
 	})
+	// The session API says which one runs on probation and which one waits.
+	runner, waiter := poisonKey, slowKey
+	if !running(d, poisonKey) {
+		runner, waiter = slowKey, poisonKey
+	}
+	probation := func(key, want string) bool {
+		_, body := get(t, d.base+"/v1/sessions/"+key)
+		return strings.Contains(body, `"probation":"`+want+`"`)
+	}
+	waitFor(t, 30*time.Second, func() bool { return probation(waiter, "waiting") })
+	if !probation(runner, "running") {
+		_, body := get(t, d.base+"/v1/sessions/"+runner)
+		t.Errorf("GET %s = %s, want the live state to say it runs on probation", runner, body)
+	}
 	if !running(d, poisonKey) {
 		t.Log("the slow message runs first on probation; it is answered, then the poison message runs")
 		release()

@@ -92,6 +92,9 @@ type LiveState struct {
 	// counted per actor kind, not per session).
 	MailboxDepth int    `json:"mailbox_depth"`
 	Node         string `json:"node,omitempty"` // cluster member hosting the actor
+	// Probation is "waiting" while the next message, run during 2 unclean stops of the daemon,
+	// waits to run alone among such messages, and "running" while it runs so.
+	Probation string `json:"probation,omitempty"`
 }
 
 // Transcript is the body of GET /v1/sessions/{key}/transcript.
