@@ -102,6 +102,10 @@ type Daemon struct {
 	// began: this run is recorded in the store (beginRun); a clean stop ends it (endRun).
 	began    bool
 	fatalOne sync.Once
+	// topLevel names the supervision tree's top-level actors (set once they are known); down is
+	// why one of them is gone for good (actorStopped), nil while all run.
+	topLevel atomic.Pointer[map[string]bool]
+	down     atomic.Pointer[error]
 }
 
 // Fatal receives the error that makes a running daemon unable to go on (a cluster member the
@@ -114,6 +118,22 @@ func (d *Daemon) fail(err error) {
 		d.log.Error("the daemon cannot go on", "err", err)
 		d.fatal <- err
 	})
+}
+
+// actorStopped hears of every actor a supervisor stopped for failing. A session's stop is its
+// manager's business (it starts the session again later). A top-level actor's is not: nothing
+// restarts it, and the daemon would go on without its sessions, a platform's replies, its
+// timers or its writes while /readyz said all was well. The daemon fails instead (Fatal), so
+// that it stops in order and its process supervisor starts it afresh, as an Erlang release does
+// when its top supervisor gives up.
+func (d *Daemon) actorStopped(pid *actor.PID, reason any) {
+	top := d.topLevel.Load()
+	if pid == nil || top == nil || !(*top)[pid.Id] || d.stopping.Load() {
+		return
+	}
+	err := fmt.Errorf("the %s actor failed more often than its supervisor restarts it, and is stopped (last failure: %v)", pid.Id, reason)
+	d.down.CompareAndSwap(nil, &err)
+	d.fail(err)
 }
 
 // Start builds the tree from cfg and starts it: store, persistence actor, platforms, session
@@ -213,7 +233,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		sysOpts = append(sysOpts, actor.WithMetricProviders(d.meters))
 	}
 	d.system = actor.NewActorSystem(sysOpts...)
-	d.events = watchEvents(d.system, log, d.metrics)
+	d.events = watchEvents(d.system, log, d.metrics, d.actorStopped)
 	d.dispatcher = actors.NewDispatcher(dispatcherThroughput, dispatcherWorkers)
 	d.deps = &actors.Deps{
 		Ctx: d.ctx, Store: d.store, Agent: d.agent, Platforms: map[string]*actor.PID{}, Dispatcher: d.dispatcher,
@@ -251,6 +271,11 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		}
 	}
 	d.children = tree(d)
+	top := make(map[string]bool, len(d.children))
+	for _, ch := range d.children {
+		top[ch.Name] = true
+	}
+	d.topLevel.Store(&top)
 	for _, ch := range d.children {
 		props := ch.Props(d).Configure(actor.WithGuardian(ch.Policy))
 		pid, err := d.system.Root.SpawnNamed(props, ch.Name)
@@ -481,6 +506,9 @@ func (d *Daemon) stopChildren(ctx context.Context, beforeStore func()) {
 // ready reports each component for /readyz.
 func (d *Daemon) ready(ctx context.Context) map[string]error {
 	r := map[string]error{"store": d.store.Ping(ctx)}
+	if err := d.down.Load(); err != nil {
+		r["actors"] = *err
+	}
 	if d.intake != nil && d.intake.Draining() {
 		r["intake"] = errors.New("draining")
 	} else {

@@ -11,13 +11,15 @@ import (
 )
 
 // eventLog logs supervisor events at Warn with the actor kind and counts them (protoactor
-// itself logs them only at Info), and counts dead letters.
+// itself logs them only at Info), and counts dead letters. stopped, when set, hears of every
+// actor a supervisor stopped for failing (StopDirective): one that failed more often than its
+// policy restarts.
 type eventLog struct {
 	system *actor.ActorSystem
 	sub    *eventstream.Subscription
 }
 
-func watchEvents(system *actor.ActorSystem, log *slog.Logger, m *metrics.Metrics) *eventLog {
+func watchEvents(system *actor.ActorSystem, log *slog.Logger, m *metrics.Metrics, stopped func(pid *actor.PID, reason any)) *eventLog {
 	log = log.With("component", "supervisor")
 	sub := system.EventStream.Subscribe(func(evt any) {
 		if _, ok := evt.(*actor.DeadLetterEvent); ok {
@@ -29,6 +31,9 @@ func watchEvents(system *actor.ActorSystem, log *slog.Logger, m *metrics.Metrics
 			return
 		}
 		kind := kindOf(e.Child)
+		if e.Directive == actor.StopDirective && stopped != nil {
+			stopped(e.Child, e.Reason) // before the count, which a test may wait for
+		}
 		// An escalation is counted where it lands: as the restart (or stop) of the parent.
 		if e.Directive != actor.EscalateDirective {
 			m.ActorRestarts.WithLabelValues(kind).Inc()
