@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -143,16 +144,35 @@ func New(c Config) (*Platform, error) {
 	p.threads = newChannelCache(p.fetchChannel)
 	p.typing = newTyping(p.sendTyping)
 	p.lastErr = errors.New("not connected yet")
-	s.AddHandler(p.onReady)
-	s.AddHandler(p.onResumed)
-	s.AddHandler(p.onDisconnect)
-	s.AddHandler(p.onMessage)
-	s.AddHandler(p.onThreadCreate)
-	s.AddHandler(p.onThreadUpdate)
-	s.AddHandler(p.onThreadDelete)
-	s.AddHandler(p.onThreadListSync)
-	s.AddHandler(p.onGuildCreate)
+	s.AddHandler(survived(p, "READY", p.onReady))
+	s.AddHandler(survived(p, "RESUMED", p.onResumed))
+	s.AddHandler(survived(p, "disconnect", p.onDisconnect))
+	s.AddHandler(survived(p, "MESSAGE_CREATE", p.onMessage))
+	s.AddHandler(survived(p, "THREAD_CREATE", p.onThreadCreate))
+	s.AddHandler(survived(p, "THREAD_UPDATE", p.onThreadUpdate))
+	s.AddHandler(survived(p, "THREAD_DELETE", p.onThreadDelete))
+	s.AddHandler(survived(p, "THREAD_LIST_SYNC", p.onThreadListSync))
+	s.AddHandler(survived(p, "GUILD_CREATE", p.onGuildCreate))
 	return p, nil
+}
+
+// survived is h with a panic in it logged and the event dropped. Handlers run on discordgo's
+// gateway reader, where nothing recovers: a bug met on one odd event would take the daemon,
+// and every chat with it, down, and a message that did so would be read back by the next
+// start's backfill and do it again.
+func survived[E any](p *Platform, event string, h func(*discordgo.Session, E)) func(*discordgo.Session, E) {
+	return func(s *discordgo.Session, e E) {
+		defer p.survive(event)
+		h(s, e)
+	}
+}
+
+// survive, deferred, logs a panic of the handling of one event and lets the platform go on.
+func (p *Platform) survive(event string, attrs ...any) {
+	if v := recover(); v != nil {
+		p.log.Error("discord event handling panicked; the event is dropped",
+			append(attrs, "event", event, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))...)
+	}
 }
 
 // Name returns "discord".
@@ -238,7 +258,10 @@ func (p *Platform) onReady(_ *discordgo.Session, r *discordgo.Ready) {
 func (p *Platform) backfillThenRelease() {
 	p.backfillMu.Lock()
 	defer p.backfillMu.Unlock()
-	p.backfill()
+	func() {
+		defer p.survive("backfill") // the live messages it holds are taken all the same
+		p.backfill()
+	}()
 	p.mu.Lock()
 	p.backfills--
 	p.mu.Unlock()

@@ -35,6 +35,9 @@ func (p *Platform) onMessage(_ *discordgo.Session, m *discordgo.MessageCreate) {
 // queued, opens a thread when auto-thread applies, delivers the message (which returns once it
 // is durable) and tells the user when it could not be taken.
 func (p *Platform) handle(m *discordgo.Message) {
+	// One message's panic drops that message only (logged): not the backfill or the release
+	// of held messages it runs in, and not the gateway reader.
+	defer p.survive("message", "channel", m.ChannelID, "message", m.ID)
 	bot := p.bot()
 	if bot == "" {
 		return // a message before READY told it who it is
