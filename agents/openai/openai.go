@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -294,17 +295,30 @@ func (a *Agent) round(ctx context.Context, body []byte, partial func(string), st
 	type outcome struct {
 		res *result
 		err error
+		// panicked is a panic of the call (its response's handling, or partial), with its
+		// stack: raised again on Run's goroutine, where the runtime recovers an agent's panic
+		// (it crashes the turn's session, which quarantines a message that does so 3 times).
+		// Left on this goroutine, it would end the process.
+		panicked any
 	}
 	done := make(chan outcome, 1)
 	go func() {
+		defer func() {
+			if v := recover(); v != nil {
+				done <- outcome{panicked: fmt.Sprintf("%v\n\nthe model call's goroutine:\n%s", v, debug.Stack())}
+			}
+		}()
 		res, err := a.call(ctx, body, partial)
-		done <- outcome{res, err}
+		done <- outcome{res: res, err: err}
 	}()
 	var steered []agents.Message
 	open := true
 	for {
 		select {
 		case o := <-done:
+			if o.panicked != nil {
+				panic(o.panicked)
+			}
 			// Take what is already waiting: it joins the next call rather than the next turn.
 			for steer != nil {
 				select {

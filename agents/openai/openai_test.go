@@ -567,3 +567,25 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		})
 	}
 }
+
+// TestAPanicInTheCallReachesRunsCaller: a panic while the model's answer is handled (here in
+// Partial, the runtime's draft) is raised again by Run on its caller's goroutine, where the
+// runtime recovers an agent's panic (the turn's session crashes and restarts; a message that
+// does so 3 times is quarantined). Before, it ended the process from the call's goroutine.
+func TestAPanicInTheCallReachesRunsCaller(t *testing.T) {
+	m := newFakeModel(t, openaitest.Stream(nil, 5, 2, "Hel", "lo"))
+	a := MustAgent(t, m, nil, nil, nil)
+	var got any
+	func() {
+		defer func() { got = recover() }()
+		_, err := a.Run(t.Context(), &agents.Request{
+			Messages: []agents.Message{msg("user", "hi")},
+			Partial:  func(string) { panic("injected: the draft failed") },
+		})
+		t.Errorf("Run returned (err %v), want its panic", err)
+	}()
+	s, _ := got.(string)
+	if !strings.Contains(s, "injected: the draft failed") || !strings.Contains(s, "the model call's goroutine") {
+		t.Errorf("Run panicked with %v, want the call's panic and its stack", got)
+	}
+}
