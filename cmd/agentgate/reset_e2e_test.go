@@ -11,10 +11,10 @@ import (
 	"time"
 )
 
-// blockingAgent is an exec agent whose turns run until they are cancelled; a cancelled turn's
-// command writes "cancelled" to the file $MARK names (MARK is no AGENTGATE_ variable, so the
-// agent sees it).
-const blockingAgent = `AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'trap "echo cancelled > \"$MARK\"; exit 143" TERM; cat > /dev/null; sleep 60 & wait']`
+// blockingAgent is an exec agent whose turns run until they are cancelled: a turn's command
+// writes "running" to the file $MARK names once it would see a SIGTERM, and "cancelled" when it
+// does (MARK is no AGENTGATE_ variable, so the agent sees it).
+const blockingAgent = `AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'trap "echo cancelled > \"$MARK\"; exit 143" TERM; echo running > "$MARK"; cat > /dev/null; sleep 60 & wait']`
 
 // TestSessionsResetThroughTheDaemon: `agentgate sessions reset` while the daemon runs asks the
 // daemon to reset the session, whose own reset cancels the turn it runs. Without the bearer
@@ -48,6 +48,12 @@ func TestSessionsResetThroughTheDaemon(t *testing.T) {
 		t.Fatalf("POST: %d %v, want 202 started", status, msg)
 	}
 	key, first := msg["session_key"].(string), msg["session_id"].(string)
+	readMark := func() string {
+		b, _ := os.ReadFile(mark)
+		return strings.TrimSpace(string(b))
+	}
+	// A SIGTERM before the command's trap is set would end it without a word.
+	waitFor(t, 30*time.Second, func() bool { return readMark() == "running" })
 
 	t.Setenv("AGENTGATE_HTTP_TOKEN_ENV", "ADMIN_TOKEN")
 	t.Setenv("ADMIN_TOKEN", "")
@@ -67,10 +73,7 @@ func TestSessionsResetThroughTheDaemon(t *testing.T) {
 	if want := "ended session " + first + " of " + key + " (reset_command) through the daemon at "; !strings.HasPrefix(out, want) {
 		t.Errorf("reset said %q, want it to begin %q", out, want)
 	}
-	waitFor(t, 30*time.Second, func() bool {
-		b, _ := os.ReadFile(mark)
-		return strings.TrimSpace(string(b)) == "cancelled"
-	})
+	waitFor(t, 30*time.Second, func() bool { return readMark() == "cancelled" })
 	_, info := call(http.MethodGet, "/v1/sessions/"+key, "")
 	if info["prev_session_id"] != first || info["session_id"] == first {
 		t.Errorf("after the reset: session %v, previous %v; want a new session after %s", info["session_id"], info["prev_session_id"], first)
