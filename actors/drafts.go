@@ -2,6 +2,9 @@ package actors
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -230,18 +233,29 @@ func (a *Platform) sendDraft(c actor.Context, key, turn string) {
 		return
 	}
 	id, text, target, inReplyTo := d.id, d.text, d.target, slices.Clone(d.inReplyTo)
-	self, root, ctx := c.Self(), c.ActorSystem().Root, a.d.Ctx
+	self, root, ctx, log := c.Self(), c.ActorSystem().Root, a.d.Ctx, a.log
 	go func() {
 		sctx, cancel := context.WithTimeout(ctx, sendTimeout)
 		defer cancel()
 		done := &draftDone{key: key, turn: turn, text: text}
-		if id == "" {
-			done.id, done.err = ed.SendDraft(sctx, target, inReplyTo, text)
-		} else {
-			done.err = ed.EditDraft(sctx, target, id, text)
-		}
+		done.id, done.err = postDraft(sctx, ed, target, id, inReplyTo, text, log, key, turn)
 		root.Send(self, done)
 	}()
+}
+
+// postDraft posts a draft (id empty) or edits it, with a panic of the platform turned into an
+// undeliverable error (see sendPlatform).
+func postDraft(ctx context.Context, ed platforms.Editor, target identity.Source, id string, inReplyTo []string, text string,
+	log *slog.Logger, key, turn string) (newID string, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%w: %w", platformPanicked(log, "draft", v, "session", key, "turn", turn), platforms.ErrUndeliverable)
+		}
+	}()
+	if id == "" {
+		return ed.SendDraft(ctx, target, inReplyTo, text)
+	}
+	return "", ed.EditDraft(ctx, target, id, text)
 }
 
 func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
@@ -262,7 +276,7 @@ func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
 	case m.err != nil:
 		a.log.Debug("edit draft", "session", m.key, "turn", m.turn, "err", m.err)
 		d.lastEdit = time.Now()
-		if d.editFails++; d.editFails >= maxDraftEditFailures || d.dropped {
+		if d.editFails++; d.editFails >= maxDraftEditFailures || d.dropped || errors.Is(m.err, platforms.ErrUndeliverable) {
 			d.failed = true // the draft stays as it is; the final reply is posted anew
 		}
 	default:
@@ -334,9 +348,7 @@ func (a *Platform) removeOldDrafts(c actor.Context) {
 				continue
 			}
 			target := identity.Source{Platform: name, ChatType: d.ChatType, ChatID: d.ChatID, ThreadID: d.ThreadID}
-			sctx, cancel := context.WithTimeout(ctx, sendTimeout)
-			err := ed.DeleteDraft(sctx, target, d.ID)
-			cancel()
+			err := deleteDraft(ctx, ed, target, d.ID, log)
 			if err != nil {
 				log.Warn("delete a draft an earlier run left; it stays", "session", d.SessionKey, "draft", d.ID, "err", err)
 				continue
@@ -348,6 +360,19 @@ func (a *Platform) removeOldDrafts(c actor.Context) {
 		}
 		root.Send(self, &oldDraftsRemoved{ids: removed})
 	}()
+}
+
+// deleteDraft deletes a draft an earlier run left, with a panic of the platform turned into an
+// error (see sendPlatform).
+func deleteDraft(ctx context.Context, ed platforms.Editor, target identity.Source, id string, log *slog.Logger) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = platformPanicked(log, "delete draft", v, "draft", id)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(ctx, sendTimeout)
+	defer cancel()
+	return ed.DeleteDraft(ctx, target, id)
 }
 
 func (a *Platform) onOldDraftsRemoved(c actor.Context, m *oldDraftsRemoved) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -173,7 +174,7 @@ func (a *Platform) startRun(c actor.Context, deliver platforms.Deliver) {
 		for {
 			health.set(nil)
 			began := time.Now()
-			err := p.Run(ctx, deliver)
+			err := runPlatform(ctx, p, deliver, log)
 			if time.Since(began) > runBackoffMax {
 				backoff = runBackoffBase // it ran well for a while: this is a new failure, not a streak
 			}
@@ -210,12 +211,46 @@ func (a *Platform) pump(c actor.Context, key string) {
 	}
 	q[0].out = a.finishesDraft(q[0].out)
 	out, p, self, root := q[0].out, a.p, c.Self(), c.ActorSystem().Root
-	ctx := a.d.Ctx
+	ctx, log := a.d.Ctx, a.log
 	go func() {
 		sctx, cancel := context.WithTimeout(ctx, sendTimeout)
 		defer cancel()
-		root.Send(self, &sendDone{out: out, err: p.Send(sctx, out)})
+		root.Send(self, &sendDone{out: out, err: sendPlatform(sctx, p, out, log)})
 	}()
+}
+
+// A panic in a call into the platform on one of the platform actor's goroutines (Send, a
+// draft's post or edit, Run) would take the whole process down, and a reply that makes the
+// platform panic would crash-loop it, since unconfirmed replies are sent again at the next
+// start. So the calls recover: a panic in Send or a draft call is an error the platform refuses
+// for good (platforms.ErrUndeliverable: a retry would only panic again), one in Run is Run
+// returning an error, which restarts it with backoff.
+
+// sendPlatform is p.Send with a panic turned into an undeliverable error.
+func sendPlatform(ctx context.Context, p platforms.Platform, out *platforms.Outbound, log *slog.Logger) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%w: %w", platformPanicked(log, "send", v, "session", out.SessionKey, "seq", out.Seq), platforms.ErrUndeliverable)
+		}
+	}()
+	return p.Send(ctx, out)
+}
+
+// runPlatform is p.Run with a panic turned into an error.
+func runPlatform(ctx context.Context, p platforms.Platform, deliver platforms.Deliver, log *slog.Logger) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = platformPanicked(log, "run", v)
+		}
+	}()
+	return p.Run(ctx, deliver)
+}
+
+// platformPanicked logs a recovered panic of a platform call, with its stack, and returns it as
+// an error. Call it from the deferred function that recovered v.
+func platformPanicked(log *slog.Logger, call string, v any, attrs ...any) error {
+	log.Error("the platform panicked", append(attrs, "call", call, "panic", v, "stack", string(debug.Stack()))...)
+	return fmt.Errorf("%s panicked: %v", call, v)
 }
 
 func (a *Platform) onSent(c actor.Context, m *sendDone) {

@@ -1,0 +1,170 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/agentgate/agentgate/platforms/platformtest"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// faultyPlatform is a platformtest.Fake with the bugs a real adapter could have: a Send that
+// panics on some replies, or waits for the test to release it; a Run that panics at first; a
+// Show (it is a platforms.Watched) that panics. It counts its Run loops.
+type faultyPlatform struct {
+	*platformtest.Fake
+	sendPanics func(*platforms.Outbound) bool // Send panics on these
+	hold       chan struct{}                  // if set, Send of seq 1 waits until it is closed
+	runPanics  atomic.Int32                   // so many Runs panic before one runs
+	showPanics atomic.Int32                   // so many Shows panic
+	running    atomic.Int32                   // Run loops running now
+	runs       atomic.Int32                   // Run loops that reached the Fake
+}
+
+func (f *faultyPlatform) Send(ctx context.Context, out *platforms.Outbound) error {
+	if f.sendPanics != nil && f.sendPanics(out) {
+		panic(fmt.Sprintf("adapter bug on seq %d", out.Seq))
+	}
+	if f.hold != nil && out.Seq == 1 {
+		<-f.hold
+	}
+	return f.Fake.Send(ctx, out)
+}
+
+func (f *faultyPlatform) Run(ctx context.Context, deliver platforms.Deliver) error {
+	if f.runPanics.Add(-1) >= 0 {
+		panic("adapter bug in run")
+	}
+	f.runs.Add(1)
+	f.running.Add(1)
+	defer f.running.Add(-1)
+	return f.Fake.Run(ctx, deliver)
+}
+
+func (f *faultyPlatform) Show(*platforms.Outbound) {
+	if f.showPanics.Add(-1) >= 0 {
+		panic("adapter bug in show")
+	}
+}
+
+// platformWorld is a platform actor over a faultyPlatform, writing its marks to a SQLite store
+// through the persistence actor.
+type platformWorld struct {
+	system *actor.ActorSystem
+	store  *sqlite.Store
+	p      *faultyPlatform
+	d      *Deps
+	pid    *actor.PID
+}
+
+const crashKey = "fake:dm:c1"
+
+// newPlatformWorld starts a platformWorld; setup may change the Deps first. Call it inside
+// synctest.Test: the world stops when the test ends.
+func newPlatformWorld(t *testing.T, p *faultyPlatform, setup func(*Deps)) *platformWorld {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	system, quiet := quietSystem(t)
+	w := &platformWorld{system: system, store: store, p: p}
+	w.d = &Deps{Ctx: ctx, Store: store, Log: quiet, Metrics: metrics.New("fake")}
+	w.d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, store, persistence.ActorOptions{MaxBatch: 64})))
+	if setup != nil {
+		setup(w.d)
+	}
+	w.pid = system.Root.Spawn(NewPlatform(w.d, p, &PlatformHealth{}))
+	t.Cleanup(func() {
+		_ = system.Root.StopFuture(w.pid).Wait()
+		_ = system.Root.StopFuture(w.d.Persist).Wait()
+		system.Shutdown()
+		if err := store.Close(); err != nil {
+			t.Error(err)
+		}
+		cancel()
+	})
+	return w
+}
+
+// reply records reply seq of crashKey in the outbox, as a session does, and has it sent.
+func (w *platformWorld) reply(t *testing.T, seq int64) {
+	t.Helper()
+	e := persistence.OutboxEntry{SessionKey: crashKey, Seq: seq, Kind: "reply", Text: fmt.Sprint("reply ", seq),
+		Platform: "fake", ChatType: "dm", ChatID: "c1", State: persistence.DeliveryPending, CreatedAt: time.Now()}
+	if errs := w.store.Commit(t.Context(), [][]persistence.Op{{&persistence.AddOutbox{Entry: e}}}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	w.system.Root.Send(w.pid, &SendOutbound{Out: &platforms.Outbound{SessionKey: crashKey, Seq: seq, Text: e.Text, TurnEnd: true}})
+}
+
+// states returns the delivery state of crashKey's outbox entries, in seq order.
+func (w *platformWorld) states(t *testing.T) string {
+	t.Helper()
+	es, err := w.store.OutboxAfter(t.Context(), crashKey, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s []string
+	for _, e := range es {
+		s = append(s, fmt.Sprintf("%d:%s", e.Seq, e.State))
+	}
+	return fmt.Sprint(s)
+}
+
+// sent returns the seqs the platform delivered, in order.
+func (w *platformWorld) sent() string {
+	var seqs []int64
+	for _, o := range w.p.Sent() {
+		seqs = append(seqs, o.Seq)
+	}
+	return fmt.Sprint(seqs)
+}
+
+// TestSendThatPanicsFailsTheReply: a Send that panics (an adapter bug on some odd reply) does
+// not take the process down: the reply is recorded as failed, for good, and the key's next
+// reply is delivered. (The panic used to kill the daemon, and since unconfirmed replies are
+// re-sent at the next start, crash-loop it.)
+func TestSendThatPanicsFailsTheReply(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &faultyPlatform{Fake: platformtest.NewFake("fake"), sendPanics: func(o *platforms.Outbound) bool { return o.Seq == 1 }}
+		w := newPlatformWorld(t, p, nil)
+		w.reply(t, 1)
+		w.reply(t, 2)
+		synctest.Wait()
+		if got, want := w.states(t), "[1:failed 2:delivered]"; got != want {
+			t.Errorf("outbox %s, want %s", got, want)
+		}
+		if got := w.sent(); got != "[2]" {
+			t.Errorf("sent %s, want [2]", got)
+		}
+	})
+}
+
+// TestRunThatPanicsIsRestarted: a Run that panics counts as Run failing: it is started again
+// after its backoff, and the process lives on.
+func TestRunThatPanicsIsRestarted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &faultyPlatform{Fake: platformtest.NewFake("fake")}
+		p.runPanics.Store(1)
+		w := newPlatformWorld(t, p, nil)
+		w.system.Root.Send(w.pid, &StartIntake{Deliver: func(context.Context, *platforms.Inbound) (*platforms.Ack, error) { return &platforms.Ack{}, nil }})
+		if err := p.WaitRunning(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if n := p.runs.Load(); n != 1 {
+			t.Errorf("Run reached the platform %d times, want 1 (after the panic)", n)
+		}
+	})
+}
+
