@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,17 +24,26 @@ import (
 // For a platforms.Editor it also keeps the draft of each session key's running turn (see
 // drafts.go): the draft's posts and edits go through the same per-key queue as the outbound
 // messages, so the turn's final reply, which finishes the draft, always comes after them.
+//
+// A panic in Receive restarts the actor with the same state (see platform_crash.go): its queues,
+// sends, drafts, marks and Run loop carry on.
 type Platform struct {
 	d   *Deps
 	p   platforms.Platform
 	log *slog.Logger
+
+	started  bool        // Started was handled: a later one is a restart
+	stopped  atomic.Bool // the actor stopped: a new spawn of its props starts afresh
+	handling jobRef      // the job of the message being handled (see jobOf)
+	strikes  map[jobRef]int
 
 	runCancel context.CancelFunc
 	runDone   chan struct{}
 	health    *PlatformHealth
 
 	queues   map[string][]*job
-	inflight map[string]bool
+	inflight map[string]bool // a send runs, or a retry is held (held)
+	held     map[string]bool // the key's retry waits for its retrySendHeld
 	attempts map[string]int
 	timers   *scheduler.TimerScheduler
 	quiesce  []quiesceWait
@@ -93,24 +103,51 @@ func (h *PlatformHealth) set(err error) {
 }
 
 // NewPlatform returns the props of the actor that supervises p; health reports its Run loop.
+// Spawn them once.
+//
+// Unlike other actors', its producer does not return fresh state each time: a restart (a panic
+// in Receive) calls it again, and gets the state of the incarnation that crashed, which it
+// carries on (restarted). Only once the actor stopped does the producer start afresh.
 func NewPlatform(d *Deps, p platforms.Platform, health *PlatformHealth) *actor.Props {
 	health.set(errNotStarted)
-	return actor.PropsFromProducer(func() actor.Actor { return &Platform{d: d, p: p, health: health} },
-		d.Mailbox("platform")...)
+	var mu sync.Mutex
+	var cur *Platform
+	return actor.PropsFromProducer(func() actor.Actor {
+		mu.Lock()
+		defer mu.Unlock()
+		if cur == nil || cur.stopped.Load() {
+			cur = &Platform{d: d, p: p, health: health}
+		}
+		return cur
+	}, d.Mailbox("platform")...)
 }
 
 // Receive runs the platform loop and its outbound queues.
 func (a *Platform) Receive(c actor.Context) {
+	if j, ok := a.jobOf(c.Message()); ok {
+		a.handling = j
+	}
 	switch m := c.Message().(type) {
 	case *actor.Started:
+		if a.started {
+			a.restarted(c)
+			break
+		}
 		a.log = a.d.Log.With("actor", "platform", "platform", a.p.Name())
 		a.queues = map[string][]*job{}
 		a.drafts = map[string]*draft{}
 		a.liveDraft = map[string]string{}
 		a.inflight = map[string]bool{}
+		a.held = map[string]bool{}
 		a.attempts = map[string]int{}
+		a.strikes = map[jobRef]int{}
+		// The actor context, and so the timers' sender and the PID they send to, is the same
+		// across restarts: timers armed before a crash still reach the actor.
 		a.timers = scheduler.NewTimerScheduler(c)
 		a.removeOldDrafts(c)
+		a.started = true
+	case *actor.Restarting:
+		a.crashed()
 	case *oldDraftsRemoved:
 		a.onOldDraftsRemoved(c, m)
 	case *StartIntake:
@@ -137,13 +174,19 @@ func (a *Platform) Receive(c actor.Context) {
 		a.quiesce = append(a.quiesce, quiesceWait{pid: c.Sender(), key: m.Key})
 		a.answerQuiesce(c)
 	case *retrySendHeld:
-		a.inflight[m.key] = false
-		a.pump(c, m.key)
+		// One that finds no retry held was released already (its job dropped after a crash):
+		// releasing the key again would start a second send that overtakes the one running.
+		if a.held[m.key] {
+			delete(a.held, m.key)
+			a.inflight[m.key] = false
+			a.pump(c, m.key)
+		}
 	case *persistence.WriteResult:
 		a.onMarksWritten(c, m)
 	case *marksTick:
 		a.onMarksTick(c, m)
 	case *actor.Stopping:
+		a.stopped.Store(true)
 		a.flushMarks(c) // the persistence actor stops after the platforms: it still takes them
 		// No re-send tick can reach a stopped actor; a pending one would only hold the actor
 		// system until it fired.
@@ -157,6 +200,7 @@ func (a *Platform) Receive(c actor.Context) {
 			}
 		}
 	}
+	a.handling = jobRef{} // handled without a panic
 }
 
 // startRun starts the platform's Run loop in a goroutine owned by this actor; it exits when
@@ -203,20 +247,23 @@ func (a *Platform) pump(c actor.Context, key string) {
 	if a.inflight[key] || len(q) == 0 {
 		return
 	}
-	a.inflight[key] = true
-	a.sending++
+	a.handling = q[0].ref(key) // a panic from here on is this job's
 	if q[0].draftTurn != "" {
 		a.sendDraft(c, key, q[0].draftTurn)
-		return
+	} else {
+		q[0].out = a.finishesDraft(q[0].out)
+		out, p, self, root := q[0].out, a.p, c.Self(), c.ActorSystem().Root
+		ctx, log := a.d.Ctx, a.log
+		go func() {
+			sctx, cancel := context.WithTimeout(ctx, sendTimeout)
+			defer cancel()
+			root.Send(self, &sendDone{out: out, err: sendPlatform(sctx, p, out, log)})
+		}()
 	}
-	q[0].out = a.finishesDraft(q[0].out)
-	out, p, self, root := q[0].out, a.p, c.Self(), c.ActorSystem().Root
-	ctx, log := a.d.Ctx, a.log
-	go func() {
-		sctx, cancel := context.WithTimeout(ctx, sendTimeout)
-		defer cancel()
-		root.Send(self, &sendDone{out: out, err: sendPlatform(sctx, p, out, log)})
-	}()
+	// In flight only now that its result is on its way: a panic before would otherwise leave the
+	// key held for ever, with nothing to release it (restarted relies on this).
+	a.inflight[key] = true
+	a.sending++
 }
 
 // A panic in a call into the platform on one of the platform actor's goroutines (Send, a
@@ -281,8 +328,8 @@ func (a *Platform) onSent(c actor.Context, m *sendDone) {
 	if n <= sendWarnings || n%sendWarnEvery == 0 {
 		a.log.Warn("send failed; retrying", "session", key, "seq", m.out.Seq, "attempt", n, "backoff", backoff, "err", m.err)
 	}
-	a.inflight[key] = true // hold the queue until the retry
 	a.timers.SendOnce(backoff, c.Self(), &retrySendHeld{key: key})
+	a.inflight[key], a.held[key] = true, true // hold the queue until the retry
 }
 
 // retrySendHeld releases a held queue for its retry.
@@ -299,11 +346,13 @@ func (a *Platform) finishHead(c actor.Context, key string, out *platforms.Outbou
 func (a *Platform) popHead(key string) {
 	q := a.queues[key]
 	if len(q) > 0 {
+		delete(a.strikes, q[0].ref(key))
 		q = q[1:]
 	}
 	if len(q) == 0 {
 		delete(a.queues, key)
 		delete(a.inflight, key)
+		delete(a.held, key)
 	} else {
 		a.queues[key] = q
 	}

@@ -2,13 +2,16 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/sqlite"
@@ -17,11 +20,11 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 )
 
-// faultyPlatform is a platformtest.Fake with the bugs a real adapter could have: a Send that
+// faultyPlatform is a platformtest.EditorFake with the bugs a real adapter could have: a Send that
 // panics on some replies, or waits for the test to release it; a Run that panics at first; a
 // Show (it is a platforms.Watched) that panics. It counts its Run loops.
 type faultyPlatform struct {
-	*platformtest.Fake
+	*platformtest.EditorFake
 	sendPanics func(*platforms.Outbound) bool // Send panics on these
 	hold       chan struct{}                  // if set, Send of seq 1 waits until it is closed
 	runPanics  atomic.Int32                   // so many Runs panic before one runs
@@ -37,7 +40,7 @@ func (f *faultyPlatform) Send(ctx context.Context, out *platforms.Outbound) erro
 	if f.hold != nil && out.Seq == 1 {
 		<-f.hold
 	}
-	return f.Fake.Send(ctx, out)
+	return f.EditorFake.Send(ctx, out)
 }
 
 func (f *faultyPlatform) Run(ctx context.Context, deliver platforms.Deliver) error {
@@ -100,12 +103,12 @@ func newPlatformWorld(t *testing.T, p *faultyPlatform, setup func(*Deps)) *platf
 // reply records reply seq of crashKey in the outbox, as a session does, and has it sent.
 func (w *platformWorld) reply(t *testing.T, seq int64) {
 	t.Helper()
-	e := persistence.OutboxEntry{SessionKey: crashKey, Seq: seq, Kind: "reply", Text: fmt.Sprint("reply ", seq),
+	e := persistence.OutboxEntry{SessionKey: crashKey, Seq: seq, Kind: "reply", Text: fmt.Sprint("reply ", seq), TurnID: fmt.Sprint("t", seq),
 		Platform: "fake", ChatType: "dm", ChatID: "c1", State: persistence.DeliveryPending, CreatedAt: time.Now()}
 	if errs := w.store.Commit(t.Context(), [][]persistence.Op{{&persistence.AddOutbox{Entry: e}}}); errs[0] != nil {
 		t.Fatal(errs[0])
 	}
-	w.system.Root.Send(w.pid, &SendOutbound{Out: &platforms.Outbound{SessionKey: crashKey, Seq: seq, Text: e.Text, TurnEnd: true}})
+	w.system.Root.Send(w.pid, &SendOutbound{Out: &platforms.Outbound{SessionKey: crashKey, Seq: seq, Text: e.Text, TurnID: e.TurnID, TurnEnd: true}})
 }
 
 // states returns the delivery state of crashKey's outbox entries, in seq order.
@@ -137,7 +140,7 @@ func (w *platformWorld) sent() string {
 // re-sent at the next start, crash-loop it.)
 func TestSendThatPanicsFailsTheReply(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := &faultyPlatform{Fake: platformtest.NewFake("fake"), sendPanics: func(o *platforms.Outbound) bool { return o.Seq == 1 }}
+		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake"), sendPanics: func(o *platforms.Outbound) bool { return o.Seq == 1 }}
 		w := newPlatformWorld(t, p, nil)
 		w.reply(t, 1)
 		w.reply(t, 2)
@@ -155,7 +158,7 @@ func TestSendThatPanicsFailsTheReply(t *testing.T) {
 // after its backoff, and the process lives on.
 func TestRunThatPanicsIsRestarted(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := &faultyPlatform{Fake: platformtest.NewFake("fake")}
+		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake")}
 		p.runPanics.Store(1)
 		w := newPlatformWorld(t, p, nil)
 		w.system.Root.Send(w.pid, &StartIntake{Deliver: func(context.Context, *platforms.Inbound) (*platforms.Ack, error) { return &platforms.Ack{}, nil }})
@@ -168,3 +171,147 @@ func TestRunThatPanicsIsRestarted(t *testing.T) {
 	})
 }
 
+// crash makes the platform actor panic: the watched platform's Show panics on a reply relayed
+// from another member.
+func (w *platformWorld) crash() {
+	w.p.showPanics.Add(1)
+	w.system.Root.Send(w.pid, &RelayedOutbound{SessionKey: crashKey, Seq: 99, Text: "shown elsewhere"})
+}
+
+// TestRestartedPlatformKeepsItsQueues: a platform actor that crashes while a chat's replies wait
+// behind a send in flight carries on after its restart: the send's result is taken, and every
+// queued reply is delivered, in order, with its mark written, without waiting for the session
+// to load again. (The restarted actor used to start empty: the queued replies stayed pending
+// until the chat's next message, and the marks were lost.)
+func TestRestartedPlatformKeepsItsQueues(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake"), hold: make(chan struct{})}
+		w := newPlatformWorld(t, p, nil)
+		for seq := int64(1); seq <= 3; seq++ {
+			w.reply(t, seq)
+		}
+		synctest.Wait() // 1 is in flight, 2 and 3 wait behind it
+		w.crash()
+		synctest.Wait()
+		close(p.hold)
+		synctest.Wait()
+		if got := w.sent(); got != "[1 2 3]" {
+			t.Errorf("sent %s, want [1 2 3]", got)
+		}
+		if got, want := w.states(t), "[1:delivered 2:delivered 3:delivered]"; got != want {
+			t.Errorf("outbox %s, want %s", got, want)
+		}
+	})
+}
+
+// TestRestartedPlatformKeepsOneRunLoop: after a restart the platform's Run loop is the one that
+// ran before (a StartIntake does not start another), and stopping the actor stops it. (The
+// restarted actor used to forget the loop: it served on, and the actor's stop left it running.)
+func TestRestartedPlatformKeepsOneRunLoop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake")}
+		w := newPlatformWorld(t, p, nil)
+		start := &StartIntake{Deliver: func(context.Context, *platforms.Inbound) (*platforms.Ack, error) { return &platforms.Ack{}, nil }}
+		w.system.Root.Send(w.pid, start)
+		if err := p.WaitRunning(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		w.crash()
+		w.system.Root.Send(w.pid, start)
+		synctest.Wait()
+		if err := w.system.Root.StopFuture(w.pid).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if n := p.runs.Load(); n != 1 {
+			t.Errorf("Run started %d times, want 1", n)
+		}
+		if n := p.running.Load(); n != 0 {
+			t.Errorf("%d Run loops still running after the actor stopped, want 0", n)
+		}
+	})
+}
+
+// TestJobThatCrashesThePlatformTwiceFails: a reply whose handling panics the platform actor
+// every time (here: relaying it to the other members) is recorded as failed after it was being
+// handled during 2 crashes, and the key's later replies are delivered.
+func TestJobThatCrashesThePlatformTwiceFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake")}
+		var mu sync.Mutex
+		relayed := 0
+		w := newPlatformWorld(t, p, func(d *Deps) {
+			d.Relay = func(_ string, out *platforms.Outbound) {
+				if out.Seq == 2 {
+					panic("relay bug")
+				}
+				mu.Lock()
+				relayed++
+				mu.Unlock()
+			}
+		})
+		for seq := int64(1); seq <= 3; seq++ {
+			w.reply(t, seq)
+		}
+		synctest.Wait()
+		if got, want := w.states(t), "[1:delivered 2:failed 3:delivered]"; got != want {
+			t.Errorf("outbox %s, want %s", got, want)
+		}
+		if got := w.sent(); got != "[1 2 2 3]" {
+			t.Errorf("sent %s, want [1 2 2 3] (2 sent again after the first crash)", got)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if relayed != 2 {
+			t.Errorf("relayed %d replies, want 2", relayed)
+		}
+	})
+}
+
+// TestRestartedPlatformKeepsARetry: a crash while a reply waits for its retry neither loses it
+// nor sends it twice: the retry's timer releases it, and the replies go out once each, in order.
+func TestRestartedPlatformKeepsARetry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake")}
+		w := newPlatformWorld(t, p, nil)
+		p.SetSendError(errors.New("503 service unavailable"))
+		w.reply(t, 1)
+		w.reply(t, 2)
+		synctest.Wait() // 1 waits for its retry, 2 behind it
+		w.crash()
+		synctest.Wait()
+		p.SetSendError(nil)
+		time.Sleep(sendBackoffMax)
+		synctest.Wait()
+		if got := w.sent(); got != "[1 2]" {
+			t.Errorf("sent %s, want [1 2]", got)
+		}
+		if got, want := w.states(t), "[1:delivered 2:delivered]"; got != want {
+			t.Errorf("outbox %s, want %s", got, want)
+		}
+	})
+}
+
+// TestRestartedPlatformKeepsItsDrafts: a turn's draft posted before a crash is finished by the
+// turn's reply after it, as without the crash. (The restarted actor used to forget it: the
+// reply was posted anew, and the draft was left showing the partial text.)
+func TestRestartedPlatformKeepsItsDrafts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake")}
+		w := newPlatformWorld(t, p, nil)
+		w.system.Root.Send(w.pid, &DraftText{SessionKey: crashKey, TurnID: "t1",
+			Target: identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1"}, Text: "partial"})
+		synctest.Wait()
+		w.crash()
+		synctest.Wait()
+		w.reply(t, 1)
+		synctest.Wait()
+		ds := p.Drafts()
+		if len(ds) != 1 || !ds[0].Final || fmt.Sprint(ds[0].Texts) != "[partial reply 1]" {
+			t.Errorf("drafts %+v, want one, finished with the reply", ds)
+		}
+		if got, want := w.states(t), "[1:delivered]"; got != want {
+			t.Errorf("outbox %s, want %s", got, want)
+		}
+	})
+}
