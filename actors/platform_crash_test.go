@@ -21,16 +21,17 @@ import (
 )
 
 // faultyPlatform is a platformtest.EditorFake with the bugs a real adapter could have: a Send that
-// panics on some replies, or waits for the test to release it; a Run that panics at first; a
-// Show (it is a platforms.Watched) that panics. It counts its Run loops.
+// panics on some replies, or waits for the test to release it; a SendDraft or a Run that panics
+// at first; a Show (it is a platforms.Watched) that panics. It counts its Run loops.
 type faultyPlatform struct {
 	*platformtest.EditorFake
-	sendPanics func(*platforms.Outbound) bool // Send panics on these
-	hold       chan struct{}                  // if set, Send of seq 1 waits until it is closed
-	runPanics  atomic.Int32                   // so many Runs panic before one runs
-	showPanics atomic.Int32                   // so many Shows panic
-	running    atomic.Int32                   // Run loops running now
-	runs       atomic.Int32                   // Run loops that reached the Fake
+	sendPanics  func(*platforms.Outbound) bool // Send panics on these
+	hold        chan struct{}                  // if set, Send of seq 1 waits until it is closed
+	runPanics   atomic.Int32                   // so many Runs panic before one runs
+	showPanics  atomic.Int32                   // so many Shows panic
+	draftPanics atomic.Int32                   // so many SendDrafts panic
+	running     atomic.Int32                   // Run loops running now
+	runs        atomic.Int32                   // Run loops that reached the Fake
 }
 
 func (f *faultyPlatform) Send(ctx context.Context, out *platforms.Outbound) error {
@@ -51,6 +52,13 @@ func (f *faultyPlatform) Run(ctx context.Context, deliver platforms.Deliver) err
 	f.running.Add(1)
 	defer f.running.Add(-1)
 	return f.Fake.Run(ctx, deliver)
+}
+
+func (f *faultyPlatform) SendDraft(ctx context.Context, target identity.Source, inReplyTo []string, text string) (string, error) {
+	if f.draftPanics.Add(-1) >= 0 {
+		panic("adapter bug in send draft")
+	}
+	return f.EditorFake.SendDraft(ctx, target, inReplyTo, text)
 }
 
 func (f *faultyPlatform) Show(*platforms.Outbound) {
@@ -309,6 +317,30 @@ func TestRestartedPlatformKeepsItsDrafts(t *testing.T) {
 		ds := p.Drafts()
 		if len(ds) != 1 || !ds[0].Final || fmt.Sprint(ds[0].Texts) != "[partial reply 1]" {
 			t.Errorf("drafts %+v, want one, finished with the reply", ds)
+		}
+		if got, want := w.states(t), "[1:delivered]"; got != want {
+			t.Errorf("outbox %s, want %s", got, want)
+		}
+	})
+}
+
+// TestDraftThatPanicsIsLeft: a draft post that panics does not take the process down: the
+// draft is left, and the turn's reply is posted as a message of its own.
+func TestDraftThatPanicsIsLeft(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake")}
+		p.draftPanics.Store(1)
+		w := newPlatformWorld(t, p, nil)
+		w.system.Root.Send(w.pid, &DraftText{SessionKey: crashKey, TurnID: "t1",
+			Target: identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1"}, Text: "partial"})
+		synctest.Wait()
+		w.reply(t, 1)
+		synctest.Wait()
+		if ds := p.Drafts(); len(ds) != 0 {
+			t.Errorf("drafts %+v, want none", ds)
+		}
+		if sent := p.Sent(); len(sent) != 1 || sent[0].Seq != 1 || sent[0].DraftID != "" {
+			t.Errorf("sent %+v, want reply 1 as a message of its own", sent)
 		}
 		if got, want := w.states(t), "[1:delivered]"; got != want {
 			t.Errorf("outbox %s, want %s", got, want)
