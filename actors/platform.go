@@ -18,8 +18,8 @@ import (
 
 // Platform supervises one platforms.Platform: it runs the platform's inbound loop, restarting
 // it with capped exponential backoff when it fails, and delivers outbound messages in order per
-// session key, confirming each delivery in the outbox. A failed send is retried with backoff;
-// it stays in the outbox (state failed) after the last attempt and is re-sent on recovery.
+// session key, confirming each delivery in the outbox. A failed send is retried with backoff
+// until it succeeds; one the platform refuses for good is recorded as failed (final).
 //
 // For a platforms.Editor it also keeps the draft of each session key's running turn (see
 // drafts.go): the draft's posts and edits go through the same per-key queue as the outbound
