@@ -465,6 +465,20 @@ type Store interface {
 	// Transcript returns every message of a session (including archived rows), by seq. An
 	// unknown session has an empty transcript, not ErrNotFound.
 	Transcript(ctx context.Context, sessionID string) ([]Message, error)
+	// TranscriptAfter returns the messages of a session with seq > after (archived rows
+	// included, as Transcript), by seq, at most limit (no limit when limit <= 0): the
+	// transcript read in pages, so that a long one is never held whole. An unknown session
+	// has none.
+	TranscriptAfter(ctx context.Context, sessionID string, after int64, limit int) ([]Message, error)
+	// CountMessages returns how many message rows a session has (archived ones included) and
+	// how many of them are pending (active) user messages: SessionSummary's Messages and
+	// Pending for one session id, counted without reading the rows. An unknown session has 0
+	// and 0.
+	CountMessages(ctx context.Context, sessionID string) (messages, pending int, err error)
+	// History returns, read in one snapshot, the last limit active messages of a session by
+	// seq (none when limit <= 0) and its highest message seq (archived rows included):
+	// LoadSession's History and LastSeq for a session id. An unknown session has none and 0.
+	History(ctx context.Context, sessionID string, limit int) (history []Message, lastSeq int64, err error)
 	// Route returns the routing row of a key; ErrNotFound if absent.
 	Route(ctx context.Context, key string) (*Route, error)
 	// Session returns one session row; ErrNotFound if absent.

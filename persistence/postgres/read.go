@@ -239,6 +239,92 @@ func (s *Store) Transcript(ctx context.Context, sessionID string) ([]persistence
 	return ms, nil
 }
 
+// TranscriptAfter returns a session's messages with seq > after, archived rows included, by
+// seq, at most limit (no limit when limit <= 0).
+func (s *Store) TranscriptAfter(ctx context.Context, sessionID string, after int64, limit int) ([]persistence.Message, error) {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("transcript %s after %d: %w", sessionID, after, err)
+	}
+	defer done()
+	var lim any // NULL: no limit
+	if limit > 0 {
+		lim = limit
+	}
+	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+messageCols+` FROM messages
+		WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`, sessionID, after, lim)
+	if err != nil {
+		return nil, fmt.Errorf("transcript %s after %d: %w", sessionID, after, s.explain(ctx, err))
+	}
+	return ms, nil
+}
+
+// CountMessages counts a session's message rows (archived ones included) and its active
+// pending user messages, as ListSessions does.
+func (s *Store) CountMessages(ctx context.Context, sessionID string) (messages, pending int, err error) {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("count messages of %s: %w", sessionID, err)
+	}
+	defer done()
+	err = s.pool.QueryRow(ctx, `SELECT
+			(SELECT COUNT(*) FROM messages WHERE session_id = $1),
+			(SELECT COUNT(*) FROM messages WHERE session_id = $1
+				AND role = 'user' AND status = 'pending' AND active)`, sessionID).Scan(&messages, &pending)
+	if err != nil {
+		return 0, 0, fmt.Errorf("count messages of %s: %w", sessionID, s.explain(ctx, err))
+	}
+	return messages, pending, nil
+}
+
+// The queries of History: LoadSession's history and last seq, for a session id.
+const (
+	historyOfSQL = `SELECT * FROM (SELECT ` + messageCols + ` FROM messages
+		WHERE session_id = $1 AND active ORDER BY seq DESC LIMIT $2) h ORDER BY seq`
+	lastSeqOfSQL = `SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id = $1`
+)
+
+// History returns a session's last limit active messages, by seq, and its highest message seq,
+// in one snapshot (one round trip).
+func (s *Store) History(ctx context.Context, sessionID string, limit int) ([]persistence.Message, int64, error) {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, 0, fmt.Errorf("history of %s: %w", sessionID, err)
+	}
+	defer done()
+	h, last, err := s.history(ctx, sessionID, limit)
+	if err != nil {
+		return nil, 0, fmt.Errorf("history of %s: %w", sessionID, s.explain(ctx, err))
+	}
+	return h, last, nil
+}
+
+func (s *Store) history(ctx context.Context, sessionID string, limit int) ([]persistence.Message, int64, error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, 0, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // read-only: nothing to commit
+	b := &pgx.Batch{}
+	if limit > 0 {
+		b.Queue(historyOfSQL, sessionID, limit)
+	}
+	b.Queue(lastSeqOfSQL, sessionID)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	var h []persistence.Message
+	if limit > 0 {
+		if h, err = collect(br.Query()); err != nil {
+			return nil, 0, err
+		}
+	}
+	var last int64
+	if err := br.QueryRow().Scan(&last); err != nil {
+		return nil, 0, err
+	}
+	return h, last, nil
+}
+
 // Search returns the messages (archived ones included) whose content matches query, best match
 // first, at most limit (0 means 100). The query is web-search syntax (websearch_to_tsquery):
 // words must all match, "a phrase" in quotes, OR between alternatives, -word to exclude; it

@@ -205,6 +205,83 @@ func (s *Store) Transcript(ctx context.Context, sessionID string) ([]persistence
 	return ms, nil
 }
 
+// transcriptSQL reads a session's messages after a seq along the (session_id, seq) index.
+const transcriptSQL = `SELECT ` + messageCols + ` FROM messages
+	WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?`
+
+// TranscriptAfter returns a session's messages with seq > after, archived rows included, by
+// seq, at most limit (no limit when limit <= 0).
+func (s *Store) TranscriptAfter(ctx context.Context, sessionID string, after int64, limit int) ([]persistence.Message, error) {
+	if err := s.enter(); err != nil {
+		return nil, fmt.Errorf("transcript %s after %d: %w", sessionID, after, err)
+	}
+	defer s.leave()
+	if limit <= 0 {
+		limit = -1 // SQLite: no limit
+	}
+	ms, err := queryMessages(ctx, s.reader, transcriptSQL, sessionID, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("transcript %s after %d: %w", sessionID, after, err)
+	}
+	return ms, nil
+}
+
+// countMessagesSQL counts along the (session_id, seq) index and messages_pending, never reading
+// a row.
+const countMessagesSQL = `SELECT
+	(SELECT COUNT(*) FROM messages WHERE session_id = ?1),
+	(SELECT COUNT(*) FROM messages WHERE session_id = ?1
+		AND role = 'user' AND status = 'pending' AND active = 1)`
+
+// CountMessages counts a session's message rows (archived ones included) and its active
+// pending user messages, as ListSessions does.
+func (s *Store) CountMessages(ctx context.Context, sessionID string) (messages, pending int, err error) {
+	if err := s.enter(); err != nil {
+		return 0, 0, fmt.Errorf("count messages of %s: %w", sessionID, err)
+	}
+	defer s.leave()
+	err = s.reader.QueryRowContext(ctx, countMessagesSQL, sessionID).Scan(&messages, &pending)
+	if err != nil {
+		return 0, 0, fmt.Errorf("count messages of %s: %w", sessionID, err)
+	}
+	return messages, pending, nil
+}
+
+// History returns a session's last limit active messages, by seq, and its highest message seq,
+// in one snapshot, with the queries LoadSession runs for them.
+func (s *Store) History(ctx context.Context, sessionID string, limit int) ([]persistence.Message, int64, error) {
+	if err := s.enter(); err != nil {
+		return nil, 0, fmt.Errorf("history of %s: %w", sessionID, err)
+	}
+	defer s.leave()
+	h, last, err := s.history(ctx, sessionID, limit)
+	if err != nil {
+		return nil, 0, fmt.Errorf("history of %s: %w", sessionID, err)
+	}
+	return h, last, nil
+}
+
+func (s *Store) history(ctx context.Context, sessionID string, limit int) ([]persistence.Message, int64, error) {
+	tx, err := s.reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, 0, err
+	}
+	defer func() { _ = tx.Rollback() }() // read-only: nothing to commit
+	q := preparedTx{tx: tx, s: s}
+	var h []persistence.Message
+	if limit > 0 {
+		if h, err = queryMessages(ctx, q, historySQL, sessionID, limit); err != nil {
+			return nil, 0, err
+		}
+		slices.Reverse(h)
+	}
+	var last int64
+	if err := q.QueryRowContext(ctx, lastSeqSQL, sessionID).Scan(&last); err != nil {
+		return nil, 0, err
+	}
+	return h, last, nil
+}
+
 // Route returns the routing row of a key; persistence.ErrNotFound if absent.
 func (s *Store) Route(ctx context.Context, key string) (*persistence.Route, error) {
 	if err := s.enter(); err != nil {

@@ -32,3 +32,21 @@ func TestRecentChatsPlan(t *testing.T) {
 		t.Errorf("recent chats query plan = %q, want a plain backwards SCAN m first and no sort", plan)
 	}
 }
+
+// TestSessionReadsUseTheIndex: the reads of one session's messages (a transcript page, its
+// counts) search the (session_id, seq) index: a long session costs what is read, never a scan
+// of every session's messages.
+func TestSessionReadsUseTheIndex(t *testing.T) {
+	s := MustOpen(t, Options{})
+	for name, q := range map[string]struct {
+		sql  string
+		args []any
+	}{"transcript page": {transcriptSQL, []any{"s1", 10, 100}}, "counts": {countMessagesSQL, []any{"s1"}}} {
+		plan := queryPlan(t, s.writer, q.sql, q.args...)
+		joined := strings.Join(plan, "\n")
+		if strings.Contains(joined, "SCAN messages") || strings.Contains(joined, "TEMP B-TREE") {
+			t.Errorf("%s: query plan %q, want index searches only, no scan or sort", name, plan)
+		}
+		t.Logf("%s: %q", name, plan)
+	}
+}

@@ -166,6 +166,142 @@ func testTranscript(t *testing.T, s persistence.Store) {
 	}
 }
 
+// longTranscript writes, out of order, a session of seven messages (2 and 5 archived, 6 a
+// notice) next to another session's, and returns them as the store must read them back.
+func longTranscript(t *testing.T, s persistence.Store) []persistence.Message {
+	t.Helper()
+	start(t, s, "s1", "k1", 1)
+	start(t, s, "s2", "k2", 1)
+	notice := persistence.Message{SessionID: "s1", Seq: 6, Role: persistence.RoleNotice,
+		Content: "notice", Status: persistence.StatusDone, Active: true, CreatedAt: at(6)}
+	msgs := []persistence.Message{
+		userMsg("s1", 1, "m1", "one"), replyMsg("s1", 2, "two, retried away"),
+		userMsg("s1", 3, "m3", "three"), replyMsg("s1", 4, "four"),
+		userMsg("s1", 5, "m5", "five, undone"), notice, userMsg("s1", 7, "m7", "seven"),
+	}
+	ops := []persistence.Op{&persistence.AppendMessage{Message: userMsg("s2", 1, "other", "other session")}}
+	for _, i := range []int{6, 2, 0, 4, 1, 5, 3} {
+		ops = append(ops, &persistence.AppendMessage{Message: msgs[i]})
+	}
+	ops = append(ops, &persistence.ArchiveMessages{SessionID: "s1", Seqs: []int64{2, 5}},
+		&persistence.SetMessageStatus{SessionID: "s1", Seqs: []int64{1}, Status: persistence.StatusDone, TurnID: "turn-1"})
+	MustCommit(t, s, ops...)
+	for _, i := range []int{1, 4} {
+		msgs[i].Active, msgs[i].Archived = false, true
+	}
+	msgs[0].Status, msgs[0].TurnID = persistence.StatusDone, "turn-1"
+	return msgs
+}
+
+func testTranscriptAfter(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	msgs := longTranscript(t, s)
+	tests := []struct {
+		name  string
+		sid   string
+		after int64
+		limit int
+		want  []persistence.Message
+	}{
+		{"all", "s1", 0, 0, msgs},
+		{"negative limit is no limit", "s1", 0, -1, msgs},
+		{"first page", "s1", 0, 3, msgs[:3]},
+		{"middle page with archived rows", "s1", 1, 4, msgs[1:5]},
+		{"last page short", "s1", 5, 3, msgs[5:]},
+		{"page ending at the last row", "s1", 4, 3, msgs[4:]},
+		{"after the last", "s1", 7, 3, nil},
+		{"after a missing seq", "s1", 100, 0, nil},
+		{"negative after", "s1", -5, 2, msgs[:2]},
+		{"unknown session", "nope", 0, 0, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := check(s.TranscriptAfter(ctx, tc.sid, tc.after, tc.limit)).must(t, "TranscriptAfter")
+			diff(t, "TranscriptAfter", got, tc.want)
+		})
+	}
+	t.Run("pages walk the transcript", func(t *testing.T) {
+		var got []persistence.Message
+		for after := int64(0); ; {
+			page := check(s.TranscriptAfter(ctx, "s1", after, 2)).must(t, "TranscriptAfter")
+			got = append(got, page...)
+			if len(page) < 2 {
+				break
+			}
+			after = page[len(page)-1].Seq
+		}
+		diff(t, "pages", got, check(s.Transcript(ctx, "s1")).must(t, "Transcript"))
+	})
+}
+
+func testCountMessages(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	longTranscript(t, s)
+	sums := check(s.ListSessions(ctx, persistence.ListFilter{})).must(t, "ListSessions")
+	if len(sums) != 2 {
+		t.Fatalf("ListSessions = %d sessions, want 2", len(sums))
+	}
+	for _, sum := range sums {
+		n, p, err := s.CountMessages(ctx, sum.Session.ID)
+		if err != nil || n != sum.Messages || p != sum.Pending {
+			t.Errorf("CountMessages(%s) = %d, %d, %v, want %d, %d as ListSessions", sum.Session.ID, n, p, err, sum.Messages, sum.Pending)
+		}
+	}
+	// s1: seven rows (archived ones count); pending: 3 and 7 (1 is done, 5 undone).
+	if n, p, err := s.CountMessages(ctx, "s1"); n != 7 || p != 2 || err != nil {
+		t.Errorf("CountMessages(s1) = %d, %d, %v, want 7, 2, nil", n, p, err)
+	}
+	if n, p, err := s.CountMessages(ctx, "nope"); n != 0 || p != 0 || err != nil {
+		t.Errorf("CountMessages(unknown) = %d, %d, %v, want 0, 0, nil", n, p, err)
+	}
+}
+
+func testHistory(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	msgs := longTranscript(t, s)
+	// An archived last row still counts for the last seq.
+	last := replyMsg("s1", 8, "eight, retried away")
+	MustCommit(t, s, &persistence.AppendMessage{Message: last},
+		&persistence.ArchiveMessages{SessionID: "s1", Seqs: []int64{8}})
+	active := []persistence.Message{msgs[0], msgs[2], msgs[3], msgs[5], msgs[6]}
+	tests := []struct {
+		name    string
+		sid     string
+		limit   int
+		want    []persistence.Message
+		wantSeq int64
+	}{
+		{"last 3 active", "s1", 3, active[2:], 8},
+		{"limit past the transcript", "s1", 100, active, 8},
+		{"no history", "s1", 0, nil, 8},
+		{"other session", "s2", 5, []persistence.Message{userMsg("s2", 1, "other", "other session")}, 1},
+		{"unknown session", "nope", 5, nil, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, seq, err := s.History(ctx, tc.sid, tc.limit)
+			if err != nil {
+				t.Fatalf("History: %v", err)
+			}
+			diff(t, "History", got, tc.want)
+			if seq != tc.wantSeq {
+				t.Errorf("History(%s) last seq = %d, want %d", tc.sid, seq, tc.wantSeq)
+			}
+		})
+	}
+	t.Run("as LoadSession", func(t *testing.T) {
+		snap := check(s.LoadSession(ctx, "k1", 4)).must(t, "LoadSession")
+		got, seq, err := s.History(ctx, "s1", 4)
+		if err != nil {
+			t.Fatalf("History: %v", err)
+		}
+		diff(t, "History vs LoadSession", got, snap.History)
+		if seq != snap.LastSeq {
+			t.Errorf("History last seq = %d, LoadSession's = %d", seq, snap.LastSeq)
+		}
+	})
+}
+
 func testListSessions(t *testing.T, s persistence.Store) {
 	ctx := context.Background()
 	for _, k := range []struct{ key, platform string }{{"a", "http"}, {"b", "discord"}, {"c", "http"}, {"d", "http"}} {
@@ -340,6 +476,9 @@ func testClosed(t *testing.T, s persistence.Store) {
 		{"RepliesTo", second(s.RepliesTo(ctx, "k1", "m1"))},
 		{"OutboxAfter", second(s.OutboxAfter(ctx, "k1", 0, 1))},
 		{"Transcript", second(s.Transcript(ctx, "s1"))},
+		{"TranscriptAfter", second(s.TranscriptAfter(ctx, "s1", 0, 1))},
+		{"CountMessages", third(s.CountMessages(ctx, "s1"))},
+		{"History", third(s.History(ctx, "s1", 1))},
 		{"Route", second(s.Route(ctx, "k1"))},
 		{"Session", second(s.Session(ctx, "s1"))},
 		{"ListSessions", second(s.ListSessions(ctx, persistence.ListFilter{}))},
@@ -363,6 +502,8 @@ func testClosed(t *testing.T, s persistence.Store) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+func third[T, U any](_ T, _ U, err error) error { return err }
 
 // testRecentChats: the chats and threads of one platform with a message stored since a time,
 // each with its newest inbound message, most recent first.
