@@ -83,17 +83,12 @@ func (a *sessionsAPI) Get(ctx context.Context, key string) (*httpplatform.Sessio
 	if err != nil {
 		return nil, fmt.Errorf("get session: %w", err)
 	}
-	msgs, err := a.d.store.Transcript(ctx, s.ID)
+	// Counted by the store: a dashboard polling a session of months must not read its history.
+	messages, pending, err := a.d.store.CountMessages(ctx, s.ID)
 	if err != nil {
 		return nil, fmt.Errorf("get session: %w", err)
 	}
-	pending := 0
-	for _, m := range msgs {
-		if m.Role == persistence.RoleUser && m.Status == persistence.StatusPending {
-			pending++
-		}
-	}
-	info := sessionInfo(key, s, len(msgs), pending)
+	info := sessionInfo(key, s, messages, pending)
 	if info.Live, err = a.live(ctx, key); err != nil {
 		return nil, err
 	}

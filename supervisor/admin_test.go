@@ -1,0 +1,82 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sync/atomic"
+	"testing"
+
+	"github.com/agentgate/agentgate/agents/echo"
+	"github.com/agentgate/agentgate/persistence"
+	httpplatform "github.com/agentgate/agentgate/platforms/http"
+)
+
+// transcriptReads is a store that counts the reads of whole transcripts and of their pages: the
+// API layer's edge, where a read of a session of months would show.
+type transcriptReads struct {
+	persistence.Store
+	whole, pages atomic.Int64
+}
+
+func (s *transcriptReads) Transcript(ctx context.Context, sessionID string) ([]persistence.Message, error) {
+	s.whole.Add(1)
+	return s.Store.Transcript(ctx, sessionID)
+}
+
+func (s *transcriptReads) TranscriptAfter(ctx context.Context, sessionID string, after int64, limit int) ([]persistence.Message, error) {
+	s.pages.Add(1)
+	return s.Store.TranscriptAfter(ctx, sessionID, after, limit)
+}
+
+// mustStartCounting starts a daemon whose store counts transcript reads, with three exchanges
+// and an undone one (archived rows) in one session.
+func mustStartCounting(t *testing.T) (*runtime, *transcriptReads, string) {
+	t.Helper()
+	reads := &transcriptReads{}
+	r := MustStartDaemon(t, echo.New(), daemonOpts{wrap: func(s persistence.Store) persistence.Store { reads.Store = s; return reads }})
+	t.Cleanup(func() { r.stop(t) })
+	var key string
+	for i := range 4 {
+		id := fmt.Sprint("m", i)
+		key = r.inject(t, dm, id, fmt.Sprint("message ", i)).SessionKey
+		r.waitReplyTo(t, id)
+	}
+	r.inject(t, dm, "undo", "/undo")
+	r.waitReplyTo(t, "undo")
+	return r, reads, key
+}
+
+// TestGetSessionCountsWithoutTranscript: GET /v1/sessions/{key} counts the session's messages
+// in the store, the same counts as the listing, and reads none of its transcript (a dashboard
+// polling a session of months once read all of it at every poll).
+func TestGetSessionCountsWithoutTranscript(t *testing.T) {
+	r, reads, key := mustStartCounting(t)
+	base := "http://" + r.d.Addr().String() + "/v1/sessions"
+	whole, pages := reads.whole.Load(), reads.pages.Load()
+	status, body := getJSON(t, base+"/"+url.PathEscape(key))
+	var info httpplatform.SessionInfo
+	if err := json.Unmarshal(body, &info); status != http.StatusOK || err != nil {
+		t.Fatalf("GET session = %d %s, %v", status, body, err)
+	}
+	if w, p := reads.whole.Load()-whole, reads.pages.Load()-pages; w != 0 || p != 0 {
+		t.Errorf("GET session read %d whole transcripts and %d pages, want none", w, p)
+	}
+
+	_, body = getJSON(t, base)
+	var list httpplatform.SessionList
+	if err := json.Unmarshal(body, &list); err != nil || len(list.Sessions) != 1 {
+		t.Fatalf("GET sessions = %s, %v, want one session", body, err)
+	}
+	msgs, err := reads.Store.Transcript(t.Context(), info.SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := list.Sessions[0]
+	if info.Messages != listed.Messages || info.Pending != listed.Pending || info.Messages != len(msgs) {
+		t.Errorf("GET session counts %d messages, %d pending; the listing %d, %d; the transcript has %d rows",
+			info.Messages, info.Pending, listed.Messages, listed.Pending, len(msgs))
+	}
+}
