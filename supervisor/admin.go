@@ -133,9 +133,10 @@ func (a *sessionsAPI) Reset(ctx context.Context, key string) (*httpplatform.Sess
 	return a.Get(ctx, key)
 }
 
-// Transcript returns one incarnation's messages; the current one when sessionID is empty. An
-// earlier incarnation must belong to the same key.
-func (a *sessionsAPI) Transcript(ctx context.Context, key, sessionID string) (*httpplatform.Transcript, error) {
+// Transcript returns one page of an incarnation's messages (of the current one when
+// r.SessionID is empty). An earlier incarnation must belong to the same key.
+func (a *sessionsAPI) Transcript(ctx context.Context, key string, r httpplatform.TranscriptRequest) (*httpplatform.Transcript, error) {
+	sessionID := r.SessionID
 	if sessionID == "" {
 		route, err := a.d.store.Route(ctx, key)
 		if err != nil {
@@ -150,7 +151,7 @@ func (a *sessionsAPI) Transcript(ctx context.Context, key, sessionID string) (*h
 	if s.Key != key {
 		return nil, fmt.Errorf("transcript: session %s of another key: %w", sessionID, persistence.ErrNotFound)
 	}
-	msgs, err := a.d.store.Transcript(ctx, sessionID)
+	msgs, err := a.d.store.TranscriptAfter(ctx, sessionID, r.After, r.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("transcript: %w", err)
 	}

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -8,6 +9,8 @@ import (
 	"net/url"
 	"sync/atomic"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/persistence"
@@ -78,5 +81,66 @@ func TestGetSessionCountsWithoutTranscript(t *testing.T) {
 	if info.Messages != listed.Messages || info.Pending != listed.Pending || info.Messages != len(msgs) {
 		t.Errorf("GET session counts %d messages, %d pending; the listing %d, %d; the transcript has %d rows",
 			info.Messages, info.Pending, listed.Messages, listed.Pending, len(msgs))
+	}
+}
+
+// TestTranscriptThroughTheDaemon: the daemon answers a transcript from pages of the store, never
+// a whole read, with the body the whole transcript encoded at once had (archived rows
+// included); ?limit pages walk it the same.
+func TestTranscriptThroughTheDaemon(t *testing.T) {
+	r, reads, key := mustStartCounting(t)
+	path := "http://" + r.d.Addr().String() + "/v1/sessions/" + url.PathEscape(key) + "/transcript"
+	whole := reads.whole.Load()
+	status, body := getJSON(t, path)
+	if n := reads.whole.Load() - whole; n != 0 {
+		t.Errorf("GET transcript read %d whole transcripts, want pages only", n)
+	}
+
+	route, err := reads.Store.Route(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := reads.Store.Transcript(t.Context(), route.SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := httpplatform.Transcript{SessionKey: key, SessionID: route.SessionID}
+	archived := 0
+	for _, m := range msgs {
+		want.Messages = append(want.Messages, httpplatform.TranscriptMessage{Seq: m.Seq, Role: m.Role, Text: m.Content,
+			MessageID: m.MessageID, TurnID: m.TurnID, Status: m.Status, CreatedAt: m.CreatedAt, Archived: m.Archived})
+		if m.Archived {
+			archived++
+		}
+	}
+	if archived == 0 {
+		t.Fatalf("the transcript has no archived rows after /undo: %+v", msgs)
+	}
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(want); err != nil {
+		t.Fatal(err)
+	}
+	if status != http.StatusOK || !bytes.Equal(body, buf.Bytes()) {
+		t.Errorf("GET transcript = %d\n%s\nwant 200\n%s", status, body, buf.Bytes())
+	}
+
+	var paged []httpplatform.TranscriptMessage
+	for after := int64(0); ; {
+		status, body := getJSON(t, fmt.Sprintf("%s?after=%d&limit=3", path, after))
+		var tr httpplatform.Transcript
+		if err := json.Unmarshal(body, &tr); status != http.StatusOK || err != nil {
+			t.Fatalf("GET page after %d = %d %s, %v", after, status, body, err)
+		}
+		paged = append(paged, tr.Messages...)
+		if tr.Next == 0 {
+			break
+		}
+		if tr.Next <= after || len(paged) > len(msgs) {
+			t.Fatalf("page after %d: next %d, %d messages so far of %d: the pages do not advance", after, tr.Next, len(paged), len(msgs))
+		}
+		after = tr.Next
+	}
+	if d := cmp.Diff(want.Messages, paged); d != "" {
+		t.Errorf("the pages mismatch the transcript (-want +got):\n%s", d)
 	}
 }

@@ -234,6 +234,13 @@ type fakeSessions struct {
 	panicGet bool
 	// bigText, when set, is the text of every transcript message.
 	bigText string
+	// transcript, when set, is every key's transcript (instead of two messages).
+	transcript []TranscriptMessage
+	// transcriptReqs are the requests Transcript was called with.
+	transcriptReqs []TranscriptRequest
+	// failTranscriptAt, when above zero, makes the Transcript call of that number (from 1) and
+	// every later one fail.
+	failTranscriptAt int
 }
 
 func newFakeSessions() *fakeSessions {
@@ -302,21 +309,41 @@ func (f *fakeSessions) Reset(_ context.Context, key string) (*SessionInfo, error
 	return &next, nil
 }
 
-func (f *fakeSessions) Transcript(_ context.Context, key, sessionID string) (*Transcript, error) {
+func (f *fakeSessions) Transcript(_ context.Context, key string, r TranscriptRequest) (*Transcript, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.record("transcript %s %s", key, sessionID)
+	f.record("transcript %s %s", key, r.SessionID)
+	f.transcriptReqs = append(f.transcriptReqs, r)
+	if f.failTranscriptAt > 0 && len(f.transcriptReqs) >= f.failTranscriptAt {
+		return nil, errors.New("fake sessions: transcript page failed")
+	}
 	if _, ok := f.infos[key]; !ok {
 		return nil, persistence.ErrNotFound
 	}
-	user, assistant := "hi", "hello"
-	if f.bigText != "" {
-		user, assistant = f.bigText, f.bigText
+	all := f.transcript
+	if all == nil {
+		user, assistant := "hi", "hello"
+		if f.bigText != "" {
+			user, assistant = f.bigText, f.bigText
+		}
+		all = []TranscriptMessage{
+			{Seq: 1, Role: persistence.RoleUser, Text: user, MessageID: "m1", Status: persistence.StatusDone},
+			{Seq: 2, Role: persistence.RoleAssistant, Text: assistant, TurnID: "t1", Status: persistence.StatusDone},
+		}
 	}
-	return &Transcript{SessionKey: key, SessionID: cmpOr(sessionID, "s1"), Messages: []TranscriptMessage{
-		{Seq: 1, Role: persistence.RoleUser, Text: user, MessageID: "m1", Status: persistence.StatusDone},
-		{Seq: 2, Role: persistence.RoleAssistant, Text: assistant, TurnID: "t1", Status: persistence.StatusDone},
-	}}, nil
+	var page []TranscriptMessage
+	for _, m := range all {
+		if m.Seq > r.After && (r.Limit <= 0 || len(page) < r.Limit) {
+			page = append(page, m)
+		}
+	}
+	return &Transcript{SessionKey: key, SessionID: cmpOr(r.SessionID, "s1"), Messages: page}, nil
+}
+
+func (f *fakeSessions) transcriptRequests() []TranscriptRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.transcriptReqs)
 }
 
 func (f *fakeSessions) OutboxAfter(_ context.Context, key string, after int64, limit int) ([]*platforms.Outbound, error) {

@@ -50,13 +50,18 @@ func badRequest(code, msg string) *apiError {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	jsonHeaders(w)
+	w.WriteHeader(status)
+	// An encoding error here means the client went away; there is nobody left to tell.
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// jsonHeaders sets the headers of a JSON answer.
+func jsonHeaders(w http.ResponseWriter) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	// An encoding error here means the client went away; there is nobody left to tell.
-	_ = json.NewEncoder(w).Encode(v)
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {

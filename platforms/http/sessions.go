@@ -108,37 +108,6 @@ func (p *Platform) sessionInfo(w http.ResponseWriter, r *http.Request, op string
 	writeJSON(w, http.StatusOK, info)
 }
 
-// handleTranscript is GET /v1/sessions/{key}/transcript?session_id=.
-func (p *Platform) handleTranscript(w http.ResponseWriter, r *http.Request) {
-	s, ok := p.sessions(w)
-	if !ok {
-		return
-	}
-	key, aerr := pathKey(r)
-	if aerr != nil {
-		aerr.write(w)
-		return
-	}
-	sid := r.URL.Query().Get("session_id")
-	if aerr := checkID("session_id", sid, MaxIDBytes); aerr != nil {
-		aerr.code = CodeInvalidQuery
-		aerr.write(w)
-		return
-	}
-	tr, err := s.Transcript(r.Context(), key, sid)
-	if err == nil && tr == nil {
-		err = persistence.ErrNotFound
-	}
-	if err != nil {
-		p.writeSessionsError(w, r, "transcript", err)
-		return
-	}
-	if tr.Messages == nil {
-		tr.Messages = []TranscriptMessage{}
-	}
-	writeJSON(w, http.StatusOK, tr)
-}
-
 // handleMetrics is GET /metrics.
 func (p *Platform) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	if p.cfg.Metrics == nil {

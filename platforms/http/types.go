@@ -17,9 +17,10 @@ type Sessions interface {
 	Get(ctx context.Context, key string) (*SessionInfo, error)
 	// Reset ends the key's current session (reason reset_command) and returns the new one.
 	Reset(ctx context.Context, key string) (*SessionInfo, error)
-	// Transcript returns the messages of one incarnation of key; an empty sessionID means the
-	// current one.
-	Transcript(ctx context.Context, key, sessionID string) (*Transcript, error)
+	// Transcript returns one page of the messages of one incarnation of key (see
+	// TranscriptRequest). The answer names the incarnation, so that the next page can ask for
+	// the same one.
+	Transcript(ctx context.Context, key string, r TranscriptRequest) (*Transcript, error)
 	// OutboxAfter returns the key's outbox entries with Seq > after, by Seq, at most limit.
 	OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]*platforms.Outbound, error)
 	// RepliesTo returns the key's outbox entries that answer messageID, by Seq.
@@ -97,11 +98,25 @@ type LiveState struct {
 	Probation string `json:"probation,omitempty"`
 }
 
+// MaxTranscriptLimit caps the limit of GET /v1/sessions/{key}/transcript.
+const MaxTranscriptLimit = 1000
+
+// TranscriptRequest selects one page of a transcript: the messages with Seq > After, by Seq,
+// at most Limit (every one when Limit <= 0), of the incarnation SessionID of the key (the
+// current one when empty).
+type TranscriptRequest struct {
+	SessionID string
+	After     int64
+	Limit     int
+}
+
 // Transcript is the body of GET /v1/sessions/{key}/transcript.
 type Transcript struct {
 	SessionKey string              `json:"session_key"`
 	SessionID  string              `json:"session_id"`
 	Messages   []TranscriptMessage `json:"messages"`
+	// Next is the after of the next page, when a limit was asked for and more messages follow.
+	Next int64 `json:"next,omitempty"`
 }
 
 // TranscriptMessage is one transcript row. Role is user, assistant or notice.
