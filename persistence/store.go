@@ -475,9 +475,12 @@ type Store interface {
 	// Pending for one session id, counted without reading the rows. An unknown session has 0
 	// and 0.
 	CountMessages(ctx context.Context, sessionID string) (messages, pending int, err error)
-	// History returns, read in one snapshot, the last limit active messages of a session by
-	// seq (none when limit <= 0) and its highest message seq (archived rows included):
-	// LoadSession's History and LastSeq for a session id. An unknown session has none and 0.
+	// History returns, read in one snapshot, the last limit active user and assistant
+	// messages of a session by seq (none when limit <= 0; notices are left out: they are no
+	// part of the conversation an agent sees) and its highest message seq (archived rows
+	// included). It is what /resume loads into the resumed session's buffer; unlike
+	// LoadSession's History, no notice takes the place of a message. An unknown session has
+	// none and 0.
 	History(ctx context.Context, sessionID string, limit int) (history []Message, lastSeq int64, err error)
 	// Route returns the routing row of a key; ErrNotFound if absent.
 	Route(ctx context.Context, key string) (*Route, error)

@@ -277,15 +277,15 @@ func (s *Store) CountMessages(ctx context.Context, sessionID string) (messages, 
 	return messages, pending, nil
 }
 
-// The queries of History: LoadSession's history and last seq, for a session id.
+// The queries of History: the last conversation messages and the last seq of a session.
 const (
 	historyOfSQL = `SELECT * FROM (SELECT ` + messageCols + ` FROM messages
-		WHERE session_id = $1 AND active ORDER BY seq DESC LIMIT $2) h ORDER BY seq`
+		WHERE session_id = $1 AND active AND role IN ('user', 'assistant') ORDER BY seq DESC LIMIT $2) h ORDER BY seq`
 	lastSeqOfSQL = `SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id = $1`
 )
 
-// History returns a session's last limit active messages, by seq, and its highest message seq,
-// in one snapshot (one round trip).
+// History returns a session's last limit active user and assistant messages, by seq, and its
+// highest message seq, in one snapshot (one round trip).
 func (s *Store) History(ctx context.Context, sessionID string, limit int) ([]persistence.Message, int64, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {

@@ -247,8 +247,13 @@ func (s *Store) CountMessages(ctx context.Context, sessionID string) (messages, 
 	return messages, pending, nil
 }
 
-// History returns a session's last limit active messages, by seq, and its highest message seq,
-// in one snapshot, with the queries LoadSession runs for them.
+// historyOfSQL reads back along the (session_id, seq) index from the newest message, and stops
+// after limit conversation messages.
+const historyOfSQL = `SELECT ` + messageCols + ` FROM messages
+	WHERE session_id = ? AND active = 1 AND role IN ('user', 'assistant') ORDER BY seq DESC LIMIT ?`
+
+// History returns a session's last limit active user and assistant messages, by seq, and its
+// highest message seq, in one snapshot.
 func (s *Store) History(ctx context.Context, sessionID string, limit int) ([]persistence.Message, int64, error) {
 	if err := s.enter(); err != nil {
 		return nil, 0, fmt.Errorf("history of %s: %w", sessionID, err)
@@ -270,7 +275,7 @@ func (s *Store) history(ctx context.Context, sessionID string, limit int) ([]per
 	q := preparedTx{tx: tx, s: s}
 	var h []persistence.Message
 	if limit > 0 {
-		if h, err = queryMessages(ctx, q, historySQL, sessionID, limit); err != nil {
+		if h, err = queryMessages(ctx, q, historyOfSQL, sessionID, limit); err != nil {
 			return nil, 0, err
 		}
 		slices.Reverse(h)

@@ -34,14 +34,15 @@ func TestRecentChatsPlan(t *testing.T) {
 }
 
 // TestSessionReadsUseTheIndex: the reads of one session's messages (a transcript page, its
-// counts) search the (session_id, seq) index: a long session costs what is read, never a scan
+// counts, its last messages) search the (session_id, seq) index: a long session costs what is read, never a scan
 // of every session's messages.
 func TestSessionReadsUseTheIndex(t *testing.T) {
 	s := MustOpen(t, Options{})
 	for name, q := range map[string]struct {
 		sql  string
 		args []any
-	}{"transcript page": {transcriptSQL, []any{"s1", 10, 100}}, "counts": {countMessagesSQL, []any{"s1"}}} {
+	}{"transcript page": {transcriptSQL, []any{"s1", 10, 100}}, "counts": {countMessagesSQL, []any{"s1"}},
+		"history": {historyOfSQL, []any{"s1", 20}}} {
 		plan := queryPlan(t, s.writer, q.sql, q.args...)
 		joined := strings.Join(plan, "\n")
 		if strings.Contains(joined, "SCAN messages") || strings.Contains(joined, "TEMP B-TREE") {
