@@ -131,9 +131,11 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	case s.cur != nil && target.ID == s.cur.ID:
 		return nil, "That is the current session.", nil
 	}
-	msgs, err := s.d.Store.Transcript(s.d.Ctx, target.ID)
+	// Only what the buffer keeps: a session of months must not be read whole on the actor's
+	// goroutine.
+	msgs, lastSeq, err := s.d.Store.History(s.d.Ctx, target.ID, s.d.Config.HistoryLimit)
 	if err != nil {
-		s.logger().Error("load resumed transcript", "err", err)
+		s.logger().Error("load resumed history", "err", err)
 		return nil, "⚠️ Could not load that session right now; please try again.", nil
 	}
 	ops, _, dropped := s.stopWork(c)
@@ -147,10 +149,9 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	if resumed.QueueMode != "" {
 		s.mode = resumed.QueueMode
 	}
-	s.lastSeq, s.history = 0, nil
+	s.lastSeq, s.history = lastSeq, nil
 	for _, m := range msgs {
-		s.lastSeq = max(s.lastSeq, m.Seq)
-		if m.Active && (m.Role == persistence.RoleUser || m.Role == persistence.RoleAssistant) {
+		if m.Role == persistence.RoleUser || m.Role == persistence.RoleAssistant {
 			s.history = append(s.history, histEntry{seq: m.Seq, raw: m.Content,
 				msg: persistFromRow(m), sender: m.UserID})
 		}
