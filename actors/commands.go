@@ -200,7 +200,9 @@ func (s *Session) boundary(c actor.Context, src identity.Source, reason string, 
 // write is still in flight stays queued, marked dropped: it is set aside with a notice of its
 // own when its write lands (accepted).
 func (s *Session) stopWork(c actor.Context) (ops []persistence.Op, cancelled int, dropped []*item) {
-	dropped, s.interrupted = s.interrupted, nil // cut short by an interrupt, not answered yet
+	if r := s.unusual; r != nil {
+		dropped, r.interrupted = r.interrupted, nil // cut short by an interrupt, not answered yet
+	}
 	cancelled = len(dropped)
 	if r := s.running; r != nil {
 		s.running = nil

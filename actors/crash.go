@@ -16,13 +16,15 @@ import (
 
 // onRestarting runs on the failed incarnation, just before it is replaced.
 func (s *Session) onRestarting(c actor.Context) {
-	if s.life == nil {
-		s.life = &lifeline{}
-		s.d.lifelines.Store(s.key, s.life) // the next incarnation takes it in start
+	life := s.life()
+	if life == nil {
+		life = &lifeline{}
+		s.rare().life = life
+		s.d.lifelines.Store(s.key, life) // the next incarnation takes it in start
 	}
-	s.life.restarts++
-	s.life.leaving = s.leaving // a restart is no reason to run turns on a leaving member
-	s.life.suspects = nil
+	life.restarts++
+	life.leaving = s.leaving // a restart is no reason to run turns on a leaving member
+	life.suspects = nil
 	s.endProbation(c) // the next incarnation asks again if its head is still a suspect
 	if s.running != nil {
 		// The turn is no child of the session: stop it here. Its draft is marked interrupted
@@ -30,7 +32,7 @@ func (s *Session) onRestarting(c actor.Context) {
 		s.cancelTurn(c, s.running)
 		s.d.Metrics.TurnsTotal.WithLabelValues("crashed").Inc()
 		for _, it := range s.running.items {
-			s.life.suspects = append(s.life.suspects, it.seq)
+			life.suspects = append(life.suspects, it.seq)
 		}
 	}
 	// Inbound messages whose write is still in flight get an honest answer: we cannot know
@@ -40,7 +42,7 @@ func (s *Session) onRestarting(c actor.Context) {
 	if s.busy {
 		c.Send(c.Parent(), &busyChanged{key: s.key, busy: false})
 	}
-	s.logger().Warn("session restarting", "restarts", s.life.restarts, "running", s.life.suspects)
+	s.logger().Warn("session restarting", "restarts", life.restarts, "running", life.suspects)
 	// The failed incarnation still sees its children terminate before it is replaced; it must
 	// act on nothing more.
 	s.dead = true
@@ -49,17 +51,18 @@ func (s *Session) onRestarting(c actor.Context) {
 // afterCrash runs on the new incarnation after it loaded its state: it counts the crash against
 // the messages that were running and quarantines those that reached QuarantineAfter.
 func (s *Session) afterCrash(c actor.Context) {
-	suspects := s.life.suspects
-	s.life.suspects = nil
+	life := s.life()
+	suspects := life.suspects
+	life.suspects = nil
 	for _, seq := range suspects {
-		if s.life.crashes == nil {
-			s.life.crashes = map[int64]int{}
+		if life.crashes == nil {
+			life.crashes = map[int64]int{}
 		}
-		s.life.crashes[seq]++
-		if s.life.crashes[seq] < QuarantineAfter {
+		life.crashes[seq]++
+		if life.crashes[seq] < QuarantineAfter {
 			continue
 		}
-		delete(s.life.crashes, seq)
+		delete(life.crashes, seq)
 		i := slices.IndexFunc(s.queue, func(it *item) bool { return it.seq == seq })
 		if i < 0 {
 			continue

@@ -42,10 +42,12 @@ func (s *Session) expire(now time.Time) []persistence.Op {
 	}
 	p := s.d.Config.resetFor(s.cur.Platform, s.cur.ChatType)
 	at, reason, due := p.Overdue(s.cur.LastActivityAt, now)
-	if o := s.overdue; o != nil && o.sid == s.cur.ID {
-		at, reason, due = o.at, o.reason, true // it fell due while the session worked
+	if u := s.unusual; u != nil {
+		if o := u.overdue; o != nil && o.sid == s.cur.ID {
+			at, reason, due = o.at, o.reason, true // it fell due while the session worked
+		}
+		u.overdue = nil
 	}
-	s.overdue = nil
 	if !due {
 		return nil
 	}
@@ -70,10 +72,10 @@ func (s *Session) expireIfIdle(now time.Time) []persistence.Op {
 	if s.running != nil || len(s.queue) > 0 {
 		// Remember that it fell due: the work's own activity would otherwise move the due time
 		// on (a daily reset by a whole day). It ends once the work is done (endOverdue).
-		if s.cur != nil && s.overdue == nil {
+		if s.cur != nil && (s.unusual == nil || s.unusual.overdue == nil) {
 			p := s.d.Config.resetFor(s.cur.Platform, s.cur.ChatType)
 			if at, reason, due := p.Overdue(s.cur.LastActivityAt, now); due {
-				s.overdue = &overdue{sid: s.cur.ID, at: at, reason: reason}
+				s.rare().overdue = &overdue{sid: s.cur.ID, at: at, reason: reason}
 			}
 		}
 		return nil
@@ -90,7 +92,7 @@ type overdue struct {
 
 // endOverdue ends the session whose reset fell due while it worked, once its work is done.
 func (s *Session) endOverdue(c actor.Context) {
-	if s.overdue == nil || s.running != nil || len(s.queue) > 0 || s.fencedOut || s.passivating {
+	if s.unusual == nil || s.unusual.overdue == nil || s.running != nil || len(s.queue) > 0 || s.fencedOut || s.passivating {
 		return
 	}
 	s.writeReset(c, s.expire(s.d.now()))
@@ -146,7 +148,7 @@ func (s *Session) restoreContinuity(history []persistence.Message) {
 	switch prev.EndReason {
 	case persistence.EndIdle, persistence.EndDaily, persistence.EndSuspended:
 		p := s.d.Config.resetFor(prev.Platform, prev.ChatType)
-		s.continuity = continuityNote(prev.ID, describeReset(prev.EndReason, p, prev.LastActivityAt, prev.EndedAt))
+		s.rare().continuity = continuityNote(prev.ID, describeReset(prev.EndReason, p, prev.LastActivityAt, prev.EndedAt))
 	}
 }
 
@@ -155,7 +157,7 @@ func (s *Session) restoreContinuity(history []persistence.Message) {
 func (s *Session) afterAutoReset(prev *persistence.Session, src identity.Source, messageID string, now time.Time) (*platforms.Outbound, []persistence.Op) {
 	p := s.d.Config.resetFor(prev.Platform, prev.ChatType)
 	why := describeReset(prev.EndReason, p, prev.LastActivityAt, now)
-	s.continuity = continuityNote(prev.ID, why)
+	s.rare().continuity = continuityNote(prev.ID, why)
 	if !p.Notify {
 		return nil, nil
 	}

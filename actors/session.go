@@ -23,57 +23,102 @@ import (
 // that arrives while a turn runs waits in the queue (up to the cap). State is rebuilt from the
 // store on every start, so a restart after a panic or a passivation carries on where it stopped.
 type Session struct {
-	d         *Deps
-	key       string       // the actor's name under the manager
-	log       *slog.Logger // built on first use (logger): most sessions never log
-	recovered bool         // spawned to recover work left by the last run (see NewSession)
+	d   *Deps
+	key string       // the actor's name under the manager
+	log *slog.Logger // built on first use (logger): most sessions never log
 
-	cur  *persistence.Session // current incarnation; nil until the first message
-	prev *persistence.Session // the ended session the route still points to, if any
-	// continuity is the note the first turn of a session after an automatic reset gets.
-	continuity string
-	lastSeq    int64
-	lastOut    int64
-	routeGen   int64
-	queue      []*item
-	running    *turnRun
-	// interrupted are the messages of turns cut short by a newer message (queue mode
-	// interrupt): the next answer answers them too.
-	interrupted []*item
-	overdue     *overdue    // a reset that fell due while the session worked (expireIfIdle)
-	history     []histEntry // the recent active transcript, for the agent and for /undo and /retry
-	seen        idSet       // inbound message ids accepted in this activation
-	mode        string
-	// unsure are the inbound writes of this activation that failed in a way that may have
-	// committed (a COMMIT whose answer was lost), by message id (adoptStored, adoptUnsure).
-	unsure map[string]*item
+	cur      *persistence.Session // current incarnation; nil until the first message
+	prev     *persistence.Session // the ended session the route still points to, if any
+	lastSeq  int64
+	lastOut  int64
+	routeGen int64
+	queue    []*item
+	running  *turnRun
+	history  []histEntry // the recent active transcript, for the agent and for /undo and /retry
+	seen     idSet       // inbound message ids accepted in this activation
+	mode     string
 
-	epoch      int64                // the key's claim (Deps.Fencing); 0 when not claimed
-	fencedOut  bool                 // a newer activation claimed the key: this one hands over and stops
-	stale      bool                 // memory is behind the store: the key is activated again (onRecover, restartFromStore)
-	leaving    bool                 // the member leaves the cluster: no new turn, and the key goes on once idle (Leave)
-	halted     bool                 // the daemon stops and a stop signal ended this session's agent: no new turn (stoppedBySignal)
-	handoff    []routed             // requests for the key's next activation, sent once the session stops
+	epoch     int64 // the key's claim (Deps.Fencing); 0 when not claimed
+	fencedOut bool  // a newer activation claimed the key: this one hands over and stops
+	stale     bool  // memory is behind the store: the key is activated again (onRecover, restartFromStore)
+	leaving   bool  // the member leaves the cluster: no new turn, and the key goes on once idle (Leave)
+	halted    bool  // the daemon stops and a stop signal ended this session's agent: no new turn (stoppedBySignal)
+
 	inflight   []*pendingWrite      // by write id, ascending
 	stopResend scheduler.CancelFunc // the armed resend tick; nil when none is armed
-	sched      *scheduler.TimerScheduler
 
 	activatedAt  time.Time
 	lastActivity time.Time
-	busy         bool
-	dead         bool      // set on the failed incarnation once it is being replaced
 	lastTouched  time.Time // last message other than ticks (passivation)
-	passivating  bool      // asked the manager to stop it
-	unloaded     bool      // started while the spool held writes: not loaded yet (waitForStore)
+	busy         bool
+	dead         bool // set on the failed incarnation once it is being replaced
+	passivating  bool // asked the manager to stop it
+	unloaded     bool // started while the spool held writes: not loaded yet (waitForStore)
+	recovered    bool // spawned to recover work left by the last run (see NewSession)
+
+	// unusual is the state set only while something unusual happens; nil otherwise (rareState).
+	unusual *rareState
+}
+
+// rareState is the part of a session's state that is set only while something unusual happens:
+// a crash, an automatic reset, an interrupt, a hand-over, a write that may have committed. It
+// lives behind one pointer, allocated on first need and dropped again once empty (tidyRare), so
+// that an idle session stays in a smaller size class (perf-anchors §8 G7: an idle session costs
+// at most 2 KiB of heap; TestSessionSize). Set its fields through Session.rare; code that only
+// reads checks Session.unusual for nil, so that reading allocates nothing.
+type rareState struct {
+	// continuity is the note the first turn of a session after an automatic reset gets.
+	continuity string
+	// interrupted are the messages of turns cut short by a newer message (queue mode
+	// interrupt): the next answer answers them too.
+	interrupted []*item
+	overdue     *overdue // a reset that fell due while the session worked (expireIfIdle)
+	// unsure are the inbound writes of this activation that failed in a way that may have
+	// committed (a COMMIT whose answer was lost), by message id (adoptStored, adoptUnsure).
+	unsure  map[string]*item
+	handoff []routed // requests for the key's next activation, sent once the session stops
 	// probation is the request for the probation token of a suspect message (Probation); nil
 	// when the session neither holds nor waits for it.
 	probation *probationRun
-
 	// life survives restarts of this actor, so a new incarnation knows how often it crashed and
 	// on which messages. It is nil until the first crash: the failing incarnation creates it
 	// and files it in Deps.lifelines, where the next incarnation finds it; the last one removes
 	// it when it stops.
 	life *lifeline
+}
+
+// rare returns the session's rarely set state for a change, allocating it on first need.
+func (s *Session) rare() *rareState {
+	if s.unusual == nil {
+		s.unusual = &rareState{}
+	}
+	return s.unusual
+}
+
+// tidyRare drops the rarely set state once nothing in it is set. Receive calls it after each
+// message it handles; no code keeps a pointer to it across messages.
+func (s *Session) tidyRare() {
+	if r := s.unusual; r != nil && r.continuity == "" && len(r.interrupted) == 0 && r.overdue == nil &&
+		len(r.unsure) == 0 && len(r.handoff) == 0 && r.probation == nil && r.life == nil {
+		s.unusual = nil
+	}
+}
+
+// life returns the session's lifeline, nil until its first crash.
+func (s *Session) life() *lifeline {
+	if s.unusual == nil {
+		return nil
+	}
+	return s.unusual.life
+}
+
+// probation returns the session's probation request, nil when it neither holds nor waits for
+// the token.
+func (s *Session) probation() *probationRun {
+	if s.unusual == nil {
+		return nil
+	}
+	return s.unusual.probation
 }
 
 // lifeline is what a session actor's incarnations share across supervisor restarts: never
@@ -154,10 +199,10 @@ func (s *Session) debugOn() bool { return s.d.Log.Enabled(s.d.Ctx, slog.LevelDeb
 
 // restarts is how often this session restarted in its current activation.
 func (s *Session) restarts() int {
-	if s.life == nil {
+	if s.life() == nil {
 		return 0
 	}
-	return s.life.restarts
+	return s.life().restarts
 }
 
 // QuarantineAfter is how many crashes of its session a message may cause before it is set
@@ -166,7 +211,7 @@ const QuarantineAfter = 3
 
 // Receive dispatches the session's messages.
 func (s *Session) Receive(c actor.Context) {
-	if _, ok := c.Message().(*actor.Stopped); ok && s.life != nil {
+	if _, ok := c.Message().(*actor.Stopped); ok && s.life() != nil {
 		s.d.lifelines.Delete(s.key) // the activation is over; the next one starts afresh
 	}
 	if s.dead || (s.passivating || s.fencedOut) && !s.whileStopping(c) || s.unloaded && !s.whileWaiting(c) {
@@ -240,17 +285,19 @@ func (s *Session) Receive(c actor.Context) {
 			c.Send(c.Parent(), &busyChanged{key: s.key, busy: false})
 		}
 	}
-	if s.probation != nil && !s.dead {
+	if s.probation() != nil && !s.dead {
 		s.settleProbation(c)
 	}
+	s.tidyRare()
 }
 
 // start loads the session's durable state and resumes unanswered work.
 func (s *Session) start(c actor.Context) {
 	s.key = childName(c)
 	if l, ok := s.d.lifelines.Load(s.key); ok {
-		s.life = l.(*lifeline)
-		s.leaving = s.life.leaving
+		life := l.(*lifeline)
+		s.rare().life = life
+		s.leaving = life.leaving
 	}
 	s.mode = s.d.Config.QueueMode
 	s.activatedAt = s.d.now()
@@ -338,7 +385,7 @@ func (s *Session) load(c actor.Context) {
 	}
 	s.afterUncleanStops(c)
 	s.expireOnStart(c)
-	if s.recovered && s.life == nil && s.d.Config.Recovery == RecoveryNotice {
+	if s.recovered && s.life() == nil && s.d.Config.Recovery == RecoveryNotice {
 		// Only the first incarnation recovers: a restarted one has a lifeline.
 		s.noticePending(c)
 	}
@@ -536,7 +583,7 @@ func (s *Session) leaveIfIdle(c actor.Context) {
 	s.logger().Info("the session hands its key on to another member", "pending", len(s.queue))
 	// Messages whose commit may have applied though its answer was lost (unsure) may be
 	// pending in the store too: the successor looks.
-	s.stale = len(s.queue) > 0 || len(s.unsure) > 0
+	s.stale = len(s.queue) > 0 || s.unusual != nil && len(s.unusual.unsure) > 0
 	s.handOverAll(c)
 	s.stopWhenSettled(c)
 }
@@ -636,7 +683,7 @@ func (s *Session) whileStopping(c actor.Context) bool {
 func (s *Session) handOver(c actor.Context, msg any, sender *actor.PID) {
 	r := routed{msg: msg, sender: sender}
 	if !s.passivating {
-		s.handoff = append(s.handoff, r) // sent after the passivate, so the manager holds it
+		s.rare().handoff = append(s.rare().handoff, r) // sent after the passivate, so the manager holds it
 		s.stopWhenSettled(c)
 		return
 	}
@@ -651,10 +698,12 @@ func (s *Session) stopWhenSettled(c actor.Context) {
 	}
 	s.passivating = true
 	c.Send(c.Parent(), &passivate{key: s.key, pid: c.Self(), fenced: true, rerun: s.stale})
-	for _, r := range s.handoff {
-		s.sendToManager(c, r)
+	if s.unusual != nil {
+		for _, r := range s.unusual.handoff {
+			s.sendToManager(c, r)
+		}
+		s.unusual.handoff = nil
 	}
-	s.handoff = nil
 }
 
 func (s *Session) sendToManager(c actor.Context, r routed) {

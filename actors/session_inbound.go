@@ -109,18 +109,19 @@ func (s *Session) rememberUnsure(it *item) {
 	if it.messageID == "" {
 		return
 	}
-	if s.unsure == nil {
-		s.unsure = map[string]*item{}
+	r := s.rare()
+	if r.unsure == nil {
+		r.unsure = map[string]*item{}
 	}
-	for k := range s.unsure {
-		if len(s.unsure) < idSetMax {
+	for k := range r.unsure {
+		if len(r.unsure) < idSetMax {
 			break
 		}
-		delete(s.unsure, k)
+		delete(r.unsure, k)
 	}
 	u := *it
 	u.requester, u.repeats = nil, nil // answered already
-	s.unsure[it.messageID] = &u
+	r.unsure[it.messageID] = &u
 }
 
 // storedAsWritten returns the stored message u's write put in the store, if it is there as
@@ -146,7 +147,10 @@ func (s *Session) storedAsWritten(u *item) (*persistence.Message, error) {
 // activation holds, or ran, or one stored in another incarnation) stays a duplicate: a
 // message runs at most once.
 func (s *Session) adoptStored(it *item) bool {
-	u, ok := s.unsure[it.messageID]
+	if s.unusual == nil {
+		return false
+	}
+	u, ok := s.unusual.unsure[it.messageID]
 	if !ok || u.text != it.text || u.src.UserID != it.src.UserID {
 		return false
 	}
@@ -154,7 +158,7 @@ func (s *Session) adoptStored(it *item) bool {
 	if err != nil {
 		return false
 	}
-	delete(s.unsure, it.messageID)
+	s.forgetUnsure(it.messageID)
 	if s.lastSeq == it.seq {
 		s.lastSeq--
 	}
@@ -169,13 +173,23 @@ func (s *Session) logAdopted(it *item) {
 		"message_id", it.messageID, "seq", it.seq)
 }
 
+// forgetUnsure forgets the unsure write of messageID, if any (rememberUnsure).
+func (s *Session) forgetUnsure(messageID string) {
+	if s.unusual != nil {
+		delete(s.unusual.unsure, messageID)
+	}
+}
+
 // adoptUnsure queues the messages whose writes failed unsure (rememberUnsure) and are stored
 // as written, and forgets those the store does not hold; it reports whether it queued any.
 // Recover runs it: the store lists the key's pending work, and a message whose sender did not
 // send it again is pending there but known to no queue.
 func (s *Session) adoptUnsure(c actor.Context) bool {
+	if s.unusual == nil {
+		return false
+	}
 	adopted := false
-	for id, u := range s.unsure {
+	for id, u := range s.unusual.unsure {
 		_, err := s.storedAsWritten(u)
 		switch {
 		case err == nil:
@@ -187,7 +201,7 @@ func (s *Session) adoptUnsure(c actor.Context) bool {
 		case !errors.Is(err, persistence.ErrNotFound) && !errors.Is(err, persistence.ErrDuplicate):
 			continue // the store cannot tell now; the next recovery asks again
 		}
-		delete(s.unsure, id)
+		delete(s.unusual.unsure, id)
 	}
 	if adopted {
 		s.tryStart(c)
@@ -286,7 +300,7 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 			s.cur = nil // the incarnation was never written; the next message creates it again
 		}
 		if errors.Is(err, persistence.ErrDuplicate) {
-			delete(s.unsure, m.MessageId)
+			s.forgetUnsure(m.MessageId)
 			if s.takenElsewhere(it) {
 				s.seen.remove(m.MessageId)
 				r := s.result(m, "", "")
@@ -310,7 +324,7 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 		return
 	}
 	it.durable = true
-	delete(s.unsure, it.messageID) // stored now, whether or not the earlier write was
+	s.forgetUnsure(it.messageID) // stored now, whether or not the earlier write was
 	if it.dropped {
 		// A command dropped the session's work while this write was in flight: the message is
 		// stored, so it is set aside like the others, with its own notice.

@@ -36,7 +36,7 @@ func (s *Session) holdForProbation(c actor.Context) bool {
 	if s.d.Probation == nil || s.d.Run == "" || head.restarts < ProbationAfter {
 		return false
 	}
-	p := s.probation
+	p := s.probation()
 	if p != nil && p.seq != head.seq {
 		s.endProbation(c)
 		p = nil
@@ -44,7 +44,7 @@ func (s *Session) holdForProbation(c actor.Context) bool {
 	switch {
 	case p == nil:
 		p = &probationRun{id: newID("p_"), seq: head.seq, message: head.messageID, strikes: head.restarts, asked: time.Now()}
-		s.probation = p
+		s.rare().probation = p
 		c.Send(s.d.Probation, &askProbation{id: p.id, session: c.Self(), key: s.key, message: p.message})
 		s.logger().Warn("the next message was running during 2 unclean stops of agentgate: it waits to run alone among such messages (probation), so that only the one that takes agentgate down is quarantined",
 			"message", p.message, "strikes", s.strikes(p))
@@ -69,7 +69,7 @@ func (s *Session) strikes(p *probationRun) string {
 // onProbationGranted starts the suspect's turn (after its mark), or gives back a token the
 // session no longer wants (its request was ended while the grant was on its way).
 func (s *Session) onProbationGranted(c actor.Context, m *probationGranted) {
-	if p := s.probation; p != nil && p.id == m.id {
+	if p := s.probation(); p != nil && p.id == m.id {
 		p.granted = true
 		s.tryStart(c)
 		return
@@ -79,8 +79,8 @@ func (s *Session) onProbationGranted(c actor.Context, m *probationGranted) {
 
 // onProbationLost asks again for a token Probation forgot when it restarted.
 func (s *Session) onProbationLost(c actor.Context, m *probationLost) {
-	if p := s.probation; p != nil && p.id == m.id && !p.marked {
-		s.probation = nil
+	if p := s.probation(); p != nil && p.id == m.id && !p.marked {
+		s.unusual.probation = nil
 		s.tryStart(c)
 	}
 }
@@ -88,7 +88,7 @@ func (s *Session) onProbationLost(c actor.Context, m *probationLost) {
 // onProbationMarked starts the suspect's turn once its mark is durable. A mark that was not
 // stored lets nothing run: the session starts again from the store and asks again.
 func (s *Session) onProbationMarked(c actor.Context, p *probationRun, err error) {
-	if s.probation != p {
+	if s.probation() != p {
 		return
 	}
 	p.marking = false
@@ -105,7 +105,7 @@ func (s *Session) onProbationMarked(c actor.Context, p *probationRun, err error)
 // to run (answered, failed, interrupted, set aside, or the session halted). Receive calls it
 // after every message of a session that has a probation request.
 func (s *Session) settleProbation(c actor.Context) {
-	p := s.probation
+	p := s.probation()
 	if r := s.running; r != nil && r.items[0].seq == p.seq {
 		return
 	}
@@ -117,9 +117,9 @@ func (s *Session) settleProbation(c actor.Context) {
 
 // endProbation gives the token back, or withdraws the request.
 func (s *Session) endProbation(c actor.Context) {
-	if p := s.probation; p != nil {
+	if p := s.probation(); p != nil {
 		c.Send(s.d.Probation, &endProbation{id: p.id})
-		s.probation = nil
+		s.unusual.probation = nil
 	}
 }
 
@@ -127,7 +127,7 @@ func (s *Session) endProbation(c actor.Context) {
 // suspect's turn runs, "waiting" while the suspect waits for the token or its mark, "" when the
 // session has no suspect.
 func (s *Session) probationState() string {
-	p := s.probation
+	p := s.probation()
 	switch {
 	case p == nil:
 		return ""

@@ -70,9 +70,9 @@ func (s *Session) tryStart(c actor.Context) {
 		s.history = append(s.history, histEntry{seq: it.seq, raw: it.text, msg: msg, sender: it.src.UserID})
 	}
 	req.Partial = s.partial(c, turnID, group)
-	if s.continuity != "" && last.sessionID == s.curID() {
-		req.Notes = []string{s.continuity}
-		s.continuity = ""
+	if u := s.unusual; u != nil && u.continuity != "" && last.sessionID == s.curID() {
+		req.Notes = []string{u.continuity}
+		u.continuity = ""
 	}
 	s.setBusy(c, true)                                              // before the turn starts: a drain must never miss a running turn
 	pid := c.ActorSystem().Root.SpawnPrefix(s.d.turnProps, "turn-") // top level: see Turn
@@ -186,7 +186,7 @@ func (s *Session) interrupt(c actor.Context) {
 	}
 	// The next turn's answer answers these too: their senders (a client waiting on one) hear
 	// that the conversation moved on, and no notice interrupts it.
-	s.interrupted = append(s.interrupted, r.items...)
+	s.rare().interrupted = append(s.rare().interrupted, r.items...)
 	if s.debugOn() {
 		s.logger().Debug("turn interrupted", "turn", r.id)
 	}
@@ -355,8 +355,11 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string,
 	for i, it := range r.items {
 		seqs[i] = it.seq
 	}
-	ids := append(messageIDs(s.interrupted), messageIDs(r.items)...)
-	s.interrupted = nil
+	var interrupted []*item
+	if u := s.unusual; u != nil {
+		interrupted, u.interrupted = u.interrupted, nil
+	}
+	ids := append(messageIDs(interrupted), messageIDs(r.items)...)
 	sid := r.items[0].sessionID
 	ops := []persistence.Op{
 		&persistence.SetMessageStatus{SessionID: sid, Seqs: seqs, Status: status, TurnID: r.id},

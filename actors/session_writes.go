@@ -104,11 +104,10 @@ func (s *Session) resendAll(c actor.Context, inc uint64) {
 // actor restarted since it sent them. It does not count as activity for passivation.
 type resendTick struct{}
 
+// timers returns a scheduler that sends from c. It is made for each use, not kept: it is only
+// a SenderContext, and a session that kept one would hold it while idle (G7).
 func (s *Session) timers(c actor.Context) *scheduler.TimerScheduler {
-	if s.sched == nil {
-		s.sched = scheduler.NewTimerScheduler(c)
-	}
-	return s.sched
+	return scheduler.NewTimerScheduler(c)
 }
 
 func (s *Session) resend(c actor.Context) {
