@@ -16,8 +16,8 @@ func TestIdSetKeepsTheMostRecent(t *testing.T) {
 			t.Fatalf("after %d ids the set is a map, want a slice up to %d", i+1, idSetSmall)
 		}
 	}
-	if len(s.big) != idSetMax || len(s.order) != idSetMax {
-		t.Errorf("after %d ids: %d in the map, %d in the ring, want %d each", n, len(s.big), len(s.order), idSetMax)
+	if len(s.big.ids) != idSetMax || len(s.big.order) != idSetMax {
+		t.Errorf("after %d ids: %d in the map, %d in the ring, want %d each", n, len(s.big.ids), len(s.big.order), idSetMax)
 	}
 	for i := range n {
 		want := i >= n-idSetMax
@@ -28,9 +28,9 @@ func TestIdSetKeepsTheMostRecent(t *testing.T) {
 	// Re-adding a held id changes nothing; a removed one is gone until added again.
 	s.add(fmt.Sprint(n - 1))
 	s.remove(fmt.Sprint(n - 2))
-	if s.has(fmt.Sprint(n-2)) || !s.has(fmt.Sprint(n-1)) || len(s.big) != idSetMax-1 {
+	if s.has(fmt.Sprint(n-2)) || !s.has(fmt.Sprint(n-1)) || len(s.big.ids) != idSetMax-1 {
 		t.Errorf("after a re-add and a remove: has(n-2)=%v has(n-1)=%v size %d, want false, true, %d",
-			s.has(fmt.Sprint(n-2)), s.has(fmt.Sprint(n-1)), len(s.big), idSetMax-1)
+			s.has(fmt.Sprint(n-2)), s.has(fmt.Sprint(n-1)), len(s.big.ids), idSetMax-1)
 	}
 }
 
