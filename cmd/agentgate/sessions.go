@@ -48,6 +48,10 @@ const (
 	maxIncarnations = 1000 // predecessors followed by export
 )
 
+// transcriptPage is how many messages show and export read at a time: a transcript of any
+// length is never held whole (a variable so that tests can make pages small).
+var transcriptPage = 500
+
 // sessions runs `agentgate sessions <list|show|export|reset|search>`.
 func sessions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help" {
@@ -152,20 +156,26 @@ func sessionsShow(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if snap.Session != nil {
 		sj := sessionToJSON(snap.Session)
 		out.Session = &sj
-		ms, err := st.Transcript(ctx, snap.Session.ID)
+		// The counts and the last messages, read page by page: only showMessages are kept.
+		var last []persistence.Message
+		err := eachTranscriptPage(ctx, st, snap.Session.ID, func(ms []persistence.Message) error {
+			for _, m := range ms {
+				out.Counts.Messages++
+				if m.Archived {
+					out.Counts.Archived++
+				}
+				if m.Role == persistence.RoleUser && m.Status == persistence.StatusPending && m.Active {
+					out.Counts.Pending++
+				}
+			}
+			last = append(last, ms[max(0, len(ms)-showMessages):]...)
+			last = last[max(0, len(last)-showMessages):]
+			return nil
+		})
 		if err != nil {
 			return err
 		}
-		for _, m := range ms {
-			out.Counts.Messages++
-			if m.Archived {
-				out.Counts.Archived++
-			}
-			if m.Role == persistence.RoleUser && m.Status == persistence.StatusPending && m.Active {
-				out.Counts.Pending++
-			}
-		}
-		for _, m := range ms[max(0, len(ms)-showMessages):] {
+		for _, m := range last {
 			out.Last = append(out.Last, messageToJSON(&m))
 		}
 	}
@@ -245,11 +255,17 @@ func sessionsExport(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
-	out := exportJSON{SessionKey: key, ExportedAt: time.Now().UTC(), Sessions: []exportSessionJSON{}, Outbox: []outboxJSON{}}
-	// Newest first: the routed session, then each predecessor. A missing row or a cycle ends the
-	// chain.
+	// The object is written as it is read, a page of messages or replies at a time, in the
+	// form writeJSON gives it (exportJSON): an export of any length is never held whole.
+	// Sessions go newest first: the routed one, then each predecessor; a missing row or a
+	// cycle ends the chain.
+	jw := newJSONStream(stdout)
+	jw.open("{")
+	jw.field("session_key", key)
+	jw.field("exported_at", time.Now().UTC())
+	jw.open(`"sessions": [`)
 	seen := map[string]bool{}
-	for id := route.SessionID; id != "" && !seen[id] && len(out.Sessions) < maxIncarnations; {
+	for id := route.SessionID; id != "" && !seen[id] && len(seen) < maxIncarnations; {
 		seen[id] = true
 		s, err := st.Session(ctx, id)
 		if errors.Is(err, persistence.ErrNotFound) {
@@ -258,25 +274,60 @@ func sessionsExport(ctx context.Context, args []string, stdout, stderr io.Writer
 		if err != nil {
 			return err
 		}
-		ms, err := st.Transcript(ctx, id)
+		jw.open("{")
+		jw.field("session", sessionToJSON(s))
+		jw.open(`"messages": [`)
+		err = eachTranscriptPage(ctx, st, id, func(ms []persistence.Message) error {
+			for _, m := range ms {
+				jw.item(messageToJSON(&m))
+			}
+			return jw.err
+		})
 		if err != nil {
 			return err
 		}
-		es := exportSessionJSON{Session: sessionToJSON(s), Messages: make([]messageJSON, 0, len(ms))}
-		for _, m := range ms {
-			es.Messages = append(es.Messages, messageToJSON(&m))
-		}
-		out.Sessions = append(out.Sessions, es)
+		jw.close("]")
+		jw.close("}")
 		id = s.PrevSessionID
 	}
-	entries, err := st.OutboxAfter(ctx, key, 0, 0)
-	if err != nil {
-		return err
+	jw.close("]")
+	jw.open(`"outbox": [`)
+	for after := int64(0); ; {
+		entries, err := st.OutboxAfter(ctx, key, after, transcriptPage)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			jw.item(outboxToJSON(&e))
+		}
+		if len(entries) < transcriptPage || jw.err != nil {
+			break
+		}
+		after = entries[len(entries)-1].Seq
 	}
-	for _, e := range entries {
-		out.Outbox = append(out.Outbox, outboxToJSON(&e))
+	jw.close("]")
+	jw.close("}")
+	return jw.end()
+}
+
+// eachTranscriptPage calls fn with the messages of a session (archived ones included), by seq,
+// transcriptPage at a time.
+func eachTranscriptPage(ctx context.Context, st persistence.Store, sessionID string, fn func([]persistence.Message) error) error {
+	for after := int64(0); ; {
+		ms, err := st.TranscriptAfter(ctx, sessionID, after, transcriptPage)
+		if err != nil {
+			return err
+		}
+		if len(ms) > 0 {
+			if err := fn(ms); err != nil {
+				return err
+			}
+			after = ms[len(ms)-1].Seq
+		}
+		if len(ms) < transcriptPage {
+			return nil
+		}
 	}
-	return writeJSON(stdout, out)
 }
 
 func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -227,8 +228,17 @@ func TestSessionsList(t *testing.T) {
 	})
 }
 
+// withTranscriptPage makes show and export read n messages at a time for the rest of the test,
+// so that the seeded transcripts (3 and 4 messages) span pages. Not for parallel tests.
+func withTranscriptPage(t *testing.T, n int) {
+	old := transcriptPage
+	transcriptPage = n
+	t.Cleanup(func() { transcriptPage = old })
+}
+
 func TestSessionsShow(t *testing.T) {
 	dir := MustSeedSessions(t)
+	withTranscriptPage(t, 3)
 
 	t.Run("text", func(t *testing.T) {
 		out, _ := MustRunSessions(t, "show", keyA, "--data-dir", dir)
@@ -272,6 +282,49 @@ func TestSessionsShow(t *testing.T) {
 		}
 		if d := cmp.Diff(want, got); d != "" {
 			t.Errorf("message lines mismatch (-want +got):\n%s", d)
+		}
+	})
+
+	t.Run("long", func(t *testing.T) {
+		// 25 messages read 3 at a time: every one counted, the last 10 shown.
+		const key, n = "agent:main:http:dm:carol", 25
+		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatalf("sqlite.Open: %v", err)
+		}
+		ops := []persistence.Op{
+			&persistence.CreateSession{Session: persistence.Session{ID: "sc1", Key: key, Platform: "http",
+				ChatType: "dm", ChatID: "carol", UserID: "carol", StartedAt: sessAt(40), Epoch: 1}},
+			&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: "sc1", Generation: 1, UpdatedAt: sessAt(40)}},
+		}
+		for i := range int64(n) {
+			status := persistence.StatusDone
+			if i == 0 {
+				status = persistence.StatusPending
+			}
+			ops = append(ops, &persistence.AppendMessage{Message: persistence.Message{
+				SessionID: "sc1", Seq: i + 1, Role: persistence.RoleUser, Content: fmt.Sprint("message ", i+1),
+				Platform: "http", ChatID: "carol", MessageID: fmt.Sprint("c", i+1), UserID: "carol",
+				Status: status, Active: true, CreatedAt: sessAt(41),
+			}})
+		}
+		storetest.MustCommit(t, st, ops...)
+		st.Close()
+
+		out, _ := MustRunSessions(t, "show", "--json", "--data-dir", dir, key)
+		var got showJSON
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("decode %q: %v", out, err)
+		}
+		if got.Counts.Messages != n || got.Counts.Pending != 1 {
+			t.Errorf("counts = %+v, want %d messages, 1 pending", got.Counts, n)
+		}
+		var seqs []int64
+		for _, m := range got.Last {
+			seqs = append(seqs, m.Seq)
+		}
+		if want := []int64{16, 17, 18, 19, 20, 21, 22, 23, 24, 25}; !slices.Equal(seqs, want) {
+			t.Errorf("last_messages seqs = %v, want %v", seqs, want)
 		}
 	})
 
@@ -345,7 +398,34 @@ func TestSessionsShow(t *testing.T) {
 
 func TestSessionsExport(t *testing.T) {
 	dir := MustSeedSessions(t)
+	withTranscriptPage(t, 2)
 	out, _ := MustRunSessions(t, "export", "--data-dir", dir, keyA)
+
+	// Written a page at a time, the export reads exactly as the whole object encoded at once.
+	var whole exportJSON
+	if err := json.Unmarshal([]byte(out), &whole); err != nil {
+		t.Fatalf("decode %q: %v", out, err)
+	}
+	var again bytes.Buffer
+	if err := writeJSON(&again, whole); err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(again.String(), out); d != "" {
+		t.Errorf("export differs from its object encoded whole (-whole +streamed):\n%s", d)
+	}
+	// keyB's export has an empty outbox.
+	outB, _ := MustRunSessions(t, "export", "--data-dir", dir, keyB)
+	whole = exportJSON{}
+	again.Reset()
+	if err := json.Unmarshal([]byte(outB), &whole); err != nil {
+		t.Fatalf("decode %q: %v", outB, err)
+	}
+	if err := writeJSON(&again, whole); err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(again.String(), outB); d != "" || len(whole.Sessions) != 1 || len(whole.Sessions[0].Messages) != 1 {
+		t.Errorf("export of %s = %s, want 1 session with 1 message, as encoded whole (-whole +streamed):\n%s", keyB, outB, d)
+	}
 
 	type msg struct {
 		Seq       int64  `json:"seq"`
