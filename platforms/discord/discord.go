@@ -170,9 +170,14 @@ func survived[E any](p *Platform, event string, h func(*discordgo.Session, E)) f
 // survive, deferred, logs a panic of the handling of one event and lets the platform go on.
 func (p *Platform) survive(event string, attrs ...any) {
 	if v := recover(); v != nil {
-		p.log.Error("discord event handling panicked; the event is dropped",
-			append(attrs, "event", event, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))...)
+		p.panicked(event, v, attrs...)
 	}
+}
+
+// panicked logs the recovered panic v of the handling of one event.
+func (p *Platform) panicked(event string, v any, attrs ...any) {
+	p.log.Error("discord event handling panicked; the event is dropped",
+		append(attrs, "event", event, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))...)
 }
 
 // Name returns "discord".

@@ -36,8 +36,19 @@ func (p *Platform) onMessage(_ *discordgo.Session, m *discordgo.MessageCreate) {
 // is durable) and tells the user when it could not be taken.
 func (p *Platform) handle(m *discordgo.Message) {
 	// One message's panic drops that message only (logged): not the backfill or the release
-	// of held messages it runs in, and not the gateway reader.
-	defer p.survive("message", "channel", m.ChannelID, "message", m.ID)
+	// of held messages it runs in, and not the gateway reader. Its sender is told when the
+	// message was one the bot answers and the runtime had not taken it.
+	var ctx context.Context
+	var admitted, taken bool
+	defer func() {
+		if v := recover(); v != nil {
+			p.panicked("message", v, "channel", m.ChannelID, "message", m.ID)
+			if admitted && !taken {
+				defer p.survive("message notice", "channel", m.ChannelID, "message", m.ID)
+				p.tellUser(ctx, m.ChannelID, m.ID, panicNotice)
+			}
+		}
+	}()
 	bot := p.bot()
 	if bot == "" {
 		return // a message before READY told it who it is
@@ -47,7 +58,8 @@ func (p *Platform) handle(m *discordgo.Message) {
 		return
 	}
 	p.mu.Lock()
-	deliver, ctx := p.deliver, p.runCtx
+	deliver := p.deliver
+	ctx = p.runCtx
 	p.mu.Unlock()
 	if deliver == nil {
 		return
@@ -68,6 +80,7 @@ func (p *Platform) handle(m *discordgo.Message) {
 	if !p.gate.admit(m, ch, bot, mentioned) {
 		return
 	}
+	admitted = true
 	in := &platforms.Inbound{
 		Source:     p.source(m, ch),
 		MessageID:  m.ID,
@@ -94,6 +107,7 @@ func (p *Platform) handle(m *discordgo.Message) {
 	reply := replyChannel(in.Source)
 	p.typing.expect(reply, m.ID)
 	ack, err := deliver(dctx, in)
+	taken = err == nil // the runtime answers it; otherwise the user is told below
 	p.typing.delivered(reply, m.ID, ack, err)
 	if err != nil {
 		p.log.Warn("discord message not taken", "channel", m.ChannelID, "message", m.ID, "err", err)
@@ -119,6 +133,9 @@ func refusal(err error) string {
 		return "I could not store this message, so I did not take it. Please send it again."
 	}
 }
+
+// panicNotice tells a sender that their message met a bug of the gateway's and was dropped.
+const panicNotice = "Something went wrong on my side while I was taking this message, so I did not take it. Please send it again; if this happens again, tell whoever runs this bot."
 
 // tellUser posts a short, non-durable answer about a message that was not taken.
 func (p *Platform) tellUser(ctx context.Context, channelID, ref, text string) {

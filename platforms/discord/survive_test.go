@@ -77,6 +77,17 @@ func TestAPanicOnOneMessageSparesTheOthers(t *testing.T) {
 	expect("gap after")
 	expect("after the gap")
 
+	// Each boom's sender is told (the runtime never took it), in reply to it; no one else is.
+	notices := map[string]int{}
+	for _, sent := range srv.WaitSent(t, dmID, 2) {
+		if strings.HasPrefix(sent.Content, "Something went wrong on my side") && sent.MessageReference != nil {
+			notices[sent.MessageReference.MessageID]++
+		}
+	}
+	if len(notices) != 2 || notices[boom.ID] != 1 {
+		t.Errorf("notices of a dropped message, by the message they answer: %v; want one to each boom (%s first)", notices, boom.ID)
+	}
+
 	logged := log.String()
 	if n := strings.Count(logged, "discord event handling panicked; the event is dropped"); n != 2 {
 		t.Errorf("%d panics logged, want 2 (one per boom):\n%s", n, logged)
