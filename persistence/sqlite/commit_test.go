@@ -64,6 +64,18 @@ func TestIsUnavailable(t *testing.T) {
 			if got := IsUnavailable(tc.err); got != tc.want {
 				t.Errorf("IsUnavailable(%v) = %v, want %v", tc.err, got, tc.want)
 			}
+			// A read that fails so says "retry later" as the PostgreSQL store's reads do
+			// (persistence.ErrUnavailable: the HTTP API's 503), and only then.
+			if tc.err == nil {
+				return
+			}
+			err := readError("route %s: %w", "k1", tc.err)
+			if got := errors.Is(err, persistence.ErrUnavailable); got != tc.want {
+				t.Errorf("readError(%v) is ErrUnavailable = %v, want %v", tc.err, got, tc.want)
+			}
+			if !errors.Is(err, tc.err) || !strings.HasPrefix(err.Error(), "persistence: database unavailable: route k1: ") && tc.want {
+				t.Errorf("readError(%v) = %q, want it to wrap the error and name the read", tc.err, err)
+			}
 		})
 	}
 }

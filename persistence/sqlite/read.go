@@ -34,12 +34,12 @@ const unconfirmedSQL = `SELECT ` + outboxCols + ` FROM outbox INDEXED BY outbox_
 // A route whose session row is missing returns the Route with a nil Session.
 func (s *Store) LoadSession(ctx context.Context, key string, historyLimit int) (*persistence.Snapshot, error) {
 	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("load session %s: %w", key, err)
+		return nil, readError("load session %s: %w", key, err)
 	}
 	defer s.leave()
 	snap, err := s.loadSession(ctx, key, historyLimit)
 	if err != nil {
-		return nil, fmt.Errorf("load session %s: %w", key, err)
+		return nil, readError("load session %s: %w", key, err)
 	}
 	return snap, nil
 }
@@ -136,11 +136,11 @@ func (p preparedTx) QueryRowContext(ctx context.Context, query string, args ...a
 // FindInbound finds a user message by its platform identity; persistence.ErrNotFound if absent.
 func (s *Store) FindInbound(ctx context.Context, platform, chatID, messageID string) (*persistence.Message, error) {
 	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("find inbound: %w", err)
+		return nil, readError("find inbound: %w", err)
 	}
 	defer s.leave()
 	if messageID == "" {
-		return nil, fmt.Errorf("find inbound %s/%s: empty message id: %w", platform, chatID, persistence.ErrNotFound)
+		return nil, readError("find inbound %s/%s: empty message id: %w", platform, chatID, persistence.ErrNotFound)
 	}
 	m, err := scanMessage(s.reader.QueryRowContext(ctx, `SELECT `+messageCols+` FROM messages
 		WHERE platform = ? AND chat_id = ? AND message_id = ? AND role = 'user' AND message_id <> ''`,
@@ -149,7 +149,7 @@ func (s *Store) FindInbound(ctx context.Context, platform, chatID, messageID str
 		err = persistence.ErrNotFound
 	}
 	if err != nil {
-		return nil, fmt.Errorf("find inbound %s/%s/%s: %w", platform, chatID, messageID, err)
+		return nil, readError("find inbound %s/%s/%s: %w", platform, chatID, messageID, err)
 	}
 	return &m, nil
 }
@@ -158,7 +158,7 @@ func (s *Store) FindInbound(ctx context.Context, platform, chatID, messageID str
 // seq.
 func (s *Store) RepliesTo(ctx context.Context, key, messageID string) ([]persistence.OutboxEntry, error) {
 	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("replies to %s: %w", messageID, err)
+		return nil, readError("replies to %s: %w", messageID, err)
 	}
 	defer s.leave()
 	// CASE guarantees json_each never sees a corrupt value.
@@ -167,7 +167,7 @@ func (s *Store) RepliesTo(ctx context.Context, key, messageID string) ([]persist
 			THEN EXISTS (SELECT 1 FROM json_each(o.in_reply_to) j WHERE j.value = ?) ELSE 0 END
 		ORDER BY o.seq`, key, messageID)
 	if err != nil {
-		return nil, fmt.Errorf("replies to %s: %w", messageID, err)
+		return nil, readError("replies to %s: %w", messageID, err)
 	}
 	return es, nil
 }
@@ -176,7 +176,7 @@ func (s *Store) RepliesTo(ctx context.Context, key, messageID string) ([]persist
 // when limit <= 0), except a pruned session's (persistence.KindPruned).
 func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]persistence.OutboxEntry, error) {
 	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("outbox after %d: %w", after, err)
+		return nil, readError("outbox after %d: %w", after, err)
 	}
 	defer s.leave()
 	if limit <= 0 {
@@ -185,7 +185,7 @@ func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit 
 	es, err := queryOutbox(ctx, s.reader, `SELECT `+outboxCols+` FROM outbox
 		WHERE session_key = ? AND seq > ? AND kind <> ? ORDER BY seq LIMIT ?`, key, after, persistence.KindPruned, limit)
 	if err != nil {
-		return nil, fmt.Errorf("outbox after %d: %w", after, err)
+		return nil, readError("outbox after %d: %w", after, err)
 	}
 	return es, nil
 }
@@ -194,13 +194,13 @@ func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit 
 // session has an empty transcript.
 func (s *Store) Transcript(ctx context.Context, sessionID string) ([]persistence.Message, error) {
 	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("transcript %s: %w", sessionID, err)
+		return nil, readError("transcript %s: %w", sessionID, err)
 	}
 	defer s.leave()
 	ms, err := queryMessages(ctx, s.reader, `SELECT `+messageCols+` FROM messages
 		WHERE session_id = ? ORDER BY seq`, sessionID)
 	if err != nil {
-		return nil, fmt.Errorf("transcript %s: %w", sessionID, err)
+		return nil, readError("transcript %s: %w", sessionID, err)
 	}
 	return ms, nil
 }
@@ -213,7 +213,7 @@ const transcriptSQL = `SELECT ` + messageCols + ` FROM messages
 // seq, at most limit (no limit when limit <= 0).
 func (s *Store) TranscriptAfter(ctx context.Context, sessionID string, after int64, limit int) ([]persistence.Message, error) {
 	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("transcript %s after %d: %w", sessionID, after, err)
+		return nil, readError("transcript %s after %d: %w", sessionID, after, err)
 	}
 	defer s.leave()
 	if limit <= 0 {
@@ -221,7 +221,7 @@ func (s *Store) TranscriptAfter(ctx context.Context, sessionID string, after int
 	}
 	ms, err := queryMessages(ctx, s.reader, transcriptSQL, sessionID, after, limit)
 	if err != nil {
-		return nil, fmt.Errorf("transcript %s after %d: %w", sessionID, after, err)
+		return nil, readError("transcript %s after %d: %w", sessionID, after, err)
 	}
 	return ms, nil
 }
@@ -237,12 +237,12 @@ const countMessagesSQL = `SELECT
 // pending user messages, as ListSessions does.
 func (s *Store) CountMessages(ctx context.Context, sessionID string) (messages, pending int, err error) {
 	if err := s.enter(); err != nil {
-		return 0, 0, fmt.Errorf("count messages of %s: %w", sessionID, err)
+		return 0, 0, readError("count messages of %s: %w", sessionID, err)
 	}
 	defer s.leave()
 	err = s.reader.QueryRowContext(ctx, countMessagesSQL, sessionID).Scan(&messages, &pending)
 	if err != nil {
-		return 0, 0, fmt.Errorf("count messages of %s: %w", sessionID, err)
+		return 0, 0, readError("count messages of %s: %w", sessionID, err)
 	}
 	return messages, pending, nil
 }
@@ -256,12 +256,12 @@ const historyOfSQL = `SELECT ` + messageCols + ` FROM messages
 // highest message seq, in one snapshot.
 func (s *Store) History(ctx context.Context, sessionID string, limit int) ([]persistence.Message, int64, error) {
 	if err := s.enter(); err != nil {
-		return nil, 0, fmt.Errorf("history of %s: %w", sessionID, err)
+		return nil, 0, readError("history of %s: %w", sessionID, err)
 	}
 	defer s.leave()
 	h, last, err := s.history(ctx, sessionID, limit)
 	if err != nil {
-		return nil, 0, fmt.Errorf("history of %s: %w", sessionID, err)
+		return nil, 0, readError("history of %s: %w", sessionID, err)
 	}
 	return h, last, nil
 }
@@ -290,12 +290,12 @@ func (s *Store) history(ctx context.Context, sessionID string, limit int) ([]per
 // Route returns the routing row of a key; persistence.ErrNotFound if absent.
 func (s *Store) Route(ctx context.Context, key string) (*persistence.Route, error) {
 	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("route %s: %w", key, err)
+		return nil, readError("route %s: %w", key, err)
 	}
 	defer s.leave()
 	r, err := getRoute(ctx, s.reader, key)
 	if err != nil {
-		return nil, fmt.Errorf("route %s: %w", key, err)
+		return nil, readError("route %s: %w", key, err)
 	}
 	return r, nil
 }
@@ -303,12 +303,12 @@ func (s *Store) Route(ctx context.Context, key string) (*persistence.Route, erro
 // Session returns one session row; persistence.ErrNotFound if absent.
 func (s *Store) Session(ctx context.Context, id string) (*persistence.Session, error) {
 	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("session %s: %w", id, err)
+		return nil, readError("session %s: %w", id, err)
 	}
 	defer s.leave()
 	ss, err := getSession(ctx, s.reader, id)
 	if err != nil {
-		return nil, fmt.Errorf("session %s: %w", id, err)
+		return nil, readError("session %s: %w", id, err)
 	}
 	return ss, nil
 }
@@ -320,7 +320,7 @@ func (s *Store) Session(ctx context.Context, id string) (*persistence.Session, e
 // garbage text value above every number.
 func (s *Store) SessionsOfKey(ctx context.Context, key string, limit int) ([]persistence.Session, error) {
 	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("sessions of key %s: %w", key, err)
+		return nil, readError("sessions of key %s: %w", key, err)
 	}
 	defer s.leave()
 	if limit <= 0 {
@@ -328,7 +328,7 @@ func (s *Store) SessionsOfKey(ctx context.Context, key string, limit int) ([]per
 	}
 	ss, err := querySessions(ctx, s.reader, `SELECT `+sessionCols+` FROM sessions WHERE key = ?`, key)
 	if err != nil {
-		return nil, fmt.Errorf("sessions of key %s: %w", key, err)
+		return nil, readError("sessions of key %s: %w", key, err)
 	}
 	slices.SortFunc(ss, func(a, b persistence.Session) int {
 		if c := b.StartedAt.Compare(a.StartedAt); c != 0 {
@@ -356,7 +356,7 @@ func (s *Store) SessionsOfKey(ctx context.Context, key string, limit int) ([]per
 // path, which loads it).
 func (s *Store) IdleSessions(ctx context.Context, before time.Time, limit int) ([]persistence.Session, error) {
 	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("idle sessions: %w", err)
+		return nil, readError("idle sessions: %w", err)
 	}
 	defer s.leave()
 	if limit <= 0 {
@@ -367,7 +367,7 @@ func (s *Store) IdleSessions(ctx context.Context, before time.Time, limit int) (
 	}
 	ss, err := s.idleSessions(ctx, before, limit)
 	if err != nil {
-		return nil, fmt.Errorf("idle sessions before %v: %w", before, err)
+		return nil, readError("idle sessions before %v: %w", before, err)
 	}
 	return ss, nil
 }
@@ -413,7 +413,7 @@ func (s *Store) idleSessions(ctx context.Context, before time.Time, limit int) (
 // IdleSessionsAfter continues IdleSessions after the session (lastActivity, lastID).
 func (s *Store) IdleSessionsAfter(ctx context.Context, before, lastActivity time.Time, lastID string, limit int) ([]persistence.Session, error) {
 	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("idle sessions: %w", err)
+		return nil, readError("idle sessions: %w", err)
 	}
 	defer s.leave()
 	if limit <= 0 {
@@ -435,7 +435,7 @@ func (s *Store) IdleSessionsAfter(ctx context.Context, before, lastActivity time
 		AND (s.last_activity_at > ? OR (s.last_activity_at = ? AND s.id > ?))
 		ORDER BY s.last_activity_at, s.id LIMIT ?`, sqlstore.NanoBound(before), from, from, lastID, limit)
 	if err != nil {
-		return nil, fmt.Errorf("idle sessions after %s: %w", lastID, err)
+		return nil, readError("idle sessions after %s: %w", lastID, err)
 	}
 	return ss, nil
 }
@@ -445,7 +445,7 @@ func (s *Store) IdleSessionsAfter(ctx context.Context, before, lastActivity time
 // messages. Keys whose session row is missing are left out.
 func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]persistence.SessionSummary, error) {
 	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("list sessions: %w", err)
+		return nil, readError("list sessions: %w", err)
 	}
 	defer s.leave()
 	limit := f.Limit
@@ -460,7 +460,7 @@ func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]p
 		WHERE r.key > ? AND (? = '' OR s.platform = ?)
 		ORDER BY r.key LIMIT ?`, f.AfterKey, f.Platform, f.Platform, limit)
 	if err != nil {
-		return nil, fmt.Errorf("list sessions: %w", err)
+		return nil, readError("list sessions: %w", err)
 	}
 	defer rows.Close()
 	var out []persistence.SessionSummary
@@ -472,12 +472,12 @@ func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]p
 			nanoTime{&ss.LastActivityAt}, nanoTime{&ss.EndedAt}, &ss.EndReason, &ss.PrevSessionID,
 			&ss.Title, &ss.Epoch, &ss.QueueMode, &ss.InputTokens, &ss.OutputTokens,
 			&sum.Messages, &sum.Pending); err != nil {
-			return nil, fmt.Errorf("list sessions: %w", err)
+			return nil, readError("list sessions: %w", err)
 		}
 		out = append(out, sum)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list sessions: %w", err)
+		return nil, readError("list sessions: %w", err)
 	}
 	return out, nil
 }
@@ -486,7 +486,7 @@ func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]p
 // whose outbox has undelivered entries.
 func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
 	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("recoverable: %w", err)
+		return nil, readError("recoverable: %w", err)
 	}
 	defer s.leave()
 	rows, err := s.reader.QueryContext(ctx, `
@@ -496,19 +496,19 @@ func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
 		SELECT o.session_key FROM outbox o WHERE o.state = 'pending'
 		ORDER BY 1`)
 	if err != nil {
-		return nil, fmt.Errorf("recoverable: %w", err)
+		return nil, readError("recoverable: %w", err)
 	}
 	defer rows.Close()
 	var keys []string
 	for rows.Next() {
 		var k string
 		if err := rows.Scan(&k); err != nil {
-			return nil, fmt.Errorf("recoverable: %w", err)
+			return nil, readError("recoverable: %w", err)
 		}
 		keys = append(keys, k)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("recoverable: %w", err)
+		return nil, readError("recoverable: %w", err)
 	}
 	return keys, nil
 }
@@ -524,7 +524,7 @@ const recentChatsSQL = `SELECT m.platform, m.chat_id, COALESCE(s.thread_id, ''),
 // were stored (the rowid), so it reads only the rows stored since since, plus one.
 func (s *Store) RecentChats(ctx context.Context, platform string, since time.Time, limit int) ([]persistence.ChatMark, error) {
 	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("recent chats: %w", err)
+		return nil, readError("recent chats: %w", err)
 	}
 	defer s.leave()
 	if limit <= 0 {
@@ -532,7 +532,7 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 	}
 	rows, err := s.reader.QueryContext(ctx, recentChatsSQL)
 	if err != nil {
-		return nil, fmt.Errorf("recent chats: %w", err)
+		return nil, readError("recent chats: %w", err)
 	}
 	defer rows.Close()
 	bound := sqlstore.NanoBound(since)
@@ -543,7 +543,7 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 		var m persistence.ChatMark
 		var at any
 		if err := rows.Scan(&p, &m.ChatID, &m.ThreadID, &m.ScopeID, &m.MessageID, &at); err != nil {
-			return nil, fmt.Errorf("recent chats: %w", err)
+			return nil, readError("recent chats: %w", err)
 		}
 		n, ok := at.(int64)
 		if !ok || n <= 0 || n < bound {
@@ -558,7 +558,7 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 		marks = append(marks, m)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("recent chats: %w", err)
+		return nil, readError("recent chats: %w", err)
 	}
 	return marks, nil
 }
@@ -579,7 +579,7 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 // still wait there (until its next indexing pass, Search or Close).
 func (s *Store) Search(ctx context.Context, query string, limit int) ([]persistence.Message, error) {
 	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("search: %w", err)
+		return nil, readError("search: %w", err)
 	}
 	defer s.leave()
 	if limit <= 0 {
@@ -594,10 +594,10 @@ func (s *Store) Search(ctx context.Context, query string, limit int) ([]persiste
 		FROM messages_fts f JOIN messages m ON m.id = f.rowid
 		WHERE messages_fts MATCH ? ORDER BY f.rank, m.id LIMIT ?`, query, limit)
 	if isQueryError(err) {
-		return nil, fmt.Errorf("search %q: %w: %v", query, ErrBadQuery, err)
+		return nil, readError("search %q: %w: %v", query, ErrBadQuery, err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("search %q: %w", query, err)
+		return nil, readError("search %q: %w", query, err)
 	}
 	return ms, nil
 }
@@ -661,7 +661,7 @@ func queryOutbox(ctx context.Context, q querier, query string, args ...any) ([]p
 // OpenDrafts implements persistence.Store.
 func (s *Store) OpenDrafts(ctx context.Context, platform string, limit int) ([]persistence.Draft, error) {
 	if err := s.enter(); err != nil {
-		return nil, fmt.Errorf("open drafts: %w", err)
+		return nil, readError("open drafts: %w", err)
 	}
 	defer s.leave()
 	if limit <= 0 {
@@ -670,7 +670,19 @@ func (s *Store) OpenDrafts(ctx context.Context, platform string, limit int) ([]p
 	ds, err := queryAll(ctx, s.reader, scanDraft, `SELECT `+sqlstore.DraftCols+` FROM drafts
 		WHERE platform = ? ORDER BY created_at, id LIMIT ?`, platform, limit)
 	if err != nil {
-		return nil, fmt.Errorf("open drafts of %s: %w", platform, err)
+		return nil, readError("open drafts of %s: %w", platform, err)
 	}
 	return ds, nil
+}
+
+// readError is fmt.Errorf for the error of a read: one that means the database cannot be read
+// right now (IsUnavailable: busy past the busy timeout, an I/O error …) also wraps
+// persistence.ErrUnavailable, as the PostgreSQL store's reads do, so that a caller can tell
+// "retry later" from a fault (the HTTP API answers it 503, not 500).
+func readError(format string, args ...any) error {
+	err := fmt.Errorf(format, args...)
+	if IsUnavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
+		return fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
+	}
+	return err
 }
