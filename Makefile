@@ -9,6 +9,11 @@ PROTOC_GEN_GO_VERSION := v1.36.12
 BENCH_PER_OP := Key|SessionTurn|HTTPIngress|CommitTurns|FencedCommit|ExclusiveCommit|LoadSession|ClusterDeliver
 BENCH_ROUNDS := PersistenceActor|RawBatchSize|SingleTurnLatency|Pipeline|RoutingKeys|IdleSessionHeap|KnownVsActiveSessions|MetricsOverhead
 ROUNDS   ?= 3
+# Every fuzz target, as name:package; make help lists them.
+FUZZ_TARGETS := FuzzKey:./internal/identity FuzzNeutraliseName:./internal/identity \
+	FuzzLoad:./internal/config FuzzParseCommand:./actors FuzzSplit:./platforms/discord \
+	FuzzHTTPAPI:./supervisor FuzzDecodeOps:./persistence/spool FuzzSpoolNext:./persistence/spool \
+	FuzzSpoolReplay:./persistence FuzzModelAnswer:./agents/openai FuzzCommandOutput:./agents/exec
 
 .DEFAULT_GOAL := build
 .PHONY: build run test test-short bench fuzz lint check cover tidy generate clean help
@@ -63,3 +68,5 @@ clean: ## remove build output (never ./data)
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
+	@echo "fuzz targets (make fuzz FUZZ=<name> PKG=<package>):"
+	@for t in $(FUZZ_TARGETS); do printf '  %-19s %s\n' "$${t%%:*}" "$${t#*:}"; done
