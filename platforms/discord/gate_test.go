@@ -1,7 +1,9 @@
 package discord
 
 import (
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/bwmarrin/discordgo"
 
@@ -88,4 +90,24 @@ func TestThreadName(t *testing.T) {
 			t.Errorf("threadName(%q) = %q, want %q", in, got, want)
 		}
 	}
+}
+
+// FuzzThreadName: whatever a message says, the name of the thread it opens is what Discord
+// accepts (1 to 100 characters) and what the doc promises: one line of at most 80 characters,
+// with no white space at its ends or in runs.
+func FuzzThreadName(f *testing.F) {
+	for _, s := range []string{"", "  how do I\nparse json?", "\n\n\t", "a\r\nb", "\u2028x\u2029y", "\x00", "\xff\xfe",
+		strings.Repeat("é", 79) + " x", strings.Repeat("😀", 81), strings.Repeat("a ", 60)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, content string) {
+		name := threadName(content)
+		n := utf8.RuneCountInString(name)
+		switch {
+		case n < 1 || n > 80:
+			t.Fatalf("threadName(%q) = %q, %d characters, want 1 to 80", content, name, n)
+		case strings.ContainsAny(name, "\r\n") || strings.Join(strings.Fields(name), " ") != name:
+			t.Fatalf("threadName(%q) = %q, want one line without white space at its ends or in runs", content, name)
+		}
+	})
 }
