@@ -15,6 +15,7 @@ import (
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/platforms"
 	httpplatform "github.com/agentgate/agentgate/platforms/http"
 )
 
@@ -190,6 +191,12 @@ func checkAccepted(t *testing.T, c *http.Client, base string, body, answer []byt
 	}
 	if sent.MessageID != "" && ack.MessageID != sent.MessageID {
 		t.Fatalf("accepted %q: message_id %q, want %q", body, ack.MessageID, sent.MessageID)
+	}
+	switch ack.Disposition {
+	case platforms.Started, platforms.Queued, platforms.Collected, platforms.Steered, platforms.Interrupted,
+		platforms.Duplicate, platforms.Command:
+	default:
+		t.Fatalf("accepted %q with disposition %q, want what happened to it", body, ack.Disposition)
 	}
 	path := base + "/v1/sessions/" + url.PathEscape(ack.SessionKey)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
