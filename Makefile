@@ -12,7 +12,7 @@ ROUNDS   ?= 3
 # Every fuzz target, as name:package; make help lists them.
 FUZZ_TARGETS := FuzzKey:./internal/identity FuzzNeutraliseName:./internal/identity \
 	FuzzLoad:./internal/config FuzzParseCommand:./actors FuzzSplit:./platforms/discord \
-	FuzzThreadName:./platforms/discord \
+	FuzzThreadName:./platforms/discord FuzzInboundMessage:./platforms/discord \
 	FuzzHTTPAPI:./supervisor FuzzDecodeOps:./persistence/spool FuzzSpoolNext:./persistence/spool \
 	FuzzSpoolReplay:./persistence FuzzModelAnswer:./agents/openai FuzzCommandOutput:./agents/exec
 

@@ -54,12 +54,12 @@ type world struct {
 
 	cfg   *config.Config
 	agent agents.Agent
-	stop  func(t *testing.T) // stops d (once)
+	stop  func(t testing.TB) // stops d (once)
 }
 
 // startWorld starts a fake Discord with one guild, one text channel and alice's DM channel,
 // and a daemon with Discord enabled against it.
-func startWorld(t *testing.T, agent agents.Agent, tweak func(*config.Config)) *world {
+func startWorld(t testing.TB, agent agents.Agent, tweak func(*config.Config)) *world {
 	t.Helper()
 	w := startWorldNotReady(t, agent, tweak)
 	w.srv.WaitReady(t)
@@ -67,7 +67,7 @@ func startWorld(t *testing.T, agent agents.Agent, tweak func(*config.Config)) *w
 }
 
 // startWorldNotReady is startWorld without waiting for the gateway to be ready.
-func startWorldNotReady(t *testing.T, agent agents.Agent, tweak func(*config.Config), opts ...discordtest.Option) *world {
+func startWorldNotReady(t testing.TB, agent agents.Agent, tweak func(*config.Config), opts ...discordtest.Option) *world {
 	t.Helper()
 	srv := discordtest.New(t, opts...)
 	srv.AddGuild(guildID, "guild")
@@ -93,7 +93,7 @@ func startWorldNotReady(t *testing.T, agent agents.Agent, tweak func(*config.Con
 }
 
 // start starts the world's daemon (again, after stop: on the same data directory).
-func (w *world) start(t *testing.T) {
+func (w *world) start(t testing.TB) {
 	t.Helper()
 	buf := &testutil.Buffer{}
 	log := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -103,7 +103,7 @@ func (w *world) start(t *testing.T) {
 		t.Fatalf("Start: %v", err)
 	}
 	var once sync.Once
-	stop := func(t *testing.T) {
+	stop := func(t testing.TB) {
 		once.Do(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -128,7 +128,7 @@ var echoAgent = agents.Func(func(_ context.Context, req *agents.Request) (*agent
 })
 
 // replyTo returns the bot's message in channel that references message id, waiting for it.
-func (w *world) replyTo(t *testing.T, channel, id string) *discordgo.Message {
+func (w *world) replyTo(t testing.TB, channel, id string) *discordgo.Message {
 	t.Helper()
 	var reply *discordgo.Message
 	w.srv.WaitFor(t, "a reply to "+id+" in channel "+channel, func() bool {
@@ -148,7 +148,7 @@ type inbound struct{ key, session, user string }
 
 // stored returns how message id, posted in chat (a thread's parent for thread messages), was
 // stored; ok is false when it was never taken.
-func (w *world) stored(t *testing.T, chat, id string) (in inbound, ok bool) {
+func (w *world) stored(t testing.TB, chat, id string) (in inbound, ok bool) {
 	t.Helper()
 	m, err := w.d.Store().FindInbound(t.Context(), discord.Name, chat, id)
 	if errors.Is(err, persistence.ErrNotFound) {
