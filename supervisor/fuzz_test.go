@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -199,6 +201,9 @@ func checkAccepted(t *testing.T, c *http.Client, base string, body, answer []byt
 		t.Fatalf("accepted %q with disposition %q, want what happened to it", body, ack.Disposition)
 	}
 	path := base + "/v1/sessions/" + url.PathEscape(ack.SessionKey)
+	if n := len(ack.Replies); n > 0 {
+		checkEvent(t, c, path, ack.Replies[n-1])
+	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, path+"/transcript", nil)
@@ -223,4 +228,45 @@ func checkAccepted(t *testing.T, c *http.Client, base string, body, answer []byt
 		}
 	}
 	t.Fatalf("accepted %q as %s in session %s: its transcript %s has no such user message", body, ack.MessageID, ack.SessionID, tb)
+}
+
+// checkEvent resumes the event stream of a session (path) just before reply, as a client that
+// lost it would, and checks that the first event is reply, whatever its text: its id, its kind
+// and its data.
+func checkEvent(t *testing.T, c *http.Client, path string, reply httpplatform.Reply) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, path+"/events", nil)
+	req.Header.Set("Last-Event-ID", strconv.FormatInt(reply.Seq-1, 10))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", req.URL, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s = %d, want 200", req.URL, resp.StatusCode)
+	}
+	fields := map[string]string{}
+	for r := bufio.NewReader(resp.Body); ; {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("GET %s: the stream ended with %q before an event: %v", req.URL, line, err)
+		}
+		line = strings.TrimSuffix(line, "\n")
+		if line == "" && fields["data"] != "" {
+			break
+		}
+		if name, value, ok := strings.Cut(line, ": "); ok && name != "" {
+			if _, dup := fields[name]; dup {
+				t.Fatalf("GET %s: field %s twice in one event, %q", req.URL, name, line)
+			}
+			fields[name] = value
+		}
+	}
+	var ev httpplatform.Event
+	if err := json.Unmarshal([]byte(fields["data"]), &ev); err != nil || fields["id"] != strconv.FormatInt(reply.Seq, 10) ||
+		fields["event"] != reply.Kind || ev.Text != reply.Text {
+		t.Fatalf("GET %s resumed with event %q (%v), want id %d, event %s, text %q", req.URL, fields, err, reply.Seq, reply.Kind, reply.Text)
+	}
 }
