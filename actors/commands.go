@@ -32,7 +32,8 @@ var commandHelp = []struct{ name, help string }{
 	{"help", "show this list"},
 }
 
-// parseCommand recognises "/word" or "/word args". Text like "/etc/passwd is…" is not a command.
+// parseCommand recognises "/word" or "/word args". Text like "/etc/passwd is…" or "/ this" is
+// not a command.
 func parseCommand(text string) (command, bool) {
 	t := strings.TrimSpace(text)
 	if len(t) < 2 || t[0] != '/' {
@@ -41,6 +42,9 @@ func parseCommand(text string) (command, bool) {
 	name, args, _ := strings.Cut(t[1:], " ")
 	if i := strings.IndexAny(name, "\n\t"); i >= 0 {
 		name, args = name[:i], strings.TrimSpace(t[1+i:])
+	}
+	if name == "" {
+		return command{}, false // "/ like this": text, not a command without a name
 	}
 	for _, r := range name {
 		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_') {

@@ -26,6 +26,9 @@ func FuzzParseCommand(f *testing.F) {
 		if !strings.HasPrefix(strings.TrimSpace(text), "/") {
 			t.Fatalf("parseCommand(%q) = %+v, a command without a leading slash", text, cmd)
 		}
+		if cmd.name == "" { // "/ x" is text for the agent, not "Unknown command /."
+			t.Fatalf("parseCommand(%q) = %+v, a command without a name", text, cmd)
+		}
 		for _, r := range cmd.name {
 			if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_') {
 				t.Fatalf("parseCommand(%q): name %q, want lower-case letters, digits and underscores", text, cmd.name)
