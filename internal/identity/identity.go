@@ -303,9 +303,9 @@ func ParseKey(key string) (KeyParts, error) {
 const MaxNameLen = 240
 
 // NeutraliseName makes an untrusted display name safe to put in a prompt: control characters
-// and line breaks become one space, whitespace runs collapse, invalid UTF-8 is replaced, and the
-// result is at most MaxNameLen runes (ending in "..." when cut). Benign names come back
-// byte-identical.
+// and line breaks become one space, whitespace runs collapse, invisible format characters go
+// (hidden), invalid UTF-8 is replaced, and the result is at most MaxNameLen runes (ending in
+// "..." when cut). Benign names come back byte-identical.
 func NeutraliseName(name string) string {
 	if isBenign(name) {
 		return name
@@ -316,6 +316,9 @@ func NeutraliseName(name string) string {
 	for _, r := range strings.ToValidUTF8(name, "\uFFFD") {
 		if unicode.IsControl(r) || unicode.IsSpace(r) || r == '\u2028' || r == '\u2029' {
 			space = true
+			continue
+		}
+		if hidden(r) {
 			continue
 		}
 		if space && b.Len() > 0 {
@@ -333,13 +336,22 @@ func NeutraliseName(name string) string {
 	return out
 }
 
+// hidden reports whether r is an invisible format character (Unicode category Cf) that a name
+// has no use for: bidirectional overrides, which make a name read otherwise than it is written;
+// zero-width spaces; the tag characters U+E0000–E007F, which spell ASCII text that a reader
+// does not see and a model does (text smuggled into the prompt). The zero-width joiner and
+// non-joiner stay: emoji sequences and some scripts need them.
+func hidden(r rune) bool {
+	return r >= 0x80 && r != '\u200c' && r != '\u200d' && unicode.Is(unicode.Cf, r)
+}
+
 func isBenign(name string) bool {
 	if !utf8.ValidString(name) || utf8.RuneCountInString(name) > MaxNameLen {
 		return false
 	}
 	prevSpace := true // a leading space is not benign
 	for _, r := range name {
-		if unicode.IsControl(r) || r == '\u2028' || r == '\u2029' {
+		if unicode.IsControl(r) || r == '\u2028' || r == '\u2029' || hidden(r) {
 			return false
 		}
 		sp := unicode.IsSpace(r)
