@@ -369,6 +369,7 @@ func (s *Session) load(c actor.Context) {
 			}
 		}
 		s.restoreContinuity(snap.History)
+		s.restoreInterrupted(snap.History)
 		for _, m := range snap.Pending {
 			src := s.sourceOf(s.cur)
 			src.UserID, src.UserName = m.UserID, m.UserName

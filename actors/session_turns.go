@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -196,6 +197,40 @@ func (s *Session) interrupt(c actor.Context) {
 			s.logger().Error("store interrupted turn", "err", err)
 		}
 	})
+}
+
+// restoreInterrupted rebuilds at load the messages of turns an interrupt cut short that no
+// answer has answered yet (rareState.interrupted), from the loaded history: user rows marked
+// failed with their turn's id after the last answer of a turn, that no outbox entry answers
+// (a /stop, a boundary or a set-aside notice answered those it dropped). Before, only memory
+// held them: a session that restarted (a crash, a daemon restart) before the next answer
+// answered the interrupting message alone, and the messages it cut short never.
+func (s *Session) restoreInterrupted(history []persistence.Message) {
+	from := 0
+	for i, m := range history {
+		if m.Role == persistence.RoleAssistant || m.Role == persistence.RoleNotice && m.TurnID != "" {
+			from = i + 1
+		}
+	}
+	for _, m := range history[from:] {
+		if m.Role != persistence.RoleUser || m.Status != persistence.StatusFailed || m.TurnID == "" || m.MessageID == "" {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
+		replies, err := s.d.Store.RepliesTo(ctx, s.key, m.MessageID)
+		cancel()
+		if err != nil {
+			s.logger().Warn("look up the answer of an interrupted message", "message_id", m.MessageID, "err", err)
+			continue
+		}
+		if len(replies) > 0 {
+			continue
+		}
+		src := s.sourceOf(s.cur)
+		src.UserID, src.UserName = m.UserID, m.UserName
+		s.rare().interrupted = append(s.rare().interrupted, &item{seq: m.Seq, sessionID: m.SessionID, src: src,
+			messageID: m.MessageID, text: m.Content, at: m.CreatedAt, durable: true})
+	}
 }
 
 // turnIdentity builds the immutable identity of a turn from the session's own state and the
