@@ -125,7 +125,14 @@ func (s *Session) setAside(c actor.Context, it *item, status, text string) {
 		ops = append(ops, &persistence.AppendMessage{Message: persistence.Message{SessionID: it.sessionID, Seq: s.lastSeq,
 			Role: persistence.RoleNotice, Content: text, Status: persistence.StatusDone, Active: true, CreatedAt: now}})
 	}
-	entry := s.outboxEntry(it.src, it.sessionID, platforms.KindNotice, text, "", []string{it.messageID}, now)
+	// The notice takes the place of the message's turn: it is the answer that answers the
+	// messages an interrupt cut short, as the turn's would have (finish).
+	var interrupted []*item
+	if u := s.unusual; u != nil {
+		interrupted, u.interrupted = u.interrupted, nil
+	}
+	ids := append(messageIDs(interrupted), it.messageID)
+	entry := s.outboxEntry(it.src, it.sessionID, platforms.KindNotice, text, "", ids, now)
 	ops = append(ops, &persistence.AddOutbox{Entry: entry})
 	s.write(c, ops, func(c actor.Context, err error) {
 		if err != nil {

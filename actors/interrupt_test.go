@@ -61,3 +61,37 @@ func TestInterruptedMessageAnsweredAfterRestart(t *testing.T) {
 		}
 	})
 }
+
+// TestInterruptedMessageAnsweredByQuarantine: m2 cuts m1's turn short and then crashes its
+// session every time it runs, until it is quarantined. The quarantine notice is the answer
+// that takes m2's turn's place, so it answers m1 too. (Before, it answered m2 alone, and m1
+// waited for a next answer that never came: the chat had nothing more to run.)
+func TestInterruptedMessageAnsweredByQuarantine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			if req.Identity.MessageID == "m1" {
+				<-ctx.Done() // slow: cut short by m2
+				return nil, ctx.Err()
+			}
+			panic("agent bug")
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Config.QueueMode = ModeInterrupt })
+		if r := w.deliver(t, "m1", "first"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		synctest.Wait()
+		if r := w.deliver(t, "m2", "second"); r.Disposition != platforms.Interrupted {
+			t.Fatalf("m2: %+v, want interrupted", r)
+		}
+		time.Sleep(time.Minute) // three crashes and the quarantine
+		synctest.Wait()
+
+		var answers [][]string
+		for len(w.sent) > 0 {
+			answers = append(answers, (<-w.sent).Out.InReplyTo)
+		}
+		if want := [][]string{{"m1", "m2"}}; !slices.EqualFunc(answers, want, slices.Equal) {
+			t.Errorf("answers' in_reply_to: %v, want %v (the quarantine notice answers the interrupted m1 too)", answers, want)
+		}
+	})
+}
