@@ -1,9 +1,15 @@
 package actors
 
 import (
+	"context"
 	"runtime"
 	"testing"
+	"testing/synctest"
+	"time"
 	"weak"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/platforms"
 )
 
 // TestDequeueReleasesItems checks that a session which took the last items out of its queue
@@ -29,4 +35,38 @@ func TestDequeueReleasesItems(t *testing.T) {
 	}
 	runtime.KeepAlive(s) // the session is alive and idle: only its own fields may hold the item
 	runtime.KeepAlive(second)
+}
+
+// TestRedeliveryToFullQueueIsDuplicate: a platform re-delivers a message the session answered
+// in an earlier activation (its id is no longer in memory) while the queue is full with
+// overflow reject. The acknowledgment must say what really happened, duplicate (the message
+// was taken and answered), not rejected (which tells the sender it was refused). (Before, the
+// cap was checked before the store's dedupe, and the re-delivery was answered 429 rejected.)
+func TestRedeliveryToFullQueueIsDuplicate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			if req.Identity.MessageID == "m1" {
+				<-ctx.Done() // slow: the queue behind it fills
+				return nil, ctx.Err()
+			}
+			return &agents.Response{Text: "ok"}, nil
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) {
+			d.Config.QueueCap, d.Config.Overflow, d.Config.PassivateAfter = 1, "reject", time.Minute
+		})
+		if r := w.deliver(t, "m0", "zero"); r.Disposition != platforms.Started {
+			t.Fatalf("m0: %+v, want started", r)
+		}
+		time.Sleep(10 * time.Minute) // answered, then passivated: a new activation forgets m0's id
+		synctest.Wait()
+		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		if r := w.deliver(t, "m2", "two"); r.Disposition != platforms.Queued {
+			t.Fatalf("m2: %+v, want queued", r)
+		}
+		if r := w.deliver(t, "m0", "zero"); r.Disposition != platforms.Duplicate || r.ErrorCode != "" {
+			t.Errorf("m0 re-delivered to a full queue: disposition %q error %q, want duplicate", r.Disposition, r.ErrorCode)
+		}
+	})
 }

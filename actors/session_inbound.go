@@ -45,6 +45,16 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 	if s.running != nil && waiting >= s.d.Config.QueueCap {
 		s.d.Metrics.QueueOverflow.WithLabelValues(s.d.Config.Overflow).Inc()
 		if s.d.Config.Overflow == "reject" {
+			if m.MessageId != "" {
+				// A re-delivery of a message this activation does not remember (one taken
+				// before a restart or passivation) is a duplicate, not refused: the store's
+				// dedupe decides after the cap for every other message, but a rejection
+				// would tell its sender that a message taken (and answered) was not.
+				if _, err := s.findStored(src, m.MessageId); err == nil {
+					c.Respond(s.result(m, platforms.Duplicate, ""))
+					return
+				}
+			}
 			r := s.result(m, platforms.Rejected, "")
 			r.ErrorCode, r.Error = "rejected", fmt.Sprintf("session queue is full (%d waiting)", waiting)
 			c.Respond(r)
