@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -92,6 +93,73 @@ func TestInterruptedMessageAnsweredByQuarantine(t *testing.T) {
 		}
 		if want := [][]string{{"m1", "m2"}}; !slices.EqualFunc(answers, want, slices.Equal) {
 			t.Errorf("answers' in_reply_to: %v, want %v (the quarantine notice answers the interrupted m1 too)", answers, want)
+		}
+	})
+}
+
+// steeringAgent takes steered messages into m1's turn, which runs until it is cancelled; it
+// reports the id of each message it takes.
+type steeringAgent struct{ took chan string }
+
+func (steeringAgent) CanSteer() bool { return true }
+
+func (a steeringAgent) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+	steer := req.Steer
+	for req.Identity.MessageID == "m1" {
+		select {
+		case m, ok := <-steer:
+			if !ok {
+				steer = nil
+				continue
+			}
+			a.took <- m.MessageID
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return &agents.Response{Text: "ok " + req.Identity.MessageID}, nil
+}
+
+// TestInterruptAnswersSteeredMessages: m2 is steered into m1's running turn, then the queue
+// mode becomes interrupt and m3 cuts that turn short. m2 belongs to the cut-short turn as m1
+// does: m3's answer answers both, and none stays pending. (Before, an interrupt took only
+// the turn's own messages: m2 was left pending in the store and in no queue, never answered.)
+func TestInterruptAnswersSteeredMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		agent := steeringAgent{took: make(chan string, 1)}
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Config.QueueMode = ModeSteer })
+		if r := w.deliver(t, "m1", "first"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		if r := w.deliver(t, "m2", "second"); r.Disposition != platforms.Steered {
+			t.Fatalf("m2: %+v, want steered", r)
+		}
+		if got := <-agent.took; got != "m2" {
+			t.Fatalf("the agent took %s, want m2", got)
+		}
+		if r := w.deliver(t, "k1", "/queue interrupt"); r.Disposition != platforms.Command {
+			t.Fatalf("/queue interrupt: %+v", r)
+		}
+		r := w.deliver(t, "m3", "third")
+		if r.Disposition != platforms.Interrupted {
+			t.Fatalf("m3: %+v, want interrupted", r)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+
+		var last []string
+		for len(w.sent) > 0 {
+			last = (<-w.sent).Out.InReplyTo
+		}
+		if want := []string{"m1", "m2", "m3"}; !slices.Equal(last, want) {
+			t.Errorf("m3's answer answers %v, want %v", last, want)
+		}
+		m2, err := w.store.FindInbound(w.ctx, "fake", "c1", "m2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m2.Status != persistence.StatusFailed {
+			t.Errorf("m2 is %s in the store, want failed (cut short with its turn)", m2.Status)
 		}
 	})
 }

@@ -181,13 +181,16 @@ func (s *Session) interrupt(c actor.Context) {
 	s.running = nil
 	s.cancelTurn(c, r)
 	s.d.Metrics.TurnsTotal.WithLabelValues("cancelled").Inc()
-	seqs := make([]int64, len(r.items))
-	for i, it := range r.items {
+	// Messages steered into the turn are cut short with it, as stopWork has them: left out,
+	// they stayed pending in the store and in no queue, never answered.
+	cut := append(slices.Clone(r.items), r.steered...)
+	seqs := make([]int64, len(cut))
+	for i, it := range cut {
 		seqs[i] = it.seq
 	}
 	// The next turn's answer answers these too: their senders (a client waiting on one) hear
 	// that the conversation moved on, and no notice interrupts it.
-	s.rare().interrupted = append(s.rare().interrupted, r.items...)
+	s.rare().interrupted = append(s.rare().interrupted, cut...)
 	if s.debugOn() {
 		s.logger().Debug("turn interrupted", "turn", r.id)
 	}
