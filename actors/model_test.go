@@ -268,6 +268,7 @@ type model struct {
 	log    []string // what the model did, for a failure's report
 	// sessions are the session ids the model saw per key, in order of first sight.
 	sessions map[string][]string
+	killed   bool // the daemon was killed at least once (kill)
 }
 
 func newModel(t *testing.T, seed uint64, script string) *model {
@@ -283,6 +284,11 @@ func newModel(t *testing.T, seed uint64, script string) *model {
 		QueueMode: []string{ModeFollowup, ModeCollect, ModeInterrupt, ModeSteer}[rng.IntN(4)],
 		QueueCap:  []int{2, 50}[rng.IntN(2)], Overflow: []string{"spool", "reject"}[rng.IntN(2)], HistoryLimit: 50,
 		Recovery: []string{RecoveryRerun, RecoveryNotice}[rng.IntN(2)], Debounce: []time.Duration{0, 0, 2 * time.Second}[rng.IntN(3)]}
+	if rng.IntN(3) == 0 { // sessions idle for 30 s end, as an idle reset policy has them
+		p := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Second, Notify: true}
+		m.cfg.ResetFor = func(string, string) ResetPolicy { return p }
+		m.cfg.ResetPolicies = []ResetPolicy{p}
+	}
 	// Two DMs and one thread shared by two users of a group (one session, two identities).
 	m.srcs = []identity.Source{
 		{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1", UserName: "Ann"},
@@ -293,8 +299,8 @@ func newModel(t *testing.T, seed uint64, script string) *model {
 	for _, src := range m.srcs {
 		m.keys = append(m.keys, identity.Key(src, m.cfg.Keys))
 	}
-	m.logf("config: mode=%s cap=%d overflow=%s recovery=%s debounce=%v steer=%v", m.cfg.QueueMode, m.cfg.QueueCap, m.cfg.Overflow,
-		m.cfg.Recovery, m.cfg.Debounce, m.agent.steer)
+	m.logf("config: mode=%s cap=%d overflow=%s recovery=%s debounce=%v idle reset=%v steer=%v", m.cfg.QueueMode, m.cfg.QueueCap,
+		m.cfg.Overflow, m.cfg.Recovery, m.cfg.Debounce, m.cfg.ResetFor != nil, m.agent.steer)
 	m.start()
 	t.Cleanup(func() {
 		if m.daemon != nil {
@@ -348,6 +354,26 @@ func (m *model) stop(drain bool) {
 	_, _ = root.RequestFuture(w.platform, &Quiesce{}, 10*time.Second).Result()
 	_ = root.PoisonFuture(w.platform).Wait()
 	_ = root.PoisonFuture(w.d.Persist).Wait()
+	m.down()
+}
+
+// kill stops the daemon as near to a kill -9 as one process can: the persistence actor first,
+// dropping the writes in its mailbox (their senders never hear back), then the platform without
+// letting it finish its sends or record their delivery, then the rest. Replies not marked
+// delivered are sent again at the next start (at least once), which the model then allows.
+func (m *model) kill() {
+	w := m.daemon
+	root := w.system.Root
+	m.killed = true
+	_ = root.StopFuture(w.d.Persist).Wait()
+	_ = root.StopFuture(w.platform).Wait()
+	_ = root.StopFuture(w.manager).Wait()
+	_ = root.StopFuture(w.d.Probation).Wait()
+	m.down()
+}
+
+func (m *model) down() {
+	w := m.daemon
 	w.cancel()
 	_ = w.d.AgentCalls.Wait(context.Background())
 	synctest.Wait()
@@ -370,13 +396,24 @@ func (m *model) run(steps int) {
 			m.redeliver()
 		case p < 95:
 			d := time.Duration(m.rng.IntN(8000)) * time.Millisecond
+			if m.rng.IntN(6) == 0 {
+				d = 40 * time.Second // past passivation and an idle reset
+			}
 			m.logf("advance %v", d)
 			time.Sleep(d)
 			synctest.Wait()
 		default:
-			drain := m.rng.IntN(3) == 0
-			m.logf("restart (drain=%v)", drain)
-			m.stop(drain)
+			switch m.rng.IntN(4) {
+			case 0:
+				m.logf("restart (drain)")
+				m.stop(true)
+			case 1:
+				m.logf("restart (killed)")
+				m.kill()
+			default:
+				m.logf("restart")
+				m.stop(false)
+			}
 			m.start()
 		}
 	}
