@@ -163,3 +163,54 @@ func TestInterruptAnswersSteeredMessages(t *testing.T) {
 		}
 	})
 }
+
+// TestInterruptedQueuedMessageAnsweredAfterRestart: m2 waits behind m1 and is stored before
+// m1's answer; it starts, m3 cuts it short, and m3's agent crashes the session before m3's
+// answer. The restarted session must still know m2 waits for that answer, though m2's row
+// comes before an answer row (m1's) in the transcript. (Before, the loading session looked
+// for cut-short messages only after the last answer row.)
+func TestInterruptedQueuedMessageAnsweredAfterRestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var crashed atomic.Bool
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			switch req.Identity.MessageID {
+			case "m1":
+				<-release
+			case "m2":
+				<-ctx.Done() // slow: cut short by m3
+				return nil, ctx.Err()
+			case "m3":
+				if crashed.CompareAndSwap(false, true) {
+					panic("agent bug")
+				}
+			}
+			return &agents.Response{Text: "ok " + req.Identity.MessageID}, nil
+		})
+		w := newManagerWorld(t, agent, nil)
+		for _, m := range []struct{ id, text, want string }{
+			{"m1", "first", platforms.Started},
+			{"m2", "second", platforms.Queued},
+			{"k1", "/queue interrupt", platforms.Command},
+		} {
+			if r := w.deliver(t, m.id, m.text); r.Disposition != m.want {
+				t.Fatalf("%s: %+v, want %s", m.id, r, m.want)
+			}
+		}
+		close(release) // m1's answer is stored after m2's row; m2 starts
+		synctest.Wait()
+		if r := w.deliver(t, "m3", "third"); r.Disposition != platforms.Interrupted {
+			t.Fatalf("m3: %+v, want interrupted", r)
+		}
+		time.Sleep(time.Minute) // the crash, the restart and the rerun of m3
+		synctest.Wait()
+
+		var last []string
+		for len(w.sent) > 0 {
+			last = (<-w.sent).Out.InReplyTo
+		}
+		if want := []string{"m2", "m3"}; !slices.Equal(last, want) {
+			t.Errorf("m3's answer answers %v, want %v", last, want)
+		}
+	})
+}

@@ -204,19 +204,19 @@ func (s *Session) interrupt(c actor.Context) {
 
 // restoreInterrupted rebuilds at load the messages of turns an interrupt cut short that no
 // answer has answered yet (rareState.interrupted), from the loaded history: user rows marked
-// failed with their turn's id after the last answer of a turn, that no outbox entry answers
-// (a /stop, a boundary or a set-aside notice answered those it dropped). Before, only memory
-// held them: a session that restarted (a crash, a daemon restart) before the next answer
-// answered the interrupting message alone, and the messages it cut short never.
+// failed with the id of a turn that wrote no answer row, that no outbox entry answers (a
+// /stop or a set-aside notice answered those it took). Before, only memory held them: a
+// session that restarted (a crash, a daemon restart) before the next answer answered the
+// interrupting message alone, and the messages it cut short never.
 func (s *Session) restoreInterrupted(history []persistence.Message) {
-	from := 0
-	for i, m := range history {
-		if m.Role == persistence.RoleAssistant || m.Role == persistence.RoleNotice && m.TurnID != "" {
-			from = i + 1
+	answered := map[string]bool{} // turns that wrote their answer (a reply, or a failure notice)
+	for _, m := range history {
+		if m.Role != persistence.RoleUser && m.TurnID != "" {
+			answered[m.TurnID] = true
 		}
 	}
-	for _, m := range history[from:] {
-		if m.Role != persistence.RoleUser || m.Status != persistence.StatusFailed || m.TurnID == "" || m.MessageID == "" {
+	for _, m := range history {
+		if m.Role != persistence.RoleUser || m.Status != persistence.StatusFailed || m.TurnID == "" || answered[m.TurnID] || m.MessageID == "" {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
