@@ -99,6 +99,9 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 	case "undo":
 		var preview string
 		if ops, preview = s.undo(src); ops != nil {
+			// A message it takes back that a turn's interrupt left for the next answer is
+			// answered by this one (a restarted session loads no archived row: it would never be).
+			dropped = s.takeInterrupted(ops[0].(*persistence.ArchiveMessages).Seqs)
 			answer = "↩️ Took back your last message and its answer (kept in the archive): “" + preview + "”"
 		} else {
 			answer = s.cannotRewind("undo", src)
@@ -231,6 +234,24 @@ func (s *Session) stopWork(c actor.Context) (ops []persistence.Op, cancelled int
 	s.queue = keep
 	s.updateBusy(c)
 	return ops, cancelled, dropped
+}
+
+// takeInterrupted removes from the messages waiting for the next answer after an interrupt
+// (rareState.interrupted) those with one of seqs, and returns them.
+func (s *Session) takeInterrupted(seqs []int64) []*item {
+	u := s.unusual
+	if u == nil {
+		return nil
+	}
+	var taken []*item
+	u.interrupted = slices.DeleteFunc(u.interrupted, func(it *item) bool {
+		if slices.Contains(seqs, it.seq) {
+			taken = append(taken, it)
+			return true
+		}
+		return false
+	})
+	return taken
 }
 
 // messageIDs are the platform ids of items, those that have one, in order: what an answer to

@@ -214,3 +214,52 @@ func TestInterruptedQueuedMessageAnsweredAfterRestart(t *testing.T) {
 		}
 	})
 }
+
+// TestUndoAnswersTheCutShortMessageItTakesBack: with a debounce window, m2 cuts m1's turn
+// short and waits; /undo then takes m1 back, and m2's agent crashes the session before m2's
+// answer. The /undo's answer answers m1 (as /stop's answers what it drops). (Before, m1 was
+// left to m2's answer, and the restarted session, which loads no archived row, forgot it: m1
+// was never answered.)
+func TestUndoAnswersTheCutShortMessageItTakesBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var crashed atomic.Bool
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			switch req.Identity.MessageID {
+			case "m1":
+				<-ctx.Done() // slow: cut short by m2
+				return nil, ctx.Err()
+			case "m2":
+				if crashed.CompareAndSwap(false, true) {
+					panic("agent bug")
+				}
+			}
+			return &agents.Response{Text: "ok " + req.Identity.MessageID}, nil
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Config.QueueMode, d.Config.Debounce = ModeInterrupt, 2*time.Second })
+		if r := w.deliver(t, "m1", "first"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		time.Sleep(3 * time.Second) // m1's turn starts
+		synctest.Wait()
+		if r := w.deliver(t, "m2", "second"); r.Disposition != platforms.Interrupted {
+			t.Fatalf("m2: %+v, want interrupted", r)
+		}
+		if r := w.deliver(t, "k1", "/undo"); r.Disposition != platforms.Command {
+			t.Fatalf("/undo: %+v", r)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+
+		var answers [][]string
+		seen := map[int64]bool{} // this world's platform confirms nothing: a restart sends again
+		for len(w.sent) > 0 {
+			if o := (<-w.sent).Out; !seen[o.Seq] {
+				seen[o.Seq] = true
+				answers = append(answers, o.InReplyTo)
+			}
+		}
+		if want := [][]string{{"m1", "k1"}, {"m2"}}; !slices.EqualFunc(answers, want, slices.Equal) {
+			t.Errorf("answers' in_reply_to: %v, want %v", answers, want)
+		}
+	})
+}
