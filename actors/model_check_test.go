@@ -142,6 +142,17 @@ func (m *model) checkAnswers(runs []*modelRun, sent []*platforms.Outbound) {
 			continue
 		}
 		first[e] = o
+		// G1 where users see it: an answer goes to the chat of the messages it answers, and
+		// a reply carries the identity its turn's command ran with.
+		for _, id := range o.InReplyTo {
+			if a := m.byID[id]; a != nil && (a.key != o.SessionKey || a.src.ChatID != o.Target.ChatID || a.src.ThreadID != o.Target.ThreadID) {
+				t.Errorf("outbound %s #%d to chat %s/%s answers %s of %s (chat %s)", o.SessionKey, o.Seq, o.Target.ChatID, o.Target.ThreadID, id, a.key, a.src.ChatID)
+			}
+		}
+		if env := parseModelReply(o.Text); env != nil && (env["SESSION_KEY"] != o.SessionKey || env["SESSION_ID"] != o.SessionID || env["TURN_ID"] != o.TurnID) {
+			t.Errorf("reply %s #%d of session %s turn %s carries the command output of %s %s %s", o.SessionKey, o.Seq, o.SessionID, o.TurnID,
+				env["SESSION_KEY"], env["SESSION_ID"], env["TURN_ID"])
+		}
 		if strings.HasPrefix(o.Text, autoResetNotice) {
 			continue // it tells of the reset; the answer to the message itself follows
 		}
@@ -178,7 +189,8 @@ func (m *model) checkAnswers(runs []*modelRun, sent []*platforms.Outbound) {
 		switch a.res.Disposition {
 		case platforms.Interrupted:
 			// The turn it cut short is answered by the same answer, listed before it.
-			if len(got) == 1 && slices.Index(got[0].InReplyTo, a.id) < 1 {
+			// (Unless a command answered it first: /undo took it back, /stop dropped it.)
+			if len(got) == 1 && got[0].TurnID != "" && slices.Index(got[0].InReplyTo, a.id) < 1 {
 				t.Errorf("%s acknowledged interrupted, but its answer answers no message before it: %v", a.id, got[0].InReplyTo)
 			}
 		case platforms.Started:
@@ -252,6 +264,42 @@ func (m *model) checkBoundaries(runs []*modelRun) {
 			}
 			if other != "" && other != sid {
 				t.Errorf("turn %s in session %s was shown %s %.40q of session %s", r.ident.TurnID, sid, h.Role, h.Text, other)
+			}
+		}
+	}
+	// /undo takes the caller's last exchange back: no later turn of the session is shown it.
+	// /retry runs the message again as its own turn's, not after itself in the history.
+	undone := map[string]string{} // the /undo's id → the id of the message it took back
+	for _, o := range m.fake.Sent() {
+		if _, after, ok := strings.Cut(o.Text, "↩️ Took back your last message"); ok && len(o.InReplyTo) > 0 {
+			if _, quoted, ok := strings.Cut(after, "“"); ok {
+				id, _, _ := strings.Cut(quoted, " ")
+				undone[o.InReplyTo[len(o.InReplyTo)-1]] = id
+			}
+		}
+	}
+	for _, a := range m.acks {
+		id, ok := undone[a.id]
+		if !ok || m.byID[a.id] != a || !a.accepted() {
+			continue
+		}
+		for _, r := range runs[a.runsBefore:] {
+			if r.cancelled || r.ident.SessionID != a.res.SessionId {
+				continue
+			}
+			for _, h := range r.history {
+				if h.Role == persistence.RoleUser && strings.Contains(h.Text, id+" ") {
+					t.Errorf("turn %s was shown %q, which %s took back", r.ident.TurnID, h.Text, a.id)
+				}
+			}
+		}
+	}
+	for _, r := range runs {
+		if a := m.byID[r.ident.MessageID]; a != nil && a.cmd == "retry" {
+			for _, h := range r.history {
+				if h.Role == persistence.RoleUser && slices.Contains(r.texts, h.Text) {
+					t.Errorf("retried turn %s was shown the message it runs again in its history: %q", r.ident.TurnID, h.Text)
+				}
 			}
 		}
 	}

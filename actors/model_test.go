@@ -246,9 +246,8 @@ type modelAck struct {
 	redo   bool // a re-delivery of an earlier id
 	// stored is the message's row, read at the end for an unsure acknowledgment.
 	stored *persistence.Message
-	// running is the turn id running in the key's session when the message arrived, if the
-	// model knows one (the last run of the key started and not ended).
-	running *modelRun
+	// runsBefore is how many agent calls had begun when the acknowledgment arrived.
+	runsBefore int
 }
 
 type model struct {
@@ -506,7 +505,7 @@ func (m *model) redeliver() {
 
 func (m *model) send(src identity.Source, id, text, cmd string) (*modelAck, *actor.Future) {
 	key := identity.Key(src, m.cfg.Keys)
-	a := &modelAck{id: id, src: src, key: key, text: text, cmd: cmd, arrive: len(m.acks), at: time.Now(), running: m.runningIn(key)}
+	a := &modelAck{id: id, src: src, key: key, text: text, cmd: cmd, arrive: len(m.acks), at: time.Now()}
 	m.acks = append(m.acks, a)
 	if _, ok := m.byID[id]; !ok {
 		m.byID[id] = a
@@ -521,6 +520,9 @@ func (m *model) await(acks []*modelAck, futures []*actor.Future) {
 		a := acks[i]
 		res, err := f.Result()
 		a.err = err
+		m.agent.mu.Lock()
+		a.runsBefore = len(m.agent.runs)
+		m.agent.mu.Unlock()
 		if r, ok := res.(*DeliverResult); ok {
 			a.res = r
 			if first := m.byID[a.id]; first != a && !first.accepted() && a.accepted() {
@@ -581,19 +583,4 @@ func (a *modelAck) sid() string {
 		return a.stored.SessionID
 	}
 	return ""
-}
-
-// runningIn returns the run of key that has started and not ended, if any.
-func (m *model) runningIn(key string) *modelRun {
-	m.agent.mu.Lock()
-	defer m.agent.mu.Unlock()
-	for _, r := range slices.Backward(m.agent.runs) {
-		if r.ident.SessionKey == key {
-			if r.end.IsZero() {
-				return r
-			}
-			return nil
-		}
-	}
-	return nil
 }
