@@ -161,7 +161,7 @@ func (s *Session) afterAutoReset(prev *persistence.Session, src identity.Source,
 	if !p.Notify {
 		return nil, nil
 	}
-	text := fmt.Sprintf("◐ Your previous session was reset automatically (%s), so this is a fresh one. Send /resume %s to go back to it.", why, prev.ID)
+	text := fmt.Sprintf("%s (%s), so this is a fresh one. Send /resume %s to go back to it.", AutoResetNotice, why, prev.ID)
 	s.lastSeq++
 	sid := s.cur.ID
 	entry := s.outboxEntry(src, sid, platforms.KindNotice, text, "", []string{messageID}, now)
@@ -174,6 +174,11 @@ func (s *Session) afterAutoReset(prev *persistence.Session, src identity.Source,
 	out.TurnEnd = false // the answer to the message itself follows
 	return out, ops
 }
+
+// AutoResetNotice begins the notice that tells a user their session was reset automatically.
+// It lists the message that started the new session, whose own answer follows: it is no
+// answer to that message.
+const AutoResetNotice = "◐ Your previous session was reset automatically"
 
 // expireOnStart applies the reset policy when a session starts, from its durable activity time:
 // a session that became due while nobody wrote (or while agentgate was down) is reset, not

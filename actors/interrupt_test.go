@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -260,6 +261,55 @@ func TestUndoAnswersTheCutShortMessageItTakesBack(t *testing.T) {
 		}
 		if want := [][]string{{"m1", "k1"}, {"m2"}}; !slices.EqualFunc(answers, want, slices.Equal) {
 			t.Errorf("answers' in_reply_to: %v, want %v", answers, want)
+		}
+	})
+}
+
+// TestInterruptedAfterIdleResetAnsweredAfterRestart: m1 is the first message after an idle
+// reset, so the reset notice lists it (the answer to m1 itself follows); m2 cuts m1's turn
+// short and crashes the session before m2's answer. The restarted session must not take the
+// reset notice for m1's answer. (Before, it did, and m1 was never answered.)
+func TestInterruptedAfterIdleResetAnsweredAfterRestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var crashed atomic.Bool
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			switch req.Identity.MessageID {
+			case "m1":
+				<-ctx.Done() // slow: cut short by m2
+				return nil, ctx.Err()
+			case "m2":
+				if crashed.CompareAndSwap(false, true) {
+					panic("agent bug")
+				}
+			}
+			return &agents.Response{Text: "ok " + req.Identity.MessageID}, nil
+		})
+		idle := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Second, Notify: true}
+		w := newManagerWorld(t, agent, func(d *Deps) {
+			d.Config.QueueMode = ModeInterrupt
+			d.Config.ResetFor = func(string, string) ResetPolicy { return idle }
+			d.Config.ResetPolicies = []ResetPolicy{idle}
+		})
+		w.deliver(t, "m0", "zero")
+		time.Sleep(time.Minute) // the session is idle past its policy: m1 starts a new one
+		synctest.Wait()
+		if r := w.deliver(t, "m1", "first"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		if r := w.deliver(t, "m2", "second"); r.Disposition != platforms.Interrupted {
+			t.Fatalf("m2: %+v, want interrupted", r)
+		}
+		time.Sleep(time.Minute) // the crash, the restart and the rerun of m2
+		synctest.Wait()
+
+		var last []string
+		for len(w.sent) > 0 {
+			if o := (<-w.sent).Out; !strings.HasPrefix(o.Text, AutoResetNotice) {
+				last = o.InReplyTo
+			}
+		}
+		if want := []string{"m1", "m2"}; !slices.Equal(last, want) {
+			t.Errorf("m2's answer answers %v, want %v", last, want)
 		}
 	})
 }

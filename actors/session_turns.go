@@ -226,8 +226,8 @@ func (s *Session) restoreInterrupted(history []persistence.Message) {
 			s.logger().Warn("look up the answer of an interrupted message", "message_id", m.MessageID, "err", err)
 			continue
 		}
-		if len(replies) > 0 {
-			continue
+		if slices.ContainsFunc(replies, func(e persistence.OutboxEntry) bool { return !strings.HasPrefix(e.Text, AutoResetNotice) }) {
+			continue // (a reset notice lists the message that started the session, and is no answer)
 		}
 		src := s.sourceOf(s.cur)
 		src.UserID, src.UserName = m.UserID, m.UserName
