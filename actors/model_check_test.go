@@ -153,7 +153,7 @@ func (m *model) checkAnswers(runs []*modelRun, sent []*platforms.Outbound) {
 			t.Errorf("reply %s #%d of session %s turn %s carries the command output of %s %s %s", o.SessionKey, o.Seq, o.SessionID, o.TurnID,
 				env["SESSION_KEY"], env["SESSION_ID"], env["TURN_ID"])
 		}
-		if strings.HasPrefix(o.Text, autoResetNotice) {
+		if strings.HasPrefix(o.Text, AutoResetNotice) {
 			continue // it tells of the reset; the answer to the message itself follows
 		}
 		for _, id := range o.InReplyTo {
@@ -206,10 +206,6 @@ func (m *model) checkAnswers(runs []*modelRun, sent []*platforms.Outbound) {
 	}
 }
 
-// autoResetNotice begins the notice that tells a user that their session was reset
-// automatically (afterAutoReset).
-const autoResetNotice = "◐ Your previous session was reset automatically"
-
 // firstRun returns the first agent call that carried message id.
 func firstRun(runs []*modelRun, id string) *modelRun {
 	for _, r := range runs {
@@ -231,6 +227,8 @@ func (m *model) checkBoundaries(runs []*modelRun) {
 			continue
 		}
 		switch c := cur[a.key]; {
+		case a.cmd == "resume" && m.otherKeys(a.key, a.res.SessionId):
+			t.Errorf("%s %q switched %s to session %s, another chat's", a.id, a.text, a.key, a.res.SessionId)
 		case a.cmd == "new" || a.cmd == "reset" || a.cmd == "resume", c == "":
 		case a.res.SessionId == c:
 		case m.cfg.ResetFor != nil && !was[a.res.SessionId]:
@@ -313,6 +311,16 @@ func (m *model) checkBoundaries(runs []*modelRun) {
 			t.Errorf("key %s routes to session %s, want %s (the last one acknowledged)", key, route.SessionID, sid)
 		}
 	}
+}
+
+// otherKeys reports whether session sid is known as a session of a key other than key.
+func (m *model) otherKeys(key, sid string) bool {
+	for k, ids := range m.sessions {
+		if k != key && slices.Contains(ids, sid) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkStore: the outbox holds exactly what was delivered, each message row has the status its

@@ -267,7 +267,8 @@ type model struct {
 	log    []string // what the model did, for a failure's report
 	// sessions are the session ids the model saw per key, in order of first sight.
 	sessions map[string][]string
-	killed   bool // the daemon was killed at least once (kill)
+	killed   bool                // the daemon was killed at least once (kill)
+	titles   map[string][]string // the titles set per key
 }
 
 func newModel(t *testing.T, seed uint64, script string) *model {
@@ -278,7 +279,8 @@ func newModel(t *testing.T, seed uint64, script string) *model {
 	}
 	m := &model{t: t, rng: rng, seed: seed, path: filepath.Join(t.TempDir(), "agentgate.db"),
 		agent: &modelAgent{exec: ex, steer: rng.IntN(2) == 0, crashes: map[string]int{}},
-		fake:  platformtest.NewFake("fake"), byID: map[string]*modelAck{}, sessions: map[string][]string{}}
+		fake:  platformtest.NewFake("fake"), byID: map[string]*modelAck{}, sessions: map[string][]string{},
+		titles: map[string][]string{}}
 	m.cfg = SessionConfig{Keys: identity.DefaultKeyOptions, PassivateAfter: 20 * time.Second,
 		QueueMode: []string{ModeFollowup, ModeCollect, ModeInterrupt, ModeSteer}[rng.IntN(4)],
 		QueueCap:  []int{2, 50}[rng.IntN(2)], Overflow: []string{"spool", "reject"}[rng.IntN(2)], HistoryLimit: 50,
@@ -481,11 +483,19 @@ func (m *model) sendCommand(src identity.Source) (*modelAck, *actor.Future) {
 	case p < 94:
 		text = "/status"
 	default:
+		// An earlier session of the chat by id or title, now and then another chat's (which
+		// /resume must refuse).
 		key := identity.Key(src, m.cfg.Keys)
+		if m.rng.IntN(4) == 0 {
+			key = m.keys[m.rng.IntN(len(m.keys))]
+		}
 		if ids := m.sessions[key]; len(ids) > 0 {
 			text = "/resume " + ids[m.rng.IntN(len(ids))]
 		} else {
 			text = "/help"
+		}
+		if titles := m.titles[key]; len(titles) > 0 && m.rng.IntN(2) == 0 {
+			text = "/resume " + titles[m.rng.IntN(len(titles))]
 		}
 	}
 	cmd, _ := parseCommand(text)
@@ -530,6 +540,9 @@ func (m *model) await(acks []*modelAck, futures []*actor.Future) {
 			}
 			if r.SessionId != "" && r.ErrorCode == "" && !slices.Contains(m.sessions[a.key], r.SessionId) {
 				m.sessions[a.key] = append(m.sessions[a.key], r.SessionId)
+			}
+			if a.cmd == "title" && a.accepted() {
+				m.titles[a.key] = append(m.titles[a.key], strings.TrimPrefix(a.text, "/title "))
 			}
 		}
 		m.logf("%s %s %q → %s", a.id, a.src.UserID, a.text, a.describe())
