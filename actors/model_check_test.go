@@ -223,6 +223,13 @@ func (m *model) checkBoundaries(runs []*modelRun) {
 	cur := map[string]string{}
 	was := map[string]bool{} // sessions that were current and were left
 	for _, a := range m.acks {
+		if a.cmd == "admin" { // a boundary too
+			if c := cur[a.key]; c != "" && c != a.res.SessionId {
+				was[c] = true
+			}
+			cur[a.key] = a.res.SessionId
+			continue
+		}
 		if !a.accepted() || a.res.SessionId == "" {
 			continue
 		}

@@ -393,8 +393,10 @@ func (m *model) run(steps int) {
 			m.burst()
 		case p < 72:
 			m.command()
-		case p < 77:
+		case p < 75:
 			m.redeliver()
+		case p < 77:
+			m.adminReset()
 		case p < 95:
 			d := time.Duration(m.rng.IntN(8000)) * time.Millisecond
 			if m.rng.IntN(6) == 0 {
@@ -502,12 +504,37 @@ func (m *model) sendCommand(src identity.Source) (*modelAck, *actor.Future) {
 	return m.send(src, id, text, cmd.name)
 }
 
+// adminReset resets a session as the admin API does (POST /v1/sessions/{key}/reset).
+func (m *model) adminReset() {
+	key := m.keys[m.rng.IntN(len(m.keys))]
+	m.nextID++
+	a := &modelAck{id: fmt.Sprintf("admin%d", m.nextID), key: key, cmd: "admin", arrive: len(m.acks), at: time.Now()}
+	res, err := m.daemon.system.Root.RequestFuture(m.daemon.manager, &Routed{Key: key, Msg: &ResetSession{}}, time.Hour).Result()
+	r, _ := res.(*ResetResult)
+	switch {
+	case err != nil || r == nil:
+		m.logf("admin reset %s: %v %v", key, res, err)
+		return
+	case r.Error != "":
+		m.logf("admin reset %s: %s", key, r.Error)
+		return
+	}
+	a.res = &DeliverResult{SessionId: r.SessionId, Disposition: "admin"}
+	m.acks = append(m.acks, a)
+	m.byID[a.id] = a
+	m.logf("admin reset %s: %s → %s", key, r.PreviousSessionId, r.SessionId)
+	synctest.Wait()
+}
+
 // redeliver sends an earlier message again, with its id and text (a platform's retry).
 func (m *model) redeliver() {
 	if len(m.acks) == 0 {
 		return
 	}
 	orig := m.acks[m.rng.IntN(len(m.acks))]
+	if orig.cmd == "admin" {
+		return
+	}
 	a, f := m.send(orig.src, orig.id, orig.text, orig.cmd)
 	a.redo = true
 	m.await([]*modelAck{a}, []*actor.Future{f})
