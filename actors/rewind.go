@@ -149,7 +149,7 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	if resumed.QueueMode != "" {
 		s.mode = resumed.QueueMode
 	}
-	s.lastSeq, s.history = lastSeq, nil
+	s.lastSeq, s.history = max(lastSeq, s.inflightSeq(resumed.ID)), nil
 	for _, m := range msgs {
 		if m.Role == persistence.RoleUser || m.Role == persistence.RoleAssistant {
 			s.history = append(s.history, histEntry{seq: m.Seq, raw: m.Content,
@@ -167,6 +167,22 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 		name += " (" + resumed.Title + ")"
 	}
 	return ops, "⏪ Resumed session " + name + "." + unanswered(dropped), dropped
+}
+
+// inflightSeq is the highest message seq of session sid among this session's writes not yet
+// acknowledged: rows the store does not show yet. A /resume back to the session a command just
+// ended (/new, then /resume at once) numbers its rows after them; from the store's last seq
+// alone, its write collided with theirs and was refused.
+func (s *Session) inflightSeq(sid string) int64 {
+	var seq int64
+	for _, w := range s.inflight {
+		for _, op := range w.ops {
+			if a, ok := op.(*persistence.AppendMessage); ok && a.Message.SessionID == sid {
+				seq = max(seq, a.Message.Seq)
+			}
+		}
+	}
+	return seq
 }
 
 // preview shortens text for an answer: one line, at most 200 characters.

@@ -9,9 +9,11 @@ import (
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/asynkron/protoactor-go/actor"
 )
 
 // noWholeTranscript is a store whose sessions may not read a whole transcript.
@@ -93,6 +95,49 @@ func TestResumeLoadsOnlyTheLastHistory(t *testing.T) {
 		i := slices.IndexFunc(msgs, func(m persistence.Message) bool { return m.Content == "where were we" })
 		if i < 1 || i != len(msgs)-2 || msgs[i].Seq != msgs[i-1].Seq+1 {
 			t.Errorf("the message after /resume is row %d with seqs %v, want the next seq after the resumed session's, before its answer", i, seqs)
+		}
+	})
+}
+
+// TestResumeWhileItsWritesAreInFlight: /new ends a session while the write of a message to it
+// is in flight, and /resume goes straight back to it. The resume must number its rows after
+// that message's, which the store does not show yet. (Before, it took the store's last seq:
+// its write collided with the message's row and was refused, and m2, which the session took
+// meanwhile in the resumed session, was stored in an ended one and never answered.)
+func TestResumeWhileItsWritesAreInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		agent := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "ok " + req.Identity.MessageID}, nil
+		})
+		hc := &heldCommits{hold: make(chan struct{}), release: make(chan struct{}), held: make(chan struct{}, 64)}
+		w := newManagerWorldWrites(t, agent, nil, func(s persistence.Store) persistence.Store { hc.Store = s; return hc })
+		w.deliver(t, "m0", "zero")
+		first := w.deliver(t, "k0", "/title t1").SessionId
+		synctest.Wait()
+		close(hc.hold) // the writes below wait in the persistence actor
+		var fs []*actor.Future
+		for _, m := range [][2]string{{"m1", "one"}, {"k1", "/new"}, {"k2", "/resume t1"}, {"m2", "two"}} {
+			fs = append(fs, w.request(m[0], m[1]))
+		}
+		synctest.Wait()
+		close(hc.release)
+		for i, f := range fs {
+			res, err := f.Result()
+			if r, ok := res.(*DeliverResult); err != nil || !ok || r.ErrorCode != "" {
+				t.Errorf("request %d: %v %v", i, res, err)
+			}
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		m2, err := w.store.FindInbound(w.ctx, "fake", "c1", "m2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m2.SessionID != first || m2.Status != persistence.StatusDone {
+			t.Errorf("m2 is %s in session %s, want done in the resumed session %s", m2.Status, m2.SessionID, first)
+		}
+		if route, err := w.store.Route(w.ctx, w.key); err != nil || route.SessionID != first {
+			t.Errorf("the key routes to %v (%v), want the resumed session %s", route, err, first)
 		}
 	})
 }
