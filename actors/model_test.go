@@ -397,7 +397,7 @@ func (m *model) run(steps int) {
 			m.redeliver()
 		case p < 77:
 			m.adminReset()
-		case p < 95:
+		case p < 91:
 			d := time.Duration(m.rng.IntN(8000)) * time.Millisecond
 			if m.rng.IntN(6) == 0 {
 				d = 40 * time.Second // past passivation and an idle reset
@@ -427,12 +427,12 @@ func (m *model) run(steps int) {
 	}
 }
 
-// burst sends one to three messages (or commands) without waiting between them, then waits for their
+// burst sends one to five messages (or commands) without waiting between them, then waits for their
 // acknowledgments.
 func (m *model) burst() {
 	var pending []*modelAck
 	var futures []*actor.Future
-	for range 1 + m.rng.IntN(3) {
+	for range 1 + m.rng.IntN(5) {
 		src := m.srcs[m.rng.IntN(len(m.srcs))]
 		if m.rng.IntN(5) == 0 { // a command among messages: it acts while their writes are in flight
 			a, f := m.sendCommand(src)
