@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -154,6 +155,9 @@ func (a *Platform) Receive(c actor.Context) {
 		a.startRun(c, m.Deliver)
 	case *SendOutbound:
 		k := m.Out.SessionKey
+		if a.holds(m.Out) {
+			break // a session that restarted hands its unconfirmed replies over again
+		}
 		a.queues[k] = append(a.queues[k], &job{out: m.Out})
 		a.pump(c, k)
 	case *sendDone:
@@ -201,6 +205,28 @@ func (a *Platform) Receive(c actor.Context) {
 		}
 	}
 	a.handling = jobRef{} // handled without a panic
+}
+
+// holds reports whether the actor already has out: queued (or being sent), or sent with its
+// delivery mark not yet written. A session that restarts in a running daemon (a crash, a
+// reload from the store) hands over every reply its store shows unconfirmed, and these are
+// among them: queued again, they reached the user twice.
+func (a *Platform) holds(out *platforms.Outbound) bool {
+	if out.Seq == 0 {
+		return false
+	}
+	for _, j := range a.queues[out.SessionKey] {
+		if j.draftTurn == "" && j.out.Seq == out.Seq {
+			return true
+		}
+	}
+	marked := func(ops []persistence.Op) bool {
+		return slices.ContainsFunc(ops, func(op persistence.Op) bool {
+			d, ok := op.(*persistence.MarkDelivery)
+			return ok && d.SessionKey == out.SessionKey && d.Seq == out.Seq
+		})
+	}
+	return marked(a.marks.waiting) || a.marks.inflight != nil && marked(a.marks.inflight.Ops)
 }
 
 // startRun starts the platform's Run loop in a goroutine owned by this actor; it exits when

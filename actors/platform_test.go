@@ -1,12 +1,16 @@
 package actors
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
@@ -175,4 +179,41 @@ func drain(ch chan string) []string {
 			return out
 		}
 	}
+}
+
+// TestRestartedSessionDoesNotSendARepliedAgain: a reply waits in the platform actor for a send
+// that fails (a platform outage) when its session crashes. The restarted session finds the
+// reply unconfirmed in the store and hands it to the platform actor again, which already holds
+// it: the user must get it once. (Before, the platform actor queued it a second time, and sent
+// it twice once the outage ended.)
+func TestRestartedSessionDoesNotSendARepliedAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var crashed atomic.Bool
+		agent := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+			if req.Identity.MessageID == "m2" && crashed.CompareAndSwap(false, true) {
+				panic("agent bug")
+			}
+			return &agents.Response{Text: "ok " + req.Identity.MessageID}, nil
+		})
+		w := newManagerWorld(t, agent, nil)
+		fake := platformtest.NewFake("fake")
+		w.d.Platforms["fake"] = w.system.Root.Spawn(NewPlatform(w.d, fake, &PlatformHealth{})) // before any session
+		fake.SetSendError(errors.New("503 service unavailable"))
+		w.deliver(t, "m1", "one") // its reply waits for the platform
+		synctest.Wait()
+		w.deliver(t, "m2", "two") // crashes the session, which reloads and runs m2 again
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		fake.SetSendError(nil)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+
+		got := map[string]int{}
+		for _, o := range fake.Sent() {
+			got[fmt.Sprint(o.Seq, " ", o.InReplyTo)]++
+		}
+		if want := map[string]int{"1 [m1]": 1, "2 [m2]": 1}; !maps.Equal(got, want) {
+			t.Errorf("sent (seq, in_reply_to: times) %v, want %v", got, want)
+		}
+	})
 }
