@@ -132,7 +132,15 @@ func (m *model) checkAnswers(runs []*modelRun, sent []*platforms.Outbound) {
 	answeredBy := map[string][]*platforms.Outbound{}
 	replyOfTurn := map[string]bool{}
 	first := map[entry]*platforms.Outbound{}
+	lastSeq := map[string]int64{}
 	for _, o := range sent {
+		if e := (entry{o.SessionKey, o.Seq}); first[e] == nil {
+			// A key's replies and notices reach the user in the order they were recorded.
+			if o.Seq < lastSeq[o.SessionKey] {
+				t.Errorf("outbox entry %s #%d delivered after #%d", o.SessionKey, o.Seq, lastSeq[o.SessionKey])
+			}
+			lastSeq[o.SessionKey] = max(lastSeq[o.SessionKey], o.Seq)
+		}
 		e := entry{o.SessionKey, o.Seq}
 		if sends[e]++; sends[e] > 1 {
 			// Sent again after a kill, whose delivery was not recorded: the same entry.

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -397,6 +398,14 @@ func (m *model) run(steps int) {
 			m.redeliver()
 		case p < 77:
 			m.adminReset()
+		case p < 79:
+			// The platform refuses to send for a while (a 503): sends are retried, in order.
+			d := time.Duration(m.rng.IntN(20)) * time.Second
+			m.logf("platform outage of %v", d)
+			m.fake.SetSendError(errors.New("503 service unavailable"))
+			time.Sleep(d)
+			synctest.Wait()
+			m.fake.SetSendError(nil)
 		case p < 91:
 			d := time.Duration(m.rng.IntN(8000)) * time.Millisecond
 			if m.rng.IntN(6) == 0 {
