@@ -170,8 +170,13 @@ type Quiesce struct{ Key string }
 // Quiesced answers Quiesce.
 type Quiesced struct{}
 
-// SendOutbound asks a platform actor to send one recorded outbound message.
-type SendOutbound struct{ Out *platforms.Outbound }
+// SendOutbound asks a platform actor to send one recorded outbound message. Again marks a
+// reply that a loading session found unconfirmed in the store and hands over again: the
+// platform actor may still hold it (queued, or sent with its mark not yet written).
+type SendOutbound struct {
+	Out   *platforms.Outbound
+	Again bool
+}
 
 // sendDone is the result of one platforms.Platform.Send, from the sending goroutine.
 type sendDone struct {

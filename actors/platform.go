@@ -155,7 +155,7 @@ func (a *Platform) Receive(c actor.Context) {
 		a.startRun(c, m.Deliver)
 	case *SendOutbound:
 		k := m.Out.SessionKey
-		if a.holds(m.Out) {
+		if m.Again && a.holds(m.Out) {
 			break // a session that restarted hands its unconfirmed replies over again
 		}
 		a.queues[k] = append(a.queues[k], &job{out: m.Out})

@@ -379,7 +379,7 @@ func (s *Session) load(c actor.Context) {
 		}
 	}
 	for i := range snap.Unconfirmed {
-		s.sendOutbound(c, OutboundFromEntry(&snap.Unconfirmed[i]))
+		s.sendOutboundAgain(c, OutboundFromEntry(&snap.Unconfirmed[i]))
 	}
 	if s.restarts() > 0 {
 		s.afterCrash(c)

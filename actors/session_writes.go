@@ -40,15 +40,24 @@ func OutboundFromEntry(e *persistence.OutboxEntry) *platforms.Outbound {
 }
 
 func (s *Session) sendOutbound(c actor.Context, out *platforms.Outbound) {
+	s.toPlatform(c, &SendOutbound{Out: out})
+}
+
+// sendOutboundAgain hands over a reply the store shows unconfirmed at load (SendOutbound.Again).
+func (s *Session) sendOutboundAgain(c actor.Context, out *platforms.Outbound) {
+	s.toPlatform(c, &SendOutbound{Out: out, Again: true})
+}
+
+func (s *Session) toPlatform(c actor.Context, m *SendOutbound) {
 	if s.fencedOut {
 		return // the write behind it was refused, or the new owner sends it
 	}
-	pid := s.d.Platforms[out.Target.Platform]
+	pid := s.d.Platforms[m.Out.Target.Platform]
 	if pid == nil {
-		s.logger().Error("no platform for outbound", "platform", out.Target.Platform)
+		s.logger().Error("no platform for outbound", "platform", m.Out.Target.Platform)
 		return
 	}
-	c.Send(pid, &SendOutbound{Out: out})
+	c.Send(pid, m)
 }
 
 // write sends ops to the persistence actor and runs done with the result. The session keeps
