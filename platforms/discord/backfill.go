@@ -120,7 +120,7 @@ func (p *Platform) backfill() {
 	for _, c := range chans {
 		after := c.id
 		for range backfillPages {
-			ms, err := p.history(ctx, c.channel, after)
+			ms, err := p.historyRetried(ctx, c.channel, after)
 			if err != nil {
 				if failed++; firstErr == nil {
 					firstErr = fmt.Errorf("channel %s: %w", c.channel, err)
@@ -152,6 +152,34 @@ func (p *Platform) backfill() {
 	if firstErr != nil {
 		p.log.Warn("discord backfill: cannot read the history of some channels (the bot needs the Read Message History permission); what was said in them while disconnected is not answered",
 			"channels", failed, "first_err", firstErr)
+	}
+}
+
+// Backfill retries: a history read that fails for a reason that may pass (a 5xx, a lost
+// connection, a rate limit longer than the call may wait) is tried again, backfillTries times
+// in all, the wait doubling from backfillRetryBase. Without it one failed request lost, without
+// a trace to the user, everything said in that channel while the gateway session was away:
+// the live messages that follow move the channel's mark past the gap.
+const (
+	backfillTries     = 5
+	backfillRetryBase = 250 * time.Millisecond
+)
+
+// historyRetried is history, tried again after a failure that may pass (see backfillTries).
+func (p *Platform) historyRetried(ctx context.Context, channel, after string) ([]*discordgo.Message, error) {
+	wait := backfillRetryBase
+	for try := 1; ; try++ {
+		ms, err := p.history(ctx, channel, after)
+		if err == nil || try == backfillTries || refusedForGood(err) {
+			return ms, err
+		}
+		p.log.Warn("discord backfill: history read failed; retrying", "channel", channel, "attempt", try, "backoff", wait, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+		wait *= 2
 	}
 }
 

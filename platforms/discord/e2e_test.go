@@ -990,3 +990,20 @@ func TestReplyInAChannelStaysInItsSession(t *testing.T) {
 		t.Errorf("%d threads opened, want none", n)
 	}
 }
+
+// TestFailedHistoryReadIsRetried: when Discord answers the backfill's history read with a 5xx
+// (a passing fault), the read is tried again: what was said while the daemon was down is
+// answered, not lost because one request failed.
+func TestFailedHistoryReadIsRetried(t *testing.T) {
+	w := startWorld(t, echoAgent, nil)
+	before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
+	w.replyTo(t, dmID, before.ID)
+	w.stop(t)
+	down := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "while down"})
+	w.srv.FailNext("GET", "/channels/"+dmID+"/messages", 500, 1)
+	w.start(t)
+	w.replyTo(t, dmID, down.ID)
+	if got := w.answered(dmID); !slices.Equal(got, []string{before.ID, down.ID}) {
+		t.Errorf("DM replies answer %v, want %v", got, []string{before.ID, down.ID})
+	}
+}
