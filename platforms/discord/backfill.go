@@ -56,6 +56,7 @@ func (p *Platform) noteSeen(m *discordgo.Message) {
 			}
 		}
 		delete(p.seen, oldest)
+		delete(p.unread, oldest)
 	}
 	guild := m.GuildID
 	if guild == "" {
@@ -108,6 +109,9 @@ func (p *Platform) backfill() {
 	p.mu.Lock()
 	chans := make([]from, 0, len(p.seen))
 	for ch, s := range p.seen {
+		if u, ok := p.unread[ch]; ok {
+			s = u // what a failed backfill left unread comes first
+		}
 		chans = append(chans, from{ch, s})
 	}
 	p.mu.Unlock()
@@ -119,12 +123,14 @@ func (p *Platform) backfill() {
 	var firstErr error // one warning per READY, not one per channel (a missing permission fails them all)
 	for _, c := range chans {
 		after := c.id
+		var readErr error
 		for range backfillPages {
 			ms, err := p.historyRetried(ctx, c.channel, after)
 			if err != nil {
 				if failed++; firstErr == nil {
 					firstErr = fmt.Errorf("channel %s: %w", c.channel, err)
 				}
+				readErr = err
 				break
 			}
 			for _, m := range ms {
@@ -146,6 +152,16 @@ func (p *Platform) backfill() {
 			}
 			after = ms[len(ms)-1].ID
 		}
+		// Live messages move the channel's mark past what is left unread: keep the place, so
+		// that the next new gateway session reads from there. A refusal for good (no Read
+		// Message History permission) will not pass, and is not kept.
+		p.mu.Lock()
+		if readErr != nil && !refusedForGood(readErr) {
+			p.unread[c.channel] = seenAt{id: after, guild: c.guild}
+		} else {
+			delete(p.unread, c.channel)
+		}
+		p.mu.Unlock()
 	}
 	p.log.Info("discord gateway session was new: read what was missed", "channels", len(chans), "messages", fetched,
 		"older_than_window", old, "failed", failed)

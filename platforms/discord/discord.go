@@ -71,6 +71,7 @@ type Platform struct {
 	threads  *channelCache
 	typing   *typing
 	seen     map[string]seenAt // channel → the newest message seen there (backfill.go)
+	unread   map[string]seenAt // channel → where a backfill that failed stopped reading (backfill.go)
 	live     map[string]string // thread → guild: the threads discordgo's state holds (threads.go)
 	recent   func(context.Context, time.Time) ([]persistence.ChatMark, error)
 	now      func() time.Time
@@ -133,6 +134,7 @@ func New(c Config) (*Platform, error) {
 		progress: map[string]int{},
 		limited:  map[string]time.Time{},
 		seen:     map[string]seenAt{},
+		unread:   map[string]seenAt{},
 		live:     map[string]string{},
 		recent:   c.Recent,
 		now:      c.Now,

@@ -1007,3 +1007,25 @@ func TestFailedHistoryReadIsRetried(t *testing.T) {
 		t.Errorf("DM replies answer %v, want %v", got, []string{before.ID, down.ID})
 	}
 }
+
+// TestUnreadGapIsReadAtTheNextReady: when every try of the backfill's history read fails,
+// the channel keeps the place where reading stopped, and the next new gateway session reads
+// from there, although live messages came since: what was said while the bot was away is
+// answered then, not skipped for good.
+func TestUnreadGapIsReadAtTheNextReady(t *testing.T) {
+	w := startWorld(t, echoAgent, nil)
+	before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
+	w.replyTo(t, dmID, before.ID)
+	w.stop(t)
+	down := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "while down"})
+	w.srv.FailNext("GET", "/channels/"+dmID+"/messages", 500, 5) // every try of the first backfill
+	w.start(t)
+	w.srv.WaitReady(t)
+	live := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "live"})
+	w.replyTo(t, dmID, live.ID) // held until the backfill gave up, then answered
+	w.srv.InvalidateSession()
+	w.replyTo(t, dmID, down.ID)
+	if got := w.answered(dmID); !slices.Equal(got, []string{before.ID, live.ID, down.ID}) {
+		t.Errorf("DM replies answer %v, want %v", got, []string{before.ID, live.ID, down.ID})
+	}
+}
