@@ -1029,3 +1029,47 @@ func TestUnreadGapIsReadAtTheNextReady(t *testing.T) {
 		t.Errorf("DM replies answer %v, want %v", got, []string{before.ID, live.ID, down.ID})
 	}
 }
+
+// TestMessageDuringStopIsAnsweredAfterTheRestart: a message that arrives while the daemon
+// drains is not taken, and the next start's backfill reads it back and answers it (the store
+// took nothing newer from its chat). So its sender is not told to send it again: before, they
+// were, and then got the answer all the same, twice if they did as told.
+func TestMessageDuringStopIsAnsweredAfterTheRestart(t *testing.T) {
+	release := make(chan struct{})
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		if req.Messages[0].Text == "slow" {
+			select { // the turn holds the drain until the test has posted during it
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return echoAgent(ctx, req)
+	})
+	w := startWorld(t, agent, nil)
+	slow := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "slow"})
+	w.srv.WaitFor(t, "the slow turn typing", func() bool { return w.srv.Typing(dmID) > 0 })
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		w.stop(t)
+	}()
+	eventually(t, "the daemon draining", func() bool { return strings.Contains(w.log.String(), "msg=draining") })
+	during := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "during the stop"})
+	eventually(t, "the message handled during the drain", func() bool {
+		return strings.Contains(w.log.String(), "message="+during.ID)
+	})
+	close(release)
+	<-stopped
+
+	w.start(t)
+	w.replyTo(t, dmID, during.ID)
+	for _, m := range w.srv.Sent(dmID) {
+		if strings.Contains(m.Content, "did not take") {
+			t.Errorf("the bot said %q, and then answered the message", m.Content)
+		}
+	}
+	if got := w.answered(dmID); !slices.Equal(got, []string{slow.ID, during.ID}) {
+		t.Errorf("DM replies answer %v, want %v (each once)", got, []string{slow.ID, during.ID})
+	}
+}

@@ -109,10 +109,24 @@ func (p *Platform) handle(m *discordgo.Message) {
 	ack, err := deliver(dctx, in)
 	taken = err == nil // the runtime answers it; otherwise the user is told below
 	p.typing.delivered(reply, m.ID, ack, err)
-	if err != nil {
+	switch {
+	case err == nil:
+	case p.readBackAfterStop(ctx, err):
+		p.log.Info("discord message not taken while stopping; the next start reads it back", "channel", m.ChannelID, "message", m.ID)
+	default:
 		p.log.Warn("discord message not taken", "channel", m.ChannelID, "message", m.ID, "err", err)
 		p.tellUser(ctx, reply, refFor(in.Source, m.ID), refusal(err))
 	}
+}
+
+// readBackAfterStop reports whether a message the runtime did not take, with err, is left
+// for the next start: the daemon is stopping (draining, or the run is over), and backfill
+// is on. The store took nothing newer from the message's chat meanwhile (it takes nothing
+// while stopping), so the next start's backfill reads the message back and answers it, as it
+// does what is said while the daemon is down. Telling its sender to send it again would have
+// them answered twice.
+func (p *Platform) readBackAfterStop(ctx context.Context, err error) bool {
+	return p.cfg.BackfillWindow > 0 && (errors.Is(err, platforms.ErrDraining) || ctx.Err() != nil)
 }
 
 // userSaid reports whether m is something a user said: not one of the bot's own messages, and
