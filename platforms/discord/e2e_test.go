@@ -1073,3 +1073,24 @@ func TestMessageDuringStopIsAnsweredAfterTheRestart(t *testing.T) {
 		t.Errorf("DM replies answer %v, want %v (each once)", got, []string{slow.ID, during.ID})
 	}
 }
+
+// TestNewGatewaySessionReadsANewAutoThread: a thread the bot opened for a mention is read
+// back after a lost gateway session like the chats it saw messages in, even when it saw none
+// there (its own reply was posted in the gap too): what is said there meanwhile is answered
+// once the bot is back.
+func TestNewGatewaySessionReadsANewAutoThread(t *testing.T) {
+	w := startWorld(t, echoAgent, func(c *config.Config) { c.Platforms.Discord.AutoThread = true })
+	release := make(chan struct{})
+	w.srv.HoldNext("POST", "/messages", release, 1) // the reply in the thread waits
+	asked := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "help me", MentionBot: true})
+	w.srv.WaitFor(t, "the thread opened and its reply on its way", func() bool {
+		return len(w.srv.Threads()) == 1 && w.srv.Requests("POST", "/channels/"+asked.ID+"/messages") == 1
+	})
+	w.srv.InvalidateSession()
+	gap := w.srv.Post(discordtest.UserMessage{ChannelID: asked.ID, Author: alice, Content: "in the thread, in the gap"})
+	close(release)
+	w.replyTo(t, asked.ID, gap.ID)
+	if got := w.answered(asked.ID); !slices.Equal(got, []string{gap.ID}) {
+		t.Errorf("thread replies answer %v, want %v", got, []string{gap.ID})
+	}
+}

@@ -100,6 +100,10 @@ func (p *Platform) handle(m *discordgo.Message) {
 		// The thread's id is the message's: key the session by it, so this message and the
 		// thread's follow-ups share one session. If opening it fails now, Send opens it.
 		in.Source.ChatType, in.Source.ThreadID, in.Source.ProspectiveThreadID = identity.ChatThread, m.ID, m.ID
+		// The thread is a chat of its own for backfill from now on, read after its starter:
+		// the bot may see nothing said in it before a gateway session is lost (its own reply
+		// in it may be posted in the gap too), and what users say there meanwhile is missed.
+		p.noteSeen(&discordgo.Message{ChannelID: m.ID, ID: m.ID, GuildID: m.GuildID})
 		p.openThread(ctx, m.ChannelID, m.ID, in.Text)
 	}
 	dctx, cancel := context.WithTimeout(ctx, deliverTimeout)
