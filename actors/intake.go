@@ -64,7 +64,15 @@ func (in *Intake) Deliver(ctx context.Context, m *platforms.Inbound) (*platforms
 	case "rejected":
 		ack.Disposition = platforms.Rejected
 		return ack, fmt.Errorf("%w: %s", platforms.ErrRejected, r.Error)
-	case "unavailable", ErrCodeStopped:
+	case ErrCodeStopped:
+		if in.draining.Load() {
+			// Its session stopped because the daemon is stopping: a platform that reads back
+			// at its next start what came meanwhile (Discord's backfill) tells no one to send it
+			// again, or its sender is told so and then answered all the same.
+			return ack, fmt.Errorf("%w: %w: %s", platforms.ErrDraining, platforms.ErrUnavailable, r.Error)
+		}
+		return ack, fmt.Errorf("%w: %s", platforms.ErrUnavailable, r.Error)
+	case "unavailable":
 		return ack, fmt.Errorf("%w: %s", platforms.ErrUnavailable, r.Error)
 	case ErrCodeConflict:
 		return ack, fmt.Errorf("%w: %s", platforms.ErrConflict, r.Error)
