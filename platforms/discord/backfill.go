@@ -85,6 +85,12 @@ func (p *Platform) seed(ctx context.Context, since time.Time) {
 	for _, m := range marks {
 		if m.ThreadID != "" {
 			p.noteSeen(&discordgo.Message{ChannelID: m.ThreadID, ID: m.MessageID, GuildID: m.ScopeID})
+			// The parent is read after the thread's own id (an auto-thread's is its starter's,
+			// a message in the parent), not after the thread's newest message: that one is in
+			// the thread, and a message in the parent older than it that was not taken (it
+			// came while the daemon stopped) would be skipped.
+			p.noteSeen(&discordgo.Message{ChannelID: m.ChatID, ID: m.ThreadID, GuildID: m.ScopeID})
+			continue
 		}
 		p.noteSeen(&discordgo.Message{ChannelID: m.ChatID, ID: m.MessageID, GuildID: m.ScopeID})
 	}

@@ -1,10 +1,14 @@
 package discord
 
 import (
+	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/persistence"
 )
 
 // TestNoteSeen: a channel keeps its newest message and its guild; beyond backfillChannels the
@@ -41,5 +45,39 @@ func TestCompareSnowflakes(t *testing.T) {
 		if got := compareSnowflakes(tc.a, tc.b); got != tc.want {
 			t.Errorf("compareSnowflakes(%s, %s) = %d, want %d", tc.a, tc.b, got, tc.want)
 		}
+	}
+}
+
+// TestSeedReadsAThreadsParentFromTheThread: at the first READY, a thread the store took
+// messages from is read after its newest one, and its parent channel (where a mention opens a
+// new thread) after the thread's own id, or the parent's own newest message if later: not after
+// the thread's newest message, which is in the thread. Before, a message in the parent that
+// was not taken (it came while the daemon stopped) but is older than a later follow-up in the
+// thread was never read back.
+func TestSeedReadsAThreadsParentFromTheThread(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		marks []persistence.ChatMark
+		want  map[string]string
+	}{
+		{"thread only", []persistence.ChatMark{{ChatID: "500", ThreadID: "1000", MessageID: "1500"}},
+			map[string]string{"1000": "1500", "500": "1000"}},
+		{"parent older", []persistence.ChatMark{{ChatID: "500", ThreadID: "1000", MessageID: "1500"}, {ChatID: "500", MessageID: "900"}},
+			map[string]string{"1000": "1500", "500": "1000"}},
+		{"parent newer", []persistence.ChatMark{{ChatID: "500", ThreadID: "1000", MessageID: "1500"}, {ChatID: "500", MessageID: "1200"}},
+			map[string]string{"1000": "1500", "500": "1200"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &Platform{seen: map[string]seenAt{}, unread: map[string]seenAt{},
+				recent: func(context.Context, time.Time) ([]persistence.ChatMark, error) { return tc.marks, nil }}
+			p.seed(t.Context(), time.Time{})
+			got := map[string]string{}
+			for ch, s := range p.seen {
+				got[ch] = s.id
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("seen = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
