@@ -112,64 +112,77 @@ func (p *Platform) backfill() {
 	p.mu.Unlock()
 	since := p.now().Add(-window)
 	p.seed(ctx, since)
-	p.mu.Lock()
-	chans := make([]from, 0, len(p.seen))
-	for ch, s := range p.seen {
-		if u, ok := p.unread[ch]; ok {
-			s = u // what a failed backfill left unread comes first
+	// The channels to read, in rounds: a message read back may open an auto-thread (handle
+	// remembers it), which is read in the next round; what was said in it meanwhile (it may
+	// have been opened by a daemon that stopped before taking its message) is read back too.
+	read := map[string]bool{}
+	unreadChans := func() []from {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		var chans []from
+		for ch, s := range p.seen {
+			if read[ch] {
+				continue
+			}
+			if u, ok := p.unread[ch]; ok {
+				s = u // what a failed backfill left unread comes first
+			}
+			chans = append(chans, from{ch, s})
 		}
-		chans = append(chans, from{ch, s})
+		slices.SortFunc(chans, func(a, b from) int { return compareSnowflakes(a.id, b.id) })
+		return chans
 	}
-	p.mu.Unlock()
-	if len(chans) == 0 {
-		return
-	}
-	slices.SortFunc(chans, func(a, b from) int { return compareSnowflakes(a.id, b.id) })
 	fetched, old, failed := 0, 0, 0
 	var firstErr error // one warning per READY, not one per channel (a missing permission fails them all)
-	for _, c := range chans {
-		after := c.id
-		var readErr error
-		for range backfillPages {
-			ms, err := p.historyRetried(ctx, c.channel, after)
-			if err != nil {
-				if failed++; firstErr == nil {
-					firstErr = fmt.Errorf("channel %s: %w", c.channel, err)
-				}
-				readErr = err
-				break
-			}
-			for _, m := range ms {
-				if m.Timestamp.Before(since) {
-					if userSaid(m, p.bot()) {
-						old++ // the bot's own replies are not messages it failed to answer
+	for chans := unreadChans(); len(chans) > 0; chans = unreadChans() {
+		for _, c := range chans {
+			read[c.channel] = true
+			after := c.id
+			var readErr error
+			for range backfillPages {
+				ms, err := p.historyRetried(ctx, c.channel, after)
+				if err != nil {
+					if failed++; firstErr == nil {
+						firstErr = fmt.Errorf("channel %s: %w", c.channel, err)
 					}
-					p.noteSeen(m)
-					continue
+					readErr = err
+					break
 				}
-				if m.GuildID == "" {
-					m.GuildID = c.guild
+				for _, m := range ms {
+					if m.Timestamp.Before(since) {
+						if userSaid(m, p.bot()) {
+							old++ // the bot's own replies are not messages it failed to answer
+						}
+						p.noteSeen(m)
+						continue
+					}
+					if m.GuildID == "" {
+						m.GuildID = c.guild
+					}
+					p.handle(m)
 				}
-				p.handle(m)
+				fetched += len(ms)
+				if len(ms) < backfillPageSize {
+					break
+				}
+				after = ms[len(ms)-1].ID
 			}
-			fetched += len(ms)
-			if len(ms) < backfillPageSize {
-				break
+			// Live messages move the channel's mark past what is left unread: keep the place, so
+			// that the next new gateway session reads from there. A refusal for good (no Read
+			// Message History permission) will not pass, and is not kept.
+			p.mu.Lock()
+			if readErr != nil && !refusedForGood(readErr) {
+				p.unread[c.channel] = seenAt{id: after, guild: c.guild}
+			} else {
+				delete(p.unread, c.channel)
 			}
-			after = ms[len(ms)-1].ID
+			p.mu.Unlock()
 		}
-		// Live messages move the channel's mark past what is left unread: keep the place, so
-		// that the next new gateway session reads from there. A refusal for good (no Read
-		// Message History permission) will not pass, and is not kept.
-		p.mu.Lock()
-		if readErr != nil && !refusedForGood(readErr) {
-			p.unread[c.channel] = seenAt{id: after, guild: c.guild}
-		} else {
-			delete(p.unread, c.channel)
-		}
-		p.mu.Unlock()
 	}
-	p.log.Info("discord gateway session was new: read what was missed", "channels", len(chans), "messages", fetched,
+	if len(read) == 0 {
+		return
+	}
+	p.log.Info("discord gateway session was new: read what was missed", "channels", len(read), "messages", fetched,
 		"older_than_window", old, "failed", failed)
 	if firstErr != nil {
 		p.log.Warn("discord backfill: cannot read the history of some channels (the bot needs the Read Message History permission); what was said in them while disconnected is not answered",

@@ -1094,3 +1094,20 @@ func TestNewGatewaySessionReadsANewAutoThread(t *testing.T) {
 		t.Errorf("thread replies answer %v, want %v", got, []string{gap.ID})
 	}
 }
+
+// TestBackfillReadsTheThreadItOpens: a mention read back at a start opens its auto-thread,
+// which the same backfill then reads too: the thread may exist already (a daemon that stopped
+// opened it before taking the message), and what was said in it meanwhile is answered.
+func TestBackfillReadsTheThreadItOpens(t *testing.T) {
+	w := startWorld(t, echoAgent, func(c *config.Config) { c.Platforms.Discord.AutoThread = true })
+	first := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "first", MentionBot: true})
+	w.srv.WaitSent(t, first.ID, 1)
+	w.stop(t)
+	asked := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "second", MentionBot: true})
+	// The stopping daemon opened the thread, and then did not take the message.
+	w.srv.AddChannel(discordtest.Channel{ID: asked.ID, GuildID: guildID, Type: discordgo.ChannelTypeGuildPublicThread,
+		ParentID: channelID, OwnerID: w.srv.BotID(), Name: "second"})
+	inThread := w.srv.Post(discordtest.UserMessage{ChannelID: asked.ID, Author: alice, Content: "in the thread"})
+	w.start(t)
+	w.replyTo(t, asked.ID, inThread.ID)
+}
