@@ -14,6 +14,24 @@ import (
 	"github.com/agentgate/agentgate/platforms"
 )
 
+// cutShortThenCrash is the agent of the tests below: m1's turn runs until it is cut short
+// (by m2), and m2's agent crashes its session once, before m2's answer.
+func cutShortThenCrash() agents.Agent {
+	var crashed atomic.Bool
+	return agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		switch req.Identity.MessageID {
+		case "m1":
+			<-ctx.Done() // slow: cut short by m2
+			return nil, ctx.Err()
+		case "m2":
+			if crashed.CompareAndSwap(false, true) {
+				panic("agent bug")
+			}
+		}
+		return &agents.Response{Text: "ok " + req.Identity.MessageID}, nil
+	})
+}
+
 // TestInterruptedMessageAnsweredAfterRestart: in queue mode interrupt, m2 cuts m1's turn
 // short; m1 is answered by the next answer (m2's). When the session restarts before that
 // answer (m2's agent crashes it), m2 runs again and its answer must still answer m1. (Before,
@@ -21,19 +39,7 @@ import (
 // and m1, acknowledged "started", was never answered.)
 func TestInterruptedMessageAnsweredAfterRestart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var crashed atomic.Bool
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			switch req.Identity.MessageID {
-			case "m1":
-				<-ctx.Done() // slow: cut short by m2
-				return nil, ctx.Err()
-			case "m2":
-				if crashed.CompareAndSwap(false, true) {
-					panic("agent bug")
-				}
-			}
-			return &agents.Response{Text: "ok " + req.Identity.MessageID}, nil
-		})
+		agent := cutShortThenCrash()
 		w := newManagerWorld(t, agent, func(d *Deps) { d.Config.QueueMode = ModeInterrupt })
 		if r := w.deliver(t, "m1", "first"); r.Disposition != platforms.Started {
 			t.Fatalf("m1: %+v, want started", r)
@@ -223,19 +229,7 @@ func TestInterruptedQueuedMessageAnsweredAfterRestart(t *testing.T) {
 // was never answered.)
 func TestUndoAnswersTheCutShortMessageItTakesBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var crashed atomic.Bool
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			switch req.Identity.MessageID {
-			case "m1":
-				<-ctx.Done() // slow: cut short by m2
-				return nil, ctx.Err()
-			case "m2":
-				if crashed.CompareAndSwap(false, true) {
-					panic("agent bug")
-				}
-			}
-			return &agents.Response{Text: "ok " + req.Identity.MessageID}, nil
-		})
+		agent := cutShortThenCrash()
 		w := newManagerWorld(t, agent, func(d *Deps) { d.Config.QueueMode, d.Config.Debounce = ModeInterrupt, 2*time.Second })
 		if r := w.deliver(t, "m1", "first"); r.Disposition != platforms.Started {
 			t.Fatalf("m1: %+v, want started", r)
@@ -271,19 +265,7 @@ func TestUndoAnswersTheCutShortMessageItTakesBack(t *testing.T) {
 // reset notice for m1's answer. (Before, it did, and m1 was never answered.)
 func TestInterruptedAfterIdleResetAnsweredAfterRestart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var crashed atomic.Bool
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			switch req.Identity.MessageID {
-			case "m1":
-				<-ctx.Done() // slow: cut short by m2
-				return nil, ctx.Err()
-			case "m2":
-				if crashed.CompareAndSwap(false, true) {
-					panic("agent bug")
-				}
-			}
-			return &agents.Response{Text: "ok " + req.Identity.MessageID}, nil
-		})
+		agent := cutShortThenCrash()
 		idle := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Second, Notify: true}
 		w := newManagerWorld(t, agent, func(d *Deps) {
 			d.Config.QueueMode = ModeInterrupt
