@@ -209,6 +209,12 @@ func (s *Session) interrupt(c actor.Context) {
 // session that restarted (a crash, a daemon restart) before the next answer answered the
 // interrupting message alone, and the messages it cut short never.
 func (s *Session) restoreInterrupted(history []persistence.Message) {
+	cutShort := func(m *persistence.Message) bool {
+		return m.Role == persistence.RoleUser && m.Status == persistence.StatusFailed && m.TurnID != "" && m.MessageID != ""
+	}
+	if !slices.ContainsFunc(history, func(m persistence.Message) bool { return cutShort(&m) }) {
+		return // nearly every activation: nothing to look up, nothing allocated
+	}
 	answered := map[string]bool{} // turns that wrote their answer (a reply, or a failure notice)
 	for _, m := range history {
 		if m.Role != persistence.RoleUser && m.TurnID != "" {
@@ -216,7 +222,7 @@ func (s *Session) restoreInterrupted(history []persistence.Message) {
 		}
 	}
 	for _, m := range history {
-		if m.Role != persistence.RoleUser || m.Status != persistence.StatusFailed || m.TurnID == "" || answered[m.TurnID] || m.MessageID == "" {
+		if !cutShort(&m) || answered[m.TurnID] {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
