@@ -159,7 +159,8 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 	}
 	s.lastActivity = now
 	requester := c.Sender()
-	s.write(c, ops, func(c actor.Context, err error) {
+	orphaned := func(c actor.Context, why string) { c.Send(requester, s.unstoredResult(m.MessageId, why)) }
+	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
 		if err != nil {
 			if created && s.cur != nil && s.cur.ID == sid {
 				s.cur = nil
@@ -302,7 +303,10 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 	}
 	requester := c.Sender()
 	sid := s.cur.ID
-	s.write(c, ops, func(c actor.Context, err error) {
+	orphaned := func(c actor.Context, _ string) {
+		c.Send(requester, &ResetResult{Error: "the session stopped before the reset was confirmed; it may have taken effect: look at the session before resetting it again"})
+	}
+	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
 		r := &ResetResult{SessionId: sid, PreviousSessionId: prev}
 		if err != nil {
 			r.Error = err.Error()

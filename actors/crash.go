@@ -39,6 +39,7 @@ func (s *Session) onRestarting(c actor.Context) {
 	// whether they became durable. A client that retries with the same message id is safe:
 	// a durable one is answered as a duplicate.
 	s.answerUnstored(c, "session restarted before the message was stored; retry with the same message_id")
+	s.answerOrphans(c, "session restarted before the message was stored; retry with the same message_id")
 	if s.busy {
 		c.Send(c.Parent(), &busyChanged{key: s.key, busy: false})
 	}

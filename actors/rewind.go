@@ -81,7 +81,8 @@ func (s *Session) enqueueRetry(c actor.Context, m *Deliver, it *item, ops []pers
 		s.seen.add(m.MessageId)
 	}
 	requester := c.Sender()
-	s.write(c, ops, func(c actor.Context, err error) {
+	orphaned := func(c actor.Context, why string) { c.Send(requester, s.unstoredResult(m.MessageId, why)) }
+	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
 		r := s.result(m, platforms.Command, it.sessionID)
 		if err != nil {
 			s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })

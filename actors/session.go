@@ -281,6 +281,7 @@ func (s *Session) Receive(c actor.Context) {
 		// that does not wait for the session's writes (a daemon stopping past its drain, a
 		// key moving off a cluster member) must not leave its sender waiting in vain.
 		s.answerUnstored(c, "the session stopped before the message was stored; send it again with the same message_id")
+		s.answerOrphans(c, "the session stopped before the message was stored; send it again with the same message_id")
 		if s.busy {
 			c.Send(c.Parent(), &busyChanged{key: s.key, busy: false})
 		}
@@ -652,7 +653,7 @@ func (s *Session) answerUnstored(c actor.Context, why string) {
 		}
 		for _, p := range append(it.repeats, it.requester) {
 			if p != nil {
-				c.Send(p, &DeliverResult{SessionKey: s.key, MessageId: it.messageID, ErrorCode: ErrCodeStopped, Error: why})
+				c.Send(p, s.unstoredResult(it.messageID, why))
 			}
 		}
 		it.requester, it.repeats = nil, nil

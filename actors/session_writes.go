@@ -64,6 +64,14 @@ func (s *Session) toPlatform(c actor.Context, m *SendOutbound) {
 // the write until it is acknowledged and sends it again, in order with its other unacknowledged
 // writes, when the persistence actor has restarted since it sent it (resendAll).
 func (s *Session) write(c actor.Context, ops []persistence.Op, done func(actor.Context, error)) {
+	s.writeFor(c, ops, nil, done)
+}
+
+// writeFor is write for a request whose requester waits for done's answer: if this incarnation
+// of the session ends (a crash or a stop) before the write is answered, orphaned answers it
+// instead with why (answerOrphans). The write may still commit: why says to send the request
+// again with the same message id, which the store's dedupe makes safe.
+func (s *Session) writeFor(c actor.Context, ops []persistence.Op, orphaned func(c actor.Context, why string), done func(actor.Context, error)) {
 	if s.epoch > 0 {
 		ops = append([]persistence.Op{&persistence.Fence{Key: s.key, Epoch: s.epoch}}, ops...)
 	}
@@ -71,7 +79,7 @@ func (s *Session) write(c actor.Context, ops []persistence.Op, done func(actor.C
 	if s.lostSome(inc) {
 		s.resendAll(c, inc) // nothing newer goes ahead of them
 	}
-	w := &pendingWrite{id: s.d.writeIDs.Add(1), ops: ops, done: done}
+	w := &pendingWrite{id: s.d.writeIDs.Add(1), ops: ops, done: done, orphaned: orphaned}
 	s.inflight = append(s.inflight, w)
 	s.send(c, w, inc, len(s.inflight) > 1)
 	if s.stopResend == nil {
@@ -80,10 +88,29 @@ func (s *Session) write(c actor.Context, ops []persistence.Op, done func(actor.C
 }
 
 type pendingWrite struct {
-	id   uint64
-	ops  []persistence.Op
-	done func(actor.Context, error)
-	inc  uint64 // the persistence actor's incarnation when the write was last sent
+	id       uint64
+	ops      []persistence.Op
+	done     func(actor.Context, error)
+	orphaned func(actor.Context, string) // answers its requester if the session ends first (writeFor)
+	inc      uint64                      // the persistence actor's incarnation when the write was last sent
+}
+
+// answerOrphans answers the requesters of the writes still in flight when this incarnation
+// ends (a crash or a stop): their answers would reach the next incarnation, which knows nothing
+// of them, and the requester would wait in vain although the command may have been stored
+// and its answer sent to the chat.
+func (s *Session) answerOrphans(c actor.Context, why string) {
+	for _, w := range s.inflight {
+		if w.orphaned != nil {
+			w.orphaned(c, why)
+			w.orphaned = nil
+		}
+	}
+}
+
+// unstoredResult answers the request of message id whose write this session cannot see through.
+func (s *Session) unstoredResult(id, why string) *DeliverResult {
+	return &DeliverResult{SessionKey: s.key, MessageId: id, ErrorCode: ErrCodeStopped, Error: why}
 }
 
 // send sends w to the persistence actor's incarnation inc; after says that earlier writes of
