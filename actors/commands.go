@@ -214,7 +214,7 @@ func (s *Session) stopWork(c actor.Context) (ops []persistence.Op, cancelled int
 	cancelled = len(dropped)
 	if r := s.running; r != nil {
 		s.running = nil
-		s.cancelTurn(c, r)
+		s.cancelAwaited(c, r)
 		s.d.Metrics.TurnsTotal.WithLabelValues("cancelled").Inc()
 		for _, it := range append(slices.Clone(r.items), r.steered...) {
 			ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: persistence.StatusFailed, TurnID: r.id})

@@ -56,6 +56,22 @@ type SessionConfig struct {
 	ResetPolicies []ResetPolicy
 	// Prune configures the deletion of old ended sessions (off by default).
 	Prune PrunePolicy
+	// CancelWait bounds how long a session waits for the agent call of a turn it cancelled
+	// (an interrupt, /stop, a boundary) to return before it starts its next turn anyway
+	// (0: DefaultCancelWait).
+	CancelWait time.Duration
+}
+
+// DefaultCancelWait is SessionConfig.CancelWait when it is zero: twice the exec agent's default
+// kill grace, and a second, the longest its Run takes to return after a cancel.
+const DefaultCancelWait = 11 * time.Second
+
+// cancelWait is CancelWait, or its default.
+func (c *SessionConfig) cancelWait() time.Duration {
+	if c.CancelWait > 0 {
+		return c.CancelWait
+	}
+	return DefaultCancelWait
 }
 
 // PrunePolicy says when ended sessions are deleted.

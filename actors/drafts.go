@@ -84,6 +84,43 @@ func (s *Session) partial(c actor.Context, turnID string, group []*item) func(st
 // cancelTurn stops a running turn (its agent's context is cancelled) and drops its draft.
 func (s *Session) cancelTurn(c actor.Context, r *turnRun) {
 	c.Stop(r.pid)
+	s.dropDraft(c, r)
+}
+
+// cancelAwaited cancels a running turn the conversation moves past (an interrupt, /stop, a
+// boundary) and drops its draft; the next turn waits until the cancelled agent call has
+// returned (callEnded), so it never overlaps the cancelled command (G2): an exec command has
+// SIGTERM, then SIGKILL after its kill grace. The wait is bounded by CancelWait: an agent that
+// ignores its cancelled context must not hold the session for ever.
+func (s *Session) cancelAwaited(c actor.Context, r *turnRun) {
+	c.Send(r.pid, &cancelRun{})
+	s.dropDraft(c, r)
+	s.rare().ending = append(s.rare().ending, r.id)
+	s.timers(c).SendOnce(s.d.Config.cancelWait(), c.Self(), &cancelOverdue{TurnID: r.id})
+}
+
+// ending reports whether a cancelled turn's agent call has yet to return (cancelAwaited).
+func (s *Session) ending() bool { return s.unusual != nil && len(s.unusual.ending) > 0 }
+
+// onCallEnded takes a cancelled turn's call off the ones the next turn waits for: it has
+// returned, or (overdue) the wait for it is over.
+func (s *Session) onCallEnded(c actor.Context, turnID string, overdue bool) {
+	u := s.unusual
+	if u == nil || !slices.Contains(u.ending, turnID) {
+		return // returned already, or cancelled by an earlier incarnation
+	}
+	u.ending = slices.DeleteFunc(u.ending, func(id string) bool { return id == turnID })
+	if overdue {
+		s.logger().Warn("the agent call of a cancelled turn has not returned; the next turn starts anyway",
+			"turn", turnID, "waited", s.d.Config.cancelWait())
+	}
+	if s.dead {
+		return
+	}
+	s.tryStart(c)
+}
+
+func (s *Session) dropDraft(c actor.Context, r *turnRun) {
 	p := r.items[0].src.Platform
 	if pid := s.d.Platforms[p]; pid != nil && s.d.Editors[p] {
 		c.Send(pid, &DropDraft{SessionKey: s.key, TurnID: r.id})

@@ -158,6 +158,17 @@ type steerIn struct{ msg agents.Message }
 // agentPanicked carries a panic of the agent back into the actor, which hands it to the session.
 type agentPanicked struct{ value any }
 
+// cancelRun asks a turn to cancel its agent's call and to tell its session (callEnded) once
+// the call has returned; the turn then stops itself (Session.cancelAwaited).
+type cancelRun struct{}
+
+// callEnded tells a session that the agent call of a turn it cancelled has returned: the
+// cancelled command has exited, so the next turn may start (Session.cancelAwaited).
+type callEnded struct{ TurnID string }
+
+// cancelOverdue bounds a session's wait for a callEnded (SessionConfig.CancelWait).
+type cancelOverdue struct{ TurnID string }
+
 // Received by Platform.
 
 // StartIntake tells a platform actor to start its platform's Run loop with Deliver.

@@ -149,6 +149,10 @@ type modelAgent struct {
 
 func (a *modelAgent) CanSteer() bool { return a.steer }
 
+// cancelCleanup is how long a turn cancelled while it waits takes to return, as a command does
+// that cleans up on SIGTERM: the next turn of its session must not start before (checkOrder).
+const cancelCleanup = 1500 * time.Millisecond
+
 func (a *modelAgent) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 	rec := &modelRun{ident: req.Identity, history: slices.Clone(req.History), start: time.Now()}
 	for _, m := range req.Messages {
@@ -183,6 +187,7 @@ wait:
 			a.mu.Unlock()
 			sub.Messages = append(sub.Messages, m)
 		case <-ctx.Done():
+			time.Sleep(cancelCleanup) // a command cleaning up on SIGTERM
 			a.mu.Lock()
 			rec.end, rec.cancelled = time.Now(), true
 			a.mu.Unlock()

@@ -80,6 +80,9 @@ type rareState struct {
 	// probation is the request for the probation token of a suspect message (Probation); nil
 	// when the session neither holds nor waits for it.
 	probation *probationRun
+	// ending are the turns cancelled by an interrupt, /stop or a boundary whose agent call has
+	// not returned yet: no turn starts before they have (cancelAwaited).
+	ending []string
 	// life survives restarts of this actor, so a new incarnation knows how often it crashed and
 	// on which messages. It is nil until the first crash: the failing incarnation creates it
 	// and files it in Deps.lifelines, where the next incarnation finds it; the last one removes
@@ -99,7 +102,7 @@ func (s *Session) rare() *rareState {
 // message it handles; no code keeps a pointer to it across messages.
 func (s *Session) tidyRare() {
 	if r := s.unusual; r != nil && r.continuity == "" && len(r.interrupted) == 0 && r.overdue == nil &&
-		len(r.unsure) == 0 && len(r.handoff) == 0 && r.probation == nil && r.life == nil {
+		len(r.unsure) == 0 && len(r.handoff) == 0 && r.probation == nil && r.life == nil && len(r.ending) == 0 {
 		s.unusual = nil
 	}
 }
@@ -256,6 +259,10 @@ func (s *Session) Receive(c actor.Context) {
 		s.onRecover(c)
 	case *debounceTick:
 		s.tryStart(c)
+	case *callEnded:
+		s.onCallEnded(c, m.TurnID, false)
+	case *cancelOverdue:
+		s.onCallEnded(c, m.TurnID, true)
 	case *resendTick:
 		s.resend(c)
 	case *probationGranted:
@@ -467,7 +474,7 @@ func (s *Session) onIdle(c actor.Context) {
 	if s.passivating || s.d.Config.PassivateAfter <= 0 {
 		return
 	}
-	if time.Since(s.lastTouched) >= s.d.Config.PassivateAfter && s.running == nil && len(s.queue) == 0 &&
+	if time.Since(s.lastTouched) >= s.d.Config.PassivateAfter && s.running == nil && !s.ending() && len(s.queue) == 0 &&
 		len(s.inflight) == 0 && !s.d.Spooling.Load() {
 		s.passivating = true
 		c.Send(c.Parent(), &passivate{key: s.key, pid: c.Self()})
@@ -486,7 +493,7 @@ func (s *Session) onIdle(c actor.Context) {
 // successor was never told to run what the session left queued
 // (TestLeavingManagersDrainWaitsForTheHandOver).
 func (s *Session) updateBusy(c actor.Context) {
-	busy := s.running != nil || len(s.inflight) > 0
+	busy := s.running != nil || s.ending() || len(s.inflight) > 0
 	if !busy && (s.leaving || s.fencedOut) && !s.passivating {
 		return // it hands over next (leaveIfIdle, stopWhenSettled), and says so first
 	}
@@ -579,7 +586,7 @@ func (s *Session) leave(c actor.Context, why string) {
 // stored). It stops as a fenced session does; the messages it still holds queued are pending
 // in the store, and its manager has the key's successor run them (passivate.rerun).
 func (s *Session) leaveIfIdle(c actor.Context) {
-	if !s.leaving || s.fencedOut || s.running != nil || len(s.inflight) > 0 {
+	if !s.leaving || s.fencedOut || s.running != nil || s.ending() || len(s.inflight) > 0 {
 		return
 	}
 	s.logger().Info("the session hands its key on to another member", "pending", len(s.queue))

@@ -346,8 +346,10 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 	}
 	disp := platforms.Queued
 	switch {
-	case s.running == nil && len(s.queue) > 0 && s.queue[0] == it && !s.leaving && !s.fencedOut:
-		disp = platforms.Started // (a leaving or fenced session starts no turn: it hands the key on)
+	case s.running == nil && !s.ending() && len(s.queue) > 0 && s.queue[0] == it && !s.leaving && !s.fencedOut:
+		// (A leaving or fenced session starts no turn: it hands the key on. A cancelled turn
+		// still ending holds the next: the message is queued behind it.)
+		disp = platforms.Started
 	case s.running != nil && s.mode == ModeInterrupt && len(s.queue) > 0 && s.queue[0] == it:
 		s.interrupt(c) // the new message runs next
 		disp = platforms.Interrupted

@@ -36,7 +36,7 @@ func (s *Session) tryStart(c actor.Context) {
 		s.leaveIfIdle(c)
 		return
 	}
-	if s.running != nil || len(s.queue) == 0 || !s.queue[0].durable || s.halted {
+	if s.running != nil || s.ending() || len(s.queue) == 0 || !s.queue[0].durable || s.halted {
 		s.endOverdue(c)
 		s.updateBusy(c)
 		return
@@ -179,7 +179,7 @@ func (s *Session) interrupt(c actor.Context) {
 		return
 	}
 	s.running = nil
-	s.cancelTurn(c, r)
+	s.cancelAwaited(c, r)
 	s.d.Metrics.TurnsTotal.WithLabelValues("cancelled").Inc()
 	// Messages steered into the turn are cut short with it, as stopWork has them: left out,
 	// they stayed pending in the store and in no queue, never answered.

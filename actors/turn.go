@@ -14,8 +14,11 @@ import (
 // Turn runs one agent turn for its session, so the session stays responsive to commands and new
 // messages while the agent works. The agent runs in a goroutine owned by the turn; the goroutine
 // touches nothing but its own arguments and sends its result back with system.Root.Send.
-// Stopping the turn cancels the agent's context (interrupt, /stop, shutdown); the session stops
-// its turn when it has the result, when it stops, and when it restarts.
+// Stopping the turn cancels the agent's context (shutdown, a session's stop or restart); the
+// session stops its turn when it has the result, when it stops, and when it restarts. A turn
+// the conversation moves past (an interrupt, /stop, a boundary) is cancelled instead
+// (cancelRun): it tells its session when the agent's call has returned (callEnded), so the next
+// turn never overlaps the cancelled command, and then stops itself.
 //
 // A panic in the agent is carried back into Receive and handed to the session (turnPanicked),
 // which re-raises it: the session restarts with its state reloaded and runs the message again,
@@ -37,6 +40,9 @@ type Turn struct {
 
 	cancel context.CancelFunc
 	steer  chan agents.Message // into the steering relay; open while the agent runs, when it can steer
+
+	ended     bool // the agent's call has returned (its result went to the session)
+	cancelled bool // the session cancelled the call and waits for it to return (cancelRun)
 }
 
 // MaxSteered bounds the messages steered into one turn; more wait for the next turn.
@@ -72,6 +78,11 @@ func (t *Turn) Receive(c actor.Context) {
 		if t.session == nil {
 			return // stopped: the session no longer waits for it
 		}
+		t.ended = true
+		if t.cancelled {
+			t.callEnded(c)
+			return
+		}
 		// The session stops this actor when it has the result: a Terminated (a system message)
 		// would overtake the result in the session's mailbox and look like a crash.
 		t.closeSteer()
@@ -88,8 +99,24 @@ func (t *Turn) Receive(c actor.Context) {
 		if t.session == nil {
 			return
 		}
+		t.ended = true
+		if t.cancelled {
+			t.callEnded(c) // the session no longer runs this turn: its panic is nobody's to handle
+			return
+		}
 		t.closeSteer()
 		c.Send(t.session, &turnPanicked{TurnID: t.turnID, Err: fmt.Errorf("turn %s: agent panicked: %v", t.turnID, m.value)})
+	case *cancelRun:
+		if t.session == nil || t.cancelled {
+			return
+		}
+		t.cancelled = true
+		if t.ended {
+			t.callEnded(c) // it returned before the cancel: its result is the session's to ignore
+			return
+		}
+		t.closeSteer()
+		t.cancel()
 	case *actor.Stopping:
 		t.closeSteer()
 		if t.cancel != nil {
@@ -99,6 +126,12 @@ func (t *Turn) Receive(c actor.Context) {
 	case *actor.Stopped:
 		t.release()
 	}
+}
+
+// callEnded tells the session that the call it cancelled has returned, and stops the turn.
+func (t *Turn) callEnded(c actor.Context) {
+	c.Send(t.session, &callEnded{TurnID: t.turnID})
+	c.Stop(c.Self())
 }
 
 // release drops what the turn references beyond its own small state: the request (with its

@@ -252,6 +252,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			ResetPolicies: resetPolicies(cfg),
 			Prune: actors.PrunePolicy{Enabled: cfg.Sessions.Prune.Enabled,
 				After: cfg.Sessions.Prune.Retention, Every: cfg.Sessions.Prune.Interval},
+			// An exec command's Run returns at most about two kill graces after its cancel
+			// (SIGTERM, SIGKILL, then its output's pipes); an OpenAI request returns at once.
+			CancelWait: 2*killGrace(cfg) + time.Second,
 		},
 		Log: log, Metrics: d.metrics, Now: opts.Now, Node: hostname(), Run: run,
 		Editors: map[string]bool{}, DraftInterval: opts.DraftInterval, Fencing: opts.SharedStore,
@@ -733,4 +736,12 @@ func Preflight(cfg *config.Config, getenv func(string) string) []string {
 		out = append(out, fmt.Sprintf("agent.openai.api_key_env: %s is not set here; serve refuses to start without the API key", o.APIKeyEnv))
 	}
 	return out
+}
+
+// killGrace is the exec agent's kill grace as its Run applies it (zero: its default).
+func killGrace(cfg *config.Config) time.Duration {
+	if cfg.Agent.Exec.KillGrace > 0 {
+		return cfg.Agent.Exec.KillGrace
+	}
+	return agentexec.DefaultKillGrace
 }

@@ -343,3 +343,45 @@ func TestOldDuplicateInALongActivation(t *testing.T) {
 		t.Errorf("after the duplicates: %d replies, the last answering %v, want %d, [last]", len(sent), got, n+1)
 	}
 }
+
+// TestInterruptedCommandEndsBeforeTheNextTurn: in queue mode interrupt, m2 cuts m1's turn
+// short while m1's command runs; the command cleans up on SIGTERM for a moment before it
+// exits. m2's command starts only after m1's has exited: a cancelled command never overlaps
+// the next turn's (G2; before, m2's command started at once, beside m1's cleanup).
+func TestInterruptedCommandEndsBeforeTheNextTurn(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "log")
+	script := fmt.Sprintf(`log=%q
+echo "start $AGENTGATE_MESSAGE_ID" >> "$log"
+if [ "$AGENTGATE_MESSAGE_ID" = m1 ]; then
+	trap 'sleep 0.3; echo "end m1" >> "$log"; exit 0' TERM
+	while :; do sleep 0.01; done
+fi
+echo "end $AGENTGATE_MESSAGE_ID" >> "$log"
+echo done`, log)
+	r := MustStart(t, MustExecAgent(t, script), func(c *config.Config) { c.Sessions.Queue.Mode = "interrupt" })
+	r.inject(t, dm, "m1", "first")
+	for ctx := t.Context(); ; {
+		if b, _ := os.ReadFile(log); strings.Contains(string(b), "start m1") {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("m1's command never started")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if ack := r.inject(t, dm, "m2", "second"); ack.Disposition != platforms.Interrupted {
+		t.Fatalf("m2: %s, want interrupted", ack.Disposition)
+	}
+	out := r.waitSent(t, 1)[0]
+	if !slices.Equal(out.InReplyTo, []string{"m1", "m2"}) {
+		t.Errorf("the reply answers %v, want [m1 m2]", out.InReplyTo)
+	}
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Split(strings.TrimSpace(string(b)), "\n"), []string{"start m1", "end m1", "start m2", "end m2"}; !slices.Equal(got, want) {
+		t.Errorf("the commands ran %q, want %q", got, want)
+	}
+}

@@ -1,0 +1,130 @@
+package actors
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// slowToEnd is an agent whose m1 runs until it is cancelled and then takes ending seconds to
+// return, as a command does that cleans up on SIGTERM; every other message answers at once.
+// It logs when each call starts and returns.
+type slowToEnd struct {
+	ending time.Duration
+	mu     sync.Mutex
+	log    []string
+}
+
+func (a *slowToEnd) note(s string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.log = append(a.log, s)
+}
+
+func (a *slowToEnd) events() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.log)
+}
+
+func (a *slowToEnd) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+	id := req.Identity.MessageID
+	a.note(id + " starts")
+	defer a.note(id + " returns")
+	if id == "m1" {
+		<-ctx.Done()
+		time.Sleep(a.ending)
+		return nil, ctx.Err()
+	}
+	return &agents.Response{Text: "ok " + id}, nil
+}
+
+// TestNextTurnWaitsForTheCancelledCall: m1's turn is cancelled while it runs (by an interrupt,
+// /stop or /new), and its agent takes 3 s to return, as a command that cleans up on SIGTERM
+// does. The next message's turn starts only once m1's call has returned: turns run one at a
+// time (G2), and a cancelled command never overlaps the next (before, the next turn started at
+// once, while the cancelled one was still running).
+func TestNextTurnWaitsForTheCancelledCall(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mode   string
+		cancel string // the command that cancels m1's turn ("": m2 interrupts it)
+	}{
+		{name: "interrupt", mode: ModeInterrupt},
+		{name: "stop", mode: ModeFollowup, cancel: "/stop"},
+		{name: "new", mode: ModeFollowup, cancel: "/new"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				agent := &slowToEnd{ending: 3 * time.Second}
+				w := newManagerWorld(t, agent, func(d *Deps) { d.Config.QueueMode = tc.mode })
+				if r := w.deliver(t, "m1", "first"); r.Disposition != platforms.Started {
+					t.Fatalf("m1: %+v, want started", r)
+				}
+				synctest.Wait()
+				if tc.cancel != "" {
+					if r := w.deliver(t, "k1", tc.cancel); r.Disposition != platforms.Command {
+						t.Fatalf("%s: %+v", tc.cancel, r)
+					}
+				}
+				want := platforms.Queued // behind the cancelled call, still ending
+				if tc.cancel == "" {
+					want = platforms.Interrupted
+				}
+				if r := w.deliver(t, "m2", "second"); r.Disposition != want {
+					t.Errorf("m2: %+v, want %s", r, want)
+				}
+				time.Sleep(time.Minute)
+				synctest.Wait()
+
+				calls := []string{"m1 starts", "m1 returns", "m2 starts", "m2 returns"}
+				if got := agent.events(); !slices.Equal(got, calls) {
+					t.Errorf("agent calls: %q, want %q (m2's turn waits for m1's cancelled call)", got, calls)
+				}
+			})
+		})
+	}
+}
+
+// TestCancelWaitIsBounded: an agent that ignores its cancelled context does not hold the
+// session for ever: the next turn starts once CancelWait has passed.
+func TestCancelWaitIsBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		started := make(chan string, 2)
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			started <- req.Identity.MessageID
+			if req.Identity.MessageID == "m1" {
+				<-release // deaf to the cancel
+			}
+			return &agents.Response{Text: "ok"}, nil
+		})
+		defer close(release)
+		w := newManagerWorld(t, agent, func(d *Deps) {
+			d.Config.QueueMode = ModeInterrupt
+			d.Config.CancelWait = 30 * time.Second
+		})
+		w.deliver(t, "m1", "first")
+		synctest.Wait()
+		if r := w.deliver(t, "m2", "second"); r.Disposition != platforms.Interrupted {
+			t.Fatalf("m2: %+v, want interrupted", r)
+		}
+		<-started // m1
+		time.Sleep(29 * time.Second)
+		synctest.Wait()
+		if len(started) != 0 {
+			t.Fatal("m2 started before CancelWait had passed")
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if len(started) != 1 || <-started != "m2" {
+			t.Fatal("m2 has not started once CancelWait had passed")
+		}
+	})
+}
