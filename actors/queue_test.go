@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"runtime"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -67,6 +68,48 @@ func TestRedeliveryToFullQueueIsDuplicate(t *testing.T) {
 		}
 		if r := w.deliver(t, "m0", "zero"); r.Disposition != platforms.Duplicate || r.ErrorCode != "" {
 			t.Errorf("m0 re-delivered to a full queue: disposition %q error %q, want duplicate", r.Disposition, r.ErrorCode)
+		}
+	})
+}
+
+// TestQueueCapHoldsWhileDebounceHoldsTheHead: with debounce, a burst waits for its sender to
+// be quiet before any turn runs. The cap still bounds the messages behind the head, which
+// runs next: with a cap of 2 under overflow reject, a burst of 5 keeps 3 and rejects 2, and
+// one turn answers the 3. (Before, the cap counted only behind a running turn: the whole
+// burst was taken, past the cap.)
+func TestQueueCapHoldsWhileDebounceHoldsTheHead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ran := make(chan []string, 4)
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			var ids []string
+			for _, m := range req.Messages {
+				ids = append(ids, m.MessageID)
+			}
+			ran <- ids
+			return &agents.Response{Text: "ok"}, nil
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) {
+			d.Config.Debounce, d.Config.QueueCap, d.Config.Overflow = 2*time.Second, 2, "reject"
+		})
+		var taken, rejected []string
+		for _, id := range []string{"m1", "m2", "m3", "m4", "m5"} {
+			switch r := w.deliver(t, id, id); r.Disposition {
+			case platforms.Rejected:
+				rejected = append(rejected, id)
+			default:
+				taken = append(taken, id)
+			}
+		}
+		if !slices.Equal(taken, []string{"m1", "m2", "m3"}) || !slices.Equal(rejected, []string{"m4", "m5"}) {
+			t.Errorf("taken %v, rejected %v; want [m1 m2 m3] and [m4 m5]", taken, rejected)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if len(ran) != 1 {
+			t.Fatalf("%d turns ran, want 1", len(ran))
+		}
+		if got := <-ran; !slices.Equal(got, []string{"m1", "m2", "m3"}) {
+			t.Errorf("the turn ran %v, want [m1 m2 m3]", got)
 		}
 	})
 }

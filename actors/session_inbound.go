@@ -42,7 +42,15 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 	} else {
 		s.d.Metrics.QueueDepth.Observe(float64(waiting))
 	}
-	if s.running != nil && waiting >= s.d.Config.QueueCap {
+	// The cap counts the messages behind the next turn: behind the running one, or behind the
+	// head of the queue when a debounce window or a cancelled call still ending holds it (it
+	// runs next). Before, only a running turn counted, and a held head let the queue grow
+	// past the cap.
+	behind := waiting
+	if s.running == nil && waiting > 0 {
+		behind--
+	}
+	if behind >= s.d.Config.QueueCap {
 		s.d.Metrics.QueueOverflow.WithLabelValues(s.d.Config.Overflow).Inc()
 		if s.d.Config.Overflow == "reject" {
 			if m.MessageId != "" {
