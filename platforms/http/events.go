@@ -151,9 +151,13 @@ func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
 
 // resumePoint is the Last-Event-ID header, else the after query parameter, else 0.
 func resumePoint(r *http.Request) (int64, *apiError) {
+	q, aerr := query(r)
+	if aerr != nil {
+		return 0, aerr
+	}
 	v, src := r.Header.Get("Last-Event-ID"), "Last-Event-ID"
 	if v == "" {
-		v, src = r.URL.Query().Get("after"), "after"
+		v, src = q.Get("after"), "after"
 	}
 	if v == "" {
 		return 0, nil

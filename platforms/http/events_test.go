@@ -94,6 +94,9 @@ func TestEventsResumePoint(t *testing.T) {
 		{"invalid header", "abc", "", 0, CodeInvalidEventID},
 		{"negative header", "-1", "", 0, CodeInvalidEventID},
 		{"invalid query", "", "?after=x", 0, CodeInvalidEventID},
+		// A malformed pair is not dropped: the resume point it may have meant is not guessed.
+		{"malformed query", "", "?after=2;x", 0, CodeInvalidQuery},
+		{"bad escape", "", "?after=%zz", 0, CodeInvalidQuery},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -103,9 +103,9 @@ func (p *Platform) handleMessages(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Platform) parseWait(r *http.Request) (time.Duration, *apiError) {
-	q, err := url.ParseQuery(r.URL.RawQuery)
-	if err != nil {
-		return 0, badRequest(CodeInvalidQuery, "the query string is malformed: "+err.Error())
+	q, aerr := query(r)
+	if aerr != nil {
+		return 0, aerr
 	}
 	if !q.Has("wait") {
 		return 0, nil
@@ -417,4 +417,15 @@ func parseSeq(s string) (int64, error) {
 		return 0, fmt.Errorf("parse seq %q: not a non-negative integer", s)
 	}
 	return n, nil
+}
+
+// query parses the request's query string. url.URL.Query drops a malformed pair (a bad
+// escape, a semicolon) without a word, so a client's typo would silently change the request:
+// it is a 400 invalid_query instead.
+func query(r *http.Request) (url.Values, *apiError) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return nil, badRequest(CodeInvalidQuery, "the query string is malformed: "+err.Error())
+	}
+	return q, nil
 }

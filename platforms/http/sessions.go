@@ -23,7 +23,11 @@ func (p *Platform) handleList(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	q := r.URL.Query()
+	q, aerr := query(r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
 	f := ListRequest{
 		Platform: q.Get("platform"),
 		State:    q.Get("state"),

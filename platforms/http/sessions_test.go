@@ -124,6 +124,7 @@ func TestListSessions(t *testing.T) {
 		{"bad state", "?state=sleeping", ListRequest{}, CodeInvalidQuery},
 		{"zero limit", "?limit=0", ListRequest{}, CodeInvalidQuery},
 		{"bad limit", "?limit=many", ListRequest{}, CodeInvalidQuery},
+		{"malformed pair", "?state=active&platform=%zz", ListRequest{}, CodeInvalidQuery},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -28,7 +28,11 @@ func (p *Platform) handleTranscript(w http.ResponseWriter, r *http.Request) {
 		aerr.write(w)
 		return
 	}
-	q := r.URL.Query()
+	q, aerr := query(r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
 	req := TranscriptRequest{SessionID: q.Get("session_id")}
 	if aerr := checkID("session_id", req.SessionID, MaxIDBytes); aerr != nil {
 		aerr.code = CodeInvalidQuery
