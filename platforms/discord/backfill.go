@@ -132,7 +132,7 @@ func (p *Platform) backfill() {
 		slices.SortFunc(chans, func(a, b from) int { return compareSnowflakes(a.id, b.id) })
 		return chans
 	}
-	fetched, old, failed := 0, 0, 0
+	fetched, old, failed, gone := 0, 0, 0, 0
 	var firstErr error // one warning per READY, not one per channel (a missing permission fails them all)
 	for chans := unreadChans(); len(chans) > 0; chans = unreadChans() {
 		for _, c := range chans {
@@ -141,6 +141,12 @@ func (p *Platform) backfill() {
 			var readErr error
 			for range backfillPages {
 				ms, err := p.historyRetried(ctx, c.channel, after)
+				if err != nil && restStatus(err) == http.StatusNotFound {
+					// The channel or thread is gone (deleted, or a thread Discord refused to
+					// open): nothing in it waits for an answer, and no permission is missing.
+					gone++
+					break
+				}
 				if err != nil {
 					if failed++; firstErr == nil {
 						firstErr = fmt.Errorf("channel %s: %w", c.channel, err)
@@ -183,9 +189,14 @@ func (p *Platform) backfill() {
 		return
 	}
 	p.log.Info("discord gateway session was new: read what was missed", "channels", len(read), "messages", fetched,
-		"older_than_window", old, "failed", failed)
-	if firstErr != nil {
+		"older_than_window", old, "failed", failed, "gone", gone)
+	switch {
+	case firstErr == nil:
+	case restStatus(firstErr) == http.StatusForbidden:
 		p.log.Warn("discord backfill: cannot read the history of some channels (the bot needs the Read Message History permission); what was said in them while disconnected is not answered",
+			"channels", failed, "first_err", firstErr)
+	default:
+		p.log.Warn("discord backfill: cannot read the history of some channels; what was said in them while disconnected is not answered",
 			"channels", failed, "first_err", firstErr)
 	}
 }

@@ -794,8 +794,30 @@ func TestBackfillWithoutHistoryPermission(t *testing.T) {
 			warnings = append(warnings, line)
 		}
 	}
-	if len(warnings) != 1 || !strings.Contains(warnings[0], "channels=2") || !strings.Contains(warnings[0], "403") {
-		t.Errorf("warnings about the history = %q, want one naming 2 channels and the 403", warnings)
+	if len(warnings) != 1 || !strings.Contains(warnings[0], "channels=2") || !strings.Contains(warnings[0], "403") ||
+		!strings.Contains(warnings[0], "Read Message History") {
+		t.Errorf("warnings about the history = %q, want one naming 2 channels, the 403 and the permission", warnings)
+	}
+}
+
+// TestBackfillOfAGoneChannelIsNoWarning: a channel whose history Discord answers 404 (deleted,
+// or a thread it refused to open) holds nothing to answer and lacks no permission: the backfill
+// counts it gone in its INFO line, and warns of nothing. (Before, it warned that the bot
+// needed the Read Message History permission.)
+func TestBackfillOfAGoneChannelIsNoWarning(t *testing.T) {
+	w := startWorld(t, echoAgent, nil)
+	w.answeredInBoth(t)
+	w.srv.FailNext("GET", "/messages", http.StatusNotFound, 2) // the DM's and the channel's
+	w.srv.InvalidateSession()
+	w.srv.WaitReady(t)
+	after := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "after"})
+	w.replyTo(t, dmID, after.ID)
+	log := w.log.String()
+	if strings.Contains(log, "cannot read the history") {
+		t.Errorf("a gone channel was warned of:\n%s", log)
+	}
+	if !strings.Contains(log, "gone=2") {
+		t.Errorf("the backfill's INFO line does not count the 2 gone channels:\n%s", log)
 	}
 }
 

@@ -234,6 +234,15 @@ func refusedForGood(err error) bool {
 	}
 }
 
+// restStatus is the HTTP status of a REST error, or 0.
+func restStatus(err error) int {
+	var re *discordgo.RESTError
+	if errors.As(err, &re) && re.Response != nil {
+		return re.Response.StatusCode
+	}
+	return 0
+}
+
 // apiCode is Discord's JSON error code of err, or 0.
 func apiCode(err error) int {
 	var re *discordgo.RESTError
