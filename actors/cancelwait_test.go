@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -71,6 +72,16 @@ func TestNextTurnWaitsForTheCancelledCall(t *testing.T) {
 				if tc.cancel != "" {
 					if r := w.deliver(t, "k1", tc.cancel); r.Disposition != platforms.Command {
 						t.Fatalf("%s: %+v", tc.cancel, r)
+					}
+					w.deliver(t, "k2", "/status")
+					var status string
+					for status == "" {
+						if o := (<-w.sent).Out; slices.Contains(o.InReplyTo, "k2") {
+							status = o.Text
+						}
+					}
+					if !strings.Contains(status, "still ending") {
+						t.Errorf("/status while m1's call ends: %q, want it to say so", status)
 					}
 				}
 				want := platforms.Queued // behind the cancelled call, still ending

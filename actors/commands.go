@@ -324,9 +324,12 @@ func (s *Session) statusText(now time.Time) string {
 		id = s.cur.ID
 	}
 	fmt.Fprintf(&b, "Session %s\nKey: %s\nQueue: %d waiting (mode %s, cap %d)\n", id, s.key, s.waiting(), s.mode, s.d.Config.QueueCap)
-	if s.running != nil {
+	switch {
+	case s.running != nil:
 		fmt.Fprintf(&b, "Running: turn %s for %s\n", s.running.id, now.Sub(s.running.started).Round(time.Second))
-	} else {
+	case s.ending():
+		b.WriteString("Running: nothing (a cancelled turn's command is still ending; the next turn waits for it)\n")
+	default:
 		b.WriteString("Running: nothing\n")
 	}
 	if !s.lastActivity.IsZero() {

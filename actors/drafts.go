@@ -14,6 +14,7 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/scheduler"
 )
 
 // Streaming drafts. When a session's platform is a platforms.Editor, the session gives its
@@ -95,8 +96,14 @@ func (s *Session) cancelTurn(c actor.Context, r *turnRun) {
 func (s *Session) cancelAwaited(c actor.Context, r *turnRun) {
 	c.Send(r.pid, &cancelRun{})
 	s.dropDraft(c, r)
-	s.rare().ending = append(s.rare().ending, r.id)
-	s.timers(c).SendOnce(s.d.Config.cancelWait(), c.Self(), &cancelOverdue{TurnID: r.id})
+	stop := s.timers(c).SendOnce(s.d.Config.cancelWait(), c.Self(), &cancelOverdue{TurnID: r.id})
+	s.rare().ending = append(s.rare().ending, endingCall{turnID: r.id, stopTimer: stop})
+}
+
+// endingCall is a cancelled turn whose agent call has not returned yet (cancelAwaited).
+type endingCall struct {
+	turnID    string
+	stopTimer scheduler.CancelFunc // its cancelOverdue
 }
 
 // ending reports whether a cancelled turn's agent call has yet to return (cancelAwaited).
@@ -106,10 +113,15 @@ func (s *Session) ending() bool { return s.unusual != nil && len(s.unusual.endin
 // returned, or (overdue) the wait for it is over.
 func (s *Session) onCallEnded(c actor.Context, turnID string, overdue bool) {
 	u := s.unusual
-	if u == nil || !slices.Contains(u.ending, turnID) {
+	i := -1
+	if u != nil {
+		i = slices.IndexFunc(u.ending, func(e endingCall) bool { return e.turnID == turnID })
+	}
+	if i < 0 {
 		return // returned already, or cancelled by an earlier incarnation
 	}
-	u.ending = slices.DeleteFunc(u.ending, func(id string) bool { return id == turnID })
+	u.ending[i].stopTimer()
+	u.ending = slices.Delete(u.ending, i, i+1)
 	if overdue {
 		s.logger().Warn("the agent call of a cancelled turn has not returned; the next turn starts anyway",
 			"turn", turnID, "waited", s.d.Config.cancelWait())

@@ -82,7 +82,7 @@ type rareState struct {
 	probation *probationRun
 	// ending are the turns cancelled by an interrupt, /stop or a boundary whose agent call has
 	// not returned yet: no turn starts before they have (cancelAwaited).
-	ending []string
+	ending []endingCall
 	// life survives restarts of this actor, so a new incarnation knows how often it crashed and
 	// on which messages. It is nil until the first crash: the failing incarnation creates it
 	// and files it in Deps.lifelines, where the next incarnation finds it; the last one removes
@@ -283,6 +283,12 @@ func (s *Session) Receive(c actor.Context) {
 		if s.stopResend != nil { // a stopped actor re-sends nothing
 			s.stopResend()
 			s.stopResend = nil
+		}
+		if u := s.unusual; u != nil {
+			for _, e := range u.ending { // the cancelled calls end on their own; nobody waits
+				e.stopTimer()
+			}
+			u.ending = nil
 		}
 		// A message whose write is still in flight gets an honest answer, not silence: a stop
 		// that does not wait for the session's writes (a daemon stopping past its drain, a
