@@ -10,16 +10,18 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 )
 
-// slowToEnd is an agent whose m1 runs until it is cancelled and then takes ending seconds to
-// return, as a command does that cleans up on SIGTERM; every other message answers at once.
+// slowToEnd is an agent whose m1 runs (its first time) until it is cancelled and then takes
+// ending to return, as a command does that cleans up on SIGTERM; every other message answers at once.
 // It logs when each call starts and returns.
 type slowToEnd struct {
 	ending time.Duration
 	mu     sync.Mutex
 	log    []string
+	calls  int // of m1
 }
 
 func (a *slowToEnd) note(s string) {
@@ -38,7 +40,13 @@ func (a *slowToEnd) Run(ctx context.Context, req *agents.Request) (*agents.Respo
 	id := req.Identity.MessageID
 	a.note(id + " starts")
 	defer a.note(id + " returns")
+	a.mu.Lock()
+	first := id == "m1" && a.calls == 0
 	if id == "m1" {
+		a.calls++
+	}
+	a.mu.Unlock()
+	if first { // a rerun of m1 answers at once
 		<-ctx.Done()
 		time.Sleep(a.ending)
 		return nil, ctx.Err()
@@ -136,6 +144,36 @@ func TestCancelWaitIsBounded(t *testing.T) {
 		synctest.Wait()
 		if len(started) != 1 || <-started != "m2" {
 			t.Fatal("m2 has not started once CancelWait had passed")
+		}
+	})
+}
+
+// sessionsOfKeyPanics is a store whose SessionsOfKey panics: /resume crashes the session.
+type sessionsOfKeyPanics struct{ persistence.Store }
+
+func (sessionsOfKeyPanics) SessionsOfKey(context.Context, string, int) ([]persistence.Session, error) {
+	panic("store bug")
+}
+
+// TestRerunAfterACrashWaitsForTheCancelledCall: the session crashes (a store bug under
+// /resume) while m1's turn runs, whose agent takes 3 s to return once cancelled. The restarted
+// session runs m1 again only once the first call has returned: a crash is no reason for two
+// calls of one session to overlap (before, the rerun started at once).
+func TestRerunAfterACrashWaitsForTheCancelledCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		agent := &slowToEnd{ending: 3 * time.Second}
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Store = sessionsOfKeyPanics{d.Store} })
+		if r := w.deliver(t, "m1", "first"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		synctest.Wait()
+		w.request("k1", "/resume earlier") // never answered: the session crashes on it
+		time.Sleep(time.Minute)
+		synctest.Wait()
+
+		calls := []string{"m1 starts", "m1 returns", "m1 starts", "m1 returns"}
+		if got := agent.events(); !slices.Equal(got, calls) {
+			t.Errorf("agent calls: %q, want %q (the rerun waits for the cancelled call)", got, calls)
 		}
 	})
 }

@@ -27,9 +27,11 @@ func (s *Session) onRestarting(c actor.Context) {
 	life.suspects = nil
 	s.endProbation(c) // the next incarnation asks again if its head is still a suspect
 	if s.running != nil {
-		// The turn is no child of the session: stop it here. Its draft is marked interrupted
-		// now: a message quarantined at its last crash has no rerun whose stream would.
-		s.cancelTurn(c, s.running)
+		// The turn is no child of the session: cancel it here, and have the next incarnation
+		// wait for its agent's call to return before it runs the message again. Its draft is
+		// marked interrupted now: a message quarantined at its last crash has no rerun whose
+		// stream would.
+		s.cancelAwaited(c, s.running)
 		s.d.Metrics.TurnsTotal.WithLabelValues("crashed").Inc()
 		for _, it := range s.running.items {
 			life.suspects = append(life.suspects, it.seq)
@@ -42,6 +44,9 @@ func (s *Session) onRestarting(c actor.Context) {
 	s.answerOrphans(c, "session restarted before the message was stored; retry with the same message_id")
 	if s.busy {
 		c.Send(c.Parent(), &busyChanged{key: s.key, busy: false})
+	}
+	if u := s.unusual; u != nil {
+		life.ending, u.ending = u.ending, nil
 	}
 	s.logger().Warn("session restarting", "restarts", life.restarts, "running", life.suspects)
 	// The failed incarnation still sees its children terminate before it is replaced; it must

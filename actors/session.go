@@ -133,6 +133,10 @@ type lifeline struct {
 	// leaving: the member was leaving the cluster when the last incarnation crashed (Leave);
 	// the next one starts no turn either, and hands the key on.
 	leaving bool
+	// ending are the cancelled turns whose agent calls had not returned when the last
+	// incarnation crashed: the next one waits for them as it would (cancelAwaited). Their
+	// callEnded and cancelOverdue reach it (the PID survives the restart).
+	ending []endingCall
 }
 
 // item is one inbound message waiting for (or in) a turn.
@@ -312,6 +316,7 @@ func (s *Session) start(c actor.Context) {
 		life := l.(*lifeline)
 		s.rare().life = life
 		s.leaving = life.leaving
+		s.rare().ending, life.ending = life.ending, nil
 	}
 	s.mode = s.d.Config.QueueMode
 	s.activatedAt = s.d.now()
