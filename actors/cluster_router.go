@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
 	"github.com/asynkron/protoactor-go/remote"
@@ -86,6 +87,7 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 	deadline := time.Now().Add(timeout)
 	lastErr := errors.New("no member took the session")
 	var stopped *DeliverResult // the last ErrCodeStopped answer, given if no attempt succeeds
+	reached := false           // an attempt got no answer: it may have reached the session
 	for attempt := 0; ; attempt++ {
 		remaining := time.Until(deadline)
 		if remaining <= 0 {
@@ -104,6 +106,9 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 				r.log.Debug("cluster router: the session stopped before it stored the message; sending it again",
 					"session", key, "message_id", dr.MessageId, "attempt", attempt+1)
 			} else if err == nil {
+				if reached {
+					return taken(msg, res), nil
+				}
 				return res, nil
 			} else if !errors.Is(err, actor.ErrTimeout) && !errors.Is(err, actor.ErrDeadLetter) &&
 				!errors.Is(err, remote.ErrTimeout) && !errors.Is(err, remote.ErrDeadLetter) {
@@ -111,6 +116,7 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 			}
 			r.c.PidCache.RemoveByValue(key, SessionKind, pid)
 			lastErr = err
+			reached = reached || errors.Is(err, actor.ErrTimeout) || errors.Is(err, remote.ErrTimeout)
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -128,4 +134,25 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 		return stopped, nil
 	}
 	return nil, fmt.Errorf("request %T to %s: %w (last: %v)", msg, key, ErrTimeout, lastErr)
+}
+
+// taken is the answer to a Deliver sent again after an attempt that got no answer (its member
+// was slow to activate the session, or died). When that attempt stored the message, the
+// session answers the new one as a duplicate; but the sender delivered it once, and the
+// acknowledgment must say that it was taken (G4), not that it had been sent before. What the
+// first attempt was answered is lost: the message is stored and its turn comes (or came), so it
+// is acknowledged queued, a command as a command. A platform's own re-delivery that meets such
+// a retry is acknowledged the same way; it is answered once all the same.
+func taken(msg, res any) any {
+	d, ok := msg.(*Deliver)
+	r, isResult := res.(*DeliverResult)
+	if !ok || !isResult || r.ErrorCode != "" || r.Disposition != platforms.Duplicate {
+		return res
+	}
+	r = proto.Clone(r).(*DeliverResult)
+	r.Disposition = platforms.Queued
+	if _, cmd := parseCommand(d.Text); cmd {
+		r.Disposition = platforms.Command
+	}
+	return r
 }

@@ -1,0 +1,66 @@
+//go:build !race
+
+// A multi-member cluster test: without -race, as cluster_test.go says why.
+
+package supervisor
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/actors"
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/agentgate/agentgate/persistence/postgres"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/cluster"
+)
+
+// TestClusterRetriedDeliveryIsNotADuplicate: a message whose key a dead member held (its
+// registration not yet expired) waits while the activation asks that member to let go, which
+// takes two unanswered Releases; the cluster router's attempt times out meanwhile and it sends
+// the message again. The first attempt stored the message, so the retry finds it stored: the
+// sender is still told the message was taken, not that it was a duplicate, and it is answered
+// once.
+//
+// Before, the retry's "duplicate" was the acknowledgment: the sender of a new message was told
+// it had already been sent (TestClusterHunt found it after a member was stopped abruptly).
+func TestClusterRetriedDeliveryIsNotADuplicate(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	a := startClusterOn(t, dsn, 1, okAgent, 0, func(c *config.Config) { c.Cluster.MemberTTL = time.Minute })[0]
+	defer a.stop(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	// A member that died a moment ago: registered, live by its ttl, its port closed.
+	dead := postgres.Member{ID: "dead", Host: "127.0.0.1", Port: port, Kinds: []string{actors.SessionKind}, Node: "vm/r_dead"}
+	if _, err := a.d.members.Heartbeat(t.Context(), a.d.cfg.Cluster.Name, dead, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	host, aPort, err := a.d.system.GetHostPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := ownerOf([]*cluster.Member{{Id: a.d.system.ID, Host: host, Port: int32(aPort), Kinds: dead.Kinds},
+		{Id: dead.ID, Host: dead.Host, Port: int32(dead.Port), Kinds: dead.Kinds}})
+	i := 0
+	for owner(a.d.intake.Key(chat(i))) != a.d.system.Address() {
+		i++
+	}
+	key := a.d.intake.Key(chat(i))
+	if _, err := a.d.store.Claim(t.Context(), key, dead.Node, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	ack := a.inject(t, chat(i), "m1", "hi")
+	if ack != nil && ack.Disposition != platforms.Started && ack.Disposition != platforms.Queued {
+		t.Errorf("the message's only delivery was acknowledged %q, want it taken (%q or %q)", ack.Disposition, platforms.Started, platforms.Queued)
+	}
+	waitReply(t, []*runtime{a}, "m1")
+	if n := repliesTo([]*runtime{a}, "m1"); n != 1 {
+		t.Errorf("m1 answered %d times, want once", n)
+	}
+}
