@@ -87,7 +87,7 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 	deadline := time.Now().Add(timeout)
 	lastErr := errors.New("no member took the session")
 	var stopped *DeliverResult // the last ErrCodeStopped answer, given if no attempt succeeds
-	reached := false           // an attempt got no answer: it may have reached the session
+	reached := false           // an attempt may have stored the message: no answer, or stopped
 	for attempt := 0; ; attempt++ {
 		remaining := time.Until(deadline)
 		if remaining <= 0 {
@@ -103,6 +103,7 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 			res, err := r.c.ActorSystem.Root.RequestFuture(pid, msg, min(remaining, clusterAttemptTimeout)).Result()
 			if dr, ok := res.(*DeliverResult); ok && err == nil && dr.ErrorCode == ErrCodeStopped {
 				stopped, err = dr, errors.New(dr.Error)
+				reached = true // its write may have committed
 				r.log.Debug("cluster router: the session stopped before it stored the message; sending it again",
 					"session", key, "message_id", dr.MessageId, "attempt", attempt+1)
 			} else if err == nil {
@@ -137,7 +138,8 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 }
 
 // taken is the answer to a Deliver sent again after an attempt that got no answer (its member
-// was slow to activate the session, or died). When that attempt stored the message, the
+// was slow to activate the session, or died) or was answered ErrCodeStopped (its session
+// stopped before its write was answered). When that attempt stored the message, the
 // session answers the new one as a duplicate; but the sender delivered it once, and the
 // acknowledgment must say that it was taken (G4), not that it had been sent before. What the
 // first attempt was answered is lost: the message is stored and its turn comes (or came), so it

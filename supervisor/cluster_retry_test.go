@@ -5,16 +5,20 @@
 package supervisor
 
 import (
+	"context"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/agentgate/agentgate/actors"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/cluster"
+	"github.com/jackc/pgx/v5"
 )
 
 // TestClusterRetriedDeliveryIsNotADuplicate: a message whose key a dead member held (its
@@ -63,4 +67,85 @@ func TestClusterRetriedDeliveryIsNotADuplicate(t *testing.T) {
 	if n := repliesTo([]*runtime{a}, "m1"); n != 1 {
 		t.Errorf("m1 answered %d times, want once", n)
 	}
+}
+
+// TestClusterDeliveryStoppedAfterItsCommitIsNotADuplicate: a member stops past its drain while
+// a session's write of a new message has committed but not yet answered; the session answers
+// the message "stopped" (it may or may not be stored), and the cluster router sends it again to
+// the key's next owner, which finds it stored. The sender is told the message was taken, not
+// that it was a duplicate, and it is answered once.
+//
+// Before, the retry's "duplicate" was the acknowledgment (TestClusterHunt found it as members
+// left while messages arrived).
+func TestClusterDeliveryStoppedAfterItsCommitIsNotADuplicate(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	a := startClusterMember(t, dsn, okAgent, 5*time.Second)
+	defer a.stop(t)
+	held := &holdCommit{id: "x", committed: make(chan struct{}), release: make(chan struct{})}
+	releaseOnce := sync.OnceFunc(func() { close(held.release) })
+	defer releaseOnce()
+	b := MustStartDaemon(t, okAgent, daemonOpts{drain: 100 * time.Millisecond, tweak: clusterOn(dsn),
+		wrap: func(s persistence.Store) persistence.Store { held.Store = s; return held }})
+	waitUntil(t, func() bool {
+		return len(a.d.cluster.MemberList.Members().Members()) == 2 && len(b.d.cluster.MemberList.Members().Members()) == 2
+	})
+	owner := ownerOf(a.d.cluster.MemberList.Members().Members())
+	i := 0
+	for owner(a.d.intake.Key(chat(i))) != b.d.system.Address() {
+		i++
+	}
+	acked := make(chan *platforms.Ack, 1)
+	go func() { acked <- a.inject(t, chat(i), "x", "hi") }()
+	<-held.committed // stored, its answer held
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		b.stop(t)
+	}()
+	// b's sessions have stopped once it withdrew its registration (before its persistence
+	// actor stops, which waits for the held commit).
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	waitUntil(t, func() bool {
+		var n int
+		if err := conn.QueryRow(t.Context(), `SELECT COUNT(*) FROM members WHERE id = $1`, b.d.system.ID).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+	releaseOnce()
+	<-stopped
+	if ack := <-acked; ack != nil && ack.Disposition != platforms.Started && ack.Disposition != platforms.Queued {
+		t.Errorf("the message's only delivery was acknowledged %q, want it taken (%q or %q)", ack.Disposition, platforms.Started, platforms.Queued)
+	}
+	waitReply(t, []*runtime{a, b}, "x")
+	if n := repliesTo([]*runtime{a, b}, "x"); n != 1 {
+		t.Errorf("x answered %d times, want once", n)
+	}
+}
+
+// holdCommit is a store whose commit of the user message id returns only once release is
+// closed, after it has committed (committed is closed then).
+type holdCommit struct {
+	persistence.Store
+	id        string
+	committed chan struct{}
+	release   chan struct{}
+	once      sync.Once
+}
+
+func (s *holdCommit) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	errs := s.Store.Commit(ctx, groups)
+	for _, g := range groups {
+		for _, op := range g {
+			if m, ok := op.(*persistence.AppendMessage); ok && m.Message.MessageID == s.id {
+				s.once.Do(func() { close(s.committed) })
+				<-s.release
+			}
+		}
+	}
+	return errs
 }
