@@ -5,10 +5,14 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -25,6 +29,7 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/agentgate/agentgate/platforms"
+	httpplatform "github.com/agentgate/agentgate/platforms/http"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -85,7 +90,7 @@ func TestClusterHunt(t *testing.T) {
 	}
 }
 
-// clusterHuntSeeds are the seeds the suite always runs (~15 s each on 2 cores).
+// clusterHuntSeeds are the seeds the suite always runs (~35 s together on 2 cores).
 var clusterHuntSeeds = []uint64{1, 2}
 
 const clusterHuntSteps = 24
@@ -129,7 +134,9 @@ type huntAck struct {
 	id, text, cmd string
 	src           identity.Source
 	key           string
-	via           string // the member it went to
+	to            *huntMember // the member it went to
+	via           string
+	wait          bool // an HTTP client waits for its turn (?wait)
 	arrive        int
 	ack           *platforms.Ack
 	err           error
@@ -208,6 +215,8 @@ func newHunt(t *testing.T, seed uint64, exec agents.Agent) *hunt {
 		// One thread shared by two users: one session, two identities.
 		{Platform: "fake", ChatType: identity.ChatThread, ChatID: "g1", ThreadID: "th1", UserID: "u4", UserName: "Di", ScopeID: "guild"},
 		{Platform: "fake", ChatType: identity.ChatThread, ChatID: "g1", ThreadID: "th1", UserID: "u5", UserName: "Ed", ScopeID: "guild"},
+		// A chat of the HTTP API, whose clients may wait (?wait) on any member.
+		{Platform: "http", ChatType: identity.ChatDM, ChatID: "h1", UserID: "u6", UserName: "Flo"},
 	}
 	n := 2 + rng.IntN(2)
 	h.logf("config: members=%d mode=%s drain=%v", n, h.mode, h.drain)
@@ -362,10 +371,12 @@ func huntInt(text, tag string) int {
 func (h *hunt) run(steps int) {
 	for range steps {
 		switch p := h.rng.IntN(100); {
-		case p < 45:
+		case p < 30:
 			for range 1 + h.rng.IntN(4) {
 				h.message()
 			}
+		case p < 45:
+			h.burst()
 		case p < 62:
 			h.command()
 		case p < 66:
@@ -378,17 +389,21 @@ func (h *hunt) run(steps int) {
 	}
 }
 
-func (h *hunt) message() {
+func (h *hunt) message() { h.send(h.messageOf(h.srcs[h.rng.IntN(len(h.srcs))])) }
+
+func (h *hunt) messageOf(src identity.Source) (identity.Source, string, string, string) {
 	h.nextID++
 	id := fmt.Sprint("m", h.nextID)
 	d := h.rng.IntN(200)
 	if h.rng.IntN(5) == 0 {
 		d = 500 + h.rng.IntN(2000) // a slow turn: it may outlast a member's drain
 	}
-	h.send(h.srcs[h.rng.IntN(len(h.srcs))], id, fmt.Sprintf("%s d=%d", id, d), "")
+	return src, id, fmt.Sprintf("%s d=%d", id, d), ""
 }
 
-func (h *hunt) command() {
+func (h *hunt) command() { h.send(h.commandOf(h.srcs[h.rng.IntN(len(h.srcs))])) }
+
+func (h *hunt) commandOf(src identity.Source) (identity.Source, string, string, string) {
 	h.nextID++
 	id := fmt.Sprint("k", h.nextID)
 	var text string
@@ -405,7 +420,7 @@ func (h *hunt) command() {
 		text = "/status"
 	}
 	cmd, _, _ := strings.Cut(strings.TrimPrefix(text, "/"), " ")
-	h.send(h.srcs[h.rng.IntN(len(h.srcs))], id, text, cmd)
+	return src, id, text, cmd
 }
 
 // redeliver sends an earlier message again, with its id, through a random member (a
@@ -420,18 +435,121 @@ func (h *hunt) redeliver() {
 }
 
 func (h *hunt) send(src identity.Source, id, text, cmd string) *huntAck {
+	a := h.plan(src, id, text, cmd)
+	h.deliver(a)
+	h.record(a)
+	return a
+}
+
+// plan draws where a delivery goes (and whether an HTTP client waits) and gives it its place in
+// the order of arrival; deliver sends it. Within a key, deliveries are sent in plan order.
+func (h *hunt) plan(src identity.Source, id, text, cmd string) *huntAck {
 	live := h.live()
 	m := live[h.rng.IntN(len(live))]
-	a := &huntAck{id: id, text: text, cmd: cmd, src: src, key: m.r.d.intake.Key(src), via: m.name, arrive: len(h.acks)}
+	a := &huntAck{id: id, text: text, cmd: cmd, src: src, key: m.r.d.intake.Key(src), to: m, via: m.name, arrive: len(h.acks),
+		wait: src.Platform == "http" && h.rng.IntN(3) == 0}
+	h.acks = append(h.acks, a)
+	return a
+}
+
+func (h *hunt) deliver(a *huntAck) {
 	ctx, cancel := context.WithTimeout(h.t.Context(), 60*time.Second)
 	defer cancel()
-	a.ack, a.err = m.r.fake.Inject(ctx, &platforms.Inbound{Source: src, MessageID: id, Text: text})
-	h.acks = append(h.acks, a)
-	if first, ok := h.byID[id]; !ok || !first.accepted() && a.accepted() {
-		h.byID[id] = a
+	if a.src.Platform == "http" {
+		a.ack, a.err = h.post(ctx, a)
+	} else {
+		a.ack, a.err = a.to.r.fake.Inject(ctx, &platforms.Inbound{Source: a.src, MessageID: a.id, Text: a.text})
 	}
-	h.logf("%s %s via %s %q → %s", id, src.UserID, m.name, text, a.describe())
-	return a
+	h.logf("%s %s via %s %q → %s", a.id, a.src.UserID, a.via, a.text, a.describe())
+}
+
+// record makes a the delivery of its id that counts: the first, or the first taken.
+func (h *hunt) record(a *huntAck) {
+	if first, ok := h.byID[a.id]; !ok || !first.accepted() && a.accepted() {
+		h.byID[a.id] = a
+	}
+}
+
+// burst sends messages and commands of several chats at once: each chat's in order, on a
+// goroutine of its own.
+func (h *hunt) burst() {
+	var keys []string
+	byKey := map[string][]*huntAck{}
+	for range 2 + h.rng.IntN(3) {
+		src := h.srcs[h.rng.IntN(len(h.srcs))]
+		for range 1 + h.rng.IntN(3) {
+			var a *huntAck
+			if h.rng.IntN(5) == 0 {
+				a = h.plan(h.commandOf(src))
+			} else {
+				a = h.plan(h.messageOf(src))
+			}
+			if byKey[a.key] == nil {
+				keys = append(keys, a.key)
+			}
+			byKey[a.key] = append(byKey[a.key], a)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, key := range keys {
+		wg.Go(func() {
+			for _, a := range byKey[key] {
+				h.deliver(a)
+			}
+		})
+	}
+	wg.Wait()
+	for _, key := range keys {
+		for _, a := range byKey[key] {
+			h.record(a)
+		}
+	}
+}
+
+// post sends a's message to m's HTTP API, now and then waiting for its turn (?wait). A 200
+// carries the replies of the turn that handled it: they must be of its own session key and
+// carry the identity of their own turn.
+func (h *hunt) post(ctx context.Context, a *huntAck) (*platforms.Ack, error) {
+	m, wait := a.to, a.wait
+	url := "http://" + m.r.d.Addr().String() + "/v1/messages"
+	if wait {
+		url += "?wait=3s"
+	}
+	body, _ := json.Marshal(map[string]string{"chat_id": a.src.ChatID, "user_id": a.src.UserID, "user_name": a.src.UserName,
+		"message_id": a.id, "text": a.text})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var got httpplatform.MessageResponse
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusAccepted {
+		return nil, fmt.Errorf("POST: %d %s", resp.StatusCode, raw)
+	}
+	if err := json.Unmarshal(raw, &got); err != nil {
+		return nil, fmt.Errorf("POST: %d %s: %w", resp.StatusCode, raw, err)
+	}
+	if got.SessionKey != a.key || got.MessageID != a.id {
+		h.t.Errorf("POST %s to %s: answered for message %s of %s", a.id, m.name, got.MessageID, got.SessionKey)
+	}
+	for _, r := range got.Replies {
+		if r.Kind != platforms.KindReply {
+			continue
+		}
+		if env := parseHuntReply(r.Text); env == nil || env["SESSION_KEY"] != a.key || env["TURN_ID"] != r.TurnID {
+			h.t.Errorf("POST %s?wait to %s: reply of turn %s is %.80q", a.id, m.name, r.TurnID, r.Text)
+		}
+	}
+	if wait {
+		h.logf("%s waited on %s: %d, %d replies", a.id, m.name, resp.StatusCode, len(got.Replies))
+	}
+	return &platforms.Ack{SessionKey: got.SessionKey, SessionID: got.SessionID, MessageID: got.MessageID,
+		Disposition: got.Disposition, QueueDepth: got.QueueDepth}, nil
 }
 
 // waitSome waits until an earlier message is answered (a pause that lets turns run and end).
@@ -599,201 +717,4 @@ func (r *huntRecorder) kill(member string) {
 			c.end, c.killed = r.events, true
 		}
 	}
-}
-
-// check compares what the hunt saw and what the store holds with the guarantees.
-func (h *hunt) check() {
-	t := h.t
-	ctx := t.Context()
-	h.rec.mu.Lock()
-	calls := slices.Clone(h.rec.calls)
-	overlaps := slices.Clone(h.rec.overlaps)
-	h.rec.mu.Unlock()
-	for _, c := range calls {
-		h.logf("call %s on %s %s msgs=%v events %d–%d cancelled=%v killed=%v", c.turn, c.member, c.sid, c.msgs, c.start, c.end, c.cancelled, c.killed)
-	}
-	for _, a := range h.acks {
-		if h.byID[a.id] == a && !a.accepted() {
-			if row, err := h.store.FindInbound(ctx, a.src.Platform, a.src.ChatID, a.id); err == nil {
-				a.stored = row
-			}
-		}
-	}
-
-	// Stored exactly once, in the session it was acknowledged in, and done.
-	for _, a := range h.acks {
-		if h.byID[a.id] != a || !a.taken() || a.cmd != "" {
-			continue
-		}
-		var n int
-		if err := h.admin.QueryRow(ctx, `SELECT COUNT(*) FROM messages WHERE message_id = $1 AND role = 'user'`, a.id).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n != 1 {
-			t.Errorf("%s (%s) is stored %d times, want once", a.id, a.describe(), n)
-		}
-		row, err := h.store.FindInbound(ctx, a.src.Platform, a.src.ChatID, a.id)
-		if err != nil {
-			t.Errorf("%s (%s): no stored row: %v", a.id, a.describe(), err)
-			continue
-		}
-		if a.accepted() && row.SessionID != a.ack.SessionID {
-			t.Errorf("%s acknowledged in session %s, stored in %s", a.id, a.ack.SessionID, row.SessionID)
-		}
-		if row.Status == persistence.StatusPending {
-			t.Errorf("%s is still pending after everything ended", a.id)
-		}
-		a.stored = row
-	}
-
-	// Answered exactly once, in its own session, with its own identity, in arrival order.
-	for _, key := range h.uniqueKeys() {
-		entries, err := h.store.OutboxAfter(ctx, key, 0, 100000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		answered := map[string]int{}
-		lastArrive, lastID := -1, ""
-		for _, e := range entries {
-			h.logf("outbox %s #%d %s %s turn=%s in_reply_to=%v %s %.70q", key, e.Seq, e.SessionID, e.Kind, e.TurnID, e.InReplyTo, e.State, e.Text)
-			for _, id := range e.InReplyTo {
-				answered[id]++
-				a := h.byID[id]
-				if a == nil {
-					t.Errorf("outbox %s #%d answers %s, which was never sent", key, e.Seq, id)
-					continue
-				}
-				if a.key != key {
-					t.Errorf("outbox %s #%d answers %s of key %s", key, e.Seq, id, a.key)
-				}
-				// (A boundary's notice, in the new session, answers what it cut short in the old.)
-				if e.Kind == platforms.KindReply && a.stored != nil && a.cmd == "" && a.stored.SessionID != e.SessionID {
-					t.Errorf("outbox %s #%d in session %s answers %s, stored in session %s", key, e.Seq, e.SessionID, id, a.stored.SessionID)
-				}
-				if a.cmd != "" || answered[id] > 1 {
-					continue
-				}
-				if a.arrive < lastArrive {
-					t.Errorf("key %s: %s (arrived #%d) answered after %s (arrived #%d), at outbox #%d", key, id, a.arrive, lastID, lastArrive, e.Seq)
-				}
-				lastArrive, lastID = a.arrive, id
-			}
-			if e.State != "delivered" {
-				t.Errorf("outbox %s #%d is %s after everything ended", key, e.Seq, e.State)
-			}
-			if e.Kind != platforms.KindReply {
-				continue
-			}
-			env := parseHuntReply(e.Text)
-			if env == nil {
-				t.Errorf("reply %s #%d is not the agent's: %.80q", key, e.Seq, e.Text)
-				continue
-			}
-			a := h.byID[env["MESSAGE_ID"]]
-			switch {
-			case env["SESSION_KEY"] != key || env["SESSION_ID"] != e.SessionID || env["TURN_ID"] != e.TurnID || env["COUNT"] != "11":
-				t.Errorf("reply %s #%d of session %s turn %s carries the identity %v", key, e.Seq, e.SessionID, e.TurnID, env)
-			case a == nil || !slices.Contains(e.InReplyTo, a.id):
-				t.Errorf("reply %s #%d answers %v but ran for message %s", key, e.Seq, e.InReplyTo, env["MESSAGE_ID"])
-			case a.src.ChatID != env["CHAT_ID"] || a.src.ThreadID != env["THREAD_ID"] || a.src.UserID != env["USER_ID"] || env["PLATFORM"] != a.src.Platform:
-				t.Errorf("reply %s #%d for %s (of %s) ran as chat %s thread %s user %s", key, e.Seq, a.id, a.src.UserID, env["CHAT_ID"], env["THREAD_ID"], env["USER_ID"])
-			}
-		}
-		for _, a := range h.acks {
-			if h.byID[a.id] != a || a.key != key || a.cmd != "" && !a.accepted() {
-				continue // a command refused with an error may have acted or not
-			}
-			switch n := answered[a.id]; {
-			case a.taken() && n != 1:
-				t.Errorf("%s (%s via %s) answered %d times, want once", a.id, a.describe(), a.via, n)
-			case !a.taken() && n > 0:
-				t.Errorf("%s (%s) was not taken but answered %d times", a.id, a.describe(), n)
-			}
-		}
-	}
-	for _, a := range h.acks {
-		if a.redo && h.byID[a.id] != a && h.byID[a.id].accepted() && a.err == nil && a.ack.Disposition != platforms.Duplicate {
-			t.Errorf("%s re-delivered via %s after it was accepted: %s, want duplicate", a.id, a.via, a.describe())
-		}
-	}
-
-	// No two turns of a session at once on two members. A call cut short (an interrupt,
-	// /stop, a drain's deadline) may still be ending as the next begins (docs/ARCHITECTURE.md,
-	// "A cancelled turn ... is not awaited").
-	for _, o := range overlaps {
-		run, next := o[0], o[1]
-		if run.cancelled || run.killed && run.end < next.start {
-			continue
-		}
-		t.Errorf("key %s: turn %s (msgs %v) began on %s at event %d while turn %s (msgs %v) ran on %s (events %d–%d)",
-			next.key, next.turn, next.msgs, next.member, next.start, run.turn, run.msgs, run.member, run.start, run.end)
-	}
-
-	// Per key, messages first run in arrival order (calls cut short excepted: see above).
-	for _, key := range h.uniqueKeys() {
-		seen := map[string]bool{}
-		prev, prevID := -1, ""
-		for _, c := range calls {
-			if c.key != key || c.cancelled || c.killed {
-				continue
-			}
-			for _, id := range c.msgs {
-				a := h.byID[id]
-				if seen[id] || a == nil {
-					continue
-				}
-				seen[id] = true
-				if a.arrive < prev {
-					t.Errorf("key %s: %s (arrived #%d) first ran after %s (arrived #%d), in turn %s on %s", key, id, a.arrive, prevID, prev, c.turn, c.member)
-				}
-				prev, prevID = a.arrive, id
-			}
-		}
-	}
-
-	// A boundary is never undone: once /new or /reset moved a key to a new session, nothing
-	// is acknowledged in the old one, which stays ended.
-	ended := map[string]string{} // session id → the boundary that ended it
-	cur := map[string]string{}
-	for _, a := range h.acks {
-		if !a.accepted() || a.ack.SessionID == "" {
-			continue
-		}
-		sid := a.ack.SessionID
-		if by, ok := ended[sid]; ok {
-			t.Errorf("%s (%q) acknowledged in session %s, which %s ended", a.id, a.text, sid, by)
-		}
-		if (a.cmd == "new" || a.cmd == "reset") && cur[a.key] != "" && cur[a.key] != sid {
-			ended[cur[a.key]] = a.id
-		}
-		cur[a.key] = sid
-	}
-	for sid, by := range ended {
-		s, err := h.store.Session(ctx, sid)
-		if err != nil {
-			t.Errorf("session %s: %v", sid, err)
-			continue
-		}
-		if s.EndedAt.IsZero() || s.EndReason != "new_command" && s.EndReason != "reset_command" {
-			t.Errorf("session %s, ended by %s, is ended at %v for %q", sid, by, s.EndedAt, s.EndReason)
-		}
-	}
-	for key, sid := range cur {
-		r, err := h.store.Route(ctx, key)
-		if err != nil || r.SessionID != sid {
-			t.Errorf("key %s routes to %+v (%v), want session %s, the last acknowledged", key, r, err, sid)
-		}
-	}
-	for _, c := range calls {
-		if by, ok := ended[c.sid]; ok && !c.cancelled && !c.killed {
-			if b := h.byID[by]; b != nil && slices.ContainsFunc(c.msgs, func(id string) bool { a := h.byID[id]; return a != nil && a.arrive > b.arrive }) {
-				t.Errorf("turn %s ran messages %v in session %s, which %s ended before they arrived", c.turn, c.msgs, c.sid, by)
-			}
-		}
-	}
-	events := map[string]int{}
-	for _, m := range h.members {
-		events[m.state]++
-	}
-	t.Logf("%d deliveries, %d agent calls, %d overlaps of a cut-short call, members: %v", len(h.acks), len(calls), len(overlaps), events)
 }
