@@ -13,6 +13,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -333,11 +334,12 @@ func (h *hunt) kill(m *huntMember) {
 // runs the exec agent, and tells the recorder when the call begins and ends.
 func (h *hunt) agentOf(member string) agents.Agent {
 	return agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-		c := h.rec.begin(member, req)
+		c := h.rec.begin(member, req, ctx.Err() != nil)
 		if c == nil { // a dead member runs nothing
 			<-ctx.Done()
 			return nil, ctx.Err()
 		}
+		defer context.AfterFunc(ctx, func() { h.rec.cancel(c) })()
 		delay := time.Duration(huntInt(req.Messages[len(req.Messages)-1].Text, "d=")) * time.Millisecond
 		timer := time.NewTimer(delay)
 		defer timer.Stop()
@@ -381,6 +383,8 @@ func (h *hunt) run(steps int) {
 			h.command()
 		case p < 66:
 			h.redeliver()
+		case p < 69:
+			h.adminReset()
 		case p < 80:
 			h.waitSome()
 		default:
@@ -430,6 +434,9 @@ func (h *hunt) redeliver() {
 		return
 	}
 	orig := h.acks[h.rng.IntN(len(h.acks))]
+	if orig.cmd == "admin" {
+		return
+	}
 	a := h.send(orig.src, orig.id, orig.text, orig.cmd)
 	a.redo = true
 }
@@ -504,6 +511,40 @@ func (h *hunt) burst() {
 			h.record(a)
 		}
 	}
+}
+
+// adminReset resets a session through the HTTP API of a random member (POST
+// /v1/sessions/{key}/reset), which routes it to the member that runs the session: a boundary,
+// as /reset is.
+func (h *hunt) adminReset() {
+	live := h.live()
+	m := live[h.rng.IntN(len(live))]
+	src := h.srcs[h.rng.IntN(len(h.srcs))]
+	h.nextID++
+	a := &huntAck{id: fmt.Sprint("admin", h.nextID), cmd: "admin", text: "POST reset", src: src, key: m.r.d.intake.Key(src),
+		to: m, via: m.name, arrive: len(h.acks)}
+	ctx, cancel := context.WithTimeout(h.t.Context(), 60*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+m.r.d.Addr().String()+"/v1/sessions/"+url.PathEscape(a.key)+"/reset", nil)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.logf("admin reset %s via %s: %v", a.key, m.name, err)
+		return
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var info httpplatform.SessionInfo
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(raw, &info) != nil {
+		h.logf("admin reset %s via %s: %d %s", a.key, m.name, resp.StatusCode, raw)
+		return
+	}
+	a.ack = &platforms.Ack{SessionKey: info.SessionKey, SessionID: info.SessionID, Disposition: platforms.Command}
+	h.acks = append(h.acks, a)
+	h.record(a)
+	h.logf("%s via %s: %s %s → %s", a.id, m.name, a.key, info.PrevSessionID, info.SessionID)
 }
 
 // post sends a's message to m's HTTP API, now and then waiting for its turn (?wait). A 200
@@ -661,7 +702,12 @@ type huntCall struct {
 	member, key, sid, turn string
 	msgs                   []string
 	start, end             int // event numbers; end 0 while it runs
-	cancelled, killed      bool
+	// cancelAt is the event at which the call's context was cancelled (0 if it never was);
+	// bornCancelled: it was cancelled before the call began (a turn cut short before its agent
+	// was called).
+	cancelAt          int
+	cancelled, killed bool
+	bornCancelled     bool
 }
 
 // huntRecorder records the agent calls of every member in one order of events.
@@ -675,14 +721,25 @@ type huntRecorder struct {
 
 func newHuntRecorder() *huntRecorder { return &huntRecorder{dead: map[string]bool{}} }
 
-func (r *huntRecorder) begin(member string, req *agents.Request) *huntCall {
+// cancel records that c's context was cancelled.
+func (r *huntRecorder) cancel(c *huntCall) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c.cancelAt == 0 && c.end == 0 {
+		r.events++
+		c.cancelAt = r.events
+	}
+}
+
+func (r *huntRecorder) begin(member string, req *agents.Request, cancelled bool) *huntCall {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.dead[member] {
 		return nil
 	}
 	r.events++
-	c := &huntCall{member: member, key: req.Identity.SessionKey, sid: req.Identity.SessionID, turn: req.Identity.TurnID, start: r.events}
+	c := &huntCall{member: member, key: req.Identity.SessionKey, sid: req.Identity.SessionID, turn: req.Identity.TurnID, start: r.events,
+		bornCancelled: cancelled}
 	for _, m := range req.Messages {
 		c.msgs = append(c.msgs, m.MessageID)
 	}
@@ -703,6 +760,9 @@ func (r *huntRecorder) end(c *huntCall, cancelled bool) {
 	}
 	r.events++
 	c.end, c.cancelled = r.events, cancelled
+	if cancelled && c.cancelAt == 0 { // it heard of its cancel before context.AfterFunc ran
+		c.cancelAt = c.end
+	}
 }
 
 // kill ends the calls of a member that dies (its commands die with it) and runs nothing of it
