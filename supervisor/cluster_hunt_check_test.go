@@ -122,8 +122,12 @@ func (h *hunt) check() {
 			}
 		}
 	}
+	// A re-delivery is a duplicate; or queued when the cluster router had to send it again
+	// itself (known gap, docs/ARCHITECTURE.md: the router cannot tell that retry's duplicate
+	// from its own first attempt's); it is answered once all the same (checked above).
 	for _, a := range h.acks {
-		if a.redo && h.byID[a.id] != a && h.byID[a.id].accepted() && a.err == nil && a.ack.Disposition != platforms.Duplicate {
+		if a.redo && h.byID[a.id] != a && h.byID[a.id].accepted() && a.err == nil &&
+			a.ack.Disposition != platforms.Duplicate && (a.ack.Disposition != platforms.Queued || a.cmd != "") {
 			t.Errorf("%s re-delivered via %s after it was accepted: %s, want duplicate", a.id, a.via, a.describe())
 		}
 	}
