@@ -132,18 +132,15 @@ func (h *hunt) check() {
 		}
 	}
 
-	// No two turns of a session at once, on one member or two. A call cut short (an interrupt,
-	// /stop, a drain's deadline) before the next began may still be ending as it begins, and a
-	// turn cut short before its agent was called may call it after the next turn called its own
-	// (docs/ARCHITECTURE.md, "A cancelled turn ... is not awaited"). A call cut short only after
-	// the next began (its session fenced by the next's claim, say) ran beside it.
+	// No two turns of a session at once, on one member or two. On one member a session waits
+	// for a cancelled call to return before the next turn starts (an interrupt, /stop, a
+	// reset, a crash), so no overlap is allowed there. Across members, a call cut short before
+	// the next began (its member's drain deadline, its member killed) may still be ending as it
+	// begins; a call cut short only after the next began (its session fenced by the next's
+	// claim, say) ran beside it.
 	for _, o := range overlaps {
 		run, next := o[0], o[1]
 		switch {
-		case run.member == next.member && (run.cancelAt != 0 || next.bornCancelled):
-			// One session actor ordered the cancel before the next call; the recorder may hear
-			// of the cancel (context.AfterFunc) a moment after the next call began.
-			continue
 		case run.cancelAt != 0 && run.cancelAt < next.start, run.killed && run.end < next.start:
 			continue
 		}
