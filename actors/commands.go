@@ -175,7 +175,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 			}
 			if acted && !s.fencedOut {
 				r.SessionId = "" // not stored: the session starts again from what is
-				s.restartFromStore(c, "the write of /"+cmd.name+" was refused")
+				s.restartFromStore(c, "the write of /"+cmd.name+" was refused", err)
 			}
 			c.Send(requester, r)
 			return

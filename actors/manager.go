@@ -31,8 +31,13 @@ type SessionManager struct {
 	// since it last passivated (the pause before it starts again grows with it).
 	crashStops map[string]int
 	rerun      map[string]bool // key → activate again once its stopping session is gone (passivate.rerun)
-	busy       map[string]bool
-	drains     []*actor.PID
+	// refused counts, per key, the restarts from the store since it last passivated that the
+	// store caused by refusing a write as unavailable (passivate.pause; the pause before the
+	// next activation grows with it); paused holds the keys whose next activation waits.
+	refused map[string]int
+	paused  map[string]bool
+	busy    map[string]bool
+	drains  []*actor.PID
 	// grains are the cluster grains of the sessions in memory, by key (cluster mode).
 	grains map[string]*actor.PID
 	// stoppedGrains are the grains the manager stopped, by key, until they report their stop:
@@ -70,6 +75,10 @@ const (
 	// time; each time again doubles it, up to maxCrashPause, until the session passivates.
 	crashPause    = 10 * time.Second
 	maxCrashPause = 10 * time.Minute
+	// refusedPause is how long a session the store refused a write of waits before it starts
+	// again from the store, the first time; each time again doubles it, up to maxRefusedPause.
+	refusedPause    = time.Second
+	maxRefusedPause = time.Minute
 )
 
 // idleSweep is the manager's tick: it asks every session in memory to check its idle clock.
@@ -192,9 +201,13 @@ func (m *SessionManager) Receive(c actor.Context) {
 			if msg.rerun {
 				m.rerun[msg.key] = true
 			}
+			if msg.pause {
+				m.paused[msg.key] = true
+			}
 			if !msg.fenced {
 				m.d.Metrics.SessionPassivations.Inc()
 				delete(m.crashStops, msg.key) // it ran well long enough to be idle
+				delete(m.refused, msg.key)
 			}
 			c.Poison(pid)
 		}
@@ -237,6 +250,8 @@ func (m *SessionManager) start(c actor.Context) {
 	m.handed = map[string]int{}
 	m.crashStops = map[string]int{}
 	m.rerun = map[string]bool{}
+	m.refused = map[string]int{}
+	m.paused = map[string]bool{}
 	m.busy = map[string]bool{}
 	m.grains = map[string]*actor.PID{}
 	m.stoppedGrains = map[string][]*actor.PID{}
@@ -412,7 +427,20 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		delete(m.handed, key)
 		delete(m.rerun, key)
 		delete(m.quieted, key)
+		delete(m.paused, key)
 		m.letGo(c, key)
+		return
+	}
+	if m.paused[key] && m.elsewhere(key) == nil {
+		// The store refused the session's write: started again at once, it would run its
+		// message again only to have the result refused again, in a loop as fast as the agent
+		// answers. What comes for the key meanwhile is held, in order.
+		delete(m.paused, key)
+		n := m.refused[key]
+		m.refused[key] = n + 1
+		pause := min(refusedPause<<min(n, 6), maxRefusedPause)
+		m.log.Warn("the store refused a session's write; it starts again from the store", "session", key, "in", pause)
+		m.timers.SendOnce(pause, c.Self(), &successor{key: key})
 		return
 	}
 	if !m.quieted[key] && (m.elsewhere(key) != nil && (len(m.stopping[key]) > 0 || m.rerun[key]) || len(m.waiters[key]) > 0) {

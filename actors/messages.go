@@ -72,6 +72,7 @@ type passivate struct {
 	pid    *actor.PID // the session asking: a late request of a stopped one leaves its successor alone
 	fenced bool       // another activation claimed the key (Deps.Fencing)
 	rerun  bool       // the key is activated again once the session is gone (its state was stale)
+	pause  bool       // ... after a pause: the store refused the session's write as unavailable
 }
 
 // busyChanged is sent by a session when it starts running turns or becomes idle.

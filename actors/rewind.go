@@ -93,7 +93,7 @@ func (s *Session) enqueueRetry(c actor.Context, m *Deliver, it *item, ops []pers
 				r.Disposition, r.ErrorCode, r.Error = "", "unavailable", "retry could not be stored"
 			}
 			if !s.fencedOut {
-				s.restartFromStore(c, "the write of /retry was refused") // its exchange was archived in memory
+				s.restartFromStore(c, "the write of /retry was refused", err) // its exchange was archived in memory
 			}
 		} else {
 			it.durable = true

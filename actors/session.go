@@ -3,6 +3,7 @@ package actors
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -41,6 +42,7 @@ type Session struct {
 	epoch     int64 // the key's claim (Deps.Fencing); 0 when not claimed
 	fencedOut bool  // a newer activation claimed the key: this one hands over and stops
 	stale     bool  // memory is behind the store: the key is activated again (onRecover, restartFromStore)
+	refused   bool  // stale because the store refused a write as unavailable: the next activation waits
 	leaving   bool  // the member leaves the cluster: no new turn, and the key goes on once idle (Leave)
 	halted    bool  // the daemon stops and a stop signal ended this session's agent: no new turn (stoppedBySignal)
 
@@ -654,10 +656,13 @@ func (s *Session) onRecover(c actor.Context) {
 // the store. A command changes the session in memory before its write; when that write is
 // refused, memory and store disagree, and the store is the truth. What the session was asked
 // meanwhile is handed to the next activation, as a fenced session's is; a running turn stops,
-// and its message, still pending in the store, runs again.
-func (s *Session) restartFromStore(c actor.Context, why string) {
-	s.logger().Warn("the session starts again from the store", "why", why)
+// and its message, still pending in the store, runs again. When err says the store cannot be
+// written (the database and the spool both failing), the next activation waits a while (see
+// SessionManager): it would run the same message again only to have its result refused again.
+func (s *Session) restartFromStore(c actor.Context, why string, err error) {
+	s.logger().Warn("the session starts again from the store", "why", why, "err", err)
 	s.stale = true
+	s.refused = errors.Is(err, persistence.ErrUnavailable)
 	s.handOverAll(c)
 	s.stopWhenSettled(c)
 }
@@ -717,7 +722,7 @@ func (s *Session) stopWhenSettled(c actor.Context) {
 		return
 	}
 	s.passivating = true
-	c.Send(c.Parent(), &passivate{key: s.key, pid: c.Self(), fenced: true, rerun: s.stale})
+	c.Send(c.Parent(), &passivate{key: s.key, pid: c.Self(), fenced: true, rerun: s.stale, pause: s.refused})
 	if s.unusual != nil {
 		for _, r := range s.unusual.handoff {
 			s.sendToManager(c, r)

@@ -444,7 +444,7 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string,
 			if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {
 				// Nothing of the turn is stored: its message is still pending and runs again.
 				// A reply sent now would be the first of two.
-				s.restartFromStore(c, "the turn's result was not stored")
+				s.restartFromStore(c, "the turn's result was not stored", err)
 			}
 			return
 		}

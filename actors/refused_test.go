@@ -1,0 +1,78 @@
+package actors
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// TestRefusedTurnResultBacksOff: while the database and the spool both refuse writes, the
+// result of a turn cannot be stored, and the session starts again from the store, where its
+// message is still pending and runs again. That restart waits, longer each time, instead of
+// running the agent again at once: before, the session ran its agent in a loop as fast as the
+// agent answered for as long as the outage lasted (found by TestOutageHunt: 12,000 calls of
+// one message within a few seconds). Once the database is back, the message is answered once.
+func TestRefusedTurnResultBacksOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		var mu sync.Mutex
+		calls := 0
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			mu.Lock()
+			calls++
+			n := calls
+			mu.Unlock()
+			if n == 1 {
+				out.Down.Store(true) // the database fails while the first turn runs
+			}
+			if n > 50 { // a loop: hold it here, so the bubble's clock can run and the test end
+				<-ctx.Done()
+				return nil, ctx.Err()
+			}
+			return &agents.Response{Text: "answer"}, nil
+		})
+		// The world has no spool: a write the database refuses is refused, as when the spool
+		// fails too.
+		w := newManagerWorldWrites(t, agent, nil, func(s persistence.Store) persistence.Store {
+			out.Store = s
+			return out
+		})
+		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		mu.Lock()
+		n := calls
+		mu.Unlock()
+		if n > 5 {
+			t.Errorf("the agent ran %d times in 10s while the store refused the turn's result, want a few", n)
+		}
+		out.Down.Store(false)
+		deadline := time.After(2 * time.Minute)
+		for {
+			select {
+			case got := <-w.sent:
+				if got.Out.Text != "answer" {
+					continue
+				}
+				synctest.Wait()
+				select {
+				case again := <-w.sent:
+					t.Errorf("m1 answered again: %q", again.Out.Text)
+				default:
+				}
+				return
+			case <-deadline:
+				t.Fatal("m1 not answered within 2 minutes of the database's return")
+			}
+		}
+	})
+}
