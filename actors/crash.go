@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
@@ -143,6 +144,13 @@ func (s *Session) setAside(c actor.Context, it *item, status, text string) {
 	s.write(c, ops, func(c actor.Context, err error) {
 		if err != nil {
 			s.logger().Error("store set-aside message", "status", status, "err", err)
+			if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {
+				// Nothing of it is stored: the message is still pending, and the notice would
+				// be one the store does not hold (and the next activation answers the message
+				// again). The session starts again from the store.
+				s.restartFromStore(c, "a message set aside was not stored", err)
+				return
+			}
 		}
 		s.sendOutbound(c, OutboundFromEntry(&entry))
 	})
