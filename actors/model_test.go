@@ -275,9 +275,16 @@ type model struct {
 	sessions map[string][]string
 	killed   bool                // the daemon was killed at least once (kill)
 	titles   map[string][]string // the titles set per key
+	// out, set by the outage hunt (TestOutageHunt), fails the database and the spool on cue.
+	out *modelOutage
 }
 
 func newModel(t *testing.T, seed uint64, script string) *model {
+	return newModelOut(t, seed, script, nil)
+}
+
+// newModelOut is newModel whose daemon runs with out (nil: the database never fails).
+func newModelOut(t *testing.T, seed uint64, script string, out *modelOutage) *model {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	ex, err := agentexec.New(agentexec.Config{Command: []string{"/bin/sh", script}, Timeout: time.Hour, KillGrace: time.Second})
 	if err != nil {
@@ -286,7 +293,7 @@ func newModel(t *testing.T, seed uint64, script string) *model {
 	m := &model{t: t, rng: rng, seed: seed, path: filepath.Join(t.TempDir(), "agentgate.db"),
 		agent: &modelAgent{exec: ex, steer: rng.IntN(2) == 0, crashes: map[string]int{}},
 		fake:  platformtest.NewFake("fake"), byID: map[string]*modelAck{}, sessions: map[string][]string{},
-		titles: map[string][]string{}}
+		titles: map[string][]string{}, out: out}
 	m.cfg = SessionConfig{Keys: identity.DefaultKeyOptions, PassivateAfter: 20 * time.Second,
 		QueueMode: []string{ModeFollowup, ModeCollect, ModeInterrupt, ModeSteer}[rng.IntN(4)],
 		QueueCap:  []int{2, 50}[rng.IntN(2)], Overflow: []string{"spool", "reject"}[rng.IntN(2)], HistoryLimit: 50,
@@ -310,11 +317,16 @@ func newModel(t *testing.T, seed uint64, script string) *model {
 		m.cfg.Overflow, m.cfg.Recovery, m.cfg.Debounce, m.cfg.ResetFor != nil, m.agent.steer)
 	m.start()
 	t.Cleanup(func() {
+		replay := "AGENTGATE_MODEL_SEED"
+		if m.out != nil {
+			m.out.heal()
+			replay = "AGENTGATE_OUTAGE_SEED"
+		}
 		if m.daemon != nil {
 			m.stop(false)
 		}
 		if t.Failed() {
-			t.Logf("seed %d (replay: AGENTGATE_MODEL_SEED=%d); what the model did:\n%s", seed, seed, strings.Join(m.log, "\n"))
+			t.Logf("seed %d (replay: %s=%d); what the model did:\n%s", seed, replay, seed, strings.Join(m.log, "\n"))
 		}
 	})
 	return m
@@ -332,14 +344,31 @@ var modelEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 func (m *model) start() {
 	t := m.t
 	ctx, cancel := context.WithCancel(t.Context())
-	store, err := sqlite.Open(ctx, m.path, sqlite.Options{})
+	var so sqlite.Options
+	if m.out != nil {
+		// No index pass on a timer: one that waits for the commit mutex while a commit waits
+		// out the busy timeout of a locked database (a sync.Mutex, not durably blocked) would
+		// stop the bubble's clock.
+		so.IndexDelay = 24 * time.Hour
+	}
+	store, err := sqlite.Open(ctx, m.path, so)
 	if err != nil {
 		t.Fatal(err)
 	}
 	system, quiet := quietSystem(t)
 	d := &Deps{Ctx: ctx, Store: store, Agent: m.agent, Log: quiet, Metrics: metrics.New("fake"), Node: "test", Config: m.cfg}
-	d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, store, persistence.ActorOptions{MaxBatch: 64,
-		Incarnation: &d.PersistIncarnation})))
+	opts := persistence.ActorOptions{MaxBatch: 64, Incarnation: &d.PersistIncarnation}
+	if m.out != nil {
+		m.out.attach(d, store, &opts) // the outage hunt: a store that fails on cue, and a spool
+	}
+	d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, d.Store, opts)))
+	if m.out != nil {
+		// As Start does: the actor replays the last run's spool when it starts, and sessions
+		// must not read the store before that.
+		if _, err := system.Root.RequestFuture(d.Persist, &persistence.Flush{}, time.Minute).Result(); err != nil {
+			t.Fatalf("persistence start barrier: %v", err)
+		}
+	}
 	platform := system.Root.Spawn(NewPlatform(d, m.fake, &PlatformHealth{}))
 	d.Platforms = map[string]*actor.PID{"fake": platform}
 	d.Probation = system.Root.Spawn(NewProbation(d))
@@ -385,6 +414,11 @@ func (m *model) down() {
 	_ = w.d.AgentCalls.Wait(context.Background())
 	synctest.Wait()
 	w.system.Shutdown()
+	if m.out != nil {
+		// Close waits out the busy timeout holding a mutex the index timer waits for, which
+		// synctest does not count as durably blocked: the bubble's clock would stand still.
+		m.out.unlock()
+	}
 	if err := w.store.Close(); err != nil {
 		m.t.Error(err)
 	}

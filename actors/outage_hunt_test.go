@@ -1,0 +1,305 @@
+package actors
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/spool"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/persistence/storetest"
+)
+
+// The outage hunt is the model test (model_test.go) with a database that fails and comes back
+// at random moments, a spool that takes the writes meanwhile and replays them, a spool that
+// fails too, and daemon restarts and kills while writes wait in the spool or are being
+// replayed, all on the same data directory. It checks the model's guarantees (G1 identity, G2
+// order, G4 no silent drop and no duplicate answer, G6 boundaries, the rows agreeing with what
+// was delivered) and, on top: nothing is left in the spool or set aside from it, and a message
+// refused as unavailable (the database and the spool both failing) is never stored.
+//
+// How the database fails:
+//   - locked: another connection holds BEGIN EXCLUSIVE, so the daemon's commits wait out
+//     SQLite's busy timeout (5 s of real time) and fail busy. It costs real time, so a seed
+//     has at most one such episode, around one burst of messages.
+//   - down: the store's commits fail as unavailable, as on a full disk (storetest.Outage),
+//     for as long as the model likes (its reads go on, as they do on a full disk).
+//   - lost: a commit applies and its answer is lost (storetest.Outage.Lost), so its writes
+//     are spooled and replayed although the database holds them.
+//
+// The spool fails by its directory being replaced with a file (only while it is empty: its
+// batches must not be taken away behind the persistence actor's back).
+//
+// AGENTGATE_OUTAGE_SEEDS=N runs N random seeds instead of the fixed ones;
+// AGENTGATE_OUTAGE_SEED=S replays seed S; AGENTGATE_OUTAGE_STEPS sets the steps per seed;
+// AGENTGATE_OUTAGE_LOG=1 logs what the model did also when a seed passes.
+
+// outageSeeds are the seeds the suite always runs.
+var outageSeeds = []uint64{1, 2, 3}
+
+const outageSteps = 40
+
+func TestOutageHunt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out SQLite's busy timeout")
+	}
+	seeds, steps := outageSeeds, outageSteps
+	if v := os.Getenv("AGENTGATE_OUTAGE_SEEDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("AGENTGATE_OUTAGE_SEEDS=%q: %v", v, err)
+		}
+		seeds = nil
+		base := uint64(time.Now().UnixNano())
+		for i := range n {
+			seeds = append(seeds, base+uint64(i))
+		}
+	}
+	if v := os.Getenv("AGENTGATE_OUTAGE_SEED"); v != "" {
+		s, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("AGENTGATE_OUTAGE_SEED=%q: %v", v, err)
+		}
+		seeds = []uint64{s}
+	}
+	if v := os.Getenv("AGENTGATE_OUTAGE_STEPS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("AGENTGATE_OUTAGE_STEPS=%q: %v", v, err)
+		}
+		steps = n
+	}
+	script := modelScript(t)
+	for _, seed := range seeds {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				dir := t.TempDir()
+				out := &modelOutage{t: t, o: &storetest.Outage{}, dir: filepath.Join(dir, "spool"), locks: 1}
+				m := newModelOut(t, seed, script, out)
+				out.path = m.path
+				m.runOutage(steps)
+				m.check()
+				m.checkOutage()
+				if os.Getenv("AGENTGATE_OUTAGE_LOG") != "" {
+					t.Logf("what the model did:\n%s", strings.Join(m.log, "\n"))
+				}
+			})
+		})
+	}
+}
+
+// modelOutage makes the model's database and spool fail on cue.
+type modelOutage struct {
+	t        *testing.T
+	o        *storetest.Outage // wraps each run's store
+	dir      string            // the spool directory
+	path     string            // the database
+	spoolOff bool              // the spool directory is a file now
+	lost     bool              // a commit's answer was lost at least once
+	locks    int               // lock episodes left
+	lockDB   *sql.DB
+	lockConn *sql.Conn
+}
+
+// attach gives a starting daemon the failing store and a spool.
+func (o *modelOutage) attach(d *Deps, store *sqlite.Store, opts *persistence.ActorOptions) {
+	o.spoolBack() // a daemon does not start without its spool directory
+	o.o.Store = store
+	d.Store = o.o
+	sp, err := spool.Open(o.dir)
+	if err != nil {
+		o.t.Fatalf("open the spool: %v", err)
+	}
+	opts.Spool, opts.Spooling = sp, &d.Spooling
+	opts.ReplayEvery = time.Second
+}
+
+// spoolFail replaces the spool directory with a file, when no batch waits in it.
+func (o *modelOutage) spoolFail() bool {
+	if o.spoolOff {
+		return false
+	}
+	entries, err := os.ReadDir(o.dir)
+	if err != nil {
+		o.t.Fatal(err)
+	}
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".json") {
+			return false
+		}
+	}
+	if err := os.Rename(o.dir, o.dir+".off"); err != nil {
+		o.t.Fatal(err)
+	}
+	if err := os.WriteFile(o.dir, []byte("not a directory"), 0o600); err != nil {
+		o.t.Fatal(err)
+	}
+	o.spoolOff = true
+	return true
+}
+
+// spoolBack gives the spool its directory again.
+func (o *modelOutage) spoolBack() {
+	if !o.spoolOff {
+		return
+	}
+	if err := os.Remove(o.dir); err != nil {
+		o.t.Fatal(err)
+	}
+	if err := os.Rename(o.dir+".off", o.dir); err != nil {
+		o.t.Fatal(err)
+	}
+	o.spoolOff = false
+}
+
+// lock takes the database's write lock on a connection of its own.
+func (o *modelOutage) lock() {
+	db, err := sql.Open("sqlite", "file:"+o.path+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		o.t.Fatal(err)
+	}
+	conn, err := db.Conn(context.Background())
+	if err == nil {
+		_, err = conn.ExecContext(context.Background(), "BEGIN EXCLUSIVE")
+	}
+	if err != nil {
+		db.Close()
+		o.t.Fatalf("take the database lock: %v", err)
+	}
+	o.lockDB, o.lockConn = db, conn
+}
+
+// unlock releases the lock, if it is held.
+func (o *modelOutage) unlock() {
+	if o.lockConn == nil {
+		return
+	}
+	if _, err := o.lockConn.ExecContext(context.Background(), "ROLLBACK"); err != nil {
+		o.t.Errorf("release the database lock: %v", err)
+	}
+	o.lockConn.Close()
+	o.lockDB.Close()
+	o.lockConn, o.lockDB = nil, nil
+}
+
+// heal makes the database and the spool work again.
+func (o *modelOutage) heal() {
+	o.unlock()
+	o.o.Down.Store(false)
+	o.o.Lost.Store(0)
+	o.spoolBack()
+}
+
+// runOutage is run with the database and the spool failing and coming back.
+func (m *model) runOutage(steps int) {
+	o := m.out
+	for range steps {
+		switch p := m.rng.IntN(100); {
+		case p < 32:
+			m.burst()
+		case p < 46:
+			m.command()
+		case p < 50:
+			m.redeliver()
+		case p < 58:
+			m.logf("database down")
+			o.o.Down.Store(true)
+		case p < 66:
+			m.logf("database back")
+			o.o.Down.Store(false)
+			if m.rng.IntN(2) == 0 {
+				m.logf("spool back")
+				o.spoolBack()
+			}
+		case p < 69:
+			n := 1 + m.rng.IntN(2)
+			m.logf("the answers of the next %d commits are lost", n)
+			o.o.Lost.Store(int32(n))
+			o.lost = true
+		case p < 73:
+			if o.spoolFail() {
+				m.logf("spool fails")
+			}
+		case p < 76:
+			if o.locks > 0 {
+				o.locks--
+				m.logf("database locked")
+				o.lock()
+				m.burst()
+				if m.rng.IntN(3) == 0 {
+					m.logf("restart (killed) while locked")
+					m.kill()
+					m.start()
+				}
+				m.logf("database unlocked")
+				o.unlock()
+			}
+		case p < 88:
+			d := time.Duration(m.rng.IntN(4000)) * time.Millisecond
+			if m.rng.IntN(6) == 0 {
+				d = 40 * time.Second // past passivation and an idle reset
+			}
+			m.logf("advance %v", d)
+			time.Sleep(d)
+			synctest.Wait()
+		default:
+			switch m.rng.IntN(3) {
+			case 0:
+				m.logf("restart (drain)")
+				m.stop(true)
+			case 1:
+				m.logf("restart (killed)")
+				m.kill()
+			default:
+				m.logf("restart")
+				m.stop(false)
+			}
+			m.start()
+		}
+	}
+	m.logf("database and spool healed")
+	o.heal()
+	// Quiesce: the spool drains, every turn ends, every reply is sent and marked.
+	for range 20 {
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+	}
+}
+
+// checkOutage: nothing waits in the spool or was set aside from it, and a message refused as
+// unavailable was not stored (unless a commit's answer was lost: then the refusal cannot
+// know).
+func (m *model) checkOutage() {
+	t, o := m.t, m.out
+	entries, err := os.ReadDir(o.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		t.Errorf("spool holds %s after everything ended", e.Name())
+	}
+	if failed, err := os.ReadDir(filepath.Join(o.dir, "failed")); err == nil || !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("spool batches set aside: %d (%v)", len(failed), err)
+	}
+	if o.lost {
+		return
+	}
+	for _, a := range m.acks {
+		if m.byID[a.id] != a || a.res == nil || a.res.ErrorCode != "unavailable" {
+			continue
+		}
+		if row, err := m.daemon.store.FindInbound(t.Context(), a.src.Platform, a.src.ChatID, a.id); err == nil {
+			t.Errorf("%s was refused (%s), but the store holds it in session %s (status %s)", a.id, a.describe(), row.SessionID, row.Status)
+		}
+	}
+}
