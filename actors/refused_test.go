@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"path/filepath"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
 )
@@ -128,4 +130,63 @@ func TestRefusedSetAsideIsNotSent(t *testing.T) {
 			t.Errorf("m1 answered %q with %d outbox entries, want one quarantine notice, recorded", answers, len(entries))
 		}
 	})
+}
+
+// TestRedeliveryDuringAnOutageIsADuplicate: a message answered in an earlier activation of its
+// session (so this one has not seen it) and delivered again while the database cannot be
+// written is a duplicate: while the writes go to the spool, it is not taken again (it would
+// run and be answered a second time, and its row be refused at the replay); while the spool
+// fails too, it is not refused as "not stored", which it is. Before, the first was
+// acknowledged "started" and run again, the second answered "unavailable" (found by
+// TestOutageHunt).
+func TestRedeliveryDuringAnOutageIsADuplicate(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		spool bool
+	}{{"spooling", true}, {"spool failing", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				out := &storetest.Outage{}
+				agent, ran := countingEcho()
+				dir := t.TempDir()
+				var withSpool []func(*persistence.ActorOptions)
+				spooling := false
+				if tc.spool {
+					sp, err := spool.Open(filepath.Join(dir, "spool"))
+					if err != nil {
+						t.Fatal(err)
+					}
+					withSpool = append(withSpool, func(o *persistence.ActorOptions) { o.Spool = sp })
+					spooling = true
+				}
+				var deps *Deps
+				if spooling {
+					withSpool = append(withSpool, func(o *persistence.ActorOptions) { o.Spooling = &deps.Spooling })
+				}
+				w := newManagerWorldWith(t, filepath.Join(dir, "agentgate.db"), agent,
+					func(d *Deps) { d.Config.PassivateAfter, deps = 10*time.Second, d },
+					func(s persistence.Store) persistence.Store { out.Store = s; return out }, withSpool...)
+				if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
+					t.Fatalf("m1: %+v, want started", r)
+				}
+				w.awaitTurnEnds(1)
+				time.Sleep(time.Minute) // the session passivates
+				synctest.Wait()
+				if r := w.deliver(t, "m2", "two"); r.Disposition != platforms.Started {
+					t.Fatalf("m2: %+v, want started", r)
+				}
+				w.awaitTurnEnds(1)
+				out.Down.Store(true)
+				if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Duplicate || r.ErrorCode != "" {
+					t.Errorf("m1 delivered again while the database is down: %+v, want duplicate", r)
+				}
+				out.Down.Store(false)
+				time.Sleep(10 * time.Second) // the spool drains
+				synctest.Wait()
+				if n := ran("m1"); n != 1 {
+					t.Errorf("m1 ran %d times, want once", n)
+				}
+			})
+		})
+	}
 }

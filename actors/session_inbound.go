@@ -105,6 +105,9 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 		if errors.Is(err, persistence.ErrDuplicate) && !created && !expired && s.adoptStored(it) {
 			err = nil // an earlier write of it applied; only its answer was lost
 		}
+		if !created && !expired && s.storedEarlier(it, err) {
+			err = fmt.Errorf("%w: message %s was stored before this activation", persistence.ErrDuplicate, it.messageID)
+		}
 		if err == nil && notice != nil {
 			s.sendOutbound(c, notice)
 		}
@@ -296,6 +299,28 @@ func (s *Session) takenElsewhere(it *item) bool {
 	defer cancel()
 	other, err := s.d.Store.Session(ctx, orig.SessionID)
 	return err == nil && other.Key != s.key
+}
+
+// storedEarlier reports whether the store holds the inbound message of it from before (a
+// message taken in an earlier activation, which this one has not seen, delivered again), when
+// the write of it did not meet the store's dedupe: the write went to the spool (err nil while
+// the spool holds writes) or was refused as unavailable. Taken, it would run and be answered a
+// second time, and its row be refused at the replay; refused, its sender would be told it is
+// not stored, which it is. Such writes are rare (an outage), and so are these reads. Its own
+// write (applied, its answer lost) and an unsure earlier write of this activation (adoptStored)
+// are not earlier.
+func (s *Session) storedEarlier(it *item, err error) bool {
+	spooled := err == nil && s.d.Spooling.Load()
+	if it.messageID == "" || !spooled && !errors.Is(err, persistence.ErrUnavailable) {
+		return false
+	}
+	if u := s.unusual; u != nil {
+		if _, ok := u.unsure[it.messageID]; ok {
+			return false
+		}
+	}
+	row, ferr := s.findStored(it.src, it.messageID)
+	return ferr == nil && (row.SessionID != it.sessionID || row.Seq != it.seq)
 }
 
 // findStored reads the stored inbound message of src's chat with id, within

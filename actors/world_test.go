@@ -45,7 +45,8 @@ func newManagerWorldAt(t *testing.T, path string, agent agents.Agent, setup func
 
 // newManagerWorldWith is newManagerWorldAt whose persistence actor commits through
 // commits(store) when commits is not nil (a store that fails or panics on cue).
-func newManagerWorldWith(t *testing.T, path string, agent agents.Agent, setup func(*Deps), commits func(persistence.Store) persistence.Store) *managerWorld {
+func newManagerWorldWith(t *testing.T, path string, agent agents.Agent, setup func(*Deps), commits func(persistence.Store) persistence.Store,
+	persist ...func(*persistence.ActorOptions)) *managerWorld {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	store, err := sqlite.Open(ctx, path, sqlite.Options{})
@@ -76,8 +77,11 @@ func newManagerWorldWith(t *testing.T, path string, agent agents.Agent, setup fu
 	if commits != nil {
 		writeTo = commits(store)
 	}
-	w.d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, writeTo, persistence.ActorOptions{MaxBatch: 64,
-		Incarnation: &w.d.PersistIncarnation})))
+	opts := persistence.ActorOptions{MaxBatch: 64, Incarnation: &w.d.PersistIncarnation}
+	for _, f := range persist {
+		f(&opts)
+	}
+	w.d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, writeTo, opts)))
 	// As a single daemon has it; sessions ask it only when setup gives the world a Run.
 	w.d.Probation = system.Root.Spawn(NewProbation(w.d))
 	w.manager = system.Root.Spawn(NewSessionManager(w.d))
