@@ -273,6 +273,12 @@ func (m *SessionManager) start(c actor.Context) {
 // (or are answered with a notice), unconfirmed replies are sent again. When the store cannot
 // list them, it tries again recoverRetry later, until it can.
 func (m *SessionManager) recoverAll(c actor.Context) {
+	// While the spool holds writes, the database does not show the messages they hold, and
+	// those of a run that stopped before they were answered would wait for their chat's next
+	// message: the listing runs again until one has begun after the spool drained (read before
+	// the listing: the spool may drain meanwhile). A key listed again whose session is in
+	// memory is left alone.
+	spooling := m.d.Spooling.Load()
 	// The read runs on the manager, which routes every message: a store that does not answer
 	// must not hold it for long.
 	ctx, cancel := context.WithTimeout(m.d.Ctx, recoverListTimeout)
@@ -282,6 +288,9 @@ func (m *SessionManager) recoverAll(c actor.Context) {
 		m.log.Error("list recoverable sessions; trying again", "err", err, "in", recoverRetry)
 		m.timers.SendOnce(recoverRetry, c.Self(), &recoverAll{})
 		return
+	}
+	if spooling {
+		m.timers.SendOnce(storeWaitTick, c.Self(), &recoverAll{})
 	}
 	for _, k := range keys {
 		m.recover(c, k, 0)

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/asynkron/protoactor-go/actor"
 )
 
 // The outage hunt is the model test (model_test.go) with a database that fails and comes back
@@ -302,4 +304,38 @@ func (m *model) checkOutage() {
 			t.Errorf("%s was refused (%s), but the store holds it in session %s (status %s)", a.id, a.describe(), row.SessionID, row.Status)
 		}
 	}
+}
+
+// TestRecoveryAfterTheSpoolDrains: a message acknowledged while the database was down (its
+// write in the spool) and not answered when the daemon stopped is answered once the spool is
+// replayed after the next start, without waiting for the chat's next message. Before, the
+// start's recovery listed the sessions with pending messages while the database did not show
+// the spooled ones yet, and nothing listed them again: the message stayed pending until the
+// chat wrote again (found by TestOutageHunt).
+func TestRecoveryAfterTheSpoolDrains(t *testing.T) {
+	script := modelScript(t)
+	synctest.Test(t, func(t *testing.T) {
+		out := &modelOutage{t: t, o: &storetest.Outage{}, dir: filepath.Join(t.TempDir(), "spool")}
+		m := newModelOut(t, 1, script, out)
+		out.o.Down.Store(true)
+		a, f := m.send(m.srcs[0], "m1", "m1 d=5", "")
+		m.await([]*modelAck{a}, []*actor.Future{f})
+		if !a.accepted() {
+			t.Fatalf("m1 while the database is down: %s, want accepted (spooled)", a.describe())
+		}
+		m.stop(false) // its turn is cut short: m1 is pending, in the spool only
+		m.start()
+		out.o.Down.Store(false)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		answered := 0
+		for _, o := range m.fake.Sent() {
+			if slices.Contains(o.InReplyTo, "m1") {
+				answered++
+			}
+		}
+		if answered != 1 {
+			t.Errorf("m1 answered %d times a minute after the spool could drain, want once", answered)
+		}
+	})
 }
