@@ -19,6 +19,7 @@ import (
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
 )
 
@@ -337,5 +338,33 @@ func TestRecoveryAfterTheSpoolDrains(t *testing.T) {
 		if answered != 1 {
 			t.Errorf("m1 answered %d times a minute after the spool could drain, want once", answered)
 		}
+	})
+}
+
+// TestWaitingSessionAnswersADuplicate: a session that waits for the spool to drain before it
+// loads answers a message it has already stored (a platform's or a client's re-delivery) as a
+// duplicate, not as "unavailable, send it again", which would say that a message taken (and
+// answered) was not (found by TestOutageHunt).
+func TestWaitingSessionAnswersADuplicate(t *testing.T) {
+	script := modelScript(t)
+	synctest.Test(t, func(t *testing.T) {
+		out := &modelOutage{t: t, o: &storetest.Outage{}, dir: filepath.Join(t.TempDir(), "spool")}
+		m := newModelOut(t, 1, script, out)
+		src := m.srcs[0]
+		a, f := m.send(src, "m1", "m1 d=0", "")
+		m.await([]*modelAck{a}, []*actor.Future{f})
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		out.o.Down.Store(true)
+		b, f := m.send(src, "m2", "m2 d=0", "") // spooled
+		m.await([]*modelAck{b}, []*actor.Future{f})
+		m.stop(false)
+		m.start() // the spool holds m2's writes: the session waits before it loads
+		again, f := m.send(src, "m1", "m1 d=0", "")
+		m.await([]*modelAck{again}, []*actor.Future{f})
+		if !a.accepted() || again.res == nil || again.res.Disposition != platforms.Duplicate || again.res.ErrorCode != "" {
+			t.Errorf("m1 (%s) delivered again to a session waiting for the spool: %s, want duplicate", a.describe(), again.describe())
+		}
+		out.o.Down.Store(false)
 	})
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/scheduler"
 )
@@ -438,6 +439,24 @@ func (s *Session) waitForStore(c actor.Context) {
 	s.timers(c).SendOnce(storeWaitTick, c.Self(), &storeTick{})
 }
 
+// storedHere reports whether the store holds the inbound message m as one of this key's (a
+// waiting session cannot tell from memory). A message only in the spool is not found: its
+// sender is told to send it again, and its next delivery, once the session has loaded, is a
+// duplicate.
+func (s *Session) storedHere(m *Deliver) bool {
+	if m.MessageId == "" {
+		return false
+	}
+	row, err := s.findStored(sourceFromProto(m.Source), m.MessageId)
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
+	defer cancel()
+	sess, err := s.d.Store.Session(ctx, row.SessionID)
+	return err == nil && sess.Key == s.key
+}
+
 // whileWaiting handles a message of a waiting session and reports whether Receive should go on
 // with it: only stopping, restarting and a request for its state.
 func (s *Session) whileWaiting(c actor.Context) bool {
@@ -451,6 +470,11 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 		s.logger().Info("the spool has drained; the session loads")
 		s.load(c)
 	case *Deliver:
+		if s.storedHere(m) {
+			// A re-delivery of a message taken before: "send it again" would say it was not.
+			c.Respond(s.result(m, platforms.Duplicate, ""))
+			return false
+		}
 		c.Respond(&DeliverResult{SessionKey: s.key, MessageId: m.MessageId, ErrorCode: "unavailable",
 			Error: "the database is unavailable and this chat's session cannot load until the writes waiting in the spool are replayed; send the message again shortly"})
 	case *ResetSession:
