@@ -254,6 +254,12 @@ type modelAck struct {
 	stored *persistence.Message
 	// runsBefore is how many agent calls had begun when the acknowledgment arrived.
 	runsBefore int
+	// ackedAt is when the model had the answer (a write that waits out a locked database's busy
+	// timeout takes a while).
+	ackedAt time.Time
+	// spooled: when it was sent, the message (a re-delivery) was in the spool only, which no
+	// session can look into: a session waiting for the spool tells it to send it again.
+	spooled bool
 }
 
 type model struct {
@@ -583,8 +589,9 @@ func (m *model) redeliver() {
 	if orig.cmd == "admin" {
 		return
 	}
+	spooled := m.out != nil && m.out.inSpool(orig.id)
 	a, f := m.send(orig.src, orig.id, orig.text, orig.cmd)
-	a.redo = true
+	a.redo, a.spooled = true, spooled
 	m.await([]*modelAck{a}, []*actor.Future{f})
 }
 
@@ -604,7 +611,7 @@ func (m *model) await(acks []*modelAck, futures []*actor.Future) {
 	for i, f := range futures {
 		a := acks[i]
 		res, err := f.Result()
-		a.err = err
+		a.err, a.ackedAt = err, time.Now()
 		m.agent.mu.Lock()
 		a.runsBefore = len(m.agent.runs)
 		m.agent.mu.Unlock()

@@ -195,6 +195,21 @@ func (o *modelOutage) unlock() {
 	o.lockConn, o.lockDB = nil, nil
 }
 
+// inSpool reports whether a batch waiting in the spool holds the message id.
+func (o *modelOutage) inSpool(id string) bool {
+	dir := o.dir
+	if o.spoolOff {
+		dir += ".off"
+	}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if b, err := os.ReadFile(filepath.Join(dir, e.Name())); err == nil && strings.Contains(string(b), `"MessageID":"`+id+`"`) {
+			return true
+		}
+	}
+	return false
+}
+
 // heal makes the database and the spool work again.
 func (o *modelOutage) heal() {
 	o.unlock()
