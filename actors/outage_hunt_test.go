@@ -308,6 +308,16 @@ func (m *model) checkOutage() {
 	}
 	if failed, err := os.ReadDir(filepath.Join(o.dir, "failed")); err == nil || !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("spool batches set aside: %d (%v)", len(failed), err)
+		for _, f := range failed {
+			if os.Getenv("AGENTGATE_OUTAGE_DEBUG") != "" && !strings.HasSuffix(f.Name(), ".reason.txt") {
+				b, _ := os.ReadFile(filepath.Join(o.dir, "failed", f.Name()))
+				t.Logf("%s: %s", f.Name(), b)
+			}
+			if strings.HasSuffix(f.Name(), ".reason.txt") {
+				b, _ := os.ReadFile(filepath.Join(o.dir, "failed", f.Name()))
+				t.Errorf("%s: %s", f.Name(), b)
+			}
+		}
 	}
 	if o.lost {
 		return
@@ -381,5 +391,40 @@ func TestWaitingSessionAnswersADuplicate(t *testing.T) {
 			t.Errorf("m1 (%s) delivered again to a session waiting for the spool: %s, want duplicate", a.describe(), again.describe())
 		}
 		out.o.Down.Store(false)
+	})
+}
+
+// TestResumeWhileSpooling: /resume while writes wait in the spool does not reopen a session
+// from what the database shows, which lacks the spooled rows of that session: the resumed
+// session's next rows would take seqs the spooled ones hold, and the replay would set the
+// whole batch aside (the /resume, its notice and the route lost). Before, it did (found by
+// TestOutageHunt); now it asks to try again once the database is back.
+func TestResumeWhileSpooling(t *testing.T) {
+	script := modelScript(t)
+	synctest.Test(t, func(t *testing.T) {
+		out := &modelOutage{t: t, o: &storetest.Outage{}, dir: filepath.Join(t.TempDir(), "spool")}
+		m := newModelOut(t, 1, script, out)
+		src := m.srcs[0]
+		step := func(id, text, cmd string) *modelAck {
+			a, f := m.send(src, id, text, cmd)
+			m.await([]*modelAck{a}, []*actor.Future{f})
+			time.Sleep(time.Second)
+			synctest.Wait()
+			return a
+		}
+		first := step("m1", "m1 d=0", "")
+		out.o.Down.Store(true)
+		step("m2", "m2 d=0", "") // its row and its reply's wait in the spool
+		step("k3", "/new", "new")
+		step("k4", "/resume "+first.res.SessionId, "resume")
+		out.o.Down.Store(false)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		m.checkOutage()
+		if row, err := m.daemon.store.FindInbound(t.Context(), src.Platform, src.ChatID, "k4"); err != nil {
+			t.Errorf("the /resume sent while spooling is not stored: %v", err)
+		} else if row.Status != persistence.StatusDone {
+			t.Errorf("the /resume is stored %s, want done", row.Status)
+		}
 	})
 }

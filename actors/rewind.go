@@ -114,6 +114,12 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	if arg == "" {
 		return nil, "Usage: /resume <session id or title>. /status shows the current session.", nil
 	}
+	if s.d.Spooling.Load() {
+		// The database does not show the writes waiting in the spool: a session reopened from
+		// it would give its next rows the seqs of spooled ones, and the replay would set the
+		// batch aside, /resume and all.
+		return nil, "⚠️ The database is unavailable right now, so earlier sessions cannot be reopened; please try /resume again shortly.", nil
+	}
 	all, err := s.d.Store.SessionsOfKey(s.d.Ctx, s.key, 100)
 	if err != nil {
 		s.logger().Error("list sessions of key", "err", err)
