@@ -45,7 +45,8 @@ import (
 //
 // AGENTGATE_OUTAGE_SEEDS=N runs N random seeds instead of the fixed ones;
 // AGENTGATE_OUTAGE_SEED=S replays seed S; AGENTGATE_OUTAGE_STEPS sets the steps per seed;
-// AGENTGATE_OUTAGE_LOG=1 logs what the model did also when a seed passes.
+// AGENTGATE_OUTAGE_LOG=1 logs what the model did also when a seed passes;
+// AGENTGATE_OUTAGE_DEBUG=1 also logs the spool batches that were set aside.
 
 // outageSeeds are the seeds the suite always runs.
 var outageSeeds = []uint64{1, 2, 3}
