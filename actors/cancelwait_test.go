@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -174,6 +175,37 @@ func TestRerunAfterACrashWaitsForTheCancelledCall(t *testing.T) {
 		calls := []string{"m1 starts", "m1 returns", "m1 starts", "m1 returns"}
 		if got := agent.events(); !slices.Equal(got, calls) {
 			t.Errorf("agent calls: %q, want %q (the rerun waits for the cancelled call)", got, calls)
+		}
+	})
+}
+
+// TestRestartFromTheStoreWaitsForTheCancelledCall: the store refuses a command's write while
+// m1's turn runs (its agent takes 3 s to return once cancelled), and the session starts again
+// from the store. It stops only once the cancelled call has returned, so the next activation
+// runs m1 again after it, not beside it (found by the outage hunt).
+func TestRestartFromTheStoreWaitsForTheCancelledCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		agent := &slowToEnd{ending: 3 * time.Second}
+		out := &storetest.Outage{}
+		w := newManagerWorldWrites(t, agent, nil, func(s persistence.Store) persistence.Store {
+			out.Store = s
+			return out
+		})
+		if r := w.deliver(t, "m1", "first"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		synctest.Wait()
+		out.Down.Store(true)
+		if r := w.deliver(t, "k1", "/title refused"); r.ErrorCode == "" {
+			t.Fatalf("/title: %+v, want it refused", r)
+		}
+		out.Down.Store(false)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+
+		calls := []string{"m1 starts", "m1 returns", "m1 starts", "m1 returns"}
+		if got := agent.events(); !slices.Equal(got, calls) {
+			t.Errorf("agent calls: %q, want %q (the next activation waits for the cancelled call)", got, calls)
 		}
 	})
 }

@@ -126,10 +126,13 @@ func (s *Session) onCallEnded(c actor.Context, turnID string, overdue bool) {
 		s.logger().Warn("the agent call of a cancelled turn has not returned; the next turn starts anyway",
 			"turn", turnID, "waited", s.d.Config.cancelWait())
 	}
-	if s.dead {
-		return
+	switch {
+	case s.dead:
+	case s.fencedOut:
+		s.stopWhenSettled(c) // it hands over once the call has returned
+	default:
+		s.tryStart(c)
 	}
-	s.tryStart(c)
 }
 
 func (s *Session) dropDraft(c actor.Context, r *turnRun) {

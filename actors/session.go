@@ -594,8 +594,11 @@ func (s *Session) handOverAll(c actor.Context) {
 	s.fencedOut = true
 	if s.running != nil {
 		// Its result would be fenced; the new owner runs the message again, in a draft of its
-		// own (on its member, perhaps), so this one's is marked interrupted.
-		s.cancelTurn(c, s.running)
+		// own (on its member, perhaps), so this one's is marked interrupted. The session stops
+		// only once the cancelled call has returned (stopWhenSettled): the key's next
+		// activation here (a restart from the store) must not run beside it.
+		s.cancelAwaited(c, s.running)
+		s.running = nil
 	}
 }
 
@@ -714,7 +717,7 @@ func (s *Session) answerUnstored(c actor.Context, why string) {
 // activation. (A request routed to it before the manager knew of the stop is one of these.)
 func (s *Session) whileStopping(c actor.Context) bool {
 	switch c.Message().(type) {
-	case *persistence.WriteResult, *resendTick, *actor.Stopping, *actor.Stopped:
+	case *persistence.WriteResult, *resendTick, *callEnded, *cancelOverdue, *actor.Stopping, *actor.Stopped:
 		return true
 	case *GetState:
 		if !s.fencedOut {
@@ -742,8 +745,8 @@ func (s *Session) handOver(c actor.Context, msg any, sender *actor.PID) {
 // stopWhenSettled asks the manager to stop a fenced session once no write of it is in flight
 // (each request waiting on one gets its answer first), and hands it what was asked meanwhile.
 func (s *Session) stopWhenSettled(c actor.Context) {
-	if !s.fencedOut || s.passivating || len(s.inflight) > 0 {
-		return
+	if !s.fencedOut || s.passivating || len(s.inflight) > 0 || s.ending() {
+		return // (the key's next activation must not run beside a cancelled call still ending)
 	}
 	s.passivating = true
 	c.Send(c.Parent(), &passivate{key: s.key, pid: c.Self(), fenced: true, rerun: s.stale, pause: s.refused})
