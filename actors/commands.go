@@ -173,8 +173,12 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 				s.logger().Error("store command", "err", err)
 				r.ErrorCode, r.Error = "unavailable", "command could not be stored"
 			}
-			if acted && !s.fencedOut {
-				r.SessionId = "" // not stored: the session starts again from what is
+			if (acted || !errorsIsDuplicate(err)) && !s.fencedOut {
+				// The session starts again from what is stored: memory changed ahead of the
+				// write, or the write may have applied though its answer was lost (a
+				// connection lost after COMMIT), and then its answer waits in the outbox, to
+				// go out before any later one (the reload sends it, in order).
+				r.SessionId = ""
 				s.restartFromStore(c, "the write of /"+cmd.name+" was refused", err)
 			}
 			c.Send(requester, r)

@@ -2,12 +2,15 @@ package actors
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -64,5 +67,40 @@ func TestCommandCaughtByACrashIsAnswered(t *testing.T) {
 			t.Errorf("/title: %+v, want error %s for k1", r, ErrCodeStopped)
 		}
 		synctest.Wait()
+	})
+}
+
+// TestCommandWhoseCommitAnswerWasLostIsAnsweredInOrder: /status is stored, but the answer of
+// its commit is lost (a connection lost after COMMIT): its sender is told it could not be
+// stored, and its answer waits in the outbox. A later /help must not be answered before it:
+// the session starts again from the store, which sends the waiting answer first. (Before, the
+// session went on: /help's answer went out, and /status's only at the next activation, after
+// it.)
+func TestCommandWhoseCommitAnswerWasLostIsAnsweredInOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		w := newManagerWorldWrites(t, agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "ok"}, nil
+		}), nil, func(s persistence.Store) persistence.Store { out.Store = s; return out })
+		w.deliver(t, "m1", "first")
+		w.awaitTurnEnds(1)
+		out.Lost.Store(1)
+		if r := w.deliver(t, "k1", "/status"); r.ErrorCode == "" {
+			t.Fatalf("/status: %+v, want an error (its commit's answer was lost)", r)
+		}
+		w.deliver(t, "k2", "/help")
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		var order []string
+		for len(w.sent) > 0 {
+			for _, id := range (<-w.sent).Out.InReplyTo {
+				if id != "m1" { // sent again by the reload: the world's platform confirms nothing
+					order = append(order, id)
+				}
+			}
+		}
+		if !slices.Equal(order, []string{"k1", "k2"}) {
+			t.Errorf("answers went out for %v, want [k1 k2] (each once, in order)", order)
+		}
 	})
 }
