@@ -154,7 +154,8 @@ type draft struct {
 	lastEdit  time.Time // when the last post or edit went out
 	queued    bool      // a post or edit waits in (or runs from) the key's queue
 	ticking   bool      // a draftTick is armed
-	failed    bool      // the post (or editFailures edits) failed: the final reply is posted anew
+	failed    bool      // the post (or maxDraftEditFailures edits) failed: no more posts or edits
+	broken    bool      // the platform panicked on it: the final reply is posted anew, not edited in
 	editFails int       // edits that failed in a row
 	dropped   bool      // the turn was cancelled: the draft gets its interrupted mark, then is gone
 }
@@ -329,7 +330,11 @@ func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
 		a.log.Debug("edit draft", "session", m.key, "turn", m.turn, "err", m.err)
 		d.lastEdit = time.Now()
 		if d.editFails++; d.editFails >= maxDraftEditFailures || d.dropped || errors.Is(m.err, platforms.ErrUndeliverable) {
-			d.failed = true // the draft stays as it is; the final reply is posted anew
+			// No more edits while the turn streams. The final reply still edits the draft (its
+			// send is retried until it shows), unless the platform panicked on it: one posted
+			// anew would leave the draft above it, showing the start of the same answer.
+			d.failed = true
+			d.broken = errors.Is(m.err, platforms.ErrUndeliverable)
 		}
 	default:
 		if d.id == "" {
@@ -358,7 +363,7 @@ func (a *Platform) finishesDraft(out *platforms.Outbound) *platforms.Outbound {
 		return out
 	}
 	a.endDraft(d)
-	if d.id == "" || d.failed || out.DraftID != "" {
+	if d.id == "" || d.broken || out.DraftID != "" {
 		return out
 	}
 	o := *out

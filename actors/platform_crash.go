@@ -149,7 +149,7 @@ func (a *Platform) dropJob(c actor.Context, j jobRef) {
 		a.log.Error("a draft was being handled during 2 crashes of the platform actor; it is left as it is",
 			"session", j.key, "turn", j.turn)
 		if d := a.drafts[j.turn]; d != nil {
-			d.queued, d.failed = false, true // the final reply is posted anew
+			d.queued, d.failed, d.broken = false, true, true // the final reply is posted anew
 			if d.dropped {
 				a.endDraft(d)
 			}

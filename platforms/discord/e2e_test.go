@@ -55,6 +55,9 @@ type world struct {
 	cfg   *config.Config
 	agent agents.Agent
 	stop  func(t testing.TB) // stops d (once)
+
+	draftInterval time.Duration // supervisor.Options.DraftInterval of the next start
+	logLevel      slog.Level    // of the daemon's log (Info when zero)
 }
 
 // startWorld starts a fake Discord with one guild, one text channel and alice's DM channel,
@@ -68,6 +71,14 @@ func startWorld(t testing.TB, agent agents.Agent, tweak func(*config.Config)) *w
 
 // startWorldNotReady is startWorld without waiting for the gateway to be ready.
 func startWorldNotReady(t testing.TB, agent agents.Agent, tweak func(*config.Config), opts ...discordtest.Option) *world {
+	t.Helper()
+	w := newWorld(t, agent, tweak, opts...)
+	w.start(t)
+	return w
+}
+
+// newWorld is startWorldNotReady without starting the daemon.
+func newWorld(t testing.TB, agent agents.Agent, tweak func(*config.Config), opts ...discordtest.Option) *world {
 	t.Helper()
 	srv := discordtest.New(t, opts...)
 	srv.AddGuild(guildID, "guild")
@@ -87,18 +98,16 @@ func startWorldNotReady(t testing.TB, agent agents.Agent, tweak func(*config.Con
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("config: %v", err)
 	}
-	w := &world{srv: srv, cfg: cfg, agent: agent}
-	w.start(t)
-	return w
+	return &world{srv: srv, cfg: cfg, agent: agent}
 }
 
 // start starts the world's daemon (again, after stop: on the same data directory).
 func (w *world) start(t testing.TB) {
 	t.Helper()
 	buf := &testutil.Buffer{}
-	log := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: w.logLevel}))
 	// The daemon runs on the fake's clock, so message times and backfill_window agree.
-	dm, err := supervisor.Start(t.Context(), w.cfg, log, supervisor.Options{Agent: w.agent, Now: w.srv.Now})
+	dm, err := supervisor.Start(t.Context(), w.cfg, log, supervisor.Options{Agent: w.agent, Now: w.srv.Now, DraftInterval: w.draftInterval})
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}

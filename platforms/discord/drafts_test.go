@@ -1,0 +1,72 @@
+package discord_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/platforms/discord/discordtest"
+)
+
+// Streaming drafts against the fake Discord when its REST calls fail (TestHuntDrafts found
+// each of these).
+
+// startDraftWorld starts a world whose drafts are edited at most every 10 ms.
+func startDraftWorld(t *testing.T, agent agents.Agent) *world {
+	t.Helper()
+	w := newWorld(t, agent, nil)
+	w.draftInterval = 10 * time.Millisecond
+	w.start(t)
+	w.srv.WaitReady(t)
+	return w
+}
+
+// agentWait polls cond from an agent's turn until it holds or ctx ends.
+func agentWait(ctx context.Context, cond func() bool) error {
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// TestDraftWhoseEditsFailIsStillFinished: when the edits of a draft fail until the platform
+// stops editing it, the turn's reply still finishes the draft. Before, the reply was posted as
+// a message of its own and the draft stayed, showing the start of the answer above it.
+func TestDraftWhoseEditsFailIsStillFinished(t *testing.T) {
+	var w *world
+	const final = "one two three: the whole answer"
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		req.Partial("one")
+		if err := agentWait(ctx, func() bool { return len(w.srv.Sent(dmID)) == 1 }); err != nil {
+			return nil, err
+		}
+		w.srv.FailNext("PATCH", "", 500, 3)
+		for i := range 3 { // each edit fails
+			n := w.srv.Requests("PATCH", "")
+			req.Partial(fmt.Sprintf("one two %d", i))
+			if err := agentWait(ctx, func() bool { return w.srv.Requests("PATCH", "") > n }); err != nil {
+				return nil, err
+			}
+		}
+		return &agents.Response{Text: final}, nil
+	})
+	w = startDraftWorld(t, agent)
+	m := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "question"})
+	w.srv.WaitFor(t, "the answer shown", func() bool {
+		got := w.srv.Sent(dmID)
+		return len(got) > 0 && got[len(got)-1].Content == final
+	})
+	got := w.srv.Sent(dmID)
+	if len(got) != 1 {
+		t.Fatalf("bot posted %q, want the draft finished into the answer alone", contents(got))
+	}
+	if ref := got[0].MessageReference; ref == nil || ref.MessageID != m.ID {
+		t.Errorf("the answer references %+v, want the message", ref)
+	}
+}
