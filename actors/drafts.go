@@ -240,9 +240,12 @@ func (a *Platform) onDropDraft(c actor.Context, m *DropDraft) {
 // interruptDraft ends d with the interrupted mark: the edit is queued behind what the key's
 // queue holds, and the draft is forgotten once it shows (or could not be posted at all).
 func (a *Platform) interruptDraft(c actor.Context, d *draft) {
-	if d.failed || (d.id == "" && !d.queued) {
+	if d.broken || (d.id == "" && !d.queued) {
 		a.endDraft(d)
 		return
+	}
+	if d.failed { // its edits failed while it streamed: the mark gets tries of its own
+		d.failed, d.editFails = false, 0
 	}
 	d.dropped = true
 	d.text += InterruptedMark
@@ -255,7 +258,8 @@ func (a *Platform) scheduleDraft(c actor.Context, d *draft) {
 	if d.queued || d.failed || d.text == d.shown {
 		return
 	}
-	if d.id != "" && !d.dropped {
+	// The interrupted mark goes out at once; an edit that failed is tried again after the interval.
+	if d.id != "" && (!d.dropped || d.editFails > 0) {
 		if wait := a.draftInterval() - time.Since(d.lastEdit); wait > 0 {
 			if !d.ticking {
 				d.ticking = true
@@ -329,7 +333,7 @@ func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
 	case m.err != nil:
 		a.log.Debug("edit draft", "session", m.key, "turn", m.turn, "err", m.err)
 		d.lastEdit = time.Now()
-		if d.editFails++; d.editFails >= maxDraftEditFailures || d.dropped || errors.Is(m.err, platforms.ErrUndeliverable) {
+		if d.editFails++; d.editFails >= maxDraftEditFailures || errors.Is(m.err, platforms.ErrUndeliverable) {
 			// No more edits while the turn streams. The final reply still edits the draft (its
 			// send is retried until it shows), unless the platform panicked on it: one posted
 			// anew would leave the draft above it, showing the start of the same answer.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/actors"
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/platforms/discord/discordtest"
 )
@@ -69,4 +70,28 @@ func TestDraftWhoseEditsFailIsStillFinished(t *testing.T) {
 	if ref := got[0].MessageReference; ref == nil || ref.MessageID != m.ID {
 		t.Errorf("the answer references %+v, want the message", ref)
 	}
+}
+
+// TestInterruptedDraftWhoseEditFailsIsMarked: when the edit that marks a cancelled turn's
+// draft interrupted fails once, it is tried again. Before, the draft was left as it was: part
+// of an answer, shown as if it were the whole of it.
+func TestInterruptedDraftWhoseEditFailsIsMarked(t *testing.T) {
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		req.Partial("half an answer")
+		<-ctx.Done() // until /stop
+		return nil, ctx.Err()
+	})
+	w := startDraftWorld(t, agent)
+	w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "question"})
+	draft := w.srv.WaitSent(t, dmID, 1)[0]
+	w.srv.FailNext("PATCH", "", 500, 1)
+	w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "/stop"})
+	w.srv.WaitFor(t, "the draft marked interrupted", func() bool {
+		for _, m := range w.srv.Sent(dmID) {
+			if m.ID == draft.ID {
+				return m.Content == "half an answer"+actors.InterruptedMark
+			}
+		}
+		return false
+	})
 }
