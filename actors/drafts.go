@@ -310,7 +310,7 @@ func postDraft(ctx context.Context, ed platforms.Editor, target identity.Source,
 		}
 	}()
 	if id == "" {
-		return ed.SendDraft(ctx, target, inReplyTo, text)
+		return ed.SendDraft(ctx, target, inReplyTo, turn, text)
 	}
 	return "", ed.EditDraft(ctx, target, id, text)
 }
@@ -328,6 +328,15 @@ func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
 	d.queued = false
 	switch {
 	case m.err != nil && d.id == "":
+		if d.editFails++; d.editFails < maxDraftEditFailures && !errors.Is(m.err, platforms.ErrUndeliverable) {
+			// The post may have been made and its answer lost: it is tried again at once, before
+			// anything else of the key (the final reply may be next), with the same key, which
+			// finds the draft already posted.
+			a.log.Debug("post draft; trying again", "session", m.key, "turn", m.turn, "err", m.err)
+			d.queued = true
+			a.queues[m.key] = slices.Insert(a.queues[m.key], 0, &job{draftTurn: d.turn})
+			return
+		}
 		d.failed = true // the final reply is posted as a message of its own
 		a.log.Warn("post draft", "session", m.key, "turn", m.turn, "err", m.err)
 	case m.err != nil:

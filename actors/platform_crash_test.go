@@ -54,11 +54,11 @@ func (f *faultyPlatform) Run(ctx context.Context, deliver platforms.Deliver) err
 	return f.Fake.Run(ctx, deliver)
 }
 
-func (f *faultyPlatform) SendDraft(ctx context.Context, target identity.Source, inReplyTo []string, text string) (string, error) {
+func (f *faultyPlatform) SendDraft(ctx context.Context, target identity.Source, inReplyTo []string, key, text string) (string, error) {
 	if f.draftPanics.Add(-1) >= 0 {
 		panic("adapter bug in send draft")
 	}
-	return f.EditorFake.SendDraft(ctx, target, inReplyTo, text)
+	return f.EditorFake.SendDraft(ctx, target, inReplyTo, key, text)
 }
 
 func (f *faultyPlatform) Show(*platforms.Outbound) {

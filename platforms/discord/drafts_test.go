@@ -95,3 +95,34 @@ func TestInterruptedDraftWhoseEditFailsIsMarked(t *testing.T) {
 		return false
 	})
 }
+
+// TestDraftWhosePostLostItsAnswerIsFinished: when Discord posts a draft but its answer is lost
+// (a 500 after the post), the post is tried again with the same nonce, which finds the draft
+// posted, and the reply finishes it. Before, the draft counted as never posted: the reply was
+// posted as a message of its own, under a draft left showing the start of the answer.
+func TestDraftWhosePostLostItsAnswerIsFinished(t *testing.T) {
+	var w *world
+	const final = "thinking done: the whole answer"
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		req.Partial("thinking")
+		posts := func() int { return w.srv.Requests("POST", "/channels/"+dmID+"/messages") }
+		if err := agentWait(ctx, func() bool { return posts() >= 2 }); err != nil { // the lost post, and its retry
+			return nil, err
+		}
+		return &agents.Response{Text: final}, nil
+	})
+	w = startDraftWorld(t, agent)
+	w.srv.FailNextAfter("POST", "/channels/"+dmID+"/messages", 500, 1)
+	m := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "question"})
+	w.srv.WaitFor(t, "the answer shown", func() bool {
+		got := w.srv.Sent(dmID)
+		return len(got) > 0 && got[len(got)-1].Content == final
+	})
+	got := w.srv.Sent(dmID)
+	if len(got) != 1 {
+		t.Fatalf("bot posted %q, want the draft finished into the answer alone", contents(got))
+	}
+	if ref := got[0].MessageReference; ref == nil || ref.MessageID != m.ID {
+		t.Errorf("the answer references %+v, want the message", ref)
+	}
+}

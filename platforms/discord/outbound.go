@@ -135,10 +135,14 @@ func replyRef(out *platforms.Outbound) string {
 	return refFor(out.Target, out.InReplyTo[len(out.InReplyTo)-1])
 }
 
-// SendDraft posts the first text of a streaming reply.
-func (p *Platform) SendDraft(ctx context.Context, target identity.Source, inReplyTo []string, text string) (string, error) {
+// SendDraft posts the first text of a streaming reply, with a nonce Discord enforces made from
+// key: a retry after a lost answer returns the draft already posted.
+func (p *Platform) SendDraft(ctx context.Context, target identity.Source, inReplyTo []string, key, text string) (string, error) {
 	channel := replyChannel(target)
 	msg := &sendBody{Content: draftText(text), AllowedMentions: noMentions()}
+	if key != "" {
+		msg.Nonce, msg.EnforceNonce = nonce("draft/"+key, 0), true
+	}
 	if ref := replyRef(&platforms.Outbound{Target: target, InReplyTo: inReplyTo}); ref != "" {
 		msg.Reference = &discordgo.MessageReference{MessageID: ref, ChannelID: channel, FailIfNotExists: new(false)}
 	}

@@ -84,7 +84,7 @@ func TestLongRateLimitEndsTheDraftEdit(t *testing.T) {
 	reply := func(chat string) (*platforms.Outbound, string) {
 		t.Helper()
 		target := identity.Source{Platform: Name, ChatType: identity.ChatDM, ChatID: chat}
-		draft, err := p.SendDraft(t.Context(), target, nil, "thinking")
+		draft, err := p.SendDraft(t.Context(), target, nil, "", "thinking")
 		if err != nil {
 			t.Fatalf("SendDraft = %v", err)
 		}
@@ -195,7 +195,7 @@ func TestEveryCallWaitsOnlyWithinItsDeadline(t *testing.T) {
 			w.msg = w.srv.Post(discordtest.UserMessage{ChannelID: text, Author: alice, Content: "hello"}).ID
 			p := mustNew(t, w.srv)
 			var err error
-			if w.draft, err = p.SendDraft(t.Context(), dmTarget, nil, "thinking"); err != nil {
+			if w.draft, err = p.SendDraft(t.Context(), dmTarget, nil, "", "thinking"); err != nil {
 				t.Fatalf("SendDraft = %v", err)
 			}
 			path := tc.path(w)
@@ -248,7 +248,7 @@ func TestGlobalRateLimitHoldsEveryRoute(t *testing.T) {
 	srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
 	target := identity.Source{Platform: Name, ChatType: identity.ChatDM, ChatID: dm}
 	p := mustNew(t, srv)
-	draft, err := p.SendDraft(t.Context(), target, nil, "thinking")
+	draft, err := p.SendDraft(t.Context(), target, nil, "", "thinking")
 	if err != nil {
 		t.Fatalf("SendDraft = %v", err)
 	}

@@ -37,8 +37,9 @@ func (d *Draft) Text() string {
 // finishes that draft (it is also recorded as sent, like any Outbound).
 type EditorFake struct {
 	*Fake
-	drafts  []*Draft // guarded by Fake.mu
-	deleted []string // ids DeleteDraft was called with, in order; guarded by Fake.mu
+	drafts  []*Draft          // guarded by Fake.mu
+	deleted []string          // ids DeleteDraft was called with, in order; guarded by Fake.mu
+	keys    map[string]string // the key of each draft SendDraft posted → its id; guarded by Fake.mu
 }
 
 var _ platforms.Editor = (*EditorFake)(nil)
@@ -48,8 +49,9 @@ func NewEditorFake(name string) *EditorFake {
 	return &EditorFake{Fake: NewFake(name)}
 }
 
-// SendDraft records a new draft and returns its id ("draft-1", "draft-2", …).
-func (f *EditorFake) SendDraft(ctx context.Context, target identity.Source, inReplyTo []string, text string) (string, error) {
+// SendDraft records a new draft and returns its id ("draft-1", "draft-2", …); a draft with key
+// already recorded is returned as it is.
+func (f *EditorFake) SendDraft(ctx context.Context, target identity.Source, inReplyTo []string, key, text string) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", fmt.Errorf("send draft: %w", err)
 	}
@@ -58,7 +60,16 @@ func (f *EditorFake) SendDraft(ctx context.Context, target identity.Source, inRe
 	if f.sendErr != nil {
 		return "", f.sendErr
 	}
+	if id, ok := f.keys[key]; ok && key != "" {
+		return id, nil
+	}
 	d := &Draft{ID: fmt.Sprintf("draft-%d", len(f.drafts)+1), Target: target, InReplyTo: slices.Clone(inReplyTo), Texts: []string{text}}
+	if key != "" {
+		if f.keys == nil {
+			f.keys = map[string]string{}
+		}
+		f.keys[key] = d.ID
+	}
 	f.drafts = append(f.drafts, d)
 	f.notifyLocked()
 	return d.ID, nil

@@ -15,7 +15,7 @@ func TestEditorFakeDraftsGrowAndFinish(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	target := identity.Source{Platform: FakeName, ChatType: identity.ChatDM, ChatID: "c"}
-	id, err := f.SendDraft(ctx, target, []string{"m1"}, "Hel")
+	id, err := f.SendDraft(ctx, target, []string{"m1"}, "t1", "Hel")
 	if err != nil || id != "draft-1" {
 		t.Fatalf("SendDraft = %q, %v; want draft-1, nil", id, err)
 	}
