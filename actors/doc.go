@@ -25,10 +25,10 @@
 //     session cancels it by stopping it. A panic in the agent is handed to the session, which
 //     re-raises it and restarts (G5).
 //   - Platform (top level, "platform-<name>"): StartIntake, SendOutbound, and for a
-//     platforms.Editor DraftText (from a turn's Request.Partial) and DropDraft. Runs a platform's
-//     inbound loop with capped backoff and delivers outbound messages in order per session key,
-//     confirming each delivery in the outbox; posts and edits the drafts of streaming turns in
-//     the same per-key order.
+//     platforms.Editor DraftText (from a turn's Request.Partial), FinishDraft and DropDraft.
+//     Runs a platform's inbound loop with capped backoff and delivers outbound messages in order
+//     per session key, confirming each delivery in the outbox; posts and edits the drafts of
+//     streaming turns in the same per-key order.
 //
 // Intake (not an actor) builds session keys for inbound messages and asks sessions through a
 // SessionRouter; LocalRouter routes through the SessionManager.

@@ -142,6 +142,16 @@ func (s *Session) dropDraft(c actor.Context, r *turnRun) {
 	}
 }
 
+// finishDraft tells the platform actor that r has ended and its final outbound follows (finish),
+// before the session's next turn can start: that turn streams while r's result is written, and
+// r's draft must wait for its reply, not be taken for the draft of a crashed turn.
+func (s *Session) finishDraft(c actor.Context, r *turnRun) {
+	p := r.items[0].src.Platform
+	if pid := s.d.Platforms[p]; pid != nil && s.d.Editors[p] {
+		c.Send(pid, &FinishDraft{SessionKey: s.key, TurnID: r.id})
+	}
+}
+
 // draft is the draft of one turn.
 type draft struct {
 	key       string
@@ -158,6 +168,7 @@ type draft struct {
 	broken    bool      // the platform panicked on it: the final reply is posted anew, not edited in
 	editFails int       // edits that failed in a row
 	dropped   bool      // the turn was cancelled: the draft gets its interrupted mark, then is gone
+	finishing bool      // the turn has ended: its final outbound is on its way (FinishDraft)
 }
 
 // endedTurns remembers the last endedTurnsKept turns whose drafts are over.
@@ -223,9 +234,16 @@ func (a *Platform) abandonDraft(c actor.Context, key, turn string) {
 	if live == "" || live == turn {
 		return
 	}
-	if prev := a.drafts[live]; prev != nil && !prev.dropped {
+	if prev := a.drafts[live]; prev != nil && !prev.dropped && !prev.finishing {
 		a.ended.add(live)
 		a.interruptDraft(c, prev)
+	}
+}
+
+// onFinishDraft notes that a turn has ended: its draft waits for the turn's final outbound.
+func (a *Platform) onFinishDraft(m *FinishDraft) {
+	if d := a.drafts[m.TurnID]; d != nil && d.key == m.SessionKey {
+		d.finishing = true
 	}
 }
 

@@ -215,6 +215,13 @@ type DropDraft struct {
 	TurnID     string
 }
 
+// FinishDraft tells the platform actor that a turn has ended and its final outbound follows
+// once stored: its draft waits for it, though the key's next turn may stream meanwhile.
+type FinishDraft struct {
+	SessionKey string
+	TurnID     string
+}
+
 // draftDone is the result of one SendDraft or EditDraft, from the sending goroutine.
 type draftDone struct {
 	key  string

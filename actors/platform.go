@@ -170,6 +170,8 @@ func (a *Platform) Receive(c actor.Context) {
 		a.onDraftText(c, m)
 	case *DropDraft:
 		a.onDropDraft(c, m)
+	case *FinishDraft:
+		a.onFinishDraft(m)
 	case *draftDone:
 		a.onDraftDone(c, m)
 	case *draftTick:

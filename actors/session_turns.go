@@ -350,6 +350,7 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 		s.stoppedBySignal(c, r, m.Err)
 		return
 	}
+	s.finishDraft(c, r)
 	if m.Err != nil {
 		s.d.Metrics.TurnsTotal.WithLabelValues("error").Inc()
 		s.logger().Warn("turn failed", "turn", r.id, "err", m.Err)
@@ -441,6 +442,7 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string,
 			} else {
 				s.logger().Error("store turn result", "turn", r.id, "err", err)
 			}
+			s.dropDraft(c, r) // no reply finishes it: the message answers anew
 			if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {
 				// Nothing of the turn is stored: its message is still pending and runs again.
 				// A reply sent now would be the first of two.
