@@ -41,7 +41,7 @@ import (
 const DefaultDraftInterval = time.Second
 
 // InterruptedMark ends the text of a draft whose turn was cancelled or crashed.
-const InterruptedMark = "\n\n⏹ (interrupted)"
+const InterruptedMark = platforms.InterruptedMark
 
 // maxDraftEditFailures is how many edits of a draft may fail in a row before it is left alone.
 const maxDraftEditFailures = 3

@@ -122,6 +122,10 @@ type Editor interface {
 	DeleteDraft(ctx context.Context, target identity.Source, id string) error
 }
 
+// InterruptedMark ends the text of a draft whose turn was cancelled or crashed (EditDraft). An
+// adapter that cuts a draft too long for one message keeps it.
+const InterruptedMark = "\n\n⏹ (interrupted)"
+
 // Errors a Deliver may return, so adapters can map them to their own answers.
 var (
 	// ErrDraining means the daemon is stopping and takes no new messages.

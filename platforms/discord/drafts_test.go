@@ -3,6 +3,7 @@ package discord_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,5 +125,35 @@ func TestDraftWhosePostLostItsAnswerIsFinished(t *testing.T) {
 	}
 	if ref := got[0].MessageReference; ref == nil || ref.MessageID != m.ID {
 		t.Errorf("the answer references %+v, want the message", ref)
+	}
+}
+
+// TestLongInterruptedDraftShowsItsMark: a cancelled turn's draft longer than one Discord
+// message shows its start and the interrupted mark. Before, the mark, at the end of the text,
+// was cut off with the rest, and the draft went on showing part of an answer as if it were all.
+func TestLongInterruptedDraftShowsItsMark(t *testing.T) {
+	long := strings.Repeat("a long answer ", 200) // 2,800 characters
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		req.Partial(long)
+		<-ctx.Done() // until /stop
+		return nil, ctx.Err()
+	})
+	w := startDraftWorld(t, agent)
+	w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "question"})
+	draft := w.srv.WaitSent(t, dmID, 1)[0]
+	w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "/stop"})
+	w.srv.WaitSent(t, dmID, 2) // the answer to /stop
+	w.srv.WaitFor(t, "the draft marked interrupted", func() bool {
+		for _, m := range w.srv.Sent(dmID) {
+			if m.ID == draft.ID {
+				return strings.HasSuffix(m.Content, actors.InterruptedMark)
+			}
+		}
+		return false
+	})
+	for _, m := range w.srv.Sent(dmID) {
+		if m.ID == draft.ID && !strings.HasPrefix(m.Content, long[:1000]) {
+			t.Errorf("the draft shows %.80q…, want the start of the answer", m.Content)
+		}
 	}
 }

@@ -172,13 +172,19 @@ func (p *Platform) DeleteDraft(ctx context.Context, target identity.Source, id s
 	return nil
 }
 
-// draftText is as much of a growing reply as fits one message; the final reply is split.
+// draftText is as much of a growing reply as fits one message, and its interrupted mark if it
+// has one; the final reply is split.
 func draftText(text string) string {
 	r := []rune(text)
 	if len(r) <= MaxMessageLen {
 		return text
 	}
-	return string(r[:MaxMessageLen-1]) + "…"
+	mark := ""
+	if strings.HasSuffix(text, platforms.InterruptedMark) {
+		mark = platforms.InterruptedMark
+		r = []rune(strings.TrimSuffix(text, mark))
+	}
+	return string(r[:MaxMessageLen-1-utf8.RuneCountInString(mark)]) + "…" + mark
 }
 
 func (p *Platform) editContent(ctx context.Context, channel, id, text string) error {
