@@ -169,6 +169,7 @@ type draft struct {
 	editFails int       // edits that failed in a row
 	dropped   bool      // the turn was cancelled: the draft gets its interrupted mark, then is gone
 	finishing bool      // the turn has ended: its final outbound is on its way (FinishDraft)
+	after     string    // the key's earlier turn whose draft waits for its reply: posted after it
 }
 
 // endedTurns remembers the last endedTurnsKept turns whose drafts are over.
@@ -210,6 +211,12 @@ func (a *Platform) onDraftText(c actor.Context, m *DraftText) {
 	if d == nil {
 		a.abandonDraft(c, m.SessionKey, m.TurnID)
 		d = &draft{key: m.SessionKey, turn: m.TurnID, target: m.Target, inReplyTo: m.InReplyTo}
+		// The key's previous draft is still here, waiting for its turn's reply (FinishDraft) or
+		// its interrupted mark: this one is posted once that one is over, so the chat never shows
+		// two drafts in progress.
+		if prev := a.drafts[a.liveDraft[m.SessionKey]]; prev != nil && (prev.finishing || prev.dropped) {
+			d.after = prev.turn
+		}
 		a.drafts[m.TurnID] = d
 		a.liveDraft[m.SessionKey] = m.TurnID
 	}
@@ -217,13 +224,18 @@ func (a *Platform) onDraftText(c actor.Context, m *DraftText) {
 	a.scheduleDraft(c, d)
 }
 
-// endDraft forgets a draft; later texts of its turn are ignored.
-func (a *Platform) endDraft(d *draft) {
+// endDraft forgets a draft; later texts of its turn are ignored. The key's next draft, if it
+// waits for this one, is scheduled by a draftTick (endDraft may run inside pump).
+func (a *Platform) endDraft(c actor.Context, d *draft) {
 	delete(a.drafts, d.turn)
 	if a.liveDraft[d.key] == d.turn {
 		delete(a.liveDraft, d.key)
 	}
 	a.ended.add(d.turn)
+	if next := a.drafts[a.liveDraft[d.key]]; next != nil && next.after == d.turn {
+		next.after = ""
+		c.Send(c.Self(), &draftTick{turn: next.turn})
+	}
 }
 
 // abandonDraft marks the draft of an earlier turn of key as interrupted when turn, the turn
@@ -259,7 +271,7 @@ func (a *Platform) onDropDraft(c actor.Context, m *DropDraft) {
 // queue holds, and the draft is forgotten once it shows (or could not be posted at all).
 func (a *Platform) interruptDraft(c actor.Context, d *draft) {
 	if d.broken || (d.id == "" && !d.queued) {
-		a.endDraft(d)
+		a.endDraft(c, d)
 		return
 	}
 	if d.failed { // its edits failed while it streamed: the mark gets tries of its own
@@ -273,7 +285,7 @@ func (a *Platform) interruptDraft(c actor.Context, d *draft) {
 // scheduleDraft queues a post or edit of d when its text changed, at most one per
 // DraftInterval (a timer brings a throttled edit later, with the latest text).
 func (a *Platform) scheduleDraft(c actor.Context, d *draft) {
-	if d.queued || d.failed || d.text == d.shown {
+	if d.queued || d.failed || d.after != "" || d.text == d.shown {
 		return
 	}
 	// The interrupted mark goes out at once; an edit that failed is tried again after the interval.
@@ -380,7 +392,7 @@ func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
 		if !d.failed {
 			a.closeDraft(c, d.id) // it shows its interrupted mark; a failed one is left to removeOldDrafts
 		}
-		a.endDraft(d)
+		a.endDraft(c, d)
 		return
 	}
 	a.scheduleDraft(c, d)
@@ -388,12 +400,12 @@ func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
 
 // finishesDraft returns out with DraftID set when it is the final outbound of a turn with a
 // draft; the draft is then over.
-func (a *Platform) finishesDraft(out *platforms.Outbound) *platforms.Outbound {
+func (a *Platform) finishesDraft(c actor.Context, out *platforms.Outbound) *platforms.Outbound {
 	d := a.drafts[out.TurnID]
 	if out.TurnID == "" || d == nil || d.dropped || d.key != out.SessionKey {
 		return out
 	}
-	a.endDraft(d)
+	a.endDraft(c, d)
 	if d.id == "" || d.broken || out.DraftID != "" {
 		return out
 	}

@@ -279,7 +279,7 @@ func (a *Platform) pump(c actor.Context, key string) {
 	if q[0].draftTurn != "" {
 		a.sendDraft(c, key, q[0].draftTurn)
 	} else {
-		q[0].out = a.finishesDraft(q[0].out)
+		q[0].out = a.finishesDraft(c, q[0].out)
 		out, p, self, root := q[0].out, a.p, c.Self(), c.ActorSystem().Root
 		ctx, log := a.d.Ctx, a.log
 		go func() {

@@ -151,7 +151,7 @@ func (a *Platform) dropJob(c actor.Context, j jobRef) {
 		if d := a.drafts[j.turn]; d != nil {
 			d.queued, d.failed, d.broken = false, true, true // the final reply is posted anew
 			if d.dropped {
-				a.endDraft(d)
+				a.endDraft(c, d)
 			}
 		}
 		return

@@ -38,13 +38,16 @@ func (s *holdReply) Commit(ctx context.Context, groups [][]persistence.Op) []err
 func TestNextTurnLeavesTheFinishedDraftToItsReply(t *testing.T) {
 	var mu sync.Mutex
 	calls := 0
-	posted := make(chan struct{})
+	posted, streamed := make(chan struct{}), make(chan struct{})
 	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 		mu.Lock()
 		calls++
 		n := calls
 		mu.Unlock()
 		req.Partial(fmt.Sprintf("answer %d, part", n))
+		if n == 2 {
+			close(streamed)
+		}
 		if n == 1 {
 			select { // the second message is queued
 			case <-posted:
@@ -63,7 +66,11 @@ func TestNextTurnLeavesTheFinishedDraftToItsReply(t *testing.T) {
 	r.inject(t, dm, "m2", "second")
 	close(posted)
 	// The second turn streams while the first one's reply waits for its write.
-	waitUntil(t, func() bool { return len(r.editor.Drafts()) == 2 })
+	select {
+	case <-streamed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the second turn never streamed")
+	}
 	close(st.release)
 	r.waitSent(t, 2) // both replies
 	ds := r.editor.Drafts()
