@@ -274,9 +274,7 @@ func (a *Platform) interruptDraft(c actor.Context, d *draft) {
 		a.endDraft(c, d)
 		return
 	}
-	if d.failed { // its edits failed while it streamed: the mark gets tries of its own
-		d.failed, d.editFails = false, 0
-	}
+	d.failed, d.editFails = false, 0 // the mark gets tries of its own, though edits failed before
 	d.dropped = true
 	d.text += InterruptedMark
 	a.scheduleDraft(c, d)

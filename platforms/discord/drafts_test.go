@@ -157,3 +157,46 @@ func TestLongInterruptedDraftShowsItsMark(t *testing.T) {
 		}
 	}
 }
+
+// TestInterruptedDraftAfterFailedEditsIsMarked: the edit that marks a cancelled turn's draft
+// interrupted gets tries of its own, though edits of the draft failed just before. Before, it
+// got what the streaming edits had left of theirs (here one), and the draft was left showing
+// part of an answer.
+func TestInterruptedDraftAfterFailedEditsIsMarked(t *testing.T) {
+	var w *world
+	failed := make(chan struct{})
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		req.Partial("one")
+		if err := agentWait(ctx, func() bool { return len(w.srv.Sent(dmID)) == 1 }); err != nil {
+			return nil, err
+		}
+		w.srv.FailNext("PATCH", "", 500, 3) // two streaming edits, and the mark's first try
+		for _, text := range []string{"one two", "one two three"} {
+			n := w.srv.Requests("PATCH", "")
+			req.Partial(text)
+			if err := agentWait(ctx, func() bool { return w.srv.Requests("PATCH", "") > n }); err != nil {
+				return nil, err
+			}
+		}
+		close(failed)
+		<-ctx.Done() // until /stop
+		return nil, ctx.Err()
+	})
+	w = startDraftWorld(t, agent)
+	w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "question"})
+	draft := w.srv.WaitSent(t, dmID, 1)[0]
+	select {
+	case <-failed:
+	case <-time.After(discordtest.WaitTimeout):
+		t.Fatal("the draft's edits were not tried")
+	}
+	w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "/stop"})
+	w.srv.WaitFor(t, "the draft marked interrupted", func() bool {
+		for _, m := range w.srv.Sent(dmID) {
+			if m.ID == draft.ID {
+				return m.Content == "one two three"+actors.InterruptedMark
+			}
+		}
+		return false
+	})
+}
