@@ -19,6 +19,7 @@ import (
 	agentexec "github.com/agentgate/agentgate/agents/exec"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/platforms"
@@ -47,32 +48,7 @@ var modelSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8}
 const modelSteps = 40
 
 func TestModelSessions(t *testing.T) {
-	seeds, steps := modelSeeds, modelSteps
-	if v := os.Getenv("AGENTGATE_MODEL_SEEDS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			t.Fatalf("AGENTGATE_MODEL_SEEDS=%q: %v", v, err)
-		}
-		seeds = nil
-		base := uint64(time.Now().UnixNano())
-		for i := range n {
-			seeds = append(seeds, base+uint64(i))
-		}
-	}
-	if v := os.Getenv("AGENTGATE_MODEL_SEED"); v != "" {
-		s, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			t.Fatalf("AGENTGATE_MODEL_SEED=%q: %v", v, err)
-		}
-		seeds = []uint64{s}
-	}
-	if v := os.Getenv("AGENTGATE_MODEL_STEPS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			t.Fatalf("AGENTGATE_MODEL_STEPS=%q: %v", v, err)
-		}
-		steps = n
-	}
+	seeds, steps := testutil.HuntSeeds(t, "AGENTGATE_MODEL", modelSeeds, modelSteps)
 	script := modelScript(t)
 	for _, seed := range seeds {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {

@@ -9,12 +9,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
@@ -57,32 +57,7 @@ func TestOutageHunt(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits out SQLite's busy timeout")
 	}
-	seeds, steps := outageSeeds, outageSteps
-	if v := os.Getenv("AGENTGATE_OUTAGE_SEEDS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			t.Fatalf("AGENTGATE_OUTAGE_SEEDS=%q: %v", v, err)
-		}
-		seeds = nil
-		base := uint64(time.Now().UnixNano())
-		for i := range n {
-			seeds = append(seeds, base+uint64(i))
-		}
-	}
-	if v := os.Getenv("AGENTGATE_OUTAGE_SEED"); v != "" {
-		s, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			t.Fatalf("AGENTGATE_OUTAGE_SEED=%q: %v", v, err)
-		}
-		seeds = []uint64{s}
-	}
-	if v := os.Getenv("AGENTGATE_OUTAGE_STEPS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			t.Fatalf("AGENTGATE_OUTAGE_STEPS=%q: %v", v, err)
-		}
-		steps = n
-	}
+	seeds, steps := testutil.HuntSeeds(t, "AGENTGATE_OUTAGE", outageSeeds, outageSteps)
 	script := modelScript(t)
 	for _, seed := range seeds {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {

@@ -14,7 +14,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,6 +25,7 @@ import (
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/postgres"
@@ -54,32 +54,7 @@ import (
 // AGENTGATE_CLUSTER_SEEDS=N runs N new seeds instead of the fixed ones; AGENTGATE_CLUSTER_SEED=S
 // runs seed S alone (to replay a failure); AGENTGATE_CLUSTER_STEPS sets the steps per seed.
 func TestClusterHunt(t *testing.T) {
-	seeds, steps := clusterHuntSeeds, clusterHuntSteps
-	if v := os.Getenv("AGENTGATE_CLUSTER_SEEDS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			t.Fatalf("AGENTGATE_CLUSTER_SEEDS=%q: %v", v, err)
-		}
-		seeds = nil
-		base := uint64(time.Now().UnixNano())
-		for i := range n {
-			seeds = append(seeds, base+uint64(i))
-		}
-	}
-	if v := os.Getenv("AGENTGATE_CLUSTER_SEED"); v != "" {
-		s, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			t.Fatalf("AGENTGATE_CLUSTER_SEED=%q: %v", v, err)
-		}
-		seeds = []uint64{s}
-	}
-	if v := os.Getenv("AGENTGATE_CLUSTER_STEPS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			t.Fatalf("AGENTGATE_CLUSTER_STEPS=%q: %v", v, err)
-		}
-		steps = n
-	}
+	seeds, steps := testutil.HuntSeeds(t, "AGENTGATE_CLUSTER", clusterHuntSeeds, clusterHuntSteps)
 	script := MustExecAgent(t, clusterHuntScript)
 	for _, seed := range seeds {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
