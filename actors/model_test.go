@@ -407,6 +407,34 @@ func (m *model) down() {
 	m.daemon = nil
 }
 
+// advance lets up to upTo pass, now and then 40 s: past passivation and an idle reset.
+func (m *model) advance(upTo time.Duration) {
+	d := time.Duration(m.rng.IntN(int(upTo/time.Millisecond))) * time.Millisecond
+	if m.rng.IntN(6) == 0 {
+		d = 40 * time.Second
+	}
+	m.logf("advance %v", d)
+	time.Sleep(d)
+	synctest.Wait()
+}
+
+// restart stops the daemon drained, killed or plainly, drawing one of kinds (3, or 4 for
+// plainly twice as often), and starts it again on the same database.
+func (m *model) restart(kinds int) {
+	switch m.rng.IntN(kinds) {
+	case 0:
+		m.logf("restart (drain)")
+		m.stop(true)
+	case 1:
+		m.logf("restart (killed)")
+		m.kill()
+	default:
+		m.logf("restart")
+		m.stop(false)
+	}
+	m.start()
+}
+
 // run drives the sessions through steps random actions.
 func (m *model) run(steps int) {
 	for range steps {
@@ -428,26 +456,9 @@ func (m *model) run(steps int) {
 			synctest.Wait()
 			m.fake.SetSendError(nil)
 		case p < 91:
-			d := time.Duration(m.rng.IntN(8000)) * time.Millisecond
-			if m.rng.IntN(6) == 0 {
-				d = 40 * time.Second // past passivation and an idle reset
-			}
-			m.logf("advance %v", d)
-			time.Sleep(d)
-			synctest.Wait()
+			m.advance(8000 * time.Millisecond)
 		default:
-			switch m.rng.IntN(4) {
-			case 0:
-				m.logf("restart (drain)")
-				m.stop(true)
-			case 1:
-				m.logf("restart (killed)")
-				m.kill()
-			default:
-				m.logf("restart")
-				m.stop(false)
-			}
-			m.start()
+			m.restart(4)
 		}
 	}
 	// Quiesce: every turn ends (the longest is a few seconds), every reply is sent and marked.

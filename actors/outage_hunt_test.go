@@ -239,26 +239,9 @@ func (m *model) runOutage(steps int) {
 				o.unlock()
 			}
 		case p < 88:
-			d := time.Duration(m.rng.IntN(4000)) * time.Millisecond
-			if m.rng.IntN(6) == 0 {
-				d = 40 * time.Second // past passivation and an idle reset
-			}
-			m.logf("advance %v", d)
-			time.Sleep(d)
-			synctest.Wait()
+			m.advance(4000 * time.Millisecond)
 		default:
-			switch m.rng.IntN(3) {
-			case 0:
-				m.logf("restart (drain)")
-				m.stop(true)
-			case 1:
-				m.logf("restart (killed)")
-				m.kill()
-			default:
-				m.logf("restart")
-				m.stop(false)
-			}
-			m.start()
+			m.restart(3)
 		}
 	}
 	m.logf("database and spool healed")
