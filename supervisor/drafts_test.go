@@ -73,12 +73,15 @@ func TestNextTurnLeavesTheFinishedDraftToItsReply(t *testing.T) {
 	}
 	close(st.release)
 	r.waitSent(t, 2) // both replies
+	// The second turn's draft waits until the first one is over; its reply may come first,
+	// and then no draft is posted for it at all (nothing partial was ever shown).
 	ds := r.editor.Drafts()
-	if ds[0].Text() != "answer 1" || !ds[0].Final || ds[1].Text() != "answer 2" || !ds[1].Final {
-		t.Errorf("drafts = %+v, want each finished with its turn's answer", ds)
+	if len(ds) == 0 || len(ds) > 2 || ds[0].Text() != "answer 1" || !ds[0].Final ||
+		len(ds) == 2 && (ds[1].Text() != "answer 2" || !ds[1].Final) {
+		t.Errorf("drafts = %+v, want the first finished with answer 1, and a second, if any, with answer 2", ds)
 	}
 	for _, out := range r.fake.Sent() {
-		if out.DraftID == "" {
+		if out.DraftID == "" && (out.Text == "answer 1" || len(ds) == 2) {
 			t.Errorf("reply %q posted as a message of its own, not finishing its draft", out.Text)
 		}
 	}
