@@ -515,9 +515,12 @@ func TestQuarantinedTurnsDraftIsClosed(t *testing.T) {
 		return len(ds)
 	}
 	waitUntil(t, func() bool { return open() == 0 })
+	// One draft per crashed turn, but a turn's draft waits until the chat's previous draft is
+	// over (its mark shown), and a rerun that crashes before that posts none: nothing partial
+	// of it was ever shown.
 	ds := r.editor.Drafts()
-	if len(ds) != chats*actors.QuarantineAfter {
-		t.Fatalf("%d drafts posted, want %d (one per crashed turn)", len(ds), chats*actors.QuarantineAfter)
+	if len(ds) < chats || len(ds) > chats*actors.QuarantineAfter {
+		t.Fatalf("%d drafts posted, want %d to %d (at most one per crashed turn)", len(ds), chats, chats*actors.QuarantineAfter)
 	}
 	for _, d := range ds {
 		if !strings.HasSuffix(d.Text(), actors.InterruptedMark) {
