@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -140,7 +139,7 @@ func (a *modelAgent) Run(ctx context.Context, req *agents.Request) (*agents.Resp
 	a.runs = append(a.runs, rec)
 	a.mu.Unlock()
 	text := req.Messages[len(req.Messages)-1].Text
-	delay := time.Duration(planInt(text, "d=")) * time.Second
+	delay := time.Duration(testutil.PlanInt(text, "d=")) * time.Second
 	sub := *req
 	sub.Steer = nil
 	sub.Messages = slices.Clone(req.Messages)
@@ -177,7 +176,7 @@ wait:
 	if resp != nil {
 		rec.env = parseModelReply(resp.Text)
 	}
-	n := planInt(text, "panic-"+id+".")
+	n := testutil.PlanInt(text, "panic-"+id+".")
 	crash := n > 0 && a.crashes[id] < n && err == nil
 	if crash {
 		a.crashes[id]++
@@ -188,20 +187,6 @@ wait:
 		panic("model agent: planned crash of " + id)
 	}
 	return resp, err
-}
-
-// planInt reads the number after tag in a message text; 0 if there is none.
-func planInt(text, tag string) int {
-	_, after, ok := strings.Cut(text, tag)
-	if !ok {
-		return 0
-	}
-	end := strings.IndexFunc(after, func(r rune) bool { return r < '0' || r > '9' })
-	if end < 0 {
-		end = len(after)
-	}
-	n, _ := strconv.Atoi(after[:end])
-	return n
 }
 
 // modelDaemon is one run of the daemon's actors over the model's database.

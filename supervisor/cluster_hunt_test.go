@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -315,7 +314,7 @@ func (h *hunt) agentOf(member string) agents.Agent {
 			return nil, ctx.Err()
 		}
 		defer context.AfterFunc(ctx, func() { h.rec.cancel(c) })()
-		delay := time.Duration(huntInt(req.Messages[len(req.Messages)-1].Text, "d=")) * time.Millisecond
+		delay := time.Duration(testutil.PlanInt(req.Messages[len(req.Messages)-1].Text, "d=")) * time.Millisecond
 		timer := time.NewTimer(delay)
 		defer timer.Stop()
 		select {
@@ -328,20 +327,6 @@ func (h *hunt) agentOf(member string) agents.Agent {
 		h.rec.end(c, ctx.Err() != nil)
 		return resp, err
 	})
-}
-
-// huntInt reads the number after tag in text; 0 if there is none.
-func huntInt(text, tag string) int {
-	_, after, ok := strings.Cut(text, tag)
-	if !ok {
-		return 0
-	}
-	end := strings.IndexFunc(after, func(r rune) bool { return r < '0' || r > '9' })
-	if end < 0 {
-		end = len(after)
-	}
-	n, _ := strconv.Atoi(after[:end])
-	return n
 }
 
 // run drives the cluster through steps random actions.

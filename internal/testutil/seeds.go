@@ -3,6 +3,7 @@ package testutil
 import (
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -39,4 +40,19 @@ func HuntSeeds(t testing.TB, prefix string, seeds []uint64, steps int) ([]uint64
 		steps = n
 	}
 	return seeds, steps
+}
+
+// PlanInt reads the number right after tag in text (a hunt's message text carries its plan:
+// "m4 d=3 panic-m4.1"); 0 if there is none.
+func PlanInt(text, tag string) int {
+	_, after, ok := strings.Cut(text, tag)
+	if !ok {
+		return 0
+	}
+	end := strings.IndexFunc(after, func(r rune) bool { return r < '0' || r > '9' })
+	if end < 0 {
+		end = len(after)
+	}
+	n, _ := strconv.Atoi(after[:end])
+	return n
 }

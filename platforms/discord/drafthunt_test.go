@@ -318,13 +318,7 @@ func huntDrafts(t *testing.T, seed uint64, minSteps int) {
 			w.srv.RateLimitNext("PATCH", "", time.Duration(20+rng.IntN(100))*time.Millisecond, 1)
 		case r < 94:
 			t.Logf("step %d: restart the daemon", step)
-			earlier := w.log
-			w.stop(t)
-			t.Cleanup(func() {
-				if t.Failed() {
-					t.Logf("log of a daemon stopped at step %d:\n%s", step, earlier.String())
-				}
-			})
+			w.stopKeepingLog(t, step)
 			w.start(t)
 			gatewayFaults = 0
 		default:

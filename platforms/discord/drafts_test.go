@@ -10,6 +10,7 @@ import (
 	"github.com/agentgate/agentgate/actors"
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/platforms/discord/discordtest"
+	"github.com/bwmarrin/discordgo"
 )
 
 // Streaming drafts against the fake Discord when its REST calls fail (TestHuntDrafts found
@@ -60,17 +61,7 @@ func TestDraftWhoseEditsFailIsStillFinished(t *testing.T) {
 	})
 	w = startDraftWorld(t, agent)
 	m := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "question"})
-	w.srv.WaitFor(t, "the answer shown", func() bool {
-		got := w.srv.Sent(dmID)
-		return len(got) > 0 && got[len(got)-1].Content == final
-	})
-	got := w.srv.Sent(dmID)
-	if len(got) != 1 {
-		t.Fatalf("bot posted %q, want the draft finished into the answer alone", contents(got))
-	}
-	if ref := got[0].MessageReference; ref == nil || ref.MessageID != m.ID {
-		t.Errorf("the answer references %+v, want the message", ref)
-	}
+	w.answerIsTheDraft(t, m, final)
 }
 
 // TestInterruptedDraftWhoseEditFailsIsMarked: when the edit that marks a cancelled turn's
@@ -115,17 +106,7 @@ func TestDraftWhosePostLostItsAnswerIsFinished(t *testing.T) {
 	w = startDraftWorld(t, agent)
 	w.srv.FailNextAfter("POST", "/channels/"+dmID+"/messages", 500, 1)
 	m := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "question"})
-	w.srv.WaitFor(t, "the answer shown", func() bool {
-		got := w.srv.Sent(dmID)
-		return len(got) > 0 && got[len(got)-1].Content == final
-	})
-	got := w.srv.Sent(dmID)
-	if len(got) != 1 {
-		t.Fatalf("bot posted %q, want the draft finished into the answer alone", contents(got))
-	}
-	if ref := got[0].MessageReference; ref == nil || ref.MessageID != m.ID {
-		t.Errorf("the answer references %+v, want the message", ref)
-	}
+	w.answerIsTheDraft(t, m, final)
 }
 
 // TestLongInterruptedDraftShowsItsMark: a cancelled turn's draft longer than one Discord
@@ -199,4 +180,21 @@ func TestInterruptedDraftAfterFailedEditsIsMarked(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// answerIsTheDraft waits until the DM shows final, and checks that the bot posted one message
+// there, the draft finished into the answer to m.
+func (w *world) answerIsTheDraft(t *testing.T, m *discordgo.Message, final string) {
+	t.Helper()
+	w.srv.WaitFor(t, "the answer shown", func() bool {
+		got := w.srv.Sent(dmID)
+		return len(got) > 0 && got[len(got)-1].Content == final
+	})
+	got := w.srv.Sent(dmID)
+	if len(got) != 1 {
+		t.Fatalf("bot posted %q, want the draft finished into the answer alone", contents(got))
+	}
+	if ref := got[0].MessageReference; ref == nil || ref.MessageID != m.ID {
+		t.Errorf("the answer references %+v, want the message", ref)
+	}
 }

@@ -166,13 +166,7 @@ func huntDiscord(t *testing.T, seed uint64, minSteps int) {
 		case r < 95:
 			if running {
 				t.Logf("step %d: stop the daemon", step)
-				earlier := w.log
-				w.stop(t)
-				t.Cleanup(func() {
-					if t.Failed() {
-						t.Logf("log of a daemon stopped at step %d:\n%s", step, earlier.String())
-					}
-				})
+				w.stopKeepingLog(t, step)
 			} else {
 				t.Logf("step %d: start the daemon", step)
 				w.start(t)
@@ -424,4 +418,15 @@ func (h *hunt) check() {
 			}
 		}
 	}
+}
+
+// stopKeepingLog stops the world's daemon at a hunt's step; a failed test prints its log.
+func (w *world) stopKeepingLog(t *testing.T, step int) {
+	earlier := w.log
+	w.stop(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("log of a daemon stopped at step %d:\n%s", step, earlier.String())
+		}
+	})
 }
