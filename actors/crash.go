@@ -149,8 +149,8 @@ func (s *Session) setAside(c actor.Context, it *item, status, text string) {
 				// be one the store does not hold (and the next activation answers the message
 				// again). The session starts again from the store.
 				s.restartFromStore(c, "a message set aside was not stored", err)
-				return
 			}
+			return // fenced: the key's new owner answers the message
 		}
 		s.sendOutbound(c, OutboundFromEntry(&entry))
 	})

@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -98,14 +99,21 @@ func (s *Session) endOverdue(c actor.Context) {
 	s.writeReset(c, s.expire(s.d.now()))
 }
 
-// writeReset writes the ops of an automatic reset, if any.
+// writeReset writes the ops of an automatic reset, if any. The session takes itself for ended
+// as it sends them; if the store refuses them, it is not, so the session starts again from the
+// store, which resets it again (expireOnStart) once it takes writes. (Fenced: the key's new
+// owner does.)
 func (s *Session) writeReset(c actor.Context, ops []persistence.Op) {
 	if len(ops) == 0 {
 		return
 	}
 	s.write(c, ops, func(c actor.Context, err error) {
-		if err != nil {
-			s.logger().Error("store session reset", "err", err)
+		if err == nil {
+			return
+		}
+		s.logger().Error("store session reset", "err", err)
+		if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {
+			s.restartFromStore(c, "the session's reset was not stored", err)
 		}
 	})
 }

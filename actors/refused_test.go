@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -128,6 +129,106 @@ func TestRefusedSetAsideIsNotSent(t *testing.T) {
 		}
 		if len(answers) != 1 || len(entries) != 1 || entries[0].Text != answers[0] {
 			t.Errorf("m1 answered %q with %d outbox entries, want one quarantine notice, recorded", answers, len(entries))
+		}
+	})
+}
+
+// TestFencedSetAsideIsNotSent: a message set aside (here quarantined after its crashes) after
+// another activation claimed its key is not answered here: the set-aside write is refused
+// (fenced), so the message is still pending in the store and the key's next activation answers
+// it; a notice sent here would be the first of two.
+func TestFencedSetAsideIsNotSent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			panic("agent bug (test)")
+		})
+		var claimer *claimBefore
+		w := newManagerWorldWrites(t, agent, func(d *Deps) { d.Fencing = true }, func(s persistence.Store) persistence.Store {
+			claimer = &claimBefore{Store: s, status: persistence.StatusQuarantined}
+			return claimer
+		})
+		claimer.key = w.key
+		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if !claimer.claimed.Load() {
+			t.Fatal("the message was never set aside")
+		}
+		select {
+		case got := <-w.sent:
+			t.Errorf("sent %q answering %v although the key's new owner refused its write", got.Out.Text, got.Out.InReplyTo)
+		default:
+		}
+		entries, err := w.store.OutboxAfter(w.ctx, w.key, 0, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(entries) != 0 {
+			t.Errorf("%d outbox entries, want none: the fenced set-aside stored nothing", len(entries))
+		}
+	})
+}
+
+// claimBefore is a store on which another member ("b") claims key just before the first commit
+// that gives a message status.
+type claimBefore struct {
+	persistence.Store
+	key     string
+	status  string
+	claimed atomic.Bool
+}
+
+func (s *claimBefore) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	for _, g := range groups {
+		for _, op := range g {
+			if st, ok := op.(*persistence.SetMessageStatus); ok && st.Status == s.status && s.claimed.CompareAndSwap(false, true) {
+				if _, err := s.Store.Claim(ctx, s.key, "b", time.Now()); err != nil {
+					panic(err)
+				}
+			}
+		}
+	}
+	return s.Store.Commit(ctx, groups)
+}
+
+// TestRefusedResetIsWrittenOnceTheStoreIsBack: an idle reset whose write the database refuses
+// is not done in memory alone. Before, the session took itself for ended while the store kept
+// it live until the chat's next message; a reset must be a boundary the store holds. Now the
+// session starts again from the store, which ends it once it takes writes.
+func TestRefusedResetIsWrittenOnceTheStoreIsBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		idle := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Second, Notify: true}
+		w := newManagerWorldWrites(t, agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "ok"}, nil
+		}), func(d *Deps) {
+			d.Config.ResetFor = func(string, string) ResetPolicy { return idle }
+			d.Config.ResetPolicies = []ResetPolicy{idle}
+		}, func(s persistence.Store) persistence.Store {
+			out.Store = s
+			return out
+		})
+		r := w.deliver(t, "m1", "one")
+		if r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		<-w.sent
+		time.Sleep(time.Minute) // idle past its policy
+		out.Down.Store(true)
+		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		out.Down.Store(false)
+		time.Sleep(5 * time.Minute)
+		synctest.Wait()
+		sess, err := w.store.Session(w.ctx, r.SessionId)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sess.EndedAt.IsZero() {
+			t.Errorf("session %s is live in the store after its idle reset (its write refused during an outage, the store back since)", sess.ID)
 		}
 	})
 }
