@@ -292,11 +292,15 @@ func (m *SessionManager) recoverAll(c actor.Context) {
 	if spooling {
 		m.timers.SendOnce(storeWaitTick, c.Self(), &recoverAll{})
 	}
+	started := 0
 	for _, k := range keys {
+		if m.sessions[k] == nil && m.activating[k] == nil {
+			started++ // not one the listing found before (while spooling, it runs every tick)
+		}
 		m.recover(c, k, 0)
 	}
-	if len(keys) > 0 {
-		m.log.Info("recovering sessions", "count", len(keys))
+	if started > 0 {
+		m.log.Info("recovering sessions", "count", started)
 	}
 }
 
