@@ -34,10 +34,13 @@ const (
 )
 
 // seenAt is the newest message seen in a channel, and the channel's guild (history messages
-// carry no guild_id, and a message without one reads as a DM).
+// carry no guild_id, and a message without one reads as a DM); stored is when the store last
+// took a message from the channel, as far as this process knows (the seed's, or one it took):
+// the next start's seed reads the channel only if that is within the window.
 type seenAt struct {
-	id    string
-	guild string
+	id     string
+	guild  string
+	stored time.Time
 }
 
 // noteSeen records m as its channel's newest message if it is.
@@ -62,7 +65,24 @@ func (p *Platform) noteSeen(m *discordgo.Message) {
 	if guild == "" {
 		guild = cur.guild
 	}
-	p.seen[m.ChannelID] = seenAt{id: m.ID, guild: guild}
+	p.seen[m.ChannelID] = seenAt{id: m.ID, guild: guild, stored: cur.stored}
+}
+
+// noteStored records that the store took a message from channel at (a remembered one).
+func (p *Platform) noteStored(channel string, at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if s, ok := p.seen[channel]; ok && at.After(s.stored) {
+		s.stored = at
+		p.seen[channel] = s
+	}
+}
+
+// storedSince reports whether the store took a message from channel after t.
+func (p *Platform) storedSince(channel string, t time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.seen[channel].stored.After(t)
 }
 
 // seed fills seen from the store's recent chats, once per process: a thread's parent channel
@@ -90,9 +110,12 @@ func (p *Platform) seed(ctx context.Context, since time.Time) {
 			// the thread, and a message in the parent older than it that was not taken (it
 			// came while the daemon stopped) would be skipped.
 			p.noteSeen(&discordgo.Message{ChannelID: m.ChatID, ID: m.ThreadID, GuildID: m.ScopeID})
+			p.noteStored(m.ThreadID, m.At)
+			p.noteStored(m.ChatID, m.At)
 			continue
 		}
 		p.noteSeen(&discordgo.Message{ChannelID: m.ChatID, ID: m.MessageID, GuildID: m.ScopeID})
+		p.noteStored(m.ChatID, m.At)
 	}
 }
 

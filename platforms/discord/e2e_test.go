@@ -1105,6 +1105,56 @@ func TestMessageDuringStopIsAnsweredAfterTheRestart(t *testing.T) {
 	}
 }
 
+// TestMessageDuringStopInANewChatIsRefused: a message that comes while the daemon stops, in a
+// chat the store never took a message from, is not left for the next start: its backfill
+// reads only the chats the store knows, and the message would be lost without a word. Its
+// sender is told to send it again. (Before, it was logged as one the next start reads back.)
+func TestMessageDuringStopInANewChatIsRefused(t *testing.T) {
+	release := make(chan struct{})
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		if req.Messages[0].Text == "slow" {
+			select { // the turn holds the drain until the test has posted during it
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return echoAgent(ctx, req)
+	})
+	w := startWorld(t, agent, nil)
+	const newDM = "300000000000000077"
+	w.srv.AddChannel(discordtest.Channel{ID: newDM, Type: discordgo.ChannelTypeDM})
+	w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "slow"})
+	w.srv.WaitFor(t, "the slow turn typing", func() bool { return w.srv.Typing(dmID) > 0 })
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		w.stop(t)
+	}()
+	eventually(t, "the daemon draining", func() bool { return strings.Contains(w.log.String(), "msg=draining") })
+	during := w.srv.Post(discordtest.UserMessage{ChannelID: newDM, Author: bob, Content: "hello, first time"})
+	w.srv.WaitFor(t, "the sender told", func() bool {
+		for _, m := range w.srv.Sent(newDM) {
+			if strings.Contains(m.Content, "did not take") {
+				return true
+			}
+		}
+		return false
+	})
+	close(release)
+	<-stopped
+	w.start(t)
+	// A message in a known chat is answered after the start's backfill (read back with it, or
+	// held until it is done): once it is, the backfill has read back all it would.
+	after := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "after the restart"})
+	w.replyTo(t, dmID, after.ID)
+	for _, m := range w.srv.Sent(newDM) {
+		if !strings.Contains(m.Content, "did not take") {
+			t.Errorf("the bot said %q in the new DM, where it told %s to send the message again", m.Content, during.ID)
+		}
+	}
+}
+
 // TestNewGatewaySessionReadsANewAutoThread: a thread the bot opened for a mention is read
 // back after a lost gateway session like the chats it saw messages in, even when it saw none
 // there (its own reply was posted in the gap too): what is said there meanwhile is answered

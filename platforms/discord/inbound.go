@@ -115,7 +115,13 @@ func (p *Platform) handle(m *discordgo.Message) {
 	p.typing.delivered(reply, m.ID, ack, err)
 	switch {
 	case err == nil:
-	case p.readBackAfterStop(ctx, err):
+		// The chat is one the next start's backfill reads (the store took a message from
+		// it), and so is an auto-thread's (the message is its first).
+		p.noteStored(m.ChannelID, p.now())
+		if th := in.Source.ThreadID; th != "" && th != m.ChannelID {
+			p.noteStored(th, p.now())
+		}
+	case p.readBackAfterStop(ctx, err, m.ChannelID):
 		p.log.Info("discord message not taken while stopping; the next start reads it back", "channel", m.ChannelID, "message", m.ID)
 	default:
 		p.log.Warn("discord message not taken", "channel", m.ChannelID, "message", m.ID, "err", err)
@@ -123,14 +129,19 @@ func (p *Platform) handle(m *discordgo.Message) {
 	}
 }
 
-// readBackAfterStop reports whether a message the runtime did not take, with err, is left
-// for the next start: the daemon is stopping (draining, or the run is over), and backfill
-// is on. The store took nothing newer from the message's chat meanwhile (it takes nothing
-// while stopping), so the next start's backfill reads the message back and answers it, as it
-// does what is said while the daemon is down. Telling its sender to send it again would have
-// them answered twice.
-func (p *Platform) readBackAfterStop(ctx context.Context, err error) bool {
-	return p.cfg.BackfillWindow > 0 && (errors.Is(err, platforms.ErrDraining) || ctx.Err() != nil)
+// readBackAfterStop reports whether a message the runtime did not take, with err, in channel
+// is left for the next start: the daemon is stopping (draining, or the run is over), backfill
+// is on, and the store took a message from the channel within half the backfill window. The
+// store took nothing newer from the chat meanwhile (it takes nothing while stopping), so the
+// next start's backfill, which reads the chats the store took a message from within the
+// window, reads the message back and answers it, as it does what is said while the daemon is
+// down; telling its sender to send it again would have them answered twice. A chat the store
+// took nothing from lately (a new DM) is not read back: its sender is told, or the message
+// would be lost without a word. Half the window leaves the restart that long.
+func (p *Platform) readBackAfterStop(ctx context.Context, err error, channel string) bool {
+	w := p.cfg.BackfillWindow
+	return w > 0 && (errors.Is(err, platforms.ErrDraining) || ctx.Err() != nil) &&
+		p.storedSince(channel, p.now().Add(-w/2))
 }
 
 // userSaid reports whether m is something a user said: not one of the bot's own messages, and
