@@ -222,6 +222,10 @@ func TestRunReply(t *testing.T) {
 		{name: "exactly the cap", script: aaa(exec.MaxReply), want: strings.Repeat("a", exec.MaxReply)},
 		{name: "one byte over the cap", script: aaa(exec.MaxReply + 1), want: strings.Repeat("a", exec.MaxReply) + exec.TruncatedSuffix},
 		{name: "far over the cap", script: aaa(3 * exec.MaxReply), want: strings.Repeat("a", exec.MaxReply) + exec.TruncatedSuffix},
+		// MaxReply bytes of "a\377" pairs: each stray byte becomes a 3-byte U+FFFD, twice the cap.
+		{name: "the cap holds after replacement", script: `f=$(mktemp); printf 'a\377' > "$f"; i=0
+			while [ $i -lt 19 ]; do cat "$f" "$f" > "$f.2"; mv "$f.2" "$f"; i=$((i+1)); done; cat "$f"; rm -f "$f"`,
+			want: strings.Repeat("a\uFFFD", exec.MaxReply/4) + exec.TruncatedSuffix},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -40,13 +40,20 @@ func (w *headBuffer) Write(p []byte) (int, error) {
 // reply returns the reply text: the kept bytes without trailing white space, marked when the
 // output was cut. Bytes that are not UTF-8 (a command printing Latin-1, or binary) become
 // U+FFFD: the reply is stored as text (PostgreSQL refuses invalid UTF-8) and shown in chats.
+// U+FFFD takes three bytes where a stray byte took one, so the replaced text is cut to max
+// again: the reply never exceeds max bytes and the suffix.
 func (w *headBuffer) reply() string {
 	b := w.buf
-	if w.truncated {
+	truncated := w.truncated
+	if truncated {
 		b = trimPartialRune(b)
 	}
-	s := strings.TrimRightFunc(strings.ToValidUTF8(string(b), "\uFFFD"), unicode.IsSpace)
-	if w.truncated {
+	s := strings.ToValidUTF8(string(b), "\uFFFD")
+	if len(s) > w.max {
+		s, truncated = string(trimPartialRune([]byte(s[:w.max]))), true
+	}
+	s = strings.TrimRightFunc(s, unicode.IsSpace)
+	if truncated {
 		s += TruncatedSuffix
 	}
 	return s
