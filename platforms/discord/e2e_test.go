@@ -1066,32 +1066,12 @@ func TestUnreadGapIsReadAtTheNextReady(t *testing.T) {
 // took nothing newer from its chat). So its sender is not told to send it again: before, they
 // were, and then got the answer all the same, twice if they did as told.
 func TestMessageDuringStopIsAnsweredAfterTheRestart(t *testing.T) {
-	release := make(chan struct{})
-	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-		if req.Messages[0].Text == "slow" {
-			select { // the turn holds the drain until the test has posted during it
-			case <-release:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		return echoAgent(ctx, req)
-	})
-	w := startWorld(t, agent, nil)
-	slow := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "slow"})
-	w.srv.WaitFor(t, "the slow turn typing", func() bool { return w.srv.Typing(dmID) > 0 })
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		w.stop(t)
-	}()
-	eventually(t, "the daemon draining", func() bool { return strings.Contains(w.log.String(), "msg=draining") })
+	w, slow, finishStop := drainingWithATurn(t)
 	during := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "during the stop"})
 	eventually(t, "the message handled during the drain", func() bool {
 		return strings.Contains(w.log.String(), "message="+during.ID)
 	})
-	close(release)
-	<-stopped
+	finishStop()
 
 	w.start(t)
 	w.replyTo(t, dmID, during.ID)
@@ -1110,28 +1090,9 @@ func TestMessageDuringStopIsAnsweredAfterTheRestart(t *testing.T) {
 // reads only the chats the store knows, and the message would be lost without a word. Its
 // sender is told to send it again. (Before, it was logged as one the next start reads back.)
 func TestMessageDuringStopInANewChatIsRefused(t *testing.T) {
-	release := make(chan struct{})
-	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-		if req.Messages[0].Text == "slow" {
-			select { // the turn holds the drain until the test has posted during it
-			case <-release:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		return echoAgent(ctx, req)
-	})
-	w := startWorld(t, agent, nil)
+	w, _, finishStop := drainingWithATurn(t)
 	const newDM = "300000000000000077"
 	w.srv.AddChannel(discordtest.Channel{ID: newDM, Type: discordgo.ChannelTypeDM})
-	w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "slow"})
-	w.srv.WaitFor(t, "the slow turn typing", func() bool { return w.srv.Typing(dmID) > 0 })
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		w.stop(t)
-	}()
-	eventually(t, "the daemon draining", func() bool { return strings.Contains(w.log.String(), "msg=draining") })
 	during := w.srv.Post(discordtest.UserMessage{ChannelID: newDM, Author: bob, Content: "hello, first time"})
 	w.srv.WaitFor(t, "the sender told", func() bool {
 		for _, m := range w.srv.Sent(newDM) {
@@ -1141,8 +1102,7 @@ func TestMessageDuringStopInANewChatIsRefused(t *testing.T) {
 		}
 		return false
 	})
-	close(release)
-	<-stopped
+	finishStop()
 	w.start(t)
 	// A message in a known chat is answered after the start's backfill (read back with it, or
 	// held until it is done): once it is, the backfill has read back all it would.
@@ -1152,6 +1112,36 @@ func TestMessageDuringStopInANewChatIsRefused(t *testing.T) {
 		if !strings.Contains(m.Content, "did not take") {
 			t.Errorf("the bot said %q in the new DM, where it told %s to send the message again", m.Content, during.ID)
 		}
+	}
+}
+
+// drainingWithATurn starts a world whose daemon is stopping, held in its drain by a turn
+// (slow, in the DM) until finishStop, which lets the turn end and waits for the stop.
+func drainingWithATurn(t *testing.T) (w *world, slow *discordgo.Message, finishStop func()) {
+	t.Helper()
+	release := make(chan struct{})
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		if req.Messages[0].Text == "slow" {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return echoAgent(ctx, req)
+	})
+	w = startWorld(t, agent, nil)
+	slow = w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "slow"})
+	w.srv.WaitFor(t, "the slow turn typing", func() bool { return w.srv.Typing(dmID) > 0 })
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		w.stop(t)
+	}()
+	eventually(t, "the daemon draining", func() bool { return strings.Contains(w.log.String(), "msg=draining") })
+	return w, slow, func() {
+		close(release)
+		<-stopped
 	}
 }
 
