@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/bwmarrin/discordgo"
@@ -40,7 +41,15 @@ func (p *Platform) request(ctx context.Context, method, url, bucket string, body
 		if err := p.waitRateLimit(ctx, bucket); err != nil {
 			return err
 		}
-		resp, err := p.s.RequestWithBucketID(method, url, body, bucket,
+		var data []byte
+		if body != nil {
+			var err error
+			if data, err = discordgo.Marshal(body); err != nil {
+				return err
+			}
+		}
+		// As discordgo's RequestWithBucketID, in a bucket of the platform's own limiter.
+		resp, err := p.s.RequestWithLockedBucket(method, url, "application/json", data, p.buckets.lock(bucket), 0,
 			discordgo.WithContext(ctx), discordgo.WithRetryOnRatelimit(false))
 		var rl *discordgo.RateLimitError
 		if errors.As(err, &rl) {
@@ -123,6 +132,41 @@ func (p *Platform) waitGatewayLookup(ctx context.Context) error {
 	until := p.limited[discordgo.EndpointGateway]
 	p.mu.Unlock()
 	return waitUntil(ctx, until, "the gateway lookup")
+}
+
+// maxBuckets is how many distinct buckets one generation of the platform's bucket limiter hands
+// out before it is replaced by a fresh one (restBuckets).
+var maxBuckets = 10_000
+
+// restBuckets is discordgo's per-bucket limiter (the one that paces a route's requests within
+// its window from the headers of every answer), renewed after maxBuckets distinct buckets.
+// discordgo keeps a bucket for every key it was ever asked for, for the Session's lifetime, and
+// most keys name a channel (a post, an edit, typing, a lookup, a backfill page) or a message (an
+// auto-thread's opening): one limiter for the daemon's life held a bucket for every DM, thread
+// and mention the bot ever answered, a few hundred bytes each, for months
+// (TestRESTBucketsFollowTheActiveChannels). A renewal forgets what the old generation knew of the
+// buckets still in use; their next request goes out at once and reads the limit again from its
+// answer, and a 429 it may meet is handled as any other (request). Global limits are kept by
+// the platform itself (Platform.global), not by the limiter.
+type restBuckets struct {
+	mu   sync.Mutex
+	lim  *discordgo.RateLimiter
+	keys map[string]struct{} // the keys lim has handed out
+}
+
+// lock locks the bucket of key in the current generation, as discordgo's LockBucket does
+// (waiting for the bucket's window, deaf to any ctx, as before).
+func (b *restBuckets) lock(key string) *discordgo.Bucket {
+	b.mu.Lock()
+	if _, ok := b.keys[key]; !ok {
+		if b.lim == nil || len(b.keys) >= maxBuckets {
+			b.lim, b.keys = discordgo.NewRatelimiter(), map[string]struct{}{}
+		}
+		b.keys[key] = struct{}{}
+	}
+	lim := b.lim
+	b.mu.Unlock()
+	return lim.LockBucket(key)
 }
 
 // isGlobal reports whether the body of a 429 says the limit is global.
