@@ -1,0 +1,268 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/platforms/platformtest"
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// sizeProbe asks a probed actor for the sizes of its per-key state, on its own goroutine.
+type sizeProbe struct{}
+
+// sizes are the sizes of an actor's per-key structures, by name.
+type sizes map[string]int
+
+// nonEmpty lists the structures of s that hold more than allowed[name] (0 when unlisted).
+func (s sizes) nonEmpty(allowed map[string]int) []string {
+	var out []string
+	for k, n := range s {
+		if n > allowed[k] {
+			out = append(out, fmt.Sprintf("%s=%d", k, n))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// probedManager is a SessionManager that answers sizeProbe.
+type probedManager struct{ *SessionManager }
+
+func (m probedManager) Receive(c actor.Context) {
+	if _, ok := c.Message().(*sizeProbe); ok {
+		c.Respond(sizes{"sessions": len(m.sessions), "stopping": len(m.stopping), "handed": len(m.handed),
+			"crashStops": len(m.crashStops), "rerun": len(m.rerun), "refused": len(m.refused), "paused": len(m.paused),
+			"busy": len(m.busy), "drains": len(m.drains), "grains": len(m.grains), "stoppedGrains": len(m.stoppedGrains),
+			"quieted": len(m.quieted), "activating": len(m.activating), "waiters": len(m.waiters)})
+		return
+	}
+	m.SessionManager.Receive(c)
+}
+
+// probedPlatform is a Platform actor that answers sizeProbe.
+type probedPlatform struct{ *Platform }
+
+func (a probedPlatform) Receive(c actor.Context) {
+	if _, ok := c.Message().(*sizeProbe); ok {
+		c.Respond(sizes{"queues": len(a.queues), "inflight": len(a.inflight), "held": len(a.held),
+			"attempts": len(a.attempts), "strikes": len(a.strikes), "drafts": len(a.drafts), "liveDraft": len(a.liveDraft),
+			"ended": len(a.ended.set), "endedOrder": len(a.ended.order), "marksWaiting": len(a.marks.waiting),
+			"quiesce": len(a.quiesce), "sending": a.sending})
+		return
+	}
+	a.Platform.Receive(c)
+}
+
+// longRunWorld is a session manager with a real platform actor over an EditorFake (its turns
+// stream drafts), a real SQLite store and the persistence actor, for tests that drive many
+// chats through it and check that what it holds comes back to nothing once they passivate.
+type longRunWorld struct {
+	system   *actor.ActorSystem
+	d        *Deps
+	manager  *actor.PID
+	platform *actor.PID
+	fake     *platformtest.EditorFake
+}
+
+func newLongRunWorld(t *testing.T, agent agents.Agent, setup func(*Deps)) *longRunWorld {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	system, quiet := quietSystem(t)
+	w := &longRunWorld{system: system, fake: platformtest.NewEditorFake("fake")}
+	w.d = &Deps{Ctx: ctx, Store: store, Agent: agent, Platforms: map[string]*actor.PID{}, Editors: map[string]bool{"fake": true},
+		Log: quiet, Metrics: metrics.New("fake"), Node: "test",
+		Config: SessionConfig{PassivateAfter: time.Minute, QueueMode: ModeInterrupt, QueueCap: 10, HistoryLimit: 50}}
+	if setup != nil {
+		setup(w.d)
+	}
+	w.d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, store, persistence.ActorOptions{MaxBatch: 256,
+		Incarnation: &w.d.PersistIncarnation})))
+	pa := &Platform{d: w.d, p: w.fake, health: &PlatformHealth{}}
+	w.platform = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return probedPlatform{pa} }, w.d.Mailbox("platform")...))
+	w.d.Platforms["fake"] = w.platform
+	w.manager = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return probedManager{&SessionManager{d: w.d}} },
+		append(w.d.Mailbox("manager"), actor.WithSupervisor(actor.NewOneForOneStrategy(3, time.Minute, actor.DefaultDecider)))...))
+	t.Cleanup(func() {
+		_ = system.Root.StopFuture(w.manager).Wait()
+		_ = system.Root.StopFuture(w.platform).Wait()
+		_ = system.Root.StopFuture(w.d.Persist).Wait()
+		system.Shutdown()
+		if err := store.Close(); err != nil {
+			t.Error(err)
+		}
+		cancel()
+	})
+	return w
+}
+
+// chat is the source of the i-th chat.
+func (w *longRunWorld) chat(i int) identity.Source {
+	return identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: fmt.Sprint("c", i), UserID: "u"}
+}
+
+// send routes a message of chat i through the manager and returns the future of its answer.
+func (w *longRunWorld) send(i int, id, text string) *actor.Future {
+	src := w.chat(i)
+	key := identity.Key(src, w.d.Config.Keys)
+	return w.system.Root.RequestFuture(w.manager, &Routed{Key: key, Msg: &Deliver{SessionKey: key, Source: sourceToProto(src),
+		MessageId: id, Text: text, ReceivedAtUnixNano: time.Now().UnixNano()}}, time.Hour)
+}
+
+// mustAccept waits for every future and fails the test on an error answer.
+func mustAccept(t *testing.T, what string, fs []*actor.Future) {
+	t.Helper()
+	for i, f := range fs {
+		res, err := f.Result()
+		if err != nil {
+			t.Fatalf("%s %d: %v", what, i, err)
+		}
+		if r := res.(*DeliverResult); r.ErrorCode != "" {
+			t.Fatalf("%s %d: %+v", what, i, r)
+		}
+	}
+}
+
+// probe asks pid for its sizes.
+func (w *longRunWorld) probe(t *testing.T, pid *actor.PID) sizes {
+	t.Helper()
+	res, err := w.system.Root.RequestFuture(pid, &sizeProbe{}, time.Minute).Result()
+	if err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	return res.(sizes)
+}
+
+// registered counts the processes in the actor system's registry (actors and futures).
+func (w *longRunWorld) registered() int {
+	n := 0
+	for _, m := range w.system.ProcessRegistry.LocalPIDs.LocalPIDs {
+		n += m.Count()
+	}
+	return n
+}
+
+// streamingAgent streams a part of its answer, then: blocks until cancelled on "slow", fails
+// on "fail", answers otherwise.
+var streamingAgent = agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+	text := req.Messages[len(req.Messages)-1].Text
+	if req.Partial != nil {
+		req.Partial("thinking about " + text)
+	}
+	switch {
+	case strings.HasPrefix(text, "slow"):
+		<-ctx.Done()
+		return nil, ctx.Err()
+	case strings.HasPrefix(text, "fail"):
+		return nil, errors.New("the agent failed")
+	case strings.HasPrefix(text, "panic"):
+		panic("the agent panicked")
+	}
+	return &agents.Response{Text: "answer to " + text}, nil
+})
+
+// TestManyChatsLeaveNothingBehind drives thousands of distinct chats through the sessions and
+// a platform that streams drafts, in the ways a chat ends a turn (answered, failed, cut short
+// by an interrupt, by /stop, by /new, a panic that crashes its session until it is quarantined), and lets every session passivate. Then the manager and
+// the platform actor hold nothing per key, no lifeline is left, and the actor system's
+// registry is back to its first count: what the daemon holds follows the chats that are
+// active, not those it has seen.
+func TestManyChatsLeaveNothingBehind(t *testing.T) {
+	chats := 1500
+	if testing.Short() {
+		chats = 200
+	}
+	synctest.Test(t, func(t *testing.T) {
+		w := newLongRunWorld(t, streamingAgent, nil)
+		synctest.Wait()
+		base := w.registered()
+		// Phase one: every chat's first message; a fifth of them block their turn.
+		var fs []*actor.Future
+		for i := range chats {
+			text := "hello"
+			switch i % 6 {
+			case 1, 2, 3:
+				text = "slow"
+			case 4:
+				text = "fail"
+			case 5:
+				text = "panic"
+			}
+			fs = append(fs, w.send(i, "m1", text))
+		}
+		mustAccept(t, "m1", fs)
+		synctest.Wait()
+		// Phase two: the blocked turns are cut short, three ways.
+		fs = fs[:0]
+		for i := range chats {
+			switch i % 6 {
+			case 1:
+				fs = append(fs, w.send(i, "m2", "interrupting"))
+			case 2:
+				fs = append(fs, w.send(i, "m2", "/stop"))
+			case 3:
+				fs = append(fs, w.send(i, "m2", "/new"))
+			}
+		}
+		mustAccept(t, "m2", fs)
+		synctest.Wait()
+		// Every session passivates.
+		time.Sleep(3 * w.d.Config.PassivateAfter)
+		synctest.Wait()
+
+		if got := testutil.ToFloat64(w.d.Metrics.SessionPassivations); got < float64(chats) {
+			t.Fatalf("%v sessions passivated, want all %d", got, chats)
+		}
+		if got, want := testutil.ToFloat64(w.d.Metrics.MessagesQuarantined.WithLabelValues("session_crash")), float64(chats/6); got != want {
+			t.Errorf("%v messages quarantined, want %v", got, want)
+		}
+		if got := len(w.fake.Drafts()); got < chats {
+			t.Fatalf("%d drafts posted, want one for each of the %d chats at least", got, chats)
+		}
+		if got := w.probe(t, w.manager).nonEmpty(nil); len(got) > 0 {
+			t.Errorf("after %d chats passivated, the manager holds %v; want nothing", chats, got)
+		}
+		if got := w.probe(t, w.platform).nonEmpty(map[string]int{"ended": endedTurnsKept, "endedOrder": endedTurnsKept}); len(got) > 0 {
+			t.Errorf("after %d chats passivated, the platform actor holds %v; want nothing but the last %d ended turns",
+				chats, got, endedTurnsKept)
+		}
+		lifelines := 0
+		w.d.lifelines.Range(func(any, any) bool { lifelines++; return true })
+		if lifelines > 0 {
+			t.Errorf("%d lifelines left, want none", lifelines)
+		}
+		if got := w.registered(); got > base {
+			t.Errorf("the actor registry holds %d processes, %d at the start: %d more after %d chats passivated",
+				got, base, got-base, chats)
+		}
+		open := 0
+		for _, d := range w.fake.Drafts() {
+			if !d.Final && !strings.HasSuffix(d.Text(), InterruptedMark) {
+				open++
+			}
+		}
+		if open > 0 {
+			t.Errorf("%d drafts neither finished nor marked interrupted", open)
+		}
+		if ds, err := w.d.Store.OpenDrafts(t.Context(), "fake", 0); err != nil || len(ds) > 0 {
+			t.Errorf("the store holds %d open drafts (%v), want none: every draft shows its final text or its mark", len(ds), err)
+		}
+	})
+}
