@@ -14,15 +14,15 @@ import (
 	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// TestManyChatsAddNoMetricSeriesOrGoroutines: thousands of distinct chats over HTTP, each
+// TestManyChatsAddNoMetricSeriesOrGoroutines: a thousand distinct chats over HTTP, each
 // answered and passivated, leave the daemon with the metric series, goroutines and fds it had
 // after the first two hundred: no label follows a chat, a session or a message, and nothing a
 // chat started outlives its session.
 func TestManyChatsAddNoMetricSeriesOrGoroutines(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs thousands of chats")
+		t.Skip("runs a thousand chats")
 	}
-	const first, rounds, chats = 200, 2, 700
+	const first, rounds, chats = 200, 2, 400
 	r := MustStartDaemon(t, echo.New(), daemonOpts{tweak: func(c *config.Config) { c.Sessions.PassivateAfter = 100 * time.Millisecond }})
 	defer r.stop(t)
 	// A connection per request: one the client's pool keeps open would count as the daemon's.
