@@ -291,3 +291,69 @@ func TestRedeliveryDuringAnOutageIsADuplicate(t *testing.T) {
 		})
 	}
 }
+
+// TestRedeliveryAfterAnIdleResetDuringAnOutageIsADuplicate: a message taken in an earlier
+// activation of its session is delivered again while the database cannot be written, once the
+// session is due for an idle reset: the write that would store it also ends the session and
+// starts its successor. It is a duplicate, as in TestRedeliveryDuringAnOutageIsADuplicate.
+// Before, the store was not read for a write that reset the session: with the spool failing
+// too, the message was refused as "not stored", which it is; while the writes went to the
+// spool, it was acknowledged and run again (found by TestOutageHunt, seed 1796182942862475634).
+func TestRedeliveryAfterAnIdleResetDuringAnOutageIsADuplicate(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		spool bool
+	}{{"spooling", true}, {"spool failing", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				out := &storetest.Outage{}
+				agent, ran := countingEcho()
+				dir := t.TempDir()
+				var deps *Deps
+				var withSpool []func(*persistence.ActorOptions)
+				if tc.spool {
+					sp, err := spool.Open(filepath.Join(dir, "spool"))
+					if err != nil {
+						t.Fatal(err)
+					}
+					withSpool = append(withSpool, func(o *persistence.ActorOptions) { o.Spool, o.Spooling = sp, &deps.Spooling })
+				}
+				// The session clock stands still until the test moves it: the session passivates
+				// (on the bubble's clock) long before it is due for its reset.
+				base := time.Now()
+				var skew atomic.Int64
+				p := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Second}
+				w := newManagerWorldWith(t, filepath.Join(dir, "agentgate.db"), agent, func(d *Deps) {
+					deps = d
+					d.Config.PassivateAfter = 10 * time.Second
+					d.Config.ResetFor = func(string, string) ResetPolicy { return p }
+					d.Config.ResetPolicies = []ResetPolicy{p}
+					d.Now = func() time.Time { return base.Add(time.Duration(skew.Load())) }
+				}, func(s persistence.Store) persistence.Store { out.Store = s; return out }, withSpool...)
+				if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
+					t.Fatalf("m1: %+v, want started", r)
+				}
+				w.awaitTurnEnds(1)
+				time.Sleep(time.Minute) // the session passivates
+				synctest.Wait()
+				if r := w.deliver(t, "m2", "two"); r.Disposition != platforms.Started {
+					t.Fatalf("m2: %+v, want started", r)
+				}
+				w.awaitTurnEnds(1)
+				// The turn's result is stored: the session is idle, and then due for its reset.
+				synctest.Wait()
+				skew.Store(int64(time.Hour))
+				out.Down.Store(true)
+				if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Duplicate || r.ErrorCode != "" {
+					t.Errorf("m1 delivered again while the database is down, its session due for a reset: %+v, want duplicate", r)
+				}
+				out.Down.Store(false)
+				time.Sleep(time.Minute) // the spool drains
+				synctest.Wait()
+				if n := ran("m1"); n != 1 {
+					t.Errorf("m1 ran %d times, want once", n)
+				}
+			})
+		})
+	}
+}

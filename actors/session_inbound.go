@@ -105,7 +105,9 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 		if errors.Is(err, persistence.ErrDuplicate) && !created && !expired && s.adoptStored(it) {
 			err = nil // an earlier write of it applied; only its answer was lost
 		}
-		if !created && !expired && s.storedEarlier(it, err) {
+		if s.storedEarlier(it, err) {
+			// (Also when the write started or ended the session: a message taken before is
+			// no new message of the successor, and its refused write is restarted from below.)
 			err = fmt.Errorf("%w: message %s was stored before this activation", persistence.ErrDuplicate, it.messageID)
 		}
 		if err == nil && notice != nil {
@@ -306,7 +308,11 @@ func (s *Session) takenElsewhere(it *item) bool {
 // the write of it did not meet the store's dedupe: the write went to the spool (err nil while
 // the spool holds writes) or was refused as unavailable. Taken, it would run and be answered a
 // second time, and its row be refused at the replay; refused, its sender would be told it is
-// not stored, which it is. Such writes are rare (an outage), and so are these reads. Its own
+// not stored, which it is. That holds as well when the write also ended the session (an idle
+// reset due at its arrival) or started its successor: before, those writes were not checked,
+// and the message was refused, or taken and run again (found by TestOutageHunt:
+// TestRedeliveryAfterAnIdleResetDuringAnOutageIsADuplicate). Such writes are rare (an outage),
+// and so are these reads. Its own
 // write (applied, its answer lost) and an unsure earlier write of this activation (adoptStored)
 // are not earlier.
 func (s *Session) storedEarlier(it *item, err error) bool {
