@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -161,6 +162,15 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 	requester := c.Sender()
 	orphaned := func(c actor.Context, why string) { c.Send(requester, s.unstoredResult(m.MessageId, why)) }
 	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
+		if errors.Is(err, persistence.ErrUnavailable) && s.storedAt(src, m.MessageId, sid, userSeq) {
+			// Refused as unavailable, but applied: the commit's answer was lost (see
+			// outageOutcome). The command acted, and its answer is stored: it is answered as
+			// one that was stored. Before, its sender was told it was not, while the session
+			// it ended or started went on.
+			s.logger().Warn("a command whose write was refused as unavailable is stored (the commit's answer was lost)",
+				"message_id", m.MessageId, "command", cmd.name)
+			err = nil
+		}
 		if err != nil {
 			if created && s.cur != nil && s.cur.ID == sid {
 				s.cur = nil

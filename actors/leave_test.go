@@ -329,7 +329,8 @@ func TestLeavingSessionAcknowledgesQueued(t *testing.T) {
 }
 
 // TestLeavingSessionHandsOnAnUnsureMessage: a message whose commit applied though its answer
-// was lost is pending in the store but in no queue. A session that hands its key on as its
+// was lost, at a moment the store could not be read either, is pending in the store but in no
+// queue. A session that hands its key on as its
 // member leaves has the successor recover the key for it too; before, only a queue made it
 // ask, and the message waited for a recovery sweep.
 func TestLeavingSessionHandsOnAnUnsureMessage(t *testing.T) {
@@ -338,16 +339,19 @@ func TestLeavingSessionHandsOnAnUnsureMessage(t *testing.T) {
 			return &agents.Response{Text: "ok"}, nil
 		})
 		out := &storetest.Outage{}
-		w := newManagerWorldWrites(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true },
+		blind := &blindReads{}
+		w := newManagerWorldWrites(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true; blind.wrap(d) },
 			func(s persistence.Store) persistence.Store { out.Store = s; return out })
 		if res := w.deliver(t, "m0", "zero"); res.Disposition != "started" {
 			t.Fatalf("m0: %+v", res)
 		}
 		<-w.sent
 		out.Lost.Store(1)
+		blind.on.Store(true) // the session cannot read whether the write applied
 		if res := w.deliver(t, "m1", "one"); res.ErrorCode != "unavailable" {
 			t.Fatalf("m1 whose commit answer is lost: %+v, want unavailable", res)
 		}
+		blind.on.Store(false)
 		synctest.Wait()
 
 		forwarded := make(chan *Forward, 8)

@@ -2,7 +2,9 @@ package actors
 
 import (
 	"context"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -15,7 +17,9 @@ import (
 
 // TestRetryAfterALostCommitAnswerRuns: the write of a message commits, but its answer is lost
 // (a connection that broke after COMMIT; a member of a shared store keeps no spool that would
-// replay it), so the sender is told the message was not stored. Its retry is refused by the
+// replay it), and the store cannot be read just then either (the session cannot tell the write
+// applied: TestLostCommitAnswerOfAMessageIsTaken), so the sender is told the message was not
+// stored. Its retry is refused by the
 // store as a duplicate of that very write: the message is stored, and it runs now, in this
 // activation, once. Before, the retry was answered "duplicate" and the stored message sat in
 // no queue until the key's next activation. A re-delivery after that is a duplicate, and the
@@ -24,7 +28,8 @@ func TestRetryAfterALostCommitAnswerRuns(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		echo, ran := countingEcho()
 		out := &storetest.Outage{}
-		w := newManagerWorldWrites(t, echo, nil, func(s persistence.Store) persistence.Store {
+		blind := &blindReads{}
+		w := newManagerWorldWrites(t, echo, blind.wrap, func(s persistence.Store) persistence.Store {
 			out.Store = s
 			return out
 		})
@@ -46,9 +51,11 @@ func TestRetryAfterALostCommitAnswerRuns(t *testing.T) {
 		reply("echo: zero")
 
 		out.Lost.Store(1)
+		blind.on.Store(true) // the session cannot read whether the write applied
 		if r := w.deliver(t, "m1", "one"); r.ErrorCode != "unavailable" {
 			t.Fatalf("m1 whose commit answer is lost: %+v, want unavailable", r)
 		}
+		blind.on.Store(false)
 		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started || r.ErrorCode != "" {
 			t.Errorf("the retry of m1 (stored, its answer lost): %+v, want started", r)
 		}
@@ -92,7 +99,8 @@ func TestLostCommitAnswerRunsAtTheKeysRecovery(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		echo, ran := countingEcho()
 		out := &storetest.Outage{}
-		w := newManagerWorldWrites(t, echo, func(d *Deps) { d.Fencing = true }, func(s persistence.Store) persistence.Store {
+		blind := &blindReads{}
+		w := newManagerWorldWrites(t, echo, func(d *Deps) { d.Fencing = true; blind.wrap(d) }, func(s persistence.Store) persistence.Store {
 			out.Store = s
 			return out
 		})
@@ -101,9 +109,11 @@ func TestLostCommitAnswerRunsAtTheKeysRecovery(t *testing.T) {
 		}
 		<-w.sent
 		out.Lost.Store(1)
+		blind.on.Store(true) // the session cannot read whether the write applied
 		if r := w.deliver(t, "m1", "one"); r.ErrorCode != "unavailable" {
 			t.Fatalf("m1 whose commit answer is lost: %+v, want unavailable", r)
 		}
+		blind.on.Store(false)
 		synctest.Wait()
 		keys, err := w.store.Recoverable(w.ctx)
 		if err != nil || len(keys) != 1 || keys[0] != w.key {
@@ -130,6 +140,73 @@ func TestLostCommitAnswerRunsAtTheKeysRecovery(t *testing.T) {
 	})
 }
 
+// TestLostCommitAnswerOfAMessageIsTaken: the write of a message commits, but its answer is lost
+// (a connection that broke after COMMIT, the spool failing too), and the store shows the
+// message as that write put it. The message is stored, so it is taken: acknowledged, run and
+// answered once. Before, its sender was told it was not stored, and the stored message ran
+// only if it was sent again while its session lasted: a /resume or /new in between left it
+// pending for ever, never answered (found by TestOutageHunt, seed 1796183174495401148).
+func TestLostCommitAnswerOfAMessageIsTaken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		echo, ran := countingEcho()
+		out := &storetest.Outage{}
+		w := newManagerWorldWrites(t, echo, nil, func(s persistence.Store) persistence.Store {
+			out.Store = s
+			return out
+		})
+		if r := w.deliver(t, "m0", "zero"); r.Disposition != platforms.Started {
+			t.Fatalf("m0: %+v", r)
+		}
+		<-w.sent
+		out.Lost.Store(1)
+		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started || r.ErrorCode != "" {
+			t.Errorf("m1, stored by a commit whose answer was lost: %+v, want started", r)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		var answers []string
+		for len(w.sent) > 0 {
+			answers = append(answers, (<-w.sent).Out.Text)
+		}
+		if len(answers) != 1 || answers[0] != "echo: one" || ran("m1") != 1 {
+			t.Errorf("m1 answered %q, ran %d times; want answered once", answers, ran("m1"))
+		}
+	})
+}
+
+// TestLostCommitAnswerOfACommandIsAnswered: the write of a command commits, but its answer is
+// lost, and the store shows the command as that write put it: the command acted, and its
+// sender is told so. Before, it was told the command was not stored while the session the
+// command started went on (found by TestOutageHunt, seed 1796183174495401153: a /reset
+// answered "unavailable", and the next message acknowledged in the session it started).
+func TestLostCommitAnswerOfACommandIsAnswered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		echo, _ := countingEcho()
+		out := &storetest.Outage{}
+		w := newManagerWorldWrites(t, echo, nil, func(s persistence.Store) persistence.Store {
+			out.Store = s
+			return out
+		})
+		first := w.deliver(t, "m0", "zero")
+		if first.Disposition != platforms.Started {
+			t.Fatalf("m0: %+v", first)
+		}
+		<-w.sent
+		out.Lost.Store(1)
+		r := w.deliver(t, "k1", "/new")
+		if r.Disposition != platforms.Command || r.ErrorCode != "" || r.SessionId == "" || r.SessionId == first.SessionId {
+			t.Fatalf("/new, stored by a commit whose answer was lost: %+v, want a command that started a new session", r)
+		}
+		route, err := w.store.Route(w.ctx, w.key)
+		if err != nil || route.SessionID != r.SessionId {
+			t.Errorf("the key routes to %+v (%v), want the session /new started, %s", route, err, r.SessionId)
+		}
+		if next := w.deliver(t, "m2", "two"); next.SessionId != r.SessionId {
+			t.Errorf("m2 after /new: %+v, want it in the session /new started, %s", next, r.SessionId)
+		}
+	})
+}
+
 // countingEcho is an agent that echoes the last message of its turn, and ran, how many turns
 // each message id ran in.
 func countingEcho() (agent agents.Agent, ran func(id string) int) {
@@ -148,4 +225,25 @@ func countingEcho() (agent agents.Agent, ran func(id string) int) {
 		defer mu.Unlock()
 		return runs[id]
 	}
+}
+
+// blindReads makes the sessions' reads of inbound messages fail while on is set, as a database
+// that cannot be reached fails them: a session that reads whether a write refused as
+// unavailable applied cannot tell.
+type blindReads struct {
+	persistence.Store
+	on atomic.Bool
+}
+
+// wrap puts b between the sessions of d and their store (a newManagerWorld setup).
+func (b *blindReads) wrap(d *Deps) {
+	b.Store = d.Store
+	d.Store = b
+}
+
+func (b *blindReads) FindInbound(ctx context.Context, platform, chatID, messageID string) (*persistence.Message, error) {
+	if b.on.Load() {
+		return nil, fmt.Errorf("%w: connection refused (test)", persistence.ErrUnavailable)
+	}
+	return b.Store.FindInbound(ctx, platform, chatID, messageID)
 }

@@ -71,23 +71,26 @@ func TestCommandCaughtByACrashIsAnswered(t *testing.T) {
 }
 
 // TestCommandWhoseCommitAnswerWasLostIsAnsweredInOrder: /status is stored, but the answer of
-// its commit is lost (a connection lost after COMMIT): its sender is told it could not be
-// stored, and its answer waits in the outbox. A later /help must not be answered before it:
+// its commit is lost (a connection lost after COMMIT) and the store cannot be read just then:
+// its sender is told it could not be stored, and its answer waits in the outbox. A later /help must not be answered before it:
 // the session starts again from the store, which sends the waiting answer first. (Before, the
 // session went on: /help's answer went out, and /status's only at the next activation, after
 // it.)
 func TestCommandWhoseCommitAnswerWasLostIsAnsweredInOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		out := &storetest.Outage{}
+		blind := &blindReads{}
 		w := newManagerWorldWrites(t, agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 			return &agents.Response{Text: "ok"}, nil
-		}), nil, func(s persistence.Store) persistence.Store { out.Store = s; return out })
+		}), blind.wrap, func(s persistence.Store) persistence.Store { out.Store = s; return out })
 		w.deliver(t, "m1", "first")
 		w.awaitTurnEnds(1)
 		out.Lost.Store(1)
+		blind.on.Store(true) // the session cannot read whether the write applied
 		if r := w.deliver(t, "k1", "/status"); r.ErrorCode == "" {
 			t.Fatalf("/status: %+v, want an error (its commit's answer was lost)", r)
 		}
+		blind.on.Store(false)
 		w.deliver(t, "k2", "/help")
 		time.Sleep(time.Minute)
 		synctest.Wait()

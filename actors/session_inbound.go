@@ -105,11 +105,7 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 		if errors.Is(err, persistence.ErrDuplicate) && !created && !expired && s.adoptStored(it) {
 			err = nil // an earlier write of it applied; only its answer was lost
 		}
-		if s.storedEarlier(it, err) {
-			// (Also when the write started or ended the session: a message taken before is
-			// no new message of the successor, and its refused write is restarted from below.)
-			err = fmt.Errorf("%w: message %s was stored before this activation", persistence.ErrDuplicate, it.messageID)
-		}
+		err = s.outageOutcome(it, err, !created && !expired)
 		if err == nil && notice != nil {
 			s.sendOutbound(c, notice)
 		}
@@ -303,30 +299,60 @@ func (s *Session) takenElsewhere(it *item) bool {
 	return err == nil && other.Key != s.key
 }
 
-// storedEarlier reports whether the store holds the inbound message of it from before (a
-// message taken in an earlier activation, which this one has not seen, delivered again), when
-// the write of it did not meet the store's dedupe: the write went to the spool (err nil while
-// the spool holds writes) or was refused as unavailable. Taken, it would run and be answered a
-// second time, and its row be refused at the replay; refused, its sender would be told it is
-// not stored, which it is. That holds as well when the write also ended the session (an idle
-// reset due at its arrival) or started its successor: before, those writes were not checked,
-// and the message was refused, or taken and run again (found by TestOutageHunt:
-// TestRedeliveryAfterAnIdleResetDuringAnOutageIsADuplicate). Such writes are rare (an outage),
-// and so are these reads. Its own
-// write (applied, its answer lost) and an unsure earlier write of this activation (adoptStored)
-// are not earlier.
-func (s *Session) storedEarlier(it *item, err error) bool {
+// outageOutcome is the outcome of the write of it when that write did not meet the store's
+// dedupe: it went to the spool (err nil while the spool holds writes) or was refused as
+// unavailable. The session then reads whether the store holds the message:
+//   - as this very write put it (its session, its seq): the write applied, whether it was
+//     spooled after a commit whose answer was lost or refused as unavailable for the same
+//     reason (a connection lost after COMMIT, the spool failing too). The message is stored,
+//     so it is taken: nil. Before, its sender was told it was not stored, and the stored
+//     message ran only if it was sent again while its session lasted (or at the key's next
+//     recovery): a boundary or a /resume in between left it pending, never answered.
+//   - from before (a message taken in an earlier activation, which this one has not seen,
+//     delivered again): ErrDuplicate. Taken, it would run and be answered a second time, and
+//     its row be refused at the replay; refused, its sender would be told it is not stored,
+//     which it is. This holds also when the write started or ended the session (created,
+//     expired: the caller starts again from the store).
+//   - as an unsure earlier write of this activation put it (rememberUnsure): adopted when
+//     adopt allows it (adoptStored), else as err says.
+//
+// Such writes are rare (an outage), and so are these reads. A store that cannot answer leaves
+// err as it is.
+func (s *Session) outageOutcome(it *item, err error, adopt bool) error {
 	spooled := err == nil && s.d.Spooling.Load()
 	if it.messageID == "" || !spooled && !errors.Is(err, persistence.ErrUnavailable) {
-		return false
+		return err
+	}
+	row, ferr := s.findStored(it.src, it.messageID)
+	switch {
+	case ferr != nil:
+		return err
+	case row.SessionID == it.sessionID && row.Seq == it.seq:
+		if err != nil {
+			s.logger().Warn("a message whose write was refused as unavailable is stored (the commit's answer was lost); it is taken",
+				"message_id", it.messageID, "seq", it.seq)
+		}
+		return nil
 	}
 	if u := s.unusual; u != nil {
 		if _, ok := u.unsure[it.messageID]; ok {
-			return false
+			if adopt && s.adoptStored(it) {
+				return nil
+			}
+			return err
 		}
 	}
-	row, ferr := s.findStored(it.src, it.messageID)
-	return ferr == nil && (row.SessionID != it.sessionID || row.Seq != it.seq)
+	return fmt.Errorf("%w: message %s was stored before this activation", persistence.ErrDuplicate, it.messageID)
+}
+
+// storedAt reports whether the store holds the inbound message id of src's chat in session sid
+// at seq: as the write that gave it that seq put it.
+func (s *Session) storedAt(src identity.Source, id, sid string, seq int64) bool {
+	if id == "" {
+		return false
+	}
+	row, err := s.findStored(src, id)
+	return err == nil && row.SessionID == sid && row.Seq == seq
 }
 
 // findStored reads the stored inbound message of src's chat with id, within
