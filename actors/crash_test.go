@@ -7,6 +7,7 @@ import (
 	"maps"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -247,4 +248,77 @@ func uncleanRestartsQuarantine(t *testing.T, mode string, quarantined, answered 
 	if n := testutil.ToFloat64(w.d.Metrics.MessagesQuarantined.WithLabelValues("unclean_restart")); n != float64(len(quarantined)) {
 		t.Errorf("messages_quarantined_total{cause=unclean_restart} = %v, want %d", n, len(quarantined))
 	}
+}
+
+// gatedReads is a store whose reads of inbound messages wait, once armed, until open is closed
+// (waiting tells that one waits): it holds a session inside Receive (a command's duplicate
+// check) while messages queue up in its mailbox.
+type gatedReads struct {
+	persistence.Store
+	armed   atomic.Bool
+	waiting chan struct{} // a read waits (buffered: told once)
+	open    chan struct{}
+}
+
+func (g *gatedReads) FindInbound(ctx context.Context, platform, chatID, messageID string) (*persistence.Message, error) {
+	if g.armed.CompareAndSwap(true, false) {
+		g.waiting <- struct{}{}
+		<-g.open
+	}
+	return g.Store.FindInbound(ctx, platform, chatID, messageID)
+}
+
+// TestMessageToASessionStoppedForCrashingIsAnswered: a message that reaches a session's mailbox
+// behind the crash that exhausts its restart budget is answered. Before, the supervisor's stop
+// dropped it with the rest of the mailbox, unanswered: its sender waited in vain (found by
+// TestOutageHunt, seed 1796182108935902522: a /undo answered only after an hour).
+func TestMessageToASessionStoppedForCrashingIsAnswered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate := make(chan struct{})
+		var ranM3 atomic.Bool
+		crashy := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+			text := req.Messages[len(req.Messages)-1].Text
+			if strings.Contains(text, "gated") {
+				<-gate
+			}
+			if strings.Contains(text, "boom") {
+				panic("agent bug on " + req.Identity.MessageID)
+			}
+			if req.Identity.MessageID == "m3" {
+				ranM3.Store(true)
+			}
+			return &agents.Response{Text: "ok"}, nil
+		})
+		g := &gatedReads{waiting: make(chan struct{}, 1), open: make(chan struct{})}
+		w := newManagerWorld(t, crashy, func(d *Deps) { g.Store = d.Store; d.Store = g })
+		if r := w.deliver(t, "m1", "boom"); r.ErrorCode != "" {
+			t.Fatalf("m1: %+v", r)
+		}
+		synctest.Wait() // m1 crashed the session three times, and is quarantined
+		if r := w.deliver(t, "m2", "gated boom"); r.ErrorCode != "" {
+			t.Fatalf("m2: %+v", r)
+		}
+		g.armed.Store(true)
+		status := w.request("k1", "/status")
+		<-g.waiting // the session reads whether k1 is a duplicate
+		close(gate) // m2's agent panics: its turn tells the session, behind k1
+		synctest.Wait()
+		f := w.request("m3", "three") // queued in the session's mailbox behind m2's crash
+		synctest.Wait()
+		close(g.open)
+		if _, err := status.Result(); err != nil {
+			t.Fatalf("/status: %v", err)
+		}
+		res, err := f.Result()
+		if err != nil {
+			t.Fatalf("m3, sent to the session as its last crash stopped it, was not answered: %v", err)
+		}
+		r := res.(*DeliverResult)
+		t.Logf("m3: %+v", r)
+		time.Sleep(time.Minute) // crashPause
+		synctest.Wait()
+		if r.ErrorCode == "" && !ranM3.Load() {
+			t.Errorf("m3 acknowledged %+v but never ran", r)
+		}
+	})
 }

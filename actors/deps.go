@@ -175,6 +175,10 @@ type Deps struct {
 	// lifelines holds the lifeline of each session that has crashed in its current activation,
 	// by key: the one thing a session's incarnations share (see lifeline).
 	lifelines sync.Map
+	// crashedOut holds the keys of the sessions that crashed past their restart budget, between
+	// their supervisor's decision and their next incarnation's start, which then stops
+	// (sessionSupervisor, Session.crashOut).
+	crashedOut sync.Map
 }
 
 // props builds the shared props on first use.

@@ -30,6 +30,7 @@ type SessionManager struct {
 	// crashStops counts, per key, the times its supervisor stopped the session for crashing
 	// since it last passivated (the pause before it starts again grows with it).
 	crashStops map[string]int
+	crashed    map[string]bool // key → its stopping session crashed past its budget (passivate.crashed)
 	rerun      map[string]bool // key → activate again once its stopping session is gone (passivate.rerun)
 	// refused counts, per key, the restarts from the store since it last passivated that the
 	// store caused by refusing a write as unavailable (passivate.pause; the pause before the
@@ -118,7 +119,34 @@ func NewSessionManager(d *Deps) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &SessionManager{d: d}
 	}, append(d.Mailbox("manager"),
-		actor.WithSupervisor(actor.NewOneForOneStrategy(restarts, window, actor.DefaultDecider)))...)
+		actor.WithSupervisor(&sessionSupervisor{d: d, restarts: restarts, window: window}))...)
+}
+
+// sessionSupervisor is the manager's supervisor strategy for its sessions: protoactor's
+// OneForOne (restart, at most restarts times within window), except that a session past its
+// budget is restarted too, and told to stop (Deps.crashedOut, Session.crashOut), rather than
+// stopped. protoactor's stop is a system message: it drops the requests waiting in the
+// session's mailbox (a message routed to it while it crashed), and their senders waited in
+// vain (TestMessageToASessionStoppedForCrashingIsAnswered). The incarnation that stops hands
+// them to the manager, as a passivating session does. The event published is the one
+// OneForOne publishes (a stop), which the supervisor logs and counts.
+type sessionSupervisor struct {
+	d        *Deps
+	restarts int
+	window   time.Duration
+}
+
+func (s *sessionSupervisor) HandleFailure(system *actor.ActorSystem, supervisor actor.Supervisor, child *actor.PID,
+	rs *actor.RestartStatistics, reason, _ any) {
+	directive := actor.RestartDirective
+	rs.Fail()
+	if rs.NumberOfFailures(s.window) > s.restarts {
+		rs.Reset()
+		directive = actor.StopDirective
+		s.d.crashedOut.Store(child.Id, struct{}{})
+	}
+	system.EventStream.Publish(&actor.SupervisorEvent{Child: child, Reason: reason, Directive: directive})
+	supervisor.RestartChildren(child)
 }
 
 // Receive routes, spawns and stops sessions.
@@ -204,6 +232,9 @@ func (m *SessionManager) Receive(c actor.Context) {
 			if msg.pause {
 				m.paused[msg.key] = true
 			}
+			if msg.crashed {
+				m.crashed[msg.key] = true
+			}
 			if !msg.fenced {
 				m.d.Metrics.SessionPassivations.Inc()
 				delete(m.crashStops, msg.key) // it ran well long enough to be idle
@@ -249,6 +280,7 @@ func (m *SessionManager) start(c actor.Context) {
 	m.stopping = map[string][]routed{}
 	m.handed = map[string]int{}
 	m.crashStops = map[string]int{}
+	m.crashed = map[string]bool{}
 	m.rerun = map[string]bool{}
 	m.refused = map[string]int{}
 	m.paused = map[string]bool{}
@@ -365,15 +397,7 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 		// Stopped by its supervisor after too many crashes, with work it may still hold. In a
 		// cluster the recovery sweep starts it again, wherever the key lives by then.
 		delete(m.sessions, key)
-		if m.d.Clustered {
-			m.log.Error("session stopped after crashing too often; the cluster's recovery starts it again", "session", key)
-		} else {
-			n := m.crashStops[key]
-			m.crashStops[key] = n + 1
-			pause := min(crashPause<<min(n, 6), maxCrashPause) // a session that cannot even load backs off
-			m.log.Error("session stopped after crashing too often; it starts again from the store", "session", key, "in", pause)
-			m.timers.SendOnce(pause, c.Self(), &restartCrashed{key: key})
-		}
+		m.crashedOut(c, key, true)
 	}
 	delete(m.busy, key)
 	m.answerDrains(c)
@@ -391,6 +415,25 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 		c.Send(c.Self(), &successor{key: key})
 	} else {
 		m.letGo(c, key)
+	}
+}
+
+// crashedOut counts a stop of the session of key for crashing too often (Session.crashOut) and,
+// when restart is set, has it start again from the store after a pause that grows with each
+// such stop, so that a session that cannot even load backs off. In a cluster the recovery
+// sweep starts it again, wherever the key lives by then.
+func (m *SessionManager) crashedOut(c actor.Context, key string, restart bool) {
+	n := m.crashStops[key]
+	m.crashStops[key] = n + 1
+	switch {
+	case !restart:
+		m.log.Error("session stopped after crashing too often; it starts again at once with what was asked meanwhile", "session", key)
+	case m.d.Clustered:
+		m.log.Error("session stopped after crashing too often; the cluster's recovery starts it again", "session", key)
+	default:
+		pause := min(crashPause<<min(n, 6), maxCrashPause)
+		m.log.Error("session stopped after crashing too often; it starts again from the store", "session", key, "in", pause)
+		m.timers.SendOnce(pause, c.Self(), &restartCrashed{key: key})
 	}
 }
 
@@ -441,8 +484,24 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		delete(m.rerun, key)
 		delete(m.quieted, key)
 		delete(m.paused, key)
+		delete(m.crashed, key)
 		m.letGo(c, key)
 		return
+	}
+	if m.crashed[key] {
+		// The session crashed past its restart budget. With requests handed back or held, it
+		// starts again at once (as a message that reached a stopped session started it);
+		// otherwise after its pause, from the store.
+		delete(m.crashed, key)
+		if len(m.stopping[key]) == 0 && !m.rerun[key] {
+			delete(m.stopping, key)
+			delete(m.handed, key)
+			m.crashedOut(c, key, true)
+			m.letGo(c, key)
+			m.answerDrains(c)
+			return
+		}
+		m.crashedOut(c, key, false)
 	}
 	if m.paused[key] && m.elsewhere(key) == nil {
 		// The store refused the session's write: started again at once, it would run its

@@ -46,6 +46,7 @@ type Session struct {
 	refused   bool  // stale because the store refused a write as unavailable: the next activation waits
 	leaving   bool  // the member leaves the cluster: no new turn, and the key goes on once idle (Leave)
 	halted    bool  // the daemon stops and a stop signal ended this session's agent: no new turn (stoppedBySignal)
+	crashed   bool  // it follows a crash past the restart budget: it stops at once (crashOut)
 
 	inflight   []*pendingWrite      // by write id, ascending
 	stopResend scheduler.CancelFunc // the armed resend tick; nil when none is armed
@@ -321,6 +322,10 @@ func (s *Session) start(c actor.Context) {
 		s.leaving = life.leaving
 		s.rare().ending, life.ending = life.ending, nil
 	}
+	if _, out := s.d.crashedOut.LoadAndDelete(c.Self().Id); out {
+		s.crashOut(c)
+		return
+	}
 	s.mode = s.d.Config.QueueMode
 	s.activatedAt = s.d.now()
 	if !s.d.Fencing && s.restarts() > 0 {
@@ -337,6 +342,17 @@ func (s *Session) start(c actor.Context) {
 		return
 	}
 	s.load(c)
+}
+
+// crashOut stops the incarnation that follows a crash past the session's restart budget
+// (sessionSupervisor) without loading anything: it takes no work, hands what reaches it to
+// the manager for the key's next activation, as a passivating session does, and asks to be
+// stopped once the calls its predecessor cancelled have returned. The manager starts the key
+// again at once with what it was asked meanwhile, or after a pause from the store.
+func (s *Session) crashOut(c actor.Context) {
+	s.crashed = true
+	s.fencedOut = true // (it sends nothing; what it is asked goes to the next activation)
+	s.stopWhenSettled(c)
 }
 
 // load claims the key (Deps.Fencing), reads the session's durable state and resumes its
@@ -749,7 +765,7 @@ func (s *Session) stopWhenSettled(c actor.Context) {
 		return // (the key's next activation must not run beside a cancelled call still ending)
 	}
 	s.passivating = true
-	c.Send(c.Parent(), &passivate{key: s.key, pid: c.Self(), fenced: true, rerun: s.stale, pause: s.refused})
+	c.Send(c.Parent(), &passivate{key: s.key, pid: c.Self(), fenced: true, rerun: s.stale, pause: s.refused, crashed: s.crashed})
 	if s.unusual != nil {
 		for _, r := range s.unusual.handoff {
 			s.sendToManager(c, r)
