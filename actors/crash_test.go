@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,7 +16,10 @@ import (
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/agentgate/agentgate/platforms"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -319,6 +323,54 @@ func TestMessageToASessionStoppedForCrashingIsAnswered(t *testing.T) {
 		synctest.Wait()
 		if r.ErrorCode == "" && !ranM3.Load() {
 			t.Errorf("m3 acknowledged %+v but never ran", r)
+		}
+	})
+}
+
+// TestCrashWhileSpoolingRunsAgainOnceLoaded: a session crashes (its agent panics) while the
+// database is down and its writes wait in the spool. The restarted incarnation waits for the
+// spool to drain before it loads, and then runs the message again. Before, it never ran a turn
+// again: it waits for the panicked turn's call to end before the next turn starts, and that
+// end (and the timer bounding that wait) reached it while it waited for the spool, which
+// dropped them (found by TestOutageHunt, seed 1796189555420442528: four messages acknowledged
+// and never answered).
+func TestCrashWhileSpoolingRunsAgainOnceLoaded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		var crashed atomic.Bool
+		agent := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+			if crashed.CompareAndSwap(false, true) {
+				panic("agent bug on " + req.Identity.MessageID)
+			}
+			return &agents.Response{Text: "answer"}, nil
+		})
+		dir := t.TempDir()
+		sp, err := spool.Open(filepath.Join(dir, "spool"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var deps *Deps
+		w := newManagerWorldWith(t, filepath.Join(dir, "agentgate.db"), agent, func(d *Deps) { deps = d },
+			func(s persistence.Store) persistence.Store { out.Store = s; return out },
+			func(o *persistence.ActorOptions) {
+				o.Spool, o.Spooling, o.ReplayEvery = sp, &deps.Spooling, time.Second
+			})
+		out.Down.Store(true)
+		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
+			t.Fatalf("m1 while the database is down: %+v, want started (spooled)", r)
+		}
+		// The agent panicked: the session restarted, and waits for the spool, for longer than
+		// it would wait for a cancelled call.
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		out.Down.Store(false)
+		select {
+		case got := <-w.sent:
+			if got.Out.Text != "answer" || !slices.Equal(got.Out.InReplyTo, []string{"m1"}) {
+				t.Errorf("sent %q answering %v, want m1's answer", got.Out.Text, got.Out.InReplyTo)
+			}
+		case <-time.After(time.Minute):
+			t.Error("m1 not answered within a minute of the database's return")
 		}
 	})
 }

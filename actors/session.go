@@ -501,7 +501,11 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 		s.logger().Info("the session's key moved to another member while it waited for the spool; it stops")
 		s.handOverAll(c)
 		s.stopWhenSettled(c)
-	case *GetState, *actor.Stopping, *actor.Stopped, *actor.Restarting:
+	case *GetState, *actor.Stopping, *actor.Stopped, *actor.Restarting, *callEnded, *cancelOverdue:
+		// (A restarted session waits for the calls its failed incarnation cancelled, the
+		// panicked turn's among them, before it runs a turn: their ends must not be lost
+		// while it waits. Before, they were dropped, and once loaded the session never ran
+		// a turn again: TestCrashWhileSpoolingRunsAgainOnceLoaded.)
 		return true
 	}
 	return false
