@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -154,4 +155,64 @@ func (s *Session) setAside(c actor.Context, it *item, status, text string) {
 		}
 		s.sendOutbound(c, OutboundFromEntry(&entry))
 	})
+}
+
+// leftBehindNotice answers a message left pending in a session its key has left.
+const leftBehindNotice = "⚠️ This message arrived as a command ended or stopped the session's work, so it was not run. Please send it again if it still matters."
+
+// setAsideLeftBehind sets aside, with a notice each, the messages left pending in a session the
+// key has left: the routed session when it has ended, or the current session's predecessor.
+// Only a current session's pending messages run, and only a current session's make the key
+// recoverable, so such a message was never answered. One is left there when a command ends
+// the session while the message's write is in flight and the write that sets it aside once it
+// lands is refused (the database and the spool failing), or the process dies before that write:
+// the session that started again from the store knew nothing of it (found by TestOutageHunt,
+// seed 1796189442418889951: TestDroppedMessageWhoseSetAsideIsRefusedIsAnswered). The
+// predecessor costs one count of its pending messages per activation that has one.
+func (s *Session) setAsideLeftBehind(c actor.Context, snap *persistence.Snapshot) {
+	var left []persistence.Message
+	var from *persistence.Session
+	switch {
+	case snap.Session != nil && !snap.Session.EndedAt.IsZero():
+		left, from = snap.Pending, snap.Session
+	case s.cur != nil && s.cur.PrevSessionID != "":
+		ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
+		defer cancel()
+		prev := s.cur.PrevSessionID
+		if _, n, err := s.d.Store.CountMessages(ctx, prev); err != nil || n == 0 {
+			return
+		}
+		msgs, err := s.d.Store.Transcript(ctx, prev)
+		if err != nil {
+			s.logger().Warn("read the previous session's messages left pending", "prev", prev, "err", err)
+			return
+		}
+		for _, m := range msgs {
+			if m.Role == persistence.RoleUser && m.Status == persistence.StatusPending && m.Active {
+				left = append(left, m)
+			}
+		}
+		from = s.cur
+	}
+	now := s.d.now()
+	for _, m := range left {
+		src := s.sourceOf(from)
+		src.UserID, src.UserName = m.UserID, m.UserName
+		entry := s.outboxEntry(src, m.SessionID, platforms.KindNotice, leftBehindNotice, "", []string{m.MessageID}, now)
+		ops := []persistence.Op{
+			&persistence.SetMessageStatus{SessionID: m.SessionID, Seqs: []int64{m.Seq}, Status: persistence.StatusFailed},
+			&persistence.AddOutbox{Entry: entry},
+		}
+		s.logger().Warn("a message was left pending in a session the key has left; it is set aside", "message_id", m.MessageID, "session_id", m.SessionID)
+		s.write(c, ops, func(c actor.Context, err error) {
+			if err != nil {
+				s.logger().Error("store set-aside message", "status", persistence.StatusFailed, "err", err)
+				if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {
+					s.restartFromStore(c, "a message left in a session the key has left was not set aside", err)
+				}
+				return
+			}
+			s.sendOutbound(c, OutboundFromEntry(&entry))
+		})
+	}
 }

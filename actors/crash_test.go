@@ -20,6 +20,7 @@ import (
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -371,6 +372,90 @@ func TestCrashWhileSpoolingRunsAgainOnceLoaded(t *testing.T) {
 			}
 		case <-time.After(time.Minute):
 			t.Error("m1 not answered within a minute of the database's return")
+		}
+	})
+}
+
+// refusedSetAside is a store that, while on, refuses (as unavailable) the writes that set a
+// message aside with leftBehindNotice, and commits the others of their batch.
+type refusedSetAside struct {
+	persistence.Store
+	on atomic.Bool
+}
+
+func (r *refusedSetAside) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	errs := make([]error, len(groups))
+	var pass [][]persistence.Op
+	var at []int
+	for i, g := range groups {
+		if r.on.Load() && slices.ContainsFunc(g, func(op persistence.Op) bool {
+			o, ok := op.(*persistence.AddOutbox)
+			return ok && o.Entry.Text == leftBehindNotice
+		}) {
+			errs[i] = fmt.Errorf("%w: disk full (test)", persistence.ErrUnavailable)
+			continue
+		}
+		pass, at = append(pass, g), append(at, i)
+	}
+	if len(pass) > 0 {
+		for j, err := range r.Store.Commit(ctx, pass) {
+			errs[at[j]] = err
+		}
+	}
+	return errs
+}
+
+// TestDroppedMessageWhoseSetAsideIsRefusedIsAnswered: /new ends the session while the write of
+// a message is in flight; the message lands in the ended session, and the write that sets it
+// aside with a notice is refused, so the session starts again from the store. The message is
+// answered once, by that notice, when the store takes writes again. Before, the activation that
+// loaded the new session never looked at the ended one, and the message stayed pending there,
+// never answered (found by TestOutageHunt, seed 1796189442418889951).
+func TestDroppedMessageWhoseSetAsideIsRefusedIsAnswered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		echo, ran := countingEcho()
+		g := &gatedCommits{waiting: make(chan struct{}, 1), open: make(chan struct{})}
+		refuse := &refusedSetAside{}
+		w := newManagerWorldWrites(t, echo, nil, func(s persistence.Store) persistence.Store {
+			g.Store = s
+			refuse.Store = g
+			return refuse
+		})
+		if r := w.deliver(t, "m0", "zero"); r.Disposition != platforms.Started {
+			t.Fatalf("m0: %+v", r)
+		}
+		w.awaitTurnEnds(1)
+		synctest.Wait()
+		g.armed.Store(true)
+		m1 := w.request("m1", "one")
+		<-g.waiting // m1's write is in flight
+		g.armed.Store(false)
+		refuse.on.Store(true)
+		k1 := w.request("k1", "/new")
+		synctest.Wait()
+		close(g.open)
+		for _, f := range []*actor.Future{m1, k1} {
+			if _, err := f.Result(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		synctest.Wait() // m1's set-aside was refused: the session starts again from the store
+		refuse.on.Store(false)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		answered := 0
+		for len(w.sent) > 0 {
+			if slices.Contains((<-w.sent).Out.InReplyTo, "m1") {
+				answered++
+			}
+		}
+		row, err := w.store.FindInbound(w.ctx, w.src.Platform, w.src.ChatID, "m1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if answered != 1 || row.Status != persistence.StatusFailed || ran("m1") != 0 {
+			t.Errorf("m1, dropped by /new while its write was in flight: answered %d times, stored %s, ran %d times; want answered once, failed, never run",
+				answered, row.Status, ran("m1"))
 		}
 	})
 }

@@ -419,6 +419,7 @@ func (s *Session) load(c actor.Context) {
 	for i := range snap.Unconfirmed {
 		s.sendOutboundAgain(c, OutboundFromEntry(&snap.Unconfirmed[i]))
 	}
+	s.setAsideLeftBehind(c, snap)
 	if s.restarts() > 0 {
 		s.afterCrash(c)
 	}

@@ -232,8 +232,7 @@ func (s *Session) adoptUnsure(c actor.Context) bool {
 // flight (stopWork), now that it is stored, and sets it aside with a notice of its own.
 func (s *Session) setAsideDropped(c actor.Context, it *item) {
 	s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
-	s.setAside(c, it, persistence.StatusFailed,
-		"⚠️ This message arrived as a command ended or stopped the session's work, so it was not run. Please send it again if it still matters.")
+	s.setAside(c, it, persistence.StatusFailed, leftBehindNotice)
 }
 
 // inFlight returns the queued message with id whose write is not answered yet, or nil.
