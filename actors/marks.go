@@ -1,6 +1,9 @@
 package actors
 
 import (
+	"errors"
+	"slices"
+
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/scheduler"
@@ -20,8 +23,13 @@ import (
 // by seq, so a client sees a re-sent reply at most as a repeat of the same seq. A mark write
 // whose answer does not come is sent again after resendAfter: MarkDelivery counts attempts, so a
 // re-applied "failed" mark counts one attempt more (a "delivered" mark is final and re-applies
-// as a no-op). A mark write that fails is split into one write per mark, so one bad entry never
-// loses the others' marks; those are logged, not retried, like a single mark's failure was.
+// as a no-op). A mark write refused because the store cannot be written (the database and the
+// spool failing: persistence.ErrUnavailable) is kept, in order, and written again after
+// resendAfter; before, it was dropped, and the replies it marked were sent again at the next
+// start although they had reached the user (TestMarksRefusedAsUnavailableAreWrittenLater, found
+// by TestOutageHunt). A mark write that fails otherwise is split into one write per mark, so one
+// bad entry never loses the others' marks; those are logged, not retried, like a single mark's
+// failure was.
 
 // maxMarks bounds the marks of one write. It is not below the replies one commit can carry
 // (persistence.max_batch: 512 groups by default, config.MaxBatchLimit at most), so one mark
@@ -35,7 +43,8 @@ const maxMarks = 4096
 type marks struct {
 	waiting  []persistence.Op     // marks and draft records not yet sent to the persistence actor
 	inflight *persistence.Write   // the write awaiting its result, if any
-	stopTick scheduler.CancelFunc // cancels the inflight write's re-send tick
+	stopTick scheduler.CancelFunc // cancels the inflight write's re-send tick, or the retry's (paused)
+	paused   bool                 // the last write was refused as unavailable: wait for marksRetry
 	nextID   uint64               // ids of coalesced writes: 1, 2, …; 0 marks a single mark's write
 }
 
@@ -59,6 +68,9 @@ func (m *marks) holds(key string) bool {
 // marksTick wakes the platform actor to re-send a mark write that got no answer.
 type marksTick struct{ id uint64 }
 
+// marksRetry wakes the platform actor to write again the marks the store refused as unavailable.
+type marksRetry struct{}
+
 // mark queues one delivery mark or draft record, and writes it at once when no mark write is
 // in flight.
 func (a *Platform) mark(c actor.Context, op persistence.Op) {
@@ -71,7 +83,7 @@ func (a *Platform) mark(c actor.Context, op persistence.Op) {
 // flushMarks sends the waiting marks (up to maxMarks) as one write group.
 func (a *Platform) flushMarks(c actor.Context) {
 	m := &a.marks
-	if len(m.waiting) == 0 || m.inflight != nil {
+	if len(m.waiting) == 0 || m.inflight != nil || m.paused {
 		return
 	}
 	n := min(len(m.waiting), maxMarks)
@@ -102,6 +114,15 @@ func (a *Platform) onMarksWritten(c actor.Context, r *persistence.WriteResult) {
 	m.inflight = nil
 	cancelTimer(m.stopTick)
 	m.stopTick = nil
+	if errors.Is(r.Err, persistence.ErrUnavailable) {
+		// Nothing of it was written, and the store may take it later: it goes first again.
+		a.log.Warn("record deliveries; the store is unavailable, trying again shortly", "marks", len(w.Ops), "err", r.Err)
+		m.waiting = append(slices.Clip(w.Ops), m.waiting...)
+		m.paused = true
+		m.stopTick = a.timers.SendOnce(resendAfter, c.Self(), &marksRetry{})
+		a.answerQuiesce(c)
+		return
+	}
 	if r.Err != nil {
 		if len(w.Ops) == 1 {
 			a.log.Warn("record delivery", "err", r.Err)
@@ -116,6 +137,16 @@ func (a *Platform) onMarksWritten(c actor.Context, r *persistence.WriteResult) {
 	}
 	a.flushMarks(c)
 	a.answerQuiesce(c)
+}
+
+// onMarksRetry writes again the marks the store refused as unavailable.
+func (a *Platform) onMarksRetry(c actor.Context) {
+	if !a.marks.paused {
+		return
+	}
+	a.marks.paused = false
+	a.marks.stopTick = nil
+	a.flushMarks(c)
 }
 
 // onMarksTick re-sends a mark write that got no answer (the persistence actor may have

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/metrics"
@@ -66,6 +67,40 @@ func TestMarksKeepPaceWithSends(t *testing.T) {
 		case w := <-writes:
 			t.Errorf("a third mark write of %d marks, want none", len(w.w.Ops))
 		default:
+		}
+	})
+}
+
+// TestMarksRefusedAsUnavailableAreWrittenLater: a mark write the store refuses because it cannot
+// be written (the database and the spool failing) is written again once the store may take it,
+// so the reply it marks is not sent again at the next start. Before, it was dropped (found by
+// TestOutageHunt as an outbox entry delivered but still marked pending).
+func TestMarksRefusedAsUnavailableAreWrittenLater(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		system, quiet := quietSystem(t)
+		defer system.Shutdown()
+		writes := make(chan heldWrite, 16)
+		persist := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if w, ok := c.Message().(*persistence.Write); ok {
+				writes <- heldWrite{w: w, from: c.Sender()}
+			}
+		}))
+		fake := platformtest.NewFake("fake")
+		d := &Deps{Ctx: t.Context(), Persist: persist, Log: quiet, Metrics: metrics.New("fake")}
+		p := system.Root.Spawn(NewPlatform(d, fake, &PlatformHealth{}))
+		defer system.Root.Stop(p)
+
+		system.Root.Send(p, &SendOutbound{Out: &platforms.Outbound{SessionKey: "fake:dm:1", Seq: 1, Text: "hi"}})
+		first := <-writes
+		system.Root.Send(first.from, &persistence.WriteResult{ID: first.w.ID,
+			Err: fmt.Errorf("%w: spool failed too (test)", persistence.ErrUnavailable)})
+		select {
+		case again := <-writes:
+			if len(again.w.Ops) != len(first.w.Ops) {
+				t.Errorf("the marks written again: %d ops, want the %d refused", len(again.w.Ops), len(first.w.Ops))
+			}
+		case <-time.After(time.Minute):
+			t.Error("the delivery mark refused as unavailable was not written again within a minute")
 		}
 	})
 }

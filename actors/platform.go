@@ -191,8 +191,12 @@ func (a *Platform) Receive(c actor.Context) {
 		a.onMarksWritten(c, m)
 	case *marksTick:
 		a.onMarksTick(c, m)
+	case *marksRetry:
+		a.onMarksRetry(c)
 	case *actor.Stopping:
 		a.stopped.Store(true)
+		cancelTimer(a.marks.stopTick)
+		a.marks.paused = false
 		a.flushMarks(c) // the persistence actor stops after the platforms: it still takes them
 		// No re-send tick can reach a stopped actor; a pending one would only hold the actor
 		// system until it fired.
@@ -402,9 +406,11 @@ func (a *Platform) answerQuiesce(c actor.Context) {
 	}
 	waiting := a.quiesce[:0]
 	for _, q := range a.quiesce {
-		quiet := a.sending == 0 && !a.marks.busy()
+		// (Marks the store refused as unavailable wait for it to come back: a quiesce does
+		// not wait for them.)
+		quiet := a.sending == 0 && (!a.marks.busy() || a.marks.paused)
 		if q.key != "" {
-			quiet = !a.inflight[q.key] && len(a.queues[q.key]) == 0 && !a.marks.holds(q.key)
+			quiet = !a.inflight[q.key] && len(a.queues[q.key]) == 0 && (!a.marks.holds(q.key) || a.marks.paused)
 		}
 		switch {
 		case !quiet:
