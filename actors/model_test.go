@@ -349,6 +349,12 @@ func (m *model) stop(drain bool) {
 	w := m.daemon
 	root := w.system.Root
 	w.d.Stopping.Store(true)
+	if m.out != nil && m.out.spoolOff && m.out.o.Down.Load() {
+		// Neither the database nor the spool takes writes: the delivery marks of the replies
+		// sent since they failed cannot be recorded anywhere, and those replies are sent again
+		// at the next start (at least once), as after a kill.
+		m.killed = true
+	}
 	if drain {
 		_, _ = root.RequestFuture(w.manager, &Drain{}, 30*time.Second).Result()
 	}
