@@ -157,6 +157,9 @@ func (s *Session) setAside(c actor.Context, it *item, status, text string) {
 	})
 }
 
+// leftBehindPage is how many messages of a predecessor setAsideLeftBehind reads at a time.
+const leftBehindPage = 500
+
 // leftBehindNotice answers a message left pending in a session its key has left.
 const leftBehindNotice = "⚠️ This message arrived as a command ended or stopped the session's work, so it was not run. Please send it again if it still matters."
 
@@ -182,15 +185,22 @@ func (s *Session) setAsideLeftBehind(c actor.Context, snap *persistence.Snapshot
 		if _, n, err := s.d.Store.CountMessages(ctx, prev); err != nil || n == 0 {
 			return
 		}
-		msgs, err := s.d.Store.Transcript(ctx, prev)
-		if err != nil {
-			s.logger().Warn("read the previous session's messages left pending", "prev", prev, "err", err)
-			return
-		}
-		for _, m := range msgs {
-			if m.Role == persistence.RoleUser && m.Status == persistence.StatusPending && m.Active {
-				left = append(left, m)
+		// Read in pages: a predecessor may hold months of transcript.
+		for after := int64(0); ; {
+			msgs, err := s.d.Store.TranscriptAfter(ctx, prev, after, leftBehindPage)
+			if err != nil {
+				s.logger().Warn("read the previous session's messages left pending", "prev", prev, "err", err)
+				return
 			}
+			for _, m := range msgs {
+				if m.Role == persistence.RoleUser && m.Status == persistence.StatusPending && m.Active {
+					left = append(left, m)
+				}
+			}
+			if len(msgs) < leftBehindPage {
+				break
+			}
+			after = msgs[len(msgs)-1].Seq
 		}
 		from = s.cur
 	}
