@@ -136,10 +136,14 @@ func replyRef(out *platforms.Outbound) string {
 }
 
 // SendDraft posts the first text of a streaming reply, with a nonce Discord enforces made from
-// key: a retry after a lost answer returns the draft already posted.
+// key: a retry after a lost answer returns the draft already posted, which still shows the
+// text of the try that posted it, and is edited to show text. Before, it kept that text: a
+// cancelled turn's draft found so was left showing part of an answer without its interrupted
+// mark (TestDraftFoundByItsKeyShowsTheNewText).
 func (p *Platform) SendDraft(ctx context.Context, target identity.Source, inReplyTo []string, key, text string) (string, error) {
 	channel := replyChannel(target)
-	msg := &sendBody{Content: draftText(text), AllowedMentions: noMentions()}
+	content := draftText(text)
+	msg := &sendBody{Content: content, AllowedMentions: noMentions()}
 	if key != "" {
 		msg.Nonce, msg.EnforceNonce = nonce("draft/"+key, 0), true
 	}
@@ -149,6 +153,11 @@ func (p *Platform) SendDraft(ctx context.Context, target identity.Source, inRepl
 	m, err := p.post(ctx, channel, msg)
 	if err != nil {
 		return "", fmt.Errorf("discord: send draft: %w", err)
+	}
+	if m.Content != content {
+		if err := p.editContent(ctx, channel, m.ID, content); err != nil {
+			return "", fmt.Errorf("discord: send draft: show the text of the draft found by its key: %w", err)
+		}
 	}
 	return m.ID, nil
 }

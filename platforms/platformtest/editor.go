@@ -50,7 +50,7 @@ func NewEditorFake(name string) *EditorFake {
 }
 
 // SendDraft records a new draft and returns its id ("draft-1", "draft-2", …); a draft with key
-// already recorded is returned as it is.
+// already recorded is returned, showing text from now on.
 func (f *EditorFake) SendDraft(ctx context.Context, target identity.Source, inReplyTo []string, key, text string) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", fmt.Errorf("send draft: %w", err)
@@ -61,6 +61,10 @@ func (f *EditorFake) SendDraft(ctx context.Context, target identity.Source, inRe
 		return "", f.sendErr
 	}
 	if id, ok := f.keys[key]; ok && key != "" {
+		if d := f.draftLocked(id); d != nil && !d.Final && d.Text() != text {
+			d.Texts = append(d.Texts, text)
+			f.notifyLocked()
+		}
 		return id, nil
 	}
 	d := &Draft{ID: fmt.Sprintf("draft-%d", len(f.drafts)+1), Target: target, InReplyTo: slices.Clone(inReplyTo), Texts: []string{text}}

@@ -1,0 +1,45 @@
+package discord
+
+import (
+	"testing"
+
+	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/agentgate/agentgate/platforms/discord/discordtest"
+)
+
+// TestDraftFoundByItsKeyShowsTheNewText: a draft post whose answer was lost (Discord posted
+// it, then answered 500) is found by the next SendDraft with the same key, and that SendDraft's
+// text is what it shows: here the interrupted mark of a turn cancelled meanwhile. Before, the
+// draft found kept the text of the try that posted it, part of an answer without its mark
+// (found by TestHuntDrafts).
+func TestDraftFoundByItsKeyShowsTheNewText(t *testing.T) {
+	const dm = "300000000000000001"
+	srv := discordtest.New(t)
+	srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
+	p, err := New(Config{Token: srv.Token(), Settings: config.Discord{APIURL: srv.APIURL()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := identity.Source{Platform: Name, ChatType: identity.ChatDM, ChatID: dm}
+	srv.FailNextAfter("POST", "/channels/"+dm+"/messages", 500, 1)
+	if _, err := p.SendDraft(t.Context(), target, nil, "t1", "half an answer"); err == nil {
+		t.Fatal("SendDraft whose answer is lost = nil error, want one")
+	}
+	const marked = "half an answer" + platforms.InterruptedMark
+	id, err := p.SendDraft(t.Context(), target, nil, "t1", marked)
+	if err != nil {
+		t.Fatalf("SendDraft again = %v", err)
+	}
+	sent := srv.Sent(dm)
+	if len(sent) != 1 || sent[0].ID != id || sent[0].Content != marked {
+		var got []string
+		for _, m := range sent {
+			got = append(got, m.ID+": "+m.Content)
+		}
+		t.Errorf("the DM shows %q, want draft %s alone, showing %q", got, id, marked)
+	}
+}
