@@ -43,7 +43,8 @@ const DefaultDraftInterval = time.Second
 // InterruptedMark ends the text of a draft whose turn was cancelled or crashed.
 const InterruptedMark = platforms.InterruptedMark
 
-// maxDraftEditFailures is how many edits of a draft may fail in a row before it is left alone.
+// maxDraftEditFailures is how many edits of a draft may fail in a row before it is left alone,
+// and how many tries of its post are made at once before the next ones wait with backoff.
 const maxDraftEditFailures = 3
 
 // endedTurnsKept bounds how many finished or dropped turns a platform actor remembers, to
@@ -164,9 +165,10 @@ type draft struct {
 	lastEdit  time.Time // when the last post or edit went out
 	queued    bool      // a post or edit waits in (or runs from) the key's queue
 	ticking   bool      // a draftTick is armed
-	failed    bool      // the post (or maxDraftEditFailures edits) failed: no more posts or edits
+	failed    bool      // the post was refused for good (or maxDraftEditFailures edits failed): no more posts or edits
 	broken    bool      // the platform panicked on it: the final reply is posted anew, not edited in
-	editFails int       // edits that failed in a row
+	editFails int       // posts or edits that failed in a row
+	stopTries int       // tries of its post made at once as the daemon stops (stopDrafts)
 	dropped   bool      // the turn was cancelled: the draft gets its interrupted mark, then is gone
 	finishing bool      // the turn has ended: its final outbound is on its way (FinishDraft)
 	after     string    // the key's earlier turn whose draft waits for its reply: posted after it
@@ -277,6 +279,13 @@ func (a *Platform) interruptDraft(c actor.Context, d *draft) {
 	d.failed, d.editFails = false, 0 // the mark gets tries of its own, though edits failed before
 	d.dropped = true
 	d.text += InterruptedMark
+	if q := a.queues[d.key]; d.id == "" && a.held[d.key] && len(q) > 0 && q[0].draftTurn == d.turn {
+		// Its post waits for a retry: the mark goes out at once, and finds the draft if a try
+		// made it (the held retry's timer then finds nothing to release).
+		delete(a.held, d.key)
+		a.inflight[d.key] = false
+		a.pump(c, d.key)
+	}
 	a.scheduleDraft(c, d)
 }
 
@@ -355,18 +364,37 @@ func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
 	}
 	d.queued = false
 	switch {
+	case m.err != nil && d.id == "" && errors.Is(m.err, platforms.ErrUndeliverable):
+		d.failed = true // refused, so never made: the final reply is posted as a message of its own
+		a.log.Warn("post draft; refused for good", "session", m.key, "turn", m.turn, "err", m.err)
 	case m.err != nil && d.id == "":
-		if d.editFails++; d.editFails < maxDraftEditFailures && !errors.Is(m.err, platforms.ErrUndeliverable) {
-			// The post may have been made and its answer lost: it is tried again at once, before
-			// anything else of the key (the final reply may be next), with the same key, which
-			// finds the draft already posted.
+		// The post may have been made and its answer lost: it is tried again before anything
+		// else of the key (the final reply may be next), with the same key, which finds the
+		// draft already posted. Only such a try can find it, so the tries go on, like a reply's
+		// send: at once at first, then with backoff, the key's later jobs waiting behind them.
+		// Before, the post was given up after 3 tries, and a draft made by one of them was left
+		// in the chat, never finished nor marked (TestDraftWhosePostsKeepFailingIsFinished).
+		d.editFails++
+		d.queued = true
+		a.queues[m.key] = slices.Insert(a.queues[m.key], 0, &job{draftTurn: d.turn})
+		again := d.editFails < maxDraftEditFailures
+		if !again && a.stopping && d.stopTries < maxDraftEditFailures {
+			d.stopTries++ // the daemon stops, and will not wait for a backoff: see stopDrafts
+			again = true
+		}
+		if again {
 			a.log.Debug("post draft; trying again", "session", m.key, "turn", m.turn, "err", m.err)
-			d.queued = true
-			a.queues[m.key] = slices.Insert(a.queues[m.key], 0, &job{draftTurn: d.turn})
 			return
 		}
-		d.failed = true // the final reply is posted as a message of its own
-		a.log.Warn("post draft", "session", m.key, "turn", m.turn, "err", m.err)
+		n := d.editFails - maxDraftEditFailures + 1
+		backoff := min(sendBackoffBase<<min(n-1, 16), sendBackoffMax)
+		if n <= sendWarnings || n%sendWarnEvery == 0 {
+			a.log.Warn("post draft failed; retrying", "session", m.key, "turn", m.turn, "attempt", d.editFails,
+				"backoff", backoff, "err", m.err)
+		}
+		a.timers.SendOnce(backoff, c.Self(), &retrySendHeld{key: m.key})
+		a.inflight[m.key], a.held[m.key] = true, true // hold the queue until the retry
+		return
 	case m.err != nil:
 		a.log.Debug("edit draft", "session", m.key, "turn", m.turn, "err", m.err)
 		d.lastEdit = time.Now()
@@ -394,6 +422,38 @@ func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
 		return
 	}
 	a.scheduleDraft(c, d)
+}
+
+// stopDrafts prepares the drafts for the daemon's stop (its Quiesce): a draft post that waits
+// for its retry is tried at once, and one that fails from now on gets maxDraftEditFailures
+// more tries at once, before the stop's Quiesce is answered. A try whose answer was lost may
+// have made the draft, only a try can find it, and a draft found is recorded, so the next
+// start deletes it. Left to its backoff, the try came after the stop, or never, and a draft
+// made so stayed in the chat, showing part of an answer.
+func (a *Platform) stopDrafts(c actor.Context) {
+	a.stopping = true
+	for key, q := range a.queues {
+		if !a.held[key] || len(q) == 0 || q[0].draftTurn == "" {
+			continue
+		}
+		if d := a.drafts[q[0].draftTurn]; d == nil || d.id != "" {
+			continue
+		}
+		delete(a.held, key) // the retry's timer finds nothing to release
+		a.inflight[key] = false
+		a.pump(c, key)
+	}
+}
+
+// warnUnsureDrafts logs, as the actor stops, the drafts whose post failed and may have been
+// made: no record of them is kept, so the next start cannot delete them.
+func (a *Platform) warnUnsureDrafts() {
+	for _, d := range a.drafts {
+		if d.id == "" && d.editFails > 0 && !d.failed {
+			a.log.Warn("stopping while a draft's post is unanswered; if a try made it, it stays in the chat",
+				"session", d.key, "turn", d.turn, "tries", d.editFails)
+		}
+	}
 }
 
 // finishesDraft returns out with DraftID set when it is the final outbound of a turn with a

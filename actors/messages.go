@@ -179,7 +179,9 @@ type cancelOverdue struct{ TurnID string }
 type StartIntake struct{ Deliver platforms.Deliver }
 
 // Quiesce asks a platform actor to answer *Quiesced once it has no send in flight and no
-// delivery mark unwritten: of Key's session, or of any when Key is empty.
+// delivery mark unwritten: of Key's session, or of any when Key is empty. One with an empty Key
+// comes as the daemon stops: the draft posts that wait for a retry are tried at once first, and
+// a draft post that fails meanwhile is tried again at once (a few times), not after a backoff.
 type Quiesce struct{ Key string }
 
 // Quiesced answers Quiesce.

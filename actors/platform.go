@@ -34,6 +34,7 @@ type Platform struct {
 	log *slog.Logger
 
 	started  bool        // Started was handled: a later one is a restart
+	stopping bool        // the daemon stops: its Quiesce came (see stopDrafts)
 	stopped  atomic.Bool // the actor stopped: a new spawn of its props starts afresh
 	handling jobRef      // the job of the message being handled (see jobOf)
 	strikes  map[jobRef]int
@@ -177,6 +178,9 @@ func (a *Platform) Receive(c actor.Context) {
 	case *draftTick:
 		a.onDraftTick(c, m)
 	case *Quiesce:
+		if m.Key == "" {
+			a.stopDrafts(c) // the daemon stops
+		}
 		a.quiesce = append(a.quiesce, quiesceWait{pid: c.Sender(), key: m.Key})
 		a.answerQuiesce(c)
 	case *retrySendHeld:
@@ -197,6 +201,7 @@ func (a *Platform) Receive(c actor.Context) {
 		a.stopped.Store(true)
 		cancelTimer(a.marks.stopTick)
 		a.marks.paused = false
+		a.warnUnsureDrafts()
 		a.flushMarks(c) // the persistence actor stops after the platforms: it still takes them
 		// No re-send tick can reach a stopped actor; a pending one would only hold the actor
 		// system until it fired.

@@ -32,6 +32,9 @@ type faultyPlatform struct {
 	draftPanics atomic.Int32                   // so many SendDrafts panic
 	running     atomic.Int32                   // Run loops running now
 	runs        atomic.Int32                   // Run loops that reached the Fake
+
+	draftMu     sync.Mutex
+	draftFaults []draftFault // the faults of the next SendDrafts, in order; guarded by draftMu
 }
 
 func (f *faultyPlatform) Send(ctx context.Context, out *platforms.Outbound) error {
@@ -58,8 +61,26 @@ func (f *faultyPlatform) SendDraft(ctx context.Context, target identity.Source, 
 	if f.draftPanics.Add(-1) >= 0 {
 		panic("adapter bug in send draft")
 	}
-	return f.EditorFake.SendDraft(ctx, target, inReplyTo, key, text)
+	f.draftMu.Lock()
+	var fault *draftFault
+	if len(f.draftFaults) > 0 {
+		fault = &f.draftFaults[0]
+		f.draftFaults = f.draftFaults[1:]
+	}
+	f.draftMu.Unlock()
+	if fault == nil {
+		return f.EditorFake.SendDraft(ctx, target, inReplyTo, key, text)
+	}
+	if fault.made {
+		if _, err := f.EditorFake.SendDraft(ctx, target, inReplyTo, key, text); err != nil {
+			return "", err
+		}
+	}
+	return "", errors.New("500 internal server error")
 }
+
+// draftFault is how one SendDraft fails: with the draft made and the answer lost, or not made.
+type draftFault struct{ made bool }
 
 func (f *faultyPlatform) Show(*platforms.Outbound) {
 	if f.showPanics.Add(-1) >= 0 {

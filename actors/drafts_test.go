@@ -1,0 +1,107 @@
+package actors
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/platforms/platformtest"
+)
+
+// lostThenFailing are the faults of a draft post whose first try is made and its answer lost,
+// and whose next two tries fail: the post's first three tries (found by TestHuntDrafts).
+var lostThenFailing = []draftFault{{made: true}, {}, {}}
+
+// streamDraft sends a DraftText of turn t1 of crashKey to the platform actor.
+func (w *platformWorld) streamDraft(text string) {
+	w.system.Root.Send(w.pid, &DraftText{SessionKey: crashKey, TurnID: "t1",
+		Target: identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1"}, Text: text})
+}
+
+// TestDraftWhosePostsKeepFailingIsFinished: a draft whose post was made but answered with an
+// error, and whose next tries failed too, is still finished by its turn's reply: the post is
+// tried again (with backoff, the reply waiting behind it) until a try finds the draft. Before,
+// the post was given up after 3 tries and the reply posted as a message of its own, under the
+// draft left showing the start of the answer.
+func TestDraftWhosePostsKeepFailingIsFinished(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake"), draftFaults: lostThenFailing}
+		w := newPlatformWorld(t, p, nil)
+		w.streamDraft("partial")
+		synctest.Wait()
+		w.reply(t, 1)
+		synctest.Wait()
+		time.Sleep(sendBackoffMax)
+		synctest.Wait()
+		ds := p.Drafts()
+		if len(ds) != 1 || !ds[0].Final || ds[0].Text() != "reply 1" {
+			t.Errorf("drafts %+v, want one, finished with the reply", ds)
+		}
+		if sent := p.Sent(); len(sent) != 1 || sent[0].DraftID == "" {
+			t.Errorf("sent %+v, want the reply finishing the draft", sent)
+		}
+		if got, want := w.states(t), "[1:delivered]"; got != want {
+			t.Errorf("outbox %s, want %s", got, want)
+		}
+	})
+}
+
+// TestInterruptedDraftWhosePostsKeepFailingIsMarked: when the turn of a draft whose post was
+// made but answered with an error, and whose next tries failed, is cancelled, the draft shows
+// its interrupted mark: the mark is posted at once with the same key, which finds the draft.
+// Before, the draft was given up after 3 tries and left showing part of an answer as if it
+// were the whole of it.
+func TestInterruptedDraftWhosePostsKeepFailingIsMarked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake"), draftFaults: lostThenFailing}
+		w := newPlatformWorld(t, p, nil)
+		w.streamDraft("partial")
+		synctest.Wait()
+		w.system.Root.Send(w.pid, &DropDraft{SessionKey: crashKey, TurnID: "t1"})
+		synctest.Wait()
+		ds := p.Drafts()
+		if len(ds) != 1 || ds[0].Text() != "partial"+InterruptedMark {
+			t.Errorf("drafts %+v, want one, marked interrupted", ds)
+		}
+		if sent := p.Sent(); len(sent) != 0 {
+			t.Errorf("sent %+v, want nothing", sent)
+		}
+	})
+}
+
+// TestStopFindsTheDraftOfAPostWaitingForItsRetry: as the daemon stops (Quiesce with no key), a
+// draft post whose earlier try may have made the draft is tried at once, whether it waits for
+// its retry's backoff or its third try is still under way: the try finds the draft and records
+// it, so the next start deletes it. Before, the stop came before the retry, and a draft made by
+// a lost try stayed in the chat with no record (found by TestHuntDrafts).
+func TestStopFindsTheDraftOfAPostWaitingForItsRetry(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		wait bool // the tries have failed and the next waits for its backoff when the stop comes
+	}{
+		{name: "waiting for the backoff", wait: true},
+		{name: "tries under way"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake"), draftFaults: lostThenFailing}
+				w := newPlatformWorld(t, p, nil)
+				w.streamDraft("partial")
+				if tc.wait {
+					synctest.Wait()
+				}
+				if _, err := w.system.Root.RequestFuture(w.pid, &Quiesce{}, time.Minute).Result(); err != nil {
+					t.Fatal(err)
+				}
+				ds, err := w.store.OpenDrafts(t.Context(), "fake", 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(ds) != 1 || ds[0].ID != "draft-1" || ds[0].TurnID != "t1" {
+					t.Errorf("open drafts %+v, want draft-1 of t1 recorded", ds)
+				}
+			})
+		})
+	}
+}
