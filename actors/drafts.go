@@ -227,11 +227,19 @@ func (a *Platform) onDraftText(c actor.Context, m *DraftText) {
 }
 
 // endDraft forgets a draft; later texts of its turn are ignored. The key's next draft, if it
-// waits for this one, is scheduled by a draftTick (endDraft may run inside pump).
+// waits for this one, is scheduled by a draftTick (endDraft may run inside pump). A draft that
+// ends while it waits for an earlier one (its turn cancelled before it was posted) hands the
+// key back to that one, which the next draft then waits for. Before, the key had no live draft
+// left, and the next turn's draft was posted while the earlier one still showed part of an
+// answer without its mark: two drafts in progress (TestDraftAfterADroppedWaitingDraftWaits).
 func (a *Platform) endDraft(c actor.Context, d *draft) {
 	delete(a.drafts, d.turn)
 	if a.liveDraft[d.key] == d.turn {
-		delete(a.liveDraft, d.key)
+		if prev := a.drafts[d.after]; d.after != "" && prev != nil && prev.key == d.key {
+			a.liveDraft[d.key] = d.after
+		} else {
+			delete(a.liveDraft, d.key)
+		}
 	}
 	a.ended.add(d.turn)
 	if next := a.drafts[a.liveDraft[d.key]]; next != nil && next.after == d.turn {

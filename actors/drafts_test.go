@@ -14,8 +14,11 @@ import (
 var lostThenFailing = []draftFault{{made: true}, {}, {}}
 
 // streamDraft sends a DraftText of turn t1 of crashKey to the platform actor.
-func (w *platformWorld) streamDraft(text string) {
-	w.system.Root.Send(w.pid, &DraftText{SessionKey: crashKey, TurnID: "t1",
+func (w *platformWorld) streamDraft(text string) { w.streamTurn("t1", text) }
+
+// streamTurn sends a DraftText of turn of crashKey to the platform actor.
+func (w *platformWorld) streamTurn(turn, text string) {
+	w.system.Root.Send(w.pid, &DraftText{SessionKey: crashKey, TurnID: turn,
 		Target: identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1"}, Text: text})
 }
 
@@ -104,4 +107,33 @@ func TestStopFindsTheDraftOfAPostWaitingForItsRetry(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestDraftAfterADroppedWaitingDraftWaits: turn t1's draft waits for its interrupted mark (the
+// mark's first edit failed); t2 streams and is cancelled before its draft, waiting for t1's,
+// was posted; then t3 streams. t3's draft is posted only once t1's shows its mark. Before, the
+// end of t2's draft left the key with no live draft, and t3's was posted at once: the chat
+// showed two drafts in progress, t1's without its mark (found by TestHuntDrafts).
+func TestDraftAfterADroppedWaitingDraftWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake")}
+		w := newPlatformWorld(t, p, nil)
+		w.streamTurn("t1", "one")
+		synctest.Wait()
+		p.editFaults.Store(1)
+		w.system.Root.Send(w.pid, &DropDraft{SessionKey: crashKey, TurnID: "t1"})
+		w.streamTurn("t2", "two")
+		w.system.Root.Send(w.pid, &DropDraft{SessionKey: crashKey, TurnID: "t2"})
+		w.streamTurn("t3", "three")
+		synctest.Wait()
+		if ds := p.Drafts(); len(ds) != 1 || ds[0].Text() != "one" {
+			t.Errorf("drafts %+v while t1's mark waits for its retry, want t1's alone", ds)
+		}
+		time.Sleep(DefaultDraftInterval)
+		synctest.Wait()
+		ds := p.Drafts()
+		if len(ds) != 2 || ds[0].Text() != "one"+InterruptedMark || ds[1].Text() != "three" {
+			t.Errorf("drafts %+v, want t1's marked interrupted, then t3's", ds)
+		}
+	})
 }

@@ -35,6 +35,14 @@ type faultyPlatform struct {
 
 	draftMu     sync.Mutex
 	draftFaults []draftFault // the faults of the next SendDrafts, in order; guarded by draftMu
+	editFaults  atomic.Int32 // so many EditDrafts fail
+}
+
+func (f *faultyPlatform) EditDraft(ctx context.Context, target identity.Source, id, text string) error {
+	if f.editFaults.Add(-1) >= 0 {
+		return errors.New("500 internal server error")
+	}
+	return f.EditorFake.EditDraft(ctx, target, id, text)
 }
 
 func (f *faultyPlatform) Send(ctx context.Context, out *platforms.Outbound) error {
