@@ -51,6 +51,13 @@ const maxDraftEditFailures = 3
 // ignore their late draft texts.
 const endedTurnsKept = 1024
 
+// finishWait bounds how long a finished turn's draft waits for the turn's final outbound (and
+// the key's next draft with it). The session hands the outbound over as soon as its write is
+// acknowledged, in milliseconds; one that has not come by then was lost with a session that
+// crashed before its write was answered (the message runs again, or its reply is handed over
+// again and posted as a message of its own).
+const finishWait = 30 * time.Second
+
 // partial returns the Request.Partial of a turn whose platform can edit messages, nil for any
 // other. It runs on the agent's goroutine: it only sends to the platform actor.
 func (s *Session) partial(c actor.Context, turnID string, group []*item) func(string) {
@@ -171,6 +178,7 @@ type draft struct {
 	stopTries int       // tries of its post made at once as the daemon stops (stopDrafts)
 	dropped   bool      // the turn was cancelled: the draft gets its interrupted mark, then is gone
 	finishing bool      // the turn has ended: its final outbound is on its way (FinishDraft)
+	replied   bool      // the turn's final outbound is queued
 	after     string    // the key's earlier turn whose draft waits for its reply: posted after it
 }
 
@@ -210,6 +218,9 @@ func (a *Platform) onDraftText(c actor.Context, m *DraftText) {
 		return
 	}
 	d := a.drafts[m.TurnID]
+	if d != nil && d.target == (identity.Source{}) { // the stand-in of a finished turn (onFinishDraft)
+		d.target, d.inReplyTo = m.Target, m.InReplyTo
+	}
 	if d == nil {
 		a.abandonDraft(c, m.SessionKey, m.TurnID)
 		d = &draft{key: m.SessionKey, turn: m.TurnID, target: m.Target, inReplyTo: m.InReplyTo}
@@ -263,10 +274,46 @@ func (a *Platform) abandonDraft(c actor.Context, key, turn string) {
 }
 
 // onFinishDraft notes that a turn has ended: its draft waits for the turn's final outbound.
-func (a *Platform) onFinishDraft(m *FinishDraft) {
-	if d := a.drafts[m.TurnID]; d != nil && d.key == m.SessionKey {
-		d.finishing = true
+// A turn that streamed no draft gets a stand-in that is never posted, so the key's next
+// draft waits for that outbound all the same: the session starts the next turn before the
+// ended one's outbound is written and handed over, and the next turn's draft was posted
+// above it, a later answer above an earlier one (TestNextDraftWaitsForAReplyWithoutADraft,
+// found by TestHuntDrafts). The wait is bounded (finishWait).
+func (a *Platform) onFinishDraft(c actor.Context, m *FinishDraft) {
+	if _, ok := a.p.(platforms.Editor); !ok || m.TurnID == "" || a.ended.has(m.TurnID) {
+		return
 	}
+	d := a.drafts[m.TurnID]
+	if d == nil {
+		d = &draft{key: m.SessionKey, turn: m.TurnID}
+		if prev := a.drafts[a.liveDraft[m.SessionKey]]; prev != nil && (prev.finishing || prev.dropped) {
+			d.after = prev.turn
+		}
+		a.drafts[m.TurnID] = d
+		a.liveDraft[m.SessionKey] = m.TurnID
+	}
+	if d.key != m.SessionKey {
+		return
+	}
+	d.finishing = true
+	a.timers.SendOnce(finishWait, c.Self(), &finishOverdue{turn: m.TurnID})
+}
+
+// onFinishOverdue ends the wait of a finished turn's draft whose final outbound has not come
+// within finishWait: the draft is marked interrupted (a stand-in is forgotten), and an outbound
+// that comes later is posted as a message of its own. Before, the key's later drafts waited
+// for it for the daemon's lifetime, and were never shown.
+func (a *Platform) onFinishOverdue(c actor.Context, m *finishOverdue) {
+	d := a.drafts[m.turn]
+	if d == nil || !d.finishing || d.replied || d.dropped {
+		return
+	}
+	if d.id != "" || d.queued {
+		a.log.Warn("a finished turn's reply did not come; its draft is marked interrupted",
+			"session", d.key, "turn", d.turn, "waited", finishWait)
+	}
+	a.ended.add(d.turn)
+	a.interruptDraft(c, d)
 }
 
 // onDropDraft marks a cancelled turn's draft as interrupted; it is never finished.

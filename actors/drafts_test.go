@@ -137,3 +137,49 @@ func TestDraftAfterADroppedWaitingDraftWaits(t *testing.T) {
 		}
 	})
 }
+
+// TestNextDraftWaitsForAReplyWithoutADraft: a turn that streamed nothing ends (FinishDraft),
+// and the next turn streams before the first one's reply is written and handed over. The next
+// turn's draft is posted only after that reply. Before, it was posted at once, and the first
+// turn's reply showed below the second turn's answer (found by TestHuntDrafts).
+func TestNextDraftWaitsForAReplyWithoutADraft(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake")}
+		w := newPlatformWorld(t, p, nil)
+		w.system.Root.Send(w.pid, &FinishDraft{SessionKey: crashKey, TurnID: "t1"})
+		w.streamTurn("t2", "two")
+		synctest.Wait()
+		if ds := p.Drafts(); len(ds) != 0 {
+			t.Errorf("drafts %+v before t1's reply, want none", ds)
+		}
+		w.reply(t, 1)
+		synctest.Wait()
+		if sent, ds := p.Sent(), p.Drafts(); len(sent) != 1 || sent[0].DraftID != "" || len(ds) != 1 || ds[0].Text() != "two" {
+			t.Errorf("sent %+v and drafts %+v, want t1's reply, then t2's draft", sent, ds)
+		}
+	})
+}
+
+// TestFinishedDraftWithoutItsReplyIsMarkedInTime: a finished turn's draft whose reply never
+// comes (its session crashed before the reply's write was answered) is marked interrupted
+// after finishWait, and the key's next draft, which waited for it, is posted. Before, both
+// waited for the daemon's lifetime: the first showed part of an answer, the second never showed.
+func TestFinishedDraftWithoutItsReplyIsMarkedInTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake")}
+		w := newPlatformWorld(t, p, nil)
+		w.streamTurn("t1", "one")
+		w.system.Root.Send(w.pid, &FinishDraft{SessionKey: crashKey, TurnID: "t1"})
+		w.streamTurn("t2", "two")
+		synctest.Wait()
+		if ds := p.Drafts(); len(ds) != 1 {
+			t.Errorf("drafts %+v, want t1's alone while it waits for its reply", ds)
+		}
+		time.Sleep(finishWait)
+		synctest.Wait()
+		ds := p.Drafts()
+		if len(ds) != 2 || ds[0].Text() != "one"+InterruptedMark || ds[1].Text() != "two" {
+			t.Errorf("drafts %+v, want t1's marked interrupted, then t2's", ds)
+		}
+	})
+}

@@ -239,6 +239,10 @@ type draftDone struct {
 // draftTick wakes the platform actor when a throttled draft edit may go out.
 type draftTick struct{ turn string }
 
+// finishOverdue ends the wait of a finished turn's draft for the turn's final outbound
+// (finishWait).
+type finishOverdue struct{ turn string }
+
 // sourceToProto converts an identity.Source to its wire form.
 func sourceToProto(s identity.Source) *Source {
 	return &Source{

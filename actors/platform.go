@@ -159,6 +159,9 @@ func (a *Platform) Receive(c actor.Context) {
 		if m.Again && a.holds(m.Out) {
 			break // a session that restarted hands its unconfirmed replies over again
 		}
+		if d := a.drafts[m.Out.TurnID]; d != nil && d.key == k {
+			d.replied = true // its final outbound is queued: it no longer waits for it (finishWait)
+		}
 		a.queues[k] = append(a.queues[k], &job{out: m.Out})
 		a.pump(c, k)
 	case *sendDone:
@@ -172,7 +175,9 @@ func (a *Platform) Receive(c actor.Context) {
 	case *DropDraft:
 		a.onDropDraft(c, m)
 	case *FinishDraft:
-		a.onFinishDraft(m)
+		a.onFinishDraft(c, m)
+	case *finishOverdue:
+		a.onFinishOverdue(c, m)
 	case *draftDone:
 		a.onDraftDone(c, m)
 	case *draftTick:

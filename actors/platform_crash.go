@@ -68,6 +68,10 @@ func (a *Platform) jobOf(msg any) (jobRef, bool) {
 		return jobRef{key: m.SessionKey, turn: m.TurnID}, true
 	case *draftDone:
 		return jobRef{key: m.key, turn: m.turn}, true
+	case *finishOverdue:
+		if d := a.drafts[m.turn]; d != nil {
+			return jobRef{key: d.key, turn: d.turn}, true
+		}
 	case *draftTick:
 		if d := a.drafts[m.turn]; d != nil {
 			return jobRef{key: d.key, turn: d.turn}, true
