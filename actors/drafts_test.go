@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms/platformtest"
 )
 
@@ -180,6 +181,37 @@ func TestFinishedDraftWithoutItsReplyIsMarkedInTime(t *testing.T) {
 		ds := p.Drafts()
 		if len(ds) != 2 || ds[0].Text() != "one"+InterruptedMark || ds[1].Text() != "two" {
 			t.Errorf("drafts %+v, want t1's marked interrupted, then t2's", ds)
+		}
+	})
+}
+
+// TestNewDraftWaitsForTheOldOnesDeletion: at a start, a key whose last run left a draft open
+// posts no draft before that one is deleted. Before, the rerun's draft was posted beside the
+// old one, and the chat showed two drafts in progress until the old one was deleted (found by
+// TestHuntDrafts).
+func TestNewDraftWaitsForTheOldOnesDeletion(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake"), deleteHold: make(chan struct{})}
+		w := newPlatformWorld(t, p, func(d *Deps) {
+			d.Run = "run-2"
+			old := persistence.Draft{Platform: "fake", ID: "old-1", SessionKey: crashKey, TurnID: "t0",
+				ChatType: identity.ChatDM, ChatID: "c1", Run: "run-1", CreatedAt: time.Now()}
+			if errs := d.Store.Commit(t.Context(), [][]persistence.Op{{&persistence.OpenDraft{Draft: old}}}); errs[0] != nil {
+				t.Fatal(errs[0])
+			}
+		})
+		w.streamTurn("t1", "one")
+		synctest.Wait()
+		if ds := p.Drafts(); len(ds) != 0 {
+			t.Errorf("drafts %+v while the last run's draft is being deleted, want none", ds)
+		}
+		close(p.deleteHold)
+		synctest.Wait()
+		if got := p.DeletedDrafts(); len(got) != 1 || got[0] != "old-1" {
+			t.Errorf("deleted %v, want [old-1]", got)
+		}
+		if ds := p.Drafts(); len(ds) != 1 || ds[0].Text() != "one" {
+			t.Errorf("drafts %+v, want t1's", ds)
 		}
 	})
 }

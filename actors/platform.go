@@ -53,9 +53,11 @@ type Platform struct {
 
 	marks marks // delivery marks waiting for (or in) their write
 
-	drafts    map[string]*draft // by turn id
-	liveDraft map[string]string // session key → turn id of its latest draft
-	ended     endedTurns        // turns whose drafts are finished or dropped
+	drafts        map[string]*draft // by turn id
+	oldDraftsRead bool              // removeOldDrafts has read the drafts earlier runs left
+	oldDrafts     map[string]bool   // keys whose drafts of earlier runs removeOldDrafts deletes
+	liveDraft     map[string]string // session key → turn id of its latest draft
+	ended         endedTurns        // turns whose drafts are finished or dropped
 }
 
 // job is one entry of a key's send queue: an outbound message, or a draft post or edit.
@@ -150,6 +152,8 @@ func (a *Platform) Receive(c actor.Context) {
 		a.started = true
 	case *actor.Restarting:
 		a.crashed()
+	case *oldDraftsFound:
+		a.onOldDraftsFound(c, m)
 	case *oldDraftsRemoved:
 		a.onOldDraftsRemoved(c, m)
 	case *StartIntake:

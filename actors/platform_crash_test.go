@@ -34,8 +34,16 @@ type faultyPlatform struct {
 	runs        atomic.Int32                   // Run loops that reached the Fake
 
 	draftMu     sync.Mutex
-	draftFaults []draftFault // the faults of the next SendDrafts, in order; guarded by draftMu
-	editFaults  atomic.Int32 // so many EditDrafts fail
+	draftFaults []draftFault  // the faults of the next SendDrafts, in order; guarded by draftMu
+	editFaults  atomic.Int32  // so many EditDrafts fail
+	deleteHold  chan struct{} // if set, DeleteDraft waits until it is closed
+}
+
+func (f *faultyPlatform) DeleteDraft(ctx context.Context, target identity.Source, id string) error {
+	if f.deleteHold != nil {
+		<-f.deleteHold
+	}
+	return f.EditorFake.DeleteDraft(ctx, target, id)
 }
 
 func (f *faultyPlatform) EditDraft(ctx context.Context, target identity.Source, id, text string) error {
