@@ -43,6 +43,12 @@ const DefaultDraftInterval = time.Second
 // InterruptedMark ends the text of a draft whose turn was cancelled or crashed.
 const InterruptedMark = platforms.InterruptedMark
 
+// maxMarkTries is how many tries the edit that marks a cancelled turn's draft interrupted
+// gets: maxDraftEditFailures a draft interval apart, then with the send backoff (some 2 minutes
+// in all). Before, it got maxDraftEditFailures, a few seconds' worth of Discord's failures, and
+// the draft stayed showing part of an answer (TestInterruptedDraftWhoseMarkKeepsFailingIsMarked).
+const maxMarkTries = 10
+
 // maxDraftEditFailures is how many edits of a draft may fail in a row before it is left alone,
 // and how many tries of its post are made at once before the next ones wait with backoff.
 const maxDraftEditFailures = 3
@@ -350,9 +356,14 @@ func (a *Platform) scheduleDraft(c actor.Context, d *draft) {
 	if d.queued || d.failed || d.after != "" || d.text == d.shown || d.id == "" && a.draftsHeld(d.key) {
 		return
 	}
-	// The interrupted mark goes out at once; an edit that failed is tried again after the interval.
+	// The interrupted mark goes out at once; an edit that failed is tried again after the
+	// interval, and a mark that failed maxDraftEditFailures times with the send backoff.
 	if d.id != "" && (!d.dropped || d.editFails > 0) {
-		if wait := a.draftInterval() - time.Since(d.lastEdit); wait > 0 {
+		interval := a.draftInterval()
+		if n := d.editFails - maxDraftEditFailures + 1; d.dropped && n > 0 {
+			interval = min(sendBackoffBase<<min(n-1, 16), sendBackoffMax)
+		}
+		if wait := interval - time.Since(d.lastEdit); wait > 0 {
 			if !d.ticking {
 				d.ticking = true
 				a.timers.SendOnce(wait, c.Self(), &draftTick{turn: d.turn})
@@ -453,12 +464,20 @@ func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
 	case m.err != nil:
 		a.log.Debug("edit draft", "session", m.key, "turn", m.turn, "err", m.err)
 		d.lastEdit = time.Now()
-		if d.editFails++; d.editFails >= maxDraftEditFailures || errors.Is(m.err, platforms.ErrUndeliverable) {
+		limit := maxDraftEditFailures
+		if d.dropped {
+			limit = maxMarkTries
+		}
+		if d.editFails++; d.editFails >= limit || errors.Is(m.err, platforms.ErrUndeliverable) {
 			// No more edits while the turn streams. The final reply still edits the draft (its
 			// send is retried until it shows), unless the platform panicked on it: one posted
 			// anew would leave the draft above it, showing the start of the same answer.
 			d.failed = true
 			d.broken = errors.Is(m.err, platforms.ErrUndeliverable)
+			if d.dropped {
+				a.log.Warn("mark a cancelled turn's draft interrupted; it stays without its mark until the next start deletes it",
+					"session", m.key, "turn", m.turn, "tries", d.editFails, "err", m.err)
+			}
 		}
 	default:
 		if d.id == "" {

@@ -215,3 +215,23 @@ func TestNewDraftWaitsForTheOldOnesDeletion(t *testing.T) {
 		}
 	})
 }
+
+// TestInterruptedDraftWhoseMarkKeepsFailingIsMarked: the edit that marks a cancelled turn's
+// draft interrupted is tried again after 3 failures, with backoff, and the draft shows its
+// mark once Discord takes it. Before, the mark was given up after 3 tries, and the draft was
+// left showing part of an answer as if it were the whole of it (found by TestHuntDrafts).
+func TestInterruptedDraftWhoseMarkKeepsFailingIsMarked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake")}
+		w := newPlatformWorld(t, p, nil)
+		w.streamTurn("t1", "one")
+		synctest.Wait()
+		p.editFaults.Store(5)
+		w.system.Root.Send(w.pid, &DropDraft{SessionKey: crashKey, TurnID: "t1"})
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if ds := p.Drafts(); len(ds) != 1 || ds[0].Text() != "one"+InterruptedMark {
+			t.Errorf("drafts %+v, want t1's marked interrupted", ds)
+		}
+	})
+}
