@@ -241,6 +241,8 @@ type fakeSessions struct {
 	// failTranscriptAt, when above zero, makes the Transcript call of that number (from 1) and
 	// every later one fail.
 	failTranscriptAt int
+	// resetErr, when set, is what Reset returns.
+	resetErr error
 }
 
 func newFakeSessions() *fakeSessions {
@@ -299,6 +301,9 @@ func (f *fakeSessions) Reset(_ context.Context, key string) (*SessionInfo, error
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.record("reset %s", key)
+	if f.resetErr != nil {
+		return nil, f.resetErr
+	}
 	info, ok := f.infos[key]
 	if !ok {
 		return nil, persistence.ErrNotFound

@@ -1,6 +1,7 @@
 package http
 
 import (
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -155,5 +156,25 @@ func TestListSessions(t *testing.T) {
 		if got := noSessions.do(http.MethodGet, path, nil, ""); got.status != 503 || got.errCode() != CodeUnavailable {
 			t.Errorf("GET %s without Sessions = %d %q, want 503 %q", path, got.status, got.errCode(), CodeUnavailable)
 		}
+	}
+}
+
+// TestSessionQueryWhileDrainingIs503: while the daemon stops, its session actors stop under a
+// query (the reset's request meets a dead letter, or the session stops before it confirms the
+// reset). That is a refusal to retry, 503 draining, as POST /v1/messages answers then; before,
+// it was a 500 internal error logged at Error (found by TestHuntHTTP in ./supervisor).
+func TestSessionQueryWhileDrainingIs503(t *testing.T) {
+	sessions := newFakeSessions()
+	key := "agent:main:http:dm:c"
+	sessions.infos[key] = &SessionInfo{SessionKey: key, SessionID: "s1"}
+	sessions.resetErr = errors.New("reset session: request *actors.ResetSession: future: dead letter")
+	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
+	path := "/v1/sessions/" + url.PathEscape(key) + "/reset"
+	if got := h.do(http.MethodPost, path, nil, ""); got.status != 500 || got.errCode() != CodeInternal {
+		t.Errorf("POST reset failing while running = %d %q, want 500 %q", got.status, got.errCode(), CodeInternal)
+	}
+	h.p.Drain()
+	if got := h.do(http.MethodPost, path, nil, ""); got.status != 503 || got.errCode() != CodeDraining {
+		t.Errorf("POST reset failing while draining = %d %q, want 503 %q", got.status, got.errCode(), CodeDraining)
 	}
 }
