@@ -248,10 +248,13 @@ func (s *Session) inFlight(id string) *item {
 // answerRepeats answers the repeats of a message that arrived while its write was in flight
 // (a client's or the cluster router's retry), with that write's outcome: "duplicate" once it is
 // stored, the same refusal if it was not.
-func (s *Session) answerRepeats(c actor.Context, it *item, m *Deliver, err error) {
+func (s *Session) answerRepeats(c actor.Context, it *item, m *Deliver, err error, conflict bool) {
 	for _, p := range it.repeats {
 		r := s.result(m, platforms.Duplicate, it.sessionID)
 		switch {
+		case conflict:
+			r = s.result(m, "", "")
+			r.ErrorCode, r.Error = ErrCodeConflict, "message id "+m.MessageId+" is already another conversation's in this chat"
 		case err == nil, errors.Is(err, persistence.ErrDuplicate):
 		case errors.Is(err, persistence.ErrFenced):
 			r.Disposition, r.ErrorCode, r.Error = "", ErrCodeStopped, "the session handed the message to its next activation; send it again with the same message_id"
@@ -367,7 +370,11 @@ const duplicateCheckTimeout = 5 * time.Second
 
 // accepted runs when the write of an inbound message is acknowledged.
 func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, err error) {
-	s.answerRepeats(c, it, m, err)
+	// A message id another conversation of the chat holds is no re-delivery: neither the
+	// message nor its repeats are duplicates (before, a repeat that arrived while the write was
+	// in flight was told "duplicate", a 202 for a message nobody stored).
+	conflict := errors.Is(err, persistence.ErrDuplicate) && s.takenElsewhere(it)
+	s.answerRepeats(c, it, m, err, conflict)
 	if err != nil {
 		s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
 		if created && s.cur != nil && s.cur.ID == it.sessionID {
@@ -375,7 +382,7 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 		}
 		if errors.Is(err, persistence.ErrDuplicate) {
 			s.forgetUnsure(m.MessageId)
-			if s.takenElsewhere(it) {
+			if conflict {
 				s.seen.remove(m.MessageId)
 				r := s.result(m, "", "")
 				r.ErrorCode, r.Error = ErrCodeConflict, "message id "+m.MessageId+" is already another conversation's in this chat"
