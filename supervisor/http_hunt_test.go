@@ -93,12 +93,15 @@ type httpHunt struct {
 	dir   string
 	ctx   context.Context
 
-	client     *http.Client
-	mu         sync.Mutex
-	cur        *huntServer
-	msgs       map[string]*huntMsg // by message id (ids are unique across chats here)
-	order      []string
-	bad        []string // message ids of refused requests: never stored
+	client *http.Client
+	mu     sync.Mutex
+	cur    *huntServer
+	msgs   map[string]*huntMsg // by message id (ids are unique across chats here)
+	order  []string
+	bad    []string       // message ids of refused requests: never stored
+	runs   map[string]int // message id → turns the agent finished for it
+	// cutShort is set by a restart whose drain may cut turns short: they run again.
+	cutShort   atomic.Bool
 	seq        atomic.Int64
 	reconnects atomic.Int64
 
@@ -110,6 +113,7 @@ func newHTTPHunt(t *testing.T, seed uint64, steps int) *httpHunt {
 		t: t, seed: seed, steps: steps, dir: t.TempDir(), ctx: t.Context(),
 		client:   &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}},
 		msgs:     map[string]*huntMsg{},
+		runs:     map[string]int{},
 		progress: make(chan struct{}, 1024),
 	}
 }
@@ -130,9 +134,12 @@ func (h *httpHunt) agent() agents.Agent {
 			return nil, ctx.Err()
 		}
 		var texts []string
+		h.mu.Lock()
 		for _, m := range req.Messages {
 			texts = append(texts, m.Text)
+			h.runs[m.MessageID]++
 		}
+		h.mu.Unlock()
 		return &agents.Response{Text: "sid=" + req.Identity.SessionID + " re " + strings.Join(texts, "|")}, nil
 	})
 }
@@ -207,6 +214,7 @@ func (h *httpHunt) run() {
 			drain := 5 * time.Second
 			if rng.IntN(2) == 0 {
 				drain = time.Duration(1+rng.IntN(20)) * time.Millisecond // cuts running turns short
+				h.cutShort.Store(true)
 			}
 			h.restart(drain)
 		}
@@ -814,6 +822,9 @@ func (h *httpHunt) check(keys []string, outbox map[string][]persistence.OutboxEn
 			continue
 		}
 		e := got[0]
+		if n := h.runs[id]; n > 1 && !h.cutShort.Load() {
+			t.Errorf("message %s (%q) ran %d times, and no stop cut a turn short", id, m.text, n)
+		}
 		if e.SessionKey != m.key {
 			t.Errorf("message %s of %s answered in key %s", id, m.key, e.SessionKey)
 		}
