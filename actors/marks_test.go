@@ -34,18 +34,7 @@ func TestMarksCoverTheLargestBatch(t *testing.T) {
 // the load lasted.)
 func TestMarksKeepPaceWithSends(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		system, quiet := quietSystem(t)
-		defer system.Shutdown()
-		writes := make(chan heldWrite, 16)
-		persist := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-			if w, ok := c.Message().(*persistence.Write); ok {
-				writes <- heldWrite{w: w, from: c.Sender()}
-			}
-		}))
-		fake := platformtest.NewFake("fake")
-		d := &Deps{Ctx: t.Context(), Persist: persist, Log: quiet, Metrics: metrics.New("fake")}
-		p := system.Root.Spawn(NewPlatform(d, fake, &PlatformHealth{}))
-		defer system.Root.Stop(p)
+		system, p, fake, writes := heldMarksWorld(t)
 
 		const replies = 1500
 		for i := range replies {
@@ -77,18 +66,7 @@ func TestMarksKeepPaceWithSends(t *testing.T) {
 // TestOutageHunt as an outbox entry delivered but still marked pending).
 func TestMarksRefusedAsUnavailableAreWrittenLater(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		system, quiet := quietSystem(t)
-		defer system.Shutdown()
-		writes := make(chan heldWrite, 16)
-		persist := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-			if w, ok := c.Message().(*persistence.Write); ok {
-				writes <- heldWrite{w: w, from: c.Sender()}
-			}
-		}))
-		fake := platformtest.NewFake("fake")
-		d := &Deps{Ctx: t.Context(), Persist: persist, Log: quiet, Metrics: metrics.New("fake")}
-		p := system.Root.Spawn(NewPlatform(d, fake, &PlatformHealth{}))
-		defer system.Root.Stop(p)
+		system, p, _, writes := heldMarksWorld(t)
 
 		system.Root.Send(p, &SendOutbound{Out: &platforms.Outbound{SessionKey: "fake:dm:1", Seq: 1, Text: "hi"}})
 		first := <-writes
@@ -103,4 +81,24 @@ func TestMarksRefusedAsUnavailableAreWrittenLater(t *testing.T) {
 			t.Error("the delivery mark refused as unavailable was not written again within a minute")
 		}
 	})
+}
+
+// heldMarksWorld starts a platform actor on fake whose persistence actor only hands each write
+// it gets to writes, to be answered by the test. Call it inside synctest.Test: the world stops
+// when the test ends.
+func heldMarksWorld(t *testing.T) (system *actor.ActorSystem, p *actor.PID, fake *platformtest.Fake, writes chan heldWrite) {
+	t.Helper()
+	system, quiet := quietSystem(t)
+	t.Cleanup(system.Shutdown)
+	writes = make(chan heldWrite, 16)
+	persist := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if w, ok := c.Message().(*persistence.Write); ok {
+			writes <- heldWrite{w: w, from: c.Sender()}
+		}
+	}))
+	fake = platformtest.NewFake("fake")
+	d := &Deps{Ctx: t.Context(), Persist: persist, Log: quiet, Metrics: metrics.New("fake")}
+	p = system.Root.Spawn(NewPlatform(d, fake, &PlatformHealth{}))
+	t.Cleanup(func() { system.Root.Stop(p) })
+	return system, p, fake, writes
 }
