@@ -63,16 +63,31 @@ func (p ResetPolicy) Overdue(last, now time.Time) (at time.Time, reason string, 
 
 // nextBoundary is the first daily reset hour strictly after t.
 func (p ResetPolicy) nextBoundary(t time.Time) time.Time {
+	b := p.boundary(t, 0)
+	if !b.After(t) {
+		b = p.boundary(t, 1)
+	}
+	return b
+}
+
+// lastBoundary is the last daily reset hour at or before t. It counts in calendar days, not
+// 24 hours: a day with a clock change is 23 or 25 hours long.
+func (p ResetPolicy) lastBoundary(t time.Time) time.Time {
+	b := p.boundary(t, 0)
+	if b.After(t) {
+		b = p.boundary(t, -1)
+	}
+	return b
+}
+
+// boundary is the reset hour of the day days after t's, in the policy's time zone.
+func (p ResetPolicy) boundary(t time.Time, days int) time.Time {
 	loc := p.Location
 	if loc == nil {
 		loc = time.Local
 	}
 	lt := t.In(loc)
-	b := time.Date(lt.Year(), lt.Month(), lt.Day(), p.AtHour, 0, 0, 0, loc)
-	if !b.After(lt) {
-		b = time.Date(lt.Year(), lt.Month(), lt.Day()+1, p.AtHour, 0, 0, 0, loc)
-	}
-	return b
+	return time.Date(lt.Year(), lt.Month(), lt.Day()+days, p.AtHour, 0, 0, 0, loc)
 }
 
 // LatestCutoff returns a time such that every session this policy could find due at now was
@@ -87,11 +102,7 @@ func (p ResetPolicy) LatestCutoff(now time.Time) (cutoff time.Time, ok bool) {
 	if p.Mode == ResetDaily || p.Mode == ResetBoth {
 		// A session is due once a boundary lies after its last activity and not after now: the
 		// last boundary at or before now is the cutoff.
-		b := p.nextBoundary(now.Add(-24 * time.Hour))
-		if b.After(now) {
-			b = b.Add(-24 * time.Hour)
-		}
-		if !ok || b.After(cutoff) {
+		if b := p.lastBoundary(now); !ok || b.After(cutoff) {
 			cutoff, ok = b, true
 		}
 	}

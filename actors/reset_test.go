@@ -56,3 +56,35 @@ func TestResetPolicyDailyInTimeZone(t *testing.T) {
 		t.Errorf("Due(%v) = %v, want %v", last, at, want)
 	}
 }
+
+// The reset scan lists the sessions last active before LatestCutoff, so the cutoff must cover
+// every session Overdue finds due, on the days a clock change makes 23 or 25 hours long too.
+func TestResetPolicyCutoffCoversDueSessionsAcrossClockChanges(t *testing.T) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Skipf("no tzdata: %v", err)
+	}
+	for _, p := range []ResetPolicy{
+		{Mode: ResetDaily, AtHour: 4, Location: ny},
+		{Mode: ResetDaily, AtHour: 0, Location: ny},
+		{Mode: ResetDaily, AtHour: 2, Location: ny}, // 02:00 does not exist on 2026-03-08
+		{Mode: ResetBoth, Idle: 48 * time.Hour, AtHour: 4, Location: ny},
+	} {
+		// Around the spring-forward (2026-03-08) and fall-back (2026-11-01) changes, every
+		// half hour of activity against every half hour of the next two days.
+		for _, start := range []time.Time{time.Date(2026, 3, 6, 0, 0, 0, 0, ny), time.Date(2026, 10, 30, 0, 0, 0, 0, ny)} {
+			for last := start; last.Before(start.Add(72 * time.Hour)); last = last.Add(30 * time.Minute) {
+				for now := last; now.Before(last.Add(48 * time.Hour)); now = now.Add(30 * time.Minute) {
+					at, _, due := p.Overdue(last, now)
+					if !due {
+						continue
+					}
+					if cut, _ := p.LatestCutoff(now); !last.Before(cut) {
+						t.Fatalf("%+v: LatestCutoff(%v) = %v leaves out a session last active %v, due since %v",
+							p, now, cut, last, at)
+					}
+				}
+			}
+		}
+	}
+}
