@@ -100,7 +100,10 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 			}
 		}
 		if pid != nil {
-			res, err := r.c.ActorSystem.Root.RequestFuture(pid, msg, min(remaining, clusterAttemptTimeout)).Result()
+			res, err := Await(ctx, r.c.ActorSystem.Root.RequestFuture(pid, msg, min(remaining, clusterAttemptTimeout)))
+			if err != nil && ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
 			if dr, ok := res.(*DeliverResult); ok && err == nil && dr.ErrorCode == ErrCodeStopped {
 				stopped, err = dr, errors.New(dr.Error)
 				reached = true // its write may have committed

@@ -62,15 +62,39 @@ func (r *LocalRouter) Request(ctx context.Context, key string, msg any) (any, er
 		return nil, ctx.Err()
 	}
 	f := r.root.RequestFuture(r.manager, &Routed{Key: key, Msg: msg}, timeout)
-	res, err := f.Result()
-	if errors.Is(err, actor.ErrTimeout) {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
+	res, err := Await(ctx, f)
+	switch {
+	case err == nil:
+		return res, nil
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	case errors.Is(err, actor.ErrTimeout):
 		return nil, fmt.Errorf("request %T to %s: %w", msg, key, ErrTimeout)
-	}
-	if err != nil {
+	default:
 		return nil, fmt.Errorf("request %T to %s: %w", msg, key, err)
 	}
-	return res, nil
+}
+
+// Await waits for f's answer or for ctx to end, whichever comes first: a caller that gave up
+// (an HTTP client gone, a server closing its connections) is not held until the future's
+// timeout. An answer that comes after ctx ended is dropped; the request itself is not undone.
+func Await(ctx context.Context, f *actor.Future) (any, error) {
+	if ctx.Done() == nil {
+		return f.Result()
+	}
+	type answer struct {
+		res any
+		err error
+	}
+	ch := make(chan answer, 1)
+	go func() {
+		res, err := f.Result()
+		ch <- answer{res, err}
+	}()
+	select {
+	case a := <-ch:
+		return a.res, a.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }

@@ -59,7 +59,7 @@ func (a *sessionsAPI) List(ctx context.Context, f httpplatform.ListRequest) (*ht
 }
 
 func (a *sessionsAPI) activeKeys(ctx context.Context) (map[string]bool, error) {
-	res, err := a.d.system.Root.RequestFuture(a.d.manager, &actors.ListActive{}, requestTimeout(ctx)).Result()
+	res, err := actors.Await(ctx, a.d.system.Root.RequestFuture(a.d.manager, &actors.ListActive{}, requestTimeout(ctx)))
 	if err != nil {
 		return nil, fmt.Errorf("list active sessions: %w", err)
 	}
@@ -98,7 +98,7 @@ func (a *sessionsAPI) Get(ctx context.Context, key string) (*httpplatform.Sessio
 // live returns the live state of key's session actor, or nil when it is passivated; it never
 // activates a session.
 func (a *sessionsAPI) live(ctx context.Context, key string) (*httpplatform.LiveState, error) {
-	res, err := a.d.system.Root.RequestFuture(a.d.managerOf(key), &actors.Peek{Key: key}, requestTimeout(ctx)).Result()
+	res, err := actors.Await(ctx, a.d.system.Root.RequestFuture(a.d.managerOf(key), &actors.Peek{Key: key}, requestTimeout(ctx)))
 	if err != nil {
 		return nil, fmt.Errorf("session state of %s: %w", key, err)
 	}

@@ -106,7 +106,9 @@ func (p *Platform) handle(m *discordgo.Message) {
 		p.noteSeen(&discordgo.Message{ChannelID: m.ID, ID: m.ID, GuildID: m.GuildID})
 		p.openThread(ctx, m.ChannelID, m.ID, in.Text)
 	}
-	dctx, cancel := context.WithTimeout(ctx, deliverTimeout)
+	// The answer is awaited through a stop too: the session may have stored the message, and
+	// the sender must not be told to send it again when it will be answered.
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deliverTimeout)
 	defer cancel()
 	reply := replyChannel(in.Source)
 	p.typing.expect(reply, m.ID)
