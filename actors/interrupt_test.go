@@ -295,3 +295,44 @@ func TestInterruptedAfterIdleResetAnsweredAfterRestart(t *testing.T) {
 		}
 	})
 }
+
+// TestReplyThatReadsLikeAResetNoticeAnswers: the agent's answer to m2, which cut m1 short,
+// begins with the words of the automatic reset notice (an echo of what a user typed). It is a
+// reply, not that notice: after a restart the session must take m1 as answered. (Before, a
+// text prefix alone told them apart, and m1 was answered again with the next turn.)
+func TestReplyThatReadsLikeAResetNoticeAnswers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var crashed atomic.Bool
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			switch req.Identity.MessageID {
+			case "m1":
+				<-ctx.Done() // slow: cut short by m2
+				return nil, ctx.Err()
+			case "m2":
+				return &agents.Response{Text: AutoResetNotice + ", or so I was told"}, nil
+			case "m3":
+				if crashed.CompareAndSwap(false, true) {
+					panic("agent bug") // the session restarts and loads its history
+				}
+			}
+			return &agents.Response{Text: "ok " + req.Identity.MessageID}, nil
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Config.QueueMode = ModeInterrupt })
+		w.deliver(t, "m1", "first")
+		if r := w.deliver(t, "m2", "second"); r.Disposition != platforms.Interrupted {
+			t.Fatalf("m2: %+v, want interrupted", r)
+		}
+		w.awaitTurnEnds(1)
+		w.deliver(t, "m3", "third")
+		time.Sleep(time.Minute) // the crash, the restart and the rerun of m3
+		synctest.Wait()
+
+		var last []string
+		for len(w.sent) > 0 {
+			last = (<-w.sent).Out.InReplyTo
+		}
+		if want := []string{"m3"}; !slices.Equal(last, want) {
+			t.Errorf("m3's answer answers %v, want %v", last, want)
+		}
+	})
+}

@@ -232,14 +232,21 @@ func (s *Session) restoreInterrupted(history []persistence.Message) {
 			s.logger().Warn("look up the answer of an interrupted message", "message_id", m.MessageID, "err", err)
 			continue
 		}
-		if slices.ContainsFunc(replies, func(e persistence.OutboxEntry) bool { return !strings.HasPrefix(e.Text, AutoResetNotice) }) {
-			continue // (a reset notice lists the message that started the session, and is no answer)
+		if slices.ContainsFunc(replies, answers) {
+			continue
 		}
 		src := s.sourceOf(s.cur)
 		src.UserID, src.UserName = m.UserID, m.UserName
 		s.rare().interrupted = append(s.rare().interrupted, &item{seq: m.Seq, sessionID: m.SessionID, src: src,
 			messageID: m.MessageID, text: m.Content, at: m.CreatedAt, durable: true})
 	}
+}
+
+// answers reports whether e answers the messages it lists. The automatic reset notice does not:
+// it lists the message that started the new session, whose own answer follows. It is the only
+// notice without a turn that begins with its words; a reply may begin with anything.
+func answers(e persistence.OutboxEntry) bool {
+	return e.Kind != platforms.KindNotice || e.TurnID != "" || !strings.HasPrefix(e.Text, AutoResetNotice)
 }
 
 // turnIdentity builds the immutable identity of a turn from the session's own state and the
