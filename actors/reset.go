@@ -80,14 +80,27 @@ func (p ResetPolicy) lastBoundary(t time.Time) time.Time {
 	return b
 }
 
-// boundary is the reset hour of the day days after t's, in the policy's time zone.
+// boundary is the reset hour of the day days after t's, in the policy's time zone. On a day
+// whose clocks skip that hour (moving forward at 02:00 with AtHour 2), it is the moment they
+// skip it, as cron has it: time.Date would give a time an hour early or late.
 func (p ResetPolicy) boundary(t time.Time, days int) time.Time {
 	loc := p.Location
 	if loc == nil {
 		loc = time.Local
 	}
 	lt := t.In(loc)
-	return time.Date(lt.Year(), lt.Month(), lt.Day()+days, p.AtHour, 0, 0, 0, loc)
+	b := time.Date(lt.Year(), lt.Month(), lt.Day()+days, p.AtHour, 0, 0, 0, loc)
+	wall := func(t time.Time) time.Time { // t's wall clock, compared as if in UTC
+		return time.Date(t.Year(), t.Month(), t.Day(), t.Hour(), t.Minute(), 0, 0, time.UTC)
+	}
+	want := time.Date(lt.Year(), lt.Month(), lt.Day()+days, p.AtHour, 0, 0, 0, time.UTC)
+	switch start, end := b.ZoneBounds(); {
+	case wall(b).Before(want) && !end.IsZero():
+		return end // b is in the zone before the skip, which ends when the clocks move
+	case wall(b).After(want) && !start.IsZero():
+		return start
+	}
+	return b
 }
 
 // LatestCutoff returns a time such that every session this policy could find due at now was

@@ -49,11 +49,26 @@ func TestResetPolicyDailyInTimeZone(t *testing.T) {
 	if err != nil {
 		t.Skipf("no tzdata: %v", err)
 	}
-	p := ResetPolicy{Mode: ResetDaily, AtHour: 4, Location: ny}
-	last := time.Date(2026, 11, 10, 3, 0, 0, 0, ny)
-	at, _, ok := p.Due(last)
-	if want := time.Date(2026, 11, 10, 4, 0, 0, 0, ny); !ok || !at.Equal(want) {
-		t.Errorf("Due(%v) = %v, want %v", last, at, want)
+	edt := time.FixedZone("EDT", -4*3600)
+	for _, tt := range []struct {
+		name   string
+		atHour int
+		last   time.Time
+		want   time.Time
+	}{
+		{"an ordinary day", 4, time.Date(2026, 11, 10, 3, 0, 0, 0, ny), time.Date(2026, 11, 10, 4, 0, 0, 0, ny)},
+		{"after a 23-hour day", 4, time.Date(2026, 3, 7, 12, 0, 0, 0, ny), time.Date(2026, 3, 8, 4, 0, 0, 0, ny)},
+		// 2026-03-08 02:00 does not exist in New York: the clocks move from 02:00 EST to 03:00
+		// EDT, and the reset comes then (time.Date alone gives 01:00 EST, an hour early).
+		{"the hour the clocks skip", 2, time.Date(2026, 3, 7, 12, 0, 0, 0, ny), time.Date(2026, 3, 8, 3, 0, 0, 0, edt)},
+		{"the day after", 2, time.Date(2026, 3, 8, 3, 0, 0, 0, ny), time.Date(2026, 3, 9, 2, 0, 0, 0, ny)},
+		// 2026-11-01 01:00 happens twice: the first is the boundary.
+		{"the hour that repeats", 1, time.Date(2026, 10, 31, 12, 0, 0, 0, ny), time.Date(2026, 11, 1, 1, 0, 0, 0, edt)},
+	} {
+		p := ResetPolicy{Mode: ResetDaily, AtHour: tt.atHour, Location: ny}
+		if at, _, ok := p.Due(tt.last); !ok || !at.Equal(tt.want) {
+			t.Errorf("%s: Due(%v) = %v, want %v", tt.name, tt.last, at, tt.want)
+		}
 	}
 }
 
