@@ -452,7 +452,16 @@ func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]p
 	if limit <= 0 {
 		limit = defaultListLimit
 	}
-	rows, err := s.reader.QueryContext(ctx, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+`,
+	out, err := queryAll(ctx, s.reader, func(r scanner) (persistence.SessionSummary, error) {
+		var sum persistence.SessionSummary
+		ss := &sum.Session
+		err := r.Scan(&ss.ID, &ss.Key, &ss.Platform, &ss.ChatType, &ss.ChatID, &ss.ThreadID,
+			&ss.UserID, &ss.UserName, &ss.ScopeID, &ss.Profile, nanoTime{&ss.StartedAt},
+			nanoTime{&ss.LastActivityAt}, nanoTime{&ss.EndedAt}, &ss.EndReason, &ss.PrevSessionID,
+			&ss.Title, &ss.Epoch, &ss.QueueMode, &ss.InputTokens, &ss.OutputTokens,
+			&sum.Messages, &sum.Pending)
+		return sum, err
+	}, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+`,
 			(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id),
 			(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id
 				AND m.role = 'user' AND m.status = 'pending' AND m.active = 1)
@@ -460,23 +469,6 @@ func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]p
 		WHERE r.key > ? AND (? = '' OR s.platform = ?)
 		ORDER BY r.key LIMIT ?`, f.AfterKey, f.Platform, f.Platform, limit)
 	if err != nil {
-		return nil, readError("list sessions: %w", err)
-	}
-	defer rows.Close()
-	var out []persistence.SessionSummary
-	for rows.Next() {
-		var sum persistence.SessionSummary
-		ss := &sum.Session
-		if err := rows.Scan(&ss.ID, &ss.Key, &ss.Platform, &ss.ChatType, &ss.ChatID, &ss.ThreadID,
-			&ss.UserID, &ss.UserName, &ss.ScopeID, &ss.Profile, nanoTime{&ss.StartedAt},
-			nanoTime{&ss.LastActivityAt}, nanoTime{&ss.EndedAt}, &ss.EndReason, &ss.PrevSessionID,
-			&ss.Title, &ss.Epoch, &ss.QueueMode, &ss.InputTokens, &ss.OutputTokens,
-			&sum.Messages, &sum.Pending); err != nil {
-			return nil, readError("list sessions: %w", err)
-		}
-		out = append(out, sum)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, readError("list sessions: %w", err)
 	}
 	return out, nil
@@ -489,25 +481,17 @@ func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
 		return nil, readError("recoverable: %w", err)
 	}
 	defer s.leave()
-	rows, err := s.reader.QueryContext(ctx, `
+	keys, err := queryAll(ctx, s.reader, func(r scanner) (string, error) {
+		var k string
+		err := r.Scan(&k)
+		return k, err
+	}, `
 		SELECT r.key FROM routing r WHERE EXISTS (SELECT 1 FROM messages m
 			WHERE m.session_id = r.session_id AND m.role = 'user' AND m.status = 'pending' AND m.active = 1)
 		UNION
 		SELECT o.session_key FROM outbox o WHERE o.state = 'pending'
 		ORDER BY 1`)
 	if err != nil {
-		return nil, readError("recoverable: %w", err)
-	}
-	defer rows.Close()
-	var keys []string
-	for rows.Next() {
-		var k string
-		if err := rows.Scan(&k); err != nil {
-			return nil, readError("recoverable: %w", err)
-		}
-		keys = append(keys, k)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, readError("recoverable: %w", err)
 	}
 	return keys, nil
