@@ -3,10 +3,13 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/agentgate/agentgate/persistence"
 )
 
 // IsUnavailable reports whether err means the database cannot be written right now (the server
@@ -60,4 +63,14 @@ func isClosedConn(err error) bool {
 		}
 	}
 	return false
+}
+
+// markUnavailable also wraps persistence.ErrUnavailable around an error that means the database
+// cannot be used right now (IsUnavailable), unless it already does (explain wraps it), so that
+// a caller can tell "retry later" from a fault.
+func markUnavailable(err error) error {
+	if IsUnavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
+		return fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
+	}
+	return err
 }

@@ -66,11 +66,7 @@ func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time) (per
 	var attempts *int
 	err = s.pool.QueryRow(ctx, claimSQL, key, owner, timeArg(at)).Scan(&c.Epoch, &c.Previous, &sessionID, &messageID, &attempts)
 	if err != nil {
-		err = fmt.Errorf("claim %s: %w", key, s.explain(ctx, err))
-		if IsUnavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
-			err = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
-		}
-		return persistence.Claimed{}, err
+		return persistence.Claimed{}, markUnavailable(fmt.Errorf("claim %s: %w", key, s.explain(ctx, err)))
 	}
 	if sessionID != nil {
 		c.Counted = &persistence.CountedMessage{SessionID: *sessionID, MessageID: *messageID, Attempts: *attempts}

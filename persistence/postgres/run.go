@@ -35,11 +35,7 @@ const (
 func (s *Store) BeginRun(ctx context.Context, run string, at time.Time) (*persistence.UncleanStop, error) {
 	u, err := s.beginRun(ctx, run, at)
 	if err != nil {
-		err = fmt.Errorf("begin run %s: %w", run, err)
-		if IsUnavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
-			err = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
-		}
-		return nil, err
+		return nil, markUnavailable(fmt.Errorf("begin run %s: %w", run, err))
 	}
 	return u, nil
 }
@@ -100,11 +96,7 @@ func (s *Store) EndRun(ctx context.Context, run string) error {
 	}
 	defer done()
 	if _, err := s.pool.Exec(ctx, endRunSQL, run); err != nil {
-		err = fmt.Errorf("end run %s: %w", run, s.explain(ctx, err))
-		if IsUnavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
-			err = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
-		}
-		return err
+		return markUnavailable(fmt.Errorf("end run %s: %w", run, s.explain(ctx, err)))
 	}
 	return nil
 }

@@ -24,11 +24,7 @@ const (
 func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time) (persistence.Claimed, error) {
 	c, err := s.claim(ctx, key, owner, at)
 	if err != nil {
-		err = fmt.Errorf("claim %s: %w", key, err)
-		if IsUnavailable(err) {
-			err = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
-		}
-		return persistence.Claimed{}, err
+		return persistence.Claimed{}, markUnavailable(fmt.Errorf("claim %s: %w", key, err))
 	}
 	return c, nil
 }

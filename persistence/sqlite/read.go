@@ -664,9 +664,5 @@ func (s *Store) OpenDrafts(ctx context.Context, platform string, limit int) ([]p
 // persistence.ErrUnavailable, as the PostgreSQL store's reads do, so that a caller can tell
 // "retry later" from a fault (the HTTP API answers it 503, not 500).
 func readError(format string, args ...any) error {
-	err := fmt.Errorf(format, args...)
-	if IsUnavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
-		return fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
-	}
-	return err
+	return markUnavailable(fmt.Errorf(format, args...))
 }

@@ -32,11 +32,7 @@ const (
 func (s *Store) BeginRun(ctx context.Context, run string, at time.Time) (*persistence.UncleanStop, error) {
 	u, err := s.beginRun(ctx, run, at)
 	if err != nil {
-		err = fmt.Errorf("begin run %s: %w", run, err)
-		if IsUnavailable(err) {
-			err = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
-		}
-		return nil, err
+		return nil, markUnavailable(fmt.Errorf("begin run %s: %w", run, err))
 	}
 	return u, nil
 }
@@ -84,11 +80,7 @@ func (s *Store) beginRun(ctx context.Context, run string, at time.Time) (_ *pers
 // EndRun implements persistence.Store.
 func (s *Store) EndRun(ctx context.Context, run string) error {
 	if err := s.endRun(ctx, run); err != nil {
-		err = fmt.Errorf("end run %s: %w", run, err)
-		if IsUnavailable(err) {
-			err = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
-		}
-		return err
+		return markUnavailable(fmt.Errorf("end run %s: %w", run, err))
 	}
 	return nil
 }
