@@ -14,6 +14,14 @@ import (
 
 const defaultListLimit = 100
 
+// limitArg is the LIMIT argument of a limit where limit <= 0 means none: NULL.
+func limitArg(limit int) any {
+	if limit <= 0 {
+		return nil
+	}
+	return limit
+}
+
 // querier is the pool or a transaction.
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -210,13 +218,9 @@ func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit 
 		return nil, fmt.Errorf("outbox after %d: %w", after, err)
 	}
 	defer done()
-	var lim any // NULL: no limit
-	if limit > 0 {
-		lim = limit
-	}
 	es, err := queryAll(ctx, s.pool, scanOutbox, `SELECT `+outboxCols+` FROM outbox
 		WHERE session_key = $1 AND seq > $2 AND kind <> $3 ORDER BY seq LIMIT $4`,
-		key, after, persistence.KindPruned, lim)
+		key, after, persistence.KindPruned, limitArg(limit))
 	if err != nil {
 		return nil, fmt.Errorf("outbox after %d: %w", after, s.explain(ctx, err))
 	}
@@ -247,12 +251,8 @@ func (s *Store) TranscriptAfter(ctx context.Context, sessionID string, after int
 		return nil, fmt.Errorf("transcript %s after %d: %w", sessionID, after, err)
 	}
 	defer done()
-	var lim any // NULL: no limit
-	if limit > 0 {
-		lim = limit
-	}
 	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+messageCols+` FROM messages
-		WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`, sessionID, after, lim)
+		WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`, sessionID, after, limitArg(limit))
 	if err != nil {
 		return nil, fmt.Errorf("transcript %s after %d: %w", sessionID, after, s.explain(ctx, err))
 	}

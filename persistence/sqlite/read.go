@@ -15,6 +15,14 @@ import (
 
 const defaultListLimit = 100
 
+// limitArg is the LIMIT argument of a limit where limit <= 0 means none: SQLite's -1.
+func limitArg(limit int) int {
+	if limit <= 0 {
+		return -1
+	}
+	return limit
+}
+
 // querier is *sql.DB or *sql.Tx.
 type querier interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
@@ -179,11 +187,8 @@ func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit 
 		return nil, readError("outbox after %d: %w", after, err)
 	}
 	defer s.leave()
-	if limit <= 0 {
-		limit = -1 // SQLite: no limit
-	}
 	es, err := queryOutbox(ctx, s.reader, `SELECT `+outboxCols+` FROM outbox
-		WHERE session_key = ? AND seq > ? AND kind <> ? ORDER BY seq LIMIT ?`, key, after, persistence.KindPruned, limit)
+		WHERE session_key = ? AND seq > ? AND kind <> ? ORDER BY seq LIMIT ?`, key, after, persistence.KindPruned, limitArg(limit))
 	if err != nil {
 		return nil, readError("outbox after %d: %w", after, err)
 	}
@@ -216,10 +221,7 @@ func (s *Store) TranscriptAfter(ctx context.Context, sessionID string, after int
 		return nil, readError("transcript %s after %d: %w", sessionID, after, err)
 	}
 	defer s.leave()
-	if limit <= 0 {
-		limit = -1 // SQLite: no limit
-	}
-	ms, err := queryMessages(ctx, s.reader, transcriptSQL, sessionID, after, limit)
+	ms, err := queryMessages(ctx, s.reader, transcriptSQL, sessionID, after, limitArg(limit))
 	if err != nil {
 		return nil, readError("transcript %s after %d: %w", sessionID, after, err)
 	}
