@@ -66,16 +66,11 @@ func (p *Platform) removeSubLocked(key string, s *subscriber) {
 // handleEvents is GET /v1/sessions/{key}/events: the durable outbox after the resume point,
 // then live events, as Server-Sent Events whose ids are outbox seqs.
 func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
-	sessions, ok := p.sessions(w)
-	if !ok {
-		return
-	}
 	// A key that is not a session key can never have events: it is refused rather than held
 	// open as a stream for ever. A well-formed key with no session yet is streamed, so a client
 	// may subscribe before its first message.
-	key, aerr := pathKey(r)
-	if aerr != nil {
-		aerr.write(w)
+	sessions, key, ok := p.sessionsAndKey(w, r)
+	if !ok {
 		return
 	}
 	after, aerr := resumePoint(r)

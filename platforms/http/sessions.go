@@ -3,6 +3,7 @@ package http
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"strconv"
 
 	"github.com/agentgate/agentgate/persistence"
@@ -15,6 +16,43 @@ func (p *Platform) sessions(w http.ResponseWriter) (Sessions, bool) {
 		return nil, false
 	}
 	return p.cfg.Sessions, true
+}
+
+// sessionsAndKey returns the configured Sessions and the request's session key, or answers 503
+// (no Sessions) or 400 (not a session key) and reports false.
+func (p *Platform) sessionsAndKey(w http.ResponseWriter, r *http.Request) (Sessions, string, bool) {
+	s, ok := p.sessions(w)
+	if !ok {
+		return nil, "", false
+	}
+	key, aerr := pathKey(r)
+	if aerr != nil {
+		aerr.write(w)
+		return nil, "", false
+	}
+	return s, key, true
+}
+
+// checkQueryID is checkID for a query parameter: a bad value is an invalid_query.
+func checkQueryID(name, v string, maxLen int) *apiError {
+	aerr := checkID(name, v, maxLen)
+	if aerr != nil {
+		aerr.code = CodeInvalidQuery
+	}
+	return aerr
+}
+
+// queryLimit is the limit query parameter capped at maxLimit, or def when there is none.
+func queryLimit(q url.Values, def, maxLimit int) (int, *apiError) {
+	v := q.Get("limit")
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, badRequest(CodeInvalidQuery, "limit must be a positive integer")
+	}
+	return min(n, maxLimit), nil
 }
 
 // handleList is GET /v1/sessions?platform=&state=&after=&limit=.
@@ -32,7 +70,6 @@ func (p *Platform) handleList(w http.ResponseWriter, r *http.Request) {
 		Platform: q.Get("platform"),
 		State:    q.Get("state"),
 		After:    q.Get("after"),
-		Limit:    DefaultListLimit,
 	}
 	switch f.State {
 	case "", StateActive, StatePassivated:
@@ -40,23 +77,17 @@ func (p *Platform) handleList(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, CodeInvalidQuery, "state must be active or passivated")
 		return
 	}
-	if aerr := checkID("platform", f.Platform, MaxIDBytes); aerr != nil {
-		aerr.code = CodeInvalidQuery
+	if aerr := checkQueryID("platform", f.Platform, MaxIDBytes); aerr != nil {
 		aerr.write(w)
 		return
 	}
-	if aerr := checkID("after", f.After, maxKeyBytes); aerr != nil {
-		aerr.code = CodeInvalidQuery
+	if aerr := checkQueryID("after", f.After, maxKeyBytes); aerr != nil {
 		aerr.write(w)
 		return
 	}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			writeError(w, http.StatusBadRequest, CodeInvalidQuery, "limit must be a positive integer")
-			return
-		}
-		f.Limit = min(n, MaxListLimit)
+	if f.Limit, aerr = queryLimit(q, DefaultListLimit, MaxListLimit); aerr != nil {
+		aerr.write(w)
+		return
 	}
 	list, err := s.List(r.Context(), f)
 	if err != nil {
@@ -92,13 +123,8 @@ func (p *Platform) handleReset(w http.ResponseWriter, r *http.Request) {
 
 func (p *Platform) sessionInfo(w http.ResponseWriter, r *http.Request, op string,
 	call func(Sessions, context.Context, string) (*SessionInfo, error)) {
-	s, ok := p.sessions(w)
+	s, key, ok := p.sessionsAndKey(w, r)
 	if !ok {
-		return
-	}
-	key, aerr := pathKey(r)
-	if aerr != nil {
-		aerr.write(w)
 		return
 	}
 	info, err := call(s, r.Context(), key)

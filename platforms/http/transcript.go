@@ -19,13 +19,8 @@ var transcriptPage = 100
 // limit it answers every message after after (0: the whole transcript); with one, at most limit
 // of them and, when more follow, "next": the after of the next page.
 func (p *Platform) handleTranscript(w http.ResponseWriter, r *http.Request) {
-	s, ok := p.sessions(w)
+	s, key, ok := p.sessionsAndKey(w, r)
 	if !ok {
-		return
-	}
-	key, aerr := pathKey(r)
-	if aerr != nil {
-		aerr.write(w)
 		return
 	}
 	q, aerr := query(r)
@@ -34,8 +29,7 @@ func (p *Platform) handleTranscript(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := TranscriptRequest{SessionID: q.Get("session_id")}
-	if aerr := checkID("session_id", req.SessionID, MaxIDBytes); aerr != nil {
-		aerr.code = CodeInvalidQuery
+	if aerr := checkQueryID("session_id", req.SessionID, MaxIDBytes); aerr != nil {
 		aerr.write(w)
 		return
 	}
@@ -47,14 +41,10 @@ func (p *Platform) handleTranscript(w http.ResponseWriter, r *http.Request) {
 		}
 		req.After = n
 	}
-	want := -1 // every message
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			writeError(w, http.StatusBadRequest, CodeInvalidQuery, "limit must be a positive integer")
-			return
-		}
-		want = min(n, MaxTranscriptLimit)
+	want, aerr := queryLimit(q, -1, MaxTranscriptLimit) // -1: every message
+	if aerr != nil {
+		aerr.write(w)
+		return
 	}
 	p.streamTranscript(w, r, s, key, req, want)
 }
