@@ -124,28 +124,26 @@ func New(platforms ...string) *Metrics {
 	for _, c := range m.actors.collectors() {
 		f(c)
 	}
-	for _, o := range TurnOutcomes {
-		m.TurnsTotal.WithLabelValues(o)
-	}
-	for _, p := range OverflowPolicies {
-		m.QueueOverflow.WithLabelValues(p)
-	}
-	for _, k := range ActorKinds {
-		m.ActorRestarts.WithLabelValues(k)
-	}
-	for _, d := range TokenDirections {
-		m.AgentTokens.WithLabelValues(d)
-	}
-	for _, c := range QuarantineCauses {
-		m.MessagesQuarantined.WithLabelValues(c)
-	}
+	initSeries(m.TurnsTotal, TurnOutcomes)
+	initSeries(m.QueueOverflow, OverflowPolicies)
+	initSeries(m.ActorRestarts, ActorKinds)
+	initSeries(m.AgentTokens, TokenDirections)
+	initSeries(m.MessagesQuarantined, QuarantineCauses)
+	initSeries(m.InboundTotal, platforms)
 	for _, p := range platforms {
-		m.InboundTotal.WithLabelValues(p)
 		for _, o := range SendOutcomes {
 			m.OutboundTotal.WithLabelValues(p, o)
 		}
 	}
 	return m
+}
+
+// initSeries creates the series of a one-label counter for each of values, so that each reads 0
+// before its first count.
+func initSeries(c *prometheus.CounterVec, values []string) {
+	for _, v := range values {
+		c.WithLabelValues(v)
+	}
 }
 
 // ActorMeterProvider returns an OpenTelemetry meter provider that exports into this registry,
