@@ -3,13 +3,12 @@ package postgres
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 )
 
 // IsUnavailable reports whether err means the database cannot be written right now (the server
@@ -66,11 +65,5 @@ func isClosedConn(err error) bool {
 }
 
 // markUnavailable also wraps persistence.ErrUnavailable around an error that means the database
-// cannot be used right now (IsUnavailable), unless it already does (explain wraps it), so that
-// a caller can tell "retry later" from a fault.
-func markUnavailable(err error) error {
-	if IsUnavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
-		return fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
-	}
-	return err
-}
+// cannot be used right now (IsUnavailable), unless it already does.
+func markUnavailable(err error) error { return sqlstore.WrapUnavailable(err, IsUnavailable) }

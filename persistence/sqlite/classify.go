@@ -3,12 +3,11 @@ package sqlite
 import (
 	"database/sql/driver"
 	"errors"
-	"fmt"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
-	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 )
 
 // ErrBadQuery wraps a Search query the full-text index refuses (FTS5 syntax, an unknown column
@@ -47,11 +46,5 @@ func IsUnavailable(err error) bool {
 }
 
 // markUnavailable also wraps persistence.ErrUnavailable around an error that means the database
-// cannot be used right now (IsUnavailable), unless it already does, so that a caller can tell
-// "retry later" from a fault.
-func markUnavailable(err error) error {
-	if IsUnavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
-		return fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
-	}
-	return err
-}
+// cannot be used right now (IsUnavailable), unless it already does.
+func markUnavailable(err error) error { return sqlstore.WrapUnavailable(err, IsUnavailable) }

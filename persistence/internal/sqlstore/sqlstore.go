@@ -1,7 +1,7 @@
 // Package sqlstore holds what the SQLite and the PostgreSQL store share beyond the
 // persistence contract: the column lists of their rows, the loader of their embedded
 // migrations, the bound that compares stored unix-nanosecond times, and the error helpers of
-// Commit. It imports persistence only.
+// Commit and of the other calls. It imports persistence only.
 package sqlstore
 
 import (
@@ -121,10 +121,20 @@ func FillUndecided(errs []error, err error) {
 // right now" with persistence.ErrUnavailable, so the persistence actor spools those writes.
 func MarkUnavailable(errs []error, unavailable func(error) bool) {
 	for i, err := range errs {
-		if err != nil && unavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
-			errs[i] = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
+		if err != nil {
+			errs[i] = WrapUnavailable(err, unavailable)
 		}
 	}
+}
+
+// WrapUnavailable returns err, wrapped with persistence.ErrUnavailable when unavailable says it
+// means "the database cannot be used right now" and it does not wrap it already, so that a
+// caller can tell "retry later" from a fault.
+func WrapUnavailable(err error, unavailable func(error) bool) error {
+	if unavailable(err) && !errors.Is(err, persistence.ErrUnavailable) {
+		return fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
+	}
+	return err
 }
 
 // CheckFence returns the error of a Fence that is invalid on its face: it must name a key and
