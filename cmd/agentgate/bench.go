@@ -146,7 +146,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 		if k > 0 {
 			profile = ""
 		}
-		rep, err := benchRound(ctx, &rc, log, *sessions, *messages, texts, k%2 == 1, profile, isTTY(stderr), stderr)
+		rep, err := benchRound(ctx, &rc, log, *sessions, *messages, texts, k%2 == 1, profile, logging.IsTerminal(stderr), stderr)
 		if err != nil {
 			if *rounds > 1 {
 				return fmt.Errorf("%w (round %d of %d)", err, k+1, *rounds)
@@ -382,13 +382,3 @@ func perTurnUS(d time.Duration, turns int) float64 {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-// isTTY reports whether w is a terminal (a character device).
-func isTTY(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
-}

@@ -37,7 +37,7 @@ func New(w io.Writer, level slog.Leveler, format string) *slog.Logger {
 	return slog.New(tint.NewTextHandler(w, &tint.Options{
 		Level:      level,
 		TimeFormat: TimeFormat,
-		NoColor:    !isTerminal(w) || os.Getenv("NO_COLOR") != "",
+		NoColor:    !IsTerminal(w) || os.Getenv("NO_COLOR") != "",
 	}))
 }
 
@@ -46,8 +46,8 @@ func Err(err error) slog.Attr {
 	return tint.Err(err)
 }
 
-// isTerminal reports whether w is a character device, such as a terminal.
-func isTerminal(w io.Writer) bool {
+// IsTerminal reports whether w is a character device, such as a terminal.
+func IsTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	if !ok {
 		return false

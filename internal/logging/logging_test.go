@@ -69,10 +69,10 @@ func TestIsTerminal(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if isTerminal(f) {
-		t.Errorf("isTerminal(regular file) = true, want false")
+	if IsTerminal(f) {
+		t.Errorf("IsTerminal(regular file) = true, want false")
 	}
-	if isTerminal(&bytes.Buffer{}) {
-		t.Errorf("isTerminal(*bytes.Buffer) = true, want false")
+	if IsTerminal(&bytes.Buffer{}) {
+		t.Errorf("IsTerminal(*bytes.Buffer) = true, want false")
 	}
 }
