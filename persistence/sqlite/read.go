@@ -456,12 +456,7 @@ func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]p
 	}
 	out, err := queryAll(ctx, s.reader, func(r scanner) (persistence.SessionSummary, error) {
 		var sum persistence.SessionSummary
-		ss := &sum.Session
-		err := r.Scan(&ss.ID, &ss.Key, &ss.Platform, &ss.ChatType, &ss.ChatID, &ss.ThreadID,
-			&ss.UserID, &ss.UserName, &ss.ScopeID, &ss.Profile, nanoTime{&ss.StartedAt},
-			nanoTime{&ss.LastActivityAt}, nanoTime{&ss.EndedAt}, &ss.EndReason, &ss.PrevSessionID,
-			&ss.Title, &ss.Epoch, &ss.QueueMode, &ss.InputTokens, &ss.OutputTokens,
-			&sum.Messages, &sum.Pending)
+		err := r.Scan(append(sessionDest(&sum.Session), &sum.Messages, &sum.Pending)...)
 		return sum, err
 	}, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+`,
 			(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id),

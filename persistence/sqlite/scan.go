@@ -21,14 +21,18 @@ type scanner interface{ Scan(dest ...any) error }
 
 func scanSession(r scanner) (*persistence.Session, error) {
 	var s persistence.Session
-	err := r.Scan(&s.ID, &s.Key, &s.Platform, &s.ChatType, &s.ChatID, &s.ThreadID, &s.UserID,
-		&s.UserName, &s.ScopeID, &s.Profile, nanoTime{&s.StartedAt}, nanoTime{&s.LastActivityAt},
-		nanoTime{&s.EndedAt}, &s.EndReason, &s.PrevSessionID, &s.Title, &s.Epoch, &s.QueueMode,
-		&s.InputTokens, &s.OutputTokens)
-	if err != nil {
+	if err := r.Scan(sessionDest(&s)...); err != nil {
 		return nil, err
 	}
 	return &s, nil
+}
+
+// sessionDest is where the columns of sessionCols scan into s.
+func sessionDest(s *persistence.Session) []any {
+	return []any{&s.ID, &s.Key, &s.Platform, &s.ChatType, &s.ChatID, &s.ThreadID, &s.UserID,
+		&s.UserName, &s.ScopeID, &s.Profile, nanoTime{&s.StartedAt}, nanoTime{&s.LastActivityAt},
+		nanoTime{&s.EndedAt}, &s.EndReason, &s.PrevSessionID, &s.Title, &s.Epoch, &s.QueueMode,
+		&s.InputTokens, &s.OutputTokens}
 }
 
 func scanMessage(r scanner) (persistence.Message, error) {
