@@ -199,21 +199,12 @@ func indexRange(ctx context.Context, tx *sql.Tx, from, to int64) (failed int, fe
 	if ferr == nil || err != nil {
 		return 0, nil, err
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT id FROM messages WHERE id > ? AND id <= ? ORDER BY id`, from, to)
-	if err != nil {
-		return 0, nil, err
-	}
-	var ids []int64
-	for rows.Next() {
+	ids, err := queryAll(ctx, tx, func(r scanner) (int64, error) {
 		var id int64
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return 0, nil, err
-		}
-		ids = append(ids, id)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+		err := r.Scan(&id)
+		return id, err
+	}, `SELECT id FROM messages WHERE id > ? AND id <= ? ORDER BY id`, from, to)
+	if err != nil {
 		return 0, nil, err
 	}
 	ferr = nil

@@ -125,20 +125,12 @@ func (s *Store) prune(ctx context.Context, endedBefore time.Time, limit int) (in
 type pruneCandidate struct{ id, key string }
 
 func pruneCandidates(ctx context.Context, tx *sql.Tx, bound int64, limit int) ([]pruneCandidate, error) {
-	rows, err := tx.QueryContext(ctx, pruneCandidatesSQL, bound, limit)
-	if err != nil {
-		return nil, fmt.Errorf("select: %w", err)
-	}
-	defer rows.Close()
-	var cands []pruneCandidate
-	for rows.Next() {
+	cands, err := queryAll(ctx, tx, func(r scanner) (pruneCandidate, error) {
 		var c pruneCandidate
-		if err := rows.Scan(&c.id, &c.key); err != nil {
-			return nil, fmt.Errorf("select: %w", err)
-		}
-		cands = append(cands, c)
-	}
-	if err := rows.Err(); err != nil {
+		err := r.Scan(&c.id, &c.key)
+		return c, err
+	}, pruneCandidatesSQL, bound, limit)
+	if err != nil {
 		return nil, fmt.Errorf("select: %w", err)
 	}
 	return cands, nil
@@ -223,26 +215,17 @@ func deleteSession(ctx context.Context, tx *sql.Tx, c pruneCandidate, fts bool) 
 // external content, so each entry is removed with FTS5's delete command and the very content
 // it was indexed with (message content is never updated).
 func unindexSession(ctx context.Context, tx *sql.Tx, id string) error {
-	rows, err := tx.QueryContext(ctx, `SELECT m.id, m.content FROM messages m
-		WHERE m.session_id = ? AND EXISTS (SELECT 1 FROM messages_fts_docsize d WHERE d.id = m.id)`, id)
-	if err != nil {
-		return fmt.Errorf("find indexed messages: %w", err)
-	}
 	type indexed struct {
 		rowid   int64
 		content any // passed back exactly as stored (text or blob)
 	}
-	var rs []indexed
-	for rows.Next() {
-		var r indexed
-		if err := rows.Scan(&r.rowid, &r.content); err != nil {
-			rows.Close()
-			return fmt.Errorf("find indexed messages: %w", err)
-		}
-		rs = append(rs, r)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	rs, err := queryAll(ctx, tx, func(r scanner) (indexed, error) {
+		var v indexed
+		err := r.Scan(&v.rowid, &v.content)
+		return v, err
+	}, `SELECT m.id, m.content FROM messages m
+		WHERE m.session_id = ? AND EXISTS (SELECT 1 FROM messages_fts_docsize d WHERE d.id = m.id)`, id)
+	if err != nil {
 		return fmt.Errorf("find indexed messages: %w", err)
 	}
 	for _, r := range rs {

@@ -102,18 +102,9 @@ func (s *Store) endRun(ctx context.Context, run string) error {
 // countUncleanStop runs countUncleanStopSQL for the run that died and returns the messages it
 // counted against.
 func countUncleanStop(ctx context.Context, tx *sql.Tx, died string) ([]persistence.CountedMessage, error) {
-	rows, err := tx.QueryContext(ctx, countUncleanStopSQL, persistence.ProbationAfter, died)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []persistence.CountedMessage
-	for rows.Next() {
+	return queryAll(ctx, tx, func(r scanner) (persistence.CountedMessage, error) {
 		var c persistence.CountedMessage
-		if err := rows.Scan(&c.SessionID, &c.MessageID, &c.Attempts); err != nil {
-			return nil, err
-		}
-		out = append(out, c)
-	}
-	return out, rows.Err()
+		err := r.Scan(&c.SessionID, &c.MessageID, &c.Attempts)
+		return c, err
+	}, countUncleanStopSQL, persistence.ProbationAfter, died)
 }
