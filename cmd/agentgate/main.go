@@ -45,13 +45,17 @@ commands:
   bench          load an in-process daemon and measure turns/s, latency and the SQLite ceiling
   version        print the version
 
-Run 'agentgate <command> -h' for the flags of a command.
+Run 'agentgate <command> -h' or 'agentgate help <command>' for the flags of a command.
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cmd := "serve"
 	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
 		cmd, args = args[0], args[1:]
+	} else if len(args) > 0 && isHelpFlag(args[0]) {
+		// agentgate -h asks about agentgate, not about its default command: the list of
+		// commands says where serve's flags are.
+		cmd, args = "help", args[1:]
 	}
 	err := dispatch(ctx, cmd, args, stdout, stderr)
 	if errors.Is(err, errHelp) {
@@ -75,12 +79,24 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 	case "version":
 		fmt.Fprintln(stdout, "agentgate", version())
 		return nil
-	case "help", "-h", "--help":
+	case "help":
+		if len(args) > 0 && args[0] != "help" && !isHelpFlag(args[0]) {
+			return dispatch(ctx, args[0], []string{"-h"}, stdout, stderr) // agentgate help serve
+		}
 		fmt.Fprint(stdout, usage)
 		return nil
 	}
 	fmt.Fprintf(stderr, "agentgate: unknown command %q\n\n%s", cmd, usage)
 	return errUsage
+}
+
+// isHelpFlag reports whether arg is one of the spellings of the flag package's help flag.
+func isHelpFlag(arg string) bool {
+	switch arg {
+	case "-h", "--h", "-help", "--help":
+		return true
+	}
+	return false
 }
 
 // configFlags are the flags every command that reads the configuration accepts.

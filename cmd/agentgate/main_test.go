@@ -62,6 +62,10 @@ func TestRunCommands(t *testing.T) {
 	}{
 		{name: "version", args: []string{"version"}, wantOut: "agentgate "},
 		{name: "help", args: []string{"help"}, wantOut: "check-config"},
+		{name: "-h lists the commands", args: []string{"-h"}, wantOut: "commands:\n  serve"},
+		{name: "--help lists the commands", args: []string{"--help"}, wantOut: "commands:\n  serve"},
+		{name: "help serve shows serve's flags", args: []string{"help", "serve"}, wantStderr: []string{"-http-addr"}},
+		{name: "help of an unknown command", args: []string{"help", "frobnicate"}, wantErr: "usage", wantStderr: []string{`unknown command "frobnicate"`}},
 		{name: "serve -h does not start", args: []string{"serve", "-h"}, wantStderr: []string{"-http-addr"}},
 		{name: "unknown command", args: []string{"frobnicate"}, wantErr: "usage", wantStderr: []string{`unknown command "frobnicate"`}},
 		{name: "check-config ok", args: []string{"check-config", "--config", good}, wantOut: "config ok"},
