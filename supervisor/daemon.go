@@ -721,8 +721,9 @@ func newRunID() string {
 }
 
 // Preflight returns what serve would refuse in the environment getenv reads, which the
-// configuration alone cannot tell: a secret variable that is not set. check-config prints each as a warning (secrets are not configuration: a file
-// may be checked where they are not).
+// configuration alone cannot tell: a secret variable that is not set, an exec agent's command
+// that is not on this machine. check-config prints each as a warning (secrets are not
+// configuration, and a file may be checked on another machine than the one it runs on).
 func Preflight(cfg *config.Config, getenv func(string) string) []string {
 	var out []string
 	unset := func(name string) bool { return strings.TrimSpace(getenv(name)) == "" }
@@ -734,6 +735,11 @@ func Preflight(cfg *config.Config, getenv func(string) string) []string {
 	}
 	if o := cfg.Agent.OpenAI; cfg.Agent.Backend == "openai" && o.APIKeyEnv != "" && unset(o.APIKeyEnv) {
 		out = append(out, fmt.Sprintf("agent.openai.api_key_env: %s is not set here; serve refuses to start without the API key", o.APIKeyEnv))
+	}
+	if c := cfg.Agent.Exec.Command; cfg.Agent.Backend == "exec" && len(c) > 0 && c[0] != "" {
+		if err := agentexec.FindCommand(c[0], ""); err != nil {
+			out = append(out, fmt.Sprintf("agent.exec.command: %v; serve refuses to start with it", err))
+		}
 	}
 	return out
 }

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	osexec "os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -72,6 +74,8 @@ func New(c Config) (*Agent, error) {
 	var errs []error
 	if len(c.Command) == 0 || c.Command[0] == "" {
 		errs = append(errs, errors.New("exec agent: command is empty"))
+	} else if err := FindCommand(c.Command[0], c.Dir); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("exec agent: negative timeout %v", c.Timeout))
@@ -103,6 +107,29 @@ func New(c Config) (*Agent, error) {
 		a.log = slog.New(slog.DiscardHandler)
 	}
 	return a, nil
+}
+
+// FindCommand checks that program, a command's first word, names an executable file: a
+// name without a slash is looked up in PATH, a relative path is taken from dir (the daemon's
+// working directory when dir is empty). Otherwise every turn would fail, each with one
+// warning, and the operator would learn of a typo only from the users.
+func FindCommand(program, dir string) error {
+	path := program
+	if dir != "" && strings.ContainsRune(program, os.PathSeparator) && !filepath.IsAbs(program) {
+		path = filepath.Join(dir, program)
+	}
+	_, err := osexec.LookPath(path)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, osexec.ErrNotFound) && !strings.ContainsRune(program, os.PathSeparator):
+		return fmt.Errorf("exec agent: command %q is not found in PATH (give its full path)", program)
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("exec agent: command %q does not exist", path)
+	case errors.Is(err, fs.ErrPermission):
+		return fmt.Errorf("exec agent: command %q is not executable (chmod +x it, or run it through its interpreter: [sh, %s])", path, program)
+	}
+	return fmt.Errorf("exec agent: command %q cannot be run: %v", path, err)
 }
 
 // CanSteer reports whether Run forwards Request.Steer to the command, as set by Config.Steer.

@@ -42,6 +42,23 @@ func MustScript(t *testing.T, body string) (command []string, dir string) {
 	return []string{"/bin/sh", path, dir}, dir
 }
 
+// MustNewGone builds an exec agent for c whose command is a program that was there when the
+// agent was made (New refuses one that is not) and is gone since: deleted or moved while the
+// daemon runs, so every Start fails.
+func MustNewGone(t *testing.T, c exec.Config) *exec.Agent {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "missing")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c.Command = []string{path}
+	a := MustNew(t, c)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
 // MustNew builds an exec agent for c.
 func MustNew(t *testing.T, c exec.Config) *exec.Agent {
 	t.Helper()
@@ -199,6 +216,46 @@ func TestNew(t *testing.T) {
 			a, err := exec.New(tc.config)
 			if gotErr := err != nil; gotErr != tc.wantErr {
 				t.Errorf("New(%+v) = %v, %v; want error %t", tc.config, a, err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestNewRefusesACommandItCannotRun: a command that is not there, or not executable, is an
+// error when the agent is made (serve refuses to start), not a failure of every turn.
+func TestNewRefusesACommandItCannotRun(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	plain := filepath.Join(dir, "agent.sh")
+	if err := os.WriteFile(plain, []byte("#!/bin/sh\necho hi\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runnable := filepath.Join(dir, "run.sh")
+	if err := os.WriteFile(runnable, []byte("#!/bin/sh\necho hi\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		config  exec.Config
+		wantErr string // "" means success
+	}{
+		{name: "missing path", config: exec.Config{Command: []string{filepath.Join(dir, "nope")}}, wantErr: "does not exist"},
+		{name: "not in PATH", config: exec.Config{Command: []string{"agentgate-no-such-agent"}}, wantErr: "is not found in PATH"},
+		{name: "not executable", config: exec.Config{Command: []string{plain}}, wantErr: "is not executable"},
+		{name: "a directory", config: exec.Config{Command: []string{dir}}, wantErr: "cannot be run"},
+		{name: "relative to Dir", config: exec.Config{Command: []string{"./run.sh"}, Dir: dir}},
+		{name: "missing relative to Dir", config: exec.Config{Command: []string{"./nope"}, Dir: dir}, wantErr: "does not exist"},
+		{name: "in PATH", config: exec.Config{Command: []string{"sh", "-c", "true"}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := exec.New(tc.config)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Errorf("New(%q) = %v, want success", tc.config.Command, err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Errorf("New(%q) = %v, want an error containing %q", tc.config.Command, err, tc.wantErr)
 			}
 		})
 	}
@@ -455,9 +512,11 @@ func TestRunExitError(t *testing.T) {
 	}
 }
 
+// TestRunStartError: a command that was there when the agent was made (New checks) and is
+// gone by the turn fails the turn, and is no exit of the command.
 func TestRunStartError(t *testing.T) {
 	t.Parallel()
-	a := MustNew(t, exec.Config{Command: []string{filepath.Join(t.TempDir(), "missing")}})
+	a := MustNewGone(t, exec.Config{})
 	resp, err := a.Run(t.Context(), request(turn(1), "hi"))
 	if !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("Run(missing command) = %v, %v; want an error wrapping fs.ErrNotExist", resp, err)

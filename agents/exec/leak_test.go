@@ -56,11 +56,14 @@ func TestManyTurnsLeaveNothingBehind(t *testing.T) {
 		{name: "steers and is cancelled", script: `IFS= read -r line; exec sleep 100`, text: "hi", steer: true, cancel: 20 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd, dir := MustScript(t, tc.script)
+			cmd, _ := MustScript(t, tc.script)
+			c := exec.Config{Command: cmd, Timeout: tc.timeout, KillGrace: grace, Steer: tc.steer}
+			var a *exec.Agent
 			if tc.missing {
-				cmd = []string{dir + "/missing"}
+				a = MustNewGone(t, c)
+			} else {
+				a = MustNew(t, c)
 			}
-			a := MustNew(t, exec.Config{Command: cmd, Timeout: tc.timeout, KillGrace: grace, Steer: tc.steer})
 			// A first turn loads what the first use of os/exec keeps for good.
 			runTurns(t, a, tc.text, tc.cancel, tc.steer, tc.missing, 1, 1)
 			base := testutil.TakeResources()

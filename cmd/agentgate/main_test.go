@@ -52,6 +52,10 @@ func TestRunCommands(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	noCommand := filepath.Join(dir, "exec.yaml")
+	if err := os.WriteFile(noCommand, []byte("data_dir: "+dir+"\nagent:\n  backend: exec\n  exec:\n    command: ["+filepath.Join(dir, "no-agent")+"]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	t.Setenv("AGENTGATE_TEST_EMPTY_TOKEN", "")
 	tests := []struct {
 		name       string
@@ -88,6 +92,10 @@ func TestRunCommands(t *testing.T) {
 			wantStderr: []string{"data_dir: required"}},
 		{name: "bench refuses a data directory that holds data", args: []string{"bench", "--data-dir", dir, "--sessions", "1", "--messages", "1"},
 			wantErr: "is not empty"},
+		{name: "check-config warns of an exec command that is not there", args: []string{"check-config", "--config", noCommand}, wantOut: "config ok",
+			wantStderr: []string{"warning: agent.exec.command: exec agent: command \"" + filepath.Join(dir, "no-agent") + "\" does not exist; serve refuses to start with it"}},
+		{name: "serve refuses an exec command that is not there", args: []string{"serve", "--config", noCommand, "--http-addr", "127.0.0.1:0"},
+			wantErr: "start: agent: exec agent: command \"" + filepath.Join(dir, "no-agent") + "\" does not exist"},
 		{name: "check-config warns of a missing bot token", args: []string{"check-config", "--config", noBotToken}, wantOut: "config ok",
 			wantStderr: []string{"warning: platforms.discord.token_env: AGENTGATE_TEST_UNSET_BOT_TOKEN is not set here"}},
 	}
