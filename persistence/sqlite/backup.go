@@ -30,6 +30,10 @@ func Backup(ctx context.Context, path, out string) (int64, error) {
 }
 
 func backup(ctx context.Context, path, out string) (int64, error) {
+	// Abs drops a trailing slash: "backups/" would become a file named backups.
+	if strings.HasSuffix(out, string(filepath.Separator)) {
+		return 0, fmt.Errorf("%s names a directory: give the backup's file name, such as %s", out, filepath.Join(out, "agentgate.db"))
+	}
 	src, err := filepath.Abs(path)
 	if err != nil {
 		return 0, err
@@ -44,7 +48,15 @@ func backup(ctx context.Context, path, out string) (int64, error) {
 	if _, err := os.Stat(src); err != nil {
 		return 0, err
 	}
-	if _, err := os.Lstat(dst); err == nil {
+	// The temporary file's error would name the temporary file, not what is wrong.
+	if info, err := os.Stat(filepath.Dir(dst)); errors.Is(err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("directory %s does not exist: create it first", filepath.Dir(dst))
+	} else if err == nil && !info.IsDir() {
+		return 0, fmt.Errorf("%s is not a directory", filepath.Dir(dst))
+	}
+	if info, err := os.Lstat(dst); err == nil && info.IsDir() {
+		return 0, fmt.Errorf("%s is a directory: give the backup's file name, such as %s", out, filepath.Join(out, "agentgate.db"))
+	} else if err == nil {
 		return 0, fmt.Errorf("%s exists: back up to a new file", out)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return 0, err

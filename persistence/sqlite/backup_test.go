@@ -120,6 +120,20 @@ func TestBackupRefuses(t *testing.T) {
 	if matches, _ := filepath.Glob(filepath.Join(dir, ".*partial")); len(matches) != 0 {
 		t.Errorf("temporary files left: %v", matches)
 	}
+	// An operator's FILE that is no file name: each refused with what to do, nothing written.
+	for _, tc := range []struct{ out, want string }{
+		{filepath.Join(dir, "backups") + "/", "names a directory: give the backup's file name"},
+		{dir, "is a directory: give the backup's file name"},
+		{filepath.Join(dir, "missing", "b.db"), "missing does not exist: create it first"},
+		{filepath.Join(existing, "b.db"), "existing.db is not a directory"},
+	} {
+		if _, err := Backup(ctx, s.Path(), tc.out); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Backup(%q) = %v, want an error containing %q", tc.out, err, tc.want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "backups")); !os.IsNotExist(err) {
+		t.Errorf("backup to backups/ left a file backups (%v)", err)
+	}
 }
 
 // TestBackupsAtOnceNeverOverwrite: of backups to one file taken at once (two cron jobs, an
