@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/agentgate/agentgate/actors"
@@ -211,6 +212,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		return nil, fmt.Errorf("start: %w", err)
 	}
 	if d.addr, err = d.http.Listen(); err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("start: http.addr %s is taken (stop what listens there, or give agentgate a free port with --http-addr or http.addr): %w", cfg.HTTP.Addr, err)
+		}
 		return nil, fmt.Errorf("start: %w", err)
 	}
 	// Where the running daemon listens, for the admin commands on this data directory (they

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,6 +57,11 @@ func TestRunCommands(t *testing.T) {
 	if err := os.WriteFile(noCommand, []byte("data_dir: "+dir+"\nagent:\n  backend: exec\n  exec:\n    command: ["+filepath.Join(dir, "no-agent")+"]\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	taken, err := net.Listen("tcp", "127.0.0.1:0") // another process's port
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
 	t.Setenv("AGENTGATE_TEST_EMPTY_TOKEN", "")
 	tests := []struct {
 		name       string
@@ -96,6 +102,8 @@ func TestRunCommands(t *testing.T) {
 			wantStderr: []string{"warning: agent.exec.command: exec agent: command \"" + filepath.Join(dir, "no-agent") + "\" does not exist; serve refuses to start with it"}},
 		{name: "serve refuses an exec command that is not there", args: []string{"serve", "--config", noCommand, "--http-addr", "127.0.0.1:0"},
 			wantErr: "start: agent: exec agent: command \"" + filepath.Join(dir, "no-agent") + "\" does not exist"},
+		{name: "serve says what to do when its port is taken", args: []string{"serve", "--data-dir", dir, "--http-addr", taken.Addr().String()},
+			wantErr: "start: http.addr " + taken.Addr().String() + " is taken (stop what listens there, or give agentgate a free port with --http-addr or http.addr)"},
 		{name: "check-config warns of a missing bot token", args: []string{"check-config", "--config", noBotToken}, wantOut: "config ok",
 			wantStderr: []string{"warning: platforms.discord.token_env: AGENTGATE_TEST_UNSET_BOT_TOKEN is not set here"}},
 	}
