@@ -308,6 +308,7 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 	}
 	src := s.sourceOf(s.cur)
 	ops, prev, dropped := s.boundary(c, src, reason, now)
+	s.lastActivity = now // the new session's start, not the ended one's last message (/status)
 	var notice *persistence.OutboxEntry
 	if len(dropped) > 0 {
 		// Their senders are told, in their chat, under the session they wrote to.
