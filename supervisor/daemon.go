@@ -425,6 +425,18 @@ func (d *Daemon) endRun(ctx context.Context) {
 	}
 }
 
+// Abort kills what the agent runs now, with everything it started (an exec agent's process
+// groups), for a process that exits at once instead of stopping (a second stop signal). The
+// turns' messages stay pending, and the next start runs them again: without this, what the
+// killed turns' commands started would run on beside that new run. It stops nothing else.
+func (d *Daemon) Abort() {
+	if k, ok := d.agent.(interface{ KillAll() int }); ok {
+		if n := k.KillAll(); n > 0 {
+			d.log.Warn("killed the agent commands still running, with what they started", "commands", n)
+		}
+	}
+}
+
 // waitAgents waits, within ctx, for the agent calls still in flight once every turn is
 // cancelled: an exec agent's command gets SIGTERM, and SIGKILL for its whole process group
 // after agent.exec.kill_grace. A daemon that exited before that left the processes its commands

@@ -199,3 +199,32 @@ func TestRunStopSignal(t *testing.T) {
 		})
 	}
 }
+
+// TestKillAllKillsWhatTheCommandsStarted: a daemon that exits at once (a second stop signal)
+// kills its commands' process groups first; otherwise what a command started (here a sleep)
+// runs on beside the next start's run of the same message. The Run fails, and a later Run is
+// not affected.
+func TestKillAllKillsWhatTheCommandsStarted(t *testing.T) {
+	t.Parallel()
+	cmd, dir := MustScript(t, `sleep 100 & echo $! > "$1/child.tmp"; mv "$1/child.tmp" "$1/child"; wait`)
+	a := MustNew(t, exec.Config{Command: cmd, KillGrace: time.Second})
+	if n := a.KillAll(); n != 0 {
+		t.Errorf("KillAll() with nothing running = %d, want 0", n)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.Run(t.Context(), request(turn(1), "hi"))
+		done <- err
+	}()
+	child := MustReadPID(t, filepath.Join(dir, "child"))
+	if n := a.KillAll(); n != 1 {
+		t.Errorf("KillAll() with one command running = %d, want 1", n)
+	}
+	waitGone(t, "the command's child", child)
+	if err := <-done; err == nil {
+		t.Error("Run of a killed command = nil error, want its failure")
+	}
+	if n := a.KillAll(); n != 0 {
+		t.Errorf("KillAll() after the Run returned = %d, want 0", n)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -65,6 +66,9 @@ type Agent struct {
 	// withhold: see Config.Withhold
 	withhold []string
 	log      *slog.Logger
+
+	mu      sync.Mutex
+	running map[int]struct{} // the process groups of the commands started and not yet reaped
 }
 
 var _ agents.Steerer = (*Agent)(nil)
@@ -99,6 +103,7 @@ func New(c Config) (*Agent, error) {
 		log:     c.Logger,
 
 		withhold: slices.DeleteFunc(slices.Clone(c.Withhold), func(s string) bool { return s == "" }),
+		running:  map[int]struct{}{},
 	}
 	if a.grace == 0 {
 		a.grace = DefaultKillGrace
@@ -130,6 +135,23 @@ func FindCommand(program, dir string) error {
 		return fmt.Errorf("exec agent: command %q is not executable (chmod +x it, or run it through its interpreter: [sh, %s])", path, program)
 	}
 	return fmt.Errorf("exec agent: command %q cannot be run: %v", path, err)
+}
+
+// KillAll sends SIGKILL to the process group of every command the agent runs, which holds
+// what each command started, and returns how many groups it signalled. It is for a daemon that
+// exits without stopping its turns (a second stop signal): the kernel kills each command when
+// the daemon dies, but not what the command started, which would run on beside the next
+// start's run of the same message. The Runs of those commands then return their failures.
+func (a *Agent) KillAll() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for pid := range a.running {
+		if syscall.Kill(-pid, syscall.SIGKILL) == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // CanSteer reports whether Run forwards Request.Steer to the command, as set by Config.Steer.
@@ -209,6 +231,9 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		return nil, fmt.Errorf("exec agent: start %s: %w", name, err)
 	}
 	pid := cmd.Process.Pid
+	a.mu.Lock()
+	a.running[pid] = struct{}{}
+	a.mu.Unlock()
 	var exited, forwarded chan struct{}
 	if steer {
 		// The forwarder belongs to this call: it ends when the command exits (exited), at the
@@ -236,6 +261,9 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	if syscall.Kill(-pid, syscall.SIGKILL) == nil {
 		a.log.Debug("exec agent killed leftover processes", "command", name, "pid", pid)
 	}
+	a.mu.Lock()
+	delete(a.running, pid)
+	a.mu.Unlock()
 	log := a.log.With("command", name, "session", req.Identity.SessionKey,
 		"duration", time.Since(start))
 

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -362,11 +363,13 @@ func grep(body, substr string) string {
 }
 
 // TestDaemonSecondSignalAndRecovery: a turn outlives the first SIGTERM (the daemon drains); a
-// second signal exits at once. The unanswered message is durable, and the next start answers it
-// without any new traffic.
+// second signal exits at once, and kills what the turn's command started (it would run on
+// beside the next start's run of the message). The unanswered message is durable, and the next
+// start answers it without any new traffic.
 func TestDaemonSecondSignalAndRecovery(t *testing.T) {
-	dataDir := t.TempDir()
-	d := MustServe(t, dataDir, "AGENTGATE_AGENT_BACKEND=exec", `AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, "sleep 60"]`)
+	dataDir, marks := t.TempDir(), t.TempDir()
+	d := MustServe(t, dataDir, "AGENTGATE_AGENT_BACKEND=exec", "MARKS="+marks,
+		`AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'sleep 60 & echo $! > "$MARKS/child.tmp"; mv "$MARKS/child.tmp" "$MARKS/child"; wait']`)
 	status, ack := post(t, d.base+"/v1/messages", "", `{"chat_id":"c1","user_id":"u1","text":"survive me","message_id":"m1"}`)
 	if status != http.StatusAccepted {
 		t.Fatalf("POST = %d %v", status, ack)
@@ -374,6 +377,15 @@ func TestDaemonSecondSignalAndRecovery(t *testing.T) {
 	waitFor(t, 10*time.Second, func() bool {
 		_, body := get(t, d.base+"/v1/sessions/"+ack["session_key"].(string))
 		return strings.Contains(body, `"running_turn_id":"t_`)
+	})
+	var child int // the process the turn's command started
+	waitFor(t, 10*time.Second, func() bool {
+		b, err := os.ReadFile(filepath.Join(marks, "child"))
+		if err != nil {
+			return false
+		}
+		child, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil
 	})
 	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -383,6 +395,7 @@ func TestDaemonSecondSignalAndRecovery(t *testing.T) {
 	if err == nil {
 		t.Fatalf("daemon exited 0 after a second signal with a turn running; want a non-zero exit")
 	}
+	waitFor(t, 10*time.Second, func() bool { return exited(child) })
 
 	d2 := MustServe(t, dataDir) // echo agent
 	events := readSSE(t, d2.base+"/v1/sessions/"+ack["session_key"].(string)+"/events", "", 1)
@@ -392,6 +405,20 @@ func TestDaemonSecondSignalAndRecovery(t *testing.T) {
 	if err := d2.stop(t, 30*time.Second); err != nil {
 		t.Errorf("second daemon exit: %v", err)
 	}
+}
+
+// exited reports whether pid has exited: an orphan whose exit no init reaps stays a zombie.
+func exited(pid int) bool {
+	if errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+		return true
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist)
+	}
+	// The state follows the parenthesised command name: "pid (comm) S ...".
+	i := strings.LastIndexByte(string(stat), ')')
+	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z'
 }
 
 // waitFor polls cond until it holds or the deadline passes.

@@ -187,6 +187,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	go func() {
 		sig := <-sigs
 		log.Warn("second signal; exiting now", "signal", sig.String())
+		d.Abort()
 		os.Exit(2)
 	}()
 	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.Shutdown.DrainTimeout+30*time.Second)
