@@ -165,6 +165,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var level slog.LevelVar
 	level.Set(cfg.SlogLevel())
 	log := logging.New(stderr, &level, cfg.Log.Format)
+	for _, name := range config.UnknownEnv(os.Environ()) {
+		log.Warn("environment variable names no configuration key (a misspelt one?); it is ignored", "var", name)
+	}
 
 	// The first SIGINT/SIGTERM drains; a second one exits at once.
 	sigs := make(chan os.Signal, 2)
@@ -221,6 +224,9 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 	}
 	for _, w := range supervisor.Preflight(cfg, os.Getenv) {
 		fmt.Fprintln(stderr, "warning: "+w)
+	}
+	for _, name := range config.UnknownEnv(os.Environ()) {
+		fmt.Fprintf(stderr, "warning: %s names no configuration key (a misspelt one?); it is ignored\n", name)
 	}
 	fmt.Fprintln(stdout, "config ok")
 	return nil

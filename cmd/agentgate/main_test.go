@@ -63,6 +63,7 @@ func TestRunCommands(t *testing.T) {
 	}
 	defer taken.Close()
 	t.Setenv("AGENTGATE_TEST_EMPTY_TOKEN", "")
+	t.Setenv("AGENTGATE_HTTP_ADR", "127.0.0.1:9") // a misspelt AGENTGATE_HTTP_ADDR
 	tests := []struct {
 		name       string
 		args       []string
@@ -78,7 +79,8 @@ func TestRunCommands(t *testing.T) {
 		{name: "help of an unknown command", args: []string{"help", "frobnicate"}, wantErr: "usage", wantStderr: []string{`unknown command "frobnicate"`}},
 		{name: "serve -h does not start", args: []string{"serve", "-h"}, wantStderr: []string{"-http-addr"}},
 		{name: "unknown command", args: []string{"frobnicate"}, wantErr: "usage", wantStderr: []string{`unknown command "frobnicate"`}},
-		{name: "check-config ok", args: []string{"check-config", "--config", good}, wantOut: "config ok"},
+		{name: "check-config ok", args: []string{"check-config", "--config", good}, wantOut: "config ok",
+			wantStderr: []string{"warning: AGENTGATE_HTTP_ADR names no configuration key (a misspelt one?); it is ignored"}},
 		{name: "check-config reports every problem", args: []string{"check-config", "--config", bad}, wantErr: "3 problem(s)",
 			wantStderr: []string{"bogus", "sessions.queue.mode", "sessions.queue.cap"}},
 		{name: "print defaults", args: []string{"check-config", "--print-defaults"}, wantOut: "passivate_after: 10m"},

@@ -806,6 +806,24 @@ func TestEnvNames(t *testing.T) {
 	}
 }
 
+// TestUnknownEnv: a variable that reads like a key of a section but names none (a misspelt
+// key) is reported; keys, the exec agent's identity variables and other AGENTGATE_ names are
+// not.
+func TestUnknownEnv(t *testing.T) {
+	environ := []string{
+		"AGENTGATE_HTTP_ADR=127.0.0.1:9", "AGENTGATE_HTTP_ADDR=127.0.0.1:8081",
+		"AGENTGATE_SESSIONS_QUEUE_CAPS=5", "AGENTGATE_SESSIONS_QUEUE_CAPS=6",
+		"AGENTGATE_AGENT_EXEC_COMAND=[x]", "AGENTGATE_DATA_DIR=/tmp/x",
+		"AGENTGATE_SESSION_KEY=agent:main:http:dm:c", "AGENTGATE_PLATFORM=http", "AGENTGATE_USER_NAME=Ann",
+		"AGENTGATE_PG_BIN=/usr/lib/postgresql/15/bin", "PATH=/bin", "HTTP_ADR=x",
+	}
+	got := UnknownEnv(environ)
+	want := []string{"AGENTGATE_AGENT_EXEC_COMAND", "AGENTGATE_HTTP_ADR", "AGENTGATE_SESSIONS_QUEUE_CAPS"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("UnknownEnv() mismatch (-want +got):\n%s", diff)
+	}
+}
+
 func TestDSN(t *testing.T) {
 	c := Default()
 	c.DataDir = "/var/lib/agentgate"

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -414,6 +415,34 @@ func IsEnvKey(name string) bool {
 		}
 	}
 	return false
+}
+
+// UnknownEnv returns the AGENTGATE_ variables in environ that begin as a section's keys do
+// (AGENTGATE_HTTP_, AGENTGATE_SESSIONS_…) but name no key, sorted: most likely a misspelt key,
+// which Load ignores like any variable that names none (the exec agent's identity variables,
+// such as AGENTGATE_SESSION_KEY, are no key either). check-config and serve warn of them.
+func UnknownEnv(environ []string) []string {
+	sections := map[string]bool{}
+	for _, l := range leaves() {
+		if head, _, ok := strings.Cut(l.path, "."); ok {
+			sections[EnvPrefix+strings.ToUpper(head)+"_"] = true
+		}
+	}
+	var out []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, EnvPrefix) || IsEnvKey(name) || slices.Contains(out, name) {
+			continue
+		}
+		for prefix := range sections {
+			if strings.HasPrefix(name, prefix) {
+				out = append(out, name)
+				break
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // applyEnv sets every key named by an AGENTGATE_ variable in environ; the last of repeated
