@@ -308,6 +308,12 @@ func TestLoadFileErrors(t *testing.T) {
 			wantText:   []string{"parse ", "agentgate.yaml: yaml: "},
 		},
 		{
+			name:       "tab indentation",
+			yaml:       "http:\n\taddr: 127.0.0.1:8081\n",
+			wantFields: []string{"!"},
+			wantText:   []string{"(YAML indents with spaces, not tabs)"},
+		},
+		{
 			name:       "two documents",
 			yaml:       "data_dir: a\n---\ndata_dir: b\n",
 			wantFields: []string{"!"},

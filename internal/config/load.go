@@ -144,6 +144,10 @@ func decodeFile(cfg *Config, name string, data []byte) []error {
 		return describeTypeErrors(name, data, te)
 	}
 	if err != nil {
+		if bytes.Contains(data, []byte("\n\t")) || bytes.HasPrefix(data, []byte("\t")) {
+			// yaml.v3 says only "found character that cannot start any token".
+			return []error{fmt.Errorf("parse %s: %v (YAML indents with spaces, not tabs)", name, err)}
+		}
 		return []error{fmt.Errorf("parse %s: %v", name, err)}
 	}
 	// A second document would otherwise be ignored without a word.
