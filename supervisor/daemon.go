@@ -213,7 +213,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	}
 	if d.addr, err = d.http.Listen(); err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
-			return nil, fmt.Errorf("start: http.addr %s is taken (stop what listens there, or give agentgate a free port with --http-addr or http.addr): %w", cfg.HTTP.Addr, err)
+			return nil, fmt.Errorf("start: http.addr %s is taken (stop what listens there, or give agentgate a free port with --http-addr, AGENTGATE_HTTP_ADDR or http.addr): %w", cfg.HTTP.Addr, err)
 		}
 		return nil, fmt.Errorf("start: %w", err)
 	}

@@ -105,7 +105,7 @@ func TestRunCommands(t *testing.T) {
 		{name: "serve refuses an exec command that is not there", args: []string{"serve", "--config", noCommand, "--http-addr", "127.0.0.1:0"},
 			wantErr: "start: agent: exec agent: command \"" + filepath.Join(dir, "no-agent") + "\" does not exist"},
 		{name: "serve says what to do when its port is taken", args: []string{"serve", "--data-dir", dir, "--http-addr", taken.Addr().String()},
-			wantErr: "start: http.addr " + taken.Addr().String() + " is taken (stop what listens there, or give agentgate a free port with --http-addr or http.addr)"},
+			wantErr: "start: http.addr " + taken.Addr().String() + " is taken (stop what listens there, or give agentgate a free port with --http-addr, AGENTGATE_HTTP_ADDR or http.addr)"},
 		{name: "check-config warns of a missing bot token", args: []string{"check-config", "--config", noBotToken}, wantOut: "config ok",
 			wantStderr: []string{"warning: platforms.discord.token_env: AGENTGATE_TEST_UNSET_BOT_TOKEN is not set here"}},
 	}
