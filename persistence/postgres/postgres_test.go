@@ -153,6 +153,10 @@ func TestUnavailableWhenTheConnectionsDie(t *testing.T) {
 			t.Errorf("group %d: error = %v, want ErrUnavailable", i, err)
 		}
 	}
+	_, err := s.PruneSessions(ctx, time.Now(), 0)
+	if !errors.Is(err, persistence.ErrUnavailable) || strings.Count(err.Error(), persistence.ErrUnavailable.Error()) != 1 {
+		t.Errorf("PruneSessions: error = %v, want ErrUnavailable (said once)", err)
+	}
 }
 
 // TestFailingGroupInALargeBatch: a failing group in a large batch fails alone, and every other
@@ -325,8 +329,9 @@ func testLockHolderFencesCommits(t *testing.T, opts Options) {
 	if _, err := b.Session(ctx, "s1"); !errors.Is(err, persistence.ErrNotFound) {
 		t.Errorf("A's write reached the database while B held the lock: Session(s1) error = %v", err)
 	}
-	if _, err := a.PruneSessions(ctx, t0.Add(time.Hour), 0); !errors.Is(err, persistence.ErrUnavailable) {
-		t.Errorf("A.PruneSessions after B took the lock: error = %v, want ErrUnavailable", err)
+	if _, err := a.PruneSessions(ctx, t0.Add(time.Hour), 0); !errors.Is(err, persistence.ErrUnavailable) ||
+		strings.Count(err.Error(), persistence.ErrUnavailable.Error()) != 1 {
+		t.Errorf("A.PruneSessions after B took the lock: error = %v, want ErrUnavailable (said once)", err)
 	}
 	storetest.MustCommit(t, b, &persistence.CreateSession{Session: newSession("s1", "k1")})
 	if err := a.Ping(ctx); err == nil {

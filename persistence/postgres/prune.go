@@ -33,11 +33,7 @@ const pruneCandidatesSQL = `SELECT s.id, s.key FROM sessions s
 func (s *Store) PruneSessions(ctx context.Context, endedBefore time.Time, limit int) (int, error) {
 	n, err := s.prune(ctx, endedBefore, limit)
 	if err != nil {
-		err = fmt.Errorf("prune sessions ended before %v: %w", endedBefore, err)
-		if IsUnavailable(err) {
-			err = fmt.Errorf("%w: %w", persistence.ErrUnavailable, err)
-		}
-		return 0, err
+		return 0, markUnavailable(fmt.Errorf("prune sessions ended before %v: %w", endedBefore, err))
 	}
 	return n, nil
 }
