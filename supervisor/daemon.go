@@ -448,8 +448,8 @@ func (d *Daemon) waitAgents(ctx context.Context) {
 	}
 	d.log.Info("waiting for cancelled agent calls to end", "calls", n)
 	if err := d.deps.AgentCalls.Wait(ctx); err != nil {
-		d.log.Warn("agent calls still running at the stop's deadline; what they started may outlive the daemon",
-			"calls", d.deps.AgentCalls.Running())
+		d.log.Warn("agent calls still running at the stop's deadline", "calls", d.deps.AgentCalls.Running())
+		d.Abort() // an exec agent's commands, with what they started, before the daemon is gone
 	}
 }
 

@@ -59,6 +59,32 @@ func TestStopLeavesNoAgentProcess(t *testing.T) {
 	t.Logf("Stop took %v; then %v", time.Since(start), got)
 }
 
+// TestStopDeadlineKillsWhatAgentsStarted: when the stop's deadline passes before the exec
+// agent's kill grace, the daemon kills its commands' process groups before it returns, so
+// what a command started out of SIGTERM's way does not run on beside the next start's rerun.
+// (Before, it was left running, with a warning.)
+func TestStopDeadlineKillsWhatAgentsStarted(t *testing.T) {
+	testutil.MarkProcesses(t)
+	base := testutil.TakeResources()
+	path := filepath.Join(t.TempDir(), "agent.sh")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\nsh -c 'trap \"\" TERM; exec sleep 100' &\nwait\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	agent, err := agentexec.New(agentexec.Config{Command: []string{"/bin/sh", path}, KillGrace: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := MustStartDaemon(t, agent, daemonOpts{drain: 50 * time.Millisecond})
+	r.inject(t, dm, "m1", "hi")
+	waitUntil(t, func() bool { return testutil.TakeResources().Marked >= 2 }) // the command and its child
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := r.d.Stop(ctx); err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+	testutil.MustSettle(t, "after Stop", base, testutil.Slack{Goroutines: 2, FDs: 2}, 10*time.Second)
+}
+
 // TestIdleDaemonReturnsToBaseline drives a daemon with an exec agent through what a long run
 // sees, over HTTP on loopback, round after round: answered ?waits, ?waits whose client hangs
 // up, event streams dropped mid-stream, sessions reset and /stop while their turn runs (which
