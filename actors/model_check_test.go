@@ -205,11 +205,30 @@ func (m *model) checkAnswers(runs []*modelRun, sent []*platforms.Outbound) {
 				t.Errorf("%s acknowledged started at %v, but first ran in turn %s %v at %v", a.id, a.at.Sub(modelEpoch), r.ident.TurnID, r.messages, r.start.Sub(modelEpoch))
 			}
 		case platforms.Steered:
-			if r := firstRun(runs, a.id); r != nil && r.messages[0] != a.id && slices.Index(r.messages, a.id) < r.nreq {
+			// (A debounce window merges it with its sender's messages just before it, as it
+			// merges any burst: steered messages the running turn did not take wait together.)
+			if r := firstRun(runs, a.id); r != nil && r.messages[0] != a.id && slices.Index(r.messages, a.id) < r.nreq &&
+				!m.debounceMerged(r, slices.Index(r.messages, a.id)) {
 				t.Errorf("%s acknowledged steered, but it was neither taken by a running turn nor run at the head of the next (%s %v)", a.id, r.ident.TurnID, r.messages)
 			}
 		}
 	}
+}
+
+// debounceMerged reports whether the debounce window explains the first i+1 messages of r's
+// request as one burst: each from the sender of the one before it, within the window of it
+// (nextGroup merges such a run of messages at the head of the queue).
+func (m *model) debounceMerged(r *modelRun, i int) bool {
+	if m.cfg.Debounce == 0 {
+		return false
+	}
+	for j := 1; j <= i; j++ {
+		prev, cur := m.byID[r.messages[j-1]], m.byID[r.messages[j]]
+		if prev == nil || cur == nil || cur.src.UserID != prev.src.UserID || cur.at.Sub(prev.at) > m.cfg.Debounce {
+			return false
+		}
+	}
+	return true
 }
 
 // cutLater reports whether a command that answers the messages it takes (/undo, /stop, a
