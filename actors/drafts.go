@@ -429,6 +429,15 @@ func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
 		return
 	}
 	d.queued = false
+	if m.err != nil && d.id == "" && m.id != "" {
+		// The try found the draft an earlier one made (its answer lost) but could not make it
+		// show this text: the draft is made, so it is recorded (the next start deletes it if
+		// nothing finishes it), and what it shows is left to its edits, as after a failed edit.
+		// Before, the id was dropped with the error: a stop whose last tries failed so left the
+		// draft in the chat with no record, showing part of an answer (found by TestHuntDrafts).
+		a.openDraft(c, d, m.id)
+		d.editFails = 0
+	}
 	switch {
 	case m.err != nil && d.id == "" && errors.Is(m.err, platforms.ErrUndeliverable):
 		d.failed = true // refused, so never made: the final reply is posted as a message of its own
@@ -481,10 +490,7 @@ func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
 		}
 	default:
 		if d.id == "" {
-			d.id = m.id
-			a.mark(c, &persistence.OpenDraft{Draft: persistence.Draft{Platform: a.p.Name(), ID: d.id,
-				SessionKey: d.key, TurnID: d.turn, ChatType: d.target.ChatType, ChatID: d.target.ChatID,
-				ThreadID: d.target.ThreadID, Run: a.d.Run, CreatedAt: a.d.now()}})
+			a.openDraft(c, d, m.id)
 		}
 		d.shown, d.lastEdit, d.editFails = m.text, time.Now(), 0
 	}
@@ -496,6 +502,14 @@ func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
 		return
 	}
 	a.scheduleDraft(c, d)
+}
+
+// openDraft takes id as d's draft, posted now, and records it in the store.
+func (a *Platform) openDraft(c actor.Context, d *draft, id string) {
+	d.id = id
+	a.mark(c, &persistence.OpenDraft{Draft: persistence.Draft{Platform: a.p.Name(), ID: d.id,
+		SessionKey: d.key, TurnID: d.turn, ChatType: d.target.ChatType, ChatID: d.target.ChatID,
+		ThreadID: d.target.ThreadID, Run: a.d.Run, CreatedAt: a.d.now()}})
 }
 
 // stopDrafts prepares the drafts for the daemon's stop (its Quiesce): a draft post that waits

@@ -110,6 +110,33 @@ func TestStopFindsTheDraftOfAPostWaitingForItsRetry(t *testing.T) {
 	}
 }
 
+// TestStopRecordsADraftFoundButNotShown: a draft post whose first try was made (its answer
+// lost) and whose later tries, the stop's too, find the draft but fail to make it show their
+// text: the draft is recorded as soon as a try finds it, so the next start deletes it. Before,
+// a try that found it returned no id with its error, and the draft stayed in the chat with no
+// record, showing part of an answer (found by TestHuntDrafts, seed 71017).
+func TestStopRecordsADraftFoundButNotShown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		faults := []draftFault{{made: true}}
+		for range 2 * maxDraftEditFailures { // the tries at once, then the stop's
+			faults = append(faults, draftFault{found: true})
+		}
+		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake"), draftFaults: faults}
+		w := newPlatformWorld(t, p, nil)
+		w.streamDraft("partial")
+		if _, err := w.system.Root.RequestFuture(w.pid, &Quiesce{}, time.Minute).Result(); err != nil {
+			t.Fatal(err)
+		}
+		ds, err := w.store.OpenDrafts(t.Context(), "fake", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ds) != 1 || ds[0].ID != "draft-1" || ds[0].TurnID != "t1" {
+			t.Errorf("open drafts %+v, want draft-1 of t1 recorded", ds)
+		}
+	})
+}
+
 // TestDraftAfterADroppedWaitingDraftWaits: turn t1's draft waits for its interrupted mark (the
 // mark's first edit failed); t2 streams and is cancelled before its draft, waiting for t1's,
 // was posted; then t3 streams. t3's draft is posted only once t1's shows its mark. Before, the

@@ -34,9 +34,10 @@ type faultyPlatform struct {
 	runs        atomic.Int32                   // Run loops that reached the Fake
 
 	draftMu     sync.Mutex
-	draftFaults []draftFault  // the faults of the next SendDrafts, in order; guarded by draftMu
-	editFaults  atomic.Int32  // so many EditDrafts fail
-	deleteHold  chan struct{} // if set, DeleteDraft waits until it is closed
+	draftFaults []draftFault      // the faults of the next SendDrafts, in order; guarded by draftMu
+	madeDrafts  map[string]string // the drafts SendDrafts failing so made, by key; guarded by draftMu
+	editFaults  atomic.Int32      // so many EditDrafts fail
+	deleteHold  chan struct{}     // if set, DeleteDraft waits until it is closed
 }
 
 func (f *faultyPlatform) DeleteDraft(ctx context.Context, target identity.Source, id string) error {
@@ -87,16 +88,33 @@ func (f *faultyPlatform) SendDraft(ctx context.Context, target identity.Source, 
 	if fault == nil {
 		return f.EditorFake.SendDraft(ctx, target, inReplyTo, key, text)
 	}
+	if fault.found {
+		// The draft an earlier try made is found, and the edit to show text fails.
+		f.draftMu.Lock()
+		id, ok := f.madeDrafts[key]
+		f.draftMu.Unlock()
+		if ok {
+			return id, errors.New("found, but the edit failed: 500 internal server error")
+		}
+	}
 	if fault.made {
-		if _, err := f.EditorFake.SendDraft(ctx, target, inReplyTo, key, text); err != nil {
+		id, err := f.EditorFake.SendDraft(ctx, target, inReplyTo, key, text)
+		if err != nil {
 			return "", err
 		}
+		f.draftMu.Lock()
+		if f.madeDrafts == nil {
+			f.madeDrafts = map[string]string{}
+		}
+		f.madeDrafts[key] = id
+		f.draftMu.Unlock()
 	}
 	return "", errors.New("500 internal server error")
 }
 
-// draftFault is how one SendDraft fails: with the draft made and the answer lost, or not made.
-type draftFault struct{ made bool }
+// draftFault is how one SendDraft fails: with the draft made and the answer lost, not made, or
+// (found) with the draft an earlier try made found but not edited to show the new text.
+type draftFault struct{ made, found bool }
 
 func (f *faultyPlatform) Show(*platforms.Outbound) {
 	if f.showPanics.Add(-1) >= 0 {

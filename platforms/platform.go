@@ -113,7 +113,8 @@ type Editor interface {
 	// SendDraft posts text into target's chat, answering inReplyTo, and returns the platform's
 	// id of the new message. key names the draft: a SendDraft with the same key, after one that
 	// failed, returns the message the first one posted when the platform can tell (its answer
-	// may be lost after the post), edited to show text.
+	// may be lost after the post), edited to show text. When it finds that message but cannot
+	// make it show text, it returns the message's id with the error: the draft is made.
 	SendDraft(ctx context.Context, target identity.Source, inReplyTo []string, key, text string) (id string, err error)
 	// EditDraft replaces the text of the draft id in target's chat.
 	EditDraft(ctx context.Context, target identity.Source, id, text string) error

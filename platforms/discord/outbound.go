@@ -139,7 +139,8 @@ func replyRef(out *platforms.Outbound) string {
 // key: a retry after a lost answer returns the draft already posted, which still shows the
 // text of the try that posted it, and is edited to show text. Before, it kept that text: a
 // cancelled turn's draft found so was left showing part of an answer without its interrupted
-// mark (TestDraftFoundByItsKeyShowsTheNewText).
+// mark (TestDraftFoundByItsKeyShowsTheNewText). When that edit fails, the draft's id comes
+// with the error (TestDraftFoundButNotShownReturnsItsID).
 func (p *Platform) SendDraft(ctx context.Context, target identity.Source, inReplyTo []string, key, text string) (string, error) {
 	channel := replyChannel(target)
 	content := draftText(text)
@@ -156,7 +157,8 @@ func (p *Platform) SendDraft(ctx context.Context, target identity.Source, inRepl
 	}
 	if m.Content != content {
 		if err := p.editContent(ctx, channel, m.ID, content); err != nil {
-			return "", fmt.Errorf("discord: send draft: show the text of the draft found by its key: %w", err)
+			// The draft is made: its id goes with the error, so that it is recorded.
+			return m.ID, fmt.Errorf("discord: send draft: show the text of the draft found by its key: %w", err)
 		}
 	}
 	return m.ID, nil

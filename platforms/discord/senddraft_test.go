@@ -43,3 +43,32 @@ func TestDraftFoundByItsKeyShowsTheNewText(t *testing.T) {
 		t.Errorf("the DM shows %q, want draft %s alone, showing %q", got, id, marked)
 	}
 }
+
+// TestDraftFoundButNotShownReturnsItsID: a SendDraft that finds the draft an earlier try
+// posted (its answer lost) but whose edit to show the new text fails returns the draft's id
+// with its error: the draft is made, and the runtime records it so the next start deletes it.
+// Before, the id was dropped, and a stop whose last tries failed so left the draft in the chat
+// with no record, showing part of an answer (found by TestHuntDrafts, seed 71017).
+func TestDraftFoundButNotShownReturnsItsID(t *testing.T) {
+	const dm = "300000000000000001"
+	srv := discordtest.New(t)
+	srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
+	p, err := New(Config{Token: srv.Token(), Settings: config.Discord{APIURL: srv.APIURL()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := identity.Source{Platform: Name, ChatType: identity.ChatDM, ChatID: dm}
+	srv.FailNextAfter("POST", "/channels/"+dm+"/messages", 500, 1)
+	if _, err := p.SendDraft(t.Context(), target, nil, "t1", "half"); err == nil {
+		t.Fatal("SendDraft whose answer is lost = nil error, want one")
+	}
+	sent := srv.Sent(dm)
+	if len(sent) != 1 {
+		t.Fatalf("the DM shows %d messages, want the draft", len(sent))
+	}
+	srv.FailNext("PATCH", "/channels/"+dm+"/messages/"+sent[0].ID, 500, 1)
+	id, err := p.SendDraft(t.Context(), target, nil, "t1", "half an answer")
+	if err == nil || id != sent[0].ID {
+		t.Errorf("SendDraft finding the draft, its edit failing = %q, %v; want %q with an error", id, err, sent[0].ID)
+	}
+}
