@@ -154,9 +154,11 @@ func huntDiscord(t *testing.T, seed uint64, minSteps int) {
 			n := 1 + rng.IntN(2)
 			t.Logf("step %d: fail the next %d posts", step, n)
 			w.srv.FailNext("POST", "/messages", 500, n)
+			h.postFaults += n
 		case r < 79:
 			t.Logf("step %d: lose the next post's response", step)
 			w.srv.FailNextAfter("POST", "/messages", 500, 1)
+			h.postFaults++
 		case r < 84:
 			t.Logf("step %d: rate limit the next post", step)
 			w.srv.RateLimitNext("POST", "/messages", time.Duration(50+rng.IntN(200))*time.Millisecond, 1)
@@ -193,6 +195,10 @@ type hunt struct {
 	rng        *rand.Rand
 	autoThread bool
 	gate       atomic.Pointer[chan struct{}] // the slow agent's turns end when it closes
+	// postFaults counts the failed posts injected since the last quiesce and those still to
+	// come then: one key's sends may meet them all, one after another, and wait out the send
+	// backoff after each.
+	postFaults int
 	posted     []*hunted
 	byToken    map[string]*hunted
 }
@@ -308,9 +314,10 @@ func (h *hunt) answers() map[*hunted]int {
 // store is delivered.
 func (h *hunt) quiesce() {
 	h.t.Helper()
+	within := discordtest.WaitTimeout + sendBackoffs(h.postFaults)
 	eventually := func(t *testing.T, what string, cond func() bool, why func() string) {
 		t.Helper()
-		if !poll(cond) {
+		if !pollWithin(within, cond) {
 			t.Fatalf("timed out waiting: %s: %s", what, why())
 		}
 	}
@@ -344,6 +351,17 @@ func (h *hunt) quiesce() {
 		}
 		return true
 	}, func() string { return missing })
+	h.postFaults = w.srv.PendingFaults("POST")
+}
+
+// sendBackoffs is the longest that n failed sends in a row hold a key's next send: the platform
+// actor's send backoff, 0.5 s doubling to 30 s (ARCHITECTURE "One message").
+func sendBackoffs(n int) time.Duration {
+	var d time.Duration
+	for i := range n {
+		d += min(500*time.Millisecond<<min(i, 16), 30*time.Second)
+	}
+	return d
 }
 
 // check checks what Discord shows and what the store holds against what was posted.

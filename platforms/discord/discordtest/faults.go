@@ -79,6 +79,20 @@ type fault struct {
 	global         bool            // a 429 of the global rate limit (GlobalRateLimitNext)
 }
 
+// PendingFaults is how many answers the FailNext, FailNextAfter and RateLimitNext rules of
+// method (any method if empty) still have to give.
+func (s *Server) PendingFaults(method string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, f := range s.faults {
+		if f.hold == nil && (method == "" || f.method == "" || f.method == strings.ToUpper(method)) {
+			n += f.left
+		}
+	}
+	return n
+}
+
 // takeFault returns the first rule matching r and uses up one of its requests.
 func (s *Server) takeFault(r *http.Request) *fault {
 	s.mu.Lock()
