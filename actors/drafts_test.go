@@ -95,18 +95,25 @@ func TestStopFindsTheDraftOfAPostWaitingForItsRetry(t *testing.T) {
 				if tc.wait {
 					synctest.Wait()
 				}
-				if _, err := w.system.Root.RequestFuture(w.pid, &Quiesce{}, time.Minute).Result(); err != nil {
-					t.Fatal(err)
-				}
-				ds, err := w.store.OpenDrafts(t.Context(), "fake", 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if len(ds) != 1 || ds[0].ID != "draft-1" || ds[0].TurnID != "t1" {
-					t.Errorf("open drafts %+v, want draft-1 of t1 recorded", ds)
-				}
+				w.stopWantsDraftRecorded(t)
 			})
 		})
+	}
+}
+
+// stopWantsDraftRecorded quiesces the platform actor, as a stop does, and wants turn t1's
+// draft-1 recorded as open: the next start deletes it.
+func (w *platformWorld) stopWantsDraftRecorded(t *testing.T) {
+	t.Helper()
+	if _, err := w.system.Root.RequestFuture(w.pid, &Quiesce{}, time.Minute).Result(); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := w.store.OpenDrafts(t.Context(), "fake", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ds) != 1 || ds[0].ID != "draft-1" || ds[0].TurnID != "t1" {
+		t.Errorf("open drafts %+v, want draft-1 of t1 recorded", ds)
 	}
 }
 
@@ -124,16 +131,7 @@ func TestStopRecordsADraftFoundButNotShown(t *testing.T) {
 		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake"), draftFaults: faults}
 		w := newPlatformWorld(t, p, nil)
 		w.streamDraft("partial")
-		if _, err := w.system.Root.RequestFuture(w.pid, &Quiesce{}, time.Minute).Result(); err != nil {
-			t.Fatal(err)
-		}
-		ds, err := w.store.OpenDrafts(t.Context(), "fake", 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(ds) != 1 || ds[0].ID != "draft-1" || ds[0].TurnID != "t1" {
-			t.Errorf("open drafts %+v, want draft-1 of t1 recorded", ds)
-		}
+		w.stopWantsDraftRecorded(t)
 	})
 }
 

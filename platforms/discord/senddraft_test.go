@@ -18,17 +18,7 @@ import (
 // (found by TestHuntDrafts).
 func TestDraftFoundByItsKeyShowsTheNewText(t *testing.T) {
 	const dm = "300000000000000001"
-	srv := discordtest.New(t)
-	srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
-	p, err := New(Config{Token: srv.Token(), Settings: config.Discord{APIURL: srv.APIURL()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	target := identity.Source{Platform: Name, ChatType: identity.ChatDM, ChatID: dm}
-	srv.FailNextAfter("POST", "/channels/"+dm+"/messages", 500, 1)
-	if _, err := p.SendDraft(t.Context(), target, nil, "t1", "half an answer"); err == nil {
-		t.Fatal("SendDraft whose answer is lost = nil error, want one")
-	}
+	srv, p, target := draftPostedAnswerLost(t, dm, "half an answer")
 	const marked = "half an answer" + platforms.InterruptedMark
 	id, err := p.SendDraft(t.Context(), target, nil, "t1", marked)
 	if err != nil {
@@ -51,17 +41,7 @@ func TestDraftFoundByItsKeyShowsTheNewText(t *testing.T) {
 // with no record, showing part of an answer (found by TestHuntDrafts, seed 71017).
 func TestDraftFoundButNotShownReturnsItsID(t *testing.T) {
 	const dm = "300000000000000001"
-	srv := discordtest.New(t)
-	srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
-	p, err := New(Config{Token: srv.Token(), Settings: config.Discord{APIURL: srv.APIURL()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	target := identity.Source{Platform: Name, ChatType: identity.ChatDM, ChatID: dm}
-	srv.FailNextAfter("POST", "/channels/"+dm+"/messages", 500, 1)
-	if _, err := p.SendDraft(t.Context(), target, nil, "t1", "half"); err == nil {
-		t.Fatal("SendDraft whose answer is lost = nil error, want one")
-	}
+	srv, p, target := draftPostedAnswerLost(t, dm, "half")
 	sent := srv.Sent(dm)
 	if len(sent) != 1 {
 		t.Fatalf("the DM shows %d messages, want the draft", len(sent))
@@ -71,4 +51,22 @@ func TestDraftFoundButNotShownReturnsItsID(t *testing.T) {
 	if err == nil || id != sent[0].ID {
 		t.Errorf("SendDraft finding the draft, its edit failing = %q, %v; want %q with an error", id, err, sent[0].ID)
 	}
+}
+
+// draftPostedAnswerLost returns a platform on a fake Discord with the DM dm, in which a draft
+// of turn t1 showing text was posted and its answer lost (SendDraft failed).
+func draftPostedAnswerLost(t *testing.T, dm, text string) (*discordtest.Server, *Platform, identity.Source) {
+	t.Helper()
+	srv := discordtest.New(t)
+	srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
+	p, err := New(Config{Token: srv.Token(), Settings: config.Discord{APIURL: srv.APIURL()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := identity.Source{Platform: Name, ChatType: identity.ChatDM, ChatID: dm}
+	srv.FailNextAfter("POST", "/channels/"+dm+"/messages", 500, 1)
+	if _, err := p.SendDraft(t.Context(), target, nil, "t1", text); err == nil {
+		t.Fatal("SendDraft whose answer is lost = nil error, want one")
+	}
+	return srv, p, target
 }
