@@ -77,6 +77,9 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 	case "bench":
 		return bench(ctx, args, stdout, stderr)
 	case "version":
+		if err := parse(flag.NewFlagSet("version", flag.ContinueOnError), args, stderr); err != nil {
+			return err
+		}
 		fmt.Fprintln(stdout, "agentgate", version())
 		return nil
 	case "help":

@@ -72,6 +72,7 @@ func TestRunCommands(t *testing.T) {
 		wantStderr []string
 	}{
 		{name: "version", args: []string{"version"}, wantOut: "agentgate "},
+		{name: "version takes no argument", args: []string{"version", "extra"}, wantErr: "usage", wantStderr: []string{`agentgate version: unexpected argument "extra"`}},
 		{name: "help", args: []string{"help"}, wantOut: "check-config"},
 		{name: "-h lists the commands", args: []string{"-h"}, wantOut: "commands:\n  serve"},
 		{name: "--help lists the commands", args: []string{"--help"}, wantOut: "commands:\n  serve"},
