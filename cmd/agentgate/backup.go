@@ -28,12 +28,12 @@ A PostgreSQL store is backed up with pg_dump.
 // backup runs `agentgate backup FILE`.
 func backup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fset := flag.NewFlagSet("backup", flag.ContinueOnError)
+	var cf configFlags
+	cf.registerAdmin(fset, false)
 	fset.Usage = func() {
 		fmt.Fprint(fset.Output(), backupUsage, "\nflags:\n")
-		fset.PrintDefaults()
+		cf.printDefaults()
 	}
-	var cf configFlags
-	cf.register(fset)
 	out, err := parseArgs(fset, args, "FILE", stderr)
 	if err != nil {
 		return helpIsDone(err)

@@ -102,11 +102,13 @@ func isHelpFlag(arg string) bool {
 	return false
 }
 
-// configFlags are the flags every command that reads the configuration accepts.
+// configFlags are the flags every command that reads the configuration accepts, so that one
+// set of them can be passed to any command.
 type configFlags struct {
 	file, dataDir, httpAddr, logFormat, logLevel string
 
-	fs *flag.FlagSet
+	fs     *flag.FlagSet
+	hidden map[string]bool // accepted, but doing nothing for this command: its help omits them
 }
 
 func (f *configFlags) register(fs *flag.FlagSet) {
@@ -116,6 +118,34 @@ func (f *configFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.httpAddr, "http-addr", "", "HTTP listen `address` (overrides http.addr)")
 	fs.StringVar(&f.logFormat, "log-format", "", "log `format`: text or json (overrides log.format)")
 	fs.StringVar(&f.logLevel, "log-level", "", "log `level`: debug, info, warn or error (overrides log.level)")
+}
+
+// registerAdmin registers the flags for a command that reads the store rather than serve:
+// --log-format and --log-level do nothing for it, nor does --http-addr unless the command
+// talks to the daemon (usesDaemon), and its help leaves out what does nothing.
+func (f *configFlags) registerAdmin(fs *flag.FlagSet, usesDaemon bool) {
+	f.register(fs)
+	f.hidden = map[string]bool{"log-format": true, "log-level": true, "http-addr": !usesDaemon}
+	if usesDaemon {
+		fs.Lookup("http-addr").Usage = "the daemon's HTTP `address` when its data directory records none (overrides http.addr)"
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
+		f.printDefaults()
+	}
+}
+
+// printDefaults prints the command's flags as flag.PrintDefaults does, but for the hidden ones.
+func (f *configFlags) printDefaults() {
+	shown := flag.NewFlagSet(f.fs.Name(), flag.ContinueOnError)
+	shown.SetOutput(f.fs.Output())
+	f.fs.VisitAll(func(fl *flag.Flag) {
+		if !f.hidden[fl.Name] {
+			shown.Var(fl.Value, fl.Name, fl.Usage)
+			shown.Lookup(fl.Name).DefValue = fl.DefValue
+		}
+	})
+	shown.PrintDefaults()
 }
 
 func (f *configFlags) load() (*config.Config, error) {

@@ -70,6 +70,7 @@ func TestRunCommands(t *testing.T) {
 		wantErr    string // substring of the returned error; "" means success
 		wantOut    string // substring of stdout
 		wantStderr []string
+		notStderr  []string // not in stderr
 	}{
 		{name: "version", args: []string{"version"}, wantOut: "agentgate "},
 		{name: "version takes no argument", args: []string{"version", "extra"}, wantErr: "usage", wantStderr: []string{`agentgate version: unexpected argument "extra"`}},
@@ -79,6 +80,14 @@ func TestRunCommands(t *testing.T) {
 		{name: "help serve shows serve's flags", args: []string{"help", "serve"}, wantStderr: []string{"-http-addr"}},
 		{name: "help of an unknown command", args: []string{"help", "frobnicate"}, wantErr: "usage", wantStderr: []string{`unknown command "frobnicate"`}},
 		{name: "serve -h does not start", args: []string{"serve", "-h"}, wantStderr: []string{"-http-addr"}},
+		{name: "an admin command's help omits the flags that do nothing for it", args: []string{"sessions", "list", "-h"},
+			wantStderr: []string{"-data-dir", "-platform"}, notStderr: []string{"-http-addr", "-log-level", "-log-format"}},
+		{name: "backup's help omits them too", args: []string{"backup", "-h"},
+			wantStderr: []string{"-data-dir"}, notStderr: []string{"-http-addr", "-log-level"}},
+		{name: "sessions reset's help says what --http-addr is for", args: []string{"sessions", "reset", "-h"},
+			wantStderr: []string{"the daemon's HTTP address when its data directory records none"}, notStderr: []string{"-log-level"}},
+		{name: "an admin command still accepts them", args: []string{"sessions", "list", "--data-dir", filepath.Join(dir, "none"), "--log-level", "debug", "--http-addr", "127.0.0.1:1"},
+			wantErr: "no database at"},
 		{name: "unknown command", args: []string{"frobnicate"}, wantErr: "usage", wantStderr: []string{`unknown command "frobnicate"`}},
 		{name: "check-config ok", args: []string{"check-config", "--config", good}, wantOut: "config ok",
 			wantStderr: []string{"warning: AGENTGATE_HTTP_ADR names no configuration key (a misspelt one?); it is ignored"}},
@@ -126,6 +135,11 @@ func TestRunCommands(t *testing.T) {
 			for _, w := range tt.wantStderr {
 				if !strings.Contains(stderr.String(), w) {
 					t.Errorf("run(%q) stderr = %q, want it to contain %q", tt.args, stderr.String(), w)
+				}
+			}
+			for _, w := range tt.notStderr {
+				if strings.Contains(stderr.String(), w) {
+					t.Errorf("run(%q) stderr = %q, want it without %q", tt.args, stderr.String(), w)
 				}
 			}
 		})

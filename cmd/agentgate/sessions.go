@@ -81,7 +81,7 @@ func sessions(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fset := flag.NewFlagSet("sessions list", flag.ContinueOnError)
 	var cf configFlags
-	cf.register(fset)
+	cf.registerAdmin(fset, false)
 	asJSON := fset.Bool("json", false, "print one JSON array")
 	platform := fset.String("platform", "", "only sessions of this `platform`")
 	limit := fset.Int("limit", defaultListPage, "at most `N` keys")
@@ -129,7 +129,7 @@ func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 func sessionsShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fset := flag.NewFlagSet("sessions show", flag.ContinueOnError)
 	var cf configFlags
-	cf.register(fset)
+	cf.registerAdmin(fset, false)
 	asJSON := fset.Bool("json", false, "print one JSON object")
 	key, err := parseSessionArgs(fset, args, true, stderr)
 	if err != nil {
@@ -238,7 +238,7 @@ func printShow(w io.Writer, o *showJSON) error {
 func sessionsExport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fset := flag.NewFlagSet("sessions export", flag.ContinueOnError)
 	var cf configFlags
-	cf.register(fset)
+	cf.registerAdmin(fset, false)
 	key, err := parseSessionArgs(fset, args, true, stderr)
 	if err != nil {
 		return helpIsDone(err)
@@ -333,7 +333,7 @@ func eachTranscriptPage(ctx context.Context, st persistence.Store, sessionID str
 func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fset := flag.NewFlagSet("sessions reset", flag.ContinueOnError)
 	var cf configFlags
-	cf.register(fset)
+	cf.registerAdmin(fset, true)
 	key, err := parseSessionArgs(fset, args, true, stderr)
 	if err != nil {
 		return helpIsDone(err)
@@ -467,7 +467,7 @@ const searchHelp = `words match whole words (all of them), "a phrase" in quotes,
 func sessionsSearch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fset := flag.NewFlagSet("sessions search", flag.ContinueOnError)
 	var cf configFlags
-	cf.register(fset)
+	cf.registerAdmin(fset, false)
 	asJSON := fset.Bool("json", false, "print one JSON array")
 	limit := fset.Int("limit", defaultListPage, "at most `N` messages")
 	query, err := parseArgs(fset, args, "QUERY", stderr)
