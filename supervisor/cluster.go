@@ -237,7 +237,7 @@ func (d *Daemon) leaveCluster(ctx context.Context) {
 		t.Stop()
 	}
 	c.Gossip.Shutdown()
-	shutdownRemote(c.Remote, d.log)
+	d.endpoints.shutdown(c.Remote, d.log)
 }
 
 // shutdownRemote shuts protoactor's remote down gracefully. Its endpoint manager can panic
@@ -245,7 +245,8 @@ func (d *Daemon) leaveCluster(ctx context.Context) {
 // reader whose peer has just disconnected closes before it is removed from the manager's map,
 // and a leaving member shuts down right when the others drop it (leaveCluster), so that is
 // the moment it meets. Such a panic is recovered and the server stopped at once: the peers the
-// graceful stop would have told have disconnected already.
+// graceful stop would have told have disconnected already. A member calls it through its
+// endpoint guard (endpointGuard.shutdown), which keeps the stop's other race from panicking.
 func shutdownRemote(r *remote.Remote, log *slog.Logger) {
 	defer func() {
 		if p := recover(); p != nil {

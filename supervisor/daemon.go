@@ -98,6 +98,7 @@ type Daemon struct {
 	members    memberStore      // the store's membership registry (PostgreSQL)
 	membership *storeMembership // this member's registration in it
 	peers      *peers           // the other members' connections to this one
+	endpoints  *endpointGuard   // keeps the remote's stop from panicking (remote_guard.go)
 	fatal      chan error       // receives why the daemon must stop on its own (see Fatal)
 	stopping   atomic.Bool      // Stop has begun
 	// began: this run is recorded in the store (beginRun); a clean stop ends it (endRun).
@@ -237,6 +238,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		sysOpts = append(sysOpts, actor.WithMetricProviders(d.meters))
 	}
 	d.system = actor.NewActorSystem(sysOpts...)
+	if cfg.Cluster.Enabled {
+		d.endpoints = guardEndpoints(d.system) // first, before any subscription that can end
+	}
 	d.events = watchEvents(d.system, log, d.metrics, d.actorStopped)
 	d.dispatcher = actors.NewDispatcher(dispatcherThroughput, dispatcherWorkers)
 	d.deps = &actors.Deps{
