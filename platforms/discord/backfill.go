@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/bwmarrin/discordgo"
@@ -120,8 +121,10 @@ func (p *Platform) seed(ctx context.Context, since time.Time) {
 }
 
 // backfill handles the messages posted in the remembered channels after the newest one seen
-// there (see Backfill above). It runs in the READY handler of a new gateway session.
-func (p *Platform) backfill() {
+// there (see Backfill above), at the READY of a new gateway session; with gaps, only in the
+// channels where a failed backfill left messages unread, and in the threads what it reads
+// there opens (scheduleGapRead).
+func (p *Platform) backfill(gaps bool) {
 	window := p.cfg.BackfillWindow
 	if window <= 0 {
 		return
@@ -139,6 +142,15 @@ func (p *Platform) backfill() {
 	// remembers it), which is read in the next round; what was said in it meanwhile (it may
 	// have been opened by a daemon that stopped before taking its message) is read back too.
 	read := map[string]bool{}
+	if gaps {
+		p.mu.Lock()
+		for ch := range p.seen {
+			if _, ok := p.unread[ch]; !ok {
+				read[ch] = true // nothing is missing there
+			}
+		}
+		p.mu.Unlock()
+	}
 	unreadChans := func() []from {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -155,15 +167,21 @@ func (p *Platform) backfill() {
 		slices.SortFunc(chans, func(a, b from) int { return compareSnowflakes(a.id, b.id) })
 		return chans
 	}
-	fetched, old, failed, gone := 0, 0, 0, 0
+	channels, fetched, old, failed, gone := 0, 0, 0, 0, 0
 	var firstErr error // one warning per READY, not one per channel (a missing permission fails them all)
+rounds:
 	for chans := unreadChans(); len(chans) > 0; chans = unreadChans() {
 		for _, c := range chans {
 			read[c.channel] = true
+			channels++
 			after := c.id
 			var readErr error
 			for range backfillPages {
-				ms, err := p.historyRetried(ctx, c.channel, after)
+				fetch := p.historyRetried
+				if gaps {
+					fetch = p.history // the gap read is tried again as a whole (scheduleGapRead)
+				}
+				ms, err := fetch(ctx, c.channel, after)
 				if err != nil && restStatus(err) == http.StatusNotFound {
 					// The channel or thread is gone (deleted, or a thread Discord refused to
 					// open): nothing in it waits for an answer, and no permission is missing.
@@ -206,21 +224,93 @@ func (p *Platform) backfill() {
 				delete(p.unread, c.channel)
 			}
 			p.mu.Unlock()
+			if gaps && readErr != nil {
+				// Live messages wait while gaps are read: after a failure (Discord's API is
+				// likely down) the other gaps wait for the next try rather than hold them more.
+				break rounds
+			}
 		}
 	}
-	if len(read) == 0 {
+	if channels == 0 {
 		return
 	}
-	p.log.Info("discord gateway session was new: read what was missed", "channels", len(read), "messages", fetched,
-		"older_than_window", old, "failed", failed, "gone", gone)
+	what := "discord gateway session was new: read what was missed"
+	if gaps {
+		what = "discord backfill: read again what a failed read left unread"
+	}
+	p.log.Info(what, "channels", channels, "messages", fetched, "older_than_window", old, "failed", failed, "gone", gone)
 	switch {
 	case firstErr == nil:
 	case restStatus(firstErr) == http.StatusForbidden:
 		p.log.Warn("discord backfill: cannot read the history of some channels (the bot needs the Read Message History permission); what was said in them while disconnected is not answered",
 			"channels", failed, "first_err", firstErr)
 	default:
-		p.log.Warn("discord backfill: cannot read the history of some channels; what was said in them while disconnected is not answered",
+		p.log.Warn("discord backfill: cannot read the history of some channels; what was said in them while disconnected is read again later",
 			"channels", failed, "first_err", firstErr)
+	}
+}
+
+// Unread gaps. A backfill whose reads of a channel all failed keeps the place where reading
+// stopped (unread); the READY of the next new gateway session reads from there. That READY may
+// be days away (a RESUME does not backfill), and the place is kept in memory only: a restart
+// before it loses the gap. So the gaps are read again while the gateway session lasts: the
+// first time gapRetryFirst after the backfill that left them, the wait doubling up to
+// gapRetryMax while reads keep failing. Their messages are older than the live ones taken
+// meanwhile, and are answered after them, as at the next READY. Live messages wait while a
+// gap read runs, as during a backfill, so each page is read once, and a failure ends the read.
+var gapRetryFirst atomic.Int64 // a time.Duration; tests shorten it
+
+const gapRetryMax = 30 * time.Minute
+
+func init() { gapRetryFirst.Store(int64(time.Minute)) }
+
+// scheduleGapRead arms the read of the unread gaps, if any and none is pending.
+func (p *Platform) scheduleGapRead() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.unread) == 0 {
+		p.gapWait = 0
+		if p.gapRead != nil {
+			p.gapRead.Stop()
+			p.gapRead = nil
+		}
+		return
+	}
+	if p.gapRead != nil {
+		return
+	}
+	wait := p.gapWait
+	if wait == 0 {
+		wait = time.Duration(gapRetryFirst.Load())
+	}
+	p.gapWait = min(2*wait, gapRetryMax)
+	ctx := p.runCtx
+	var t *time.Timer
+	t = time.AfterFunc(wait, func() {
+		p.mu.Lock()
+		if p.gapRead != t {
+			p.mu.Unlock()
+			return // stopped, or replaced
+		}
+		p.gapRead = nil
+		if ctx.Err() != nil || !p.connected.Load() {
+			p.mu.Unlock()
+			return // the next READY reads the gaps, or the next RESUMED arms this again
+		}
+		p.backfills++
+		p.mu.Unlock()
+		p.backfillThenRelease(true)
+	})
+	p.gapRead = t
+}
+
+// stopGapRead cancels the pending read of the unread gaps (Run ends).
+func (p *Platform) stopGapRead() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gapRead != nil {
+		p.gapRead.Stop()
+		p.gapRead = nil
 	}
 }
 

@@ -86,6 +86,11 @@ type Platform struct {
 	releasing  bool
 	held       []*discordgo.Message
 	backfillMu sync.Mutex
+
+	// gapRead is the pending read of what a failed backfill left unread (unread), gapWait the
+	// wait before the one after it (backfill.go, scheduleGapRead).
+	gapRead *time.Timer
+	gapWait time.Duration
 }
 
 var (
@@ -217,6 +222,7 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	select {
 	case <-ctx.Done():
 		p.setErr(errors.New("stopped"))
+		p.stopGapRead()
 		if err := p.s.Close(); err != nil {
 			p.log.Debug("close gateway", "err", err)
 		}
@@ -258,18 +264,19 @@ func (p *Platform) onReady(_ *discordgo.Session, r *discordgo.Ready) {
 	p.mu.Lock()
 	p.backfills++
 	p.mu.Unlock()
-	go p.backfillThenRelease()
+	go p.backfillThenRelease(false)
 }
 
-// backfillThenRelease runs a backfill, then takes the live messages held meanwhile, in order,
-// once no other backfill waits.
-func (p *Platform) backfillThenRelease() {
+// backfillThenRelease runs a backfill (of the unread gaps only, with gaps), then takes the live
+// messages held meanwhile, in order, once no other backfill waits.
+func (p *Platform) backfillThenRelease(gaps bool) {
 	p.backfillMu.Lock()
 	defer p.backfillMu.Unlock()
 	func() {
 		defer p.survive("backfill") // the live messages it holds are taken all the same
-		p.backfill()
+		p.backfill(gaps)
 	}()
+	p.scheduleGapRead()
 	p.mu.Lock()
 	p.backfills--
 	p.mu.Unlock()
@@ -295,6 +302,7 @@ func (p *Platform) backfillThenRelease() {
 func (p *Platform) onResumed(*discordgo.Session, *discordgo.Resumed) {
 	p.connected.Store(true)
 	p.log.Info("discord gateway resumed")
+	p.scheduleGapRead() // a gap whose read found the platform stopped is read now
 }
 
 func (p *Platform) onDisconnect(*discordgo.Session, *discordgo.Disconnect) {

@@ -1061,6 +1061,39 @@ func TestUnreadGapIsReadAtTheNextReady(t *testing.T) {
 	}
 }
 
+// TestUnreadGapIsReadWhileTheSessionLasts: the unread gap a failed backfill left is read
+// again while the gateway session lasts, without waiting for a new one (which may be days
+// away, and the place where reading stopped does not survive a restart): what was said while
+// the bot was away is answered, after the live messages taken meanwhile. A gap read that fails
+// too is tried again later.
+func TestUnreadGapIsReadWhileTheSessionLasts(t *testing.T) {
+	discord.SetGapRetry(t, 50*time.Millisecond)
+	for _, tc := range []struct {
+		name     string
+		failures int // of the history reads after the restart
+	}{
+		{"at the first gap read", 5},      // every try of the backfill
+		{"at the second gap read", 5 + 1}, // and the first gap read's one try
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := startWorld(t, echoAgent, nil)
+			before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
+			w.replyTo(t, dmID, before.ID)
+			w.stop(t)
+			down := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "while down"})
+			w.srv.FailNext("GET", "/channels/"+dmID+"/messages", 500, tc.failures)
+			w.start(t)
+			w.srv.WaitReady(t)
+			live := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "live"})
+			w.replyTo(t, dmID, live.ID)
+			w.replyTo(t, dmID, down.ID) // no new gateway session: the gap is read on its own
+			if got := w.answered(dmID); !slices.Equal(got, []string{before.ID, live.ID, down.ID}) {
+				t.Errorf("DM replies answer %v, want %v", got, []string{before.ID, live.ID, down.ID})
+			}
+		})
+	}
+}
+
 // TestMessageDuringStopIsAnsweredAfterTheRestart: a message that arrives while the daemon
 // drains is not taken, and the next start's backfill reads it back and answers it (the store
 // took nothing newer from its chat). So its sender is not told to send it again: before, they

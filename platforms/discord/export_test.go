@@ -1,0 +1,13 @@
+package discord
+
+import (
+	"testing"
+	"time"
+)
+
+// SetGapRetry makes the platforms of the test read an unread gap again d after the backfill
+// that left it (instead of a minute), until the test ends.
+func SetGapRetry(t testing.TB, d time.Duration) {
+	old := gapRetryFirst.Swap(int64(d))
+	t.Cleanup(func() { gapRetryFirst.Store(old) })
+}
