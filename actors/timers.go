@@ -17,6 +17,9 @@ import (
 //
 // When pruning is enabled it also asks the persistence actor, every PruneEvery, to delete
 // sessions that ended more than PruneAfter ago (the store keeps any whose safety check fails).
+// A store call deletes at most a batch; while one deletes a whole batch, the pass asks for the
+// next at once, with the same cutoff, so a pass clears the backlog however large it is. Each
+// batch is its own request: the writes that arrive meanwhile commit between two batches.
 type Timers struct {
 	d      *Deps
 	router SessionRouter
@@ -27,6 +30,9 @@ type Timers struct {
 	// actor system until it fires, which would keep a stopped daemon in memory for up to
 	// CheckEvery or PruneEvery (one process may start several: tests, agentgate bench).
 	stopScan, stopPrune scheduler.CancelFunc
+	// pruneBefore is the cutoff of the prune pass in progress: its later batches keep it, so a
+	// pass ends.
+	pruneBefore time.Time
 }
 
 // Prune asks Timers to prune old ended sessions now (when pruning is enabled).
@@ -49,7 +55,7 @@ func NewTimers(d *Deps, router SessionRouter, every time.Duration) *actor.Props 
 
 // Receive scans on start and on every tick.
 func (t *Timers) Receive(c actor.Context) {
-	switch c.Message().(type) {
+	switch msg := c.Message().(type) {
 	case *actor.Started:
 		t.log = t.d.Log.With("actor", "timers")
 		t.timers = scheduler.NewTimerScheduler(c)
@@ -60,6 +66,7 @@ func (t *Timers) Receive(c actor.Context) {
 	case *Prune:
 		t.prune(c)
 	case *persistence.Pruned:
+		t.onPruned(c, msg)
 	case *actor.Stopping, *actor.Restarting: // a restarted instance starts its own
 		cancelTimer(t.stopScan)
 		cancelTimer(t.stopPrune)
@@ -71,9 +78,25 @@ func (t *Timers) prune(c actor.Context) {
 	if !p.Enabled {
 		return
 	}
-	c.Request(t.d.Persist, &persistence.Prune{Before: t.d.now().Add(-p.After)})
+	t.pruneBefore = t.d.now().Add(-p.After)
+	c.Request(t.d.Persist, &persistence.Prune{Before: t.pruneBefore, Limit: p.Batch})
 	cancelTimer(t.stopPrune) // a Prune sent by hand replaces the pending one
 	t.stopPrune = t.timers.SendOnce(p.Every, c.Self(), &Prune{})
+}
+
+// onPruned asks for the next batch of the pass when this one was whole: more sessions may
+// wait. A short batch, or an error (logged by the persistence actor), ends the pass; the next
+// one comes at PruneEvery.
+func (t *Timers) onPruned(c actor.Context, r *persistence.Pruned) {
+	p := t.d.Config.Prune
+	limit := p.Batch
+	if limit <= 0 {
+		limit = persistence.DefaultPruneLimit
+	}
+	if !p.Enabled || r.Err != nil || r.Sessions < limit {
+		return
+	}
+	c.Request(t.d.Persist, &persistence.Prune{Before: t.pruneBefore, Limit: p.Batch})
 }
 
 func (t *Timers) scan(c actor.Context) {

@@ -1,10 +1,12 @@
 package actors
 
 import (
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/asynkron/protoactor-go/actor"
@@ -67,6 +69,48 @@ func TestTimersKeepOnePendingTick(t *testing.T) {
 		synctest.Wait()
 		if n := len(lateTicks); n > 0 {
 			t.Errorf("%d scan or prune ticks fired after the timers actor stopped (first: %T), want none", n, <-lateTicks)
+		}
+	})
+}
+
+// TestPruneCatchesUpWithTheBacklog: a prune pass deletes every session that ended before its
+// cutoff, however many batches that takes, not one batch a PruneEvery. A store call deletes at
+// most a batch (persistence.DefaultPruneLimit, 1000); the pass asked for one and waited a whole
+// interval (24 h by default) for the next, so a daemon whose chats ended more sessions a day
+// than that never caught up and its database grew for ever with pruning on (a soak ended
+// 13,000 sessions in 40 minutes).
+func TestPruneCatchesUpWithTheBacklog(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newLongRunWorld(t, streamingAgent, nil)
+		mustAccept(t, "hello", []*actor.Future{w.send(0, "m0", "hello")})
+		const ended = 5
+		for i := range ended {
+			mustAccept(t, "/new", []*actor.Future{w.send(0, fmt.Sprint("n", i), "/new")})
+		}
+		time.Sleep(3 * w.d.Config.PassivateAfter) // the replies are delivered and marked
+		synctest.Wait()
+		key := identity.Key(w.chat(0), w.d.Config.Keys)
+		count := func() int {
+			t.Helper()
+			ss, err := w.d.Store.SessionsOfKey(t.Context(), key, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(ss)
+		}
+		if n := count(); n != ended+1 {
+			t.Fatalf("%d sessions of the key before pruning, want %d", n, ended+1)
+		}
+
+		time.Sleep(2 * time.Hour)
+		w.d.Config.Prune = PrunePolicy{Enabled: true, After: time.Hour, Every: 24 * time.Hour, Batch: 2}
+		timers := w.system.Root.Spawn(NewTimers(w.d, nil, time.Minute)) // prunes at start
+		synctest.Wait()
+		if n := count(); n != 1 {
+			t.Errorf("%d sessions of the key after a prune pass, want 1 (the current one): the pass stopped after its first batch", n)
+		}
+		if err := w.system.Root.StopFuture(timers).Wait(); err != nil {
+			t.Fatal(err)
 		}
 	})
 }
