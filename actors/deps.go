@@ -79,7 +79,7 @@ type PrunePolicy struct {
 	Enabled bool
 	After   time.Duration // sessions that ended longer ago than this
 	Every   time.Duration
-	// Batch is the most sessions one store call deletes (persistence.DefaultPruneLimit when 0):
+	// Batch is the most sessions one store call deletes (pruneBatch when 0):
 	// a pass calls the store again while a call deletes a whole batch.
 	Batch int
 }
