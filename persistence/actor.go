@@ -10,6 +10,17 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/scheduler"
+
+	"github.com/agentgate/agentgate/internal/logging"
+)
+
+// The ERR lines a lasting failure repeats (at every commit, or at every replay tick); they go
+// through Actor.repeats. docs/RUNBOOK.md explains each.
+const (
+	msgSpoolFailed      = "database and spool both failed; writes refused"
+	msgSpoolRead        = "cannot read the spool; its writes wait in it and the replay tries again"
+	msgSpoolRemove      = "cannot remove a replayed spool batch; the replay stops at it and tries again"
+	msgQuarantineFailed = "cannot set a spool batch aside; the replay stops at it and tries again"
 )
 
 // Spooler keeps writes on disk while the database cannot be written (persistence/spool). It
@@ -110,6 +121,7 @@ type Actor struct {
 	lingerOff int  // commits left before lingering is tried again
 	replaying bool
 	timers    *scheduler.TimerScheduler
+	repeats   repeatLimiter // the lines a lasting failure would log at every commit or replay tick
 	// incarnation is ActorOptions.Incarnation when this incarnation started.
 	incarnation uint64
 
@@ -442,6 +454,7 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 		}
 	}
 	if len(keep) == 0 {
+		a.repeats.ok(msgSpoolFailed)
 		return errs
 	}
 	out := make([]error, len(errs))
@@ -455,9 +468,10 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 		}
 	}
 	if err != nil {
-		a.o.Log.Error("database and spool both failed; writes refused", "err", err, "groups", len(keep))
+		a.repeats.log(a.o.Log, slog.LevelError, msgSpoolFailed, "groups", len(keep), logging.Err(err))
 		return out
 	}
+	a.repeats.ok(msgSpoolFailed)
 	if !forced {
 		a.o.Log.Warn("database unavailable; spooling writes", "batch", name, "err", firstErr(errs))
 	}
@@ -477,17 +491,20 @@ func (a *Actor) replay(c actor.Context) {
 	for a.o.Spool.Len() > 0 && a.ctx.Err() == nil {
 		name, groups, err := a.o.Spool.Peek()
 		if errors.Is(err, ErrCorruptSpool) {
-			a.o.Log.Error("corrupt spool batch quarantined", "batch", name, "err", err)
+			a.repeats.ok(msgSpoolRead)
 			if qerr := a.o.Spool.Quarantine(name, err.Error()); qerr != nil {
-				a.o.Log.Error("quarantine spool batch", "batch", name, "err", qerr)
+				a.repeats.log(a.o.Log, slog.LevelError, msgQuarantineFailed, "batch", name, "why", err.Error(), logging.Err(qerr))
 				break
 			}
+			a.repeats.ok(msgQuarantineFailed)
+			a.o.Log.Error("corrupt spool batch quarantined", "batch", name, logging.Err(err))
 			continue
 		}
 		if err != nil {
-			a.o.Log.Error("read spool", "err", err)
+			a.repeats.log(a.o.Log, slog.LevelError, msgSpoolRead, "batches", a.o.Spool.Len(), logging.Err(err))
 			break
 		}
+		a.repeats.ok(msgSpoolRead)
 		errs := a.store.Commit(a.ctx, groups)
 		if anyUnavailable(errs) || anyTransient(errs) || a.ctx.Err() != nil {
 			break // still unavailable, or stopping; the batch stays and is replayed later
@@ -501,17 +518,19 @@ func (a *Actor) replay(c actor.Context) {
 		if len(failed) > 0 {
 			// The other groups are committed; re-applying them is harmless, so the whole batch is
 			// kept aside for a human.
-			a.o.Log.Error("spool batch cannot be applied; quarantined", "batch", name, "errors", failed)
 			if qerr := a.o.Spool.Quarantine(name, fmt.Sprint(failed)); qerr != nil {
-				a.o.Log.Error("quarantine spool batch", "batch", name, "err", qerr)
+				a.repeats.log(a.o.Log, slog.LevelError, msgQuarantineFailed, "batch", name, "why", fmt.Sprint(failed), logging.Err(qerr))
 				break
 			}
+			a.repeats.ok(msgQuarantineFailed)
+			a.o.Log.Error("spool batch cannot be applied; quarantined", "batch", name, "errors", failed)
 			continue
 		}
 		if err := a.o.Spool.Remove(name); err != nil {
-			a.o.Log.Error("remove replayed spool batch", "batch", name, "err", err)
+			a.repeats.log(a.o.Log, slog.LevelError, msgSpoolRemove, "batch", name, logging.Err(err))
 			break
 		}
+		a.repeats.ok(msgSpoolRemove)
 	}
 	a.spoolChanged(c)
 }

@@ -1,0 +1,118 @@
+package persistence_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/spool"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/persistence/storetest"
+)
+
+// brokenSpool is a real spool whose Append or Remove fails on demand (a full disk, a
+// directory the daemon's user cannot write).
+type brokenSpool struct {
+	*spool.Spool
+	append, remove atomic.Bool
+}
+
+var errDiskFull = errors.New("no space left on device")
+
+func (s *brokenSpool) Append(groups [][]persistence.Op) (string, error) {
+	if s.append.Load() {
+		return "", errDiskFull
+	}
+	return s.Spool.Append(groups)
+}
+
+func (s *brokenSpool) Remove(name string) error {
+	if s.remove.Load() {
+		return errDiskFull
+	}
+	return s.Spool.Remove(name)
+}
+
+// TestLastingSpoolFailuresAreNotLoggedEachTime: a spool failure that lasts is logged once a
+// minute, with how often it repeated meanwhile, not at every commit or replay tick. Before,
+// a replayed batch the spool could not remove logged an ERR line every second for as long as
+// it lasted, and a full disk one per commit.
+func TestLastingSpoolFailuresAreNotLoggedEachTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		sp, err := spool.Open(filepath.Join(dir, "spool"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		broken := &brokenSpool{Spool: sp}
+		out := &storetest.Outage{Store: st}
+		var logs testutil.Buffer
+		quiet := slog.New(slog.DiscardHandler)
+		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+		defer system.Shutdown()
+		pid := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), out, persistence.ActorOptions{
+			MaxBatch: 64, Spool: broken, ReplayEvery: time.Second, Log: slog.New(slog.NewTextHandler(&logs, nil))})))
+		defer func() { _ = system.Root.StopFuture(pid).Wait() }()
+		write := func(id uint64, ops ...persistence.Op) error {
+			res, err := system.Root.RequestFuture(pid, &persistence.Write{ID: id, Ops: ops}, time.Minute).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res.(*persistence.WriteResult).Err
+		}
+		count := func(msg string) int { return strings.Count(logs.String(), msg) }
+
+		if err := write(1, session("s1", "k1", t0)); err != nil {
+			t.Fatal(err)
+		}
+		// The database and the disk are full: each write is refused, and said once.
+		out.Down.Store(true)
+		broken.append.Store(true)
+		for i := range 10 {
+			if err := write(uint64(2+i), userMessage("s1", int64(1+i), "m"+string(rune('a'+i)))); !errors.Is(err, persistence.ErrUnavailable) {
+				t.Fatalf("write during the outage: %v, want ErrUnavailable", err)
+			}
+			time.Sleep(time.Second)
+		}
+		if n := count("database and spool both failed"); n != 1 {
+			t.Errorf("10 refused writes within a minute logged %d lines, want 1:\n%s", n, logs.String())
+		}
+		// The disk has room again, the database not yet: a write is spooled; then the
+		// database comes back, but the replayed batch cannot be removed.
+		broken.append.Store(false)
+		if err := write(20, userMessage("s1", 20, "mz")); err != nil {
+			t.Fatal(err)
+		}
+		broken.remove.Store(true)
+		out.Down.Store(false)
+		time.Sleep(2*time.Minute + 500*time.Millisecond) // about 120 replay ticks
+		synctest.Wait()
+		if n := count("cannot remove a replayed spool batch"); n < 2 || n > 3 {
+			t.Errorf("2 minutes of failing removes logged %d lines, want 2 or 3 (one a minute):\n%s", n, logs.String())
+		}
+		if !strings.Contains(logs.String(), "repeats=") {
+			t.Errorf("no line counts the repeats held back:\n%s", logs.String())
+		}
+		broken.remove.Store(false)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if sp.Len() != 0 {
+			t.Errorf("spool holds %d batches once removes work, want 0", sp.Len())
+		}
+	})
+}
