@@ -180,7 +180,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 				r.Disposition = platforms.Duplicate
 			} else {
 				s.seen.remove(m.MessageId)
-				s.logger().Error("store command", "err", err)
+				s.logRefusedWrite("store command; its sender is told to send it again", err, "message_id", m.MessageId, "command", cmd.name)
 				r.ErrorCode, r.Error = "unavailable", "command could not be stored"
 			}
 			if (acted || !errorsIsDuplicate(err)) && !s.fencedOut {

@@ -144,7 +144,7 @@ func (s *Session) setAside(c actor.Context, it *item, status, text string) {
 	ops = append(ops, &persistence.AddOutbox{Entry: entry})
 	s.write(c, ops, func(c actor.Context, err error) {
 		if err != nil {
-			s.logger().Error("store set-aside message", "status", status, "err", err)
+			s.logRefusedWrite("store set-aside message", err, "message_id", it.messageID, "status", status)
 			if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {
 				// Nothing of it is stored: the message is still pending, and the notice would
 				// be one the store does not hold (and the next activation answers the message
@@ -216,7 +216,7 @@ func (s *Session) setAsideLeftBehind(c actor.Context, snap *persistence.Snapshot
 		s.logger().Warn("a message was left pending in a session the key has left; it is set aside", "message_id", m.MessageID, "session_id", m.SessionID)
 		s.write(c, ops, func(c actor.Context, err error) {
 			if err != nil {
-				s.logger().Error("store set-aside message", "status", persistence.StatusFailed, "err", err)
+				s.logRefusedWrite("store set-aside message", err, "message_id", m.MessageID, "status", persistence.StatusFailed)
 				if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {
 					s.restartFromStore(c, "a message left in a session the key has left was not set aside", err)
 				}

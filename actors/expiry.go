@@ -111,7 +111,7 @@ func (s *Session) writeReset(c actor.Context, ops []persistence.Op) {
 		if err == nil {
 			return
 		}
-		s.logger().Error("store session reset", "err", err)
+		s.logRefusedWrite("store session reset", err)
 		if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {
 			s.restartFromStore(c, "the session's reset was not stored", err)
 		}

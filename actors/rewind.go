@@ -89,7 +89,7 @@ func (s *Session) enqueueRetry(c actor.Context, m *Deliver, it *item, ops []pers
 			r.Disposition = platforms.Duplicate
 			if !errorsIsDuplicate(err) {
 				s.seen.remove(m.MessageId)
-				s.logger().Error("store retry", "err", err)
+				s.logRefusedWrite("store retry; its sender is told to send it again", err, "message_id", m.MessageId)
 				r.Disposition, r.ErrorCode, r.Error = "", "unavailable", "retry could not be stored"
 			}
 			if !s.fencedOut {

@@ -93,7 +93,7 @@ func (s *Session) onProbationMarked(c actor.Context, p *probationRun, err error)
 	}
 	p.marking = false
 	if err != nil {
-		s.logger().Error("store the probation mark of a suspect message", "message", p.message, "err", err)
+		s.logRefusedWrite("store the probation mark of a suspect message", err, "message_id", p.message)
 		s.restartFromStore(c, "the probation mark of a suspect message was not stored", err)
 		return
 	}

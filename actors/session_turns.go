@@ -197,7 +197,7 @@ func (s *Session) interrupt(c actor.Context) {
 	s.write(c, []persistence.Op{&persistence.SetMessageStatus{SessionID: r.items[0].sessionID, Seqs: seqs,
 		Status: persistence.StatusFailed, TurnID: r.id}}, func(c actor.Context, err error) {
 		if err != nil {
-			s.logger().Error("store interrupted turn", "err", err)
+			s.logRefusedWrite("store interrupted turn; its messages stay pending in the store", err, "turn", r.id)
 		}
 	})
 }
@@ -447,7 +447,7 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string,
 				// it runs the message, and this result is rightly refused.
 				s.logger().Warn("turn result refused: another activation owns the session; it runs the message", "turn", r.id, "err", err)
 			} else {
-				s.logger().Error("store turn result", "turn", r.id, "err", err)
+				s.logRefusedWrite("store turn result", err, "turn", r.id)
 			}
 			s.dropDraft(c, r) // no reply finishes it: the message answers anew
 			if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {

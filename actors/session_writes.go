@@ -2,15 +2,30 @@ package actors
 
 import (
 	"errors"
+	"log/slog"
 	"slices"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/scheduler"
 )
+
+// logRefusedWrite logs a write of the session the store refused, with err. Refused as
+// unavailable (the database, and the spool if there is one, failing) it is a Warn: the outage
+// is no one session's, and the persistence actor's ERR line reports it once for them all.
+// Refused as fenced, another activation owns the key and does the work. Any other refusal is an
+// Error: a human must look (a bug, a database that refuses what it holds).
+func (s *Session) logRefusedWrite(msg string, err error, args ...any) {
+	level := slog.LevelError
+	if errors.Is(err, persistence.ErrUnavailable) || errors.Is(err, persistence.ErrFenced) {
+		level = slog.LevelWarn
+	}
+	s.logger().Log(s.d.Ctx, level, msg, append(args, logging.Err(err))...)
+}
 
 // outboxEntry is the outbox entry of one reply or notice to src, with the next outbox seq.
 func (s *Session) outboxEntry(src identity.Source, sid, kind, text, turnID string, inReplyTo []string, now time.Time) persistence.OutboxEntry {
