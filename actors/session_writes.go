@@ -69,7 +69,8 @@ func (s *Session) toPlatform(c actor.Context, m *SendOutbound) {
 	}
 	pid := s.d.Platforms[m.Out.Target.Platform]
 	if pid == nil {
-		s.logger().Error("no platform for outbound", "platform", m.Out.Target.Platform)
+		s.logger().Error("no platform for a reply; it is not sent and stays unconfirmed in the outbox",
+			"platform", m.Out.Target.Platform, "seq", m.Out.Seq)
 		return
 	}
 	c.Send(pid, m)
