@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/scheduler"
 )
@@ -58,6 +59,9 @@ type SessionManager struct {
 	waiters    map[string][]waiter
 	// activations numbers the activations that ask the other members to let go (Release).
 	activations uint64
+	// listFails counts the failed listings of the recoverable keys since the last one that
+	// worked: only the first and then one a minute are logged.
+	listFails int
 }
 
 // recoverAll asks the manager to list the keys with unfinished work and start their sessions
@@ -317,10 +321,15 @@ func (m *SessionManager) recoverAll(c actor.Context) {
 	keys, err := m.d.Store.Recoverable(ctx)
 	cancel()
 	if err != nil {
-		m.log.Error("list recoverable sessions; trying again", "err", err, "in", recoverRetry)
+		m.listFails++
+		if n := m.listFails; n == 1 || n%int(time.Minute/recoverRetry) == 0 {
+			m.log.Warn("list the sessions with unfinished work; trying again (their unanswered messages wait meanwhile)",
+				"attempt", n, "in", recoverRetry, logging.Err(err))
+		}
 		m.timers.SendOnce(recoverRetry, c.Self(), &recoverAll{})
 		return
 	}
+	m.listFails = 0
 	if spooling {
 		m.timers.SendOnce(storeWaitTick, c.Self(), &recoverAll{})
 	}

@@ -105,7 +105,7 @@ func (d *Daemon) recoverOwned(members []*cluster.Member) int {
 	keys, err := d.store.Recoverable(ctx)
 	if err != nil {
 		if d.ctx.Err() == nil {
-			d.log.Error("list recoverable sessions", "err", err)
+			d.log.Warn("list the sessions with unfinished work; the next sweep or change of membership tries again", "err", err)
 		}
 		return 0
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/testutil"
@@ -52,5 +53,31 @@ func TestRefusedInboundWriteNamesTheMessage(t *testing.T) {
 			}
 		}
 		out.Down.Store(false)
+	})
+}
+
+// TestFailedRecoveryListingIsLoggedOnceAMinute: a store that cannot list the sessions with
+// unfinished work for minutes is retried every recoverRetry, but said at the first failure
+// and then once a minute, as a WRN: the retry handles it. Before, it was an ERR every 5s.
+func TestFailedRecoveryListingIsLoggedOnceAMinute(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testutil.Buffer
+		echo := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "echo"}, nil
+		})
+		fails := int(150 * time.Second / recoverRetry) // two and a half minutes
+		newManagerWorld(t, echo, func(d *Deps) {
+			d.Log = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			d.Store = &blindRecovery{Store: d.Store, failures: fails}
+		})
+		time.Sleep(3 * time.Minute)
+		synctest.Wait()
+		lines := strings.Count(logs.String(), "list the sessions with unfinished work")
+		if lines != 3 {
+			t.Errorf("%d failed listings logged %d lines, want 3 (the first, then one a minute):\n%s", fails, lines, logs.String())
+		}
+		if strings.Contains(logs.String(), "level=ERROR") {
+			t.Errorf("a retried listing logged at ERROR:\n%s", logs.String())
+		}
 	})
 }
