@@ -57,13 +57,13 @@ func retryBackoff(i int) time.Duration { return min(50*time.Millisecond<<i, time
 // cluster cannot place is logged and dropped (Tell carries only timer nudges, which repeat).
 func (r *ClusterRouter) Tell(key string, msg any) {
 	if _, ok := msg.(proto.Message); !ok {
-		r.log.Error("cluster router: not a protobuf message", "type", fmt.Sprintf("%T", msg))
+		r.log.Error("cluster router: not a protobuf message", "session", key, "type", fmt.Sprintf("%T", msg))
 		return
 	}
 	go func() {
 		pid := r.c.Get(key, SessionKind)
 		if pid == nil {
-			r.log.Warn("cluster router: no member took the session", "message", fmt.Sprintf("%T", msg))
+			r.log.Warn("cluster router: no member took the session", "session", key, "type", fmt.Sprintf("%T", msg))
 			return
 		}
 		r.c.ActorSystem.Root.Send(pid, msg)

@@ -95,7 +95,7 @@ func (s *Session) afterUncleanStops(c actor.Context) {
 		n := group[0].restarts
 		for _, it := range group {
 			s.logger().Error("message quarantined after repeated unclean restarts of agentgate",
-				"message", it.messageID, "restarts", n)
+				"message_id", it.messageID, "restarts", n)
 			s.d.Metrics.MessagesQuarantined.WithLabelValues("unclean_restart").Inc()
 			s.setAside(c, it, persistence.StatusQuarantined,
 				fmt.Sprintf("⚠️ agentgate restarted %d times without stopping cleanly while this message was running (it may crash the whole gateway), so it was set aside (quarantined) and will not be retried.", n))
@@ -116,7 +116,7 @@ func (s *Session) noticePending(c actor.Context) {
 // quarantine sets a message aside: its row is kept with status quarantined, and the user is
 // told it will not be retried.
 func (s *Session) quarantine(c actor.Context, it *item) {
-	s.logger().Error("message quarantined after repeated crashes", "message", it.messageID, "crashes", QuarantineAfter)
+	s.logger().Error("message quarantined after repeated crashes", "message_id", it.messageID, "crashes", QuarantineAfter)
 	s.d.Metrics.MessagesQuarantined.WithLabelValues("session_crash").Inc()
 	s.setAside(c, it, persistence.StatusQuarantined,
 		fmt.Sprintf("⚠️ This message crashed the session %d times, so it was set aside (quarantined) and will not be retried.", QuarantineAfter))

@@ -57,7 +57,7 @@ func (p *Probation) Receive(c actor.Context) {
 	case *actor.Terminated:
 		if p.holder != nil && p.holder.session.Equal(m.Who) {
 			p.log.Warn("a session stopped while its suspect message ran on probation; the next suspect runs",
-				"session", p.holder.key, "message", p.holder.message)
+				"session", p.holder.key, "message_id", p.holder.message)
 			p.holder = nil
 			p.next(c)
 		}

@@ -47,7 +47,7 @@ func (s *Session) holdForProbation(c actor.Context) bool {
 		s.rare().probation = p
 		c.Send(s.d.Probation, &askProbation{id: p.id, session: c.Self(), key: s.key, message: p.message})
 		s.logger().Warn("the next message was running during 2 unclean stops of agentgate: it waits to run alone among such messages (probation), so that only the one that takes agentgate down is quarantined",
-			"message", p.message, "strikes", s.strikes(p))
+			"message_id", p.message, "strikes", s.strikes(p))
 	case !p.granted:
 	case !p.marking && !p.marked:
 		p.marking = true
@@ -55,7 +55,7 @@ func (s *Session) holdForProbation(c actor.Context) bool {
 			func(c actor.Context, err error) { s.onProbationMarked(c, p, err) })
 	case p.marked:
 		s.logger().Info("running a suspect message on probation: alone among such messages; if agentgate stops uncleanly now, it counts against this one",
-			"message", p.message, "strikes", s.strikes(p), "waited", time.Since(p.asked).Round(time.Millisecond))
+			"message_id", p.message, "strikes", s.strikes(p), "waited", time.Since(p.asked).Round(time.Millisecond))
 		return false
 	}
 	return true

@@ -339,7 +339,7 @@ func (a *Agent) round(ctx context.Context, body []byte, partial func(string), st
 				steer, open = nil, false
 				continue
 			}
-			a.log.Debug("steered message taken", "message", m.MessageID)
+			a.log.Debug("steered message taken", "message_id", m.MessageID)
 			steered = append(steered, m)
 		}
 	}

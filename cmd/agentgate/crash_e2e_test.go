@@ -127,7 +127,7 @@ func TestPoisonSparesTheChatsInFlight(t *testing.T) {
 	// message's session says it waits), it is answered, and the poison message runs next.
 	d = MustServe(t, dataDir, env...)
 	waitFor(t, 30*time.Second, func() bool {
-		return running(d, poisonKey) || running(d, slowKey) && logged(d, "waits to run alone", "message=poison-1")
+		return running(d, poisonKey) || running(d, slowKey) && logged(d, "waits to run alone", "message_id=poison-1")
 	})
 	// The session API says which one runs on probation and which one waits.
 	runner, waiter := poisonKey, slowKey
@@ -151,7 +151,7 @@ func TestPoisonSparesTheChatsInFlight(t *testing.T) {
 	if running(d, slowKey) {
 		t.Errorf("the slow message runs along with the poison message after 2 unclean stops, want one at a time")
 	}
-	if !logged(d, "running a suspect message on probation", "message=poison-1", "strikes=2/3") {
+	if !logged(d, "running a suspect message on probation", "message_id=poison-1", "strikes=2/3") {
 		t.Errorf("the log does not say the poison message runs on probation:\n%s", d.stderr.String())
 	}
 	d.kill(t) // unclean stop 3: counted against the poison message alone

@@ -13,14 +13,15 @@ import (
 
 // Attribute keys. Log with these rather than string literals.
 const (
-	KeyComponent = "component" // subsystem: actors, persistence, http, discord…
-	KeyActor     = "actor"     // actor name inside the actor system
-	KeySession   = "session"   // session key
-	KeyPlatform  = "platform"  // platform name
-	KeyChat      = "chat"      // platform chat id
-	KeyErr       = "err"       // an error, always through Err
-	KeyTurn      = "turn"      // turn id
-	KeyKind      = "kind"      // message or actor kind
+	KeyComponent = "component"  // subsystem: actors, persistence, http, discord…
+	KeyActor     = "actor"      // actor name inside the actor system
+	KeySession   = "session"    // session key
+	KeyPlatform  = "platform"   // platform name
+	KeyChat      = "chat"       // platform chat id
+	KeyErr       = "err"        // an error, always through Err
+	KeyTurn      = "turn"       // turn id
+	KeyMessage   = "message_id" // a chat message's id on its platform (the id of a Deliver)
+	KeyKind      = "kind"       // message or actor kind
 )
 
 // TimeFormat is the text handler's timestamp: wall-clock time to the millisecond, enough to

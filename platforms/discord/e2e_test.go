@@ -1102,7 +1102,7 @@ func TestMessageDuringStopIsAnsweredAfterTheRestart(t *testing.T) {
 	w, slow, finishStop := drainingWithATurn(t)
 	during := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "during the stop"})
 	eventually(t, "the message handled during the drain", func() bool {
-		return strings.Contains(w.log.String(), "message="+during.ID)
+		return strings.Contains(w.log.String(), "message_id="+during.ID)
 	})
 	finishStop()
 

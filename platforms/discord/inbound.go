@@ -42,9 +42,9 @@ func (p *Platform) handle(m *discordgo.Message) {
 	var admitted, taken bool
 	defer func() {
 		if v := recover(); v != nil {
-			p.panicked("message", v, "channel", m.ChannelID, "message", m.ID)
+			p.panicked("message", v, "channel", m.ChannelID, "message_id", m.ID)
 			if admitted && !taken {
-				defer p.survive("message notice", "channel", m.ChannelID, "message", m.ID)
+				defer p.survive("message notice", "channel", m.ChannelID, "message_id", m.ID)
 				p.tellUser(ctx, m.ChannelID, m.ID, panicNotice)
 			}
 		}
@@ -70,7 +70,7 @@ func (p *Platform) handle(m *discordgo.Message) {
 	}
 	ch, err := p.channelOf(ctx, m)
 	if err != nil {
-		p.log.Error("discord message from an unknown channel; not taken", "channel", m.ChannelID, "message", m.ID, "err", err)
+		p.log.Error("discord message from an unknown channel; not taken", "channel", m.ChannelID, "message_id", m.ID, "err", err)
 		// Only a message the bot would likely answer is told: not chatter that needs a mention.
 		if mentioned || !p.gate.mentionRequired(m.GuildID, m.ChannelID, m.ChannelID) {
 			p.tellUser(ctx, m.ChannelID, m.ID, "I could not look up this channel, so I did not take your message. Please send it again.")
@@ -124,9 +124,9 @@ func (p *Platform) handle(m *discordgo.Message) {
 			p.noteStored(th, p.now())
 		}
 	case p.readBackAfterStop(ctx, err, m.ChannelID):
-		p.log.Info("discord message not taken while stopping; the next start reads it back", "channel", m.ChannelID, "message", m.ID)
+		p.log.Info("discord message not taken while stopping; the next start reads it back", "channel", m.ChannelID, "message_id", m.ID)
 	default:
-		p.log.Warn("discord message not taken", "channel", m.ChannelID, "message", m.ID, "err", err)
+		p.log.Warn("discord message not taken", "channel", m.ChannelID, "message_id", m.ID, "err", err)
 		p.tellUser(ctx, reply, refFor(in.Source, m.ID), refusal(err))
 	}
 }
@@ -189,9 +189,9 @@ func (p *Platform) openThread(ctx context.Context, channelID, messageID, text st
 	case err == nil:
 	case refusedForGood(err):
 		// No permission to open threads here: the reply goes to the channel (Send).
-		p.log.Warn("discord refuses a thread for this message; the reply goes to the channel", "channel", channelID, "message", messageID, "err", err)
+		p.log.Warn("discord refuses a thread for this message; the reply goes to the channel", "channel", channelID, "message_id", messageID, "err", err)
 	default:
-		p.log.Warn("open discord thread; will retry on reply", "channel", channelID, "message", messageID, "err", err)
+		p.log.Warn("open discord thread; will retry on reply", "channel", channelID, "message_id", messageID, "err", err)
 		p.tellUser(ctx, channelID, messageID, "I could not open a thread for this message yet; I'll answer in its thread as soon as Discord lets me.")
 	}
 }

@@ -92,7 +92,7 @@ func TestAPanicOnOneMessageSparesTheOthers(t *testing.T) {
 	if n := strings.Count(logged, "discord event handling panicked; the event is dropped"); n != 2 {
 		t.Errorf("%d panics logged, want 2 (one per boom):\n%s", n, logged)
 	}
-	if !strings.Contains(logged, "message="+boom.ID) || !strings.Contains(logged, "injected: the runtime failed on boom live") {
+	if !strings.Contains(logged, "message_id="+boom.ID) || !strings.Contains(logged, "injected: the runtime failed on boom live") {
 		t.Errorf("the log does not name the dropped message and its panic:\n%s", logged)
 	}
 }
