@@ -2,8 +2,11 @@ package actors
 
 import (
 	"errors"
+	"fmt"
 	"slices"
+	"time"
 
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/scheduler"
@@ -31,6 +34,19 @@ import (
 // bad entry never loses the others' marks; those are logged, not retried, like a single mark's
 // failure was.
 
+// msgMarkFailed says that a delivery mark (or a draft's record) was not written and is not
+// tried again: its reply stays unconfirmed in the outbox, and is sent again when its session
+// next loads.
+const msgMarkFailed = "record a delivery mark; not tried again (a reply left unmarked is sent again when its session next loads)"
+
+// opAttrs are the log attributes that name what a mark write was for.
+func opAttrs(op persistence.Op) []any {
+	if d, ok := op.(*persistence.MarkDelivery); ok {
+		return []any{"session", d.SessionKey, "seq", d.Seq, "state", d.State}
+	}
+	return []any{"op", fmt.Sprintf("%T", op)}
+}
+
 // maxMarks bounds the marks of one write. It is not below the replies one commit can carry
 // (persistence.max_batch: 512 groups by default, config.MaxBatchLimit at most), so one mark
 // write per commit keeps pace with any load: with 256, a platform that sent more replies than
@@ -45,6 +61,7 @@ type marks struct {
 	inflight *persistence.Write   // the write awaiting its result, if any
 	stopTick scheduler.CancelFunc // cancels the inflight write's re-send tick, or the retry's (paused)
 	paused   bool                 // the last write was refused as unavailable: wait for marksRetry
+	refused  int                  // writes refused as unavailable in a row (the first, then one a minute, are logged)
 	nextID   uint64               // ids of coalesced writes: 1, 2, …; 0 marks a single mark's write
 }
 
@@ -103,7 +120,7 @@ func (a *Platform) onMarksWritten(c actor.Context, r *persistence.WriteResult) {
 	m := &a.marks
 	if r.ID == 0 { // one mark of a split write
 		if r.Err != nil {
-			a.log.Warn("record delivery", "err", r.Err)
+			a.log.Warn(msgMarkFailed, logging.Err(r.Err))
 		}
 		return
 	}
@@ -116,20 +133,25 @@ func (a *Platform) onMarksWritten(c actor.Context, r *persistence.WriteResult) {
 	m.stopTick = nil
 	if errors.Is(r.Err, persistence.ErrUnavailable) {
 		// Nothing of it was written, and the store may take it later: it goes first again.
-		a.log.Warn("record deliveries; the store is unavailable, trying again shortly", "marks", len(w.Ops), "err", r.Err)
+		m.refused++
+		if n := m.refused; n == 1 || n%int(time.Minute/resendAfter) == 0 {
+			a.log.Warn("record deliveries; the store is unavailable, trying again shortly", "marks", len(w.Ops),
+				"attempt", n, "in", resendAfter, logging.Err(r.Err))
+		}
 		m.waiting = append(slices.Clip(w.Ops), m.waiting...)
 		m.paused = true
 		m.stopTick = a.timers.SendOnce(resendAfter, c.Self(), &marksRetry{})
 		a.answerQuiesce(c)
 		return
 	}
+	m.refused = 0
 	if r.Err != nil {
 		if len(w.Ops) == 1 {
-			a.log.Warn("record delivery", "err", r.Err)
+			a.log.Warn(msgMarkFailed, append(opAttrs(w.Ops[0]), logging.Err(r.Err))...)
 		} else {
 			// The group is atomic: none of its marks was written. Each goes alone, so one bad
 			// entry does not take the others with it.
-			a.log.Warn("record deliveries; writing them one by one", "marks", len(w.Ops), "err", r.Err)
+			a.log.Warn("record deliveries; writing them one by one", "marks", len(w.Ops), logging.Err(r.Err))
 			for _, op := range w.Ops {
 				c.Request(a.d.Persist, &persistence.Write{Ops: []persistence.Op{op}})
 			}

@@ -1,13 +1,17 @@
 package actors
 
 import (
+	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/agentgate/agentgate/platforms/platformtest"
@@ -88,7 +92,16 @@ func TestMarksRefusedAsUnavailableAreWrittenLater(t *testing.T) {
 // when the test ends.
 func heldMarksWorld(t *testing.T) (system *actor.ActorSystem, p *actor.PID, fake *platformtest.Fake, writes chan heldWrite) {
 	t.Helper()
+	return heldMarksWorldLog(t, nil)
+}
+
+// heldMarksWorldLog is heldMarksWorld whose platform actor logs to log (nil: nowhere).
+func heldMarksWorldLog(t *testing.T, log *slog.Logger) (system *actor.ActorSystem, p *actor.PID, fake *platformtest.Fake, writes chan heldWrite) {
+	t.Helper()
 	system, quiet := quietSystem(t)
+	if log != nil {
+		quiet = log
+	}
 	t.Cleanup(system.Shutdown)
 	writes = make(chan heldWrite, 16)
 	persist := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
@@ -101,4 +114,25 @@ func heldMarksWorld(t *testing.T) (system *actor.ActorSystem, p *actor.PID, fake
 	p = system.Root.Spawn(NewPlatform(d, fake, &PlatformHealth{}))
 	t.Cleanup(func() { system.Root.Stop(p) })
 	return system, p, fake, writes
+}
+
+// TestFailedMarkNamesItsReply: a delivery mark the store refuses for good (not as unavailable)
+// is not written again, so its reply is sent again when its session next loads; the line says
+// so and names the reply (session, seq), which it did not before.
+func TestFailedMarkNamesItsReply(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testutil.Buffer
+		system, p, _, writes := heldMarksWorldLog(t, slog.New(slog.NewTextHandler(&logs, nil)))
+
+		system.Root.Send(p, &SendOutbound{Out: &platforms.Outbound{SessionKey: "fake:dm:1", Seq: 7, Text: "hi"}})
+		first := <-writes
+		system.Root.Send(first.from, &persistence.WriteResult{ID: first.w.ID, Err: errors.New("constraint failed (test)")})
+		synctest.Wait()
+		got := logs.String()
+		for _, want := range []string{"record a delivery mark; not tried again", "session=fake:dm:1", "seq=7", "err=\"constraint failed (test)\""} {
+			if !strings.Contains(got, want) {
+				t.Errorf("log lacks %q:\n%s", want, got)
+			}
+		}
+	})
 }
