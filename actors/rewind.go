@@ -122,7 +122,7 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	}
 	all, err := s.d.Store.SessionsOfKey(s.d.Ctx, s.key, 100)
 	if err != nil {
-		s.logger().Error("list sessions of key", "err", err)
+		s.logger().Warn("list the earlier sessions for /resume; the user is asked to try again", "err", err)
 		return nil, "⚠️ Could not look up earlier sessions right now; please try again.", nil
 	}
 	var target *persistence.Session
@@ -142,7 +142,7 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	// goroutine.
 	msgs, lastSeq, err := s.d.Store.History(s.d.Ctx, target.ID, s.d.Config.HistoryLimit)
 	if err != nil {
-		s.logger().Error("load resumed history", "err", err)
+		s.logger().Warn("load the history of the session to resume; the user is asked to try again", "session_id", target.ID, "err", err)
 		return nil, "⚠️ Could not load that session right now; please try again.", nil
 	}
 	ops, _, dropped := s.stopWork(c)

@@ -177,7 +177,7 @@ func (p *Platform) tellUser(ctx context.Context, channelID, ref, text string) {
 		msg.Reference = &discordgo.MessageReference{MessageID: ref, ChannelID: channelID, FailIfNotExists: new(false)}
 	}
 	if _, err := p.post(ctx, channelID, msg); err != nil {
-		p.log.Error("tell a discord user their message was not taken", "channel", channelID, "err", err)
+		p.log.Warn("discord notice about a message not posted; its author is not told", "channel", channelID, "message_id", ref, "err", err)
 	}
 }
 

@@ -126,12 +126,12 @@ func (p *Platform) writeDeliverError(w http.ResponseWriter, ack *platforms.Ack, 
 	case errors.Is(err, platforms.ErrConflict):
 		writeError(w, http.StatusConflict, CodeMessageIDConflict, "message_id is already used in this chat by another conversation; give each message its own id")
 	case errors.Is(err, platforms.ErrUnavailable):
-		p.log.Warn("message not stored", "chat", in.Source.ChatID, tint.Err(err))
+		p.log.Warn("message not stored; the client is told to send it again", "chat", in.Source.ChatID, "message_id", in.MessageID, tint.Err(err))
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the message could not be stored, retry later")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the message was not acknowledged in time, retry with the same message_id")
 	default:
-		p.log.Error("deliver failed", "chat", in.Source.ChatID, tint.Err(err))
+		p.log.Error("deliver failed", "chat", in.Source.ChatID, "message_id", in.MessageID, tint.Err(err))
 		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error")
 	}
 }

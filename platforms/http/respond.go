@@ -82,7 +82,7 @@ func (p *Platform) writeSessionsError(w http.ResponseWriter, r *http.Request, op
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "request cancelled or timed out")
 	case errors.Is(err, persistence.ErrUnavailable):
-		p.log.Error("session query failed: the store is unavailable", "op", op, "session", r.PathValue("key"), tint.Err(err))
+		p.log.Warn("session query failed: the store is unavailable", "op", op, "session", r.PathValue("key"), tint.Err(err))
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the store cannot be read right now, retry later")
 	case p.draining.Load():
 		// The daemon is stopping: its session actors stop under the query (a dead letter, a
