@@ -35,6 +35,7 @@ func TestRunbookQuotesRealLogLines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkErrorsExplained(t, string(runbook), code.String())
 	quoted := regexp.MustCompile("`(?:WRN|ERR|INF) ([^`]+)`").FindAllStringSubmatch(string(runbook), -1)
 	if len(quoted) < 20 {
 		t.Fatalf("found %d log lines in the runbook; the pattern no longer matches how it quotes them", len(quoted))
@@ -44,6 +45,33 @@ func TestRunbookQuotesRealLogLines(t *testing.T) {
 		msg = strings.TrimSuffix(msg, " (PostgreSQL)")
 		if !strings.Contains(code.String(), `"`+msg) {
 			t.Errorf("the runbook explains %q, which no code logs", msg)
+		}
+	}
+}
+
+// checkErrorsExplained: every message the code logs at ERR with a literal (log.Error("…")) is
+// explained in the runbook, as `ERR <message>` or the start of it followed by " …": an ERR
+// line means a human must act, and the runbook says how.
+func checkErrorsExplained(t *testing.T, runbook, code string) {
+	t.Helper()
+	logged := regexp.MustCompile(`(?:log|Log|logger\(\))\.Error\(\s*"([^"]+)"`).FindAllStringSubmatch(code, -1)
+	if len(logged) < 10 {
+		t.Fatalf("found %d ERR lines in the code; the pattern no longer matches how it logs them", len(logged))
+	}
+	for _, l := range logged {
+		msg := l[1]
+		if strings.Contains(runbook, "`ERR "+msg+"`") {
+			continue
+		}
+		explained := false
+		for i := range len(msg) {
+			if strings.Contains(runbook, "`ERR "+msg[:i]+" …`") && i > 0 {
+				explained = true
+				break
+			}
+		}
+		if !explained {
+			t.Errorf("the code logs %q at ERR, which the runbook does not explain", msg)
 		}
 	}
 }
