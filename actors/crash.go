@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
@@ -189,7 +190,7 @@ func (s *Session) setAsideLeftBehind(c actor.Context, snap *persistence.Snapshot
 		for after := int64(0); ; {
 			msgs, err := s.d.Store.TranscriptAfter(ctx, prev, after, leftBehindPage)
 			if err != nil {
-				s.logger().Warn("read the previous session's messages left pending", "prev", prev, "err", err)
+				s.logger().Warn("read the previous session's messages left pending", "prev", prev, logging.Err(err))
 				return
 			}
 			for _, m := range msgs {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
@@ -441,7 +442,7 @@ func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
 	switch {
 	case m.err != nil && d.id == "" && errors.Is(m.err, platforms.ErrUndeliverable):
 		d.failed = true // refused, so never made: the final reply is posted as a message of its own
-		a.log.Warn("post draft; refused for good", "session", m.key, "turn", m.turn, "err", m.err)
+		a.log.Warn("post draft; refused for good", "session", m.key, "turn", m.turn, logging.Err(m.err))
 	case m.err != nil && d.id == "":
 		// The post may have been made and its answer lost: it is tried again before anything
 		// else of the key (the final reply may be next), with the same key, which finds the
@@ -458,20 +459,20 @@ func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
 			again = true
 		}
 		if again {
-			a.log.Debug("post draft; trying again", "session", m.key, "turn", m.turn, "err", m.err)
+			a.log.Debug("post draft; trying again", "session", m.key, "turn", m.turn, logging.Err(m.err))
 			return
 		}
 		n := d.editFails - maxDraftEditFailures + 1
 		backoff := min(sendBackoffBase<<min(n-1, 16), sendBackoffMax)
 		if n <= sendWarnings || n%sendWarnEvery == 0 {
 			a.log.Warn("post draft failed; retrying", "session", m.key, "turn", m.turn, "attempt", d.editFails,
-				"backoff", backoff, "err", m.err)
+				"backoff", backoff, logging.Err(m.err))
 		}
 		a.timers.SendOnce(backoff, c.Self(), &retrySendHeld{key: m.key})
 		a.inflight[m.key], a.held[m.key] = true, true // hold the queue until the retry
 		return
 	case m.err != nil:
-		a.log.Debug("edit draft", "session", m.key, "turn", m.turn, "err", m.err)
+		a.log.Debug("edit draft", "session", m.key, "turn", m.turn, logging.Err(m.err))
 		d.lastEdit = time.Now()
 		limit := maxDraftEditFailures
 		if d.dropped {
@@ -485,7 +486,7 @@ func (a *Platform) onDraftDone(c actor.Context, m *draftDone) {
 			d.broken = errors.Is(m.err, platforms.ErrUndeliverable)
 			if d.dropped {
 				a.log.Warn("mark a cancelled turn's draft interrupted; it stays without its mark until the next start deletes it",
-					"session", m.key, "turn", m.turn, "tries", d.editFails, "err", m.err)
+					"session", m.key, "turn", m.turn, "tries", d.editFails, logging.Err(m.err))
 			}
 		}
 	default:
@@ -594,7 +595,7 @@ func (a *Platform) removeOldDrafts(c actor.Context) {
 	go func() {
 		ds, err := store.OpenDrafts(ctx, name, 0)
 		if err != nil {
-			log.Warn("read the drafts earlier runs left; they stay", "err", err)
+			log.Warn("read the drafts earlier runs left; they stay", logging.Err(err))
 			root.Send(self, &oldDraftsFound{})
 			return
 		}
@@ -613,7 +614,7 @@ func (a *Platform) removeOldDrafts(c actor.Context) {
 			target := identity.Source{Platform: name, ChatType: d.ChatType, ChatID: d.ChatID, ThreadID: d.ThreadID}
 			err := deleteDraft(ctx, ed, target, d.ID, log)
 			if err != nil {
-				log.Warn("delete a draft an earlier run left; it stays", "session", d.SessionKey, "draft", d.ID, "err", err)
+				log.Warn("delete a draft an earlier run left; it stays", "session", d.SessionKey, "draft", d.ID, logging.Err(err))
 				continue
 			}
 			removed = append(removed, d.ID)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
@@ -150,7 +151,7 @@ func (s *Session) restoreContinuity(history []persistence.Message) {
 	}
 	prev, err := s.d.Store.Session(s.d.Ctx, s.cur.PrevSessionID)
 	if err != nil {
-		s.logger().Warn("load the previous session for its continuity note", "prev", s.cur.PrevSessionID, "err", err)
+		s.logger().Warn("load the previous session for its continuity note", "prev", s.cur.PrevSessionID, logging.Err(err))
 		return
 	}
 	switch prev.EndReason {

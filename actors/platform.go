@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
@@ -276,7 +277,7 @@ func (a *Platform) startRun(c actor.Context, deliver platforms.Deliver) {
 				err = errors.New("run returned")
 			}
 			health.set(fmt.Errorf("restarting after: %w", err))
-			log.Warn("platform stopped; restarting", "err", err, "backoff", backoff)
+			log.Warn("platform stopped; restarting", logging.Err(err), "backoff", backoff)
 			select {
 			case <-ctx.Done():
 				return
@@ -364,7 +365,7 @@ func (a *Platform) onSent(c actor.Context, m *sendDone) {
 	a.d.Metrics.OutboundTotal.WithLabelValues(name, "error").Inc()
 	if errors.Is(m.err, platforms.ErrUndeliverable) {
 		a.log.Error("the platform refused the message for good; recorded as failed",
-			"session", key, "seq", m.out.Seq, "kind", m.out.Kind, "err", m.err)
+			"session", key, "seq", m.out.Seq, "kind", m.out.Kind, logging.Err(m.err))
 		a.finishHead(c, key, m.out, persistence.DeliveryFailed)
 		return
 	}
@@ -372,7 +373,7 @@ func (a *Platform) onSent(c actor.Context, m *sendDone) {
 	n := a.attempts[key]
 	backoff := min(sendBackoffBase<<min(n-1, 16), sendBackoffMax)
 	if n <= sendWarnings || n%sendWarnEvery == 0 {
-		a.log.Warn("send failed; retrying", "session", key, "seq", m.out.Seq, "attempt", n, "backoff", backoff, "err", m.err)
+		a.log.Warn("send failed; retrying", "session", key, "seq", m.out.Seq, "attempt", n, "backoff", backoff, logging.Err(m.err))
 	}
 	a.timers.SendOnce(backoff, c.Self(), &retrySendHeld{key: key})
 	a.inflight[key], a.held[key] = true, true // hold the queue until the retry

@@ -9,6 +9,8 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/agentgate/agentgate/internal/logging"
 )
 
 // Letting go of a key before another member claims it (cluster mode, Deps.Placement).
@@ -140,7 +142,7 @@ func (m *SessionManager) lookUpHolder(c actor.Context, key string, a *activation
 				err = h.err
 			}
 			m.log.Warn("could not look up which member holds the session; activating without asking it",
-				"session", key, "err", err)
+				"session", key, logging.Err(err))
 		case h.pid != nil && !h.pid.Equal(m.d.Placement.Self()) && a.asked[h.pid.String()] == nil &&
 			!slices.ContainsFunc(a.peers, h.pid.Equal):
 			m.log.Info("the session's holder is a member this one does not know yet; asking it to let go too",
@@ -198,12 +200,12 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 			}
 			if a.silent[p.String()]++; a.silent[p.String()] < releaseTries {
 				m.log.Debug("a member did not answer whether it still runs the session; asking again",
-					"session", key, "member", p.Address, "err", err)
+					"session", key, "member", p.Address, logging.Err(err))
 				m.askRelease(c, key, a, p)
 				return
 			}
 			m.log.Warn("a member did not say whether it still runs the session; this member takes the key over",
-				"session", key, "member", p.Address, "err", err)
+				"session", key, "member", p.Address, logging.Err(err))
 			r = &Released{Key: key, Address: p.Address, Id: p.Id, Activation: a.id}
 		}
 		m.onReleased(c, r)

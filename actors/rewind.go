@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
@@ -122,7 +123,7 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	}
 	all, err := s.d.Store.SessionsOfKey(s.d.Ctx, s.key, 100)
 	if err != nil {
-		s.logger().Warn("list the earlier sessions for /resume; the user is asked to try again", "err", err)
+		s.logger().Warn("list the earlier sessions for /resume; the user is asked to try again", logging.Err(err))
 		return nil, "⚠️ Could not look up earlier sessions right now; please try again.", nil
 	}
 	var target *persistence.Session
@@ -142,7 +143,7 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	// goroutine.
 	msgs, lastSeq, err := s.d.Store.History(s.d.Ctx, target.ID, s.d.Config.HistoryLimit)
 	if err != nil {
-		s.logger().Warn("load the history of the session to resume; the user is asked to try again", "session_id", target.ID, "err", err)
+		s.logger().Warn("load the history of the session to resume; the user is asked to try again", "session_id", target.ID, logging.Err(err))
 		return nil, "⚠️ Could not load that session right now; please try again.", nil
 	}
 	ops, _, dropped := s.stopWork(c)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
@@ -686,7 +687,7 @@ func (s *Session) onRecover(c actor.Context) {
 	defer cancel()
 	own, err := s.d.Store.Ownership(ctx, s.key)
 	if err != nil {
-		s.logger().Warn("check the session's claim", "err", err)
+		s.logger().Warn("check the session's claim", logging.Err(err))
 		return
 	}
 	if own.Epoch == s.epoch {
@@ -708,7 +709,7 @@ func (s *Session) onRecover(c actor.Context) {
 // written (the database and the spool both failing), the next activation waits a while (see
 // SessionManager): it would run the same message again only to have its result refused again.
 func (s *Session) restartFromStore(c actor.Context, why string, err error) {
-	s.logger().Warn("the session starts again from the store", "why", why, "err", err)
+	s.logger().Warn("the session starts again from the store", "why", why, logging.Err(err))
 	s.stale = true
 	s.refused = errors.Is(err, persistence.ErrUnavailable)
 	s.handOverAll(c)

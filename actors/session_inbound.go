@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
@@ -282,7 +283,7 @@ func (s *Session) storedBefore(m *Deliver, src identity.Source) bool {
 		s.seen.add(m.MessageId)
 		return true
 	case !errors.Is(err, persistence.ErrNotFound):
-		s.logger().Warn("check a command for a duplicate", "message_id", m.MessageId, "err", err)
+		s.logger().Warn("check a command for a duplicate", "message_id", m.MessageId, logging.Err(err))
 	}
 	return false
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
@@ -229,7 +230,7 @@ func (s *Session) restoreInterrupted(history []persistence.Message) {
 		replies, err := s.d.Store.RepliesTo(ctx, s.key, m.MessageID)
 		cancel()
 		if err != nil {
-			s.logger().Warn("look up the answer of an interrupted message", "message_id", m.MessageID, "err", err)
+			s.logger().Warn("look up the answer of an interrupted message", "message_id", m.MessageID, logging.Err(err))
 			continue
 		}
 		if slices.ContainsFunc(replies, answers) {
@@ -360,7 +361,7 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 	s.finishDraft(c, r)
 	if m.Err != nil {
 		s.d.Metrics.TurnsTotal.WithLabelValues("error").Inc()
-		s.logger().Warn("turn failed", "turn", r.id, "err", m.Err)
+		s.logger().Warn("turn failed", "turn", r.id, logging.Err(m.Err))
 		s.finish(c, r, persistence.RoleNotice, "⚠️ The agent could not answer this message (turn "+r.id+" failed). Please try again.", persistence.StatusFailed, m.Usage)
 	} else {
 		s.d.Metrics.TurnsTotal.WithLabelValues("ok").Inc()
@@ -378,7 +379,7 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 func (s *Session) stoppedBySignal(c actor.Context, r *turnRun, err error) {
 	s.d.Metrics.TurnsTotal.WithLabelValues("cancelled").Inc()
 	s.logger().Warn("the agent's process was ended by a signal while agentgate stops; its messages run again at the next start "+
-		"(a service manager signalled it with agentgate: under systemd, set KillMode=mixed)", "turn", r.id, "err", err)
+		"(a service manager signalled it with agentgate: under systemd, set KillMode=mixed)", "turn", r.id, logging.Err(err))
 	s.cancelTurn(c, r)
 	// Back at the head of the queue, as pending as they are in the store: a leaving member's
 	// session then has its successor run them at once (passivate.rerun).
@@ -445,7 +446,7 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string,
 			if errors.Is(err, persistence.ErrFenced) {
 				// Another activation owns the key (a cluster moved it, or an operator reset it):
 				// it runs the message, and this result is rightly refused.
-				s.logger().Warn("turn result refused: another activation owns the session; it runs the message", "turn", r.id, "err", err)
+				s.logger().Warn("turn result refused: another activation owns the session; it runs the message", "turn", r.id, logging.Err(err))
 			} else {
 				s.logRefusedWrite("store turn result", err, "turn", r.id)
 			}

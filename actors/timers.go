@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/scheduler"
@@ -138,7 +139,7 @@ func (t *Timers) scan(c actor.Context) {
 		ss, err = t.d.Store.IdleSessionsAfter(t.d.Ctx, cutoff, last.LastActivityAt, last.ID, timersBatch)
 	}
 	if err != nil {
-		t.log.Warn("scan for due resets", "err", err)
+		t.log.Warn("scan for due resets", logging.Err(err))
 	}
 	if due > 0 {
 		t.log.Info("sessions due for reset", "count", due)

@@ -242,7 +242,7 @@ func (a *Actor) Receive(c actor.Context) {
 		}
 		n, err := a.store.PruneSessions(a.ctx, m.Before, m.Limit)
 		if err != nil {
-			a.o.Log.Warn("prune ended sessions", "err", err)
+			a.o.Log.Warn("prune ended sessions", logging.Err(err))
 		} else if n > 0 {
 			a.o.Log.Info("pruned ended sessions", "count", n, "ended_before", m.Before.UTC().Format(time.RFC3339))
 		}
@@ -407,7 +407,7 @@ func (a *Actor) finish(c actor.Context) {
 func (a *Actor) finishQuietly(c actor.Context) {
 	defer func() {
 		if v := recover(); v != nil {
-			a.o.Log.Error("commit failed while restarting", "err", v)
+			a.o.Log.Error("commit failed while restarting", "panic", fmt.Sprint(v))
 		}
 	}()
 	a.finish(c)
@@ -473,7 +473,7 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 	}
 	a.repeats.ok(msgSpoolFailed)
 	if !forced {
-		a.o.Log.Warn("database unavailable; spooling writes", "batch", name, "err", firstErr(errs))
+		a.o.Log.Warn("database unavailable; spooling writes", "batch", name, logging.Err(firstErr(errs)))
 	}
 	a.spoolChanged(c)
 	return out

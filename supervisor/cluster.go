@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/actors"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
@@ -105,7 +106,7 @@ func (d *Daemon) recoverOwned(members []*cluster.Member) int {
 	keys, err := d.store.Recoverable(ctx)
 	if err != nil {
 		if d.ctx.Err() == nil {
-			d.log.Warn("list the sessions with unfinished work; the next sweep or change of membership tries again", "err", err)
+			d.log.Warn("list the sessions with unfinished work; the next sweep or change of membership tries again", logging.Err(err))
 		}
 		return 0
 	}
@@ -157,7 +158,7 @@ func (d *Daemon) leave() {
 	err := d.membership.leave(ctx)
 	cancel()
 	if err != nil {
-		d.log.Warn("say in the cluster's membership that this member leaves", "err", err)
+		d.log.Warn("say in the cluster's membership that this member leaves", logging.Err(err))
 	}
 	if len(d.membership.successors()) == 0 {
 		return
@@ -192,7 +193,7 @@ func (d *Daemon) withdraw() {
 		return
 	}
 	if err := d.membership.Shutdown(true); err != nil {
-		d.log.Warn("leave the cluster's membership", "err", err)
+		d.log.Warn("leave the cluster's membership", logging.Err(err))
 	}
 }
 

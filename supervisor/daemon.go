@@ -23,6 +23,7 @@ import (
 	"github.com/agentgate/agentgate/agents/openai"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/postgres"
@@ -117,7 +118,7 @@ func (d *Daemon) Fatal() <-chan error { return d.fatal }
 // fail reports a fatal error once.
 func (d *Daemon) fail(err error) {
 	d.fatalOne.Do(func() {
-		d.log.Error("the daemon cannot go on", "err", err)
+		d.log.Error("the daemon cannot go on", logging.Err(err))
 		d.fatal <- err
 	})
 }
@@ -222,9 +223,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	// point an operator at its HTTP API when it holds the database).
 	// With a PostgreSQL store nothing else may have created the data directory.
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		log.Warn("create the data directory", "err", err)
+		log.Warn("create the data directory", logging.Err(err))
 	} else if err := recordAddr(cfg.DataDir, d.addr.String(), run); err != nil {
-		log.Warn("record the HTTP address in the data directory", "err", err)
+		log.Warn("record the HTTP address in the data directory", logging.Err(err))
 	}
 	d.platforms = append([]platforms.Platform{d.http}, extra...)
 
@@ -301,7 +302,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			// The actor replays a spool left by the last run when it starts; sessions must not
 			// read the store before that.
 			if _, err := d.system.Root.RequestFuture(pid, &persistence.Flush{}, time.Minute).Result(); err != nil {
-				log.Warn("persistence actor did not answer its start barrier", "err", err)
+				log.Warn("persistence actor did not answer its start barrier", logging.Err(err))
 			}
 			if !opts.SharedStore {
 				d.beginRun(opts.Now)
@@ -392,7 +393,7 @@ func (d *Daemon) beginRun(now func() time.Time) {
 	}
 	u, err := d.store.BeginRun(d.ctx, d.deps.Run, now())
 	if err != nil {
-		d.log.Warn("record the daemon's run in the store; an unclean stop is not counted", "err", err)
+		d.log.Warn("record the daemon's run in the store; an unclean stop is not counted", logging.Err(err))
 		return
 	}
 	d.began = true
@@ -425,7 +426,7 @@ func (d *Daemon) endRun(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endRunTimeout)
 	defer cancel()
 	if err := d.store.EndRun(ctx, d.deps.Run); err != nil {
-		d.log.Warn("record the clean stop in the store; the next start counts an unclean stop", "err", err)
+		d.log.Warn("record the clean stop in the store; the next start counts an unclean stop", logging.Err(err))
 	}
 }
 
@@ -518,7 +519,7 @@ func (d *Daemon) stopChildren(ctx context.Context, beforeStore func()) {
 		select {
 		case err := <-done:
 			if err != nil {
-				d.log.Warn("stop actor", "actor", d.pids[i].Id, "err", err)
+				d.log.Warn("stop actor", "actor", d.pids[i].Id, logging.Err(err))
 			}
 		case <-ctx.Done():
 			d.log.Warn("stop actor: deadline passed", "actor", d.pids[i].Id)

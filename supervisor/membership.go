@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/asynkron/protoactor-go/cluster"
 )
@@ -157,7 +158,7 @@ func (p *storeMembership) renew(c *cluster.Cluster) {
 				since.Round(time.Millisecond), err))
 			return
 		}
-		p.log.Warn("cluster membership not renewed; retrying", "err", err)
+		p.log.Warn("cluster membership not renewed; retrying", logging.Err(err))
 	}
 }
 

@@ -18,10 +18,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/lmittmann/tint"
-
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 )
 
 // DefaultKillGrace is the time between SIGTERM and SIGKILL when Config.KillGrace is zero.
@@ -308,7 +307,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 func forwardSteer(ctx context.Context, stdin io.WriteCloser, in []byte, steer <-chan agents.Message, exited <-chan struct{}, log *slog.Logger) {
 	defer stdin.Close()
 	if _, err := stdin.Write(in); err != nil {
-		log.Debug("exec agent command did not read its input", tint.Err(err))
+		log.Debug("exec agent command did not read its input", logging.Err(err))
 		return
 	}
 	for {
@@ -319,11 +318,11 @@ func forwardSteer(ctx context.Context, stdin io.WriteCloser, in []byte, steer <-
 			}
 			line, err := EncodeSteer(m)
 			if err != nil {
-				log.Warn("exec agent could not encode steered message", "message_id", m.MessageID, tint.Err(err))
+				log.Warn("exec agent could not encode steered message", "message_id", m.MessageID, logging.Err(err))
 				continue
 			}
 			if _, err := stdin.Write(line); err != nil {
-				log.Warn("exec agent could not deliver steered message", "message_id", m.MessageID, tint.Err(err))
+				log.Warn("exec agent could not deliver steered message", "message_id", m.MessageID, logging.Err(err))
 				return
 			}
 			log.Debug("exec agent steered message", "message_id", m.MessageID)

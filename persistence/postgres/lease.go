@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/agentgate/agentgate/internal/logging"
 )
 
 // leaseLock is the advisory lock class of leases: "agls" in ASCII. The second key is the hash of
@@ -71,7 +73,7 @@ func (s *Store) Lease(ctx context.Context, name string) (lost <-chan struct{}, r
 			err := conn.Ping(pctx)
 			cancel()
 			if err != nil {
-				s.log.Warn("lease lost: its connection failed", "lease", name, "err", err)
+				s.log.Warn("lease lost: its connection failed", "lease", name, logging.Err(err))
 				close(lostc)
 				return
 			}

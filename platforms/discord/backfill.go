@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/internal/logging"
 )
 
 // Backfill. Discord replays missed events only to a gateway session that RESUMEs. A new
@@ -100,7 +102,7 @@ func (p *Platform) seed(ctx context.Context, since time.Time) {
 	defer cancel()
 	marks, err := p.recent(ctx, since)
 	if err != nil {
-		p.log.Warn("discord backfill: cannot read the recent chats from the store; what was said while the daemon was down is not answered", "err", err)
+		p.log.Warn("discord backfill: cannot read the recent chats from the store; what was said while the daemon was down is not answered", logging.Err(err))
 		return
 	}
 	for _, m := range marks {
@@ -332,7 +334,7 @@ func (p *Platform) historyRetried(ctx context.Context, channel, after string) ([
 		if err == nil || try == backfillTries || refusedForGood(err) {
 			return ms, err
 		}
-		p.log.Warn("discord backfill: history read failed; retrying", "channel", channel, "attempt", try, "backoff", wait, "err", err)
+		p.log.Warn("discord backfill: history read failed; retrying", "channel", channel, "attempt", try, "backoff", wait, logging.Err(err))
 		select {
 		case <-ctx.Done():
 			return nil, err

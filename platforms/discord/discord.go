@@ -15,6 +15,7 @@ import (
 	"github.com/bwmarrin/discordgo"
 
 	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 )
@@ -224,7 +225,7 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 		p.setErr(errors.New("stopped"))
 		p.stopGapRead()
 		if err := p.s.Close(); err != nil {
-			p.log.Debug("close gateway", "err", err)
+			p.log.Debug("close gateway", logging.Err(err))
 		}
 		return nil
 	case err := <-p.lost:

@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -70,7 +71,7 @@ func (p *Platform) handle(m *discordgo.Message) {
 	}
 	ch, err := p.channelOf(ctx, m)
 	if err != nil {
-		p.log.Error("discord message from an unknown channel; not taken", "channel", m.ChannelID, "message_id", m.ID, "err", err)
+		p.log.Error("discord message from an unknown channel; not taken", "channel", m.ChannelID, "message_id", m.ID, logging.Err(err))
 		// Only a message the bot would likely answer is told: not chatter that needs a mention.
 		if mentioned || !p.gate.mentionRequired(m.GuildID, m.ChannelID, m.ChannelID) {
 			p.tellUser(ctx, m.ChannelID, m.ID, "I could not look up this channel, so I did not take your message. Please send it again.")
@@ -126,7 +127,7 @@ func (p *Platform) handle(m *discordgo.Message) {
 	case p.readBackAfterStop(ctx, err, m.ChannelID):
 		p.log.Info("discord message not taken while stopping; the next start reads it back", "channel", m.ChannelID, "message_id", m.ID)
 	default:
-		p.log.Warn("discord message not taken", "channel", m.ChannelID, "message_id", m.ID, "err", err)
+		p.log.Warn("discord message not taken", "channel", m.ChannelID, "message_id", m.ID, logging.Err(err))
 		p.tellUser(ctx, reply, refFor(in.Source, m.ID), refusal(err))
 	}
 }
@@ -177,7 +178,7 @@ func (p *Platform) tellUser(ctx context.Context, channelID, ref, text string) {
 		msg.Reference = &discordgo.MessageReference{MessageID: ref, ChannelID: channelID, FailIfNotExists: new(false)}
 	}
 	if _, err := p.post(ctx, channelID, msg); err != nil {
-		p.log.Warn("discord notice about a message not posted; its author is not told", "channel", channelID, "message_id", ref, "err", err)
+		p.log.Warn("discord notice about a message not posted; its author is not told", "channel", channelID, "message_id", ref, logging.Err(err))
 	}
 }
 
@@ -189,9 +190,9 @@ func (p *Platform) openThread(ctx context.Context, channelID, messageID, text st
 	case err == nil:
 	case refusedForGood(err):
 		// No permission to open threads here: the reply goes to the channel (Send).
-		p.log.Warn("discord refuses a thread for this message; the reply goes to the channel", "channel", channelID, "message_id", messageID, "err", err)
+		p.log.Warn("discord refuses a thread for this message; the reply goes to the channel", "channel", channelID, "message_id", messageID, logging.Err(err))
 	default:
-		p.log.Warn("open discord thread; will retry on reply", "channel", channelID, "message_id", messageID, "err", err)
+		p.log.Warn("open discord thread; will retry on reply", "channel", channelID, "message_id", messageID, logging.Err(err))
 		p.tellUser(ctx, channelID, messageID, "I could not open a thread for this message yet; I'll answer in its thread as soon as Discord lets me.")
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/bwmarrin/discordgo"
 
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -43,7 +44,7 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 			done = 1
 		case apiCode(err) == discordgo.ErrCodeUnknownMessage || refusedForGood(err):
 			// The draft is gone (deleted by someone) or cannot be edited: post the reply whole.
-			p.log.Info("discord draft gone; posting the reply anew", "channel", channel, "draft", out.DraftID, "err", err)
+			p.log.Info("discord draft gone; posting the reply anew", "channel", channel, "draft", out.DraftID, logging.Err(err))
 		default:
 			return fmt.Errorf("discord: finish draft: %w", err)
 		}
@@ -61,7 +62,7 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 			case refusedForGood(err):
 				// The thread can never be opened (no permission to): answer in the channel,
 				// under the message the thread was for.
-				p.log.Warn("discord refuses the reply's thread; answering in the channel", "channel", out.Target.ChatID, "err", err)
+				p.log.Warn("discord refuses the reply's thread; answering in the channel", "channel", out.Target.ChatID, logging.Err(err))
 				channel = out.Target.ChatID
 				msg.Reference = nil
 				if i == 0 {

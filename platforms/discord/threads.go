@@ -1,6 +1,10 @@
 package discord
 
-import "github.com/bwmarrin/discordgo"
+import (
+	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/internal/logging"
+)
 
 // Threads in discordgo's state. The state keeps every thread it is told of (THREAD_CREATE for
 // every thread opened in the bot's guilds, one per auto-threaded mention, and the active threads
@@ -91,6 +95,6 @@ func (p *Platform) forgetThreadLocked(id, guild string) {
 	// ChannelRemove finds a thread by its id, guild and type alone.
 	err := p.s.State.ChannelRemove(&discordgo.Channel{ID: id, GuildID: guild, Type: discordgo.ChannelTypeGuildPublicThread})
 	if err != nil && err != discordgo.ErrStateNotFound {
-		p.log.Debug("discord: forget a thread", "thread", id, "err", err)
+		p.log.Debug("discord: forget a thread", "thread", id, logging.Err(err))
 	}
 }

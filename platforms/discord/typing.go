@@ -8,6 +8,7 @@ import (
 
 	"github.com/bwmarrin/discordgo"
 
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -149,6 +150,6 @@ func (p *Platform) sendTyping(channel string) {
 	defer cancel()
 	ep := discordgo.EndpointChannelTyping(channel)
 	if err := p.request(ctx, http.MethodPost, ep, ep, nil, nil); err != nil {
-		p.log.Debug("discord typing indicator", "channel", channel, "err", err)
+		p.log.Debug("discord typing indicator", "channel", channel, logging.Err(err))
 	}
 }

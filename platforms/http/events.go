@@ -11,9 +11,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/lmittmann/tint"
-
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -116,7 +115,7 @@ func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
 		}
 		if page, err = sessions.OutboxAfter(ctx, key, sw.last, replayPageSize); err != nil {
 			// The client resumes from the last id it got.
-			p.log.Warn("sse replay failed", "session", key, tint.Err(err))
+			p.log.Warn("sse replay failed", "session", key, logging.Err(err))
 			return
 		}
 	}

@@ -21,9 +21,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/lmittmann/tint"
-
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -126,12 +125,12 @@ func (p *Platform) writeDeliverError(w http.ResponseWriter, ack *platforms.Ack, 
 	case errors.Is(err, platforms.ErrConflict):
 		writeError(w, http.StatusConflict, CodeMessageIDConflict, "message_id is already used in this chat by another conversation; give each message its own id")
 	case errors.Is(err, platforms.ErrUnavailable):
-		p.log.Warn("message not stored; the client is told to send it again", "chat", in.Source.ChatID, "message_id", in.MessageID, tint.Err(err))
+		p.log.Warn("message not stored; the client is told to send it again", "chat", in.Source.ChatID, "message_id", in.MessageID, logging.Err(err))
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the message could not be stored, retry later")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the message was not acknowledged in time, retry with the same message_id")
 	default:
-		p.log.Error("deliver failed", "chat", in.Source.ChatID, "message_id", in.MessageID, tint.Err(err))
+		p.log.Error("deliver failed", "chat", in.Source.ChatID, "message_id", in.MessageID, logging.Err(err))
 		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error")
 	}
 }
@@ -376,7 +375,7 @@ func (p *Platform) awaitReplies(ctx context.Context, stop <-chan struct{}, w *wa
 		durable, err := p.cfg.Sessions.RepliesTo(ctx, ack.SessionKey, w.msgID)
 		switch {
 		case err != nil:
-			p.log.Warn("load replies of duplicate", "session", ack.SessionKey, tint.Err(err))
+			p.log.Warn("load replies of duplicate", "session", ack.SessionKey, logging.Err(err))
 		case len(durable) > 0:
 			// The outbox does not record turn ends; what is durable is taken as complete.
 			durable = slices.Clone(durable)

@@ -15,9 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/lmittmann/tint"
-
 	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -250,7 +249,7 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	err := srv.Shutdown(sctx)
 	cancel()
 	if err != nil {
-		p.log.Warn("http shutdown timed out, closing connections", tint.Err(err))
+		p.log.Warn("http shutdown timed out, closing connections", logging.Err(err))
 		_ = srv.Close() // the only error it reports is the listener's, already closed
 	}
 	if serveErr == nil {

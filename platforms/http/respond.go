@@ -6,9 +6,8 @@ import (
 	"errors"
 	"net/http"
 
-	"github.com/lmittmann/tint"
-
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 )
 
@@ -82,16 +81,16 @@ func (p *Platform) writeSessionsError(w http.ResponseWriter, r *http.Request, op
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "request cancelled or timed out")
 	case errors.Is(err, persistence.ErrUnavailable):
-		p.log.Warn("session query failed: the store is unavailable", "op", op, "session", r.PathValue("key"), tint.Err(err))
+		p.log.Warn("session query failed: the store is unavailable", "op", op, "session", r.PathValue("key"), logging.Err(err))
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the store cannot be read right now, retry later")
 	case p.draining.Load():
 		// The daemon is stopping: its session actors stop under the query (a dead letter, a
 		// reset whose session stopped before it answered). That is no internal error but a
 		// refusal to retry, at the next daemon or another member, as POST /v1/messages says.
-		p.log.Warn("session query failed while draining", "op", op, "session", r.PathValue("key"), tint.Err(err))
+		p.log.Warn("session query failed while draining", "op", op, "session", r.PathValue("key"), logging.Err(err))
 		writeError(w, http.StatusServiceUnavailable, CodeDraining, "agentgate is stopping; retry later")
 	default:
-		p.log.Error("session query failed", "op", op, "session", r.PathValue("key"), tint.Err(err))
+		p.log.Error("session query failed", "op", op, "session", r.PathValue("key"), logging.Err(err))
 		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error")
 	}
 }

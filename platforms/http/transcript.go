@@ -6,8 +6,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/lmittmann/tint"
-
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 )
 
@@ -73,7 +72,7 @@ func (p *Platform) streamTranscript(w http.ResponseWriter, r *http.Request, s Se
 				p.writeSessionsError(w, r, "transcript", err)
 			} else if ctx.Err() == nil {
 				p.log.Warn("transcript answer ended early: a page could not be read", "session", key,
-					"after", req.After, tint.Err(err))
+					"after", req.After, logging.Err(err))
 			}
 			return
 		}
