@@ -31,6 +31,7 @@ type checkpointer struct {
 	db       *sql.DB // the Store's writer pool: its one connection serialises us with Commit
 	wal      string  // path of the -wal file
 	log      *slog.Logger
+	warn     rateLimiter // a failure that lasts would log at every tick (each second by default)
 	cancel   context.CancelFunc
 	done     chan struct{}
 	stopOnce sync.Once
@@ -66,7 +67,9 @@ func (c *checkpointer) run(ctx context.Context, every time.Duration) {
 			lastRestart = time.Now()
 		}
 		if _, err := checkpoint(ctx, c.db, mode); err != nil && ctx.Err() == nil {
-			c.log.Warn("wal checkpoint failed", "mode", mode, logging.Err(err))
+			if n, ok := c.warn.allow(); ok {
+				c.log.Warn("wal checkpoint failed", "mode", mode, "failures", n, logging.Err(err))
+			}
 		}
 	}
 }
