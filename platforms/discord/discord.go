@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -130,7 +131,7 @@ func New(c Config) (*Platform, error) {
 	s.Identify.Intents = Intents
 	s.ShardID, s.ShardCount = c.Settings.ShardID, max(c.Settings.ShardCount, 1)
 	s.LogLevel = discordgo.LogWarning
-	routeLibraryLogs(log)
+	routeLibraryLogs(log, c.Token)
 
 	p := &Platform{
 		cfg:      c.Settings,
@@ -332,15 +333,31 @@ func userName(u *discordgo.User) string {
 // libraryLog is where discordgo's package-wide logger writes; the latest platform's logger.
 var libraryLog atomic.Pointer[slog.Logger]
 
+// libraryTokens are the bot tokens of the platforms made so far, cut out of discordgo's lines.
+var libraryTokens struct {
+	mu     sync.Mutex
+	tokens []string
+}
+
 var routeOnce sync.Once
 
-// routeLibraryLogs sends discordgo's own log lines to log instead of the standard logger.
-func routeLibraryLogs(log *slog.Logger) {
+// routeLibraryLogs sends discordgo's own log lines to log instead of the standard logger,
+// without token in them. At the level the platform sets (LogWarning) discordgo logs no packet
+// it sends, but at LogDebug it logs the identify packet, token and all: a line that reaches
+// the log must not depend on that level staying where it is.
+func routeLibraryLogs(log *slog.Logger, token string) {
 	libraryLog.Store(log.With("component", "discordgo"))
+	if token != "" {
+		libraryTokens.mu.Lock()
+		if !slices.Contains(libraryTokens.tokens, token) {
+			libraryTokens.tokens = append(libraryTokens.tokens, token)
+		}
+		libraryTokens.mu.Unlock()
+	}
 	routeOnce.Do(func() {
 		discordgo.Logger = func(level, _ int, format string, a ...any) {
 			l := libraryLog.Load()
-			msg := strings.TrimSpace(fmt.Sprintf(format, a...))
+			msg := redactTokens(strings.TrimSpace(fmt.Sprintf(format, a...)))
 			switch level {
 			case discordgo.LogError:
 				l.Error(msg)
@@ -351,4 +368,14 @@ func routeLibraryLogs(log *slog.Logger) {
 			}
 		}
 	})
+}
+
+// redactTokens replaces every bot token in s.
+func redactTokens(s string) string {
+	libraryTokens.mu.Lock()
+	defer libraryTokens.mu.Unlock()
+	for _, t := range libraryTokens.tokens {
+		s = strings.ReplaceAll(s, t, "[token]")
+	}
+	return s
 }
