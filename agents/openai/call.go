@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"net/url"
@@ -43,13 +44,13 @@ type result struct {
 }
 
 // call makes one model call for body, retrying what can be retried (see the package comment).
-// partial, when not nil, streams.
-func (a *Agent) call(ctx context.Context, body []byte, partial func(string)) (*result, error) {
+// partial, when not nil, streams. log is the agent's logger with the turn's session and id.
+func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log *slog.Logger) (*result, error) {
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
 		res, err := a.attempt(ctx, body, partial)
 		if err == nil {
-			a.log.Debug("model call", "attempt", attempt, "took", time.Since(start),
+			log.Debug("model call", "attempt", attempt, "took", time.Since(start),
 				"input_tokens", res.usage.InputTokens, "output_tokens", res.usage.OutputTokens)
 			return res, nil
 		}
@@ -63,7 +64,7 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string)) (*r
 		if dl, has := ctx.Deadline(); has && time.Until(dl) < wait {
 			return nil, err // the turn would end before the retry: fail now
 		}
-		a.log.Warn("model call failed; retrying", "attempt", attempt, "wait", wait, logging.Err(err))
+		log.Warn("model call failed; retrying", "attempt", attempt, "wait", wait, logging.Err(err))
 		if err := a.sleep(ctx, wait); err != nil {
 			return nil, ctxErr(ctx)
 		}

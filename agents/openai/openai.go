@@ -215,6 +215,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	defer cancel()
 
 	conv := a.newConversation(req)
+	log := a.log.With("session", req.Identity.SessionKey, "turn", req.Identity.TurnID)
 	steer := req.Steer
 	var answers []string
 	var usage agents.Usage
@@ -232,7 +233,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		if round >= MaxSteerRounds {
 			takeSteer = nil // the last call: every message taken must be answered
 		}
-		res, steered, open, err := a.round(ctx, body, partial, takeSteer)
+		res, steered, open, err := a.round(ctx, body, partial, takeSteer, log)
 		if !open {
 			steer = nil
 		}
@@ -291,7 +292,7 @@ func (a *Agent) body(conv *conversation, stream bool) ([]byte, error) {
 
 // round makes one model call (with its retries) and, while it runs, takes the messages steered
 // into the turn from steer (when not nil). It reports whether steer is still open.
-func (a *Agent) round(ctx context.Context, body []byte, partial func(string), steer <-chan agents.Message) (*result, []agents.Message, bool, error) {
+func (a *Agent) round(ctx context.Context, body []byte, partial func(string), steer <-chan agents.Message, log *slog.Logger) (*result, []agents.Message, bool, error) {
 	type outcome struct {
 		res *result
 		err error
@@ -308,7 +309,7 @@ func (a *Agent) round(ctx context.Context, body []byte, partial func(string), st
 				done <- outcome{panicked: fmt.Sprintf("%v\n\nthe model call's goroutine:\n%s", v, debug.Stack())}
 			}
 		}()
-		res, err := a.call(ctx, body, partial)
+		res, err := a.call(ctx, body, partial, log)
 		done <- outcome{res: res, err: err}
 	}()
 	var steered []agents.Message

@@ -589,3 +589,27 @@ func TestAPanicInTheCallReachesRunsCaller(t *testing.T) {
 		t.Errorf("Run panicked with %v, want the call's panic and its stack", got)
 	}
 }
+
+// TestRetryLineNamesTheTurn: the line of a retried model call names the session and the turn
+// it is for, so an operator can tell which chat waits on the endpoint.
+func TestRetryLineNamesTheTurn(t *testing.T) {
+	m := newFakeModel(t, openaitest.Status(http.StatusBadGateway, `{"error":{"message":"upstream"}}`), openaitest.Reply("hello", 1, 1))
+	logs := &testutil.Buffer{}
+	a := MustAgent(t, m, logs, nil, nil)
+	req := &agents.Request{Messages: []agents.Message{msg("user", "hi")},
+		Identity: identity.Turn{SessionKey: "agent:main:http:dm:u1", TurnID: "t_1"}}
+	if _, err := a.Run(t.Context(), req); err != nil {
+		t.Fatal(err)
+	}
+	var line string
+	for l := range strings.SplitSeq(logs.String(), "\n") {
+		if strings.Contains(l, "model call failed; retrying") {
+			line = l
+		}
+	}
+	for _, want := range []string{"level=WARN", "session=agent:main:http:dm:u1", "turn=t_1", "attempt=1"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("retry line %q lacks %q", line, want)
+		}
+	}
+}
