@@ -223,9 +223,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	// point an operator at its HTTP API when it holds the database).
 	// With a PostgreSQL store nothing else may have created the data directory.
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		log.Warn("create the data directory", logging.Err(err))
+		log.Warn("create the data directory; the admin commands cannot point at this daemon's HTTP API", "data_dir", cfg.DataDir, logging.Err(err))
 	} else if err := recordAddr(cfg.DataDir, d.addr.String(), run); err != nil {
-		log.Warn("record the HTTP address in the data directory", logging.Err(err))
+		log.Warn("record the HTTP address in the data directory; the admin commands cannot point at this daemon's HTTP API", "data_dir", cfg.DataDir, logging.Err(err))
 	}
 	d.platforms = append([]platforms.Platform{d.http}, extra...)
 

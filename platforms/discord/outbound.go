@@ -62,7 +62,8 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 			case refusedForGood(err):
 				// The thread can never be opened (no permission to): answer in the channel,
 				// under the message the thread was for.
-				p.log.Warn("discord refuses the reply's thread; answering in the channel", "channel", out.Target.ChatID, logging.Err(err))
+				p.log.Warn("discord refuses the reply's thread; answering in the channel", "channel", out.Target.ChatID,
+					"session", out.SessionKey, "seq", out.Seq, logging.Err(err))
 				channel = out.Target.ChatID
 				msg.Reference = nil
 				if i == 0 {
