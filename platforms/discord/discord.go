@@ -358,10 +358,12 @@ func routeLibraryLogs(log *slog.Logger, token string) {
 		discordgo.Logger = func(level, _ int, format string, a ...any) {
 			l := libraryLog.Load()
 			msg := redactTokens(strings.TrimSpace(fmt.Sprintf(format, a...)))
+			// discordgo's errors are the gateway's (a heartbeat not acknowledged, a connection
+			// or a read that failed, an event that did not decode). A lost connection ends Run,
+			// which the platform actor restarts (WRN platform stopped; restarting): nothing in
+			// them asks a human to act, as an ERR line would.
 			switch level {
-			case discordgo.LogError:
-				l.Error(msg)
-			case discordgo.LogWarning:
+			case discordgo.LogError, discordgo.LogWarning:
 				l.Warn(msg)
 			default:
 				l.Debug(msg)

@@ -30,4 +30,7 @@ func TestLibraryLogsNeverCarryTheToken(t *testing.T) {
 	if strings.Contains(got, token) || strings.Contains(got, "secret-bot-token") {
 		t.Errorf("the bot token reached the log:\n%s", got)
 	}
+	if strings.Contains(got, "level=ERROR") || strings.Count(got, "level=WARN") != 2 {
+		t.Errorf("discordgo's errors and warnings are not both WRN lines:\n%s", got)
+	}
 }
