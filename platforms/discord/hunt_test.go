@@ -40,7 +40,8 @@ var (
 )
 
 // huntSeeds are the seeds the suite runs, with short hunts (a few seconds each);
-// AGENTGATE_DISCORD_SEEDS=N runs seeds 1…N instead, with longer ones.
+// AGENTGATE_DISCORD_SEEDS=N runs seeds 1…N instead, with longer ones, and
+// AGENTGATE_DISCORD_FIRST_SEED=F makes them F…F+N-1 (to sweep fresh seeds or replay one).
 func huntSeeds(t *testing.T) (seeds []uint64, steps int) {
 	v := os.Getenv("AGENTGATE_DISCORD_SEEDS")
 	if v == "" {
@@ -52,9 +53,15 @@ func huntSeeds(t *testing.T) (seeds []uint64, steps int) {
 	if err != nil || n < 1 {
 		t.Fatalf("AGENTGATE_DISCORD_SEEDS=%q: want a positive number", v)
 	}
+	first := uint64(1)
+	if f := os.Getenv("AGENTGATE_DISCORD_FIRST_SEED"); f != "" {
+		if first, err = strconv.ParseUint(f, 10, 64); err != nil {
+			t.Fatalf("AGENTGATE_DISCORD_FIRST_SEED=%q: %v", f, err)
+		}
+	}
 	seeds = make([]uint64, n)
 	for i := range seeds {
-		seeds[i] = uint64(i + 1)
+		seeds[i] = first + uint64(i)
 	}
 	return seeds, 25
 }
