@@ -44,6 +44,9 @@ var (
 	// draftLine is a whole line of a model's answer: its message's token, the attempt (the
 	// model's n-th answer to that message) and the line number, or END.
 	draftLine = regexp.MustCompile(`^(q[0-9]{4})/a([0-9]+)/(L[0-9]{3}|END)`)
+	// unsureDraft is the WARN of a daemon that stopped while a draft's post was unanswered:
+	// a try whose answer was lost may have made the draft, and then it stays in the chat.
+	unsureDraft = regexp.MustCompile(`msg="stopping while a draft's post is unanswered[^"]*".* session=(\S+) turn=`)
 )
 
 // draftSeeds are the seeds the suite runs; AGENTGATE_DRAFT_SEEDS=N runs seeds 1…N instead,
@@ -78,8 +81,9 @@ func draftSeeds(t *testing.T) (seeds []uint64, steps int) {
 // restarts on the same data directory. It then checks what the channels show against the
 // outbox: every message is answered exactly once; every delivered outbox entry shows exactly
 // once, whole, in its own chat, as a reply, in the session's order (a streamed reply where its
-// draft was posted); nothing else shows but drafts marked interrupted; and, sampled while it
-// runs, no session ever shows two drafts in progress at once.
+// draft was posted); nothing else shows but drafts marked interrupted, and a draft a stopping
+// daemon warned it may have left (noteUnsure); and, sampled while it runs, no session ever
+// shows two drafts in progress at once.
 func TestHuntDrafts(t *testing.T) {
 	seeds, steps := draftSeeds(t)
 	for _, seed := range seeds {
@@ -231,6 +235,11 @@ type draftHunt struct {
 
 	mu    sync.Mutex
 	twoAt []string // samples that saw two drafts of one session in progress
+	// Drafts a stopped daemon may have left (unsureDraft): by session key, how many it warned
+	// of, and the bot messages of the key's answers that showed, unedited, as it stopped.
+	unsure map[string]int
+	left   map[string]string // message id → session key
+	before map[string]bool   // the bot messages that showed as the running daemon started
 }
 
 func huntDrafts(t *testing.T, seed uint64, minSteps int) {
@@ -318,7 +327,15 @@ func huntDrafts(t *testing.T, seed uint64, minSteps int) {
 			w.srv.RateLimitNext("PATCH", "", time.Duration(20+rng.IntN(100))*time.Millisecond, 1)
 		case r < 94:
 			t.Logf("step %d: restart the daemon", step)
+			log := w.log
 			w.stopKeepingLog(t, step)
+			h.noteUnsure(log.String())
+			h.before = map[string]bool{}
+			for _, ch := range draftChats {
+				for _, m := range w.srv.Sent(ch) {
+					h.before[m.ID] = true
+				}
+			}
 			w.start(t)
 			gatewayFaults = 0
 		default:
@@ -404,7 +421,10 @@ func (h *draftHunt) sample(stop, done chan struct{}) {
 		for _, ch := range draftChats {
 			for _, msg := range h.w.srv.Sent(ch) {
 				tok, attempt, partial := h.model.partialOf(msg.Content)
-				if partial {
+				h.mu.Lock()
+				_, left := h.left[msg.ID] // by a stopped daemon: checked at the end (leftUnsure)
+				h.mu.Unlock()
+				if partial && !left {
 					h.model.mu.Lock()
 					key := h.model.keyOf[tok]
 					h.model.mu.Unlock()
@@ -422,6 +442,69 @@ func (h *draftHunt) sample(stop, done chan struct{}) {
 			}
 		}
 	}
+}
+
+// noteUnsure notes the drafts a daemon that just stopped warned, in its log, it may have left
+// in the chat: a draft posted by a try whose answer was lost, and not found by the tries made
+// as it stopped. The design leaves it ("What Discord still fails then is left: a draft made by
+// a try whose answer was lost, and never found, stays in the chat, logged at WARN as the
+// platform actor stops", docs/ARCHITECTURE.md): each such WARN excuses one unedited message of
+// its session's answers, among those the daemon posted.
+func (h *draftHunt) noteUnsure(log string) {
+	keys := map[string]int{}
+	for _, line := range strings.Split(log, "\n") {
+		if sub := unsureDraft.FindStringSubmatch(line); sub != nil {
+			keys[sub[1]]++
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.unsure == nil {
+		h.unsure, h.left = map[string]int{}, map[string]string{}
+	}
+	for key, n := range keys {
+		h.unsure[key] += n
+		h.t.Logf("the daemon stopped while %d draft post(s) of %s were unanswered", n, key)
+	}
+	for _, ch := range draftChats {
+		for _, m := range h.w.srv.Sent(ch) {
+			sub := draftLine.FindStringSubmatch(m.Content)
+			if sub == nil || h.before[m.ID] || m.EditedTimestamp != nil || strings.HasSuffix(m.Content, actors.InterruptedMark) {
+				continue
+			}
+			h.model.mu.Lock()
+			key := h.model.keyOf[sub[1]]
+			h.model.mu.Unlock()
+			if keys[key] > 0 {
+				h.left[m.ID] = key
+			}
+		}
+	}
+}
+
+// isLeft reports whether id is of a message that showed as a daemon stopped and warned it may
+// have left a draft of the message's session (noteUnsure).
+func (h *draftHunt) isLeft(id string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.left[id]
+	return ok
+}
+
+// leftUnsure reports whether m, which no delivered outbox entry shows, may be a draft a stopped
+// daemon warned it left (noteUnsure), and counts it in excused, by session key.
+func (h *draftHunt) leftUnsure(m *discordgo.Message, excused map[string]int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	key, ok := h.left[m.ID]
+	if !ok || m.EditedTimestamp != nil || excused[key] >= h.unsure[key] {
+		return false
+	}
+	excused[key]++
+	return true
 }
 
 // partialOf reports whether content shows a part of one attempt's answer that is not a whole
@@ -538,6 +621,7 @@ func (h *draftHunt) problems(es []persistence.OutboxEntry, quick bool) []string 
 		text string
 	}
 	want := map[string][]part{}
+	excused := map[string]int{} // by session key: messages taken for drafts left (leftUnsure)
 	for i := range es {
 		e := &es[i]
 		if strings.TrimSpace(e.Text) == "" || e.State != persistence.DeliveryDelivered {
@@ -556,9 +640,17 @@ func (h *draftHunt) problems(es []persistence.OutboxEntry, quick bool) []string 
 		used := make([]bool, len(sent))
 		pos := map[*persistence.OutboxEntry][]int{}
 		for _, p := range want[ch] {
+			// A draft a stopped daemon may have left can show the whole of a part: the part
+			// is the message posted for it, when there is one.
 			at := -1
 			for k, m := range sent {
-				if !used[k] && m.Content == p.text {
+				if used[k] || m.Content != p.text {
+					continue
+				}
+				if at < 0 {
+					at = k
+				}
+				if !h.isLeft(m.ID) {
 					at = k
 					break
 				}
@@ -588,6 +680,9 @@ func (h *draftHunt) problems(es []persistence.OutboxEntry, quick bool) []string 
 						}
 					}
 				}
+				continue
+			}
+			if h.leftUnsure(m, excused) {
 				continue
 			}
 			kind := "a message no delivered outbox entry shows"
