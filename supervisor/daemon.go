@@ -21,6 +21,7 @@ import (
 	"github.com/agentgate/agentgate/agents/echo"
 	agentexec "github.com/agentgate/agentgate/agents/exec"
 	"github.com/agentgate/agentgate/agents/openai"
+	"github.com/agentgate/agentgate/internal/buildinfo"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/logging"
@@ -329,7 +330,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		d.system.Root.Send(pid, &actors.StartIntake{Deliver: d.intake.Deliver})
 	}
 	log.Info("agentgate started", "addr", d.addr.String(), "agent", cfg.Agent.Backend, "data_dir", cfg.DataDir,
-		"store", storeName(d.store))
+		"store", storeName(d.store), "version", buildinfo.Version())
 	return d, nil
 }
 

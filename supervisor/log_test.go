@@ -3,11 +3,15 @@ package supervisor
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
 
+	"github.com/agentgate/agentgate/agents/echo"
+	"github.com/agentgate/agentgate/internal/buildinfo"
+	"github.com/agentgate/agentgate/internal/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -55,4 +59,21 @@ func TestActorLogFloor(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStartLineNamesTheBuild: the daemon's start line names the build that runs (what
+// `agentgate version` prints), so a log read later says which build wrote it.
+func TestStartLineNamesTheBuild(t *testing.T) {
+	var logs testutil.Buffer
+	r := MustStartDaemon(t, echo.New(), daemonOpts{logs: &logs})
+	r.stop(t)
+	for line := range strings.SplitSeq(logs.String(), "\n") {
+		if strings.Contains(line, `msg="agentgate started"`) {
+			if want := fmt.Sprintf("version=%q", buildinfo.Version()); !strings.Contains(line, want) {
+				t.Errorf("start line %q, want it to carry %s", line, want)
+			}
+			return
+		}
+	}
+	t.Fatalf("no start line in the log:\n%s", logs.String())
 }

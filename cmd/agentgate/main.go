@@ -11,10 +11,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/buildinfo"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/supervisor"
@@ -80,7 +80,7 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 		if err := parse(flag.NewFlagSet("version", flag.ContinueOnError), args, stderr); err != nil {
 			return err
 		}
-		fmt.Fprintln(stdout, "agentgate", version())
+		fmt.Fprintln(stdout, "agentgate", buildinfo.Version())
 		return nil
 	case "help":
 		if len(args) > 0 && args[0] != "help" && !isHelpFlag(args[0]) {
@@ -274,18 +274,4 @@ func unwrapAll(err error) []error {
 		return out
 	}
 	return []error{err}
-}
-
-func version() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "(unknown)"
-	}
-	v := bi.Main.Version
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-			v += " " + s.Value[:12]
-		}
-	}
-	return v + " " + bi.GoVersion
 }
