@@ -121,7 +121,7 @@ type Actor struct {
 	lingerOff int  // commits left before lingering is tried again
 	replaying bool
 	timers    *scheduler.TimerScheduler
-	repeats   repeatLimiter // the lines a lasting failure would log at every commit or replay tick
+	repeats   lineLimits // the lines a lasting failure would log at every commit or replay tick
 	// incarnation is ActorOptions.Incarnation when this incarnation started.
 	incarnation uint64
 

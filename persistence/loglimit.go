@@ -3,41 +3,40 @@ package persistence
 import (
 	"context"
 	"log/slog"
-	"time"
+
+	"github.com/agentgate/agentgate/internal/logging"
 )
 
-// repeatEvery is how often a line that a lasting failure repeats is logged again: a full
-// disk or an unreadable spool would otherwise log it at every commit, or at every replay tick
-// (each second). The lines held back meanwhile are counted in the next one (repeats).
-const repeatEvery = time.Minute
+// lineLimits holds back the lines a lasting failure repeats (a full disk or an unreadable
+// spool would log them at every commit, or at every replay tick, each second): each message
+// is logged at most once per logging.LimitEvery, and the lines held back meanwhile are counted
+// in the next one (repeats). The persistence actor owns it; it is not safe for concurrent use.
+type lineLimits map[string]*logging.Limiter
 
-// repeatLimiter holds back a line already logged within repeatEvery, per message. The
-// persistence actor owns it; it is not safe for concurrent use.
-type repeatLimiter struct {
-	last map[string]time.Time
-	held map[string]int
-}
-
-// log logs msg at level unless it was logged within repeatEvery, adding how many times it was
-// held back since it was last logged.
-func (l *repeatLimiter) log(log *slog.Logger, level slog.Level, msg string, args ...any) {
-	now := time.Now()
-	if l.last == nil {
-		l.last, l.held = map[string]time.Time{}, map[string]int{}
+// log logs msg at level unless it was logged within logging.LimitEvery, adding how many times
+// it was held back since it was last logged.
+func (ls *lineLimits) log(log *slog.Logger, level slog.Level, msg string, args ...any) {
+	if *ls == nil {
+		*ls = lineLimits{}
 	}
-	if t, ok := l.last[msg]; ok && now.Sub(t) < repeatEvery {
-		l.held[msg]++
+	l := (*ls)[msg]
+	if l == nil {
+		l = &logging.Limiter{}
+		(*ls)[msg] = l
+	}
+	n, ok := l.Allow()
+	if !ok {
 		return
 	}
-	if n := l.held[msg]; n > 0 {
-		args = append(args, "repeats", n)
+	if n > 1 {
+		args = append(args, "repeats", n-1)
 	}
-	l.last[msg], l.held[msg] = now, 0
 	log.Log(context.Background(), level, msg, args...)
 }
 
 // ok says that what msg reports has stopped failing: its next failure is logged at once.
-func (l *repeatLimiter) ok(msg string) {
-	delete(l.last, msg)
-	delete(l.held, msg)
+func (ls lineLimits) ok(msg string) {
+	if l := ls[msg]; l != nil {
+		l.Reset()
+	}
 }

@@ -31,7 +31,7 @@ type checkpointer struct {
 	db       *sql.DB // the Store's writer pool: its one connection serialises us with Commit
 	wal      string  // path of the -wal file
 	log      *slog.Logger
-	warn     rateLimiter // a failure that lasts would log at every tick (each second by default)
+	warn     logging.Limiter // a failure that lasts would log at every tick (each second by default)
 	cancel   context.CancelFunc
 	done     chan struct{}
 	stopOnce sync.Once
@@ -67,7 +67,7 @@ func (c *checkpointer) run(ctx context.Context, every time.Duration) {
 			lastRestart = time.Now()
 		}
 		if _, err := checkpoint(ctx, c.db, mode); err != nil && ctx.Err() == nil {
-			if n, ok := c.warn.allow(); ok {
+			if n, ok := c.warn.Allow(); ok {
 				c.log.Warn("wal checkpoint failed", "mode", mode, "failures", n, logging.Err(err))
 			}
 		}
@@ -116,29 +116,4 @@ func checkpoint(ctx context.Context, db *sql.DB, mode string) (ckptResult, error
 		return r, fmt.Errorf("checkpoint %s: %w", mode, err)
 	}
 	return r, nil
-}
-
-// rateLimiter lets one event through per period and counts the ones it holds back.
-type rateLimiter struct {
-	mu      sync.Mutex
-	last    time.Time
-	pending int
-}
-
-const warnEvery = time.Minute
-
-// allow records one event and reports whether it should be logged, with the number of events
-// since the last logged one (this one included).
-func (l *rateLimiter) allow() (int, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.pending++
-	now := time.Now()
-	if !l.last.IsZero() && now.Sub(l.last) < warnEvery {
-		return 0, false
-	}
-	l.last = now
-	n := l.pending
-	l.pending = 0
-	return n, true
 }

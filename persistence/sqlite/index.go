@@ -137,13 +137,13 @@ func (s *Store) indexPass(ctx context.Context) (n int, more bool, err error) {
 		if x.pending.Load() == 0 {
 			x.pending.Store(1) // unknown, but Open could not catch up: try again later
 		}
-		if c, ok := s.ftsWarn.allow(); ok {
+		if c, ok := s.ftsWarn.Allow(); ok {
 			s.log.Warn("fts index pass failed; messages wait unindexed", "batches", c, logging.Err(err))
 		}
 		return 0, false, err
 	}
 	if failed > 0 {
-		if c, ok := s.ftsWarn.allow(); ok {
+		if c, ok := s.ftsWarn.Allow(); ok {
 			s.log.Warn("fts index write failed; messages stored unindexed",
 				"rows", failed, "batches", c, logging.Err(ferr))
 		}

@@ -171,7 +171,7 @@ func (s *Store) pruneSession(ctx context.Context, tx *sql.Tx, c pruneCandidate, 
 	case err == nil:
 		return true, nil
 	case errors.Is(err, errKeep) && !IsUnavailable(err) && ctx.Err() == nil:
-		if n, ok := s.ftsWarn.allow(); ok {
+		if n, ok := s.ftsWarn.Allow(); ok {
 			s.log.Warn("fts index delete failed; session kept", "session_id", id, "batches", n, logging.Err(err))
 		}
 		return false, nil

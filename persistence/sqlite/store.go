@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
@@ -65,7 +66,7 @@ type Store struct {
 	ckpt      *checkpointer
 	idx       *indexer // the search index backlog; nil for a read-only store
 	now       func() time.Time
-	ftsWarn   rateLimiter
+	ftsWarn   logging.Limiter
 	// fault, set only by tests, fails an op of Commit before it runs, as a database that
 	// cannot take that one write would (a fault at the store's edge).
 	fault func(persistence.Op) error

@@ -1,0 +1,39 @@
+package logging
+
+import (
+	"sync"
+	"time"
+)
+
+// LimitEvery is how often a Limiter lets an event through.
+const LimitEvery = time.Minute
+
+// Limiter lets one event through per LimitEvery and counts the ones it holds back: a failure
+// that lasts (a full disk, an unreadable spool, a failing checkpoint) would otherwise log its
+// line at every commit or every tick. The zero value is ready; it is safe for concurrent use.
+type Limiter struct {
+	mu   sync.Mutex
+	last time.Time // when an event was last let through; zero: none since Reset
+	n    int       // events since then
+}
+
+// Allow records one event and reports whether to log it, and how many events the line stands
+// for: this one and those held back since the last one let through.
+func (l *Limiter) Allow() (n int, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n++
+	now := time.Now()
+	if !l.last.IsZero() && now.Sub(l.last) < LimitEvery {
+		return 0, false
+	}
+	n, l.n, l.last = l.n, 0, now
+	return n, true
+}
+
+// Reset forgets the events: what failed works again, and its next failure is logged at once.
+func (l *Limiter) Reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.last, l.n = time.Time{}, 0
+}

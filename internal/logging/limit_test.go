@@ -1,0 +1,37 @@
+package logging
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// TestLimiter: the first event of a failure is let through at once, then one a LimitEvery,
+// standing for the events held back; after Reset the next is let through at once.
+func TestLimiter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l Limiter
+		type got struct {
+			n  int
+			ok bool
+		}
+		allow := func() got { n, ok := l.Allow(); return got{n, ok} }
+		step := LimitEvery / 4
+		var seen []got
+		for range 9 { // 0, ¼, ½, ¾, 1, … 2 periods
+			seen = append(seen, allow())
+			time.Sleep(step)
+		}
+		want := []got{{1, true}, {}, {}, {}, {4, true}, {}, {}, {}, {4, true}}
+		for i := range want {
+			if seen[i] != want[i] {
+				t.Fatalf("Allow at %v = %+v, want %+v (all: %+v)", time.Duration(i)*step, seen[i], want[i], seen)
+			}
+		}
+		allow()
+		l.Reset()
+		if g := allow(); g != (got{1, true}) {
+			t.Errorf("Allow after Reset = %+v, want {1 true}", g)
+		}
+	})
+}
