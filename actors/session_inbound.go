@@ -72,6 +72,7 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 	}
 	ops := s.expireIfIdle(now)
 	expired := len(ops) > 0
+	s.forgetPruned(now)
 	auto := s.autoReset()
 	inc, created := s.ensureIncarnation(src, now)
 	ops = append(ops, inc...)
@@ -449,11 +450,22 @@ func (s *Session) ensureIncarnation(src identity.Source, now time.Time) ([]persi
 	if s.cur != nil {
 		return nil, false
 	}
+	s.forgetPruned(now)
 	prev := ""
 	if s.prev != nil {
 		prev = s.prev.ID
 	}
 	return s.newIncarnation(src, now, prev), true
+}
+
+// forgetPruned forgets the ended session the key routes to once pruning may have deleted it
+// (it ended longer ago than the retention), so that its successor names it nowhere
+// (prev_session_id, the reset notice's /resume), as when the key loads after the session was
+// pruned. A session stays in memory that long only when passivation is off or slower.
+func (s *Session) forgetPruned(now time.Time) {
+	if p := s.d.Config.Prune; s.prev != nil && p.Enabled && s.prev.EndedAt.Before(now.Add(-p.After)) {
+		s.prev = nil
+	}
 }
 
 // newIncarnation makes a new current session and returns the ops that record it.

@@ -518,13 +518,15 @@ type Store interface {
 	// only method that deletes rows.
 	//
 	// A session is kept whenever it may still be needed or its safety cannot be established:
-	// while it is open, while a key routes to it, while it has pending user messages or
-	// undelivered outbox entries (for its session id), or when its end time is missing or
-	// unreadable. Routing rows are never deleted, and a key's last outbox entry stays with its
-	// seq (outbox seqs are SSE event ids and must never be reused): when it is a pruned
-	// session's it becomes KindPruned, without text or the ids it answered. On error nothing
-	// is deleted. It is called by the owner of the
-	// persistence actor, not by the actor, and is safe to run concurrently with Commit.
+	// while it is open, while it has pending user messages or undelivered outbox entries (for
+	// its session id), or when its end time is missing or unreadable. A key's last session is
+	// pruned like any other once it ended: its routing row stays and points to a session that
+	// is gone, which LoadSession returns as a Route with a nil Session, so the key's next
+	// message starts a new session. Routing rows are never deleted, and a key's last outbox
+	// entry stays with its seq (outbox seqs are SSE event ids and must never be reused): when
+	// it is a pruned session's it becomes KindPruned, without text or the ids it answered. On
+	// error nothing is deleted. It is called by the owner of the persistence actor, not by the
+	// actor, and is safe to run concurrently with Commit.
 	PruneSessions(ctx context.Context, endedBefore time.Time, limit int) (pruned int, err error)
 	// OpenDrafts returns the drafts of platform recorded and not closed, oldest first (ties by
 	// id), at most limit (DefaultOpenDraftsLimit when limit <= 0).

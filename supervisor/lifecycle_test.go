@@ -318,6 +318,79 @@ func TestPruneOldEndedSessions(t *testing.T) {
 	}
 }
 
+// TestPruneTakesAChatsLastSession: the retention deletes a chat's last conversation too. Two
+// chats write once and go quiet; the idle reset ends their sessions, and a day later pruning
+// deletes both, transcripts and replies. The chat that writes again while its session actor is
+// still in memory, and the one that writes after a restart, each start a new session that
+// names none: no prev_session_id, no reset notice offering a /resume of what is gone.
+func TestPruneTakesAChatsLastSession(t *testing.T) {
+	clk := testutil.NewClock(t0)
+	dir := t.TempDir()
+	tweak := func(c *config.Config) {
+		idleHour(c)
+		c.Sessions.Prune.Enabled, c.Sessions.Prune.Retention, c.Sessions.Prune.Interval = true, 24*time.Hour, time.Hour
+	}
+	other := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c2", UserID: "u2"}
+	r := startClocked(t, dir, clk, &recorder{}, tweak)
+	first := r.inject(t, dm, "m1", "hello")
+	second := r.inject(t, other, "o1", "hi")
+	r.waitReplyTo(t, "m1")
+	r.waitReplyTo(t, "o1")
+	waitUntil(t, func() bool { // the replies' deliveries are recorded
+		for _, k := range []string{first.SessionKey, second.SessionKey} {
+			es, err := r.d.store.OutboxAfter(t.Context(), k, 0, 10)
+			if err != nil || len(es) == 0 || es[0].State != persistence.DeliveryDelivered {
+				return false
+			}
+		}
+		return true
+	})
+	clk.Advance(61 * time.Minute)
+	r.checkResets()
+	waitUntil(t, func() bool {
+		return !r.session(t, first.SessionID).EndedAt.IsZero() && !r.session(t, second.SessionID).EndedAt.IsZero()
+	})
+	clk.Advance(25 * time.Hour)
+	r.d.system.Root.Send(r.d.timers, &actors.Prune{})
+	for _, ack := range []*platforms.Ack{first, second} {
+		waitUntil(t, func() bool {
+			_, err := r.d.store.Session(t.Context(), ack.SessionID)
+			return errors.Is(err, persistence.ErrNotFound)
+		})
+		if ms, err := r.d.store.Transcript(t.Context(), ack.SessionID); err != nil || len(ms) != 0 {
+			t.Errorf("transcript of the pruned session %s: %d rows (%v), want none", ack.SessionID, len(ms), err)
+		}
+		if es, err := r.d.store.OutboxAfter(t.Context(), ack.SessionKey, 0, 10); err != nil || len(es) != 0 {
+			t.Errorf("replies of the pruned session %s: %+v (%v), want none", ack.SessionID, es, err)
+		}
+	}
+
+	// A new session, in memory and after a restart alike.
+	check := func(r *runtime, ack *platforms.Ack, id string, sent int) {
+		t.Helper()
+		if ack.SessionID == "" || ack.SessionID == first.SessionID || ack.SessionID == second.SessionID {
+			t.Fatalf("%s went to session %q, want a new one", id, ack.SessionID)
+		}
+		if s := r.session(t, ack.SessionID); s.PrevSessionID != "" {
+			t.Errorf("%s's new session names the pruned %s as its previous one", id, s.PrevSessionID)
+		}
+		r.waitReplyTo(t, id)
+		outs := r.fake.Sent()
+		if len(outs) != sent || outs[sent-1].Kind != platforms.KindReply {
+			var said []string
+			for _, o := range outs {
+				said = append(said, o.Kind+": "+o.Text)
+			}
+			t.Errorf("after %s the chats were sent %q; want %d messages, the last one its reply (no reset notice)", id, said, sent)
+		}
+	}
+	check(r, r.inject(t, dm, "m2", "back after days"), "m2", 3)
+	r.stop(t)
+	r = startClocked(t, dir, clk, &recorder{}, tweak)
+	defer r.stop(t)
+	check(r, r.inject(t, other, "o2", "me too"), "o2", 1)
+}
+
 // TestStopUnknownCommandAndSharedPrefix: /stop cancels the running turn and drops the queued
 // messages; an unknown command gets help, not an agent turn; in a shared thread each message
 // reaches the agent with its sender's neutralised name.

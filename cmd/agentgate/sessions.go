@@ -192,7 +192,7 @@ func printShow(w io.Writer, o *showJSON) error {
 	fmt.Fprintf(tw, "key:\t%s\n", cell(o.SessionKey))
 	fmt.Fprintf(tw, "route:\tsession %s, generation %d, updated %s\n", cell(r.SessionID), r.Generation, timeCell(r.UpdatedAt))
 	if s := o.Session; s == nil {
-		fmt.Fprintf(tw, "session:\t%s (row missing)\n", cell(r.SessionID))
+		fmt.Fprintf(tw, "session:\t%s (gone: pruned after it ended)\n", cell(r.SessionID))
 	} else {
 		for _, kv := range [][2]string{
 			{"session", s.ID}, {"platform", s.Platform}, {"chat type", s.ChatType}, {"chat id", s.ChatID},
@@ -414,7 +414,9 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	s := snap.Session
 	if s == nil {
-		return fmt.Errorf("session %s: routed session %s not found", key, snap.Route.SessionID)
+		// Pruned: it ended longer ago than sessions.prune.retention. Nothing is left to end.
+		fmt.Fprintf(stdout, "session %s of %s ended and was pruned; the key's next message starts a new one\n", snap.Route.SessionID, key)
+		return nil
 	}
 	if !s.EndedAt.IsZero() {
 		fmt.Fprintf(stdout, "session %s of %s already ended (%s)\n", s.ID, key, s.EndReason)

@@ -593,6 +593,26 @@ func TestSessionsReset(t *testing.T) {
 		}
 	})
 
+	t.Run("pruned", func(t *testing.T) {
+		// The key routes to a session pruning deleted: there is nothing to end, and that is no error.
+		dir := t.TempDir()
+		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatalf("sqlite.Open: %v", err)
+		}
+		storetest.MustCommit(t, st, &persistence.PutRoute{Route: persistence.Route{Key: keyA, SessionID: "sa-gone", Generation: 3, UpdatedAt: sessAt(1)}})
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
+		out, _ := MustRunSessions(t, "reset", "--data-dir", dir, keyA)
+		if want := "session sa-gone of " + keyA + " ended and was pruned; the key's next message starts a new one\n"; out != want {
+			t.Errorf("reset of a key whose session was pruned: stdout = %q, want %q", out, want)
+		}
+		if show, _ := MustRunSessions(t, "show", "--data-dir", dir, keyA); fieldOf(show, "session") != "sa-gone (gone: pruned after it ended)" {
+			t.Errorf("show of a key whose session was pruned: session = %q", fieldOf(show, "session"))
+		}
+	})
+
 	t.Run("daemon running", func(t *testing.T) {
 		dir, daemon := MustSeedLockedSessions(t) // the daemon holds the database
 

@@ -15,7 +15,6 @@ import (
 // reopening it) waits, and then finds it gone.
 const pruneCandidatesSQL = `SELECT s.id, s.key FROM sessions s
 	WHERE s.ended_at IS NOT NULL AND s.ended_at > 0 AND s.ended_at < $1
-		AND NOT EXISTS (SELECT 1 FROM routing r WHERE r.session_id = s.id)
 		AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id AND m.role = 'user'
 			AND m.active AND m.status NOT IN ('done', 'failed', 'quarantined'))
 		AND NOT EXISTS (SELECT 1 FROM outbox o

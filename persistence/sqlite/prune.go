@@ -17,15 +17,16 @@ import (
 // condition errs on the side of keeping a session:
 //   - ended_at must be a positive INTEGER below the cutoff: NULL (open), zero, negative, real,
 //     text or blob values are kept, even when they might read as an old time;
-//   - no routing row may point to it, whatever its key;
 //   - no active user message may be unanswered: any status but done, failed and quarantined
 //     (a garbage one included) counts as pending;
 //   - no outbox entry recorded for its session id (under its key) may be pending (delivered
 //     and failed, refused by its platform for good, are final).
+//
+// A routing row may point to it: a key's last session, once ended, is pruned like any other
+// (the row stays, and the key's next message starts a new session).
 const pruneCandidatesSQL = `SELECT s.id, s.key FROM sessions s
 	WHERE s.ended_at IS NOT NULL AND s.ended_at > 0 AND s.ended_at < ?1
 		AND typeof(s.ended_at) = 'integer'
-		AND NOT EXISTS (SELECT 1 FROM routing r WHERE r.session_id = s.id)
 		AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id AND m.role = 'user'
 			AND m.active <> 0 AND m.status NOT IN ('done', 'failed', 'quarantined'))
 		AND NOT EXISTS (SELECT 1 FROM outbox o INDEXED BY outbox_undelivered

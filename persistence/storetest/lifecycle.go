@@ -340,7 +340,10 @@ func setUpPrune(t *testing.T, s persistence.Store) pruneFixture {
 	open := newSession("open", "k")
 	open.LastActivityAt = at(1)
 	create(open) // open, not routed, idle for long: not ended, so never pruned
+	// Pruned too: a key's last session, ended (an idle reset, say) and routed to, goes like any
+	// other; its routing row stays.
 	create(ended("routed-ended", "k-routed", 1, 10),
+		&persistence.AppendMessage{Message: done(userMsg("routed-ended", 1, "routed-1", "said once, long ago"))},
 		&persistence.PutRoute{Route: route("k-routed", "routed-ended", 1)})
 	create(ended("routed-elsewhere", "k-x", 1, 10),
 		&persistence.PutRoute{Route: route("k-y", "routed-elsewhere", 1)})
@@ -354,9 +357,9 @@ func setUpPrune(t *testing.T, s persistence.Store) pruneFixture {
 	create(lastCurrent, &persistence.PutRoute{Route: route("k-last", "last-current", 2)})
 	MustCommit(t, s, ops...)
 	return pruneFixture{
-		prunable: []string{"plain", "last-ended", "answered", "undone", "quarantined", "failed-delivery"},
-		kept: []string{"pending", "undelivered", "recent", "at-cutoff", "open",
-			"routed-ended", "routed-elsewhere", "current", "last-current"},
+		prunable: []string{"plain", "last-ended", "answered", "undone", "quarantined", "failed-delivery",
+			"routed-ended", "routed-elsewhere"},
+		kept: []string{"pending", "undelivered", "recent", "at-cutoff", "open", "current", "last-current"},
 	}
 }
 
@@ -398,7 +401,7 @@ func testPruneSessions(t *testing.T, s persistence.Store) {
 				t.Errorf("Transcript(%s) after pruning = %d rows, want 0", id, len(ms))
 			}
 		}
-		for _, msgID := range []string{"ans-1", "undone-1", "q-1"} {
+		for _, msgID := range []string{"ans-1", "undone-1", "q-1", "routed-1"} {
 			if _, err := s.FindInbound(ctx, "http", "chat", msgID); !errors.Is(err, persistence.ErrNotFound) {
 				t.Errorf("FindInbound(%s) after pruning: error = %v, want ErrNotFound", msgID, err)
 			}
@@ -436,6 +439,11 @@ func testPruneSessions(t *testing.T, s persistence.Store) {
 				t.Errorf("Route(%s) = %s, want %s", key, r.SessionID, want)
 			}
 		}
+		snap := check(s.LoadSession(ctx, "k-routed", 10)).must(t, "LoadSession")
+		if snap.Route == nil || snap.Session != nil || len(snap.History) != 0 || len(snap.Pending) != 0 {
+			t.Errorf("LoadSession(k-routed) after its session was pruned: route %+v, session %+v, %d history, %d pending; want the route alone",
+				snap.Route, snap.Session, len(snap.History), len(snap.Pending))
+		}
 	})
 	t.Run("sessions of the key", func(t *testing.T) {
 		got := sessionIDs(check(s.SessionsOfKey(ctx, "k", 0)).must(t, "SessionsOfKey"))
@@ -459,18 +467,25 @@ func testPruneSessions(t *testing.T, s persistence.Store) {
 			t.Errorf("OutboxAfter(k) once undelivered's entry 2 went with it = %+v, want none", got)
 		}
 	})
-	t.Run("a routed session is never pruned", func(t *testing.T) {
+	t.Run("a key's last session is pruned once it ended", func(t *testing.T) {
 		MustCommit(t, s, &persistence.EndSession{SessionID: "current", Reason: persistence.EndShutdown, At: at(2)})
-		if n := check(s.PruneSessions(ctx, at(1000), 0)).must(t, "PruneSessions"); n != 2 {
-			t.Errorf("PruneSessions(at(1000), 0) = %d, want 2 (recent, at-cutoff)", n)
+		if n := check(s.PruneSessions(ctx, at(1000), 0)).must(t, "PruneSessions"); n != 3 {
+			t.Errorf("PruneSessions(at(1000), 0) = %d, want 3 (recent, at-cutoff, current)", n)
 		}
-		for _, id := range []string{"current", "routed-ended", "routed-elsewhere", "open"} {
-			if _, err := s.Session(ctx, id); err != nil {
-				t.Errorf("Session(%s) after PruneSessions(at(1000)): %v, want it kept", id, err)
-			}
+		if _, err := s.Session(ctx, "current"); !errors.Is(err, persistence.ErrNotFound) {
+			t.Errorf("Session(current) after it ended and was pruned: error = %v, want ErrNotFound", err)
 		}
-		if ms := check(s.Transcript(ctx, "current")).must(t, "Transcript"); len(ms) != 1 {
-			t.Errorf("Transcript(current) = %d rows, want 1", len(ms))
+		if ms := check(s.Transcript(ctx, "current")).must(t, "Transcript"); len(ms) != 0 {
+			t.Errorf("Transcript(current) after pruning = %d rows, want 0", len(ms))
+		}
+		if _, err := s.Session(ctx, "open"); err != nil {
+			t.Errorf("Session(open) after PruneSessions(at(1000)): %v, want it kept (it never ended)", err)
+		}
+		// The key still routes, to a session that is gone: its next message starts a new one.
+		snap := check(s.LoadSession(ctx, "k", 10)).must(t, "LoadSession")
+		if snap.Route == nil || snap.Route.SessionID != "current" || snap.Session != nil || len(snap.History) != 0 {
+			t.Errorf("LoadSession(k) after its routed session was pruned: route %+v, session %+v, %d history rows; want the route to current, no session, no history",
+				snap.Route, snap.Session, len(snap.History))
 		}
 	})
 }
