@@ -18,7 +18,8 @@ import (
 // meanwhile wait for it and go together in the next one (at most maxMarks per write). Under
 // load a turn then costs the store two groups (its inbound message and its result) and a share
 // of a mark group, instead of three. The records of streaming drafts (OpenDraft, CloseDraft; see
-// drafts.go) go through the same queue, in order.
+// drafts.go) and those a platform keeps itself (platforms.Recorder: Discord's unread places) go
+// through the same queue, in order.
 //
 // A mark not yet written when the process dies means the reply is sent again at the next start:
 // delivery is at least once, as it already is for a crash between a send and its mark. Discord
@@ -41,8 +42,13 @@ const msgMarkFailed = "record a delivery mark; not tried again (a reply left unm
 
 // opAttrs are the log attributes that name what a mark write was for.
 func opAttrs(op persistence.Op) []any {
-	if d, ok := op.(*persistence.MarkDelivery); ok {
-		return []any{"session", d.SessionKey, "seq", d.Seq, "state", d.State}
+	switch o := op.(type) {
+	case *persistence.MarkDelivery:
+		return []any{"session", o.SessionKey, "seq", o.Seq, "state", o.State}
+	case *persistence.MarkUnread:
+		return []any{"op", "mark unread", "chat", o.Unread.ChatID}
+	case *persistence.ClearUnread:
+		return []any{"op", "clear unread", "chat", o.ChatID}
 	}
 	return []any{"op", fmt.Sprintf("%T", op)}
 }

@@ -61,6 +61,9 @@ type Platform struct {
 	ended         endedTurns        // turns whose drafts are finished or dropped
 }
 
+// recordOps carries the ops a platform records (platforms.Recorder) to its actor.
+type recordOps struct{ ops []persistence.Op }
+
 // job is one entry of a key's send queue: an outbound message, or a draft post or edit.
 type job struct {
 	out       *platforms.Outbound
@@ -149,6 +152,12 @@ func (a *Platform) Receive(c actor.Context) {
 		// The actor context, and so the timers' sender and the PID they send to, is the same
 		// across restarts: timers armed before a crash still reach the actor.
 		a.timers = scheduler.NewTimerScheduler(c)
+		if r, ok := a.p.(platforms.Recorder); ok {
+			// Its records go with the delivery marks: in order, and tried again while the
+			// store is unavailable. The PID is the same across restarts.
+			root, self := c.ActorSystem().Root, c.Self()
+			r.SetRecord(func(ops ...persistence.Op) { root.Send(self, &recordOps{ops: ops}) })
+		}
 		a.removeOldDrafts(c)
 		a.started = true
 	case *actor.Restarting:
@@ -200,6 +209,10 @@ func (a *Platform) Receive(c actor.Context) {
 			delete(a.held, m.key)
 			a.inflight[m.key] = false
 			a.pump(c, m.key)
+		}
+	case *recordOps:
+		for _, op := range m.ops {
+			a.mark(c, op)
 		}
 	case *persistence.WriteResult:
 		a.onMarksWritten(c, m)

@@ -39,6 +39,7 @@ func FuzzSpoolReplay(f *testing.F) {
 		`{"version":1,"groups":[[{"type":"MarkDelivery","op":{"SessionKey":"k","Seq":1,"State":"x"}}]]}`,
 		`{"version":1,"groups":[[{"type":"AddUsage","op":{"InputTokens":9223372036854775807}}],[{"type":"AddUsage","op":{"InputTokens":9223372036854775807}}]]}`,
 		`{"version":1,"groups":[[{"type":"OpenDraft","op":{}}],[{"type":"CloseDraft","op":{}}]]}`,
+		`{"version":1,"groups":[[{"type":"MarkUnread","op":{}}],[{"type":"ClearUnread","op":{"Platform":"discord"}}]]}`,
 		`{"version":1,"groups":[[{"type":"Fence","op":{"Key":"k","Epoch":-1}}]]}`,
 		`{"version":1,"groups":[[{"type":"EndSession","op":{"At":"0001-01-01T00:00:00Z"}}]]}`,
 		`{"version":1,"groups":[[{"type":"SetAttempts","op":{"Seq":1,"Attempts":-1}}],[{"type":"MarkProbation","op":{}}]]}`,
@@ -62,7 +63,9 @@ func FuzzSpoolReplay(f *testing.F) {
 			&persistence.MarkProbation{SessionID: "s", Seq: 1, Run: "r"}, &persistence.ArchiveMessages{SessionID: "s", Seqs: []int64{1}}},
 		{&persistence.SetTitle{SessionID: "s", Title: "t"}, &persistence.SetQueueMode{SessionID: "s", Mode: "collect"},
 			&persistence.OpenDraft{Draft: persistence.Draft{Platform: "discord", ID: "d", SessionKey: "k", TurnID: "t1", CreatedAt: t0}},
-			&persistence.CloseDraft{Platform: "discord", ID: "d"}, &persistence.Fence{Key: "k", Epoch: 1}},
+			&persistence.CloseDraft{Platform: "discord", ID: "d"}, &persistence.Fence{Key: "k", Epoch: 1},
+			&persistence.MarkUnread{Unread: persistence.Unread{Platform: "discord", ChatID: "c", After: "9", At: t0}},
+			&persistence.ClearUnread{Platform: "discord", ChatID: "c"}},
 		{&persistence.EndSession{SessionID: "s", Reason: persistence.EndNewCommand, At: t0}, &persistence.ReopenSession{SessionID: "s"}},
 	})
 	if err != nil {

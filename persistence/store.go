@@ -9,9 +9,9 @@
 //
 // Rows are never deleted by an Op: undo and retry archive messages, a boundary ends a session.
 // The only deletion is Store.PruneSessions, and it deletes only sessions that ended before the
-// retention cutoff and that nothing still needs (see there). Draft records are the exception:
-// they are bookkeeping of messages on a platform, not conversation data, and CloseDraft deletes
-// them.
+// retention cutoff and that nothing still needs (see there). Draft records and unread places
+// are the exception: they are bookkeeping of a platform, not conversation data, and CloseDraft
+// and ClearUnread delete them.
 //
 // This package must not import actors, supervisor or platforms.
 package persistence
@@ -180,6 +180,20 @@ type Draft struct {
 	CreatedAt time.Time
 }
 
+// Unread is a place in a platform's chat after which messages may have gone unread: a
+// platform that reads its chats' history back after a disconnection (Discord) failed to read
+// past it, and live messages taken since have moved the chat's newest stored message beyond
+// it. The record lets the next process (a restart, another cluster member) read from there.
+// (Platform, ChatID) is its identity.
+type Unread struct {
+	Platform string
+	ChatID   string // the platform's chat: a Discord channel or thread
+	ScopeID  string // the guild or workspace, when the platform needs it to read the chat
+	After    string // the platform's id of the last message known read; reading resumes after it
+	// At is when the place was first recorded: every message left unread there is older.
+	At time.Time
+}
+
 // Op is one write. The concrete types below are the only implementations. Every op is
 // idempotent (re-sending a write whose acknowledgement was lost is harmless) except the two
 // counters, IncrementAttempts and MarkDelivery, which count each application. AddUsage adds,
@@ -311,6 +325,17 @@ type CloseDraft struct {
 	ID       string
 }
 
+// MarkUnread records a chat's unread place, or replaces the one it has. Re-applying it is a
+// no-op.
+type MarkUnread struct{ Unread Unread }
+
+// ClearUnread deletes a chat's unread place once it was read. Clearing an unknown one, or
+// re-applying it, is a no-op.
+type ClearUnread struct {
+	Platform string
+	ChatID   string
+}
+
 // Fence makes its group commit only while no claim of Key newer than Epoch exists (see
 // Store.Claim); otherwise the whole group fails with an error wrapping ErrFenced. It writes
 // nothing. A session activation that claimed its key puts a Fence first in every group it
@@ -324,6 +349,8 @@ type Fence struct {
 func (*Fence) isOp()             {}
 func (*OpenDraft) isOp()         {}
 func (*CloseDraft) isOp()        {}
+func (*MarkUnread) isOp()        {}
+func (*ClearUnread) isOp()       {}
 func (*CreateSession) isOp()     {}
 func (*EndSession) isOp()        {}
 func (*ReopenSession) isOp()     {}
@@ -416,6 +443,7 @@ const (
 	DefaultPruneLimit         = 1000
 	DefaultRecentChatsLimit   = 1000
 	DefaultOpenDraftsLimit    = 1000
+	DefaultUnreadLimit        = 1000
 )
 
 // ChatMark is the newest inbound message a store took from one chat (or thread) of a
@@ -531,6 +559,9 @@ type Store interface {
 	// OpenDrafts returns the drafts of platform recorded and not closed, oldest first (ties by
 	// id), at most limit (DefaultOpenDraftsLimit when limit <= 0).
 	OpenDrafts(ctx context.Context, platform string, limit int) ([]Draft, error)
+	// Unread returns the unread places of platform's chats (MarkUnread), oldest first (ties by
+	// chat id), at most limit (DefaultUnreadLimit when limit <= 0).
+	Unread(ctx context.Context, platform string, limit int) ([]Unread, error)
 	// Claim makes owner the owner of a session key: in a transaction of its own it raises the
 	// key's epoch by one (the first claim gets 1) and returns it. From its return on, a group
 	// with a Fence of the key and an older epoch fails with ErrFenced, and no such group

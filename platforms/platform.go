@@ -3,7 +3,8 @@
 // Outbound reply it is asked to send. Adapters live in sub-packages (http, discord); the runtime
 // that drives them lives in actors and supervisor.
 //
-// This package must not import actors, supervisor or any adapter.
+// This package must not import actors, supervisor or any adapter (persistence, which imports
+// none of them, it may: a Recorder writes its ops).
 package platforms
 
 import (
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
 )
 
 // Inbound is one message a platform received from a user.
@@ -121,6 +123,15 @@ type Editor interface {
 	// DeleteDraft removes the draft id from target's chat. A draft that is already gone is not
 	// an error.
 	DeleteDraft(ctx context.Context, target identity.Source, id string) error
+}
+
+// Recorder is implemented by a platform that keeps records of its own in the store (Discord's
+// unread places, persistence.Unread). Before its Run starts, the runtime hands it record, which
+// queues ops to be written through the persistence actor, in order after the ops queued before
+// them, with the platform's delivery marks. record never blocks; a write the store refuses as
+// unavailable is tried again, one refused otherwise is logged and dropped.
+type Recorder interface {
+	SetRecord(record func(ops ...persistence.Op))
 }
 
 // InterruptedMark ends the text of a draft whose turn was cancelled or crashed (EditDraft). An

@@ -564,7 +564,9 @@ func configuredPlatforms(cfg *config.Config, log *slog.Logger, store persistence
 		recent := func(ctx context.Context, since time.Time) ([]persistence.ChatMark, error) {
 			return store.RecentChats(ctx, discord.Name, since, 0)
 		}
-		p, err := discord.New(discord.Config{Token: token, Settings: dc, Logger: log.With("component", "discord"), Recent: recent, Now: now})
+		unread := func(ctx context.Context) ([]persistence.Unread, error) { return store.Unread(ctx, discord.Name, 0) }
+		p, err := discord.New(discord.Config{Token: token, Settings: dc, Logger: log.With("component", "discord"),
+			Recent: recent, Unread: unread, Now: now})
 		if err != nil {
 			return nil, err
 		}

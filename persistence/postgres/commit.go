@@ -71,6 +71,14 @@ const (
 	closeDraftSQL = `DELETE FROM drafts WHERE platform = $1 AND id = $2`
 )
 
+// Unread places.
+const (
+	markUnreadSQL = `INSERT INTO unread (` + sqlstore.UnreadCols + `) VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (platform, chat_id) DO UPDATE SET scope_id = excluded.scope_id, after_id = excluded.after_id,
+			created_at = excluded.created_at`
+	clearUnreadSQL = `DELETE FROM unread WHERE platform = $1 AND chat_id = $2`
+)
+
 // stmt is one statement of a group. msg is set for a message INSERT: when it inserts nothing,
 // verifyMessage tells a re-sent row (fine) from a duplicate or a conflict (the group fails).
 type stmt struct {
@@ -418,6 +426,17 @@ func groupStmts(ops []persistence.Op) ([]stmt, error) {
 				return nil, errors.New("close draft: platform and id required")
 			}
 			add(closeDraftSQL, o.Platform, o.ID)
+		case *persistence.MarkUnread:
+			if o == nil || o.Unread.Platform == "" || o.Unread.ChatID == "" {
+				return nil, errors.New("mark unread: platform and chat id required")
+			}
+			u := &o.Unread
+			add(markUnreadSQL, u.Platform, u.ChatID, u.ScopeID, u.After, timeArg(u.At))
+		case *persistence.ClearUnread:
+			if o == nil || o.Platform == "" || o.ChatID == "" {
+				return nil, errors.New("clear unread: platform and chat id required")
+			}
+			add(clearUnreadSQL, o.Platform, o.ChatID)
 		case *persistence.Fence:
 			if err := sqlstore.CheckFence(o); err != nil {
 				return nil, err

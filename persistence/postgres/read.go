@@ -600,6 +600,24 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 	}
 }
 
+// Unread implements persistence.Store.
+func (s *Store) Unread(ctx context.Context, platform string, limit int) ([]persistence.Unread, error) {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("unread places: %w", err)
+	}
+	defer done()
+	if limit <= 0 {
+		limit = persistence.DefaultUnreadLimit
+	}
+	us, err := queryAll(ctx, s.pool, scanUnread, `SELECT `+sqlstore.UnreadCols+` FROM unread
+		WHERE platform = $1 ORDER BY `+validNanos("created_at")+`, chat_id COLLATE "C" LIMIT $2`, platform, limit)
+	if err != nil {
+		return nil, fmt.Errorf("unread places of %s: %w", platform, s.explain(ctx, err))
+	}
+	return us, nil
+}
+
 // OpenDrafts implements persistence.Store.
 func (s *Store) OpenDrafts(ctx context.Context, platform string, limit int) ([]persistence.Draft, error) {
 	ctx, done, err := s.enter(ctx)

@@ -97,6 +97,10 @@ func encodeOp(op persistence.Op) (string, []byte, error) {
 		typ, isNil = "OpenDraft", o == nil
 	case *persistence.CloseDraft:
 		typ, isNil = "CloseDraft", o == nil
+	case *persistence.MarkUnread:
+		typ, isNil = "MarkUnread", o == nil
+	case *persistence.ClearUnread:
+		typ, isNil = "ClearUnread", o == nil
 	case *persistence.Fence:
 		typ, isNil = "Fence", o == nil
 	default:
@@ -151,6 +155,10 @@ func newOp(typ string) persistence.Op {
 		return &persistence.OpenDraft{}
 	case "CloseDraft":
 		return &persistence.CloseDraft{}
+	case "MarkUnread":
+		return &persistence.MarkUnread{}
+	case "ClearUnread":
+		return &persistence.ClearUnread{}
 	case "Fence":
 		return &persistence.Fence{}
 	}

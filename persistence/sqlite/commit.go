@@ -40,6 +40,8 @@ const (
 	stAddSessionUsage
 	stOpenDraft
 	stCloseDraft
+	stMarkUnread
+	stClearUnread
 	stFence
 	numStmts
 )
@@ -90,6 +92,10 @@ var writeSQL = [numStmts]string{
 	stOpenDraft: `INSERT INTO drafts (` + sqlstore.DraftCols + `) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (platform, id) DO NOTHING`,
 	stCloseDraft: `DELETE FROM drafts WHERE platform = ? AND id = ?`,
+	stMarkUnread: `INSERT INTO unread (` + sqlstore.UnreadCols + `) VALUES (?, ?, ?, ?, ?)
+		ON CONFLICT (platform, chat_id) DO UPDATE SET scope_id = excluded.scope_id, after_id = excluded.after_id,
+			created_at = excluded.created_at`,
+	stClearUnread: `DELETE FROM unread WHERE platform = ? AND chat_id = ?`,
 	// Commits are serialised (BEGIN IMMEDIATE), so a plain read fences: a claim is a write
 	// transaction of its own, never concurrent with this one.
 	stFence: `SELECT epoch FROM owners WHERE key = ?`,
@@ -486,6 +492,19 @@ func (t *txn) apply(op persistence.Op) error {
 		}
 		_, err := t.exec(stCloseDraft, o.Platform, o.ID)
 		return wrap(err, "close draft %s/%s", o.Platform, o.ID)
+	case *persistence.MarkUnread:
+		if o == nil || o.Unread.Platform == "" || o.Unread.ChatID == "" {
+			return errors.New("mark unread: platform and chat id required")
+		}
+		u := &o.Unread
+		_, err := t.exec(stMarkUnread, u.Platform, u.ChatID, u.ScopeID, u.After, timeArg(u.At))
+		return wrap(err, "mark unread %s/%s", u.Platform, u.ChatID)
+	case *persistence.ClearUnread:
+		if o == nil || o.Platform == "" || o.ChatID == "" {
+			return errors.New("clear unread: platform and chat id required")
+		}
+		_, err := t.exec(stClearUnread, o.Platform, o.ChatID)
+		return wrap(err, "clear unread %s/%s", o.Platform, o.ChatID)
 	case *persistence.Fence:
 		if err := sqlstore.CheckFence(o); err != nil {
 			return err

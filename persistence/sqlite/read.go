@@ -656,6 +656,23 @@ func (s *Store) OpenDrafts(ctx context.Context, platform string, limit int) ([]p
 	return ds, nil
 }
 
+// Unread implements persistence.Store.
+func (s *Store) Unread(ctx context.Context, platform string, limit int) ([]persistence.Unread, error) {
+	if err := s.enter(); err != nil {
+		return nil, readError("unread places: %w", err)
+	}
+	defer s.leave()
+	if limit <= 0 {
+		limit = persistence.DefaultUnreadLimit
+	}
+	us, err := queryAll(ctx, s.reader, scanUnread, `SELECT `+sqlstore.UnreadCols+` FROM unread
+		WHERE platform = ? ORDER BY created_at, chat_id LIMIT ?`, platform, limit)
+	if err != nil {
+		return nil, readError("unread places of %s: %w", platform, err)
+	}
+	return us, nil
+}
+
 // readError is fmt.Errorf for the error of a read: one that means the database cannot be read
 // right now (IsUnavailable: busy past the busy timeout, an I/O error …) also wraps
 // persistence.ErrUnavailable, as the PostgreSQL store's reads do, so that a caller can tell

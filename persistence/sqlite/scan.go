@@ -127,6 +127,12 @@ func parseTimeText(s string) time.Time {
 	return t.UTC()
 }
 
+func scanUnread(r scanner) (persistence.Unread, error) {
+	var u persistence.Unread
+	err := r.Scan(&u.Platform, &u.ChatID, &u.ScopeID, &u.After, nanoTime{&u.At})
+	return u, err
+}
+
 func scanDraft(r scanner) (persistence.Draft, error) {
 	var d persistence.Draft
 	err := r.Scan(&d.Platform, &d.ID, &d.SessionKey, &d.TurnID, &d.ChatType, &d.ChatID, &d.ThreadID,

@@ -63,6 +63,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"MessageStatusAndTitle", testStatusAndTitle},
 		{"UsageAddsOncePerTurn", testUsage},
 		{"Drafts", testDrafts},
+		{"Unread", testUnread},
 		{"Search", testSearch},
 		{"ClaimAndFence", testClaimAndFence},
 		{"ClaimWaitsForFencedCommits", testClaimWaitsForFencedCommits},

@@ -456,6 +456,41 @@ func testConcurrentReadsAndWrites(t *testing.T, s persistence.Store) {
 	wg.Wait()
 }
 
+// testUnread: a chat's unread place is recorded by MarkUnread, replaced by another and deleted
+// by ClearUnread, all idempotent; Unread lists one platform's, oldest first, up to a limit.
+func testUnread(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	place := func(platform, chat, after string, sec int) persistence.Unread {
+		return persistence.Unread{Platform: platform, ChatID: chat, ScopeID: "g-" + chat, After: after, At: at(sec)}
+	}
+	u1, u2, u3, other := place("discord", "c1", "100", 3), place("discord", "c2", "200", 1), place("discord", "c3", "300", 2), place("slack", "c1", "9", 0)
+	MustCommit(t, s, &persistence.MarkUnread{Unread: u1}, &persistence.MarkUnread{Unread: u2},
+		&persistence.MarkUnread{Unread: u3}, &persistence.MarkUnread{Unread: other})
+	MustCommit(t, s, &persistence.MarkUnread{Unread: u2}) // re-applied: no change
+	diff(t, "Unread(discord)", check(s.Unread(ctx, "discord", 0)).must(t, "Unread"), []persistence.Unread{u2, u3, u1})
+	diff(t, "Unread(discord, limit 2)", check(s.Unread(ctx, "discord", 2)).must(t, "Unread"), []persistence.Unread{u2, u3})
+
+	u1 = place("discord", "c1", "150", 9)
+	u1.ScopeID = "moved"
+	MustCommit(t, s, &persistence.MarkUnread{Unread: u1})
+	diff(t, "Unread(discord) after c1 moved", check(s.Unread(ctx, "discord", 0)).must(t, "Unread"), []persistence.Unread{u2, u3, u1})
+
+	MustCommit(t, s, &persistence.ClearUnread{Platform: "discord", ChatID: "c3"})
+	MustCommit(t, s, &persistence.ClearUnread{Platform: "discord", ChatID: "c3"},
+		&persistence.ClearUnread{Platform: "discord", ChatID: "never marked"})
+	diff(t, "Unread(discord) after clearing c3", check(s.Unread(ctx, "discord", 0)).must(t, "Unread"), []persistence.Unread{u2, u1})
+	diff(t, "Unread(slack)", check(s.Unread(ctx, "slack", 0)).must(t, "Unread"), []persistence.Unread{other})
+
+	for _, bad := range []persistence.Op{
+		&persistence.MarkUnread{Unread: persistence.Unread{Platform: "discord"}},
+		&persistence.ClearUnread{ChatID: "c1"},
+	} {
+		if errs := s.Commit(ctx, [][]persistence.Op{{bad}}); errs[0] == nil {
+			t.Errorf("Commit(%T without its identity) = nil error, want one", bad)
+		}
+	}
+}
+
 // testDrafts: a draft is open from OpenDraft until CloseDraft, both idempotent; OpenDrafts
 // lists one platform's, oldest first, up to a limit.
 func testDrafts(t *testing.T, s persistence.Store) {

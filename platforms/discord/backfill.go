@@ -14,6 +14,7 @@ import (
 	"github.com/bwmarrin/discordgo"
 
 	"github.com/agentgate/agentgate/internal/logging"
+	"github.com/agentgate/agentgate/persistence"
 )
 
 // Backfill. Discord replays missed events only to a gateway session that RESUMEs. A new
@@ -63,6 +64,7 @@ func (p *Platform) noteSeen(m *discordgo.Message) {
 		}
 		delete(p.seen, oldest)
 		delete(p.unread, oldest)
+		p.forgetUnread(oldest)
 	}
 	guild := m.GuildID
 	if guild == "" {
@@ -140,6 +142,9 @@ func (p *Platform) backfill(gaps bool) {
 	p.mu.Unlock()
 	since := p.now().Add(-window)
 	p.seed(ctx, since)
+	if !gaps {
+		p.loadUnread(ctx, since)
+	}
 	// The channels to read, in rounds: a message read back may open an auto-thread (handle
 	// remembers it), which is read in the next round; what was said in it meanwhile (it may
 	// have been opened by a daemon that stopped before taking its message) is read back too.
@@ -222,8 +227,10 @@ rounds:
 			p.mu.Lock()
 			if readErr != nil && !refusedForGood(readErr) {
 				p.unread[c.channel] = seenAt{id: after, guild: c.guild}
+				p.keepUnread(c.channel, after, c.guild)
 			} else {
 				delete(p.unread, c.channel)
+				p.forgetUnread(c.channel)
 			}
 			p.mu.Unlock()
 			if gaps && readErr != nil {
@@ -253,9 +260,9 @@ rounds:
 }
 
 // Unread gaps. A backfill whose reads of a channel all failed keeps the place where reading
-// stopped (unread); the READY of the next new gateway session reads from there. That READY may
-// be days away (a RESUME does not backfill), and the place is kept in memory only: a restart
-// before it loses the gap. So the gaps are read again while the gateway session lasts: the
+// stopped (unread, and in the store: see "Unread places in the store" below); the READY of the
+// next new gateway session reads from there. That READY may be days away (a RESUME does not
+// backfill). So the gaps are read again while the gateway session lasts: the
 // first time gapRetryFirst after the backfill that left them, the wait doubling up to
 // gapRetryMax while reads keep failing. Their messages are older than the live ones taken
 // meanwhile, and are answered after them, as at the next READY. Live messages wait while a
@@ -313,6 +320,84 @@ func (p *Platform) stopGapRead() {
 	if p.gapRead != nil {
 		p.gapRead.Stop()
 		p.gapRead = nil
+	}
+}
+
+// Unread places in the store. A place a backfill leaves unread is also recorded in the store
+// (persistence.MarkUnread, through the platform actor's queue of delivery marks), and cleared
+// once a read gets past it; every READY's backfill reads the store's places first. So a
+// restart, or another cluster member that takes the gateway over, reads the gap the last
+// process could not: before, the place lived in this process's memory only, and live messages
+// taken since had moved the store's newest message of the chat past it. A place recorded longer
+// ago than backfill_window is cleared unread: everything left there is older than the window,
+// which backfill does not answer.
+
+// SetRecord implements platforms.Recorder.
+func (p *Platform) SetRecord(record func(ops ...persistence.Op)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.record = record
+}
+
+// keepUnread records channel's unread place, after, in the store unless it holds it already. A
+// place that moves (a read got part of the way) keeps the time of its gap's first recording.
+// p.mu is held.
+func (p *Platform) keepUnread(channel, after, guild string) {
+	if p.record == nil {
+		return
+	}
+	u, ok := p.kept[channel]
+	if ok && u.After == after {
+		return
+	}
+	if !ok {
+		u = persistence.Unread{Platform: Name, ChatID: channel, At: p.now()}
+	}
+	u.After, u.ScopeID = after, guild
+	p.kept[channel] = u
+	p.record(&persistence.MarkUnread{Unread: u})
+}
+
+// forgetUnread clears channel's unread place in the store, if it holds one. p.mu is held.
+func (p *Platform) forgetUnread(channel string) {
+	if _, ok := p.kept[channel]; !ok || p.record == nil {
+		return
+	}
+	delete(p.kept, channel)
+	p.record(&persistence.ClearUnread{Platform: Name, ChatID: channel})
+}
+
+// loadUnread adds the store's unread places to the ones this process knows (its own win: they
+// are newer), and clears those recorded before since.
+func (p *Platform) loadUnread(ctx context.Context, since time.Time) {
+	if p.stored == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, restTimeout)
+	defer cancel()
+	us, err := p.stored(ctx)
+	if err != nil {
+		p.log.Warn("discord backfill: cannot read the unread places from the store; what a failed read left unread is read only if this process left it",
+			logging.Err(err))
+		return
+	}
+	for _, u := range us {
+		p.mu.Lock()
+		if _, mine := p.kept[u.ChatID]; !mine {
+			p.kept[u.ChatID] = u
+		}
+		stale := u.At.Before(since)
+		if stale {
+			delete(p.unread, u.ChatID)
+			p.forgetUnread(u.ChatID)
+		} else if _, mine := p.unread[u.ChatID]; !mine {
+			p.unread[u.ChatID] = seenAt{id: u.After, guild: u.ScopeID}
+		}
+		p.mu.Unlock()
+		if !stale {
+			// Read there even when the store took nothing from the channel within the window.
+			p.noteSeen(&discordgo.Message{ChannelID: u.ChatID, ID: u.After, GuildID: u.ScopeID})
+		}
 	}
 }
 

@@ -47,6 +47,10 @@ type Config struct {
 	// newest one of each: where the first gateway session of the process reads back what was
 	// said while it was down (backfill.go). Nil reads back nothing after a restart.
 	Recent func(ctx context.Context, since time.Time) ([]persistence.ChatMark, error)
+	// Unread returns the unread places the store keeps for Discord (persistence.Unread): where
+	// a backfill of this process or an earlier one (a restart, another cluster member) failed
+	// to read, and every backfill reads from (backfill.go). Nil keeps them in memory only.
+	Unread func(ctx context.Context) ([]persistence.Unread, error)
 	// Now is the clock that backfill_window is measured on; nil is time.Now.
 	Now func() time.Time
 }
@@ -73,9 +77,12 @@ type Platform struct {
 	buckets  restBuckets          // the limiter of the REST calls' buckets (ratelimit.go); own lock
 	threads  *channelCache
 	typing   *typing
-	seen     map[string]seenAt // channel → the newest message seen there (backfill.go)
-	unread   map[string]seenAt // channel → where a backfill that failed stopped reading (backfill.go)
-	live     map[string]string // thread → guild: the threads discordgo's state holds (threads.go)
+	seen     map[string]seenAt             // channel → the newest message seen there (backfill.go)
+	unread   map[string]seenAt             // channel → where a backfill that failed stopped reading (backfill.go)
+	kept     map[string]persistence.Unread // channel → the unread place the store holds, as far as this process knows
+	stored   func(context.Context) ([]persistence.Unread, error)
+	record   func(ops ...persistence.Op) // platforms.Recorder; nil until the runtime sets it
+	live     map[string]string           // thread → guild: the threads discordgo's state holds (threads.go)
 	recent   func(context.Context, time.Time) ([]persistence.ChatMark, error)
 	now      func() time.Time
 	seeded   bool // seen was filled from recent (at the first READY)
@@ -99,6 +106,7 @@ var (
 	_ platforms.Platform = (*Platform)(nil)
 	_ platforms.Checker  = (*Platform)(nil)
 	_ platforms.Editor   = (*Platform)(nil)
+	_ platforms.Recorder = (*Platform)(nil)
 )
 
 // New returns a Discord platform for c. It does not connect: Run does.
@@ -143,6 +151,8 @@ func New(c Config) (*Platform, error) {
 		limited:  map[string]time.Time{},
 		seen:     map[string]seenAt{},
 		unread:   map[string]seenAt{},
+		kept:     map[string]persistence.Unread{},
+		stored:   c.Unread,
 		live:     map[string]string{},
 		recent:   c.Recent,
 		now:      c.Now,

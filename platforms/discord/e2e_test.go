@@ -1094,6 +1094,85 @@ func TestUnreadGapIsReadWhileTheSessionLasts(t *testing.T) {
 	}
 }
 
+// TestUnreadGapSurvivesARestart: the place where a failed backfill stopped reading is kept in
+// the store, so the daemon that starts next reads the gap, although the live message taken
+// meanwhile moved the store's newest message of the chat past it. Before, the place lived in
+// one process's memory: a restart while Discord's API failed (or another cluster member taking
+// the gateway over) lost what was said in the gap without a trace. Once read, the place is
+// cleared.
+func TestUnreadGapSurvivesARestart(t *testing.T) {
+	discord.SetGapRetry(t, time.Hour) // the first daemon never reads the gap again itself
+	w := startWorld(t, echoAgent, nil)
+	before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
+	w.replyTo(t, dmID, before.ID)
+	w.stop(t)
+	down := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "while down"})
+	w.srv.FailNext("GET", "/channels/"+dmID+"/messages", 500, 5) // every try of the backfill
+	w.start(t)
+	w.srv.WaitReady(t)
+	live := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "live"})
+	w.replyTo(t, dmID, live.ID)
+	eventually(t, "the unread place stored", func() bool {
+		us, err := w.d.Store().Unread(t.Context(), discord.Name, 0)
+		return err == nil && len(us) == 1 && us[0].ChatID == dmID && us[0].After == before.ID
+	})
+	w.stop(t)
+
+	w.start(t)
+	w.replyTo(t, dmID, down.ID)
+	if got := w.answered(dmID); !slices.Equal(got, []string{before.ID, live.ID, down.ID}) {
+		t.Errorf("DM replies answer %v, want %v", got, []string{before.ID, live.ID, down.ID})
+	}
+	eventually(t, "the unread place cleared", func() bool {
+		us, err := w.d.Store().Unread(t.Context(), discord.Name, 0)
+		return err == nil && len(us) == 0
+	})
+}
+
+// TestUnreadPlaceOlderThanTheWindowIsCleared: an unread place recorded longer ago than
+// backfill_window holds only messages older than the window, which backfill does not answer:
+// the next start clears it without reading there, so a place whose reads keep failing is not
+// kept for ever. The fake's clock moves a millisecond per message.
+func TestUnreadPlaceOlderThanTheWindowIsCleared(t *testing.T) {
+	discord.SetGapRetry(t, time.Hour)
+	w := startWorld(t, echoAgent, func(c *config.Config) { c.Platforms.Discord.BackfillWindow = 100 * time.Millisecond })
+	const elsewhere = "300000000000000002"
+	w.srv.AddChannel(discordtest.Channel{ID: elsewhere, Type: discordgo.ChannelTypeDM})
+	before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
+	w.replyTo(t, dmID, before.ID)
+	w.stop(t)
+	down := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "while down"})
+	w.srv.FailNext("GET", "/channels/"+dmID+"/messages", 500, 5)
+	w.start(t)
+	w.srv.WaitReady(t)
+	live := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "live"})
+	w.replyTo(t, dmID, live.ID)
+	eventually(t, "the unread place stored", func() bool {
+		us, err := w.d.Store().Unread(t.Context(), discord.Name, 0)
+		return err == nil && len(us) == 1
+	})
+	w.stop(t)
+	for i := range 150 { // the place ages past the window
+		w.srv.Post(discordtest.UserMessage{ChannelID: elsewhere, Author: bob, Content: fmt.Sprint("elsewhere ", i)})
+	}
+
+	reads := w.srv.Requests("GET", "/channels/"+dmID+"/messages")
+	w.start(t)
+	w.srv.WaitReady(t)
+	after := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "after"})
+	w.replyTo(t, dmID, after.ID) // live messages wait for the backfill: it is done
+	eventually(t, "the stale unread place cleared", func() bool {
+		us, err := w.d.Store().Unread(t.Context(), discord.Name, 0)
+		return err == nil && len(us) == 0
+	})
+	if _, ok := w.stored(t, dmID, down.ID); ok {
+		t.Error("a message of a place older than backfill_window was taken")
+	}
+	if n := w.srv.Requests("GET", "/channels/"+dmID+"/messages") - reads; n != 0 {
+		t.Errorf("the start read the DM's history %d times, want none (its only unread place is older than the window)", n)
+	}
+}
+
 // TestMessageDuringStopIsAnsweredAfterTheRestart: a message that arrives while the daemon
 // drains is not taken, and the next start's backfill reads it back and answers it (the store
 // took nothing newer from its chat). So its sender is not told to send it again: before, they

@@ -29,7 +29,8 @@ const (
 		active, archived, attempts, created_at, user_id, user_name`
 	OutboxCols = `session_key, seq, session_id, kind, text, turn_id, in_reply_to, platform,
 		chat_type, chat_id, thread_id, user_id, state, attempts, created_at, delivered_at`
-	DraftCols = `platform, id, session_key, turn_id, chat_type, chat_id, thread_id, run, created_at`
+	DraftCols  = `platform, id, session_key, turn_id, chat_type, chat_id, thread_id, run, created_at`
+	UnreadCols = `platform, chat_id, scope_id, after_id, created_at`
 )
 
 // Prefixed qualifies every column of a column list with a table alias ("m." + "seq").
