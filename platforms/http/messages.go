@@ -182,6 +182,12 @@ func decodeMessage(w http.ResponseWriter, r *http.Request) (*platforms.Inbound, 
 	if aerr != nil {
 		return nil, aerr
 	}
+	if esc, ok := loneSurrogate(body); ok {
+		// encoding/json turns it into U+FFFD: "m\ud800" and "m\udbff" would become one
+		// message id (the second a duplicate, never run) and one chat id two chats' key.
+		return nil, badRequest(CodeInvalidUTF8, fmt.Sprintf(
+			"the body holds %s, half of a UTF-16 surrogate pair, which is no character; send the pair or the character itself", esc))
+	}
 	if aerr := req.validate(); aerr != nil {
 		return nil, aerr
 	}
@@ -202,6 +208,45 @@ func decodeMessage(w http.ResponseWriter, r *http.Request) (*platforms.Inbound, 
 		Text:       req.Text,
 		ReceivedAt: time.Now(),
 	}, nil
+}
+
+// loneSurrogate finds the first \u escape of a UTF-16 surrogate that is not half of a
+// high-low pair, in a body that decoded as JSON (where a backslash occurs only in strings).
+func loneSurrogate(body []byte) (string, bool) {
+	hex4 := func(i int) (rune, bool) {
+		if i+4 > len(body) {
+			return 0, false
+		}
+		v, err := strconv.ParseUint(string(body[i:i+4]), 16, 16)
+		return rune(v), err == nil
+	}
+	for i := 0; i+1 < len(body); i++ {
+		if body[i] != '\\' {
+			continue
+		}
+		if body[i+1] != 'u' {
+			i++ // \\, \" and the like: the escaped byte is no escape's start
+			continue
+		}
+		r, ok := hex4(i + 2)
+		switch {
+		case !ok:
+			i++
+		case r >= 0xD800 && r < 0xDC00:
+			if i+12 <= len(body) && body[i+6] == '\\' && body[i+7] == 'u' {
+				if lo, ok := hex4(i + 8); ok && lo >= 0xDC00 && lo <= 0xDFFF {
+					i += 11
+					continue
+				}
+			}
+			return string(body[i : i+6]), true
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return string(body[i : i+6]), true
+		default:
+			i += 5
+		}
+	}
+	return "", false
 }
 
 // parseMessageRequest decodes exactly one JSON object with only known fields.

@@ -38,6 +38,11 @@ func TestPostMessageBadInput(t *testing.T) {
 		{"trailing garbage", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"} x`, 400, CodeInvalidJSON},
 		{"unknown field", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","admin":true}`, 400, CodeUnknownField},
 		{"invalid utf8", "POST", "/v1/messages", jsonHeader, "{\"chat_id\":\"c\",\"user_id\":\"u\",\"text\":\"\xff\xfe\"}", 400, CodeInvalidUTF8},
+		// encoding/json would read each as U+FFFD: m\ud800 and m\udbff one message id.
+		{"lone high surrogate in message_id", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","message_id":"m\ud800"}`, 400, CodeInvalidUTF8},
+		{"lone low surrogate in chat_id", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c\udc00","user_id":"u","text":"t"}`, 400, CodeInvalidUTF8},
+		{"high surrogate before a non-surrogate", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"\ud83d\u0041"}`, 400, CodeInvalidUTF8},
+		{"reversed surrogate pair", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"\ude00\ud83d"}`, 400, CodeInvalidUTF8},
 		{"missing chat_id", "POST", "/v1/messages", jsonHeader, `{"user_id":"u","text":"t"}`, 400, CodeMissingField},
 		{"missing user_id", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","text":"t"}`, 400, CodeMissingField},
 		{"empty text", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":""}`, 400, CodeMissingField},
@@ -102,6 +107,7 @@ func TestPostMessageBadInput(t *testing.T) {
 		{"text at the limit", jsonHeader, `{"chat_id":"c","user_id":"u","text":"` + strings.Repeat("a", MaxTextBytes) + `"}`},
 		{"id at the limit", jsonHeader, `{"chat_id":"` + long[1:] + `","user_id":"u","text":"t"}`},
 		{"thread with thread_id", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","chat_type":"thread","thread_id":"th"}`},
+		{"surrogate pair", jsonHeader, `{"chat_id":"c\ud83d\ude00","user_id":"u","text":"\\ud800 \ud83d\ude00\u00e9"}`},
 	}
 	for _, tc := range good {
 		t.Run("good/"+tc.name, func(t *testing.T) {
