@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
@@ -78,6 +79,68 @@ func TestFailedRecoveryListingIsLoggedOnceAMinute(t *testing.T) {
 		}
 		if strings.Contains(logs.String(), "level=ERROR") {
 			t.Errorf("a retried listing logged at ERROR:\n%s", logs.String())
+		}
+	})
+}
+
+// TestConflictingFirstMessageIsNoWarning: in a group chat with a session per user, ub's first
+// message reuses the id of ua's. The store refuses it (HTTP 409) and ub's session, whose new
+// incarnation was never written, starts again from the store; that is the dedupe at work, which
+// any client can repeat at will, not a write the database failed: an INF line, not the WRN the
+// runbook sends an operator to the database with. ub's next message runs as usual. Before,
+// each such 409 logged "WRN the session starts again from the store" with why "a message that
+// reset the session", on a session that had never been reset.
+func TestConflictingFirstMessageIsNoWarning(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testutil.Buffer
+		agent := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "ok " + req.Identity.MessageID}, nil
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) {
+			d.Config.Keys = identity.DefaultKeyOptions
+			d.Log = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		})
+		ua := identity.Source{Platform: "fake", ChatType: identity.ChatGroup, ChatID: "g", UserID: "ua"}
+		ub := ua
+		ub.UserID = "ub"
+		send := func(src identity.Source, id string) *DeliverResult {
+			t.Helper()
+			key := identity.Key(src, w.d.Config.Keys)
+			res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: key, Msg: &Deliver{SessionKey: key,
+				Source: sourceToProto(src), MessageId: id, Text: "hi", ReceivedAtUnixNano: time.Now().UnixNano()}}, time.Hour).Result()
+			if err != nil {
+				t.Fatalf("deliver %s from %s: %v", id, src.UserID, err)
+			}
+			return res.(*DeliverResult)
+		}
+		if r := send(ua, "m1"); r.ErrorCode != "" {
+			t.Fatalf("ua's m1: %+v", r)
+		}
+		synctest.Wait()
+		for range 3 {
+			if r := send(ub, "m1"); r.ErrorCode != ErrCodeConflict {
+				t.Fatalf("ub's m1 = %+v, want error code %q", r, ErrCodeConflict)
+			}
+			synctest.Wait()
+		}
+		if r := send(ub, "m2"); r.ErrorCode != "" || r.Disposition != "started" {
+			t.Fatalf("ub's m2 after the conflicts = %+v, want started", r)
+		}
+		synctest.Wait()
+		var restarts int
+		for l := range strings.SplitSeq(logs.String(), "\n") {
+			if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+				t.Errorf("a message id conflict logged %q, want no WRN or ERR", l)
+			}
+			if strings.Contains(l, "the session starts again from the store") {
+				restarts++
+				if strings.Contains(l, "reset") {
+					t.Errorf("line %q says the session was reset; it was only begun", l)
+				}
+			}
+		}
+		if restarts == 0 {
+			t.Errorf("no line says the session starts again from the store:\n%s", logs.String())
 		}
 	})
 }

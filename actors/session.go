@@ -709,7 +709,13 @@ func (s *Session) onRecover(c actor.Context) {
 // written (the database and the spool both failing), the next activation waits a while (see
 // SessionManager): it would run the same message again only to have its result refused again.
 func (s *Session) restartFromStore(c actor.Context, why string, err error) {
-	s.logger().Warn("the session starts again from the store", "why", why, logging.Err(err))
+	level := slog.LevelWarn
+	if errors.Is(err, persistence.ErrDuplicate) {
+		// The store's dedupe refused a message, and its sender was told (duplicate, or 409
+		// for another conversation's message id): no fault, and any client can repeat it.
+		level = slog.LevelInfo
+	}
+	s.logger().Log(context.Background(), level, "the session starts again from the store", "why", why, logging.Err(err))
 	s.stale = true
 	s.refused = errors.Is(err, persistence.ErrUnavailable)
 	s.handOverAll(c)

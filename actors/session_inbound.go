@@ -115,7 +115,11 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 		if err != nil && (created || expired) && !s.fencedOut {
 			// The write that was refused also ended the session or started its successor:
 			// memory (the reset's link, its notice, its continuity note) is ahead of the store.
-			s.restartFromStore(c, "the write of a message that reset the session was refused", err)
+			why := "the write of the message that began the session was refused"
+			if expired {
+				why = "the write of a message that reset the session was refused"
+			}
+			s.restartFromStore(c, why, err)
 		}
 	})
 }
