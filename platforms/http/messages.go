@@ -13,6 +13,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -263,7 +264,52 @@ func parseMessageRequest(body []byte) (*MessageRequest, *apiError) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, badRequest(CodeInvalidJSON, "unexpected data after the JSON object")
 	}
+	if aerr := checkFieldNames(body); aerr != nil {
+		return nil, aerr
+	}
 	return &req, nil
+}
+
+// messageFields are the names of MessageRequest's fields, exactly as the API spells them.
+var messageFields = func() map[string]bool {
+	names := map[string]bool{}
+	t := reflect.TypeFor[MessageRequest]()
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		names[name] = true
+	}
+	return names
+}()
+
+// checkFieldNames refuses what encoding/json lets through in a body that decoded: a field
+// named in another case ("Chat_ID", which it takes for chat_id) and a field given twice (it
+// keeps the last). Either leaves the chat, the sender or the text to whichever of two values
+// a reader picks, and a proxy in front may have checked the other one.
+func checkFieldNames(body []byte) *apiError {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil // null: the decoder took it, and validate says what is missing
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil // cannot happen: the body decoded
+		}
+		name, _ := t.(string)
+		if !messageFields[name] {
+			return badRequest(CodeUnknownField, fmt.Sprintf("unknown field %.100q (field names are lower case: chat_id, user_id, text…)", name))
+		}
+		if seen[name] {
+			return badRequest(CodeInvalidJSON, fmt.Sprintf("field %q is given twice", name))
+		}
+		seen[name] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil
+		}
+	}
+	return nil
 }
 
 func jsonError(err error) *apiError {

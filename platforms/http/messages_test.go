@@ -43,6 +43,12 @@ func TestPostMessageBadInput(t *testing.T) {
 		{"lone low surrogate in chat_id", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c\udc00","user_id":"u","text":"t"}`, 400, CodeInvalidUTF8},
 		{"high surrogate before a non-surrogate", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"\ud83d\u0041"}`, 400, CodeInvalidUTF8},
 		{"reversed surrogate pair", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"\ude00\ud83d"}`, 400, CodeInvalidUTF8},
+		// encoding/json takes any case for a field and keeps the last of two: the chat would
+		// be b, a value a proxy that read chat_id never saw.
+		{"field in another case", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","Text":"t"}`, 400, CodeUnknownField},
+		{"field twice in two cases", "POST", "/v1/messages", jsonHeader, `{"chat_id":"a","CHAT_ID":"b","user_id":"u","text":"t"}`, 400, CodeUnknownField},
+		{"field twice", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","text":"u"}`, 400, CodeInvalidJSON},
+		{"field twice, once escaped", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","t\u0065xt":"u"}`, 400, CodeInvalidJSON},
 		{"missing chat_id", "POST", "/v1/messages", jsonHeader, `{"user_id":"u","text":"t"}`, 400, CodeMissingField},
 		{"missing user_id", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","text":"t"}`, 400, CodeMissingField},
 		{"empty text", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":""}`, 400, CodeMissingField},
@@ -107,6 +113,7 @@ func TestPostMessageBadInput(t *testing.T) {
 		{"text at the limit", jsonHeader, `{"chat_id":"c","user_id":"u","text":"` + strings.Repeat("a", MaxTextBytes) + `"}`},
 		{"id at the limit", jsonHeader, `{"chat_id":"` + long[1:] + `","user_id":"u","text":"t"}`},
 		{"thread with thread_id", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","chat_type":"thread","thread_id":"th"}`},
+		{"every field", jsonHeader, `{"chat_id":"c","chat_type":"thread","thread_id":"th","user_id":"u","user_name":"n","message_id":"every","profile":"p","text":"t"}`},
 		{"surrogate pair", jsonHeader, `{"chat_id":"c\ud83d\ude00","user_id":"u","text":"\\ud800 \ud83d\ude00\u00e9"}`},
 	}
 	for _, tc := range good {
