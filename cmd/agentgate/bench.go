@@ -129,7 +129,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 		c.Platforms.Discord.Enabled = false // the load comes from the bench platform only
 	})
 	if err != nil {
-		return fmt.Errorf("bench: config: %w", err)
+		return fmt.Errorf("bench: %w", configError(err))
 	}
 	var level slog.LevelVar
 	level.Set(cfg.SlogLevel())

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -193,7 +194,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	cfg, err := cf.load()
 	if err != nil {
-		return fmt.Errorf("config: %w", err)
+		return configError(err)
 	}
 	var level slog.LevelVar
 	level.Set(cfg.SlogLevel())
@@ -263,6 +264,21 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stdout, "config ok")
 	return nil
+}
+
+// configError is the error of a command that cannot load its configuration: one line, which
+// main prints after "agentgate: ", naming the problem, or counting and naming every problem
+// (check-config prints them one a line).
+func configError(err error) error {
+	errs := unwrapAll(err)
+	if len(errs) == 1 {
+		return fmt.Errorf("config: %w", err)
+	}
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = e.Error()
+	}
+	return fmt.Errorf("config has %d problem(s): %s", len(errs), strings.Join(msgs, "; "))
 }
 
 func unwrapAll(err error) []error {

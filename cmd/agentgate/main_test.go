@@ -93,6 +93,11 @@ func TestRunCommands(t *testing.T) {
 			wantStderr: []string{"warning: AGENTGATE_HTTP_ADR names no configuration key (a misspelt one?); it is ignored"}},
 		{name: "check-config reports every problem", args: []string{"check-config", "--config", bad}, wantErr: "3 problem(s)",
 			wantStderr: []string{"bogus", "sessions.queue.mode", "sessions.queue.cap"}},
+		// One line, for the journal: before, the problems after the first were lines of their
+		// own, without "agentgate: ".
+		{name: "serve names every problem in one line", args: []string{"serve", "--config", bad},
+			wantErr: `config has 3 problem(s): ` + bad + `:5: bogus: unknown key; sessions.queue.mode: "fast": must be one of`},
+		{name: "an admin command too", args: []string{"sessions", "list", "--config", bad}, wantErr: `config has 3 problem(s): `},
 		{name: "print defaults", args: []string{"check-config", "--print-defaults"}, wantOut: "passivate_after: 10m"},
 		{name: "check-config warns of a missing API key", args: []string{"check-config", "--config", noKey}, wantOut: "config ok",
 			wantStderr: []string{"warning: agent.openai.api_key_env: AGENTGATE_TEST_UNSET_OPENAI_KEY is not set"}},

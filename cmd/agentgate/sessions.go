@@ -628,7 +628,7 @@ const searchTimeout = 30 * time.Minute
 func openStoreFor(ctx context.Context, cf *configFlags, readOnly bool, timeout time.Duration) (persistence.Store, *config.Config, error) {
 	cfg, err := cf.load()
 	if err != nil {
-		return nil, nil, fmt.Errorf("config: %w", err)
+		return nil, nil, configError(err)
 	}
 	if cfg.Store.Driver == "postgres" {
 		// A cluster's members hold the daemon lock shared: a writing tool of the cluster joins
