@@ -154,7 +154,13 @@ func writeRejected(w http.ResponseWriter, ack *platforms.Ack, msg string) {
 // decodeMessage reads, checks and converts the body of POST /v1/messages.
 func decodeMessage(w http.ResponseWriter, r *http.Request) (*platforms.Inbound, *apiError) {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
-		mt, _, err := mime.ParseMediaType(ct)
+		mt, params, err := mime.ParseMediaType(ct)
+		if cs, ok := params["charset"]; err == nil && mt == "application/json" && ok && !strings.EqualFold(cs, "utf-8") {
+			// JSON is UTF-8 (RFC 8259): a body its sender says is Latin-1 and that happens
+			// to be valid UTF-8 would be stored as other characters than it meant.
+			return nil, &apiError{http.StatusUnsupportedMediaType, CodeUnsupportedMedia,
+				fmt.Sprintf("the body must be JSON in UTF-8, not charset=%.40q; send it in UTF-8 and leave out the charset, or say utf-8", cs)}
+		}
 		if err != nil || mt != "application/json" {
 			sent := "a malformed Content-Type"
 			if err == nil {

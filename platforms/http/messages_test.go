@@ -67,6 +67,8 @@ func TestPostMessageBadInput(t *testing.T) {
 		{"body too large", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"` + strings.Repeat("a", MaxBodyBytes) + `"}`, 413, CodeBodyTooLarge},
 		{"text/plain", "POST", "/v1/messages", map[string]string{"Content-Type": "text/plain"}, `{"chat_id":"c","user_id":"u","text":"t"}`, 415, CodeUnsupportedMedia},
 		{"form", "POST", "/v1/messages", map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, `chat_id=c`, 415, CodeUnsupportedMedia},
+		// Latin-1 "Ã©" is the UTF-8 of "é": the text would not be the one sent.
+		{"charset other than utf-8", "POST", "/v1/messages", map[string]string{"Content-Type": "application/json; charset=iso-8859-1"}, `{"chat_id":"c","user_id":"u","text":"Ã©"}`, 415, CodeUnsupportedMedia},
 		{"malformed content type", "POST", "/v1/messages", map[string]string{"Content-Type": "application/json; ="}, `{"chat_id":"c","user_id":"u","text":"t"}`, 415, CodeUnsupportedMedia},
 		{"bad wait", "POST", "/v1/messages?wait=soon", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}`, 400, CodeInvalidWait},
 		{"negative wait", "POST", "/v1/messages?wait=-1s", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}`, 400, CodeInvalidWait},
@@ -110,6 +112,7 @@ func TestPostMessageBadInput(t *testing.T) {
 		{"json", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}`},
 		{"no content type", nil, `{"chat_id":"c","user_id":"u","text":"t"}`},
 		{"charset parameter", map[string]string{"Content-Type": "application/json; charset=utf-8"}, `{"chat_id":"c","user_id":"u","text":"t"}`},
+		{"charset parameter in upper case", map[string]string{"Content-Type": "application/json; charset=UTF-8"}, `{"chat_id":"c","user_id":"u","text":"t"}`},
 		{"text at the limit", jsonHeader, `{"chat_id":"c","user_id":"u","text":"` + strings.Repeat("a", MaxTextBytes) + `"}`},
 		{"id at the limit", jsonHeader, `{"chat_id":"` + long[1:] + `","user_id":"u","text":"t"}`},
 		{"thread with thread_id", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","chat_type":"thread","thread_id":"th"}`},
