@@ -155,7 +155,7 @@ func writeRejected(w http.ResponseWriter, ack *platforms.Ack, msg string) {
 func decodeMessage(w http.ResponseWriter, r *http.Request) (*platforms.Inbound, *apiError) {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, params, err := mime.ParseMediaType(ct)
-		if cs, ok := params["charset"]; err == nil && mt == "application/json" && ok && !strings.EqualFold(cs, "utf-8") {
+		if cs, ok := params["charset"]; err == nil && mt == "application/json" && ok && !strings.EqualFold(cs, "utf-8") && !strings.EqualFold(cs, "utf8") {
 			// JSON is UTF-8 (RFC 8259): a body its sender says is Latin-1 and that happens
 			// to be valid UTF-8 would be stored as other characters than it meant.
 			return nil, &apiError{http.StatusUnsupportedMediaType, CodeUnsupportedMedia,

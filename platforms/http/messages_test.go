@@ -113,6 +113,7 @@ func TestPostMessageBadInput(t *testing.T) {
 		{"no content type", nil, `{"chat_id":"c","user_id":"u","text":"t"}`},
 		{"charset parameter", map[string]string{"Content-Type": "application/json; charset=utf-8"}, `{"chat_id":"c","user_id":"u","text":"t"}`},
 		{"charset parameter in upper case", map[string]string{"Content-Type": "application/json; charset=UTF-8"}, `{"chat_id":"c","user_id":"u","text":"t"}`},
+		{"charset utf8, as some clients spell it", map[string]string{"Content-Type": "application/json; charset=utf8"}, `{"chat_id":"c","user_id":"u","text":"t"}`},
 		{"text at the limit", jsonHeader, `{"chat_id":"c","user_id":"u","text":"` + strings.Repeat("a", MaxTextBytes) + `"}`},
 		{"id at the limit", jsonHeader, `{"chat_id":"` + long[1:] + `","user_id":"u","text":"t"}`},
 		{"thread with thread_id", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","chat_type":"thread","thread_id":"th"}`},
