@@ -75,6 +75,7 @@ type Platform struct {
 	limited  map[string]time.Time // discordgo bucket → until when Discord rate limits it (ratelimit.go)
 	global   time.Time            // until when Discord rate limits every route (ratelimit.go)
 	buckets  restBuckets          // the limiter of the REST calls' buckets (ratelimit.go); own lock
+	rateWarn logging.Limiter      // the "discord rate limit" line (ratelimit.go); own lock
 	threads  *channelCache
 	typing   *typing
 	seen     map[string]seenAt             // channel → the newest message seen there (backfill.go)

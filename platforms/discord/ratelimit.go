@@ -71,7 +71,10 @@ func (p *Platform) request(ctx context.Context, method, url, bucket string, body
 // when the limit is global.
 func (p *Platform) noteRateLimit(bucket string, rl *discordgo.RateLimit, global bool) {
 	until := time.Now().Add(max(rl.RetryAfter, minRateLimitWait))
-	p.log.Warn("discord rate limit", "url", rl.URL, "retry_after", rl.RetryAfter, "global", global)
+	// A bot that sends too much meets a 429 at every few calls: one line a minute says so.
+	if n, ok := p.rateWarn.Allow(); ok {
+		p.log.Warn("discord rate limit", "url", rl.URL, "retry_after", rl.RetryAfter, "global", global, "limits", n)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if global {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/agentgate/agentgate/platforms/discord/discordtest"
 )
@@ -344,6 +347,36 @@ func TestRateLimitedGatewayLookupHoldsNoRun(t *testing.T) {
 }
 
 // mustNew returns a Platform that talks to srv's REST API; it is not connected to the gateway.
+// TestRateLimitsAreLoggedOnceAMinute: a bot that meets 429 after 429 logs one line a minute,
+// counting them, not one per 429.
+func TestRateLimitsAreLoggedOnceAMinute(t *testing.T) {
+	const dm = "300000000000000001"
+	srv := discordtest.New(t)
+	srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
+	var buf testutil.Buffer
+	p, err := New(Config{Token: srv.Token(), Settings: config.Discord{APIURL: srv.APIURL()},
+		Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := identity.Source{Platform: Name, ChatType: identity.ChatDM, ChatID: dm}
+	for i := range 3 {
+		srv.RateLimitNext("POST", "/channels/"+dm+"/messages", 10*time.Millisecond, 1)
+		if _, err := p.SendDraft(t.Context(), target, nil, "", fmt.Sprint("draft ", i)); err != nil {
+			t.Fatalf("SendDraft %d = %v", i, err)
+		}
+	}
+	if n := srv.Requests("POST", "/channels/"+dm+"/messages"); n != 6 {
+		t.Fatalf("%d posts reached Discord, want 6 (a 429 and the retry, three times)", n)
+	}
+	if n := strings.Count(buf.String(), `msg="discord rate limit"`); n != 1 {
+		t.Errorf("three 429s within a minute logged %d lines, want 1:\n%s", n, buf.String())
+	}
+	if !strings.Contains(buf.String(), "limits=1") {
+		t.Errorf("the line does not count its 429 (limits=1):\n%s", buf.String())
+	}
+}
+
 func mustNew(t *testing.T, srv *discordtest.Server) *Platform {
 	t.Helper()
 	p, err := New(Config{Token: srv.Token(), Settings: config.Discord{APIURL: srv.APIURL()}})
