@@ -122,16 +122,28 @@ func (p *storeMembership) renew(c *cluster.Cluster) {
 	every := p.ttl / 3
 	t := time.NewTicker(every)
 	defer t.Stop()
-	last := time.Now()
+	last := time.Now() // the last renewal
+	tried := last      // the end of the last attempt
 	for {
 		select {
 		case <-p.stop:
 			return
 		case <-t.C:
 		}
+		if time.Since(tried) >= p.ttl {
+			// The process stalled (paused, or starved) for longer than member_ttl before this
+			// renewal: the others counted this member as gone and blocked it. It does not renew
+			// as a member that stays, even for a moment: a renewal of the others that found it
+			// so, older than them and blocked, would make them leave as the losing side of a
+			// split. Its stop renews it as leaving (Daemon.leave), which they do not count so.
+			p.lost(fmt.Errorf("cluster membership lost: %v between renewals, past member_ttl %v (the other members counted this one as gone)",
+				time.Since(last).Round(time.Millisecond), p.ttl))
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), every)
 		live, err := p.heartbeat(ctx)
 		cancel()
+		tried = time.Now()
 		if err == nil {
 			if since := time.Since(last); since >= p.ttl {
 				// A pause longer than member_ttl (a stalled process, host or connection): the
@@ -238,14 +250,19 @@ func (p *storeMembership) displaced(live []postgres.Member) error {
 }
 
 // split returns an error when this member must leave a split cluster: an older live member
-// (live is oldest first) is one protoactor has blocked.
+// (live is oldest first) that does not leave is one protoactor has blocked. A blocked member
+// that leaves is no split: it withdraws once it has stopped (or its registration expires). A
+// member back from a stall longer than member_ttl is one: the others counted it gone and
+// blocked it, and it leaves; before, the older it was, the more of the others found it alive
+// in the store during its stop and left too, and a 10 s pause of one member of three stopped
+// the whole cluster (TestClusterStalledMemberLeavesAlone).
 func (p *storeMembership) split(c *cluster.Cluster, live []postgres.Member) error {
 	blocked := c.GetBlockedMembers()
 	for _, m := range live {
 		if m.ID == p.me.ID {
 			return nil // the blocked ones after this one are younger: they leave
 		}
-		if blocked.Contains(m.ID) {
+		if !m.Leaving && blocked.Contains(m.ID) {
 			return fmt.Errorf("cluster split: member %s (%s:%d) is alive in the store but this member "+
 				"stopped hearing from it, and it is the older one: this member leaves and must start again", m.ID, m.Host, m.Port)
 		}

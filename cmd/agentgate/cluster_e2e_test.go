@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -96,6 +97,96 @@ func TestClusterMemberKilled(t *testing.T) {
 	}
 	if err := a.stop(t, 30*time.Second); err != nil {
 		t.Errorf("first member exit: %v", err)
+	}
+}
+
+// TestClusterStalledMemberLeavesAlone: the older of two members is paused (SIGSTOP) for longer
+// than member_ttl while its agent runs a turn. The younger one counts it gone, blocks it and
+// takes its chat over. Back, the paused member finds its renewals a ttl apart and leaves, its
+// stop waiting for the turn it was running; the younger one stays, and the chat is answered
+// once. Before, the paused member renewed its registration as a member that stays before it
+// noticed the pause, and then as leaving for the whole of its stop: the younger one's renewal
+// found an older live member it had blocked, took itself for the losing side of a split and
+// left too. A soak met it with three members: a 10 s pause of one stopped all three.
+func TestClusterStalledMemberLeavesAlone(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	env := []string{"AGENTGATE_STORE_DRIVER=postgres", "AGENTGATE_STORE_DSN=" + dsn,
+		"AGENTGATE_CLUSTER_ENABLED=true", "AGENTGATE_CLUSTER_BIND=127.0.0.1:0", "AGENTGATE_CLUSTER_MEMBER_TTL=2s",
+		"AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=8s", "AGENTGATE_AGENT_BACKEND=exec",
+		// BLOCK (not an AGENTGATE_ variable, so the agent sees it) makes the older member's turns hang.
+		`AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'if [ -n "$BLOCK" ]; then sleep 30; fi; echo "ok $AGENTGATE_MESSAGE_ID"']`}
+	older := MustServe(t, t.TempDir(), append(env, "BLOCK=1")...)
+	younger := MustServe(t, t.TempDir(), env...)
+
+	// A chat whose session runs on the older member: its ?wait times out, that agent hangs.
+	var msgID string
+	deadline := time.Now().Add(60 * time.Second)
+	for i := 0; msgID == ""; i++ {
+		if time.Now().After(deadline) {
+			t.Fatal("no session was placed on the older member within 60s")
+		}
+		id := fmt.Sprint("m", i)
+		status, body := post(t, younger.base+"/v1/messages?wait=2s", "",
+			fmt.Sprintf(`{"chat_id":"c%d","user_id":"u","text":"hi","message_id":%q}`, i, id))
+		switch status {
+		case http.StatusAccepted:
+			msgID = id
+		case http.StatusOK:
+		default:
+			t.Fatalf("POST: %d %v", status, body)
+		}
+	}
+
+	if err := older.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second) // past member_ttl: the younger member drops the older one
+	if err := older.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-older.done:
+		if older.err == nil || !strings.Contains(older.stderr.String(), "past member_ttl") {
+			t.Errorf("the paused member exited with %v, want an error that names the pause:\n%s",
+				older.err, grep(older.stderr.String(), "cannot go on"))
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the member paused past member_ttl still runs 30s after it was resumed")
+	}
+	select {
+	case <-younger.done:
+		t.Fatalf("the member that was not paused exited (%v):\n%s", younger.err, grep(younger.stderr.String(), "cannot go on"))
+	case <-time.After(3 * time.Second): // a few of its renewals
+	}
+	if strings.Contains(younger.stderr.String(), "cluster split") {
+		t.Errorf("the member that was not paused took the pause for a split:\n%s", grep(younger.stderr.String(), "cluster split"))
+	}
+	status, body := post(t, younger.base+"/v1/messages?wait=10s", "",
+		`{"chat_id":"after","user_id":"u","text":"again","message_id":"after"}`)
+	if status != http.StatusOK {
+		t.Errorf("a message after the pause: %d %v, want 200 with the reply", status, body)
+	}
+
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	answers := func() int {
+		var n int
+		err := conn.QueryRow(context.Background(), `SELECT COUNT(*) FROM outbox o
+			WHERE $1 = ANY(o.in_reply_to) AND o.kind = 'reply'`, msgID).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitFor(t, 30*time.Second, func() bool { return answers() > 0 })
+	if n := answers(); n != 1 {
+		t.Errorf("the message the paused member was running was answered %d times, want once", n)
+	}
+	if err := younger.stop(t, 30*time.Second); err != nil {
+		t.Errorf("exit of the member that was not paused: %v", err)
 	}
 }
 
