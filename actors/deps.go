@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
@@ -167,6 +168,10 @@ type Deps struct {
 	// persistence.ActorOptions.Incarnation): a session sends its unacknowledged writes again,
 	// in order, once it has grown past the incarnation they were sent to.
 	PersistIncarnation atomic.Uint64
+
+	// loadWaits limits the line of sessions that wait for the database to load (waitToLoad):
+	// in an outage every chat that writes starts one.
+	loadWaits logging.Limiter
 
 	// The props every session and turn is spawned from, built once: props hold nothing per
 	// actor (a session learns its key from its PID), so per-actor props would only cost memory.

@@ -88,6 +88,9 @@ type rareState struct {
 	// ending are the turns cancelled by an interrupt, /stop or a boundary whose agent call has
 	// not returned yet: no turn starts before they have (cancelAwaited).
 	ending []endingCall
+	// loadFailed is why the session's last claim or load failed while it waits to load
+	// (waitToLoad); nil when it loaded, or waits only for the spool.
+	loadFailed error
 	// life survives restarts of this actor, so a new incarnation knows how often it crashed and
 	// on which messages. It is nil until the first crash: the failing incarnation creates it
 	// and files it in Deps.lifelines, where the next incarnation finds it; the last one removes
@@ -364,6 +367,9 @@ func (s *Session) load(c actor.Context) {
 		// activation will ever make (its later ones are fenced).
 		claimed, err := s.d.Store.Claim(s.d.Ctx, s.key, s.d.Node, s.activatedAt)
 		if err != nil {
+			if s.waitToLoad(c, "claim", err) {
+				return
+			}
 			panic(fmt.Errorf("session %s: claim: %w", s.key, err))
 		}
 		s.epoch = claimed.Epoch
@@ -376,7 +382,13 @@ func (s *Session) load(c actor.Context) {
 	}
 	snap, err := s.d.Store.LoadSession(s.d.Ctx, s.key, s.d.Config.HistoryLimit)
 	if err != nil {
+		if s.waitToLoad(c, "load", err) {
+			return
+		}
 		panic(fmt.Errorf("session %s: load: %w", s.key, err))
+	}
+	if s.unusual != nil {
+		s.unusual.loadFailed = nil
 	}
 	if snap.Route != nil {
 		s.routeGen = snap.Route.Generation
@@ -457,6 +469,28 @@ func (s *Session) waitForStore(c actor.Context) {
 	s.timers(c).SendOnce(storeWaitTick, c.Self(), &storeTick{})
 }
 
+// waitToLoad makes a session whose claim or load the database refused as unavailable wait as
+// it waits for the spool: it refuses messages with "unavailable" (HTTP 503) and tries again
+// every storeWaitTick. It reports false for any other error, which crashes the session. Before,
+// an outage crashed every session that started: with messages held for its key it crashed out
+// and started again at once, thousands of times a second across the chats that wrote, with a
+// line each time, for as long as the outage lasted (a cluster soak's PostgreSQL restart).
+func (s *Session) waitToLoad(c actor.Context, op string, err error) bool {
+	if !errors.Is(err, persistence.ErrUnavailable) || s.d.Ctx.Err() != nil {
+		return false
+	}
+	if s.rare().loadFailed == nil {
+		if n, ok := s.d.loadWaits.Allow(); ok {
+			s.logger().Warn("the database is unavailable; the session loads once it answers, and refuses messages meanwhile",
+				"op", op, "sessions", n, logging.Err(err))
+		}
+	}
+	s.rare().loadFailed = err
+	s.unloaded = true
+	s.timers(c).SendOnce(storeWaitTick, c.Self(), &storeTick{})
+	return true
+}
+
 // storedHere reports whether the store holds the inbound message m as one of this key's (a
 // waiting session cannot tell from memory). A message only in the spool is not found: its
 // sender is told to send it again, and its next delivery, once the session has loaded, is a
@@ -485,7 +519,9 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 			return false
 		}
 		s.unloaded = false
-		s.logger().Info("the spool has drained; the session loads")
+		if s.unusual == nil || s.unusual.loadFailed == nil {
+			s.logger().Info("the spool has drained; the session loads")
+		}
 		s.load(c)
 	case *Deliver:
 		if s.storedHere(m) {
@@ -494,9 +530,9 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 			return false
 		}
 		c.Respond(&DeliverResult{SessionKey: s.key, MessageId: m.MessageId, ErrorCode: "unavailable",
-			Error: "the database is unavailable and this chat's session cannot load until the writes waiting in the spool are replayed; send the message again shortly"})
+			Error: "the database is unavailable and this chat's session cannot load until it answers (and the writes waiting in the spool are replayed); send the message again shortly"})
 	case *ResetSession:
-		c.Respond(&ResetResult{Error: "the database is unavailable; the session cannot load until the spool is replayed"})
+		c.Respond(&ResetResult{Error: "the database is unavailable; the session cannot load until it answers"})
 	case *moved:
 		// The key lives on another member now: this one must not claim it once the spool
 		// drains. It stops without loading; what it is asked meanwhile goes to the manager.
