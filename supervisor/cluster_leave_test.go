@@ -79,7 +79,7 @@ func TestClusterLeavingMemberKeepsItsKeysUntilDrained(t *testing.T) {
 		if slices.ContainsFunc(live, func(m postgres.Member) bool { return m.ID == leaving.d.system.ID && !m.Leaving }) {
 			return false
 		}
-		a.d.membership.publish(a.d.cluster, live)
+		viewOf(a.d.cluster).publish(live)
 		return true
 	})
 	a.d.recoverOwned(a.d.cluster.MemberList.Members().Members())
@@ -298,7 +298,7 @@ func TestClusterLeavingMemberHandsOnEveryBusyKey(t *testing.T) {
 		if slices.ContainsFunc(live, func(m postgres.Member) bool { return m.ID == leaving.d.system.ID && !m.Leaving }) {
 			return false
 		}
-		stays.d.membership.publish(stays.d.cluster, live)
+		viewOf(stays.d.cluster).publish(live)
 		return true
 	})
 	releaseOnce()
@@ -375,7 +375,7 @@ func TestClusterLeavingMemberHandsOnBeforeTheOthersRenew(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stays.d.membership.publish(stays.d.cluster, live)
+	viewOf(stays.d.cluster).publish(live)
 	waitUntil(t, func() bool {
 		return len(stays.d.cluster.MemberList.Members().Members()) == 2 && len(leaving.d.cluster.MemberList.Members().Members()) == 2
 	})

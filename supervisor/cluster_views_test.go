@@ -56,7 +56,7 @@ func TestClusterThreeViewsMoveAKeyOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.d.membership.publish(h.d.cluster, live)
+	viewOf(h.d.cluster).publish(live)
 	waitUntil(t, func() bool {
 		return len(h.d.cluster.MemberList.Members().Members()) == 2 && len(y.d.cluster.MemberList.Members().Members()) == 2
 	})

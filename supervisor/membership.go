@@ -77,9 +77,33 @@ func (p *storeMembership) StartMember(c *cluster.Cluster) error {
 	if err != nil {
 		return fmt.Errorf("membership: register: %w", err)
 	}
-	p.publish(c, live)
-	go p.renew(c)
+	v := viewOf(c)
+	v.publish(live)
+	go p.renew(v)
 	return nil
+}
+
+// memberView is what renewing needs of protoactor's cluster: whether its gossip blocked a
+// member, and where the live members go.
+type memberView struct {
+	blocked func(id string) bool
+	update  func(members cluster.Members)
+}
+
+func viewOf(c *cluster.Cluster) memberView {
+	return memberView{
+		blocked: func(id string) bool { return c.GetBlockedMembers().Contains(id) },
+		update:  c.MemberList.UpdateClusterTopology,
+	}
+}
+
+// publish hands the live members to protoactor's member list.
+func (v memberView) publish(live []postgres.Member) {
+	members := make([]*cluster.Member, 0, len(live))
+	for _, m := range live {
+		members = append(members, &cluster.Member{Id: m.ID, Host: m.Host, Port: int32(m.Port), Kinds: m.Kinds})
+	}
+	v.update(members)
 }
 
 // httpForCluster is the address of a member's HTTP API (listening on addr) as it registers it
@@ -117,13 +141,21 @@ func (p *storeMembership) Shutdown(bool) error {
 	return p.store.Leave(ctx, p.name, p.me.ID)
 }
 
-func (p *storeMembership) renew(c *cluster.Cluster) {
+// renewRetry is how soon a renewal that failed is tried again (at most; ttl/3 when shorter).
+// A failure waited for the next ttl/3 tick: with the default member_ttl of 6 s, a database
+// restart of 3.5 s, whose first query on each pooled connection fails too, took a renewal
+// past the ttl, and every member of the cluster stopped (a cluster soak of the twenty-fourth
+// session). Retried this soon, only an outage of about a ttl does.
+const renewRetry = 250 * time.Millisecond
+
+func (p *storeMembership) renew(v memberView) {
 	defer close(p.done)
 	every := p.ttl / 3
-	t := time.NewTicker(every)
+	t := time.NewTimer(every)
 	defer t.Stop()
 	last := time.Now() // the last renewal
 	tried := last      // the end of the last attempt
+	failing := false   // the last attempt failed (and was logged)
 	for {
 		select {
 		case <-p.stop:
@@ -140,11 +172,14 @@ func (p *storeMembership) renew(c *cluster.Cluster) {
 				time.Since(last).Round(time.Millisecond), p.ttl))
 			return
 		}
+		began := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), every)
 		live, err := p.heartbeat(ctx)
 		cancel()
 		tried = time.Now()
 		if err == nil {
+			failing = false
+			t.Reset(max(every-time.Since(began), 0)) // the next renewal ttl/3 after this one began
 			if since := time.Since(last); since >= p.ttl {
 				// A pause longer than member_ttl (a stalled process, host or connection): the
 				// others counted this member as gone and blocked it, and its staying would make
@@ -158,11 +193,11 @@ func (p *storeMembership) renew(c *cluster.Cluster) {
 				p.lost(err)
 				return
 			}
-			if err := p.split(c, live); err != nil {
+			if err := p.split(v, live); err != nil {
 				p.lost(err)
 				return
 			}
-			p.publish(c, live)
+			v.publish(live)
 			continue
 		}
 		if since := time.Since(last); since >= p.ttl {
@@ -170,7 +205,11 @@ func (p *storeMembership) renew(c *cluster.Cluster) {
 				since.Round(time.Millisecond), err))
 			return
 		}
-		p.log.Warn("cluster membership not renewed; retrying", logging.Err(err))
+		if !failing {
+			p.log.Warn("cluster membership not renewed; retrying", "in", min(renewRetry, every), logging.Err(err))
+		}
+		failing = true
+		t.Reset(min(renewRetry, every))
 	}
 }
 
@@ -256,25 +295,15 @@ func (p *storeMembership) displaced(live []postgres.Member) error {
 // blocked it, and it leaves; before, the older it was, the more of the others found it alive
 // in the store during its stop and left too, and a 10 s pause of one member of three stopped
 // the whole cluster (TestClusterStalledMemberLeavesAlone).
-func (p *storeMembership) split(c *cluster.Cluster, live []postgres.Member) error {
-	blocked := c.GetBlockedMembers()
+func (p *storeMembership) split(v memberView, live []postgres.Member) error {
 	for _, m := range live {
 		if m.ID == p.me.ID {
 			return nil // the blocked ones after this one are younger: they leave
 		}
-		if !m.Leaving && blocked.Contains(m.ID) {
+		if !m.Leaving && v.blocked(m.ID) {
 			return fmt.Errorf("cluster split: member %s (%s:%d) is alive in the store but this member "+
 				"stopped hearing from it, and it is the older one: this member leaves and must start again", m.ID, m.Host, m.Port)
 		}
 	}
 	return nil
-}
-
-// publish hands the live members to protoactor's member list.
-func (p *storeMembership) publish(c *cluster.Cluster, live []postgres.Member) {
-	members := make([]*cluster.Member, 0, len(live))
-	for _, m := range live {
-		members = append(members, &cluster.Member{Id: m.ID, Host: m.Host, Port: int32(m.Port), Kinds: m.Kinds})
-	}
-	c.MemberList.UpdateClusterTopology(members)
 }

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/persistence/postgres"
+	"github.com/asynkron/protoactor-go/cluster"
 )
 
 // stalledHeartbeat is a member registry whose first renewal takes stall, then succeeds.
@@ -39,7 +41,7 @@ func TestRenewalAfterAStallLeaves(t *testing.T) {
 		lost := make(chan error, 1)
 		p := newStoreMembership(&stalledHeartbeat{stall: 3 * time.Second}, "agentgate", "node", "127.0.0.1:8080", 2*time.Second,
 			slog.New(slog.DiscardHandler), func(err error) { lost <- err })
-		go p.renew(nil) // the stalled renewal reports before it would use the cluster
+		go p.renew(memberView{}) // the stalled renewal reports before it would use the cluster
 		select {
 		case err := <-lost:
 			if !strings.Contains(err.Error(), "past member_ttl") {
@@ -49,6 +51,56 @@ func TestRenewalAfterAStallLeaves(t *testing.T) {
 			t.Fatal("a renewal 3 s after the last, with member_ttl 2 s, kept the membership")
 		}
 		<-p.done
+	})
+}
+
+// restartedStore is a member registry whose database is down from down to up (by the bubble's
+// clock), and whose first renewal after that fails too: a pooled connection the restart broke.
+type restartedStore struct {
+	stalledHeartbeat
+	down, up    time.Time
+	brokenAfter bool // the first renewal after up has failed
+	renewals    int  // the ones that succeeded
+}
+
+func (s *restartedStore) Heartbeat(_ context.Context, _ string, m postgres.Member, _ time.Duration) ([]postgres.Member, error) {
+	now := time.Now()
+	switch {
+	case !now.Before(s.down) && now.Before(s.up):
+		return nil, errors.New("connect: connection refused")
+	case !now.Before(s.up) && !s.brokenAfter:
+		s.brokenAfter = true
+		return nil, errors.New("unexpected EOF")
+	}
+	s.renewals++
+	return []postgres.Member{m}, nil
+}
+
+// TestRenewalOutlastsAShortDatabaseRestart: a failed renewal is tried again soon, not at the
+// next ttl/3, so a database restart shorter than member_ttl keeps the membership. With
+// member_ttl 6 s, an outage of 3.5 s right after a renewal, and one more failure on a broken
+// connection after it, took the next successful renewal to 6 s after the last: the member
+// counted itself gone, and in a cluster soak all three members stopped.
+func TestRenewalOutlastsAShortDatabaseRestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		store := &restartedStore{down: start.Add(100 * time.Millisecond), up: start.Add(3600 * time.Millisecond)}
+		lost := make(chan error, 1)
+		p := newStoreMembership(store, "agentgate", "node", "127.0.0.1:8080", 6*time.Second,
+			slog.New(slog.DiscardHandler), func(err error) { lost <- err })
+		view := memberView{blocked: func(string) bool { return false }, update: func(cluster.Members) {}}
+		go p.renew(view)
+		select {
+		case err := <-lost:
+			t.Errorf("a 3.5 s database restart with member_ttl 6 s lost the membership: %v", err)
+		case <-time.After(30 * time.Second):
+		}
+		if err := p.Shutdown(false); err != nil {
+			t.Fatal(err)
+		}
+		if store.renewals < 10 {
+			t.Errorf("%d renewals in 30 s with member_ttl 6 s, want one every 2 s once the database is back", store.renewals)
+		}
 	})
 }
 
