@@ -306,7 +306,12 @@ func (s *Store) checkLock(ctx context.Context) error {
 	if err != nil {
 		if !s.lockLost {
 			s.lockLost = true
-			s.log.Error("lost the database's daemon lock; writes are spooled until it is taken again", logging.Err(err))
+			if s.shared {
+				// A cluster member has no spool: its writes are refused meanwhile.
+				s.log.Error("lost the database's shared daemon lock; writes are refused until it is taken again", logging.Err(err))
+			} else {
+				s.log.Error("lost the database's daemon lock; writes are spooled until it is taken again", logging.Err(err))
+			}
 		}
 		return fmt.Errorf("daemon lock lost: %w", err)
 	}
