@@ -183,6 +183,10 @@ rounds:
 			channels++
 			after := c.id
 			var readErr error
+			// left is where the daemon's stop left reading: the message before the first one
+			// the runtime no longer took, which the next start is to read back.
+			left := ""
+		pages:
 			for range backfillPages {
 				fetch := p.historyRetried
 				if gaps {
@@ -202,18 +206,24 @@ rounds:
 					readErr = err
 					break
 				}
+				prev := after
 				for _, m := range ms {
 					if m.Timestamp.Before(since) {
 						if userSaid(m, p.bot()) {
 							old++ // the bot's own replies are not messages it failed to answer
 						}
 						p.noteSeen(m)
+						prev = m.ID
 						continue
 					}
 					if m.GuildID == "" {
 						m.GuildID = c.guild
 					}
-					p.handle(m)
+					if p.handle(m) {
+						left = prev
+						break pages
+					}
+					prev = m.ID
 				}
 				fetched += len(ms)
 				if len(ms) < backfillPageSize {
@@ -224,15 +234,25 @@ rounds:
 			// Live messages move the channel's mark past what is left unread: keep the place, so
 			// that the next new gateway session reads from there. A refusal for good (no Read
 			// Message History permission) will not pass, and is not kept.
+			// A message the daemon's stop left for the next start keeps the place before it too:
+			// the chat's newest stored message may be past it (a live one taken after a failed
+			// read), and the next start reads after that unless the store keeps the place.
 			p.mu.Lock()
-			if readErr != nil && !refusedForGood(readErr) {
+			switch {
+			case left != "":
+				p.unread[c.channel] = seenAt{id: left, guild: c.guild}
+				p.keepUnread(c.channel, left, c.guild)
+			case readErr != nil && !refusedForGood(readErr):
 				p.unread[c.channel] = seenAt{id: after, guild: c.guild}
 				p.keepUnread(c.channel, after, c.guild)
-			} else {
+			default:
 				delete(p.unread, c.channel)
 				p.forgetUnread(c.channel)
 			}
 			p.mu.Unlock()
+			if left != "" {
+				break rounds // the daemon stops: the runtime takes nothing more
+			}
 			if gaps && readErr != nil {
 				// Live messages wait while gaps are read: after a failure (Discord's API is
 				// likely down) the other gaps wait for the next try rather than hold them more.

@@ -307,7 +307,7 @@ func (p *Platform) backfillThenRelease(gaps bool) {
 			return
 		}
 		for _, m := range held {
-			p.handle(m)
+			_ = p.handle(m)
 		}
 	}
 }

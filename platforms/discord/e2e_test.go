@@ -1294,3 +1294,77 @@ func TestBackfillReadsTheThreadItOpens(t *testing.T) {
 	w.start(t)
 	w.replyTo(t, asked.ID, inThread.ID)
 }
+
+// TestUnreadGapReadWhileStoppingIsKept: a gap read while the daemon drains (a new gateway
+// session's backfill) finds the gap's message, which the runtime no longer takes; it is left
+// for the next start to read back. So the unread place must stay in the store: the live message
+// taken meanwhile moved the chat's newest stored message past the gap, and without the place
+// the next start reads after it, and the message left for it is lost without a word (its
+// sender was not told, since it was to be read back).
+func TestUnreadGapReadWhileStoppingIsKept(t *testing.T) {
+	discord.SetGapRetry(t, time.Hour) // the gap is read by the READYs only
+	release := make(chan struct{})
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		if req.Messages[0].Text == "slow" {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return echoAgent(ctx, req)
+	})
+	w := startWorld(t, agent, nil)
+	const elsewhere = "300000000000000002"
+	w.srv.AddChannel(discordtest.Channel{ID: elsewhere, Type: discordgo.ChannelTypeDM})
+	before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
+	w.replyTo(t, dmID, before.ID)
+	w.stop(t)
+	down := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "while down"})
+	w.srv.FailNext("GET", "/channels/"+dmID+"/messages", 500, 5) // every try of the backfill
+	w.start(t)
+	w.srv.WaitReady(t)
+	live := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "live"})
+	w.replyTo(t, dmID, live.ID)
+	eventually(t, "the unread place stored", func() bool {
+		us, err := w.d.Store().Unread(t.Context(), discord.Name, 0)
+		return err == nil && len(us) == 1 && us[0].ChatID == dmID && us[0].After == before.ID
+	})
+
+	// The daemon drains, held by a turn in another chat; a new gateway session reads the gap.
+	w.srv.Post(discordtest.UserMessage{ChannelID: elsewhere, Author: bob, Content: "slow"})
+	w.srv.WaitFor(t, "the slow turn typing", func() bool { return w.srv.Typing(elsewhere) > 0 })
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		w.stop(t)
+	}()
+	eventually(t, "the daemon draining", func() bool { return strings.Contains(w.log.String(), "msg=draining") })
+	w.srv.InvalidateSession()
+	eventually(t, "the gap's message handled during the drain", func() bool {
+		return strings.Contains(w.log.String(), "message_id="+down.ID)
+	})
+	close(release)
+	<-stopped
+
+	w.start(t)
+	after := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "after the restart"})
+	w.replyTo(t, dmID, after.ID) // live messages wait for the backfill: it is done
+	if _, ok := w.stored(t, dmID, down.ID); !ok {
+		t.Fatalf("the gap's message, left for the next start while the daemon stopped, was never taken (unread places: %v)",
+			check2(w.d.Store().Unread(t.Context(), discord.Name, 0)))
+	}
+	w.replyTo(t, dmID, down.ID)
+	for _, m := range w.srv.Sent(dmID) {
+		if strings.Contains(m.Content, "did not take") {
+			t.Errorf("the bot said %q, and then answered the message", m.Content)
+		}
+	}
+}
+
+func check2[T any](v T, err error) any {
+	if err != nil {
+		return err
+	}
+	return v
+}

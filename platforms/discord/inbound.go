@@ -28,14 +28,16 @@ func (p *Platform) onMessage(_ *discordgo.Session, m *discordgo.MessageCreate) {
 		return
 	}
 	p.mu.Unlock()
-	p.handle(m.Message)
+	_ = p.handle(m.Message)
 }
 
 // handle turns a message (from the gateway, or from channel history after a lost gateway
 // session: backfill) into an Inbound: it ignores what the gate refuses before anything is
 // queued, opens a thread when auto-thread applies, delivers the message (which returns once it
-// is durable) and tells the user when it could not be taken.
-func (p *Platform) handle(m *discordgo.Message) {
+// is durable) and tells the user when it could not be taken. left reports that the message was
+// not taken because the daemon stops, and is left for the next start to read back
+// (readBackAfterStop): a backfill keeps its place unread (backfill.go).
+func (p *Platform) handle(m *discordgo.Message) (left bool) {
 	// One message's panic drops that message only (logged): not the backfill or the release
 	// of held messages it runs in, and not the gateway reader. Its sender is told when the
 	// message was one the bot answers and the runtime had not taken it.
@@ -126,10 +128,12 @@ func (p *Platform) handle(m *discordgo.Message) {
 		}
 	case p.readBackAfterStop(ctx, err, m.ChannelID):
 		p.log.Info("discord message not taken while stopping; the next start reads it back", "channel", m.ChannelID, "message_id", m.ID)
+		return true
 	default:
 		p.log.Warn("discord message not taken", "channel", m.ChannelID, "message_id", m.ID, logging.Err(err))
 		p.tellUser(ctx, reply, refFor(in.Source, m.ID), refusal(err))
 	}
+	return false
 }
 
 // readBackAfterStop reports whether a message the runtime did not take, with err, in channel
