@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync/atomic"
 
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -36,6 +37,8 @@ type leaderPlatform struct {
 	log     *slog.Logger
 	standby atomic.Bool
 }
+
+var _ platforms.Recorder = (*leaderPlatform)(nil)
 
 func newLeaderPlatform(p gatewayPlatform, leases leaser, log *slog.Logger) *leaderPlatform {
 	l := &leaderPlatform{gatewayPlatform: p, leases: leases, log: log}
@@ -85,4 +88,14 @@ func (l *leaderPlatform) Ready(ctx context.Context) error {
 		return nil
 	}
 	return l.gatewayPlatform.Ready(ctx)
+}
+
+// SetRecord hands record to the gateway platform when it keeps records of its own
+// (platforms.Recorder: Discord's unread places). Without it the wrapper hid the platform's
+// Recorder from the platform actor, and in cluster mode nothing was recorded: the member that
+// takes the gateway over did not read the gap a failed backfill left.
+func (l *leaderPlatform) SetRecord(record func(ops ...persistence.Op)) {
+	if r, ok := l.gatewayPlatform.(platforms.Recorder); ok {
+		r.SetRecord(record)
+	}
 }
