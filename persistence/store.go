@@ -329,11 +329,14 @@ type CloseDraft struct {
 // no-op.
 type MarkUnread struct{ Unread Unread }
 
-// ClearUnread deletes a chat's unread place once it was read. Clearing an unknown one, or
-// re-applying it, is a no-op.
+// ClearUnread deletes a chat's unread place once it was read: the place After, or any when After
+// is empty. A place another process recorded since (a newer one) stays: a clear that was held
+// up (retried through an outage, or sent by a member that has since handed the gateway over)
+// must not delete it. Clearing an unknown one, or re-applying it, is a no-op.
 type ClearUnread struct {
 	Platform string
 	ChatID   string
+	After    string
 }
 
 // Fence makes its group commit only while no claim of Key newer than Epoch exists (see

@@ -76,7 +76,7 @@ const (
 	markUnreadSQL = `INSERT INTO unread (` + sqlstore.UnreadCols + `) VALUES ($1, $2, $3, $4, $5)
 		ON CONFLICT (platform, chat_id) DO UPDATE SET scope_id = excluded.scope_id, after_id = excluded.after_id,
 			created_at = excluded.created_at`
-	clearUnreadSQL = `DELETE FROM unread WHERE platform = $1 AND chat_id = $2`
+	clearUnreadSQL = `DELETE FROM unread WHERE platform = $1 AND chat_id = $2 AND ($3 = '' OR after_id = $3)`
 )
 
 // stmt is one statement of a group. msg is set for a message INSERT: when it inserts nothing,
@@ -436,7 +436,7 @@ func groupStmts(ops []persistence.Op) ([]stmt, error) {
 			if o == nil || o.Platform == "" || o.ChatID == "" {
 				return nil, errors.New("clear unread: platform and chat id required")
 			}
-			add(clearUnreadSQL, o.Platform, o.ChatID)
+			add(clearUnreadSQL, o.Platform, o.ChatID, o.After)
 		case *persistence.Fence:
 			if err := sqlstore.CheckFence(o); err != nil {
 				return nil, err

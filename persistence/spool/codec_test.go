@@ -64,7 +64,7 @@ func opSamples() []persistence.Op {
 			TurnID: "turn-1", ChatType: "thread", ChatID: "c", ThreadID: "th", Run: "r_1", CreatedAt: t0.Add(3)}},
 		&persistence.CloseDraft{Platform: "discord", ID: "1300"},
 		&persistence.MarkUnread{Unread: persistence.Unread{Platform: "discord", ChatID: "c", ScopeID: "g", After: "1299", At: t0.Add(4)}},
-		&persistence.ClearUnread{Platform: "discord", ChatID: "c"},
+		&persistence.ClearUnread{Platform: "discord", ChatID: "c", After: "1299"},
 		&persistence.Fence{Key: "k", Epoch: 1 << 40},
 	}
 }

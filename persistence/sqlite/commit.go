@@ -95,7 +95,7 @@ var writeSQL = [numStmts]string{
 	stMarkUnread: `INSERT INTO unread (` + sqlstore.UnreadCols + `) VALUES (?, ?, ?, ?, ?)
 		ON CONFLICT (platform, chat_id) DO UPDATE SET scope_id = excluded.scope_id, after_id = excluded.after_id,
 			created_at = excluded.created_at`,
-	stClearUnread: `DELETE FROM unread WHERE platform = ? AND chat_id = ?`,
+	stClearUnread: `DELETE FROM unread WHERE platform = ?1 AND chat_id = ?2 AND (?3 = '' OR after_id = ?3)`,
 	// Commits are serialised (BEGIN IMMEDIATE), so a plain read fences: a claim is a write
 	// transaction of its own, never concurrent with this one.
 	stFence: `SELECT epoch FROM owners WHERE key = ?`,
@@ -503,7 +503,7 @@ func (t *txn) apply(op persistence.Op) error {
 		if o == nil || o.Platform == "" || o.ChatID == "" {
 			return errors.New("clear unread: platform and chat id required")
 		}
-		_, err := t.exec(stClearUnread, o.Platform, o.ChatID)
+		_, err := t.exec(stClearUnread, o.Platform, o.ChatID, o.After)
 		return wrap(err, "clear unread %s/%s", o.Platform, o.ChatID)
 	case *persistence.Fence:
 		if err := sqlstore.CheckFence(o); err != nil {

@@ -479,6 +479,12 @@ func testUnread(t *testing.T, s persistence.Store) {
 	MustCommit(t, s, &persistence.ClearUnread{Platform: "discord", ChatID: "c3"},
 		&persistence.ClearUnread{Platform: "discord", ChatID: "never marked"})
 	diff(t, "Unread(discord) after clearing c3", check(s.Unread(ctx, "discord", 0)).must(t, "Unread"), []persistence.Unread{u2, u1})
+	// A clear of the place c1 had before it moved (held up, or another member's) leaves the
+	// newer one; a clear of the place it has deletes it.
+	MustCommit(t, s, &persistence.ClearUnread{Platform: "discord", ChatID: "c1", After: "100"})
+	diff(t, "Unread(discord) after clearing c1's old place", check(s.Unread(ctx, "discord", 0)).must(t, "Unread"), []persistence.Unread{u2, u1})
+	MustCommit(t, s, &persistence.ClearUnread{Platform: "discord", ChatID: "c1", After: "150"})
+	diff(t, "Unread(discord) after clearing c1's place", check(s.Unread(ctx, "discord", 0)).must(t, "Unread"), []persistence.Unread{u2})
 	diff(t, "Unread(slack)", check(s.Unread(ctx, "slack", 0)).must(t, "Unread"), []persistence.Unread{other})
 
 	for _, bad := range []persistence.Op{

@@ -380,11 +380,12 @@ func (p *Platform) keepUnread(channel, after, guild string) {
 
 // forgetUnread clears channel's unread place in the store, if it holds one. p.mu is held.
 func (p *Platform) forgetUnread(channel string) {
-	if _, ok := p.kept[channel]; !ok || p.record == nil {
+	u, ok := p.kept[channel]
+	if !ok || p.record == nil {
 		return
 	}
 	delete(p.kept, channel)
-	p.record(&persistence.ClearUnread{Platform: Name, ChatID: channel})
+	p.record(&persistence.ClearUnread{Platform: Name, ChatID: channel, After: u.After})
 }
 
 // loadUnread adds the store's unread places to the ones this process knows (its own win: they
