@@ -1094,6 +1094,28 @@ func TestUnreadGapIsReadWhileTheSessionLasts(t *testing.T) {
 	}
 }
 
+// leaveUnreadGap answers a DM message, stops the daemon, has one said meanwhile (down), and
+// starts it again with every try of its backfill's history read failing; a live message
+// (live) is then taken, and the daemon records the place where reading stopped (after
+// before). It returns the three messages.
+func leaveUnreadGap(t *testing.T, w *world) (before, down, live *discordgo.Message) {
+	t.Helper()
+	before = w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
+	w.replyTo(t, dmID, before.ID)
+	w.stop(t)
+	down = w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "while down"})
+	w.srv.FailNext("GET", "/channels/"+dmID+"/messages", 500, 5) // every try of the backfill
+	w.start(t)
+	w.srv.WaitReady(t)
+	live = w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "live"})
+	w.replyTo(t, dmID, live.ID)
+	eventually(t, "the unread place stored", func() bool {
+		us, err := w.d.Store().Unread(t.Context(), discord.Name, 0)
+		return err == nil && len(us) == 1 && us[0].ChatID == dmID && us[0].After == before.ID
+	})
+	return before, down, live
+}
+
 // TestUnreadGapSurvivesARestart: the place where a failed backfill stopped reading is kept in
 // the store, so the daemon that starts next reads the gap, although the live message taken
 // meanwhile moved the store's newest message of the chat past it. Before, the place lived in
@@ -1103,19 +1125,7 @@ func TestUnreadGapIsReadWhileTheSessionLasts(t *testing.T) {
 func TestUnreadGapSurvivesARestart(t *testing.T) {
 	discord.SetGapRetry(t, time.Hour) // the first daemon never reads the gap again itself
 	w := startWorld(t, echoAgent, nil)
-	before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
-	w.replyTo(t, dmID, before.ID)
-	w.stop(t)
-	down := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "while down"})
-	w.srv.FailNext("GET", "/channels/"+dmID+"/messages", 500, 5) // every try of the backfill
-	w.start(t)
-	w.srv.WaitReady(t)
-	live := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "live"})
-	w.replyTo(t, dmID, live.ID)
-	eventually(t, "the unread place stored", func() bool {
-		us, err := w.d.Store().Unread(t.Context(), discord.Name, 0)
-		return err == nil && len(us) == 1 && us[0].ChatID == dmID && us[0].After == before.ID
-	})
+	before, down, live := leaveUnreadGap(t, w)
 	w.stop(t)
 
 	w.start(t)
@@ -1138,19 +1148,7 @@ func TestUnreadPlaceOlderThanTheWindowIsCleared(t *testing.T) {
 	w := startWorld(t, echoAgent, func(c *config.Config) { c.Platforms.Discord.BackfillWindow = 100 * time.Millisecond })
 	const elsewhere = "300000000000000002"
 	w.srv.AddChannel(discordtest.Channel{ID: elsewhere, Type: discordgo.ChannelTypeDM})
-	before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
-	w.replyTo(t, dmID, before.ID)
-	w.stop(t)
-	down := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "while down"})
-	w.srv.FailNext("GET", "/channels/"+dmID+"/messages", 500, 5)
-	w.start(t)
-	w.srv.WaitReady(t)
-	live := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "live"})
-	w.replyTo(t, dmID, live.ID)
-	eventually(t, "the unread place stored", func() bool {
-		us, err := w.d.Store().Unread(t.Context(), discord.Name, 0)
-		return err == nil && len(us) == 1
-	})
+	_, down, _ := leaveUnreadGap(t, w)
 	w.stop(t)
 	for i := range 150 { // the place ages past the window
 		w.srv.Post(discordtest.UserMessage{ChannelID: elsewhere, Author: bob, Content: fmt.Sprint("elsewhere ", i)})
@@ -1317,19 +1315,7 @@ func TestUnreadGapReadWhileStoppingIsKept(t *testing.T) {
 	w := startWorld(t, agent, nil)
 	const elsewhere = "300000000000000002"
 	w.srv.AddChannel(discordtest.Channel{ID: elsewhere, Type: discordgo.ChannelTypeDM})
-	before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
-	w.replyTo(t, dmID, before.ID)
-	w.stop(t)
-	down := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "while down"})
-	w.srv.FailNext("GET", "/channels/"+dmID+"/messages", 500, 5) // every try of the backfill
-	w.start(t)
-	w.srv.WaitReady(t)
-	live := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "live"})
-	w.replyTo(t, dmID, live.ID)
-	eventually(t, "the unread place stored", func() bool {
-		us, err := w.d.Store().Unread(t.Context(), discord.Name, 0)
-		return err == nil && len(us) == 1 && us[0].ChatID == dmID && us[0].After == before.ID
-	})
+	_, down, _ := leaveUnreadGap(t, w)
 
 	// The daemon drains, held by a turn in another chat; a new gateway session reads the gap.
 	w.srv.Post(discordtest.UserMessage{ChannelID: elsewhere, Author: bob, Content: "slow"})
