@@ -711,6 +711,10 @@ func TestValidate(t *testing.T) {
 			"platforms.discord.allowed_users[1]", "platforms.discord.channels.general",
 		}},
 		{"discord bad token_env", func(c *Config) { c.Platforms.Discord.TokenEnv = "1TOKEN" }, []string{"platforms.discord.token_env"}},
+		{"discord backfill_window past the retention", func(c *Config) {
+			c.Platforms.Discord.Enabled, c.Platforms.Discord.BackfillWindow = true, 48*time.Hour
+			c.Sessions.Prune.Enabled, c.Sessions.Prune.Retention = true, 24*time.Hour
+		}, []string{"platforms.discord.backfill_window"}},
 		{"shutdown and persistence", func(c *Config) { c.Shutdown.DrainTimeout = -1; c.Persist.MaxBatch = 0 }, []string{
 			"shutdown.drain_timeout", "persistence.max_batch",
 		}},

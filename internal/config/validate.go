@@ -142,6 +142,12 @@ func (c *Config) validate() []error {
 		v.add("platforms.discord.shard_id", d.ShardID, "must be from 0 to shard_count-1")
 	}
 	atLeast(&v, "platforms.discord.backfill_window", d.BackfillWindow, 0)
+	if d.Enabled && c.Sessions.Prune.Enabled && d.BackfillWindow >= c.Sessions.Prune.Retention {
+		// A message read back that old may be one whose session was pruned: nothing would say
+		// it was taken, and it would be answered again.
+		v.add("platforms.discord.backfill_window", d.BackfillWindow,
+			fmt.Sprintf("must be shorter than sessions.prune.retention (%v): a message read back whose session was pruned would be answered again", c.Sessions.Prune.Retention))
+	}
 	if !slices.Contains([]int{60, 1440, 4320, 10080}, d.ThreadArchiveMinutes) {
 		v.add("platforms.discord.thread_archive_minutes", d.ThreadArchiveMinutes, "must be 60, 1440, 4320 or 10080")
 	}
