@@ -1225,12 +1225,11 @@ func TestMessageDuringStopInANewChatIsRefused(t *testing.T) {
 	}
 }
 
-// drainingWithATurn starts a world whose daemon is stopping, held in its drain by a turn
-// (slow, in the DM) until finishStop, which lets the turn end and waits for the stop.
-func drainingWithATurn(t *testing.T) (w *world, slow *discordgo.Message, finishStop func()) {
-	t.Helper()
-	release := make(chan struct{})
-	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+// slowOnCue is the echo agent, but a turn of the message "slow" waits until release is closed
+// (or its ctx ends).
+func slowOnCue() (agent agents.Agent, release chan struct{}) {
+	release = make(chan struct{})
+	return agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 		if req.Messages[0].Text == "slow" {
 			select {
 			case <-release:
@@ -1239,7 +1238,14 @@ func drainingWithATurn(t *testing.T) (w *world, slow *discordgo.Message, finishS
 			}
 		}
 		return echoAgent(ctx, req)
-	})
+	}), release
+}
+
+// drainingWithATurn starts a world whose daemon is stopping, held in its drain by a turn
+// (slow, in the DM) until finishStop, which lets the turn end and waits for the stop.
+func drainingWithATurn(t *testing.T) (w *world, slow *discordgo.Message, finishStop func()) {
+	t.Helper()
+	agent, release := slowOnCue()
 	w = startWorld(t, agent, nil)
 	slow = w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "slow"})
 	w.srv.WaitFor(t, "the slow turn typing", func() bool { return w.srv.Typing(dmID) > 0 })
@@ -1301,17 +1307,7 @@ func TestBackfillReadsTheThreadItOpens(t *testing.T) {
 // sender was not told, since it was to be read back).
 func TestUnreadGapReadWhileStoppingIsKept(t *testing.T) {
 	discord.SetGapRetry(t, time.Hour) // the gap is read by the READYs only
-	release := make(chan struct{})
-	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-		if req.Messages[0].Text == "slow" {
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		return echoAgent(ctx, req)
-	})
+	agent, release := slowOnCue()
 	w := startWorld(t, agent, nil)
 	const elsewhere = "300000000000000002"
 	w.srv.AddChannel(discordtest.Channel{ID: elsewhere, Type: discordgo.ChannelTypeDM})
