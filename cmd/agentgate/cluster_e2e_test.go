@@ -22,6 +22,29 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// chatOnTheBlockedMember sends new chats' first messages through via, with ?wait, until one
+// is not answered in time: its session runs on the member whose agent hangs (BLOCK). It
+// returns that chat and its message id.
+func chatOnTheBlockedMember(t *testing.T, via *daemon) (chat, msgID string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for i := 0; ; i++ {
+		if time.Now().After(deadline) {
+			t.Fatal("no session was placed on the member whose agent hangs within 60s")
+		}
+		id := fmt.Sprint("m", i)
+		status, body := post(t, via.base+"/v1/messages?wait=2s", "",
+			fmt.Sprintf(`{"chat_id":"c%d","user_id":"u","text":"hi","message_id":%q}`, i, id))
+		switch status {
+		case http.StatusAccepted:
+			return fmt.Sprint("c", i), id
+		case http.StatusOK:
+		default:
+			t.Fatalf("POST: %d %v", status, body)
+		}
+	}
+}
+
 // TestClusterMemberKilled: two `agentgate serve` members of one cluster on one PostgreSQL
 // database. A session whose key the second member owns has a turn running there when that
 // member is killed with -9. Once the first member counts it gone (cluster.member_ttl), it
@@ -37,24 +60,7 @@ func TestClusterMemberKilled(t *testing.T) {
 	a := MustServe(t, t.TempDir(), env...)
 	b := MustServe(t, t.TempDir(), append(env, "BLOCK=1")...)
 
-	// A chat whose session runs on b is one whose ?wait on a times out: b's agent hangs.
-	var chat, msgID string
-	deadline := time.Now().Add(60 * time.Second)
-	for i := 0; chat == ""; i++ {
-		if time.Now().After(deadline) {
-			t.Fatal("no session was placed on the second member within 60s")
-		}
-		id := fmt.Sprint("m", i)
-		status, body := post(t, a.base+"/v1/messages?wait=2s", "",
-			fmt.Sprintf(`{"chat_id":"c%d","user_id":"u","text":"hi","message_id":%q}`, i, id))
-		switch status {
-		case http.StatusAccepted:
-			chat, msgID = fmt.Sprint("c", i), id
-		case http.StatusOK:
-		default:
-			t.Fatalf("POST: %d %v", status, body)
-		}
-	}
+	chat, msgID := chatOnTheBlockedMember(t, a) // b's agent hangs
 	b.kill(t)
 
 	conn, err := pgx.Connect(context.Background(), dsn)
@@ -118,24 +124,7 @@ func TestClusterStalledMemberLeavesAlone(t *testing.T) {
 	older := MustServe(t, t.TempDir(), append(env, "BLOCK=1")...)
 	younger := MustServe(t, t.TempDir(), env...)
 
-	// A chat whose session runs on the older member: its ?wait times out, that agent hangs.
-	var msgID string
-	deadline := time.Now().Add(60 * time.Second)
-	for i := 0; msgID == ""; i++ {
-		if time.Now().After(deadline) {
-			t.Fatal("no session was placed on the older member within 60s")
-		}
-		id := fmt.Sprint("m", i)
-		status, body := post(t, younger.base+"/v1/messages?wait=2s", "",
-			fmt.Sprintf(`{"chat_id":"c%d","user_id":"u","text":"hi","message_id":%q}`, i, id))
-		switch status {
-		case http.StatusAccepted:
-			msgID = id
-		case http.StatusOK:
-		default:
-			t.Fatalf("POST: %d %v", status, body)
-		}
-	}
+	_, msgID := chatOnTheBlockedMember(t, younger) // the older member's agent hangs
 
 	if err := older.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
