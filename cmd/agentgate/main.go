@@ -44,7 +44,7 @@ commands:
   sessions       list, show, export, reset or search the stored sessions
   backup         write a consistent copy of the SQLite database, also while the daemon runs
   bench          load an in-process daemon and measure turns/s, latency and the SQLite ceiling
-  version        print the version
+  version        print the version (also --version)
 
 Run 'agentgate <command> -h' or 'agentgate help <command>' for the flags of a command.
 `
@@ -57,6 +57,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		// agentgate -h asks about agentgate, not about its default command: the list of
 		// commands says where serve's flags are.
 		cmd, args = "help", args[1:]
+	} else if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
+		cmd, args = "version", args[1:] // what most daemons answer; serve has no such flag
 	}
 	err := dispatch(ctx, cmd, args, stdout, stderr)
 	if errors.Is(err, errHelp) {

@@ -73,6 +73,8 @@ func TestRunCommands(t *testing.T) {
 		notStderr  []string // not in stderr
 	}{
 		{name: "version", args: []string{"version"}, wantOut: "agentgate "},
+		{name: "--version is version, not a flag of serve", args: []string{"--version"}, wantOut: "agentgate "},
+		{name: "-version too", args: []string{"-version"}, wantOut: "agentgate "},
 		{name: "version takes no argument", args: []string{"version", "extra"}, wantErr: "usage", wantStderr: []string{`agentgate version: unexpected argument "extra"`}},
 		{name: "help", args: []string{"help"}, wantOut: "check-config"},
 		{name: "-h lists the commands", args: []string{"-h"}, wantOut: "commands:\n  serve"},
