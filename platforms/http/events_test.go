@@ -97,6 +97,7 @@ func TestEventsResumePoint(t *testing.T) {
 		// A malformed pair is not dropped: the resume point it may have meant is not guessed.
 		{"malformed query", "", "?after=2;x", 0, CodeInvalidQuery},
 		{"bad escape", "", "?after=%zz", 0, CodeInvalidQuery},
+		{"after given twice", "", "?after=1&after=2", 0, CodeInvalidQuery},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -517,11 +517,17 @@ func parseSeq(s string) (int64, error) {
 
 // query parses the request's query string. url.URL.Query drops a malformed pair (a bad
 // escape, a semicolon) without a word, so a client's typo would silently change the request:
-// it is a 400 invalid_query instead.
+// it is a 400 invalid_query instead. So is a parameter given twice (?limit=5&limit=500):
+// no route takes a list, and reading one of the two would be a guess.
 func query(r *http.Request) (url.Values, *apiError) {
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
 		return nil, badRequest(CodeInvalidQuery, "the query string is malformed: "+err.Error())
+	}
+	for name, vs := range q {
+		if len(vs) > 1 {
+			return nil, badRequest(CodeInvalidQuery, fmt.Sprintf("the query parameter %q is given %d times; give it once", name, len(vs)))
+		}
 	}
 	return q, nil
 }

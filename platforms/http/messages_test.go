@@ -73,6 +73,7 @@ func TestPostMessageBadInput(t *testing.T) {
 		{"bad wait", "POST", "/v1/messages?wait=soon", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}`, 400, CodeInvalidWait},
 		{"negative wait", "POST", "/v1/messages?wait=-1s", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}`, 400, CodeInvalidWait},
 		{"empty wait", "POST", "/v1/messages?wait=", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}`, 400, CodeInvalidWait},
+		{"wait given twice", "POST", "/v1/messages?wait=1s&wait=5m", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}`, 400, CodeInvalidQuery},
 		{"GET messages", "GET", "/v1/messages", nil, ``, 405, CodeMethodNotAllowed},
 		{"unknown route", "GET", "/v1/nope", nil, ``, 404, CodeNotFound},
 		{"root", "GET", "/", nil, ``, 404, CodeNotFound},

@@ -126,6 +126,7 @@ func TestListSessions(t *testing.T) {
 		{"zero limit", "?limit=0", ListRequest{}, CodeInvalidQuery},
 		{"bad limit", "?limit=many", ListRequest{}, CodeInvalidQuery},
 		{"malformed pair", "?state=active&platform=%zz", ListRequest{}, CodeInvalidQuery},
+		{"limit given twice", "?limit=5&limit=500", ListRequest{}, CodeInvalidQuery},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

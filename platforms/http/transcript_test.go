@@ -148,7 +148,8 @@ func TestTranscriptBadPaging(t *testing.T) {
 	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
 	for _, q := range []string{"after=-1", "after=x", "after=1.5", "after=99999999999999999999", "after=",
 		"limit=0", "limit=-3", "limit=x", "limit=99999999999999999999", "limit=2&after=-2",
-		"after=3;limit=2", "limit=2&after=%zz"} { // malformed pairs: not dropped unseen
+		"after=3;limit=2", "limit=2&after=%zz", // malformed pairs: not dropped unseen
+		"limit=2&limit=50", "after=1&limit=2&after=9"} { // one of two values is not guessed
 		got := h.do("GET", "/v1/sessions/"+streamKey+"/transcript?"+q, nil, "")
 		if q == "after=" {
 			if got.status != 200 {
