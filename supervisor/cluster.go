@@ -225,20 +225,43 @@ func (d *Daemon) leaveCluster(ctx context.Context) {
 	// protoactor's Shutdown would now shut the membership provider down: Stop has withdrawn.
 	c.IdentityLookup.Shutdown()
 	if len(d.membership.successors()) > 0 {
-		// Only members that stay route to this one; when all the others leave too (a whole
-		// cluster stopped at once) their connections last until they close their own ports,
-		// and waiting for them would only make each wait out dropWithin.
-		t := time.NewTimer(dropWithin(d.cfg.Cluster.MemberTTL))
-		select {
-		case <-d.peers.dropped():
-		case <-t.C:
-			d.log.Debug("leaving the cluster while other members still hold a connection to this one")
-		case <-ctx.Done():
-		}
-		t.Stop()
+		d.awaitDropped(ctx)
 	}
 	c.Gossip.Shutdown()
 	d.endpoints.shutdown(c.Remote, d.log)
+}
+
+// awaitDropped waits until no other member holds a connection to this one, for at most
+// dropWithin, or until no other member stays. Only members that stay route to this one; when
+// all the others leave too (a whole cluster stopped at once) their connections last until they
+// close their own ports, and waiting for them would only make each wait out dropWithin. The
+// view this member began its stop with may not know that yet (members told to stop at one
+// moment renewed as leaving after it read them): the store says, read at once and then every
+// renewRetry.
+func (d *Daemon) awaitDropped(ctx context.Context) {
+	bound := time.NewTimer(dropWithin(d.cfg.Cluster.MemberTTL))
+	defer bound.Stop()
+	read := time.NewTimer(0) // at once, then every renewRetry
+	defer read.Stop()
+	for {
+		select {
+		case <-d.peers.dropped():
+			return
+		case <-bound.C:
+			d.log.Debug("leaving the cluster while other members still hold a connection to this one")
+			return
+		case <-ctx.Done():
+			return
+		case <-read.C:
+			rctx, cancel := context.WithTimeout(ctx, renewRetry)
+			stay, err := d.membership.othersStay(rctx)
+			cancel()
+			if err == nil && !stay {
+				return
+			}
+			read.Reset(renewRetry)
+		}
+	}
 }
 
 // shutdownRemote shuts protoactor's remote down gracefully. Its endpoint manager can panic
@@ -248,15 +271,40 @@ func (d *Daemon) leaveCluster(ctx context.Context) {
 // the moment it meets. Such a panic is recovered and the server stopped at once: the peers the
 // graceful stop would have told have disconnected already. A member calls it through its
 // endpoint guard (endpointGuard.shutdown), which keeps the stop's other race from panicking.
+//
+// The graceful stop waits for every endpoint writer, and a writer that cannot connect retries
+// in its start, five times 2 s apart, deaf to the stop meanwhile. A leaving member's gossip
+// dials each member of its topology until the gossip stops, so a member that closed its port a
+// moment before (every member of a cluster stopped at once) held the others' stops for 10 s.
+// The stop waits at most remoteStopWithin, then stops the server at once; the graceful stop
+// ends in the background when that writer gives up (its event reaches no manager: the manager
+// unsubscribed first).
 func shutdownRemote(r *remote.Remote, log *slog.Logger) {
-	defer func() {
-		if p := recover(); p != nil {
-			log.Debug("protoactor's remote failed its graceful stop as a peer disconnected; stopping it at once", "panic", p)
-			r.Shutdown(false)
-		}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() {
+			if p := recover(); p != nil {
+				log.Debug("protoactor's remote failed its graceful stop as a peer disconnected; stopping it at once", "panic", p)
+				r.Shutdown(false)
+			}
+		}()
+		r.Shutdown(true)
 	}()
-	r.Shutdown(true)
+	t := time.NewTimer(remoteStopWithin)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		log.Debug("protoactor's remote did not stop in time (an endpoint writer still dials a member that is gone); stopping its server at once",
+			"within", remoteStopWithin)
+		r.Shutdown(false)
+	}
 }
+
+// remoteStopWithin bounds the remote's graceful stop (shutdownRemote), which takes
+// milliseconds unless an endpoint writer still dials a member that is gone.
+const remoteStopWithin = 2 * time.Second
 
 // dropWithin bounds how long a leaving member waits for the others to drop it: a member that
 // renews in time does so within a renewal period (ttl/3) after the withdrawal, and its renewal

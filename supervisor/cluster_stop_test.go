@@ -127,6 +127,41 @@ func TestClusterMembersStoppingAtOnceDoNotWaitForEachOther(t *testing.T) {
 	}
 }
 
+// TestClusterMembersStoppingTogetherDoNotWaitForEachOther: two members told to stop at the
+// same moment (a SIGTERM to every member) each renew as leaving before the other's mark is in
+// the store, so each began its stop taking the other for a member that stays, and waited out
+// dropWithin for it to drop the connection it held, as it waited for this one: a whole
+// cluster's stop took 12 s with member_ttl 6s. Each now reads from the store that the other
+// leaves too.
+func TestClusterMembersStoppingTogetherDoNotWaitForEachOther(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	var rs []*runtime
+	var logs []*logSignal
+	for range 2 {
+		l := &logSignal{}
+		logs = append(logs, l)
+		rs = append(rs, MustStartDaemon(t, okAgent, daemonOpts{logs: l, tweak: func(c *config.Config) {
+			c.Store.Driver, c.Store.DSN = "postgres", dsn
+			c.Cluster.Enabled, c.Cluster.Bind, c.Cluster.MemberTTL = true, "127.0.0.1:0", 9*time.Second
+		}}))
+	}
+	waitUntil(t, func() bool {
+		return len(rs[0].d.cluster.MemberList.Members().Members()) == 2 && len(rs[1].d.cluster.MemberList.Members().Members()) == 2
+	})
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for _, r := range rs {
+		wg.Go(func() { <-start; r.stop(t) })
+	}
+	close(start)
+	wg.Wait()
+	for i, l := range logs {
+		if line := grepLine(l.String(), "still hold a connection"); line != "" {
+			t.Errorf("member %d waited for the other to drop it until its bound: %s", i, line)
+		}
+	}
+}
+
 // grepLine returns the first line of text that holds substr, or "".
 func grepLine(text, substr string) string {
 	for l := range strings.SplitSeq(text, "\n") {
@@ -215,6 +250,43 @@ func TestClusterRemoteStopsWhenAPeerDisconnectsMeanwhile(t *testing.T) {
 			conn.Close()
 			t.Fatalf("a's port %s is open after its stop", a.Address())
 		}
+	}
+}
+
+// TestClusterRemoteStopsWhileAWriterDialsAGoneMember: protoactor's graceful stop of the remote
+// waits for its endpoint writers, and one that cannot connect retries in its start, five times
+// 2 s apart. A leaving member's gossip dials a member that closed its port a moment before
+// (the whole cluster stopped at once), and that member's stop took 10 s more. It now stops the
+// server once remoteStopWithin has passed. The writer's sleeps are protoactor's, on the wall
+// clock, so the bound asserted is wall time: 5 s, well under the 8 s the writer's retries
+// still take once it has failed its first dial, well over remoteStopWithin.
+func TestClusterRemoteStopsWhileAWriterDialsAGoneMember(t *testing.T) {
+	dialing := &logSignal{want: "EndpointWriter failed to connect", ready: make(chan struct{})}
+	failed := dialing.ready
+	log := slog.New(slog.NewTextHandler(dialing, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	a := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return log }))
+	ga := guardEndpoints(a)
+	ra := remote.NewRemote(a, remote.Configure("127.0.0.1", 0))
+	ra.Start()
+	gone, err := net.Listen("tcp", "127.0.0.1:0") // a port that was a member's, and is closed
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone.Close()
+	a.Root.Send(actor.NewPID(gone.Addr().String(), "gossip"), &actor.Touch{})
+	select {
+	case <-failed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the endpoint writer to the closed port never failed to connect")
+	}
+	begun := time.Now()
+	ga.shutdown(ra, log)
+	if took := time.Since(begun); took >= 5*time.Second {
+		t.Errorf("the remote's stop took %v while a writer dialled a closed port, want about %v", took.Round(time.Millisecond), remoteStopWithin)
+	}
+	if conn, err := net.Dial("tcp", a.Address()); err == nil {
+		conn.Close()
+		t.Errorf("the port %s is open after the stop", a.Address())
 	}
 }
 

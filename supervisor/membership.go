@@ -20,6 +20,7 @@ import (
 type memberStore interface {
 	Heartbeat(ctx context.Context, cluster string, m postgres.Member, ttl time.Duration) ([]postgres.Member, error)
 	Leave(ctx context.Context, cluster, id string) error
+	Members(ctx context.Context, cluster string, ttl time.Duration) ([]postgres.Member, error)
 	Holder(ctx context.Context, cluster, key string, ttl time.Duration) (postgres.Member, bool, error)
 }
 
@@ -254,6 +255,18 @@ func (p *storeMembership) successors() []*cluster.Member {
 		}
 	}
 	return out
+}
+
+// othersStay reads from the store whether another live member does not leave: one that takes
+// keys over, rather than stopping itself. A leaving member's own view (successors) is as old as
+// its last renewal, which may predate the others' leaving when they were told to stop at the
+// same moment.
+func (p *storeMembership) othersStay(ctx context.Context) (bool, error) {
+	live, err := p.store.Members(ctx, p.name, p.ttl)
+	if err != nil {
+		return false, err
+	}
+	return slices.ContainsFunc(live, func(m postgres.Member) bool { return m.ID != p.me.ID && !m.Leaving }), nil
 }
 
 // staying returns members without those that leave, as of the last renewal; members itself

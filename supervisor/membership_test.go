@@ -28,6 +28,10 @@ func (s *stalledHeartbeat) Heartbeat(_ context.Context, _ string, m postgres.Mem
 
 func (s *stalledHeartbeat) Leave(context.Context, string, string) error { return nil }
 
+func (s *stalledHeartbeat) Members(context.Context, string, time.Duration) ([]postgres.Member, error) {
+	return nil, nil
+}
+
 func (s *stalledHeartbeat) Holder(context.Context, string, string, time.Duration) (postgres.Member, bool, error) {
 	return postgres.Member{}, false, nil
 }

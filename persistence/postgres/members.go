@@ -93,16 +93,37 @@ func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl tim
 		if err != nil {
 			return err
 		}
-		live, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
-			var m Member
-			return m, r.Scan(&m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node, &m.HTTP)
-		})
+		live, err = pgx.CollectRows(rows, scanMember)
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("heartbeat of %s in %s: %w", m.ID, cluster, s.explain(ctx, err))
 	}
 	return live, nil
+}
+
+// Members returns the members of cluster whose last heartbeat is younger than ttl, as
+// Heartbeat does, without renewing any: what a member that has withdrawn reads of the others.
+func (s *Store) Members(ctx context.Context, cluster string, ttl time.Duration) ([]Member, error) {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list members: %w", err)
+	}
+	defer done()
+	rows, err := s.pool.Query(ctx, liveMembersSQL, cluster, ttl.Seconds())
+	if err == nil {
+		var live []Member
+		if live, err = pgx.CollectRows(rows, scanMember); err == nil {
+			return live, nil
+		}
+	}
+	return nil, fmt.Errorf("list members of %s: %w", cluster, s.explain(ctx, err))
+}
+
+// scanMember reads a row of liveMembersSQL.
+func scanMember(r pgx.CollectableRow) (Member, error) {
+	var m Member
+	return m, r.Scan(&m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node, &m.HTTP)
 }
 
 // Leave removes a member's registration: the others see it gone at their next heartbeat.

@@ -70,6 +70,21 @@ func TestMembers(t *testing.T) {
 	if len(live) != 2 || live[0].Leaving || !live[1].Leaving {
 		t.Errorf("b leaving: a sees %+v, want a and b, b leaving", live)
 	}
+	// a withdraws (a member's last step): Members reads the others without registering it.
+	if err := s.Leave(ctx, "c1", "a"); err != nil {
+		t.Fatal(err)
+	}
+	read, err := s.Members(ctx, "c1", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(read) != 1 || read[0].ID != "b" || !read[0].Leaving {
+		t.Errorf("Members after a withdrew = %+v, want b alone, leaving", read)
+	}
+	if read, err := s.Members(ctx, "c1", ttl); err != nil || len(read) != 1 {
+		t.Errorf("Members read twice = %+v, %v: the first read registered someone", read, err)
+	}
+	beat("c1", a)
 	if err := s.Leave(ctx, "c1", "b"); err != nil {
 		t.Fatal(err)
 	}
