@@ -108,6 +108,9 @@ func (p *Platform) seed(ctx context.Context, since time.Time) {
 		return
 	}
 	for _, m := range marks {
+		if !p.ownShard(m.ScopeID) {
+			continue // another shard's gateway takes (and reads back) that guild's messages
+		}
 		if m.ThreadID != "" {
 			p.noteSeen(&discordgo.Message{ChannelID: m.ThreadID, ID: m.MessageID, GuildID: m.ScopeID})
 			// The parent is read after the thread's own id (an auto-thread's is its starter's,
@@ -122,6 +125,27 @@ func (p *Platform) seed(ctx context.Context, since time.Time) {
 		p.noteSeen(&discordgo.Message{ChannelID: m.ChatID, ID: m.MessageID, GuildID: m.ScopeID})
 		p.noteStored(m.ChatID, m.At)
 	}
+}
+
+// ownShard reports whether this gateway connection's shard takes the messages of guild (a
+// snowflake; "" for a DM): Discord sends a guild's events to shard (guild_id >> 22) %
+// shard_count, and DMs to shard 0. Shards that share one store read back only their own
+// chats: before, each shard's READY read every chat the store had taken, the other shards'
+// too (up to backfillChannels of them), spending the bot's REST rate limits on messages
+// another shard answers.
+func (p *Platform) ownShard(guild string) bool {
+	count := max(p.cfg.ShardCount, 1)
+	if count == 1 {
+		return true
+	}
+	if guild == "" {
+		return p.cfg.ShardID == 0
+	}
+	id, err := strconv.ParseUint(guild, 10, 64)
+	if err != nil {
+		return true // not a snowflake: read it rather than lose it
+	}
+	return int((id>>22)%uint64(count)) == p.cfg.ShardID
 }
 
 // backfill handles the messages posted in the remembered channels after the newest one seen
@@ -403,6 +427,9 @@ func (p *Platform) loadUnread(ctx context.Context, since time.Time) {
 		return
 	}
 	for _, u := range us {
+		if !p.ownShard(u.ScopeID) {
+			continue // another shard's place: that shard reads it, or clears it
+		}
 		p.mu.Lock()
 		if _, mine := p.kept[u.ChatID]; !mine {
 			p.kept[u.ChatID] = u

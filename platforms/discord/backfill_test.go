@@ -3,11 +3,13 @@ package discord
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/bwmarrin/discordgo"
 
+	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/persistence"
 )
 
@@ -77,6 +79,63 @@ func TestSeedReadsAThreadsParentFromTheThread(t *testing.T) {
 			}
 			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
 				t.Errorf("seen = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestBackfillReadsOnlyItsShardsChats: shards that share one store read back only the chats of
+// their own guilds (guild_id >> 22 modulo shard_count), and DMs only on shard 0; the unread
+// places of another shard's chats are neither read nor cleared. Before, every shard's READY
+// read every chat the store had taken.
+func TestBackfillReadsOnlyItsShardsChats(t *testing.T) {
+	guildOn := func(shard uint64) string { return fmt.Sprint((1000+shard)<<22 | 12345) } // (1000+shard) % 2
+	marks := []persistence.ChatMark{
+		{ChatID: "100", MessageID: "1100", ScopeID: guildOn(0)},
+		{ChatID: "101", MessageID: "1101", ScopeID: guildOn(1)},
+		{ChatID: "102", ThreadID: "202", MessageID: "1102", ScopeID: guildOn(1)},
+		{ChatID: "103", MessageID: "1103"}, // a DM
+	}
+	// A place recorded long ago (stale: cleared by the shard that owns it) in a chat of each shard.
+	old := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	places := []persistence.Unread{
+		{ChatID: "110", After: "1110", ScopeID: guildOn(0), At: old},
+		{ChatID: "111", After: "1111", ScopeID: guildOn(1), At: old},
+		{ChatID: "112", After: "1112", ScopeID: guildOn(1), At: old.Add(time.Hour)},
+	}
+	for _, tc := range []struct {
+		shard       int
+		wantSeen    string
+		wantCleared string
+	}{
+		{0, "[100 103]", "[110]"},
+		{1, "[101 102 112 202]", "[111]"},
+	} {
+		t.Run(fmt.Sprint("shard ", tc.shard), func(t *testing.T) {
+			var cleared []string
+			p := &Platform{cfg: config.Discord{ShardID: tc.shard, ShardCount: 2},
+				seen: map[string]seenAt{}, unread: map[string]seenAt{}, kept: map[string]persistence.Unread{},
+				recent: func(context.Context, time.Time) ([]persistence.ChatMark, error) { return marks, nil },
+				stored: func(context.Context) ([]persistence.Unread, error) { return places, nil },
+				record: func(ops ...persistence.Op) {
+					for _, op := range ops {
+						if c, ok := op.(*persistence.ClearUnread); ok {
+							cleared = append(cleared, c.ChatID)
+						}
+					}
+				}}
+			p.seed(t.Context(), time.Time{})
+			p.loadUnread(t.Context(), old.Add(time.Minute))
+			var seen []string
+			for ch := range p.seen {
+				seen = append(seen, ch)
+			}
+			slices.Sort(seen)
+			if got := fmt.Sprint(seen); got != tc.wantSeen {
+				t.Errorf("channels to read back = %s, want %s", got, tc.wantSeen)
+			}
+			if got := fmt.Sprint(cleared); got != tc.wantCleared {
+				t.Errorf("unread places cleared = %s, want %s", got, tc.wantCleared)
 			}
 		})
 	}
