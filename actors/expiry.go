@@ -150,6 +150,9 @@ func (s *Session) restoreContinuity(history []persistence.Message) {
 		}
 	}
 	prev, err := s.d.Store.Session(s.d.Ctx, s.cur.PrevSessionID)
+	if errors.Is(err, persistence.ErrNotFound) {
+		return // pruned since (its retention passed while the daemon was down): nothing to name
+	}
 	if err != nil {
 		s.logger().Warn("load the previous session for its continuity note", "prev", s.cur.PrevSessionID, logging.Err(err))
 		return

@@ -18,6 +18,7 @@ import (
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -141,6 +142,51 @@ func TestContinuityNoteSurvivesARestart(t *testing.T) {
 	r.waitSent(t, 1) // m2 answered after the restart
 	if note := agent.last().Notes; len(note) != 1 || !strings.Contains(note[0], first.SessionID) {
 		t.Errorf("m2's turn after the restart got notes %q, want one naming %s", note, first.SessionID)
+	}
+}
+
+// TestContinuityNoteOfAPrunedSessionIsLeftOut: as above, but the previous session is pruned
+// while the daemon is down (its retention passed): after the restart the turn runs without a
+// note, and nothing is logged as a failure. Before, the missing session was a WRN line.
+func TestContinuityNoteOfAPrunedSessionIsLeftOut(t *testing.T) {
+	clk := testutil.NewClock(t0)
+	dir := t.TempDir()
+	hang := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		if req.Messages[0].MessageID == "m2" {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		return &agents.Response{Text: "ok"}, nil
+	})
+	r := MustStartDaemon(t, hang, daemonOpts{dir: dir, now: clk.Now, drain: 10 * time.Millisecond, tweak: idleHour})
+	first := r.inject(t, dm, "m1", "hello")
+	r.waitSent(t, 1)
+	clk.Advance(2 * time.Hour)
+	r.inject(t, dm, "m2", "back again")
+	r.waitSent(t, 2) // the reset notice; m2's turn hangs
+	r.stop(t)
+
+	cfg := config.Default()
+	cfg.DataDir = dir
+	store, err := sqlite.Open(t.Context(), cfg.DSN(), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := store.PruneSessions(t.Context(), clk.Now(), 0)
+	store.Close()
+	if err != nil || n != 1 {
+		t.Fatalf("PruneSessions = %d, %v, want the first session pruned", n, err)
+	}
+
+	agent, logs := &recorder{}, &logSignal{}
+	r = MustStartDaemon(t, agent, daemonOpts{dir: dir, now: clk.Now, logs: logs, tweak: idleHour})
+	defer r.stop(t)
+	r.waitSent(t, 1) // m2 answered after the restart
+	if note := agent.last().Notes; len(note) != 0 {
+		t.Errorf("m2's turn got notes %q, want none: %s was pruned", note, first.SessionID)
+	}
+	if l := logs.String(); strings.Contains(l, "continuity note") {
+		t.Errorf("the pruned previous session was logged:\n%s", l)
 	}
 }
 
