@@ -74,7 +74,8 @@ func migrate(ctx context.Context, w *sql.DB, log *slog.Logger) error {
 }
 
 // checkSchema reports an error unless every embedded migration has been applied (a read-only
-// store cannot migrate).
+// store cannot migrate, and must not: an older daemon may be running on the file). The error
+// says how to migrate, for an operator who runs a newer binary's admin commands first.
 func checkSchema(ctx context.Context, r *sql.DB) error {
 	ms, err := migrations()
 	if err != nil {
@@ -85,7 +86,7 @@ func checkSchema(ctx context.Context, r *sql.DB) error {
 		return fmt.Errorf("check schema: %w", err)
 	}
 	if want := ms[len(ms)-1].Version; current < want {
-		return fmt.Errorf("check schema: database schema version %d, want %d (open it read-write once to migrate)", current, want)
+		return fmt.Errorf("check schema: database schema version %d, want %d: an older agentgate wrote it; start this version's daemon on it once to migrate it", current, want)
 	}
 	return nil
 }

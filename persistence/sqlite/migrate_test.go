@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -136,5 +137,25 @@ func TestMigrationFromTheFirstSchema(t *testing.T) {
 	}
 	if found, err := s.Search(ctx, "killed", 10); err != nil || len(found) != 1 || found[0].MessageID != "m3" {
 		t.Errorf("Search(killed) = %+v, %v; want m3", found, err)
+	}
+}
+
+// TestOpenReadOnlyOlderSchema: the admin commands of a newer binary, run on a database an
+// older one wrote (maybe while it still runs), neither migrate it nor read it, and say how to
+// migrate it.
+func TestOpenReadOnlyOlderSchema(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agentgate.db")
+	raw := mustSchemaAt(t, path, 7)
+	s, err := OpenReadOnly(context.Background(), path)
+	if err == nil {
+		s.Close()
+	}
+	if err == nil || !strings.Contains(err.Error(), "database schema version 7, want "+latestMigration(t)) ||
+		!strings.Contains(err.Error(), "start this version's daemon on it once to migrate it") {
+		t.Errorf("OpenReadOnly of schema 7 = %v, want an error naming both versions and how to migrate", err)
+	}
+	var v int
+	if err := raw.QueryRow(`SELECT MAX(version) FROM schema_migrations`).Scan(&v); err != nil || v != 7 {
+		t.Errorf("schema version after OpenReadOnly = %d, %v, want 7", v, err)
 	}
 }
