@@ -566,11 +566,18 @@ const restartFlushTimeout = time.Minute
 // messages) asks it to check the clock.
 
 func (s *Session) onIdle(c actor.Context) {
+	if time.Since(s.lastTouched) >= s.d.Config.PassivateAfter {
+		s.passivateIfIdle(c)
+	}
+}
+
+// passivateIfIdle asks the manager to stop the session when passivation is on and it has
+// nothing in hand.
+func (s *Session) passivateIfIdle(c actor.Context) {
 	if s.passivating || s.d.Config.PassivateAfter <= 0 {
 		return
 	}
-	if time.Since(s.lastTouched) >= s.d.Config.PassivateAfter && s.running == nil && !s.ending() && len(s.queue) == 0 &&
-		len(s.inflight) == 0 && !s.d.Spooling.Load() {
+	if s.running == nil && !s.ending() && len(s.queue) == 0 && len(s.inflight) == 0 && !s.d.Spooling.Load() {
 		s.passivating = true
 		c.Send(c.Parent(), &passivate{key: s.key, pid: c.Self()})
 	}

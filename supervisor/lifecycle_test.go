@@ -223,6 +223,42 @@ func TestResetsFireWithoutTraffic(t *testing.T) {
 	}
 }
 
+// TestResetWithoutTrafficPassivates: a session that the reset timer ends passivates once its
+// end is stored, rather than after passivate_after (an hour here): whether it was in memory
+// (it had just answered) or the scan activated it for the reset (after a restart, every due
+// session is activated at the first scan, and ends as it starts). Before, a reset of many
+// chats at once kept every one of their actors for a whole passivate_after (20,000 chats: 92
+// MB). The chat's next message still gets the reset notice, once.
+func TestResetWithoutTrafficPassivates(t *testing.T) {
+	clk := testutil.NewClock(t0)
+	dir := t.TempDir()
+	tweak := func(c *config.Config) { idleHour(c); c.Sessions.PassivateAfter = time.Hour }
+	other := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c2", UserID: "u2"}
+	r := startClocked(t, dir, clk, &recorder{}, tweak)
+	first := r.inject(t, dm, "m1", "hello")
+	r.inject(t, other, "o1", "hi")
+	r.waitSent(t, 2)
+	clk.Advance(61 * time.Minute)
+	r.checkResets()
+	waitUntil(t, func() bool { return len(r.activeKeys(t)) == 0 })
+	if s := r.session(t, first.SessionID); s.EndedAt.IsZero() {
+		t.Fatalf("session %s passivated without its reset", first.SessionID)
+	}
+	second := r.inject(t, dm, "m2", "back")
+	r.waitReplyTo(t, "m2")
+	if outs := r.fake.Sent(); len(outs) != 4 || outs[2].Kind != platforms.KindNotice || !strings.Contains(outs[2].Text, first.SessionID) {
+		t.Errorf("after the reset the chat was sent %+v, want the reset notice naming %s, then the reply", outs[2:], first.SessionID)
+	}
+	r.stop(t)
+
+	// Down for two hours: at the restart's first scan both chats are due, neither in memory.
+	clk.Advance(2 * time.Hour)
+	r = startClocked(t, dir, clk, &recorder{}, tweak)
+	defer r.stop(t)
+	waitUntil(t, func() bool { return !r.session(t, second.SessionID).EndedAt.IsZero() })
+	waitUntil(t, func() bool { return len(r.activeKeys(t)) == 0 })
+}
+
 // TestRecoveryHonoursResets: a session overdue at restart is reset, not resurrected (it ended at
 // its due time from the durable activity, not at restart time); a session ended by /new is never
 // reopened by recovery; a session recovered before its due time still ages out later.
