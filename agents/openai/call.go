@@ -125,6 +125,9 @@ func (a *Agent) attempt(ctx context.Context, body []byte, partial func(string)) 
 		return nil, &transportError{what: "unreachable", err: a.safeErr(err)}
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode >= 300 && resp.StatusCode <= 399 {
+		return nil, a.redirectError(resp)
+	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return nil, a.statusError(resp)
 	}
@@ -137,6 +140,18 @@ func (a *Agent) attempt(ctx context.Context, body []byte, partial func(string)) 
 		partial(res.text) // an endpoint that ignored stream: true
 	}
 	return res, err
+}
+
+// redirectError is the error of a redirect, which is not followed: a client that follows one
+// turns a POST into a GET (301, 302, 303) and sends the API key along to the same host over
+// any scheme, or to any of its subdomains. The operator points base_url at the new address.
+func (a *Agent) redirectError(resp *http.Response) *StatusError {
+	msg := "redirected elsewhere, which is not followed: check agent.openai.base_url"
+	if u, err := resp.Location(); err == nil {
+		where := (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
+		msg = "redirected to " + where + ", which is not followed: point agent.openai.base_url at the new address"
+	}
+	return &StatusError{Code: resp.StatusCode, Message: sanitize(msg, a.keyString())}
 }
 
 // safeErr strips the URL from a transport error and redacts the key.

@@ -54,8 +54,8 @@ type Config struct {
 	// MaxBackoff caps the wait before a retry, and the Retry-After an endpoint may ask for;
 	// zero means DefaultMaxBackoff.
 	MaxBackoff time.Duration
-	// HTTPClient sends the requests; nil uses a client of its own. Its Timeout should be zero:
-	// a stream lasts as long as the reply.
+	// HTTPClient sends the requests; nil uses a client of its own, which follows no redirect.
+	// Its Timeout should be zero: a stream lasts as long as the reply.
 	HTTPClient *http.Client
 	// Logger receives debug lines per call and warnings per retry; nil discards them.
 	Logger *slog.Logger
@@ -157,7 +157,11 @@ func New(c Config) (*Agent, error) {
 		a.maxBackoff = DefaultMaxBackoff
 	}
 	if a.client == nil {
-		a.client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		a.client = &http.Client{
+			Transport: http.DefaultTransport.(*http.Transport).Clone(),
+			// A redirect is answered as an error (redirectError), not followed.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
 	}
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)

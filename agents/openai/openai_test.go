@@ -326,6 +326,35 @@ func TestRetries(t *testing.T) {
 	}
 }
 
+// TestRedirectIsNotFollowed: a redirect is an error that says where it points. A client that
+// follows it turns the POST into a GET (301, 302) and sends the API key along to the same host
+// over any scheme, and to its subdomains.
+func TestRedirectIsNotFollowed(t *testing.T) {
+	for _, code := range []int{http.StatusMovedPermanently, http.StatusFound, http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
+		t.Run(fmt.Sprint(code), func(t *testing.T) {
+			var m *openaitest.Model
+			m = newFakeModel(t, func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, m.URL()+"/chat/completions?api-key="+testKey, code)
+			}, openaitest.Reply("followed", 1, 1))
+			a := MustAgent(t, m, nil, nil, nil)
+			resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
+			var se *openai.StatusError
+			if !errors.As(err, &se) || se.Code != code {
+				t.Fatalf("Run = %+v, %v; want a StatusError %d", resp, err, code)
+			}
+			if want := "redirected to " + m.URL() + "/chat/completions, which is not followed"; !strings.Contains(se.Message, want) {
+				t.Errorf("error message %q, want it to contain %q", se.Message, want)
+			}
+			if strings.Contains(err.Error(), testKey) {
+				t.Errorf("error %q carries the key", err)
+			}
+			if n := m.Count(); n != 1 {
+				t.Errorf("the model got %d requests, want 1 (no retry, no redirect followed)", n)
+			}
+		})
+	}
+}
+
 // TestUnreachableIsRetriedAndSafe: a refused connection is retried; the error names neither the
 // URL nor the credentials it may carry.
 func TestUnreachableIsRetriedAndSafe(t *testing.T) {
