@@ -33,6 +33,9 @@ const (
 	maxLine = 4 << 20
 )
 
+// streamBuffer is the read buffer of a response body.
+const streamBuffer = 64 << 10
+
 // retryBase is the first backoff; each retry doubles it, up to Config.MaxBackoff.
 const retryBase = time.Second
 
@@ -131,15 +134,45 @@ func (a *Agent) attempt(ctx context.Context, body []byte, partial func(string)) 
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return nil, a.statusError(resp)
 	}
+	// Some servers and proxies stream whatever was asked, or label a stream application/json:
+	// what the body is decides how it is read.
+	rb := bufio.NewReaderSize(resp.Body, streamBuffer)
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
-	if partial != nil && mt == "text/event-stream" {
-		return a.readStream(resp.Body, partial)
+	if mt == "text/event-stream" || looksLikeEventStream(rb) {
+		return a.readStream(rb, partial)
 	}
-	res, err := a.readJSON(resp.Body)
+	res, err := a.readJSON(rb)
 	if err == nil && partial != nil && res.text != "" {
 		partial(res.text) // an endpoint that ignored stream: true
 	}
 	return res, err
+}
+
+// looksLikeEventStream reports whether body starts as a server-sent event stream (a comment or a
+// field line) rather than a JSON document. It peeks no further than the first field name.
+func looksLikeEventStream(body *bufio.Reader) bool {
+	for i := 1; i <= 512; i++ {
+		b, _ := body.Peek(i)
+		if len(b) < i {
+			return false
+		}
+		switch b[i-1] {
+		case ' ', '\t', '\r', '\n':
+			continue
+		case ':':
+			return true // a comment, such as a keep-alive
+		case 'd', 'e', 'i', 'r':
+			for _, f := range []string{"data:", "event:", "id:", "retry:"} {
+				if p, _ := body.Peek(i - 1 + len(f)); strings.HasPrefix(string(p[i-1:]), f) {
+					return true
+				}
+			}
+			return false
+		default:
+			return false
+		}
+	}
+	return false
 }
 
 // redirectError is the error of a redirect, which is not followed: a client that follows one
@@ -334,12 +367,12 @@ func (a *Agent) readJSON(body io.Reader) (*result, error) {
 }
 
 // readStream reads a server-sent event stream of completion chunks, calling partial with the
-// whole text each time it grows. The stream ends with "data: [DONE]" (or, on some servers, at a
-// clean end of the body).
+// whole text each time it grows (partial is nil when nobody watches the reply grow). The stream
+// ends with "data: [DONE]" (or, on some servers, at a clean end of the body).
 func (a *Agent) readStream(body io.Reader, partial func(string)) (*result, error) {
 	res := &result{}
 	var b strings.Builder
-	r := bufio.NewReaderSize(body, 64<<10)
+	r := bufio.NewReaderSize(body, streamBuffer)
 	var data []string
 	size := 0 // of data
 	dispatch := func() (bool, error) {
@@ -359,7 +392,7 @@ func (a *Agent) readStream(body io.Reader, partial func(string)) (*result, error
 		if err := a.apply(res, &c, &b); err != nil {
 			return false, err
 		}
-		if b.Len() > before {
+		if partial != nil && b.Len() > before {
 			partial(b.String())
 		}
 		return false, nil
@@ -376,7 +409,7 @@ func (a *Agent) readStream(body io.Reader, partial func(string)) (*result, error
 				}
 				err = io.ErrUnexpectedEOF
 			}
-			return nil, &transportError{what: "response broke off", err: a.safeErr(err), shown: b.Len() > 0}
+			return nil, &transportError{what: "response broke off", err: a.safeErr(err), shown: partial != nil && b.Len() > 0}
 		}
 		switch {
 		case line == "":

@@ -15,7 +15,9 @@
 //
 // When the platform can edit a message (Request.Partial is set) the call streams
 // (stream: true, stream_options.include_usage) and Partial gets the whole text so far as it
-// grows; otherwise one reply is read. Token usage is returned in Response.Usage, summed over
+// grows; otherwise one reply is read. An answer is read as what its body is, whatever was asked
+// and whatever its Content-Type says: servers and proxies that always stream, or label a stream
+// application/json, are answered too. Token usage is returned in Response.Usage, summed over
 // every call of the turn, also together with an error when tokens were spent.
 //
 // Retries: 429, 5xx and transport failures are retried up to Config.MaxRetries times, waiting

@@ -355,6 +355,46 @@ func TestRedirectIsNotFollowed(t *testing.T) {
 	}
 }
 
+// TestEventStreamAnswers: an answer is read as what its body is. Servers and proxies that always
+// stream answer a plain request with an event stream, or label a stream application/json.
+func TestEventStreamAnswers(t *testing.T) {
+	const stream = ": keep-alive\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"He\"}}]}\n\n" +
+		"data: {\"choices\":[{\"delta\":{\"content\":\"llo\"},\"finish_reason\":\"stop\"}]}\n\n" +
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n"
+	tests := []struct {
+		name      string
+		answer    http.HandlerFunc
+		streaming bool
+		partials  []string
+	}{
+		{"a plain request answered with a stream", openaitest.Raw("text/event-stream", stream), false, nil},
+		{"a plain request answered with a stream labelled JSON", openaitest.Raw("application/json", stream), false, nil},
+		{"a stream labelled JSON", openaitest.Raw("application/json; charset=utf-8", "\n"+stream), true, []string{"He", "Hello"}},
+		{"a stream without a label", openaitest.Raw("", "data: "+stream[len(": keep-alive\n\ndata: "):]), true, []string{"He", "Hello"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newFakeModel(t, tt.answer)
+			a := MustAgent(t, m, nil, nil, nil)
+			req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}}
+			var partials []string
+			if tt.streaming {
+				req.Partial = func(s string) { partials = append(partials, s) }
+			}
+			resp, err := a.Run(t.Context(), req)
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if resp.Text != "Hello" || resp.Usage != (agents.Usage{InputTokens: 4, OutputTokens: 2}) {
+				t.Errorf("Run = %q %+v, want \"Hello\" {4 2}", resp.Text, resp.Usage)
+			}
+			if d := cmp.Diff(tt.partials, partials); d != "" {
+				t.Errorf("partials mismatch (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
 // TestUnreachableIsRetriedAndSafe: a refused connection is retried; the error names neither the
 // URL nor the credentials it may carry.
 func TestUnreachableIsRetriedAndSafe(t *testing.T) {

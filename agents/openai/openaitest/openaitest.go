@@ -150,6 +150,15 @@ func Status(code int, body string, headers ...string) http.HandlerFunc {
 	}
 }
 
+// Raw answers 200 with body as it is, labelled contentType: for the answers of servers and
+// proxies that do not quite follow the API.
+func Raw(contentType, body string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", contentType)
+		io.WriteString(w, body)
+	}
+}
+
 // Stream answers with a server-sent event stream as OpenAI sends it: a keep-alive comment, a
 // first chunk with the role, one chunk per delta, a chunk with the finish reason, a usage
 // chunk and [DONE]. Before each delta after the first it waits for a value on gate (when gate
