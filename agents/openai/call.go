@@ -368,7 +368,8 @@ func (a *Agent) readJSON(body io.Reader) (*result, error) {
 
 // readStream reads a server-sent event stream of completion chunks, calling partial with the
 // whole text each time it grows (partial is nil when nobody watches the reply grow). The stream
-// ends with "data: [DONE]" (or, on some servers, at a clean end of the body).
+// ends with "data: [DONE]" (or, on some servers, at a clean end of the body after a chunk with
+// a finish reason).
 func (a *Agent) readStream(body io.Reader, partial func(string)) (*result, error) {
 	res := &result{}
 	var b strings.Builder
@@ -404,9 +405,11 @@ func (a *Agent) readStream(body io.Reader, partial func(string)) (*result, error
 				if _, derr := dispatch(); derr != nil {
 					return nil, derr
 				}
-				if b.Len() > 0 || res.finish != "" {
-					break // a server that closes without [DONE]
+				if res.finish != "" {
+					break // a server that closes without [DONE], once the reply is finished
 				}
+				// Neither [DONE] nor a finish reason: a proxy cut the stream off (at its
+				// timeout, say) between two events, and the reply is not whole.
 				err = io.ErrUnexpectedEOF
 			}
 			return nil, &transportError{what: "response broke off", err: a.safeErr(err), shown: partial != nil && b.Len() > 0}

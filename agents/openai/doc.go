@@ -23,12 +23,14 @@
 // Retries: 429, 5xx and transport failures are retried up to Config.MaxRetries times, waiting
 // 1s, 2s, 4s… capped at Config.MaxBackoff, or exactly what the endpoint asks for in
 // Retry-After (seconds or an HTTP date) or retry-after-ms. An answer that asks for more than
-// MaxBackoff, or for more than the turn has left, is not retried. A stream that breaks after
-// text was shown is not retried either (the user would see the text start over). Config.Timeout
-// bounds the whole turn, retries and waits included. A redirect is not followed (by the client
-// New makes): following one turns a POST into a GET, and net/http sends the Authorization header
-// along to the same host over plain http and to its subdomains. It fails the call, not retried,
-// with a StatusError that says where it points, without its query.
+// MaxBackoff, or for more than the turn has left, is not retried. A stream breaks off when its
+// body ends before "data: [DONE]" and before a chunk with a finish reason (a proxy that cuts it
+// off at its own timeout may end it cleanly); one that breaks off after text was shown is not
+// retried (the user would see the text start over). Config.Timeout bounds the whole turn,
+// retries and waits included. A redirect is not followed (by the client New makes): following
+// one turns a POST into a GET, and net/http sends the Authorization header along to the same
+// host over plain http and to its subdomains. It fails the call, not retried, with a
+// StatusError that says where it points, without its query.
 //
 // Steering (queue mode steer; CanSteer is true): while a model call runs, the agent takes the
 // steered messages from Request.Steer. When the call ends and messages were steered in, the

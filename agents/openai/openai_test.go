@@ -292,6 +292,21 @@ func TestRetries(t *testing.T) {
 			}},
 			calls: 1, wantErr: "response broke off",
 		},
+		{
+			// A proxy that cuts a stream off at its own timeout may end it cleanly, between two
+			// events: without [DONE] or a finish reason the reply is not whole.
+			name:  "a stream that ends cleanly after text, unfinished, is not retried",
+			steps: []http.HandlerFunc{openaitest.Raw("text/event-stream", "data: {\"choices\":[{\"delta\":{\"content\":\"half an ans\"}}]}\n\n")},
+			calls: 1, wantErr: "response broke off",
+		},
+		{
+			name: "an unasked-for event-stream answer that ends unfinished is retried",
+			steps: []http.HandlerFunc{
+				openaitest.Raw("text/event-stream", "data: {\"choices\":[{\"delta\":{\"content\":\"half an ans\"}}]}\n\n"),
+				openaitest.Reply("whole", 1, 1),
+			},
+			waits: []time.Duration{time.Second}, calls: 2, wantReply: "whole",
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -304,7 +319,7 @@ func TestRetries(t *testing.T) {
 				}
 			})
 			req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}}
-			if strings.Contains(tt.name, "stream") {
+			if strings.Contains(tt.name, "stream") && !strings.Contains(tt.name, "unasked-for") {
 				req.Partial = func(string) {}
 			}
 			resp, err := a.Run(t.Context(), req)
