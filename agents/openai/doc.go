@@ -17,8 +17,11 @@
 // (stream: true, stream_options.include_usage) and Partial gets the whole text so far as it
 // grows; otherwise one reply is read. An answer is read as what its body is, whatever was asked
 // and whatever its Content-Type says: servers and proxies that always stream, or label a stream
-// application/json, are answered too. Token usage is returned in Response.Usage, summed over
-// every call of the turn, also together with an error when tokens were spent.
+// application/json, are answered too. A reply the model stopped before its end (finish_reason
+// length or content_filter) ends with a note that says so (cutNote), and a warning is logged: a
+// user would take the start of an answer for all of it. Token usage is returned in
+// Response.Usage, summed over every call of the turn, also together with an error when tokens
+// were spent.
 //
 // Retries: 429, 5xx and transport failures are retried up to Config.MaxRetries times, waiting
 // 1s, 2s, 4s… capped at Config.MaxBackoff, or exactly what the endpoint asks for in

@@ -256,8 +256,17 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			return spent(usage), fmt.Errorf("%w (finish reason %q)", ErrEmptyReply, res.finish)
 		}
 		if text != "" {
-			answers = append(answers, text)
 			conv.tail = append(conv.tail, chatMessage{Role: roleAssistant, Content: text})
+			if note := cutNote(res.finish); note != "" {
+				// Said, or the user takes the start of an answer for all of it.
+				log.Warn("model reply cut off", "finish_reason", res.finish)
+				note = "\n\n" + note
+				text = cutAt(text, MaxReply-len(note)) + note
+				if partial != nil {
+					partial(text)
+				}
+			}
+			answers = append(answers, text)
 		}
 		if len(steered) == 0 {
 			break
@@ -266,6 +275,18 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		conv.tail = append(conv.tail, chatMessages(steered)...)
 	}
 	return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage}, nil
+}
+
+// cutNote is what a reply gets appended when the model stopped it before its end (finish), ""
+// for a reply that ended by itself.
+func cutNote(finish string) string {
+	switch finish {
+	case "length":
+		return "[…cut off: the model reached its length limit]"
+	case "content_filter":
+		return "[…cut off by the model's content filter]"
+	}
+	return ""
 }
 
 func spent(u agents.Usage) *agents.Response {

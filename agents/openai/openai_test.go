@@ -410,6 +410,51 @@ func TestEventStreamAnswers(t *testing.T) {
 	}
 }
 
+// TestCutOffReplySaysSo: a reply the model stopped at its length limit or its content filter
+// says so at its end (the user would take it for the whole answer), and the log says why.
+func TestCutOffReplySaysSo(t *testing.T) {
+	tests := []struct {
+		name, finish string
+		streaming    bool
+		want         string
+	}{
+		{"length", "length", false, "The answer is cut sho\n\n[…cut off: the model reached its length limit]"},
+		{"content filter, streamed", "content_filter", true, "The answer is cut sho\n\n[…cut off by the model's content filter]"},
+		{"stop", "stop", true, "The answer is cut sho"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			answer := openaitest.Raw("application/json", `{"choices":[{"message":{"content":"The answer is cut sho"},"finish_reason":"`+tt.finish+`"}]}`)
+			if tt.streaming {
+				answer = openaitest.Raw("text/event-stream", `data: {"choices":[{"delta":{"content":"The answer is cut sho"}}]}`+"\n\n"+
+					`data: {"choices":[{"delta":{},"finish_reason":"`+tt.finish+`"}]}`+"\n\ndata: [DONE]\n\n")
+			}
+			m := newFakeModel(t, answer)
+			var logs strings.Builder
+			a := MustAgent(t, m, &logs, nil, nil)
+			req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}, Identity: identity.Turn{TurnID: "t_cut"}}
+			var partials []string
+			if tt.streaming {
+				req.Partial = func(s string) { partials = append(partials, s) }
+			}
+			resp, err := a.Run(t.Context(), req)
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if resp.Text != tt.want {
+				t.Errorf("Run = %q, want %q", resp.Text, tt.want)
+			}
+			if tt.streaming && partials[len(partials)-1] != tt.want {
+				t.Errorf("the last partial %q, want the reply %q", partials[len(partials)-1], tt.want)
+			}
+			line := "model reply cut off"
+			if got := strings.Contains(logs.String(), line) && strings.Contains(logs.String(), "turn=t_cut"); got != (tt.finish != "stop") {
+				t.Errorf("log has %q for the turn: %v, want %v; log:\n%s", line, got, !got, logs.String())
+			}
+		})
+	}
+}
+
 // TestUnreachableIsRetriedAndSafe: a refused connection is retried; the error names neither the
 // URL nor the credentials it may carry.
 func TestUnreachableIsRetriedAndSafe(t *testing.T) {
