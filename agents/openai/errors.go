@@ -27,7 +27,7 @@ type StatusError struct {
 	RetryAfter time.Duration
 }
 
-// Error says which status the endpoint answered, and its message.
+// Error says which status the endpoint answered, its message, and the wait it asked for.
 func (e *StatusError) Error() string {
 	s := fmt.Sprintf("openai agent: model endpoint answered %d %s", e.Code, http.StatusText(e.Code))
 	if e.Code == http.StatusOK {
@@ -35,6 +35,11 @@ func (e *StatusError) Error() string {
 	}
 	if e.Message != "" {
 		s += ": " + e.Message
+	}
+	if e.RetryAfter > 0 {
+		// Said, so that a 429 that was not retried (it asked for longer than max_backoff, or
+		// than the turn had left) explains itself.
+		s += fmt.Sprintf(" (asked to retry after %v)", e.RetryAfter)
 	}
 	return s
 }

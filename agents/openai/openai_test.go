@@ -266,7 +266,7 @@ func TestRetries(t *testing.T) {
 		{
 			name:  "Retry-After longer than max_backoff is not retried",
 			steps: []http.HandlerFunc{openaitest.Status(429, `{"error":{"message":"quota"}}`, "Retry-After: 120")},
-			calls: 1, wantErr: "model endpoint answered 429 Too Many Requests: quota",
+			calls: 1, wantErr: "model endpoint answered 429 Too Many Requests: quota (asked to retry after 2m0s)",
 		},
 		{
 			name:  "a client error is not retried",
