@@ -1,6 +1,6 @@
 // Package openai is the agent backend that answers a turn with a chat completion from any
-// OpenAI-compatible endpoint (agent.backend: openai): POST {base_url}/chat/completions, built on
-// net/http and encoding/json alone.
+// OpenAI-compatible endpoint (agent.backend: openai): POST {base_url}/chat/completions (a query
+// of base_url is kept after the path), built on net/http and encoding/json alone.
 //
 // The request of a turn is, in this order: the system prompt (one system message, when set);
 // agentgate's notes for the turn, such as the continuity note after a reset (one system

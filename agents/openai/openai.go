@@ -28,8 +28,8 @@ const MaxSteerRounds = 3
 
 // Config configures an Agent.
 type Config struct {
-	// BaseURL is the API root, such as https://api.openai.com/v1; requests go to
-	// BaseURL + "/chat/completions".
+	// BaseURL is the API root, such as https://api.openai.com/v1; requests go to its path +
+	// "/chat/completions", with its query (such as Azure's ?api-version=…) kept.
 	BaseURL string
 	// Model is the model name sent with every request.
 	Model string
@@ -129,8 +129,12 @@ func New(c Config) (*Agent, error) {
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
+	// The path goes after base_url's path, not after its query (Azure's api-version, a proxy's
+	// key): a query stays where it was.
+	endpoint := u.JoinPath("chat", "completions")
+	endpoint.Fragment, endpoint.RawFragment = "", ""
 	a := &Agent{
-		url:          strings.TrimRight(c.BaseURL, "/") + "/chat/completions",
+		url:          endpoint.String(),
 		model:        c.Model,
 		key:          &apiKey{key},
 		systemPrompt: c.SystemPrompt,

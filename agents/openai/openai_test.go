@@ -130,6 +130,19 @@ func TestRequestBodies(t *testing.T) {
 	}
 }
 
+// TestBaseURLWithAQuery: a base URL's query (Azure's api-version, a proxy's key) stays in the
+// query; the path goes after the base URL's path, not into its query.
+func TestBaseURLWithAQuery(t *testing.T) {
+	m := newFakeModel(t, openaitest.Reply("ok", 1, 1))
+	a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.BaseURL = m.URL() + "/?api-version=2024-10-21&x=a%2Fb" })
+	if _, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}}); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if got, want := m.Requests()[0].URL, "/v1/chat/completions?api-version=2024-10-21&x=a%2Fb"; got != want {
+		t.Errorf("request URL %q, want %q", got, want)
+	}
+}
+
 func TestNoKeyVariableSendsNoAuthorization(t *testing.T) {
 	m := newFakeModel(t, openaitest.Reply("ok", 1, 1))
 	a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.APIKeyEnv = "" })

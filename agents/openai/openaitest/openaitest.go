@@ -20,6 +20,8 @@ import (
 type Request struct {
 	Body   string
 	Header http.Header
+	// URL is the request's path and query, as it was sent.
+	URL string
 }
 
 // Model is the fake endpoint. It serves POST /v1/chat/completions only; every request is
@@ -59,7 +61,7 @@ func (m *Model) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	body, _ := io.ReadAll(r.Body)
 	m.mu.Lock()
-	m.reqs = append(m.reqs, Request{Body: string(body), Header: r.Header.Clone()})
+	m.reqs = append(m.reqs, Request{Body: string(body), Header: r.Header.Clone(), URL: r.URL.RequestURI()})
 	n := len(m.reqs)
 	close(m.arrived)
 	m.arrived = make(chan struct{})
