@@ -23,7 +23,8 @@ import (
 
 // Limits of what is read from the endpoint.
 const (
-	// MaxReply bounds the reply text of one call, in bytes; a longer reply is cut there.
+	// MaxReply bounds the reply text of one call, in bytes; a longer reply is cut there (a
+	// stream is read no further).
 	MaxReply = 1 << 20
 	// maxBody bounds a non-streamed response body.
 	maxBody = 8 << 20
@@ -44,6 +45,7 @@ type result struct {
 	text   string
 	usage  agents.Usage
 	finish string // finish_reason, when the endpoint said
+	cut    bool   // the text was longer than MaxReply, and cut there
 }
 
 // call makes one model call for body, retrying what can be retried (see the package comment).
@@ -320,8 +322,11 @@ func (a *Agent) apply(res *result, c *completion, b *strings.Builder) error {
 		if ch.Message != nil {
 			t = ch.Message
 		}
-		if s := t.text(); s != "" && b.Len() < MaxReply {
-			b.WriteString(cutAt(s, MaxReply-b.Len()))
+		if s := t.text(); s != "" {
+			if room := MaxReply - b.Len(); len(s) > room {
+				s, res.cut = cutAt(s, room), true
+			}
+			b.WriteString(s)
 		}
 		if ch.FinishReason != nil && *ch.FinishReason != "" {
 			res.finish = *ch.FinishReason
@@ -420,7 +425,9 @@ func (a *Agent) readStream(body io.Reader, partial func(string)) (*result, error
 			if err != nil {
 				return nil, err
 			}
-			if done {
+			// A model that runs on and on (repeating itself, with no max_tokens) is not read
+			// to the turn's timeout: the reply is cut, and closing the body stops it.
+			if done || res.cut {
 				res.text = b.String()
 				return res, nil
 			}

@@ -261,9 +261,9 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		}
 		if text != "" {
 			conv.tail = append(conv.tail, chatMessage{Role: roleAssistant, Content: text})
-			if note := cutNote(res.finish); note != "" {
+			if note := cutNote(res); note != "" {
 				// Said, or the user takes the start of an answer for all of it.
-				log.Warn("model reply cut off", "finish_reason", res.finish)
+				log.Warn("model reply cut off", "finish_reason", res.finish, "longer_than_max_reply", res.cut)
 				note = "\n\n" + note
 				text = cutAt(text, MaxReply-len(note)) + note
 				if partial != nil {
@@ -281,10 +281,13 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage}, nil
 }
 
-// cutNote is what a reply gets appended when the model stopped it before its end (finish), ""
-// for a reply that ended by itself.
-func cutNote(finish string) string {
-	switch finish {
+// cutNote is what a reply gets appended when it was stopped before its end, by the model or at
+// MaxReply; "" for a reply that ended by itself.
+func cutNote(res *result) string {
+	if res.cut {
+		return "[…cut off: the reply is longer than agentgate takes]"
+	}
+	switch res.finish {
 	case "length":
 		return "[…cut off: the model reached its length limit]"
 	case "content_filter":

@@ -468,6 +468,48 @@ func TestCutOffReplySaysSo(t *testing.T) {
 	}
 }
 
+// TestReplyLongerThanMaxReply: a reply longer than MaxReply is cut there and says so; a stream
+// that never ends (a model repeating itself, with no max_tokens) is read no further than that,
+// and its request ends, rather than running to the turn's timeout.
+func TestReplyLongerThanMaxReply(t *testing.T) {
+	long := strings.Repeat("é", openai.MaxReply/2+1)
+	endless := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		chunk := strings.Repeat(`data: {"choices":[{"delta":{"content":"`+strings.Repeat("ab", 500)+`"}}]}`+"\n\n", 16)
+		for r.Context().Err() == nil {
+			if _, err := io.WriteString(w, chunk); err != nil {
+				return
+			}
+		}
+	}
+	tests := []struct {
+		name      string
+		answer    http.HandlerFunc
+		streaming bool
+	}{
+		{"one reply", openaitest.Reply(long, 1, 1), false},
+		{"a stream that never ends", endless, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newFakeModel(t, tt.answer)
+			a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.Timeout = 30 * time.Second })
+			req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}}
+			if tt.streaming {
+				req.Partial = func(string) {}
+			}
+			resp, err := a.Run(t.Context(), req)
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			const note = "\n\n[…cut off: the reply is longer than agentgate takes]"
+			if !strings.HasSuffix(resp.Text, note) || len(resp.Text) > openai.MaxReply || len(resp.Text) < openai.MaxReply-len(note)-4 {
+				t.Errorf("Run = %d bytes ending %q, want at most %d ending %q", len(resp.Text), resp.Text[max(len(resp.Text)-80, 0):], openai.MaxReply, note)
+			}
+		})
+	}
+}
+
 // TestUnreachableIsRetriedAndSafe: a refused connection is retried; the error names neither the
 // URL nor the credentials it may carry.
 func TestUnreachableIsRetriedAndSafe(t *testing.T) {
