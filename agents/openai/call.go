@@ -136,11 +136,12 @@ func (a *Agent) attempt(ctx context.Context, body []byte, partial func(string)) 
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return nil, a.statusError(resp)
 	}
-	// Some servers and proxies stream whatever was asked, or label a stream application/json:
-	// what the body is decides how it is read.
+	// Some servers and proxies stream whatever was asked, or label a stream application/json
+	// (or a JSON document text/event-stream): what the body is decides how it is read, and
+	// the label only when the body's start says nothing.
 	rb := bufio.NewReaderSize(resp.Body, streamBuffer)
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
-	if mt == "text/event-stream" || looksLikeEventStream(rb) {
+	if stream, known := looksLikeEventStream(rb); stream || (!known && mt == "text/event-stream") {
 		return a.readStream(rb, partial)
 	}
 	res, err := a.readJSON(rb)
@@ -151,30 +152,33 @@ func (a *Agent) attempt(ctx context.Context, body []byte, partial func(string)) 
 }
 
 // looksLikeEventStream reports whether body starts as a server-sent event stream (a comment or a
-// field line) rather than a JSON document. It peeks no further than the first field name.
-func looksLikeEventStream(body *bufio.Reader) bool {
+// field line), and whether its start tells at all: a JSON document starts with '{'. It peeks
+// no further than the first field name.
+func looksLikeEventStream(body *bufio.Reader) (stream, known bool) {
 	for i := 1; i <= 512; i++ {
 		b, _ := body.Peek(i)
 		if len(b) < i {
-			return false
+			return false, false
 		}
 		switch b[i-1] {
 		case ' ', '\t', '\r', '\n':
 			continue
+		case '{':
+			return false, true
 		case ':':
-			return true // a comment, such as a keep-alive
+			return true, true // a comment, such as a keep-alive
 		case 'd', 'e', 'i', 'r':
 			for _, f := range []string{"data:", "event:", "id:", "retry:"} {
 				if p, _ := body.Peek(i - 1 + len(f)); strings.HasPrefix(string(p[i-1:]), f) {
-					return true
+					return true, true
 				}
 			}
-			return false
+			return false, false
 		default:
-			return false
+			return false, false
 		}
 	}
-	return false
+	return false, false
 }
 
 // redirectError is the error of a redirect, which is not followed: a client that follows one

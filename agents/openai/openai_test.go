@@ -384,7 +384,8 @@ func TestRedirectIsNotFollowed(t *testing.T) {
 }
 
 // TestEventStreamAnswers: an answer is read as what its body is. Servers and proxies that always
-// stream answer a plain request with an event stream, or label a stream application/json.
+// stream answer a plain request with an event stream, or label a stream application/json (or a
+// JSON document text/event-stream).
 func TestEventStreamAnswers(t *testing.T) {
 	const stream = ": keep-alive\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"He\"}}]}\n\n" +
 		"data: {\"choices\":[{\"delta\":{\"content\":\"llo\"},\"finish_reason\":\"stop\"}]}\n\n" +
@@ -399,6 +400,7 @@ func TestEventStreamAnswers(t *testing.T) {
 		{"a plain request answered with a stream labelled JSON", openaitest.Raw("application/json", stream), false, nil},
 		{"a stream labelled JSON", openaitest.Raw("application/json; charset=utf-8", "\n"+stream), true, []string{"He", "Hello"}},
 		{"a stream without a label", openaitest.Raw("", "data: "+stream[len(": keep-alive\n\ndata: "):]), true, []string{"He", "Hello"}},
+		{"one reply labelled a stream", openaitest.Raw("text/event-stream", `{"choices":[{"message":{"content":"Hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":4,"completion_tokens":2}}`), true, []string{"Hello"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
