@@ -9,9 +9,9 @@
 // because the model said none of them. Sender prefixes of shared sessions ("[Ann] hi") are
 // already in the texts the session hands over. The history is trimmed, oldest first, to at
 // most Config.MaxHistory messages and then until the whole request fits Config.TokenBudget
-// (estimated at one token per 4 characters plus 4 per message; see EstimateTokens); a history
-// that would then start with an assistant message loses that message too. The system prompt,
-// the notes and the turn's own messages are never trimmed.
+// (estimated at one token per 4 ASCII characters, one per other character, plus 4 per message;
+// see EstimateTokens); a history that would then start with an assistant message loses that
+// message too. The system prompt, the notes and the turn's own messages are never trimmed.
 //
 // When the platform can edit a message (Request.Partial is set) the call streams
 // (stream: true, stream_options.include_usage) and Partial gets the whole text so far as it

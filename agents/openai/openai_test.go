@@ -102,6 +102,14 @@ func TestRequestBodies(t *testing.T) {
 			want:  `{"model":"gpt-test","messages":[` + sys + `,` + histJSON("u2", "a2") + `,` + now + `]}`,
 		},
 		{
+			// 40 Chinese characters are some 40 tokens, not 10: counted as 10 (4 characters a
+			// token), the history fitted, and the request was over the budget.
+			name:  "budget counts a character of another script as a token",
+			tweak: func(c *openai.Config) { c.SystemPrompt, c.TokenBudget = "Be brief.", 7+5+2*14 },
+			req:   agents.Request{History: []agents.Message{msg("user", strings.Repeat("汉", 40)), msg("assistant", pad("a1"))}, Messages: []agents.Message{msg("user", "now?")}},
+			want:  `{"model":"gpt-test","messages":[` + sys + `,` + now + `]}`,
+		},
+		{
 			name:  "budget smaller than the turn keeps the turn",
 			tweak: func(c *openai.Config) { c.SystemPrompt, c.TokenBudget = "Be brief.", 3 },
 			req:   agents.Request{History: hist, Messages: []agents.Message{msg("user", "now?")}},

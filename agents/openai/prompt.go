@@ -41,11 +41,24 @@ const (
 )
 
 // EstimateTokens estimates what one message costs in a request: one token per CharsPerToken
-// characters (rounded up) plus MessageOverhead for its framing. It is a deliberate
-// over-approximation for English text that needs no tokenizer; the budget it enforces is a
-// guard, not an exact count.
+// ASCII characters (rounded up), one per other character, plus MessageOverhead for its framing.
+// It is a deliberate over-approximation that needs no tokenizer; the budget it enforces is a
+// guard, not an exact count. Tokenizers give a Chinese or Japanese character about a token, a
+// Cyrillic or Greek one half of one, an emoji several: counted at 4 characters a token, a
+// Chinese conversation within the budget was 3 to 4 times over it.
 func EstimateTokens(content string) int {
-	return MessageOverhead + (utf8.RuneCountInString(content)+CharsPerToken-1)/CharsPerToken
+	ascii, other := 0, 0
+	for i := 0; i < len(content); {
+		if content[i] < utf8.RuneSelf {
+			ascii++
+			i++
+			continue
+		}
+		_, n := utf8.DecodeRuneInString(content[i:])
+		other++
+		i += n
+	}
+	return MessageOverhead + (ascii+CharsPerToken-1)/CharsPerToken + other
 }
 
 // conversation is what a turn sends to the model, before trimming.

@@ -140,8 +140,8 @@ type OpenAI struct {
 	Timeout time.Duration `yaml:"timeout"`
 	// MaxHistory is how many earlier messages a request carries at most.
 	MaxHistory int `yaml:"max_history"`
-	// TokenBudget bounds a request's estimated tokens (4 characters a token) by dropping the
-	// oldest history; 0 means no budget.
+	// TokenBudget bounds a request's estimated tokens (4 ASCII characters a token, any other
+	// character a token) by dropping the oldest history; 0 means no budget.
 	TokenBudget int `yaml:"token_budget"`
 	// MaxRetries is how often a call refused with 429 or 5xx, or not answered, is tried again.
 	MaxRetries int `yaml:"max_retries"`
