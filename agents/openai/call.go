@@ -60,7 +60,7 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log
 			return res, nil
 		}
 		if ctx.Err() != nil {
-			return nil, ctxErr(ctx)
+			return nil, a.ctxErr(ctx)
 		}
 		wait, ok := a.retryWait(err, attempt)
 		if !ok {
@@ -71,7 +71,7 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log
 		}
 		log.Warn("model call failed; retrying", "attempt", attempt, "wait", wait, logging.Err(err))
 		if err := a.sleep(ctx, wait); err != nil {
-			return nil, ctxErr(ctx)
+			return nil, a.ctxErr(ctx)
 		}
 	}
 }
@@ -102,10 +102,11 @@ func (a *Agent) retryWait(err error, attempt int) (time.Duration, bool) {
 	return 0, false
 }
 
-// ctxErr is the error of a turn whose context ended: ErrTimeout for our own deadline.
-func ctxErr(ctx context.Context) error {
+// ctxErr is the error of a turn whose context ended: ErrTimeout for our own deadline, with the
+// timeout it outlived (the log line then says which setting to look at).
+func (a *Agent) ctxErr(ctx context.Context) error {
 	if cause := context.Cause(ctx); errors.Is(cause, ErrTimeout) {
-		return ErrTimeout
+		return fmt.Errorf("openai agent: no reply within %v (agent.openai.timeout): %w", a.timeout, ErrTimeout)
 	}
 	return fmt.Errorf("openai agent: run: %w", ctx.Err())
 }
