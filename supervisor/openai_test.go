@@ -128,7 +128,8 @@ func TestOpenAIRequestsThroughTheRuntime(t *testing.T) {
 		t.Errorf("GET /v1/sessions/{key} tokens = %d/%d, want 1000/100", info.InputTokens, info.OutputTokens)
 	}
 
-	// After an idle reset the new session's first turn gets the continuity note, and no history.
+	// After an idle reset the new session's first turn gets the continuity note (in the one
+	// system message, after the prompt), and no history.
 	clk.Advance(2 * time.Hour)
 	fresh := r.inject(t, ann, "t5", "back")
 	r.waitReplyTo(t, "t5")
@@ -139,7 +140,7 @@ func TestOpenAIRequestsThroughTheRuntime(t *testing.T) {
 		}
 	}
 	note := fmt.Sprintf("This conversation continues an earlier session %s, which was reset automatically (%s); search that session before assuming an unrelated one is the right context.", first.SessionID, why)
-	check(5, `{"model":"test-model","messages":[`+sys+`,{"role":"system","content":`+jsonString(note)+`},{"role":"user","content":"[Ann] back"}]}`)
+	check(5, `{"model":"test-model","messages":[{"role":"system","content":`+jsonString("You are a test.\n\n"+note)+`},{"role":"user","content":"[Ann] back"}]}`)
 	if s := r.session(t, fresh.SessionID); s.InputTokens != 500 || s.OutputTokens != 50 {
 		t.Errorf("new session tokens = %d/%d, want 500/50 (its own turn only)", s.InputTokens, s.OutputTokens)
 	}

@@ -2,11 +2,13 @@
 // OpenAI-compatible endpoint (agent.backend: openai): POST {base_url}/chat/completions (a query
 // of base_url is kept after the path), built on net/http and encoding/json alone.
 //
-// The request of a turn is, in this order: the system prompt (one system message, when set);
-// agentgate's notes for the turn, such as the continuity note after a reset (one system
-// message, lines joined); the turn's history; its new messages. History and new messages keep
-// their roles user and assistant; notices (what agentgate itself told the user) are left out,
-// because the model said none of them. Sender prefixes of shared sessions ("[Ann] hi") are
+// The request of a turn is, in this order: the system prompt (when set); agentgate's notes for
+// the turn, such as the continuity note after a reset (lines joined); the turn's history; its
+// new messages. Messages of one role in a row are then joined into one, a blank line apart (the
+// prompt and the notes are one system message; a message whose turn failed and the next one,
+// one user message), because many chat templates refuse roles that do not alternate. History
+// and new messages keep their roles user and assistant; notices (what agentgate itself told
+// the user) are left out, because the model said none of them. Sender prefixes of shared sessions ("[Ann] hi") are
 // already in the texts the session hands over. The history is trimmed, oldest first, to at
 // most Config.MaxHistory messages and then until the whole request fits Config.TokenBudget
 // (estimated at one token per 4 ASCII characters, one per other character, plus 4 per message;

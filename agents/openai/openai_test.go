@@ -25,8 +25,8 @@ func msg(role, text string) agents.Message { return agents.Message{Role: role, T
 func pad(s string) string { return fmt.Sprintf("%-40s", s) }
 
 // TestRequestBodies checks the exact body of the request a turn sends: system prompt, notes,
-// history (with the sender prefixes the session put in), new messages, and the trimming by
-// max_history and by the token budget.
+// history (with the sender prefixes the session put in), new messages, runs of one role joined,
+// and the trimming by max_history and by the token budget.
 func TestRequestBodies(t *testing.T) {
 	temp := 0.2
 	hist := []agents.Message{msg("user", pad("u1")), msg("assistant", pad("a1")), msg("user", pad("u2")), msg("assistant", pad("a2"))}
@@ -60,11 +60,22 @@ func TestRequestBodies(t *testing.T) {
 				Messages: []agents.Message{msg("user", "[Bob] and me?"), msg("user", "[Bob] hello?")},
 			},
 			want: `{"model":"gpt-test","messages":[
-				{"role":"system","content":"You are helpful."},
-				{"role":"system","content":"This conversation continues session 20261110_120000_ab12cd34, which was reset (idle)."},
+				{"role":"system","content":"You are helpful.\n\nThis conversation continues session 20261110_120000_ab12cd34, which was reset (idle)."},
 				{"role":"user","content":"[Ann] hi"},{"role":"assistant","content":"hello Ann"},
-				{"role":"user","content":"[Bob] and me?"},{"role":"user","content":"[Bob] hello?"}],
+				{"role":"user","content":"[Bob] and me?\n\n[Bob] hello?"}],
 				"temperature":0.2,"max_tokens":64}`,
+		},
+		{
+			// Roles alternate, as many chat templates demand (Mistral's, as vLLM applies it,
+			// refuses the request otherwise): sent as two user messages, a message whose turn
+			// failed made every later turn of the session fail there.
+			name: "a message whose turn failed joins the next one",
+			req: agents.Request{
+				History:  []agents.Message{msg("user", "u1"), msg("assistant", "a1"), msg("user", "failed"), msg("notice", "⚠️ could not answer")},
+				Messages: []agents.Message{msg("user", "again")},
+			},
+			want: `{"model":"gpt-test","messages":[{"role":"user","content":"u1"},{"role":"assistant","content":"a1"},
+				{"role":"user","content":"failed\n\nagain"}]}`,
 		},
 		{
 			name: "no prompt, no options",

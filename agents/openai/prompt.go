@@ -104,13 +104,32 @@ func nonEmpty(ss []string) []string {
 	return out
 }
 
-// messages returns the request's messages: head, the trimmed history, tail.
+// messages returns the request's messages: head, the trimmed history, tail, with messages of
+// one role in a row joined into one (joinRuns).
 func (c *conversation) messages(maxHistory, budget int) []chatMessage {
 	hist := trimHistory(c.history, maxHistory, budget, tokens(c.head)+tokens(c.tail))
 	out := make([]chatMessage, 0, len(c.head)+len(hist)+len(c.tail))
 	out = append(out, c.head...)
 	out = append(out, hist...)
-	return append(out, c.tail...)
+	return joinRuns(append(out, c.tail...))
+}
+
+// joinRuns joins each run of messages of one role into one message, their texts a blank line
+// apart. Many chat templates (Mistral's, Llama 2's, as vLLM and llama.cpp apply them) refuse a
+// conversation whose roles do not alternate after one system message, and a session's
+// history holds runs of user messages: a message whose turn failed or was interrupted, messages
+// collected or steered into one turn. Sent as they are, one failed turn made every later turn
+// of the session fail on such a server.
+func joinRuns(ms []chatMessage) []chatMessage {
+	out := ms[:0]
+	for _, m := range ms {
+		if n := len(out); n > 0 && out[n-1].Role == m.Role {
+			out[n-1].Content += "\n\n" + m.Content
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
 }
 
 // trimHistory keeps the newest messages of hist: at most maxHistory of them, and (when budget

@@ -120,7 +120,11 @@ func (m *draftModel) serve(w http.ResponseWriter, r *http.Request, reqBody strin
 	tok := ""
 	for i := len(body.Messages) - 1; i >= 0; i-- {
 		if body.Messages[i].Role == "user" {
-			tok = draftToken.FindString(body.Messages[i].Content)
+			// The newest message's token is the last: the agent sends a run of user messages
+			// (an interrupted one and the next) joined into one.
+			if ts := draftToken.FindAllString(body.Messages[i].Content, -1); len(ts) > 0 {
+				tok = ts[len(ts)-1]
+			}
 			break
 		}
 	}
