@@ -413,7 +413,7 @@ func (s *Session) load(c actor.Context) {
 				if m.Role == persistence.RoleUser {
 					// The sender's prefix, as the turn that first showed it had it.
 					src := s.sourceOf(s.cur)
-					src.UserName = m.UserName
+					src.UserID, src.UserName = m.UserID, m.UserName
 					msg.Text = s.agentText(src, m.Content)
 				}
 				s.history = append(s.history, histEntry{seq: m.Seq, raw: m.Content, msg: msg, sender: m.UserID})

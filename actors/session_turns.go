@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -163,10 +164,12 @@ func (s *Session) agentMessage(it *item) agents.Message {
 }
 
 // agentText is a user's text as the agent sees it: in a shared session, prefixed with the
-// sender's neutralised name, so the agent can tell the senders apart (G7).
+// sender's neutralised name, so the agent can tell the senders apart (G7); a sender without a
+// name (the HTTP API's user_name is optional) by their user id: before, every such sender was
+// "[unknown]", and the agent could not tell them apart.
 func (s *Session) agentText(src identity.Source, text string) string {
 	if identity.IsShared(src, s.d.Config.Keys) {
-		return identity.Prefix(src.UserName, text)
+		return identity.Prefix(cmp.Or(src.UserName, src.UserID), text)
 	}
 	return text
 }

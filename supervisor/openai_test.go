@@ -66,7 +66,7 @@ func jsonString(s string) string {
 // checks the exact body of each request: the system prompt, the senders' prefixes in history
 // and new messages (also after a restart reloaded the history from the store), the history
 // trimmed to max_history 3 and then to token_budget 41 (estimates: system prompt 8, "[Ann] hi"
-// 6, "Hello Ann." 7, "[Bob] me too" 7, "Hi Bob." 6, "[Ann] third" 7, "Third reply." 7), and the
+// 6, "Hello Ann." 7, "[bob] me too" 7, "Hi Bob." 6, "[Ann] third" 7, "Third reply." 7), and the
 // continuity note after an idle reset. Each turn's tokens add up on its session row, in
 // GET /v1/sessions/{key} and in agentgate_agent_tokens_total.
 func TestOpenAIRequestsThroughTheRuntime(t *testing.T) {
@@ -82,7 +82,7 @@ func TestOpenAIRequestsThroughTheRuntime(t *testing.T) {
 	thread := func(user, name string) identity.Source {
 		return identity.Source{Platform: "fake", ChatType: identity.ChatThread, ChatID: "chan", ThreadID: "th", UserID: user, UserName: name}
 	}
-	ann, bob := thread("ann", "Ann"), thread("bob", "Bob")
+	ann, bob := thread("ann", "Ann"), thread("bob", "") // bob has no name: his id stands for it
 	sys := `{"role":"system","content":"You are a test."}`
 	check := func(n int, want string) {
 		t.Helper()
@@ -97,7 +97,7 @@ func TestOpenAIRequestsThroughTheRuntime(t *testing.T) {
 	r.waitReplyTo(t, "t2")
 	check(1, `{"model":"test-model","messages":[`+sys+`,{"role":"user","content":"[Ann] hi"}]}`)
 	check(2, `{"model":"test-model","messages":[`+sys+`,{"role":"user","content":"[Ann] hi"},{"role":"assistant","content":"Hello Ann."},
-		{"role":"user","content":"[Bob] me too"}]}`)
+		{"role":"user","content":"[bob] me too"}]}`)
 	if s := r.session(t, first.SessionID); s.InputTokens != 300 || s.OutputTokens != 30 {
 		t.Errorf("session tokens = %d/%d, want 300/30", s.InputTokens, s.OutputTokens)
 	}
@@ -107,14 +107,14 @@ func TestOpenAIRequestsThroughTheRuntime(t *testing.T) {
 	}
 
 	// A restart reloads the history from the store, prefixes included. max_history 3 keeps
-	// [Hello Ann., [Bob] me too, Hi Bob.] (35 tokens with the rest, within the budget), less the
+	// [Hello Ann., [bob] me too, Hi Bob.] (35 tokens with the rest, within the budget), less the
 	// assistant message it would start with.
 	r.stop(t)
 	r = startClocked(t, dir, clk, nil, withReset)
 	defer r.stop(t)
 	r.inject(t, ann, "t3", "third")
 	r.waitReplyTo(t, "t3")
-	check(3, `{"model":"test-model","messages":[`+sys+`,{"role":"user","content":"[Bob] me too"},{"role":"assistant","content":"Hi Bob."},
+	check(3, `{"model":"test-model","messages":[`+sys+`,{"role":"user","content":"[bob] me too"},{"role":"assistant","content":"Hi Bob."},
 		{"role":"user","content":"[Ann] third"}]}`)
 
 	// A long message: max_history keeps [Hi Bob., [Ann] third, Third reply.], but with the 20
