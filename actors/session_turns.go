@@ -163,6 +163,15 @@ func (s *Session) agentMessage(it *item) agents.Message {
 	return agents.Message{Role: persistence.RoleUser, Text: s.agentText(it.src, it.text), MessageID: it.messageID, At: it.at}
 }
 
+// failedNotice is what the sender of a failed turn's message is told: to try again, or, when
+// the agent says trying again will not help (agents.Refusal), why.
+func failedNotice(turnID string, err error) string {
+	if ref, ok := errors.AsType[*agents.Refusal](err); ok && ref.Notice != "" {
+		return "⚠️ The agent could not answer this message (turn " + turnID + " failed): " + ref.Notice + "."
+	}
+	return "⚠️ The agent could not answer this message (turn " + turnID + " failed). Please try again."
+}
+
 // agentText is a user's text as the agent sees it: in a shared session, prefixed with the
 // sender's neutralised name, so the agent can tell the senders apart (G7); a sender without a
 // name (the HTTP API's user_name is optional) by their user id: before, every such sender was
@@ -365,7 +374,7 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 	if m.Err != nil {
 		s.d.Metrics.TurnsTotal.WithLabelValues("error").Inc()
 		s.logger().Warn("turn failed", "turn", r.id, logging.Err(m.Err))
-		s.finish(c, r, persistence.RoleNotice, "⚠️ The agent could not answer this message (turn "+r.id+" failed). Please try again.", persistence.StatusFailed, m.Usage)
+		s.finish(c, r, persistence.RoleNotice, failedNotice(r.id, m.Err), persistence.StatusFailed, m.Usage)
 	} else {
 		s.d.Metrics.TurnsTotal.WithLabelValues("ok").Inc()
 		s.finish(c, r, persistence.RoleAssistant, m.Text, persistence.StatusDone, m.Usage)

@@ -77,6 +77,19 @@ type Usage struct {
 // together (systemd's default KillMode=control-group).
 var ErrStopSignal = errors.New("agent process ended by a stop signal")
 
+// Refusal is an agent's error that sending the same message again will not get past: the
+// model's endpoint refused the request itself (its credentials, the model's name, a
+// conversation too long for it) or declined to answer. Notice says why, to the user, in place
+// of the "please try again" of a failed turn: a lower-case clause, without a final period.
+type Refusal struct {
+	Notice string
+	Err    error
+}
+
+func (r *Refusal) Error() string { return r.Err.Error() }
+
+func (r *Refusal) Unwrap() error { return r.Err }
+
 // Agent runs one turn. Run blocks until the turn ends or ctx is cancelled. Next to an error,
 // Run may return a Response whose Usage counts the tokens the failed turn spent (its Text is
 // ignored).

@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/agentgate/agentgate/agents"
 )
 
 // ErrTimeout is wrapped by the error Run returns when the turn outlived Config.Timeout.
@@ -47,6 +50,45 @@ func (e *StatusError) Error() string {
 // retryable reports whether the status is worth another attempt: rate limits and server errors.
 func (e *StatusError) retryable() bool {
 	return e.Code == http.StatusTooManyRequests || e.Code >= 500
+}
+
+// refusal wraps an error the endpoint answered that the same request would get again in an
+// agents.Refusal that tells the user why (otherwise it returns err): they were told to try
+// again, which could only fail the same way.
+func refusal(err error) error {
+	se, ok := errors.AsType[*StatusError](err)
+	if !ok {
+		return err
+	}
+	var notice string
+	switch {
+	case se.Code == http.StatusUnauthorized || se.Code == http.StatusForbidden:
+		notice = "its model endpoint refused its credentials, which the operator has to fix"
+	case se.Code == http.StatusNotFound:
+		notice = "its model endpoint does not know the model it is set up with, which the operator has to fix"
+	case se.Code == http.StatusRequestEntityTooLarge || (se.Code == http.StatusBadRequest && tooLong(se.Message)):
+		notice = "the conversation is too long for the model: send /new to start a fresh session, or a shorter message"
+	case se.Code == http.StatusBadRequest && saysAny(se.Message, "content_policy", "content policy", "content management policy", "safety system"):
+		notice = "its model endpoint declined this message (its content policy)"
+	case se.Code == http.StatusBadRequest || se.Code == http.StatusUnprocessableEntity:
+		notice = "its model endpoint refused the request"
+	default:
+		return err
+	}
+	return &agents.Refusal{Notice: notice, Err: err}
+}
+
+// tooLong reports whether an endpoint's 400 message says the prompt exceeds the model's context,
+// in the words OpenAI, vLLM, llama.cpp and Ollama use.
+func tooLong(message string) bool {
+	return saysAny(message, "context length", "context_length", "context window", "maximum context", "too many tokens",
+		"prompt is too long", "exceeds the context")
+}
+
+// saysAny reports whether message holds any of phrases (lower case), in any case.
+func saysAny(message string, phrases ...string) bool {
+	m := strings.ToLower(message)
+	return slices.ContainsFunc(phrases, func(p string) bool { return strings.Contains(m, p) })
 }
 
 // transportError is a request that got no answer (connection refused, reset, TLS, a body that

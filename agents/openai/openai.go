@@ -250,14 +250,18 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			usage.OutputTokens += res.usage.OutputTokens
 		}
 		if err != nil {
-			return spent(usage), err
+			return spent(usage), refusal(err)
 		}
 		text := strings.TrimSpace(res.text)
 		if text == "" && len(steered) == 0 {
 			if len(answers) > 0 {
 				break
 			}
-			return spent(usage), fmt.Errorf("%w (finish reason %q)", ErrEmptyReply, res.finish)
+			err := fmt.Errorf("%w (finish reason %q)", ErrEmptyReply, res.finish)
+			if res.finish == "content_filter" {
+				err = &agents.Refusal{Notice: "the model declined to answer it (its content filter)", Err: err}
+			}
+			return spent(usage), err
 		}
 		if text != "" {
 			conv.tail = append(conv.tail, chatMessage{Role: roleAssistant, Content: text})

@@ -197,6 +197,45 @@ func TestEmptyReplyIsAnError(t *testing.T) {
 	}
 }
 
+// TestRefusalsSayWhy: an answer the same request would get again (the credentials, the model's
+// name, a conversation too long, a refused request, the content filter with no text) is an
+// agents.Refusal whose notice tells the user why; one that may pass (a 500) is not, and the
+// user is asked to try again.
+func TestRefusalsSayWhy(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		answer http.HandlerFunc
+		want   string // in the notice; "" means no Refusal
+	}{
+		{"bad key", openaitest.Status(401, `{"error":{"message":"Incorrect API key provided"}}`), "refused its credentials"},
+		{"forbidden", openaitest.Status(403, `{"error":{"message":"no access"}}`), "refused its credentials"},
+		{"unknown model", openaitest.Status(404, `{"error":{"message":"The model 'gpt-9' does not exist"}}`), "does not know the model"},
+		{"context length (OpenAI)", openaitest.Status(400, `{"error":{"message":"This model's maximum context length is 8192 tokens.","code":"context_length_exceeded"}}`), "send /new"},
+		{"context length (vLLM)", openaitest.Status(400, `{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens"}`), "send /new"},
+		{"too large", openaitest.Status(413, `request entity too large`), "send /new"},
+		{"content policy", openaitest.Status(400, `{"error":{"message":"Your request was rejected as a result of our safety system.","code":"content_policy_violation"}}`), "content policy"},
+		{"bad request", openaitest.Status(400, `{"error":{"message":"Invalid value for 'temperature'"}}`), "refused the request"},
+		{"content filter, no text", openaitest.Raw("application/json", `{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"content_filter"}]}`), "content filter"},
+		{"server error", openaitest.Status(500, `{"error":{"message":"boom"}}`), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFakeModel(t, tc.answer)
+			a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.MaxRetries = 0 })
+			_, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
+			if err == nil {
+				t.Fatal("Run succeeded, want an error")
+			}
+			ref, ok := errors.AsType[*agents.Refusal](err)
+			switch {
+			case tc.want == "" && ok:
+				t.Errorf("Run error %v is a Refusal (%q), want one the user may try again", err, ref.Notice)
+			case tc.want != "" && (!ok || !strings.Contains(ref.Notice, tc.want)):
+				t.Errorf("Run error = %v (refusal %v), want a Refusal saying %q", err, ok, tc.want)
+			}
+		})
+	}
+}
+
 // TestStreaming: with Partial set the request streams, Partial gets the whole text as it grows
 // (one call per delta), and the reply and usage come from the stream.
 func TestStreaming(t *testing.T) {

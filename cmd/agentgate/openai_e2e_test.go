@@ -15,7 +15,7 @@ import (
 
 // TestDaemonWithAModel runs the real binary with agent.backend openai against a loopback model
 // that first refuses the key (echoing it back, as some endpoints do) and then answers: the user
-// gets a short error reply, then the answer; the tokens show in /metrics and in `sessions
+// gets a short error reply saying the credentials were refused, then the answer; the tokens show in /metrics and in `sessions
 // show`; and the key is in no line of the daemon's debug log and no byte of its data directory.
 func TestDaemonWithAModel(t *testing.T) {
 	const key = "sk-e2e-3b7f1c9d2e8a4f6b0c5d7e9a1b3c5d7f"
@@ -33,13 +33,17 @@ func TestDaemonWithAModel(t *testing.T) {
 		"AGENTGATE_LOG_LEVEL=debug")
 
 	var texts []string
-	for i, want := range []string{"could not answer", "Hi from the model."} {
+	for i, want := range []string{"could not answer this message (turn t_", "Hi from the model."} {
 		status, res := post(t, d.base+"/v1/messages?wait=30s", "", fmt.Sprintf(`{"chat_id":"c1","user_id":"u1","text":"hello %d"}`, i))
 		replies, _ := res["replies"].([]any)
 		if status != http.StatusOK || len(replies) != 1 || !strings.Contains(replies[0].(map[string]any)["text"].(string), want) {
 			t.Fatalf("message %d: %d %v, want one reply containing %q", i, status, res, want)
 		}
 		texts = append(texts, replies[0].(map[string]any)["text"].(string))
+	}
+	// Sending it again would meet the same refusal: the user is told why, not to try again.
+	if !strings.HasSuffix(texts[0], "failed): its model endpoint refused its credentials, which the operator has to fix.") {
+		t.Errorf("the refusal's reply = %q, want it to say the endpoint refused the credentials", texts[0])
 	}
 	_, metrics := get(t, d.base+"/metrics")
 	for _, want := range []string{`agentgate_agent_tokens_total{direction="input"} 42`, `agentgate_agent_tokens_total{direction="output"} 5`} {
