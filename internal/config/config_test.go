@@ -690,6 +690,7 @@ func TestValidate(t *testing.T) {
 		}},
 		{"openai without url and model", func(c *Config) { c.Agent.Backend = "openai" }, []string{"agent.openai.base_url", "agent.openai.model"}},
 		{"openai bad url", func(c *Config) { c.Agent.OpenAI.BaseURL = "api.openai.com/v1" }, []string{"agent.openai.base_url"}},
+		{"openai url of the endpoint, not the root", func(c *Config) { c.Agent.OpenAI.BaseURL = "https://api.openai.com/v1/chat/completions/" }, []string{"agent.openai.base_url"}},
 		{"openai key and timeout", func(c *Config) { c.Agent.OpenAI.APIKeyEnv = "sk-123"; c.Agent.OpenAI.Timeout = 0 }, []string{
 			"agent.openai.api_key_env", "agent.openai.timeout",
 		}},

@@ -119,6 +119,10 @@ func (c *Config) validate() []error {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			// No value in the message: a URL may carry credentials.
 			v.add("agent.openai.base_url", nil, "must be an absolute http or https URL")
+		} else if strings.HasSuffix(strings.TrimSuffix(u.Path, "/"), "/chat/completions") {
+			// The agent adds the endpoint's path: this one would be asked for
+			// …/chat/completions/chat/completions, a 404 at every turn.
+			v.add("agent.openai.base_url", nil, "is the API root (such as https://api.openai.com/v1), without /chat/completions")
 		}
 	}
 	v.envName("agent.openai.api_key_env", a.OpenAI.APIKeyEnv)
