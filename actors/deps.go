@@ -164,6 +164,8 @@ type Deps struct {
 	// AgentCalls counts the agent calls the turns have in flight: a stopping daemon waits for
 	// them (AgentCalls.Wait), so that nothing an agent started outlives it.
 	AgentCalls AgentCalls
+	// AgentSlots bounds the agent calls that run at once (agent.max_concurrent); nil: no bound.
+	AgentSlots *AgentSlots
 	// PersistIncarnation counts the persistence actor's restarts (its
 	// persistence.ActorOptions.Incarnation): a session sends its unacknowledged writes again,
 	// in order, once it has grown past the incarnation they were sent to.
@@ -194,7 +196,7 @@ func (d *Deps) props() {
 	d.propsOnce.Do(func() {
 		d.sessionProps = newSessionProps(d, false)
 		d.recoveredProps = newSessionProps(d, true)
-		d.turnProps = NewTurn(d.Ctx, d.Agent, &d.AgentCalls, d.Metrics.Actor("turn"), d.Dispatcher)
+		d.turnProps = NewTurn(d.Ctx, d.Agent, &d.AgentCalls, d.AgentSlots, d.Metrics.Actor("turn"), d.Dispatcher)
 	})
 }
 

@@ -3,12 +3,15 @@ package actors
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Turn runs one agent turn for its session, so the session stays responsive to commands and new
@@ -37,6 +40,7 @@ type Turn struct {
 	turnID  string
 	parent  context.Context
 	calls   *AgentCalls
+	slots   *AgentSlots
 
 	cancel context.CancelFunc
 	steer  chan agents.Message // into the steering relay; open while the agent runs, when it can steer
@@ -50,12 +54,12 @@ const MaxSteered = 32
 
 // NewTurn returns the props of the turns that run agent; a turn starts when it receives its
 // request (runTurn). parent is the daemon's lifetime context; calls counts the agent calls in
-// flight (nil: not counted); rec records the turns' actor metrics; dispatcher runs their
-// mailboxes (nil: protoactor's default). The props hold nothing per turn, so one value serves
-// every turn of a daemon.
-func NewTurn(parent context.Context, agent agents.Agent, calls *AgentCalls, rec *metrics.Actor, dispatcher actor.Dispatcher) *actor.Props {
+// flight (nil: not counted); slots bounds how many run at once (nil: no bound); rec records
+// the turns' actor metrics; dispatcher runs their mailboxes (nil: protoactor's default). The
+// props hold nothing per turn, so one value serves every turn of a daemon.
+func NewTurn(parent context.Context, agent agents.Agent, calls *AgentCalls, slots *AgentSlots, rec *metrics.Actor, dispatcher actor.Dispatcher) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &Turn{agent: agent, parent: parent, calls: calls}
+		return &Turn{agent: agent, parent: parent, calls: calls, slots: slots}
 	}, mailbox(rec, dispatcher)...)
 }
 
@@ -155,7 +159,7 @@ func (t *Turn) start(c actor.Context) {
 		req = &r
 		go relay.run()
 	}
-	calls := t.calls
+	calls, slots := t.calls, t.slots
 	calls.add()
 	go func() {
 		start := time.Now()
@@ -166,9 +170,68 @@ func (t *Turn) start(c actor.Context) {
 				root.Send(self, &agentPanicked{value: v})
 			}
 		}()
+		if err := slots.acquire(ctx); err != nil {
+			// Cancelled while it waited (a /stop, an interrupt, the stop's deadline): the
+			// agent never ran, as one that returned at once on its context.
+			root.Send(self, &agentDone{err: err, took: time.Since(start), steered: relay.finish()})
+			return
+		}
+		defer slots.release()
 		resp, err := agent.Run(ctx, req)
 		root.Send(self, &agentDone{resp: resp, err: err, took: time.Since(start), steered: relay.finish()})
 	}()
+}
+
+// AgentSlots bounds the agent calls that run at once, over every session (agent.max_concurrent):
+// a burst of chats (a Discord backfill of many channels, the recovery of a restart, a busy
+// hour) would otherwise start an exec command or a model request for each at once, hundreds
+// of processes on the host or a storm of 429s from the endpoint. A call waits for a slot, first
+// come first served, and a session runs one turn at a time, so each chat keeps its order. A
+// nil *AgentSlots bounds nothing.
+type AgentSlots struct {
+	free    chan struct{} // one token per running call
+	waiting prometheus.Gauge
+	log     *slog.Logger
+	warn    logging.Limiter // the line of calls that wait
+}
+
+// NewAgentSlots returns slots for n calls at once; nil when n <= 0 (no bound). waiting counts
+// the calls that wait (agentgate_agent_calls_waiting).
+func NewAgentSlots(n int, waiting prometheus.Gauge, log *slog.Logger) *AgentSlots {
+	if n <= 0 {
+		return nil
+	}
+	return &AgentSlots{free: make(chan struct{}, n), waiting: waiting, log: log}
+}
+
+// acquire takes a slot, waiting while every one is taken, until ctx ends.
+func (s *AgentSlots) acquire(ctx context.Context) error {
+	if s == nil {
+		return nil
+	}
+	select {
+	case s.free <- struct{}{}:
+		return nil
+	default:
+	}
+	s.waiting.Inc()
+	defer s.waiting.Dec()
+	if n, ok := s.warn.Allow(); ok {
+		s.log.Warn("agent calls wait for a free slot: agent.max_concurrent calls are running", "max_concurrent", cap(s.free), "waits", n)
+	}
+	select {
+	case s.free <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// release gives a slot back.
+func (s *AgentSlots) release() {
+	if s != nil {
+		<-s.free
+	}
 }
 
 // steerRelay hands steered messages to the agent one at a time over an unbuffered channel, and

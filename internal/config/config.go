@@ -107,8 +107,12 @@ type Prune struct {
 // Agent configures the agent backend.
 type Agent struct {
 	Backend string `yaml:"backend"` // echo | exec | openai
-	Exec    Exec   `yaml:"exec"`
-	OpenAI  OpenAI `yaml:"openai"`
+	// MaxConcurrent bounds the exec or openai agent calls that run at once, over every
+	// session; more wait for a slot, first come first served. 0: no bound. The echo agent,
+	// which answers at once, has none.
+	MaxConcurrent int    `yaml:"max_concurrent"`
+	Exec          Exec   `yaml:"exec"`
+	OpenAI        OpenAI `yaml:"openai"`
 }
 
 // Exec configures the exec agent.

@@ -684,6 +684,7 @@ func TestValidate(t *testing.T) {
 		}, []string{"sessions.reset_by_platform.discord.notify"}},
 		{"unknown backend", func(c *Config) { c.Agent.Backend = "claude" }, []string{"agent.backend"}},
 		{"exec without command", func(c *Config) { c.Agent.Backend = "exec" }, []string{"agent.exec.command"}},
+		{"negative max_concurrent", func(c *Config) { c.Agent.MaxConcurrent = -1 }, []string{"agent.max_concurrent"}},
 		{"exec with empty argv0", func(c *Config) { c.Agent.Backend = "exec"; c.Agent.Exec.Command = []string{""} }, []string{"agent.exec.command"}},
 		{"exec limits", func(c *Config) { c.Agent.Exec.Timeout = 0; c.Agent.Exec.History = -1; c.Agent.Exec.KillGrace = -1 }, []string{
 			"agent.exec.timeout", "agent.exec.history", "agent.exec.kill_grace",

@@ -46,8 +46,9 @@ func Default() *Config {
 			HistoryLimit:         20,
 		},
 		Agent: Agent{
-			Backend: "echo",
-			Exec:    Exec{Timeout: 10 * time.Minute, History: 20, KillGrace: 5 * time.Second},
+			Backend:       "echo",
+			MaxConcurrent: 32,
+			Exec:          Exec{Timeout: 10 * time.Minute, History: 20, KillGrace: 5 * time.Second},
 			OpenAI: OpenAI{APIKeyEnv: "OPENAI_API_KEY", Timeout: 2 * time.Minute, MaxHistory: 20,
 				TokenBudget: 8000, MaxRetries: 3, MaxBackoff: 30 * time.Second},
 		},

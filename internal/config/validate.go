@@ -107,6 +107,7 @@ func (c *Config) validate() []error {
 	if a.Backend == "exec" {
 		v.required("agent.exec.command", len(a.Exec.Command) > 0 && a.Exec.Command[0] != "", "when agent.backend is exec")
 	}
+	atLeast(&v, "agent.max_concurrent", a.MaxConcurrent, 0)
 	atLeast(&v, "agent.exec.timeout", a.Exec.Timeout, 1)
 	atLeast(&v, "agent.exec.history", a.Exec.History, 0)
 	atLeast(&v, "agent.exec.kill_grace", a.Exec.KillGrace, 0)

@@ -59,6 +59,8 @@ type Metrics struct {
 	// ProbationWaiting is how many sessions wait for the probation token to run a suspect
 	// message (one the daemon's unclean stops were counted against twice).
 	ProbationWaiting prometheus.Gauge
+	// AgentCallsWaiting is how many turns wait for a free agent slot (agent.max_concurrent).
+	AgentCallsWaiting prometheus.Gauge
 
 	actors *actorSeries
 }
@@ -114,11 +116,13 @@ func New(platforms ...string) *Metrics {
 			Name: "agentgate_messages_quarantined_total", Help: "Messages set aside for crashing, by cause (session_crash, unclean_restart)."}, []string{"cause"}),
 		ProbationWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "agentgate_probation_waiting", Help: "Sessions whose next message, counted against by 2 unclean stops, waits to run alone among such messages."}),
+		AgentCallsWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "agentgate_agent_calls_waiting", Help: "Turns waiting for a free agent slot: agent.max_concurrent calls are running."}),
 	}
 	m.actors = newActorSeries(m.Mailboxes)
 	for _, c := range []prometheus.Collector{m.SessionsActive, m.SessionActivations, m.SessionPassivations, m.SessionsFenced, m.ClusterMembers,
 		m.TurnsTotal, m.TurnDuration, m.QueueDepth, m.QueueOverflow, m.PersistBatchSize, m.PersistFlushSeconds,
-		m.SpoolFiles, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined, m.ProbationWaiting} {
+		m.SpoolFiles, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined, m.ProbationWaiting, m.AgentCallsWaiting} {
 		f(c)
 	}
 	for _, c := range m.actors.collectors() {
