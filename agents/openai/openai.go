@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
@@ -83,6 +84,9 @@ type Agent struct {
 	log          *slog.Logger
 	sleepFn      func(ctx context.Context, d time.Duration) error
 	nowFn        func() time.Time
+	// completionTokens is set once the endpoint refused max_tokens, asking for
+	// max_completion_tokens (OpenAI's reasoning models): the bound goes by that name from then on.
+	completionTokens atomic.Bool
 }
 
 type apiKey struct{ v string }
@@ -242,6 +246,13 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			takeSteer = nil // the last call: every message taken must be answered
 		}
 		res, steered, open, err := a.round(ctx, body, partial, takeSteer, log)
+		if err != nil && len(steered) == 0 && a.wantsCompletionTokens(err) {
+			log.Info("the model endpoint refused max_tokens and asks for max_completion_tokens; agent.openai.max_tokens goes by that name from now on")
+			if body, err = a.body(conv, req.Partial != nil); err != nil {
+				return spent(usage), err
+			}
+			res, steered, open, err = a.round(ctx, body, partial, takeSteer, log)
+		}
 		if !open {
 			steer = nil
 		}
@@ -300,6 +311,18 @@ func cutNote(res *result) string {
 	return ""
 }
 
+// wantsCompletionTokens reports whether err is the endpoint's refusal of max_tokens in favour
+// of max_completion_tokens (OpenAI's reasoning models answer 400 "Unsupported parameter:
+// 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead."), and if
+// so switches the agent to it: true only the first time, so a request is sent again at most once.
+func (a *Agent) wantsCompletionTokens(err error) bool {
+	se, ok := errors.AsType[*StatusError](err)
+	if !ok || se.Code != http.StatusBadRequest || a.maxTokens == 0 || !strings.Contains(se.Message, "max_completion_tokens") {
+		return false
+	}
+	return a.completionTokens.CompareAndSwap(false, true)
+}
+
 func spent(u agents.Usage) *agents.Response {
 	if u == (agents.Usage{}) {
 		return nil
@@ -314,6 +337,9 @@ func (a *Agent) body(conv *conversation, stream bool) ([]byte, error) {
 		Messages:    conv.messages(a.maxHistory, a.budget),
 		Temperature: a.temperature,
 		MaxTokens:   a.maxTokens,
+	}
+	if a.completionTokens.Load() {
+		r.MaxTokens, r.MaxCompletionTokens = 0, a.maxTokens
 	}
 	if stream {
 		r.Stream = true

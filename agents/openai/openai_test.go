@@ -236,6 +236,34 @@ func TestRefusalsSayWhy(t *testing.T) {
 	}
 }
 
+// TestMaxCompletionTokens: an endpoint that refuses max_tokens and asks for
+// max_completion_tokens (OpenAI's reasoning models) gets the request again at once with the
+// bound under that name, and every later request too; the turn is answered. Before, every turn
+// failed, and no setting could send the bound by that name.
+func TestMaxCompletionTokens(t *testing.T) {
+	refuse := openaitest.Status(400, `{"error":{"message":"Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.","type":"invalid_request_error","param":"max_tokens","code":"unsupported_parameter"}}`)
+	m := newFakeModel(t, refuse, openaitest.Reply("first", 1, 1), openaitest.Reply("second", 1, 1))
+	a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.MaxTokens = 300 })
+	for _, want := range []string{"first", "second"} {
+		resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
+		if err != nil || resp.Text != want {
+			t.Fatalf("Run = %+v, %v; want %q", resp, err, want)
+		}
+	}
+	for n, want := range []string{`"max_tokens":300`, `"max_completion_tokens":300`, `"max_completion_tokens":300`} {
+		body := m.Body(t, n+1)
+		if !strings.Contains(body, want) || strings.Count(body, "max_") != 1 {
+			t.Errorf("request %d = %s, want the bound once, as %s", n+1, body, want)
+		}
+	}
+	// Another 400 is not sent again.
+	m2 := newFakeModel(t, openaitest.Status(400, `{"error":{"message":"Invalid value for 'temperature'"}}`))
+	a2 := MustAgent(t, m2, nil, nil, func(c *openai.Config) { c.MaxTokens = 300 })
+	if _, err := a2.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}}); err == nil || len(m2.Requests()) != 1 {
+		t.Errorf("Run = %v after %d requests, want the 400 after one", err, len(m2.Requests()))
+	}
+}
+
 // TestStreaming: with Partial set the request streams, Partial gets the whole text as it grows
 // (one call per delta), and the reply and usage come from the stream.
 func TestStreaming(t *testing.T) {
