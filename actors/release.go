@@ -123,8 +123,12 @@ func (m *SessionManager) activate(c actor.Context, key string, recovered bool, r
 // not list yet). The activation waits for the answer, at most holderLookupTimeout.
 func (m *SessionManager) lookUpHolder(c actor.Context, key string, a *activation) {
 	system, placement, ctx := c.ActorSystem(), m.d.Placement, m.d.Ctx
-	f := actor.NewFuture(system, holderLookupTimeout)
-	go func() { // owned by the activation: it ends with the store call, bounded by the same timeout
+	// The future outlives the lookup's own deadline, so that it is answered, not timed out:
+	// protoactor's future takes an answer without its lock, and one that arrived as the future
+	// timed out raced with the timeout's reading of it (the race detector met it in
+	// TestActivationDoesNotWaitForAFailedHolderLookup, where both timers fire at one instant).
+	f := actor.NewFuture(system, holderLookupTimeout+time.Second)
+	go func() { // owned by the activation: it ends with the store call, bounded by holderLookupTimeout
 		ctx, cancel := context.WithTimeout(ctx, holderLookupTimeout)
 		defer cancel()
 		pid, err := placement.Holder(ctx, key)
