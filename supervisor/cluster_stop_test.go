@@ -90,20 +90,7 @@ func lastRenewal(r *runtime) *postgres.Member {
 // leaving (or gone) in the store: it sees no member that stays and leaves at once, which ends
 // the first one's wait.
 func TestClusterMembersStoppingAtOnceDoNotWaitForEachOther(t *testing.T) {
-	dsn := pgtest.NewDatabase(t)
-	var rs []*runtime
-	var logs []*logSignal
-	for range 2 {
-		l := &logSignal{}
-		logs = append(logs, l)
-		rs = append(rs, MustStartDaemon(t, okAgent, daemonOpts{logs: l, tweak: func(c *config.Config) {
-			c.Store.Driver, c.Store.DSN = "postgres", dsn
-			c.Cluster.Enabled, c.Cluster.Bind, c.Cluster.MemberTTL = true, "127.0.0.1:0", 9*time.Second
-		}}))
-	}
-	waitUntil(t, func() bool {
-		return len(rs[0].d.cluster.MemberList.Members().Members()) == 2 && len(rs[1].d.cluster.MemberList.Members().Members()) == 2
-	})
+	dsn, rs, logs := twoLoggedMembers(t)
 	conn, err := pgx.Connect(context.Background(), dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -134,20 +121,7 @@ func TestClusterMembersStoppingAtOnceDoNotWaitForEachOther(t *testing.T) {
 // cluster's stop took 12 s with member_ttl 6s. Each now reads from the store that the other
 // leaves too.
 func TestClusterMembersStoppingTogetherDoNotWaitForEachOther(t *testing.T) {
-	dsn := pgtest.NewDatabase(t)
-	var rs []*runtime
-	var logs []*logSignal
-	for range 2 {
-		l := &logSignal{}
-		logs = append(logs, l)
-		rs = append(rs, MustStartDaemon(t, okAgent, daemonOpts{logs: l, tweak: func(c *config.Config) {
-			c.Store.Driver, c.Store.DSN = "postgres", dsn
-			c.Cluster.Enabled, c.Cluster.Bind, c.Cluster.MemberTTL = true, "127.0.0.1:0", 9*time.Second
-		}}))
-	}
-	waitUntil(t, func() bool {
-		return len(rs[0].d.cluster.MemberList.Members().Members()) == 2 && len(rs[1].d.cluster.MemberList.Members().Members()) == 2
-	})
+	_, rs, logs := twoLoggedMembers(t)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for _, r := range rs {
@@ -160,6 +134,25 @@ func TestClusterMembersStoppingTogetherDoNotWaitForEachOther(t *testing.T) {
 			t.Errorf("member %d waited for the other to drop it until its bound: %s", i, line)
 		}
 	}
+}
+
+// twoLoggedMembers starts two members of a cluster on a database of their own, with member_ttl
+// 9s and their logs kept, once each sees the other.
+func twoLoggedMembers(t *testing.T) (dsn string, rs []*runtime, logs []*logSignal) {
+	t.Helper()
+	dsn = pgtest.NewDatabase(t)
+	for range 2 {
+		l := &logSignal{}
+		logs = append(logs, l)
+		rs = append(rs, MustStartDaemon(t, okAgent, daemonOpts{logs: l, tweak: func(c *config.Config) {
+			c.Store.Driver, c.Store.DSN = "postgres", dsn
+			c.Cluster.Enabled, c.Cluster.Bind, c.Cluster.MemberTTL = true, "127.0.0.1:0", 9*time.Second
+		}}))
+	}
+	waitUntil(t, func() bool {
+		return len(rs[0].d.cluster.MemberList.Members().Members()) == 2 && len(rs[1].d.cluster.MemberList.Members().Members()) == 2
+	})
+	return dsn, rs, logs
 }
 
 // grepLine returns the first line of text that holds substr, or "".

@@ -120,24 +120,10 @@ func TestIdleResetOnArrival(t *testing.T) {
 func TestContinuityNoteSurvivesARestart(t *testing.T) {
 	clk := testutil.NewClock(t0)
 	dir := t.TempDir()
-	hang := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-		if req.Messages[0].MessageID == "m2" {
-			<-ctx.Done() // still working when the daemon stops
-			return nil, ctx.Err()
-		}
-		return &agents.Response{Text: "ok"}, nil
-	})
-	opts := daemonOpts{dir: dir, now: clk.Now, drain: 10 * time.Millisecond, tweak: idleHour}
-	r := MustStartDaemon(t, hang, opts)
-	first := r.inject(t, dm, "m1", "hello")
-	r.waitSent(t, 1)
-	clk.Advance(2 * time.Hour)
-	r.inject(t, dm, "m2", "back again")
-	r.waitSent(t, 2) // the reset notice; m2's turn hangs
-	r.stop(t)
+	first := stopAfterAnIdleReset(t, dir, clk)
 
 	agent := &recorder{}
-	r = MustStartDaemon(t, agent, daemonOpts{dir: dir, now: clk.Now, tweak: idleHour})
+	r := MustStartDaemon(t, agent, daemonOpts{dir: dir, now: clk.Now, tweak: idleHour})
 	defer r.stop(t)
 	r.waitSent(t, 1) // m2 answered after the restart
 	if note := agent.last().Notes; len(note) != 1 || !strings.Contains(note[0], first.SessionID) {
@@ -145,15 +131,14 @@ func TestContinuityNoteSurvivesARestart(t *testing.T) {
 	}
 }
 
-// TestContinuityNoteOfAPrunedSessionIsLeftOut: as above, but the previous session is pruned
-// while the daemon is down (its retention passed): after the restart the turn runs without a
-// note, and nothing is logged as a failure. Before, the missing session was a WRN line.
-func TestContinuityNoteOfAPrunedSessionIsLeftOut(t *testing.T) {
-	clk := testutil.NewClock(t0)
-	dir := t.TempDir()
+// stopAfterAnIdleReset runs a daemon on dir in which m1 is answered, the session then ends idle
+// (an hour), and m2 starts its successor and is still running when the daemon stops; it
+// returns m1's acknowledgment.
+func stopAfterAnIdleReset(t *testing.T, dir string, clk *testutil.Clock) *platforms.Ack {
+	t.Helper()
 	hang := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 		if req.Messages[0].MessageID == "m2" {
-			<-ctx.Done()
+			<-ctx.Done() // still working when the daemon stops
 			return nil, ctx.Err()
 		}
 		return &agents.Response{Text: "ok"}, nil
@@ -165,6 +150,16 @@ func TestContinuityNoteOfAPrunedSessionIsLeftOut(t *testing.T) {
 	r.inject(t, dm, "m2", "back again")
 	r.waitSent(t, 2) // the reset notice; m2's turn hangs
 	r.stop(t)
+	return first
+}
+
+// TestContinuityNoteOfAPrunedSessionIsLeftOut: as above, but the previous session is pruned
+// while the daemon is down (its retention passed): after the restart the turn runs without a
+// note, and nothing is logged as a failure. Before, the missing session was a WRN line.
+func TestContinuityNoteOfAPrunedSessionIsLeftOut(t *testing.T) {
+	clk := testutil.NewClock(t0)
+	dir := t.TempDir()
+	first := stopAfterAnIdleReset(t, dir, clk)
 
 	cfg := config.Default()
 	cfg.DataDir = dir
@@ -179,7 +174,7 @@ func TestContinuityNoteOfAPrunedSessionIsLeftOut(t *testing.T) {
 	}
 
 	agent, logs := &recorder{}, &logSignal{}
-	r = MustStartDaemon(t, agent, daemonOpts{dir: dir, now: clk.Now, logs: logs, tweak: idleHour})
+	r := MustStartDaemon(t, agent, daemonOpts{dir: dir, now: clk.Now, logs: logs, tweak: idleHour})
 	defer r.stop(t)
 	r.waitSent(t, 1) // m2 answered after the restart
 	if note := agent.last().Notes; len(note) != 0 {

@@ -492,15 +492,7 @@ func TestEventStreamAnswers(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			m := newFakeModel(t, tt.answer)
 			a := MustAgent(t, m, nil, nil, nil)
-			req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}}
-			var partials []string
-			if tt.streaming {
-				req.Partial = func(s string) { partials = append(partials, s) }
-			}
-			resp, err := a.Run(t.Context(), req)
-			if err != nil {
-				t.Fatalf("Run: %v", err)
-			}
+			resp, partials := mustRun(t, a, &agents.Request{Messages: []agents.Message{msg("user", "hi")}}, tt.streaming)
 			if resp.Text != "Hello" || resp.Usage != (agents.Usage{InputTokens: 4, OutputTokens: 2}) {
 				t.Errorf("Run = %q %+v, want \"Hello\" {4 2}", resp.Text, resp.Usage)
 			}
@@ -509,6 +501,21 @@ func TestEventStreamAnswers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// mustRun runs req on a, with streaming the texts Partial was given, and fails the test on an
+// error.
+func mustRun(t *testing.T, a *openai.Agent, req *agents.Request, streaming bool) (*agents.Response, []string) {
+	t.Helper()
+	var partials []string
+	if streaming {
+		req.Partial = func(s string) { partials = append(partials, s) } // called by Run's call, one at a time
+	}
+	resp, err := a.Run(t.Context(), req)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	return resp, partials
 }
 
 // TestCutOffReplySaysSo: a reply the model stopped at its length limit or its content filter
@@ -533,15 +540,7 @@ func TestCutOffReplySaysSo(t *testing.T) {
 			m := newFakeModel(t, answer)
 			var logs strings.Builder
 			a := MustAgent(t, m, &logs, nil, nil)
-			req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}, Identity: identity.Turn{TurnID: "t_cut"}}
-			var partials []string
-			if tt.streaming {
-				req.Partial = func(s string) { partials = append(partials, s) }
-			}
-			resp, err := a.Run(t.Context(), req)
-			if err != nil {
-				t.Fatalf("Run: %v", err)
-			}
+			resp, partials := mustRun(t, a, &agents.Request{Messages: []agents.Message{msg("user", "hi")}, Identity: identity.Turn{TurnID: "t_cut"}}, tt.streaming)
 			if resp.Text != tt.want {
 				t.Errorf("Run = %q, want %q", resp.Text, tt.want)
 			}
