@@ -31,11 +31,12 @@ func mustSchemaAt(t *testing.T, path string, version int) *sql.DB {
 }
 
 // TestMigrationFromTheFirstSchema upgrades a database that a build of schema 0001 (the first
-// daemon) left behind when it was killed mid-turn: a reset key whose new session has a message
-// running and one queued behind it, replies delivered, failed and pending, and a shared thread.
-// Everything it holds reads back through the store, in order, and each pending message keeps
-// the sender of its session: 0001 stored no sender per message, and before 0016 such a message
-// ran after the upgrade with an empty user id.
+// daemon) left behind when it was killed mid-turn: a reset key of a group session per user
+// whose new session has a message running and one queued behind it, replies delivered, failed
+// and pending, and a shared thread. Everything it holds reads back through the store, in
+// order, and each pending message keeps the sender its session's key names: 0001 stored no
+// sender per message, and before 0016 such a message ran after the upgrade with an empty user
+// id.
 func TestMigrationFromTheFirstSchema(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "agentgate.db")
@@ -46,8 +47,8 @@ func TestMigrationFromTheFirstSchema(t *testing.T) {
 		id, key, chatType, chatID, threadID, userID, userName, title, prev, endReason string
 		ended                                                                         any
 	}{
-		{"s1", "k1", "dm", "c1", "", "u1", "Ann", "Trip", "", "reset_command", at(3)},
-		{"s2", "k1", "dm", "c1", "", "u1", "Ann", "", "s1", "", nil},
+		{"s1", "k1", "group", "c1", "", "u1", "Ann", "Trip", "", "reset_command", at(3)}, // per user
+		{"s2", "k1", "group", "c1", "", "u1", "Ann", "", "s1", "", nil},
 		{"s3", "k3", "thread", "c3", "th", "", "", "", "", "", nil}, // shared: no user of its own
 	} {
 		mustExec(t, raw, `INSERT INTO sessions (id, key, platform, chat_type, chat_id, thread_id, user_id, user_name,
@@ -77,7 +78,7 @@ func TestMigrationFromTheFirstSchema(t *testing.T) {
 	mustExec(t, raw, `INSERT INTO routing (key, session_id, generation, updated_at) VALUES ('k1', 's2', 2, ?), ('k3', 's3', 1, ?)`, at(3), at(5))
 	for seq, state := range []string{"delivered", "failed", "pending"} {
 		mustExec(t, raw, `INSERT INTO outbox (session_key, seq, session_id, kind, text, in_reply_to, platform, chat_type,
-			chat_id, user_id, state, created_at) VALUES ('k1', ?, ?, 'reply', ?, '[]', 'http', 'dm', 'c1', 'u1', ?, ?)`,
+			chat_id, user_id, state, created_at) VALUES ('k1', ?, ?, 'reply', ?, '[]', 'http', 'group', 'c1', 'u1', ?, ?)`,
 			seq+1, []string{"s1", "s2", "s2"}[seq], state, state, at(seq))
 	}
 
@@ -157,5 +158,73 @@ func TestOpenReadOnlyOlderSchema(t *testing.T) {
 	var v int
 	if err := raw.QueryRow(`SELECT MAX(version) FROM schema_migrations`).Scan(&v); err != nil || v != 7 {
 		t.Errorf("schema version after OpenReadOnly = %d, %v, want 7", v, err)
+	}
+}
+
+// TestMigrationLeavesADMsSenderUnknown: the first schema's HTTP API keyed a DM by its chat id
+// alone and took any user_id in it, and ran each turn with its message's own sender. Such a DM
+// whose row names u1 (its first sender) also held a message from u2, answered to u2 (the
+// outbox kept the reply's user), and one pending when the daemon was killed: nothing stored
+// says who sent that one, so migration 0016 must not name u1 as its sender (a turn would run
+// u2's text with u1's identity); it stays unknown. A group session per user is keyed by its
+// user, so its messages are that user's.
+func TestMigrationLeavesADMsSenderUnknown(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "agentgate.db")
+	raw := mustSchemaAt(t, path, 1)
+	at := func(s int) int64 { return t0.Add(time.Duration(s) * time.Second).UnixNano() }
+	for _, s := range []struct{ id, key, chatType, userID, userName string }{
+		{"s1", "agent:main:http:dm:room", "dm", "u1", "Ann"},
+		{"s2", "agent:main:http:group:g:u3", "group", "u3", "Cy"},
+	} {
+		mustExec(t, raw, `INSERT INTO sessions (id, key, platform, chat_type, chat_id, thread_id, user_id, user_name,
+			scope_id, profile, started_at, last_activity_at, ended_at, end_reason, prev_session_id, title, epoch)
+			VALUES (?, ?, 'http', ?, 'c', '', ?, ?, '', '', ?, ?, NULL, '', '', '', 0)`,
+			s.id, s.key, s.chatType, s.userID, s.userName, at(0), at(4))
+	}
+	for i, m := range []struct{ sid, role, text, mid, status string }{
+		{"s1", "user", "from ann", "m1", "done"},
+		{"s1", "assistant", "hi ann", "", "done"},
+		{"s1", "user", "from bo", "m2", "done"},
+		{"s1", "assistant", "hi bo", "", "done"},
+		{"s1", "user", "pending, sender unknown", "m3", "pending"},
+		{"s2", "user", "from cy", "m4", "pending"},
+	} {
+		mustExec(t, raw, `INSERT INTO messages (session_id, seq, role, content, platform, chat_id, message_id, turn_id,
+			status, active, archived, attempts, created_at) VALUES (?, ?, ?, ?, 'http', 'c', ?, '', ?, 1, 0, 0, ?)`,
+			m.sid, i+1, m.role, m.text, m.mid, m.status, at(i))
+	}
+	mustExec(t, raw, `INSERT INTO routing (key, session_id, generation, updated_at) VALUES
+		('agent:main:http:dm:room', 's1', 1, ?), ('agent:main:http:group:g:u3', 's2', 1, ?)`, at(0), at(0))
+	for i, u := range []string{"u1", "u2"} {
+		mustExec(t, raw, `INSERT INTO outbox (session_key, seq, session_id, kind, text, in_reply_to, platform, chat_type,
+			chat_id, user_id, state, created_at) VALUES ('agent:main:http:dm:room', ?, 's1', 'reply', 'hi', ?, 'http', 'dm', 'c', ?, 'delivered', ?)`,
+			i+1, `["m`+string(rune('1'+i))+`"]`, u, at(i))
+	}
+
+	s, err := Open(ctx, path, Options{})
+	if err != nil {
+		t.Fatalf("Open of a 0001 database: %v", err)
+	}
+	defer s.Close()
+	dm, err := s.LoadSession(ctx, "agent:main:http:dm:room", 10)
+	if err != nil || len(dm.Pending) != 1 {
+		t.Fatalf("DM pending = %+v, %v; want m3", dm.Pending, err)
+	}
+	if got := dm.Pending[0].UserID; got != "" {
+		t.Errorf("DM's pending m3 has sender %q, want \"\" (the DM had two senders; who sent m3 is unknown)", got)
+	}
+	tr, err := s.Transcript(ctx, "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range tr {
+		if m.MessageID == "m2" && m.UserID == "u1" {
+			t.Errorf("DM's m2 (answered to u2) has sender u1")
+		}
+	}
+	group, err := s.LoadSession(ctx, "agent:main:http:group:g:u3", 10)
+	if err != nil || len(group.Pending) != 1 || group.Pending[0].UserID != "u3" || group.Pending[0].UserName != "Cy" {
+		t.Errorf("group pending = %+v, %v; want m4 from u3 Cy (the key names its user)", group.Pending, err)
 	}
 }
