@@ -368,6 +368,14 @@ func routeLibraryLogs(log *slog.Logger, token string) {
 	routeOnce.Do(func() {
 		discordgo.Logger = func(level, _ int, format string, a ...any) {
 			l := libraryLog.Load()
+			if e, ok := replayedFirst(format, a); ok {
+				// Discord answers a RESUME with the events the connection missed, then RESUMED,
+				// so after a dropped connection the first packet is often a replayed event.
+				// discordgo warns of it with a dump of the event's raw bytes (a user's message,
+				// several KB on one WRN line), and handles it all the same: nothing to act on.
+				l.Debug("discord gateway: resume replayed missed events before RESUMED", "first", e.Type, "seq", e.Sequence)
+				return
+			}
 			msg := redactTokens(strings.TrimSpace(fmt.Sprintf(format, a...)))
 			// discordgo's errors are the gateway's (a heartbeat not acknowledged, a connection
 			// or a read that failed, an event that did not decode). A lost connection ends Run,
@@ -381,6 +389,16 @@ func routeLibraryLogs(log *slog.Logger, token string) {
 			}
 		}
 	})
+}
+
+// replayedFirst recognises discordgo's warning that the first packet after IDENTIFY or RESUME
+// was not READY or RESUMED, and returns that packet.
+func replayedFirst(format string, a []any) (*discordgo.Event, bool) {
+	if !strings.HasPrefix(format, "Expected READY/RESUMED") || len(a) != 1 {
+		return nil, false
+	}
+	e, ok := a[0].(*discordgo.Event)
+	return e, ok && e != nil
 }
 
 // redactTokens replaces every bot token in s.
