@@ -15,16 +15,23 @@ import (
 	"github.com/bwmarrin/discordgo"
 )
 
+// discordDMOnADatabase starts a fake Discord with one DM channel, whose bot token the members
+// read from DISCORD_TOKEN, and a database for the members.
+func discordDMOnADatabase(t *testing.T) (srv *discordtest.Server, dm, dsn string) {
+	t.Helper()
+	srv = discordtest.New(t)
+	dm = "300000000000000001"
+	srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
+	t.Setenv("DISCORD_TOKEN", srv.Token())
+	return srv, dm, pgtest.NewDatabase(t)
+}
+
 // TestClusterOneDiscordGateway: with Discord enabled on every member, one member holds the
 // bot's gateway connection (the others stand by, and are ready); a DM is answered, whichever
 // member its session runs on. When that member stops, another takes the gateway over, and the
 // next DM is answered too.
 func TestClusterOneDiscordGateway(t *testing.T) {
-	srv := discordtest.New(t)
-	const dm = "300000000000000001"
-	srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
-	t.Setenv("DISCORD_TOKEN", srv.Token())
-	dsn := pgtest.NewDatabase(t)
+	srv, dm, dsn := discordDMOnADatabase(t)
 	var rs []*runtime
 	for range 2 {
 		rs = append(rs, MustStartDaemon(t, echo.New(), daemonOpts{tweak: func(c *config.Config) {
@@ -81,11 +88,7 @@ func TestClusterOneDiscordGateway(t *testing.T) {
 // wrapper hid the Discord platform's Recorder, nothing was recorded in cluster mode, and the
 // gap was lost at the hand-over.
 func TestClusterDiscordUnreadGapIsReadByTheNextHolder(t *testing.T) {
-	srv := discordtest.New(t)
-	const dm = "300000000000000001"
-	srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
-	t.Setenv("DISCORD_TOKEN", srv.Token())
-	dsn := pgtest.NewDatabase(t)
+	srv, dm, dsn := discordDMOnADatabase(t)
 	type member struct {
 		*runtime
 		stop func(t testing.TB)
