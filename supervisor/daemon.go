@@ -159,7 +159,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		}
 	}()
 	if d.agent = opts.Agent; d.agent == nil {
-		if d.agent, err = newAgent(cfg, log); err != nil {
+		// d.metrics is set before any turn runs.
+		countRequest := func(result string) { d.metrics.ModelRequests.WithLabelValues(result).Inc() }
+		if d.agent, err = newAgent(cfg, log, countRequest); err != nil {
 			return nil, err
 		}
 	}
@@ -199,6 +201,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		names = append(names, p.Name())
 	}
 	d.metrics = metrics.New(names...)
+	if opts.Agent == nil && cfg.Agent.Backend == "openai" {
+		d.metrics.InitModelRequests(openai.RequestResults)
+	}
 	token := ""
 	if cfg.HTTP.TokenEnv != "" {
 		// Named but empty is a mistake, never a wish to serve without a token.
@@ -580,7 +585,7 @@ func configuredPlatforms(cfg *config.Config, log *slog.Logger, store persistence
 	return out, nil
 }
 
-func newAgent(cfg *config.Config, log *slog.Logger) (agents.Agent, error) {
+func newAgent(cfg *config.Config, log *slog.Logger, countRequest func(result string)) (agents.Agent, error) {
 	switch cfg.Agent.Backend {
 	case "echo":
 		return echo.New(), nil
@@ -600,7 +605,7 @@ func newAgent(cfg *config.Config, log *slog.Logger) (agents.Agent, error) {
 			BaseURL: o.BaseURL, Model: o.Model, APIKeyEnv: o.APIKeyEnv, SystemPrompt: o.SystemPrompt,
 			Temperature: o.Temperature, MaxTokens: o.MaxTokens, Timeout: o.Timeout,
 			MaxHistory: o.MaxHistory, TokenBudget: o.TokenBudget, MaxRetries: o.MaxRetries,
-			MaxBackoff: o.MaxBackoff, Logger: log.With("component", "agent"),
+			MaxBackoff: o.MaxBackoff, Logger: log.With("component", "agent"), Requests: countRequest,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("start: agent: %w", err)

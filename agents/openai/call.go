@@ -54,6 +54,7 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
 		res, err := a.attempt(ctx, body, partial)
+		a.requests(requestResult(ctx, err))
 		if err == nil {
 			log.Debug("model call", "attempt", attempt, "took", time.Since(start),
 				"input_tokens", res.usage.InputTokens, "output_tokens", res.usage.OutputTokens)
@@ -74,6 +75,52 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log
 			return nil, a.ctxErr(ctx)
 		}
 	}
+}
+
+// Results of one request to the model endpoint, as Config.Requests is told them.
+const (
+	ResultOK          = "ok"           // a reply was read
+	ResultRateLimited = "rate_limited" // 429
+	ResultServerError = "server_error" // 5xx
+	ResultRefused     = "refused"      // another error status, a redirect, or an error in a 200
+	ResultUnreachable = "unreachable"  // no answer: connection refused or reset, DNS, TLS
+	ResultBrokeOff    = "broke_off"    // the answer ended before the reply did
+	ResultBadReply    = "bad_reply"    // an answer that is no chat completion, or too long
+	ResultTimeout     = "timeout"      // agent.openai.timeout ended the turn during the request
+	ResultCancelled   = "cancelled"    // the turn was stopped or interrupted during the request
+)
+
+// RequestResults are every result Config.Requests may be told.
+var RequestResults = []string{ResultOK, ResultRateLimited, ResultServerError, ResultRefused,
+	ResultUnreachable, ResultBrokeOff, ResultBadReply, ResultTimeout, ResultCancelled}
+
+// requestResult is the result (RequestResults) of a request that ended with err under ctx.
+func requestResult(ctx context.Context, err error) string {
+	if err == nil {
+		return ResultOK
+	}
+	if ctx.Err() != nil {
+		if errors.Is(context.Cause(ctx), ErrTimeout) {
+			return ResultTimeout
+		}
+		return ResultCancelled
+	}
+	if se, ok := errors.AsType[*StatusError](err); ok {
+		switch {
+		case se.Code == http.StatusTooManyRequests:
+			return ResultRateLimited
+		case se.Code >= 500:
+			return ResultServerError
+		}
+		return ResultRefused
+	}
+	if te, ok := errors.AsType[*transportError](err); ok {
+		if te.what == whatUnreachable {
+			return ResultUnreachable
+		}
+		return ResultBrokeOff
+	}
+	return ResultBadReply
 }
 
 // retryWait says whether err after attempt is retried, and after how long.
@@ -128,7 +175,7 @@ func (a *Agent) attempt(ctx context.Context, body []byte, partial func(string)) 
 	}
 	resp, err := a.client.Do(req)
 	if err != nil {
-		return nil, &transportError{what: "unreachable", err: a.safeErr(err)}
+		return nil, &transportError{what: whatUnreachable, err: a.safeErr(err)}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 && resp.StatusCode <= 399 {
@@ -358,7 +405,7 @@ func cutAt(s string, n int) string {
 func (a *Agent) readJSON(body io.Reader) (*result, error) {
 	raw, err := io.ReadAll(io.LimitReader(body, maxBody+1))
 	if err != nil {
-		return nil, &transportError{what: "response broke off", err: a.safeErr(err)}
+		return nil, &transportError{what: whatBrokeOff, err: a.safeErr(err)}
 	}
 	if len(raw) > maxBody {
 		return nil, fmt.Errorf("openai agent: response larger than %d bytes", maxBody)
@@ -422,7 +469,7 @@ func (a *Agent) readStream(body io.Reader, partial func(string)) (*result, error
 				// timeout, say) between two events, and the reply is not whole.
 				err = io.ErrUnexpectedEOF
 			}
-			return nil, &transportError{what: "response broke off", err: a.safeErr(err), shown: partial != nil && b.Len() > 0}
+			return nil, &transportError{what: whatBrokeOff, err: a.safeErr(err), shown: partial != nil && b.Len() > 0}
 		}
 		switch {
 		case line == "":

@@ -94,11 +94,17 @@ func saysAny(message string, phrases ...string) bool {
 // transportError is a request that got no answer (connection refused, reset, TLS, a body that
 // broke off). It never carries the URL, which may hold credentials.
 type transportError struct {
-	what string // "unreachable", "response broke off"
+	what string // whatUnreachable or whatBrokeOff
 	err  error
 	// shown is set when the failure came after text had been streamed to the user.
 	shown bool
 }
+
+// What a transportError says happened.
+const (
+	whatUnreachable = "unreachable"
+	whatBrokeOff    = "response broke off"
+)
 
 func (e *transportError) Error() string {
 	return "openai agent: model endpoint " + e.what + ": " + e.err.Error()

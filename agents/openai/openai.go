@@ -65,6 +65,9 @@ type Config struct {
 	Sleep func(ctx context.Context, d time.Duration) error
 	// Now is the clock an HTTP-date Retry-After is read against; nil is time.Now.
 	Now func() time.Time
+	// Requests, when not nil, is told the result (one of RequestResults) of every request to
+	// the endpoint, each retry its own: the daemon counts them in agentgate_model_requests_total.
+	Requests func(result string)
 }
 
 // Agent answers turns with chat completions. Create it with New; it is safe for concurrent use.
@@ -84,6 +87,7 @@ type Agent struct {
 	log          *slog.Logger
 	sleepFn      func(ctx context.Context, d time.Duration) error
 	nowFn        func() time.Time
+	requests     func(result string)
 	// completionTokens is set once the endpoint refused max_tokens, asking for
 	// max_completion_tokens (OpenAI's reasoning models): the bound goes by that name from then on.
 	completionTokens atomic.Bool
@@ -153,6 +157,7 @@ func New(c Config) (*Agent, error) {
 		log:          c.Logger,
 		sleepFn:      c.Sleep,
 		nowFn:        c.Now,
+		requests:     c.Requests,
 	}
 	if c.Temperature != nil {
 		t := *c.Temperature
@@ -173,6 +178,9 @@ func New(c Config) (*Agent, error) {
 	}
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
+	}
+	if a.requests == nil {
+		a.requests = func(string) {}
 	}
 	if key != "" && u.Scheme == "http" && !config.LoopbackHost(u.Hostname()) {
 		a.log.Warn("openai agent sends its API key over plain http", "host", u.Hostname())

@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -883,4 +885,91 @@ func TestRetryLineNamesTheTurn(t *testing.T) {
 			t.Errorf("retry line %q lacks %q", line, want)
 		}
 	}
+}
+
+// results records what an agent's Config.Requests is told.
+type results struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (r *results) add(s string) {
+	r.mu.Lock()
+	r.got = append(r.got, s)
+	r.mu.Unlock()
+}
+
+func (r *results) all() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.got...)
+}
+
+// TestRequestResults: every request to the endpoint, each retry its own, is counted by what
+// came of it (agentgate_model_requests_total), and each result is one of RequestResults.
+func TestRequestResults(t *testing.T) {
+	brokeOff := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "500")
+		io.WriteString(w, `{"choices":[`)
+	}
+	hang := func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }
+	for _, tc := range []struct {
+		name    string
+		steps   []http.HandlerFunc
+		timeout time.Duration
+		cancel  bool // cancel the turn once the request is in
+		want    []string
+	}{
+		{name: "retried", steps: []http.HandlerFunc{openaitest.Status(429, `{}`), openaitest.Status(502, `<html>`), openaitest.Reply("hi", 1, 1)},
+			want: []string{"rate_limited", "server_error", "ok"}},
+		{name: "refused", steps: []http.HandlerFunc{openaitest.Status(401, `{"error":{"message":"bad key"}}`)}, want: []string{"refused"}},
+		{name: "redirect", steps: []http.HandlerFunc{func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, "http://127.0.0.1:1/elsewhere", http.StatusFound)
+		}}, want: []string{"refused"}},
+		{name: "bad reply", steps: []http.HandlerFunc{openaitest.Raw("application/json", `not json`)}, want: []string{"bad_reply"}},
+		{name: "broke off", steps: []http.HandlerFunc{brokeOff, openaitest.Reply("hi", 1, 1)}, want: []string{"broke_off", "ok"}},
+		{name: "timeout", steps: []http.HandlerFunc{hang}, timeout: 50 * time.Millisecond, want: []string{"timeout"}},
+		{name: "cancelled", steps: []http.HandlerFunc{hang}, cancel: true, want: []string{"cancelled"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFakeModel(t, tc.steps...)
+			var got results
+			a := MustAgent(t, m, nil, nil, func(c *openai.Config) {
+				c.Requests, c.Timeout = got.add, tc.timeout
+			})
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			if tc.cancel {
+				go func() { m.Wait(t); cancel() }()
+			}
+			_, _ = a.Run(ctx, &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
+			if d := cmp.Diff(tc.want, got.all()); d != "" {
+				t.Errorf("results mismatch (-want +got):\n%s", d)
+			}
+			for _, r := range got.all() {
+				if !slices.Contains(openai.RequestResults, r) {
+					t.Errorf("result %q is not in RequestResults", r)
+				}
+			}
+		})
+	}
+	t.Run("unreachable", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		var got results
+		a, err := openai.New(openai.Config{BaseURL: "http://" + addr + "/v1", Model: "m", MaxRetries: 1,
+			Sleep: (&sleeps{}).sleep, Requests: got.add})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
+		if d := cmp.Diff([]string{"unreachable", "unreachable"}, got.all()); d != "" {
+			t.Errorf("results mismatch (-want +got):\n%s", d)
+		}
+	})
 }

@@ -15,8 +15,8 @@ import (
 
 // TestDaemonWithAModel runs the real binary with agent.backend openai against a loopback model
 // that first refuses the key (echoing it back, as some endpoints do) and then answers: the user
-// gets a short error reply saying the credentials were refused, then the answer; the tokens show in /metrics and in `sessions
-// show`; and the key is in no line of the daemon's debug log and no byte of its data directory.
+// gets a short error reply saying the credentials were refused, then the answer; the tokens and
+// the requests by result show in /metrics, the tokens in `sessions show`; and the key is in no line of the daemon's debug log and no byte of its data directory.
 func TestDaemonWithAModel(t *testing.T) {
 	const key = "sk-e2e-3b7f1c9d2e8a4f6b0c5d7e9a1b3c5d7f"
 	model := openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
@@ -46,9 +46,11 @@ func TestDaemonWithAModel(t *testing.T) {
 		t.Errorf("the refusal's reply = %q, want it to say the endpoint refused the credentials", texts[0])
 	}
 	_, metrics := get(t, d.base+"/metrics")
-	for _, want := range []string{`agentgate_agent_tokens_total{direction="input"} 42`, `agentgate_agent_tokens_total{direction="output"} 5`} {
+	for _, want := range []string{`agentgate_agent_tokens_total{direction="input"} 42`, `agentgate_agent_tokens_total{direction="output"} 5`,
+		`agentgate_model_requests_total{result="refused"} 1`, `agentgate_model_requests_total{result="ok"} 1`,
+		`agentgate_model_requests_total{result="rate_limited"} 0`} {
 		if !strings.Contains(metrics, want) {
-			t.Errorf("/metrics lacks %s:\n%s", want, grep(metrics, "agentgate_agent_tokens_total"))
+			t.Errorf("/metrics lacks %s:\n%s", want, grep(metrics, "agentgate_"))
 		}
 	}
 	if err := d.stop(t, 30*time.Second); err != nil {

@@ -61,6 +61,9 @@ type Metrics struct {
 	ProbationWaiting prometheus.Gauge
 	// AgentCallsWaiting is how many turns wait for a free agent slot (agent.max_concurrent).
 	AgentCallsWaiting prometheus.Gauge
+	// ModelRequests counts the openai agent's requests to its endpoint, each retry its own, by
+	// result (openai.RequestResults, which the daemon pre-initialises with InitModelRequests).
+	ModelRequests *prometheus.CounterVec
 
 	actors *actorSeries
 }
@@ -118,11 +121,13 @@ func New(platforms ...string) *Metrics {
 			Name: "agentgate_probation_waiting", Help: "Sessions whose next message, counted against by 2 unclean stops, waits to run alone among such messages."}),
 		AgentCallsWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "agentgate_agent_calls_waiting", Help: "Turns waiting for a free agent slot: agent.max_concurrent calls are running."}),
+		ModelRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentgate_model_requests_total", Help: "Requests of the openai agent to its model endpoint, each retry counted, by result."}, []string{"result"}),
 	}
 	m.actors = newActorSeries(m.Mailboxes)
 	for _, c := range []prometheus.Collector{m.SessionsActive, m.SessionActivations, m.SessionPassivations, m.SessionsFenced, m.ClusterMembers,
 		m.TurnsTotal, m.TurnDuration, m.QueueDepth, m.QueueOverflow, m.PersistBatchSize, m.PersistFlushSeconds,
-		m.SpoolFiles, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined, m.ProbationWaiting, m.AgentCallsWaiting} {
+		m.SpoolFiles, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined, m.ProbationWaiting, m.AgentCallsWaiting, m.ModelRequests} {
 		f(c)
 	}
 	for _, c := range m.actors.collectors() {
@@ -141,6 +146,10 @@ func New(platforms ...string) *Metrics {
 	}
 	return m
 }
+
+// InitModelRequests creates the series of agentgate_model_requests_total for each result, so
+// that each reads 0 from the first scrape of a daemon whose agent calls a model.
+func (m *Metrics) InitModelRequests(results []string) { initSeries(m.ModelRequests, results) }
 
 // initSeries creates the series of a one-label counter for each of values, so that each reads 0
 // before its first count.
