@@ -22,7 +22,8 @@
 // application/json, are answered too. A reply the model stopped before its end (finish_reason
 // length or content_filter), or cut at MaxReply (a stream is then read no further, so that a
 // model that runs on does not keep the turn to its timeout), ends with a note that says so
-// (cutNote), and a warning is logged: a user would take the start of an answer for all of it. Token usage is returned in
+// (cutNote), and a warning is logged: a user would take the start of an answer for all of it.
+// The note is the user's: later turns' history gives the model the reply without it. Token usage is returned in
 // Response.Usage, summed over every call of the turn, also together with an error when tokens
 // were spent.
 //

@@ -308,15 +308,33 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 // MaxReply; "" for a reply that ended by itself.
 func cutNote(res *result) string {
 	if res.cut {
-		return "[…cut off: the reply is longer than agentgate takes]"
+		return noteTooLong
 	}
 	switch res.finish {
 	case "length":
-		return "[…cut off: the model reached its length limit]"
+		return noteLengthLimit
 	case "content_filter":
-		return "[…cut off by the model's content filter]"
+		return noteContentFilter
 	}
 	return ""
+}
+
+// The notes cutNote appends to a reply, after a blank line.
+const (
+	noteTooLong       = "[…cut off: the reply is longer than agentgate takes]"
+	noteLengthLimit   = "[…cut off: the model reached its length limit]"
+	noteContentFilter = "[…cut off by the model's content filter]"
+)
+
+// withoutCutNote returns an assistant message of the history without the note cutNote appended
+// to it: the note is for the user, and a model shown it in its own words may take to writing it.
+func withoutCutNote(text string) string {
+	for _, note := range []string{noteTooLong, noteLengthLimit, noteContentFilter} {
+		if t, ok := strings.CutSuffix(text, "\n\n"+note); ok {
+			return t
+		}
+	}
+	return text
 }
 
 // wantsCompletionTokens reports whether err is the endpoint's refusal of max_tokens in favour

@@ -521,7 +521,8 @@ func mustRun(t *testing.T, a *openai.Agent, req *agents.Request, streaming bool)
 }
 
 // TestCutOffReplySaysSo: a reply the model stopped at its length limit or its content filter
-// says so at its end (the user would take it for the whole answer), and the log says why.
+// says so at its end (the user would take it for the whole answer), and the log says why; the
+// next turn's history carries the reply without the note.
 func TestCutOffReplySaysSo(t *testing.T) {
 	tests := []struct {
 		name, finish string
@@ -552,6 +553,15 @@ func TestCutOffReplySaysSo(t *testing.T) {
 			line := "model reply cut off"
 			if got := strings.Contains(logs.String(), line) && strings.Contains(logs.String(), "turn=t_cut"); got != (tt.finish != "stop") {
 				t.Errorf("log has %q for the turn: %v, want %v; log:\n%s", line, got, !got, logs.String())
+			}
+			// The note is the user's: the next turn gives the model its own reply without it.
+			next := &agents.Request{History: []agents.Message{msg("user", "hi"), msg("assistant", resp.Text)},
+				Messages: []agents.Message{msg("user", "go on")}}
+			if _, err := a.Run(t.Context(), next); err != nil {
+				t.Fatal(err)
+			}
+			if body, want := m.Body(t, 2), `{"role":"assistant","content":"The answer is cut sho"}`; !strings.Contains(body, want) {
+				t.Errorf("the next request %s, want the reply in its history as %s", body, want)
 			}
 		})
 	}

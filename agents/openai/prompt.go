@@ -84,13 +84,16 @@ func (a *Agent) newConversation(req *agents.Request) *conversation {
 	return c
 }
 
-// chatMessages converts transcript entries; notices and unknown roles are left out.
+// chatMessages converts transcript entries; notices and unknown roles are left out, and so is
+// the note a reply that was cut off ends with (withoutCutNote).
 func chatMessages(ms []agents.Message) []chatMessage {
 	out := make([]chatMessage, 0, len(ms))
 	for _, m := range ms {
 		switch m.Role {
-		case roleUser, roleAssistant:
+		case roleUser:
 			out = append(out, chatMessage{Role: m.Role, Content: m.Text})
+		case roleAssistant:
+			out = append(out, chatMessage{Role: m.Role, Content: withoutCutNote(m.Text)})
 		}
 	}
 	return out
