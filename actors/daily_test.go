@@ -47,3 +47,51 @@ func TestDailyResetHeldOverAWorkingTurnStillHappens(t *testing.T) {
 		}
 	})
 }
+
+// TestDailyResetWaitsForAQuietSession: with DailyMinIdle (sessions.reset.daily_min_idle), a
+// session in use shortly before the daily hour is not cut off at it: a message 30 minutes
+// later continues it, and then no reset comes until the next day's; one that stays quiet ends
+// once it has been idle that long.
+func TestDailyResetWaitsForAQuietSession(t *testing.T) {
+	// world starts a chat whose send(id, h, m) delivers message id at h:m on one day and
+	// returns the session that took it.
+	world := func(t *testing.T) (send func(id string, h, m int) string) {
+		agent := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "ok"}, nil
+		})
+		var clock atomic.Int64
+		policy := ResetPolicy{Mode: ResetDaily, AtHour: 4, Notify: true, Location: time.UTC, DailyMinIdle: time.Hour}
+		w := newManagerWorld(t, agent, func(d *Deps) {
+			d.Now = func() time.Time { return time.Unix(0, clock.Load()).UTC() }
+			d.Config.ResetFor = func(string, string) ResetPolicy { return policy }
+			d.Config.ResetPolicies = []ResetPolicy{policy}
+		})
+		return func(id string, h, m int) string {
+			clock.Store(time.Date(2030, 1, 1, h, m, 0, 0, time.UTC).UnixNano())
+			r := w.deliver(t, id, id)
+			synctest.Wait()
+			return r.SessionId
+		}
+	}
+	t.Run("in use", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			send := world(t)
+			first := send("a", 3, 40)
+			if got := send("b", 4, 30); got != first {
+				t.Errorf("a message at 04:30 in a chat active at 03:40 started session %s, want %s continued", got, first)
+			}
+			if got := send("c", 23, 0); got != first {
+				t.Errorf("a message at 23:00 started session %s, want %s: the day's reset was waived by the 04:30 message", got, first)
+			}
+		})
+	})
+	t.Run("quiet", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			send := world(t)
+			first := send("a", 3, 40)
+			if got := send("b", 4, 41); got == first {
+				t.Errorf("a message at 04:41 in a chat quiet since 03:40 ran in its old session: the reset never came")
+			}
+		})
+	})
+}

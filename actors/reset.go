@@ -24,6 +24,9 @@ type ResetPolicy struct {
 	Notify bool
 	// Location is the time zone of AtHour; nil means time.Local.
 	Location *time.Location
+	// DailyMinIdle defers the daily reset of a session active less than this long before the
+	// hour until it has been idle this long (config sessions.reset.daily_min_idle).
+	DailyMinIdle time.Duration
 }
 
 // Due returns when a session whose last durable activity was last becomes due for a reset, and
@@ -44,7 +47,11 @@ func (p ResetPolicy) Due(last time.Time) (at time.Time, reason string, ok bool) 
 		at, reason, ok = last.Add(p.Idle), persistence.EndIdle, true
 	}
 	if daily {
-		if b := p.nextBoundary(last); !ok || b.Before(at) {
+		b := p.nextBoundary(last)
+		if b.Sub(last) < p.DailyMinIdle {
+			b = last.Add(p.DailyMinIdle) // still in use at the hour: not cut off mid-conversation
+		}
+		if !ok || b.Before(at) {
 			at, reason, ok = b, persistence.EndDaily, true
 		}
 	}

@@ -11,6 +11,7 @@ func TestResetPolicyDue(t *testing.T) {
 	idle := ResetPolicy{Mode: ResetIdle, Idle: 60 * time.Minute, Location: utc}
 	daily := ResetPolicy{Mode: ResetDaily, AtHour: 4, Location: utc}
 	both := ResetPolicy{Mode: ResetBoth, Idle: 24 * time.Hour, AtHour: 4, Location: utc}
+	deferred := ResetPolicy{Mode: ResetDaily, AtHour: 4, Location: utc, DailyMinIdle: time.Hour}
 	tests := []struct {
 		name       string
 		p          ResetPolicy
@@ -30,6 +31,13 @@ func TestResetPolicyDue(t *testing.T) {
 		{"both: daily first", both, day(10, 3, 0), day(10, 4, 30), true, day(10, 4, 0), "daily"},
 		{"both: idle first", ResetPolicy{Mode: ResetBoth, Idle: time.Hour, AtHour: 4, Location: utc}, day(10, 5, 0), day(10, 6, 0), true, day(10, 6, 0), "idle"},
 		{"invalid activity counts as old", idle, time.Time{}, day(10, 0, 0), true, time.Time{}, "idle"},
+		{"daily_min_idle: quiet long enough, at the hour", deferred, day(10, 2, 30), day(10, 4, 0), true, day(10, 4, 0), "daily"},
+		{"daily_min_idle: active just before, not at the hour", deferred, day(10, 3, 40), day(10, 4, 0), false, time.Time{}, ""},
+		{"daily_min_idle: once idle that long", deferred, day(10, 3, 40), day(10, 4, 40), true, day(10, 4, 40), "daily"},
+		{"daily_min_idle: long overdue keeps the deferred time", deferred, day(10, 3, 40), day(12, 9, 0), true, day(10, 4, 40), "daily"},
+		{"daily_min_idle: active after the hour waits a day", deferred, day(10, 4, 30), day(11, 3, 59), false, time.Time{}, ""},
+		{"daily_min_idle: both, idle first", ResetPolicy{Mode: ResetBoth, Idle: 30 * time.Minute, AtHour: 4, Location: utc, DailyMinIdle: time.Hour},
+			day(10, 3, 40), day(10, 4, 10), true, day(10, 4, 10), "idle"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -617,7 +617,8 @@ func newAgent(cfg *config.Config, log *slog.Logger, countRequest func(result str
 
 // resetPolicy converts a configured reset policy for the session runtime.
 func resetPolicy(r config.Reset) actors.ResetPolicy {
-	return actors.ResetPolicy{Mode: r.Mode, Idle: r.Idle(), AtHour: r.AtHour, Notify: r.Notify, Location: r.Location()}
+	return actors.ResetPolicy{Mode: r.Mode, Idle: r.Idle(), AtHour: r.AtHour, Notify: r.Notify, Location: r.Location(),
+		DailyMinIdle: r.DailyMinIdle}
 }
 
 func resetPolicies(cfg *config.Config) []actors.ResetPolicy {

@@ -80,6 +80,10 @@ type Reset struct {
 	// local time. Location resolves it.
 	Timezone string `yaml:"timezone"`
 	Notify   bool   `yaml:"notify"` // tell the user once that the session was reset
+	// DailyMinIdle defers a daily reset of a session active less than this long before the
+	// hour until it has been idle this long; a message before then keeps the session (its
+	// next daily reset is the next day's). 0: the reset is at the hour, whatever the activity.
+	DailyMinIdle time.Duration `yaml:"daily_min_idle"`
 	// QuietPlatforms are the platforms on which the reset notice is never sent.
 	QuietPlatforms []string `yaml:"quiet_platforms"`
 	// CheckEvery is how often the durable reset timer scans for sessions that are due.
@@ -93,6 +97,8 @@ type ResetOverride struct {
 	IdleMinutes *int    `yaml:"idle_minutes,omitempty"`
 	AtHour      *int    `yaml:"at_hour,omitempty"`
 	Notify      *bool   `yaml:"notify,omitempty"`
+	// DailyMinIdle is Reset.DailyMinIdle.
+	DailyMinIdle *time.Duration `yaml:"daily_min_idle,omitempty"`
 }
 
 // Prune configures the deletion of sessions that ended long ago.

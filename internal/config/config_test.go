@@ -259,6 +259,7 @@ func TestLoadFileErrors(t *testing.T) {
 				"  reset_by_type:\n" +
 				"    dms: {notify: false}\n" +
 				"    group: {at_hour: 25, notify: maybe}\n" +
+				"    thread: {daily_min_idle: 24h}\n" +
 				"  reset: {timezone: Mars/Olympus_Mons}\n",
 			wantFields: []string{
 				"sessions.reset_by_platform.discord.mod",
@@ -269,6 +270,7 @@ func TestLoadFileErrors(t *testing.T) {
 				"sessions.reset_by_platform.discord.idle_minutes",
 				"sessions.reset_by_type.dms",
 				"sessions.reset_by_type.group.at_hour",
+				"sessions.reset_by_type.thread.daily_min_idle",
 			},
 			wantText: []string{
 				`agentgate.yaml:3: sessions.reset_by_platform.discord.mod: unknown key`,
@@ -279,6 +281,7 @@ func TestLoadFileErrors(t *testing.T) {
 				`sessions.reset_by_platform.discord.idle_minutes: 0: must be at least 1`,
 				`sessions.reset_by_type.dms: unknown chat type: must be one of dm, group, channel, thread`,
 				`sessions.reset_by_type.group.at_hour: 25: must be from 0 to 23`,
+				`sessions.reset_by_type.thread.daily_min_idle: 24h: must be from 0s to less than 24h`,
 			},
 		},
 		{
@@ -292,7 +295,7 @@ func TestLoadFileErrors(t *testing.T) {
 			yaml:       "sessions:\n  reset_by_platform: [discord]\n  reset_by_type:\n    dm: idle\n",
 			wantFields: []string{"sessions.reset_by_platform", "sessions.reset_by_type.dm"},
 			wantText: []string{
-				`agentgate.yaml:2: sessions.reset_by_platform: must be a mapping of names to mappings with the keys mode, idle_minutes, at_hour, notify`,
+				`agentgate.yaml:2: sessions.reset_by_platform: must be a mapping of names to mappings with the keys mode, idle_minutes, at_hour, notify, daily_min_idle`,
 				`agentgate.yaml:4: sessions.reset_by_type.dm: must be a mapping of keys`,
 			},
 		},
@@ -511,7 +514,7 @@ func TestLoadEnvErrors(t *testing.T) {
 		{"mapping for list", []string{"AGENTGATE_AGENT_EXEC_COMMAND={a: b}"}, []string{`AGENTGATE_AGENT_EXEC_COMMAND: "{a: b}": must be a list`}},
 		{"check_every not a duration", []string{"AGENTGATE_SESSIONS_RESET_CHECK_EVERY=60"}, []string{`AGENTGATE_SESSIONS_RESET_CHECK_EVERY: "60": must be a duration`}},
 		{"check_every too short", []string{"AGENTGATE_SESSIONS_RESET_CHECK_EVERY=500ms"}, []string{`sessions.reset.check_every: 500ms: must be at least 1s`}},
-		{"list for map", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE=[dm]"}, []string{`AGENTGATE_SESSIONS_RESET_BY_TYPE: "[dm]": must be a mapping of names to mappings with the keys mode, idle_minutes, at_hour, notify`}},
+		{"list for map", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE=[dm]"}, []string{`AGENTGATE_SESSIONS_RESET_BY_TYPE: "[dm]": must be a mapping of names to mappings with the keys mode, idle_minutes, at_hour, notify, daily_min_idle`}},
 		{"unknown key in a map", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE={dm: {idle: 5}}"}, []string{`AGENTGATE_SESSIONS_RESET_BY_TYPE: "{dm: {idle: 5}}": dm.idle: unknown key`}},
 		{"bad values in a map", []string{"AGENTGATE_SESSIONS_RESET_BY_PLATFORM={discord: {at_hour: x, notify: 1}}"}, []string{
 			`AGENTGATE_SESSIONS_RESET_BY_PLATFORM: "{discord: {at_hour: x, notify: 1}}": discord.at_hour: "x": must be an integer; discord.notify: "1": must be true or false`,

@@ -47,17 +47,17 @@ func (c *Config) ResetPolicies() []Reset {
 	// "" stands for a chat type without an override, so the default comes first.
 	types := append([]string{""}, chatTypes...)
 	type key struct {
-		mode, tz   string
-		idle, hour int
-		notify     bool
-		checkEvery time.Duration
+		mode, tz            string
+		idle, hour          int
+		notify              bool
+		checkEvery, minIdle time.Duration
 	}
 	seen := make(map[key]bool)
 	var out []Reset
 	for _, p := range platforms {
 		for _, t := range types {
 			r := c.ResetFor(p, t)
-			k := key{r.Mode, r.Timezone, r.IdleMinutes, r.AtHour, r.Notify, r.CheckEvery}
+			k := key{r.Mode, r.Timezone, r.IdleMinutes, r.AtHour, r.Notify, r.CheckEvery, r.DailyMinIdle}
 			if !seen[k] {
 				seen[k] = true
 				out = append(out, r)
@@ -80,6 +80,9 @@ func (o ResetOverride) apply(r *Reset) {
 	}
 	if o.Notify != nil {
 		r.Notify = *o.Notify
+	}
+	if o.DailyMinIdle != nil {
+		r.DailyMinIdle = *o.DailyMinIdle
 	}
 }
 

@@ -15,6 +15,7 @@ func TestResetFor(t *testing.T) {
 		"discord": {Mode: new("idle"), IdleMinutes: new(30)},
 		"matrix":  {},
 		"irc":     {Notify: new(false)},
+		"slack":   {DailyMinIdle: new(30 * time.Minute)},
 	}
 	byType := map[string]ResetOverride{
 		"dm":     {Mode: new("none"), AtHour: new(6), Notify: new(false)},
@@ -45,6 +46,9 @@ func TestResetFor(t *testing.T) {
 			r.Mode, r.IdleMinutes = "both", 60
 		}},
 		{"platform override turns notify off", "irc", "group", byPlatform, byType, func(r *Reset) { r.Notify = false }},
+		{"platform override defers the daily reset", "slack", "dm", byPlatform, byType, func(r *Reset) {
+			r.Mode, r.AtHour, r.Notify, r.DailyMinIdle = "none", 6, false, 30*time.Minute
+		}},
 		{"quiet platform never notifies", "http", "group", byPlatform, byType, func(r *Reset) { r.Notify = false }},
 		{"quiet platform beats a type's notify", "http", "dm", byPlatform,
 			map[string]ResetOverride{"dm": {Notify: new(true)}}, func(r *Reset) { r.Notify = false }},

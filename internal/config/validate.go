@@ -69,7 +69,7 @@ func (c *Config) validate() []error {
 		atLeast(&v, "sessions.queue.debounce_by_platform."+p, s.Queue.DebounceByPlatform[p], 0)
 	}
 	r := &s.Reset
-	v.resetFields("sessions.reset", ResetOverride{Mode: &r.Mode, IdleMinutes: &r.IdleMinutes, AtHour: &r.AtHour})
+	v.resetFields("sessions.reset", ResetOverride{Mode: &r.Mode, IdleMinutes: &r.IdleMinutes, AtHour: &r.AtHour, DailyMinIdle: &r.DailyMinIdle})
 	if r.Timezone != "" {
 		if _, err := loadLocation(r.Timezone); err != nil {
 			v.add("sessions.reset.timezone", r.Timezone, "must be an IANA time zone such as Europe/Berlin or UTC, or empty for local time")
@@ -255,6 +255,9 @@ func (v *validator) resetFields(path string, o ResetOverride) {
 	}
 	if o.AtHour != nil && (*o.AtHour < 0 || *o.AtHour > 23) {
 		v.add(path+".at_hour", *o.AtHour, "must be from 0 to 23")
+	}
+	if o.DailyMinIdle != nil && (*o.DailyMinIdle < 0 || *o.DailyMinIdle >= 24*time.Hour) {
+		v.add(path+".daily_min_idle", *o.DailyMinIdle, "must be from 0s to less than 24h")
 	}
 }
 
