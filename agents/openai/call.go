@@ -51,7 +51,21 @@ type result struct {
 // call makes one model call for body, retrying what can be retried (see the package comment).
 // partial, when not nil, streams. log is the agent's logger with the turn's session and id.
 func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log *slog.Logger) (*result, error) {
+	var wait time.Duration // before the attempt: the last failed one's backoff
 	for attempt := 1; ; attempt++ {
+		if left := a.pausedUntil().Sub(a.now()); left > wait {
+			// Another request was told to wait: so is this one, which would only add to the
+			// storm (unless the turn ends first: then the endpoint may say so itself).
+			if dl, has := ctx.Deadline(); !has || time.Until(dl) > left {
+				log.Debug("model call waits out the endpoint's rate limit", "wait", left)
+				wait = left
+			}
+		}
+		if wait > 0 {
+			if err := a.sleep(ctx, wait); err != nil {
+				return nil, a.ctxErr(ctx)
+			}
+		}
 		start := time.Now()
 		res, err := a.attempt(ctx, body, partial)
 		a.requests(requestResult(ctx, err))
@@ -63,16 +77,41 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log
 		if ctx.Err() != nil {
 			return nil, a.ctxErr(ctx)
 		}
-		wait, ok := a.retryWait(err, attempt)
-		if !ok {
+		var ok bool
+		if wait, ok = a.retryWait(err, attempt); !ok {
 			return nil, err
 		}
 		if dl, has := ctx.Deadline(); has && time.Until(dl) < wait {
 			return nil, err // the turn would end before the retry: fail now
 		}
 		log.Warn("model call failed; retrying", "attempt", attempt, "wait", wait, logging.Err(err))
-		if err := a.sleep(ctx, wait); err != nil {
-			return nil, a.ctxErr(ctx)
+		if pausesAll(err) {
+			a.pauseUntil(a.now().Add(wait))
+		}
+	}
+}
+
+// pausesAll reports whether err tells every request to the endpoint to wait, not just the one
+// that got it: a rate limit (429), or any answer that says how long to wait (Retry-After).
+func pausesAll(err error) bool {
+	se, ok := errors.AsType[*StatusError](err)
+	return ok && (se.Code == http.StatusTooManyRequests || se.RetryAfter > 0)
+}
+
+// pausedUntil is when the endpoint's last rate limit ends; zero when none was met.
+func (a *Agent) pausedUntil() time.Time {
+	if n := a.paused.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// pauseUntil makes every request of the agent wait until t, or later when it already does.
+func (a *Agent) pauseUntil(t time.Time) {
+	for {
+		old := a.paused.Load()
+		if old >= t.UnixNano() || a.paused.CompareAndSwap(old, t.UnixNano()) {
+			return
 		}
 	}
 }
@@ -142,9 +181,9 @@ func (a *Agent) retryWait(err error, attempt int) (time.Duration, bool) {
 			}
 			return se.RetryAfter, true
 		}
-		return backoff, true
+		return a.jitter(backoff), true
 	case errors.As(err, &te):
-		return backoff, !te.shown
+		return a.jitter(backoff), !te.shown
 	}
 	return 0, false
 }

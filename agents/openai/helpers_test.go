@@ -25,17 +25,26 @@ func newFakeModel(t testing.TB, steps ...http.HandlerFunc) *openaitest.Model {
 	return openaitest.New(t, openaitest.Steps(steps...))
 }
 
-// sleeps records the waits of an agent's retries without waiting.
+// sleeps records the waits of an agent's retries without waiting; each moves its clock, now,
+// on by the wait (the clock starts at the zero time unless at is set).
 type sleeps struct {
 	mu sync.Mutex
 	d  []time.Duration
+	at time.Time
 }
 
 func (s *sleeps) sleep(ctx context.Context, d time.Duration) error {
 	s.mu.Lock()
 	s.d = append(s.d, d)
+	s.at = s.at.Add(d)
 	s.mu.Unlock()
 	return ctx.Err()
+}
+
+func (s *sleeps) now() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.at
 }
 
 func (s *sleeps) waits() []time.Duration {
@@ -57,7 +66,7 @@ func MustAgent(t *testing.T, m *openaitest.Model, logs io.Writer, sl *sleeps, tw
 	}
 	c := openai.Config{
 		BaseURL: m.URL(), Model: "gpt-test", APIKeyEnv: "OPENAI_TEST_KEY",
-		MaxHistory: 20, MaxRetries: 3, Sleep: sl.sleep,
+		MaxHistory: 20, MaxRetries: 3, Sleep: sl.sleep, Jitter: noJitter,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	if tweak != nil {
@@ -69,6 +78,9 @@ func MustAgent(t *testing.T, m *openaitest.Model, logs io.Writer, sl *sleeps, tw
 	}
 	return a
 }
+
+// noJitter keeps the computed backoff as it is, so that tests can name the waits.
+func noJitter(d time.Duration) time.Duration { return d }
 
 // compact returns the compact form of a JSON literal.
 func compact(t testing.TB, s string) string {

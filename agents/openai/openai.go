@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
@@ -65,6 +66,10 @@ type Config struct {
 	Sleep func(ctx context.Context, d time.Duration) error
 	// Now is the clock an HTTP-date Retry-After is read against; nil is time.Now.
 	Now func() time.Time
+	// Jitter spreads a computed backoff (not a wait the endpoint asked for), so that turns
+	// that failed together do not retry together; nil waits from half the backoff to all of it
+	// at random. Tests inject the identity.
+	Jitter func(backoff time.Duration) time.Duration
 	// Requests, when not nil, is told the result (one of RequestResults) of every request to
 	// the endpoint, each retry its own: the daemon counts them in agentgate_model_requests_total.
 	Requests func(result string)
@@ -88,6 +93,10 @@ type Agent struct {
 	sleepFn      func(ctx context.Context, d time.Duration) error
 	nowFn        func() time.Time
 	requests     func(result string)
+	jitter       func(time.Duration) time.Duration
+	// paused is when the endpoint's last rate limit ends (unix nanoseconds of nowFn's clock):
+	// every request waits for it, so that one 429 does not meet a storm of requests behind it.
+	paused atomic.Int64
 	// completionTokens is set once the endpoint refused max_tokens, asking for
 	// max_completion_tokens (OpenAI's reasoning models): the bound goes by that name from then on.
 	completionTokens atomic.Bool
@@ -158,6 +167,7 @@ func New(c Config) (*Agent, error) {
 		sleepFn:      c.Sleep,
 		nowFn:        c.Now,
 		requests:     c.Requests,
+		jitter:       c.Jitter,
 	}
 	if c.Temperature != nil {
 		t := *c.Temperature
@@ -181,6 +191,9 @@ func New(c Config) (*Agent, error) {
 	}
 	if a.requests == nil {
 		a.requests = func(string) {}
+	}
+	if a.jitter == nil {
+		a.jitter = func(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 	}
 	if key != "" && u.Scheme == "http" && !config.LoopbackHost(u.Hostname()) {
 		a.log.Warn("openai agent sends its API key over plain http", "host", u.Hostname())

@@ -341,7 +341,8 @@ func TestRetries(t *testing.T) {
 			name: "Retry-After seconds, HTTP date, backoff",
 			steps: []http.HandlerFunc{
 				openaitest.Status(429, `{"error":{"message":"Rate limit reached"}}`, "Retry-After: 7"),
-				openaitest.Status(503, `overloaded`, "Retry-After: "+now.Add(3*time.Second).Format(http.TimeFormat)),
+				// Sent 7 s later, after the first wait.
+				openaitest.Status(503, `overloaded`, "Retry-After: "+now.Add(10*time.Second).Format(http.TimeFormat)),
 				openaitest.Status(500, `{"error":{"message":"boom"}}`),
 				openaitest.Reply("finally", 9, 2),
 			},
@@ -412,9 +413,9 @@ func TestRetries(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			m := newFakeModel(t, tt.steps...)
-			sl := &sleeps{}
+			sl := &sleeps{at: now}
 			a := MustAgent(t, m, nil, sl, func(c *openai.Config) {
-				c.Now = func() time.Time { return now }
+				c.Now = sl.now
 				if tt.tweak != nil {
 					tt.tweak(c)
 				}
@@ -621,7 +622,7 @@ func TestUnreachableIsRetriedAndSafe(t *testing.T) {
 	t.Setenv("OPENAI_TEST_KEY", testKey)
 	sl := &sleeps{}
 	a, err := openai.New(openai.Config{BaseURL: "http://proxyuser:hunter2hunter2@" + addr + "/v1?api-key=" + testKey,
-		Model: "m", APIKeyEnv: "OPENAI_TEST_KEY", MaxRetries: 2, Sleep: sl.sleep})
+		Model: "m", APIKeyEnv: "OPENAI_TEST_KEY", MaxRetries: 2, Sleep: sl.sleep, Jitter: noJitter})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -982,4 +983,82 @@ func TestRequestResults(t *testing.T) {
 			t.Errorf("results mismatch (-want +got):\n%s", d)
 		}
 	})
+}
+
+// TestRateLimitPausesEveryRequest: while one turn waits out a 429's Retry-After, another turn's
+// request waits too, instead of meeting the same limit; both are answered once it has passed.
+func TestRateLimitPausesEveryRequest(t *testing.T) {
+	m := newFakeModel(t, openaitest.Status(429, `{"error":{"message":"slow down"}}`, "Retry-After: 5"), openaitest.Reply("ok", 1, 1))
+	slept, release := make(chan time.Duration), make(chan struct{})
+	clock := &sleeps{at: time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)}
+	a := MustAgent(t, m, nil, nil, func(c *openai.Config) {
+		c.Now = clock.now
+		c.Sleep = func(ctx context.Context, d time.Duration) error {
+			slept <- d
+			<-release
+			return clock.sleep(ctx, d)
+		}
+	})
+	run := func() <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			_, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
+			done <- err
+		}()
+		return done
+	}
+	first := run()
+	if d := <-slept; d != 5*time.Second {
+		t.Fatalf("the rate-limited turn waits %v, want the 5s it was asked to", d)
+	}
+	second := run()
+	select {
+	case d := <-slept:
+		if d != 5*time.Second {
+			t.Errorf("the other turn waits %v, want the 5s left of the limit", d)
+		}
+	case err := <-second:
+		t.Fatalf("the other turn sent its request during the rate limit (%v)", err)
+	}
+	if n := m.Count(); n != 1 {
+		t.Errorf("the model got %d requests during the limit, want 1", n)
+	}
+	close(release)
+	for _, done := range []<-chan error{first, second} {
+		if err := <-done; err != nil {
+			t.Errorf("Run after the limit: %v", err)
+		}
+	}
+	if n := m.Count(); n != 3 {
+		t.Errorf("the model got %d requests, want 3", n)
+	}
+}
+
+// TestBackoffIsSpread: turns whose requests failed together do not retry together: the
+// default jitter waits from half the backoff to all of it.
+func TestBackoffIsSpread(t *testing.T) {
+	m := openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) { // each turn: 502, then an answer
+		if n%2 == 1 {
+			openaitest.Status(502, ``)(w, r)
+			return
+		}
+		openaitest.WriteReply(w, "ok", 1, 1)
+	})
+	seen := map[time.Duration]bool{}
+	for range 20 {
+		sl := &sleeps{}
+		a := MustAgent(t, m, nil, sl, func(c *openai.Config) { c.Jitter = nil })
+		if _, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}}); err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range sl.waits() {
+			if d < 500*time.Millisecond || d > time.Second {
+				t.Errorf("backoff %v, want from 500ms to 1s", d)
+			}
+			seen[d] = true
+		}
+	}
+	if len(seen) < 2 {
+		t.Errorf("20 turns all waited %v: the backoff is not spread", seen)
+	}
 }
