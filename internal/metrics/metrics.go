@@ -68,11 +68,12 @@ type Metrics struct {
 	actors *actorSeries
 }
 
-// New builds the metrics on a fresh registry with the Go runtime and process collectors, and
+// New builds the metrics on a fresh registry with the Go runtime, process and build
+// (go_build_info: the module's version) collectors, and
 // pre-initialises every labelled series for the given platform names.
 func New(platforms ...string) *Metrics {
 	r := prometheus.NewRegistry()
-	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewBuildInfoCollector())
 	f := func(c prometheus.Collector) { r.MustRegister(c) }
 	m := &Metrics{
 		Registry: r,
