@@ -396,14 +396,21 @@ func TestOpenAIKeyNeverLeaks(t *testing.T) {
 	logs := &testutil.Buffer{}
 	var waits []time.Duration
 	var mu sync.Mutex
+	clock := time.Now() // the agent's, moved on by its waits, which take no time
 	t.Setenv("AGENTGATE_TEST_OPENAI_KEY", openaiKey)
 	agent, err := openai.New(openai.Config{BaseURL: m.URL(), Model: "test-model", APIKeyEnv: "AGENTGATE_TEST_OPENAI_KEY",
 		MaxRetries: 1, Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Sleep: func(ctx context.Context, d time.Duration) error {
 			mu.Lock()
 			waits = append(waits, d)
+			clock = clock.Add(d)
 			mu.Unlock()
 			return nil
+		},
+		Now: func() time.Time {
+			mu.Lock()
+			defer mu.Unlock()
+			return clock
 		}})
 	if err != nil {
 		t.Fatal(err)
