@@ -191,17 +191,19 @@ func (t *Turn) start(c actor.Context) {
 type AgentSlots struct {
 	free    chan struct{} // one token per running call
 	waiting prometheus.Gauge
+	waited  prometheus.Histogram
 	log     *slog.Logger
 	warn    logging.Limiter // the line of calls that wait
 }
 
 // NewAgentSlots returns slots for n calls at once; nil when n <= 0 (no bound). waiting counts
-// the calls that wait (agentgate_agent_calls_waiting).
-func NewAgentSlots(n int, waiting prometheus.Gauge, log *slog.Logger) *AgentSlots {
+// the calls that wait (agentgate_agent_calls_waiting), waited how long each call that got its
+// slot waited for it (agentgate_agent_slot_wait_seconds).
+func NewAgentSlots(n int, waiting prometheus.Gauge, waited prometheus.Histogram, log *slog.Logger) *AgentSlots {
 	if n <= 0 {
 		return nil
 	}
-	return &AgentSlots{free: make(chan struct{}, n), waiting: waiting, log: log}
+	return &AgentSlots{free: make(chan struct{}, n), waiting: waiting, waited: waited, log: log}
 }
 
 // acquire takes a slot, waiting while every one is taken, until ctx ends.
@@ -211,9 +213,11 @@ func (s *AgentSlots) acquire(ctx context.Context) error {
 	}
 	select {
 	case s.free <- struct{}{}:
+		s.waited.Observe(0)
 		return nil
 	default:
 	}
+	start := time.Now()
 	s.waiting.Inc()
 	defer s.waiting.Dec()
 	if n, ok := s.warn.Allow(); ok {
@@ -221,6 +225,7 @@ func (s *AgentSlots) acquire(ctx context.Context) error {
 	}
 	select {
 	case s.free <- struct{}{}:
+		s.waited.Observe(time.Since(start).Seconds())
 		return nil
 	case <-ctx.Done():
 		return context.Cause(ctx)

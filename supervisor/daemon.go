@@ -278,7 +278,8 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	if opts.Agent == nil && cfg.Agent.Backend != "echo" {
 		// The configured exec or openai agent: each call is a process or a model request. (An
 		// agent a test or the benchmark passes in, and the echo agent, are not bounded.)
-		d.deps.AgentSlots = actors.NewAgentSlots(cfg.Agent.MaxConcurrent, d.metrics.AgentCallsWaiting, log.With("component", "agent"))
+		d.deps.AgentSlots = actors.NewAgentSlots(cfg.Agent.MaxConcurrent, d.metrics.AgentCallsWaiting, d.metrics.AgentSlotWait,
+			log.With("component", "agent"))
 	}
 	if cfg.Cluster.Enabled {
 		d.deps.Relay = d.relay

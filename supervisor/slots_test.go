@@ -102,4 +102,8 @@ echo "ok $AGENTGATE_CHAT_ID"
 	if most != 2 {
 		t.Errorf("at most %d commands ran at once, want 2:\n%s", most, log)
 	}
+	// The four calls that ran took a slot: two at once, two after a wait.
+	if n := value(r.scrape(t), "agentgate_agent_slot_wait_seconds"); n != 4 {
+		t.Errorf("agentgate_agent_slot_wait_seconds counts %v calls, want 4", n)
+	}
 }

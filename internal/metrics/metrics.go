@@ -61,6 +61,8 @@ type Metrics struct {
 	ProbationWaiting prometheus.Gauge
 	// AgentCallsWaiting is how many turns wait for a free agent slot (agent.max_concurrent).
 	AgentCallsWaiting prometheus.Gauge
+	// AgentSlotWait is how long agent calls waited for their slot (0 for one that found it free).
+	AgentSlotWait prometheus.Histogram
 	// ModelRequests counts the openai agent's requests to its endpoint, each retry its own, by
 	// result (openai.RequestResults, which the daemon pre-initialises with InitModelRequests).
 	ModelRequests *prometheus.CounterVec
@@ -122,13 +124,16 @@ func New(platforms ...string) *Metrics {
 			Name: "agentgate_probation_waiting", Help: "Sessions whose next message, counted against by 2 unclean stops, waits to run alone among such messages."}),
 		AgentCallsWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "agentgate_agent_calls_waiting", Help: "Turns waiting for a free agent slot: agent.max_concurrent calls are running."}),
+		AgentSlotWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "agentgate_agent_slot_wait_seconds", Help: "Time agent calls waited for a free slot (agent.max_concurrent); 0 for a call that found one free.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}),
 		ModelRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentgate_model_requests_total", Help: "Requests of the openai agent to its model endpoint, each retry counted, by result."}, []string{"result"}),
 	}
 	m.actors = newActorSeries(m.Mailboxes)
 	for _, c := range []prometheus.Collector{m.SessionsActive, m.SessionActivations, m.SessionPassivations, m.SessionsFenced, m.ClusterMembers,
 		m.TurnsTotal, m.TurnDuration, m.QueueDepth, m.QueueOverflow, m.PersistBatchSize, m.PersistFlushSeconds,
-		m.SpoolFiles, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined, m.ProbationWaiting, m.AgentCallsWaiting, m.ModelRequests} {
+		m.SpoolFiles, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined, m.ProbationWaiting, m.AgentCallsWaiting, m.AgentSlotWait, m.ModelRequests} {
 		f(c)
 	}
 	for _, c := range m.actors.collectors() {
