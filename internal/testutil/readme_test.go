@@ -1,0 +1,157 @@
+package testutil
+
+import (
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/metrics"
+)
+
+// MustReadDoc returns the text of a document under the repository root, such as "README.md".
+func MustReadDoc(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestReadmeMetricsAreReal: the README's metrics table lists every agentgate_* metric the
+// daemon exports, and every agentgate_* name the README and the runbook mention (with its
+// labels, as in agentgate_turns_total{outcome="error"}) is one the daemon exports, so an
+// operator's alert cannot be written against a metric or a label that does not exist.
+func TestReadmeMetricsAreReal(t *testing.T) {
+	m := metrics.New("http")
+	m.InitModelRequests([]string{"ok"}) // the daemon does this when its agent calls a model
+	families, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string][]string{} // exported agentgate_* family → its label names
+	for _, f := range families {
+		if !strings.HasPrefix(f.GetName(), "agentgate_") {
+			continue
+		}
+		var names []string
+		for _, s := range f.GetMetric() {
+			for _, l := range s.GetLabel() {
+				if !slices.Contains(names, l.GetName()) {
+					names = append(names, l.GetName())
+				}
+			}
+		}
+		labels[f.GetName()] = names
+	}
+	if len(labels) < 20 {
+		t.Fatalf("the registry exports %d agentgate_* metrics; the gathering no longer sees them", len(labels))
+	}
+
+	readme := MustReadDoc(t, "README.md")
+	mention := regexp.MustCompile(`\b(agentgate_[a-z_]+[a-z])(\{([^}]*)\})?`)
+	var table []string
+	for _, line := range strings.Split(readme, "\n") {
+		if cells := strings.Split(line, "|"); len(cells) > 2 && strings.Contains(cells[1], "`agentgate_") {
+			for _, mm := range mention.FindAllStringSubmatch(cells[1], -1) {
+				table = append(table, mm[1])
+			}
+		}
+	}
+	for _, name := range sortedKeys(labels) {
+		if !slices.Contains(table, name) {
+			t.Errorf("the daemon exports %s, which the README's metrics table does not list", name)
+		}
+	}
+
+	for _, doc := range []string{"README.md", "docs/RUNBOOK.md"} {
+		for _, mm := range mention.FindAllStringSubmatch(MustReadDoc(t, doc), -1) {
+			name := mm[1]
+			have, exported := labels[name]
+			if !exported {
+				t.Errorf("%s mentions %s, which the daemon does not export", doc, name)
+				continue
+			}
+			if mm[2] == "" {
+				continue
+			}
+			for _, pair := range strings.Split(mm[3], ",") {
+				label, _, _ := strings.Cut(strings.TrimSpace(pair), "=")
+				if !slices.Contains(have, label) {
+					t.Errorf("%s mentions %s, whose labels are %v, not %q", doc, mm[0], have, label)
+				}
+			}
+		}
+	}
+}
+
+// TestReadmeConfigIsTheDefaults: the configuration the README shows under "Configuration" is
+// accepted as a file and sets exactly the keys, with the values, of `check-config
+// --print-defaults` (config.Example, which config's tests hold to config.Default): a key added
+// to the Config struct is documented where an operator looks, with its real default.
+func TestReadmeConfigIsTheDefaults(t *testing.T) {
+	readme := MustReadDoc(t, "README.md")
+	_, section, ok := strings.Cut(readme, "\n### Configuration\n")
+	if !ok {
+		t.Fatal(`README.md has no "### Configuration" section`)
+	}
+	_, block, ok := strings.Cut(section, "```yaml\n")
+	if !ok {
+		t.Fatal(`README.md's "Configuration" section has no yaml block`)
+	}
+	block, _, _ = strings.Cut(block, "```")
+
+	path := filepath.Join(t.TempDir(), "readme.yaml")
+	if err := os.WriteFile(path, []byte(block), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := config.Load(path, nil, nil); err != nil {
+		t.Errorf("config.Load(the README's configuration) = %v, want it accepted", err)
+	}
+
+	got, want := flatYAML(t, block), flatYAML(t, config.Example())
+	for _, k := range sortedKeys(want) {
+		if v, ok := got[k]; !ok {
+			t.Errorf("the README's configuration lacks %s (default %s)", k, want[k])
+		} else if v != want[k] {
+			t.Errorf("the README's configuration sets %s: %s, want the default %s", k, v, want[k])
+		}
+	}
+	for _, k := range sortedKeys(got) {
+		if _, ok := want[k]; !ok {
+			t.Errorf("the README's configuration sets %s, which --print-defaults does not", k)
+		}
+	}
+}
+
+// flatYAML decodes a YAML mapping into its leaf keys (a.b.c) and their values, printed.
+func flatYAML(t *testing.T, doc string) map[string]string {
+	t.Helper()
+	var root map[string]any
+	if err := yaml.Unmarshal([]byte(doc), &root); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	var walk func(prefix string, m map[string]any)
+	walk = func(prefix string, m map[string]any) {
+		for k, v := range m {
+			if sub, ok := v.(map[string]any); ok && len(sub) > 0 {
+				walk(prefix+k+".", sub)
+				continue
+			}
+			out[prefix+k] = fmt.Sprint(v)
+		}
+	}
+	walk("", root)
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
