@@ -613,7 +613,9 @@ func helpIsDone(err error) error {
 
 // openStore loads the configuration and opens its database read-only or with the write lock
 // (which a running daemon holds): a SQLite file (it never creates one) or PostgreSQL (whose
-// daemon lock is an advisory lock). The config is returned whenever it loaded, even on error.
+// daemon lock is an advisory lock). It never migrates (an upgrade is the daemon's): a database
+// whose schema is older than this binary's is refused. The config is returned whenever it
+// loaded, even on error.
 func openStore(ctx context.Context, cf *configFlags, readOnly bool) (persistence.Store, *config.Config, error) {
 	return openStoreFor(ctx, cf, readOnly, 0)
 }
@@ -648,7 +650,8 @@ func openStoreFor(ctx context.Context, cf *configFlags, readOnly bool, timeout t
 	if readOnly {
 		st, err = sqlite.OpenReadOnly(ctx, path)
 	} else {
-		st, err = sqlite.Open(ctx, path, sqlite.Options{Synchronous: cfg.Store.Synchronous})
+		// NoMigrate, as on PostgreSQL: an upgrade is one way, and only the daemon makes it.
+		st, err = sqlite.Open(ctx, path, sqlite.Options{Synchronous: cfg.Store.Synchronous, NoMigrate: true})
 	}
 	if err != nil {
 		return nil, cfg, err

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -582,6 +583,36 @@ func TestSessionsReset(t *testing.T) {
 		show, _ := MustRunSessions(t, "show", "--data-dir", dir, keyA)
 		if got := fieldOf(show, "ended"); got != "open" {
 			t.Errorf("after a refused reset, ended = %q, want open", got)
+		}
+	})
+
+	t.Run("an older schema is the daemon's to upgrade", func(t *testing.T) {
+		// A newer binary's reset, run before its daemon has started on the database, does not
+		// upgrade it on the side, unlogged, as only the daemon does (it is one way): it says how.
+		dir := MustSeedSessions(t)
+		raw, err := sql.Open("sqlite", filepath.Join(dir, "agentgate.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		var latest int
+		if err := raw.QueryRow(`SELECT MAX(version) FROM schema_migrations`).Scan(&latest); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := raw.Exec(`DELETE FROM schema_migrations WHERE version = ?`, latest); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
+		if err == nil || !strings.Contains(err.Error(), "start this version's daemon on it once to migrate it") {
+			t.Errorf("reset on an older schema: error = %v, want a refusal that says how to migrate", err)
+		}
+		var v int
+		if err := raw.QueryRow(`SELECT MAX(version) FROM schema_migrations`).Scan(&v); err != nil || v != latest-1 {
+			t.Errorf("schema version after the reset = %d, %v, want %d (left as it was)", v, err, latest-1)
+		}
+		var ended sql.NullInt64
+		if err := raw.QueryRow(`SELECT ended_at FROM sessions WHERE id = 'sa2'`).Scan(&ended); err != nil || ended.Valid {
+			t.Errorf("sa2 ended_at after a refused reset = %v, %v, want open", ended, err)
 		}
 	})
 

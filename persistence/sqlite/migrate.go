@@ -77,16 +77,41 @@ func migrate(ctx context.Context, w *sql.DB, log *slog.Logger) error {
 // store cannot migrate, and must not: an older daemon may be running on the file). The error
 // says how to migrate, for an operator who runs a newer binary's admin commands first.
 func checkSchema(ctx context.Context, r *sql.DB) error {
-	ms, err := migrations()
+	current, latest, err := schemaVersions(ctx, r)
 	if err != nil {
-		return fmt.Errorf("check schema: %w", err)
+		return err
 	}
-	var current int
-	if err := r.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
-		return fmt.Errorf("check schema: %w", err)
-	}
-	if want := ms[len(ms)-1].Version; current < want {
-		return fmt.Errorf("check schema: database schema version %d, want %d: an older agentgate wrote it; start this version's daemon on it once to migrate it", current, want)
+	if current < latest {
+		return fmt.Errorf("check schema: database schema version %d, want %d: an older agentgate wrote it; start this version's daemon on it once to migrate it", current, latest)
 	}
 	return nil
+}
+
+// checkSchemaToWrite is checkSchema for a store that writes without migrating
+// (Options.NoMigrate): a newer schema is refused too, as migrate refuses it, since this
+// binary's writes may not be what that schema expects.
+func checkSchemaToWrite(ctx context.Context, w *sql.DB) error {
+	if err := checkSchema(ctx, w); err != nil {
+		return err
+	}
+	current, latest, err := schemaVersions(ctx, w)
+	if err != nil {
+		return err
+	}
+	if current > latest {
+		return fmt.Errorf("check schema: database schema version %d is newer than this binary's %d", current, latest)
+	}
+	return nil
+}
+
+// schemaVersions returns the database's schema version and this binary's.
+func schemaVersions(ctx context.Context, db *sql.DB) (current, latest int, err error) {
+	ms, err := migrations()
+	if err != nil {
+		return 0, 0, fmt.Errorf("check schema: %w", err)
+	}
+	if err := db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
+		return 0, 0, fmt.Errorf("check schema: %w", err)
+	}
+	return current, ms[len(ms)-1].Version, nil
 }

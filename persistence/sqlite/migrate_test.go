@@ -161,6 +161,62 @@ func TestOpenReadOnlyOlderSchema(t *testing.T) {
 	}
 }
 
+// TestOpenNoMigrate: a store opened to write without migrating (an admin command's, such as
+// agentgate sessions reset without a daemon) takes a database of this binary's schema, and
+// refuses one of an older schema, which it leaves as it is (an upgrade is one way: only the
+// daemon makes it, and logs it), or of a newer one.
+func TestOpenNoMigrate(t *testing.T) {
+	ctx := context.Background()
+	t.Run("older schema", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		raw := mustSchemaAt(t, path, 7)
+		s, err := Open(ctx, path, Options{NoMigrate: true})
+		if err == nil {
+			s.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), "database schema version 7, want "+latestMigration(t)) ||
+			!strings.Contains(err.Error(), "start this version's daemon on it once to migrate it") {
+			t.Errorf("Open(NoMigrate) of schema 7 = %v, want an error naming both versions and how to migrate", err)
+		}
+		var v int
+		if err := raw.QueryRow(`SELECT MAX(version) FROM schema_migrations`).Scan(&v); err != nil || v != 7 {
+			t.Errorf("schema version after Open(NoMigrate) = %d, %v, want 7", v, err)
+		}
+	})
+	t.Run("newer schema", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		s, err := Open(ctx, path, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		mustExec(t, MustRawDB(t, path), `INSERT INTO schema_migrations (version, applied_at) VALUES (9999, 0)`)
+		s, err = Open(ctx, path, Options{NoMigrate: true})
+		if err == nil {
+			s.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), "database schema version 9999 is newer than this binary's "+latestMigration(t)) {
+			t.Errorf("Open(NoMigrate) of schema 9999 = %v, want it refused as newer", err)
+		}
+	})
+	t.Run("this schema", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		s, err := Open(ctx, path, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		s, err = Open(ctx, path, Options{NoMigrate: true})
+		if err != nil {
+			t.Fatalf("Open(NoMigrate) of this binary's schema = %v, want it open", err)
+		}
+		defer s.Close()
+		if err := s.Ping(ctx); err != nil {
+			t.Errorf("Ping = %v, want the store writable", err)
+		}
+	})
+}
+
 // TestMigrationLeavesADMsSenderUnknown: the first schema's HTTP API keyed a DM by its chat id
 // alone and took any user_id in it, and ran each turn with its message's own sender. Such a DM
 // whose row names u1 (its first sender) also held a message from u2, answered to u2 (the

@@ -36,6 +36,10 @@ type Options struct {
 	// answers, on Close and on Open (see index.go).
 	IndexRows  int
 	IndexDelay time.Duration
+	// NoMigrate opens the database without changing its schema, for an admin command that
+	// writes (agentgate sessions reset): an upgrade is one way, and only the daemon, which logs
+	// it, makes it. A database whose schema is not this binary's, older or newer, is refused.
+	NoMigrate bool
 }
 
 // Store is the SQLite persistence.Store. It is safe for concurrent use: reads run on a pool of
@@ -141,7 +145,12 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
 	s.writer = w
-	if err := migrate(ctx, w, s.log); err != nil {
+	if opts.NoMigrate {
+		err = checkSchemaToWrite(ctx, w)
+	} else {
+		err = migrate(ctx, w, s.log)
+	}
+	if err != nil {
 		return err
 	}
 	if err := s.onWriter(ctx, func(dc any) error { _, err := s.writeStmts(dc); return err }); err != nil {
