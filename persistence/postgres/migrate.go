@@ -70,6 +70,15 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 		}
 		return nil
 	})
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "3F000" {
+		// invalid_schema_name: no schema of the search_path exists (a DSN's search_path=name
+		// the operator has not created), which PostgreSQL words as "no schema has been selected
+		// to create in".
+		path := "?"
+		_ = pool.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path)
+		return fmt.Errorf("migrate: no schema of the search_path (%s) exists to create the tables in: create it first (CREATE SCHEMA name, as the owner of the database): %w", path, err)
+	}
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}

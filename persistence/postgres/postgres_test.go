@@ -412,6 +412,12 @@ func TestSchemas(t *testing.T) {
 	if err := c.QueryRow(ctx, `SELECT COUNT(*) FROM blue.sessions`).Scan(&n); err != nil || n != 1 {
 		t.Errorf("blue.sessions has %d rows (%v), want 1", n, err)
 	}
+	// A schema the operator has not created yet: PostgreSQL says only "no schema has been
+	// selected to create in"; the error says which and what to do.
+	if _, err := open("red", 0); err == nil || !strings.Contains(err.Error(), "search_path (red)") ||
+		!strings.Contains(err.Error(), "CREATE SCHEMA") {
+		t.Errorf("Open of a schema that does not exist: error = %v, want one naming search_path red and CREATE SCHEMA", err)
+	}
 }
 
 // TestNoMigrate: a store opened with NoMigrate (the sessions command) never changes the schema:
