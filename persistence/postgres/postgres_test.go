@@ -420,6 +420,43 @@ func TestSchemas(t *testing.T) {
 	}
 }
 
+// TestSchemaIsPinnedAtOpen: a store keeps to the schema its search_path named when it opened.
+// PostgreSQL's default search_path is "$user", public: a schema named after the user, created
+// later for another deployment (as the README suggests), would otherwise come first for the
+// running store's statements, and two daemons, each holding its own schema's lock, would write
+// one schema.
+func TestSchemaIsPinnedAtOpen(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	first, err := Open(ctx, dsn, Options{Exclusive: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	c := mustConn(t, dsn)
+	var user string
+	if err := c.QueryRow(ctx, `SELECT current_user`).Scan(&user); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{user}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	second, err := Open(ctx, dsn+" search_path="+user, Options{Exclusive: true})
+	if err != nil {
+		t.Fatalf("Open of a second deployment in schema %s: %v", user, err)
+	}
+	defer second.Close()
+
+	storetest.MustCommit(t, first, &persistence.CreateSession{Session: newSession("s1", "k1")})
+	for schema, want := range map[string]int{"public": 1, user: 0} {
+		var n int
+		q := `SELECT COUNT(*) FROM ` + pgx.Identifier{schema, "sessions"}.Sanitize()
+		if err := c.QueryRow(ctx, q).Scan(&n); err != nil || n != want {
+			t.Errorf("%s.sessions has %d rows (%v) after the first store's commit, want %d", schema, n, err, want)
+		}
+	}
+}
+
 // TestNoMigrate: a store opened with NoMigrate (the sessions command) never changes the schema:
 // it refuses a database that is not migrated, and reads one that is.
 func TestNoMigrate(t *testing.T) {

@@ -93,7 +93,8 @@ const defaultMaxConns = 8
 
 // Open connects to the database named by dsn (a postgres:// URL or a libpq key=value string,
 // as pgx accepts), checks that it answers and applies the embedded migrations that it lacks.
-// Members of a cluster may open the same database at once: migrations take an advisory lock.
+// The store keeps to the schema the search_path resolves to at Open (pinSchema). Members of a
+// cluster may open the same database at once: migrations take an advisory lock.
 func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -111,6 +112,9 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if err := pinSchema(ctx, cfg.ConnConfig); err != nil {
+		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -159,6 +163,28 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		st.watcher.Go(func() { st.watchLock(every) })
 	}
 	return st, nil
+}
+
+// pinSchema sets cfg's search_path to the schema it resolves to now (current_schema), so that
+// every connection of the store, its lock's included, stays in that schema for the store's
+// life. PostgreSQL resolves a search_path at each statement: under its default, "$user",
+// public, a schema named after the user that another deployment creates later would come
+// first, and this store would write that deployment's tables under its own schema's lock. A
+// search_path naming no schema that exists is left as it is, for migrate to report.
+func pinSchema(ctx context.Context, cfg *pgx.ConnConfig) error {
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var schema *string
+	if err := conn.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		return err
+	}
+	if schema != nil {
+		cfg.RuntimeParams["search_path"] = pgx.Identifier{*schema}.Sanitize()
+	}
+	return nil
 }
 
 // watchLock checks the daemon lock every interval until the store closes, so that a lost lock
