@@ -155,3 +155,46 @@ func flatYAML(t *testing.T, doc string) map[string]string {
 }
 
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
+
+// TestArchitectureListsEveryPackage: the package map at the top of docs/ARCHITECTURE.md names
+// every package of the module (by its last path element), so a package added since is placed
+// where a reader of the design looks for it.
+func TestArchitectureListsEveryPackage(t *testing.T) {
+	arch := MustReadDoc(t, "docs/ARCHITECTURE.md")
+	_, section, ok := strings.Cut(arch, "\n## Packages\n")
+	if !ok {
+		t.Fatal(`docs/ARCHITECTURE.md has no "## Packages" section`)
+	}
+	_, block, ok := strings.Cut(section, "```\n")
+	if !ok {
+		t.Fatal(`docs/ARCHITECTURE.md's "Packages" section has no code block`)
+	}
+	block, _, _ = strings.Cut(block, "```")
+	root := filepath.Join("..", "..")
+	dirs := map[string]bool{}
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "data" || d.Name() == "bin") && path != root {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") {
+			dirs[filepath.Dir(path)] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dirs) < 20 {
+		t.Fatalf("found %d package directories; the walk no longer sees the module", len(dirs))
+	}
+	for _, dir := range sortedKeys(dirs) {
+		name := filepath.Base(dir)
+		if !regexp.MustCompile(`\b` + regexp.QuoteMeta(name) + `\b`).MatchString(block) {
+			rel, _ := filepath.Rel(root, dir)
+			t.Errorf("docs/ARCHITECTURE.md's package map does not name %s (%s)", name, rel)
+		}
+	}
+}
