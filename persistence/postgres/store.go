@@ -165,12 +165,13 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	return st, nil
 }
 
-// pinSchema sets cfg's search_path to the schema it resolves to now (current_schema), so that
-// every connection of the store, its lock's included, stays in that schema for the store's
-// life. PostgreSQL resolves a search_path at each statement: under its default, "$user",
-// public, a schema named after the user that another deployment creates later would come
-// first, and this store would write that deployment's tables under its own schema's lock. A
-// search_path naming no schema that exists is left as it is, for migrate to report.
+// pinSchema sets the search_path of cfg's connections to the schema it resolves to now
+// (current_schema), so that every connection of the store, its lock's included, stays in that
+// schema for the store's life. PostgreSQL resolves a search_path at each statement: under its
+// default, "$user", public, a schema named after the user that another deployment creates
+// later would come first, and this store would write that deployment's tables under its own
+// schema's lock. A search_path naming no schema that exists is left as it is, for migrate to
+// report.
 func pinSchema(ctx context.Context, cfg *pgx.ConnConfig) error {
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
@@ -181,8 +182,20 @@ func pinSchema(ctx context.Context, cfg *pgx.ConnConfig) error {
 	if err := conn.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
 		return err
 	}
-	if schema != nil {
-		cfg.RuntimeParams["search_path"] = pgx.Identifier{*schema}.Sanitize()
+	if schema == nil {
+		return nil
+	}
+	// A SET after connecting rather than a startup parameter, which poolers such as PgBouncer
+	// refuse unless told to pass it on.
+	set := "SET search_path TO " + pgx.Identifier{*schema}.Sanitize()
+	after := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, c *pgconn.PgConn) error {
+		if after != nil {
+			if err := after(ctx, c); err != nil {
+				return err
+			}
+		}
+		return c.Exec(ctx, set).Close()
 	}
 	return nil
 }
