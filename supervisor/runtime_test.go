@@ -91,6 +91,13 @@ func MustStartDaemon(t testing.TB, agent agents.Agent, o daemonOpts) *runtime {
 	if err := fake.WaitRunning(ctx); err != nil {
 		t.Fatalf("fake platform never ran: %v", err)
 	}
+	// Start returns before the session manager has handled its Started, where a daemon that is
+	// not a cluster member lists the keys with work in the store and recovers them (recoverAll).
+	// A member of a shared store whose listing came late would find, and claim, the sessions of
+	// the messages a test gave another member since: the manager answers this request after it.
+	if _, err := d.system.Root.RequestFuture(d.manager, &actors.ListActive{}, 30*time.Second).Result(); err != nil {
+		t.Fatalf("the session manager did not answer after its start: %v", err)
+	}
 	return &runtime{d: d, fake: fake, editor: editor}
 }
 
