@@ -27,7 +27,7 @@ import (
 )
 
 // pollTimeout bounds every wait for an effect of a subprocess.
-const pollTimeout = 5 * time.Second
+const pollTimeout = 15 * time.Second
 
 // MustScript writes body as a /bin/sh script into a new temp dir. It returns the command that
 // runs it with that dir as $1 (so scripts can leave marker files there) and the dir. Running
