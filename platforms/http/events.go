@@ -2,6 +2,7 @@ package http
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -125,6 +126,17 @@ func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
 	for {
 		select {
 		case out := <-sub.ch:
+			if out.Seq > sw.last+1 {
+				// A live event skipped some: in a cluster, a reply sent on another member
+				// reaches this one by a relay that can miss it (this member joined after the
+				// sender last renewed). The entries in between are durable, since a reply
+				// is recorded before it is sent: send them first, or the client's
+				// Last-Event-ID would pass them and no resume would bring them back.
+				if err := p.fillGap(ctx, sessions, key, sw, out.Seq); err != nil {
+					p.log.Warn("sse replay failed", "session", key, logging.Err(err))
+					return
+				}
+			}
 			if err := sw.event(out); err != nil {
 				return
 			}
@@ -141,6 +153,29 @@ func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// fillGap writes the outbox entries of key after the last event written and before seq.
+func (p *Platform) fillGap(ctx context.Context, sessions Sessions, key string, sw *sseWriter, seq int64) error {
+	for sw.last+1 < seq {
+		page, err := sessions.OutboxAfter(ctx, key, sw.last, replayPageSize)
+		if err != nil {
+			return err
+		}
+		from := sw.last
+		for _, out := range page {
+			if out.Seq >= seq {
+				return nil
+			}
+			if err := sw.event(out); err != nil {
+				return err
+			}
+		}
+		if len(page) < replayPageSize || sw.last == from {
+			return nil
+		}
+	}
+	return nil
 }
 
 // resumePoint is the Last-Event-ID header, else the after query parameter, else 0.

@@ -75,6 +75,41 @@ func TestEventsReplayThenLive(t *testing.T) {
 	}
 }
 
+// TestEventsLiveGapIsFilledFromTheOutbox: a live event that skips some (in a cluster, the
+// relay of a reply sent on another member can miss this member) is preceded by the skipped
+// entries, read from the durable outbox. Before, the stream sent the later event alone, the
+// client's Last-Event-ID passed the missed one, and no resume brought it back (a black-box
+// chaos run of three members lost seq 28 of a chat's stream this way, just after a restart).
+func TestEventsLiveGapIsFilledFromTheOutbox(t *testing.T) {
+	sessions := newFakeSessions()
+	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
+	for seq := int64(1); seq <= 2; seq++ {
+		sessions.addOutbox(outbound(streamKey, seq, platforms.KindReply))
+	}
+	s := h.openSSE(streamKey, "1", "")
+	if ev := s.mustNextEvent(); ev.id != 2 {
+		t.Fatalf("replayed event id = %d, want 2", ev.id)
+	}
+	// 3 and 4 are recorded, but only 5 reaches this member live.
+	for seq := int64(3); seq <= 5; seq++ {
+		sessions.addOutbox(outbound(streamKey, seq, platforms.KindReply))
+	}
+	ctx := context.Background()
+	if err := h.p.Send(ctx, outbound(streamKey, 5, platforms.KindReply)); err != nil {
+		t.Fatalf("Send(5) = %v", err)
+	}
+	if err := h.p.Send(ctx, outbound(streamKey, 6, platforms.KindReply)); err != nil {
+		t.Fatalf("Send(6) = %v", err)
+	}
+	var ids []int64
+	for range 4 {
+		ids = append(ids, s.mustNextEvent().id)
+	}
+	if want := []int64{3, 4, 5, 6}; !cmp.Equal(ids, want) {
+		t.Errorf("event ids = %v, want %v", ids, want)
+	}
+}
+
 func TestEventsResumePoint(t *testing.T) {
 	sessions := newFakeSessions()
 	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
