@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -116,7 +117,7 @@ func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
 		}
 		if page, err = sessions.OutboxAfter(ctx, key, sw.last, replayPageSize); err != nil {
 			// The client resumes from the last id it got.
-			p.log.Warn("sse replay failed", "session", key, logging.Err(err))
+			p.replayFailed(ctx, key, err)
 			return
 		}
 	}
@@ -133,7 +134,7 @@ func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
 				// is recorded before it is sent: send them first, or the client's
 				// Last-Event-ID would pass them and no resume would bring them back.
 				if err := p.fillGap(ctx, sessions, key, sw, out.Seq); err != nil {
-					p.log.Warn("sse replay failed", "session", key, logging.Err(err))
+					p.replayFailed(ctx, key, err)
 					return
 				}
 			}
@@ -144,6 +145,14 @@ func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
 			p.log.Debug("sse stream closed for slow subscriber", "session", key)
 			return
 		case <-keepalive.C:
+			if p.relayed.Load() {
+				// A relay that missed this member's latest reply is followed by no live event
+				// that would fill the gap: look in the outbox now and then.
+				if err := p.fillGap(ctx, sessions, key, sw, math.MaxInt64); err != nil {
+					p.replayFailed(ctx, key, err)
+					return
+				}
+			}
 			if err := sw.comment("keepalive"); err != nil {
 				return
 			}
@@ -155,7 +164,17 @@ func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// fillGap writes the outbox entries of key after the last event written and before seq.
+// replayFailed logs a failed outbox read of an event stream, unless the stream ended (its
+// client left, or the platform stops): the client resumes from the last id it got.
+func (p *Platform) replayFailed(ctx context.Context, key string, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	p.log.Warn("sse replay failed", "session", key, logging.Err(err))
+}
+
+// fillGap writes the outbox entries of key after the last event written and before seq
+// (math.MaxInt64: all of them).
 func (p *Platform) fillGap(ctx context.Context, sessions Sessions, key string, sw *sseWriter, seq int64) error {
 	for sw.last+1 < seq {
 		page, err := sessions.OutboxAfter(ctx, key, sw.last, replayPageSize)

@@ -110,6 +110,28 @@ func TestEventsLiveGapIsFilledFromTheOutbox(t *testing.T) {
 	}
 }
 
+// TestEventsMissedLastRelayIsSentAtTheKeepalive: on a member that gets relayed replies (a
+// cluster), a stream whose latest reply the relay missed, and which no later reply follows,
+// finds it in the outbox at its next keepalive. Before, it showed only after a reconnect.
+func TestEventsMissedLastRelayIsSentAtTheKeepalive(t *testing.T) {
+	sessions := newFakeSessions()
+	h := mustStart(t, Config{Sessions: sessions, KeepAlive: 20 * time.Millisecond}, &fakeRuntime{})
+	sessions.addOutbox(outbound(streamKey, 1, platforms.KindReply))
+	s := h.openSSE(streamKey, "", "")
+	if ev := s.mustNextEvent(); ev.id != 1 {
+		t.Fatalf("replayed event id = %d, want 1", ev.id)
+	}
+	sessions.addOutbox(outbound(streamKey, 2, platforms.KindReply))
+	h.p.Show(outbound(streamKey, 2, platforms.KindReply)) // relayed from another member
+	if ev := s.mustNextEvent(); ev.id != 2 {
+		t.Fatalf("relayed event id = %d, want 2", ev.id)
+	}
+	sessions.addOutbox(outbound(streamKey, 3, platforms.KindReply)) // its relay is lost
+	if ev := s.mustNextEvent(); ev.id != 3 {
+		t.Errorf("event id = %d, want 3", ev.id)
+	}
+}
+
 func TestEventsResumePoint(t *testing.T) {
 	sessions := newFakeSessions()
 	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})

@@ -95,6 +95,9 @@ type Platform struct {
 	mux      *http.ServeMux
 	handler  http.Handler
 	draining atomic.Bool
+	// relayed is set once a reply sent on another member was shown here (Show): this member
+	// is in a cluster, whose relays can miss it, so event streams also look in the outbox.
+	relayed atomic.Bool
 	// subBuffer is the event buffer of each SSE subscriber; a field so tests can shrink it.
 	subBuffer int
 
@@ -284,13 +287,20 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 	if out == nil {
 		return errors.New("send http: nil outbound")
 	}
-	p.Show(out)
+	p.show(out)
 	return nil
 }
 
 // Show implements platforms.Watched: it hands a reply sent on another cluster member to this
 // member's SSE subscribers and ?wait callers, as Send does (both skip a reply they have had).
 func (p *Platform) Show(out *platforms.Outbound) {
+	p.relayed.Store(true)
+	p.show(out)
+}
+
+// show hands out to the live SSE subscribers of its key and the ?wait callers of the messages
+// it answers.
+func (p *Platform) show(out *platforms.Outbound) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for s := range p.subs[out.SessionKey] {
