@@ -227,6 +227,9 @@ func (a *Agent) attempt(ctx context.Context, body []byte, partial func(string)) 
 	// (or a JSON document text/event-stream): what the body is decides how it is read, and
 	// the label only when the body's start says nothing.
 	rb := bufio.NewReaderSize(resp.Body, streamBuffer)
+	if b, _ := rb.Peek(len(byteOrderMark)); string(b) == byteOrderMark {
+		_, _ = rb.Discard(len(b)) // an event stream may start with one; JSON may not
+	}
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	if stream, known := looksLikeEventStream(rb); stream || (!known && mt == "text/event-stream") {
 		return a.readStream(rb, partial)
@@ -469,7 +472,7 @@ func (a *Agent) readJSON(body io.Reader) (*result, error) {
 func (a *Agent) readStream(body io.Reader, partial func(string)) (*result, error) {
 	res := &result{}
 	var b strings.Builder
-	r := bufio.NewReaderSize(body, streamBuffer)
+	lines := lineReader{r: bufio.NewReaderSize(body, streamBuffer)}
 	var data []string
 	size := 0 // of data
 	dispatch := func() (bool, error) {
@@ -495,14 +498,15 @@ func (a *Agent) readStream(body io.Reader, partial func(string)) (*result, error
 		return false, nil
 	}
 	for {
-		line, err := readLine(r)
+		line, err := lines.next()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				if _, derr := dispatch(); derr != nil {
+				done, derr := dispatch()
+				if derr != nil {
 					return nil, derr
 				}
-				if res.finish != "" {
-					break // a server that closes without [DONE], once the reply is finished
+				if done || res.finish != "" {
+					break // [DONE] without its blank line, or a finished reply without [DONE]
 				}
 				// Neither [DONE] nor a finish reason: a proxy cut the stream off (at its
 				// timeout, say) between two events, and the reply is not whole.
@@ -540,25 +544,48 @@ func (a *Agent) readStream(body io.Reader, partial func(string)) (*result, error
 	return res, nil
 }
 
-// readLine reads one line without its end (\n or \r\n), at most maxLine bytes.
-func readLine(r *bufio.Reader) (string, error) {
-	var buf []byte
+// byteOrderMark is UTF-8's, which a server may put before a body.
+const byteOrderMark = "\uFEFF"
+
+// lineReader reads the lines of an event stream, which end with CRLF, LF or a lone CR (the
+// WHATWG event stream format). A line is returned at its end, without waiting for what
+// follows it: after a CR, an LF is skipped at the next line's start.
+type lineReader struct {
+	r       *bufio.Reader
+	afterCR bool // the last line ended with a CR
+}
+
+// next returns the next line without its end, at most maxLine bytes; a last line without an
+// end is returned at io.EOF.
+func (l *lineReader) next() (string, error) {
+	if l.afterCR {
+		l.afterCR = false
+		if b, err := l.r.Peek(1); err == nil && b[0] == '\n' {
+			_, _ = l.r.Discard(1)
+		}
+	}
+	var line []byte
 	for {
-		chunk, err := r.ReadSlice('\n')
-		buf = append(buf, chunk...)
-		if len(buf) > maxLine {
+		if _, err := l.r.Peek(1); err != nil {
+			if len(line) > 0 && errors.Is(err, io.EOF) {
+				return string(line), nil // a last line without its end
+			}
+			return "", err
+		}
+		buf, _ := l.r.Peek(l.r.Buffered())
+		end := bytes.IndexAny(buf, "\r\n")
+		if end < 0 {
+			end = len(buf)
+		}
+		if len(line)+end > maxLine {
 			return "", fmt.Errorf("stream line longer than %d bytes", maxLine)
 		}
-		if err == nil {
-			break
+		line = append(line, buf[:end]...)
+		if end < len(buf) {
+			l.afterCR = buf[end] == '\r'
+			_, _ = l.r.Discard(end + 1)
+			return string(line), nil
 		}
-		if errors.Is(err, bufio.ErrBufferFull) {
-			continue
-		}
-		if len(buf) > 0 && errors.Is(err, io.EOF) {
-			break // a last line without its end
-		}
-		return "", err
+		_, _ = l.r.Discard(end)
 	}
-	return strings.TrimRight(string(buf), "\r\n"), nil
 }

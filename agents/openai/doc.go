@@ -19,10 +19,12 @@
 // (stream: true, stream_options.include_usage) and Partial gets the whole text so far as it
 // grows; otherwise one reply is read. An answer is read as what its body is, whatever was asked
 // and whatever its Content-Type says: servers and proxies that always stream, or label a stream
-// application/json, are answered too. A reply the model stopped before its end (finish_reason
-// length or content_filter), or cut at MaxReply (a stream is then read no further, so that a
-// model that runs on does not keep the turn to its timeout), ends with a note that says so
-// (cutNote), and a warning is logged: a user would take the start of an answer for all of it.
+// application/json, are answered too; a stream's lines may end with CRLF, LF or a lone CR, as
+// the event stream format allows, and a body may start with a byte order mark. A reply the
+// model stopped before its end (finish_reason length or content_filter), or cut at MaxReply (a
+// stream is then read no further, so that a model that runs on does not keep the turn to its
+// timeout), ends with a note that says so (cutNote), and a warning is logged: a user would take
+// the start of an answer for all of it.
 // The note is the user's: later turns' history gives the model the reply without it. Token usage is returned in
 // Response.Usage, summed over every call of the turn, also together with an error when tokens
 // were spent.

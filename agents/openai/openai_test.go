@@ -489,6 +489,9 @@ func TestEventStreamAnswers(t *testing.T) {
 		{"a plain request answered with a stream labelled JSON", openaitest.Raw("application/json", stream), false, nil},
 		{"a stream labelled JSON", openaitest.Raw("application/json; charset=utf-8", "\n"+stream), true, []string{"He", "Hello"}},
 		{"a stream without a label", openaitest.Raw("", "data: "+stream[len(": keep-alive\n\ndata: "):]), true, []string{"He", "Hello"}},
+		{"a stream whose lines end with a lone CR", openaitest.Raw("text/event-stream", strings.ReplaceAll(stream, "\n", "\r")), true, []string{"He", "Hello"}},
+		{"a stream that starts with a byte order mark", openaitest.Raw("text/event-stream", "\uFEFF"+stream[len(": keep-alive\n\n"):]), true, []string{"He", "Hello"}},
+		{"one reply that starts with a byte order mark", openaitest.Raw("application/json", "\uFEFF"+`{"choices":[{"message":{"content":"Hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":4,"completion_tokens":2}}`), false, nil},
 		{"one reply labelled a stream", openaitest.Raw("text/event-stream", `{"choices":[{"message":{"content":"Hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":4,"completion_tokens":2}}`), true, []string{"Hello"}},
 	}
 	for _, tt := range tests {
