@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -53,7 +54,14 @@ type result struct {
 func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log *slog.Logger) (*result, error) {
 	var wait time.Duration // before the attempt: the last failed one's backoff
 	for attempt := 1; ; attempt++ {
-		if left := a.pausedUntil().Sub(a.now()); left > wait {
+		// A request that failed waits its own spread backoff, lengthened only to a wait the
+		// endpoint asked for: to another turn's computed one, turns that failed together would
+		// retry together again.
+		pause := &a.paused
+		if wait > 0 {
+			pause = &a.asked
+		}
+		if left := pausedUntil(pause).Sub(a.now()); left > wait {
 			// Another request was told to wait: so is this one, which would only add to the
 			// storm (unless the turn ends first: then the endpoint may say so itself).
 			if dl, has := ctx.Deadline(); !has || time.Until(dl) > left {
@@ -86,7 +94,11 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log
 		}
 		log.Warn("model call failed; retrying", "attempt", attempt, "wait", wait, logging.Err(err))
 		if pausesAll(err) {
-			a.pauseUntil(a.now().Add(wait))
+			until := a.now().Add(wait)
+			pauseUntil(&a.paused, until)
+			if se, ok := errors.AsType[*StatusError](err); ok && se.RetryAfter > 0 {
+				pauseUntil(&a.asked, until)
+			}
 		}
 	}
 }
@@ -98,19 +110,20 @@ func pausesAll(err error) bool {
 	return ok && (se.Code == http.StatusTooManyRequests || se.RetryAfter > 0)
 }
 
-// pausedUntil is when the endpoint's last rate limit ends; zero when none was met.
-func (a *Agent) pausedUntil() time.Time {
-	if n := a.paused.Load(); n != 0 {
+// pausedUntil is when the pause p (Agent.paused or Agent.asked) ends; zero when none was met.
+func pausedUntil(p *atomic.Int64) time.Time {
+	if n := p.Load(); n != 0 {
 		return time.Unix(0, n)
 	}
 	return time.Time{}
 }
 
-// pauseUntil makes every request of the agent wait until t, or later when it already does.
-func (a *Agent) pauseUntil(t time.Time) {
+// pauseUntil makes the pause p (Agent.paused or Agent.asked) last until t, or later when it
+// already does.
+func pauseUntil(p *atomic.Int64, t time.Time) {
 	for {
-		old := a.paused.Load()
-		if old >= t.UnixNano() || a.paused.CompareAndSwap(old, t.UnixNano()) {
+		old := p.Load()
+		if old >= t.UnixNano() || p.CompareAndSwap(old, t.UnixNano()) {
 			return
 		}
 	}

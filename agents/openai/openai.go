@@ -97,6 +97,9 @@ type Agent struct {
 	// paused is when the endpoint's last rate limit ends (unix nanoseconds of nowFn's clock):
 	// every request waits for it, so that one 429 does not meet a storm of requests behind it.
 	paused atomic.Int64
+	// asked is when the last wait the endpoint asked for (Retry-After) ends: a request that
+	// failed itself keeps its own spread backoff unless this is later (paused holds the others).
+	asked atomic.Int64
 	// completionTokens is set once the endpoint refused max_tokens, asking for
 	// max_completion_tokens (OpenAI's reasoning models): the bound goes by that name from then on.
 	completionTokens atomic.Bool

@@ -1065,3 +1065,64 @@ func TestBackoffIsSpread(t *testing.T) {
 		t.Errorf("20 turns all waited %v: the backoff is not spread", seen)
 	}
 }
+
+// TestRateLimitedTurnsRetrySpread: turns whose requests met a 429 that named no wait together
+// keep their own spread backoffs. Before, the pause the longest one set held every other such
+// turn until it ended, so that all retried together again, as before the jitter.
+func TestRateLimitedTurnsRetrySpread(t *testing.T) {
+	both := make(chan struct{})
+	m := openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		switch n {
+		case 1:
+			<-both
+		case 2:
+			close(both)
+		default:
+			openaitest.WriteReply(w, "ok", 1, 1)
+			return
+		}
+		openaitest.Status(429, `{"error":{"message":"slow down"}}`)(w, r) // no Retry-After
+	})
+	at := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	var (
+		mu      sync.Mutex
+		jitters int
+		waits   []time.Duration
+	)
+	slept := make(chan struct{})
+	var once sync.Once
+	a := MustAgent(t, m, nil, nil, func(c *openai.Config) {
+		c.Now = func() time.Time { return at } // the waits are read against one moment
+		c.Jitter = func(d time.Duration) time.Duration {
+			mu.Lock()
+			jitters++
+			first := jitters == 1
+			mu.Unlock()
+			if !first {
+				return d // the other turn: all of it
+			}
+			<-slept // this turn: half, decided once the other one waits (its pause is set)
+			return d / 2
+		}
+		c.Sleep = func(ctx context.Context, d time.Duration) error {
+			mu.Lock()
+			waits = append(waits, d)
+			mu.Unlock()
+			once.Do(func() { close(slept) })
+			return ctx.Err()
+		}
+	})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			if _, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}}); err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	slices.Sort(waits)
+	if want := []time.Duration{500 * time.Millisecond, time.Second}; !slices.Equal(waits, want) {
+		t.Errorf("the rate-limited turns waited %v, want their own spread backoffs %v", waits, want)
+	}
+}
