@@ -132,6 +132,25 @@ func TestEventsMissedLastRelayIsSentAtTheKeepalive(t *testing.T) {
 	}
 }
 
+// TestEventsMissedFirstRelayOfAClusterMemberIsSentAtTheKeepalive: on a cluster member that has
+// not been shown any relayed reply yet (it has just started, which is when relays miss it), a
+// stream whose reply the relay missed finds it in the outbox at its next keepalive. Before, the
+// keepalive looked only on a member that had been shown a relayed reply, so a member whose
+// first relay was the missed one showed it only after a reconnect.
+func TestEventsMissedFirstRelayOfAClusterMemberIsSentAtTheKeepalive(t *testing.T) {
+	sessions := newFakeSessions()
+	h := mustStart(t, Config{Sessions: sessions, KeepAlive: 20 * time.Millisecond, Clustered: true}, &fakeRuntime{})
+	sessions.addOutbox(outbound(streamKey, 1, platforms.KindReply))
+	s := h.openSSE(streamKey, "", "")
+	if ev := s.mustNextEvent(); ev.id != 1 {
+		t.Fatalf("replayed event id = %d, want 1", ev.id)
+	}
+	sessions.addOutbox(outbound(streamKey, 2, platforms.KindReply)) // sent on another member; its relay is lost
+	if ev := s.mustNextEvent(); ev.id != 2 {
+		t.Errorf("event id = %d, want 2", ev.id)
+	}
+}
+
 func TestEventsResumePoint(t *testing.T) {
 	sessions := newFakeSessions()
 	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})

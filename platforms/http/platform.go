@@ -82,6 +82,10 @@ type Config struct {
 	// that names another run in it is answered 421 before anything else (an admin command that
 	// found this address in a record of another run, or another deployment's). "" means none.
 	Run string
+	// Clustered says that the daemon is a cluster member: replies sent on other members reach
+	// this one by relays (Show), which can miss it, so event streams also look in the outbox
+	// at each keepalive.
+	Clustered bool
 }
 
 // RunHeader is the header that names a daemon's run (Config.Run), in its answers and in the
@@ -95,8 +99,9 @@ type Platform struct {
 	mux      *http.ServeMux
 	handler  http.Handler
 	draining atomic.Bool
-	// relayed is set once a reply sent on another member was shown here (Show): this member
-	// is in a cluster, whose relays can miss it, so event streams also look in the outbox.
+	// relayed is set when this member is in a cluster (Config.Clustered), or once a reply sent
+	// on another member was shown here (Show): relays can miss it, so event streams also look
+	// in the outbox.
 	relayed atomic.Bool
 	// subBuffer is the event buffer of each SSE subscriber; a field so tests can shrink it.
 	subBuffer int
@@ -155,6 +160,7 @@ func New(c Config) (*Platform, error) {
 		subs:      make(map[string]map[*subscriber]struct{}),
 		waiters:   make(map[string]map[*waiter]struct{}),
 	}
+	p.relayed.Store(c.Clustered) // relays miss a member most when it has just started
 	p.routes()
 	p.handler = p.recoverPanics(p.identify(p.limitBody(p.authenticate(http.HandlerFunc(p.route)))))
 	return p, nil
