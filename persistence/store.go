@@ -283,6 +283,20 @@ type MarkProbation struct {
 // past it.
 const ProbationAfter = 2
 
+// RequeueMessage runs a quarantined user message again (an operator's requeue): its row moves
+// from Seq to NewSeq, the end of its session's transcript, and becomes pending with its counts
+// cleared (Attempts, and its probation mark). Pending messages load by seq, so the moved row
+// runs after the messages already waiting, in the order the session queued it in memory, also
+// after a restart; its text, sender and message id are unchanged (it is the same message, its
+// replies answer the same id). Only a user row with status quarantined at Seq moves:
+// re-applying it, or applying it to any other row, is a no-op. NewSeq must be unused (the
+// session's next seq).
+type RequeueMessage struct {
+	SessionID string
+	Seq       int64
+	NewSeq    int64
+}
+
 // ArchiveMessages marks rows inactive and archived (undo, retry); rows are never deleted.
 type ArchiveMessages struct {
 	SessionID string
@@ -366,6 +380,7 @@ func (*IncrementAttempts) isOp() {}
 func (*SetAttempts) isOp()       {}
 func (*MarkProbation) isOp()     {}
 func (*ArchiveMessages) isOp()   {}
+func (*RequeueMessage) isOp()    {}
 func (*PutRoute) isOp()          {}
 func (*AddOutbox) isOp()         {}
 func (*MarkDelivery) isOp()      {}

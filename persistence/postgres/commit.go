@@ -44,7 +44,9 @@ const (
 	setAttemptsSQL   = `UPDATE messages SET attempts = GREATEST(attempts, $1) WHERE session_id = $2 AND seq = $3`
 	archiveSQL       = `UPDATE messages SET active = FALSE, archived = TRUE WHERE session_id = $1 AND seq = $2`
 	markProbationSQL = `UPDATE messages SET probation_run = $1 WHERE session_id = $2 AND seq = $3`
-	putRouteSQL      = `INSERT INTO routing (key, session_id, generation, updated_at) VALUES ($1, $2, $3, $4)
+	requeueSQL       = `UPDATE messages SET seq = $1, status = 'pending', attempts = 0, probation_run = ''
+		WHERE session_id = $2 AND seq = $3 AND role = 'user' AND status = 'quarantined'`
+	putRouteSQL = `INSERT INTO routing (key, session_id, generation, updated_at) VALUES ($1, $2, $3, $4)
 		ON CONFLICT (key) DO UPDATE SET session_id = excluded.session_id,
 			generation = excluded.generation, updated_at = excluded.updated_at
 		WHERE excluded.generation > routing.generation`
@@ -383,6 +385,11 @@ func groupStmts(ops []persistence.Op) ([]stmt, error) {
 				return nil, errors.New("archive messages: nil op")
 			}
 			eachSeq(archiveSQL, o.SessionID, o.Seqs)
+		case *persistence.RequeueMessage:
+			if o == nil || o.NewSeq <= o.Seq {
+				return nil, errors.New("requeue message: the new seq must follow the old one")
+			}
+			add(requeueSQL, o.NewSeq, o.SessionID, o.Seq)
 		case *persistence.PutRoute:
 			if o == nil || o.Route.Key == "" || o.Route.SessionID == "" {
 				return nil, errors.New("put route: key and session id required")

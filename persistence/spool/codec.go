@@ -85,6 +85,8 @@ func encodeOp(op persistence.Op) (string, []byte, error) {
 		typ, isNil = "MarkProbation", o == nil
 	case *persistence.ArchiveMessages:
 		typ, isNil = "ArchiveMessages", o == nil
+	case *persistence.RequeueMessage:
+		typ, isNil = "RequeueMessage", o == nil
 	case *persistence.PutRoute:
 		typ, isNil = "PutRoute", o == nil
 	case *persistence.AddOutbox:
@@ -143,6 +145,8 @@ func newOp(typ string) persistence.Op {
 		return &persistence.MarkProbation{}
 	case "ArchiveMessages":
 		return &persistence.ArchiveMessages{}
+	case "RequeueMessage":
+		return &persistence.RequeueMessage{}
 	case "PutRoute":
 		return &persistence.PutRoute{}
 	case "AddOutbox":

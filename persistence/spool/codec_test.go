@@ -50,6 +50,7 @@ func opSamples() []persistence.Op {
 		&persistence.IncrementAttempts{SessionID: "s-1", Seqs: []int64{4}},
 		&persistence.SetAttempts{SessionID: "s-1", Seq: 4, Attempts: 3},
 		&persistence.MarkProbation{SessionID: "s-1", Seq: 4, Run: "r-1"},
+		&persistence.RequeueMessage{SessionID: "s-1", Seq: 4, NewSeq: 9},
 		&persistence.ArchiveMessages{SessionID: "s-1", Seqs: []int64{5, 6}},
 		&persistence.PutRoute{Route: persistence.Route{Key: "k", SessionID: "s-1", Generation: 9, UpdatedAt: t0}},
 		&persistence.AddOutbox{Entry: persistence.OutboxEntry{

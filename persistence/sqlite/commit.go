@@ -32,6 +32,7 @@ const (
 	stIncAttempts
 	stSetAttempts
 	stMarkProbation
+	stRequeue
 	stArchive
 	stPutRoute
 	stAddOutbox
@@ -72,6 +73,8 @@ var writeSQL = [numStmts]string{
 	stSetAttempts:   `UPDATE messages SET attempts = MAX(attempts, ?) WHERE session_id = ? AND seq = ?`,
 	stArchive:       `UPDATE messages SET active = 0, archived = 1 WHERE session_id = ? AND seq = ?`,
 	stMarkProbation: `UPDATE messages SET probation_run = ? WHERE session_id = ? AND seq = ?`,
+	stRequeue: `UPDATE messages SET seq = ?, status = 'pending', attempts = 0, probation_run = ''
+		WHERE session_id = ? AND seq = ? AND role = 'user' AND status = 'quarantined'`,
 	stPutRoute: `INSERT INTO routing (key, session_id, generation, updated_at) VALUES (?, ?, ?, ?)
 		ON CONFLICT (key) DO UPDATE SET session_id = excluded.session_id,
 			generation = excluded.generation, updated_at = excluded.updated_at
@@ -447,6 +450,12 @@ func (t *txn) apply(op persistence.Op) error {
 			return errors.New("archive messages: nil op")
 		}
 		return t.eachSeq(o.SessionID, o.Seqs, "archive messages", stArchive)
+	case *persistence.RequeueMessage:
+		if o == nil || o.NewSeq <= o.Seq {
+			return errors.New("requeue message: the new seq must follow the old one")
+		}
+		_, err := t.exec(stRequeue, o.NewSeq, o.SessionID, o.Seq)
+		return wrap(err, "requeue message %s/%d", o.SessionID, o.Seq)
 	case *persistence.PutRoute:
 		if o == nil || o.Route.Key == "" || o.Route.SessionID == "" {
 			return errors.New("put route: key and session id required")

@@ -53,6 +53,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"IdleSessionsPaging", testIdleSessionsPaging},
 		{"ReopenSession", testReopenSession},
 		{"SetAttempts", testSetAttempts},
+		{"Requeue", testRequeue},
 		{"UncleanStops", testUncleanStops},
 		{"UncleanStopsOnProbation", testUncleanStopsOnProbation},
 		{"PruneSessions", testPruneSessions},
