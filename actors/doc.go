@@ -10,7 +10,8 @@
 //     idle ones, supervises them one for one with a restart budget, and re-activates sessions
 //     with unfinished durable work at start. While its member leaves the cluster it forwards
 //     what it no longer runs to each key's successor.
-//   - Session (child of SessionManager, named by its key): Deliver, GetState, ResetSession
+//   - Session (child of SessionManager, named by its key): Deliver, GetState, ResetSession,
+//     RequeueMessage
 //     (protobuf, messages.proto), TurnFinished and turnPanicked from its Turn,
 //     persistence.WriteResult, idleCheck from the manager's idle sweep (passivation),
 //     leaving when its member leaves the cluster, and probationGranted and probationLost from

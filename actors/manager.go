@@ -738,6 +738,8 @@ func (m *SessionManager) forwardTo(c actor.Context, to *actor.PID, key string, r
 		f.Msg = &Forward_GetState{GetState: msg}
 	case *ResetSession:
 		f.Msg = &Forward_ResetSession{ResetSession: msg}
+	case *RequeueMessage:
+		f.Msg = &Forward_RequeueMessage{RequeueMessage: msg}
 	case *ResetDue:
 		f.Msg = &Forward_ResetDue{ResetDue: msg}
 	case *Recover:
@@ -753,7 +755,7 @@ func (m *SessionManager) forwardTo(c actor.Context, to *actor.PID, key string, r
 // member (forwardTo).
 func crossesMembers(msg any) bool {
 	switch msg.(type) {
-	case *Deliver, *GetState, *ResetSession, *ResetDue, *Recover:
+	case *Deliver, *GetState, *ResetSession, *RequeueMessage, *ResetDue, *Recover:
 		return true
 	}
 	return false
@@ -769,6 +771,8 @@ func (m *SessionManager) onForward(c actor.Context, f *Forward) {
 		msg = x.GetState
 	case *Forward_ResetSession:
 		msg = x.ResetSession
+	case *Forward_RequeueMessage:
+		msg = x.RequeueMessage
 	case *Forward_ResetDue:
 		msg = x.ResetDue
 	case *Forward_Recover:

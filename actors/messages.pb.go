@@ -586,6 +586,149 @@ func (x *ResetResult) GetError() string {
 	return ""
 }
 
+// RequeueMessage asks a session to run one of its quarantined messages again (an operator's
+// requeue, POST /v1/sessions/{key}/messages/{id}/requeue): the message goes back to pending at
+// the end of the queue and runs as a turn of its original sender. Handled by
+// Session.onRequeue; reply RequeueResult, sent once the change is durable or refused.
+type RequeueMessage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MessageId     string                 `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequeueMessage) Reset() {
+	*x = RequeueMessage{}
+	mi := &file_actors_messages_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequeueMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequeueMessage) ProtoMessage() {}
+
+func (x *RequeueMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_actors_messages_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequeueMessage.ProtoReflect.Descriptor instead.
+func (*RequeueMessage) Descriptor() ([]byte, []int) {
+	return file_actors_messages_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RequeueMessage) GetMessageId() string {
+	if x != nil {
+		return x.MessageId
+	}
+	return ""
+}
+
+// RequeueResult answers RequeueMessage. error_code is empty on success; otherwise not_found
+// (no such message in the key's sessions), not_quarantined (status says what it is),
+// session_ended (the message's session has ended), unavailable or stopped (ErrCode*).
+type RequeueResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	MessageId     string                 `protobuf:"bytes,2,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	QueueDepth    int32                  `protobuf:"varint,3,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
+	Status        string                 `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	ErrorCode     string                 `protobuf:"bytes,5,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	Error         string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	Disposition   string                 `protobuf:"bytes,7,opt,name=disposition,proto3" json:"disposition,omitempty"` // started (its turn began at once) or queued
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequeueResult) Reset() {
+	*x = RequeueResult{}
+	mi := &file_actors_messages_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequeueResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequeueResult) ProtoMessage() {}
+
+func (x *RequeueResult) ProtoReflect() protoreflect.Message {
+	mi := &file_actors_messages_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequeueResult.ProtoReflect.Descriptor instead.
+func (*RequeueResult) Descriptor() ([]byte, []int) {
+	return file_actors_messages_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RequeueResult) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *RequeueResult) GetMessageId() string {
+	if x != nil {
+		return x.MessageId
+	}
+	return ""
+}
+
+func (x *RequeueResult) GetQueueDepth() int32 {
+	if x != nil {
+		return x.QueueDepth
+	}
+	return 0
+}
+
+func (x *RequeueResult) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *RequeueResult) GetErrorCode() string {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return ""
+}
+
+func (x *RequeueResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *RequeueResult) GetDisposition() string {
+	if x != nil {
+		return x.Disposition
+	}
+	return ""
+}
+
 // ResetDue tells a session that its reset policy may have made it due; it ends itself if so.
 // Sent by the Timers actor; handled by Session.onResetDue; no reply.
 type ResetDue struct {
@@ -596,7 +739,7 @@ type ResetDue struct {
 
 func (x *ResetDue) Reset() {
 	*x = ResetDue{}
-	mi := &file_actors_messages_proto_msgTypes[7]
+	mi := &file_actors_messages_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -608,7 +751,7 @@ func (x *ResetDue) String() string {
 func (*ResetDue) ProtoMessage() {}
 
 func (x *ResetDue) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[7]
+	mi := &file_actors_messages_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -621,7 +764,7 @@ func (x *ResetDue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetDue.ProtoReflect.Descriptor instead.
 func (*ResetDue) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{7}
+	return file_actors_messages_proto_rawDescGZIP(), []int{9}
 }
 
 // Recover activates a session that has unfinished work in the store (unanswered messages,
@@ -637,7 +780,7 @@ type Recover struct {
 
 func (x *Recover) Reset() {
 	*x = Recover{}
-	mi := &file_actors_messages_proto_msgTypes[8]
+	mi := &file_actors_messages_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -649,7 +792,7 @@ func (x *Recover) String() string {
 func (*Recover) ProtoMessage() {}
 
 func (x *Recover) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[8]
+	mi := &file_actors_messages_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -662,7 +805,7 @@ func (x *Recover) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Recover.ProtoReflect.Descriptor instead.
 func (*Recover) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{8}
+	return file_actors_messages_proto_rawDescGZIP(), []int{10}
 }
 
 // RelayedOutbound is a reply or notice that the member owning its session has sent on a
@@ -688,7 +831,7 @@ type RelayedOutbound struct {
 
 func (x *RelayedOutbound) Reset() {
 	*x = RelayedOutbound{}
-	mi := &file_actors_messages_proto_msgTypes[9]
+	mi := &file_actors_messages_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +843,7 @@ func (x *RelayedOutbound) String() string {
 func (*RelayedOutbound) ProtoMessage() {}
 
 func (x *RelayedOutbound) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[9]
+	mi := &file_actors_messages_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +856,7 @@ func (x *RelayedOutbound) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayedOutbound.ProtoReflect.Descriptor instead.
 func (*RelayedOutbound) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{9}
+	return file_actors_messages_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RelayedOutbound) GetSessionKey() string {
@@ -798,7 +941,7 @@ type Peek struct {
 
 func (x *Peek) Reset() {
 	*x = Peek{}
-	mi := &file_actors_messages_proto_msgTypes[10]
+	mi := &file_actors_messages_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -810,7 +953,7 @@ func (x *Peek) String() string {
 func (*Peek) ProtoMessage() {}
 
 func (x *Peek) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[10]
+	mi := &file_actors_messages_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -823,7 +966,7 @@ func (x *Peek) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Peek.ProtoReflect.Descriptor instead.
 func (*Peek) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{10}
+	return file_actors_messages_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Peek) GetKey() string {
@@ -849,6 +992,7 @@ type Forward struct {
 	//	*Forward_ResetSession
 	//	*Forward_ResetDue
 	//	*Forward_Recover
+	//	*Forward_RequeueMessage
 	Msg isForward_Msg `protobuf_oneof:"msg"`
 	// to_holder marks a message a manager that waits to activate the key sent to the member that
 	// holds it (Release): if that member lets go of the key meanwhile, it sends the message on.
@@ -860,7 +1004,7 @@ type Forward struct {
 
 func (x *Forward) Reset() {
 	*x = Forward{}
-	mi := &file_actors_messages_proto_msgTypes[11]
+	mi := &file_actors_messages_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -872,7 +1016,7 @@ func (x *Forward) String() string {
 func (*Forward) ProtoMessage() {}
 
 func (x *Forward) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[11]
+	mi := &file_actors_messages_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -885,7 +1029,7 @@ func (x *Forward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Forward.ProtoReflect.Descriptor instead.
 func (*Forward) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{11}
+	return file_actors_messages_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Forward) GetKey() string {
@@ -954,6 +1098,15 @@ func (x *Forward) GetRecover() *Recover {
 	return nil
 }
 
+func (x *Forward) GetRequeueMessage() *RequeueMessage {
+	if x != nil {
+		if x, ok := x.Msg.(*Forward_RequeueMessage); ok {
+			return x.RequeueMessage
+		}
+	}
+	return nil
+}
+
 func (x *Forward) GetToHolder() bool {
 	if x != nil {
 		return x.ToHolder
@@ -985,6 +1138,10 @@ type Forward_Recover struct {
 	Recover *Recover `protobuf:"bytes,7,opt,name=recover,proto3,oneof"`
 }
 
+type Forward_RequeueMessage struct {
+	RequeueMessage *RequeueMessage `protobuf:"bytes,9,opt,name=requeue_message,json=requeueMessage,proto3,oneof"`
+}
+
 func (*Forward_Deliver) isForward_Msg() {}
 
 func (*Forward_GetState) isForward_Msg() {}
@@ -994,6 +1151,8 @@ func (*Forward_ResetSession) isForward_Msg() {}
 func (*Forward_ResetDue) isForward_Msg() {}
 
 func (*Forward_Recover) isForward_Msg() {}
+
+func (*Forward_RequeueMessage) isForward_Msg() {}
 
 // Release asks the SessionManager of another member to let go of a key that the asking
 // manager is about to activate (cluster mode). The asked manager answers Released at once,
@@ -1028,7 +1187,7 @@ type Release struct {
 
 func (x *Release) Reset() {
 	*x = Release{}
-	mi := &file_actors_messages_proto_msgTypes[12]
+	mi := &file_actors_messages_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1040,7 +1199,7 @@ func (x *Release) String() string {
 func (*Release) ProtoMessage() {}
 
 func (x *Release) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[12]
+	mi := &file_actors_messages_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1053,7 +1212,7 @@ func (x *Release) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Release.ProtoReflect.Descriptor instead.
 func (*Release) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{12}
+	return file_actors_messages_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Release) GetKey() string {
@@ -1107,7 +1266,7 @@ type Released struct {
 
 func (x *Released) Reset() {
 	*x = Released{}
-	mi := &file_actors_messages_proto_msgTypes[13]
+	mi := &file_actors_messages_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1278,7 @@ func (x *Released) String() string {
 func (*Released) ProtoMessage() {}
 
 func (x *Released) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[13]
+	mi := &file_actors_messages_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1291,7 @@ func (x *Released) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Released.ProtoReflect.Descriptor instead.
 func (*Released) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{13}
+	return file_actors_messages_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Released) GetKey() string {
@@ -1232,7 +1391,22 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12.\n" +
 	"\x13previous_session_id\x18\x02 \x01(\tR\x11previousSessionId\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"/\n" +
+	"\x0eRequeueMessage\x12\x1d\n" +
+	"\n" +
+	"message_id\x18\x01 \x01(\tR\tmessageId\"\xdd\x01\n" +
+	"\rRequeueResult\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
+	"\n" +
+	"message_id\x18\x02 \x01(\tR\tmessageId\x12\x1f\n" +
+	"\vqueue_depth\x18\x03 \x01(\x05R\n" +
+	"queueDepth\x12\x16\n" +
+	"\x06status\x18\x04 \x01(\tR\x06status\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x05 \x01(\tR\terrorCode\x12\x14\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\x12 \n" +
+	"\vdisposition\x18\a \x01(\tR\vdisposition\"\n" +
 	"\n" +
 	"\bResetDue\"\t\n" +
 	"\aRecover\"\xc5\x02\n" +
@@ -1251,7 +1425,7 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\x14created_at_unix_nano\x18\n" +
 	" \x01(\x03R\x11createdAtUnixNano\"\x18\n" +
 	"\x04Peek\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\"\x8d\x03\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"\xdd\x03\n" +
 	"\aForward\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04hops\x18\x02 \x01(\x05R\x04hops\x128\n" +
@@ -1259,7 +1433,8 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\tget_state\x18\x04 \x01(\v2\x1d.agentgate.actors.v1.GetStateH\x00R\bgetState\x12H\n" +
 	"\rreset_session\x18\x05 \x01(\v2!.agentgate.actors.v1.ResetSessionH\x00R\fresetSession\x12<\n" +
 	"\treset_due\x18\x06 \x01(\v2\x1d.agentgate.actors.v1.ResetDueH\x00R\bresetDue\x128\n" +
-	"\arecover\x18\a \x01(\v2\x1c.agentgate.actors.v1.RecoverH\x00R\arecover\x12\x1b\n" +
+	"\arecover\x18\a \x01(\v2\x1c.agentgate.actors.v1.RecoverH\x00R\arecover\x12N\n" +
+	"\x0frequeue_message\x18\t \x01(\v2#.agentgate.actors.v1.RequeueMessageH\x00R\x0erequeueMessage\x12\x1b\n" +
 	"\tto_holder\x18\b \x01(\bR\btoHolderB\x05\n" +
 	"\x03msg\"\x8a\x01\n" +
 	"\aRelease\x12\x10\n" +
@@ -1292,7 +1467,7 @@ func file_actors_messages_proto_rawDescGZIP() []byte {
 	return file_actors_messages_proto_rawDescData
 }
 
-var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_actors_messages_proto_goTypes = []any{
 	(*Source)(nil),          // 0: agentgate.actors.v1.Source
 	(*Deliver)(nil),         // 1: agentgate.actors.v1.Deliver
@@ -1301,27 +1476,30 @@ var file_actors_messages_proto_goTypes = []any{
 	(*SessionState)(nil),    // 4: agentgate.actors.v1.SessionState
 	(*ResetSession)(nil),    // 5: agentgate.actors.v1.ResetSession
 	(*ResetResult)(nil),     // 6: agentgate.actors.v1.ResetResult
-	(*ResetDue)(nil),        // 7: agentgate.actors.v1.ResetDue
-	(*Recover)(nil),         // 8: agentgate.actors.v1.Recover
-	(*RelayedOutbound)(nil), // 9: agentgate.actors.v1.RelayedOutbound
-	(*Peek)(nil),            // 10: agentgate.actors.v1.Peek
-	(*Forward)(nil),         // 11: agentgate.actors.v1.Forward
-	(*Release)(nil),         // 12: agentgate.actors.v1.Release
-	(*Released)(nil),        // 13: agentgate.actors.v1.Released
+	(*RequeueMessage)(nil),  // 7: agentgate.actors.v1.RequeueMessage
+	(*RequeueResult)(nil),   // 8: agentgate.actors.v1.RequeueResult
+	(*ResetDue)(nil),        // 9: agentgate.actors.v1.ResetDue
+	(*Recover)(nil),         // 10: agentgate.actors.v1.Recover
+	(*RelayedOutbound)(nil), // 11: agentgate.actors.v1.RelayedOutbound
+	(*Peek)(nil),            // 12: agentgate.actors.v1.Peek
+	(*Forward)(nil),         // 13: agentgate.actors.v1.Forward
+	(*Release)(nil),         // 14: agentgate.actors.v1.Release
+	(*Released)(nil),        // 15: agentgate.actors.v1.Released
 }
 var file_actors_messages_proto_depIdxs = []int32{
-	0, // 0: agentgate.actors.v1.Deliver.source:type_name -> agentgate.actors.v1.Source
-	0, // 1: agentgate.actors.v1.RelayedOutbound.target:type_name -> agentgate.actors.v1.Source
-	1, // 2: agentgate.actors.v1.Forward.deliver:type_name -> agentgate.actors.v1.Deliver
-	3, // 3: agentgate.actors.v1.Forward.get_state:type_name -> agentgate.actors.v1.GetState
-	5, // 4: agentgate.actors.v1.Forward.reset_session:type_name -> agentgate.actors.v1.ResetSession
-	7, // 5: agentgate.actors.v1.Forward.reset_due:type_name -> agentgate.actors.v1.ResetDue
-	8, // 6: agentgate.actors.v1.Forward.recover:type_name -> agentgate.actors.v1.Recover
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	0,  // 0: agentgate.actors.v1.Deliver.source:type_name -> agentgate.actors.v1.Source
+	0,  // 1: agentgate.actors.v1.RelayedOutbound.target:type_name -> agentgate.actors.v1.Source
+	1,  // 2: agentgate.actors.v1.Forward.deliver:type_name -> agentgate.actors.v1.Deliver
+	3,  // 3: agentgate.actors.v1.Forward.get_state:type_name -> agentgate.actors.v1.GetState
+	5,  // 4: agentgate.actors.v1.Forward.reset_session:type_name -> agentgate.actors.v1.ResetSession
+	9,  // 5: agentgate.actors.v1.Forward.reset_due:type_name -> agentgate.actors.v1.ResetDue
+	10, // 6: agentgate.actors.v1.Forward.recover:type_name -> agentgate.actors.v1.Recover
+	7,  // 7: agentgate.actors.v1.Forward.requeue_message:type_name -> agentgate.actors.v1.RequeueMessage
+	8,  // [8:8] is the sub-list for method output_type
+	8,  // [8:8] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_actors_messages_proto_init() }
@@ -1329,21 +1507,22 @@ func file_actors_messages_proto_init() {
 	if File_actors_messages_proto != nil {
 		return
 	}
-	file_actors_messages_proto_msgTypes[11].OneofWrappers = []any{
+	file_actors_messages_proto_msgTypes[13].OneofWrappers = []any{
 		(*Forward_Deliver)(nil),
 		(*Forward_GetState)(nil),
 		(*Forward_ResetSession)(nil),
 		(*Forward_ResetDue)(nil),
 		(*Forward_Recover)(nil),
+		(*Forward_RequeueMessage)(nil),
 	}
-	file_actors_messages_proto_msgTypes[12].OneofWrappers = []any{}
+	file_actors_messages_proto_msgTypes[14].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_actors_messages_proto_rawDesc), len(file_actors_messages_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

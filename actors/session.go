@@ -259,6 +259,8 @@ func (s *Session) Receive(c actor.Context) {
 		c.Respond(s.state())
 	case *ResetSession:
 		s.onReset(c, m)
+	case *RequeueMessage:
+		s.onRequeue(c, m)
 	case *ResetDue:
 		s.onResetDue(c)
 	case *idleCheck:
@@ -533,6 +535,9 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 			Error: "the database is unavailable and this chat's session cannot load until it answers (and the writes waiting in the spool are replayed); send the message again shortly"})
 	case *ResetSession:
 		c.Respond(&ResetResult{Error: "the database is unavailable; the session cannot load until it answers"})
+	case *RequeueMessage:
+		c.Respond(&RequeueResult{MessageId: m.MessageId, ErrorCode: "unavailable",
+			Error: "the database is unavailable; the session cannot load until it answers; retry later"})
 	case *moved:
 		// The key lives on another member now: this one must not claim it once the spool
 		// drains. It stops without loading; what it is asked meanwhile goes to the manager.
@@ -795,7 +800,7 @@ func (s *Session) whileStopping(c actor.Context) bool {
 			return true // an idle session's state is still the key's
 		}
 		s.handOver(c, c.Message(), c.Sender())
-	case *Deliver, *ResetSession, *ResetDue:
+	case *Deliver, *ResetSession, *RequeueMessage, *ResetDue:
 		s.handOver(c, c.Message(), c.Sender())
 	}
 	return false

@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +27,7 @@ type managerWorld struct {
 	sent    chan *SendOutbound // what the platform was asked to send, in order
 	src     identity.Source    // the chat deliver writes from
 	key     string             // its session key
+	stop    func()             // stops the world (once; the test's end calls it too)
 }
 
 // newManagerWorld starts a world whose sessions run agent. setup may change the Deps before
@@ -86,7 +88,7 @@ func newManagerWorldWith(t *testing.T, path string, agent agents.Agent, setup fu
 	w.d.Probation = system.Root.Spawn(NewProbation(w.d))
 	w.manager = system.Root.Spawn(NewSessionManager(w.d))
 	w.key = identity.Key(w.src, w.d.Config.Keys)
-	t.Cleanup(func() { // the manager and the writer before the store closes
+	w.stop = sync.OnceFunc(func() { // the manager and the writer before the store closes
 		_ = system.Root.StopFuture(w.manager).Wait()
 		_ = system.Root.StopFuture(w.d.Probation).Wait()
 		_ = system.Root.StopFuture(w.d.Persist).Wait()
@@ -96,6 +98,7 @@ func newManagerWorldWith(t *testing.T, path string, agent agents.Agent, setup fu
 		}
 		cancel()
 	})
+	t.Cleanup(w.stop)
 	return w
 }
 

@@ -56,6 +56,8 @@ type Metrics struct {
 	DeadLetters prometheus.Counter
 	// MessagesQuarantined counts messages set aside for crashing, by cause (QuarantineCauses).
 	MessagesQuarantined *prometheus.CounterVec
+	// MessagesRequeued counts quarantined messages an operator requeued (they run again).
+	MessagesRequeued prometheus.Counter
 	// ProbationWaiting is how many sessions wait for the probation token to run a suspect
 	// message (one the daemon's unclean stops were counted against twice).
 	ProbationWaiting prometheus.Gauge
@@ -120,6 +122,8 @@ func New(platforms ...string) *Metrics {
 			Name: "agentgate_actor_deadletters_total", Help: "Messages sent to actors that had stopped (protoactor dead letters)."}),
 		MessagesQuarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentgate_messages_quarantined_total", Help: "Messages set aside for crashing, by cause (session_crash, unclean_restart)."}, []string{"cause"}),
+		MessagesRequeued: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentgate_messages_requeued_total", Help: "Quarantined messages an operator requeued to run again."}),
 		ProbationWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "agentgate_probation_waiting", Help: "Sessions whose next message, counted against by 2 unclean stops, waits to run alone among such messages."}),
 		AgentCallsWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -133,7 +137,7 @@ func New(platforms ...string) *Metrics {
 	m.actors = newActorSeries(m.Mailboxes)
 	for _, c := range []prometheus.Collector{m.SessionsActive, m.SessionActivations, m.SessionPassivations, m.SessionsFenced, m.ClusterMembers,
 		m.TurnsTotal, m.TurnDuration, m.QueueDepth, m.QueueOverflow, m.PersistBatchSize, m.PersistFlushSeconds,
-		m.SpoolFiles, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined, m.ProbationWaiting, m.AgentCallsWaiting, m.AgentSlotWait, m.ModelRequests} {
+		m.SpoolFiles, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined, m.MessagesRequeued, m.ProbationWaiting, m.AgentCallsWaiting, m.AgentSlotWait, m.ModelRequests} {
 		f(c)
 	}
 	for _, c := range m.actors.collectors() {

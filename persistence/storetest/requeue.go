@@ -51,7 +51,7 @@ func testRequeue(t *testing.T, s persistence.Store) {
 	})
 	t.Run("a message not quarantined does not move", func(t *testing.T) {
 		MustCommit(t, s, &persistence.RequeueMessage{SessionID: "s1", Seq: 3, NewSeq: 5}, // pending
-			&persistence.RequeueMessage{SessionID: "s1", Seq: 2, NewSeq: 6}, // a reply
+			&persistence.RequeueMessage{SessionID: "s1", Seq: 2, NewSeq: 6},  // a reply
 			&persistence.RequeueMessage{SessionID: "s1", Seq: 9, NewSeq: 10}, // no row
 			&persistence.RequeueMessage{SessionID: "nope", Seq: 1, NewSeq: 11})
 		diff(t, "state after requeues of other rows", readState(t, s, "k1", "s1"), before)

@@ -1,0 +1,310 @@
+package actors
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// requeueAgent is an agent whose turns of "boom" panic while poisoned (a message that crashes
+// its session), whose turns of "hold" wait until hold is closed, and which records every turn's
+// message id and identity in order.
+type requeueAgent struct {
+	poisoned atomic.Bool
+	holdAll  atomic.Bool // every turn waits for hold
+	hold     chan struct{}
+	mu       sync.Mutex
+	ran      []identity.Turn
+}
+
+func newRequeueAgent() *requeueAgent { return &requeueAgent{hold: make(chan struct{})} }
+
+func (a *requeueAgent) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+	text := req.Messages[len(req.Messages)-1].Text
+	if text == "boom" && a.poisoned.Load() {
+		panic("agent bug on " + req.Identity.MessageID)
+	}
+	a.mu.Lock()
+	a.ran = append(a.ran, req.Identity)
+	a.mu.Unlock()
+	if text == "hold" || a.holdAll.Load() {
+		select {
+		case <-a.hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return &agents.Response{Text: "answered " + req.Identity.MessageID}, nil
+}
+
+// order is the message ids of the turns run so far.
+func (a *requeueAgent) order() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var ids []string
+	for _, id := range a.ran {
+		ids = append(ids, id.MessageID)
+	}
+	return ids
+}
+
+func (a *requeueAgent) identityOf(id string) (identity.Turn, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	i := slices.IndexFunc(a.ran, func(t identity.Turn) bool { return t.MessageID == id })
+	if i < 0 {
+		return identity.Turn{}, false
+	}
+	return a.ran[i], true
+}
+
+// requeue asks the world's session to requeue id, as the admin API does.
+func (w *managerWorld) requeue(t *testing.T, id string) *RequeueResult {
+	t.Helper()
+	res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &RequeueMessage{MessageId: id}}, time.Hour).Result()
+	if err != nil {
+		t.Fatalf("requeue %s: %v", id, err)
+	}
+	return res.(*RequeueResult)
+}
+
+// statusOf is the stored status and seq of the world's inbound message id.
+func (w *managerWorld) statusOf(t *testing.T, id string) (string, int64) {
+	t.Helper()
+	m, err := w.store.FindInbound(w.ctx, w.src.Platform, w.src.ChatID, id)
+	if err != nil {
+		t.Fatalf("FindInbound(%s): %v", id, err)
+	}
+	return m.Status, m.Seq
+}
+
+// quarantine delivers id ("boom") to a poisoned agent until it is quarantined.
+func (w *managerWorld) quarantine(t *testing.T, a *requeueAgent, id string) {
+	t.Helper()
+	a.poisoned.Store(true)
+	if r := w.deliver(t, id, "boom"); r.ErrorCode != "" {
+		t.Fatalf("deliver %s: %+v", id, r)
+	}
+	synctest.Wait()
+	if st, _ := w.statusOf(t, id); st != persistence.StatusQuarantined {
+		t.Fatalf("status of %s after crashing its session %d times = %q, want quarantined", id, QuarantineAfter, st)
+	}
+}
+
+// TestRequeueRunsAQuarantinedMessage: an operator's requeue of a message quarantined after
+// crashing its session runs it again, at the end of the queue (behind the messages already
+// waiting), as a turn of its original sender; its reply answers it and it ends done. A second
+// requeue of it is refused while it is pending and once it is done, and so are messages that
+// are not quarantined or not there.
+func TestRequeueRunsAQuarantinedMessage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newRequeueAgent()
+		w := newManagerWorld(t, a, nil)
+		w.src.UserName = "Ann"
+		w.quarantine(t, a, "m1")
+		a.poisoned.Store(false) // the cause went away (it was the OOM killer's, say)
+
+		if r := w.deliver(t, "m2", "hold"); r.Disposition != "started" {
+			t.Fatalf("m2: %+v, want started", r)
+		}
+		if r := w.deliver(t, "m3", "three"); r.Disposition != "queued" {
+			t.Fatalf("m3: %+v, want queued", r)
+		}
+		r := w.requeue(t, "m1")
+		if r.ErrorCode != "" || r.Disposition != "queued" || r.QueueDepth != 2 || r.SessionId == "" {
+			t.Fatalf("requeue m1 = %+v, want queued behind m3 (queue depth 2)", r)
+		}
+		if st, seq := w.statusOf(t, "m1"); st != persistence.StatusPending || seq <= 3 {
+			t.Errorf("m1 after the requeue: status %q seq %d, want pending after m3", st, seq)
+		}
+		if again := w.requeue(t, "m1"); again.ErrorCode != ErrCodeNotQuarantined || again.Status != persistence.StatusPending {
+			t.Errorf("second requeue while pending = %+v, want not_quarantined (pending)", again)
+		}
+		for len(w.sent) > 0 {
+			<-w.sent // the quarantine notice
+		}
+		close(a.hold)
+		w.awaitTurnEnds(3)
+		synctest.Wait()
+
+		if got, want := a.order()[len(a.order())-3:], []string{"m2", "m3", "m1"}; !slices.Equal(got, want) {
+			t.Errorf("turns ran %v, want the requeued m1 last: %v", a.order(), want)
+		}
+		id, _ := a.identityOf("m1")
+		if id.UserID != "u1" || id.UserName != "Ann" || id.ChatID != "c1" || id.SessionKey != w.key {
+			t.Errorf("requeued m1 ran as %+v, want its sender u1 (Ann) of chat c1", id)
+		}
+		if st, _ := w.statusOf(t, "m1"); st != persistence.StatusDone {
+			t.Errorf("m1 after its turn: %q, want done", st)
+		}
+		replies, err := w.store.RepliesTo(w.ctx, w.key, "m1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(replies, func(e persistence.OutboxEntry) bool { return e.Text == "answered m1" }) {
+			t.Errorf("replies to m1: %+v, want its answer", replies)
+		}
+		if n := testutil.ToFloat64(w.d.Metrics.MessagesRequeued); n != 1 {
+			t.Errorf("agentgate_messages_requeued_total = %v, want 1", n)
+		}
+
+		refusals := []struct {
+			id, code, status string
+		}{
+			{"m1", ErrCodeNotQuarantined, persistence.StatusDone}, // ran once; not again
+			{"m3", ErrCodeNotQuarantined, persistence.StatusDone},
+			{"nope", ErrCodeNotFound, ""},
+			{"", ErrCodeNotFound, ""},
+		}
+		for _, tc := range refusals {
+			if r := w.requeue(t, tc.id); r.ErrorCode != tc.code || r.Status != tc.status || r.Error == "" {
+				t.Errorf("requeue %q = %+v, want %s (status %q) with a message", tc.id, r, tc.code, tc.status)
+			}
+		}
+		if n := len(slices.DeleteFunc(a.order(), func(id string) bool { return id != "m1" })); n != 1 {
+			t.Errorf("m1 ran %d times after its requeue, want once", n)
+		}
+	})
+}
+
+// TestRequeuedMessageThatCrashesAgainIsQuarantinedAgain: a requeued message counts its crashes
+// from zero and is quarantined again after QuarantineAfter more; the session goes on.
+func TestRequeuedMessageThatCrashesAgainIsQuarantinedAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newRequeueAgent()
+		w := newManagerWorld(t, a, nil)
+		w.quarantine(t, a, "m1")
+		if r := w.requeue(t, "m1"); r.ErrorCode != "" {
+			t.Fatalf("requeue m1 = %+v", r)
+		}
+		time.Sleep(time.Minute) // past the restart budget's window and the crash pause
+		synctest.Wait()
+		if st, _ := w.statusOf(t, "m1"); st != persistence.StatusQuarantined {
+			t.Fatalf("requeued m1, still poison: %q, want quarantined again", st)
+		}
+		if n := testutil.ToFloat64(w.d.Metrics.MessagesQuarantined.WithLabelValues("session_crash")); n != 2 {
+			t.Errorf("agentgate_messages_quarantined_total{cause=session_crash} = %v, want 2", n)
+		}
+		notices := map[int64]bool{} // by outbox seq: this world's platform confirms nothing, so a reload sends again
+		for len(w.sent) > 0 {
+			if m := <-w.sent; strings.Contains(m.Out.Text, "quarantined") && slices.Contains(m.Out.InReplyTo, "m1") {
+				notices[m.Out.Seq] = true
+			}
+		}
+		if len(notices) != 2 {
+			t.Errorf("quarantine notices for m1: %d, want 2 (one per quarantine)", len(notices))
+		}
+		a.poisoned.Store(false)
+		if r := w.requeue(t, "m1"); r.ErrorCode != "" {
+			t.Fatalf("requeue m1 again = %+v", r)
+		}
+		w.awaitTurnEnds(1)
+		synctest.Wait()
+		if st, _ := w.statusOf(t, "m1"); st != persistence.StatusDone {
+			t.Errorf("m1 requeued a second time, cured: %q, want done", st)
+		}
+	})
+}
+
+// TestRequeueOfAnEndedSessionsMessageIsRefused: a quarantined message of a session that has
+// ended (/new) belongs to a conversation that is gone; it is not run in the new one.
+func TestRequeueOfAnEndedSessionsMessageIsRefused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newRequeueAgent()
+		w := newManagerWorld(t, a, nil)
+		w.quarantine(t, a, "m1")
+		if r := w.deliver(t, "n1", "/new"); r.ErrorCode != "" {
+			t.Fatalf("/new: %+v", r)
+		}
+		synctest.Wait()
+		r := w.requeue(t, "m1")
+		if r.ErrorCode != ErrCodeSessionEnded || !strings.Contains(r.Error, "send it again") {
+			t.Errorf("requeue of the ended session's m1 = %+v, want session_ended saying its sender may send it again", r)
+		}
+		if st, _ := w.statusOf(t, "m1"); st != persistence.StatusQuarantined {
+			t.Errorf("m1: %q, want still quarantined", st)
+		}
+	})
+}
+
+// TestRequeueSurvivesARestartInItsOrder: a requeue is durable once answered, and the restarted
+// daemon runs the messages in the order the session had queued them: the ones waiting before
+// the requeue first, the requeued message last, once. (A requeue that kept the message's seq
+// would load it first.)
+func TestRequeueSurvivesARestartInItsOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		a := newRequeueAgent()
+		w := newManagerWorldAt(t, path, a, nil)
+		w.quarantine(t, a, "m1")
+		a.poisoned.Store(false)
+		w.deliver(t, "m2", "hold")
+		w.deliver(t, "m3", "three")
+		if r := w.requeue(t, "m1"); r.ErrorCode != "" || r.QueueDepth != 2 {
+			t.Fatalf("requeue m1 = %+v, want queued behind m3", r)
+		}
+		w.stop() // m2's turn is cut short; m2, m3 and m1 are pending in the store
+		synctest.Wait()
+
+		b := newRequeueAgent()
+		close(b.hold)
+		w2 := newManagerWorldAt(t, path, b, nil)
+		w2.awaitTurnEnds(3)
+		synctest.Wait()
+		if got, want := b.order(), []string{"m2", "m3", "m1"}; !slices.Equal(got, want) {
+			t.Errorf("after the restart the turns ran %v, want %v", got, want)
+		}
+		for _, id := range []string{"m1", "m2", "m3"} {
+			if st, _ := w2.statusOf(t, id); st != persistence.StatusDone {
+				t.Errorf("%s after the restart: %q, want done", id, st)
+			}
+		}
+	})
+}
+
+// TestRequeueClearsTheStrikes: a message quarantined after unclean stops of the daemon
+// (Message.Attempts at QuarantineAfter) and requeued starts from zero strikes: when the daemon
+// stops while it runs, the next start runs it again instead of setting it aside at once.
+func TestRequeueClearsTheStrikes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		a := newRequeueAgent()
+		w := newManagerWorldAt(t, path, a, nil)
+		w.quarantine(t, a, "m1")
+		a.poisoned.Store(false)
+		m1, err := w.store.FindInbound(w.ctx, w.src.Platform, w.src.ChatID, "m1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// As Store.BeginRun counts unclean stops against a head.
+		if errs := w.store.Commit(w.ctx, [][]persistence.Op{{&persistence.SetAttempts{SessionID: m1.SessionID,
+			Seq: m1.Seq, Attempts: QuarantineAfter}}}); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+		a.holdAll.Store(true)
+		if r := w.requeue(t, "m1"); r.ErrorCode != "" || r.Disposition != "started" {
+			t.Fatalf("requeue m1 = %+v, want started", r)
+		}
+		w.stop() // its turn is cut short: m1 is the head of the pending queue
+		synctest.Wait()
+
+		b := newRequeueAgent()
+		w2 := newManagerWorldAt(t, path, b, nil)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if st, _ := w2.statusOf(t, "m1"); st != persistence.StatusDone || !slices.Equal(b.order(), []string{"m1"}) {
+			t.Errorf("requeued m1 after a restart: %q, ran %v; want done, run once", st, b.order())
+		}
+	})
+}

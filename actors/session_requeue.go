@@ -1,0 +1,146 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/agentgate/agentgate/internal/logging"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// An operator's requeue of a quarantined message (RequeueMessage). A message set aside after
+// repeated crashes may be innocent: the daemon cannot tell an outside kill (the OOM killer
+// hitting the host for another process, a power loss, an operator's kill -9) from a message
+// that kills it. The session that owns the message runs it again: its row moves to the end of
+// the session's transcript (persistence.RequeueMessage), pending, with its strikes cleared, and
+// it is queued behind the messages already waiting, under its original sender's identity (the
+// sender stored with it, never the operator's). Pending messages load by seq, so a restart after
+// the requeue runs it once, in the same place; a crash before its write leaves it quarantined.
+
+// Error codes of RequeueResult (besides ErrCodeStopped and "unavailable").
+const (
+	ErrCodeNotFound       = "not_found"
+	ErrCodeNotQuarantined = "not_quarantined"
+	ErrCodeSessionEnded   = "session_ended"
+)
+
+// onRequeue queues a quarantined message of the session's current incarnation again.
+func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
+	refuse := func(code, status, format string, args ...any) {
+		c.Respond(&RequeueResult{SessionId: s.curID(), MessageId: m.MessageId, ErrorCode: code, Status: status,
+			Error: fmt.Sprintf(format, args...)})
+	}
+	sess := s.cur
+	if sess == nil {
+		sess = s.prev
+	}
+	if sess == nil || m.MessageId == "" {
+		refuse(ErrCodeNotFound, "", "no message %s in session %s", m.MessageId, s.key)
+		return
+	}
+	// A message this activation holds is pending, whatever the store says yet: its requeue (or
+	// its first write) may still be in flight.
+	if slices.ContainsFunc(s.queue, func(it *item) bool { return it.messageID == m.MessageId }) ||
+		s.running != nil && slices.ContainsFunc(s.running.items, func(it *item) bool { return it.messageID == m.MessageId }) {
+		refuse(ErrCodeNotQuarantined, persistence.StatusPending, "message %s is pending (queued or running), not quarantined", m.MessageId)
+		return
+	}
+	row, err := s.findStored(s.sourceOf(sess), m.MessageId)
+	if err == nil && (s.cur == nil || row.SessionID != s.cur.ID) {
+		err = s.otherSession(row)
+	}
+	switch {
+	case errors.Is(err, persistence.ErrNotFound):
+		refuse(ErrCodeNotFound, "", "no message %s in session %s", m.MessageId, s.key)
+		return
+	case errors.Is(err, errEnded):
+		refuse(ErrCodeSessionEnded, row.Status, "message %s belongs to session %s, which has ended (reset, /new or switched away from): "+
+			"its conversation is gone, so it is not run in the current one; its sender may send it again", m.MessageId, row.SessionID)
+		return
+	case err != nil:
+		s.logger().Warn("requeue: read the message", "message_id", m.MessageId, logging.Err(err))
+		refuse("unavailable", "", "the store cannot be read right now; retry later")
+		return
+	case !row.Active:
+		refuse(ErrCodeNotQuarantined, row.Status, "message %s was taken back (/undo or /retry); it does not run again", m.MessageId)
+		return
+	case row.Status != persistence.StatusQuarantined:
+		refuse(ErrCodeNotQuarantined, row.Status, "message %s is %s, not quarantined: only a quarantined message is requeued", m.MessageId, row.Status)
+		return
+	}
+	src := s.sourceOf(s.cur)
+	src.UserID, src.UserName = row.UserID, row.UserName
+	s.lastSeq++
+	// Queued at once (not durable yet), so that a message arriving before the write's answer
+	// queues behind it, as its seq does in the store.
+	it := &item{seq: s.lastSeq, sessionID: row.SessionID, src: src, messageID: row.MessageID, text: row.Content, at: row.CreatedAt}
+	s.queue = append(s.queue, it)
+	s.seen.add(row.MessageID)
+	requester := c.Sender()
+	orphaned := func(c actor.Context, why string) {
+		c.Send(requester, &RequeueResult{MessageId: m.MessageId, ErrorCode: ErrCodeStopped,
+			Error: "the session stopped before the requeue was stored; look at the message's status before you requeue it again"})
+	}
+	ops := []persistence.Op{&persistence.RequeueMessage{SessionID: row.SessionID, Seq: row.Seq, NewSeq: it.seq}}
+	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
+		r := &RequeueResult{SessionId: it.sessionID, MessageId: m.MessageId}
+		if err != nil {
+			s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
+			if errors.Is(err, persistence.ErrFenced) {
+				s.handOver(c, m, requester) // the key's owner now requeues it
+				return
+			}
+			s.logRefusedWrite("store requeue", err, "message_id", m.MessageId)
+			r.ErrorCode, r.Error = "unavailable", "the requeue could not be stored; the message stays quarantined; retry later"
+			c.Send(requester, r)
+			s.tryStart(c)
+			return
+		}
+		it.durable = true
+		if it.dropped {
+			// A command ended the session's work while the write was in flight: the message
+			// is set aside with the others it dropped.
+			s.setAsideDropped(c, it)
+			r.ErrorCode, r.Error = ErrCodeSessionEnded, "a command ended the session's work as the message was requeued; it was set aside again (failed), and its sender told"
+			c.Send(requester, r)
+			s.tryStart(c)
+			return
+		}
+		s.d.Metrics.MessagesRequeued.Inc()
+		s.logger().Info("quarantined message requeued by an operator; it runs again", "message_id", m.MessageId, "seq", it.seq,
+			"ahead", len(s.queue)-1)
+		// Start its turn (and say the session is busy) before the answer, as a message's.
+		s.tryStart(c)
+		r.Disposition = platforms.Queued
+		if s.running != nil && slices.Contains(s.running.items, it) {
+			r.Disposition = platforms.Started
+		}
+		r.QueueDepth = int32(s.waiting())
+		c.Send(requester, r)
+	})
+}
+
+// errEnded says a message belongs to an ended session of the key.
+var errEnded = errors.New("the message's session has ended")
+
+// otherSession is why a stored message of the chat that is not in the current incarnation is
+// not requeued: errEnded when it is in an earlier session of this key, persistence.ErrNotFound
+// when it is another key's (another user's session in a group).
+func (s *Session) otherSession(row *persistence.Message) error {
+	ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
+	defer cancel()
+	other, err := s.d.Store.Session(ctx, row.SessionID)
+	switch {
+	case errors.Is(err, persistence.ErrNotFound):
+		return err
+	case err != nil:
+		return fmt.Errorf("read session %s: %w", row.SessionID, err)
+	case other.Key != s.key:
+		return fmt.Errorf("message of another key: %w", persistence.ErrNotFound)
+	}
+	return errEnded
+}
