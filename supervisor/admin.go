@@ -133,6 +133,40 @@ func (a *sessionsAPI) Reset(ctx context.Context, key string) (*httpplatform.Sess
 	return a.Get(ctx, key)
 }
 
+// Requeue has the key's session run its quarantined message messageID again. The session does
+// the work: it owns its queue and its order, and in a cluster the request reaches it on the
+// member that owns the key, as a reset does.
+func (a *sessionsAPI) Requeue(ctx context.Context, key, messageID string) (*httpplatform.MessageResponse, error) {
+	if _, err := identity.ParseKey(key); err != nil {
+		return nil, fmt.Errorf("requeue: %w", persistence.ErrNotFound)
+	}
+	// An unknown key is not activated for nothing.
+	if _, err := a.d.store.Route(ctx, key); errors.Is(err, persistence.ErrNotFound) {
+		return nil, &httpplatform.RequeueError{Code: httpplatform.CodeNotFound, Message: "no such session"}
+	} else if err != nil {
+		return nil, fmt.Errorf("requeue: %w", err)
+	}
+	res, err := a.d.router.Request(ctx, key, &actors.RequeueMessage{MessageId: messageID})
+	if err != nil {
+		return nil, fmt.Errorf("requeue: %w", err)
+	}
+	r, ok := res.(*actors.RequeueResult)
+	if !ok {
+		return nil, fmt.Errorf("requeue: the session answered %T", res)
+	}
+	switch r.ErrorCode {
+	case "":
+		return &httpplatform.MessageResponse{MessageID: messageID, SessionKey: key, SessionID: r.SessionId,
+			Disposition: r.Disposition, QueueDepth: int(r.QueueDepth)}, nil
+	case actors.ErrCodeNotFound, actors.ErrCodeNotQuarantined, actors.ErrCodeSessionEnded, httpplatform.CodeUnavailable:
+		return nil, &httpplatform.RequeueError{Code: r.ErrorCode, Status: r.Status, Message: r.Error}
+	case actors.ErrCodeStopped:
+		// Its write may have committed: the message may be queued already.
+		return nil, &httpplatform.RequeueError{Code: httpplatform.CodeUnavailable, Message: r.Error}
+	}
+	return nil, fmt.Errorf("requeue: %s: %s", r.ErrorCode, r.Error)
+}
+
 // Transcript returns one page of an incarnation's messages (of the current one when
 // r.SessionID is empty). An earlier incarnation must belong to the same key.
 func (a *sessionsAPI) Transcript(ctx context.Context, key string, r httpplatform.TranscriptRequest) (*httpplatform.Transcript, error) {

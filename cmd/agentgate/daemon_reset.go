@@ -126,13 +126,47 @@ func daemonRun(ctx context.Context, addr, run string) error {
 // not run run, and errAnswerLost when the daemon took the request but its answer did not come
 // back (it may have reset the session).
 func daemonReset(ctx context.Context, cfg *config.Config, addr, run, key string) (*httpplatform.SessionInfo, error) {
+	a, err := daemonPost(ctx, cfg, addr, run, "/v1/sessions/"+url.PathEscape(key)+"/reset", "reset")
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case a.status == http.StatusOK:
+		// Only the key's session, as the daemon answers a reset, tells of a reset made.
+		var info httpplatform.SessionInfo
+		if err := json.Unmarshal(a.body, &info); err != nil || info.SessionKey != key || info.SessionID == "" {
+			return nil, fmt.Errorf("the daemon at %s answered %s without a session of %s: is this the daemon's address?", addr, a.statusText, key)
+		}
+		return &info, nil
+	case a.status == http.StatusNotFound && a.code == httpplatform.CodeNotFound && a.msg == "no such session":
+		return nil, errors.New("no such session")
+	}
+	return nil, fmt.Errorf("the daemon at %s answered %s: %s", addr, a.statusText, a.msg)
+}
+
+// daemonAnswer is an answer of the daemon to an admin request that daemonPost leaves to its
+// caller: a 2xx, 404 or 409.
+type daemonAnswer struct {
+	status     int
+	statusText string
+	body       []byte
+	code, msg  string // of an error body (msg printable); msg is the body itself when it is none
+}
+
+// daemonPost sends an admin POST of path (escaped) to the daemon listening at addr, run run,
+// with the bearer token of cfg's http.token_env when it is set. It first asks the process there
+// which run it is, without the token (daemonRun). It returns the answers its caller reads (a
+// 2xx, 404 or 409); any other is an error, what naming the request in it ("reset"). The error
+// wraps errNoAnswer when nothing took the request at addr, is a notTheDaemon when the process
+// there is not run run, and wraps errAnswerLost when the daemon took the request but its answer
+// did not come back (it may have acted on it).
+func daemonPost(ctx context.Context, cfg *config.Config, addr, run, path, what string) (*daemonAnswer, error) {
 	if err := daemonRun(ctx, addr, run); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, resetTimeout)
 	defer cancel()
-	u := "http://" + addr + "/v1/sessions/" + url.PathEscape(key) + "/reset"
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+path, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -170,40 +204,36 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, run, key string)
 	if err != nil {
 		return nil, fmt.Errorf("the daemon at %s took the request, but %w (%s, then %v)", addr, errAnswerLost, resp.Status, err)
 	}
-	if resp.StatusCode == http.StatusOK {
-		// Only the key's session, as the daemon answers a reset, tells of a reset made.
-		var info httpplatform.SessionInfo
-		if err := json.Unmarshal(body, &info); err != nil || info.SessionKey != key || info.SessionID == "" {
-			return nil, fmt.Errorf("the daemon at %s answered %s without a session of %s: is this the daemon's address?", addr, resp.Status, key)
-		}
-		return &info, nil
+	a := &daemonAnswer{status: resp.StatusCode, statusText: resp.Status, body: body}
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		return a, nil
 	}
 	var e httpplatform.ErrorResponse
 	msg := strings.TrimSpace(string(body))
 	if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
 		msg = e.Error.Message
 	}
-	msg = printable(msg)
+	a.code, a.msg = e.Error.Code, printable(msg)
 	switch {
 	case resp.StatusCode >= 500:
-		// The daemon answers a reset 503 when its own request to the session was cancelled or
-		// timed out, and 500 when the session did not answer in time or its state could not be
-		// read after the reset: the session may take, or have taken, the reset all the same.
-		return nil, fmt.Errorf("the daemon at %s took the request, but %w (%s: %s)", addr, errAnswerLost, resp.Status, msg)
+		// The daemon answers 503 when its own request to the session was cancelled or timed
+		// out, and 500 when the session did not answer in time or its state could not be read
+		// after a reset: the session may take, or have taken, the request all the same.
+		return nil, fmt.Errorf("the daemon at %s took the request, but %w (%s: %s)", addr, errAnswerLost, resp.Status, a.msg)
 	case resp.StatusCode == http.StatusMisdirectedRequest && e.Error.Code == httpplatform.CodeMisdirected:
-		return nil, &notTheDaemon{fmt.Sprintf("the process at %s refused the reset: %s", addr, msg)}
+		return nil, &notTheDaemon{fmt.Sprintf("the process at %s refused the %s: %s", addr, what, a.msg)}
 	case resp.StatusCode >= 300 && resp.StatusCode < 400:
 		return nil, fmt.Errorf("the daemon at %s answered %s (a redirect to %q, not followed): is this the daemon's address?", addr, resp.Status, resp.Header.Get("Location"))
-	case resp.StatusCode == http.StatusNotFound && e.Error.Code == httpplatform.CodeNotFound && msg == "no such session":
-		return nil, errors.New("no such session")
+	case resp.StatusCode == http.StatusNotFound, resp.StatusCode == http.StatusConflict:
+		return a, nil
 	case resp.StatusCode == http.StatusUnauthorized && cfg.HTTP.TokenEnv == "":
 		return nil, fmt.Errorf("the daemon at %s asks for a bearer token: name the variable that holds it in http.token_env, as the daemon's config does", addr)
 	case resp.StatusCode == http.StatusUnauthorized && token == "":
 		return nil, fmt.Errorf("the daemon at %s asks for a bearer token: set %s (http.token_env) to it", addr, cfg.HTTP.TokenEnv)
 	case resp.StatusCode == http.StatusUnauthorized:
-		return nil, fmt.Errorf("the daemon at %s refused the token in %s (http.token_env): %s", addr, cfg.HTTP.TokenEnv, msg)
+		return nil, fmt.Errorf("the daemon at %s refused the token in %s (http.token_env): %s", addr, cfg.HTTP.TokenEnv, a.msg)
 	}
-	return nil, fmt.Errorf("the daemon at %s answered %s: %s", addr, resp.Status, msg)
+	return nil, fmt.Errorf("the daemon at %s answered %s: %s", addr, resp.Status, a.msg)
 }
 
 // withoutURL is a client error without the method and URL it names (the messages name the
@@ -242,21 +272,45 @@ type memberLister interface {
 // lists until one answers. done is false when none answers (or none is live): the caller then
 // resets in the store.
 func resetThroughMember(ctx context.Context, st persistence.Store, cfg *config.Config, key string, stdout, stderr io.Writer) (done bool, err error) {
+	done, silent, err := throughMember(ctx, st, cfg, func(addr, run string) error {
+		info, err := daemonReset(ctx, cfg, addr, run, key)
+		switch {
+		case errors.Is(err, errNoAnswer) || isNotTheDaemon(err):
+			return err // the next member is asked
+		case errors.Is(err, errAnswerLost):
+			return answerLost(key, err)
+		case err != nil:
+			return fmt.Errorf("reset %s: %w", key, err)
+		}
+		printDaemonReset(stdout, key, addr, info)
+		return nil
+	})
+	if !done && err == nil && len(silent) > 0 {
+		fmt.Fprintf(stderr, "note: no cluster member answered (%s); the reset is made in the store, and a turn a member runs for the session is not cancelled\n",
+			strings.Join(silent, "; "))
+	}
+	return done, err
+}
+
+// throughMember asks the live members of cfg's cluster that the store lists, one after the
+// other, with ask, until one takes the request: ask's error is a member's answer unless it
+// wraps errNoAnswer or is a notTheDaemon (then the next is asked). done is false when none took
+// it (or none is live); silent says why of each member that did not.
+func throughMember(ctx context.Context, st persistence.Store, cfg *config.Config, ask func(addr, run string) error) (done bool, silent []string, err error) {
 	ml, ok := st.(memberLister)
 	if !ok {
-		return false, nil
+		return false, nil, nil
 	}
 	members, err := ml.MemberHTTP(ctx, cfg.Cluster.Name)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	here, _ := os.Hostname()
-	var silent []string
 	for _, m := range members {
 		addr := m.HTTP
 		// A loopback address (a cluster on one host registers it) names the process of the
 		// member's host: from another host it names another process, perhaps another
-		// deployment's daemon, which would reset its own session of the key.
+		// deployment's daemon, which would act on its own session of the key.
 		host, run, _ := strings.Cut(m.Node, "/") // the member's host name and run
 		if h, _, err := net.SplitHostPort(addr); err == nil && config.LoopbackHost(h) {
 			if host == "" || host != here {
@@ -264,25 +318,14 @@ func resetThroughMember(ctx context.Context, st persistence.Store, cfg *config.C
 				continue
 			}
 		}
-		info, err := daemonReset(ctx, cfg, addr, run, key)
+		err := ask(addr, run)
 		if errors.Is(err, errNoAnswer) || isNotTheDaemon(err) {
 			silent = append(silent, err.Error())
 			continue
 		}
-		if errors.Is(err, errAnswerLost) {
-			return true, answerLost(key, err)
-		}
-		if err != nil {
-			return true, fmt.Errorf("reset %s: %w", key, err)
-		}
-		printDaemonReset(stdout, key, addr, info)
-		return true, nil
+		return true, silent, err
 	}
-	if len(silent) > 0 {
-		fmt.Fprintf(stderr, "note: no cluster member answered (%s); the reset is made in the store, and a turn a member runs for the session is not cancelled\n",
-			strings.Join(silent, "; "))
-	}
-	return false, nil
+	return false, silent, nil
 }
 
 // answerLost is the error of a reset whose answer err (errAnswerLost) did not come back: the

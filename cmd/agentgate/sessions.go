@@ -34,6 +34,9 @@ commands:
   export KEY    print the key's sessions (current and predecessors), transcripts and outbox as JSON
   reset KEY     end the key's current session; the next message starts a new one (through
                 the daemon, or a cluster member, when one runs)
+  requeue KEY MESSAGE_ID
+                run a quarantined message again, after the messages waiting, as its sender's
+                (through the running daemon or a cluster member; refused when none runs)
   search QUERY  find messages by their text, best match first (--limit, --json)
 
 Every command takes --config and --data-dir. list, show, export and search are safe while the
@@ -52,7 +55,7 @@ const (
 // length is never held whole (a variable so that tests can make pages small).
 var transcriptPage = 500
 
-// sessions runs `agentgate sessions <list|show|export|reset|search>`.
+// sessions runs `agentgate sessions <list|show|export|reset|requeue|search>`.
 func sessions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help" {
 		fmt.Fprint(stderr, sessionsUsage)
@@ -68,6 +71,8 @@ func sessions(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return sessionsExport(ctx, args, stdout, stderr)
 	case "reset":
 		return sessionsReset(ctx, args, stdout, stderr)
+	case "requeue":
+		return sessionsRequeue(ctx, args, stdout, stderr)
 	case "search":
 		return sessionsSearch(ctx, args, stdout, stderr)
 	case "help", "-h", "--help":
@@ -221,7 +226,7 @@ func printShow(w io.Writer, o *showJSON) error {
 	}
 	fmt.Fprintf(w, "\nlast %d messages:\n", len(o.Last))
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SEQ\tROLE\tSTATUS\tTEXT")
+	fmt.Fprintln(tw, "SEQ\tROLE\tSTATUS\tMESSAGE ID\tTEXT") // (a quarantined message is requeued by its id)
 	for _, m := range o.Last {
 		status := m.Status
 		switch {
@@ -230,7 +235,7 @@ func printShow(w io.Writer, o *showJSON) error {
 		case !m.Active:
 			status += ",inactive"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", m.Seq, cell(m.Role), cell(status), oneLine(m.Text, showTextRunes))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", m.Seq, cell(m.Role), cell(status), cell(m.MessageID), oneLine(m.Text, showTextRunes))
 	}
 	return tw.Flush()
 }

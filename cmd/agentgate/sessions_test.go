@@ -275,11 +275,11 @@ func TestSessionsShow(t *testing.T) {
 			got = append(got, strings.Fields(line))
 		}
 		want := [][]string{
-			{"SEQ", "ROLE", "STATUS", "TEXT"},
-			{"1", "user", "done", "line", "one⏎line", "two"},
-			{"2", "assistant", "done", strings.Repeat("x", 80) + "…"},
-			{"3", "user", "pending", "still", "there?"},
-			{"4", "user", "done,archived", "never", "mind"},
+			{"SEQ", "ROLE", "STATUS", "MESSAGE", "ID", "TEXT"},
+			{"1", "user", "done", "m3", "line", "one⏎line", "two"},
+			{"2", "assistant", "done", "-", strings.Repeat("x", 80) + "…"},
+			{"3", "user", "pending", "m4", "still", "there?"},
+			{"4", "user", "done,archived", "m5", "never", "mind"},
 		}
 		if d := cmp.Diff(want, got); d != "" {
 			t.Errorf("message lines mismatch (-want +got):\n%s", d)

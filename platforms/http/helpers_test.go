@@ -243,6 +243,8 @@ type fakeSessions struct {
 	failTranscriptAt int
 	// resetErr, when set, is what Reset returns.
 	resetErr error
+	// requeueErr, when set, is what Requeue returns.
+	requeueErr error
 }
 
 func newFakeSessions() *fakeSessions {
@@ -312,6 +314,16 @@ func (f *fakeSessions) Reset(_ context.Context, key string) (*SessionInfo, error
 	next.PrevSessionID, next.SessionID = info.SessionID, info.SessionID+"-next"
 	f.infos[key] = &next
 	return &next, nil
+}
+
+func (f *fakeSessions) Requeue(_ context.Context, key, messageID string) (*MessageResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("requeue %s %s", key, messageID)
+	if f.requeueErr != nil {
+		return nil, f.requeueErr
+	}
+	return &MessageResponse{MessageID: messageID, SessionKey: key, SessionID: "s1", Disposition: "queued", QueueDepth: 1}, nil
 }
 
 func (f *fakeSessions) Transcript(_ context.Context, key string, r TranscriptRequest) (*Transcript, error) {

@@ -182,6 +182,7 @@ func (p *Platform) routes() {
 	m.HandleFunc("GET /v1/sessions", p.handleList)
 	m.HandleFunc("GET /v1/sessions/{key}", p.handleGet)
 	m.HandleFunc("POST /v1/sessions/{key}/reset", p.handleReset)
+	m.HandleFunc("POST /v1/sessions/{key}/messages/{message_id}/requeue", p.handleRequeue)
 	m.HandleFunc("GET /v1/sessions/{key}/transcript", p.handleTranscript)
 	m.HandleFunc("GET /v1/sessions/{key}/events", p.handleEvents)
 	m.HandleFunc("GET /metrics", p.handleMetrics)

@@ -34,6 +34,8 @@ const (
 	CodeDraining          = "draining"
 	CodeUnavailable       = "unavailable"
 	CodeMisdirected       = "misdirected"
+	CodeNotQuarantined    = "not_quarantined"
+	CodeSessionEnded      = "session_ended"
 	CodeInternal          = "internal"
 )
 

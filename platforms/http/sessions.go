@@ -2,11 +2,15 @@ package http
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/url"
 	"strconv"
+	"time"
 
+	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
 )
 
 // sessions returns the configured Sessions, or answers 503 when there is none.
@@ -119,6 +123,74 @@ func (p *Platform) handleReset(w http.ResponseWriter, r *http.Request) {
 		}
 		return info, err
 	})
+}
+
+// handleRequeue is POST /v1/sessions/{key}/messages/{message_id}/requeue: the key's session runs
+// its quarantined message again, at the end of its queue, as its original sender's turn. It
+// answers 202 once that is durable, or with ?wait like POST /v1/messages, 200 with the replies
+// of the message's turn once it ends.
+func (p *Platform) handleRequeue(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	s, key, ok := p.sessionsAndKey(w, r)
+	if !ok {
+		return
+	}
+	id := r.PathValue("message_id")
+	if aerr := checkID("message_id", id, MaxIDBytes); aerr != nil {
+		aerr.write(w)
+		return
+	}
+	wait, aerr := p.parseWait(r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	if p.draining.Load() {
+		writeError(w, http.StatusServiceUnavailable, CodeDraining, "agentgate is draining and runs no new work; retry at its next start")
+		return
+	}
+	// The waiter exists before the requeue: its turn may end before Requeue returns.
+	var wt *waiter
+	if wait > 0 {
+		parts, err := identity.ParseKey(key)
+		if err != nil {
+			p.writeSessionsError(w, r, "requeue", err)
+			return
+		}
+		wt = p.addWaiter(parts.ChatID, id)
+		defer p.removeWaiter(wt)
+	}
+	res, err := s.Requeue(r.Context(), key, id)
+	if err != nil {
+		if re, ok := errors.AsType[*RequeueError](err); ok {
+			status := http.StatusConflict
+			switch re.Code {
+			case CodeNotFound:
+				status = http.StatusNotFound
+			case CodeUnavailable:
+				status = http.StatusServiceUnavailable
+			}
+			writeError(w, status, re.Code, re.Message)
+			return
+		}
+		p.writeSessionsError(w, r, "requeue", err)
+		return
+	}
+	if wt == nil {
+		writeJSON(w, http.StatusAccepted, res)
+		return
+	}
+	ack := &platforms.Ack{SessionKey: res.SessionKey, SessionID: res.SessionID, MessageID: res.MessageID, Disposition: res.Disposition}
+	replies, done := p.awaitReplies(r.Context(), p.stopped(), wt, ack, start.Add(wait))
+	if !done {
+		writeJSON(w, http.StatusAccepted, res) // it runs; the event stream carries its replies
+		return
+	}
+	res.Replies = make([]Reply, len(replies))
+	for i, o := range replies {
+		res.Replies[i] = Reply{Text: o.Text, TurnID: o.TurnID, Kind: eventKind(o.Kind), Seq: o.Seq}
+	}
+	writeJSON(w, http.StatusOK, res)
 }
 
 func (p *Platform) sessionInfo(w http.ResponseWriter, r *http.Request, op string,

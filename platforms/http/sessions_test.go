@@ -2,6 +2,7 @@ package http
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -12,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/persistence"
 )
 
 func TestSessionRoutes(t *testing.T) {
@@ -177,5 +179,61 @@ func TestSessionQueryWhileDrainingIs503(t *testing.T) {
 	h.p.Drain()
 	if got := h.do(http.MethodPost, path, nil, ""); got.status != 503 || got.errCode() != CodeDraining {
 		t.Errorf("POST reset failing while draining = %d %q, want 503 %q", got.status, got.errCode(), CodeDraining)
+	}
+}
+
+// TestRequeueRoute: POST /v1/sessions/{key}/messages/{message_id}/requeue hands the key,
+// decoded once, and the message id to Sessions.Requeue, answers 202 with its result, and maps
+// each refusal to its status and code.
+func TestRequeueRoute(t *testing.T) {
+	sessions := newFakeSessions()
+	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
+	key := "agent:main:http:dm:a%2Fb" // a chat id with a slash, escaped in the key
+	path := func(id string) string {
+		return "/v1/sessions/" + url.PathEscape(key) + "/messages/" + url.PathEscape(id) + "/requeue"
+	}
+	got := h.do(http.MethodPost, path("m/1"), nil, "")
+	if got.status != http.StatusAccepted {
+		t.Fatalf("POST requeue = %d %s, want 202", got.status, got.body)
+	}
+	res := mustDecode[MessageResponse](t, got)
+	if res.SessionKey != key || res.MessageID != "m/1" || res.Disposition != "queued" {
+		t.Errorf("requeue answer %+v, want key %s, message m/1, queued", res, key)
+	}
+	if calls := sessions.callLog(); len(calls) != 1 || calls[0] != "requeue "+key+" m/1" {
+		t.Errorf("Sessions calls %q, want one requeue of %s m/1", calls, key)
+	}
+
+	refusals := []struct {
+		err    error
+		status int
+		code   string
+	}{
+		{&RequeueError{Code: CodeNotFound, Message: "no message"}, 404, CodeNotFound},
+		{&RequeueError{Code: CodeNotQuarantined, Status: "done", Message: "message m is done, not quarantined"}, 409, CodeNotQuarantined},
+		{&RequeueError{Code: CodeSessionEnded, Message: "ended"}, 409, CodeSessionEnded},
+		{&RequeueError{Code: CodeUnavailable, Message: "later"}, 503, CodeUnavailable},
+		{fmt.Errorf("requeue: %w", persistence.ErrUnavailable), 503, CodeUnavailable},
+		{fmt.Errorf("requeue: %w", persistence.ErrNotFound), 404, CodeNotFound},
+	}
+	for _, tc := range refusals {
+		sessions.mu.Lock()
+		sessions.requeueErr = tc.err
+		sessions.mu.Unlock()
+		if got := h.do(http.MethodPost, path("m"), nil, ""); got.status != tc.status || got.errCode() != tc.code {
+			t.Errorf("requeue refused with %v = %d %q, want %d %q", tc.err, got.status, got.errCode(), tc.status, tc.code)
+		}
+	}
+	for _, bad := range []string{path("m\n1"), path(strings.Repeat("m", MaxIDBytes+1)), path("m") + "?wait=soon"} {
+		if got := h.do(http.MethodPost, bad, nil, ""); got.status != http.StatusBadRequest {
+			t.Errorf("POST %s = %d %s, want 400", bad, got.status, got.body)
+		}
+	}
+	if got := h.do(http.MethodGet, path("m"), nil, ""); got.status != http.StatusMethodNotAllowed {
+		t.Errorf("GET requeue = %d, want 405", got.status)
+	}
+	h.p.Drain()
+	if got := h.do(http.MethodPost, path("m"), nil, ""); got.status != 503 || got.errCode() != CodeDraining {
+		t.Errorf("POST requeue while draining = %d %q, want 503 %q", got.status, got.errCode(), CodeDraining)
 	}
 }

@@ -17,6 +17,10 @@ type Sessions interface {
 	Get(ctx context.Context, key string) (*SessionInfo, error)
 	// Reset ends the key's current session (reason reset_command) and returns the new one.
 	Reset(ctx context.Context, key string) (*SessionInfo, error)
+	// Requeue has the key's session run its quarantined message messageID again, at the end of
+	// its queue, as its original sender's turn. It returns once that is durable; a refusal is a
+	// *RequeueError.
+	Requeue(ctx context.Context, key, messageID string) (*MessageResponse, error)
 	// Transcript returns one page of the messages of one incarnation of key (see
 	// TranscriptRequest). The answer names the incarnation, so that the next page can ask for
 	// the same one.
@@ -182,6 +186,16 @@ type Event struct {
 	SessionID string   `json:"session_id"`
 	InReplyTo []string `json:"in_reply_to"`
 }
+
+// RequeueError is a requeue the session refused: Code is CodeNotFound, CodeNotQuarantined (Status
+// says what the message is), CodeSessionEnded or CodeUnavailable.
+type RequeueError struct {
+	Code    string
+	Status  string
+	Message string
+}
+
+func (e *RequeueError) Error() string { return "requeue refused: " + e.Code + ": " + e.Message }
 
 // ErrorResponse is the body of every error answer: {"error":{"code","message"}}.
 type ErrorResponse struct {

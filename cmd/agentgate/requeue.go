@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
+	httpplatform "github.com/agentgate/agentgate/platforms/http"
+)
+
+// `agentgate sessions requeue KEY MESSAGE_ID` has the daemon run a quarantined message again
+// (POST /v1/sessions/{key}/messages/{id}/requeue). Only a running daemon (or cluster member)
+// requeues: the session that owns the message queues it behind the messages already waiting
+// and runs it, so the command goes through its HTTP API as `sessions reset` does. With no
+// daemon running it refuses and changes nothing: a message set pending in the store would run
+// only at the next start, and then as recovered work (answered with a notice, not run, under
+// sessions.recovery: notice), which is not what was asked.
+
+// sessionsRequeue runs `agentgate sessions requeue KEY MESSAGE_ID`.
+func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fset := flag.NewFlagSet("sessions requeue", flag.ContinueOnError)
+	var cf configFlags
+	cf.registerAdmin(fset, true)
+	key, id, err := parseKeyAndMessage(fset, args, stderr)
+	if err != nil {
+		return helpIsDone(err)
+	}
+	st, cfg, err := openStore(ctx, &cf, false)
+	if errors.Is(err, persistence.ErrLocked) {
+		where := "data directory"
+		if cfg.Store.Driver == "postgres" {
+			where = "database"
+		}
+		addr, run, recorded := daemonAddr(cfg)
+		if !recorded {
+			return fmt.Errorf("the daemon is running on this %s, but it records no address in %s (it starts, or it runs on another host); requeue through it: %s",
+				where, cfg.DataDir, requeueCommand(cfg, addr, key, id))
+		}
+		res, err := daemonRequeue(ctx, cfg, addr, run, key, id)
+		switch {
+		case isNotTheDaemon(err):
+			return fmt.Errorf("the daemon is running on this %s, but %v; requeue through it where it listens (its log says: listening on ADDRESS): %s",
+				where, err, requeueCommand(cfg, "ADDRESS", key, id))
+		case errors.Is(err, errNoAnswer):
+			return fmt.Errorf("the daemon is running on this %s, but %v; requeue through it when it answers: %s", where, err, requeueCommand(cfg, addr, key, id))
+		case errors.Is(err, errAnswerLost):
+			return requeueAnswerLost(key, id, err)
+		case err != nil:
+			return fmt.Errorf("requeue %s of %s: %w", id, key, err)
+		}
+		printRequeue(stdout, addr, res)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if cfg.Cluster.Enabled {
+		done, silent, err := throughMember(ctx, st, cfg, func(addr, run string) error {
+			res, err := daemonRequeue(ctx, cfg, addr, run, key, id)
+			switch {
+			case errors.Is(err, errNoAnswer) || isNotTheDaemon(err):
+				return err // the next member is asked
+			case errors.Is(err, errAnswerLost):
+				return requeueAnswerLost(key, id, err)
+			case err != nil:
+				return fmt.Errorf("requeue %s of %s: %w", id, key, err)
+			}
+			printRequeue(stdout, addr, res)
+			return nil
+		})
+		if done || err != nil {
+			return err
+		}
+		return fmt.Errorf("requeue %s of %s: no cluster member answered (%v); a requeue runs the message, which only a running member does: start one and try again",
+			id, key, silent)
+	}
+	return fmt.Errorf("requeue %s of %s: no daemon runs on %s; a requeue runs the message, which only the daemon does: start it (agentgate serve) and try again (nothing was changed)",
+		id, key, cfg.DataDir)
+}
+
+// daemonRequeue asks the daemon listening at addr, run run, to requeue message id of key
+// (daemonPost), and returns its answer. A refusal (404, 409) is an error with its message.
+func daemonRequeue(ctx context.Context, cfg *config.Config, addr, run, key, id string) (*httpplatform.MessageResponse, error) {
+	a, err := daemonPost(ctx, cfg, addr, run, "/v1/sessions/"+url.PathEscape(key)+"/messages/"+url.PathEscape(id)+"/requeue", "requeue")
+	if err != nil {
+		return nil, err
+	}
+	switch a.status {
+	case http.StatusOK, http.StatusAccepted:
+		var res httpplatform.MessageResponse
+		if err := json.Unmarshal(a.body, &res); err != nil || res.SessionKey != key || res.MessageID != id {
+			return nil, fmt.Errorf("the daemon at %s answered %s without the requeue of %s: is this the daemon's address?", addr, a.statusText, id)
+		}
+		return &res, nil
+	case http.StatusNotFound, http.StatusConflict:
+		if a.code != "" {
+			return nil, fmt.Errorf("%s (%s)", a.msg, a.code)
+		}
+	}
+	return nil, fmt.Errorf("the daemon at %s answered %s: %s", addr, a.statusText, a.msg)
+}
+
+// requeueAnswerLost is the error of a requeue whose answer did not come back: the operator
+// looks before requeueing again (a second requeue of a queued message is refused anyway).
+func requeueAnswerLost(key, id string, err error) error {
+	return fmt.Errorf("requeue %s of %s: %v: it may have requeued the message: see agentgate sessions show %s", id, key, err, key)
+}
+
+// printRequeue reports a requeue the daemon at addr made.
+func printRequeue(w io.Writer, addr string, res *httpplatform.MessageResponse) {
+	fmt.Fprintf(w, "requeued message %s of %s through the daemon at %s: %s (%d waiting), in session %s; it runs as its sender's message\n",
+		res.MessageID, res.SessionKey, addr, res.Disposition, res.QueueDepth, res.SessionID)
+}
+
+// requeueCommand is the curl command line that requeues message id of key through the daemon at
+// addr.
+func requeueCommand(cfg *config.Config, addr, key, id string) string {
+	var auth string
+	if cfg.HTTP.TokenEnv != "" {
+		auth = fmt.Sprintf(` -H "Authorization: Bearer $%s"`, cfg.HTTP.TokenEnv)
+	}
+	return fmt.Sprintf("curl -X POST%s http://%s/v1/sessions/%s/messages/%s/requeue", auth, addr, url.PathEscape(key), url.PathEscape(id))
+}
+
+// parseKeyAndMessage parses fset's flags, which may come before, between and after the KEY and
+// MESSAGE_ID arguments. It returns flag.ErrHelp after -h and errUsage after a usage error.
+func parseKeyAndMessage(fset *flag.FlagSet, args []string, stderr io.Writer) (key, id string, err error) {
+	fset.SetOutput(stderr)
+	var pos []string
+	for {
+		if err := fset.Parse(args); errors.Is(err, flag.ErrHelp) {
+			return "", "", flag.ErrHelp
+		} else if err != nil {
+			return "", "", errUsage
+		}
+		if fset.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fset.Arg(0))
+		args = fset.Args()[1:]
+	}
+	if len(pos) != 2 {
+		fmt.Fprintf(stderr, "agentgate %s: want KEY MESSAGE_ID, got %d argument(s)\n", fset.Name(), len(pos))
+		return "", "", errUsage
+	}
+	if _, err := identity.ParseKey(pos[0]); err != nil {
+		return "", "", fmt.Errorf("%s: %v (want agent:<profile>:<platform>:<chat type>:<chat id>[:...], as printed by sessions list)", fset.Name(), err)
+	}
+	if pos[1] == "" {
+		return "", "", fmt.Errorf("%s: the message id is empty", fset.Name())
+	}
+	return pos[0], pos[1], nil
+}

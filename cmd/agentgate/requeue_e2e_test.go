@@ -1,0 +1,144 @@
+package main
+
+import (
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+)
+
+// TestRequeueRunsAQuarantinedMessageAsItsSender: a message quarantined after three unclean
+// stops (the crash loop of poisonCrashLoop) is requeued over HTTP once its cause is gone: the
+// exec agent runs it with its original sender's identity (the admin request carries none), its
+// reply comes back (?wait) and it ends done. A second requeue, and the requeue of a message
+// that is not quarantined or not there, are refused with their codes; the command line's
+// requeue of it too.
+func TestRequeueRunsAQuarantinedMessageAsItsSender(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the daemon binary")
+	}
+	dataDir := t.TempDir()
+	cure := filepath.Join(t.TempDir(), "cured")
+	agent := `AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'case "$AGENTGATE_MESSAGE_ID" in poison*) [ -e "$REQUEUE_CURE" ] || sleep 60; ` +
+		`echo "answered $AGENTGATE_MESSAGE_ID as $AGENTGATE_USER_ID in $AGENTGATE_CHAT_TYPE $AGENTGATE_CHAT_ID";; *) echo "answered $AGENTGATE_MESSAGE_ID";; esac']`
+	d := poisonCrashLoop(t, func() *daemon {
+		return MustServe(t, dataDir, "AGENTGATE_AGENT_BACKEND=exec", "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=100ms", "REQUEUE_CURE="+cure, agent)
+	})
+	const key = "agent:main:http:dm:c1"
+	requeue := func(key, id, query string) (int, map[string]any) {
+		t.Helper()
+		return post(t, d.base+"/v1/sessions/"+url.PathEscape(key)+"/messages/"+url.PathEscape(id)+"/requeue"+query, "", "")
+	}
+	refusals := []struct {
+		key, id string
+		status  int
+		code    string
+	}{
+		{key, "m2", http.StatusConflict, "not_quarantined"}, // answered
+		{key, "nope", http.StatusNotFound, "not_found"},
+		{"agent:main:http:dm:nobody", "poison-1", http.StatusNotFound, "not_found"},
+	}
+	for _, tc := range refusals {
+		status, body := requeue(tc.key, tc.id, "")
+		e, _ := body["error"].(map[string]any)
+		if status != tc.status || e["code"] != tc.code || e["message"] == "" {
+			t.Errorf("requeue %s %s = %d %v, want %d %s with a message", tc.key, tc.id, status, body, tc.status, tc.code)
+		}
+	}
+
+	if err := os.WriteFile(cure, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	status, res := requeue(key, "poison-1", "?wait=30s")
+	replies, _ := res["replies"].([]any)
+	if status != http.StatusOK || res["session_key"] != key || res["message_id"] != "poison-1" || res["disposition"] != "started" || len(replies) != 1 {
+		t.Fatalf("requeue ?wait = %d %v, want 200, started, with its reply", status, res)
+	}
+	if got := replies[0].(map[string]any)["text"]; got != "answered poison-1 as u1 in dm c1" {
+		t.Errorf("the requeued message's reply = %q, want its turn under its sender u1 of chat c1", got)
+	}
+	_, body := get(t, d.base+"/v1/sessions/"+key+"/transcript")
+	if !strings.Contains(body, `"message_id":"poison-1","turn_id":"t_`) || strings.Count(body, `"status":"quarantined"`) != 0 {
+		t.Errorf("transcript after the requeue does not show poison-1 done:\n%s", body)
+	}
+	status, res = requeue(key, "poison-1", "")
+	if e, _ := res["error"].(map[string]any); status != http.StatusConflict || e["code"] != "not_quarantined" || !strings.Contains(e["message"].(string), "done") {
+		t.Errorf("second requeue = %d %v, want 409 not_quarantined saying it is done", status, res)
+	}
+	if _, body := get(t, d.base+"/metrics"); !strings.Contains(body, "agentgate_messages_requeued_total 1") {
+		t.Errorf("/metrics does not count the requeue:\n%s", grep(body, "agentgate_messages_requeued_total"))
+	}
+	if !logged(d, "INF", "quarantined message requeued by an operator", "message_id=poison-1") {
+		t.Errorf("no INF line for the requeue:\n%s", d.stderr.String())
+	}
+	_, _, err := runSessions(t, "requeue", "--data-dir", dataDir, key, "poison-1")
+	if err == nil || !strings.Contains(err.Error(), "not_quarantined") {
+		t.Errorf("sessions requeue of a message done = %v, want the daemon's not_quarantined refusal", err)
+	}
+	if err := d.stop(t, 30*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v, want 0", err)
+	}
+}
+
+// TestSessionsRequeueThroughTheDaemon: `agentgate sessions requeue KEY MESSAGE_ID` asks the
+// running daemon, which runs the quarantined message of a shared thread as its own sender's
+// (its user id and name, stored with it: the session itself belongs to no single user). With
+// no daemon running the command refuses and changes nothing.
+func TestSessionsRequeueThroughTheDaemon(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the daemon binary")
+	}
+	dataDir := t.TempDir()
+	src := identity.Source{Platform: "http", ChatType: identity.ChatThread, ChatID: "g1", ThreadID: "t1", UserID: "alice", UserName: "Alice"}
+	key := identity.Key(src, identity.DefaultKeyOptions)
+	func() {
+		st, err := sqlite.Open(t.Context(), filepath.Join(dataDir, "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		now := time.Now().UTC()
+		errs := st.Commit(t.Context(), [][]persistence.Op{{
+			&persistence.CreateSession{Session: persistence.Session{ID: "s1", Key: key, Platform: "http", ChatType: identity.ChatThread,
+				ChatID: "g1", ThreadID: "t1", StartedAt: now, LastActivityAt: now}}, // shared: no user
+			&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: "s1", Generation: 1, UpdatedAt: now}},
+			&persistence.AppendMessage{Message: persistence.Message{SessionID: "s1", Seq: 1, Role: persistence.RoleUser, Content: "again",
+				Platform: "http", ChatID: "g1", MessageID: "q1", UserID: "alice", UserName: "Alice",
+				Status: persistence.StatusQuarantined, Active: true, CreatedAt: now}},
+		}})
+		if errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+	}()
+	if _, _, err := runSessions(t, "requeue", "--data-dir", dataDir, key, "q1"); err == nil || !strings.Contains(err.Error(), "no daemon runs") {
+		t.Errorf("sessions requeue without a daemon = %v, want a refusal that says no daemon runs", err)
+	}
+	d := MustServe(t, dataDir, "AGENTGATE_AGENT_BACKEND=exec",
+		`AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'echo "ran $AGENTGATE_MESSAGE_ID for $AGENTGATE_USER_ID ($AGENTGATE_USER_NAME) in $AGENTGATE_CHAT_TYPE $AGENTGATE_CHAT_ID/$AGENTGATE_THREAD_ID"']`)
+	_, body := get(t, d.base+"/v1/sessions/"+url.PathEscape(key)+"/transcript")
+	if !strings.Contains(body, `"status":"quarantined"`) {
+		t.Fatalf("the refused requeue changed the message:\n%s", body)
+	}
+	out, _ := MustRunSessions(t, "requeue", "--data-dir", dataDir, key, "q1")
+	if !strings.Contains(out, "requeued message q1 of "+key) {
+		t.Errorf("sessions requeue printed %q, want the requeue it made", out)
+	}
+	events := readSSE(t, d.base+"/v1/sessions/"+url.PathEscape(key)+"/events", "", 1)
+	if text, _ := events[0].data["text"].(string); text != "ran q1 for alice (Alice) in thread g1/t1" {
+		t.Errorf("the requeued message's reply = %q, want its turn under its sender alice (Alice)", text)
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		_, body := get(t, d.base+"/v1/sessions/"+url.PathEscape(key)+"/transcript")
+		return strings.Contains(body, `"message_id":"q1","turn_id":"t_`) && strings.Contains(body, `"status":"done"`)
+	})
+	if err := d.stop(t, 30*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v, want 0", err)
+	}
+}
