@@ -62,7 +62,7 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 			"its conversation is gone, so it is not run in the current one; its sender may send it again", m.MessageId, row.SessionID)
 		return
 	case err != nil:
-		s.logger().Warn("requeue: read the message", "message_id", m.MessageId, logging.Err(err))
+		s.logger().Warn("read a message to requeue it", "message_id", m.MessageId, logging.Err(err))
 		refuse("unavailable", "", "the store cannot be read right now; retry later")
 		return
 	case !row.Active:
