@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -258,6 +260,84 @@ func TestClusterSessionsResetThroughAMember(t *testing.T) {
 	if err := json.Unmarshal([]byte(raw), &info); status != http.StatusOK || err != nil ||
 		info.PrevSessionID != first || info.SessionID == first {
 		t.Errorf("the key's session after the reset: %d %s (%v), want a new session after %s", status, raw, err, first)
+	}
+	for _, m := range []*daemon{a, b} {
+		if err := m.stop(t, 30*time.Second); err != nil {
+			t.Errorf("member exit: %v", err)
+		}
+	}
+}
+
+// TestClusterRequeueThroughAMember: in a cluster a requeue reaches the member that owns the
+// key, as a reset does: quarantined messages of ten chats (seeded in the shared database), each
+// requeued through the first member's HTTP API, run on the member the cluster places their key
+// on, some on the second, each as its own sender's; `agentgate sessions requeue` asks a live
+// member.
+func TestClusterRequeueThroughAMember(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	const chats = 10
+	key := func(i int) string { return fmt.Sprintf("agent:main:http:dm:c%d", i) }
+	func() {
+		st, err := postgres.Open(t.Context(), dsn, postgres.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		now := time.Now().UTC()
+		var ops []persistence.Op
+		for i := range chats {
+			sid, chat, user := fmt.Sprint("s", i), fmt.Sprint("c", i), fmt.Sprint("u", i)
+			ops = append(ops,
+				&persistence.CreateSession{Session: persistence.Session{ID: sid, Key: key(i), Platform: "http", ChatType: "dm",
+					ChatID: chat, UserID: user, StartedAt: now, LastActivityAt: now}},
+				&persistence.PutRoute{Route: persistence.Route{Key: key(i), SessionID: sid, Generation: 1, UpdatedAt: now}},
+				&persistence.AppendMessage{Message: persistence.Message{SessionID: sid, Seq: 1, Role: persistence.RoleUser,
+					Content: "again", Platform: "http", ChatID: chat, MessageID: fmt.Sprint("q", i), UserID: user,
+					Status: persistence.StatusQuarantined, Active: true, CreatedAt: now}})
+		}
+		if errs := st.Commit(t.Context(), [][]persistence.Op{ops}); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+	}()
+	env := []string{"AGENTGATE_STORE_DRIVER=postgres", "AGENTGATE_STORE_DSN=" + dsn,
+		"AGENTGATE_CLUSTER_ENABLED=true", "AGENTGATE_CLUSTER_BIND=127.0.0.1:0", "AGENTGATE_CLUSTER_MEMBER_TTL=2s",
+		"AGENTGATE_AGENT_BACKEND=exec", `AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'echo "$MEMBER ran $AGENTGATE_MESSAGE_ID for $AGENTGATE_USER_ID"']`}
+	a := MustServe(t, t.TempDir(), append(env, "MEMBER=a")...)
+	b := MustServe(t, t.TempDir(), append(env, "MEMBER=b")...)
+	waitFor(t, 30*time.Second, func() bool {
+		_, body := get(t, a.base+"/metrics")
+		return strings.Contains(body, "agentgate_cluster_members 2")
+	})
+
+	ranOn := map[string]int{}
+	for i := range chats - 1 {
+		status, res := post(t, a.base+"/v1/sessions/"+key(i)+fmt.Sprintf("/messages/q%d/requeue?wait=30s", i), "", "")
+		replies, _ := res["replies"].([]any)
+		if status != http.StatusOK || len(replies) != 1 {
+			t.Fatalf("requeue q%d through a = %d %v, want 200 with its reply", i, status, res)
+		}
+		text, _ := replies[0].(map[string]any)["text"].(string)
+		member, rest, _ := strings.Cut(text, " ")
+		if want := fmt.Sprintf("ran q%d for u%d", i, i); rest != want {
+			t.Errorf("requeued q%d answered %q, want %q (its own sender)", i, text, want)
+		}
+		ranOn[member]++
+	}
+	if ranOn["b"] == 0 {
+		t.Errorf("requeues ran on %v: none on the second member (the request did not reach the key's owner?)", ranOn)
+	}
+
+	t.Setenv("AGENTGATE_STORE_DRIVER", "postgres")
+	t.Setenv("AGENTGATE_STORE_DSN", dsn)
+	t.Setenv("AGENTGATE_CLUSTER_ENABLED", "true")
+	last := chats - 1
+	out, errOut := MustRunSessions(t, "requeue", "--data-dir", t.TempDir(), key(last), fmt.Sprint("q", last))
+	if want := fmt.Sprintf("requeued message q%d of %s through the daemon at 127.0.0.1:", last, key(last)); !strings.HasPrefix(out, want) || errOut != "" {
+		t.Errorf("sessions requeue said %q (stderr %q), want it to begin %q", out, errOut, want)
+	}
+	events := readSSE(t, a.base+"/v1/sessions/"+key(last)+"/events", "", 1)
+	if text, _ := events[0].data["text"].(string); !strings.HasSuffix(text, fmt.Sprintf("ran q%d for u%d", last, last)) {
+		t.Errorf("the requeued q%d answered %q", last, text)
 	}
 	for _, m := range []*daemon{a, b} {
 		if err := m.stop(t, 30*time.Second); err != nil {
