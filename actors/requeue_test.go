@@ -26,9 +26,12 @@ type requeueAgent struct {
 	hold     chan struct{}
 	mu       sync.Mutex
 	ran      []identity.Turn
+	history  map[string][]agents.Message // each turn's history, by its message id
 }
 
-func newRequeueAgent() *requeueAgent { return &requeueAgent{hold: make(chan struct{})} }
+func newRequeueAgent() *requeueAgent {
+	return &requeueAgent{hold: make(chan struct{}), history: map[string][]agents.Message{}}
+}
 
 func (a *requeueAgent) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 	text := req.Messages[len(req.Messages)-1].Text
@@ -37,6 +40,7 @@ func (a *requeueAgent) Run(ctx context.Context, req *agents.Request) (*agents.Re
 	}
 	a.mu.Lock()
 	a.ran = append(a.ran, req.Identity)
+	a.history[req.Identity.MessageID] = req.History
 	a.mu.Unlock()
 	if text == "hold" || a.holdAll.Load() {
 		select {
@@ -147,6 +151,14 @@ func TestRequeueRunsAQuarantinedMessage(t *testing.T) {
 		}
 		if st, _ := w.statusOf(t, "m1"); st != persistence.StatusDone {
 			t.Errorf("m1 after its turn: %q, want done", st)
+		}
+		// The history its turn is given does not hold it a second time: a quarantined message
+		// is no part of the conversation (the store leaves it out of a session's history).
+		a.mu.Lock()
+		hist := a.history["m1"]
+		a.mu.Unlock()
+		if slices.ContainsFunc(hist, func(m agents.Message) bool { return strings.Contains(m.Text, "boom") }) {
+			t.Errorf("the requeued m1's turn got itself in its history: %+v", hist)
 		}
 		replies, err := w.store.RepliesTo(w.ctx, w.key, "m1")
 		if err != nil {
@@ -305,6 +317,42 @@ func TestRequeueClearsTheStrikes(t *testing.T) {
 		synctest.Wait()
 		if st, _ := w2.statusOf(t, "m1"); st != persistence.StatusDone || !slices.Equal(b.order(), []string{"m1"}) {
 			t.Errorf("requeued m1 after a restart: %q, ran %v; want done, run once", st, b.order())
+		}
+	})
+}
+
+// TestRequeueAfterAReloadRunsTheMessageOnce: an operator requeues hours after the quarantine,
+// when the session has been loaded from the store again (a restart, a passivation). The store
+// gives a reloaded session the quarantined message in its history, where it was sent; once it
+// is requeued it is the turn's own message, at the end of the transcript, and its turn's history
+// does not hold it a second time.
+func TestRequeueAfterAReloadRunsTheMessageOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		a := newRequeueAgent()
+		w := newManagerWorldAt(t, path, a, nil)
+		w.quarantine(t, a, "m1")
+		w.stop()
+		synctest.Wait()
+
+		b := newRequeueAgent()
+		close(b.hold)
+		w2 := newManagerWorldAt(t, path, b, nil)
+		w2.deliver(t, "m2", "two") // loads the session: m1 is in its history
+		w2.awaitTurnEnds(1)
+		if r := w2.requeue(t, "m1"); r.ErrorCode != "" {
+			t.Fatalf("requeue m1 = %+v", r)
+		}
+		w2.awaitTurnEnds(1)
+		synctest.Wait()
+		b.mu.Lock()
+		hist := b.history["m1"]
+		b.mu.Unlock()
+		if n := len(slices.DeleteFunc(slices.Clone(hist), func(m agents.Message) bool { return m.Text != "boom" })); n != 0 {
+			t.Errorf("the requeued m1's turn got it %d more times in its history: %+v", n, hist)
+		}
+		if st, _ := w2.statusOf(t, "m1"); st != persistence.StatusDone {
+			t.Errorf("m1: %q, want done", st)
 		}
 	})
 }

@@ -101,6 +101,10 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 			return
 		}
 		it.durable = true
+		// A session loaded since the quarantine has the message in its history, where it was
+		// sent; it is the turn's own message now, at the end of the transcript, as a reload
+		// would show it.
+		s.history = slices.DeleteFunc(s.history, func(h histEntry) bool { return h.seq == row.Seq })
 		if it.dropped {
 			// A command ended the session's work while the write was in flight: the message
 			// is set aside with the others it dropped.
