@@ -483,6 +483,14 @@ type Searcher interface {
 	Search(ctx context.Context, query string, limit int) ([]Message, error)
 }
 
+// QuarantineLister is a Store that lists quarantined messages across sessions, for operators
+// (agentgate sessions quarantined, before a requeue): Quarantined returns the user messages
+// whose status is quarantined and that were not taken back (/undo, /retry), newest first, at
+// most limit (0 means 100).
+type QuarantineLister interface {
+	Quarantined(ctx context.Context, limit int) ([]Message, error)
+}
+
 // Store is the durable state of agentgate. All methods are safe for concurrent use; writes are
 // serialised by the persistence actor, which is the only caller of Commit in a process.
 //

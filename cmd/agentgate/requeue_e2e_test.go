@@ -1,10 +1,12 @@
 package main
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -112,11 +114,42 @@ func TestSessionsRequeueThroughTheDaemon(t *testing.T) {
 			&persistence.AppendMessage{Message: persistence.Message{SessionID: "s1", Seq: 1, Role: persistence.RoleUser, Content: "again",
 				Platform: "http", ChatID: "g1", MessageID: "q1", UserID: "alice", UserName: "Alice",
 				Status: persistence.StatusQuarantined, Active: true, CreatedAt: now}},
+			// Another chat's, whose session ended since: listed, not requeued.
+			&persistence.CreateSession{Session: persistence.Session{ID: "s2", Key: "agent:main:http:dm:d2", Platform: "http",
+				ChatType: identity.ChatDM, ChatID: "d2", UserID: "bob", StartedAt: now, LastActivityAt: now}},
+			&persistence.AppendMessage{Message: persistence.Message{SessionID: "s2", Seq: 1, Role: persistence.RoleUser, Content: "older",
+				Platform: "http", ChatID: "d2", MessageID: "q2", UserID: "bob", Status: persistence.StatusQuarantined,
+				Active: true, CreatedAt: now.Add(-time.Minute)}},
+			&persistence.EndSession{SessionID: "s2", Reason: persistence.EndResetCommand, At: now},
 		}})
 		if errs[0] != nil {
 			t.Fatal(errs[0])
 		}
 	}()
+	// What an operator reads before a requeue: every session's quarantined messages, newest
+	// first, and which can be requeued.
+	type listed struct {
+		SessionKey   string `json:"session_key"`
+		SessionEnded bool   `json:"session_ended"`
+		MessageID    string `json:"message_id"`
+		UserID       string `json:"user_id"`
+	}
+	quarantined := func() []listed {
+		t.Helper()
+		out, _ := MustRunSessions(t, "quarantined", "--data-dir", dataDir, "--json")
+		var got []listed
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("sessions quarantined --json: %v\n%s", err, out)
+		}
+		return got
+	}
+	if got, want := quarantined(), []listed{{key, false, "q1", "alice"}, {"agent:main:http:dm:d2", true, "q2", "bob"}}; !slices.Equal(got, want) {
+		t.Errorf("sessions quarantined = %+v, want %+v", got, want)
+	}
+	if out, errOut := MustRunSessions(t, "quarantined", "--data-dir", dataDir, "--limit", "1"); !strings.Contains(out, "q1") ||
+		strings.Contains(out, "q2") || !strings.Contains(errOut, "sessions requeue KEY MESSAGE_ID") || !strings.Contains(errOut, "--limit 2") {
+		t.Errorf("sessions quarantined --limit 1 printed %q (stderr %q), want q1 alone, how to requeue it and how to see more", out, errOut)
+	}
 	if _, _, err := runSessions(t, "requeue", "--data-dir", dataDir, key, "q1"); err == nil || !strings.Contains(err.Error(), "no daemon runs") {
 		t.Errorf("sessions requeue without a daemon = %v, want a refusal that says no daemon runs", err)
 	}
@@ -138,6 +171,9 @@ func TestSessionsRequeueThroughTheDaemon(t *testing.T) {
 		_, body := get(t, d.base+"/v1/sessions/"+url.PathEscape(key)+"/transcript")
 		return strings.Contains(body, `"message_id":"q1","turn_id":"t_`) && strings.Contains(body, `"status":"done"`)
 	})
+	if got, want := quarantined(), []listed{{"agent:main:http:dm:d2", true, "q2", "bob"}}; !slices.Equal(got, want) {
+		t.Errorf("sessions quarantined after q1's requeue = %+v, want %+v", got, want)
+	}
 	if err := d.stop(t, 30*time.Second); err != nil {
 		t.Errorf("exit after SIGTERM: %v, want 0", err)
 	}

@@ -38,9 +38,11 @@ commands:
                 run a quarantined message again, after the messages waiting, as its sender's
                 (through the running daemon or a cluster member; refused when none runs)
   search QUERY  find messages by their text, best match first (--limit, --json)
+  quarantined   list quarantined messages across sessions, newest first, with what a requeue
+                names (--limit, --json)
 
-Every command takes --config and --data-dir. list, show, export and search are safe while the
-daemon runs.
+Every command takes --config and --data-dir. list, show, export, search and quarantined are safe
+while the daemon runs.
 `
 
 // Limits of the sessions commands.
@@ -55,7 +57,7 @@ const (
 // length is never held whole (a variable so that tests can make pages small).
 var transcriptPage = 500
 
-// sessions runs `agentgate sessions <list|show|export|reset|requeue|search>`.
+// sessions runs `agentgate sessions <list|show|export|reset|requeue|search|quarantined>`.
 func sessions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help" {
 		fmt.Fprint(stderr, sessionsUsage)
@@ -75,6 +77,8 @@ func sessions(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return sessionsRequeue(ctx, args, stdout, stderr)
 	case "search":
 		return sessionsSearch(ctx, args, stdout, stderr)
+	case "quarantined":
+		return sessionsQuarantined(ctx, args, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, sessionsUsage)
 		return nil
@@ -542,6 +546,89 @@ func sessionsSearch(ctx context.Context, args []string, stdout, stderr io.Writer
 	return nil
 }
 
+// sessionsQuarantined lists the quarantined messages of every session, newest first: what an
+// operator requeues once the cause is gone (sessions requeue KEY MESSAGE_ID).
+func sessionsQuarantined(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fset := flag.NewFlagSet("sessions quarantined", flag.ContinueOnError)
+	var cf configFlags
+	cf.registerAdmin(fset, false)
+	asJSON := fset.Bool("json", false, "print one JSON array")
+	limit := fset.Int("limit", defaultListPage, "at most `N` messages")
+	if _, err := parseSessionArgs(fset, args, false, stderr); err != nil {
+		return helpIsDone(err)
+	}
+	if *limit < 1 {
+		return fmt.Errorf("sessions quarantined: --limit %d: must be at least 1", *limit)
+	}
+	st, _, err := openStore(ctx, &cf, true)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	lister, ok := st.(persistence.QuarantineLister)
+	if !ok {
+		return fmt.Errorf("sessions quarantined: the %T store cannot list them", st)
+	}
+	ms, err := lister.Quarantined(ctx, *limit)
+	if err != nil {
+		return err
+	}
+	// Name each message's session key, and whether that session is still open: a message of an
+	// ended session is not requeued (its conversation is gone).
+	type sessionOf struct {
+		key   string
+		ended bool
+	}
+	sessions := map[string]sessionOf{}
+	out := make([]quarantinedJSON, 0, len(ms))
+	for _, m := range ms {
+		so, seen := sessions[m.SessionID]
+		if !seen {
+			s, err := st.Session(ctx, m.SessionID)
+			switch {
+			case err == nil:
+				so = sessionOf{key: s.Key, ended: !s.EndedAt.IsZero()}
+			case errors.Is(err, persistence.ErrNotFound):
+				so = sessionOf{ended: true}
+			default:
+				return err
+			}
+			sessions[m.SessionID] = so
+		}
+		out = append(out, quarantinedJSON{SessionKey: so.key, SessionEnded: so.ended, messageJSON: messageToJSON(&m)})
+	}
+	if *asJSON {
+		if err := writeJSON(stdout, out); err != nil {
+			return err
+		}
+	} else {
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "KEY\tMESSAGE ID\tSESSION ID\tSESSION\tUSER\tSENT\tTEXT")
+		for _, m := range out {
+			state := "open"
+			if m.SessionEnded {
+				state = "ended"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cell(m.SessionKey), cell(m.MessageID), cell(m.SessionID), state,
+				cell(m.UserID), timeCell(m.CreatedAt), oneLine(m.Text, showTextRunes))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	switch {
+	case len(out) == 0:
+		fmt.Fprintln(stderr, "no message is quarantined")
+	case !*asJSON:
+		fmt.Fprintln(stderr, "run one again once its cause is gone: agentgate sessions requeue KEY MESSAGE_ID "+
+			"(only a message of an open session: an ended one's sender may send it again)")
+	}
+	if len(out) == *limit {
+		fmt.Fprintf(stderr, "more may be quarantined: --limit %d\n", 2**limit)
+	}
+	return nil
+}
+
 // resetCommand is the curl command line that resets key through the running daemon.
 func resetCommand(cfg *config.Config, key string) string {
 	addr, _, _ := daemonAddr(cfg)
@@ -758,6 +845,12 @@ type sessionJSON struct {
 }
 
 // searchJSON is one hit of search: the message and its session's key.
+type quarantinedJSON struct {
+	SessionKey   string `json:"session_key"`
+	SessionEnded bool   `json:"session_ended"`
+	messageJSON
+}
+
 type searchJSON struct {
 	SessionKey string `json:"session_key"`
 	messageJSON

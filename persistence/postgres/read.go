@@ -364,6 +364,25 @@ func (s *Store) Search(ctx context.Context, query string, limit int) ([]persiste
 	return ms, nil
 }
 
+// Quarantined implements persistence.QuarantineLister, from the partial index of migration 0013.
+func (s *Store) Quarantined(ctx context.Context, limit int) ([]persistence.Message, error) {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("quarantined messages: %w", err)
+	}
+	defer done()
+	if limit <= 0 {
+		limit = defaultListLimit
+	}
+	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+messageCols+` FROM messages
+		WHERE status = 'quarantined' AND role = 'user' AND active
+		ORDER BY created_at DESC, id DESC LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("quarantined messages: %w", s.explain(ctx, err))
+	}
+	return ms, nil
+}
+
 // searchVector is the expression Search matches, on a message's first 65,536 characters (see
 // there); an operator's index must repeat it.
 const searchVector = `to_tsvector('simple', left(content, 65536))`

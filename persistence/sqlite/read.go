@@ -583,6 +583,24 @@ func (s *Store) Search(ctx context.Context, query string, limit int) ([]persiste
 	return ms, nil
 }
 
+// Quarantined implements persistence.QuarantineLister, from the partial index of migration 0017.
+func (s *Store) Quarantined(ctx context.Context, limit int) ([]persistence.Message, error) {
+	if err := s.enter(); err != nil {
+		return nil, readError("quarantined messages: %w", err)
+	}
+	defer s.leave()
+	if limit <= 0 {
+		limit = defaultListLimit
+	}
+	ms, err := queryMessages(ctx, s.reader, `SELECT `+messageCols+` FROM messages
+		WHERE status = 'quarantined' AND role = 'user' AND active = 1
+		ORDER BY created_at DESC, id DESC LIMIT ?`, limit)
+	if err != nil {
+		return nil, readError("quarantined messages: %w", err)
+	}
+	return ms, nil
+}
+
 func getRoute(ctx context.Context, q querier, key string) (*persistence.Route, error) {
 	var r persistence.Route
 	err := q.QueryRowContext(ctx, routeSQL, key).Scan(&r.Key, &r.SessionID, &r.Generation, nanoTime{&r.UpdatedAt})

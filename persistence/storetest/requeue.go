@@ -71,3 +71,42 @@ func testRequeue(t *testing.T, s persistence.Store) {
 		}
 	})
 }
+
+// testQuarantined checks Quarantined: the quarantined user messages of every session, newest
+// first, without those taken back or requeued since, and at most limit.
+func testQuarantined(t *testing.T, s persistence.Store) {
+	lister, ok := s.(persistence.QuarantineLister)
+	if !ok {
+		t.Fatalf("%T has no Quarantined (persistence.QuarantineLister): an operator finds what to requeue with it", s)
+	}
+	ctx := context.Background()
+	start(t, s, "s1", "k1", 1)
+	start(t, s, "s2", "k2", 2)
+	quarantined := func(m persistence.Message) persistence.Message {
+		m.Status = persistence.StatusQuarantined
+		return m
+	}
+	MustCommit(t, s,
+		&persistence.AppendMessage{Message: quarantined(userMsg("s1", 1, "m1", "crashy"))},
+		&persistence.AppendMessage{Message: userMsg("s1", 2, "m2", "fine")},
+		&persistence.AppendMessage{Message: quarantined(userMsg("s1", 3, "m3", "taken back"))},
+		&persistence.ArchiveMessages{SessionID: "s1", Seqs: []int64{3}},
+		&persistence.AppendMessage{Message: quarantined(userMsg("s2", 5, "m5", "crashy too"))},
+		&persistence.AppendMessage{Message: userMsg("s2", 6, "m6", "not yet")})
+	ids := func(limit int) []string {
+		t.Helper()
+		ms, err := lister.Quarantined(ctx, limit)
+		if err != nil {
+			t.Fatalf("Quarantined(%d): %v", limit, err)
+		}
+		var got []string
+		for _, m := range ms {
+			got = append(got, m.SessionID+"/"+m.MessageID)
+		}
+		return got
+	}
+	diff(t, "Quarantined, newest first", ids(0), []string{"s2/m5", "s1/m1"})
+	diff(t, "Quarantined with limit 1", ids(1), []string{"s2/m5"})
+	MustCommit(t, s, &persistence.RequeueMessage{SessionID: "s1", Seq: 1, NewSeq: 7})
+	diff(t, "Quarantined after m1's requeue", ids(0), []string{"s2/m5"})
+}

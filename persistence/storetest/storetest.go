@@ -54,6 +54,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"ReopenSession", testReopenSession},
 		{"SetAttempts", testSetAttempts},
 		{"Requeue", testRequeue},
+		{"Quarantined", testQuarantined},
 		{"UncleanStops", testUncleanStops},
 		{"UncleanStopsOnProbation", testUncleanStopsOnProbation},
 		{"PruneSessions", testPruneSessions},
