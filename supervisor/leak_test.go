@@ -203,7 +203,7 @@ func (c *leakClient) scenario(i int) {
 	key := "agent:main:http:dm:" + chat
 	switch i % 5 {
 	case 0: // answered
-		c.post(chat, "m1", "hi", "?wait=10s", http.StatusOK)
+		c.post(chat, "m1", "hi", "?wait=1m", http.StatusOK) // returns at the answer; the bound is for a loaded machine
 	case 1: // the client hangs up mid ?wait, while the turn runs; a reset then cancels it
 		ctx, cancel := context.WithCancel(c.t.Context())
 		defer cancel()
@@ -226,7 +226,7 @@ func (c *leakClient) scenario(i int) {
 		<-hungUp
 		c.reset(key)
 	case 2: // an event stream dropped after its first event
-		c.post(chat, "m1", "hi", "?wait=10s", http.StatusOK)
+		c.post(chat, "m1", "hi", "?wait=1m", http.StatusOK) // returns at the answer; the bound is for a loaded machine
 		ctx, cancel := context.WithCancel(c.t.Context())
 		defer cancel()
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/sessions/"+key+"/events", nil)
@@ -249,8 +249,8 @@ func (c *leakClient) scenario(i int) {
 		c.reset(key)
 	case 4: // /stop while the turn runs, then /new
 		c.post(chat, "m1", "slow", "", http.StatusAccepted)
-		c.post(chat, "m2", "/stop", "?wait=10s", http.StatusOK)
-		c.post(chat, "m3", "/new", "?wait=10s", http.StatusOK)
+		c.post(chat, "m2", "/stop", "?wait=1m", http.StatusOK)
+		c.post(chat, "m3", "/new", "?wait=1m", http.StatusOK)
 	}
 }
 

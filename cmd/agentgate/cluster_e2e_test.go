@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,25 +25,42 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// chatOnTheBlockedMember sends new chats' first messages through via, with ?wait, until one
-// is not answered in time: its session runs on the member whose agent hangs (BLOCK). It
-// returns that chat and its message id.
-func chatOnTheBlockedMember(t *testing.T, via *daemon) (chat, msgID string) {
+// hangingAgent is an exec agent whose turns hang on the member started with BLOCK set to a
+// directory (not an AGENTGATE_ variable, so the agent sees it): such a turn first leaves a file
+// named by its message id there, then sleeps for seconds. Elsewhere it answers at once.
+func hangingAgent(seconds int) string {
+	return fmt.Sprintf(`AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'if [ -n "$BLOCK" ]; then touch "$BLOCK/$AGENTGATE_MESSAGE_ID"; sleep %d; fi; echo "ok $AGENTGATE_MESSAGE_ID"']`, seconds)
+}
+
+// chatOnTheBlockedMember sends new chats' first messages through via until one's turn runs on
+// the member whose agent hangs (its file appears in blockDir; see hangingAgent), each chat
+// until either that or its answer (its turn ran on a member that answers) is seen. It returns
+// that chat and its message id.
+func chatOnTheBlockedMember(t *testing.T, via *daemon, blockDir string) (chat, msgID string) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for i := 0; ; i++ {
 		if time.Now().After(deadline) {
 			t.Fatal("no session was placed on the member whose agent hangs within 60s")
 		}
-		id := fmt.Sprint("m", i)
-		status, body := post(t, via.base+"/v1/messages?wait=2s", "",
-			fmt.Sprintf(`{"chat_id":"c%d","user_id":"u","text":"hi","message_id":%q}`, i, id))
-		switch status {
-		case http.StatusAccepted:
-			return fmt.Sprint("c", i), id
-		case http.StatusOK:
-		default:
+		chat, id := fmt.Sprint("c", i), fmt.Sprint("m", i)
+		status, body := post(t, via.base+"/v1/messages", "",
+			fmt.Sprintf(`{"chat_id":%q,"user_id":"u","text":"hi","message_id":%q}`, chat, id))
+		key, _ := body["session_key"].(string)
+		if status != http.StatusAccepted || key == "" {
 			t.Fatalf("POST: %d %v", status, body)
+		}
+		blocked := false
+		waitFor(t, 30*time.Second, func() bool {
+			if _, err := os.Stat(filepath.Join(blockDir, id)); err == nil {
+				blocked = true
+				return true
+			}
+			_, transcript := get(t, via.base+"/v1/sessions/"+url.PathEscape(key)+"/transcript")
+			return strings.Contains(transcript, `"text":"ok `+id+`"`)
+		})
+		if blocked {
+			return chat, id
 		}
 	}
 }
@@ -56,13 +74,12 @@ func TestClusterMemberKilled(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	env := []string{"AGENTGATE_STORE_DRIVER=postgres", "AGENTGATE_STORE_DSN=" + dsn,
 		"AGENTGATE_CLUSTER_ENABLED=true", "AGENTGATE_CLUSTER_BIND=127.0.0.1:0", "AGENTGATE_CLUSTER_MEMBER_TTL=2s",
-		"AGENTGATE_AGENT_BACKEND=exec",
-		// BLOCK (not an AGENTGATE_ variable, so the agent sees it) makes the victim's turns hang.
-		`AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'if [ -n "$BLOCK" ]; then sleep 60; fi; echo "ok $AGENTGATE_MESSAGE_ID"']`}
+		"AGENTGATE_AGENT_BACKEND=exec", hangingAgent(60)} // the victim's turns hang
+	blockDir := t.TempDir()
 	a := MustServe(t, t.TempDir(), env...)
-	b := MustServe(t, t.TempDir(), append(env, "BLOCK=1")...)
+	b := MustServe(t, t.TempDir(), append(env, "BLOCK="+blockDir)...)
 
-	chat, msgID := chatOnTheBlockedMember(t, a) // b's agent hangs
+	chat, msgID := chatOnTheBlockedMember(t, a, blockDir) // b's agent hangs
 	b.kill(t)
 
 	conn, err := pgx.Connect(context.Background(), dsn)
@@ -120,13 +137,12 @@ func TestClusterStalledMemberLeavesAlone(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	env := []string{"AGENTGATE_STORE_DRIVER=postgres", "AGENTGATE_STORE_DSN=" + dsn,
 		"AGENTGATE_CLUSTER_ENABLED=true", "AGENTGATE_CLUSTER_BIND=127.0.0.1:0", "AGENTGATE_CLUSTER_MEMBER_TTL=2s",
-		"AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=8s", "AGENTGATE_AGENT_BACKEND=exec",
-		// BLOCK (not an AGENTGATE_ variable, so the agent sees it) makes the older member's turns hang.
-		`AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'if [ -n "$BLOCK" ]; then sleep 30; fi; echo "ok $AGENTGATE_MESSAGE_ID"']`}
-	older := MustServe(t, t.TempDir(), append(env, "BLOCK=1")...)
+		"AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=8s", "AGENTGATE_AGENT_BACKEND=exec", hangingAgent(30)} // the older member's turns hang
+	blockDir := t.TempDir()
+	older := MustServe(t, t.TempDir(), append(env, "BLOCK="+blockDir)...)
 	younger := MustServe(t, t.TempDir(), env...)
 
-	_, msgID := chatOnTheBlockedMember(t, younger) // the older member's agent hangs
+	_, msgID := chatOnTheBlockedMember(t, younger, blockDir) // the older member's agent hangs
 
 	if err := older.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
