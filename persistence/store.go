@@ -484,11 +484,19 @@ type Searcher interface {
 }
 
 // QuarantineLister is a Store that lists quarantined messages across sessions, for operators
-// (agentgate sessions quarantined, before a requeue): Quarantined returns the user messages
-// whose status is quarantined and that were not taken back (/undo, /retry), newest first, at
-// most limit (0 means 100).
+// (agentgate sessions quarantined, GET /v1/quarantined, before a requeue): Quarantined returns
+// the user messages whose status is quarantined and that were not taken back (/undo, /retry),
+// newest first, at most limit (0 means 100).
 type QuarantineLister interface {
-	Quarantined(ctx context.Context, limit int) ([]Message, error)
+	Quarantined(ctx context.Context, limit int) ([]QuarantinedMessage, error)
+}
+
+// QuarantinedMessage is a quarantined message with its session's key, and whether that session
+// has ended since (then it is not requeued: its conversation is gone).
+type QuarantinedMessage struct {
+	Message
+	SessionKey   string
+	SessionEnded bool
 }
 
 // Store is the durable state of agentgate. All methods are safe for concurrent use; writes are

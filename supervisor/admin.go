@@ -215,6 +215,24 @@ func (a *sessionsAPI) RepliesTo(ctx context.Context, key, messageID string) ([]*
 	return outbounds(es), nil
 }
 
+// Quarantined lists the quarantined messages of every session, newest first.
+func (a *sessionsAPI) Quarantined(ctx context.Context, limit int) ([]httpplatform.QuarantinedMessage, error) {
+	lister, ok := a.d.store.(persistence.QuarantineLister)
+	if !ok {
+		return nil, fmt.Errorf("quarantined: the %T store cannot list them", a.d.store)
+	}
+	ms, err := lister.Quarantined(ctx, limit)
+	if err != nil {
+		return nil, fmt.Errorf("quarantined: %w", err)
+	}
+	out := make([]httpplatform.QuarantinedMessage, len(ms))
+	for i, m := range ms {
+		out[i] = httpplatform.QuarantinedMessage{SessionKey: m.SessionKey, SessionID: m.SessionID, SessionEnded: m.SessionEnded,
+			MessageID: m.MessageID, Seq: m.Seq, UserID: m.UserID, UserName: m.UserName, Text: m.Content, CreatedAt: m.CreatedAt}
+	}
+	return out, nil
+}
+
 func outbounds(es []persistence.OutboxEntry) []*platforms.Outbound {
 	out := make([]*platforms.Outbound, len(es))
 	for i := range es {

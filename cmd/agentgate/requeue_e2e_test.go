@@ -159,6 +159,19 @@ func TestSessionsRequeueThroughTheDaemon(t *testing.T) {
 	if !strings.Contains(body, `"status":"quarantined"`) {
 		t.Fatalf("the refused requeue changed the message:\n%s", body)
 	}
+	// The same list through the HTTP API.
+	overHTTP := func() []listed {
+		t.Helper()
+		status, body := get(t, d.base+"/v1/quarantined")
+		var got struct{ Messages []listed }
+		if err := json.Unmarshal([]byte(body), &got); status != http.StatusOK || err != nil {
+			t.Fatalf("GET /v1/quarantined = %d %s (%v)", status, body, err)
+		}
+		return got.Messages
+	}
+	if got, want := overHTTP(), []listed{{key, false, "q1", "alice"}, {"agent:main:http:dm:d2", true, "q2", "bob"}}; !slices.Equal(got, want) {
+		t.Errorf("GET /v1/quarantined = %+v, want %+v", got, want)
+	}
 	out, _ := MustRunSessions(t, "requeue", "--data-dir", dataDir, key, "q1")
 	if !strings.Contains(out, "requeued message q1 of "+key) {
 		t.Errorf("sessions requeue printed %q, want the requeue it made", out)
@@ -173,6 +186,9 @@ func TestSessionsRequeueThroughTheDaemon(t *testing.T) {
 	})
 	if got, want := quarantined(), []listed{{"agent:main:http:dm:d2", true, "q2", "bob"}}; !slices.Equal(got, want) {
 		t.Errorf("sessions quarantined after q1's requeue = %+v, want %+v", got, want)
+	}
+	if got, want := overHTTP(), []listed{{"agent:main:http:dm:d2", true, "q2", "bob"}}; !slices.Equal(got, want) {
+		t.Errorf("GET /v1/quarantined after q1's requeue = %+v, want %+v", got, want)
 	}
 	if err := d.stop(t, 30*time.Second); err != nil {
 		t.Errorf("exit after SIGTERM: %v, want 0", err)

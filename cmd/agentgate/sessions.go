@@ -573,29 +573,9 @@ func sessionsQuarantined(ctx context.Context, args []string, stdout, stderr io.W
 	if err != nil {
 		return err
 	}
-	// Name each message's session key, and whether that session is still open: a message of an
-	// ended session is not requeued (its conversation is gone).
-	type sessionOf struct {
-		key   string
-		ended bool
-	}
-	sessions := map[string]sessionOf{}
 	out := make([]quarantinedJSON, 0, len(ms))
 	for _, m := range ms {
-		so, seen := sessions[m.SessionID]
-		if !seen {
-			s, err := st.Session(ctx, m.SessionID)
-			switch {
-			case err == nil:
-				so = sessionOf{key: s.Key, ended: !s.EndedAt.IsZero()}
-			case errors.Is(err, persistence.ErrNotFound):
-				so = sessionOf{ended: true}
-			default:
-				return err
-			}
-			sessions[m.SessionID] = so
-		}
-		out = append(out, quarantinedJSON{SessionKey: so.key, SessionEnded: so.ended, messageJSON: messageToJSON(&m)})
+		out = append(out, quarantinedJSON{SessionKey: m.SessionKey, SessionEnded: m.SessionEnded, messageJSON: messageToJSON(&m.Message)})
 	}
 	if *asJSON {
 		if err := writeJSON(stdout, out); err != nil {

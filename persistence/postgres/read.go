@@ -365,7 +365,7 @@ func (s *Store) Search(ctx context.Context, query string, limit int) ([]persiste
 }
 
 // Quarantined implements persistence.QuarantineLister, from the partial index of migration 0013.
-func (s *Store) Quarantined(ctx context.Context, limit int) ([]persistence.Message, error) {
+func (s *Store) Quarantined(ctx context.Context, limit int) ([]persistence.QuarantinedMessage, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("quarantined messages: %w", err)
@@ -374,9 +374,10 @@ func (s *Store) Quarantined(ctx context.Context, limit int) ([]persistence.Messa
 	if limit <= 0 {
 		limit = defaultListLimit
 	}
-	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+messageCols+` FROM messages
-		WHERE status = 'quarantined' AND role = 'user' AND active
-		ORDER BY created_at DESC, id DESC LIMIT $1`, limit)
+	ms, err := queryAll(ctx, s.pool, scanQuarantined, `SELECT `+sqlstore.Prefixed("m.", messageCols)+`, s.key, s.ended_at
+		FROM messages m JOIN sessions s ON s.id = m.session_id
+		WHERE m.status = 'quarantined' AND m.role = 'user' AND m.active
+		ORDER BY m.created_at DESC, m.id DESC LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("quarantined messages: %w", s.explain(ctx, err))
 	}

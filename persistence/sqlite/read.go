@@ -584,7 +584,7 @@ func (s *Store) Search(ctx context.Context, query string, limit int) ([]persiste
 }
 
 // Quarantined implements persistence.QuarantineLister, from the partial index of migration 0017.
-func (s *Store) Quarantined(ctx context.Context, limit int) ([]persistence.Message, error) {
+func (s *Store) Quarantined(ctx context.Context, limit int) ([]persistence.QuarantinedMessage, error) {
 	if err := s.enter(); err != nil {
 		return nil, readError("quarantined messages: %w", err)
 	}
@@ -592,9 +592,10 @@ func (s *Store) Quarantined(ctx context.Context, limit int) ([]persistence.Messa
 	if limit <= 0 {
 		limit = defaultListLimit
 	}
-	ms, err := queryMessages(ctx, s.reader, `SELECT `+messageCols+` FROM messages
-		WHERE status = 'quarantined' AND role = 'user' AND active = 1
-		ORDER BY created_at DESC, id DESC LIMIT ?`, limit)
+	ms, err := queryAll(ctx, s.reader, scanQuarantined, `SELECT `+sqlstore.Prefixed("m.", messageCols)+`, s.key, s.ended_at
+		FROM messages m JOIN sessions s ON s.id = m.session_id
+		WHERE m.status = 'quarantined' AND m.role = 'user' AND m.active = 1
+		ORDER BY m.created_at DESC, m.id DESC LIMIT ?`, limit)
 	if err != nil {
 		return nil, readError("quarantined messages: %w", err)
 	}

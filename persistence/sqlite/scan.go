@@ -139,3 +139,21 @@ func scanDraft(r scanner) (persistence.Draft, error) {
 		&d.Run, nanoTime{&d.CreatedAt})
 	return d, err
 }
+
+// scanQuarantined scans a message's columns followed by its session's key and ended_at.
+func scanQuarantined(r scanner) (persistence.QuarantinedMessage, error) {
+	var q persistence.QuarantinedMessage
+	var ended time.Time
+	m, err := scanMessage(withMore{r, []any{&q.SessionKey, nanoTime{&ended}}})
+	q.Message, q.SessionEnded = m, !ended.IsZero()
+	return q, err
+}
+
+// withMore is a scanner whose rows hold more columns after what its caller scans: they go to
+// more.
+type withMore struct {
+	scanner
+	more []any
+}
+
+func (w withMore) Scan(dest ...any) error { return w.scanner.Scan(append(dest, w.more...)...) }

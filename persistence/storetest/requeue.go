@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/agentgate/agentgate/persistence"
@@ -101,12 +102,14 @@ func testQuarantined(t *testing.T, s persistence.Store) {
 		}
 		var got []string
 		for _, m := range ms {
-			got = append(got, m.SessionID+"/"+m.MessageID)
+			got = append(got, fmt.Sprintf("%s/%s/%s ended=%v", m.SessionKey, m.SessionID, m.MessageID, m.SessionEnded))
 		}
 		return got
 	}
-	diff(t, "Quarantined, newest first", ids(0), []string{"s2/m5", "s1/m1"})
-	diff(t, "Quarantined with limit 1", ids(1), []string{"s2/m5"})
+	diff(t, "Quarantined, newest first", ids(0), []string{"k2/s2/m5 ended=false", "k1/s1/m1 ended=false"})
+	MustCommit(t, s, &persistence.EndSession{SessionID: "s2", Reason: persistence.EndResetCommand, At: at(8)})
+	diff(t, "Quarantined once s2 ended", ids(0), []string{"k2/s2/m5 ended=true", "k1/s1/m1 ended=false"})
+	diff(t, "Quarantined with limit 1", ids(1), []string{"k2/s2/m5 ended=true"})
 	MustCommit(t, s, &persistence.RequeueMessage{SessionID: "s1", Seq: 1, NewSeq: 7})
-	diff(t, "Quarantined after m1's requeue", ids(0), []string{"s2/m5"})
+	diff(t, "Quarantined after m1's requeue", ids(0), []string{"k2/s2/m5 ended=true"})
 }

@@ -245,6 +245,10 @@ type fakeSessions struct {
 	resetErr error
 	// requeueErr, when set, is what Requeue returns.
 	requeueErr error
+	// quarantined is what Quarantined lists (cut at its limit); quarantinedErr, when set, is
+	// its error.
+	quarantined    []QuarantinedMessage
+	quarantinedErr error
 }
 
 func newFakeSessions() *fakeSessions {
@@ -324,6 +328,16 @@ func (f *fakeSessions) Requeue(_ context.Context, key, messageID string) (*Messa
 		return nil, f.requeueErr
 	}
 	return &MessageResponse{MessageID: messageID, SessionKey: key, SessionID: "s1", Disposition: "queued", QueueDepth: 1}, nil
+}
+
+func (f *fakeSessions) Quarantined(_ context.Context, limit int) ([]QuarantinedMessage, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("quarantined %d", limit)
+	if f.quarantinedErr != nil {
+		return nil, f.quarantinedErr
+	}
+	return f.quarantined[:min(limit, len(f.quarantined))], nil
 }
 
 func (f *fakeSessions) Transcript(_ context.Context, key string, r TranscriptRequest) (*Transcript, error) {

@@ -183,6 +183,7 @@ func (p *Platform) routes() {
 	m.HandleFunc("GET /v1/sessions/{key}", p.handleGet)
 	m.HandleFunc("POST /v1/sessions/{key}/reset", p.handleReset)
 	m.HandleFunc("POST /v1/sessions/{key}/messages/{message_id}/requeue", p.handleRequeue)
+	m.HandleFunc("GET /v1/quarantined", p.handleQuarantined)
 	m.HandleFunc("GET /v1/sessions/{key}/transcript", p.handleTranscript)
 	m.HandleFunc("GET /v1/sessions/{key}/events", p.handleEvents)
 	m.HandleFunc("GET /metrics", p.handleMetrics)

@@ -125,6 +125,34 @@ func (p *Platform) handleReset(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// handleQuarantined is GET /v1/quarantined?limit=: the quarantined messages of every session,
+// newest first, with what a requeue of each names.
+func (p *Platform) handleQuarantined(w http.ResponseWriter, r *http.Request) {
+	s, ok := p.sessions(w)
+	if !ok {
+		return
+	}
+	q, aerr := query(r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	limit, aerr := queryLimit(q, DefaultQuarantinedLimit, MaxQuarantinedLimit)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	ms, err := s.Quarantined(r.Context(), limit)
+	if err != nil {
+		p.writeSessionsError(w, r, "quarantined", err)
+		return
+	}
+	if ms == nil {
+		ms = []QuarantinedMessage{}
+	}
+	writeJSON(w, http.StatusOK, QuarantinedList{Messages: ms})
+}
+
 // handleRequeue is POST /v1/sessions/{key}/messages/{message_id}/requeue: the key's session runs
 // its quarantined message again, at the end of its queue, as its original sender's turn. It
 // answers 202 once that is durable, or with ?wait like POST /v1/messages, 200 with the replies

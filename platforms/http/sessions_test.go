@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -235,5 +236,46 @@ func TestRequeueRoute(t *testing.T) {
 	h.p.Drain()
 	if got := h.do(http.MethodPost, path("m"), nil, ""); got.status != 503 || got.errCode() != CodeDraining {
 		t.Errorf("POST requeue while draining = %d %q, want 503 %q", got.status, got.errCode(), CodeDraining)
+	}
+}
+
+// TestQuarantinedRoute: GET /v1/quarantined lists what Sessions.Quarantined returns, newest
+// first as it returns them, at most ?limit= (100 by default, at most 1000), an empty list as
+// [], and refuses a bad limit.
+func TestQuarantinedRoute(t *testing.T) {
+	sessions := newFakeSessions()
+	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
+	got := h.do(http.MethodGet, "/v1/quarantined", nil, "")
+	if got.status != http.StatusOK || !strings.Contains(string(got.body), `"messages":[]`) {
+		t.Errorf("GET /v1/quarantined with none = %d %s, want 200 with an empty list", got.status, got.body)
+	}
+	at := time.Date(2026, 12, 3, 4, 0, 0, 0, time.UTC)
+	sessions.quarantined = []QuarantinedMessage{
+		{SessionKey: "agent:main:http:dm:c2", SessionID: "s2", MessageID: "m2", Seq: 4, UserID: "bob", Text: "later", CreatedAt: at},
+		{SessionKey: "agent:main:http:dm:c1", SessionID: "s1", SessionEnded: true, MessageID: "m1", Seq: 1, UserID: "ann", Text: "earlier", CreatedAt: at.Add(-time.Hour)},
+	}
+	got = h.do(http.MethodGet, "/v1/quarantined?limit=1", nil, "")
+	if got.status != http.StatusOK {
+		t.Fatalf("GET /v1/quarantined?limit=1 = %d %s", got.status, got.body)
+	}
+	if list := mustDecode[QuarantinedList](t, got); len(list.Messages) != 1 || list.Messages[0] != sessions.quarantined[0] {
+		t.Errorf("GET /v1/quarantined?limit=1 = %+v, want the newest, %+v", list, sessions.quarantined[0])
+	}
+	got = h.do(http.MethodGet, "/v1/quarantined", nil, "")
+	if list := mustDecode[QuarantinedList](t, got); len(list.Messages) != 2 || !list.Messages[1].SessionEnded {
+		t.Errorf("GET /v1/quarantined = %+v, want both, the second of an ended session", list)
+	}
+	h.do(http.MethodGet, "/v1/quarantined?limit=5000", nil, "")
+	if calls := sessions.callLog(); !slices.Equal(calls, []string{"quarantined 100", "quarantined 1", "quarantined 100", "quarantined 1000"}) {
+		t.Errorf("Sessions calls %q, want the limits 100 (default), 1, 100 and 1000 (the most)", calls)
+	}
+	for _, q := range []string{"?limit=0", "?limit=x", "?limit=1&limit=2"} {
+		if got := h.do(http.MethodGet, "/v1/quarantined"+q, nil, ""); got.status != 400 || got.errCode() != CodeInvalidQuery {
+			t.Errorf("GET /v1/quarantined%s = %d %s, want 400 %s", q, got.status, got.body, CodeInvalidQuery)
+		}
+	}
+	sessions.quarantinedErr = fmt.Errorf("quarantined: %w", persistence.ErrUnavailable)
+	if got := h.do(http.MethodGet, "/v1/quarantined", nil, ""); got.status != 503 || got.errCode() != CodeUnavailable {
+		t.Errorf("GET /v1/quarantined with the store unavailable = %d %s, want 503 %s", got.status, got.body, CodeUnavailable)
 	}
 }

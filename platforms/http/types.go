@@ -29,6 +29,34 @@ type Sessions interface {
 	OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]*platforms.Outbound, error)
 	// RepliesTo returns the key's outbox entries that answer messageID, by Seq.
 	RepliesTo(ctx context.Context, key, messageID string) ([]*platforms.Outbound, error)
+	// Quarantined returns at most limit quarantined messages of every session, newest first.
+	Quarantined(ctx context.Context, limit int) ([]QuarantinedMessage, error)
+}
+
+// Limits of GET /v1/quarantined.
+const (
+	DefaultQuarantinedLimit = 100
+	MaxQuarantinedLimit     = 1000
+)
+
+// QuarantinedList is the body of GET /v1/quarantined.
+type QuarantinedList struct {
+	Messages []QuarantinedMessage `json:"messages"`
+}
+
+// QuarantinedMessage is a message set aside after repeated crashes, with what its requeue
+// (POST /v1/sessions/{key}/messages/{message_id}/requeue) names. SessionEnded says its session
+// has ended since: such a message is not requeued (its sender may send it again).
+type QuarantinedMessage struct {
+	SessionKey   string    `json:"session_key"`
+	SessionID    string    `json:"session_id"`
+	SessionEnded bool      `json:"session_ended"`
+	MessageID    string    `json:"message_id"`
+	Seq          int64     `json:"seq"`
+	UserID       string    `json:"user_id"`
+	UserName     string    `json:"user_name"`
+	Text         string    `json:"text"`
+	CreatedAt    time.Time `json:"created_at"`
 }
 
 // Session states a ListRequest can filter on.
