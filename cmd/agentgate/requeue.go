@@ -124,11 +124,7 @@ func printRequeue(w io.Writer, addr string, res *httpplatform.MessageResponse) {
 // requeueCommand is the curl command line that requeues message id of key through the daemon at
 // addr.
 func requeueCommand(cfg *config.Config, addr, key, id string) string {
-	var auth string
-	if cfg.HTTP.TokenEnv != "" {
-		auth = fmt.Sprintf(` -H "Authorization: Bearer $%s"`, cfg.HTTP.TokenEnv)
-	}
-	return fmt.Sprintf("curl -X POST%s http://%s/v1/sessions/%s/messages/%s/requeue", auth, addr, url.PathEscape(key), url.PathEscape(id))
+	return curlPost(cfg, addr, "/v1/sessions/"+url.PathEscape(key)+"/messages/"+url.PathEscape(id)+"/requeue")
 }
 
 // parseKeyAndMessage parses fset's flags, which may come before, between and after the KEY and

@@ -617,11 +617,17 @@ func resetCommand(cfg *config.Config, key string) string {
 
 // resetCommandAt is the curl command line that resets key through the daemon at addr.
 func resetCommandAt(cfg *config.Config, addr, key string) string {
+	return curlPost(cfg, addr, "/v1/sessions/"+url.PathEscape(key)+"/reset")
+}
+
+// curlPost is the curl command line that POSTs to path of the daemon at addr, with the bearer
+// token from the variable the config names, if any.
+func curlPost(cfg *config.Config, addr, path string) string {
 	var auth string
 	if cfg.HTTP.TokenEnv != "" {
 		auth = fmt.Sprintf(` -H "Authorization: Bearer $%s"`, cfg.HTTP.TokenEnv)
 	}
-	return fmt.Sprintf("curl -X POST%s http://%s/v1/sessions/%s/reset", auth, addr, url.PathEscape(key))
+	return fmt.Sprintf("curl -X POST%s http://%s%s", auth, addr, path)
 }
 
 // parseSessionArgs parses fset's flags, which may come before and after the KEY argument when
