@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 )
 
 // scanner is pgx.Row or pgx.Rows.
@@ -82,16 +83,7 @@ func scanDraft(r scanner) (persistence.Draft, error) {
 func scanQuarantined(r scanner) (persistence.QuarantinedMessage, error) {
 	var q persistence.QuarantinedMessage
 	var ended time.Time
-	m, err := scanMessage(withMore{r, []any{&q.SessionKey, nanoTime{&ended}}})
+	m, err := scanMessage(sqlstore.WithMore{Scanner: r, More: []any{&q.SessionKey, nanoTime{&ended}}})
 	q.Message, q.SessionEnded = m, !ended.IsZero()
 	return q, err
 }
-
-// withMore is a scanner whose rows hold more columns after what its caller scans: they go to
-// more.
-type withMore struct {
-	scanner
-	more []any
-}
-
-func (w withMore) Scan(dest ...any) error { return w.scanner.Scan(append(dest, w.more...)...) }

@@ -33,6 +33,19 @@ const (
 	UnreadCols = `platform, chat_id, scope_id, after_id, created_at`
 )
 
+// Scanner is a row: *sql.Row, *sql.Rows, pgx.Row, pgx.Rows.
+type Scanner interface{ Scan(dest ...any) error }
+
+// WithMore is a row whose columns go on after what its caller scans: they go to More (a query
+// that selects a message's columns and then its session's key, for the message's scan function).
+type WithMore struct {
+	Scanner
+	More []any
+}
+
+// Scan scans the caller's columns, then More.
+func (w WithMore) Scan(dest ...any) error { return w.Scanner.Scan(append(dest, w.More...)...) }
+
 // Prefixed qualifies every column of a column list with a table alias ("m." + "seq").
 func Prefixed(alias, cols string) string {
 	parts := strings.Split(cols, ",")
