@@ -75,6 +75,7 @@ type Daemon struct {
 	system  *actor.ActorSystem
 	store   persistence.Store
 	spool   *spool.Spool
+	dirLock *os.File // the data directory's lock, held while the daemon keeps a spool there
 	metrics *metrics.Metrics
 	meters  *sdkmetric.MeterProvider // protoactor's own metrics; nil when off
 	// dispatcher runs every actor's mailbox on a pool of long-lived goroutines.
@@ -156,6 +157,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 				d.endRun(context.Background()) // a failed start is no unclean stop
 				_ = d.store.Close()
 			}
+			if d.dirLock != nil {
+				_ = d.dirLock.Close()
+			}
 		}
 	}()
 	if d.agent = opts.Agent; d.agent == nil {
@@ -182,6 +186,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		d.store = opts.WrapStore(d.store)
 	}
 	if !opts.SharedStore {
+		if d.dirLock, err = lockDataDir(cfg.DataDir); err != nil {
+			return nil, fmt.Errorf("start: %w", err)
+		}
 		if d.spool, err = spool.Open(filepath.Join(cfg.DataDir, "spool")); err != nil {
 			return nil, fmt.Errorf("start: open spool: %w", err)
 		}
@@ -388,6 +395,9 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	err := d.store.Close()
 	_ = os.Remove(filepath.Join(d.cfg.DataDir, AddrFile))
 	_ = os.Remove(filepath.Join(d.cfg.DataDir, RunFile))
+	if d.dirLock != nil {
+		_ = d.dirLock.Close() // after the spool's last write and the address files
+	}
 	d.log.Info("stopped")
 	return err
 }

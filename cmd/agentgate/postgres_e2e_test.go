@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"net/http"
@@ -118,4 +119,61 @@ func TestSessionsResetInACluster(t *testing.T) {
 	if !errors.Is(errs[0], persistence.ErrFenced) {
 		t.Errorf("the member's next write: %v, want ErrFenced", errs[0])
 	}
+}
+
+// TestDaemonRefusesADataDirInUseOnPostgres: two single daemons on PostgreSQL (two deployments:
+// their own databases) given one data directory are refused, as two on SQLite are. The data
+// directory holds each daemon's spool: two daemons numbering batches in one spool directory
+// overwrite each other's acknowledged writes, and each replays the other's into its own
+// database at its next start. A SQLite daemon whose store.dsn lies outside the data directory
+// took no lock on the data directory either.
+func TestDaemonRefusesADataDirInUseOnPostgres(t *testing.T) {
+	other := t.TempDir()
+	for _, tc := range []struct {
+		name          string
+		first, second []string
+	}{
+		{"postgres", pgEnv(pgtest.NewDatabase(t)), pgEnv(pgtest.NewDatabase(t))},
+		{"sqlite elsewhere", []string{"AGENTGATE_STORE_DSN=" + other + "/a.db"}, []string{"AGENTGATE_STORE_DSN=" + other + "/b.db"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dataDir := t.TempDir()
+			d := MustServe(t, dataDir, tc.first...)
+			second := exec.Command(MustBuild(t), "serve", "--data-dir", dataDir, "--http-addr", "127.0.0.1:0")
+			second.Env = append(os.Environ(), tc.second...)
+			stdout, err := second.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var stderr strings.Builder
+			second.Stderr = &stderr
+			if err := second.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = second.Process.Kill(); _ = second.Wait() })
+			// Its stdout ends when it exits; a "listening on" line before that means it started.
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				if strings.HasPrefix(sc.Text(), "listening on ") {
+					t.Fatalf("a second daemon on the data directory started (%s); want it refused", sc.Text())
+				}
+			}
+			err = second.Wait()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || !strings.Contains(stderr.String(), "data directory in use by another process") {
+				t.Errorf("second daemon: %v\n%s\nwant it refused, the data directory in use", err, stderr.String())
+			}
+			if status, ack := post(t, d.base+"/v1/messages", "", `{"chat_id":"c1","user_id":"u1","text":"still here"}`); status != http.StatusAccepted {
+				t.Errorf("first daemon after the refused start: %d %v", status, ack)
+			}
+			if err := d.stop(t, 30*time.Second); err != nil {
+				t.Errorf("first daemon exit: %v", err)
+			}
+		})
+	}
+}
+
+// pgEnv is the environment that puts a daemon on the PostgreSQL database dsn.
+func pgEnv(dsn string) []string {
+	return []string{"AGENTGATE_STORE_DRIVER=postgres", "AGENTGATE_STORE_DSN=" + dsn}
 }

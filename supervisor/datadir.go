@@ -1,0 +1,43 @@
+package supervisor
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+
+	"github.com/agentgate/agentgate/persistence"
+)
+
+// lockDataDir takes an exclusive, non-blocking flock on the data directory itself (created 0700
+// if missing) for as long as the returned file is open. A daemon that keeps a spool holds it:
+// the spool numbers its batches in memory and removes the leftovers of interrupted writes when
+// it opens, so two daemons on one spool directory overwrite each other's acknowledged writes,
+// and each replays the other's into its own database at its next start. The SQLite store's lock
+// file guards the data directory only when the database lies in it (a store.dsn may put it
+// elsewhere), and a PostgreSQL store takes no lock on it at all: its advisory lock keeps apart
+// daemons on one database and schema, not two deployments given the same data directory.
+// Cluster members keep no spool and take no lock.
+func lockDataDir(dir string) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("data directory %s: %w", dir, err)
+	}
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("data directory %s: %w", dir, err)
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if !errors.Is(err, syscall.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("data directory in use by another process (%s: another agentgate daemon keeps its spool there; give each daemon its own --data-dir): %w", dir, persistence.ErrLocked)
+		}
+		return nil, fmt.Errorf("data directory %s: lock: %w", dir, err)
+	}
+	return f, nil
+}
