@@ -420,7 +420,8 @@ func TestSchemas(t *testing.T) {
 	}
 }
 
-// TestSchemaIsPinnedAtOpen: a store keeps to the schema its search_path named when it opened.
+// TestSchemaIsPinnedAtOpen: a store keeps to the schema its search_path named when it opened,
+// and its String names that schema.
 // PostgreSQL's default search_path is "$user", public: a schema named after the user, created
 // later for another deployment (as the README suggests), would otherwise come first for the
 // running store's statements, and two daemons, each holding its own schema's lock, would write
@@ -446,6 +447,12 @@ func TestSchemaIsPinnedAtOpen(t *testing.T) {
 		t.Fatalf("Open of a second deployment in schema %s: %v", user, err)
 	}
 	defer second.Close()
+	// The daemon's start line names its store: an operator sees which schema each one kept to.
+	for st, schema := range map[*Store]string{first: "public", second: user} {
+		if !strings.HasSuffix(st.String(), " schema "+schema+")") {
+			t.Errorf("store String() = %q, want it to name the schema %s it keeps to", st.String(), schema)
+		}
+	}
 
 	storetest.MustCommit(t, first, &persistence.CreateSession{Session: newSession("s1", "k1")})
 	for schema, want := range map[string]int{"public": 1, user: 0} {

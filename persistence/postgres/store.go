@@ -113,7 +113,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if err := pinSchema(ctx, cfg.ConnConfig); err != nil {
+	schema, err := pinSchema(ctx, cfg.ConnConfig)
+	if err != nil {
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -128,7 +129,12 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if timeout <= 0 {
 		timeout = 15 * time.Second
 	}
-	st := &Store{pool: pool, log: log, where: where(cfg), stop: make(chan struct{}), timeout: timeout, connCfg: cfg.ConnConfig.Copy(),
+	named := where(cfg)
+	if schema != "" {
+		// The schema the store keeps to, which its DSN's search_path may name or not.
+		named = strings.TrimSuffix(named, ")") + " schema " + schema + ")"
+	}
+	st := &Store{pool: pool, log: log, where: named, stop: make(chan struct{}), timeout: timeout, connCfg: cfg.ConnConfig.Copy(),
 		noAnswer: fmt.Errorf("%w: postgres did not answer within %v", persistence.ErrUnavailable, timeout)}
 	if opts.Exclusive || opts.Shared {
 		st.lockCfg, st.shared = cfg.ConnConfig.Copy(), !opts.Exclusive
@@ -171,19 +177,19 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 // default, "$user", public, a schema named after the user that another deployment creates
 // later would come first, and this store would write that deployment's tables under its own
 // schema's lock. A search_path naming no schema that exists is left as it is, for migrate to
-// report.
-func pinSchema(ctx context.Context, cfg *pgx.ConnConfig) error {
+// report. It returns the schema ("" for none), which String names.
+func pinSchema(ctx context.Context, cfg *pgx.ConnConfig) (string, error) {
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var schema *string
 	if err := conn.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
-		return err
+		return "", err
 	}
 	if schema == nil {
-		return nil
+		return "", nil
 	}
 	// A SET after connecting rather than a startup parameter, which poolers such as PgBouncer
 	// refuse unless told to pass it on.
@@ -197,7 +203,7 @@ func pinSchema(ctx context.Context, cfg *pgx.ConnConfig) error {
 		}
 		return c.Exec(ctx, set).Close()
 	}
-	return nil
+	return *schema, nil
 }
 
 // watchLock checks the daemon lock every interval until the store closes, so that a lost lock
