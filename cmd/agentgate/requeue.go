@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strings"
 
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
@@ -80,8 +81,12 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 		if done || err != nil {
 			return err
 		}
-		return fmt.Errorf("requeue %s of %s: no cluster member answered (%v); a requeue runs the message, which only a running member does: start one and try again",
-			id, key, silent)
+		if len(silent) == 0 {
+			return fmt.Errorf("requeue %s of %s: no cluster member runs (none is registered in the database); a requeue runs the message, which only a running member does: start one and try again (nothing was changed)",
+				id, key)
+		}
+		return fmt.Errorf("requeue %s of %s: no cluster member answered (%s); a requeue runs the message, which only a running member does: start one and try again (nothing was changed)",
+			id, key, strings.Join(silent, "; "))
 	}
 	return fmt.Errorf("requeue %s of %s: no daemon runs on %s; a requeue runs the message, which only the daemon does: start it (agentgate serve) and try again (nothing was changed)",
 		id, key, cfg.DataDir)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/url"
@@ -12,7 +13,9 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 )
 
@@ -192,5 +195,28 @@ func TestSessionsRequeueThroughTheDaemon(t *testing.T) {
 	}
 	if err := d.stop(t, 30*time.Second); err != nil {
 		t.Errorf("exit after SIGTERM: %v, want 0", err)
+	}
+}
+
+// TestSessionsRequeueInAClusterWithNoMemberRunning: in a cluster with no member registered,
+// `sessions requeue` refuses, says that no member runs and that nothing was changed (it once
+// said "no cluster member answered ([])").
+func TestSessionsRequeueInAClusterWithNoMemberRunning(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL")
+	}
+	dsn := pgtest.NewDatabase(t)
+	st, err := postgres.Open(context.Background(), dsn, postgres.Options{Shared: true}) // migrates it
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	t.Setenv("AGENTGATE_STORE_DRIVER", "postgres")
+	t.Setenv("AGENTGATE_STORE_DSN", dsn)
+	t.Setenv("AGENTGATE_CLUSTER_ENABLED", "true")
+	_, _, err = runSessions(t, "requeue", "--data-dir", t.TempDir(), "agent:main:http:dm:c1", "q1")
+	if err == nil || !strings.Contains(err.Error(), "no cluster member runs") ||
+		!strings.Contains(err.Error(), "nothing was changed") || strings.Contains(err.Error(), "[]") {
+		t.Errorf("sessions requeue with no member running = %v, want a refusal that says no member runs and nothing was changed", err)
 	}
 }
