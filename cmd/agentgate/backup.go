@@ -47,7 +47,7 @@ func backup(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			"(pg_dump --format=custom --file=agentgate.dump \"$DSN\"; restore with pg_restore)")
 	}
 	if _, err := os.Stat(cfg.DSN()); errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("backup: no database at %s (check --data-dir and --config)", cfg.DSN())
+		return fmt.Errorf("backup: no database at %s (%s)", cfg.DSN(), noDatabaseHint)
 	}
 	size, err := sqlite.Backup(ctx, cfg.DSN(), out)
 	if err != nil {

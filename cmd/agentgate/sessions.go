@@ -703,6 +703,11 @@ func openStore(ctx context.Context, cf *configFlags, readOnly bool) (persistence
 // still ends it at once.
 const searchTimeout = 30 * time.Minute
 
+// noDatabaseHint ends the error of a command that finds no SQLite database: an operator whose
+// daemon runs on PostgreSQL, configured by its environment, ran the command without it.
+const noDatabaseHint = "check --data-dir and --config; for a daemon on PostgreSQL, give the command its store settings too: " +
+	"its --config, or AGENTGATE_STORE_DRIVER=postgres and AGENTGATE_STORE_DSN, with PGPASSWORD"
+
 // openStoreFor is openStore whose PostgreSQL calls may take up to timeout (0: the store's
 // default).
 func openStoreFor(ctx context.Context, cf *configFlags, readOnly bool, timeout time.Duration) (persistence.Store, *config.Config, error) {
@@ -722,7 +727,7 @@ func openStoreFor(ctx context.Context, cf *configFlags, readOnly bool, timeout t
 	}
 	path := cfg.DSN()
 	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-		return nil, cfg, fmt.Errorf("no database at %s (check --data-dir and --config)", path)
+		return nil, cfg, fmt.Errorf("no database at %s (%s)", path, noDatabaseHint)
 	}
 	var st *sqlite.Store
 	if readOnly {

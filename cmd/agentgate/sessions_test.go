@@ -226,6 +226,10 @@ func TestSessionsList(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "no database at") {
 			t.Errorf("list of an empty directory error = %v, want \"no database at ...\"", err)
 		}
+		// A daemon on PostgreSQL configured by its environment: the command needs the same.
+		if err == nil || !strings.Contains(err.Error(), "AGENTGATE_STORE_DRIVER=postgres") {
+			t.Errorf("list of an empty directory error = %v, want it to name the store settings a daemon on PostgreSQL needs", err)
+		}
 	})
 }
 
