@@ -94,12 +94,16 @@ func (s *Session) afterUncleanStops(c actor.Context) {
 		group := slices.Clone(s.nextGroup())
 		s.dequeue(len(group))
 		n := group[0].restarts
+		text := fmt.Sprintf("⚠️ agentgate restarted %d times without stopping cleanly while this message was running (it may crash the whole gateway), so it was set aside (quarantined) and will not be retried.", n)
+		if s.d.Clustered {
+			// Its deaths were those of the cluster members that ran it, not restarts of one.
+			text = fmt.Sprintf("⚠️ agentgate went down %d times while this message was running (it may crash the whole gateway), so it was set aside (quarantined) and will not be retried.", n)
+		}
 		for _, it := range group {
 			s.logger().Error("message quarantined after repeated unclean restarts of agentgate",
 				"message_id", it.messageID, "restarts", n)
 			s.d.Metrics.MessagesQuarantined.WithLabelValues("unclean_restart").Inc()
-			s.setAside(c, it, persistence.StatusQuarantined,
-				fmt.Sprintf("⚠️ agentgate restarted %d times without stopping cleanly while this message was running (it may crash the whole gateway), so it was set aside (quarantined) and will not be retried.", n))
+			s.setAside(c, it, persistence.StatusQuarantined, text)
 		}
 	}
 }

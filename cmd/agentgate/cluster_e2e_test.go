@@ -213,7 +213,7 @@ func TestClusterPoisonMessageStopsTheCrashLoop(t *testing.T) {
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	dataDir := t.TempDir()
-	d := poisonCrashLoop(t, func() *daemon {
+	d := poisonCrashLoop(t, "agentgate went down 3 times", func() *daemon { // its member's deaths, not restarts of one daemon
 		return MustServe(t, dataDir, "AGENTGATE_STORE_DRIVER=postgres", "AGENTGATE_STORE_DSN="+dsn,
 			"AGENTGATE_CLUSTER_ENABLED=true", fmt.Sprint("AGENTGATE_CLUSTER_BIND=127.0.0.1:", port),
 			"AGENTGATE_CLUSTER_MEMBER_TTL=1m", "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=100ms", "AGENTGATE_AGENT_BACKEND=exec", poisonAgent)

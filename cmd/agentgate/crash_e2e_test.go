@@ -20,7 +20,7 @@ import (
 // stop (SIGTERM, the drain cut short) in between does not count.
 func TestPoisonMessageStopsTheCrashLoop(t *testing.T) {
 	dataDir := t.TempDir()
-	d := poisonCrashLoop(t, func() *daemon {
+	d := poisonCrashLoop(t, "agentgate restarted 3 times", func() *daemon {
 		return MustServe(t, dataDir, "AGENTGATE_AGENT_BACKEND=exec", "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=100ms", poisonAgent)
 	})
 	if err := d.stop(t, 30*time.Second); err != nil {
@@ -34,9 +34,10 @@ const poisonAgent = `AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'case "$AGENTGATE_MES
 
 // poisonCrashLoop sends a poison message to the daemons serve starts one after the other (with
 // poisonAgent), kills three of them with -9 while its turn runs and stops one in between with
-// SIGTERM, and checks that the next one quarantines it, tells its sender and counts it, and
-// answers the chat's next message. It returns that daemon, running.
-func poisonCrashLoop(t *testing.T, serve func() *daemon) *daemon {
+// SIGTERM, and checks that the next one quarantines it, tells its sender (a notice that says
+// why: told, "restarted 3 times" for a daemon) and counts it, and answers the chat's next
+// message. It returns that daemon, running.
+func poisonCrashLoop(t *testing.T, told string, serve func() *daemon) *daemon {
 	t.Helper()
 	const key = "agent:main:http:dm:c1"
 	running := func(d *daemon) {
@@ -70,8 +71,8 @@ func poisonCrashLoop(t *testing.T, serve func() *daemon) *daemon {
 	d = serve()
 	events := readSSE(t, d.base+"/v1/sessions/"+key+"/events", "", 1)
 	if text, _ := events[0].data["text"].(string); events[0].event != "notice" ||
-		!strings.Contains(text, "quarantined") || !strings.Contains(text, "restarted 3 times") {
-		t.Errorf("after the third unclean stop the chat got %s %v, want a quarantine notice that says agentgate restarted 3 times", events[0].event, events[0].data)
+		!strings.Contains(text, "quarantined") || !strings.Contains(text, told) {
+		t.Errorf("after the third unclean stop the chat got %s %v, want a quarantine notice that says %q", events[0].event, events[0].data, told)
 	}
 	status, res := post(t, d.base+"/v1/messages?wait=30s", "", `{"chat_id":"c1","user_id":"u1","text":"hello","message_id":"m2"}`)
 	replies, _ := res["replies"].([]any)

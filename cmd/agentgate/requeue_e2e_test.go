@@ -33,7 +33,7 @@ func TestRequeueRunsAQuarantinedMessageAsItsSender(t *testing.T) {
 	cure := filepath.Join(t.TempDir(), "cured")
 	agent := `AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'case "$AGENTGATE_MESSAGE_ID" in poison*) [ -e "$REQUEUE_CURE" ] || sleep 60; ` +
 		`echo "answered $AGENTGATE_MESSAGE_ID as $AGENTGATE_USER_ID in $AGENTGATE_CHAT_TYPE $AGENTGATE_CHAT_ID";; *) echo "answered $AGENTGATE_MESSAGE_ID";; esac']`
-	d := poisonCrashLoop(t, func() *daemon {
+	d := poisonCrashLoop(t, "agentgate restarted 3 times", func() *daemon {
 		return MustServe(t, dataDir, "AGENTGATE_AGENT_BACKEND=exec", "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=100ms", "REQUEUE_CURE="+cure, agent)
 	})
 	const key = "agent:main:http:dm:c1"
