@@ -4,8 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"syscall"
 
+	"github.com/agentgate/agentgate/internal/flock"
 	"github.com/agentgate/agentgate/persistence"
 )
 
@@ -26,15 +26,9 @@ func lockDataDir(dir string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("data directory %s: %w", dir, err)
 	}
-	for {
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if !errors.Is(err, syscall.EINTR) {
-			break
-		}
-	}
-	if err != nil {
+	if err := flock.Exclusive(f); err != nil {
 		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
+		if errors.Is(err, flock.ErrHeld) {
 			return nil, fmt.Errorf("data directory in use by another process (%s: another agentgate daemon keeps its spool there; give each daemon its own --data-dir): %w", dir, persistence.ErrLocked)
 		}
 		return nil, fmt.Errorf("data directory %s: lock: %w", dir, err)

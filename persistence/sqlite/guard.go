@@ -6,9 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
+	"github.com/agentgate/agentgate/internal/flock"
 	"github.com/agentgate/agentgate/persistence"
 )
 
@@ -87,15 +87,9 @@ func lockFile(path, db string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: lock: %w", db, err)
 	}
-	for {
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if !errors.Is(err, syscall.EINTR) {
-			break
-		}
-	}
-	if err != nil {
+	if err := flock.Exclusive(f); err != nil {
 		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
+		if errors.Is(err, flock.ErrHeld) {
 			return nil, fmt.Errorf("open %s: data directory in use by another process (lock %s held): %w", db, path, persistence.ErrLocked)
 		}
 		return nil, fmt.Errorf("open %s: lock %s: %w", db, path, err)
