@@ -44,7 +44,8 @@ func backup(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if cfg.Store.Driver == "postgres" {
 		return errors.New("backup: the store is PostgreSQL: back it up with pg_dump " +
-			"(pg_dump --format=custom --file=agentgate.dump \"$DSN\"; restore with pg_restore)")
+			"(pg_dump --format=custom --schema=SCHEMA --file=agentgate.dump \"$DSN\"; restore with pg_restore); " +
+			"pg_dump refuses a DSN URL with search_path=: write it as options=-csearch_path%3DSCHEMA, which agentgate takes too")
 	}
 	if _, err := os.Stat(cfg.DSN()); errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("backup: no database at %s (%s)", cfg.DSN(), noDatabaseHint)

@@ -79,3 +79,21 @@ func copyFile(t *testing.T, from, to string) {
 		t.Fatal(err)
 	}
 }
+
+// TestBackupOfPostgreSQLSaysHowToDumpIt: backup of a PostgreSQL store is pg_dump's, and the
+// command says how, with the one schema of the deployment and a DSN that pg_dump takes (libpq
+// refuses a URL with search_path=, which the README's DSNs name).
+func TestBackupOfPostgreSQLSaysHowToDumpIt(t *testing.T) {
+	t.Setenv("AGENTGATE_STORE_DRIVER", "postgres")
+	t.Setenv("AGENTGATE_STORE_DSN", "postgres://agentgate@127.0.0.1:1/agentgate?search_path=team_a")
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"backup", "--data-dir", t.TempDir(), filepath.Join(t.TempDir(), "out.db")}, &stdout, &stderr)
+	if err == nil {
+		t.Fatal("backup of a PostgreSQL store: no error, want pg_dump's command")
+	}
+	for _, want := range []string{"pg_dump --format=custom --schema=SCHEMA", "options=-csearch_path%3DSCHEMA"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("backup of a PostgreSQL store said %q, want it to name %q", err, want)
+		}
+	}
+}
