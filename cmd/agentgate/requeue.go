@@ -36,10 +36,7 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 	}
 	st, cfg, err := openStore(ctx, &cf, false)
 	if errors.Is(err, persistence.ErrLocked) {
-		where := "data directory"
-		if cfg.Store.Driver == "postgres" {
-			where = "database"
-		}
+		where := lockedPlace(cfg)
 		addr, run, recorded := daemonAddr(cfg)
 		if !recorded {
 			return fmt.Errorf("the daemon is running on this %s, but it records no address in %s (it starts, or it runs on another host); requeue through it: %s",

@@ -350,10 +350,7 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	st, cfg, err := openStore(ctx, &cf, false)
 	if errors.Is(err, persistence.ErrLocked) {
 		// The daemon holds the database: it resets the session itself.
-		where := "data directory"
-		if cfg.Store.Driver == "postgres" {
-			where = "database"
-		}
+		where := lockedPlace(cfg)
 		addr, run, recorded := daemonAddr(cfg)
 		if !recorded {
 			return fmt.Errorf("the daemon is running on this %s, but it records no address in %s (it starts, or it runs on another host); reset through it: %s",
@@ -618,6 +615,15 @@ func resetCommand(cfg *config.Config, key string) string {
 // resetCommandAt is the curl command line that resets key through the daemon at addr.
 func resetCommandAt(cfg *config.Config, addr, key string) string {
 	return curlPost(cfg, addr, "/v1/sessions/"+url.PathEscape(key)+"/reset")
+}
+
+// lockedPlace is what a running daemon holds, as the admin commands name it: the data directory
+// (SQLite) or the database (PostgreSQL).
+func lockedPlace(cfg *config.Config) string {
+	if cfg.Store.Driver == "postgres" {
+		return "database"
+	}
+	return "data directory"
 }
 
 // curlPost is the curl command line that POSTs to path of the daemon at addr, with the bearer
