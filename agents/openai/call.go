@@ -61,7 +61,7 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log
 		if wait > 0 {
 			pause = &a.asked
 		}
-		if left := pausedUntil(pause).Sub(a.now()); left > wait {
+		if left := a.pausedUntil(pause).Sub(a.now()); left > wait {
 			// Another request was told to wait: so is this one, which would only add to the
 			// storm (unless the turn ends first: then the endpoint may say so itself).
 			if dl, has := ctx.Deadline(); !has || time.Until(dl) > left {
@@ -85,45 +85,61 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log
 		if ctx.Err() != nil {
 			return nil, a.ctxErr(ctx)
 		}
-		var ok bool
-		if wait, ok = a.retryWait(err, attempt); !ok {
+		var retry bool
+		wait, retry = a.retryWait(err, attempt)
+		// The others wait too, even when this turn gives up: the endpoint's limit holds for
+		// them as much as for this request.
+		a.pauseOthers(err, wait, attempt)
+		if !retry {
 			return nil, err
 		}
 		if dl, has := ctx.Deadline(); has && time.Until(dl) < wait {
 			return nil, err // the turn would end before the retry: fail now
 		}
 		log.Warn("model call failed; retrying", "attempt", attempt, "wait", wait, logging.Err(err))
-		if pausesAll(err) {
-			until := a.now().Add(wait)
-			pauseUntil(&a.paused, until)
-			if se, ok := errors.AsType[*StatusError](err); ok && se.RetryAfter > 0 {
-				pauseUntil(&a.asked, until)
-			}
-		}
 	}
 }
 
-// pausesAll reports whether err tells every request to the endpoint to wait, not just the one
-// that got it: a rate limit (429), or any answer that says how long to wait (Retry-After).
-func pausesAll(err error) bool {
+// pauseOthers makes every other request to the endpoint wait when err tells them to, not just
+// the one that got it: a rate limit (429), or any answer that says how long to wait
+// (Retry-After). The pause lasts the wait asked for, up to max_backoff (no request waits
+// longer than that for the endpoint), else this request's own wait before its retry (wait),
+// else, when it will not retry, the backoff its attempt would have had.
+func (a *Agent) pauseOthers(err error, wait time.Duration, attempt int) {
 	se, ok := errors.AsType[*StatusError](err)
-	return ok && (se.Code == http.StatusTooManyRequests || se.RetryAfter > 0)
+	if !ok || (se.Code != http.StatusTooManyRequests && se.RetryAfter <= 0) {
+		return
+	}
+	switch {
+	case se.RetryAfter > 0:
+		wait = min(se.RetryAfter, a.maxBackoff)
+	case wait <= 0:
+		wait = a.backoff(attempt)
+	}
+	until := a.now().Add(wait)
+	a.pauseUntil(&a.paused, until)
+	if se.RetryAfter > 0 {
+		a.pauseUntil(&a.asked, until)
+	}
 }
 
 // pausedUntil is when the pause p (Agent.paused or Agent.asked) ends; zero when none was met.
-func pausedUntil(p *atomic.Int64) time.Time {
+func (a *Agent) pausedUntil(p *atomic.Int64) time.Time {
 	if n := p.Load(); n != 0 {
-		return time.Unix(0, n)
+		return a.epoch.Add(time.Duration(n))
 	}
 	return time.Time{}
 }
 
 // pauseUntil makes the pause p (Agent.paused or Agent.asked) last until t, or later when it
-// already does.
-func pauseUntil(p *atomic.Int64, t time.Time) {
+// already does. A pause is kept as its distance from Agent.epoch, so that it is measured on
+// the monotonic clock: a wall clock stepped back would otherwise end it early (or stepped on,
+// make it last longer than asked).
+func (a *Agent) pauseUntil(p *atomic.Int64, t time.Time) {
+	n := int64(max(t.Sub(a.epoch), 1))
 	for {
 		old := p.Load()
-		if old >= t.UnixNano() || p.CompareAndSwap(old, t.UnixNano()) {
+		if old >= n || p.CompareAndSwap(old, n) {
 			return
 		}
 	}
@@ -180,7 +196,7 @@ func (a *Agent) retryWait(err error, attempt int) (time.Duration, bool) {
 	if attempt > a.maxRetries {
 		return 0, false
 	}
-	backoff := min(retryBase<<min(attempt-1, 20), a.maxBackoff)
+	backoff := a.backoff(attempt)
 	var se *StatusError
 	var te *transportError
 	switch {
@@ -199,6 +215,11 @@ func (a *Agent) retryWait(err error, attempt int) (time.Duration, bool) {
 		return a.jitter(backoff), !te.shown
 	}
 	return 0, false
+}
+
+// backoff is the computed wait after the given attempt failed, before its jitter.
+func (a *Agent) backoff(attempt int) time.Duration {
+	return min(retryBase<<min(attempt-1, 20), a.maxBackoff)
 }
 
 // ctxErr is the error of a turn whose context ended: ErrTimeout for our own deadline, with the

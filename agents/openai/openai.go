@@ -94,12 +94,16 @@ type Agent struct {
 	nowFn        func() time.Time
 	requests     func(result string)
 	jitter       func(time.Duration) time.Duration
-	// paused is when the endpoint's last rate limit ends (unix nanoseconds of nowFn's clock):
-	// every request waits for it, so that one 429 does not meet a storm of requests behind it.
+	// paused is when the endpoint's last rate limit ends (nanoseconds after epoch; zero: none
+	// met): every request waits for it, so that one 429 does not meet a storm of requests
+	// behind it.
 	paused atomic.Int64
-	// asked is when the last wait the endpoint asked for (Retry-After) ends: a request that
-	// failed itself keeps its own spread backoff unless this is later (paused holds the others).
+	// asked is when the last wait the endpoint asked for (Retry-After) ends, as paused: a
+	// request that failed itself keeps its own spread backoff unless this is later (paused
+	// holds the others).
 	asked atomic.Int64
+	// epoch is the agent's start on nowFn's clock, which the pauses are measured from.
+	epoch time.Time
 	// completionTokens is set once the endpoint refused max_tokens, asking for
 	// max_completion_tokens (OpenAI's reasoning models): the bound goes by that name from then on.
 	completionTokens atomic.Bool
@@ -198,6 +202,7 @@ func New(c Config) (*Agent, error) {
 	if a.jitter == nil {
 		a.jitter = func(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 	}
+	a.epoch = a.now()
 	if key != "" && u.Scheme == "http" && !config.LoopbackHost(u.Hostname()) {
 		a.log.Warn("openai agent sends its API key over plain http", "host", u.Hostname())
 	}

@@ -1037,6 +1037,46 @@ func TestRateLimitPausesEveryRequest(t *testing.T) {
 	}
 }
 
+// TestRateLimitAGivenUpTurnMetPausesTheOthers: a turn that gives up on a rate limit (its last
+// attempt, or a Retry-After longer than agent.openai.max_backoff) still holds the other turns
+// for the limit (up to max_backoff: no request waits longer for the endpoint). Before, only a turn that retried did, so every other turn sent its request
+// into the limit the endpoint had just announced.
+func TestRateLimitAGivenUpTurnMetPausesTheOthers(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		headers []string
+		retries int
+		want    time.Duration
+	}{
+		{"last attempt, Retry-After", []string{"Retry-After: 5"}, 0, 5 * time.Second},
+		{"last attempt, no Retry-After", nil, 0, time.Second},                              // the first backoff
+		{"Retry-After over max_backoff", []string{"Retry-After: 60"}, 3, 30 * time.Second}, // max_backoff
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFakeModel(t, openaitest.Status(429, `{"error":{"message":"slow down"}}`, tc.headers...), openaitest.Reply("ok", 1, 1))
+			sl := &sleeps{at: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)}
+			a := MustAgent(t, m, nil, sl, func(c *openai.Config) {
+				c.Now, c.MaxRetries = sl.now, tc.retries
+			})
+			if _, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}}); err == nil {
+				t.Fatal("the rate-limited turn succeeded; want it to give up")
+			}
+			if got := sl.waits(); len(got) != 0 {
+				t.Fatalf("the rate-limited turn waited %v before giving up", got)
+			}
+			if _, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}}); err != nil {
+				t.Fatalf("the next turn: %v", err)
+			}
+			if got := sl.waits(); !slices.Equal(got, []time.Duration{tc.want}) {
+				t.Errorf("the next turn waited %v before its request, want %v", got, tc.want)
+			}
+			if n := m.Count(); n != 2 {
+				t.Errorf("the model got %d requests, want 2", n)
+			}
+		})
+	}
+}
+
 // TestBackoffIsSpread: turns whose requests failed together do not retry together: the
 // default jitter waits from half the backoff to all of it.
 func TestBackoffIsSpread(t *testing.T) {
