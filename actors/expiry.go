@@ -178,14 +178,13 @@ func (s *Session) afterAutoReset(prev *persistence.Session, src identity.Source,
 	s.lastSeq++
 	sid := s.cur.ID
 	entry := s.outboxEntry(src, sid, platforms.KindNotice, text, "", []string{messageID}, now)
+	entry.Continued = true // the answer to the message itself follows
 	ops := []persistence.Op{
 		&persistence.AppendMessage{Message: persistence.Message{SessionID: sid, Seq: s.lastSeq, Role: persistence.RoleNotice,
 			Content: text, Status: persistence.StatusDone, Active: true, CreatedAt: now}},
 		&persistence.AddOutbox{Entry: entry},
 	}
-	out := OutboundFromEntry(&entry)
-	out.TurnEnd = false // the answer to the message itself follows
-	return out, ops
+	return OutboundFromEntry(&entry), ops
 }
 
 // AutoResetNotice begins the notice that tells a user their session was reset automatically.

@@ -470,8 +470,6 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string,
 			}
 			return
 		}
-		out := OutboundFromEntry(&entry)
-		out.TurnEnd = true
-		s.sendOutbound(c, out)
+		s.sendOutbound(c, OutboundFromEntry(&entry))
 	})
 }

@@ -44,12 +44,12 @@ func NewOutboxEntry(key string, seq int64, src identity.Source, sid, kind, text,
 	}
 }
 
-// OutboundFromEntry is the platform message for a recorded outbox entry (sent as the end of its
-// turn; callers clear TurnEnd when more follows).
+// OutboundFromEntry is the platform message for a recorded outbox entry: the end of its turn
+// unless the entry says its answer goes on (Continued).
 func OutboundFromEntry(e *persistence.OutboxEntry) *platforms.Outbound {
 	return &platforms.Outbound{
 		SessionKey: e.SessionKey, SessionID: e.SessionID, Seq: e.Seq, Kind: e.Kind, Text: e.Text,
-		TurnID: e.TurnID, InReplyTo: slices.Clone(e.InReplyTo), CreatedAt: e.CreatedAt, TurnEnd: true,
+		TurnID: e.TurnID, InReplyTo: slices.Clone(e.InReplyTo), CreatedAt: e.CreatedAt, TurnEnd: !e.Continued,
 		Target: identity.Source{Platform: e.Platform, ChatType: e.ChatType, ChatID: e.ChatID, ThreadID: e.ThreadID, UserID: e.UserID},
 	}
 }

@@ -156,6 +156,9 @@ type OutboxEntry struct {
 	Attempts    int
 	CreatedAt   time.Time
 	DeliveredAt time.Time
+	// Continued is set when the answer to InReplyTo goes on in a later entry (an automatic
+	// reset's notice, which the turn's reply follows); an entry without it ends the answer.
+	Continued bool
 }
 
 // KindPruned is the kind of the last outbox entry of a key whose session PruneSessions deleted:

@@ -90,8 +90,17 @@ func TestIdleResetOnArrival(t *testing.T) {
 	if second.SessionID == first.SessionID {
 		t.Fatalf("m2 ran in the expired session %s", first.SessionID)
 	}
-	if n := outs[1]; n.Kind != platforms.KindNotice || !strings.Contains(n.Text, "inactive for 2h0m") || n.InReplyTo[0] != "m2" {
-		t.Errorf("second outbound = %+v, want the reset notice answering m2", n)
+	if n := outs[1]; n.Kind != platforms.KindNotice || !strings.Contains(n.Text, "inactive for 2h0m") || n.InReplyTo[0] != "m2" || n.TurnEnd {
+		t.Errorf("second outbound = %+v, want the reset notice answering m2, its turn's reply to follow", n)
+	}
+	// The outbox says so too: a reader of m2's durable answer (a duplicate's ?wait) knows
+	// that the notice alone is not all of it.
+	es, err := r.d.store.RepliesTo(t.Context(), second.SessionKey, "m2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(es) != 2 || es[0].Kind != platforms.KindNotice || !es[0].Continued || es[1].Kind != platforms.KindReply || es[1].Continued {
+		t.Errorf("the outbox's answer to m2 = %+v, want the notice (continued), then the reply (its end)", es)
 	}
 	if note := agent.last().Notes; len(note) != 1 || !strings.Contains(note[0], first.SessionID) {
 		t.Errorf("first turn after the reset got notes %q, want one naming %s", note, first.SessionID)

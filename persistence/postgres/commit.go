@@ -51,7 +51,7 @@ const (
 			generation = excluded.generation, updated_at = excluded.updated_at
 		WHERE excluded.generation > routing.generation`
 	addOutboxSQL = `INSERT INTO outbox (` + outboxCols + `)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
 		ON CONFLICT (session_key, seq) DO NOTHING`
 	// Delivered is final: a late failure report or a re-sent mark does not undo it.
 	markDeliverySQL = `UPDATE outbox SET state = $1::text,
@@ -407,7 +407,7 @@ func groupStmts(ops []persistence.Op) ([]stmt, error) {
 			}
 			add(addOutboxSQL, e.SessionKey, e.Seq, e.SessionID, e.Kind, e.Text, e.TurnID,
 				ids(e.InReplyTo), e.Platform, e.ChatType, e.ChatID, e.ThreadID, e.UserID, state,
-				e.Attempts, timeArg(e.CreatedAt), timeArg(e.DeliveredAt))
+				e.Attempts, timeArg(e.CreatedAt), timeArg(e.DeliveredAt), e.Continued)
 		case *persistence.MarkDelivery:
 			if o == nil || o.State == "" {
 				return nil, errors.New("mark delivery: state required")

@@ -37,7 +37,7 @@ func scanOutbox(r scanner) (persistence.OutboxEntry, error) {
 	var e persistence.OutboxEntry
 	err := r.Scan(&e.SessionKey, &e.Seq, &e.SessionID, &e.Kind, &e.Text, &e.TurnID, &e.InReplyTo,
 		&e.Platform, &e.ChatType, &e.ChatID, &e.ThreadID, &e.UserID, &e.State, &e.Attempts,
-		nanoTime{&e.CreatedAt}, nanoTime{&e.DeliveredAt})
+		nanoTime{&e.CreatedAt}, nanoTime{&e.DeliveredAt}, &e.Continued)
 	if len(e.InReplyTo) == 0 {
 		e.InReplyTo = nil
 	}

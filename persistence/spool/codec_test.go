@@ -57,7 +57,7 @@ func opSamples() []persistence.Op {
 			SessionKey: "k", Seq: 11, SessionID: "s-1", Kind: "reply", Text: "hi", TurnID: "turn-1",
 			InReplyTo: []string{"m1", "m2"}, Platform: "http", ChatType: "dm", ChatID: "c1",
 			ThreadID: "t1", UserID: "u1", State: persistence.DeliveryPending, Attempts: 1,
-			CreatedAt: t0, DeliveredAt: t0.Add(time.Second).In(cest),
+			CreatedAt: t0, DeliveredAt: t0.Add(time.Second).In(cest), Continued: true,
 		}},
 		&persistence.MarkDelivery{SessionKey: "k", Seq: 11, State: persistence.DeliveryDelivered, At: t0.Add(2)},
 		&persistence.AddUsage{SessionID: "s-1", TurnID: "turn-1", InputTokens: 812, OutputTokens: 96},

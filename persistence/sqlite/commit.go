@@ -80,7 +80,7 @@ var writeSQL = [numStmts]string{
 			generation = excluded.generation, updated_at = excluded.updated_at
 		WHERE excluded.generation > routing.generation`,
 	stAddOutbox: `INSERT INTO outbox (` + outboxCols + `)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (session_key, seq) DO NOTHING`,
 	// Delivered is final: a late failure report or a re-sent mark does not undo it.
 	stMarkDelivery: `UPDATE outbox SET state = ?1,
@@ -474,7 +474,7 @@ func (t *txn) apply(op persistence.Op) error {
 		}
 		_, err := t.exec(stAddOutbox, e.SessionKey, e.Seq, e.SessionID, e.Kind, e.Text, e.TurnID,
 			encodeIDs(e.InReplyTo), e.Platform, e.ChatType, e.ChatID, e.ThreadID, e.UserID, state,
-			e.Attempts, timeArg(e.CreatedAt), timeArg(e.DeliveredAt))
+			e.Attempts, timeArg(e.CreatedAt), timeArg(e.DeliveredAt), e.Continued)
 		return wrap(err, "add outbox %s/%d", e.SessionKey, e.Seq)
 	case *persistence.MarkDelivery:
 		if o == nil || o.State == "" {

@@ -409,7 +409,7 @@ func TestMigrationStartsWatermarkAtTheTop(t *testing.T) {
 	}
 	raw := MustRawDB(t, s.Path())
 	mustExec(t, raw, `DROP TABLE fts_watermark`)
-	undoProbationColumn(t, raw)
+	undoAddedColumns(t, raw)
 	mustExec(t, raw, `DELETE FROM schema_migrations WHERE version >= 6`) // as before 0006
 	s2, err := Open(ctx, s.Path(), Options{})
 	if err != nil {

@@ -324,7 +324,7 @@ func TestMigrationPrunesLeftOverOutbox(t *testing.T) {
 	} {
 		mustExec(t, raw, `INSERT INTO outbox (session_key, seq, session_id, kind, text, in_reply_to, state) VALUES (`+row+`)`)
 	}
-	undoProbationColumn(t, raw)
+	undoAddedColumns(t, raw)
 	mustExec(t, raw, `DELETE FROM schema_migrations WHERE version >= 9`)
 	s2, err := Open(ctx, s.Path(), Options{})
 	if err != nil {

@@ -49,7 +49,7 @@ func scanOutbox(r scanner) (persistence.OutboxEntry, error) {
 	var inReplyTo string
 	err := r.Scan(&e.SessionKey, &e.Seq, &e.SessionID, &e.Kind, &e.Text, &e.TurnID, &inReplyTo,
 		&e.Platform, &e.ChatType, &e.ChatID, &e.ThreadID, &e.UserID, &e.State, &e.Attempts,
-		nanoTime{&e.CreatedAt}, nanoTime{&e.DeliveredAt})
+		nanoTime{&e.CreatedAt}, nanoTime{&e.DeliveredAt}, &e.Continued)
 	e.InReplyTo = decodeIDs(inReplyTo)
 	return e, err
 }

@@ -518,7 +518,7 @@ func TestMigrationOneUndeliveredIndex(t *testing.T) {
 	mustExec(t, raw, `DROP INDEX outbox_undelivered`)
 	mustExec(t, raw, `CREATE INDEX outbox_undelivered ON outbox (session_key, seq) WHERE state IN ('pending', 'failed')`)
 	mustExec(t, raw, `CREATE INDEX outbox_session_undelivered ON outbox (session_id) WHERE state <> 'delivered'`)
-	undoProbationColumn(t, raw)
+	undoAddedColumns(t, raw)
 	mustExec(t, raw, `DELETE FROM schema_migrations WHERE version >= 7`)
 	mustExec(t, raw, `UPDATE outbox SET state = 'sending' WHERE seq = 4`)
 
@@ -652,12 +652,12 @@ func TestMigrationOutboxRowidTable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mustExec(t, raw, `INSERT INTO outbox (`+outboxCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		mustExec(t, raw, `INSERT INTO outbox (`+strings.TrimSuffix(outboxCols, ", continued")+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			e.SessionKey, e.Seq, e.SessionID, e.Kind, e.Text, e.TurnID, string(inReplyTo),
 			e.Platform, e.ChatType, e.ChatID, e.ThreadID, e.UserID, e.State, e.Attempts, e.CreatedAt.UnixNano(),
 			nullTime(e.DeliveredAt))
 	}
-	undoProbationColumn(t, raw)
+	undoAddedColumns(t, raw)
 	mustExec(t, raw, `DELETE FROM schema_migrations WHERE version >= 8`)
 
 	var logs testutil.Buffer
@@ -767,11 +767,19 @@ func nullTime(t time.Time) any {
 	return t.UnixNano()
 }
 
-// undoProbationColumn drops the column migration 0014 adds (SQLite has no ADD COLUMN IF NOT
-// EXISTS), for a test that migrates again from a version before it.
-func undoProbationColumn(t *testing.T, raw *sql.DB) {
+// undoAddedColumns drops the columns migrations 0014 and 0018 add (SQLite has no ADD COLUMN
+// IF NOT EXISTS), for a test that migrates again from a version before them; an outbox that
+// the test made again in an older shape has none to drop.
+func undoAddedColumns(t *testing.T, raw *sql.DB) {
 	t.Helper()
 	mustExec(t, raw, `ALTER TABLE messages DROP COLUMN probation_run`)
+	var n int
+	if err := raw.QueryRow(`SELECT count(*) FROM pragma_table_info('outbox') WHERE name = 'continued'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n > 0 {
+		mustExec(t, raw, `ALTER TABLE outbox DROP COLUMN continued`)
+	}
 }
 
 // latestMigration returns the version the schema migrates to, as the log prints it.

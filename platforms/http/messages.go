@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"net/url"
@@ -85,7 +86,7 @@ func (p *Platform) handleMessages(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusAccepted, resp)
 		return
 	}
-	replies, ok := p.awaitReplies(r.Context(), stop, wt, ack, start.Add(wait))
+	replies, ok := p.awaitReplies(r.Context(), stop, wt, ack, start.Add(wait), true)
 	if !ok {
 		// The message is durable and will be answered; SSE carries the replies.
 		writeJSON(w, http.StatusAccepted, resp)
@@ -432,14 +433,18 @@ func (p *Platform) removeWaiter(w *waiter) {
 	}
 }
 
-// offer is called by Send with p.mu held. An outbound addressed to another chat is not for
-// this waiter even if a message id collides; the session key is checked once it is known.
+// offer is called by Send with p.mu held, and with what the outbox holds (offerDurable). An
+// outbound addressed to another chat is not for this waiter even if a message id collides; the
+// session key is checked once it is known. One it holds already (by key and seq) is not added
+// again.
 func (w *waiter) offer(out *platforms.Outbound) {
 	if out.Target.ChatID != "" && out.Target.ChatID != w.chatID {
 		return
 	}
 	w.mu.Lock()
-	w.got = append(w.got, out)
+	if !slices.ContainsFunc(w.got, func(o *platforms.Outbound) bool { return o.SessionKey == out.SessionKey && o.Seq == out.Seq }) {
+		w.got = append(w.got, out)
+	}
 	w.mu.Unlock()
 	select {
 	case w.wake <- struct{}{}:
@@ -466,28 +471,31 @@ func (w *waiter) result(key string) ([]*platforms.Outbound, bool) {
 
 // awaitReplies blocks until the turn that handles the waited-for message ends, the deadline
 // passes, the client goes away or the platform stops. A duplicate is first answered from the
-// durable outbox: its turn may have ended long ago.
-func (p *Platform) awaitReplies(ctx context.Context, stop <-chan struct{}, w *waiter, ack *platforms.Ack, deadline time.Time) ([]*platforms.Outbound, bool) {
-	if ack.Disposition == platforms.Duplicate && p.cfg.Sessions != nil {
-		durable, err := p.cfg.Sessions.RepliesTo(ctx, ack.SessionKey, w.msgID)
-		switch {
-		case err != nil:
-			p.log.Warn("load replies of duplicate", "session", ack.SessionKey, logging.Err(err))
-		case len(durable) > 0:
-			// The outbox does not record turn ends; what is durable is taken as complete.
-			durable = slices.Clone(durable)
-			slices.SortStableFunc(durable, func(a, b *platforms.Outbound) int { return cmp.Compare(a.Seq, b.Seq) })
-			return durable, true
-		}
+// durable outbox: its turn may have ended long ago. With check, on a cluster member, the
+// outbox is also read every ReplyCheck: the answer may have been sent on another member, whose
+// relay missed this one (only where the message has no earlier answer, which a requeued
+// message has: its quarantine notice).
+func (p *Platform) awaitReplies(ctx context.Context, stop <-chan struct{}, w *waiter, ack *platforms.Ack, deadline time.Time, check bool) ([]*platforms.Outbound, bool) {
+	if ack.Disposition == platforms.Duplicate {
+		p.offerDurable(ctx, w, ack.SessionKey, slog.LevelWarn)
 	}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
+	var look <-chan time.Time
+	if check && p.relayed.Load() && p.cfg.Sessions != nil {
+		t := time.NewTicker(p.cfg.ReplyCheck)
+		defer t.Stop()
+		look = t.C
+	}
 	for {
 		if got, done := w.result(ack.SessionKey); done {
 			return got, true
 		}
 		select {
 		case <-w.wake:
+		case <-look:
+			// A failed read is tried at the next check (and the relay may still come).
+			p.offerDurable(ctx, w, ack.SessionKey, slog.LevelDebug)
 		case <-timer.C:
 			return nil, false
 		case <-ctx.Done():
@@ -495,6 +503,26 @@ func (p *Platform) awaitReplies(ctx context.Context, stop <-chan struct{}, w *wa
 		case <-stop:
 			return nil, false
 		}
+	}
+}
+
+// offerDurable offers w what the outbox holds of the answer to its message in session key:
+// the answer is whole once it holds the turn's end (an entry that is not Continued; an
+// automatic reset's notice is durable as the message is taken, and its turn's reply follows).
+// Entries w was shown live are counted once (by seq). A failed read is logged at level.
+func (p *Platform) offerDurable(ctx context.Context, w *waiter, key string, level slog.Level) {
+	if p.cfg.Sessions == nil {
+		return
+	}
+	durable, err := p.cfg.Sessions.RepliesTo(ctx, key, w.msgID)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.log.Log(ctx, level, "load the replies to a message", "session", key, "message_id", w.msgID, logging.Err(err))
+		}
+		return
+	}
+	for _, o := range durable {
+		w.offer(o)
 	}
 }
 

@@ -402,17 +402,26 @@ func TestWaitDuplicate(t *testing.T) {
 	rt := &fakeRuntime{}
 	h := mustStart(t, Config{Sessions: sessions}, rt)
 	rt.setRespond(func(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
-		if in.MessageID == "live" {
+		switch in.MessageID {
+		case "live":
 			go rt.p.Send(context.Background(), reply(in, 9, "still running, now done", true))
+		case "reset":
+			go rt.p.Send(context.Background(), reply(in, 12, "the answer", true))
 		}
 		return ackFor(in, platforms.Duplicate), nil
 	})
 	src := identity.Source{Platform: "http", ChatType: "dm", ChatID: "c", UserID: "u"}
 	key := keyFor(src)
-	orig := &platforms.Inbound{Source: src, MessageID: "done"}
-	sessions.replies[key+"\x00done"] = []*platforms.Outbound{
-		reply(orig, 8, "second", false), reply(orig, 7, "first", false),
+	notice := func(id string, seq int64) *platforms.Outbound {
+		o := reply(&platforms.Inbound{Source: src, MessageID: id}, seq, "reset notice", false) // Continued
+		o.Kind, o.TurnID = platforms.KindNotice, ""
+		return o
 	}
+	orig := &platforms.Inbound{Source: src, MessageID: "done"}
+	sessions.replies[key+"\x00done"] = []*platforms.Outbound{reply(orig, 8, "second", true), notice("done", 7)}
+	// A duplicate of a message whose turn still runs after an automatic reset: its notice is
+	// durable, its reply is not. Before, the notice alone was taken for the whole answer.
+	sessions.replies[key+"\x00reset"] = []*platforms.Outbound{notice("reset", 11)}
 
 	cases := []struct {
 		name string
@@ -420,11 +429,15 @@ func TestWaitDuplicate(t *testing.T) {
 		want []Reply
 	}{
 		{"durable replies", "done", []Reply{
-			{Text: "first", TurnID: "t1", Kind: "reply", Seq: 7},
+			{Text: "reset notice", Kind: "notice", Seq: 7},
 			{Text: "second", TurnID: "t1", Kind: "reply", Seq: 8},
 		}},
 		{"no durable replies yet, waits live", "live", []Reply{
 			{Text: "still running, now done", TurnID: "t1", Kind: "reply", Seq: 9},
+		}},
+		{"a durable notice, the reply live", "reset", []Reply{
+			{Text: "reset notice", Kind: "notice", Seq: 11},
+			{Text: "the answer", TurnID: "t1", Kind: "reply", Seq: 12},
 		}},
 	}
 	for _, tc := range cases {
@@ -442,8 +455,53 @@ func TestWaitDuplicate(t *testing.T) {
 			}
 		})
 	}
-	if calls := sessions.callLog(); !cmp.Equal(calls, []string{"replies " + key + " done", "replies " + key + " live"}) {
-		t.Errorf("Sessions calls = %q, want RepliesTo(%s, done) then (…, live)", calls, key)
+	if calls := sessions.callLog(); !cmp.Equal(calls, []string{"replies " + key + " done", "replies " + key + " live", "replies " + key + " reset"}) {
+		t.Errorf("Sessions calls = %q, want RepliesTo(%s, done) then (…, live), (…, reset)", calls, key)
+	}
+}
+
+// TestWaitOnAClusterMemberFindsAnAnswerTheRelayMissed: on a cluster member, a ?wait whose
+// message's turn ran on another member, and whose reply's relay missed this one, finds the
+// answer in the outbox. Before, it waited to its deadline and answered 202 with the answer
+// long durable. A single daemon sends every reply itself and never reads the outbox for it.
+func TestWaitOnAClusterMemberFindsAnAnswerTheRelayMissed(t *testing.T) {
+	src := identity.Source{Platform: "http", ChatType: "dm", ChatID: "c", UserID: "u"}
+	key := keyFor(src)
+	for _, clustered := range []bool{true, false} {
+		t.Run(fmt.Sprint("clustered=", clustered), func(t *testing.T) {
+			sessions := newFakeSessions()
+			rt := &fakeRuntime{}
+			h := mustStart(t, Config{Sessions: sessions, Clustered: clustered, ReplyCheck: 10 * time.Millisecond}, rt)
+			in := &platforms.Inbound{Source: src, MessageID: "m1"}
+			rt.setRespond(func(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
+				// The owner runs the turn; its reply is durable, and no relay comes.
+				sessions.mu.Lock()
+				sessions.replies[key+"\x00m1"] = []*platforms.Outbound{reply(in, 3, "answered elsewhere", true)}
+				sessions.mu.Unlock()
+				return ackFor(in, platforms.Started), nil
+			})
+			wait := "5s"
+			if !clustered {
+				wait = "200ms" // no relay to miss: it waits for the turn's live reply
+			}
+			got := h.post("/v1/messages?wait="+wait, map[string]string{"chat_id": "c", "user_id": "u", "text": "t", "message_id": in.MessageID})
+			if !clustered {
+				if got.status != http.StatusAccepted {
+					t.Errorf("POST ?wait on a single daemon = %d %s, want 202", got.status, got.body)
+				}
+				if calls := sessions.callLog(); len(calls) != 0 {
+					t.Errorf("a single daemon read the store for its wait: %q", calls)
+				}
+				return
+			}
+			if got.status != http.StatusOK {
+				t.Fatalf("POST ?wait = %d %s, want 200 with the durable answer", got.status, got.body)
+			}
+			want := []Reply{{Text: "answered elsewhere", TurnID: "t1", Kind: "reply", Seq: 3}}
+			if diff := cmp.Diff(want, mustDecode[MessageResponse](t, got).Replies); diff != "" {
+				t.Errorf("replies mismatch (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 

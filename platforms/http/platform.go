@@ -28,6 +28,9 @@ const (
 	DefaultAddr      = "127.0.0.1:8080"
 	DefaultMaxWait   = 5 * time.Minute
 	DefaultKeepAlive = 15 * time.Second
+	// DefaultReplyCheck is how often a ?wait on a cluster member looks for its answer in the
+	// outbox (Config.ReplyCheck).
+	DefaultReplyCheck = 2 * time.Second
 	// DefaultBodyTimeout bounds how long a client may take to send a request's body.
 	DefaultBodyTimeout = 30 * time.Second
 	// DefaultWriteTimeout bounds how long a client may take to read an answer (an event
@@ -73,6 +76,10 @@ type Config struct {
 	MaxWait time.Duration
 	// KeepAlive is the interval of SSE keepalive comments; 0 means DefaultKeepAlive.
 	KeepAlive time.Duration
+	// ReplyCheck is how often a ?wait of POST /v1/messages that has no answer yet looks for it
+	// in the outbox, on a member whose replies may come by relays (Clustered); 0 means
+	// DefaultReplyCheck.
+	ReplyCheck time.Duration
 	// BodyTimeout is how long a request may take to send its body; 0 means DefaultBodyTimeout.
 	BodyTimeout time.Duration
 	// WriteTimeout is how long a client may take to read an answer once it starts (an event
@@ -84,7 +91,7 @@ type Config struct {
 	Run string
 	// Clustered says that the daemon is a cluster member: replies sent on other members reach
 	// this one by relays (Show), which can miss it, so event streams also look in the outbox
-	// at each keepalive.
+	// at each keepalive, and a ?wait every ReplyCheck.
 	Clustered bool
 }
 
@@ -140,6 +147,9 @@ func New(c Config) (*Platform, error) {
 	}
 	if c.KeepAlive <= 0 {
 		c.KeepAlive = DefaultKeepAlive
+	}
+	if c.ReplyCheck <= 0 {
+		c.ReplyCheck = DefaultReplyCheck
 	}
 	if c.BodyTimeout <= 0 {
 		c.BodyTimeout = DefaultBodyTimeout

@@ -209,7 +209,8 @@ func (p *Platform) handleRequeue(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ack := &platforms.Ack{SessionKey: res.SessionKey, SessionID: res.SessionID, MessageID: res.MessageID, Disposition: res.Disposition}
-	replies, done := p.awaitReplies(r.Context(), p.stopped(), wt, ack, start.Add(wait))
+	// No outbox check: the message's quarantine notice answers it already.
+	replies, done := p.awaitReplies(r.Context(), p.stopped(), wt, ack, start.Add(wait), false)
 	if !done {
 		writeJSON(w, http.StatusAccepted, res) // it runs; the event stream carries its replies
 		return

@@ -1,0 +1,6 @@
+-- 0018: an outbox entry says whether the answer to the messages it replies to goes on in a
+-- later entry (an automatic reset's notice, which the turn's reply follows). A reader of the
+-- durable replies to a message (POST /v1/messages?wait for a duplicate, or on a cluster member
+-- a relay missed) then knows whether the answer is whole. Every entry before it ends its
+-- answer but a reset notice, whose reply followed it long ago.
+ALTER TABLE outbox ADD COLUMN continued INTEGER NOT NULL DEFAULT 0;
