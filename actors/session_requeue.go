@@ -88,6 +88,21 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 	ops := []persistence.Op{&persistence.RequeueMessage{SessionID: row.SessionID, Seq: row.Seq, NewSeq: it.seq}}
 	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
 		r := &RequeueResult{SessionId: it.sessionID, MessageId: m.MessageId}
+		unsure := false
+		if errors.Is(err, persistence.ErrUnavailable) {
+			// The commit may have applied though its answer was lost (a connection lost after
+			// COMMIT; a cluster member keeps no spool): the row at its new seq says so. Then the
+			// message is pending at the end of the session, and runs now, as a stored one;
+			// before, it sat in the store, in no queue, and a retry was refused as pending.
+			switch stored, ferr := s.findStored(it.src, it.messageID); {
+			case ferr != nil:
+				unsure = true
+			case stored.SessionID == it.sessionID && stored.Seq == it.seq:
+				s.logger().Warn("a requeue whose write was refused as unavailable is stored (the commit's answer was lost); the message runs",
+					"message_id", m.MessageId, "seq", it.seq)
+				err = nil
+			}
+		}
 		if err != nil {
 			s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
 			if errors.Is(err, persistence.ErrFenced) {
@@ -96,6 +111,9 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 			}
 			s.logRefusedWrite("store requeue", err, "message_id", m.MessageId)
 			r.ErrorCode, r.Error = "unavailable", "the requeue could not be stored; the message stays quarantined; retry later"
+			if unsure {
+				r.Error = "the store refused the requeue and cannot be read to tell whether it was stored; look at the message's status before you requeue it again"
+			}
 			c.Send(requester, r)
 			s.tryStart(c)
 			return
