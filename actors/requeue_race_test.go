@@ -1,12 +1,15 @@
 package actors
 
 import (
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
 )
 
 // TestRequeueWhoseCommitAnswerIsLostRuns: the requeue's write commits but its answer is lost
@@ -65,4 +68,67 @@ func (w *managerWorld) awaitTurnEndsWithin(t *testing.T, n int, d time.Duration)
 			t.Fatalf("%d of %d turns ended within %v", done, n, d)
 		}
 	}
+}
+
+// TestResumeWhileARequeueIsInFlight: /new and then /resume back to the session at once, while
+// the write of an operator's requeue in it is still in flight. /resume numbers its rows after
+// the session's writes in flight (inflightSeq), the requeue's new seq among them: its write is
+// stored, the session resumed, and the requeued message, dropped by /new, is set aside with a
+// notice. Before, /resume gave its command row the requeue's seq, its write was refused, and the
+// user was told to send /resume again while the session started again from the store.
+func TestResumeWhileARequeueIsInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newRequeueAgent()
+		g := &gatedCommits{open: make(chan struct{}), waiting: make(chan struct{}, 1)}
+		w := newManagerWorldWrites(t, a, nil, func(s persistence.Store) persistence.Store {
+			g.Store = s
+			return g
+		})
+		w.quarantine(t, a, "m1")
+		a.poisoned.Store(false)
+		m1, err := w.store.FindInbound(w.ctx, w.src.Platform, w.src.ChatID, "m1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := m1.SessionID
+
+		g.armed.Store(true)
+		rq := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &RequeueMessage{MessageId: "m1"}}, time.Hour)
+		<-g.waiting // the requeue's write waits in the store
+		n1 := w.request("n1", "/new")
+		n2 := w.request("n2", "/resume "+first)
+		synctest.Wait()
+		close(g.open)
+
+		for id, f := range map[string]*actor.Future{"/new": n1, "/resume": n2} {
+			res, err := f.Result()
+			if err != nil {
+				t.Fatalf("%s: %v", id, err)
+			}
+			if r := res.(*DeliverResult); r.ErrorCode != "" || r.Disposition != platforms.Command {
+				t.Errorf("%s = %+v, want it taken as a command", id, r)
+			}
+		}
+		res, err := rq.Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := res.(*RequeueResult); r.ErrorCode != ErrCodeSessionEnded {
+			t.Errorf("requeue of m1, dropped by /new = %+v, want session_ended", r)
+		}
+		synctest.Wait()
+		route, err := w.store.Route(w.ctx, w.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if route.SessionID != first {
+			t.Errorf("the key's session after /resume %s: %s, want %s", first, route.SessionID, first)
+		}
+		if st, _ := w.statusOf(t, "m1"); st != persistence.StatusFailed {
+			t.Errorf("m1, requeued and dropped by /new: %q, want failed (set aside with a notice)", st)
+		}
+		if ran := a.order(); slices.Contains(ran, "m1") {
+			t.Errorf("turns ran %v: m1, dropped by /new, must not run", ran)
+		}
+	})
 }

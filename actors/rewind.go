@@ -178,15 +178,23 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 }
 
 // inflightSeq is the highest message seq of session sid among this session's writes not yet
-// acknowledged: rows the store does not show yet. A /resume back to the session a command just
-// ended (/new, then /resume at once) numbers its rows after them; from the store's last seq
-// alone, its write collided with theirs and was refused.
+// acknowledged: rows the store does not show yet (appended, or moved there by a requeue). A
+// /resume back to the session a command just ended (/new, then /resume at once) numbers its
+// rows after them; from the store's last seq alone, its write collided with theirs and was
+// refused.
 func (s *Session) inflightSeq(sid string) int64 {
 	var seq int64
 	for _, w := range s.inflight {
 		for _, op := range w.ops {
-			if a, ok := op.(*persistence.AppendMessage); ok && a.Message.SessionID == sid {
-				seq = max(seq, a.Message.Seq)
+			switch o := op.(type) {
+			case *persistence.AppendMessage:
+				if o.Message.SessionID == sid {
+					seq = max(seq, o.Message.Seq)
+				}
+			case *persistence.RequeueMessage:
+				if o.SessionID == sid {
+					seq = max(seq, o.NewSeq)
+				}
 			}
 		}
 	}
