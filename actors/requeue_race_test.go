@@ -1,12 +1,14 @@
 package actors
 
 import (
+	"path/filepath"
 	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
@@ -129,6 +131,62 @@ func TestResumeWhileARequeueIsInFlight(t *testing.T) {
 		}
 		if ran := a.order(); slices.Contains(ran, "m1") {
 			t.Errorf("turns ran %v: m1, dropped by /new, must not run", ran)
+		}
+	})
+}
+
+// TestRequeueWhileWritesWaitInTheSpoolRunsOnce: the database refuses writes (they wait in the
+// spool) but answers reads. A requeue reads the message's status from the database, which does
+// not show the writes in the spool: a message requeued and run meanwhile still reads as
+// quarantined there. A second requeue of it is refused, and the message runs once. Before, the
+// second requeue was taken (202), the message ran a second time, and the replay made that
+// requeue a no-op in the store.
+func TestRequeueWhileWritesWaitInTheSpoolRunsOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newRequeueAgent()
+		close(a.hold)
+		out := &storetest.Outage{}
+		dir := t.TempDir()
+		sp, err := spool.Open(filepath.Join(dir, "spool"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var deps *Deps
+		w := newManagerWorldWith(t, filepath.Join(dir, "agentgate.db"), a, func(d *Deps) { deps = d },
+			func(s persistence.Store) persistence.Store { out.Store = s; return out },
+			func(o *persistence.ActorOptions) {
+				o.Spool, o.Spooling, o.ReplayEvery = sp, &deps.Spooling, time.Second
+			})
+		w.quarantine(t, a, "m1")
+		a.poisoned.Store(false)
+		for len(w.sent) > 0 {
+			<-w.sent // the quarantine notice
+		}
+
+		out.Down.Store(true) // writes go to the spool; reads still answer
+		first := w.requeue(t, "m1")
+		if first.ErrorCode == "" {
+			w.awaitTurnEndsWithin(t, 1, time.Hour)
+			if again := w.requeue(t, "m1"); again.ErrorCode == "" {
+				t.Errorf("second requeue of m1, run already (its writes in the spool) = %+v, want refused", again)
+			}
+		}
+		synctest.Wait()
+		out.Down.Store(false)
+		time.Sleep(time.Minute) // the spool replays
+		synctest.Wait()
+		if first.ErrorCode != "" {
+			if r := w.requeue(t, "m1"); r.ErrorCode != "" {
+				t.Fatalf("requeue of m1 once the spool has drained = %+v", r)
+			}
+			w.awaitTurnEndsWithin(t, 1, time.Hour)
+			synctest.Wait()
+		}
+		if n := len(slices.DeleteFunc(a.order(), func(id string) bool { return id != "m1" })); n != 1 {
+			t.Errorf("m1 ran %d times after its requeue, want once", n)
+		}
+		if st, _ := w.statusOf(t, "m1"); st != persistence.StatusDone {
+			t.Errorf("m1: %q, want done", st)
 		}
 	})
 }

@@ -49,6 +49,13 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 		refuse(ErrCodeNotQuarantined, persistence.StatusPending, "message %s is pending (queued or running), not quarantined", m.MessageId)
 		return
 	}
+	if s.d.Spooling.Load() {
+		// The database does not show the writes waiting in the spool: a message requeued and
+		// run meanwhile still reads as quarantined there, and it would run a second time (the
+		// replay then makes this requeue a no-op), as /resume refuses for the same reason.
+		refuse("unavailable", "", "the database is unavailable and writes wait in the spool, so the message's status cannot be read; retry once it answers")
+		return
+	}
 	row, err := s.findStored(s.sourceOf(sess), m.MessageId)
 	if err == nil && (s.cur == nil || row.SessionID != s.cur.ID) {
 		err = s.otherSession(row)
