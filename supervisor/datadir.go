@@ -4,34 +4,41 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/agentgate/agentgate/internal/flock"
 	"github.com/agentgate/agentgate/persistence"
 )
 
-// lockDataDir takes an exclusive, non-blocking flock on the data directory itself (created 0700
-// if missing) for as long as the returned file is open. A daemon that keeps a spool holds it:
-// the spool numbers its batches in memory and removes the leftovers of interrupted writes when
-// it opens, so two daemons on one spool directory overwrite each other's acknowledged writes,
-// and each replays the other's into its own database at its next start. The SQLite store's lock
-// file guards the data directory only when the database lies in it (a store.dsn may put it
-// elsewhere), and a PostgreSQL store takes no lock on it at all: its advisory lock keeps apart
-// daemons on one database and schema, not two deployments given the same data directory.
-// Cluster members keep no spool and take no lock.
+// DirLockFile is the file in the data directory whose lock keeps a second daemon off it.
+const DirLockFile = "agentgate.lock"
+
+// lockDataDir takes an exclusive, non-blocking flock on the data directory's lock file
+// (DirLockFile; the directory is created 0700 if missing) for as long as the returned file is
+// open. A daemon that keeps a spool holds it: the spool numbers its batches in memory and
+// removes the leftovers of interrupted writes when it opens, so two daemons on one spool
+// directory overwrite each other's acknowledged writes, and each replays the other's into its
+// own database at its next start. The SQLite store's lock file guards the data directory only
+// when the database lies in it (a store.dsn may put it elsewhere), and a PostgreSQL store takes
+// no lock on it at all: its advisory lock keeps apart daemons on one database and schema, not
+// two deployments given the same data directory. Cluster members keep no spool and take no
+// lock. The lock is on a regular file opened for writing, not on the directory: on NFS flock
+// is a byte-range lock, which an exclusive one takes only on a file open for writing.
 func lockDataDir(dir string) (*os.File, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("data directory %s: %w", dir, err)
 	}
-	f, err := os.Open(dir)
+	path := filepath.Join(dir, DirLockFile)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("data directory %s: %w", dir, err)
+		return nil, fmt.Errorf("data directory %s: lock: %w", dir, err)
 	}
 	if err := flock.Exclusive(f); err != nil {
 		f.Close()
 		if errors.Is(err, flock.ErrHeld) {
-			return nil, fmt.Errorf("data directory in use by another process (%s: another agentgate daemon keeps its spool there; give each daemon its own --data-dir): %w", dir, persistence.ErrLocked)
+			return nil, fmt.Errorf("data directory in use by another process (%s held: another agentgate daemon keeps its spool there; give each daemon its own --data-dir): %w", path, persistence.ErrLocked)
 		}
-		return nil, fmt.Errorf("data directory %s: lock: %w", dir, err)
+		return nil, fmt.Errorf("data directory %s: lock %s: %w", dir, path, err)
 	}
 	return f, nil
 }
