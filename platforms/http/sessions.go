@@ -177,7 +177,9 @@ func (p *Platform) handleRequeue(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, CodeDraining, "agentgate is draining and runs no new work; retry at its next start")
 		return
 	}
-	// The waiter exists before the requeue: its turn may end before Requeue returns.
+	// The waiter exists before the requeue: its turn may end before Requeue returns. The
+	// replies of another platform's chat (Discord) go there, never to this platform's waiters:
+	// its requeue is answered 202 at once rather than at the end of a wait that cannot end.
 	var wt *waiter
 	if wait > 0 {
 		parts, err := identity.ParseKey(key)
@@ -185,8 +187,10 @@ func (p *Platform) handleRequeue(w http.ResponseWriter, r *http.Request) {
 			p.writeSessionsError(w, r, "requeue", err)
 			return
 		}
-		wt = p.addWaiter(parts.ChatID, id)
-		defer p.removeWaiter(wt)
+		if parts.Platform == Name {
+			wt = p.addWaiter(parts.ChatID, id)
+			defer p.removeWaiter(wt)
+		}
 	}
 	res, err := s.Requeue(r.Context(), key, id)
 	if err != nil {

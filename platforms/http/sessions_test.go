@@ -204,6 +204,13 @@ func TestRequeueRoute(t *testing.T) {
 	if calls := sessions.callLog(); len(calls) != 1 || calls[0] != "requeue "+key+" m/1" {
 		t.Errorf("Sessions calls %q, want one requeue of %s m/1", calls, key)
 	}
+	// A Discord chat's reply goes to Discord, never to a waiter here: answered at once, not
+	// after a wait that cannot end (before: 202 after the whole 5 minutes, past the test
+	// client's timeout).
+	discord := "/v1/sessions/" + url.PathEscape("agent:main:discord:dm:123") + "/messages/m2/requeue?wait=5m"
+	if got := h.do(http.MethodPost, discord, nil, ""); got.status != http.StatusAccepted {
+		t.Errorf("POST requeue of a Discord chat's message ?wait = %d %s, want 202", got.status, got.body)
+	}
 
 	refusals := []struct {
 		err    error
