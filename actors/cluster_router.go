@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
@@ -148,7 +149,20 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 // first attempt was answered is lost: the message is stored and its turn comes (or came), so it
 // is acknowledged queued, a command as a command. A platform's own re-delivery that meets such
 // a retry is acknowledged the same way; it is answered once all the same.
+//
+// A RequeueMessage sent again after such an attempt finds its message pending (or, its turn
+// quick, done) when that attempt requeued it: that is the requeue the operator asked for,
+// answered as done, not refused as "not quarantined".
 func taken(msg, res any) any {
+	if _, ok := msg.(*RequeueMessage); ok {
+		r, isResult := res.(*RequeueResult)
+		if !isResult || r.ErrorCode != ErrCodeNotQuarantined ||
+			(r.Status != persistence.StatusPending && r.Status != persistence.StatusDone) {
+			return res
+		}
+		return &RequeueResult{SessionId: r.SessionId, MessageId: r.MessageId, QueueDepth: r.QueueDepth,
+			Disposition: platforms.Queued}
+	}
 	d, ok := msg.(*Deliver)
 	r, isResult := res.(*DeliverResult)
 	if !ok || !isResult || r.ErrorCode != "" || r.Disposition != platforms.Duplicate {
