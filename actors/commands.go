@@ -299,7 +299,11 @@ func OperatorResetNotice(n int) string {
 func (s *Session) onReset(c actor.Context, m *ResetSession) {
 	now := s.d.now()
 	if s.cur == nil {
-		c.Respond(&ResetResult{Error: "session has no current incarnation"})
+		// Its session has ended already (an idle or daily reset, and no message since; or it
+		// was pruned): there is nothing to end, and the key's next message starts a new one,
+		// as after a reset. Answered as done, with no successor, as the offline reset says
+		// "already ended".
+		c.Respond(&ResetResult{})
 		return
 	}
 	reason := m.Reason

@@ -2,9 +2,13 @@ package supervisor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -20,6 +24,7 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/platforms"
+	httpplatform "github.com/agentgate/agentgate/platforms/http"
 )
 
 // recorder is an agent that records each request and echoes the text.
@@ -553,5 +558,46 @@ func TestSecondDaemonOnTheSameDataDir(t *testing.T) {
 	}
 	if ack := first.inject(t, identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c", UserID: "u"}, "m1", "still here"); ack.Disposition == "" {
 		t.Errorf("the first daemon's ack after the refused start: %+v", ack)
+	}
+}
+
+// TestResetThroughTheAPIOfASessionThatEndedIdle: POST /v1/sessions/{key}/reset of a key whose
+// session the idle reset has ended (no message since) answers 200 with that ended session, as
+// `agentgate sessions reset` does without a daemon ("already ended"). Before, the session
+// actor, which holds no open incarnation then, answered an error the API took for a bug: 500
+// internal and `ERR session query failed` in the log (a soak's operator resets hit it). The
+// chat's next message still starts a new session, with the reset notice.
+func TestResetThroughTheAPIOfASessionThatEndedIdle(t *testing.T) {
+	clk := testutil.NewClock(t0)
+	r := startClocked(t, t.TempDir(), clk, &recorder{}, idleHour)
+	defer r.stop(t)
+	first := r.inject(t, dm, "m1", "hello")
+	r.waitSent(t, 1)
+	clk.Advance(61 * time.Minute)
+	r.checkResets()
+	waitUntil(t, func() bool { return !r.session(t, first.SessionID).EndedAt.IsZero() })
+
+	resp, err := http.Post("http://"+r.d.Addr().String()+"/v1/sessions/"+url.PathEscape(first.SessionKey)+"/reset", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var info httpplatform.SessionInfo
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &info) != nil {
+		t.Fatalf("POST reset of a session that ended idle = %d %s, want 200 with the session", resp.StatusCode, body)
+	}
+	if info.SessionID != first.SessionID || info.EndedAt == nil || info.EndReason != persistence.EndIdle || info.PrevSessionID != "" {
+		t.Errorf("reset answered %s, want the ended session %s (idle) and no successor", body, first.SessionID)
+	}
+	if s := r.session(t, first.SessionID); s.EndReason != persistence.EndIdle {
+		t.Errorf("the reset changed the ended session's reason to %q", s.EndReason)
+	}
+	second := r.inject(t, dm, "m2", "back")
+	if second.SessionID == first.SessionID {
+		t.Fatalf("m2 ran in the ended session %s", first.SessionID)
+	}
+	if outs := r.waitSent(t, 3); outs[1].Kind != platforms.KindNotice || !strings.Contains(outs[1].Text, first.SessionID) {
+		t.Errorf("after the reset the chat was sent %+v, want the idle reset's notice, then the reply", outs[1:])
 	}
 }

@@ -341,5 +341,9 @@ func printDaemonReset(w io.Writer, key, addr string, info *httpplatform.SessionI
 			info.PrevSessionID, key, persistence.EndResetCommand, addr, info.SessionID)
 		return
 	}
+	if info.EndedAt != nil {
+		fmt.Fprintf(w, "session %s of %s already ended (%s)\n", info.SessionID, key, info.EndReason)
+		return
+	}
 	fmt.Fprintf(w, "reset %s through the daemon at %s; its session is %s\n", key, addr, info.SessionID)
 }

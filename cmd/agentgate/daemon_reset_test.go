@@ -434,3 +434,20 @@ func TestSessionsResetAsksOnlyTheRunOfAMember(t *testing.T) {
 		t.Errorf("reset stderr %q, want it to say %q", errOut, want)
 	}
 }
+
+// TestSessionsResetThroughTheDaemonOfAnEndedSession: a daemon that answers the reset with the
+// key's session already ended (an idle or daily reset, and no message since: the daemon leaves
+// it as it is) is reported as the offline reset reports it, "already ended", not as a reset.
+func TestSessionsResetThroughTheDaemonOfAnEndedSession(t *testing.T) {
+	dir, _ := MustSeedLockedSessions(t) // the daemon holds the database
+	d := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"session_key":"` + keyA + `","session_id":"sa1","ended_at":"2026-11-30T10:00:00Z","end_reason":"idle"}`))
+	})
+	defer d.Close()
+	MustRecordDaemon(t, dir, d, testRun)
+	out, _, err := runSessions(t, "reset", "--data-dir", dir, keyA)
+	if want := "session sa1 of " + keyA + " already ended (idle)\n"; err != nil || out != want {
+		t.Errorf("reset = %q, %v; want %q", out, err, want)
+	}
+}
