@@ -233,7 +233,8 @@ func (s *Session) Receive(c actor.Context) {
 		return
 	}
 	switch c.Message().(type) {
-	case *idleCheck, *resendTick, *debounceTick, *persistence.WriteResult, *Recover, *signalledTurn:
+	case *idleCheck, *resendTick, *debounceTick, *persistence.WriteResult, *Recover, *signalledTurn,
+		*GetState: // a read of the live state (GET /v1/sessions…) is no activity: a poll must not keep it
 	default:
 		s.lastTouched = time.Now() // the passivation clock: real time, not the session clock
 	}

@@ -3,7 +3,10 @@ package supervisor
 import (
 	"database/sql"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -109,4 +112,37 @@ func (r *runtime) activeKeys(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	return res.(*actors.ActiveList).Keys
+}
+
+// TestReadingSessionsDoesNotKeepThemInMemory: a dashboard that polls GET /v1/sessions and GET
+// /v1/sessions/{key} (their live state) more often than passivate_after does not keep the
+// sessions it reads in memory: they passivate as if nobody looked. Before, the live state's
+// GetState counted as activity, so a poll kept every session in memory as long as it went on
+// (a soak's session list, polled every few seconds, kept hundreds of idle sessions 40 s and
+// more past passivate_after), and memory grew with the sessions ever seen, not the active ones.
+func TestReadingSessionsDoesNotKeepThemInMemory(t *testing.T) {
+	r := MustStartDaemon(t, echo.New(), daemonOpts{tweak: func(c *config.Config) { c.Sessions.PassivateAfter = 200 * time.Millisecond }})
+	defer r.stop(t)
+	ack := r.inject(t, dm, "m1", "hello")
+	r.waitSent(t, 1)
+	base := "http://" + r.d.Addr().String()
+	poll := func(path string) {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s = %d", path, resp.StatusCode)
+		}
+	}
+	// Each poll reads the live state of the session while it is in memory; it must passivate
+	// all the same, within the poll's deadline.
+	waitUntil(t, func() bool {
+		poll("/v1/sessions")
+		poll("/v1/sessions?state=active")
+		poll("/v1/sessions/" + url.PathEscape(ack.SessionKey))
+		return len(r.activeKeys(t)) == 0
+	})
 }
