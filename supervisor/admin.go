@@ -70,7 +70,8 @@ func (a *sessionsAPI) activeKeys(ctx context.Context) (map[string]bool, error) {
 	return keys, nil
 }
 
-// Get returns a key's current session with its live state (which activates the session).
+// Get returns a key's current session with the live state of its actor when one is in memory
+// (it never activates one: live).
 func (a *sessionsAPI) Get(ctx context.Context, key string) (*httpplatform.SessionInfo, error) {
 	if _, err := identity.ParseKey(key); err != nil {
 		return nil, fmt.Errorf("get session: %w", persistence.ErrNotFound)
