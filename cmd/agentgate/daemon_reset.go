@@ -336,13 +336,15 @@ func answerLost(key string, err error) error {
 
 // printDaemonReset reports a reset the daemon at addr made.
 func printDaemonReset(w io.Writer, key, addr string, info *httpplatform.SessionInfo) {
+	// An ended session is the answer of a reset that found nothing to end; its own
+	// predecessor (prev_session_id) is none of this reset's doing.
+	if info.EndedAt != nil {
+		fmt.Fprintf(w, "session %s of %s already ended (%s)\n", info.SessionID, key, info.EndReason)
+		return
+	}
 	if info.PrevSessionID != "" {
 		fmt.Fprintf(w, "ended session %s of %s (%s) through the daemon at %s; session %s follows it\n",
 			info.PrevSessionID, key, persistence.EndResetCommand, addr, info.SessionID)
-		return
-	}
-	if info.EndedAt != nil {
-		fmt.Fprintf(w, "session %s of %s already ended (%s)\n", info.SessionID, key, info.EndReason)
 		return
 	}
 	fmt.Fprintf(w, "reset %s through the daemon at %s; its session is %s\n", key, addr, info.SessionID)

@@ -451,3 +451,21 @@ func TestSessionsResetThroughTheDaemonOfAnEndedSession(t *testing.T) {
 		t.Errorf("reset = %q, %v; want %q", out, err, want)
 	}
 }
+
+// TestSessionsResetThroughTheDaemonOfAnEndedSessionWithAPredecessor: the ended session the
+// daemon answers with may itself follow an earlier one (it began with /new, or after an
+// earlier idle reset: its prev_session_id is set). That is still "already ended"; before, the
+// command reported that the reset ended the predecessor and that the ended session follows it.
+func TestSessionsResetThroughTheDaemonOfAnEndedSessionWithAPredecessor(t *testing.T) {
+	dir, _ := MustSeedLockedSessions(t) // the daemon holds the database
+	d := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"session_key":"` + keyA + `","session_id":"sa2","prev_session_id":"sa1","ended_at":"2026-11-30T10:00:00Z","end_reason":"idle"}`))
+	})
+	defer d.Close()
+	MustRecordDaemon(t, dir, d, testRun)
+	out, _, err := runSessions(t, "reset", "--data-dir", dir, keyA)
+	if want := "session sa2 of " + keyA + " already ended (idle)\n"; err != nil || out != want {
+		t.Errorf("reset = %q, %v; want %q", out, err, want)
+	}
+}
