@@ -10,8 +10,11 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 )
 
-// DirLockFile is the file in the data directory whose lock keeps a second daemon off it.
-const DirLockFile = "agentgate.lock"
+// DirLockFile is the file in the data directory whose lock keeps a second daemon off it. Its
+// name does not end in ".lock": the SQLite store locks "<database>.lock", and a database
+// named "agentgate" in the data directory would otherwise have its lock on this very file,
+// which the daemon, holding both, would find held and refuse to start.
+const DirLockFile = "agentgate-dir.flock"
 
 // lockDataDir takes an exclusive, non-blocking flock on the data directory's lock file
 // (DirLockFile; the directory is created 0700 if missing) for as long as the returned file is

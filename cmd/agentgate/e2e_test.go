@@ -475,3 +475,18 @@ func TestDaemonRefusesADataDirInUse(t *testing.T) {
 		t.Errorf("first daemon exit: %v", err)
 	}
 }
+
+// TestDaemonStartsWithItsDatabaseNamedAgentgate: a SQLite database named "agentgate" in the
+// data directory (store.dsn: <data_dir>/agentgate) has its lock file where the data
+// directory's own lock would be if it were named "agentgate.lock". Before, the daemon took
+// both locks on that one file and refused to start, saying the data directory was in use.
+func TestDaemonStartsWithItsDatabaseNamedAgentgate(t *testing.T) {
+	dataDir := t.TempDir()
+	d := MustServe(t, dataDir, "AGENTGATE_STORE_DSN="+filepath.Join(dataDir, "agentgate"))
+	if status, ack := post(t, d.base+"/v1/messages", "", `{"chat_id":"c1","user_id":"u1","text":"hello"}`); status != http.StatusAccepted {
+		t.Errorf("POST /v1/messages: %d %v", status, ack)
+	}
+	if err := d.stop(t, 30*time.Second); err != nil {
+		t.Errorf("daemon exit: %v", err)
+	}
+}
