@@ -458,15 +458,28 @@ func (w *waiter) result(key string) ([]*platforms.Outbound, bool) {
 	w.mu.Lock()
 	got := slices.Clone(w.got)
 	w.mu.Unlock()
+	return answer(got, key, false)
+}
+
+// answer returns the outbounds of session key in got up to and including its first turn end
+// (its last, with last), by seq without duplicates, and whether there is one.
+func answer(got []*platforms.Outbound, key string, last bool) ([]*platforms.Outbound, bool) {
 	got = slices.DeleteFunc(got, func(o *platforms.Outbound) bool { return o.SessionKey != key })
 	slices.SortStableFunc(got, func(a, b *platforms.Outbound) int { return cmp.Compare(a.Seq, b.Seq) })
 	got = slices.CompactFunc(got, func(a, b *platforms.Outbound) bool { return a.Seq == b.Seq })
+	end := -1
 	for i, o := range got {
 		if o.TurnEnd {
-			return got[:i+1], true
+			end = i
+			if !last {
+				break
+			}
 		}
 	}
-	return nil, false
+	if end < 0 {
+		return nil, false
+	}
+	return got[:end+1], true
 }
 
 // awaitReplies blocks until the turn that handles the waited-for message ends, the deadline
@@ -477,7 +490,9 @@ func (w *waiter) result(key string) ([]*platforms.Outbound, bool) {
 // message has: its quarantine notice).
 func (p *Platform) awaitReplies(ctx context.Context, stop <-chan struct{}, w *waiter, ack *platforms.Ack, deadline time.Time, check bool) ([]*platforms.Outbound, bool) {
 	if ack.Disposition == platforms.Duplicate {
-		p.offerDurable(ctx, w, ack.SessionKey, slog.LevelWarn)
+		if got, done := p.offerDurable(ctx, w, ack.SessionKey, slog.LevelWarn); done {
+			return got, true
+		}
 	}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
@@ -495,7 +510,9 @@ func (p *Platform) awaitReplies(ctx context.Context, stop <-chan struct{}, w *wa
 		case <-w.wake:
 		case <-look:
 			// A failed read is tried at the next check (and the relay may still come).
-			p.offerDurable(ctx, w, ack.SessionKey, slog.LevelDebug)
+			if got, done := p.offerDurable(ctx, w, ack.SessionKey, slog.LevelDebug); done {
+				return got, true
+			}
 		case <-timer.C:
 			return nil, false
 		case <-ctx.Done():
@@ -506,24 +523,30 @@ func (p *Platform) awaitReplies(ctx context.Context, stop <-chan struct{}, w *wa
 	}
 }
 
-// offerDurable offers w what the outbox holds of the answer to its message in session key:
-// the answer is whole once it holds the turn's end (an entry that is not Continued; an
-// automatic reset's notice is durable as the message is taken, and its turn's reply follows).
-// Entries w was shown live are counted once (by seq). A failed read is logged at level.
-func (p *Platform) offerDurable(ctx context.Context, w *waiter, key string, level slog.Level) {
+// offerDurable reads what the outbox holds of the answer to w's message in session key. Once
+// it holds the answer's end (an entry that is not Continued; an automatic reset's notice is
+// durable as the message is taken, and its turn's reply follows), it returns the answer up to
+// its last end: a message answered twice (quarantined, then requeued and run) is answered
+// with both. Otherwise it offers w what there is, to be completed live (by seq, once). A
+// failed read is logged at level.
+func (p *Platform) offerDurable(ctx context.Context, w *waiter, key string, level slog.Level) ([]*platforms.Outbound, bool) {
 	if p.cfg.Sessions == nil {
-		return
+		return nil, false
 	}
 	durable, err := p.cfg.Sessions.RepliesTo(ctx, key, w.msgID)
 	if err != nil {
 		if ctx.Err() == nil {
 			p.log.Log(ctx, level, "load the replies to a message", "session", key, "message_id", w.msgID, logging.Err(err))
 		}
-		return
+		return nil, false
+	}
+	if got, done := answer(slices.Clone(durable), key, true); done {
+		return got, true
 	}
 	for _, o := range durable {
 		w.offer(o)
 	}
+	return nil, false
 }
 
 // eventKind maps an outbound kind to its SSE event name and reply kind.

@@ -422,6 +422,11 @@ func TestWaitDuplicate(t *testing.T) {
 	// A duplicate of a message whose turn still runs after an automatic reset: its notice is
 	// durable, its reply is not. Before, the notice alone was taken for the whole answer.
 	sessions.replies[key+"\x00reset"] = []*platforms.Outbound{notice("reset", 11)}
+	// A message quarantined (its notice ends that answer), then requeued and run: both.
+	requeued := &platforms.Inbound{Source: src, MessageID: "requeued"}
+	quarantine := notice("requeued", 4)
+	quarantine.TurnEnd = true
+	sessions.replies[key+"\x00requeued"] = []*platforms.Outbound{quarantine, reply(requeued, 6, "run again", true)}
 
 	cases := []struct {
 		name string
@@ -434,6 +439,10 @@ func TestWaitDuplicate(t *testing.T) {
 		}},
 		{"no durable replies yet, waits live", "live", []Reply{
 			{Text: "still running, now done", TurnID: "t1", Kind: "reply", Seq: 9},
+		}},
+		{"answered twice: quarantined, then requeued", "requeued", []Reply{
+			{Text: "reset notice", Kind: "notice", Seq: 4},
+			{Text: "run again", TurnID: "t1", Kind: "reply", Seq: 6},
 		}},
 		{"a durable notice, the reply live", "reset", []Reply{
 			{Text: "reset notice", Kind: "notice", Seq: 11},
@@ -455,8 +464,8 @@ func TestWaitDuplicate(t *testing.T) {
 			}
 		})
 	}
-	if calls := sessions.callLog(); !cmp.Equal(calls, []string{"replies " + key + " done", "replies " + key + " live", "replies " + key + " reset"}) {
-		t.Errorf("Sessions calls = %q, want RepliesTo(%s, done) then (…, live), (…, reset)", calls, key)
+	if calls := sessions.callLog(); !cmp.Equal(calls, []string{"replies " + key + " done", "replies " + key + " live", "replies " + key + " requeued", "replies " + key + " reset"}) {
+		t.Errorf("Sessions calls = %q, want RepliesTo(%s, done) then (…, live), (…, requeued), (…, reset)", calls, key)
 	}
 }
 
