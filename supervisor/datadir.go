@@ -25,23 +25,18 @@ const DirLockFile = "agentgate-dir.flock"
 // when the database lies in it (a store.dsn may put it elsewhere), and a PostgreSQL store takes
 // no lock on it at all: its advisory lock keeps apart daemons on one database and schema, not
 // two deployments given the same data directory. Cluster members keep no spool and take no
-// lock. The lock is on a regular file opened for writing, not on the directory: on NFS flock
-// is a byte-range lock, which an exclusive one takes only on a file open for writing.
+// lock. The lock is on a regular file opened for writing (flock.Open), not on the directory.
 func lockDataDir(dir string) (*os.File, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("data directory %s: %w", dir, err)
 	}
 	path := filepath.Join(dir, DirLockFile)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
+	f, err := flock.Open(path)
+	switch {
+	case errors.Is(err, flock.ErrHeld):
+		return nil, fmt.Errorf("data directory in use by another process (%s held: another agentgate daemon keeps its spool there; give each daemon its own --data-dir): %w", path, persistence.ErrLocked)
+	case err != nil:
 		return nil, fmt.Errorf("data directory %s: lock: %w", dir, err)
-	}
-	if err := flock.Exclusive(f); err != nil {
-		f.Close()
-		if errors.Is(err, flock.ErrHeld) {
-			return nil, fmt.Errorf("data directory in use by another process (%s held: another agentgate daemon keeps its spool there; give each daemon its own --data-dir): %w", path, persistence.ErrLocked)
-		}
-		return nil, fmt.Errorf("data directory %s: lock %s: %w", dir, path, err)
 	}
 	return f, nil
 }

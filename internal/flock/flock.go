@@ -25,3 +25,19 @@ func Exclusive(f *os.File) error {
 		return err
 	}
 }
+
+// Open opens the lock file path (created 0600 if missing) and takes its exclusive lock
+// (Exclusive: ErrHeld when another holds it), which lives as long as the returned file is
+// open. The file is opened for writing: on NFS flock is a byte-range lock, which an exclusive
+// one takes only on a file open for writing.
+func Open(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := Exclusive(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}

@@ -32,3 +32,26 @@ func TestExclusive(t *testing.T) {
 		t.Errorf("second lock once the first file is closed = %v, want it taken", err)
 	}
 }
+
+// TestOpen: Open creates the lock file, holds its lock on a file open for writing (what an
+// exclusive flock needs on NFS), and a second Open is refused with ErrHeld until the first
+// file is closed.
+func TestOpen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agentgate-dir.flock")
+	first, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.Write(nil); err != nil {
+		t.Errorf("the lock file is not open for writing: %v", err)
+	}
+	if _, err := Open(path); !errors.Is(err, ErrHeld) {
+		t.Fatalf("second Open while the first holds the lock = %v, want ErrHeld", err)
+	}
+	first.Close()
+	second, err := Open(path)
+	if err != nil {
+		t.Fatalf("Open once the first file is closed: %v", err)
+	}
+	second.Close()
+}

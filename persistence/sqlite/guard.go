@@ -83,16 +83,12 @@ func within(dir, p string) bool {
 // lockFile takes an exclusive, non-blocking flock on path (created 0600 if missing). The lock
 // lives as long as the returned file is open.
 func lockFile(path, db string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
+	f, err := flock.Open(path)
+	switch {
+	case errors.Is(err, flock.ErrHeld):
+		return nil, fmt.Errorf("open %s: data directory in use by another process (lock %s held): %w", db, path, persistence.ErrLocked)
+	case err != nil:
 		return nil, fmt.Errorf("open %s: lock: %w", db, err)
-	}
-	if err := flock.Exclusive(f); err != nil {
-		f.Close()
-		if errors.Is(err, flock.ErrHeld) {
-			return nil, fmt.Errorf("open %s: data directory in use by another process (lock %s held): %w", db, path, persistence.ErrLocked)
-		}
-		return nil, fmt.Errorf("open %s: lock %s: %w", db, path, err)
 	}
 	return f, nil
 }
