@@ -162,14 +162,16 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 	requester := c.Sender()
 	orphaned := func(c actor.Context, why string) { c.Send(requester, s.unstoredResult(m.MessageId, why)) }
 	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
-		if errors.Is(err, persistence.ErrUnavailable) && s.storedAt(src, m.MessageId, sid, userSeq) {
-			// Refused as unavailable, but applied: the commit's answer was lost (see
-			// outageOutcome). The command acted, and its answer is stored: it is answered as
-			// one that was stored. Before, its sender was told it was not, while the session
-			// it ended or started went on.
-			s.logger().Warn("a command whose write was refused as unavailable is stored (the commit's answer was lost)",
-				"message_id", m.MessageId, "command", cmd.name)
-			err = nil
+		if errors.Is(err, persistence.ErrUnavailable) {
+			// Refused as unavailable, but perhaps applied: the commit's answer may have been lost
+			// (see outageOutcome). If so, the command acted, and its answer is stored: it is
+			// answered as one that was stored. Before, its sender was told it was not, while the
+			// session it ended or started went on. An unreadable store counts as not stored.
+			if stored, _ := s.storedAt(src, m.MessageId, sid, userSeq); stored {
+				s.logger().Warn("a command whose write was refused as unavailable is stored (the commit's answer was lost)",
+					"message_id", m.MessageId, "command", cmd.name)
+				err = nil
+			}
 		}
 		if err != nil {
 			if created && s.cur != nil && s.cur.ID == sid {

@@ -354,13 +354,17 @@ func (s *Session) outageOutcome(it *item, err error, adopt bool) error {
 }
 
 // storedAt reports whether the store holds the inbound message id of src's chat in session sid
-// at seq: as the write that gave it that seq put it.
-func (s *Session) storedAt(src identity.Source, id, sid string, seq int64) bool {
+// at seq: as the write that gave it that seq put it. err is the read's when it failed (then
+// the answer is unknown).
+func (s *Session) storedAt(src identity.Source, id, sid string, seq int64) (bool, error) {
 	if id == "" {
-		return false
+		return false, nil
 	}
 	row, err := s.findStored(src, id)
-	return err == nil && row.SessionID == sid && row.Seq == seq
+	if err != nil {
+		return false, err
+	}
+	return row.SessionID == sid && row.Seq == seq, nil
 }
 
 // findStored reads the stored inbound message of src's chat with id, within

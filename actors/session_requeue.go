@@ -101,10 +101,10 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 			// COMMIT; a cluster member keeps no spool): the row at its new seq says so. Then the
 			// message is pending at the end of the session, and runs now, as a stored one;
 			// before, it sat in the store, in no queue, and a retry was refused as pending.
-			switch stored, ferr := s.findStored(it.src, it.messageID); {
+			switch stored, ferr := s.storedAt(it.src, it.messageID, it.sessionID, it.seq); {
 			case ferr != nil:
 				unsure = true
-			case stored.SessionID == it.sessionID && stored.Seq == it.seq:
+			case stored:
 				s.logger().Warn("a requeue whose write was refused as unavailable is stored (the commit's answer was lost); the message runs",
 					"message_id", m.MessageId, "seq", it.seq)
 				err = nil
