@@ -46,7 +46,7 @@ func NewClusterRouter(c *cluster.Cluster, log *slog.Logger) *ClusterRouter {
 // clusterAttemptTimeout bounds one attempt of a request. A request in flight to a member that
 // dies or leaves is never answered; it is tried again (with the grain looked up anew) instead
 // of waiting out the whole request. A retried request may arrive twice; every session request
-// is idempotent (a Deliver is recognised by its message id).
+// is idempotent (a Deliver is recognised by its message id, a reset sent again is marked Retry).
 const clusterAttemptTimeout = 10 * time.Second
 
 // retryBackoff is the wait before attempt i+1: 50 ms doubling to 1 s, so that the retries
@@ -76,7 +76,9 @@ func (r *ClusterRouter) Tell(key string, msg any) {
 // owns the key) and tries again, after a short backoff, when the grain is gone (a dead
 // letter: the session passivated or moved), no member takes the key, an attempt gets no
 // answer within clusterAttemptTimeout (its member died or left), or the answer says the
-// session stopped before it stored the message (ErrCodeStopped: its member is leaving).
+// session stopped before it stored the message (ErrCodeStopped: its member is leaving). A
+// reset sent again after an attempt with no answer says so (ResetSession.Retry), so that the
+// session does not reset twice.
 func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, error) {
 	if _, ok := msg.(proto.Message); !ok {
 		return nil, fmt.Errorf("request %T to %s: not a protobuf message", msg, key)
@@ -101,6 +103,9 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 			}
 		}
 		if pid != nil {
+			if reset, ok := msg.(*ResetSession); ok && reached && !reset.Retry {
+				msg = &ResetSession{Reason: reset.Reason, Retry: true} // the last attempt may have done it
+			}
 			res, err := Await(ctx, r.c.ActorSystem.Root.RequestFuture(pid, msg, min(remaining, clusterAttemptTimeout)))
 			if err != nil && ctx.Err() != nil {
 				return nil, ctx.Err()

@@ -308,6 +308,28 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		c.Respond(&ResetResult{})
 		return
 	}
+	requester := c.Sender()
+	orphaned := func(c actor.Context, _ string) {
+		c.Send(requester, &ResetResult{Error: "the session stopped before the reset was confirmed; it may have taken effect: look at the session before resetting it again"})
+	}
+	if m.Retry && s.cur.PrevSessionID != "" && s.lastSeq == 0 && s.running == nil && len(s.queue) == 0 {
+		// The cluster router sends the reset again after an attempt that got no answer, and
+		// that attempt may have done it: the session follows another and has held nothing
+		// since. Resetting it again would end an empty session (and, had a message come in
+		// meanwhile, the conversation the user had started after the reset). It is answered
+		// as the reset, once the session's earlier writes (that attempt's among them) are
+		// durable. When the attempt did not reset it, this session is as fresh as a reset
+		// would make it.
+		sid, prev := s.cur.ID, s.cur.PrevSessionID
+		s.writeFor(c, nil, orphaned, func(c actor.Context, err error) {
+			r := &ResetResult{SessionId: sid, PreviousSessionId: prev}
+			if err != nil {
+				r.Error = err.Error()
+			}
+			c.Send(requester, r)
+		})
+		return
+	}
 	reason := m.Reason
 	if reason == "" {
 		reason = persistence.EndResetCommand
@@ -322,11 +344,7 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		ops = append(ops, &persistence.AddOutbox{Entry: entry})
 		notice = &entry
 	}
-	requester := c.Sender()
 	sid := s.cur.ID
-	orphaned := func(c actor.Context, _ string) {
-		c.Send(requester, &ResetResult{Error: "the session stopped before the reset was confirmed; it may have taken effect: look at the session before resetting it again"})
-	}
 	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
 		r := &ResetResult{SessionId: sid, PreviousSessionId: prev}
 		if err != nil {

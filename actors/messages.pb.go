@@ -482,8 +482,12 @@ func (x *SessionState) GetProbation() string {
 // ResetSession ends the current incarnation with a boundary reason and starts a new one.
 // Handled by Session.onReset; reply ResetResult.
 type ResetSession struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Reason        string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Reason string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	// retry is set by the cluster router on an attempt after one that got no answer (its member
+	// was slow or died) and so may have reset the session already: a session that has held
+	// nothing since a boundary is then answered as reset, not reset again (Session.onReset).
+	Retry         bool `protobuf:"varint,2,opt,name=retry,proto3" json:"retry,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -523,6 +527,13 @@ func (x *ResetSession) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *ResetSession) GetRetry() bool {
+	if x != nil {
+		return x.Retry
+	}
+	return false
 }
 
 // ResetResult answers ResetSession.
@@ -1384,9 +1395,10 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\x04node\x18\n" +
 	" \x01(\tR\x04node\x12\x16\n" +
 	"\x06active\x18\v \x01(\bR\x06active\x12\x1c\n" +
-	"\tprobation\x18\f \x01(\tR\tprobation\"&\n" +
+	"\tprobation\x18\f \x01(\tR\tprobation\"<\n" +
 	"\fResetSession\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\"r\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05retry\x18\x02 \x01(\bR\x05retry\"r\n" +
 	"\vResetResult\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12.\n" +

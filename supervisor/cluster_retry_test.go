@@ -149,3 +149,64 @@ func (s *holdCommit) Commit(ctx context.Context, groups [][]persistence.Op) []er
 	}
 	return errs
 }
+
+// TestClusterRetriedResetResetsOnce: an operator resets a chat whose key a dead member held
+// (its registration not yet expired): the activation waits while it asks that member to let
+// go, the cluster router's attempt times out meanwhile, and it sends the reset again. The
+// first attempt reset the session, so the retry finds the session that reset began, empty,
+// and answers with it: the chat's sessions are the one reset and the one the reset began.
+//
+// Before, the retry reset the new session too: an empty session ended for nothing (and a
+// conversation begun in it meanwhile would have been ended with it).
+func TestClusterRetriedResetResetsOnce(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	a := startClusterOn(t, dsn, 1, okAgent, 0, func(c *config.Config) { c.Cluster.MemberTTL = time.Minute })[0]
+	defer a.stop(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	dead := postgres.Member{ID: "dead", Host: "127.0.0.1", Port: port, Kinds: []string{actors.SessionKind}, Node: "vm/r_dead"}
+	if _, err := a.d.members.Heartbeat(t.Context(), a.d.cfg.Cluster.Name, dead, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	host, aPort, err := a.d.system.GetHostPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := ownerOf([]*cluster.Member{{Id: a.d.system.ID, Host: host, Port: int32(aPort), Kinds: dead.Kinds},
+		{Id: dead.ID, Host: dead.Host, Port: int32(dead.Port), Kinds: dead.Kinds}})
+	i := 0
+	for owner(a.d.intake.Key(chat(i))) != a.d.system.Address() {
+		i++
+	}
+	src := chat(i)
+	key := a.d.intake.Key(src)
+	// The chat's session, written by the dead member, which still holds the key.
+	now := time.Now()
+	old := persistence.Session{ID: "20260101_000000_0000dead", Key: key, Platform: src.Platform, ChatType: src.ChatType,
+		ChatID: src.ChatID, UserID: src.UserID, StartedAt: now, LastActivityAt: now}
+	if errs := a.d.store.Commit(t.Context(), [][]persistence.Op{{&persistence.CreateSession{Session: old},
+		&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: old.ID, Generation: 1, UpdatedAt: now}}}}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if _, err := a.d.store.Claim(t.Context(), key, dead.Node, now); err != nil {
+		t.Fatal(err)
+	}
+	got, err := (&sessionsAPI{d: a.d}).Reset(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.PrevSessionID != old.ID {
+		t.Errorf("the reset answered with session %s following %q, want the one following %s", got.SessionID, got.PrevSessionID, old.ID)
+	}
+	ss, err := a.d.store.SessionsOfKey(t.Context(), key, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ss) != 2 {
+		t.Errorf("the chat has %d sessions after one reset, want 2 (the one reset, the one it began): %+v", len(ss), ss)
+	}
+}

@@ -1,0 +1,74 @@
+package actors
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/agents/echo"
+	"github.com/agentgate/agentgate/persistence"
+)
+
+// TestRetriedResetResetsOnce: the cluster router sends an operator's reset again when an
+// attempt got no answer (its member was slow, or died after the reset committed), marked
+// Retry. A session that has held nothing since its predecessor ended is answered as that
+// reset, in the same activation or in the next one (a member that died: the key activates
+// again from the store); a session that has held a message since is reset. A reset that is
+// not a retry always resets.
+//
+// Before, the retry reset the session the first attempt had started: an empty session ended
+// for nothing, and a conversation begun in it meanwhile was ended too.
+func TestRetriedResetResetsOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newManagerWorld(t, echo.New(), nil)
+		reset := func(retry bool) *ResetResult {
+			t.Helper()
+			res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &ResetSession{Retry: retry}}, time.Minute).Result()
+			r, ok := res.(*ResetResult)
+			if err != nil || !ok || r.Error != "" || r.SessionId == "" {
+				t.Fatalf("reset (retry %v): %v, %v", retry, res, err)
+			}
+			return r
+		}
+		sessions := func() int {
+			t.Helper()
+			ss, err := w.store.SessionsOfKey(w.ctx, w.key, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(ss)
+		}
+		if r := w.deliver(t, "m1", "hello"); r.ErrorCode != "" {
+			t.Fatalf("m1: %+v", r)
+		}
+		w.awaitTurnEnds(1)
+		first := reset(false)
+		if got := reset(true); got.SessionId != first.SessionId || got.PreviousSessionId != first.PreviousSessionId {
+			t.Errorf("a retried reset of the session the reset began = %v, want it answered as that reset %v", got, first)
+		}
+		time.Sleep(2 * time.Hour) // the session passivates: the next request activates it from the store
+		synctest.Wait()
+		if got := reset(true); got.SessionId != first.SessionId || got.PreviousSessionId != first.PreviousSessionId {
+			t.Errorf("a retried reset in the next activation = %v, want it answered as the reset %v", got, first)
+		}
+		if n := sessions(); n != 2 {
+			t.Errorf("the key has %d sessions after one reset and its retries, want 2", n)
+		}
+
+		if r := w.deliver(t, "m2", "after the reset"); r.ErrorCode != "" || r.SessionId != first.SessionId {
+			t.Fatalf("m2: %+v", r)
+		}
+		w.awaitTurnEnds(1)
+		if got := reset(true); got.PreviousSessionId != first.SessionId {
+			t.Errorf("a retried reset of a session that held a message since = %v, want it reset (its predecessor %s)", got, first.SessionId)
+		}
+		again := reset(false)
+		if n := sessions(); n != 4 {
+			t.Errorf("the key has %d sessions after three resets, want 4", n)
+		}
+		s, err := w.store.Session(w.ctx, again.PreviousSessionId)
+		if err != nil || s.EndReason != persistence.EndResetCommand {
+			t.Errorf("an operator's reset of an empty session: its end %v, %v; want it ended by the reset", s, err)
+		}
+	})
+}
