@@ -58,6 +58,7 @@ func parseCommand(text string) (command, bool) {
 // onCommand runs a command outside the queue. The command and its answer are recorded in one
 // write; the requester is acknowledged with disposition "command" once that write is durable.
 func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cmd command, now time.Time) {
+	outAfter := s.lastOut // the command's answer comes after
 	expired := s.expireIfIdle(now)
 	var ops []persistence.Op
 	var answer string
@@ -197,6 +198,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 			return
 		}
 		r := s.result(m, platforms.Command, sid)
+		r.OutboxAfter = outAfter
 		c.Send(requester, r)
 		s.sendOutbound(c, OutboundFromEntry(&entry))
 	})

@@ -56,7 +56,7 @@ func (in *Intake) Deliver(ctx context.Context, m *platforms.Inbound) (*platforms
 		return nil, fmt.Errorf("deliver to %s: unexpected answer %T", key, res)
 	}
 	ack := &platforms.Ack{SessionKey: r.SessionKey, SessionID: r.SessionId, MessageID: r.MessageId,
-		Disposition: r.Disposition, QueueDepth: int(r.QueueDepth)}
+		Disposition: r.Disposition, QueueDepth: int(r.QueueDepth), OutboxAfter: r.OutboxAfter}
 	switch r.ErrorCode {
 	case "":
 		in.metrics.InboundTotal.WithLabelValues(m.Source.Platform).Inc()

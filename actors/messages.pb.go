@@ -213,14 +213,18 @@ func (x *Deliver) GetReceivedAtUnixNano() int64 {
 
 // DeliverResult acknowledges a Deliver. error_code is empty on success.
 type DeliverResult struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionKey    string                 `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
-	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	MessageId     string                 `protobuf:"bytes,3,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
-	Disposition   string                 `protobuf:"bytes,4,opt,name=disposition,proto3" json:"disposition,omitempty"`
-	QueueDepth    int32                  `protobuf:"varint,5,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
-	ErrorCode     string                 `protobuf:"bytes,6,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"` // rejected | unavailable | stopped | internal (ErrCode*)
-	Error         string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	SessionKey  string                 `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	SessionId   string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	MessageId   string                 `protobuf:"bytes,3,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	Disposition string                 `protobuf:"bytes,4,opt,name=disposition,proto3" json:"disposition,omitempty"`
+	QueueDepth  int32                  `protobuf:"varint,5,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
+	ErrorCode   string                 `protobuf:"bytes,6,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"` // rejected | unavailable | stopped | internal (ErrCode*)
+	Error       string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	// outbox_after is the key's outbox seq before the message was taken: every outbox entry that
+	// answers it has a greater seq (Store.RepliesTo reads only those). 0 when not known (a
+	// duplicate, a message recovered from the store).
+	OutboxAfter   int64 `protobuf:"varint,8,opt,name=outbox_after,json=outboxAfter,proto3" json:"outbox_after,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -302,6 +306,13 @@ func (x *DeliverResult) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *DeliverResult) GetOutboxAfter() int64 {
+	if x != nil {
+		return x.OutboxAfter
+	}
+	return 0
 }
 
 // GetState asks a session for its live state; reply SessionState. Routed with
@@ -649,14 +660,17 @@ func (x *RequeueMessage) GetMessageId() string {
 // (no such message in the key's sessions), not_quarantined (status says what it is),
 // session_ended (the message's session has ended), unavailable or stopped (ErrCode*).
 type RequeueResult struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	MessageId     string                 `protobuf:"bytes,2,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
-	QueueDepth    int32                  `protobuf:"varint,3,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
-	Status        string                 `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
-	ErrorCode     string                 `protobuf:"bytes,5,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
-	Error         string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
-	Disposition   string                 `protobuf:"bytes,7,opt,name=disposition,proto3" json:"disposition,omitempty"` // started (its turn began at once) or queued
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	SessionId   string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	MessageId   string                 `protobuf:"bytes,2,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	QueueDepth  int32                  `protobuf:"varint,3,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
+	Status      string                 `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	ErrorCode   string                 `protobuf:"bytes,5,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	Error       string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	Disposition string                 `protobuf:"bytes,7,opt,name=disposition,proto3" json:"disposition,omitempty"` // started (its turn began at once) or queued
+	// outbox_after is the key's outbox seq before the requeue: the entries that answer its run
+	// come after it, the quarantine notice before (DeliverResult.outbox_after).
+	OutboxAfter   int64 `protobuf:"varint,8,opt,name=outbox_after,json=outboxAfter,proto3" json:"outbox_after,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -738,6 +752,13 @@ func (x *RequeueResult) GetDisposition() string {
 		return x.Disposition
 	}
 	return ""
+}
+
+func (x *RequeueResult) GetOutboxAfter() int64 {
+	if x != nil {
+		return x.OutboxAfter
+	}
+	return 0
 }
 
 // ResetDue tells a session that its reset policy may have made it due; it ends itself if so.
@@ -1362,7 +1383,7 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\n" +
 	"message_id\x18\x03 \x01(\tR\tmessageId\x12\x12\n" +
 	"\x04text\x18\x04 \x01(\tR\x04text\x121\n" +
-	"\x15received_at_unix_nano\x18\x05 \x01(\x03R\x12receivedAtUnixNano\"\xe6\x01\n" +
+	"\x15received_at_unix_nano\x18\x05 \x01(\x03R\x12receivedAtUnixNano\"\x89\x02\n" +
 	"\rDeliverResult\x12\x1f\n" +
 	"\vsession_key\x18\x01 \x01(\tR\n" +
 	"sessionKey\x12\x1d\n" +
@@ -1375,7 +1396,8 @@ const file_actors_messages_proto_rawDesc = "" +
 	"queueDepth\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x06 \x01(\tR\terrorCode\x12\x14\n" +
-	"\x05error\x18\a \x01(\tR\x05error\"\n" +
+	"\x05error\x18\a \x01(\tR\x05error\x12!\n" +
+	"\foutbox_after\x18\b \x01(\x03R\voutboxAfter\"\n" +
 	"\n" +
 	"\bGetState\"\xbf\x03\n" +
 	"\fSessionState\x12\x1f\n" +
@@ -1406,7 +1428,7 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"/\n" +
 	"\x0eRequeueMessage\x12\x1d\n" +
 	"\n" +
-	"message_id\x18\x01 \x01(\tR\tmessageId\"\xdd\x01\n" +
+	"message_id\x18\x01 \x01(\tR\tmessageId\"\x80\x02\n" +
 	"\rRequeueResult\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
@@ -1418,7 +1440,8 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\n" +
 	"error_code\x18\x05 \x01(\tR\terrorCode\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12 \n" +
-	"\vdisposition\x18\a \x01(\tR\vdisposition\"\n" +
+	"\vdisposition\x18\a \x01(\tR\vdisposition\x12!\n" +
+	"\foutbox_after\x18\b \x01(\x03R\voutboxAfter\"\n" +
 	"\n" +
 	"\bResetDue\"\t\n" +
 	"\aRecover\"\xc5\x02\n" +

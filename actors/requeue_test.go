@@ -160,12 +160,21 @@ func TestRequeueRunsAQuarantinedMessage(t *testing.T) {
 		if slices.ContainsFunc(hist, func(m agents.Message) bool { return strings.Contains(m.Text, "boom") }) {
 			t.Errorf("the requeued m1's turn got itself in its history: %+v", hist)
 		}
-		replies, err := w.store.RepliesTo(w.ctx, w.key, "m1")
+		replies, err := w.store.RepliesTo(w.ctx, w.key, "m1", 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !slices.ContainsFunc(replies, func(e persistence.OutboxEntry) bool { return e.Text == "answered m1" }) {
 			t.Errorf("replies to m1: %+v, want its answer", replies)
+		}
+		// Past the outbox seq the requeue reported (where a cluster member's ?wait reads), the
+		// run's answer alone: not the quarantine notice that answered m1 before.
+		after, err := w.store.RepliesTo(w.ctx, w.key, "m1", r.OutboxAfter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(replies) < 2 || len(after) != 1 || after[0].Text != "answered m1" {
+			t.Errorf("replies to m1 after the requeue's outbox seq %d: %+v, want its new answer alone (of %+v)", r.OutboxAfter, after, replies)
 		}
 		if n := testutil.ToFloat64(w.d.Metrics.MessagesRequeued); n != 1 {
 			t.Errorf("agentgate_messages_requeued_total = %v, want 1", n)

@@ -83,8 +83,10 @@ func (s *Session) enqueueRetry(c actor.Context, m *Deliver, it *item, ops []pers
 	}
 	requester := c.Sender()
 	orphaned := func(c actor.Context, why string) { c.Send(requester, s.unstoredResult(m.MessageId, why)) }
+	outAfter := s.lastOut // the retried turn's answer comes after
 	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
 		r := s.result(m, platforms.Command, it.sessionID)
+		r.OutboxAfter = outAfter
 		if err != nil {
 			s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
 			r.Disposition = platforms.Duplicate

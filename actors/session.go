@@ -157,6 +157,9 @@ type item struct {
 	at        time.Time
 	arrived   time.Time // real arrival time (debounce)
 	durable   bool
+	// outAfter is the key's outbox seq before the message was taken: its answers come after
+	// (DeliverResult.OutboxAfter); 0 when not known (a message recovered from the store).
+	outAfter int64
 	// restarts counts the unclean stops of the daemon while it was its session's head pending
 	// message (persistence.Message.Attempts, raised by Store.BeginRun).
 	restarts  int

@@ -70,6 +70,7 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 			return
 		}
 	}
+	outAfter := s.lastOut // every answer to the message (an automatic reset's notice first) comes after
 	ops := s.expireIfIdle(now)
 	expired := len(ops) > 0
 	s.forgetPruned(now)
@@ -84,7 +85,7 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 	}
 	s.lastSeq++
 	it := &item{seq: s.lastSeq, sessionID: s.cur.ID, src: src, messageID: m.MessageId, text: m.Text,
-		at: now, arrived: time.Now(), requester: c.Sender()}
+		at: now, arrived: time.Now(), requester: c.Sender(), outAfter: outAfter}
 	ops = append(ops,
 		&persistence.AppendMessage{Message: persistence.Message{
 			SessionID: it.sessionID, Seq: it.seq, Role: persistence.RoleUser, Content: m.Text,
@@ -187,7 +188,7 @@ func (s *Session) adoptStored(it *item) bool {
 	if s.lastSeq == it.seq {
 		s.lastSeq--
 	}
-	it.seq, it.sessionID, it.at = orig.Seq, orig.SessionID, orig.CreatedAt
+	it.seq, it.sessionID, it.at, it.outAfter = orig.Seq, orig.SessionID, orig.CreatedAt, u.outAfter
 	s.logAdopted(it)
 	return true
 }
@@ -419,7 +420,9 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 	if it.dropped {
 		// A command dropped the session's work while this write was in flight: the message is
 		// stored, so it is set aside like the others, with its own notice.
-		c.Send(it.requester, s.result(m, platforms.Queued, it.sessionID))
+		r := s.result(m, platforms.Queued, it.sessionID)
+		r.OutboxAfter = it.outAfter
+		c.Send(it.requester, r)
 		it.requester = nil
 		s.setAsideDropped(c, it)
 		s.tryStart(c)
@@ -440,6 +443,7 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 		disp = platforms.Collected // it joins the messages waiting for the next turn
 	}
 	r := s.result(m, disp, it.sessionID)
+	r.OutboxAfter = it.outAfter
 	r.QueueDepth = int32(s.waiting())
 	if disp == platforms.Started {
 		r.QueueDepth--

@@ -84,7 +84,8 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 	s.lastSeq++
 	// Queued at once (not durable yet), so that a message arriving before the write's answer
 	// queues behind it, as its seq does in the store.
-	it := &item{seq: s.lastSeq, sessionID: row.SessionID, src: src, messageID: row.MessageID, text: row.Content, at: row.CreatedAt}
+	it := &item{seq: s.lastSeq, sessionID: row.SessionID, src: src, messageID: row.MessageID, text: row.Content, at: row.CreatedAt,
+		outAfter: s.lastOut} // the run's answer comes after; the quarantine notice came before
 	s.queue = append(s.queue, it)
 	s.seen.add(row.MessageID)
 	requester := c.Sender()
@@ -94,7 +95,7 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 	}
 	ops := []persistence.Op{&persistence.RequeueMessage{SessionID: row.SessionID, Seq: row.Seq, NewSeq: it.seq}}
 	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
-		r := &RequeueResult{SessionId: it.sessionID, MessageId: m.MessageId}
+		r := &RequeueResult{SessionId: it.sessionID, MessageId: m.MessageId, OutboxAfter: it.outAfter}
 		unsure := false
 		if errors.Is(err, persistence.ErrUnavailable) {
 			// The commit may have applied though its answer was lost (a connection lost after

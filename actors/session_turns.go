@@ -239,7 +239,7 @@ func (s *Session) restoreInterrupted(history []persistence.Message) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
-		replies, err := s.d.Store.RepliesTo(ctx, s.key, m.MessageID)
+		replies, err := s.d.Store.RepliesTo(ctx, s.key, m.MessageID, 0)
 		cancel()
 		if err != nil {
 			s.logger().Warn("look up the answer of an interrupted message", "message_id", m.MessageID, logging.Err(err))

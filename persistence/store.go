@@ -522,8 +522,11 @@ type Store interface {
 	LoadSession(ctx context.Context, key string, historyLimit int) (*Snapshot, error)
 	// FindInbound finds a user message by its platform identity; ErrNotFound if absent.
 	FindInbound(ctx context.Context, platform, chatID, messageID string) (*Message, error)
-	// RepliesTo returns the outbox entries of a session key that answer a message id.
-	RepliesTo(ctx context.Context, key, messageID string) ([]OutboxEntry, error)
+	// RepliesTo returns the outbox entries of a session key with seq > after that answer a
+	// message id, by seq. A session reports the key's outbox seq before it took a message
+	// (DeliverResult.OutboxAfter): every entry that answers the message comes after it, and a
+	// reader that polls reads only those, not a long chat's whole outbox.
+	RepliesTo(ctx context.Context, key, messageID string, after int64) ([]OutboxEntry, error)
 	// OutboxAfter returns a key's outbox entries with seq > after, by seq, at most limit (no
 	// limit when limit <= 0), never a KindPruned one.
 	OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]OutboxEntry, error)

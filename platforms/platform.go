@@ -45,6 +45,9 @@ type Ack struct {
 	MessageID   string
 	Disposition string
 	QueueDepth  int
+	// OutboxAfter is the key's outbox seq before the message was taken: every outbound that
+	// answers it has a greater Seq. 0 when not known (a duplicate).
+	OutboxAfter int64
 }
 
 // Deliver hands one inbound message to the runtime and returns its acknowledgment. It blocks

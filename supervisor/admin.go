@@ -158,7 +158,7 @@ func (a *sessionsAPI) Requeue(ctx context.Context, key, messageID string) (*http
 	switch r.ErrorCode {
 	case "":
 		return &httpplatform.MessageResponse{MessageID: messageID, SessionKey: key, SessionID: r.SessionId,
-			Disposition: r.Disposition, QueueDepth: int(r.QueueDepth)}, nil
+			Disposition: r.Disposition, QueueDepth: int(r.QueueDepth), OutboxAfter: r.OutboxAfter}, nil
 	case actors.ErrCodeNotFound, actors.ErrCodeNotQuarantined, actors.ErrCodeSessionEnded, httpplatform.CodeUnavailable:
 		return nil, &httpplatform.RequeueError{Code: r.ErrorCode, Status: r.Status, Message: r.Error}
 	case actors.ErrCodeStopped:
@@ -207,9 +207,10 @@ func (a *sessionsAPI) OutboxAfter(ctx context.Context, key string, after int64, 
 	return outbounds(es), nil
 }
 
-// RepliesTo returns the durable replies to one message.
-func (a *sessionsAPI) RepliesTo(ctx context.Context, key, messageID string) ([]*platforms.Outbound, error) {
-	es, err := a.d.store.RepliesTo(ctx, key, messageID)
+// RepliesTo returns the durable replies to one message that come after the key's outbox seq
+// after.
+func (a *sessionsAPI) RepliesTo(ctx context.Context, key, messageID string, after int64) ([]*platforms.Outbound, error) {
+	es, err := a.d.store.RepliesTo(ctx, key, messageID, after)
 	if err != nil {
 		return nil, fmt.Errorf("replies: %w", err)
 	}

@@ -760,7 +760,7 @@ func (h *httpHunt) waitAnswered() {
 			m.sid = in.SessionID
 		}
 		answered := func() bool {
-			got, err := store.RepliesTo(h.ctx, m.key, m.id)
+			got, err := store.RepliesTo(h.ctx, m.key, m.id, 0)
 			return err == nil && len(got) > 0
 		}
 		if !answered() {

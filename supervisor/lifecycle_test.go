@@ -100,12 +100,20 @@ func TestIdleResetOnArrival(t *testing.T) {
 	}
 	// The outbox says so too: a reader of m2's durable answer (a duplicate's ?wait) knows
 	// that the notice alone is not all of it.
-	es, err := r.d.store.RepliesTo(t.Context(), second.SessionKey, "m2")
+	es, err := r.d.store.RepliesTo(t.Context(), second.SessionKey, "m2", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(es) != 2 || es[0].Kind != platforms.KindNotice || !es[0].Continued || es[1].Kind != platforms.KindReply || es[1].Continued {
 		t.Errorf("the outbox's answer to m2 = %+v, want the notice (continued), then the reply (its end)", es)
+	}
+	// The acknowledgment says where in the key's outbox its answer begins (a cluster member's
+	// ?wait reads only from there): after m1's reply, before the reset notice.
+	if first.OutboxAfter != 0 || second.OutboxAfter != outs[0].Seq {
+		t.Errorf("outbox seqs acknowledged: m1 %d, m2 %d; want 0 and m1's reply's %d", first.OutboxAfter, second.OutboxAfter, outs[0].Seq)
+	}
+	if after, err := r.d.store.RepliesTo(t.Context(), second.SessionKey, "m2", second.OutboxAfter); err != nil || len(after) != len(es) {
+		t.Errorf("the answer to m2 after its acknowledged outbox seq = %+v, %v; want all of it, %+v", after, err, es)
 	}
 	if note := agent.last().Notes; len(note) != 1 || !strings.Contains(note[0], first.SessionID) {
 		t.Errorf("first turn after the reset got notes %q, want one naming %s", note, first.SessionID)

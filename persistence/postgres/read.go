@@ -194,16 +194,16 @@ func (s *Store) FindInbound(ctx context.Context, platform, chatID, messageID str
 	return &m, nil
 }
 
-// RepliesTo returns the outbox entries of a session key whose in_reply_to lists messageID, by
-// seq.
-func (s *Store) RepliesTo(ctx context.Context, key, messageID string) ([]persistence.OutboxEntry, error) {
+// RepliesTo returns the outbox entries of a session key with seq > after whose in_reply_to
+// lists messageID, by seq.
+func (s *Store) RepliesTo(ctx context.Context, key, messageID string, after int64) ([]persistence.OutboxEntry, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("replies to %s: %w", messageID, err)
 	}
 	defer done()
 	es, err := queryAll(ctx, s.pool, scanOutbox, `SELECT `+outboxCols+` FROM outbox
-		WHERE session_key = $1 AND $2 = ANY (in_reply_to) ORDER BY seq`, key, messageID)
+		WHERE session_key = $1 AND seq > $3 AND $2 = ANY (in_reply_to) ORDER BY seq`, key, messageID, after)
 	if err != nil {
 		return nil, fmt.Errorf("replies to %s: %w", messageID, s.explain(ctx, err))
 	}

@@ -162,18 +162,18 @@ func (s *Store) FindInbound(ctx context.Context, platform, chatID, messageID str
 	return &m, nil
 }
 
-// RepliesTo returns the outbox entries of a session key whose in_reply_to lists messageID, by
-// seq.
-func (s *Store) RepliesTo(ctx context.Context, key, messageID string) ([]persistence.OutboxEntry, error) {
+// RepliesTo returns the outbox entries of a session key with seq > after whose in_reply_to
+// lists messageID, by seq.
+func (s *Store) RepliesTo(ctx context.Context, key, messageID string, after int64) ([]persistence.OutboxEntry, error) {
 	if err := s.enter(); err != nil {
 		return nil, readError("replies to %s: %w", messageID, err)
 	}
 	defer s.leave()
 	// CASE guarantees json_each never sees a corrupt value.
 	es, err := queryOutbox(ctx, s.reader, `SELECT `+outboxCols+` FROM outbox o
-		WHERE o.session_key = ? AND CASE WHEN json_valid(o.in_reply_to)
+		WHERE o.session_key = ? AND o.seq > ? AND CASE WHEN json_valid(o.in_reply_to)
 			THEN EXISTS (SELECT 1 FROM json_each(o.in_reply_to) j WHERE j.value = ?) ELSE 0 END
-		ORDER BY o.seq`, key, messageID)
+		ORDER BY o.seq`, key, after, messageID)
 	if err != nil {
 		return nil, readError("replies to %s: %w", messageID, err)
 	}

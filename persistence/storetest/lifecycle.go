@@ -416,7 +416,7 @@ func testPruneSessions(t *testing.T, s persistence.Store) {
 		// "answered" had k's entry 1; k's last entry (3), failed-delivery's, is kept without its
 		// content, and OutboxAfter shows no pruned entry.
 		diff(t, "OutboxAfter(k)", check(s.OutboxAfter(ctx, "k", 0, 0)).must(t, "OutboxAfter"), outboxBefore[1:2])
-		if got := check(s.RepliesTo(ctx, "k", "ans-1")).must(t, "RepliesTo"); len(got) != 0 {
+		if got := check(s.RepliesTo(ctx, "k", "ans-1", 0)).must(t, "RepliesTo"); len(got) != 0 {
 			t.Errorf("RepliesTo(k, ans-1) after pruning = %+v, want none", got)
 		}
 	})
@@ -424,7 +424,7 @@ func testPruneSessions(t *testing.T, s persistence.Store) {
 		if got := check(s.OutboxAfter(ctx, "k-last", 0, 0)).must(t, "OutboxAfter"); len(got) != 0 {
 			t.Errorf("OutboxAfter(k-last) after pruning its only replying session = %+v, want none", got)
 		}
-		if got := check(s.RepliesTo(ctx, "k-last", "last-2")).must(t, "RepliesTo"); len(got) != 0 {
+		if got := check(s.RepliesTo(ctx, "k-last", "last-2", 0)).must(t, "RepliesTo"); len(got) != 0 {
 			t.Errorf("RepliesTo(k-last, last-2) after pruning = %+v, want none", got)
 		}
 		snap := check(s.LoadSession(ctx, "k-last", 0)).must(t, "LoadSession")

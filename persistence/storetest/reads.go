@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/agentgate/agentgate/persistence"
@@ -100,22 +101,29 @@ func testRepliesTo(t *testing.T, s persistence.Store) {
 	)
 	tests := []struct {
 		key, id string
+		after   int64
 		want    []int64
 	}{
-		{"k1", "m1", []int64{1, 3}},
-		{"k1", "m2", []int64{2, 3}},
-		{"k1", "m3", nil},
-		{"k2", "m1", []int64{1}},
-		{"k3", "m1", nil},
-		{"k1", "", nil},
+		{"k1", "m1", 0, []int64{1, 3}},
+		{"k1", "m2", 0, []int64{2, 3}},
+		{"k1", "m3", 0, nil},
+		{"k2", "m1", 0, []int64{1}},
+		{"k3", "m1", 0, nil},
+		{"k1", "", 0, nil},
+		// Only the entries after the key's outbox seq when the message was taken (a requeued
+		// message's second answer, not its first; a waiter's polls).
+		{"k1", "m1", 1, []int64{3}},
+		{"k1", "m2", 2, []int64{3}},
+		{"k1", "m1", 3, nil},
+		{"k2", "m1", 1, nil},
 	}
 	for _, tc := range tests {
-		t.Run(tc.key+"/"+tc.id, func(t *testing.T) {
-			es := check(s.RepliesTo(ctx, tc.key, tc.id)).must(t, "RepliesTo")
-			diff(t, "RepliesTo("+tc.key+", "+tc.id+") seqs", outboxSeqs(es), tc.want)
+		t.Run(fmt.Sprintf("%s/%s/after=%d", tc.key, tc.id, tc.after), func(t *testing.T) {
+			es := check(s.RepliesTo(ctx, tc.key, tc.id, tc.after)).must(t, "RepliesTo")
+			diff(t, fmt.Sprintf("RepliesTo(%s, %s, %d) seqs", tc.key, tc.id, tc.after), outboxSeqs(es), tc.want)
 		})
 	}
-	es := check(s.RepliesTo(ctx, "k1", "m2")).must(t, "RepliesTo")
+	es := check(s.RepliesTo(ctx, "k1", "m2", 0)).must(t, "RepliesTo")
 	diff(t, "RepliesTo(k1, m2)", es, []persistence.OutboxEntry{notice, outboxEntry("k1", 3, "s1", "m1", "m2")})
 }
 
@@ -472,7 +480,7 @@ func testClosed(t *testing.T, s persistence.Store) {
 		{"Commit group 1", errs[1]},
 		{"LoadSession", second(s.LoadSession(ctx, "k1", 1))},
 		{"FindInbound", second(s.FindInbound(ctx, "http", "chat", "m1"))},
-		{"RepliesTo", second(s.RepliesTo(ctx, "k1", "m1"))},
+		{"RepliesTo", second(s.RepliesTo(ctx, "k1", "m1", 0))},
 		{"OutboxAfter", second(s.OutboxAfter(ctx, "k1", 0, 1))},
 		{"Transcript", second(s.Transcript(ctx, "s1"))},
 		{"TranscriptAfter", second(s.TranscriptAfter(ctx, "s1", 0, 1))},

@@ -245,6 +245,8 @@ type fakeSessions struct {
 	resetErr error
 	// requeueErr, when set, is what Requeue returns.
 	requeueErr error
+	// requeueAfter is the key's outbox seq before a requeue, as Requeue reports it.
+	requeueAfter int64
 	// quarantined is what Quarantined lists (cut at its limit); quarantinedErr, when set, is
 	// its error.
 	quarantined    []QuarantinedMessage
@@ -327,7 +329,8 @@ func (f *fakeSessions) Requeue(_ context.Context, key, messageID string) (*Messa
 	if f.requeueErr != nil {
 		return nil, f.requeueErr
 	}
-	return &MessageResponse{MessageID: messageID, SessionKey: key, SessionID: "s1", Disposition: "queued", QueueDepth: 1}, nil
+	return &MessageResponse{MessageID: messageID, SessionKey: key, SessionID: "s1", Disposition: "queued", QueueDepth: 1,
+		OutboxAfter: f.requeueAfter}, nil
 }
 
 func (f *fakeSessions) Quarantined(_ context.Context, limit int) ([]QuarantinedMessage, error) {
@@ -390,11 +393,11 @@ func (f *fakeSessions) OutboxAfter(_ context.Context, key string, after int64, l
 	return res, nil
 }
 
-func (f *fakeSessions) RepliesTo(_ context.Context, key, messageID string) ([]*platforms.Outbound, error) {
+func (f *fakeSessions) RepliesTo(_ context.Context, key, messageID string, after int64) ([]*platforms.Outbound, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.record("replies %s %s", key, messageID)
-	return slices.Clone(f.replies[key+"\x00"+messageID]), nil
+	return slices.DeleteFunc(slices.Clone(f.replies[key+"\x00"+messageID]), func(o *platforms.Outbound) bool { return o.Seq <= after }), nil
 }
 
 // sseEvent is one parsed Server-Sent Event or comment.

@@ -486,11 +486,12 @@ func answer(got []*platforms.Outbound, key string, last bool) ([]*platforms.Outb
 // passes, the client goes away or the platform stops. A duplicate is first answered from the
 // durable outbox: its turn may have ended long ago. With check, on a cluster member, the
 // outbox is also read every ReplyCheck: the answer may have been sent on another member, whose
-// relay missed this one (only where the message has no earlier answer, which a requeued
-// message has: its quarantine notice).
+// relay missed this one. Those reads take only the entries after ack.OutboxAfter (the key's
+// outbox seq before the message was taken), so a long chat's outbox is not read whole every
+// ReplyCheck, and a requeued message's quarantine notice is not taken for its new answer.
 func (p *Platform) awaitReplies(ctx context.Context, stop <-chan struct{}, w *waiter, ack *platforms.Ack, deadline time.Time, check bool) ([]*platforms.Outbound, bool) {
 	if ack.Disposition == platforms.Duplicate {
-		if got, done := p.offerDurable(ctx, w, ack.SessionKey, slog.LevelWarn); done {
+		if got, done := p.offerDurable(ctx, w, ack.SessionKey, 0, slog.LevelWarn); done {
 			return got, true
 		}
 	}
@@ -510,7 +511,7 @@ func (p *Platform) awaitReplies(ctx context.Context, stop <-chan struct{}, w *wa
 		case <-w.wake:
 		case <-look:
 			// A failed read is tried at the next check (and the relay may still come).
-			if got, done := p.offerDurable(ctx, w, ack.SessionKey, slog.LevelDebug); done {
+			if got, done := p.offerDurable(ctx, w, ack.SessionKey, ack.OutboxAfter, slog.LevelDebug); done {
 				return got, true
 			}
 		case <-timer.C:
@@ -527,13 +528,13 @@ func (p *Platform) awaitReplies(ctx context.Context, stop <-chan struct{}, w *wa
 // it holds the answer's end (an entry that is not Continued; an automatic reset's notice is
 // durable as the message is taken, and its turn's reply follows), it returns the answer up to
 // its last end: a message answered twice (quarantined, then requeued and run) is answered
-// with both. Otherwise it offers w what there is, to be completed live (by seq, once). A
-// failed read is logged at level.
-func (p *Platform) offerDurable(ctx context.Context, w *waiter, key string, level slog.Level) ([]*platforms.Outbound, bool) {
+// with both. Otherwise it offers w what there is, to be completed live (by seq, once). Only
+// entries with a seq greater than after count. A failed read is logged at level.
+func (p *Platform) offerDurable(ctx context.Context, w *waiter, key string, after int64, level slog.Level) ([]*platforms.Outbound, bool) {
 	if p.cfg.Sessions == nil {
 		return nil, false
 	}
-	durable, err := p.cfg.Sessions.RepliesTo(ctx, key, w.msgID)
+	durable, err := p.cfg.Sessions.RepliesTo(ctx, key, w.msgID, after)
 	if err != nil {
 		if ctx.Err() == nil {
 			p.log.Log(ctx, level, "load the replies to a message", "session", key, "message_id", w.msgID, logging.Err(err))

@@ -212,9 +212,12 @@ func (p *Platform) handleRequeue(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusAccepted, res)
 		return
 	}
-	ack := &platforms.Ack{SessionKey: res.SessionKey, SessionID: res.SessionID, MessageID: res.MessageID, Disposition: res.Disposition}
-	// No outbox check: the message's quarantine notice answers it already.
-	replies, done := p.awaitReplies(r.Context(), p.stopped(), wt, ack, start.Add(wait), false)
+	ack := &platforms.Ack{SessionKey: res.SessionKey, SessionID: res.SessionID, MessageID: res.MessageID,
+		Disposition: res.Disposition, OutboxAfter: res.OutboxAfter}
+	// On a cluster member the outbox is read too, past the key's outbox seq before the requeue
+	// (its quarantine notice answers the message already); a member that does not say it (an
+	// older one, during a rolling upgrade) is left to the relay.
+	replies, done := p.awaitReplies(r.Context(), p.stopped(), wt, ack, start.Add(wait), res.OutboxAfter > 0)
 	if !done {
 		writeJSON(w, http.StatusAccepted, res) // it runs; the event stream carries its replies
 		return

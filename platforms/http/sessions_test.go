@@ -13,8 +13,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
 )
 
 func TestSessionRoutes(t *testing.T) {
@@ -284,5 +286,51 @@ func TestQuarantinedRoute(t *testing.T) {
 	sessions.quarantinedErr = fmt.Errorf("quarantined: %w", persistence.ErrUnavailable)
 	if got := h.do(http.MethodGet, "/v1/quarantined", nil, ""); got.status != 503 || got.errCode() != CodeUnavailable {
 		t.Errorf("GET /v1/quarantined with the store unavailable = %d %s, want 503 %s", got.status, got.body, CodeUnavailable)
+	}
+}
+
+// TestRequeueWaitOnAClusterMemberFindsAnAnswerTheRelayMissed: on a cluster member a requeue's
+// ?wait also reads the outbox, past the key's outbox seq before the requeue, as a message's
+// does: the run's answer, sent on the member that owns the key and whose relay missed this
+// one, is found there; the quarantine notice, which answered the message before, is not taken
+// for it. A member that does not report that seq (an older one) leaves the wait to the relay.
+//
+// Before, a requeue's wait never read the outbox: the client got 202 at the end of its wait,
+// the answer long durable.
+func TestRequeueWaitOnAClusterMemberFindsAnAnswerTheRelayMissed(t *testing.T) {
+	src := identity.Source{Platform: "http", ChatType: "dm", ChatID: "c", UserID: "u"}
+	key := keyFor(src)
+	in := &platforms.Inbound{Source: src, MessageID: "m1"}
+	notice := reply(in, 2, "quarantined", true)
+	notice.Kind = platforms.KindNotice
+	path := "/v1/sessions/" + url.PathEscape(key) + "/messages/m1/requeue?wait="
+	for _, tc := range []struct {
+		after  int64
+		wait   string
+		status int
+	}{
+		{3, "5s", http.StatusOK},
+		{0, "200ms", http.StatusAccepted},
+	} {
+		t.Run(fmt.Sprint("after=", tc.after), func(t *testing.T) {
+			sessions := newFakeSessions()
+			sessions.requeueAfter = tc.after
+			sessions.replies[key+"\x00m1"] = []*platforms.Outbound{notice, reply(in, 5, "answered elsewhere", true)}
+			h := mustStart(t, Config{Sessions: sessions, Clustered: true, ReplyCheck: 10 * time.Millisecond}, &fakeRuntime{})
+			got := h.do(http.MethodPost, path+tc.wait, nil, "")
+			if got.status != tc.status {
+				t.Fatalf("POST requeue ?wait = %d %s, want %d", got.status, got.body, tc.status)
+			}
+			if tc.status != http.StatusOK {
+				if calls := sessions.callLog(); slices.ContainsFunc(calls, func(c string) bool { return strings.HasPrefix(c, "replies") }) {
+					t.Errorf("a requeue with no outbox seq read the outbox for its wait: %q", calls)
+				}
+				return
+			}
+			want := []Reply{{Text: "answered elsewhere", TurnID: "t1", Kind: "reply", Seq: 5}}
+			if diff := cmp.Diff(want, mustDecode[MessageResponse](t, got).Replies); diff != "" {
+				t.Errorf("replies mismatch (-want +got):\n%s", diff)
+			}
+		})
 	}
 }

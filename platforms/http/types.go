@@ -27,8 +27,9 @@ type Sessions interface {
 	Transcript(ctx context.Context, key string, r TranscriptRequest) (*Transcript, error)
 	// OutboxAfter returns the key's outbox entries with Seq > after, by Seq, at most limit.
 	OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]*platforms.Outbound, error)
-	// RepliesTo returns the key's outbox entries that answer messageID, by Seq.
-	RepliesTo(ctx context.Context, key, messageID string) ([]*platforms.Outbound, error)
+	// RepliesTo returns the key's outbox entries with Seq > after that answer messageID, by
+	// Seq.
+	RepliesTo(ctx context.Context, key, messageID string, after int64) ([]*platforms.Outbound, error)
 	// Quarantined returns at most limit quarantined messages of every session, newest first.
 	Quarantined(ctx context.Context, limit int) ([]QuarantinedMessage, error)
 }
@@ -186,6 +187,10 @@ type MessageResponse struct {
 	QueueDepth  int    `json:"queue_depth"`
 	// Replies is set only on a 200 answer to ?wait.
 	Replies []Reply `json:"replies,omitempty"`
+	// OutboxAfter is, for a requeue (Sessions.Requeue), the key's outbox seq before it: the
+	// entries that answer the message's new run come after (platforms.Ack.OutboxAfter). Not
+	// sent to the client.
+	OutboxAfter int64 `json:"-"`
 }
 
 // Reply is one outbound message that answered a waited-for message.
