@@ -35,6 +35,9 @@ type Log struct {
 type HTTP struct {
 	Addr     string `yaml:"addr"`
 	TokenEnv string `yaml:"token_env"` // env var holding the bearer token
+	// Pprof serves Go's runtime profiles at /debug/pprof/ (goroutine dumps of a daemon that
+	// seems stuck, heap and CPU profiles), behind the token like every other route.
+	Pprof bool `yaml:"pprof"`
 }
 
 // Store configures the database.

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -93,6 +94,9 @@ type Config struct {
 	// this one by relays (Show), which can miss it, so event streams also look in the outbox
 	// at each keepalive, and a ?wait every ReplyCheck.
 	Clustered bool
+	// Pprof serves Go's runtime profiles (net/http/pprof) at GET /debug/pprof/; off, those
+	// routes answer 404.
+	Pprof bool
 }
 
 // RunHeader is the header that names a daemon's run (Config.Run), in its answers and in the
@@ -199,6 +203,14 @@ func (p *Platform) routes() {
 	m.HandleFunc("GET /metrics", p.handleMetrics)
 	m.HandleFunc("GET /healthz", p.handleHealthz)
 	m.HandleFunc("GET /readyz", p.handleReadyz)
+	if p.cfg.Pprof {
+		m.HandleFunc("GET /debug/pprof/", pprof.Index) // the index, and every named profile (goroutine, heap, …)
+		m.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		m.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		m.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		m.HandleFunc("POST /debug/pprof/symbol", pprof.Symbol)
+		m.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 }
 
 // Name returns "http".

@@ -268,3 +268,24 @@ func TestSendNeverBlocks(t *testing.T) {
 		t.Errorf("Send(nil) = nil, want error")
 	}
 }
+
+// TestPprof: with Config.Pprof, Go's runtime profiles are served at /debug/pprof/ (a stuck
+// daemon's goroutines, read without stopping it), behind the token like every other route;
+// without it, those routes do not exist.
+func TestPprof(t *testing.T) {
+	token := map[string]string{"Authorization": "Bearer s3cret"}
+	on := mustStart(t, Config{Token: "s3cret", Pprof: true}, &fakeRuntime{})
+	if got := on.do("GET", "/debug/pprof/goroutine?debug=1", token, ""); got.status != 200 || !strings.Contains(string(got.body), "goroutine profile:") {
+		t.Errorf("GET /debug/pprof/goroutine?debug=1 = %d %.200s, want 200 with the goroutine profile", got.status, got.body)
+	}
+	if got := on.do("GET", "/debug/pprof/", token, ""); got.status != 200 || !strings.Contains(string(got.body), "heap") {
+		t.Errorf("GET /debug/pprof/ = %d %.200s, want 200 with the index of profiles", got.status, got.body)
+	}
+	if got := on.do("GET", "/debug/pprof/goroutine?debug=1", nil, ""); got.status != 401 {
+		t.Errorf("GET /debug/pprof/goroutine without the token = %d, want 401", got.status)
+	}
+	off := mustStart(t, Config{Token: "s3cret"}, &fakeRuntime{})
+	if got := off.do("GET", "/debug/pprof/goroutine?debug=1", token, ""); got.status != 404 || got.errCode() != CodeNotFound {
+		t.Errorf("GET /debug/pprof/goroutine with pprof off = %d %.200s, want 404 %s", got.status, got.body, CodeNotFound)
+	}
+}
