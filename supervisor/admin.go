@@ -18,26 +18,36 @@ type sessionsAPI struct{ d *Daemon }
 
 var _ httpplatform.Sessions = (*sessionsAPI)(nil)
 
-// List returns one page of known sessions. The state filter asks the manager which actors are
-// in memory.
+// List returns one page of known sessions, with Next only while more follow: a page that ends
+// at the last key that matches says so, so that a client paging until Next is empty does not
+// ask for an empty page. The state filter asks the manager which actors are in memory.
 func (a *sessionsAPI) List(ctx context.Context, f httpplatform.ListRequest) (*httpplatform.SessionList, error) {
 	active, err := a.activeKeys(ctx)
 	if err != nil {
 		return nil, err
 	}
+	if f.Limit < 1 {
+		f.Limit = httpplatform.DefaultListLimit
+	}
 	out := &httpplatform.SessionList{Sessions: []*httpplatform.SessionInfo{}}
 	after := f.After
-	for len(out.Sessions) < f.Limit {
-		rows, err := a.d.store.ListSessions(ctx, persistence.ListFilter{Platform: f.Platform, AfterKey: after, Limit: f.Limit})
+	for {
+		// One row more than the page holds tells, without a filter, whether more follow.
+		rows, err := a.d.store.ListSessions(ctx, persistence.ListFilter{Platform: f.Platform, AfterKey: after, Limit: f.Limit + 1})
 		if err != nil {
 			return nil, fmt.Errorf("list sessions: %w", err)
 		}
 		for i := range rows {
 			r := &rows[i]
-			after = r.Session.Key
 			live := active[r.Session.Key]
 			if f.State == httpplatform.StateActive && !live || f.State == httpplatform.StatePassivated && live {
 				continue
+			}
+			if len(out.Sessions) == f.Limit {
+				// A key that matches follows the full page: the page's last key is where the
+				// next one starts.
+				out.Next = out.Sessions[len(out.Sessions)-1].SessionKey
+				return out, nil
 			}
 			info := sessionInfo(r.Session.Key, &r.Session, r.Messages, r.Pending)
 			if live {
@@ -46,16 +56,12 @@ func (a *sessionsAPI) List(ctx context.Context, f httpplatform.ListRequest) (*ht
 				}
 			}
 			out.Sessions = append(out.Sessions, info)
-			if len(out.Sessions) == f.Limit {
-				out.Next = after
-				break
-			}
 		}
-		if len(rows) < f.Limit {
-			break
+		if len(rows) <= f.Limit {
+			return out, nil
 		}
+		after = rows[len(rows)-1].Session.Key
 	}
-	return out, nil
 }
 
 func (a *sessionsAPI) activeKeys(ctx context.Context) (map[string]bool, error) {

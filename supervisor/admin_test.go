@@ -144,3 +144,52 @@ func TestTranscriptThroughTheDaemon(t *testing.T) {
 		t.Errorf("the pages mismatch the transcript (-want +got):\n%s", d)
 	}
 }
+
+// TestListSessionsNextOnlyWhileMoreFollow: GET /v1/sessions says "next" while more sessions
+// follow, and not on a page that ends at the last one (README: a client pages until there is
+// no next, and a full last page once sent it to one more, empty, page). The state filter's
+// pages end the same way.
+func TestListSessionsNextOnlyWhileMoreFollow(t *testing.T) {
+	r := MustStartDaemon(t, echo.New(), daemonOpts{})
+	t.Cleanup(func() { r.stop(t) })
+	var keys []string
+	for i := range 3 {
+		src := dm
+		src.ChatID = fmt.Sprint("c", i)
+		id := fmt.Sprint("m", i)
+		keys = append(keys, r.inject(t, src, id, "hi").SessionKey)
+		r.waitReplyTo(t, id)
+	}
+	base := "http://" + r.d.Addr().String() + "/v1/sessions"
+	page := func(query string) ([]string, string) {
+		t.Helper()
+		status, body := getJSON(t, base+"?"+query)
+		var list httpplatform.SessionList
+		if err := json.Unmarshal(body, &list); status != http.StatusOK || err != nil {
+			t.Fatalf("GET /v1/sessions?%s = %d %s, %v", query, status, body, err)
+		}
+		var got []string
+		for _, s := range list.Sessions {
+			got = append(got, s.SessionKey)
+		}
+		return got, list.Next
+	}
+	for _, filter := range []string{"", "&state=active"} {
+		if got, next := page("limit=3" + filter); !cmp.Equal(got, keys) || next != "" {
+			t.Errorf("limit=3%s: %v, next %q; want %v and no next (no more follow)", filter, got, next, keys)
+		}
+		got, next := page("limit=2" + filter)
+		if !cmp.Equal(got, keys[:2]) || next != keys[1] {
+			t.Errorf("limit=2%s: %v, next %q; want %v, next %q", filter, got, next, keys[:2], keys[1])
+		}
+		if got, next := page("limit=2&after=" + url.QueryEscape(next) + filter); !cmp.Equal(got, keys[2:]) || next != "" {
+			t.Errorf("the second page of limit=2%s: %v, next %q; want %v and no next", filter, got, next, keys[2:])
+		}
+		if got, next := page("limit=1&after=" + url.QueryEscape(keys[1]) + filter); !cmp.Equal(got, keys[2:]) || next != "" {
+			t.Errorf("limit=1 after the second%s: %v, next %q; want %v and no next", filter, got, next, keys[2:])
+		}
+	}
+	if got, next := page("limit=2&state=passivated"); len(got) != 0 || next != "" {
+		t.Errorf("state=passivated: %v, next %q; want none (every session is in memory)", got, next)
+	}
+}
