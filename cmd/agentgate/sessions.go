@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -106,10 +107,18 @@ func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer st.Close()
-	sums, err := st.ListSessions(ctx, persistence.ListFilter{Platform: *platform, AfterKey: *after, Limit: *limit})
+	// One row more than asked tells whether more follow: the paging hint names a next page only
+	// then, as GET /v1/sessions's next does.
+	ask := *limit
+	if ask < math.MaxInt {
+		ask++
+	}
+	sums, err := st.ListSessions(ctx, persistence.ListFilter{Platform: *platform, AfterKey: *after, Limit: ask})
 	if err != nil {
 		return err
 	}
+	more := len(sums) > *limit
+	sums = sums[:min(len(sums), *limit)]
 	if *asJSON {
 		out := make([]listJSON, 0, len(sums))
 		for _, s := range sums {
@@ -129,7 +138,7 @@ func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return err
 		}
 	}
-	if len(sums) == *limit {
+	if more {
 		fmt.Fprintf(stderr, "more: --after %s\n", sums[len(sums)-1].Session.Key)
 	}
 	return nil

@@ -159,8 +159,9 @@ func TestSessionsList(t *testing.T) {
 		{"platform filter", []string{"--platform", "http"}, [][]string{rowA}, ""},
 		{"unknown platform", []string{"--platform", "slack"}, nil, ""},
 		{"full page", []string{"--limit", "1"}, [][]string{rowB}, "more: --after " + keyB + "\n"},
-		{"next page", []string{"--limit", "1", "--after", keyB}, [][]string{rowA}, "more: --after " + keyA + "\n"},
-		{"last page", []string{"--limit", "1", "--after", keyA}, nil, ""},
+		{"last page", []string{"--limit", "1", "--after", keyB}, [][]string{rowA}, ""}, // no more follow: no hint
+		{"after the last", []string{"--limit", "1", "--after", keyA}, nil, ""},
+		{"page of all", []string{"--limit", "2"}, [][]string{rowB, rowA}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
