@@ -41,7 +41,8 @@ const usage = `usage: agentgate <command> [flags]
 commands:
   serve          run the daemon (the default command)
   check-config   validate the configuration and print every problem
-  sessions       list, show, export, reset or search the stored sessions
+  sessions       list, show, export, search or reset the stored sessions; list and requeue
+                 quarantined messages
   backup         write a consistent copy of the SQLite database, also while the daemon runs
   bench          load an in-process daemon and measure turns/s, latency and the SQLite ceiling
   version        print the version (also --version)
@@ -130,7 +131,7 @@ func (f *configFlags) registerAdmin(fs *flag.FlagSet, usesDaemon bool) {
 	f.register(fs)
 	f.hidden = map[string]bool{"log-format": true, "log-level": true, "http-addr": !usesDaemon}
 	if usesDaemon {
-		fs.Lookup("http-addr").Usage = "the daemon's HTTP `address` when its data directory records none (overrides http.addr)"
+		fs.Lookup("http-addr").Usage = "the daemon's HTTP `address` for the curl command printed when its data directory records none; the command itself asks only a recorded address (overrides http.addr)"
 	}
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
