@@ -199,7 +199,7 @@ func (p *Platform) fillGap(ctx context.Context, sessions Sessions, key string, s
 
 // resumePoint is the Last-Event-ID header, else the after query parameter, else 0.
 func resumePoint(r *http.Request) (int64, *apiError) {
-	q, aerr := query(r)
+	q, aerr := query(r, "after")
 	if aerr != nil {
 		return 0, aerr
 	}

@@ -104,7 +104,7 @@ func (p *Platform) handleMessages(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Platform) parseWait(r *http.Request) (time.Duration, *apiError) {
-	q, aerr := query(r)
+	q, aerr := query(r, "wait")
 	if aerr != nil {
 		return 0, aerr
 	}
@@ -570,13 +570,23 @@ func parseSeq(s string) (int64, error) {
 // query parses the request's query string. url.URL.Query drops a malformed pair (a bad
 // escape, a semicolon) without a word, so a client's typo would silently change the request:
 // it is a 400 invalid_query instead. So is a parameter given twice (?limit=5&limit=500):
-// no route takes a list, and reading one of the two would be a guess.
-func query(r *http.Request) (url.Values, *apiError) {
+// no route takes a list, and reading one of the two would be a guess. And so is a parameter
+// the route does not take (takes lists those it does): a misspelt one (?wiat=30s) would
+// otherwise be ignored without a word, and the request do something else than asked (not
+// wait), as a misspelt body field is refused.
+func query(r *http.Request, takes ...string) (url.Values, *apiError) {
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
 		return nil, badRequest(CodeInvalidQuery, "the query string is malformed: "+err.Error())
 	}
 	for name, vs := range q {
+		if !slices.Contains(takes, name) {
+			what := "none"
+			if len(takes) > 0 {
+				what = strings.Join(takes, ", ")
+			}
+			return nil, badRequest(CodeInvalidQuery, fmt.Sprintf("the query parameter %q is not one this route takes (it takes %s)", name, what))
+		}
 		if len(vs) > 1 {
 			return nil, badRequest(CodeInvalidQuery, fmt.Sprintf("the query parameter %q is given %d times; give it once", name, len(vs)))
 		}

@@ -65,7 +65,7 @@ func (p *Platform) handleList(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	q, aerr := query(r)
+	q, aerr := query(r, "platform", "state", "after", "limit")
 	if aerr != nil {
 		aerr.write(w)
 		return
@@ -132,7 +132,7 @@ func (p *Platform) handleQuarantined(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	q, aerr := query(r)
+	q, aerr := query(r, "limit")
 	if aerr != nil {
 		aerr.write(w)
 		return
@@ -233,6 +233,10 @@ func (p *Platform) sessionInfo(w http.ResponseWriter, r *http.Request, op string
 	call func(Sessions, context.Context, string) (*SessionInfo, error)) {
 	s, key, ok := p.sessionsAndKey(w, r)
 	if !ok {
+		return
+	}
+	if _, aerr := query(r); aerr != nil { // it takes none
+		aerr.write(w)
 		return
 	}
 	info, err := call(s, r.Context(), key)

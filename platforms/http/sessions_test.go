@@ -334,3 +334,43 @@ func TestRequeueWaitOnAClusterMemberFindsAnAnswerTheRelayMissed(t *testing.T) {
 		})
 	}
 }
+
+// TestUnknownQueryParameterIsRefused: a query parameter a route does not take, a misspelt one
+// above all, is a 400 invalid_query that names it and what the route takes, on every /v1
+// route, as a body field the route does not take is refused: before, ?wiat=30s was ignored and
+// the message acknowledged without waiting, and a misspelt ?limt= listed 100.
+func TestUnknownQueryParameterIsRefused(t *testing.T) {
+	sessions := newFakeSessions()
+	key := "agent:main:http:dm:c"
+	sessions.infos[key] = &SessionInfo{SessionKey: key, SessionID: "s1", Platform: "http", ChatType: "dm", ChatID: "c", UserID: "u"}
+	rt := &fakeRuntime{}
+	h := mustStart(t, Config{Sessions: sessions}, rt)
+	msg := `{"chat_id":"c","user_id":"u","text":"t"}`
+	for _, tc := range []struct {
+		method, path, body, takes string
+	}{
+		{"POST", "/v1/messages?wiat=30s", msg, "wait"},
+		{"GET", "/v1/sessions?limt=5", "", "platform, state, after, limit"},
+		{"GET", "/v1/sessions/" + url.PathEscape(key) + "?verbose=1", "", "none"},
+		{"POST", "/v1/sessions/" + url.PathEscape(key) + "/reset?wait=1s", "", "none"},
+		{"GET", "/v1/sessions/" + url.PathEscape(key) + "/transcript?session=s1", "", "session_id, after, limit"},
+		{"GET", "/v1/sessions/" + url.PathEscape(key) + "/events?since=3", "", "after"},
+		{"POST", "/v1/sessions/" + url.PathEscape(key) + "/messages/m1/requeue?wiat=1s", "", "wait"},
+		{"GET", "/v1/quarantined?limt=5", "", "limit"},
+	} {
+		hdr := map[string]string{}
+		if tc.body != "" {
+			hdr["Content-Type"] = "application/json"
+		}
+		got := h.do(tc.method, tc.path, hdr, tc.body)
+		if got.status != http.StatusBadRequest || got.errCode() != CodeInvalidQuery || !strings.Contains(string(got.body), "it takes "+tc.takes) {
+			t.Errorf("%s %s = %d %s, want 400 %s saying it takes %s", tc.method, tc.path, got.status, got.body, CodeInvalidQuery, tc.takes)
+		}
+	}
+	if calls := sessions.callLog(); len(calls) != 0 {
+		t.Errorf("requests refused for their query still reached the sessions: %q", calls)
+	}
+	if n := len(rt.delivered()); n != 0 {
+		t.Errorf("a message refused for its query was delivered %d times", n)
+	}
+}

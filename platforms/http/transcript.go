@@ -22,7 +22,7 @@ func (p *Platform) handleTranscript(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	q, aerr := query(r)
+	q, aerr := query(r, "session_id", "after", "limit")
 	if aerr != nil {
 		aerr.write(w)
 		return
