@@ -61,18 +61,24 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log
 		if wait > 0 {
 			pause = &a.asked
 		}
-		if left := a.pausedUntil(pause).Sub(a.now()); left > wait {
-			// Another request was told to wait: so is this one, which would only add to the
-			// storm (unless the turn ends first: then the endpoint may say so itself).
-			if dl, has := ctx.Deadline(); !has || time.Until(dl) > left {
-				log.Debug("model call waits out the endpoint's rate limit", "wait", left)
-				wait = left
+		// The pause is looked at again after each sleep: a request that slept its own backoff
+		// would otherwise send into a wait another request was asked for meanwhile.
+		for {
+			if left := a.pausedUntil(pause).Sub(a.now()); left > wait {
+				// Another request was told to wait: so is this one, which would only add to
+				// the storm (unless the turn ends first: then the endpoint may say so itself).
+				if dl, has := ctx.Deadline(); !has || time.Until(dl) > left {
+					log.Debug("model call waits out the endpoint's rate limit", "wait", left)
+					wait = left
+				}
 			}
-		}
-		if wait > 0 {
+			if wait <= 0 {
+				break
+			}
 			if err := a.sleep(ctx, wait); err != nil {
 				return nil, a.ctxErr(ctx)
 			}
+			wait = 0
 		}
 		start := time.Now()
 		res, err := a.attempt(ctx, body, partial)

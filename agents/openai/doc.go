@@ -35,8 +35,9 @@
 // the endpoint asks for in Retry-After (seconds or an HTTP date) or retry-after-ms. While a
 // request waits out a 429 or a Retry-After, every request of the Agent waits until then too
 // (unless its turn would end first), instead of adding to the storm; a request that failed
-// itself keeps its own spread backoff, lengthened only to a wait the endpoint asked for. An answer that asks for more than
-// MaxBackoff, or for more than the turn has left, is not retried. A stream breaks off when its
+// itself keeps its own spread backoff, lengthened only to a wait the endpoint asked for (also
+// one asked for while it sleeps: the pause is looked at again when its backoff ends). An answer
+// that asks for more than MaxBackoff, or for more than the turn has left, is not retried. A stream breaks off when its
 // body ends before "data: [DONE]" and before a chunk with a finish reason (a proxy that cuts it
 // off at its own timeout may end it cleanly); one that breaks off after text was shown is not
 // retried (the user would see the text start over). Config.Timeout bounds the whole turn,

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1164,5 +1165,75 @@ func TestRateLimitedTurnsRetrySpread(t *testing.T) {
 	slices.Sort(waits)
 	if want := []time.Duration{500 * time.Millisecond, time.Second}; !slices.Equal(waits, want) {
 		t.Errorf("the rate-limited turns waited %v, want their own spread backoffs %v", waits, want)
+	}
+}
+
+// TestRateLimitAnnouncedDuringABackoffIsWaitedOut: a turn sleeping its own backoff after a 5xx
+// waits out a Retry-After another turn's request is given meanwhile, instead of sending its
+// retry into it when its own, shorter backoff ends. Before, the pause was looked at only
+// before the sleep: a soak against a fake model saw retries arrive 0.5 s into a 1 s window
+// and 1 s into a 3 s one.
+func TestRateLimitAnnouncedDuringABackoffIsWaitedOut(t *testing.T) {
+	m := newFakeModel(t,
+		openaitest.Status(500, `{"error":{"message":"internal"}}`),                    // the first turn
+		openaitest.Status(429, `{"error":{"message":"slow down"}}`, "Retry-After: 5"), // the second turn
+		openaitest.Reply("ok", 1, 1))
+	clock := &sleeps{at: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)}
+	slept := make(chan time.Duration)
+	releaseFirst, releaseSecond := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	a := MustAgent(t, m, nil, nil, func(c *openai.Config) {
+		c.Now = clock.now
+		c.Sleep = func(ctx context.Context, d time.Duration) error {
+			switch calls.Add(1) {
+			case 1: // the first turn's backoff after its 500
+				slept <- d
+				<-releaseFirst
+			case 2: // the second turn's Retry-After
+				slept <- d
+				<-releaseSecond
+			default:
+				slept <- d
+			}
+			return clock.sleep(ctx, d)
+		}
+	})
+	run := func() <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			_, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
+			done <- err
+		}()
+		return done
+	}
+	first := run()
+	if d := <-slept; d != time.Second {
+		t.Fatalf("the first turn's backoff is %v, want 1s", d)
+	}
+	second := run()
+	if d := <-slept; d != 5*time.Second {
+		t.Fatalf("the second turn waits %v, want the 5s it was asked to", d)
+	}
+	close(releaseFirst) // 1s has passed: 4s of the limit are left
+	select {
+	case d := <-slept:
+		if d != 4*time.Second {
+			t.Errorf("after its backoff the first turn waits %v more, want the 4s left of the limit", d)
+		}
+	case err := <-first:
+		t.Fatalf("the first turn sent its retry into the rate limit announced during its backoff (Run: %v); the model got %d requests", err, m.Count())
+	}
+	if n := m.Count(); n != 2 {
+		t.Errorf("the model got %d requests during the limit, want 2", n)
+	}
+	if err := <-first; err != nil {
+		t.Errorf("the first turn after the limit: %v", err)
+	}
+	close(releaseSecond)
+	if err := <-second; err != nil {
+		t.Errorf("the second turn after the limit: %v", err)
+	}
+	if n := m.Count(); n != 4 {
+		t.Errorf("the model got %d requests, want 4", n)
 	}
 }
