@@ -17,9 +17,11 @@
 //
 // When the platform can edit a message (Request.Partial is set) the call streams
 // (stream: true, stream_options.include_usage) and Partial gets the whole text so far as it
-// grows; otherwise one reply is read. An answer is read as what its body is, whatever was asked
-// and whatever its Content-Type says: servers and proxies that always stream, or label a stream
-// application/json, are answered too; a stream's lines may end with CRLF, LF or a lone CR, as
+// grows; otherwise one reply is read. After a stream's "data: [DONE]" the end of its body is
+// read too (waited for at most 100 ms), so that the connection serves the next request:
+// net/http closes the connection of a body closed before its end. An answer is read as what its
+// body is, whatever was asked and whatever its Content-Type says: servers and proxies that
+// always stream, or label a stream application/json, are answered too; a stream's lines may end with CRLF, LF or a lone CR, as
 // the event stream format allows, and a body may start with a byte order mark. A reply the
 // model stopped before its end (finish_reason length or content_filter), or cut at MaxReply (a
 // stream is then read no further, so that a model that runs on does not keep the turn to its

@@ -1,11 +1,15 @@
 package openai_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -118,5 +122,94 @@ func runCut(t *testing.T, a *openai.Agent, stream, steer bool, cut func(context.
 	}
 	if err := <-done; cut != nil && !errors.Is(err, context.Canceled) {
 		t.Errorf("Run() after a cut = %v, want context.Canceled", err)
+	}
+}
+
+// TestStreamedTurnsShareAConnection: turns whose replies stream one after another use one
+// connection to the endpoint. A server sends the end of a chunked body when its handler
+// returns, after the "data: [DONE]" it flushed; the agent stopped reading at [DONE] and
+// closed the body, and net/http closes the connection of a body closed before its end. A soak
+// saw about 4 streamed turns in 10 open a connection of their own (over TLS, a handshake
+// each). Here the server holds the body's end until the client has read [DONE], as a server
+// whose end comes in a later packet does.
+func TestStreamedTurnsShareAConnection(t *testing.T) {
+	sawDone := make(chan struct{}, 1) // the client read [DONE]; one per turn
+	var conns atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		openaitest.WriteStream(w, r, nil, 2, 1, "hello")
+		w.(http.Flusher).Flush()
+		select { // the body's end goes out once the client has read up to [DONE]
+		case <-sawDone:
+		case <-r.Context().Done():
+		}
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &doneConn{Conn: c, saw: sawDone}, nil
+	}
+	client := &http.Client{Transport: tr}
+	t.Cleanup(client.CloseIdleConnections)
+	a, err := openai.New(openai.Config{BaseURL: srv.URL + "/v1", Model: "gpt-test", MaxRetries: 0, HTTPClient: client})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	for i := range 3 {
+		res, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{{Role: "user", Text: "hi"}},
+			Partial: func(string) {}})
+		if err != nil || res.Text != "hello" {
+			t.Fatalf("turn %d: Run() = %+v, %v; want hello", i+1, res, err)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("3 streamed turns opened %d connections to the endpoint, want 1", n)
+	}
+}
+
+// doneConn is a client's connection that tells saw when what it read holds "data: [DONE]".
+type doneConn struct {
+	net.Conn
+	saw  chan<- struct{}
+	tail []byte // the end of what was read, for a marker split between two reads
+}
+
+func (c *doneConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.tail = append(c.tail, p[:n]...)
+	if i := bytes.Index(c.tail, []byte("data: [DONE]")); i >= 0 {
+		c.tail = c.tail[i+len("data: [DONE]"):]
+		select {
+		case c.saw <- struct{}{}:
+		default:
+		}
+	}
+	if len(c.tail) > 64 {
+		c.tail = c.tail[len(c.tail)-64:]
+	}
+	return n, err
+}
+
+// TestStreamThatStaysOpenAfterDone: a server that keeps the body open after "data: [DONE]"
+// does not hold the turn: its reply is returned (the wait for the body's end is bounded).
+func TestStreamThatStaysOpenAfterDone(t *testing.T) {
+	m := openaitest.New(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+		openaitest.WriteStream(w, r, nil, 2, 1, "hello")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	a := MustAgent(t, m, nil, nil, nil)
+	res, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{{Role: "user", Text: "hi"}}})
+	if err != nil || res.Text != "hello" {
+		t.Fatalf("Run() = %+v, %v; want hello", res, err)
 	}
 }
