@@ -111,6 +111,7 @@ func (s *Session) cancelTurn(c actor.Context, r *turnRun) {
 func (s *Session) cancelAwaited(c actor.Context, r *turnRun) {
 	c.Send(r.pid, &cancelRun{})
 	s.dropDraft(c, r)
+	s.giveBackNote(r) // a boundary's new session drops it (newIncarnation)
 	stop := s.timers(c).SendOnce(s.d.Config.cancelWait(), c.Self(), &cancelOverdue{TurnID: r.id})
 	s.rare().ending = append(s.rare().ending, endingCall{turnID: r.id, stopTimer: stop})
 }

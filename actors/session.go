@@ -174,6 +174,7 @@ type turnRun struct {
 	items   []*item
 	steered []*item // sent into the running turn (queue mode steer), in order
 	started time.Time
+	note    string // the continuity note the turn was given (rareState.continuity), if any
 }
 
 // NewSession returns the props of session actors, spawned as children of the SessionManager

@@ -494,6 +494,11 @@ func (s *Session) newIncarnation(src identity.Source, now time.Time, prev string
 	s.lastSeq = 0
 	s.history = nil
 	s.prev = nil
+	if u := s.unusual; u != nil {
+		// A note not yet given names the ended session's predecessor, not this one's: an
+		// automatic reset sets this session's own after this (afterAutoReset).
+		u.continuity = ""
+	}
 	s.routeGen++
 	return []persistence.Op{
 		&persistence.CreateSession{Session: *s.cur},

@@ -73,14 +73,15 @@ func (s *Session) tryStart(c actor.Context) {
 		s.history = append(s.history, histEntry{seq: it.seq, raw: it.text, msg: msg, sender: it.src.UserID})
 	}
 	req.Partial = s.partial(c, turnID, group)
+	var note string
 	if u := s.unusual; u != nil && u.continuity != "" && last.sessionID == s.curID() {
-		req.Notes = []string{u.continuity}
-		u.continuity = ""
+		note, u.continuity = u.continuity, ""
+		req.Notes = []string{note}
 	}
 	s.setBusy(c, true)                                              // before the turn starts: a drain must never miss a running turn
 	pid := c.ActorSystem().Root.SpawnPrefix(s.d.turnProps, "turn-") // top level: see Turn
 	c.Send(pid, &runTurn{req: req, session: c.Self()})
-	s.running = &turnRun{pid: pid, id: turnID, items: group, started: s.d.now()}
+	s.running = &turnRun{pid: pid, id: turnID, items: group, started: s.d.now(), note: note}
 	s.trimHistory()
 	if s.debugOn() {
 		s.logger().Debug("turn started", "turn", turnID, "messages", len(group))
@@ -335,6 +336,16 @@ func (s *Session) onTurnFinished(c actor.Context, m *TurnFinished) {
 	s.onTurnEnded(c, m)
 }
 
+// giveBackNote keeps the continuity note of a turn that answered nothing (it failed, or was
+// cancelled) for the session's next turn, as a reload would (restoreContinuity: no turn has
+// answered yet): before, a failed first turn after an automatic reset took the note with it.
+func (s *Session) giveBackNote(r *turnRun) {
+	if r.note == "" || s.cur == nil || s.cur.ID != r.items[0].sessionID || s.unusual != nil && s.unusual.continuity != "" {
+		return
+	}
+	s.rare().continuity = r.note
+}
+
 // stopSignalGrace is how long a turn whose agent a stop signal ended waits for the daemon's
 // stop to begin before it counts as failed (onTurnFinished).
 const stopSignalGrace = 2 * time.Second
@@ -374,6 +385,7 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 	if m.Err != nil {
 		s.d.Metrics.TurnsTotal.WithLabelValues("error").Inc()
 		s.logger().Warn("turn failed", "turn", r.id, logging.Err(m.Err))
+		s.giveBackNote(r)
 		s.finish(c, r, persistence.RoleNotice, failedNotice(r.id, m.Err), persistence.StatusFailed, m.Usage)
 	} else {
 		s.d.Metrics.TurnsTotal.WithLabelValues("ok").Inc()
