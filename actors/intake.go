@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 
@@ -48,6 +49,12 @@ func (in *Intake) Deliver(ctx context.Context, m *platforms.Inbound) (*platforms
 		SessionKey: key, Source: sourceToProto(src), MessageId: m.MessageID, Text: withoutNUL(m.Text),
 		ReceivedAtUnixNano: m.ReceivedAt.UnixNano(),
 	})
+	if errors.Is(err, ErrTimeout) {
+		// The session did not answer in time: held by the manager while it backs off from
+		// refused writes (a full disk), or busy. The message may yet be stored; sent again
+		// with the same id, it is stored once.
+		return nil, fmt.Errorf("deliver to %s: %w: %w", key, platforms.ErrUnavailable, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("deliver to %s: %w", key, err)
 	}
