@@ -58,6 +58,9 @@ type ActorOptions struct {
 	// MaxLinger bounds how long a collected batch may wait for the writers the last commit
 	// answered (default DefaultMaxLinger; negative: never wait). See Actor.
 	MaxLinger time.Duration
+	// Refusals records the writes refused because neither the database nor the spool took
+	// them, for /readyz. May be nil.
+	Refusals *Refusals
 	// Incarnation counts the actor's restarts: each restart raises it before the new
 	// incarnation takes a message. Senders read it to keep their writes in order across a
 	// restart (Write.Incarnation). Nil: no write is refused for it.
@@ -386,7 +389,9 @@ func (a *Actor) finish(c actor.Context) {
 	}
 	a.o.Observe(len(j.part), j.took)
 	a.lastTook = j.took
-	if !j.answered {
+	if j.answered {
+		a.o.Refusals.taken()
+	} else {
 		j.answeredAt = time.Now()
 		a.answer(c, j.part, a.spool(c, j.groups, j.errs))
 	}
@@ -442,6 +447,11 @@ func (a *Actor) spoolLen() int {
 // them when errs are all nil and the spool is in use) and returns the errors their senders get.
 func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 	if a.o.Spool == nil {
+		if err := firstUnavailable(errs); err != nil {
+			a.o.Refusals.refuse(err, time.Now())
+		} else {
+			a.o.Refusals.taken()
+		}
 		return errs
 	}
 	forced := a.spoolLen() > 0
@@ -455,6 +465,7 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 	}
 	if len(keep) == 0 {
 		a.repeats.ok(msgSpoolFailed)
+		a.o.Refusals.taken()
 		return errs
 	}
 	out := make([]error, len(errs))
@@ -469,9 +480,11 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 	}
 	if err != nil {
 		a.repeats.log(a.o.Log, slog.LevelError, msgSpoolFailed, "groups", len(keep), logging.Err(err))
+		a.o.Refusals.refuse(err, time.Now())
 		return out
 	}
 	a.repeats.ok(msgSpoolFailed)
+	a.o.Refusals.taken()
 	if !forced {
 		a.o.Log.Warn("database unavailable; spooling writes", "batch", name, logging.Err(firstErr(errs)))
 	}
@@ -570,6 +583,15 @@ func anyUnavailable(errs []error) bool {
 		}
 	}
 	return false
+}
+
+func firstUnavailable(errs []error) error {
+	for _, err := range errs {
+		if errors.Is(err, ErrUnavailable) {
+			return err
+		}
+	}
+	return nil
 }
 
 func firstErr(errs []error) error {

@@ -111,6 +111,9 @@ type Daemon struct {
 	// why one of them is gone for good (actorStopped), nil while all run.
 	topLevel atomic.Pointer[map[string]bool]
 	down     atomic.Pointer[error]
+	// refusals records the writes the persistence actor refused (the database and the spool
+	// both failing), which /readyz reports: the store's ping passes on a full disk.
+	refusals persistence.Refusals
 }
 
 // Fatal receives the error that makes a running daemon unable to go on (a cluster member the
@@ -552,7 +555,7 @@ func (d *Daemon) stopChildren(ctx context.Context, beforeStore func()) {
 
 // ready reports each component for /readyz.
 func (d *Daemon) ready(ctx context.Context) map[string]error {
-	r := map[string]error{"store": d.store.Ping(ctx)}
+	r := map[string]error{"store": d.storeReady(ctx)}
 	if err := d.down.Load(); err != nil {
 		r["actors"] = *err
 	}
@@ -572,6 +575,23 @@ func (d *Daemon) ready(ctx context.Context) map[string]error {
 		r["cluster"] = d.clusterReady()
 	}
 	return r
+}
+
+// storeReady is /readyz's store: its ping (the database answers and its write lock can be
+// taken), then whether writes are taken. A full or read-only disk passes the ping but refuses
+// every write, so the persistence actor's own view counts: writes refused within the last
+// persistence.RefusalMemory, or waiting in the spool for the database.
+func (d *Daemon) storeReady(ctx context.Context) error {
+	if err := d.store.Ping(ctx); err != nil {
+		return err
+	}
+	if err := d.refusals.Err(time.Now()); err != nil {
+		return err
+	}
+	if d.deps.Spooling.Load() {
+		return errors.New("the database refuses writes; they wait in the spool until it takes them again")
+	}
+	return nil
 }
 
 // configuredPlatforms builds the platforms the configuration enables besides HTTP; store tells
@@ -660,6 +680,7 @@ func persistenceProps(d *Daemon) *actor.Props {
 		},
 		Spool:       sp,
 		Spooling:    &d.deps.Spooling,
+		Refusals:    &d.refusals,
 		SpoolFiles:  func(n int) { d.metrics.SpoolFiles.Set(float64(n)) },
 		Incarnation: &d.deps.PersistIncarnation,
 	}), d.deps.Mailbox("persistence")...)

@@ -5,8 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -316,4 +319,64 @@ func TestCrashWhileSpoolingLoadsAfterReplay(t *testing.T) {
 	r.waitReplyTo(t, "m3")
 	r.waitReplyTo(t, "m2")
 	checkAnsweredInOrder(t, r, dir, a1.SessionKey, "m1", "m2", "m3")
+}
+
+// TestReadyzFailsWhileWritesAreRefused: /readyz's store fails while the persistence actor
+// refuses writes (the database and the spool both failing: a full disk) and while writes wait
+// in the spool, and passes again once the database takes them. Before, the store's ping (it
+// takes the write lock and rolls back, which a full or read-only disk allows) said "ok"
+// throughout: a daemon whose data_dir was full answered every message 503 while /readyz said
+// ready.
+func TestReadyzFailsWhileWritesAreRefused(t *testing.T) {
+	dir := t.TempDir()
+	o := &storetest.Outage{}
+	r := startWithOutage(t, dir, o, echo.New())
+	defer r.stop(t)
+	readyz := func() (int, string) {
+		t.Helper()
+		resp, err := http.Get("http://" + r.d.Addr().String() + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c", UserID: "u"}
+	r.inject(t, src, "ok-1", "fine")
+	r.waitSent(t, 1)
+	if code, body := readyz(); code != http.StatusOK {
+		t.Fatalf("/readyz = %d %s before the outage, want 200", code, body)
+	}
+
+	// The disk is full: the database refuses writes, and the spool cannot be written.
+	spoolDir := r.d.spool.Dir()
+	if err := os.Rename(spoolDir, spoolDir+".away"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(spoolDir, []byte("not a directory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o.Down.Store(true)
+	if _, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: src, MessageID: "refused", Text: "x"}); !errors.Is(err, platforms.ErrUnavailable) {
+		t.Fatalf("Inject with the database and the spool failing = %v, want platforms.ErrUnavailable", err)
+	}
+	if code, body := readyz(); code != http.StatusServiceUnavailable || !strings.Contains(body, "writes refused") {
+		t.Errorf("/readyz = %d %s while writes are refused, want 503 naming the store's refused writes", code, body)
+	}
+
+	// The spool has room again, the database not yet: writes wait in the spool.
+	if err := os.Remove(spoolDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(spoolDir+".away", spoolDir); err != nil {
+		t.Fatal(err)
+	}
+	r.inject(t, src, "spooled", "y")
+	if code, body := readyz(); code != http.StatusServiceUnavailable || !strings.Contains(body, "spool") {
+		t.Errorf("/readyz = %d %s while writes wait in the spool, want 503 naming the spool", code, body)
+	}
+
+	o.Down.Store(false)
+	waitUntil(t, func() bool { code, _ := readyz(); return code == http.StatusOK })
 }

@@ -1,0 +1,87 @@
+package persistence_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/spool"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/persistence/storetest"
+)
+
+// TestRefusalsSayWhenWritesAreRefused: the persistence actor records a write that neither the
+// database nor the spool took, for /readyz (on a full disk the store still answers its ping),
+// forgets it once a write is taken again, and after persistence.RefusalMemory without writes
+// (with no traffic nothing tries the disk again).
+func TestRefusalsSayWhenWritesAreRefused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		sp, err := spool.Open(filepath.Join(dir, "spool"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		broken := &brokenSpool{Spool: sp}
+		out := &storetest.Outage{Store: st}
+		var refusals persistence.Refusals
+		quiet := slog.New(slog.DiscardHandler)
+		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+		defer system.Shutdown()
+		pid := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), out, persistence.ActorOptions{
+			MaxBatch: 64, Spool: broken, ReplayEvery: time.Second, Refusals: &refusals})))
+		defer func() { _ = system.Root.StopFuture(pid).Wait() }()
+		write := func(id uint64, ops ...persistence.Op) error {
+			res, err := system.Root.RequestFuture(pid, &persistence.Write{ID: id, Ops: ops}, time.Minute).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res.(*persistence.WriteResult).Err
+		}
+
+		if err := write(1, session("s1", "k1", t0)); err != nil {
+			t.Fatal(err)
+		}
+		if err := refusals.Err(time.Now()); err != nil {
+			t.Fatalf("Refusals.Err after a committed write = %v, want nil", err)
+		}
+		// The disk is full: the database and the spool both refuse.
+		out.Down.Store(true)
+		broken.append.Store(true)
+		if err := write(2, userMessage("s1", 1, "m1")); !errors.Is(err, persistence.ErrUnavailable) {
+			t.Fatalf("write on a full disk: %v, want ErrUnavailable", err)
+		}
+		if err := refusals.Err(time.Now()); err == nil {
+			t.Error("Refusals.Err after a refused write = nil, want the refusal")
+		}
+		time.Sleep(persistence.RefusalMemory)
+		if err := refusals.Err(time.Now()); err != nil {
+			t.Errorf("Refusals.Err %v after the last refusal = %v, want nil", persistence.RefusalMemory, err)
+		}
+		if err := write(3, userMessage("s1", 2, "m2")); !errors.Is(err, persistence.ErrUnavailable) {
+			t.Fatalf("write on a full disk: %v, want ErrUnavailable", err)
+		}
+		// Room on the disk again: the write is spooled, so it is taken.
+		broken.append.Store(false)
+		if err := write(4, userMessage("s1", 3, "m3")); err != nil {
+			t.Fatalf("write to the spool: %v", err)
+		}
+		if err := refusals.Err(time.Now()); err != nil {
+			t.Errorf("Refusals.Err after a spooled write = %v, want nil", err)
+		}
+		out.Down.Store(false)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+	})
+}
