@@ -174,6 +174,10 @@ type Deps struct {
 	// loadWaits limits the line of sessions that wait for the database to load (waitToLoad):
 	// in an outage every chat that writes starts one.
 	loadWaits logging.Limiter
+	// inboundRefusals limits the line of messages whose write was refused in an outage (the
+	// database and the spool both failing: a full disk): every message, and each retry of it,
+	// would log one.
+	inboundRefusals logging.Limiter
 
 	// The props every session and turn is spawned from, built once: props hold nothing per
 	// actor (a session learns its key from its PID), so per-actor props would only cost memory.

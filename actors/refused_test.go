@@ -2,7 +2,10 @@ package actors
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +13,8 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/echo"
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/storetest"
@@ -356,4 +361,37 @@ func TestRedeliveryAfterAnIdleResetDuringAnOutageIsADuplicate(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestRefusedMessagesAreNotLoggedEachTime: while the database and the spool both refuse
+// writes (a full disk), every message is refused, and its sender sends it again and again; the
+// line that says so is logged once a minute for all sessions, counting the others (repeats).
+// Before, each refusal logged one, next to the HTTP API's own line for it: 200 kB of log in 4
+// minutes of a 10-chat load on a full disk.
+func TestRefusedMessagesAreNotLoggedEachTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		logs := &testutil.Buffer{}
+		// No spool: a write the database refuses is refused, as when the spool fails too.
+		w := newManagerWorldWrites(t, echo.New(), func(d *Deps) {
+			d.Log = slog.New(slog.NewTextHandler(logs, nil))
+		}, func(s persistence.Store) persistence.Store {
+			out.Store = s
+			return out
+		})
+		if r := w.deliver(t, "m0", "zero"); r.ErrorCode != "" {
+			t.Fatalf("m0: %+v, want it taken", r)
+		}
+		w.awaitTurnEnds(1)
+		out.Down.Store(true)
+		for i := range 10 {
+			if r := w.deliver(t, fmt.Sprint("m", i+1), "x"); r.ErrorCode != "unavailable" {
+				t.Fatalf("m%d on a full disk: %+v, want unavailable", i+1, r)
+			}
+		}
+		if n := strings.Count(logs.String(), "store inbound message"); n != 1 {
+			t.Errorf("10 refused messages within a minute logged %d lines, want 1:\n%s", n, logs.String())
+		}
+		out.Down.Store(false)
+	})
 }

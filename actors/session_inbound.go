@@ -409,7 +409,7 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 		}
 		s.seen.remove(m.MessageId)
 		s.rememberUnsure(it)
-		s.logRefusedWrite("store inbound message; its sender is told to send it again", err, "message_id", m.MessageId, "seq", it.seq)
+		s.logRefusedInbound(err, m.MessageId, it.seq)
 		r := s.result(m, "", "")
 		r.ErrorCode, r.Error = "unavailable", "message could not be stored"
 		c.Send(it.requester, r)

@@ -27,6 +27,26 @@ func (s *Session) logRefusedWrite(msg string, err error, args ...any) {
 	s.logger().Log(s.d.Ctx, level, msg, append(args, logging.Err(err))...)
 }
 
+// logRefusedInbound logs a message's refused write (logRefusedWrite). A refusal of an outage
+// (persistence.ErrUnavailable) is logged at most once a LimitEvery for all sessions, with how
+// many it stands for (repeats): the persistence actor's ERR line says what fails.
+func (s *Session) logRefusedInbound(err error, messageID string, seq int64) {
+	const msg = "store inbound message; its sender is told to send it again"
+	if !errors.Is(err, persistence.ErrUnavailable) {
+		s.logRefusedWrite(msg, err, "message_id", messageID, "seq", seq)
+		return
+	}
+	n, ok := s.d.inboundRefusals.Allow()
+	if !ok {
+		return
+	}
+	args := []any{"message_id", messageID, "seq", seq}
+	if n > 1 {
+		args = append(args, "repeats", n-1)
+	}
+	s.logRefusedWrite(msg, err, args...)
+}
+
 // outboxEntry is the outbox entry of one reply or notice to src, with the next outbox seq.
 func (s *Session) outboxEntry(src identity.Source, sid, kind, text, turnID string, inReplyTo []string, now time.Time) persistence.OutboxEntry {
 	s.lastOut++

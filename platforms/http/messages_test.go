@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -526,5 +528,27 @@ func TestWaitRejected(t *testing.T) {
 	}
 	if n := h.p.waiterCount(); n != 0 {
 		t.Errorf("waiters after a rejected wait = %d, want 0", n)
+	}
+}
+
+// TestUnstoredMessagesAreNotLoggedEachTime: on a full disk every message is refused, and its
+// client sends it again and again; the line that says so is logged once a minute, counting the
+// others (repeats), not once per request. Before, a 10-chat load on a full disk logged two WRN
+// lines per refused request (this one and the session's), 200 kB in 4 minutes.
+func TestUnstoredMessagesAreNotLoggedEachTime(t *testing.T) {
+	logs := &testutil.Buffer{}
+	rt := &fakeRuntime{}
+	rt.setRespond(func(context.Context, *platforms.Inbound) (*platforms.Ack, error) {
+		return nil, fmt.Errorf("deliver: %w", platforms.ErrUnavailable)
+	})
+	h := mustStart(t, Config{Logger: slog.New(slog.NewTextHandler(logs, nil))}, rt)
+	for i := range 10 {
+		got := h.post("/v1/messages", map[string]string{"chat_id": "c", "user_id": "u", "text": "t", "message_id": fmt.Sprint("m", i)})
+		if got.status != http.StatusServiceUnavailable || got.errCode() != CodeUnavailable {
+			t.Fatalf("POST while messages cannot be stored = %d %s, want 503 unavailable", got.status, got.body)
+		}
+	}
+	if n := strings.Count(logs.String(), "message not stored"); n != 1 {
+		t.Errorf("10 unstored messages within a minute logged %d lines, want 1:\n%s", n, logs.String())
 	}
 }

@@ -110,6 +110,9 @@ type Platform struct {
 	mux      *http.ServeMux
 	handler  http.Handler
 	draining atomic.Bool
+	// unstored limits the line of messages that could not be stored: in an outage (a full
+	// disk) every message, and each client's retry of it, would log one.
+	unstored logging.Limiter
 	// relayed is set when this member is in a cluster (Config.Clustered), or once a reply sent
 	// on another member was shown here (Show): relays can miss it, so event streams also look
 	// in the outbox.
