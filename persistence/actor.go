@@ -61,6 +61,8 @@ type ActorOptions struct {
 	// Refusals records the writes refused because neither the database nor the spool took
 	// them, for /readyz. May be nil.
 	Refusals *Refusals
+	// WritesRefused receives the number of write groups refused that way (metrics).
+	WritesRefused func(groups int)
 	// Incarnation counts the actor's restarts: each restart raises it before the new
 	// incarnation takes a message. Senders read it to keep their writes in order across a
 	// restart (Write.Incarnation). Nil: no write is refused for it.
@@ -176,6 +178,9 @@ func NewActor(ctx context.Context, store Store, o ActorOptions) actor.Producer {
 	}
 	if o.SpoolFiles == nil {
 		o.SpoolFiles = func(int) {}
+	}
+	if o.WritesRefused == nil {
+		o.WritesRefused = func(int) {}
 	}
 	if o.ReplayEvery <= 0 {
 		o.ReplayEvery = time.Second
@@ -449,6 +454,7 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 	if a.o.Spool == nil {
 		if err := firstUnavailable(errs); err != nil {
 			a.o.Refusals.refuse(err, time.Now())
+			a.o.WritesRefused(countUnavailable(errs))
 		} else {
 			a.o.Refusals.taken()
 		}
@@ -481,6 +487,7 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 	if err != nil {
 		a.repeats.log(a.o.Log, slog.LevelError, msgSpoolFailed, "groups", len(keep), logging.Err(err))
 		a.o.Refusals.refuse(err, time.Now())
+		a.o.WritesRefused(len(keep))
 		return out
 	}
 	a.repeats.ok(msgSpoolFailed)
@@ -583,6 +590,16 @@ func anyUnavailable(errs []error) bool {
 		}
 	}
 	return false
+}
+
+func countUnavailable(errs []error) int {
+	n := 0
+	for _, err := range errs {
+		if errors.Is(err, ErrUnavailable) {
+			n++
+		}
+	}
+	return n
 }
 
 func firstUnavailable(errs []error) error {

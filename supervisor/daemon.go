@@ -678,11 +678,12 @@ func persistenceProps(d *Daemon) *actor.Props {
 			d.metrics.PersistBatchSize.Observe(float64(n))
 			d.metrics.PersistFlushSeconds.Observe(took.Seconds())
 		},
-		Spool:       sp,
-		Spooling:    &d.deps.Spooling,
-		Refusals:    &d.refusals,
-		SpoolFiles:  func(n int) { d.metrics.SpoolFiles.Set(float64(n)) },
-		Incarnation: &d.deps.PersistIncarnation,
+		Spool:         sp,
+		Spooling:      &d.deps.Spooling,
+		Refusals:      &d.refusals,
+		WritesRefused: func(n int) { d.metrics.WritesRefused.Add(float64(n)) },
+		SpoolFiles:    func(n int) { d.metrics.SpoolFiles.Set(float64(n)) },
+		Incarnation:   &d.deps.PersistIncarnation,
 	}), d.deps.Mailbox("persistence")...)
 }
 

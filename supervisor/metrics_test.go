@@ -92,7 +92,7 @@ func TestMetricsMoveWithTheLoad(t *testing.T) {
 	for _, name := range []string{"agentgate_sessions_active", "agentgate_session_activations_total",
 		"agentgate_session_passivations_total", "agentgate_turns_total", "agentgate_turn_duration_seconds",
 		"agentgate_queue_depth", "agentgate_queue_overflow_total", "agentgate_persist_batch_size",
-		"agentgate_persist_flush_seconds", "agentgate_spool_files", "agentgate_actor_restarts_total",
+		"agentgate_persist_flush_seconds", "agentgate_spool_files", "agentgate_persist_writes_refused_total", "agentgate_actor_restarts_total",
 		"agentgate_mailbox_depth", "agentgate_inbound_total", "agentgate_outbound_total",
 		"agentgate_agent_tokens_total", "agentgate_actor_message_seconds", "agentgate_actor_starts_total",
 		"agentgate_actor_stops_total", "agentgate_actor_deadletters_total", "agentgate_messages_quarantined_total"} {

@@ -364,6 +364,11 @@ func TestReadyzFailsWhileWritesAreRefused(t *testing.T) {
 	if code, body := readyz(); code != http.StatusServiceUnavailable || !strings.Contains(body, "writes refused") {
 		t.Errorf("/readyz = %d %s while writes are refused, want 503 naming the store's refused writes", code, body)
 	}
+	// agentgate_spool_files, the metric to alert on for an outage, stays 0: the spool took
+	// nothing. The refusals are counted.
+	if n := testutil.ToFloat64(r.d.metrics.WritesRefused); n < 1 {
+		t.Errorf("agentgate_persist_writes_refused_total = %v after a refused write, want >= 1", n)
+	}
 
 	// The spool has room again, the database not yet: writes wait in the spool.
 	if err := os.Remove(spoolDir); err != nil {

@@ -68,6 +68,9 @@ type Metrics struct {
 	// ModelRequests counts the openai agent's requests to its endpoint, each retry its own, by
 	// result (openai.RequestResults, which the daemon pre-initialises with InitModelRequests).
 	ModelRequests *prometheus.CounterVec
+	// WritesRefused counts the write groups neither the database nor the spool took (a full
+	// or read-only disk, where agentgate_spool_files stays 0).
+	WritesRefused prometheus.Counter
 
 	actors *actorSeries
 }
@@ -109,6 +112,8 @@ func New(platforms ...string) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 3, 10)}),
 		SpoolFiles: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "agentgate_spool_files", Help: "Writes waiting in the spool for the database to recover."}),
+		WritesRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentgate_persist_writes_refused_total", Help: "Writes refused because neither the database nor the spool took them (a full or read-only disk); their senders were told to send them again."}),
 		ActorRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentgate_actor_restarts_total", Help: "Supervisor restarts and stops of failed actors, by actor kind."}, []string{"kind"}),
 		Mailboxes: newMailboxDepths(ActorKinds),
@@ -137,7 +142,7 @@ func New(platforms ...string) *Metrics {
 	m.actors = newActorSeries(m.Mailboxes)
 	for _, c := range []prometheus.Collector{m.SessionsActive, m.SessionActivations, m.SessionPassivations, m.SessionsFenced, m.ClusterMembers,
 		m.TurnsTotal, m.TurnDuration, m.QueueDepth, m.QueueOverflow, m.PersistBatchSize, m.PersistFlushSeconds,
-		m.SpoolFiles, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined, m.MessagesRequeued, m.ProbationWaiting, m.AgentCallsWaiting, m.AgentSlotWait, m.ModelRequests} {
+		m.SpoolFiles, m.WritesRefused, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined, m.MessagesRequeued, m.ProbationWaiting, m.AgentCallsWaiting, m.AgentSlotWait, m.ModelRequests} {
 		f(c)
 	}
 	for _, c := range m.actors.collectors() {
