@@ -486,7 +486,7 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 	}
 	if err != nil {
 		a.repeats.log(a.o.Log, slog.LevelError, msgSpoolFailed, "groups", len(keep), logging.Err(err))
-		a.o.Refusals.refuse(err, time.Now())
+		a.o.Refusals.refuse(fmt.Errorf("database and spool both failed: %w", err), time.Now())
 		a.o.WritesRefused(len(keep))
 		return out
 	}

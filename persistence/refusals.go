@@ -52,6 +52,5 @@ func (r *Refusals) Err(now time.Time) error {
 	if r.err == nil || now.Sub(r.at) >= RefusalMemory {
 		return nil
 	}
-	return fmt.Errorf("writes refused %s ago (the database and the spool both failed): %v",
-		now.Sub(r.at).Round(time.Second), r.err)
+	return fmt.Errorf("writes refused %s ago: %v", now.Sub(r.at).Round(time.Second), r.err)
 }
