@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -49,21 +50,46 @@ func TestMessageCaughtByTheStopIsDraining(t *testing.T) {
 	})
 }
 
-// TestDeliverUnansweredInTimeIsUnavailable: a message for a session that the manager holds
-// while it backs off from refused writes (the database and the spool both failing: a full
-// disk) gets no answer within the router's DefaultRequestTimeout, since the pause grows to a
-// minute. Deliver then fails with platforms.ErrUnavailable, which a platform answers "send it
-// again" (HTTP 503; sent again with the same id, it is stored once). Before, it failed with a
-// bare ErrTimeout, which the HTTP API answered 500 "internal error" and logged as
-// `ERR deliver failed`, on a real full disk, for every message of such a chat.
+// TestDeliverUnansweredInTimeIsUnavailable: a message whose session does not answer within the
+// router's DefaultRequestTimeout (its write hangs in a commit) fails with
+// platforms.ErrUnavailable, which a platform answers "send it again" (HTTP 503; sent again with
+// the same id, it is stored once). Before, it failed with a bare ErrTimeout, which the HTTP API
+// answered 500 "internal error" and logged as `ERR deliver failed`: on a real full disk, for the
+// messages the manager held for a session waiting out a pause after refused writes (now
+// answered at once: TestDeliverToAPausedSessionIsAnsweredAtOnce).
 func TestDeliverUnansweredInTimeIsUnavailable(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
+		held := &heldCommits{hold: make(chan struct{}), release: make(chan struct{}), held: make(chan struct{}, 1)}
+		close(held.hold)
+		w := newManagerWorldWrites(t, echo.New(), nil, func(s persistence.Store) persistence.Store {
+			held.Store = s
+			return held
+		})
+		in := NewIntake(NewLocalRouter(w.system.Root, w.manager), identity.DefaultKeyOptions, metrics.New("fake"))
+		_, err := in.Deliver(context.Background(), &platforms.Inbound{Source: w.src, MessageID: "m1", Text: "one", ReceivedAt: time.Now()})
+		if !errors.Is(err, platforms.ErrUnavailable) {
+			t.Errorf("Deliver whose session does not answer in time = %v, want platforms.ErrUnavailable", err)
+		}
+		<-held.held
+		close(held.release)
+	})
+}
+
+// TestDeliverToAPausedSessionIsAnsweredAtOnce: a message for a session that waits out a pause
+// after the store refused its writes (a full disk) is answered unavailable at once. Before, the
+// manager held it until the pause ended, up to a minute: on a full disk each HTTP request of
+// such a chat hung for 30 s, and its client's connection with it, only to be told to send the
+// message again.
+func TestDeliverToAPausedSessionIsAnsweredAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
 		out := &storetest.Outage{}
+		var filled atomic.Bool
 		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			out.Down.Store(true) // the disk fills while the first turn runs
+			if !filled.Swap(true) {
+				out.Down.Store(true) // the disk fills while the first turn runs
+			}
 			return &agents.Response{Text: "answer"}, nil
 		})
-		// No spool: a write the database refuses is refused, as when the spool fails too.
 		w := newManagerWorldWrites(t, agent, nil, func(s persistence.Store) persistence.Store {
 			out.Store = s
 			return out
@@ -71,16 +97,24 @@ func TestDeliverUnansweredInTimeIsUnavailable(t *testing.T) {
 		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
 			t.Fatalf("m1: %+v, want started", r)
 		}
-		// The session's restarts back off 1 s, 2 s, … while the turn's result is refused: it
-		// starts again 1, 3, 7, 15, 31 and 63 s in, then 60 s later. A message that comes just
-		// after one is held longer than a request waits.
-		time.Sleep(64 * time.Second)
+		time.Sleep(64 * time.Second) // just after a restart: the next is a minute away
 		synctest.Wait()
 		in := NewIntake(NewLocalRouter(w.system.Root, w.manager), identity.DefaultKeyOptions, metrics.New("fake"))
+		start := time.Now()
 		_, err := in.Deliver(context.Background(), &platforms.Inbound{Source: w.src, MessageID: "m2", Text: "two", ReceivedAt: time.Now()})
 		if !errors.Is(err, platforms.ErrUnavailable) {
-			t.Errorf("Deliver to a session held while writes are refused = %v, want platforms.ErrUnavailable", err)
+			t.Errorf("Deliver to a paused session = %v, want platforms.ErrUnavailable", err)
 		}
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("Deliver to a paused session answered after %v, want at once", took)
+		}
+		// Once the store takes writes again, the session starts after its pause and runs m1 once;
+		// m2, sent again, is taken.
 		out.Down.Store(false)
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		if r := w.deliver(t, "m2", "two"); r.ErrorCode != "" {
+			t.Errorf("m2 sent again after the outage: %+v, want it taken", r)
+		}
 	})
 }

@@ -38,8 +38,11 @@ type SessionManager struct {
 	// next activation grows with it); paused holds the keys whose next activation waits.
 	refused map[string]int
 	paused  map[string]bool
-	busy    map[string]bool
-	drains  []*actor.PID
+	// waitingOut holds the keys whose next activation waits out such a pause (startSuccessor):
+	// a message for one is answered unavailable at once rather than held (see route).
+	waitingOut map[string]bool
+	busy       map[string]bool
+	drains     []*actor.PID
 	// grains are the cluster grains of the sessions in memory, by key (cluster mode).
 	grains map[string]*actor.PID
 	// stoppedGrains are the grains the manager stopped, by key, until they report their stop:
@@ -288,6 +291,7 @@ func (m *SessionManager) start(c actor.Context) {
 	m.rerun = map[string]bool{}
 	m.refused = map[string]int{}
 	m.paused = map[string]bool{}
+	m.waitingOut = map[string]bool{}
 	m.busy = map[string]bool{}
 	m.grains = map[string]*actor.PID{}
 	m.stoppedGrains = map[string][]*actor.PID{}
@@ -351,6 +355,14 @@ func (m *SessionManager) route(c actor.Context, key string, r routed) {
 		return
 	}
 	if held, ok := m.stopping[key]; ok {
+		if d, ok := r.msg.(*Deliver); ok && m.waitingOut[key] && r.sender != nil {
+			// The session waits out a pause after the store refused its writes (a full disk),
+			// which grows to a minute: held, the message would outwait its sender's request,
+			// and its write would most likely be refused too. Its sender sends it again.
+			c.Send(r.sender, &DeliverResult{SessionKey: d.SessionKey, MessageId: d.MessageId, ErrorCode: "unavailable",
+				Error: "the session waits for the store to take writes again; send the message again shortly"})
+			return
+		}
 		m.stopping[key] = append(held, r)
 		return
 	}
@@ -482,6 +494,7 @@ func (m *SessionManager) whileClosing(c actor.Context, key string, r routed) {
 type successor struct{ key string }
 
 func (m *SessionManager) startSuccessor(c actor.Context, key string) {
+	delete(m.waitingOut, key)
 	if m.closing {
 		// The manager stops: the requests held for the key were answered as the stop began
 		// (later ones are not held: whileClosing), and no session starts here any more.
@@ -522,6 +535,7 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		pause := min(refusedPause<<min(n, 6), maxRefusedPause)
 		m.log.Warn("the store refused a session's write; it starts again from the store", "session", key, "in", pause)
 		m.timers.SendOnce(pause, c.Self(), &successor{key: key})
+		m.waitingOut[key] = true
 		return
 	}
 	if !m.quieted[key] && (m.elsewhere(key) != nil && (len(m.stopping[key]) > 0 || m.rerun[key]) || len(m.waiters[key]) > 0) {
