@@ -53,22 +53,36 @@ const (
 	keepGone = 24 * time.Hour
 )
 
-// liveMembersSQL lists the members that are not gone by the caller's ttl ($2).
+// ownTTL is the ttl a member row (alias) is judged by: the member_ttl it registered with, which
+// is also the one by which it counts itself gone and the one a claim judges it by (claimSQL),
+// or the caller's (def, an SQL expression of seconds) for a row that registered none. Judged
+// by the caller's, members configured with different member_ttl (a rolling restart that
+// changes it) dropped each other between renewals: a member renewing every 10 s (member_ttl
+// 30 s) was gone for the others 6 s after each renewal (theirs 6 s), and so blocked by their
+// gossip for ever, while it stayed (TestMembersAreJudgedByTheirOwnTTL).
+func ownTTL(alias, def string) string {
+	return `COALESCE(NULLIF(` + alias + `.ttl_secs, 0), ` + def + `)`
+}
+
+// liveMembersSQL lists the members that are not gone, each by its own ttl (the caller's, $2,
+// for a row that registered none).
 var liveMembersSQL = `SELECT id, host, port, kinds, leaving, node, http_addr FROM members m
-	WHERE cluster = $1 AND NOT ` + gone("$2", "$2") + `
+	WHERE cluster = $1 AND NOT ` + gone(ownTTL("m", "$2"), ownTTL("n", "$2")) + `
 	ORDER BY joined_at, id`
 
-// holderSQL finds the live member of cluster $2 (by the caller's ttl, $3) whose node holds the
-// latest claim of key $1; no row when the key was never claimed or that member is gone.
+// holderSQL finds the live member of cluster $2 (by its own ttl, or the caller's, $3, as
+// liveMembersSQL) whose node holds the latest claim of key $1; no row when the key was never
+// claimed or that member is gone.
 var holderSQL = `SELECT m.id, m.host, m.port, m.kinds, m.leaving, m.node
 	FROM owners o JOIN members m ON m.node = o.owner AND m.node <> ''
-	WHERE o.key = $1 AND m.cluster = $2 AND NOT ` + gone("$3", "$3") + `
+	WHERE o.key = $1 AND m.cluster = $2 AND NOT ` + gone(ownTTL("m", "$3"), ownTTL("n", "$3")) + `
 	ORDER BY m.joined_at DESC LIMIT 1`
 
-// Heartbeat registers m as a live member of cluster (or renews its registration) and returns
-// the members whose last heartbeat is younger than ttl, by the database's clock, m included,
-// oldest member first; a member whose address a newer live member registered is gone. It is cluster mode's membership: every member calls it every fraction
-// of ttl, and the list it returns is the cluster's topology. A leaving member (Member.Leaving)
+// Heartbeat registers m as a live member of cluster with ttl as its member_ttl (or renews its
+// registration) and returns the members whose last heartbeat is younger than their own ttl, by
+// the database's clock, m included, oldest member first; a member whose address a newer live
+// member registered is gone. It is cluster mode's membership: every member calls it every
+// fraction of its ttl, and the list it returns is the cluster's topology. A leaving member (Member.Leaving)
 // is listed, as leaving, for as long as it renews.
 func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl time.Duration) ([]Member, error) {
 	ctx, done, err := s.enter(ctx)
@@ -102,8 +116,8 @@ func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl tim
 	return live, nil
 }
 
-// Members returns the members of cluster whose last heartbeat is younger than ttl, as
-// Heartbeat does, without renewing any: what a member that has withdrawn reads of the others.
+// Members returns the live members of cluster, as Heartbeat does (ttl judges only a row that
+// registered no ttl of its own), without renewing any: what a member that has withdrawn reads of the others.
 func (s *Store) Members(ctx context.Context, cluster string, ttl time.Duration) ([]Member, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
@@ -168,7 +182,7 @@ func (s *Store) MemberHTTP(ctx context.Context, cluster string) ([]Member, error
 	return nil, fmt.Errorf("list members of %s: %w", cluster, s.explain(ctx, err))
 }
 
-// Holder returns the live member of cluster (not gone by ttl, as Heartbeat judges it) that holds
+// Holder returns the live member of cluster (not gone, as Heartbeat judges it) that holds
 // the latest claim of key (Store.Claim names the member by its Member.Node); ok is false when
 // the key was never claimed, or the member that claimed it last is gone. A member about to
 // claim a key asks it to let go first even when its own view of the cluster, as of its last

@@ -336,3 +336,69 @@ func TestHolder(t *testing.T) {
 		t.Errorf("b's registration expired: holder %s, want none", got)
 	}
 }
+
+// TestMembersAreJudgedByTheirOwnTTL: members configured with different member_ttl (a rolling
+// restart that changes it) each stay listed for their own ttl after a renewal, by every member's
+// Heartbeat, Members and Holder, as a claim judges them; and a member gone by its own ttl is not
+// listed by a member with a longer one. Before, each caller judged every member by its own ttl:
+// a member renewing every 10 s (member_ttl 30 s) was gone for one with member_ttl 6 s between
+// renewals, and protoactor's gossip of that member blocked it for ever.
+func TestMembersAreJudgedByTheirOwnTTL(t *testing.T) {
+	s, dsn := MustOpen(t)
+	ctx := context.Background()
+	conn := mustConn(t, dsn)
+	const short, long = 6 * time.Second, 30 * time.Second
+	a := Member{ID: "a", Host: "10.0.0.1", Port: 6340, Node: "h1/r_a"}
+	b := Member{ID: "b", Host: "10.0.0.2", Port: 6340, Node: "h2/r_b"}
+	beat := func(m Member, ttl time.Duration) string {
+		t.Helper()
+		live, err := s.Heartbeat(ctx, "c1", m, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, l := range live {
+			ids = append(ids, l.ID)
+		}
+		return fmt.Sprint(ids)
+	}
+	age := func(id string, by time.Duration) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, `UPDATE members SET heartbeat_at = clock_timestamp() - make_interval(secs => $1) WHERE id = $2`,
+			by.Seconds(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	beat(a, short)
+	beat(b, long)
+	if _, err := s.Claim(ctx, "k", b.Node, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+
+	// b, between two renewals (every 10 s), is alive by its own ttl.
+	age("b", 8*time.Second)
+	if got := beat(a, short); got != "[a b]" {
+		t.Errorf("b renewed 8 s ago with member_ttl 30 s: a (member_ttl 6 s) sees %s, want [a b]", got)
+	}
+	if live, err := s.Members(ctx, "c1", short); err != nil || len(live) != 2 {
+		t.Errorf("Members with member_ttl 6 s = %+v, %v; want a and b", live, err)
+	}
+	if m, ok, err := s.Holder(ctx, "c1", "k", short); err != nil || !ok || m.ID != "b" {
+		t.Errorf("Holder(k) with member_ttl 6 s = %+v, %v, %v; want b, which claimed k and is alive", m, ok, err)
+	}
+
+	// a, 8 s after its last renewal, has counted itself gone (member_ttl 6 s): b does not list it.
+	age("a", 8*time.Second)
+	if got := beat(b, long); got != "[b]" {
+		t.Errorf("a renewed 8 s ago with member_ttl 6 s: b (member_ttl 30 s) sees %s, want [b]", got)
+	}
+
+	// b past its own ttl is gone for everyone.
+	age("b", 31*time.Second)
+	if got := beat(a, short); got != "[a]" {
+		t.Errorf("b renewed 31 s ago with member_ttl 30 s: a sees %s, want [a]", got)
+	}
+	if _, ok, err := s.Holder(ctx, "c1", "k", long); err != nil || ok {
+		t.Errorf("Holder(k) after b's registration expired: %v, %v; want none", ok, err)
+	}
+}
