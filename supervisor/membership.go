@@ -74,13 +74,14 @@ func (p *storeMembership) StartMember(c *cluster.Cluster) error {
 		HTTP: httpForCluster(p.http, host)}
 	ctx, cancel := context.WithTimeout(context.Background(), p.ttl)
 	defer cancel()
+	began := time.Now()
 	live, err := p.heartbeat(ctx)
 	if err != nil {
 		return fmt.Errorf("membership: register: %w", err)
 	}
 	v := viewOf(c)
 	v.publish(live)
-	go p.renew(v)
+	go p.renew(v, began)
 	return nil
 }
 
@@ -149,14 +150,23 @@ func (p *storeMembership) Shutdown(bool) error {
 // session). Retried this soon, only an outage of about a ttl does.
 const renewRetry = 250 * time.Millisecond
 
-func (p *storeMembership) renew(v memberView) {
+// renew renews the registration every ttl/3 until the member stops or its membership is lost.
+// last is when the registration (StartMember's renewal) began.
+//
+// A renewal counts from when it began, not from when its answer came: the database stamps
+// the row as the renewal's statement runs, at most as late as its answer, and the others judge
+// the member by that stamp. Counted from the answer, a renewal whose commit was slow (a
+// database under load, a synchronous standby that lags, a failover) moved the member's own
+// deadline past the one the others held it to: a renewal that succeeded just inside it came
+// after the others had counted the member gone and blocked it, and the member stayed
+// (TestRenewalCountsFromItsStart).
+func (p *storeMembership) renew(v memberView, last time.Time) {
 	defer close(p.done)
 	every := p.ttl / 3
-	t := time.NewTimer(every)
+	t := time.NewTimer(max(every-time.Since(last), 0))
 	defer t.Stop()
-	last := time.Now() // the last renewal
-	tried := last      // the end of the last attempt
-	failing := false   // the last attempt failed (and was logged)
+	tried := time.Now() // the end of the last attempt
+	failing := false    // the last attempt failed (and was logged)
 	for {
 		select {
 		case <-p.stop:
@@ -189,7 +199,7 @@ func (p *storeMembership) renew(v memberView) {
 					since.Round(time.Millisecond), p.ttl))
 				return
 			}
-			last = time.Now()
+			last = began
 			if err := p.displaced(live); err != nil {
 				p.lost(err)
 				return

@@ -45,7 +45,7 @@ func TestRenewalAfterAStallLeaves(t *testing.T) {
 		lost := make(chan error, 1)
 		p := newStoreMembership(&stalledHeartbeat{stall: 3 * time.Second}, "agentgate", "node", "127.0.0.1:8080", 2*time.Second,
 			slog.New(slog.DiscardHandler), func(err error) { lost <- err })
-		go p.renew(memberView{}) // the stalled renewal reports before it would use the cluster
+		go p.renew(memberView{}, time.Now()) // the stalled renewal reports before it would use the cluster
 		select {
 		case err := <-lost:
 			if !strings.Contains(err.Error(), "past member_ttl") {
@@ -93,7 +93,7 @@ func TestRenewalOutlastsAShortDatabaseRestart(t *testing.T) {
 		p := newStoreMembership(store, "agentgate", "node", "127.0.0.1:8080", 6*time.Second,
 			slog.New(slog.DiscardHandler), func(err error) { lost <- err })
 		view := memberView{blocked: func(string) bool { return false }, update: func(cluster.Members) {}}
-		go p.renew(view)
+		go p.renew(view, time.Now())
 		select {
 		case err := <-lost:
 			t.Errorf("a 3.5 s database restart with member_ttl 6 s lost the membership: %v", err)
@@ -104,6 +104,65 @@ func TestRenewalOutlastsAShortDatabaseRestart(t *testing.T) {
 		}
 		if store.renewals < 10 {
 			t.Errorf("%d renewals in 30 s with member_ttl 6 s, want one every 2 s once the database is back", store.renewals)
+		}
+	})
+}
+
+// slowCommitStore is a member registry whose database stamps a renewal as it begins (the
+// row's heartbeat_at), answers the first renewal only after commitTook (a slow commit), and
+// then refuses renewals until up (a failover). It records whether it took a renewal more than
+// ttl after the stamp before it: the other members counted the member gone in between.
+type slowCommitStore struct {
+	stalledHeartbeat
+	commitTook time.Duration
+	up         time.Time
+	stamp      time.Time // the last renewal's heartbeat_at
+	gap        time.Duration
+}
+
+func (s *slowCommitStore) Heartbeat(_ context.Context, _ string, m postgres.Member, _ time.Duration) ([]postgres.Member, error) {
+	now := time.Now()
+	s.calls++
+	switch {
+	case s.calls == 1:
+		s.stamp = now
+		time.Sleep(s.commitTook)
+	case now.Before(s.up):
+		return nil, errors.New("connect: connection refused")
+	default:
+		s.gap = max(s.gap, now.Sub(s.stamp))
+		s.stamp = now
+	}
+	return []postgres.Member{m}, nil
+}
+
+// TestRenewalCountsFromItsStart: a member's renewals count from when they began, as the
+// database stamps them. A renewal whose commit took 1.5 s, followed by a database outage,
+// made the member count member_ttl from that renewal's answer; its next renewal, 6.25 s
+// after the row's stamp, found it still a member, while the others had counted it gone (and
+// their gossip had blocked it for ever) in between. Now it reports its membership lost
+// before that.
+func TestRenewalCountsFromItsStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 6 * time.Second
+		start := time.Now()
+		// The first renewal begins at 2 s and is stamped then; after it, the database is down
+		// until 2 s + ttl + 250 ms.
+		store := &slowCommitStore{commitTook: 1500 * time.Millisecond, up: start.Add(2*time.Second + ttl + 250*time.Millisecond)}
+		lost := make(chan error, 1)
+		p := newStoreMembership(store, "agentgate", "node", "127.0.0.1:8080", ttl,
+			slog.New(slog.DiscardHandler), func(err error) { lost <- err })
+		view := memberView{blocked: func(string) bool { return false }, update: func(cluster.Members) {}}
+		go p.renew(view, start)
+		select {
+		case <-lost:
+		case <-time.After(30 * time.Second):
+			_ = p.Shutdown(false)
+			t.Error("the member stayed")
+		}
+		<-p.done
+		if store.gap >= ttl {
+			t.Errorf("the registry took a renewal %v after the one before it (member_ttl %v): the others had counted the member gone", store.gap, ttl)
 		}
 	})
 }
