@@ -117,6 +117,11 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 	}
+	timeout := opts.Timeout
+	if timeout <= 0 {
+		timeout = 15 * time.Second
+	}
+	endSilentTransactions(cfg.ConnConfig, timeout)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
@@ -124,10 +129,6 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
-	}
-	timeout := opts.Timeout
-	if timeout <= 0 {
-		timeout = 15 * time.Second
 	}
 	named := where(cfg)
 	if schema != "" {
@@ -204,6 +205,29 @@ func pinSchema(ctx context.Context, cfg *pgx.ConnConfig) (string, error) {
 		return c.Exec(ctx, set).Close()
 	}
 	return *schema, nil
+}
+
+// endSilentTransactions makes the server end a session of cfg's connections whose transaction
+// has waited for its client for longer than timeout (idle_in_transaction_session_timeout),
+// which no call of the store does: every call, its transaction included, ends within timeout
+// (enter). A client whose host died, or that a network partition cut off, in the middle of a
+// transaction sends neither FIN nor RST, and the server would keep that transaction for as long
+// as TCP keepalive takes to notice (about two hours by default), with the locks it holds: a
+// commit's fences (FOR SHARE of each key's owner row), which make every claim of those keys
+// wait, so that no other member could take the dead member's sessions over
+// (TestClaimOutlivesASilentTransaction), and the daemon fence, which a single daemon's start
+// waits for.
+func endSilentTransactions(cfg *pgx.ConnConfig, timeout time.Duration) {
+	set := fmt.Sprintf("SET idle_in_transaction_session_timeout = %d", max(timeout.Milliseconds(), 1))
+	after := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, c *pgconn.PgConn) error {
+		if after != nil {
+			if err := after(ctx, c); err != nil {
+				return err
+			}
+		}
+		return c.Exec(ctx, set).Close()
+	}
 }
 
 // watchLock checks the daemon lock every interval until the store closes, so that a lost lock
