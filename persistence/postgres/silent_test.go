@@ -65,3 +65,44 @@ func TestClaimOutlivesASilentTransaction(t *testing.T) {
 		t.Errorf("the old holder's next commit: %v, want ErrFenced", errs[0])
 	}
 }
+
+// TestSilentLockHolderLosesTheLock: a daemon whose host died (or that a network partition cut
+// off) sends no FIN or RST, and the server kept its daemon lock for as long as TCP keepalive
+// takes to notice (about two hours by default): a daemon started in its place was refused as
+// "another agentgate daemon uses this database" all that time. The server now ends the lock's
+// session once its connection has been silent for three lock checks, and the new daemon
+// starts; the old one, should it come back, finds its lock lost and its commits fenced.
+func TestSilentLockHolderLosesTheLock(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	old, err := Open(ctx, dsn, Options{Exclusive: true, LockCheckInterval: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	// The old daemon falls silent: its lock check (which pings the lock's connection) stops.
+	old.lockMu.Lock()
+	froze := true
+	defer func() {
+		if froze {
+			old.lockMu.Unlock()
+		}
+	}()
+
+	began := time.Now()
+	successor, err := Open(ctx, dsn, Options{Exclusive: true, LockWait: 20 * time.Second})
+	if err != nil {
+		t.Fatalf("a daemon started %v after the lock's holder fell silent: %v", time.Since(began).Round(time.Millisecond), err)
+	}
+	defer successor.Close()
+
+	froze = false
+	old.lockMu.Unlock()
+	errs := old.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s1", "k")}}})
+	if !errors.Is(errs[0], persistence.ErrUnavailable) {
+		t.Errorf("the old holder's commit after the successor took the lock: %v, want ErrUnavailable", errs[0])
+	}
+	if _, err := successor.Session(ctx, "s1"); !errors.Is(err, persistence.ErrNotFound) {
+		t.Errorf("the old holder's session row: %v, want none", err)
+	}
+}

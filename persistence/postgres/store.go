@@ -85,6 +85,9 @@ type Store struct {
 	// lockEpoch is the daemon lock's epoch this store raised (exclusive) or read (shared) when
 	// it took the lock (raiseEpoch); every commit is fenced with it (agentgate_daemon_fence).
 	lockEpoch int64
+	// lockIdle is how long the server keeps the lock's session once its connection falls
+	// silent (endIdleLock); 0 until Open has migrated.
+	lockIdle time.Duration
 }
 
 var _ persistence.Store = (*Store)(nil)
@@ -166,6 +169,13 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		every := opts.LockCheckInterval
 		if every <= 0 {
 			every = 5 * time.Second
+		}
+		// Only now: a long migration leaves the lock's connection idle.
+		st.lockIdle = lockIdleChecks * every
+		if err := st.endIdleLock(ctx); err != nil {
+			st.unlock()
+			pool.Close()
+			return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 		}
 		st.watcher.Go(func() { st.watchLock(every) })
 	}
@@ -312,6 +322,28 @@ func (s *Store) raiseEpoch(ctx context.Context) error {
 	return nil
 }
 
+// lockIdleChecks is how many lock check intervals the server keeps the lock's session once its
+// connection falls silent (endIdleLock). The check pings the connection every interval.
+const lockIdleChecks = 3
+
+// endIdleLock makes the server end the lock's session once its connection has been idle for
+// lockIdle (idle_session_timeout): the lock check keeps it busy, so only a holder that stopped
+// answering (its host died, or a network partition cut it off, without a FIN or RST) loses the
+// lock that way, as a lease's holder does. Before, the server kept such a holder's lock for as
+// long as TCP keepalive takes to notice (about two hours by default), and a daemon started in
+// its place (on another host) was refused as "another agentgate daemon uses this database"
+// all that time (TestSilentLockHolderLosesTheLock). Called with lockMu held or before the
+// store is shared.
+func (s *Store) endIdleLock(ctx context.Context) error {
+	if s.lockIdle <= 0 {
+		return nil
+	}
+	if _, err := s.lockConn.Exec(ctx, fmt.Sprintf(`SET idle_session_timeout = %d`, s.lockIdle.Milliseconds())); err != nil {
+		return fmt.Errorf("bound the daemon lock's idle session: %w", err)
+	}
+	return nil
+}
+
 // unlock releases the daemon lock before it closes the lock's connection: the server ends a
 // closed connection's session (and its locks) only some time after the client went, and a
 // daemon restarted at once must find the lock free.
@@ -368,7 +400,10 @@ func (s *Store) checkLock(ctx context.Context) error {
 	}
 	err := s.lock(ctx, time.Millisecond)
 	if err == nil {
-		if err = s.raiseEpoch(ctx); err != nil {
+		if err = s.raiseEpoch(ctx); err == nil {
+			err = s.endIdleLock(ctx)
+		}
+		if err != nil {
 			s.unlock()
 		}
 	}
