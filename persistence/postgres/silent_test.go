@@ -3,11 +3,19 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/jackc/pgx/v5"
 )
 
 // TestClaimOutlivesASilentTransaction: a member whose host dies (or is cut off by a network
@@ -104,5 +112,148 @@ func TestSilentLockHolderLosesTheLock(t *testing.T) {
 	}
 	if _, err := successor.Session(ctx, "s1"); !errors.Is(err, persistence.ErrNotFound) {
 		t.Errorf("the old holder's session row: %v, want none", err)
+	}
+}
+
+// TestSilentServerIsLeftAtOnce: after a failover whose old primary fell silent (its host
+// gone: no FIN, no RST), a call that got no answer within its deadline closes the pool's other
+// connections too, and the next call reaches the new primary. Before, each of the pool's idle
+// connections, all of them to the old server, made a call wait out its deadline in turn: a
+// cluster member's renewals (member_ttl/3 each) failed one after another past member_ttl, and
+// every member of the cluster stopped.
+func TestSilentServerIsLeftAtOnce(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	if m, err := Open(ctx, dsn, Options{}); err != nil { // migrates, through no proxy
+		t.Fatal(err)
+	} else {
+		_ = m.Close()
+	}
+	p := newSilencer(t, dsn)
+	s, err := Open(ctx, p.dsn, Options{MaxConns: 4, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	defer p.close() // first: the old primary's connections end at last
+	// Four connections in the pool, all to "the old primary".
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			if _, err := s.pool.Exec(ctx, `SELECT pg_sleep(0.2)`); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := s.pool.Stat().IdleConns(); n != 4 {
+		t.Fatalf("%d idle connections, want 4", n)
+	}
+	p.silence() // the old primary's host is gone; new connections reach the new one
+
+	// A renewal as a member makes it: a third of member_ttl for each.
+	renew := func() error {
+		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer cancel()
+		_, err := s.Heartbeat(rctx, "c1", Member{ID: "a", Host: "10.0.0.1", Port: 6340}, 6*time.Second)
+		return err
+	}
+	if err := renew(); err == nil {
+		t.Fatal("a renewal over a silent connection succeeded")
+	}
+	for i := range 3 {
+		if err := renew(); err != nil {
+			t.Fatalf("renewal %d after the first met the silent server: %v", i+2, err)
+		}
+	}
+}
+
+// silencer passes a test database's connections through a Unix socket of its own until
+// silence, which makes the connections open then drop everything they carry, both ways, and
+// never close, as a host that is gone does. Connections made later pass.
+type silencer struct {
+	dsn    string
+	close  func() // ends every connection and the listener; idempotent
+	mu     sync.Mutex
+	silent []*atomic.Bool
+	conns  []net.Conn
+}
+
+func newSilencer(t *testing.T, dsn string) *silencer {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))
+	dir, err := os.MkdirTemp("", "pgsilent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	l, err := net.Listen("unix", filepath.Join(dir, fmt.Sprintf(".s.PGSQL.%d", cfg.Port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &silencer{dsn: strings.Replace(dsn, "host="+cfg.Host, "host="+dir, 1)}
+	if p.dsn == dsn {
+		t.Fatalf("no host=%s in %s", cfg.Host, dsn)
+	}
+	var wg sync.WaitGroup
+	p.close = func() {
+		_ = l.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			_ = c.Close()
+		}
+		p.mu.Unlock()
+		wg.Wait()
+	}
+	t.Cleanup(p.close)
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("unix", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			silent := new(atomic.Bool)
+			p.mu.Lock()
+			p.silent = append(p.silent, silent)
+			p.conns = append(p.conns, c, up)
+			p.mu.Unlock()
+			pass := func(dst, src net.Conn) {
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := src.Read(buf)
+					if n > 0 && !silent.Load() {
+						if _, err := dst.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						if !silent.Load() {
+							_ = dst.Close()
+						}
+						return
+					}
+				}
+			}
+			wg.Go(func() { pass(up, c) })
+			wg.Go(func() { pass(c, up) })
+		}
+	})
+	return p
+}
+
+func (p *silencer) silence() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range p.silent {
+		s.Store(true)
 	}
 }

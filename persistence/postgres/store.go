@@ -450,7 +450,18 @@ func (s *Store) enter(ctx context.Context) (context.Context, func(), error) {
 // explain returns err, or, when the call's bound (enter) ran out, an error that says so and
 // wraps persistence.ErrUnavailable; an error that means the server cannot be reached or cannot
 // serve now (IsUnavailable) wraps it too, so that a reader can tell "retry later" from a fault.
+//
+// A call whose deadline ran out (the store's bound or its caller's) also closes the pool's
+// idle connections (pgxpool.Pool.Reset; those in use as they come back), so that the next call
+// dials afresh. A server that does not answer at all is gone, hung or behind a network that
+// drops packets: after a failover to a new primary, the pool's other connections, as old as
+// this one, still lead to the old one, and each made a call wait out its deadline in turn. A
+// cluster member's renewals, each given member_ttl/3, failed on one dead connection after
+// another past member_ttl, and every member stopped (TestSilentServerIsLeftAtOnce).
 func (s *Store) explain(ctx context.Context, err error) error {
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		s.pool.Reset()
+	}
 	switch {
 	case err == nil || errors.Is(err, persistence.ErrUnavailable):
 		return err
