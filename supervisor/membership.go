@@ -22,6 +22,7 @@ type memberStore interface {
 	Leave(ctx context.Context, cluster, id string) error
 	Members(ctx context.Context, cluster string, ttl time.Duration) ([]postgres.Member, error)
 	Holder(ctx context.Context, cluster, key string, ttl time.Duration) (postgres.Member, bool, error)
+	Strangers(ctx context.Context, cluster, id string, ttl time.Duration) ([]postgres.Member, error)
 }
 
 // storeMembership is cluster mode's protoactor ClusterProvider. Every member registers in the
@@ -78,6 +79,10 @@ func (p *storeMembership) StartMember(c *cluster.Cluster) error {
 	live, err := p.heartbeat(ctx)
 	if err != nil {
 		return fmt.Errorf("membership: register: %w", err)
+	}
+	if err := p.strangers(ctx); err != nil {
+		_ = p.store.Leave(ctx, p.name, p.me.ID)
+		return fmt.Errorf("membership: %w", err)
 	}
 	v := viewOf(c)
 	v.publish(live)
@@ -208,6 +213,13 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 				p.lost(err)
 				return
 			}
+			sctx, cancel := context.WithTimeout(context.Background(), every)
+			err := p.strangers(sctx)
+			cancel()
+			if err != nil {
+				p.lost(err)
+				return
+			}
 			v.publish(live)
 			continue
 		}
@@ -309,6 +321,26 @@ func (p *storeMembership) displaced(live []postgres.Member) error {
 	return fmt.Errorf("cluster membership lost: another live member registered this member's address %s:%d, "+
 		"so the cluster takes this one for gone; each member needs an address of its own (cluster.bind, cluster.advertise)",
 		p.me.Host, p.me.Port)
+}
+
+// strangers returns an error when a live member of another cluster (another cluster.name) that
+// does not leave registered on this database and schema before this member. The two clusters
+// would share the sessions but not their members: each would place every key on one of its own
+// members, which claims the key without asking the other cluster's holder, and every message
+// would run on both, each side fencing the other's writes. The younger side stops, at start
+// or at its next renewal (two members starting at once both register before either checks),
+// and the older one runs on (TestMemberOfASecondClusterLeaves). A failed check is no verdict:
+// it is made again at the next renewal.
+func (p *storeMembership) strangers(ctx context.Context) error {
+	others, err := p.store.Strangers(ctx, p.name, p.me.ID, p.ttl)
+	if err != nil || len(others) == 0 {
+		return nil
+	}
+	o := others[0]
+	return fmt.Errorf("another cluster, %q, runs on this database and schema (its member %s at %s:%d is older than this one): "+
+		"two clusters would each run the same sessions; give each cluster a database or schema of its own, "+
+		"or all members the same cluster.name (to rename a cluster, stop every member of the old name first)",
+		o.Cluster, o.ID, o.Host, o.Port)
 }
 
 // split returns an error when this member must leave a split cluster: an older live member

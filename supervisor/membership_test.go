@@ -9,6 +9,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/asynkron/protoactor-go/cluster"
 )
@@ -34,6 +35,10 @@ func (s *stalledHeartbeat) Members(context.Context, string, time.Duration) ([]po
 
 func (s *stalledHeartbeat) Holder(context.Context, string, string, time.Duration) (postgres.Member, bool, error) {
 	return postgres.Member{}, false, nil
+}
+
+func (s *stalledHeartbeat) Strangers(context.Context, string, string, time.Duration) ([]postgres.Member, error) {
+	return nil, nil
 }
 
 // TestRenewalAfterAStallLeaves: a member whose renewal comes more than member_ttl after the
@@ -165,6 +170,54 @@ func TestRenewalCountsFromItsStart(t *testing.T) {
 			t.Errorf("the registry took a renewal %v after the one before it (member_ttl %v): the others had counted the member gone", store.gap, ttl)
 		}
 	})
+}
+
+// TestMemberOfASecondClusterLeaves: a member whose database and schema run members of another
+// cluster (another cluster.name) that registered before it reports its membership lost, on
+// the real store, while the older cluster's member stays. Before, the two clusters ran side by
+// side: each placed every key on one of its own members, which claimed it without asking the
+// other cluster's holder, and a message ran on both, each side fencing the other's writes.
+func TestMemberOfASecondClusterLeaves(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	store, err := postgres.Open(t.Context(), dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	const ttl = 3 * time.Second
+	view := memberView{blocked: func(string) bool { return false }, update: func(cluster.Members) {}}
+	start := func(name string, me postgres.Member) (*storeMembership, chan error) {
+		t.Helper()
+		lost := make(chan error, 1)
+		p := newStoreMembership(store, name, me.Node, "127.0.0.1:8080", ttl, slog.New(slog.DiscardHandler), func(err error) { lost <- err })
+		p.me = me
+		began := time.Now()
+		if _, err := p.heartbeat(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		go p.renew(view, began)
+		return p, lost
+	}
+	prod, prodLost := start("prod", postgres.Member{ID: "p1", Host: "127.0.0.1", Port: 19201, Node: "h/p1"})
+	defer prod.Shutdown(false)
+	staging, stagingLost := start("staging", postgres.Member{ID: "s1", Host: "127.0.0.1", Port: 19202, Node: "h/s1"})
+	defer staging.Shutdown(false)
+	select {
+	case err := <-stagingLost:
+		if !strings.Contains(err.Error(), `another cluster, "prod"`) {
+			t.Errorf("the younger cluster's member lost its membership with %v, want the other cluster named", err)
+		}
+	case err := <-prodLost:
+		t.Fatalf("the older cluster's member lost its membership: %v", err)
+	case <-time.After(ttl):
+		t.Fatal("the younger cluster's member stayed beside another cluster's")
+	}
+	// The older one renews on (a renewal every second).
+	select {
+	case err := <-prodLost:
+		t.Errorf("the older cluster's member lost its membership: %v", err)
+	case <-time.After(2 * time.Second):
+	}
 }
 
 // TestHTTPForCluster: a member registers its HTTP API at the address other hosts reach it at,

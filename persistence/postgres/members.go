@@ -11,10 +11,12 @@ import (
 
 // Member is one member of a cluster, as it registers itself (Store.Heartbeat).
 type Member struct {
-	ID    string
-	Host  string
-	Port  int
-	Kinds []string
+	// Cluster is the name of the member's cluster; only Strangers sets it.
+	Cluster string
+	ID      string
+	Host    string
+	Port    int
+	Kinds   []string
 	// Leaving marks a member that stops: it drains its running turns and hands the rest of its
 	// keys on, and it is still the member that owns its keys until its row is gone.
 	Leaving bool
@@ -77,6 +79,38 @@ var holderSQL = `SELECT m.id, m.host, m.port, m.kinds, m.leaving, m.node
 	FROM owners o JOIN members m ON m.node = o.owner AND m.node <> ''
 	WHERE o.key = $1 AND m.cluster = $2 AND NOT ` + gone(ownTTL("m", "$3"), ownTTL("n", "$3")) + `
 	ORDER BY m.joined_at DESC LIMIT 1`
+
+// strangersSQL lists the live members of clusters other than $1 (each judged by its own ttl,
+// or by $2) that do not leave and registered before member $3 of $1 (ties broken by cluster
+// and id, so that of two members exactly one is the older), oldest first.
+var strangersSQL = `SELECT cluster, id, host, port, kinds, leaving, node, http_addr FROM members m
+	WHERE cluster <> $1 AND NOT leaving AND NOT ` + gone(ownTTL("m", "$2"), ownTTL("n", "$2")) + `
+		AND (joined_at, cluster, id) < (SELECT joined_at, cluster, id FROM members WHERE cluster = $1 AND id = $3)
+	ORDER BY joined_at, id`
+
+// Strangers returns the live members of clusters other than cluster on this database and
+// schema that registered before member id of cluster and do not leave, oldest first, each
+// with its Cluster. Two clusters on one schema share its sessions but not their members: each
+// would place, claim and run the same session keys, fencing the other's writes, and its agent
+// would run every message the other runs. A member that finds such an older stranger leaves.
+func (s *Store) Strangers(ctx context.Context, cluster, id string, ttl time.Duration) ([]Member, error) {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list other clusters' members: %w", err)
+	}
+	defer done()
+	rows, err := s.pool.Query(ctx, strangersSQL, cluster, ttl.Seconds(), id)
+	if err == nil {
+		var ms []Member
+		if ms, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
+			var m Member
+			return m, r.Scan(&m.Cluster, &m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node, &m.HTTP)
+		}); err == nil {
+			return ms, nil
+		}
+	}
+	return nil, fmt.Errorf("list other clusters' members: %w", s.explain(ctx, err))
+}
 
 // Heartbeat registers m as a live member of cluster with ttl as its member_ttl (or renews its
 // registration) and returns the members whose last heartbeat is younger than their own ttl, by

@@ -402,3 +402,52 @@ func TestMembersAreJudgedByTheirOwnTTL(t *testing.T) {
 		t.Errorf("Holder(k) after b's registration expired: %v, %v; want none", ok, err)
 	}
 }
+
+// TestStrangers: a member finds the live members of other clusters on its schema that
+// registered before it and do not leave; not those of its own cluster, nor younger, leaving or
+// expired ones.
+func TestStrangers(t *testing.T) {
+	s, dsn := MustOpen(t)
+	ctx := context.Background()
+	conn := mustConn(t, dsn)
+	const ttl = 6 * time.Second
+	beat := func(cluster string, m Member) {
+		t.Helper()
+		if _, err := s.Heartbeat(ctx, cluster, m, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	strangers := func(cluster, id string) string {
+		t.Helper()
+		ms, err := s.Strangers(ctx, cluster, id, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, m := range ms {
+			out = append(out, m.Cluster+"/"+m.ID)
+		}
+		return fmt.Sprint(out)
+	}
+	beat("prod", Member{ID: "p1", Host: "10.0.0.1", Port: 6340})
+	beat("prod", Member{ID: "p2", Host: "10.0.0.2", Port: 6340})
+	beat("staging", Member{ID: "s1", Host: "10.0.1.1", Port: 6340})
+	beat("old", Member{ID: "o1", Host: "10.0.2.1", Port: 6340, Leaving: true})
+	for _, c := range []struct{ cluster, id, want string }{
+		{"prod", "p1", "[]"},
+		{"prod", "p2", "[]"},
+		{"staging", "s1", "[prod/p1 prod/p2]"},
+		{"old", "o1", "[prod/p1 prod/p2 staging/s1]"},
+		{"prod", "unknown", "[]"},
+	} {
+		if got := strangers(c.cluster, c.id); got != c.want {
+			t.Errorf("Strangers(%s, %s) = %s, want %s", c.cluster, c.id, got, c.want)
+		}
+	}
+	if _, err := conn.Exec(ctx, `UPDATE members SET heartbeat_at = heartbeat_at - interval '7 seconds' WHERE id = 'p1'`); err != nil {
+		t.Fatal(err)
+	}
+	if got := strangers("staging", "s1"); got != "[prod/p2]" {
+		t.Errorf("p1 expired: Strangers(staging, s1) = %s, want [prod/p2]", got)
+	}
+}
