@@ -290,19 +290,28 @@ func TestSharedAndExclusiveExcludeEachOther(t *testing.T) {
 // Cluster members (Shared) fence theirs the same way with the epoch they read: when every
 // member's hold is gone (a restarted server ends their lock connections) and a single daemon
 // takes the lock before they notice, its raise refuses their commits at once.
+//
+// And the other way round: a cluster member that takes the lock shared after a single daemon
+// lost it (a misconfigured member, started again and again by its supervisor, gets in when the
+// server restarts) raises the epoch the daemon took, which refuses the daemon's commits at
+// once. Before, members only read the epoch: the daemon's commits passed their fence, and it
+// wrote the same sessions as the member until its next check of the lock.
 func TestLockHoldersFenceCommits(t *testing.T) {
-	for _, a := range []struct {
+	exclusive := Options{Exclusive: true, LockCheckInterval: time.Hour}
+	shared := Options{Shared: true, LockCheckInterval: time.Hour}
+	for _, c := range []struct {
 		name string
-		opts Options
+		a, b Options
 	}{
-		{"exclusive", Options{Exclusive: true, LockCheckInterval: time.Hour}},
-		{"shared", Options{Shared: true, LockCheckInterval: time.Hour}},
+		{"exclusive", exclusive, exclusive},
+		{"shared", shared, exclusive},
+		{"a member after a single daemon", exclusive, shared},
 	} {
-		t.Run(a.name, func(t *testing.T) { testLockHolderFencesCommits(t, a.opts) })
+		t.Run(c.name, func(t *testing.T) { testLockHolderFencesCommits(t, c.a, c.b) })
 	}
 }
 
-func testLockHolderFencesCommits(t *testing.T, opts Options) {
+func testLockHolderFencesCommits(t *testing.T, opts, bOpts Options) {
 	dsn := pgtest.NewDatabase(t)
 	ctx := context.Background()
 	a, err := Open(ctx, dsn, opts)
@@ -317,7 +326,7 @@ func testLockHolderFencesCommits(t *testing.T, opts Options) {
 		WHERE l.locktype = 'advisory' AND l.granted`); err != nil {
 		t.Fatal(err)
 	}
-	b, err := Open(ctx, dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
+	b, err := Open(ctx, dsn, bOpts)
 	if err != nil {
 		t.Fatalf("Open B after A lost its lock: %v", err)
 	}

@@ -290,22 +290,12 @@ func (s *Store) lock(ctx context.Context, wait time.Duration) error {
 	return nil
 }
 
-// raiseEpoch raises the daemon lock's epoch, on the lock's connection, right after this store
-// took the lock, and keeps it for the fence of its commits. The raise waits for the commits of
+// raiseEpoch raises the daemon lock's epoch (a cluster member, which holds the lock shared,
+// only reads it unless a single daemon raised it last), on the lock's connection, right after
+// this store took the lock, and keeps it for the fence of its commits. The raise waits for the commits of
 // the lock's previous holder that passed their fence, and no later one of them passes it. Called
 // with lockMu held or before the store is shared.
 func (s *Store) raiseEpoch(ctx context.Context) error {
-	if s.shared {
-		// Members fence their writes against each other per session key (Claim). They read
-		// the epoch, not raise it (a raise would fence the other members), and fence their
-		// commits with it: a single daemon can take the lock only once every member's hold is
-		// gone, and its raise then refuses the members' commits, even before they notice.
-		err := s.lockConn.QueryRow(ctx, `SELECT epoch FROM daemon_epoch`).Scan(&s.lockEpoch)
-		if err != nil {
-			return fmt.Errorf("read the daemon lock's epoch: %w", err)
-		}
-		return nil
-	}
 	var epoch int64
 	err := pgx.BeginFunc(ctx, s.lockConn, func(tx pgx.Tx) error {
 		// The lock's own lock_timeout may be a millisecond (checkLock); a commit in flight of
@@ -313,7 +303,24 @@ func (s *Store) raiseEpoch(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '15s'`); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, `UPDATE daemon_epoch SET epoch = epoch + 1 RETURNING epoch`).Scan(&epoch)
+		if !s.shared {
+			return tx.QueryRow(ctx, `UPDATE daemon_epoch SET epoch = epoch + 1, exclusive = true RETURNING epoch`).Scan(&epoch)
+		}
+		// Members fence their writes against each other per session key (Claim). They read
+		// the epoch, not raise it (a raise would fence the other members), and fence their
+		// commits with it: a single daemon can take the lock only once every member's hold is
+		// gone, and its raise then refuses the members' commits, even before they notice. But
+		// the first member to take the lock after a single daemon held it raises it: the
+		// daemon may have lost its lock without noticing yet (its connection died), and its
+		// commits must be refused from now on (TestLockHoldersFenceCommits). Of two members
+		// that take it at once, the second's UPDATE waits for the first's and then finds the
+		// row no longer exclusive.
+		err := tx.QueryRow(ctx, `UPDATE daemon_epoch SET epoch = epoch + 1, exclusive = false
+			WHERE exclusive RETURNING epoch`).Scan(&epoch)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = tx.QueryRow(ctx, `SELECT epoch FROM daemon_epoch`).Scan(&epoch)
+		}
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("raise the daemon lock's epoch: %w", err)
