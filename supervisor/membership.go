@@ -323,8 +323,9 @@ func (p *storeMembership) displaced(live []postgres.Member) error {
 		p.me.Host, p.me.Port)
 }
 
-// strangers returns an error when a live member of another cluster (another cluster.name) that
-// does not leave registered on this database and schema before this member. The two clusters
+// strangers returns an error when a live member of another cluster (another cluster.name),
+// leaving or not (a leaving one still runs turns), registered on this database and schema
+// before this member. The two clusters
 // would share the sessions but not their members: each would place every key on one of its own
 // members, which claims the key without asking the other cluster's holder, and every message
 // would run on both, each side fencing the other's writes. The younger side stops, at start

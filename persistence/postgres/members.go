@@ -81,16 +81,16 @@ var holderSQL = `SELECT m.id, m.host, m.port, m.kinds, m.leaving, m.node
 	ORDER BY m.joined_at DESC LIMIT 1`
 
 // strangersSQL lists the live members of clusters other than $1 (each judged by its own ttl,
-// or by $2) that do not leave and registered before member $3 of $1 (ties broken by cluster
+// or by $2), leaving ones included, that registered before member $3 of $1 (ties broken by cluster
 // and id, so that of two members exactly one is the older), oldest first.
 var strangersSQL = `SELECT cluster, id, host, port, kinds, leaving, node, http_addr FROM members m
-	WHERE cluster <> $1 AND NOT leaving AND NOT ` + gone(ownTTL("m", "$2"), ownTTL("n", "$2")) + `
+	WHERE cluster <> $1 AND NOT ` + gone(ownTTL("m", "$2"), ownTTL("n", "$2")) + `
 		AND (joined_at, cluster, id) < (SELECT joined_at, cluster, id FROM members WHERE cluster = $1 AND id = $3)
 	ORDER BY joined_at, id`
 
 // Strangers returns the live members of clusters other than cluster on this database and
-// schema that registered before member id of cluster and do not leave, oldest first, each
-// with its Cluster. Two clusters on one schema share its sessions but not their members: each
+// schema that registered before member id of cluster, oldest first, each with its Cluster; a
+// leaving one too, as its drain still runs turns. Two clusters on one schema share its sessions but not their members: each
 // would place, claim and run the same session keys, fencing the other's writes, and its agent
 // would run every message the other runs. A member that finds such an older stranger leaves.
 func (s *Store) Strangers(ctx context.Context, cluster, id string, ttl time.Duration) ([]Member, error) {

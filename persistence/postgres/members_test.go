@@ -404,8 +404,8 @@ func TestMembersAreJudgedByTheirOwnTTL(t *testing.T) {
 }
 
 // TestStrangers: a member finds the live members of other clusters on its schema that
-// registered before it and do not leave; not those of its own cluster, nor younger, leaving or
-// expired ones.
+// registered before it, leaving ones too (their drain still runs turns); not those of its own
+// cluster, nor younger or expired ones.
 func TestStrangers(t *testing.T) {
 	s, dsn := MustOpen(t)
 	ctx := context.Background()
@@ -429,15 +429,15 @@ func TestStrangers(t *testing.T) {
 		}
 		return fmt.Sprint(out)
 	}
+	beat("old", Member{ID: "o1", Host: "10.0.2.1", Port: 6340, Leaving: true})
 	beat("prod", Member{ID: "p1", Host: "10.0.0.1", Port: 6340})
 	beat("prod", Member{ID: "p2", Host: "10.0.0.2", Port: 6340})
 	beat("staging", Member{ID: "s1", Host: "10.0.1.1", Port: 6340})
-	beat("old", Member{ID: "o1", Host: "10.0.2.1", Port: 6340, Leaving: true})
 	for _, c := range []struct{ cluster, id, want string }{
-		{"prod", "p1", "[]"},
-		{"prod", "p2", "[]"},
-		{"staging", "s1", "[prod/p1 prod/p2]"},
-		{"old", "o1", "[prod/p1 prod/p2 staging/s1]"},
+		{"old", "o1", "[]"},
+		{"prod", "p1", "[old/o1]"},
+		{"prod", "p2", "[old/o1]"},
+		{"staging", "s1", "[old/o1 prod/p1 prod/p2]"},
 		{"prod", "unknown", "[]"},
 	} {
 		if got := strangers(c.cluster, c.id); got != c.want {
@@ -447,7 +447,7 @@ func TestStrangers(t *testing.T) {
 	if _, err := conn.Exec(ctx, `UPDATE members SET heartbeat_at = heartbeat_at - interval '7 seconds' WHERE id = 'p1'`); err != nil {
 		t.Fatal(err)
 	}
-	if got := strangers("staging", "s1"); got != "[prod/p2]" {
-		t.Errorf("p1 expired: Strangers(staging, s1) = %s, want [prod/p2]", got)
+	if got := strangers("staging", "s1"); got != "[old/o1 prod/p2]" {
+		t.Errorf("p1 expired: Strangers(staging, s1) = %s, want [old/o1 prod/p2]", got)
 	}
 }
