@@ -346,6 +346,12 @@ func (s *Store) endIdleLock(ctx context.Context) error {
 		return nil
 	}
 	if _, err := s.lockConn.Exec(ctx, fmt.Sprintf(`SET idle_session_timeout = %d`, s.lockIdle.Milliseconds())); err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "42704" {
+			// undefined_object: a server before PostgreSQL 14 has no idle_session_timeout. The
+			// lock works as before there: kept until TCP keepalive notices a silent holder.
+			return nil
+		}
 		return fmt.Errorf("bound the daemon lock's idle session: %w", err)
 	}
 	return nil
