@@ -325,10 +325,10 @@ func (p *storeMembership) displaced(live []postgres.Member) error {
 
 // strangers returns an error when a live member of another cluster (another cluster.name),
 // leaving or not (a leaving one still runs turns), registered on this database and schema
-// before this member. The two clusters
-// would share the sessions but not their members: each would place every key on one of its own
-// members, which claims the key without asking the other cluster's holder, and every message
-// would run on both, each side fencing the other's writes. The younger side stops, at start
+// before this member. The two clusters would share the sessions but not their members: each
+// would place every key on one of its own members, which claims the key without asking the
+// other cluster's holder, and every message would run on both, each side fencing the other's
+// writes. The younger side stops, at start
 // or at its next renewal (two members starting at once both register before either checks),
 // and the older one runs on (TestMemberOfASecondClusterLeaves). A failed check is no verdict:
 // it is made again at the next renewal.

@@ -82,8 +82,9 @@ type Store struct {
 	lockLost bool            // the last check failed (logged once per loss)
 	stop     chan struct{}   // closed by Close: ends the lock watcher
 	watcher  sync.WaitGroup
-	// lockEpoch is the daemon lock's epoch this store raised (exclusive) or read (shared) when
-	// it took the lock (raiseEpoch); every commit is fenced with it (agentgate_daemon_fence).
+	// lockEpoch is the daemon lock's epoch this store raised (exclusive, or the first member
+	// after a single daemon) or read (the other members) when it took the lock (raiseEpoch);
+	// every commit is fenced with it (agentgate_daemon_fence).
 	lockEpoch int64
 	// lockIdle is how long the server keeps the lock's session once its connection falls
 	// silent (endIdleLock); 0 until Open has migrated.
@@ -292,9 +293,9 @@ func (s *Store) lock(ctx context.Context, wait time.Duration) error {
 
 // raiseEpoch raises the daemon lock's epoch (a cluster member, which holds the lock shared,
 // only reads it unless a single daemon raised it last), on the lock's connection, right after
-// this store took the lock, and keeps it for the fence of its commits. The raise waits for the commits of
-// the lock's previous holder that passed their fence, and no later one of them passes it. Called
-// with lockMu held or before the store is shared.
+// this store took the lock, and keeps it for the fence of its commits. The raise waits for the
+// commits of the lock's previous holder that passed their fence, and no later one of them
+// passes it. Called with lockMu held or before the store is shared.
 func (s *Store) raiseEpoch(ctx context.Context) error {
 	var epoch int64
 	err := pgx.BeginFunc(ctx, s.lockConn, func(tx pgx.Tx) error {
