@@ -46,7 +46,7 @@ func TestQueueModes(t *testing.T) {
 			agent := MustExecAgent(t, fmt.Sprintf(`f=%[1]s/$AGENTGATE_TURN_ID
 cat > "$f.in"
 env | grep '^AGENTGATE_' > "$f.env"
-date +%%s%%N > "$f.started"
+date +%%s%%N > "$f.at" && mv "$f.at" "$f.started" # whole when it appears: the next message may kill this turn
 while [ ! -e %[2]q ]; do sleep 0.01; done
 echo "reply to $AGENTGATE_MESSAGE_ID"`, logs, gate))
 			r := MustStart(t, agent, func(c *config.Config) { c.Sessions.Queue.Mode = tt.mode })
