@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentgate/agentgate/actors"
 	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/postgres"
@@ -34,32 +35,11 @@ func TestClusterRetriedDeliveryIsNotADuplicate(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	a := startClusterOn(t, dsn, 1, okAgent, 0, func(c *config.Config) { c.Cluster.MemberTTL = time.Minute })[0]
 	defer a.stop(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	src, key, deadNode := chatOfADeadMember(t, a)
+	if _, err := a.d.store.Claim(t.Context(), key, deadNode, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	// A member that died a moment ago: registered, live by its ttl, its port closed.
-	dead := postgres.Member{ID: "dead", Host: "127.0.0.1", Port: port, Kinds: []string{actors.SessionKind}, Node: "vm/r_dead"}
-	if _, err := a.d.members.Heartbeat(t.Context(), a.d.cfg.Cluster.Name, dead, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	host, aPort, err := a.d.system.GetHostPort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	owner := ownerOf([]*cluster.Member{{Id: a.d.system.ID, Host: host, Port: int32(aPort), Kinds: dead.Kinds},
-		{Id: dead.ID, Host: dead.Host, Port: int32(dead.Port), Kinds: dead.Kinds}})
-	i := 0
-	for owner(a.d.intake.Key(chat(i))) != a.d.system.Address() {
-		i++
-	}
-	key := a.d.intake.Key(chat(i))
-	if _, err := a.d.store.Claim(t.Context(), key, dead.Node, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	ack := a.inject(t, chat(i), "m1", "hi")
+	ack := a.inject(t, src, "m1", "hi")
 	if ack != nil && ack.Disposition != platforms.Started && ack.Disposition != platforms.Queued {
 		t.Errorf("the message's only delivery was acknowledged %q, want it taken (%q or %q)", ack.Disposition, platforms.Started, platforms.Queued)
 	}
@@ -162,6 +142,38 @@ func TestClusterRetriedResetResetsOnce(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	a := startClusterOn(t, dsn, 1, okAgent, 0, func(c *config.Config) { c.Cluster.MemberTTL = time.Minute })[0]
 	defer a.stop(t)
+	src, key, deadNode := chatOfADeadMember(t, a)
+	// The chat's session, written by the dead member, which still holds the key.
+	now := time.Now()
+	old := persistence.Session{ID: "20260101_000000_0000dead", Key: key, Platform: src.Platform, ChatType: src.ChatType,
+		ChatID: src.ChatID, UserID: src.UserID, StartedAt: now, LastActivityAt: now}
+	if errs := a.d.store.Commit(t.Context(), [][]persistence.Op{{&persistence.CreateSession{Session: old},
+		&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: old.ID, Generation: 1, UpdatedAt: now}}}}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if _, err := a.d.store.Claim(t.Context(), key, deadNode, now); err != nil {
+		t.Fatal(err)
+	}
+	got, err := (&sessionsAPI{d: a.d}).Reset(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.PrevSessionID != old.ID {
+		t.Errorf("the reset answered with session %s following %q, want the one following %s", got.SessionID, got.PrevSessionID, old.ID)
+	}
+	ss, err := a.d.store.SessionsOfKey(t.Context(), key, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ss) != 2 {
+		t.Errorf("the chat has %d sessions after one reset, want 2 (the one reset, the one it began): %+v", len(ss), ss)
+	}
+}
+
+// chatOfADeadMember registers a member that died a moment ago (live by its ttl, its port closed)
+// beside a, and returns a chat whose key a owns, the key and the dead member's node for a claim.
+func chatOfADeadMember(t *testing.T, a *runtime) (src identity.Source, key, deadNode string) {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -182,31 +194,5 @@ func TestClusterRetriedResetResetsOnce(t *testing.T) {
 	for owner(a.d.intake.Key(chat(i))) != a.d.system.Address() {
 		i++
 	}
-	src := chat(i)
-	key := a.d.intake.Key(src)
-	// The chat's session, written by the dead member, which still holds the key.
-	now := time.Now()
-	old := persistence.Session{ID: "20260101_000000_0000dead", Key: key, Platform: src.Platform, ChatType: src.ChatType,
-		ChatID: src.ChatID, UserID: src.UserID, StartedAt: now, LastActivityAt: now}
-	if errs := a.d.store.Commit(t.Context(), [][]persistence.Op{{&persistence.CreateSession{Session: old},
-		&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: old.ID, Generation: 1, UpdatedAt: now}}}}); errs[0] != nil {
-		t.Fatal(errs[0])
-	}
-	if _, err := a.d.store.Claim(t.Context(), key, dead.Node, now); err != nil {
-		t.Fatal(err)
-	}
-	got, err := (&sessionsAPI{d: a.d}).Reset(t.Context(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.PrevSessionID != old.ID {
-		t.Errorf("the reset answered with session %s following %q, want the one following %s", got.SessionID, got.PrevSessionID, old.ID)
-	}
-	ss, err := a.d.store.SessionsOfKey(t.Context(), key, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ss) != 2 {
-		t.Errorf("the chat has %d sessions after one reset, want 2 (the one reset, the one it began): %+v", len(ss), ss)
-	}
+	return chat(i), a.d.intake.Key(chat(i)), dead.Node
 }
