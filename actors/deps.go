@@ -166,6 +166,10 @@ type Deps struct {
 	AgentCalls AgentCalls
 	// AgentSlots bounds the agent calls that run at once (agent.max_concurrent); nil: no bound.
 	AgentSlots *AgentSlots
+	// Refusals are the persistence actor's (persistence.ActorOptions.Refusals): a session that
+	// waits out a pause after the store refused its writes starts early when a message comes
+	// for it and the store has taken writes since. May be nil.
+	Refusals *persistence.Refusals
 	// PersistIncarnation counts the persistence actor's restarts (its
 	// persistence.ActorOptions.Incarnation): a session sends its unacknowledged writes again,
 	// in order, once it has grown past the incarnation they were sent to.

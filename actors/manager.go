@@ -38,9 +38,11 @@ type SessionManager struct {
 	// next activation grows with it); paused holds the keys whose next activation waits.
 	refused map[string]int
 	paused  map[string]bool
-	// waitingOut holds the keys whose next activation waits out such a pause (startSuccessor):
-	// a message for one is answered unavailable at once rather than held (see route).
-	waitingOut map[string]bool
+	// waitingOut holds the keys whose next activation waits out such a pause (startSuccessor),
+	// with the time it began: a message for one is answered unavailable at once rather than
+	// held, unless the store has taken writes since (see route).
+	waitingOut map[string]pause
+	pauses     uint64 // numbers the pauses (pause.n)
 	busy       map[string]bool
 	drains     []*actor.PID
 	// grains are the cluster grains of the sessions in memory, by key (cluster mode).
@@ -220,6 +222,10 @@ func (m *SessionManager) Receive(c actor.Context) {
 		m.handed[msg.key] = i + 1
 	case *successor:
 		m.startSuccessor(c, msg.key)
+	case *pauseOver:
+		if p, ok := m.waitingOut[msg.key]; ok && p.n == msg.n {
+			m.startSuccessor(c, msg.key)
+		}
 	case *recoverAll:
 		m.recoverAll(c)
 	case *restartCrashed:
@@ -291,7 +297,7 @@ func (m *SessionManager) start(c actor.Context) {
 	m.rerun = map[string]bool{}
 	m.refused = map[string]int{}
 	m.paused = map[string]bool{}
-	m.waitingOut = map[string]bool{}
+	m.waitingOut = map[string]pause{}
 	m.busy = map[string]bool{}
 	m.grains = map[string]*actor.PID{}
 	m.stoppedGrains = map[string][]*actor.PID{}
@@ -355,13 +361,23 @@ func (m *SessionManager) route(c actor.Context, key string, r routed) {
 		return
 	}
 	if held, ok := m.stopping[key]; ok {
-		if d, ok := r.msg.(*Deliver); ok && m.waitingOut[key] && r.sender != nil {
-			// The session waits out a pause after the store refused its writes (a full disk),
-			// which grows to a minute: held, the message would outwait its sender's request,
-			// and its write would most likely be refused too. Its sender sends it again.
-			c.Send(r.sender, &DeliverResult{SessionKey: d.SessionKey, MessageId: d.MessageId, ErrorCode: "unavailable",
-				Error: "the session waits for the store to take writes again; send the message again shortly"})
-			return
+		if p, waiting := m.waitingOut[key]; waiting && r.sender != nil {
+			if d, ok := r.msg.(*Deliver); ok && m.d.Refusals.TakenSince(p.began) {
+				// The store takes writes again (room was made on the disk): the session need
+				// not wait out the rest of its pause, up to a minute, to take the message.
+				m.log.Info("the store takes writes again; a paused session starts early", "session", key, "message", d.MessageId)
+				m.stopping[key] = append(held, r)
+				m.startSuccessor(c, key)
+				return
+			} else if ok {
+				// The session waits out a pause after the store refused its writes (a full
+				// disk), which grows to a minute: held, the message would outwait its sender's
+				// request, and its write would most likely be refused too. Its sender sends it
+				// again.
+				c.Send(r.sender, &DeliverResult{SessionKey: d.SessionKey, MessageId: d.MessageId, ErrorCode: "unavailable",
+					Error: "the session waits for the store to take writes again; send the message again shortly"})
+				return
+			}
 		}
 		m.stopping[key] = append(held, r)
 		return
@@ -493,6 +509,20 @@ func (m *SessionManager) whileClosing(c actor.Context, key string, r routed) {
 // requests held for it, if it has any or must run again (passivate.rerun).
 type successor struct{ key string }
 
+// pause is one wait of a key's next activation after the store refused the session's writes
+// (waitingOut): its number among the manager's pauses and when it began.
+type pause struct {
+	n     uint64
+	began time.Time
+}
+
+// pauseOver is successor at the end of pause n, unless the session started early (route) or
+// paused again since.
+type pauseOver struct {
+	key string
+	n   uint64
+}
+
 func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 	delete(m.waitingOut, key)
 	if m.closing {
@@ -532,10 +562,12 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		delete(m.paused, key)
 		n := m.refused[key]
 		m.refused[key] = n + 1
-		pause := min(refusedPause<<min(n, 6), maxRefusedPause)
-		m.log.Warn("the store refused a session's write; it starts again from the store", "session", key, "in", pause)
-		m.timers.SendOnce(pause, c.Self(), &successor{key: key})
-		m.waitingOut[key] = true
+		wait := min(refusedPause<<min(n, 6), maxRefusedPause)
+		m.log.Warn("the store refused a session's write; it starts again from the store", "session", key, "in", wait)
+		m.pauses++
+		p := pause{n: m.pauses, began: time.Now()}
+		m.timers.SendOnce(wait, c.Self(), &pauseOver{key: key, n: p.n})
+		m.waitingOut[key] = p
 		return
 	}
 	if !m.quieted[key] && (m.elsewhere(key) != nil && (len(m.stopping[key]) > 0 || m.rerun[key]) || len(m.waiters[key]) > 0) {

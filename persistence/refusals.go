@@ -19,6 +19,9 @@ type Refusals struct {
 	mu  sync.Mutex
 	err error
 	at  time.Time
+	// takenAt is when a write was last taken after a refusal (zero before the first refusal):
+	// the sessions that wait out a pause after a refusal start early once it is after theirs.
+	takenAt time.Time
 }
 
 // refuse records a refusal at now.
@@ -37,8 +40,22 @@ func (r *Refusals) taken() {
 		return
 	}
 	r.mu.Lock()
+	if r.err != nil || !r.takenAt.IsZero() {
+		r.takenAt = time.Now()
+	}
 	r.err = nil
 	r.mu.Unlock()
+}
+
+// TakenSince reports whether a write was taken at or after t, and none refused since: the
+// store, which refused writes before t, takes them again.
+func (r *Refusals) TakenSince(t time.Time) bool {
+	if r == nil {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err == nil && !r.takenAt.IsZero() && !r.takenAt.Before(t)
 }
 
 // Err returns an error describing the last refusal when it happened within RefusalMemory

@@ -72,6 +72,11 @@ func TestRefusalsSayWhenWritesAreRefused(t *testing.T) {
 		if err := write(3, userMessage("s1", 2, "m2")); !errors.Is(err, persistence.ErrUnavailable) {
 			t.Fatalf("write on a full disk: %v, want ErrUnavailable", err)
 		}
+		refused := time.Now()
+		time.Sleep(time.Second)
+		if refusals.TakenSince(refused) {
+			t.Error("Refusals.TakenSince the last refusal = true with no write taken since")
+		}
 		// Room on the disk again: the write is spooled, so it is taken.
 		broken.append.Store(false)
 		if err := write(4, userMessage("s1", 3, "m3")); err != nil {
@@ -79,6 +84,10 @@ func TestRefusalsSayWhenWritesAreRefused(t *testing.T) {
 		}
 		if err := refusals.Err(time.Now()); err != nil {
 			t.Errorf("Refusals.Err after a spooled write = %v, want nil", err)
+		}
+		if !refusals.TakenSince(refused) || refusals.TakenSince(time.Now().Add(time.Second)) {
+			t.Errorf("Refusals.TakenSince: %v since the refusal, %v a second from now; want true, false",
+				refusals.TakenSince(refused), refusals.TakenSince(time.Now().Add(time.Second)))
 		}
 		out.Down.Store(false)
 		time.Sleep(2 * time.Second)

@@ -284,7 +284,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		},
 		Log: log, Metrics: d.metrics, Now: opts.Now, Node: hostname(), Run: run,
 		Editors: map[string]bool{}, DraftInterval: opts.DraftInterval, Fencing: opts.SharedStore,
-		Clustered: cfg.Cluster.Enabled,
+		Clustered: cfg.Cluster.Enabled, Refusals: &d.refusals,
 	}
 	if opts.Agent == nil && cfg.Agent.Backend != "echo" {
 		// The configured exec or openai agent: each call is a process or a model request. (An
