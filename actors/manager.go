@@ -42,7 +42,8 @@ type SessionManager struct {
 	// with the time it began: a message for one is answered unavailable at once rather than
 	// held, unless the store has taken writes since (see route).
 	waitingOut map[string]pause
-	pauses     uint64 // numbers the pauses (pause.n)
+	pauses     uint64               // numbers the pauses (pause.n)
+	stopPauses scheduler.CancelFunc // the pauseCheck ticker, while keys wait out a pause
 	busy       map[string]bool
 	drains     []*actor.PID
 	// grains are the cluster grains of the sessions in memory, by key (cluster mode).
@@ -173,6 +174,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 			m.stopSweep()
 			m.stopSweep = nil
 		}
+		m.stopPauseChecks()
 		// Requests held for a session that will not start here get an honest answer: a
 		// message is sent again (ClusterRouter), with its id, to wherever its key lives next.
 		// The activations are given up: an answer to one (a lookup, a Released) that arrives
@@ -226,6 +228,8 @@ func (m *SessionManager) Receive(c actor.Context) {
 		if p, ok := m.waitingOut[msg.key]; ok && p.n == msg.n {
 			m.startSuccessor(c, msg.key)
 		}
+	case *pauseCheck:
+		m.endPausesEarly(c)
 	case *recoverAll:
 		m.recoverAll(c)
 	case *restartCrashed:
@@ -523,6 +527,37 @@ type pauseOver struct {
 	n   uint64
 }
 
+// pauseCheck wakes the manager every pauseCheckEvery while keys wait out a pause, to start
+// early those whose store has taken writes since their pause began (endPausesEarly).
+type pauseCheck struct{}
+
+// pauseCheckEvery is how often the manager looks whether the store takes writes again while
+// sessions wait out a pause after refused writes.
+const pauseCheckEvery = time.Second
+
+// endPausesEarly starts the sessions that wait out a pause after refused writes once the store
+// has taken a write since the pause began, and refused none since (any chat's message, a
+// delivery mark): room was made on the disk, and what they hold (a turn to run again) need not
+// wait out the rest of a pause of up to a minute. With no key waiting, the ticker stops.
+func (m *SessionManager) endPausesEarly(c actor.Context) {
+	for key, p := range m.waitingOut {
+		if m.d.Refusals.TakenSince(p.began) {
+			m.log.Info("the store takes writes again; a paused session starts early", "session", key)
+			m.startSuccessor(c, key)
+		}
+	}
+	if len(m.waitingOut) == 0 {
+		m.stopPauseChecks()
+	}
+}
+
+func (m *SessionManager) stopPauseChecks() {
+	if m.stopPauses != nil {
+		m.stopPauses()
+		m.stopPauses = nil
+	}
+}
+
 func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 	delete(m.waitingOut, key)
 	if m.closing {
@@ -568,6 +603,9 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		p := pause{n: m.pauses, began: time.Now()}
 		m.timers.SendOnce(wait, c.Self(), &pauseOver{key: key, n: p.n})
 		m.waitingOut[key] = p
+		if m.stopPauses == nil {
+			m.stopPauses = m.timers.SendRepeatedly(pauseCheckEvery, pauseCheckEvery, c.Self(), &pauseCheck{})
+		}
 		return
 	}
 	if !m.quieted[key] && (m.elsewhere(key) != nil && (len(m.stopping[key]) > 0 || m.rerun[key]) || len(m.waiters[key]) > 0) {
