@@ -139,6 +139,81 @@ func TestPausedSessionStartsEarlyOnceTheStoreTakesWrites(t *testing.T) {
 	}
 }
 
+// TestPausesAfterAnEarlyStartAreWaitedOut: on a disk with room for small writes but not for a
+// session's turn result, other chats' writes keep getting through; the session, started early
+// once, is refused again, and its pauses after that are waited out: its agent runs about once
+// per pause of its backoff, not once a second. Before, every pause ended at the next write
+// another chat got through, and the agent ran its turn again each time.
+func TestPausesAfterAnEarlyStartAreWaitedOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var calls atomic.Int32
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			if req.Identity.ChatID == "c1" {
+				calls.Add(1)
+			}
+			return &agents.Response{Text: "answer"}, nil
+		})
+		var refusals persistence.Refusals
+		w := newManagerWorldWith(t, filepath.Join(t.TempDir(), "agentgate.db"), agent,
+			func(d *Deps) { d.Refusals = &refusals },
+			func(s persistence.Store) persistence.Store {
+				return &refuseReplies{Store: s, key: "agent:main:fake:dm:c1"}
+			},
+			func(o *persistence.ActorOptions) { o.Refusals = &refusals })
+		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		other := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c2", UserID: "u2"}
+		otherKey := identity.Key(other, w.d.Config.Keys)
+		const minutes = 5
+		for i := range minutes * 60 { // another chat's write gets through every second
+			res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: otherKey, Msg: &Deliver{SessionKey: otherKey,
+				Source: sourceToProto(other), MessageId: fmt.Sprint("o", i), Text: "hello", ReceivedAtUnixNano: time.Now().UnixNano()}}, time.Hour).Result()
+			if err != nil || res.(*DeliverResult).ErrorCode != "" {
+				t.Fatalf("another chat's message: %v %+v", err, res)
+			}
+			time.Sleep(time.Second)
+		}
+		// Pauses of 1, 2, 4 … 32 s, then a minute: about 8 in 5 minutes, and at most one early
+		// start after each.
+		if n := calls.Load(); n > 20 {
+			t.Errorf("the refused session's agent ran %d times in %d minutes, want its pauses waited out (about 16 at most)", n, minutes)
+		}
+	})
+}
+
+// refuseReplies is a store that refuses as unavailable every write group holding an outbox
+// entry of key: a disk with room for small writes, not for that session's turn results.
+type refuseReplies struct {
+	persistence.Store
+	key string
+}
+
+func (s *refuseReplies) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	errs := make([]error, len(groups))
+	var keep [][]persistence.Op
+	var at []int
+	for i, g := range groups {
+		refused := false
+		for _, op := range g {
+			if o, ok := op.(*persistence.AddOutbox); ok && o.Entry.SessionKey == s.key {
+				refused = true
+			}
+		}
+		if refused {
+			errs[i] = fmt.Errorf("%w: no room for this write (test)", persistence.ErrUnavailable)
+			continue
+		}
+		keep, at = append(keep, g), append(at, i)
+	}
+	if len(keep) > 0 {
+		for j, err := range s.Store.Commit(ctx, keep) {
+			errs[at[j]] = err
+		}
+	}
+	return errs
+}
+
 // allIn reports whether every one of keys is in m.
 func allIn(m map[string]int, keys []string) bool {
 	for _, k := range keys {

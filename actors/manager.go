@@ -42,10 +42,13 @@ type SessionManager struct {
 	// with the time it began: a message for one is answered unavailable at once rather than
 	// held, unless the store has taken writes since (see route).
 	waitingOut map[string]pause
-	pauses     uint64               // numbers the pauses (pause.n)
-	stopPauses scheduler.CancelFunc // the pauseCheck ticker, while keys wait out a pause
-	busy       map[string]bool
-	drains     []*actor.PID
+	// startedEarly holds the keys whose session last started before its pause was over: if
+	// the store refuses its writes again, its next pause is waited out (see pause.early).
+	startedEarly map[string]bool
+	pauses       uint64               // numbers the pauses (pause.n)
+	stopPauses   scheduler.CancelFunc // the pauseCheck ticker, while keys wait out a pause
+	busy         map[string]bool
+	drains       []*actor.PID
 	// grains are the cluster grains of the sessions in memory, by key (cluster mode).
 	grains map[string]*actor.PID
 	// stoppedGrains are the grains the manager stopped, by key, until they report their stop:
@@ -256,6 +259,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 				m.d.Metrics.SessionPassivations.Inc()
 				delete(m.crashStops, msg.key) // it ran well long enough to be idle
 				delete(m.refused, msg.key)
+				delete(m.startedEarly, msg.key)
 			}
 			c.Poison(pid)
 		}
@@ -302,6 +306,7 @@ func (m *SessionManager) start(c actor.Context) {
 	m.refused = map[string]int{}
 	m.paused = map[string]bool{}
 	m.waitingOut = map[string]pause{}
+	m.startedEarly = map[string]bool{}
 	m.busy = map[string]bool{}
 	m.grains = map[string]*actor.PID{}
 	m.stoppedGrains = map[string][]*actor.PID{}
@@ -366,12 +371,12 @@ func (m *SessionManager) route(c actor.Context, key string, r routed) {
 	}
 	if held, ok := m.stopping[key]; ok {
 		if p, waiting := m.waitingOut[key]; waiting && r.sender != nil {
-			if d, ok := r.msg.(*Deliver); ok && m.d.Refusals.TakenSince(p.began) {
+			if d, ok := r.msg.(*Deliver); ok && m.mayEnd(p) {
 				// The store takes writes again (room was made on the disk): the session need
 				// not wait out the rest of its pause, up to a minute, to take the message.
 				m.log.Info("the store takes writes again; a paused session starts early", "session", key, "message", d.MessageId)
 				m.stopping[key] = append(held, r)
-				m.startSuccessor(c, key)
+				m.startEarly(c, key)
 				return
 			} else if ok {
 				// The session waits out a pause after the store refused its writes (a full
@@ -514,10 +519,27 @@ func (m *SessionManager) whileClosing(c actor.Context, key string, r routed) {
 type successor struct{ key string }
 
 // pause is one wait of a key's next activation after the store refused the session's writes
-// (waitingOut): its number among the manager's pauses and when it began.
+// (waitingOut): its number among the manager's pauses, when it began, and whether it may end
+// early once the store takes writes again (mayEnd). A pause after an early start may not: on a
+// disk with room for small writes but not for the session's, every early start would run the
+// session's turn again, its agent with it, each time another write got through; waited out,
+// the pauses keep their backoff.
 type pause struct {
 	n     uint64
 	began time.Time
+	early bool
+}
+
+// mayEnd reports whether pause p may end now: it may end early, and the store has taken a
+// write since it began, and refused none since.
+func (m *SessionManager) mayEnd(p pause) bool {
+	return p.early && m.d.Refusals.TakenSince(p.began)
+}
+
+// startEarly starts key's session before its pause is over (mayEnd).
+func (m *SessionManager) startEarly(c actor.Context, key string) {
+	m.startedEarly[key] = true
+	m.startSuccessor(c, key)
 }
 
 // pauseOver is successor at the end of pause n, unless the session started early (route) or
@@ -540,11 +562,15 @@ const pauseCheckEvery = time.Second
 // delivery mark): room was made on the disk, and what they hold (a turn to run again) need not
 // wait out the rest of a pause of up to a minute. With no key waiting, the ticker stops.
 func (m *SessionManager) endPausesEarly(c actor.Context) {
+	started := 0
 	for key, p := range m.waitingOut {
-		if m.d.Refusals.TakenSince(p.began) {
-			m.log.Info("the store takes writes again; a paused session starts early", "session", key)
-			m.startSuccessor(c, key)
+		if m.mayEnd(p) {
+			started++
+			m.startEarly(c, key)
 		}
+	}
+	if started > 0 {
+		m.log.Info("the store takes writes again; paused sessions start early", "count", started)
 	}
 	if len(m.waitingOut) == 0 {
 		m.stopPauseChecks()
@@ -600,7 +626,8 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		wait := min(refusedPause<<min(n, 6), maxRefusedPause)
 		m.log.Warn("the store refused a session's write; it starts again from the store", "session", key, "in", wait)
 		m.pauses++
-		p := pause{n: m.pauses, began: time.Now()}
+		p := pause{n: m.pauses, began: time.Now(), early: !m.startedEarly[key]}
+		delete(m.startedEarly, key)
 		m.timers.SendOnce(wait, c.Self(), &pauseOver{key: key, n: p.n})
 		m.waitingOut[key] = p
 		if m.stopPauses == nil {
