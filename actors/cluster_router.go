@@ -77,8 +77,8 @@ func (r *ClusterRouter) Tell(key string, msg any) {
 // letter: the session passivated or moved), no member takes the key, an attempt gets no
 // answer within clusterAttemptTimeout (its member died or left), or the answer says the
 // session stopped before it stored the message (ErrCodeStopped: its member is leaving). A
-// reset sent again after an attempt with no answer says so (ResetSession.Retry), so that the
-// session does not reset twice.
+// reset sent again after an attempt with no answer says so (ResetSession.Retry), with when the
+// first attempt went out, so that the session does not reset twice.
 func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, error) {
 	if _, ok := msg.(proto.Message); !ok {
 		return nil, fmt.Errorf("request %T to %s: not a protobuf message", msg, key)
@@ -87,7 +87,8 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 	}
-	deadline := time.Now().Add(timeout)
+	sent := time.Now()
+	deadline := sent.Add(timeout)
 	lastErr := errors.New("no member took the session")
 	var stopped *DeliverResult // the last ErrCodeStopped answer, given if no attempt succeeds
 	reached := false           // an attempt may have stored the message: no answer, or stopped
@@ -104,7 +105,8 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 		}
 		if pid != nil {
 			if reset, ok := msg.(*ResetSession); ok && reached && !reset.Retry {
-				msg = &ResetSession{Reason: reset.Reason, Retry: true} // the last attempt may have done it
+				// The last attempt may have done it, and the session may have taken messages since.
+				msg = &ResetSession{Reason: reset.Reason, Retry: true, FirstSentAtUnixNano: sent.UnixNano()}
 			}
 			res, err := Await(ctx, r.c.ActorSystem.Root.RequestFuture(pid, msg, min(remaining, clusterAttemptTimeout)))
 			if err != nil && ctx.Err() != nil {

@@ -314,14 +314,16 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 	orphaned := func(c actor.Context, _ string) {
 		c.Send(requester, &ResetResult{Error: "the session stopped before the reset was confirmed; it may have taken effect: look at the session before resetting it again"})
 	}
-	if m.Retry && s.cur.PrevSessionID != "" && s.lastSeq == 0 && s.running == nil && len(s.queue) == 0 {
+	if m.Retry && s.cur.PrevSessionID != "" && (s.lastSeq == 0 && s.running == nil && len(s.queue) == 0 || s.begunSince(m.FirstSentAtUnixNano)) {
 		// The cluster router sends the reset again after an attempt that got no answer, and
 		// that attempt may have done it: the session follows another and has held nothing
-		// since. Resetting it again would end an empty session (and, had a message come in
-		// meanwhile, the conversation the user had started after the reset). It is answered
-		// as the reset, once the session's earlier writes (that attempt's among them) are
-		// durable. When the attempt did not reset it, this session is as fresh as a reset
-		// would make it.
+		// since, or it began after that attempt was sent. Resetting it again would end an
+		// empty session, or the conversation the user started after the reset, dropping
+		// its running turn and queued messages (a message that came for the key while its
+		// activation was slow is held between the two attempts). It is answered as the
+		// reset, once the session's earlier writes (that attempt's among them) are durable.
+		// When the attempt did not reset it, this session is as fresh as a reset would make
+		// it, or it began at another boundary after the operator asked for one.
 		sid, prev := s.cur.ID, s.cur.PrevSessionID
 		s.writeFor(c, nil, orphaned, func(c actor.Context, err error) {
 			r := &ResetResult{SessionId: sid, PreviousSessionId: prev}
@@ -356,6 +358,17 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		}
 		c.Send(requester, r)
 	})
+}
+
+// resetRetrySkew is how much earlier than the first attempt of a retried reset, by this
+// member's clock, the session may have begun and still count as begun after it (begunSince):
+// that attempt was stamped by the clock of the router's member.
+const resetRetrySkew = time.Second
+
+// begunSince reports whether the current session began after sent (unix nanoseconds, 0 when
+// not known), the first attempt of a retried reset.
+func (s *Session) begunSince(sent int64) bool {
+	return sent != 0 && !s.cur.StartedAt.Before(time.Unix(0, sent).Add(-resetRetrySkew))
 }
 
 func (s *Session) statusText(now time.Time) string {

@@ -498,9 +498,13 @@ type ResetSession struct {
 	// retry is set by the cluster router on an attempt after one that got no answer (its member
 	// was slow or died) and so may have reset the session already: a session that has held
 	// nothing since a boundary is then answered as reset, not reset again (Session.onReset).
-	Retry         bool `protobuf:"varint,2,opt,name=retry,proto3" json:"retry,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Retry bool `protobuf:"varint,2,opt,name=retry,proto3" json:"retry,omitempty"`
+	// first_sent_at_unix_nano is when the router sent the first attempt of a retried reset: a
+	// session that began at a boundary after it (that attempt's reset, as a rule) is answered as
+	// reset even when it has taken messages since, which a second reset would drop (0: unknown).
+	FirstSentAtUnixNano int64 `protobuf:"varint,3,opt,name=first_sent_at_unix_nano,json=firstSentAtUnixNano,proto3" json:"first_sent_at_unix_nano,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *ResetSession) Reset() {
@@ -545,6 +549,13 @@ func (x *ResetSession) GetRetry() bool {
 		return x.Retry
 	}
 	return false
+}
+
+func (x *ResetSession) GetFirstSentAtUnixNano() int64 {
+	if x != nil {
+		return x.FirstSentAtUnixNano
+	}
+	return 0
 }
 
 // ResetResult answers ResetSession.
@@ -1417,10 +1428,11 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\x04node\x18\n" +
 	" \x01(\tR\x04node\x12\x16\n" +
 	"\x06active\x18\v \x01(\bR\x06active\x12\x1c\n" +
-	"\tprobation\x18\f \x01(\tR\tprobation\"<\n" +
+	"\tprobation\x18\f \x01(\tR\tprobation\"r\n" +
 	"\fResetSession\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x14\n" +
-	"\x05retry\x18\x02 \x01(\bR\x05retry\"r\n" +
+	"\x05retry\x18\x02 \x01(\bR\x05retry\x124\n" +
+	"\x17first_sent_at_unix_nano\x18\x03 \x01(\x03R\x13firstSentAtUnixNano\"r\n" +
 	"\vResetResult\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12.\n" +

@@ -72,3 +72,72 @@ func TestRetriedResetResetsOnce(t *testing.T) {
 		}
 	})
 }
+
+// TestRetriedResetKeepsTheConversationBegunSince: a message can come for the key between the
+// two attempts of an operator's reset (held with them while the key's activation is slow, or
+// sent while the router waits out the first attempt), and the session the first attempt began
+// then holds it when the retry comes. The retry says when its first attempt went out; a
+// session begun since is answered as that reset, with its conversation kept, in the same
+// activation or the next one. A session that began before the first attempt went out was not
+// begun by it, and is reset.
+//
+// Before, only an empty session was answered so: the retry ended the conversation the user
+// had begun after the reset (a turn still running was cancelled and its message dropped).
+func TestRetriedResetKeepsTheConversationBegunSince(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newManagerWorld(t, echo.New(), nil)
+		reset := func(m *ResetSession) *ResetResult {
+			t.Helper()
+			res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: m}, time.Minute).Result()
+			r, ok := res.(*ResetResult)
+			if err != nil || !ok || r.Error != "" || r.SessionId == "" {
+				t.Fatalf("reset %v: %v, %v", m, res, err)
+			}
+			return r
+		}
+		sessions := func() int {
+			t.Helper()
+			ss, err := w.store.SessionsOfKey(w.ctx, w.key, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(ss)
+		}
+		if r := w.deliver(t, "m1", "hello"); r.ErrorCode != "" {
+			t.Fatalf("m1: %+v", r)
+		}
+		w.awaitTurnEnds(1)
+		time.Sleep(time.Minute)
+		sent := time.Now() // the first attempt goes out, and is done
+		first := reset(&ResetSession{})
+		if r := w.deliver(t, "m2", "after the reset"); r.ErrorCode != "" || r.SessionId != first.SessionId {
+			t.Fatalf("m2: %+v", r)
+		}
+		w.awaitTurnEnds(1)
+		retry := &ResetSession{Retry: true, FirstSentAtUnixNano: sent.UnixNano()}
+		if got := reset(retry); got.SessionId != first.SessionId || got.PreviousSessionId != first.PreviousSessionId {
+			t.Errorf("a retried reset of the session its first attempt began, which took a message since, = %v, want it answered as that reset %v", got, first)
+		}
+		time.Sleep(2 * time.Hour) // the session passivates: the next request activates it from the store
+		synctest.Wait()
+		if got := reset(retry); got.SessionId != first.SessionId || got.PreviousSessionId != first.PreviousSessionId {
+			t.Errorf("the retried reset in the next activation = %v, want it answered as the reset %v", got, first)
+		}
+		if n := sessions(); n != 2 {
+			t.Errorf("the key has %d sessions after one reset and its retries, want 2", n)
+		}
+		msgs, _, err := w.store.History(w.ctx, first.SessionId, 100)
+		if err != nil || len(msgs) != 2 || msgs[0].MessageID != "m2" || msgs[0].Status != persistence.StatusDone {
+			t.Errorf("the session the reset began holds %+v, %v; want m2 and its answer", msgs, err)
+		}
+
+		// A retry whose first attempt went out after the session began (two hours later: more
+		// than any clock skew between members) did not begin it: it resets.
+		if got := reset(&ResetSession{Retry: true, FirstSentAtUnixNano: time.Now().UnixNano()}); got.PreviousSessionId != first.SessionId {
+			t.Errorf("a retried reset first sent after the session began = %v, want it reset (its predecessor %s)", got, first.SessionId)
+		}
+		if n := sessions(); n != 3 {
+			t.Errorf("the key has %d sessions after two resets, want 3", n)
+		}
+	})
+}
