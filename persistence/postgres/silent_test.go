@@ -257,3 +257,35 @@ func (p *silencer) silence() {
 		s.Store(true)
 	}
 }
+
+// TestPingWhoseCallerGaveUpKeepsTheLock: a readiness probe pings the store, which checks the
+// daemon lock's connection on the way; its client may give up meanwhile (a probe's timeout,
+// while a slow lock check in progress holds the lock's mutex, or a client that hangs up). A
+// live lock connection is not dead for that: the daemon keeps its lock, and a second daemon
+// is refused. Before, the check took the failed ping for a dead connection and let the lock
+// go (a single daemon's writes spooled, a member's refused, until the next check took it again),
+// and another daemon could take it meanwhile.
+func TestPingWhoseCallerGaveUpKeepsTheLock(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	s, err := Open(ctx, dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	_ = s.Ping(gone) // what it answers does not matter: its caller is gone
+	if _, err := s.lockHeld(); err != nil {
+		t.Errorf("the lock after a ping whose caller had gone: %v, want it held", err)
+	}
+	if other, err := Open(ctx, dsn, Options{Exclusive: true, LockWait: 100 * time.Millisecond}); !errors.Is(err, persistence.ErrLocked) {
+		if err == nil {
+			_ = other.Close()
+		}
+		t.Errorf("a second daemon after a ping whose caller had gone: %v, want ErrLocked", err)
+	}
+	if errs := s.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s1", "k")}}}); errs[0] != nil {
+		t.Errorf("a commit after a ping whose caller had gone: %v", errs[0])
+	}
+}

@@ -89,6 +89,8 @@ type Store struct {
 	// lockIdle is how long the server keeps the lock's session once its connection falls
 	// silent (endIdleLock); 0 until Open has migrated.
 	lockIdle time.Duration
+	// lockEvery is the lock check's interval (watchLock), which also bounds Ping's check.
+	lockEvery time.Duration
 }
 
 var _ persistence.Store = (*Store)(nil)
@@ -172,7 +174,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 			every = 5 * time.Second
 		}
 		// Only now: a long migration leaves the lock's connection idle.
-		st.lockIdle = lockIdleChecks * every
+		st.lockIdle, st.lockEvery = lockIdleChecks*every, every
 		if err := st.endIdleLock(ctx); err != nil {
 			st.unlock()
 			pool.Close()
@@ -495,7 +497,15 @@ func (s *Store) Ping(ctx context.Context) error {
 		return fmt.Errorf("ping: %w", err)
 	}
 	defer done()
-	if err := s.checkLock(ctx); err != nil {
+	// The lock is checked on a context of its own, bounded as the lock check's is: a caller
+	// that gives up (a readiness probe's client that timed out or hung up, also while a slow
+	// check in progress holds lockMu) does not make a live lock connection look dead, which
+	// checkLock lets go of, leaving the lock free until the next check, for another daemon to
+	// take (TestPingWhoseCallerGaveUpKeepsTheLock).
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.lockEvery)
+	err = s.checkLock(lctx)
+	cancel()
+	if err != nil {
 		return fmt.Errorf("ping: %w", s.explain(ctx, err))
 	}
 	var readOnly string
