@@ -179,7 +179,7 @@ func New(c Config) (*Platform, error) {
 	}
 	p.relayed.Store(c.Clustered) // relays miss a member most when it has just started
 	p.routes()
-	p.handler = p.recoverPanics(p.identify(p.limitBody(p.authenticate(http.HandlerFunc(p.route)))))
+	p.handler = p.recoverPanics(p.identify(p.limitBody(p.refuseBrowsers(p.authenticate(http.HandlerFunc(p.route))))))
 	return p, nil
 }
 
@@ -449,6 +449,55 @@ func (p *Platform) identify(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// refuseBrowsers keeps web pages from using the API through a browser that runs on a host
+// where the daemon listens. Without a token nothing else stops them: a page on any site can
+// POST a message (with no Content-Type, which is read as JSON) to 127.0.0.1, and an exec agent
+// runs it; a page whose name its owner points at 127.0.0.1 (DNS rebinding) is even the same
+// origin, and reads every transcript. So a request a browser marks as cross-origin (its
+// Sec-Fetch-Site or Origin header) that could change something (any method but GET, HEAD,
+// OPTIONS) is refused, and a daemon without a token answers only requests sent to a loopback
+// name (their Host header), as its own clients and curl send them; a page reached by another
+// name is refused. Clients other than browsers send neither header, and are not affected.
+func (p *Platform) refuseBrowsers(next http.Handler) http.Handler {
+	crossOrigin := http.NewCrossOriginProtection()
+	tokenless := p.cfg.Token == ""
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := crossOrigin.Check(r); err != nil {
+			writeError(w, http.StatusForbidden, CodeCrossOrigin,
+				"a browser's cross-origin request is refused; send it from the daemon's own origin, or from a client other than a browser")
+			return
+		}
+		if tokenless && !loopbackName(r.Host) {
+			writeError(w, http.StatusForbidden, CodeForeignHost,
+				fmt.Sprintf("this daemon has no bearer token, so it answers requests to a loopback name (127.0.0.1, localhost) only, not to %q; set http.token_env to serve it by another name", printableHost(r.Host)))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// loopbackName reports whether a request's Host header names a loopback host. An empty one (an
+// HTTP/1.0 request: no browser sends one) names none, and is taken.
+func loopbackName(host string) bool {
+	if host == "" {
+		return true
+	}
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	return config.LoopbackHost(host)
+}
+
+// printableHost is a Host header fit to quote in an answer: at most 100 bytes (the header may
+// run to the server's header limit).
+func printableHost(host string) string {
+	if len(host) > 100 {
+		return host[:100] + "…"
+	}
+	return host
 }
 
 // authenticate requires the bearer token on every route except the health probes.

@@ -289,3 +289,71 @@ func TestPprof(t *testing.T) {
 		t.Errorf("GET /debug/pprof/goroutine with pprof off = %d %.200s, want 404 %s", got.status, got.body, CodeNotFound)
 	}
 }
+
+// TestBrowsersAreRefused: a web page cannot drive the API through the browser of someone on
+// the daemon's host. Before, a page on any site could POST a message to a daemon without a
+// token on 127.0.0.1 (a missing Content-Type is read as JSON) and have its agent run it, and a
+// page that rebinds its own name to 127.0.0.1 could read every transcript.
+func TestBrowsersAreRefused(t *testing.T) {
+	tokenless := mustStart(t, Config{Sessions: newFakeSessions()}, &fakeRuntime{})
+	withToken := mustStart(t, Config{Token: "s3cret", Sessions: newFakeSessions()}, &fakeRuntime{})
+	msg := `{"chat_id":"c","user_id":"u","text":"t"}`
+	cases := []struct {
+		name       string
+		h          *harness
+		method     string
+		path       string
+		host       string // "" is the listener's address
+		header     map[string]string
+		wantStatus int
+		wantCode   string
+	}{
+		{"curl", tokenless, "POST", "/v1/messages", "", nil, 202, ""},
+		{"curl to localhost", tokenless, "POST", "/v1/messages", "localhost:8080", nil, 202, ""},
+		{"curl to ::1", tokenless, "POST", "/v1/messages", "[::1]:8080", nil, 202, ""},
+		{"page of another site", tokenless, "POST", "/v1/messages", "",
+			map[string]string{"Sec-Fetch-Site": "cross-site", "Origin": "https://evil.example"}, 403, CodeCrossOrigin},
+		{"older browser: Origin only", tokenless, "POST", "/v1/sessions/agent:main:http:dm:c/reset", "",
+			map[string]string{"Origin": "https://evil.example"}, 403, CodeCrossOrigin},
+		{"page of another site, with the token", withToken, "POST", "/v1/messages", "",
+			map[string]string{"Sec-Fetch-Site": "cross-site", "Origin": "https://evil.example", "Authorization": "Bearer s3cret"}, 403, CodeCrossOrigin},
+		{"address typed in the browser", tokenless, "GET", "/v1/sessions", "",
+			map[string]string{"Sec-Fetch-Site": "none"}, 200, ""},
+		{"rebound name, same origin", tokenless, "GET", "/v1/sessions", "evil.example:8080",
+			map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": "http://evil.example:8080"}, 403, CodeForeignHost},
+		{"rebound name posts", tokenless, "POST", "/v1/messages", "evil.example:8080",
+			map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": "http://evil.example:8080"}, 403, CodeForeignHost},
+		{"rebound name reads a transcript", tokenless, "GET", "/v1/sessions/agent:main:http:dm:c/transcript", "evil.example",
+			nil, 403, CodeForeignHost},
+		{"with a token, any name", withToken, "GET", "/v1/sessions", "gateway.example:443",
+			map[string]string{"Authorization": "Bearer s3cret"}, 200, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			body := io.Reader(nil)
+			if tc.method == "POST" && tc.path == "/v1/messages" {
+				body = strings.NewReader(msg)
+			}
+			req, err := http.NewRequest(tc.method, tc.h.base+tc.path, body)
+			if err != nil {
+				t.Fatalf("NewRequest: %v", err)
+			}
+			if tc.host != "" {
+				req.Host = tc.host
+			}
+			for k, v := range tc.header {
+				req.Header.Set(k, v)
+			}
+			resp, err := tc.h.client.Do(req)
+			if err != nil {
+				t.Fatalf("%s %s: %v", tc.method, tc.path, err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			got := response{status: resp.StatusCode, header: resp.Header, body: b}
+			if got.status != tc.wantStatus || got.errCode() != tc.wantCode {
+				t.Errorf("%s %s (Host %q, %v) = %d %s, want %d %q", tc.method, tc.path, tc.host, tc.header, got.status, got.body, tc.wantStatus, tc.wantCode)
+			}
+		})
+	}
+}

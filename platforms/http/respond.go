@@ -27,6 +27,8 @@ const (
 	CodeTextTooLarge      = "text_too_large"
 	CodeUnsupportedMedia  = "unsupported_media_type"
 	CodeUnauthorized      = "unauthorized"
+	CodeCrossOrigin       = "cross_origin"
+	CodeForeignHost       = "foreign_host"
 	CodeNotFound          = "not_found"
 	CodeMethodNotAllowed  = "method_not_allowed"
 	CodeQueueFull         = "queue_full"

@@ -49,7 +49,7 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := mustStart(t, Config{Token: tc.token, BodyTimeout: 200 * time.Millisecond}, &fakeRuntime{})
 			start := time.Now()
-			resp, err := rawRequest(t, h, "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n", "{")
+			resp, err := rawRequest(t, h, "POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n", "{")
 			switch {
 			case tc.want == 0 && err == nil && resp.StatusCode < 400:
 				t.Errorf("a stalled body got %s", resp.Status)
@@ -97,7 +97,7 @@ func TestUnreadAnswerIsCutOff(t *testing.T) {
 			if err := conn.(*net.TCPConn).SetReadBuffer(128 << 10); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", tc.path); err != nil {
+			if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", tc.path); err != nil {
 				t.Fatal(err)
 			}
 			waitFor(t, "the answer cut off in the log", func() bool {
@@ -126,7 +126,7 @@ func TestUnreadAnswerIsCutOff(t *testing.T) {
 // with 413 before the client sends it (no "100 Continue").
 func TestOversizedBodyRefusedBeforeContinue(t *testing.T) {
 	h := mustStart(t, Config{}, &fakeRuntime{})
-	resp, err := rawRequest(t, h, fmt.Sprintf("POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n", 99_999_999), "")
+	resp, err := rawRequest(t, h, fmt.Sprintf("POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n", 99_999_999), "")
 	if err != nil {
 		t.Fatal(err)
 	}
