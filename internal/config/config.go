@@ -264,7 +264,7 @@ type Metrics struct {
 
 // SecretEnv names the environment variables that hold the secrets this daemon uses (its HTTP
 // bearer token, its bot token when Discord is enabled, its API key when the openai backend
-// runs): an agent's subprocess must not inherit them. A variable the daemon does not use is the
+// runs, PGPASSWORD when its store is PostgreSQL): an agent's subprocess must not inherit them. A variable the daemon does not use is the
 // operator's to pass on (an exec agent calling a model may want OPENAI_API_KEY).
 func (c *Config) SecretEnv() []string {
 	var out []string
@@ -279,6 +279,11 @@ func (c *Config) SecretEnv() []string {
 	}
 	if c.Agent.Backend == "openai" {
 		add(c.Agent.OpenAI.APIKeyEnv)
+	}
+	if c.Store.Driver == "postgres" {
+		// The database password, as README tells the operator to give it (pgx reads it as
+		// libpq does): a chat-driven command that prints its environment would post it.
+		add("PGPASSWORD")
 	}
 	return out
 }

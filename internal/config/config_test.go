@@ -925,4 +925,8 @@ func TestSecretEnv(t *testing.T) {
 	if got := fmt.Sprint(c.SecretEnv()); got != "[BEARER DISCORD_TOKEN OPENAI_API_KEY]" {
 		t.Errorf("with Discord and openai: %s, want [BEARER DISCORD_TOKEN OPENAI_API_KEY]", got)
 	}
+	c.Store.Driver = "postgres"
+	if got := fmt.Sprint(c.SecretEnv()); got != "[BEARER DISCORD_TOKEN OPENAI_API_KEY PGPASSWORD]" {
+		t.Errorf("on PostgreSQL: %s, want [BEARER DISCORD_TOKEN OPENAI_API_KEY PGPASSWORD] (the database password the daemon reads)", got)
+	}
 }
