@@ -4,9 +4,12 @@
 package logging
 
 import (
+	"encoding"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/lmittmann/tint"
 )
@@ -35,11 +38,52 @@ func New(w io.Writer, level slog.Leveler, format string) *slog.Logger {
 	if format == "json" {
 		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
 	}
-	return slog.New(tint.NewTextHandler(w, &tint.Options{
-		Level:      level,
-		TimeFormat: TimeFormat,
-		NoColor:    !IsTerminal(w) || os.Getenv("NO_COLOR") != "",
-	}))
+	return newText(w, level, IsTerminal(w) && os.Getenv("NO_COLOR") == "")
+}
+
+// newText is New's text handler, coloured or not.
+func newText(w io.Writer, level slog.Leveler, color bool) *slog.Logger {
+	opts := &tint.Options{Level: level, TimeFormat: TimeFormat, NoColor: !color}
+	if color {
+		opts.ReplaceAttr = defuseEscapes
+	}
+	return slog.New(tint.NewTextHandler(w, opts))
+}
+
+// defuseEscapes keeps a logged value from writing escape sequences to the terminal. Coloured,
+// tint quotes a value that needs it and then turns every \x1b of the quoted text back into
+// a raw ESC, so that its own colours survive: an ESC in a value (an agent's stderr, a model
+// endpoint's error), and even the four characters \x1b in one (a chat id an HTTP client
+// chose), reached the terminal as a real escape sequence that could clear the screen, move the
+// cursor over earlier lines or retitle the window. So a value's ESC is shown as U+241B (␛), and
+// its text \x1b as \x1B, which tint leaves alone. Uncoloured, tint strips escapes itself.
+func defuseEscapes(_ []string, a slog.Attr) slog.Attr {
+	var s string
+	switch a.Value.Kind() {
+	case slog.KindString:
+		s = a.Value.String()
+	case slog.KindAny:
+		switch v := a.Value.Any().(type) {
+		case encoding.TextMarshaler:
+			b, err := v.MarshalText()
+			if err != nil {
+				return a
+			}
+			s = string(b)
+		case []byte:
+			s = string(v)
+		default:
+			s = fmt.Sprintf("%+v", v) // as tint prints it
+		}
+	default:
+		return a // numbers, times, durations: nothing to defuse
+	}
+	if !strings.Contains(s, `\x1b`) && !strings.Contains(s, "\x1b") {
+		return a
+	}
+	s = strings.ReplaceAll(s, `\x1b`, `\x1B`)
+	s = strings.ReplaceAll(s, "\x1b", "\u241b")
+	return slog.String(a.Key, s)
 }
 
 // Err returns the attribute for logging err under KeyErr, shown in red by the text handler.

@@ -76,3 +76,28 @@ func TestIsTerminal(t *testing.T) {
 		t.Errorf("IsTerminal(*bytes.Buffer) = true, want false")
 	}
 }
+
+// TestColouredTextWritesNoEscapesOfItsValues: on a terminal, a logged value cannot write an
+// escape sequence. tint's colours re-insert every \x1b of a quoted value as a raw ESC: before,
+// an agent's stderr holding an ESC, or an HTTP chat id holding the four characters \x1b and a
+// space, cleared the operator's screen.
+func TestColouredTextWritesNoEscapesOfItsValues(t *testing.T) {
+	var buf bytes.Buffer
+	log := newText(&buf, slog.LevelInfo, true)
+	log.Info("turn failed",
+		KeySession, `agent:main:http:dm:\x1b[2J\x1b[31m EVIL`,
+		"stderr", []byte("\x1b]0;pwned\x1b\\ out"),
+		Err(errors.New("exit 1: \x1b[1A\x1b[2KINF fake line")),
+		"detail", "\x1b[2J")
+	got := buf.String()
+	for _, evil := range []string{"\x1b[2J", "\x1b[31m EVIL", "\x1b]0;", "\x1b[1A", "\x1b[2K"} {
+		if strings.Contains(got, evil) {
+			t.Errorf("coloured output %q holds the value's escape %q", got, evil)
+		}
+	}
+	for _, want := range []string{`\\x1B[2J\\x1B[31m EVIL`, `␛]0;pwned`, `␛[1A␛[2KINF fake line`, `detail=` + "\x1b[0m" + `␛[2J`, "\x1b[2;91merr="} {
+		if !strings.Contains(got, want) {
+			t.Errorf("coloured output %q lacks %q", got, want)
+		}
+	}
+}
