@@ -1350,3 +1350,28 @@ func check2[T any](v T, err error) any {
 	}
 	return v
 }
+
+// TestRepliesPingNobody: an agent that echoes "@everyone", "@here", a role or a user mention
+// (a user's text, or its own carelessness) pings no one, in any part of a split reply, and
+// its reply to a message does not ping that message's author either. The fake server works
+// out a message's mentions from its allowed_mentions as Discord does (without one, the same
+// text pings the users named and everyone: discordtest's TestSendReplyEditTyping).
+func TestRepliesPingNobody(t *testing.T) {
+	loud := "@everyone @here <@" + alice.ID + "> <@!" + bob.ID + "> <@&500000000000000001> look"
+	agent := agents.Func(func(_ context.Context, _ *agents.Request) (*agents.Response, error) {
+		return &agents.Response{Text: loud + "\n\n" + strings.Repeat("word ", 500) + "\n\n" + loud}, nil
+	})
+	w := startWorld(t, agent, nil)
+	w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: bob, Content: "hi"}) // bob is a known user
+	asked := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "ping them all", MentionBot: true})
+	w.replyTo(t, channelID, asked.ID)
+	sent := w.srv.WaitSent(t, channelID, 2)
+	for i, m := range sent {
+		if !strings.Contains(m.Content, "@everyone") {
+			t.Errorf("part %d = %q, want the agent's text as it wrote it", i+1, m.Content)
+		}
+		if len(m.Mentions) != 0 || m.MentionEveryone || len(m.MentionRoles) != 0 {
+			t.Errorf("part %d pings users %v, everyone %v, roles %v; want no one", i+1, m.Mentions, m.MentionEveryone, m.MentionRoles)
+		}
+	}
+}

@@ -222,21 +222,21 @@ func TestSendReplyEditTyping(t *testing.T) {
 
 	// An empty allowed_mentions pings nobody, whatever the content says.
 	quiet, err := c.ChannelMessageSendComplex(channelID, &discordgo.MessageSend{
-		Content:         "@everyone <@" + alice.ID + ">",
+		Content:         "@everyone <@" + alice.ID + "> <@&77>",
 		AllowedMentions: &discordgo.MessageAllowedMentions{},
 	})
 	if err != nil {
 		t.Fatalf("ChannelMessageSendComplex() = %v", err)
 	}
-	if len(quiet.Mentions) != 0 || quiet.MentionEveryone {
-		t.Errorf("with empty allowed_mentions: Mentions %v, MentionEveryone %v, want none", quiet.Mentions, quiet.MentionEveryone)
+	if len(quiet.Mentions) != 0 || quiet.MentionEveryone || len(quiet.MentionRoles) != 0 {
+		t.Errorf("with empty allowed_mentions: Mentions %v, MentionEveryone %v, MentionRoles %v, want none", quiet.Mentions, quiet.MentionEveryone, quiet.MentionRoles)
 	}
-	loud, err := c.ChannelMessageSend(channelID, "@everyone <@"+alice.ID+">")
+	loud, err := c.ChannelMessageSend(channelID, "@everyone <@"+alice.ID+"> <@&77>")
 	if err != nil {
 		t.Fatalf("ChannelMessageSend() = %v", err)
 	}
-	if len(loud.Mentions) != 1 || !loud.MentionEveryone {
-		t.Errorf("without allowed_mentions: Mentions %v, MentionEveryone %v, want alice and everyone", loud.Mentions, loud.MentionEveryone)
+	if len(loud.Mentions) != 1 || !loud.MentionEveryone || len(loud.MentionRoles) != 1 {
+		t.Errorf("without allowed_mentions: Mentions %v, MentionEveryone %v, MentionRoles %v, want alice, everyone and role 77", loud.Mentions, loud.MentionEveryone, loud.MentionRoles)
 	}
 }
 

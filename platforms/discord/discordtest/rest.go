@@ -218,6 +218,7 @@ func snowflakeLess(a, b string) bool {
 type allowedMentions struct {
 	Parse       []string `json:"parse"`
 	Users       []string `json:"users"`
+	Roles       []string `json:"roles"`
 	RepliedUser bool     `json:"replied_user"`
 }
 
@@ -282,7 +283,7 @@ func (s *Server) postMessage(r *http.Request) (int, any) {
 	if ref != nil {
 		m.typ = discordgo.MessageTypeReply
 	}
-	m.mentions, m.mentionEveryone = s.mentionsLocked(m.content, body.AllowedMentions, ref)
+	m.mentions, m.mentionEveryone, m.mentionRoles = s.mentionsLocked(m.content, body.AllowedMentions, ref)
 	if nonce != "" {
 		s.nonces[nonce] = m
 	}
@@ -311,23 +312,32 @@ func nonceString(raw json.RawMessage) (nonce string, ok bool) {
 	return "", false
 }
 
-var mentionRE = regexp.MustCompile(`<@!?(\d+)>|@everyone|@here`)
+var mentionRE = regexp.MustCompile(`<@!?(\d+)>|<@&(\d+)>|@everyone|@here`)
 
 // mentionsLocked works out whom a bot message pings, as Discord does: user mentions in the
-// content and @everyone/@here, filtered by allowed_mentions (absent: everything, and the
-// replied-to author), plus the replied-to author if replied_user.
-func (s *Server) mentionsLocked(content string, am *allowedMentions, ref *message) ([]User, bool) {
-	parseUsers, parseEveryone, replied := true, true, true
-	var allowedUsers []string
+// content, role mentions and @everyone/@here, filtered by allowed_mentions (absent:
+// everything, and the replied-to author), plus the replied-to author if replied_user. Any
+// role id counts as a role of the guild.
+func (s *Server) mentionsLocked(content string, am *allowedMentions, ref *message) ([]User, bool, []string) {
+	parseUsers, parseEveryone, parseRoles, replied := true, true, true, true
+	var allowedUsers, allowedRoles []string
 	if am != nil {
 		parseUsers = slices.Contains(am.Parse, "users")
 		parseEveryone = slices.Contains(am.Parse, "everyone")
+		parseRoles = slices.Contains(am.Parse, "roles")
 		replied = am.RepliedUser
-		allowedUsers = am.Users
+		allowedUsers, allowedRoles = am.Users, am.Roles
 	}
 	var users []User
+	var roles []string
 	everyone := false
 	for _, m := range mentionRE.FindAllStringSubmatch(content, -1) {
+		if m[2] != "" {
+			if (parseRoles || slices.Contains(allowedRoles, m[2])) && !slices.Contains(roles, m[2]) {
+				roles = append(roles, m[2])
+			}
+			continue
+		}
 		if m[1] == "" {
 			everyone = everyone || parseEveryone
 			continue
@@ -340,7 +350,7 @@ func (s *Server) mentionsLocked(content string, am *allowedMentions, ref *messag
 	if ref != nil && replied {
 		users = appendUser(users, ref.author)
 	}
-	return users, everyone
+	return users, everyone, roles
 }
 
 func (s *Server) editMessage(r *http.Request) (int, any) {

@@ -39,6 +39,7 @@ type message struct {
 	typ                    discordgo.MessageType
 	mentions               []User
 	mentionEveryone        bool
+	mentionRoles           []string
 	ref                    *message // the message this one replies to
 	nonce                  string
 	created                time.Time
@@ -87,7 +88,7 @@ func (s *Server) messageWire(m *message, gateway bool, visible func(*message) bo
 		"tts":              false,
 		"mention_everyone": m.mentionEveryone,
 		"mentions":         usersWire(m.mentions),
-		"mention_roles":    []string{},
+		"mention_roles":    append([]string{}, m.mentionRoles...),
 		"attachments":      []any{},
 		"embeds":           []any{},
 		"components":       []any{},
