@@ -791,3 +791,30 @@ func latestMigration(t *testing.T) string {
 	}
 	return fmt.Sprint(ms[len(ms)-1].Version)
 }
+
+// TestNewDatabaseIsPrivate: a database created in a data directory others may read (0755, as
+// an operator or a package makes it) is readable by its owner only, and so are its WAL and
+// shared memory, which hold the latest messages. Before, all three were 0644 under the usual
+// umask: every conversation was world-readable.
+func TestNewDatabaseIsPrivate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "agentgate.db")
+	s, err := Open(context.Background(), path, Options{})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	mustExec(t, MustRawDB(t, path), "SELECT count(*) FROM sessions") // the WAL and -shm exist while it is open
+	for _, f := range []string{path, path + "-wal", path + "-shm"} {
+		fi, err := os.Stat(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mode := fi.Mode().Perm(); mode&0o077 != 0 {
+			t.Errorf("%s has mode %v, want none for group and others", filepath.Base(f), mode)
+		}
+	}
+}

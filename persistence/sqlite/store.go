@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -105,6 +107,17 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	lock, err := lockFile(abs+".lock", abs)
 	if err != nil {
 		return nil, err
+	}
+	// SQLite creates a database with the process's umask (0644, as a rule) and gives its -wal
+	// and -shm files the database's mode: in a data directory that is not private (one the
+	// operator made, or a packaging default of 0755), every conversation was world-readable.
+	// A new database is created private, and its WAL and shared memory with it; an existing
+	// one keeps the mode its operator gave it.
+	if f, err := os.OpenFile(abs, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600); err == nil {
+		f.Close()
+	} else if !errors.Is(err, fs.ErrExist) {
+		lock.Close()
+		return nil, fmt.Errorf("open %s: %w", abs, err)
 	}
 	s := &Store{path: abs, log: logger(opts.Logger), lock: lock, idx: newIndexer(opts), now: time.Now}
 	if err := s.open(ctx, syncMode, opts); err != nil {
