@@ -205,6 +205,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for _, name := range config.UnknownEnv(os.Environ()) {
 		log.Warn("environment variable names no configuration key (a misspelt one?); it is ignored", "var", name)
 	}
+	if err := hideFromSameUser(); err != nil {
+		log.Warn("cannot keep the exec agent from reading the daemon's environment and memory (prctl PR_SET_DUMPABLE)", logging.Err(err))
+	}
 
 	// The first SIGINT/SIGTERM drains; a second one exits at once.
 	sigs := make(chan os.Signal, 2)
