@@ -122,10 +122,10 @@ func FindCommand(program, dir string) error {
 	if dir != "" && strings.ContainsRune(program, os.PathSeparator) && !filepath.IsAbs(program) {
 		path = filepath.Join(dir, program)
 	}
-	_, err := osexec.LookPath(path)
+	found, err := osexec.LookPath(path)
 	switch {
 	case err == nil:
-		return nil
+		return checkFormat(found)
 	case errors.Is(err, osexec.ErrNotFound) && !strings.ContainsRune(program, os.PathSeparator):
 		return fmt.Errorf("exec agent: command %q is not found in PATH (give its full path)", program)
 	case errors.Is(err, fs.ErrNotExist):
