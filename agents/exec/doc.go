@@ -23,7 +23,8 @@
 // Request.Steer until that is closed, the command exits or ctx ends, and a write blocked on a
 // full pipe ends when the command's stdin is closed after it exits. All of them end before Run
 // returns, and Run kills whatever is left of the process group before it returns, so no
-// process started for a turn outlives the turn.
+// process started for a turn outlives the turn, unless it left the group (setsid): a process
+// group is all that a signal of Run reaches.
 //
 // This package must not import actors, supervisor or platforms.
 package exec
