@@ -178,7 +178,11 @@ func (t *Turn) start(c actor.Context) {
 		}
 		defer slots.release()
 		resp, err := agent.Run(ctx, req)
-		root.Send(self, &agentDone{resp: resp, err: err, took: time.Since(start), steered: relay.finish()})
+		steered := relay.finish()
+		if resp != nil {
+			steered = max(steered-resp.Unseen, 0) // the last ones it took: they run next
+		}
+		root.Send(self, &agentDone{resp: resp, err: err, took: time.Since(start), steered: steered})
 	}()
 }
 

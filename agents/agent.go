@@ -63,6 +63,10 @@ type Response struct {
 	Text string
 	// Usage is what the turn cost in model tokens; zero for agents that do not know.
 	Usage Usage
+	// Unseen is how many of the messages the agent received from Request.Steer, the last ones,
+	// never reached what answers (an exec command that no longer read its stdin): they run as
+	// the next turn instead of counting as answered. It may come next to an error.
+	Unseen int
 }
 
 // Usage counts the model tokens of one turn.

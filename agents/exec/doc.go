@@ -21,7 +21,8 @@
 // stdin and drain stdout and stderr, plus a timer that escalates SIGTERM to SIGKILL after a
 // cancel. When steering, a goroutine of the call writes stdin instead: it forwards
 // Request.Steer until that is closed, the command exits or ctx ends, and a write blocked on a
-// full pipe ends when the command's stdin is closed after it exits. All of them end before Run
+// full pipe ends at a write deadline Run sets once the command has exited (a leftover process
+// may hold the pipe). All of them end before Run
 // returns, and Run kills whatever is left of the process group before it returns, so no
 // process started for a turn outlives the turn, unless it left the group (setsid): a process
 // group is all that a signal of Run reaches.

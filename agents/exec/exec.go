@@ -5,13 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -166,8 +166,10 @@ func (a *Agent) CanSteer() bool { return a.steer }
 // every message received from req.Steer is written to it as one line (see EncodeInput) until
 // req.Steer is closed, which closes stdin. Run stops receiving from req.Steer when the command
 // exits or ctx ends, and does not wait for req.Steer to be closed: a sender must not block on
-// it once the turn is over. Without steering, stdin closes after the input object and
-// req.Steer is never read.
+// it once the turn is over. The messages it received that the command never saw (their line
+// could not be written, or lay wholly unread in stdin when the command exited) are counted in
+// Response.Unseen, which comes next to an error too. Without steering, stdin closes after the
+// input object and req.Steer is never read.
 func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 	name := a.command[0]
 	if err := ctx.Err(); err != nil {
@@ -190,11 +192,15 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	cmd.Dir = a.dir
 	cmd.Env = childEnv(os.Environ(), a.withhold, req.Identity)
 	steer := a.steer && req.Steer != nil
-	var stdin io.WriteCloser
+	// A steering command's stdin is a pipe of this call's own, not os/exec's: once the command
+	// has exited, what it left unread in the pipe says which steered messages it never saw.
+	var stdin, stdinRead *os.File
 	if steer {
-		if stdin, err = cmd.StdinPipe(); err != nil {
+		if stdinRead, stdin, err = os.Pipe(); err != nil {
 			return nil, fmt.Errorf("exec agent: run %s: %w", name, err)
 		}
+		defer stdin.Close()
+		cmd.Stdin = stdinRead
 	} else {
 		cmd.Stdin = bytes.NewReader(in)
 	}
@@ -226,30 +232,42 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	cmd.WaitDelay = a.grace
 
 	start := time.Now()
-	if err := cmd.Start(); err != nil { // Start closes stdin when it fails.
+	err = cmd.Start()
+	if stdinRead != nil {
+		stdinRead.Close() // the command's now: a write fails once it and what it started are gone
+	}
+	if err != nil {
 		return nil, fmt.Errorf("exec agent: start %s: %w", name, err)
 	}
 	pid := cmd.Process.Pid
 	a.mu.Lock()
 	a.running[pid] = struct{}{}
 	a.mu.Unlock()
-	var exited, forwarded chan struct{}
+	var exited chan struct{}
+	var forwarded chan steerLog
 	if steer {
 		// The forwarder belongs to this call: it ends when the command exits (exited), at the
 		// latest, and Run waits for it below.
-		exited, forwarded = make(chan struct{}), make(chan struct{})
+		exited, forwarded = make(chan struct{}), make(chan steerLog, 1)
 		flog := a.log.With("command", name, "session", req.Identity.SessionKey)
 		go func() {
-			defer close(forwarded)
-			forwardSteer(runCtx, stdin, in, req.Steer, exited, flog)
+			forwarded <- forwardSteer(runCtx, stdin, in, req.Steer, exited, flog)
 		}()
 	}
 	waitErr := cmd.Wait()
+	unseen := 0
 	if steer {
-		// Wait has closed stdin, which ends a write blocked on a full pipe; exited ends a
-		// forwarder waiting on a steer channel that is never closed.
+		// The deadline ends a write blocked on a full pipe that a leftover process holds and does
+		// not read; exited ends a forwarder waiting on a steer channel that is never closed.
+		_ = stdin.SetWriteDeadline(time.Now())
 		close(exited)
-		<-forwarded
+		sl := <-forwarded
+		unread, err := unreadBytes(stdin)
+		unseen = sl.unseen(unread, err == nil && !sl.closed)
+		if unseen > 0 {
+			a.log.Debug("exec agent command left steered messages unread", "command", name,
+				"session", req.Identity.SessionKey, "unseen", unseen)
+		}
 	}
 	if t := killer.Load(); t != nil {
 		t.Stop()
@@ -273,9 +291,9 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			log.Warn("exec agent stderr before its timeout", "stderr", s) // what it was stuck on
 		}
 		if errors.Is(context.Cause(runCtx), ErrTimeout) {
-			return nil, fmt.Errorf("exec agent: run %s: no reply within %v: %w", name, a.timeout, ErrTimeout)
+			return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: no reply within %v: %w", name, a.timeout, ErrTimeout)
 		}
-		return nil, fmt.Errorf("exec agent: run %s: %w", name, runCtx.Err())
+		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, runCtx.Err())
 	}
 	var ee *osexec.ExitError
 	switch {
@@ -289,47 +307,87 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			code = 128 + int(ws.Signal())
 		}
-		return nil, fmt.Errorf("exec agent: run %s: %w", name, &ExitError{Code: code, Stderr: stderr.String()})
+		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, &ExitError{Code: code, Stderr: stderr.String()})
 	default:
-		return nil, fmt.Errorf("exec agent: run %s: %w", name, waitErr)
+		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, waitErr)
 	}
 	if s := stderr.String(); s != "" {
 		log.Debug("exec agent stderr", "stderr", s)
 	}
-	resp := &agents.Response{Text: stdout.reply()}
+	resp := &agents.Response{Text: stdout.reply(), Unseen: unseen}
 	log.Debug("exec agent turn done", "reply_bytes", len(resp.Text), "truncated", stdout.truncated)
 	return resp, nil
 }
 
+// steerLog is what forwardSteer wrote to a steering command's stdin.
+type steerLog struct {
+	received int     // messages taken from Request.Steer
+	starts   []int64 // where each steer line written whole begins in stdin, in order
+	written  int64   // bytes written to stdin, a cut line's included
+	closed   bool    // stdin was closed: Request.Steer or ctx ended
+}
+
+// unseen returns how many of the messages received, the last ones, the command never saw: those
+// whose line could not be written whole, and, when known (the bytes left unread in stdin after
+// the command exited), those of which it read nothing. A line it began to read counts as seen.
+func (l steerLog) unseen(unread int64, known bool) int {
+	seen := len(l.starts)
+	if known {
+		read := l.written - unread
+		seen = sort.Search(len(l.starts), func(i int) bool { return l.starts[i] >= read })
+	}
+	return l.received - seen
+}
+
+// unseenOnly returns the response that carries only unseen, which an error return needs; nil
+// when there is none.
+func unseenOnly(unseen int) *agents.Response {
+	if unseen == 0 {
+		return nil
+	}
+	return &agents.Response{Unseen: unseen}
+}
+
 // forwardSteer writes the input object to stdin, then every message received from steer as one
-// steer line, until steer is closed, the command has exited (exited is closed) or ctx ends, and
-// closes stdin. A failed write means the command no longer reads stdin, so it stops there.
-func forwardSteer(ctx context.Context, stdin io.WriteCloser, in []byte, steer <-chan agents.Message, exited <-chan struct{}, log *slog.Logger) {
-	defer stdin.Close()
-	if _, err := stdin.Write(in); err != nil {
+// steer line, until steer is closed or ctx ends (when it closes stdin), or the command has
+// exited (exited is closed). A failed write means the command no longer reads stdin, so it stops
+// there. It returns what it wrote, for Run to tell which messages the command never saw.
+func forwardSteer(ctx context.Context, stdin *os.File, in []byte, steer <-chan agents.Message, exited <-chan struct{}, log *slog.Logger) (l steerLog) {
+	n, err := stdin.Write(in)
+	l.written += int64(n)
+	if err != nil {
 		log.Debug("exec agent command did not read its input", logging.Err(err))
-		return
+		return l
 	}
 	for {
 		select {
 		case m, ok := <-steer:
 			if !ok {
-				return
+				stdin.Close() // the end of the turn's messages, which the command reads as EOF
+				l.closed = true
+				return l
 			}
+			l.received++
 			line, err := EncodeSteer(m)
 			if err != nil {
 				log.Warn("exec agent could not encode steered message", "message_id", m.MessageID, logging.Err(err))
 				continue
 			}
-			if _, err := stdin.Write(line); err != nil {
+			start := l.written
+			n, err := stdin.Write(line)
+			l.written += int64(n)
+			if err != nil {
 				log.Warn("exec agent could not deliver steered message", "message_id", m.MessageID, logging.Err(err))
-				return
+				return l
 			}
+			l.starts = append(l.starts, start)
 			log.Debug("exec agent steered message", "message_id", m.MessageID)
 		case <-exited:
-			return
+			return l
 		case <-ctx.Done():
-			return
+			stdin.Close() // EOF for a command that reads on after its SIGTERM; its turn is over
+			l.closed = true
+			return l
 		}
 	}
 }

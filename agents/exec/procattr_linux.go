@@ -1,6 +1,10 @@
 package exec
 
-import "syscall"
+import (
+	"os"
+	"syscall"
+	"unsafe"
+)
 
 // procAttr puts the command in a process group of its own, so that one signal reaches every
 // process it started, and has the kernel kill it if the daemon dies (kill -9, out of memory)
@@ -10,4 +14,23 @@ import "syscall"
 // threads (nothing in the daemon locks a goroutine to one), so only the daemon's death does.
 func procAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+}
+
+// unreadBytes returns how many bytes written to the pipe f are still unread.
+func unreadBytes(f *os.File) (int64, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var n int32
+	var errno syscall.Errno
+	if err := rc.Control(func(fd uintptr) {
+		_, _, errno = syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCINQ, uintptr(unsafe.Pointer(&n)))
+	}); err != nil {
+		return 0, err
+	}
+	if errno != 0 {
+		return 0, errno
+	}
+	return int64(n), nil
 }

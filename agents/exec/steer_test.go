@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -323,6 +324,81 @@ func TestRunNoSteer(t *testing.T) {
 			}
 			if got := len(steer); got != 1 {
 				t.Errorf("after Run, steer channel holds %d messages, want 1 (not read)", got)
+			}
+		})
+	}
+}
+
+// TestRunSteerUnseen: a steered message the command never read (it answered and exited
+// without reading further lines, or had exited already while what it started still held its
+// pipes) is counted in Response.Unseen, so that the session runs it as the next turn; before,
+// the agent took it and it counted as answered by a reply that never saw it.
+func TestRunSteerUnseen(t *testing.T) {
+	t.Parallel()
+	// Each script writes "ready" once it has read what it reads, and exits when "go" exists.
+	const awaitGo = `touch "$1/ready"; while [ ! -e "$1/go" ]; do sleep 0.01; done`
+	tests := []struct {
+		name   string
+		script string
+		// steerBefore is sent before the command is ready, steerAfter once it is; afterExit
+		// is sent after the command itself has exited (what it started holds its pipes).
+		steerBefore, steerAfter, afterExit int
+		want                               int
+	}{
+		{
+			name:        "each steered line read",
+			script:      `IFS= read -r line; IFS= read -r line; ` + awaitGo + `; echo answer`,
+			steerBefore: 1,
+			want:        0,
+		},
+		{
+			name:        "answered without reading the later lines",
+			script:      `IFS= read -r line; IFS= read -r line; ` + awaitGo + `; echo answer`,
+			steerBefore: 1,
+			steerAfter:  2,
+			want:        2,
+		},
+		{
+			name:       "sent after the command exited",
+			script:     `IFS= read -r line; sleep 100 & ` + awaitGo + `; echo $$ > "$1/pid.tmp"; mv "$1/pid.tmp" "$1/pid"; echo answer`,
+			steerAfter: 1,
+			afterExit:  1,
+			want:       2,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cmd, dir := MustScript(t, tc.script)
+			a := MustNew(t, exec.Config{Command: cmd, Steer: true, KillGrace: 3 * time.Second})
+			steer := make(chan agents.Message)
+			defer close(steer)
+			req := request(turn(1), "hi")
+			req.Steer = steer
+			done := runAsync(t.Context(), a, req)
+			n := 0
+			send := func(count int) {
+				for range count {
+					n++
+					steer <- agents.Message{Role: "user", Text: fmt.Sprintf("steer %d", n), MessageID: fmt.Sprintf("m%d", n)}
+				}
+			}
+			send(tc.steerBefore)
+			waitFor(t, "the command to be ready", func() bool { _, err := os.Stat(filepath.Join(dir, "ready")); return err == nil })
+			send(tc.steerAfter)
+			if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if tc.afterExit > 0 {
+				waitGone(t, "the command", MustReadPID(t, filepath.Join(dir, "pid")))
+				send(tc.afterExit)
+			}
+			r := mustResult(t, done)
+			if r.err != nil || r.resp.Text != "answer" {
+				t.Fatalf("Run() = %+v, %v; want the answer", r.resp, r.err)
+			}
+			if r.resp.Unseen != tc.want {
+				t.Errorf("Run() Unseen = %d, want %d", r.resp.Unseen, tc.want)
 			}
 		})
 	}
