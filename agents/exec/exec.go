@@ -377,7 +377,8 @@ func forwardSteer(ctx context.Context, stdin *os.File, in []byte, steer <-chan a
 			n, err := stdin.Write(line)
 			l.written += int64(n)
 			if err != nil {
-				log.Warn("exec agent could not deliver steered message", "message_id", m.MessageID, logging.Err(err))
+				// Not lost: Run counts it unseen, and it runs as the next turn.
+				log.Debug("exec agent could not deliver steered message", "message_id", m.MessageID, logging.Err(err))
 				return l
 			}
 			l.starts = append(l.starts, start)
