@@ -34,21 +34,26 @@ func checkFormat(path string) error {
 		}
 		return fmt.Errorf("exec agent: command %q is no program and has no #! line (start it with one, such as #!/bin/sh, or run it through its interpreter: [sh, %s])", path, path)
 	}
-	line, _, _ := bytes.Cut(interp, []byte("\n"))
-	fields := strings.Fields(string(line))
-	if len(fields) == 0 {
+	// The kernel reads the interpreter's path as it is written, after spaces and tabs, up to a
+	// space, tab or newline: a carriage return (a script saved with CRLF line ends) is part of
+	// it. It does not look it up in PATH (a relative one is taken from the working directory)
+	// and runs it whatever its own format.
+	interp = bytes.TrimLeft(interp, " \t")
+	if i := bytes.IndexAny(interp, " \t\n\x00"); i >= 0 {
+		interp = interp[:i]
+	}
+	if len(interp) == 0 {
 		return fmt.Errorf("exec agent: command %q has a #! line that names no interpreter", path)
 	}
-	// The kernel takes the interpreter's path as it is written (not from PATH; a relative one
-	// from the working directory) and runs it whatever its own format.
-	st, err := os.Stat(fields[0])
+	name := string(interp)
+	st, err := os.Stat(name)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("exec agent: command %q cannot be run: the interpreter its #! line names does not exist: %s", path, fields[0])
+		return fmt.Errorf("exec agent: command %q cannot be run: the interpreter its #! line names does not exist: %q", path, name)
 	case err != nil:
 		return fmt.Errorf("exec agent: command %q cannot be run: the interpreter its #! line names cannot be: %v", path, err)
 	case st.IsDir() || st.Mode().Perm()&0o111 == 0:
-		return fmt.Errorf("exec agent: command %q cannot be run: the interpreter its #! line names is not executable: %s", path, fields[0])
+		return fmt.Errorf("exec agent: command %q cannot be run: the interpreter its #! line names is not executable: %q", path, name)
 	}
 	return nil
 }

@@ -28,6 +28,8 @@ func TestFindCommandChecksTheFormat(t *testing.T) {
 		{name: "a program", content: "\x7fELF\x02\x01\x01\x00"},
 		{name: "no #! line", content: "echo hi\n", wantErr: "has no #! line"},
 		{name: "empty", content: "", wantErr: "has no #! line"},
+		{name: "CRLF line ends", content: "#!/bin/sh\r\necho hi\r\n", wantErr: `does not exist: "/bin/sh\r"`},
+		{name: "interpreter after a tab", content: "#!\t/bin/sh\n"},
 		{name: "missing interpreter", content: "#!/nonexistent/bin/sh\necho hi\n", wantErr: "the interpreter its #! line names does not exist"},
 		{name: "interpreter not executable", content: "#!" + plain + "\necho hi\n", wantErr: "is not executable"},
 		{name: "interpreter is a directory", content: "#!" + dir + "\n", wantErr: "is not executable"},
