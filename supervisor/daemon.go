@@ -225,7 +225,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	d.http, err = httpplatform.New(httpplatform.Config{
 		Addr: cfg.HTTP.Addr, Token: token, Metrics: d.metrics.Handler(), Ready: d.ready,
 		Sessions: &sessionsAPI{d: d}, Logger: log.With("component", "http"), Run: run,
-		Clustered: cfg.Cluster.Enabled, Pprof: cfg.HTTP.Pprof,
+		Clustered: cfg.Cluster.Enabled, Pprof: cfg.HTTP.Pprof, MaxHeld: cfg.HTTP.MaxHeld,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start: %w", err)

@@ -38,6 +38,9 @@ type HTTP struct {
 	// Pprof serves Go's runtime profiles at /debug/pprof/ (goroutine dumps of a daemon that
 	// seems stuck, heap and CPU profiles), behind the token like every other route.
 	Pprof bool `yaml:"pprof"`
+	// MaxHeld bounds the requests held open at once, event streams and ?wait requests; more
+	// are answered 503. 0 means the HTTP platform's default (1024).
+	MaxHeld int `yaml:"max_held"`
 }
 
 // Store configures the database.

@@ -33,7 +33,7 @@ func Default() *Config {
 	return &Config{
 		DataDir: "./data",
 		Log:     Log{Level: "info", Format: "text"},
-		HTTP:    HTTP{Addr: "127.0.0.1:8080"},
+		HTTP:    HTTP{Addr: "127.0.0.1:8080", MaxHeld: 1024},
 		Store:   Store{Driver: "sqlite", Synchronous: "full"},
 		Cluster: Cluster{Name: "agentgate", Bind: "127.0.0.1:6340", MemberTTL: 6 * time.Second},
 		Sessions: Sessions{

@@ -26,6 +26,7 @@ func (c *Config) validate() []error {
 	v.oneOf("log.format", c.Log.Format, "text", "json")
 	v.hostPort("http.addr", c.HTTP.Addr)
 	v.envName("http.token_env", c.HTTP.TokenEnv)
+	atLeast(&v, "http.max_held", c.HTTP.MaxHeld, 0)
 	if host, _, err := net.SplitHostPort(c.HTTP.Addr); err == nil && c.HTTP.TokenEnv == "" && !LoopbackHost(host) {
 		v.add("http.addr", c.HTTP.Addr, "is not a loopback address, where the API needs a bearer token: set http.token_env")
 	}

@@ -79,6 +79,11 @@ func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
 		aerr.write(w)
 		return
 	}
+	release, held := p.hold(w, "event stream")
+	if !held {
+		return
+	}
+	defer release()
 	ctx := r.Context()
 	stop := p.stopped()
 

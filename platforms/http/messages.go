@@ -50,6 +50,13 @@ func (p *Platform) handleMessages(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "platform not running")
 		return
 	}
+	if wait > 0 {
+		release, ok := p.hold(w, "?wait")
+		if !ok {
+			return
+		}
+		defer release()
+	}
 
 	// The waiter exists before the message is delivered: a fast turn may answer before
 	// deliver returns.

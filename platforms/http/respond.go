@@ -35,6 +35,7 @@ const (
 	CodeMessageIDConflict = "message_id_conflict"
 	CodeDraining          = "draining"
 	CodeUnavailable       = "unavailable"
+	CodeTooManyHeld       = "too_many_held"
 	CodeMisdirected       = "misdirected"
 	CodeNotQuarantined    = "not_quarantined"
 	CodeSessionEnded      = "session_ended"

@@ -188,6 +188,11 @@ func (p *Platform) handleRequeue(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if parts.Platform == Name {
+			release, ok := p.hold(w, "?wait")
+			if !ok {
+				return
+			}
+			defer release()
 			wt = p.addWaiter(parts.ChatID, id)
 			defer p.removeWaiter(wt)
 		}
