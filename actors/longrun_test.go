@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms/platformtest"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -46,6 +48,7 @@ func (m probedManager) Receive(c actor.Context) {
 	if _, ok := c.Message().(*sizeProbe); ok {
 		c.Respond(sizes{"sessions": len(m.sessions), "stopping": len(m.stopping), "handed": len(m.handed),
 			"crashStops": len(m.crashStops), "rerun": len(m.rerun), "refused": len(m.refused), "paused": len(m.paused),
+			"crashed": len(m.crashed), "waitingOut": len(m.waitingOut),
 			"busy": len(m.busy), "drains": len(m.drains), "grains": len(m.grains), "stoppedGrains": len(m.stoppedGrains),
 			"quieted": len(m.quieted), "activating": len(m.activating), "waiters": len(m.waiters)})
 		return
@@ -93,13 +96,13 @@ func newLongRunWorld(t *testing.T, agent agents.Agent, setup func(*Deps)) *longR
 	if setup != nil {
 		setup(w.d)
 	}
-	w.d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, store, persistence.ActorOptions{MaxBatch: 256,
+	w.d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, w.d.Store, persistence.ActorOptions{MaxBatch: 256,
 		Incarnation: &w.d.PersistIncarnation})))
 	pa := &Platform{d: w.d, p: w.fake, health: &PlatformHealth{}}
 	w.platform = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return probedPlatform{pa} }, w.d.Mailbox("platform")...))
 	w.d.Platforms["fake"] = w.platform
 	w.manager = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return probedManager{&SessionManager{d: w.d}} },
-		append(w.d.Mailbox("manager"), actor.WithSupervisor(actor.NewOneForOneStrategy(3, time.Minute, actor.DefaultDecider)))...))
+		append(w.d.Mailbox("manager"), actor.WithSupervisor(&sessionSupervisor{d: w.d, restarts: 3, window: time.Minute}))...))
 	t.Cleanup(func() {
 		_ = system.Root.StopFuture(w.manager).Wait()
 		_ = system.Root.StopFuture(w.platform).Wait()
@@ -263,6 +266,183 @@ func TestManyChatsLeaveNothingBehind(t *testing.T) {
 		}
 		if ds, err := w.d.Store.OpenDrafts(t.Context(), "fake", 0); err != nil || len(ds) > 0 {
 			t.Errorf("the store holds %d open drafts (%v), want none: every draft shows its final text or its mark", len(ds), err)
+		}
+	})
+}
+
+// TestChatsRefusedOrCrashedOutLeaveNothingBehind drives hundreds of distinct chats through
+// the two ways a session stops other than by passivating, each once, and then lets them
+// passivate: the store refusing a turn's result as unavailable (the session starts again from
+// the store after a pause: refused, paused, waitingOut), and a session crashing past its
+// restart budget (its supervisor has it stop, and it starts again later: crashStops, crashed).
+// Once the chats passivate, the manager holds nothing per key: the state of those paths
+// follows the chats that are active, not those that once went through them.
+func TestChatsRefusedOrCrashedOutLeaveNothingBehind(t *testing.T) {
+	chats := 300
+	if testing.Short() {
+		chats = 100
+	}
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		gate := make(chan struct{})
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			text := req.Messages[len(req.Messages)-1].Text
+			switch {
+			case strings.HasPrefix(text, "refused"):
+				<-gate // the store goes down while every such turn runs
+			case strings.HasPrefix(text, "panic"):
+				panic("the agent panicked")
+			}
+			return &agents.Response{Text: "answer to " + text}, nil
+		})
+		w := newLongRunWorld(t, agent, func(d *Deps) {
+			out.Store = d.Store
+			d.Store = out
+		})
+		// Half the chats have their turn's result refused; the other half crash: their first
+		// message until it is quarantined, their second past the restart budget.
+		var fs []*actor.Future
+		for i := range chats {
+			text := "refused"
+			if i%2 == 1 {
+				text = "panic"
+			}
+			fs = append(fs, w.send(i, "m1", text))
+		}
+		mustAccept(t, "m1", fs)
+		synctest.Wait()
+		out.Down.Store(true)
+		close(gate)
+		synctest.Wait()
+		time.Sleep(5 * time.Second) // a few restarts from the store, each after its pause
+		synctest.Wait()
+		if got := w.probe(t, w.manager); got["refused"] != chats/2 {
+			t.Fatalf("during the outage the manager counts refusals of %d keys, want %d: the path is not taken", got["refused"], chats/2)
+		}
+		out.Down.Store(false)
+		fs = fs[:0]
+		for i := 1; i < chats; i += 2 {
+			fs = append(fs, w.send(i, "m2", "panic again"))
+		}
+		mustAccept(t, "m2", fs)
+		synctest.Wait()
+		if got := w.probe(t, w.manager); got["crashStops"] != chats/2 {
+			t.Fatalf("the manager counts crash stops of %d keys, want %d: the path is not taken", got["crashStops"], chats/2)
+		}
+		// Every session starts again, runs what it holds, and passivates.
+		time.Sleep(maxCrashPause + 3*w.d.Config.PassivateAfter)
+		synctest.Wait()
+
+		if got, want := testutil.ToFloat64(w.d.Metrics.MessagesQuarantined.WithLabelValues("session_crash")), float64(chats); got != want {
+			t.Errorf("%v messages quarantined, want %v (both messages of every chat that panics)", got, want)
+		}
+		answered := 0
+		for _, m := range w.fake.Sent() {
+			if strings.HasPrefix(m.Text, "answer to refused") {
+				answered++
+			}
+		}
+		if answered != chats/2 {
+			t.Errorf("%d refused turns answered once the store was back, want %d", answered, chats/2)
+		}
+		if got := w.probe(t, w.manager).nonEmpty(nil); len(got) > 0 {
+			t.Errorf("after %d chats passivated, the manager holds %v; want nothing", chats, got)
+		}
+		if got := testutil.ToFloat64(w.d.Metrics.SessionsActive); got != 0 {
+			t.Errorf("%v sessions active, want none", got)
+		}
+	})
+}
+
+// TestRefusedSessionOfAKeyThatMovedLeavesNoPause: the store refuses a turn's result as
+// unavailable while the chat's key moves to another member. The stopped session's successor
+// starts there, so this member waits out no pause for the key, and keeps no note of one: before,
+// the note stayed (paused), for ever if the key never came back, and when it did, the key's next
+// normal passivation here waited out a pause it had no reason for (answering the chat's
+// messages "unavailable" meanwhile) and left a refusal counted for the key.
+func TestRefusedSessionOfAKeyThatMovedLeavesNoPause(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		gate, gateLater := make(chan struct{}), make(chan struct{})
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			switch req.Messages[len(req.Messages)-1].Text {
+			case "refused":
+				<-gate
+			case "refused later":
+				<-gateLater
+			}
+			return &agents.Response{Text: "answer"}, nil
+		})
+		var owner atomic.Pointer[actor.PID]
+		w := newLongRunWorld(t, agent, func(d *Deps) {
+			out.Store = d.Store
+			d.Store = out
+			d.Placement = peersPlacement{owner: &owner} // a member alone, until the key moves
+		})
+		mustAccept(t, "m1", []*actor.Future{w.send(0, "m1", "refused")})
+		synctest.Wait()
+		// The key moves to another member (one that takes what it is handed and does nothing),
+		// and the store refuses the turn's result.
+		other := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+		owner.Store(other)
+		out.Down.Store(true)
+		close(gate)
+		synctest.Wait()
+		out.Down.Store(false)
+		if got := w.probe(t, w.manager).nonEmpty(nil); len(got) > 0 {
+			t.Errorf("after the key moved on, the manager holds %v; want nothing", got)
+		}
+		// The key comes back, and its session passivates as usual.
+		owner.Store(nil)
+		mustAccept(t, "m2", []*actor.Future{w.send(0, "m2", "again")})
+		time.Sleep(3 * w.d.Config.PassivateAfter)
+		synctest.Wait()
+		if got := w.probe(t, w.manager).nonEmpty(nil); len(got) > 0 {
+			t.Errorf("after the key came back and passivated, the manager holds %v; want nothing", got)
+		}
+		// Another chat's result is refused while its key is here, and the key moves while its
+		// session waits out the pause: the refusal counted for it goes with it.
+		mustAccept(t, "m1", []*actor.Future{w.send(1, "m1", "refused later")})
+		synctest.Wait()
+		out.Down.Store(true)
+		close(gateLater)
+		synctest.Wait()
+		out.Down.Store(false)
+		if got := w.probe(t, w.manager); got["refused"] != 1 || got["waitingOut"] != 1 {
+			t.Fatalf("the manager holds %v, want the key waiting out its pause", got.nonEmpty(nil))
+		}
+		owner.Store(other)
+		time.Sleep(maxRefusedPause)
+		synctest.Wait()
+		if got := w.probe(t, w.manager).nonEmpty(nil); len(got) > 0 {
+			t.Errorf("after the key moved on during its pause, the manager holds %v; want nothing", got)
+		}
+	})
+}
+
+// TestClusterSessionCrashedOutLeavesNoCount: in a cluster, a session that crashes past its
+// restart budget is stopped and left to the cluster's recovery sweep, which starts it wherever
+// its key lives by then, with no pause of this member's. So this member keeps no count of the
+// key's crash stops: before, it kept one for every key that ever crashed out here and never
+// passivated here again.
+func TestClusterSessionCrashedOutLeavesNoCount(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var owner atomic.Pointer[actor.PID]
+		w := newLongRunWorld(t, streamingAgent, func(d *Deps) {
+			d.Clustered = true
+			d.Placement = peersPlacement{owner: &owner}
+		})
+		// The first message crashes its session until it is quarantined, the second past the
+		// restart budget.
+		mustAccept(t, "m1", []*actor.Future{w.send(0, "m1", "panic")})
+		synctest.Wait()
+		mustAccept(t, "m2", []*actor.Future{w.send(0, "m2", "panic again")})
+		synctest.Wait()
+		if got := testutil.ToFloat64(w.d.Metrics.SessionsActive); got != 0 {
+			t.Fatalf("%v sessions active, want none: the session did not crash out", got)
+		}
+		if got := w.probe(t, w.manager).nonEmpty(nil); len(got) > 0 {
+			t.Errorf("after the session crashed out, the manager holds %v; want nothing", got)
 		}
 	})
 }

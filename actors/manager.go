@@ -470,7 +470,11 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 // sweep starts it again, wherever the key lives by then.
 func (m *SessionManager) crashedOut(c actor.Context, key string, restart bool) {
 	n := m.crashStops[key]
-	m.crashStops[key] = n + 1
+	if !m.d.Clustered {
+		// Counted only where a pause follows: in a cluster the key may start on another member,
+		// and its count would stay here for ever (TestClusterSessionCrashedOutLeavesNoCount).
+		m.crashStops[key] = n + 1
+	}
 	switch {
 	case !restart:
 		m.log.Error("session stopped after crashing too often; it starts again at once with what was asked meanwhile", "session", key)
@@ -616,11 +620,15 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		}
 		m.crashedOut(c, key, false)
 	}
-	if m.paused[key] && m.elsewhere(key) == nil {
+	// A key handed on waits out no pause here, nor keeps the note of one: it stayed, and the
+	// key's next normal passivation here waited out a pause for nothing
+	// (TestRefusedSessionOfAKeyThatMovedLeavesNoPause).
+	paused := m.paused[key]
+	delete(m.paused, key)
+	if paused && m.elsewhere(key) == nil {
 		// The store refused the session's write: started again at once, it would run its
 		// message again only to have the result refused again, in a loop as fast as the agent
 		// answers. What comes for the key meanwhile is held, in order.
-		delete(m.paused, key)
 		n := m.refused[key]
 		m.refused[key] = n + 1
 		wait := min(refusedPause<<min(n, 6), maxRefusedPause)
@@ -670,6 +678,10 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		if asker := m.takingOver(key); asker != nil {
 			to = asker
 		}
+		// Its backoffs go with it: they count since the key last passivated here, which it
+		// may never do again.
+		delete(m.refused, key)
+		delete(m.crashStops, key)
 		m.letGo(c, key)
 		var local []routed
 		for _, r := range held {
