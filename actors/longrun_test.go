@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -445,4 +446,48 @@ func TestClusterSessionCrashedOutLeavesNoCount(t *testing.T) {
 			t.Errorf("after the session crashed out, the manager holds %v; want nothing", got)
 		}
 	})
+}
+
+// TestPassivatedSessionsFreeTheirState: protoactor keeps the PID of a stopped child in a slot
+// of its parent's set of children past its removal (PIDSet.Remove shortens the slice without
+// clearing the slot), and the PID holds its process, so the session manager keeps every
+// passivated session it had at its busiest moment reachable until as many new ones overwrite
+// those slots. A session therefore lets go of its state once it has stopped: what the daemon
+// holds after a busy hour then comes back to what the actors themselves cost, not to their
+// transcripts. Before, hundreds of chats with a few kilobytes of history each left all of it
+// in the heap after they passivated.
+func TestPassivatedSessionsFreeTheirState(t *testing.T) {
+	const chats, messages = 200, 4
+	synctest.Test(t, func(t *testing.T) {
+		w := newLongRunWorld(t, agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "ok"}, nil // (the fake platform keeps what it is sent)
+		}), nil)
+		big := strings.Repeat("x", 16<<10)
+		before := liveHeap()
+		for m := range messages {
+			var fs []*actor.Future
+			for i := range chats {
+				fs = append(fs, w.send(i, fmt.Sprint("m", m), fmt.Sprint(m, big)))
+			}
+			mustAccept(t, fmt.Sprint("m", m), fs)
+			synctest.Wait()
+		}
+		time.Sleep(3 * w.d.Config.PassivateAfter)
+		synctest.Wait()
+		if got := testutil.ToFloat64(w.d.Metrics.SessionsActive); got != 0 {
+			t.Fatalf("%v sessions active, want none", got)
+		}
+		// Each chat's history holds its messages: 64 KiB and more.
+		if kept := (liveHeap() - before) / chats; kept > int64(len(big)) {
+			t.Errorf("after %d chats passivated, the heap holds %d bytes more for each; want less than one of their messages", chats, kept)
+		}
+	})
+}
+
+// liveHeap is the size of the heap's live objects, after a collection.
+func liveHeap() int64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
 }

@@ -230,8 +230,18 @@ const QuarantineAfter = 3
 
 // Receive dispatches the session's messages.
 func (s *Session) Receive(c actor.Context) {
-	if _, ok := c.Message().(*actor.Stopped); ok && s.life() != nil {
-		s.d.lifelines.Delete(s.key) // the activation is over; the next one starts afresh
+	if _, ok := c.Message().(*actor.Stopped); ok {
+		if s.life() != nil {
+			s.d.lifelines.Delete(s.key) // the activation is over; the next one starts afresh
+		}
+		// The actor stays reachable after its stop: protoactor keeps a stopped child's PID, which
+		// holds its process and so this actor, in a slot of its parent's set of children until
+		// a later child overwrites it (PIDSet.Remove shortens its slice without clearing the
+		// slot). So every session of the manager's busiest moment stayed in memory, with its
+		// history, after it passivated (TestPassivatedSessionsFreeTheirState). A stopped actor
+		// handles nothing more: it lets go of all it holds.
+		*s = Session{dead: true}
+		return
 	}
 	if s.dead || (s.passivating || s.fencedOut) && !s.whileStopping(c) || s.unloaded && !s.whileWaiting(c) {
 		return
