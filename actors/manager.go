@@ -682,6 +682,7 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		// may never do again.
 		delete(m.refused, key)
 		delete(m.crashStops, key)
+		delete(m.startedEarly, key)
 		m.letGo(c, key)
 		var local []routed
 		for _, r := range held {
