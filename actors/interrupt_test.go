@@ -135,15 +135,7 @@ func TestInterruptAnswersSteeredMessages(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		agent := steeringAgent{took: make(chan string, 1)}
 		w := newManagerWorld(t, agent, func(d *Deps) { d.Config.QueueMode = ModeSteer })
-		if r := w.deliver(t, "m1", "first"); r.Disposition != platforms.Started {
-			t.Fatalf("m1: %+v, want started", r)
-		}
-		if r := w.deliver(t, "m2", "second"); r.Disposition != platforms.Steered {
-			t.Fatalf("m2: %+v, want steered", r)
-		}
-		if got := <-agent.took; got != "m2" {
-			t.Fatalf("the agent took %s, want m2", got)
-		}
+		w.startAndSteer(t, agent.took)
 		if r := w.deliver(t, "k1", "/queue interrupt"); r.Disposition != platforms.Command {
 			t.Fatalf("/queue interrupt: %+v", r)
 		}
@@ -335,4 +327,19 @@ func TestReplyThatReadsLikeAResetNoticeAnswers(t *testing.T) {
 			t.Errorf("m3's answer answers %v, want %v", last, want)
 		}
 	})
+}
+
+// startAndSteer delivers m1, which starts a turn, and m2, which is steered into it, and waits
+// until the agent took m2 (took: what a steering agent takes).
+func (w *managerWorld) startAndSteer(t *testing.T, took <-chan string) {
+	t.Helper()
+	if r := w.deliver(t, "m1", "first"); r.Disposition != platforms.Started {
+		t.Fatalf("m1: %+v, want started", r)
+	}
+	if r := w.deliver(t, "m2", "second"); r.Disposition != platforms.Steered {
+		t.Fatalf("m2: %+v, want steered", r)
+	}
+	if got := <-took; got != "m2" {
+		t.Fatalf("the agent took %s, want m2", got)
+	}
 }

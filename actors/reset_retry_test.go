@@ -21,23 +21,8 @@ import (
 func TestRetriedResetResetsOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newManagerWorld(t, echo.New(), nil)
-		reset := func(retry bool) *ResetResult {
-			t.Helper()
-			res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &ResetSession{Retry: retry}}, time.Minute).Result()
-			r, ok := res.(*ResetResult)
-			if err != nil || !ok || r.Error != "" || r.SessionId == "" {
-				t.Fatalf("reset (retry %v): %v, %v", retry, res, err)
-			}
-			return r
-		}
-		sessions := func() int {
-			t.Helper()
-			ss, err := w.store.SessionsOfKey(w.ctx, w.key, 100)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return len(ss)
-		}
+		reset := func(retry bool) *ResetResult { t.Helper(); return w.reset(t, &ResetSession{Retry: retry}) }
+		sessions := func() int { t.Helper(); return w.sessionCount(t) }
 		if r := w.deliver(t, "m1", "hello"); r.ErrorCode != "" {
 			t.Fatalf("m1: %+v", r)
 		}
@@ -86,23 +71,8 @@ func TestRetriedResetResetsOnce(t *testing.T) {
 func TestRetriedResetKeepsTheConversationBegunSince(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newManagerWorld(t, echo.New(), nil)
-		reset := func(m *ResetSession) *ResetResult {
-			t.Helper()
-			res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: m}, time.Minute).Result()
-			r, ok := res.(*ResetResult)
-			if err != nil || !ok || r.Error != "" || r.SessionId == "" {
-				t.Fatalf("reset %v: %v, %v", m, res, err)
-			}
-			return r
-		}
-		sessions := func() int {
-			t.Helper()
-			ss, err := w.store.SessionsOfKey(w.ctx, w.key, 100)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return len(ss)
-		}
+		reset := func(m *ResetSession) *ResetResult { t.Helper(); return w.reset(t, m) }
+		sessions := func() int { t.Helper(); return w.sessionCount(t) }
 		if r := w.deliver(t, "m1", "hello"); r.ErrorCode != "" {
 			t.Fatalf("m1: %+v", r)
 		}
@@ -140,4 +110,26 @@ func TestRetriedResetKeepsTheConversationBegunSince(t *testing.T) {
 			t.Errorf("the key has %d sessions after two resets, want 3", n)
 		}
 	})
+}
+
+// reset sends m to the world's key through the manager, as the router does, and returns the
+// answer, which must be a reset done.
+func (w *managerWorld) reset(t *testing.T, m *ResetSession) *ResetResult {
+	t.Helper()
+	res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: m}, time.Minute).Result()
+	r, ok := res.(*ResetResult)
+	if err != nil || !ok || r.Error != "" || r.SessionId == "" {
+		t.Fatalf("reset %v: %v, %v", m, res, err)
+	}
+	return r
+}
+
+// sessionCount is how many sessions of the world's key the store holds.
+func (w *managerWorld) sessionCount(t *testing.T) int {
+	t.Helper()
+	ss, err := w.store.SessionsOfKey(w.ctx, w.key, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ss)
 }

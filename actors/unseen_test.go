@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
-	"github.com/agentgate/agentgate/platforms"
 )
 
 // unseeingAgent takes the message steered into m1's turn and answers without passing it on,
@@ -37,15 +36,7 @@ func TestUnseenSteeredMessageRunsNext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		agent := unseeingAgent{took: make(chan string, 1)}
 		w := newManagerWorld(t, agent, func(d *Deps) { d.Config.QueueMode = ModeSteer })
-		if r := w.deliver(t, "m1", "first"); r.Disposition != platforms.Started {
-			t.Fatalf("m1: %+v, want started", r)
-		}
-		if r := w.deliver(t, "m2", "second"); r.Disposition != platforms.Steered {
-			t.Fatalf("m2: %+v, want steered", r)
-		}
-		if got := <-agent.took; got != "m2" {
-			t.Fatalf("the agent took %s, want m2", got)
-		}
+		w.startAndSteer(t, agent.took)
 		time.Sleep(time.Minute)
 		synctest.Wait()
 
