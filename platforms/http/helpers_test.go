@@ -103,6 +103,7 @@ type response struct {
 	status int
 	header http.Header
 	body   []byte
+	close  bool // the server closes the connection after it (Connection: close)
 }
 
 // errCode returns the error code of a JSON error body, or "" if there is none.
@@ -141,7 +142,7 @@ func (h *harness) doCtx(ctx context.Context, method, path string, header map[str
 	if err != nil {
 		h.t.Fatalf("%s %s: read body: %v", method, path, err)
 	}
-	return response{status: resp.StatusCode, header: resp.Header, body: b}
+	return response{status: resp.StatusCode, header: resp.Header, body: b, close: resp.Close}
 }
 
 var jsonHeader = map[string]string{"Content-Type": "application/json"}

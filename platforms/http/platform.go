@@ -528,6 +528,8 @@ func (p *Platform) authenticate(next http.Handler) http.Handler {
 		got, ok := bearer(r.Header.Get("Authorization"))
 		if !ok || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="agentgate"`)
+			// A client without the token keeps no connection idle here for the idle timeout.
+			w.Header().Set("Connection", "close")
 			writeError(w, http.StatusUnauthorized, CodeUnauthorized, "missing or invalid bearer token")
 			return
 		}

@@ -85,6 +85,11 @@ func TestAuth(t *testing.T) {
 			if tc.wantStatus == 401 && got.errCode() != CodeUnauthorized {
 				t.Errorf("401 code = %q, want %q", got.errCode(), CodeUnauthorized)
 			}
+			// A client without the token keeps no connection open: before, each 401 left it
+			// idle for the server's idle timeout (2 minutes).
+			if got.close != (tc.wantStatus == 401) {
+				t.Errorf("%d answer closes its connection: %v, want %v", got.status, got.close, tc.wantStatus == 401)
+			}
 		})
 	}
 
