@@ -202,13 +202,19 @@ func (p *Platform) fillGap(ctx context.Context, sessions Sessions, key string, s
 	return nil
 }
 
-// resumePoint is the Last-Event-ID header, else the after query parameter, else 0.
+// resumePoint is the Last-Event-ID header, else the lastEventId query parameter (a
+// polyfill's), else the after query parameter, else 0.
 func resumePoint(r *http.Request) (int64, *apiError) {
-	q, aerr := query(r, "after")
+	q, aerr := query(r, "after", "lastEventId")
 	if aerr != nil {
 		return 0, aerr
 	}
 	v, src := r.Header.Get("Last-Event-ID"), "Last-Event-ID"
+	if v == "" {
+		// An EventSource polyfill that cannot set the header on a reconnect sends the last id
+		// in the query (event-source-polyfill's lastEventId), beside the URL's own after.
+		v, src = q.Get("lastEventId"), "lastEventId"
+	}
 	if v == "" {
 		v, src = q.Get("after"), "after"
 	}

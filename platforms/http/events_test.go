@@ -175,6 +175,13 @@ func TestEventsResumePoint(t *testing.T) {
 		{"malformed query", "", "?after=2;x", 0, CodeInvalidQuery},
 		{"bad escape", "", "?after=%zz", 0, CodeInvalidQuery},
 		{"after given twice", "", "?after=1&after=2", 0, CodeInvalidQuery},
+		// EventSource polyfills that cannot set the header on a reconnect send the last id as
+		// lastEventId in the query, next to the stream's own parameters: before, the unknown
+		// parameter was refused, and such a browser client could never reconnect.
+		{"a polyfill's lastEventId", "", "?lastEventId=2", 3, ""},
+		{"a polyfill's lastEventId wins over after", "", "?after=1&lastEventId=2", 3, ""},
+		{"the header wins over lastEventId", "2", "?lastEventId=1", 3, ""},
+		{"invalid lastEventId", "", "?lastEventId=x", 0, CodeInvalidEventID},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
