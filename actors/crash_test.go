@@ -376,21 +376,22 @@ func TestCrashWhileSpoolingRunsAgainOnceLoaded(t *testing.T) {
 	})
 }
 
-// refusedSetAside is a store that, while on, refuses (as unavailable) the writes that set a
-// message aside with leftBehindNotice, and commits the others of their batch.
-type refusedSetAside struct {
+// refusedOutbox is a store that refuses (as unavailable) the write groups holding an outbox
+// entry that refuse picks (a disk with room for other writes), and commits the others of
+// their batch.
+type refusedOutbox struct {
 	persistence.Store
-	on atomic.Bool
+	refuse func(persistence.OutboxEntry) bool
 }
 
-func (r *refusedSetAside) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+func (r *refusedOutbox) Commit(ctx context.Context, groups [][]persistence.Op) []error {
 	errs := make([]error, len(groups))
 	var pass [][]persistence.Op
 	var at []int
 	for i, g := range groups {
-		if r.on.Load() && slices.ContainsFunc(g, func(op persistence.Op) bool {
+		if slices.ContainsFunc(g, func(op persistence.Op) bool {
 			o, ok := op.(*persistence.AddOutbox)
-			return ok && o.Entry.Text == leftBehindNotice
+			return ok && r.refuse(o.Entry)
 		}) {
 			errs[i] = fmt.Errorf("%w: disk full (test)", persistence.ErrUnavailable)
 			continue
@@ -415,7 +416,10 @@ func TestDroppedMessageWhoseSetAsideIsRefusedIsAnswered(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		echo, ran := countingEcho()
 		g := &gatedCommits{waiting: make(chan struct{}, 1), open: make(chan struct{})}
-		refuse := &refusedSetAside{}
+		var setAsideRefused atomic.Bool // the writes that set a message aside are refused
+		refuse := &refusedOutbox{refuse: func(e persistence.OutboxEntry) bool {
+			return setAsideRefused.Load() && e.Text == leftBehindNotice
+		}}
 		w := newManagerWorldWrites(t, echo, nil, func(s persistence.Store) persistence.Store {
 			g.Store = s
 			refuse.Store = g
@@ -430,7 +434,7 @@ func TestDroppedMessageWhoseSetAsideIsRefusedIsAnswered(t *testing.T) {
 		m1 := w.request("m1", "one")
 		<-g.waiting // m1's write is in flight
 		g.armed.Store(false)
-		refuse.on.Store(true)
+		setAsideRefused.Store(true)
 		k1 := w.request("k1", "/new")
 		synctest.Wait()
 		close(g.open)
@@ -440,7 +444,7 @@ func TestDroppedMessageWhoseSetAsideIsRefusedIsAnswered(t *testing.T) {
 			}
 		}
 		synctest.Wait() // m1's set-aside was refused: the session starts again from the store
-		refuse.on.Store(false)
+		setAsideRefused.Store(false)
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		answered := 0
