@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
@@ -58,6 +59,18 @@ func parseCommand(text string) (command, bool) {
 // onCommand runs a command outside the queue. The command and its answer are recorded in one
 // write; the requester is acknowledged with disposition "command" once that write is durable.
 func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cmd command, now time.Time) {
+	switch cmd.name {
+	case "new", "reset", "stop", "resume":
+		// They drop every queued message, those waiting in the store past the cap too.
+		if err := s.unspill(); err != nil {
+			s.logger().Warn("a command that drops the queued messages cannot read those waiting in the store; its sender is told to send it again",
+				"command", cmd.name, "message_id", m.MessageId, logging.Err(err))
+			r := s.result(m, "", s.curID())
+			r.ErrorCode, r.Error = "unavailable", "the messages queued in the session could not be read; send the command again"
+			c.Respond(r)
+			return
+		}
+	}
 	outAfter := s.lastOut // the command's answer comes after
 	expired := s.expireIfIdle(now)
 	var ops []persistence.Op
@@ -91,7 +104,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 	case "status":
 		answer = s.statusText(now)
 	case "retry":
-		if len(expired) == 0 && s.running == nil && len(s.queue) == 0 { // the retry runs next, in order
+		if len(expired) == 0 && s.running == nil && !s.hasQueued() { // the retry runs next, in order
 			if it, rops, ok := s.retry(src, m, now); ok {
 				s.enqueueRetry(c, m, it, rops)
 				return
@@ -314,7 +327,7 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 	orphaned := func(c actor.Context, _ string) {
 		c.Send(requester, &ResetResult{Error: "the session stopped before the reset was confirmed; it may have taken effect: look at the session before resetting it again"})
 	}
-	if m.Retry && s.cur.PrevSessionID != "" && (s.lastSeq == 0 && s.running == nil && len(s.queue) == 0 || s.begunSince(m.FirstSentAtUnixNano)) {
+	if m.Retry && s.cur.PrevSessionID != "" && (s.lastSeq == 0 && s.running == nil && !s.hasQueued() || s.begunSince(m.FirstSentAtUnixNano)) {
 		// The cluster router sends the reset again after an attempt that got no answer, and
 		// that attempt may have done it: the session follows another and has held nothing
 		// since, or it began after that attempt was sent. Resetting it again would end an
@@ -332,6 +345,10 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 			}
 			c.Send(requester, r)
 		})
+		return
+	}
+	if err := s.unspill(); err != nil { // the reset drops every queued message
+		c.Respond(&ResetResult{Error: err.Error()})
 		return
 	}
 	reason := m.Reason
@@ -404,7 +421,7 @@ func (s *Session) cannotRewind(what string, src identity.Source) string {
 	switch {
 	case s.running != nil:
 		return "A turn is running; send /stop first, then /" + what + "."
-	case what == "retry" && len(s.queue) > 0:
+	case what == "retry" && s.hasQueued():
 		return "Messages are waiting to run; send /retry once they have."
 	case s.lastExchange() >= 0 && s.ownLastExchange(src) < 0:
 		return "The last message here is someone else's; /" + what + " takes back only your own, while it is the latest."

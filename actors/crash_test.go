@@ -376,23 +376,27 @@ func TestCrashWhileSpoolingRunsAgainOnceLoaded(t *testing.T) {
 	})
 }
 
-// refusedOutbox is a store that refuses (as unavailable) the write groups holding an outbox
-// entry that refuse picks (a disk with room for other writes), and commits the others of
-// their batch.
-type refusedOutbox struct {
+// refusedWrites is a store that refuses (as unavailable) the write groups holding an op that
+// refuse picks (a disk with room for other writes), and commits the others of their batch.
+type refusedWrites struct {
 	persistence.Store
-	refuse func(persistence.OutboxEntry) bool
+	refuse func(persistence.Op) bool
 }
 
-func (r *refusedOutbox) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+// refusedOutbox is refusedWrites of the outbox entries that refuse picks.
+func refusedOutbox(s persistence.Store, refuse func(persistence.OutboxEntry) bool) *refusedWrites {
+	return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
+		o, ok := op.(*persistence.AddOutbox)
+		return ok && refuse(o.Entry)
+	}}
+}
+
+func (r *refusedWrites) Commit(ctx context.Context, groups [][]persistence.Op) []error {
 	errs := make([]error, len(groups))
 	var pass [][]persistence.Op
 	var at []int
 	for i, g := range groups {
-		if slices.ContainsFunc(g, func(op persistence.Op) bool {
-			o, ok := op.(*persistence.AddOutbox)
-			return ok && r.refuse(o.Entry)
-		}) {
+		if slices.ContainsFunc(g, r.refuse) {
 			errs[i] = fmt.Errorf("%w: disk full (test)", persistence.ErrUnavailable)
 			continue
 		}
@@ -417,9 +421,9 @@ func TestDroppedMessageWhoseSetAsideIsRefusedIsAnswered(t *testing.T) {
 		echo, ran := countingEcho()
 		g := &gatedCommits{waiting: make(chan struct{}, 1), open: make(chan struct{})}
 		var setAsideRefused atomic.Bool // the writes that set a message aside are refused
-		refuse := &refusedOutbox{refuse: func(e persistence.OutboxEntry) bool {
+		refuse := refusedOutbox(nil, func(e persistence.OutboxEntry) bool {
 			return setAsideRefused.Load() && e.Text == leftBehindNotice
-		}}
+		})
 		w := newManagerWorldWrites(t, echo, nil, func(s persistence.Store) persistence.Store {
 			g.Store = s
 			refuse.Store = g

@@ -28,6 +28,12 @@ const (
 	ModeSteer     = "steer"
 )
 
+// Overflow policies: what a session does with a message that arrives when its queue is full.
+const (
+	OverflowSpool  = "spool"  // take it: it waits in the store, and runs later (the default; spill.go)
+	OverflowReject = "reject" // refuse it with an explicit answer
+)
+
 // Recovery modes: what a daemon does at start with messages the last run left unanswered.
 const (
 	RecoveryRerun  = "rerun"  // run them again (the default)
@@ -45,7 +51,7 @@ type SessionConfig struct {
 	Debounce time.Duration
 	// DebounceByPlatform overrides Debounce per platform.
 	DebounceByPlatform map[string]time.Duration
-	Overflow           string // spool | reject
+	Overflow           string // OverflowSpool (also when empty) | OverflowReject
 	HistoryLimit       int
 	Recovery           string // rerun | notice
 	// Restarts and RestartWindow bound how often a session may crash before it is stopped.
@@ -182,6 +188,9 @@ type Deps struct {
 	// database and the spool both failing: a full disk): every message, and each retry of it,
 	// would log one.
 	inboundRefusals logging.Limiter
+	// spillReadFailures limits the line of sessions whose spilled messages cannot be read back
+	// (refill): in an outage every session past its cap logs one a second.
+	spillReadFailures logging.Limiter
 
 	// The props every session and turn is spawned from, built once: props hold nothing per
 	// actor (a session learns its key from its PID), so per-actor props would only cost memory.

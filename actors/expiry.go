@@ -71,7 +71,7 @@ func (s *Session) expire(now time.Time) []persistence.Op {
 // and run its waiting messages in a session they were not sent to. A reset that falls due
 // meanwhile is remembered and done, at its due time, once the work is done (endOverdue).
 func (s *Session) expireIfIdle(now time.Time) []persistence.Op {
-	if s.running != nil || len(s.queue) > 0 {
+	if s.running != nil || s.hasQueued() {
 		// Remember that it fell due: the work's own activity would otherwise move the due time
 		// on (a daily reset by a whole day). It ends once the work is done (endOverdue).
 		if s.cur != nil && (s.unusual == nil || s.unusual.overdue == nil) {
@@ -94,7 +94,7 @@ type overdue struct {
 
 // endOverdue ends the session whose reset fell due while it worked, once its work is done.
 func (s *Session) endOverdue(c actor.Context) {
-	if s.unusual == nil || s.unusual.overdue == nil || s.running != nil || len(s.queue) > 0 || s.fencedOut || s.passivating {
+	if s.unusual == nil || s.unusual.overdue == nil || s.running != nil || s.hasQueued() || s.fencedOut || s.passivating {
 		return
 	}
 	s.writeReset(c, s.expire(s.d.now()))

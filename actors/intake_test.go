@@ -158,7 +158,7 @@ func TestPausesAfterAnEarlyStartAreWaitedOut(t *testing.T) {
 			func(d *Deps) { d.Refusals = &refusals },
 			func(s persistence.Store) persistence.Store {
 				// A disk with room for small writes, not for c1's turn results.
-				return &refusedOutbox{Store: s, refuse: func(e persistence.OutboxEntry) bool { return e.SessionKey == "agent:main:fake:dm:c1" }}
+				return refusedOutbox(s, func(e persistence.OutboxEntry) bool { return e.SessionKey == "agent:main:fake:dm:c1" })
 			},
 			func(o *persistence.ActorOptions) { o.Refusals = &refusals })
 		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {

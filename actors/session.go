@@ -91,6 +91,9 @@ type rareState struct {
 	// loadFailed is why the session's last claim or load failed while it waits to load
 	// (waitToLoad); nil when it loaded, or waits only for the spool.
 	loadFailed error
+	// spill is the part of the queue past its cap that waits in the store (spill.go); nil
+	// while the whole queue is in memory.
+	spill *spill
 	// life survives restarts of this actor, so a new incarnation knows how often it crashed and
 	// on which messages. It is nil until the first crash: the failing incarnation creates it
 	// and files it in Deps.lifelines, where the next incarnation finds it; the last one removes
@@ -110,7 +113,7 @@ func (s *Session) rare() *rareState {
 // message it handles; no code keeps a pointer to it across messages.
 func (s *Session) tidyRare() {
 	if r := s.unusual; r != nil && r.continuity == "" && len(r.interrupted) == 0 && r.overdue == nil &&
-		len(r.unsure) == 0 && len(r.handoff) == 0 && r.probation == nil && r.life == nil && len(r.ending) == 0 {
+		len(r.unsure) == 0 && len(r.handoff) == 0 && r.probation == nil && r.life == nil && len(r.ending) == 0 && r.spill == nil {
 		s.unusual = nil
 	}
 }
@@ -164,6 +167,7 @@ type item struct {
 	// message (persistence.Message.Attempts, raised by Store.BeginRun).
 	restarts  int
 	dropped   bool         // a command dropped it while its write was in flight: set aside when it lands
+	inTail    bool         // it waits in the spill's tail (spill.go), not in the queue
 	requester *actor.PID   // waits for DeliverResult; nil after the ack or for recovered items
 	repeats   []*actor.PID // senders of the same message id while its write was in flight
 }
@@ -286,7 +290,7 @@ func (s *Session) Receive(c actor.Context) {
 		s.leave(c, "the member leaves the cluster; the session hands its key on once its running turn is done")
 	case *Recover:
 		s.onRecover(c)
-	case *debounceTick:
+	case *debounceTick, *spillRetry:
 		s.tryStart(c)
 	case *callEnded:
 		s.onCallEnded(c, m.TurnID, false)
@@ -459,8 +463,9 @@ func (s *Session) load(c actor.Context) {
 		// Only the first incarnation recovers: a restarted one has a lifeline.
 		s.noticePending(c)
 	}
-	if len(s.queue) > 0 || len(snap.Unconfirmed) > 0 {
-		s.logger().Info("session resumed", "pending", len(s.queue), "unconfirmed", len(snap.Unconfirmed))
+	s.spillExcess()
+	if s.hasQueued() || len(snap.Unconfirmed) > 0 {
+		s.logger().Info("session resumed", "pending", s.waiting(), "unconfirmed", len(snap.Unconfirmed))
 	}
 	s.tryStart(c)
 }
@@ -597,7 +602,7 @@ func (s *Session) passivateIfIdle(c actor.Context) {
 	if s.passivating || s.d.Config.PassivateAfter <= 0 {
 		return
 	}
-	if s.running == nil && !s.ending() && len(s.queue) == 0 && len(s.inflight) == 0 && !s.d.Spooling.Load() {
+	if s.running == nil && !s.ending() && !s.hasQueued() && len(s.inflight) == 0 && !s.d.Spooling.Load() {
 		s.passivating = true
 		c.Send(c.Parent(), &passivate{key: s.key, pid: c.Self()})
 	}
@@ -670,7 +675,7 @@ func (s *Session) sourceOf(ss *persistence.Session) identity.Source {
 func (s *Session) fence(c actor.Context) {
 	s.d.Metrics.SessionsFenced.Inc()
 	s.logger().Warn("another activation claimed the session; this one hands over and stops",
-		"epoch", s.epoch, "pending", len(s.queue), "running", s.running != nil)
+		"epoch", s.epoch, "pending", s.waiting(), "running", s.running != nil)
 	s.handOverAll(c)
 }
 
@@ -699,7 +704,7 @@ func (s *Session) leave(c actor.Context, why string) {
 		return
 	}
 	if s.debugOn() { // leaveIfIdle logs the hand-over itself
-		s.logger().Debug(why, "pending", len(s.queue), "running", s.running != nil)
+		s.logger().Debug(why, "pending", s.waiting(), "running", s.running != nil)
 	}
 	s.leaving = true
 	s.leaveIfIdle(c)
@@ -714,10 +719,10 @@ func (s *Session) leaveIfIdle(c actor.Context) {
 	if !s.leaving || s.fencedOut || s.running != nil || s.ending() || len(s.inflight) > 0 {
 		return
 	}
-	s.logger().Info("the session hands its key on to another member", "pending", len(s.queue))
+	s.logger().Info("the session hands its key on to another member", "pending", s.waiting())
 	// Messages whose commit may have applied though its answer was lost (unsure) may be
 	// pending in the store too: the successor looks.
-	s.stale = len(s.queue) > 0 || s.unusual != nil && len(s.unusual.unsure) > 0
+	s.stale = s.hasQueued() || s.unusual != nil && len(s.unusual.unsure) > 0
 	s.handOverAll(c)
 	s.stopWhenSettled(c)
 }
@@ -743,7 +748,7 @@ func (s *Session) onRecover(c actor.Context) {
 	if s.adoptUnsure(c) {
 		return
 	}
-	if !s.d.Fencing || s.running != nil || len(s.queue) > 0 || len(s.inflight) > 0 {
+	if !s.d.Fencing || s.running != nil || s.hasQueued() || len(s.inflight) > 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(s.d.Ctx, claimCheckTimeout)
@@ -788,7 +793,11 @@ func (s *Session) restartFromStore(c actor.Context, why string, err error) {
 // answerUnstored answers the senders of queued messages whose write is not acknowledged, as
 // the session stops or restarts (ErrCodeStopped).
 func (s *Session) answerUnstored(c actor.Context, why string) {
-	for _, it := range s.queue {
+	queued := s.queue
+	if sp := s.spilling(); sp != nil {
+		queued = append(slices.Clone(queued), sp.tail...)
+	}
+	for _, it := range queued {
 		if it.durable {
 			continue
 		}

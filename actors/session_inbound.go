@@ -51,9 +51,10 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 	if s.running == nil && waiting > 0 {
 		behind--
 	}
-	if behind >= s.d.Config.QueueCap {
+	over := behind >= s.d.Config.QueueCap
+	if over {
 		s.d.Metrics.QueueOverflow.WithLabelValues(s.d.Config.Overflow).Inc()
-		if s.d.Config.Overflow == "reject" {
+		if s.d.Config.Overflow == OverflowReject {
 			if m.MessageId != "" {
 				// A re-delivery of a message this activation does not remember (one taken
 				// before a restart or passivation) is a duplicate, not refused: the store's
@@ -99,7 +100,7 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 		// carries its activity already.
 		ops = append(ops, touch)
 	}
-	s.queue = append(s.queue, it)
+	s.enqueue(it, over)
 	if m.MessageId != "" {
 		s.seen.add(m.MessageId)
 	}
@@ -211,8 +212,11 @@ func (s *Session) forgetUnsure(messageID string) {
 // Recover runs it: the store lists the key's pending work, and a message whose sender did not
 // send it again is pending there but known to no queue.
 func (s *Session) adoptUnsure(c actor.Context) bool {
-	if s.unusual == nil {
+	if s.unusual == nil || len(s.unusual.unsure) == 0 {
 		return false
+	}
+	if err := s.unspill(); err != nil { // an adopted message goes behind every queued one
+		return false // the next recovery tries again
 	}
 	adopted := false
 	for id, u := range s.unusual.unsure {
@@ -247,6 +251,13 @@ func (s *Session) inFlight(id string) *item {
 	for _, it := range s.queue {
 		if !it.durable && it.messageID == id {
 			return it
+		}
+	}
+	if sp := s.spilling(); sp != nil {
+		for _, it := range sp.tail {
+			if !it.durable && it.messageID == id {
+				return it
+			}
 		}
 	}
 	return nil
@@ -388,6 +399,7 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 	s.answerRepeats(c, it, m, err, conflict)
 	if err != nil {
 		s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
+		s.leaveTail(it)
 		if created && s.cur != nil && s.cur.ID == it.sessionID {
 			s.cur = nil // the incarnation was never written; the next message creates it again
 		}
@@ -426,6 +438,18 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 		it.requester = nil
 		s.setAsideDropped(c, it)
 		s.tryStart(c)
+		return
+	}
+	if it.inTail {
+		// It waits in the store, behind the queue's cap (spill.go).
+		r := s.result(m, platforms.Queued, it.sessionID)
+		r.OutboxAfter, r.QueueDepth = it.outAfter, int32(s.waiting())
+		s.settle()
+		s.tryStart(c)
+		if it.requester != nil {
+			c.Send(it.requester, r)
+			it.requester = nil
+		}
 		return
 	}
 	disp := platforms.Queued

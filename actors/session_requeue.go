@@ -42,6 +42,11 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 		refuse(ErrCodeNotFound, "", "no message %s in session %s", m.MessageId, s.key)
 		return
 	}
+	if err := s.unspill(); err != nil { // the requeued message goes behind every queued one
+		s.logger().Warn("read a message to requeue it", "message_id", m.MessageId, logging.Err(err))
+		refuse("unavailable", "", "the store cannot be read right now; retry later")
+		return
+	}
 	// A message this activation holds is pending, whatever the store says yet: its requeue (or
 	// its first write) may still be in flight.
 	if slices.ContainsFunc(s.queue, func(it *item) bool { return it.messageID == m.MessageId }) ||
@@ -142,7 +147,7 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 		}
 		s.d.Metrics.MessagesRequeued.Inc()
 		s.logger().Info("quarantined message requeued by an operator; it runs again", "message_id", m.MessageId, "seq", it.seq,
-			"ahead", len(s.queue)-1)
+			"ahead", s.waiting()-1)
 		// Start its turn (and say the session is busy) before the answer, as a message's.
 		s.tryStart(c)
 		r.Disposition = platforms.Queued

@@ -17,7 +17,13 @@ import (
 )
 
 // waiting counts the messages waiting for a turn (not the running one).
-func (s *Session) waiting() int { return len(s.queue) }
+func (s *Session) waiting() int {
+	n := len(s.queue)
+	if sp := s.spilling(); sp != nil {
+		n += sp.stored + len(sp.tail)
+	}
+	return n
+}
 
 // dequeue removes the first n items of the queue. A queue that empties drops its backing array:
 // the array still holds the items taken out, so an idle session would otherwise keep its last
@@ -38,6 +44,7 @@ func (s *Session) tryStart(c actor.Context) {
 		s.leaveIfIdle(c)
 		return
 	}
+	s.refill(c)
 	if s.running != nil || s.ending() || len(s.queue) == 0 || !s.queue[0].durable || s.halted {
 		s.endOverdue(c)
 		s.updateBusy(c)

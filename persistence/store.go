@@ -538,6 +538,11 @@ type Store interface {
 	// transcript read in pages, so that a long one is never held whole. An unknown session
 	// has none.
 	TranscriptAfter(ctx context.Context, sessionID string, after int64, limit int) ([]Message, error)
+	// PendingAfter returns a session's pending (active) user messages with after < seq <=
+	// through, by seq, at most limit (no limit when limit <= 0): the messages a session holds
+	// in the store only, past its queue's cap (sessions.queue.overflow spool), read back in
+	// pages as its queue drains.
+	PendingAfter(ctx context.Context, sessionID string, after, through int64, limit int) ([]Message, error)
 	// CountMessages returns how many message rows a session has (archived ones included) and
 	// how many of them are pending (active) user messages: SessionSummary's Messages and
 	// Pending for one session id, counted without reading the rows. An unknown session has 0

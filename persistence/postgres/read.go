@@ -259,6 +259,23 @@ func (s *Store) TranscriptAfter(ctx context.Context, sessionID string, after int
 	return ms, nil
 }
 
+// PendingAfter returns a session's pending (active) user messages with after < seq <= through,
+// by seq, at most limit (no limit when limit <= 0).
+func (s *Store) PendingAfter(ctx context.Context, sessionID string, after, through int64, limit int) ([]persistence.Message, error) {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("pending messages of %s after %d: %w", sessionID, after, err)
+	}
+	defer done()
+	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+messageCols+` FROM messages
+		WHERE session_id = $1 AND role = 'user' AND status = 'pending' AND active
+		AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4`, sessionID, after, through, limitArg(limit))
+	if err != nil {
+		return nil, fmt.Errorf("pending messages of %s after %d: %w", sessionID, after, s.explain(ctx, err))
+	}
+	return ms, nil
+}
+
 // CountMessages counts a session's message rows (archived ones included) and its active
 // pending user messages, as ListSessions does.
 func (s *Store) CountMessages(ctx context.Context, sessionID string) (messages, pending int, err error) {

@@ -242,6 +242,40 @@ func testTranscriptAfter(t *testing.T, s persistence.Store) {
 	})
 }
 
+func testPendingAfter(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	msgs := longTranscript(t, s)
+	// Pending in s1: 3 and 7 (1 is done, 5 archived), then 8; 9 is quarantined, 10 a reply.
+	eight, nine := userMsg("s1", 8, "m8", "eight"), userMsg("s1", 9, "m9", "nine, set aside")
+	MustCommit(t, s, &persistence.AppendMessage{Message: eight}, &persistence.AppendMessage{Message: nine},
+		&persistence.AppendMessage{Message: replyMsg("s1", 10, "ten")},
+		&persistence.SetMessageStatus{SessionID: "s1", Seqs: []int64{9}, Status: persistence.StatusQuarantined})
+	three, seven := msgs[2], msgs[6]
+	tests := []struct {
+		name           string
+		sid            string
+		after, through int64
+		limit          int
+		want           []persistence.Message
+	}{
+		{"all", "s1", 0, 100, 0, []persistence.Message{three, seven, eight}},
+		{"first page", "s1", 0, 100, 2, []persistence.Message{three, seven}},
+		{"after a pending one", "s1", 3, 100, 0, []persistence.Message{seven, eight}},
+		{"through a pending one", "s1", 0, 7, 0, []persistence.Message{three, seven}},
+		{"inside", "s1", 3, 7, 5, []persistence.Message{seven}},
+		{"past the last", "s1", 8, 100, 0, nil},
+		{"an empty range", "s1", 5, 4, 0, nil},
+		{"another session", "s2", 0, 100, 0, []persistence.Message{userMsg("s2", 1, "other", "other session")}},
+		{"unknown session", "nope", 0, 100, 0, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := check(s.PendingAfter(ctx, tc.sid, tc.after, tc.through, tc.limit)).must(t, "PendingAfter")
+			diff(t, "PendingAfter", got, tc.want)
+		})
+	}
+}
+
 func testCountMessages(t *testing.T, s persistence.Store) {
 	ctx := context.Background()
 	longTranscript(t, s)
@@ -484,6 +518,7 @@ func testClosed(t *testing.T, s persistence.Store) {
 		{"OutboxAfter", second(s.OutboxAfter(ctx, "k1", 0, 1))},
 		{"Transcript", second(s.Transcript(ctx, "s1"))},
 		{"TranscriptAfter", second(s.TranscriptAfter(ctx, "s1", 0, 1))},
+		{"PendingAfter", second(s.PendingAfter(ctx, "s1", 0, 1, 1))},
 		{"CountMessages", third(s.CountMessages(ctx, "s1"))},
 		{"History", third(s.History(ctx, "s1", 1))},
 		{"Route", second(s.Route(ctx, "k1"))},

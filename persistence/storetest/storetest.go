@@ -43,6 +43,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"OutboxAfter", testOutboxAfter},
 		{"Transcript", testTranscript},
 		{"TranscriptAfter", testTranscriptAfter},
+		{"PendingAfter", testPendingAfter},
 		{"CountMessages", testCountMessages},
 		{"History", testHistory},
 		{"ListSessions", testListSessions},

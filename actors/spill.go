@@ -1,0 +1,223 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/logging"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// A queue past its cap (sessions.queue.overflow: spool) is "persisted, runs later": every
+// message is stored before it is acknowledged, so the messages behind the cap need not be held
+// in memory as well. Before, they were: a chat writing faster than its agent answers grew its
+// session's queue without bound (measured: 176 MB for 47,500 messages queued behind a slow exec
+// agent), the memory of one chat's flood taken from every other.
+//
+// Now the queue in memory (Session.queue) holds at most about the cap; the messages behind it
+// wait in the store only, as its pending rows of one session in a range of seqs, and are read
+// back in pages as the queue drains (refill), in order. A message that arrives while any wait
+// there joins them, so that order holds: it waits in the spill's tail while its write is in
+// flight (its requester waits for that write's answer, and a refused write leaves no row), and
+// joins the stored range once its write and those of every message ahead of it in the tail
+// have landed (settle). The few operations that act on the whole queue (a boundary, /stop, a
+// requeue, adopting a write whose answer was lost) first read it back whole (unspill); so does
+// nothing else, and a session that starts loads every pending message and keeps past the cap
+// only what its queue holds in memory (spillExcess).
+
+// spill is the part of a session's queue past its cap that waits in the store (see above).
+type spill struct {
+	sessionID string
+	// after and through bound the stored range: the session's pending user messages with
+	// after < seq <= through are the spilled ones not read back yet.
+	after, through int64
+	stored         int     // how many there are, as far as this activation counted them (waiting)
+	tail           []*item // arrivals whose writes have not all landed, in seq order (item.inTail)
+}
+
+// spilling returns the session's spill, nil when its whole queue is in memory.
+func (s *Session) spilling() *spill {
+	if s.unusual == nil {
+		return nil
+	}
+	return s.unusual.spill
+}
+
+// hasQueued reports whether any message waits for a turn, in memory or in the store.
+func (s *Session) hasQueued() bool { return len(s.queue) > 0 || s.spilling() != nil }
+
+// enqueue queues it, a message just taken (its write in flight), behind every other: in memory,
+// or in the spill's tail when the queue is past its cap (over) or messages wait in the store
+// already.
+func (s *Session) enqueue(it *item, over bool) {
+	sp := s.spilling()
+	if sp == nil && (!over || s.d.Config.Overflow == OverflowReject) {
+		s.queue = append(s.queue, it)
+		return
+	}
+	if sp == nil {
+		sp = &spill{sessionID: it.sessionID, after: it.seq - 1, through: it.seq - 1}
+		s.rare().spill = sp
+	}
+	it.inTail = true
+	sp.tail = append(sp.tail, it)
+}
+
+// leaveTail takes it out of the spill's tail after its write was refused (it is stored
+// nowhere), and lets those behind it settle.
+func (s *Session) leaveTail(it *item) {
+	sp := s.spilling()
+	if sp == nil || !it.inTail {
+		return
+	}
+	it.inTail = false
+	sp.tail = slices.DeleteFunc(sp.tail, func(q *item) bool { return q == it })
+	s.settle()
+}
+
+// settle moves the tail's front messages whose writes have landed into the stored range, and
+// lets go of them: from here on the store holds them for the session. A message whose landed
+// write adopted an earlier one's seq (adoptStored) lies before the range: it joins the queue in
+// memory. A spill with nothing left to read back and no tail ends.
+func (s *Session) settle() {
+	sp := s.spilling()
+	for len(sp.tail) > 0 && sp.tail[0].durable {
+		it := sp.tail[0]
+		sp.tail[0] = nil
+		sp.tail = sp.tail[1:]
+		it.inTail = false
+		if it.seq <= sp.after {
+			s.queue = append(s.queue, it)
+			continue
+		}
+		sp.through = max(sp.through, it.seq)
+		sp.stored++
+	}
+	if len(sp.tail) == 0 {
+		sp.tail = nil // (its array still holds the items let go of)
+		if sp.after >= sp.through {
+			s.unusual.spill = nil
+		}
+	}
+}
+
+// spillRetry wakes a session whose read of its spilled messages failed, to read again.
+type spillRetry struct{}
+
+// spillRetryAfter is how long a session waits to read its spilled messages again after a read
+// failed.
+const spillRetryAfter = time.Second
+
+// spillReadTimeout bounds one read of spilled messages.
+const spillReadTimeout = 5 * time.Second
+
+// refill reads spilled messages back into the queue once it has drained to half its cap, up to
+// the cap. A read that fails is tried again after spillRetryAfter; the queue meanwhile runs what
+// it holds (and, drained, waits: nothing behind the read may overtake it). So does a read while
+// writes wait in the spool (the database failed): the database does not show them yet, and a
+// read would pass over the spilled messages among them.
+func (s *Session) refill(c actor.Context) {
+	sp := s.spilling()
+	if sp == nil || sp.after >= sp.through || len(s.queue) > s.d.Config.QueueCap/2 {
+		return
+	}
+	if s.d.Spooling.Load() {
+		s.timers(c).SendOnce(spillRetryAfter, c.Self(), &spillRetry{})
+		return
+	}
+	want := s.d.Config.QueueCap + 1 - len(s.queue)
+	if err := s.readBack(sp, want); err != nil {
+		if n, ok := s.d.spillReadFailures.Allow(); ok {
+			args := []any{"spilled", sp.stored, logging.Err(err)}
+			if n > 1 {
+				args = append(args, "repeats", n-1)
+			}
+			s.logger().Warn("read the messages waiting in the store past the queue's cap; retrying in a second", args...)
+		}
+		s.timers(c).SendOnce(spillRetryAfter, c.Self(), &spillRetry{})
+	}
+}
+
+// unspill reads every spilled message back into the queue, and puts the tail behind them: the
+// whole queue is in memory again, for an operation that acts on all of it. On error nothing
+// changed.
+func (s *Session) unspill() error {
+	sp := s.spilling()
+	if sp == nil {
+		return nil
+	}
+	if s.d.Spooling.Load() {
+		return fmt.Errorf("%w: writes wait in the spool, and the database does not show them yet", persistence.ErrUnavailable)
+	}
+	if err := s.readBack(sp, 0); err != nil {
+		return fmt.Errorf("read the session's waiting messages back from the store: %w", err)
+	}
+	for _, it := range sp.tail {
+		it.inTail = false
+	}
+	s.queue = append(s.queue, sp.tail...)
+	s.unusual.spill = nil
+	return nil
+}
+
+// readBack appends to the queue the first limit spilled messages (all of them when limit <= 0).
+// A read that returns fewer than it asked for has read the whole range. A message whose write's
+// answer was lost (rememberUnsure) but that is stored is adopted: it runs in its place.
+func (s *Session) readBack(sp *spill, limit int) error {
+	if s.cur == nil || s.cur.ID != sp.sessionID {
+		// Every boundary reads the spill back first (unspill): no message of an ended
+		// session runs in its successor.
+		panic(fmt.Errorf("session %s: messages spilled under session %s, now %s", s.key, sp.sessionID, s.curID()))
+	}
+	ctx, cancel := context.WithTimeout(s.d.Ctx, spillReadTimeout)
+	defer cancel()
+	rows, err := s.d.Store.PendingAfter(ctx, sp.sessionID, sp.after, sp.through, limit)
+	if err != nil {
+		return err
+	}
+	for i := range rows {
+		s.queue = append(s.queue, s.storedItem(&rows[i]))
+		sp.after = rows[i].Seq
+		if s.unusual.unsure[rows[i].MessageID] != nil {
+			s.forgetUnsure(rows[i].MessageID)
+			s.logAdopted(s.queue[len(s.queue)-1])
+		}
+	}
+	sp.stored = max(0, sp.stored-len(rows))
+	if limit <= 0 || len(rows) < limit {
+		sp.after, sp.stored = sp.through, 0
+	}
+	if sp.after >= sp.through && len(sp.tail) == 0 {
+		s.unusual.spill = nil
+	}
+	return nil
+}
+
+// storedItem is the queue item of a pending message read from the store.
+func (s *Session) storedItem(m *persistence.Message) *item {
+	src := s.sourceOf(s.cur)
+	src.UserID, src.UserName = m.UserID, m.UserName
+	s.seen.add(m.MessageID)
+	return &item{seq: m.Seq, sessionID: m.SessionID, src: src, messageID: m.MessageID, text: m.Content,
+		at: m.CreatedAt, durable: true, restarts: m.Attempts}
+}
+
+// spillExcess keeps in memory, of a queue loaded whole from the store, only what a queue past
+// its cap holds (see above): the rest waits in the store, read back as the queue drains.
+func (s *Session) spillExcess() {
+	keep := s.d.Config.QueueCap + 1
+	if s.d.Config.Overflow == OverflowReject || len(s.queue) <= keep || s.spilling() != nil || s.cur == nil {
+		return
+	}
+	rest := s.queue[keep:]
+	for i, it := range rest {
+		if !it.durable || it.sessionID != s.cur.ID || it.seq <= s.queue[keep+i-1].seq {
+			return // (only messages loaded in order, of the current session)
+		}
+	}
+	s.rare().spill = &spill{sessionID: s.cur.ID, after: s.queue[keep-1].seq, through: rest[len(rest)-1].seq, stored: len(rest)}
+	s.queue = slices.Clone(s.queue[:keep])
+}
