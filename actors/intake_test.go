@@ -228,6 +228,12 @@ func TestDeliverToAPausedSessionIsAnsweredAtOnce(t *testing.T) {
 		if took := time.Since(start); took > time.Second {
 			t.Errorf("Deliver to a paused session answered after %v, want at once", took)
 		}
+		// m1, taken before the pause, delivered again meanwhile (a platform's retry) is a
+		// duplicate, not a message to send again. Before, it was answered unavailable too.
+		ack, err := in.Deliver(context.Background(), &platforms.Inbound{Source: w.src, MessageID: "m1", Text: "one", ReceivedAt: time.Now()})
+		if err != nil || ack.Disposition != platforms.Duplicate {
+			t.Errorf("m1 delivered again to its paused session = %+v, %v; want a duplicate", ack, err)
+		}
 		// Once the store takes writes again, the session starts after its pause and runs m1 once;
 		// m2, sent again, is taken.
 		out.Down.Store(false)

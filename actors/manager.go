@@ -9,6 +9,7 @@ import (
 
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/logging"
+	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/scheduler"
 )
@@ -383,8 +384,7 @@ func (m *SessionManager) route(c actor.Context, key string, r routed) {
 				// disk), which grows to a minute: held, the message would outwait its sender's
 				// request, and its write would most likely be refused too. Its sender sends it
 				// again.
-				c.Send(r.sender, &DeliverResult{SessionKey: d.SessionKey, MessageId: d.MessageId, ErrorCode: "unavailable",
-					Error: "the session waits for the store to take writes again; send the message again shortly"})
+				m.refusePaused(c, key, d, r.sender)
 				return
 			}
 		}
@@ -402,6 +402,34 @@ func (m *SessionManager) route(c actor.Context, key string, r routed) {
 	if !m.handOn(c, key, r) {
 		m.activate(c, key, false, r)
 	}
+}
+
+// refusePaused answers d, a message for key while its session waits out a pause after refused
+// writes: unavailable, or duplicate when the store holds it as one of the key's already (a
+// re-delivery of a message taken before the pause: "send it again" would say it was not, as a
+// session waiting to load reads too: storedHere). The read runs beside the manager, which routes
+// every message: in an outage, a store that does not answer must not hold it.
+func (m *SessionManager) refusePaused(c actor.Context, key string, d *Deliver, sender *actor.PID) {
+	unavailable := &DeliverResult{SessionKey: d.SessionKey, MessageId: d.MessageId, ErrorCode: "unavailable",
+		Error: "the session waits for the store to take writes again; send the message again shortly"}
+	if d.MessageId == "" {
+		c.Send(sender, unavailable)
+		return
+	}
+	root, store := c.ActorSystem().Root, m.d.Store
+	go func() {
+		ctx, cancel := context.WithTimeout(m.d.Ctx, duplicateCheckTimeout)
+		defer cancel()
+		src := sourceFromProto(d.Source)
+		if row, err := store.FindInbound(ctx, src.Platform, src.ChatID, d.MessageId); err == nil {
+			if sess, err := store.Session(ctx, row.SessionID); err == nil && sess.Key == key {
+				root.Send(sender, &DeliverResult{SessionKey: d.SessionKey, SessionId: row.SessionID, MessageId: d.MessageId,
+					Disposition: platforms.Duplicate})
+				return
+			}
+		}
+		root.Send(sender, unavailable)
+	}()
 }
 
 func (m *SessionManager) forward(c actor.Context, pid *actor.PID, r routed) {
