@@ -56,9 +56,9 @@ type Store struct {
 	mu     sync.RWMutex
 	closed bool
 
-	commitMu sync.Mutex // serialises Commit: the store serialises writers itself
-	writer   *sql.DB    // one connection; nil for a read-only store
-	reader   *sql.DB    // query_only connections
+	commitMu writeLock // serialises Commit: the store serialises writers itself
+	writer   *sql.DB   // one connection; nil for a read-only store
+	reader   *sql.DB   // query_only connections
 	// wstmts are the write statements, prepared on the writer's driver connection (writeStmts);
 	// guarded by commitMu.
 	wstmts struct {
@@ -119,7 +119,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		lock.Close()
 		return nil, fmt.Errorf("open %s: %w", abs, err)
 	}
-	s := &Store{path: abs, log: logger(opts.Logger), lock: lock, idx: newIndexer(opts), now: time.Now}
+	s := &Store{path: abs, log: logger(opts.Logger), lock: lock, idx: newIndexer(opts), now: time.Now, commitMu: newWriteLock()}
 	if err := s.open(ctx, syncMode, opts); err != nil {
 		s.closeAll()
 		return nil, fmt.Errorf("open %s: %w", abs, err)
@@ -208,7 +208,7 @@ func OpenReadOnly(ctx context.Context, path string) (*Store, error) {
 		r.Close()
 		return nil, fmt.Errorf("open %s: %w", abs, err)
 	}
-	return &Store{path: abs, log: logger(nil), readOnly: true, reader: r}, nil
+	return &Store{path: abs, log: logger(nil), readOnly: true, reader: r, commitMu: newWriteLock()}, nil
 }
 
 // openReader opens a pool of n query_only connections and checks that one can be opened.
@@ -370,3 +370,15 @@ func (s *Store) onWriter(ctx context.Context, f func(dc any) error) error {
 	}
 	return err
 }
+
+// writeLock is the mutex of the store's writers (Store.commitMu). It is a channel, not a
+// sync.Mutex, so that a goroutine waiting for it is durably blocked inside a synctest bubble:
+// the tests run the store on the bubble's clock, and a commit waiting on a sync.Mutex kept that
+// clock still while the lock's holder waited on it (the index pass for the writer's connection,
+// the checkpointer holding it in SQLite's busy handler, which sleeps on a timer): the test hung.
+type writeLock chan struct{}
+
+func newWriteLock() writeLock { return make(writeLock, 1) }
+
+func (l writeLock) Lock()   { l <- struct{}{} }
+func (l writeLock) Unlock() { <-l }
