@@ -24,9 +24,9 @@ import (
 // flight (its requester waits for that write's answer, and a refused write leaves no row), and
 // joins the stored range once its write and those of every message ahead of it in the tail
 // have landed (settle). The few operations that act on the whole queue (a boundary, /stop, a
-// requeue, adopting a write whose answer was lost) first read it back whole (unspill); so does
-// nothing else, and a session that starts loads every pending message and keeps past the cap
-// only what its queue holds in memory (spillExcess).
+// requeue, adopting a write whose answer was lost) first read it back whole (unspill). A session
+// that starts loads every pending message and keeps in memory only what a queue at its cap
+// holds (spillExcess).
 
 // spill is the part of a session's queue past its cap that waits in the store (see above).
 type spill struct {
