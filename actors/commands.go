@@ -348,7 +348,7 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		return
 	}
 	if err := s.unspill(); err != nil { // the reset drops every queued message
-		c.Respond(&ResetResult{Error: err.Error()})
+		c.Respond(&ResetResult{Error: err.Error(), ErrorCode: ErrCodeUnavailable})
 		return
 	}
 	reason := m.Reason

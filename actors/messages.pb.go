@@ -564,8 +564,11 @@ type ResetResult struct {
 	SessionId         string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	PreviousSessionId string                 `protobuf:"bytes,2,opt,name=previous_session_id,json=previousSessionId,proto3" json:"previous_session_id,omitempty"`
 	Error             string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// error_code is "unavailable" when the store could not be written or read (the reset did not
+	// happen; retry it later): the admin API answers 503, not an internal error.
+	ErrorCode     string `protobuf:"bytes,4,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ResetResult) Reset() {
@@ -615,6 +618,13 @@ func (x *ResetResult) GetPreviousSessionId() string {
 func (x *ResetResult) GetError() string {
 	if x != nil {
 		return x.Error
+	}
+	return ""
+}
+
+func (x *ResetResult) GetErrorCode() string {
+	if x != nil {
+		return x.ErrorCode
 	}
 	return ""
 }
@@ -1432,12 +1442,14 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\fResetSession\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x14\n" +
 	"\x05retry\x18\x02 \x01(\bR\x05retry\x124\n" +
-	"\x17first_sent_at_unix_nano\x18\x03 \x01(\x03R\x13firstSentAtUnixNano\"r\n" +
+	"\x17first_sent_at_unix_nano\x18\x03 \x01(\x03R\x13firstSentAtUnixNano\"\x91\x01\n" +
 	"\vResetResult\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12.\n" +
 	"\x13previous_session_id\x18\x02 \x01(\tR\x11previousSessionId\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"/\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x04 \x01(\tR\terrorCode\"/\n" +
 	"\x0eRequeueMessage\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\"\x80\x02\n" +

@@ -32,6 +32,10 @@ const ErrCodeStopped = "stopped"
 // the original's replies are not its sender's to see.
 const ErrCodeConflict = "conflict"
 
+// ErrCodeUnavailable answers a request the store could not take or read now (an outage, writes
+// waiting in the spool): nothing was done, and it may be sent again shortly.
+const ErrCodeUnavailable = "unavailable"
+
 // DefaultRequestTimeout bounds a request whose context has no deadline.
 const DefaultRequestTimeout = 30 * time.Second
 

@@ -554,7 +554,7 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 		c.Respond(&DeliverResult{SessionKey: s.key, MessageId: m.MessageId, ErrorCode: "unavailable",
 			Error: "the database is unavailable and this chat's session cannot load until it answers (and the writes waiting in the spool are replayed); send the message again shortly"})
 	case *ResetSession:
-		c.Respond(&ResetResult{Error: "the database is unavailable; the session cannot load until it answers"})
+		c.Respond(&ResetResult{Error: "the database is unavailable; the session cannot load until it answers", ErrorCode: ErrCodeUnavailable})
 	case *RequeueMessage:
 		c.Respond(&RequeueResult{MessageId: m.MessageId, ErrorCode: "unavailable",
 			Error: "the database is unavailable; the session cannot load until it answers; retry later"})

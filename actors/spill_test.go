@@ -200,8 +200,9 @@ func (u *unreadablePending) PendingAfter(ctx context.Context, sessionID string, 
 }
 
 // TestSpilledMessagesWaitOutAnUnreadableStore: while the store cannot be read, the messages
-// waiting in it past the cap wait (nothing behind them overtakes them), a /stop that would drop
-// them is refused with an explicit answer, and once the store answers they run, in order.
+// waiting in it past the cap wait (nothing behind them overtakes them), a /stop or an operator's
+// reset that would drop them is refused with an explicit answer, and once the store answers
+// they run, in order.
 func TestSpilledMessagesWaitOutAnUnreadableStore(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a := newRequeueAgent()
@@ -222,6 +223,10 @@ func TestSpilledMessagesWaitOutAnUnreadableStore(t *testing.T) {
 		}
 		if r := w.deliver(t, "stop", "/stop"); r.ErrorCode != "unavailable" {
 			t.Errorf("/stop with its queued messages unreadable: %+v, want unavailable", r)
+		}
+		res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &ResetSession{}}, time.Minute).Result()
+		if r, ok := res.(*ResetResult); err != nil || !ok || r.ErrorCode != ErrCodeUnavailable || r.SessionId != "" {
+			t.Errorf("an operator's reset with the queued messages unreadable: %v %v, want unavailable", res, err)
 		}
 		if r := w.deliver(t, "m11", "m11"); r.Disposition != platforms.Queued || r.QueueDepth != 9 {
 			t.Errorf("m11: %+v, want queued behind the 8 waiting in the store", r)

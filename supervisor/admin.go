@@ -134,7 +134,9 @@ func (a *sessionsAPI) Reset(ctx context.Context, key string) (*httpplatform.Sess
 	if err != nil {
 		return nil, fmt.Errorf("reset session: %w", err)
 	}
-	if r := res.(*actors.ResetResult); r.Error != "" {
+	if r := res.(*actors.ResetResult); r.ErrorCode == actors.ErrCodeUnavailable {
+		return nil, fmt.Errorf("reset session: %w: %s", persistence.ErrUnavailable, r.Error)
+	} else if r.Error != "" {
 		return nil, fmt.Errorf("reset session: %s", r.Error)
 	}
 	return a.Get(ctx, key)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -283,6 +284,16 @@ func TestRestartWhileSpoolingLoadsAfterReplay(t *testing.T) {
 	defer r.stop(t)
 	if _, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: dm, MessageID: "m3", Text: "three"}); !errors.Is(err, platforms.ErrUnavailable) {
 		t.Errorf("a message to a session whose writes wait in the spool: %v, want ErrUnavailable", err)
+	}
+	// An operator's reset meanwhile is refused as unavailable too (503), not an internal error.
+	resp, err := http.Post("http://"+r.d.Addr().String()+"/v1/sessions/"+url.PathEscape(a1.SessionKey)+"/reset", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"code":"unavailable"`) {
+		t.Errorf("reset of a session whose writes wait in the spool: %d %s, want 503 unavailable", resp.StatusCode, body)
 	}
 	o.Down.Store(false)
 	r.injectWhenLoaded(t, dm, "m3", "three")
