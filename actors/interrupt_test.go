@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -342,4 +343,48 @@ func (w *managerWorld) startAndSteer(t *testing.T, took <-chan string) {
 	if got := <-took; got != "m2" {
 		t.Fatalf("the agent took %s, want m2", got)
 	}
+}
+
+// TestInterruptsKeepTheLastCutShortMessages: a chat that writes faster than its agent answers,
+// in queue mode interrupt, cuts every turn short. The answer that finally comes answers the
+// last MaxInterrupted messages cut short and its own, not every message since the last
+// answer: before, that list, held in memory, grew without bound until an answer came.
+func TestInterruptsKeepTheLastCutShortMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = MaxInterrupted + 50
+		last := fmt.Sprint("m", n)
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			if req.Identity.MessageID != last {
+				<-ctx.Done() // slow: cut short by the next message
+				return nil, ctx.Err()
+			}
+			return &agents.Response{Text: "at last"}, nil
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Config.QueueMode = ModeInterrupt })
+		for i := 1; i <= n; i++ {
+			id := fmt.Sprint("m", i)
+			want := platforms.Interrupted
+			if i == 1 {
+				want = platforms.Started
+			}
+			if r := w.deliver(t, id, id); r.Disposition != want {
+				t.Fatalf("%s: %+v, want %s", id, r, want)
+			}
+			synctest.Wait() // the cut-short call has ended; this message's turn runs
+		}
+		var got []string
+		for m := range w.sent {
+			if m.Out.TurnEnd {
+				got = m.Out.InReplyTo
+				break
+			}
+		}
+		var want []string
+		for i := n - MaxInterrupted; i <= n; i++ {
+			want = append(want, fmt.Sprint("m", i))
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("the answer answers %d messages (%v … %v), want the last %d cut short and its own", len(got), got[:min(2, len(got))], got[max(0, len(got)-2):], MaxInterrupted)
+		}
+	})
 }

@@ -191,6 +191,10 @@ func (s *Session) agentText(src identity.Source, text string) string {
 	return text
 }
 
+// MaxInterrupted bounds the messages of cut-short turns that the next answer answers too
+// (rareState.interrupted): the most recent ones.
+const MaxInterrupted = 100
+
 // interrupt cancels the running turn for a newer message (interrupt mode): the cancelled turn's
 // reply, if it ever comes, is never delivered, and its messages are marked failed. The next turn
 // still sees them in its history.
@@ -210,8 +214,16 @@ func (s *Session) interrupt(c actor.Context) {
 		seqs[i] = it.seq
 	}
 	// The next turn's answer answers these too: their senders (a client waiting on one) hear
-	// that the conversation moved on, and no notice interrupts it.
-	s.rare().interrupted = append(s.rare().interrupted, cut...)
+	// that the conversation moved on, and no notice interrupts it. Only the last
+	// MaxInterrupted are kept: a chat that writes faster than its agent answers interrupts
+	// every turn, and the list (and the answer's in_reply_to) grew without bound until an answer
+	// came. Older ones are failed in the store, as they are; a restart keeps fewer still (those
+	// in the loaded history, restoreInterrupted).
+	u := s.rare()
+	u.interrupted = append(u.interrupted, cut...)
+	if n := len(u.interrupted); n > MaxInterrupted {
+		u.interrupted = slices.Clone(u.interrupted[n-MaxInterrupted:])
+	}
 	if s.debugOn() {
 		s.logger().Debug("turn interrupted", "turn", r.id)
 	}
