@@ -278,6 +278,11 @@ func (m *model) checkBoundaries(runs []*modelRun) {
 	was := map[string]bool{} // sessions that were current and were left
 	for _, a := range m.acks {
 		if a.cmd == "admin" { // a boundary too
+			if a.res.SessionId == "" {
+				// The session had ended already (an idle or daily reset): the reset changed
+				// nothing, and the key's route still names the ended session.
+				continue
+			}
 			if c := cur[a.key]; c != "" && c != a.res.SessionId {
 				was[c] = true
 			}
