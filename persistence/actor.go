@@ -282,11 +282,15 @@ func (a *Actor) Receive(c actor.Context) {
 func (a *Actor) startCommitter(c actor.Context) {
 	jobs := make(chan *commitJob, 1) // one job in flight: a send never blocks
 	a.jobs = jobs
-	root, self, ctx, store := c.ActorSystem().Root, c.Self(), a.ctx, a.store
+	root, self, ctx, store, refusals := c.ActorSystem().Root, c.Self(), a.ctx, a.store, a.o.Refusals
 	go func() {
 		for j := range jobs {
 			runJob(ctx, store, j)
 			if j.answered {
+				// Taken before anyone hears of it: a message that follows the answer (to a
+				// session waiting out a pause after refused writes) must find the store taking
+				// writes again. Recorded by finish, it could come too late.
+				refusals.taken()
 				j.answeredAt = time.Now()
 				for i, p := range j.part {
 					if p.sender != nil {
@@ -394,9 +398,7 @@ func (a *Actor) finish(c actor.Context) {
 	}
 	a.o.Observe(len(j.part), j.took)
 	a.lastTook = j.took
-	if j.answered {
-		a.o.Refusals.taken()
-	} else {
+	if !j.answered { // (the committer recorded the writes taken and answered them itself)
 		j.answeredAt = time.Now()
 		a.answer(c, j.part, a.spool(c, j.groups, j.errs))
 	}
