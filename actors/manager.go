@@ -47,7 +47,8 @@ type SessionManager struct {
 	// the store refuses its writes again, its next pause is waited out (see pause.early).
 	startedEarly map[string]bool
 	pauses       uint64               // numbers the pauses (pause.n)
-	stopPauses   scheduler.CancelFunc // the pauseCheck ticker, while keys wait out a pause
+	stopPauses   scheduler.CancelFunc // the armed pauseCheck, while keys wait out a pause
+	pauseChecks  uint64               // numbers the pauseChecks armed (pauseCheck.n)
 	busy         map[string]bool
 	drains       []*actor.PID
 	// grains are the cluster grains of the sessions in memory, by key (cluster mode).
@@ -233,7 +234,11 @@ func (m *SessionManager) Receive(c actor.Context) {
 			m.startSuccessor(c, msg.key)
 		}
 	case *pauseCheck:
-		m.endPausesEarly(c)
+		if msg.n == m.pauseChecks { // (not one cancelled as it fired)
+			m.stopPauses = nil
+			m.endPausesEarly(c)
+			m.armPauseCheck(c)
+		}
 	case *recoverAll:
 		m.recoverAll(c)
 	case *restartCrashed:
@@ -583,7 +588,7 @@ type pauseOver struct {
 
 // pauseCheck wakes the manager every pauseCheckEvery while keys wait out a pause, to start
 // early those whose store has taken writes since their pause began (endPausesEarly).
-type pauseCheck struct{}
+type pauseCheck struct{ n uint64 }
 
 // pauseCheckEvery is how often the manager looks whether the store takes writes again while
 // sessions wait out a pause after refused writes.
@@ -607,6 +612,18 @@ func (m *SessionManager) endPausesEarly(c actor.Context) {
 	if len(m.waitingOut) == 0 {
 		m.stopPauseChecks()
 	}
+}
+
+// armPauseCheck arms the next pauseCheck while keys wait out a pause and none is armed: one
+// timer at a time, armed again at each check. (protoactor's SendRepeatedly reads its timer's
+// state without synchronisation when it fires as it is cancelled, a data race the race detector
+// reported once; the checks stop whenever the last pause ends.)
+func (m *SessionManager) armPauseCheck(c actor.Context) {
+	if m.stopPauses != nil || len(m.waitingOut) == 0 {
+		return
+	}
+	m.pauseChecks++
+	m.stopPauses = m.timers.SendOnce(pauseCheckEvery, c.Self(), &pauseCheck{n: m.pauseChecks})
 }
 
 func (m *SessionManager) stopPauseChecks() {
@@ -666,9 +683,7 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		delete(m.startedEarly, key)
 		m.timers.SendOnce(wait, c.Self(), &pauseOver{key: key, n: p.n})
 		m.waitingOut[key] = p
-		if m.stopPauses == nil {
-			m.stopPauses = m.timers.SendRepeatedly(pauseCheckEvery, pauseCheckEvery, c.Self(), &pauseCheck{})
-		}
+		m.armPauseCheck(c)
 		return
 	}
 	if !m.quieted[key] && (m.elsewhere(key) != nil && (len(m.stopping[key]) > 0 || m.rerun[key]) || len(m.waiters[key]) > 0) {
