@@ -57,7 +57,7 @@ type SessionManager struct {
 	// a message such a grain still hands on is no sign of the key's live grain (ownGrain).
 	stoppedGrains map[string][]*actor.PID
 
-	stopSweep scheduler.CancelFunc // the idle sweep's ticker; nil without passivation
+	stopSweep scheduler.CancelFunc // the armed idle sweep; nil without passivation
 	timers    *scheduler.TimerScheduler
 	closing   bool // the manager stops or restarts
 	// successor names the manager that takes a key over while the member leaves the cluster
@@ -172,6 +172,9 @@ func (m *SessionManager) Receive(c actor.Context) {
 	case *idleSweep:
 		for _, pid := range m.sessions {
 			c.Send(pid, sweepCheck)
+		}
+		if !m.closing {
+			m.armSweep(c)
 		}
 	case *actor.Stopping, *actor.Restarting:
 		m.closing = true // its sessions stop with it: none is started again
@@ -319,11 +322,8 @@ func (m *SessionManager) start(c actor.Context) {
 	m.quieted = map[string]bool{}
 	m.activating = map[string]*activation{}
 	m.waiters = map[string][]waiter{}
-	if p := m.d.Config.PassivateAfter; p > 0 {
-		every := sweepEvery(p)
-		m.stopSweep = scheduler.NewTimerScheduler(c).SendRepeatedly(every, every, c.Self(), &idleSweep{})
-	}
 	m.timers = scheduler.NewTimerScheduler(c)
+	m.armSweep(c)
 	if m.d.Clustered {
 		return // each member recovers the keys the cluster gives it (Recover)
 	}
@@ -624,6 +624,14 @@ func (m *SessionManager) armPauseCheck(c actor.Context) {
 	}
 	m.pauseChecks++
 	m.stopPauses = m.timers.SendOnce(pauseCheckEvery, c.Self(), &pauseCheck{n: m.pauseChecks})
+}
+
+// armSweep arms the next idle sweep when passivation is on: one timer at a time, armed again at
+// each sweep, for the reason armPauseCheck gives.
+func (m *SessionManager) armSweep(c actor.Context) {
+	if p := m.d.Config.PassivateAfter; p > 0 {
+		m.stopSweep = m.timers.SendOnce(sweepEvery(p), c.Self(), &idleSweep{})
+	}
 }
 
 func (m *SessionManager) stopPauseChecks() {
