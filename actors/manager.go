@@ -415,7 +415,7 @@ func (m *SessionManager) route(c actor.Context, key string, r routed) {
 // session waiting to load reads too: storedHere). The read runs beside the manager, which routes
 // every message: in an outage, a store that does not answer must not hold it.
 func (m *SessionManager) refusePaused(c actor.Context, key string, d *Deliver, sender *actor.PID) {
-	unavailable := &DeliverResult{SessionKey: d.SessionKey, MessageId: d.MessageId, ErrorCode: "unavailable",
+	unavailable := &DeliverResult{SessionKey: d.SessionKey, MessageId: d.MessageId, ErrorCode: ErrCodeUnavailable,
 		Error: "the session waits for the store to take writes again; send the message again shortly"}
 	if d.MessageId == "" {
 		c.Send(sender, unavailable)
