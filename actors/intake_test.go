@@ -88,13 +88,7 @@ func TestPausedSessionStartsEarlyOnceTheStoreTakesWrites(t *testing.T) {
 		t.Run(fmt.Sprintf("another message=%v", another), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				out := &storetest.Outage{}
-				var filled atomic.Bool
-				agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-					if !filled.Swap(true) {
-						out.Down.Store(true) // the disk fills while the first turn runs
-					}
-					return &agents.Response{Text: req.Messages[len(req.Messages)-1].MessageID}, nil
-				})
+				agent := fillsDuringFirstTurn(out, func(req *agents.Request) string { return req.Messages[len(req.Messages)-1].MessageID })
 				var refusals persistence.Refusals
 				w := newManagerWorldWith(t, filepath.Join(t.TempDir(), "agentgate.db"), agent,
 					func(d *Deps) { d.Refusals = &refusals },
@@ -185,6 +179,18 @@ func TestPausesAfterAnEarlyStartAreWaitedOut(t *testing.T) {
 	})
 }
 
+// fillsDuringFirstTurn is an agent that answers what answer says, and during whose first turn
+// the disk fills (out refuses every write from then on, until the test makes room).
+func fillsDuringFirstTurn(out *storetest.Outage, answer func(*agents.Request) string) agents.Agent {
+	var filled atomic.Bool
+	return agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		if !filled.Swap(true) {
+			out.Down.Store(true)
+		}
+		return &agents.Response{Text: answer(req)}, nil
+	})
+}
+
 // allIn reports whether every one of keys is in m.
 func allIn(m map[string]int, keys []string) bool {
 	for _, k := range keys {
@@ -203,13 +209,7 @@ func allIn(m map[string]int, keys []string) bool {
 func TestDeliverToAPausedSessionIsAnsweredAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		out := &storetest.Outage{}
-		var filled atomic.Bool
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			if !filled.Swap(true) {
-				out.Down.Store(true) // the disk fills while the first turn runs
-			}
-			return &agents.Response{Text: "answer"}, nil
-		})
+		agent := fillsDuringFirstTurn(out, func(*agents.Request) string { return "answer" })
 		w := newManagerWorldWrites(t, agent, nil, func(s persistence.Store) persistence.Store {
 			out.Store = s
 			return out
