@@ -23,12 +23,12 @@ type gatedLoads struct {
 	gate    chan struct{}
 }
 
-func (s *gatedLoads) LoadSession(ctx context.Context, key string, historyLimit int) (*persistence.Snapshot, error) {
+func (s *gatedLoads) LoadSession(ctx context.Context, key string, historyLimit, pendingLimit int) (*persistence.Snapshot, error) {
 	if key == s.key {
 		s.loading <- struct{}{}
 		<-s.gate
 	}
-	return s.Store.LoadSession(ctx, key, historyLimit)
+	return s.Store.LoadSession(ctx, key, historyLimit, pendingLimit)
 }
 
 // TestStoppingManagerStartsNothingForALateMessage: a manager stops (as the daemon stops it, with

@@ -1,12 +1,11 @@
 package actors
 
 import (
-	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
-	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
@@ -111,11 +110,7 @@ func (s *Session) afterUncleanStops(c actor.Context) {
 // noticePending answers every message the last run left unanswered with a notice instead of
 // running it (sessions.recovery: notice), and marks it failed.
 func (s *Session) noticePending(c actor.Context) {
-	for _, it := range s.queue {
-		s.setAside(c, it, persistence.StatusFailed,
-			"⚠️ agentgate restarted before it could answer this message, so it was not run. Please send it again if it still matters.")
-	}
-	s.queue = nil
+	s.setAsideQueue(c, s.cur, "⚠️ agentgate restarted before it could answer this message, so it was not run. Please send it again if it still matters.")
 }
 
 // quarantine sets a message aside: its row is kept with status quarantined, and the user is
@@ -129,6 +124,11 @@ func (s *Session) quarantine(c actor.Context, it *item) {
 
 // setAside gives a message a final status without running it and tells its sender why.
 func (s *Session) setAside(c actor.Context, it *item, status, text string) {
+	s.setAsideThen(c, it, status, text, nil)
+}
+
+// setAsideThen is setAside that calls then, when not nil, once the write is answered.
+func (s *Session) setAsideThen(c actor.Context, it *item, status, text string, then func(actor.Context)) {
 	now := s.d.now()
 	ops := []persistence.Op{
 		&persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: status},
@@ -147,9 +147,13 @@ func (s *Session) setAside(c actor.Context, it *item, status, text string) {
 	ids := append(messageIDs(interrupted), it.messageID)
 	entry := s.outboxEntry(it.src, it.sessionID, platforms.KindNotice, text, "", ids, now)
 	ops = append(ops, &persistence.AddOutbox{Entry: entry})
+	id := it.messageID // (not it: its text need not wait for the write)
 	s.write(c, ops, func(c actor.Context, err error) {
+		if then != nil {
+			defer then(c)
+		}
 		if err != nil {
-			s.logRefusedWrite("store set-aside message", err, "message_id", it.messageID, "status", status)
+			s.logRefusedWrite("store set-aside message", err, "message_id", id, "status", status)
 			if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {
 				// Nothing of it is stored: the message is still pending, and the notice would
 				// be one the store does not hold (and the next activation answers the message
@@ -162,9 +166,6 @@ func (s *Session) setAside(c actor.Context, it *item, status, text string) {
 	})
 }
 
-// leftBehindPage is how many messages of a predecessor setAsideLeftBehind reads at a time.
-const leftBehindPage = 500
-
 // leftBehindNotice answers a message left pending in a session its key has left.
 const leftBehindNotice = "⚠️ This message arrived as a command ended or stopped the session's work, so it was not run. Please send it again if it still matters."
 
@@ -176,58 +177,46 @@ const leftBehindNotice = "⚠️ This message arrived as a command ended or stop
 // lands is refused (the database and the spool failing), or the process dies before that write:
 // the session that started again from the store knew nothing of it (found by TestOutageHunt,
 // seed 1796189442418889951: TestDroppedMessageWhoseSetAsideIsRefusedIsAnswered). The
-// predecessor costs one count of its pending messages per activation that has one.
+// predecessor costs one read of its pending messages (along messages_pending) per activation
+// that has one.
 func (s *Session) setAsideLeftBehind(c actor.Context, snap *persistence.Snapshot) {
-	var left []persistence.Message
-	var from *persistence.Session
+	var sessionID string
+	var from *persistence.Session // whose chat the notices go to
 	switch {
 	case snap.Session != nil && !snap.Session.EndedAt.IsZero():
-		left, from = snap.Pending, snap.Session
+		sessionID, from = snap.Session.ID, snap.Session
 	case s.cur != nil && s.cur.PrevSessionID != "":
-		ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
-		defer cancel()
-		prev := s.cur.PrevSessionID
-		if _, n, err := s.d.Store.CountMessages(ctx, prev); err != nil || n == 0 {
+		sessionID, from = s.cur.PrevSessionID, s.cur
+	default:
+		return
+	}
+	s.setAsideStored(c, &storedAside{sessionID: sessionID, through: math.MaxInt64,
+		one: func(c actor.Context, m *persistence.Message, then func(actor.Context)) {
+			s.leaveBehind(c, from, m, then)
+		}})
+}
+
+// leaveBehind sets aside m, a message left pending in a session the key has left
+// (setAsideLeftBehind), and calls then once its write is answered.
+func (s *Session) leaveBehind(c actor.Context, from *persistence.Session, m *persistence.Message, then func(actor.Context)) {
+	src := s.sourceOf(from)
+	src.UserID, src.UserName = m.UserID, m.UserName
+	entry := s.outboxEntry(src, m.SessionID, platforms.KindNotice, leftBehindNotice, "", []string{m.MessageID}, s.d.now())
+	ops := []persistence.Op{
+		&persistence.SetMessageStatus{SessionID: m.SessionID, Seqs: []int64{m.Seq}, Status: persistence.StatusFailed},
+		&persistence.AddOutbox{Entry: entry},
+	}
+	id := m.MessageID
+	s.logger().Warn("a message was left pending in a session the key has left; it is set aside", "message_id", id, "session_id", m.SessionID)
+	s.write(c, ops, func(c actor.Context, err error) {
+		defer then(c)
+		if err != nil {
+			s.logRefusedWrite("store set-aside message", err, "message_id", id, "status", persistence.StatusFailed)
+			if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {
+				s.restartFromStore(c, "a message left in a session the key has left was not set aside", err)
+			}
 			return
 		}
-		// Read in pages: a predecessor may hold months of transcript.
-		for after := int64(0); ; {
-			msgs, err := s.d.Store.TranscriptAfter(ctx, prev, after, leftBehindPage)
-			if err != nil {
-				s.logger().Warn("read the previous session's messages left pending", "prev", prev, logging.Err(err))
-				return
-			}
-			for _, m := range msgs {
-				if m.Role == persistence.RoleUser && m.Status == persistence.StatusPending && m.Active {
-					left = append(left, m)
-				}
-			}
-			if len(msgs) < leftBehindPage {
-				break
-			}
-			after = msgs[len(msgs)-1].Seq
-		}
-		from = s.cur
-	}
-	now := s.d.now()
-	for _, m := range left {
-		src := s.sourceOf(from)
-		src.UserID, src.UserName = m.UserID, m.UserName
-		entry := s.outboxEntry(src, m.SessionID, platforms.KindNotice, leftBehindNotice, "", []string{m.MessageID}, now)
-		ops := []persistence.Op{
-			&persistence.SetMessageStatus{SessionID: m.SessionID, Seqs: []int64{m.Seq}, Status: persistence.StatusFailed},
-			&persistence.AddOutbox{Entry: entry},
-		}
-		s.logger().Warn("a message was left pending in a session the key has left; it is set aside", "message_id", m.MessageID, "session_id", m.SessionID)
-		s.write(c, ops, func(c actor.Context, err error) {
-			if err != nil {
-				s.logRefusedWrite("store set-aside message", err, "message_id", m.MessageID, "status", persistence.StatusFailed)
-				if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {
-					s.restartFromStore(c, "a message left in a session the key has left was not set aside", err)
-				}
-				return
-			}
-			s.sendOutbound(c, OutboundFromEntry(&entry))
-		})
-	}
+		s.sendOutbound(c, OutboundFromEntry(&entry))
+	})
 }

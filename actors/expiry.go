@@ -202,11 +202,8 @@ func (s *Session) expireOnStart(c actor.Context) {
 		return
 	}
 	s.writeReset(c, ops)
-	for _, it := range s.queue {
-		s.setAside(c, it, persistence.StatusFailed, fmt.Sprintf(
-			"⚠️ This message could not be answered before the session was reset (%s), so it was not run. Please send it again.", s.prev.EndReason))
-	}
-	s.queue = nil
+	s.setAsideQueue(c, s.prev, fmt.Sprintf(
+		"⚠️ This message could not be answered before the session was reset (%s), so it was not run. Please send it again.", s.prev.EndReason))
 }
 
 // onResetDue is the timer's nudge: end the session now if it is due and idle. Once the end is

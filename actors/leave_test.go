@@ -95,7 +95,7 @@ func TestLeavingManagerHandsKeysOnOnceTheirTurnsEnd(t *testing.T) {
 		if keys := act.(*ActiveList).Keys; len(keys) != 0 {
 			t.Errorf("sessions %v still in memory, want none", keys)
 		}
-		snap, err := w.store.LoadSession(w.ctx, w.key, 0)
+		snap, err := w.store.LoadSession(w.ctx, w.key, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -205,7 +205,7 @@ func TestLeavingSessionRestartedAfterACrashStartsNoTurn(t *testing.T) {
 			t.Errorf("the leaving member ran %q", text)
 		default:
 		}
-		snap, err := w.store.LoadSession(w.ctx, w.key, 0)
+		snap, err := w.store.LoadSession(w.ctx, w.key, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -39,11 +39,11 @@ func (s *downStore) Claim(ctx context.Context, key, owner string, at time.Time) 
 	return s.Store.Claim(ctx, key, owner, at)
 }
 
-func (s *downStore) LoadSession(ctx context.Context, key string, historyLimit int) (*persistence.Snapshot, error) {
+func (s *downStore) LoadSession(ctx context.Context, key string, historyLimit, pendingLimit int) (*persistence.Snapshot, error) {
 	if s.refuses(s.loads.Add(1)) {
 		return nil, fmt.Errorf("load %s: %w", key, persistence.ErrUnavailable)
 	}
-	return s.Store.LoadSession(ctx, key, historyLimit)
+	return s.Store.LoadSession(ctx, key, historyLimit, pendingLimit)
 }
 
 // TestSessionWaitsForTheDatabaseToLoad: a session whose claim or load the database refuses as

@@ -73,7 +73,7 @@ func TestRetryAfterALostCommitAnswerRuns(t *testing.T) {
 		if n := ran("m1"); n != 1 {
 			t.Errorf("m1 ran %d times, want once", n)
 		}
-		snap, err := w.store.LoadSession(w.ctx, w.key, 100)
+		snap, err := w.store.LoadSession(w.ctx, w.key, 100, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

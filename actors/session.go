@@ -1,7 +1,6 @@
 package actors
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -94,6 +93,9 @@ type rareState struct {
 	// spill is the part of the queue past its cap that waits in the store (spill.go); nil
 	// while the whole queue is in memory.
 	spill *spill
+	// aside are the stored messages to set aside without running them, a page at a time
+	// (aside.go), in order.
+	aside []*storedAside
 	// life survives restarts of this actor, so a new incarnation knows how often it crashed and
 	// on which messages. It is nil until the first crash: the failing incarnation creates it
 	// and files it in Deps.lifelines, where the next incarnation finds it; the last one removes
@@ -113,7 +115,7 @@ func (s *Session) rare() *rareState {
 // message it handles; no code keeps a pointer to it across messages.
 func (s *Session) tidyRare() {
 	if r := s.unusual; r != nil && r.continuity == "" && len(r.interrupted) == 0 && r.overdue == nil &&
-		len(r.unsure) == 0 && len(r.handoff) == 0 && r.probation == nil && r.life == nil && len(r.ending) == 0 && r.spill == nil {
+		len(r.unsure) == 0 && len(r.handoff) == 0 && r.probation == nil && r.life == nil && len(r.ending) == 0 && r.spill == nil && len(r.aside) == 0 {
 		s.unusual = nil
 	}
 }
@@ -292,6 +294,8 @@ func (s *Session) Receive(c actor.Context) {
 		s.onRecover(c)
 	case *debounceTick, *spillRetry:
 		s.tryStart(c)
+	case *asideRetry:
+		s.asideNext(c)
 	case *callEnded:
 		s.onCallEnded(c, m.TurnID, false)
 	case *cancelOverdue:
@@ -401,7 +405,9 @@ func (s *Session) load(c actor.Context) {
 				"previous_owner", claimed.Previous, "message_id", h.MessageID, "strikes", fmt.Sprintf("%d/%d", h.Attempts, QuarantineAfter))
 		}
 	}
-	snap, err := s.d.Store.LoadSession(s.d.Ctx, s.key, s.d.Config.HistoryLimit)
+	// The first messages of a backlog only, as many as a queue past its cap holds (spill.go):
+	// the rest wait in the store.
+	snap, err := s.d.Store.LoadSession(s.d.Ctx, s.key, s.d.Config.HistoryLimit, s.d.Config.QueueCap+1)
 	if err != nil {
 		if s.waitToLoad(c, "load", err) {
 			return
@@ -426,7 +432,7 @@ func (s *Session) load(c actor.Context) {
 		s.lastSeq = snap.LastSeq
 		s.lastActivity = snap.Session.LastActivityAt
 		for _, m := range snap.History {
-			if m.Role == persistence.RoleUser && isPending(snap.Pending, m.Seq) {
+			if m.Role == persistence.RoleUser && m.Status == persistence.StatusPending {
 				continue // it joins the history when its turn runs, as one of the turn's messages
 			}
 			if m.Role == persistence.RoleUser || m.Role == persistence.RoleAssistant {
@@ -449,6 +455,10 @@ func (s *Session) load(c actor.Context) {
 				messageID: m.MessageID, text: m.Content, at: m.CreatedAt, durable: true, restarts: m.Attempts})
 			s.seen.add(m.MessageID)
 		}
+		if rest := snap.PendingCount - len(snap.Pending); rest > 0 && len(snap.Pending) > 0 {
+			s.rare().spill = &spill{sessionID: s.cur.ID, after: snap.Pending[len(snap.Pending)-1].Seq,
+				through: snap.LastSeq, stored: rest}
+		}
 	}
 	for i := range snap.Unconfirmed {
 		s.sendOutboundAgain(c, OutboundFromEntry(&snap.Unconfirmed[i]))
@@ -463,7 +473,6 @@ func (s *Session) load(c actor.Context) {
 		// Only the first incarnation recovers: a restarted one has a lifeline.
 		s.noticePending(c)
 	}
-	s.spillExcess()
 	if s.hasQueued() || len(snap.Unconfirmed) > 0 {
 		s.logger().Info("session resumed", "pending", s.waiting(), "unconfirmed", len(snap.Unconfirmed))
 	}
@@ -574,14 +583,6 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 	return false
 }
 
-// isPending reports whether seq is one of pending (sorted by seq).
-func isPending(pending []persistence.Message, seq int64) bool {
-	_, found := slices.BinarySearchFunc(pending, seq, func(m persistence.Message, seq int64) int {
-		return cmp.Compare(m.Seq, seq)
-	})
-	return found
-}
-
 // restartFlushTimeout bounds how long a restarted session waits for its predecessor's writes.
 const restartFlushTimeout = time.Minute
 
@@ -602,7 +603,7 @@ func (s *Session) passivateIfIdle(c actor.Context) {
 	if s.passivating || s.d.Config.PassivateAfter <= 0 {
 		return
 	}
-	if s.running == nil && !s.ending() && !s.hasQueued() && len(s.inflight) == 0 && !s.d.Spooling.Load() {
+	if s.running == nil && !s.ending() && !s.hasQueued() && len(s.inflight) == 0 && !s.settingAside() && !s.d.Spooling.Load() {
 		s.passivating = true
 		c.Send(c.Parent(), &passivate{key: s.key, pid: c.Self()})
 	}

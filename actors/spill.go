@@ -25,8 +25,9 @@ import (
 // joins the stored range once its write and those of every message ahead of it in the tail
 // have landed (settle). The few operations that act on the whole queue (a boundary, /stop, a
 // requeue, adopting a write whose answer was lost) first read it back whole (unspill). A session
-// that starts loads every pending message and keeps in memory only what a queue at its cap
-// holds (spillExcess).
+// that starts reads only what a queue past its cap holds (LoadSession's pendingLimit); the rest
+// of its backlog is its spill from the start, and is set aside a page at a time when the start
+// does not run it (aside.go).
 
 // spill is the part of a session's queue past its cap that waits in the store (see above).
 type spill struct {
@@ -203,21 +204,4 @@ func (s *Session) storedItem(m *persistence.Message) *item {
 	s.seen.add(m.MessageID)
 	return &item{seq: m.Seq, sessionID: m.SessionID, src: src, messageID: m.MessageID, text: m.Content,
 		at: m.CreatedAt, durable: true, restarts: m.Attempts}
-}
-
-// spillExcess keeps in memory, of a queue loaded whole from the store, only what a queue past
-// its cap holds (see above): the rest waits in the store, read back as the queue drains.
-func (s *Session) spillExcess() {
-	keep := s.d.Config.QueueCap + 1
-	if s.d.Config.Overflow == OverflowReject || len(s.queue) <= keep || s.spilling() != nil || s.cur == nil {
-		return
-	}
-	rest := s.queue[keep:]
-	for i, it := range rest {
-		if !it.durable || it.sessionID != s.cur.ID || it.seq <= s.queue[keep+i-1].seq {
-			return // (only messages loaded in order, of the current session)
-		}
-	}
-	s.rare().spill = &spill{sessionID: s.cur.ID, after: s.queue[keep-1].seq, through: rest[len(rest)-1].seq, stored: len(rest)}
-	s.queue = slices.Clone(s.queue[:keep])
 }

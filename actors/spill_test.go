@@ -106,8 +106,9 @@ func firstDiff(got, want []string) int {
 }
 
 // TestSpilledQueueLoadsPastItsCapAfterARestart: a session that starts with more messages pending
-// than its queue's cap (the daemon stopped while its chat flooded) runs every one, in order, and
-// keeps past the cap only what its queue holds in memory.
+// than its queue's cap (the daemon stopped while its chat flooded) runs every one, in order,
+// reads of them only what its queue holds, and keeps no more in memory. Before, the start read
+// the whole backlog (16 MiB here) and then let go of what was past the cap.
 func TestSpilledQueueLoadsPastItsCapAfterARestart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "agentgate.db")
@@ -121,15 +122,28 @@ func TestSpilledQueueLoadsPastItsCapAfterARestart(t *testing.T) {
 
 		b := newRequeueAgent()
 		b.holdAll.Store(true)
-		before := heapBytes()
-		w2 := newManagerWorldAt(t, path, b, func(d *Deps) { d.Config.QueueCap = 2 })
+		before, reads := heapBytes(), &readSizes{}
+		w2 := newManagerWorldAt(t, path, b, func(d *Deps) {
+			d.Config.QueueCap = 2
+			reads.Store, d.Store = d.Store, reads
+		})
 		synctest.Wait() // loaded, m0 running again
+		reads.check(t, 2, size)
 		if grew := heapBytes() - before; grew > n*size/2 {
 			t.Errorf("the heap grew by %d KiB with %d messages of %d KiB loaded: the session holds them in memory", grew>>10, n, size>>10)
 		}
 		close(b.hold)
 		w2.awaitTurnEnds(n + 1)
 		synctest.Wait()
+		reads.check(t, 2, size) // the rest read back a page at a time as the queue drained
+		b.mu.Lock()
+		if h := b.history["m0"]; len(h) > 0 {
+			// The last messages stored are in the history the session loads, and pending:
+			// each joins the history when its turn runs, not before (m500 would be
+			// answered twice).
+			t.Errorf("m0's turn had a history of %d messages, the first %.20q; want none: nothing was answered before it", len(h), h[0].Text)
+		}
+		b.mu.Unlock()
 		if got, want := b.order(), append([]string{"m0"}, ids...); !slices.Equal(got, want) {
 			t.Errorf("after the restart turns ran %d messages, first differing at %d; want each once, in order", len(got), firstDiff(got, want))
 		}

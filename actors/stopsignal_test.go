@@ -72,7 +72,7 @@ func TestAgentSignalledJustBeforeTheStopIsNoFailure(t *testing.T) {
 			}
 			break
 		}
-		snap, err := w.store.LoadSession(w.ctx, w.key, 10)
+		snap, err := w.store.LoadSession(w.ctx, w.key, 10, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -112,7 +112,7 @@ func TestAgentSignalledWhileStoppingHaltsTheSession(t *testing.T) {
 		if got := agent.turns(); len(got) != 1 {
 			t.Errorf("turns %v, want only the signalled one", got)
 		}
-		snap, err := w.store.LoadSession(w.ctx, w.key, 10)
+		snap, err := w.store.LoadSession(w.ctx, w.key, 10, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

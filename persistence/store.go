@@ -416,8 +416,13 @@ type Snapshot struct {
 	// Session is the routed session; nil for a key never seen, and nil when the route points to
 	// a session row that does not exist (Route is then still set).
 	Session *Session
-	// Pending are the routed session's pending (active) user messages, by seq.
+	// Pending are the routed session's pending (active) user messages, by seq: the first
+	// pendingLimit of them when LoadSession was given one.
 	Pending []Message
+	// PendingCount is how many pending (active) user messages the routed session has: more
+	// than len(Pending) when the read stopped at the limit. The rest have seqs after the last
+	// of Pending and at most LastSeq (read them with PendingAfter).
+	PendingCount int
 	// History are the last active messages of the routed session, by seq (at most the limit
 	// passed to LoadSession).
 	History []Message
@@ -517,9 +522,12 @@ type Store interface {
 	Commit(ctx context.Context, groups [][]Op) (errs []error)
 
 	// LoadSession returns the durable state of a session key, with at most historyLimit
-	// history messages (none when historyLimit <= 0). A key never seen returns an empty
-	// Snapshot; a route that points to a missing session returns the Route with a nil Session.
-	LoadSession(ctx context.Context, key string, historyLimit int) (*Snapshot, error)
+	// history messages (none when historyLimit <= 0) and the first pendingLimit pending ones
+	// (all when pendingLimit <= 0): a session that starts with a backlog of thousands of
+	// messages reads what its queue holds, not the whole backlog at once. A key never seen
+	// returns an empty Snapshot; a route that points to a missing session returns the Route
+	// with a nil Session.
+	LoadSession(ctx context.Context, key string, historyLimit, pendingLimit int) (*Snapshot, error)
 	// FindInbound finds a user message by its platform identity; ErrNotFound if absent.
 	FindInbound(ctx context.Context, platform, chatID, messageID string) (*Message, error)
 	// RepliesTo returns the outbox entries of a session key with seq > after that answer a

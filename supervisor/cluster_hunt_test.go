@@ -627,7 +627,7 @@ func (h *hunt) quiesce() {
 	for {
 		var stuck []string
 		for _, key := range h.uniqueKeys() {
-			snap, err := h.store.LoadSession(t.Context(), key, 0)
+			snap, err := h.store.LoadSession(t.Context(), key, 0, 0)
 			if errors.Is(err, persistence.ErrNotFound) {
 				continue
 			}

@@ -186,7 +186,7 @@ func membersLeavingAtOnce(t *testing.T, n int) {
 	// The members that stay confirm the last deliveries (their marks are written in groups).
 	waitUntil(t, func() bool {
 		for i := range sent {
-			snap, err := front.d.store.LoadSession(ctx, front.d.intake.Key(chat(i)), 0)
+			snap, err := front.d.store.LoadSession(ctx, front.d.intake.Key(chat(i)), 0, 0)
 			if err != nil || len(snap.Pending) > 0 || len(snap.Unconfirmed) > 0 {
 				return false
 			}

@@ -382,7 +382,7 @@ func TestClusterRollingRestart(t *testing.T) {
 	for {
 		var stuck []string
 		for _, key := range keysOf(t, front, 12) {
-			snap, err := front.d.store.LoadSession(ctx, key, 0)
+			snap, err := front.d.store.LoadSession(ctx, key, 0, 0)
 			if err != nil || len(snap.Pending) > 0 || len(snap.Unconfirmed) > 0 {
 				own, _ := front.d.store.Ownership(ctx, key)
 				var pend []string

@@ -420,7 +420,7 @@ func TestUnstoredTurnResultIsNotSent(t *testing.T) {
 	ack := r.inject(t, dm, "m1", "hello")
 	r.waitReplyTo(t, "m1")
 	waitUntil(t, func() bool { // the reply's delivery mark: the turn is over
-		snap, err := r.d.store.LoadSession(t.Context(), ack.SessionKey, 0)
+		snap, err := r.d.store.LoadSession(t.Context(), ack.SessionKey, 0, 0)
 		return err == nil && len(snap.Unconfirmed) == 0 && len(snap.Pending) == 0
 	})
 	var got []string

@@ -37,11 +37,11 @@ func (h *heldStore) Commit(ctx context.Context, groups [][]persistence.Op) []err
 	return h.Store.Commit(ctx, groups)
 }
 
-func (h *heldStore) LoadSession(ctx context.Context, key string, limit int) (*persistence.Snapshot, error) {
+func (h *heldStore) LoadSession(ctx context.Context, key string, limit, pendingLimit int) (*persistence.Snapshot, error) {
 	if h.held.Load() {
 		h.loadsHeld.Add(1)
 	}
-	return h.Store.LoadSession(ctx, key, limit)
+	return h.Store.LoadSession(ctx, key, limit, pendingLimit)
 }
 
 func (h *heldStore) release() { h.held.Store(false); close(h.gate) }

@@ -70,7 +70,7 @@ func checkReplies(t *testing.T, who string, r *runtime, want map[string][]string
 func waitConfirmed(t *testing.T, r *runtime, key string) {
 	t.Helper()
 	waitUntil(t, func() bool {
-		snap, err := r.d.store.LoadSession(t.Context(), key, 0)
+		snap, err := r.d.store.LoadSession(t.Context(), key, 0, 0)
 		return err == nil && len(snap.Unconfirmed) == 0
 	})
 }
@@ -211,7 +211,7 @@ func TestSharedStoreStaleIdleActivationRecovers(t *testing.T) {
 	}
 	<-started
 	b.stop(t)
-	snap, err := a.d.store.LoadSession(t.Context(), ack.SessionKey, 0)
+	snap, err := a.d.store.LoadSession(t.Context(), ack.SessionKey, 0, 0)
 	if err != nil || len(snap.Pending) != 1 || snap.Pending[0].MessageID != "m2" {
 		t.Fatalf("after member b stopped: pending %+v (err %v), want m2 alone", snap.Pending, err)
 	}

@@ -108,7 +108,7 @@ func spoolsAndDrains(t *testing.T, r *runtime, fail func(*testing.T) (restore fu
 		t.Errorf("spool directory after the replay holds %d entries (%v), want none: %v", len(left), err, left)
 	}
 	for key := range first {
-		snap, err := r.d.store.LoadSession(t.Context(), key, 1000)
+		snap, err := r.d.store.LoadSession(t.Context(), key, 1000, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,7 +236,7 @@ func (r *runtime) injectWhenLoaded(t *testing.T, src identity.Source, id, text s
 // set aside.
 func checkAnsweredInOrder(t *testing.T, r *runtime, dir, key string, ids ...string) {
 	t.Helper()
-	snap, err := r.d.store.LoadSession(t.Context(), key, 1000)
+	snap, err := r.d.store.LoadSession(t.Context(), key, 1000, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

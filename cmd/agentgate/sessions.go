@@ -158,7 +158,7 @@ func sessionsShow(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer st.Close()
-	snap, err := st.LoadSession(ctx, key, 0)
+	snap, err := st.LoadSession(ctx, key, 0, 0)
 	if err != nil {
 		return err
 	}
@@ -420,7 +420,7 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		fence = []persistence.Op{&persistence.Fence{Key: key, Epoch: claimed.Epoch}}
 	}
-	snap, err := st.LoadSession(ctx, key, 0)
+	snap, err := st.LoadSession(ctx, key, 0, 0)
 	if err != nil {
 		return err
 	}

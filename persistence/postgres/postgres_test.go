@@ -375,7 +375,7 @@ func TestTimeout(t *testing.T) {
 	if !errors.Is(errs[0], persistence.ErrUnavailable) || !strings.Contains(errs[0].Error(), "did not answer within 300ms") {
 		t.Errorf("Commit against a locked table: error = %v, want ErrUnavailable saying it did not answer", errs[0])
 	}
-	if _, err := s.LoadSession(ctx, "k1", 10); !errors.Is(err, persistence.ErrUnavailable) {
+	if _, err := s.LoadSession(ctx, "k1", 10, 0); !errors.Is(err, persistence.ErrUnavailable) {
 		t.Errorf("LoadSession against a locked table: error = %v, want ErrUnavailable", err)
 	}
 	if err := tx.Rollback(ctx); err != nil {

@@ -36,7 +36,9 @@ const (
 	sessionOfKeySQL = `SELECT ` + sessionCols + ` FROM sessions WHERE id = ` + routedSession
 	pendingSQL      = `SELECT ` + messageCols + ` FROM messages
 		WHERE session_id = ` + routedSession + ` AND role = 'user' AND status = 'pending' AND active
-		ORDER BY seq`
+		ORDER BY seq LIMIT $2`
+	pendingCountSQL = `SELECT COUNT(*) FROM messages
+		WHERE session_id = $1 AND role = 'user' AND status = 'pending' AND active`
 	historySQL = `SELECT * FROM (SELECT ` + messageCols + ` FROM messages
 		WHERE session_id = ` + routedSession + ` AND active ORDER BY seq DESC LIMIT $2) h ORDER BY seq`
 	lastSeqSQL       = `SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id = ` + routedSession
@@ -46,24 +48,25 @@ const (
 )
 
 // LoadSession returns the durable state of a session key, read in one snapshot: its route, the
-// routed session, that session's pending user messages (active rows only, by seq), its last
-// historyLimit active messages (by seq), the key's undelivered outbox entries, and the highest
-// message and outbox seqs. A key never seen returns an empty Snapshot. A route whose session
-// row is missing returns the Route with a nil Session.
-func (s *Store) LoadSession(ctx context.Context, key string, historyLimit int) (*persistence.Snapshot, error) {
+// routed session, that session's first pendingLimit pending user messages (active rows only, by
+// seq; all of them when pendingLimit <= 0) with their count, its last historyLimit active
+// messages (by seq), the key's undelivered outbox entries, and the highest message and outbox
+// seqs. A key never seen returns an empty Snapshot. A route whose session row is missing
+// returns the Route with a nil Session.
+func (s *Store) LoadSession(ctx context.Context, key string, historyLimit, pendingLimit int) (*persistence.Snapshot, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("load session %s: %w", key, err)
 	}
 	defer done()
-	snap, err := s.loadSession(ctx, key, historyLimit)
+	snap, err := s.loadSession(ctx, key, historyLimit, pendingLimit)
 	if err != nil {
 		return nil, fmt.Errorf("load session %s: %w", key, s.explain(ctx, err))
 	}
 	return snap, nil
 }
 
-func (s *Store) loadSession(ctx context.Context, key string, historyLimit int) (*persistence.Snapshot, error) {
+func (s *Store) loadSession(ctx context.Context, key string, historyLimit, pendingLimit int) (*persistence.Snapshot, error) {
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, err
@@ -72,7 +75,11 @@ func (s *Store) loadSession(ctx context.Context, key string, historyLimit int) (
 	b := &pgx.Batch{}
 	b.Queue(routeSQL, key)
 	b.Queue(sessionOfKeySQL, key)
-	b.Queue(pendingSQL, key)
+	var limit any // LIMIT NULL: all of them
+	if pendingLimit > 0 {
+		limit = pendingLimit
+	}
+	b.Queue(pendingSQL, key, limit)
 	if historyLimit > 0 {
 		b.Queue(historySQL, key, historyLimit)
 	}
@@ -109,7 +116,7 @@ func (s *Store) loadSession(ctx context.Context, key string, historyLimit int) (
 		}
 	}
 	if snap.Session != nil { // as the SQLite store: messages only of a session that exists
-		snap.Pending, snap.History = pending, history
+		snap.Pending, snap.History, snap.PendingCount = pending, history, len(pending)
 	}
 	if err := br.QueryRow().Scan(&snap.LastSeq); err != nil {
 		return nil, err
@@ -122,6 +129,15 @@ func (s *Store) loadSession(ctx context.Context, key string, historyLimit int) (
 	}
 	if err := br.QueryRow().Scan(&snap.LastOutboxSeq); err != nil {
 		return nil, err
+	}
+	if snap.Session != nil && pendingLimit > 0 && len(snap.Pending) == pendingLimit {
+		// Counted in the same snapshot, a round trip more, only when the page is full.
+		if err := br.Close(); err != nil {
+			return nil, err
+		}
+		if err := tx.QueryRow(ctx, pendingCountSQL, snap.Session.ID).Scan(&snap.PendingCount); err != nil {
+			return nil, err
+		}
 	}
 	return snap, nil
 }

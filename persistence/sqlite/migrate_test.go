@@ -88,7 +88,7 @@ func TestMigrationFromTheFirstSchema(t *testing.T) {
 	}
 	defer s.Close()
 
-	snap, err := s.LoadSession(ctx, "k1", 10)
+	snap, err := s.LoadSession(ctx, "k1", 10, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestMigrationFromTheFirstSchema(t *testing.T) {
 	if err != nil || old.EndReason != "reset_command" || old.EndedAt.IsZero() || old.Title != "Trip" {
 		t.Errorf("Session(s1) = %+v, %v; want it ended by reset_command, titled Trip", old, err)
 	}
-	shared, err := s.LoadSession(ctx, "k3", 10)
+	shared, err := s.LoadSession(ctx, "k3", 10, 0)
 	if err != nil || len(shared.Pending) != 1 || shared.Pending[0].UserID != "" {
 		t.Errorf("k3 pending = %+v, %v; want m5 with no sender (a shared session's is unknown)", shared.Pending, err)
 	}
@@ -263,7 +263,7 @@ func TestMigrationLeavesADMsSenderUnknown(t *testing.T) {
 		t.Fatalf("Open of a 0001 database: %v", err)
 	}
 	defer s.Close()
-	dm, err := s.LoadSession(ctx, "agent:main:http:dm:room", 10)
+	dm, err := s.LoadSession(ctx, "agent:main:http:dm:room", 10, 0)
 	if err != nil || len(dm.Pending) != 1 {
 		t.Fatalf("DM pending = %+v, %v; want m3", dm.Pending, err)
 	}
@@ -279,7 +279,7 @@ func TestMigrationLeavesADMsSenderUnknown(t *testing.T) {
 			t.Errorf("DM's m2 (answered to u2) has sender u1")
 		}
 	}
-	group, err := s.LoadSession(ctx, "agent:main:http:group:g:u3", 10)
+	group, err := s.LoadSession(ctx, "agent:main:http:group:g:u3", 10, 0)
 	if err != nil || len(group.Pending) != 1 || group.Pending[0].UserID != "u3" || group.Pending[0].UserName != "Cy" {
 		t.Errorf("group pending = %+v, %v; want m4 from u3 Cy (the key names its user)", group.Pending, err)
 	}

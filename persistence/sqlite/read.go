@@ -36,23 +36,24 @@ const unconfirmedSQL = `SELECT ` + outboxCols + ` FROM outbox INDEXED BY outbox_
 	WHERE session_key = ? AND state = 'pending' ORDER BY seq`
 
 // LoadSession returns the durable state of a session key, read in one snapshot: its route, the
-// routed session, that session's pending user messages (active rows only, by seq), its last
-// historyLimit active messages (by seq), the key's undelivered (not delivered) outbox
-// entries, and the highest message and outbox seqs. A key never seen returns an empty Snapshot.
-// A route whose session row is missing returns the Route with a nil Session.
-func (s *Store) LoadSession(ctx context.Context, key string, historyLimit int) (*persistence.Snapshot, error) {
+// routed session, that session's first pendingLimit pending user messages (active rows only, by
+// seq; all of them when pendingLimit <= 0) with their count, its last historyLimit active
+// messages (by seq), the key's undelivered (not delivered) outbox entries, and the highest
+// message and outbox seqs. A key never seen returns an empty Snapshot. A route whose session
+// row is missing returns the Route with a nil Session.
+func (s *Store) LoadSession(ctx context.Context, key string, historyLimit, pendingLimit int) (*persistence.Snapshot, error) {
 	if err := s.enter(); err != nil {
 		return nil, readError("load session %s: %w", key, err)
 	}
 	defer s.leave()
-	snap, err := s.loadSession(ctx, key, historyLimit)
+	snap, err := s.loadSession(ctx, key, historyLimit, pendingLimit)
 	if err != nil {
 		return nil, readError("load session %s: %w", key, err)
 	}
 	return snap, nil
 }
 
-func (s *Store) loadSession(ctx context.Context, key string, historyLimit int) (*persistence.Snapshot, error) {
+func (s *Store) loadSession(ctx context.Context, key string, historyLimit, pendingLimit int) (*persistence.Snapshot, error) {
 	tx, err := s.reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return nil, err
@@ -78,8 +79,16 @@ func (s *Store) loadSession(ctx context.Context, key string, historyLimit int) (
 			return nil, err
 		default:
 			snap.Session = sess
-			if snap.Pending, err = queryMessages(qctx, q, pendingSQL, sess.ID); err != nil {
+			if snap.Pending, err = queryMessages(qctx, q, pendingSQL, sess.ID, limitArg(pendingLimit)); err != nil {
 				return nil, err
+			}
+			snap.PendingCount = len(snap.Pending)
+			if pendingLimit > 0 && len(snap.Pending) == pendingLimit {
+				// Counted along messages_pending only when the page is full: the common
+				// activation (a few pending messages, or none) pays nothing for it.
+				if err := q.QueryRowContext(qctx, pendingCountSQL, sess.ID).Scan(&snap.PendingCount); err != nil {
+					return nil, err
+				}
 			}
 			if historyLimit > 0 {
 				if snap.History, err = queryMessages(qctx, q, historySQL, sess.ID, historyLimit); err != nil {
@@ -109,7 +118,9 @@ const (
 	routeSQL   = `SELECT key, session_id, generation, updated_at FROM routing WHERE key = ?`
 	sessionSQL = `SELECT ` + sessionCols + ` FROM sessions WHERE id = ?`
 	pendingSQL = `SELECT ` + messageCols + ` FROM messages
-		WHERE session_id = ? AND role = 'user' AND status = 'pending' AND active = 1 ORDER BY seq`
+		WHERE session_id = ? AND role = 'user' AND status = 'pending' AND active = 1 ORDER BY seq LIMIT ?`
+	pendingCountSQL = `SELECT COUNT(*) FROM messages
+		WHERE session_id = ? AND role = 'user' AND status = 'pending' AND active = 1`
 	historySQL = `SELECT ` + messageCols + ` FROM messages
 		WHERE session_id = ? AND active = 1 ORDER BY seq DESC LIMIT ?`
 	lastSeqSQL       = `SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id = ?`

@@ -46,7 +46,7 @@ func BenchmarkLoadSession(b *testing.B) {
 	defer cancel()
 	n := 0
 	for b.Loop() {
-		snap, err := s.LoadSession(ctx, ss[n%sessions].Key, history)
+		snap, err := s.LoadSession(ctx, ss[n%sessions].Key, history, 0)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -318,7 +318,7 @@ func TestInvalidTimestampsReadAsZero(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	snap, err := s.LoadSession(ctx, "k1", 10)
+	snap, err := s.LoadSession(ctx, "k1", 10, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +380,7 @@ func TestOpenReadOnly(t *testing.T) {
 		t.Fatalf("OpenReadOnly while the writer is open: %v", err)
 	}
 	defer ro.Close()
-	snap, err := ro.LoadSession(ctx, "k1", 10)
+	snap, err := ro.LoadSession(ctx, "k1", 10, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -397,7 +397,7 @@ func TestOpenReadOnly(t *testing.T) {
 
 	// The reader sees the writer's later commits.
 	storetest.MustCommit(t, w, &persistence.AppendMessage{Message: userMsg("s1", 2, "again")})
-	if snap, err = ro.LoadSession(ctx, "k1", 10); err != nil || snap.LastSeq != 2 {
+	if snap, err = ro.LoadSession(ctx, "k1", 10, 0); err != nil || snap.LastSeq != 2 {
 		t.Errorf("read-only LoadSession after a write: LastSeq %d, err %v, want 2, nil", snap.LastSeq, err)
 	}
 
@@ -532,7 +532,7 @@ func TestMigrationOneUndeliveredIndex(t *testing.T) {
 	if !slices.Equal(indexes, want) {
 		t.Errorf("outbox indexes after migrating = %q, want %q", indexes, want)
 	}
-	snap, err := s2.LoadSession(ctx, "k1", 10)
+	snap, err := s2.LoadSession(ctx, "k1", 10, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -594,7 +594,7 @@ func TestLoadSessionConcurrently(t *testing.T) {
 		wg.Go(func() {
 			key := fmt.Sprintf("k%d", g%sessions)
 			for range loads {
-				snap, err := s.LoadSession(ctx, key, 10)
+				snap, err := s.LoadSession(ctx, key, 10, 0)
 				if err == nil && (snap.Session == nil || len(snap.Pending) != 1 || snap.LastSeq != 1) {
 					err = fmt.Errorf("snapshot of %s: session %v, %d pending, last seq %d", key, snap.Session != nil, len(snap.Pending), snap.LastSeq)
 				}
@@ -698,7 +698,7 @@ func TestMigrationOutboxRowidTable(t *testing.T) {
 	if want := []string{"one", "two", "three", "four"}; !slices.Equal(texts, want) {
 		t.Errorf("outbox texts in id order = %q, want %q", texts, want)
 	}
-	snap, err := s2.LoadSession(ctx, "k1", 10)
+	snap, err := s2.LoadSession(ctx, "k1", 10, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -223,7 +223,7 @@ func testReopenSession(t *testing.T, s persistence.Store) {
 		MustCommit(t, s,
 			&persistence.ReopenSession{SessionID: "s1"},
 			&persistence.PutRoute{Route: route("k1", "s1", 3)})
-		snap := check(s.LoadSession(ctx, "k1", 0)).must(t, "LoadSession")
+		snap := check(s.LoadSession(ctx, "k1", 0, 0)).must(t, "LoadSession")
 		if snap.Session == nil || snap.Session.ID != "s1" || !snap.Session.EndedAt.IsZero() || snap.Session.EndReason != "" {
 			t.Errorf("LoadSession(k1).Session = %+v, want s1 open", snap.Session)
 		}
@@ -278,7 +278,7 @@ func testLoadSessionMissingSession(t *testing.T, s persistence.Store) {
 	r := route("k", "ghost", 1)
 	MustCommit(t, s, &persistence.PutRoute{Route: r},
 		&persistence.AddOutbox{Entry: outboxEntry("k", 3, "ghost")})
-	got := check(s.LoadSession(ctx, "k", 10)).must(t, "LoadSession")
+	got := check(s.LoadSession(ctx, "k", 10, 0)).must(t, "LoadSession")
 	diff(t, "LoadSession(k) routed to a missing session", got, &persistence.Snapshot{
 		Route:         &r,
 		Unconfirmed:   []persistence.OutboxEntry{outboxEntry("k", 3, "ghost")},
@@ -427,7 +427,7 @@ func testPruneSessions(t *testing.T, s persistence.Store) {
 		if got := check(s.RepliesTo(ctx, "k-last", "last-2", 0)).must(t, "RepliesTo"); len(got) != 0 {
 			t.Errorf("RepliesTo(k-last, last-2) after pruning = %+v, want none", got)
 		}
-		snap := check(s.LoadSession(ctx, "k-last", 0)).must(t, "LoadSession")
+		snap := check(s.LoadSession(ctx, "k-last", 0, 0)).must(t, "LoadSession")
 		if snap.LastOutboxSeq != 2 || len(snap.Unconfirmed) != 0 {
 			t.Errorf("LoadSession(k-last): LastOutboxSeq %d, %d unconfirmed, want 2 (the next reply is seq 3, never a reused one), 0",
 				snap.LastOutboxSeq, len(snap.Unconfirmed))
@@ -439,7 +439,7 @@ func testPruneSessions(t *testing.T, s persistence.Store) {
 				t.Errorf("Route(%s) = %s, want %s", key, r.SessionID, want)
 			}
 		}
-		snap := check(s.LoadSession(ctx, "k-routed", 10)).must(t, "LoadSession")
+		snap := check(s.LoadSession(ctx, "k-routed", 10, 0)).must(t, "LoadSession")
 		if snap.Route == nil || snap.Session != nil || len(snap.History) != 0 || len(snap.Pending) != 0 {
 			t.Errorf("LoadSession(k-routed) after its session was pruned: route %+v, session %+v, %d history, %d pending; want the route alone",
 				snap.Route, snap.Session, len(snap.History), len(snap.Pending))
@@ -482,7 +482,7 @@ func testPruneSessions(t *testing.T, s persistence.Store) {
 			t.Errorf("Session(open) after PruneSessions(at(1000)): %v, want it kept (it never ended)", err)
 		}
 		// The key still routes, to a session that is gone: its next message starts a new one.
-		snap := check(s.LoadSession(ctx, "k", 10)).must(t, "LoadSession")
+		snap := check(s.LoadSession(ctx, "k", 10, 0)).must(t, "LoadSession")
 		if snap.Route == nil || snap.Route.SessionID != "current" || snap.Session != nil || len(snap.History) != 0 {
 			t.Errorf("LoadSession(k) after its routed session was pruned: route %+v, session %+v, %d history rows; want the route to current, no session, no history",
 				snap.Route, snap.Session, len(snap.History))

@@ -10,7 +10,7 @@ import (
 )
 
 func testLoadSessionUnknownKey(t *testing.T, s persistence.Store) {
-	got := check(s.LoadSession(context.Background(), "never-seen", 10)).must(t, "LoadSession")
+	got := check(s.LoadSession(context.Background(), "never-seen", 10, 0)).must(t, "LoadSession")
 	diff(t, "LoadSession(never-seen)", got, &persistence.Snapshot{})
 }
 
@@ -60,22 +60,28 @@ func testLoadSession(t *testing.T, s persistence.Store) {
 	e4.State, e4.Attempts = persistence.DeliveryFailed, 1
 	r := route("k", "s1", 2)
 
+	pending := []persistence.Message{msgs[2], msgs[5]}
 	tests := []struct {
-		name         string
-		historyLimit int
-		wantHistory  []persistence.Message
+		name                       string
+		historyLimit, pendingLimit int
+		wantHistory, wantPending   []persistence.Message
 	}{
-		{"history limit 3", 3, []persistence.Message{msgs[2], msgs[4], msgs[5]}},
-		{"history larger than transcript", 100, []persistence.Message{msgs[0], msgs[1], msgs[2], msgs[4], msgs[5]}},
-		{"no history", 0, nil},
+		{"history limit 3", 3, 0, []persistence.Message{msgs[2], msgs[4], msgs[5]}, pending},
+		{"history larger than transcript", 100, 0, []persistence.Message{msgs[0], msgs[1], msgs[2], msgs[4], msgs[5]}, pending},
+		{"no history", 0, 0, nil, pending},
+		// The first pendingLimit pending messages, and the count of all of them.
+		{"first pending message", 0, 1, nil, pending[:1]},
+		{"pending limit as many as pending", 0, 2, nil, pending},
+		{"pending limit past the pending", 0, 3, nil, pending},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := check(s.LoadSession(ctx, "k", tc.historyLimit)).must(t, "LoadSession")
+			got := check(s.LoadSession(ctx, "k", tc.historyLimit, tc.pendingLimit)).must(t, "LoadSession")
 			want := &persistence.Snapshot{
 				Route:         &r,
 				Session:       &cur,
-				Pending:       []persistence.Message{msgs[2], msgs[5]},
+				Pending:       tc.wantPending,
+				PendingCount:  len(pending),
 				History:       tc.wantHistory,
 				Unconfirmed:   []persistence.OutboxEntry{e2}, // e4 failed for good: final
 				LastSeq:       7,
@@ -336,7 +342,7 @@ func testHistory(t *testing.T, s persistence.Store) {
 		})
 	}
 	t.Run("last seq as LoadSession", func(t *testing.T) {
-		snap := check(s.LoadSession(ctx, "k1", 0)).must(t, "LoadSession")
+		snap := check(s.LoadSession(ctx, "k1", 0, 0)).must(t, "LoadSession")
 		if _, seq, err := s.History(ctx, "s1", 2); err != nil || seq != snap.LastSeq {
 			t.Errorf("History last seq = %d, %v, LoadSession's = %d", seq, err, snap.LastSeq)
 		}
@@ -512,7 +518,7 @@ func testClosed(t *testing.T, s persistence.Store) {
 	}{
 		{"Commit group 0", errs[0]},
 		{"Commit group 1", errs[1]},
-		{"LoadSession", second(s.LoadSession(ctx, "k1", 1))},
+		{"LoadSession", second(s.LoadSession(ctx, "k1", 1, 0))},
 		{"FindInbound", second(s.FindInbound(ctx, "http", "chat", "m1"))},
 		{"RepliesTo", second(s.RepliesTo(ctx, "k1", "m1", 0))},
 		{"OutboxAfter", second(s.OutboxAfter(ctx, "k1", 0, 1))},

@@ -25,7 +25,7 @@ func testRequeue(t *testing.T, s persistence.Store) {
 	requeue := &persistence.RequeueMessage{SessionID: "s1", Seq: 1, NewSeq: 4}
 	MustCommit(t, s, requeue)
 
-	snap := check(s.LoadSession(ctx, "k1", 10)).must(t, "LoadSession")
+	snap := check(s.LoadSession(ctx, "k1", 10, 0)).must(t, "LoadSession")
 	if snap.LastSeq != 4 {
 		t.Errorf("LastSeq = %d, want 4", snap.LastSeq)
 	}

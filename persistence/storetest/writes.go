@@ -72,7 +72,7 @@ func readState(t testing.TB, s persistence.Store, key, sid string) storeState {
 		Route:      check(s.Route(ctx, key)).must(t, "Route"),
 		Transcript: check(s.Transcript(ctx, sid)).must(t, "Transcript"),
 		Outbox:     check(s.OutboxAfter(ctx, key, 0, 0)).must(t, "OutboxAfter"),
-		Snapshot:   check(s.LoadSession(ctx, key, 10)).must(t, "LoadSession"),
+		Snapshot:   check(s.LoadSession(ctx, key, 10, 0)).must(t, "LoadSession"),
 	}
 }
 
@@ -206,7 +206,7 @@ func testGroupAtomicity(t *testing.T, s persistence.Store) {
 			}
 			// Its neighbours committed in full.
 			for _, id := range []string{a, c} {
-				snap := check(s.LoadSession(ctx, "key-"+id, 10)).must(t, "LoadSession")
+				snap := check(s.LoadSession(ctx, "key-"+id, 10, 0)).must(t, "LoadSession")
 				if snap.Session == nil || snap.Session.ID != id || len(snap.Pending) != 1 || len(snap.Unconfirmed) != 1 {
 					t.Fatalf("LoadSession(key-%s) = %+v, want session %s with 1 pending and 1 unconfirmed", id, snap, id)
 				}
@@ -436,7 +436,7 @@ func testConcurrentReadsAndWrites(t *testing.T, s persistence.Store) {
 					finished = true // one more read sees every write
 				default:
 				}
-				snap, err := s.LoadSession(ctx, "k1", 5)
+				snap, err := s.LoadSession(ctx, "k1", 5, 0)
 				if err != nil {
 					t.Errorf("LoadSession: %v", err)
 					return

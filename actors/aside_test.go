@@ -1,0 +1,202 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// readSizes is a store that records the most message text one read of a session's messages
+// returned.
+type readSizes struct {
+	persistence.Store
+	most atomic.Int64
+}
+
+func (r *readSizes) saw(msgs []persistence.Message) {
+	n := int64(0)
+	for _, m := range msgs {
+		n += int64(len(m.Content))
+	}
+	for {
+		if old := r.most.Load(); n <= old || r.most.CompareAndSwap(old, n) {
+			return
+		}
+	}
+}
+
+func (r *readSizes) LoadSession(ctx context.Context, key string, historyLimit, pendingLimit int) (*persistence.Snapshot, error) {
+	snap, err := r.Store.LoadSession(ctx, key, historyLimit, pendingLimit)
+	if err == nil {
+		r.saw(snap.Pending)
+	}
+	return snap, err
+}
+
+func (r *readSizes) PendingAfter(ctx context.Context, sessionID string, after, through int64, limit int) ([]persistence.Message, error) {
+	msgs, err := r.Store.PendingAfter(ctx, sessionID, after, through, limit)
+	r.saw(msgs)
+	return msgs, err
+}
+
+func (r *readSizes) TranscriptAfter(ctx context.Context, sessionID string, after int64, limit int) ([]persistence.Message, error) {
+	msgs, err := r.Store.TranscriptAfter(ctx, sessionID, after, limit)
+	r.saw(msgs)
+	return msgs, err
+}
+
+// check fails t when a read returned more than a queue of cap holds in memory (cap + 1
+// messages of size bytes).
+func (r *readSizes) check(t *testing.T, cap, size int) {
+	t.Helper()
+	if most, bound := r.most.Load(), int64((cap+1)*size); most > bound {
+		t.Errorf("a read of pending messages returned %d KiB of text, more than the %d KiB a queue of cap %d holds", most>>10, bound>>10, cap)
+	}
+}
+
+// The backlog of these tests: n messages of size bytes each.
+const backlogN, backlogSize = 300, 32 << 10
+
+// TestBacklogAnsweredWithNoticesIsReadInPages: a session that starts with a backlog of messages
+// pending that it does not run (sessions.recovery: notice, a reset that fell due while
+// agentgate was down) answers each with a notice, once, in order, and reads the backlog a page
+// at a time. Before, the start read the whole backlog at once (here 9 MiB of text; a flooded
+// chat's could be gigabytes). TestSpilledQueueLoadsPastItsCapAfterARestart is the backlog that
+// runs.
+func TestBacklogAnsweredWithNoticesIsReadInPages(t *testing.T) {
+	idle := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Second}
+	for _, tc := range []struct {
+		name  string
+		setup func(*Deps)
+		down  bool   // agentgate is down long enough for the idle reset to fall due
+		note  string // in the notice
+	}{
+		{name: "recovery notice", setup: func(d *Deps) { d.Config.Recovery = RecoveryNotice },
+			note: "agentgate restarted before it could answer this message"},
+		{name: "reset due at start", down: true, setup: func(d *Deps) {
+			d.Config.ResetFor = func(string, string) ResetPolicy { return idle }
+			d.Config.ResetPolicies = []ResetPolicy{idle}
+		}, note: "could not be answered before the session was reset (idle)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				path := filepath.Join(t.TempDir(), "agentgate.db")
+				setup := func(d *Deps) {
+					d.Config.QueueCap = 2
+					if tc.setup != nil {
+						tc.setup(d)
+					}
+				}
+				a := newRequeueAgent()
+				w := newManagerWorldAt(t, path, a, setup)
+				w.deliver(t, "m0", "hold")
+				ids := append([]string{"m0"}, w.flood(t, 1, backlogN, backlogSize)...)
+				w.stop() // m0's turn is cut short: m0…mn are pending in the store
+				synctest.Wait()
+				if tc.down {
+					time.Sleep(time.Minute)
+				}
+
+				b := newRequeueAgent()
+				reads := &readSizes{}
+				w2 := newManagerWorldAt(t, path, b, func(d *Deps) {
+					setup(d)
+					reads.Store, d.Store = d.Store, reads
+				})
+				synctest.Wait() // loaded, and every message set aside
+				reads.check(t, 2, backlogSize)
+				if got := b.order(); len(got) > 0 {
+					t.Errorf("turns ran %v; want none: the backlog is answered with notices", got[:min(5, len(got))])
+				}
+				w2.checkSetAside(t, ids, tc.note)
+			})
+		})
+	}
+}
+
+// checkSetAside checks that each of ids is failed and answered by one notice that says note,
+// in order.
+func (w *managerWorld) checkSetAside(t *testing.T, ids []string, note string) {
+	t.Helper()
+	for _, id := range ids {
+		if st, _ := w.statusOf(t, id); st != persistence.StatusFailed {
+			t.Errorf("%s: %s, want failed", id, st)
+		}
+	}
+	out, err := w.store.OutboxAfter(w.ctx, w.key, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var answered []string
+	for _, e := range out {
+		if strings.Contains(e.Text, note) {
+			answered = append(answered, e.InReplyTo...)
+		}
+	}
+	if !slicesEqual(answered, ids) {
+		t.Errorf("notices answer %d messages, first differing at %d; want each of %d once, in order", len(answered), firstDiff(answered, ids), len(ids))
+	}
+}
+
+func slicesEqual(a, b []string) bool { return fmt.Sprint(a) == fmt.Sprint(b) }
+
+// TestBacklogLeftInAnEndedSessionIsSetAsideInPages: messages left pending in the session a key
+// routes to, which has ended (a command ended it as their writes landed, and the write that set
+// them aside never did), are each answered with a notice when the key next starts, read a page
+// at a time, more than a page of them; the message that started the key runs.
+func TestBacklogLeftInAnEndedSessionIsSetAsideInPages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1"}
+		key := identity.Key(src, identity.KeyOptions{})
+		now := time.Now()
+		ops := []persistence.Op{&persistence.CreateSession{Session: persistence.Session{ID: "s-old", Key: key,
+			Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1", StartedAt: now, LastActivityAt: now}},
+			&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: "s-old", Generation: 1, UpdatedAt: now}}}
+		var ids []string
+		for i := 1; i <= backlogN; i++ {
+			id := fmt.Sprint("m", i)
+			ids = append(ids, id)
+			ops = append(ops, &persistence.AppendMessage{Message: persistence.Message{SessionID: "s-old", Seq: int64(i),
+				Role: persistence.RoleUser, Content: id + " " + strings.Repeat("x", backlogSize-len(id)-1), Platform: "fake", ChatID: "c1",
+				MessageID: id, UserID: "u1", Status: persistence.StatusPending, Active: true, CreatedAt: now}})
+		}
+		ops = append(ops, &persistence.EndSession{SessionID: "s-old", Reason: persistence.EndNewCommand, At: now})
+		store, err := sqlite.Open(t.Context(), path, sqlite.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if errs := store.Commit(t.Context(), [][]persistence.Op{ops}); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+		if err := store.Close(); err != nil {
+			t.Fatal(err)
+		}
+
+		a := newRequeueAgent()
+		reads := &readSizes{}
+		w := newManagerWorldAt(t, path, a, func(d *Deps) {
+			d.Config.QueueCap = 2
+			reads.Store, d.Store = d.Store, reads
+		})
+		if r := w.deliver(t, "next", "hello"); r.Disposition != platforms.Started {
+			t.Fatalf("next: %+v, want started", r)
+		}
+		synctest.Wait()
+		reads.check(t, 2, backlogSize)
+		if got := a.order(); !slicesEqual(got, []string{"next"}) {
+			t.Errorf("turns ran %v, want [next]", got)
+		}
+		w.checkSetAside(t, ids, leftBehindNotice)
+	})
+}
