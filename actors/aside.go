@@ -14,10 +14,10 @@ import (
 // holds: LoadSession's pendingLimit); the rest wait in the store as a spill (spill.go). Most of
 // the time they run as the queue drains, but at a start that answers the backlog with notices
 // instead (sessions.recovery: notice, a reset that fell due while agentgate was down, messages
-// left in a session the key has left) every one of them is set aside. Those are read and set
-// aside here in pages of what a queue at its cap holds, the next page once the last one's
-// writes are answered, so that a backlog of tens of thousands of long messages is never in
-// memory at once, neither as rows nor as writes waiting for the persistence actor.
+// left in a session the key has left) every one of them is set aside. Those are read here
+// without their text, in pages, and set aside, the next page once the last one's writes are
+// answered, so that a backlog of tens of thousands of long messages is never in memory at once,
+// neither as rows nor as writes waiting for the persistence actor.
 
 // storedAside is the work of setting aside the pending messages of one session with
 // after < seq <= through, which wait in the store only.
@@ -28,6 +28,10 @@ type storedAside struct {
 	one      func(c actor.Context, m *persistence.Message, then func(actor.Context))
 	inFlight int // writes of the last page not answered yet
 }
+
+// asidePage is how many stored messages a session reads at a time to set them aside (without
+// their text: PendingRefsAfter).
+const asidePage = 256
 
 // asideRetry wakes a session whose read of messages to set aside failed, to read again.
 type asideRetry struct{}
@@ -88,8 +92,7 @@ func (s *Session) asideNext(c actor.Context) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(s.d.Ctx, spillReadTimeout)
-		page := s.d.Config.QueueCap + 1
-		msgs, err := s.d.Store.PendingAfter(ctx, w.sessionID, w.after, w.through, page)
+		msgs, err := s.d.Store.PendingRefsAfter(ctx, w.sessionID, w.after, w.through, asidePage)
 		cancel()
 		if err != nil {
 			if n, ok := s.d.spillReadFailures.Allow(); ok {
@@ -102,7 +105,7 @@ func (s *Session) asideNext(c actor.Context) {
 			s.timers(c).SendOnce(spillRetryAfter, c.Self(), &asideRetry{})
 			return
 		}
-		if len(msgs) < page {
+		if len(msgs) < asidePage {
 			w.through = math.MinInt64 // the last page: done once its writes are answered
 		}
 		for i := range msgs {

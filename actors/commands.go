@@ -61,8 +61,9 @@ func parseCommand(text string) (command, bool) {
 func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cmd command, now time.Time) {
 	switch cmd.name {
 	case "new", "reset", "stop", "resume":
-		// They drop every queued message, those waiting in the store past the cap too.
-		if err := s.unspill(); err != nil {
+		// They drop every queued message, those waiting in the store past the cap too (read
+		// without their text, but where /resume finds no session to resume and drops none).
+		if err := s.unspill(cmd.name == "resume"); err != nil {
 			s.logger().Warn("a command that drops the queued messages cannot read those waiting in the store; its sender is told to send it again",
 				"command", cmd.name, "message_id", m.MessageId, logging.Err(err))
 			r := s.result(m, "", s.curID())
@@ -347,7 +348,7 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		})
 		return
 	}
-	if err := s.unspill(); err != nil { // the reset drops every queued message
+	if err := s.unspill(false); err != nil { // the reset drops every queued message
 		c.Respond(&ResetResult{Error: err.Error(), ErrorCode: ErrCodeUnavailable})
 		return
 	}

@@ -215,7 +215,7 @@ func (s *Session) adoptUnsure(c actor.Context) bool {
 	if s.unusual == nil || len(s.unusual.unsure) == 0 {
 		return false
 	}
-	if err := s.unspill(); err != nil { // an adopted message goes behind every queued one
+	if err := s.unspill(true); err != nil { // an adopted message goes behind every queued one
 		return false // the next recovery tries again
 	}
 	adopted := false

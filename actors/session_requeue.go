@@ -42,7 +42,7 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 		refuse(ErrCodeNotFound, "", "no message %s in session %s", m.MessageId, s.key)
 		return
 	}
-	if err := s.unspill(); err != nil { // the requeued message goes behind every queued one
+	if err := s.unspill(true); err != nil { // the requeued message goes behind every queued one
 		s.logger().Warn("read a message to requeue it", "message_id", m.MessageId, logging.Err(err))
 		refuse("unavailable", "", "the store cannot be read right now; retry later")
 		return

@@ -130,7 +130,7 @@ func (s *Session) refill(c actor.Context) {
 		return
 	}
 	want := s.d.Config.QueueCap + 1 - len(s.queue)
-	if err := s.readBack(sp, want); err != nil {
+	if err := s.readBack(sp, want, true); err != nil {
 		if n, ok := s.d.spillReadFailures.Allow(); ok {
 			args := []any{"spilled", sp.stored, logging.Err(err)}
 			if n > 1 {
@@ -144,8 +144,11 @@ func (s *Session) refill(c actor.Context) {
 
 // unspill reads every spilled message back into the queue, and puts the tail behind them: the
 // whole queue is in memory again, for an operation that acts on all of it. On error nothing
-// changed.
-func (s *Session) unspill() error {
+// changed. Without text (a command that drops every queued message: /stop, a boundary), the
+// messages are read without it, as the refs of messages that never run: the caller drops them
+// (stopWork) before it returns, and a flood of long messages is not read into memory to be
+// dropped.
+func (s *Session) unspill(text bool) error {
 	sp := s.spilling()
 	if sp == nil {
 		return nil
@@ -153,7 +156,7 @@ func (s *Session) unspill() error {
 	if s.d.Spooling.Load() {
 		return fmt.Errorf("%w: writes wait in the spool, and the database does not show them yet", persistence.ErrUnavailable)
 	}
-	if err := s.readBack(sp, 0); err != nil {
+	if err := s.readBack(sp, 0, text); err != nil {
 		return fmt.Errorf("read the session's waiting messages back from the store: %w", err)
 	}
 	for _, it := range sp.tail {
@@ -164,10 +167,11 @@ func (s *Session) unspill() error {
 	return nil
 }
 
-// readBack appends to the queue the first limit spilled messages (all of them when limit <= 0).
-// A read that returns fewer than it asked for has read the whole range. A message whose write's
-// answer was lost (rememberUnsure) but that is stored is adopted: it runs in its place.
-func (s *Session) readBack(sp *spill, limit int) error {
+// readBack appends to the queue the first limit spilled messages (all of them when limit <= 0),
+// without their text unless text (unspill). A read that returns fewer than it asked for has read
+// the whole range. A message whose write's answer was lost (rememberUnsure) but that is stored
+// is adopted: it runs in its place.
+func (s *Session) readBack(sp *spill, limit int, text bool) error {
 	if s.cur == nil || s.cur.ID != sp.sessionID {
 		// Every boundary reads the spill back first (unspill): no message of an ended
 		// session runs in its successor.
@@ -175,7 +179,11 @@ func (s *Session) readBack(sp *spill, limit int) error {
 	}
 	ctx, cancel := context.WithTimeout(s.d.Ctx, spillReadTimeout)
 	defer cancel()
-	rows, err := s.d.Store.PendingAfter(ctx, sp.sessionID, sp.after, sp.through, limit)
+	read := s.d.Store.PendingAfter
+	if !text {
+		read = s.d.Store.PendingRefsAfter
+	}
+	rows, err := read(ctx, sp.sessionID, sp.after, sp.through, limit)
 	if err != nil {
 		return err
 	}

@@ -152,6 +152,7 @@ func TestSpilledQueueLoadsPastItsCapAfterARestart(t *testing.T) {
 
 // TestCommandsDropSpilledMessages: /stop, /new and an operator's reset drop every queued
 // message, those waiting in the store past the cap too, and say how many; none runs after.
+// Those in the store are read without their text.
 func TestCommandsDropSpilledMessages(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -176,12 +177,20 @@ func TestCommandsDropSpilledMessages(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				a := newRequeueAgent()
-				w := newManagerWorld(t, a, func(d *Deps) { d.Config.QueueCap = 2 })
+				reads := &readSizes{}
+				w := newManagerWorld(t, a, func(d *Deps) {
+					d.Config.QueueCap = 2
+					reads.Store, d.Store = d.Store, reads
+				})
 				w.deliver(t, "m0", "hold")
-				w.flood(t, 1, 20, 10)
+				const size = 4 << 10
+				w.flood(t, 1, 20, size)
 				if text := tc.drop(w, t); !strings.Contains(text, tc.want) {
 					t.Errorf("answered %q, want %q", text, tc.want)
 				}
+				// The messages dropped are read without their text: a flood of long ones is
+				// not read into memory to be dropped.
+				reads.check(t, 2, size)
 				close(a.hold)
 				w.deliver(t, "after", "after")
 				w.awaitTurnEnds(1)
@@ -199,8 +208,8 @@ func TestCommandsDropSpilledMessages(t *testing.T) {
 	}
 }
 
-// unreadablePending is a store whose reads of pending messages (PendingAfter) fail while down is
-// set, as a database that cannot be reached fails them.
+// unreadablePending is a store whose reads of pending messages (PendingAfter, PendingRefsAfter)
+// fail while down is set, as a database that cannot be reached fails them.
 type unreadablePending struct {
 	persistence.Store
 	down atomic.Bool
@@ -211,6 +220,13 @@ func (u *unreadablePending) PendingAfter(ctx context.Context, sessionID string, 
 		return nil, fmt.Errorf("%w: connection refused (test)", persistence.ErrUnavailable)
 	}
 	return u.Store.PendingAfter(ctx, sessionID, after, through, limit)
+}
+
+func (u *unreadablePending) PendingRefsAfter(ctx context.Context, sessionID string, after, through int64, limit int) ([]persistence.Message, error) {
+	if u.down.Load() {
+		return nil, fmt.Errorf("%w: connection refused (test)", persistence.ErrUnavailable)
+	}
+	return u.Store.PendingRefsAfter(ctx, sessionID, after, through, limit)
 }
 
 // TestSpilledMessagesWaitOutAnUnreadableStore: while the store cannot be read, the messages

@@ -551,6 +551,10 @@ type Store interface {
 	// in the store only, past its queue's cap (sessions.queue.overflow spool), read back in
 	// pages as its queue drains.
 	PendingAfter(ctx context.Context, sessionID string, after, through int64, limit int) ([]Message, error)
+	// PendingRefsAfter is PendingAfter without the messages' text (Content is empty): what a
+	// session needs of the messages it drops or sets aside without running them, read without
+	// holding a flooded chat's text (up to 64 KiB a message) in memory.
+	PendingRefsAfter(ctx context.Context, sessionID string, after, through int64, limit int) ([]Message, error)
 	// CountMessages returns how many message rows a session has (archived ones included) and
 	// how many of them are pending (active) user messages: SessionSummary's Messages and
 	// Pending for one session id, counted without reading the rows. An unknown session has 0

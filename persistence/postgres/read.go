@@ -278,12 +278,21 @@ func (s *Store) TranscriptAfter(ctx context.Context, sessionID string, after int
 // PendingAfter returns a session's pending (active) user messages with after < seq <= through,
 // by seq, at most limit (no limit when limit <= 0).
 func (s *Store) PendingAfter(ctx context.Context, sessionID string, after, through int64, limit int) ([]persistence.Message, error) {
+	return s.pendingAfter(ctx, messageCols, sessionID, after, through, limit)
+}
+
+// PendingRefsAfter is PendingAfter without the messages' text.
+func (s *Store) PendingRefsAfter(ctx context.Context, sessionID string, after, through int64, limit int) ([]persistence.Message, error) {
+	return s.pendingAfter(ctx, sqlstore.MessageRefCols, sessionID, after, through, limit)
+}
+
+func (s *Store) pendingAfter(ctx context.Context, cols, sessionID string, after, through int64, limit int) ([]persistence.Message, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("pending messages of %s after %d: %w", sessionID, after, err)
 	}
 	defer done()
-	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+messageCols+` FROM messages
+	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+cols+` FROM messages
 		WHERE session_id = $1 AND role = 'user' AND status = 'pending' AND active
 		AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4`, sessionID, after, through, limitArg(limit))
 	if err != nil {

@@ -240,9 +240,13 @@ func (s *Store) TranscriptAfter(ctx context.Context, sessionID string, after int
 }
 
 // pendingAfterSQL reads a session's pending messages in a range along messages_pending.
-const pendingAfterSQL = `SELECT ` + messageCols + ` FROM messages
+const (
+	pendingRange = ` FROM messages
 	WHERE session_id = ? AND role = 'user' AND status = 'pending' AND active = 1
 	AND seq > ? AND seq <= ? ORDER BY seq LIMIT ?`
+	pendingAfterSQL     = `SELECT ` + messageCols + pendingRange
+	pendingRefsAfterSQL = `SELECT ` + sqlstore.MessageRefCols + pendingRange
+)
 
 // PendingAfter returns a session's pending (active) user messages with after < seq <= through,
 // by seq, at most limit (no limit when limit <= 0).
@@ -252,6 +256,19 @@ func (s *Store) PendingAfter(ctx context.Context, sessionID string, after, throu
 	}
 	defer s.leave()
 	ms, err := queryMessages(ctx, s.reader, pendingAfterSQL, sessionID, after, through, limitArg(limit))
+	if err != nil {
+		return nil, readError("pending messages of %s after %d: %w", sessionID, after, err)
+	}
+	return ms, nil
+}
+
+// PendingRefsAfter is PendingAfter without the messages' text.
+func (s *Store) PendingRefsAfter(ctx context.Context, sessionID string, after, through int64, limit int) ([]persistence.Message, error) {
+	if err := s.enter(); err != nil {
+		return nil, readError("pending messages of %s after %d: %w", sessionID, after, err)
+	}
+	defer s.leave()
+	ms, err := queryMessages(ctx, s.reader, pendingRefsAfterSQL, sessionID, after, through, limitArg(limit))
 	if err != nil {
 		return nil, readError("pending messages of %s after %d: %w", sessionID, after, err)
 	}

@@ -278,6 +278,14 @@ func testPendingAfter(t *testing.T, s persistence.Store) {
 		t.Run(tc.name, func(t *testing.T) {
 			got := check(s.PendingAfter(ctx, tc.sid, tc.after, tc.through, tc.limit)).must(t, "PendingAfter")
 			diff(t, "PendingAfter", got, tc.want)
+			// The same rows without their text.
+			var refs []persistence.Message
+			for _, m := range tc.want {
+				m.Content = ""
+				refs = append(refs, m)
+			}
+			got = check(s.PendingRefsAfter(ctx, tc.sid, tc.after, tc.through, tc.limit)).must(t, "PendingRefsAfter")
+			diff(t, "PendingRefsAfter", got, refs)
 		})
 	}
 }
@@ -525,6 +533,7 @@ func testClosed(t *testing.T, s persistence.Store) {
 		{"Transcript", second(s.Transcript(ctx, "s1"))},
 		{"TranscriptAfter", second(s.TranscriptAfter(ctx, "s1", 0, 1))},
 		{"PendingAfter", second(s.PendingAfter(ctx, "s1", 0, 1, 1))},
+		{"PendingRefsAfter", second(s.PendingRefsAfter(ctx, "s1", 0, 1, 1))},
 		{"CountMessages", third(s.CountMessages(ctx, "s1"))},
 		{"History", third(s.History(ctx, "s1", 1))},
 		{"Route", second(s.Route(ctx, "k1"))},

@@ -27,6 +27,9 @@ const (
 		queue_mode, input_tokens, output_tokens`
 	MessageCols = `session_id, seq, role, content, platform, chat_id, message_id, turn_id, status,
 		active, archived, attempts, created_at, user_id, user_name`
+	// MessageRefCols are MessageCols with an empty content: a message's row without its text.
+	MessageRefCols = `session_id, seq, role, '' AS content, platform, chat_id, message_id, turn_id, status,
+		active, archived, attempts, created_at, user_id, user_name`
 	OutboxCols = `session_key, seq, session_id, kind, text, turn_id, in_reply_to, platform,
 		chat_type, chat_id, thread_id, user_id, state, attempts, created_at, delivered_at, continued`
 	DraftCols  = `platform, id, session_key, turn_id, chat_type, chat_id, thread_id, run, created_at`
