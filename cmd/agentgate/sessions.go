@@ -158,7 +158,7 @@ func sessionsShow(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer st.Close()
-	snap, err := st.LoadSession(ctx, key, 0, 0)
+	snap, err := st.LoadSession(ctx, key, 0, 1) // (pending messages are counted below, page by page)
 	if err != nil {
 		return err
 	}
@@ -420,7 +420,7 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		fence = []persistence.Op{&persistence.Fence{Key: key, Epoch: claimed.Epoch}}
 	}
-	snap, err := st.LoadSession(ctx, key, 0, 0)
+	snap, err := st.LoadSession(ctx, key, 0, 1)
 	if err != nil {
 		return err
 	}
@@ -437,14 +437,20 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintf(stdout, "session %s of %s already ended (%s)\n", s.ID, key, s.EndReason)
 		return nil
 	}
+	// Read without their text: a flooded chat's backlog is not held to be dropped. Nothing
+	// writes meanwhile: the daemon is not running, or (cluster) the claim fences its members.
+	pending, err := st.PendingRefsAfter(ctx, s.ID, 0, math.MaxInt64, 0)
+	if err != nil {
+		return fmt.Errorf("reset %s: %w", key, err)
+	}
 	now := time.Now().UTC()
 	ops := append(fence, &persistence.EndSession{SessionID: s.ID, Reason: persistence.EndResetCommand, At: now})
-	ops = append(ops, unansweredOps(key, s, snap, now)...)
+	ops = append(ops, unansweredOps(key, s, snap.LastOutboxSeq, pending, now)...)
 	if errs := st.Commit(ctx, [][]persistence.Op{ops}); len(errs) > 0 && errs[0] != nil {
 		return fmt.Errorf("reset %s: %w", key, errs[0])
 	}
 	fmt.Fprintf(stdout, "ended session %s of %s (%s)\n", s.ID, key, persistence.EndResetCommand)
-	if n := len(snap.Pending); n > 0 {
+	if n := len(pending); n > 0 {
 		fmt.Fprintf(stderr, "note: %d pending message(s) of the ended session will not be answered; their senders are told so (at the daemon's next start, or a cluster's next recovery)\n", n)
 	}
 	return nil
@@ -455,23 +461,23 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 // notice in the outbox, sent by the daemon when it next activates the key (its start's
 // recovery, or a cluster's recovery sweep, both of which look for undelivered replies), tells
 // their senders to send them again.
-func unansweredOps(key string, s *persistence.Session, snap *persistence.Snapshot, now time.Time) []persistence.Op {
-	if len(snap.Pending) == 0 {
+func unansweredOps(key string, s *persistence.Session, lastOutboxSeq int64, pending []persistence.Message, now time.Time) []persistence.Op {
+	if len(pending) == 0 {
 		return nil
 	}
 	var seqs []int64
 	var ids []string
-	for _, m := range snap.Pending {
+	for _, m := range pending {
 		seqs = append(seqs, m.Seq)
 		if m.MessageID != "" {
 			ids = append(ids, m.MessageID)
 		}
 	}
-	text := actors.OperatorResetNotice(len(snap.Pending))
+	text := actors.OperatorResetNotice(len(pending))
 	return []persistence.Op{
 		&persistence.SetMessageStatus{SessionID: s.ID, Seqs: seqs, Status: persistence.StatusFailed},
-		&persistence.AddOutbox{Entry: actors.NewOutboxEntry(key, snap.LastOutboxSeq+1,
-			identity.Source{Platform: s.Platform, ChatType: s.ChatType, ChatID: s.ChatID, ThreadID: s.ThreadID, UserID: snap.Pending[0].UserID},
+		&persistence.AddOutbox{Entry: actors.NewOutboxEntry(key, lastOutboxSeq+1,
+			identity.Source{Platform: s.Platform, ChatType: s.ChatType, ChatID: s.ChatID, ThreadID: s.ThreadID, UserID: pending[0].UserID},
 			s.ID, platforms.KindNotice, text, "", ids, now)},
 	}
 }
