@@ -17,6 +17,7 @@ import (
 // LoadSession. It runs under a cancellable context, as the daemon's does.
 func BenchmarkLoadSession(b *testing.B) {
 	const sessions, turns, history = 100, 30, 20
+	const pendingLimit = 51 // sessions.queue.cap + 1, as a session reads at its default cap
 	s := MustOpen(b, Options{})
 	texts := workload.Texts(rand.New(rand.NewPCG(1, 2)), 2*sessions*turns)
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -46,7 +47,7 @@ func BenchmarkLoadSession(b *testing.B) {
 	defer cancel()
 	n := 0
 	for b.Loop() {
-		snap, err := s.LoadSession(ctx, ss[n%sessions].Key, history, 0)
+		snap, err := s.LoadSession(ctx, ss[n%sessions].Key, history, pendingLimit)
 		if err != nil {
 			b.Fatal(err)
 		}
