@@ -190,8 +190,14 @@ func (s *Session) setAsideLeftBehind(c actor.Context, snap *persistence.Snapshot
 	default:
 		return
 	}
+	logged := false // one line for them all: a flood's backlog left there is thousands
 	s.setAsideStored(c, &storedAside{sessionID: sessionID, through: math.MaxInt64,
 		one: func(c actor.Context, m *persistence.Message, then func(actor.Context)) {
+			if !logged {
+				logged = true
+				s.logger().Warn("messages were left pending in a session the key has left; each is set aside with a notice",
+					"session_id", m.SessionID, "first_message_id", m.MessageID)
+			}
 			s.leaveBehind(c, from, m, then)
 		}})
 }
@@ -207,7 +213,6 @@ func (s *Session) leaveBehind(c actor.Context, from *persistence.Session, m *per
 		&persistence.AddOutbox{Entry: entry},
 	}
 	id := m.MessageID
-	s.logger().Warn("a message was left pending in a session the key has left; it is set aside", "message_id", id, "session_id", m.SessionID)
 	s.write(c, ops, func(c actor.Context, err error) {
 		defer then(c)
 		if err != nil {
