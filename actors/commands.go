@@ -60,10 +60,11 @@ func parseCommand(text string) (command, bool) {
 // write; the requester is acknowledged with disposition "command" once that write is durable.
 func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cmd command, now time.Time) {
 	switch cmd.name {
-	case "new", "reset", "stop", "resume":
+	case "new", "reset", "stop":
 		// They drop every queued message, those waiting in the store past the cap too (read
-		// without their text, but where /resume finds no session to resume and drops none).
-		if err := s.unspill(cmd.name == "resume"); err != nil {
+		// without their text: stopWork drops them all; /resume reads them once it knows it
+		// switches).
+		if err := s.unspill(false); err != nil {
 			s.logger().Warn("a command that drops the queued messages cannot read those waiting in the store; its sender is told to send it again",
 				"command", cmd.name, "message_id", m.MessageId, logging.Err(err))
 			r := s.result(m, "", s.curID())

@@ -148,6 +148,12 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 		s.logger().Warn("load the history of the session to resume; the user is asked to try again", "session_id", target.ID, logging.Err(err))
 		return nil, "⚠️ Could not load that session right now; please try again.", nil
 	}
+	// It drops every queued message, those waiting in the store past the cap too, read without
+	// their text: stopWork drops them all.
+	if err := s.unspill(false); err != nil {
+		s.logger().Warn("read the messages queued in the store for /resume, which drops them; the user is asked to try again", logging.Err(err))
+		return nil, "⚠️ Could not read the messages queued in this session right now; please try /resume again shortly.", nil
+	}
 	ops, _, dropped := s.stopWork(c)
 	if s.cur != nil {
 		ops = append(ops, &persistence.EndSession{SessionID: s.cur.ID, Reason: persistence.EndSwitched, At: now})

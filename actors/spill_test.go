@@ -355,3 +355,44 @@ func TestSpilledMessagesWaitForTheSpool(t *testing.T) {
 		}
 	})
 }
+
+// TestResumeDropsSpilledMessages: /resume drops every queued message, those waiting in the store
+// past the cap too, read without their text; a /resume that switches to no session drops none
+// and reads none of them.
+func TestResumeDropsSpilledMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newRequeueAgent()
+		reads := &readSizes{}
+		w := newManagerWorld(t, a, func(d *Deps) {
+			d.Config.QueueCap = 2
+			reads.Store, d.Store = d.Store, reads
+		})
+		first := w.deliver(t, "first", "hello")
+		synctest.Wait()
+		w.deliver(t, "new", "/new")
+		w.deliver(t, "m0", "hold")
+		const size = 4 << 10
+		w.flood(t, 1, 20, size)
+		w.deliver(t, "nope", "/resume nope")
+		if text := w.noticeFor(t, "nope"); !strings.Contains(text, `No earlier session "nope"`) {
+			t.Errorf("/resume nope answered %q", text)
+		}
+		w.deliver(t, "cmd", "/resume "+first.SessionId)
+		if text, want := w.noticeFor(t, "cmd"), "21 message(s) sent before it were not answered."; !strings.Contains(text, want) {
+			t.Errorf("/resume answered %q, want %q", text, want)
+		}
+		reads.check(t, 2, size)
+		close(a.hold)
+		w.deliver(t, "after", "after")
+		w.awaitTurnEnds(1)
+		synctest.Wait()
+		if got := a.order(); !slices.Equal(got, []string{"first", "m0", "after"}) {
+			t.Errorf("turns ran %v, want first, m0 (cut short) and the message after the resume", got)
+		}
+		for i := range 21 {
+			if st, _ := w.statusOf(t, fmt.Sprint("m", i)); st != persistence.StatusFailed {
+				t.Errorf("m%d: %s, want failed", i, st)
+			}
+		}
+	})
+}
