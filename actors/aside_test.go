@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -198,5 +199,67 @@ func TestBacklogLeftInAnEndedSessionIsSetAsideInPages(t *testing.T) {
 			t.Errorf("turns ran %v, want [next]", got)
 		}
 		w.checkSetAside(t, ids, leftBehindNotice)
+	})
+}
+
+// downAfterOnePage is a store whose reads of pending messages fail from its second read of
+// messages to set aside (PendingRefsAfter) on, while down is set: a database that goes away
+// after the first page.
+type downAfterOnePage struct {
+	unreadablePending
+	refs atomic.Int32
+}
+
+func (u *downAfterOnePage) PendingRefsAfter(ctx context.Context, sessionID string, after, through int64, limit int) ([]persistence.Message, error) {
+	if u.refs.Add(1) == 2 {
+		u.down.Store(true)
+	}
+	return u.unreadablePending.PendingRefsAfter(ctx, sessionID, after, through, limit)
+}
+
+// TestBacklogNoticedAtStartDoesNotRunAfterACrash: with sessions.recovery: notice, a session
+// whose start answers a backlog of more than a page with notices crashes (a new message's agent
+// panics) before the last page is set aside. Its next incarnation must not run what was left
+// of that backlog: each message is answered with the notice, once, and never run.
+func TestBacklogNoticedAtStartDoesNotRunAfterACrash(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		setup := func(d *Deps) {
+			d.Config.QueueCap = 2
+			d.Config.Recovery = RecoveryNotice
+		}
+		a := newRequeueAgent()
+		w := newManagerWorldAt(t, path, a, setup)
+		w.deliver(t, "m0", "hold")
+		ids := append([]string{"m0"}, w.flood(t, 1, backlogN, 64)...)
+		w.stop() // m0's turn is cut short: m0…mn are pending in the store
+		synctest.Wait()
+
+		b := newRequeueAgent()
+		reads := &downAfterOnePage{}
+		w2 := newManagerWorldAt(t, path, b, func(d *Deps) {
+			setup(d)
+			reads.Store, d.Store = d.Store, reads
+		})
+		synctest.Wait() // loaded; the first page set aside, the second unreadable
+		b.poisoned.Store(true)
+		if r := w2.deliver(t, "boom", "boom"); r.ErrorCode != "" {
+			t.Fatalf("boom: %+v", r)
+		}
+		synctest.Wait() // the session crashed on boom and started again
+		b.poisoned.Store(false)
+		reads.down.Store(false)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		var ran []string
+		for _, id := range b.order() {
+			if slices.Contains(ids, id) {
+				ran = append(ran, id)
+			}
+		}
+		if len(ran) > 0 {
+			t.Errorf("turns ran %d messages of the backlog answered with notices (%v…); want none", len(ran), ran[:min(3, len(ran))])
+		}
+		w2.checkSetAside(t, ids, "agentgate restarted before it could answer this message")
 	})
 }

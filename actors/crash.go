@@ -190,16 +190,7 @@ func (s *Session) setAsideLeftBehind(c actor.Context, snap *persistence.Snapshot
 	default:
 		return
 	}
-	logged := false // one line for them all: a flood's backlog left there is thousands
-	s.setAsideStored(c, &storedAside{sessionID: sessionID, through: math.MaxInt64,
-		one: func(c actor.Context, m *persistence.Message, then func(actor.Context)) {
-			if !logged {
-				logged = true
-				s.logger().Warn("messages were left pending in a session the key has left; each is set aside with a notice",
-					"session_id", m.SessionID, "first_message_id", m.MessageID)
-			}
-			s.leaveBehind(c, from, m, then)
-		}})
+	s.setAsideStored(c, &storedAside{sessionID: sessionID, through: math.MaxInt64, leftBehind: true, from: from})
 }
 
 // leaveBehind sets aside m, a message left pending in a session the key has left

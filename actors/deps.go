@@ -206,6 +206,10 @@ type Deps struct {
 	// their supervisor's decision and their next incarnation's start, which then stops
 	// (sessionSupervisor, Session.crashOut).
 	crashedOut sync.Map
+	// asides holds, by key, the work of setting stored messages aside (aside.go) that a
+	// session's activation has not finished: the key's next activation or incarnation takes it
+	// up if this one stops or crashes first (Session.resumeAside).
+	asides sync.Map
 }
 
 // props builds the shared props on first use.

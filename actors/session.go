@@ -463,6 +463,7 @@ func (s *Session) load(c actor.Context) {
 	for i := range snap.Unconfirmed {
 		s.sendOutboundAgain(c, OutboundFromEntry(&snap.Unconfirmed[i]))
 	}
+	s.resumeAside(c)
 	s.setAsideLeftBehind(c, snap)
 	if s.restarts() > 0 {
 		s.afterCrash(c)
@@ -723,7 +724,8 @@ func (s *Session) leaveIfIdle(c actor.Context) {
 	s.logger().Info("the session hands its key on to another member", "pending", s.waiting())
 	// Messages whose commit may have applied though its answer was lost (unsure) may be
 	// pending in the store too: the successor looks.
-	s.stale = s.hasQueued() || s.unusual != nil && len(s.unusual.unsure) > 0
+	// So may messages it had yet to set aside (aside.go).
+	s.stale = s.hasQueued() || s.settingAside() || s.unusual != nil && len(s.unusual.unsure) > 0
 	s.handOverAll(c)
 	s.stopWhenSettled(c)
 }
