@@ -62,6 +62,23 @@ func (s *Session) setAsideQueue(c actor.Context, from *persistence.Session, text
 	s.setAsideStored(c, &storedAside{sessionID: sp.sessionID, after: sp.after, through: sp.through, text: text, from: from})
 }
 
+// asideThrough bounds the work of setting aside stored messages of sessionID at seq: a session
+// /resume reopens (left behind, its messages were to be set aside up to its last one) takes
+// new messages from here on, which are its own and run. Before, the work went on to every
+// pending message of the session and set aside, with a notice that it was not run, a message
+// the resumed session ran (TestResumedSessionsNewMessagesAreNotLeftBehind).
+func (s *Session) asideThrough(sessionID string, seq int64) {
+	if !s.settingAside() {
+		return
+	}
+	for _, w := range s.unusual.aside {
+		if w.sessionID == sessionID {
+			w.through, w.upTo = min(w.through, seq), min(w.upTo, seq)
+		}
+	}
+	s.noteAside()
+}
+
 // setAsideOne sets aside m, one of the messages of w, and calls then once its write is answered
 // (whatever the answer).
 func (s *Session) setAsideOne(c actor.Context, w *storedAside, m *persistence.Message, then func(actor.Context)) {

@@ -151,6 +151,39 @@ func (w *managerWorld) checkSetAside(t *testing.T, ids []string, note string) {
 
 func slicesEqual(a, b []string) bool { return fmt.Sprint(a) == fmt.Sprint(b) }
 
+// storeLeftBehind stores, in a new database at path, a session s-old of the world's chat that
+// the key routes to and that has ended (/new) with n messages of size bytes pending, m1…mn,
+// and returns their ids.
+func storeLeftBehind(t *testing.T, path string, n, size int) []string {
+	t.Helper()
+	src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1"}
+	key := identity.Key(src, identity.KeyOptions{})
+	now := time.Now()
+	ops := []persistence.Op{&persistence.CreateSession{Session: persistence.Session{ID: "s-old", Key: key,
+		Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1", StartedAt: now, LastActivityAt: now}},
+		&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: "s-old", Generation: 1, UpdatedAt: now}}}
+	var ids []string
+	for i := 1; i <= n; i++ {
+		id := fmt.Sprint("m", i)
+		ids = append(ids, id)
+		ops = append(ops, &persistence.AppendMessage{Message: persistence.Message{SessionID: "s-old", Seq: int64(i),
+			Role: persistence.RoleUser, Content: id + " " + strings.Repeat("x", max(0, size-len(id)-1)), Platform: "fake", ChatID: "c1",
+			MessageID: id, UserID: "u1", Status: persistence.StatusPending, Active: true, CreatedAt: now}})
+	}
+	ops = append(ops, &persistence.EndSession{SessionID: "s-old", Reason: persistence.EndNewCommand, At: now})
+	store, err := sqlite.Open(t.Context(), path, sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := store.Commit(t.Context(), [][]persistence.Op{ops}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if err := store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
 // TestBacklogLeftInAnEndedSessionIsSetAsideInPages: messages left pending in the session a key
 // routes to, which has ended (a command ended it as their writes landed, and the write that set
 // them aside never did), are each answered with a notice when the key next starts, read a page
@@ -158,31 +191,7 @@ func slicesEqual(a, b []string) bool { return fmt.Sprint(a) == fmt.Sprint(b) }
 func TestBacklogLeftInAnEndedSessionIsSetAsideInPages(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "agentgate.db")
-		src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1"}
-		key := identity.Key(src, identity.KeyOptions{})
-		now := time.Now()
-		ops := []persistence.Op{&persistence.CreateSession{Session: persistence.Session{ID: "s-old", Key: key,
-			Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1", StartedAt: now, LastActivityAt: now}},
-			&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: "s-old", Generation: 1, UpdatedAt: now}}}
-		var ids []string
-		for i := 1; i <= backlogN; i++ {
-			id := fmt.Sprint("m", i)
-			ids = append(ids, id)
-			ops = append(ops, &persistence.AppendMessage{Message: persistence.Message{SessionID: "s-old", Seq: int64(i),
-				Role: persistence.RoleUser, Content: id + " " + strings.Repeat("x", backlogSize-len(id)-1), Platform: "fake", ChatID: "c1",
-				MessageID: id, UserID: "u1", Status: persistence.StatusPending, Active: true, CreatedAt: now}})
-		}
-		ops = append(ops, &persistence.EndSession{SessionID: "s-old", Reason: persistence.EndNewCommand, At: now})
-		store, err := sqlite.Open(t.Context(), path, sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if errs := store.Commit(t.Context(), [][]persistence.Op{ops}); errs[0] != nil {
-			t.Fatal(errs[0])
-		}
-		if err := store.Close(); err != nil {
-			t.Fatal(err)
-		}
+		ids := storeLeftBehind(t, path, backlogN, backlogSize)
 
 		a := newRequeueAgent()
 		reads := &readSizes{}
@@ -261,5 +270,52 @@ func TestBacklogNoticedAtStartDoesNotRunAfterACrash(t *testing.T) {
 			t.Errorf("turns ran %d messages of the backlog answered with notices (%v…); want none", len(ran), ran[:min(3, len(ran))])
 		}
 		w2.checkSetAside(t, ids, "agentgate restarted before it could answer this message")
+	})
+}
+
+// TestResumedSessionsNewMessagesAreNotLeftBehind: a key's start sets aside, a page at a time,
+// the messages left in the ended session it routes to; before it is done (its next page
+// unreadable a while), its user goes back to that session (/resume) and writes to it. The
+// message written after the /resume is the resumed session's: it runs, and is not set aside as
+// one left behind (it was, with a notice that it was not run, while its turn ran and answered).
+func TestResumedSessionsNewMessagesAreNotLeftBehind(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		ids := storeLeftBehind(t, path, backlogN, 64)
+		a := newRequeueAgent()
+		reads := &downAfterOnePage{}
+		w := newManagerWorldAt(t, path, a, func(d *Deps) {
+			d.Config.QueueCap = 2
+			reads.Store, d.Store = d.Store, reads
+		})
+		if r := w.deliver(t, "next", "hello"); r.Disposition != platforms.Started {
+			t.Fatalf("next: %+v, want started", r)
+		}
+		synctest.Wait() // next answered; the first page set aside, the second unreadable
+		for len(w.sent) > 0 {
+			<-w.sent // (the platform drops what its buffer has no room for)
+		}
+		if r := w.deliver(t, "resume", "/resume s-old"); r.Disposition != platforms.Command {
+			t.Fatalf("/resume: %+v", r)
+		}
+		if text := w.noticeFor(t, "resume"); !strings.Contains(text, "Resumed session s-old") {
+			t.Fatalf("/resume answered %q", text)
+		}
+		if r := w.deliver(t, "after", "hold"); r.Disposition != platforms.Started {
+			t.Fatalf("after: %+v, want started", r)
+		}
+		synctest.Wait() // its turn holds
+		reads.down.Store(false)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		close(a.hold)
+		synctest.Wait()
+		if got := a.order(); !slicesEqual(got, []string{"next", "after"}) {
+			t.Errorf("turns ran %v, want [next after]", got)
+		}
+		if st, _ := w.statusOf(t, "after"); st != persistence.StatusDone {
+			t.Errorf("after: %s, want done", st)
+		}
+		w.checkSetAside(t, ids, leftBehindNotice)
 	})
 }

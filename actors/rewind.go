@@ -166,6 +166,7 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 		s.mode = resumed.QueueMode
 	}
 	s.lastSeq, s.history = max(lastSeq, s.inflightSeq(resumed.ID)), nil
+	s.asideThrough(resumed.ID, s.lastSeq)
 	for _, m := range msgs {
 		if m.Role == persistence.RoleUser || m.Role == persistence.RoleAssistant {
 			s.history = append(s.history, histEntry{seq: m.Seq, raw: m.Content,
