@@ -133,6 +133,9 @@ func (s *Session) resumeAside(c actor.Context) {
 		// From the start: a message of its last page whose write was refused is still pending.
 		w := &storedAside{sessionID: old.sessionID, through: old.upTo, text: old.text, leftBehind: old.leftBehind, from: old.from}
 		if s.cur != nil && s.cur.ID == w.sessionID {
+			if w.leftBehind && w.through == math.MaxInt64 {
+				continue // reopened since, and not here (asideThrough): its messages are its own
+			}
 			s.passOver(w.through)
 		}
 		s.setAsideStored(c, w)

@@ -182,15 +182,16 @@ const leftBehindNotice = "⚠️ This message arrived as a command ended or stop
 func (s *Session) setAsideLeftBehind(c actor.Context, snap *persistence.Snapshot) {
 	var sessionID string
 	var from *persistence.Session // whose chat the notices go to
+	through := int64(math.MaxInt64) // (a predecessor's last seq is not known; /resume bounds it: asideThrough)
 	switch {
 	case snap.Session != nil && !snap.Session.EndedAt.IsZero():
-		sessionID, from = snap.Session.ID, snap.Session
+		sessionID, from, through = snap.Session.ID, snap.Session, snap.LastSeq
 	case s.cur != nil && s.cur.PrevSessionID != "":
 		sessionID, from = s.cur.PrevSessionID, s.cur
 	default:
 		return
 	}
-	s.setAsideStored(c, &storedAside{sessionID: sessionID, through: math.MaxInt64, leftBehind: true, from: from})
+	s.setAsideStored(c, &storedAside{sessionID: sessionID, through: through, leftBehind: true, from: from})
 }
 
 // leaveBehind sets aside m, a message left pending in a session the key has left
