@@ -181,7 +181,7 @@ const leftBehindNotice = "⚠️ This message arrived as a command ended or stop
 // that has one.
 func (s *Session) setAsideLeftBehind(c actor.Context, snap *persistence.Snapshot) {
 	var sessionID string
-	var from *persistence.Session // whose chat the notices go to
+	var from *persistence.Session   // whose chat the notices go to
 	through := int64(math.MaxInt64) // (a predecessor's last seq is not known; /resume bounds it: asideThrough)
 	switch {
 	case snap.Session != nil && !snap.Session.EndedAt.IsZero():
