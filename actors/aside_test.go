@@ -56,6 +56,18 @@ func (r *readSizes) TranscriptAfter(ctx context.Context, sessionID string, after
 	return msgs, err
 }
 
+// throughStore is a world's setup that gives sessions a queue of cap and the store outer, which
+// wraps the world's store (filed in *inner), after setup when not nil.
+func throughStore(cap int, inner *persistence.Store, outer persistence.Store, setup func(*Deps)) func(*Deps) {
+	return func(d *Deps) {
+		d.Config.QueueCap = cap
+		if setup != nil {
+			setup(d)
+		}
+		*inner, d.Store = d.Store, outer
+	}
+}
+
 // check fails t when a read returned more than a queue of cap holds in memory (cap + 1
 // messages of size bytes).
 func (r *readSizes) check(t *testing.T, cap, size int) {
@@ -110,10 +122,7 @@ func TestBacklogAnsweredWithNoticesIsReadInPages(t *testing.T) {
 
 				b := newRequeueAgent()
 				reads := &readSizes{}
-				w2 := newManagerWorldAt(t, path, b, func(d *Deps) {
-					setup(d)
-					reads.Store, d.Store = d.Store, reads
-				})
+				w2 := newManagerWorldAt(t, path, b, throughStore(2, &reads.Store, reads, setup))
 				synctest.Wait() // loaded, and every message set aside
 				reads.check(t, 2, backlogSize)
 				if got := b.order(); len(got) > 0 {
@@ -195,10 +204,7 @@ func TestBacklogLeftInAnEndedSessionIsSetAsideInPages(t *testing.T) {
 
 		a := newRequeueAgent()
 		reads := &readSizes{}
-		w := newManagerWorldAt(t, path, a, func(d *Deps) {
-			d.Config.QueueCap = 2
-			reads.Store, d.Store = d.Store, reads
-		})
+		w := newManagerWorldAt(t, path, a, throughStore(2, &reads.Store, reads, nil))
 		if r := w.deliver(t, "next", "hello"); r.Disposition != platforms.Started {
 			t.Fatalf("next: %+v, want started", r)
 		}
@@ -246,10 +252,7 @@ func TestBacklogNoticedAtStartDoesNotRunAfterACrash(t *testing.T) {
 
 		b := newRequeueAgent()
 		reads := &downAfterOnePage{}
-		w2 := newManagerWorldAt(t, path, b, func(d *Deps) {
-			setup(d)
-			reads.Store, d.Store = d.Store, reads
-		})
+		w2 := newManagerWorldAt(t, path, b, throughStore(2, &reads.Store, reads, setup))
 		synctest.Wait() // loaded; the first page set aside, the second unreadable
 		b.poisoned.Store(true)
 		if r := w2.deliver(t, "boom", "boom"); r.ErrorCode != "" {
@@ -284,10 +287,7 @@ func TestResumedSessionsNewMessagesAreNotLeftBehind(t *testing.T) {
 		ids := storeLeftBehind(t, path, backlogN, 64)
 		a := newRequeueAgent()
 		reads := &downAfterOnePage{}
-		w := newManagerWorldAt(t, path, a, func(d *Deps) {
-			d.Config.QueueCap = 2
-			reads.Store, d.Store = d.Store, reads
-		})
+		w := newManagerWorldAt(t, path, a, throughStore(2, &reads.Store, reads, nil))
 		if r := w.deliver(t, "next", "hello"); r.Disposition != platforms.Started {
 			t.Fatalf("next: %+v, want started", r)
 		}

@@ -123,10 +123,7 @@ func TestSpilledQueueLoadsPastItsCapAfterARestart(t *testing.T) {
 		b := newRequeueAgent()
 		b.holdAll.Store(true)
 		before, reads := heapBytes(), &readSizes{}
-		w2 := newManagerWorldAt(t, path, b, func(d *Deps) {
-			d.Config.QueueCap = 2
-			reads.Store, d.Store = d.Store, reads
-		})
+		w2 := newManagerWorldAt(t, path, b, throughStore(2, &reads.Store, reads, nil))
 		synctest.Wait() // loaded, m0 running again
 		reads.check(t, 2, size)
 		if grew := heapBytes() - before; grew > n*size/2 {
@@ -178,10 +175,7 @@ func TestCommandsDropSpilledMessages(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				a := newRequeueAgent()
 				reads := &readSizes{}
-				w := newManagerWorld(t, a, func(d *Deps) {
-					d.Config.QueueCap = 2
-					reads.Store, d.Store = d.Store, reads
-				})
+				w := newManagerWorld(t, a, throughStore(2, &reads.Store, reads, nil))
 				w.deliver(t, "m0", "hold")
 				const size = 4 << 10
 				w.flood(t, 1, 20, size)
@@ -363,10 +357,7 @@ func TestResumeDropsSpilledMessages(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a := newRequeueAgent()
 		reads := &readSizes{}
-		w := newManagerWorld(t, a, func(d *Deps) {
-			d.Config.QueueCap = 2
-			reads.Store, d.Store = d.Store, reads
-		})
+		w := newManagerWorld(t, a, throughStore(2, &reads.Store, reads, nil))
 		first := w.deliver(t, "first", "hello")
 		synctest.Wait()
 		w.deliver(t, "new", "/new")
