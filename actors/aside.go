@@ -173,8 +173,8 @@ func (s *Session) settingAside() bool { return s.unusual != nil && len(s.unusual
 
 // asideNext reads the next page of messages to set aside and sets each aside, once the last
 // page's writes are answered. A read that fails is tried again after spillRetryAfter. A session
-// that stops (fenced, passivating, starting again from the store) drops the work: its next
-// activation finds the messages pending.
+// that stops (fenced, passivating, starting again from the store) lets go of the work: it stays
+// filed in Deps.asides for the key's next activation (noteAside, resumeAside).
 func (s *Session) asideNext(c actor.Context) {
 	for s.settingAside() {
 		if s.fencedOut || s.passivating || s.dead {
