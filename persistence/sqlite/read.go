@@ -251,24 +251,20 @@ const (
 // PendingAfter returns a session's pending (active) user messages with after < seq <= through,
 // by seq, at most limit (no limit when limit <= 0).
 func (s *Store) PendingAfter(ctx context.Context, sessionID string, after, through int64, limit int) ([]persistence.Message, error) {
-	if err := s.enter(); err != nil {
-		return nil, readError("pending messages of %s after %d: %w", sessionID, after, err)
-	}
-	defer s.leave()
-	ms, err := queryMessages(ctx, s.reader, pendingAfterSQL, sessionID, after, through, limitArg(limit))
-	if err != nil {
-		return nil, readError("pending messages of %s after %d: %w", sessionID, after, err)
-	}
-	return ms, nil
+	return s.pendingAfter(ctx, pendingAfterSQL, sessionID, after, through, limit)
 }
 
 // PendingRefsAfter is PendingAfter without the messages' text.
 func (s *Store) PendingRefsAfter(ctx context.Context, sessionID string, after, through int64, limit int) ([]persistence.Message, error) {
+	return s.pendingAfter(ctx, pendingRefsAfterSQL, sessionID, after, through, limit)
+}
+
+func (s *Store) pendingAfter(ctx context.Context, query, sessionID string, after, through int64, limit int) ([]persistence.Message, error) {
 	if err := s.enter(); err != nil {
 		return nil, readError("pending messages of %s after %d: %w", sessionID, after, err)
 	}
 	defer s.leave()
-	ms, err := queryMessages(ctx, s.reader, pendingRefsAfterSQL, sessionID, after, through, limitArg(limit))
+	ms, err := queryMessages(ctx, s.reader, query, sessionID, after, through, limitArg(limit))
 	if err != nil {
 		return nil, readError("pending messages of %s after %d: %w", sessionID, after, err)
 	}
