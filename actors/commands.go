@@ -64,7 +64,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 		// They drop every queued message, those waiting in the store past the cap too (read
 		// without their text: stopWork drops them all; /resume reads them once it knows it
 		// switches).
-		if err := s.unspill(false); err != nil {
+		if err := s.unspill(); err != nil {
 			s.logger().Warn("a command that drops the queued messages cannot read those waiting in the store; its sender is told to send it again",
 				"command", cmd.name, "message_id", m.MessageId, logging.Err(err))
 			r := s.result(m, "", s.curID())
@@ -349,7 +349,7 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		})
 		return
 	}
-	if err := s.unspill(false); err != nil { // the reset drops every queued message
+	if err := s.unspill(); err != nil { // the reset drops every queued message
 		c.Respond(&ResetResult{Error: err.Error(), ErrorCode: ErrCodeUnavailable})
 		return
 	}

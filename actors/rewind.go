@@ -150,7 +150,7 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	}
 	// It drops every queued message, those waiting in the store past the cap too, read without
 	// their text: stopWork drops them all.
-	if err := s.unspill(false); err != nil {
+	if err := s.unspill(); err != nil {
 		s.logger().Warn("read the messages queued in the store for /resume, which drops them; the user is asked to try again", logging.Err(err))
 		return nil, "⚠️ Could not read the messages queued in this session right now; please try /resume again shortly.", nil
 	}

@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -215,16 +216,13 @@ func (s *Session) adoptUnsure(c actor.Context) bool {
 	if s.unusual == nil || len(s.unusual.unsure) == 0 {
 		return false
 	}
-	if err := s.unspill(true); err != nil { // an adopted message goes behind every queued one
-		return false // the next recovery tries again
-	}
 	adopted := false
 	for id, u := range s.unusual.unsure {
 		_, err := s.storedAsWritten(u)
 		switch {
 		case err == nil:
 			u.durable = true
-			s.queue = append(s.queue, u)
+			s.queueAdopted(u)
 			s.seen.add(id)
 			adopted = true
 			s.logAdopted(u)
@@ -237,6 +235,25 @@ func (s *Session) adoptUnsure(c actor.Context) bool {
 		s.tryStart(c)
 	}
 	return adopted
+}
+
+// queueAdopted queues u, an adopted message stored at its seq (adoptUnsure), behind the
+// messages queued in memory; when a spill waits in the store, in its place among the spilled
+// ones by seq, without reading them: before the stored range it is the last of the queue in
+// memory, within it the range's read back takes it, and past it it joins the spill's tail.
+func (s *Session) queueAdopted(u *item) {
+	sp := s.spilling()
+	switch {
+	case sp == nil || u.seq <= sp.after:
+		s.queue = append(s.queue, u)
+	case u.seq <= sp.through:
+		sp.stored++ // counted now: its refused write was not (leaveTail)
+	default:
+		u.inTail = true
+		at, _ := slices.BinarySearchFunc(sp.tail, u.seq, func(q *item, seq int64) int { return cmp.Compare(q.seq, seq) })
+		sp.tail = slices.Insert(sp.tail, at, u)
+		s.settle()
+	}
 }
 
 // setAsideDropped takes out of the queue a message a command dropped while its write was in

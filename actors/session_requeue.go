@@ -42,15 +42,12 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 		refuse(ErrCodeNotFound, "", "no message %s in session %s", m.MessageId, s.key)
 		return
 	}
-	if err := s.unspill(true); err != nil { // the requeued message goes behind every queued one
-		s.logger().Warn("read a message to requeue it", "message_id", m.MessageId, logging.Err(err))
-		refuse("unavailable", "", "the store cannot be read right now; retry later")
-		return
-	}
 	// A message this activation holds is pending, whatever the store says yet: its requeue (or
-	// its first write) may still be in flight.
-	if slices.ContainsFunc(s.queue, func(it *item) bool { return it.messageID == m.MessageId }) ||
-		s.running != nil && slices.ContainsFunc(s.running.items, func(it *item) bool { return it.messageID == m.MessageId }) {
+	// its first write) may still be in flight. (One in the spill's stored range reads as
+	// pending in the store.)
+	held := func(it *item) bool { return it.messageID == m.MessageId }
+	if slices.ContainsFunc(s.queue, held) || s.spilling() != nil && slices.ContainsFunc(s.spilling().tail, held) ||
+		s.running != nil && slices.ContainsFunc(s.running.items, held) {
 		refuse(ErrCodeNotQuarantined, persistence.StatusPending, "message %s is pending (queued or running), not quarantined", m.MessageId)
 		return
 	}
@@ -91,7 +88,7 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 	// queues behind it, as its seq does in the store.
 	it := &item{seq: s.lastSeq, sessionID: row.SessionID, src: src, messageID: row.MessageID, text: row.Content, at: row.CreatedAt,
 		outAfter: s.lastOut} // the run's answer comes after; the quarantine notice came before
-	s.queue = append(s.queue, it)
+	s.enqueue(it, false) // behind every queued message, in the spill's tail if there is one
 	s.seen.add(row.MessageID)
 	requester := c.Sender()
 	orphaned := func(c actor.Context, why string) {
@@ -118,6 +115,7 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 		}
 		if err != nil {
 			s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
+			s.leaveTail(it)
 			if errors.Is(err, persistence.ErrFenced) {
 				s.handOver(c, m, requester) // the key's owner now requeues it
 				return
@@ -146,6 +144,9 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 			return
 		}
 		s.d.Metrics.MessagesRequeued.Inc()
+		if it.inTail {
+			s.settle() // it waits in the store now, behind the spilled messages
+		}
 		s.logger().Info("quarantined message requeued by an operator; it runs again", "message_id", m.MessageId, "seq", it.seq,
 			"ahead", s.waiting()-1)
 		// Start its turn (and say the session is busy) before the answer, as a message's.

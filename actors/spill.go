@@ -23,11 +23,12 @@ import (
 // there joins them, so that order holds: it waits in the spill's tail while its write is in
 // flight (its requester waits for that write's answer, and a refused write leaves no row), and
 // joins the stored range once its write and those of every message ahead of it in the tail
-// have landed (settle). The few operations that act on the whole queue (a boundary, /stop, a
-// requeue, adopting a write whose answer was lost) first read it back whole (unspill). A session
-// that starts reads only what a queue past its cap holds (LoadSession's pendingLimit); the rest
-// of its backlog is its spill from the start, and is set aside a page at a time when the start
-// does not run it (aside.go).
+// have landed (settle). A requeued message joins them the same way; one whose write's answer
+// was lost and that is adopted takes its place among them by seq (queueAdopted). The few
+// operations that drop the whole queue (a boundary, /stop, /resume) first read it back whole,
+// without the text (unspill). A session that starts reads only what a queue past its cap holds
+// (LoadSession's pendingLimit); the rest of its backlog is its spill from the start, and is set
+// aside a page at a time when the start does not run it (aside.go).
 
 // spill is the part of a session's queue past its cap that waits in the store (see above).
 type spill struct {
@@ -143,12 +144,11 @@ func (s *Session) refill(c actor.Context) {
 }
 
 // unspill reads every spilled message back into the queue, and puts the tail behind them: the
-// whole queue is in memory again, for an operation that acts on all of it. On error nothing
-// changed. Without text (a command that drops every queued message: /stop, a boundary), the
-// messages are read without it, as the refs of messages that never run: the caller drops them
-// (stopWork) before it returns, and a flood of long messages is not read into memory to be
-// dropped.
-func (s *Session) unspill(text bool) error {
+// whole queue is in memory again, for an operation that drops all of it (a boundary, /stop,
+// /resume). On error nothing changed. The messages are read without their text, as the refs of
+// messages that never run: the caller drops them (stopWork) before it returns, and a flood of
+// long messages is not read into memory to be dropped.
+func (s *Session) unspill() error {
 	sp := s.spilling()
 	if sp == nil {
 		return nil
@@ -156,7 +156,7 @@ func (s *Session) unspill(text bool) error {
 	if s.d.Spooling.Load() {
 		return fmt.Errorf("%w: writes wait in the spool, and the database does not show them yet", persistence.ErrUnavailable)
 	}
-	if err := s.readBack(sp, 0, text); err != nil {
+	if err := s.readBack(sp, 0, false); err != nil {
 		return fmt.Errorf("read the session's waiting messages back from the store: %w", err)
 	}
 	for _, it := range sp.tail {
@@ -168,9 +168,9 @@ func (s *Session) unspill(text bool) error {
 }
 
 // readBack appends to the queue the first limit spilled messages (all of them when limit <= 0),
-// without their text unless text (unspill). A read that returns fewer than it asked for has read
-// the whole range. A message whose write's answer was lost (rememberUnsure) but that is stored
-// is adopted: it runs in its place.
+// with their text when they are to run (refill), else without (unspill). A read that returns
+// fewer than it asked for has read the whole range. A message whose write's answer was lost
+// (rememberUnsure) but that is stored is adopted: it runs in its place.
 func (s *Session) readBack(sp *spill, limit int, text bool) error {
 	if s.cur == nil || s.cur.ID != sp.sessionID {
 		// Every boundary reads the spill back first (unspill): no message of an ended

@@ -387,3 +387,99 @@ func TestResumeDropsSpilledMessages(t *testing.T) {
 		}
 	})
 }
+
+// TestRequeueJoinsTheSpilledMessages: an operator's requeue while messages wait in the store
+// past the cap queues the message behind them, in order, and a message sent after it runs after
+// it; the messages waiting are not read for it. Before, the requeue read them all back into
+// memory, with their text, to queue one message behind them.
+func TestRequeueJoinsTheSpilledMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newRequeueAgent()
+		reads := &readSizes{}
+		w := newManagerWorld(t, a, throughStore(2, &reads.Store, reads, nil))
+		w.quarantine(t, a, "q")
+		a.poisoned.Store(false)
+		w.deliver(t, "m0", "hold")
+		const size = 4 << 10
+		ids := w.flood(t, 1, 20, size)
+		if r := w.requeue(t, "q"); r.ErrorCode != "" || r.Disposition != platforms.Queued || r.QueueDepth != 21 {
+			t.Fatalf("requeue q = %+v, want queued behind m1…m20 (queue depth 21)", r)
+		}
+		if r := w.deliver(t, "after", "after"); r.Disposition != platforms.Queued || r.QueueDepth != 22 {
+			t.Fatalf("after: %+v, want queued behind the requeued q (queue depth 22)", r)
+		}
+		if again := w.requeue(t, "q"); again.ErrorCode != ErrCodeNotQuarantined || again.Status != persistence.StatusPending {
+			t.Errorf("second requeue while it waits in the store = %+v, want not_quarantined (pending)", again)
+		}
+		reads.check(t, 2, size)
+		for len(w.sent) > 0 {
+			<-w.sent // the quarantine notice
+		}
+		close(a.hold)
+		w.awaitTurnEnds(23)
+		synctest.Wait()
+		want := append(append([]string{"m0"}, ids...), "q", "after")
+		if got := a.order(); !slices.Equal(got, want) {
+			t.Errorf("turns ran %v, want %v", got, want)
+		}
+		if st, _ := w.statusOf(t, "q"); st != persistence.StatusDone {
+			t.Errorf("q after its turn: %s, want done", st)
+		}
+	})
+}
+
+// TestLostCommitAnswerJoinsTheSpilledMessages: a message whose write committed although its
+// answer was lost, sent while messages wait in the store past the cap, runs at the key's
+// recovery (in a cluster, every member_ttl) in its place, behind them, once, whether the
+// recovery comes before the chat's next message or after it; they are not read for it. Before,
+// the recovery read them all back into memory, with their text, to queue one message behind
+// them.
+func TestLostCommitAnswerJoinsTheSpilledMessages(t *testing.T) {
+	for _, recoverFirst := range []bool{true, false} {
+		t.Run(fmt.Sprint("recovery first=", recoverFirst), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				a := newRequeueAgent()
+				out := &storetest.Outage{}
+				blind := &blindReads{}
+				reads := &readSizes{}
+				setup := func(d *Deps) { d.Fencing = true; blind.wrap(d) }
+				w := newManagerWorldWrites(t, a, throughStore(2, &reads.Store, reads, setup), func(s persistence.Store) persistence.Store {
+					out.Store = s
+					return out
+				})
+				w.deliver(t, "m0", "hold")
+				const size = 4 << 10
+				ids := w.flood(t, 1, 20, size)
+				out.Lost.Store(1)
+				blind.on.Store(true) // the session cannot read whether the write applied
+				if r := w.deliver(t, "lost", "lost"); r.ErrorCode != "unavailable" {
+					t.Fatalf("lost, whose commit answer is lost: %+v, want unavailable", r)
+				}
+				blind.on.Store(false)
+				recovery := func() { w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &Recover{}}) }
+				if recoverFirst {
+					recovery()
+				}
+				r := w.deliver(t, "after", "after")
+				if recoverFirst && (r.Disposition != platforms.Queued || r.QueueDepth != 22) {
+					t.Fatalf("after: %+v, want queued behind the adopted message (queue depth 22)", r)
+				}
+				if !recoverFirst {
+					recovery()
+				}
+				synctest.Wait()
+				reads.check(t, 2, size)
+				close(a.hold)
+				w.awaitTurnEnds(23)
+				synctest.Wait()
+				want := append(append([]string{"m0"}, ids...), "lost", "after")
+				if got := a.order(); !slices.Equal(got, want) {
+					t.Errorf("turns ran %v, want %v", got, want)
+				}
+				if st, _ := w.statusOf(t, "lost"); st != persistence.StatusDone {
+					t.Errorf("lost after its turn: %s, want done", st)
+				}
+			})
+		})
+	}
+}
