@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -370,13 +371,38 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 	sid := s.cur.ID
 	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
 		r := &ResetResult{SessionId: sid, PreviousSessionId: prev}
+		if errors.Is(err, persistence.ErrUnavailable) && s.routedTo(sid) {
+			// Refused as unavailable, but applied: the commit's answer was lost (see
+			// outageOutcome). The reset is done.
+			s.logger().Warn("an operator's reset whose write was refused as unavailable is stored (the commit's answer was lost)",
+				"session_id", sid)
+			err = nil
+		}
 		if err != nil {
-			r.Error = err.Error()
+			// The session was reset in memory ahead of the write: it starts again from what
+			// is stored, where the reset did not happen (its running turn's message and those
+			// queued are pending there, and run again). Before, it went on as the new session
+			// the store did not hold, and its dropped messages were neither run nor answered.
+			s.logRefusedWrite("store an operator's reset; the operator is told to retry", err, "session_id", sid)
+			r.SessionId, r.PreviousSessionId = "", ""
+			r.ErrorCode, r.Error = ErrCodeUnavailable, "the reset could not be stored; the session goes on as it was; retry later"
+			if !s.fencedOut {
+				s.restartFromStore(c, "the write of an operator's reset was refused", err)
+			}
 		} else if notice != nil {
 			s.sendOutbound(c, OutboundFromEntry(notice))
 		}
 		c.Send(requester, r)
 	})
+}
+
+// routedTo reports whether the store routes the key to session id. A store that cannot be read
+// counts as not.
+func (s *Session) routedTo(id string) bool {
+	ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
+	defer cancel()
+	route, err := s.d.Store.Route(ctx, s.key)
+	return err == nil && route.SessionID == id
 }
 
 // resetRetrySkew is how much earlier than the first attempt of a retried reset, by this

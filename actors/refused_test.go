@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -393,5 +394,54 @@ func TestRefusedMessagesAreNotLoggedEachTime(t *testing.T) {
 			t.Errorf("10 refused messages within a minute logged %d lines, want 1:\n%s", n, logs.String())
 		}
 		out.Down.Store(false)
+	})
+}
+
+// TestRefusedOperatorResetLeavesTheSessionAsStored: an operator's reset whose write the store
+// refuses (the database and the spool both failing; a cluster member spools nothing) is
+// answered unavailable, and the session goes on as the store holds it: its running turn's
+// message and the one queued run, once, in the session they were sent to. Before, the session
+// went on in memory as the new session the store did not hold, its dropped messages neither run
+// nor answered, and the operator got an internal error.
+func TestRefusedOperatorResetLeavesTheSessionAsStored(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		a := newRequeueAgent()
+		w := newManagerWorldWrites(t, a, nil, func(s persistence.Store) persistence.Store {
+			out.Store = s
+			return out
+		})
+		first := w.deliver(t, "m0", "hold")
+		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Queued {
+			t.Fatalf("m1: %+v, want queued", r)
+		}
+		out.Down.Store(true)
+		res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &ResetSession{}}, time.Minute).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := res.(*ResetResult); r.ErrorCode != ErrCodeUnavailable || r.Error == "" || r.SessionId != "" {
+			t.Errorf("the refused reset answered %+v, want unavailable, with a message and no new session", r)
+		}
+		out.Down.Store(false)
+		close(a.hold)
+		if text := w.noticeFor(t, "m1"); text != "answered m1" {
+			t.Errorf("m1 answered %q, want its turn's reply", text)
+		}
+		synctest.Wait()
+		for _, id := range []string{"m0", "m1"} {
+			if st, _ := w.statusOf(t, id); st != persistence.StatusDone {
+				t.Errorf("%s: %s, want done", id, st)
+			}
+		}
+		if r := w.deliver(t, "after", "after"); r.SessionId != first.SessionId || r.ErrorCode != "" {
+			t.Errorf("the message after the refused reset: %+v, want it taken in session %s", r, first.SessionId)
+		}
+		if route, err := w.store.Route(w.ctx, w.key); err != nil || route.SessionID != first.SessionId {
+			t.Errorf("the key routes to %+v (%v), want session %s", route, err, first.SessionId)
+		}
+		if got := a.order(); len(slices.DeleteFunc(slices.Clone(got), func(id string) bool { return id != "m1" })) != 1 {
+			t.Errorf("turns ran %v, want m1 once", got)
+		}
 	})
 }

@@ -87,7 +87,7 @@ func (p *Platform) writeSessionsError(w http.ResponseWriter, r *http.Request, op
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "request cancelled or timed out")
 	case errors.Is(err, persistence.ErrUnavailable):
 		p.log.Warn("session query failed: the store is unavailable", "op", op, "session", r.PathValue("key"), logging.Err(err))
-		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the store cannot be read right now, retry later")
+		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the store is unavailable right now; retry later")
 	case p.draining.Load():
 		// The daemon is stopping: its session actors stop under the query (a dead letter, a
 		// reset whose session stopped before it answered). That is no internal error but a
