@@ -328,7 +328,8 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 	}
 	requester := c.Sender()
 	orphaned := func(c actor.Context, _ string) {
-		c.Send(requester, &ResetResult{Error: "the session stopped before the reset was confirmed; it may have taken effect: look at the session before resetting it again"})
+		c.Send(requester, &ResetResult{ErrorCode: ErrCodeStopped,
+			Error: "the session stopped before the reset was confirmed; it may have taken effect: look at the session before resetting it again"})
 	}
 	if m.Retry && s.cur.PrevSessionID != "" && (s.lastSeq == 0 && s.running == nil && !s.hasQueued() || s.begunSince(m.FirstSentAtUnixNano)) {
 		// The cluster router sends the reset again after an attempt that got no answer, and
@@ -385,7 +386,8 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 			// the store did not hold, and its dropped messages were neither run nor answered.
 			s.logRefusedWrite("store an operator's reset; the operator is told to retry", err, "session_id", sid)
 			r.SessionId, r.PreviousSessionId = "", ""
-			r.ErrorCode, r.Error = ErrCodeUnavailable, "the reset could not be stored; the session goes on as it was; retry later"
+			r.ErrorCode, r.Error = ErrCodeUnavailable, "the reset could not be stored (the database is unavailable): "+
+				"the session goes on as the store holds it, most likely not reset; look at it before you retry"
 			if !s.fencedOut {
 				s.restartFromStore(c, "the write of an operator's reset was refused", err)
 			}

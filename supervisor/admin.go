@@ -134,9 +134,12 @@ func (a *sessionsAPI) Reset(ctx context.Context, key string) (*httpplatform.Sess
 	if err != nil {
 		return nil, fmt.Errorf("reset session: %w", err)
 	}
-	if r := res.(*actors.ResetResult); r.ErrorCode == actors.ErrCodeUnavailable {
-		return nil, fmt.Errorf("reset session: %w: %s", persistence.ErrUnavailable, r.Error)
-	} else if r.Error != "" {
+	switch r := res.(*actors.ResetResult); {
+	case r.ErrorCode == actors.ErrCodeUnavailable, r.ErrorCode == actors.ErrCodeStopped:
+		// The store refused it, or the session stopped before its write was answered (the
+		// answer says whether it may have taken effect).
+		return nil, &httpplatform.RefusedError{Code: httpplatform.CodeUnavailable, Message: r.Error}
+	case r.Error != "":
 		return nil, fmt.Errorf("reset session: %s", r.Error)
 	}
 	return a.Get(ctx, key)
@@ -151,7 +154,7 @@ func (a *sessionsAPI) Requeue(ctx context.Context, key, messageID string) (*http
 	}
 	// An unknown key is not activated for nothing.
 	if _, err := a.d.store.Route(ctx, key); errors.Is(err, persistence.ErrNotFound) {
-		return nil, &httpplatform.RequeueError{Code: httpplatform.CodeNotFound, Message: "no such session"}
+		return nil, &httpplatform.RefusedError{Code: httpplatform.CodeNotFound, Message: "no such session"}
 	} else if err != nil {
 		return nil, fmt.Errorf("requeue: %w", err)
 	}
@@ -168,10 +171,10 @@ func (a *sessionsAPI) Requeue(ctx context.Context, key, messageID string) (*http
 		return &httpplatform.MessageResponse{MessageID: messageID, SessionKey: key, SessionID: r.SessionId,
 			Disposition: r.Disposition, QueueDepth: int(r.QueueDepth), OutboxAfter: r.OutboxAfter}, nil
 	case actors.ErrCodeNotFound, actors.ErrCodeNotQuarantined, actors.ErrCodeSessionEnded, httpplatform.CodeUnavailable:
-		return nil, &httpplatform.RequeueError{Code: r.ErrorCode, Status: r.Status, Message: r.Error}
+		return nil, &httpplatform.RefusedError{Code: r.ErrorCode, Status: r.Status, Message: r.Error}
 	case actors.ErrCodeStopped:
 		// Its write may have committed: the message may be queued already.
-		return nil, &httpplatform.RequeueError{Code: httpplatform.CodeUnavailable, Message: r.Error}
+		return nil, &httpplatform.RefusedError{Code: httpplatform.CodeUnavailable, Message: r.Error}
 	}
 	return nil, fmt.Errorf("requeue: %s: %s", r.ErrorCode, r.Error)
 }

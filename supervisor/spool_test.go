@@ -396,3 +396,54 @@ func TestReadyzFailsWhileWritesAreRefused(t *testing.T) {
 	o.Down.Store(false)
 	waitUntil(t, func() bool { code, _ := readyz(); return code == http.StatusOK })
 }
+
+// TestRefusedResetIs503AndChangesNothing: an operator's reset while the database and the spool
+// both refuse writes (a full disk) is answered 503 unavailable, saying it could not be stored,
+// and the session goes on as it was: once the disk has room, the chat's next message is taken
+// in the same session and answered. Before, the answer was a 500 internal error, and the
+// session went on in memory as a new session the store did not hold: every later message of
+// the chat was refused (its row's session did not exist) until the daemon restarted.
+func TestRefusedResetIs503AndChangesNothing(t *testing.T) {
+	dir := t.TempDir()
+	o := &storetest.Outage{}
+	r := startWithOutage(t, dir, o, echo.New())
+	defer r.stop(t)
+	src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c", UserID: "u"}
+	a1 := r.inject(t, src, "m1", "one")
+	r.waitSent(t, 1)
+
+	// The disk is full: the database refuses writes, and the spool cannot be written.
+	spoolDir := r.d.spool.Dir()
+	if err := os.Rename(spoolDir, spoolDir+".away"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(spoolDir, []byte("not a directory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o.Down.Store(true)
+	resp, err := http.Post("http://"+r.d.Addr().String()+"/v1/sessions/"+url.PathEscape(a1.SessionKey)+"/reset", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"code":"unavailable"`) ||
+		!strings.Contains(string(body), "the reset could not be stored") {
+		t.Errorf("reset while writes are refused: %d %s, want 503 unavailable saying the reset could not be stored", resp.StatusCode, body)
+	}
+
+	if err := os.Remove(spoolDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(spoolDir+".away", spoolDir); err != nil {
+		t.Fatal(err)
+	}
+	o.Down.Store(false)
+	r.injectWhenLoaded(t, src, "m2", "two")
+	r.waitReplyTo(t, "m2")
+	route, err := r.d.store.Route(t.Context(), a1.SessionKey)
+	if err != nil || route.SessionID != a1.SessionID {
+		t.Errorf("the key routes to %+v (%v), want the session the reset left as it was, %s", route, err, a1.SessionID)
+	}
+	checkAnsweredInOrder(t, r, dir, a1.SessionKey, "m1", "m2")
+}

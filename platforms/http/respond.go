@@ -78,6 +78,17 @@ func (e *apiError) write(w http.ResponseWriter) {
 
 // writeSessionsError answers an error from Sessions.
 func (p *Platform) writeSessionsError(w http.ResponseWriter, r *http.Request, op string, err error) {
+	if re, ok := errors.AsType[*RefusedError](err); ok {
+		status := http.StatusConflict
+		switch re.Code {
+		case CodeNotFound:
+			status = http.StatusNotFound
+		case CodeUnavailable:
+			status = http.StatusServiceUnavailable
+		}
+		writeError(w, status, re.Code, re.Message)
+		return
+	}
 	switch {
 	case errors.Is(err, persistence.ErrNotFound):
 		writeError(w, http.StatusNotFound, CodeNotFound, "no such session")

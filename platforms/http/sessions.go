@@ -2,7 +2,6 @@ package http
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -199,17 +198,6 @@ func (p *Platform) handleRequeue(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.Requeue(r.Context(), key, id)
 	if err != nil {
-		if re, ok := errors.AsType[*RequeueError](err); ok {
-			status := http.StatusConflict
-			switch re.Code {
-			case CodeNotFound:
-				status = http.StatusNotFound
-			case CodeUnavailable:
-				status = http.StatusServiceUnavailable
-			}
-			writeError(w, status, re.Code, re.Message)
-			return
-		}
 		p.writeSessionsError(w, r, "requeue", err)
 		return
 	}

@@ -219,10 +219,10 @@ func TestRequeueRoute(t *testing.T) {
 		status int
 		code   string
 	}{
-		{&RequeueError{Code: CodeNotFound, Message: "no message"}, 404, CodeNotFound},
-		{&RequeueError{Code: CodeNotQuarantined, Status: "done", Message: "message m is done, not quarantined"}, 409, CodeNotQuarantined},
-		{&RequeueError{Code: CodeSessionEnded, Message: "ended"}, 409, CodeSessionEnded},
-		{&RequeueError{Code: CodeUnavailable, Message: "later"}, 503, CodeUnavailable},
+		{&RefusedError{Code: CodeNotFound, Message: "no message"}, 404, CodeNotFound},
+		{&RefusedError{Code: CodeNotQuarantined, Status: "done", Message: "message m is done, not quarantined"}, 409, CodeNotQuarantined},
+		{&RefusedError{Code: CodeSessionEnded, Message: "ended"}, 409, CodeSessionEnded},
+		{&RefusedError{Code: CodeUnavailable, Message: "later"}, 503, CodeUnavailable},
 		{fmt.Errorf("requeue: %w", persistence.ErrUnavailable), 503, CodeUnavailable},
 		{fmt.Errorf("requeue: %w", persistence.ErrNotFound), 404, CodeNotFound},
 	}

@@ -15,11 +15,12 @@ type Sessions interface {
 	List(ctx context.Context, f ListRequest) (*SessionList, error)
 	// Get returns a session key's current session with its live actor state.
 	Get(ctx context.Context, key string) (*SessionInfo, error)
-	// Reset ends the key's current session (reason reset_command) and returns the new one.
+	// Reset ends the key's current session (reason reset_command) and returns the new one. A
+	// refusal with a message for the client is a *RefusedError.
 	Reset(ctx context.Context, key string) (*SessionInfo, error)
 	// Requeue has the key's session run its quarantined message messageID again, at the end of
 	// its queue, as its original sender's turn. It returns once that is durable; a refusal is a
-	// *RequeueError.
+	// *RefusedError.
 	Requeue(ctx context.Context, key, messageID string) (*MessageResponse, error)
 	// Transcript returns one page of the messages of one incarnation of key (see
 	// TranscriptRequest). The answer names the incarnation, so that the next page can ask for
@@ -220,15 +221,16 @@ type Event struct {
 	InReplyTo []string `json:"in_reply_to"`
 }
 
-// RequeueError is a requeue the session refused: Code is CodeNotFound, CodeNotQuarantined (Status
-// says what the message is), CodeSessionEnded or CodeUnavailable.
-type RequeueError struct {
+// RefusedError is a request the session refused, with its own message for the client: Code is
+// CodeNotFound (404), CodeUnavailable (503), or for a requeue CodeNotQuarantined (Status says
+// what the message is) or CodeSessionEnded (409).
+type RefusedError struct {
 	Code    string
 	Status  string
 	Message string
 }
 
-func (e *RequeueError) Error() string { return "requeue refused: " + e.Code + ": " + e.Message }
+func (e *RefusedError) Error() string { return "refused: " + e.Code + ": " + e.Message }
 
 // ErrorResponse is the body of every error answer: {"error":{"code","message"}}.
 type ErrorResponse struct {
