@@ -244,6 +244,7 @@ func (s *Session) boundary(c actor.Context, src identity.Source, reason string, 
 func (s *Session) stopWork(c actor.Context) (ops []persistence.Op, cancelled int, dropped []*item) {
 	if r := s.unusual; r != nil {
 		dropped, r.interrupted = r.interrupted, nil // cut short by an interrupt, not answered yet
+		ops = markCut(dropped)
 	}
 	cancelled = len(dropped)
 	if r := s.running; r != nil {

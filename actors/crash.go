@@ -130,19 +130,18 @@ func (s *Session) setAside(c actor.Context, it *item, status, text string) {
 // setAsideThen is setAside that calls then, when not nil, once the write is answered.
 func (s *Session) setAsideThen(c actor.Context, it *item, status, text string, then func(actor.Context)) {
 	now := s.d.now()
-	ops := []persistence.Op{
-		&persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: status},
-	}
-	if s.cur != nil && s.cur.ID == it.sessionID {
-		s.lastSeq++
-		ops = append(ops, &persistence.AppendMessage{Message: persistence.Message{SessionID: it.sessionID, Seq: s.lastSeq,
-			Role: persistence.RoleNotice, Content: text, Status: persistence.StatusDone, Active: true, CreatedAt: now}})
-	}
 	// The notice takes the place of the message's turn: it is the answer that answers the
 	// messages an interrupt cut short, as the turn's would have (finish).
 	var interrupted []*item
 	if u := s.unusual; u != nil {
 		interrupted, u.interrupted = u.interrupted, nil
+	}
+	ops := append(markCut(interrupted),
+		&persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: status})
+	if s.cur != nil && s.cur.ID == it.sessionID {
+		s.lastSeq++
+		ops = append(ops, &persistence.AppendMessage{Message: persistence.Message{SessionID: it.sessionID, Seq: s.lastSeq,
+			Role: persistence.RoleNotice, Content: text, Status: persistence.StatusDone, Active: true, CreatedAt: now}})
 	}
 	ids := append(messageIDs(interrupted), it.messageID)
 	entry := s.outboxEntry(it.src, it.sessionID, platforms.KindNotice, text, "", ids, now)

@@ -445,3 +445,96 @@ func TestRefusedOperatorResetLeavesTheSessionAsStored(t *testing.T) {
 		}
 	})
 }
+
+// refuseFailures is a store that, while on, refuses every write that only marks messages failed
+// (an interrupt's), as a database and spool that fail just then refuse it; other writes pass.
+type refuseFailures struct {
+	persistence.Store
+	on atomic.Bool
+}
+
+func (r *refuseFailures) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	if !r.on.Load() {
+		return r.Store.Commit(ctx, groups)
+	}
+	errs := make([]error, len(groups))
+	var pass [][]persistence.Op
+	var at []int
+	for i, g := range groups {
+		if !slices.ContainsFunc(g, func(op persistence.Op) bool {
+			st, ok := op.(*persistence.SetMessageStatus)
+			return !ok || st.Status != persistence.StatusFailed
+		}) {
+			errs[i] = fmt.Errorf("%w: disk full (test)", persistence.ErrUnavailable)
+			continue
+		}
+		pass, at = append(pass, g), append(at, i)
+	}
+	if len(pass) > 0 {
+		for j, err := range r.Store.Commit(ctx, pass) {
+			errs[at[j]] = err
+		}
+	}
+	return errs
+}
+
+// TestRefusedInterruptIsNotAnsweredTwice: in interrupt mode, a message whose turn a new one cut
+// short is marked failed in the store and answered by the new turn's answer. When the store
+// refuses the interrupt's mark, the write of that answer marks it: each message is answered
+// once, and a restart runs neither again. Before, the cut message stayed pending in the store
+// though answered, and the key's next activation ran it and answered it a second time.
+func TestRefusedInterruptIsNotAnsweredTwice(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		second string // m2's text
+		stop   bool   // a /stop ends m2's turn, and answers m1 and m2
+	}{
+		{name: "the next turn's answer", second: "two"},
+		{name: "a stop", second: "hold", stop: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				path := filepath.Join(t.TempDir(), "agentgate.db")
+				a := newRequeueAgent()
+				refuse := &refuseFailures{}
+				interrupt := func(d *Deps) { d.Config.QueueMode = ModeInterrupt }
+				w := newManagerWorldWith(t, path, a, interrupt, func(s persistence.Store) persistence.Store {
+					refuse.Store = s
+					return refuse
+				})
+				if r := w.deliver(t, "m1", "hold"); r.Disposition != platforms.Started {
+					t.Fatalf("m1: %+v, want started", r)
+				}
+				refuse.on.Store(true)
+				if r := w.deliver(t, "m2", tc.second); r.Disposition != platforms.Interrupted {
+					t.Fatalf("m2: %+v, want interrupted", r)
+				}
+				synctest.Wait()
+				refuse.on.Store(false)
+				if tc.stop {
+					w.deliver(t, "stop", "/stop")
+					synctest.Wait()
+				}
+				w.stop()
+
+				b := newRequeueAgent()
+				close(b.hold)
+				w2 := newManagerWorldAt(t, path, b, interrupt)
+				w2.deliver(t, "m3", "three")
+				synctest.Wait()
+				if ran := b.order(); !slices.Equal(ran, []string{"m3"}) {
+					t.Errorf("after a restart turns ran %v, want m3 alone: m1 and m2 were answered before it", ran)
+				}
+				for _, id := range []string{"m1", "m2"} {
+					replies, err := w2.store.RepliesTo(w2.ctx, w2.key, id, 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if len(replies) != 1 {
+						t.Errorf("%s is answered by %d outbox entries, want 1: %+v", id, len(replies), replies)
+					}
+				}
+			})
+		})
+	}
+}

@@ -230,9 +230,22 @@ func (s *Session) interrupt(c actor.Context) {
 	s.write(c, []persistence.Op{&persistence.SetMessageStatus{SessionID: r.items[0].sessionID, Seqs: seqs,
 		Status: persistence.StatusFailed, TurnID: r.id}}, func(c actor.Context, err error) {
 		if err != nil {
-			s.logRefusedWrite("store interrupted turn; its messages stay pending in the store", err, "turn", r.id)
+			s.logRefusedWrite("store interrupted turn; its messages are marked failed with the answer that answers them", err, "turn", r.id)
 		}
 	})
+}
+
+// markCut returns the writes that mark failed the messages an interrupt cut short (cut), for
+// the write that records the answer that answers them. The interrupt marked them when it cut
+// them; when the store refused that mark, they stayed pending there though answered, and the
+// key's next activation ran them and answered them a second time. A mark that landed keeps
+// the cut turn's id (no TurnID here).
+func markCut(cut []*item) []persistence.Op {
+	ops := make([]persistence.Op, 0, len(cut)+4)
+	for _, it := range cut {
+		ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: persistence.StatusFailed})
+	}
+	return ops
 }
 
 // restoreInterrupted rebuilds at load the messages of turns an interrupt cut short that no
@@ -457,9 +470,8 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string,
 	}
 	ids := append(messageIDs(interrupted), messageIDs(r.items)...)
 	sid := r.items[0].sessionID
-	ops := []persistence.Op{
-		&persistence.SetMessageStatus{SessionID: sid, Seqs: seqs, Status: status, TurnID: r.id},
-	}
+	ops := append(markCut(interrupted),
+		&persistence.SetMessageStatus{SessionID: sid, Seqs: seqs, Status: status, TurnID: r.id})
 	if usage.InputTokens > 0 || usage.OutputTokens > 0 {
 		ops = append(ops, &persistence.AddUsage{SessionID: sid, TurnID: r.id,
 			InputTokens: usage.InputTokens, OutputTokens: usage.OutputTokens})
