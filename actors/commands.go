@@ -345,8 +345,17 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		sid, prev := s.cur.ID, s.cur.PrevSessionID
 		s.writeFor(c, nil, orphaned, func(c actor.Context, err error) {
 			r := &ResetResult{SessionId: sid, PreviousSessionId: prev}
-			if err != nil {
-				r.Error = err.Error()
+			switch {
+			case errors.Is(err, persistence.ErrFenced):
+				s.handOver(c, m, requester) // the key's owner answers it
+				return
+			case err != nil:
+				r = &ResetResult{ErrorCode: ErrCodeUnavailable, Error: "the reset could not be confirmed: " + err.Error() +
+					"; look at the session before you reset it again"}
+			case s.stale && !s.routedTo(sid):
+				// The attempt this answers was refused (the session starts again from the
+				// store): the session it began in memory is not stored.
+				r = &ResetResult{ErrorCode: ErrCodeUnavailable, Error: resetNotStored}
 			}
 			c.Send(requester, r)
 		})
@@ -380,15 +389,18 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 				"session_id", sid)
 			err = nil
 		}
+		if errors.Is(err, persistence.ErrFenced) {
+			// Another activation owns the key (a cluster moved it): it resets the session.
+			s.handOver(c, m, requester)
+			return
+		}
 		if err != nil {
 			// The session was reset in memory ahead of the write: it starts again from what
 			// is stored, where the reset did not happen (its running turn's message and those
 			// queued are pending there, and run again). Before, it went on as the new session
 			// the store did not hold, and its dropped messages were neither run nor answered.
 			s.logRefusedWrite("store an operator's reset; the operator is told to retry", err, "session_id", sid)
-			r.SessionId, r.PreviousSessionId = "", ""
-			r.ErrorCode, r.Error = ErrCodeUnavailable, "the reset could not be stored (the database is unavailable): "+
-				"the session goes on as the store holds it, most likely not reset; look at it before you retry"
+			r = &ResetResult{ErrorCode: ErrCodeUnavailable, Error: resetNotStored}
 			if !s.fencedOut {
 				s.restartFromStore(c, "the write of an operator's reset was refused", err)
 			}
@@ -407,6 +419,10 @@ func (s *Session) routedTo(id string) bool {
 	route, err := s.d.Store.Route(ctx, s.key)
 	return err == nil && route.SessionID == id
 }
+
+// resetNotStored answers an operator's reset whose write the store refused.
+const resetNotStored = "the reset could not be stored (the database is unavailable): " +
+	"the session goes on as the store holds it, most likely not reset; look at it before you retry"
 
 // resetRetrySkew is how much earlier than the first attempt of a retried reset, by this
 // member's clock, the session may have begun and still count as begun after it (begunSince):

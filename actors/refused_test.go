@@ -446,38 +446,6 @@ func TestRefusedOperatorResetLeavesTheSessionAsStored(t *testing.T) {
 	})
 }
 
-// refuseFailures is a store that, while on, refuses every write that only marks messages failed
-// (an interrupt's), as a database and spool that fail just then refuse it; other writes pass.
-type refuseFailures struct {
-	persistence.Store
-	on atomic.Bool
-}
-
-func (r *refuseFailures) Commit(ctx context.Context, groups [][]persistence.Op) []error {
-	if !r.on.Load() {
-		return r.Store.Commit(ctx, groups)
-	}
-	errs := make([]error, len(groups))
-	var pass [][]persistence.Op
-	var at []int
-	for i, g := range groups {
-		if !slices.ContainsFunc(g, func(op persistence.Op) bool {
-			st, ok := op.(*persistence.SetMessageStatus)
-			return !ok || st.Status != persistence.StatusFailed
-		}) {
-			errs[i] = fmt.Errorf("%w: disk full (test)", persistence.ErrUnavailable)
-			continue
-		}
-		pass, at = append(pass, g), append(at, i)
-	}
-	if len(pass) > 0 {
-		for j, err := range r.Store.Commit(ctx, pass) {
-			errs[at[j]] = err
-		}
-	}
-	return errs
-}
-
 // TestRefusedInterruptIsNotAnsweredTwice: in interrupt mode, a message whose turn a new one cut
 // short is marked failed in the store and answered by the new turn's answer. When the store
 // refuses the interrupt's mark, the write of that answer marks it: each message is answered
@@ -496,21 +464,25 @@ func TestRefusedInterruptIsNotAnsweredTwice(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				path := filepath.Join(t.TempDir(), "agentgate.db")
 				a := newRequeueAgent()
-				refuse := &refuseFailures{}
+				var refuse atomic.Bool // the interrupt's write: it marks the cut turn's messages failed
+				refused := &refusedWrites{refuse: func(op persistence.Op) bool {
+					st, ok := op.(*persistence.SetMessageStatus)
+					return ok && refuse.Load() && st.Status == persistence.StatusFailed && st.TurnID != ""
+				}}
 				interrupt := func(d *Deps) { d.Config.QueueMode = ModeInterrupt }
 				w := newManagerWorldWith(t, path, a, interrupt, func(s persistence.Store) persistence.Store {
-					refuse.Store = s
-					return refuse
+					refused.Store = s
+					return refused
 				})
 				if r := w.deliver(t, "m1", "hold"); r.Disposition != platforms.Started {
 					t.Fatalf("m1: %+v, want started", r)
 				}
-				refuse.on.Store(true)
+				refuse.Store(true)
 				if r := w.deliver(t, "m2", tc.second); r.Disposition != platforms.Interrupted {
 					t.Fatalf("m2: %+v, want interrupted", r)
 				}
 				synctest.Wait()
-				refuse.on.Store(false)
+				refuse.Store(false)
 				if tc.stop {
 					w.deliver(t, "stop", "/stop")
 					synctest.Wait()

@@ -1,12 +1,14 @@
 package actors
 
 import (
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/asynkron/protoactor-go/actor"
 )
 
 // TestRetriedResetResetsOnce: the cluster router sends an operator's reset again when an
@@ -132,4 +134,79 @@ func (w *managerWorld) sessionCount(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return len(ss)
+}
+
+// TestRetryBehindARefusedResetIsNotAnsweredDone: the cluster router's retry of an operator's
+// reset reaches the session while the first attempt's write is still in flight, and that write
+// is then refused (the database failing). The retry finds the fresh session the attempt began
+// in memory, and is answered unavailable, as the attempt is: that session is not stored, and
+// the key's session goes on as it was. Before, the retry was answered as a reset done, naming
+// the session the store never got (found by a review).
+func TestRetryBehindARefusedResetIsNotAnsweredDone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := &gatedCommits{waiting: make(chan struct{}, 1), open: make(chan struct{})}
+		var refuse atomic.Bool
+		refused := &refusedWrites{refuse: func(op persistence.Op) bool {
+			_, ok := op.(*persistence.EndSession)
+			return ok && refuse.Load()
+		}}
+		w := newManagerWorldWrites(t, echo.New(), nil, func(s persistence.Store) persistence.Store {
+			refused.Store = s
+			g.Store = refused
+			return g
+		})
+		first := w.deliver(t, "m0", "hello")
+		w.awaitTurnEnds(1)
+		synctest.Wait()
+		sent := time.Now()
+		g.armed.Store(true)
+		refuse.Store(true)
+		attempt := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &ResetSession{}}, time.Minute)
+		<-g.waiting // the attempt's write is in flight
+		g.armed.Store(false)
+		retry := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key,
+			Msg: &ResetSession{Retry: true, FirstSentAtUnixNano: sent.UnixNano()}}, time.Minute)
+		synctest.Wait()
+		close(g.open)
+		for name, f := range map[string]*actor.Future{"attempt": attempt, "retry": retry} {
+			res, err := f.Result()
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if r := res.(*ResetResult); r.ErrorCode != ErrCodeUnavailable || r.SessionId != "" || r.Error == "" {
+				t.Errorf("%s answered %+v, want unavailable: the reset is not stored", name, r)
+			}
+		}
+		refuse.Store(false)
+		synctest.Wait()
+		if route, err := w.store.Route(w.ctx, w.key); err != nil || route.SessionID != first.SessionId {
+			t.Errorf("the key routes to %+v (%v), want the session before the reset, %s", route, err, first.SessionId)
+		}
+		if n := w.sessionCount(t); n != 1 {
+			t.Errorf("the store holds %d sessions of the key, want 1", n)
+		}
+	})
+}
+
+// TestFencedResetIsHandedToTheKeysOwner: an operator's reset whose write is fenced (another
+// activation claimed the key since this one loaded it: a cluster moved it) is handed to the
+// key's next activation, which resets the session and answers. Before, the operator was told
+// it failed.
+func TestFencedResetIsHandedToTheKeysOwner(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newManagerWorld(t, echo.New(), func(d *Deps) { d.Fencing = true })
+		first := w.deliver(t, "m0", "hello")
+		w.awaitTurnEnds(1)
+		synctest.Wait()
+		if _, err := w.store.Claim(w.ctx, w.key, "b", time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		r := w.reset(t, &ResetSession{})
+		if r.PreviousSessionId != first.SessionId {
+			t.Errorf("reset answered %+v, want the reset of session %s", r, first.SessionId)
+		}
+		if route, err := w.store.Route(w.ctx, w.key); err != nil || route.SessionID != r.SessionId {
+			t.Errorf("the key routes to %+v (%v), want the session the reset began, %s", route, err, r.SessionId)
+		}
+	})
 }
