@@ -20,6 +20,7 @@ import (
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
 )
 
 // TestRefusedTurnResultBacksOff: while the database and the spool both refuse writes, the
@@ -505,6 +506,73 @@ func TestRefusedInterruptIsNotAnsweredTwice(t *testing.T) {
 					if len(replies) != 1 {
 						t.Errorf("%s is answered by %d outbox entries, want 1: %+v", id, len(replies), replies)
 					}
+				}
+			})
+		})
+	}
+}
+
+// TestRefusedCommandDoesNotDropTheMessageInFlight: a message whose write is in flight when an
+// operator's reset or a /stop comes is dropped by it, and set aside with a notice once stored.
+// When the store refuses the command's write (a database failing for a moment), the command
+// did not happen: the message runs, and the session goes on as stored. Before, it was set
+// aside all the same, by a write sent after the refused one that the store took: failed, never
+// run, its sender told a command had ended the work (found by a review).
+func TestRefusedCommandDoesNotDropTheMessageInFlight(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		command func(w *managerWorld) *actor.Future
+		refuse  func(op persistence.Op) bool // the command's write
+	}{
+		{"operator reset", func(w *managerWorld) *actor.Future {
+			return w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &ResetSession{}}, time.Minute)
+		}, func(op persistence.Op) bool { _, ok := op.(*persistence.EndSession); return ok }},
+		{"/stop", func(w *managerWorld) *actor.Future { return w.request("stop", "/stop") },
+			func(op persistence.Op) bool {
+				m, ok := op.(*persistence.AppendMessage)
+				return ok && m.Message.MessageID == "stop"
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				a := newRequeueAgent()
+				g := &gatedCommits{waiting: make(chan struct{}, 1), open: make(chan struct{})}
+				var refuse atomic.Bool
+				refused := &refusedWrites{refuse: func(op persistence.Op) bool { return refuse.Load() && tc.refuse(op) }}
+				w := newManagerWorldWrites(t, a, nil, func(s persistence.Store) persistence.Store {
+					refused.Store = s
+					g.Store = refused
+					return g
+				})
+				first := w.deliver(t, "m0", "hold")
+				g.armed.Store(true)
+				m1 := w.request("m1", "one")
+				<-g.waiting // m1's write is in flight
+				g.armed.Store(false)
+				refuse.Store(true)
+				cmd := tc.command(w)
+				synctest.Wait()
+				close(g.open)
+				if res, err := m1.Result(); err != nil || res.(*DeliverResult).ErrorCode != "" {
+					t.Fatalf("m1: %v, %v", res, err)
+				}
+				if _, err := cmd.Result(); err != nil {
+					t.Fatal(err)
+				}
+				synctest.Wait()
+				refuse.Store(false)
+				close(a.hold)
+				if text := w.noticeFor(t, "m1"); text != "answered m1" {
+					t.Errorf("m1 answered %q, want its turn's reply: the command that would have dropped it was not stored", text)
+				}
+				synctest.Wait()
+				for _, id := range []string{"m0", "m1"} {
+					if st, _ := w.statusOf(t, id); st != persistence.StatusDone {
+						t.Errorf("%s: %s, want done", id, st)
+					}
+				}
+				if route, err := w.store.Route(w.ctx, w.key); err != nil || route.SessionID != first.SessionId {
+					t.Errorf("the key routes to %+v (%v), want session %s", route, err, first.SessionId)
 				}
 			})
 		})

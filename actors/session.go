@@ -96,6 +96,9 @@ type rareState struct {
 	// aside are the stored messages to set aside without running them, a page at a time
 	// (aside.go), in order.
 	aside []*storedAside
+	// dropped are the messages a command dropped while their writes were in flight, stored
+	// since, waiting for the command's write to be answered (setAsideDropped).
+	dropped []droppedItem
 	// life survives restarts of this actor, so a new incarnation knows how often it crashed and
 	// on which messages. It is nil until the first crash: the failing incarnation creates it
 	// and files it in Deps.lifelines, where the next incarnation finds it; the last one removes
@@ -115,7 +118,8 @@ func (s *Session) rare() *rareState {
 // message it handles; no code keeps a pointer to it across messages.
 func (s *Session) tidyRare() {
 	if r := s.unusual; r != nil && r.continuity == "" && len(r.interrupted) == 0 && r.overdue == nil &&
-		len(r.unsure) == 0 && len(r.handoff) == 0 && r.probation == nil && r.life == nil && len(r.ending) == 0 && r.spill == nil && len(r.aside) == 0 {
+		len(r.unsure) == 0 && len(r.handoff) == 0 && r.probation == nil && r.life == nil && len(r.ending) == 0 && r.spill == nil && len(r.aside) == 0 &&
+		len(r.dropped) == 0 {
 		s.unusual = nil
 	}
 }

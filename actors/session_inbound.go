@@ -257,10 +257,52 @@ func (s *Session) queueAdopted(u *item) {
 }
 
 // setAsideDropped takes out of the queue a message a command dropped while its write was in
-// flight (stopWork), now that it is stored, and sets it aside with a notice of its own.
+// flight (stopWork), now that it is stored, and sets it aside with a notice of its own once the
+// command's write is answered: that write was sent after the message's, and is in flight still.
+// If the store refuses it, the command did not happen, and the session starts again from the
+// store, where the message is pending and runs. Before, the message was set aside at once: a
+// /stop, /new or reset whose write was refused (a database failing, then back) left it failed
+// and never run, with a notice that a command had ended the work.
 func (s *Session) setAsideDropped(c actor.Context, it *item) {
 	s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
-	s.setAside(c, it, persistence.StatusFailed, leftBehindNotice)
+	if len(s.inflight) == 0 {
+		s.setAside(c, it, persistence.StatusFailed, leftBehindNotice)
+		return
+	}
+	r := s.rare()
+	r.dropped = append(r.dropped, droppedItem{it: it, until: s.inflight[len(s.inflight)-1].id})
+}
+
+// droppedItem is a message a command dropped while its write was in flight, stored since, that
+// is set aside once the session's write until (the command's, or one sent after it) is answered.
+type droppedItem struct {
+	it    *item
+	until uint64
+}
+
+// setAsideDroppedUntil sets aside the dropped messages that waited for the session's writes up
+// to answered, which is answered now (writes are answered in the order they were sent). A
+// session that starts again from the store (a refused write) or is fenced sets none aside: they
+// are pending in the store, and the key's next activation runs them, or, if the command was
+// stored, finds them left in the session it ended and sets them aside (setAsideLeftBehind).
+func (s *Session) setAsideDroppedUntil(c actor.Context, answered uint64) {
+	r := s.unusual
+	if r == nil || len(r.dropped) == 0 {
+		return
+	}
+	if s.stale || s.fencedOut {
+		r.dropped = nil
+		return
+	}
+	var later []droppedItem
+	for _, d := range r.dropped {
+		if d.until > answered {
+			later = append(later, d)
+			continue
+		}
+		s.setAside(c, d.it, persistence.StatusFailed, leftBehindNotice)
+	}
+	r.dropped = later
 }
 
 // inFlight returns the queued message with id whose write is not answered yet, or nil.

@@ -138,7 +138,8 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 			// A command ended the session's work while the write was in flight: the message
 			// is set aside with the others it dropped.
 			s.setAsideDropped(c, it)
-			r.ErrorCode, r.Error = ErrCodeSessionEnded, "a command ended the session's work as the message was requeued; it was set aside again (failed), and its sender told"
+			r.ErrorCode, r.Error = ErrCodeSessionEnded, "a command ended the session's work as the message was requeued; "+
+				"it is set aside again (failed), and its sender told, once that command is stored (if it is not, the message runs)"
 			c.Send(requester, r)
 			s.tryStart(c)
 			return

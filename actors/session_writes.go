@@ -219,6 +219,7 @@ func (s *Session) onWriteResult(c actor.Context, m *persistence.WriteResult) {
 		s.fence(c)
 	}
 	w.done(c, m.Err)
+	s.setAsideDroppedUntil(c, w.id)
 	s.updateBusy(c)
 	s.stopWhenSettled(c)
 	s.leaveIfIdle(c)
