@@ -426,20 +426,9 @@ func TestRefusedOperatorResetLeavesTheSessionAsStored(t *testing.T) {
 		}
 		out.Down.Store(false)
 		close(a.hold)
-		if text := w.noticeFor(t, "m1"); text != "answered m1" {
-			t.Errorf("m1 answered %q, want its turn's reply", text)
-		}
-		synctest.Wait()
-		for _, id := range []string{"m0", "m1"} {
-			if st, _ := w.statusOf(t, id); st != persistence.StatusDone {
-				t.Errorf("%s: %s, want done", id, st)
-			}
-		}
+		w.checkNotDropped(t, first.SessionId)
 		if r := w.deliver(t, "after", "after"); r.SessionId != first.SessionId || r.ErrorCode != "" {
 			t.Errorf("the message after the refused reset: %+v, want it taken in session %s", r, first.SessionId)
-		}
-		if route, err := w.store.Route(w.ctx, w.key); err != nil || route.SessionID != first.SessionId {
-			t.Errorf("the key routes to %+v (%v), want session %s", route, err, first.SessionId)
 		}
 		if got := a.order(); len(slices.DeleteFunc(slices.Clone(got), func(id string) bool { return id != "m1" })) != 1 {
 			t.Errorf("turns ran %v, want m1 once", got)
@@ -562,19 +551,26 @@ func TestRefusedCommandDoesNotDropTheMessageInFlight(t *testing.T) {
 				synctest.Wait()
 				refuse.Store(false)
 				close(a.hold)
-				if text := w.noticeFor(t, "m1"); text != "answered m1" {
-					t.Errorf("m1 answered %q, want its turn's reply: the command that would have dropped it was not stored", text)
-				}
-				synctest.Wait()
-				for _, id := range []string{"m0", "m1"} {
-					if st, _ := w.statusOf(t, id); st != persistence.StatusDone {
-						t.Errorf("%s: %s, want done", id, st)
-					}
-				}
-				if route, err := w.store.Route(w.ctx, w.key); err != nil || route.SessionID != first.SessionId {
-					t.Errorf("the key routes to %+v (%v), want session %s", route, err, first.SessionId)
-				}
+				w.checkNotDropped(t, first.SessionId)
 			})
 		})
+	}
+}
+
+// checkNotDropped checks that a command that would have dropped m0 (running) and m1 (queued)
+// did not happen: m1 is answered by its turn, both end done, and the key routes to session sid.
+func (w *managerWorld) checkNotDropped(t *testing.T, sid string) {
+	t.Helper()
+	if text := w.noticeFor(t, "m1"); text != "answered m1" {
+		t.Errorf("m1 answered %q, want its turn's reply: the command that would have dropped it was not stored", text)
+	}
+	synctest.Wait()
+	for _, id := range []string{"m0", "m1"} {
+		if st, _ := w.statusOf(t, id); st != persistence.StatusDone {
+			t.Errorf("%s: %s, want done", id, st)
+		}
+	}
+	if route, err := w.store.Route(w.ctx, w.key); err != nil || route.SessionID != sid {
+		t.Errorf("the key routes to %+v (%v), want session %s", route, err, sid)
 	}
 }

@@ -210,6 +210,30 @@ func (r *runtime) lockDatabase(t *testing.T) (unlock func()) {
 	return unlock
 }
 
+// fillDisk makes r's disk full: the database (o) refuses writes, and the spool cannot be
+// written. roomAgain gives the spool room again; the database refuses writes until o.Down is
+// cleared.
+func fillDisk(t *testing.T, r *runtime, o *storetest.Outage) (roomAgain func()) {
+	t.Helper()
+	spoolDir := r.d.spool.Dir()
+	if err := os.Rename(spoolDir, spoolDir+".away"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(spoolDir, []byte("not a directory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o.Down.Store(true)
+	return func() {
+		t.Helper()
+		if err := os.Remove(spoolDir); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(spoolDir+".away", spoolDir); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // startWithOutage starts a daemon on dir whose store is o's.
 func startWithOutage(t *testing.T, dir string, o *storetest.Outage, agent agents.Agent) *runtime {
 	return MustStartDaemon(t, agent, daemonOpts{dir: dir, wrap: func(s persistence.Store) persistence.Store {
@@ -360,15 +384,7 @@ func TestReadyzFailsWhileWritesAreRefused(t *testing.T) {
 		t.Fatalf("/readyz = %d %s before the outage, want 200", code, body)
 	}
 
-	// The disk is full: the database refuses writes, and the spool cannot be written.
-	spoolDir := r.d.spool.Dir()
-	if err := os.Rename(spoolDir, spoolDir+".away"); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(spoolDir, []byte("not a directory"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	o.Down.Store(true)
+	roomAgain := fillDisk(t, r, o)
 	if _, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: src, MessageID: "refused", Text: "x"}); !errors.Is(err, platforms.ErrUnavailable) {
 		t.Fatalf("Inject with the database and the spool failing = %v, want platforms.ErrUnavailable", err)
 	}
@@ -382,12 +398,7 @@ func TestReadyzFailsWhileWritesAreRefused(t *testing.T) {
 	}
 
 	// The spool has room again, the database not yet: writes wait in the spool.
-	if err := os.Remove(spoolDir); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(spoolDir+".away", spoolDir); err != nil {
-		t.Fatal(err)
-	}
+	roomAgain()
 	r.inject(t, src, "spooled", "y")
 	if code, body := readyz(); code != http.StatusServiceUnavailable || !strings.Contains(body, "spool") {
 		t.Errorf("/readyz = %d %s while writes wait in the spool, want 503 naming the spool", code, body)
@@ -412,15 +423,7 @@ func TestRefusedResetIs503AndChangesNothing(t *testing.T) {
 	a1 := r.inject(t, src, "m1", "one")
 	r.waitSent(t, 1)
 
-	// The disk is full: the database refuses writes, and the spool cannot be written.
-	spoolDir := r.d.spool.Dir()
-	if err := os.Rename(spoolDir, spoolDir+".away"); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(spoolDir, []byte("not a directory"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	o.Down.Store(true)
+	roomAgain := fillDisk(t, r, o)
 	resp, err := http.Post("http://"+r.d.Addr().String()+"/v1/sessions/"+url.PathEscape(a1.SessionKey)+"/reset", "", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -432,12 +435,7 @@ func TestRefusedResetIs503AndChangesNothing(t *testing.T) {
 		t.Errorf("reset while writes are refused: %d %s, want 503 unavailable saying the reset could not be stored", resp.StatusCode, body)
 	}
 
-	if err := os.Remove(spoolDir); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(spoolDir+".away", spoolDir); err != nil {
-		t.Fatal(err)
-	}
+	roomAgain()
 	o.Down.Store(false)
 	r.injectWhenLoaded(t, src, "m2", "two")
 	r.waitReplyTo(t, "m2")
