@@ -190,3 +190,83 @@ func TestRequeueWhileWritesWaitInTheSpoolRunsOnce(t *testing.T) {
 		}
 	})
 }
+
+// TestRedeliveryWhileARequeueIsInFlightIsAnswered: the quarantined message's id delivered again
+// (a client's retry) while an operator's requeue of it waits for its write is answered
+// duplicate once that write is answered: the message is stored either way. Before, it waited
+// with the requeue's write and was never answered.
+func TestRedeliveryWhileARequeueIsInFlightIsAnswered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newRequeueAgent()
+		g := &gatedCommits{open: make(chan struct{}), waiting: make(chan struct{}, 1)}
+		w := newManagerWorldWrites(t, a, nil, func(s persistence.Store) persistence.Store {
+			g.Store = s
+			return g
+		})
+		w.quarantine(t, a, "m1")
+		a.poisoned.Store(false)
+		close(a.hold)
+		g.armed.Store(true)
+		rq := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &RequeueMessage{MessageId: "m1"}}, time.Hour)
+		<-g.waiting // the requeue's write waits in the store
+		again := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: w.message("m1", "boom")}, time.Minute)
+		synctest.Wait()
+		g.armed.Store(false)
+		close(g.open)
+		if res, err := rq.Result(); err != nil || res.(*RequeueResult).ErrorCode != "" {
+			t.Fatalf("requeue: %v, %v", res, err)
+		}
+		res, err := again.Result()
+		if err != nil {
+			t.Fatalf("m1 delivered again while its requeue was in flight: %v, want an answer", err)
+		}
+		if r := res.(*DeliverResult); r.Disposition != platforms.Duplicate || r.ErrorCode != "" {
+			t.Errorf("m1 delivered again while its requeue was in flight: %+v, want duplicate", r)
+		}
+		w.awaitTurnEnds(1)
+		synctest.Wait()
+		if n := len(slices.DeleteFunc(a.order(), func(id string) bool { return id != "m1" })); n != 1 {
+			t.Errorf("m1 ran %d times after its requeue, want once", n)
+		}
+	})
+}
+
+// TestRedeliveredRetryWhileItsWriteIsInFlightIsAnswered: a /retry delivered again (a client's
+// retry, a platform's re-delivery) while its write is in flight is answered duplicate once that
+// write is answered, and the message runs again once. Before, it was never answered.
+func TestRedeliveredRetryWhileItsWriteIsInFlightIsAnswered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newRequeueAgent()
+		close(a.hold)
+		g := &gatedCommits{open: make(chan struct{}), waiting: make(chan struct{}, 1)}
+		w := newManagerWorldWrites(t, a, nil, func(s persistence.Store) persistence.Store {
+			g.Store = s
+			return g
+		})
+		w.deliver(t, "m1", "one")
+		w.awaitTurnEnds(1)
+		synctest.Wait()
+		g.armed.Store(true)
+		retry := w.request("r1", "/retry")
+		<-g.waiting // the /retry's write waits in the store
+		again := w.request("r1", "/retry")
+		synctest.Wait()
+		g.armed.Store(false)
+		close(g.open)
+		if res, err := retry.Result(); err != nil || res.(*DeliverResult).Disposition != platforms.Command {
+			t.Fatalf("/retry: %v, %v", res, err)
+		}
+		res, err := again.Result()
+		if err != nil {
+			t.Fatalf("/retry delivered again while its write was in flight: %v, want an answer", err)
+		}
+		if r := res.(*DeliverResult); r.Disposition != platforms.Duplicate || r.ErrorCode != "" {
+			t.Errorf("/retry delivered again while its write was in flight: %+v, want duplicate", r)
+		}
+		w.awaitTurnEnds(1)
+		synctest.Wait()
+		if got := a.order(); len(got) != 2 {
+			t.Errorf("turns ran %v, want m1 and its one retry", got)
+		}
+	})
+}

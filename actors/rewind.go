@@ -85,6 +85,7 @@ func (s *Session) enqueueRetry(c actor.Context, m *Deliver, it *item, ops []pers
 	orphaned := func(c actor.Context, why string) { c.Send(requester, s.unstoredResult(m.MessageId, why)) }
 	outAfter := s.lastOut // the retried turn's answer comes after
 	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
+		s.answerRepeats(c, it, m, err, false) // the /retry delivered again meanwhile (onDeliver)
 		r := s.result(m, platforms.Command, it.sessionID)
 		r.OutboxAfter = outAfter
 		if err != nil {

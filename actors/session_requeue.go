@@ -97,6 +97,13 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 	}
 	ops := []persistence.Op{&persistence.RequeueMessage{SessionID: row.SessionID, Seq: row.Seq, NewSeq: it.seq}}
 	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
+		// The message's id delivered again meanwhile (a client's retry) waited for this write
+		// (onDeliver): the message is stored, whatever its outcome.
+		for _, p := range it.repeats {
+			c.Send(p, &DeliverResult{SessionKey: s.key, SessionId: it.sessionID, MessageId: it.messageID,
+				Disposition: platforms.Duplicate, QueueDepth: int32(s.waiting())})
+		}
+		it.repeats = nil
 		r := &RequeueResult{SessionId: it.sessionID, MessageId: m.MessageId, OutboxAfter: it.outAfter}
 		unsure := false
 		if errors.Is(err, persistence.ErrUnavailable) {
