@@ -1,8 +1,12 @@
 package actors
 
 import (
+	"context"
+	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -267,6 +271,71 @@ func TestRedeliveredRetryWhileItsWriteIsInFlightIsAnswered(t *testing.T) {
 		synctest.Wait()
 		if got := a.order(); len(got) != 2 {
 			t.Errorf("turns ran %v, want m1 and its one retry", got)
+		}
+	})
+}
+
+// lostRequeue is a store whose commit of a requeue, while armed, applies but answers as a
+// connection lost after COMMIT, and leaves the sessions unable to read the store (blind) until
+// the test says otherwise: the session cannot tell whether the requeue applied.
+type lostRequeue struct {
+	persistence.Store
+	armed atomic.Bool
+	blind *blindReads
+}
+
+func (l *lostRequeue) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	errs := l.Store.Commit(ctx, groups)
+	for i, g := range groups {
+		if errs[i] == nil && slices.ContainsFunc(g, func(op persistence.Op) bool { _, ok := op.(*persistence.RequeueMessage); return ok }) &&
+			l.armed.CompareAndSwap(true, false) {
+			l.blind.on.Store(true)
+			errs[i] = fmt.Errorf("%w: connection lost after COMMIT (test)", persistence.ErrUnavailable)
+		}
+	}
+	return errs
+}
+
+// TestUnsureRequeueRunsAtTheKeysRecovery: a requeue whose write committed although its answer
+// was lost, when the store cannot be read just then either (the session cannot tell it
+// applied), is answered unavailable, saying to look at the message's status; the message,
+// pending in the store, runs at the key's next recovery (in a cluster, every member_ttl), once.
+// Before, it sat pending in the store, in no queue, until the key's next activation, and a
+// retried requeue was refused as pending (found by a review).
+func TestUnsureRequeueRunsAtTheKeysRecovery(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newRequeueAgent()
+		close(a.hold)
+		blind := &blindReads{}
+		lost := &lostRequeue{blind: blind}
+		w := newManagerWorldWrites(t, a, func(d *Deps) { d.Fencing = true; blind.wrap(d) }, func(s persistence.Store) persistence.Store {
+			lost.Store = s
+			return lost
+		})
+		w.quarantine(t, a, "m1")
+		a.poisoned.Store(false)
+		for len(w.sent) > 0 {
+			<-w.sent // the quarantine notice
+		}
+		lost.armed.Store(true)
+		if r := w.requeue(t, "m1"); r.ErrorCode != "unavailable" || !strings.Contains(r.Error, "look at the message's status") {
+			t.Fatalf("requeue whose answer is lost, the store unreadable = %+v, want unavailable, saying to look", r)
+		}
+		blind.on.Store(false)
+		synctest.Wait()
+		if st, _ := w.statusOf(t, "m1"); st != persistence.StatusPending {
+			t.Fatalf("m1 after the requeue that applied: %s, want pending", st)
+		}
+		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &Recover{}})
+		w.awaitTurnEndsWithin(t, 1, time.Hour)
+		synctest.Wait()
+		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &Recover{}})
+		synctest.Wait()
+		if st, _ := w.statusOf(t, "m1"); st != persistence.StatusDone {
+			t.Errorf("m1 after the key's recovery: %s, want done", st)
+		}
+		if n := len(slices.DeleteFunc(a.order(), func(id string) bool { return id != "m1" })); n != 1 {
+			t.Errorf("m1 ran %d times after its requeue, want once", n)
 		}
 	})
 }

@@ -131,6 +131,9 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 			r.ErrorCode, r.Error = "unavailable", "the requeue could not be stored; the message stays quarantined; retry later"
 			if unsure {
 				r.Error = "the store refused the requeue and cannot be read to tell whether it was stored; look at the message's status before you requeue it again"
+				// If it applied, the message is pending at its new seq, in no queue: the key's
+				// recovery finds it there and runs it (adoptUnsure), as a message's.
+				s.rememberUnsure(it)
 			}
 			c.Send(requester, r)
 			s.tryStart(c)
