@@ -174,11 +174,17 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 	ops = append(ops, &persistence.AddOutbox{Entry: entry})
 	if m.MessageId != "" {
 		s.seen.add(m.MessageId)
+		s.commandInFlight(m.MessageId)
 	}
 	s.lastActivity = now
 	requester := c.Sender()
-	orphaned := func(c actor.Context, why string) { c.Send(requester, s.unstoredResult(m.MessageId, why)) }
+	orphaned := func(c actor.Context, why string) {
+		for _, p := range append(s.commandLanded(m.MessageId), requester) {
+			c.Send(p, s.unstoredResult(m.MessageId, why))
+		}
+	}
 	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
+		repeats := s.commandLanded(m.MessageId)
 		if errors.Is(err, persistence.ErrUnavailable) {
 			// Refused as unavailable, but perhaps applied: the commit's answer may have been lost
 			// (see outageOutcome). If so, the command acted, and its answer is stored: it is
@@ -210,14 +216,55 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 				r.SessionId = ""
 				s.restartFromStore(c, "the write of /"+cmd.name+" was refused", err)
 			}
-			c.Send(requester, r)
+			for _, p := range append(repeats, requester) {
+				c.Send(p, r)
+			}
 			return
 		}
 		r := s.result(m, platforms.Command, sid)
 		r.OutboxAfter = outAfter
 		c.Send(requester, r)
+		for _, p := range repeats {
+			c.Send(p, s.result(m, platforms.Duplicate, sid))
+		}
 		s.sendOutbound(c, OutboundFromEntry(&entry))
 	})
+}
+
+// commandInFlight notes that the write of the command with message id is in flight: the same id
+// delivered again meanwhile (a client's retry) waits for its outcome (repeatCommand). Answered
+// "duplicate" at once, as it was, it acknowledged a command whose write could still be refused:
+// its sender, told it was taken, never sent it again.
+func (s *Session) commandInFlight(id string) {
+	r := s.rare()
+	if r.commands == nil {
+		r.commands = map[string][]*actor.PID{}
+	}
+	r.commands[id] = nil
+}
+
+// repeatCommand files sender to hear the outcome of the command with message id if its write
+// is in flight, and reports whether it did.
+func (s *Session) repeatCommand(id string, sender *actor.PID) bool {
+	if s.unusual == nil || sender == nil {
+		return false
+	}
+	repeats, ok := s.unusual.commands[id]
+	if ok {
+		s.unusual.commands[id] = append(repeats, sender)
+	}
+	return ok
+}
+
+// commandLanded returns the senders that repeated the command with message id while its write
+// was in flight, and forgets the command.
+func (s *Session) commandLanded(id string) []*actor.PID {
+	if s.unusual == nil {
+		return nil
+	}
+	repeats := s.unusual.commands[id]
+	delete(s.unusual.commands, id)
+	return repeats
 }
 
 // boundary ends the current incarnation with reason and starts a new one. A running turn is

@@ -11,6 +11,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/storetest"
@@ -336,6 +337,55 @@ func TestUnsureRequeueRunsAtTheKeysRecovery(t *testing.T) {
 		}
 		if n := len(slices.DeleteFunc(a.order(), func(id string) bool { return id != "m1" })); n != 1 {
 			t.Errorf("m1 ran %d times after its requeue, want once", n)
+		}
+	})
+}
+
+// TestRepeatedCommandWhileItsWriteIsInFlightGetsItsOutcome: a command delivered again (a
+// client's retry) while its write is in flight gets that write's outcome: here the store
+// refuses it, and both are told to send it again. Before, the repeat was answered duplicate at
+// once: its sender, told the command was taken, never sent it again, and it never happened.
+func TestRepeatedCommandWhileItsWriteIsInFlightGetsItsOutcome(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := &gatedCommits{open: make(chan struct{}), waiting: make(chan struct{}, 1)}
+		var refuse atomic.Bool
+		refused := &refusedWrites{refuse: func(op persistence.Op) bool {
+			m, ok := op.(*persistence.AppendMessage)
+			return ok && refuse.Load() && m.Message.MessageID == "k1"
+		}}
+		w := newManagerWorldWrites(t, echo.New(), nil, func(s persistence.Store) persistence.Store {
+			refused.Store = s
+			g.Store = refused
+			return g
+		})
+		w.deliver(t, "m0", "hello")
+		w.awaitTurnEnds(1)
+		synctest.Wait()
+		g.armed.Store(true)
+		refuse.Store(true)
+		first := w.request("k1", "/title first")
+		<-g.waiting // the command's write waits in the store
+		g.armed.Store(false)
+		again := w.request("k1", "/title first")
+		synctest.Wait()
+		close(g.open)
+		for name, f := range map[string]*actor.Future{"the command": first, "its repeat": again} {
+			res, err := f.Result()
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if r := res.(*DeliverResult); r.ErrorCode != "unavailable" {
+				t.Errorf("%s, whose write was refused, answered %+v; want unavailable (send it again)", name, r)
+			}
+		}
+		refuse.Store(false)
+		time.Sleep(2 * refusedPause) // the session starts again from the store after a pause
+		synctest.Wait()
+		if r := w.deliver(t, "k1", "/title first"); r.Disposition != platforms.Command || r.ErrorCode != "" {
+			t.Errorf("the command sent again: %+v, want it taken", r)
+		}
+		if r := w.deliver(t, "k1", "/title first"); r.Disposition != platforms.Duplicate {
+			t.Errorf("the command sent once more after it was stored: %+v, want duplicate", r)
 		}
 	})
 }

@@ -99,6 +99,9 @@ type rareState struct {
 	// dropped are the messages a command dropped while their writes were in flight, stored
 	// since, waiting for the command's write to be answered (setAsideDropped).
 	dropped []droppedItem
+	// commands are the commands whose writes are in flight, by message id, with the senders
+	// that delivered them again meanwhile (commandInFlight).
+	commands map[string][]*actor.PID
 	// life survives restarts of this actor, so a new incarnation knows how often it crashed and
 	// on which messages. It is nil until the first crash: the failing incarnation creates it
 	// and files it in Deps.lifelines, where the next incarnation finds it; the last one removes
@@ -119,7 +122,7 @@ func (s *Session) rare() *rareState {
 func (s *Session) tidyRare() {
 	if r := s.unusual; r != nil && r.continuity == "" && len(r.interrupted) == 0 && r.overdue == nil &&
 		len(r.unsure) == 0 && len(r.handoff) == 0 && r.probation == nil && r.life == nil && len(r.ending) == 0 && r.spill == nil && len(r.aside) == 0 &&
-		len(r.dropped) == 0 {
+		len(r.dropped) == 0 && len(r.commands) == 0 {
 		s.unusual = nil
 	}
 }

@@ -27,6 +27,9 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 			it.repeats = append(it.repeats, c.Sender())
 			return
 		}
+		if s.repeatCommand(m.MessageId, c.Sender()) {
+			return // so does a command's
+		}
 		c.Respond(s.result(m, platforms.Duplicate, ""))
 		return
 	}
