@@ -76,9 +76,10 @@ func (r *ClusterRouter) Tell(key string, msg any) {
 // owns the key) and tries again, after a short backoff, when the grain is gone (a dead
 // letter: the session passivated or moved), no member takes the key, an attempt gets no
 // answer within clusterAttemptTimeout (its member died or left), or the answer says the
-// session stopped before it stored the message (ErrCodeStopped: its member is leaving). A
-// reset sent again after an attempt with no answer says so (ResetSession.Retry), with when the
-// first attempt went out, so that the session does not reset twice.
+// session stopped before it stored the message or reset (ErrCodeStopped: its member is
+// leaving). A reset sent again after an attempt with no answer, or answered stopped, says so
+// (ResetSession.Retry), with when the first attempt went out, so that the session does not
+// reset twice.
 func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, error) {
 	if _, ok := msg.(proto.Message); !ok {
 		return nil, fmt.Errorf("request %T to %s: not a protobuf message", msg, key)
@@ -90,8 +91,8 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 	sent := time.Now()
 	deadline := sent.Add(timeout)
 	lastErr := errors.New("no member took the session")
-	var stopped *DeliverResult // the last ErrCodeStopped answer, given if no attempt succeeds
-	reached := false           // an attempt may have stored the message: no answer, or stopped
+	var stopped any  // the last ErrCodeStopped answer, given if no attempt succeeds
+	reached := false // an attempt may have stored the message: no answer, or stopped
 	for attempt := 0; ; attempt++ {
 		remaining := time.Until(deadline)
 		if remaining <= 0 {
@@ -117,6 +118,12 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 				reached = true // its write may have committed
 				r.log.Debug("cluster router: the session stopped before it stored the message; sending it again",
 					"session", key, "message_id", dr.MessageId, "attempt", attempt+1)
+			} else if rr, ok := res.(*ResetResult); ok && err == nil && rr.ErrorCode == ErrCodeStopped {
+				// Its write may have committed: the next attempt is a retry (see above).
+				stopped, err = rr, errors.New(rr.Error)
+				reached = true
+				r.log.Debug("cluster router: the session stopped before it stored the reset; sending it again",
+					"session", key, "attempt", attempt+1)
 			} else if err == nil {
 				if reached {
 					return taken(msg, res), nil

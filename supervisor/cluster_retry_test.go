@@ -196,3 +196,96 @@ func chatOfADeadMember(t *testing.T, a *runtime) (src identity.Source, key, dead
 	}
 	return chat(i), a.d.intake.Key(chat(i)), dead.Node
 }
+
+// TestClusterResetStoppedAfterItsCommitResetsOnce: an operator's reset reaches the key's owner,
+// which stores it, but the member leaves before the write's answer comes back: its session
+// answers "stopped" (the reset may have taken effect). The cluster router sends the reset
+// again, marked as a retry, to the key's next owner, which finds the session the reset began
+// and answers with it: the reset is done, once. Before, the operator was told it may have
+// taken effect, and to look before resetting again.
+func TestClusterResetStoppedAfterItsCommitResetsOnce(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	a := startClusterMember(t, dsn, okAgent, 5*time.Second)
+	defer a.stop(t)
+	held := &holdReset{committed: make(chan struct{}), release: make(chan struct{})}
+	releaseOnce := sync.OnceFunc(func() { close(held.release) })
+	defer releaseOnce()
+	b := MustStartDaemon(t, okAgent, daemonOpts{drain: 100 * time.Millisecond, tweak: clusterOn(dsn),
+		wrap: func(s persistence.Store) persistence.Store { held.Store = s; return held }})
+	waitUntil(t, func() bool {
+		return len(a.d.cluster.MemberList.Members().Members()) == 2 && len(b.d.cluster.MemberList.Members().Members()) == 2
+	})
+	owner := ownerOf(a.d.cluster.MemberList.Members().Members())
+	i := 0
+	for owner(a.d.intake.Key(chat(i))) != b.d.system.Address() {
+		i++
+	}
+	first := a.inject(t, chat(i), "x", "hi")
+	waitReply(t, []*runtime{a, b}, "x")
+	key := first.SessionKey
+	reset := make(chan any, 1)
+	go func() {
+		res, err := a.d.router.Request(t.Context(), key, &actors.ResetSession{Reason: persistence.EndResetCommand})
+		if err != nil {
+			res = err
+		}
+		reset <- res
+	}()
+	<-held.committed // stored, its answer held
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		b.stop(t)
+	}()
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	waitUntil(t, func() bool {
+		var n int
+		if err := conn.QueryRow(t.Context(), `SELECT COUNT(*) FROM members WHERE id = $1`, b.d.system.ID).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+	releaseOnce()
+	<-stopped
+	got := <-reset
+	r, ok := got.(*actors.ResetResult)
+	if !ok || r.Error != "" || r.PreviousSessionId != first.SessionID || r.SessionId == "" {
+		t.Fatalf("the reset answered %+v, want it done: the session following %s", got, first.SessionID)
+	}
+	ss, err := a.d.store.SessionsOfKey(t.Context(), key, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ss) != 2 {
+		t.Errorf("the chat has %d sessions after one reset, want 2 (the one reset, the one it began): %+v", len(ss), ss)
+	}
+	if route, err := a.d.store.Route(t.Context(), key); err != nil || route.SessionID != r.SessionId {
+		t.Errorf("the key routes to %+v (%v), want the session the reset began, %s", route, err, r.SessionId)
+	}
+}
+
+// holdReset is a store whose commit of a session's end returns only once release is closed,
+// after it has committed (committed is closed then).
+type holdReset struct {
+	persistence.Store
+	committed chan struct{}
+	release   chan struct{}
+	once      sync.Once
+}
+
+func (s *holdReset) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	errs := s.Store.Commit(ctx, groups)
+	for _, g := range groups {
+		for _, op := range g {
+			if _, ok := op.(*persistence.EndSession); ok {
+				s.once.Do(func() { close(s.committed) })
+				<-s.release
+			}
+		}
+	}
+	return errs
+}
