@@ -22,6 +22,22 @@ type gatedCommits struct {
 	open    chan struct{}
 }
 
+// newGatedWorld is a manager world whose commits pass a gate (a test arms it to hold a write in
+// flight) and then, while refusing is set, refuse the writes that hold an op refuse picks (when
+// refuse is not nil), as a database failing for a moment refuses them.
+func newGatedWorld(t *testing.T, agent agents.Agent, setup func(*Deps), refuse func(persistence.Op) bool) (w *managerWorld, g *gatedCommits, refusing *atomic.Bool) {
+	t.Helper()
+	g = &gatedCommits{waiting: make(chan struct{}, 1), open: make(chan struct{})}
+	refusing = &atomic.Bool{}
+	refused := &refusedWrites{refuse: func(op persistence.Op) bool { return refuse != nil && refusing.Load() && refuse(op) }}
+	w = newManagerWorldWrites(t, agent, setup, func(s persistence.Store) persistence.Store {
+		refused.Store = s
+		g.Store = refused
+		return g
+	})
+	return w, g, refusing
+}
+
 func (g *gatedCommits) Commit(ctx context.Context, groups [][]persistence.Op) []error {
 	if g.armed.Load() {
 		select {

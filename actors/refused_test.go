@@ -525,14 +525,7 @@ func TestRefusedCommandDoesNotDropTheMessageInFlight(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				a := newRequeueAgent()
-				g := &gatedCommits{waiting: make(chan struct{}, 1), open: make(chan struct{})}
-				var refuse atomic.Bool
-				refused := &refusedWrites{refuse: func(op persistence.Op) bool { return refuse.Load() && tc.refuse(op) }}
-				w := newManagerWorldWrites(t, a, nil, func(s persistence.Store) persistence.Store {
-					refused.Store = s
-					g.Store = refused
-					return g
-				})
+				w, g, refuse := newGatedWorld(t, a, nil, tc.refuse)
 				first := w.deliver(t, "m0", "hold")
 				g.armed.Store(true)
 				m1 := w.request("m1", "one")

@@ -86,11 +86,7 @@ func (w *managerWorld) awaitTurnEndsWithin(t *testing.T, n int, d time.Duration)
 func TestResumeWhileARequeueIsInFlight(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a := newRequeueAgent()
-		g := &gatedCommits{open: make(chan struct{}), waiting: make(chan struct{}, 1)}
-		w := newManagerWorldWrites(t, a, nil, func(s persistence.Store) persistence.Store {
-			g.Store = s
-			return g
-		})
+		w, g, _ := newGatedWorld(t, a, nil, nil)
 		w.quarantine(t, a, "m1")
 		a.poisoned.Store(false)
 		m1, err := w.store.FindInbound(w.ctx, w.src.Platform, w.src.ChatID, "m1")
@@ -203,11 +199,7 @@ func TestRequeueWhileWritesWaitInTheSpoolRunsOnce(t *testing.T) {
 func TestRedeliveryWhileARequeueIsInFlightIsAnswered(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a := newRequeueAgent()
-		g := &gatedCommits{open: make(chan struct{}), waiting: make(chan struct{}, 1)}
-		w := newManagerWorldWrites(t, a, nil, func(s persistence.Store) persistence.Store {
-			g.Store = s
-			return g
-		})
+		w, g, _ := newGatedWorld(t, a, nil, nil)
 		w.quarantine(t, a, "m1")
 		a.poisoned.Store(false)
 		close(a.hold)
@@ -243,11 +235,7 @@ func TestRedeliveredRetryWhileItsWriteIsInFlightIsAnswered(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a := newRequeueAgent()
 		close(a.hold)
-		g := &gatedCommits{open: make(chan struct{}), waiting: make(chan struct{}, 1)}
-		w := newManagerWorldWrites(t, a, nil, func(s persistence.Store) persistence.Store {
-			g.Store = s
-			return g
-		})
+		w, g, _ := newGatedWorld(t, a, nil, nil)
 		w.deliver(t, "m1", "one")
 		w.awaitTurnEnds(1)
 		synctest.Wait()
@@ -347,16 +335,9 @@ func TestUnsureRequeueRunsAtTheKeysRecovery(t *testing.T) {
 // once: its sender, told the command was taken, never sent it again, and it never happened.
 func TestRepeatedCommandWhileItsWriteIsInFlightGetsItsOutcome(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := &gatedCommits{open: make(chan struct{}), waiting: make(chan struct{}, 1)}
-		var refuse atomic.Bool
-		refused := &refusedWrites{refuse: func(op persistence.Op) bool {
+		w, g, refuse := newGatedWorld(t, echo.New(), nil, func(op persistence.Op) bool {
 			m, ok := op.(*persistence.AppendMessage)
-			return ok && refuse.Load() && m.Message.MessageID == "k1"
-		}}
-		w := newManagerWorldWrites(t, echo.New(), nil, func(s persistence.Store) persistence.Store {
-			refused.Store = s
-			g.Store = refused
-			return g
+			return ok && m.Message.MessageID == "k1"
 		})
 		w.deliver(t, "m0", "hello")
 		w.awaitTurnEnds(1)

@@ -1,7 +1,6 @@
 package actors
 
 import (
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -144,16 +143,9 @@ func (w *managerWorld) sessionCount(t *testing.T) int {
 // the session the store never got (found by a review).
 func TestRetryBehindARefusedResetIsNotAnsweredDone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := &gatedCommits{waiting: make(chan struct{}, 1), open: make(chan struct{})}
-		var refuse atomic.Bool
-		refused := &refusedWrites{refuse: func(op persistence.Op) bool {
+		w, g, refuse := newGatedWorld(t, echo.New(), nil, func(op persistence.Op) bool {
 			_, ok := op.(*persistence.EndSession)
-			return ok && refuse.Load()
-		}}
-		w := newManagerWorldWrites(t, echo.New(), nil, func(s persistence.Store) persistence.Store {
-			refused.Store = s
-			g.Store = refused
-			return g
+			return ok
 		})
 		first := w.deliver(t, "m0", "hello")
 		w.awaitTurnEnds(1)

@@ -7,6 +7,7 @@ package supervisor
 import (
 	"context"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -59,12 +60,61 @@ func TestClusterRetriedDeliveryIsNotADuplicate(t *testing.T) {
 // left while messages arrived).
 func TestClusterDeliveryStoppedAfterItsCommitIsNotADuplicate(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
-	a := startClusterMember(t, dsn, okAgent, 5*time.Second)
+	held := holdCommitOf(func(op persistence.Op) bool {
+		m, ok := op.(*persistence.AppendMessage)
+		return ok && m.Message.MessageID == "x"
+	})
+	a, b, src := startMembersHeld(t, dsn, held)
 	defer a.stop(t)
-	held := &holdCommit{id: "x", committed: make(chan struct{}), release: make(chan struct{})}
-	releaseOnce := sync.OnceFunc(func() { close(held.release) })
-	defer releaseOnce()
-	b := MustStartDaemon(t, okAgent, daemonOpts{drain: 100 * time.Millisecond, tweak: clusterOn(dsn),
+	acked := make(chan *platforms.Ack, 1)
+	go func() { acked <- a.inject(t, src, "x", "hi") }()
+	<-held.committed // stored, its answer held
+	stopWhileHeld(t, dsn, b, held)
+	if ack := <-acked; ack != nil && ack.Disposition != platforms.Started && ack.Disposition != platforms.Queued {
+		t.Errorf("the message's only delivery was acknowledged %q, want it taken (%q or %q)", ack.Disposition, platforms.Started, platforms.Queued)
+	}
+	waitReply(t, []*runtime{a, b}, "x")
+	if n := repliesTo([]*runtime{a, b}, "x"); n != 1 {
+		t.Errorf("x answered %d times, want once", n)
+	}
+}
+
+// holdCommit is a store whose commit of a group holding an op that match picks returns only
+// once release is closed, after it has committed (committed is closed then).
+type holdCommit struct {
+	persistence.Store
+	match     func(persistence.Op) bool
+	committed chan struct{}
+	release   chan struct{}
+	once      sync.Once // committed
+	letOnce   sync.Once // release
+}
+
+func holdCommitOf(match func(persistence.Op) bool) *holdCommit {
+	return &holdCommit{match: match, committed: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (s *holdCommit) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	errs := s.Store.Commit(ctx, groups)
+	for _, g := range groups {
+		if slices.ContainsFunc(g, s.match) {
+			s.once.Do(func() { close(s.committed) })
+			<-s.release
+		}
+	}
+	return errs
+}
+
+// letGo releases the held commit (once).
+func (s *holdCommit) letGo() { s.letOnce.Do(func() { close(s.release) }) }
+
+// startMembersHeld starts two members on dsn, b with its commits through held, and returns them
+// with a chat whose key b owns.
+func startMembersHeld(t *testing.T, dsn string, held *holdCommit) (a, b *runtime, src identity.Source) {
+	t.Helper()
+	a = startClusterMember(t, dsn, okAgent, 5*time.Second)
+	t.Cleanup(held.letGo)
+	b = MustStartDaemon(t, okAgent, daemonOpts{drain: 100 * time.Millisecond, tweak: clusterOn(dsn),
 		wrap: func(s persistence.Store) persistence.Store { held.Store = s; return held }})
 	waitUntil(t, func() bool {
 		return len(a.d.cluster.MemberList.Members().Members()) == 2 && len(b.d.cluster.MemberList.Members().Members()) == 2
@@ -74,16 +124,19 @@ func TestClusterDeliveryStoppedAfterItsCommitIsNotADuplicate(t *testing.T) {
 	for owner(a.d.intake.Key(chat(i))) != b.d.system.Address() {
 		i++
 	}
-	acked := make(chan *platforms.Ack, 1)
-	go func() { acked <- a.inject(t, chat(i), "x", "hi") }()
-	<-held.committed // stored, its answer held
+	return a, b, chat(i)
+}
+
+// stopWhileHeld stops b while its held commit waits: b's sessions stop, answering what waits
+// for their writes "stopped", once it has withdrawn its registration (before its persistence
+// actor stops, which waits for the held commit); then the commit returns, and b stops.
+func stopWhileHeld(t *testing.T, dsn string, b *runtime, held *holdCommit) {
+	t.Helper()
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
 		b.stop(t)
 	}()
-	// b's sessions have stopped once it withdrew its registration (before its persistence
-	// actor stops, which waits for the held commit).
 	conn, err := pgx.Connect(t.Context(), dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -96,38 +149,8 @@ func TestClusterDeliveryStoppedAfterItsCommitIsNotADuplicate(t *testing.T) {
 		}
 		return n == 0
 	})
-	releaseOnce()
+	held.letGo()
 	<-stopped
-	if ack := <-acked; ack != nil && ack.Disposition != platforms.Started && ack.Disposition != platforms.Queued {
-		t.Errorf("the message's only delivery was acknowledged %q, want it taken (%q or %q)", ack.Disposition, platforms.Started, platforms.Queued)
-	}
-	waitReply(t, []*runtime{a, b}, "x")
-	if n := repliesTo([]*runtime{a, b}, "x"); n != 1 {
-		t.Errorf("x answered %d times, want once", n)
-	}
-}
-
-// holdCommit is a store whose commit of the user message id returns only once release is
-// closed, after it has committed (committed is closed then).
-type holdCommit struct {
-	persistence.Store
-	id        string
-	committed chan struct{}
-	release   chan struct{}
-	once      sync.Once
-}
-
-func (s *holdCommit) Commit(ctx context.Context, groups [][]persistence.Op) []error {
-	errs := s.Store.Commit(ctx, groups)
-	for _, g := range groups {
-		for _, op := range g {
-			if m, ok := op.(*persistence.AppendMessage); ok && m.Message.MessageID == s.id {
-				s.once.Do(func() { close(s.committed) })
-				<-s.release
-			}
-		}
-	}
-	return errs
 }
 
 // TestClusterRetriedResetResetsOnce: an operator resets a chat whose key a dead member held
@@ -205,22 +228,10 @@ func chatOfADeadMember(t *testing.T, a *runtime) (src identity.Source, key, dead
 // taken effect, and to look before resetting again.
 func TestClusterResetStoppedAfterItsCommitResetsOnce(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
-	a := startClusterMember(t, dsn, okAgent, 5*time.Second)
+	held := holdCommitOf(func(op persistence.Op) bool { _, ok := op.(*persistence.EndSession); return ok })
+	a, b, src := startMembersHeld(t, dsn, held)
 	defer a.stop(t)
-	held := &holdReset{committed: make(chan struct{}), release: make(chan struct{})}
-	releaseOnce := sync.OnceFunc(func() { close(held.release) })
-	defer releaseOnce()
-	b := MustStartDaemon(t, okAgent, daemonOpts{drain: 100 * time.Millisecond, tweak: clusterOn(dsn),
-		wrap: func(s persistence.Store) persistence.Store { held.Store = s; return held }})
-	waitUntil(t, func() bool {
-		return len(a.d.cluster.MemberList.Members().Members()) == 2 && len(b.d.cluster.MemberList.Members().Members()) == 2
-	})
-	owner := ownerOf(a.d.cluster.MemberList.Members().Members())
-	i := 0
-	for owner(a.d.intake.Key(chat(i))) != b.d.system.Address() {
-		i++
-	}
-	first := a.inject(t, chat(i), "x", "hi")
+	first := a.inject(t, src, "x", "hi")
 	waitReply(t, []*runtime{a, b}, "x")
 	key := first.SessionKey
 	reset := make(chan any, 1)
@@ -232,25 +243,7 @@ func TestClusterResetStoppedAfterItsCommitResetsOnce(t *testing.T) {
 		reset <- res
 	}()
 	<-held.committed // stored, its answer held
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		b.stop(t)
-	}()
-	conn, err := pgx.Connect(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	waitUntil(t, func() bool {
-		var n int
-		if err := conn.QueryRow(t.Context(), `SELECT COUNT(*) FROM members WHERE id = $1`, b.d.system.ID).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n == 0
-	})
-	releaseOnce()
-	<-stopped
+	stopWhileHeld(t, dsn, b, held)
 	got := <-reset
 	r, ok := got.(*actors.ResetResult)
 	if !ok || r.Error != "" || r.PreviousSessionId != first.SessionID || r.SessionId == "" {
@@ -266,26 +259,4 @@ func TestClusterResetStoppedAfterItsCommitResetsOnce(t *testing.T) {
 	if route, err := a.d.store.Route(t.Context(), key); err != nil || route.SessionID != r.SessionId {
 		t.Errorf("the key routes to %+v (%v), want the session the reset began, %s", route, err, r.SessionId)
 	}
-}
-
-// holdReset is a store whose commit of a session's end returns only once release is closed,
-// after it has committed (committed is closed then).
-type holdReset struct {
-	persistence.Store
-	committed chan struct{}
-	release   chan struct{}
-	once      sync.Once
-}
-
-func (s *holdReset) Commit(ctx context.Context, groups [][]persistence.Op) []error {
-	errs := s.Store.Commit(ctx, groups)
-	for _, g := range groups {
-		for _, op := range g {
-			if _, ok := op.(*persistence.EndSession); ok {
-				s.once.Do(func() { close(s.committed) })
-				<-s.release
-			}
-		}
-	}
-	return errs
 }
