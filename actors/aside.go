@@ -195,11 +195,7 @@ func (s *Session) asideNext(c actor.Context) {
 		msgs, err := s.d.Store.PendingRefsAfter(ctx, w.sessionID, w.after, w.through, asidePage)
 		cancel()
 		if err != nil {
-			if n, ok := s.d.spillReadFailures.Allow(); ok {
-				args := []any{"session_id", w.sessionID, logging.Err(err)}
-				if n > 1 {
-					args = append(args, "repeats", n-1)
-				}
+			if args, ok := s.d.spillReadFailures.Allowed("session_id", w.sessionID, logging.Err(err)); ok {
 				s.logger().Warn("read pending messages to set aside; retrying in a second", args...)
 			}
 			s.timers(c).SendOnce(spillRetryAfter, c.Self(), &asideRetry{})

@@ -36,15 +36,9 @@ func (s *Session) logRefusedInbound(err error, messageID string, seq int64) {
 		s.logRefusedWrite(msg, err, "message_id", messageID, "seq", seq)
 		return
 	}
-	n, ok := s.d.inboundRefusals.Allow()
-	if !ok {
-		return
+	if args, ok := s.d.inboundRefusals.Allowed("message_id", messageID, "seq", seq); ok {
+		s.logRefusedWrite(msg, err, args...)
 	}
-	args := []any{"message_id", messageID, "seq", seq}
-	if n > 1 {
-		args = append(args, "repeats", n-1)
-	}
-	s.logRefusedWrite(msg, err, args...)
 }
 
 // outboxEntry is the outbox entry of one reply or notice to src, with the next outbox seq.

@@ -132,11 +132,7 @@ func (s *Session) refill(c actor.Context) {
 	}
 	want := s.d.Config.QueueCap + 1 - len(s.queue)
 	if err := s.readBack(sp, want, true); err != nil {
-		if n, ok := s.d.spillReadFailures.Allow(); ok {
-			args := []any{"spilled", sp.stored, logging.Err(err)}
-			if n > 1 {
-				args = append(args, "repeats", n-1)
-			}
+		if args, ok := s.d.spillReadFailures.Allowed("spilled", sp.stored, logging.Err(err)); ok {
 			s.logger().Warn("read the messages waiting in the store past the queue's cap; retrying in a second", args...)
 		}
 		s.timers(c).SendOnce(spillRetryAfter, c.Self(), &spillRetry{})

@@ -24,14 +24,9 @@ func (ls *lineLimits) log(log *slog.Logger, level slog.Level, msg string, args .
 		l = &logging.Limiter{}
 		(*ls)[msg] = l
 	}
-	n, ok := l.Allow()
-	if !ok {
-		return
+	if args, ok := l.Allowed(args...); ok {
+		log.Log(context.Background(), level, msg, args...)
 	}
-	if n > 1 {
-		args = append(args, "repeats", n-1)
-	}
-	log.Log(context.Background(), level, msg, args...)
 }
 
 // ok says that what msg reports has stopped failing: its next failure is logged at once.

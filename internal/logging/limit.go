@@ -31,6 +31,17 @@ func (l *Limiter) Allow() (n int, ok bool) {
 	return n, true
 }
 
+// Allowed records one event and, when it is let through (Allow), returns args with
+// "repeats", the events held back since the last line, when there were any: the arguments of
+// the line to log.
+func (l *Limiter) Allowed(args ...any) ([]any, bool) {
+	n, ok := l.Allow()
+	if ok && n > 1 {
+		args = append(args, "repeats", n-1)
+	}
+	return args, ok
+}
+
 // Reset forgets the events: what failed works again, and its next failure is logged at once.
 func (l *Limiter) Reset() {
 	l.mu.Lock()

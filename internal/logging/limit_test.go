@@ -1,6 +1,7 @@
 package logging
 
 import (
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -32,6 +33,25 @@ func TestLimiter(t *testing.T) {
 		l.Reset()
 		if g := allow(); g != (got{1, true}) {
 			t.Errorf("Allow after Reset = %+v, want {1 true}", g)
+		}
+	})
+}
+
+// TestLimiterAllowed: the line's arguments say how many events it stands for beyond its own.
+func TestLimiterAllowed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l Limiter
+		if args, ok := l.Allowed("k", 1); !ok || fmt.Sprint(args) != "[k 1]" {
+			t.Errorf("first event: %v %v, want [k 1] let through", args, ok)
+		}
+		for range 3 {
+			if _, ok := l.Allowed("k", 2); ok {
+				t.Fatal("an event within LimitEvery was let through")
+			}
+		}
+		time.Sleep(LimitEvery)
+		if args, ok := l.Allowed("k", 3); !ok || fmt.Sprint(args) != "[k 3 repeats 3]" {
+			t.Errorf("after LimitEvery: %v %v, want [k 3 repeats 3] let through", args, ok)
 		}
 	})
 }

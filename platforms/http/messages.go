@@ -134,11 +134,7 @@ func (p *Platform) writeDeliverError(w http.ResponseWriter, ack *platforms.Ack, 
 	case errors.Is(err, platforms.ErrConflict):
 		writeError(w, http.StatusConflict, CodeMessageIDConflict, "message_id is already used in this chat by another conversation; give each message its own id")
 	case errors.Is(err, platforms.ErrUnavailable):
-		if n, ok := p.unstored.Allow(); ok {
-			args := []any{"chat", in.Source.ChatID, "message_id", in.MessageID, logging.Err(err)}
-			if n > 1 {
-				args = append(args, "repeats", n-1)
-			}
+		if args, ok := p.unstored.Allowed("chat", in.Source.ChatID, "message_id", in.MessageID, logging.Err(err)); ok {
 			p.log.Warn("message not stored; the client is told to send it again", args...)
 		}
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the message could not be stored, retry later")

@@ -622,11 +622,7 @@ func (t *trackingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter 
 func (p *Platform) hold(w http.ResponseWriter, what string) (release func(), ok bool) {
 	if n := p.held.Add(1); n > int64(p.cfg.MaxHeld) {
 		p.held.Add(-1)
-		if n, ok := p.overHeld.Allow(); ok {
-			args := []any{"max", p.cfg.MaxHeld, "refused", what}
-			if n > 1 {
-				args = append(args, "repeats", n-1)
-			}
+		if args, ok := p.overHeld.Allowed("max", p.cfg.MaxHeld, "refused", what); ok {
 			p.log.Warn("too many event streams and ?wait requests held open; refusing more", args...)
 		}
 		w.Header().Set("Retry-After", "5")
