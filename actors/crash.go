@@ -44,9 +44,9 @@ func (s *Session) onRestarting(c actor.Context) {
 	// a durable one is answered as a duplicate.
 	s.answerUnstored(c, "session restarted before the message was stored; retry with the same message_id")
 	s.answerOrphans(c, "session restarted before the message was stored; retry with the same message_id")
-	if s.busy {
-		c.Send(c.Parent(), &busyChanged{key: s.key, busy: false})
-	}
+	// The key stays busy for the manager: the next incarnation reruns what was running, and a
+	// drain waits for it (TestDrainWaitsForTheRerunOfACrashedTurn). It says when it is idle.
+	life.busy = s.busy
 	if u := s.unusual; u != nil {
 		life.ending, u.ending = u.ending, nil
 	}

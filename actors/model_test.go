@@ -384,6 +384,7 @@ func (m *model) kill() {
 func (m *model) down() {
 	w := m.daemon
 	w.cancel()
+	w.d.AgentCalls.Close()
 	_ = w.d.AgentCalls.Wait(context.Background())
 	synctest.Wait()
 	w.system.Shutdown()

@@ -157,6 +157,10 @@ type lifeline struct {
 	// incarnation crashed: the next one waits for them as it would (cancelAwaited). Their
 	// callEnded and cancelOverdue reach it (the PID survives the restart).
 	ending []endingCall
+	// busy: the last incarnation had work in hand (a running turn, an unanswered write). The
+	// manager goes on counting the key busy until the next incarnation says it is idle
+	// (updateBusy): a drain ended by the crash would stop the daemon while the rerun starts.
+	busy bool
 }
 
 // item is one inbound message waiting for (or in) a turn.
@@ -357,6 +361,7 @@ func (s *Session) start(c actor.Context) {
 		s.rare().life = life
 		s.leaving = life.leaving
 		s.rare().ending, life.ending = life.ending, nil
+		s.busy, life.busy = life.busy, false
 	}
 	if _, out := s.d.crashedOut.LoadAndDelete(c.Self().Id); out {
 		s.crashOut(c)

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -149,6 +150,12 @@ func (t *Turn) start(c actor.Context) {
 	ctx, cancel := context.WithCancel(t.parent)
 	t.cancel = cancel
 	self, root := c.Self(), c.ActorSystem().Root
+	if !t.calls.add() {
+		// The daemon stops and has waited for the agent calls (AgentCalls.Close): a call that
+		// started now would outlive it. The turn's messages stay pending for the next start.
+		c.Send(self, &agentDone{err: ErrAgentCallsClosed})
+		return
+	}
 	agent, req := t.agent, t.req
 	var relay *steerRelay
 	if agents.CanSteer(agent) {
@@ -160,7 +167,6 @@ func (t *Turn) start(c actor.Context) {
 		go relay.run()
 	}
 	calls, slots := t.calls, t.slots
-	calls.add()
 	go func() {
 		start := time.Now()
 		defer calls.done()
@@ -312,22 +318,45 @@ func (t *Turn) closeSteer() {
 }
 
 // AgentCalls counts the agent calls in flight, so that a stopping daemon can wait for them
-// (Wait): a stop cancels every turn, but an agent needs a moment to end what it started (the
-// exec agent signals its command's process group and kills it after its grace period). A
+// (Close, Wait): a stop cancels every turn, but an agent needs a moment to end what it started
+// (the exec agent signals its command's process group and kills it after its grace period). A
 // daemon that exited first left the processes its commands started running, reparented to
-// init. The zero value counts; a nil *AgentCalls counts nothing.
+// init. Once closed, no call starts: a turn whose request reached it after the stop's wait (a
+// session restarted by a crash as the daemon stopped) would otherwise run its agent beside the
+// next start's rerun of the same message. The zero value counts; a nil *AgentCalls counts
+// nothing.
 type AgentCalls struct {
 	mu      sync.Mutex
 	n       int
+	closed  bool
 	waiters []chan struct{} // closed when n reaches 0
 }
 
-func (a *AgentCalls) add() {
+// ErrAgentCallsClosed is a turn's error when its call would start after the daemon's stop
+// waited for the agent calls (AgentCalls.Close).
+var ErrAgentCallsClosed = errors.New("the daemon is stopping: no agent call starts")
+
+// add counts a call that starts, or reports false once closed.
+func (a *AgentCalls) add() bool {
+	if a == nil {
+		return true
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return false
+	}
+	a.n++
+	return true
+}
+
+// Close lets no more calls start; those in flight go on, and Wait waits for them.
+func (a *AgentCalls) Close() {
 	if a == nil {
 		return
 	}
 	a.mu.Lock()
-	a.n++
+	a.closed = true
 	a.mu.Unlock()
 }
 

@@ -471,8 +471,11 @@ func (d *Daemon) Abort() {
 // waitAgents waits, within ctx, for the agent calls still in flight once every turn is
 // cancelled: an exec agent's command gets SIGTERM, and SIGKILL for its whole process group
 // after agent.exec.kill_grace. A daemon that exited before that left the processes its commands
-// started running (only the command itself dies with the daemon, by Pdeathsig).
+// started running (only the command itself dies with the daemon, by Pdeathsig). No call starts
+// from here on: a turn whose request comes late (its session restarted by a crash as the
+// daemon stopped) would run beside the next start's rerun of its message.
 func (d *Daemon) waitAgents(ctx context.Context) {
+	d.deps.AgentCalls.Close()
 	n := d.deps.AgentCalls.Running()
 	if n == 0 {
 		return

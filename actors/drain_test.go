@@ -1,0 +1,105 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// TestDrainWaitsForTheRerunOfACrashedTurn: a session whose agent panics during a drain restarts
+// and runs the message again; the drain ends once that rerun has answered. Before, the crashed
+// incarnation told its manager it was idle, so the drain ended at the crash: the daemon then
+// stopped while the restarted session started the rerun, which it cancelled at once (its
+// message ran again at the next start, after an agent call cut short).
+func TestDrainWaitsForTheRerunOfACrashedTurn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		crash, rerun := make(chan struct{}), make(chan struct{})
+		ran := make(chan int, 4)
+		calls := 0
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			calls++
+			ran <- calls
+			if calls == 1 {
+				<-crash
+				panic("agent bug")
+			}
+			select {
+			case <-rerun:
+				return &agents.Response{Text: "answered after the crash"}, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		})
+		w := newManagerWorld(t, agent, nil)
+		drained := make(chan struct{}, 1)
+		drainer := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if _, ok := c.Message().(*Drained); ok {
+				drained <- struct{}{}
+			}
+		}))
+		if res := w.deliver(t, "m1", "work"); res.Disposition != "started" {
+			t.Fatalf("m1: %+v", res)
+		}
+		<-ran
+		w.system.Root.RequestWithCustomSender(w.manager, &Drain{}, drainer)
+		close(crash)
+		if n := <-ran; n != 2 {
+			t.Fatalf("agent call %d, want the rerun (2)", n)
+		}
+		synctest.Wait()
+		select {
+		case <-drained:
+			t.Fatal("the drain ended while the crashed turn's rerun ran")
+		default:
+		}
+		close(rerun)
+		if out := <-w.sent; out.Out.Text != "answered after the crash" {
+			t.Errorf("sent %q, want the rerun's answer", out.Out.Text)
+		}
+		synctest.Wait()
+		select {
+		case <-drained:
+		default:
+			t.Error("the drain did not end once the rerun answered")
+		}
+	})
+}
+
+// TestNoAgentCallStartsOnceTheCallsAreClosed: once a stopping daemon has waited for the agent
+// calls in flight (AgentCalls.Close, then Wait), a turn whose request reaches it late runs no
+// agent: the call would outlive the daemon and run beside the next start's rerun of the same
+// message. The turn answers its session with ErrAgentCallsClosed, and nothing is counted.
+func TestNoAgentCallStartsOnceTheCallsAreClosed(t *testing.T) {
+	system, _ := quietSystem(t)
+	defer system.Shutdown()
+	var calls AgentCalls
+	calls.Close()
+	agent := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+		t.Error("the agent ran after the calls were closed")
+		return &agents.Response{Text: "late"}, nil
+	})
+	finished := make(chan *TurnFinished, 1)
+	session := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if f, ok := c.Message().(*TurnFinished); ok {
+			finished <- f
+		}
+	}))
+	turn := system.Root.Spawn(NewTurn(t.Context(), agent, &calls, nil, metrics.New("fake").Actor("turn"), nil))
+	req := &agents.Request{Identity: identity.Turn{TurnID: "t_late"}}
+	system.Root.Send(turn, &runTurn{req: req, session: session})
+	if f := <-finished; !errors.Is(f.Err, ErrAgentCallsClosed) {
+		t.Errorf("turn finished with %v, want ErrAgentCallsClosed", f.Err)
+	}
+	if n := calls.Running(); n != 0 {
+		t.Errorf("%d calls counted, want 0", n)
+	}
+	if err := calls.Wait(t.Context()); err != nil {
+		t.Errorf("Wait: %v", err)
+	}
+}
