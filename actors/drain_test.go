@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/identity"
@@ -102,4 +103,43 @@ func TestNoAgentCallStartsOnceTheCallsAreClosed(t *testing.T) {
 	if err := calls.Wait(t.Context()); err != nil {
 		t.Errorf("Wait: %v", err)
 	}
+}
+
+// TestDrainRunsADebouncedMessage: a message held for its debounce window when the drain begins
+// is run and answered before the drain ends, as one queued behind a running turn is. Before,
+// its session counted as idle, so the drain ended at once and the message waited for the next
+// start.
+func TestDrainRunsADebouncedMessage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		echo := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "echo: " + req.Messages[0].Text}, nil
+		})
+		w := newManagerWorld(t, echo, func(d *Deps) { d.Config.Debounce = 2 * time.Second })
+		drained := make(chan struct{}, 1)
+		drainer := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if _, ok := c.Message().(*Drained); ok {
+				drained <- struct{}{}
+			}
+		}))
+		if res := w.deliver(t, "m1", "held"); res.ErrorCode != "" {
+			t.Fatalf("m1: %+v", res)
+		}
+		synctest.Wait()
+		w.system.Root.RequestWithCustomSender(w.manager, &Drain{}, drainer)
+		synctest.Wait()
+		select {
+		case <-drained:
+			t.Fatal("the drain ended while a message waited out its debounce window")
+		default:
+		}
+		if out := <-w.sent; out.Out.Text != "echo: held" {
+			t.Errorf("sent %q, want the debounced message's answer", out.Out.Text)
+		}
+		synctest.Wait()
+		select {
+		case <-drained:
+		default:
+			t.Error("the drain did not end once the debounced message was answered")
+		}
+	})
 }

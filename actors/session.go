@@ -623,7 +623,8 @@ func (s *Session) passivateIfIdle(c actor.Context) {
 }
 
 // updateBusy tells the manager when the session starts or stops having work in hand: a running
-// turn or a write not yet acknowledged (a finished turn's reply is sent only after its write).
+// turn, a write not yet acknowledged (a finished turn's reply is sent only after its write), or
+// a message waiting out its debounce window (holding).
 // A drain waits until no session is busy.
 //
 // A session that hands its key over once idle (fenced, moved, stale, or its member leaving)
@@ -634,7 +635,7 @@ func (s *Session) passivateIfIdle(c actor.Context) {
 // successor was never told to run what the session left queued
 // (TestLeavingManagersDrainWaitsForTheHandOver).
 func (s *Session) updateBusy(c actor.Context) {
-	busy := s.running != nil || s.ending() || len(s.inflight) > 0
+	busy := s.running != nil || s.ending() || len(s.inflight) > 0 || s.holding()
 	if !busy && (s.leaving || s.fencedOut) && !s.passivating {
 		return // it hands over next (leaveIfIdle, stopWhenSettled), and says so first
 	}

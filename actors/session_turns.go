@@ -58,7 +58,7 @@ func (s *Session) tryStart(c actor.Context) {
 	}
 	if wait := s.holdFor(); wait > 0 {
 		s.timers(c).SendOnce(wait, c.Self(), &debounceTick{})
-		s.updateBusy(c)
+		s.updateBusy(c) // (busy: see holding)
 		return
 	}
 	if s.holdForProbation(c) {
@@ -129,6 +129,15 @@ func (s *Session) debounceFor(platform string) time.Duration {
 // live (recovered messages are never held).
 func (s *Session) debounced(it *item) bool {
 	return s.debounceFor(it.src.Platform) > 0 && !it.arrived.IsZero()
+}
+
+// holding reports whether the head of the queue waits out its debounce window (holdFor). That
+// is work in hand for a drain, which waits the window out and runs the message, as it runs what
+// queues behind a running turn: counted idle, it was left for the next start
+// (TestDrainRunsADebouncedMessage).
+func (s *Session) holding() bool {
+	return s.running == nil && len(s.queue) > 0 && s.queue[0].durable && s.debounced(s.queue[0]) &&
+		!s.halted && !s.leaving && !s.fencedOut
 }
 
 // holdFor is how long the head of the queue must still wait for its sender to be quiet: the
