@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -138,6 +139,49 @@ func TestLostCommitAnswerRunsAtTheKeysRecovery(t *testing.T) {
 			t.Errorf("m1 ran %d times, want once", n)
 		}
 	})
+}
+
+// TestAdoptedMessageRunsInItsPlace: a message whose write committed but was answered as failed
+// (the session could not read whether it applied) is adopted later, when its sender sends it
+// again or at the key's recovery, after a message that came behind it was queued. It runs in
+// its place, by its seq, before that message, as the store holds them and as a restart would
+// run them. Before, it was queued behind every message in memory.
+func TestAdoptedMessageRunsInItsPlace(t *testing.T) {
+	for _, how := range []string{"sent again", "recovery"} {
+		t.Run(how, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				a := newRequeueAgent()
+				out := &storetest.Outage{}
+				blind := &blindReads{}
+				w := newManagerWorldWrites(t, a, func(d *Deps) { d.Fencing = true; blind.wrap(d) }, func(s persistence.Store) persistence.Store {
+					out.Store = s
+					return out
+				})
+				w.deliver(t, "m0", "hold")
+				out.Lost.Store(1)
+				blind.on.Store(true) // the session cannot read whether the write applied
+				if r := w.deliver(t, "lost", "lost"); r.ErrorCode != "unavailable" {
+					t.Fatalf("lost, whose commit answer is lost: %+v, want unavailable", r)
+				}
+				blind.on.Store(false)
+				if r := w.deliver(t, "after", "after"); r.Disposition != platforms.Queued {
+					t.Fatalf("after: %+v, want queued", r)
+				}
+				if how == "recovery" {
+					w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &Recover{}})
+				} else if r := w.deliver(t, "lost", "lost"); r.ErrorCode != "" {
+					t.Fatalf("lost sent again: %+v, want taken", r)
+				}
+				synctest.Wait()
+				close(a.hold)
+				w.awaitTurnEnds(3)
+				synctest.Wait()
+				if got, want := a.order(), []string{"m0", "lost", "after"}; !slices.Equal(got, want) {
+					t.Errorf("turns ran %v, want %v", got, want)
+				}
+			})
+		})
+	}
 }
 
 // TestLostCommitAnswerOfAMessageIsTaken: the write of a message commits, but its answer is lost

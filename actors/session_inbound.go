@@ -194,8 +194,27 @@ func (s *Session) adoptStored(it *item) bool {
 		s.lastSeq--
 	}
 	it.seq, it.sessionID, it.at, it.outAfter = orig.Seq, orig.SessionID, orig.CreatedAt, u.outAfter
+	if i := slices.Index(s.queue, it); i >= 0 {
+		// It was queued behind every message as it arrived again: it runs where it is stored.
+		s.queue = slices.Delete(s.queue, i, i+1)
+		s.queueInPlace(it)
+	}
 	s.logAdopted(it)
 	return true
+}
+
+// queueInPlace queues it, a message whose seq may be earlier than those of messages queued in
+// memory behind it (an adopted one: its first write applied, only its answer was lost), before
+// the first of its session's queued messages with a later seq: in the store's order, which is
+// the order its sender sent them in, and the one a restart would run them in
+// (TestAdoptedMessageRunsInItsPlace). Before, it was queued behind them all.
+func (s *Session) queueInPlace(it *item) {
+	at := slices.IndexFunc(s.queue, func(q *item) bool { return q.sessionID == it.sessionID && q.seq > it.seq })
+	if at < 0 {
+		s.queue = append(s.queue, it)
+		return
+	}
+	s.queue = slices.Insert(s.queue, at, it)
 }
 
 // logAdopted says that it, whose write was reported failed, is stored and runs now.
@@ -240,15 +259,15 @@ func (s *Session) adoptUnsure(c actor.Context) bool {
 	return adopted
 }
 
-// queueAdopted queues u, an adopted message stored at its seq (adoptUnsure), behind the
-// messages queued in memory; when a spill waits in the store, in its place among the spilled
-// ones by seq, without reading them: before the stored range it is the last of the queue in
+// queueAdopted queues u, an adopted message stored at its seq (adoptUnsure), in its place by
+// seq: among the messages queued in memory (queueInPlace); when a spill waits in the store,
+// among the spilled ones, without reading them: before the stored range it joins the queue in
 // memory, within it the range's read back takes it, and past it it joins the spill's tail.
 func (s *Session) queueAdopted(u *item) {
 	sp := s.spilling()
 	switch {
 	case sp == nil || u.seq <= sp.after:
-		s.queue = append(s.queue, u)
+		s.queueInPlace(u)
 	case u.seq <= sp.through:
 		sp.stored++ // counted now: its refused write was not (leaveTail)
 	default:

@@ -83,7 +83,7 @@ func (s *Session) leaveTail(it *item) {
 // settle moves the tail's front messages whose writes have landed into the stored range, and
 // lets go of them: from here on the store holds them for the session. A message whose landed
 // write adopted an earlier one's seq (adoptStored) lies before the range: it joins the queue in
-// memory. A spill with nothing left to read back and no tail ends.
+// memory, in its place (queueInPlace). A spill with nothing left to read back and no tail ends.
 func (s *Session) settle() {
 	sp := s.spilling()
 	for len(sp.tail) > 0 && sp.tail[0].durable {
@@ -92,7 +92,7 @@ func (s *Session) settle() {
 		sp.tail = sp.tail[1:]
 		it.inTail = false
 		if it.seq <= sp.after {
-			s.queue = append(s.queue, it)
+			s.queueInPlace(it)
 			continue
 		}
 		sp.through = max(sp.through, it.seq)
