@@ -10,6 +10,7 @@ import (
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/asynkron/protoactor-go/actor"
 )
 
@@ -140,6 +141,34 @@ func TestDrainRunsADebouncedMessage(t *testing.T) {
 		case <-drained:
 		default:
 			t.Error("the drain did not end once the debounced message was answered")
+		}
+	})
+}
+
+// TestTurnBegunAfterTheStopsWaitStaysPending: a session still alive when the stop has waited
+// for the agent calls (its stop passed the deadline) begins a turn that runs no agent
+// (ErrAgentCallsClosed). The turn was cut short by the stop, not failed: its message stays
+// pending for the next start and its sender gets no "could not answer" notice, as for a turn
+// cancelled at the drain deadline. Before, it was marked failed, with that notice.
+func TestTurnBegunAfterTheStopsWaitStaysPending(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		agent := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+			t.Error("the agent ran after the stop waited for the agent calls")
+			return &agents.Response{Text: "late"}, nil
+		})
+		w := newManagerWorld(t, agent, nil)
+		w.d.AgentCalls.Close()
+		if r := w.deliver(t, "m1", "hello"); r.ErrorCode != "" {
+			t.Fatalf("m1: %+v", r)
+		}
+		synctest.Wait()
+		if st, _ := w.statusOf(t, "m1"); st != persistence.StatusPending {
+			t.Errorf("m1: %s, want pending for the next start", st)
+		}
+		select {
+		case out := <-w.sent:
+			t.Errorf("sent %q, want nothing", out.Out.Text)
+		default:
 		}
 	})
 }

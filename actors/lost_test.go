@@ -184,6 +184,73 @@ func TestAdoptedMessageRunsInItsPlace(t *testing.T) {
 	}
 }
 
+// TestAdoptedMessageDoesNotInterruptANewerTurn: in interrupt mode, a message adopted when it is
+// sent again heads the queue (it is older than what waits there), while a newer message's turn
+// runs. It is no newer message: it does not interrupt that turn, and runs after it. Before, it
+// was taken for the newest arrival, and the newer message's turn was cut short and never
+// answered on its own (found by review).
+func TestAdoptedMessageDoesNotInterruptANewerTurn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		first, hold := make(chan struct{}), make(chan struct{})
+		var mu sync.Mutex
+		var ran []string
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			id := req.Identity.MessageID
+			mu.Lock()
+			ran = append(ran, id)
+			mu.Unlock()
+			if id == "m0" {
+				<-first // its call ends late after its cancel: what comes meanwhile queues
+				return nil, ctx.Err()
+			}
+			select {
+			case <-hold:
+				return &agents.Response{Text: "answered " + id}, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		})
+		out := &storetest.Outage{}
+		blind := &blindReads{}
+		w := newManagerWorldWrites(t, agent, func(d *Deps) {
+			d.Fencing, d.Config.QueueMode = true, ModeInterrupt
+			blind.wrap(d)
+		}, func(s persistence.Store) persistence.Store {
+			out.Store = s
+			return out
+		})
+		w.deliver(t, "m0", "zero")
+		out.Lost.Store(1)
+		blind.on.Store(true) // the session cannot read whether the write applied
+		if r := w.deliver(t, "lost", "lost"); r.ErrorCode != "unavailable" {
+			t.Fatalf("lost, whose commit answer is lost: %+v, want unavailable", r)
+		}
+		blind.on.Store(false)
+		if r := w.deliver(t, "after", "after"); r.Disposition != platforms.Interrupted {
+			t.Fatalf("after: %+v, want interrupted", r)
+		}
+		if r := w.deliver(t, "x", "x"); r.Disposition != platforms.Queued {
+			t.Fatalf("x: %+v, want queued behind after while m0's call ends", r)
+		}
+		close(first)
+		synctest.Wait() // after runs, x waits
+		if r := w.deliver(t, "lost", "lost"); r.ErrorCode != "" || r.Disposition == platforms.Interrupted {
+			t.Errorf("lost sent again while after runs: %+v, want taken, not interrupting", r)
+		}
+		close(hold)
+		w.awaitTurnEndsWithin(t, 3, time.Minute)
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		if want := []string{"m0", "after", "lost", "x"}; !slices.Equal(ran, want) {
+			t.Errorf("turns ran %v, want %v", ran, want)
+		}
+		if st, _ := w.statusOf(t, "after"); st != persistence.StatusDone {
+			t.Errorf("after: %s, want done (answered on its own)", st)
+		}
+	})
+}
+
 // TestLostCommitAnswerOfAMessageIsTaken: the write of a message commits, but its answer is lost
 // (a connection that broke after COMMIT, the spool failing too), and the store shows the
 // message as that write put it. The message is stored, so it is taken: acknowledged, run and

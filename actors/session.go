@@ -194,6 +194,18 @@ type turnRun struct {
 	note    string // the continuity note the turn was given (rareState.continuity), if any
 }
 
+// before reports whether the turn's messages came before it: it is a newer message, which may
+// interrupt or steer the turn. An adopted one (its write's answer was lost, and it was sent
+// again) may be older than the turn's, though it arrives later and heads the queue: it runs
+// after the turn, in its place (queueInPlace).
+func (r *turnRun) before(it *item) bool {
+	last := r.items[len(r.items)-1]
+	if len(r.steered) > 0 {
+		last = r.steered[len(r.steered)-1]
+	}
+	return it.sessionID != last.sessionID || it.seq > last.seq
+}
+
 // NewSession returns the props of session actors, spawned as children of the SessionManager
 // and named by their key (a session reads its key from its PID). One value serves every session
 // of d. recovered marks the activation that recovers unfinished work at daemon start: with

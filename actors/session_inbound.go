@@ -539,13 +539,15 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 		// (A leaving or fenced session starts no turn: it hands the key on. A cancelled turn
 		// still ending holds the next: the message is queued behind it.)
 		disp = platforms.Started
-	case s.running != nil && s.mode == ModeInterrupt && len(s.queue) > 0 && s.queue[0] == it:
+	case s.running != nil && s.mode == ModeInterrupt && len(s.queue) > 0 && s.queue[0] == it && s.running.before(it):
 		s.interrupt(c) // the new message runs next
 		disp = platforms.Interrupted
-	case s.running != nil && s.mode == ModeSteer && s.steer(c, it):
+	case s.running != nil && s.mode == ModeSteer && s.running.before(it) && s.steer(c, it):
 		disp = platforms.Steered
-	case (s.mode == ModeCollect || s.debounced(it)) && len(s.queue) > 1 && s.queue[len(s.queue)-2].src.UserID == it.src.UserID:
-		disp = platforms.Collected // it joins the messages waiting for the next turn
+	case s.mode == ModeCollect || s.debounced(it):
+		if i := slices.Index(s.queue, it); i > 0 && s.queue[i-1].src.UserID == it.src.UserID {
+			disp = platforms.Collected // it joins the messages waiting for the next turn
+		}
 	}
 	r := s.result(m, disp, it.sessionID)
 	r.OutboxAfter = it.outAfter

@@ -419,7 +419,16 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 		s.d.Metrics.AgentTokens.WithLabelValues("output").Add(float64(m.Usage.OutputTokens))
 	}
 	if m.Err != nil && s.d.Stopping.Load() && errors.Is(m.Err, agents.ErrStopSignal) {
-		s.stoppedBySignal(c, r, m.Err)
+		s.logger().Warn("the agent's process was ended by a signal while agentgate stops; its messages run again at the next start "+
+			"(a service manager signalled it with agentgate: under systemd, set KillMode=mixed)", "turn", r.id, logging.Err(m.Err))
+		s.cutShortByStop(c, r)
+		return
+	}
+	if errors.Is(m.Err, ErrAgentCallsClosed) {
+		// The stop had already waited for the agent calls: the agent never ran.
+		s.logger().Warn("a turn began after agentgate's stop waited for the agent calls, and did not run; its messages run again at the next start",
+			"turn", r.id)
+		s.cutShortByStop(c, r)
 		return
 	}
 	s.finishDraft(c, r)
@@ -435,16 +444,15 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 	s.tryStart(c)
 }
 
-// stoppedBySignal ends a turn whose agent's process was ended by a stop signal while the daemon
-// stops: a service manager that signals agentgate's whole process tree at once (systemd's
-// default KillMode=control-group) ends the agents' commands along with it. The turn did not
-// fail, the stop cut it short: its messages stay pending in the store and run again at the
-// next start (or, in a cluster, on the key's next owner), as a turn cancelled at the drain
-// deadline does, and the session starts no turn before it stops (halted).
-func (s *Session) stoppedBySignal(c actor.Context, r *turnRun, err error) {
+// cutShortByStop ends a turn the daemon's stop cut short: its agent's process was ended by a
+// stop signal (a service manager that signals agentgate's whole process tree at once, systemd's
+// default KillMode=control-group, ends the agents' commands along with it), or it began after
+// the stop had waited for the agent calls and never ran (ErrAgentCallsClosed). The turn did
+// not fail: its messages stay pending in the store and run again at the next start (or, in a
+// cluster, on the key's next owner), as a turn cancelled at the drain deadline does, and the
+// session starts no turn before it stops (halted).
+func (s *Session) cutShortByStop(c actor.Context, r *turnRun) {
 	s.d.Metrics.TurnsTotal.WithLabelValues("cancelled").Inc()
-	s.logger().Warn("the agent's process was ended by a signal while agentgate stops; its messages run again at the next start "+
-		"(a service manager signalled it with agentgate: under systemd, set KillMode=mixed)", "turn", r.id, logging.Err(err))
 	s.cancelTurn(c, r)
 	// Back at the head of the queue, as pending as they are in the store: a leaving member's
 	// session then has its successor run them at once (passivate.rerun).
