@@ -246,6 +246,42 @@ func TestIdentityOnTheSubprocessSurface(t *testing.T) {
 	}
 }
 
+// TestProfilesNeverShareASession: one chat written to under the default profile, a profile named
+// "main" and one named "main~" has three sessions, and each subprocess sees its own profile
+// and session. Before, "main" and "main~" were keyed alike (agent:main~:…): one session, one
+// transcript, each profile's agent reading the other's conversation (found by an audit).
+func TestProfilesNeverShareASession(t *testing.T) {
+	r := MustStart(t, MustExecAgent(t, `env | grep '^AGENTGATE_' | sort`), nil)
+	profiles := []string{"", "main", "main~"}
+	keys, ids := map[string]string{}, map[string]string{}
+	acks := map[string]*platforms.Ack{}
+	for i, p := range profiles {
+		src := dm
+		src.Profile = p
+		id := fmt.Sprint("m", i)
+		ack := r.inject(t, src, id, "hello")
+		if k, ok := keys[ack.SessionKey]; ok {
+			t.Errorf("profiles %q and %q share the key %s", k, p, ack.SessionKey)
+		}
+		if k, ok := ids[ack.SessionID]; ok {
+			t.Errorf("profiles %q and %q share the session %s", k, p, ack.SessionID)
+		}
+		keys[ack.SessionKey], ids[ack.SessionID], acks[id] = p, p, ack
+	}
+	for _, out := range r.waitSent(t, len(profiles)) {
+		env := parseEnv(out.Text)
+		ack := acks[env["AGENTGATE_MESSAGE_ID"]]
+		if ack == nil {
+			t.Errorf("a reply of no message: %q", out.Text)
+			continue
+		}
+		if want := keys[ack.SessionKey]; env["AGENTGATE_PROFILE"] != want || env["AGENTGATE_SESSION_KEY"] != ack.SessionKey || env["AGENTGATE_SESSION_ID"] != ack.SessionID {
+			t.Errorf("message %s ran as profile %q in %s/%s, want %q in %s/%s", env["AGENTGATE_MESSAGE_ID"], env["AGENTGATE_PROFILE"],
+				env["AGENTGATE_SESSION_KEY"], env["AGENTGATE_SESSION_ID"], want, ack.SessionKey, ack.SessionID)
+		}
+	}
+}
+
 // TestHostileDisplayNameIsNeutralised: a display name with a NUL and a line break (a sender
 // chooses it) reaches the subprocess, the transcript and the prompt only neutralised; the turn
 // runs (an environment variable cannot hold a NUL).

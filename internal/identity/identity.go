@@ -95,7 +95,8 @@ func (t Turn) Env() []string {
 }
 
 // defaultProfile is the namespace of the default profile. A profile literally named "main" is
-// written "main~" so it can never share a namespace with the default.
+// written "main~" so it can never share a namespace with the default, and one named "main~"
+// is written "main%7E" (profileSlot).
 const defaultProfile = "main"
 
 // Key builds the session key of src:
@@ -174,6 +175,10 @@ func profileSlot(p string) string {
 		return defaultProfile
 	case defaultProfile:
 		return defaultProfile + "~"
+	case defaultProfile + "~":
+		// Not "main~", the slot of a profile named "main": both shared one key, one session
+		// and one transcript. Escape never writes %7E, so no other profile's slot is this.
+		return defaultProfile + "%7E"
 	}
 	return Escape(p)
 }

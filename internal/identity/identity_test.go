@@ -23,6 +23,7 @@ func TestKey(t *testing.T) {
 		{"prospective thread", Source{Platform: "discord", ChatType: ChatChannel, ChatID: "55", ProspectiveThreadID: "88", UserID: "u1"}, DefaultKeyOptions, "agent:main:discord:thread:55:88"},
 		{"profile", Source{Platform: "telegram", ChatType: ChatDM, ChatID: "99", Profile: "coder"}, DefaultKeyOptions, "agent:coder:telegram:dm:99"},
 		{"profile named main", Source{Platform: "telegram", ChatType: ChatDM, ChatID: "99", Profile: "main"}, DefaultKeyOptions, "agent:main~:telegram:dm:99"},
+		{"profile named main~", Source{Platform: "telegram", ChatType: ChatDM, ChatID: "99", Profile: "main~"}, DefaultKeyOptions, "agent:main%7E:telegram:dm:99"},
 		{"escaped", Source{Platform: "http", ChatType: ChatDM, ChatID: "a:b/c%d"}, DefaultKeyOptions, "agent:main:http:dm:a%3Ab%2Fc%25d"},
 	}
 	for _, tt := range tests {
@@ -51,9 +52,10 @@ func FuzzKey(f *testing.F) {
 	f.Add("http", "dm", "c1", "", "u1", "", "c1", "", "u2", "")
 	f.Add("discord", "group", "55", "", "u:1", "p", "55", "", "u", "p")
 	f.Add("discord", "thread", "5/5", "7%7", "u1", "main", "5", "5/77", "u1", "")
+	f.Add("http", "dm", "c1", "", "u1", "main", "c1", "", "u1", "main~") // (once one key: found by an audit)
 	f.Fuzz(func(t *testing.T, platform, chatType, chatA, threadA, userA, profA, chatB, threadB, userB, profB string) {
-		if !ValidChatType(chatType) || platform == "" {
-			return
+		if !ValidChatType(chatType) || platform == "" || chatType == ChatThread && (threadA == "" || threadB == "") {
+			return // (a thread has an id: every platform gives one, and HTTP refuses one without)
 		}
 		for _, o := range []KeyOptions{DefaultKeyOptions, {}, {true, true}} {
 			a := Source{Platform: platform, ChatType: chatType, ChatID: chatA, ThreadID: threadA, UserID: userA, Profile: profA}
