@@ -9,6 +9,7 @@ package identity
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -251,7 +252,9 @@ type KeyParts struct {
 // thread, a thread carries its thread id and maybe a user, a group or channel maybe a user.
 func ParseKey(key string) (KeyParts, error) {
 	f := strings.Split(key, ":")
-	if len(f) < 5 || f[0] != "agent" {
+	if len(f) < 5 || f[0] != "agent" || slices.Contains(f, "") {
+		// (Key writes no empty component: a chat has an id, and an absent thread or user
+		// leaves out its slot.)
 		return KeyParts{}, fmt.Errorf("%w: %q", ErrBadKey, key)
 	}
 	var p KeyParts

@@ -105,7 +105,8 @@ func sameLane(a, b Source, o KeyOptions) bool {
 }
 
 func TestParseKeyRejects(t *testing.T) {
-	for _, k := range []string{"", "agent", "agent:main:http", "x:main:http:dm:1", "agent:main:http:bogus:1", "agent:main:http:dm:1:2:3", "agent:main:http:thread:1", "agent:main:http:dm:%zz"} {
+	for _, k := range []string{"", "agent", "agent:main:http", "x:main:http:dm:1", "agent:main:http:bogus:1", "agent:main:http:dm:1:2:3", "agent:main:http:thread:1", "agent:main:http:dm:%zz",
+		"agent:main:http:dm:", "agent::http:dm:x", "agent:main::dm:x", "agent:main:http:group:c:", "agent:main:http:dm::t"} {
 		t.Run(k, func(t *testing.T) {
 			if p, err := ParseKey(k); err == nil {
 				t.Errorf("ParseKey(%q) = %+v, want an error", k, p)
