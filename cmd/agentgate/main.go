@@ -52,7 +52,8 @@ Run 'agentgate <command> -h' or 'agentgate help <command>' for the flags of a co
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cmd := "serve"
-	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
+	named := len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-'
+	if named {
 		cmd, args = args[0], args[1:]
 	} else if len(args) > 0 && isHelpFlag(args[0]) {
 		// agentgate -h asks about agentgate, not about its default command: the list of
@@ -64,6 +65,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	err := dispatch(ctx, cmd, args, stdout, stderr)
 	if errors.Is(err, errHelp) {
 		return nil
+	}
+	if !named && cmd == "serve" && errors.Is(err, errUsage) {
+		// agentgate -v: the flag went to serve, which the user never named.
+		fmt.Fprint(stderr, "\nNo command was given, so the flags went to serve, the default command. 'agentgate -h' lists the commands.\n")
 	}
 	return err
 }
@@ -81,7 +86,11 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 	case "bench":
 		return bench(ctx, args, stdout, stderr)
 	case "version":
-		if err := parse(flag.NewFlagSet("version", flag.ContinueOnError), args, stderr); err != nil {
+		fs := flag.NewFlagSet("version", flag.ContinueOnError)
+		fs.Usage = func() {
+			fmt.Fprint(fs.Output(), "usage: agentgate version\n\nPrints agentgate's version (also agentgate --version). It takes no flags.\n")
+		}
+		if err := parse(fs, args, stderr); err != nil {
 			return err
 		}
 		fmt.Fprintln(stdout, "agentgate", buildinfo.Version())
