@@ -54,8 +54,8 @@ func FuzzKey(f *testing.F) {
 	f.Add("discord", "thread", "5/5", "7%7", "u1", "main", "5", "5/77", "u1", "")
 	f.Add("http", "dm", "c1", "", "u1", "main", "c1", "", "u1", "main~") // (once one key: found by an audit)
 	f.Fuzz(func(t *testing.T, platform, chatType, chatA, threadA, userA, profA, chatB, threadB, userB, profB string) {
-		if !ValidChatType(chatType) || platform == "" || chatType == ChatThread && (threadA == "" || threadB == "") {
-			return // (a thread has an id: every platform gives one, and HTTP refuses one without)
+		if !ValidChatType(chatType) || platform == "" || chatA == "" || chatB == "" || chatType == ChatThread && (threadA == "" || threadB == "") {
+			return // (a chat and a thread have ids: every platform gives them, and HTTP refuses a message without)
 		}
 		for _, o := range []KeyOptions{DefaultKeyOptions, {}, {true, true}} {
 			a := Source{Platform: platform, ChatType: chatType, ChatID: chatA, ThreadID: threadA, UserID: userA, Profile: profA}
