@@ -104,7 +104,7 @@ func TestRunCommands(t *testing.T) {
 		// One line, for the journal: before, the problems after the first were lines of their
 		// own, without "agentgate: ".
 		{name: "serve names every problem in one line", args: []string{"serve", "--config", bad},
-			wantErr: `config has 3 problem(s): ` + bad + `:5: bogus: unknown key; sessions.queue.mode: "fast": must be one of`},
+			wantErr: `config has 3 problem(s): ` + bad + `:5: bogus: unknown key; ` + bad + `:3: sessions.queue.mode: "fast": must be one of`},
 		{name: "an admin command too", args: []string{"sessions", "list", "--config", bad}, wantErr: `config has 3 problem(s): `},
 		{name: "print defaults", args: []string{"check-config", "--print-defaults"}, wantOut: "passivate_after: 10m"},
 		{name: "check-config warns of a missing API key", args: []string{"check-config", "--config", noKey}, wantOut: "config ok",

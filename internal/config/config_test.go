@@ -351,6 +351,29 @@ func TestLoadFileErrors(t *testing.T) {
 	}
 }
 
+// TestLoadValidationProblemsNameTheirLine: a value the file holds that decodes but is refused
+// (an unknown queue mode, a log level, an address) is named with its line, as a value that
+// does not decode is; one an environment variable set instead is not pinned on the file's line.
+// Before, only the decoder's problems had a line (found by an audit).
+func TestLoadValidationProblemsNameTheirLine(t *testing.T) {
+	path := MustWriteConfig(t, "data_dir: x\nsessions:\n  queue:\n    mode: fast\n    cap: 0\nlog:\n  level: loud\nhttp:\n  addr: nowhere\n")
+	_, err := Load(path, nil, nil)
+	for _, want := range []string{
+		path + `:4: sessions.queue.mode: "fast": must be one of`,
+		path + `:5: sessions.queue.cap: 0: must be`,
+		path + `:7: log.level: "loud": must be one of`,
+		path + `:9: http.addr: "nowhere": `,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Load error =\n%v\nwant it to contain %q", err, want)
+		}
+	}
+	_, err = Load(path, []string{"AGENTGATE_SESSIONS_QUEUE_MODE=slow"}, nil)
+	if err == nil || !strings.Contains(err.Error(), `sessions.queue.mode: "slow"`) || strings.Contains(err.Error(), `:4: sessions.queue.mode`) {
+		t.Errorf("Load error with the mode from the environment =\n%v\nwant it without the file's line", err)
+	}
+}
+
 func TestLoadMissingFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "nope.yaml")
 	_, err := Load(path, nil, nil)

@@ -94,10 +94,17 @@ func Load(path string, environ []string, override func(*Config)) (*Config, error
 			undecoded[fe.Field] = true
 		}
 	}
+	var lines *fileLines
 	for _, err := range cfg.validate() {
 		var fe *FieldError
 		if errors.As(err, &fe) && undecoded[fe.Field] {
 			continue
+		}
+		if fe, ok := err.(*FieldError); ok && path != "" {
+			if lines == nil {
+				lines = readLines(path)
+			}
+			err = lines.at(fe)
 		}
 		errs = append(errs, err)
 	}
@@ -105,6 +112,41 @@ func Load(path string, environ []string, override func(*Config)) (*Config, error
 		return nil, errors.Join(errs...)
 	}
 	return cfg, nil
+}
+
+// fileLines are the values a configuration file sets, by key path, to name the line of a value
+// the file holds that validation refuses, as the decoder's problems are named.
+type fileLines struct {
+	name   string
+	leaves map[string]*yaml.Node
+}
+
+// readLines reads the values the file at path sets (it decoded once already).
+func readLines(path string) *fileLines {
+	l := &fileLines{name: path, leaves: map[string]*yaml.Node{}}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return l
+	}
+	var root yaml.Node
+	if yaml.Unmarshal(data, &root) != nil {
+		return l
+	}
+	var diags []diag
+	diagnose(&root, reflect.TypeFor[Config](), "", &diags, l.leaves)
+	return l
+}
+
+// at returns fe prefixed with the file and the line of its value when the file holds that very
+// value there; a value an environment variable or a flag set instead (or one the file writes
+// otherwise, 300s for 5m) keeps fe as it is, rather than point at a line that is not at fault.
+func (l *fileLines) at(fe *FieldError) error {
+	n := l.leaves[fe.Field]
+	if n == nil || n.Kind != yaml.ScalarNode || fe.Value != nil && formatValue(fe.Value) != n.Value && fmt.Sprint(fe.Value) != n.Value &&
+		formatValue(fe.Value) != strconv.Quote(n.Value) {
+		return fe
+	}
+	return fmt.Errorf("%s:%d: %w", l.name, n.Line, fe)
 }
 
 // DSN returns the store's data source name: store.dsn, or agentgate.db in the data directory.
@@ -161,7 +203,7 @@ func decodeFile(cfg *Config, name string, data []byte) []error {
 	var root yaml.Node
 	_ = yaml.Unmarshal(data, &root) // the document parsed once already
 	var diags []diag
-	diagnose(&root, reflect.TypeFor[Config](), "", &diags)
+	diagnose(&root, reflect.TypeFor[Config](), "", &diags, nil)
 	var errs []error
 	for _, d := range diags {
 		errs = append(errs, fmt.Errorf("%s:%d: %w", name, d.line, d.err))
@@ -191,7 +233,7 @@ func describeTypeErrors(name string, data []byte, te *yaml.TypeError) []error {
 	var root yaml.Node
 	_ = yaml.Unmarshal(data, &root) // the document parsed once already
 	var diags []diag
-	diagnose(&root, reflect.TypeFor[Config](), "", &diags)
+	diagnose(&root, reflect.TypeFor[Config](), "", &diags, nil)
 	byLine := make(map[int][]error)
 	for _, d := range diags {
 		byLine[d.line] = append(byLine[d.line], d.err)
@@ -227,7 +269,7 @@ type diag struct {
 
 // diagnose walks n against the type t in document order, as yaml.v3's decoder does, and
 // records every unknown key and every value that doesn't decode into its field.
-func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag) {
+func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag, leaves map[string]*yaml.Node) {
 	for n != nil && (n.Kind == yaml.DocumentNode || n.Kind == yaml.AliasNode) {
 		if n.Kind == yaml.AliasNode {
 			n = n.Alias
@@ -250,7 +292,7 @@ func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag) {
 				*out = append(*out, diag{k.Line, &FieldError{Field: path, Err: fmt.Errorf("each key %v", typeMismatch(t.Key()))}})
 				continue
 			}
-			diagnose(v, t.Elem(), keyPath(path, k.Value), out)
+			diagnose(v, t.Elem(), keyPath(path, k.Value), out, leaves)
 		}
 		return
 	}
@@ -277,13 +319,16 @@ func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag) {
 				*out = append(*out, diag{k.Line, &FieldError{Field: p, Err: errUnknownKey}})
 				continue
 			}
-			diagnose(v, f.Type, p, out)
+			diagnose(v, f.Type, p, out, leaves)
 		}
 		return
 	}
 	if isInteger(t) && n.Kind == yaml.ScalarNode && n.ShortTag() == "!!float" {
 		*out = append(*out, diag{n.Line, &FieldError{Field: path, Value: n.Value, Err: typeMismatch(t)}})
 		return
+	}
+	if leaves != nil {
+		leaves[path] = n
 	}
 	err := n.Decode(reflect.New(t).Interface())
 	if err == nil {
@@ -500,7 +545,7 @@ func parseEnvValue(raw string, t reflect.Type) (reflect.Value, error) {
 	if err := dec.Decode(ptr.Interface()); err != nil {
 		// Inside a mapping, name the entry that is wrong: dm.idel: unknown key.
 		var diags []diag
-		diagnose(&doc, t, "", &diags)
+		diagnose(&doc, t, "", &diags, nil)
 		var inner []string
 		for _, d := range diags {
 			var fe *FieldError
@@ -514,7 +559,7 @@ func parseEnvValue(raw string, t reflect.Type) (reflect.Value, error) {
 		return reflect.Value{}, typeMismatch(t)
 	}
 	var diags []diag // a float into an integer, anywhere in the value (yaml.v3 truncated it)
-	diagnose(&doc, t, "", &diags)
+	diagnose(&doc, t, "", &diags, nil)
 	if len(diags) > 0 {
 		if fe := (*FieldError)(nil); errors.As(diags[0].err, &fe) && fe.Field == "" {
 			return reflect.Value{}, fe.Err // the variable itself: its name is said already
