@@ -538,6 +538,9 @@ type Store interface {
 	// OutboxAfter returns a key's outbox entries with seq > after, by seq, at most limit (no
 	// limit when limit <= 0), never a KindPruned one.
 	OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]OutboxEntry, error)
+	// LastOutboxSeq returns the highest outbox seq of a key, a pruned entry's included (0 when
+	// it has none): the id of its last event.
+	LastOutboxSeq(ctx context.Context, key string) (int64, error)
 	// Transcript returns every message of a session (including archived rows), by seq. An
 	// unknown session has an empty transcript, not ErrNotFound.
 	Transcript(ctx context.Context, sessionID string) ([]Message, error)

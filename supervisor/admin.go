@@ -218,6 +218,15 @@ func (a *sessionsAPI) OutboxAfter(ctx context.Context, key string, after int64, 
 	return outbounds(es), nil
 }
 
+// LastOutboxSeq returns the seq of the key's last outbox entry, the id of its last event.
+func (a *sessionsAPI) LastOutboxSeq(ctx context.Context, key string) (int64, error) {
+	seq, err := a.d.store.LastOutboxSeq(ctx, key)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: %w", err)
+	}
+	return seq, nil
+}
+
 // RepliesTo returns the durable replies to one message that come after the key's outbox seq
 // after.
 func (a *sessionsAPI) RepliesTo(ctx context.Context, key, messageID string, after int64) ([]*platforms.Outbound, error) {

@@ -243,6 +243,20 @@ func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit 
 	return es, nil
 }
 
+// LastOutboxSeq returns the highest outbox seq of key, 0 when it has none.
+func (s *Store) LastOutboxSeq(ctx context.Context, key string) (int64, error) {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("last outbox seq: %w", err)
+	}
+	defer done()
+	var seq int64
+	if err := s.pool.QueryRow(ctx, lastOutboxSeqSQL, key).Scan(&seq); err != nil {
+		return 0, fmt.Errorf("last outbox seq: %w", s.explain(ctx, err))
+	}
+	return seq, nil
+}
+
 // Transcript returns every message of a session, archived rows included, by seq. An unknown
 // session has an empty transcript.
 func (s *Store) Transcript(ctx context.Context, sessionID string) ([]persistence.Message, error) {

@@ -427,6 +427,12 @@ func testPruneSessions(t *testing.T, s persistence.Store) {
 		if got := check(s.RepliesTo(ctx, "k-last", "last-2", 0)).must(t, "RepliesTo"); len(got) != 0 {
 			t.Errorf("RepliesTo(k-last, last-2) after pruning = %+v, want none", got)
 		}
+		if last := check(s.LastOutboxSeq(ctx, "k-last")).must(t, "LastOutboxSeq"); last != 2 {
+			t.Errorf("LastOutboxSeq(k-last) after pruning = %d, want 2 (the id of its last event)", last)
+		}
+		if last := check(s.LastOutboxSeq(ctx, "k-none")).must(t, "LastOutboxSeq"); last != 0 {
+			t.Errorf("LastOutboxSeq of a key without entries = %d, want 0", last)
+		}
 		snap := check(s.LoadSession(ctx, "k-last", 0, 0)).must(t, "LoadSession")
 		if snap.LastOutboxSeq != 2 || len(snap.Unconfirmed) != 0 {
 			t.Errorf("LoadSession(k-last): LastOutboxSeq %d, %d unconfirmed, want 2 (the next reply is seq 3, never a reused one), 0",

@@ -92,7 +92,22 @@ func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
 	sub := p.subscribe(key)
 	defer p.unsubscribe(key, sub)
 
-	page, err := sessions.OutboxAfter(ctx, key, after, replayPageSize)
+	var err error
+	if after > 0 {
+		// An id past the key's last event (one held from a restored backup, or from another
+		// daemon) is read as its last one: the stream goes on with the events to come. Kept,
+		// it would skip them all, as ids it had had, and its client wait for ever without a
+		// word; a 400 would make it start over and get again what it has. Read before the
+		// replay: an entry recorded after this read has a higher seq, and is replayed or sent.
+		var last int64
+		if last, err = sessions.LastOutboxSeq(ctx, key); err == nil {
+			after = min(after, last)
+		}
+	}
+	var page []*platforms.Outbound
+	if err == nil {
+		page, err = sessions.OutboxAfter(ctx, key, after, replayPageSize)
+	}
 	if err != nil {
 		p.writeSessionsError(w, r, "outbox", err)
 		return

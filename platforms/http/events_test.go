@@ -359,3 +359,52 @@ func TestHeldRequestsAreBounded(t *testing.T) {
 	cancel()
 	<-waited
 }
+
+// TestEventsResumePointPastTheLastEvent: a resume point past the key's last event (an id held
+// from a restored backup, or from another daemon) is read as the last event: the stream goes
+// on with the events to come, none repeated, none skipped. Before, it skipped every event up
+// to the id it was given, and its client waited for ever without a word.
+func TestEventsResumePointPastTheLastEvent(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		outbox        []int64 // seqs already recorded
+		lastID, query string
+	}{
+		{"Last-Event-ID", []int64{1, 2, 3}, "100000", ""},
+		{"after", []int64{1, 2, 3}, "", "?after=9999"},
+		{"lastEventId", []int64{1, 2, 3}, "", "?lastEventId=4"},
+		{"seqs with gaps", []int64{2, 5, 9}, "", "?after=9223372036854775807"},
+		{"no event yet", nil, "7", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sessions := newFakeSessions()
+			h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
+			var last int64
+			for _, seq := range tc.outbox {
+				sessions.addOutbox(outbound(streamKey, seq, platforms.KindReply))
+				last = seq
+			}
+			s := h.openSSE(streamKey, tc.lastID, tc.query)
+			if s.status != http.StatusOK {
+				t.Fatalf("GET events = %d, want 200", s.status)
+			}
+			waitFor(t, "the subscriber", func() bool { return h.p.subscriberCount(streamKey) == 1 })
+			var want []int64
+			for seq := last + 1; seq <= last+2; seq++ {
+				out := outbound(streamKey, seq, platforms.KindReply)
+				sessions.addOutbox(out) // recorded before it is sent, as the runtime does
+				if err := h.p.Send(context.Background(), out); err != nil {
+					t.Fatalf("Send(%d) = %v", seq, err)
+				}
+				want = append(want, seq)
+			}
+			var ids []int64
+			for range want {
+				ids = append(ids, s.mustNextEvent().id)
+			}
+			if !cmp.Equal(ids, want) {
+				t.Errorf("event ids = %v, want %v", ids, want)
+			}
+		})
+	}
+}

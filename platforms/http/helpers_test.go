@@ -394,6 +394,16 @@ func (f *fakeSessions) OutboxAfter(_ context.Context, key string, after int64, l
 	return res, nil
 }
 
+func (f *fakeSessions) LastOutboxSeq(_ context.Context, key string) (int64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var last int64
+	for _, o := range f.outbox[key] {
+		last = max(last, o.Seq)
+	}
+	return last, nil
+}
+
 func (f *fakeSessions) RepliesTo(_ context.Context, key, messageID string, after int64) ([]*platforms.Outbound, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
