@@ -11,10 +11,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"math"
 	"mime"
 	"net/http"
 	"net/url"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -118,12 +121,29 @@ func (p *Platform) parseWait(r *http.Request) (time.Duration, *apiError) {
 	if !q.Has("wait") {
 		return 0, nil
 	}
-	d, err := time.ParseDuration(q.Get("wait"))
-	if err != nil || d < 0 {
-		return 0, badRequest(CodeInvalidWait, "wait must be a non-negative Go duration such as 30s")
+	v := q.Get("wait")
+	d, err := time.ParseDuration(v)
+	if err != nil && durationSyntax.MatchString(v) {
+		// ParseDuration answers a duration too long for a time.Duration (292 years) with the
+		// error it gives garbage; one with a duration's syntax is such a one. It is a wait
+		// longer than MaxWait like any other, read as MaxWait, or negative, and refused.
+		d, err = math.MaxInt64, nil
+		if strings.HasPrefix(v, "-") {
+			d = math.MinInt64
+		}
+	}
+	switch {
+	case err != nil:
+		return 0, badRequest(CodeInvalidWait, fmt.Sprintf("wait must be a Go duration such as 30s or 2m, not %.40q", v))
+	case d < 0:
+		return 0, badRequest(CodeInvalidWait, fmt.Sprintf("wait must not be negative, as %.40q is", v))
 	}
 	return min(d, p.cfg.MaxWait), nil
 }
+
+// durationSyntax is the syntax time.ParseDuration takes, with its units: a string it refuses
+// that has this syntax is too long for a time.Duration.
+var durationSyntax = regexp.MustCompile(`^[-+]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:ns|us|µs|μs|ms|s|m|h))+$`)
 
 func (p *Platform) writeDeliverError(w http.ResponseWriter, ack *platforms.Ack, in *platforms.Inbound, err error) {
 	switch {
@@ -163,6 +183,9 @@ func writeRejected(w http.ResponseWriter, ack *platforms.Ack, msg string) {
 
 // decodeMessage reads, checks and converts the body of POST /v1/messages.
 func decodeMessage(w http.ResponseWriter, r *http.Request) (*platforms.Inbound, *apiError) {
+	if aerr := checkContentEncoding(w, r); aerr != nil {
+		return nil, aerr
+	}
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, params, err := mime.ParseMediaType(ct)
 		if cs, ok := params["charset"]; err == nil && mt == "application/json" && ok && !strings.EqualFold(cs, "utf-8") && !strings.EqualFold(cs, "utf8") {
@@ -225,6 +248,23 @@ func decodeMessage(w http.ResponseWriter, r *http.Request) (*platforms.Inbound, 
 		Text:       req.Text,
 		ReceivedAt: time.Now(),
 	}, nil
+}
+
+// checkContentEncoding refuses a body in a content coding other than identity (gzip, br…),
+// which agentgate does not decode: read as it is, a compressed body is no UTF-8 (a misleading
+// invalid_utf8), and a plain one labelled gzip would be taken as what its sender said it is
+// not. RFC 9110 answers such a body 415, with Accept-Encoding naming the codings taken.
+func checkContentEncoding(w http.ResponseWriter, r *http.Request) *apiError {
+	for _, v := range r.Header.Values("Content-Encoding") {
+		for c := range strings.SplitSeq(v, ",") {
+			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+				w.Header().Set("Accept-Encoding", "identity")
+				return &apiError{http.StatusUnsupportedMediaType, CodeUnsupportedCoding,
+					fmt.Sprintf("the body must not be compressed: Content-Encoding %.40q is not supported; send it as it is, without Content-Encoding", c)}
+			}
+		}
+	}
+	return nil
 }
 
 // loneSurrogate finds the first \u escape of a UTF-16 surrogate that is not half of a
@@ -336,13 +376,15 @@ func jsonError(err error) *apiError {
 	case errors.As(err, &typeErr):
 		return badRequest(CodeInvalidJSON, "the body must be a JSON object")
 	case strings.Contains(err.Error(), "unknown field"):
-		// encoding/json has no typed error for DisallowUnknownFields; its message names
-		// the field, quoted, which is safe to echo.
-		msg := err.Error()
-		if i := strings.Index(msg, "unknown field "); i >= 0 {
-			msg = msg[i:]
+		// encoding/json has no typed error for DisallowUnknownFields; its message names the
+		// field, quoted in full. It is quoted again cut short, as checkFieldNames does: a
+		// name of 300,000 characters would otherwise come back whole in the answer.
+		_, quoted, _ := strings.Cut(err.Error(), "unknown field ")
+		name, uerr := strconv.Unquote(quoted)
+		if uerr != nil {
+			name = quoted
 		}
-		return badRequest(CodeUnknownField, msg)
+		return badRequest(CodeUnknownField, fmt.Sprintf("unknown field %.100q", name))
 	default:
 		return badRequest(CodeInvalidJSON, "the body is not valid JSON")
 	}
@@ -579,25 +621,31 @@ func parseSeq(s string) (int64, error) {
 // query parses the request's query string. url.URL.Query drops a malformed pair (a bad
 // escape, a semicolon) without a word, so a client's typo would silently change the request:
 // it is a 400 invalid_query instead. So is a parameter given twice (?limit=5&limit=500):
-// no route takes a list, and reading one of the two would be a guess. And so is a parameter
-// the route does not take (takes lists those it does): a misspelt one (?wiat=30s) would
-// otherwise be ignored without a word, and the request do something else than asked (not
-// wait), as a misspelt body field is refused.
+// no route takes a list, and reading one of the two would be a guess. So is a parameter
+// given with no value (?limit=, ?wait): its client meant something by it, and reading it as
+// absent would guess the default. And so is a parameter the route does not take (takes lists
+// those it does): a misspelt one (?wiat=30s) would otherwise be ignored without a word, and
+// the request do something else than asked (not wait), as a misspelt body field is refused.
+// The parameters are looked at in sorted order, so that the same request is always refused
+// for the same one (a map's order changes from run to run).
 func query(r *http.Request, takes ...string) (url.Values, *apiError) {
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
 		return nil, badRequest(CodeInvalidQuery, "the query string is malformed: "+err.Error())
 	}
-	for name, vs := range q {
-		if !slices.Contains(takes, name) {
+	for _, name := range slices.Sorted(maps.Keys(q)) {
+		vs := q[name]
+		switch {
+		case !slices.Contains(takes, name):
 			what := "none"
 			if len(takes) > 0 {
 				what = strings.Join(takes, ", ")
 			}
-			return nil, badRequest(CodeInvalidQuery, fmt.Sprintf("the query parameter %q is not one this route takes (it takes %s)", name, what))
-		}
-		if len(vs) > 1 {
+			return nil, badRequest(CodeInvalidQuery, fmt.Sprintf("the query parameter %.100q is not one this route takes (it takes %s)", name, what))
+		case len(vs) > 1:
 			return nil, badRequest(CodeInvalidQuery, fmt.Sprintf("the query parameter %q is given %d times; give it once", name, len(vs)))
+		case vs[0] == "":
+			return nil, badRequest(CodeInvalidQuery, fmt.Sprintf("the query parameter %q has no value; give it one, or leave it out", name))
 		}
 	}
 	return q, nil

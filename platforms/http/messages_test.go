@@ -1,12 +1,15 @@
 package http
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -74,7 +77,7 @@ func TestPostMessageBadInput(t *testing.T) {
 		{"malformed content type", "POST", "/v1/messages", map[string]string{"Content-Type": "application/json; ="}, `{"chat_id":"c","user_id":"u","text":"t"}`, 415, CodeUnsupportedMedia},
 		{"bad wait", "POST", "/v1/messages?wait=soon", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}`, 400, CodeInvalidWait},
 		{"negative wait", "POST", "/v1/messages?wait=-1s", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}`, 400, CodeInvalidWait},
-		{"empty wait", "POST", "/v1/messages?wait=", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}`, 400, CodeInvalidWait},
+		{"empty wait", "POST", "/v1/messages?wait=", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}`, 400, CodeInvalidQuery},
 		{"wait given twice", "POST", "/v1/messages?wait=1s&wait=5m", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}`, 400, CodeInvalidQuery},
 		{"GET messages", "GET", "/v1/messages", nil, ``, 405, CodeMethodNotAllowed},
 		{"unknown route", "GET", "/v1/nope", nil, ``, 404, CodeNotFound},
@@ -550,5 +553,107 @@ func TestUnstoredMessagesAreNotLoggedEachTime(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "message not stored"); n != 1 {
 		t.Errorf("10 unstored messages within a minute logged %d lines, want 1:\n%s", n, logs.String())
+	}
+}
+
+// TestWaitTooLongForADurationIsTheMaximum: a wait too long for a time.Duration (292 years) is
+// a longer wait than 5m like any other, read as 5m, as README says: the answer waits for the
+// turn's end. One that is negative, or no duration, is still a 400 invalid_wait that says
+// which. Before, time.ParseDuration's overflow made ?wait=100000000000000h a 400 saying it
+// "must be a non-negative Go duration".
+func TestWaitTooLongForADurationIsTheMaximum(t *testing.T) {
+	rt := &fakeRuntime{}
+	rt.setRespond(func(ctx context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
+		rt.p.Send(ctx, reply(in, 1, "answer", true))
+		return ackFor(in, platforms.Started), nil
+	})
+	h := mustStart(t, Config{}, rt)
+	for _, wait := range []string{"100000000000000h", "9223372036854775808ns", "+2562048h", "1h99999999999999999999s"} {
+		t.Run(wait, func(t *testing.T) {
+			got := h.post("/v1/messages?wait="+url.QueryEscape(wait), map[string]string{"chat_id": "c", "user_id": "u", "text": "t", "message_id": "m-" + wait})
+			if got.status != http.StatusOK {
+				t.Fatalf("POST ?wait=%s = %d %s, want 200", wait, got.status, got.body)
+			}
+			want := []Reply{{Text: "answer", TurnID: "t1", Kind: "reply", Seq: 1}}
+			if diff := cmp.Diff(want, mustDecode[MessageResponse](t, got).Replies); diff != "" {
+				t.Errorf("replies mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+	for _, tc := range []struct{ wait, says string }{
+		{"-100000000000000h", "must not be negative"},
+		{"-1s", "must not be negative"},
+		{"100000000000000", "must be a Go duration"},
+		{"100000000000000y", "must be a Go duration"},
+		{"1h1", "must be a Go duration"},
+		{".h", "must be a Go duration"},
+	} {
+		t.Run(tc.wait, func(t *testing.T) {
+			got := h.post("/v1/messages?wait="+url.QueryEscape(tc.wait), map[string]string{"chat_id": "c", "user_id": "u", "text": "t"})
+			if e := mustDecodeError(t, got); got.status != http.StatusBadRequest || e.Code != CodeInvalidWait || !strings.Contains(e.Message, tc.says) {
+				t.Errorf("POST ?wait=%s = %d %s, want 400 %s saying it %s", tc.wait, got.status, got.body, CodeInvalidWait, tc.says)
+			}
+		})
+	}
+}
+
+// TestCompressedBodyIsRefused: a body in a content coding agentgate does not decode (gzip, br)
+// is a 415 unsupported_content_encoding with Accept-Encoding: identity (RFC 9110), whatever
+// the bytes are, and is not delivered; identity is taken. Before, a gzipped body was read as
+// text (a misleading 400 invalid_utf8), and a plain one labelled gzip was taken.
+func TestCompressedBodyIsRefused(t *testing.T) {
+	rt := &fakeRuntime{}
+	h := mustStart(t, Config{}, rt)
+	msg := `{"chat_id":"c","user_id":"u","text":"t"}`
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	if _, err := zw.Write([]byte(msg)); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, encoding, body string
+	}{
+		{"gzipped", "gzip", gz.String()},
+		{"plain, labelled gzip", "gzip", msg},
+		{"br", "br", msg},
+		{"identity, then gzip", "identity, gzip", gz.String()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := h.do(http.MethodPost, "/v1/messages", map[string]string{"Content-Type": "application/json", "Content-Encoding": tc.encoding}, tc.body)
+			e := mustDecodeError(t, got)
+			if got.status != http.StatusUnsupportedMediaType || e.Code != CodeUnsupportedCoding || !strings.Contains(e.Message, "not supported") {
+				t.Errorf("POST with Content-Encoding %s = %d %s, want 415 %s", tc.encoding, got.status, got.body, CodeUnsupportedCoding)
+			}
+			if ae := got.header.Get("Accept-Encoding"); ae != "identity" {
+				t.Errorf("Accept-Encoding = %q, want identity", ae)
+			}
+		})
+	}
+	if n := len(rt.delivered()); n != 0 {
+		t.Errorf("compressed bodies delivered %d times, want 0", n)
+	}
+	if got := h.do(http.MethodPost, "/v1/messages", map[string]string{"Content-Encoding": "Identity"}, msg); got.status != http.StatusAccepted {
+		t.Errorf("POST with Content-Encoding identity = %d %s, want 202", got.status, got.body)
+	}
+}
+
+// TestUnknownFieldNameIsCutShort: an unknown field's name is quoted in the error cut at 100
+// characters, as a field named in another case is. Before, it was echoed whole: a name of
+// 300,000 characters gave an error body of 300 KB.
+func TestUnknownFieldNameIsCutShort(t *testing.T) {
+	h := mustStart(t, Config{}, &fakeRuntime{})
+	for _, tc := range []struct{ name, field, want string }{
+		{"long", strings.Repeat("a", 300000), `unknown field "` + strings.Repeat("a", 100) + `"`},
+		{"short", "admin", `unknown field "admin"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := h.do(http.MethodPost, "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","`+tc.field+`":1}`)
+			if e := mustDecodeError(t, got); got.status != http.StatusBadRequest || e.Code != CodeUnknownField || e.Message != tc.want || len(got.body) > 1024 {
+				t.Errorf("POST with field %.20q… = %d with a body of %d bytes (%.300s), want 400 %s %q", tc.field, got.status, len(got.body), got.body, CodeUnknownField, tc.want)
+			}
+		})
 	}
 }

@@ -26,6 +26,7 @@ const (
 	CodeBodyTooLarge      = "body_too_large"
 	CodeTextTooLarge      = "text_too_large"
 	CodeUnsupportedMedia  = "unsupported_media_type"
+	CodeUnsupportedCoding = "unsupported_content_encoding"
 	CodeUnauthorized      = "unauthorized"
 	CodeCrossOrigin       = "cross_origin"
 	CodeForeignHost       = "foreign_host"

@@ -2,9 +2,11 @@ package http
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
@@ -52,6 +54,11 @@ func queryLimit(q url.Values, def, maxLimit int) (int, *apiError) {
 		return def, nil
 	}
 	n, err := strconv.Atoi(v)
+	if errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(v, "-") {
+		// A positive integer too large for an int is a larger limit like any other, read
+		// as the maximum, as README promises: it is no less a number for its length.
+		n, err = maxLimit, nil
+	}
 	if err != nil || n < 1 {
 		return 0, badRequest(CodeInvalidQuery, "limit must be a positive integer")
 	}

@@ -3,6 +3,7 @@ package http
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -373,4 +374,132 @@ func TestUnknownQueryParameterIsRefused(t *testing.T) {
 	if n := len(rt.delivered()); n != 0 {
 		t.Errorf("a message refused for its query was delivered %d times", n)
 	}
+}
+
+// TestLimitTooLargeForAnIntIsTheMaximum: a limit too large for an int is a larger limit like
+// any other, read as the most (1000), on every route that takes one, as README says; a
+// negative one or one that is no integer is still refused. Before, strconv.Atoi's overflow
+// made ?limit=99999999999999999999 a 400 "limit must be a positive integer".
+func TestLimitTooLargeForAnIntIsTheMaximum(t *testing.T) {
+	const huge = "99999999999999999999"
+	sessions := newFakeSessions()
+	sessions.infos[streamKey] = &SessionInfo{SessionKey: streamKey, SessionID: "s1"}
+	sessions.transcript = longTranscript(MaxTranscriptLimit + 1)
+	for i := range MaxQuarantinedLimit + 1 {
+		sessions.quarantined = append(sessions.quarantined, QuarantinedMessage{SessionKey: streamKey, MessageID: fmt.Sprint("m", i)})
+	}
+	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
+
+	got := h.do(http.MethodGet, "/v1/sessions?limit="+huge, nil, "")
+	if list := mustDecode[SessionList](t, got); got.status != http.StatusOK || len(list.Sessions) != 1 {
+		t.Errorf("GET /v1/sessions?limit=%s = %d %s, want 200 with the session", huge, got.status, got.body)
+	}
+	sessions.mu.Lock()
+	limit := sessions.lastList.Limit
+	sessions.mu.Unlock()
+	if limit != MaxListLimit {
+		t.Errorf("GET /v1/sessions?limit=%s listed %d sessions at most, want %d", huge, limit, MaxListLimit)
+	}
+
+	got = h.do(http.MethodGet, "/v1/quarantined?limit="+huge, nil, "")
+	if list := mustDecode[QuarantinedList](t, got); got.status != http.StatusOK || len(list.Messages) != MaxQuarantinedLimit {
+		t.Errorf("GET /v1/quarantined?limit=%s = %d with %d messages, want 200 with %d", huge, got.status, len(list.Messages), MaxQuarantinedLimit)
+	}
+
+	got = h.do(http.MethodGet, "/v1/sessions/"+streamKey+"/transcript?limit="+huge, nil, "")
+	if tr := mustDecode[Transcript](t, got); got.status != http.StatusOK || len(tr.Messages) != MaxTranscriptLimit || tr.Next != MaxTranscriptLimit {
+		t.Errorf("GET transcript?limit=%s = %d with %d messages and next %d, want 200 with %d and next %d",
+			huge, got.status, len(tr.Messages), tr.Next, MaxTranscriptLimit, MaxTranscriptLimit)
+	}
+
+	for _, path := range []string{"/v1/sessions?limit=-" + huge, "/v1/quarantined?limit=-" + huge,
+		"/v1/sessions/" + streamKey + "/transcript?limit=-" + huge, "/v1/sessions?limit=1e99", "/v1/quarantined?limit=0x10"} {
+		if got := h.do(http.MethodGet, path, nil, ""); got.status != http.StatusBadRequest || got.errCode() != CodeInvalidQuery {
+			t.Errorf("GET %s = %d %s, want 400 %s", path, got.status, got.body, CodeInvalidQuery)
+		}
+	}
+}
+
+// TestEmptyQueryValueIsRefused: a query parameter given with no value (?limit=, or ?wait with
+// no =) is a 400 invalid_query that names it, on every route and for every parameter it takes,
+// never read as if the parameter were absent. Before, ?limit=, ?after=, ?state=, ?platform=
+// and ?session_id= were answered 200 with the defaults, while ?wait= was a 400.
+func TestEmptyQueryValueIsRefused(t *testing.T) {
+	sessions := newFakeSessions()
+	sessions.infos[streamKey] = &SessionInfo{SessionKey: streamKey, SessionID: "s1"}
+	rt := &fakeRuntime{}
+	h := mustStart(t, Config{Sessions: sessions}, rt)
+	msg := `{"chat_id":"c","user_id":"u","text":"t"}`
+	key := url.PathEscape(streamKey)
+	for _, tc := range []struct {
+		method, path, body, param string
+	}{
+		{"POST", "/v1/messages?wait=", msg, "wait"},
+		{"POST", "/v1/messages?wait", msg, "wait"},
+		{"GET", "/v1/sessions?limit=", "", "limit"},
+		{"GET", "/v1/sessions?after=", "", "after"},
+		{"GET", "/v1/sessions?state=", "", "state"},
+		{"GET", "/v1/sessions?platform=&limit=5", "", "platform"},
+		{"GET", "/v1/sessions/" + key + "/transcript?session_id=", "", "session_id"},
+		{"GET", "/v1/sessions/" + key + "/transcript?after=", "", "after"},
+		{"GET", "/v1/sessions/" + key + "/transcript?limit=", "", "limit"},
+		{"GET", "/v1/sessions/" + key + "/events?after=", "", "after"},
+		{"GET", "/v1/sessions/" + key + "/events?lastEventId=", "", "lastEventId"},
+		{"POST", "/v1/sessions/" + key + "/messages/m1/requeue?wait=", "", "wait"},
+		{"GET", "/v1/quarantined?limit=", "", "limit"},
+	} {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			var got response
+			if _, q, ok := strings.Cut(tc.path, "/events?"); ok {
+				// A stream that is not refused is held open: read its status only.
+				s := h.openSSE(streamKey, "", "?"+q)
+				got.status = s.status
+				if s.status != http.StatusOK {
+					got.body, _ = io.ReadAll(s.body)
+				}
+			} else {
+				hdr := map[string]string{}
+				if tc.body != "" {
+					hdr["Content-Type"] = "application/json"
+				}
+				got = h.do(tc.method, tc.path, hdr, tc.body)
+			}
+			e := mustDecodeError(t, got)
+			if got.status != http.StatusBadRequest || e.Code != CodeInvalidQuery || !strings.Contains(e.Message, fmt.Sprintf("%q has no value", tc.param)) {
+				t.Errorf("%s %s = %d %s, want 400 %s saying %q has no value", tc.method, tc.path, got.status, got.body, CodeInvalidQuery, tc.param)
+			}
+		})
+	}
+	if calls := sessions.callLog(); len(calls) != 0 {
+		t.Errorf("requests refused for their query still reached the sessions: %q", calls)
+	}
+	if n := len(rt.delivered()); n != 0 {
+		t.Errorf("a message refused for its query was delivered %d times", n)
+	}
+}
+
+// TestUnknownQueryParametersAreNamedInOrder: of several parameters a route does not take, the
+// error names the first in sorted order, the same one every time the request is sent. Before,
+// it named one picked in a map's order: ?c=3&a=1&b=2 named a different one from run to run.
+// A name is cut short in the message, as a body field's is: the request line may run to 64 KiB.
+func TestUnknownQueryParametersAreNamedInOrder(t *testing.T) {
+	h := mustStart(t, Config{Sessions: newFakeSessions()}, &fakeRuntime{})
+	for i := range 20 {
+		got := h.do(http.MethodGet, "/v1/sessions?c=3&limit=5&a=1&b=2", nil, "")
+		e := mustDecodeError(t, got)
+		if got.status != http.StatusBadRequest || e.Code != CodeInvalidQuery || !strings.HasPrefix(e.Message, `the query parameter "a" is not one`) {
+			t.Fatalf("request %d: GET /v1/sessions?c=3&limit=5&a=1&b=2 = %d %s, want 400 %s naming \"a\"", i, got.status, got.body, CodeInvalidQuery)
+		}
+	}
+	long := strings.Repeat("x", 20000)
+	got := h.do(http.MethodGet, "/v1/sessions?"+long+"=1", nil, "")
+	if e := mustDecodeError(t, got); got.status != http.StatusBadRequest || e.Code != CodeInvalidQuery || len(got.body) > 1024 || !strings.Contains(e.Message, `"xxxxxxxxxx`) {
+		t.Errorf("GET /v1/sessions?<%d x>=1 = %d with a body of %d bytes (%.200s), want 400 %s naming it in under 1 KiB", len(long), got.status, len(got.body), got.body, CodeInvalidQuery)
+	}
+}
+
+// mustDecodeError decodes an error body.
+func mustDecodeError(t *testing.T, r response) APIError {
+	t.Helper()
+	return mustDecode[ErrorResponse](t, r).Error
 }
