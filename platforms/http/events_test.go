@@ -205,7 +205,7 @@ func TestEventsResumePoint(t *testing.T) {
 	}
 	// Not a session key: refused at once, not held open as a stream that can never carry
 	// an event.
-	for _, key := range []string{"nope", "agent:main:http:nochat:1", "agent:main:http:dm:a:b:c"} {
+	for _, key := range []string{"nope", "agent:main:http:nochat:1", "agent:main:http:dm:a:b:c", "agent:main:http:dm:", "agent::http:dm:x"} {
 		if got := h.do("GET", "/v1/sessions/"+url.PathEscape(key)+"/events", nil, ""); got.status != 400 || got.errCode() != CodeInvalidKey {
 			t.Errorf("GET events of %q = %d %q, want 400 %q", key, got.status, got.errCode(), CodeInvalidKey)
 		}
