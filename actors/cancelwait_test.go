@@ -112,6 +112,55 @@ func TestNextTurnWaitsForTheCancelledCall(t *testing.T) {
 	}
 }
 
+// TestInterruptWhileTheCancelledCallEndsCutsTheQueuedMessage: in interrupt mode, m2 cuts m1's
+// turn short, and m3 comes while m1's command still cleans up on SIGTERM, m2 waiting for it.
+// m3 is the newest: it cuts m2 short too, and runs next; m2 never runs, and m3's answer
+// answers all three. Before, m3 queued behind m2, whose turn then ran whole (to its timeout,
+// for a slow command), uninterrupted (found by an audit).
+func TestInterruptWhileTheCancelledCallEndsCutsTheQueuedMessage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		agent := &slowToEnd{ending: 3 * time.Second}
+		var seen []agents.Message
+		var mu sync.Mutex
+		w := newManagerWorld(t, agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			mu.Lock()
+			seen = append(req.History, req.Messages...)
+			mu.Unlock()
+			return agent.Run(ctx, req)
+		}), func(d *Deps) { d.Config.QueueMode = ModeInterrupt })
+		w.deliver(t, "m1", "first")
+		synctest.Wait()
+		if r := w.deliver(t, "m2", "second"); r.Disposition != platforms.Interrupted {
+			t.Fatalf("m2: %+v, want interrupted", r)
+		}
+		if r := w.deliver(t, "m3", "third"); r.Disposition != platforms.Interrupted {
+			t.Errorf("m3, while m1's call ends and m2 waits for it: %+v, want interrupted", r)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if got, want := agent.events(), []string{"m1 starts", "m1 returns", "m3 starts", "m3 returns"}; !slices.Equal(got, want) {
+			t.Errorf("agent calls: %q, want %q", got, want)
+		}
+		var answer *platforms.Outbound
+		for len(w.sent) > 0 {
+			if o := (<-w.sent).Out; o.TurnEnd {
+				answer = o
+			}
+		}
+		if answer == nil || !slices.Equal(answer.InReplyTo, []string{"m1", "m2", "m3"}) {
+			t.Errorf("the answer: %+v, want it to answer m1, m2 and m3", answer)
+		}
+		if st, _ := w.statusOf(t, "m2"); st != persistence.StatusFailed {
+			t.Errorf("m2: %s, want failed (cut short)", st)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !slices.ContainsFunc(seen, func(m agents.Message) bool { return m.Text == "second" }) {
+			t.Errorf("m3's turn saw %+v, want m2 among its messages", seen)
+		}
+	})
+}
+
 // TestCancelWaitIsBounded: an agent that ignores its cancelled context does not hold the
 // session for ever: the next turn starts once CancelWait has passed.
 func TestCancelWaitIsBounded(t *testing.T) {

@@ -542,6 +542,8 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 	case s.running != nil && s.mode == ModeInterrupt && len(s.queue) > 0 && s.queue[0] == it && s.running.before(it):
 		s.interrupt(c) // the new message runs next
 		disp = platforms.Interrupted
+	case s.running == nil && s.mode == ModeInterrupt && s.ending() && s.supersede(c, it):
+		disp = platforms.Interrupted // the messages queued behind the cancelled call are cut short
 	case s.running != nil && s.mode == ModeSteer && s.running.before(it) && s.steer(c, it):
 		disp = platforms.Steered
 	case s.mode == ModeCollect || s.debounced(it):

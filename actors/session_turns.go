@@ -215,9 +215,17 @@ func (s *Session) interrupt(c actor.Context) {
 	s.running = nil
 	s.cancelAwaited(c, r)
 	s.d.Metrics.TurnsTotal.WithLabelValues("cancelled").Inc()
+	if s.debugOn() {
+		s.logger().Debug("turn interrupted", "turn", r.id)
+	}
 	// Messages steered into the turn are cut short with it, as stopWork has them: left out,
 	// they stayed pending in the store and in no queue, never answered.
-	cut := append(slices.Clone(r.items), r.steered...)
+	s.cutShort(c, append(slices.Clone(r.items), r.steered...), r.id)
+}
+
+// cutShort takes cut, the messages of a turn an interrupt cut short (turnID), as answered by the
+// next answer (rareState.interrupted), and marks them failed in the store with that turn's id.
+func (s *Session) cutShort(c actor.Context, cut []*item, turnID string) {
 	seqs := make([]int64, len(cut))
 	for i, it := range cut {
 		seqs[i] = it.seq
@@ -233,15 +241,39 @@ func (s *Session) interrupt(c actor.Context) {
 	if n := len(u.interrupted); n > MaxInterrupted {
 		u.interrupted = slices.Clone(u.interrupted[n-MaxInterrupted:])
 	}
-	if s.debugOn() {
-		s.logger().Debug("turn interrupted", "turn", r.id)
-	}
-	s.write(c, []persistence.Op{&persistence.SetMessageStatus{SessionID: r.items[0].sessionID, Seqs: seqs,
-		Status: persistence.StatusFailed, TurnID: r.id}}, func(c actor.Context, err error) {
+	s.write(c, []persistence.Op{&persistence.SetMessageStatus{SessionID: cut[0].sessionID, Seqs: seqs,
+		Status: persistence.StatusFailed, TurnID: turnID}}, func(c actor.Context, err error) {
 		if err != nil {
-			s.logRefusedWrite("store interrupted turn; its messages are marked failed with the answer that answers them", err, "turn", r.id)
+			s.logRefusedWrite("store interrupted turn; its messages are marked failed with the answer that answers them", err, "turn", turnID)
 		}
 	})
+}
+
+// supersede cuts short, in interrupt mode, the messages queued ahead of it while the turn an
+// interrupt cancelled still ends (its command cleaning up on SIGTERM): they were to run next,
+// and it is newer. Before, it queued behind them, and the next of them ran whole, however long
+// it took, uninterrupted (found by an audit). It acts only on a plain queue: every message
+// ahead of it stored, of its session and older, none set aside by a command, nothing spilled.
+// It reports whether it cut any.
+func (s *Session) supersede(c actor.Context, it *item) bool {
+	n := len(s.queue) - 1
+	if n < 1 || s.queue[n] != it || s.spilling() != nil || s.halted || s.leaving || s.fencedOut {
+		return false
+	}
+	ahead := s.queue[:n]
+	for _, q := range ahead {
+		if !q.durable || q.dropped || q.sessionID != it.sessionID || q.seq > it.seq {
+			return false
+		}
+	}
+	cut := slices.Clone(ahead)
+	s.queue = []*item{it}
+	for _, q := range cut { // the next turn sees them, as it sees a cut turn's
+		s.history = append(s.history, histEntry{seq: q.seq, raw: q.text, msg: s.agentMessage(q), sender: q.src.UserID})
+	}
+	s.trimHistory()
+	s.cutShort(c, cut, newID("t_"))
+	return true
 }
 
 // markCut returns the writes that mark failed the messages an interrupt cut short (cut), for
