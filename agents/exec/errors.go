@@ -13,6 +13,9 @@ import (
 // Config.Timeout.
 var ErrTimeout = errors.New("exec agent: timed out")
 
+// errRunaway stops a command that wrote more than MaxOutput bytes to stdout.
+var errRunaway = errors.New("exec agent: the command wrote more than agentgate reads")
+
 // ExitError reports that the command ran but ended unsuccessfully. Run wraps it; find it with
 // errors.As.
 type ExitError struct {

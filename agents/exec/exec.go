@@ -186,7 +186,9 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	}
 	defer cancel()
 
-	stdout := &headBuffer{max: MaxReply}
+	runCtx, stopRunaway := context.WithCancelCause(runCtx)
+	defer stopRunaway(nil)
+	stdout := &headBuffer{max: MaxReply, limit: MaxOutput, runaway: func() { stopRunaway(errRunaway) }}
 	stderr := &tailBuffer{max: MaxStderr}
 	cmd := osexec.CommandContext(runCtx, name, a.command[1:]...)
 	cmd.Dir = a.dir
@@ -284,6 +286,13 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	log := a.log.With("command", name, "session", req.Identity.SessionKey,
 		"duration", time.Since(start))
 
+	if errors.Is(context.Cause(runCtx), errRunaway) && ctx.Err() == nil {
+		// It was stopped for its output, not for a cancel or the timeout: the reply is the
+		// output's head, cut as a long one is.
+		log.Warn("exec agent wrote more than agentgate reads; it was stopped, and the first part of its output is the reply",
+			"read", MaxOutput, "reply_bytes", MaxReply)
+		return &agents.Response{Text: stdout.reply(), Unseen: unseen}, nil
+	}
 	// A signalled command's result is an artefact of the signal; so, most likely, is a failure
 	// that coincides with the end of ctx.
 	if killer.Load() != nil || (waitErr != nil && runCtx.Err() != nil) {

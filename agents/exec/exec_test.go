@@ -303,6 +303,22 @@ func TestRunReply(t *testing.T) {
 	}
 }
 
+// TestRunawayOutputIsStopped: a command that prints without end is stopped once it has
+// written MaxOutput bytes, and its reply is the first MaxReply of them, cut as a long reply is.
+// Before, the output was read and thrown away until the timeout, and the turn failed with "no
+// reply" (found by an audit: 5 s of the daemon's CPU in an 8 s timeout).
+func TestRunawayOutputIsStopped(t *testing.T) {
+	cmd, _ := MustScript(t, `yes a`)
+	a := MustNew(t, exec.Config{Command: cmd, Timeout: time.Minute})
+	resp, err := a.Run(t.Context(), request(turn(1), "hi"))
+	if err != nil {
+		t.Fatalf("Run() error = %v, want the output's head", err)
+	}
+	if want := strings.Repeat("a\n", exec.MaxReply/2-1) + "a" + exec.TruncatedSuffix; resp.Text != want {
+		t.Errorf("Run() = %q (%d bytes), want %q (%d bytes)", abbrev(resp.Text), len(resp.Text), abbrev(want), len(want))
+	}
+}
+
 func abbrev(s string) string {
 	if len(s) <= 80 {
 		return s

@@ -12,6 +12,11 @@ const (
 	// discarded (so the command never blocks on a full pipe) and the reply ends with
 	// TruncatedSuffix.
 	MaxReply = 1 << 20
+	// MaxOutput is the most bytes of stdout read: a command that writes more is stopped as it
+	// is on a timeout, and its reply is the first MaxReply bytes. Read and discarded to the
+	// end, a command printing in a loop took the daemon's CPU until its timeout (10 minutes
+	// by default), and its reply was then thrown away as none.
+	MaxOutput = 16 * MaxReply
 	// MaxStderr is how many trailing bytes of stderr are kept for errors and logs.
 	MaxStderr = 4 << 10
 	// TruncatedSuffix ends a reply whose stdout was longer than MaxReply.
@@ -24,9 +29,18 @@ type headBuffer struct {
 	max       int
 	buf       []byte
 	truncated bool
+	// Past limit bytes written, runaway is called once (a nil runaway: no limit).
+	limit   int64
+	written int64
+	runaway func()
 }
 
 func (w *headBuffer) Write(p []byte) (int, error) {
+	w.written += int64(len(p))
+	if w.runaway != nil && w.written > w.limit {
+		w.runaway()
+		w.runaway = nil
+	}
 	room := w.max - len(w.buf)
 	if len(p) > room {
 		w.truncated = true
