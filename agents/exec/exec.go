@@ -324,6 +324,10 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		log.Debug("exec agent stderr", "stderr", s)
 	}
 	resp := &agents.Response{Text: stdout.reply(), Unseen: unseen}
+	if stdout.truncated {
+		// The user sees the cut; the operator hears of it as of a model's (openai agent).
+		log.Warn("exec agent reply cut off: it is longer than agentgate takes", "reply_bytes", MaxReply, "written", stdout.written)
+	}
 	log.Debug("exec agent turn done", "reply_bytes", len(resp.Text), "truncated", stdout.truncated)
 	return resp, nil
 }
