@@ -146,6 +146,11 @@ type endProbation struct{ id string }
 type runTurn struct {
 	req     *agents.Request
 	session *actor.PID
+	// steer: messages may be steered into the turn (queue mode steer, an agent that can take
+	// them). Only then does an exec agent's stdin stay open while the command runs: in the
+	// other modes it closes after the request, as for an agent that cannot steer, and a
+	// command that reads stdin to its end is not left waiting until its timeout.
+	steer bool
 }
 
 // agentDone carries the agent's result from the turn's goroutine back into the actor.

@@ -192,6 +192,7 @@ type turnRun struct {
 	steered []*item // sent into the running turn (queue mode steer), in order
 	started time.Time
 	note    string // the continuity note the turn was given (rareState.continuity), if any
+	steers  bool   // messages may be steered into it (runTurn.steer)
 }
 
 // before reports whether the turn's messages came before it: it is a newer message, which may

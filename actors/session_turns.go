@@ -87,8 +87,9 @@ func (s *Session) tryStart(c actor.Context) {
 	}
 	s.setBusy(c, true)                                              // before the turn starts: a drain must never miss a running turn
 	pid := c.ActorSystem().Root.SpawnPrefix(s.d.turnProps, "turn-") // top level: see Turn
-	c.Send(pid, &runTurn{req: req, session: c.Self()})
-	s.running = &turnRun{pid: pid, id: turnID, items: group, started: s.d.now(), note: note}
+	steers := s.mode == ModeSteer && agents.CanSteer(s.d.Agent)
+	c.Send(pid, &runTurn{req: req, session: c.Self(), steer: steers})
+	s.running = &turnRun{pid: pid, id: turnID, items: group, started: s.d.now(), note: note, steers: steers}
 	s.trimHistory()
 	if s.debugOn() {
 		s.logger().Debug("turn started", "turn", turnID, "messages", len(group))
@@ -165,7 +166,7 @@ func (s *Session) holdFor() time.Duration {
 func (s *Session) steer(c actor.Context, it *item) bool {
 	r := s.running
 	last := r.items[len(r.items)-1]
-	if !agents.CanSteer(s.d.Agent) || len(r.steered) >= MaxSteered || len(s.queue) == 0 || s.queue[0] != it ||
+	if !r.steers || len(r.steered) >= MaxSteered || len(s.queue) == 0 || s.queue[0] != it ||
 		it.src.UserID != last.src.UserID || it.sessionID != last.sessionID {
 		return false
 	}

@@ -77,7 +77,7 @@ func (t *Turn) Receive(c actor.Context) {
 	case *runTurn:
 		if t.req == nil && t.agent != nil {
 			t.req, t.session, t.turnID = m.req, m.session, m.req.Identity.TurnID
-			t.start(c)
+			t.start(c, m.steer)
 		}
 	case *agentDone:
 		if t.session == nil {
@@ -146,7 +146,7 @@ func (t *Turn) release() {
 	t.req, t.agent, t.cancel, t.session = nil, nil, nil, nil
 }
 
-func (t *Turn) start(c actor.Context) {
+func (t *Turn) start(c actor.Context, steer bool) {
 	ctx, cancel := context.WithCancel(t.parent)
 	t.cancel = cancel
 	self, root := c.Self(), c.ActorSystem().Root
@@ -158,7 +158,7 @@ func (t *Turn) start(c actor.Context) {
 	}
 	agent, req := t.agent, t.req
 	var relay *steerRelay
-	if agents.CanSteer(agent) {
+	if steer && agents.CanSteer(agent) {
 		relay = newSteerRelay()
 		t.steer = relay.in
 		r := *req

@@ -2,12 +2,15 @@ package actors
 
 import (
 	"context"
+	"maps"
 	"slices"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/platforms"
 )
 
 // unseeingAgent takes the message steered into m1's turn and answers without passing it on,
@@ -48,6 +51,60 @@ func TestUnseenSteeredMessageRunsNext(t *testing.T) {
 		}
 		if want := [][]string{{"m1"}, {"m2"}}; !slices.EqualFunc(answers, want, slices.Equal) {
 			t.Errorf("answers' in_reply_to: %v (%q), want %v", answers, texts, want)
+		}
+	})
+}
+
+// steerWatcher is an agent that can steer and notes, by message, whether its turn was given a
+// steer channel; m-hold runs until released.
+type steerWatcher struct {
+	mu      sync.Mutex
+	steered map[string]bool
+	release chan struct{}
+}
+
+func (*steerWatcher) CanSteer() bool { return true }
+
+func (a *steerWatcher) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+	id := req.Identity.MessageID
+	a.mu.Lock()
+	a.steered[id] = req.Steer != nil
+	a.mu.Unlock()
+	if id == "hold" {
+		<-a.release
+	}
+	return &agents.Response{Text: "ok " + id}, nil
+}
+
+// TestTurnsSteerOnlyInSteerMode: an agent that can steer (an exec agent with steer: true) is
+// given a steer channel, which keeps a command's stdin open while it runs, only in queue mode
+// steer, as README says. Before, every mode kept it open, and a command that reads stdin to
+// its end waited until its timeout (found by an audit). A turn that began in another mode
+// takes no message steered into it when the mode changes while it runs: the message queues
+// and gets its own answer.
+func TestTurnsSteerOnlyInSteerMode(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		agent := &steerWatcher{steered: map[string]bool{}, release: make(chan struct{})}
+		w := newManagerWorld(t, agent, nil) // followup
+		w.deliver(t, "m1", "one")
+		w.awaitTurnEnds(1)
+		if r := w.deliver(t, "hold", "hold"); r.Disposition != platforms.Started {
+			t.Fatalf("hold: %+v", r)
+		}
+		w.deliver(t, "q", "/queue steer")
+		if r := w.deliver(t, "m2", "two"); r.Disposition != platforms.Queued {
+			t.Errorf("m2 while a followup turn runs, after /queue steer: %+v, want queued", r)
+		}
+		close(agent.release)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		w.deliver(t, "m3", "three")
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		agent.mu.Lock()
+		defer agent.mu.Unlock()
+		if want := map[string]bool{"m1": false, "hold": false, "m2": true, "m3": true}; !maps.Equal(agent.steered, want) {
+			t.Errorf("turns given a steer channel: %v, want %v", agent.steered, want)
 		}
 	})
 }
