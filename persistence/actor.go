@@ -455,7 +455,7 @@ func (a *Actor) spoolLen() int {
 func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 	if a.o.Spool == nil {
 		if err := firstUnavailable(errs); err != nil {
-			a.o.Refusals.refuse(err, time.Now())
+			a.o.Refusals.Refuse(err, time.Now())
 			a.o.WritesRefused(countUnavailable(errs))
 		} else {
 			a.o.Refusals.taken()
@@ -488,7 +488,7 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 	}
 	if err != nil {
 		a.repeats.log(a.o.Log, slog.LevelError, msgSpoolFailed, "groups", len(keep), logging.Err(err))
-		a.o.Refusals.refuse(fmt.Errorf("database and spool both failed: %w", err), time.Now())
+		a.o.Refusals.Refuse(fmt.Errorf("database and spool both failed: %w", err), time.Now())
 		a.o.WritesRefused(len(keep))
 		return out
 	}

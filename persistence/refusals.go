@@ -24,8 +24,9 @@ type Refusals struct {
 	takenAt time.Time
 }
 
-// refuse records a refusal at now.
-func (r *Refusals) refuse(err error, now time.Time) {
+// Refuse records a refusal at now: the persistence actor's, or the daemon's own write at its
+// start (Store.BeginRun), which finds a database that refuses writes before any message does.
+func (r *Refusals) Refuse(err error, now time.Time) {
 	if r == nil {
 		return
 	}

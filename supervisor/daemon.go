@@ -420,6 +420,9 @@ func (d *Daemon) beginRun(now func() time.Time) {
 	u, err := d.store.BeginRun(d.ctx, d.deps.Run, now())
 	if err != nil {
 		d.log.Warn("record the daemon's run in the store; an unclean stop is not counted", logging.Err(err))
+		// /readyz says so (as after a refused message) rather than send traffic to a store that
+		// refuses writes (a read-only database) until a message finds out.
+		d.refusals.Refuse(fmt.Errorf("record the daemon's run: %w", err), time.Now())
 		return
 	}
 	d.began = true

@@ -15,8 +15,10 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
@@ -296,5 +298,30 @@ func TestReadyzReportsEachComponent(t *testing.T) {
 	}
 	if code, _ := get("/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz = %d while a platform is down, want 200", code)
+	}
+}
+
+// readOnlyRuns is a store whose database refuses the daemon's first write, the record of its
+// run, as a read-only database file does.
+type readOnlyRuns struct{ persistence.Store }
+
+func (readOnlyRuns) BeginRun(context.Context, string, time.Time) (*persistence.UncleanStop, error) {
+	return nil, errors.New("attempt to write a readonly database (8)")
+}
+
+// TestReadyzFailsWhenTheStartsWriteIsRefused: a daemon whose database refuses the record of its
+// run at start (the file is read-only to it) is not ready: /readyz names the refusal. Before, it
+// answered ready until the first message found out (found by an audit).
+func TestReadyzFailsWhenTheStartsWriteIsRefused(t *testing.T) {
+	r := MustStartDaemon(t, echo.New(), daemonOpts{wrap: func(s persistence.Store) persistence.Store { return readOnlyRuns{s} }})
+	defer r.stop(t)
+	resp, err := http.Get("http://" + r.d.Addr().String() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "readonly database") {
+		t.Errorf("/readyz = %d %s, want 503 naming the refused write", resp.StatusCode, body)
 	}
 }
