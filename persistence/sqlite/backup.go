@@ -9,6 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // Backup writes a consistent copy of the database at path to out, also while a daemon writes
@@ -88,7 +91,7 @@ func backup(ctx context.Context, path, out string) (int64, error) {
 	db.SetMaxOpenConns(1)
 	version, err := schemaVersion(ctx, db)
 	if err != nil {
-		return 0, err
+		return 0, explainAccess(err, src, false)
 	}
 	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", tmpPath); err != nil {
 		return 0, err
@@ -162,10 +165,12 @@ func endRunIn(ctx context.Context, path string) error {
 // schemaVersion is the schema version of an agentgate database (its last migration).
 func schemaVersion(ctx context.Context, db *sql.DB) (int, error) {
 	var v int
-	if err := db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&v); err != nil {
-		return 0, fmt.Errorf("not an agentgate database? %w", err)
+	err := db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&v)
+	var se *sqlite.Error
+	if errors.As(err, &se) && (se.Code()&0xff == sqlite3.SQLITE_ERROR || se.Code()&0xff == sqlite3.SQLITE_NOTADB) {
+		return 0, fmt.Errorf("not an agentgate database? %w", err) // (no such table, or no database)
 	}
-	return v, nil
+	return v, err
 }
 
 // verifyBackup opens the new file read-only and checks its pages and its schema version.

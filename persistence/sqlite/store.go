@@ -122,7 +122,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	s := &Store{path: abs, log: logger(opts.Logger), lock: lock, idx: newIndexer(opts), now: time.Now, commitMu: newWriteLock()}
 	if err := s.open(ctx, syncMode, opts); err != nil {
 		s.closeAll()
-		return nil, fmt.Errorf("open %s: %w", abs, err)
+		return nil, fmt.Errorf("open %s: %w", abs, explainAccess(err, abs, true))
 	}
 	// Messages committed before a crash, and not indexed yet, are indexed now. A failure is
 	// logged and retried by later commits: it never stops the store.
@@ -202,11 +202,11 @@ func OpenReadOnly(ctx context.Context, path string) (*Store, error) {
 	}
 	r, err := openReader(ctx, abs, defaultReaders, true)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", abs, err)
+		return nil, fmt.Errorf("open %s: %w", abs, explainAccess(err, abs, false))
 	}
 	if err := checkSchema(ctx, r); err != nil {
 		r.Close()
-		return nil, fmt.Errorf("open %s: %w", abs, err)
+		return nil, fmt.Errorf("open %s: %w", abs, explainAccess(err, abs, false))
 	}
 	return &Store{path: abs, log: logger(nil), readOnly: true, reader: r, commitMu: newWriteLock()}, nil
 }

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/agentgate/agentgate/persistence/sqlite"
+)
+
+// TestUnusableDatabaseNamesTheFile: a database the daemon's user may not use (a restore copied
+// as root, a -wal file left read-only) stops serve and backup with an error that names the
+// file and the user. Before, it said only SQLite's "unable to open database file (14)", and
+// backup asked whether it was an agentgate database at all (found by an audit).
+func TestUnusableDatabaseNamesTheFile(t *testing.T) {
+	bin := MustBuild(t)
+	dir, err := os.MkdirTemp("", "agentgate-access-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	b, err := os.ReadFile(bin) // where the other user may run it
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin = filepath.Join(dir, "agentgate")
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "data")
+	if err := os.MkdirAll(data, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	db := filepath.Join(data, "agentgate.db")
+	s, err := sqlite.Open(t.Context(), db, sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{db + ".lock", db + "-wal", db + "-shm"} { // a restore copies the database alone
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+	}
+	as := func(cmd *exec.Cmd) *exec.Cmd { return cmd }
+	if os.Geteuid() == 0 {
+		// The data directory is the service user's; the database stays root's, 0600, as a
+		// restore made as root leaves it.
+		const nobody = 65534
+		for _, p := range []string{dir, data} {
+			if err := os.Chown(p, nobody, nobody); err != nil {
+				t.Fatal(err)
+			}
+		}
+		as = func(cmd *exec.Cmd) *exec.Cmd {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+			return cmd
+		}
+	} else if err := os.Chmod(db, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"serve", "--data-dir", data, "--http-addr", "127.0.0.1:0"},
+		{"backup", "--data-dir", data, filepath.Join(dir, "copy.db")},
+	} {
+		out, err := as(exec.Command(bin, args...)).CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) {
+			t.Errorf("agentgate %s: %v, want it to run and refuse: %s", args[0], err, out)
+			continue
+		}
+		if err == nil {
+			t.Errorf("agentgate %s: succeeded, want it refused: %s", args[0], out)
+			continue
+		}
+		if !strings.Contains(string(out), "by this user, uid ") || !strings.Contains(string(out), ": agentgate.db") {
+			t.Errorf("agentgate %s: %s\nwant it to name agentgate.db and the user", args[0], out)
+		}
+		if strings.Contains(string(out), "not an agentgate database") {
+			t.Errorf("agentgate %s: %s\nwant no doubt about what the file is", args[0], out)
+		}
+	}
+}
