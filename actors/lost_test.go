@@ -151,19 +151,9 @@ func TestAdoptedMessageRunsInItsPlace(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				a := newRequeueAgent()
-				out := &storetest.Outage{}
-				blind := &blindReads{}
-				w := newManagerWorldWrites(t, a, func(d *Deps) { d.Fencing = true; blind.wrap(d) }, func(s persistence.Store) persistence.Store {
-					out.Store = s
-					return out
-				})
+				w, lost := newLostWorld(t, a, func(d *Deps) { d.Fencing = true })
 				w.deliver(t, "m0", "hold")
-				out.Lost.Store(1)
-				blind.on.Store(true) // the session cannot read whether the write applied
-				if r := w.deliver(t, "lost", "lost"); r.ErrorCode != "unavailable" {
-					t.Fatalf("lost, whose commit answer is lost: %+v, want unavailable", r)
-				}
-				blind.on.Store(false)
+				lost.deliver(t, w, "lost", "lost")
 				if r := w.deliver(t, "after", "after"); r.Disposition != platforms.Queued {
 					t.Fatalf("after: %+v, want queued", r)
 				}
@@ -209,22 +199,9 @@ func TestAdoptedMessageDoesNotInterruptANewerTurn(t *testing.T) {
 				return nil, ctx.Err()
 			}
 		})
-		out := &storetest.Outage{}
-		blind := &blindReads{}
-		w := newManagerWorldWrites(t, agent, func(d *Deps) {
-			d.Fencing, d.Config.QueueMode = true, ModeInterrupt
-			blind.wrap(d)
-		}, func(s persistence.Store) persistence.Store {
-			out.Store = s
-			return out
-		})
+		w, lost := newLostWorld(t, agent, func(d *Deps) { d.Fencing, d.Config.QueueMode = true, ModeInterrupt })
 		w.deliver(t, "m0", "zero")
-		out.Lost.Store(1)
-		blind.on.Store(true) // the session cannot read whether the write applied
-		if r := w.deliver(t, "lost", "lost"); r.ErrorCode != "unavailable" {
-			t.Fatalf("lost, whose commit answer is lost: %+v, want unavailable", r)
-		}
-		blind.on.Store(false)
+		lost.deliver(t, w, "lost", "lost")
 		if r := w.deliver(t, "after", "after"); r.Disposition != platforms.Interrupted {
 			t.Fatalf("after: %+v, want interrupted", r)
 		}
@@ -331,6 +308,42 @@ func countingEcho() (agent agents.Agent, ran func(id string) int) {
 		mu.Lock()
 		defer mu.Unlock()
 		return runs[id]
+	}
+}
+
+// lostAnswers loses, on cue, the commit answer of a world's write while its sessions cannot
+// read whether the write applied (newLostWorld).
+type lostAnswers struct {
+	out   *storetest.Outage
+	blind *blindReads
+}
+
+// newLostWorld is newManagerWorld, set up by setup, whose writes lostAnswers.deliver can lose
+// the answer of.
+func newLostWorld(t *testing.T, agent agents.Agent, setup func(*Deps)) (*managerWorld, *lostAnswers) {
+	t.Helper()
+	l := &lostAnswers{out: &storetest.Outage{}, blind: &blindReads{}}
+	w := newManagerWorldWrites(t, agent, func(d *Deps) {
+		if setup != nil {
+			setup(d)
+		}
+		l.blind.wrap(d)
+	}, func(s persistence.Store) persistence.Store {
+		l.out.Store = s
+		return l.out
+	})
+	return w, l
+}
+
+// deliver sends a message of w's chat whose write commits but whose commit answer is lost,
+// while the session cannot read whether it applied: its sender is told it is unavailable.
+func (l *lostAnswers) deliver(t *testing.T, w *managerWorld, id, text string) {
+	t.Helper()
+	l.out.Lost.Store(1)
+	l.blind.on.Store(true)
+	defer l.blind.on.Store(false)
+	if r := w.deliver(t, id, text); r.ErrorCode != "unavailable" {
+		t.Fatalf("%s, whose commit answer is lost: %+v, want unavailable", id, r)
 	}
 }
 

@@ -17,20 +17,7 @@ import (
 // file and the user. Before, it said only SQLite's "unable to open database file (14)", and
 // backup asked whether it was an agentgate database at all (found by an audit).
 func TestUnusableDatabaseNamesTheFile(t *testing.T) {
-	bin := MustBuild(t)
-	dir, err := os.MkdirTemp("", "agentgate-access-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	b, err := os.ReadFile(bin) // where the other user may run it
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin = filepath.Join(dir, "agentgate")
-	if err := os.WriteFile(bin, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir, bin := dirForAnotherUser(t, MustBuild(t))
 	data := filepath.Join(dir, "data")
 	if err := os.MkdirAll(data, 0o700); err != nil {
 		t.Fatal(err)
@@ -86,4 +73,27 @@ func TestUnusableDatabaseNamesTheFile(t *testing.T) {
 			t.Errorf("agentgate %s: %s\nwant no doubt about what the file is", args[0], out)
 		}
 	}
+}
+
+// dirForAnotherUser makes a directory another user may enter (a test as root runs the daemon
+// as nobody there), with a copy of the binary bin in it that user may run.
+func dirForAnotherUser(t *testing.T, bin string) (dir, copied string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "agentgate-user-") // not t.TempDir: its parents are root's alone
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copied = filepath.Join(dir, "agentgate")
+	if err := os.WriteFile(copied, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir, copied
 }

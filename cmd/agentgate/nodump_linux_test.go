@@ -17,25 +17,8 @@ import (
 // `cat /proc/$PPID/environ` away. Run as root, the daemon runs as nobody (root reads any
 // process's environment).
 func TestAgentCannotReadTheDaemonsEnvironment(t *testing.T) {
-	bin := MustBuild(t)
-	dir, err := os.MkdirTemp("", "agentgate-nodump-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// The binary and the agent where another user may run them.
-	b, err := os.ReadFile(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	daemonBin := filepath.Join(dir, "agentgate")
+	dir, daemonBin := dirForAnotherUser(t, MustBuild(t))
 	agent := filepath.Join(dir, "agent.sh")
-	if err := os.WriteFile(daemonBin, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	script := "#!/bin/sh\ncat >/dev/null\n(tr '\\0' '\\n' < /proc/$PPID/environ) 2>/dev/null | grep '^AGTEST_BEARER=' || echo unreadable\n"
 	if err := os.WriteFile(agent, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
