@@ -368,6 +368,12 @@ func TestLoadValidationProblemsNameTheirLine(t *testing.T) {
 			t.Errorf("Load error =\n%v\nwant it to contain %q", err, want)
 		}
 	}
+	// A problem reported without its value (a required key left empty) cannot be told to be
+	// the file's: the file's line holds a good one here.
+	_, err = Load(MustWriteConfig(t, "data_dir: x\n"), []string{"AGENTGATE_DATA_DIR="}, nil)
+	if err == nil || strings.Contains(err.Error(), ":1: data_dir") {
+		t.Errorf("Load error with data_dir emptied by the environment =\n%v\nwant it without the file's line", err)
+	}
 	_, err = Load(path, []string{"AGENTGATE_SESSIONS_QUEUE_MODE=slow"}, nil)
 	if err == nil || !strings.Contains(err.Error(), `sessions.queue.mode: "slow"`) || strings.Contains(err.Error(), `:4: sessions.queue.mode`) {
 		t.Errorf("Load error with the mode from the environment =\n%v\nwant it without the file's line", err)

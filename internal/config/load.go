@@ -142,9 +142,9 @@ func readLines(path string) *fileLines {
 // otherwise, 300s for 5m) keeps fe as it is, rather than point at a line that is not at fault.
 func (l *fileLines) at(fe *FieldError) error {
 	n := l.leaves[fe.Field]
-	if n == nil || n.Kind != yaml.ScalarNode || fe.Value != nil && formatValue(fe.Value) != n.Value && fmt.Sprint(fe.Value) != n.Value &&
+	if n == nil || n.Kind != yaml.ScalarNode || fe.Value == nil || formatValue(fe.Value) != n.Value && fmt.Sprint(fe.Value) != n.Value &&
 		formatValue(fe.Value) != strconv.Quote(n.Value) {
-		return fe
+		return fe // (a problem without its value cannot be told to be the file's)
 	}
 	return fmt.Errorf("%s:%d: %w", l.name, n.Line, fe)
 }
