@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/agentgate/agentgate/actors"
@@ -218,8 +219,14 @@ func (a *sessionsAPI) OutboxAfter(ctx context.Context, key string, after int64, 
 	return outbounds(es), nil
 }
 
-// LastOutboxSeq returns the seq of the key's last outbox entry, the id of its last event.
+// LastOutboxSeq returns the seq of the key's last outbox entry, the id of its last event, or
+// math.MaxInt64 while writes wait in the spool: the database does not hold the entries sent
+// meanwhile, and a stream resumed after one of them, clamped to the database's last, would
+// send them again once the spool drains (found by review).
 func (a *sessionsAPI) LastOutboxSeq(ctx context.Context, key string) (int64, error) {
+	if a.d.deps.Spooling.Load() {
+		return math.MaxInt64, nil
+	}
 	seq, err := a.d.store.LastOutboxSeq(ctx, key)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: %w", err)

@@ -1,8 +1,10 @@
 package supervisor
 
 import (
+	"bufio"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +24,7 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
+	httpplatform "github.com/agentgate/agentgate/platforms/http"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	_ "modernc.org/sqlite"
 )
@@ -38,6 +41,63 @@ func TestDatabaseLockedSpoolsAndDrains(t *testing.T) {
 	r := startOn(t, dir, 10*time.Second, echo.New())
 	defer r.stop(t)
 	spoolsAndDrains(t, r, r.lockDatabase)
+}
+
+// TestEventStreamResumedWhileSpoolingRepeatsNothing: a client resumes a session's event stream
+// after a reply that was sent while the database was locked (the reply waits in the spool). The
+// next event it gets is the next reply, not that one again. Before, the resume point was
+// clamped to the database's last event, and the replies sent from the spool came again once it
+// drained (found by review).
+func TestEventStreamResumedWhileSpoolingRepeatsNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out SQLite's busy timeout")
+	}
+	r := startOn(t, t.TempDir(), 10*time.Second, echo.New())
+	defer r.stop(t)
+	base := "http://" + r.d.Addr().String()
+	post := func(id string) httpplatform.MessageResponse {
+		t.Helper()
+		resp, err := http.Post(base+"/v1/messages?wait=30s", "application/json",
+			strings.NewReader(`{"chat_id":"spool","user_id":"u","text":"hi","message_id":"`+id+`"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var m httpplatform.MessageResponse
+		if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || resp.StatusCode != http.StatusOK || len(m.Replies) != 1 {
+			t.Fatalf("POST %s: %d %+v %v, want its reply", id, resp.StatusCode, m, err)
+		}
+		return m
+	}
+	post("m1")
+	unlock := r.lockDatabase(t)
+	m2 := post("m2") // answered from the spool
+	spooled := m2.Replies[0]
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/sessions/"+url.PathEscape(m2.SessionKey)+"/events", nil)
+	req.Header.Set("Last-Event-ID", fmt.Sprint(spooled.Seq))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	unlock()
+	waitUntil(t, func() bool { return !r.d.deps.Spooling.Load() })
+	post("m3")
+	for br := bufio.NewReader(resp.Body); ; {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the stream ended before an event: %v", err)
+		}
+		if id, ok := strings.CutPrefix(strings.TrimSpace(line), "id: "); ok {
+			if want := fmt.Sprint(spooled.Seq + 1); id != want {
+				t.Errorf("first event after resuming from %d: id %s, want %s", spooled.Seq, id, want)
+			}
+			return
+		}
+	}
 }
 
 // spoolsAndDrains sends messages to 5 sessions, makes the database unavailable with fail,

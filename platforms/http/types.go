@@ -28,7 +28,8 @@ type Sessions interface {
 	Transcript(ctx context.Context, key string, r TranscriptRequest) (*Transcript, error)
 	// OutboxAfter returns the key's outbox entries with Seq > after, by Seq, at most limit.
 	OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]*platforms.Outbound, error)
-	// LastOutboxSeq returns the Seq of the key's last outbox entry (0: none).
+	// LastOutboxSeq returns the Seq of the key's last outbox entry (0: none), or
+	// math.MaxInt64 when it cannot tell (the entries are not all readable yet).
 	LastOutboxSeq(ctx context.Context, key string) (int64, error)
 	// RepliesTo returns the key's outbox entries with Seq > after that answer messageID, by
 	// Seq.
