@@ -39,17 +39,11 @@ func TestDrainWaitsForTheRerunOfACrashedTurn(t *testing.T) {
 			}
 		})
 		w := newManagerWorld(t, agent, nil)
-		drained := make(chan struct{}, 1)
-		drainer := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-			if _, ok := c.Message().(*Drained); ok {
-				drained <- struct{}{}
-			}
-		}))
 		if res := w.deliver(t, "m1", "work"); res.Disposition != "started" {
 			t.Fatalf("m1: %+v", res)
 		}
 		<-ran
-		w.system.Root.RequestWithCustomSender(w.manager, &Drain{}, drainer)
+		drained := w.drain()
 		close(crash)
 		if n := <-ran; n != 2 {
 			t.Fatalf("agent call %d, want the rerun (2)", n)
@@ -71,6 +65,18 @@ func TestDrainWaitsForTheRerunOfACrashedTurn(t *testing.T) {
 			t.Error("the drain did not end once the rerun answered")
 		}
 	})
+}
+
+// drain asks w's manager to drain, as a stopping daemon does; the channel gets its answer.
+func (w *managerWorld) drain() <-chan struct{} {
+	drained := make(chan struct{}, 1)
+	drainer := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if _, ok := c.Message().(*Drained); ok {
+			drained <- struct{}{}
+		}
+	}))
+	w.system.Root.RequestWithCustomSender(w.manager, &Drain{}, drainer)
+	return drained
 }
 
 // TestNoAgentCallStartsOnceTheCallsAreClosed: once a stopping daemon has waited for the agent
@@ -116,17 +122,11 @@ func TestDrainRunsADebouncedMessage(t *testing.T) {
 			return &agents.Response{Text: "echo: " + req.Messages[0].Text}, nil
 		})
 		w := newManagerWorld(t, echo, func(d *Deps) { d.Config.Debounce = 2 * time.Second })
-		drained := make(chan struct{}, 1)
-		drainer := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-			if _, ok := c.Message().(*Drained); ok {
-				drained <- struct{}{}
-			}
-		}))
 		if res := w.deliver(t, "m1", "held"); res.ErrorCode != "" {
 			t.Fatalf("m1: %+v", res)
 		}
 		synctest.Wait()
-		w.system.Root.RequestWithCustomSender(w.manager, &Drain{}, drainer)
+		drained := w.drain()
 		synctest.Wait()
 		select {
 		case <-drained:
