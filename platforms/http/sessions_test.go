@@ -368,6 +368,13 @@ func TestUnknownQueryParameterIsRefused(t *testing.T) {
 			t.Errorf("%s %s = %d %s, want 400 %s saying it takes %s", tc.method, tc.path, got.status, got.body, CodeInvalidQuery, tc.takes)
 		}
 	}
+	checkNothingReached(t, sessions, rt)
+}
+
+// checkNothingReached fails t when requests refused for their query reached the sessions, or
+// a message refused so was delivered.
+func checkNothingReached(t *testing.T, sessions *fakeSessions, rt *fakeRuntime) {
+	t.Helper()
 	if calls := sessions.callLog(); len(calls) != 0 {
 		t.Errorf("requests refused for their query still reached the sessions: %q", calls)
 	}
@@ -470,12 +477,7 @@ func TestEmptyQueryValueIsRefused(t *testing.T) {
 			}
 		})
 	}
-	if calls := sessions.callLog(); len(calls) != 0 {
-		t.Errorf("requests refused for their query still reached the sessions: %q", calls)
-	}
-	if n := len(rt.delivered()); n != 0 {
-		t.Errorf("a message refused for its query was delivered %d times", n)
-	}
+	checkNothingReached(t, sessions, rt)
 }
 
 // TestUnknownQueryParametersAreNamedInOrder: of several parameters a route does not take, the
