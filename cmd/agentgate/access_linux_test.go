@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/agentgate/agentgate/persistence/sqlite"
 )
@@ -96,4 +98,43 @@ func dirForAnotherUser(t *testing.T, bin string) (dir, copied string) {
 		t.Fatal(err)
 	}
 	return dir, copied
+}
+
+// TestUnwritableSpoolStopsTheStart: a spool directory the daemon's user may read but not write
+// (left by a run as root) stops the start with an error that names it. Before, the daemon ran,
+// and the first time the database refused a write nothing could wait in the spool: the write
+// was refused where it should have been kept (found by an audit).
+func TestUnwritableSpoolStopsTheStart(t *testing.T) {
+	dir, bin := dirForAnotherUser(t, MustBuild(t))
+	data := filepath.Join(dir, "data")
+	spool := filepath.Join(data, "spool")
+	if err := os.MkdirAll(spool, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A bound on a failure, not a wait for an effect: before, serve ran on.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "serve", "--data-dir", data, "--http-addr", "127.0.0.1:0")
+	if os.Geteuid() == 0 {
+		// The data directory is the service user's; the spool stays root's, 0755.
+		const nobody = 65534
+		for _, p := range []string{dir, data} {
+			if err := os.Chown(p, nobody, nobody); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	} else if err := os.Chmod(spool, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("serve ran on with a spool it may not write: %s", out)
+	}
+	if err == nil || cmd.ProcessState == nil {
+		t.Fatalf("serve: %v, want it to run and refuse: %s", err, out)
+	}
+	if got := string(out); !strings.Contains(got, spool+" is not writable by this user, uid ") {
+		t.Errorf("serve: %s\nwant it to name the spool directory and the user", got)
+	}
 }

@@ -49,6 +49,9 @@ func Open(dir string) (*Spool, error) {
 	if err := mkdirDurable(dir); err != nil {
 		return nil, fmt.Errorf("spool open: %w", err)
 	}
+	if err := probeWrite(dir); err != nil {
+		return nil, err
+	}
 	s := &Spool{dir: dir}
 	var highest uint64
 	for _, d := range []string{dir, filepath.Join(dir, failedDir)} {
@@ -114,6 +117,19 @@ func mkdirDurable(dir string) error {
 		}
 	}
 	return nil
+}
+
+// probeWrite creates and removes a file in dir. A spool this process may read but not write (a
+// directory left by a run as another user, a read-only mount) opened as well as any, and went
+// unnoticed until the database first refused a write and nothing could wait here: the writes
+// were refused instead of kept (found by an audit).
+func probeWrite(dir string) error {
+	f, err := os.CreateTemp(dir, "probe-*"+tmpSuffix) // a leftover is removed at the next Open
+	if err != nil {
+		return fmt.Errorf("spool open: %s is not writable by this user, uid %d (the writes the database refuses wait there): %w", dir, os.Getuid(), err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
 }
 
 // removeTemps removes the regular *.tmp files among entries of dir.
