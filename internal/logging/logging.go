@@ -36,7 +36,7 @@ const TimeFormat = "15:04:05.000"
 // is unset or empty. Pass a *slog.LevelVar as level to change it at run time.
 func New(w io.Writer, level slog.Leveler, format string) *slog.Logger {
 	if format == "json" {
-		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: durationText}))
 	}
 	return newText(w, level, IsTerminal(w) && os.Getenv("NO_COLOR") == "")
 }
@@ -48,6 +48,16 @@ func newText(w io.Writer, level slog.Leveler, color bool) *slog.Logger {
 		opts.ReplaceAttr = defuseEscapes
 	}
 	return slog.New(tint.NewTextHandler(w, opts))
+}
+
+// durationText writes a duration as the text log does ("1m30s"): slog's JSON handler writes
+// it as a count of nanoseconds, which an operator reads as a timestamp or not at all, and which
+// names no unit beside keys such as "in" or "after" (found by an audit).
+func durationText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
 }
 
 // defuseEscapes keeps a logged value from writing escape sequences to the terminal. Coloured,

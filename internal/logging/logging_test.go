@@ -6,15 +6,18 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestNewJSON(t *testing.T) {
 	var buf bytes.Buffer
 	log := New(&buf, slog.LevelInfo, "json")
 	log.Debug("hidden")
-	log.Info("session started", KeySession, "agent:main:http:dm:u1", Err(errors.New("boom")))
+	log.Info("session started", KeySession, "agent:main:http:dm:u1", Err(errors.New("boom")),
+		slog.Group("retry", "in", 1500*time.Millisecond))
 
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	if len(lines) != 1 {
@@ -33,6 +36,10 @@ func TestNewJSON(t *testing.T) {
 		if got := rec[key]; got != want {
 			t.Errorf("record[%q] = %v, want %q", key, got, want)
 		}
+	}
+	// A duration reads as in the text log, with its unit, also in a group.
+	if got, want := rec["retry"], map[string]any{"in": "1.5s"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("record[retry] = %v, want %v", got, want)
 	}
 }
 
