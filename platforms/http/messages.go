@@ -399,6 +399,10 @@ func (m *MessageRequest) validate() *apiError {
 			return badRequest(CodeMissingField, f.name+" is required")
 		}
 	}
+	if strings.TrimSpace(m.Text) == "" {
+		// The agent would get nothing to answer.
+		return badRequest(CodeMissingField, "text is blank")
+	}
 	if len(m.Text) > MaxTextBytes {
 		return &apiError{http.StatusRequestEntityTooLarge, CodeTextTooLarge,
 			fmt.Sprintf("text is %d bytes, the limit is %d", len(m.Text), MaxTextBytes)}
@@ -426,14 +430,19 @@ func (m *MessageRequest) validate() *apiError {
 	return nil
 }
 
-// checkID rejects an id that is too long or carries control characters: ids end up in keys,
-// logs and environment variables, where such characters only do harm.
+// checkID rejects an id that is too long, carries control characters or is padded (or made) with
+// white space: ids end up in keys, logs and environment variables, where such characters only
+// do harm.
 func checkID(name, v string, maxLen int) *apiError {
 	if len(v) > maxLen {
 		return badRequest(CodeInvalidField, fmt.Sprintf("%s is longer than %d bytes", name, maxLen))
 	}
 	if strings.ContainsFunc(v, unicode.IsControl) {
 		return badRequest(CodeInvalidField, name+" contains control characters")
+	}
+	if strings.TrimSpace(v) != v {
+		// "u1" and "u1 " would be two users, or two chats, that no log line tells apart.
+		return badRequest(CodeInvalidField, name+" begins or ends with white space")
 	}
 	return nil
 }
