@@ -401,8 +401,27 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	if d.dirLock != nil {
 		_ = d.dirLock.Close() // after the spool's last write and the address files
 	}
-	d.log.Info("stopped")
+	if n := d.spooled(); n > 0 {
+		// Acknowledged writes the database does not have: an operator who moves or restores
+		// the database now must keep data_dir/spool with it.
+		d.log.Warn("stopped with writes waiting in the spool; the next start replays them before any session loads",
+			"batches", n, "dir", d.spool.Dir())
+	} else {
+		d.log.Info("stopped")
+	}
 	return err
+}
+
+// spooled counts the batches left in the spool (none for a member, which keeps no spool).
+func (d *Daemon) spooled() int {
+	if d.spool == nil {
+		return 0
+	}
+	n, err := spool.Waiting(d.spool.Dir())
+	if err != nil {
+		d.log.Warn("count the writes left in the spool", "dir", d.spool.Dir(), logging.Err(err))
+	}
+	return n
 }
 
 // beginRun records this run in the store (Store.BeginRun) once the persistence actor has

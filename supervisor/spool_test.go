@@ -354,13 +354,21 @@ func checkAnsweredInOrder(t *testing.T, r *runtime, dir, key string, ids ...stri
 func TestRestartWhileSpoolingLoadsAfterReplay(t *testing.T) {
 	dir := t.TempDir()
 	o := &storetest.Outage{}
-	r := startWithOutage(t, dir, o, echo.New())
+	var logs logSignal
+	r := MustStartDaemon(t, echo.New(), daemonOpts{dir: dir, logs: &logs, wrap: func(s persistence.Store) persistence.Store {
+		o.Store = s
+		return o
+	}})
 	a1 := r.inject(t, dm, "m1", "one")
 	r.waitSent(t, 1)
 	o.Down.Store(true)
 	r.inject(t, dm, "m2", "two, spooled")
 	r.waitSent(t, 2)
 	r.stop(t)
+	// The stop says what the database does not have yet.
+	if got, want := logs.String(), "stopped with writes waiting in the spool; the next start replays them before any session loads"; !strings.Contains(got, want) {
+		t.Errorf("the stop's log:\n%s\nwant %q", got, want)
+	}
 
 	o = &storetest.Outage{}
 	o.Down.Store(true)
