@@ -1003,19 +1003,24 @@ func TestThreadStarterMessageRunsNothing(t *testing.T) {
 
 // TestReplyInAChannelStaysInItsSession: a user's reply to the bot's answer in a channel
 // continues the user's session in that channel; the reply's reference never makes a thread or
-// a session of its own (hermes #28153: reply-derived thread ids split one conversation).
+// a session of its own (hermes #28153: reply-derived thread ids split one conversation). A
+// reply whose author turned the client's "@ ON" off, which mentions no one, is answered too
+// (found by an audit: it was dropped without a word).
 func TestReplyInAChannelStaysInItsSession(t *testing.T) {
 	w := startWorld(t, echoAgent, nil)
 	asked := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "first", MentionBot: true})
 	answer := w.replyTo(t, channelID, asked.ID)
 	again := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "and then?", ReplyTo: answer.ID})
-	w.replyTo(t, channelID, again.ID)
+	answer = w.replyTo(t, channelID, again.ID)
+	unpinged := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "and after that?", ReplyTo: answer.ID, NoPing: true})
+	w.replyTo(t, channelID, unpinged.ID)
 
 	a, okA := w.stored(t, channelID, asked.ID)
 	b, okB := w.stored(t, channelID, again.ID)
+	c, okC := w.stored(t, channelID, unpinged.ID)
 	want := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatChannel, ChatID: channelID, UserID: alice.ID}, identity.DefaultKeyOptions)
-	if !okA || !okB || a.key != want || b != a {
-		t.Errorf("message stored as %+v (%v), reply to the answer as %+v (%v); want both in one session of %s", a, okA, b, okB, want)
+	if !okA || !okB || !okC || a.key != want || b != a || c != a {
+		t.Errorf("message stored as %+v (%v), replies to the answers as %+v (%v) and %+v (%v); want all in one session of %s", a, okA, b, okB, c, okC, want)
 	}
 	if n := len(w.srv.Threads()); n != 0 {
 		t.Errorf("%d threads opened, want none", n)

@@ -277,12 +277,17 @@ func displayName(m *discordgo.Message) string {
 	return m.Author.Username
 }
 
-// mentions reports whether m mentions the bot.
+// mentions reports whether m mentions the bot, or replies to one of its messages.
 func mentions(m *discordgo.Message, bot string) bool {
 	for _, u := range m.Mentions {
 		if u != nil && u.ID == bot {
 			return true
 		}
+	}
+	if r := m.ReferencedMessage; m.Type == discordgo.MessageTypeReply && r != nil && r.Author != nil && r.Author.ID == bot {
+		// A reply to the bot whose author turned the client's "@ ON" off mentions no one;
+		// README promises an answer to a reply as to a mention (found by an audit).
+		return true
 	}
 	return strings.Contains(m.Content, "<@"+bot+">") || strings.Contains(m.Content, "<@!"+bot+">")
 }

@@ -58,6 +58,9 @@ type UserMessage struct {
 	// The message gets type 19 (reply), a message_reference and referenced_message, and
 	// mentions the replied-to author (Discord clients ping on reply by default).
 	ReplyTo string
+	// NoPing (with ReplyTo) is a reply whose author turned the client's "@ ON" toggle off:
+	// the replied-to author is not added to mentions. (audit)
+	NoPing bool
 	// Type overrides the message type (default discordgo.MessageTypeDefault, or
 	// discordgo.MessageTypeReply with ReplyTo).
 	Type discordgo.MessageType
@@ -289,6 +292,15 @@ func (s *Server) ArchiveThread(id string) {
 	s.notifyLocked()
 }
 
+// DeleteChannel deletes a channel or thread, as a moderator would (audit helper): later
+// requests to it get 404 Unknown Channel.
+func (s *Server) DeleteChannel(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.chanByID, id)
+	s.notifyLocked()
+}
+
 func (s *Server) addChannelLocked(c Channel) {
 	s.channels = append(s.channels, &c)
 	s.chanByID[c.ID] = &c
@@ -332,7 +344,9 @@ func (s *Server) Post(um UserMessage) *discordgo.Message {
 		}
 		m.ref = ref
 		m.typ = discordgo.MessageTypeReply
-		m.mentions = appendUser(m.mentions, ref.author)
+		if !um.NoPing {
+			m.mentions = appendUser(m.mentions, ref.author)
+		}
 	}
 	if um.Type != 0 {
 		m.typ = um.Type
