@@ -84,6 +84,7 @@ type Platform struct {
 	stored   func(context.Context) ([]persistence.Unread, error)
 	record   func(ops ...persistence.Op) // platforms.Recorder; nil until the runtime sets it
 	live     map[string]string           // thread → guild: the threads discordgo's state holds (threads.go)
+	deleted  map[string]bool             // threads deleted while this process ran (THREAD_DELETE): never reopened
 	recent   func(context.Context, time.Time) ([]persistence.ChatMark, error)
 	now      func() time.Time
 	seeded   bool // seen was filled from recent (at the first READY)
@@ -155,6 +156,7 @@ func New(c Config) (*Platform, error) {
 		kept:     map[string]persistence.Unread{},
 		stored:   c.Unread,
 		live:     map[string]string{},
+		deleted:  map[string]bool{},
 		recent:   c.Recent,
 		now:      c.Now,
 		runCtx:   context.Background(),

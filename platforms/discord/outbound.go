@@ -56,10 +56,13 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 		}
 		_, err := p.post(ctx, channel, msg)
 		if apiCode(err) == discordgo.ErrCodeUnknownChannel && p.unopenedThread(out.Target) && channel == out.Target.ThreadID {
+			// An unknown message (a private thread, which no message starts, or a thread
+			// whose starter was deleted) leaves err refused for good: the reply is not posted
+			// in the channel, where those who could not see the thread would read it.
 			switch err = p.startThread(ctx, out.Target.ChatID, out.Target.ThreadID, "conversation"); {
 			case err == nil:
 				_, err = p.post(ctx, channel, msg)
-			case refusedForGood(err):
+			case threadsRefused(err):
 				// The thread can never be opened (no permission to): answer in the channel,
 				// under the message the thread was for.
 				p.log.Warn("discord refuses the reply's thread; answering in the channel", "channel", out.Target.ChatID,
@@ -108,10 +111,23 @@ func capParts(parts []string) []string {
 		fmt.Sprintf("… (the reply goes on for about %d more characters, too long for Discord; the whole of it is in the session's transcript)", cut))
 }
 
-// unopenedThread reports whether target is an auto-thread: one whose id is the id of the
-// message it starts from, so it can be opened from that message.
+// unopenedThread reports whether target may be an auto-thread not opened yet: one whose id is
+// the id of the message it starts from, so it can be opened from that message. A thread
+// deleted while this process ran (a moderator's act) is not opened again.
 func (p *Platform) unopenedThread(target identity.Source) bool {
-	return p.cfg.AutoThread && target.ChatType == identity.ChatThread && target.ThreadID != ""
+	if !p.cfg.AutoThread || target.ChatType != identity.ChatThread || target.ThreadID == "" {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.deleted[target.ThreadID]
+}
+
+// threadsRefused reports whether Discord refuses for good to open a thread in a channel: the
+// bot may not (403), or the channel takes none (50024). Not when the message to open it from is
+// unknown (404): that is a thread that is gone, not one that could not be opened.
+func threadsRefused(err error) bool {
+	return restStatus(err) == http.StatusForbidden || apiCode(err) == discordgo.ErrCodeCannotExecuteActionOnThisChannelType
 }
 
 // remember records that the first n parts of an outbound are posted; n < 0 forgets it.
@@ -154,6 +170,13 @@ func (p *Platform) SendDraft(ctx context.Context, target identity.Source, inRepl
 		msg.Reference = &discordgo.MessageReference{MessageID: ref, ChannelID: channel, FailIfNotExists: new(false)}
 	}
 	m, err := p.post(ctx, channel, msg)
+	if err != nil && refusedForGood(err) {
+		// Never made, and never will be: the final reply is posted as a message of its own
+		// (Send), which opens an auto-thread that could not be opened yet, or is recorded as
+		// failed. Before, the draft was tried again until the process stopped, and the
+		// chat's replies waited behind it (found by an audit).
+		return "", fmt.Errorf("discord: send draft: %w: %w", platforms.ErrUndeliverable, err)
+	}
 	if err != nil {
 		return "", fmt.Errorf("discord: send draft: %w", err)
 	}

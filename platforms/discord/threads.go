@@ -28,6 +28,10 @@ func (p *Platform) onThreadDelete(_ *discordgo.Session, d *discordgo.ThreadDelet
 	if d.Channel != nil {
 		p.mu.Lock()
 		delete(p.live, d.ID)
+		if len(p.deleted) >= maxProgress {
+			clear(p.deleted)
+		}
+		p.deleted[d.ID] = true // a reply meant for it is not posted in a thread opened anew (Send)
 		p.mu.Unlock()
 	}
 }

@@ -59,7 +59,7 @@ type UserMessage struct {
 	// mentions the replied-to author (Discord clients ping on reply by default).
 	ReplyTo string
 	// NoPing (with ReplyTo) is a reply whose author turned the client's "@ ON" toggle off:
-	// the replied-to author is not added to mentions. (audit)
+	// the replied-to author is not added to mentions.
 	NoPing bool
 	// Type overrides the message type (default discordgo.MessageTypeDefault, or
 	// discordgo.MessageTypeReply with ReplyTo).
@@ -292,12 +292,31 @@ func (s *Server) ArchiveThread(id string) {
 	s.notifyLocked()
 }
 
-// DeleteChannel deletes a channel or thread, as a moderator would (audit helper): later
-// requests to it get 404 Unknown Channel.
-func (s *Server) DeleteChannel(id string) {
+// DeleteChannel deletes channel or thread id, as a moderator would: the identified session gets
+// THREAD_DELETE (CHANNEL_DELETE for a channel), and later requests to it get 404 Unknown
+// Channel. Its messages stay (a thread's starter is in its parent).
+func (s *Server) DeleteChannel(id string) { s.deleteChannel(id, true) }
+
+// ForgetChannel is DeleteChannel for a deletion the bot missed (it was disconnected): nothing
+// is dispatched.
+func (s *Server) ForgetChannel(id string) { s.deleteChannel(id, false) }
+
+func (s *Server) deleteChannel(id string, announce bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	c := s.chanByID[id]
+	if c == nil {
+		panic(fmt.Sprintf("discordtest: DeleteChannel(%q): no such channel", id))
+	}
 	delete(s.chanByID, id)
+	s.channels = slices.DeleteFunc(s.channels, func(x *Channel) bool { return x == c })
+	if announce && c.GuildID != "" && s.sess != nil && s.sess.intents&discordgo.IntentsGuilds != 0 {
+		event := "CHANNEL_DELETE"
+		if isThread(c.Type) {
+			event = "THREAD_DELETE"
+		}
+		s.dispatchLocked(event, s.channelWireLocked(c))
+	}
 	s.notifyLocked()
 }
 
