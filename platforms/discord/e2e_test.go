@@ -237,6 +237,20 @@ func TestGuildMessagesNeedAMention(t *testing.T) {
 	}
 }
 
+// TestEmptyDMGetsAHint: a DM with nothing to answer (a sticker, a poll, a forwarded message,
+// whose text is not the message's) is told so, as a bare mention is: in a DM, where every
+// message is for the bot, silence read as a bot that is down (found by an audit).
+func TestEmptyDMGetsAHint(t *testing.T) {
+	w := startWorld(t, echoAgent, nil)
+	m := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: ""})
+	if hint := w.replyTo(t, dmID, m.ID); !strings.Contains(hint.Content, "only text and attachments") {
+		t.Errorf("an empty DM was answered %q, want a hint", hint.Content)
+	}
+	if _, ok := w.stored(t, dmID, m.ID); ok {
+		t.Error("an empty DM was queued")
+	}
+}
+
 // TestThreads: a user's thread follows its parent channel's mention rule and is one session
 // shared by everyone in it, each sender's text prefixed with their neutralised name.
 func TestThreads(t *testing.T) {

@@ -63,13 +63,14 @@ func FuzzInboundMessage(f *testing.F) {
 		guild := channel != dmID
 		m := w.srv.Post(discordtest.UserMessage{ChannelID: channel, Author: alice, Nick: nick, Content: content, MentionBot: guild})
 		said := strings.TrimSpace(strings.NewReplacer("<@"+bot+">", "", "<@!"+bot+">", "").Replace(m.Content))
-		if said == "" && !guild {
-			return // nothing to answer, and no mention to answer with a hint
-		}
 		reply := w.replyTo(t, channel, m.ID)
 		if said == "" {
-			if !strings.Contains(reply.Content, "without a message") {
-				t.Fatalf("a bare mention %q was answered %q, want a hint", m.Content, reply.Content)
+			hint := "without a message" // a bare mention
+			if !guild {
+				hint = "only text" // an empty DM
+			}
+			if !strings.Contains(reply.Content, hint) {
+				t.Fatalf("a message %q with nothing to answer was answered %q, want a hint", m.Content, reply.Content)
 			}
 			return
 		}

@@ -91,8 +91,13 @@ func (p *Platform) handle(m *discordgo.Message) (left bool) {
 		ReceivedAt: time.Now(),
 	}
 	if in.Text == "" { // a bare mention, or a sticker: nothing to answer, but say so
-		if mentioned {
+		switch {
+		case mentioned:
 			p.tellUser(ctx, m.ChannelID, m.ID, "You mentioned me without a message: write it after the mention.")
+		case ch.kind == kindDM:
+			// A sticker, a poll, a forwarded message (its text is not the message's): in a
+			// DM, where every message is for the bot, silence reads as a bot that is down.
+			p.tellUser(ctx, m.ChannelID, m.ID, "I can read only text and attachments, and this message has neither: write it out, please.")
 		}
 		return
 	}
