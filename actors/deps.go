@@ -188,6 +188,9 @@ type Deps struct {
 	// database and the spool both failing: a full disk): every message, and each retry of it,
 	// would log one.
 	inboundRefusals logging.Limiter
+	// queueFull limits the line of messages a full queue refused (overflow: reject): a chat
+	// that floods logs one for each message.
+	queueFull logging.Limiter
 	// spillReadFailures limits the line of sessions whose spilled messages cannot be read back
 	// (refill): in an outage every session past its cap logs one a second.
 	spillReadFailures logging.Limiter

@@ -66,7 +66,9 @@ func (in *Intake) Deliver(ctx context.Context, m *platforms.Inbound) (*platforms
 		Disposition: r.Disposition, QueueDepth: int(r.QueueDepth), OutboxAfter: r.OutboxAfter}
 	switch r.ErrorCode {
 	case "":
-		in.metrics.InboundTotal.WithLabelValues(m.Source.Platform).Inc()
+		if ack.Disposition != platforms.Duplicate { // a client's retry is not a message more
+			in.metrics.InboundTotal.WithLabelValues(m.Source.Platform).Inc()
+		}
 		return ack, nil
 	case "rejected":
 		ack.Disposition = platforms.Rejected

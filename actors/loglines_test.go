@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // TestRefusedInboundWriteNamesTheMessage: the line of a message the store refused names the
@@ -142,5 +144,88 @@ func TestConflictingFirstMessageIsNoWarning(t *testing.T) {
 		if restarts == 0 {
 			t.Errorf("no line says the session starts again from the store:\n%s", logs.String())
 		}
+	})
+}
+
+// TestRefusedByAFullQueueIsLogged: a message a full queue refuses (overflow: reject) is logged
+// with its session and id, at most once a minute with the refusals in between counted; and the
+// queue depth histogram sees only the messages that wait, not a depth past the cap that never
+// was. Before, nothing was logged at any level, and each refusal was observed as a depth.
+func TestRefusedByAFullQueueIsLogged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testutil.Buffer
+		release := make(chan struct{})
+		agent := agents.Func(func(ctx context.Context, _ *agents.Request) (*agents.Response, error) {
+			<-release
+			return &agents.Response{Text: "answer"}, nil
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) {
+			d.Config.QueueCap, d.Config.Overflow = 1, OverflowReject
+			d.Log = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		})
+		t.Cleanup(func() { close(release) }) // before the world's cleanup stops it
+		w.deliver(t, "m1", "runs")
+		w.deliver(t, "m2", "waits")
+		for _, id := range []string{"m3", "m4", "m5"} {
+			if r := w.deliver(t, id, "refused"); r.ErrorCode != "rejected" {
+				t.Fatalf("%s: %+v, want rejected", id, r)
+			}
+		}
+		time.Sleep(time.Minute)
+		if r := w.deliver(t, "m6", "refused"); r.ErrorCode != "rejected" {
+			t.Fatalf("m6: %+v, want rejected", r)
+		}
+		var lines []string
+		for l := range strings.SplitSeq(logs.String(), "\n") {
+			if strings.Contains(l, "session queue full") {
+				lines = append(lines, l)
+			}
+		}
+		if len(lines) != 2 {
+			t.Fatalf("%d lines of a full queue, want 2 (m3, then m6 a minute later, counting m4 and m5):\n%s", len(lines), logs.String())
+		}
+		for i, want := range [][]string{
+			{"level=WARN", "session=" + w.key, "message_id=m3", "cap=1"},
+			{"message_id=m6", "repeats=2"}, // m4 and m5
+		} {
+			for _, s := range want {
+				if !strings.Contains(lines[i], s) {
+					t.Errorf("line %q lacks %q", lines[i], s)
+				}
+			}
+		}
+		var depth dto.Metric
+		if err := w.d.Metrics.QueueDepth.Write(&depth); err != nil {
+			t.Fatal(err)
+		}
+		if n, sum := depth.GetHistogram().GetSampleCount(), depth.GetHistogram().GetSampleSum(); n != 2 || sum != 1 {
+			t.Errorf("queue depth observed %d times, summing %v; want m1 at 0 and m2 at 1", n, sum)
+		}
+	})
+}
+
+// TestFailedTurnNamesItsMessages: the line of a failed turn names the messages it answered, so
+// an operator holding a user's message id finds what became of it.
+func TestFailedTurnNamesItsMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testutil.Buffer
+		agent := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+			return nil, errors.New("boom")
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) {
+			d.Log = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		})
+		w.deliver(t, "m1", "one")
+		w.awaitTurnEnds(1)
+		synctest.Wait()
+		for l := range strings.SplitSeq(logs.String(), "\n") {
+			if strings.Contains(l, "turn failed") {
+				if !strings.Contains(l, "message_id=m1") {
+					t.Errorf("line %q does not name message m1", l)
+				}
+				return
+			}
+		}
+		t.Errorf("no line of the failed turn:\n%s", logs.String())
 	})
 }

@@ -42,11 +42,6 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 		return
 	}
 	waiting := s.waiting()
-	if s.running != nil {
-		s.d.Metrics.QueueDepth.Observe(float64(waiting + 1)) // this one waits too
-	} else {
-		s.d.Metrics.QueueDepth.Observe(float64(waiting))
-	}
 	// The cap counts the messages behind the next turn: behind the running one, or behind the
 	// head of the queue when a debounce window or a cancelled call still ending holds it (it
 	// runs next). Before, only a running turn counted, and a held head let the queue grow
@@ -71,9 +66,21 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 			}
 			r := s.result(m, platforms.Rejected, "")
 			r.ErrorCode, r.Error = "rejected", fmt.Sprintf("session queue is full (%d waiting)", waiting)
+			if args, ok := s.d.queueFull.Allowed("message_id", m.MessageId, "waiting", waiting, "cap", s.d.Config.QueueCap); ok {
+				// Else only the overflow counter said so: nothing in the log tied a sender's
+				// refused message to its session (found by an audit).
+				s.logger().Warn("session queue full; message refused, its sender told to send it later", args...)
+			}
 			c.Respond(r)
 			return
 		}
+	}
+	// The depth this message waits at: a refused one waits at none (it was observed before
+	// the cap, as a depth past it that never was).
+	if s.running != nil {
+		s.d.Metrics.QueueDepth.Observe(float64(waiting + 1)) // this one waits too
+	} else {
+		s.d.Metrics.QueueDepth.Observe(float64(waiting))
 	}
 	outAfter := s.lastOut // every answer to the message (an automatic reset's notice first) comes after
 	ops := s.expireIfIdle(now)

@@ -92,7 +92,7 @@ func (s *Session) tryStart(c actor.Context) {
 	s.running = &turnRun{pid: pid, id: turnID, items: group, started: s.d.now(), note: note, steers: steers}
 	s.trimHistory()
 	if s.debugOn() {
-		s.logger().Debug("turn started", "turn", turnID, "messages", len(group))
+		s.logger().Debug("turn started", "turn", turnID, logging.KeyMessage, strings.Join(messageIDs(group), ","))
 	}
 }
 
@@ -467,7 +467,7 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 	s.finishDraft(c, r)
 	if m.Err != nil {
 		s.d.Metrics.TurnsTotal.WithLabelValues("error").Inc()
-		s.logger().Warn("turn failed", "turn", r.id, logging.Err(m.Err))
+		s.logger().Warn("turn failed", "turn", r.id, logging.KeyMessage, strings.Join(messageIDs(r.items), ","), logging.Err(m.Err))
 		s.giveBackNote(r)
 		s.finish(c, r, persistence.RoleNotice, failedNotice(r.id, m.Err), persistence.StatusFailed, m.Usage)
 	} else {

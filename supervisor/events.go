@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/eventstream"
@@ -38,7 +39,8 @@ func watchEvents(system *actor.ActorSystem, log *slog.Logger, m *metrics.Metrics
 		if e.Directive != actor.EscalateDirective {
 			m.ActorRestarts.WithLabelValues(kind).Inc()
 		}
-		log.Warn("actor failed", "kind", kind, "directive", e.Directive.String(), "reason", fmt.Sprint(e.Reason))
+		// The actor's id names a session's key (sessions/<key>): which chat's session failed.
+		log.Warn("actor failed", "kind", kind, logging.KeyActor, e.Child.GetId(), "directive", e.Directive.String(), "reason", fmt.Sprint(e.Reason))
 	})
 	return &eventLog{system: system, sub: sub}
 }

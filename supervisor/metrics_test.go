@@ -89,7 +89,9 @@ func TestMetricsMoveWithTheLoad(t *testing.T) {
 		}
 		return &agents.Response{Text: "ok"}, nil
 	})
-	r := MustStart(t, agent, nil)
+	var logs logSignal
+	r := MustStartDaemon(t, agent, daemonOpts{logs: &logs})
+	t.Cleanup(func() { r.stop(t) })
 	before := r.scrape(t)
 	for _, name := range []string{"agentgate_sessions_active", "agentgate_session_activations_total",
 		"agentgate_session_passivations_total", "agentgate_turns_total", "agentgate_turn_duration_seconds",
@@ -156,11 +158,22 @@ func TestMetricsMoveWithTheLoad(t *testing.T) {
 	if got := value(after, "agentgate_actor_restarts_total", "kind", "session"); got != 3 {
 		t.Errorf("actor_restarts_total{session} = %v, want 3 (one per injected panic)", got)
 	}
+	// Each crash's line names the session that crashed, by its actor's id (its key).
+	if got, want := strings.Count(logs.String(), "actor=sessions/"+identity.Key(src(99), identity.DefaultKeyOptions)), 3; got != want {
+		t.Errorf("%d lines name the crashed session's actor, want %d:\n%s", got, want, logs.String())
+	}
 	if f := after["agentgate_queue_depth"]; f == nil || f.Metric[0].Histogram.GetBucket()[0].GetCumulativeCount() == f.Metric[0].Histogram.GetSampleCount() {
 		t.Errorf("queue depth histogram never saw a waiting message")
 	}
 	if v := value(after, "agentgate_inbound_total", "platform", "fake"); v < float64(sessions*each) {
 		t.Errorf("inbound_total{fake} = %v", v)
+	}
+	// A client's retry of a message taken is answered as a duplicate, and is no message more.
+	if ack := r.inject(t, src(0), "m-0-0", "hello"); ack.Disposition != platforms.Duplicate {
+		t.Errorf("m-0-0 again: %q, want duplicate", ack.Disposition)
+	}
+	if got, was := value(r.scrape(t), "agentgate_inbound_total", "platform", "fake"), value(after, "agentgate_inbound_total", "platform", "fake"); got != was {
+		t.Errorf("inbound_total{fake} rose from %v to %v for a duplicate", was, got)
 	}
 	protoactor := false
 	forbidden := map[string]bool{}

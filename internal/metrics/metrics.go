@@ -118,7 +118,7 @@ func New(platforms ...string) *Metrics {
 			Name: "agentgate_actor_restarts_total", Help: "Supervisor restarts and stops of failed actors, by actor kind."}, []string{"kind"}),
 		Mailboxes: newMailboxDepths(ActorKinds),
 		InboundTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "agentgate_inbound_total", Help: "Inbound messages accepted from platforms."}, []string{"platform"}),
+			Name: "agentgate_inbound_total", Help: "Inbound messages accepted from platforms; a re-delivery answered as a duplicate is not counted."}, []string{"platform"}),
 		OutboundTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentgate_outbound_total", Help: "Outbound sends to platforms, by outcome."}, []string{"platform", "outcome"}),
 		AgentTokens: prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -83,7 +83,7 @@ func (p *Platform) handleMessages(w http.ResponseWriter, r *http.Request) {
 		writeRejected(w, ack, "the session's queue is full")
 		return
 	}
-	p.log.Debug("message accepted", "session", ack.SessionKey, "disposition", ack.Disposition)
+	p.log.Debug("message accepted", "session", ack.SessionKey, "message_id", cmpOr(ack.MessageID, in.MessageID), "disposition", ack.Disposition)
 
 	resp := MessageResponse{
 		MessageID:   cmpOr(ack.MessageID, in.MessageID),
