@@ -125,6 +125,7 @@ type Actor struct {
 	waited    bool // the batch being collected has lingered
 	lingerOff int  // commits left before lingering is tried again
 	replaying bool
+	leftover  bool // the spool held batches of the last run at start, not replayed yet
 	timers    *scheduler.TimerScheduler
 	repeats   lineLimits // the lines a lasting failure would log at every commit or replay tick
 	// incarnation is ActorOptions.Incarnation when this incarnation started.
@@ -203,6 +204,12 @@ func (a *Actor) Receive(c actor.Context) {
 		}
 		a.timers = scheduler.NewTimerScheduler(c)
 		a.startCommitter(c)
+		if n := a.spoolLen(); n > 0 && (a.o.Spooling == nil || !a.o.Spooling.Load()) {
+			// A new process: the last run stopped (or died) with writes in the spool. The daemon
+			// waits for this replay before any session loads (its start barrier).
+			a.leftover = true
+			a.o.Log.Info("writes left in the spool by the last run; replaying them before any session loads", "batches", n)
+		}
 		a.replay(c)
 	case *Write:
 		if m.After && a.o.Incarnation != nil && m.Incarnation < a.incarnation {
@@ -561,11 +568,13 @@ func (a *Actor) replay(c actor.Context) {
 func (a *Actor) spoolChanged(c actor.Context) {
 	n := a.spoolLen()
 	a.o.SpoolFiles(n)
+	was := a.leftover
 	if a.o.Spooling != nil {
-		was := a.o.Spooling.Swap(n > 0)
-		if was && n == 0 {
-			a.o.Log.Info("spool drained; writing to the database again")
-		}
+		was = a.o.Spooling.Swap(n > 0) || was
+	}
+	if was && n == 0 {
+		a.leftover = false
+		a.o.Log.Info("spool drained; writing to the database again")
 	}
 	if n > 0 && !a.replaying {
 		a.replaying = true

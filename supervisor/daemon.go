@@ -605,18 +605,25 @@ func (d *Daemon) ready(ctx context.Context) map[string]error {
 // storeReady is /readyz's store: its ping (the database answers and its write lock can be
 // taken), then whether writes are taken. A full or read-only disk passes the ping but refuses
 // every write, so the persistence actor's own view counts: writes refused within the last
-// persistence.RefusalMemory, or waiting in the spool for the database.
+// persistence.RefusalMemory, or waiting in the spool for the database. The ping gets 0.8 s:
+// a probe must answer well within a load balancer's timeout (2 to 5 s), which a commit waiting
+// out SQLite's busy timeout (5 s) would exceed.
 func (d *Daemon) storeReady(ctx context.Context) error {
-	if err := d.store.Ping(ctx); err != nil {
-		return err
-	}
-	if err := d.refusals.Err(time.Now()); err != nil {
-		return err
+	const pingWithin = 800 * time.Millisecond // within the 1 s a Kubernetes probe waits by default
+	pctx, cancel := context.WithTimeout(ctx, pingWithin)
+	err := d.store.Ping(pctx)
+	cancel()
+	if err == nil {
+		err = d.refusals.Err(time.Now())
 	}
 	if d.deps.Spooling.Load() {
-		return errors.New("the database refuses writes; they wait in the spool until it takes them again")
+		const spooled = "the database refuses writes; they wait in the spool until it takes them again"
+		if err != nil {
+			return fmt.Errorf("%s (%v)", spooled, err)
+		}
+		return errors.New(spooled)
 	}
-	return nil
+	return err
 }
 
 // configuredPlatforms builds the platforms the configuration enables besides HTTP; store tells

@@ -98,7 +98,7 @@ func New(platforms ...string) *Metrics {
 			Name: "agentgate_turns_total", Help: "Agent turns by outcome."}, []string{"outcome"}),
 		TurnDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "agentgate_turn_duration_seconds", Help: "Wall time of agent turns.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}),
+			Buckets: turnBuckets}),
 		QueueDepth: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "agentgate_queue_depth", Help: "Waiting messages of a session, observed at each arrival.",
 			Buckets: []float64{0, 1, 2, 5, 10, 20, 50, 100, 500}}),
@@ -109,7 +109,7 @@ func New(platforms ...string) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11)}),
 		PersistFlushSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "agentgate_persist_flush_seconds", Help: "Time to commit one batch.",
-			Buckets: prometheus.ExponentialBuckets(0.0001, 3, 10)}),
+			Buckets: flushBuckets}),
 		SpoolFiles: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "agentgate_spool_files", Help: "Writes waiting in the spool for the database to recover."}),
 		WritesRefused: prometheus.NewCounter(prometheus.CounterOpts{
@@ -135,7 +135,7 @@ func New(platforms ...string) *Metrics {
 			Name: "agentgate_agent_calls_waiting", Help: "Turns waiting for a free agent slot: agent.max_concurrent calls are running."}),
 		AgentSlotWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "agentgate_agent_slot_wait_seconds", Help: "Time agent calls waited for a free slot (agent.max_concurrent); 0 for a call that found one free.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}),
+			Buckets: slotWaitBuckets}),
 		ModelRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentgate_model_requests_total", Help: "Requests of the openai agent to its model endpoint, each retry counted, by result."}, []string{"result"}),
 	}
@@ -174,6 +174,29 @@ func initSeries(c *prometheus.CounterVec, values []string) {
 	}
 }
 
+// Histogram buckets, in seconds, each list for what its histogram measures, with bounds that
+// read as written on a scrape (le="0.0003", not the 0.00030000000000000003 of a computed
+// series).
+var (
+	// turnBuckets resolve agent turns: an echo or a tool's turn takes milliseconds, a model's
+	// 1 to 16 s, and agent.exec.timeout is 600 s by default.
+	turnBuckets = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 600}
+	// slotWaitBuckets count the calls that found a slot free (0) apart, then waits as long as
+	// the turns waited for, up to their timeout.
+	slotWaitBuckets = []float64{0, 0.01, 0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600}
+	// flushBuckets resolve a commit: a fraction of a millisecond to milliseconds with fsync,
+	// up to SQLite's busy timeout (5 s) behind a lock.
+	flushBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+	// actorReceiveBuckets resolve protoactor's message handling time, from microseconds
+	// (most messages) to a slow handler's seconds.
+	actorReceiveBuckets = []float64{0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10}
+)
+
+// actorReceiveDuration is protoactor's histogram of message handling time. protoactor records
+// it in seconds without declaring a unit, so OpenTelemetry gave it its default buckets (0, 5,
+// 10 … 10000, meant for milliseconds): every observation fell in le="5".
+const actorReceiveDuration = "protoactor_actor_message_receive_duration_seconds"
+
 // ActorMeterProvider returns an OpenTelemetry meter provider that exports into this registry,
 // for protoactor's own actor metrics (protoactor_*: spawns, restarts, message durations, dead
 // letters), which config metrics.actors turns on. The
@@ -184,7 +207,10 @@ func (m *Metrics) ActorMeterProvider() (*sdkmetric.MeterProvider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("actor metrics exporter: %w", err)
 	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp), sdkmetric.WithView(sdkmetric.NewView(
+		sdkmetric.Instrument{Name: actorReceiveDuration},
+		sdkmetric.Stream{Aggregation: sdkmetric.AggregationExplicitBucketHistogram{Boundaries: actorReceiveBuckets}},
+	)))
 	otel.SetMeterProvider(mp)
 	return mp, nil
 }

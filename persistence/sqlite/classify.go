@@ -21,6 +21,17 @@ func isQueryError(err error) bool {
 	return errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_ERROR
 }
 
+// isBusy reports whether err is SQLite's SQLITE_BUSY (or SQLITE_LOCKED): another connection
+// holds the lock the statement needed, for longer than the busy timeout.
+func isBusy(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	c := se.Code() & 0xff
+	return c == sqlite3.SQLITE_BUSY || c == sqlite3.SQLITE_LOCKED
+}
+
 // IsUnavailable reports whether err means the database cannot be written right now (busy or
 // locked, read-only or permission denied, disk full, I/O error, cannot open, corrupt, out of
 // memory, or a dropped connection), as opposed to a problem with the write itself (a constraint,

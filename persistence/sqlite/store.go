@@ -277,7 +277,17 @@ func (s *Store) enter() error {
 
 func (s *Store) leave() { s.mu.RUnlock() }
 
-// Ping checks that the store can be written: it takes and releases the write lock.
+// pingBusy is how long Ping waits for a write lock that another connection holds. A
+// readiness probe must answer within a load balancer's timeout (2 to 5 s), which the writer's
+// busy timeout (5 s) exceeds: a database locked by another process made /readyz time out with
+// "context deadline exceeded" instead of saying so.
+const pingBusy = 200 * time.Millisecond
+
+// Ping checks that the store can be written: it takes and releases the write lock on the writer
+// connection, after the commit that holds it (if any), waiting at most pingBusy for a lock held
+// outside this store. Its errors say what is wrong in an operator's words: the database locked
+// by another process (SQLITE_BUSY), or writes of this store that have been waiting for the
+// database until ctx ended.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.enter(); err != nil {
 		return fmt.Errorf("ping: %w", err)
@@ -286,12 +296,38 @@ func (s *Store) Ping(ctx context.Context) error {
 	if s.readOnly {
 		return fmt.Errorf("ping: %w", ErrReadOnly)
 	}
-	tx, err := s.writer.BeginTx(ctx, nil) // BEGIN IMMEDIATE: takes the write lock
+	start := time.Now()
+	conn, err := s.writer.Conn(ctx) // after the commit, index pass or checkpoint in progress
 	if err != nil {
-		return fmt.Errorf("ping: %w", err)
+		if ctx.Err() != nil {
+			return fmt.Errorf("ping: no answer within %s: this daemon's writes are waiting for the database "+
+				"(locked by another process, or a slow disk): %w", time.Since(start).Round(time.Millisecond), err)
+		}
+		return fmt.Errorf("ping: %w", markUnavailable(err))
+	}
+	defer conn.Close()
+	// The writer is ours alone until conn.Close: no commit runs with the short busy timeout.
+	if _, err := conn.ExecContext(ctx, fmt.Sprintf("PRAGMA busy_timeout = %d", pingBusy.Milliseconds())); err != nil {
+		return fmt.Errorf("ping: %w", markUnavailable(err))
+	}
+	defer func() {
+		// As in checkpoint: the writer's busy timeout must come back, or the connection go.
+		if _, err := conn.ExecContext(context.WithoutCancel(ctx), "PRAGMA busy_timeout = 5000"); err != nil {
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+	}()
+	tx, err := conn.BeginTx(ctx, nil) // BEGIN IMMEDIATE (_txlock): takes the write lock
+	if err != nil {
+		if isBusy(err) {
+			return fmt.Errorf("ping: the database is locked by another process (SQLITE_BUSY): a connection outside "+
+				"this daemon (a sqlite3 shell, a backup or sync tool) holds its write lock; writes wait up to 5 s for it, "+
+				"then go to the spool: %w",
+				persistence.ErrUnavailable)
+		}
+		return fmt.Errorf("ping: %w", markUnavailable(err))
 	}
 	if err := tx.Rollback(); err != nil {
-		return fmt.Errorf("ping: %w", err)
+		return fmt.Errorf("ping: %w", markUnavailable(err))
 	}
 	return nil
 }

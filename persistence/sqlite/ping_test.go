@@ -1,0 +1,86 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+)
+
+// TestPingNamesALockHeldByAnotherProcess: while another connection holds the database's write
+// lock (a sqlite3 shell in BEGIN EXCLUSIVE), Ping says so at once. Before, it waited out the
+// writer's busy timeout (5 s) on the write lock, past a readiness probe's deadline, and said
+// "ping: context deadline exceeded". The deadline here is shorter than that busy timeout.
+// Afterwards the writer's busy timeout is the DSN's again, so commits still wait for a lock.
+func TestPingNamesALockHeldByAnotherProcess(t *testing.T) {
+	s := MustOpen(t, Options{})
+	conn, err := MustRawDB(t, s.Path()).Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(t.Context(), "BEGIN EXCLUSIVE"); err != nil {
+		t.Fatalf("take the write lock: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	err = s.Ping(ctx)
+	if err == nil || !strings.Contains(err.Error(), "locked by another process (SQLITE_BUSY)") || ctx.Err() != nil {
+		t.Errorf("Ping with the write lock held elsewhere = %v (deadline: %v), want an error naming the lock before the deadline", err, ctx.Err())
+	}
+	if !errors.Is(err, persistence.ErrUnavailable) {
+		t.Errorf("Ping with the write lock held elsewhere = %v, want it to wrap persistence.ErrUnavailable", err)
+	}
+	if _, err := conn.ExecContext(t.Context(), "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ping(t.Context()); err != nil {
+		t.Errorf("Ping after the lock is released = %v, want nil", err)
+	}
+	var busy int
+	if err := s.writer.QueryRowContext(t.Context(), "PRAGMA busy_timeout").Scan(&busy); err != nil {
+		t.Fatal(err)
+	}
+	if busy != 5000 {
+		t.Errorf("writer's busy_timeout after Ping = %d, want 5000", busy)
+	}
+}
+
+// TestPingBehindAWaitingCommitSaysWhy: a commit that waits for a lock held by another process
+// holds the writer connection; a Ping behind it ends with its caller's deadline and says that
+// writes wait for the database, not just "context deadline exceeded".
+func TestPingBehindAWaitingCommitSaysWhy(t *testing.T) {
+	s := MustOpen(t, Options{CheckpointInterval: time.Hour}) // only the commit takes the writer
+	conn, err := MustRawDB(t, s.Path()).Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(t.Context(), "BEGIN EXCLUSIVE"); err != nil {
+		t.Fatalf("take the write lock: %v", err)
+	}
+	committed := make(chan []error, 1)
+	go func() {
+		committed <- s.Commit(context.Background(), [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s1", "k1")}}})
+	}()
+	deadline := time.Now().Add(4 * time.Second)
+	for s.writer.Stats().InUse == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond) // polling for the commit to take the writer, not waiting for an effect
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	if err := s.Ping(ctx); err == nil || !strings.Contains(err.Error(), "writes are waiting for the database") {
+		t.Errorf("Ping behind a waiting commit = %v, want an error saying writes wait for the database", err)
+	}
+	if _, err := conn.ExecContext(t.Context(), "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range <-committed {
+		if err != nil {
+			t.Errorf("Commit once the lock is released: %v", err)
+		}
+	}
+}
