@@ -28,9 +28,14 @@ import (
 // gateway's reader). A message that was taken already is answered as a duplicate by the
 // runtime and never runs twice. platforms.discord.backfill_window bounds it: only channels
 // active within the window are read after a restart, and older messages are not answered.
+// The history is read newest page first, back to that message (readBack): at most
+// backfillPages pages are read, and when more was said, the newest are the ones said while
+// the bot was away (the mark after a restart is the newest message the store took, and the
+// chatter after it that the bot saw live without taking, no mention, can run long).
 //
-// What it does not cover: channels the store took nothing from within the window, and more
-// than backfillPages pages per channel.
+// What it does not cover: channels the store took nothing from within the window, and the
+// older messages of a channel where more than backfillPages pages were said since the mark
+// (logged at Warn).
 const (
 	backfillChannels = 1000 // channels remembered; the one quiet longest is forgotten first
 	backfillPages    = 5    // pages of 100 messages read per channel
@@ -200,37 +205,36 @@ func (p *Platform) backfill(gaps bool) {
 	}
 	channels, fetched, old, failed, gone := 0, 0, 0, 0, 0
 	var firstErr error // one warning per READY, not one per channel (a missing permission fails them all)
+	var cut []string   // the channels where backfillPages stopped the read short
 rounds:
 	for chans := unreadChans(); len(chans) > 0; chans = unreadChans() {
 		for _, c := range chans {
 			read[c.channel] = true
 			channels++
-			after := c.id
-			var readErr error
+			fetch := p.historyRetried
+			if gaps {
+				fetch = p.history // the gap read is tried again as a whole (scheduleGapRead)
+			}
+			ms, short, readErr := p.readBack(ctx, fetch, c.channel, c.id, since)
 			// left is where the daemon's stop left reading: the message before the first one
 			// the runtime no longer took, which the next start is to read back.
 			left := ""
-		pages:
-			for range backfillPages {
-				fetch := p.historyRetried
-				if gaps {
-					fetch = p.history // the gap read is tried again as a whole (scheduleGapRead)
+			switch {
+			case readErr != nil && restStatus(readErr) == http.StatusNotFound:
+				// The channel or thread is gone (deleted, or a thread Discord refused to
+				// open): nothing in it waits for an answer, and no permission is missing.
+				gone++
+				readErr = nil
+			case readErr != nil:
+				if failed++; firstErr == nil {
+					firstErr = fmt.Errorf("channel %s: %w", c.channel, readErr)
 				}
-				ms, err := fetch(ctx, c.channel, after)
-				if err != nil && restStatus(err) == http.StatusNotFound {
-					// The channel or thread is gone (deleted, or a thread Discord refused to
-					// open): nothing in it waits for an answer, and no permission is missing.
-					gone++
-					break
+			default:
+				if short {
+					cut = append(cut, c.channel)
 				}
-				if err != nil {
-					if failed++; firstErr == nil {
-						firstErr = fmt.Errorf("channel %s: %w", c.channel, err)
-					}
-					readErr = err
-					break
-				}
-				prev := after
+				fetched += len(ms)
+				prev := c.id
 				for _, m := range ms {
 					if m.Timestamp.Before(since) {
 						if userSaid(m, p.bot()) {
@@ -245,15 +249,10 @@ rounds:
 					}
 					if p.handle(m) {
 						left = prev
-						break pages
+						break
 					}
 					prev = m.ID
 				}
-				fetched += len(ms)
-				if len(ms) < backfillPageSize {
-					break
-				}
-				after = ms[len(ms)-1].ID
 			}
 			// Live messages move the channel's mark past what is left unread: keep the place, so
 			// that the next new gateway session reads from there. A refusal for good (no Read
@@ -267,8 +266,9 @@ rounds:
 				p.unread[c.channel] = seenAt{id: left, guild: c.guild}
 				p.keepUnread(c.channel, left, c.guild)
 			case readErr != nil && !refusedForGood(readErr):
-				p.unread[c.channel] = seenAt{id: after, guild: c.guild}
-				p.keepUnread(c.channel, after, c.guild)
+				// Nothing read is handled after a failed read: the place stays at the mark.
+				p.unread[c.channel] = seenAt{id: c.id, guild: c.guild}
+				p.keepUnread(c.channel, c.id, c.guild)
 			default:
 				delete(p.unread, c.channel)
 				p.forgetUnread(c.channel)
@@ -301,6 +301,55 @@ rounds:
 		p.log.Warn("discord backfill: cannot read the history of some channels; what was said in them while disconnected is read again later",
 			"channels", failed, "first_err", firstErr)
 	}
+	if len(cut) > 0 {
+		p.log.Warn("discord backfill: more was said in some channels than is read back; only their newest messages were read, older ones since the bot last saw them are not answered",
+			"channels", len(cut), "channel_ids", cut, "pages", backfillPages)
+	}
+}
+
+// readBack reads channel's history after the message mark, newest page first (Discord's
+// before), until a page reaches the mark or the start of the window (since), or backfillPages
+// pages were read, and returns what it read after the mark oldest first. short reports that
+// the cap stopped it: messages older than those returned, posted after the mark, are not read.
+// Reading newest first is what reaches what was said while the bot was away: the chatter it
+// saw live but did not take (no mention) can exceed the cap after the store's newest message,
+// and read oldest first the pages went on it and never got to the gap.
+func (p *Platform) readBack(ctx context.Context, fetch func(ctx context.Context, channel, before string) ([]*discordgo.Message, error),
+	channel, mark string, since time.Time) (ms []*discordgo.Message, short bool, err error) {
+	before := ""
+	for range backfillPages {
+		page, err := fetch(ctx, channel, before)
+		if err != nil {
+			return nil, false, err
+		}
+		done := len(page) < backfillPageSize
+		n := len(ms)
+		for _, m := range page {
+			switch {
+			case before != "" && !snowflakeLess(m.ID, before):
+				// Not older than the page before: an API that ignored before.
+			case !snowflakeLess(mark, m.ID):
+				done = true // the page reached the mark
+			default:
+				ms = append(ms, m)
+			}
+		}
+		// page is oldest first, and so is ms[n:]: its first is the oldest read yet.
+		if len(ms) == n || ms[n].Timestamp.Before(since) {
+			done = true // nothing older, or nothing older within the window
+		}
+		if done {
+			return oldestFirst(ms), false, nil
+		}
+		before = ms[n].ID
+	}
+	return oldestFirst(ms), true, nil
+}
+
+// oldestFirst sorts ms by id, ascending.
+func oldestFirst(ms []*discordgo.Message) []*discordgo.Message {
+	slices.SortFunc(ms, func(a, b *discordgo.Message) int { return compareSnowflakes(a.ID, b.ID) })
+	return ms
 }
 
 // Unread gaps. A backfill whose reads of a channel all failed keeps the place where reading
@@ -460,10 +509,10 @@ const (
 )
 
 // historyRetried is history, tried again after a failure that may pass (see backfillTries).
-func (p *Platform) historyRetried(ctx context.Context, channel, after string) ([]*discordgo.Message, error) {
+func (p *Platform) historyRetried(ctx context.Context, channel, before string) ([]*discordgo.Message, error) {
 	wait := backfillRetryBase
 	for try := 1; ; try++ {
-		ms, err := p.history(ctx, channel, after)
+		ms, err := p.history(ctx, channel, before)
 		if err == nil || try == backfillTries || refusedForGood(err) {
 			return ms, err
 		}
@@ -477,13 +526,14 @@ func (p *Platform) historyRetried(ctx context.Context, channel, after string) ([
 	}
 }
 
-// history returns a page of channel's messages after the message after, oldest first.
-func (p *Platform) history(ctx context.Context, channel, after string) ([]*discordgo.Message, error) {
+// history returns a page of channel's messages before the message before (the newest ones
+// if before is ""), oldest first.
+func (p *Platform) history(ctx context.Context, channel, before string) ([]*discordgo.Message, error) {
 	ctx, cancel := context.WithTimeout(ctx, restTimeout)
 	defer cancel()
 	q := url.Values{"limit": {strconv.Itoa(backfillPageSize)}}
-	if after != "" {
-		q.Set("after", after)
+	if before != "" {
+		q.Set("before", before)
 	}
 	ep := discordgo.EndpointChannelMessages(channel)
 	var ms []*discordgo.Message

@@ -170,9 +170,10 @@ func (s *Server) getChannel(r *http.Request) (int, any) {
 	return http.StatusOK, s.channelWireLocked(c)
 }
 
-// getMessages lists a channel's messages, as Discord's Get Channel Messages does with after:
-// the first limit (1–100, default 50) messages after the given id, newest first, in the REST
-// form (no guild_id, no member). Only after is supported; without it, the newest messages.
+// getMessages lists a channel's messages as Discord's Get Channel Messages does: limit (1–100,
+// default 50) of them, newest first, in the REST form (no guild_id, no member). With after, the
+// first messages after the given id; with before, the newest ones older than it; without
+// either, the newest.
 func (s *Server) getMessages(r *http.Request) (int, any) {
 	q := r.URL.Query()
 	limit := 50
@@ -188,15 +189,22 @@ func (s *Server) getMessages(r *http.Request) (int, any) {
 	if s.chanByID[r.PathValue("channel")] == nil {
 		return http.StatusNotFound, errUnknownChannel
 	}
-	h := s.history[r.PathValue("channel")]
+	h := s.history[r.PathValue("channel")] // in creation order: ids ascend
 	var page []*message
-	if after := q.Get("after"); after != "" {
-		for _, m := range h { // in creation order: ids ascend
+	switch after, before := q.Get("after"), q.Get("before"); {
+	case after != "":
+		for _, m := range h {
 			if snowflakeLess(after, m.id) && len(page) < limit {
 				page = append(page, m)
 			}
 		}
-	} else {
+	case before != "": // the newest limit messages older than before
+		end := len(h)
+		for end > 0 && !snowflakeLess(h[end-1].id, before) {
+			end--
+		}
+		page = h[max(end-limit, 0):end]
+	default:
 		page = h[max(len(h)-limit, 0):]
 	}
 	out := make([]map[string]any, len(page))

@@ -288,8 +288,9 @@ func TestWithToken(t *testing.T) {
 	}
 }
 
-// TestChannelHistory: Get Channel Messages with after returns the first messages after it,
-// newest first, in the REST form (no guild_id); a bad limit or channel is refused.
+// TestChannelHistory: Get Channel Messages with after returns the first messages after it, and
+// with before the newest ones older than it, newest first, in the REST form (no guild_id); a
+// bad limit or channel is refused.
 func TestChannelHistory(t *testing.T) {
 	t.Parallel()
 	srv := newWorld(t)
@@ -299,18 +300,21 @@ func TestChannelHistory(t *testing.T) {
 		ids = append(ids, srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: text}).ID)
 	}
 	for _, tc := range []struct {
-		after string
-		limit int
-		want  []string // contents, as returned
+		before, after string
+		limit         int
+		want          []string // contents, as returned
 	}{
-		{ids[0], 100, []string{"three", "two"}},
-		{ids[0], 1, []string{"two"}},
-		{ids[2], 100, nil},
-		{"", 2, []string{"three", "two"}}, // no after: the newest
+		{"", ids[0], 100, []string{"three", "two"}},
+		{"", ids[0], 1, []string{"two"}},
+		{"", ids[2], 100, nil},
+		{"", "", 2, []string{"three", "two"}},     // neither: the newest
+		{ids[2], "", 100, []string{"two", "one"}}, // before: the newest older than it
+		{ids[2], "", 1, []string{"two"}},
+		{ids[0], "", 100, nil},
 	} {
-		ms, err := dg.ChannelMessages(channelID, tc.limit, "", tc.after, "")
+		ms, err := dg.ChannelMessages(channelID, tc.limit, tc.before, tc.after, "")
 		if err != nil {
-			t.Fatalf("ChannelMessages(after %s, limit %d): %v", tc.after, tc.limit, err)
+			t.Fatalf("ChannelMessages(before %s, after %s, limit %d): %v", tc.before, tc.after, tc.limit, err)
 		}
 		var got []string
 		for _, m := range ms {
@@ -320,7 +324,7 @@ func TestChannelHistory(t *testing.T) {
 			}
 		}
 		if strings.Join(got, ",") != strings.Join(tc.want, ",") {
-			t.Errorf("ChannelMessages(after %s, limit %d) = %q, want %q", tc.after, tc.limit, got, tc.want)
+			t.Errorf("ChannelMessages(before %s, after %s, limit %d) = %q, want %q", tc.before, tc.after, tc.limit, got, tc.want)
 		}
 	}
 	if _, err := dg.ChannelMessages("1", 10, "", ids[0], ""); err == nil {

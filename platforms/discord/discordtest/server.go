@@ -89,7 +89,7 @@ func WithToken(token string) Option {
 // Server is a fake Discord (REST + gateway) on 127.0.0.1. Safe for concurrent use.
 //
 // REST, under APIURL: GET gateway, GET gateway/bot, GET users/@me, GET channels/{c},
-// GET channels/{c}/messages (after and limit only), POST channels/{c}/messages, PATCH
+// GET channels/{c}/messages (after, before and limit), POST channels/{c}/messages, PATCH
 // channels/{c}/messages/{m}, DELETE channels/{c}/messages/{m} (the bot's own), POST
 // channels/{c}/typing and POST channels/{c}/messages/{m}/threads. Any other route or method is 404
 // {"message":"404: Not Found","code":0}. Every route but GET gateway wants
