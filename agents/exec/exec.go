@@ -251,7 +251,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		// The forwarder belongs to this call: it ends when the command exits (exited), at the
 		// latest, and Run waits for it below.
 		exited, forwarded = make(chan struct{}), make(chan steerLog, 1)
-		flog := a.log.With("command", name, "session", req.Identity.SessionKey)
+		flog := a.log.With("command", name, "session", req.Identity.SessionKey, "turn", req.Identity.TurnID)
 		go func() {
 			forwarded <- forwardSteer(runCtx, stdin, in, req.Steer, exited, flog)
 		}()
@@ -283,7 +283,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	a.mu.Lock()
 	delete(a.running, pid)
 	a.mu.Unlock()
-	log := a.log.With("command", name, "session", req.Identity.SessionKey,
+	log := a.log.With("command", name, "session", req.Identity.SessionKey, "turn", req.Identity.TurnID,
 		"duration", time.Since(start))
 
 	if errors.Is(context.Cause(runCtx), errRunaway) && ctx.Err() == nil {

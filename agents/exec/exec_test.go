@@ -599,4 +599,8 @@ func TestTimeoutLogsStderr(t *testing.T) {
 	if !strings.Contains(logs.String(), "waiting for the lock on /var/x") {
 		t.Errorf("log after a timeout lacks the command's stderr:\n%s", logs.String())
 	}
+	// It names the turn, as the turn's failure does: the two lines are found together.
+	if !strings.Contains(logs.String(), "turn="+turn(1).TurnID) {
+		t.Errorf("log after a timeout does not name turn %s:\n%s", turn(1).TurnID, logs.String())
+	}
 }

@@ -102,7 +102,11 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log
 		if dl, has := ctx.Deadline(); has && time.Until(dl) < wait {
 			return nil, err // the turn would end before the retry: fail now
 		}
-		log.Warn("model call failed; retrying", "attempt", attempt, "wait", wait, logging.Err(err))
+		if args, ok := a.retryLines.Allowed("attempt", attempt, "wait", wait, logging.Err(err)); ok {
+			// Once a minute, repeats counted: in an outage of the endpoint every turn
+			// retries, and each logged each of its retries (found by an audit).
+			log.Warn("model call failed; retrying", args...)
+		}
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/logging"
 )
 
 // Defaults for the zero values of Config.
@@ -104,6 +105,8 @@ type Agent struct {
 	asked atomic.Int64
 	// epoch is the agent's start on nowFn's clock, which the pauses are measured from.
 	epoch time.Time
+	// retryLines limits the line of a retried call to one a minute.
+	retryLines logging.Limiter
 	// completionTokens is set once the endpoint refused max_tokens, asking for
 	// max_completion_tokens (OpenAI's reasoning models): the bound goes by that name from then on.
 	completionTokens atomic.Bool

@@ -879,9 +879,11 @@ func TestAPanicInTheCallReachesRunsCaller(t *testing.T) {
 }
 
 // TestRetryLineNamesTheTurn: the line of a retried model call names the session and the turn
-// it is for, so an operator can tell which chat waits on the endpoint.
+// it is for, so an operator can tell which chat waits on the endpoint; it is logged at most
+// once a minute.
 func TestRetryLineNamesTheTurn(t *testing.T) {
-	m := newFakeModel(t, openaitest.Status(http.StatusBadGateway, `{"error":{"message":"upstream"}}`), openaitest.Reply("hello", 1, 1))
+	upstream := openaitest.Status(http.StatusBadGateway, `{"error":{"message":"upstream"}}`)
+	m := newFakeModel(t, upstream, openaitest.Reply("hello", 1, 1), upstream, openaitest.Reply("hello again", 1, 1))
 	logs := &testutil.Buffer{}
 	a := MustAgent(t, m, logs, nil, nil)
 	req := &agents.Request{Messages: []agents.Message{msg("user", "hi")},
@@ -899,6 +901,15 @@ func TestRetryLineNamesTheTurn(t *testing.T) {
 		if !strings.Contains(line, want) {
 			t.Errorf("retry line %q lacks %q", line, want)
 		}
+	}
+	// The next turn's retry within the minute is held back (an endpoint's outage retries
+	// every turn), and counted in the next line.
+	req.Identity.TurnID = "t_2"
+	if _, err := a.Run(t.Context(), req); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), "model call failed; retrying"); n != 1 {
+		t.Errorf("%d retry lines for two turns' retries within a minute, want 1:\n%s", n, logs.String())
 	}
 }
 
