@@ -297,7 +297,7 @@ func (s *Session) stopWork(c actor.Context) (ops []persistence.Op, cancelled int
 	if r := s.running; r != nil {
 		s.running = nil
 		s.cancelAwaited(c, r)
-		s.d.Metrics.TurnsTotal.WithLabelValues("cancelled").Inc()
+		s.cutTurnCounted(r, "cancelled")
 		for _, it := range append(slices.Clone(r.items), r.steered...) {
 			ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: persistence.StatusFailed, TurnID: r.id})
 			dropped = append(dropped, it)

@@ -34,7 +34,7 @@ func (s *Session) onRestarting(c actor.Context) {
 		// marked interrupted now: a message quarantined at its last crash has no rerun whose
 		// stream would.
 		s.cancelAwaited(c, s.running)
-		s.d.Metrics.TurnsTotal.WithLabelValues("crashed").Inc()
+		s.cutTurnCounted(s.running, "crashed")
 		for _, it := range s.running.items {
 			life.suspects = append(life.suspects, it.seq)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -227,5 +228,43 @@ func TestFailedTurnNamesItsMessages(t *testing.T) {
 			}
 		}
 		t.Errorf("no line of the failed turn:\n%s", logs.String())
+	})
+}
+
+// TestEveryTurnIsTimed: a turn cut short (a /stop, an interrupt) or lost with its crashed
+// session is observed in agentgate_turn_duration_seconds as one with a result is, so that the
+// histogram's count is agentgate_turns_total's sum. Before, only turns with a result were timed.
+func TestEveryTurnIsTimed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			switch req.Messages[0].Text {
+			case "crash":
+				panic("injected")
+			case "wait":
+				<-ctx.Done()
+				return nil, ctx.Err()
+			}
+			return &agents.Response{Text: "answer"}, nil
+		})
+		w := newManagerWorld(t, agent, nil)
+		w.deliver(t, "m1", "answered")
+		w.awaitTurnEnds(1)
+		w.deliver(t, "m2", "wait")
+		synctest.Wait()
+		w.deliver(t, "m3", "/stop")
+		w.deliver(t, "m4", "crash")
+		synctest.Wait()
+		var turns, timed float64
+		for _, outcome := range []string{"ok", "error", "cancelled", "crashed"} {
+			turns += promtestutil.ToFloat64(w.d.Metrics.TurnsTotal.WithLabelValues(outcome))
+		}
+		var d dto.Metric
+		if err := w.d.Metrics.TurnDuration.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		timed = float64(d.GetHistogram().GetSampleCount())
+		if turns < 3 || timed != turns {
+			t.Errorf("%v turns timed of %v counted (an answer, a /stop, crashes), want every one", timed, turns)
+		}
 	})
 }

@@ -215,7 +215,7 @@ func (s *Session) interrupt(c actor.Context) {
 	}
 	s.running = nil
 	s.cancelAwaited(c, r)
-	s.d.Metrics.TurnsTotal.WithLabelValues("cancelled").Inc()
+	s.cutTurnCounted(r, "cancelled")
 	if s.debugOn() {
 		s.logger().Debug("turn interrupted", "turn", r.id)
 	}
@@ -475,6 +475,15 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 		s.finish(c, r, persistence.RoleAssistant, m.Text, persistence.StatusDone, m.Usage)
 	}
 	s.tryStart(c)
+}
+
+// cutTurnCounted counts a turn that ends without its result (cancelled, or crashed with its
+// session) under outcome, and how long it ran: the turns with a result are observed as they
+// end (onTurnEnded), and those without were missing from agentgate_turn_duration_seconds, whose
+// count then fell short of agentgate_turns_total's (found by an audit).
+func (s *Session) cutTurnCounted(r *turnRun, outcome string) {
+	s.d.Metrics.TurnsTotal.WithLabelValues(outcome).Inc()
+	s.d.Metrics.TurnDuration.Observe(max(s.d.now().Sub(r.started), 0).Seconds())
 }
 
 // cutShortByStop ends a turn the daemon's stop cut short: its agent's process was ended by a
