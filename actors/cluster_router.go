@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
@@ -21,6 +22,13 @@ import (
 type ClusterRouter struct {
 	c   *cluster.Cluster
 	log *slog.Logger
+
+	mu sync.Mutex
+	// left is closed at the next change of membership that drops a member, and then replaced:
+	// an attempt waiting for the answer of a session on that member stops waiting (Request).
+	left chan struct{}
+	// members are the addresses of the members in the last membership; nil before the first.
+	members map[string]bool
 }
 
 // NewClusterRouter returns a router over c.
@@ -33,14 +41,78 @@ type ClusterRouter struct {
 // for months keeps one entry per key it ever routed to another member. An announcement that
 // is lost (its member unreachable at that moment) or that overtakes the caching of the grain
 // it names leaves one entry, until a request to it fails.
+//
+// An attempt sent to a session on a member that then leaves the membership (it died, or was
+// dropped) is given up at once, and sent again to the key's new owner: before, it waited out
+// clusterAttemptTimeout, and a message for a dead member's chat was answered up to 10 s after
+// the takeover, whatever member_ttl (found by an audit).
 func NewClusterRouter(c *cluster.Cluster, log *slog.Logger) *ClusterRouter {
+	r := &ClusterRouter{c: c, log: log, left: make(chan struct{})}
 	c.ActorSystem.EventStream.Subscribe(func(ev any) {
-		if t, ok := ev.(*cluster.ActivationTerminated); ok && t.Pid != nil && t.ClusterIdentity != nil &&
-			t.ClusterIdentity.Kind == SessionKind {
-			c.PidCache.RemoveByValue(t.ClusterIdentity.Identity, SessionKind, t.Pid)
+		switch t := ev.(type) {
+		case *cluster.ActivationTerminated:
+			if t.Pid != nil && t.ClusterIdentity != nil && t.ClusterIdentity.Kind == SessionKind {
+				c.PidCache.RemoveByValue(t.ClusterIdentity.Identity, SessionKind, t.Pid)
+			}
+		case *cluster.ClusterTopology:
+			r.topology(t)
 		}
 	})
-	return &ClusterRouter{c: c, log: log}
+	return r
+}
+
+// topology notes a change of membership.
+func (r *ClusterRouter) topology(t *cluster.ClusterTopology) {
+	members := make(map[string]bool, len(t.Members))
+	for _, m := range t.Members {
+		members[m.Address()] = true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.members = members
+	if len(t.Left) > 0 {
+		close(r.left)
+		r.left = make(chan struct{})
+	}
+}
+
+// errMemberLeft is an attempt given up because the member of its session left the membership.
+var errMemberLeft = errors.New("the session's member left the cluster")
+
+// await waits for the answer of an attempt sent to pid, until ctx ends or pid's member leaves
+// the membership (errMemberLeft).
+func (r *ClusterRouter) await(ctx context.Context, f *actor.Future, pid *actor.PID) (any, error) {
+	type answer struct {
+		res any
+		err error
+	}
+	ch := make(chan answer, 1)
+	go func() {
+		res, err := f.Result() // it ends at the attempt's timeout at the latest
+		ch <- answer{res, err}
+	}()
+	for {
+		r.mu.Lock()
+		left := r.left
+		r.mu.Unlock()
+		select {
+		case a := <-ch:
+			return a.res, a.err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-left:
+			if r.gone(pid) {
+				return nil, errMemberLeft
+			}
+		}
+	}
+}
+
+// gone reports whether pid's member is not in the last membership.
+func (r *ClusterRouter) gone(pid *actor.PID) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.members != nil && !r.members[pid.Address]
 }
 
 // clusterAttemptTimeout bounds one attempt of a request. A request in flight to a member that
@@ -75,9 +147,9 @@ func (r *ClusterRouter) Tell(key string, msg any) {
 // DefaultRequestTimeout passes. It looks the key's grain up (activating it on the member that
 // owns the key) and tries again, after a short backoff, when the grain is gone (a dead
 // letter: the session passivated or moved), no member takes the key, an attempt gets no
-// answer within clusterAttemptTimeout (its member died or left), or the answer says the
-// session stopped before it stored the message or reset (ErrCodeStopped: its member is
-// leaving). A reset sent again after an attempt with no answer, or answered stopped, says so
+// answer within clusterAttemptTimeout or its member leaves the membership (it died or left),
+// or the answer says the session stopped before it stored the message or reset
+// (ErrCodeStopped: its member is leaving). A reset sent again after an attempt with no answer, or answered stopped, says so
 // (ResetSession.Retry), with when the first attempt went out, so that the session does not
 // reset twice.
 func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, error) {
@@ -99,6 +171,10 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 			break
 		}
 		pid, _ := r.c.PidCache.Get(key, SessionKind)
+		if pid != nil && r.gone(pid) {
+			r.c.PidCache.RemoveByValue(key, SessionKind, pid) // its member left since it was cached
+			pid = nil
+		}
 		if pid == nil {
 			if pid = r.c.Get(key, SessionKind); pid != nil {
 				r.c.PidCache.Set(key, SessionKind, pid)
@@ -109,7 +185,7 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 				// The last attempt may have done it, and the session may have taken messages since.
 				msg = &ResetSession{Reason: reset.Reason, Retry: true, FirstSentAtUnixNano: sent.UnixNano()}
 			}
-			res, err := Await(ctx, r.c.ActorSystem.Root.RequestFuture(pid, msg, min(remaining, clusterAttemptTimeout)))
+			res, err := r.await(ctx, r.c.ActorSystem.Root.RequestFuture(pid, msg, min(remaining, clusterAttemptTimeout)), pid)
 			if err != nil && ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -130,12 +206,13 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 				}
 				return res, nil
 			} else if !errors.Is(err, actor.ErrTimeout) && !errors.Is(err, actor.ErrDeadLetter) &&
-				!errors.Is(err, remote.ErrTimeout) && !errors.Is(err, remote.ErrDeadLetter) {
+				!errors.Is(err, remote.ErrTimeout) && !errors.Is(err, remote.ErrDeadLetter) && !errors.Is(err, errMemberLeft) {
 				return nil, fmt.Errorf("request %T to %s: %w", msg, key, err)
 			}
 			r.c.PidCache.RemoveByValue(key, SessionKind, pid)
 			lastErr = err
-			reached = reached || errors.Is(err, actor.ErrTimeout) || errors.Is(err, remote.ErrTimeout)
+			// Unanswered, it may have been done: as after a timeout.
+			reached = reached || errors.Is(err, actor.ErrTimeout) || errors.Is(err, remote.ErrTimeout) || errors.Is(err, errMemberLeft)
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
