@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -473,6 +474,36 @@ func TestDaemonRefusesADataDirInUse(t *testing.T) {
 	}
 	if err := d.stop(t, 30*time.Second); err != nil {
 		t.Errorf("first daemon exit: %v", err)
+	}
+}
+
+// TestStartErrorIsOneLine: a start that fails ends with one line, also when a library's error
+// spans several: pgx lists each address it tried, one a line (found by an audit).
+func TestStartErrorIsOneLine(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().(*net.TCPAddr).Port // nothing listens there once closed
+	l.Close()
+	cmd := exec.Command(MustBuild(t), "serve", "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "AGENTGATE_STORE_DRIVER=postgres",
+		fmt.Sprintf("AGENTGATE_STORE_DSN=host=127.0.0.1 port=%d user=a password=x dbname=x connect_timeout=5", closed))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	var exit *exec.ExitError
+	if err := cmd.Run(); !errors.As(err, &exit) {
+		t.Fatalf("serve on a database nobody serves: %v, want a non-zero exit\n%s", err, stderr.String())
+	}
+	var last string
+	for line := range strings.Lines(stderr.String()) {
+		if strings.HasPrefix(line, "\t") || strings.HasPrefix(line, " ") {
+			t.Errorf("stderr has a continued line %q:\n%s", line, stderr.String())
+		}
+		last = line
+	}
+	if !strings.HasPrefix(last, "agentgate: start: open store: ") || !strings.Contains(last, "connection refused") {
+		t.Errorf("the last line of stderr = %q, want the start's error, whole", last)
 	}
 }
 

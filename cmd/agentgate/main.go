@@ -24,10 +24,31 @@ import (
 func main() {
 	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		if !errors.Is(err, errUsage) {
-			fmt.Fprintln(os.Stderr, "agentgate:", err)
+			fmt.Fprintln(os.Stderr, "agentgate:", errorLine(err.Error()))
 		}
 		os.Exit(1)
 	}
+}
+
+// errorLine is msg on one line: a library's error may span several (pgx lists each address it
+// tried, one a line), and a command that fails ends with one line, as RUNBOOK says, which a
+// log collector takes whole.
+func errorLine(msg string) string {
+	var b strings.Builder
+	for line := range strings.Lines(msg) {
+		line = strings.TrimSpace(line)
+		switch {
+		case line == "":
+			continue
+		case b.Len() == 0:
+		case strings.HasSuffix(b.String(), ":"):
+			b.WriteByte(' ')
+		default:
+			b.WriteString("; ")
+		}
+		b.WriteString(line)
+	}
+	return b.String()
 }
 
 // errUsage means the usage text was already printed.
