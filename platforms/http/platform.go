@@ -130,6 +130,8 @@ type Platform struct {
 	held atomic.Int64
 	// overHeld limits the line of requests refused for MaxHeld.
 	overHeld logging.Limiter
+	// unauthorized limits the line of requests refused for their token.
+	unauthorized logging.Limiter
 
 	mu      sync.Mutex
 	ln      net.Listener // bound by Listen, consumed by Run
@@ -505,6 +507,14 @@ func loopbackName(host string) bool {
 	return config.LoopbackHost(host)
 }
 
+// printablePath is a request's path fit to log: at most 100 bytes.
+func printablePath(path string) string {
+	if len(path) > 100 {
+		return path[:100] + "…"
+	}
+	return path
+}
+
 // printableHost is a Host header fit to quote in an answer: at most 100 bytes (the header may
 // run to the server's header limit).
 func printableHost(host string) string {
@@ -527,6 +537,12 @@ func (p *Platform) authenticate(next http.Handler) http.Handler {
 		}
 		got, ok := bearer(r.Header.Get("Authorization"))
 		if !ok || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+			// Else a scraper or client with a stale token was refused without a word in the
+			// log (found by an audit). Never the token it sent.
+			if args, ok := p.unauthorized.Allowed("remote", r.RemoteAddr, "path", printablePath(r.URL.Path),
+				"authorization", r.Header.Get("Authorization") != ""); ok {
+				p.log.Warn("request refused: missing or invalid bearer token", args...)
+			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="agentgate"`)
 			// A client without the token keeps no connection idle here for the idle timeout.
 			w.Header().Set("Connection", "close")

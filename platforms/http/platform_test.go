@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -91,6 +93,18 @@ func TestAuth(t *testing.T) {
 				t.Errorf("%d answer closes its connection: %v, want %v", got.status, got.close, tc.wantStatus == 401)
 			}
 		})
+	}
+
+	// A refusal is logged (at most once a minute, repeats counted), never with the token sent.
+	logs := &testutil.Buffer{}
+	logged := mustStart(t, Config{Token: "s3cret", Logger: slog.New(slog.NewTextHandler(logs, nil))}, &fakeRuntime{})
+	logged.do("GET", "/metrics", map[string]string{"Authorization": "Bearer stale-token"}, "")
+	logged.do("GET", "/metrics", map[string]string{"Authorization": "Bearer stale-token"}, "")
+	if n := strings.Count(logs.String(), "request refused: missing or invalid bearer token"); n != 1 {
+		t.Errorf("%d lines for two refused requests within a minute, want 1:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "path=/metrics") || !strings.Contains(logs.String(), "authorization=true") || strings.Contains(logs.String(), "stale-token") {
+		t.Errorf("the refusal's line names the path and whether a token came, never the token:\n%s", logs.String())
 	}
 
 	// A token read with its line end (a file with Windows line ends, an EnvironmentFile) is the
