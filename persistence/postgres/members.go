@@ -38,27 +38,6 @@ func gone(mTTL, nTTL string) string {
 			AND n.heartbeat_at > clock_timestamp() - make_interval(secs => ` + nTTL + `)))`
 }
 
-// diedWithTheStoreUp is a condition true of a member row m, gone (see gone), whose member died
-// while the database took writes: another member that had joined by half m's ttl (mTTL, an SQL
-// expression of seconds) after m's last renewal renewed its own registration after that
-// moment, when m should have renewed (every ttl/3) and did not; or a newer member registered
-// m's address before m's registration expired (m's process died and was started again while
-// the database took writes). A member that stopped because it could not reach the database
-// is neither: an outage longer than member_ttl stops every member (their registrations all
-// lapse at once, and those that come back join after it), and its death says nothing of the
-// message its session ran. Before, a claim counted it: every PostgreSQL restart or failover
-// longer than member_ttl put a strike on every message in flight across the cluster, and the
-// third quarantined it (found by an audit). A member cut off from the database alone (its
-// own network) still counts, as a crash does: the others cannot tell the two apart.
-func diedWithTheStoreUp(mTTL string) string {
-	half := `m.heartbeat_at + make_interval(secs => ` + mTTL + ` / 2.0)`
-	expiry := `m.heartbeat_at + make_interval(secs => ` + mTTL + `)`
-	return `(EXISTS (SELECT 1 FROM members o WHERE o.cluster = m.cluster AND o.id <> m.id
-			AND o.joined_at <= ` + half + ` AND o.heartbeat_at > ` + half + `)
-		OR EXISTS (SELECT 1 FROM members n WHERE n.cluster = m.cluster AND n.host = m.host
-			AND n.port = m.port AND n.joined_at > m.joined_at AND n.joined_at < ` + expiry + `))`
-}
-
 const (
 	heartbeatSQL = `INSERT INTO members (cluster, id, host, port, kinds, leaving, node, ttl_secs, http_addr)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)

@@ -11,7 +11,7 @@ import (
 )
 
 // claimSQL claims key $1 for owner $2 at $3 and counts the death of the owner it replaces
-// (migration 0009), when it died while the database took writes (diedWithTheStoreUp). The claim's row lock waits for the transactions that passed a fence of the
+// (migration 0009). The claim's row lock waits for the transactions that passed a fence of the
 // key (their FOR SHARE lock, see agentgate_fence in migration 0003) and makes the fences that
 // follow wait for it; owners.owner in DO UPDATE is the row as locked, so of two claims at once
 // the second replaces the first's owner, which is alive: a death is counted once. The count
@@ -27,8 +27,7 @@ var claimSQL = `WITH claimed AS (
 		FROM claimed c, routing r
 		WHERE c.previous <> '' AND c.previous <> $2
 			AND EXISTS (SELECT 1 FROM members m WHERE m.node = c.previous
-				AND ` + gone("NULLIF(m.ttl_secs, 0)", "NULLIF(n.ttl_secs, 0)") + `
-				AND ` + diedWithTheStoreUp("NULLIF(m.ttl_secs, 0)") + `)
+				AND ` + gone("NULLIF(m.ttl_secs, 0)", "NULLIF(n.ttl_secs, 0)") + `)
 			AND r.key = $1 AND h.session_id = r.session_id
 			AND h.role = 'user' AND h.status = 'pending' AND h.active
 			AND h.seq = (SELECT MIN(p.seq) FROM messages p WHERE p.session_id = r.session_id
