@@ -87,6 +87,26 @@ type ckptResult struct {
 	Checkpointed int  // frames copied back into the database
 }
 
+// writerBusy is the writer's busy timeout (its DSN's busy_timeout).
+const writerBusy = 5 * time.Second
+
+// shortBusy sets the busy timeout of conn, the writer's, to d, and returns what sets it back to
+// writerBusy, for the caller to defer at once: it runs even when the setting failed, and drops
+// the connection (the pool opens a fresh one from the DSN) when it cannot set it back. The
+// statements run without the caller's ctx: the driver reports a ctx that ended as the
+// statement's error even when the statement ran, and a Ping whose deadline ended so left the
+// writer at 200 ms; a commit behind a lock then failed after 200 ms and went to the spool
+// instead of waiting its 5 s (found by a review).
+func shortBusy(conn *sql.Conn, d time.Duration) (restore func(), err error) {
+	restore = func() {
+		if _, err := conn.ExecContext(context.Background(), fmt.Sprintf("PRAGMA busy_timeout = %d", writerBusy.Milliseconds())); err != nil {
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+	}
+	_, err = conn.ExecContext(context.Background(), fmt.Sprintf("PRAGMA busy_timeout = %d", d.Milliseconds()))
+	return restore, err
+}
+
 // checkpoint runs one WAL checkpoint on the writer connection. A mode that waits for readers
 // (RESTART, TRUNCATE) runs with a short busy timeout, restored afterwards, so it holds up
 // Commit for at most checkpointBusy.
@@ -98,16 +118,11 @@ func checkpoint(ctx context.Context, db *sql.DB, mode string) (ckptResult, error
 	}
 	defer conn.Close()
 	if mode != "PASSIVE" {
-		if _, err := conn.ExecContext(ctx, fmt.Sprintf("PRAGMA busy_timeout = %d", checkpointBusy.Milliseconds())); err != nil {
+		restore, err := shortBusy(conn, checkpointBusy)
+		defer restore()
+		if err != nil {
 			return r, fmt.Errorf("checkpoint %s: %w", mode, err)
 		}
-		defer func() {
-			// The writer's busy timeout must come back even if ctx has ended; if it cannot,
-			// drop the connection so the pool opens a fresh one from the DSN.
-			if _, err := conn.ExecContext(context.WithoutCancel(ctx), "PRAGMA busy_timeout = 5000"); err != nil {
-				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-			}
-		}()
 	}
 	var busy int
 	err = conn.QueryRowContext(ctx, "PRAGMA wal_checkpoint("+mode+")").Scan(&busy, &r.Log, &r.Checkpointed)

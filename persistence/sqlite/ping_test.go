@@ -84,3 +84,28 @@ func TestPingBehindAWaitingCommitSaysWhy(t *testing.T) {
 		}
 	}
 }
+
+// TestPingAtItsDeadlineKeepsTheWritersBusyTimeout: a Ping whose deadline ends while it sets its
+// short busy timeout leaves the writer's 5 s. Before, the driver reported the deadline for a
+// pragma that had run, Ping returned before it set the timeout back, and the writer kept
+// 200 ms: a commit behind another process's lock then failed after 200 ms and went to the spool
+// (found by a review). Deadlines from 0 to 400 µs meet every step of Ping.
+func TestPingAtItsDeadlineKeepsTheWritersBusyTimeout(t *testing.T) {
+	s := MustOpen(t, Options{CheckpointInterval: time.Hour})
+	for i := range 4000 {
+		d := time.Duration(i%400) * time.Microsecond
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		err := s.Ping(ctx)
+		cancel()
+		if err == nil {
+			continue
+		}
+		var busy int
+		if err := s.writer.QueryRowContext(context.Background(), "PRAGMA busy_timeout").Scan(&busy); err != nil {
+			t.Fatal(err)
+		}
+		if busy != int(writerBusy.Milliseconds()) {
+			t.Fatalf("Ping %d with a deadline of %v: %v; the writer's busy_timeout is now %d ms, want %d", i, d, err, busy, writerBusy.Milliseconds())
+		}
+	}
+}

@@ -307,15 +307,11 @@ func (s *Store) Ping(ctx context.Context) error {
 	}
 	defer conn.Close()
 	// The writer is ours alone until conn.Close: no commit runs with the short busy timeout.
-	if _, err := conn.ExecContext(ctx, fmt.Sprintf("PRAGMA busy_timeout = %d", pingBusy.Milliseconds())); err != nil {
+	restore, err := shortBusy(conn, pingBusy)
+	defer restore()
+	if err != nil {
 		return fmt.Errorf("ping: %w", markUnavailable(err))
 	}
-	defer func() {
-		// As in checkpoint: the writer's busy timeout must come back, or the connection go.
-		if _, err := conn.ExecContext(context.WithoutCancel(ctx), "PRAGMA busy_timeout = 5000"); err != nil {
-			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-		}
-	}()
 	tx, err := conn.BeginTx(ctx, nil) // BEGIN IMMEDIATE (_txlock): takes the write lock
 	if err != nil {
 		if isBusy(err) {
