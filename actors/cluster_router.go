@@ -43,7 +43,8 @@ type ClusterRouter struct {
 // it names leaves one entry, until a request to it fails.
 //
 // An attempt sent to a session on a member that then leaves the membership (it died, or was
-// dropped) is given up at once, and sent again to the key's new owner: before, it waited out
+// dropped; not one restarted on the same address, which stays in it) is given up at once, and
+// sent again to the key's new owner: before, it waited out
 // clusterAttemptTimeout, and a message for a dead member's chat was answered up to 10 s after
 // the takeover, whatever member_ttl (found by an audit).
 func NewClusterRouter(c *cluster.Cluster, log *slog.Logger) *ClusterRouter {
@@ -94,16 +95,17 @@ func (r *ClusterRouter) await(ctx context.Context, f *actor.Future, pid *actor.P
 	for {
 		r.mu.Lock()
 		left := r.left
+		gone := r.members != nil && !r.members[pid.Address]
 		r.mu.Unlock()
+		if gone { // checked with left taken: a member that left before is not missed
+			return nil, errMemberLeft
+		}
 		select {
 		case a := <-ch:
 			return a.res, a.err
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-left:
-			if r.gone(pid) {
-				return nil, errMemberLeft
-			}
 		}
 	}
 }

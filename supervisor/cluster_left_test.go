@@ -22,6 +22,11 @@ func TestClusterRequestToAMemberThatLeftIsSentAgainAtOnce(t *testing.T) {
 	rs := startClusterMembers(t, 2, okAgent, 0)
 	a, b := rs[0], rs[1]
 	defer a.stop(t)
+	t.Cleanup(func() { // also after a failure: b's goroutines must not outlive the test
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = b.d.Stop(ctx) // a dead member's stop: its errors are the death's
+	})
 	owner := ownerOf(a.d.cluster.MemberList.Members().Members())
 	i := 0
 	for owner(a.d.intake.Key(chat(i))) != b.d.system.Address() {
@@ -47,7 +52,4 @@ func TestClusterRequestToAMemberThatLeftIsSentAgainAtOnce(t *testing.T) {
 		t.Fatalf("m2, sent while the member of its session died: %v; want it taken by the key's new owner", err)
 	}
 	waitReply(t, []*runtime{a}, "m2")
-	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_ = b.d.Stop(ctx) // a dead member's stop: its errors are the death's
 }

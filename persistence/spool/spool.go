@@ -129,7 +129,10 @@ func probeWrite(dir string) error {
 		return fmt.Errorf("spool open: %s is not writable by this user, uid %d (the writes the database refuses wait there): %w", dir, os.Getuid(), err)
 	}
 	f.Close()
-	return os.Remove(f.Name())
+	if err := os.Remove(f.Name()); err != nil {
+		return fmt.Errorf("spool open: remove the probe file: %w", err)
+	}
+	return nil
 }
 
 // removeTemps removes the regular *.tmp files among entries of dir.

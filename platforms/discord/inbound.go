@@ -198,7 +198,8 @@ func (p *Platform) openThread(ctx context.Context, channelID, messageID, text st
 	switch err := p.startThread(ctx, channelID, messageID, threadName(text)); {
 	case err == nil:
 	case refusedForGood(err):
-		// No permission to open threads here: the reply goes to the channel (Send).
+		// No permission to open threads here: the reply goes to the channel (Send); a message
+		// deleted at once (404) gets none.
 		p.log.Warn("discord refuses a thread for this message; the reply goes to the channel", "channel", channelID, "message_id", messageID, logging.Err(err))
 	default:
 		p.log.Warn("open discord thread; will retry on reply", "channel", channelID, "message_id", messageID, logging.Err(err))
