@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -28,7 +29,14 @@ type spoolWorld struct {
 
 // newSpoolWorld starts one inside the caller's synctest bubble; ctx is the daemon's context.
 func newSpoolWorld(t *testing.T, ctx context.Context) *spoolWorld {
-	dir := t.TempDir()
+	return startSpoolWorld(t, ctx, t.TempDir(), slog.New(slog.DiscardHandler), nil, false)
+}
+
+// startSpoolWorld starts a persistence actor with a spool over a real SQLite store in dir,
+// logging to log, with the daemon's Spooling flag (may be nil) and its store down or not
+// when it starts.
+func startSpoolWorld(t *testing.T, ctx context.Context, dir string, log *slog.Logger, spooling *atomic.Bool, down bool) *spoolWorld {
+	t.Helper()
 	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -42,8 +50,9 @@ func newSpoolWorld(t *testing.T, ctx context.Context) *spoolWorld {
 		system: actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet })),
 		store:  st, out: &storetest.Outage{Store: st}, dir: dir,
 	}
+	w.out.Down.Store(down)
 	w.pid = w.system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, w.out, persistence.ActorOptions{
-		MaxBatch: 64, Spool: sp, ReplayEvery: time.Second, Log: quiet})))
+		MaxBatch: 64, Spool: sp, Spooling: spooling, ReplayEvery: time.Second, Log: log})))
 	return w
 }
 

@@ -3,42 +3,21 @@ package persistence_test
 import (
 	"context"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
-
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
-	"github.com/agentgate/agentgate/persistence/spool"
-	"github.com/agentgate/agentgate/persistence/sqlite"
-	"github.com/agentgate/agentgate/persistence/storetest"
 )
 
 // spoolWorldOn starts a persistence actor with a spool over the real SQLite store in dir, as a
 // daemon's start does (a new process: its Spooling flag starts false), logging to log.
 func spoolWorldOn(t *testing.T, dir string, log *slog.Logger, down bool) *spoolWorld {
 	t.Helper()
-	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sp, err := spool.Open(filepath.Join(dir, "spool"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	quiet := slog.New(slog.DiscardHandler)
-	w := &spoolWorld{
-		system: actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet })),
-		store:  st, out: &storetest.Outage{Store: st}, dir: dir,
-	}
-	w.out.Down.Store(down)
-	w.pid = w.system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), w.out, persistence.ActorOptions{
-		MaxBatch: 64, Spool: sp, Spooling: new(atomic.Bool), ReplayEvery: time.Second, Log: log})))
+	w := startSpoolWorld(t, t.Context(), dir, log, new(atomic.Bool), down)
 	// The daemon's start barrier: no session loads before the actor has taken it.
 	if _, err := w.system.Root.RequestFuture(w.pid, &persistence.Flush{}, time.Minute).Result(); err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strings"
 	"testing"
@@ -17,17 +18,10 @@ import (
 // Afterwards the writer's busy timeout is the DSN's again, so commits still wait for a lock.
 func TestPingNamesALockHeldByAnotherProcess(t *testing.T) {
 	s := MustOpen(t, Options{})
-	conn, err := MustRawDB(t, s.Path()).Conn(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(t.Context(), "BEGIN EXCLUSIVE"); err != nil {
-		t.Fatalf("take the write lock: %v", err)
-	}
+	conn := lockFromAnotherConnection(t, s)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 	defer cancel()
-	err = s.Ping(ctx)
+	err := s.Ping(ctx)
 	if err == nil || !strings.Contains(err.Error(), "locked by another process (SQLITE_BUSY)") || ctx.Err() != nil {
 		t.Errorf("Ping with the write lock held elsewhere = %v (deadline: %v), want an error naming the lock before the deadline", err, ctx.Err())
 	}
@@ -54,14 +48,7 @@ func TestPingNamesALockHeldByAnotherProcess(t *testing.T) {
 // writes wait for the database, not just "context deadline exceeded".
 func TestPingBehindAWaitingCommitSaysWhy(t *testing.T) {
 	s := MustOpen(t, Options{CheckpointInterval: time.Hour}) // only the commit takes the writer
-	conn, err := MustRawDB(t, s.Path()).Conn(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(t.Context(), "BEGIN EXCLUSIVE"); err != nil {
-		t.Fatalf("take the write lock: %v", err)
-	}
+	conn := lockFromAnotherConnection(t, s)
 	committed := make(chan []error, 1)
 	go func() {
 		committed <- s.Commit(context.Background(), [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s1", "k1")}}})
@@ -108,4 +95,20 @@ func TestPingAtItsDeadlineKeepsTheWritersBusyTimeout(t *testing.T) {
 			t.Fatalf("Ping %d with a deadline of %v: %v; the writer's busy_timeout is now %d ms, want %d", i, d, err, busy, writerBusy.Milliseconds())
 		}
 	}
+}
+
+// lockFromAnotherConnection takes s's database's write lock (BEGIN EXCLUSIVE) on a connection
+// of its own, as a sqlite3 shell in a transaction does, and returns the connection, which the
+// test closes (or ROLLBACKs) to release it.
+func lockFromAnotherConnection(t *testing.T, s *Store) *sql.Conn {
+	t.Helper()
+	conn, err := MustRawDB(t, s.Path()).Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := conn.ExecContext(t.Context(), "BEGIN EXCLUSIVE"); err != nil {
+		t.Fatalf("take the write lock: %v", err)
+	}
+	return conn
 }
