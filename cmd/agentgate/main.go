@@ -187,6 +187,11 @@ func (f *configFlags) load() (*config.Config, error) {
 	// wish for the default).
 	set := map[string]bool{}
 	f.fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if set["config"] && f.file == "" {
+		// --config "$CFG" with CFG unset ran on the built-in defaults, as if no file had been
+		// named: another data_dir, another port (found by an audit).
+		return nil, errors.New("--config names no file (it is empty): name the file, or leave the flag out for the built-in defaults")
+	}
 	return config.Load(f.file, os.Environ(), func(c *config.Config) {
 		if set["data-dir"] {
 			c.DataDir = f.dataDir

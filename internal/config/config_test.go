@@ -239,6 +239,20 @@ func TestLoadFileErrors(t *testing.T) {
 			},
 		},
 		{
+			// Found by an audit: each named Go's type, wrapped around, or went to the wrong store.
+			name: "a map of durations, a never-ending idle reset, a PostgreSQL DSN on SQLite",
+			yaml: "sessions:\n  queue:\n    debounce_by_platform: [discord]\n  reset:\n    idle_minutes: 9999999999\n" +
+				"  reset_by_type:\n    dm: {idle_minutes: 153722868}\nstore:\n  dsn: postgres://u:pw@127.0.0.1/db\n",
+			wantFields: []string{"sessions.queue.debounce_by_platform", "store.dsn", "sessions.reset.idle_minutes",
+				"sessions.reset_by_type.dm.idle_minutes"},
+			wantText: []string{
+				`agentgate.yaml:3: sessions.queue.debounce_by_platform: must be a mapping of names to values, each a duration such as 90s or 10m`,
+				`agentgate.yaml:5: sessions.reset.idle_minutes: 9999999999: must be at most 52560000 (100 years)`,
+				`sessions.reset_by_type.dm.idle_minutes: 153722868: must be at most 52560000`,
+				`store.dsn: is a PostgreSQL connection string, but store.driver is sqlite: set store.driver: postgres`,
+			},
+		},
+		{
 			name:       "list expected",
 			yaml:       "agent:\n  exec:\n    command: echo hi\n",
 			wantFields: []string{"agent.exec.command"},

@@ -417,6 +417,11 @@ func typeMismatch(t reflect.Type) error {
 			}
 		}
 		return fmt.Errorf("must be a mapping of names to mappings with the keys %s", strings.Join(keys, ", "))
+	case t.Kind() == reflect.Map && t.Key().Kind() == reflect.String:
+		// Its value's own words, not Go's: "map[string]time.Duration" named no YAML (found by
+		// an audit).
+		what := strings.TrimPrefix(typeMismatch(t.Elem()).Error(), "must be ")
+		return fmt.Errorf("must be a mapping of names to values, each %s", what)
 	default:
 		return fmt.Errorf("must be a %s", t)
 	}

@@ -32,6 +32,11 @@ func (c *Config) validate() []error {
 	}
 
 	v.oneOf("store.driver", c.Store.Driver, "sqlite", "postgres")
+	if c.Store.Driver != "postgres" && postgresDSN(c.Store.DSN) {
+		// SQLite took it for a file name: a database in a directory named after the URL,
+		// the daemon on SQLite where its operator meant PostgreSQL (found by an audit).
+		v.add("store.dsn", nil, "is a PostgreSQL connection string, but store.driver is "+c.Store.Driver+": set store.driver: postgres") // a DSN may hold a password
+	}
 	if c.Store.Driver == "postgres" {
 		v.required("store.dsn", c.Store.DSN != "", "when store.driver is postgres")
 	}
@@ -245,6 +250,27 @@ func (v *validator) hostPort(field, addr string) {
 	}
 }
 
+// postgresDSN reports whether dsn is a PostgreSQL connection string: a postgres:// URL, or
+// libpq's keywords (host=… dbname=…), which SQLite would take for a file name.
+func postgresDSN(dsn string) bool {
+	d := strings.ToLower(strings.TrimSpace(dsn))
+	if strings.HasPrefix(d, "postgres://") || strings.HasPrefix(d, "postgresql://") {
+		return true
+	}
+	if strings.HasPrefix(d, "file:") || strings.Contains(d, "?") {
+		return false
+	}
+	for _, kw := range strings.Fields(d) {
+		if k, _, ok := strings.Cut(kw, "="); ok && (k == "host" || k == "dbname" || k == "user") {
+			return true
+		}
+	}
+	return false
+}
+
+// maxIdleMinutes bounds idle_minutes: 100 years.
+const maxIdleMinutes = 100 * 365 * 24 * 60
+
 // resetFields checks the fields of a reset policy or override under path; a nil field is left
 // to the default and so not checked here.
 func (v *validator) resetFields(path string, o ResetOverride) {
@@ -253,6 +279,11 @@ func (v *validator) resetFields(path string, o ResetOverride) {
 	}
 	if o.IdleMinutes != nil {
 		atLeast(v, path+".idle_minutes", *o.IdleMinutes, 1)
+		if *o.IdleMinutes > maxIdleMinutes {
+			// Past 292 years a time.Duration of it overflows to a time in the past: every
+			// session was reset after every message (found by an audit).
+			v.add(path+".idle_minutes", *o.IdleMinutes, fmt.Sprintf("must be at most %d (100 years); for no idle reset, set mode: none or daily", maxIdleMinutes))
+		}
 	}
 	if o.AtHour != nil && (*o.AtHour < 0 || *o.AtHour > 23) {
 		v.add(path+".at_hour", *o.AtHour, "must be from 0 to 23")
