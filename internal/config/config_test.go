@@ -555,6 +555,10 @@ func TestLoadEnvErrors(t *testing.T) {
 		{"null int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=~"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "~": must be an integer`}},
 		{"unclosed list", []string{"AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c"}, []string{`AGENTGATE_AGENT_EXEC_COMMAND: "[sh, -c": must be a list`}},
 		{"mapping for list", []string{"AGENTGATE_AGENT_EXEC_COMMAND={a: b}"}, []string{`AGENTGATE_AGENT_EXEC_COMMAND: "{a: b}": must be a list`}},
+		// Reported once, under the variable: the key it did not set is not "required" too
+		// (found by an audit).
+		{"string for a required list", []string{"AGENTGATE_AGENT_BACKEND=exec", "AGENTGATE_AGENT_EXEC_COMMAND=/bin/cat"},
+			[]string{`AGENTGATE_AGENT_EXEC_COMMAND: "/bin/cat": must be a list`}},
 		{"check_every not a duration", []string{"AGENTGATE_SESSIONS_RESET_CHECK_EVERY=60"}, []string{`AGENTGATE_SESSIONS_RESET_CHECK_EVERY: "60": must be a duration`}},
 		{"check_every too short", []string{"AGENTGATE_SESSIONS_RESET_CHECK_EVERY=500ms"}, []string{`sessions.reset.check_every: 500ms: must be at least 1s`}},
 		{"list for map", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE=[dm]"}, []string{`AGENTGATE_SESSIONS_RESET_BY_TYPE: "[dm]": must be a mapping of names to mappings with the keys mode, idle_minutes, at_hour, notify, daily_min_idle`}},

@@ -92,6 +92,11 @@ func Load(path string, environ []string, override func(*Config)) (*Config, error
 		var fe *FieldError
 		if errors.As(err, &fe) {
 			undecoded[fe.Field] = true
+			for _, l := range leaves() {
+				if l.env == fe.Field { // a variable's: its key too (found by an audit: reported twice)
+					undecoded[l.path] = true
+				}
+			}
 		}
 	}
 	var lines *fileLines
