@@ -878,9 +878,11 @@ func TestUnknownEnv(t *testing.T) {
 		"AGENTGATE_AGENT_EXEC_COMAND=[x]", "AGENTGATE_DATA_DIR=/tmp/x",
 		"AGENTGATE_SESSION_KEY=agent:main:http:dm:c", "AGENTGATE_PLATFORM=http", "AGENTGATE_USER_NAME=Ann",
 		"AGENTGATE_PG_BIN=/usr/lib/postgresql/15/bin", "PATH=/bin", "HTTP_ADR=x",
+		"AGENTGATE_HTTPADDR=127.0.0.1:9", "AGENTGATE_LOG={level: debug}", "AGENTGATE_SESSION_ID=s", "AGENTGATE_MESSAGE_ID=m",
+		"AGENTGATE_SCOPE_ID=g", "AGENTGATE_PROFILE=p", "AGENTGATE_CHAT_TYPE=dm", "AGENTGATE_TOKEN=t",
 	}
 	got := UnknownEnv(environ)
-	want := []string{"AGENTGATE_AGENT_EXEC_COMAND", "AGENTGATE_HTTP_ADR", "AGENTGATE_SESSIONS_QUEUE_CAPS"}
+	want := []string{"AGENTGATE_AGENT_EXEC_COMAND", "AGENTGATE_HTTPADDR", "AGENTGATE_HTTP_ADR", "AGENTGATE_LOG", "AGENTGATE_SESSIONS_QUEUE_CAPS"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("UnknownEnv() mismatch (-want +got):\n%s", diff)
 	}

@@ -478,14 +478,16 @@ func IsEnvKey(name string) bool {
 }
 
 // UnknownEnv returns the AGENTGATE_ variables in environ that begin as a section's keys do
-// (AGENTGATE_HTTP_, AGENTGATE_SESSIONS_…) but name no key, sorted: most likely a misspelt key,
+// (AGENTGATE_HTTP, AGENTGATE_SESSIONS…) but name no key, sorted: most likely a misspelt key,
 // which Load ignores like any variable that names none (the exec agent's identity variables,
 // such as AGENTGATE_SESSION_KEY, are no key either). check-config and serve warn of them.
 func UnknownEnv(environ []string) []string {
 	sections := map[string]bool{}
 	for _, l := range leaves() {
 		if head, _, ok := strings.Cut(l.path, "."); ok {
-			sections[EnvPrefix+strings.ToUpper(head)+"_"] = true
+			// Without its "_": AGENTGATE_HTTPADDR and AGENTGATE_LOG='{level: debug}' are
+			// misspelt keys too (found by an audit), and no identity variable begins so.
+			sections[EnvPrefix+strings.ToUpper(head)] = true
 		}
 	}
 	var out []string
