@@ -475,9 +475,11 @@ const advertiseWithin = 2 * time.Second
 // said so nowhere). It listens on bind and dials advertise; an advertised address that is not
 // this host's (behind NAT, a load balancer) is not checked: it may not route back from here.
 func checkAdvertise(bind, advertise string) error {
+	// Not checked: an address that does not parse (validation says so), a bind port picked at
+	// random (it cannot be advertised ahead), another host's address.
 	host, _, err := net.SplitHostPort(advertise)
 	if _, port, _ := net.SplitHostPort(bind); err != nil || port == "0" || !localHost(host) {
-		return nil // a port picked at random cannot be advertised ahead
+		return nil
 	}
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {

@@ -487,7 +487,7 @@ func (p *Platform) refuseBrowsers(next http.Handler) http.Handler {
 		}
 		if tokenless && !loopbackName(r.Host) {
 			writeError(w, http.StatusForbidden, CodeForeignHost,
-				fmt.Sprintf("this daemon has no bearer token, so it answers requests to a loopback name (127.0.0.1, localhost) only, not to %q; set http.token_env to serve it by another name", printableHost(r.Host)))
+				fmt.Sprintf("this daemon has no bearer token, so it answers requests to a loopback name (127.0.0.1, localhost) only, not to %q; set http.token_env to serve it by another name", clipped(r.Host)))
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -507,21 +507,13 @@ func loopbackName(host string) bool {
 	return config.LoopbackHost(host)
 }
 
-// printablePath is a request's path fit to log: at most 100 bytes.
-func printablePath(path string) string {
-	if len(path) > 100 {
-		return path[:100] + "…"
+// clipped is a client's value (a Host header, a path) fit to quote in an answer or a log line:
+// at most 100 bytes (a header may run to the server's header limit).
+func clipped(v string) string {
+	if len(v) > 100 {
+		return v[:100] + "…"
 	}
-	return path
-}
-
-// printableHost is a Host header fit to quote in an answer: at most 100 bytes (the header may
-// run to the server's header limit).
-func printableHost(host string) string {
-	if len(host) > 100 {
-		return host[:100] + "…"
-	}
-	return host
+	return v
 }
 
 // authenticate requires the bearer token on every route except the health probes.
@@ -539,7 +531,7 @@ func (p *Platform) authenticate(next http.Handler) http.Handler {
 		if !ok || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
 			// Else a scraper or client with a stale token was refused without a word in the
 			// log (found by an audit). Never the token it sent.
-			if args, ok := p.unauthorized.Allowed("remote", r.RemoteAddr, "path", printablePath(r.URL.Path),
+			if args, ok := p.unauthorized.Allowed("remote", r.RemoteAddr, "path", clipped(r.URL.Path),
 				"authorization", r.Header.Get("Authorization") != ""); ok {
 				p.log.Warn("request refused: missing or invalid bearer token", args...)
 			}
