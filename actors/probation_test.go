@@ -131,8 +131,11 @@ func TestProbationMarksTheRunningSuspect(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := []persistence.CountedMessage{{SessionID: "s-n3", MessageID: "n3", Attempts: 1},
-			{SessionID: "s-" + running[0], MessageID: running[0], Attempts: ProbationAfter + 1}}
+		key := func(id string) string {
+			return identity.Key(identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: id, UserID: "u1"}, identity.KeyOptions{})
+		}
+		want := []persistence.CountedMessage{{Key: key("n3"), SessionID: "s-n3", MessageID: "n3", Attempts: 1},
+			{Key: key(running[0]), SessionID: "s-" + running[0], MessageID: running[0], Attempts: ProbationAfter + 1}}
 		slices.SortFunc(want, func(a, b persistence.CountedMessage) int { return strings.Compare(a.SessionID, b.SessionID) })
 		if u == nil || !slices.Equal(u.Counted, want) {
 			t.Errorf("BeginRun after the death counted %+v, want %+v (the waiting suspect not)", u, want)

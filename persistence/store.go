@@ -442,6 +442,7 @@ type UncleanStop struct {
 
 // CountedMessage is a message an unclean stop was counted against (UncleanStop).
 type CountedMessage struct {
+	Key       string // the session key it routes to
 	SessionID string
 	MessageID string
 	Attempts  int // its attempts now

@@ -453,7 +453,7 @@ func (d *Daemon) beginRun(now func() time.Time) {
 		const shown = 20
 		strikes := make([]string, 0, min(len(u.Counted), shown))
 		for _, m := range u.Counted[:min(len(u.Counted), shown)] {
-			strikes = append(strikes, fmt.Sprintf("%s=%d/%d", m.MessageID, m.Attempts, actors.QuarantineAfter))
+			strikes = append(strikes, fmt.Sprintf("%s %s=%d/%d", m.Key, m.MessageID, m.Attempts, actors.QuarantineAfter))
 		}
 		d.log.Warn("the last run did not stop cleanly; one unclean stop is counted against the message each session was running",
 			"run", u.Run, "started", u.StartedAt, "messages", len(u.Counted), "strikes", strikes)

@@ -23,6 +23,10 @@ func TestPoisonMessageStopsTheCrashLoop(t *testing.T) {
 	d := poisonCrashLoop(t, "agentgate restarted 3 times", func() *daemon {
 		return MustServe(t, dataDir, "AGENTGATE_AGENT_BACKEND=exec", "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=100ms", poisonAgent)
 	})
+	// The start after the third unclean stop names the session and the message it counted.
+	if !logged(d, "the last run did not stop cleanly; one unclean stop is counted", "agent:main:http:dm:c1 poison-1=3/3") {
+		t.Errorf("no unclean-stop warning naming the session and its message's strikes:\n%s", d.stderr.String())
+	}
 	if err := d.stop(t, 30*time.Second); err != nil {
 		t.Errorf("exit after SIGTERM: %v, want 0", err)
 	}

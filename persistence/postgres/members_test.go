@@ -190,7 +190,7 @@ func TestClaimCountsTheDeathOfTheMemberThatHeldTheKey(t *testing.T) {
 	diff("claim from a live member", claim("ka", q.Node), persistence.Claimed{Epoch: 2, Previous: p.Node})
 	kill(q)
 	diff("claim from a member whose registration expired", claim("ka", p.Node), persistence.Claimed{Epoch: 3, Previous: q.Node,
-		Counted: &persistence.CountedMessage{SessionID: "a", MessageID: "a-m1", Attempts: 1}})
+		Counted: &persistence.CountedMessage{Key: "ka", SessionID: "a", MessageID: "a-m1", Attempts: 1}})
 	if a1, a2 := attempts(1), attempts(2); a1 != 1 || a2 != 0 {
 		t.Errorf("attempts of a's messages %d, %d; want 1, 0 (only the head counts)", a1, a2)
 	}

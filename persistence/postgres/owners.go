@@ -69,7 +69,7 @@ func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time) (per
 		return persistence.Claimed{}, markUnavailable(fmt.Errorf("claim %s: %w", key, s.explain(ctx, err)))
 	}
 	if sessionID != nil {
-		c.Counted = &persistence.CountedMessage{SessionID: *sessionID, MessageID: *messageID, Attempts: *attempts}
+		c.Counted = &persistence.CountedMessage{Key: key, SessionID: *sessionID, MessageID: *messageID, Attempts: *attempts}
 	}
 	return c, nil
 }

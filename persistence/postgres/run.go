@@ -24,7 +24,7 @@ const (
 			AND m.seq = (SELECT MIN(h.seq) FROM messages h WHERE h.session_id = m.session_id
 				AND h.role = 'user' AND h.status = 'pending' AND h.active)
 			AND (m.attempts < $1 OR m.probation_run = $2)
-		RETURNING m.session_id, m.message_id, m.attempts`
+		RETURNING (SELECT r.key FROM routing r WHERE r.session_id = m.session_id), m.session_id, m.message_id, m.attempts`
 	beginRunSQL = `INSERT INTO daemon_run (one, run, started_at) VALUES (TRUE, $1, $2)
 		ON CONFLICT (one) DO UPDATE SET run = excluded.run, started_at = excluded.started_at`
 	endRunSQL = `UPDATE daemon_run SET run = '' WHERE one AND run = $1`
@@ -71,7 +71,7 @@ func (s *Store) beginRun(ctx context.Context, run string, at time.Time) (*persis
 			}
 			counted, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (persistence.CountedMessage, error) {
 				var c persistence.CountedMessage
-				return c, r.Scan(&c.SessionID, &c.MessageID, &c.Attempts)
+				return c, r.Scan(&c.Key, &c.SessionID, &c.MessageID, &c.Attempts)
 			})
 			if err != nil {
 				return fmt.Errorf("count the unclean stop: %w", err)

@@ -21,7 +21,7 @@ const (
 			AND seq = (SELECT MIN(h.seq) FROM messages h WHERE h.session_id = messages.session_id
 				AND h.role = 'user' AND h.status = 'pending' AND h.active = 1)
 			AND (attempts < ?1 OR probation_run = ?2)
-		RETURNING session_id, message_id, attempts`
+		RETURNING (SELECT r.key FROM routing r WHERE r.session_id = messages.session_id), session_id, message_id, attempts`
 	beginRunSQL = `INSERT INTO daemon_run (one, run, started_at) VALUES (1, ?1, ?2)
 		ON CONFLICT (one) DO UPDATE SET run = ?1, started_at = ?2`
 	endRunSQL = `UPDATE daemon_run SET run = '' WHERE one = 1 AND run = ?`
@@ -104,7 +104,7 @@ func (s *Store) endRun(ctx context.Context, run string) error {
 func countUncleanStop(ctx context.Context, tx *sql.Tx, died string) ([]persistence.CountedMessage, error) {
 	return queryAll(ctx, tx, func(r scanner) (persistence.CountedMessage, error) {
 		var c persistence.CountedMessage
-		err := r.Scan(&c.SessionID, &c.MessageID, &c.Attempts)
+		err := r.Scan(&c.Key, &c.SessionID, &c.MessageID, &c.Attempts)
 		return c, err
 	}, countUncleanStopSQL, persistence.ProbationAfter, died)
 }

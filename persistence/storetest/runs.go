@@ -53,11 +53,11 @@ func testUncleanStops(t *testing.T, s persistence.Store) {
 		{name: "after a clean stop", end: "r1", run: "r2", attempts: zero},
 		{name: "after an unclean stop", run: "r3",
 			unclean: &persistence.UncleanStop{Run: "r2", StartedAt: at(2), Counted: []persistence.CountedMessage{
-				{SessionID: "s1", MessageID: "a1", Attempts: 1}, {SessionID: "s2", MessageID: "b4", Attempts: 1}}},
+				{Key: "k1", SessionID: "s1", MessageID: "a1", Attempts: 1}, {Key: "k2", SessionID: "s2", MessageID: "b4", Attempts: 1}}},
 			attempts: once},
 		{name: "a stale end ends nothing", end: "r2", run: "r4",
 			unclean: &persistence.UncleanStop{Run: "r3", StartedAt: at(3), Counted: []persistence.CountedMessage{
-				{SessionID: "s1", MessageID: "a1", Attempts: 2}, {SessionID: "s2", MessageID: "b4", Attempts: 2}}},
+				{Key: "k1", SessionID: "s1", MessageID: "a1", Attempts: 2}, {Key: "k2", SessionID: "s2", MessageID: "b4", Attempts: 2}}},
 			attempts: twice},
 		{name: "clean again", end: "r4", run: "r5", attempts: twice},
 	}
@@ -136,9 +136,9 @@ func testUncleanStopsOnProbation(t *testing.T, s persistence.Store) {
 	t.Run("only the marked suspect and heads below probation count", func(t *testing.T) {
 		got := begin(t, "r3", 3) // r2 died
 		diff(t, "BeginRun(r3)", got, &persistence.UncleanStop{Run: "r2", StartedAt: at(2), Counted: []persistence.CountedMessage{
-			{SessionID: "s2", MessageID: "ran", Attempts: p + 1},
-			{SessionID: "s4", MessageID: "in-flight", Attempts: p},
-			{SessionID: "s5", MessageID: "fresh", Attempts: 1}}})
+			{Key: "k2", SessionID: "s2", MessageID: "ran", Attempts: p + 1},
+			{Key: "k4", SessionID: "s4", MessageID: "in-flight", Attempts: p},
+			{Key: "k5", SessionID: "s5", MessageID: "fresh", Attempts: 1}}})
 		diff(t, "attempts", attempts(t), map[string]int{
 			"waited": p, "waited-next": 0, "ran": p + 1, "ran-next": 0, "ran-before": p, "ran-before-next": 0,
 			"in-flight": p, "in-flight-next": 0, "fresh": 1, "fresh-next": 0})
@@ -146,7 +146,7 @@ func testUncleanStopsOnProbation(t *testing.T, s persistence.Store) {
 	t.Run("a mark of a run that did not die counts nothing", func(t *testing.T) {
 		got := begin(t, "r4", 4) // r3 died; s2's mark names r2, and s4 is a suspect now
 		diff(t, "BeginRun(r4)", got, &persistence.UncleanStop{Run: "r3", StartedAt: at(3), Counted: []persistence.CountedMessage{
-			{SessionID: "s5", MessageID: "fresh", Attempts: 2}}})
+			{Key: "k5", SessionID: "s5", MessageID: "fresh", Attempts: 2}}})
 	})
 	if err := s.EndRun(ctx, "r4"); err != nil {
 		t.Fatalf("EndRun(r4) error: %v", err)
