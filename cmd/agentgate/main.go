@@ -4,6 +4,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -281,6 +283,9 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 	var cf configFlags
 	cf.register(fs)
 	printDefaults := fs.Bool("print-defaults", false, "print the default configuration with every key and exit")
+	configOnly := fs.Bool("config-only", false, "check the configuration alone: what serve refuses only in this environment "+
+		"(an unset secret variable, an exec command or a cluster TLS file not on this machine) is a warning, not a problem; "+
+		"for a file checked elsewhere than where it runs")
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
@@ -297,13 +302,57 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 		}
 		return fmt.Errorf("config has %d problem(s)", n)
 	}
-	for _, w := range supervisor.Preflight(cfg, os.Getenv) {
-		fmt.Fprintln(stderr, "warning: "+w)
-	}
 	for _, name := range config.UnknownEnv(os.Environ()) {
 		fmt.Fprintf(stderr, "warning: %s names no configuration key (a misspelt one?); it is ignored\n", name)
 	}
+	// What serve refuses at start beyond the configuration's validation, short of opening the
+	// store or the network: before, check-config only warned of it and said "config ok", and a
+	// deploy checked with it failed at start (found by an audit).
+	refused := startRefusals(cfg)
+	for _, r := range refused {
+		if *configOnly {
+			r = "warning: " + r
+		}
+		fmt.Fprintln(stderr, r)
+	}
+	if len(refused) > 0 && !*configOnly {
+		return fmt.Errorf("serve would refuse to start here: %d problem(s) (--config-only checks the configuration alone)", len(refused))
+	}
 	fmt.Fprintln(stdout, "config ok")
+	return nil
+}
+
+// startRefusals returns what serve would refuse at start, in this environment, of a
+// configuration that validates: supervisor.Preflight's (a secret variable unset, an exec
+// agent's command not there) and the cluster's TLS files. It opens no database and no
+// connection, so it leaves out what only those tell: the store, the data directory's lock, a
+// port that is taken, a cluster.advertise that does not reach cluster.bind.
+func startRefusals(cfg *config.Config) []string {
+	out := supervisor.Preflight(cfg, os.Getenv)
+	if err := clusterTLSFiles(cfg.Cluster); err != nil {
+		out = append(out, fmt.Sprintf("%v; serve refuses to start with it", err))
+	}
+	return out
+}
+
+// clusterTLSFiles reads the cluster's TLS files as a member reads them when it joins the
+// cluster (supervisor's clusterTLS, with its words), which a start does only after it opened
+// the store.
+func clusterTLSFiles(cl config.Cluster) error {
+	t := cl.TLS
+	if !cl.Enabled || t.CertFile == "" {
+		return nil // no TLS (validation has it that all three files are set, or none)
+	}
+	if _, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile); err != nil {
+		return fmt.Errorf("cluster.tls: load %s and %s: %w", t.CertFile, t.KeyFile, err)
+	}
+	caPEM, err := os.ReadFile(t.CAFile)
+	if err != nil {
+		return fmt.Errorf("cluster.tls.ca_file: %w", err)
+	}
+	if !x509.NewCertPool().AppendCertsFromPEM(caPEM) {
+		return fmt.Errorf("cluster.tls.ca_file: %s holds no PEM certificate", t.CAFile)
+	}
 	return nil
 }
 

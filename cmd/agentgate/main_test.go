@@ -3,11 +3,19 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
@@ -40,7 +48,7 @@ func TestRunCommands(t *testing.T) {
 	if err := os.WriteFile(noKey, []byte("data_dir: "+dir+"\nagent:\n  backend: openai\n  openai:\n    base_url: http://127.0.0.1:1/v1\n    model: m\n    api_key_env: AGENTGATE_TEST_UNSET_OPENAI_KEY\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// Configurations serve refuses for their environment: check-config warns of each.
+	// Configurations serve refuses for their environment: check-config refuses each too.
 	public := filepath.Join(dir, "public.yaml")
 	emptyToken := filepath.Join(dir, "empty-token.yaml")
 	noBotToken := filepath.Join(dir, "discord.yaml")
@@ -107,7 +115,9 @@ func TestRunCommands(t *testing.T) {
 			wantErr: `config has 3 problem(s): ` + bad + `:5: bogus: unknown key; ` + bad + `:3: sessions.queue.mode: "fast": must be one of`},
 		{name: "an admin command too", args: []string{"sessions", "list", "--config", bad}, wantErr: `config has 3 problem(s): `},
 		{name: "print defaults", args: []string{"check-config", "--print-defaults"}, wantOut: "passivate_after: 10m"},
-		{name: "check-config warns of a missing API key", args: []string{"check-config", "--config", noKey}, wantOut: "config ok",
+		{name: "check-config refuses a missing API key", args: []string{"check-config", "--config", noKey}, wantErr: "serve would refuse to start here: 1 problem(s)",
+			wantStderr: []string{"agent.openai.api_key_env: AGENTGATE_TEST_UNSET_OPENAI_KEY is not set"}, notStderr: []string{"warning: agent.openai"}},
+		{name: "check-config --config-only warns of it", args: []string{"check-config", "--config-only", "--config", noKey}, wantOut: "config ok",
 			wantStderr: []string{"warning: agent.openai.api_key_env: AGENTGATE_TEST_UNSET_OPENAI_KEY is not set"}},
 		{name: "serve refuses an openai agent without its key", args: []string{"serve", "--config", noKey, "--http-addr", "127.0.0.1:0"},
 			wantErr: "environment variable AGENTGATE_TEST_UNSET_OPENAI_KEY (agent.openai.api_key_env) holds no API key"},
@@ -116,8 +126,8 @@ func TestRunCommands(t *testing.T) {
 		{name: "check-config refuses a public address without a token", args: []string{"check-config", "--config", public}, wantErr: "1 problem(s)",
 			wantStderr: []string{"0.0.0.0:18050", "is not a loopback address, where the API needs a bearer token: set http.token_env"}},
 		{name: "check-config takes a public address with a token", args: []string{"check-config", "--config", public, "--http-addr", "127.0.0.1:18050"}, wantOut: "config ok"},
-		{name: "check-config warns of an empty token variable", args: []string{"check-config", "--config", emptyToken}, wantOut: "config ok",
-			wantStderr: []string{"warning: http.token_env: AGENTGATE_TEST_EMPTY_TOKEN is not set here"}},
+		{name: "check-config refuses an empty token variable", args: []string{"check-config", "--config", emptyToken}, wantErr: "serve would refuse to start here: 1 problem(s)",
+			wantStderr: []string{"http.token_env: AGENTGATE_TEST_EMPTY_TOKEN is not set here"}},
 		{name: "serve refuses an empty token variable", args: []string{"serve", "--config", emptyToken}, wantErr: "http.token_env names AGENTGATE_TEST_EMPTY_TOKEN, which is not set or empty"},
 		{name: "an empty --data-dir is an error, not the default", args: []string{"check-config", "--data-dir", ""}, wantErr: "config",
 			wantStderr: []string{"data_dir: required"}},
@@ -127,14 +137,21 @@ func TestRunCommands(t *testing.T) {
 			wantStderr: []string{"--config names no file (it is empty)"}},
 		{name: "bench refuses a data directory that holds data", args: []string{"bench", "--data-dir", dir, "--sessions", "1", "--messages", "1"},
 			wantErr: "is not empty"},
-		{name: "check-config warns of an exec command that is not there", args: []string{"check-config", "--config", noCommand}, wantOut: "config ok",
-			wantStderr: []string{"warning: agent.exec.command: exec agent: command \"" + filepath.Join(dir, "no-agent") + "\" does not exist; serve refuses to start with it"}},
+		{name: "check-config refuses an exec command that is not there", args: []string{"check-config", "--config", noCommand}, wantErr: "serve would refuse to start here: 1 problem(s)",
+			wantStderr: []string{"agent.exec.command: exec agent: command \"" + filepath.Join(dir, "no-agent") + "\" does not exist; serve refuses to start with it"}},
 		{name: "serve refuses an exec command that is not there", args: []string{"serve", "--config", noCommand, "--http-addr", "127.0.0.1:0"},
 			wantErr: "start: agent: exec agent: command \"" + filepath.Join(dir, "no-agent") + "\" does not exist"},
 		{name: "serve says what to do when its port is taken", args: []string{"serve", "--data-dir", dir, "--http-addr", taken.Addr().String()},
 			wantErr: "start: http.addr " + taken.Addr().String() + " is taken (stop what listens there, or give agentgate a free port with --http-addr, AGENTGATE_HTTP_ADDR or http.addr)"},
-		{name: "check-config warns of a missing bot token", args: []string{"check-config", "--config", noBotToken}, wantOut: "config ok",
-			wantStderr: []string{"warning: platforms.discord.token_env: AGENTGATE_TEST_UNSET_BOT_TOKEN is not set here"}},
+		{name: "check-config refuses a missing bot token", args: []string{"check-config", "--config", noBotToken}, wantErr: "serve would refuse to start here: 1 problem(s)",
+			wantStderr: []string{"platforms.discord.token_env: AGENTGATE_TEST_UNSET_BOT_TOKEN is not set here"}},
+		{name: "serve refuses a missing bot token", args: []string{"serve", "--config", noBotToken, "--http-addr", "127.0.0.1:0"},
+			wantErr: "AGENTGATE_TEST_UNSET_BOT_TOKEN (platforms.discord.token_env) is empty"},
+		// One line naming the file: before, "config: load config: open …".
+		{name: "serve names a missing config file", args: []string{"serve", "--config", filepath.Join(dir, "nope.yaml")},
+			wantErr: "config: read " + filepath.Join(dir, "nope.yaml") + ": no such file or directory"},
+		{name: "check-config names a missing config file", args: []string{"check-config", "--config", filepath.Join(dir, "nope.yaml")}, wantErr: "config has 1 problem(s)",
+			wantStderr: []string{"read " + filepath.Join(dir, "nope.yaml") + ": no such file or directory\n"}, notStderr: []string{"load config"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -161,4 +178,129 @@ func TestRunCommands(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCheckConfig: check-config exits non-zero, naming the problem as serve does, for what serve
+// refuses at start beyond validation (before, it said "config ok" and warned, found by an
+// audit); --config-only keeps that to warnings, for a file checked elsewhere than where it runs.
+func TestCheckConfig(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		t.Helper()
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	check := func(t *testing.T, args ...string) (stdout, stderr string, err error) {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		err = run(context.Background(), append([]string{"check-config"}, args...), &out, &errOut)
+		return out.String(), errOut.String(), err
+	}
+
+	t.Run("the exec agent's command in serve's words", func(t *testing.T) {
+		path := write("exec.yaml", "data_dir: "+dir+"\nagent:\n  backend: exec\n  exec:\n    command: ["+filepath.Join(dir, "gone")+"]\n")
+		var out, errOut bytes.Buffer
+		serveErr := run(context.Background(), []string{"serve", "--config", path, "--http-addr", "127.0.0.1:0"}, &out, &errOut)
+		_, msg, found := strings.Cut(fmt.Sprint(serveErr), "start: agent: ")
+		if !found {
+			t.Fatalf("serve = %v, want it to refuse the command", serveErr)
+		}
+		_, stderr, err := check(t, "--config", path)
+		if err == nil || !strings.Contains(stderr, "agent.exec.command: "+msg+"; serve refuses to start with it") {
+			t.Errorf("check-config = %v, stderr %q; want an error, and serve's %q in stderr", err, stderr, msg)
+		}
+	})
+
+	t.Run("an exec agent without a command was refused already", func(t *testing.T) {
+		path := write("nocommand.yaml", "data_dir: "+dir+"\nagent:\n  backend: exec\n")
+		if _, stderr, err := check(t, "--config", path); err == nil || !strings.Contains(stderr, "agent.exec.command: required when agent.backend is exec") {
+			t.Errorf("check-config = %v, stderr %q; want the command required", err, stderr)
+		}
+	})
+
+	cert, key, ca := mustClusterFiles(t, dir)
+	cluster := func(name, cert, key, ca string) string {
+		return write(name, "data_dir: "+dir+"\nstore: {driver: postgres, dsn: \"postgres://db.invalid/agentgate\"}\n"+
+			"cluster:\n  enabled: true\n  tls: {cert_file: "+cert+", key_file: "+key+", ca_file: "+ca+"}\n")
+	}
+	for _, tt := range []struct {
+		name, path, want string // want: stderr; "" is config ok
+	}{
+		{"cluster TLS files that load", cluster("tls-ok.yaml", cert, key, ca), ""},
+		{"a cluster certificate that is not there", cluster("tls-gone.yaml", filepath.Join(dir, "gone.pem"), key, ca),
+			"cluster.tls: load " + filepath.Join(dir, "gone.pem") + " and " + key + ": open " + filepath.Join(dir, "gone.pem") + ": no such file or directory; serve refuses to start with it"},
+		{"a cluster CA that holds no certificate", cluster("tls-ca.yaml", cert, key, key),
+			"cluster.tls.ca_file: " + key + " holds no PEM certificate; serve refuses to start with it"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			stdout, stderr, err := check(t, "--config", tt.path)
+			if tt.want == "" {
+				if err != nil || stdout != "config ok\n" {
+					t.Errorf("check-config = %v, stdout %q, stderr %q; want config ok", err, stdout, stderr)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), "serve would refuse to start here: 1 problem(s)") || stderr != tt.want+"\n" {
+				t.Errorf("check-config = %v, stderr %q; want an error and stderr %q", err, stderr, tt.want)
+			}
+			stdout, stderr, err = check(t, "--config-only", "--config", tt.path)
+			if err != nil || stdout != "config ok\n" || stderr != "warning: "+tt.want+"\n" {
+				t.Errorf("check-config --config-only = %v, stdout %q, stderr %q; want config ok and the warning", err, stdout, stderr)
+			}
+		})
+	}
+
+	// An empty variable is unset (a template that left it out); a level is taken in any case.
+	good := write("good.yaml", "data_dir: "+dir+"\nlog: {level: WARN}\n")
+	for _, env := range []string{"", "DEBUG", "Info"} {
+		t.Run("AGENTGATE_LOG_LEVEL="+env, func(t *testing.T) {
+			t.Setenv("AGENTGATE_LOG_LEVEL", env)
+			t.Setenv("AGENTGATE_SESSIONS_QUEUE_CAP", "")
+			if stdout, stderr, err := check(t, "--config", good); err != nil || stdout != "config ok\n" {
+				t.Errorf("check-config = %v, stdout %q, stderr %q; want config ok", err, stdout, stderr)
+			}
+		})
+	}
+}
+
+// mustClusterFiles writes a CA's certificate and a member's certificate and key that it signed,
+// as PEM files in dir.
+func mustClusterFiles(t *testing.T, dir string) (cert, key, ca string) {
+	t.Helper()
+	newKey := func() *ecdsa.PrivateKey {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	now := time.Now()
+	caKey, memberKey := newKey(), newKey()
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	memberTmpl := &x509.Certificate{SerialNumber: big.NewInt(2), NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
+	memberDER, err := x509.CreateCertificate(rand.Reader, memberTmpl, caTmpl, &memberKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(memberKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, kind string, der []byte) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	return write("member.pem", "CERTIFICATE", memberDER), write("member-key.pem", "PRIVATE KEY", keyDER), write("ca.pem", "CERTIFICATE", caDER)
 }

@@ -384,9 +384,9 @@ func TestLoadValidationProblemsNameTheirLine(t *testing.T) {
 	}
 	// A problem reported without its value (a required key left empty) cannot be told to be
 	// the file's: the file's line holds a good one here.
-	_, err = Load(MustWriteConfig(t, "data_dir: x\n"), []string{"AGENTGATE_DATA_DIR="}, nil)
+	_, err = Load(MustWriteConfig(t, "data_dir: x\n"), nil, func(c *Config) { c.DataDir = "" })
 	if err == nil || strings.Contains(err.Error(), ":1: data_dir") {
-		t.Errorf("Load error with data_dir emptied by the environment =\n%v\nwant it without the file's line", err)
+		t.Errorf("Load error with data_dir emptied by a flag =\n%v\nwant it without the file's line", err)
 	}
 	_, err = Load(path, []string{"AGENTGATE_SESSIONS_QUEUE_MODE=slow"}, nil)
 	if err == nil || !strings.Contains(err.Error(), `sessions.queue.mode: "slow"`) || strings.Contains(err.Error(), `:4: sessions.queue.mode`) {
@@ -394,11 +394,16 @@ func TestLoadValidationProblemsNameTheirLine(t *testing.T) {
 	}
 }
 
+// TestLoadMissingFile: one line naming the file. Before, "load config: open …" (after a
+// command's "config: ") said config twice and named the file only inside the os error.
 func TestLoadMissingFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "nope.yaml")
 	_, err := Load(path, nil, nil)
 	if !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("Load(%q) error = %v, want one wrapping fs.ErrNotExist", path, err)
+	}
+	if want := "read " + path + ": no such file or directory"; err == nil || err.Error() != want {
+		t.Errorf("Load(%q) error = %v, want %q", path, err, want)
 	}
 }
 
@@ -509,6 +514,24 @@ func TestLoadEnv(t *testing.T) {
 			want:    func(*Config) {},
 		},
 		{
+			// As most Unix tools read one: an env file or a template that leaves a value out
+			// does not empty the key (before, each of these was an error, or emptied it).
+			name: "empty variables are unset",
+			environ: []string{"AGENTGATE_LOG_LEVEL=", "AGENTGATE_SESSIONS_QUEUE_CAP=", "AGENTGATE_DATA_DIR=",
+				"AGENTGATE_AGENT_EXEC_COMMAND=", "AGENTGATE_PLATFORMS_DISCORD_ENABLED=", "AGENTGATE_AGENT_OPENAI_API_KEY_ENV="},
+			want: func(*Config) {},
+		},
+		{
+			name:    "the last of repeats wins, also when empty",
+			environ: []string{"AGENTGATE_DATA_DIR=/one", "AGENTGATE_DATA_DIR="},
+			want:    func(*Config) {},
+		},
+		{
+			name:    "log level in any case",
+			environ: []string{"AGENTGATE_LOG_LEVEL=Debug"},
+			want:    func(c *Config) { c.Log.Level = "Debug" },
+		},
+		{
 			name:    "last repeat wins",
 			environ: []string{"AGENTGATE_DATA_DIR=/one", "AGENTGATE_DATA_DIR=/two"},
 			want:    func(c *Config) { c.DataDir = "/two" },
@@ -538,6 +561,14 @@ func TestLoadEnvOverridesFile(t *testing.T) {
 	if want := (Log{Level: "error", Format: "json"}); got.Log != want {
 		t.Errorf("Load log = %+v, want %+v", got.Log, want)
 	}
+	// An empty variable is unset: the file's value stays.
+	got, err = Load(path, []string{"AGENTGATE_LOG_LEVEL=", "AGENTGATE_LOG_FORMAT="}, nil)
+	if err != nil {
+		t.Fatalf("Load with empty variables: %v", err)
+	}
+	if want := (Log{Level: "warn", Format: "json"}); got.Log != want {
+		t.Errorf("Load log with empty variables = %+v, want the file's %+v", got.Log, want)
+	}
 }
 
 func TestLoadEnvErrors(t *testing.T) {
@@ -551,7 +582,6 @@ func TestLoadEnvErrors(t *testing.T) {
 		{"int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=5x"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "5x": must be an integer`}},
 		{"fraction for an int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=2.7"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "2.7": must be an integer`}},
 		{"fraction in a map", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE={dm: {at_hour: 4.5}}"}, []string{`AGENTGATE_SESSIONS_RESET_BY_TYPE: "{dm: {at_hour: 4.5}}": dm.at_hour: "4.5": must be an integer`}},
-		{"empty int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP="}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "": must be an integer`}},
 		{"null int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=~"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "~": must be an integer`}},
 		{"unclosed list", []string{"AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c"}, []string{`AGENTGATE_AGENT_EXEC_COMMAND: "[sh, -c": must be a list`}},
 		{"mapping for list", []string{"AGENTGATE_AGENT_EXEC_COMMAND={a: b}"}, []string{`AGENTGATE_AGENT_EXEC_COMMAND: "{a: b}": must be a list`}},
@@ -642,6 +672,21 @@ func TestValidate(t *testing.T) {
 		{"discord enabled", func(c *Config) { c.Platforms.Discord.Enabled = true }, nil},
 		{"empty data dir", func(c *Config) { c.DataDir = "" }, []string{"data_dir"}},
 		{"log", func(c *Config) { c.Log = Log{Level: "trace", Format: "xml"} }, []string{"log.level", "log.format"}},
+		{"log level in any case", func(c *Config) { c.Log.Level = "INFO" }, nil},
+		{"log level mixed case", func(c *Config) { c.Log.Level = "Warn" }, nil},
+		{"bounds met", func(c *Config) {
+			c.HTTP.MaxHeld, c.Sessions.Queue.Cap, c.Sessions.Queue.Debounce = 65536, 10000, 5*time.Minute
+			c.Sessions.Queue.DebounceByPlatform = map[string]time.Duration{"discord": 5 * time.Minute}
+			c.Agent.Exec.Timeout, c.Agent.OpenAI.Timeout = time.Second, time.Second
+		}, nil},
+		{"bounds passed", func(c *Config) {
+			c.HTTP.MaxHeld, c.Sessions.Queue.Cap, c.Sessions.Queue.Debounce = 65537, 10001, 5*time.Minute+time.Millisecond
+			c.Sessions.Queue.DebounceByPlatform = map[string]time.Duration{"discord": time.Hour, "http": time.Second}
+			c.Agent.Exec.Timeout, c.Agent.OpenAI.Timeout = time.Nanosecond, 999*time.Millisecond
+		}, []string{
+			"http.max_held", "sessions.queue.cap", "sessions.queue.debounce", "sessions.queue.debounce_by_platform.discord",
+			"agent.exec.timeout", "agent.openai.timeout",
+		}},
 		{"addr without port", func(c *Config) { c.HTTP.Addr = "localhost" }, []string{"http.addr"}},
 		{"addr bad port", func(c *Config) { c.HTTP.Addr = "localhost:99999" }, []string{"http.addr"}},
 		{"token_env holds a secret", func(c *Config) { c.HTTP.TokenEnv = "abc.def-ghi" }, []string{"http.token_env"}},
@@ -821,6 +866,77 @@ func TestFieldErrorMessages(t *testing.T) {
 	}
 }
 
+// TestBoundMessages: a value past a bound names its key, its value and the bound (found by an
+// audit: 1ns for agent.exec.timeout, an hour's debounce and caps of billions were taken).
+func TestBoundMessages(t *testing.T) {
+	c := Default()
+	c.HTTP.MaxHeld = 1_000_000
+	c.Sessions.Queue.Cap = 9_223_372_036_854_775_807
+	c.Sessions.Queue.Debounce = time.Hour
+	c.Sessions.Queue.DebounceByPlatform = map[string]time.Duration{"discord": 90 * time.Minute}
+	c.Agent.Exec.Timeout = time.Nanosecond
+	c.Agent.OpenAI.Timeout = 500 * time.Millisecond
+	want := []string{
+		`http.max_held: 1000000: must be at most 65536 (each held request costs a connection, a file descriptor and some 40 KiB)`,
+		`sessions.queue.cap: 9223372036854775807: must be at most 10000 (a session holds that many messages in memory, some 4 KiB each; with overflow: spool, those past the cap wait in the store)`,
+		`sessions.queue.debounce: 1h: must be at most 5m (every turn waits this long after its sender's last message)`,
+		`sessions.queue.debounce_by_platform.discord: 1h30m: must be at most 5m (every turn waits this long after its sender's last message)`,
+		`agent.exec.timeout: 1ns: must be at least 1s`,
+		`agent.openai.timeout: 500ms: must be at least 1s`,
+	}
+	var got []string
+	for _, p := range problems(c.Validate()) {
+		got = append(got, p.Error())
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Validate() messages (-want +got):\n%s", diff)
+	}
+	// From a file, the line is named too.
+	path := MustWriteConfig(t, "sessions:\n  queue:\n    debounce: 10m\n")
+	if _, err := Load(path, nil, nil); err == nil || !strings.Contains(err.Error(), path+":3: sessions.queue.debounce: 10m: must be at most 5m") {
+		t.Errorf("Load(debounce: 10m) error = %v, want it to name the file's line and the bound", err)
+	}
+}
+
+// TestLogLevelAnyCase: INFO, Debug and the like are levels, from a file, a variable or a flag
+// (before, only lower case was; found by an audit).
+func TestLogLevelAnyCase(t *testing.T) {
+	for _, tt := range []struct {
+		file, env, flag string
+		want            slog.Level
+	}{
+		{file: "INFO", want: slog.LevelInfo},
+		{env: "Debug", want: slog.LevelDebug},
+		{flag: "WARN", want: slog.LevelWarn},
+		{file: "debug", env: "ERROR", want: slog.LevelError},
+	} {
+		var environ []string
+		if tt.env != "" {
+			environ = []string{"AGENTGATE_LOG_LEVEL=" + tt.env}
+		}
+		path := ""
+		if tt.file != "" {
+			path = MustWriteConfig(t, "log: {level: "+tt.file+"}\n")
+		}
+		cfg, err := Load(path, environ, func(c *Config) {
+			if tt.flag != "" {
+				c.Log.Level = tt.flag
+			}
+		})
+		if err != nil {
+			t.Errorf("Load(level file %q, env %q, flag %q) error = %v, want nil", tt.file, tt.env, tt.flag, err)
+			continue
+		}
+		if got := cfg.SlogLevel(); got != tt.want {
+			t.Errorf("Load(level file %q, env %q, flag %q).SlogLevel() = %v, want %v", tt.file, tt.env, tt.flag, got, tt.want)
+		}
+	}
+	_, err := Load("", []string{"AGENTGATE_LOG_LEVEL=Loud"}, nil)
+	if want := `log.level: "Loud": must be one of debug, info, warn, error (in any case)`; err == nil || err.Error() != want {
+		t.Errorf("Load(level Loud) error = %v, want %q", err, want)
+	}
+}
+
 func TestFieldErrorValues(t *testing.T) {
 	reason := errors.New("bad")
 	tests := []struct {
@@ -904,6 +1020,7 @@ func TestSlogLevel(t *testing.T) {
 	for in, want := range map[string]slog.Level{
 		"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn,
 		"error": slog.LevelError, "": slog.LevelInfo, "loud": slog.LevelInfo,
+		"DEBUG": slog.LevelDebug, "Warn": slog.LevelWarn, "ERROR": slog.LevelError,
 	} {
 		c := Default()
 		c.Log.Level = in

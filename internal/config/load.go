@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -68,16 +69,25 @@ func Default() *Config {
 // The file is decoded strictly: an unknown key is an error naming the key and its line. An
 // AGENTGATE_ variable that names no key is ignored, because the exec agent hands its
 // subprocesses variables such as AGENTGATE_SESSION_KEY; one whose value doesn't parse is an
-// error naming the variable. Every problem is reported at once, joined with errors.Join; the
+// error naming the variable. An empty variable counts as unset (AGENTGATE_LOG_LEVEL= keeps the
+// file's level), as most Unix tools read one: an env file or a template that leaves a value
+// out must not empty the key. Every problem is reported at once, joined with errors.Join; the
 // ones tied to a key are *FieldError. A file that can't be read is returned on its own,
-// wrapping the os error.
+// naming the file and wrapping the os error's cause (errors.Is(err, fs.ErrNotExist) holds).
 func Load(path string, environ []string, override func(*Config)) (*Config, error) {
 	cfg := Default()
 	var errs []error
 	if path != "" {
 		data, err := os.ReadFile(path)
 		if err != nil {
-			return nil, fmt.Errorf("load config: %w", err)
+			// One line naming the file: "config: read agentgate.yaml: no such file or
+			// directory". Before, the os error's "open …" followed "load config: ", and a
+			// command's "config: " before that (found by an audit).
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			return nil, fmt.Errorf("read %s: %w", path, err)
 		}
 		errs = append(errs, decodeFile(cfg, path, data)...)
 	}
@@ -162,9 +172,10 @@ func (c *Config) DSN() string {
 	return filepath.Join(c.DataDir, "agentgate.db")
 }
 
-// SlogLevel returns log.level as a slog.Level, or slog.LevelInfo if it isn't a valid level.
+// SlogLevel returns log.level (in any case) as a slog.Level, or slog.LevelInfo if it isn't a
+// valid level.
 func (c *Config) SlogLevel() slog.Level {
-	switch c.Log.Level {
+	switch strings.ToLower(c.Log.Level) {
 	case "debug":
 		return slog.LevelDebug
 	case "warn":
@@ -508,7 +519,7 @@ func UnknownEnv(environ []string) []string {
 }
 
 // applyEnv sets every key named by an AGENTGATE_ variable in environ; the last of repeated
-// variables wins, as with os.Getenv.
+// variables wins, as with os.Getenv. An empty variable sets nothing (see Load).
 func applyEnv(cfg *Config, environ []string) []error {
 	vars := make(map[string]string)
 	for _, kv := range environ {
@@ -524,7 +535,7 @@ func applyEnv(cfg *Config, environ []string) []error {
 	var errs []error
 	for _, l := range leaves() {
 		raw, ok := vars[l.env]
-		if !ok {
+		if !ok || raw == "" {
 			continue
 		}
 		v, err := parseEnvValue(raw, l.typ)

@@ -22,11 +22,16 @@ func (c *Config) Validate() error {
 func (c *Config) validate() []error {
 	var v validator
 	v.required("data_dir", c.DataDir != "", "")
-	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
+	if !slices.Contains(logLevels, strings.ToLower(c.Log.Level)) {
+		// In any case, as slog's own level names are read: LOG_LEVEL=INFO, a common spelling,
+		// was refused (found by an audit). SlogLevel reads it the same way.
+		v.add("log.level", c.Log.Level, "must be one of "+strings.Join(logLevels, ", ")+" (in any case)")
+	}
 	v.oneOf("log.format", c.Log.Format, "text", "json")
 	v.hostPort("http.addr", c.HTTP.Addr)
 	v.envName("http.token_env", c.HTTP.TokenEnv)
 	atLeast(&v, "http.max_held", c.HTTP.MaxHeld, 0)
+	atMost(&v, "http.max_held", c.HTTP.MaxHeld, maxHeld, "each held request costs a connection, a file descriptor and some 40 KiB")
 	if host, _, err := net.SplitHostPort(c.HTTP.Addr); err == nil && c.HTTP.TokenEnv == "" && !LoopbackHost(host) {
 		v.add("http.addr", c.HTTP.Addr, "is not a loopback address, where the API needs a bearer token: set http.token_env")
 	}
@@ -69,10 +74,16 @@ func (c *Config) validate() []error {
 	atLeast(&v, "sessions.passivate_after", s.PassivateAfter, 0)
 	v.oneOf("sessions.queue.mode", s.Queue.Mode, "followup", "collect", "interrupt", "steer")
 	atLeast(&v, "sessions.queue.cap", s.Queue.Cap, 1)
+	atMost(&v, "sessions.queue.cap", s.Queue.Cap, maxQueueCap,
+		"a session holds that many messages in memory, some 4 KiB each; with overflow: spool, those past the cap wait in the store")
 	v.oneOf("sessions.queue.overflow", s.Queue.Overflow, "spool", "reject")
-	atLeast(&v, "sessions.queue.debounce", s.Queue.Debounce, 0)
+	debounce := func(field string, d time.Duration) {
+		atLeast(&v, field, d, 0)
+		atMost(&v, field, d, maxDebounce, "every turn waits this long after its sender's last message")
+	}
+	debounce("sessions.queue.debounce", s.Queue.Debounce)
 	for _, p := range slices.Sorted(maps.Keys(s.Queue.DebounceByPlatform)) {
-		atLeast(&v, "sessions.queue.debounce_by_platform."+p, s.Queue.DebounceByPlatform[p], 0)
+		debounce("sessions.queue.debounce_by_platform."+p, s.Queue.DebounceByPlatform[p])
 	}
 	r := &s.Reset
 	v.resetFields("sessions.reset", ResetOverride{Mode: &r.Mode, IdleMinutes: &r.IdleMinutes, AtHour: &r.AtHour, DailyMinIdle: &r.DailyMinIdle})
@@ -114,7 +125,8 @@ func (c *Config) validate() []error {
 		v.required("agent.exec.command", len(a.Exec.Command) > 0 && a.Exec.Command[0] != "", "when agent.backend is exec")
 	}
 	atLeast(&v, "agent.max_concurrent", a.MaxConcurrent, 0)
-	atLeast(&v, "agent.exec.timeout", a.Exec.Timeout, 1)
+	// At least a second: a shorter one (1ns) fails every turn, each with a timeout.
+	atLeast(&v, "agent.exec.timeout", a.Exec.Timeout, minAgentTimeout)
 	atLeast(&v, "agent.exec.history", a.Exec.History, 0)
 	atLeast(&v, "agent.exec.kill_grace", a.Exec.KillGrace, 0)
 	if a.Backend == "openai" {
@@ -137,7 +149,7 @@ func (c *Config) validate() []error {
 		v.add("agent.openai.temperature", *t, "must be from 0 to 2")
 	}
 	atLeast(&v, "agent.openai.max_tokens", a.OpenAI.MaxTokens, 0)
-	atLeast(&v, "agent.openai.timeout", a.OpenAI.Timeout, 1)
+	atLeast(&v, "agent.openai.timeout", a.OpenAI.Timeout, minAgentTimeout)
 	atLeast(&v, "agent.openai.max_history", a.OpenAI.MaxHistory, 0)
 	atLeast(&v, "agent.openai.token_budget", a.OpenAI.TokenBudget, 0)
 	atLeast(&v, "agent.openai.max_retries", a.OpenAI.MaxRetries, 0)
@@ -271,6 +283,25 @@ func postgresDSN(dsn string) bool {
 // maxIdleMinutes bounds idle_minutes: 100 years.
 const maxIdleMinutes = 100 * 365 * 24 * 60
 
+// The bounds of keys whose absurd values were taken without a word (found by an audit).
+const (
+	// maxQueueCap bounds sessions.queue.cap: a session holds up to that many messages in
+	// memory (some 4 KiB each: actors/spill.go measured 176 MB for 47,500), and a cap near the
+	// largest int overflowed where the session reads its queue back (cap+1).
+	maxQueueCap = 10_000
+	// maxDebounce bounds sessions.queue.debounce and its per-platform values: a turn waits the
+	// window out after its sender's last message, so an hour's window is a bot that seems dead.
+	maxDebounce = 5 * time.Minute
+	// maxHeld bounds http.max_held: each held request costs a connection, a file descriptor and
+	// some 40 KiB (RUNBOOK), 2.5 GiB at the bound.
+	maxHeld = 65_536
+	// minAgentTimeout is the shortest agent.exec.timeout and agent.openai.timeout.
+	minAgentTimeout = time.Second
+)
+
+// logLevels are the values of log.level, in lower case (any case is taken).
+var logLevels = []string{"debug", "info", "warn", "error"}
+
 // resetFields checks the fields of a reset policy or override under path; a nil field is left
 // to the default and so not checked here.
 func (v *validator) resetFields(path string, o ResetOverride) {
@@ -321,6 +352,18 @@ func (v *validator) envName(field, name string) {
 	if name != "" && !envNameRE.MatchString(name) {
 		v.add(field, nil, "must be the name of an environment variable ([A-Za-z_][A-Za-z0-9_]*), not the secret")
 	}
+}
+
+// atMost checks got <= highest; why says what the bound spares, after it in the message.
+func atMost[T int | time.Duration](v *validator, field string, got, highest T, why string) {
+	if got <= highest {
+		return
+	}
+	bound := fmt.Sprint(highest)
+	if d, ok := any(highest).(time.Duration); ok {
+		bound = shortDuration(d)
+	}
+	v.add(field, got, "must be at most "+bound+" ("+why+")")
 }
 
 // atLeast checks got >= lowest. For a duration, lowest is compared in nanoseconds, so 1 means
