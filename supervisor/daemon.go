@@ -226,6 +226,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		Addr: cfg.HTTP.Addr, Token: token, Metrics: d.metrics.Handler(), Ready: d.ready,
 		Sessions: &sessionsAPI{d: d}, Logger: log.With("component", "http"), Run: run,
 		Clustered: cfg.Cluster.Enabled, Pprof: cfg.HTTP.Pprof, MaxHeld: cfg.HTTP.MaxHeld,
+		DrainTimeout: cfg.Shutdown.DrainTimeout, Platforms: names[1:],
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start: %w", err)
@@ -823,8 +824,8 @@ func newRunID() string {
 
 // Preflight returns what serve would refuse in the environment getenv reads, which the
 // configuration alone cannot tell: a secret variable that is not set, an exec agent's command
-// that is not on this machine. check-config prints each as a warning (secrets are not
-// configuration, and a file may be checked on another machine than the one it runs on).
+// that is not on this machine. check-config refuses them as serve does (warns of them with
+// --config-only, for a file checked on another machine than the one it runs on).
 func Preflight(cfg *config.Config, getenv func(string) string) []string {
 	var out []string
 	unset := func(name string) bool { return strings.TrimSpace(getenv(name)) == "" }

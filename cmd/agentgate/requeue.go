@@ -92,7 +92,7 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 // daemonRequeue asks the daemon listening at addr, run run, to requeue message id of key
 // (daemonPost), and returns its answer. A refusal (404, 409) is an error with its message.
 func daemonRequeue(ctx context.Context, cfg *config.Config, addr, run, key, id string) (*httpplatform.MessageResponse, error) {
-	a, err := daemonPost(ctx, cfg, addr, run, "/v1/sessions/"+url.PathEscape(key)+"/messages/"+url.PathEscape(id)+"/requeue", "requeue")
+	a, err := daemonPost(ctx, cfg, addr, run, requeuePath(key, id), "requeue")
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +126,18 @@ func printRequeue(w io.Writer, addr string, res *httpplatform.MessageResponse) {
 // requeueCommand is the curl command line that requeues message id of key through the daemon at
 // addr.
 func requeueCommand(cfg *config.Config, addr, key, id string) string {
-	return curlPost(cfg, addr, "/v1/sessions/"+url.PathEscape(key)+"/messages/"+url.PathEscape(id)+"/requeue")
+	return curlPost(cfg, addr, requeuePath(key, id))
+}
+
+// requeuePath is the API path that requeues message id of key. A message id may be "." or "..",
+// which url.PathEscape leaves as they are and a server takes for a dot segment (the daemon
+// answers such a path 404): those go escaped, as %2E.
+func requeuePath(key, id string) string {
+	seg := url.PathEscape(id)
+	if id == "." || id == ".." {
+		seg = strings.Repeat("%2E", len(id))
+	}
+	return "/v1/sessions/" + url.PathEscape(key) + "/messages/" + seg + "/requeue"
 }
 
 // parseKeyAndMessage parses fset's flags, which may come before, between and after the KEY and

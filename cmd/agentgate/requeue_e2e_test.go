@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -218,5 +219,34 @@ func TestSessionsRequeueInAClusterWithNoMemberRunning(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "no cluster member runs") ||
 		!strings.Contains(err.Error(), "nothing was changed") || strings.Contains(err.Error(), "[]") {
 		t.Errorf("sessions requeue with no member running = %v, want a refusal that says no member runs and nothing was changed", err)
+	}
+}
+
+// TestRequeuePathKeepsDotIDs: a message id "." or ".." reaches the requeue route as that id,
+// over real HTTP to a mux with the daemon's pattern, which takes a raw dot segment for a
+// path to clean (before, the id went as it is and the daemon answered 404).
+func TestRequeuePathKeepsDotIDs(t *testing.T) {
+	mux := http.NewServeMux()
+	got := make(chan [2]string, 1)
+	mux.HandleFunc("POST /v1/sessions/{key}/messages/{id}/requeue", func(w http.ResponseWriter, r *http.Request) {
+		got <- [2]string{r.PathValue("key"), r.PathValue("id")}
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	const key = "agent:main:http:dm:c/1"
+	for _, id := range []string{".", "..", "m.1", "a/b", "%2E"} {
+		res, err := client.Post(srv.URL+requeuePath(key, id), "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			t.Errorf("requeue of %q: %s, want 200 from the requeue route", id, res.Status)
+			continue
+		}
+		if g := <-got; g != [2]string{key, id} {
+			t.Errorf("requeue of %q reached the route as key %q, id %q", id, g[0], g[1])
+		}
 	}
 }

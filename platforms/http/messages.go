@@ -35,7 +35,7 @@ import (
 func (p *Platform) handleMessages(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	if p.draining.Load() {
-		writeError(w, http.StatusServiceUnavailable, CodeDraining, "agentgate is draining and accepts no new messages")
+		p.writeDraining(w, "agentgate is draining and accepts no new messages")
 		return
 	}
 	wait, aerr := p.parseWait(r)
@@ -50,6 +50,7 @@ func (p *Platform) handleMessages(w http.ResponseWriter, r *http.Request) {
 	}
 	deliver, stop := p.currentDeliver()
 	if deliver == nil {
+		setRetryAfter(w, retrySoon)
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "platform not running")
 		return
 	}
@@ -148,7 +149,7 @@ var durationSyntax = regexp.MustCompile(`^[-+]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]
 func (p *Platform) writeDeliverError(w http.ResponseWriter, ack *platforms.Ack, in *platforms.Inbound, err error) {
 	switch {
 	case errors.Is(err, platforms.ErrDraining):
-		writeError(w, http.StatusServiceUnavailable, CodeDraining, "agentgate is draining and accepts no new messages")
+		p.writeDraining(w, "agentgate is draining and accepts no new messages")
 	case errors.Is(err, platforms.ErrRejected):
 		writeRejected(w, ack, "the session's queue is full")
 	case errors.Is(err, platforms.ErrConflict):
@@ -157,8 +158,10 @@ func (p *Platform) writeDeliverError(w http.ResponseWriter, ack *platforms.Ack, 
 		if args, ok := p.unstored.Allowed("chat", in.Source.ChatID, "message_id", in.MessageID, logging.Err(err)); ok {
 			p.log.Warn("message not stored; the client is told to send it again", args...)
 		}
+		setRetryAfter(w, retrySoon)
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the message could not be stored, retry later")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		setRetryAfter(w, retrySoon)
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the message was not acknowledged in time, retry with the same message_id")
 	default:
 		p.log.Error("deliver failed", "chat", in.Source.ChatID, "message_id", in.MessageID, logging.Err(err))
@@ -177,7 +180,7 @@ func writeRejected(w http.ResponseWriter, ack *platforms.Ack, msg string) {
 		body.SessionID = ack.SessionID
 		body.QueueDepth = ack.QueueDepth
 	}
-	w.Header().Set("Retry-After", "1")
+	setRetryAfter(w, retrySoon)
 	writeJSON(w, http.StatusTooManyRequests, body)
 }
 

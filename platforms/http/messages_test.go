@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -661,4 +663,102 @@ func TestUnknownFieldNameIsCutShort(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRetryAfter: every 429 and 503 that a client may send again says in Retry-After when: a
+// draining daemon how long its drain can still last (it takes nothing more in this run), an
+// unavailable store or a full queue 1 s (the daemon tries the store again each second; a
+// queue's place frees when its running turn ends, which nobody can foresee). An answer that
+// sending again cannot change (409, 500) has none. Before, only the 429 (1 s) and
+// too_many_held (5 s) had one: a client of a draining daemon, or of one whose store was down,
+// was told nothing of when to come back.
+func TestRetryAfter(t *testing.T) {
+	const drain = 90 * time.Second
+	// drained checks a draining daemon's Retry-After: what is left of drain, within the
+	// test's own run time.
+	drained := func(t *testing.T, what string, got response) {
+		t.Helper()
+		n, err := strconv.Atoi(got.header.Get("Retry-After"))
+		if got.status != http.StatusServiceUnavailable || got.errCode() != CodeDraining || err != nil ||
+			n > int(drain/time.Second) || n < int((drain-testTimeout)/time.Second) {
+			t.Errorf("%s = %d %q Retry-After %q, want 503 %s with Retry-After %v or a little less",
+				what, got.status, got.errCode(), got.header.Get("Retry-After"), CodeDraining, drain)
+		}
+	}
+	msg := map[string]string{"chat_id": "c", "user_id": "u", "text": "t", "message_id": "m1"}
+
+	for _, tc := range []struct {
+		name       string
+		err        error
+		wantStatus int
+		wantRetry  string // "" for none; "drain" for what is left of the drain
+	}{
+		{"queue full", platforms.ErrRejected, 429, "1"},
+		{"store unavailable", fmt.Errorf("deliver: %w", platforms.ErrUnavailable), 503, "1"},
+		{"not acknowledged in time", context.DeadlineExceeded, 503, "1"},
+		{"runtime draining", fmt.Errorf("deliver: %w", platforms.ErrDraining), 503, "drain"},
+		{"id of another conversation", platforms.ErrConflict, 409, ""},
+		{"other", errors.New("boom"), 500, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := &fakeRuntime{}
+			rt.setRespond(func(context.Context, *platforms.Inbound) (*platforms.Ack, error) { return nil, tc.err })
+			h := mustStart(t, Config{DrainTimeout: drain}, rt)
+			got := h.post("/v1/messages", msg)
+			if tc.wantRetry == "drain" {
+				drained(t, "POST while the runtime drains", got)
+				return
+			}
+			if got.status != tc.wantStatus || got.header.Get("Retry-After") != tc.wantRetry {
+				t.Errorf("POST = %d %s Retry-After %q, want %d with Retry-After %q", got.status, got.body,
+					got.header.Get("Retry-After"), tc.wantStatus, tc.wantRetry)
+			}
+		})
+	}
+
+	t.Run("drained", func(t *testing.T) {
+		sessions := newFakeSessions()
+		key := "agent:main:http:dm:c"
+		sessions.infos[key] = &SessionInfo{SessionKey: key, SessionID: "s1"}
+		sessions.resetErr = errors.New("reset session: future: dead letter")
+		h := mustStart(t, Config{Sessions: sessions, DrainTimeout: drain}, &fakeRuntime{})
+		h.p.Drain()
+		drained(t, "POST /v1/messages after Drain", h.post("/v1/messages", msg))
+		drained(t, "POST reset after Drain", h.do(http.MethodPost, "/v1/sessions/"+key+"/reset", nil, ""))
+		drained(t, "POST requeue after Drain", h.do(http.MethodPost, "/v1/sessions/"+key+"/messages/m1/requeue", nil, ""))
+	})
+
+	t.Run("a cluster member", func(t *testing.T) {
+		// The other members take the message now: its client must not wait out this drain.
+		h := mustStart(t, Config{DrainTimeout: drain, Clustered: true}, &fakeRuntime{})
+		h.p.Drain()
+		if got := h.post("/v1/messages", msg); got.status != http.StatusServiceUnavailable || got.header.Get("Retry-After") != "1" {
+			t.Errorf("POST to a draining cluster member = %d %s Retry-After %q, want 503 with Retry-After 1", got.status, got.body, got.header.Get("Retry-After"))
+		}
+	})
+
+	t.Run("default drain", func(t *testing.T) {
+		h := mustStart(t, Config{}, &fakeRuntime{})
+		h.p.Drain()
+		got := h.post("/v1/messages", msg)
+		if n, err := strconv.Atoi(got.header.Get("Retry-After")); err != nil || n > int(DefaultDrainTimeout/time.Second) || n < 1 {
+			t.Errorf("POST after Drain without DrainTimeout: Retry-After %q, want at most %v", got.header.Get("Retry-After"), DefaultDrainTimeout)
+		}
+	})
+
+	t.Run("session queries", func(t *testing.T) {
+		sessions := newFakeSessions()
+		sessions.resetErr = fmt.Errorf("reset: %w", persistence.ErrUnavailable)
+		sessions.requeueErr = &RefusedError{Code: CodeUnavailable, Message: "writes wait in the spool"}
+		h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
+		for _, path := range []string{"/v1/sessions/agent:main:http:dm:c/reset", "/v1/sessions/agent:main:http:dm:c/messages/m1/requeue"} {
+			got := h.do(http.MethodPost, path, nil, "")
+			if got.status != http.StatusServiceUnavailable || got.header.Get("Retry-After") != "1" {
+				t.Errorf("POST %s = %d %s Retry-After %q, want 503 with Retry-After 1", path, got.status, got.body, got.header.Get("Retry-After"))
+			}
+		}
+		if got := h.do(http.MethodGet, "/v1/sessions/agent:main:http:dm:nope", nil, ""); got.header.Get("Retry-After") != "" {
+			t.Errorf("GET an unknown session = %d, Retry-After %q; want none", got.status, got.header.Get("Retry-After"))
+		}
+	})
 }

@@ -10,7 +10,9 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"path"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,6 +39,8 @@ const (
 	// DefaultWriteTimeout bounds how long a client may take to read an answer (an event
 	// stream: each event).
 	DefaultWriteTimeout = 30 * time.Second
+	// DefaultDrainTimeout is shutdown.drain_timeout's default (Config.DrainTimeout).
+	DefaultDrainTimeout = 30 * time.Second
 	// DefaultMaxHeld bounds the requests held open at once (Config.MaxHeld).
 	DefaultMaxHeld = 1024
 	// MaxTextBytes is the longest accepted message text (DESIGN §5: 64 KiB).
@@ -73,6 +77,10 @@ type Config struct {
 	Ready func(ctx context.Context) map[string]error
 	// Sessions answers the session routes and SSE replay; nil answers 503 on those routes.
 	Sessions Sessions
+	// Platforms names the platforms, besides agentgate's own (discord and http), whose sessions
+	// the store may hold: those an embedder runs. GET /v1/sessions?platform= takes these names
+	// only; another is answered 400, not an empty list.
+	Platforms []string
 	// Logger receives the platform's logs; nil discards them.
 	Logger *slog.Logger
 	// MaxWait caps ?wait on POST /v1/messages; 0 means DefaultMaxWait.
@@ -99,12 +107,22 @@ type Config struct {
 	// Pprof serves Go's runtime profiles (net/http/pprof) at GET /debug/pprof/; off, those
 	// routes answer 404.
 	Pprof bool
+	// DrainTimeout is how long the daemon's drain lasts at most (shutdown.drain_timeout): a
+	// draining daemon's 503 tells its client, in Retry-After, to send again once it is over
+	// (at least 1 s later, so a drain that does not wait is given as a second). 0 means
+	// DefaultDrainTimeout.
+	DrainTimeout time.Duration
 	// MaxHeld bounds the requests held open at once, event streams and requests with ?wait:
 	// each holds a connection, a goroutine and buffers for as long as it lasts (3,000 streams
 	// took a daemon from 27 to 150 MB and 3,000 open files). Beyond it they are answered 503
 	// at once, before anything is done for them. 0 means DefaultMaxHeld.
 	MaxHeld int
 }
+
+// ownPlatforms are agentgate's own platforms: the store may hold sessions of each whether or
+// not it runs now (Discord's, after it was turned off). Discord's name is written out: importing
+// platforms/discord here would bring discordgo into the HTTP platform.
+var ownPlatforms = []string{"discord", Name}
 
 // RunHeader is the header that names a daemon's run (Config.Run), in its answers and in the
 // requests meant for that run only.
@@ -117,6 +135,8 @@ type Platform struct {
 	mux      *http.ServeMux
 	handler  http.Handler
 	draining atomic.Bool
+	// drainedAt is when Drain was first called (Unix nanoseconds), set before draining.
+	drainedAt atomic.Int64
 	// unstored limits the line of messages that could not be stored: in an outage (a full
 	// disk) every message, and each client's retry of it, would log one.
 	unstored logging.Limiter
@@ -132,6 +152,9 @@ type Platform struct {
 	overHeld logging.Limiter
 	// unauthorized limits the line of requests refused for their token.
 	unauthorized logging.Limiter
+	// platforms are the names GET /v1/sessions?platform= takes, sorted: agentgate's own and
+	// Config.Platforms.
+	platforms []string
 
 	mu      sync.Mutex
 	ln      net.Listener // bound by Listen, consumed by Run
@@ -177,6 +200,9 @@ func New(c Config) (*Platform, error) {
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = DefaultWriteTimeout
 	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
 	if c.MaxHeld <= 0 {
 		c.MaxHeld = DefaultMaxHeld
 	}
@@ -193,6 +219,7 @@ func New(c Config) (*Platform, error) {
 		subs:      make(map[string]map[*subscriber]struct{}),
 		waiters:   make(map[string]map[*waiter]struct{}),
 	}
+	p.platforms = slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(ownPlatforms), c.Platforms...))))
 	p.relayed.Store(c.Clustered) // relays miss a member most when it has just started
 	p.routes()
 	p.handler = p.recoverPanics(p.identify(p.limitBody(p.refuseBrowsers(p.authenticate(http.HandlerFunc(p.route))))))
@@ -319,9 +346,11 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	return nil
 }
 
-// Drain stops intake: POST /v1/messages answers 503 draining and /readyz fails. Session
-// queries, SSE streams and waits for already accepted messages keep working.
+// Drain stops intake: POST /v1/messages answers 503 draining (Retry-After: what is left of
+// Config.DrainTimeout) and /readyz fails. Session queries, SSE streams and waits for already
+// accepted messages keep working.
 func (p *Platform) Drain() {
+	p.drainedAt.CompareAndSwap(0, time.Now().UnixNano())
 	if !p.draining.Swap(true) {
 		p.log.Info("http platform draining")
 	}
@@ -386,9 +415,18 @@ func (p *Platform) stopped() <-chan struct{} {
 }
 
 // route dispatches to the mux, answering unknown routes and wrong methods with JSON bodies
-// instead of the mux's plain text.
+// instead of the mux's plain text, and a path that is not in canonical form with a 404 rather
+// than the mux's redirect (redirectedTo).
 func (p *Platform) route(w http.ResponseWriter, r *http.Request) {
 	h, pattern := p.mux.Handler(r)
+	if canonical, ok := redirectedTo(r, pattern); ok {
+		msg := "no such route: the path is not in canonical form"
+		if pattern != "" {
+			msg += fmt.Sprintf("; the route is %s", clipped(canonical))
+		}
+		writeError(w, http.StatusNotFound, CodeNotFound, msg)
+		return
+	}
 	if pattern != "" {
 		p.mux.ServeHTTP(w, r)
 		return
@@ -401,11 +439,50 @@ func (p *Platform) route(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
 		}
 		writeError(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed, "method "+r.Method+" not allowed")
-	case http.StatusNotFound:
+	default: // 404, or a redirect that redirectedTo did not foresee: never sent either way
 		writeError(w, http.StatusNotFound, CodeNotFound, "no such route")
-	default: // a redirect to the canonical path
-		p.mux.ServeHTTP(w, r)
 	}
+}
+
+// redirectedTo reports whether the mux would answer r with a redirect, and to which path: r's
+// path is not in canonical form (a doubled slash, a dot segment), or it is a subtree pattern's
+// path without its trailing slash (/debug/pprof). Such a request is answered 404 instead: a
+// client that follows a 307 sends a POST's body again, or drops it, or does not follow it at
+// all, and a proxy in front that allows or refuses routes by their path would have judged
+// another path than the one served. Paths are compared escaped, as the mux matches them: an
+// escaped slash or dot in a session key (%2F, %2E) is no separator or dot segment.
+func redirectedTo(r *http.Request, pattern string) (string, bool) {
+	if r.Method == http.MethodConnect {
+		return "", false // the mux cleans no CONNECT path
+	}
+	escaped := r.URL.EscapedPath()
+	if clean := cleanPath(escaped); clean != escaped {
+		return clean, true
+	}
+	_, route, ok := strings.Cut(pattern, " ") // "GET /debug/pprof/"
+	if !ok {
+		route = pattern
+	}
+	if !strings.HasSuffix(escaped, "/") && route == escaped+"/" {
+		return route, true
+	}
+	return "", false
+}
+
+// cleanPath is the canonical form of an escaped path as net/http's ServeMux makes it: rooted,
+// without empty or dot segments, keeping a trailing slash.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	np := path.Clean(p)
+	if strings.HasSuffix(p, "/") && np != "/" {
+		np += "/"
+	}
+	return np
 }
 
 // captureWriter records what the mux's own 404/405/redirect handler would answer.
@@ -633,7 +710,7 @@ func (p *Platform) hold(w http.ResponseWriter, what string) (release func(), ok 
 		if args, ok := p.overHeld.Allowed("max", p.cfg.MaxHeld, "refused", what); ok {
 			p.log.Warn("too many event streams and ?wait requests held open; refusing more", args...)
 		}
-		w.Header().Set("Retry-After", "5")
+		setRetryAfter(w, retryHeld)
 		writeError(w, http.StatusServiceUnavailable, CodeTooManyHeld,
 			fmt.Sprintf("%d event streams and ?wait requests are held open already (http.max_held); nothing was done for this one: send it again later, or without ?wait", p.cfg.MaxHeld))
 		return nil, false

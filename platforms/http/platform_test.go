@@ -376,3 +376,68 @@ func TestBrowsersAreRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestNonCanonicalPathsAreNotRedirected: a path that is not in canonical form (a doubled or
+// trailing slash, a dot segment) is a JSON 404 that names the canonical path, never the
+// mux's 307: a client that follows it sends a POST's body twice or not at all, and a proxy
+// in front that allows or refuses routes by path saw another path than the one served.
+// Before, each was a 307 (and this test's client, following it, had the message delivered).
+func TestNonCanonicalPathsAreNotRedirected(t *testing.T) {
+	rt := &fakeRuntime{}
+	sessions := newFakeSessions()
+	h := mustStart(t, Config{Sessions: sessions, Pprof: true}, rt)
+	// A client that follows redirects shows it: a redirect is a test failure below either way.
+	h.client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	msg := `{"chat_id":"c","user_id":"u","text":"t"}`
+	cases := []struct {
+		method, path string
+		canonical    string // named in the message; "" for none
+	}{
+		{"POST", "//v1/messages", "/v1/messages"},
+		{"POST", "/v1/./messages", "/v1/messages"},
+		{"POST", "/v1/x/../messages", "/v1/messages"},
+		{"POST", "/v1//messages?wait=1s", "/v1/messages"},
+		{"POST", "/v1/messages/", ""},
+		{"GET", "//v1/sessions", "/v1/sessions"},
+		{"GET", "/v1/./sessions?limit=5", "/v1/sessions"},
+		{"GET", "/v1/sessions/", ""},
+		{"GET", "/v1/sessions/agent:main:http:dm:c/./transcript", "/v1/sessions/agent:main:http:dm:c/transcript"},
+		{"GET", "/./healthz", "/healthz"},
+		{"GET", "/debug/pprof", "/debug/pprof/"}, // the mux's own trailing-slash redirect
+		{"HEAD", "/debug/pprof", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			body := ""
+			if tc.method == "POST" {
+				body = msg
+			}
+			got := h.do(tc.method, tc.path, jsonHeader, body)
+			if got.status != http.StatusNotFound || got.header.Get("Location") != "" {
+				t.Fatalf("%s %s = %d (Location %q) %s, want 404 and no Location", tc.method, tc.path, got.status,
+					got.header.Get("Location"), got.body)
+			}
+			if tc.method == "HEAD" {
+				return
+			}
+			e := mustDecode[ErrorResponse](t, got)
+			if e.Error.Code != CodeNotFound || !strings.Contains(e.Error.Message, tc.canonical) {
+				t.Errorf("%s %s = %s, want code %s and a message naming %q", tc.method, tc.path, got.body, CodeNotFound, tc.canonical)
+			}
+		})
+	}
+	if n := len(rt.delivered()); n != 0 {
+		t.Errorf("deliver called %d times, want 0", n)
+	}
+	// The canonical paths are served, and so is a key whose escaped slashes and dots are no
+	// path segments (the path is compared escaped, as the mux does).
+	sessions.infos["agent:main:http:dm:a%2F..%2Fb"] = &SessionInfo{SessionKey: "agent:main:http:dm:a%2F..%2Fb"}
+	for _, path := range []string{"/v1/sessions", "/v1/sessions/agent:main:http:dm:a%252F..%252Fb", "/debug/pprof/"} {
+		if got := h.do("GET", path, nil, ""); got.status != http.StatusOK {
+			t.Errorf("GET %s = %d %.200s, want 200", path, got.status, got.body)
+		}
+	}
+	if got := h.do("POST", "/v1/messages", jsonHeader, msg); got.status != http.StatusAccepted {
+		t.Errorf("POST /v1/messages = %d %s, want 202", got.status, got.body)
+	}
+}

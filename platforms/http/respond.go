@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/logging"
@@ -42,6 +44,47 @@ const (
 	CodeSessionEnded      = "session_ended"
 	CodeInternal          = "internal"
 )
+
+// How long the client of a 429 or 503 that it may send again is told to wait (Retry-After).
+// A store that cannot take a message is tried again by the daemon each second (a session's
+// load, the spool's replay, a paused session's start), and a full queue frees a place as soon
+// as the session's running turn ends, which nobody can foresee: for both, 1 s is the soonest the
+// answer can change, not a promise that it will, and a client backs off from it (such a refusal
+// stores nothing and costs the daemon little). The requests held open end as their clients
+// leave or their waits end, which nobody can foresee either, and sending one again at once
+// meets the same full set: 5 s. A draining daemon takes nothing more in this run: it says how
+// long its drain can still last (drainLeft).
+const (
+	retrySoon = 1 * time.Second
+	retryHeld = 5 * time.Second
+)
+
+// setRetryAfter sets the Retry-After of an answer to d, in whole seconds rounded up, at least 1.
+func setRetryAfter(w http.ResponseWriter, d time.Duration) {
+	w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64((d+time.Second-1)/time.Second)), 10))
+}
+
+// drainLeft is how long the drain can still last: Config.DrainTimeout from Drain on (all of it
+// when the runtime drains before the platform is told to).
+func (p *Platform) drainLeft() time.Duration {
+	left := p.cfg.DrainTimeout
+	if at := p.drainedAt.Load(); at != 0 {
+		left -= time.Since(time.Unix(0, at))
+	}
+	return left
+}
+
+// writeDraining answers 503 draining, with how long the drain can still last in Retry-After;
+// a cluster member's client is told 1 s: the other members take the message now (a load
+// balancer sends it to one of them).
+func (p *Platform) writeDraining(w http.ResponseWriter, msg string) {
+	if p.cfg.Clustered {
+		setRetryAfter(w, retrySoon)
+	} else {
+		setRetryAfter(w, p.drainLeft())
+	}
+	writeError(w, http.StatusServiceUnavailable, CodeDraining, msg)
+}
 
 // apiError is an error answer a handler decided on.
 type apiError struct {
@@ -86,6 +129,7 @@ func (p *Platform) writeSessionsError(w http.ResponseWriter, r *http.Request, op
 			status = http.StatusNotFound
 		case CodeUnavailable:
 			status = http.StatusServiceUnavailable
+			setRetryAfter(w, retrySoon)
 		}
 		writeError(w, status, re.Code, re.Message)
 		return
@@ -96,16 +140,18 @@ func (p *Platform) writeSessionsError(w http.ResponseWriter, r *http.Request, op
 	case errors.Is(err, identity.ErrBadKey):
 		writeError(w, http.StatusBadRequest, CodeInvalidKey, "not a session key")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		setRetryAfter(w, retrySoon)
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "request cancelled or timed out")
 	case errors.Is(err, persistence.ErrUnavailable):
 		p.log.Warn("session query failed: the store is unavailable", "op", op, "session", r.PathValue("key"), logging.Err(err))
+		setRetryAfter(w, retrySoon)
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the store is unavailable right now; retry later")
 	case p.draining.Load():
 		// The daemon is stopping: its session actors stop under the query (a dead letter, a
 		// reset whose session stopped before it answered). That is no internal error but a
 		// refusal to retry, at the next daemon or another member, as POST /v1/messages says.
 		p.log.Warn("session query failed while draining", "op", op, "session", r.PathValue("key"), logging.Err(err))
-		writeError(w, http.StatusServiceUnavailable, CodeDraining, "agentgate is stopping; retry later")
+		p.writeDraining(w, "agentgate is stopping; retry later")
 	default:
 		p.log.Error("session query failed", "op", op, "session", r.PathValue("key"), logging.Err(err))
 		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error")

@@ -3,8 +3,10 @@ package http
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -87,12 +89,22 @@ func (p *Platform) handleList(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, CodeInvalidQuery, "state must be active or passivated")
 		return
 	}
-	if aerr := checkQueryID("platform", f.Platform, MaxIDBytes); aerr != nil {
-		aerr.write(w)
+	if f.Platform != "" && !slices.Contains(p.platforms, f.Platform) {
+		// A misspelt one (or Discord for discord) would list nothing, as if no session were there.
+		writeError(w, http.StatusBadRequest, CodeInvalidQuery, fmt.Sprintf("platform %.100q is not one agentgate knows: %s",
+			f.Platform, strings.Join(p.platforms, ", ")))
 		return
 	}
 	if aerr := checkQueryID("after", f.After, maxKeyBytes); aerr != nil {
 		aerr.write(w)
+		return
+	}
+	if _, err := identity.ParseKey(f.After); f.After != "" && err != nil {
+		// Any string sorts somewhere among the keys, but one that is no key is no page's end: a
+		// seq (as a transcript's after) sorts before them all, and a client paging with it
+		// would get the first page again, for ever.
+		writeError(w, http.StatusBadRequest, CodeInvalidQuery, fmt.Sprintf(
+			"after %.100q is not a session key: give the \"next\" of the previous page, escaped as a query value", f.After))
 		return
 	}
 	if f.Limit, aerr = queryLimit(q, DefaultListLimit, MaxListLimit); aerr != nil {
@@ -180,7 +192,7 @@ func (p *Platform) handleRequeue(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if p.draining.Load() {
-		writeError(w, http.StatusServiceUnavailable, CodeDraining, "agentgate is draining and runs no new work; retry at its next start")
+		p.writeDraining(w, "agentgate is draining and runs no new work; retry at its next start")
 		return
 	}
 	// The waiter exists before the requeue: its turn may end before Requeue returns. The

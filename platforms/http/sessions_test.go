@@ -133,6 +133,10 @@ func TestListSessions(t *testing.T) {
 		{"bad limit", "?limit=many", ListRequest{}, CodeInvalidQuery},
 		{"malformed pair", "?state=active&platform=%zz", ListRequest{}, CodeInvalidQuery},
 		{"limit given twice", "?limit=5&limit=500", ListRequest{}, CodeInvalidQuery},
+		{"discord", "?platform=discord", ListRequest{Platform: "discord", Limit: DefaultListLimit}, ""},
+		{"unknown platform", "?platform=bogus", ListRequest{}, CodeInvalidQuery},
+		{"platform in another case", "?platform=HTTP", ListRequest{}, CodeInvalidQuery},
+		{"after not a key", "?after=100", ListRequest{}, CodeInvalidQuery},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -504,4 +508,52 @@ func TestUnknownQueryParametersAreNamedInOrder(t *testing.T) {
 func mustDecodeError(t *testing.T, r response) APIError {
 	t.Helper()
 	return mustDecode[ErrorResponse](t, r).Error
+}
+
+// TestListFiltersAreChecked: a ?platform= that names no platform agentgate knows, and an
+// ?after= that is no session key, are a 400 invalid_query naming the parameter (and the
+// platforms known), before Sessions is asked. Before, ?platform=bogus (or HTTP) listed nothing
+// with a 200, as if no session were there, and ?after=100 (a transcript's kind of after)
+// listed the first page again, every time: a client paging with it never ended.
+func TestListFiltersAreChecked(t *testing.T) {
+	sessions := newFakeSessions()
+	rt := &fakeRuntime{}
+	h := mustStart(t, Config{Sessions: sessions}, rt)
+	for _, tc := range []struct {
+		query string
+		want  []string // in the message
+	}{
+		{"?platform=bogus", []string{`platform "bogus"`, "discord, http"}},
+		{"?platform=Discord&limit=5", []string{`platform "Discord"`, "discord, http"}},
+		{"?platform=fake", []string{`platform "fake"`, "discord, http"}},
+		{"?after=100", []string{`after "100"`, "session key", "next"}},
+		{"?after=agent:main:http:dm", []string{"after", "session key"}},
+		{"?state=active&after=agent:main:http:sms:c", []string{"after", "session key"}},
+	} {
+		got := h.do(http.MethodGet, "/v1/sessions"+tc.query, nil, "")
+		e := mustDecodeError(t, got)
+		if got.status != http.StatusBadRequest || e.Code != CodeInvalidQuery {
+			t.Errorf("GET /v1/sessions%s = %d %s, want 400 %s", tc.query, got.status, got.body, CodeInvalidQuery)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(e.Message, w) {
+				t.Errorf("GET /v1/sessions%s: message %q, want it to name %q", tc.query, e.Message, w)
+			}
+		}
+	}
+	checkNothingReached(t, sessions, rt)
+
+	// An embedder's own platform is known when it is named in Config.Platforms; agentgate's
+	// own stay known beside it.
+	embedded := mustStart(t, Config{Sessions: sessions, Platforms: []string{"fake"}}, rt)
+	for _, name := range []string{"fake", "http", "discord"} {
+		if got := embedded.do(http.MethodGet, "/v1/sessions?platform="+name, nil, ""); got.status != http.StatusOK {
+			t.Errorf("GET /v1/sessions?platform=%s with Platforms [fake] = %d %s, want 200", name, got.status, got.body)
+		}
+	}
+	got := embedded.do(http.MethodGet, "/v1/sessions?platform=bogus", nil, "")
+	if e := mustDecodeError(t, got); got.status != http.StatusBadRequest || !strings.Contains(e.Message, "discord, fake, http") {
+		t.Errorf("GET /v1/sessions?platform=bogus with Platforms [fake] = %d %s, want 400 naming discord, fake, http", got.status, got.body)
+	}
 }
