@@ -129,6 +129,12 @@ func FindCommand(program, dir string) error {
 	case errors.Is(err, osexec.ErrNotFound) && !strings.ContainsRune(program, os.PathSeparator):
 		return fmt.Errorf("exec agent: command %q is not found in PATH (give its full path)", program)
 	case errors.Is(err, fs.ErrNotExist):
+		if !filepath.IsAbs(path) {
+			// ./bin/agent from the daemon's working directory, which under a service manager
+			// is not the shell's the operator tried it in.
+			wd, _ := os.Getwd()
+			return fmt.Errorf("exec agent: command %q does not exist (a relative path, taken from the working directory %s)", path, wd)
+		}
 		return fmt.Errorf("exec agent: command %q does not exist", path)
 	case errors.Is(err, fs.ErrPermission):
 		return fmt.Errorf("exec agent: command %q is not executable (chmod +x it, or run it through its interpreter: [sh, %s])", path, program)

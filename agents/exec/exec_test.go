@@ -234,6 +234,10 @@ func TestNewRefusesACommandItCannotRun(t *testing.T) {
 	if err := os.WriteFile(runnable, []byte("#!/bin/sh\necho hi\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name    string
 		config  exec.Config
@@ -245,6 +249,8 @@ func TestNewRefusesACommandItCannotRun(t *testing.T) {
 		{name: "a directory", config: exec.Config{Command: []string{dir}}, wantErr: "cannot be run"},
 		{name: "relative to Dir", config: exec.Config{Command: []string{"./run.sh"}, Dir: dir}},
 		{name: "missing relative to Dir", config: exec.Config{Command: []string{"./nope"}, Dir: dir}, wantErr: "does not exist"},
+		{name: "missing relative to the working directory", config: exec.Config{Command: []string{"./agentgate-no-such-agent"}},
+			wantErr: `"./agentgate-no-such-agent" does not exist (a relative path, taken from the working directory ` + wd + ")"},
 		{name: "in PATH", config: exec.Config{Command: []string{"sh", "-c", "true"}}},
 	}
 	for _, tc := range tests {
