@@ -234,6 +234,7 @@ rounds:
 					cut = append(cut, c.channel)
 				}
 				fetched += len(ms)
+				told := repliedTo(ms, p.bot())
 				prev := c.id
 				for _, m := range ms {
 					if m.Timestamp.Before(since) {
@@ -247,7 +248,7 @@ rounds:
 					if m.GuildID == "" {
 						m.GuildID = c.guild
 					}
-					if p.handle(m) {
+					if p.handle(m, told[m.ID]) {
 						left = prev
 						break
 					}
@@ -344,6 +345,21 @@ func (p *Platform) readBack(ctx context.Context, fetch func(ctx context.Context,
 		before = ms[n].ID
 	}
 	return oldestFirst(ms), true, nil
+}
+
+// repliedTo returns the ids of the messages that bot's messages among ms reply to: a message
+// read back that the bot has answered before, with a hint (a bare mention, a DM with nothing to
+// read) or a notice, is not answered again. Its answer is always read with it: it is newer, and
+// readBack reads everything after the message. Before, the hints, which go with nothing stored,
+// were posted again by every restart within backfill_window (found by an audit).
+func repliedTo(ms []*discordgo.Message, bot string) map[string]bool {
+	told := map[string]bool{}
+	for _, m := range ms {
+		if m.Author != nil && m.Author.ID == bot && m.MessageReference != nil && m.MessageReference.MessageID != "" {
+			told[m.MessageReference.MessageID] = true
+		}
+	}
+	return told
 }
 
 // oldestFirst sorts ms by id, ascending.

@@ -85,6 +85,7 @@ type Platform struct {
 	record   func(ops ...persistence.Op) // platforms.Recorder; nil until the runtime sets it
 	live     map[string]string           // thread → guild: the threads discordgo's state holds (threads.go)
 	deleted  map[string]bool             // threads deleted while this process ran (THREAD_DELETE): never reopened
+	roles    map[string]string           // guild → the bot's managed role there, "" for none (roles.go)
 	recent   func(context.Context, time.Time) ([]persistence.ChatMark, error)
 	now      func() time.Time
 	seeded   bool // seen was filled from recent (at the first READY)
@@ -125,7 +126,7 @@ func New(c Config) (*Platform, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new discord platform: %w", err)
 	}
-	s.Client = &http.Client{Timeout: restTimeout, Transport: newRewrite(c.Settings.APIURL, http.DefaultTransport)}
+	s.Client = &http.Client{Timeout: restTimeout, Transport: &blockedAs429{next: newRewrite(c.Settings.APIURL, http.DefaultTransport)}}
 	s.UserAgent = "agentgate (https://github.com/agentgate/agentgate)"
 	// Handlers run in order on the gateway's reader, so a channel's messages are delivered in
 	// the order Discord sent them; a lost connection ends Run, and the platform supervisor
@@ -157,6 +158,7 @@ func New(c Config) (*Platform, error) {
 		stored:   c.Unread,
 		live:     map[string]string{},
 		deleted:  map[string]bool{},
+		roles:    map[string]string{},
 		recent:   c.Recent,
 		now:      c.Now,
 		runCtx:   context.Background(),
@@ -176,6 +178,7 @@ func New(c Config) (*Platform, error) {
 	s.AddHandler(survived(p, "THREAD_DELETE", p.onThreadDelete))
 	s.AddHandler(survived(p, "THREAD_LIST_SYNC", p.onThreadListSync))
 	s.AddHandler(survived(p, "GUILD_CREATE", p.onGuildCreate))
+	s.AddHandler(survived(p, "raw event", p.onEvent)) // after the typed handlers of each event
 	return p, nil
 }
 
@@ -309,7 +312,7 @@ func (p *Platform) backfillThenRelease(gaps bool) {
 			return
 		}
 		for _, m := range held {
-			_ = p.handle(m)
+			_ = p.handle(m, false)
 		}
 	}
 }

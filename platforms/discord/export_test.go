@@ -11,3 +11,10 @@ func SetGapRetry(t testing.TB, d time.Duration) {
 	old := gapRetryFirst.Swap(int64(d))
 	t.Cleanup(func() { gapRetryFirst.Store(old) })
 }
+
+// SetBlockWait makes the platforms of the test wait d after the first 429 of a block that
+// names no Retry-After (instead of 10 seconds), until the test ends.
+func SetBlockWait(t testing.TB, d time.Duration) {
+	old := blockWaitFirst.Swap(int64(d))
+	t.Cleanup(func() { blockWaitFirst.Store(old) })
+}

@@ -8,6 +8,7 @@ import (
 	"github.com/bwmarrin/discordgo"
 
 	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/platforms/discord/discordtest"
 )
 
 func TestGate(t *testing.T) {
@@ -68,15 +69,29 @@ func TestGate(t *testing.T) {
 
 func TestTextDropsTheBotMentionAndListsAttachments(t *testing.T) {
 	m := &discordgo.Message{
-		Content:     "<@900> hello <@!900> there <@123>",
+		Content:     "<@900> hello <@!900> there <@123> <@&950> <@&951>",
 		Attachments: []*discordgo.MessageAttachment{{Filename: "a.png", URL: "https://cdn.example/a.png"}},
 	}
-	want := "hello  there <@123>\n[attachment: a.png https://cdn.example/a.png]"
-	if got := text(m, "900"); got != want {
+	want := "hello  there <@123>  <@&951>\n[attachment: a.png https://cdn.example/a.png]"
+	if got := text(m, "900", "950"); got != want {
 		t.Errorf("text = %q, want %q", got, want)
 	}
-	if !mentions(&discordgo.Message{Content: "hi <@!900>"}, "900") || mentions(&discordgo.Message{Content: "hi <@901>"}, "900") {
-		t.Error("mentions misreads a mention")
+	for _, tc := range []struct {
+		m    *discordgo.Message
+		role string
+		want bool
+	}{
+		{&discordgo.Message{Content: "hi <@!900>"}, "", true},
+		{&discordgo.Message{Content: "hi <@901>"}, "", false},
+		{&discordgo.Message{Content: "hi <@&950>", MentionRoles: []string{"950"}}, "950", true},
+		{&discordgo.Message{Content: "hi <@&950>"}, "950", true},
+		{&discordgo.Message{Content: "hi", MentionRoles: []string{"950"}}, "950", true},
+		{&discordgo.Message{Content: "hi <@&951>", MentionRoles: []string{"951"}}, "950", false},
+		{&discordgo.Message{Content: "hi <@&950>", MentionRoles: []string{"950"}}, "", false},
+	} {
+		if got := mentions(tc.m, "900", tc.role); got != tc.want {
+			t.Errorf("mentions(%q, role %q) = %v, want %v", tc.m.Content, tc.role, got, tc.want)
+		}
 	}
 }
 
@@ -110,4 +125,44 @@ func FuzzThreadName(f *testing.F) {
 			t.Fatalf("threadName(%q) = %q, want one line without white space at its ends or in runs", content, name)
 		}
 	})
+}
+
+// TestBotRoleIsLookedUpBeforeItsGuildCreate: a message that mentions a role in a guild whose
+// GUILD_CREATE has not come yet (a backfill runs beside the gateway's first events) looks the
+// guild's roles up over REST, once: the bot's role is found, and a guild without one is
+// remembered as such.
+func TestBotRoleIsLookedUpBeforeItsGuildCreate(t *testing.T) {
+	const guild, guild2, botRole = "100000000000000001", "100000000000000002", "500000000000000001"
+	srv := discordtest.New(t)
+	srv.AddGuild(guild, "guild")
+	srv.AddGuild(guild2, "guild 2")
+	srv.AddRole(guild, discordtest.Role{ID: "500000000000000009", Name: "helpers"})
+	srv.AddRole(guild, discordtest.Role{ID: botRole, Name: "agentgate", BotID: srv.BotID()})
+	p := mustNew(t, srv)
+	bot := srv.BotID()
+	p.botID.Store(&bot)
+	for _, tc := range []struct {
+		m    *discordgo.Message
+		want string
+	}{
+		{&discordgo.Message{GuildID: guild, Content: "<@&" + botRole + "> hi", MentionRoles: []string{botRole}}, botRole},
+		{&discordgo.Message{GuildID: guild, Content: "<@&500000000000000009> hi", MentionRoles: []string{"500000000000000009"}}, botRole},
+		{&discordgo.Message{GuildID: guild2, Content: "<@&" + botRole + "> hi"}, ""},
+		{&discordgo.Message{GuildID: guild2, Content: "<@&" + botRole + "> again"}, ""},
+	} {
+		if got := p.botRole(t.Context(), tc.m); got != tc.want {
+			t.Errorf("botRole(%q in guild %s) = %q, want %q", tc.m.Content, tc.m.GuildID, got, tc.want)
+		}
+	}
+	if got := p.botRole(t.Context(), &discordgo.Message{GuildID: "100000000000000003", Content: "no role"}); got != "" {
+		t.Errorf("botRole of a message that mentions no role = %q, want none (and no lookup)", got)
+	}
+	for _, g := range []string{guild, guild2} {
+		if n := srv.Requests("GET", "/guilds/"+g+"/roles"); n != 1 {
+			t.Errorf("guild %s's roles were looked up %d times, want once", g, n)
+		}
+	}
+	if n := srv.Requests("", ""); n != 2 {
+		t.Errorf("%d requests reached Discord, want 2 (a lookup per guild)", n)
+	}
 }

@@ -1,6 +1,7 @@
 package discord
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,27 +29,35 @@ func (p *Platform) onMessage(_ *discordgo.Session, m *discordgo.MessageCreate) {
 		return
 	}
 	p.mu.Unlock()
-	_ = p.handle(m.Message)
+	_ = p.handle(m.Message, false)
 }
 
 // handle turns a message (from the gateway, or from channel history after a lost gateway
 // session: backfill) into an Inbound: it ignores what the gate refuses before anything is
 // queued, opens a thread when auto-thread applies, delivers the message (which returns once it
-// is durable) and tells the user when it could not be taken. left reports that the message was
-// not taken because the daemon stops, and is left for the next start to read back
-// (readBackAfterStop): a backfill keeps its place unread (backfill.go).
-func (p *Platform) handle(m *discordgo.Message) (left bool) {
+// is durable) and tells the user when it could not be taken, or has nothing to read. told
+// reports that the bot has posted a reply to the message already (a backfill read it in the
+// history after the message): whatever it said then (a hint, a notice), the user is not told
+// again. left reports that the message was not taken because the daemon stops, and is left for
+// the next start to read back (readBackAfterStop): a backfill keeps its place unread
+// (backfill.go).
+func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 	// One message's panic drops that message only (logged): not the backfill or the release
 	// of held messages it runs in, and not the gateway reader. Its sender is told when the
 	// message was one the bot answers and the runtime had not taken it.
 	var ctx context.Context
 	var admitted, taken bool
+	tell := func(channelID, ref, text string) {
+		if !told {
+			p.tellUser(ctx, channelID, ref, text)
+		}
+	}
 	defer func() {
 		if v := recover(); v != nil {
 			p.panicked("message", v, "channel", m.ChannelID, "message_id", m.ID)
 			if admitted && !taken {
 				defer p.survive("message notice", "channel", m.ChannelID, "message_id", m.ID)
-				p.tellUser(ctx, m.ChannelID, m.ID, panicNotice)
+				tell(m.ChannelID, m.ID, panicNotice)
 			}
 		}
 	}()
@@ -67,16 +76,17 @@ func (p *Platform) handle(m *discordgo.Message) (left bool) {
 	if deliver == nil {
 		return
 	}
-	mentioned := mentions(m, bot)
 	if !p.gate.admitSender(m) {
 		return // what needs no lookup first: other bots are never told anything
 	}
+	role := p.botRole(ctx, m)
+	mentioned := mentions(m, bot, role)
 	ch, err := p.channelOf(ctx, m)
 	if err != nil {
 		p.log.Error("discord message from an unknown channel; not taken", "channel", m.ChannelID, "message_id", m.ID, logging.Err(err))
 		// Only a message the bot would likely answer is told: not chatter that needs a mention.
 		if mentioned || !p.gate.mentionRequired(m.GuildID, m.ChannelID, m.ChannelID) {
-			p.tellUser(ctx, m.ChannelID, m.ID, "I could not look up this channel, so I did not take your message. Please send it again.")
+			tell(m.ChannelID, m.ID, "I could not look up this channel, so I did not take your message. Please send it again.")
 		}
 		return
 	}
@@ -87,20 +97,21 @@ func (p *Platform) handle(m *discordgo.Message) (left bool) {
 	in := &platforms.Inbound{
 		Source:     p.source(m, ch),
 		MessageID:  m.ID,
-		Text:       text(m, bot),
+		Text:       text(m, bot, role),
 		ReceivedAt: time.Now(),
 	}
 	if in.Text == "" { // a bare mention, or a sticker: nothing to answer, but say so
 		switch {
 		case mentioned:
-			p.tellUser(ctx, m.ChannelID, m.ID, "You mentioned me without a message: write it after the mention.")
+			tell(m.ChannelID, m.ID, "You mentioned me without a message: write it after the mention.")
 		case ch.kind == kindDM:
 			// A sticker, a poll, a forwarded message (its text is not the message's): in a
 			// DM, where every message is for the bot, silence reads as a bot that is down.
-			p.tellUser(ctx, m.ChannelID, m.ID, "I can read only text and attachments, and this message has neither: write it out, please.")
+			tell(m.ChannelID, m.ID, "I can read only text and attachments, and this message has neither: write it out, please.")
 		}
 		return
 	}
+	typingIn := "" // where the typing indicator shows, if not in the reply's channel
 	// Auto-thread answers a mention in a channel that needs one; a free-response channel is a
 	// conversation of its own and keeps its replies inline.
 	// A voice or stage channel's chat has no threads.
@@ -112,14 +123,19 @@ func (p *Platform) handle(m *discordgo.Message) (left bool) {
 		// the bot may see nothing said in it before a gateway session is lost (its own reply
 		// in it may be posted in the gap too), and what users say there meanwhile is missed.
 		p.noteSeen(&discordgo.Message{ChannelID: m.ID, ID: m.ID, GuildID: m.GuildID})
-		p.openThread(ctx, m.ChannelID, m.ID, in.Text)
+		if !p.openThread(ctx, m.ChannelID, m.ID, in.Text, told) {
+			// The thread opens when the reply is posted (Send), or never (the reply goes to the
+			// channel): until then the user waits in the channel, and the typing indicator shows
+			// there. Sent to the thread, each one was answered 404 (found by an audit).
+			typingIn = m.ChannelID
+		}
 	}
 	// The answer is awaited through a stop too: the session may have stored the message, and
 	// the sender must not be told to send it again when it will be answered.
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deliverTimeout)
 	defer cancel()
 	reply := replyChannel(in.Source)
-	p.typing.expect(reply, m.ID)
+	p.typing.expectIn(reply, cmp.Or(typingIn, reply), m.ID)
 	ack, err := deliver(dctx, in)
 	taken = err == nil // the runtime answers it; otherwise the user is told below
 	p.typing.delivered(reply, m.ID, ack, err)
@@ -136,7 +152,7 @@ func (p *Platform) handle(m *discordgo.Message) (left bool) {
 		return true
 	default:
 		p.log.Warn("discord message not taken", "channel", m.ChannelID, "message_id", m.ID, logging.Err(err))
-		p.tellUser(ctx, reply, refFor(in.Source, m.ID), refusal(err))
+		tell(reply, refFor(in.Source, m.ID), refusal(err))
 	}
 	return false
 }
@@ -191,20 +207,25 @@ func (p *Platform) tellUser(ctx context.Context, channelID, ref, text string) {
 	}
 }
 
-// openThread starts the thread of an auto-threaded message.
-func (p *Platform) openThread(ctx context.Context, channelID, messageID, text string) {
+// openThread starts the thread of an auto-threaded message, and reports whether it is open.
+// When it is not, the user is told so, unless told (they were, for this message).
+func (p *Platform) openThread(ctx context.Context, channelID, messageID, text string, told bool) (open bool) {
 	ctx, cancel := context.WithTimeout(ctx, restTimeout)
 	defer cancel()
 	switch err := p.startThread(ctx, channelID, messageID, threadName(text)); {
 	case err == nil:
+		return true
 	case refusedForGood(err):
 		// No permission to open threads here: the reply goes to the channel (Send); a message
 		// deleted at once (404) gets none.
 		p.log.Warn("discord refuses a thread for this message; the reply goes to the channel", "channel", channelID, "message_id", messageID, logging.Err(err))
 	default:
 		p.log.Warn("open discord thread; will retry on reply", "channel", channelID, "message_id", messageID, logging.Err(err))
-		p.tellUser(ctx, channelID, messageID, "I could not open a thread for this message yet; I'll answer in its thread as soon as Discord lets me.")
+		if !told {
+			p.tellUser(ctx, channelID, messageID, "I could not open a thread for this message yet; I'll answer in its thread as soon as Discord lets me.")
+		}
 	}
+	return false
 }
 
 func (p *Platform) startThread(ctx context.Context, channelID, messageID, name string) error {
@@ -283,8 +304,12 @@ func displayName(m *discordgo.Message) string {
 	return m.Author.Username
 }
 
-// mentions reports whether m mentions the bot, or replies to one of its messages.
-func mentions(m *discordgo.Message, bot string) bool {
+// mentions reports whether m mentions the bot or its role in m's guild (role, "" for none:
+// roles.go), or replies to one of its messages.
+func mentions(m *discordgo.Message, bot, role string) bool {
+	if mentionsRole(m, role) {
+		return true
+	}
 	for _, u := range m.Mentions {
 		if u != nil && u.ID == bot {
 			return true
@@ -298,9 +323,14 @@ func mentions(m *discordgo.Message, bot string) bool {
 	return strings.Contains(m.Content, "<@"+bot+">") || strings.Contains(m.Content, "<@!"+bot+">")
 }
 
-// text is what the user said: the bot's mention removed, attachments listed by name and URL.
-func text(m *discordgo.Message, bot string) string {
-	t := strings.NewReplacer("<@"+bot+">", "", "<@!"+bot+">", "").Replace(m.Content)
+// text is what the user said: the bot's mention (and its role's, role) removed, attachments
+// listed by name and URL.
+func text(m *discordgo.Message, bot, role string) string {
+	pairs := []string{"<@" + bot + ">", "", "<@!" + bot + ">", ""}
+	if role != "" {
+		pairs = append(pairs, "<@&"+role+">", "")
+	}
+	t := strings.NewReplacer(pairs...).Replace(m.Content)
 	t = strings.TrimSpace(t)
 	for _, a := range m.Attachments {
 		if a != nil {

@@ -1,12 +1,18 @@
 package discord
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
+	"net/http"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bwmarrin/discordgo"
@@ -24,7 +30,8 @@ import (
 // by, so that by the time a call reaches discordgo's limiter, which would sleep until the
 // bucket resets just as deafly, the reset has passed. A 429 whose body says "global": true
 // holds every route of the bot, so it is remembered for every bucket, and every call honours
-// it first.
+// it first. A 429 that is not Discord's own (its edge's block of the host: see blockedAs429) is
+// made into a global one.
 
 // minRateLimitWait is the least wait after a 429, so that one asking for none is not retried
 // in a tight loop.
@@ -73,7 +80,11 @@ func (p *Platform) noteRateLimit(bucket string, rl *discordgo.RateLimit, global 
 	until := time.Now().Add(max(rl.RetryAfter, minRateLimitWait))
 	// A bot that sends too much meets a 429 at every few calls: one line a minute says so.
 	if n, ok := p.rateWarn.Allow(); ok {
-		p.log.Warn("discord rate limit", "url", rl.URL, "retry_after", rl.RetryAfter, "global", global, "limits", n)
+		attrs := []any{"url", rl.URL, "retry_after", rl.RetryAfter, "global", global, "limits", n}
+		if rl.TooManyRequests != nil && rl.Message == blockedMessage {
+			attrs = append(attrs, "blocked", true) // Discord's edge refuses this host (blockedAs429)
+		}
+		p.log.Warn("discord rate limit", attrs...)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -178,4 +189,123 @@ func isGlobal(body []byte) bool {
 		Global bool `json:"global"`
 	}
 	return discordgo.Unmarshal(body, &b) == nil && b.Global
+}
+
+// Blocks. Discord's edge (Cloudflare) refuses a host that made too many invalid requests (401,
+// 403 and 429 answers: 10,000 in 10 minutes) for a while, on every route, with a 429 that is not
+// Discord's: an HTML page, or a JSON error without retry_after, with a Retry-After header at
+// best. discordgo reads a 429's wait from its JSON body only: an HTML body failed the call with
+// a JSON syntax error (logged at error by discordgo), which request returned as any other
+// failure, and every caller tried again at once (the platform actor within a second, a backfill
+// page within 250 ms, the typing indicator at its next tick), each try one more invalid request
+// that kept the block on; a JSON body without retry_after was waited out for minRateLimitWait.
+// blockedAs429 makes such an answer Discord's global 429, so that request holds every route
+// until it ends: its wait is the Retry-After header's, or, without one, blockWaitFirst doubling
+// up to blockWaitMax while such answers keep coming (any other answer starts it over).
+
+// blockedMessage is the message of the 429 body blockedAs429 makes.
+const blockedMessage = "blocked by Discord's edge (a 429 that is not Discord's own)"
+
+// blockWaitFirst is the wait after a block's first 429 without a Retry-After header (a
+// time.Duration; tests shorten it); blockWaitMax is the longest.
+var blockWaitFirst atomic.Int64
+
+const blockWaitMax = 10 * time.Minute
+
+func init() { blockWaitFirst.Store(int64(10 * time.Second)) }
+
+// maxBlockBody is as much of a 429's body as is read: Discord's own are a few dozen bytes, an
+// edge's page a few KB. A longer body is taken for the edge's.
+const maxBlockBody = 64 << 10
+
+// blockedAs429 is the REST transport that rewrites a 429 that is not Discord's own into
+// Discord's global 429 (see Blocks above).
+type blockedAs429 struct {
+	next http.RoundTripper
+
+	mu    sync.Mutex
+	wait  time.Duration // the next wait without a Retry-After; 0 is blockWaitFirst
+	until time.Time     // when the last such wait ends
+}
+
+func (b *blockedAs429) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := b.next.RoundTrip(req)
+	if err != nil || resp.StatusCode != http.StatusTooManyRequests {
+		if err == nil {
+			b.mu.Lock()
+			b.wait, b.until = 0, time.Time{} // the block, if there was one, is over
+			b.mu.Unlock()
+		}
+		return resp, err
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBlockBody+1))
+	resp.Body.Close()
+	if err != nil {
+		return nil, fmt.Errorf("read discord 429 body: %w", err)
+	}
+	if len(body) <= maxBlockBody && discordsOwn429(body) {
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		return resp, nil
+	}
+	wait, ok := retryAfter(resp.Header, time.Now())
+	if !ok {
+		wait = b.backoff(time.Now())
+	}
+	made, err := json.Marshal(map[string]any{"message": blockedMessage, "retry_after": wait.Seconds(), "global": true})
+	if err != nil {
+		return nil, fmt.Errorf("rewrite discord 429: %w", err)
+	}
+	resp.Header = resp.Header.Clone()
+	resp.Header.Set("Content-Type", "application/json")
+	resp.Header.Del("Content-Length")
+	resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(made)), int64(len(made))
+	return resp, nil
+}
+
+// backoff returns the wait after a 429 without Retry-After, and doubles the next one. The
+// answers to requests that were out together (before the first one's wait began) share one
+// wait, and double it once.
+func (b *blockedAs429) backoff(now time.Time) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if now.Before(b.until) {
+		return b.until.Sub(now)
+	}
+	wait := b.wait
+	if wait == 0 {
+		wait = time.Duration(blockWaitFirst.Load())
+	}
+	b.wait, b.until = min(2*wait, blockWaitMax), now.Add(wait)
+	return wait
+}
+
+// discordsOwn429 reports whether body is the JSON object of Discord's own 429, which says how
+// long to wait (retry_after).
+func discordsOwn429(body []byte) bool {
+	var v struct {
+		RetryAfter *float64 `json:"retry_after"`
+	}
+	return json.Unmarshal(body, &v) == nil && v.RetryAfter != nil
+}
+
+// maxRetryAfter bounds the wait a Retry-After header asks for (a garbled one would overflow).
+const maxRetryAfter = 24 * time.Hour
+
+// retryAfter is the wait a Retry-After header asks for (seconds, or an HTTP date), if it asks
+// for one.
+func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0, false
+	}
+	var wait time.Duration
+	if s, err := strconv.ParseFloat(v, 64); err == nil {
+		wait = time.Duration(min(s, maxRetryAfter.Seconds()) * float64(time.Second))
+	} else if t, err := http.ParseTime(v); err == nil {
+		wait = min(t.Sub(now), maxRetryAfter)
+	}
+	if wait <= 0 {
+		return 0, false
+	}
+	return wait, true
 }

@@ -1,10 +1,12 @@
 package discord
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -346,7 +348,6 @@ func TestRateLimitedGatewayLookupHoldsNoRun(t *testing.T) {
 	}
 }
 
-// mustNew returns a Platform that talks to srv's REST API; it is not connected to the gateway.
 // TestRateLimitsAreLoggedOnceAMinute: a bot that meets 429 after 429 logs one line a minute,
 // counting them, not one per 429.
 func TestRateLimitsAreLoggedOnceAMinute(t *testing.T) {
@@ -376,6 +377,156 @@ func TestRateLimitsAreLoggedOnceAMinute(t *testing.T) {
 		t.Errorf("the line does not count its 429 (limits=1):\n%s", buf.String())
 	}
 }
+
+// TestEdgeBlockIsWaitedOut: Discord's edge (Cloudflare) answers a host it blocks with a 429
+// whose body is an HTML page, with or without a Retry-After header. discordgo failed such a
+// call with a JSON syntax error, and every caller tried again at once, each try one more
+// invalid request that kept the block on. Now it is a global rate limit: of the Retry-After
+// header's length, or, without one, of a backoff (10 s at first); calls on every route wait it
+// out within their deadline, and fail at once without asking Discord past it.
+func TestEdgeBlockIsWaitedOut(t *testing.T) {
+	const dm, text, guild = "300000000000000001", "200000000000000001", "100000000000000001"
+	for _, tc := range []struct {
+		name       string
+		retryAfter time.Duration // of the 429's Retry-After header; 0 sends none
+		blockWait  time.Duration // the backoff without one; 0 keeps blockWaitFirst
+		waits      bool          // whether a call with 10 s to go waits it out and succeeds
+	}{
+		{name: "an hour's Retry-After", retryAfter: time.Hour},
+		{name: "no Retry-After", retryAfter: 0},
+		{name: "a second's Retry-After", retryAfter: time.Second, waits: true},
+		{name: "no Retry-After, a short backoff", blockWait: 200 * time.Millisecond, waits: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.blockWait > 0 {
+				SetBlockWait(t, tc.blockWait)
+			}
+			srv := discordtest.New(t)
+			srv.AddGuild(guild, "guild")
+			srv.AddChannel(discordtest.Channel{ID: text, GuildID: guild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+			srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
+			var buf testutil.Buffer
+			p, err := New(Config{Token: srv.Token(), Settings: config.Discord{APIURL: srv.APIURL()},
+				Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			post := "/channels/" + dm + "/messages"
+			out := &platforms.Outbound{SessionKey: "agent:main:discord:dm:" + dm, Seq: 1, Text: "the answer", TurnEnd: true,
+				Target: identity.Source{Platform: Name, ChatType: identity.ChatDM, ChatID: dm}}
+			send := func(ctx context.Context) error { return p.Send(ctx, out) }
+			srv.BlockNext("POST", post, tc.retryAfter, 1)
+
+			if tc.waits {
+				start := time.Now()
+				if err := mustReturnWithin(t, 10*time.Second, send); err != nil {
+					t.Fatalf("Send blocked briefly = %v, want nil", err)
+				}
+				wait := cmp.Or(tc.retryAfter, tc.blockWait)
+				if took := time.Since(start); took < wait {
+					t.Errorf("Send posted %v after the block began, want after its %v", took, wait)
+				}
+				if n := srv.Requests("POST", post); n != 2 {
+					t.Errorf("%d posts reached Discord, want 2 (the blocked one, and one after the wait)", n)
+				}
+				if got := srv.Sent(dm); len(got) != 1 || got[0].Content != "the answer" {
+					t.Errorf("channel holds %q, want the answer once", contentsOf(got))
+				}
+				return
+			}
+			if err := mustReturnWithin(t, 2*time.Second, send); err == nil || errors.Is(err, platforms.ErrUndeliverable) {
+				t.Fatalf("Send blocked past its deadline = %v, want a retryable error", err)
+			}
+			if err := mustReturnWithin(t, 2*time.Second, send); err == nil {
+				t.Errorf("Send again while blocked = nil, want an error")
+			}
+			lookup := func(ctx context.Context) error { _, err := p.fetchChannel(ctx, text); return err }
+			if err := mustReturnWithin(t, 2*time.Second, lookup); err == nil {
+				t.Errorf("a channel lookup while blocked = nil, want an error (the block holds every route)")
+			}
+			if n := srv.Requests("", ""); n != 1 {
+				t.Errorf("%d requests reached Discord, want 1 (the blocked post): retries made the block last", n)
+			}
+			if !strings.Contains(buf.String(), "blocked=true") || !strings.Contains(buf.String(), "global=true") {
+				t.Errorf("the rate limit line does not say the host is blocked:\n%s", buf.String())
+			}
+		})
+	}
+}
+
+// TestWhichA429IsDiscords: a 429 whose body says how long to wait is Discord's own and is left
+// as it is; any other (an edge's page, a JSON error without retry_after) is a block, whose wait
+// the Retry-After header gives, in seconds or as a date.
+func TestWhichA429IsDiscords(t *testing.T) {
+	for body, want := range map[string]bool{
+		`{"message": "You are being rate limited.", "retry_after": 0.5, "global": false}`:    true,
+		`{"message": "You are being rate limited.", "retry_after": 0}`:                       true,
+		`{"message": "You are being blocked from accessing our API temporarily", "code": 0}`: false,
+		`<!DOCTYPE html><html><title>Error 1015</title></html>`:                              false,
+		``: false,
+	} {
+		if got := discordsOwn429([]byte(body)); got != want {
+			t.Errorf("discordsOwn429(%q) = %v, want %v", body, got, want)
+		}
+	}
+	now := time.Date(2025, time.January, 1, 0, 0, 0, 0, time.UTC)
+	for header, want := range map[string]time.Duration{
+		"":                              0,
+		"0":                             0,
+		"-5":                            0,
+		"soon":                          0,
+		"120":                           2 * time.Minute,
+		"1.5":                           1500 * time.Millisecond,
+		"99999999999":                   maxRetryAfter,
+		"Wed, 01 Jan 2025 00:01:00 GMT": time.Minute,
+		"Tue, 31 Dec 2024 23:00:00 GMT": 0,
+	} {
+		h := http.Header{}
+		if header != "" {
+			h.Set("Retry-After", header)
+		}
+		if got, ok := retryAfter(h, now); got != want || ok != (want > 0) {
+			t.Errorf("retryAfter(%q) = %v, %v; want %v, %v", header, got, ok, want, want > 0)
+		}
+	}
+}
+
+// TestBlockBackoff: without a Retry-After, a block's wait doubles from blockWaitFirst up to
+// blockWaitMax while its 429s keep coming; the 429s of requests that were out together share
+// one wait; Discord's answering again starts the backoff over.
+func TestBlockBackoff(t *testing.T) {
+	first := time.Duration(blockWaitFirst.Load())
+	var b blockedAs429
+	now := time.Date(2025, time.January, 1, 0, 0, 0, 0, time.UTC)
+	want := first
+	for i := range 10 {
+		if got := b.backoff(now); got != want {
+			t.Fatalf("wait %d = %v, want %v", i, got, want)
+		}
+		if got := b.backoff(now.Add(time.Second)); got != want-time.Second {
+			t.Errorf("wait %d of a request that was out with it = %v, want the rest of the same wait, %v", i, got, want-time.Second)
+		}
+		now = now.Add(want)
+		want = min(2*want, blockWaitMax)
+	}
+	if want != blockWaitMax {
+		t.Errorf("after 10 waits the next is %v, want blockWaitMax %v", want, blockWaitMax)
+	}
+	b.next = roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody}, nil
+	})
+	req, _ := http.NewRequest(http.MethodGet, "http://127.0.0.1/", nil)
+	if _, err := b.RoundTrip(req); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.backoff(now); got != first {
+		t.Errorf("wait after Discord answered again = %v, want %v", got, first)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 func mustNew(t *testing.T, srv *discordtest.Server) *Platform {
 	t.Helper()

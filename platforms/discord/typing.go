@@ -38,6 +38,7 @@ type typing struct {
 }
 
 type typist struct {
+	where   string          // the channel the indicator shows in (set once: read by run)
 	awaited map[string]bool // message ids whose turn is to come or runs
 	since   time.Time
 	cancel  context.CancelFunc // of the indicator's goroutine; nil before it starts
@@ -48,12 +49,16 @@ func newTyping(send func(channel string)) *typing {
 }
 
 // expect awaits message id, about to be delivered in channel, as a turn to come.
-func (t *typing) expect(channel, id string) {
+func (t *typing) expect(channel, id string) { t.expectIn(channel, channel, id) }
+
+// expectIn is expect with the indicator shown in where, if it is not running yet: the channel
+// an auto-thread not opened yet (channel) is to open from, where its user waits.
+func (t *typing) expectIn(channel, where, id string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	tp := t.chans[channel]
 	if tp == nil {
-		tp = &typist{awaited: map[string]bool{}}
+		tp = &typist{where: where, awaited: map[string]bool{}}
 		t.chans[channel] = tp
 	}
 	tp.awaited[id] = true
@@ -123,7 +128,7 @@ func (t *typing) run(ctx context.Context, channel string, tp *typist) {
 	tick := time.NewTicker(typingEvery)
 	defer tick.Stop()
 	for {
-		t.send(channel)
+		t.send(tp.where)
 		select {
 		case <-ctx.Done():
 			return

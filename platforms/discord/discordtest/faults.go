@@ -3,8 +3,11 @@ package discordtest
 import (
 	"cmp"
 	"fmt"
+	"io"
+	"math"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -30,6 +33,20 @@ func (s *Server) RateLimitNext(method, pathSuffix string, retryAfter time.Durati
 // (as Discord answers it). The Server itself refuses nothing else meanwhile.
 func (s *Server) GlobalRateLimitNext(method, pathSuffix string, retryAfter time.Duration, n int) {
 	s.addRateLimit(method, pathSuffix, retryAfter, n, true)
+}
+
+// BlockNext answers the next n REST requests matching method and pathSuffix (as FailNext) as
+// Discord's edge (Cloudflare) answers a host it blocks for making too many invalid requests:
+// 429 with an HTML page (error 1015) for a body, no X-RateLimit-* headers, and a Retry-After
+// header of retryAfter in whole seconds (rounded up), or none when retryAfter is 0.
+func (s *Server) BlockNext(method, pathSuffix string, retryAfter time.Duration, n int) {
+	if n <= 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = append(s.faults, &fault{method: strings.ToUpper(method), suffix: pathSuffix, status: http.StatusTooManyRequests,
+		left: n, retryAfter: retryAfter.Seconds(), block: true})
 }
 
 func (s *Server) addRateLimit(method, suffix string, retryAfter time.Duration, n int, global bool) {
@@ -77,6 +94,7 @@ type fault struct {
 	hold           <-chan struct{} // wait for it to close, then act as usual (HoldNext)
 	retryAfter     float64         // of a 429, in seconds; 0 is the default retryAfter
 	global         bool            // a 429 of the global rate limit (GlobalRateLimitNext)
+	block          bool            // a 429 of the edge's block (BlockNext): an HTML page
 }
 
 // PendingFaults is how many answers the FailNext, FailNextAfter and RateLimitNext rules of
@@ -114,8 +132,35 @@ const retryAfter = 0.05
 
 func faultResponse(f *fault) (int, any) {
 	status := f.status
+	if f.block {
+		return status, edgeBlock{retryAfter: f.retryAfter}
+	}
 	if status == http.StatusTooManyRequests {
 		return status, map[string]any{"message": "You are being rate limited.", "retry_after": cmp.Or(f.retryAfter, retryAfter), "global": f.global}
 	}
 	return status, apiError(fmt.Sprintf("%d: %s", status, http.StatusText(status)), 0)
+}
+
+// edgeBlock is the body of the edge's 429 (BlockNext): not JSON, and written as such by api.
+type edgeBlock struct {
+	retryAfter float64 // seconds; 0 sends no Retry-After header
+}
+
+// edgeBlockPage is (the gist of) the page Cloudflare answers a blocked host with.
+const edgeBlockPage = `<!DOCTYPE html>
+<html><head><title>Access denied | discord.com used Cloudflare to restrict access</title></head>
+<body><div id="cf-error-details"><h1>Error 1015</h1><h2>You are being rate limited</h2>
+<p>The owner of this website (discord.com) has banned you temporarily from accessing this website.</p>
+</div></body></html>
+`
+
+func (b edgeBlock) write(w http.ResponseWriter) {
+	hdr := w.Header()
+	if b.retryAfter > 0 {
+		hdr.Set("Retry-After", strconv.Itoa(int(math.Ceil(b.retryAfter))))
+	}
+	hdr.Set("Content-Type", "text/html; charset=UTF-8")
+	hdr.Set("Server", "cloudflare")
+	w.WriteHeader(http.StatusTooManyRequests)
+	io.WriteString(w, edgeBlockPage)
 }

@@ -333,3 +333,58 @@ func TestChannelHistory(t *testing.T) {
 		t.Errorf("history of an unknown channel: %d/%d, want 404/10003", status, code)
 	}
 }
+
+// TestRolesAndRoleMentions: a guild's roles (@everyone, then those added) come with its
+// GUILD_CREATE and from GET guilds/{g}/roles, the bot's managed and tagged with its id; a
+// message that mentions a role carries it in its content and mention_roles.
+func TestRolesAndRoleMentions(t *testing.T) {
+	t.Parallel()
+	const botRole = "700000000000000001"
+	srv := newWorld(t)
+	srv.AddRole(guildID, discordtest.Role{ID: botRole, Name: "agentgate", BotID: srv.BotID()})
+	c := mustOpen(t, srv, allIntents)
+	g := mustRecv(t, c.guilds, "GUILD_CREATE")
+	if len(g.Roles) != 2 || g.Roles[0].ID != guildID || g.Roles[1].ID != botRole || !g.Roles[1].Managed {
+		t.Errorf("GUILD_CREATE roles = %+v, want @everyone and the bot's managed role", g.Roles)
+	}
+	body, err := c.Request(http.MethodGet, discordgo.EndpointGuildRoles(guildID), nil)
+	if err != nil {
+		t.Fatalf("GET guild roles = %v", err)
+	}
+	var roles []struct {
+		ID   string            `json:"id"`
+		Tags map[string]string `json:"tags"`
+	}
+	if err := json.Unmarshal(body, &roles); err != nil || len(roles) != 2 || roles[1].Tags["bot_id"] != srv.BotID() {
+		t.Errorf("GET guild roles = %s (%v), want the bot's role tagged with bot_id %s", body, err, srv.BotID())
+	}
+	m := srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "hi", MentionRoles: []string{botRole}})
+	got := mustRecv(t, c.messages, "MESSAGE_CREATE")
+	for _, x := range []*discordgo.Message{m, got.Message} {
+		if x.Content != "<@&"+botRole+"> hi" || len(x.MentionRoles) != 1 || x.MentionRoles[0] != botRole {
+			t.Errorf("message = %q mentioning roles %v, want the role's mention", x.Content, x.MentionRoles)
+		}
+	}
+}
+
+// TestBlockNext: the edge's block is a 429 with an HTML body, a Retry-After header when asked
+// for, and none of Discord's rate-limit headers.
+func TestBlockNext(t *testing.T) {
+	t.Parallel()
+	srv := newWorld(t)
+	for _, retryAfter := range []time.Duration{0, 1500 * time.Millisecond} {
+		srv.BlockNext("GET", "/channels/"+channelID, retryAfter, 1)
+		req, _ := http.NewRequest(http.MethodGet, srv.APIURL()+"channels/"+channelID, nil)
+		req.Header.Set("Authorization", "Bot "+srv.Token())
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		want := map[time.Duration]string{0: "", 1500 * time.Millisecond: "2"}[retryAfter]
+		if resp.StatusCode != http.StatusTooManyRequests || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") ||
+			resp.Header.Get("Retry-After") != want || resp.Header.Get("X-RateLimit-Bucket") != "" {
+			t.Errorf("blocked answer = %d %v, want 429 text/html, Retry-After %q, no X-RateLimit-*", resp.StatusCode, resp.Header, want)
+		}
+	}
+}

@@ -64,6 +64,18 @@ type UserMessage struct {
 	// Type overrides the message type (default discordgo.MessageTypeDefault, or
 	// discordgo.MessageTypeReply with ReplyTo).
 	Type discordgo.MessageType
+	// MentionRoles prefixes Content with "<@&ROLEID> " for each role, and lists them in
+	// mention_roles, as a Discord client does when the user picks a role from autocomplete.
+	// Each must be a role of the channel's guild (AddRole).
+	MentionRoles []string
+}
+
+// Role is a role of a guild of the fake world (AddRole). A role with a BotID is the managed role
+// Discord makes for that bot in each guild it joins (tags.bot_id), which the bot member holds.
+type Role struct {
+	ID    string
+	Name  string
+	BotID string
 }
 
 // Option configures a Server.
@@ -88,24 +100,25 @@ func WithToken(token string) Option {
 
 // Server is a fake Discord (REST + gateway) on 127.0.0.1. Safe for concurrent use.
 //
-// REST, under APIURL: GET gateway, GET gateway/bot, GET users/@me, GET channels/{c},
-// GET channels/{c}/messages (after, before and limit), POST channels/{c}/messages, PATCH
-// channels/{c}/messages/{m}, DELETE channels/{c}/messages/{m} (the bot's own), POST
+// REST, under APIURL: GET gateway, GET gateway/bot, GET users/@me, GET guilds/{g}/roles, GET
+// channels/{c}, GET channels/{c}/messages (after, before and limit), POST channels/{c}/messages,
+// PATCH channels/{c}/messages/{m}, DELETE channels/{c}/messages/{m} (the bot's own), POST
 // channels/{c}/typing and POST channels/{c}/messages/{m}/threads. Any other route or method is 404
 // {"message":"404: Not Found","code":0}. Every route but GET gateway wants
 // "Authorization: Bot <token>" (else 401). Errors carry Discord's codes (10003 Unknown
-// Channel, 10008 Unknown Message, 50035 Invalid Form Body, 50006 empty message, 50005 not
-// the author, 160004 thread exists). Every response but a global 429 has X-RateLimit-* headers
-// that never make discordgo wait.
+// Channel, 10004 Unknown Guild, 10008 Unknown Message, 50035 Invalid Form Body, 50006 empty
+// message, 50005 not the author, 160004 thread exists). Every response but a global 429 and an
+// edge's block (BlockNext) has X-RateLimit-* headers that never make discordgo wait.
 //
 // Gateway, at GatewayURL: HELLO, then IDENTIFY (READY, then GUILD_CREATE per guild with the
-// GUILDS intent) or RESUME (replay, then RESUMED; op 9 INVALID_SESSION for an unknown
-// session). Heartbeats get ACKs. Close codes: 4001 unknown opcode, 4002 decode error, 4003
-// not authenticated, 4004 authentication failed, 4005 already authenticated, 4010 invalid
-// shard. Dispatches honour intents: GUILD_MESSAGES and DIRECT_MESSAGES gate MESSAGE_CREATE
-// and MESSAGE_UPDATE, GUILDS gates GUILD_CREATE, CHANNEL_CREATE and THREAD_CREATE, and
-// without MESSAGE_CONTENT a guild message's content is blank unless the bot wrote it or is
-// mentioned in it.
+// GUILDS intent: its channels, active threads and roles, the bot its only member) or RESUME
+// (replay, then RESUMED; op 9 INVALID_SESSION for an unknown session). Heartbeats get ACKs.
+// Close codes: 4001 unknown opcode, 4002 decode error, 4003 not authenticated, 4004
+// authentication failed, 4005 already authenticated, 4010 invalid shard. Dispatches honour
+// intents: GUILD_MESSAGES and DIRECT_MESSAGES gate MESSAGE_CREATE and MESSAGE_UPDATE, GUILDS
+// gates GUILD_CREATE, GUILD_ROLE_CREATE, CHANNEL_CREATE and THREAD_CREATE, and without
+// MESSAGE_CONTENT a guild message's content is blank unless the bot wrote it or is mentioned in
+// it.
 type Server struct {
 	tb        testing.TB
 	http      *httptest.Server
@@ -150,6 +163,7 @@ type Server struct {
 type guild struct {
 	id, name string
 	joined   time.Time
+	roles    []Role // besides @everyone, whose id is the guild's
 }
 
 // New starts a Server on 127.0.0.1 and stops it in t.Cleanup. Close discordgo sessions
@@ -246,6 +260,31 @@ func (s *Server) AddGuild(id, name string) {
 		s.dispatchLocked("GUILD_CREATE", s.guildWireLocked(g))
 	}
 	s.notifyLocked()
+}
+
+// AddRole adds role r to guild guildID (which must exist). If a client is identified, it gets a
+// GUILD_ROLE_CREATE, as when the role is made (a bot's, when the bot joins).
+func (s *Server) AddRole(guildID string, r Role) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.guildByID[guildID]
+	if g == nil || r.ID == "" || r.ID == guildID || g.role(r.ID) != nil {
+		panic(fmt.Sprintf("discordtest: AddRole(%q, %q): unknown guild, or empty or existing role ID", guildID, r.ID))
+	}
+	g.roles = append(g.roles, r)
+	if s.sess != nil && s.sess.intents&discordgo.IntentsGuilds != 0 {
+		s.dispatchLocked("GUILD_ROLE_CREATE", map[string]any{"guild_id": g.id, "role": roleWire(r, len(g.roles))})
+	}
+	s.notifyLocked()
+}
+
+func (g *guild) role(id string) *Role {
+	for i := range g.roles {
+		if g.roles[i].ID == id {
+			return &g.roles[i]
+		}
+	}
+	return nil
 }
 
 // AddChannel adds a channel. A guild channel's guild must exist. If a client is identified
@@ -355,6 +394,13 @@ func (s *Server) Post(um UserMessage) *discordgo.Message {
 	if um.MentionBot {
 		m.content = "<@" + s.bot.ID + "> " + um.Content
 		m.mentions = append(m.mentions, s.bot)
+	}
+	for _, r := range slices.Backward(um.MentionRoles) {
+		if g := s.guildByID[ch.GuildID]; g == nil || g.role(r) == nil {
+			panic(fmt.Sprintf("discordtest: Post: MentionRoles: %q is not a role of the channel's guild", r))
+		}
+		m.content = "<@&" + r + "> " + m.content
+		m.mentionRoles = append([]string{r}, m.mentionRoles...)
 	}
 	if um.ReplyTo != "" {
 		ref := s.messages[um.ReplyTo]

@@ -231,16 +231,44 @@ func (s *Server) guildWireLocked(g *guild) map[string]any {
 			channels = append(channels, s.channelWireLocked(c))
 		}
 	}
+	botRoles := []string{}
+	for _, r := range g.roles {
+		if r.BotID == s.bot.ID {
+			botRoles = append(botRoles, r.ID)
+		}
+	}
 	return map[string]any{
 		"id": g.id, "name": g.name, "unavailable": false, "large": false, "member_count": 1,
 		"joined_at": discordTime(g.joined),
 		"channels":  channels,
 		"threads":   threads,
+		"roles":     guildRolesWire(g),
 		"members": []any{map[string]any{
-			"user": s.bot.wire(), "roles": []string{}, "joined_at": discordTime(g.joined), "deaf": false, "mute": false,
+			"user": s.bot.wire(), "roles": botRoles, "joined_at": discordTime(g.joined), "deaf": false, "mute": false,
 		}},
 		"presences": []any{}, "voice_states": []any{}, "emojis": []any{}, "stickers": []any{},
 	}
+}
+
+// guildRolesWire renders g's roles as Discord lists them: @everyone (the guild's id) first.
+func guildRolesWire(g *guild) []any {
+	roles := []any{roleWire(Role{ID: g.id, Name: "@everyone"}, 0)}
+	for i, r := range g.roles {
+		roles = append(roles, roleWire(r, i+1))
+	}
+	return roles
+}
+
+// roleWire renders r as Discord's role object; a bot's role is managed, and tagged with its bot.
+func roleWire(r Role, position int) map[string]any {
+	w := map[string]any{
+		"id": r.ID, "name": r.Name, "color": 0, "hoist": false, "icon": nil, "unicode_emoji": nil,
+		"position": position, "permissions": "0", "managed": r.BotID != "", "mentionable": false, "flags": 0,
+	}
+	if r.BotID != "" {
+		w["tags"] = map[string]any{"bot_id": r.BotID}
+	}
+	return w
 }
 
 // decodeMessage turns a rendered message into what discordgo makes of it.

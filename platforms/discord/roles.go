@@ -1,0 +1,137 @@
+package discord
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/internal/logging"
+)
+
+// The bot's role. Discord makes a role for a bot in each guild it joins (managed, with
+// tags.bot_id the bot's user id), named after it: a user who types @ and the bot's name is
+// offered both, and often picks the role. A mention of that role (<@&ROLE>) is a mention of the
+// bot; before, it counted as none, and in a channel where the bot answers only when mentioned
+// the message was ignored without a word. Any other role's mention is none.
+//
+// discordgo's Role has no tags, so the platform reads them from the raw GUILD_CREATE (and
+// GUILD_UPDATE, GUILD_ROLE_CREATE, GUILD_ROLE_UPDATE and GUILD_ROLE_DELETE) and keeps the bot's
+// role of each guild (roles). A message that mentions a role in a guild whose GUILD_CREATE has
+// not come yet (a backfill runs beside the gateway's first events, and Discord sends a large
+// bot's guilds over seconds) looks the guild's roles up over REST (Get Guild Roles).
+
+// wireRole is what the platform reads of a role object.
+type wireRole struct {
+	ID   string `json:"id"`
+	Tags *struct {
+		BotID string `json:"bot_id"`
+	} `json:"tags"`
+}
+
+// botRoleIn returns the id of bot's managed role among roles, or "".
+func botRoleIn(roles []wireRole, bot string) string {
+	for _, r := range roles {
+		if bot != "" && r.Tags != nil && r.Tags.BotID == bot {
+			return r.ID
+		}
+	}
+	return ""
+}
+
+// onEvent reads the bot's role of a guild from the raw events that carry roles.
+func (p *Platform) onEvent(_ *discordgo.Session, e *discordgo.Event) {
+	bot := p.bot()
+	if bot == "" {
+		return // READY, which names the bot, comes first
+	}
+	switch e.Type {
+	case "GUILD_CREATE", "GUILD_UPDATE":
+		var g struct {
+			ID          string     `json:"id"`
+			Unavailable bool       `json:"unavailable"`
+			Roles       []wireRole `json:"roles"`
+		}
+		if json.Unmarshal(e.RawData, &g) != nil || g.ID == "" || g.Unavailable {
+			return
+		}
+		p.setBotRole(g.ID, botRoleIn(g.Roles, bot))
+	case "GUILD_ROLE_CREATE", "GUILD_ROLE_UPDATE":
+		var r struct {
+			GuildID string   `json:"guild_id"`
+			Role    wireRole `json:"role"`
+		}
+		if json.Unmarshal(e.RawData, &r) != nil || botRoleIn([]wireRole{r.Role}, bot) == "" {
+			return
+		}
+		p.setBotRole(r.GuildID, r.Role.ID)
+	case "GUILD_ROLE_DELETE":
+		var d struct {
+			GuildID string `json:"guild_id"`
+			RoleID  string `json:"role_id"`
+		}
+		if json.Unmarshal(e.RawData, &d) != nil {
+			return
+		}
+		p.mu.Lock()
+		if r, ok := p.roles[d.GuildID]; ok && r == d.RoleID {
+			p.roles[d.GuildID] = ""
+		}
+		p.mu.Unlock()
+	case "GUILD_DELETE":
+		var g struct {
+			ID string `json:"id"`
+		}
+		if json.Unmarshal(e.RawData, &g) == nil {
+			p.mu.Lock()
+			delete(p.roles, g.ID) // left, or an outage: the next GUILD_CREATE says again
+			p.mu.Unlock()
+		}
+	}
+}
+
+func (p *Platform) setBotRole(guild, role string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.roles[guild] = role
+}
+
+// mentionsARole reports whether m may mention a role.
+func mentionsARole(m *discordgo.Message) bool {
+	return m.GuildID != "" && (len(m.MentionRoles) > 0 || strings.Contains(m.Content, "<@&"))
+}
+
+// botRole returns the id of the bot's role in m's guild if m mentions a role, else "" (no
+// lookup is needed). A failed lookup is logged and counts as no role: the message is handled
+// as one that mentions another role.
+func (p *Platform) botRole(ctx context.Context, m *discordgo.Message) string {
+	if !mentionsARole(m) {
+		return ""
+	}
+	p.mu.Lock()
+	role, ok := p.roles[m.GuildID]
+	p.mu.Unlock()
+	if ok {
+		return role
+	}
+	ctx, cancel := context.WithTimeout(ctx, restTimeout)
+	defer cancel()
+	ep := discordgo.EndpointGuildRoles(m.GuildID)
+	var roles []wireRole
+	if err := p.request(ctx, http.MethodGet, ep, ep, nil, &roles); err != nil {
+		p.log.Warn("discord: cannot look up the guild's roles; a mention of the bot's role is not seen as a mention",
+			"guild", m.GuildID, "message_id", m.ID, logging.Err(err))
+		return ""
+	}
+	role = botRoleIn(roles, p.bot())
+	p.setBotRole(m.GuildID, role)
+	return role
+}
+
+// mentionsRole reports whether m mentions role (the bot's).
+func mentionsRole(m *discordgo.Message, role string) bool {
+	return role != "" && (slices.Contains(m.MentionRoles, role) || strings.Contains(m.Content, "<@&"+role+">"))
+}
