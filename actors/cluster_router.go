@@ -27,8 +27,9 @@ type ClusterRouter struct {
 	// left is closed at the next change of membership that drops a member, and then replaced:
 	// an attempt waiting for the answer of a session on that member stops waiting (Request).
 	left chan struct{}
-	// members are the addresses of the members in the last membership; nil before the first.
-	members map[string]bool
+	// members are the ids of the members in the last membership by their address; nil before
+	// the first.
+	members map[string]string
 }
 
 // NewClusterRouter returns a router over c.
@@ -43,10 +44,13 @@ type ClusterRouter struct {
 // it names leaves one entry, until a request to it fails.
 //
 // An attempt sent to a session on a member that then leaves the membership (it died, or was
-// dropped; not one restarted on the same address, which stays in it) is given up at once, and
-// sent again to the key's new owner: before, it waited out
+// dropped) is given up at once, and sent again to the key's new owner: before, it waited out
 // clusterAttemptTimeout, and a message for a dead member's chat was answered up to 10 s after
-// the takeover, whatever member_ttl (found by an audit).
+// the takeover, whatever member_ttl (found by an audit). So is one whose member is replaced
+// in the membership by a newer one on its address (a process restarted on its port, as
+// under systemd's Restart=always: the store takes the old one for gone once the new one
+// registers); before, the address stayed in the membership and the attempt waited out its
+// 10 s (found by an audit).
 func NewClusterRouter(c *cluster.Cluster, log *slog.Logger) *ClusterRouter {
 	r := &ClusterRouter{c: c, log: log, left: make(chan struct{})}
 	c.ActorSystem.EventStream.Subscribe(func(ev any) {
@@ -64,9 +68,9 @@ func NewClusterRouter(c *cluster.Cluster, log *slog.Logger) *ClusterRouter {
 
 // topology notes a change of membership.
 func (r *ClusterRouter) topology(t *cluster.ClusterTopology) {
-	members := make(map[string]bool, len(t.Members))
+	members := make(map[string]string, len(t.Members))
 	for _, m := range t.Members {
-		members[m.Address()] = true
+		members[m.Address()] = m.Id
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -77,12 +81,25 @@ func (r *ClusterRouter) topology(t *cluster.ClusterTopology) {
 	}
 }
 
-// errMemberLeft is an attempt given up because the member of its session left the membership.
+// errMemberLeft is an attempt given up because the member of its session left the membership
+// (or another member took its address).
 var errMemberLeft = errors.New("the session's member left the cluster")
 
+// memberAt returns the id of the member at pid's address in the last membership; "" when it
+// has none, or before the first membership.
+func (r *ClusterRouter) memberAt(pid *actor.PID) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.members[pid.Address]
+}
+
 // await waits for the answer of an attempt sent to pid, until ctx ends or pid's member leaves
-// the membership (errMemberLeft).
-func (r *ClusterRouter) await(ctx context.Context, f *actor.Future, pid *actor.PID) (any, error) {
+// the membership (errMemberLeft): no member is at its address any more, or one other than
+// member, the one there when the attempt was sent ("" when unknown: only the address is
+// judged). An attempt that a member restarted on the address had answered (it reached the
+// new process, whose view of the cluster was newer than this one's) is then sent again, as
+// after a timeout: every session request may arrive twice.
+func (r *ClusterRouter) await(ctx context.Context, f *actor.Future, pid *actor.PID, member string) (any, error) {
 	type answer struct {
 		res any
 		err error
@@ -95,7 +112,8 @@ func (r *ClusterRouter) await(ctx context.Context, f *actor.Future, pid *actor.P
 	for {
 		r.mu.Lock()
 		left := r.left
-		gone := r.members != nil && !r.members[pid.Address]
+		id, ok := r.members[pid.Address]
+		gone := r.members != nil && (!ok || member != "" && id != member)
 		r.mu.Unlock()
 		if gone { // checked with left taken: a member that left before is not missed
 			return nil, errMemberLeft
@@ -114,7 +132,8 @@ func (r *ClusterRouter) await(ctx context.Context, f *actor.Future, pid *actor.P
 func (r *ClusterRouter) gone(pid *actor.PID) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.members != nil && !r.members[pid.Address]
+	_, ok := r.members[pid.Address]
+	return r.members != nil && !ok
 }
 
 // clusterAttemptTimeout bounds one attempt of a request. A request in flight to a member that
@@ -149,7 +168,8 @@ func (r *ClusterRouter) Tell(key string, msg any) {
 // DefaultRequestTimeout passes. It looks the key's grain up (activating it on the member that
 // owns the key) and tries again, after a short backoff, when the grain is gone (a dead
 // letter: the session passivated or moved), no member takes the key, an attempt gets no
-// answer within clusterAttemptTimeout or its member leaves the membership (it died or left),
+// answer within clusterAttemptTimeout or its member leaves the membership (it died or left, or
+// a newer member registered its address),
 // or the answer says the session stopped before it stored the message or reset
 // (ErrCodeStopped: its member is leaving). A reset sent again after an attempt with no answer, or answered stopped, says so
 // (ResetSession.Retry), with when the first attempt went out, so that the session does not
@@ -187,7 +207,8 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 				// The last attempt may have done it, and the session may have taken messages since.
 				msg = &ResetSession{Reason: reset.Reason, Retry: true, FirstSentAtUnixNano: sent.UnixNano()}
 			}
-			res, err := r.await(ctx, r.c.ActorSystem.Root.RequestFuture(pid, msg, min(remaining, clusterAttemptTimeout)), pid)
+			member := r.memberAt(pid) // before the send: a member that replaces it later is seen
+			res, err := r.await(ctx, r.c.ActorSystem.Root.RequestFuture(pid, msg, min(remaining, clusterAttemptTimeout)), pid, member)
 			if err != nil && ctx.Err() != nil {
 				return nil, ctx.Err()
 			}

@@ -147,11 +147,9 @@ func TestClaimCountsTheDeathOfTheMemberThatHeldTheKey(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	kill := func(m Member) { // its registration expires
+	kill := func(m Member) {
 		t.Helper()
-		if _, err := conn.Exec(ctx, `UPDATE members SET heartbeat_at = heartbeat_at - interval '6 seconds' WHERE id = $1`, m.ID); err != nil {
-			t.Fatal(err)
-		}
+		mustExpire(t, conn, m.ID)
 	}
 	claim := func(key, owner string) persistence.Claimed {
 		t.Helper()

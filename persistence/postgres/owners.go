@@ -16,7 +16,8 @@ import (
 // follow wait for it; owners.owner in DO UPDATE is the row as locked, so of two claims at once
 // the second replaces the first's owner, which is alive: a death is counted once. The count
 // adds 1 to attempts of the routed session's head pending message, as BeginRun does (the
-// session that loads next quarantines it at QuarantineAfter).
+// session that loads next quarantines it at QuarantineAfter). A death whose owner last renewed
+// before the server started (sinceServerStart) is not counted.
 var claimSQL = `WITH claimed AS (
 		INSERT INTO owners (key, epoch, owner, claimed_at) VALUES ($1, 1, $2, $3)
 		ON CONFLICT (key) DO UPDATE SET epoch = owners.epoch + 1, previous = owners.owner,
@@ -27,7 +28,8 @@ var claimSQL = `WITH claimed AS (
 		FROM claimed c, routing r
 		WHERE c.previous <> '' AND c.previous <> $2
 			AND EXISTS (SELECT 1 FROM members m WHERE m.node = c.previous
-				AND ` + gone("NULLIF(m.ttl_secs, 0)", "NULLIF(n.ttl_secs, 0)") + `)
+				AND ` + gone("NULLIF(m.ttl_secs, 0)", "NULLIF(n.ttl_secs, 0)") + `
+				AND ` + sinceServerStart + `)
 			AND r.key = $1 AND h.session_id = r.session_id
 			AND h.role = 'user' AND h.status = 'pending' AND h.active
 			AND h.seq = (SELECT MIN(p.seq) FROM messages p WHERE p.session_id = r.session_id
@@ -36,6 +38,29 @@ var claimSQL = `WITH claimed AS (
 	)
 	SELECT c.epoch, c.previous, k.session_id, k.message_id, k.attempts
 	FROM claimed c LEFT JOIN counted k ON true`
+
+// sinceServerStart is true of a member row m that renewed since the database server last
+// started. A member that did not may have died of the outage the restart was (every member
+// stops itself after member_ttl without a renewal, and a process supervisor starts it again
+// once the database is back), not of the message it ran: such a death is not counted.
+// Otherwise an outage longer than member_ttl counted a death against the head of every key
+// claimed after it, and three of them quarantined a message that had killed nothing (an
+// audit's finding).
+//
+// It does not under-count a poison message's deaths in any common case. A member that a
+// message kills renewed within member_ttl/3 of its death, and the key's next claim follows the
+// death within about member_ttl (its registration expires, the others' next renewal sees it,
+// and their recovery claims the keys with pending work; sooner when it is restarted on its
+// port): the death goes uncounted only when the server restarts within that window, by
+// coincidence, or when it restarts before the key's next claim because no member is left
+// to make one (an operator who restarts the database while the whole cluster is down). A
+// member that lives through a restart renews after it, and its later deaths count as ever.
+// What it does not see is an outage that is no restart of this server: a failover to a standby
+// started before the members' last renewals, a network cut between the members and the
+// database, a server too slow to answer, or a crash of one of its backends (the postmaster
+// reinitializes without starting again). Those deaths still count, as before. Both times are
+// the server's clock (heartbeat_at is its clock_timestamp()).
+const sinceServerStart = `m.heartbeat_at > pg_postmaster_start_time()`
 
 const (
 	ownershipSQL = `SELECT key, epoch, owner, claimed_at FROM owners WHERE key = $1`

@@ -207,42 +207,7 @@ func startIn(dir, bin string, cred *credential) (*server, error) {
 		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
 	}
 
-	// Tests need no durability across a crash of the machine; benchmarks measure it.
-	durability := "off"
-	if benchmarking() {
-		durability = "on"
-	}
-	cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-k", dir,
-		"-c", "listen_addresses=", "-c", "fsync="+durability, "-c", "synchronous_commit="+durability,
-		"-c", "full_page_writes="+durability, "-c", "max_connections=200", "-c", "lc_messages=C",
-		"-p", port)
-	cmd.Dir = dir
-	if cmd.SysProcAttr, err = sysProcAttr(cred, true); err != nil {
-		return nil, err
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	s := &server{dir: dir, cmd: cmd, log: &logTail{}, exited: make(chan struct{})}
-	ready := make(chan struct{})
-	go s.drain(stderr, ready)
-
-	timer := time.NewTimer(startTimeout)
-	defer timer.Stop()
-	select {
-	case <-ready:
-		return s, nil
-	case <-s.exited:
-		return nil, fmt.Errorf("postgres exited before it was ready: %v\n%s", s.err, s.log)
-	case <-timer.C:
-		cmd.Process.Kill()
-		<-s.exited
-		return nil, fmt.Errorf("postgres not ready after %s\n%s", startTimeout, s.log)
-	}
+	return launch(dir, bin, cred)
 }
 
 // drain reads the server's log from r into s.log until the process exits, closes ready when

@@ -1,0 +1,118 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/jackc/pgx/v5"
+)
+
+// mustExpire makes member id's registration expire, as a dead member's does, without a wait:
+// its ttl becomes a microsecond, which its last renewal is older than. Moving the renewal back
+// instead could take it before the database server's start, and a claim counts no death of a
+// member that last renewed before then (sinceServerStart).
+func mustExpire(t testing.TB, conn *pgx.Conn, id string) {
+	t.Helper()
+	if _, err := conn.Exec(context.Background(), `UPDATE members SET ttl_secs = 0.000001 WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestClaimCountsNoDeathOfADatabaseRestart: an outage of the database longer than member_ttl
+// (here a real restart of the server) stops every member, and each is started again once the
+// database is back, on its port or on another one. The claims that take their keys over then
+// count no death: the members last renewed before the server started, so the outage may have
+// been their death. Before, each key's head pending message counted one, and three such
+// outages quarantined a message that had killed nothing (an audit's finding). Deaths after the
+// restart count as ever, whether the member's registration expires or a newer member
+// registers its address.
+func TestClaimCountsNoDeathOfADatabaseRestart(t *testing.T) {
+	srv := pgtest.NewServer(t)
+	ctx := context.Background()
+	const ttl = 5 * time.Second
+	open := func() *Store {
+		t.Helper()
+		s, err := Open(ctx, srv.DSN(), Options{})
+		if err != nil {
+			t.Fatalf("Open: %v", err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	s := open()
+	var ops []persistence.Op
+	for _, sid := range []string{"a", "b"} {
+		ops = append(ops, &persistence.CreateSession{Session: newSession(sid, "k"+sid)},
+			&persistence.PutRoute{Route: persistence.Route{Key: "k" + sid, SessionID: sid, Generation: 1, UpdatedAt: t0}},
+			&persistence.AppendMessage{Message: persistence.Message{SessionID: sid, Seq: 1, Role: persistence.RoleUser,
+				Content: "hi", Platform: "http", ChatID: "c", MessageID: sid + "-m1", UserID: "u",
+				Status: persistence.StatusPending, Active: true, CreatedAt: t0}})
+	}
+	storetest.MustCommit(t, s, ops...)
+	beat := func(m Member) {
+		t.Helper()
+		if _, err := s.Heartbeat(ctx, "c1", m, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim := func(key, owner string) persistence.Claimed {
+		t.Helper()
+		c, err := s.Claim(ctx, key, owner, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	p := Member{ID: "p", Host: "10.0.0.1", Port: 6340, Node: "h1/r_p"}
+	q := Member{ID: "q", Host: "10.0.0.2", Port: 6340, Node: "h2/r_q"}
+	beat(p)
+	beat(q)
+	claim("ka", p.Node)
+	claim("kb", q.Node)
+
+	// The outage: the server restarts, and no member renews meanwhile. Both stop, and their
+	// process supervisor starts them again: p on its port, q on another one, and q's old
+	// registration has expired.
+	srv.Restart(t)
+	s.Close()
+	s = open()
+	conn := mustConn(t, srv.DSN())
+	if _, err := conn.Exec(ctx, `UPDATE members SET heartbeat_at = heartbeat_at - interval '6 seconds' WHERE id = 'q'`); err != nil {
+		t.Fatal(err)
+	}
+	p2 := Member{ID: "p2", Host: p.Host, Port: p.Port, Node: "h1/r_p2"}
+	q2 := Member{ID: "q2", Host: q.Host, Port: 41000, Node: "h2/r_q2"}
+	beat(p2)
+	beat(q2)
+	if c := claim("ka", p2.Node); c.Counted != nil {
+		t.Errorf("claim after the restart from a member restarted on its port: counted %+v, want nothing", *c.Counted)
+	}
+	if c := claim("kb", q2.Node); c.Counted != nil {
+		t.Errorf("claim after the restart from a member whose registration expired: counted %+v, want nothing", *c.Counted)
+	}
+
+	// Deaths with the server not restarted: p2 dies holding ka (its registration expires), and
+	// q2, holding kb, is restarted on its port.
+	mustExpire(t, conn, p2.ID)
+	if c := claim("ka", q2.Node); c.Counted == nil || c.Counted.MessageID != "a-m1" || c.Counted.Attempts != 1 {
+		t.Errorf("claim from a member that died after the restart: %s, want a-m1 counted (1 attempt)", counted(c))
+	}
+	q3 := Member{ID: "q3", Host: q2.Host, Port: q2.Port, Node: "h2/r_q3"}
+	beat(q3)
+	if c := claim("kb", q3.Node); c.Counted == nil || c.Counted.MessageID != "b-m1" || c.Counted.Attempts != 1 {
+		t.Errorf("claim from a member restarted on its port after the restart: %s, want b-m1 counted (1 attempt)", counted(c))
+	}
+}
+
+// counted describes what a claim counted.
+func counted(c persistence.Claimed) string {
+	if c.Counted == nil {
+		return "nothing counted"
+	}
+	return fmt.Sprintf("%+v", *c.Counted)
+}
