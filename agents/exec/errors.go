@@ -22,8 +22,12 @@ type ExitError struct {
 	// Code is the exit status, or 128 plus the signal number (as a shell reports it) when the
 	// process was killed by a signal.
 	Code int
-	// Stderr is the tail (at most MaxStderr bytes) of what the command wrote to stderr.
+	// Stderr is the tail (at most MaxStderr bytes) of what the command wrote to stderr, and
+	// Stdout that (at most MaxStdoutLogged bytes) of what it wrote to stdout: the ends of what
+	// it printed, most often why it failed. Both have the daemon's secrets (Config.Withhold)
+	// and key-like strings replaced by [redacted], since the error is logged.
 	Stderr string
+	Stdout string
 }
 
 // Is makes an ExitError match agents.ErrStopSignal when its code says the command ended by a
@@ -39,11 +43,14 @@ func (e *ExitError) Is(target error) bool {
 	return false
 }
 
-// Error returns the exit status followed by the captured stderr, if any.
+// Error returns the exit status followed by the captured stderr and stdout, if any.
 func (e *ExitError) Error() string {
-	msg := strings.TrimSpace(e.Stderr)
-	if msg == "" {
-		return fmt.Sprintf("exit status %d", e.Code)
+	s := fmt.Sprintf("exit status %d", e.Code)
+	if msg := strings.TrimSpace(e.Stderr); msg != "" {
+		s += ": " + msg
 	}
-	return fmt.Sprintf("exit status %d: %s", e.Code, msg)
+	if out := strings.TrimSpace(e.Stdout); out != "" {
+		s += fmt.Sprintf("; stdout: %q", out)
+	}
+	return s
 }

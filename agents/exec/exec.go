@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -48,7 +49,8 @@ type Config struct {
 	Steer bool
 	// Withhold names environment variables the command must not see: the daemon's own
 	// secrets (its bot token, its HTTP bearer token). A command is driven by chat input, and
-	// the tools it runs with it inherit its environment.
+	// the tools it runs with it inherit its environment. Their values (as New finds them) are
+	// also redacted from the output of a failed command that is logged.
 	Withhold []string
 	// Logger receives debug and warning lines about runs; nil discards them.
 	Logger *slog.Logger
@@ -64,6 +66,7 @@ type Agent struct {
 	steer   bool
 	// withhold: see Config.Withhold
 	withhold []string
+	redact   *redactor // of what a failed command printed, before it is logged
 	log      *slog.Logger
 
 	mu      sync.Mutex
@@ -104,6 +107,7 @@ func New(c Config) (*Agent, error) {
 		withhold: slices.DeleteFunc(slices.Clone(c.Withhold), func(s string) bool { return s == "" }),
 		running:  map[int]struct{}{},
 	}
+	a.redact = newRedactor(a.withhold, os.Getenv)
 	if a.grace == 0 {
 		a.grace = DefaultKillGrace
 	}
@@ -196,6 +200,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	defer stopRunaway(nil)
 	stdout := &headBuffer{max: MaxReply, limit: MaxOutput, runaway: func() { stopRunaway(errRunaway) }}
 	stderr := &tailBuffer{max: MaxStderr}
+	stdoutTail := &tailBuffer{max: MaxStdoutLogged} // for the log of a failure
 	cmd := osexec.CommandContext(runCtx, name, a.command[1:]...)
 	cmd.Dir = a.dir
 	cmd.Env = childEnv(os.Environ(), a.withhold, req.Identity)
@@ -212,7 +217,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	} else {
 		cmd.Stdin = bytes.NewReader(in)
 	}
-	cmd.Stdout = stdout
+	cmd.Stdout = io.MultiWriter(stdout, stdoutTail)
 	cmd.Stderr = stderr
 	cmd.SysProcAttr = procAttr()
 	// killer is set by Cancel, which os/exec calls from its own goroutine; Wait returns only
@@ -302,10 +307,11 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	// A signalled command's result is an artefact of the signal; so, most likely, is a failure
 	// that coincides with the end of ctx.
 	if killer.Load() != nil || (waitErr != nil && runCtx.Err() != nil) {
-		if s := stderr.String(); s != "" && errors.Is(context.Cause(runCtx), ErrTimeout) {
-			log.Warn("exec agent stderr before its timeout", "stderr", s) // what it was stuck on
-		}
 		if errors.Is(context.Cause(runCtx), ErrTimeout) {
+			// What it was stuck on, which the error of a timeout does not say.
+			if errOut, out := a.redact.tail(stderr), a.redact.tail(stdoutTail); errOut != "" || out != "" {
+				log.Warn("exec agent output before its timeout", "stderr", errOut, "stdout", out)
+			}
 			return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: no reply within %v: %w", name, a.timeout, ErrTimeout)
 		}
 		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, runCtx.Err())
@@ -322,12 +328,13 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			code = 128 + int(ws.Signal())
 		}
-		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, &ExitError{Code: code, Stderr: stderr.String()})
+		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, &ExitError{Code: code,
+			Stderr: a.redact.tail(stderr), Stdout: a.redact.tail(stdoutTail)})
 	default:
 		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, waitErr)
 	}
 	if s := stderr.String(); s != "" {
-		log.Debug("exec agent stderr", "stderr", s)
+		log.Debug("exec agent stderr", "stderr", a.redact.redact(s))
 	}
 	resp := &agents.Response{Text: stdout.reply(), Unseen: unseen}
 	if stdout.truncated {

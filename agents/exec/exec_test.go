@@ -610,3 +610,70 @@ func TestTimeoutLogsStderr(t *testing.T) {
 		t.Errorf("log after a timeout does not name turn %s:\n%s", turn(1).TurnID, logs.String())
 	}
 }
+
+// TestFailureShowsStdout: a command that exits non-zero, or outlives its timeout, has the end
+// of what it printed on stdout in the log next to its stderr, bounded, with the daemon's own
+// secrets and key-like strings redacted. Before, only stderr was logged: a command that reports
+// its trouble on stdout (most scripts do) failed without a trace of why.
+func TestFailureShowsStdout(t *testing.T) {
+	t.Setenv("EXECTEST_BOT_TOKEN", "MTA5.the-daemons-bot-token.xyz")
+	const secrets = `echo "token MTA5.the-daemons-bot-token.xyz"; echo "Authorization: Bearer abc.def-123"; echo "key sk-proj-0123456789abcdef"`
+	long := "head -c 10000 /dev/zero | tr '\\0' x; echo; "
+	tests := []struct {
+		name    string
+		script  string
+		timeout time.Duration
+		want    []string // in the log
+		notWant []string // nowhere in the log
+	}{
+		{
+			name:   "non-zero exit",
+			script: "echo 'step 1 ok'\necho 'step 2: cannot reach api.example.com'\necho 'oops' >&2\nexit 3",
+			want:   []string{"exit status 3: oops", "step 2: cannot reach api.example.com"},
+		},
+		{
+			name:    "timeout",
+			script:  "echo 'waiting for the model server'\nexec sleep 60",
+			timeout: 2 * time.Second,
+			want:    []string{"waiting for the model server"},
+		},
+		{
+			name:    "secrets redacted",
+			script:  secrets + "\n" + secrets + " >&2\nexit 1",
+			want:    []string{"[redacted]"},
+			notWant: []string{"the-daemons-bot-token", "abc.def-123", "0123456789abcdef"},
+		},
+		{
+			name:    "the end of a long stdout",
+			script:  long + "echo 'the last line'\nexit 1",
+			want:    []string{"the last line"},
+			notWant: []string{strings.Repeat("x", exec.MaxStdoutLogged)},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs testutil.Buffer
+			cmd, _ := MustScript(t, tc.script)
+			log := slog.New(slog.NewTextHandler(&logs, nil))
+			a := MustNew(t, exec.Config{Command: cmd, Timeout: tc.timeout, KillGrace: 100 * time.Millisecond,
+				Withhold: []string{"EXECTEST_BOT_TOKEN"}, Logger: log})
+			_, err := a.Run(t.Context(), request(turn(1), "hi"))
+			if err == nil {
+				t.Fatal("Run() error = nil, want the command's failure")
+			}
+			// The caller logs the error as the turn's failure ("turn failed").
+			log.Warn("turn failed", "err", err)
+			got := logs.String()
+			for _, w := range tc.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("log after the failure lacks %q:\n%s", w, got)
+				}
+			}
+			for _, w := range tc.notWant {
+				if strings.Contains(got, w) {
+					t.Errorf("log after the failure holds %q:\n%s", abbrev(w), abbrev(got))
+				}
+			}
+		})
+	}
+}

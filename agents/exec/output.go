@@ -19,6 +19,10 @@ const (
 	MaxOutput = 16 * MaxReply
 	// MaxStderr is how many trailing bytes of stderr are kept for errors and logs.
 	MaxStderr = 4 << 10
+	// MaxStdoutLogged is how many trailing bytes of stdout a failed command's error keeps
+	// (ExitError.Stdout), and the log of one that timed out: what it printed last, most
+	// often why it failed.
+	MaxStdoutLogged = 2 << 10
 	// TruncatedSuffix ends a reply whose stdout was longer than MaxReply.
 	TruncatedSuffix = "\n[reply truncated]"
 )
@@ -78,15 +82,18 @@ func (w *headBuffer) reply() string {
 type tailBuffer struct {
 	max int
 	buf []byte
+	cut bool // bytes before the kept ones were dropped
 }
 
 func (w *tailBuffer) Write(p []byte) (int, error) {
 	n := len(p)
 	if len(p) >= w.max {
+		w.cut = w.cut || len(p) > w.max || len(w.buf) > 0
 		w.buf = append(w.buf[:0], p[len(p)-w.max:]...)
 		return n, nil
 	}
 	if over := len(w.buf) + len(p) - w.max; over > 0 {
+		w.cut = true
 		w.buf = append(w.buf[:0], w.buf[over:]...)
 	}
 	w.buf = append(w.buf, p...)

@@ -1,10 +1,12 @@
 package exec
 
 import (
+	"cmp"
+	"fmt"
 	"strings"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
+	gocmp "github.com/google/go-cmp/cmp"
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/identity"
@@ -88,7 +90,7 @@ func TestChildEnv(t *testing.T) {
 	id := identity.Turn{Platform: "http", SessionKey: "agent:main:http:dm:c1", TurnID: "t1"}
 	got := childEnv(parent, []string{"DISCORD_TOKEN", "API_KEY"}, id)
 	want := append([]string{"PATH=/bin", "HOME=/root", "agentgate_lower=kept", "DISCORD_TOKEN_HINT=kept"}, id.Env()...)
-	if diff := cmp.Diff(want, got); diff != "" {
+	if diff := gocmp.Diff(want, got); diff != "" {
 		t.Errorf("childEnv() mismatch (-want +got):\n%s", diff)
 	}
 	if parent[1] != "AGENTGATE_SESSION_KEY=leaked" {
@@ -130,5 +132,46 @@ func TestExitErrorMessage(t *testing.T) {
 				t.Errorf("%#v.Error() = %q, want %q", tc.err, got, tc.want)
 			}
 		})
+	}
+}
+
+// TestRedact: what a failed command printed reaches the log without the daemon's secrets or
+// what looks like a credential, and a tail cut inside a token starts after it.
+func TestRedact(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"BOT_TOKEN": "MTA5.bot-token.xyz", "SHORT": "abc", "UNSET": ""}
+	r := newRedactor([]string{"BOT_TOKEN", "SHORT", "UNSET"}, func(k string) string { return env[k] })
+	tests := []struct {
+		name   string
+		max    int // of the tail buffer; 0: larger than the output
+		output string
+		want   string
+	}{
+		{name: "a withheld value", output: "login with MTA5.bot-token.xyz failed", want: "login with [redacted] failed"},
+		{name: "a short value is left", output: "abc def", want: "abc def"},
+		{name: "bearer token", output: "Authorization: Bearer eyJhbGciOi.x-y", want: "Authorization: Bearer [redacted]"},
+		{name: "named values", output: `api_key=k1 "password": "p w" TOKEN: t3 secret='s4'`,
+			want: `api_key=[redacted] "password": "[redacted] w" TOKEN: [redacted] secret='[redacted]'`},
+		{name: "prefixed keys", output: "sk-proj-abcdefgh12 ghp_0123456789abcdefghij0123 xoxb-1234567890-abc",
+			want: "[redacted] [redacted] [redacted]"},
+		{name: "ordinary words are left", output: "input_tokens: 12, max_tokens=5, key: value", want: "input_tokens: 12, max_tokens=5, key: value"},
+		{name: "a prompt at a line's end", output: "Password:\nnext line", want: "Password:\nnext line"},
+		{name: "a cut token is dropped", max: 12, output: "Bearer abcdefgh done\n", want: "… done\n"},
+		{name: "a cut inside a rune", max: 5, output: "éé ok\n", want: " ok\n"},
+		{name: "a long cut run is kept", max: maxFragment + 10, output: "x" + strings.Repeat("-", maxFragment+20) + "\n",
+			want: strings.Repeat("-", maxFragment+9) + "\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := &tailBuffer{max: cmp.Or(tc.max, 1<<10)}
+			w.Write([]byte(tc.output))
+			if got := r.tail(w); got != tc.want {
+				t.Errorf("tail(%q) = %q, want %q", tc.output, got, tc.want)
+			}
+		})
+	}
+	if s := fmt.Sprintf("%v %+v", &Agent{redact: r}, &Agent{redact: r}); strings.Contains(s, env["BOT_TOKEN"]) {
+		t.Errorf("%%v of the agent = %s, shows a withheld value", s)
 	}
 }

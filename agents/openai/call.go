@@ -27,12 +27,17 @@ const (
 	// MaxReply bounds the reply text of one call, in bytes; a longer reply is cut there (a
 	// stream is read no further).
 	MaxReply = 1 << 20
-	// maxBody bounds a non-streamed response body.
-	maxBody = 8 << 20
+	// MaxBody bounds what is read of one answer: a non-streamed response body, one line of a
+	// stream, and the data lines of one event together. It is generous, so that a reply cut at
+	// MaxReply fits however its JSON escapes it (a \u sequence takes 6 bytes), with what else
+	// the answer holds beside it (a reasoning model's reasoning_content, which is read and not
+	// kept). An answer past it fails the turn with ErrTooLarge; past 8 MiB, such answers failed
+	// the turn, and a stream's event past 4 MiB broke off.
+	MaxBody = 32 << 20
 	// maxErrorBody bounds what is read of an error response.
 	maxErrorBody = 16 << 10
 	// maxLine bounds one line of a stream, and the data lines of one event together.
-	maxLine = 4 << 20
+	maxLine = MaxBody
 )
 
 // streamBuffer is the read buffer of a response body.
@@ -284,7 +289,7 @@ func (a *Agent) attempt(ctx context.Context, body []byte, partial func(string)) 
 		}
 		return res, err
 	}
-	res, err := a.readJSON(rb)
+	res, err := a.readJSON(rb, resp.Header.Get("Content-Type"))
 	if err == nil && partial != nil && res.text != "" {
 		partial(res.text) // an endpoint that ignored stream: true
 	}
@@ -473,7 +478,8 @@ func (c *choiceText) text() string {
 // apply adds one completion (or chunk) to res; it returns an error for an error document.
 func (a *Agent) apply(res *result, c *completion, b *strings.Builder) error {
 	if len(c.Error) > 0 && string(c.Error) != "null" {
-		return &StatusError{Code: http.StatusOK, Message: sanitize(errorMessage([]byte(`{"error":`+string(c.Error)+`}`)), a.keyString())}
+		return &StatusError{Code: inBandStatus(c.Error), Message: sanitize(errorMessage([]byte(`{"error":`+string(c.Error)+`}`)), a.keyString()),
+			inBand: true}
 	}
 	for i, ch := range c.Choices {
 		if i > 0 {
@@ -499,6 +505,33 @@ func (a *Agent) apply(res *result, c *completion, b *strings.Builder) error {
 	return nil
 }
 
+// inBandStatus is the status an error sent in a 200's body names (an error event of a stream,
+// which an endpoint sends when the model fails after the headers went out): its code, as a
+// number or a string (vLLM, LiteLLM), else what its type says (OpenAI's server_error,
+// Anthropic's overloaded_error, a rate limit), else 200: an error that names nothing.
+func inBandStatus(raw json.RawMessage) int {
+	var e struct {
+		Code json.RawMessage `json:"code"`
+		Type string          `json:"type"`
+	}
+	if json.Unmarshal(raw, &e) != nil {
+		return http.StatusOK
+	}
+	if code, err := strconv.Atoi(strings.Trim(string(e.Code), `"`)); err == nil && code >= 400 && code <= 599 {
+		return code
+	}
+	t := strings.ToLower(e.Type)
+	switch {
+	case strings.Contains(t, "rate_limit"):
+		return http.StatusTooManyRequests
+	case strings.Contains(t, "overloaded"):
+		return http.StatusServiceUnavailable
+	case strings.Contains(t, "server_error") || t == "api_error":
+		return http.StatusInternalServerError
+	}
+	return http.StatusOK
+}
+
 // cutAt returns the longest prefix of s of at most n bytes that does not split a character.
 func cutAt(s string, n int) string {
 	if len(s) <= n {
@@ -510,18 +543,25 @@ func cutAt(s string, n int) string {
 	return s[:n]
 }
 
-// readJSON reads a non-streamed completion.
-func (a *Agent) readJSON(body io.Reader) (*result, error) {
-	raw, err := io.ReadAll(io.LimitReader(body, maxBody+1))
+// readJSON reads a non-streamed completion, labelled contentType.
+func (a *Agent) readJSON(body io.Reader, contentType string) (*result, error) {
+	raw, err := io.ReadAll(io.LimitReader(body, MaxBody+1))
 	if err != nil {
 		return nil, &transportError{what: whatBrokeOff, err: a.safeErr(err)}
 	}
-	if len(raw) > maxBody {
-		return nil, fmt.Errorf("openai agent: response larger than %d bytes", maxBody)
+	if len(raw) > MaxBody {
+		return nil, tooLarge("a response body")
 	}
 	var c completion
 	if err := json.Unmarshal(raw, &c); err != nil {
-		return nil, fmt.Errorf("openai agent: response is not a chat completion: %v", err)
+		// What it is, and how it starts: "invalid character '<'" alone tells the operator
+		// nothing of the login page, the web app or the proxy that answered.
+		err = fmt.Errorf("openai agent: response is not a chat completion (Content-Type %q, starting %q): %v",
+			sanitize(contentType, a.keyString()), sanitize(string(raw[:min(len(raw), 512)]), a.keyString()), err)
+		if t := bytes.TrimLeft(raw, " \t\r\n"); len(t) > 0 && t[0] == '<' {
+			return nil, &webPageError{err}
+		}
+		return nil, err
 	}
 	res := &result{}
 	var b strings.Builder
@@ -557,6 +597,9 @@ func (a *Agent) readStream(body io.Reader, partial func(string)) (*result, error
 		}
 		before := b.Len()
 		if err := a.apply(res, &c, &b); err != nil {
+			if se, ok := errors.AsType[*StatusError](err); ok && partial != nil && b.Len() > 0 {
+				se.shown = true
+			}
 			return false, err
 		}
 		if partial != nil && b.Len() > before {
@@ -566,6 +609,9 @@ func (a *Agent) readStream(body io.Reader, partial func(string)) (*result, error
 	}
 	for {
 		line, err := lines.next()
+		if errors.Is(err, ErrTooLarge) {
+			return nil, err // no break in the answer: sent again, it would be as long
+		}
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				done, derr := dispatch()
@@ -601,7 +647,7 @@ func (a *Agent) readStream(body io.Reader, partial func(string)) (*result, error
 				// Lines are bounded one by one; an event that never ends (no blank line)
 				// would otherwise grow until the turn's timeout.
 				if size += len(value) + 1; size > maxLine {
-					return nil, fmt.Errorf("openai agent: stream event longer than %d bytes", maxLine)
+					return nil, tooLarge("a stream event")
 				}
 				data = append(data, value)
 			}
@@ -645,7 +691,7 @@ func (l *lineReader) next() (string, error) {
 			end = len(buf)
 		}
 		if len(line)+end > maxLine {
-			return "", fmt.Errorf("stream line longer than %d bytes", maxLine)
+			return "", tooLarge("a stream line")
 		}
 		line = append(line, buf[:end]...)
 		if end < len(buf) {

@@ -29,7 +29,12 @@
 // the start of an answer for all of it.
 // The note is the user's: later turns' history gives the model the reply without it. Token usage is returned in
 // Response.Usage, summed over every call of the turn, also together with an error when tokens
-// were spent.
+// were spent. An answer is read up to MaxBody (a body, a stream's line or event): room for a
+// reply of MaxReply however escaped, and what comes beside it; a larger one fails the turn with
+// ErrTooLarge, as an agents.Refusal. So does a 200 whose body is a web page (a proxy's login
+// page, a web app at a base_url without the API's path), and a reply that reached its length
+// limit before any text (a reasoning model that spent max_tokens thinking): the same message
+// would fail the same way.
 //
 // Retries: 429, 5xx and transport failures are retried up to Config.MaxRetries times, waiting
 // 1s, 2s, 4s… capped at Config.MaxBackoff (each spread from half of it to all of it,
@@ -39,7 +44,10 @@
 // (unless its turn would end first), instead of adding to the storm; a request that failed
 // itself keeps its own spread backoff, lengthened only to a wait the endpoint asked for (also
 // one asked for while it sleeps: the pause is looked at again when its backoff ends). An answer
-// that asks for more than MaxBackoff, or for more than the turn has left, is not retried. A stream breaks off when its
+// that asks for more than MaxBackoff, or for more than the turn has left, is not retried. An
+// error sent inside a 200 (an error event mid-stream, an error body) counts as the status its
+// code or type names (inBandStatus), retried as that status would be unless text was already
+// shown. A stream breaks off when its
 // body ends before "data: [DONE]" and before a chunk with a finish reason (a proxy that cuts it
 // off at its own timeout may end it cleanly); one that breaks off after text was shown is not
 // retried (the user would see the text start over). Config.Timeout bounds the whole turn,

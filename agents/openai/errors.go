@@ -17,24 +17,52 @@ import (
 // ErrTimeout is wrapped by the error Run returns when the turn outlived Config.Timeout.
 var ErrTimeout = errors.New("openai agent: timed out")
 
+// ErrTooLarge is wrapped by the error Run returns when an answer of the endpoint was larger
+// than MaxBody.
+var ErrTooLarge = errors.New("openai agent: the model endpoint's answer is larger than agentgate reads")
+
+// tooLarge is the error of an answer whose part what (a response body, a stream event) was
+// larger than MaxBody.
+func tooLarge(what string) error {
+	return fmt.Errorf("%w: %s past %d MiB (a model that ran on with no max_tokens, or an endpoint that adds much beside the reply)",
+		ErrTooLarge, what, MaxBody>>20)
+}
+
+// webPageError is a 200 whose body is a web page (HTML, XML), not a chat completion: the
+// login page of a proxy that guards the endpoint, a web app's own page at a base_url that
+// misses the API's path. Every request gets it until the operator acts.
+type webPageError struct{ err error }
+
+func (e *webPageError) Error() string {
+	return e.err.Error() + " (a web page: check agent.openai.base_url, and what answers at that address)"
+}
+
 // ErrEmptyReply is wrapped by the error Run returns when the model answered without any text.
 var ErrEmptyReply = errors.New("openai agent: the model returned no text")
 
 // StatusError reports that the endpoint answered with an error status (or a 200 whose body was
 // an error). Its message is safe to log: cut short, with secrets redacted.
 type StatusError struct {
+	// Code is the status: of the answer, or, for an error in a 200's body, the one the error
+	// names (200 when it names none; see inBandStatus).
 	Code int
 	// Message is the endpoint's own error message, redacted and at most maxErrorMessage runes.
 	Message string
 	// RetryAfter is what the endpoint asked to wait before trying again (0 when it did not say).
 	RetryAfter time.Duration
+	// inBand is set for an error in a 200's body, and shown when it came after text had been
+	// streamed to the user (not retried: the user would see the text start over).
+	inBand, shown bool
 }
 
 // Error says which status the endpoint answered, its message, and the wait it asked for.
 func (e *StatusError) Error() string {
 	s := fmt.Sprintf("openai agent: model endpoint answered %d %s", e.Code, http.StatusText(e.Code))
-	if e.Code == http.StatusOK {
+	if e.inBand {
 		s = "openai agent: model endpoint answered with an error"
+		if e.Code != http.StatusOK {
+			s += fmt.Sprintf(" (taken for %d %s)", e.Code, http.StatusText(e.Code))
+		}
 	}
 	if e.Message != "" {
 		s += ": " + e.Message
@@ -49,13 +77,19 @@ func (e *StatusError) Error() string {
 
 // retryable reports whether the status is worth another attempt: rate limits and server errors.
 func (e *StatusError) retryable() bool {
-	return e.Code == http.StatusTooManyRequests || e.Code >= 500
+	return !e.shown && (e.Code == http.StatusTooManyRequests || e.Code >= 500)
 }
 
 // refusal wraps an error the endpoint answered that the same request would get again in an
 // agents.Refusal that tells the user why (otherwise it returns err): they were told to try
 // again, which could only fail the same way.
 func refusal(err error) error {
+	if errors.Is(err, ErrTooLarge) {
+		return &agents.Refusal{Notice: fmt.Sprintf("its model endpoint sent an answer larger than agentgate reads (%d MiB), which the operator has to look into", MaxBody>>20), Err: err}
+	}
+	if _, ok := errors.AsType[*webPageError](err); ok {
+		return &agents.Refusal{Notice: "its model endpoint answered with a web page, not with a chat completion, which the operator has to fix", Err: err}
+	}
 	se, ok := errors.AsType[*StatusError](err)
 	if !ok {
 		return err

@@ -245,8 +245,8 @@ func (a *Agent) sleep(ctx context.Context, d time.Duration) error {
 
 // Run answers req with one model call, or more when messages are steered into the turn (see
 // the package comment). It returns ErrTimeout when the turn outlived Config.Timeout, an error
-// wrapping ctx's when ctx ended, a *StatusError when the endpoint refused, and ErrEmptyReply
-// when the model said nothing. With an error, the Response (when not nil) still carries the
+// wrapping ctx's when ctx ended, a *StatusError when the endpoint refused, ErrEmptyReply
+// when the model said nothing, and ErrTooLarge when its answer was larger than MaxBody. With an error, the Response (when not nil) still carries the
 // tokens the turn spent.
 func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 	if req == nil {
@@ -301,8 +301,11 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 				break
 			}
 			err := fmt.Errorf("%w (finish reason %q)", ErrEmptyReply, res.finish)
-			if res.finish == "content_filter" {
+			switch res.finish {
+			case "content_filter":
 				err = &agents.Refusal{Notice: "the model declined to answer it (its content filter)", Err: err}
+			case "length":
+				err = a.noRoomToAnswer(err)
 			}
 			return spent(usage), err
 		}
@@ -326,6 +329,22 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		conv.tail = append(conv.tail, chatMessages(steered)...)
 	}
 	return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage}, nil
+}
+
+// noRoomToAnswer is the error of a model that reached its length limit before it said anything
+// (err): its max_tokens, which a reasoning model may spend thinking before it answers, or, with
+// none set, the end of its context. Either way the same message would fail the same way.
+func (a *Agent) noRoomToAnswer(err error) error {
+	if a.maxTokens > 0 {
+		return &agents.Refusal{
+			Notice: "the model used up its token limit before it answered, which the operator has to fix",
+			Err:    fmt.Errorf("%w: it reached max_tokens (%d) before it answered (a reasoning model spends them thinking first): raise agent.openai.max_tokens, or set it to 0", err, a.maxTokens),
+		}
+	}
+	return &agents.Refusal{
+		Notice: "the conversation is too long for the model: send /new to start a fresh session, or a shorter message",
+		Err:    fmt.Errorf("%w: it reached the end of its context before it answered", err),
+	}
 }
 
 // cutNote is what a reply gets appended when it was stopped before its end, by the model or at

@@ -1248,3 +1248,229 @@ func TestRateLimitAnnouncedDuringABackoffIsWaitedOut(t *testing.T) {
 		t.Errorf("the model got %d requests, want 4", n)
 	}
 }
+
+// TestLargeAnswers: an answer is read up to MaxBody, a generous bound: a body past 8 MiB
+// (the model's reasoning beside its reply), or a stream that sends a long reply as one event
+// (escaped as \u sequences, 6 bytes a character), is answered, cut at MaxReply as any long
+// reply is. Past MaxBody the turn fails, once, not retried, with ErrTooLarge and a notice that
+// says so. Before, a body past 8 MiB failed with "response larger than 8388608 bytes" and the
+// user was asked to try again, which could only fail the same way; an event past 4 MiB broke
+// off, and was retried.
+func TestLargeAnswers(t *testing.T) {
+	body := func(reasoning int) string {
+		return `{"choices":[{"index":0,"message":{"role":"assistant","content":"the answer","reasoning_content":"` +
+			strings.Repeat("x", reasoning) + `"},"finish_reason":"stop"}]}`
+	}
+	event := func(content string) string {
+		return "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" + content + "\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"
+	}
+	const cut = "\n\n[…cut off: the reply is longer than agentgate takes]"
+	tests := []struct {
+		name      string
+		answer    http.HandlerFunc
+		streaming bool
+		want      string // the reply's start; "" means ErrTooLarge
+		wantCut   bool
+	}{
+		{name: "a body past 8 MiB", answer: openaitest.Raw("application/json", body(20<<20)), want: "the answer"},
+		{name: "a long reply as one event", answer: openaitest.Raw("text/event-stream", event(strings.Repeat(`\u4e2d`, 800_000))),
+			streaming: true, want: "中中中", wantCut: true},
+		{name: "a body past MaxBody", answer: openaitest.Raw("application/json", body(openai.MaxBody))},
+		{name: "an event past MaxBody", answer: openaitest.Raw("text/event-stream", event(strings.Repeat("x", openai.MaxBody))), streaming: true},
+		{name: "a line past MaxBody", answer: openaitest.Raw("text/event-stream", ": "+strings.Repeat("x", openai.MaxBody)+"\n\n"+event("hi")), streaming: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFakeModel(t, tc.answer)
+			a := MustAgent(t, m, nil, nil, nil)
+			req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}}
+			if tc.streaming {
+				req.Partial = func(string) {}
+			}
+			resp, err := a.Run(t.Context(), req)
+			if tc.want != "" {
+				if err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+				if !strings.HasPrefix(resp.Text, tc.want) || strings.HasSuffix(resp.Text, cut) != tc.wantCut {
+					t.Errorf("Run = %d bytes %q…%q, want it to start %q (cut: %t)", len(resp.Text),
+						resp.Text[:min(len(resp.Text), 20)], resp.Text[max(len(resp.Text)-60, 0):], tc.want, tc.wantCut)
+				}
+				return
+			}
+			if !errors.Is(err, openai.ErrTooLarge) {
+				t.Fatalf("Run = %v, want ErrTooLarge", err)
+			}
+			if want := fmt.Sprintf("%d MiB", openai.MaxBody>>20); !strings.Contains(err.Error(), want) {
+				t.Errorf("Run error = %q, want it to name the bound, %s", err, want)
+			}
+			if ref, ok := errors.AsType[*agents.Refusal](err); !ok || !strings.Contains(ref.Notice, "larger than agentgate reads") {
+				t.Errorf("Run error = %v, want a Refusal whose notice says the answer was too large", err)
+			}
+			if n := m.Count(); n != 1 {
+				t.Errorf("the model got %d requests, want 1 (no retry)", n)
+			}
+		})
+	}
+}
+
+// TestAnswerThatIsNoCompletion: a 200 whose body is no chat completion fails the turn with an
+// error that says what it was and how it starts (its Content-Type, its first characters), not
+// only the JSON parser's complaint; a web page (the login page of a proxy in front of the
+// endpoint, a web app at a base_url without the API's path), which every turn would get, is a
+// Refusal: the user is told why instead of being asked to try again. Before, the log said
+// "invalid character '<' looking for beginning of value", and nothing more.
+func TestAnswerThatIsNoCompletion(t *testing.T) {
+	tests := []struct {
+		name      string
+		answer    http.HandlerFunc
+		streaming bool
+		want      []string // in the error
+		notice    string   // in the Refusal's notice; "" means no Refusal
+	}{
+		{name: "a web app's page", answer: openaitest.Raw("text/html; charset=utf-8", "\n<!doctype html><html><head><title>Open WebUI</title></head></html>"),
+			want: []string{`"text/html; charset=utf-8"`, "<title>Open WebUI</title>", "agent.openai.base_url"}, notice: "web page"},
+		{name: "a proxy's login page, streaming", answer: openaitest.Raw("text/html", "<html><body>Sign in to Access "+testKey+"</body></html>"),
+			streaming: true, want: []string{"Sign in to Access [redacted]"}, notice: "web page"},
+		{name: "a JSON array", answer: openaitest.Raw("application/json", "[]"), want: []string{`"application/json"`, `starting "[]"`}},
+		{name: "an empty body", answer: openaitest.Raw("application/json", ""), want: []string{`starting ""`}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFakeModel(t, tc.answer)
+			a := MustAgent(t, m, nil, nil, nil)
+			req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}}
+			if tc.streaming {
+				req.Partial = func(string) {}
+			}
+			_, err := a.Run(t.Context(), req)
+			if err == nil {
+				t.Fatal("Run succeeded, want an error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Run error = %q, want it to hold %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), testKey) {
+				t.Errorf("Run error = %q, holds the key", err)
+			}
+			ref, ok := errors.AsType[*agents.Refusal](err)
+			switch {
+			case tc.notice == "" && ok:
+				t.Errorf("Run error %v is a Refusal (%q), want one the user may try again", err, ref.Notice)
+			case tc.notice != "" && (!ok || !strings.Contains(ref.Notice, tc.notice)):
+				t.Errorf("Run error = %v (refusal %t), want a Refusal saying %q", err, ok, tc.notice)
+			}
+			if n := m.Count(); n != 1 {
+				t.Errorf("the model got %d requests, want 1 (no retry)", n)
+			}
+		})
+	}
+}
+
+// TestNoRoomToAnswer: a model that reached its length limit before it said anything (a
+// reasoning model that spent max_tokens thinking, or a context that is full) fails the turn
+// with a Refusal that says why, and an error that tells the operator what to change: the same
+// message would fail the same way. Before, the user was asked to try again, and the log said
+// only "the model returned no text (finish reason "length")".
+func TestNoRoomToAnswer(t *testing.T) {
+	answer := openaitest.Raw("application/json", `{"choices":[{"index":0,"message":{"role":"assistant","content":"","reasoning_content":"Let me think…"},"finish_reason":"length"}],"usage":{"prompt_tokens":30,"completion_tokens":256}}`)
+	tests := []struct {
+		name       string
+		maxTokens  int
+		wantErr    string
+		wantNotice string
+	}{
+		{name: "max_tokens", maxTokens: 256, wantErr: "raise agent.openai.max_tokens", wantNotice: "used up its token limit"},
+		{name: "the context", wantErr: "end of its context", wantNotice: "send /new"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFakeModel(t, answer)
+			a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.MaxTokens = tc.maxTokens })
+			resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
+			if !errors.Is(err, openai.ErrEmptyReply) || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("Run error = %v, want ErrEmptyReply saying %q", err, tc.wantErr)
+			}
+			if ref, ok := errors.AsType[*agents.Refusal](err); !ok || !strings.Contains(ref.Notice, tc.wantNotice) {
+				t.Errorf("Run error = %v (refusal %t), want a Refusal saying %q", err, ok, tc.wantNotice)
+			}
+			if resp == nil || resp.Usage.OutputTokens != 256 {
+				t.Errorf("Run response = %+v, want the spent usage", resp)
+			}
+		})
+	}
+}
+
+// TestErrorInAnAnswer: an error the endpoint sends in a 200's body (an error event in a stream,
+// as OpenAI, vLLM and LiteLLM send one when the model fails after the headers went out) is
+// retried as the status it names (its code, or its type: server_error, overloaded_error,
+// rate_limit…) would be, unless text was already shown (the user would see it start over); one
+// that names a refusal (400) is a Refusal. Before, no such error was retried: a server error
+// in the first event failed the turn at once.
+func TestErrorInAnAnswer(t *testing.T) {
+	const sse = "text/event-stream"
+	event := func(data string) string { return "event: error\ndata: " + data + "\n\n" }
+	ok := openaitest.Stream(nil, 1, 1, "fine")
+	tests := []struct {
+		name      string
+		answer    http.HandlerFunc
+		streaming bool
+		requests  int    // requests made
+		want      string // the reply; "" means an error
+		notice    string // in the Refusal's notice, when the turn fails with one
+		result    string // of the first request
+	}{
+		{name: "server_error in a stream", answer: openaitest.Raw(sse, event(`{"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}`)),
+			streaming: true, requests: 2, want: "fine", result: openai.ResultServerError},
+		{name: "a 503 code in a stream", answer: openaitest.Raw(sse, event(`{"error":{"object":"error","message":"engine dead","type":"InternalServerError","code":503}}`)),
+			streaming: true, requests: 2, want: "fine", result: openai.ResultServerError},
+		{name: "a 429 code as a string", answer: openaitest.Raw(sse, event(`{"error":{"message":"rate limited","code":"429"}}`)),
+			streaming: true, requests: 2, want: "fine", result: openai.ResultRateLimited},
+		{name: "overloaded, not streamed", answer: openaitest.Raw("application/json", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`),
+			requests: 2, want: "fine", result: openai.ResultServerError},
+		{name: "after text was shown", answer: openaitest.Raw(sse, "data: {\"choices\":[{\"delta\":{\"content\":\"par\"}}]}\n\n"+event(`{"error":{"message":"server error","type":"server_error"}}`)),
+			streaming: true, requests: 1, result: openai.ResultServerError},
+		{name: "after text nobody saw", answer: openaitest.Raw(sse, "data: {\"choices\":[{\"delta\":{\"content\":\"par\"}}]}\n\n"+event(`{"error":{"message":"server error","type":"server_error"}}`)),
+			requests: 2, want: "fine", result: openai.ResultServerError},
+		{name: "a refusal", answer: openaitest.Raw(sse, event(`{"error":{"message":"bad request","type":"invalid_request_error","code":400}}`)),
+			streaming: true, requests: 1, notice: "refused the request", result: openai.ResultRefused},
+		{name: "an error that names nothing", answer: openaitest.Raw(sse, event(`{"error":{"message":"something"}}`)),
+			streaming: true, requests: 1, result: openai.ResultRefused},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFakeModel(t, tc.answer, ok)
+			var results []string
+			var mu sync.Mutex
+			a := MustAgent(t, m, nil, nil, func(c *openai.Config) {
+				c.Requests = func(r string) { mu.Lock(); results = append(results, r); mu.Unlock() }
+			})
+			req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}}
+			if tc.streaming {
+				req.Partial = func(string) {}
+			}
+			resp, err := a.Run(t.Context(), req)
+			switch {
+			case tc.want != "" && (err != nil || resp.Text != tc.want):
+				t.Errorf("Run = %+v, %v; want %q", resp, err, tc.want)
+			case tc.want == "" && err == nil:
+				t.Errorf("Run = %q, want an error", resp.Text)
+			}
+			if tc.notice != "" {
+				if ref, ok := errors.AsType[*agents.Refusal](err); !ok || !strings.Contains(ref.Notice, tc.notice) {
+					t.Errorf("Run error = %v, want a Refusal saying %q", err, tc.notice)
+				}
+			}
+			if n := m.Count(); n != tc.requests {
+				t.Errorf("the model got %d requests, want %d", n, tc.requests)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(results) == 0 || results[0] != tc.result {
+				t.Errorf("request results = %q, want the first %q", results, tc.result)
+			}
+		})
+	}
+}

@@ -1,0 +1,75 @@
+package exec
+
+import (
+	"regexp"
+	"strings"
+	"unicode"
+)
+
+// redacted replaces a secret in the output a failed command leaves in the log.
+const redacted = "[redacted]"
+
+// minSecret is the shortest value of a withheld variable that is redacted: a shorter one would
+// blot out common words, and no token is that short.
+const minSecret = 4
+
+// keyLike matches what looks like a credential in a command's output: a bearer token, an API
+// key by its prefix (OpenAI's sk-, GitHub's ghp_…, Slack's xox…-), the value after a name such
+// as api_key= or "password":. The first two groups keep what names it.
+var keyLike = regexp.MustCompile(`(?i)(bearer[ \t]+)[^\s"',;]+` +
+	`|((?:api[_-]?key|token|secret|passw(?:or)?d)["']?[ \t]*[:=][ \t]*["']?)[^\s"',;]+` +
+	`|\b(?:sk|pk|rk)-[A-Za-z0-9_\-]{8,}|\bgh[pousr]_[A-Za-z0-9]{20,}|\bxox[abprs]-[A-Za-z0-9\-]{10,}`)
+
+// redactor makes a command's output fit for a log line: the values of the variables withheld
+// from it (the daemon's own secrets, Config.Withhold) and key-like strings replaced by
+// [redacted]. It is a pointer in Agent, so that %v of an Agent never prints the values.
+type redactor struct {
+	values []string
+}
+
+// newRedactor returns the redactor of the values getenv gives the names in withhold.
+func newRedactor(withhold []string, getenv func(string) string) *redactor {
+	r := &redactor{}
+	for _, name := range withhold {
+		if v := strings.TrimSpace(getenv(name)); len(v) >= minSecret {
+			r.values = append(r.values, v)
+		}
+	}
+	return r
+}
+
+// maxFragment is the longest run of token characters at the start of a cut tail that tail
+// drops: the end of a secret cut in two, which nothing can recognise. A longer run is data (a
+// blob of base64, a row of dashes), and a line of it may be what the operator needs.
+const maxFragment = 256
+
+// tail returns what w kept, redacted. When w dropped the output's start, a short run of token
+// characters at the start of what it kept is dropped too, with "…" in its place (so the result
+// may be 3 bytes longer than w.max).
+func (r *redactor) tail(w *tailBuffer) string {
+	s := w.String()
+	if w.cut {
+		s = strings.TrimLeft(s, "\uFFFD") // a character cut in two
+		i := strings.IndexFunc(s, func(c rune) bool { return !tokenChar(c) })
+		if i < 0 {
+			i = len(s)
+		}
+		if i > 0 && i <= maxFragment {
+			s = "…" + s[i:]
+		}
+	}
+	return r.redact(s)
+}
+
+// tokenChar reports whether c can be part of a key or a token (base64, base64url, hex, JWT).
+func tokenChar(c rune) bool {
+	return c < unicode.MaxASCII && (unicode.IsLetter(c) || unicode.IsDigit(c) || strings.ContainsRune("_-.+/=~", c))
+}
+
+// redact returns s with the withheld values and key-like strings replaced by [redacted].
+func (r *redactor) redact(s string) string {
+	for _, v := range r.values {
+		s = strings.ReplaceAll(s, v, redacted)
+	}
+	return keyLike.ReplaceAllString(s, "${1}${2}"+redacted)
+}
