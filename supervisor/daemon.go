@@ -172,6 +172,18 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			return nil, err
 		}
 	}
+	// The secrets are read before anything is opened or made on disk: a start they refuse
+	// leaves no data directory or database behind (a mistyped --data-dir did).
+	token := ""
+	if cfg.HTTP.TokenEnv != "" {
+		// Named but empty is a mistake, never a wish to serve without a token.
+		if token = os.Getenv(cfg.HTTP.TokenEnv); strings.TrimSpace(token) == "" {
+			return nil, fmt.Errorf("start: http.token_env names %s, which is not set or empty: set it, or remove http.token_env to serve without a token (on a loopback address only)", cfg.HTTP.TokenEnv)
+		}
+	}
+	if dc := cfg.Platforms.Discord; dc.Enabled && os.Getenv(dc.TokenEnv) == "" {
+		return nil, fmt.Errorf("start: discord is enabled but the environment variable %s (platforms.discord.token_env) is empty", dc.TokenEnv)
+	}
 	if cfg.Cluster.Enabled {
 		opts.SharedStore = true // see Options.SharedStore
 	}
@@ -213,13 +225,6 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	d.metrics = metrics.New(names...)
 	if opts.Agent == nil && cfg.Agent.Backend == "openai" {
 		d.metrics.InitModelRequests(openai.RequestResults)
-	}
-	token := ""
-	if cfg.HTTP.TokenEnv != "" {
-		// Named but empty is a mistake, never a wish to serve without a token.
-		if token = os.Getenv(cfg.HTTP.TokenEnv); strings.TrimSpace(token) == "" {
-			return nil, fmt.Errorf("start: http.token_env names %s, which is not set or empty: set it, or remove http.token_env to serve without a token (on a loopback address only)", cfg.HTTP.TokenEnv)
-		}
 	}
 	run := newRunID()
 	d.http, err = httpplatform.New(httpplatform.Config{
@@ -632,10 +637,7 @@ func (d *Daemon) storeReady(ctx context.Context) error {
 func configuredPlatforms(cfg *config.Config, log *slog.Logger, store persistence.Store, now func() time.Time) ([]platforms.Platform, error) {
 	var out []platforms.Platform
 	if dc := cfg.Platforms.Discord; dc.Enabled {
-		token := os.Getenv(dc.TokenEnv)
-		if token == "" {
-			return nil, fmt.Errorf("discord is enabled but the environment variable %s (platforms.discord.token_env) is empty", dc.TokenEnv)
-		}
+		token := os.Getenv(dc.TokenEnv) // set: Start checked it before opening anything
 		recent := func(ctx context.Context, since time.Time) ([]persistence.ChatMark, error) {
 			return store.RecentChats(ctx, discord.Name, since, 0)
 		}

@@ -8,11 +8,14 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -303,4 +306,34 @@ func mustClusterFiles(t *testing.T, dir string) (cert, key, ca string) {
 		return path
 	}
 	return write("member.pem", "CERTIFICATE", memberDER), write("member-key.pem", "PRIVATE KEY", keyDER), write("ca.pem", "CERTIFICATE", caDER)
+}
+
+// TestRefusedSecretLeavesNothingOnDisk: a start refused for a secret variable that is not set
+// makes no data directory, database or spool: before, the HTTP token and the Discord bot
+// token were read after the store was opened, and a mistyped --data-dir was left behind with
+// a database in it.
+func TestRefusedSecretLeavesNothingOnDisk(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("AGENTGATE_TEST_UNSET_TOKEN", "")
+	for _, tc := range []struct {
+		name, env, wantErr string
+	}{
+		{"http token", "AGENTGATE_HTTP_TOKEN_ENV=AGENTGATE_TEST_UNSET_TOKEN", "http.token_env names AGENTGATE_TEST_UNSET_TOKEN, which is not set or empty"},
+		{"discord token", "AGENTGATE_PLATFORMS_DISCORD_TOKEN_ENV=AGENTGATE_TEST_UNSET_TOKEN", "AGENTGATE_TEST_UNSET_TOKEN (platforms.discord.token_env) is empty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name, value, _ := strings.Cut(tc.env, "=")
+			t.Setenv(name, value)
+			t.Setenv("AGENTGATE_PLATFORMS_DISCORD_ENABLED", strconv.FormatBool(tc.name == "discord token"))
+			data := filepath.Join(dir, tc.name)
+			var stdout, stderr bytes.Buffer
+			err := run(context.Background(), []string{"serve", "--data-dir", data, "--http-addr", "127.0.0.1:0"}, &stdout, &stderr)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("serve = %v, want an error containing %q", err, tc.wantErr)
+			}
+			if _, err := os.Stat(data); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("the refused start left %s behind (stat: %v)\n%s", data, err, stderr.String())
+			}
+		})
+	}
 }
