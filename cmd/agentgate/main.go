@@ -185,6 +185,16 @@ func (f *configFlags) printDefaults() {
 }
 
 func (f *configFlags) load() (*config.Config, error) {
+	cfg, err := f.check()
+	if err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// check is load for check-config: the configuration is returned with its problems
+// (config.Check), nil when it cannot be read at all.
+func (f *configFlags) check() (*config.Config, error) {
 	// A flag given overrides, even when empty (--data-dir '' is a mistake to report, not a
 	// wish for the default).
 	set := map[string]bool{}
@@ -194,7 +204,7 @@ func (f *configFlags) load() (*config.Config, error) {
 		// named: another data_dir, another port (found by an audit).
 		return nil, errors.New("--config names no file (it is empty): name the file, or leave the flag out for the built-in defaults")
 	}
-	return config.Load(f.file, os.Environ(), func(c *config.Config) {
+	return config.Check(f.file, os.Environ(), func(c *config.Config) {
 		if set["data-dir"] {
 			c.DataDir = f.dataDir
 		}
@@ -293,30 +303,43 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stdout, config.Example())
 		return nil
 	}
-	cfg, err := cf.load()
+	cfg, err := cf.check()
+	var problems int
 	if err != nil {
-		var n int
 		for _, e := range unwrapAll(err) {
 			fmt.Fprintln(stderr, e)
-			n++
+			problems++
 		}
-		return fmt.Errorf("config has %d problem(s)", n)
 	}
-	for _, name := range config.UnknownEnv(os.Environ()) {
-		fmt.Fprintf(stderr, "warning: %s names no configuration key (a misspelt one?); it is ignored\n", name)
-	}
-	// What serve refuses at start beyond the configuration's validation, short of opening the
-	// store or the network: before, check-config only warned of it and said "config ok", and a
-	// deploy checked with it failed at start (found by an audit).
-	refused := startRefusals(cfg)
-	for _, r := range refused {
+	var refused []string
+	if cfg != nil {
+		for _, name := range config.UnknownEnv(os.Environ()) {
+			fmt.Fprintf(stderr, "warning: %s names no configuration key (a misspelt one?); it is ignored\n", name)
+		}
+		// What serve refuses at start beyond the configuration's validation, short of opening
+		// the store or the network: before, check-config only warned of it and said "config
+		// ok", and a deploy checked with it failed at start (found by an audit). It is listed
+		// with the configuration's own problems, so that one run names them all (a new user's
+		// walkthrough found the unset secret named only once the file was fixed).
+		refused = startRefusals(cfg)
+		for _, r := range refused {
+			if *configOnly {
+				r = "warning: " + r
+			}
+			fmt.Fprintln(stderr, r)
+		}
 		if *configOnly {
-			r = "warning: " + r
+			refused = nil
 		}
-		fmt.Fprintln(stderr, r)
 	}
-	if len(refused) > 0 && !*configOnly {
-		return fmt.Errorf("serve would refuse to start here: %d problem(s) (--config-only checks the configuration alone)", len(refused))
+	const alone = "(--config-only checks the configuration alone)"
+	switch {
+	case problems > 0 && len(refused) > 0:
+		return fmt.Errorf("config has %d problem(s), and serve would refuse to start here for %d more %s", problems, len(refused), alone)
+	case problems > 0:
+		return fmt.Errorf("config has %d problem(s)", problems)
+	case len(refused) > 0:
+		return fmt.Errorf("serve would refuse to start here: %d problem(s) %s", len(refused), alone)
 	}
 	fmt.Fprintln(stdout, "config ok")
 	return nil

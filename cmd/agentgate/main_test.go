@@ -131,6 +131,10 @@ func TestRunCommands(t *testing.T) {
 		{name: "check-config takes a public address with a token", args: []string{"check-config", "--config", public, "--http-addr", "127.0.0.1:18050"}, wantOut: "config ok"},
 		{name: "check-config refuses an empty token variable", args: []string{"check-config", "--config", emptyToken}, wantErr: "serve would refuse to start here: 1 problem(s)",
 			wantStderr: []string{"http.token_env: AGENTGATE_TEST_EMPTY_TOKEN is not set here"}},
+		// One run names them all: before, the unset variable was named once the file was fixed.
+		{name: "check-config names a file's problems and the environment's at once", args: []string{"check-config", "--config", emptyToken, "--log-level", "loud"},
+			wantErr:    "config has 1 problem(s), and serve would refuse to start here for 1 more (--config-only checks the configuration alone)",
+			wantStderr: []string{"log.level", "http.token_env: AGENTGATE_TEST_EMPTY_TOKEN is not set here"}},
 		{name: "serve refuses an empty token variable", args: []string{"serve", "--config", emptyToken}, wantErr: "http.token_env names AGENTGATE_TEST_EMPTY_TOKEN, which is not set or empty"},
 		{name: "an empty --data-dir is an error, not the default", args: []string{"check-config", "--data-dir", ""}, wantErr: "config",
 			wantStderr: []string{"data_dir: required"}},

@@ -75,6 +75,18 @@ func Default() *Config {
 // ones tied to a key are *FieldError. A file that can't be read is returned on its own,
 // naming the file and wrapping the os error's cause (errors.Is(err, fs.ErrNotExist) holds).
 func Load(path string, environ []string, override func(*Config)) (*Config, error) {
+	cfg, err := Check(path, environ, override)
+	if err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// Check is Load for check-config: it returns the configuration also when it has problems
+// (nil only when the file cannot be read), so that what serve would refuse in this
+// environment (a secret variable that is not set) is reported with them, not after they are
+// fixed. A key with a problem holds its default or the value as decoded.
+func Check(path string, environ []string, override func(*Config)) (*Config, error) {
 	cfg := Default()
 	var errs []error
 	if path != "" {
@@ -123,10 +135,7 @@ func Load(path string, environ []string, override func(*Config)) (*Config, error
 		}
 		errs = append(errs, err)
 	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	return cfg, nil
+	return cfg, errors.Join(errs...)
 }
 
 // fileLines are the values a configuration file sets, by key path, to name the line of a value
