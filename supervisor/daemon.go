@@ -104,8 +104,9 @@ type Daemon struct {
 	endpoints  *endpointGuard   // keeps the remote's stop from panicking (remote_guard.go)
 	fatal      chan error       // receives why the daemon must stop on its own (see Fatal)
 	stopping   atomic.Bool      // Stop has begun
-	// began: this run is recorded in the store (beginRun); a clean stop ends it (endRun).
-	began    bool
+	// began: this run is recorded in the store (beginRun); a clean stop ends it (endRun), and
+	// so does Abort, from another goroutine than the stop's.
+	began    atomic.Bool
 	fatalOne sync.Once
 	// topLevel names the supervision tree's top-level actors (set once they are known); down is
 	// why one of them is gone for good (actorStopped), nil while all run.
@@ -450,7 +451,7 @@ func (d *Daemon) beginRun(now func() time.Time) {
 		d.refusals.Refuse(fmt.Errorf("record the daemon's run: %w", err), time.Now())
 		return
 	}
-	d.began = true
+	d.began.Store(true)
 	if u != nil && len(u.Counted) == 0 {
 		d.log.Info("the last run did not stop cleanly; no message was running", "run", u.Run, "started", u.StartedAt)
 	} else if u != nil {
@@ -473,11 +474,15 @@ const endRunTimeout = 5 * time.Second
 // endRun records in the store that this run stopped cleanly, after the persistence actor's
 // final flush.
 func (d *Daemon) endRun(ctx context.Context) {
-	if !d.began {
+	d.endRunWithin(ctx, endRunTimeout)
+}
+
+// endRunWithin is endRun bounded by timeout; it writes once, whoever calls it first.
+func (d *Daemon) endRunWithin(ctx context.Context, timeout time.Duration) {
+	if !d.began.CompareAndSwap(true, false) {
 		return
 	}
-	d.began = false
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endRunTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	if err := d.store.EndRun(ctx, d.deps.Run); err != nil {
 		d.log.Warn("record the clean stop in the store; the next start counts an unclean stop", logging.Err(err))
@@ -487,14 +492,22 @@ func (d *Daemon) endRun(ctx context.Context) {
 // Abort kills what the agent runs now, with everything it started (an exec agent's process
 // groups), for a process that exits at once instead of stopping (a second stop signal). The
 // turns' messages stay pending, and the next start runs them again: without this, what the
-// killed turns' commands started would run on beside that new run. It stops nothing else.
+// killed turns' commands started would run on beside that new run. It then records the stop
+// in the store as clean, within abortEndRun: an operator's second Ctrl-C is no crash, and
+// counted as one (a strike against each session's running message) three of them
+// quarantined an innocent message (found by a new user's walkthrough). It stops nothing else.
 func (d *Daemon) Abort() {
 	if k, ok := d.agent.(interface{ KillAll() int }); ok {
 		if n := k.KillAll(); n > 0 {
 			d.log.Warn("killed the agent commands still running, with what they started", "commands", n)
 		}
 	}
+	d.endRunWithin(d.ctx, abortEndRun)
 }
+
+// abortEndRun bounds Abort's write of the clean stop: the operator asked to exit now, and a
+// store that does not answer within it leaves the stop counted as unclean.
+const abortEndRun = time.Second
 
 // waitAgents waits, within ctx, for the agent calls still in flight once every turn is
 // cancelled: an exec agent's command gets SIGTERM, and SIGKILL for its whole process group

@@ -403,6 +403,10 @@ func TestDaemonSecondSignalAndRecovery(t *testing.T) {
 	if events[0].data["text"] != "survive me" {
 		t.Errorf("after restart the session said %v, want the echo of the unanswered message", events[0].data)
 	}
+	// An operator's second signal is no crash: the message it cut short gets no strike.
+	if strings.Contains(d2.stderr.String(), "did not stop cleanly") {
+		t.Errorf("the start after a second signal counted an unclean stop:\n%s", grep(d2.stderr.String(), "did not stop cleanly"))
+	}
 	if err := d2.stop(t, 30*time.Second); err != nil {
 		t.Errorf("second daemon exit: %v", err)
 	}
