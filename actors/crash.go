@@ -93,10 +93,10 @@ func (s *Session) afterUncleanStops(c actor.Context) {
 		group := slices.Clone(s.nextGroup())
 		s.dequeue(len(group))
 		n := group[0].restarts
-		text := fmt.Sprintf("⚠️ agentgate restarted %d times without stopping cleanly while this message was running (it may crash the whole gateway), so it was set aside (quarantined) and will not be retried.", n)
+		text := fmt.Sprintf("⚠️ agentgate restarted %d times without stopping cleanly while this message was running (it may crash the whole gateway), so it was set aside (quarantined) and will not be retried unless the gateway's operator runs it again.", n)
 		if s.d.Clustered {
 			// Its deaths were those of the cluster members that ran it, not restarts of one.
-			text = fmt.Sprintf("⚠️ agentgate went down %d times while this message was running (it may crash the whole gateway), so it was set aside (quarantined) and will not be retried.", n)
+			text = fmt.Sprintf("⚠️ agentgate went down %d times while this message was running (it may crash the whole gateway), so it was set aside (quarantined) and will not be retried unless the gateway's operator runs it again.", n)
 		}
 		for _, it := range group {
 			s.logger().Error("message quarantined after repeated unclean restarts of agentgate",
@@ -119,7 +119,7 @@ func (s *Session) quarantine(c actor.Context, it *item) {
 	s.logger().Error("message quarantined after repeated crashes", "message_id", it.messageID, "crashes", QuarantineAfter)
 	s.d.Metrics.MessagesQuarantined.WithLabelValues("session_crash").Inc()
 	s.setAside(c, it, persistence.StatusQuarantined,
-		fmt.Sprintf("⚠️ This message crashed the session %d times, so it was set aside (quarantined) and will not be retried.", QuarantineAfter))
+		fmt.Sprintf("⚠️ This message crashed the session %d times, so it was set aside (quarantined) and will not be retried unless the gateway's operator runs it again.", QuarantineAfter))
 }
 
 // setAside gives a message a final status without running it and tells its sender why.

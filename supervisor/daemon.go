@@ -192,7 +192,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		return nil, errors.New("start: a shared store must be PostgreSQL (store.driver: postgres)")
 	}
 	if d.store, err = openStore(ctx, cfg, log.With("component", "persistence"), !opts.SharedStore); err != nil {
-		return nil, fmt.Errorf("start: open store: %w", err)
+		return nil, fmt.Errorf("start: open store: %w%s", err, heldBy(cfg.DataDir, err))
 	}
 	if ms, ok := d.store.(memberStore); ok {
 		d.members = ms
@@ -203,7 +203,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	}
 	if !opts.SharedStore {
 		if d.dirLock, err = lockDataDir(cfg.DataDir); err != nil {
-			return nil, fmt.Errorf("start: %w", err)
+			return nil, fmt.Errorf("start: %w%s", err, heldBy(cfg.DataDir, err))
 		}
 		if d.spool, err = spool.Open(filepath.Join(cfg.DataDir, "spool")); err != nil {
 			return nil, fmt.Errorf("start: open spool: %w", err)
@@ -543,6 +543,20 @@ func (d *Daemon) drainMissed(deadline time.Duration) {
 
 // AddrFile is the file in the data directory that holds the running daemon's HTTP address.
 const AddrFile = "http.addr"
+
+// heldBy says where the daemon that holds dir's lock (err is persistence.ErrLocked) answers,
+// as it recorded in AddrFile, for the error of a start refused for it: "" when err is another
+// or no address is recorded (a daemon that is starting, or one on another host's share).
+func heldBy(dir string, err error) string {
+	if !errors.Is(err, persistence.ErrLocked) {
+		return ""
+	}
+	b, rerr := os.ReadFile(filepath.Join(dir, AddrFile))
+	if addr := strings.TrimSpace(string(b)); rerr == nil && addr != "" {
+		return fmt.Sprintf(" (the daemon there records its HTTP API at %.100s in %s)", addr, filepath.Join(dir, AddrFile))
+	}
+	return ""
+}
 
 // RunFile is the file in the data directory that names the running daemon's run, which its HTTP
 // answers carry (httpplatform.RunHeader): an admin command asks the address of AddrFile only

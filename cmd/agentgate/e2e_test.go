@@ -473,6 +473,10 @@ func TestDaemonRefusesADataDirInUse(t *testing.T) {
 	if !strings.Contains(string(out), "data directory in use by another process") || strings.Contains(string(out), "panic") {
 		t.Errorf("second serve said:\n%s\nwant the data directory in use, and no panic", out)
 	}
+	// It names where the daemon that holds it answers (found by a new user's walkthrough).
+	if addr := strings.TrimPrefix(d.base, "http://"); !strings.Contains(string(out), "the daemon there records its HTTP API at "+addr) {
+		t.Errorf("second serve said:\n%s\nwant the running daemon's address, %s", out, addr)
+	}
 	if status, ack := post(t, d.base+"/v1/messages", "", `{"chat_id":"c1","user_id":"u1","text":"still here"}`); status != http.StatusAccepted {
 		t.Errorf("first daemon after the refused start: %d %v", status, ack)
 	}
