@@ -334,7 +334,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, waitErr)
 	}
 	if s := stderr.String(); s != "" {
-		log.Debug("exec agent stderr", "stderr", a.redact.redact(s))
+		log.Debug("exec agent stderr", "stderr", a.redact.tail(stderr)) // its start may be cut, as on failure
 	}
 	resp := &agents.Response{Text: stdout.reply(), Unseen: unseen}
 	if stdout.truncated {

@@ -677,3 +677,28 @@ func TestFailureShowsStdout(t *testing.T) {
 		})
 	}
 }
+
+// TestSuccessfulStderrAtDebugDropsACutSecret: the stderr a command that succeeded leaves at
+// Debug is redacted as a failure's is, the cut end of a withheld value at its start included
+// (before, only whole values were: a review's finding).
+func TestSuccessfulStderrAtDebugDropsACutSecret(t *testing.T) {
+	const secret = "MTA5.the-daemons-bot-token.xyz"
+	t.Setenv("EXECTEST_BOT_TOKEN", secret)
+	// The tail of stderr begins 12 bytes into the secret: its end, 18 bytes, then filler.
+	filler := exec.MaxStderr - (len(secret) - 12)
+	script := fmt.Sprintf("printf '%%s' %s >&2; head -c %d /dev/zero | tr '\\0' y >&2; echo ok", secret, filler)
+	var logs testutil.Buffer
+	cmd, _ := MustScript(t, script)
+	a := MustNew(t, exec.Config{Command: cmd, Withhold: []string{"EXECTEST_BOT_TOKEN"},
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if _, err := a.Run(t.Context(), request(turn(1), "hi")); err != nil {
+		t.Fatal(err)
+	}
+	got := logs.String()
+	if !strings.Contains(got, "exec agent stderr") {
+		t.Fatalf("no stderr line at Debug:\n%s", abbrev(got))
+	}
+	if end := secret[12:]; strings.Contains(got, end) {
+		t.Errorf("the Debug log holds the cut end of a withheld value, %q:\n%s", end, abbrev(got))
+	}
+}

@@ -139,8 +139,8 @@ func TestExitErrorMessage(t *testing.T) {
 // what looks like a credential, and a tail cut inside a token starts after it.
 func TestRedact(t *testing.T) {
 	t.Parallel()
-	env := map[string]string{"BOT_TOKEN": "MTA5.bot-token.xyz", "SHORT": "abc", "UNSET": ""}
-	r := newRedactor([]string{"BOT_TOKEN", "SHORT", "UNSET"}, func(k string) string { return env[k] })
+	env := map[string]string{"BOT_TOKEN": "MTA5.bot-token.xyz", "SHORT": "abc", "UNSET": "", "PGPASSWORD": "hunter2!correct-horse"}
+	r := newRedactor([]string{"BOT_TOKEN", "SHORT", "UNSET", "PGPASSWORD"}, func(k string) string { return env[k] })
 	tests := []struct {
 		name   string
 		max    int // of the tail buffer; 0: larger than the output
@@ -157,6 +157,7 @@ func TestRedact(t *testing.T) {
 		{name: "ordinary words are left", output: "input_tokens: 12, max_tokens=5, key: value", want: "input_tokens: 12, max_tokens=5, key: value"},
 		{name: "a prompt at a line's end", output: "Password:\nnext line", want: "Password:\nnext line"},
 		{name: "a cut token is dropped", max: 12, output: "Bearer abcdefgh done\n", want: "… done\n"},
+		{name: "the cut end of a withheld value with punctuation", max: 24, output: "pw hunter2!correct-horse failed\n", want: "… failed\n"},
 		{name: "a cut inside a rune", max: 5, output: "éé ok\n", want: " ok\n"},
 		{name: "a long cut run is kept", max: maxFragment + 10, output: "x" + strings.Repeat("-", maxFragment+20) + "\n",
 			want: strings.Repeat("-", maxFragment+9) + "\n"},

@@ -50,6 +50,11 @@ func (r *redactor) tail(w *tailBuffer) string {
 	s := w.String()
 	if w.cut {
 		s = strings.TrimLeft(s, "\uFFFD") // a character cut in two
+		if n := r.cutSecret(s); n > 0 {
+			// The end of a withheld value, whatever characters it holds (a password's "!@#"
+			// stopped the token run below short of it: a review's finding).
+			return r.redact("…" + s[n:])
+		}
 		i := strings.IndexFunc(s, func(c rune) bool { return !tokenChar(c) })
 		if i < 0 {
 			i = len(s)
@@ -59,6 +64,21 @@ func (r *redactor) tail(w *tailBuffer) string {
 		}
 	}
 	return r.redact(s)
+}
+
+// cutSecret returns the length of the longest end of a withheld value, minSecret bytes or
+// more, that s begins with: what a cut at the start of a tail left of the value; 0 for none.
+func (r *redactor) cutSecret(s string) int {
+	longest := 0
+	for _, v := range r.values {
+		for n := len(v) - 1; n >= minSecret && n > longest; n-- {
+			if strings.HasPrefix(s, v[len(v)-n:]) {
+				longest = n
+				break
+			}
+		}
+	}
+	return longest
 }
 
 // tokenChar reports whether c can be part of a key or a token (base64, base64url, hex, JWT).

@@ -520,8 +520,12 @@ func inBandStatus(raw json.RawMessage) int {
 	if code, err := strconv.Atoi(strings.Trim(string(e.Code), `"`)); err == nil && code >= 400 && code <= 599 {
 		return code
 	}
-	t := strings.ToLower(e.Type)
+	// OpenAI names a rate limit in code ("rate_limit_exceeded", with type "requests" or
+	// "tokens"), others in type: both are read.
+	t, c := strings.ToLower(e.Type), strings.ToLower(strings.Trim(string(e.Code), `"`))
 	switch {
+	case strings.Contains(c, "rate_limit"):
+		return http.StatusTooManyRequests
 	case strings.Contains(t, "rate_limit"):
 		return http.StatusTooManyRequests
 	case strings.Contains(t, "overloaded"):

@@ -1428,6 +1428,8 @@ func TestErrorInAnAnswer(t *testing.T) {
 			streaming: true, requests: 2, want: "fine", result: openai.ResultServerError},
 		{name: "a 429 code as a string", answer: openaitest.Raw(sse, event(`{"error":{"message":"rate limited","code":"429"}}`)),
 			streaming: true, requests: 2, want: "fine", result: openai.ResultRateLimited},
+		{name: "OpenAI's rate limit, named in code", answer: openaitest.Raw(sse, event(`{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`)),
+			streaming: true, requests: 2, want: "fine", result: openai.ResultRateLimited},
 		{name: "overloaded, not streamed", answer: openaitest.Raw("application/json", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`),
 			requests: 2, want: "fine", result: openai.ResultServerError},
 		{name: "after text was shown", answer: openaitest.Raw(sse, "data: {\"choices\":[{\"delta\":{\"content\":\"par\"}}]}\n\n"+event(`{"error":{"message":"server error","type":"server_error"}}`)),
