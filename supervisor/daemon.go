@@ -105,8 +105,10 @@ type Daemon struct {
 	fatal      chan error       // receives why the daemon must stop on its own (see Fatal)
 	stopping   atomic.Bool      // Stop has begun
 	// began: this run is recorded in the store (beginRun); a clean stop ends it (endRun), and
-	// so does Abort, from another goroutine than the stop's.
-	began    atomic.Bool
+	// so does Abort, from another goroutine than the stop's. endMu is held across the end's
+	// write, so that an Abort that comes while the stop writes it waits for that write.
+	endMu    sync.Mutex
+	began    bool
 	fatalOne sync.Once
 	// topLevel names the supervision tree's top-level actors (set once they are known); down is
 	// why one of them is gone for good (actorStopped), nil while all run.
@@ -182,7 +184,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			return nil, fmt.Errorf("start: http.token_env names %s, which is not set or empty: set it, or remove http.token_env to serve without a token (on a loopback address only)", cfg.HTTP.TokenEnv)
 		}
 	}
-	if dc := cfg.Platforms.Discord; dc.Enabled && os.Getenv(dc.TokenEnv) == "" {
+	if dc := cfg.Platforms.Discord; dc.Enabled && strings.TrimSpace(os.Getenv(dc.TokenEnv)) == "" {
 		return nil, fmt.Errorf("start: discord is enabled but the environment variable %s (platforms.discord.token_env) is empty", dc.TokenEnv)
 	}
 	if cfg.Cluster.Enabled {
@@ -192,7 +194,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		return nil, errors.New("start: a shared store must be PostgreSQL (store.driver: postgres)")
 	}
 	if d.store, err = openStore(ctx, cfg, log.With("component", "persistence"), !opts.SharedStore); err != nil {
-		return nil, fmt.Errorf("start: open store: %w%s", err, heldBy(cfg.DataDir, err))
+		return nil, fmt.Errorf("start: open store: %w", err)
 	}
 	if ms, ok := d.store.(memberStore); ok {
 		d.members = ms
@@ -203,7 +205,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	}
 	if !opts.SharedStore {
 		if d.dirLock, err = lockDataDir(cfg.DataDir); err != nil {
-			return nil, fmt.Errorf("start: %w%s", err, heldBy(cfg.DataDir, err))
+			return nil, fmt.Errorf("start: %w", err)
 		}
 		if d.spool, err = spool.Open(filepath.Join(cfg.DataDir, "spool")); err != nil {
 			return nil, fmt.Errorf("start: open spool: %w", err)
@@ -232,7 +234,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		Addr: cfg.HTTP.Addr, Token: token, Metrics: d.metrics.Handler(), Ready: d.ready,
 		Sessions: &sessionsAPI{d: d}, Logger: log.With("component", "http"), Run: run,
 		Clustered: cfg.Cluster.Enabled, Pprof: cfg.HTTP.Pprof, MaxHeld: cfg.HTTP.MaxHeld,
-		DrainTimeout: cfg.Shutdown.DrainTimeout, Platforms: names[1:],
+		// A drain of 0s waits for nothing: its clients are told a second (0 would mean the
+		// platform's default).
+		DrainTimeout: max(cfg.Shutdown.DrainTimeout, time.Second), Platforms: names[1:],
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start: %w", err)
@@ -451,7 +455,9 @@ func (d *Daemon) beginRun(now func() time.Time) {
 		d.refusals.Refuse(fmt.Errorf("record the daemon's run: %w", err), time.Now())
 		return
 	}
-	d.began.Store(true)
+	d.endMu.Lock()
+	d.began = true
+	d.endMu.Unlock()
 	if u != nil && len(u.Counted) == 0 {
 		d.log.Info("the last run did not stop cleanly; no message was running", "run", u.Run, "started", u.StartedAt)
 	} else if u != nil {
@@ -477,11 +483,15 @@ func (d *Daemon) endRun(ctx context.Context) {
 	d.endRunWithin(ctx, endRunTimeout)
 }
 
-// endRunWithin is endRun bounded by timeout; it writes once, whoever calls it first.
+// endRunWithin is endRun bounded by timeout; it writes once, whoever calls it first, and a
+// second caller returns once the first one's write is done.
 func (d *Daemon) endRunWithin(ctx context.Context, timeout time.Duration) {
-	if !d.began.CompareAndSwap(true, false) {
+	d.endMu.Lock()
+	defer d.endMu.Unlock()
+	if !d.began {
 		return
 	}
+	d.began = false
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	if err := d.store.EndRun(ctx, d.deps.Run); err != nil {
@@ -502,7 +512,19 @@ func (d *Daemon) Abort() {
 			d.log.Warn("killed the agent commands still running, with what they started", "commands", n)
 		}
 	}
-	d.endRunWithin(d.ctx, abortEndRun)
+	// Within abortEndRun, also when the stop's own write of it is under way (it holds endMu).
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d.endRunWithin(d.ctx, abortEndRun)
+	}()
+	t := time.NewTimer(abortEndRun)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		d.log.Warn("the clean stop was not recorded in time; the next start counts an unclean stop")
+	}
 }
 
 // abortEndRun bounds Abort's write of the clean stop: the operator asked to exit now, and a
@@ -543,20 +565,6 @@ func (d *Daemon) drainMissed(deadline time.Duration) {
 
 // AddrFile is the file in the data directory that holds the running daemon's HTTP address.
 const AddrFile = "http.addr"
-
-// heldBy says where the daemon that holds dir's lock (err is persistence.ErrLocked) answers,
-// as it recorded in AddrFile, for the error of a start refused for it: "" when err is another
-// or no address is recorded (a daemon that is starting, or one on another host's share).
-func heldBy(dir string, err error) string {
-	if !errors.Is(err, persistence.ErrLocked) {
-		return ""
-	}
-	b, rerr := os.ReadFile(filepath.Join(dir, AddrFile))
-	if addr := strings.TrimSpace(string(b)); rerr == nil && addr != "" {
-		return fmt.Sprintf(" (the daemon there records its HTTP API at %.100s in %s)", addr, filepath.Join(dir, AddrFile))
-	}
-	return ""
-}
 
 // RunFile is the file in the data directory that names the running daemon's run, which its HTTP
 // answers carry (httpplatform.RunHeader): an admin command asks the address of AddrFile only
@@ -664,7 +672,7 @@ func (d *Daemon) storeReady(ctx context.Context) error {
 func configuredPlatforms(cfg *config.Config, log *slog.Logger, store persistence.Store, now func() time.Time) ([]platforms.Platform, error) {
 	var out []platforms.Platform
 	if dc := cfg.Platforms.Discord; dc.Enabled {
-		token := os.Getenv(dc.TokenEnv) // set: Start checked it before opening anything
+		token := strings.TrimSpace(os.Getenv(dc.TokenEnv)) // set: Start checked it before opening anything
 		recent := func(ctx context.Context, since time.Time) ([]persistence.ChatMark, error) {
 			return store.RecentChats(ctx, discord.Name, since, 0)
 		}

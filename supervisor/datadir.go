@@ -26,6 +26,10 @@ const DirLockFile = "agentgate-dir.flock"
 // no lock on it at all: its advisory lock keeps apart daemons on one database and schema, not
 // two deployments given the same data directory. Cluster members keep no spool and take no
 // lock. The lock is on a regular file opened for writing (flock.Open), not on the directory.
+// ErrDataDirInUse is the error of a start refused because another process holds the data
+// directory's own lock (lockDataDir): the daemon that uses that directory.
+var ErrDataDirInUse = errors.New("data directory locked")
+
 func lockDataDir(dir string) (*os.File, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("data directory %s: %w", dir, err)
@@ -34,7 +38,7 @@ func lockDataDir(dir string) (*os.File, error) {
 	f, err := flock.Open(path)
 	switch {
 	case errors.Is(err, flock.ErrHeld):
-		return nil, fmt.Errorf("data directory in use by another process (%s held: another agentgate daemon keeps its spool there; give each daemon its own --data-dir): %w", path, persistence.ErrLocked)
+		return nil, fmt.Errorf("data directory in use by another process (%s held: another agentgate daemon keeps its spool there; give each daemon its own --data-dir): %w: %w", path, ErrDataDirInUse, persistence.ErrLocked)
 	case err != nil:
 		return nil, fmt.Errorf("data directory %s: lock: %w", dir, err)
 	}

@@ -89,6 +89,24 @@ func daemonAddr(cfg *config.Config) (addr, run string, recorded bool) {
 	return addr, run, recorded
 }
 
+// heldBy names where the daemon that holds the data directory answers, for the error err of a
+// start it refused (a new user's walkthrough found the error silent on it): the address the
+// directory records, once the process there answers as the run it records (daemonRun), so an
+// address a dead daemon left is never named. Only for the locks of the data directory itself,
+// its own and the default SQLite database's: the holder of a database elsewhere (a PostgreSQL
+// one, maybe on another host) is not the daemon this directory names. "" otherwise.
+func heldBy(ctx context.Context, cfg *config.Config, err error) string {
+	if !errors.Is(err, supervisor.ErrDataDirInUse) &&
+		!(cfg.Store.Driver == "sqlite" && cfg.Store.DSN == "" && errors.Is(err, persistence.ErrLocked)) {
+		return ""
+	}
+	addr, run, recorded := daemonAddr(cfg)
+	if !recorded || daemonRun(ctx, addr, run) != nil {
+		return ""
+	}
+	return fmt.Sprintf(" (the daemon there answers at %s)", addr)
+}
+
 // daemonRun asks the process at addr which daemon run it is (its answer to GET /healthz names
 // it), sending no token: one that names none, or another, is not asked to reset (notTheDaemon).
 func daemonRun(ctx context.Context, addr, run string) error {

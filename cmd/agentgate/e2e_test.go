@@ -473,9 +473,19 @@ func TestDaemonRefusesADataDirInUse(t *testing.T) {
 	if !strings.Contains(string(out), "data directory in use by another process") || strings.Contains(string(out), "panic") {
 		t.Errorf("second serve said:\n%s\nwant the data directory in use, and no panic", out)
 	}
-	// It names where the daemon that holds it answers (found by a new user's walkthrough).
-	if addr := strings.TrimPrefix(d.base, "http://"); !strings.Contains(string(out), "the daemon there records its HTTP API at "+addr) {
+	// It names where the daemon that holds it answers (found by a new user's walkthrough)...
+	addr := strings.TrimPrefix(d.base, "http://")
+	if !strings.Contains(string(out), "(the daemon there answers at "+addr+")") {
 		t.Errorf("second serve said:\n%s\nwant the running daemon's address, %s", out, addr)
+	}
+	// ...once the process there answers as the run the directory records: an address a dead
+	// daemon left (its run is another) is not named.
+	if err := os.WriteFile(filepath.Join(dataDir, "http.run"), []byte("r_dead\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, _ = exec.Command(MustBuild(t), "serve", "--data-dir", dataDir, "--http-addr", "127.0.0.1:0").CombinedOutput()
+	if !strings.Contains(string(out), "data directory in use by another process") || strings.Contains(string(out), "answers at") {
+		t.Errorf("serve beside a record of another run said:\n%s\nwant the data directory in use, and no address", out)
 	}
 	if status, ack := post(t, d.base+"/v1/messages", "", `{"chat_id":"c1","user_id":"u1","text":"still here"}`); status != http.StatusAccepted {
 		t.Errorf("first daemon after the refused start: %d %v", status, ack)

@@ -263,7 +263,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	d, err := supervisor.Start(ctx, cfg, log, supervisor.Options{})
 	if err != nil {
-		return err
+		return fmt.Errorf("%w%s", err, heldBy(ctx, cfg, err))
 	}
 	fmt.Fprintf(stdout, "listening on %s\n", d.Addr())
 	var fatal error

@@ -319,16 +319,19 @@ func mustClusterFiles(t *testing.T, dir string) (cert, key, ca string) {
 func TestRefusedSecretLeavesNothingOnDisk(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv("AGENTGATE_TEST_UNSET_TOKEN", "")
+	t.Setenv("AGENTGATE_TEST_BLANK_TOKEN", " \n")
 	for _, tc := range []struct {
 		name, env, wantErr string
 	}{
+		// As check-config reads it: white space is no token (before, serve started with it).
+		{"discord token of white space", "AGENTGATE_PLATFORMS_DISCORD_TOKEN_ENV=AGENTGATE_TEST_BLANK_TOKEN", "AGENTGATE_TEST_BLANK_TOKEN (platforms.discord.token_env) is empty"},
 		{"http token", "AGENTGATE_HTTP_TOKEN_ENV=AGENTGATE_TEST_UNSET_TOKEN", "http.token_env names AGENTGATE_TEST_UNSET_TOKEN, which is not set or empty"},
 		{"discord token", "AGENTGATE_PLATFORMS_DISCORD_TOKEN_ENV=AGENTGATE_TEST_UNSET_TOKEN", "AGENTGATE_TEST_UNSET_TOKEN (platforms.discord.token_env) is empty"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			name, value, _ := strings.Cut(tc.env, "=")
 			t.Setenv(name, value)
-			t.Setenv("AGENTGATE_PLATFORMS_DISCORD_ENABLED", strconv.FormatBool(tc.name == "discord token"))
+			t.Setenv("AGENTGATE_PLATFORMS_DISCORD_ENABLED", strconv.FormatBool(strings.HasPrefix(tc.name, "discord")))
 			data := filepath.Join(dir, tc.name)
 			var stdout, stderr bytes.Buffer
 			err := run(context.Background(), []string{"serve", "--data-dir", data, "--http-addr", "127.0.0.1:0"}, &stdout, &stderr)
