@@ -86,9 +86,11 @@ type Platform struct {
 	live     map[string]string           // thread → guild: the threads discordgo's state holds (threads.go)
 	deleted  map[string]bool             // threads deleted while this process ran (THREAD_DELETE): never reopened
 	roles    map[string]string           // guild → the bot's managed role there, "" for none (roles.go)
-	recent   func(context.Context, time.Time) ([]persistence.ChatMark, error)
-	now      func() time.Time
-	seeded   bool // seen was filled from recent (at the first READY)
+	// roleMisses are the guilds whose roles could not be looked up, and when (roles.go).
+	roleMisses map[string]time.Time
+	recent     func(context.Context, time.Time) ([]persistence.ChatMark, error)
+	now        func() time.Time
+	seeded     bool // seen was filled from recent (at the first READY)
 
 	// backfills counts the backfills running or waiting (one READY each); while it is above
 	// zero, or held is being taken (releasing), live messages wait in held, so that a
@@ -145,23 +147,24 @@ func New(c Config) (*Platform, error) {
 	routeLibraryLogs(log, c.Token)
 
 	p := &Platform{
-		cfg:      c.Settings,
-		log:      log,
-		s:        s,
-		gate:     newGate(c.Settings),
-		lost:     make(chan error, 1),
-		progress: map[string]int{},
-		limited:  map[string]time.Time{},
-		seen:     map[string]seenAt{},
-		unread:   map[string]seenAt{},
-		kept:     map[string]persistence.Unread{},
-		stored:   c.Unread,
-		live:     map[string]string{},
-		deleted:  map[string]bool{},
-		roles:    map[string]string{},
-		recent:   c.Recent,
-		now:      c.Now,
-		runCtx:   context.Background(),
+		cfg:        c.Settings,
+		log:        log,
+		s:          s,
+		gate:       newGate(c.Settings),
+		lost:       make(chan error, 1),
+		progress:   map[string]int{},
+		limited:    map[string]time.Time{},
+		seen:       map[string]seenAt{},
+		unread:     map[string]seenAt{},
+		kept:       map[string]persistence.Unread{},
+		stored:     c.Unread,
+		live:       map[string]string{},
+		deleted:    map[string]bool{},
+		roles:      map[string]string{},
+		roleMisses: map[string]time.Time{},
+		recent:     c.Recent,
+		now:        c.Now,
+		runCtx:     context.Background(),
 	}
 	if p.now == nil {
 		p.now = time.Now

@@ -157,12 +157,20 @@ func TestBotRoleIsLookedUpBeforeItsGuildCreate(t *testing.T) {
 	if got := p.botRole(t.Context(), &discordgo.Message{GuildID: "100000000000000003", Content: "no role"}); got != "" {
 		t.Errorf("botRole of a message that mentions no role = %q, want none (and no lookup)", got)
 	}
-	for _, g := range []string{guild, guild2} {
+	// A lookup that fails (a guild Discord does not know here) is not made again at once: each
+	// holds the gateway's reader.
+	const unknown = "100000000000000004"
+	for range 2 {
+		if got := p.botRole(t.Context(), &discordgo.Message{GuildID: unknown, Content: "<@&" + botRole + "> hi"}); got != "" {
+			t.Errorf("botRole in a guild whose roles cannot be read = %q, want none", got)
+		}
+	}
+	for _, g := range []string{guild, guild2, unknown} {
 		if n := srv.Requests("GET", "/guilds/"+g+"/roles"); n != 1 {
 			t.Errorf("guild %s's roles were looked up %d times, want once", g, n)
 		}
 	}
-	if n := srv.Requests("", ""); n != 2 {
-		t.Errorf("%d requests reached Discord, want 2 (a lookup per guild)", n)
+	if n := srv.Requests("", ""); n != 3 {
+		t.Errorf("%d requests reached Discord, want 3 (a lookup per guild)", n)
 	}
 }

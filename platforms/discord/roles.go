@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/bwmarrin/discordgo"
 
@@ -113,8 +114,9 @@ func (p *Platform) botRole(ctx context.Context, m *discordgo.Message) string {
 	}
 	p.mu.Lock()
 	role, ok := p.roles[m.GuildID]
+	failed := p.roleMisses[m.GuildID]
 	p.mu.Unlock()
-	if ok {
+	if ok || time.Since(failed) < roleRetry {
 		return role
 	}
 	ctx, cancel := context.WithTimeout(ctx, restTimeout)
@@ -124,12 +126,20 @@ func (p *Platform) botRole(ctx context.Context, m *discordgo.Message) string {
 	if err := p.request(ctx, http.MethodGet, ep, ep, nil, &roles); err != nil {
 		p.log.Warn("discord: cannot look up the guild's roles; a mention of the bot's role is not seen as a mention",
 			"guild", m.GuildID, "message_id", m.ID, logging.Err(err))
+		// Not asked again for a while: each lookup holds the gateway's reader, and in an
+		// outage or a rate limit every message that mentions a role would (a review's finding).
+		p.mu.Lock()
+		p.roleMisses[m.GuildID] = time.Now()
+		p.mu.Unlock()
 		return ""
 	}
 	role = botRoleIn(roles, p.bot())
 	p.setBotRole(m.GuildID, role)
 	return role
 }
+
+// roleRetry is how long after a failed lookup of a guild's roles none is made again.
+const roleRetry = time.Minute
 
 // mentionsRole reports whether m mentions role (the bot's).
 func mentionsRole(m *discordgo.Message, role string) bool {
