@@ -22,12 +22,11 @@ type ExitError struct {
 	// Code is the exit status, or 128 plus the signal number (as a shell reports it) when the
 	// process was killed by a signal.
 	Code int
-	// Stderr is the tail (at most MaxStderr bytes) of what the command wrote to stderr, and
-	// Stdout that (at most MaxStdoutLogged bytes) of what it wrote to stdout: the ends of what
-	// it printed, most often why it failed. Both have the daemon's secrets (Config.Withhold)
-	// and key-like strings replaced by [redacted], since the error is logged.
+	// Stderr is the tail (at most MaxStderr bytes) of what the command wrote to stderr, most
+	// often why it failed, with the daemon's secrets (Config.Withhold) and key-like strings
+	// replaced by [redacted], since the error is logged. (The tail of stdout, which may be the
+	// reply, is logged at Debug only: no message bodies above it.)
 	Stderr string
-	Stdout string
 }
 
 // Is makes an ExitError match agents.ErrStopSignal when its code says the command ended by a
@@ -43,14 +42,11 @@ func (e *ExitError) Is(target error) bool {
 	return false
 }
 
-// Error returns the exit status followed by the captured stderr and stdout, if any.
+// Error returns the exit status followed by the captured stderr, if any.
 func (e *ExitError) Error() string {
-	s := fmt.Sprintf("exit status %d", e.Code)
-	if msg := strings.TrimSpace(e.Stderr); msg != "" {
-		s += ": " + msg
+	msg := strings.TrimSpace(e.Stderr)
+	if msg == "" {
+		return fmt.Sprintf("exit status %d", e.Code)
 	}
-	if out := strings.TrimSpace(e.Stdout); out != "" {
-		s += fmt.Sprintf("; stdout: %q", out)
-	}
-	return s
+	return fmt.Sprintf("exit status %d: %s", e.Code, msg)
 }

@@ -200,7 +200,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	defer stopRunaway(nil)
 	stdout := &headBuffer{max: MaxReply, limit: MaxOutput, runaway: func() { stopRunaway(errRunaway) }}
 	stderr := &tailBuffer{max: MaxStderr}
-	stdoutTail := &tailBuffer{max: MaxStdoutLogged} // for the log of a failure
+	stdoutTail := &tailBuffer{max: MaxStdoutLogged} // for the Debug line of a failure
 	cmd := osexec.CommandContext(runCtx, name, a.command[1:]...)
 	cmd.Dir = a.dir
 	cmd.Env = childEnv(os.Environ(), a.withhold, req.Identity)
@@ -308,9 +308,13 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	// that coincides with the end of ctx.
 	if killer.Load() != nil || (waitErr != nil && runCtx.Err() != nil) {
 		if errors.Is(context.Cause(runCtx), ErrTimeout) {
-			// What it was stuck on, which the error of a timeout does not say.
-			if errOut, out := a.redact.tail(stderr), a.redact.tail(stdoutTail); errOut != "" || out != "" {
-				log.Warn("exec agent output before its timeout", "stderr", errOut, "stdout", out)
+			// What it was stuck on, which the error of a timeout does not say. Stdout, which
+			// may be the reply (a message body), only at Debug.
+			if errOut := a.redact.tail(stderr); errOut != "" {
+				log.Warn("exec agent stderr before its timeout", "stderr", errOut)
+			}
+			if out := a.redact.tail(stdoutTail); out != "" {
+				log.Debug("exec agent stdout before its timeout", "stdout", out)
 			}
 			return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: no reply within %v: %w", name, a.timeout, ErrTimeout)
 		}
@@ -328,8 +332,11 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			code = 128 + int(ws.Signal())
 		}
-		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, &ExitError{Code: code,
-			Stderr: a.redact.tail(stderr), Stdout: a.redact.tail(stdoutTail)})
+		if out := a.redact.tail(stdoutTail); out != "" {
+			// Not in the error, which is logged at Warn: it may be the reply (a message body).
+			log.Debug("exec agent stdout of a failed command", "stdout", out)
+		}
+		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, &ExitError{Code: code, Stderr: a.redact.tail(stderr)})
 	default:
 		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, waitErr)
 	}

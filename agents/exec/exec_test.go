@@ -612,9 +612,10 @@ func TestTimeoutLogsStderr(t *testing.T) {
 }
 
 // TestFailureShowsStdout: a command that exits non-zero, or outlives its timeout, has the end
-// of what it printed on stdout in the log next to its stderr, bounded, with the daemon's own
-// secrets and key-like strings redacted. Before, only stderr was logged: a command that reports
-// its trouble on stdout (most scripts do) failed without a trace of why.
+// of what it printed on stdout in the log at Debug (it may be the reply, a message body, which
+// no line above Debug holds), bounded, with the daemon's own secrets and key-like strings
+// redacted, and its stderr in the error. Before, stdout was not logged at all: a command that
+// reports its trouble on stdout (most scripts do) failed without a trace of why.
 func TestFailureShowsStdout(t *testing.T) {
 	t.Setenv("EXECTEST_BOT_TOKEN", "MTA5.the-daemons-bot-token.xyz")
 	const secrets = `echo "token MTA5.the-daemons-bot-token.xyz"; echo "Authorization: Bearer abc.def-123"; echo "key sk-proj-0123456789abcdef"`
@@ -625,17 +626,20 @@ func TestFailureShowsStdout(t *testing.T) {
 		timeout time.Duration
 		want    []string // in the log
 		notWant []string // nowhere in the log
+		stdout  string   // printed on stdout only: in no line above Debug
 	}{
 		{
 			name:   "non-zero exit",
 			script: "echo 'step 1 ok'\necho 'step 2: cannot reach api.example.com'\necho 'oops' >&2\nexit 3",
 			want:   []string{"exit status 3: oops", "step 2: cannot reach api.example.com"},
+			stdout: "step 2: cannot reach",
 		},
 		{
 			name:    "timeout",
-			script:  "echo 'waiting for the model server'\nexec sleep 60",
+			script:  "echo 'waiting for the model server'\necho 'stuck' >&2\nexec sleep 60",
 			timeout: 2 * time.Second,
-			want:    []string{"waiting for the model server"},
+			want:    []string{"waiting for the model server", "stuck"},
+			stdout:  "waiting for the model server",
 		},
 		{
 			name:    "secrets redacted",
@@ -648,13 +652,14 @@ func TestFailureShowsStdout(t *testing.T) {
 			script:  long + "echo 'the last line'\nexit 1",
 			want:    []string{"the last line"},
 			notWant: []string{strings.Repeat("x", exec.MaxStdoutLogged)},
+			stdout:  "the last line",
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs testutil.Buffer
 			cmd, _ := MustScript(t, tc.script)
-			log := slog.New(slog.NewTextHandler(&logs, nil))
+			log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 			a := MustNew(t, exec.Config{Command: cmd, Timeout: tc.timeout, KillGrace: 100 * time.Millisecond,
 				Withhold: []string{"EXECTEST_BOT_TOKEN"}, Logger: log})
 			_, err := a.Run(t.Context(), request(turn(1), "hi"))
@@ -672,6 +677,11 @@ func TestFailureShowsStdout(t *testing.T) {
 			for _, w := range tc.notWant {
 				if strings.Contains(got, w) {
 					t.Errorf("log after the failure holds %q:\n%s", abbrev(w), abbrev(got))
+				}
+			}
+			for line := range strings.Lines(got) {
+				if tc.stdout != "" && strings.Contains(line, tc.stdout) && !strings.Contains(line, "level=DEBUG") {
+					t.Errorf("stdout in a line above Debug: %s", abbrev(line))
 				}
 			}
 		})
