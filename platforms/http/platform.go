@@ -423,6 +423,8 @@ func (p *Platform) route(w http.ResponseWriter, r *http.Request) {
 		msg := "no such route: the path is not in canonical form"
 		if pattern != "" {
 			msg += fmt.Sprintf("; the route is %s", clipped(canonical))
+		} else {
+			msg += fmt.Sprintf(", which is %s", clipped(canonical)) // a route of another method, or none
 		}
 		writeError(w, http.StatusNotFound, CodeNotFound, msg)
 		return
@@ -440,8 +442,27 @@ func (p *Platform) route(w http.ResponseWriter, r *http.Request) {
 		}
 		writeError(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed, "method "+r.Method+" not allowed")
 	default: // 404, or a redirect that redirectedTo did not foresee: never sent either way
-		writeError(w, http.StatusNotFound, CodeNotFound, "no such route")
+		msg := "no such route"
+		if route, ok := p.withoutSlash(r); ok {
+			msg += fmt.Sprintf("; the route is %s, without the trailing slash", clipped(route))
+		}
+		writeError(w, http.StatusNotFound, CodeNotFound, msg)
 	}
+}
+
+// withoutSlash returns r's path without its trailing slash when that is a route of r's method
+// (/v1/sessions/ for /v1/sessions): a new user's walkthrough met a bare "no such route".
+func (p *Platform) withoutSlash(r *http.Request) (string, bool) {
+	path := r.URL.EscapedPath()
+	if len(path) < 2 || !strings.HasSuffix(path, "/") {
+		return "", false
+	}
+	trimmed := r.Clone(r.Context())
+	trimmed.URL.Path, trimmed.URL.RawPath = strings.TrimSuffix(r.URL.Path, "/"), strings.TrimSuffix(r.URL.RawPath, "/")
+	if _, pattern := p.mux.Handler(trimmed); pattern == "" {
+		return "", false
+	}
+	return trimmed.URL.EscapedPath(), true
 }
 
 // redirectedTo reports whether the mux would answer r with a redirect, and to which path: r's

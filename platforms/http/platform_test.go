@@ -391,16 +391,17 @@ func TestNonCanonicalPathsAreNotRedirected(t *testing.T) {
 	msg := `{"chat_id":"c","user_id":"u","text":"t"}`
 	cases := []struct {
 		method, path string
-		canonical    string // named in the message; "" for none
+		canonical    string // in the message; "" for nothing to check
 	}{
 		{"POST", "//v1/messages", "/v1/messages"},
 		{"POST", "/v1/./messages", "/v1/messages"},
 		{"POST", "/v1/x/../messages", "/v1/messages"},
 		{"POST", "/v1//messages?wait=1s", "/v1/messages"},
-		{"POST", "/v1/messages/", ""},
+		{"POST", "/v1/messages/", "the route is /v1/messages, without the trailing slash"},
 		{"GET", "//v1/sessions", "/v1/sessions"},
 		{"GET", "/v1/./sessions?limit=5", "/v1/sessions"},
-		{"GET", "/v1/sessions/", ""},
+		{"GET", "/v1/sessions/", "the route is /v1/sessions, without the trailing slash"},
+		{"GET", "//v1/messages", "which is /v1/messages"}, // a route of POST only
 		{"GET", "/v1/sessions/agent:main:http:dm:c/./transcript", "/v1/sessions/agent:main:http:dm:c/transcript"},
 		{"GET", "/./healthz", "/healthz"},
 		{"GET", "/debug/pprof", "/debug/pprof/"}, // the mux's own trailing-slash redirect
