@@ -40,23 +40,24 @@ func (s *Server) GlobalRateLimitNext(method, pathSuffix string, retryAfter time.
 // 429 with an HTML page (error 1015) for a body, no X-RateLimit-* headers, and a Retry-After
 // header of retryAfter in whole seconds (rounded up), or none when retryAfter is 0.
 func (s *Server) BlockNext(method, pathSuffix string, retryAfter time.Duration, n int) {
-	if n <= 0 {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.faults = append(s.faults, &fault{method: strings.ToUpper(method), suffix: pathSuffix, status: http.StatusTooManyRequests,
-		left: n, retryAfter: retryAfter.Seconds(), block: true})
+	s.add429(method, pathSuffix, retryAfter, n, func(f *fault) { f.block = true })
 }
 
 func (s *Server) addRateLimit(method, suffix string, retryAfter time.Duration, n int, global bool) {
+	s.add429(method, suffix, retryAfter, n, func(f *fault) { f.global = global })
+}
+
+// add429 adds a fault that answers the next n matching requests 429, set as kind sets it.
+func (s *Server) add429(method, suffix string, retryAfter time.Duration, n int, kind func(*fault)) {
 	if n <= 0 {
 		return
 	}
+	f := &fault{method: strings.ToUpper(method), suffix: suffix, status: http.StatusTooManyRequests,
+		left: n, retryAfter: retryAfter.Seconds()}
+	kind(f)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.faults = append(s.faults, &fault{method: strings.ToUpper(method), suffix: suffix, status: http.StatusTooManyRequests,
-		left: n, retryAfter: retryAfter.Seconds(), global: global})
+	s.faults = append(s.faults, f)
 }
 
 // FailNextAfter is FailNext for a lost response: the next n matching requests take effect
