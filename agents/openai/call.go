@@ -524,9 +524,7 @@ func inBandStatus(raw json.RawMessage) int {
 	// "tokens"), others in type: both are read.
 	t, c := strings.ToLower(e.Type), strings.ToLower(strings.Trim(string(e.Code), `"`))
 	switch {
-	case strings.Contains(c, "rate_limit"):
-		return http.StatusTooManyRequests
-	case strings.Contains(t, "rate_limit"):
+	case strings.Contains(c, "rate_limit") || strings.Contains(t, "rate_limit"):
 		return http.StatusTooManyRequests
 	case strings.Contains(t, "overloaded"):
 		return http.StatusServiceUnavailable
