@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -23,6 +24,7 @@ type memberStore interface {
 	Members(ctx context.Context, cluster string, ttl time.Duration) ([]postgres.Member, error)
 	Holder(ctx context.Context, cluster, key string, ttl time.Duration) (postgres.Member, bool, error)
 	Strangers(ctx context.Context, cluster, id string, ttl time.Duration) ([]postgres.Member, error)
+	RecordSelfStops(ctx context.Context, cluster string, nodes []string) error
 }
 
 // storeMembership is cluster mode's protoactor ClusterProvider. Every member registers in the
@@ -48,6 +50,9 @@ type storeMembership struct {
 	ttl   time.Duration
 	log   *slog.Logger
 	lost  func(error)
+	// notes is the data directory where the member leaves a note of its stop when its
+	// membership is lost, and where it finds its predecessors' (selfstop.go); "" for none.
+	notes string
 
 	me   postgres.Member
 	stop chan struct{}
@@ -75,6 +80,9 @@ func (p *storeMembership) StartMember(c *cluster.Cluster) error {
 		HTTP: httpForCluster(p.http, host)}
 	ctx, cancel := context.WithTimeout(context.Background(), p.ttl)
 	defer cancel()
+	if err := p.recordSelfStops(ctx); err != nil {
+		return fmt.Errorf("membership: %w", err)
+	}
 	began := time.Now()
 	live, err := p.heartbeat(ctx)
 	if err != nil {
@@ -88,6 +96,44 @@ func (p *storeMembership) StartMember(c *cluster.Cluster) error {
 	v.publish(live)
 	go p.renew(v, began)
 	return nil
+}
+
+// recordSelfStops records in the store the members that stopped themselves on this data
+// directory before this one started (selfStopDir), then removes their notes. A note that cannot
+// be read is logged: it is lost, and only a claim of those members' keys counts their deaths.
+func (p *storeMembership) recordSelfStops(ctx context.Context) error {
+	if p.notes == "" {
+		return nil
+	}
+	nodes, files, err := selfStops(p.notes)
+	if err != nil {
+		p.log.Warn("the stops of earlier members on this data directory are not recorded; a claim of their keys counts their deaths", logging.Err(err))
+		return nil
+	}
+	if len(nodes) > 0 {
+		if err := p.store.RecordSelfStops(ctx, p.name, nodes); err != nil {
+			return err
+		}
+		p.log.Info("recorded the stops of earlier members on this data directory: a claim of their keys counts no death", "members", nodes)
+	}
+	for _, f := range files {
+		_ = os.Remove(f)
+	}
+	return nil
+}
+
+// lose reports the membership lost to renewals that failed, after leaving a note of the stop for
+// the next member started on the data directory (selfStopDir). A renewal that succeeded too late
+// (the process stalled) reports its loss without a note: a stall may be a message's doing, and
+// the member's death then counts, as a crash's does. A split, a stranger or a displaced member
+// needs none: the database answers, and the stop removes the member's row.
+func (p *storeMembership) lose(err error) {
+	if p.notes != "" {
+		if nerr := noteSelfStop(p.notes, p.node); nerr != nil {
+			p.log.Warn("could not note this member's stop in the data directory; a claim of its keys will count its death", logging.Err(nerr))
+		}
+	}
+	p.lost(err)
 }
 
 // memberView is what renewing needs of protoactor's cluster: whether its gossip blocked a
@@ -224,7 +270,7 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 			continue
 		}
 		if since := time.Since(last); since >= p.ttl {
-			p.lost(fmt.Errorf("cluster membership lost: no renewal for %v (the other members count this one as gone): %w",
+			p.lose(fmt.Errorf("cluster membership lost: no renewal for %v (the other members count this one as gone): %w",
 				since.Round(time.Millisecond), err))
 			return
 		}

@@ -37,6 +37,8 @@ func (s *stalledHeartbeat) Holder(context.Context, string, string, time.Duration
 	return postgres.Member{}, false, nil
 }
 
+func (s *stalledHeartbeat) RecordSelfStops(context.Context, string, []string) error { return nil }
+
 func (s *stalledHeartbeat) Strangers(context.Context, string, string, time.Duration) ([]postgres.Member, error) {
 	return nil, nil
 }

@@ -50,6 +50,9 @@ const (
 	expireMembersSQL = `DELETE FROM members
 		WHERE cluster = $1 AND heartbeat_at < clock_timestamp() - make_interval(secs => $2)`
 	leaveSQL = `DELETE FROM members WHERE cluster = $1 AND id = $2`
+	// selfStoppedSQL marks the members of cluster $1 that claimed keys as nodes $2 as stopped of
+	// their own accord (RecordSelfStops).
+	selfStoppedSQL = `UPDATE members SET self_stopped = true WHERE cluster = $1 AND node = ANY($2) AND node <> ''`
 	// keepGone is how long a gone member's row is kept: a claim that takes one of its keys
 	// within it counts its death.
 	keepGone = 24 * time.Hour
@@ -183,6 +186,24 @@ func (s *Store) Leave(ctx context.Context, cluster, id string) error {
 	defer done()
 	if _, err := s.pool.Exec(ctx, leaveSQL, cluster, id); err != nil {
 		return fmt.Errorf("leave %s: %w", cluster, s.explain(ctx, err))
+	}
+	return nil
+}
+
+// RecordSelfStops records that the members of cluster that claimed keys as nodes stopped
+// themselves (their membership lost: renewals that failed for member_ttl, a stall, a split):
+// a claim of a key one of them held counts no death against its message, nor of a member that
+// last renewed within member_ttl of one (claimSQL). A member starting on the data directory
+// where its predecessor left a note of its stop calls it before it registers, and so before
+// any of its claims. A node without a row (it left cleanly, or its row expired) is no error.
+func (s *Store) RecordSelfStops(ctx context.Context, cluster string, nodes []string) error {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return fmt.Errorf("record members that stopped themselves: %w", err)
+	}
+	defer done()
+	if _, err := s.pool.Exec(ctx, selfStoppedSQL, cluster, nodes); err != nil {
+		return fmt.Errorf("record members that stopped themselves: %w", s.explain(ctx, err))
 	}
 	return nil
 }

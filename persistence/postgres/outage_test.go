@@ -116,3 +116,72 @@ func counted(c persistence.Claimed) string {
 	}
 	return fmt.Sprintf("%+v", *c.Counted)
 }
+
+// TestClaimCountsNoDeathOfAMemberThatStoppedItself: an outage of the database that is no
+// restart of the server (a failover, a network cut, a server too slow to answer) and lasts
+// longer than member_ttl stops every member: each stops itself, and its successor on the same
+// data directory records so (RecordSelfStops) before it claims anything. A claim then counts
+// no death of a member so recorded, nor of one that last renewed within member_ttl of it (the
+// same outage, its own successor not started yet). A member that died apart from the outage
+// counts, as does every member of another cluster on the same database.
+func TestClaimCountsNoDeathOfAMemberThatStoppedItself(t *testing.T) {
+	s, dsn := MustOpen(t)
+	ctx := context.Background()
+	conn := mustConn(t, dsn)
+	var ops []persistence.Op
+	for _, sid := range []string{"a", "b", "c", "d"} {
+		ops = append(ops, &persistence.CreateSession{Session: newSession(sid, "k"+sid)},
+			&persistence.PutRoute{Route: persistence.Route{Key: "k" + sid, SessionID: sid, Generation: 1, UpdatedAt: t0}},
+			&persistence.AppendMessage{Message: persistence.Message{SessionID: sid, Seq: 1, Role: persistence.RoleUser,
+				Content: "hi", Platform: "http", ChatID: "c", MessageID: sid + "-m1", UserID: "u",
+				Status: persistence.StatusPending, Active: true, CreatedAt: t0}})
+	}
+	storetest.MustCommit(t, s, ops...)
+	claim := func(key, owner string) persistence.Claimed {
+		t.Helper()
+		c, err := s.Claim(ctx, key, owner, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	p := Member{ID: "p", Host: "10.0.0.1", Port: 6340, Node: "h1/r_p"}
+	q := Member{ID: "q", Host: "10.0.0.2", Port: 6340, Node: "h2/r_q"}
+	r := Member{ID: "r", Host: "10.0.0.3", Port: 6340, Node: "h3/r_r"}
+	x := Member{ID: "x", Host: "10.0.0.4", Port: 6340, Node: "h4/r_x"} // of another cluster
+	for _, m := range []Member{p, q, r} {
+		if _, err := s.Heartbeat(ctx, "c1", m, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Heartbeat(ctx, "c2", x, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	claim("ka", p.Node)
+	claim("kb", q.Node)
+	claim("kc", r.Node)
+	claim("kd", x.Node)
+	// The outage: p and q last renewed at the same moment, just before it; r died 5 ms before
+	// that, of something else; x, of another cluster, renewed with p and q. Their member_ttl is
+	// 1 ms, so all are gone now, and none of them renewed before the server started.
+	if _, err := conn.Exec(ctx, `UPDATE members SET ttl_secs = 0.001,
+		heartbeat_at = (SELECT max(heartbeat_at) FROM members) - CASE WHEN id = 'r' THEN interval '7 ms' ELSE interval '2 ms' END`); err != nil {
+		t.Fatal(err)
+	}
+	// p's successor on its data directory records p's stop (and one of a node with no row).
+	if err := s.RecordSelfStops(ctx, "c1", []string{p.Node, "h9/r_gone"}); err != nil {
+		t.Fatal(err)
+	}
+	if c := claim("ka", "h1/r_p2"); c.Counted != nil {
+		t.Errorf("claim of the key of a member that stopped itself: counted %+v, want nothing", *c.Counted)
+	}
+	if c := claim("kb", "h1/r_p2"); c.Counted != nil {
+		t.Errorf("claim of the key of a member gone in the same outage, not recorded yet: counted %+v, want nothing", *c.Counted)
+	}
+	if c := claim("kc", "h1/r_p2"); c.Counted == nil || c.Counted.MessageID != "c-m1" || c.Counted.Attempts != 1 {
+		t.Errorf("claim of the key of a member that died apart from the outage: %s, want c-m1 counted (1 attempt)", counted(c))
+	}
+	if c := claim("kd", "h5/r_y"); c.Counted == nil || c.Counted.MessageID != "d-m1" || c.Counted.Attempts != 1 {
+		t.Errorf("claim of the key of another cluster's member: %s, want d-m1 counted (1 attempt)", counted(c))
+	}
+}

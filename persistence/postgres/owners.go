@@ -17,7 +17,8 @@ import (
 // the second replaces the first's owner, which is alive: a death is counted once. The count
 // adds 1 to attempts of the routed session's head pending message, as BeginRun does (the
 // session that loads next quarantines it at QuarantineAfter). A death whose owner last renewed
-// before the server started (sinceServerStart) is not counted.
+// before the server started (sinceServerStart), or that an outage explains (noSelfStopNear),
+// is not counted.
 var claimSQL = `WITH claimed AS (
 		INSERT INTO owners (key, epoch, owner, claimed_at) VALUES ($1, 1, $2, $3)
 		ON CONFLICT (key) DO UPDATE SET epoch = owners.epoch + 1, previous = owners.owner,
@@ -29,7 +30,7 @@ var claimSQL = `WITH claimed AS (
 		WHERE c.previous <> '' AND c.previous <> $2
 			AND EXISTS (SELECT 1 FROM members m WHERE m.node = c.previous
 				AND ` + gone("NULLIF(m.ttl_secs, 0)", "NULLIF(n.ttl_secs, 0)") + `
-				AND ` + sinceServerStart + `)
+				AND ` + sinceServerStart + ` AND ` + noSelfStopNear + `)
 			AND r.key = $1 AND h.session_id = r.session_id
 			AND h.role = 'user' AND h.status = 'pending' AND h.active
 			AND h.seq = (SELECT MIN(p.seq) FROM messages p WHERE p.session_id = r.session_id
@@ -58,9 +59,28 @@ var claimSQL = `WITH claimed AS (
 // What it does not see is an outage that is no restart of this server: a failover to a standby
 // started before the members' last renewals, a network cut between the members and the
 // database, a server too slow to answer, or a crash of one of its backends (the postmaster
-// reinitializes without starting again). Those deaths still count, as before. Both times are
-// the server's clock (heartbeat_at is its clock_timestamp()).
+// reinitializes without starting again). noSelfStopNear sees those. Both times are the
+// server's clock (heartbeat_at is its clock_timestamp()).
 const sinceServerStart = `m.heartbeat_at > pg_postmaster_start_time()`
+
+// noSelfStopNear is true of a member row m when no member of its cluster that stopped itself
+// (members.self_stopped, migration 0016: its renewals failed for member_ttl, and the next
+// member started on its data directory recorded so) last renewed within m's member_ttl of m's
+// last renewal, m included. An outage of the database longer than member_ttl, of whatever
+// kind, stops every member that cannot renew: their last renewals fall within member_ttl/3 of
+// its start, and the first of them to start again records its predecessor before it claims
+// any key, so a claim of the others' keys sees the outage even before their own successors
+// record them. A member killed by a message (or by anything else: kill -9, the OOM killer)
+// leaves no such note, and its death counts.
+//
+// It sees an outage only through a member restarted on the data directory of one that
+// stopped itself (a systemd unit, a pod's container restarted with its volume): members whose
+// restarts get a fresh data directory each time record nothing, and their deaths of such an
+// outage count, as before. It under-counts a poison message's death only by coincidence: a
+// member of the same cluster stopped itself within member_ttl of it.
+const noSelfStopNear = `NOT EXISTS (SELECT 1 FROM members o WHERE o.cluster = m.cluster AND o.self_stopped
+				AND o.heartbeat_at BETWEEN m.heartbeat_at - make_interval(secs => m.ttl_secs)
+					AND m.heartbeat_at + make_interval(secs => m.ttl_secs))`
 
 const (
 	ownershipSQL = `SELECT key, epoch, owner, claimed_at FROM owners WHERE key = $1`
