@@ -16,6 +16,9 @@ var ErrTimeout = errors.New("exec agent: timed out")
 // errRunaway stops a command that wrote more than MaxOutput bytes to stdout.
 var errRunaway = errors.New("exec agent: the command wrote more than agentgate reads")
 
+// errStderrRunaway stops a command that wrote more than MaxStderrRead bytes to stderr.
+var errStderrRunaway = errors.New("exec agent: the command wrote more to stderr than agentgate reads")
+
 // ExitError reports that the command ran but ended unsuccessfully. Run wraps it; find it with
 // errors.As.
 type ExitError struct {
@@ -23,8 +26,8 @@ type ExitError struct {
 	// process was killed by a signal.
 	Code int
 	// Stderr is the tail (at most MaxStderr bytes) of what the command wrote to stderr, most
-	// often why it failed, with the daemon's secrets (Config.Withhold) and key-like strings
-	// replaced by [redacted], since the error is logged. (The tail of stdout, which may be the
+	// often why it failed, with the daemon's secrets (Config.Withhold), key-like strings and
+	// the passwords of URLs replaced by [redacted], since the error is logged. (The tail of stdout, which may be the
 	// reply, is logged at Debug only: no message bodies above it.)
 	Stderr string
 }

@@ -199,7 +199,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	runCtx, stopRunaway := context.WithCancelCause(runCtx)
 	defer stopRunaway(nil)
 	stdout := &headBuffer{max: MaxReply, limit: MaxOutput, runaway: func() { stopRunaway(errRunaway) }}
-	stderr := &tailBuffer{max: MaxStderr}
+	stderr := &tailBuffer{max: MaxStderr, limit: MaxStderrRead, runaway: func() { stopRunaway(errStderrRunaway) }}
 	stdoutTail := &tailBuffer{max: MaxStdoutLogged} // for the Debug line of a failure
 	cmd := osexec.CommandContext(runCtx, name, a.command[1:]...)
 	cmd.Dir = a.dir
@@ -303,6 +303,14 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		log.Warn("exec agent wrote more than agentgate reads; it was stopped, and the first part of its output is the reply",
 			"read", MaxOutput, "reply_bytes", MaxReply)
 		return &agents.Response{Text: stdout.reply(), Unseen: unseen}, nil
+	}
+	if errors.Is(context.Cause(runCtx), errStderrRunaway) && ctx.Err() == nil {
+		// Its reply is not whole: the turn fails, with what it wrote last.
+		if out := a.redact.tail(stdoutTail); out != "" {
+			log.Debug("exec agent stdout of a failed command", "stdout", out)
+		}
+		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: stopped after more than %d MiB on stderr, which agentgate reads no further; its end: %s",
+			name, MaxStderrRead>>20, strings.TrimSpace(a.redact.tail(stderr)))
 	}
 	// A signalled command's result is an artefact of the signal; so, most likely, is a failure
 	// that coincides with the end of ctx.

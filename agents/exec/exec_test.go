@@ -325,6 +325,27 @@ func TestRunawayOutputIsStopped(t *testing.T) {
 	}
 }
 
+// TestRunawayStderrIsStopped: a command that prints to stderr without end is stopped once it
+// has written MaxStderrRead bytes there, and its turn fails with the end of its stderr. Before,
+// stderr was read and thrown away until the timeout (10 minutes by default), which took most
+// of a core of the daemon for each such command, as stdout's did before MaxOutput.
+func TestRunawayStderrIsStopped(t *testing.T) {
+	cmd, _ := MustScript(t, `echo 'a reply that never comes'; yes 'still failing' >&2`)
+	a := MustNew(t, exec.Config{Command: cmd, Timeout: time.Minute})
+	resp, err := a.Run(t.Context(), request(turn(1), "hi"))
+	if err == nil || errors.Is(err, exec.ErrTimeout) {
+		t.Fatalf("Run() = %v, %v, want the command stopped for its stderr", resp, err)
+	}
+	for _, want := range []string{fmt.Sprintf("more than %d MiB on stderr", exec.MaxStderrRead>>20), "still failing\nstill failing"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Run() error = %q, want it to hold %q", abbrev(err.Error()), want)
+		}
+	}
+	if n := len(err.Error()); n > exec.MaxStderr+200 {
+		t.Errorf("Run() error is %d bytes, want the end of stderr only (%d)", n, exec.MaxStderr)
+	}
+}
+
 func abbrev(s string) string {
 	if len(s) <= 80 {
 		return s
@@ -618,7 +639,8 @@ func TestTimeoutLogsStderr(t *testing.T) {
 // reports its trouble on stdout (most scripts do) failed without a trace of why.
 func TestFailureShowsStdout(t *testing.T) {
 	t.Setenv("EXECTEST_BOT_TOKEN", "MTA5.the-daemons-bot-token.xyz")
-	const secrets = `echo "token MTA5.the-daemons-bot-token.xyz"; echo "Authorization: Bearer abc.def-123"; echo "key sk-proj-0123456789abcdef"`
+	const secrets = `echo "token MTA5.the-daemons-bot-token.xyz"; echo "Authorization: Bearer abc.def-123"; echo "key sk-proj-0123456789abcdef"; ` +
+		`echo "proxy-authorization: basic dXNlcjpodW50ZXIy"; echo "dial postgres://agent:hunter2-pw@db/agentgate: refused"`
 	long := "head -c 10000 /dev/zero | tr '\\0' x; echo; "
 	tests := []struct {
 		name    string
@@ -644,8 +666,8 @@ func TestFailureShowsStdout(t *testing.T) {
 		{
 			name:    "secrets redacted",
 			script:  secrets + "\n" + secrets + " >&2\nexit 1",
-			want:    []string{"[redacted]"},
-			notWant: []string{"the-daemons-bot-token", "abc.def-123", "0123456789abcdef"},
+			want:    []string{"[redacted]", "postgres://agent:[redacted]@db/agentgate"},
+			notWant: []string{"the-daemons-bot-token", "abc.def-123", "0123456789abcdef", "dXNlcjpodW50ZXIy", "hunter2-pw"},
 		},
 		{
 			name:    "the end of a long stdout",

@@ -19,6 +19,12 @@ const (
 	MaxOutput = 16 * MaxReply
 	// MaxStderr is how many trailing bytes of stderr are kept for errors and logs.
 	MaxStderr = 4 << 10
+	// MaxStderrRead is the most bytes of stderr read: a command that writes more is stopped as
+	// it is on a timeout, and its turn fails. Read and discarded to the end, as stdout was
+	// before MaxOutput, a command printing to stderr in a loop took most of a core of the
+	// daemon until its timeout. It is larger than MaxOutput: stderr is a log, and a verbose
+	// one (an HTTP client's debug lines) must not fail a turn that would succeed.
+	MaxStderrRead = 4 * MaxOutput
 	// MaxStdoutLogged is how many trailing bytes of stdout a failed command's error keeps
 	// (ExitError.Stdout), and the log of one that timed out: what it printed last, most
 	// often why it failed.
@@ -83,10 +89,19 @@ type tailBuffer struct {
 	max int
 	buf []byte
 	cut bool // bytes before the kept ones were dropped
+	// Past limit bytes written, runaway is called once (a nil runaway: no limit).
+	limit   int64
+	written int64
+	runaway func()
 }
 
 func (w *tailBuffer) Write(p []byte) (int, error) {
 	n := len(p)
+	w.written += int64(n)
+	if w.runaway != nil && w.written > w.limit {
+		w.runaway()
+		w.runaway = nil
+	}
 	if len(p) >= w.max {
 		w.cut = w.cut || len(p) > w.max || len(w.buf) > 0
 		w.buf = append(w.buf[:0], p[len(p)-w.max:]...)

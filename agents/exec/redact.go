@@ -13,12 +13,20 @@ const redacted = "[redacted]"
 // blot out common words, and no token is that short.
 const minSecret = 4
 
-// keyLike matches what looks like a credential in a command's output: a bearer token, an API
-// key by its prefix (OpenAI's sk-, GitHub's ghp_…, Slack's xox…-), the value after a name such
-// as api_key= or "password":. The first two groups keep what names it.
-var keyLike = regexp.MustCompile(`(?i)(bearer[ \t]+)[^\s"',;]+` +
+// keyLike matches what looks like a credential in a command's output: a bearer token, the
+// credentials of an Authorization or Proxy-Authorization header's Basic scheme (a base64
+// "user:password"), an API key by its prefix (OpenAI's sk-, GitHub's ghp_…, Slack's xox…-),
+// the value after a name such as api_key= or "password":. The first two groups keep what
+// names it.
+var keyLike = regexp.MustCompile(`(?i)(bearer[ \t]+|\b(?:proxy-)?authorization["']?[ \t]*[:=][ \t]*["'\[]?basic[ \t]+)[^\s"',;\]]+` +
 	`|((?:api[_-]?key|token|secret|passw(?:or)?d)["']?[ \t]*[:=][ \t]*["']?)[^\s"',;]+` +
 	`|\b(?:sk|pk|rk)-[A-Za-z0-9_\-]{8,}|\bgh[pousr]_[A-Za-z0-9]{20,}|\bxox[abprs]-[A-Za-z0-9\-]{10,}`)
+
+// urlPassword matches the password of a URL's user information (postgres://agent:s3cret@db,
+// https://u:p@host), up to the last @ of the URL's authority, as net/url reads it; the first
+// group keeps the scheme and the user, the second the @ before the host. A URL without a
+// password (http://host:8080/path, https://user@host) does not match.
+var urlPassword = regexp.MustCompile(`(?i)(\b[a-z][a-z0-9+.\-]*://[^\s:/?#@"'<>]*:)[^\s/?#"'<>]*(@)`)
 
 // redactor makes a command's output fit for a log line: the values of the variables withheld
 // from it (the daemon's own secrets, Config.Withhold) and key-like strings replaced by
@@ -44,8 +52,9 @@ func newRedactor(withhold []string, getenv func(string) string) *redactor {
 const maxFragment = 256
 
 // tail returns what w kept, redacted. When w dropped the output's start, a short run of token
-// characters at the start of what it kept is dropped too, with "…" in its place (so the result
-// may be 3 bytes longer than w.max).
+// characters at the start of what it kept is dropped too (or, in a short first word with an @,
+// all of it before its last @), with "…" in its place (so the result may be 3 bytes longer
+// than w.max).
 func (r *redactor) tail(w *tailBuffer) string {
 	s := w.String()
 	if w.cut {
@@ -54,6 +63,15 @@ func (r *redactor) tail(w *tailBuffer) string {
 			// The end of a withheld value, whatever characters it holds (a password's "!@#"
 			// stopped the token run below short of it: a review's finding).
 			return r.redact("…" + s[n:])
+		}
+		// The end of a URL cut before its password was (…res://agent:s3cret@db): urlPassword
+		// needs the scheme to see it.
+		word := s
+		if i := strings.IndexFunc(s, func(c rune) bool { return unicode.IsSpace(c) || strings.ContainsRune(`"'<>`, c) }); i >= 0 {
+			word = s[:i]
+		}
+		if at := strings.LastIndexByte(word, '@'); at > 0 && len(word) <= maxFragment {
+			return r.redact("…" + s[at:])
 		}
 		i := strings.IndexFunc(s, func(c rune) bool { return !tokenChar(c) })
 		if i < 0 {
@@ -86,10 +104,12 @@ func tokenChar(c rune) bool {
 	return c < unicode.MaxASCII && (unicode.IsLetter(c) || unicode.IsDigit(c) || strings.ContainsRune("_-.+/=~", c))
 }
 
-// redact returns s with the withheld values and key-like strings replaced by [redacted].
+// redact returns s with the withheld values, the passwords of URLs and key-like strings
+// replaced by [redacted].
 func (r *redactor) redact(s string) string {
 	for _, v := range r.values {
 		s = strings.ReplaceAll(s, v, redacted)
 	}
+	s = urlPassword.ReplaceAllString(s, "${1}"+redacted+"${2}")
 	return keyLike.ReplaceAllString(s, "${1}${2}"+redacted)
 }
