@@ -38,6 +38,16 @@ const (
 	maxErrorBody = 16 << 10
 	// maxLine bounds one line of a stream, and the data lines of one event together.
 	maxLine = MaxBody
+	// largeAnswer is how much of one answer (a body, or a stream's event with the line being
+	// read) a call holds before it needs one of its Agent's maxLargeAnswers to read on. A
+	// chat completion, or a stream's event, is far shorter unless the reply nears MaxReply.
+	largeAnswer = 1 << 20
+	// maxLargeAnswers bounds the answers past largeAnswer that the calls of an Agent (the
+	// daemon has one) read at once; a call that needs one more waits for one of them to end,
+	// or for its turn to end. An answer near MaxBody takes about three times that while it
+	// is read and decoded (encoding/json decodes a value from all of its bytes, and a string
+	// whole): agent.max_concurrent calls (32 by default) that each read one held some 3 GiB.
+	maxLargeAnswers = 2
 )
 
 // streamBuffer is the read buffer of a response body.
@@ -86,7 +96,7 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log
 			wait = 0
 		}
 		start := time.Now()
-		res, err := a.attempt(ctx, body, partial)
+		res, err := a.attempt(ctx, body, partial, log)
 		a.requests(requestResult(ctx, err))
 		if err == nil {
 			log.Debug("model call", "attempt", attempt, "took", time.Since(start),
@@ -247,9 +257,11 @@ func (a *Agent) ctxErr(ctx context.Context) error {
 }
 
 // attempt is one HTTP request.
-func (a *Agent) attempt(ctx context.Context, body []byte, partial func(string)) (*result, error) {
+func (a *Agent) attempt(ctx context.Context, body []byte, partial func(string), log *slog.Logger) (*result, error) {
 	ctx, cancel := context.WithCancel(ctx) // ends drain's wait for the body's end
 	defer cancel()
+	h := &holder{ctx: ctx, large: a.large, log: log}
+	defer h.release()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.url, bytes.NewReader(body))
 	if err != nil {
 		return nil, fmt.Errorf("openai agent: build request: %w", stripURL(err))
@@ -283,13 +295,13 @@ func (a *Agent) attempt(ctx context.Context, body []byte, partial func(string)) 
 	}
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	if stream, known := looksLikeEventStream(rb); stream || (!known && mt == "text/event-stream") {
-		res, err := a.readStream(rb, partial)
+		res, err := a.readStream(rb, partial, h)
 		if err == nil && !res.cut {
 			drain(rb, cancel)
 		}
 		return res, err
 	}
-	res, err := a.readJSON(rb, resp.Header.Get("Content-Type"))
+	res, err := a.readJSON(rb, resp.Header.Get("Content-Type"), h)
 	if err == nil && partial != nil && res.text != "" {
 		partial(res.text) // an endpoint that ignored stream: true
 	}
@@ -545,9 +557,15 @@ func cutAt(s string, n int) string {
 	return s[:n]
 }
 
-// readJSON reads a non-streamed completion, labelled contentType.
-func (a *Agent) readJSON(body io.Reader, contentType string) (*result, error) {
-	raw, err := io.ReadAll(io.LimitReader(body, MaxBody+1))
+// readJSON reads a non-streamed completion, labelled contentType; h bounds what it holds.
+func (a *Agent) readJSON(body io.Reader, contentType string, h *holder) (*result, error) {
+	raw, err := io.ReadAll(io.LimitReader(body, largeAnswer+1))
+	if err == nil && len(raw) > largeAnswer {
+		if err := h.need(len(raw)); err != nil {
+			return nil, err
+		}
+		raw, err = io.ReadAll(io.LimitReader(io.MultiReader(bytes.NewReader(raw), body), MaxBody+1))
+	}
 	if err != nil {
 		return nil, &transportError{what: whatBrokeOff, err: a.safeErr(err)}
 	}
@@ -577,13 +595,13 @@ func (a *Agent) readJSON(body io.Reader, contentType string) (*result, error) {
 // readStream reads a server-sent event stream of completion chunks, calling partial with the
 // whole text each time it grows (partial is nil when nobody watches the reply grow). The stream
 // ends with "data: [DONE]" (or, on some servers, at a clean end of the body after a chunk with
-// a finish reason).
-func (a *Agent) readStream(body io.Reader, partial func(string)) (*result, error) {
+// a finish reason). h bounds what it holds: the data of one event, and the line being read.
+func (a *Agent) readStream(body io.Reader, partial func(string), h *holder) (*result, error) {
 	res := &result{}
 	var b strings.Builder
-	lines := lineReader{r: bufio.NewReaderSize(body, streamBuffer)}
 	var data []string
 	size := 0 // of data
+	lines := lineReader{r: bufio.NewReaderSize(body, streamBuffer), need: func(n int) error { return h.need(size + n) }}
 	dispatch := func() (bool, error) {
 		if len(data) == 0 {
 			return false, nil
@@ -668,6 +686,9 @@ const byteOrderMark = "\uFEFF"
 type lineReader struct {
 	r       *bufio.Reader
 	afterCR bool // the last line ended with a CR
+	// need, when not nil, is told the length of the line being read as it grows, and ends the
+	// read with its error.
+	need func(n int) error
 }
 
 // next returns the next line without its end, at most maxLine bytes; a last line without an
@@ -695,6 +716,11 @@ func (l *lineReader) next() (string, error) {
 		if len(line)+end > maxLine {
 			return "", tooLarge("a stream line")
 		}
+		if l.need != nil {
+			if err := l.need(len(line) + end); err != nil {
+				return "", err
+			}
+		}
 		line = append(line, buf[:end]...)
 		if end < len(buf) {
 			l.afterCR = buf[end] == '\r'
@@ -702,5 +728,44 @@ func (l *lineReader) next() (string, error) {
 			return string(line), nil
 		}
 		_, _ = l.r.Discard(end)
+	}
+}
+
+// holder is what one attempt holds of an answer: past largeAnswer, one of its Agent's
+// maxLargeAnswers. Its methods are called by the attempt's goroutine only. need of a nil
+// holder bounds nothing (for tests of the readers alone).
+type holder struct {
+	ctx   context.Context // the attempt's: a wait ends with it
+	large chan struct{}   // Agent.large
+	log   *slog.Logger
+	taken bool
+}
+
+// need makes room for n bytes of the answer: past largeAnswer it takes one of the large
+// answers, waiting while all of them are read, and returns ctx's error if ctx ends first. An
+// attempt holds at most one, and never waits holding one, so waits cannot deadlock.
+func (h *holder) need(n int) error {
+	if h == nil || h.taken || n <= largeAnswer {
+		return nil
+	}
+	select {
+	case h.large <- struct{}{}:
+	default:
+		h.log.Debug("model answer waits: other large answers are being read", "large_answers", cap(h.large))
+		select {
+		case h.large <- struct{}{}:
+		case <-h.ctx.Done():
+			return h.ctx.Err()
+		}
+	}
+	h.taken = true
+	return nil
+}
+
+// release gives back the large answer need took, if any.
+func (h *holder) release() {
+	if h.taken {
+		<-h.large
+		h.taken = false
 	}
 }

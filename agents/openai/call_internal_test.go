@@ -26,7 +26,7 @@ func TestReadStreamShapes(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			n := 0
-			res, err := a.readStream(strings.NewReader(tt.body), func(string) { n++ })
+			res, err := a.readStream(strings.NewReader(tt.body), func(string) { n++ }, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -35,7 +35,7 @@ func TestReadStreamShapes(t *testing.T) {
 			}
 		})
 	}
-	if _, err := a.readStream(strings.NewReader(""), func(string) {}); err == nil {
+	if _, err := a.readStream(strings.NewReader(""), func(string) {}, nil); err == nil {
 		t.Error("readStream of an empty body: no error")
 	}
 }
@@ -66,7 +66,7 @@ func (e *endlessData) Read(p []byte) (int, error) {
 func TestReadStreamBoundsAnEvent(t *testing.T) {
 	a := &Agent{key: &apiKey{"sk-internal-0123456789"}}
 	body := &endlessData{limit: 16 * maxLine}
-	_, err := a.readStream(body, func(string) {})
+	_, err := a.readStream(body, func(string) {}, nil)
 	if err == nil {
 		t.Fatal("readStream of an event without end: no error")
 	}

@@ -34,7 +34,10 @@
 // ErrTooLarge, as an agents.Refusal. So does a 200 whose body is a web page (a proxy's login
 // page, a web app at a base_url without the API's path), and a reply that reached its length
 // limit before any text (a reasoning model that spent max_tokens thinking): the same message
-// would fail the same way.
+// would fail the same way. An answer near MaxBody takes about three times that while it is
+// read and decoded, so the calls of an Agent read at most maxLargeAnswers answers past
+// largeAnswer (1 MiB) at once; a call that reaches it while they are read waits for one of
+// them to end (or for its turn to end).
 //
 // Retries: 429, 5xx and transport failures are retried up to Config.MaxRetries times, waiting
 // 1s, 2s, 4s… capped at Config.MaxBackoff (each spread from half of it to all of it,

@@ -107,6 +107,9 @@ type Agent struct {
 	epoch time.Time
 	// retryLines limits the line of a retried call to one a minute.
 	retryLines logging.Limiter
+	// large holds a value for each answer past largeAnswer being read (maxLargeAnswers at
+	// most): what the calls of the Agent hold of their answers together is bounded.
+	large chan struct{}
 	// completionTokens is set once the endpoint refused max_tokens, asking for
 	// max_completion_tokens (OpenAI's reasoning models): the bound goes by that name from then on.
 	completionTokens atomic.Bool
@@ -178,6 +181,7 @@ func New(c Config) (*Agent, error) {
 		nowFn:        c.Now,
 		requests:     c.Requests,
 		jitter:       c.Jitter,
+		large:        make(chan struct{}, maxLargeAnswers),
 	}
 	if c.Temperature != nil {
 		t := *c.Temperature
