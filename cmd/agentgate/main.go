@@ -166,7 +166,11 @@ func (f *configFlags) registerAdmin(fs *flag.FlagSet, usesDaemon bool) {
 		fs.Lookup("http-addr").Usage = "the daemon's HTTP `address` for the curl command printed when its data directory records none; the command itself asks only a recorded address (overrides http.addr)"
 	}
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
+		usage, ok := sessionsCommandUsage[fs.Name()]
+		if !ok {
+			usage = "usage: agentgate " + fs.Name() + " [flags]\n"
+		}
+		fmt.Fprint(fs.Output(), usage, "\nflags:\n")
 		f.printDefaults()
 	}
 }
@@ -245,6 +249,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg, err := cf.load()
 	if err != nil {
 		return configError(err)
+	}
+	if err := dataDirNotDir(cfg.DataDir); err != nil {
+		// Refused before the store opens (and a PostgreSQL one migrates) only to fail at the
+		// data directory's lock.
+		return err
 	}
 	var level slog.LevelVar
 	level.Set(cfg.SlogLevel())
@@ -347,15 +356,28 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 
 // startRefusals returns what serve would refuse at start, in this environment, of a
 // configuration that validates: supervisor.Preflight's (a secret variable unset, an exec
-// agent's command not there) and the cluster's TLS files. It opens no database and no
-// connection, so it leaves out what only those tell: the store, the data directory's lock, a
-// port that is taken, a cluster.advertise that does not reach cluster.bind.
+// agent's command not there), a data_dir that is not a directory, and the files that the
+// cluster's TLS and the PostgreSQL DSN name. It opens no database and no connection, so it
+// leaves out what only those tell: the store, the data directory's lock, a port that is taken,
+// a cluster.advertise that does not reach cluster.bind.
 func startRefusals(cfg *config.Config) []string {
 	out := supervisor.Preflight(cfg, os.Getenv)
-	if err := clusterTLSFiles(cfg.Cluster); err != nil {
-		out = append(out, fmt.Sprintf("%v; serve refuses to start with it", err))
+	for _, err := range []error{dataDirNotDir(cfg.DataDir), cfg.PostgresFiles(), clusterTLSFiles(cfg.Cluster)} {
+		if err != nil {
+			out = append(out, fmt.Sprintf("%v; serve refuses to start with it", err))
+		}
 	}
 	return out
+}
+
+// dataDirNotDir returns the problem of a data_dir that exists but is not a directory (a missing
+// one is created at start). Before, check-config said "config ok" of it, and serve failed
+// only where it made the database or took the directory's lock.
+func dataDirNotDir(dir string) error {
+	if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
+		return &config.FieldError{Field: "data_dir", Value: dir, Err: errors.New("exists but is not a directory")}
+	}
+	return nil
 }
 
 // clusterTLSFiles reads the cluster's TLS files as a member reads them when it joins the

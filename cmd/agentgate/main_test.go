@@ -107,6 +107,13 @@ func TestRunCommands(t *testing.T) {
 			wantStderr: []string{"the daemon's HTTP address for the curl command printed when its data directory records none; the command itself asks only a recorded address"}, notStderr: []string{"-log-level"}},
 		{name: "an admin command still accepts them", args: []string{"sessions", "list", "--data-dir", filepath.Join(dir, "none"), "--log-level", "debug", "--http-addr", "127.0.0.1:1"},
 			wantErr: "no database at"},
+		// Before, only the flags: the arguments they go with went unsaid (found by an audit).
+		{name: "a sessions command's help names its argument", args: []string{"sessions", "show", "-h"},
+			wantStderr: []string{"usage: agentgate sessions show [flags] KEY\n", "KEY is a session key, as sessions list prints it", "\nflags:\n  -config file"}},
+		{name: "and all of them", args: []string{"sessions", "requeue", "-h"},
+			wantStderr: []string{"usage: agentgate sessions requeue [flags] KEY MESSAGE_ID\n", "sessions quarantined prints both"}},
+		{name: "search's names the query", args: []string{"sessions", "search", "--help"}, wantStderr: []string{"usage: agentgate sessions search [flags] QUERY\n"}},
+		{name: "one without an argument names none", args: []string{"sessions", "quarantined", "-h"}, wantStderr: []string{"usage: agentgate sessions quarantined [flags]\n\nLists quarantined messages"}},
 		{name: "unknown command", args: []string{"frobnicate"}, wantErr: "usage", wantStderr: []string{`unknown command "frobnicate"`}},
 		{name: "check-config ok", args: []string{"check-config", "--config", good}, wantOut: "config ok",
 			wantStderr: []string{"warning: AGENTGATE_HTTP_ADR names no configuration key (a misspelt one?); it is ignored"}},
@@ -115,7 +122,8 @@ func TestRunCommands(t *testing.T) {
 		// One line, for the journal: before, the problems after the first were lines of their
 		// own, without "agentgate: ".
 		{name: "serve names every problem in one line", args: []string{"serve", "--config", bad},
-			wantErr: `config has 3 problem(s): ` + bad + `:5: bogus: unknown key; ` + bad + `:3: sessions.queue.mode: "fast": must be one of`},
+			wantErr: `config has 3 problem(s): ` + bad + `:3: sessions.queue.mode: "fast": must be one of followup, collect, interrupt, steer; ` +
+				bad + `:4: sessions.queue.cap: 0: must be at least 1; ` + bad + `:5: bogus: unknown key`},
 		{name: "an admin command too", args: []string{"sessions", "list", "--config", bad}, wantErr: `config has 3 problem(s): `},
 		{name: "print defaults", args: []string{"check-config", "--print-defaults"}, wantOut: "passivate_after: 10m"},
 		{name: "check-config refuses a missing API key", args: []string{"check-config", "--config", noKey}, wantErr: "serve would refuse to start here: 1 problem(s)",
@@ -241,6 +249,11 @@ func TestCheckConfig(t *testing.T) {
 			"cluster.tls: load " + filepath.Join(dir, "gone.pem") + " and " + key + ": open " + filepath.Join(dir, "gone.pem") + ": no such file or directory; serve refuses to start with it"},
 		{"a cluster CA that holds no certificate", cluster("tls-ca.yaml", cert, key, key),
 			"cluster.tls.ca_file: " + key + " holds no PEM certificate; serve refuses to start with it"},
+		// Before, "config ok" of both (found by an audit).
+		{"a data_dir that is a file", write("file-dir.yaml", "data_dir: "+cert+"\n"),
+			`data_dir: "` + cert + `": exists but is not a directory; serve refuses to start with it`},
+		{"a CA file the DSN names that is not here", write("pg-ca.yaml", "data_dir: "+dir+"\nstore: {driver: postgres, dsn: \"postgres://db.invalid/agentgate?sslmode=verify-full&sslrootcert="+filepath.Join(dir, "gone.pem")+"\"}\n"),
+			"store.dsn: names a file that cannot be read here: failed to configure TLS: unable to read CA file: open " + filepath.Join(dir, "gone.pem") + ": no such file or directory; serve refuses to start with it"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			stdout, stderr, err := check(t, "--config", tt.path)
@@ -259,6 +272,30 @@ func TestCheckConfig(t *testing.T) {
 			}
 		})
 	}
+
+	// Refused before anything starts: before, serve began to start (on PostgreSQL, opened the
+	// store) and failed where it made the database or took the directory's lock, and check-config
+	// took a DSN pgx cannot parse (found by an audit).
+	t.Run("serve refuses a data_dir that is a file before it starts", func(t *testing.T) {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), []string{"serve", "--data-dir", cert, "--http-addr", "127.0.0.1:0"}, &out, &errOut)
+		if want := `data_dir: "` + cert + `": exists but is not a directory`; err == nil || err.Error() != want {
+			t.Errorf("serve = %v, want %q", err, want)
+		}
+	})
+	t.Run("a DSN pgx cannot parse, without its password", func(t *testing.T) {
+		path := write("pg-bad.yaml", "data_dir: "+dir+"\nstore:\n  driver: postgres\n  dsn: \"postgres://agentgate:s3c ret@db.invalid/agentgate\"\n")
+		want := path + ":4: store.dsn: cannot be parsed: failed to parse as URL; write it as postgres://user:password@host:port/database"
+		_, stderr, err := check(t, "--config", path)
+		if err == nil || !strings.HasPrefix(stderr, want) || strings.Contains(stderr, "s3c") {
+			t.Errorf("check-config = %v, stderr %q; want an error, and stderr to begin %q without the password", err, stderr, want)
+		}
+		var out, errOut bytes.Buffer
+		err = run(context.Background(), []string{"serve", "--config", path, "--http-addr", "127.0.0.1:0"}, &out, &errOut)
+		if err == nil || !strings.HasPrefix(err.Error(), "config: "+want) || strings.Contains(err.Error(), "s3c") {
+			t.Errorf("serve = %v, want it to begin %q without the password", err, "config: "+want)
+		}
+	})
 
 	// An empty variable is unset (a template that left it out); a level is taken in any case.
 	good := write("good.yaml", "data_dir: "+dir+"\nlog: {level: WARN}\n")

@@ -46,6 +46,51 @@ Every command takes --config and --data-dir. list, show, export, search and quar
 while the daemon runs.
 `
 
+// sessionsCommandUsage is what the -h of each sessions command prints before its flags: its
+// arguments and what they are (before, the flags alone, and KEY and MESSAGE_ID went unsaid).
+var sessionsCommandUsage = map[string]string{
+	"sessions list": `usage: agentgate sessions list [flags]
+
+Lists session keys, sorted, with their current session.
+`,
+	"sessions show": `usage: agentgate sessions show [flags] KEY
+
+Shows KEY's route, current session, counts and last messages.
+` + keyHelp,
+	"sessions export": `usage: agentgate sessions export [flags] KEY
+
+Prints KEY's sessions (current and predecessors), transcripts and outbox as JSON.
+` + keyHelp,
+	"sessions reset": `usage: agentgate sessions reset [flags] KEY
+
+Ends KEY's current session; the next message starts a new one (through the daemon, or a
+cluster member, when one runs).
+` + keyHelp,
+	"sessions requeue": `usage: agentgate sessions requeue [flags] KEY MESSAGE_ID
+
+Runs the quarantined message MESSAGE_ID of the session key KEY again, after the messages
+waiting, as its sender's (through the running daemon or a cluster member; refused when none
+runs). sessions quarantined prints both.
+`,
+	"sessions search": `usage: agentgate sessions search [flags] QUERY
+
+Finds messages by their text, best match first.
+
+In QUERY, ` + searchHelp + `.
+`,
+	"sessions quarantined": `usage: agentgate sessions quarantined [flags]
+
+Lists quarantined messages across sessions, newest first, with the KEY and MESSAGE_ID that
+sessions requeue takes.
+`,
+}
+
+// keyHelp says what a KEY argument is.
+const keyHelp = `
+KEY is a session key, as sessions list prints it
+(agent:<profile>:<platform>:<chat type>:<chat id>[:...]).
+`
+
 // Limits of the sessions commands.
 const (
 	defaultListPage = 50

@@ -243,13 +243,13 @@ func TestLoadFileErrors(t *testing.T) {
 			name: "a map of durations, a never-ending idle reset, a PostgreSQL DSN on SQLite",
 			yaml: "sessions:\n  queue:\n    debounce_by_platform: [discord]\n  reset:\n    idle_minutes: 9999999999\n" +
 				"  reset_by_type:\n    dm: {idle_minutes: 153722868}\nstore:\n  dsn: postgres://u:pw@127.0.0.1/db\n",
-			wantFields: []string{"sessions.queue.debounce_by_platform", "store.dsn", "sessions.reset.idle_minutes",
-				"sessions.reset_by_type.dm.idle_minutes"},
+			wantFields: []string{"sessions.queue.debounce_by_platform", "sessions.reset.idle_minutes",
+				"sessions.reset_by_type.dm.idle_minutes", "store.dsn"},
 			wantText: []string{
 				`agentgate.yaml:3: sessions.queue.debounce_by_platform: must be a mapping of names to values, each a duration such as 90s or 10m`,
 				`agentgate.yaml:5: sessions.reset.idle_minutes: 9999999999: must be at most 52560000 (100 years)`,
-				`sessions.reset_by_type.dm.idle_minutes: 153722868: must be at most 52560000`,
-				`store.dsn: is a PostgreSQL connection string, but store.driver is sqlite: set store.driver: postgres`,
+				`agentgate.yaml:7: sessions.reset_by_type.dm.idle_minutes: 153722868: must be at most 52560000`,
+				`agentgate.yaml:9: store.dsn: is a PostgreSQL connection string, but store.driver is sqlite: set store.driver: postgres`,
 			},
 		},
 		{
@@ -275,27 +275,28 @@ func TestLoadFileErrors(t *testing.T) {
 				"    group: {at_hour: 25, notify: maybe}\n" +
 				"    thread: {daily_min_idle: 24h}\n" +
 				"  reset: {timezone: Mars/Olympus_Mons}\n",
+			// In the file's order, the decoder's problems and validation's alike.
 			wantFields: []string{
 				"sessions.reset_by_platform.discord.mod",
-				"sessions.reset_by_platform.http.at_hour",
-				"sessions.reset_by_type.group.notify",
-				"sessions.reset.timezone",
 				"sessions.reset_by_platform.discord.mode",
 				"sessions.reset_by_platform.discord.idle_minutes",
+				"sessions.reset_by_platform.http.at_hour",
 				"sessions.reset_by_type.dms",
+				"sessions.reset_by_type.group.notify",
 				"sessions.reset_by_type.group.at_hour",
 				"sessions.reset_by_type.thread.daily_min_idle",
+				"sessions.reset.timezone",
 			},
 			wantText: []string{
 				`agentgate.yaml:3: sessions.reset_by_platform.discord.mod: unknown key`,
+				`agentgate.yaml:3: sessions.reset_by_platform.discord.mode: "weekly": must be one of none, idle, daily, both`,
+				`agentgate.yaml:3: sessions.reset_by_platform.discord.idle_minutes: 0: must be at least 1`,
 				`agentgate.yaml:4: sessions.reset_by_platform.http.at_hour: "noon": must be an integer`,
+				`agentgate.yaml:6: sessions.reset_by_type.dms: unknown chat type: must be one of dm, group, channel, thread`,
 				`agentgate.yaml:7: sessions.reset_by_type.group.notify: "maybe": must be true or false`,
-				`sessions.reset.timezone: "Mars/Olympus_Mons": must be an IANA time zone`,
-				`sessions.reset_by_platform.discord.mode: "weekly": must be one of none, idle, daily, both`,
-				`sessions.reset_by_platform.discord.idle_minutes: 0: must be at least 1`,
-				`sessions.reset_by_type.dms: unknown chat type: must be one of dm, group, channel, thread`,
-				`sessions.reset_by_type.group.at_hour: 25: must be from 0 to 23`,
-				`sessions.reset_by_type.thread.daily_min_idle: 24h: must be from 0s to less than 24h`,
+				`agentgate.yaml:7: sessions.reset_by_type.group.at_hour: 25: must be from 0 to 23`,
+				`agentgate.yaml:8: sessions.reset_by_type.thread.daily_min_idle: 24h: must be from 0s to less than 24h`,
+				`agentgate.yaml:9: sessions.reset.timezone: "Mars/Olympus_Mons": must be an IANA time zone`,
 			},
 		},
 		{
@@ -312,6 +313,13 @@ func TestLoadFileErrors(t *testing.T) {
 				`agentgate.yaml:2: sessions.reset_by_platform: must be a mapping of names to mappings with the keys mode, idle_minutes, at_hour, notify, daily_min_idle`,
 				`agentgate.yaml:4: sessions.reset_by_type.dm: must be a mapping of keys`,
 			},
+		},
+		{
+			// Merged content has no key path of its own, but its line, in the file's order.
+			name:       "a merged mapping's unknown key",
+			yaml:       "sessions:\n  queue: &q\n    cap: 5\nlog:\n  level: loud\n  <<: *q\n",
+			wantFields: []string{"!agentgate.yaml:3: field cap not found in type config.Log", "log.level"},
+			wantText:   []string{"agentgate.yaml:5: log.level"},
 		},
 		{
 			name:       "not a mapping",
@@ -391,6 +399,79 @@ func TestLoadValidationProblemsNameTheirLine(t *testing.T) {
 	_, err = Load(path, []string{"AGENTGATE_SESSIONS_QUEUE_MODE=slow"}, nil)
 	if err == nil || !strings.Contains(err.Error(), `sessions.queue.mode: "slow"`) || strings.Contains(err.Error(), `:4: sessions.queue.mode`) {
 		t.Errorf("Load error with the mode from the environment =\n%v\nwant it without the file's line", err)
+	}
+}
+
+// TestLoadProblemsInFileOrder: every problem of a value the file holds names its line, also one
+// reported without its value (a required key emptied, a URL that may hold a password), one in a
+// list entry and one of a map's key, and they come in the file's order, then those the file
+// cannot be blamed for. Before, these had no line, and problems came in validation's order
+// (found by an audit).
+func TestLoadProblemsInFileOrder(t *testing.T) {
+	path := MustWriteConfig(t, `data_dir: ""
+agent:
+  backend: exec
+  exec:
+    command: []
+  openai:
+    base_url: "ftp://u:pw@example.com/v1"
+sessions:
+  reset:
+    quiet_platforms: [discord, Http]
+  reset_by_type:
+    dmz: {mode: idle}
+  queue:
+    debounce_by_platform: {"my.chat": 6m}
+platforms:
+  discord:
+    allowed_users:
+      - "12"
+      - abc
+log: {level: loud}
+`)
+	// Each problem's field, after ":LINE: " when it names the file's line.
+	lines := func(environ []string, override func(*Config)) []string {
+		_, err := Load(path, environ, override)
+		var out []string
+		for _, p := range problems(err) {
+			var fe *FieldError
+			if !errors.As(p, &fe) {
+				t.Fatalf("problem %q is not a *FieldError", p)
+			}
+			out = append(out, strings.TrimPrefix(strings.TrimSuffix(p.Error(), fe.Error()), path)+fe.Field)
+		}
+		return out
+	}
+	want := []string{
+		":1: data_dir",
+		":5: agent.exec.command",
+		":7: agent.openai.base_url",
+		":10: sessions.reset.quiet_platforms[1]",
+		":12: sessions.reset_by_type.dmz",
+		`:14: sessions.queue.debounce_by_platform."my.chat"`,
+		":19: platforms.discord.allowed_users[1]",
+		":20: log.level",
+	}
+	if diff := cmp.Diff(want, lines(nil, nil)); diff != "" {
+		t.Errorf("Load problems (-want +got):\n%s", diff)
+	}
+
+	// What the environment or a flag set is not the file's line's fault: it follows the file's
+	// problems, without a line.
+	want = []string{
+		":1: data_dir",
+		":5: agent.exec.command",
+		":12: sessions.reset_by_type.dmz",
+		`:14: sessions.queue.debounce_by_platform."my.chat"`,
+		":19: platforms.discord.allowed_users[1]",
+		"log.level",
+		"sessions.reset.quiet_platforms[0]",
+		"agent.openai.base_url",
+	}
+	got := lines([]string{"AGENTGATE_AGENT_OPENAI_BASE_URL=gopher://x", "AGENTGATE_SESSIONS_RESET_QUIET_PLATFORMS=[Http]"},
+		func(c *Config) { c.Log.Level = "trace" })
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Load problems with values from the environment and a flag (-want +got):\n%s", diff)
 	}
 }
 
@@ -583,7 +664,13 @@ func TestLoadEnvErrors(t *testing.T) {
 		{"fraction for an int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=2.7"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "2.7": must be an integer`}},
 		{"fraction in a map", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE={dm: {at_hour: 4.5}}"}, []string{`AGENTGATE_SESSIONS_RESET_BY_TYPE: "{dm: {at_hour: 4.5}}": dm.at_hour: "4.5": must be an integer`}},
 		{"null int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=~"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "~": must be an integer`}},
-		{"unclosed list", []string{"AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c"}, []string{`AGENTGATE_AGENT_EXEC_COMMAND: "[sh, -c": must be a list`}},
+		// The syntax error, not "must be a list" of what is one (found by an audit).
+		{"unclosed list", []string{"AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c"}, []string{`AGENTGATE_AGENT_EXEC_COMMAND: "[sh, -c": is not valid YAML: did not find expected ',' or ']'`}},
+		{"unclosed mapping", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE={dm: {mode: idle}"},
+			[]string{`AGENTGATE_SESSIONS_RESET_BY_TYPE: "{dm: {mode: idle}": is not valid YAML: did not find expected ',' or '}'`}},
+		{"unclosed mapping of durations", []string{"AGENTGATE_SESSIONS_QUEUE_DEBOUNCE_BY_PLATFORM={discord: 600ms"},
+			[]string{`AGENTGATE_SESSIONS_QUEUE_DEBOUNCE_BY_PLATFORM: "{discord: 600ms": is not valid YAML: did not find expected ',' or '}'`}},
+		{"a mapping for an integer is still not one", []string{"AGENTGATE_SESSIONS_QUEUE_CAP={"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "{": must be an integer`}},
 		{"mapping for list", []string{"AGENTGATE_AGENT_EXEC_COMMAND={a: b}"}, []string{`AGENTGATE_AGENT_EXEC_COMMAND: "{a: b}": must be a list`}},
 		// Reported once, under the variable: the key it did not set is not "required" too
 		// (found by an audit).
@@ -1001,6 +1088,61 @@ func TestUnknownEnv(t *testing.T) {
 	want := []string{"AGENTGATE_AGENT_EXEC_COMAND", "AGENTGATE_HTTPADDR", "AGENTGATE_HTTP_ADR", "AGENTGATE_LOG", "AGENTGATE_SESSIONS_QUEUE_CAPS"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("UnknownEnv() mismatch (-want +got):\n%s", diff)
+	}
+}
+
+// TestPostgresDSNSyntax: a PostgreSQL DSN pgx cannot parse is a problem of store.dsn, in pgx's
+// words and never with the password; a file it names that is not here is left to PostgresFiles
+// (check-config's refusals), since it may be where the configuration runs. Before, only the
+// store's Open refused the DSN, once the daemon had begun to start (found by an audit).
+func TestPostgresDSNSyntax(t *testing.T) {
+	tests := []struct {
+		dsn  string
+		want string // the problem of store.dsn after "cannot be parsed: "; "" for none
+	}{
+		{"postgres://agentgate:s3cret@db.internal:5432/agentgate?sslmode=require", ""},
+		{"host=db.internal user=agentgate password=s3cret dbname=agentgate", ""},
+		{"postgres://agentgate:s3cret@db.internal:port/agentgate", "invalid port"},
+		{"postgres://agentgate:s3c ret@db.internal/agentgate", "failed to parse as URL"},
+		{"postgres://agentgate@db.internal:s3cret/agentgate", "invalid port"}, // (the strconv error quotes the port)
+		{"host=db.internal password s3cret", "failed to parse as keyword/value"},
+		{"host=db.internal password='s3cret", "failed to parse as keyword/value"},
+		{"postgres://agentgate:s3cret@db.internal/agentgate?sslmode=sometimes", "failed to configure TLS: sslmode is invalid"},
+		{"postgres://agentgate:s3cret@db.internal/agentgate?connect_timeout=soon", "invalid connect_timeout"},
+		{"postgres://agentgate:s3cret@db.internal/agentgate?pool_max_conns=many", "cannot parse pool_max_conns"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.dsn, func(t *testing.T) {
+			_, err := Load("", []string{"AGENTGATE_STORE_DRIVER=postgres", "AGENTGATE_STORE_DSN=" + tt.dsn}, nil)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("Load(dsn %q) = %v, want no problem", tt.dsn, err)
+				}
+				return
+			}
+			want := "store.dsn: cannot be parsed: " + tt.want + "; write it as postgres://user:password@host:port/database?sslmode=... or as key=value pairs"
+			if err == nil || !strings.HasPrefix(err.Error(), want) {
+				t.Errorf("Load(dsn %q) = %v, want %q", tt.dsn, err, want)
+			}
+			if err != nil && strings.Contains(err.Error(), "s3c") {
+				t.Errorf("Load(dsn %q) = %v, which shows the password", tt.dsn, err)
+			}
+		})
+	}
+
+	missing := filepath.Join(t.TempDir(), "ca.pem")
+	c := Default()
+	c.Store.Driver, c.Store.DSN = "postgres", "postgres://agentgate:s3cret@db.internal/agentgate?sslmode=verify-full&sslrootcert="+missing
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate() with an sslrootcert that is not here = %v, want nil", err)
+	}
+	err := c.PostgresFiles()
+	if want := "store.dsn: names a file that cannot be read here: failed to configure TLS: unable to read CA file: open " + missing; err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("PostgresFiles() = %v, want %q", err, want)
+	}
+	c.Store.DSN = "postgres://agentgate:s3cret@db.internal/agentgate"
+	if err := c.PostgresFiles(); err != nil {
+		t.Errorf("PostgresFiles() of a DSN that names no file = %v, want nil", err)
 	}
 }
 

@@ -2,11 +2,13 @@ package config
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -85,10 +87,12 @@ func Load(path string, environ []string, override func(*Config)) (*Config, error
 // Check is Load for check-config: it returns the configuration also when it has problems
 // (nil only when the file cannot be read), so that what serve would refuse in this
 // environment (a secret variable that is not set) is reported with them, not after they are
-// fixed. A key with a problem holds its default or the value as decoded.
+// fixed. A key with a problem holds its default or the value as decoded. The problems the
+// file's lines can be named for come first, in the file's order; the others follow.
 func Check(path string, environ []string, override func(*Config)) (*Config, error) {
 	cfg := Default()
 	var errs []error
+	var lines map[string]int
 	if path != "" {
 		data, err := os.ReadFile(path)
 		if err != nil {
@@ -102,10 +106,28 @@ func Check(path string, environ []string, override func(*Config)) (*Config, erro
 			return nil, fmt.Errorf("read %s: %w", path, err)
 		}
 		errs = append(errs, decodeFile(cfg, path, data)...)
+		lines = keyLines(data)
 	}
-	errs = append(errs, applyEnv(cfg, environ)...)
+	vars := envVars(environ)
+	errs = append(errs, applyEnv(cfg, vars)...)
+	// The keys whose value is not the file's: a problem with one is not pinned on the file's
+	// line, which may hold a good value.
+	notFile := make(map[string]bool)
+	for _, l := range leaves() {
+		if vars[l.env] != "" {
+			notFile[l.path] = true
+		}
+	}
 	if override != nil {
+		// The flags set whole values (a shallow copy tells what they changed).
+		before := *cfg
 		override(cfg)
+		b, a := reflect.ValueOf(&before).Elem(), reflect.ValueOf(cfg).Elem()
+		for _, l := range leaves() {
+			if !reflect.DeepEqual(b.FieldByIndex(l.index).Interface(), a.FieldByIndex(l.index).Interface()) {
+				notFile[l.path] = true
+			}
+		}
 	}
 	// A value that didn't decode is reported once: the decoder may have left a zero in its
 	// place (it allocates an override's pointer field before it fails), which isn't news.
@@ -121,56 +143,64 @@ func Check(path string, environ []string, override func(*Config)) (*Config, erro
 			}
 		}
 	}
-	var lines *fileLines
 	for _, err := range cfg.validate() {
 		var fe *FieldError
-		if errors.As(err, &fe) && undecoded[fe.Field] {
-			continue
-		}
-		if fe, ok := err.(*FieldError); ok && path != "" {
-			if lines == nil {
-				lines = readLines(path)
+		if errors.As(err, &fe) {
+			if undecoded[fe.Field] {
+				continue
 			}
-			err = lines.at(fe)
+			if line, ok := lines[fe.Field]; ok && !setElsewhere(fe.Field, notFile) {
+				err = &lineError{file: path, line: line, err: fe}
+			}
 		}
 		errs = append(errs, err)
 	}
+	slices.SortStableFunc(errs, func(a, b error) int { return cmp.Compare(lineOfErr(a), lineOfErr(b)) })
 	return cfg, errors.Join(errs...)
 }
 
-// fileLines are the values a configuration file sets, by key path, to name the line of a value
-// the file holds that validation refuses, as the decoder's problems are named.
-type fileLines struct {
-	name   string
-	leaves map[string]*yaml.Node
+// lineError is a problem at a line of the configuration file.
+type lineError struct {
+	file string
+	line int
+	err  error
 }
 
-// readLines reads the values the file at path sets (it decoded once already).
-func readLines(path string) *fileLines {
-	l := &fileLines{name: path, leaves: map[string]*yaml.Node{}}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return l
+func (e *lineError) Error() string { return fmt.Sprintf("%s:%d: %v", e.file, e.line, e.err) }
+
+func (e *lineError) Unwrap() error { return e.err }
+
+// lineOfErr is the file's line that err names, or the largest int when it names none (a
+// problem of the environment or the flags, or of a value the file does not hold).
+func lineOfErr(err error) int {
+	var le *lineError
+	if errors.As(err, &le) {
+		return le.line
 	}
+	return math.MaxInt
+}
+
+// setElsewhere reports whether field, or a key it holds or is part of, got its value from an
+// environment variable or a flag rather than the file.
+func setElsewhere(field string, notFile map[string]bool) bool {
+	for key := range notFile {
+		if key == field || strings.HasPrefix(key, field+".") ||
+			strings.HasPrefix(field, key+".") || strings.HasPrefix(field, key+"[") {
+			return true
+		}
+	}
+	return false
+}
+
+// keyLines returns the line of every key the file writes, by its path as a FieldError names it
+// (sessions.reset_by_type.dm.mode), and of every list entry (agent.exec.command[1]).
+func keyLines(data []byte) map[string]int {
+	lines := make(map[string]int)
 	var root yaml.Node
-	if yaml.Unmarshal(data, &root) != nil {
-		return l
+	if yaml.Unmarshal(data, &root) == nil { // it parsed once already
+		diagnose(&root, reflect.TypeFor[Config](), "", new([]diag), lines)
 	}
-	var diags []diag
-	diagnose(&root, reflect.TypeFor[Config](), "", &diags, l.leaves)
-	return l
-}
-
-// at returns fe prefixed with the file and the line of its value when the file holds that very
-// value there; a value an environment variable or a flag set instead (or one the file writes
-// otherwise, 300s for 5m) keeps fe as it is, rather than point at a line that is not at fault.
-func (l *fileLines) at(fe *FieldError) error {
-	n := l.leaves[fe.Field]
-	if n == nil || n.Kind != yaml.ScalarNode || fe.Value == nil || formatValue(fe.Value) != n.Value && fmt.Sprint(fe.Value) != n.Value &&
-		formatValue(fe.Value) != strconv.Quote(n.Value) {
-		return fe // (a problem without its value cannot be told to be the file's)
-	}
-	return fmt.Errorf("%s:%d: %w", l.name, n.Line, fe)
+	return lines
 }
 
 // DSN returns the store's data source name: store.dsn, or agentgate.db in the data directory.
@@ -231,7 +261,7 @@ func decodeFile(cfg *Config, name string, data []byte) []error {
 	diagnose(&root, reflect.TypeFor[Config](), "", &diags, nil)
 	var errs []error
 	for _, d := range diags {
-		errs = append(errs, fmt.Errorf("%s:%d: %w", name, d.line, d.err))
+		errs = append(errs, &lineError{file: name, line: d.line, err: d.err})
 	}
 	return errs
 }
@@ -267,8 +297,12 @@ func describeTypeErrors(name string, data []byte, te *yaml.TypeError) []error {
 	for _, msg := range te.Errors {
 		line := lineOf(msg)
 		if ds := byLine[line]; line > 0 && len(ds) > 0 {
-			errs = append(errs, fmt.Errorf("%s:%d: %w", name, line, ds[0]))
+			errs = append(errs, &lineError{file: name, line: line, err: ds[0]})
 			byLine[line] = ds[1:]
+			continue
+		}
+		if line > 0 {
+			errs = append(errs, &lineError{file: name, line: line, err: errors.New(lineRE.ReplaceAllString(msg, ""))})
 			continue
 		}
 		errs = append(errs, fmt.Errorf("%s: %s", name, msg))
@@ -277,6 +311,16 @@ func describeTypeErrors(name string, data []byte, te *yaml.TypeError) []error {
 }
 
 var lineRE = regexp.MustCompile(`^line (\d+): `)
+
+// yamlReason is yaml.v3's message for a value that does not parse, without its "yaml: " and,
+// for a value on one line, the line.
+func yamlReason(err error, value string) string {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	if !strings.Contains(value, "\n") {
+		msg = lineRE.ReplaceAllString(msg, "")
+	}
+	return msg
+}
 
 func lineOf(msg string) int {
 	m := lineRE.FindStringSubmatch(msg)
@@ -293,8 +337,9 @@ type diag struct {
 }
 
 // diagnose walks n against the type t in document order, as yaml.v3's decoder does, and
-// records every unknown key and every value that doesn't decode into its field.
-func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag, leaves map[string]*yaml.Node) {
+// records every unknown key and every value that doesn't decode into its field. When lines is
+// not nil, it also records the line of every key by its path, and of every list entry.
+func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag, lines map[string]int) {
 	for n != nil && (n.Kind == yaml.DocumentNode || n.Kind == yaml.AliasNode) {
 		if n.Kind == yaml.AliasNode {
 			n = n.Alias
@@ -317,7 +362,11 @@ func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag, leaves map
 				*out = append(*out, diag{k.Line, &FieldError{Field: path, Err: fmt.Errorf("each key %v", typeMismatch(t.Key()))}})
 				continue
 			}
-			diagnose(v, t.Elem(), keyPath(path, k.Value), out, leaves)
+			p := keyPath(path, k.Value)
+			if lines != nil {
+				lines[p] = k.Line
+			}
+			diagnose(v, t.Elem(), p, out, lines)
 		}
 		return
 	}
@@ -344,7 +393,10 @@ func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag, leaves map
 				*out = append(*out, diag{k.Line, &FieldError{Field: p, Err: errUnknownKey}})
 				continue
 			}
-			diagnose(v, f.Type, p, out, leaves)
+			if lines != nil {
+				lines[p] = k.Line
+			}
+			diagnose(v, f.Type, p, out, lines)
 		}
 		return
 	}
@@ -352,8 +404,10 @@ func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag, leaves map
 		*out = append(*out, diag{n.Line, &FieldError{Field: path, Value: n.Value, Err: typeMismatch(t)}})
 		return
 	}
-	if leaves != nil {
-		leaves[path] = n
+	if lines != nil && n.Kind == yaml.SequenceNode {
+		for i, e := range n.Content {
+			lines[fmt.Sprintf("%s[%d]", path, i)] = e.Line
+		}
 	}
 	err := n.Decode(reflect.New(t).Interface())
 	if err == nil {
@@ -527,9 +581,9 @@ func UnknownEnv(environ []string) []string {
 	return out
 }
 
-// applyEnv sets every key named by an AGENTGATE_ variable in environ; the last of repeated
-// variables wins, as with os.Getenv. An empty variable sets nothing (see Load).
-func applyEnv(cfg *Config, environ []string) []error {
+// envVars returns the AGENTGATE_ variables in environ by name; the last of repeated variables
+// wins, as with os.Getenv.
+func envVars(environ []string) map[string]string {
 	vars := make(map[string]string)
 	for _, kv := range environ {
 		k, v, ok := strings.Cut(kv, "=")
@@ -537,6 +591,12 @@ func applyEnv(cfg *Config, environ []string) []error {
 			vars[k] = v
 		}
 	}
+	return vars
+}
+
+// applyEnv sets every key named by one of vars (envVars). An empty variable sets nothing (see
+// Load).
+func applyEnv(cfg *Config, vars map[string]string) []error {
 	if len(vars) == 0 {
 		return nil
 	}
@@ -566,6 +626,12 @@ func parseEnvValue(raw string, t reflect.Type) (reflect.Value, error) {
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal([]byte(raw), &doc); err != nil || len(doc.Content) == 0 {
+		if k := t.Kind(); err != nil && (k == reflect.Slice || k == reflect.Map) {
+			// A list or a mapping is written in YAML's flow syntax, where an unclosed bracket
+			// is the likely slip: say so, not "must be a mapping" of what is one (found by an
+			// audit).
+			return reflect.Value{}, fmt.Errorf("is not valid YAML: %s", yamlReason(err, raw))
+		}
 		return reflect.Value{}, typeMismatch(t)
 	}
 	if doc.Content[0].ShortTag() == "!!null" && t.Kind() != reflect.Slice && t.Kind() != reflect.Map && t.Kind() != reflect.Pointer {
