@@ -52,3 +52,42 @@ func TestRepeatOfAnIDTakenElsewhereIsAConflict(t *testing.T) {
 		}
 	})
 }
+
+// TestRepeatWhileItsWriteIsInFlightGetsTheSameQueueDepth: a message sent again while its first
+// write is in flight (a client's retry) is answered "duplicate" with the queue_depth the first
+// is answered with: the messages that wait behind the turn it starts. Before, the repeat was
+// answered before the first's turn started, and counted the first itself (1 beside its 0).
+func TestRepeatWhileItsWriteIsInFlightGetsTheSameQueueDepth(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hc := &heldCommits{hold: make(chan struct{}), release: make(chan struct{}), held: make(chan struct{}, 64)}
+		w := newManagerWorldWrites(t, agents.Func(func(ctx context.Context, _ *agents.Request) (*agents.Response, error) {
+			<-ctx.Done() // the turn runs until the test ends: nothing else changes the queue
+			return nil, ctx.Err()
+		}), nil, func(s persistence.Store) persistence.Store { hc.Store = s; return hc })
+		src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c", UserID: "u"}
+		send := func(id string) *actor.Future {
+			key := identity.Key(src, w.d.Config.Keys)
+			return w.system.Root.RequestFuture(w.manager, &Routed{Key: key, Msg: &Deliver{SessionKey: key,
+				Source: sourceToProto(src), MessageId: id, Text: "hi", ReceivedAtUnixNano: time.Now().UnixNano()}}, time.Hour)
+		}
+		close(hc.hold) // m1's write waits in the persistence actor
+		first := send("m1")
+		synctest.Wait()
+		repeat := send("m1")
+		synctest.Wait()
+		close(hc.release)
+		f, err := first.Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := repeat.Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fr, rr := f.(*DeliverResult), r.(*DeliverResult)
+		if fr.Disposition != "started" || rr.Disposition != "duplicate" || rr.QueueDepth != fr.QueueDepth {
+			t.Errorf("first %q queue_depth %d, repeat %q queue_depth %d; want started, and duplicate with the same queue_depth",
+				fr.Disposition, fr.QueueDepth, rr.Disposition, rr.QueueDepth)
+		}
+	})
+}

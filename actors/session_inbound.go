@@ -484,8 +484,8 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 	// message nor its repeats are duplicates (before, a repeat that arrived while the write was
 	// in flight was told "duplicate", a 202 for a message nobody stored).
 	conflict := errors.Is(err, persistence.ErrDuplicate) && s.takenElsewhere(it)
-	s.answerRepeats(c, it, m, err, conflict)
 	if err != nil {
+		s.answerRepeats(c, it, m, err, conflict)
 		s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
 		s.leaveTail(it)
 		if created && s.cur != nil && s.cur.ID == it.sessionID {
@@ -526,6 +526,7 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 		it.requester = nil
 		s.setAsideDropped(c, it)
 		s.tryStart(c)
+		s.answerRepeats(c, it, m, nil, false)
 		return
 	}
 	if it.inTail {
@@ -534,6 +535,7 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 		r.OutboxAfter, r.QueueDepth = it.outAfter, int32(s.waiting())
 		s.settle()
 		s.tryStart(c)
+		s.answerRepeats(c, it, m, nil, false)
 		if it.requester != nil {
 			c.Send(it.requester, r)
 			it.requester = nil
@@ -567,6 +569,7 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 	// Start the turn (and tell the manager the session is busy) before acknowledging: a drain
 	// that follows the acknowledgment must wait for this turn.
 	s.tryStart(c)
+	s.answerRepeats(c, it, m, nil, false) // after the start: the queue no longer holds the one that started
 	if it.requester != nil {
 		c.Send(it.requester, r)
 		it.requester = nil
