@@ -69,7 +69,7 @@ func (d *Daemon) startCluster() (err error) {
 	if d.members == nil {
 		return errors.New("cluster: the store keeps no cluster membership (store.driver must be postgres)")
 	}
-	provider := newStoreMembership(d.members, cc.Name, d.deps.Node, d.addr.String(), cc.MemberTTL, d.log.With("component", "cluster"), d.fail)
+	provider := newStoreMembership(d.members, cc.Name, d.deps.Node, d.addr.String(), cc.MemberTTL, d.log.With("component", "cluster"), d.membershipLost)
 	provider.notes = d.cfg.DataDir
 	d.membership = provider
 	kind := actors.NewSessionKind(func() *actor.PID { return d.manager })

@@ -104,12 +104,18 @@ type Daemon struct {
 	endpoints  *endpointGuard   // keeps the remote's stop from panicking (remote_guard.go)
 	fatal      chan error       // receives why the daemon must stop on its own (see Fatal)
 	stopping   atomic.Bool      // Stop has begun
-	// began: this run is recorded in the store (beginRun); a clean stop ends it (endRun), and
-	// so does Abort, from another goroutine than the stop's. endMu is held across the end's
-	// write, so that an Abort that comes while the stop writes it waits for that write.
+	// began: this run is recorded in the store (beginRun, or its retry: retryRun); a clean stop
+	// ends it (endRun), and so does Abort, from another goroutine than the stop's. ended: the
+	// end was written or given up, and the run is recorded no more. endMu is held across the
+	// begin's and the end's writes, so that an Abort that comes while the stop writes the end
+	// waits for that write, and a retry's record is never written after the end.
 	endMu    sync.Mutex
 	began    bool
+	ended    bool
 	fatalOne sync.Once
+	// runRefused is why the store refused the record of this run, nil once it took it (or
+	// before it was asked): /readyz reports it while the retry goes on.
+	runRefused atomic.Pointer[error]
 	// topLevel names the supervision tree's top-level actors (set once they are known); down is
 	// why one of them is gone for good (actorStopped), nil while all run.
 	topLevel atomic.Pointer[map[string]bool]
@@ -130,6 +136,19 @@ func (d *Daemon) fail(err error) {
 		d.fatal <- err
 	})
 }
+
+// membershipLost is the cluster membership's report that this member is out of the cluster
+// (the others count it as gone, or it is the side of a split that leaves): the daemon fails
+// (Fatal), and its HTTP API refuses new work from now on, saying why (lostMembership): the
+// other members route its chats to themselves, so its clients send again at once, to them.
+// Before, they were told only that it drained, as if it stopped for good.
+func (d *Daemon) membershipLost(err error) {
+	d.http.DrainBecause(lostMembership)
+	d.fail(err)
+}
+
+// lostMembership is the message of a member's draining 503s once its membership is lost.
+const lostMembership = "this cluster member lost its membership and is stopping; the other members take its chats: send the request again"
 
 // actorStopped hears of every actor a supervisor stopped for failing. A session's stop is its
 // manager's business (it starts the session again later). A top-level actor's is not: nothing
@@ -442,22 +461,86 @@ func (d *Daemon) spooled() int {
 // actors.QuarantineAfter times when it loads: a message that takes the whole process down
 // would otherwise crash-loop a daemon under a process supervisor. Only a single daemon does
 // this: cluster members start and stop on their own, and one's death says nothing of the
-// messages the others run. A failure is logged and the daemon goes on, uncounted.
+// messages the others run.
+//
+// A refused record is logged and tried again each second (retryRun) while the daemon goes on,
+// and /readyz fails until the store takes it (storeReady): a store that refuses writes (a
+// read-only database) gets no traffic until a message finds out, and one that takes them
+// again is ready at once, not after the minute a refused message is remembered for, which no
+// traffic ends while the probe keeps it away.
 func (d *Daemon) beginRun(now func() time.Time) {
 	if now == nil {
 		now = time.Now
 	}
+	if err := d.recordRun(now); err != nil {
+		d.log.Warn("record the daemon's run in the store; trying again each second", logging.Err(err))
+		go d.retryRun(now)
+	}
+}
+
+// runRetry is how often a refused record of the run is tried again: as often as the spool's
+// replay tries the database.
+const runRetry = time.Second
+
+// retryRun tries the record of the run again every runRetry until the store takes it or the
+// daemon stops (its ctx ends, or the end of the run is written first). Its owner is the
+// Daemon.
+//
+// A record taken late counts the last run's unclean stop against the heads of that moment,
+// not of the start: sessions already loaded do not quarantine what it counts until they load
+// again, and a head that has changed since (the counted one answered) gets the strike. That
+// stays within what the count allows anyway: a head below persistence.ProbationAfter is
+// counted at every unclean stop (it can become a suspect, never reach quarantine), and a
+// suspect only by its mark of the run that died. Without the retry, a clean stop of this run
+// left the last run recorded and the next start made the same count, later still, and a
+// suspect this run marked (the run never recorded) was not counted when this run died running
+// it.
+func (d *Daemon) retryRun(now func() time.Time) {
+	t := time.NewTicker(runRetry)
+	defer t.Stop()
+	since := time.Now()
+	for {
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-t.C:
+		}
+		// Not while the store's ping fails (the database locked by another process, read-only,
+		// unreachable): the record would hold its writer for the whole busy timeout, and the
+		// messages' commits with it.
+		pctx, cancel := context.WithTimeout(d.ctx, pingWithin)
+		err := d.store.Ping(pctx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		if err := d.recordRun(now); err == nil {
+			d.log.Info("recorded the daemon's run in the store", "after", time.Since(since).Round(time.Second))
+			return
+		} else if errors.Is(err, errRunEnded) {
+			return
+		}
+	}
+}
+
+// errRunEnded is recordRun's answer once the end of the run is written (or given up).
+var errRunEnded = errors.New("the run has ended")
+
+// recordRun writes the record of the run (Store.BeginRun) and logs the last run's unclean stop
+// it counted, if any. A refusal is kept for /readyz (runRefused).
+func (d *Daemon) recordRun(now func() time.Time) error {
+	d.endMu.Lock()
+	defer d.endMu.Unlock()
+	if d.ended {
+		return errRunEnded
+	}
 	u, err := d.store.BeginRun(d.ctx, d.deps.Run, now())
 	if err != nil {
-		d.log.Warn("record the daemon's run in the store; an unclean stop is not counted", logging.Err(err))
-		// /readyz says so (as after a refused message) rather than send traffic to a store that
-		// refuses writes (a read-only database) until a message finds out.
-		d.refusals.Refuse(fmt.Errorf("record the daemon's run: %w", err), time.Now())
-		return
+		d.runRefused.Store(&err)
+		return err
 	}
-	d.endMu.Lock()
 	d.began = true
-	d.endMu.Unlock()
+	d.runRefused.Store(nil)
 	if u != nil && len(u.Counted) == 0 {
 		d.log.Info("the last run did not stop cleanly; no message was running", "run", u.Run, "started", u.StartedAt)
 	} else if u != nil {
@@ -471,6 +554,7 @@ func (d *Daemon) beginRun(now func() time.Time) {
 		d.log.Warn("the last run did not stop cleanly; one unclean stop is counted against the message each session was running",
 			"run", u.Run, "started", u.StartedAt, "messages", len(u.Counted), "strikes", strikes)
 	}
+	return nil
 }
 
 // endRunTimeout bounds the write that records a clean stop, also when the stop's own deadline
@@ -488,6 +572,7 @@ func (d *Daemon) endRun(ctx context.Context) {
 func (d *Daemon) endRunWithin(ctx context.Context, timeout time.Duration) {
 	d.endMu.Lock()
 	defer d.endMu.Unlock()
+	d.ended = true
 	if !d.began {
 		return
 	}
@@ -646,16 +731,19 @@ func (d *Daemon) ready(ctx context.Context) map[string]error {
 // storeReady is /readyz's store: its ping (the database answers and its write lock can be
 // taken), then whether writes are taken. A full or read-only disk passes the ping but refuses
 // every write, so the persistence actor's own view counts: writes refused within the last
-// persistence.RefusalMemory, or waiting in the spool for the database. The ping gets 0.8 s:
+// persistence.RefusalMemory, or waiting in the spool for the database; so does the record of
+// this run while the store refuses it (beginRun tries it again each second). The ping gets 0.8 s:
 // a probe must answer well within a load balancer's timeout (2 to 5 s), which a commit waiting
 // out SQLite's busy timeout (5 s) would exceed.
 func (d *Daemon) storeReady(ctx context.Context) error {
-	const pingWithin = 800 * time.Millisecond // within the 1 s a Kubernetes probe waits by default
 	pctx, cancel := context.WithTimeout(ctx, pingWithin)
 	err := d.store.Ping(pctx)
 	cancel()
 	if err == nil {
 		err = d.refusals.Err(time.Now())
+	}
+	if refused := d.runRefused.Load(); err == nil && refused != nil {
+		err = fmt.Errorf("the database refuses writes: it refused the record of this run, tried again each second (%v)", *refused)
 	}
 	if d.deps.Spooling.Load() {
 		const spooled = "the database refuses writes; they wait in the spool until it takes them again"
@@ -666,6 +754,9 @@ func (d *Daemon) storeReady(ctx context.Context) error {
 	}
 	return err
 }
+
+// pingWithin bounds the store's ping: within the 1 s a Kubernetes probe waits by default.
+const pingWithin = 800 * time.Millisecond
 
 // configuredPlatforms builds the platforms the configuration enables besides HTTP; store tells
 // Discord where to read back from after a restart, now is the clock (nil: time.Now).

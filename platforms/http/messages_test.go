@@ -762,3 +762,51 @@ func TestRetryAfter(t *testing.T) {
 		}
 	})
 }
+
+// TestDrainBecauseSaysWhy: a daemon that drains for a reason of its own (a cluster member that
+// lost its membership) gives that reason as the message of every draining 503, in place of the
+// plain stop's ("retry at its next start" is wrong when another member takes the chat now); a
+// later plain Drain keeps it, and a plain Drain alone says what it said before.
+func TestDrainBecauseSaysWhy(t *testing.T) {
+	const reason = "this member is leaving: another member takes the chat; send the message again"
+	key := "agent:main:http:dm:c"
+	msg := map[string]string{"chat_id": "c", "user_id": "u", "text": "t", "message_id": "m1"}
+	message := func(r response) string {
+		var e ErrorResponse
+		_ = json.Unmarshal(r.body, &e)
+		return e.Error.Message
+	}
+	start := func(t *testing.T) *harness {
+		sessions := newFakeSessions()
+		sessions.infos[key] = &SessionInfo{SessionKey: key, SessionID: "s1"}
+		sessions.resetErr = errors.New("reset session: future: dead letter")
+		return mustStart(t, Config{Sessions: sessions, Clustered: true}, &fakeRuntime{})
+	}
+	t.Run("with a reason", func(t *testing.T) {
+		h := start(t)
+		h.p.DrainBecause(reason)
+		h.p.Drain() // the stop's own drain comes after
+		for _, req := range []struct {
+			what string
+			send func() response
+		}{
+			{"POST /v1/messages", func() response { return h.post("/v1/messages", msg) }},
+			{"POST reset", func() response { return h.do(http.MethodPost, "/v1/sessions/"+key+"/reset", nil, "") }},
+			{"POST requeue", func() response { return h.do(http.MethodPost, "/v1/sessions/"+key+"/messages/m1/requeue", nil, "") }},
+		} {
+			got := req.send()
+			if got.status != http.StatusServiceUnavailable || got.errCode() != CodeDraining || message(got) != reason ||
+				got.header.Get("Retry-After") != "1" {
+				t.Errorf("%s = %d %s Retry-After %q, want 503 %s saying %q with Retry-After 1", req.what, got.status, got.body,
+					got.header.Get("Retry-After"), CodeDraining, reason)
+			}
+		}
+	})
+	t.Run("plain", func(t *testing.T) {
+		h := start(t)
+		h.p.Drain()
+		if got := h.post("/v1/messages", msg); got.errCode() != CodeDraining || message(got) != "agentgate is draining and accepts no new messages" {
+			t.Errorf("POST /v1/messages after Drain = %d %s, want the plain stop's message", got.status, got.body)
+		}
+	})
+}

@@ -137,6 +137,9 @@ type Platform struct {
 	draining atomic.Bool
 	// drainedAt is when Drain was first called (Unix nanoseconds), set before draining.
 	drainedAt atomic.Int64
+	// drainReason is what the draining 503s say when the daemon drains for a reason of its own
+	// (DrainBecause); nil for a plain stop. Set before draining.
+	drainReason atomic.Pointer[string]
 	// unstored limits the line of messages that could not be stored: in an outage (a full
 	// disk) every message, and each client's retry of it, would log one.
 	unstored logging.Limiter
@@ -354,6 +357,15 @@ func (p *Platform) Drain() {
 	if !p.draining.Swap(true) {
 		p.log.Info("http platform draining")
 	}
+}
+
+// DrainBecause is Drain for a daemon that stops for a reason its clients act on: every
+// draining 503 gives reason as its message instead of the plain stop's (a cluster member
+// that lost its membership says that another member takes the chat, rather than "retry at its
+// next start"). The first reason given stays; a later Drain keeps it.
+func (p *Platform) DrainBecause(reason string) {
+	p.drainReason.CompareAndSwap(nil, &reason)
+	p.Drain()
 }
 
 // Send publishes out to the live SSE subscribers of out.SessionKey and to the ?wait callers of

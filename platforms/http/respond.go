@@ -76,12 +76,16 @@ func (p *Platform) drainLeft() time.Duration {
 
 // writeDraining answers 503 draining, with how long the drain can still last in Retry-After;
 // a cluster member's client is told 1 s: the other members take the message now (a load
-// balancer sends it to one of them).
+// balancer sends it to one of them). The message is msg, or the drain's reason when it has
+// one (DrainBecause).
 func (p *Platform) writeDraining(w http.ResponseWriter, msg string) {
 	if p.cfg.Clustered {
 		setRetryAfter(w, retrySoon)
 	} else {
 		setRetryAfter(w, p.drainLeft())
+	}
+	if reason := p.drainReason.Load(); reason != nil {
+		msg = *reason
 	}
 	writeError(w, http.StatusServiceUnavailable, CodeDraining, msg)
 }
