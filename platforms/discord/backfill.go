@@ -545,11 +545,18 @@ func (p *Platform) historyRetried(ctx context.Context, channel, before string) (
 // history returns a page of channel's messages before the message before (the newest ones
 // if before is ""), oldest first.
 func (p *Platform) history(ctx context.Context, channel, before string) ([]*discordgo.Message, error) {
+	return p.messages(ctx, channel, "before", before)
+}
+
+// messages returns a page of channel's messages, oldest first: the newest ones before the
+// message id with dir "before" (the newest ones of all if id is ""), the oldest ones after it
+// with dir "after".
+func (p *Platform) messages(ctx context.Context, channel, dir, id string) ([]*discordgo.Message, error) {
 	ctx, cancel := context.WithTimeout(ctx, restTimeout)
 	defer cancel()
 	q := url.Values{"limit": {strconv.Itoa(backfillPageSize)}}
-	if before != "" {
-		q.Set("before", before)
+	if id != "" {
+		q.Set(dir, id)
 	}
 	ep := discordgo.EndpointChannelMessages(channel)
 	var ms []*discordgo.Message

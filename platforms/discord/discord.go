@@ -71,11 +71,11 @@ type Platform struct {
 	deliver  platforms.Deliver
 	runCtx   context.Context
 	lastErr  error
-	progress map[string]int       // "key/seq" → chunks of that outbound already posted
-	limited  map[string]time.Time // discordgo bucket → until when Discord rate limits it (ratelimit.go)
-	global   time.Time            // until when Discord rate limits every route (ratelimit.go)
-	buckets  restBuckets          // the limiter of the REST calls' buckets (ratelimit.go); own lock
-	rateWarn logging.Limiter      // the "discord rate limit" line (ratelimit.go); own lock
+	progress map[string]sendProgress // "key/seq" → how far the send of that outbound got (outbound.go)
+	limited  map[string]time.Time    // discordgo bucket → until when Discord rate limits it (ratelimit.go)
+	global   time.Time               // until when Discord rate limits every route (ratelimit.go)
+	buckets  restBuckets             // the limiter of the REST calls' buckets (ratelimit.go); own lock
+	rateWarn logging.Limiter         // the "discord rate limit" line (ratelimit.go); own lock
 	threads  *channelCache
 	typing   *typing
 	seen     map[string]seenAt             // channel → the newest message seen there (backfill.go)
@@ -84,7 +84,7 @@ type Platform struct {
 	stored   func(context.Context) ([]persistence.Unread, error)
 	record   func(ops ...persistence.Op) // platforms.Recorder; nil until the runtime sets it
 	live     map[string]string           // thread → guild: the threads discordgo's state holds (threads.go)
-	deleted  map[string]bool             // threads deleted while this process ran (THREAD_DELETE): never reopened
+	opened   map[string]bool             // threads known to have been open: never opened again (threads.go)
 	roles    map[string]string           // guild → the bot's managed role there, "" for none (roles.go)
 	// roleMisses are the guilds whose roles could not be looked up, and when (roles.go).
 	roleMisses map[string]time.Time
@@ -152,14 +152,14 @@ func New(c Config) (*Platform, error) {
 		s:          s,
 		gate:       newGate(c.Settings),
 		lost:       make(chan error, 1),
-		progress:   map[string]int{},
+		progress:   map[string]sendProgress{},
 		limited:    map[string]time.Time{},
 		seen:       map[string]seenAt{},
 		unread:     map[string]seenAt{},
 		kept:       map[string]persistence.Unread{},
 		stored:     c.Unread,
 		live:       map[string]string{},
-		deleted:    map[string]bool{},
+		opened:     map[string]bool{},
 		roles:      map[string]string{},
 		roleMisses: map[string]time.Time{},
 		recent:     c.Recent,

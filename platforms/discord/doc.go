@@ -7,7 +7,8 @@
 // and hands each message to the runtime in gateway order. Outbound, it splits replies at
 // Discord's 2,000 characters without breaking code fences, references the triggering message,
 // runs a typing indicator while turns work, and posts with nonces Discord enforces so a retry
-// never posts twice. A dropped connection ends Run; the platform supervisor reopens it and
+// never posts twice (one later than Discord holds a nonce looks in the channel first:
+// resend.go). A dropped connection ends Run; the platform supervisor reopens it and
 // discordgo resumes the gateway session, so Discord replays what was missed; after a restart,
 // or when Discord refuses the resume, the platform reads what was missed from the channels'
 // history (backfill.go).

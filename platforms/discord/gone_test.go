@@ -95,18 +95,65 @@ func TestReplyToADeletedThreadIsNotPostedInItsChannel(t *testing.T) {
 
 // TestDeletedAutoThreadIsNotOpenedAgain: a moderator deletes the thread the bot opened for a
 // mention while the agent answers it. The reply is not posted in a thread opened again from
-// the mention, which would undo the moderator's deletion.
+// the mention, which would undo the moderator's deletion, whether or not the bot heard of it:
+// a deletion sent while its gateway session was lost, and not replayed to the next one, was
+// missed, and the thread was opened again for the reply.
 func TestDeletedAutoThreadIsNotOpenedAgain(t *testing.T) {
-	release := make(chan struct{})
-	w := startWorld(t, heldEcho(release), func(c *config.Config) { c.Platforms.Discord.AutoThread = true })
+	for _, heard := range []bool{true, false} {
+		t.Run(map[bool]string{true: "deletion heard", false: "deletion missed"}[heard], func(t *testing.T) {
+			release := make(chan struct{})
+			w := startWorld(t, heldEcho(release), func(c *config.Config) { c.Platforms.Discord.AutoThread = true })
+			m := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "question", MentionBot: true})
+			w.srv.WaitFor(t, "the thread opened", func() bool { return len(w.srv.Threads()) == 1 })
+			key := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatThread, ChatID: channelID, ThreadID: m.ID}, identity.DefaultKeyOptions)
+			eventually(t, "the message taken", func() bool { _, ok := w.stored(t, channelID, m.ID); return ok })
+			if heard {
+				w.srv.DeleteChannel(m.ID)
+			} else {
+				w.srv.ForgetChannel(m.ID)
+			}
+			close(release)
+			if got := w.settled(t, key); got != persistence.DeliveryFailed {
+				t.Errorf("the reply is %s, want it failed (undeliverable)", got)
+			}
+			if n := w.srv.Requests("POST", "/threads"); n != 1 {
+				t.Errorf("%d requests to open a thread, want 1 (the mention's)", n)
+			}
+			if sent := contents(w.srv.Sent(channelID)); len(sent) > 0 {
+				t.Errorf("the channel got %q, want nothing", sent)
+			}
+		})
+	}
+}
+
+// TestDeletedAutoThreadIsNotOpenedAgainAfterARestart: the reply to a message in an auto-thread
+// is still unconfirmed when the daemon stops (Discord rate limits its post for an hour), and a
+// moderator deletes the thread before the daemon starts again. The reply sent again at the
+// start is not posted in a thread opened again from the mention: it answers a message posted
+// in the thread, so the thread was open, and Discord's 404 says it was deleted. Before, the
+// thread was opened again for it.
+func TestDeletedAutoThreadIsNotOpenedAgainAfterARestart(t *testing.T) {
+	w := startWorld(t, echoAgent, func(c *config.Config) { c.Platforms.Discord.AutoThread = true })
 	m := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "question", MentionBot: true})
-	w.srv.WaitFor(t, "the thread opened", func() bool { return len(w.srv.Threads()) == 1 })
+	w.srv.WaitSent(t, m.ID, 1)
+	w.srv.RateLimitNext("POST", "/channels/"+m.ID+"/messages", time.Hour, 1)
+	follow := w.srv.Post(discordtest.UserMessage{ChannelID: m.ID, Author: alice, Content: "and then?"})
+	w.srv.WaitFor(t, "the follow-up's reply rate limited", func() bool { return w.srv.PendingFaults("POST") == 0 })
+	w.stop(t)
+	w.srv.ForgetChannel(m.ID)
+	w.start(t)
 	key := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatThread, ChatID: channelID, ThreadID: m.ID}, identity.DefaultKeyOptions)
-	eventually(t, "the message taken", func() bool { _, ok := w.stored(t, channelID, m.ID); return ok })
-	w.srv.DeleteChannel(m.ID)
-	close(release)
-	if got := w.settled(t, key); got != persistence.DeliveryFailed {
-		t.Errorf("the reply is %s, want it failed (undeliverable)", got)
+	var state string
+	eventually(t, "the follow-up's reply delivered or failed", func() bool {
+		out, err := w.d.Store().OutboxAfter(t.Context(), key, 0, 10)
+		if err != nil || len(out) != 2 {
+			return false
+		}
+		state = out[1].State
+		return state == persistence.DeliveryDelivered || state == persistence.DeliveryFailed
+	})
+	if state != persistence.DeliveryFailed {
+		t.Errorf("the reply to %s is %s, want it failed (undeliverable)", follow.ID, state)
 	}
 	if n := w.srv.Requests("POST", "/threads"); n != 1 {
 		t.Errorf("%d requests to open a thread, want 1 (the mention's)", n)

@@ -214,6 +214,7 @@ func (p *Platform) openThread(ctx context.Context, channelID, messageID, text st
 	defer cancel()
 	switch err := p.startThread(ctx, channelID, messageID, threadName(text)); {
 	case err == nil:
+		p.markOpened(messageID)
 		return true
 	case refusedForGood(err):
 		// No permission to open threads here: the reply goes to the channel (Send); a message

@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/bwmarrin/discordgo"
@@ -20,8 +22,10 @@ import (
 
 // Send posts one outbound message, split at MaxMessageLen. The first part answers the message
 // that triggered it. Each part carries a nonce Discord enforces, and the parts already posted
-// are remembered, so a retry after a failed part neither repeats nor loses one. A reply into
-// an auto-thread that could not be opened when its message arrived opens the thread first.
+// are remembered, so a retry after a failed part neither repeats nor loses one; a send past
+// the nonce's few minutes first reads the channel for the parts posted before (resend.go). A
+// reply into an auto-thread that could not be opened when its message arrived opens the
+// thread first.
 func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 	channel := replyChannel(out.Target)
 	if strings.TrimSpace(out.Text) == "" {
@@ -36,12 +40,12 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 	parts := capParts(Split(out.Text, MaxMessageLen))
 	id := out.SessionKey + "/" + strconv.FormatInt(out.Seq, 10)
 	p.mu.Lock()
-	done := p.progress[id]
+	prog := p.progress[id]
 	p.mu.Unlock()
-	if out.DraftID != "" && done == 0 {
+	if out.DraftID != "" && prog.parts == 0 {
 		switch err := p.editContent(ctx, channel, out.DraftID, parts[0]); {
 		case err == nil:
-			done = 1
+			prog.parts = 1
 		case apiCode(err) == discordgo.ErrCodeUnknownMessage || refusedForGood(err):
 			// The draft is gone (deleted by someone) or cannot be edited: post the reply whole.
 			p.log.Info("discord draft gone; posting the reply anew", "channel", channel, "draft", out.DraftID, logging.Err(err))
@@ -49,13 +53,19 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 			return fmt.Errorf("discord: finish draft: %w", err)
 		}
 	}
-	for i := done; i < len(parts); i++ {
+	if prog.parts < len(parts) && p.pastNonceWindow(out, prog) {
+		var err error
+		if prog, err = p.postedBefore(ctx, out, channel, parts, prog.parts); err != nil {
+			return fmt.Errorf("discord: send: %w", err)
+		}
+	}
+	for i := prog.parts; i < len(parts); i++ {
 		msg := &sendBody{Content: parts[i], AllowedMentions: noMentions(), Nonce: nonce(id, i), EnforceNonce: true}
 		if ref := replyRef(out); i == 0 && ref != "" {
 			msg.Reference = &discordgo.MessageReference{MessageID: ref, ChannelID: channel, FailIfNotExists: new(false)}
 		}
 		_, err := p.post(ctx, channel, msg)
-		if apiCode(err) == discordgo.ErrCodeUnknownChannel && p.unopenedThread(out.Target) && channel == out.Target.ThreadID {
+		if apiCode(err) == discordgo.ErrCodeUnknownChannel && p.unopenedThread(out) && channel == out.Target.ThreadID {
 			// An unknown message (a private thread, which no message starts, or a thread
 			// whose starter was deleted) leaves err refused for good: the reply is not posted
 			// in the channel, where those who could not see the thread would read it.
@@ -76,7 +86,8 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 			}
 		}
 		if err != nil {
-			p.remember(id, i)
+			prog.parts = i
+			p.remember(id, prog)
 			if refusedForGood(err) {
 				if out.TurnEnd {
 					p.typing.turnEnded(replyChannel(out.Target), out.InReplyTo)
@@ -85,8 +96,11 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 			}
 			return fmt.Errorf("discord: send part %d of %d to channel %s: %w", i+1, len(parts), channel, err)
 		}
+		if i == prog.parts && channel == out.Target.ThreadID {
+			p.markOpened(channel)
+		}
 	}
-	p.remember(id, -1)
+	p.forget(id)
 	if out.TurnEnd {
 		p.typing.turnEnded(replyChannel(out.Target), out.InReplyTo)
 	}
@@ -111,16 +125,25 @@ func capParts(parts []string) []string {
 		fmt.Sprintf("… (the reply goes on for about %d more characters, too long for Discord; the whole of it is in the session's transcript)", cut))
 }
 
-// unopenedThread reports whether target may be an auto-thread not opened yet: one whose id is
-// the id of the message it starts from, so it can be opened from that message. A thread
-// deleted while this process ran (a moderator's act) is not opened again.
-func (p *Platform) unopenedThread(target identity.Source) bool {
+// unopenedThread reports whether the thread out goes to may be an auto-thread not opened yet:
+// one whose id is the id of the message it starts from, so it can be opened from that message.
+// A thread known to have been open is not: Discord's 404 for it means it was deleted (a
+// moderator's act), and opening it again would undo that. It is known when this process
+// opened it, posted in it or heard of its deletion, and when out answers a message posted in
+// it (any but its starter, which is in the parent channel): after a restart, or a gateway
+// session lost with its THREAD_DELETE, that is all there is to tell a deleted thread from one
+// whose opening failed. Before, such a thread was opened again for the reply.
+func (p *Platform) unopenedThread(out *platforms.Outbound) bool {
+	target := out.Target
 	if !p.cfg.AutoThread || target.ChatType != identity.ChatThread || target.ThreadID == "" {
+		return false
+	}
+	if slices.ContainsFunc(out.InReplyTo, func(id string) bool { return id != target.ThreadID }) {
 		return false
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return !p.deleted[target.ThreadID]
+	return !p.opened[target.ThreadID]
 }
 
 // threadsRefused reports whether Discord refuses for good to open a thread in a channel: the
@@ -130,18 +153,29 @@ func threadsRefused(err error) bool {
 	return restStatus(err) == http.StatusForbidden || apiCode(err) == discordgo.ErrCodeCannotExecuteActionOnThisChannelType
 }
 
-// remember records that the first n parts of an outbound are posted; n < 0 forgets it.
-func (p *Platform) remember(id string, n int) {
+// sendProgress is how far the send of an outbound got in this process: its first parts are
+// posted, and as of checked (when not zero) a read of its channel found no later part posted
+// (postedBefore).
+type sendProgress struct {
+	parts   int
+	checked time.Time
+}
+
+// remember records how far the send of the outbound id got.
+func (p *Platform) remember(id string, s sendProgress) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if n < 0 {
-		delete(p.progress, id)
-		return
-	}
 	if len(p.progress) >= maxProgress {
 		clear(p.progress)
 	}
-	p.progress[id] = n
+	p.progress[id] = s
+}
+
+// forget drops what remember recorded of the outbound id: it is posted whole.
+func (p *Platform) forget(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.progress, id)
 }
 
 // replyRef is the message a reply references: the last message it answers, unless that is
@@ -179,6 +213,9 @@ func (p *Platform) SendDraft(ctx context.Context, target identity.Source, inRepl
 	}
 	if err != nil {
 		return "", fmt.Errorf("discord: send draft: %w", err)
+	}
+	if channel == target.ThreadID {
+		p.markOpened(channel)
 	}
 	if m.Content != content {
 		if err := p.editContent(ctx, channel, m.ID, content); err != nil {

@@ -28,12 +28,29 @@ func (p *Platform) onThreadDelete(_ *discordgo.Session, d *discordgo.ThreadDelet
 	if d.Channel != nil {
 		p.mu.Lock()
 		delete(p.live, d.ID)
-		if len(p.deleted) >= maxProgress {
-			clear(p.deleted)
-		}
-		p.deleted[d.ID] = true // a reply meant for it is not posted in a thread opened anew (Send)
 		p.mu.Unlock()
+		p.markOpened(d.ID)
 	}
+}
+
+// markOpened records that the thread id was open, with auto-thread on: a reply to it that
+// Discord answers 404 is one to a thread deleted (a moderator's act, heard of or not), which is
+// not opened again from its starter message (unopenedThread). Only where this process opened
+// or posted in an auto-thread, or heard of a thread's deletion: not every thread of the guilds,
+// which the gateway tells of too.
+func (p *Platform) markOpened(id string) {
+	if !p.cfg.AutoThread {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.opened[id] {
+		return
+	}
+	if len(p.opened) >= maxProgress {
+		clear(p.opened) // a thread forgotten so is taken for one whose opening failed
+	}
+	p.opened[id] = true
 }
 
 // onThreadListSync drops from live the threads the state dropped (the sync replaces the

@@ -6,9 +6,9 @@
 // The fake follows Discord where tests can tell: HELLO, IDENTIFY, READY, heartbeats, RESUME
 // with replay of every dispatch the client missed, sequence numbers, close codes, intents
 // (including the MESSAGE_CONTENT redaction), JSON error bodies with Discord's codes, rate-limit
-// headers, nonce deduplication and the 2000-character limit. It models one bot, one gateway
-// session at a time and only the routes listed on Server. IDs and timestamps come from a fake
-// clock, so two runs of a test see the same values.
+// headers, nonce deduplication (for NonceWindow) and the 2000-character limit. It models one
+// bot, one gateway session at a time and only the routes listed on Server. IDs and timestamps
+// come from a fake clock, so two runs of a test see the same values; Advance moves it on.
 //
 // Concurrency: every Server method is safe to call from any goroutine, except the ones that
 // take a testing.TB and may fail the test (WaitFor, WaitSent, WaitReady), which belong on the

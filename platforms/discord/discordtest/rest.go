@@ -187,7 +187,8 @@ func (s *Server) getChannel(r *http.Request) (int, any) {
 }
 
 // getMessages lists a channel's messages as Discord's Get Channel Messages does: limit (1–100,
-// default 50) of them, newest first, in the REST form (no guild_id, no member). With after, the
+// default 50) of them, newest first, in the REST form (no guild_id, no member, no nonce: Discord
+// keeps a message's nonce for its create only). With after, the
 // first messages after the given id; with before, the newest ones older than it; without
 // either, the newest.
 func (s *Server) getMessages(r *http.Request) (int, any) {
@@ -225,7 +226,9 @@ func (s *Server) getMessages(r *http.Request) (int, any) {
 	}
 	out := make([]map[string]any, len(page))
 	for i, m := range page {
-		out[len(page)-1-i] = s.messageWire(m, false, visibleAll)
+		w := s.messageWire(m, false, visibleAll)
+		delete(w, "nonce") // only the answer to the post and its MESSAGE_CREATE carry it
+		out[len(page)-1-i] = w
 	}
 	return http.StatusOK, out
 }
@@ -270,7 +273,7 @@ func (s *Server) postMessage(r *http.Request) (int, any) {
 		return http.StatusNotFound, errUnknownChannel
 	}
 	if body.EnforceNonce && nonce != "" {
-		if m := s.nonces[nonce]; m != nil {
+		if m := s.nonces[nonce]; m != nil && s.nowLocked().Sub(m.created) < NonceWindow {
 			return http.StatusOK, s.messageWire(m, false, visibleAll)
 		}
 	}

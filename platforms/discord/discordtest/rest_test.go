@@ -264,6 +264,40 @@ func TestEnforceNonce(t *testing.T) {
 	}
 }
 
+// Discord enforces a nonce for a few minutes only (NonceWindow on the fake clock): a post that
+// repeats it later creates another message. The history does not show nonces.
+func TestNonceWindow(t *testing.T) {
+	t.Parallel()
+	srv := newWorld(t)
+	dg := newSession(t, srv, "Bot "+srv.Token())
+	endpoint := discordgo.EndpointChannelMessages(channelID)
+	post := func() {
+		t.Helper()
+		body := map[string]any{"content": "once", "nonce": "n-1", "enforce_nonce": true}
+		if _, err := dg.RequestWithBucketID("POST", endpoint, body, endpoint); err != nil {
+			t.Fatalf("POST with enforce_nonce = %v", err)
+		}
+	}
+	post()
+	srv.Advance(discordtest.NonceWindow - time.Second)
+	post()
+	if sent := srv.Sent(channelID); len(sent) != 1 {
+		t.Errorf("Sent() within the window = %d messages, want one", len(sent))
+	}
+	srv.Advance(time.Second)
+	post()
+	if sent := srv.Sent(channelID); len(sent) != 2 {
+		t.Errorf("Sent() after the window = %d messages, want 2 (the message posted again)", len(sent))
+	}
+	history, err := dg.RequestWithBucketID("GET", endpoint+"?limit=10", nil, endpoint)
+	if err != nil {
+		t.Fatalf("GET messages = %v", err)
+	}
+	if strings.Contains(string(history), "nonce") {
+		t.Errorf("the history shows nonces: %s", history)
+	}
+}
+
 func TestClientRefusesOtherHosts(t *testing.T) {
 	t.Parallel()
 	srv := discordtest.New(t)

@@ -24,6 +24,12 @@ const DefaultToken = "fake-bot-token"
 // WaitTimeout bounds WaitFor, WaitSent and WaitReady.
 const WaitTimeout = 10 * time.Second
 
+// NonceWindow is how long, on the fake clock, a bot message's nonce is enforced: a post with
+// enforce_nonce and the nonce of a message the bot created less than NonceWindow ago gets that
+// message back; a later one creates another. Discord enforces a nonce "in the past few
+// minutes" and says no more; the fake takes three.
+const NonceWindow = 3 * time.Minute
+
 // Channel is a channel of the fake world. DM channels have no GuildID; threads have a
 // ParentID and an OwnerID, and may be archived (ArchiveThread).
 type Channel struct {
@@ -107,8 +113,10 @@ func WithToken(token string) Option {
 // {"message":"404: Not Found","code":0}. Every route but GET gateway wants
 // "Authorization: Bot <token>" (else 401). Errors carry Discord's codes (10003 Unknown
 // Channel, 10004 Unknown Guild, 10008 Unknown Message, 50035 Invalid Form Body, 50006 empty
-// message, 50005 not the author, 160004 thread exists). Every response but a global 429 and an
-// edge's block (BlockNext) has X-RateLimit-* headers that never make discordgo wait.
+// message, 50005 not the author, 160004 thread exists). A POST with enforce_nonce repeating the
+// nonce of a message the bot created within NonceWindow gets that message back. Every response
+// but a global 429 and an edge's block (BlockNext) has X-RateLimit-* headers that never make
+// discordgo wait.
 //
 // Gateway, at GatewayURL: HELLO, then IDENTIFY (READY, then GUILD_CREATE per guild with the
 // GUILDS intent: its channels, active threads and roles, the bot its only member) or RESUME
@@ -514,12 +522,27 @@ func (s *Server) Threads() []Channel {
 	return append([]Channel(nil), s.threads...)
 }
 
-// Now returns the fake clock's time: the timestamp of the newest message, or its zero. A
-// daemon under test that runs on it sees messages exactly as recent as Discord says they are.
+// Now returns the fake clock's time: the timestamp of the newest message, or its zero, plus
+// what Advance added since. A daemon under test that runs on it sees messages exactly as recent
+// as Discord says they are.
 func (s *Server) Now() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.nowLocked()
+}
+
+func (s *Server) nowLocked() time.Time {
 	return clockBase.Add(time.Duration(s.ticks) * time.Millisecond)
+}
+
+// Advance moves the fake clock d (whole milliseconds) forward, as time passing with nothing
+// said: an outage, a daemon stopped for a while. What is posted next is that much newer, and a
+// nonce older than NonceWindow is no longer enforced.
+func (s *Server) Advance(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ticks += max(d.Milliseconds(), 0)
+	s.notifyLocked()
 }
 
 // Identifies returns how many IDENTIFYs the gateway accepted.

@@ -19,7 +19,7 @@ var clockBase = time.Date(2025, time.January, 1, 0, 0, 0, 0, time.UTC)
 // tickLocked advances the fake clock and returns the new time and a snowflake made from it.
 func (s *Server) tickLocked() (time.Time, string) {
 	s.ticks++
-	t := clockBase.Add(time.Duration(s.ticks) * time.Millisecond)
+	t := s.nowLocked()
 	return t, strconv.FormatInt((t.UnixMilli()-discordEpochMillis)<<22, 10)
 }
 
