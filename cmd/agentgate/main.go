@@ -255,6 +255,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		// data directory's lock.
 		return err
 	}
+	if err := cfg.PostgresFiles(); err != nil {
+		// In pgx's words, with the file named: the store's Open says only that the DSN cannot
+		// be parsed.
+		return err
+	}
 	var level slog.LevelVar
 	level.Set(cfg.SlogLevel())
 	log := logging.New(stderr, &level, cfg.Log.Format)

@@ -283,6 +283,14 @@ func TestCheckConfig(t *testing.T) {
 			t.Errorf("serve = %v, want %q", err, want)
 		}
 	})
+	t.Run("serve refuses a file the DSN names that is not here, naming it", func(t *testing.T) {
+		path := write("pg-ca-serve.yaml", "data_dir: "+dir+"\nstore: {driver: postgres, dsn: \"postgres://db.invalid/agentgate?sslmode=verify-full&sslrootcert="+filepath.Join(dir, "gone.pem")+"\"}\n")
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), []string{"serve", "--config", path, "--http-addr", "127.0.0.1:0"}, &out, &errOut)
+		if want := "store.dsn: names a file that cannot be read here: failed to configure TLS: unable to read CA file: open " + filepath.Join(dir, "gone.pem"); err == nil || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("serve = %v, want it to begin %q", err, want)
+		}
+	})
 	t.Run("a DSN pgx cannot parse, without its password", func(t *testing.T) {
 		path := write("pg-bad.yaml", "data_dir: "+dir+"\nstore:\n  driver: postgres\n  dsn: \"postgres://agentgate:s3c ret@db.invalid/agentgate\"\n")
 		want := path + ":4: store.dsn: cannot be parsed: failed to parse as URL; write it as postgres://user:password@host:port/database"
