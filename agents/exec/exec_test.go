@@ -639,7 +639,7 @@ func TestTimeoutLogsStderr(t *testing.T) {
 // reports its trouble on stdout (most scripts do) failed without a trace of why.
 func TestFailureShowsStdout(t *testing.T) {
 	t.Setenv("EXECTEST_BOT_TOKEN", "MTA5.the-daemons-bot-token.xyz")
-	const secrets = `echo "token MTA5.the-daemons-bot-token.xyz"; echo "Authorization: Bearer abc.def-123"; echo "key sk-proj-0123456789abcdef"; ` +
+	const secrets = `echo "token MTA5.the-daemons-bot-token.xyz"; echo "Authorization: Bearer abc.def-123"; echo "Bearer MTA5.the-daemons-bot-token.xyz"; echo "key sk-proj-0123456789abcdef"; ` +
 		`echo "proxy-authorization: basic dXNlcjpodW50ZXIy"; echo "dial postgres://agent:hunter2-pw@db/agentgate: refused"`
 	long := "head -c 10000 /dev/zero | tr '\\0' x; echo; "
 	tests := []struct {
@@ -664,10 +664,11 @@ func TestFailureShowsStdout(t *testing.T) {
 			stdout:  "waiting for the model server",
 		},
 		{
-			name:    "secrets redacted",
-			script:  secrets + "\n" + secrets + " >&2\nexit 1",
-			want:    []string{"[redacted]", "postgres://agent:[redacted]@db/agentgate"},
-			notWant: []string{"the-daemons-bot-token", "abc.def-123", "0123456789abcdef", "dXNlcjpodW50ZXIy", "hunter2-pw"},
+			name:   "secrets redacted",
+			script: secrets + "\n" + secrets + " >&2\nexit 1",
+			want:   []string{"[redacted]", "postgres://agent:[redacted]@db/agentgate"},
+			// "[redacted]]": a withheld value after Bearer, taken for a token once more.
+			notWant: []string{"the-daemons-bot-token", "abc.def-123", "0123456789abcdef", "dXNlcjpodW50ZXIy", "hunter2-pw", "[redacted]]"},
 		},
 		{
 			name:    "the end of a long stdout",

@@ -136,7 +136,9 @@ func TestExitErrorMessage(t *testing.T) {
 }
 
 // TestRedact: what a failed command printed reaches the log without the daemon's secrets or
-// what looks like a credential, and a tail cut inside a token starts after it.
+// what looks like a credential, and a tail cut inside a token starts after it. What counts as
+// key-like is internal/redact's table; these are the agent's own parts: the withheld values and
+// the cut tail.
 func TestRedact(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{"BOT_TOKEN": "MTA5.bot-token.xyz", "SHORT": "abc", "UNSET": "", "PGPASSWORD": "hunter2!correct-horse"}
@@ -149,26 +151,10 @@ func TestRedact(t *testing.T) {
 	}{
 		{name: "a withheld value", output: "login with MTA5.bot-token.xyz failed", want: "login with [redacted] failed"},
 		{name: "a short value is left", output: "abc def", want: "abc def"},
-		{name: "bearer token", output: "Authorization: Bearer eyJhbGciOi.x-y", want: "Authorization: Bearer [redacted]"},
-		{name: "named values", output: `api_key=k1 "password": "p w" TOKEN: t3 secret='s4'`,
-			want: `api_key=[redacted] "password": "[redacted] w" TOKEN: [redacted] secret='[redacted]'`},
-		{name: "prefixed keys", output: "sk-proj-abcdefgh12 ghp_0123456789abcdefghij0123 xoxb-1234567890-abc",
-			want: "[redacted] [redacted] [redacted]"},
-		{name: "ordinary words are left", output: "input_tokens: 12, max_tokens=5, key: value", want: "input_tokens: 12, max_tokens=5, key: value"},
-		{name: "basic credentials", output: "Authorization: Basic dXNlcjpzM2NyZXQ=\nproxy-authorization:basic YTpi",
-			want: "Authorization: Basic [redacted]\nproxy-authorization:basic [redacted]"},
-		{name: "basic credentials quoted", output: `{"Authorization": "Basic dXNlcjpzM2NyZXQ="} map[Authorization:[Basic dXNlcjpw]]`,
-			want: `{"Authorization": "Basic [redacted]"} map[Authorization:[Basic [redacted]]]`},
-		{name: "basic without authorization is left", output: "Basic usage: agent --help", want: "Basic usage: agent --help"},
-		{name: "passwords in URLs", output: "dial postgres://agent:s3cret@db/x: refused; GET https://u:p@host/path; redis://:pw@cache:6379",
-			want: "dial postgres://agent:[redacted]@db/x: refused; GET https://u:[redacted]@host/path; redis://:[redacted]@cache:6379"},
-		{name: "a password with @ and :", output: `{"dsn":"amqp://bot:p@s:s@mq/vhost"}`, want: `{"dsn":"amqp://bot:[redacted]@mq/vhost"}`},
-		{name: "URLs without a password are left", output: "http://host/path http://host:8080/x?to=a@b https://user@host, http://[::1]:80 user@example.com, ratio a:b",
-			want: "http://host/path http://host:8080/x?to=a@b https://user@host, http://[::1]:80 user@example.com, ratio a:b"},
-		{name: "a port and a mail address apart are left", output: "http://host:8080 ann@example.com", want: "http://host:8080 ann@example.com"},
+		{name: "key-like strings (internal/redact's rules)", output: "Authorization: Bearer eyJhbGciOi.x-y postgres://agent:s3cret@db/x",
+			want: "Authorization: Bearer [redacted] postgres://agent:[redacted]@db/x"},
 		{name: "a URL cut before its password", max: 24, output: "postgres://agent:s3c!ret@db/x down\n", want: "…@db/x down\n"},
 		{name: "a URL cut in its password", max: 15, output: "redis://u:p!ss@cache down\n", want: "…@cache down\n"},
-		{name: "a prompt at a line's end", output: "Password:\nnext line", want: "Password:\nnext line"},
 		{name: "a cut token is dropped", max: 12, output: "Bearer abcdefgh done\n", want: "… done\n"},
 		{name: "the cut end of a withheld value with punctuation", max: 24, output: "pw hunter2!correct-horse failed\n", want: "… failed\n"},
 		{name: "a cut inside a rune", max: 5, output: "éé ok\n", want: " ok\n"},

@@ -1,36 +1,20 @@
 package exec
 
 import (
-	"regexp"
 	"strings"
 	"unicode"
-)
 
-// redacted replaces a secret in the output a failed command leaves in the log.
-const redacted = "[redacted]"
+	"github.com/agentgate/agentgate/internal/redact"
+)
 
 // minSecret is the shortest value of a withheld variable that is redacted: a shorter one would
 // blot out common words, and no token is that short.
 const minSecret = 4
 
-// keyLike matches what looks like a credential in a command's output: a bearer token, the
-// credentials of an Authorization or Proxy-Authorization header's Basic scheme (a base64
-// "user:password"), an API key by its prefix (OpenAI's sk-, GitHub's ghp_…, Slack's xox…-),
-// the value after a name such as api_key= or "password":. The first two groups keep what
-// names it.
-var keyLike = regexp.MustCompile(`(?i)(bearer[ \t]+|\b(?:proxy-)?authorization["']?[ \t]*[:=][ \t]*["'\[]?basic[ \t]+)[^\s"',;\]]+` +
-	`|((?:api[_-]?key|token|secret|passw(?:or)?d)["']?[ \t]*[:=][ \t]*["']?)[^\s"',;]+` +
-	`|\b(?:sk|pk|rk)-[A-Za-z0-9_\-]{8,}|\bgh[pousr]_[A-Za-z0-9]{20,}|\bxox[abprs]-[A-Za-z0-9\-]{10,}`)
-
-// urlPassword matches the password of a URL's user information (postgres://agent:s3cret@db,
-// https://u:p@host), up to the last @ of the URL's authority, as net/url reads it; the first
-// group keeps the scheme and the user, the second the @ before the host. A URL without a
-// password (http://host:8080/path, https://user@host) does not match.
-var urlPassword = regexp.MustCompile(`(?i)(\b[a-z][a-z0-9+.\-]*://[^\s:/?#@"'<>]*:)[^\s/?#"'<>]*(@)`)
-
 // redactor makes a command's output fit for a log line: the values of the variables withheld
-// from it (the daemon's own secrets, Config.Withhold) and key-like strings replaced by
-// [redacted]. It is a pointer in Agent, so that %v of an Agent never prints the values.
+// from it (the daemon's own secrets, Config.Withhold), the passwords of URLs and key-like
+// strings (redact.String's rules) replaced by [redacted]. It is a pointer in Agent, so that %v
+// of an Agent never prints the values.
 type redactor struct {
 	values []string
 }
@@ -64,8 +48,8 @@ func (r *redactor) tail(w *tailBuffer) string {
 			// stopped the token run below short of it: a review's finding).
 			return r.redact("…" + s[n:])
 		}
-		// The end of a URL cut before its password was (…res://agent:s3cret@db): urlPassword
-		// needs the scheme to see it.
+		// The end of a URL cut before its password was (…res://agent:s3cret@db): redact.String
+		// needs the scheme to see a URL's password.
 		word := s
 		if i := strings.IndexFunc(s, func(c rune) bool { return unicode.IsSpace(c) || strings.ContainsRune(`"'<>`, c) }); i >= 0 {
 			word = s[:i]
@@ -107,9 +91,5 @@ func tokenChar(c rune) bool {
 // redact returns s with the withheld values, the passwords of URLs and key-like strings
 // replaced by [redacted].
 func (r *redactor) redact(s string) string {
-	for _, v := range r.values {
-		s = strings.ReplaceAll(s, v, redacted)
-	}
-	s = urlPassword.ReplaceAllString(s, "${1}"+redacted+"${2}")
-	return keyLike.ReplaceAllString(s, "${1}${2}"+redacted)
+	return redact.String(s, r.values...)
 }

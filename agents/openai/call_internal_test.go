@@ -109,6 +109,14 @@ func TestSanitize(t *testing.T) {
 		{"bad key " + key, "bad key [redacted]"},
 		{"Authorization: Bearer abc.def", "Authorization: Bearer [redacted]"},
 		{"got sk-proj-ABCDEFGHIJ12 here", "got [redacted] here"},
+		// internal/redact's rules, which this package missed before it used them.
+		{"proxy said Authorization: Basic dXNlcjpzM2NyZXQ=", "proxy said Authorization: Basic [redacted]"},
+		{"dial postgres://agent:s3cret@db/x: refused", "dial postgres://agent:[redacted]@db/x: refused"},
+		{`bad config {"api_key": "k1"} password=p2 here`, `bad config {"api_key": "[redacted]"} password=[redacted] here`},
+		{"ghp_0123456789abcdefghij0123 xoxb-1234567890-abc", "[redacted] [redacted]"},
+		// The package's own rule: an opaque token of 40 or more characters.
+		{"session " + strings.Repeat("aZ-9x", 8) + " expired", "session [redacted] expired"},
+		{"session " + strings.Repeat("aZ-9x", 7) + " kept", "session " + strings.Repeat("aZ-9x", 7) + " kept"},
 		{"line one\n\tline two\x00", "line one line two"},
 		{strings.Repeat("é", 300), strings.Repeat("é", maxErrorMessage) + "…"},
 	} {

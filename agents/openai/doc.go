@@ -70,8 +70,9 @@
 // Secrets: the API key is read once, by New, from the environment variable Config.APIKeyEnv,
 // and is only ever written into the Authorization header. Errors and log lines never carry it,
 // nor the request URL (which may hold credentials), nor a response body: an endpoint's error
-// message is cut to 200 characters with the key and anything that looks like a key or a bearer
-// token replaced by [redacted].
+// message is cut to 200 characters with the key, what internal/redact takes for a credential (a
+// bearer token, Basic credentials, a URL's password, the value of a name such as api_key, a key
+// by its known prefix) and any run of 40 or more token characters replaced by [redacted].
 //
 // Concurrency: an Agent is immutable after New and Run is safe for concurrent use. Each Run owns
 // one goroutine for the call in flight, which ends before Run returns; cancelling ctx aborts the

@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/redact"
 )
 
 // ErrTimeout is wrapped by the error Run returns when the turn outlived Config.Timeout.
@@ -149,19 +150,19 @@ func (e *transportError) Unwrap() error { return e.err }
 // maxErrorMessage bounds the endpoint's error message kept in a StatusError, in runes.
 const maxErrorMessage = 200
 
-const redacted = "[redacted]"
+// opaqueToken matches a run of 40 or more token characters: a key of a provider whose prefix
+// internal/redact does not know, or a session token, echoed in an endpoint's error. It is this
+// package's own rule, not redact's: an endpoint's message is prose written for a developer,
+// where such a run is far more likely a credential than data, while a command's stderr holds git
+// commit ids, checksums and base64 the operator needs to read.
+var opaqueToken = regexp.MustCompile(`\b[A-Za-z0-9_\-]{40,}\b`)
 
-// secretLike matches what looks like an API key or a bearer token in an endpoint's message.
-var secretLike = regexp.MustCompile(`(?i)(bearer\s+)[^\s"',;]+|\b(sk|pk|rk)-[A-Za-z0-9_\-]{8,}|\b[A-Za-z0-9_\-]{40,}\b`)
-
-// sanitize makes an endpoint's text fit for an error message: the key and key-like strings
-// redacted, control characters and newlines turned into spaces, runs of space collapsed, at most
-// maxErrorMessage runes.
+// sanitize makes an endpoint's text fit for an error message: the key, the passwords of URLs,
+// key-like strings (redact.String's rules) and opaque tokens redacted, control characters and
+// newlines turned into spaces, runs of space collapsed, at most maxErrorMessage runes.
 func sanitize(s, key string) string {
-	if key != "" {
-		s = strings.ReplaceAll(s, key, redacted)
-	}
-	s = secretLike.ReplaceAllString(s, "${1}"+redacted)
+	s = redact.String(s, key)
+	s = opaqueToken.ReplaceAllString(s, redact.Placeholder)
 	var b strings.Builder
 	space := false
 	n := 0

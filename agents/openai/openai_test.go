@@ -820,6 +820,29 @@ func TestSecretsStayOut(t *testing.T) {
 	}
 }
 
+// TestEndpointSecretsRedacted: credentials other than the key that an endpoint (or a proxy in
+// front of it) echoes in its error are redacted by the same rules as an exec command's output.
+// Before, Basic credentials, a URL's password, a named value and a GitHub token reached the
+// error and the log as sent.
+func TestEndpointSecretsRedacted(t *testing.T) {
+	secrets := []string{"dXNlcjpzM2NyZXQ=", "s3cret", "k1value", "ghp_0123456789abcdefghij0123"}
+	body := fmt.Sprintf(`{"error":{"message":"proxy: Authorization: Basic %s refused; dsn postgres://agent:%s@db/x; api_key=%s; %s"}}`,
+		secrets[0], secrets[1], secrets[2], secrets[3])
+	m := newFakeModel(t, openaitest.Status(400, body))
+	logs := &testutil.Buffer{}
+	a := MustAgent(t, m, logs, nil, nil)
+	_, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}, Identity: identity.Turn{TurnID: "t_1"}})
+	want := "400 Bad Request: proxy: Authorization: Basic [redacted] refused; dsn postgres://agent:[redacted]@db/x; api_key=[redacted]; [redacted]"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Run error = %v, want one containing %q", err, want)
+	}
+	for _, secret := range secrets {
+		if strings.Contains(logs.String(), secret) {
+			t.Errorf("the log contains %q: %s", secret, logs.String())
+		}
+	}
+}
+
 func TestNewRefusesBadConfig(t *testing.T) {
 	t.Setenv("OPENAI_TEST_EMPTY", " ")
 	temp := 2.5
