@@ -24,7 +24,7 @@ type memberStore interface {
 	Members(ctx context.Context, cluster string, ttl time.Duration) ([]postgres.Member, error)
 	Holder(ctx context.Context, cluster, key string, ttl time.Duration) (postgres.Member, bool, error)
 	Strangers(ctx context.Context, cluster, id string, ttl time.Duration) ([]postgres.Member, error)
-	RecordSelfStops(ctx context.Context, cluster string, nodes []string) error
+	RecordSelfStops(ctx context.Context, cluster string, nodes []string) (int, error)
 }
 
 // storeMembership is cluster mode's protoactor ClusterProvider. Every member registers in the
@@ -111,10 +111,14 @@ func (p *storeMembership) recordSelfStops(ctx context.Context) error {
 		return nil
 	}
 	if len(nodes) > 0 {
-		if err := p.store.RecordSelfStops(ctx, p.name, nodes); err != nil {
+		n, err := p.store.RecordSelfStops(ctx, p.name, nodes)
+		if err != nil {
 			return err
 		}
-		p.log.Info("recorded the stops of earlier members on this data directory: a claim of their keys counts no death", "members", nodes)
+		// A note whose member has no row (it left cleanly after all, its row expired, or the
+		// cluster was renamed since) marks nothing: there is no death of it to count either.
+		p.log.Info("recorded the stops of earlier members on this data directory: a claim of their keys counts no death",
+			"members", nodes, "recorded", n)
 	}
 	for _, f := range files {
 		_ = os.Remove(f)
@@ -124,8 +128,11 @@ func (p *storeMembership) recordSelfStops(ctx context.Context) error {
 
 // lose reports the membership lost to renewals that failed, after leaving a note of the stop for
 // the next member started on the data directory (selfStopDir). A renewal that succeeded too late
-// (the process stalled) reports its loss without a note: a stall may be a message's doing, and
-// the member's death then counts, as a crash's does. A split, a stranger or a displaced member
+// (the process stalled), or failing renewals that woke or returned late (starved: their
+// deadlines passed while the process could not run), report the loss without a note (renew): a
+// stall may be a message's doing (memory it makes the process swap for), and the member's death
+// then counts, as a crash's does (a review's finding: starved renewals fail by their deadlines,
+// as those of a database that does not answer do). A split, a stranger or a displaced member
 // needs none: the database answers, and the stop removes the member's row.
 func (p *storeMembership) lose(err error) {
 	if p.notes != "" {
@@ -214,16 +221,25 @@ const renewRetry = 250 * time.Millisecond
 func (p *storeMembership) renew(v memberView, last time.Time) {
 	defer close(p.done)
 	every := p.ttl / 3
-	t := time.NewTimer(max(every-time.Since(last), 0))
+	// A renewal that wakes, or returns, later than its schedule by more than slack shows this
+	// process starved (or paused) rather than the database away; lagged keeps that for the
+	// failing renewals that follow (see lose).
+	slack := max(every/2, time.Second)
+	wait := max(every-time.Since(last), 0)
+	t := time.NewTimer(wait)
 	defer t.Stop()
+	due := time.Now().Add(wait)
+	reset := func(d time.Duration) { t.Reset(d); due = time.Now().Add(d) }
 	tried := time.Now() // the end of the last attempt
 	failing := false    // the last attempt failed (and was logged)
+	lagged := time.Duration(0)
 	for {
 		select {
 		case <-p.stop:
 			return
 		case <-t.C:
 		}
+		lagged = max(lagged, time.Since(due)-slack)
 		if time.Since(tried) >= p.ttl {
 			// The process stalled (paused, or starved) for longer than member_ttl before this
 			// renewal: the others counted this member as gone and blocked it. It does not renew
@@ -240,8 +256,8 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 		cancel()
 		tried = time.Now()
 		if err == nil {
-			failing = false
-			t.Reset(max(every-time.Since(began), 0)) // the next renewal ttl/3 after this one began
+			failing, lagged = false, 0
+			reset(max(every-time.Since(began), 0)) // the next renewal ttl/3 after this one began
 			if since := time.Since(last); since >= p.ttl {
 				// A pause longer than member_ttl (a stalled process, host or connection): the
 				// others counted this member as gone and blocked it, and its staying would make
@@ -269,16 +285,24 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 			v.publish(live)
 			continue
 		}
+		lagged = max(lagged, tried.Sub(began)-every-slack) // its deadline was every
 		if since := time.Since(last); since >= p.ttl {
-			p.lose(fmt.Errorf("cluster membership lost: no renewal for %v (the other members count this one as gone): %w",
-				since.Round(time.Millisecond), err))
+			err := fmt.Errorf("cluster membership lost: no renewal for %v (the other members count this one as gone): %w",
+				since.Round(time.Millisecond), err)
+			if lagged > 0 {
+				p.log.Warn("this member's renewals ran late: the process was starved or paused, perhaps by a message it ran, so its stop counts as a death of that message",
+					"late", (lagged + slack).Round(time.Millisecond))
+				p.lost(err)
+			} else {
+				p.lose(err)
+			}
 			return
 		}
 		if !failing {
 			p.log.Warn("cluster membership not renewed; retrying", "in", min(renewRetry, every), logging.Err(err))
 		}
 		failing = true
-		t.Reset(min(renewRetry, every))
+		reset(min(renewRetry, every))
 	}
 }
 

@@ -37,7 +37,9 @@ func (s *stalledHeartbeat) Holder(context.Context, string, string, time.Duration
 	return postgres.Member{}, false, nil
 }
 
-func (s *stalledHeartbeat) RecordSelfStops(context.Context, string, []string) error { return nil }
+func (s *stalledHeartbeat) RecordSelfStops(context.Context, string, []string) (int, error) {
+	return 0, nil
+}
 
 func (s *stalledHeartbeat) Strangers(context.Context, string, string, time.Duration) ([]postgres.Member, error) {
 	return nil, nil
@@ -237,5 +239,56 @@ func TestHTTPForCluster(t *testing.T) {
 		if got := httpForCluster(c.addr, c.host); got != c.want {
 			t.Errorf("httpForCluster(%q, %q) = %q, want %q", c.addr, c.host, got, c.want)
 		}
+	}
+}
+
+// downStore is a member registry whose database does not answer: every renewal fails, at
+// once, or (starved) only after took, past its deadline, as the renewal of a process that
+// could not run for that long returns.
+type downStore struct {
+	stalledHeartbeat
+	took time.Duration
+}
+
+func (s *downStore) Heartbeat(ctx context.Context, _ string, _ postgres.Member, _ time.Duration) ([]postgres.Member, error) {
+	time.Sleep(s.took)
+	return nil, errors.New("connect: connection refused")
+}
+
+// TestStarvedMemberLeavesNoNoteOfItsStop: a member whose renewals fail for member_ttl leaves a
+// note of its stop in its data directory, so that the claims of its keys count no death of it
+// (the database was away). One whose failing renewals returned long past their deadlines was
+// starved, perhaps by a message it ran, and leaves none: its death counts. Before, both left a
+// note (a review's finding), and a message that made its member swap was never counted.
+func TestStarvedMemberLeavesNoNoteOfItsStop(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		took time.Duration
+		note bool
+	}{
+		{"the database away", 0, true},
+		{"renewals that return late", 3500 * time.Millisecond, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			synctest.Test(t, func(t *testing.T) {
+				lost := make(chan error, 1)
+				p := newStoreMembership(&downStore{took: tt.took}, "agentgate", "h1/r_1", "127.0.0.1:8080", 6*time.Second,
+					slog.New(slog.DiscardHandler), func(err error) { lost <- err })
+				p.notes = dir
+				go p.renew(memberView{}, time.Now())
+				if err := <-lost; !strings.Contains(err.Error(), "no renewal") {
+					t.Errorf("lost: %v, want the failed renewals named", err)
+				}
+				<-p.done
+			})
+			nodes, _, err := selfStops(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(nodes) == 1 && nodes[0] == "h1/r_1"; got != tt.note {
+				t.Errorf("notes of the stop: %q, want a note of h1/r_1: %v", nodes, tt.note)
+			}
+		})
 	}
 }

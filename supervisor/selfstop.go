@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // selfStopDir is the folder of the data directory where a cluster member that stops itself
@@ -28,8 +29,22 @@ func noteSelfStop(dataDir, node string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("note the stop of %s: %w", node, err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, url.PathEscape(node)), []byte(node), 0o600); err != nil {
+	// Written whole or not at all: cluster mode takes no lock of the data directory, and a
+	// member started on it meanwhile would read, and remove, a note cut short.
+	f, err := os.CreateTemp(dir, ".note-*")
+	if err != nil {
 		return fmt.Errorf("note the stop of %s: %w", node, err)
+	}
+	_, werr := f.WriteString(node)
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = os.Rename(f.Name(), filepath.Join(dir, url.PathEscape(node)))
+	}
+	if werr != nil {
+		_ = os.Remove(f.Name())
+		return fmt.Errorf("note the stop of %s: %w", node, werr)
 	}
 	return nil
 }
@@ -45,8 +60,8 @@ func selfStops(dataDir string) (nodes, files []string, err error) {
 		return nil, nil, fmt.Errorf("read the notes of stopped members: %w", err)
 	}
 	for _, e := range entries {
-		if !e.Type().IsRegular() {
-			continue
+		if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") {
+			continue // a note being written
 		}
 		f := filepath.Join(dir, e.Name())
 		b, err := os.ReadFile(f)

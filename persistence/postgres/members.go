@@ -196,16 +196,18 @@ func (s *Store) Leave(ctx context.Context, cluster, id string) error {
 // last renewed within member_ttl of one (claimSQL). A member starting on the data directory
 // where its predecessor left a note of its stop calls it before it registers, and so before
 // any of its claims. A node without a row (it left cleanly, or its row expired) is no error.
-func (s *Store) RecordSelfStops(ctx context.Context, cluster string, nodes []string) error {
+// It returns how many members it marked.
+func (s *Store) RecordSelfStops(ctx context.Context, cluster string, nodes []string) (int, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
-		return fmt.Errorf("record members that stopped themselves: %w", err)
+		return 0, fmt.Errorf("record members that stopped themselves: %w", err)
 	}
 	defer done()
-	if _, err := s.pool.Exec(ctx, selfStoppedSQL, cluster, nodes); err != nil {
-		return fmt.Errorf("record members that stopped themselves: %w", s.explain(ctx, err))
+	tag, err := s.pool.Exec(ctx, selfStoppedSQL, cluster, nodes)
+	if err != nil {
+		return 0, fmt.Errorf("record members that stopped themselves: %w", s.explain(ctx, err))
 	}
-	return nil
+	return int(tag.RowsAffected()), nil
 }
 
 // memberHTTPSQL lists the members that are live by their own ttl, not leaving, and registered

@@ -169,8 +169,8 @@ func TestClaimCountsNoDeathOfAMemberThatStoppedItself(t *testing.T) {
 		t.Fatal(err)
 	}
 	// p's successor on its data directory records p's stop (and one of a node with no row).
-	if err := s.RecordSelfStops(ctx, "c1", []string{p.Node, "h9/r_gone"}); err != nil {
-		t.Fatal(err)
+	if n, err := s.RecordSelfStops(ctx, "c1", []string{p.Node, "h9/r_gone"}); err != nil || n != 1 {
+		t.Fatalf("RecordSelfStops = %d, %v; want 1 member marked", n, err)
 	}
 	if c := claim("ka", "h1/r_p2"); c.Counted != nil {
 		t.Errorf("claim of the key of a member that stopped itself: counted %+v, want nothing", *c.Counted)

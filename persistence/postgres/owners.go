@@ -63,24 +63,26 @@ var claimSQL = `WITH claimed AS (
 // server's clock (heartbeat_at is its clock_timestamp()).
 const sinceServerStart = `m.heartbeat_at > pg_postmaster_start_time()`
 
-// noSelfStopNear is true of a member row m when no member of its cluster that stopped itself
-// (members.self_stopped, migration 0016: its renewals failed for member_ttl, and the next
-// member started on its data directory recorded so) last renewed within m's member_ttl of m's
-// last renewal, m included. An outage of the database longer than member_ttl, of whatever
-// kind, stops every member that cannot renew: their last renewals fall within member_ttl/3 of
-// its start, and the first of them to start again records its predecessor before it claims
-// any key, so a claim of the others' keys sees the outage even before their own successors
-// record them. A member killed by a message (or by anything else: kill -9, the OOM killer)
-// leaves no such note, and its death counts.
+// noSelfStopNear is true of a member row m unless m, or a member of its cluster that last
+// renewed within half m's member_ttl of m's last renewal, stopped itself (members.self_stopped,
+// migration 0016: its renewals failed for member_ttl, and the next member started on its data
+// directory recorded so). An outage of the database longer than member_ttl, of whatever kind,
+// stops every member that cannot renew: each renews every member_ttl/3, so their last
+// renewals fall within that of each other, before its start, and the first of them to start
+// again records its predecessor before it claims any key; a claim of the others' keys sees
+// the outage even before their own successors record them. A member killed by a message (or
+// by anything else: kill -9, the OOM killer) leaves no such note, and its death counts.
 //
 // It sees an outage only through a member restarted on the data directory of one that
 // stopped itself (a systemd unit, a pod's container restarted with its volume): members whose
 // restarts get a fresh data directory each time record nothing, and their deaths of such an
-// outage count, as before. It under-counts a poison message's death only by coincidence: a
-// member of the same cluster stopped itself within member_ttl of it.
+// outage count, as before. It under-counts a poison message's death when another member
+// stopped itself within half a member_ttl of it: by coincidence, or because the message
+// starved it too (two members on one host, one made to swap by the other's message) without
+// its renewals running late enough to show it (see storeMembership.lose in supervisor).
 const noSelfStopNear = `NOT EXISTS (SELECT 1 FROM members o WHERE o.cluster = m.cluster AND o.self_stopped
-				AND o.heartbeat_at BETWEEN m.heartbeat_at - make_interval(secs => m.ttl_secs)
-					AND m.heartbeat_at + make_interval(secs => m.ttl_secs))`
+				AND (o.id = m.id OR o.heartbeat_at BETWEEN m.heartbeat_at - make_interval(secs => m.ttl_secs / 2)
+					AND m.heartbeat_at + make_interval(secs => m.ttl_secs / 2)))`
 
 const (
 	ownershipSQL = `SELECT key, epoch, owner, claimed_at FROM owners WHERE key = $1`
