@@ -36,9 +36,9 @@ func newRedactor(withhold []string, getenv func(string) string) *redactor {
 const maxFragment = 256
 
 // tail returns what w kept, redacted. When w dropped the output's start, a short run of token
-// characters at the start of what it kept is dropped too (or, in a short first word with an @,
-// all of it before its last @), with "…" in its place (so the result may be 3 bytes longer
-// than w.max).
+// characters at the start of what it kept is dropped too (or, when its first word has an @ at
+// most maxFragment bytes in, all of the word before its last @), with "…" in its place (so the
+// result may be 3 bytes longer than w.max).
 func (r *redactor) tail(w *tailBuffer) string {
 	s := w.String()
 	if w.cut {
@@ -49,12 +49,14 @@ func (r *redactor) tail(w *tailBuffer) string {
 			return r.redact("…" + s[n:])
 		}
 		// The end of a URL cut before its password was (…res://agent:s3cret@db): redact.String
-		// needs the scheme to see a URL's password.
+		// needs the scheme to see a URL's password, which it runs to the last @ of the word
+		// (a password may hold / ? #). What follows the @ may be long (a query): only what is
+		// dropped is bounded.
 		word := s
 		if i := strings.IndexFunc(s, func(c rune) bool { return unicode.IsSpace(c) || strings.ContainsRune(`"'<>`, c) }); i >= 0 {
 			word = s[:i]
 		}
-		if at := strings.LastIndexByte(word, '@'); at > 0 && len(word) <= maxFragment {
+		if at := strings.LastIndexByte(word, '@'); at > 0 && at <= maxFragment {
 			return r.redact("…" + s[at:])
 		}
 		i := strings.IndexFunc(s, func(c rune) bool { return !tokenChar(c) })

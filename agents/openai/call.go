@@ -595,7 +595,9 @@ func (a *Agent) readJSON(body io.Reader, contentType string, h *holder) (*result
 // readStream reads a server-sent event stream of completion chunks, calling partial with the
 // whole text each time it grows (partial is nil when nobody watches the reply grow). The stream
 // ends with "data: [DONE]" (or, on some servers, at a clean end of the body after a chunk with
-// a finish reason). h bounds what it holds: the data of one event, and the line being read.
+// a finish reason). h bounds what it holds: the data of one event, and the line being read; a
+// large answer it takes is given back once the event is decoded, and a later large event takes
+// one again.
 func (a *Agent) readStream(body io.Reader, partial func(string), h *holder) (*result, error) {
 	res := &result{}
 	var b strings.Builder
@@ -603,10 +605,15 @@ func (a *Agent) readStream(body io.Reader, partial func(string), h *holder) (*re
 	size := 0 // of data
 	lines := lineReader{r: bufio.NewReaderSize(body, streamBuffer), need: func(n int) error { return h.need(size + n) }}
 	dispatch := func() (bool, error) {
+		// Once an event is decoded, nothing of it is held but the reply (at most MaxReply): a
+		// long stream that once had a large event would otherwise keep one of the large
+		// answers to its end, and two such streams every other large answer waiting.
+		defer h.release()
 		if len(data) == 0 {
 			return false, nil
 		}
 		payload := strings.Join(data, "\n")
+		clear(data) // the array is reused: what it held must not outlive the event
 		data, size = data[:0], 0
 		if strings.TrimSpace(payload) == "[DONE]" {
 			return true, nil
@@ -732,11 +739,14 @@ func (l *lineReader) next() (string, error) {
 }
 
 // holder is what one attempt holds of an answer: past largeAnswer, one of its Agent's
-// maxLargeAnswers. Its methods are called by the attempt's goroutine only. need of a nil
-// holder bounds nothing (for tests of the readers alone).
+// maxLargeAnswers. Its methods are called by the attempt's goroutine only. A nil holder bounds
+// nothing (for tests of the readers alone).
 type holder struct {
-	ctx   context.Context // the attempt's: a wait ends with it
-	large chan struct{}   // Agent.large
+	ctx context.Context // the attempt's: a wait ends with it
+	// large is Agent.large, never nil (a nil one would make need wait for ever): only New
+	// makes an Agent whose calls read an answer. The zero Agent, with no logger or client,
+	// panics in Run before any is read; making it usable would take far more than this.
+	large chan struct{}
 	log   *slog.Logger
 	taken bool
 }
@@ -764,7 +774,7 @@ func (h *holder) need(n int) error {
 
 // release gives back the large answer need took, if any.
 func (h *holder) release() {
-	if h.taken {
+	if h != nil && h.taken {
 		<-h.large
 		h.taken = false
 	}

@@ -37,7 +37,9 @@
 // would fail the same way. An answer near MaxBody takes about three times that while it is
 // read and decoded, so the calls of an Agent read at most maxLargeAnswers answers past
 // largeAnswer (1 MiB) at once; a call that reaches it while they are read waits for one of
-// them to end (or for its turn to end).
+// them to end (or for its turn to end). A stream holds one only while it reads and decodes
+// such an event, not to its end: two long streams would otherwise keep every other large
+// answer waiting.
 //
 // Retries: 429, 5xx and transport failures are retried up to Config.MaxRetries times, waiting
 // 1s, 2s, 4s… capped at Config.MaxBackoff (each spread from half of it to all of it,

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -103,6 +105,80 @@ func TestLargeAnswersAreReadFewAtATime(t *testing.T) {
 				t.Errorf("%d lines %q, want 1:\n%s", n, waits, logs.String())
 			}
 		})
+	}
+}
+
+// TestStreamGivesBackItsLargeAnswer: a stream gives back the large answer an event took once
+// that event is decoded, and a later large event takes one again. Before, it kept it to the
+// stream's end: two long streams that each once had an event past largeAnswer made every other
+// large answer wait until those turns ended.
+func TestStreamGivesBackItsLargeAnswer(t *testing.T) {
+	event := func(content string, large bool) string {
+		filler := ""
+		if large {
+			filler = strings.Repeat("x", 2*largeAnswer)
+		}
+		return `data: {"choices":[{"index":0,"delta":{"content":"` + content + `","reasoning_content":"` + filler + `"}}]}` + "\n\n"
+	}
+	gate := make(chan struct{})
+	m := openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n > maxLargeAnswers { // the answer that must not wait for the streams' ends
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"choices":[{"index":0,"message":{"role":"assistant","content":"the other answer","reasoning_content":"`+
+				strings.Repeat("x", 2*largeAnswer)+`"},"finish_reason":"stop"}]}`)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, event("the answer", true)+strings.Repeat(event("", false), 100))
+		w.(http.Flusher).Flush()
+		select {
+		case <-gate:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, event(" again", true)+strings.Repeat(event("", false), 100)+
+			`data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n")
+	})
+	a, err := New(Config{BaseURL: m.URL(), Model: "m"})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	req := func(partial func(string)) *agents.Request {
+		return &agents.Request{Messages: []agents.Message{{Role: "user", Text: "hi"}}, Partial: partial}
+	}
+
+	var streams []<-chan error
+	var shown atomic.Int32 // streams whose large event was decoded
+	for range maxLargeAnswers {
+		done := make(chan error, 1)
+		var once sync.Once
+		go func() {
+			resp, err := a.Run(t.Context(), req(func(string) { once.Do(func() { shown.Add(1) }) }))
+			if err == nil && resp.Text != "the answer again" {
+				err = fmt.Errorf("reply %q, want %q", resp.Text, "the answer again")
+			}
+			done <- err
+		}()
+		streams = append(streams, done)
+	}
+	waitFor(t, "each stream's large event to be decoded", func() bool { return shown.Load() == maxLargeAnswers })
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if resp, err := a.Run(ctx, req(nil)); err != nil {
+		t.Errorf("Run of a large answer while the streams go on = %v, want the answer before they end", err)
+	} else if resp.Text != "the other answer" {
+		t.Errorf("Run of a large answer while the streams go on = %q, want %q", resp.Text, "the other answer")
+	}
+
+	close(gate)
+	for _, done := range streams {
+		if err := <-done; err != nil {
+			t.Errorf("Run of a stream = %v", err)
+		}
+	}
+	if n := len(a.large); n != 0 {
+		t.Errorf("%d large answers held after every turn ended, want 0", n)
 	}
 }
 

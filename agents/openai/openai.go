@@ -76,7 +76,8 @@ type Config struct {
 	Requests func(result string)
 }
 
-// Agent answers turns with chat completions. Create it with New; it is safe for concurrent use.
+// Agent answers turns with chat completions. Create it with New (the zero value is not
+// usable); it is safe for concurrent use.
 type Agent struct {
 	url          string
 	model        string

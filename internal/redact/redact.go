@@ -36,10 +36,14 @@ var keyLike = regexp.MustCompile(`(?i)(bearer[ \t]+|\b(?:proxy-)?authorization["
 	`|\b(?:sk|pk|rk)-[A-Za-z0-9_\-]{8,}|\bgh[pousr]_[A-Za-z0-9]{20,}|\bxox[abprs]-[A-Za-z0-9\-]{10,}`)
 
 // urlPassword matches the password of a URL's user information (postgres://agent:s3cret@db,
-// https://u:p@host), up to the last @ of the URL's authority, as net/url reads it; the first
-// group keeps the scheme and the user, the second the @ before the host. A URL without a
-// password (http://host:8080/path, https://user@host) does not match.
-var urlPassword = regexp.MustCompile(`(?i)(\b[a-z][a-z0-9+.\-]*://[^\s:/?#@"'<>]*:)[^\s/?#"'<>]*(@)`)
+// https://u:p@host); the first group keeps the scheme and the user, the second the @ before
+// the host. The password runs to the last @ of the URL's word (up to white space, a quote or
+// <>), not to the first / ? or # as net/url reads it: a password is often written into a DSN
+// unescaped, and one from openssl rand -base64 holds a / (postgres://agent:ab/cd+ef==@db was
+// logged whole). The price is a port before an @ in a path or a query: http://host:8080/x?to=a@b
+// loses "8080/x?to=a" too. A URL without a password (http://host:8080/path, https://user@host,
+// http://[::1]:80) does not match.
+var urlPassword = regexp.MustCompile(`(?i)(\b[a-z][a-z0-9+.\-]*://[^\s:/?#@"'<>]*:)[^\s"'<>]*(@)`)
 
 // String returns s with every non-empty one of values, the passwords of URLs and key-like
 // strings replaced by Placeholder. The values are the caller's own secrets, replaced wherever
