@@ -19,6 +19,10 @@ type FieldError struct {
 	Value any
 	// Err says what is wrong with the value.
 	Err error
+	// cause is, for a missing key that another one's value requires, that key (agent.backend
+	// for agent.exec.command): the file's line of the problem when the file does not write
+	// the missing key nor its section.
+	cause string
 }
 
 // Error formats the problem as `field: value: reason`, omitting a nil Value.

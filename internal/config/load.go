@@ -149,7 +149,7 @@ func Check(path string, environ []string, override func(*Config)) (*Config, erro
 			if undecoded[fe.Field] {
 				continue
 			}
-			if line, ok := lines[fe.Field]; ok && !setElsewhere(fe.Field, notFile) {
+			if line, ok := fileLine(fe, lines, notFile); ok {
 				err = &lineError{file: path, line: line, err: fe}
 			}
 		}
@@ -157,6 +157,33 @@ func Check(path string, environ []string, override func(*Config)) (*Config, erro
 	}
 	slices.SortStableFunc(errs, func(a, b error) int { return cmp.Compare(lineOfErr(a), lineOfErr(b)) })
 	return cfg, errors.Join(errs...)
+}
+
+// fileLine returns the line of the file that the validation problem fe is pinned on: its key's,
+// when the key's value is the file's. A required key the file does not write has no line of
+// its own: it is pinned on the nearest section below the top level that the file writes
+// (agent.exec, where it goes), else on the key whose value requires it (agent.backend), when
+// the file wrote that value. check-config's FILE:LINE then leads to the place to fix.
+func fileLine(fe *FieldError, lines map[string]int, notFile map[string]bool) (int, bool) {
+	if setElsewhere(fe.Field, notFile) {
+		return 0, false
+	}
+	if line, ok := lines[fe.Field]; ok {
+		return line, true
+	}
+	if fe.cause == "" {
+		return 0, false
+	}
+	for p := fe.Field; strings.Count(p, ".") > 1; {
+		p = p[:strings.LastIndex(p, ".")]
+		if line, ok := lines[p]; ok {
+			return line, true
+		}
+	}
+	if line, ok := lines[fe.cause]; ok && !setElsewhere(fe.cause, notFile) {
+		return line, true
+	}
+	return 0, false
 }
 
 // lineError is a problem at a line of the configuration file.
@@ -390,7 +417,7 @@ func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag, lines map[
 			p := joinPath(path, k.Value)
 			f, ok := fieldByKey(t, k.Value)
 			if !ok {
-				*out = append(*out, diag{k.Line, &FieldError{Field: p, Err: errUnknownKey}})
+				*out = append(*out, diag{k.Line, &FieldError{Field: p, Err: unknownKey(t, n, path, k.Value)}})
 				continue
 			}
 			if lines != nil {

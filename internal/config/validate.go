@@ -25,7 +25,7 @@ func (c *Config) Validate() error {
 
 func (c *Config) validate() []error {
 	var v validator
-	v.required("data_dir", c.DataDir != "", "")
+	v.required("data_dir", c.DataDir != "", "", "")
 	if !slices.Contains(logLevels, strings.ToLower(c.Log.Level)) {
 		// In any case, as slog's own level names are read: LOG_LEVEL=INFO, a common spelling,
 		// was refused (found by an audit). SlogLevel reads it the same way.
@@ -47,7 +47,7 @@ func (c *Config) validate() []error {
 		v.add("store.dsn", nil, "is a PostgreSQL connection string, but store.driver is "+c.Store.Driver+": set store.driver: postgres") // a DSN may hold a password
 	}
 	if c.Store.Driver == "postgres" {
-		v.required("store.dsn", c.Store.DSN != "", "when store.driver is postgres")
+		v.required("store.dsn", c.Store.DSN != "", "store.driver", "is postgres")
 		// Before, only the store's Open found a DSN pgx cannot read, once the daemon had begun
 		// to start, in words that did not say what was wrong (found by an audit).
 		if reason, file := pgDSNProblem(c.Store.DSN); reason != "" && !file {
@@ -59,7 +59,7 @@ func (c *Config) validate() []error {
 		if c.Store.Driver != "postgres" {
 			v.add("cluster.enabled", true, "needs store.driver: postgres (every member must reach the sessions' store)")
 		}
-		v.required("cluster.name", cl.Name != "", "when cluster.enabled")
+		v.required("cluster.name", cl.Name != "", "cluster.enabled", "")
 		v.hostPort("cluster.bind", cl.Bind)
 		if cl.Advertise != "" {
 			v.hostPort("cluster.advertise", cl.Advertise)
@@ -131,7 +131,7 @@ func (c *Config) validate() []error {
 	a := &c.Agent
 	v.oneOf("agent.backend", a.Backend, "echo", "exec", "openai")
 	if a.Backend == "exec" {
-		v.required("agent.exec.command", len(a.Exec.Command) > 0 && a.Exec.Command[0] != "", "when agent.backend is exec")
+		v.required("agent.exec.command", len(a.Exec.Command) > 0 && a.Exec.Command[0] != "", "agent.backend", "is exec")
 	}
 	atLeast(&v, "agent.max_concurrent", a.MaxConcurrent, 0)
 	// At least a second: a shorter one (1ns) fails every turn, each with a timeout.
@@ -139,8 +139,8 @@ func (c *Config) validate() []error {
 	atLeast(&v, "agent.exec.history", a.Exec.History, 0)
 	atLeast(&v, "agent.exec.kill_grace", a.Exec.KillGrace, 0)
 	if a.Backend == "openai" {
-		v.required("agent.openai.base_url", a.OpenAI.BaseURL != "", "when agent.backend is openai")
-		v.required("agent.openai.model", a.OpenAI.Model != "", "when agent.backend is openai")
+		v.required("agent.openai.base_url", a.OpenAI.BaseURL != "", "agent.backend", "is openai")
+		v.required("agent.openai.model", a.OpenAI.Model != "", "agent.backend", "is openai")
 	}
 	if a.OpenAI.BaseURL != "" {
 		u, err := url.Parse(a.OpenAI.BaseURL)
@@ -167,7 +167,7 @@ func (c *Config) validate() []error {
 	d := &c.Platforms.Discord
 	v.envName("platforms.discord.token_env", d.TokenEnv)
 	if d.Enabled {
-		v.required("platforms.discord.token_env", d.TokenEnv != "", "when platforms.discord.enabled is true")
+		v.required("platforms.discord.token_env", d.TokenEnv != "", "platforms.discord.enabled", "is true")
 	}
 	atLeast(&v, "platforms.discord.shard_count", d.ShardCount, 1)
 	if d.ShardID < 0 || (d.ShardCount >= 1 && d.ShardID >= d.ShardCount) {
@@ -224,10 +224,17 @@ func (v *validator) add(field string, value any, reason string) {
 	v.errs = append(v.errs, &FieldError{Field: field, Value: value, Err: errors.New(reason)})
 }
 
-func (v *validator) required(field string, ok bool, when string) {
-	if !ok {
-		v.add(field, nil, strings.TrimSpace("required "+when))
+// required adds a problem when field is missing (not ok). A field required only by the value
+// of another key, cause, is "required when <cause> <cond>", and carries cause (FieldError).
+func (v *validator) required(field string, ok bool, cause, cond string) {
+	if ok {
+		return
 	}
+	if cause == "" {
+		v.add(field, nil, "required")
+		return
+	}
+	v.errs = append(v.errs, &FieldError{Field: field, Err: errors.New(strings.TrimSpace("required when " + cause + " " + cond)), cause: cause})
 }
 
 func (v *validator) oneOf(field, got string, allowed ...string) {

@@ -238,7 +238,13 @@ func resumePoint(r *http.Request) (int64, *apiError) {
 	}
 	n, err := parseSeq(v)
 	if err != nil {
-		return 0, badRequest(CodeInvalidEventID, src+" must be a non-negative integer event id")
+		// The code names where the bad id is: in the query it is an invalid_query, as a bad
+		// after is on every route; only the header's is an invalid_last_event_id.
+		code := CodeInvalidQuery
+		if src == "Last-Event-ID" {
+			code = CodeInvalidEventID
+		}
+		return 0, badRequest(code, src+" must be a non-negative integer event id")
 	}
 	return n, nil
 }

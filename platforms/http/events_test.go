@@ -170,7 +170,10 @@ func TestEventsResumePoint(t *testing.T) {
 		{"header wins over query", "2", "?after=1", 3, ""},
 		{"invalid header", "abc", "", 0, CodeInvalidEventID},
 		{"negative header", "-1", "", 0, CodeInvalidEventID},
-		{"invalid query", "", "?after=x", 0, CodeInvalidEventID},
+		// A bad query parameter is an invalid_query, as README says of a bad after (and as a
+		// bad after is on every other route); only the header's is an invalid_last_event_id.
+		{"invalid after", "", "?after=x", 0, CodeInvalidQuery},
+		{"negative after", "", "?after=-1", 0, CodeInvalidQuery},
 		// A malformed pair is not dropped: the resume point it may have meant is not guessed.
 		{"malformed query", "", "?after=2;x", 0, CodeInvalidQuery},
 		{"bad escape", "", "?after=%zz", 0, CodeInvalidQuery},
@@ -181,7 +184,7 @@ func TestEventsResumePoint(t *testing.T) {
 		{"a polyfill's lastEventId", "", "?lastEventId=2", 3, ""},
 		{"a polyfill's lastEventId wins over after", "", "?after=1&lastEventId=2", 3, ""},
 		{"the header wins over lastEventId", "2", "?lastEventId=1", 3, ""},
-		{"invalid lastEventId", "", "?lastEventId=x", 0, CodeInvalidEventID},
+		{"invalid lastEventId", "", "?lastEventId=x", 0, CodeInvalidQuery},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -190,7 +193,7 @@ func TestEventsResumePoint(t *testing.T) {
 				body, _ := io.ReadAll(s.body)
 				got := response{status: s.status, body: body}
 				if got.status != 400 || got.errCode() != tc.wantCode {
-					t.Errorf("GET events = %d %q, want 400 %q", got.status, got.errCode(), tc.wantCode)
+					t.Errorf("GET events = %d %q (%s), want 400 %q", got.status, got.errCode(), body, tc.wantCode)
 				}
 				return
 			}

@@ -393,44 +393,65 @@ func jsonError(err error) *apiError {
 	}
 }
 
-// validate checks required fields, sizes and ids, and fills in the default chat type.
+// validate checks required fields, sizes and ids, and fills in the default chat type. It
+// reports every problem in one answer, so that a client learns of all its missing or bad
+// fields at once, not one per try; the status and code are those of the first problem, in
+// the order below (so a body with one problem is answered as before).
 func (m *MessageRequest) validate() *apiError {
+	var problems []*apiError
+	var missing []string
 	for _, f := range []struct{ name, v string }{
 		{"chat_id", m.ChatID}, {"user_id", m.UserID}, {"text", m.Text},
 	} {
 		if f.v == "" {
-			return badRequest(CodeMissingField, f.name+" is required")
+			missing = append(missing, f.name)
 		}
 	}
-	if strings.TrimSpace(m.Text) == "" {
+	switch len(missing) {
+	case 0:
+	case 1:
+		problems = append(problems, badRequest(CodeMissingField, missing[0]+" is required"))
+	default:
+		last := len(missing) - 1
+		problems = append(problems, badRequest(CodeMissingField,
+			strings.Join(missing[:last], ", ")+" and "+missing[last]+" are required"))
+	}
+	if m.Text != "" && strings.TrimSpace(m.Text) == "" {
 		// The agent would get nothing to answer.
-		return badRequest(CodeMissingField, "text is blank")
+		problems = append(problems, badRequest(CodeMissingField, "text is blank"))
 	}
 	if len(m.Text) > MaxTextBytes {
-		return &apiError{http.StatusRequestEntityTooLarge, CodeTextTooLarge,
-			fmt.Sprintf("text is %d bytes, the limit is %d", len(m.Text), MaxTextBytes)}
+		problems = append(problems, &apiError{http.StatusRequestEntityTooLarge, CodeTextTooLarge,
+			fmt.Sprintf("text is %d bytes, the limit is %d", len(m.Text), MaxTextBytes)})
 	}
 	if m.ChatType == "" {
 		m.ChatType = identity.ChatDM
 	}
 	if !identity.ValidChatType(m.ChatType) {
-		return badRequest(CodeInvalidChatType, "chat_type must be dm, group, channel or thread")
+		problems = append(problems, badRequest(CodeInvalidChatType, "chat_type must be dm, group, channel or thread"))
 	}
 	if m.ChatType == identity.ChatThread && m.ThreadID == "" {
-		return badRequest(CodeMissingField, "thread_id is required when chat_type is thread")
+		problems = append(problems, badRequest(CodeMissingField, "thread_id is required when chat_type is thread"))
 	}
 	for _, f := range []struct{ name, v string }{
 		{"chat_id", m.ChatID}, {"thread_id", m.ThreadID}, {"user_id", m.UserID},
 		{"message_id", m.MessageID}, {"profile", m.Profile},
 	} {
 		if aerr := checkID(f.name, f.v, MaxIDBytes); aerr != nil {
-			return aerr
+			problems = append(problems, aerr)
 		}
 	}
 	if len(m.UserName) > MaxNameBytes {
-		return badRequest(CodeInvalidField, fmt.Sprintf("user_name is longer than %d bytes", MaxNameBytes))
+		problems = append(problems, badRequest(CodeInvalidField, fmt.Sprintf("user_name is longer than %d bytes", MaxNameBytes)))
 	}
-	return nil
+	if len(problems) == 0 {
+		return nil
+	}
+	msgs := make([]string, len(problems))
+	for i, p := range problems {
+		msgs[i] = p.message
+	}
+	return &apiError{status: problems[0].status, code: problems[0].code, message: strings.Join(msgs, "; ")}
 }
 
 // checkID rejects an id that is too long, carries control characters or is padded (or made) with

@@ -143,6 +143,49 @@ func TestPostMessageBadInput(t *testing.T) {
 	}
 }
 
+// TestPostMessageReportsEveryProblem: a body with several missing or bad fields is answered
+// with all of them in one message, not the first alone (a client sending {} learned of
+// user_id and text only on its next tries); the status and code are the first problem's.
+func TestPostMessageReportsEveryProblem(t *testing.T) {
+	rt := &fakeRuntime{}
+	h := mustStart(t, Config{}, rt)
+	cases := []struct {
+		name       string
+		body       string
+		wantStatus int
+		wantCode   string
+		wantMsg    string
+	}{
+		{"empty object", `{}`, 400, CodeMissingField, "chat_id, user_id and text are required"},
+		{"two missing", `{"user_id":"u"}`, 400, CodeMissingField, "chat_id and text are required"},
+		{"one missing", `{"user_id":"u","text":"t"}`, 400, CodeMissingField, "chat_id is required"},
+		{"missing and bad", `{"chat_id":" c","text":" ","chat_type":"forum","user_name":"` + strings.Repeat("n", MaxNameBytes+1) + `"}`,
+			400, CodeMissingField,
+			"user_id is required; text is blank; chat_type must be dm, group, channel or thread; " +
+				"chat_id begins or ends with white space; user_name is longer than 1024 bytes"},
+		{"thread without its id, bad user_id", `{"chat_id":"c","user_id":"u\u0001","text":"t","chat_type":"thread"}`,
+			400, CodeMissingField, "thread_id is required when chat_type is thread; user_id contains control characters"},
+		{"bad ids only", `{"chat_id":"c ","user_id":" u","text":"t"}`,
+			400, CodeInvalidField, "chat_id begins or ends with white space; user_id begins or ends with white space"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := h.do("POST", "/v1/messages", jsonHeader, tc.body)
+			var e ErrorResponse
+			if err := json.Unmarshal(got.body, &e); err != nil {
+				t.Fatalf("POST /v1/messages body %q: %v", got.body, err)
+			}
+			if got.status != tc.wantStatus || e.Error.Code != tc.wantCode || e.Error.Message != tc.wantMsg {
+				t.Errorf("POST /v1/messages = %d %q %q, want %d %q %q",
+					got.status, e.Error.Code, e.Error.Message, tc.wantStatus, tc.wantCode, tc.wantMsg)
+			}
+		})
+	}
+	if n := len(rt.delivered()); n != 0 {
+		t.Errorf("deliver called %d times for bad input, want 0", n)
+	}
+}
+
 func TestPostMessageAccepted(t *testing.T) {
 	rt := &fakeRuntime{}
 	rt.setRespond(func(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {

@@ -1,0 +1,64 @@
+package config
+
+import (
+	"fmt"
+	"reflect"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// unknownKey is the problem of the key named key, unknown in the mapping m of the section at
+// path of type t: errUnknownKey, with the section's key it most likely misspells when one is
+// close (http.adr: "did you mean http.addr?"). A key the mapping writes already is no
+// suggestion: mod beside mode is no misspelt mode.
+func unknownKey(t reflect.Type, m *yaml.Node, path, key string) error {
+	written := make(map[string]bool)
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		written[m.Content[i].Value] = true
+	}
+	// One edit in a short key, two in a longer one: more would suggest keys of other meanings.
+	limit := max(1, min(2, len(key)/3))
+	best, bestDist := "", limit+1
+	for i := range t.NumField() {
+		name, ok := yamlKey(t.Field(i))
+		if !ok || written[name] {
+			continue
+		}
+		if d := editDistance(strings.ToLower(key), name); d < bestDist {
+			best, bestDist = name, d
+		}
+	}
+	if best == "" {
+		return errUnknownKey
+	}
+	return fmt.Errorf("%w (did you mean %s?)", errUnknownKey, joinPath(path, best))
+}
+
+// editDistance is the optimal string alignment distance of a and b, in bytes: the insertions,
+// deletions, substitutions and swaps of two neighbours that turn one into the other (idel is
+// one swap from idle, where Levenshtein's distance counts two).
+func editDistance(a, b string) int {
+	// d[i][j] is the distance of a[:i] and b[:j]; keys are short, so the whole table is cheap.
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
+}

@@ -1,0 +1,116 @@
+package config
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// mustProblemTexts returns the text of each problem Load finds in a file holding yaml (its
+// path replaced by FILE) with environ.
+func mustProblemTexts(t *testing.T, yaml string, environ []string) []string {
+	t.Helper()
+	path := MustWriteConfig(t, yaml)
+	_, err := Load(path, environ, nil)
+	if err == nil {
+		t.Fatalf("Load(%q) error = nil, want problems", yaml)
+	}
+	var out []string
+	for _, p := range problems(err) {
+		out = append(out, strings.ReplaceAll(p.Error(), path, "FILE"))
+	}
+	return out
+}
+
+// TestLoadUnknownKeySuggestsTheClosest: a key the file misspells is told the key it most
+// likely meant, as a misspelt variable is warned of. Before, the file's http.adr was just an
+// "unknown key", with no word of http.addr.
+func TestLoadUnknownKeySuggestsTheClosest(t *testing.T) {
+	tests := []struct {
+		name    string
+		yaml    string
+		environ []string
+		want    string
+	}{
+		{"one letter left out", "http:\n  adr: 127.0.0.1:8081\n", nil,
+			"FILE:2: http.adr: unknown key (did you mean http.addr?)"},
+		{"another case", "log:\n  Level: debug\n", nil,
+			"FILE:2: log.Level: unknown key (did you mean log.level?)"},
+		{"two letters swapped, in a map's entry", "sessions:\n  reset_by_type:\n    dm: {mode: idle, idel_minutes: 5}\n", nil,
+			"FILE:3: sessions.reset_by_type.dm.idel_minutes: unknown key (did you mean sessions.reset_by_type.dm.idle_minutes?)"},
+		{"two edits in a longer key", "agent:\n  exec: {kil_grase: 5s}\n", nil,
+			"FILE:2: agent.exec.kil_grase: unknown key (did you mean agent.exec.kill_grace?)"},
+		{"nothing close", "listen: :80\n", nil, "FILE:1: listen: unknown key"},
+		{"too far for a short key", "http:\n  adrs: x\n", nil, "FILE:2: http.adrs: unknown key"},
+		// mod beside mode is no misspelt mode: mode is written already.
+		{"the close key is written already", "sessions:\n  reset:\n    mode: idle\n    mod: idle\n", nil,
+			"FILE:4: sessions.reset.mod: unknown key"},
+		{"in a variable's mapping", "", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE={dm: {idel_minutes: 5}}"},
+			`AGENTGATE_SESSIONS_RESET_BY_TYPE: "{dm: {idel_minutes: 5}}": dm.idel_minutes: unknown key (did you mean dm.idle_minutes?)`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := mustProblemTexts(t, tt.yaml, tt.environ); !slices.Contains(got, tt.want) {
+				t.Errorf("Load(%q) problems = %q, want one %q", tt.yaml, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestLoadRequiredKeyNamesALine: a key that another key's value requires and that the file
+// does not write is pinned on the line of its section when the file writes one (where it
+// goes), else on the key that requires it. Before, agent: {backend: exec} was told of
+// agent.exec.command with no FILE:LINE at all.
+func TestLoadRequiredKeyNamesALine(t *testing.T) {
+	tests := []struct {
+		name    string
+		yaml    string
+		environ []string
+		want    string
+	}{
+		{"flow mapping", "agent: {backend: exec}\n", nil,
+			"FILE:1: agent.exec.command: required when agent.backend is exec"},
+		{"the key that requires it", "data_dir: x\nagent:\n  backend: exec\n", nil,
+			"FILE:3: agent.exec.command: required when agent.backend is exec"},
+		{"its section", "agent:\n  backend: exec\n  exec:\n    timeout: 5m\n", nil,
+			"FILE:3: agent.exec.command: required when agent.backend is exec"},
+		// store is a top-level section: store.driver says more.
+		{"not the top-level section", "store:\n  synchronous: full\n  driver: postgres\n", nil,
+			"FILE:3: store.dsn: required when store.driver is postgres"},
+		{"its section, after the key that requires it", "agent:\n  backend: openai\n  openai:\n    model: m\n", nil,
+			"FILE:3: agent.openai.base_url: required when agent.backend is openai"},
+		// The file's line says echo: the exec the environment set is not its fault.
+		{"required by the environment", "agent:\n  backend: echo\n", []string{"AGENTGATE_AGENT_BACKEND=exec"},
+			"agent.exec.command: required when agent.backend is exec"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := mustProblemTexts(t, tt.yaml, tt.environ); !slices.Contains(got, tt.want) {
+				t.Errorf("Load(%q) problems = %q, want one %q", tt.yaml, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestEditDistance(t *testing.T) {
+	tests := []struct {
+		a, b string
+		want int
+	}{
+		{"", "", 0},
+		{"addr", "addr", 0},
+		{"adr", "addr", 1},
+		{"idel", "idle", 1}, // a swap is one edit
+		{"timout", "timeout", 1},
+		{"kil_grase", "kill_grace", 2},
+		{"max_concurent", "max_concurrent", 1},
+		{"adrs", "addr", 2},
+		{"", "abc", 3},
+		{"listen", "log", 5},
+	}
+	for _, tt := range tests {
+		if got := editDistance(tt.a, tt.b); got != tt.want {
+			t.Errorf("editDistance(%q, %q) = %d, want %d", tt.a, tt.b, got, tt.want)
+		}
+	}
+}
