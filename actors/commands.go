@@ -23,7 +23,7 @@ type command struct {
 
 // commandHelp lists the commands a session understands, in the order /help shows them.
 var commandHelp = []struct{ name, help string }{
-	{"new", "end this session and start a fresh one"},
+	{"new", "end this session and start a fresh one (one nothing was said in yet goes on)"},
 	{"reset", "same as /new"},
 	{"stop", "cancel the running turn and drop queued messages"},
 	{"status", "show the session id, queue, running turn and reset policy"},
@@ -86,6 +86,12 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 		if cmd.name == "reset" {
 			reason = persistence.EndResetCommand
 		}
+		if s.fresh() {
+			// Ending a session that holds nothing yet would only start another just as empty:
+			// a user typing /new twice built a chain of empty sessions.
+			answer = fmt.Sprintf("✨ This session (%s) is new already: nothing has been said in it yet. Your next message starts the conversation.", s.cur.ID)
+			break
+		}
 		var prev string
 		ops, prev, dropped = s.boundary(c, src, reason, now)
 		answer = fmt.Sprintf("✨ Started a new session (%s).", s.cur.ID)
@@ -105,7 +111,8 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 			answer = "⏹️ Stopped."
 		}
 	case "status":
-		answer = s.statusText(now)
+		// Written below, once the session the command is recorded in exists and its activity
+		// includes the command (statusText).
 	case "retry":
 		if len(expired) == 0 && s.running == nil && !s.hasQueued() { // the retry runs next, in order
 			if it, rops, ok := s.retry(src, m, now); ok {
@@ -157,6 +164,10 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 		s.cur.QueueMode = s.mode
 		ops = append(ops, &persistence.SetQueueMode{SessionID: sid, Mode: s.mode})
 	}
+	touch := s.touch(sid, now)
+	if cmd.name == "status" {
+		answer = s.statusText(now)
+	}
 	s.lastSeq++
 	userSeq := s.lastSeq
 	s.lastSeq++
@@ -166,7 +177,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 			UserID: src.UserID, UserName: src.UserName, Status: persistence.StatusDone, CreatedAt: now}}, // not part of the conversation
 		&persistence.AppendMessage{Message: persistence.Message{SessionID: sid, Seq: s.lastSeq, Role: persistence.RoleNotice,
 			Content: answer, Status: persistence.StatusDone, Active: true, CreatedAt: now}},
-		s.touch(sid, now))
+		touch)
 	// The answer also answers the messages the command dropped (a waiting client gets it), and
 	// it refers to the command (a platform references the last message answered).
 	inReplyTo := append(messageIDs(dropped), m.MessageId)
@@ -282,6 +293,28 @@ func (s *Session) boundary(c actor.Context, src identity.Source, reason string, 
 	return ops, prev, dropped
 }
 
+// fresh reports whether the current session holds nothing yet: no message of a conversation
+// since it began (commands and their answers are none; an exchange /undo took back, archived,
+// no longer counts), no turn running and none waiting. A reset of it (/new, /reset, an operator's) would end it only
+// to start another just as empty. The store is asked only when memory cannot tell (the
+// session holds rows, none of them in its transcript buffer, which history_limit 0 keeps
+// empty); a store that cannot be read, or lacks the spooled writes, counts as not fresh.
+func (s *Session) fresh() bool {
+	if s.cur == nil || s.running != nil || s.hasQueued() || len(s.history) > 0 {
+		return false
+	}
+	if s.lastSeq == 0 {
+		return true
+	}
+	if s.d.Spooling.Load() {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
+	defer cancel()
+	said, _, err := s.d.Store.History(ctx, s.cur.ID, 1)
+	return err == nil && len(said) == 0
+}
+
 // stopWork cancels the running turn and drops the queued messages. It returns the ops that
 // mark them failed, how many were in cancelled turns (the running one, and any cut short by an
 // interrupt and not yet answered), and the dropped messages (those first, then the queued ones
@@ -379,16 +412,17 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		c.Send(requester, &ResetResult{ErrorCode: ErrCodeStopped,
 			Error: "the session stopped before the reset was confirmed; it may have taken effect: look at the session before resetting it again"})
 	}
-	if m.Retry && s.cur.PrevSessionID != "" && (s.lastSeq == 0 && s.running == nil && !s.hasQueued() || s.begunSince(m.FirstSentAtUnixNano)) {
-		// The cluster router sends the reset again after an attempt that got no answer, and
-		// that attempt may have done it: the session follows another and has held nothing
-		// since, or it began after that attempt was sent. Resetting it again would end an
-		// empty session, or the conversation the user started after the reset, dropping
-		// its running turn and queued messages (a message that came for the key while its
-		// activation was slow is held between the two attempts). It is answered as the
-		// reset, once the session's earlier writes (that attempt's among them) are durable.
-		// When the attempt did not reset it, this session is as fresh as a reset would make
-		// it, or it began at another boundary after the operator asked for one.
+	if s.fresh() || m.Retry && s.cur.PrevSessionID != "" && s.begunSince(m.FirstSentAtUnixNano) {
+		// The session holds nothing yet (fresh): a reset would end it only to start another
+		// just as empty, and an operator who reset a key twice built a chain of empty
+		// sessions. Or the cluster router sends the reset again after an attempt that got no
+		// answer, and the session began after that attempt was sent (that attempt's reset,
+		// as a rule): resetting it again would end the conversation the user started after
+		// the reset, dropping its running turn and queued messages (a message that came for
+		// the key while its activation was slow is held between the two attempts). Either
+		// is answered as the reset, with the session as it is, once the session's earlier
+		// writes (a retried attempt's among them) are durable. A fresh session is as fresh
+		// as a reset would make it.
 		sid, prev := s.cur.ID, s.cur.PrevSessionID
 		s.writeFor(c, nil, orphaned, func(c actor.Context, err error) {
 			r := &ResetResult{SessionId: sid, PreviousSessionId: prev}
@@ -400,8 +434,8 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 				r = &ResetResult{ErrorCode: ErrCodeUnavailable, Error: "the reset could not be confirmed: " + err.Error() +
 					"; look at the session before you reset it again"}
 			case s.stale && !s.routedTo(sid):
-				// The attempt this answers was refused (the session starts again from the
-				// store): the session it began in memory is not stored.
+				// The write that began the session (the attempt this answers, or a /new) was
+				// refused (the session starts again from the store): it is not stored.
 				r = &ResetResult{ErrorCode: ErrCodeUnavailable, Error: resetNotStored}
 			}
 			c.Send(requester, r)
@@ -482,13 +516,13 @@ func (s *Session) begunSince(sent int64) bool {
 	return sent != 0 && !s.cur.StartedAt.Before(time.Unix(0, sent).Add(-resetRetrySkew))
 }
 
+// statusText answers /status in the current session, which the command began if there was none:
+// the answer names the session the response's session_id names and the chat's next message
+// goes to. Before, a new chat's first /status said "(none yet)" beside that session_id, and
+// left out the reset policy its /help promises.
 func (s *Session) statusText(now time.Time) string {
 	var b strings.Builder
-	id := "(none yet)"
-	if s.cur != nil {
-		id = s.cur.ID
-	}
-	fmt.Fprintf(&b, "Session %s\nKey: %s\nQueue: %d waiting (mode %s, cap %d)\n", id, s.key, s.waiting(), s.mode, s.d.Config.QueueCap)
+	fmt.Fprintf(&b, "Session %s\nKey: %s\nQueue: %d waiting (mode %s, cap %d)\n", s.cur.ID, s.key, s.waiting(), s.mode, s.d.Config.QueueCap)
 	switch {
 	case s.running != nil:
 		fmt.Fprintf(&b, "Running: turn %s for %s\n", s.running.id, now.Sub(s.running.started).Round(time.Second))
@@ -500,15 +534,13 @@ func (s *Session) statusText(now time.Time) string {
 	if !s.lastActivity.IsZero() {
 		fmt.Fprintf(&b, "Last activity: %s\n", s.lastActivity.UTC().Format(time.RFC3339))
 	}
-	if s.cur != nil {
-		p := s.d.Config.resetFor(s.cur.Platform, s.cur.ChatType)
-		if at, _, ok := p.Due(s.cur.LastActivityAt); ok {
-			fmt.Fprintf(&b, "Reset policy: %s; next reset %s", p.Mode, at.UTC().Format(time.RFC3339))
-		} else {
-			b.WriteString("Reset policy: none (only /new or /reset end this session)")
-		}
+	p := s.d.Config.resetFor(s.cur.Platform, s.cur.ChatType)
+	if at, _, ok := p.Due(s.cur.LastActivityAt); ok {
+		fmt.Fprintf(&b, "Reset policy: %s; next reset %s", p.Mode, at.UTC().Format(time.RFC3339))
+	} else {
+		b.WriteString("Reset policy: none (only /new or /reset end this session)")
 	}
-	return strings.TrimRight(b.String(), "\n")
+	return b.String()
 }
 
 func (s *Session) cannotRewind(what string, src identity.Source) string {

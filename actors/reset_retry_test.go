@@ -14,8 +14,8 @@ import (
 // attempt got no answer (its member was slow, or died after the reset committed), marked
 // Retry. A session that has held nothing since its predecessor ended is answered as that
 // reset, in the same activation or in the next one (a member that died: the key activates
-// again from the store); a session that has held a message since is reset. A reset that is
-// not a retry always resets.
+// again from the store); a session that has held a message since is reset. So is a reset that
+// is not a retry, unless the session holds nothing yet.
 //
 // Before, the retry reset the session the first attempt had started: an empty session ended
 // for nothing, and a conversation begun in it meanwhile was ended too.
@@ -45,16 +45,19 @@ func TestRetriedResetResetsOnce(t *testing.T) {
 			t.Fatalf("m2: %+v", r)
 		}
 		w.awaitTurnEnds(1)
-		if got := reset(true); got.PreviousSessionId != first.SessionId {
-			t.Errorf("a retried reset of a session that held a message since = %v, want it reset (its predecessor %s)", got, first.SessionId)
+		last := reset(true)
+		if last.PreviousSessionId != first.SessionId {
+			t.Errorf("a retried reset of a session that held a message since = %v, want it reset (its predecessor %s)", last, first.SessionId)
 		}
-		again := reset(false)
-		if n := sessions(); n != 4 {
-			t.Errorf("the key has %d sessions after three resets, want 4", n)
+		if again := reset(false); again.SessionId != last.SessionId {
+			t.Errorf("an operator's reset of the empty session %s = %v, want it kept (TestOperatorResetOfAFreshSessionKeepsIt)", last.SessionId, again)
 		}
-		s, err := w.store.Session(w.ctx, again.PreviousSessionId)
+		if n := sessions(); n != 3 {
+			t.Errorf("the key has %d sessions after these resets, want 3 (two ended by them, the fresh one)", n)
+		}
+		s, err := w.store.Session(w.ctx, last.PreviousSessionId)
 		if err != nil || s.EndReason != persistence.EndResetCommand {
-			t.Errorf("an operator's reset of an empty session: its end %v, %v; want it ended by the reset", s, err)
+			t.Errorf("the session that held m2: its end %v, %v; want it ended by the reset", s, err)
 		}
 	})
 }

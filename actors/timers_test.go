@@ -82,9 +82,10 @@ func TestTimersKeepOnePendingTick(t *testing.T) {
 func TestPruneCatchesUpWithTheBacklog(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newLongRunWorld(t, streamingAgent, nil)
-		mustAccept(t, "hello", []*actor.Future{w.send(0, "m0", "hello")})
 		const ended = 5
 		for i := range ended {
+			// A message first: /new keeps a session nothing was said in yet.
+			mustAccept(t, "hello", []*actor.Future{w.send(0, fmt.Sprint("m", i), "hello")})
 			mustAccept(t, "/new", []*actor.Future{w.send(0, fmt.Sprint("n", i), "/new")})
 		}
 		time.Sleep(3 * w.d.Config.PassivateAfter) // the replies are delivered and marked

@@ -33,8 +33,9 @@ commands:
   list          list session keys with their current session (--platform, --limit, --after, --json)
   show KEY      show a key's route, current session, counts and last messages (--json)
   export KEY    print the key's sessions (current and predecessors), transcripts and outbox as JSON
-  reset KEY     end the key's current session; the next message starts a new one (through
-                the daemon, or a cluster member, when one runs)
+  reset KEY     end the key's current session. Through the daemon (or a cluster member) when
+                one runs: a new session starts at once, and one nothing was said in yet is
+                left as it is. Otherwise in the database: the key's next message starts one
   requeue KEY MESSAGE_ID
                 run a quarantined message again, after the messages waiting, as its sender's
                 (through the running daemon or a cluster member; refused when none runs)
@@ -63,8 +64,15 @@ Prints KEY's sessions (current and predecessors), transcripts and outbox as JSON
 ` + keyHelp,
 	"sessions reset": `usage: agentgate sessions reset [flags] KEY
 
-Ends KEY's current session; the next message starts a new one (through the daemon, or a
-cluster member, when one runs).
+Ends KEY's current session.
+
+While the daemon (or a cluster member) runs, it resets the session: it cancels the session's
+running turn, tells the senders of its unanswered messages, and starts a new, empty session at
+once, which the command names. A session nothing was said in yet (one a reset or /new began,
+with no message since) is left as it is: resetting a key twice starts one new session, not two.
+
+With no daemon running, the session is ended in the database and the key's next message starts
+a new one; a session that has ended already is left as it is ("already ended").
 ` + keyHelp,
 	"sessions requeue": `usage: agentgate sessions requeue [flags] KEY MESSAGE_ID
 
