@@ -412,7 +412,8 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		c.Send(requester, &ResetResult{ErrorCode: ErrCodeStopped,
 			Error: "the session stopped before the reset was confirmed; it may have taken effect: look at the session before resetting it again"})
 	}
-	if s.fresh() || m.Retry && s.cur.PrevSessionID != "" && s.begunSince(m.FirstSentAtUnixNano) {
+	retried := m.Retry && s.cur.PrevSessionID != "" && s.begunSince(m.FirstSentAtUnixNano)
+	if retried || s.fresh() {
 		// The session holds nothing yet (fresh): a reset would end it only to start another
 		// just as empty, and an operator who reset a key twice built a chain of empty
 		// sessions. Or the cluster router sends the reset again after an attempt that got no
@@ -425,7 +426,7 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		// as a reset would make it.
 		sid, prev := s.cur.ID, s.cur.PrevSessionID
 		s.writeFor(c, nil, orphaned, func(c actor.Context, err error) {
-			r := &ResetResult{SessionId: sid, PreviousSessionId: prev}
+			r := &ResetResult{SessionId: sid, PreviousSessionId: prev, Kept: !retried}
 			switch {
 			case errors.Is(err, persistence.ErrFenced):
 				s.handOver(c, m, requester) // the key's owner answers it

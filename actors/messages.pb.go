@@ -566,7 +566,10 @@ type ResetResult struct {
 	Error             string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
 	// error_code is "unavailable" when the store could not be written or read (the reset did not
 	// happen; retry it later): the admin API answers 503, not an internal error.
-	ErrorCode     string `protobuf:"bytes,4,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	ErrorCode string `protobuf:"bytes,4,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	// kept is set when the session held nothing yet (nothing said in it since it began): the
+	// reset left it as it is rather than end it only to begin another just as empty.
+	Kept          bool `protobuf:"varint,5,opt,name=kept,proto3" json:"kept,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -627,6 +630,13 @@ func (x *ResetResult) GetErrorCode() string {
 		return x.ErrorCode
 	}
 	return ""
+}
+
+func (x *ResetResult) GetKept() bool {
+	if x != nil {
+		return x.Kept
+	}
+	return false
 }
 
 // RequeueMessage asks a session to run one of its quarantined messages again (an operator's
@@ -1442,14 +1452,15 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\fResetSession\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x14\n" +
 	"\x05retry\x18\x02 \x01(\bR\x05retry\x124\n" +
-	"\x17first_sent_at_unix_nano\x18\x03 \x01(\x03R\x13firstSentAtUnixNano\"\x91\x01\n" +
+	"\x17first_sent_at_unix_nano\x18\x03 \x01(\x03R\x13firstSentAtUnixNano\"\xa5\x01\n" +
 	"\vResetResult\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12.\n" +
 	"\x13previous_session_id\x18\x02 \x01(\tR\x11previousSessionId\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x1d\n" +
 	"\n" +
-	"error_code\x18\x04 \x01(\tR\terrorCode\"/\n" +
+	"error_code\x18\x04 \x01(\tR\terrorCode\x12\x12\n" +
+	"\x04kept\x18\x05 \x01(\bR\x04kept\"/\n" +
 	"\x0eRequeueMessage\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\"\x80\x02\n" +

@@ -135,7 +135,8 @@ func (a *sessionsAPI) Reset(ctx context.Context, key string) (*httpplatform.Sess
 	if err != nil {
 		return nil, fmt.Errorf("reset session: %w", err)
 	}
-	switch r := res.(*actors.ResetResult); {
+	r := res.(*actors.ResetResult)
+	switch {
 	case r.ErrorCode == actors.ErrCodeUnavailable, r.ErrorCode == actors.ErrCodeStopped:
 		// The store refused it, or the session stopped before its write was answered (the
 		// answer says whether it may have taken effect).
@@ -143,7 +144,11 @@ func (a *sessionsAPI) Reset(ctx context.Context, key string) (*httpplatform.Sess
 	case r.Error != "":
 		return nil, fmt.Errorf("reset session: %s", r.Error)
 	}
-	return a.Get(ctx, key)
+	info, err := a.Get(ctx, key)
+	if info != nil {
+		info.Kept = r.Kept
+	}
+	return info, err
 }
 
 // Requeue has the key's session run its quarantined message messageID again. The session does

@@ -360,6 +360,10 @@ func printDaemonReset(w io.Writer, key, addr string, info *httpplatform.SessionI
 		fmt.Fprintf(w, "session %s of %s already ended (%s)\n", info.SessionID, key, info.EndReason)
 		return
 	}
+	if info.Kept {
+		fmt.Fprintf(w, "session %s of %s holds nothing yet: the daemon at %s left it as it is\n", info.SessionID, key, addr)
+		return
+	}
 	if info.PrevSessionID != "" {
 		fmt.Fprintf(w, "ended session %s of %s (%s) through the daemon at %s; session %s follows it\n",
 			info.PrevSessionID, key, persistence.EndResetCommand, addr, info.SessionID)

@@ -78,6 +78,16 @@ func TestSessionsResetThroughTheDaemon(t *testing.T) {
 	if info["prev_session_id"] != first || info["session_id"] == first {
 		t.Errorf("after the reset: session %v, previous %v; want a new session after %s", info["session_id"], info["prev_session_id"], first)
 	}
+	// Reset again: the new session holds nothing yet, and is left as it is (before, the command
+	// said it ended it, and a chain of empty sessions grew with each run).
+	second := info["session_id"].(string)
+	out, _ = MustRunSessions(t, "reset", "--data-dir", dir, key)
+	if want := "session " + second + " of " + key + " holds nothing yet: the daemon at "; !strings.HasPrefix(out, want) {
+		t.Errorf("a second reset said %q, want it to begin %q", out, want)
+	}
+	if _, info := call(http.MethodGet, "/v1/sessions/"+key, ""); info["session_id"] != second {
+		t.Errorf("after the second reset the session is %v, want %s still", info["session_id"], second)
+	}
 	if err := d.stop(t, 30*time.Second); err != nil {
 		t.Errorf("daemon exit: %v", err)
 	}
