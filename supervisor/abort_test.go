@@ -2,6 +2,10 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -50,5 +54,37 @@ func TestAbortWaitsForTheStopsCleanStopWrite(t *testing.T) {
 	close(held.release)
 	if err := <-stopped; err != nil {
 		t.Errorf("Stop: %v", err)
+	}
+}
+
+// TestAbortKillsWithoutBlamingAServiceManager: a second signal while an exec agent runs a slow
+// turn kills its command, and says so; the session's report of the command's SIGKILL does not
+// warn that a service manager signalled it ("under systemd, set KillMode=mixed"): agentgate
+// killed it. Before, a new user who pressed Ctrl-C twice in a terminal was sent looking for a
+// systemd problem that did not exist.
+func TestAbortKillsWithoutBlamingAServiceManager(t *testing.T) {
+	running := filepath.Join(t.TempDir(), "running")
+	logs := &logSignal{}
+	r := MustStartDaemon(t, MustExecAgent(t, fmt.Sprintf("touch %q; sleep 60", running)), daemonOpts{logs: logs, drain: time.Minute})
+	r.inject(t, dm, "m1", "a slow turn")
+	waitUntil(t, func() bool { _, err := os.Stat(running); return err == nil })
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		stopped <- r.d.Stop(ctx)
+	}()
+	waitUntil(t, r.d.deps.Stopping.Load) // the first signal's stop drains
+	r.d.Abort()                          // the second signal's
+	if err := <-stopped; err != nil {    // the drain ends once the cut turn's session is idle
+		t.Errorf("Stop: %v", err)
+	}
+	if !strings.Contains(logs.String(), "killed the agent commands still running") {
+		t.Errorf("the log after Abort does not say it killed the agent's command:\n%s", logs.String())
+	}
+	for l := range strings.Lines(logs.String()) {
+		if strings.Contains(l, "KillMode=mixed") && !strings.Contains(l, "level=DEBUG") {
+			t.Errorf("the log after Abort blames a service manager for the command it killed itself:\n%s", l)
+		}
 	}
 }

@@ -104,6 +104,7 @@ type Daemon struct {
 	endpoints  *endpointGuard   // keeps the remote's stop from panicking (remote_guard.go)
 	fatal      chan error       // receives why the daemon must stop on its own (see Fatal)
 	stopping   atomic.Bool      // Stop has begun
+	aborted    atomic.Bool      // Abort has begun: it kills the agent's commands (see killedByAbort)
 	// began: this run is recorded in the store (beginRun, or its retry: retryRun); a clean stop
 	// ends it (endRun), and so does Abort, from another goroutine than the stop's. ended: the
 	// end was written or given up, and the run is recorded no more. endMu is held across the
@@ -116,6 +117,9 @@ type Daemon struct {
 	// runRefused is why the store refused the record of this run, nil once it took it (or
 	// before it was asked): /readyz reports it while the retry goes on.
 	runRefused atomic.Pointer[error]
+	// retrying is the retry of the record of the run (retryRun), which Stop waits for before the
+	// store closes.
+	retrying sync.WaitGroup
 	// topLevel names the supervision tree's top-level actors (set once they are known); down is
 	// why one of them is gone for good (actorStopped), nil while all run.
 	topLevel atomic.Pointer[map[string]bool]
@@ -167,14 +171,16 @@ func (d *Daemon) actorStopped(pid *actor.PID, reason any) {
 }
 
 // Start builds the tree from cfg and starts it: store, persistence actor, platforms, session
-// manager (which re-activates sessions with unfinished work), then intake. It returns once the
-// HTTP listener is bound.
+// manager (which re-activates sessions with unfinished work), then intake. It binds the HTTP
+// listener first, before the store opens (a taken port makes nothing on disk), and returns
+// once the tree runs.
 func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Options) (_ *Daemon, err error) {
 	d := &Daemon{cfg: cfg, log: log, health: map[string]*actors.PlatformHealth{}, fatal: make(chan error, 1)}
 	d.ctx, d.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {
 		if err != nil {
 			d.cancel()
+			d.retrying.Wait() // it ends with d.ctx; the store closes below
 			if d.dispatcher != nil {
 				d.dispatcher.Stop()
 			}
@@ -212,33 +218,15 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	if opts.SharedStore && cfg.Store.Driver != "postgres" {
 		return nil, errors.New("start: a shared store must be PostgreSQL (store.driver: postgres)")
 	}
-	if d.store, err = openStore(ctx, cfg, log.With("component", "persistence"), !opts.SharedStore); err != nil {
-		return nil, fmt.Errorf("start: open store: %w", err)
-	}
-	if ms, ok := d.store.(memberStore); ok {
-		d.members = ms
-	}
-	leases, _ := d.store.(leaser)
-	if opts.WrapStore != nil {
-		d.store = opts.WrapStore(d.store)
-	}
-	if !opts.SharedStore {
-		if d.dirLock, err = lockDataDir(cfg.DataDir); err != nil {
-			return nil, fmt.Errorf("start: %w", err)
-		}
-		if d.spool, err = spool.Open(filepath.Join(cfg.DataDir, "spool")); err != nil {
-			return nil, fmt.Errorf("start: open spool: %w", err)
-		}
-	}
-	extra, err := configuredPlatforms(cfg, log, d.store, opts.Now)
+	// The HTTP listener is bound before the store opens, for the same reason: a start on a taken
+	// port leaves no data directory behind either (it left the database, its lock files and the
+	// spool). The platforms are built first for their names, which the metrics and the HTTP API
+	// take; they read the store only once they run.
+	extra, err := configuredPlatforms(cfg, log, func() persistence.Store { return d.store }, opts.Now)
 	if err != nil {
 		return nil, fmt.Errorf("start: %w", err)
 	}
-	for i, p := range extra {
-		if gp, ok := p.(gatewayPlatform); ok && cfg.Cluster.Enabled && leases != nil {
-			extra[i] = newLeaderPlatform(gp, leases, log.With("component", p.Name()))
-		}
-	}
+	configured := len(extra) // run behind the cluster's gateway lease (below)
 	extra = append(extra, opts.Platforms...)
 	names := []string{"http"}
 	for _, p := range extra {
@@ -265,6 +253,29 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			return nil, fmt.Errorf("start: http.addr %s is taken (stop what listens there, or give agentgate a free port with --http-addr, AGENTGATE_HTTP_ADDR or http.addr): %w", cfg.HTTP.Addr, err)
 		}
 		return nil, fmt.Errorf("start: %w", err)
+	}
+	if d.store, err = openStore(ctx, cfg, log.With("component", "persistence"), !opts.SharedStore); err != nil {
+		return nil, fmt.Errorf("start: open store: %w", err)
+	}
+	if ms, ok := d.store.(memberStore); ok {
+		d.members = ms
+	}
+	leases, _ := d.store.(leaser)
+	if opts.WrapStore != nil {
+		d.store = opts.WrapStore(d.store)
+	}
+	if !opts.SharedStore {
+		if d.dirLock, err = lockDataDir(cfg.DataDir); err != nil {
+			return nil, fmt.Errorf("start: %w", err)
+		}
+		if d.spool, err = spool.Open(filepath.Join(cfg.DataDir, "spool")); err != nil {
+			return nil, fmt.Errorf("start: open spool: %w", err)
+		}
+	}
+	for i, p := range extra[:configured] {
+		if gp, ok := p.(gatewayPlatform); ok && cfg.Cluster.Enabled && leases != nil {
+			extra[i] = newLeaderPlatform(gp, leases, log.With("component", p.Name()))
+		}
 	}
 	// Where the running daemon listens, for the admin commands on this data directory (they
 	// point an operator at its HTTP API when it holds the database).
@@ -312,7 +323,8 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			// (SIGTERM, SIGKILL, then its output's pipes); an OpenAI request returns at once.
 			CancelWait: 2*killGrace(cfg) + time.Second,
 		},
-		Log: log, Metrics: d.metrics, Now: opts.Now, Node: hostname(), Run: run,
+		Log:     slog.New(killedByAbort{h: log.Handler(), aborted: &d.aborted}),
+		Metrics: d.metrics, Now: opts.Now, Node: hostname(), Run: run,
 		Editors: map[string]bool{}, DraftInterval: opts.DraftInterval, Fencing: opts.SharedStore,
 		Clustered: cfg.Cluster.Enabled, Refusals: &d.refusals,
 	}
@@ -405,7 +417,8 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	d.intake.Drain()
 	d.http.Drain()
 	d.leave()
-	d.log.Info("draining", "deadline", d.cfg.Shutdown.DrainTimeout)
+	// At debug level: the owner says why it stops, and for what the drain waits (serve's line).
+	d.log.Debug("draining", "deadline", d.cfg.Shutdown.DrainTimeout)
 	if t := d.cfg.Shutdown.DrainTimeout; t > 0 {
 		if _, err := d.system.Root.RequestFuture(d.manager, &actors.Drain{}, t).Result(); err != nil {
 			d.drainMissed(t)
@@ -424,6 +437,7 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	if d.meters != nil {
 		_ = d.meters.Shutdown(ctx)
 	}
+	d.retrying.Wait() // it ends with d.ctx, cancelled above: no ping or record of it meets a closed store
 	d.endRun(ctx)
 	err := d.store.Close()
 	_ = os.Remove(filepath.Join(d.cfg.DataDir, AddrFile))
@@ -472,9 +486,9 @@ func (d *Daemon) beginRun(now func() time.Time) {
 	if now == nil {
 		now = time.Now
 	}
-	if err := d.recordRun(now); err != nil {
+	if err := d.recordRun(d.ctx, now); err != nil {
 		d.log.Warn("record the daemon's run in the store; trying again each second", logging.Err(err))
-		go d.retryRun(now)
+		d.retrying.Go(func() { d.retryRun(now) })
 	}
 }
 
@@ -482,9 +496,15 @@ func (d *Daemon) beginRun(now func() time.Time) {
 // replay tries the database.
 const runRetry = time.Second
 
+// runRetryWithin bounds each retry's write of the record of the run, well within abortEndRun:
+// the write holds endMu, which Abort waits for (at most abortEndRun) to record the clean stop.
+// Under the daemon's ctx alone it waited out SQLite's busy timeout (5 s): Abort gave up, and a
+// record the retry then took made the next start count an unclean stop.
+const runRetryWithin = abortEndRun / 2
+
 // retryRun tries the record of the run again every runRetry until the store takes it or the
 // daemon stops (its ctx ends, or the end of the run is written first). Its owner is the
-// Daemon.
+// Daemon: Stop waits for it (retrying) before it closes the store.
 //
 // A record taken late counts the last run's unclean stop against the heads of that moment,
 // not of the start: sessions already loaded do not quarantine what it counts until they load
@@ -514,10 +534,14 @@ func (d *Daemon) retryRun(now func() time.Time) {
 		if err != nil {
 			continue
 		}
-		if err := d.recordRun(now); err == nil {
+		rctx, cancel := context.WithTimeout(d.ctx, runRetryWithin)
+		err = d.recordRun(rctx, now)
+		cancel()
+		switch {
+		case err == nil:
 			d.log.Info("recorded the daemon's run in the store", "after", time.Since(since).Round(time.Second))
 			return
-		} else if errors.Is(err, errRunEnded) {
+		case errors.Is(err, errRunEnded):
 			return
 		}
 	}
@@ -526,15 +550,15 @@ func (d *Daemon) retryRun(now func() time.Time) {
 // errRunEnded is recordRun's answer once the end of the run is written (or given up).
 var errRunEnded = errors.New("the run has ended")
 
-// recordRun writes the record of the run (Store.BeginRun) and logs the last run's unclean stop
-// it counted, if any. A refusal is kept for /readyz (runRefused).
-func (d *Daemon) recordRun(now func() time.Time) error {
+// recordRun writes the record of the run (Store.BeginRun) within ctx and logs the last run's
+// unclean stop it counted, if any. A refusal is kept for /readyz (runRefused).
+func (d *Daemon) recordRun(ctx context.Context, now func() time.Time) error {
 	d.endMu.Lock()
 	defer d.endMu.Unlock()
 	if d.ended {
 		return errRunEnded
 	}
-	u, err := d.store.BeginRun(d.ctx, d.deps.Run, now())
+	u, err := d.store.BeginRun(ctx, d.deps.Run, now())
 	if err != nil {
 		d.runRefused.Store(&err)
 		return err
@@ -591,7 +615,9 @@ func (d *Daemon) endRunWithin(ctx context.Context, timeout time.Duration) {
 // in the store as clean, within abortEndRun: an operator's second Ctrl-C is no crash, and
 // counted as one (a strike against each session's running message) three of them
 // quarantined an innocent message (found by a new user's walkthrough). It stops nothing else.
+// The sessions' reports of the agents it killed are logged at debug level (killedByAbort).
 func (d *Daemon) Abort() {
+	d.aborted.Store(true)
 	if k, ok := d.agent.(interface{ KillAll() int }); ok {
 		if n := k.KillAll(); n > 0 {
 			d.log.Warn("killed the agent commands still running, with what they started", "commands", n)
@@ -758,16 +784,17 @@ func (d *Daemon) storeReady(ctx context.Context) error {
 // pingWithin bounds the store's ping: within the 1 s a Kubernetes probe waits by default.
 const pingWithin = 800 * time.Millisecond
 
-// configuredPlatforms builds the platforms the configuration enables besides HTTP; store tells
-// Discord where to read back from after a restart, now is the clock (nil: time.Now).
-func configuredPlatforms(cfg *config.Config, log *slog.Logger, store persistence.Store, now func() time.Time) ([]platforms.Platform, error) {
+// configuredPlatforms builds the platforms the configuration enables besides HTTP; store is the
+// daemon's store (opened after this is called), which tells Discord where to read back from
+// after a restart; now is the clock (nil: time.Now).
+func configuredPlatforms(cfg *config.Config, log *slog.Logger, store func() persistence.Store, now func() time.Time) ([]platforms.Platform, error) {
 	var out []platforms.Platform
 	if dc := cfg.Platforms.Discord; dc.Enabled {
 		token := strings.TrimSpace(os.Getenv(dc.TokenEnv)) // set: Start checked it before opening anything
 		recent := func(ctx context.Context, since time.Time) ([]persistence.ChatMark, error) {
-			return store.RecentChats(ctx, discord.Name, since, 0)
+			return store().RecentChats(ctx, discord.Name, since, 0)
 		}
-		unread := func(ctx context.Context) ([]persistence.Unread, error) { return store.Unread(ctx, discord.Name, 0) }
+		unread := func(ctx context.Context) ([]persistence.Unread, error) { return store().Unread(ctx, discord.Name, 0) }
 		p, err := discord.New(discord.Config{Token: token, Settings: dc, Logger: log.With("component", "discord"),
 			Recent: recent, Unread: unread, Now: now})
 		if err != nil {
@@ -894,6 +921,47 @@ func (f floor) Handle(ctx context.Context, r slog.Record) error {
 		}
 	}
 	return f.h.Handle(ctx, r)
+}
+
+// killedByAbort is the handler of the actors' log. Once Abort has begun, it logs at debug level
+// the records of an agent's process ended by a stop signal (their err is agents.ErrStopSignal):
+// that signal was Abort's own SIGKILL, which a session cannot tell from a service manager's,
+// and its warning ("a service manager signalled it with agentgate: under systemd, set
+// KillMode=mixed") sent a new user who pressed Ctrl-C twice looking for a systemd problem that
+// was not there. Abort's own line says what it killed.
+type killedByAbort struct {
+	h       slog.Handler
+	aborted *atomic.Bool
+}
+
+func (k killedByAbort) Enabled(ctx context.Context, l slog.Level) bool { return k.h.Enabled(ctx, l) }
+
+func (k killedByAbort) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level > slog.LevelDebug && k.aborted.Load() && stopSignalled(r) {
+		r.Level = slog.LevelDebug
+		if !k.h.Enabled(ctx, r.Level) {
+			return nil
+		}
+	}
+	return k.h.Handle(ctx, r)
+}
+
+func (k killedByAbort) WithAttrs(a []slog.Attr) slog.Handler {
+	return killedByAbort{k.h.WithAttrs(a), k.aborted}
+}
+func (k killedByAbort) WithGroup(n string) slog.Handler {
+	return killedByAbort{k.h.WithGroup(n), k.aborted}
+}
+
+// stopSignalled reports whether r logs an error that is agents.ErrStopSignal.
+func stopSignalled(r slog.Record) bool {
+	found := false
+	r.Attrs(func(a slog.Attr) bool {
+		err, ok := a.Value.Resolve().Any().(error) // logging.Err's value is a LogValuer
+		found = ok && errors.Is(err, agents.ErrStopSignal)
+		return !found
+	})
+	return found
 }
 
 // closedHere reports whether r is protoactor's report of a connection to another member that

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/agentgate/agentgate/internal/buildinfo"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/logging"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/supervisor"
 )
 
@@ -239,10 +241,34 @@ func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 	return nil
 }
 
+// serveUsage and checkConfigUsage are what serve's and check-config's -h print before their
+// flags, as every other command's does (before, Go's bare "Usage of serve:").
+const serveUsage = `usage: agentgate serve [flags]
+
+Runs the daemon (the default command): the HTTP API on http.addr, and the platforms and the
+agent the configuration enables, with its data in data_dir. It prints "listening on ADDR" once
+bound, and logs to stderr. The first SIGINT or SIGTERM (Ctrl-C) drains: no new messages, the
+running turns finish (up to shutdown.drain_timeout); a second one exits at once. The
+configuration is read from the built-in defaults, --config's file, AGENTGATE_* variables, then
+these flags.
+`
+
+const checkConfigUsage = `usage: agentgate check-config [flags]
+
+Validates the configuration as serve reads it (the built-in defaults, --config's file,
+AGENTGATE_* variables, then these flags), and what serve would refuse in this environment (an
+unset secret variable, an exec command that is not here), without opening the store or the
+network. It prints every problem on stderr and exits 1, or prints "config ok".
+`
+
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	var cf configFlags
 	cf.register(fs)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), serveUsage, "\nflags:\n")
+		cf.printDefaults()
+	}
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
@@ -277,13 +303,16 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	d, err := supervisor.Start(ctx, cfg, log, supervisor.Options{})
 	if err != nil {
-		return fmt.Errorf("%w%s", err, heldBy(ctx, cfg, err))
+		return startError(ctx, cfg, err)
 	}
 	fmt.Fprintf(stdout, "listening on %s\n", d.Addr())
 	var fatal error
 	select {
 	case sig := <-sigs:
-		log.Info("signal received; draining", "signal", sig.String())
+		// What a new user at a terminal waits for, and how not to (the stop's own line said only
+		// "draining deadline=30s"); a service manager's SIGTERM reads the same.
+		log.Info("signal received; draining: waiting up to the deadline for the running turns and the messages queued behind them; "+
+			"a second SIGINT or SIGTERM (Ctrl-C again) exits at once", "signal", sig.String(), "deadline", cfg.Shutdown.DrainTimeout)
 	case fatal = <-d.Fatal():
 		log.Info("stopping", "reason", fatal)
 	case <-ctx.Done():
@@ -306,6 +335,10 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("check-config", flag.ContinueOnError)
 	var cf configFlags
 	cf.register(fs)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), checkConfigUsage, "\nflags:\n")
+		cf.printDefaults()
+	}
 	printDefaults := fs.Bool("print-defaults", false, "print the default configuration with every key and exit")
 	configOnly := fs.Bool("config-only", false, "check the configuration alone: what serve refuses only in this environment "+
 		"(an unset secret variable, an exec command or a cluster TLS file not on this machine) is a warning, not a problem; "+
@@ -357,6 +390,31 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stdout, "config ok")
 	return nil
+}
+
+// startError is the error of a refused start, with what to do about another daemon that holds
+// the data directory or the store (before, it named the holder but not the fix). Start binds
+// the HTTP port before it opens anything on disk, so a second start of the same configuration
+// is refused for its port: when the daemon that recorded its address in this data directory
+// answers on that port, the error says so, as it says of a held data directory.
+func startError(ctx context.Context, cfg *config.Config, err error) error {
+	const stopIt = ": stop it, or give this one another "
+	switch {
+	case errors.Is(err, supervisor.ErrDataDirInUse) ||
+		cfg.Store.Driver == "sqlite" && cfg.Store.DSN == "" && errors.Is(err, persistence.ErrLocked):
+		return fmt.Errorf("%w%s%s--data-dir", err, heldBy(ctx, cfg, err), stopIt)
+	case errors.Is(err, persistence.ErrLocked):
+		return fmt.Errorf("%w%sdatabase (store.dsn)", err, stopIt)
+	case errors.Is(err, syscall.EADDRINUSE):
+		addr, run, recorded := daemonAddr(cfg)
+		_, port, _ := net.SplitHostPort(addr)
+		_, ours, _ := net.SplitHostPort(cfg.HTTP.Addr)
+		if recorded && port == ours && daemonRun(ctx, addr, run) == nil {
+			return fmt.Errorf("start: http.addr %s is taken by the agentgate daemon of data directory %s%s--data-dir and --http-addr: %w",
+				cfg.HTTP.Addr, cfg.DataDir, stopIt, errors.Unwrap(err))
+		}
+	}
+	return err
 }
 
 // startRefusals returns what serve would refuse at start, in this environment, of a

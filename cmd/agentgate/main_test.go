@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"math/big"
 	"net"
 	"os"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/agentgate/agentgate/supervisor"
 )
 
 // TestMain clears the configuration a developer's environment may hold (AGENTGATE_STORE_DSN
@@ -99,6 +101,11 @@ func TestRunCommands(t *testing.T) {
 		{name: "help serve shows serve's flags", args: []string{"help", "serve"}, wantStderr: []string{"-http-addr"}},
 		{name: "help of an unknown command", args: []string{"help", "frobnicate"}, wantErr: "usage", wantStderr: []string{`unknown command "frobnicate"`}},
 		{name: "serve -h does not start", args: []string{"serve", "-h"}, wantStderr: []string{"-http-addr"}},
+		// As every other command's help: before, Go's bare "Usage of serve:" and the flags.
+		{name: "serve's help says what it does", args: []string{"help", "serve"},
+			wantStderr: []string{"usage: agentgate serve [flags]\n\nRuns the daemon", "a second one exits at once", "\nflags:\n  -config file"}, notStderr: []string{"Usage of"}},
+		{name: "check-config's too", args: []string{"check-config", "-h"},
+			wantStderr: []string{"usage: agentgate check-config [flags]\n\nValidates the configuration", "\nflags:\n  -config file", "-print-defaults"}, notStderr: []string{"Usage of"}},
 		{name: "an admin command's help omits the flags that do nothing for it", args: []string{"sessions", "list", "-h"},
 			wantStderr: []string{"-data-dir", "-platform"}, notStderr: []string{"-http-addr", "-log-level", "-log-format"}},
 		{name: "backup's help omits them too", args: []string{"backup", "-h"},
@@ -387,5 +394,76 @@ func TestRefusedSecretLeavesNothingOnDisk(t *testing.T) {
 				t.Errorf("the refused start left %s behind (stat: %v)\n%s", data, err, stderr.String())
 			}
 		})
+	}
+}
+
+// TestTakenPortLeavesNothingOnDisk: serve refuses a taken HTTP port before it opens the store,
+// so a mistyped --data-dir is not left behind as a fresh, empty data directory (before, the
+// database, its lock files and the spool were made first).
+func TestTakenPortLeavesNothingOnDisk(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	data := filepath.Join(t.TempDir(), "data")
+	var stdout, stderr bytes.Buffer
+	err = run(context.Background(), []string{"serve", "--data-dir", data, "--http-addr", taken.Addr().String()}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "http.addr "+taken.Addr().String()+" is taken") {
+		t.Fatalf("serve on a taken port = %v, want the port refused", err)
+	}
+	if _, err := os.Stat(data); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the refused start left %s behind (stat: %v)\n%s", data, err, stderr.String())
+	}
+}
+
+// TestSecondDaemonSaysWhatToDo: a second serve on a data directory a daemon runs on is told
+// which daemon holds it and what to do, on the daemon's own port (refused first: it is bound
+// before the store opens) or on another. Before, the error named the daemon but not the fix.
+func TestSecondDaemonSaysWhatToDo(t *testing.T) {
+	dir := t.TempDir()
+	cfg := config.Default()
+	cfg.DataDir, cfg.HTTP.Addr = dir, "127.0.0.1:0"
+	d, err := supervisor.Start(t.Context(), cfg, slog.New(slog.DiscardHandler), supervisor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := d.Stop(context.Background()); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+	}()
+	addr := d.Addr().String()
+	for _, tc := range []struct{ name, port, want string }{
+		{"on its port", addr, "start: http.addr " + addr + " is taken by the agentgate daemon of data directory " + dir +
+			": stop it, or give this one another --data-dir and --http-addr: listen http: listen tcp " + addr + ": bind: address already in use"},
+		{"on another port", "127.0.0.1:0", "persistence: store in use by another agentgate process (the daemon there answers at " + addr +
+			"): stop it, or give this one another --data-dir"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			err := run(context.Background(), []string{"serve", "--data-dir", dir, "--http-addr", tc.port}, &stdout, &stderr)
+			if err == nil || !strings.HasSuffix(err.Error(), tc.want) {
+				t.Errorf("a second serve on the data directory = %v, want an error ending %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestFirstSignalSaysWhatTheDrainWaitsFor: the first stop signal's log line says what the
+// drain waits for and that a second signal exits at once, in words true at a terminal (Ctrl-C)
+// and under a service manager (SIGTERM). Before, it said only "draining deadline=30s".
+func TestFirstSignalSaysWhatTheDrainWaitsFor(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the daemon binary")
+	}
+	d := MustServe(t, t.TempDir())
+	if err := d.stop(t, 30*time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+	const want = "INF signal received; draining: waiting up to the deadline for the running turns and the messages queued behind them; " +
+		"a second SIGINT or SIGTERM (Ctrl-C again) exits at once signal=terminated deadline=30s"
+	if !strings.Contains(d.stderr.String(), want) {
+		t.Errorf("the log of a stop signal:\n%s\nwant a line with %q", d.stderr.String(), want)
 	}
 }

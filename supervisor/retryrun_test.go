@@ -1,0 +1,118 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/agents/echo"
+	"github.com/agentgate/agentgate/persistence"
+)
+
+// busyRetry is a store that refuses the record of the daemon's run at start, and whose later
+// records wait as a database does whose write lock another process holds: until their ctx ends.
+type busyRetry struct {
+	persistence.Store
+	calls   atomic.Int32
+	entered chan struct{} // closed when the first retry's record begins to wait
+}
+
+func (s *busyRetry) BeginRun(ctx context.Context, run string, at time.Time) (*persistence.UncleanStop, error) {
+	switch s.calls.Add(1) {
+	case 1:
+		return nil, errors.New("database or disk is full (13) (test)")
+	case 2:
+		close(s.entered)
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestAbortIsNotHeldUpByTheRunRecordsRetry: a second signal that comes while the retry of a
+// refused run record waits for the database still records the clean stop. Before, the retry's
+// write waited under the daemon's context alone (SQLite's busy timeout: 5 s) holding the lock
+// Abort waits for at most abortEndRun, so Abort gave up: "the next start counts an unclean stop"
+// (a review's finding).
+func TestAbortIsNotHeldUpByTheRunRecordsRetry(t *testing.T) {
+	st := &busyRetry{entered: make(chan struct{})}
+	logs := &logSignal{}
+	r := MustStartDaemon(t, echo.New(), daemonOpts{logs: logs, wrap: func(s persistence.Store) persistence.Store { st.Store = s; return st }})
+	defer r.stop(t)
+	<-st.entered // the retry's record waits for the database now
+	r.d.Abort()
+	if strings.Contains(logs.String(), "the clean stop was not recorded in time") {
+		t.Errorf("Abort while the run record's retry waited for the database logged:\n%s\nwant the clean stop recorded: the retry's write gives way within %v",
+			grepLines(logs.String(), "clean stop"), runRetryWithin)
+	}
+}
+
+// pingHeld is a store whose first Ping, which only the retry of a refused run record makes
+// here, lasts until the test has begun the stop and then a while longer, as a database that
+// answers late does; it notes a Close that comes while that Ping is in flight.
+type pingHeld struct {
+	persistence.Store
+	once      sync.Once
+	entered   chan struct{} // closed when the Ping begins
+	stopBegun chan struct{} // closed by the test just before it calls Stop
+	closing   chan struct{} // closed by Close
+	pinging   atomic.Bool
+	overlap   atomic.Bool
+}
+
+func (s *pingHeld) BeginRun(context.Context, string, time.Time) (*persistence.UncleanStop, error) {
+	return nil, errors.New("database or disk is full (13) (test)")
+}
+
+func (s *pingHeld) Ping(ctx context.Context) error {
+	first := false
+	s.once.Do(func() { first = true })
+	if !first {
+		return s.Store.Ping(ctx)
+	}
+	s.pinging.Store(true)
+	defer s.pinging.Store(false)
+	close(s.entered)
+	<-s.stopBegun
+	select {
+	case <-s.closing:
+	case <-time.After(2 * time.Second): // the answer comes late
+	}
+	return errors.New("no answer (test)")
+}
+
+func (s *pingHeld) Close() error {
+	if s.pinging.Load() {
+		s.overlap.Store(true)
+	}
+	close(s.closing)
+	return s.Store.Close()
+}
+
+// TestStopWaitsForTheRunRecordsRetry: Stop closes the store only once the retry of a refused
+// run record has ended. Before, nothing waited for it, and its Ping (or its record) could meet
+// a store being closed (a review's finding).
+func TestStopWaitsForTheRunRecordsRetry(t *testing.T) {
+	st := &pingHeld{entered: make(chan struct{}), stopBegun: make(chan struct{}), closing: make(chan struct{})}
+	r := MustStartDaemon(t, echo.New(), daemonOpts{wrap: func(s persistence.Store) persistence.Store { st.Store = s; return st }})
+	<-st.entered // the retry pings the store now
+	close(st.stopBegun)
+	r.stop(t)
+	if st.overlap.Load() {
+		t.Error("Stop closed the store while the run record's retry pinged it; want it to wait for the retry to end")
+	}
+}
+
+// grepLines returns the lines of s that hold substr.
+func grepLines(s, substr string) string {
+	var out []string
+	for l := range strings.Lines(s) {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "")
+}
