@@ -79,6 +79,16 @@ type benchReport struct {
 	Rounds []*benchReport `json:"rounds,omitempty"`
 }
 
+// benchUsage is what bench's -h prints before its flags, as every other command's does.
+const benchUsage = `usage: agentgate bench [flags]
+
+Measures the whole runtime on this machine: a daemon in this process (echo agent, real SQLite)
+driven by N sessions of M messages each, then the raw batched SQLite ceiling on the same
+schema, and reports turns/s, latency, batch sizes and heap per session, each also as a ratio
+to the ceiling measured in the same run (docs/BENCHMARKS.md). It writes only to a temporary or
+an empty --data-dir, never to a daemon's.
+`
+
 // bench runs `agentgate bench`: it starts the daemon in-process with a bench platform, drives
 // N closed-loop sessions of M messages each through it, measures the heap per idle session (after
 // the load) and per active session (one more message each, held in the agent), then replays the
@@ -94,6 +104,10 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 	asJSON := fs.Bool("json", false, "print only one JSON object on stdout")
 	rounds := fs.Int("rounds", 1, "repeat the whole measurement `K` times, each on a fresh data directory, and report medians")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the first round's load phase to `file` (go tool pprof reads it)")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), benchUsage, "\nflags:\n")
+		fs.PrintDefaults()
+	}
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}

@@ -106,6 +106,8 @@ func TestRunCommands(t *testing.T) {
 			wantStderr: []string{"usage: agentgate serve [flags]\n\nRuns the daemon", "a second one exits at once", "\nflags:\n  -config file"}, notStderr: []string{"Usage of"}},
 		{name: "check-config's too", args: []string{"check-config", "-h"},
 			wantStderr: []string{"usage: agentgate check-config [flags]\n\nValidates the configuration", "\nflags:\n  -config file", "-print-defaults"}, notStderr: []string{"Usage of"}},
+		{name: "bench's too", args: []string{"bench", "-h"},
+			wantStderr: []string{"usage: agentgate bench [flags]\n\nMeasures the whole runtime", "\nflags:\n  -config file", "-sessions N"}, notStderr: []string{"Usage of"}},
 		{name: "an admin command's help omits the flags that do nothing for it", args: []string{"sessions", "list", "-h"},
 			wantStderr: []string{"-data-dir", "-platform"}, notStderr: []string{"-http-addr", "-log-level", "-log-format"}},
 		{name: "backup's help omits them too", args: []string{"backup", "-h"},

@@ -151,14 +151,7 @@ func TestClaimCountsTheDeathOfTheMemberThatHeldTheKey(t *testing.T) {
 		t.Helper()
 		mustExpire(t, conn, m.ID)
 	}
-	claim := func(key, owner string) persistence.Claimed {
-		t.Helper()
-		c, err := s.Claim(ctx, key, owner, t0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	claim := func(key, owner string) persistence.Claimed { return mustClaim(t, s, key, owner) }
 	attempts := func(seq int64) int {
 		t.Helper()
 		var n int

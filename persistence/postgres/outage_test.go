@@ -45,29 +45,14 @@ func TestClaimCountsNoDeathOfADatabaseRestart(t *testing.T) {
 		return s
 	}
 	s := open()
-	var ops []persistence.Op
-	for _, sid := range []string{"a", "b"} {
-		ops = append(ops, &persistence.CreateSession{Session: newSession(sid, "k"+sid)},
-			&persistence.PutRoute{Route: persistence.Route{Key: "k" + sid, SessionID: sid, Generation: 1, UpdatedAt: t0}},
-			&persistence.AppendMessage{Message: persistence.Message{SessionID: sid, Seq: 1, Role: persistence.RoleUser,
-				Content: "hi", Platform: "http", ChatID: "c", MessageID: sid + "-m1", UserID: "u",
-				Status: persistence.StatusPending, Active: true, CreatedAt: t0}})
-	}
-	storetest.MustCommit(t, s, ops...)
+	mustPendingSessions(t, s, "a", "b")
 	beat := func(m Member) {
 		t.Helper()
 		if _, err := s.Heartbeat(ctx, "c1", m, ttl); err != nil {
 			t.Fatal(err)
 		}
 	}
-	claim := func(key, owner string) persistence.Claimed {
-		t.Helper()
-		c, err := s.Claim(ctx, key, owner, t0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	claim := func(key, owner string) persistence.Claimed { return mustClaim(t, s, key, owner) }
 	p := Member{ID: "p", Host: "10.0.0.1", Port: 6340, Node: "h1/r_p"}
 	q := Member{ID: "q", Host: "10.0.0.2", Port: 6340, Node: "h2/r_q"}
 	beat(p)
@@ -109,6 +94,31 @@ func TestClaimCountsNoDeathOfADatabaseRestart(t *testing.T) {
 	}
 }
 
+// mustPendingSessions commits, for each of ids, a session routed at key "k"+id with one pending
+// message, id+"-m1".
+func mustPendingSessions(t testing.TB, s *Store, ids ...string) {
+	t.Helper()
+	var ops []persistence.Op
+	for _, sid := range ids {
+		ops = append(ops, &persistence.CreateSession{Session: newSession(sid, "k"+sid)},
+			&persistence.PutRoute{Route: persistence.Route{Key: "k" + sid, SessionID: sid, Generation: 1, UpdatedAt: t0}},
+			&persistence.AppendMessage{Message: persistence.Message{SessionID: sid, Seq: 1, Role: persistence.RoleUser,
+				Content: "hi", Platform: "http", ChatID: "c", MessageID: sid + "-m1", UserID: "u",
+				Status: persistence.StatusPending, Active: true, CreatedAt: t0}})
+	}
+	storetest.MustCommit(t, s, ops...)
+}
+
+// mustClaim claims key for owner at t0.
+func mustClaim(t testing.TB, s *Store, key, owner string) persistence.Claimed {
+	t.Helper()
+	c, err := s.Claim(context.Background(), key, owner, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // counted describes what a claim counted.
 func counted(c persistence.Claimed) string {
 	if c.Counted == nil {
@@ -128,23 +138,8 @@ func TestClaimCountsNoDeathOfAMemberThatStoppedItself(t *testing.T) {
 	s, dsn := MustOpen(t)
 	ctx := context.Background()
 	conn := mustConn(t, dsn)
-	var ops []persistence.Op
-	for _, sid := range []string{"a", "b", "c", "d"} {
-		ops = append(ops, &persistence.CreateSession{Session: newSession(sid, "k"+sid)},
-			&persistence.PutRoute{Route: persistence.Route{Key: "k" + sid, SessionID: sid, Generation: 1, UpdatedAt: t0}},
-			&persistence.AppendMessage{Message: persistence.Message{SessionID: sid, Seq: 1, Role: persistence.RoleUser,
-				Content: "hi", Platform: "http", ChatID: "c", MessageID: sid + "-m1", UserID: "u",
-				Status: persistence.StatusPending, Active: true, CreatedAt: t0}})
-	}
-	storetest.MustCommit(t, s, ops...)
-	claim := func(key, owner string) persistence.Claimed {
-		t.Helper()
-		c, err := s.Claim(ctx, key, owner, t0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	mustPendingSessions(t, s, "a", "b", "c", "d")
+	claim := func(key, owner string) persistence.Claimed { return mustClaim(t, s, key, owner) }
 	p := Member{ID: "p", Host: "10.0.0.1", Port: 6340, Node: "h1/r_p"}
 	q := Member{ID: "q", Host: "10.0.0.2", Port: 6340, Node: "h2/r_q"}
 	r := Member{ID: "r", Host: "10.0.0.3", Port: 6340, Node: "h3/r_r"}
