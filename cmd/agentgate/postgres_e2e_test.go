@@ -95,6 +95,9 @@ func TestSessionsResetInACluster(t *testing.T) {
 	memberEpoch := claimed.Epoch
 	if errs := st.Commit(ctx, [][]persistence.Op{{&persistence.Fence{Key: key, Epoch: memberEpoch},
 		&persistence.CreateSession{Session: s},
+		// Something was said in it: a reset leaves a session nothing was said in as it is.
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: "s1", Seq: 1, Role: persistence.RoleUser,
+			Content: "hi", Platform: "http", ChatID: "c1", MessageID: "m1", UserID: "u1", Status: persistence.StatusDone, Active: true, CreatedAt: at}},
 		&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: "s1", Generation: 1, UpdatedAt: at}}}}); errs[0] != nil {
 		t.Fatal(errs[0])
 	}

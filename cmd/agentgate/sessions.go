@@ -72,7 +72,8 @@ once, which the command names. A session nothing was said in yet (one a reset or
 with no message since) is left as it is: resetting a key twice starts one new session, not two.
 
 With no daemon running, the session is ended in the database and the key's next message starts
-a new one; a session that has ended already is left as it is ("already ended").
+a new one; a session that has ended already is left as it is ("already ended"), and so is one
+nothing was said in yet ("holds nothing yet").
 ` + keyHelp,
 	"sessions requeue": `usage: agentgate sessions requeue [flags] KEY MESSAGE_ID
 
@@ -495,6 +496,20 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	pending, err := st.PendingRefsAfter(ctx, s.ID, 0, math.MaxInt64, 0)
 	if err != nil {
 		return fmt.Errorf("reset %s: %w", key, err)
+	}
+	if len(pending) == 0 {
+		// A session nothing was said in yet (a reset or /new began it, with no message since;
+		// notices and an exchange /undo took back are none) is left as it is, as the daemon's
+		// reset leaves it (actors' Session.fresh): resetting a key twice ends one session, with
+		// or without the daemon.
+		said, _, err := st.History(ctx, s.ID, 1)
+		if err != nil {
+			return fmt.Errorf("reset %s: %w", key, err)
+		}
+		if len(said) == 0 {
+			fmt.Fprintf(stdout, "session %s of %s holds nothing yet: left as it is\n", s.ID, key)
+			return nil
+		}
 	}
 	now := time.Now().UTC()
 	ops := append(fence, &persistence.EndSession{SessionID: s.ID, Reason: persistence.EndResetCommand, At: now})

@@ -552,6 +552,48 @@ func TestSessionsReset(t *testing.T) {
 		}
 	})
 
+	t.Run("a session nothing was said in yet is left as it is", func(t *testing.T) {
+		// As the daemon's reset leaves it: a session a reset began, holding only a notice and
+		// an exchange /undo took back, is no conversation yet. Ending it would have a second
+		// reset of the key claim nothing was left to end ("already ended").
+		dir := MustSeedSessions(t)
+		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatalf("sqlite.Open: %v", err)
+		}
+		at := func(seq int64, role, status string) *persistence.AppendMessage {
+			return &persistence.AppendMessage{Message: persistence.Message{
+				SessionID: "sa3", Seq: seq, Role: role, Content: "x", Platform: "http", ChatID: "alice",
+				UserID: "alice", Status: status, Active: true, CreatedAt: sessAt(40 + int(seq)),
+			}}
+		}
+		storetest.MustCommit(t, st,
+			&persistence.EndSession{SessionID: "sa2", Reason: persistence.EndResetCommand, At: sessAt(39)},
+			&persistence.CreateSession{Session: persistence.Session{
+				ID: "sa3", Key: keyA, Platform: "http", ChatType: "dm", ChatID: "alice", UserID: "alice",
+				StartedAt: sessAt(40), LastActivityAt: sessAt(43), PrevSessionID: "sa2", Epoch: 1,
+			}},
+			&persistence.PutRoute{Route: persistence.Route{Key: keyA, SessionID: "sa3", Generation: 3, UpdatedAt: sessAt(40)}},
+			at(1, persistence.RoleNotice, persistence.StatusDone),
+			at(2, persistence.RoleUser, persistence.StatusDone),
+			at(3, persistence.RoleAssistant, persistence.StatusDone),
+			&persistence.ArchiveMessages{SessionID: "sa3", Seqs: []int64{2, 3}},
+		)
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			out, errOut := MustRunSessions(t, "reset", "--data-dir", dir, keyA)
+			if want := "session sa3 of " + keyA + " holds nothing yet: left as it is\n"; out != want || errOut != "" {
+				t.Errorf("reset of a session nothing was said in: stdout = %q, stderr = %q, want %q and nothing", out, errOut, want)
+			}
+			show, _ := MustRunSessions(t, "show", "--data-dir", dir, keyA)
+			if got := fieldOf(show, "ended"); got != "open" {
+				t.Errorf("after the reset of a session nothing was said in, ended = %q, want open", got)
+			}
+		}
+	})
+
 	t.Run("the daemon tells the senders", func(t *testing.T) {
 		dir := MustSeedSessions(t)
 		MustRunSessions(t, "reset", "--data-dir", dir, keyA)
