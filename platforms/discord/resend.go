@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -31,7 +32,9 @@ import (
 // same text, answering the same message, since the outbound was made, is taken for it. What
 // the read does not cover: a part posted more than backfillPages pages of messages after the
 // outbound was made, and a reply that went to the channel because Discord refused to open its
-// auto-thread (the read is of the thread).
+// auto-thread (the read is of the thread). The first reply in an auto-thread, which references
+// nothing, is only taken for posted when it is the bot's first message there: a reply to the
+// starter that a notice preceded, and whose answer was lost, is posted twice.
 
 // nonceWindow is how long after an outbound was made, or its channel was last read for it,
 // its posts are left to Discord's enforced nonce alone. Discord says "a few minutes"; one
@@ -78,6 +81,16 @@ func (p *Platform) postedBefore(ctx context.Context, out *platforms.Outbound, ch
 		}
 	}
 	first := replyRef(out) // the message the first part answers
+	// An outbound that answers only the starter of its auto-thread is the thread's first
+	// reply: its first part references nothing (the starter is in the parent channel), so
+	// any unreferenced message of the bot with its text, a notice or an earlier message,
+	// would pass for it, and the reply would never be posted. It can only be the first
+	// message the bot posted in the thread, so the thread is read from its start.
+	threadFirst := from == 0 && channel == out.Target.ThreadID && len(out.InReplyTo) > 0 &&
+		!slices.ContainsFunc(out.InReplyTo, func(id string) bool { return id != out.Target.ThreadID })
+	if threadFirst {
+		after = out.Target.ThreadID
+	}
 	for range backfillPages {
 		page, err := p.messages(ctx, channel, "after", after)
 		switch {
@@ -95,8 +108,11 @@ func (p *Platform) postedBefore(ctx context.Context, out *platforms.Outbound, ch
 			if got.parts == 0 {
 				ref = first
 			}
-			if got.parts < len(parts) && isPart(m, bot, parts[got.parts], ref) {
+			switch {
+			case got.parts < len(parts) && isPart(m, bot, parts[got.parts], ref):
 				got.parts++
+			case threadFirst && got.parts == 0 && m.Author != nil && m.Author.ID == bot:
+				return got, nil // the bot's first message in the thread is another
 			}
 		}
 		if got.parts == len(parts) || len(page) < backfillPageSize {

@@ -166,3 +166,54 @@ func sentTexts(srv *discordtest.Server, channel string) []string {
 	}
 	return out
 }
+
+// TestThreadFirstReplySentAgainPastTheNonceWindowIsPosted: the first reply in an auto-thread
+// answers the thread's starter, which lives in the parent channel, so it references nothing.
+// Before, a send of it past the nonce window took any unreferenced message of the bot in the
+// thread with its text for it, and the reply was never posted; now only the bot's first
+// message in the thread is.
+func TestThreadFirstReplySentAgainPastTheNonceWindowIsPosted(t *testing.T) {
+	const guild, channel = "500000000000000001", "500000000000000002"
+	srv := discordtest.New(t)
+	srv.AddGuild(guild, "g")
+	srv.AddChannel(discordtest.Channel{ID: channel, GuildID: guild, Type: discordgo.ChannelTypeGuildText})
+	starter := srv.Post(discordtest.UserMessage{ChannelID: channel, Author: discordtest.User{ID: "400000000000000001", Username: "alice"}, Content: "question"})
+	srv.AddChannel(discordtest.Channel{ID: starter.ID, GuildID: guild, Type: discordgo.ChannelTypeGuildPublicThread, ParentID: channel})
+	p := mustResendPlatform(t, srv)
+	target := identity.Source{Platform: Name, ChatType: identity.ChatThread, ChatID: channel, ThreadID: starter.ID}
+	key := "agent:main:discord:thread:" + starter.ID
+	out := &platforms.Outbound{SessionKey: key, Seq: 1, Kind: platforms.KindReply, Text: "the answer",
+		InReplyTo: []string{starter.ID}, TurnEnd: true, CreatedAt: srv.Now(), Target: target}
+	// Found as the bot's first message in the thread, a first reply whose answer was lost is
+	// not posted twice.
+	srv.FailNextAfter("POST", "/channels/"+starter.ID+"/messages", 500, 1)
+	if err := p.Send(t.Context(), out); err == nil {
+		t.Fatal("Send whose answer is lost = nil, want an error")
+	}
+	srv.Advance(discordtest.NonceWindow + time.Minute)
+	if err := p.Send(t.Context(), out); err != nil {
+		t.Fatalf("Send again = %v", err)
+	}
+	if got := sentTexts(srv, starter.ID); !slices.Equal(got, []string{"the answer"}) {
+		t.Fatalf("the thread shows %q, want the reply once", got)
+	}
+	srv.Delete(srv.Sent(starter.ID)[0].ID)
+	for i, text := range []string{"a notice", "the answer"} { // the bot's earlier unreferenced messages
+		if err := p.Send(t.Context(), &platforms.Outbound{SessionKey: key, Seq: int64(10 + i), Kind: platforms.KindNotice,
+			Text: text, CreatedAt: srv.Now(), Target: target}); err != nil {
+			t.Fatalf("Send of an earlier message = %v", err)
+		}
+	}
+	out.Seq, out.CreatedAt = 2, srv.Now()
+	srv.FailNext("POST", "/channels/"+starter.ID+"/messages", 500, 1)
+	if err := p.Send(t.Context(), out); err == nil {
+		t.Fatal("Send failing = nil, want an error")
+	}
+	srv.Advance(discordtest.NonceWindow + time.Minute)
+	if err := p.Send(t.Context(), out); err != nil {
+		t.Fatalf("Send again = %v", err)
+	}
+	if got, want := sentTexts(srv, starter.ID), []string{"a notice", "the answer", "the answer"}; !slices.Equal(got, want) {
+		t.Errorf("the thread shows %q, want %q", got, want)
+	}
+}
