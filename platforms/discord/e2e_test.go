@@ -1273,7 +1273,7 @@ func drainingWithATurn(t *testing.T) (w *world, slow *discordgo.Message, finishS
 		defer close(stopped)
 		w.stop(t)
 	}()
-	eventually(t, "the daemon draining", func() bool { return strings.Contains(w.log.String(), "msg=draining") })
+	eventually(t, "the daemon draining", func() bool { return strings.Contains(w.log.String(), `msg="http platform draining"`) })
 	return w, slow, func() {
 		close(release)
 		<-stopped
@@ -1340,7 +1340,7 @@ func TestUnreadGapReadWhileStoppingIsKept(t *testing.T) {
 		defer close(stopped)
 		w.stop(t)
 	}()
-	eventually(t, "the daemon draining", func() bool { return strings.Contains(w.log.String(), "msg=draining") })
+	eventually(t, "the daemon draining", func() bool { return strings.Contains(w.log.String(), `msg="http platform draining"`) })
 	w.srv.InvalidateSession()
 	eventually(t, "the gap's message handled during the drain", func() bool {
 		return strings.Contains(w.log.String(), "message_id="+down.ID)
