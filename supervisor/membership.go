@@ -59,7 +59,10 @@ type storeMembership struct {
 	done chan struct{}
 	once sync.Once
 
-	beat    sync.Mutex // one renewal at a time: a renewal begun before leaving must not undo it
+	// beat holds a token while a renewal runs: one at a time, so that a renewal begun before
+	// leaving cannot undo it. (A channel, not a mutex: a wait on it is one testing/synctest's
+	// clock can pass.)
+	beat    chan struct{}
 	mu      sync.Mutex
 	leaving bool              // the member stops: it renews its registration as leaving
 	live    []postgres.Member // the live members as of the last renewal, oldest first
@@ -67,7 +70,7 @@ type storeMembership struct {
 
 func newStoreMembership(store memberStore, name, node, http string, ttl time.Duration, log *slog.Logger, lost func(error)) *storeMembership {
 	return &storeMembership{store: store, name: name, node: node, http: http, ttl: ttl, log: log, lost: lost,
-		stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{}), done: make(chan struct{}), beat: make(chan struct{}, 1)}
 }
 
 // StartMember registers the member and starts renewing it.
@@ -252,7 +255,7 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 		}
 		began := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), every)
-		live, err := p.heartbeat(ctx)
+		live, locked, err := p.heartbeatAt(ctx)
 		cancel()
 		tried = time.Now()
 		if err == nil {
@@ -285,7 +288,9 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 			v.publish(live)
 			continue
 		}
-		lagged = max(lagged, tried.Sub(began)-every-slack) // its deadline was every
+		// Its deadline was every, counted from began; the wait for a leave's renewal to end
+		// (which a stop during an outage makes as long as member_ttl) is no lag of this process.
+		lagged = max(lagged, tried.Sub(locked)-every-slack)
 		if since := time.Since(last); since >= p.ttl {
 			err := fmt.Errorf("cluster membership lost: no renewal for %v (the other members count this one as gone): %w",
 				since.Round(time.Millisecond), err)
@@ -309,8 +314,16 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 // heartbeat renews the member's registration, as leaving once it leaves, and keeps the live
 // members it returns.
 func (p *storeMembership) heartbeat(ctx context.Context) ([]postgres.Member, error) {
-	p.beat.Lock()
-	defer p.beat.Unlock()
+	live, _, err := p.heartbeatAt(ctx)
+	return live, err
+}
+
+// heartbeatAt is heartbeat, and says when the renewal began, once any other renewal (a leave's)
+// had ended.
+func (p *storeMembership) heartbeatAt(ctx context.Context) ([]postgres.Member, time.Time, error) {
+	p.beat <- struct{}{}
+	defer func() { <-p.beat }()
+	locked := time.Now()
 	p.mu.Lock()
 	me := p.me
 	me.Leaving = p.leaving
@@ -321,7 +334,7 @@ func (p *storeMembership) heartbeat(ctx context.Context) ([]postgres.Member, err
 		p.live = live
 		p.mu.Unlock()
 	}
-	return live, err
+	return live, locked, err
 }
 
 // leave marks the registration leaving, at once and at every renewal from then on. The member

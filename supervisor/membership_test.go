@@ -292,3 +292,45 @@ func TestStarvedMemberLeavesNoNoteOfItsStop(t *testing.T) {
 		})
 	}
 }
+
+// hungStore is a member registry whose database does not answer: a renewal waits until its
+// deadline.
+type hungStore struct{ stalledHeartbeat }
+
+func (s *hungStore) Heartbeat(ctx context.Context, _ string, _ postgres.Member, _ time.Duration) ([]postgres.Member, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestStopDuringAnOutageLeavesANote: a member told to stop while the database does not answer
+// renews as leaving, which holds the renewals back for as long as member_ttl; the renewal that
+// waited for it is no sign of a starved process. The member leaves the note of its stop (the
+// database was away), and no "ran late" line. Before, that wait counted as lag (a review's
+// finding), and a stop during an outage counted a death against the message it ran.
+func TestStopDuringAnOutageLeavesANote(t *testing.T) {
+	dir := t.TempDir()
+	synctest.Test(t, func(t *testing.T) {
+		lost := make(chan error, 1)
+		var logs strings.Builder
+		p := newStoreMembership(&hungStore{}, "agentgate", "h1/r_1", "127.0.0.1:8080", 6*time.Second,
+			slog.New(slog.NewTextHandler(&logs, nil)), func(err error) { lost <- err })
+		p.notes = dir
+		go p.renew(memberView{}, time.Now())
+		time.Sleep(2500 * time.Millisecond) // the first renewal hangs
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), p.ttl)
+			defer cancel()
+			_ = p.leave(ctx) // the stop's renewal as leaving: it waits for the first, then hangs
+		}()
+		if err := <-lost; !strings.Contains(err.Error(), "no renewal") {
+			t.Errorf("lost: %v, want the failed renewals named", err)
+		}
+		<-p.done
+		if strings.Contains(logs.String(), "ran late") {
+			t.Errorf("the log says the renewals ran late: %s", logs.String())
+		}
+	})
+	if nodes, _, err := selfStops(dir); err != nil || len(nodes) != 1 {
+		t.Errorf("notes of the stop: %q, %v; want one", nodes, err)
+	}
+}
