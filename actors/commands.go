@@ -296,14 +296,21 @@ func (s *Session) boundary(c actor.Context, src identity.Source, reason string, 
 // fresh reports whether the current session holds nothing yet: no message of a conversation
 // since it began (commands and their answers are none; an exchange /undo took back, archived,
 // no longer counts), no turn running and none waiting. A reset of it (/new, /reset, an operator's) would end it only
-// to start another just as empty. The store is asked only when memory cannot tell (the
-// session holds rows, none of them in its transcript buffer, which history_limit 0 keeps
-// empty); a store that cannot be read, or lacks the spooled writes, counts as not fresh.
+// to start another just as empty. A session that succeeded an automatic reset (idle, daily,
+// suspended) is not fresh: its first turn is told to continue that one. The store is asked
+// only when memory cannot tell (the session holds rows, none of them in its transcript buffer,
+// which history_limit 0 keeps empty; or how its predecessor ended); a store that cannot be
+// read, or lacks the spooled writes, counts as not fresh.
 func (s *Session) fresh() bool {
-	if s.cur == nil || s.running != nil || s.hasQueued() || len(s.history) > 0 {
+	if s.cur == nil || s.running != nil || s.hasQueued() || len(s.history) > 0 || len(s.inflight) > 0 {
+		return false // (a write in flight may be a turn's exchange the store does not show yet)
+	}
+	if r := s.unusual; r != nil && r.continuity != "" {
+		// It succeeded an automatic reset, and its first turn would be told to continue that
+		// session: a reset asks for a start afresh (a review's finding).
 		return false
 	}
-	if s.lastSeq == 0 {
+	if s.lastSeq == 0 && s.cur.PrevSessionID == "" {
 		return true
 	}
 	if s.d.Spooling.Load() {
@@ -311,6 +318,21 @@ func (s *Session) fresh() bool {
 	}
 	ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
 	defer cancel()
+	if s.cur.PrevSessionID != "" {
+		// A command that came first after an automatic reset began this one without the note,
+		// which a load from the store gives it (restoreContinuity): it is no fresh start either.
+		prev, err := s.d.Store.Session(ctx, s.cur.PrevSessionID)
+		switch {
+		case errors.Is(err, persistence.ErrNotFound): // pruned: no note names it
+		case err != nil:
+			return false
+		case prev.EndReason == persistence.EndIdle, prev.EndReason == persistence.EndDaily, prev.EndReason == persistence.EndSuspended:
+			return false
+		}
+		if s.lastSeq == 0 {
+			return true
+		}
+	}
 	said, _, err := s.d.Store.History(ctx, s.cur.ID, 1)
 	return err == nil && len(said) == 0
 }

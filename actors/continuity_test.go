@@ -83,3 +83,36 @@ func TestContinuityNoteOutlivesAFailedFirstTurn(t *testing.T) {
 		})
 	}
 }
+
+// TestNewAfterAnAutomaticResetStartsAfresh: a chat whose first contact after an automatic
+// reset is a command (/status) has a session that says nothing yet, but whose first turn would
+// be told to continue the session the reset ended. /new there starts a session that follows
+// no automatic reset, as the user asked, rather than keep the one that does (as a session
+// nothing was said in is kept): its first turn gets no note. Found by a review of the change
+// that keeps such sessions.
+func TestNewAfterAnAutomaticResetStartsAfresh(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := &notesAgent{notes: map[string][]string{}}
+		idle := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Second, Notify: true}
+		w := newManagerWorld(t, a, func(d *Deps) {
+			d.Config.ResetFor = func(string, string) ResetPolicy { return idle }
+			d.Config.ResetPolicies = []ResetPolicy{idle}
+		})
+		w.deliver(t, "m0", "hello")
+		synctest.Wait()
+		time.Sleep(time.Minute) // idle past the policy: the next message begins a new session
+		synctest.Wait()
+		status := w.deliver(t, "s1", "/status")
+		synctest.Wait()
+		n := w.deliver(t, "n1", "/new")
+		synctest.Wait()
+		if n.ErrorCode != "" || n.SessionId == status.SessionId {
+			t.Errorf("/new after the automatic reset: %+v, want a session after %s", n, status.SessionId)
+		}
+		w.deliver(t, "m1", "hi")
+		synctest.Wait()
+		if got := a.notesOf("m1"); len(got) != 0 {
+			t.Errorf("the first turn after /new got notes %q, want none", got)
+		}
+	})
+}

@@ -171,6 +171,10 @@ func TestClusterRetriedResetResetsOnce(t *testing.T) {
 	old := persistence.Session{ID: "20260101_000000_0000dead", Key: key, Platform: src.Platform, ChatType: src.ChatType,
 		ChatID: src.ChatID, UserID: src.UserID, StartedAt: now, LastActivityAt: now}
 	if errs := a.d.store.Commit(t.Context(), [][]persistence.Op{{&persistence.CreateSession{Session: old},
+		// Something was said in it: a reset leaves a session nothing was said in as it is.
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: old.ID, Seq: 1, Role: persistence.RoleUser,
+			Content: "hi", Platform: src.Platform, ChatID: src.ChatID, MessageID: "m0", UserID: src.UserID,
+			Status: persistence.StatusDone, Active: true, CreatedAt: now}},
 		&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: old.ID, Generation: 1, UpdatedAt: now}}}}); errs[0] != nil {
 		t.Fatal(errs[0])
 	}

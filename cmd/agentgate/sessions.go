@@ -506,7 +506,11 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		if err != nil {
 			return fmt.Errorf("reset %s: %w", key, err)
 		}
-		if len(said) == 0 {
+		continues, err := afterAutomaticReset(ctx, st, s)
+		if err != nil {
+			return fmt.Errorf("reset %s: %w", key, err)
+		}
+		if len(said) == 0 && !continues {
 			fmt.Fprintf(stdout, "session %s of %s holds nothing yet: left as it is\n", s.ID, key)
 			return nil
 		}
@@ -1046,4 +1050,25 @@ func outboxToJSON(e *persistence.OutboxEntry) outboxJSON {
 		ChatID: e.ChatID, ThreadID: e.ThreadID, UserID: e.UserID, State: e.State,
 		Attempts: e.Attempts, CreatedAt: utc(e.CreatedAt), DeliveredAt: utc(e.DeliveredAt),
 	}
+}
+
+// afterAutomaticReset reports whether s succeeded a session that ended by itself (idle, daily,
+// suspended): its first turn is told to continue that one (the actors' continuity note), so a
+// reset of it is no no-op even when nothing was said in it yet.
+func afterAutomaticReset(ctx context.Context, st persistence.Store, s *persistence.Session) (bool, error) {
+	if s.PrevSessionID == "" {
+		return false, nil
+	}
+	prev, err := st.Session(ctx, s.PrevSessionID)
+	if errors.Is(err, persistence.ErrNotFound) {
+		return false, nil // pruned: no note names it
+	}
+	if err != nil {
+		return false, err
+	}
+	switch prev.EndReason {
+	case persistence.EndIdle, persistence.EndDaily, persistence.EndSuspended:
+		return true, nil
+	}
+	return false, nil
 }

@@ -552,6 +552,30 @@ func TestSessionsReset(t *testing.T) {
 		}
 	})
 
+	t.Run("one that an automatic reset began is ended, though nothing was said in it", func(t *testing.T) {
+		// Its first turn would be told to continue the session the idle reset ended: a reset
+		// asks for a start afresh (a review's finding), as the daemon's does.
+		dir := MustSeedSessions(t)
+		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatalf("sqlite.Open: %v", err)
+		}
+		storetest.MustCommit(t, st,
+			&persistence.EndSession{SessionID: "sa2", Reason: persistence.EndIdle, At: sessAt(39)},
+			&persistence.CreateSession{Session: persistence.Session{
+				ID: "sa3", Key: keyA, Platform: "http", ChatType: "dm", ChatID: "alice", UserID: "alice",
+				StartedAt: sessAt(40), LastActivityAt: sessAt(40), PrevSessionID: "sa2", Epoch: 1,
+			}},
+			&persistence.PutRoute{Route: persistence.Route{Key: keyA, SessionID: "sa3", Generation: 3, UpdatedAt: sessAt(40)}},
+		)
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
+		out, errOut := MustRunSessions(t, "reset", "--data-dir", dir, keyA)
+		if want := "ended session sa3 of " + keyA + " (reset_command)\n"; out != want || errOut != "" {
+			t.Errorf("reset of a session an idle reset began: stdout = %q, stderr = %q, want %q", out, errOut, want)
+		}
+	})
 	t.Run("a session nothing was said in yet is left as it is", func(t *testing.T) {
 		// As the daemon's reset leaves it: a session a reset began, holding only a notice and
 		// an exchange /undo took back, is no conversation yet. Ending it would have a second
