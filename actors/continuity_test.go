@@ -34,6 +34,24 @@ func (a *notesAgent) notesOf(id string) []string {
 	return a.notes[id]
 }
 
+// afterAnIdleReset starts a world whose chat's session (after one message, m0) has been idle
+// past its idle reset policy (30 s), with an agent that records the notes of each turn. Called
+// in a synctest bubble.
+func afterAnIdleReset(t *testing.T) (*notesAgent, *managerWorld) {
+	t.Helper()
+	a := &notesAgent{notes: map[string][]string{}}
+	idle := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Second, Notify: true}
+	w := newManagerWorld(t, a, func(d *Deps) {
+		d.Config.ResetFor = func(string, string) ResetPolicy { return idle }
+		d.Config.ResetPolicies = []ResetPolicy{idle}
+	})
+	w.deliver(t, "m0", "hello")
+	synctest.Wait()
+	time.Sleep(time.Minute) // idle past the policy
+	synctest.Wait()
+	return a, w
+}
+
 // TestContinuityNoteOutlivesAFailedFirstTurn: the first turn after an automatic reset gets the
 // note naming the session the reset ended. When that turn fails, the next turn gets it, as a
 // session loaded from the store at that point would (no turn has answered yet); but a /new
@@ -49,16 +67,7 @@ func TestContinuityNoteOutlivesAFailedFirstTurn(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				a := &notesAgent{notes: map[string][]string{}}
-				idle := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Second, Notify: true}
-				w := newManagerWorld(t, a, func(d *Deps) {
-					d.Config.ResetFor = func(string, string) ResetPolicy { return idle }
-					d.Config.ResetPolicies = []ResetPolicy{idle}
-				})
-				w.deliver(t, "m0", "hello")
-				synctest.Wait()
-				time.Sleep(time.Minute) // idle past the policy: m1 starts a new session
-				synctest.Wait()
+				a, w := afterAnIdleReset(t) // m1 starts a new session
 				first := w.deliver(t, "m1", "fail")
 				synctest.Wait()
 				if n := a.notesOf("m1"); len(n) != 1 || !strings.Contains(n[0], "reset automatically") {
@@ -92,16 +101,7 @@ func TestContinuityNoteOutlivesAFailedFirstTurn(t *testing.T) {
 // that keeps such sessions.
 func TestNewAfterAnAutomaticResetStartsAfresh(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		a := &notesAgent{notes: map[string][]string{}}
-		idle := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Second, Notify: true}
-		w := newManagerWorld(t, a, func(d *Deps) {
-			d.Config.ResetFor = func(string, string) ResetPolicy { return idle }
-			d.Config.ResetPolicies = []ResetPolicy{idle}
-		})
-		w.deliver(t, "m0", "hello")
-		synctest.Wait()
-		time.Sleep(time.Minute) // idle past the policy: the next message begins a new session
-		synctest.Wait()
+		a, w := afterAnIdleReset(t) // the next message begins a new session
 		status := w.deliver(t, "s1", "/status")
 		synctest.Wait()
 		n := w.deliver(t, "n1", "/new")
