@@ -1215,6 +1215,7 @@ func TestRateLimitAnnouncedDuringABackoffIsWaitedOut(t *testing.T) {
 	clock := &sleeps{at: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)}
 	slept := make(chan time.Duration)
 	releaseFirst, releaseSecond := make(chan struct{}), make(chan struct{})
+	counted := make(chan struct{}) // the requests during the limit are counted: the first turn may retry
 	var calls atomic.Int32
 	a := MustAgent(t, m, nil, nil, func(c *openai.Config) {
 		c.Now = clock.now
@@ -1228,6 +1229,7 @@ func TestRateLimitAnnouncedDuringABackoffIsWaitedOut(t *testing.T) {
 				<-releaseSecond
 			default:
 				slept <- d
+				<-counted
 			}
 			return clock.sleep(ctx, d)
 		}
@@ -1260,6 +1262,7 @@ func TestRateLimitAnnouncedDuringABackoffIsWaitedOut(t *testing.T) {
 	if n := m.Count(); n != 2 {
 		t.Errorf("the model got %d requests during the limit, want 2", n)
 	}
+	close(counted)
 	if err := <-first; err != nil {
 		t.Errorf("the first turn after the limit: %v", err)
 	}
