@@ -167,6 +167,10 @@ type Deps struct {
 	// Stopping is true once the daemon has begun to stop (Daemon.Stop): a turn whose agent a
 	// stop signal ended then is cut short by the stop, not failed (agents.ErrStopSignal).
 	Stopping atomic.Bool
+	// Aborted is true once the daemon exits at once (Daemon.Abort, a second stop signal): it
+	// killed the agents' commands itself, and says so; a turn they end is no service manager's
+	// doing.
+	Aborted atomic.Bool
 	// AgentCalls counts the agent calls the turns have in flight: a stopping daemon waits for
 	// them (AgentCalls.Wait), so that nothing an agent started outlives it.
 	AgentCalls AgentCalls

@@ -452,8 +452,15 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 		s.d.Metrics.AgentTokens.WithLabelValues("output").Add(float64(m.Usage.OutputTokens))
 	}
 	if m.Err != nil && s.d.Stopping.Load() && errors.Is(m.Err, agents.ErrStopSignal) {
-		s.logger().Warn("the agent's process was ended by a signal while agentgate stops; its messages run again at the next start "+
-			"(a service manager signalled it with agentgate: under systemd, set KillMode=mixed)", "turn", r.id, logging.Err(m.Err))
+		if s.d.Aborted.Load() {
+			// The daemon's exit killed it (a second stop signal), and its own line says so;
+			// the warning below sent a user who pressed Ctrl-C twice to look for a systemd
+			// problem that was not there (a new user's walkthrough).
+			s.logger().Debug("the agent's process was killed by agentgate's exit; its messages run again at the next start", "turn", r.id)
+		} else {
+			s.logger().Warn("the agent's process was ended by a signal while agentgate stops; its messages run again at the next start "+
+				"(a service manager signalled it with agentgate: under systemd, set KillMode=mixed)", "turn", r.id, logging.Err(m.Err))
+		}
 		s.cutShortByStop(c, r)
 		return
 	}

@@ -104,7 +104,6 @@ type Daemon struct {
 	endpoints  *endpointGuard   // keeps the remote's stop from panicking (remote_guard.go)
 	fatal      chan error       // receives why the daemon must stop on its own (see Fatal)
 	stopping   atomic.Bool      // Stop has begun
-	aborted    atomic.Bool      // Abort has begun: it kills the agent's commands (see killedByAbort)
 	// began: this run is recorded in the store (beginRun, or its retry: retryRun); a clean stop
 	// ends it (endRun), and so does Abort, from another goroutine than the stop's. ended: the
 	// end was written or given up, and the run is recorded no more. endMu is held across the
@@ -323,8 +322,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			// (SIGTERM, SIGKILL, then its output's pipes); an OpenAI request returns at once.
 			CancelWait: 2*killGrace(cfg) + time.Second,
 		},
-		Log:     slog.New(killedByAbort{h: log.Handler(), aborted: &d.aborted}),
-		Metrics: d.metrics, Now: opts.Now, Node: hostname(), Run: run,
+		Log: log, Metrics: d.metrics, Now: opts.Now, Node: hostname(), Run: run,
 		Editors: map[string]bool{}, DraftInterval: opts.DraftInterval, Fencing: opts.SharedStore,
 		Clustered: cfg.Cluster.Enabled, Refusals: &d.refusals,
 	}
@@ -615,9 +613,11 @@ func (d *Daemon) endRunWithin(ctx context.Context, timeout time.Duration) {
 // in the store as clean, within abortEndRun: an operator's second Ctrl-C is no crash, and
 // counted as one (a strike against each session's running message) three of them
 // quarantined an innocent message (found by a new user's walkthrough). It stops nothing else.
-// The sessions' reports of the agents it killed are logged at debug level (killedByAbort).
+// The sessions' reports of the agents it killed are logged at debug level (Deps.Aborted).
 func (d *Daemon) Abort() {
-	d.aborted.Store(true)
+	if d.deps != nil {
+		d.deps.Aborted.Store(true)
+	}
 	if k, ok := d.agent.(interface{ KillAll() int }); ok {
 		if n := k.KillAll(); n > 0 {
 			d.log.Warn("killed the agent commands still running, with what they started", "commands", n)
@@ -921,47 +921,6 @@ func (f floor) Handle(ctx context.Context, r slog.Record) error {
 		}
 	}
 	return f.h.Handle(ctx, r)
-}
-
-// killedByAbort is the handler of the actors' log. Once Abort has begun, it logs at debug level
-// the records of an agent's process ended by a stop signal (their err is agents.ErrStopSignal):
-// that signal was Abort's own SIGKILL, which a session cannot tell from a service manager's,
-// and its warning ("a service manager signalled it with agentgate: under systemd, set
-// KillMode=mixed") sent a new user who pressed Ctrl-C twice looking for a systemd problem that
-// was not there. Abort's own line says what it killed.
-type killedByAbort struct {
-	h       slog.Handler
-	aborted *atomic.Bool
-}
-
-func (k killedByAbort) Enabled(ctx context.Context, l slog.Level) bool { return k.h.Enabled(ctx, l) }
-
-func (k killedByAbort) Handle(ctx context.Context, r slog.Record) error {
-	if r.Level > slog.LevelDebug && k.aborted.Load() && stopSignalled(r) {
-		r.Level = slog.LevelDebug
-		if !k.h.Enabled(ctx, r.Level) {
-			return nil
-		}
-	}
-	return k.h.Handle(ctx, r)
-}
-
-func (k killedByAbort) WithAttrs(a []slog.Attr) slog.Handler {
-	return killedByAbort{k.h.WithAttrs(a), k.aborted}
-}
-func (k killedByAbort) WithGroup(n string) slog.Handler {
-	return killedByAbort{k.h.WithGroup(n), k.aborted}
-}
-
-// stopSignalled reports whether r logs an error that is agents.ErrStopSignal.
-func stopSignalled(r slog.Record) bool {
-	found := false
-	r.Attrs(func(a slog.Attr) bool {
-		err, ok := a.Value.Resolve().Any().(error) // logging.Err's value is a LogValuer
-		found = ok && errors.Is(err, agents.ErrStopSignal)
-		return !found
-	})
-	return found
 }
 
 // closedHere reports whether r is protoactor's report of a connection to another member that
