@@ -104,9 +104,11 @@ func (a *sessionsAPI) Get(ctx context.Context, key string) (*httpplatform.Sessio
 }
 
 // live returns the live state of key's session actor, or nil when it is passivated; it never
-// activates a session.
+// activates a session. In cluster mode it asks the manager of the member that owns the key,
+// whose address the answer names: a manager answers for its own sessions only.
 func (a *sessionsAPI) live(ctx context.Context, key string) (*httpplatform.LiveState, error) {
-	res, err := actors.Await(ctx, a.d.system.Root.RequestFuture(a.d.managerOf(key), &actors.Peek{Key: key}, requestTimeout(ctx)))
+	manager := a.d.managerOf(key)
+	res, err := actors.Await(ctx, a.d.system.Root.RequestFuture(manager, &actors.Peek{Key: key}, requestTimeout(ctx)))
 	if err != nil {
 		return nil, fmt.Errorf("session state of %s: %w", key, err)
 	}
@@ -122,6 +124,13 @@ func (a *sessionsAPI) live(ctx context.Context, key string) (*httpplatform.LiveS
 	}
 	if st.ActivatedAtUnixNano != 0 {
 		live.ActivatedAt = time.Unix(0, st.ActivatedAtUnixNano).UTC()
+	}
+	if a.d.cluster != nil {
+		// This member's own manager was spawned before the cluster gave it an address.
+		live.MemberAddress = manager.Address
+		if manager == a.d.manager {
+			live.MemberAddress = a.d.system.Address()
+		}
 	}
 	return live, nil
 }
@@ -294,5 +303,3 @@ func requestTimeout(ctx context.Context) time.Duration {
 	}
 	return actors.DefaultRequestTimeout
 }
-
-var _ = errors.New

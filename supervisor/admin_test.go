@@ -193,3 +193,17 @@ func TestListSessionsNextOnlyWhileMoreFollow(t *testing.T) {
 		t.Errorf("state=passivated: %v, next %q; want none (every session is in memory)", got, next)
 	}
 }
+
+// TestSingleDaemonLiveStateNamesNoMember: a daemon that is no cluster member names its host in
+// live.node and no member address (its manager's PID has none: "nonhost").
+func TestSingleDaemonLiveStateNamesNoMember(t *testing.T) {
+	r, _, key := mustStartCounting(t)
+	status, body := getJSON(t, "http://"+r.d.Addr().String()+"/v1/sessions/"+url.PathEscape(key))
+	var info httpplatform.SessionInfo
+	if err := json.Unmarshal(body, &info); err != nil || status != http.StatusOK || info.Live == nil {
+		t.Fatalf("GET session = %d %s, want 200 with live state", status, body)
+	}
+	if info.Live.MemberAddress != "" || info.Live.Node != hostname() {
+		t.Errorf("live member_address %q, node %q; want none, and the host name %q", info.Live.MemberAddress, info.Live.Node, hostname())
+	}
+}

@@ -74,6 +74,15 @@ func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if canonical := canonicalKey(key); canonical != key {
+		// Nor is a key that agentgate never writes so (%3a for %3A, a chat id escaped that
+		// needs no escape, agent:default: for agent:main:): no event can ever come to it, and
+		// its client, streamed, would wait for ever without a word. The answer names the key
+		// meant. (GET and the other routes answer it 404: no session has it.)
+		writeError(w, http.StatusBadRequest, CodeInvalidKey, fmt.Sprintf(
+			"the session key is not in the form agentgate writes keys, so no event ever comes to it; the key of that chat is %s", clipped(canonical)))
+		return
+	}
 	after, aerr := resumePoint(r)
 	if aerr != nil {
 		aerr.write(w)
@@ -309,6 +318,19 @@ func (s *sseWriter) flush() error {
 		return fmt.Errorf("flush event: %w", err)
 	}
 	return nil
+}
+
+// canonicalKey is the key identity.Key writes for the parts of key, a session key: the key
+// itself for every key agentgate makes. The options keep the user slot the key has (ParseKey
+// sets a user only where the key holds one).
+func canonicalKey(key string) string {
+	parts, err := identity.ParseKey(key)
+	if err != nil {
+		return ""
+	}
+	return identity.Key(identity.Source{Profile: parts.Profile, Platform: parts.Platform, ChatType: parts.ChatType,
+		ChatID: parts.ChatID, ThreadID: parts.ThreadID, UserID: parts.UserID},
+		identity.KeyOptions{GroupSessionsPerUser: true, ThreadSessionsPerUser: true})
 }
 
 // pathKey returns the {key} path value, or a 400 invalid_key when it is no session key. The

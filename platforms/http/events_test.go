@@ -2,6 +2,7 @@ package http
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -216,6 +218,47 @@ func TestEventsResumePoint(t *testing.T) {
 	noSessions := mustStart(t, Config{}, &fakeRuntime{})
 	if got := noSessions.do("GET", "/v1/sessions/k/events", nil, ""); got.status != 503 {
 		t.Errorf("GET events without Sessions = %d, want 503", got.status)
+	}
+}
+
+// TestEventsOfAKeyNotInCanonicalForm: a key that parses but that agentgate never writes so (a
+// chat id escaped by the client, a lower-case escape, the profile "default" for main) can
+// never carry an event: it is a 400 invalid_key naming the key meant. Before, it was streamed,
+// and its client waited for ever on a session nothing ever went to. Every key agentgate
+// writes is streamed as before.
+func TestEventsOfAKeyNotInCanonicalForm(t *testing.T) {
+	sessions := newFakeSessions()
+	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
+	for _, tc := range []struct{ key, meant string }{
+		{"agent:main:http:dm:a%20b", "agent:main:http:dm:a b"},
+		{"agent:main:http:dm:a%3ab", "agent:main:http:dm:a%3Ab"},
+		{"agent:default:http:dm:c", "agent:main:http:dm:c"},
+		{"agent:main:http:group:g:%75", "agent:main:http:group:g:u"},
+	} {
+		got := h.do("GET", "/v1/sessions/"+url.PathEscape(tc.key)+"/events", nil, "")
+		var e ErrorResponse
+		_ = json.Unmarshal(got.body, &e)
+		if got.status != 400 || e.Error.Code != CodeInvalidKey || !strings.HasSuffix(e.Error.Message, "the key of that chat is "+tc.meant) {
+			t.Errorf("GET events of %q = %d %s, want 400 %q naming %q", tc.key, got.status, got.body, CodeInvalidKey, tc.meant)
+		}
+	}
+
+	opts := []identity.KeyOptions{{}, {GroupSessionsPerUser: true, ThreadSessionsPerUser: true}}
+	for i, src := range []identity.Source{
+		{Platform: "http", ChatType: identity.ChatDM, ChatID: "a b", UserID: "u"},
+		{Platform: "http", ChatType: identity.ChatDM, ChatID: "a:b/c%d\x01", ThreadID: "t", Profile: "main"},
+		{Platform: "http", ChatType: identity.ChatGroup, ChatID: "g", UserID: "u:1", Profile: "main~"},
+		{Platform: "discord", ChatType: identity.ChatChannel, ChatID: "123", ThreadID: "456", UserID: "789", Profile: "ops"},
+		{Platform: "http", ChatType: identity.ChatThread, ChatID: "c", ThreadID: "t%", UserID: "u", Profile: "a:b"},
+	} {
+		for _, o := range opts {
+			key := identity.Key(src, o)
+			s := h.openSSE(key, "", "")
+			if s.status != http.StatusOK {
+				t.Errorf("GET events of %q (source %d) = %d, want 200: a key agentgate writes", key, i, s.status)
+			}
+			s.close()
+		}
 	}
 }
 

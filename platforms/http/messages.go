@@ -314,6 +314,10 @@ func parseMessageRequest(body []byte) (*MessageRequest, *apiError) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, badRequest(CodeInvalidJSON, "the body is empty")
 	}
+	if bytes.HasPrefix(body, []byte("\ufeff")) {
+		// As some Windows tools save a file: encoding/json would call it an invalid 'ï'.
+		return nil, badRequest(CodeInvalidJSON, "the body begins with a byte order mark (U+FEFF), which JSON does not take (RFC 8259); send it without")
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	var req MessageRequest
@@ -373,6 +377,7 @@ func checkFieldNames(body []byte) *apiError {
 
 func jsonError(err error) *apiError {
 	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
 	switch {
 	case errors.As(err, &typeErr) && typeErr.Field != "":
 		return badRequest(CodeInvalidField, fmt.Sprintf("%s must be a string", typeErr.Field))
@@ -388,6 +393,12 @@ func jsonError(err error) *apiError {
 			name = quoted
 		}
 		return badRequest(CodeUnknownField, fmt.Sprintf("unknown field %.100q", name))
+	case errors.As(err, &syntaxErr):
+		// Where, and what: a client cannot find its stray comma or shell-quoted quote in a
+		// body of kilobytes otherwise. The error quotes at most one character of the body.
+		return badRequest(CodeInvalidJSON, fmt.Sprintf("the body is not valid JSON: %s (byte %d)", syntaxErr, syntaxErr.Offset))
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return badRequest(CodeInvalidJSON, "the body is not valid JSON: it ends before its JSON object does")
 	default:
 		return badRequest(CodeInvalidJSON, "the body is not valid JSON")
 	}
@@ -396,8 +407,17 @@ func jsonError(err error) *apiError {
 // validate checks required fields, sizes and ids, and fills in the default chat type. It
 // reports every problem in one answer, so that a client learns of all its missing or bad
 // fields at once, not one per try; the status and code are those of the first problem, in
-// the order below (so a body with one problem is answered as before).
+// the order below (so a body with one problem is answered as before). A text over the limit
+// is the exception: it is answered 413 with its size and the limit alone, as a body over
+// MaxBodyBytes is, whatever else the body holds; its other problems are told once it fits. A
+// 413 is what a client acts on by sending less (a program splits the text): a 400 for an
+// oversized text (when a field was missing too), or a 413 whose message went on about other
+// fields, mixed two answers in one.
 func (m *MessageRequest) validate() *apiError {
+	if len(m.Text) > MaxTextBytes {
+		return &apiError{http.StatusRequestEntityTooLarge, CodeTextTooLarge,
+			fmt.Sprintf("text is %d bytes, the limit is %d", len(m.Text), MaxTextBytes)}
+	}
 	var problems []*apiError
 	var missing []string
 	for _, f := range []struct{ name, v string }{
@@ -420,10 +440,6 @@ func (m *MessageRequest) validate() *apiError {
 		// The agent would get nothing to answer.
 		problems = append(problems, badRequest(CodeMissingField, "text is blank"))
 	}
-	if len(m.Text) > MaxTextBytes {
-		problems = append(problems, &apiError{http.StatusRequestEntityTooLarge, CodeTextTooLarge,
-			fmt.Sprintf("text is %d bytes, the limit is %d", len(m.Text), MaxTextBytes)})
-	}
 	if m.ChatType == "" {
 		m.ChatType = identity.ChatDM
 	}
@@ -439,6 +455,9 @@ func (m *MessageRequest) validate() *apiError {
 	} {
 		if aerr := checkID(f.name, f.v, MaxIDBytes); aerr != nil {
 			problems = append(problems, aerr)
+		} else if i := strings.IndexFunc(f.v, invisible); i >= 0 {
+			r, _ := utf8.DecodeRuneInString(f.v[i:])
+			problems = append(problems, badRequest(CodeInvalidField, fmt.Sprintf("%s contains the invisible format character %U", f.name, r)))
 		}
 	}
 	if len(m.UserName) > MaxNameBytes {
@@ -469,6 +488,17 @@ func checkID(name, v string, maxLen int) *apiError {
 		return badRequest(CodeInvalidField, name+" begins or ends with white space")
 	}
 	return nil
+}
+
+// invisible reports whether r is an invisible format character (Unicode category Cf) other
+// than the zero-width joiner and non-joiner, which emoji sequences and some scripts need: those
+// identity.NeutraliseName drops from names. In an id, a zero-width space or a byte order mark
+// (which text copied from a page or a document may carry) makes a chat or a user that looks
+// like the one meant but is another, as white space around an id does (checkID), and a
+// bidirectional override makes an id read otherwise than it is written. Only a new message's
+// ids are checked: an id stored before may still be named (a requeue's, a listing's after).
+func invisible(r rune) bool {
+	return r >= 0x80 && r != '\u200c' && r != '\u200d' && unicode.Is(unicode.Cf, r)
 }
 
 func newMessageID() string {

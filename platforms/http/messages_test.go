@@ -73,6 +73,12 @@ func TestPostMessageBadInput(t *testing.T) {
 		{"user_id ending in a space", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u ","text":"t"}`, 400, CodeInvalidField},
 		{"message_id beginning with a no-break space", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","message_id":"\u00a0m1"}`, 400, CodeInvalidField},
 		{"blank profile", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","profile":" "}`, 400, CodeInvalidField},
+		// Each id would name another chat or user than the one it looks like.
+		{"zero-width space in chat_id", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c\u200b","user_id":"u","text":"t"}`, 400, CodeInvalidField},
+		{"byte order mark before user_id", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"\ufeffu","text":"t"}`, 400, CodeInvalidField},
+		{"bidirectional override in message_id", "POST", "/v1/messages", jsonHeader, "{\"chat_id\":\"c\",\"user_id\":\"u\",\"text\":\"t\",\"message_id\":\"m\u202e1\"}", 400, CodeInvalidField},
+		{"tag character in thread_id", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","chat_type":"thread","thread_id":"t\udb40\udc41"}`, 400, CodeInvalidField},
+		{"soft hyphen in profile", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","profile":"o\u00adps"}`, 400, CodeInvalidField},
 		{"user_name too long", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","user_name":"` + strings.Repeat("n", MaxNameBytes+1) + `"}`, 400, CodeInvalidField},
 		{"text too large", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"` + strings.Repeat("a", MaxTextBytes+1) + `"}`, 413, CodeTextTooLarge},
 		{"multibyte text too large", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"` + strings.Repeat("é", MaxTextBytes/2+1) + `"}`, 413, CodeTextTooLarge},
@@ -132,6 +138,8 @@ func TestPostMessageBadInput(t *testing.T) {
 		{"thread with thread_id", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","chat_type":"thread","thread_id":"th"}`},
 		{"every field", jsonHeader, `{"chat_id":"c","chat_type":"thread","thread_id":"th","user_id":"u","user_name":"n","message_id":"every","profile":"p","text":"t"}`},
 		{"surrogate pair", jsonHeader, `{"chat_id":"c\ud83d\ude00","user_id":"u","text":"\\ud800 \ud83d\ude00\u00e9"}`},
+		// An emoji sequence needs its zero-width joiner; a text may hold any format character.
+		{"zero-width joiner in chat_id", jsonHeader, `{"chat_id":"\ud83d\udc69\u200d\ud83d\udcbb","user_id":"u","text":"a\u200bb\u202e"}`},
 	}
 	for _, tc := range good {
 		t.Run("good/"+tc.name, func(t *testing.T) {
@@ -145,7 +153,8 @@ func TestPostMessageBadInput(t *testing.T) {
 
 // TestPostMessageReportsEveryProblem: a body with several missing or bad fields is answered
 // with all of them in one message, not the first alone (a client sending {} learned of
-// user_id and text only on its next tries); the status and code are the first problem's.
+// user_id and text only on its next tries); the status and code are the first problem's. The
+// messages are checked whole: they are what a client is told to mend.
 func TestPostMessageReportsEveryProblem(t *testing.T) {
 	rt := &fakeRuntime{}
 	h := mustStart(t, Config{}, rt)
@@ -167,6 +176,25 @@ func TestPostMessageReportsEveryProblem(t *testing.T) {
 			400, CodeMissingField, "thread_id is required when chat_type is thread; user_id contains control characters"},
 		{"bad ids only", `{"chat_id":"c ","user_id":" u","text":"t"}`,
 			400, CodeInvalidField, "chat_id begins or ends with white space; user_id begins or ends with white space"},
+		{"invisible characters", `{"chat_id":"c\u200b","user_id":"u","text":"t","message_id":"\u202em1"}`,
+			400, CodeInvalidField, "chat_id contains the invisible format character U+200B; message_id contains the invisible format character U+202E"},
+		// Invalid JSON says what and where: before, every syntax error was "the body is not
+		// valid JSON", and a client could not find its stray comma or shell-quoted quote.
+		{"trailing comma", `{"chat_id":"c","user_id":"u","text":"t",}`,
+			400, CodeInvalidJSON, "the body is not valid JSON: invalid character '}' looking for beginning of object key string (byte 41)"},
+		{"single quotes from a shell", `'{"chat_id":"c"}'`,
+			400, CodeInvalidJSON, `the body is not valid JSON: invalid character '\'' looking for beginning of value (byte 1)`},
+		{"cut short", `{"chat_id":"c","user_id":"u","text":"t"`,
+			400, CodeInvalidJSON, "the body is not valid JSON: it ends before its JSON object does"},
+		{"a byte order mark", "\ufeff" + `{"chat_id":"c","user_id":"u","text":"t"}`,
+			400, CodeInvalidJSON, "the body begins with a byte order mark (U+FEFF), which JSON does not take (RFC 8259); send it without"},
+		// A text over the limit is a 413 that says its size and the limit, and nothing else,
+		// as a body over the limit is: before, a missing field made it a 400, and a bad one
+		// went into the 413's message.
+		{"text too large, a field missing", `{"user_id":"u","text":"` + strings.Repeat("a", MaxTextBytes+1) + `"}`,
+			413, CodeTextTooLarge, "text is 65537 bytes, the limit is 65536"},
+		{"text too large, a bad chat_type", `{"chat_id":"c","user_id":"u","chat_type":"forum","text":"` + strings.Repeat("a", MaxTextBytes+1) + `"}`,
+			413, CodeTextTooLarge, "text is 65537 bytes, the limit is 65536"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -131,8 +131,15 @@ type LiveState struct {
 	Restarts      int       `json:"restarts"`
 	// MailboxDepth is the number of messages queued in all session actors' mailboxes (it is
 	// counted per actor kind, not per session).
-	MailboxDepth int    `json:"mailbox_depth"`
-	Node         string `json:"node,omitempty"` // cluster member hosting the actor
+	MailboxDepth int `json:"mailbox_depth"`
+	// Node is the name the daemon that runs the actor claims sessions under in the store (a
+	// session's owner there): its host name, followed in cluster mode (and on a store shared
+	// by several daemons) by "/" and its run, the Agentgate-Run of its answers.
+	Node string `json:"node,omitempty"`
+	// MemberAddress is, in cluster mode, the cluster address of the member that runs the actor
+	// (its cluster.advertise, else its cluster.bind), which may be another member than the one
+	// asked; empty on a daemon that is no cluster member.
+	MemberAddress string `json:"member_address,omitempty"`
 	// Probation is "waiting" while the next message, run during 2 unclean stops of the daemon,
 	// waits to run alone among such messages, and "running" while it runs so.
 	Probation string `json:"probation,omitempty"`
