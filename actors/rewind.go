@@ -85,12 +85,11 @@ func (s *Session) enqueueRetry(c actor.Context, m *Deliver, it *item, ops []pers
 	orphaned := func(c actor.Context, why string) { c.Send(requester, s.unstoredResult(m.MessageId, why)) }
 	outAfter := s.lastOut // the retried turn's answer comes after
 	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
-		s.answerRepeats(c, it, m, err, false) // the /retry delivered again meanwhile (onDeliver)
-		r := s.result(m, platforms.Command, it.sessionID)
-		r.OutboxAfter = outAfter
 		if err != nil {
+			s.answerRepeats(c, it, m, err, false) // the /retry delivered again meanwhile (onDeliver)
+			r := s.result(m, platforms.Duplicate, it.sessionID)
+			r.OutboxAfter = outAfter
 			s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
-			r.Disposition = platforms.Duplicate
 			if !errorsIsDuplicate(err) {
 				s.seen.remove(m.MessageId)
 				s.logRefusedWrite("store retry; its sender is told to send it again", err, "message_id", m.MessageId)
@@ -99,14 +98,21 @@ func (s *Session) enqueueRetry(c actor.Context, m *Deliver, it *item, ops []pers
 			if !s.fencedOut {
 				s.restartFromStore(c, "the write of /retry was refused", err) // its exchange was archived in memory
 			}
-		} else {
-			it.durable = true
+			c.Send(requester, r)
+			s.tryStart(c)
+			return
 		}
-		c.Send(requester, r)
-		if err == nil && it.dropped {
+		it.durable = true
+		if it.dropped {
 			s.setAsideDropped(c, it) // a command stopped the session's work while this write was in flight
 		}
+		// Start the retried turn before answering, as accepted does: the answer's queue_depth
+		// (and its repeats') then counts what waits behind it, not the message that runs.
 		s.tryStart(c)
+		s.answerRepeats(c, it, m, nil, false) // the /retry delivered again meanwhile (onDeliver)
+		r := s.result(m, platforms.Command, it.sessionID)
+		r.OutboxAfter = outAfter
+		c.Send(requester, r)
 	})
 }
 
