@@ -154,10 +154,21 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 	acted := len(ops) > 0 || len(expired) > 0 || queueChanged // memory changed ahead of the write
 	ops = append(expired, ops...)
 	created := false
+	var notice *platforms.Outbound
 	if s.cur == nil {
 		var o []persistence.Op
-		o, created = s.ensureIncarnation(src, now)
+		var auto *persistence.Session
+		o, created, auto = s.ensureIncarnation(src, now)
 		ops = append(ops, o...)
+		if auto != nil {
+			// The command begins the successor of an automatic reset: its user is told first,
+			// as a message would have them told, and the first turn gets the note. Before, the
+			// notice never came (the next message found the session begun), and the note came
+			// only if the session was loaded again before that turn.
+			var noticeOps []persistence.Op
+			notice, noticeOps = s.afterAutoReset(auto, src, m.MessageId, now)
+			ops = append(ops, noticeOps...)
+		}
 	}
 	sid := s.cur.ID
 	if queueChanged { // stored with the session (created just above if it is new)
@@ -237,6 +248,9 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 		c.Send(requester, r)
 		for _, p := range repeats {
 			c.Send(p, s.result(m, platforms.Duplicate, sid))
+		}
+		if notice != nil {
+			s.sendOutbound(c, notice)
 		}
 		s.sendOutbound(c, OutboundFromEntry(&entry))
 	})

@@ -39,16 +39,24 @@ func (a *notesAgent) notesOf(id string) []string {
 // in a synctest bubble.
 func afterAnIdleReset(t *testing.T) (*notesAgent, *managerWorld) {
 	t.Helper()
+	a, w := idleResetWorld(t)
+	w.deliver(t, "m0", "hello")
+	synctest.Wait()
+	time.Sleep(time.Minute) // idle past the policy
+	synctest.Wait()
+	return a, w
+}
+
+// idleResetWorld starts a world whose sessions reset after 30 s idle, telling their users, with
+// an agent that records the notes of each turn. Called in a synctest bubble.
+func idleResetWorld(t *testing.T) (*notesAgent, *managerWorld) {
+	t.Helper()
 	a := &notesAgent{notes: map[string][]string{}}
 	idle := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Second, Notify: true}
 	w := newManagerWorld(t, a, func(d *Deps) {
 		d.Config.ResetFor = func(string, string) ResetPolicy { return idle }
 		d.Config.ResetPolicies = []ResetPolicy{idle}
 	})
-	w.deliver(t, "m0", "hello")
-	synctest.Wait()
-	time.Sleep(time.Minute) // idle past the policy
-	synctest.Wait()
 	return a, w
 }
 

@@ -217,6 +217,10 @@ type Deps struct {
 	// session's activation has not finished: the key's next activation or incarnation takes it
 	// up if this one stops or crashes first (Session.resumeAside).
 	asides sync.Map
+	// resetsDue holds, by key, the automatic reset whose write the store refused (an
+	// *overdue): the key's next activation or incarnation does it, at its due time, if it
+	// loads the session the reset ends (Session.expireOnStart).
+	resetsDue sync.Map
 }
 
 // props builds the shared props on first use.

@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -100,10 +101,14 @@ func (s *Session) endOverdue(c actor.Context) {
 	s.writeReset(c, s.expire(s.d.now()))
 }
 
-// writeReset writes the ops of an automatic reset, if any. The session takes itself for ended
-// as it sends them; if the store refuses them, it is not, so the session starts again from the
-// store, which resets it again (expireOnStart) once it takes writes. (Fenced: the key's new
-// owner does.) Once they are stored, a session with nothing else in hand passivates.
+// writeReset writes the ops of an automatic reset (expire's), if any. The session takes itself
+// for ended as it sends them; if the store refuses them, it is not, so the session starts again
+// from the store, and resets it again (expireOnStart) once it takes writes. (Fenced: the key's
+// new owner does.) The reset is filed for that (Deps.resetsDue): one that fell due while the
+// session worked is due no longer by the session's activity, which its work moved past the due
+// time, and the reload forgot it; a daily reset waited for the next day's
+// (TestResetDueWhileWritesAreRefusedIsDoneOnceTheyAreTaken). Once the ops are stored, a session
+// with nothing else in hand passivates.
 func (s *Session) writeReset(c actor.Context, ops []persistence.Op) {
 	if len(ops) == 0 {
 		return
@@ -115,6 +120,9 @@ func (s *Session) writeReset(c actor.Context, ops []persistence.Op) {
 		}
 		s.logRefusedWrite("store session reset", err)
 		if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {
+			if e, ok := ops[0].(*persistence.EndSession); ok {
+				s.d.resetsDue.Store(s.key, &overdue{sid: e.SessionID, at: e.At, reason: e.Reason})
+			}
 			s.restartFromStore(c, "the session's reset was not stored", err)
 		}
 	})
@@ -123,14 +131,54 @@ func (s *Session) writeReset(c actor.Context, ops []persistence.Op) {
 // autoReset returns the session that ended automatically and that the next incarnation
 // succeeds, or nil.
 func (s *Session) autoReset() *persistence.Session {
-	if s.cur != nil || s.prev == nil {
+	if s.cur != nil || s.prev == nil || !endedAutomatically(s.prev.EndReason) {
 		return nil
 	}
-	switch s.prev.EndReason {
+	return s.prev
+}
+
+// endedAutomatically reports whether a session that ended for reason ended on its own, not by
+// anyone's command.
+func endedAutomatically(reason string) bool {
+	switch reason {
 	case persistence.EndIdle, persistence.EndDaily, persistence.EndSuspended:
-		return s.prev
+		return true
 	}
-	return nil
+	return false
+}
+
+// passOverSilent makes the key's next session follow, in place of the ended session it would
+// follow, the one that session followed (or none), when an automatic reset ended it with nothing
+// said in it: a session a command began (/new, /status on a new chat, an operator's reset) and
+// nobody wrote to before it expired. Such a session holds nothing to go back to. Before, the
+// next message was told its previous session had been reset and that /resume would go back to
+// it, naming the empty one, and its first turn was told to search it
+// (TestAutomaticResetOfASilentSessionOffersNoWayBackToIt). The session a command began after an
+// automatic reset, and that expired in its turn, so hands on the note and the notice of the one
+// before. An automatic reset waits for the session's queued messages, so the store holds
+// everything said in it by then, unless the spool holds it still; then, or when the store
+// cannot be read, the session is named as before.
+func (s *Session) passOverSilent() {
+	p := s.prev
+	if p == nil || !endedAutomatically(p.EndReason) || s.d.Spooling.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
+	defer cancel()
+	if said, _, err := s.d.Store.History(ctx, p.ID, 1); err != nil || len(said) > 0 {
+		return
+	}
+	if p.PrevSessionID == "" {
+		s.prev = nil
+		return
+	}
+	before, err := s.d.Store.Session(ctx, p.PrevSessionID)
+	switch {
+	case errors.Is(err, persistence.ErrNotFound):
+		s.prev = nil // pruned: nothing to name
+	case err == nil && !before.EndedAt.IsZero():
+		s.prev = before
+	}
 }
 
 // continuityNote is the note the first turn after an automatic reset gets.
@@ -194,9 +242,13 @@ const AutoResetNotice = "◐ Your previous session was reset automatically"
 
 // expireOnStart applies the reset policy when a session starts, from its durable activity time:
 // a session that became due while nobody wrote (or while agentgate was down) is reset, not
-// resurrected. Messages it still had pending are not run in a session that has ended; their
-// senders are told to send them again.
+// resurrected. So is one whose reset the store refused before (writeReset). Messages it still
+// had pending are not run in a session that has ended; their senders are told to send them
+// again.
 func (s *Session) expireOnStart(c actor.Context) {
+	if v, ok := s.d.resetsDue.LoadAndDelete(s.key); ok && s.cur != nil && v.(*overdue).sid == s.cur.ID {
+		s.rare().overdue = v.(*overdue) // its write was refused (writeReset)
+	}
 	ops := s.expire(s.d.now())
 	if len(ops) == 0 {
 		return

@@ -624,9 +624,9 @@ func (s *Session) onIdle(c actor.Context) {
 }
 
 // passivateIfIdle asks the manager to stop the session when passivation is on and it has
-// nothing in hand.
+// nothing in hand. A session whose member leaves hands its key on instead (leaveIfIdle).
 func (s *Session) passivateIfIdle(c actor.Context) {
-	if s.passivating || s.d.Config.PassivateAfter <= 0 {
+	if s.passivating || s.leaving || s.d.Config.PassivateAfter <= 0 {
 		return
 	}
 	if s.running == nil && !s.ending() && !s.hasQueued() && len(s.inflight) == 0 && !s.settingAside() && !s.d.Spooling.Load() {

@@ -85,9 +85,7 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 	outAfter := s.lastOut // every answer to the message (an automatic reset's notice first) comes after
 	ops := s.expireIfIdle(now)
 	expired := len(ops) > 0
-	s.forgetPruned(now)
-	auto := s.autoReset()
-	inc, created := s.ensureIncarnation(src, now)
+	inc, created, auto := s.ensureIncarnation(src, now)
 	ops = append(ops, inc...)
 	var notice *platforms.Outbound
 	if created && auto != nil {
@@ -576,17 +574,21 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 	}
 }
 
-// ensureIncarnation returns the ops that create a session incarnation when there is none.
-func (s *Session) ensureIncarnation(src identity.Source, now time.Time) ([]persistence.Op, bool) {
+// ensureIncarnation returns the ops that create a session incarnation when there is none, and
+// the session an automatic reset ended that the new one succeeds, if any (autoReset): the
+// caller tells its user and gives its first turn the note (afterAutoReset).
+func (s *Session) ensureIncarnation(src identity.Source, now time.Time) (ops []persistence.Op, created bool, auto *persistence.Session) {
 	if s.cur != nil {
-		return nil, false
+		return nil, false, nil
 	}
+	s.passOverSilent()
 	s.forgetPruned(now)
+	auto = s.autoReset()
 	prev := ""
 	if s.prev != nil {
 		prev = s.prev.ID
 	}
-	return s.newIncarnation(src, now, prev), true
+	return s.newIncarnation(src, now, prev), true, auto
 }
 
 // forgetPruned forgets the ended session the key routes to once pruning may have deleted it

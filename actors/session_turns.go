@@ -39,7 +39,10 @@ func (s *Session) dequeue(n int) {
 // tryStart starts the next turn if none runs and the head of the queue is durable.
 func (s *Session) tryStart(c actor.Context) {
 	if s.leaving && s.running == nil {
-		// The member leaves the cluster: the key's successor runs what waits here.
+		// The member leaves the cluster: the key's successor runs what waits here. A reset
+		// that fell due while the turn ran is done first when nothing waits: the successor
+		// would find the session's activity (the turn's reply) after it, and not do it.
+		s.endOverdue(c)
 		s.updateBusy(c)
 		s.leaveIfIdle(c)
 		return
