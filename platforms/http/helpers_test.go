@@ -318,7 +318,11 @@ func (f *fakeSessions) Reset(_ context.Context, key string) (*SessionInfo, error
 		return nil, persistence.ErrNotFound
 	}
 	next := *info
-	next.PrevSessionID, next.SessionID = info.SessionID, info.SessionID+"-next"
+	if info.Messages == 0 { // nothing said in it: kept, as the daemon keeps it
+		next.Kept = true
+		return &next, nil
+	}
+	next.PrevSessionID, next.SessionID, next.Messages = info.SessionID, info.SessionID+"-next", 0
 	f.infos[key] = &next
 	return &next, nil
 }

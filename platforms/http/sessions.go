@@ -134,7 +134,13 @@ func (p *Platform) handleGet(w http.ResponseWriter, r *http.Request) {
 func (p *Platform) handleReset(w http.ResponseWriter, r *http.Request) {
 	p.sessionInfo(w, r, "reset", func(s Sessions, ctx context.Context, key string) (*SessionInfo, error) {
 		info, err := s.Reset(ctx, key)
-		if err == nil && info != nil {
+		switch {
+		case err != nil || info == nil:
+		case info.Kept:
+			// Nothing ended: the log must not read as if a conversation had.
+			p.log.Info("session reset through the API found it holding nothing yet; it is kept", "session", key,
+				"id", info.SessionID, "remote", r.RemoteAddr)
+		default:
 			// An operator's action that ends a conversation: the log says who asked and what ended.
 			p.log.Info("session reset through the API", "session", key, "ended", info.PrevSessionID,
 				"new", info.SessionID, "remote", r.RemoteAddr)

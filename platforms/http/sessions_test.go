@@ -77,6 +77,13 @@ func TestSessionRoutes(t *testing.T) {
 		if want := `level=INFO msg="session reset through the API" platform=http session=` + key + ` ended=s1 new=s1-next`; !strings.Contains(logs.String(), want) {
 			t.Errorf("the log has no line %q:\n%s", want, logs)
 		}
+		got = h.do("POST", path+"/reset", nil, "") // the new session holds nothing yet
+		if info := mustDecode[SessionInfo](t, got); got.status != 200 || !info.Kept || info.SessionID != "s1-next" {
+			t.Errorf("POST reset of a fresh session = %d %s, want 200, kept", got.status, got.body)
+		}
+		if want := `level=INFO msg="session reset through the API found it holding nothing yet; it is kept" platform=http session=` + key + ` id=s1-next`; !strings.Contains(logs.String(), want) || strings.Count(logs.String(), "ended=") != 1 {
+			t.Errorf("the log has no line %q (nor only it):\n%s", want, logs)
+		}
 		if got := h.do("GET", path+"/reset", nil, ""); got.status != 405 || got.errCode() != CodeMethodNotAllowed || got.header.Get("Allow") == "" {
 			t.Errorf("GET reset = %d %q Allow %q, want 405 %q with Allow", got.status, got.errCode(), got.header.Get("Allow"), CodeMethodNotAllowed)
 		}
