@@ -818,3 +818,35 @@ func TestNewDatabaseIsPrivate(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenSaysWhenTheDatabaseIsNew: the start that makes a database says so, and a start on an
+// existing one does not, so that an operator whose data_dir or store.dsn was mistyped sees at
+// once that the conversations are elsewhere, not gone. A file an earlier start made and left
+// empty is new too.
+func TestOpenSaysWhenTheDatabaseIsNew(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "agentgate.db")
+	const newLine = "store opened: a new, empty database"
+	open := func() string {
+		t.Helper()
+		logs := &testutil.Buffer{}
+		s, err := Open(ctx, path, Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		return logs.String()
+	}
+	if got := open(); !strings.Contains(got, newLine) {
+		t.Errorf("the first open logged\n%s\nwant %q", got, newLine)
+	}
+	if got := open(); strings.Contains(got, newLine) || !strings.Contains(got, `msg="store opened"`) {
+		t.Errorf("the second open logged\n%s\nwant a plain \"store opened\"", got)
+	}
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := open(); !strings.Contains(got, newLine) {
+		t.Errorf("the open of an empty file logged\n%s\nwant %q", got, newLine)
+	}
+}

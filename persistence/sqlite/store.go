@@ -113,11 +113,15 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	// operator made, or a packaging default of 0755), every conversation was world-readable.
 	// A new database is created private, and its WAL and shared memory with it; an existing
 	// one keeps the mode its operator gave it.
+	created := false
 	if f, err := os.OpenFile(abs, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600); err == nil {
 		f.Close()
+		created = true
 	} else if !errors.Is(err, fs.ErrExist) {
 		lock.Close()
 		return nil, fmt.Errorf("open %s: %w", abs, err)
+	} else if fi, err := os.Stat(abs); err == nil && fi.Size() == 0 {
+		created = true // made by an earlier start that stopped before it wrote a page
 	}
 	s := &Store{path: abs, log: logger(opts.Logger), lock: lock, idx: newIndexer(opts), now: time.Now, commitMu: newWriteLock()}
 	if err := s.open(ctx, syncMode, opts); err != nil {
@@ -133,7 +137,14 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	s.indexLater() // after a failed catch-up
 	s.commitMu.Unlock()
 	s.ckpt = startCheckpointer(s.writer, abs, interval(opts.CheckpointInterval), s.log)
-	s.log.Info("store opened", "path", abs, "synchronous", syncMode)
+	if created {
+		// A mistyped data_dir or store.dsn makes a new database as readily as a first start
+		// does: the line says which it was, so that an operator who expected the
+		// conversations sees at once that they are elsewhere, not gone.
+		s.log.Info("store opened: a new, empty database (there was none at this path)", "path", abs, "synchronous", syncMode)
+	} else {
+		s.log.Info("store opened", "path", abs, "synchronous", syncMode)
+	}
 	return s, nil
 }
 
