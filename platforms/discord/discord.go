@@ -72,6 +72,7 @@ type Platform struct {
 	runCtx   context.Context
 	lastErr  error
 	progress map[string]sendProgress // "key/seq" → how far the send of that outbound got (outbound.go)
+	drafting map[string]*draftTries  // draft key → the tries of its post not yet answered (resend.go)
 	limited  map[string]time.Time    // discordgo bucket → until when Discord rate limits it (ratelimit.go)
 	global   time.Time               // until when Discord rate limits every route (ratelimit.go)
 	buckets  restBuckets             // the limiter of the REST calls' buckets (ratelimit.go); own lock
@@ -153,6 +154,7 @@ func New(c Config) (*Platform, error) {
 		gate:       newGate(c.Settings),
 		lost:       make(chan error, 1),
 		progress:   map[string]sendProgress{},
+		drafting:   map[string]*draftTries{},
 		limited:    map[string]time.Time{},
 		seen:       map[string]seenAt{},
 		unread:     map[string]seenAt{},

@@ -188,11 +188,12 @@ func replyRef(out *platforms.Outbound) string {
 }
 
 // SendDraft posts the first text of a streaming reply, with a nonce Discord enforces made from
-// key: a retry after a lost answer returns the draft already posted, which still shows the
-// text of the try that posted it, and is edited to show text. Before, it kept that text: a
-// cancelled turn's draft found so was left showing part of an answer without its interrupted
-// mark (TestDraftFoundByItsKeyShowsTheNewText). When that edit fails, the draft's id comes
-// with the error (TestDraftFoundButNotShownReturnsItsID).
+// key: a retry after a lost answer returns the draft already posted (one later than Discord
+// holds the nonce finds it in the channel: resend.go), which still shows the text of the try
+// that posted it, and is edited to show text. Before, it kept that text: a cancelled turn's
+// draft found so was left showing part of an answer without its interrupted mark
+// (TestDraftFoundByItsKeyShowsTheNewText). When that edit fails, the draft's id comes with the
+// error (TestDraftFoundButNotShownReturnsItsID).
 func (p *Platform) SendDraft(ctx context.Context, target identity.Source, inReplyTo []string, key, text string) (string, error) {
 	channel := replyChannel(target)
 	content := draftText(text)
@@ -200,10 +201,19 @@ func (p *Platform) SendDraft(ctx context.Context, target identity.Source, inRepl
 	if key != "" {
 		msg.Nonce, msg.EnforceNonce = nonce("draft/"+key, 0), true
 	}
-	if ref := replyRef(&platforms.Outbound{Target: target, InReplyTo: inReplyTo}); ref != "" {
+	ref := replyRef(&platforms.Outbound{Target: target, InReplyTo: inReplyTo})
+	if ref != "" {
 		msg.Reference = &discordgo.MessageReference{MessageID: ref, ChannelID: channel, FailIfNotExists: new(false)}
 	}
-	m, err := p.post(ctx, channel, msg)
+	// A try past the nonce window of an earlier one first looks for the draft it made (resend.go).
+	m, err := p.draftPostedBefore(ctx, channel, key, ref, inReplyTo)
+	if m == nil && err == nil {
+		p.triedDraft(key, content)
+		m, err = p.post(ctx, channel, msg)
+	}
+	if err == nil || refusedForGood(err) {
+		p.draftAnswered(key)
+	}
 	if err != nil && refusedForGood(err) {
 		// Never made, and never will be: the final reply is posted as a message of its own
 		// (Send), which opens an auto-thread that could not be opened yet, or is recorded as

@@ -2,6 +2,7 @@ package discord
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"net/http"
 	"slices"
@@ -56,11 +57,7 @@ func (p *Platform) pastNonceWindow(out *platforms.Outbound, prog sendProgress) b
 	if out.CreatedAt.IsZero() {
 		return false
 	}
-	since := out.CreatedAt
-	if prog.checked.After(since) {
-		since = prog.checked
-	}
-	return p.now().Sub(since) > nonceWindow
+	return p.now().Sub(later(out.CreatedAt, prog.checked)) > nonceWindow
 }
 
 // postedBefore reads channel for the parts of out, from the part from on, that the bot posted
@@ -133,11 +130,7 @@ func isPart(m *discordgo.Message, bot, text, ref string) bool {
 	if m.Author == nil || m.Author.ID != bot || strings.TrimSpace(m.Content) != strings.TrimSpace(text) {
 		return false
 	}
-	answers := ""
-	if m.MessageReference != nil {
-		answers = m.MessageReference.MessageID
-	}
-	return answers == ref
+	return answers(m) == ref
 }
 
 // self returns the bot's user id: READY's, or, before the first READY (a reply sent again at
@@ -158,4 +151,150 @@ func (p *Platform) self(ctx context.Context) (string, error) {
 // the milliseconds since Discord's epoch.
 func snowflakeAt(t time.Time) string {
 	return strconv.FormatInt(max(t.UnixMilli()-discordEpoch, 0)<<22, 10)
+}
+
+// Drafts past the nonce window. A streaming reply's draft is posted (SendDraft) with a nonce
+// made from its key, and the platform actor tries a post that failed again, with the same key,
+// until one succeeds or is refused for good: through an outage of any length, each try with
+// the text the turn has streamed by then. A try later than Discord enforces the nonce of an
+// earlier try that Discord made (its answer lost) made a second draft, and the first stayed in
+// the chat for good, showing the start of an answer, never finished nor marked. The runtime
+// does not tell SendDraft when the draft's first try was made, and need not: every try of a
+// draft comes to this process (a draft is not tried again after a restart: its message runs
+// again, under another key). So the platform remembers, by key, when the first try it has no
+// answer to was made and what each try posted (draftTries), and a try more than nonceWindow
+// after that first one, or after the last read for it, first reads the channel for the bot's
+// message that answers the same message with the text of one of the tries, and takes it for
+// the draft. Not covered, as for a reply: a try posted more than backfillPages pages of
+// messages after the first, and the tries past the first maxDraftTexts of one draft.
+
+// maxDraftTexts is how many distinct texts of one draft's tries are remembered. A try posts the
+// text streamed by then, so a draft tried again through a long outage while its turn streams
+// has one for each try.
+const maxDraftTexts = 256
+
+// draftTries is what the platform knows of the tries of a draft's post that it has no answer
+// to: when the first was made, when the channel was last read for them (zero for never), and
+// the texts they posted (sha256 of each, without surrounding space).
+type draftTries struct {
+	first   time.Time
+	checked time.Time
+	texts   [][sha256.Size]byte
+}
+
+// draftSum is the sum a try of a draft's post that says text is remembered by.
+func draftSum(text string) [sha256.Size]byte { return sha256.Sum256([]byte(strings.TrimSpace(text))) }
+
+// triedDraft records a try of the post of the draft key that says text, before it is made.
+func (p *Platform) triedDraft(key, text string) {
+	if key == "" {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := p.drafting[key]
+	if t == nil {
+		if len(p.drafting) >= maxProgress {
+			clear(p.drafting) // a draft forgotten so may be posted twice past the nonce window
+		}
+		t = &draftTries{first: p.now()}
+		p.drafting[key] = t
+	}
+	if sum := draftSum(text); len(t.texts) < maxDraftTexts && !slices.Contains(t.texts, sum) {
+		t.texts = append(t.texts, sum)
+	}
+}
+
+// draftAnswered forgets the tries of the draft key: one was answered, with the draft or with
+// Discord's refusal (nothing was made), or the draft was found.
+func (p *Platform) draftAnswered(key string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.drafting, key)
+}
+
+// draftPostedBefore returns the draft key's message that an earlier try posted, if one may have
+// been made more than nonceWindow ago, and a read of channel since its first try finds it: the
+// bot's message answering ref ("" for none) with the text of one of the tries. A channel that
+// is gone, or whose history the bot may not read, holds none (the try is posted, and a read
+// refused for good says it may show twice).
+func (p *Platform) draftPostedBefore(ctx context.Context, channel, key, ref string, inReplyTo []string) (*discordgo.Message, error) {
+	p.mu.Lock()
+	var tries draftTries
+	t := p.drafting[key]
+	if t != nil {
+		tries = draftTries{first: t.first, checked: t.checked, texts: slices.Clone(t.texts)}
+	}
+	p.mu.Unlock()
+	now := p.now()
+	if t == nil || now.Sub(later(tries.first, tries.checked)) <= nonceWindow {
+		return nil, nil
+	}
+	bot, err := p.self(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("look up the bot's user: %w", err)
+	}
+	after := snowflakeAt(tries.first.Add(-clockSkew))
+	for _, id := range inReplyTo {
+		if snowflakeLess(after, id) {
+			after = id // the draft came after the messages it answers
+		}
+	}
+	found, err := p.findDraft(ctx, channel, key, after, bot, ref, tries.texts)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	if t := p.drafting[key]; t != nil && now.After(t.checked) {
+		t.checked = now
+	}
+	p.mu.Unlock()
+	if found != nil {
+		p.log.Info("discord draft tried again was posted before; the draft found is used", "channel", channel, "turn", key, "draft", found.ID)
+	}
+	return found, nil
+}
+
+// findDraft reads channel after the message after for the bot's message that answers ref with
+// one of texts (of the tries of the draft key), and returns the first it finds.
+func (p *Platform) findDraft(ctx context.Context, channel, key, after, bot, ref string, texts [][sha256.Size]byte) (*discordgo.Message, error) {
+	for range backfillPages {
+		page, err := p.messages(ctx, channel, "after", after)
+		switch {
+		case restStatus(err) == http.StatusNotFound:
+			return nil, nil
+		case err != nil && refusedForGood(err):
+			p.log.Warn("discord cannot look for a draft tried again in its channel; posting it, which may show it twice",
+				"channel", channel, "turn", key, logging.Err(err))
+			return nil, nil
+		case err != nil:
+			return nil, fmt.Errorf("read channel %s for the draft posted before: %w", channel, err)
+		}
+		for _, m := range page {
+			if m.Author != nil && m.Author.ID == bot && answers(m) == ref && slices.Contains(texts, draftSum(m.Content)) {
+				return m, nil
+			}
+		}
+		if len(page) < backfillPageSize {
+			return nil, nil
+		}
+		after = page[len(page)-1].ID
+	}
+	return nil, nil
+}
+
+// answers is the message m references, or "".
+func answers(m *discordgo.Message) string {
+	if m.MessageReference == nil {
+		return ""
+	}
+	return m.MessageReference.MessageID
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
