@@ -10,10 +10,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -191,16 +193,17 @@ func (f *configFlags) printDefaults() {
 }
 
 func (f *configFlags) load() (*config.Config, error) {
-	cfg, err := f.check()
-	if err != nil {
-		return nil, err
+	cfg, problems, _ := f.check(nil)
+	if problems != nil {
+		return nil, problems
 	}
 	return cfg, nil
 }
 
-// check is load for check-config: the configuration is returned with its problems
-// (config.Check), nil when it cannot be read at all.
-func (f *configFlags) check() (*config.Config, error) {
+// check is load for check-config and serve: the configuration is returned with its problems,
+// and apart what here refuses of it on this machine (config.Check); nil when it cannot be read
+// at all.
+func (f *configFlags) check(here func(*config.Config) []error) (cfg *config.Config, problems, refused error) {
 	// A flag given overrides, even when empty (--data-dir '' is a mistake to report, not a
 	// wish for the default).
 	set := map[string]bool{}
@@ -208,7 +211,7 @@ func (f *configFlags) check() (*config.Config, error) {
 	if set["config"] && f.file == "" {
 		// --config "$CFG" with CFG unset ran on the built-in defaults, as if no file had been
 		// named: another data_dir, another port (found by an audit).
-		return nil, errors.New("--config names no file (it is empty): name the file, or leave the flag out for the built-in defaults")
+		return nil, errors.New("--config names no file (it is empty): name the file, or leave the flag out for the built-in defaults"), nil
 	}
 	return config.Check(f.file, os.Environ(), func(c *config.Config) {
 		if set["data-dir"] {
@@ -223,7 +226,7 @@ func (f *configFlags) check() (*config.Config, error) {
 		if set["log-level"] {
 			c.Log.Level = f.logLevel
 		}
-	})
+	}, here)
 }
 
 func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
@@ -272,19 +275,18 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
-	cfg, err := cf.load()
-	if err != nil {
-		return configError(err)
+	// Refused here, at the key's line, rather than once the store is open (and a PostgreSQL one
+	// migrated): a data directory serve cannot make or write, which would fail at its lock; and
+	// what pgx refuses on this machine, with the file or the PG* variable named, of which the
+	// store's Open says only that the DSN cannot be parsed.
+	cfg, problems, refused := cf.check(func(c *config.Config) []error {
+		return nonNil(dataDirProblem(c.DataDir), c.CheckPostgres())
+	})
+	if problems != nil {
+		return configError(problems)
 	}
-	if err := dataDirNotDir(cfg.DataDir); err != nil {
-		// Refused before the store opens (and a PostgreSQL one migrates) only to fail at the
-		// data directory's lock.
-		return err
-	}
-	if err := cfg.PostgresFiles(); err != nil {
-		// In pgx's words, with the file named: the store's Open says only that the DSN cannot
-		// be parsed.
-		return err
+	if refused != nil {
+		return refused
 	}
 	var level slog.LevelVar
 	level.Set(cfg.SlogLevel())
@@ -350,7 +352,12 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stdout, config.Example())
 		return nil
 	}
-	cfg, err := cf.check()
+	// What serve refuses at start beyond the configuration's validation, short of opening the
+	// store or the network: before, check-config only warned of it and said "config ok", and a
+	// deploy checked with it failed at start (found by an audit). It is listed with the
+	// configuration's own problems, so that one run names them all (a new user's walkthrough
+	// found the unset secret named only once the file was fixed).
+	cfg, err, refusals := cf.check(startRefusals)
 	var problems int
 	if err != nil {
 		for _, e := range unwrapAll(err) {
@@ -358,20 +365,17 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 			problems++
 		}
 	}
-	var refused []string
+	var refused []error
 	if cfg != nil {
 		for _, name := range config.UnknownEnv(os.Environ()) {
 			fmt.Fprintf(stderr, "warning: %s names no configuration key (a misspelt one?); it is ignored\n", name)
 		}
-		// What serve refuses at start beyond the configuration's validation, short of opening
-		// the store or the network: before, check-config only warned of it and said "config
-		// ok", and a deploy checked with it failed at start (found by an audit). It is listed
-		// with the configuration's own problems, so that one run names them all (a new user's
-		// walkthrough found the unset secret named only once the file was fixed).
-		refused = startRefusals(cfg)
+		if refusals != nil {
+			refused = unwrapAll(refusals)
+		}
 		for _, r := range refused {
 			if *configOnly {
-				r = "warning: " + r
+				fmt.Fprint(stderr, "warning: ")
 			}
 			fmt.Fprintln(stderr, r)
 		}
@@ -419,28 +423,83 @@ func startError(ctx context.Context, cfg *config.Config, err error) error {
 
 // startRefusals returns what serve would refuse at start, in this environment, of a
 // configuration that validates: supervisor.Preflight's (a secret variable unset, an exec
-// agent's command not there), a data_dir that is not a directory, and the files that the
-// cluster's TLS and the PostgreSQL DSN name. It opens no database and no connection, so it
-// leaves out what only those tell: the store, the data directory's lock, a port that is taken,
-// a cluster.advertise that does not reach cluster.bind.
-func startRefusals(cfg *config.Config) []string {
-	out := supervisor.Preflight(cfg, os.Getenv)
-	for _, err := range []error{dataDirNotDir(cfg.DataDir), cfg.PostgresFiles(), clusterTLSFiles(cfg.Cluster)} {
+// agent's command not there), a data_dir it cannot make or write, what pgx refuses here (a file
+// store.dsn names, a PG* variable), and the files that the cluster's TLS names. It opens no
+// database and no connection, so it leaves out what only those tell: the store, the data
+// directory's lock, a port that is taken, a cluster.advertise that does not reach cluster.bind.
+// Each names its key, as a *config.FieldError, so that check-config names the file's line of
+// it.
+func startRefusals(cfg *config.Config) []error {
+	var out []error
+	for _, r := range supervisor.Preflight(cfg, os.Getenv) {
+		// Each is "key: reason; serve refuses to start …".
+		if field, reason, ok := strings.Cut(r, ": "); ok {
+			out = append(out, &config.FieldError{Field: field, Err: errors.New(reason)})
+		} else {
+			out = append(out, errors.New(r))
+		}
+	}
+	for _, err := range nonNil(dataDirProblem(cfg.DataDir), cfg.CheckPostgres(), clusterTLSFiles(cfg.Cluster)) {
+		out = append(out, fmt.Errorf("%w; serve refuses to start with it", err))
+	}
+	return out
+}
+
+// nonNil returns the errors of errs that are not nil.
+func nonNil(errs ...error) []error {
+	var out []error
+	for _, err := range errs {
 		if err != nil {
-			out = append(out, fmt.Sprintf("%v; serve refuses to start with it", err))
+			out = append(out, err)
 		}
 	}
 	return out
 }
 
-// dataDirNotDir returns the problem of a data_dir that exists but is not a directory (a missing
-// one is created at start). Before, check-config said "config ok" of it, and serve failed
-// only where it made the database or took the directory's lock.
-func dataDirNotDir(dir string) error {
-	if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
-		return &config.FieldError{Field: "data_dir", Value: dir, Err: errors.New("exists but is not a directory")}
+// wxOK asks access(2) whether this user may make entries in a directory: W_OK|X_OK.
+const wxOK = 0x2 | 0x1
+
+// dataDirProblem returns why serve could not use dir as its data directory on this machine,
+// short of making anything: it exists but is not a directory, or is a directory this user may
+// not write; or it cannot be made (serve makes each missing directory in the nearest one that
+// exists, which must be a directory this user may write). Before, check-config said "config
+// ok" of these, and serve failed only where it made the database or took the directory's lock.
+func dataDirProblem(dir string) error {
+	if dir == "" {
+		return nil // (required, which validation says)
 	}
-	return nil
+	problem := func(format string, args ...any) error {
+		return &config.FieldError{Field: "data_dir", Value: dir, Err: fmt.Errorf(format, args...)}
+	}
+	const fix = "give it to the daemon's user, or set another data_dir"
+	fi, err := os.Stat(dir)
+	switch {
+	case err == nil && !fi.IsDir():
+		return problem("exists but is not a directory")
+	case err == nil:
+		if err := syscall.Access(dir, wxOK); err != nil {
+			return problem("is not writable by this user, uid %d (%v): %s", os.Getuid(), err, fix)
+		}
+		return nil
+	case !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR):
+		return problem("cannot be reached by this user, uid %d: %v", os.Getuid(), err)
+	}
+	for d := filepath.Dir(filepath.Clean(dir)); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		switch {
+		case err == nil && !fi.IsDir():
+			return problem("cannot be made: %s is not a directory", d)
+		case err == nil:
+			if err := syscall.Access(d, wxOK); err != nil {
+				return problem("cannot be made: %s is not writable by this user, uid %d (%v): %s", d, os.Getuid(), err, fix)
+			}
+			return nil
+		case !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR):
+			return problem("cannot be made by this user, uid %d: %v", os.Getuid(), err)
+		case d == filepath.Dir(d):
+			return nil
+		}
+	}
 }
 
 // clusterTLSFiles reads the cluster's TLS files as a member reads them when it joins the
@@ -452,14 +511,14 @@ func clusterTLSFiles(cl config.Cluster) error {
 		return nil // no TLS (validation has it that all three files are set, or none)
 	}
 	if _, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile); err != nil {
-		return fmt.Errorf("cluster.tls: load %s and %s: %w", t.CertFile, t.KeyFile, err)
+		return &config.FieldError{Field: "cluster.tls", Err: fmt.Errorf("load %s and %s: %w", t.CertFile, t.KeyFile, err)}
 	}
 	caPEM, err := os.ReadFile(t.CAFile)
 	if err != nil {
-		return fmt.Errorf("cluster.tls.ca_file: %w", err)
+		return &config.FieldError{Field: "cluster.tls.ca_file", Err: err}
 	}
 	if !x509.NewCertPool().AppendCertsFromPEM(caPEM) {
-		return fmt.Errorf("cluster.tls.ca_file: %s holds no PEM certificate", t.CAFile)
+		return &config.FieldError{Field: "cluster.tls.ca_file", Err: fmt.Errorf("%s holds no PEM certificate", t.CAFile)}
 	}
 	return nil
 }

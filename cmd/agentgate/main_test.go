@@ -138,7 +138,7 @@ func TestRunCommands(t *testing.T) {
 		{name: "check-config refuses a missing API key", args: []string{"check-config", "--config", noKey}, wantErr: "serve would refuse to start here: 1 problem(s)",
 			wantStderr: []string{"agent.openai.api_key_env: AGENTGATE_TEST_UNSET_OPENAI_KEY is not set"}, notStderr: []string{"warning: agent.openai"}},
 		{name: "check-config --config-only warns of it", args: []string{"check-config", "--config-only", "--config", noKey}, wantOut: "config ok",
-			wantStderr: []string{"warning: agent.openai.api_key_env: AGENTGATE_TEST_UNSET_OPENAI_KEY is not set"}},
+			wantStderr: []string{"warning: " + noKey + ":7: agent.openai.api_key_env: AGENTGATE_TEST_UNSET_OPENAI_KEY is not set"}},
 		{name: "serve refuses an openai agent without its key", args: []string{"serve", "--config", noKey, "--http-addr", "127.0.0.1:0"},
 			wantErr: "environment variable AGENTGATE_TEST_UNSET_OPENAI_KEY (agent.openai.api_key_env) holds no API key"},
 		{name: "public address needs a token", args: []string{"serve", "--data-dir", dir, "--http-addr", "0.0.0.0:0"},
@@ -251,20 +251,25 @@ func TestCheckConfig(t *testing.T) {
 			"cluster:\n  enabled: true\n  tls: {cert_file: "+cert+", key_file: "+key+", ca_file: "+ca+"}\n")
 	}
 	for _, tt := range []struct {
-		name, path, want string // want: stderr; "" is config ok
+		name, path string
+		line       int    // of the key named, in the file
+		want       string // stderr after FILE:LINE; "" is config ok
 	}{
-		{"cluster TLS files that load", cluster("tls-ok.yaml", cert, key, ca), ""},
-		{"a cluster certificate that is not there", cluster("tls-gone.yaml", filepath.Join(dir, "gone.pem"), key, ca),
+		{"cluster TLS files that load", cluster("tls-ok.yaml", cert, key, ca), 0, ""},
+		{"a cluster certificate that is not there", cluster("tls-gone.yaml", filepath.Join(dir, "gone.pem"), key, ca), 5,
 			"cluster.tls: load " + filepath.Join(dir, "gone.pem") + " and " + key + ": open " + filepath.Join(dir, "gone.pem") + ": no such file or directory; serve refuses to start with it"},
-		{"a cluster CA that holds no certificate", cluster("tls-ca.yaml", cert, key, key),
+		{"a cluster CA that holds no certificate", cluster("tls-ca.yaml", cert, key, key), 5,
 			"cluster.tls.ca_file: " + key + " holds no PEM certificate; serve refuses to start with it"},
 		// Before, "config ok" of both (found by an audit).
-		{"a data_dir that is a file", write("file-dir.yaml", "data_dir: "+cert+"\n"),
+		{"a data_dir that is a file", write("file-dir.yaml", "data_dir: "+cert+"\n"), 1,
 			`data_dir: "` + cert + `": exists but is not a directory; serve refuses to start with it`},
-		{"a CA file the DSN names that is not here", write("pg-ca.yaml", "data_dir: "+dir+"\nstore: {driver: postgres, dsn: \"postgres://db.invalid/agentgate?sslmode=verify-full&sslrootcert="+filepath.Join(dir, "gone.pem")+"\"}\n"),
+		{"a CA file the DSN names that is not here", write("pg-ca.yaml", "data_dir: "+dir+"\nstore: {driver: postgres, dsn: \"postgres://db.invalid/agentgate?sslmode=verify-full&sslrootcert="+filepath.Join(dir, "gone.pem")+"\"}\n"), 2,
 			"store.dsn: names a file that cannot be read here: failed to configure TLS: unable to read CA file: open " + filepath.Join(dir, "gone.pem") + ": no such file or directory; serve refuses to start with it"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			if tt.want != "" {
+				tt.want = fmt.Sprintf("%s:%d: %s", tt.path, tt.line, tt.want)
+			}
 			stdout, stderr, err := check(t, "--config", tt.path)
 			if tt.want == "" {
 				if err != nil || stdout != "config ok\n" {
@@ -292,11 +297,11 @@ func TestCheckConfig(t *testing.T) {
 			t.Errorf("serve = %v, want %q", err, want)
 		}
 	})
-	t.Run("serve refuses a file the DSN names that is not here, naming it", func(t *testing.T) {
-		path := write("pg-ca-serve.yaml", "data_dir: "+dir+"\nstore: {driver: postgres, dsn: \"postgres://db.invalid/agentgate?sslmode=verify-full&sslrootcert="+filepath.Join(dir, "gone.pem")+"\"}\n")
+	t.Run("serve refuses a file the DSN names that is not here, naming it and its line", func(t *testing.T) {
+		path := write("pg-ca-serve.yaml", "data_dir: "+dir+"\nstore:\n  driver: postgres\n  dsn: \"postgres://db.invalid/agentgate?sslmode=verify-full&sslrootcert="+filepath.Join(dir, "gone.pem")+"\"\n")
 		var out, errOut bytes.Buffer
 		err := run(context.Background(), []string{"serve", "--config", path, "--http-addr", "127.0.0.1:0"}, &out, &errOut)
-		if want := "store.dsn: names a file that cannot be read here: failed to configure TLS: unable to read CA file: open " + filepath.Join(dir, "gone.pem"); err == nil || !strings.HasPrefix(err.Error(), want) {
+		if want := path + ":4: store.dsn: names a file that cannot be read here: failed to configure TLS: unable to read CA file: open " + filepath.Join(dir, "gone.pem"); err == nil || !strings.HasPrefix(err.Error(), want) {
 			t.Errorf("serve = %v, want it to begin %q", err, want)
 		}
 	})

@@ -809,6 +809,11 @@ func openStoreFor(ctx context.Context, cf *configFlags, readOnly bool, timeout t
 		return nil, nil, configError(err)
 	}
 	if cfg.Store.Driver == "postgres" {
+		if err := cfg.CheckPostgres(); err != nil {
+			// In pgx's words, with the file or the PG* variable named, as serve refuses them:
+			// the store's Open says only that the DSN cannot be parsed.
+			return nil, cfg, err
+		}
 		// A cluster's members hold the daemon lock shared: a writing tool of the cluster joins
 		// them (and is kept off while a single daemon runs), a single daemon's takes it alone.
 		member := !readOnly && cfg.Cluster.Enabled

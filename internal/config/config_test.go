@@ -327,16 +327,78 @@ func TestLoadFileErrors(t *testing.T) {
 			wantFields: []string{"!agentgate.yaml:1: the document must be a mapping of keys"},
 		},
 		{
+			// At its line, as every other problem of the file (before, "parse FILE: yaml: line 1:
+			// …"), and yaml.v3's words, which name no line, at the file.
 			name:       "syntax error",
 			yaml:       "log:\n  level: [info\n",
 			wantFields: []string{"!"},
-			wantText:   []string{"parse ", "agentgate.yaml: yaml: "},
+			wantText:   []string{"agentgate.yaml:1: not valid YAML: did not find expected ',' or ']'"},
+		},
+		{
+			name:       "syntax error without a line",
+			yaml:       "log: level: info\n",
+			wantFields: []string{"!"},
+			wantText:   []string{"agentgate.yaml: not valid YAML: mapping values are not allowed in this context"},
 		},
 		{
 			name:       "tab indentation",
 			yaml:       "http:\n\taddr: 127.0.0.1:8081\n",
 			wantFields: []string{"!"},
-			wantText:   []string{"(YAML indents with spaces, not tabs)"},
+			wantText:   []string{"agentgate.yaml:2: indented with a tab: YAML indents with spaces only"},
+		},
+		{
+			// yaml.v3 names the line above the tab's.
+			name:       "a tab among spaces",
+			yaml:       "data_dir: x\nhttp:\n  addr: 127.0.0.1:8081\n\tmax_held: 3\n",
+			wantFields: []string{"!"},
+			wantText:   []string{"agentgate.yaml:4: indented with a tab: YAML indents with spaces only"},
+		},
+		{
+			// Before, yaml.v3's `mapping key "addr" already defined at line 2`, which named
+			// neither the key's path nor the fix.
+			name:       "a key set twice",
+			yaml:       "http:\n  addr: 127.0.0.1:1\n  addr: 127.0.0.1:2\nlog: {level: info, format: json, level: debug}\n",
+			wantFields: []string{"http.addr", "log.level"},
+			wantText: []string{
+				"agentgate.yaml:3: http.addr: set twice (first at line 2): keep one",
+				"agentgate.yaml:4: log.level: set twice (first at line 4): keep one",
+			},
+		},
+		{
+			// yaml.v3 decodes nothing of a mapping with a key set twice, and so finds nothing
+			// else in it: the document here.
+			name:       "a section set twice",
+			yaml:       "log: {level: info}\nhttp: {addr: 127.0.0.1:1, addr: 127.0.0.1:2}\nlog: {format: json}\n",
+			wantFields: []string{"log"},
+			wantText:   []string{"agentgate.yaml:3: log: set twice (first at line 1): keep one"},
+		},
+		{
+			name:       "a map entry set twice",
+			yaml:       "sessions:\n  reset_by_type:\n    dm: {mode: idle}\n    dm: {mode: none}\n",
+			wantFields: []string{"sessions.reset_by_type.dm"},
+			wantText:   []string{"agentgate.yaml:4: sessions.reset_by_type.dm: set twice (first at line 3): keep one"},
+		},
+		{
+			// Before, "must be a duration such as 90s or 10m", which did not say what was
+			// wrong with 30.
+			name:       "a duration without its unit",
+			yaml:       "cluster:\n  member_ttl: 30\nsessions:\n  queue: {debounce: 1.5, debounce_by_platform: {discord: 600}}\n",
+			wantFields: []string{"cluster.member_ttl", "sessions.queue.debounce", "sessions.queue.debounce_by_platform.discord"},
+			wantText: []string{
+				`agentgate.yaml:2: cluster.member_ttl: "30": must be a duration with its unit, such as 30s or 30m`,
+				`agentgate.yaml:4: sessions.queue.debounce: "1.5": must be a duration with its unit, such as 1.5s or 1.5m`,
+				`agentgate.yaml:4: sessions.queue.debounce_by_platform.discord: "600": must be a duration with its unit, such as 600s or 600m`,
+			},
+		},
+		{
+			name:       "negative sizes and a port out of range",
+			yaml:       "http:\n  addr: 127.0.0.1:70000\n  max_held: -1\nsessions:\n  queue:\n    cap: -5\n",
+			wantFields: []string{"http.addr", "http.max_held", "sessions.queue.cap"},
+			wantText: []string{
+				`agentgate.yaml:2: http.addr: "127.0.0.1:70000": port must be a number from 0 to 65535`,
+				`agentgate.yaml:3: http.max_held: -1: must not be negative`,
+				`agentgate.yaml:6: sessions.queue.cap: -5: must be at least 1`,
+			},
 		},
 		{
 			name:       "two documents",
@@ -405,7 +467,7 @@ func TestLoadValidationProblemsNameTheirLine(t *testing.T) {
 // TestLoadProblemsInFileOrder: every problem of a value the file holds names its line, also one
 // reported without its value (a required key emptied, a URL that may hold a password), one in a
 // list entry and one of a map's key, and they come in the file's order, then those the file
-// cannot be blamed for. Before, these had no line, and problems came in validation's order
+// cannot be blamed for: the environment's, then the flags'. Before, these had no line, and problems came in validation's order
 // (found by an audit).
 func TestLoadProblemsInFileOrder(t *testing.T) {
 	path := MustWriteConfig(t, `data_dir: ""
@@ -457,19 +519,24 @@ log: {level: loud}
 	}
 
 	// What the environment or a flag set is not the file's line's fault: it follows the file's
-	// problems, without a line.
+	// problems, without a line, the variables' first, then the flags', each in the order of the
+	// keys (--print-defaults'). Before, in validation's order, flags and variables mixed.
 	want = []string{
 		":1: data_dir",
 		":5: agent.exec.command",
 		":12: sessions.reset_by_type.dmz",
 		`:14: sessions.queue.debounce_by_platform."my.chat"`,
 		":19: platforms.discord.allowed_users[1]",
-		"log.level",
+		"AGENTGATE_SESSIONS_QUEUE_CAP",
 		"sessions.reset.quiet_platforms[0]",
 		"agent.openai.base_url",
+		"cluster.enabled",
+		"log.level",
+		"http.addr",
 	}
-	got := lines([]string{"AGENTGATE_AGENT_OPENAI_BASE_URL=gopher://x", "AGENTGATE_SESSIONS_RESET_QUIET_PLATFORMS=[Http]"},
-		func(c *Config) { c.Log.Level = "trace" })
+	got := lines([]string{"AGENTGATE_CLUSTER_ENABLED=true", "AGENTGATE_AGENT_OPENAI_BASE_URL=gopher://x",
+		"AGENTGATE_SESSIONS_RESET_QUIET_PLATFORMS=[Http]", "AGENTGATE_SESSIONS_QUEUE_CAP=many"},
+		func(c *Config) { c.HTTP.Addr, c.Log.Level = "nowhere", "trace" })
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Load problems with values from the environment and a flag (-want +got):\n%s", diff)
 	}
@@ -658,7 +725,8 @@ func TestLoadEnvErrors(t *testing.T) {
 		environ []string
 		want    []string // error substrings, in order
 	}{
-		{"duration", []string{"AGENTGATE_SESSIONS_PASSIVATE_AFTER=10"}, []string{`AGENTGATE_SESSIONS_PASSIVATE_AFTER: "10": must be a duration`}},
+		{"duration", []string{"AGENTGATE_SESSIONS_PASSIVATE_AFTER=10"}, []string{`AGENTGATE_SESSIONS_PASSIVATE_AFTER: "10": must be a duration with its unit, such as 10s or 10m`}},
+		{"duration word", []string{"AGENTGATE_SESSIONS_PASSIVATE_AFTER=soon"}, []string{`AGENTGATE_SESSIONS_PASSIVATE_AFTER: "soon": must be a duration such as 90s or 10m`}},
 		{"bool", []string{"AGENTGATE_PLATFORMS_DISCORD_ENABLED=sure"}, []string{`AGENTGATE_PLATFORMS_DISCORD_ENABLED: "sure": must be true or false`}},
 		{"int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=5x"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "5x": must be an integer`}},
 		{"fraction for an int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=2.7"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "2.7": must be an integer`}},
@@ -689,7 +757,8 @@ func TestLoadEnvErrors(t *testing.T) {
 		{
 			name:    "all at once with validation",
 			environ: []string{"AGENTGATE_SESSIONS_QUEUE_CAP=no", "AGENTGATE_LOG_FORMAT=xml", "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=soon"},
-			want:    []string{"AGENTGATE_SESSIONS_QUEUE_CAP", "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT", "log.format"},
+			// In the order of the keys (before, the variables' own first, then validation's).
+			want: []string{"log.format", "AGENTGATE_SESSIONS_QUEUE_CAP", "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT"},
 		},
 	}
 	for _, tt := range tests {
@@ -1092,7 +1161,7 @@ func TestUnknownEnv(t *testing.T) {
 }
 
 // TestPostgresDSNSyntax: a PostgreSQL DSN pgx cannot parse is a problem of store.dsn, in pgx's
-// words and never with the password; a file it names that is not here is left to PostgresFiles
+// words and never with the password; a file it names that is not here is left to CheckPostgres
 // (check-config's refusals), since it may be where the configuration runs. Before, only the
 // store's Open refused the DSN, once the daemon had begun to start (found by an audit).
 func TestPostgresDSNSyntax(t *testing.T) {
@@ -1136,13 +1205,13 @@ func TestPostgresDSNSyntax(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Errorf("Validate() with an sslrootcert that is not here = %v, want nil", err)
 	}
-	err := c.PostgresFiles()
+	err := c.CheckPostgres()
 	if want := "store.dsn: names a file that cannot be read here: failed to configure TLS: unable to read CA file: open " + missing; err == nil || !strings.HasPrefix(err.Error(), want) {
-		t.Errorf("PostgresFiles() = %v, want %q", err, want)
+		t.Errorf("CheckPostgres() = %v, want %q", err, want)
 	}
 	c.Store.DSN = "postgres://agentgate:s3cret@db.internal/agentgate"
-	if err := c.PostgresFiles(); err != nil {
-		t.Errorf("PostgresFiles() of a DSN that names no file = %v, want nil", err)
+	if err := c.CheckPostgres(); err != nil {
+		t.Errorf("CheckPostgres() of a DSN that names no file = %v, want nil", err)
 	}
 }
 

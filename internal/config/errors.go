@@ -13,7 +13,8 @@ type FieldError struct {
 	// Field is the dotted YAML key path (sessions.queue.mode; a map entry's key is part of it,
 	// as in sessions.reset_by_type.dm.mode, and a list entry's index, as in
 	// sessions.reset.quiet_platforms[0]), or the name of the environment variable
-	// (AGENTGATE_SESSIONS_QUEUE_CAP) when the value came from one and didn't parse.
+	// (AGENTGATE_SESSIONS_QUEUE_CAP) when the value came from one and didn't parse, or that
+	// pgx reads and refuses (PGSSLMODE; "PGHOST and PGPORT" when the problem is of both).
 	Field string
 	// Value is the offending value, or nil when the problem is a missing value or an unknown key.
 	Value any

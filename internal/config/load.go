@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -77,20 +78,29 @@ func Default() *Config {
 // ones tied to a key are *FieldError. A file that can't be read is returned on its own,
 // naming the file and wrapping the os error's cause (errors.Is(err, fs.ErrNotExist) holds).
 func Load(path string, environ []string, override func(*Config)) (*Config, error) {
-	cfg, err := Check(path, environ, override)
-	if err != nil {
-		return nil, err
+	cfg, problems, _ := Check(path, environ, override, nil)
+	if problems != nil {
+		return nil, problems
 	}
 	return cfg, nil
 }
 
-// Check is Load for check-config: it returns the configuration also when it has problems
-// (nil only when the file cannot be read), so that what serve would refuse in this
-// environment (a secret variable that is not set) is reported with them, not after they are
-// fixed. A key with a problem holds its default or the value as decoded. The problems the
-// file's lines can be named for come first, in the file's order; the others follow.
-func Check(path string, environ []string, override func(*Config)) (*Config, error) {
-	cfg := Default()
+// Check is Load for check-config and serve: it returns the configuration also when it has
+// problems (nil only when the file cannot be read), so that what serve would refuse on this
+// machine is reported with them, not after they are fixed. A key with a problem holds its
+// default or the value as decoded.
+//
+// here (may be nil) checks the configuration against this machine (a data directory it cannot
+// write, a secret variable that is not set); its problems are returned apart, as refused, but
+// for those of a key whose value did not decode (the key holds another value than the file's).
+// The problems of both kinds that are a *FieldError of a key the file sets are pinned on that
+// key's line (FILE:LINE: key: …), as the file's own are. Each kind comes in the same order:
+// the problems pinned on the file's lines in the file's order; then the file's others (a
+// syntax error without a line, a rule between keys the file leaves at their defaults); then
+// those of AGENTGATE_* variables; then those of override's values; each group in the order of
+// the keys in Config (that of --print-defaults).
+func Check(path string, environ []string, override func(*Config), here func(*Config) []error) (cfg *Config, problems, refused error) {
+	cfg = Default()
 	var errs []error
 	var lines map[string]int
 	if path != "" {
@@ -103,7 +113,7 @@ func Check(path string, environ []string, override func(*Config)) (*Config, erro
 			if errors.As(err, &pe) {
 				err = pe.Err
 			}
-			return nil, fmt.Errorf("read %s: %w", path, err)
+			return nil, fmt.Errorf("read %s: %w", path, err), nil
 		}
 		errs = append(errs, decodeFile(cfg, path, data)...)
 		lines = keyLines(data)
@@ -112,10 +122,10 @@ func Check(path string, environ []string, override func(*Config)) (*Config, erro
 	errs = append(errs, applyEnv(cfg, vars)...)
 	// The keys whose value is not the file's: a problem with one is not pinned on the file's
 	// line, which may hold a good value.
-	notFile := make(map[string]bool)
+	src := sources{fromEnv: make(map[string]bool), fromFlag: make(map[string]bool)}
 	for _, l := range leaves() {
 		if vars[l.env] != "" {
-			notFile[l.path] = true
+			src.fromEnv[l.path] = true
 		}
 	}
 	if override != nil {
@@ -125,10 +135,13 @@ func Check(path string, environ []string, override func(*Config)) (*Config, erro
 		b, a := reflect.ValueOf(&before).Elem(), reflect.ValueOf(cfg).Elem()
 		for _, l := range leaves() {
 			if !reflect.DeepEqual(b.FieldByIndex(l.index).Interface(), a.FieldByIndex(l.index).Interface()) {
-				notFile[l.path] = true
+				src.fromFlag[l.path] = true
 			}
 		}
 	}
+	notFile := make(map[string]bool)
+	maps.Copy(notFile, src.fromEnv)
+	maps.Copy(notFile, src.fromFlag)
 	// A value that didn't decode is reported once: the decoder may have left a zero in its
 	// place (it allocates an override's pointer field before it fails), which isn't news.
 	undecoded := make(map[string]bool)
@@ -143,20 +156,90 @@ func Check(path string, environ []string, override func(*Config)) (*Config, erro
 			}
 		}
 	}
-	for _, err := range cfg.validate() {
+	// pin names the file's line of a problem of a key the file sets, and drops (nil) one of a
+	// key whose value did not decode.
+	pin := func(err error) error {
 		var fe *FieldError
-		if errors.As(err, &fe) {
-			if undecoded[fe.Field] {
-				continue
-			}
-			if line, ok := fileLine(fe, lines, notFile); ok {
-				err = &lineError{file: path, line: line, err: fe}
+		switch {
+		case !errors.As(err, &fe):
+			return err
+		case undecoded[fe.Field]:
+			return nil
+		}
+		if line, ok := fileLine(fe, lines, notFile); ok {
+			return &lineError{file: path, line: line, err: err}
+		}
+		return err
+	}
+	for _, err := range cfg.validate() {
+		if err := pin(err); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	var refusals []error
+	if here != nil {
+		for _, err := range here(cfg) {
+			if err := pin(err); err != nil {
+				refusals = append(refusals, err)
 			}
 		}
-		errs = append(errs, err)
 	}
-	slices.SortStableFunc(errs, func(a, b error) int { return cmp.Compare(lineOfErr(a), lineOfErr(b)) })
-	return cfg, errors.Join(errs...)
+	src.sort(errs)
+	src.sort(refusals)
+	return cfg, errors.Join(errs...), errors.Join(refusals...)
+}
+
+// sources are the keys whose value came from an AGENTGATE_* variable, and from the override
+// (the flags), by path.
+type sources struct {
+	fromEnv, fromFlag map[string]bool
+}
+
+// sort puts problems in Check's order.
+func (s sources) sort(problems []error) {
+	slices.SortStableFunc(problems, func(a, b error) int {
+		ka, kb := s.rank(a), s.rank(b)
+		return cmp.Or(cmp.Compare(ka.group, kb.group), cmp.Compare(ka.line, kb.line), cmp.Compare(ka.key, kb.key))
+	})
+}
+
+// problemRank is where a problem goes in Check's order.
+type problemRank struct {
+	group int // 0: at a line of the file; 1: the file's others; 2: a variable's; 3: a flag's
+	line  int // the file's line (group 0)
+	key   int // the problem's key in Config's order (the others)
+}
+
+func (s sources) rank(err error) problemRank {
+	var le *lineError
+	if errors.As(err, &le) {
+		return problemRank{group: 0, line: le.line}
+	}
+	var fe *FieldError
+	if !errors.As(err, &fe) {
+		return problemRank{group: 1, key: math.MaxInt}
+	}
+	r := problemRank{group: 1, key: keyIndex(fe.Field)}
+	switch {
+	case fe.Field != "" && strings.ToUpper(fe.Field) == fe.Field: // a variable (AGENTGATE_…, PGSSLMODE), never a key
+		r.group = 2
+	case setElsewhere(fe.Field, s.fromFlag) || fe.cause != "" && setElsewhere(fe.cause, s.fromFlag):
+		r.group = 3
+	case setElsewhere(fe.Field, s.fromEnv) || fe.cause != "" && setElsewhere(fe.cause, s.fromEnv):
+		r.group = 2
+	}
+	return r
+}
+
+// keyIndex is the place in Config's order of the key field (a key's path, a map entry's or a
+// list entry's within it, or its AGENTGATE_ variable), or the largest int for no key.
+func keyIndex(field string) int {
+	for i, l := range leaves() {
+		if field == l.path || field == l.env || strings.HasPrefix(field, l.path+".") || strings.HasPrefix(field, l.path+"[") {
+			return i
+		}
+	}
+	return math.MaxInt
 }
 
 // fileLine returns the line of the file that the validation problem fe is pinned on: its key's,
@@ -196,16 +279,6 @@ type lineError struct {
 func (e *lineError) Error() string { return fmt.Sprintf("%s:%d: %v", e.file, e.line, e.err) }
 
 func (e *lineError) Unwrap() error { return e.err }
-
-// lineOfErr is the file's line that err names, or the largest int when it names none (a
-// problem of the environment or the flags, or of a value the file does not hold).
-func lineOfErr(err error) int {
-	var le *lineError
-	if errors.As(err, &le) {
-		return le.line
-	}
-	return math.MaxInt
-}
 
 // setElsewhere reports whether field, or a key it holds or is part of, got its value from an
 // environment variable or a flag rather than the file.
@@ -269,11 +342,7 @@ func decodeFile(cfg *Config, name string, data []byte) []error {
 		return describeTypeErrors(name, data, te)
 	}
 	if err != nil {
-		if bytes.Contains(data, []byte("\n\t")) || bytes.HasPrefix(data, []byte("\t")) {
-			// yaml.v3 says only "found character that cannot start any token".
-			return []error{fmt.Errorf("parse %s: %v (YAML indents with spaces, not tabs)", name, err)}
-		}
-		return []error{fmt.Errorf("parse %s: %v", name, err)}
+		return []error{syntaxError(name, data, err)}
 	}
 	// A second document would otherwise be ignored without a word.
 	var extra yaml.Node
@@ -291,6 +360,32 @@ func decodeFile(cfg *Config, name string, data []byte) []error {
 		errs = append(errs, &lineError{file: name, line: d.line, err: d.err})
 	}
 	return errs
+}
+
+// syntaxError is the problem of the file name, whose text data yaml.v3 cannot parse (err): at
+// the line yaml.v3 names, as the file's other problems are, when it names one.
+func syntaxError(name string, data []byte, err error) error {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	line := lineOf(msg)
+	if line == 0 {
+		return fmt.Errorf("%s: not valid YAML: %s", name, msg)
+	}
+	msg = lineRE.ReplaceAllString(msg, "")
+	// yaml.v3 says "found character that cannot start any token" of a line indented with a
+	// tab, or "found a tab character that violates indentation" at the line above it: name the
+	// tab's line, and the fix.
+	text := strings.Split(string(data), "\n")
+	last := line
+	if strings.Contains(msg, "tab character") {
+		last++
+	}
+	for l := line; l <= last && l <= len(text); l++ {
+		indent := text[l-1][:len(text[l-1])-len(strings.TrimLeft(text[l-1], " \t"))]
+		if strings.Contains(indent, "\t") {
+			return &lineError{file: name, line: l, err: errors.New("indented with a tab: YAML indents with spaces only")}
+		}
+	}
+	return &lineError{file: name, line: line, err: errors.New("not valid YAML: " + msg)}
 }
 
 // isInteger reports whether t is an integer kind (a time.Duration included), or a pointer to
@@ -379,6 +474,9 @@ func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag, lines map[
 	if n == nil {
 		return
 	}
+	if (t.Kind() == reflect.Map || t.Kind() == reflect.Struct) && n.Kind == yaml.MappingNode && duplicateKeys(n, t, path, out) {
+		return // yaml.v3 decodes nothing of the mapping
+	}
 	if t.Kind() == reflect.Map && n.Kind == yaml.MappingNode {
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
@@ -428,7 +526,7 @@ func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag, lines map[
 		return
 	}
 	if isInteger(t) && n.Kind == yaml.ScalarNode && n.ShortTag() == "!!float" {
-		*out = append(*out, diag{n.Line, &FieldError{Field: path, Value: n.Value, Err: typeMismatch(t)}})
+		*out = append(*out, diag{n.Line, &FieldError{Field: path, Value: n.Value, Err: mismatch(t, n.Value)}})
 		return
 	}
 	if lines != nil && n.Kind == yaml.SequenceNode {
@@ -440,11 +538,10 @@ func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag, lines map[
 	if err == nil {
 		return
 	}
-	var value any
+	fe := &FieldError{Field: path, Err: typeMismatch(t)}
 	if n.Kind == yaml.ScalarNode {
-		value = n.Value
+		fe.Value, fe.Err = n.Value, mismatch(t, n.Value)
 	}
-	fe := &FieldError{Field: path, Value: value, Err: typeMismatch(t)}
 	var te *yaml.TypeError
 	if !errors.As(err, &te) {
 		*out = append(*out, diag{n.Line, fe})
@@ -454,6 +551,27 @@ func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag, lines map[
 	for _, msg := range te.Errors {
 		*out = append(*out, diag{lineOf(msg), fe})
 	}
+}
+
+// duplicateKeys records every key the mapping n (of the type t, at path) writes again, as
+// yaml.v3 finds them (each later one, against each earlier one), and reports whether there was
+// one. yaml.v3 says only `mapping key "addr" already defined at line 3`.
+func duplicateKeys(n *yaml.Node, t reflect.Type, path string, out *[]diag) bool {
+	found := false
+	for i := 0; i < len(n.Content); i += 2 {
+		ki := n.Content[i]
+		for j := i + 2; j < len(n.Content); j += 2 {
+			if kj := n.Content[j]; kj.Kind == ki.Kind && kj.Value == ki.Value {
+				p := joinPath(path, kj.Value)
+				if t.Kind() == reflect.Map {
+					p = keyPath(path, kj.Value)
+				}
+				*out = append(*out, diag{kj.Line, &FieldError{Field: p, Err: fmt.Errorf("set twice (first at line %d): keep one", ki.Line)}})
+				found = true
+			}
+		}
+	}
+	return found
 }
 
 func joinPath(path, key string) string {
@@ -531,6 +649,20 @@ func typeMismatch(t reflect.Type) error {
 	default:
 		return fmt.Errorf("must be a %s", t)
 	}
+}
+
+var numberRE = regexp.MustCompile(`^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)$`)
+
+// mismatch is typeMismatch for the value written for a key of type t: a duration written as a
+// bare number (member_ttl: 30, as a count of seconds) is told its unit.
+func mismatch(t reflect.Type, value string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == durationType && numberRE.MatchString(value) {
+		return fmt.Errorf("must be a duration with its unit, such as %ss or %sm", value, value)
+	}
+	return typeMismatch(t)
 }
 
 // leaf is one settable key: a field that is not itself a section.
@@ -681,7 +813,7 @@ func parseEnvValue(raw string, t reflect.Type) (reflect.Value, error) {
 		if len(inner) > 0 {
 			return reflect.Value{}, errors.New(strings.Join(inner, "; "))
 		}
-		return reflect.Value{}, typeMismatch(t)
+		return reflect.Value{}, mismatch(t, raw)
 	}
 	var diags []diag // a float into an integer, anywhere in the value (yaml.v3 truncated it)
 	diagnose(&doc, t, "", &diags, nil)

@@ -3,7 +3,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"maps"
 	"net"
 	"net/url"
@@ -12,9 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Validate checks every key and returns all problems at once, joined with errors.Join, each a
@@ -50,8 +46,10 @@ func (c *Config) validate() []error {
 		v.required("store.dsn", c.Store.DSN != "", "store.driver", "is postgres")
 		// Before, only the store's Open found a DSN pgx cannot read, once the daemon had begun
 		// to start, in words that did not say what was wrong (found by an audit).
-		if reason, file := pgDSNProblem(c.Store.DSN); reason != "" && !file {
-			v.add("store.dsn", nil, "cannot be parsed: "+reason+"; "+dsnForms) // a DSN may hold a password
+		// A problem of a file it names, or of a PG* variable pgx reads, is this machine's
+		// (CheckPostgres), not the configuration's.
+		if p := pgDSNProblem(c.Store.DSN); p.reason != "" && !p.file && len(p.vars) == 0 {
+			v.add("store.dsn", nil, "cannot be parsed: "+p.reason+"; "+dsnForms) // a DSN may hold a password
 		}
 	}
 	v.oneOf("store.synchronous", c.Store.Synchronous, "full", "normal")
@@ -294,59 +292,6 @@ func postgresDSN(dsn string) bool {
 		}
 	}
 	return false
-}
-
-// dsnForms says how a PostgreSQL DSN is written, as the store's Open says it.
-const dsnForms = "write it as postgres://user:password@host:port/database?sslmode=... or as key=value pairs (host=... port=... dbname=... user=...)"
-
-// pgDSNProblem says why pgx, which the PostgreSQL store opens dsn with, cannot read it, or ""
-// when it can. The words are pgx's own, without the DSN and without the cause they wrap, which
-// may quote it (a mislaid password among them); pgx redacts a password only as far as it can
-// parse the DSN. file reports that the cause is a file the DSN names (sslrootcert, sslcert,
-// sslkey, a service file), which may exist where the configuration runs but not here.
-func pgDSNProblem(dsn string) (reason string, file bool) {
-	if dsn == "" {
-		return "", false // (required, which is said apart)
-	}
-	_, err := pgxpool.ParseConfig(dsn)
-	if err == nil {
-		return "", false
-	}
-	const unsaid = "pgx cannot read it" // (for words of pgx's that may quote the DSN)
-	var pe *pgconn.ParseConfigError
-	if !errors.As(err, &pe) {
-		return unsaid, false
-	}
-	bare := *pe
-	bare.ConnString = ""
-	msg, ok := strings.CutPrefix(bare.Error(), "cannot parse ``: ")
-	cause := errors.Unwrap(pe)
-	if ok && cause != nil {
-		msg, ok = strings.CutSuffix(msg, " ("+cause.Error()+")")
-	}
-	if !ok {
-		return unsaid, false
-	}
-	file = errors.As(cause, new(*fs.PathError)) || msg == "failed to read service"
-	if cause != nil && (msg == "failed to configure TLS" || file) {
-		// Its causes name a TLS mode or a file, never what the DSN holds otherwise.
-		msg += ": " + cause.Error()
-	}
-	return msg, file
-}
-
-// PostgresFiles returns the problem of the files store.dsn names (sslrootcert, sslcert, sslkey,
-// a service file) that pgx cannot read on this machine, or nil. Validate leaves it out because
-// those files may be where the configuration runs rather than where it is checked; serve
-// refuses to start without them.
-func (c *Config) PostgresFiles() error {
-	if c.Store.Driver != "postgres" || c.Store.DSN == "" {
-		return nil
-	}
-	if reason, file := pgDSNProblem(c.Store.DSN); file {
-		return &FieldError{Field: "store.dsn", Err: errors.New("names a file that cannot be read here: " + reason)}
-	}
-	return nil
 }
 
 // maxIdleMinutes bounds idle_minutes: 100 years.

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestCheckConfigDataDirNotWritable: a data_dir this user may not write, or one whose nearest
+// existing parent it may not write, is refused by check-config at its line, and by serve. Before,
+// check-config said "config ok", and serve failed where it made the database or its lock. As
+// root, which may write anything, the commands run as nobody, from the built binary.
+func TestCheckConfigDataDirNotWritable(t *testing.T) {
+	root := os.Geteuid() == 0
+	var dir, bin string
+	uid := os.Getuid()
+	if root {
+		dir, bin = dirForAnotherUser(t, MustBuild(t))
+		uid = 65534 // nobody
+	} else {
+		dir = t.TempDir()
+	}
+	ro := filepath.Join(dir, "ro") // this user's, 0700, or root's, 0755 (nobody may read it)
+	if err := os.Mkdir(ro, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if !root {
+		if err := os.Chmod(ro, 0o500); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Chmod(ro, 0o700) }) // for t.TempDir's removal
+	}
+	agentgate := func(args ...string) (stderr string, err error) {
+		t.Helper()
+		if !root {
+			_, stderr, err = runCmd(t, args...)
+			return stderr, err
+		}
+		cmd := exec.Command(bin, args...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		var out strings.Builder
+		cmd.Stderr = &out
+		err = cmd.Run()
+		return out.String(), err
+	}
+	for _, tt := range []struct {
+		name, dataDir, want string
+	}{
+		{"a directory it may not write", ro,
+			fmt.Sprintf("is not writable by this user, uid %d (permission denied): give it to the daemon's user, or set another data_dir", uid)},
+		{"a parent it may not write", filepath.Join(ro, "data"),
+			fmt.Sprintf("cannot be made: %s is not writable by this user, uid %d (permission denied): give it to the daemon's user, or set another data_dir", ro, uid)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(tt.name, " ", "-")+".yaml")
+			if err := os.WriteFile(path, []byte("data_dir: "+tt.dataDir+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			problem := fmt.Sprintf("%s:1: data_dir: %q: %s", path, tt.dataDir, tt.want)
+			if stderr, err := agentgate("check-config", "--config", path); err == nil || !strings.Contains(stderr, problem+"; serve refuses to start with it\n") {
+				t.Errorf("check-config = %v, stderr %q; want an error and %q", err, stderr, problem+"; serve refuses to start with it")
+			}
+			stderr, err := agentgate("serve", "--config", path, "--http-addr", "127.0.0.1:0")
+			if err == nil || !strings.Contains(stderr+fmt.Sprint(err), problem) {
+				t.Errorf("serve = %v, stderr %q; want it refused with %q", err, stderr, problem)
+			}
+		})
+	}
+}
