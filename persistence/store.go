@@ -349,7 +349,10 @@ type MarkUnread struct{ Unread Unread }
 // ClearUnread deletes a chat's unread place once it was read: the place After, or any when After
 // is empty. A place another process recorded since (a newer one) stays: a clear that was held
 // up (retried through an outage, or sent by a member that has since handed the gateway over)
-// must not delete it. Clearing an unknown one, or re-applying it, is a no-op.
+// must not delete it. Nor does the same place go once another process has taken the gateway
+// over from the one that clears it, in a store that keeps such a hand-over (PostgreSQL, whose
+// Lease raises an epoch: postgres.GatewayLease): the new holder may have loaded the place to
+// read from it. Clearing an unknown one, or re-applying it, is a no-op.
 type ClearUnread struct {
 	Platform string
 	ChatID   string

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -53,7 +54,7 @@ var errLeaseLost = errors.New("the gateway lease was lost with its database conn
 // Run waits for the lease, then runs the platform's own Run until ctx ends or the lease is lost.
 func (l *leaderPlatform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	l.standby.Store(true)
-	lost, release, err := l.leases.Lease(ctx, "gateway/"+l.Name())
+	lost, release, err := l.leases.Lease(ctx, postgres.GatewayLease(l.Name())) // the name its store fences unread clears by
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil

@@ -79,6 +79,9 @@ const (
 		ON CONFLICT (platform, chat_id) DO UPDATE SET scope_id = excluded.scope_id, after_id = excluded.after_id,
 			created_at = excluded.created_at`
 	clearUnreadSQL = `DELETE FROM unread WHERE platform = $1 AND chat_id = $2 AND ($3 = '' OR after_id = $3)`
+	// clearUnreadHeldSQL is clearUnreadSQL of a store that took the platform's gateway lease
+	// ($4, with epoch $5): it deletes nothing once another process has taken the lease since.
+	clearUnreadHeldSQL = clearUnreadSQL + ` AND agentgate_lease_held($4, $5)`
 )
 
 // stmt is one statement of a group. msg is set for a message INSERT: when it inserts nothing,
@@ -117,7 +120,7 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 
 	stmts := make([][]stmt, len(groups))
 	for i, g := range groups {
-		st, err := groupStmts(g)
+		st, err := groupStmts(g, s.leaseEpoch)
 		if err != nil {
 			errs[i] = fmt.Errorf("commit: group %d: %w", i, err)
 			continue
@@ -297,8 +300,9 @@ func verifyMessage(ctx context.Context, tx pgx.Tx, m *persistence.Message) error
 
 // groupStmts returns the statements of one group, or the error of its first op that is invalid
 // on its face. Every op is idempotent except the counters (IncrementAttempts, and MarkDelivery
-// of a non-delivered state), which count each application; AddUsage adds once per turn.
-func groupStmts(ops []persistence.Op) ([]stmt, error) {
+// of a non-delivered state), which count each application; AddUsage adds once per turn. lease
+// gives the epoch of a lease the store took (Store.leaseEpoch).
+func groupStmts(ops []persistence.Op, lease func(name string) (int64, bool)) ([]stmt, error) {
 	var out []stmt
 	add := func(sql string, args ...any) { out = append(out, stmt{sql: sql, args: args}) }
 	eachSeq := func(sql, sessionID string, seqs []int64, args ...any) {
@@ -443,7 +447,16 @@ func groupStmts(ops []persistence.Op) ([]stmt, error) {
 			if o == nil || o.Platform == "" || o.ChatID == "" {
 				return nil, errors.New("clear unread: platform and chat id required")
 			}
-			add(clearUnreadSQL, o.Platform, o.ChatID, o.After)
+			// A clear is the gateway holder's: from a store that held the lease and lost it
+			// to another process, it deletes nothing (GatewayLease). A recorded place is not
+			// fenced so: recording one where another holder read already costs a read again,
+			// whose messages are duplicates, while dropping it could lose what it marks.
+			name := GatewayLease(o.Platform)
+			if epoch, ok := lease(name); ok {
+				add(clearUnreadHeldSQL, o.Platform, o.ChatID, o.After, name, epoch)
+			} else {
+				add(clearUnreadSQL, o.Platform, o.ChatID, o.After)
+			}
 		case *persistence.Fence:
 			if err := sqlstore.CheckFence(o); err != nil {
 				return nil, err

@@ -20,6 +20,9 @@
 // first, so one whose lock connection died commits nothing once another daemon has the lock.
 // A shared store (a cluster member's) holds the same lock shared: members do not exclude each
 // other, but a single daemon and they do. Members fence their writes per session key (Claim).
+// Lease hands out leases that one process holds at a time (a cluster's Discord gateway); taking
+// one raises its epoch (migration 0017), and what only the holder may write (the clear of an
+// unread place) changes nothing once a later holder has raised it.
 //
 // Search is full-text search over message content in web-search query syntax (the SQLite
 // store's takes FTS5 syntax). It scans the messages: there is no index unless an operator

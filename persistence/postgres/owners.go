@@ -95,7 +95,14 @@ const (
 	daemonFencedCode = "AG002"
 )
 
-// Claim implements persistence.Store. It is one statement in a transaction of its own.
+// Claim implements persistence.Store. It is one statement in a transaction of its own, after
+// the daemon lock's fence (agentgate_daemon_fence) as a commit has it: a member whose hold of
+// the lock is gone, and the epoch raised since (by a single daemon that took the lock, or by
+// the first member after one), claims nothing, even before it has noticed. Before, its claim
+// went through: it fenced the activation of the key's live owner (a member that took the lock
+// after the raise), and it counted the death of the key's previous owner against the head
+// pending message of a session that another process ran, a strike toward quarantine for a
+// message that had killed nothing (TestStaleLockHolderClaimsNothing).
 func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time) (persistence.Claimed, error) {
 	var c persistence.Claimed
 	if key == "" {
@@ -106,13 +113,25 @@ func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time) (per
 		return c, fmt.Errorf("claim %s: %w", key, err)
 	}
 	defer done()
-	if _, err := s.lockHeld(); err != nil {
+	fence, err := s.lockHeld()
+	if err != nil {
 		return c, fmt.Errorf("claim %s: %w", key, err)
 	}
 	var sessionID, messageID *string
 	var attempts *int
-	err = s.pool.QueryRow(ctx, claimSQL, key, owner, timeArg(at)).Scan(&c.Epoch, &c.Previous, &sessionID, &messageID, &attempts)
-	if err != nil {
+	// One batch is one implicit transaction: the fence's share lock of the epoch holds until
+	// the claim ends, so a raise of the epoch waits for it, and a claim after a raise fails.
+	b := &pgx.Batch{}
+	if fence != nil {
+		b.Queue(fence.sql, fence.args...)
+	}
+	b.Queue(claimSQL, key, owner, timeArg(at)).QueryRow(func(r pgx.Row) error {
+		return r.Scan(&c.Epoch, &c.Previous, &sessionID, &messageID, &attempts)
+	})
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		if fence != nil {
+			err = describe(*fence, err)
+		}
 		return persistence.Claimed{}, markUnavailable(fmt.Errorf("claim %s: %w", key, s.explain(ctx, err)))
 	}
 	if sessionID != nil {

@@ -342,9 +342,63 @@ func testLockHolderFencesCommits(t *testing.T, opts, bOpts Options) {
 		strings.Count(err.Error(), persistence.ErrUnavailable.Error()) != 1 {
 		t.Errorf("A.PruneSessions after B took the lock: error = %v, want ErrUnavailable (said once)", err)
 	}
+	if _, err := a.Claim(ctx, "k1", "a", t0); !errors.Is(err, persistence.ErrUnavailable) {
+		t.Errorf("A.Claim after B took the lock: error = %v, want ErrUnavailable", err)
+	}
+	if o, err := b.Ownership(ctx, "k1"); !errors.Is(err, persistence.ErrNotFound) {
+		t.Errorf("A's claim reached the database while B held the lock: Ownership(k1) = %+v, %v", o, err)
+	}
 	storetest.MustCommit(t, b, &persistence.CreateSession{Session: newSession("s1", "k1")})
 	if err := a.Ping(ctx); err == nil {
 		t.Error("A.Ping while B holds the lock = nil, want an error")
+	}
+}
+
+// TestStaleLockHolderClaimsNothing: a cluster member whose hold of the daemon lock is gone
+// without its knowing (its lock connection died; its check of the lock has not run yet) while a
+// single daemon took the lock claims no key: the claim is refused as unavailable, and it counts
+// no death. Before, Claim checked only that the member thought it held the lock: the claim
+// went through, and it counted the death of the member that last held the key against the
+// head pending message of the session the single daemon now runs, one strike of three toward
+// quarantine for a message the single daemon may have run fine since.
+func TestStaleLockHolderClaimsNothing(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	member, err := Open(ctx, dsn, Options{Shared: true, LockCheckInterval: time.Hour})
+	if err != nil {
+		t.Fatalf("Open the member: %v", err)
+	}
+	defer member.Close()
+	mustPendingSessions(t, member, "a")
+	conn := mustConn(t, dsn)
+	dead := Member{ID: "p", Host: "10.0.0.1", Port: 6340, Node: "h1/r_p"}
+	if _, err := member.Heartbeat(ctx, "c1", dead, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	mustClaim(t, member, "ka", dead.Node)
+	mustExpire(t, conn, dead.ID)
+
+	if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend(l.pid) FROM pg_locks l
+		WHERE l.locktype = 'advisory' AND l.granted`); err != nil {
+		t.Fatal(err)
+	}
+	single, err := Open(ctx, dsn, Options{Exclusive: true})
+	if err != nil {
+		t.Fatalf("Open a single daemon once the member's hold is gone: %v", err)
+	}
+	defer single.Close()
+	if c, err := member.Claim(ctx, "ka", "h2/r_q", t0); !errors.Is(err, persistence.ErrUnavailable) {
+		t.Errorf("the member's Claim after a single daemon took the lock = %s, %v; want ErrUnavailable", counted(c), err)
+	}
+	var attempts int
+	if err := conn.QueryRow(ctx, `SELECT attempts FROM messages WHERE session_id = 'a' AND seq = 1`).Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 0 {
+		t.Errorf("attempts of a-m1 = %d after the stale member's claim, want 0", attempts)
+	}
+	if o, err := single.Ownership(ctx, "ka"); err != nil || o.Epoch != 1 || o.Owner != dead.Node {
+		t.Errorf("Ownership(ka) = %+v, %v; want epoch 1 of %s", o, err, dead.Node)
 	}
 }
 

@@ -91,6 +91,10 @@ type Store struct {
 	lockIdle time.Duration
 	// lockEvery is the lock check's interval (watchLock), which also bounds Ping's check.
 	lockEvery time.Duration
+
+	leaseMu sync.Mutex
+	// leases holds the epoch of each lease this store took (Lease), by name; nil until the first.
+	leases map[string]int64
 }
 
 var _ persistence.Store = (*Store)(nil)
