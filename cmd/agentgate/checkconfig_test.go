@@ -130,7 +130,7 @@ func TestCheckConfigPGEnv(t *testing.T) {
 	}
 	t.Setenv("PGSSLMODE", "bogus")
 	path := filepath.Join(t.TempDir(), "agentgate.yaml")
-	if err := os.WriteFile(path, []byte("data_dir: "+t.TempDir()+"\nstore:\n  driver: postgres\n  dsn: postgres://agentgate:s3cret@db.invalid/agentgate\n"), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte("data_dir: "+t.TempDir()+"\nstore:\n  driver: postgres\n  dsn: postgres://agentgate@db.invalid/agentgate\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	const want = `PGSSLMODE: "bogus": failed to configure TLS: sslmode is invalid (pgx reads the variable for the PostgreSQL store where store.dsn leaves the setting out): correct or unset it`
@@ -148,6 +148,215 @@ func TestCheckConfigPGEnv(t *testing.T) {
 	} {
 		if _, _, err := runCmd(t, args...); err == nil || err.Error() != want {
 			t.Errorf("%s = %v, want %q", args[0], err, want)
+		}
+	}
+}
+
+// TestCheckConfigSQLitePath: a SQLite store.dsn in a directory that is not there is refused by
+// check-config at its line and by serve, which makes nothing; a path with no database yet is a
+// note of check-config's, not a problem. Before, "config ok" of both, and serve made the
+// directory and a new, empty database (found by a new user's walkthrough).
+func TestCheckConfigSQLitePath(t *testing.T) {
+	dir := t.TempDir()
+	wd := t.TempDir() // where a relative path (file:…) goes
+	existing := filepath.Join(dir, "existing.db")
+	if err := os.WriteFile(existing, []byte("not read here"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	newNote := func(path string) string {
+		return "there is no database at " + path + " yet: serve will create a new, empty one there " +
+			"(right on a first start; if the conversations should be there, the path is wrong)"
+	}
+	missing := filepath.Join(dir, "nonexistent", "dir")
+	for _, tt := range []struct {
+		name, dataDir, dsn string
+		line               int    // of the key named, in the file
+		refused            string // check-config's problem after FILE:LINE:; "" is config ok
+		note               string // check-config's note after "note: FILE:LINE: "; "" for none
+	}{
+		{"a directory that is not there", dir, filepath.Join(missing, "x.db"), 4,
+			`store.dsn: "` + filepath.Join(missing, "x.db") + `": its directory ` + missing + ` does not exist: ` +
+				"create it, or fix the path (serve makes data_dir, not a directory store.dsn names)", ""},
+		{"a file: URI, which the store takes for a path", dir, "file:" + filepath.Join(dir, "x.db"), 4,
+			`store.dsn: "file:` + filepath.Join(dir, "x.db") + `": its directory ` + filepath.Join(wd, "file:"+dir) + ` does not exist: ` +
+				"create it, or fix the path (serve makes data_dir, not a directory store.dsn names); " +
+				"for SQLite, store.dsn is the database file's path, not a file: URI", ""},
+		{"no database yet", dir, filepath.Join(dir, "new.db"), 4, "", "store.dsn: " + newNote(filepath.Join(dir, "new.db"))},
+		{"a database", dir, existing, 0, "", ""},
+		// serve makes data_dir, and so the directory of a database in it: make run on a fresh
+		// clone starts.
+		{"in a data_dir to be made", filepath.Join(dir, "data"), filepath.Join(dir, "data", "agentgate.db"), 4,
+			"", "store.dsn: " + newNote(filepath.Join(dir, "data", "agentgate.db"))},
+		{"the default database", filepath.Join(dir, "data"), "", 1, "", "data_dir: " + newNote(filepath.Join(dir, "data", "agentgate.db"))},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if strings.HasPrefix(tt.dsn, "file:") {
+				t.Chdir(wd)
+			}
+			path := filepath.Join(t.TempDir(), "agentgate.yaml")
+			text := "data_dir: " + tt.dataDir + "\nhttp: {addr: 127.0.0.1:0}\nstore:\n  dsn: \"" + tt.dsn + "\"\n"
+			if tt.dsn == "" {
+				text = "data_dir: " + tt.dataDir + "\nhttp: {addr: 127.0.0.1:0}\n"
+			}
+			if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			stdout, stderr, err := runCmd(t, "check-config", "--config", path)
+			switch {
+			case tt.refused != "":
+				want := fmt.Sprintf("%s:%d: %s; serve refuses to start with it\n", path, tt.line, tt.refused)
+				if err == nil || stderr != want {
+					t.Errorf("check-config = %v, stderr %q; want an error and stderr %q", err, stderr, want)
+				}
+				_, _, err = runCmd(t, "serve", "--config", path)
+				if want := fmt.Sprintf("%s:%d: %s", path, tt.line, tt.refused); err == nil || err.Error() != want {
+					t.Errorf("serve = %v, want %q", err, want)
+				}
+				if _, err := os.Stat(missing); !errors.Is(err, fs.ErrNotExist) {
+					t.Errorf("serve made %s (stat: %v), want nothing made", missing, err)
+				}
+			case tt.note != "":
+				want := fmt.Sprintf("note: %s:%d: %s\n", path, tt.line, tt.note)
+				if err != nil || stdout != "config ok\n" || stderr != want {
+					t.Errorf("check-config = %v, stdout %q, stderr %q; want config ok and stderr %q", err, stdout, stderr, want)
+				}
+			default:
+				if err != nil || stdout != "config ok\n" || stderr != "" {
+					t.Errorf("check-config = %v, stdout %q, stderr %q; want config ok alone", err, stdout, stderr)
+				}
+			}
+		})
+	}
+
+	t.Run("the note goes with a start that goes ahead only", func(t *testing.T) {
+		_, stderr, err := runCmd(t, "check-config", "--data-dir", filepath.Join(dir, "data"), "--log-level", "loud")
+		if err == nil || strings.Contains(stderr, "note:") {
+			t.Errorf("check-config = %v, stderr %q; want an error, and no note", err, stderr)
+		}
+	})
+	t.Run("a PostgreSQL DSN is not taken for a path", func(t *testing.T) {
+		t.Setenv("AGENTGATE_STORE_DSN", "postgres://agentgate:s3cret@db.invalid/x/y")
+		_, stderr, err := runCmd(t, "check-config", "--data-dir", dir)
+		const want = "store.dsn: is a PostgreSQL connection string, but store.driver is sqlite: set store.driver: postgres\n"
+		if err == nil || stderr != want {
+			t.Errorf("check-config = %v, stderr %q; want an error and stderr %q", err, stderr, want)
+		}
+	})
+	// The directory of a database in a data_dir that is not there yet is made with it.
+	t.Run("serve makes the data_dir of its store.dsn", func(t *testing.T) {
+		dataDir := filepath.Join(t.TempDir(), "data")
+		d := MustServe(t, dataDir, "AGENTGATE_STORE_DSN="+filepath.Join(dataDir, "agentgate.db"))
+		if err := d.stop(t, 30*time.Second); err != nil {
+			t.Errorf("daemon exit: %v", err)
+		}
+		if _, err := os.Stat(filepath.Join(dataDir, "agentgate.db")); err != nil {
+			t.Errorf("the database in the data_dir made: %v", err)
+		}
+	})
+}
+
+// TestCheckConfigPostgresAdvice: check-config warns, at store.dsn's line and without quoting
+// it, of a PostgreSQL DSN that holds the password or names no search_path, as README advises
+// against both; it says "config ok" all the same. Before, nothing (found by a new user's
+// walkthrough).
+func TestCheckConfigPostgresAdvice(t *testing.T) {
+	for _, name := range []string{"PGOPTIONS", "PGSSLMODE", "PGSERVICE", "PGSERVICEFILE", "PGPASSFILE"} {
+		t.Setenv(name, "") // (restored at the end of the test)
+		os.Unsetenv(name)
+	}
+	const (
+		password = "warning: %s:4: store.dsn: holds the database password: keep it out of the configuration, in PGPASSWORD or a passfile (~/.pgpass)\n"
+		noSchema = "warning: %s:4: store.dsn: names no search_path: the tables go into the first schema of PostgreSQL's default, " +
+			`"$user", public, which changes once a schema named after the user exists: name the schema (search_path=public for the default)` + "\n"
+	)
+	for _, tt := range []struct {
+		name, dsn string
+		want      []string // formats of stderr's lines, given the file's path
+	}{
+		{"both", "postgres://u:secretpw@127.0.0.1:5432/db", []string{password, noSchema}},
+		{"a password in key=value pairs", "host=127.0.0.1 dbname=db password=secretpw search_path=public", []string{password}},
+		{"no search_path", "postgres://u@127.0.0.1:5432/db?sslmode=disable", []string{noSchema}},
+		{"neither", "postgres://u@127.0.0.1:5432/db?search_path=public", nil},
+		{"search_path in options, as psql takes it", "postgres://u@127.0.0.1:5432/db?options=-csearch_path%3Dteam_a", nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "agentgate.yaml")
+			if err := os.WriteFile(path, []byte("data_dir: "+t.TempDir()+"\nstore:\n  driver: postgres\n  dsn: \""+tt.dsn+"\"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var want strings.Builder
+			for _, w := range tt.want {
+				fmt.Fprintf(&want, w, path)
+			}
+			stdout, stderr, err := runCmd(t, "check-config", "--config", path)
+			if err != nil || stdout != "config ok\n" || stderr != want.String() {
+				t.Errorf("check-config = %v, stdout %q, stderr %q; want config ok and stderr %q", err, stdout, stderr, want.String())
+			}
+			if strings.Contains(stderr, "secretpw") || strings.Contains(stderr, "127.0.0.1") {
+				t.Errorf("check-config stderr %q quotes the DSN", stderr)
+			}
+		})
+	}
+	t.Run("PGOPTIONS names it", func(t *testing.T) {
+		t.Setenv("PGOPTIONS", "-c search_path=team_a")
+		t.Setenv("AGENTGATE_STORE_DRIVER", "postgres")
+		t.Setenv("AGENTGATE_STORE_DSN", "postgres://u@127.0.0.1:5432/db")
+		if stdout, stderr, err := runCmd(t, "check-config", "--data-dir", t.TempDir()); err != nil || stdout != "config ok\n" || stderr != "" {
+			t.Errorf("check-config = %v, stdout %q, stderr %q; want config ok alone", err, stdout, stderr)
+		}
+	})
+}
+
+// TestServePrintsEachConfigProblem: serve prints a configuration's problems one a line, each
+// after "agentgate: " and at its file's line, as check-config does, and ends with their count.
+// Before, all of them on one line, hard to read in a journal (found by a new user's
+// walkthrough).
+func TestServePrintsEachConfigProblem(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(path, []byte("sessions:\n  queue:\n    mode: fast\n    cap: 0\nbogus: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"serve"}, {"sessions", "list"}, {"backup", filepath.Join(t.TempDir(), "b.db")}} {
+		_, _, err := runCmd(t, append(args, "--config", path)...)
+		if err == nil {
+			t.Fatalf("%s = nil error, want the problems", args)
+		}
+		var printed bytes.Buffer
+		printError(&printed, err) // what main prints
+		want := "agentgate: " + path + `:3: sessions.queue.mode: "fast": must be one of followup, collect, interrupt, steer` + "\n" +
+			"agentgate: " + path + ":4: sessions.queue.cap: 0: must be at least 1\n" +
+			"agentgate: " + path + ":5: bogus: unknown key\n" +
+			"agentgate: config has 3 problem(s)\n"
+		if got := printed.String(); got != want {
+			t.Errorf("%s prints %q, want %q", args, got, want)
+		}
+	}
+	// One problem is one line, as before.
+	if err := os.WriteFile(path, []byte("bogus: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := runCmd(t, "serve", "--config", path)
+	var printed bytes.Buffer
+	printError(&printed, err)
+	if got, want := printed.String(), "agentgate: config: "+path+":1: bogus: unknown key\n"; got != want {
+		t.Errorf("serve prints %q, want %q", got, want)
+	}
+}
+
+// TestSessionsPinPostgresRefusalOnItsLine: a file the PostgreSQL DSN names that is not here is
+// named by the sessions commands at store.dsn's line, as serve and check-config name it. Before,
+// without the line (found by a new user's walkthrough).
+func TestSessionsPinPostgresRefusalOnItsLine(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "agentgate.yaml")
+	gone := filepath.Join(dir, "gone.pem")
+	if err := os.WriteFile(path, []byte("data_dir: "+dir+"\nstore:\n  driver: postgres\n  dsn: \"postgres://db.invalid/agentgate?search_path=public&sslmode=verify-full&sslrootcert="+gone+"\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want := path + ":4: store.dsn: names a file that cannot be read here: failed to configure TLS: unable to read CA file: open " + gone + ": no such file or directory"
+	for _, args := range [][]string{{"sessions", "list"}, {"sessions", "show", "agent:main:http:dm:alice"}, {"serve", "--http-addr", "127.0.0.1:0"}} {
+		if _, _, err := runCmd(t, append(args, "--config", path)...); err == nil || err.Error() != want {
+			t.Errorf("%s = %v, want %q", args, err, want)
 		}
 	}
 }

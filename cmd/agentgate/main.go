@@ -30,10 +30,24 @@ import (
 func main() {
 	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		if !errors.Is(err, errUsage) {
-			fmt.Fprintln(os.Stderr, "agentgate:", errorLine(err.Error()))
+			printError(os.Stderr, err)
 		}
 		os.Exit(1)
 	}
+}
+
+// printError prints the error a command ended with on one line after "agentgate: " (see
+// errorLine). The problems of a configuration go one a line before it, each after
+// "agentgate: " too, as check-config prints them: before, serve printed all of them on one
+// line, hard to read in a journal (found by a new user's walkthrough).
+func printError(w io.Writer, err error) {
+	var cp *configProblems
+	if errors.As(err, &cp) {
+		for _, p := range cp.errs {
+			fmt.Fprintln(w, "agentgate:", errorLine(p.Error()))
+		}
+	}
+	fmt.Fprintln(w, "agentgate:", errorLine(err.Error()))
 }
 
 // errorLine is msg on one line: a library's error may span several (pgx lists each address it
@@ -276,11 +290,12 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	// Refused here, at the key's line, rather than once the store is open (and a PostgreSQL one
-	// migrated): a data directory serve cannot make or write, which would fail at its lock; and
-	// what pgx refuses on this machine, with the file or the PG* variable named, of which the
-	// store's Open says only that the DSN cannot be parsed.
+	// migrated): a data directory serve cannot make or write, which would fail at its lock; a
+	// SQLite store.dsn in a directory that is not there, where the store would make a new, empty
+	// database; and what pgx refuses on this machine, with the file or the PG* variable named, of
+	// which the store's Open says only that the DSN cannot be parsed.
 	cfg, problems, refused := cf.check(func(c *config.Config) []error {
-		return nonNil(dataDirProblem(c.DataDir), c.CheckPostgres())
+		return nonNil(dataDirProblem(c.DataDir), c.CheckSQLite(), c.CheckPostgres())
 	})
 	if problems != nil {
 		return configError(problems)
@@ -357,7 +372,8 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 	// deploy checked with it failed at start (found by an audit). It is listed with the
 	// configuration's own problems, so that one run names them all (a new user's walkthrough
 	// found the unset secret named only once the file was fixed).
-	cfg, err, refusals := cf.check(startRefusals)
+	// The notices come back with the refusals, so that they too are pinned on their key's line.
+	cfg, err, refusals := cf.check(func(c *config.Config) []error { return append(startRefusals(c), startNotices(c)...) })
 	var problems int
 	if err != nil {
 		for _, e := range unwrapAll(err) {
@@ -365,19 +381,35 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 			problems++
 		}
 	}
-	var refused []error
+	var refused, notes []error
 	if cfg != nil {
 		for _, name := range config.UnknownEnv(os.Environ()) {
 			fmt.Fprintf(stderr, "warning: %s names no configuration key (a misspelt one?); it is ignored\n", name)
 		}
 		if refusals != nil {
-			refused = unwrapAll(refusals)
+			for _, r := range unwrapAll(refusals) {
+				var n *notice
+				switch {
+				case !errors.As(r, &n):
+					refused = append(refused, r)
+				case n.kind == "warning":
+					fmt.Fprintln(stderr, "warning:", r)
+				default:
+					notes = append(notes, r)
+				}
+			}
 		}
 		for _, r := range refused {
 			if *configOnly {
 				fmt.Fprint(stderr, "warning: ")
 			}
 			fmt.Fprintln(stderr, r)
+		}
+		if problems == 0 && len(refused) == 0 {
+			// Only of a start that would go ahead: "serve will create" is not so otherwise.
+			for _, n := range notes {
+				fmt.Fprintln(stderr, "note:", n)
+			}
 		}
 		if *configOnly {
 			refused = nil
@@ -439,8 +471,34 @@ func startRefusals(cfg *config.Config) []error {
 			out = append(out, errors.New(r))
 		}
 	}
-	for _, err := range nonNil(dataDirProblem(cfg.DataDir), cfg.CheckPostgres(), clusterTLSFiles(cfg.Cluster)) {
+	for _, err := range nonNil(dataDirProblem(cfg.DataDir), cfg.CheckSQLite(), cfg.CheckPostgres(), clusterTLSFiles(cfg.Cluster)) {
 		out = append(out, fmt.Errorf("%w; serve refuses to start with it", err))
+	}
+	return out
+}
+
+// notice is what check-config tells of a configuration that serve takes: a note (kind "note")
+// or a warning, not a problem. It wraps a *config.FieldError, so that config.Check pins it on
+// its key's line as it pins the refusals.
+type notice struct {
+	kind string
+	err  error
+}
+
+func (n *notice) Error() string { return n.err.Error() }
+
+func (n *notice) Unwrap() error { return n.err }
+
+// startNotices returns check-config's notices of cfg: that serve will create a new, empty
+// SQLite database (before, "config ok" of a mistyped path, on which serve started as on no
+// conversations at all), and what README advises against in the PostgreSQL store's settings.
+func startNotices(cfg *config.Config) []error {
+	var out []error
+	if err := cfg.NewSQLiteDatabase(); err != nil {
+		out = append(out, &notice{kind: "note", err: err})
+	}
+	for _, err := range cfg.PostgresAdvice() {
+		out = append(out, &notice{kind: "warning", err: err})
 	}
 	return out
 }
@@ -524,19 +582,23 @@ func clusterTLSFiles(cl config.Cluster) error {
 }
 
 // configError is the error of a command that cannot load its configuration: one line, which
-// main prints after "agentgate: ", naming the problem, or counting and naming every problem
-// (check-config prints them one a line).
+// main prints after "agentgate: ", naming the problem; or, of several, a *configProblems,
+// whose problems main prints one a line before it.
 func configError(err error) error {
 	errs := unwrapAll(err)
 	if len(errs) == 1 {
 		return fmt.Errorf("config: %w", err)
 	}
-	msgs := make([]string, len(errs))
-	for i, e := range errs {
-		msgs[i] = e.Error()
-	}
-	return fmt.Errorf("config has %d problem(s): %s", len(errs), strings.Join(msgs, "; "))
+	return &configProblems{errs: errs}
 }
+
+// configProblems is the error of a configuration with several problems: it counts them, as
+// check-config's last line does, and printError prints each.
+type configProblems struct {
+	errs []error
+}
+
+func (e *configProblems) Error() string { return fmt.Sprintf("config has %d problem(s)", len(e.errs)) }
 
 func unwrapAll(err error) []error {
 	if j, ok := err.(interface{ Unwrap() []error }); ok {

@@ -611,23 +611,22 @@ func sessionsSearch(ctx context.Context, args []string, stdout, stderr io.Writer
 	if *asJSON {
 		return writeJSON(stdout, out)
 	}
+	if len(out) == 0 {
+		// The note alone: a header over no rows read as a table whose rows went missing.
+		note := ""
+		if _, lags := idx.(*sqlite.Store); lags {
+			note = " (messages of the last second may not be indexed yet)"
+		}
+		fmt.Fprintln(stderr, "no message matches"+note)
+		return nil
+	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tSESSION ID\tSEQ\tROLE\tCREATED\tTEXT")
 	for _, m := range out {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", cell(m.SessionKey), cell(m.SessionID), m.Seq, cell(m.Role),
 			timeCell(m.CreatedAt), oneLine(m.Text, showTextRunes))
 	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if len(out) == 0 {
-		note := ""
-		if _, lags := idx.(*sqlite.Store); lags {
-			note = " (messages of the last second may not be indexed yet)"
-		}
-		fmt.Fprintln(stderr, "no message matches"+note)
-	}
-	return nil
+	return tw.Flush()
 }
 
 // sessionsQuarantined lists the quarantined messages of every session, newest first: what an
@@ -665,7 +664,7 @@ func sessionsQuarantined(ctx context.Context, args []string, stdout, stderr io.W
 		if err := writeJSON(stdout, out); err != nil {
 			return err
 		}
-	} else {
+	} else if len(out) > 0 { // (of none, the note below alone)
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "KEY\tMESSAGE ID\tSESSION ID\tSESSION\tUSER\tSENT\tTEXT")
 		for _, m := range out {
@@ -804,16 +803,17 @@ const noDatabaseHint = "check --data-dir and --config; for a daemon on PostgreSQ
 // openStoreFor is openStore whose PostgreSQL calls may take up to timeout (0: the store's
 // default).
 func openStoreFor(ctx context.Context, cf *configFlags, readOnly bool, timeout time.Duration) (persistence.Store, *config.Config, error) {
-	cfg, err := cf.load()
-	if err != nil {
-		return nil, nil, configError(err)
+	// What pgx refuses on this machine, in its words, with the file or the PG* variable named
+	// and the file's line of the key, as serve refuses it: the store's Open says only that the
+	// DSN cannot be parsed (before, without the line: found by a new user's walkthrough).
+	cfg, problems, refused := cf.check(func(c *config.Config) []error { return nonNil(c.CheckPostgres()) })
+	if problems != nil {
+		return nil, nil, configError(problems)
+	}
+	if refused != nil {
+		return nil, cfg, refused
 	}
 	if cfg.Store.Driver == "postgres" {
-		if err := cfg.CheckPostgres(); err != nil {
-			// In pgx's words, with the file or the PG* variable named, as serve refuses them:
-			// the store's Open says only that the DSN cannot be parsed.
-			return nil, cfg, err
-		}
 		// A cluster's members hold the daemon lock shared: a writing tool of the cluster joins
 		// them (and is kept off while a single daemon runs), a single daemon's takes it alone.
 		member := !readOnly && cfg.Cluster.Enabled
@@ -828,6 +828,7 @@ func openStoreFor(ctx context.Context, cf *configFlags, readOnly bool, timeout t
 		return nil, cfg, fmt.Errorf("no database at %s (%s)", path, noDatabaseHint)
 	}
 	var st *sqlite.Store
+	var err error
 	if readOnly {
 		st, err = sqlite.OpenReadOnly(ctx, path)
 	} else {
@@ -856,9 +857,12 @@ func cell(s string) string {
 	return oneLine(s, 0)
 }
 
-// oneLine renders text on one line: line breaks become ⏎, tabs spaces and other control
-// characters U+FFFD (so nothing reaches the terminal as an escape sequence). A positive limit
-// keeps the first limit runes and marks the cut with "…".
+// oneLine renders text on one line: line breaks become ⏎, tabs spaces, and other control
+// characters and the invisible format characters U+FFFD: so nothing reaches the terminal as an
+// escape sequence, and no right-to-left override (U+202E), isolate (U+2066…U+2069), zero-width
+// space or byte order mark reorders or hides what an operator reads. The zero-width joiner,
+// which only joins emoji, is kept. A positive limit keeps the first limit runes and marks the
+// cut with "…".
 func oneLine(s string, limit int) string {
 	s = strings.ReplaceAll(s, "\r\n", "\n")
 	var b strings.Builder
@@ -873,7 +877,7 @@ func oneLine(s string, limit int) string {
 			r = '⏎'
 		case r == '\t':
 			r = ' '
-		case unicode.IsControl(r):
+		case unicode.IsControl(r), unicode.Is(unicode.Cf, r) && r != '\u200d':
 			r = unicode.ReplacementChar
 		}
 		b.WriteRune(r)

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/spool"
@@ -805,9 +806,11 @@ func TestSessionsSearch(t *testing.T) {
 		}
 	})
 	t.Run("no match", func(t *testing.T) {
+		// The note alone: before, a table header over no rows too (found by a new user's
+		// walkthrough).
 		out, errOut := MustRunSessions(t, "search", "--data-dir", dir, "unicorn")
-		if strings.Count(out, "\n") != 1 || !strings.Contains(errOut, "no message matches") {
-			t.Errorf("search unicorn = %q, stderr %q; want the header only and a note", out, errOut)
+		if out != "" || !strings.Contains(errOut, "no message matches") {
+			t.Errorf("search unicorn = %q, stderr %q; want nothing, and a note", out, errOut)
 		}
 	})
 	t.Run("bad query", func(t *testing.T) {
@@ -836,6 +839,8 @@ func TestSessionsOneLine(t *testing.T) {
 		{"plain", "hello", 80, "hello"},
 		{"newlines", "a\nb\r\nc", 80, "a⏎b⏎c"},
 		{"controls", "a\tb\x1b[31mc", 0, "a b\uFFFD[31mc"},
+		{"format characters", "a\u202eb\u2067c\u200bd\ufeffe\u00adf", 0, "a\uFFFDb\uFFFDc\uFFFDd\uFFFDe\uFFFDf"},
+		{"the emoji joiner and variation selectors", "👩\u200d💻 ❤\ufe0f", 0, "👩\u200d💻 ❤\ufe0f"},
 		{"cut", "héllo wörld", 5, "héllo…"},
 		{"exact", "hello", 5, "hello"},
 	}
@@ -857,4 +862,70 @@ func closedAddr(t *testing.T) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// TestSessionsQuarantinedNone: with nothing quarantined, the note alone; before, a table
+// header over no rows too (found by a new user's walkthrough). --json prints an empty array.
+func TestSessionsQuarantinedNone(t *testing.T) {
+	dir := MustSeedSessions(t)
+	out, errOut := MustRunSessions(t, "quarantined", "--data-dir", dir)
+	if out != "" || errOut != "no message is quarantined\n" {
+		t.Errorf("quarantined = %q, stderr %q; want nothing, and the note", out, errOut)
+	}
+	if out, _ := MustRunSessions(t, "quarantined", "--data-dir", dir, "--json"); strings.TrimSpace(out) != "[]" {
+		t.Errorf("quarantined --json = %q, want []", out)
+	}
+}
+
+// TestSessionsFormatCharacters: the text output of list, show and search shows invisible
+// format characters (a right-to-left override, isolates, a zero-width space, a byte order
+// mark) as U+FFFD, as it shows control characters, so that none reorders or hides what an
+// operator reads; the emoji joiner is kept, and --json keeps the text as stored. Before, all of
+// them raw (found by a new user's walkthrough).
+func TestSessionsFormatCharacters(t *testing.T) {
+	const (
+		key    = "agent:main:http:dm:eve\u202egpj.exe"
+		text   = "pay \u2066bob\u2069 now\u200b\ufeff 👩\u200d💻"
+		shown  = "pay \uFFFDbob\uFFFD now\uFFFD\uFFFD 👩\u200d💻"
+		userID = "eve\u202e"
+	)
+	dir := t.TempDir()
+	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatalf("sqlite.Open: %v", err)
+	}
+	storetest.MustCommit(t, st,
+		&persistence.CreateSession{Session: persistence.Session{ID: "se1", Key: key, Platform: "http", ChatType: "dm", ChatID: "eve",
+			UserID: userID, StartedAt: sessAt(0), LastActivityAt: sessAt(1), Epoch: 1}},
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: "se1", Seq: 1, Role: persistence.RoleUser, Content: text,
+			Platform: "http", ChatID: "eve", MessageID: "m1", UserID: userID, Status: persistence.StatusDone, Active: true, CreatedAt: sessAt(1)}},
+		&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: "se1", Generation: 1, UpdatedAt: sessAt(0)}},
+	)
+	st.Close()
+
+	invisible := func(s string) []string {
+		var found []string
+		for _, r := range s {
+			if unicode.Is(unicode.Cf, r) && r != '\u200d' {
+				found = append(found, fmt.Sprintf("%U", r))
+			}
+		}
+		return found
+	}
+	for _, args := range [][]string{{"list"}, {"show", key}, {"search", "pay"}} {
+		out, _ := MustRunSessions(t, append(args, "--data-dir", dir)...)
+		if found := invisible(out); len(found) > 0 {
+			t.Errorf("sessions %s prints %v raw:\n%s", args[0], found, out)
+		}
+		if want := "agent:main:http:dm:eve\uFFFDgpj.exe"; !strings.Contains(out, want) {
+			t.Errorf("sessions %s = %q, want the key shown as %q", args[0], out, want)
+		}
+		if args[0] != "list" && !strings.Contains(out, shown) {
+			t.Errorf("sessions %s = %q, want the text shown as %q", args[0], out, shown)
+		}
+		js, _ := MustRunSessions(t, append(args, "--data-dir", dir, "--json")...)
+		if !strings.Contains(js, `\u202e`) && !strings.Contains(js, "\u202e") {
+			t.Errorf("sessions %s --json = %q, want the key as stored", args[0], js)
+		}
+	}
 }

@@ -206,3 +206,29 @@ func (c *Config) CheckPostgres() error {
 	}
 	return nil
 }
+
+// PostgresAdvice returns what README advises against in the PostgreSQL store's settings, which
+// serve starts with all the same: a store.dsn that holds the password (it belongs in
+// PGPASSWORD or a passfile, out of a file that is copied, versioned and read by more people
+// than the database's owner), and a connection that names no search_path (PostgreSQL's
+// default, "$user", public, puts the tables into another schema, as on an empty database, once
+// a schema named after the user is created). Each is a *FieldError of store.dsn, which never
+// quotes the DSN.
+func (c *Config) PostgresAdvice() []error {
+	if c.Store.Driver != "postgres" || c.Store.DSN == "" {
+		return nil
+	}
+	var out []error
+	if dsnSettings(c.Store.DSN)["password"] {
+		out = append(out, &FieldError{Field: "store.dsn", Err: errors.New("holds the database password: " +
+			"keep it out of the configuration, in PGPASSWORD or a passfile (~/.pgpass)")})
+	}
+	// As pgx reads it, PGOPTIONS included; a DSN it cannot read is a problem said apart.
+	if pc, err := pgconn.ParseConfig(c.Store.DSN); err == nil &&
+		pc.RuntimeParams["search_path"] == "" && !strings.Contains(pc.RuntimeParams["options"], "search_path") {
+		out = append(out, &FieldError{Field: "store.dsn", Err: errors.New("names no search_path: the tables go into the first schema of " +
+			`PostgreSQL's default, "$user", public, which changes once a schema named after the user exists: ` +
+			"name the schema (search_path=public for the default)")})
+	}
+	return out
+}
