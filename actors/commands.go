@@ -195,7 +195,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 	entry := s.outboxEntry(src, sid, platforms.KindNotice, answer, "", inReplyTo, now)
 	ops = append(ops, &persistence.AddOutbox{Entry: entry})
 	if m.MessageId != "" {
-		s.seen.add(m.MessageId)
+		s.seen.addSum(m.MessageId, contentSum(m))
 		s.commandInFlight(m.MessageId)
 	}
 	s.lastActivity = now

@@ -47,7 +47,7 @@ func (in *Intake) Deliver(ctx context.Context, m *platforms.Inbound) (*platforms
 	key := in.Key(src)
 	res, err := in.router.Request(ctx, key, &Deliver{
 		SessionKey: key, Source: sourceToProto(src), MessageId: m.MessageID, Text: withoutNUL(m.Text),
-		ReceivedAtUnixNano: m.ReceivedAt.UnixNano(),
+		ReceivedAtUnixNano: m.ReceivedAt.UnixNano(), StrictId: m.StrictID,
 	})
 	if errors.Is(err, ErrTimeout) {
 		// The session did not answer in time: held by the manager while it backs off from
@@ -85,6 +85,8 @@ func (in *Intake) Deliver(ctx context.Context, m *platforms.Inbound) (*platforms
 		return ack, fmt.Errorf("%w: %s", platforms.ErrUnavailable, r.Error)
 	case ErrCodeConflict:
 		return ack, fmt.Errorf("%w: %s", platforms.ErrConflict, r.Error)
+	case ErrCodeMessageIDReused:
+		return ack, fmt.Errorf("%w: %s", platforms.ErrReused, r.Error)
 	default:
 		return ack, fmt.Errorf("deliver to %s: %s", key, r.Error)
 	}

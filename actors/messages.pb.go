@@ -142,8 +142,14 @@ type Deliver struct {
 	MessageId          string                 `protobuf:"bytes,3,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
 	Text               string                 `protobuf:"bytes,4,opt,name=text,proto3" json:"text,omitempty"`
 	ReceivedAtUnixNano int64                  `protobuf:"varint,5,opt,name=received_at_unix_nano,json=receivedAtUnixNano,proto3" json:"received_at_unix_nano,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// strict_id is set by a platform whose message ids its clients choose (HTTP): a message with
+	// an id the chat already holds for another message (another sender's, or another text) is
+	// refused with error_code message_id_reused rather than answered as a duplicate of it, which
+	// would acknowledge a message nobody stored. A platform's own ids (Discord's) are never
+	// reused, and its re-delivery of a message edited since is still that message: unset.
+	StrictId      bool `protobuf:"varint,6,opt,name=strict_id,json=strictId,proto3" json:"strict_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Deliver) Reset() {
@@ -211,6 +217,13 @@ func (x *Deliver) GetReceivedAtUnixNano() int64 {
 	return 0
 }
 
+func (x *Deliver) GetStrictId() bool {
+	if x != nil {
+		return x.StrictId
+	}
+	return false
+}
+
 // DeliverResult acknowledges a Deliver. error_code is empty on success.
 type DeliverResult struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -219,7 +232,7 @@ type DeliverResult struct {
 	MessageId   string                 `protobuf:"bytes,3,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
 	Disposition string                 `protobuf:"bytes,4,opt,name=disposition,proto3" json:"disposition,omitempty"`
 	QueueDepth  int32                  `protobuf:"varint,5,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
-	ErrorCode   string                 `protobuf:"bytes,6,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"` // rejected | unavailable | stopped | internal (ErrCode*)
+	ErrorCode   string                 `protobuf:"bytes,6,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"` // rejected | unavailable | stopped | conflict | message_id_reused | internal (ErrCode*)
 	Error       string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
 	// outbox_after is the key's outbox seq before the message was taken: every outbox entry that
 	// answers it has a greater seq (Store.RepliesTo reads only those). 0 when not known (a
@@ -1406,7 +1419,7 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\auser_id\x18\x06 \x01(\tR\x06userId\x12\x1b\n" +
 	"\tuser_name\x18\a \x01(\tR\buserName\x12\x19\n" +
 	"\bscope_id\x18\b \x01(\tR\ascopeId\x12\x18\n" +
-	"\aprofile\x18\t \x01(\tR\aprofile\"\xc5\x01\n" +
+	"\aprofile\x18\t \x01(\tR\aprofile\"\xe2\x01\n" +
 	"\aDeliver\x12\x1f\n" +
 	"\vsession_key\x18\x01 \x01(\tR\n" +
 	"sessionKey\x123\n" +
@@ -1414,7 +1427,8 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\n" +
 	"message_id\x18\x03 \x01(\tR\tmessageId\x12\x12\n" +
 	"\x04text\x18\x04 \x01(\tR\x04text\x121\n" +
-	"\x15received_at_unix_nano\x18\x05 \x01(\x03R\x12receivedAtUnixNano\"\x89\x02\n" +
+	"\x15received_at_unix_nano\x18\x05 \x01(\x03R\x12receivedAtUnixNano\x12\x1b\n" +
+	"\tstrict_id\x18\x06 \x01(\bR\bstrictId\"\x89\x02\n" +
 	"\rDeliverResult\x12\x1f\n" +
 	"\vsession_key\x18\x01 \x01(\tR\n" +
 	"sessionKey\x12\x1d\n" +

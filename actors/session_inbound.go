@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"time"
 
@@ -21,6 +22,10 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 	src := sourceFromProto(m.Source)
 	now := s.d.now()
 	if m.MessageId != "" && s.seen.has(m.MessageId) {
+		if r := s.seenRepeat(m, src); r != nil {
+			c.Respond(r)
+			return
+		}
 		if it := s.inFlight(m.MessageId); it != nil && c.Sender() != nil {
 			// The first's write is not answered yet: it may still fail, and "duplicate" would
 			// then acknowledge a message nobody stored. This one gets the first's outcome.
@@ -34,8 +39,8 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 		return
 	}
 	if cmd, ok := parseCommand(m.Text); ok {
-		if s.storedBefore(m, src) {
-			c.Respond(s.result(m, platforms.Duplicate, ""))
+		if row := s.storedBefore(m, src); row != nil {
+			c.Respond(s.storedRepeat(m, row))
 			return
 		}
 		s.onCommand(c, m, src, cmd, now)
@@ -59,8 +64,8 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 				// before a restart or passivation) is a duplicate, not refused: the store's
 				// dedupe decides after the cap for every other message, but a rejection
 				// would tell its sender that a message taken (and answered) was not.
-				if _, err := s.findStored(src, m.MessageId); err == nil {
-					c.Respond(s.result(m, platforms.Duplicate, ""))
+				if row, err := s.findStored(src, m.MessageId); err == nil {
+					c.Respond(s.storedRepeat(m, row))
 					return
 				}
 			}
@@ -111,7 +116,7 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 	}
 	s.enqueue(it, over)
 	if m.MessageId != "" {
-		s.seen.add(m.MessageId)
+		s.seen.addSum(m.MessageId, contentSum(m))
 	}
 	s.lastActivity = now
 	s.write(c, ops, func(c actor.Context, err error) {
@@ -357,8 +362,9 @@ func (s *Session) answerRepeats(c actor.Context, it *item, m *Deliver, err error
 		r := s.result(m, platforms.Duplicate, it.sessionID)
 		switch {
 		case conflict:
-			r = s.result(m, "", "")
-			r.ErrorCode, r.Error = ErrCodeConflict, "message id "+m.MessageId+" is already another conversation's in this chat"
+			r = s.conflictResult(m)
+		case errors.Is(err, errReused):
+			r = s.reusedResult(m)
 		case err == nil, errors.Is(err, persistence.ErrDuplicate):
 		case errors.Is(err, persistence.ErrFenced):
 			r.Disposition, r.ErrorCode, r.Error = "", ErrCodeStopped, "the session handed the message to its next activation; send it again with the same message_id"
@@ -370,40 +376,163 @@ func (s *Session) answerRepeats(c actor.Context, it *item, m *Deliver, err error
 	it.repeats = nil
 }
 
-// storedBefore reports whether the store already holds the inbound message m, which this
-// activation has not seen: a command re-delivered after a restart (a client's retry, a platform
-// replaying its events). A command acts before its write, which is what refuses a duplicate,
-// and its action cannot be taken back (a cancelled turn, a session ended), so a command is
-// checked first. Commands are rare; a read each costs little. If the store cannot answer, the
-// command runs, and its write decides (onCommand restarts the session if it is refused).
-func (s *Session) storedBefore(m *Deliver, src identity.Source) bool {
+// storedBefore returns the stored inbound message with m's id, which this activation has not
+// seen, or nil: a command re-delivered after a restart (a client's retry, a platform replaying
+// its events). A command acts before its write, which is what refuses a duplicate, and its
+// action cannot be taken back (a cancelled turn, a session ended), so a command is checked
+// first. Commands are rare; a read each costs little. If the store cannot answer, the command
+// runs, and its write decides (onCommand restarts the session if it is refused).
+func (s *Session) storedBefore(m *Deliver, src identity.Source) *persistence.Message {
 	if m.MessageId == "" {
-		return false
+		return nil
 	}
-	_, err := s.findStored(src, m.MessageId)
+	row, err := s.findStored(src, m.MessageId)
 	switch {
 	case err == nil:
 		s.seen.add(m.MessageId)
-		return true
+		return row
 	case !errors.Is(err, persistence.ErrNotFound):
 		s.logger().Warn("check a command for a duplicate", "message_id", m.MessageId, logging.Err(err))
 	}
-	return false
+	return nil
 }
 
-// takenElsewhere reports whether the stored message that its write repeated (ErrDuplicate)
-// is another session key's: in a chat whose sessions are per user (a group), two users'
-// messages sharing an id are no re-delivery of each other.
-func (s *Session) takenElsewhere(it *item) bool {
+// storedRepeat answers m, whose id the store holds for row: a duplicate, or, where m's platform
+// asks (strict_id) and row is another message, the reuse of its id.
+func (s *Session) storedRepeat(m *Deliver, row *persistence.Message) *DeliverResult {
+	if m.StrictId && !sameMessage(m, row.UserID, row.Content) {
+		return s.reusedResult(m)
+	}
+	return s.result(m, platforms.Duplicate, "")
+}
+
+// duplicateOf tells what the stored message that the write of it repeated (ErrDuplicate) is
+// to m, the message it holds. conflict: another session key's (in a chat whose sessions are
+// per user, a group, two users' messages sharing an id are no re-delivery of each other).
+// reused: this key's, but another message than m, where m's platform asks (strict_id). If the
+// store cannot answer, it is neither: a duplicate, as before the read.
+func (s *Session) duplicateOf(it *item, m *Deliver) (conflict, reused bool) {
 	orig, err := s.findStored(it.src, it.messageID)
-	if err != nil || s.cur != nil && orig.SessionID == s.cur.ID {
+	if err != nil {
+		return false, false
+	}
+	if s.cur == nil || orig.SessionID != s.cur.ID {
+		ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
+		defer cancel()
+		if other, err := s.d.Store.Session(ctx, orig.SessionID); err == nil && other.Key != s.key {
+			return true, false
+		}
+	}
+	return false, m.StrictId && !sameMessage(m, orig.UserID, orig.Content)
+}
+
+// seenRepeat answers m, whose id this activation has seen, where m's platform asks for the
+// check of a reused id (strict_id): the reuse's refusal when m is another message than the one
+// that came with the id, nil when it is that message again (a duplicate, answered as ever).
+// The id's content sum, noted as the first arrived, answers at once (a client's retry costs no
+// read); an id noted without one (a message recovered from the store or requeued, a /retry)
+// is compared with its queued message, or else read from the store, as the duplicate checks
+// read it. If the store cannot answer, m is a duplicate, as before the check.
+func (s *Session) seenRepeat(m *Deliver, src identity.Source) *DeliverResult {
+	if !m.StrictId {
+		return nil
+	}
+	if sum := s.seen.sum(m.MessageId); sum != 0 {
+		switch {
+		case sum == contentSum(m):
+			return nil
+		case s.inFlight(m.MessageId) == nil:
+			return s.reusedResult(m)
+		}
+		// The message noted with the id has its write in flight, and that write may itself be
+		// refused for reusing an id the store holds from before this activation: m may then be
+		// a retry of the stored message, a duplicate answered now (among the in-flight one's
+		// repeats it would be refused with it). The store tells; if it holds nothing, the id
+		// is the in-flight one's.
+		if row, err := s.findStored(src, m.MessageId); err == nil {
+			return s.storedRepeat(m, row)
+		}
+		return s.reusedResult(m)
+	}
+	if it := s.queued(m.MessageId); it != nil {
+		if sameMessage(m, it.src.UserID, it.text) {
+			return nil
+		}
+		return s.reusedResult(m)
+	}
+	if row, err := s.findStored(src, m.MessageId); err == nil && !sameMessage(m, row.UserID, row.Content) {
+		return s.reusedResult(m)
+	}
+	return nil
+}
+
+// queued returns the message with id queued in memory (in the queue or the spill's tail), or nil.
+func (s *Session) queued(id string) *item {
+	if i := slices.IndexFunc(s.queue, func(q *item) bool { return q.messageID == id }); i >= 0 {
+		return s.queue[i]
+	}
+	if sp := s.spilling(); sp != nil {
+		if i := slices.IndexFunc(sp.tail, func(q *item) bool { return q.messageID == id }); i >= 0 {
+			return sp.tail[i]
+		}
+	}
+	return nil
+}
+
+// sameMessage reports whether m is the message stored from user with text: a re-delivery of it.
+// Both are compared as stored (the intake replaced a NUL by U+FFFD before m got here). A /retry's
+// row holds the text it runs again, not "/retry": a /retry is its sender's repeat of any of
+// their messages.
+func sameMessage(m *Deliver, user, text string) bool {
+	if m.GetSource().GetUserId() != user {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(s.d.Ctx, duplicateCheckTimeout)
-	defer cancel()
-	other, err := s.d.Store.Session(ctx, orig.SessionID)
-	return err == nil && other.Key != s.key
+	if m.Text == text {
+		return true
+	}
+	cmd, ok := parseCommand(m.Text)
+	return ok && cmd.name == "retry"
 }
+
+// contentSum is the sum of m's sender and text that its id is noted with (idSet), or 0 when m's
+// platform asks for no check of a reused id (strict_id). The sums stay in memory, so a seed of
+// this process's own will do; two messages that differ share one with a chance of 2⁻⁶³, and
+// then the second is answered as a duplicate, as it was before the check.
+func contentSum(m *Deliver) uint64 {
+	if !m.StrictId {
+		return 0
+	}
+	return maphash.Comparable(contentSeed, [2]string{m.GetSource().GetUserId(), m.Text}) | 1 // never 0
+}
+
+var contentSeed = maphash.MakeSeed()
+
+// reusedResult refuses m, whose id is already another message's in this session's chat.
+func (s *Session) reusedResult(m *Deliver) *DeliverResult {
+	r := s.result(m, "", "")
+	r.ErrorCode, r.Error = ErrCodeMessageIDReused, "message id "+m.MessageId+
+		" is already used in this chat for another message (by another user, or with another text); send this one with a new id"
+	return r
+}
+
+// conflictResult refuses m, whose id is already another conversation's in this chat.
+func (s *Session) conflictResult(m *Deliver) *DeliverResult {
+	r := s.result(m, "", "")
+	r.ErrorCode, r.Error = ErrCodeConflict, "message id "+m.MessageId+" is already another conversation's in this chat"
+	return r
+}
+
+// ErrCodeMessageIDReused answers a message whose id its chat already holds for another message
+// (another sender's, or the same sender's with another text), where its platform asks for the
+// check (Deliver.strict_id: HTTP, whose clients choose their ids). Like a key of Stripe's
+// idempotent requests reused with other parameters, it is an error, not a replay: answered
+// "duplicate", the message would be acknowledged though nobody stored it. Nothing is stored or
+// run for it; sent with a new id, it is taken.
+const ErrCodeMessageIDReused = "message_id_reused"
+
+// errReused marks the write of a message refused as a duplicate of another message
+// (ErrCodeMessageIDReused), for the repeats that waited for it (answerRepeats).
+var errReused = errors.New("message id already used for another message")
 
 // outageOutcome is the outcome of the write of it when that write did not meet the store's
 // dedupe: it went to the spool (err nil while the spool holds writes) or was refused as
@@ -480,8 +609,15 @@ const duplicateCheckTimeout = 5 * time.Second
 func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, err error) {
 	// A message id another conversation of the chat holds is no re-delivery: neither the
 	// message nor its repeats are duplicates (before, a repeat that arrived while the write was
-	// in flight was told "duplicate", a 202 for a message nobody stored).
-	conflict := errors.Is(err, persistence.ErrDuplicate) && s.takenElsewhere(it)
+	// in flight was told "duplicate", a 202 for a message nobody stored). Nor, where its
+	// platform asks, is one that another message of this conversation holds.
+	var conflict, reused bool
+	if errors.Is(err, persistence.ErrDuplicate) {
+		conflict, reused = s.duplicateOf(it, m)
+	}
+	if reused {
+		err = fmt.Errorf("%w: %w", errReused, err)
+	}
 	if err != nil {
 		s.answerRepeats(c, it, m, err, conflict)
 		s.queue = slices.DeleteFunc(s.queue, func(q *item) bool { return q == it })
@@ -491,11 +627,16 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 		}
 		if errors.Is(err, persistence.ErrDuplicate) {
 			s.forgetUnsure(m.MessageId)
-			if conflict {
+			switch {
+			case conflict:
 				s.seen.remove(m.MessageId)
-				r := s.result(m, "", "")
-				r.ErrorCode, r.Error = ErrCodeConflict, "message id "+m.MessageId+" is already another conversation's in this chat"
-				c.Send(it.requester, r)
+				c.Send(it.requester, s.conflictResult(m))
+				return
+			case reused:
+				// The id was noted with this message's sum: kept, this message's retry would be
+				// answered as a duplicate of the stored one. Forgotten, the store refuses it again.
+				s.seen.remove(m.MessageId)
+				c.Send(it.requester, s.reusedResult(m))
 				return
 			}
 			c.Send(it.requester, s.result(m, platforms.Duplicate, ""))
@@ -642,17 +783,25 @@ func errorsIsDuplicate(err error) bool { return errors.Is(err, persistence.ErrDu
 // so a session that stays active for weeks does not keep every id it ever saw; an older
 // duplicate is still refused, by the store's unique index of inbound ids (ErrDuplicate). Most
 // sessions see a few ids per activation, so it is a slice until it holds idSetSmall ids, and a
-// map with an insertion-order ring beyond.
+// map with an insertion-order ring beyond. Each id is noted with the content sum of its message
+// (contentSum; 0 when not known), which tells a client's retry from the reuse of its id for
+// another message without a read.
 type idSet struct {
-	small []string
+	small []seenID
 	big   *bigIDSet // nil while the set is small
+}
+
+// seenID is an id of an idSet with its message's content sum.
+type seenID struct {
+	id  string
+	sum uint64
 }
 
 // bigIDSet is an idSet past idSetSmall ids. It lives behind a pointer so that the small set of
 // most sessions takes 32 B of their Session, not 64 (perf-anchors §8 G7; TestSessionSize).
 type bigIDSet struct {
-	ids   map[string]struct{}
-	order []string // the ids added to ids, oldest first from next, once it is full
+	ids   map[string]uint64 // the content sums by id
+	order []string          // the ids added to ids, oldest first from next, once it is full
 	next  int
 }
 
@@ -661,22 +810,38 @@ func (m *idSet) has(id string) bool {
 		_, ok := m.big.ids[id]
 		return ok
 	}
-	return slices.Contains(m.small, id)
+	return slices.ContainsFunc(m.small, func(x seenID) bool { return x.id == id })
 }
 
-func (m *idSet) add(id string) {
+// sum returns the content sum id was noted with; 0 when it was noted without one, or is not held.
+func (m *idSet) sum(id string) uint64 {
+	if m.big != nil {
+		return m.big.ids[id]
+	}
+	if i := slices.IndexFunc(m.small, func(x seenID) bool { return x.id == id }); i >= 0 {
+		return m.small[i].sum
+	}
+	return 0
+}
+
+// add notes id without a content sum.
+func (m *idSet) add(id string) { m.addSum(id, 0) }
+
+// addSum notes id with the content sum of its message (0: not known). An id held already keeps
+// the sum it has.
+func (m *idSet) addSum(id string, sum uint64) {
 	switch {
 	case m.has(id):
 	case m.big != nil:
-		m.big.add(id)
+		m.big.add(id, sum)
 	case len(m.small) < idSetSmall:
-		m.small = append(m.small, id)
+		m.small = append(m.small, seenID{id, sum})
 	default:
-		m.big = &bigIDSet{ids: make(map[string]struct{}, 2*idSetSmall)}
+		m.big = &bigIDSet{ids: make(map[string]uint64, 2*idSetSmall)}
 		for _, x := range m.small {
-			m.big.add(x)
+			m.big.add(x.id, x.sum)
 		}
-		m.big.add(id)
+		m.big.add(id, sum)
 		m.small = nil
 	}
 }
@@ -684,8 +849,8 @@ func (m *idSet) add(id string) {
 // add adds id, which the set does not hold, and appends it to the ring, forgetting the oldest
 // id once idSetMax are held. An id that was removed and added again is in the ring twice;
 // forgetting the older entry forgets it early, which only sends its duplicate to the store.
-func (b *bigIDSet) add(id string) {
-	b.ids[id] = struct{}{}
+func (b *bigIDSet) add(id string, sum uint64) {
+	b.ids[id] = sum
 	if len(b.order) < idSetMax {
 		b.order = append(b.order, id)
 		return
@@ -700,7 +865,7 @@ func (m *idSet) remove(id string) {
 		delete(m.big.ids, id)
 		return
 	}
-	if i := slices.Index(m.small, id); i >= 0 {
+	if i := slices.IndexFunc(m.small, func(x seenID) bool { return x.id == id }); i >= 0 {
 		m.small = slices.Delete(m.small, i, i+1)
 	}
 }

@@ -22,6 +22,12 @@ type Inbound struct {
 	MessageID  string // the platform's id; dedupe is by (platform, chat, message id)
 	Text       string
 	ReceivedAt time.Time
+	// StrictID is set by a platform whose clients choose their message ids (HTTP): a message
+	// with an id its chat holds already for another message (another sender's, or another
+	// text) is refused with ErrReused, not taken as a re-delivery of it. A platform's own ids
+	// (Discord's) are never reused, and its re-delivery of a message edited since is that
+	// message still: it leaves StrictID unset.
+	StrictID bool
 }
 
 // Dispositions say what happened to an inbound message (DESIGN §5, G4).
@@ -151,6 +157,9 @@ var (
 	ErrRejected = errors.New("platforms: queue full")
 	// ErrConflict means the message's id is already another conversation's in its chat.
 	ErrConflict = errors.New("platforms: message id already used in this chat")
+	// ErrReused means the message's id is already another message's in its conversation: by
+	// another sender, or with another text (Inbound.StrictID). Nothing was stored.
+	ErrReused = errors.New("platforms: message id already used in this chat for another message")
 )
 
 // ErrUndeliverable is wrapped by a Send error when the platform refused the message for good:

@@ -154,6 +154,8 @@ func (p *Platform) writeDeliverError(w http.ResponseWriter, ack *platforms.Ack, 
 		writeRejected(w, ack, "the session's queue is full")
 	case errors.Is(err, platforms.ErrConflict):
 		writeError(w, http.StatusConflict, CodeMessageIDConflict, "message_id is already used in this chat by another conversation; give each message its own id")
+	case errors.Is(err, platforms.ErrReused):
+		writeError(w, http.StatusConflict, CodeMessageIDReused, "message_id is already used in this chat for another message (by another user, or with another text); send this message with a new message_id")
 	case errors.Is(err, platforms.ErrUnavailable):
 		if args, ok := p.unstored.Allowed("chat", in.Source.ChatID, "message_id", in.MessageID, logging.Err(err)); ok {
 			p.log.Warn("message not stored; the client is told to send it again", args...)
@@ -250,6 +252,7 @@ func decodeMessage(w http.ResponseWriter, r *http.Request) (*platforms.Inbound, 
 		MessageID:  req.MessageID,
 		Text:       req.Text,
 		ReceivedAt: time.Now(),
+		StrictID:   true, // the client chose the id (or agentgate made a new one)
 	}, nil
 }
 

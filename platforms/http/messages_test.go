@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -284,6 +285,24 @@ func TestPostMessageAccepted(t *testing.T) {
 	}
 }
 
+// TestPostMessageAsksForTheCheckOfReusedIDs: an HTTP client chooses its message ids, so every
+// message it sends asks the runtime to refuse an id reused for another message
+// (platforms.ErrReused) rather than take it as a duplicate: one with its own id, and one
+// without, whose id agentgate makes.
+func TestPostMessageAsksForTheCheckOfReusedIDs(t *testing.T) {
+	rt := &fakeRuntime{}
+	h := mustStart(t, Config{}, rt)
+	h.post("/v1/messages", map[string]string{"chat_id": "c", "user_id": "u", "text": "t", "message_id": "m1"})
+	h.post("/v1/messages", map[string]string{"chat_id": "c", "user_id": "u", "text": "t"})
+	var strict []bool
+	for _, in := range rt.delivered() {
+		strict = append(strict, in.StrictID)
+	}
+	if !slices.Equal(strict, []bool{true, true}) {
+		t.Errorf("delivered messages with StrictID %v, want two, both set", strict)
+	}
+}
+
 func TestPostMessageDeliverErrors(t *testing.T) {
 	cases := []struct {
 		name       string
@@ -297,6 +316,7 @@ func TestPostMessageDeliverErrors(t *testing.T) {
 		{"rejected", true, platforms.Rejected, platforms.ErrRejected, 429, CodeQueueFull},
 		{"rejected without ack", false, "", platforms.ErrRejected, 429, CodeQueueFull},
 		{"id of another conversation", false, "", fmt.Errorf("deliver: %w", platforms.ErrConflict), 409, CodeMessageIDConflict},
+		{"id of another message", false, "", fmt.Errorf("deliver: %w", platforms.ErrReused), 409, CodeMessageIDReused},
 		{"rejected disposition only", true, platforms.Rejected, nil, 429, CodeQueueFull},
 		{"unavailable", false, "", platforms.ErrUnavailable, 503, CodeUnavailable},
 		{"deadline", false, "", context.DeadlineExceeded, 503, CodeUnavailable},

@@ -36,6 +36,7 @@ const (
 	CodeMethodNotAllowed  = "method_not_allowed"
 	CodeQueueFull         = "queue_full"
 	CodeMessageIDConflict = "message_id_conflict"
+	CodeMessageIDReused   = "message_id_reused"
 	CodeDraining          = "draining"
 	CodeUnavailable       = "unavailable"
 	CodeTooManyHeld       = "too_many_held"
