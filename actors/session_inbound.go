@@ -695,8 +695,11 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 	case s.running != nil && s.mode == ModeSteer && s.running.before(it) && s.steer(c, it):
 		disp = platforms.Steered
 	case s.mode == ModeCollect || s.debounced(it):
-		if i := slices.Index(s.queue, it); i > 0 && s.queue[i-1].src.UserID == it.src.UserID {
-			disp = platforms.Collected // it joins the messages waiting for the next turn
+		if i := slices.Index(s.queue, it); i > 0 && s.joins(s.queue[i-1], it) {
+			// It joins the messages waiting for the next turn. (Before, a message from the
+			// same sender past the debounce window was told so too, and ran in a turn of its
+			// own: TestCollectedIsToldOnlyOfAMessageThatJoins.)
+			disp = platforms.Collected
 		}
 	}
 	r := s.result(m, disp, it.sessionID)

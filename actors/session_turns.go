@@ -103,19 +103,21 @@ func (s *Session) tryStart(c actor.Context) {
 // mode, every durable message behind it from the same sender in the same incarnation (they
 // merge into one turn, whose identity is that sender's and whose message id is the last one's).
 func (s *Session) nextGroup() []*item {
-	head := s.queue[0]
 	n := 1
-	for n < len(s.queue) {
-		it, prev := s.queue[n], s.queue[n-1]
-		if !it.durable || it.src.UserID != head.src.UserID || it.sessionID != head.sessionID {
-			break
-		}
-		if s.mode != ModeCollect && !(s.debounced(it) && it.arrived.Sub(prev.arrived) <= s.debounceFor(it.src.Platform)) {
-			break
-		}
+	for n < len(s.queue) && s.queue[n].durable && s.joins(s.queue[n-1], s.queue[n]) {
 		n++
 	}
 	return s.queue[:n]
+}
+
+// joins reports whether it, queued right behind prev, runs in prev's turn: it comes from the
+// same sender in the same incarnation, and the mode is collect or it came within the debounce
+// window of prev.
+func (s *Session) joins(prev, it *item) bool {
+	if it.src.UserID != prev.src.UserID || it.sessionID != prev.sessionID {
+		return false
+	}
+	return s.mode == ModeCollect || (s.debounced(it) && it.arrived.Sub(prev.arrived) <= s.debounceFor(it.src.Platform))
 }
 
 // debounceTick wakes a session whose debounce window may have passed.
