@@ -58,6 +58,7 @@ func TestRetryIsAnsweredWithTheQueueDepthBehindItsTurn(t *testing.T) {
 			t.Errorf("/retry %q queue_depth %d, its repeat %q queue_depth %d; want command and duplicate, both 0",
 				fr.Disposition, fr.QueueDepth, rr.Disposition, rr.QueueDepth)
 		}
+		synctest.Wait() // the retried turn has called the agent
 		if n := calls.Load(); n != 2 {
 			t.Errorf("the agent ran %d turns, want 2 (m1 and its retry)", n)
 		}
