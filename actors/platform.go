@@ -170,13 +170,22 @@ func (a *Platform) Receive(c actor.Context) {
 		a.startRun(c, m.Deliver)
 	case *SendOutbound:
 		k := m.Out.SessionKey
-		if m.Again && a.holds(m.Out) {
-			break // a session that restarted hands its unconfirmed replies over again
+		out := m.Out
+		if m.Again {
+			if a.holds(out) {
+				break // a session that restarted hands its unconfirmed replies over again
+			}
+			// The platform is told that an earlier send, not this actor's, may have posted it
+			// (platforms.Outbound.Again). A copy: the message is the session's.
+			again := *out
+			again.InReplyTo = slices.Clone(out.InReplyTo)
+			again.Again = true
+			out = &again
 		}
-		if d := a.drafts[m.Out.TurnID]; d != nil && d.key == k {
+		if d := a.drafts[out.TurnID]; d != nil && d.key == k {
 			d.replied = true // its final outbound is queued: it no longer waits for it (finishWait)
 		}
-		a.queues[k] = append(a.queues[k], &job{out: m.Out})
+		a.queues[k] = append(a.queues[k], &job{out: out})
 		a.pump(c, k)
 	case *sendDone:
 		a.onSent(c, m)

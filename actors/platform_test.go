@@ -217,3 +217,30 @@ func TestRestartedSessionDoesNotSendARepliedAgain(t *testing.T) {
 		}
 	})
 }
+
+// TestReplySentAgainReachesThePlatformMarked: a reply a loading session found unconfirmed in the
+// store and hands over again (SendOutbound.Again) reaches the platform marked Again, so that
+// Discord looks for the post an earlier send may have made before posting it, whatever the
+// reply's age (TestReplyCutByAStopIsNotPostedTwiceAfterALongStop in platforms/discord); a new
+// reply is not marked, and the session's message is left as it was sent.
+func TestReplySentAgainReachesThePlatformMarked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newSendWorld(t)
+		defer w.system.Shutdown()
+		again := &platforms.Outbound{SessionKey: "fake:dm:c1", Seq: 1, Text: "reply 1", InReplyTo: []string{"m1"}, TurnEnd: true}
+		w.system.Root.Send(w.pid, &SendOutbound{Out: again, Again: true})
+		w.send(2)
+		synctest.Wait()
+		got := map[int64]bool{}
+		for _, o := range w.fake.Sent() {
+			got[o.Seq] = o.Again
+		}
+		if want := map[int64]bool{1: true, 2: false}; !maps.Equal(got, want) {
+			t.Errorf("sent (seq: again) %v, want %v", got, want)
+		}
+		if again.Again {
+			t.Error("the session's outbound was changed: Again is set on it")
+		}
+		w.system.Root.Stop(w.pid)
+	})
+}

@@ -83,6 +83,13 @@ type Outbound struct {
 	CreatedAt time.Time
 	// DraftID, set only for an Editor, is the id of the draft this reply finishes (see Editor).
 	DraftID string
+	// Again says the runtime sends this outbound again, and an earlier send, by another process
+	// or at any time before, may have posted it: the outbox showed it unconfirmed when its
+	// session loaded (a restart, a cluster hand-over, a session started again from the store).
+	// A platform that cannot tell a repeated post from a new one after a while (Discord's nonce
+	// holds a few minutes) looks for the earlier post first. Without it, any earlier send of the
+	// outbound was this process's, through the same platform value.
+	Again bool
 }
 
 // Platform is one chat platform adapter.

@@ -32,8 +32,11 @@ const Intents = discordgo.IntentsGuildMessages | discordgo.IntentsDirectMessages
 const (
 	restTimeout    = 30 * time.Second
 	deliverTimeout = time.Minute
-	maxProgress    = 10_000 // remembered partial sends; more are forgotten (a retry may repeat a chunk)
 )
+
+// maxProgress bounds the sends, drafts and threads the platform remembers; past it, they are
+// forgotten (a var: tests lower it).
+var maxProgress = 10_000
 
 // Config configures a Platform.
 type Config struct {
@@ -72,6 +75,7 @@ type Platform struct {
 	runCtx   context.Context
 	lastErr  error
 	progress map[string]sendProgress // "key/seq" → how far the send of that outbound got (outbound.go)
+	forgot   time.Time               // when progress was last forgotten for being full; zero for never
 	drafting map[string]*draftTries  // draft key → the tries of its post not yet answered (resend.go)
 	limited  map[string]time.Time    // discordgo bucket → until when Discord rate limits it (ratelimit.go)
 	global   time.Time               // until when Discord rate limits every route (ratelimit.go)

@@ -40,7 +40,8 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 	parts := capParts(Split(out.Text, MaxMessageLen))
 	id := out.SessionKey + "/" + strconv.FormatInt(out.Seq, 10)
 	p.mu.Lock()
-	prog := p.progress[id]
+	prog, known := p.progress[id]
+	lost := p.forgot
 	p.mu.Unlock()
 	if out.DraftID != "" && prog.parts == 0 {
 		switch err := p.editContent(ctx, channel, out.DraftID, parts[0]); {
@@ -53,9 +54,9 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 			return fmt.Errorf("discord: finish draft: %w", err)
 		}
 	}
-	if prog.parts < len(parts) && p.pastNonceWindow(out, prog) {
+	if prog.parts < len(parts) && mustRead(out, prog, known, lost, p.now()) {
 		var err error
-		if prog, err = p.postedBefore(ctx, out, channel, parts, prog.parts); err != nil {
+		if prog, err = p.postedBefore(ctx, out, channel, parts, prog); err != nil {
 			return fmt.Errorf("discord: send: %w", err)
 		}
 	}
@@ -64,7 +65,9 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 		if ref := replyRef(out); i == 0 && ref != "" {
 			msg.Reference = &discordgo.MessageReference{MessageID: ref, ChannelID: channel, FailIfNotExists: new(false)}
 		}
+		began := p.now()
 		_, err := p.post(ctx, channel, msg)
+		made := mayHavePosted(err) // a post of the part may have made its message, its answer lost
 		if apiCode(err) == discordgo.ErrCodeUnknownChannel && p.unopenedThread(out) && channel == out.Target.ThreadID {
 			// An unknown message (a private thread, which no message starts, or a thread
 			// whose starter was deleted) leaves err refused for good: the reply is not posted
@@ -72,6 +75,7 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 			switch err = p.startThread(ctx, out.Target.ChatID, out.Target.ThreadID, "conversation"); {
 			case err == nil:
 				_, err = p.post(ctx, channel, msg)
+				made = mayHavePosted(err)
 			case threadsRefused(err):
 				// The thread can never be opened (no permission to): answer in the channel,
 				// under the message the thread was for.
@@ -83,19 +87,25 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 					msg.Reference = &discordgo.MessageReference{MessageID: out.Target.ThreadID, ChannelID: channel, FailIfNotExists: new(false)}
 				}
 				_, err = p.post(ctx, channel, msg)
+				made = mayHavePosted(err)
 			}
+		}
+		if err != nil && refusedForGood(err) {
+			p.forget(id) // never sent again
+			if out.TurnEnd {
+				p.typing.turnEnded(replyChannel(out.Target), out.InReplyTo)
+			}
+			return fmt.Errorf("discord: send part %d of %d to channel %s: %w: %w", i+1, len(parts), channel, platforms.ErrUndeliverable, err)
 		}
 		if err != nil {
 			prog.parts = i
-			p.remember(id, prog)
-			if refusedForGood(err) {
-				if out.TurnEnd {
-					p.typing.turnEnded(replyChannel(out.Target), out.InReplyTo)
-				}
-				return fmt.Errorf("discord: send part %d of %d to channel %s: %w: %w", i+1, len(parts), channel, platforms.ErrUndeliverable, err)
+			if made && prog.posted.IsZero() {
+				prog.posted = began
 			}
+			p.remember(id, prog)
 			return fmt.Errorf("discord: send part %d of %d to channel %s: %w", i+1, len(parts), channel, err)
 		}
+		prog.posted = time.Time{} // answered: so are the posts of this part before
 		if i == prog.parts && channel == out.Target.ThreadID {
 			p.markOpened(channel)
 		}
@@ -154,24 +164,35 @@ func threadsRefused(err error) bool {
 }
 
 // sendProgress is how far the send of an outbound got in this process: its first parts are
-// posted, and as of checked (when not zero) a read of its channel found no later part posted
-// (postedBefore).
+// posted; as of checked (when not zero) a read of its channel found no later part posted
+// (postedBefore); and posted (when not zero) is when the first of this process's posts of the
+// next part since then that has no answer was made (resend.go).
 type sendProgress struct {
 	parts   int
 	checked time.Time
+	posted  time.Time
 }
 
-// remember records how far the send of the outbound id got.
+// remember records how far the send of the outbound id got. Nothing is kept of one that nothing
+// is known of (a send held back by a rate limit before its first post): a backlog of replies
+// takes no room. Past maxProgress outbounds, all are forgotten, and when (forgot), so that
+// a send that finds none first reads its channel (mustRead).
 func (p *Platform) remember(id string, s sendProgress) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.progress) >= maxProgress {
+	if s == (sendProgress{}) {
+		delete(p.progress, id)
+		return
+	}
+	if _, ok := p.progress[id]; !ok && len(p.progress) >= maxProgress {
 		clear(p.progress)
+		p.forgot = p.now()
 	}
 	p.progress[id] = s
 }
 
-// forget drops what remember recorded of the outbound id: it is posted whole.
+// forget drops what remember recorded of the outbound id: it is posted whole, or refused for
+// good.
 func (p *Platform) forget(id string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -208,8 +229,11 @@ func (p *Platform) SendDraft(ctx context.Context, target identity.Source, inRepl
 	// A try past the nonce window of an earlier one first looks for the draft it made (resend.go).
 	m, err := p.draftPostedBefore(ctx, channel, key, ref, inReplyTo)
 	if m == nil && err == nil {
-		p.triedDraft(key, content)
+		began := p.now()
 		m, err = p.post(ctx, channel, msg)
+		if mayHavePosted(err) {
+			p.triedDraft(key, content, began)
+		}
 	}
 	if err == nil || refusedForGood(err) {
 		p.draftAnswered(key)

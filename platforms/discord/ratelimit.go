@@ -46,7 +46,7 @@ const maxRateLimited = 1000
 func (p *Platform) request(ctx context.Context, method, url, bucket string, body, v any) error {
 	for {
 		if err := p.waitRateLimit(ctx, bucket); err != nil {
-			return err
+			return &notSent{err: err}
 		}
 		var data []byte
 		if body != nil {
@@ -73,6 +73,15 @@ func (p *Platform) request(ctx context.Context, method, url, bucket string, body
 		return nil
 	}
 }
+
+// notSent is the error of a REST call that Discord acted on in no way: it failed waiting out a
+// rate limit, before its first request went out or after requests that Discord answered with a
+// 429 only (request tries again after a 429 alone). A send tells by it that its post made no
+// message (mayHavePosted).
+type notSent struct{ err error }
+
+func (e *notSent) Error() string { return e.err.Error() }
+func (e *notSent) Unwrap() error { return e.err }
 
 // noteRateLimit remembers until when Discord refuses requests in bucket, or in every bucket
 // when the limit is global.

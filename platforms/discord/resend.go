@@ -3,6 +3,7 @@ package discord
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -18,28 +19,45 @@ import (
 
 // Sends past the nonce window. Each part of a reply is posted with a nonce Discord enforces
 // (Send), so a post tried again after its answer was lost gets the message the first try made
-// instead of a second one. Discord enforces a nonce only "in the past few minutes", though,
-// and a reply may be sent again much later: the platform actor tries a send again until it
-// succeeds, through an outage of any length, and the next start sends again every reply the
-// outbox does not show confirmed (a stop or a crash that cut its send). A try that Discord
-// posted but whose answer was lost was then posted a second time. So a send of an outbound
-// made more than nonceWindow ago first reads its channel for the parts the bot posted already
-// (postedBefore), and posts only the others; nearly every send is of an outbound just made,
-// which Discord's nonce covers, and reads nothing.
+// instead of a second one. Discord enforces a nonce only "in the past few minutes", though, and
+// a reply may be sent again much later: the platform actor tries a send again until it
+// succeeds, through an outage of any length, and the next start, or the cluster member a
+// session is handed over to, sends again every reply the outbox does not show confirmed (a stop
+// or a crash that cut its send). A try that Discord posted but whose answer was lost was then
+// posted a second time. So a send first reads its channel for the parts the bot posted already
+// (postedBefore), and posts only the others, when an earlier post of it may be older than the
+// nonce (mustRead): a post this process made and got no answer to, more than nonceWindow ago
+// (posts before a read for it are the read's), or a post of an earlier send this process knows
+// nothing of (Outbound.Again: the outbox showed the reply unconfirmed when its session loaded),
+// before this process has read for it. A try that Discord refused, or that failed before its
+// request went out (waiting out a rate limit), posted nothing (mayHavePosted). Nearly every
+// send is of an outbound just made, or tried again within the window, and reads nothing.
+// Before, the outbound's age (CreatedAt) decided: every reply of a backlog held back by a rate
+// limit, never posted, read its channel once a minute old; and in a cluster the clock of the
+// member that made a reply said how old it was, so a skew of more than a minute read for every
+// reply, or for none that needed it.
+//
+// What the process knows of its sends is bounded (maxProgress). When it forgets it, a send it
+// knows nothing of whose outbound was made before (on this process's clock: only one marked
+// Again comes from another process, and that one reads anyway) reads its channel once.
 //
 // The nonce is of no help to the read: Discord keeps it for the answer to the post and its
 // MESSAGE_CREATE only, and the history does not show it. A part is known by its author (the
 // bot), its text, and for the first the message it answers: the bot's message with the very
-// same text, answering the same message, since the outbound was made, is taken for it. What
-// the read does not cover: a part posted more than backfillPages pages of messages after the
-// outbound was made, and a reply that went to the channel because Discord refused to open its
-// auto-thread (the read is of the thread). The first reply in an auto-thread, which references
-// nothing, is only taken for posted when it is the bot's first message there: a reply to the
-// starter that a notice preceded, and whose answer was lost, is posted twice.
+// same text, answering the same message, since the outbound was made, is taken for it. What the
+// read does not cover: a part posted more than backfillPages pages of messages after the
+// outbound was made, one an earlier process posted more than clockSkew before the time its
+// outbound says it was made (on a cluster member whose clock runs ahead; this process's own are
+// looked for from the first it got no answer to), and a reply that went to the channel because
+// Discord refused to open its auto-thread (the read is of the thread). The first reply in an
+// auto-thread, which references nothing, is only taken for posted when it is the bot's first
+// message there: a reply to the starter that a notice preceded, and whose answer was lost, is
+// posted twice.
 
-// nonceWindow is how long after an outbound was made, or its channel was last read for it,
-// its posts are left to Discord's enforced nonce alone. Discord says "a few minutes"; one
-// leaves room for the daemon's clock and Discord's to disagree.
+// nonceWindow is how long after a post that got no answer (a reply's or a draft's) a post of
+// the same message is left to Discord's enforced nonce alone. Discord says "a few minutes";
+// one leaves room for that to mean less. It is measured from before the post was requested,
+// on this process's clock, so the time Discord took to make it only adds to the margin.
 const nonceWindow = time.Minute
 
 // clockSkew is how much earlier than it was made, on Discord's clock, the parts of an
@@ -49,29 +67,55 @@ const clockSkew = time.Minute
 // discordEpoch is the Unix time in milliseconds at which Discord's snowflakes start (2015).
 const discordEpoch = 1420070400000
 
-// pastNonceWindow reports whether a post of out may come later than Discord enforces the
-// nonce of an earlier post of it: out was made more than nonceWindow ago, and its channel was
-// not read for it since (prog.checked). An outbound that does not say when it was made
-// (CreatedAt zero) is taken for a new one.
-func (p *Platform) pastNonceWindow(out *platforms.Outbound, prog sendProgress) bool {
-	if out.CreatedAt.IsZero() {
-		return false
+// mustRead reports whether the next post of out, at now, may come later than Discord enforces
+// the nonce of an earlier post of it, so that its channel must be read first (postedBefore).
+// prog is how far this process's send of it got, known when the process has a record of it,
+// and lost is when the process last forgot its records (zero for never).
+func mustRead(out *platforms.Outbound, prog sendProgress, known bool, lost, now time.Time) bool {
+	switch {
+	case out.Again && prog.checked.IsZero():
+		return true // an earlier send, not this process's, may have posted it at any time
+	case !prog.posted.IsZero():
+		return now.Sub(prog.posted) > nonceWindow
+	case !known && !lost.IsZero():
+		// Its record may have been forgotten: one made after that had none to forget.
+		return !out.CreatedAt.After(lost)
 	}
-	return p.now().Sub(later(out.CreatedAt, prog.checked)) > nonceWindow
+	return false
 }
 
-// postedBefore reads channel for the parts of out, from the part from on, that the bot posted
-// already, and returns how far the send got: the parts posted, in order, and when the read
-// began. A channel that is gone, or an auto-thread not open yet (404), holds none. One whose
-// history the bot may not read (403: no Read Message History permission) is taken to hold
-// none, with a warning: the reply would never go out otherwise.
-func (p *Platform) postedBefore(ctx context.Context, out *platforms.Outbound, channel string, parts []string, from int) (sendProgress, error) {
+// mayHavePosted reports whether a post that failed with err may have made its message all the
+// same, its answer lost: unless its request never went out (notSent), or Discord refused it
+// (a 4xx, but for a timeout; a 429 is waited out, and ends as notSent). Nil, for a post that
+// did not fail, is false.
+func mayHavePosted(err error) bool {
+	var ns *notSent
+	if err == nil || errors.As(err, &ns) {
+		return false
+	}
+	s := restStatus(err)
+	return s < 400 || s >= 500 || s == http.StatusRequestTimeout
+}
+
+// postedBefore reads channel for the parts of out, from the part prog.parts on, that the bot
+// posted already, and returns how far the send got: the parts posted, in order, and when the
+// read began. A channel that is gone, or an auto-thread not open yet (404), holds none. One
+// whose history the bot may not read (403: no Read Message History permission) is taken to
+// hold none, with a warning: the reply would never go out otherwise.
+func (p *Platform) postedBefore(ctx context.Context, out *platforms.Outbound, channel string, parts []string, prog sendProgress) (sendProgress, error) {
+	from := prog.parts
 	got := sendProgress{parts: from, checked: p.now()}
 	bot, err := p.self(ctx)
 	if err != nil {
 		return sendProgress{}, fmt.Errorf("look up the bot's user: %w", err)
 	}
-	after := snowflakeAt(out.CreatedAt.Add(-clockSkew))
+	since := out.CreatedAt
+	if !prog.posted.IsZero() && (since.IsZero() || prog.posted.Before(since)) {
+		// This process posted it before the time its outbound says it was made: that time is
+		// of a clock ahead of this one's (or this one was set back since).
+		since = prog.posted
+	}
+	after := snowflakeAt(since.Add(-clockSkew))
 	for _, id := range out.InReplyTo {
 		if snowflakeLess(after, id) {
 			after = id // the reply came after the messages it answers
@@ -155,18 +199,19 @@ func snowflakeAt(t time.Time) string {
 
 // Drafts past the nonce window. A streaming reply's draft is posted (SendDraft) with a nonce
 // made from its key, and the platform actor tries a post that failed again, with the same key,
-// until one succeeds or is refused for good: through an outage of any length, each try with
-// the text the turn has streamed by then. A try later than Discord enforces the nonce of an
-// earlier try that Discord made (its answer lost) made a second draft, and the first stayed in
-// the chat for good, showing the start of an answer, never finished nor marked. The runtime
-// does not tell SendDraft when the draft's first try was made, and need not: every try of a
-// draft comes to this process (a draft is not tried again after a restart: its message runs
-// again, under another key). So the platform remembers, by key, when the first try it has no
-// answer to was made and what each try posted (draftTries), and a try more than nonceWindow
+// until one succeeds or is refused for good: through an outage of any length, each try with the
+// text the turn has streamed by then. A try later than Discord enforces the nonce of an earlier
+// try that Discord made (its answer lost) made a second draft, and the first stayed in the chat
+// for good, showing the start of an answer, never finished nor marked. The runtime does not
+// tell SendDraft when the draft's first try was made, and need not: every try of a draft comes
+// to this process (a draft is not tried again after a restart: its message runs again, under
+// another key). So the platform remembers, by key, when the first try that may have made the
+// draft without an answer was made and what each such try posted (draftTries; a try held back
+// by a rate limit, or refused, made nothing: mayHavePosted), and a try more than nonceWindow
 // after that first one, or after the last read for it, first reads the channel for the bot's
-// message that answers the same message with the text of one of the tries, and takes it for
-// the draft. Not covered, as for a reply: a try posted more than backfillPages pages of
-// messages after the first, and the tries past the first maxDraftTexts of one draft.
+// message that answers the same message with the text of one of the tries, and takes it for the
+// draft. Not covered, as for a reply: a try posted more than backfillPages pages of messages
+// after the first, and the tries past the first maxDraftTexts of one draft.
 
 // maxDraftTexts is how many distinct texts of one draft's tries are remembered. A try posts the
 // text streamed by then, so a draft tried again through a long outage while its turn streams
@@ -185,8 +230,11 @@ type draftTries struct {
 // draftSum is the sum a try of a draft's post that says text is remembered by.
 func draftSum(text string) [sha256.Size]byte { return sha256.Sum256([]byte(strings.TrimSpace(text))) }
 
-// triedDraft records a try of the post of the draft key that says text, before it is made.
-func (p *Platform) triedDraft(key, text string) {
+// triedDraft records a try of the post of the draft key that says text, made at at, that may
+// have made the draft without an answer (mayHavePosted). One that surely made nothing (a rate
+// limit waited out, Discord's refusal) is no try to look for: a draft held back by a rate limit
+// for minutes does not read its channel.
+func (p *Platform) triedDraft(key, text string, at time.Time) {
 	if key == "" {
 		return
 	}
@@ -197,7 +245,7 @@ func (p *Platform) triedDraft(key, text string) {
 		if len(p.drafting) >= maxProgress {
 			clear(p.drafting) // a draft forgotten so may be posted twice past the nonce window
 		}
-		t = &draftTries{first: p.now()}
+		t = &draftTries{first: at}
 		p.drafting[key] = t
 	}
 	if sum := draftSum(text); len(t.texts) < maxDraftTexts && !slices.Contains(t.texts, sum) {
