@@ -458,7 +458,7 @@ func (m *MessageRequest) validate() *apiError {
 	} {
 		if aerr := checkID(f.name, f.v, MaxIDBytes); aerr != nil {
 			problems = append(problems, aerr)
-		} else if i := strings.IndexFunc(f.v, invisible); i >= 0 {
+		} else if i := invisibleAt(f.v); i >= 0 {
 			r, _ := utf8.DecodeRuneInString(f.v[i:])
 			problems = append(problems, badRequest(CodeInvalidField, fmt.Sprintf("%s contains the invisible format character %U", f.name, r)))
 		}
@@ -493,15 +493,33 @@ func checkID(name, v string, maxLen int) *apiError {
 	return nil
 }
 
-// invisible reports whether r is an invisible format character (Unicode category Cf) other
-// than the zero-width joiner and non-joiner, which emoji sequences and some scripts need: those
-// identity.NeutraliseName drops from names. In an id, a zero-width space or a byte order mark
-// (which text copied from a page or a document may carry) makes a chat or a user that looks
-// like the one meant but is another, as white space around an id does (checkID), and a
-// bidirectional override makes an id read otherwise than it is written. Only a new message's
-// ids are checked: an id stored before may still be named (a requeue's, a listing's after).
-func invisible(r rune) bool {
-	return r >= 0x80 && r != '\u200c' && r != '\u200d' && unicode.Is(unicode.Cf, r)
+// invisibleAt returns the index of the first invisible format character (Unicode category Cf)
+// in id, or -1. In an id, a zero-width space, a soft hyphen or a byte order mark (which text
+// copied from a page or a document may carry) makes a chat or a user that looks like the one
+// meant but is another, as white space around an id does (checkID); a bidirectional override
+// makes an id read otherwise than it is written; a tag character hides text. Taken are those
+// that text needs: the zero-width joiner and non-joiner of emoji sequences and some scripts
+// (which identity.NeutraliseName keeps in names too), the direction marks of right-to-left
+// names (U+200E, U+200F, U+061C), and the tags of a subdivision flag (🏴 England: U+1F3F4,
+// tags, then the cancel tag U+E007F). Only a new message's ids are checked: an id stored
+// before may still be named (a requeue's, a listing's after).
+func invisibleAt(id string) int {
+	flag := false // within a flag's tag sequence
+	for i, r := range id {
+		switch {
+		case r == '\U0001F3F4':
+			flag = true
+			continue
+		case r >= '\U000E0020' && r <= '\U000E007F' && flag:
+			flag = r != '\U000E007F'
+			continue
+		case r < 0x80, r == '\u200c', r == '\u200d', r == '\u200e', r == '\u200f', r == '\u061c':
+		case unicode.Is(unicode.Cf, r):
+			return i
+		}
+		flag = false
+	}
+	return -1
 }
 
 func newMessageID() string {

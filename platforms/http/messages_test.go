@@ -79,6 +79,7 @@ func TestPostMessageBadInput(t *testing.T) {
 		{"byte order mark before user_id", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"\ufeffu","text":"t"}`, 400, CodeInvalidField},
 		{"bidirectional override in message_id", "POST", "/v1/messages", jsonHeader, "{\"chat_id\":\"c\",\"user_id\":\"u\",\"text\":\"t\",\"message_id\":\"m\u202e1\"}", 400, CodeInvalidField},
 		{"tag character in thread_id", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","chat_type":"thread","thread_id":"t\udb40\udc41"}`, 400, CodeInvalidField},
+		{"tag character after a flag's cancel tag", "POST", "/v1/messages", jsonHeader, `{"chat_id":"\ud83c\udff4\udb40\udc67\udb40\udc7f\udb40\udc41","user_id":"u","text":"t"}`, 400, CodeInvalidField},
 		{"soft hyphen in profile", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","profile":"o\u00adps"}`, 400, CodeInvalidField},
 		{"user_name too long", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","user_name":"` + strings.Repeat("n", MaxNameBytes+1) + `"}`, 400, CodeInvalidField},
 		{"text too large", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"` + strings.Repeat("a", MaxTextBytes+1) + `"}`, 413, CodeTextTooLarge},
@@ -141,6 +142,10 @@ func TestPostMessageBadInput(t *testing.T) {
 		{"surrogate pair", jsonHeader, `{"chat_id":"c\ud83d\ude00","user_id":"u","text":"\\ud800 \ud83d\ude00\u00e9"}`},
 		// An emoji sequence needs its zero-width joiner; a text may hold any format character.
 		{"zero-width joiner in chat_id", jsonHeader, `{"chat_id":"\ud83d\udc69\u200d\ud83d\udcbb","user_id":"u","text":"a\u200bb\u202e"}`},
+		// A right-to-left name's direction marks and a subdivision flag's tags are format
+		// characters too, and taken.
+		{"direction marks in user_id", jsonHeader, `{"chat_id":"c","user_id":"\u05d0\u200f\u061c\u200e","text":"t"}`},
+		{"subdivision flag in chat_id", jsonHeader, `{"chat_id":"x\ud83c\udff4\udb40\udc67\udb40\udc62\udb40\udc65\udb40\udc6e\udb40\udc67\udb40\udc7fy","user_id":"u","text":"t"}`},
 	}
 	for _, tc := range good {
 		t.Run("good/"+tc.name, func(t *testing.T) {
