@@ -167,7 +167,7 @@ func TestCheckConfigSQLitePath(t *testing.T) {
 		return "there is no database at " + path + " yet: serve will create a new, empty one there " +
 			"(right on a first start; if the conversations should be there, the path is wrong)"
 	}
-	missing := filepath.Join(dir, "nonexistent", "dir")
+	missing := filepath.Join(t.TempDir(), "nonexistent", "dir") // outside data_dir
 	for _, tt := range []struct {
 		name, dataDir, dsn string
 		line               int    // of the key named, in the file
@@ -176,10 +176,10 @@ func TestCheckConfigSQLitePath(t *testing.T) {
 	}{
 		{"a directory that is not there", dir, filepath.Join(missing, "x.db"), 4,
 			`store.dsn: "` + filepath.Join(missing, "x.db") + `": its directory ` + missing + ` does not exist: ` +
-				"create it, or fix the path (serve makes data_dir, not a directory store.dsn names)", ""},
+				"create it, or fix the path (serve makes data_dir and directories in it, not one elsewhere that store.dsn names)", ""},
 		{"a file: URI, which the store takes for a path", dir, "file:" + filepath.Join(dir, "x.db"), 4,
 			`store.dsn: "file:` + filepath.Join(dir, "x.db") + `": its directory ` + filepath.Join(wd, "file:"+dir) + ` does not exist: ` +
-				"create it, or fix the path (serve makes data_dir, not a directory store.dsn names); " +
+				"create it, or fix the path (serve makes data_dir and directories in it, not one elsewhere that store.dsn names); " +
 				"for SQLite, store.dsn is the database file's path, not a file: URI", ""},
 		{"no database yet", dir, filepath.Join(dir, "new.db"), 4, "", "store.dsn: " + newNote(filepath.Join(dir, "new.db"))},
 		{"a database", dir, existing, 0, "", ""},
@@ -188,6 +188,9 @@ func TestCheckConfigSQLitePath(t *testing.T) {
 		{"in a data_dir to be made", filepath.Join(dir, "data"), filepath.Join(dir, "data", "agentgate.db"), 4,
 			"", "store.dsn: " + newNote(filepath.Join(dir, "data", "agentgate.db"))},
 		{"the default database", filepath.Join(dir, "data"), "", 1, "", "data_dir: " + newNote(filepath.Join(dir, "data", "agentgate.db"))},
+		// Nor a directory in data_dir, which the store makes (a database on a new volume).
+		{"in a directory of data_dir to be made", filepath.Join(dir, "data"), filepath.Join(dir, "data", "db", "agentgate.db"), 4,
+			"", "store.dsn: " + newNote(filepath.Join(dir, "data", "db", "agentgate.db"))},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if strings.HasPrefix(tt.dsn, "file:") {

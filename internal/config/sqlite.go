@@ -10,8 +10,9 @@ import (
 )
 
 // CheckSQLite returns what serve refuses on this machine of the SQLite store's path: a
-// store.dsn whose directory does not exist. serve makes data_dir, and so the directory of the
-// default database in it, but not the directory of a store.dsn: before, a mistyped one made a
+// store.dsn whose directory does not exist outside data_dir. serve makes data_dir, and the store
+// a directory in it (data_dir/db/agentgate.db on a new volume), but not a directory elsewhere
+// that store.dsn names: before, a mistyped one made a
 // new, empty database there, and the daemon ran on it as if the conversations were gone (found
 // by a new user's walkthrough). The sqlite store takes store.dsn as the file's path, never as
 // a URI: file:/srv/x.db is a directory named "file:" in the working directory, which this says.
@@ -26,10 +27,11 @@ func (c *Config) CheckSQLite() error {
 	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
 		return nil // there, or a problem the store's Open names as it meets it
 	}
-	if dataDir, err := filepath.Abs(c.DataDir); err == nil && c.DataDir != "" && dataDir == dir {
-		return nil // serve makes data_dir before it opens the store
+	if dataDir, err := filepath.Abs(c.DataDir); err == nil && c.DataDir != "" &&
+		(dir == dataDir || strings.HasPrefix(dir, dataDir+string(filepath.Separator))) {
+		return nil // serve makes data_dir before it opens the store, and the store a directory in it
 	}
-	reason := fmt.Sprintf("its directory %s does not exist: create it, or fix the path (serve makes data_dir, not a directory store.dsn names)", dir)
+	reason := fmt.Sprintf("its directory %s does not exist: create it, or fix the path (serve makes data_dir and directories in it, not one elsewhere that store.dsn names)", dir)
 	if strings.HasPrefix(c.Store.DSN, "file:") {
 		reason += `; for SQLite, store.dsn is the database file's path, not a file: URI`
 	}
