@@ -169,6 +169,13 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 			notice, noticeOps = s.afterAutoReset(auto, src, m.MessageId, now)
 			ops = append(ops, noticeOps...)
 		}
+		// Beginning an incarnation changed memory too (the link to the ended session, the
+		// route's generation, the reset's note): its write refused, even as a duplicate (a
+		// command sent again while its duplicate check could not read the store), the session
+		// starts again from the store. Before, memory stayed ahead of it: the next message
+		// followed no session, and its user got no reset notice
+		// (TestRepeatedCommandFirstAfterAnAutomaticResetLosesNoNotice).
+		acted = acted || created
 	}
 	sid := s.cur.ID
 	if queueChanged { // stored with the session (created just above if it is new)

@@ -219,7 +219,8 @@ type Deps struct {
 	asides sync.Map
 	// resetsDue holds, by key, the automatic reset whose write the store refused (an
 	// *overdue): the key's next activation or incarnation does it, at its due time, if it
-	// loads the session the reset ends (Session.expireOnStart).
+	// loads the session the reset ends, not active since (Session.expireOnStart). A key this
+	// member hands on to another drops it (SessionManager.startSuccessor).
 	resetsDue sync.Map
 }
 

@@ -91,6 +91,9 @@ type overdue struct {
 	sid    string
 	at     time.Time
 	reason string
+	// activity is the session's last activity as the reset saw it, in one filed for the key's
+	// next activation (writeReset, expireOnStart).
+	activity time.Time
 }
 
 // endOverdue ends the session whose reset fell due while it worked, once its work is done.
@@ -107,11 +110,16 @@ func (s *Session) endOverdue(c actor.Context) {
 // new owner does.) The reset is filed for that (Deps.resetsDue): one that fell due while the
 // session worked is due no longer by the session's activity, which its work moved past the due
 // time, and the reload forgot it; a daily reset waited for the next day's
-// (TestResetDueWhileWritesAreRefusedIsDoneOnceTheyAreTaken). Once the ops are stored, a session
-// with nothing else in hand passivates.
+// (TestResetDueWhileWritesAreRefusedIsDoneOnceTheyAreTaken). It is filed with the session's
+// activity as the reset saw it (expire just ended s.prev), so that it ends no session that was
+// active since. Once the ops are stored, a session with nothing else in hand passivates.
 func (s *Session) writeReset(c actor.Context, ops []persistence.Op) {
 	if len(ops) == 0 {
 		return
+	}
+	var filed *overdue
+	if e, ok := ops[0].(*persistence.EndSession); ok && s.prev != nil && s.prev.ID == e.SessionID {
+		filed = &overdue{sid: e.SessionID, at: e.At, reason: e.Reason, activity: s.prev.LastActivityAt}
 	}
 	s.write(c, ops, func(c actor.Context, err error) {
 		if err == nil {
@@ -120,8 +128,8 @@ func (s *Session) writeReset(c actor.Context, ops []persistence.Op) {
 		}
 		s.logRefusedWrite("store session reset", err)
 		if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {
-			if e, ok := ops[0].(*persistence.EndSession); ok {
-				s.d.resetsDue.Store(s.key, &overdue{sid: e.SessionID, at: e.At, reason: e.Reason})
+			if filed != nil {
+				s.d.resetsDue.Store(s.key, filed)
 			}
 			s.restartFromStore(c, "the session's reset was not stored", err)
 		}
@@ -242,12 +250,16 @@ const AutoResetNotice = "◐ Your previous session was reset automatically"
 
 // expireOnStart applies the reset policy when a session starts, from its durable activity time:
 // a session that became due while nobody wrote (or while agentgate was down) is reset, not
-// resurrected. So is one whose reset the store refused before (writeReset). Messages it still
-// had pending are not run in a session that has ended; their senders are told to send them
-// again.
+// resurrected. So is one whose reset the store refused before (writeReset), unless it was
+// active since: in a cluster the key may have moved to another member meanwhile and come back
+// days later, and the reset then ended the session at its old due time, before its last
+// activity (TestFiledResetEndsNoSessionActiveSince). Messages it still had pending are not run
+// in a session that has ended; their senders are told to send them again.
 func (s *Session) expireOnStart(c actor.Context) {
-	if v, ok := s.d.resetsDue.LoadAndDelete(s.key); ok && s.cur != nil && v.(*overdue).sid == s.cur.ID {
-		s.rare().overdue = v.(*overdue) // its write was refused (writeReset)
+	if v, ok := s.d.resetsDue.LoadAndDelete(s.key); ok {
+		if o := v.(*overdue); s.cur != nil && o.sid == s.cur.ID && !s.cur.LastActivityAt.After(o.activity) {
+			s.rare().overdue = o // its write was refused (writeReset)
+		}
 	}
 	ops := s.expire(s.d.now())
 	if len(ops) == 0 {

@@ -734,6 +734,10 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		delete(m.refused, key)
 		delete(m.crashStops, key)
 		delete(m.startedEarly, key)
+		// A reset its session filed for its next activation here (Session.writeReset) is
+		// dropped: the key may come back only after days, or never, and the entry would stay
+		// in memory until then.
+		m.d.resetsDue.Delete(key)
 		m.letGo(c, key)
 		var local []routed
 		for _, r := range held {

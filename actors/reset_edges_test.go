@@ -2,7 +2,9 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -11,6 +13,7 @@ import (
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
 )
 
@@ -181,13 +184,16 @@ func TestResetDueWhileTheMemberLeavesIsDoneBeforeTheHandOver(t *testing.T) {
 // TestResetNoticeComesOnceBeforeTheFirstReply: after an automatic reset, three messages come
 // while the first one's turn runs, in each queue mode. The chat gets the reset notice once, as
 // the answer to the first message, before any reply, and one turn (the first that answers)
-// gets the continuity note.
+// gets the continuity note. The note is counted in the replies the chat gets, not in the
+// agent's calls: in interrupt mode, m3 may interrupt m2 after m2's agent returned with the
+// note and before its result was handled, so m2's reply is discarded and m3's turn, the first
+// that answers, gets the note again.
 func TestResetNoticeComesOnceBeforeTheFirstReply(t *testing.T) {
 	for _, mode := range []string{ModeFollowup, ModeCollect, ModeInterrupt} {
 		t.Run(mode, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
+				const withNote = " (noted)" // ends the reply of a turn that got the note
 				release := make(chan struct{})
-				var noted atomic.Int32
 				agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 					if req.Identity.MessageID == "m1" {
 						select {
@@ -196,10 +202,11 @@ func TestResetNoticeComesOnceBeforeTheFirstReply(t *testing.T) {
 							return nil, ctx.Err()
 						}
 					}
+					text := "re " + req.Identity.MessageID
 					if len(req.Notes) > 0 {
-						noted.Add(1)
+						text += withNote
 					}
-					return &agents.Response{Text: "re " + req.Identity.MessageID}, nil
+					return &agents.Response{Text: text}, nil
 				})
 				idle := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Second, Notify: true}
 				w := newManagerWorld(t, agent, func(d *Deps) {
@@ -225,10 +232,88 @@ func TestResetNoticeComesOnceBeforeTheFirstReply(t *testing.T) {
 				if n := resetNotices(texts); len(n) != 1 || texts[0] != n[0] || !slices.Equal(sent[0].Out.InReplyTo, []string{"m1"}) {
 					t.Errorf("the chat was sent %q (the first in reply to %v), want the reset notice once, first, in reply to m1", texts, sent[0].Out.InReplyTo)
 				}
-				if n := noted.Load(); n != 1 {
-					t.Errorf("%d turns got the continuity note, want 1", n)
+				var replies []string
+				for _, text := range texts {
+					if strings.HasPrefix(text, "re ") {
+						replies = append(replies, text)
+					}
+				}
+				var noted []string
+				for _, r := range replies {
+					if strings.HasSuffix(r, withNote) {
+						noted = append(noted, r)
+					}
+				}
+				if len(noted) != 1 || replies[0] != noted[0] {
+					t.Errorf("the chat was sent the replies %q, of which %q came of a turn with the continuity note; want one, the first", replies, noted)
 				}
 			})
 		})
 	}
+}
+
+// blindInbound is a store whose FindInbound fails while blind is set: the duplicate check
+// before a command cannot read, so the command's write is what refuses a repeat.
+type blindInbound struct {
+	persistence.Store
+	blind atomic.Bool
+}
+
+func (b *blindInbound) FindInbound(ctx context.Context, platform, chatID, messageID string) (*persistence.Message, error) {
+	if b.blind.Load() {
+		return nil, errors.New("find inbound: store unreachable (test)")
+	}
+	return b.Store.FindInbound(ctx, platform, chatID, messageID)
+}
+
+// TestRepeatedCommandFirstAfterAnAutomaticResetLosesNoNotice: a command (/status) is sent
+// again after its session was reset automatically and passivated, while the duplicate check
+// cannot read the store: it is the chat's first contact after the reset and begins the
+// successor in memory, and its write is refused as a duplicate. The session starts again from
+// the store, so the next message begins the successor with the reset notice, the link to the
+// session the reset ended and the continuity note. Before, memory kept the successor's begun
+// state (no previous session, the note set) though nothing was stored: the next message got
+// no notice, its session followed none and its turn got no note.
+func TestRepeatedCommandFirstAfterAnAutomaticResetLosesNoNotice(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := &notesAgent{notes: map[string][]string{}}
+		store := &blindInbound{}
+		idle := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Second, Notify: true}
+		w := newManagerWorld(t, a, func(d *Deps) {
+			d.Config.ResetFor = func(string, string) ResetPolicy { return idle }
+			d.Config.ResetPolicies = []ResetPolicy{idle}
+			store.Store = d.Store
+			d.Store = store
+		})
+		m0 := w.deliver(t, "m0", "hello")
+		w.answersTo(t, "m0")
+		w.deliver(t, "s0", "/status")
+		w.answersTo(t, "s0")
+		time.Sleep(time.Minute) // idle past the policy
+		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+		synctest.Wait()
+		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.EndReason != persistence.EndIdle {
+			t.Fatalf("session %s after the timer's nudge: %+v, %v; want it ended idle", m0.SessionId, s, err)
+		}
+		act, _ := w.system.Root.RequestFuture(w.manager, &ListActive{}, time.Hour).Result()
+		if keys := act.(*ActiveList).Keys; len(keys) != 0 {
+			t.Fatalf("sessions %v still in memory after the reset, want the key passivated", keys)
+		}
+		store.blind.Store(true)
+		if r := w.deliver(t, "s0", "/status"); r.Disposition != platforms.Duplicate {
+			t.Fatalf("/status sent again as s0: %+v, want disposition duplicate", r)
+		}
+		store.blind.Store(false)
+		m1 := w.deliver(t, "m1", "hi")
+		answers := w.answersTo(t, "m1")
+		if n := resetNotices(answers); len(n) != 1 || !strings.Contains(n[0], "Send /resume "+m0.SessionId+" ") {
+			t.Errorf("m1 was answered %q, want the reset notice offering /resume %s", answers, m0.SessionId)
+		}
+		if s, err := w.store.Session(w.ctx, m1.SessionId); err != nil || s.PrevSessionID != m0.SessionId {
+			t.Errorf("m1's session %s: %+v, %v; want it following %s", m1.SessionId, s, err, m0.SessionId)
+		}
+		if notes := a.notesOf("m1"); len(notes) != 1 || !strings.Contains(notes[0], m0.SessionId) {
+			t.Errorf("m1's turn got the notes %q, want the continuity note naming %s", notes, m0.SessionId)
+		}
+	})
 }

@@ -1,0 +1,131 @@
+package actors
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// later is when the session is active again, elsewhere, after the daily reset it fell due for
+// at 04:00 was refused.
+var later = time.Date(2030, 1, 1, 9, 0, 0, 0, time.UTC)
+
+// refusedResetWorld starts a world whose chat's session (after one message, m0, whose turn ran
+// across 04:00) had its daily reset refused: the store fails writes from the turn's reply on,
+// and the reset is filed for the key's next activation (Deps.resetsDue). The session is out of
+// memory, waiting out the pause after a refused write. setup runs after the daily clock's.
+// Called in a synctest bubble.
+func refusedResetWorld(t *testing.T, setup func(*Deps)) (w *managerWorld, out *downAfterReply, clock *atomic.Int64, sid string) {
+	t.Helper()
+	release := make(chan struct{})
+	clock = &atomic.Int64{}
+	clock.Store(before4.UnixNano())
+	daily := dailyClock(clock)
+	out = &downAfterReply{}
+	w = newManagerWorldWrites(t, gatedAgent("m0", release), func(d *Deps) {
+		daily(d)
+		if setup != nil {
+			setup(d)
+		}
+	}, func(s persistence.Store) persistence.Store {
+		out.Store = s
+		return out
+	})
+	m0 := w.deliver(t, "m0", "hello")
+	synctest.Wait()
+	clock.Store(after4.UnixNano())
+	w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+	synctest.Wait()
+	out.armed.Store(true)
+	close(release) // its reply is stored, and then the store refuses writes, the reset's too
+	w.answersTo(t, "m0")
+	synctest.Wait()
+	if _, ok := w.d.resetsDue.Load(w.key); !ok {
+		t.Fatal("no reset filed after the store refused it")
+	}
+	return w, out, clock, m0.SessionId
+}
+
+// activeElsewhere records in the store that session sid was active at later, as another
+// cluster member that ran its key meanwhile would, and sets the clock there.
+func activeElsewhere(t *testing.T, w *managerWorld, clock *atomic.Int64, sid string) {
+	t.Helper()
+	clock.Store(later.UnixNano())
+	if errs := w.store.Commit(w.ctx, [][]persistence.Op{{&persistence.TouchSession{SessionID: sid, At: later}}}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+}
+
+// checkGoesOn fails t unless session sid is open, with its activity at later.
+func (w *managerWorld) checkGoesOn(t *testing.T, sid, when string) {
+	t.Helper()
+	s, err := w.store.Session(w.ctx, sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.EndedAt.IsZero() || !s.LastActivityAt.Equal(later) {
+		t.Errorf("%s, session %s ended %v (%q), last active %v; want it open, last active %v", when, sid, s.EndedAt, s.EndReason, s.LastActivityAt, later)
+	}
+}
+
+// TestFiledResetEndsNoSessionActiveSince: a daily reset the store refused is filed for the key's
+// next activation, and before that activation the session is active again past the reset's
+// due time, as it is when the key moved to another cluster member meanwhile and ran there (the
+// store shows that activity). The key's next activation here does not end the session: it
+// goes on. Before, it ended at the old due time, hours before its last activity.
+func TestFiledResetEndsNoSessionActiveSince(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w, out, clock, sid := refusedResetWorld(t, nil)
+		activeElsewhere(t, w, clock, sid)
+		out.Down.Store(false)
+		time.Sleep(5 * time.Minute) // the session loads again once writes are taken
+		synctest.Wait()
+		w.checkGoesOn(t, sid, "once the key is activated again")
+	})
+}
+
+// TestResetFiledForAKeyHandedOnIsDropped: a cluster member's session has its daily reset
+// refused and filed for the key's next activation, and the key moves to another member before
+// that activation. The member drops the filed reset as it hands the key on (it would stay in
+// memory for ever if the key never came back), and when the key comes back after being active
+// on the other member, its session goes on, and the chat's next message runs in it, with no
+// reset notice.
+func TestResetFiledForAKeyHandedOnIsDropped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &movingPlacement{}
+		w, out, clock, sid := refusedResetWorld(t, func(d *Deps) {
+			d.Node, d.Fencing, d.Clustered, d.Placement = "a", true, true, p
+		})
+		p.self.Store(w.manager)
+		other := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+		p.owner.Store(other) // the key moves while its session waits out the pause
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		if _, ok := w.d.resetsDue.Load(w.key); ok {
+			t.Error("the reset filed for the key stays after the key was handed on")
+		}
+		activeElsewhere(t, w, clock, sid)
+		out.Down.Store(false)
+		p.owner.Store(w.manager) // and comes back
+		m1 := w.deliver(t, "m1", "hi")
+		if n := resetNotices(w.answersTo(t, "m1")); m1.SessionId != sid || len(n) != 0 {
+			t.Errorf("m1 ran in session %s (the key's was %s), with the reset notices %q; want it in the key's session, with none", m1.SessionId, sid, n)
+		}
+	})
+}
+
+// movingPlacement places every key on the manager owner names (on none, this member's, until
+// it is set), in a cluster of no other members this one asks: a key moves where the test says.
+type movingPlacement struct{ self, owner atomic.Pointer[actor.PID] }
+
+func (p *movingPlacement) Owner(string) *actor.PID { return p.owner.Load() }
+func (p *movingPlacement) Peers() []*actor.PID     { return nil }
+func (p *movingPlacement) Self() *actor.PID        { return p.self.Load() }
+func (p *movingPlacement) Holder(context.Context, string) (*actor.PID, error) {
+	return nil, nil
+}
