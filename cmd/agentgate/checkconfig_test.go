@@ -363,3 +363,28 @@ func TestSessionsPinPostgresRefusalOnItsLine(t *testing.T) {
 		}
 	}
 }
+
+// TestServeWarnsOfAPostgresDSNAgainstAdvice: serve says what check-config warns of in a
+// PostgreSQL store.dsn (the password in it, no search_path), for a deploy that skipped
+// check-config, and never quotes the DSN.
+func TestServeWarnsOfAPostgresDSNAgainstAdvice(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agentgate.yaml")
+	// Nothing listens on port 1: serve stops at the store's open, after its warnings.
+	text := "data_dir: " + t.TempDir() + "\nhttp: {addr: 127.0.0.1:0}\nstore:\n  driver: postgres\n" +
+		"  dsn: postgres://u:s3cretpw@127.0.0.1:1/db?connect_timeout=2\n"
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, err := runCmd(t, "serve", "--config", path)
+	if err == nil {
+		t.Fatal("serve with no database = nil error, want its refusal")
+	}
+	for _, want := range []string{"holds the database password", "names no search_path"} {
+		if !strings.Contains(stderr, `WRN store.dsn goes against README's advice; serving all the same err="store.dsn: `+want) {
+			t.Errorf("serve's log has no warning %q:\n%s", want, stderr)
+		}
+	}
+	if strings.Contains(stderr, "s3cretpw") || strings.Contains(err.Error(), "s3cretpw") {
+		t.Errorf("serve quoted the password:\n%s\n%v", stderr, err)
+	}
+}

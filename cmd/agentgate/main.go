@@ -309,6 +309,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for _, name := range config.UnknownEnv(os.Environ()) {
 		log.Warn("environment variable names no configuration key (a misspelt one?); it is ignored", "var", name)
 	}
+	for _, err := range cfg.PostgresAdvice() {
+		// check-config's warnings, said where a deploy that skipped it looks (a walkthrough).
+		log.Warn("store.dsn goes against README's advice; serving all the same", logging.Err(err))
+	}
 	if err := hideFromSameUser(); err != nil {
 		log.Warn("cannot keep the exec agent from reading the daemon's environment and memory (prctl PR_SET_DUMPABLE)", logging.Err(err))
 	}
