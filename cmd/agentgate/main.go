@@ -444,7 +444,8 @@ func startError(ctx context.Context, cfg *config.Config, err error) error {
 		cfg.Store.Driver == "sqlite" && cfg.Store.DSN == "" && errors.Is(err, persistence.ErrLocked):
 		return fmt.Errorf("%w%s%s--data-dir", err, heldBy(ctx, cfg, err), stopIt)
 	case errors.Is(err, persistence.ErrLocked):
-		return fmt.Errorf("%w%sdatabase (store.dsn)", err, stopIt)
+		// The lock is the schema's: another schema of the same database is another store.
+		return fmt.Errorf("%w%sdatabase or schema (store.dsn, its search_path)", err, stopIt)
 	case errors.Is(err, syscall.EADDRINUSE):
 		addr, run, recorded := daemonAddr(cfg)
 		_, port, _ := net.SplitHostPort(addr)

@@ -45,7 +45,8 @@ func TestDaemonOnPostgres(t *testing.T) {
 	second.Env = append(os.Environ(), pg...)
 	out, err := second.CombinedOutput()
 	var exit *exec.ExitError
-	if !errors.As(err, &exit) || !strings.Contains(string(out), "another agentgate daemon uses this database") {
+	if !errors.As(err, &exit) || !strings.Contains(string(out), "another agentgate daemon uses this database") ||
+		!strings.Contains(string(out), "stop it, or give this one another database or schema (store.dsn, its search_path)") {
 		t.Errorf("a second daemon on the database: %v\n%s\nwant it refused", err, out)
 	}
 
