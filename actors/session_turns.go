@@ -190,7 +190,11 @@ func (s *Session) agentMessage(it *item) agents.Message {
 // the agent says trying again will not help (agents.Refusal), why.
 func failedNotice(turnID string, err error) string {
 	if ref, ok := errors.AsType[*agents.Refusal](err); ok && ref.Notice != "" {
-		return "⚠️ The agent could not answer this message (turn " + turnID + " failed): " + ref.Notice + "."
+		n := "⚠️ The agent could not answer this message (turn " + turnID + " failed): " + ref.Notice + "."
+		if ref.Declined {
+			n += " It is left out of the conversation and will not be sent to the agent again."
+		}
+		return n
 	}
 	return "⚠️ The agent could not answer this message (turn " + turnID + " failed). Please try again."
 }
@@ -481,10 +485,15 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 		s.d.Metrics.TurnsTotal.WithLabelValues("error").Inc()
 		s.logger().Warn("turn failed", "turn", r.id, logging.KeyMessage, strings.Join(messageIDs(r.items), ","), logging.Err(m.Err))
 		s.giveBackNote(r)
-		s.finish(c, r, persistence.RoleNotice, failedNotice(r.id, m.Err), persistence.StatusFailed, m.Usage)
+		ref, _ := errors.AsType[*agents.Refusal](m.Err)
+		declined := ref != nil && ref.Declined
+		if declined {
+			s.leaveOut(r)
+		}
+		s.finish(c, r, persistence.RoleNotice, failedNotice(r.id, m.Err), persistence.StatusFailed, m.Usage, declined)
 	} else {
 		s.d.Metrics.TurnsTotal.WithLabelValues("ok").Inc()
-		s.finish(c, r, persistence.RoleAssistant, m.Text, persistence.StatusDone, m.Usage)
+		s.finish(c, r, persistence.RoleAssistant, m.Text, persistence.StatusDone, m.Usage, false)
 	}
 	s.tryStart(c)
 }
@@ -518,6 +527,20 @@ func (s *Session) cutShortByStop(c actor.Context, r *turnRun) {
 	s.tryStart(c)
 }
 
+// leaveOut takes the messages of r, a turn the agent declined for what they say
+// (agents.Refusal.Declined), out of the transcript buffer: a failed message otherwise stays in
+// the history of later turns, merged into the next user message, and every later message was
+// sent with it and declined too, until /new. finish archives their rows, so that a reload
+// leaves them out as well.
+func (s *Session) leaveOut(r *turnRun) {
+	if s.cur == nil || s.cur.ID != r.items[0].sessionID {
+		return // the buffer holds another session's messages
+	}
+	s.history = slices.DeleteFunc(s.history, func(h histEntry) bool {
+		return slices.ContainsFunc(r.items, func(it *item) bool { return it.seq == h.seq })
+	})
+}
+
 // maxTurnTokens bounds the tokens one turn may add to its session's totals.
 const maxTurnTokens = 1 << 40
 
@@ -527,8 +550,9 @@ func saneTokens(n int64) int64 { return min(max(n, 0), maxTurnTokens) }
 func withoutNUL(s string) string { return strings.ReplaceAll(s, "\x00", "\uFFFD") } // s itself when it has none
 
 // finish records the end of a turn (reply row, message status, outbox, activity, route and the
-// tokens it used, in one write) and sends the reply once it is durable.
-func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string, usage agents.Usage) {
+// tokens it used, in one write) and sends the reply once it is durable. archive archives the
+// turn's messages too (leaveOut), as /undo does: History, which a reload reads, skips them.
+func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string, usage agents.Usage, archive bool) {
 	now := s.d.now()
 	text = withoutNUL(text) // an agent's output: PostgreSQL stores no NUL, and no chat shows one
 	seqs := make([]int64, len(r.items))
@@ -543,6 +567,9 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string,
 	sid := r.items[0].sessionID
 	ops := append(markCut(interrupted),
 		&persistence.SetMessageStatus{SessionID: sid, Seqs: seqs, Status: status, TurnID: r.id})
+	if archive {
+		ops = append(ops, &persistence.ArchiveMessages{SessionID: sid, Seqs: seqs})
+	}
 	if usage.InputTokens > 0 || usage.OutputTokens > 0 {
 		ops = append(ops, &persistence.AddUsage{SessionID: sid, TurnID: r.id,
 			InputTokens: usage.InputTokens, OutputTokens: usage.OutputTokens})

@@ -87,7 +87,11 @@ var ErrStopSignal = errors.New("agent process ended by a stop signal")
 // of the "please try again" of a failed turn: a lower-case clause, without a final period.
 type Refusal struct {
 	Notice string
-	Err    error
+	// Declined is set when the endpoint declined the message for what it says (a content
+	// policy, a content filter), not for how agentgate is set up: the message is left out of
+	// what later turns send, or every later message would carry it and be declined too.
+	Declined bool
+	Err      error
 }
 
 func (r *Refusal) Error() string { return r.Err.Error() }

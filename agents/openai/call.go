@@ -97,7 +97,7 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log
 		}
 		start := time.Now()
 		res, err := a.attempt(ctx, body, partial, log)
-		a.requests(requestResult(ctx, err))
+		a.requests(requestResult(ctx, res, err))
 		if err == nil {
 			log.Debug("model call", "attempt", attempt, "took", time.Since(start),
 				"input_tokens", res.usage.InputTokens, "output_tokens", res.usage.OutputTokens)
@@ -172,13 +172,13 @@ func (a *Agent) pauseUntil(p *atomic.Int64, t time.Time) {
 
 // Results of one request to the model endpoint, as Config.Requests is told them.
 const (
-	ResultOK          = "ok"           // a reply was read
+	ResultOK          = "ok"           // a reply with text was read
 	ResultRateLimited = "rate_limited" // 429
 	ResultServerError = "server_error" // 5xx
 	ResultRefused     = "refused"      // another error status, a redirect, or an error in a 200
 	ResultUnreachable = "unreachable"  // no answer: connection refused or reset, DNS, TLS
 	ResultBrokeOff    = "broke_off"    // the answer ended before the reply did
-	ResultBadReply    = "bad_reply"    // an answer that is no chat completion, or too long
+	ResultBadReply    = "bad_reply"    // an answer that is no chat completion, too long, or without text
 	ResultTimeout     = "timeout"      // agent.openai.timeout ended the turn during the request
 	ResultCancelled   = "cancelled"    // the turn was stopped or interrupted during the request
 )
@@ -187,9 +187,15 @@ const (
 var RequestResults = []string{ResultOK, ResultRateLimited, ResultServerError, ResultRefused,
 	ResultUnreachable, ResultBrokeOff, ResultBadReply, ResultTimeout, ResultCancelled}
 
-// requestResult is the result (RequestResults) of a request that ended with err under ctx.
-func requestResult(ctx context.Context, err error) string {
+// requestResult is the result (RequestResults) of a request that ended with res or err under
+// ctx. A completion without text (no choices, only tool calls, a content filter's empty
+// answer) is a bad reply: the turn has nothing to answer with, and counted ok, it hid the
+// failures from the metric.
+func requestResult(ctx context.Context, res *result, err error) string {
 	if err == nil {
+		if strings.TrimSpace(res.text) == "" {
+			return ResultBadReply
+		}
 		return ResultOK
 	}
 	if ctx.Err() != nil {
@@ -384,11 +390,28 @@ func stripURL(err error) error {
 // statusError reads an error response into a safe StatusError.
 func (a *Agent) statusError(resp *http.Response) *StatusError {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-	return &StatusError{
+	se := &StatusError{
 		Code:       resp.StatusCode,
 		Message:    sanitize(errorMessage(raw), a.keyString()),
 		RetryAfter: retryAfter(resp.Header, a.now()),
 	}
+	if resp.StatusCode == http.StatusNotFound {
+		se.hint = a.notFoundHint()
+	}
+	return se
+}
+
+// notFoundHint says where a request that got a 404 went, and what to check: an endpoint
+// answers 404 for a model it does not serve, and as often for a path it has no route for (a
+// base_url without its /v1), whose message ("404 page not found") names neither. The URL is
+// given without its query and user info, which may hold credentials.
+func (a *Agent) notFoundHint() string {
+	where := "the configured base_url"
+	if u, err := url.Parse(a.url); err == nil {
+		where = (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
+	}
+	return "posted to " + sanitize(where, a.keyString()) + ": check that agent.openai.base_url is the API's root, " +
+		"which usually ends in /v1, and that agent.openai.model names a model the endpoint serves"
 }
 
 // errorMessage finds the message in an error body: {"error":{"message"}}, {"error":"…"},

@@ -54,9 +54,13 @@ type StatusError struct {
 	// inBand is set for an error in a 200's body, and shown when it came after text had been
 	// streamed to the user (not retried: the user would see the text start over).
 	inBand, shown bool
+	// hint is what the operator should check, for a status whose cause the endpoint's message
+	// may not say (a 404: see notFoundHint); "" for none.
+	hint string
 }
 
-// Error says which status the endpoint answered, its message, and the wait it asked for.
+// Error says which status the endpoint answered, its message, what to check (hint), and the
+// wait it asked for.
 func (e *StatusError) Error() string {
 	s := fmt.Sprintf("openai agent: model endpoint answered %d %s", e.Code, http.StatusText(e.Code))
 	if e.inBand {
@@ -67,6 +71,9 @@ func (e *StatusError) Error() string {
 	}
 	if e.Message != "" {
 		s += ": " + e.Message
+	}
+	if e.hint != "" {
+		s += " (" + e.hint + ")"
 	}
 	if e.RetryAfter > 0 {
 		// Said, so that a 429 that was not retried (it asked for longer than max_backoff, or
@@ -96,21 +103,24 @@ func refusal(err error) error {
 		return err
 	}
 	var notice string
+	declined := false
 	switch {
 	case se.Code == http.StatusUnauthorized || se.Code == http.StatusForbidden:
 		notice = "its model endpoint refused its credentials, which the operator has to fix"
 	case se.Code == http.StatusNotFound:
-		notice = "its model endpoint does not know the model it is set up with, which the operator has to fix"
+		// Said of both causes: an unknown model, or a base_url without the API's path (its
+		// /v1), where the endpoint has no route to answer (notFoundHint).
+		notice = "its model endpoint has no such model or address (404), which the operator has to fix"
 	case se.Code == http.StatusRequestEntityTooLarge || (se.Code == http.StatusBadRequest && tooLong(se.Message)):
 		notice = "the conversation is too long for the model: send /new to start a fresh session, or a shorter message"
 	case se.Code == http.StatusBadRequest && saysAny(se.Message, "content_policy", "content policy", "content management policy", "safety system"):
-		notice = "its model endpoint declined this message (its content policy)"
+		notice, declined = "its model endpoint declined this message (its content policy)", true
 	case se.Code == http.StatusBadRequest || se.Code == http.StatusUnprocessableEntity:
 		notice = "its model endpoint refused the request"
 	default:
 		return err
 	}
-	return &agents.Refusal{Notice: notice, Err: err}
+	return &agents.Refusal{Notice: notice, Declined: declined, Err: err}
 }
 
 // tooLong reports whether an endpoint's 400 message says the prompt exceeds the model's context,

@@ -308,7 +308,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			err := fmt.Errorf("%w (finish reason %q)", ErrEmptyReply, res.finish)
 			switch res.finish {
 			case "content_filter":
-				err = &agents.Refusal{Notice: "the model declined to answer it (its content filter)", Err: err}
+				err = &agents.Refusal{Notice: "the model declined to answer it (its content filter)", Declined: true, Err: err}
 			case "length":
 				err = a.noRoomToAnswer(err)
 			}

@@ -203,23 +203,27 @@ func TestEmptyReplyIsAnError(t *testing.T) {
 // TestRefusalsSayWhy: an answer the same request would get again (the credentials, the model's
 // name, a conversation too long, a refused request, the content filter with no text) is an
 // agents.Refusal whose notice tells the user why; one that may pass (a 500) is not, and the
-// user is asked to try again.
+// user is asked to try again. Only the content policy and filter decline the message itself
+// (Refusal.Declined).
 func TestRefusalsSayWhy(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		answer http.HandlerFunc
 		want   string // in the notice; "" means no Refusal
+		// declined is Refusal.Declined: the message itself is declined (a later turn must not
+		// send it again), not the request agentgate made of it.
+		declined bool
 	}{
-		{"bad key", openaitest.Status(401, `{"error":{"message":"Incorrect API key provided"}}`), "refused its credentials"},
-		{"forbidden", openaitest.Status(403, `{"error":{"message":"no access"}}`), "refused its credentials"},
-		{"unknown model", openaitest.Status(404, `{"error":{"message":"The model 'gpt-9' does not exist"}}`), "does not know the model"},
-		{"context length (OpenAI)", openaitest.Status(400, `{"error":{"message":"This model's maximum context length is 8192 tokens.","code":"context_length_exceeded"}}`), "send /new"},
-		{"context length (vLLM)", openaitest.Status(400, `{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens"}`), "send /new"},
-		{"too large", openaitest.Status(413, `request entity too large`), "send /new"},
-		{"content policy", openaitest.Status(400, `{"error":{"message":"Your request was rejected as a result of our safety system.","code":"content_policy_violation"}}`), "content policy"},
-		{"bad request", openaitest.Status(400, `{"error":{"message":"Invalid value for 'temperature'"}}`), "refused the request"},
-		{"content filter, no text", openaitest.Raw("application/json", `{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"content_filter"}]}`), "content filter"},
-		{"server error", openaitest.Status(500, `{"error":{"message":"boom"}}`), ""},
+		{"bad key", openaitest.Status(401, `{"error":{"message":"Incorrect API key provided"}}`), "refused its credentials", false},
+		{"forbidden", openaitest.Status(403, `{"error":{"message":"no access"}}`), "refused its credentials", false},
+		{"unknown model", openaitest.Status(404, `{"error":{"message":"The model 'gpt-9' does not exist"}}`), "no such model or address", false},
+		{"context length (OpenAI)", openaitest.Status(400, `{"error":{"message":"This model's maximum context length is 8192 tokens.","code":"context_length_exceeded"}}`), "send /new", false},
+		{"context length (vLLM)", openaitest.Status(400, `{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens"}`), "send /new", false},
+		{"too large", openaitest.Status(413, `request entity too large`), "send /new", false},
+		{"content policy", openaitest.Status(400, `{"error":{"message":"Your request was rejected as a result of our safety system.","code":"content_policy_violation"}}`), "content policy", true},
+		{"bad request", openaitest.Status(400, `{"error":{"message":"Invalid value for 'temperature'"}}`), "refused the request", false},
+		{"content filter, no text", openaitest.Raw("application/json", `{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"content_filter"}]}`), "content filter", true},
+		{"server error", openaitest.Status(500, `{"error":{"message":"boom"}}`), "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newFakeModel(t, tc.answer)
@@ -234,6 +238,8 @@ func TestRefusalsSayWhy(t *testing.T) {
 				t.Errorf("Run error %v is a Refusal (%q), want one the user may try again", err, ref.Notice)
 			case tc.want != "" && (!ok || !strings.Contains(ref.Notice, tc.want)):
 				t.Errorf("Run error = %v (refusal %v), want a Refusal saying %q", err, ok, tc.want)
+			case ok && ref.Declined != tc.declined:
+				t.Errorf("Run error %v: Refusal.Declined = %v, want %v", err, ref.Declined, tc.declined)
 			}
 		})
 	}
@@ -955,7 +961,9 @@ func (r *results) all() []string {
 }
 
 // TestRequestResults: every request to the endpoint, each retry its own, is counted by what
-// came of it (agentgate_model_requests_total), and each result is one of RequestResults.
+// came of it (agentgate_model_requests_total), and each result is one of RequestResults. A 200
+// without text (no choices, only tool calls), whose turn fails, is a bad reply: before, it
+// counted ok.
 func TestRequestResults(t *testing.T) {
 	brokeOff := func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -977,6 +985,10 @@ func TestRequestResults(t *testing.T) {
 			http.Redirect(w, r, "http://127.0.0.1:1/elsewhere", http.StatusFound)
 		}}, want: []string{"refused"}},
 		{name: "bad reply", steps: []http.HandlerFunc{openaitest.Raw("application/json", `not json`)}, want: []string{"bad_reply"}},
+		{name: "no choices", steps: []http.HandlerFunc{openaitest.Raw("application/json", `{"choices":[]}`)}, want: []string{"bad_reply"}},
+		{name: "tool calls", steps: []http.HandlerFunc{openaitest.Raw("application/json",
+			`{"choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}`)},
+			want: []string{"bad_reply"}},
 		{name: "broke off", steps: []http.HandlerFunc{brokeOff, openaitest.Reply("hi", 1, 1)}, want: []string{"broke_off", "ok"}},
 		{name: "timeout", steps: []http.HandlerFunc{hang}, timeout: 50 * time.Millisecond, want: []string{"timeout"}},
 		{name: "cancelled", steps: []http.HandlerFunc{hang}, cancel: true, want: []string{"cancelled"}},
