@@ -83,7 +83,14 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log
 				// Another request was told to wait: so is this one, which would only add to
 				// the storm (unless the turn ends first: then the endpoint may say so itself).
 				if dl, has := ctx.Deadline(); !has || time.Until(dl) > left {
-					log.Debug("model call waits out the endpoint's rate limit", "wait", left)
+					if wait == 0 {
+						// Held by another turn's limit, which its own log lines name: this
+						// chat's reply is late for no reason of its own (found by a walkthrough:
+						// one chat's Retry-After held another for 25 s without a word).
+						if args, ok := a.pauseLines.Allowed("wait", left.Round(time.Millisecond)); ok {
+							log.Warn("model call waits out a rate limit the endpoint gave another request; every turn's calls wait", args...)
+						}
+					}
 					wait = left
 				}
 			}

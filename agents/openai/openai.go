@@ -108,6 +108,8 @@ type Agent struct {
 	epoch time.Time
 	// retryLines limits the line of a retried call to one a minute.
 	retryLines logging.Limiter
+	// pauseLines limits the line of a call held by another's rate limit to one a minute.
+	pauseLines logging.Limiter
 	// large holds a value for each answer past largeAnswer being read (maxLargeAnswers at
 	// most): what the calls of the Agent hold of their answers together is bounded.
 	large chan struct{}

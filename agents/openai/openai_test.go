@@ -1041,7 +1041,8 @@ func TestRateLimitPausesEveryRequest(t *testing.T) {
 	m := newFakeModel(t, openaitest.Status(429, `{"error":{"message":"slow down"}}`, "Retry-After: 5"), openaitest.Reply("ok", 1, 1))
 	slept, release := make(chan time.Duration), make(chan struct{})
 	clock := &sleeps{at: time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)}
-	a := MustAgent(t, m, nil, nil, func(c *openai.Config) {
+	logs := &testutil.Buffer{}
+	a := MustAgent(t, m, logs, nil, func(c *openai.Config) {
 		c.Now = clock.now
 		c.Sleep = func(ctx context.Context, d time.Duration) error {
 			slept <- d
@@ -1072,6 +1073,10 @@ func TestRateLimitPausesEveryRequest(t *testing.T) {
 	}
 	if n := m.Count(); n != 1 {
 		t.Errorf("the model got %d requests during the limit, want 1", n)
+	}
+	// The other turn's wait is said, once a minute: its chat's reply is late for another's limit.
+	if want := `level=WARN msg="model call waits out a rate limit the endpoint gave another request; every turn's calls wait" session="" turn="" wait=5s`; strings.Count(logs.String(), want) != 1 {
+		t.Errorf("the log has not once %q:\n%s", want, logs)
 	}
 	close(release)
 	for _, done := range []<-chan error{first, second} {
