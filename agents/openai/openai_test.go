@@ -692,7 +692,7 @@ func TestTimeoutBoundsTheTurn(t *testing.T) {
 	m := newFakeModel(t, func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 	a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.Timeout = 50 * time.Millisecond })
 	_, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
-	if !errors.Is(err, openai.ErrTimeout) || !strings.Contains(err.Error(), "no reply within 50ms (agent.openai.timeout)") {
+	if !errors.Is(err, openai.ErrTimeout) || err.Error() != "openai agent: timed out: no reply within 50ms (agent.openai.timeout)" {
 		t.Errorf("Run error = %v, want ErrTimeout that names the timeout", err)
 	}
 }
