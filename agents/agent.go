@@ -83,7 +83,8 @@ var ErrStopSignal = errors.New("agent process ended by a stop signal")
 
 // Refusal is an agent's error that sending the same message again will not get past: the
 // model's endpoint refused the request itself (its credentials, the model's name, a
-// conversation too long for it) or declined to answer. Notice says why, to the user, in place
+// conversation too long for it), declined to answer, or asked for a wait longer than the agent
+// waits (a rate limit's Retry-After: not before then). Notice says why, to the user, in place
 // of the "please try again" of a failed turn: a lower-case clause, without a final period.
 type Refusal struct {
 	Notice string

@@ -119,6 +119,11 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log
 		// them as much as for this request.
 		a.pauseOthers(err, wait, attempt)
 		if !retry {
+			if se, ok := errors.AsType[*StatusError](err); ok && se.RetryAfter > a.maxBackoff {
+				// "Please try again" would send it into the wait (found by a walkthrough).
+				return nil, &agents.Refusal{Err: err, Notice: fmt.Sprintf(
+					"its model endpoint asked for a wait of %v before its next request: send it again after that", se.RetryAfter.Round(time.Second))}
+			}
 			return nil, err
 		}
 		if dl, has := ctx.Deadline(); has && time.Until(dl) < wait {

@@ -224,6 +224,10 @@ func TestRefusalsSayWhy(t *testing.T) {
 		{"bad request", openaitest.Status(400, `{"error":{"message":"Invalid value for 'temperature'"}}`), "refused the request", false},
 		{"content filter, no text", openaitest.Raw("application/json", `{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"content_filter"}]}`), "content filter", true},
 		{"server error", openaitest.Status(500, `{"error":{"message":"boom"}}`), "", false},
+		// A wait longer than max_backoff is not waited out: the user is told how long, not to
+		// try again at once.
+		{"rate limit of an hour", openaitest.Status(429, `{"error":{"message":"quota"}}`, "Retry-After: 3600"), "asked for a wait of 1h0m0s before its next request: send it again after that", false},
+		{"rate limit within max_backoff", openaitest.Status(429, `{"error":{"message":"slow"}}`, "Retry-After: 2"), "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newFakeModel(t, tc.answer)
