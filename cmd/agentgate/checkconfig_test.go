@@ -388,3 +388,37 @@ func TestServeWarnsOfAPostgresDSNAgainstAdvice(t *testing.T) {
 		t.Errorf("serve quoted the password:\n%s\n%v", stderr, err)
 	}
 }
+
+// TestCheckConfigWarnsOfAKeyOverPlainHTTP: check-config warns, at base_url's line, of an API key
+// that the openai backend would send over plain http to another host (serve warns only once it
+// runs); a loopback endpoint, https, or no key is no warning.
+func TestCheckConfigWarnsOfAKeyOverPlainHTTP(t *testing.T) {
+	t.Setenv("WALK_KEY", "sk-test")
+	for _, tt := range []struct{ name, baseURL, keyEnv, want string }{
+		{"another host", "http://192.0.2.1/v1", "WALK_KEY",
+			"warning: %s:6: agent.openai.base_url: sends the API key over plain http to 192.0.2.1, where anyone on the way can read it: use https\n"},
+		{"https", "https://192.0.2.1/v1", "WALK_KEY", ""},
+		{"loopback", "http://127.0.0.1:8000/v1", "WALK_KEY", ""},
+		{"no key", "http://192.0.2.1/v1", `""`, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path, dataDir := filepath.Join(t.TempDir(), "agentgate.yaml"), t.TempDir()
+			if err := os.WriteFile(filepath.Join(dataDir, "agentgate.db"), nil, 0o600); err != nil {
+				t.Fatal(err) // (a database there: check-config notes no new one)
+			}
+			text := "data_dir: " + dataDir + "\nagent:\n  backend: openai\n  openai:\n    model: m\n    base_url: " + tt.baseURL +
+				"\n    api_key_env: " + tt.keyEnv + "\n"
+			if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			want := ""
+			if tt.want != "" {
+				want = fmt.Sprintf(tt.want, path)
+			}
+			stdout, stderr, err := runCmd(t, "check-config", "--config", path)
+			if err != nil || stdout != "config ok\n" || stderr != want {
+				t.Errorf("check-config = %v, stdout %q, stderr %q; want config ok and stderr %q", err, stdout, stderr, want)
+			}
+		})
+	}
+}

@@ -496,13 +496,14 @@ func (n *notice) Unwrap() error { return n.err }
 
 // startNotices returns check-config's notices of cfg: that serve will create a new, empty
 // SQLite database (before, "config ok" of a mistyped path, on which serve started as on no
-// conversations at all), and what README advises against in the PostgreSQL store's settings.
+// conversations at all), and what README advises against in the PostgreSQL store's settings
+// and the openai backend's.
 func startNotices(cfg *config.Config) []error {
 	var out []error
 	if err := cfg.NewSQLiteDatabase(); err != nil {
 		out = append(out, &notice{kind: "note", err: err})
 	}
-	for _, err := range cfg.PostgresAdvice() {
+	for _, err := range append(cfg.PostgresAdvice(), cfg.OpenAIAdvice()...) {
 		out = append(out, &notice{kind: "warning", err: err})
 	}
 	return out
