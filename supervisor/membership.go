@@ -95,10 +95,31 @@ func (p *storeMembership) StartMember(c *cluster.Cluster) error {
 		_ = p.store.Leave(ctx, p.name, p.me.ID)
 		return fmt.Errorf("membership: %w", err)
 	}
+	live = p.registeredMeanwhile(ctx, live)
 	v := viewOf(c)
 	v.publish(live)
 	go p.renew(v, began)
 	return nil
+}
+
+// registeredMeanwhile returns the live members as the store lists them once this member's
+// registration has committed, or live when that read fails or does not list this member. Members
+// that register at the same moment (a service manager starting the whole cluster again) may each
+// miss the other's row in their registration's transaction: each member's first topology then
+// held itself alone, its first recovery activated every key with unfinished work without asking
+// the other, and every pending message's agent ran on both, the later claim fencing the earlier
+// run (TestClusterMembersStartedTogetherRunEachPendingMessageOnce). Read after the commit, the
+// list of at least one of two such members holds the other, which its activations then ask to
+// let go of each key (actors.Release). A lone member pays one read of the table.
+func (p *storeMembership) registeredMeanwhile(ctx context.Context, live []postgres.Member) []postgres.Member {
+	again, err := p.store.Members(ctx, p.name, p.ttl)
+	if err != nil || !slices.ContainsFunc(again, func(m postgres.Member) bool { return m.ID == p.me.ID }) {
+		return live
+	}
+	p.mu.Lock()
+	p.live = again
+	p.mu.Unlock()
+	return again
 }
 
 // recordSelfStops records in the store the members that stopped themselves on this data
