@@ -188,6 +188,9 @@ type Deps struct {
 	// loadWaits limits the line of sessions that wait for the database to load (waitToLoad):
 	// in an outage every chat that writes starts one.
 	loadWaits logging.Limiter
+	// loadResumes limits the line of waiting sessions that loaded once the database answered
+	// again: at the end of an outage they all load within a second.
+	loadResumes logging.Limiter
 	// inboundRefusals limits the line of messages whose write was refused in an outage (the
 	// database and the spool both failing: a full disk): every message, and each retry of it,
 	// would log one.

@@ -122,7 +122,7 @@ func (s *Session) rare() *rareState {
 func (s *Session) tidyRare() {
 	if r := s.unusual; r != nil && r.continuity == "" && len(r.interrupted) == 0 && r.overdue == nil &&
 		len(r.unsure) == 0 && len(r.handoff) == 0 && r.probation == nil && r.life == nil && len(r.ending) == 0 && r.spill == nil && len(r.aside) == 0 &&
-		len(r.dropped) == 0 && len(r.commands) == 0 {
+		len(r.dropped) == 0 && len(r.commands) == 0 && r.loadFailed == nil {
 		s.unusual = nil
 	}
 }
@@ -439,8 +439,13 @@ func (s *Session) load(c actor.Context) {
 		}
 		panic(fmt.Errorf("session %s: load: %w", s.key, err))
 	}
-	if s.unusual != nil {
+	if s.unusual != nil && s.unusual.loadFailed != nil {
 		s.unusual.loadFailed = nil
+		// The counterpart of waitToLoad's line, which no spool was involved in (a cluster has
+		// none): the database answers again. Limited as that line is, for all sessions.
+		if n, ok := s.d.loadResumes.Allow(); ok {
+			s.logger().Info("the database answers again; the session has loaded", "sessions", n)
+		}
 	}
 	if snap.Route != nil {
 		s.routeGen = snap.Route.Generation
@@ -576,6 +581,10 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 			return false
 		}
 		s.unloaded = false
+		// Only a session that waited for the spool says it drained. One whose claim or load
+		// failed tries again silently and says so once it loads (load). tidyRare keeps
+		// loadFailed for this: before, it dropped it after the first try, and every waiting
+		// cluster member's session said "the spool has drained" each second of an outage.
 		if s.unusual == nil || s.unusual.loadFailed == nil {
 			s.logger().Info("the spool has drained; the session loads")
 		}

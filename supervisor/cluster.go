@@ -90,14 +90,14 @@ func (d *Daemon) startCluster() (err error) {
 			d.metrics.ClusterMembers.Set(float64(len(t.Members)))
 			go func() {
 				n := d.recoverOwned(t.Members)
-				d.log.Info("cluster membership changed", "members", len(t.Members), "joined", len(t.Joined),
-					"left", len(t.Left), "recovering", n)
+				d.log.Info("cluster membership changed", "members", len(t.Members), "joined", addresses(t.Joined),
+					"left", addresses(t.Left), "recovering", n)
 			}()
 		}
 	})
 	d.cluster.StartMember()
 	go d.sweepRecoverable(cc.MemberTTL)
-	d.log.Info("joined the cluster", "cluster", cc.Name, "address", d.system.Address())
+	d.log.Info("joined the cluster", "cluster", cc.Name, "node", d.deps.Node, "address", d.system.Address(), "http", d.addr.String())
 	return nil
 }
 
@@ -444,7 +444,8 @@ func (p placement) Holder(ctx context.Context, key string) (*actor.PID, error) {
 	return actor.NewPID((&cluster.Member{Host: m.Host, Port: int32(m.Port)}).Address(), p.d.manager.Id), nil
 }
 
-// clusterReady reports whether this member is in the cluster's topology, as it sees it.
+// clusterReady reports whether this member is in the cluster's topology, as it sees it, and
+// whether its renewals succeed.
 func (d *Daemon) clusterReady() error {
 	switch {
 	case d.cluster == nil:
@@ -452,7 +453,7 @@ func (d *Daemon) clusterReady() error {
 	case !d.cluster.MemberList.ContainsMemberID(d.system.ID):
 		return errors.New("not a member of the cluster's topology")
 	}
-	return nil
+	return d.membership.renewalsFailing(time.Now())
 }
 
 // ownerOf returns the function that names the address of the member owning a session key

@@ -66,6 +66,10 @@ type storeMembership struct {
 	mu      sync.Mutex
 	leaving bool              // the member stops: it renews its registration as leaving
 	live    []postgres.Member // the live members as of the last renewal, oldest first
+	// failing is when the renewals that fail now began to, and renewed when the last one that
+	// succeeded began (the member stops member_ttl after it); failing is zero while they
+	// succeed. /readyz reports them (renewalsFailing).
+	failing, renewed time.Time
 }
 
 func newStoreMembership(store memberStore, name, node, http string, ttl time.Duration, log *slog.Logger, lost func(error)) *storeMembership {
@@ -150,10 +154,10 @@ func (p *storeMembership) recordSelfStops(ctx context.Context) error {
 	return nil
 }
 
-// lose reports the membership lost to renewals that failed, after leaving a note of the stop for
-// the next member started on the data directory (selfStopDir). A renewal that succeeded too late
-// (the process stalled), or failing renewals that woke or returned late (starved: their
-// deadlines passed while the process could not run), report the loss without a note (renew): a
+// lose reports the membership lost to renewals that failed (or failed until one that succeeded
+// past member_ttl), after leaving a note of the stop for the next member started on the data
+// directory (selfStopDir). Renewals that woke or returned late (the process stalled, or starved:
+// their deadlines passed while the process could not run) report the loss without a note (gone): a
 // stall may be a message's doing (memory it makes the process swap for), and the member's death
 // then counts, as a crash's does (a review's finding: starved renewals fail by their deadlines,
 // as those of a database that does not answer do). A split, a stranger or a displaced member
@@ -165,6 +169,32 @@ func (p *storeMembership) lose(err error) {
 		}
 	}
 	p.lost(err)
+}
+
+// gone reports the membership lost past member_ttl: with a note of the stop (lose) when the
+// database was away, without one when the renewals ran late by lagged past slack (starved).
+func (p *storeMembership) gone(err error, lagged, slack time.Duration) {
+	if lagged <= 0 {
+		p.lose(err)
+		return
+	}
+	p.log.Warn("this member's renewals ran late: the process was starved or paused, perhaps by a message it ran, so its stop counts as a death of that message",
+		"late", (lagged + slack).Round(time.Millisecond))
+	p.lost(err)
+}
+
+// renewalsFailing reports, as of now, that this member's renewals fail and when it stops for
+// them; nil while they succeed. Before, /readyz said the cluster was ok until the member
+// stopped: a load balancer kept sending it requests it was about to refuse.
+func (p *storeMembership) renewalsFailing(now time.Time) error {
+	p.mu.Lock()
+	failing, renewed := p.failing, p.renewed
+	p.mu.Unlock()
+	if failing.IsZero() {
+		return nil
+	}
+	return fmt.Errorf("renewals failing for %v; this member stops at member_ttl (%v after its last renewal), in %v",
+		now.Sub(failing).Round(100*time.Millisecond), p.ttl, max(renewed.Add(p.ttl).Sub(now), 0).Round(100*time.Millisecond))
 }
 
 // memberView is what renewing needs of protoactor's cluster: whether its gossip blocked a
@@ -188,6 +218,16 @@ func (v memberView) publish(live []postgres.Member) {
 		members = append(members, &cluster.Member{Id: m.ID, Host: m.Host, Port: int32(m.Port), Kinds: m.Kinds})
 	}
 	v.update(members)
+}
+
+// addresses returns the cluster addresses of members, for a log line: they tell the members
+// apart as a count did not.
+func addresses(members []*cluster.Member) []string {
+	out := make([]string, 0, len(members))
+	for _, m := range members {
+		out = append(out, m.Address())
+	}
+	return out
 }
 
 // httpForCluster is the address of a member's HTTP API (listening on addr) as it registers it
@@ -280,17 +320,22 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 		cancel()
 		tried = time.Now()
 		if err == nil {
-			failing, lagged = false, 0
 			reset(max(every-time.Since(began), 0)) // the next renewal ttl/3 after this one began
 			if since := time.Since(last); since >= p.ttl {
-				// A pause longer than member_ttl (a stalled process, host or connection): the
-				// others counted this member as gone and blocked it, and its staying would make
-				// them, the younger ones, leave as the losing side of a split.
-				p.lost(fmt.Errorf("cluster membership lost: %v between renewals, past member_ttl %v (the other members counted this one as gone)",
-					since.Round(time.Millisecond), p.ttl))
+				// A pause longer than member_ttl (a stalled process, host or connection, or
+				// renewals that failed until this one): the others counted this member as gone
+				// and blocked it, and its staying would make them, the younger ones, leave as
+				// the losing side of a split. Judged as a failed renewal is (gone): one that
+				// began just inside member_ttl after an outage left no note before.
+				p.gone(fmt.Errorf("cluster membership lost: %v between renewals, past member_ttl %v (the other members counted this one as gone)",
+					since.Round(time.Millisecond), p.ttl), max(lagged, tried.Sub(locked)-every-slack), slack)
 				return
 			}
+			failing, lagged = false, 0
 			last = began
+			p.mu.Lock()
+			p.failing = time.Time{}
+			p.mu.Unlock()
 			if err := p.displaced(live); err != nil {
 				p.lost(err)
 				return
@@ -315,17 +360,14 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 		if since := time.Since(last); since >= p.ttl {
 			err := fmt.Errorf("cluster membership lost: no renewal for %v (the other members count this one as gone): %w",
 				since.Round(time.Millisecond), err)
-			if lagged > 0 {
-				p.log.Warn("this member's renewals ran late: the process was starved or paused, perhaps by a message it ran, so its stop counts as a death of that message",
-					"late", (lagged + slack).Round(time.Millisecond))
-				p.lost(err)
-			} else {
-				p.lose(err)
-			}
+			p.gone(err, lagged, slack)
 			return
 		}
 		if !failing {
 			p.log.Warn("cluster membership not renewed; retrying", "in", min(renewRetry, every), logging.Err(err))
+			p.mu.Lock()
+			p.failing, p.renewed = began, last
+			p.mu.Unlock()
 		}
 		failing = true
 		reset(min(renewRetry, every))

@@ -334,3 +334,50 @@ func TestStopDuringAnOutageLeavesANote(t *testing.T) {
 		t.Errorf("notes of the stop: %q, %v; want one", nodes, err)
 	}
 }
+
+// TestRenewalPastTTLAfterAnOutageLeavesANote: a renewal that begins just inside member_ttl at
+// the end of a database outage and succeeds past it ("6.04s between renewals, past member_ttl
+// 6s") stops the member as failed renewals do: with a note of its stop (the database was
+// away), and no "ran late" line. A renewal that succeeded past member_ttl because it stalled
+// leaves none (its death counts). Before, neither left a note.
+func TestRenewalPastTTLAfterAnOutageLeavesANote(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		store func(start time.Time) memberStore
+		note  bool
+	}{
+		{"the database away", func(start time.Time) memberStore {
+			// Down from 100 ms to 5.9 s; the renewal retried at 6 s succeeds.
+			return &restartedStore{down: start.Add(100 * time.Millisecond), up: start.Add(5900 * time.Millisecond), brokenAfter: true}
+		}, true},
+		{"a stalled renewal", func(time.Time) memberStore { return &stalledHeartbeat{stall: 7 * time.Second} }, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			var logs strings.Builder
+			synctest.Test(t, func(t *testing.T) {
+				start := time.Now()
+				lost := make(chan error, 1)
+				p := newStoreMembership(tt.store(start), "agentgate", "h1/r_1", "127.0.0.1:8080", 6*time.Second,
+					slog.New(slog.NewTextHandler(&logs, nil)), func(err error) { lost <- err })
+				p.notes = dir
+				view := memberView{blocked: func(string) bool { return false }, update: func(cluster.Members) {}}
+				go p.renew(view, start)
+				if err := <-lost; !strings.Contains(err.Error(), "between renewals, past member_ttl") {
+					t.Errorf("lost: %v, want a renewal past member_ttl named", err)
+				}
+				<-p.done
+			})
+			nodes, _, err := selfStops(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(nodes) == 1 && nodes[0] == "h1/r_1"; got != tt.note {
+				t.Errorf("notes of the stop: %q, want a note of h1/r_1: %v", nodes, tt.note)
+			}
+			if late := strings.Contains(logs.String(), "ran late"); late == tt.note {
+				t.Errorf("the log says the renewals ran late: %v, want %v:\n%s", late, !tt.note, logs.String())
+			}
+		})
+	}
+}
