@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -391,9 +392,23 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	for _, pid := range d.deps.Platforms {
 		d.system.Root.Send(pid, &actors.StartIntake{Deliver: d.intake.Deliver})
 	}
-	log.Info("agentgate started", "addr", d.addr.String(), "agent", cfg.Agent.Backend, "data_dir", cfg.DataDir,
-		"store", storeName(d.store), "version", buildinfo.Version())
+	log.Info("agentgate started", append(append([]any{"addr", d.addr.String(), "agent", cfg.Agent.Backend}, agentAttrs(cfg.Agent)...),
+		"data_dir", cfg.DataDir, "store", storeName(d.store), "version", buildinfo.Version())...)
 	return d, nil
+}
+
+// agentAttrs are the start line's words on the agent beyond its backend: an openai backend's
+// model and endpoint (its host, without the path, query or user info that may hold
+// credentials), which a walkthrough missed when replies failed.
+func agentAttrs(a config.Agent) []any {
+	if a.Backend != "openai" {
+		return nil
+	}
+	host := ""
+	if u, err := url.Parse(a.OpenAI.BaseURL); err == nil {
+		host = u.Host
+	}
+	return []any{"model", a.OpenAI.Model, "endpoint", host}
 }
 
 // Addr is the bound address of the HTTP listener.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/buildinfo"
+	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -71,6 +72,27 @@ func TestStartLineNamesTheBuild(t *testing.T) {
 		if strings.Contains(line, `msg="agentgate started"`) {
 			if want := fmt.Sprintf("version=%q", buildinfo.Version()); !strings.Contains(line, want) {
 				t.Errorf("start line %q, want it to carry %s", line, want)
+			}
+			return
+		}
+	}
+	t.Fatalf("no start line in the log:\n%s", logs.String())
+}
+
+// TestStartLineNamesTheModelEndpoint: with the openai backend, the start line names the model
+// and the endpoint's host, never the base_url's user info, path or query, which may hold
+// credentials.
+func TestStartLineNamesTheModelEndpoint(t *testing.T) {
+	var logs testutil.Buffer
+	r := MustStartDaemon(t, echo.New(), daemonOpts{logs: &logs, tweak: func(c *config.Config) {
+		c.Agent.Backend = "openai"
+		c.Agent.OpenAI.Model, c.Agent.OpenAI.BaseURL = "m-1", "https://u:s3cret@models.example:8443/v1?key=s3cret"
+	}})
+	r.stop(t)
+	for line := range strings.SplitSeq(logs.String(), "\n") {
+		if strings.Contains(line, `msg="agentgate started"`) {
+			if want := "agent=openai model=m-1 endpoint=models.example:8443 "; !strings.Contains(line, want) || strings.Contains(line, "s3cret") {
+				t.Errorf("start line %q, want it to carry %q and no credentials", line, want)
 			}
 			return
 		}
