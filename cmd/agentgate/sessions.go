@@ -12,10 +12,11 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/agentgate/agentgate/actors"
 	"github.com/agentgate/agentgate/internal/config"
@@ -25,6 +26,7 @@ import (
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/platforms"
+	"github.com/rivo/uniseg"
 )
 
 const sessionsUsage = `usage: agentgate sessions <command> [flags] [KEY]
@@ -149,12 +151,20 @@ func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	asJSON := fset.Bool("json", false, "print one JSON array")
 	platform := fset.String("platform", "", "only sessions of this `platform`")
 	limit := fset.Int("limit", defaultListPage, "at most `N` keys")
-	after := fset.String("after", "", "only keys sorted after `KEY` (paging)")
+	after := fset.String("after", "", "only keys sorted after `KEY` (paging), raw or Go-quoted as the more: hint prints it")
 	if _, err := parseSessionArgs(fset, args, false, stderr); err != nil {
 		return helpIsDone(err)
 	}
 	if *limit < 1 {
 		return fmt.Errorf("sessions list: --limit %d: must be at least 1", *limit)
+	}
+	afterKey := *after
+	if strings.HasPrefix(afterKey, `"`) { // (a key starts with "agent:": this is the quoted form)
+		k, err := strconv.Unquote(afterKey)
+		if err != nil {
+			return fmt.Errorf("sessions list: --after %s: not a Go-quoted key, as the more: hint prints one", strconv.Quote(afterKey))
+		}
+		afterKey = k
 	}
 	st, _, err := openStore(ctx, &cf, true)
 	if err != nil {
@@ -167,7 +177,7 @@ func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if ask < math.MaxInt {
 		ask++
 	}
-	sums, err := st.ListSessions(ctx, persistence.ListFilter{Platform: *platform, AfterKey: *after, Limit: ask})
+	sums, err := st.ListSessions(ctx, persistence.ListFilter{Platform: *platform, AfterKey: afterKey, Limit: ask})
 	if err != nil {
 		return err
 	}
@@ -182,7 +192,7 @@ func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return err
 		}
 	} else {
-		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		tw := newTable(stdout)
 		fmt.Fprintln(tw, "KEY\tSESSION ID\tPLATFORM\tMESSAGES\tPENDING\tLAST ACTIVITY\tENDED")
 		for _, s := range sums {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", cell(s.Session.Key), cell(s.Session.ID),
@@ -193,7 +203,7 @@ func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 	}
 	if more {
-		fmt.Fprintf(stderr, "more: --after %s\n", sums[len(sums)-1].Session.Key)
+		fmt.Fprintf(stderr, "more: --after %s\n", pasteableKey(sums[len(sums)-1].Session.Key))
 	}
 	return nil
 }
@@ -259,7 +269,7 @@ func sessionsShow(ctx context.Context, args []string, stdout, stderr io.Writer) 
 
 // printShow renders show's text form: key/value lines, then one line per message.
 func printShow(w io.Writer, o *showJSON) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	tw := newTable(w)
 	r := o.Route
 	fmt.Fprintf(tw, "key:\t%s\n", cell(o.SessionKey))
 	fmt.Fprintf(tw, "route:\tsession %s, generation %d, updated %s\n", cell(r.SessionID), r.Generation, timeCell(r.UpdatedAt))
@@ -292,7 +302,7 @@ func printShow(w io.Writer, o *showJSON) error {
 		return nil
 	}
 	fmt.Fprintf(w, "\nlast %d messages:\n", len(o.Last))
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	tw = newTable(w)
 	fmt.Fprintln(tw, "SEQ\tROLE\tSTATUS\tMESSAGE ID\tTEXT") // (a quarantined message is requeued by its id)
 	for _, m := range o.Last {
 		status := m.Status
@@ -620,7 +630,7 @@ func sessionsSearch(ctx context.Context, args []string, stdout, stderr io.Writer
 		fmt.Fprintln(stderr, "no message matches"+note)
 		return nil
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	tw := newTable(stdout)
 	fmt.Fprintln(tw, "KEY\tSESSION ID\tSEQ\tROLE\tCREATED\tTEXT")
 	for _, m := range out {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", cell(m.SessionKey), cell(m.SessionID), m.Seq, cell(m.Role),
@@ -665,7 +675,7 @@ func sessionsQuarantined(ctx context.Context, args []string, stdout, stderr io.W
 			return err
 		}
 	} else if len(out) > 0 { // (of none, the note below alone)
-		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		tw := newTable(stdout)
 		fmt.Fprintln(tw, "KEY\tMESSAGE ID\tSESSION ID\tSESSION\tUSER\tSENT\tTEXT")
 		for _, m := range out {
 			state := "open"
@@ -884,6 +894,109 @@ func oneLine(s string, limit int) string {
 		n++
 	}
 	return b.String()
+}
+
+// tablePadding is the number of spaces between two columns of a table.
+const tablePadding = 2
+
+// table lays out the text tables of the sessions commands as text/tabwriter does (with no
+// minimal width, a padding of tablePadding spaces and no flags): cells end with a tab, a line's
+// last cell is not aligned, and a column is aligned over each run of consecutive lines that
+// hold a cell in it. Unlike tabwriter, which counts runes, it measures a cell in the columns a
+// terminal gives it (uniseg.StringWidth, by grapheme cluster): a CJK character or an emoji
+// takes two, a combining mark or an emoji's joiner none, so that a wide character in a key,
+// id or name no longer shifts the columns after it. An ASCII table is laid out byte for byte
+// as tabwriter lays it out.
+//
+// The cells written to it must be neutralised already (cell, oneLine): what is measured must
+// be what the terminal shows, a U+FFFD one column wide, not the invisible format character it
+// stands for, which uniseg counts as none.
+type table struct {
+	w   io.Writer
+	buf strings.Builder
+}
+
+func newTable(w io.Writer) *table { return &table{w: w} }
+
+// Write buffers p: nothing is written before Flush, which knows every column's width.
+func (t *table) Write(p []byte) (int, error) { return t.buf.Write(p) }
+
+// Flush writes the buffered lines out, aligned, and empties the table.
+func (t *table) Flush() error {
+	text := t.buf.String()
+	t.buf.Reset()
+	if text == "" {
+		return nil
+	}
+	// A last line without a newline is written without one, as tabwriter writes it.
+	rows := strings.Split(text, "\n")
+	newline := len(rows) - 1 // the number of lines that end with one
+	if rows[newline] == "" {
+		rows = rows[:newline]
+	}
+	lines := make([][]string, len(rows))
+	widths := make([][]int, len(rows))
+	for i, r := range rows {
+		lines[i] = strings.Split(r, "\t")
+		widths[i] = make([]int, len(lines[i])-1)
+	}
+	alignColumn(lines, widths, 0)
+	var b strings.Builder
+	for i, cells := range lines {
+		for j, c := range cells {
+			b.WriteString(c)
+			if j < len(widths[i]) {
+				b.WriteString(strings.Repeat(" ", widths[i][j]-uniseg.StringWidth(c)))
+			}
+		}
+		if i < newline {
+			b.WriteByte('\n')
+		}
+	}
+	_, err := io.WriteString(t.w, b.String())
+	return err
+}
+
+// alignColumn sets the width of column col in lines, and then of the columns right of it, as
+// tabwriter does: over each run of consecutive lines with a tab-terminated cell in col, the
+// widest cell plus the padding. A line without such a cell ends the run.
+func alignColumn(lines [][]string, widths [][]int, col int) {
+	for i := 0; i < len(lines); {
+		if col >= len(widths[i]) {
+			i++
+			continue
+		}
+		end, width := i, 0
+		for ; end < len(lines) && col < len(widths[end]); end++ {
+			width = max(width, uniseg.StringWidth(lines[end][col])+tablePadding)
+		}
+		for k := i; k < end; k++ {
+			widths[k][col] = width
+		}
+		alignColumn(lines[i:end], widths[i:end], col+1)
+		i = end
+	}
+}
+
+// pasteableKey is key as list's paging hint prints it, to be pasted after --after: raw when it
+// is one plain shell word, else Go-quoted inside single quotes ('"agent:…\u202e…"'), which the
+// shell passes on as it is and --after unquotes. Raw, a key's right-to-left override or C1
+// control (identity.Escape encodes only the ASCII ones) would reach the terminal, to reorder
+// what the hint shows or start an escape sequence, and a space or quote would break the pasted
+// argument. A single quote is written \x27, which leaves the shell's quotes closed.
+func pasteableKey(key string) string {
+	plain := utf8.ValidString(key)
+	for _, r := range key {
+		if r < utf8.RuneSelf && !unicode.IsLetter(r) && !unicode.IsDigit(r) && !strings.ContainsRune("-_.:/%@+=,", r) ||
+			!strconv.IsPrint(r) {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return key
+	}
+	return "'" + strings.ReplaceAll(strconv.Quote(key), "'", `\x27`) + "'"
 }
 
 // timeCell is t in RFC 3339 UTC, or "-" for the zero time.
