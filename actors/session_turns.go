@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -187,11 +188,18 @@ func (s *Session) agentMessage(it *item) agents.Message {
 }
 
 // failedNotice is what the sender of a failed turn's message is told: to try again, or, when
-// the agent says trying again will not help (agents.Refusal), why.
-func failedNotice(turnID string, err error) string {
+// the agent says trying again will not help (agents.Refusal), why. riders is how many earlier
+// messages a declined turn left out with its own (leaveOut).
+func failedNotice(turnID string, err error, riders int) string {
 	if ref, ok := errors.AsType[*agents.Refusal](err); ok && ref.Notice != "" {
 		n := "⚠️ The agent could not answer this message (turn " + turnID + " failed): " + ref.Notice + "."
-		if ref.Declined {
+		switch {
+		case ref.Declined && riders == 1:
+			n += " It is left out of the conversation, with the earlier message sent along with it that got no answer; they will not be sent to the agent again."
+		case ref.Declined && riders > 1:
+			n += " It is left out of the conversation, with the " + strconv.Itoa(riders) +
+				" earlier messages sent along with it that got no answer; they will not be sent to the agent again."
+		case ref.Declined:
 			n += " It is left out of the conversation and will not be sent to the agent again."
 		}
 		return n
@@ -485,15 +493,15 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 		s.d.Metrics.TurnsTotal.WithLabelValues("error").Inc()
 		s.logger().Warn("turn failed", "turn", r.id, logging.KeyMessage, strings.Join(messageIDs(r.items), ","), logging.Err(m.Err))
 		s.giveBackNote(r)
-		ref, _ := errors.AsType[*agents.Refusal](m.Err)
-		declined := ref != nil && ref.Declined
-		if declined {
-			s.leaveOut(r)
+		var archive, riders []int64
+		if ref, _ := errors.AsType[*agents.Refusal](m.Err); ref != nil && ref.Declined {
+			riders = s.leaveOut(r)
+			archive = append(itemSeqs(r.items), riders...)
 		}
-		s.finish(c, r, persistence.RoleNotice, failedNotice(r.id, m.Err), persistence.StatusFailed, m.Usage, declined)
+		s.finish(c, r, persistence.RoleNotice, failedNotice(r.id, m.Err, len(riders)), persistence.StatusFailed, m.Usage, archive)
 	} else {
 		s.d.Metrics.TurnsTotal.WithLabelValues("ok").Inc()
-		s.finish(c, r, persistence.RoleAssistant, m.Text, persistence.StatusDone, m.Usage, false)
+		s.finish(c, r, persistence.RoleAssistant, m.Text, persistence.StatusDone, m.Usage, nil)
 	}
 	s.tryStart(c)
 }
@@ -530,15 +538,34 @@ func (s *Session) cutShortByStop(c actor.Context, r *turnRun) {
 // leaveOut takes the messages of r, a turn the agent declined for what they say
 // (agents.Refusal.Declined), out of the transcript buffer: a failed message otherwise stays in
 // the history of later turns, merged into the next user message, and every later message was
-// sent with it and declined too, until /new. finish archives their rows, so that a reload
-// leaves them out as well.
-func (s *Session) leaveOut(r *turnRun) {
+// sent with it and declined too, until /new. The user messages right before the turn's, which
+// no reply follows (their turns failed, or an interrupt cut them short), go with them, and
+// leaveOut returns their seqs: they rode in the declined request, merged into its message, and
+// may be what was declined; left in, they made the next message declined in its turn
+// (TestDeclinedRidersAreLeftOut). finish archives all their rows, so that a reload leaves them
+// out as well.
+func (s *Session) leaveOut(r *turnRun) []int64 {
 	if s.cur == nil || s.cur.ID != r.items[0].sessionID {
-		return // the buffer holds another session's messages
+		return nil // the buffer holds another session's messages
+	}
+	var riders []int64
+	first := slices.IndexFunc(s.history, func(h histEntry) bool { return h.seq == r.items[0].seq })
+	for i := first - 1; i >= 0 && s.history[i].msg.Role == persistence.RoleUser; i-- {
+		riders = append(riders, s.history[i].seq)
 	}
 	s.history = slices.DeleteFunc(s.history, func(h histEntry) bool {
-		return slices.ContainsFunc(r.items, func(it *item) bool { return it.seq == h.seq })
+		return slices.Contains(riders, h.seq) || slices.ContainsFunc(r.items, func(it *item) bool { return it.seq == h.seq })
 	})
+	return riders
+}
+
+// itemSeqs returns the seqs of items.
+func itemSeqs(items []*item) []int64 {
+	seqs := make([]int64, len(items))
+	for i, it := range items {
+		seqs[i] = it.seq
+	}
+	return seqs
 }
 
 // maxTurnTokens bounds the tokens one turn may add to its session's totals.
@@ -550,15 +577,13 @@ func saneTokens(n int64) int64 { return min(max(n, 0), maxTurnTokens) }
 func withoutNUL(s string) string { return strings.ReplaceAll(s, "\x00", "\uFFFD") } // s itself when it has none
 
 // finish records the end of a turn (reply row, message status, outbox, activity, route and the
-// tokens it used, in one write) and sends the reply once it is durable. archive archives the
-// turn's messages too (leaveOut), as /undo does: History, which a reload reads, skips them.
-func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string, usage agents.Usage, archive bool) {
+// tokens it used, in one write) and sends the reply once it is durable. It archives the rows of
+// the session's messages archive lists too (those leaveOut left out of the conversation), as
+// /undo does: History, which a reload reads, skips them.
+func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string, usage agents.Usage, archive []int64) {
 	now := s.d.now()
 	text = withoutNUL(text) // an agent's output: PostgreSQL stores no NUL, and no chat shows one
-	seqs := make([]int64, len(r.items))
-	for i, it := range r.items {
-		seqs[i] = it.seq
-	}
+	seqs := itemSeqs(r.items)
 	var interrupted []*item
 	if u := s.unusual; u != nil {
 		interrupted, u.interrupted = u.interrupted, nil
@@ -567,8 +592,8 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string,
 	sid := r.items[0].sessionID
 	ops := append(markCut(interrupted),
 		&persistence.SetMessageStatus{SessionID: sid, Seqs: seqs, Status: status, TurnID: r.id})
-	if archive {
-		ops = append(ops, &persistence.ArchiveMessages{SessionID: sid, Seqs: seqs})
+	if len(archive) > 0 {
+		ops = append(ops, &persistence.ArchiveMessages{SessionID: sid, Seqs: archive})
 	}
 	if usage.InputTokens > 0 || usage.OutputTokens > 0 {
 		ops = append(ops, &persistence.AddUsage{SessionID: sid, TurnID: r.id,
