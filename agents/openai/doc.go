@@ -13,7 +13,9 @@
 // most Config.MaxHistory messages and then until the whole request fits Config.TokenBudget
 // (estimated at one token per 4 ASCII characters, one per other character, plus 4 per message;
 // see EstimateTokens); a history that would then start with an assistant message loses that
-// message too. The system prompt, the notes and the turn's own messages are never trimmed.
+// message too. The system prompt, the notes and the turn's own messages are never trimmed. A
+// turn whose request leaves history out logs it at Debug; the first that the token budget cuts
+// is logged at Info too, once for the Agent (logCut).
 //
 // When the platform can edit a message (Request.Partial is set) the call streams
 // (stream: true, stream_options.include_usage) and Partial gets the whole text so far as it

@@ -113,6 +113,8 @@ type Agent struct {
 	// large holds a value for each answer past largeAnswer being read (maxLargeAnswers at
 	// most): what the calls of the Agent hold of their answers together is bounded.
 	large chan struct{}
+	// budgetCut is set once the token budget left history out of a request (logCut).
+	budgetCut atomic.Bool
 	// completionTokens is set once the endpoint refused max_tokens, asking for
 	// max_completion_tokens (OpenAI's reasoning models): the bound goes by that name from then on.
 	completionTokens atomic.Bool
@@ -270,10 +272,15 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	steer := req.Steer
 	var answers []string
 	var usage agents.Usage
+	cut := 0 // the most history messages a request of the turn left out (logged)
 	for round := 0; ; round++ {
 		body, err := a.body(conv, req.Partial != nil)
 		if err != nil {
 			return nil, err
+		}
+		if conv.cut > cut {
+			cut = conv.cut
+			a.logCut(conv, log)
 		}
 		partial := req.Partial
 		if partial != nil && len(answers) > 0 {
@@ -336,6 +343,22 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		conv.tail = append(conv.tail, chatMessages(steered)...)
 	}
 	return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage}, nil
+}
+
+// logCut logs that the turn's request left out conv.cut history messages: at Debug once a
+// turn (again only when a later call of the turn leaves out more), and at Info the first time
+// the token budget does so, which tells an operator that the model no longer sees the start
+// of long conversations without a line for every turn of each.
+func (a *Agent) logCut(conv *conversation, log *slog.Logger) {
+	by := "max_history"
+	if conv.byBudget {
+		by = "token_budget"
+	}
+	log.Debug("request history trimmed", "left_out", conv.cut, "sent", len(conv.history)-conv.cut, "by", by)
+	if conv.byBudget && a.budgetCut.CompareAndSwap(false, true) {
+		log.Info("a request left out older history to fit agent.openai.token_budget; each turn's cut is logged at debug from now on",
+			"token_budget", a.budget, "left_out", conv.cut, "sent", len(conv.history)-conv.cut)
+	}
 }
 
 // noRoomToAnswer is the error of a model that reached its length limit before it said anything

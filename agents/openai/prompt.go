@@ -68,6 +68,10 @@ type conversation struct {
 	head    []chatMessage // system prompt and notes: never trimmed
 	history []chatMessage // oldest first: trimmed
 	tail    []chatMessage // the turn's own messages, and its answers and steered messages so far
+	// cut is how many history messages the last request (messages) left out, and byBudget
+	// whether the token budget left out any of them (else only max_history did).
+	cut      int
+	byBudget bool
 }
 
 // newConversation builds the conversation of req.
@@ -110,9 +114,10 @@ func nonEmpty(ss []string) []string {
 }
 
 // messages returns the request's messages: head, the trimmed history, tail, with messages of
-// one role in a row joined into one (joinRuns).
+// one role in a row joined into one (joinRuns). It records what the trim left out (cut).
 func (c *conversation) messages(maxHistory, budget int) []chatMessage {
-	hist := trimHistory(c.history, maxHistory, budget, tokens(c.head)+tokens(c.tail))
+	hist, byBudget := trimHistory(c.history, maxHistory, budget, tokens(c.head)+tokens(c.tail))
+	c.cut, c.byBudget = len(c.history)-len(hist), byBudget
 	out := make([]chatMessage, 0, len(c.head)+len(hist)+len(c.tail))
 	out = append(out, c.head...)
 	out = append(out, hist...)
@@ -140,7 +145,8 @@ func joinRuns(ms []chatMessage) []chatMessage {
 // trimHistory keeps the newest messages of hist: at most maxHistory of them, and (when budget
 // is positive) only as many as fit in budget next to fixed estimated tokens. A kept history
 // never starts with an assistant message (it would answer nothing the model can see).
-func trimHistory(hist []chatMessage, maxHistory, budget, fixed int) []chatMessage {
+// byBudget reports whether the budget left out any message.
+func trimHistory(hist []chatMessage, maxHistory, budget, fixed int) (kept []chatMessage, byBudget bool) {
 	if len(hist) > maxHistory {
 		hist = hist[len(hist)-max(maxHistory, 0):]
 	}
@@ -149,12 +155,13 @@ func trimHistory(hist []chatMessage, maxHistory, budget, fixed int) []chatMessag
 		for len(hist) > 0 && used > budget {
 			used -= EstimateTokens(hist[0].Content)
 			hist = hist[1:]
+			byBudget = true
 		}
 	}
 	for len(hist) > 0 && hist[0].Role == roleAssistant {
 		hist = hist[1:]
 	}
-	return hist
+	return hist, byBudget
 }
 
 func tokens(ms []chatMessage) int {

@@ -666,8 +666,15 @@ func TestLoadEnv(t *testing.T) {
 			// does not empty the key (before, each of these was an error, or emptied it).
 			name: "empty variables are unset",
 			environ: []string{"AGENTGATE_LOG_LEVEL=", "AGENTGATE_SESSIONS_QUEUE_CAP=", "AGENTGATE_DATA_DIR=",
-				"AGENTGATE_AGENT_EXEC_COMMAND=", "AGENTGATE_PLATFORMS_DISCORD_ENABLED=", "AGENTGATE_AGENT_OPENAI_API_KEY_ENV="},
+				"AGENTGATE_AGENT_EXEC_COMMAND=", "AGENTGATE_PLATFORMS_DISCORD_ENABLED="},
 			want: func(*Config) {},
+		},
+		{
+			// The exception: "" is the value that sends no API key (a local server), and an
+			// environment could not say it (before, the default OPENAI_API_KEY stayed).
+			name:    "an empty api_key_env sends no key",
+			environ: []string{"AGENTGATE_AGENT_OPENAI_API_KEY_ENV="},
+			want:    func(c *Config) { c.Agent.OpenAI.APIKeyEnv = "" },
 		},
 		{
 			name:    "the last of repeats wins, also when empty",
@@ -716,6 +723,22 @@ func TestLoadEnvOverridesFile(t *testing.T) {
 	}
 	if want := (Log{Level: "warn", Format: "json"}); got.Log != want {
 		t.Errorf("Load log with empty variables = %+v, want the file's %+v", got.Log, want)
+	}
+}
+
+// TestLoadEnvEmptiesAPIKeyEnv: AGENTGATE_AGENT_OPENAI_API_KEY_ENV= empties the file's
+// api_key_env too, and the daemon then neither needs nor hides a key variable.
+func TestLoadEnvEmptiesAPIKeyEnv(t *testing.T) {
+	path := MustWriteConfig(t, "agent:\n  backend: openai\n  openai: {base_url: http://127.0.0.1:8000/v1, model: m, api_key_env: MY_KEY}\n")
+	got, err := Load(path, []string{"AGENTGATE_AGENT_OPENAI_API_KEY_ENV="}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := got.Agent.OpenAI.APIKeyEnv; k != "" {
+		t.Errorf("api_key_env = %q with AGENTGATE_AGENT_OPENAI_API_KEY_ENV set empty, want \"\" (no key)", k)
+	}
+	if s := got.SecretEnv(); len(s) != 0 {
+		t.Errorf("SecretEnv = %q, want none", s)
 	}
 }
 

@@ -74,7 +74,8 @@ func Default() *Config {
 // subprocesses variables such as AGENTGATE_SESSION_KEY; one whose value doesn't parse is an
 // error naming the variable. An empty variable counts as unset (AGENTGATE_LOG_LEVEL= keeps the
 // file's level), as most Unix tools read one: an env file or a template that leaves a value
-// out must not empty the key. Every problem is reported at once, joined with errors.Join; the
+// out must not empty the key. The exception is AGENTGATE_AGENT_OPENAI_API_KEY_ENV=, which
+// sets agent.openai.api_key_env to "" (send no API key), as the file's api_key_env: "" does. Every problem is reported at once, joined with errors.Join; the
 // ones tied to a key are *FieldError. A file that can't be read is returned on its own,
 // naming the file and wrapping the os error's cause (errors.Is(err, fs.ErrNotExist) holds).
 func Load(path string, environ []string, override func(*Config)) (*Config, error) {
@@ -124,7 +125,7 @@ func Check(path string, environ []string, override func(*Config), here func(*Con
 	// line, which may hold a good value.
 	src := sources{fromEnv: make(map[string]bool), fromFlag: make(map[string]bool)}
 	for _, l := range leaves() {
-		if vars[l.env] != "" {
+		if _, ok := envValue(l, vars); ok {
 			src.fromEnv[l.path] = true
 		}
 	}
@@ -753,8 +754,20 @@ func envVars(environ []string) map[string]string {
 	return vars
 }
 
-// applyEnv sets every key named by one of vars (envVars). An empty variable sets nothing (see
-// Load).
+// emptySets are the keys whose empty AGENTGATE_ variable sets them to "", where every other
+// empty variable sets nothing (see Load): "" is the value that says "none" there, and without
+// it a keyless local model endpoint could not be configured from the environment alone (the
+// default OPENAI_API_KEY stayed required; found by a walkthrough).
+var emptySets = map[string]bool{"agent.openai.api_key_env": true}
+
+// envValue returns the value vars (envVars) give the key l, and whether they set it.
+func envValue(l leaf, vars map[string]string) (string, bool) {
+	raw, ok := vars[l.env]
+	return raw, ok && (raw != "" || emptySets[l.path])
+}
+
+// applyEnv sets every key named by one of vars (envVars). An empty variable sets nothing but
+// the keys of emptySets (see Load).
 func applyEnv(cfg *Config, vars map[string]string) []error {
 	if len(vars) == 0 {
 		return nil
@@ -762,8 +775,8 @@ func applyEnv(cfg *Config, vars map[string]string) []error {
 	root := reflect.ValueOf(cfg).Elem()
 	var errs []error
 	for _, l := range leaves() {
-		raw, ok := vars[l.env]
-		if !ok || raw == "" {
+		raw, ok := envValue(l, vars)
+		if !ok {
 			continue
 		}
 		v, err := parseEnvValue(raw, l.typ)

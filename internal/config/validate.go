@@ -149,6 +149,13 @@ func (c *Config) validate() []error {
 			// The agent adds the endpoint's path: this one would be asked for
 			// …/chat/completions/chat/completions, a 404 at every turn.
 			v.add("agent.openai.base_url", nil, "is the API root (such as https://api.openai.com/v1), without /chat/completions")
+		} else if u.User != nil {
+			// net/http would send it as Basic credentials, or drop it next to the key's Bearer
+			// header; either way a secret sits in the file and in every place the URL is shown.
+			v.add("agent.openai.base_url", nil, "must not hold user info (user:password@): give the API key through agent.openai.api_key_env")
+		} else if strings.Contains(a.OpenAI.BaseURL, "#") {
+			// A URL's "#" can only start its fragment (a literal one is %23).
+			v.add("agent.openai.base_url", nil, "must not hold a fragment (#…): an HTTP client never sends it, so it means nothing here")
 		}
 	}
 	v.envName("agent.openai.api_key_env", a.OpenAI.APIKeyEnv)
