@@ -34,8 +34,8 @@ const (
 	deliverTimeout = time.Minute
 )
 
-// maxProgress bounds the sends, drafts and threads the platform remembers; past it, they are
-// forgotten (a var: tests lower it).
+// maxProgress bounds the sends, drafts and threads the platform remembers; past it, the sends
+// and threads are forgotten, and the draft tried longest ago (a var: tests lower it).
 var maxProgress = 10_000
 
 // Config configures a Platform.

@@ -44,12 +44,18 @@ import (
 // The nonce is of no help to the read: Discord keeps it for the answer to the post and its
 // MESSAGE_CREATE only, and the history does not show it. A part is known by its author (the
 // bot), its text, and for the first the message it answers: the bot's message with the very
-// same text, answering the same message, since the outbound was made, is taken for it. What the
-// read does not cover: a part posted more than backfillPages pages of messages after the
-// outbound was made, one an earlier process posted more than clockSkew before the time its
-// outbound says it was made (on a cluster member whose clock runs ahead; this process's own are
-// looked for from the first it got no answer to), and a reply that went to the channel because
-// Discord refused to open its auto-thread (the read is of the thread). The first reply in an
+// same text, answering the same message, after the read's start, is taken for it. The read
+// starts after the newest message the outbound answers (an id Discord assigned), and for an
+// outbound this process made, no earlier than clockSkew before it was made on this process's
+// clock (or before this process first posted it without an answer, if that was earlier). One
+// that another process made (Again) is looked for from the message it answers alone: its
+// CreatedAt is of that process's clock. Before, a reply made on a cluster member whose clock
+// ran ahead of Discord's by more than clockSkew, and sent again by another, was read for from
+// after its earlier post, and posted twice. What the read does not cover: a part posted more
+// than backfillPages pages of messages after the read's start, an Again outbound that answers
+// no message (a notice) that its earlier process posted more than clockSkew before the time its
+// outbound says it was made, and a reply that went to the channel because Discord refused to
+// open its auto-thread (the read is of the thread). The first reply in an
 // auto-thread, which references nothing, is only taken for posted when it is the bot's first
 // message there: a reply to the starter that a notice preceded, and whose answer was lost, is
 // posted twice.
@@ -61,7 +67,7 @@ import (
 const nonceWindow = time.Minute
 
 // clockSkew is how much earlier than it was made, on Discord's clock, the parts of an
-// outbound are looked for.
+// outbound this process made are looked for.
 const clockSkew = time.Minute
 
 // discordEpoch is the Unix time in milliseconds at which Discord's snowflakes start (2015).
@@ -109,16 +115,27 @@ func (p *Platform) postedBefore(ctx context.Context, out *platforms.Outbound, ch
 	if err != nil {
 		return sendProgress{}, fmt.Errorf("look up the bot's user: %w", err)
 	}
-	since := out.CreatedAt
-	if !prog.posted.IsZero() && (since.IsZero() || prog.posted.Before(since)) {
-		// This process posted it before the time its outbound says it was made: that time is
-		// of a clock ahead of this one's (or this one was set back since).
-		since = prog.posted
-	}
-	after := snowflakeAt(since.Add(-clockSkew))
+	// The reply came after the messages it answers: the newest of them, whose id Discord
+	// assigned, bounds the read on Discord's own clock.
+	after := ""
 	for _, id := range out.InReplyTo {
 		if snowflakeLess(after, id) {
-			after = id // the reply came after the messages it answers
+			after = id
+		}
+	}
+	if !out.Again || after == "" {
+		// A time of this process's clock narrows the read (clockSkew covers its offset from
+		// Discord's), but not an outbound of another process (Again), whose CreatedAt is of
+		// that process's clock: in a cluster, one running ahead by more than clockSkew put
+		// the read's start after the earlier post, and the reply was posted twice.
+		since := out.CreatedAt
+		if !prog.posted.IsZero() && (since.IsZero() || prog.posted.Before(since)) {
+			// This process posted it before the time its outbound says it was made: that
+			// time is of a clock ahead of this one's (or this one was set back since).
+			since = prog.posted
+		}
+		if at := snowflakeAt(since.Add(-clockSkew)); snowflakeLess(after, at) {
+			after = at
 		}
 	}
 	first := replyRef(out) // the message the first part answers
@@ -211,7 +228,8 @@ func snowflakeAt(t time.Time) string {
 // after that first one, or after the last read for it, first reads the channel for the bot's
 // message that answers the same message with the text of one of the tries, and takes it for the
 // draft. Not covered, as for a reply: a try posted more than backfillPages pages of messages
-// after the first, and the tries past the first maxDraftTexts of one draft.
+// after the first, the tries past the first maxDraftTexts of one draft, and a draft tried again
+// after its record made room for others' (maxProgress, forgetStalestDraft).
 
 // maxDraftTexts is how many distinct texts of one draft's tries are remembered. A try posts the
 // text streamed by then, so a draft tried again through a long outage while its turn streams
@@ -219,10 +237,11 @@ func snowflakeAt(t time.Time) string {
 const maxDraftTexts = 256
 
 // draftTries is what the platform knows of the tries of a draft's post that it has no answer
-// to: when the first was made, when the channel was last read for them (zero for never), and
-// the texts they posted (sha256 of each, without surrounding space).
+// to: when the first and the latest were made, when the channel was last read for them (zero
+// for never), and the texts they posted (sha256 of each, without surrounding space).
 type draftTries struct {
 	first   time.Time
+	last    time.Time
 	checked time.Time
 	texts   [][sha256.Size]byte
 }
@@ -243,14 +262,30 @@ func (p *Platform) triedDraft(key, text string, at time.Time) {
 	t := p.drafting[key]
 	if t == nil {
 		if len(p.drafting) >= maxProgress {
-			clear(p.drafting) // a draft forgotten so may be posted twice past the nonce window
+			p.forgetStalestDraft()
 		}
 		t = &draftTries{first: at}
 		p.drafting[key] = t
 	}
+	t.last = later(t.last, at)
 	if sum := draftSum(text); len(t.texts) < maxDraftTexts && !slices.Contains(t.texts, sum) {
 		t.texts = append(t.texts, sum)
 	}
+}
+
+// forgetStalestDraft forgets the tries of the draft that was tried, or read for, longest ago,
+// to make room for another: one that may be posted twice past the nonce window if it is tried
+// again. A draft in progress is tried again until a try is answered, through an outage of any
+// length, so the stalest is one whose turn ended or whose run stopped without an answer.
+// Before, every draft was forgotten at once, and those in progress with them. p.mu is held.
+func (p *Platform) forgetStalestDraft() {
+	stalest, at := "", time.Time{}
+	for key, t := range p.drafting {
+		if u := later(t.last, t.checked); stalest == "" || u.Before(at) {
+			stalest, at = key, u
+		}
+	}
+	delete(p.drafting, stalest)
 }
 
 // draftAnswered forgets the tries of the draft key: one was answered, with the draft or with

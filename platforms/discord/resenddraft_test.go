@@ -100,3 +100,40 @@ func TestDraftPostedAgainPastTheNonceWindowIsPosted(t *testing.T) {
 		t.Errorf("the DM shows %q, want the other drafts and a new one answering %s", sentTexts(srv, resendDM), m.ID)
 	}
 }
+
+// TestDraftInProgressOutlivesTheBound: what the platform knows of drafts tried without an
+// answer is bounded (maxProgress); past the bound, the draft tried longest ago is forgotten. A
+// draft still being tried keeps its record, although its first try is older than a forgotten
+// one's, and a try of it past the nonce window finds the draft its first try made. Before, the
+// bound forgot every draft at once, and that try posted a second draft.
+func TestDraftInProgressOutlivesTheBound(t *testing.T) {
+	defer func(n int) { maxProgress = n }(maxProgress)
+	maxProgress = 2
+	srv, m := newResendWorld(t)
+	p := mustResendPlatform(t, srv)
+	target := identity.Source{Platform: Name, ChatType: identity.ChatDM, ChatID: resendDM}
+	in := []string{m.ID}
+	try := func(key, text string, fail func()) {
+		t.Helper()
+		fail()
+		if _, err := p.SendDraft(t.Context(), target, in, key, text); err == nil {
+			t.Fatalf("SendDraft(%s) failing = nil error, want one", key)
+		}
+		srv.Advance(10 * time.Second)
+	}
+	lost := func() { srv.FailNextAfter("POST", resendPosts, 500, 1) } // made, its answer lost
+	failed := func() { srv.FailNext("POST", resendPosts, 500, 1) }
+	try("t1", "one", lost)       // the draft in progress: made
+	try("t0", "stale", lost)     // a draft never tried again
+	try("t1", "one two", failed) // tried again since
+	try("t2", "another", lost)   // past the bound: t0 is forgotten
+	srv.Advance(discordtest.NonceWindow + time.Minute)
+	id, err := p.SendDraft(t.Context(), target, in, "t1", "one two three")
+	if err != nil {
+		t.Fatalf("SendDraft(t1) again = %v", err)
+	}
+	sent := srv.Sent(resendDM)
+	if got, want := sentTexts(srv, resendDM), []string{"one two three", "stale", "another"}; len(sent) != 3 || sent[0].ID != id || !slices.Equal(got, want) {
+		t.Errorf("the DM shows %q, want %q, the first being draft %s", got, want, id)
+	}
+}
