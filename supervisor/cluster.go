@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -89,9 +90,9 @@ func (d *Daemon) startCluster() (err error) {
 		if t, ok := ev.(*cluster.ClusterTopology); ok {
 			d.metrics.ClusterMembers.Set(float64(len(t.Members)))
 			go func() {
-				n := d.recoverOwned(t.Members)
+				keys := d.recoverOwned(t.Members)
 				d.log.Info("cluster membership changed", "members", len(t.Members), "joined", addresses(t.Joined),
-					"left", addresses(t.Left), "recovering", n)
+					"left", addresses(t.Left), "recovering", d.takenOver(t, keys))
 			}()
 		}
 	})
@@ -102,9 +103,9 @@ func (d *Daemon) startCluster() (err error) {
 }
 
 // recoverOwned activates the sessions with unfinished work in the store (unanswered messages,
-// unconfirmed replies) whose keys this member owns among members, and returns how many it
+// unconfirmed replies) whose keys this member owns among members, and returns the keys it
 // asked. An active session is told, and starts again if its claim is stale (actors.Recover).
-func (d *Daemon) recoverOwned(members []*cluster.Member) int {
+func (d *Daemon) recoverOwned(members []*cluster.Member) []string {
 	ctx, cancel := context.WithTimeout(d.ctx, time.Minute)
 	defer cancel()
 	keys, err := d.store.Recoverable(ctx)
@@ -112,14 +113,34 @@ func (d *Daemon) recoverOwned(members []*cluster.Member) int {
 		if d.ctx.Err() == nil {
 			d.log.Warn("list the sessions with unfinished work; the next sweep or change of membership tries again", logging.Err(err))
 		}
-		return 0
+		return nil
 	}
 	owner := ownerOf(members)
 	me := d.system.Address()
-	n := 0
+	var asked []string
 	for _, key := range keys {
 		if owner(key) == me {
 			d.router.Tell(key, &actors.Recover{})
+			asked = append(asked, key)
+		}
+	}
+	return asked
+}
+
+// takenOver counts the keys (of those recoverOwned asked) that came to this member with the
+// change of membership t: another member owned them among the members before it (one that
+// left), or none did (this member's first topology). The rest were this member's already. A
+// log line that counted them all said a member that left, or one that joined, handed over
+// every chat with unfinished work (TestClusterLogCountsTheKeysTakenOver).
+func (d *Daemon) takenOver(t *cluster.ClusterTopology, keys []string) int {
+	joined := func(m *cluster.Member) bool {
+		return slices.ContainsFunc(t.Joined, func(j *cluster.Member) bool { return j.Id == m.Id })
+	}
+	owner := ownerOf(append(slices.DeleteFunc(slices.Clone(t.Members), joined), t.Left...))
+	me := d.system.Address()
+	n := 0
+	for _, key := range keys {
+		if owner(key) != me {
 			n++
 		}
 	}
@@ -140,8 +161,8 @@ func (d *Daemon) sweepRecoverable(every time.Duration) {
 			return
 		case <-t.C:
 		}
-		if n := d.recoverOwned(d.cluster.MemberList.Members().Members()); n > 0 {
-			d.log.Debug("recovery sweep", "recovering", n)
+		if keys := d.recoverOwned(d.cluster.MemberList.Members().Members()); len(keys) > 0 {
+			d.log.Debug("recovery sweep", "recovering", len(keys))
 		}
 	}
 }

@@ -3,11 +3,13 @@
 package supervisor
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 )
@@ -33,20 +35,68 @@ func TestClusterLogsTellMembersApart(t *testing.T) {
 		return fmt.Sprintf(`msg="cluster membership changed" members=%d joined=%s left=%s`,
 			map[bool]int{true: 2, false: 1}[left == "[]"], joined, left)
 	}
-	awaitLine := func(line string) {
-		t.Helper()
-		deadline := time.After(30 * time.Second)
-		for !strings.Contains(logs.String(), line) {
-			select {
-			case <-logs.wrote:
-			case <-deadline:
-				t.Fatalf("no line %s in:\n%s", line, logs.String())
-			}
+	logs.await(t, changed("["+b.d.system.Address()+"]", "[]"))
+	b.stop(t)
+	logs.await(t, changed("[]", "["+b.d.system.Address()+"]"))
+}
+
+// TestClusterLogCountsTheKeysTakenOver: a member's "cluster membership changed" counts, in
+// recovering, the chats with unfinished work that came to it with the change: none when
+// another member joins (the newcomer takes a share of this member's keys), and those of the
+// member that left when one leaves. Before, it counted every chat with unfinished work the
+// member owned after the change: a member that joined seemed to hand this one chats, and one
+// that left seemed to have held them all. (Run without -race, as the other cluster tests are.)
+func TestClusterLogCountsTheKeysTakenOver(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	const chats = 16
+	started := make(chan string, 2*chats)
+	blocking := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		started <- req.Messages[0].Text
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	logs := &signalledLog{wrote: make(chan struct{}, 1)}
+	a := MustStartDaemon(t, blocking, daemonOpts{drain: 50 * time.Millisecond, logs: logs, tweak: clusterOn(dsn)})
+	defer a.stop(t)
+	// Every chat has unfinished work until a stops: its message's turn runs on a.
+	for i := range chats {
+		a.inject(t, chat(i), fmt.Sprint("m", i), fmt.Sprint("m", i))
+	}
+	for range chats {
+		<-started
+	}
+
+	b := startClusterMember(t, dsn, blocking, 50*time.Millisecond)
+	changed := func(members int, joined, left string, recovering int) string {
+		return fmt.Sprintf(`msg="cluster membership changed" members=%d joined=%s left=%s recovering=%d`,
+			members, joined, left, recovering)
+	}
+	logs.await(t, changed(2, "["+b.d.system.Address()+"]", "[]", 0))
+	owner := ownerOf(a.d.cluster.MemberList.Members().Members())
+	ofB := 0
+	for i := range chats {
+		if owner(a.d.intake.Key(chat(i))) == b.d.system.Address() {
+			ofB++
 		}
 	}
-	awaitLine(changed("["+b.d.system.Address()+"]", "[]"))
+	if ofB == 0 || ofB == chats {
+		t.Fatalf("b owns %d of the %d chats: the counts would not tell its keys from the others", ofB, chats)
+	}
 	b.stop(t)
-	awaitLine(changed("[]", "["+b.d.system.Address()+"]"))
+	logs.await(t, changed(1, "[]", "["+b.d.system.Address()+"]", ofB))
+}
+
+// await waits until the log holds line, for at most 30 s.
+func (l *signalledLog) await(t *testing.T, line string) {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for !strings.Contains(l.String(), line) {
+		select {
+		case <-l.wrote:
+		case <-deadline:
+			t.Fatalf("no line %s in:\n%s", line, l.String())
+		}
+	}
 }
 
 // signalledLog is a log sink that signals each write on wrote (capacity 1: a write while the

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/jackc/pgx/v5"
 )
 
 // TestReadyzReportsFailingRenewals: while a member's renewals fail (the database cut off), its
@@ -21,19 +22,7 @@ import (
 func TestReadyzReportsFailingRenewals(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	r := startClusterMember(t, dsn, okAgent, time.Second, func(c *config.Config) { c.Cluster.MemberTTL = 6 * time.Second })
-	readyz := func() (int, map[string]string) {
-		t.Helper()
-		resp, err := http.Get("http://" + r.d.Addr().String() + "/readyz")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var body struct{ Components map[string]string }
-		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-			t.Fatalf("/readyz body: %v", err)
-		}
-		return resp.StatusCode, body.Components
-	}
+	readyz := func() (int, map[string]string) { t.Helper(); return r.readyz(t) }
 	if code, body := readyz(); code != http.StatusOK || body["cluster"] != "ok" {
 		t.Fatalf("/readyz before the outage: %d %v, want 200 with the cluster ok", code, body)
 	}
@@ -64,4 +53,62 @@ func TestReadyzReportsFailingRenewals(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	_ = r.d.Stop(ctx)
+}
+
+// readyz returns the status of the member's /readyz and its components.
+func (r *runtime) readyz(t *testing.T) (int, map[string]string) {
+	t.Helper()
+	resp, err := http.Get("http://" + r.d.Addr().String() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct{ Components map[string]string }
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatalf("/readyz body: %v", err)
+	}
+	return resp.StatusCode, body.Components
+}
+
+// TestReadyzReportsAHungRenewal: a renewal the database does not answer (a hung connection, not
+// a refused one: the test holds a lock on the member's row) makes /readyz fail once it has been
+// in flight for member_ttl/6, before it fails at its deadline of member_ttl/3, and /readyz is ok
+// again once the renewal goes through. Before, /readyz said "cluster":"ok" until the renewal
+// failed, member_ttl/3 before the member would stop. (Run without -race, as the other cluster
+// tests are.)
+func TestReadyzReportsAHungRenewal(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	r := startClusterMember(t, dsn, okAgent, time.Second, func(c *config.Config) { c.Cluster.MemberTTL = 6 * time.Second })
+	defer r.stop(t)
+	if code, body := r.readyz(t); code != http.StatusOK || body["cluster"] != "ok" {
+		t.Fatalf("/readyz before the hang: %d %v, want 200 with the cluster ok", code, body)
+	}
+	admin, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	lock, err := admin.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(context.Background())
+	if _, err := lock.Exec(t.Context(), `SELECT 1 FROM members WHERE id = $1 FOR UPDATE`, r.d.system.ID); err != nil {
+		t.Fatal(err)
+	}
+	// The first answer that is not ok comes while the next renewal waits for the lock: from
+	// 1 s after it began (member_ttl/6) until it fails, 1 s later.
+	code, body := r.readyz(t)
+	for deadline := time.Now().Add(10 * time.Second); body["cluster"] == "ok" && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond) // a poll interval under a deadline
+		code, body = r.readyz(t)
+	}
+	if code != http.StatusServiceUnavailable || !strings.HasPrefix(body["cluster"], "renewal in flight for ") ||
+		!strings.Contains(body["cluster"], "this member stops at member_ttl (6s after its last renewal), in ") {
+		t.Errorf("/readyz while a renewal hangs: %d %v, want 503 with the renewal in flight", code, body)
+	}
+	if err := lock.Rollback(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, func() bool { _, body := r.readyz(t); return body["cluster"] == "ok" })
 }

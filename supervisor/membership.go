@@ -66,10 +66,11 @@ type storeMembership struct {
 	mu      sync.Mutex
 	leaving bool              // the member stops: it renews its registration as leaving
 	live    []postgres.Member // the live members as of the last renewal, oldest first
-	// failing is when the renewals that fail now began to, and renewed when the last one that
-	// succeeded began (the member stops member_ttl after it); failing is zero while they
-	// succeed. /readyz reports them (renewalsFailing).
-	failing, renewed time.Time
+	// failing is when the renewals that fail now began to, renewing when the renewal in flight
+	// began, and renewed when the last one that succeeded began (the member stops member_ttl
+	// after it); failing is zero while they succeed, renewing between renewals. /readyz reports
+	// them (renewalsFailing).
+	failing, renewing, renewed time.Time
 }
 
 func newStoreMembership(store memberStore, name, node, http string, ttl time.Duration, log *slog.Logger, lost func(error)) *storeMembership {
@@ -183,19 +184,33 @@ func (p *storeMembership) gone(err error, lagged, slack time.Duration) {
 	p.lost(err)
 }
 
-// renewalsFailing reports, as of now, that this member's renewals fail and when it stops for
-// them; nil while they succeed. Before, /readyz said the cluster was ok until the member
-// stopped: a load balancer kept sending it requests it was about to refuse.
+// renewalsFailing reports, as of now, that this member's renewals fail, or that the one in
+// flight is overdue, and when it stops for them; nil while they succeed. Before, /readyz said
+// the cluster was ok until the member stopped: a load balancer kept sending it requests it was
+// about to refuse.
 func (p *storeMembership) renewalsFailing(now time.Time) error {
 	p.mu.Lock()
-	failing, renewed := p.failing, p.renewed
+	failing, renewing, renewed := p.failing, p.renewing, p.renewed
 	p.mu.Unlock()
-	if failing.IsZero() {
-		return nil
+	stops := fmt.Sprintf("this member stops at member_ttl (%v after its last renewal), in %v",
+		p.ttl, max(renewed.Add(p.ttl).Sub(now), 0).Round(100*time.Millisecond))
+	switch {
+	case !failing.IsZero():
+		return fmt.Errorf("renewals failing for %v; %s", now.Sub(failing).Round(100*time.Millisecond), stops)
+	case !renewing.IsZero() && now.Sub(renewing) > renewalOverdue(p.ttl):
+		return fmt.Errorf("renewal in flight for %v; %s", now.Sub(renewing).Round(100*time.Millisecond), stops)
 	}
-	return fmt.Errorf("renewals failing for %v; this member stops at member_ttl (%v after its last renewal), in %v",
-		now.Sub(failing).Round(100*time.Millisecond), p.ttl, max(renewed.Add(p.ttl).Sub(now), 0).Round(100*time.Millisecond))
+	return nil
 }
+
+// renewalOverdue is how long a renewal may be in flight before /readyz reports it
+// (renewalsFailing): half its deadline of ttl/3. A renewal takes milliseconds; one that has not
+// answered by then most likely waits for a database that does not answer (a hung connection,
+// not a refused one), and fails only at its deadline. Before, /readyz changed only then, ttl/3
+// before the member stopped (when the database hung after a renewal); now ttl/2 before
+// (TestReadyzReportsAHungRenewal). A database that takes longer than this to commit a renewal
+// fails readiness for as long, as one that takes ttl/3 did before.
+func renewalOverdue(ttl time.Duration) time.Duration { return ttl / 6 }
 
 // memberView is what renewing needs of protoactor's cluster: whether its gossip blocked a
 // member, and where the live members go.
@@ -315,10 +330,16 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 			return
 		}
 		began := time.Now()
+		p.mu.Lock()
+		p.renewing, p.renewed = began, last
+		p.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), every)
 		live, locked, err := p.heartbeatAt(ctx)
 		cancel()
 		tried = time.Now()
+		p.mu.Lock()
+		p.renewing = time.Time{}
+		p.mu.Unlock()
 		if err == nil {
 			reset(max(every-time.Since(began), 0)) // the next renewal ttl/3 after this one began
 			if since := time.Since(last); since >= p.ttl {
@@ -366,7 +387,7 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 		if !failing {
 			p.log.Warn("cluster membership not renewed; retrying", "in", min(renewRetry, every), logging.Err(err))
 			p.mu.Lock()
-			p.failing, p.renewed = began, last
+			p.failing = began
 			p.mu.Unlock()
 		}
 		failing = true

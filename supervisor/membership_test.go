@@ -381,3 +381,26 @@ func TestRenewalPastTTLAfterAnOutageLeavesANote(t *testing.T) {
 		})
 	}
 }
+
+// TestRenewalInFlightIsReportedOverdue: a renewal the database does not answer is reported
+// (for /readyz) once it has been in flight for member_ttl/6, half its deadline, not only once it
+// fails at that deadline.
+func TestRenewalInFlightIsReportedOverdue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newStoreMembership(&hungStore{}, "agentgate", "h1/r_1", "127.0.0.1:8080", 6*time.Second,
+			slog.New(slog.DiscardHandler), func(error) {})
+		go p.renew(memberView{}, time.Now())
+		time.Sleep(3 * time.Second) // the renewal due at 2 s has been in flight for 1 s
+		if err := p.renewalsFailing(time.Now()); err != nil {
+			t.Errorf("renewalsFailing after 1 s in flight = %v, want nil", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		want := "renewal in flight for 1.1s; this member stops at member_ttl (6s after its last renewal), in 2.9s"
+		if err := p.renewalsFailing(time.Now()); err == nil || err.Error() != want {
+			t.Errorf("renewalsFailing after 1.1 s in flight = %v, want %q", err, want)
+		}
+		if err := p.Shutdown(false); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

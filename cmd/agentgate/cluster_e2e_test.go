@@ -261,7 +261,7 @@ func TestClusterSessionsResetThroughAMember(t *testing.T) {
 	t.Setenv("AGENTGATE_STORE_DSN", dsn)
 	t.Setenv("AGENTGATE_CLUSTER_ENABLED", "true")
 	out, errOut := MustRunSessions(t, "reset", "--data-dir", t.TempDir(), key)
-	if want := "ended session " + first + " of " + key + " (reset_command) through the daemon at 127.0.0.1:"; !strings.HasPrefix(out, want) || errOut != "" {
+	if want := "ended session " + first + " of " + key + " (reset_command) through the member at 127.0.0.1:"; !strings.HasPrefix(out, want) || errOut != "" {
 		t.Errorf("reset said %q (stderr %q), want it to begin %q", out, errOut, want)
 	}
 	waitFor(t, 30*time.Second, func() bool {

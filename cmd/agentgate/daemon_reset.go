@@ -153,13 +153,22 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, run, key string)
 		// Only the key's session, as the daemon answers a reset, tells of a reset made.
 		var info httpplatform.SessionInfo
 		if err := json.Unmarshal(a.body, &info); err != nil || info.SessionKey != key || info.SessionID == "" {
-			return nil, fmt.Errorf("the daemon at %s answered %s without a session of %s: is this the daemon's address?", addr, a.statusText, key)
+			return nil, fmt.Errorf("the %[1]s at %[2]s answered %[3]s without a session of %[4]s: is this the %[1]s's address?", daemonNoun(cfg), addr, a.statusText, key)
 		}
 		return &info, nil
 	case a.status == http.StatusNotFound && a.code == httpplatform.CodeNotFound && a.msg == "no such session":
 		return nil, errors.New("no such session")
 	}
-	return nil, fmt.Errorf("the daemon at %s answered %s: %s", addr, a.statusText, a.msg)
+	return nil, fmt.Errorf("the %s at %s answered %s: %s", daemonNoun(cfg), addr, a.statusText, a.msg)
+}
+
+// daemonNoun names the process an admin command asks in its messages: "member" in cluster mode,
+// where each member registers its address in the store and any of them is asked, else "daemon".
+func daemonNoun(cfg *config.Config) string {
+	if cfg.Cluster.Enabled {
+		return "member"
+	}
+	return "daemon"
 }
 
 // daemonAnswer is an answer of the daemon to an admin request that daemonPost leaves to its
@@ -182,6 +191,7 @@ func daemonPost(ctx context.Context, cfg *config.Config, addr, run, path, what s
 	if err := daemonRun(ctx, addr, run); err != nil {
 		return nil, err
 	}
+	noun := daemonNoun(cfg)
 	ctx, cancel := context.WithTimeout(ctx, resetTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+path, nil)
@@ -213,14 +223,14 @@ func daemonPost(ctx context.Context, cfg *config.Config, addr, run, path, what s
 	if err != nil {
 		err = withoutURL(err)
 		if connected.Load() {
-			return nil, fmt.Errorf("the daemon at %s took the request, but %w (%v)", addr, errAnswerLost, err)
+			return nil, fmt.Errorf("the %s at %s took the request, but %w (%v)", noun, addr, errAnswerLost, err)
 		}
 		return nil, fmt.Errorf("%w at %s (%v)", errNoAnswer, addr, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return nil, fmt.Errorf("the daemon at %s took the request, but %w (%s, then %v)", addr, errAnswerLost, resp.Status, err)
+		return nil, fmt.Errorf("the %s at %s took the request, but %w (%s, then %v)", noun, addr, errAnswerLost, resp.Status, err)
 	}
 	a := &daemonAnswer{status: resp.StatusCode, statusText: resp.Status, body: body}
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
@@ -237,21 +247,21 @@ func daemonPost(ctx context.Context, cfg *config.Config, addr, run, path, what s
 		// The daemon answers 503 when its own request to the session was cancelled or timed
 		// out, and 500 when the session did not answer in time or its state could not be read
 		// after a reset: the session may take, or have taken, the request all the same.
-		return nil, fmt.Errorf("the daemon at %s took the request, but %w (%s: %s)", addr, errAnswerLost, resp.Status, a.msg)
+		return nil, fmt.Errorf("the %s at %s took the request, but %w (%s: %s)", noun, addr, errAnswerLost, resp.Status, a.msg)
 	case resp.StatusCode == http.StatusMisdirectedRequest && e.Error.Code == httpplatform.CodeMisdirected:
 		return nil, &notTheDaemon{fmt.Sprintf("the process at %s refused the %s: %s", addr, what, a.msg)}
 	case resp.StatusCode >= 300 && resp.StatusCode < 400:
-		return nil, fmt.Errorf("the daemon at %s answered %s (a redirect to %q, not followed): is this the daemon's address?", addr, resp.Status, resp.Header.Get("Location"))
+		return nil, fmt.Errorf("the %[1]s at %[2]s answered %[3]s (a redirect to %[4]q, not followed): is this the %[1]s's address?", noun, addr, resp.Status, resp.Header.Get("Location"))
 	case resp.StatusCode == http.StatusNotFound, resp.StatusCode == http.StatusConflict:
 		return a, nil
 	case resp.StatusCode == http.StatusUnauthorized && cfg.HTTP.TokenEnv == "":
-		return nil, fmt.Errorf("the daemon at %s asks for a bearer token: name the variable that holds it in http.token_env, as the daemon's config does", addr)
+		return nil, fmt.Errorf("the %[1]s at %[2]s asks for a bearer token: name the variable that holds it in http.token_env, as the %[1]s's config does", noun, addr)
 	case resp.StatusCode == http.StatusUnauthorized && token == "":
-		return nil, fmt.Errorf("the daemon at %s asks for a bearer token: set %s (http.token_env) to it", addr, cfg.HTTP.TokenEnv)
+		return nil, fmt.Errorf("the %s at %s asks for a bearer token: set %s (http.token_env) to it", noun, addr, cfg.HTTP.TokenEnv)
 	case resp.StatusCode == http.StatusUnauthorized:
-		return nil, fmt.Errorf("the daemon at %s refused the token in %s (http.token_env): %s", addr, cfg.HTTP.TokenEnv, a.msg)
+		return nil, fmt.Errorf("the %s at %s refused the token in %s (http.token_env): %s", noun, addr, cfg.HTTP.TokenEnv, a.msg)
 	}
-	return nil, fmt.Errorf("the daemon at %s answered %s: %s", addr, resp.Status, a.msg)
+	return nil, fmt.Errorf("the %s at %s answered %s: %s", noun, addr, resp.Status, a.msg)
 }
 
 // withoutURL is a client error without the method and URL it names (the messages name the
@@ -300,7 +310,7 @@ func resetThroughMember(ctx context.Context, st persistence.Store, cfg *config.C
 		case err != nil:
 			return fmt.Errorf("reset %s: %w", key, err)
 		}
-		printDaemonReset(stdout, key, addr, info)
+		printReset(stdout, key, "the member at "+addr, info)
 		return nil
 	})
 	if !done && err == nil && len(silent) > 0 {
@@ -354,6 +364,12 @@ func answerLost(key string, err error) error {
 
 // printDaemonReset reports a reset the daemon at addr made.
 func printDaemonReset(w io.Writer, key, addr string, info *httpplatform.SessionInfo) {
+	printReset(w, key, "the daemon at "+addr, info)
+}
+
+// printReset reports a reset that at made: the daemon, or a cluster's member, at its address.
+// Before, a member's was reported as the daemon's.
+func printReset(w io.Writer, key, at string, info *httpplatform.SessionInfo) {
 	// An ended session is the answer of a reset that found nothing to end; its own
 	// predecessor (prev_session_id) is none of this reset's doing.
 	if info.EndedAt != nil {
@@ -361,13 +377,13 @@ func printDaemonReset(w io.Writer, key, addr string, info *httpplatform.SessionI
 		return
 	}
 	if info.Kept {
-		fmt.Fprintf(w, "session %s of %s holds nothing yet: the daemon at %s left it as it is\n", info.SessionID, key, addr)
+		fmt.Fprintf(w, "session %s of %s holds nothing yet: %s left it as it is\n", info.SessionID, key, at)
 		return
 	}
 	if info.PrevSessionID != "" {
-		fmt.Fprintf(w, "ended session %s of %s (%s) through the daemon at %s; session %s follows it\n",
-			info.PrevSessionID, key, persistence.EndResetCommand, addr, info.SessionID)
+		fmt.Fprintf(w, "ended session %s of %s (%s) through %s; session %s follows it\n",
+			info.PrevSessionID, key, persistence.EndResetCommand, at, info.SessionID)
 		return
 	}
-	fmt.Fprintf(w, "reset %s through the daemon at %s; its session is %s\n", key, addr, info.SessionID)
+	fmt.Fprintf(w, "reset %s through %s; its session is %s\n", key, at, info.SessionID)
 }

@@ -469,3 +469,49 @@ func TestSessionsResetThroughTheDaemonOfAnEndedSessionWithAPredecessor(t *testin
 		t.Errorf("reset = %q, %v; want %q", out, err, want)
 	}
 }
+
+// TestSessionsResetThroughAMemberNamesTheMember: in cluster mode the command asks a member of
+// the cluster, not a daemon on its data directory, and says so, in what it reports and in its
+// errors. Before, both said "the daemon at …".
+func TestSessionsResetThroughAMemberNamesTheMember(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL")
+	}
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	st, err := postgres.Open(ctx, dsn, postgres.Options{Shared: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	t.Setenv("AGENTGATE_STORE_DRIVER", "postgres")
+	t.Setenv("AGENTGATE_STORE_DSN", dsn)
+	t.Setenv("AGENTGATE_CLUSTER_ENABLED", "true")
+	here, _ := os.Hostname() // the member runs on this host
+	register := func(t *testing.T, s *httptest.Server) string {
+		t.Helper()
+		m := postgres.Member{ID: t.Name(), Host: "127.0.0.1", Port: 6340, Node: here + "/" + testRun, HTTP: s.Listener.Addr().String()}
+		if _, err := st.Heartbeat(ctx, "agentgate", m, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Leave(ctx, "agentgate", m.ID) })
+		return m.HTTP
+	}
+
+	t.Run("reset", func(t *testing.T) {
+		s, _ := countingServer(t, testRun)
+		addr := register(t, s)
+		out, errOut, err := runSessions(t, "reset", "--data-dir", t.TempDir(), keyA)
+		if want := "ended session sa2 of " + keyA + " (reset_command) through the member at " + addr + "; session new follows it\n"; err != nil || out != want {
+			t.Errorf("reset = %q, %v (stderr %q); want %q", out, err, errOut, want)
+		}
+	})
+	t.Run("refused", func(t *testing.T) {
+		s := daemonServer(t, testRun, http.NotFound)
+		addr := register(t, s)
+		_, _, err := runSessions(t, "reset", "--data-dir", t.TempDir(), keyA)
+		if want := "reset " + keyA + ": the member at " + addr + " answered 404 Not Found: 404 page not found"; err == nil || err.Error() != want {
+			t.Errorf("reset: %v, want %q", err, want)
+		}
+	})
+}
