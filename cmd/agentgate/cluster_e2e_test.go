@@ -348,7 +348,7 @@ func TestClusterRequeueThroughAMember(t *testing.T) {
 	t.Setenv("AGENTGATE_CLUSTER_ENABLED", "true")
 	last := chats - 1
 	out, errOut := MustRunSessions(t, "requeue", "--data-dir", t.TempDir(), key(last), fmt.Sprint("q", last))
-	if want := fmt.Sprintf("requeued message q%d of %s through the daemon at 127.0.0.1:", last, key(last)); !strings.HasPrefix(out, want) || errOut != "" {
+	if want := fmt.Sprintf("requeued message q%d of %s through the member at 127.0.0.1:", last, key(last)); !strings.HasPrefix(out, want) || errOut != "" {
 		t.Errorf("sessions requeue said %q (stderr %q), want it to begin %q", out, errOut, want)
 	}
 	events := readSSE(t, a.base+"/v1/sessions/"+key(last)+"/events", "", 1)

@@ -54,7 +54,7 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 		case err != nil:
 			return fmt.Errorf("requeue %s of %s: %w", id, key, err)
 		}
-		printRequeue(stdout, addr, res)
+		printRequeue(stdout, daemonNoun(cfg), addr, res)
 		return nil
 	}
 	if err != nil {
@@ -72,7 +72,7 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 			case err != nil:
 				return fmt.Errorf("requeue %s of %s: %w", id, key, err)
 			}
-			printRequeue(stdout, addr, res)
+			printRequeue(stdout, daemonNoun(cfg), addr, res)
 			return nil
 		})
 		if done || err != nil {
@@ -100,7 +100,7 @@ func daemonRequeue(ctx context.Context, cfg *config.Config, addr, run, key, id s
 	case http.StatusOK, http.StatusAccepted:
 		var res httpplatform.MessageResponse
 		if err := json.Unmarshal(a.body, &res); err != nil || res.SessionKey != key || res.MessageID != id {
-			return nil, fmt.Errorf("the daemon at %s answered %s without the requeue of %s: is this the daemon's address?", addr, a.statusText, id)
+			return nil, fmt.Errorf("the %[1]s at %[2]s answered %[3]s without the requeue of %[4]s: is this the %[1]s's address?", daemonNoun(cfg), addr, a.statusText, id)
 		}
 		return &res, nil
 	case http.StatusNotFound, http.StatusConflict:
@@ -108,7 +108,7 @@ func daemonRequeue(ctx context.Context, cfg *config.Config, addr, run, key, id s
 			return nil, fmt.Errorf("%s (%s)", a.msg, a.code)
 		}
 	}
-	return nil, fmt.Errorf("the daemon at %s answered %s: %s", addr, a.statusText, a.msg)
+	return nil, fmt.Errorf("the %s at %s answered %s: %s", daemonNoun(cfg), addr, a.statusText, a.msg)
 }
 
 // requeueAnswerLost is the error of a requeue whose answer did not come back: the operator
@@ -117,10 +117,10 @@ func requeueAnswerLost(key, id string, err error) error {
 	return fmt.Errorf("requeue %s of %s: %v: it may have requeued the message: see agentgate sessions show %s", id, key, err, key)
 }
 
-// printRequeue reports a requeue the daemon at addr made.
-func printRequeue(w io.Writer, addr string, res *httpplatform.MessageResponse) {
-	fmt.Fprintf(w, "requeued message %s of %s through the daemon at %s: %s (%d waiting), in session %s; it runs as its sender's message\n",
-		res.MessageID, res.SessionKey, addr, res.Disposition, res.QueueDepth, res.SessionID)
+// printRequeue reports a requeue the daemon (or cluster member: noun) at addr made.
+func printRequeue(w io.Writer, noun, addr string, res *httpplatform.MessageResponse) {
+	fmt.Fprintf(w, "requeued message %s of %s through the %s at %s: %s (%d waiting), in session %s; it runs as its sender's message\n",
+		res.MessageID, res.SessionKey, noun, addr, res.Disposition, res.QueueDepth, res.SessionID)
 }
 
 // requeueCommand is the curl command line that requeues message id of key through the daemon at
