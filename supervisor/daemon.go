@@ -766,6 +766,11 @@ func (d *Daemon) ready(ctx context.Context) map[string]error {
 	if d.cfg.Cluster.Enabled {
 		r["cluster"] = d.clusterReady()
 	}
+	if a, ok := d.agent.(interface{ Ready() error }); ok {
+		// An exec agent whose program was removed, or lost its execute bit, while the daemon
+		// runs: every turn fails.
+		r["agent"] = a.Ready()
+	}
 	return r
 }
 

@@ -176,6 +176,9 @@ func TestRunStopSignal(t *testing.T) {
 		// A loop of short sleeps: a SIGINT that reaches the forked sleep before it resets the
 		// shell's trap is lost to it, and the trap runs only once the sleep has ended.
 		{"SIGINT to a shell that exits 130", "trap 'exit 130' INT; while :; do sleep 0.1; done", syscall.SIGINT, true},
+		// What README asks of a command that handles SIGTERM itself, and what it warns of.
+		{"SIGTERM to a command that exits 143", "trap 'exit 143' TERM; while :; do sleep 0.1; done", syscall.SIGTERM, true},
+		{"SIGTERM to a command that exits 1", "trap 'exit 1' TERM; while :; do sleep 0.1; done", syscall.SIGTERM, false},
 		{"a failure of its own", "exit 1", 0, false},
 		{"SIGSEGV", "kill -SEGV $$", 0, false},
 	} {

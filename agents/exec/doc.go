@@ -7,8 +7,13 @@
 // A steering command's stdin carries the input object line, then one {"steer": {...}} line
 // (EncodeSteer) per message steered into the running turn, and closes when the turn's
 // messages end (the caller closes Request.Steer after the turn). Such a command must read
-// stdin line by line. For an agent without steering, the caller falls back to followup and
-// stdin closes right after the input object.
+// stdin line by line, without read-ahead: Run counts a steered message seen once its line has
+// left the pipe, and cannot see into a reader's buffer. For an agent without steering, the
+// caller falls back to followup and stdin closes right after the input object.
+//
+// A command gets stdin, stdout and stderr, and no other descriptor of the daemon's: before the
+// first one starts, the descriptors the process inherited without close-on-exec are given it
+// (Linux). Ready reports whether the command can be started, for the daemon's /readyz.
 //
 // Identity (DESIGN G1): the child's environment is built afresh for every call from the
 // daemon's environment with every AGENTGATE_* variable removed, plus exactly the variables of

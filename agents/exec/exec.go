@@ -56,6 +56,10 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// inherited marks the file descriptors the process inherited close-on-exec (closeInherited)
+// before the first command starts.
+var inherited sync.Once
+
 // Agent runs a command per turn. Create it with New; it is safe for concurrent use.
 type Agent struct {
 	command []string
@@ -71,6 +75,9 @@ type Agent struct {
 
 	mu      sync.Mutex
 	running map[int]struct{} // the process groups of the commands started and not yet reaped
+	// unstartable is since when the command cannot be started, as a turn or Ready found it;
+	// nil while it can.
+	unstartable atomic.Pointer[time.Time]
 }
 
 var _ agents.Steerer = (*Agent)(nil)
@@ -163,6 +170,27 @@ func (a *Agent) KillAll() int {
 	return n
 }
 
+// Ready reports whether the command can be started now, as New checked it (FindCommand): nil
+// when it can, otherwise why not and since when (the first turn or check that found it so). A
+// program removed, or no longer executable, while the daemon runs fails every turn, and the
+// daemon's /readyz says so. It checks the file afresh each time, so that readiness comes back
+// once the program is put right, also when no turn comes to find it (a load balancer that
+// follows /readyz sends none meanwhile).
+func (a *Agent) Ready() error {
+	err := FindCommand(a.command[0], a.dir)
+	if err == nil {
+		a.unstartable.Store(nil)
+		return nil
+	}
+	now := time.Now()
+	a.unstartable.CompareAndSwap(nil, &now)
+	since := now
+	if t := a.unstartable.Load(); t != nil {
+		since = *t
+	}
+	return fmt.Errorf("%v; every turn fails (since %s)", err, since.Format(time.RFC3339))
+}
+
 // CanSteer reports whether Run forwards Request.Steer to the command, as set by Config.Steer.
 func (a *Agent) CanSteer() bool { return a.steer }
 
@@ -244,14 +272,17 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	// it matches the killer above) and after the command exits by itself.
 	cmd.WaitDelay = a.grace
 
+	inherited.Do(closeInherited)
 	start := time.Now()
 	err = cmd.Start()
 	if stdinRead != nil {
 		stdinRead.Close() // the command's now: a write fails once it and what it started are gone
 	}
 	if err != nil {
+		a.unstartable.CompareAndSwap(nil, &start)
 		return nil, fmt.Errorf("exec agent: start %s: %w", name, err)
 	}
+	a.unstartable.Store(nil)
 	pid := cmd.Process.Pid
 	a.mu.Lock()
 	a.running[pid] = struct{}{}

@@ -556,7 +556,7 @@ func TestRunExitError(t *testing.T) {
 }
 
 // TestRunStartError: a command that was there when the agent was made (New checks) and is
-// gone by the turn fails the turn, and is no exit of the command.
+// gone by the turn fails the turn, and is no exit of the command; Ready says so.
 func TestRunStartError(t *testing.T) {
 	t.Parallel()
 	a := MustNewGone(t, exec.Config{})
@@ -567,6 +567,9 @@ func TestRunStartError(t *testing.T) {
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		t.Errorf("Run(missing command) error = %v, want no *ExitError", err)
+	}
+	if err := a.Ready(); err == nil || !strings.Contains(err.Error(), "does not exist; every turn fails (since ") {
+		t.Errorf("Ready() with the command gone = %v, want it does not exist; every turn fails (since …)", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package exec
 
 import (
 	"os"
+	"strconv"
 	"syscall"
 	"unsafe"
 )
@@ -33,4 +34,25 @@ func unreadBytes(f *os.File) (int64, error) {
 		return 0, errno
 	}
 	return int64(n), nil
+}
+
+// closeInherited marks close-on-exec every file descriptor above stderr that the process has
+// open. The Go runtime opens its own so, but one the daemon inherited without the flag (from the
+// shell or job runner that started it: a redirection's file, a runner's status pipe) stays open
+// across exec, in every command and in what it starts: os/exec passes a child stdin, stdout and
+// stderr, and closes nothing else. Marking a descriptor that has the flag already changes
+// nothing, so one opened or reused meanwhile by another goroutine is unharmed.
+func closeInherited() {
+	dir, err := os.Open("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	defer dir.Close()
+	self := int(dir.Fd())
+	names, _ := dir.Readdirnames(-1)
+	for _, name := range names {
+		if fd, err := strconv.Atoi(name); err == nil && fd > 2 && fd != self {
+			syscall.CloseOnExec(fd)
+		}
+	}
 }
