@@ -39,7 +39,7 @@ func benchDaemon(ctx context.Context, cfg *config.Config, log *slog.Logger, n, m
 		return nil, nil, fmt.Errorf("bench: %w", err)
 	}
 	defer func() {
-		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Shutdown.DrainTimeout+30*time.Second)
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Shutdown.DrainTimeout+config.StopMargin)
 		defer cancel()
 		if serr := d.Stop(stopCtx); serr != nil && err == nil {
 			err = fmt.Errorf("bench: stop daemon: %w", serr)

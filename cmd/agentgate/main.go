@@ -16,9 +16,9 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/agentgate/agentgate/internal/buildinfo"
 	"github.com/agentgate/agentgate/internal/config"
@@ -306,12 +306,15 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var level slog.LevelVar
 	level.Set(cfg.SlogLevel())
 	log := logging.New(stderr, &level, cfg.Log.Format)
-	for _, name := range config.UnknownEnv(os.Environ()) {
+	for _, name := range cfg.UnknownEnv(os.Environ()) {
 		log.Warn("environment variable names no configuration key (a misspelt one?); it is ignored", "var", name)
 	}
 	for _, err := range cfg.PostgresAdvice() {
 		// check-config's warnings, said where a deploy that skipped it looks (a walkthrough).
 		log.Warn("store.dsn goes against README's advice; serving all the same", logging.Err(err))
+	}
+	for _, err := range cfg.ExecAdvice() {
+		log.Warn("agent.exec.kill_grace is longer than a stop gives; serving all the same", logging.Err(err))
 	}
 	if err := hideFromSameUser(); err != nil {
 		log.Warn("cannot keep the exec agent from reading the daemon's environment and memory (prctl PR_SET_DUMPABLE)", logging.Err(err))
@@ -344,7 +347,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		d.Abort()
 		os.Exit(2)
 	}()
-	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.Shutdown.DrainTimeout+30*time.Second)
+	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.Shutdown.DrainTimeout+config.StopMargin)
 	defer cancel()
 	if err := d.Stop(stopCtx); err != nil || fatal == nil {
 		return err
@@ -387,7 +390,7 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 	}
 	var refused, notes []error
 	if cfg != nil {
-		for _, name := range config.UnknownEnv(os.Environ()) {
+		for _, name := range cfg.UnknownEnv(os.Environ()) {
 			fmt.Fprintf(stderr, "warning: %s names no configuration key (a misspelt one?); it is ignored\n", name)
 		}
 		if refusals != nil {
@@ -503,7 +506,7 @@ func startNotices(cfg *config.Config) []error {
 	if err := cfg.NewSQLiteDatabase(); err != nil {
 		out = append(out, &notice{kind: "note", err: err})
 	}
-	for _, err := range append(cfg.PostgresAdvice(), cfg.OpenAIAdvice()...) {
+	for _, err := range slices.Concat(cfg.PostgresAdvice(), cfg.OpenAIAdvice(), cfg.ExecAdvice()) {
 		out = append(out, &notice{kind: "warning", err: err})
 	}
 	return out

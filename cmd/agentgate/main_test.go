@@ -57,9 +57,12 @@ func TestRunCommands(t *testing.T) {
 	public := filepath.Join(dir, "public.yaml")
 	emptyToken := filepath.Join(dir, "empty-token.yaml")
 	noBotToken := filepath.Join(dir, "discord.yaml")
+	// A token in a variable the file names, which is AGENTGATE_-prefixed as a config key's is.
+	fileToken := filepath.Join(dir, "file-token.yaml")
 	for path, text := range map[string]string{
 		public:     "data_dir: " + dir + "\nhttp:\n  addr: 0.0.0.0:18050\n",
 		emptyToken: "data_dir: " + dir + "\nhttp:\n  addr: 127.0.0.1:0\n  token_env: AGENTGATE_TEST_EMPTY_TOKEN\n",
+		fileToken:  "data_dir: " + dir + "\nhttp:\n  addr: 127.0.0.1:0\n  token_env: AGENTGATE_HTTP_BEARER\n",
 		noBotToken: "data_dir: " + dir + "\nplatforms:\n  discord:\n    enabled: true\n    token_env: AGENTGATE_TEST_UNSET_BOT_TOKEN\n",
 	} {
 		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
@@ -76,6 +79,7 @@ func TestRunCommands(t *testing.T) {
 	}
 	defer taken.Close()
 	t.Setenv("AGENTGATE_TEST_EMPTY_TOKEN", "")
+	t.Setenv("AGENTGATE_HTTP_BEARER", "a-token-of-the-file-s-own-variable")
 	t.Setenv("AGENTGATE_HTTP_ADR", "127.0.0.1:9") // a misspelt AGENTGATE_HTTP_ADDR
 	tests := []struct {
 		name       string
@@ -126,6 +130,9 @@ func TestRunCommands(t *testing.T) {
 		{name: "unknown command", args: []string{"frobnicate"}, wantErr: "usage", wantStderr: []string{`unknown command "frobnicate"`}},
 		{name: "check-config ok", args: []string{"check-config", "--config", good}, wantOut: "config ok",
 			wantStderr: []string{"warning: AGENTGATE_HTTP_ADR names no configuration key (a misspelt one?); it is ignored"}},
+		// Before, the token variable http.token_env names was warned of as a misspelt key.
+		{name: "check-config knows the variable a file's token_env names", args: []string{"check-config", "--config", fileToken}, wantOut: "config ok",
+			notStderr: []string{"AGENTGATE_HTTP_BEARER"}},
 		{name: "check-config reports every problem", args: []string{"check-config", "--config", bad}, wantErr: "3 problem(s)",
 			wantStderr: []string{"bogus", "sessions.queue.mode", "sessions.queue.cap"}},
 		// Counted as check-config counts them; main prints each before (TestServePrintsEachConfigProblem).

@@ -714,20 +714,28 @@ func IsEnvKey(name string) bool {
 // UnknownEnv returns the AGENTGATE_ variables in environ that begin as a section's keys do
 // (AGENTGATE_HTTP, AGENTGATE_SESSIONS…) but name no key, sorted: most likely a misspelt key,
 // which Load ignores like any variable that names none (the exec agent's identity variables,
-// such as AGENTGATE_SESSION_KEY, are no key either). check-config and serve warn of them.
-func UnknownEnv(environ []string) []string {
+// such as AGENTGATE_SESSION_KEY, are no key either). check-config and serve warn of them. A
+// variable that one of c's *_env keys names is no misspelt key but the secret itself, however
+// it begins: http.token_env: AGENTGATE_HTTP_TOKEN had its bearer token called ignored (found
+// by a walkthrough).
+func (c *Config) UnknownEnv(environ []string) []string {
 	sections := map[string]bool{}
+	secrets := map[string]bool{}
+	root := reflect.ValueOf(c).Elem()
 	for _, l := range leaves() {
 		if head, _, ok := strings.Cut(l.path, "."); ok {
 			// Without its "_": AGENTGATE_HTTPADDR and AGENTGATE_LOG='{level: debug}' are
 			// misspelt keys too (found by an audit), and no identity variable begins so.
 			sections[EnvPrefix+strings.ToUpper(head)] = true
 		}
+		if strings.HasSuffix(l.path, "_env") && l.typ.Kind() == reflect.String {
+			secrets[root.FieldByIndex(l.index).String()] = true
+		}
 	}
 	var out []string
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, EnvPrefix) || IsEnvKey(name) || slices.Contains(out, name) {
+		if !strings.HasPrefix(name, EnvPrefix) || IsEnvKey(name) || secrets[name] || slices.Contains(out, name) {
 			continue
 		}
 		for prefix := range sections {
@@ -739,6 +747,15 @@ func UnknownEnv(environ []string) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// UnknownEnv is Config.UnknownEnv of the configuration that environ makes of the defaults on
+// its own, without a file: it knows the secret variables that the defaults and environ's
+// AGENTGATE_*_ENV variables name, not those a file names.
+func UnknownEnv(environ []string) []string {
+	cfg := Default()
+	applyEnv(cfg, envVars(environ)) // a value that does not parse is Load's to report
+	return cfg.UnknownEnv(environ)
 }
 
 // envVars returns the AGENTGATE_ variables in environ by name; the last of repeated variables

@@ -25,7 +25,7 @@ func TestString(t *testing.T) {
 			want: "Authorization: Bearer [redacted], Basic"},
 		{name: "bearer token", in: "Authorization: Bearer eyJhbGciOi.x-y", want: "Authorization: Bearer [redacted]"},
 		{name: "named values", in: `api_key=k1 "password": "p w" TOKEN: t3 secret='s4' api-key:k5 passwd=k6 access_token=k7`,
-			want: `api_key=[redacted] "password": "[redacted] w" TOKEN: [redacted] secret='[redacted]' api-key:[redacted] passwd=[redacted] access_token=[redacted]`},
+			want: `api_key=[redacted] "password": "[redacted]" TOKEN: [redacted] secret='[redacted]' api-key:[redacted] passwd=[redacted] access_token=[redacted]`},
 		{name: "prefixed keys", in: "sk-proj-abcdefgh12 ghp_0123456789abcdefghij0123 xoxb-1234567890-abc",
 			want: "[redacted] [redacted] [redacted]"},
 		{name: "ordinary words are left", in: "input_tokens: 12, max_tokens=5, key: value", want: "input_tokens: 12, max_tokens=5, key: value"},
@@ -61,6 +61,92 @@ func TestString(t *testing.T) {
 				t.Errorf("String(%q, %q) = %q, want %q", tc.in, tc.values, got, tc.want)
 			}
 		})
+	}
+}
+
+// TestStringSecretShapes: the shapes in which a command's stderr gives a secret away are
+// redacted (found by a walkthrough: a name that only held token, secret or password, a flag's
+// value, a cookie, Stripe's keys were logged whole), and prose and data that merely name one are
+// left, so that the operator can still read why the command failed.
+func TestStringSecretShapes(t *testing.T) {
+	t.Parallel()
+	redacted := []struct{ name, in, want string }{
+		{"a name with secret inside", "AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+			"AWS_SECRET_ACCESS_KEY=[redacted]"},
+		{"ini with blanks", "aws_secret_access_key = wJalrXUtnFEMI", "aws_secret_access_key = [redacted]"},
+		{"a Stripe key by name and prefix", "STRIPE_SECRET_KEY=sk_live_51HaBcDeFgHiJkLmN and sk_test_4eC39HqLyjWDarjtT1zdp7dc",
+			"STRIPE_SECRET_KEY=[redacted] and [redacted]"},
+		{"a restricted key and a webhook secret", "rk_live_abcdefgh12345678 whsec_0123456789abcdefABCDEF", "[redacted] [redacted]"},
+		{"a private key by name", "PRIVATE_KEY=MIIEvQIBADANBgkqhkiG9w0BAQEFAASC", "PRIVATE_KEY=[redacted]"},
+		{"yaml", "  secret_key: abc123def\n  db.password: hunter2x", "  secret_key: [redacted]\n  db.password: [redacted]"},
+		{"json, quoted with a blank and an escape", `{"client_secret": "a b\"c", "id_token":"eyJh.x.y"}`,
+			`{"client_secret": "[redacted]", "id_token":"[redacted]"}`},
+		{"camel case", "accessToken: abc123 clientSecret=xyz apiKey='k9'", "accessToken: [redacted] clientSecret=[redacted] apiKey='[redacted]'"},
+		{"a credential and a passphrase", "GOOGLE_CREDENTIALS=ewogICJ0eXBlIjog SSH_PASSPHRASE=correct-horse",
+			"GOOGLE_CREDENTIALS=[redacted] SSH_PASSPHRASE=[redacted]"},
+		{"a quote left open by a cut", `password="hunter2x`, `password="[redacted]`},
+		{"flags", `run --password hunter2x --api-key=k-123 -token abc --secret "two words" --db-password 'p w'`,
+			`run --password [redacted] --api-key=[redacted] -token [redacted] --secret "[redacted]" --db-password '[redacted]'`},
+		{"a header with token in its name", "X-Auth-Token: 0123abcd\nx-api-key: abc", "X-Auth-Token: [redacted]\nx-api-key: [redacted]"},
+		{"cookies", "> Cookie: session=abc123; theme=dark\n< set-cookie: sid=xyz; Path=/; HttpOnly\nnext",
+			"> Cookie: [redacted]\n< set-cookie: [redacted]; HttpOnly\nnext"},
+		{"cookies in a Go header map and JSON", `map[Cookie:[sid=abc]] {"Set-Cookie": "sid=abc; Secure"}`,
+			`map[Cookie:[[redacted]]] {"Set-Cookie": "[redacted]; Secure"}`},
+		{"authorization with other schemes", "Authorization: token ghp_short\nAuthorization: Bot MTA5.x.y\n" +
+			"authorization: AWS4-HMAC-SHA256 Credential=AKIAX/20260101/s3, Signature=fe5f80f7",
+			"Authorization: token [redacted]\nAuthorization: Bot [redacted]\nauthorization: AWS4-HMAC-SHA256 [redacted], Signature=[redacted]"},
+		{"authorization without a scheme", "Authorization: 0a1b2c3d4e rejected\n" + `{"authorization":"lin_api_abcdefghijklmnop"}`,
+			"Authorization: [redacted] rejected\n" + `{"authorization":"[redacted]"}`},
+		{"a header and what follows it on its line", "proxy: Authorization: Basic dXNlcjpw refused; Cookie: sid=abc; a=b, then https://host/x",
+			"proxy: Authorization: Basic [redacted] refused; Cookie: [redacted], then https://host/x"},
+		// A value runs over & (a password may hold one), so the rest of a query goes with it.
+		{"a presigned URL", "GET https://b.s3.amazonaws.com/k?X-Amz-Signature=fe5f80f77d5fa3beca038a248ff027d0&X-Amz-Expires=60 403",
+			"GET https://b.s3.amazonaws.com/k?X-Amz-Signature=[redacted] 403"},
+		{"more prefixes", "github_pat_11ABCDEFG0123456789_abcdef glpat-abcdefghij0123456789 xapp-1-A0123-4567890 " +
+			"AIzaSyA-0123456789abcdefghijklmnopqrstu npm_" + strings.Repeat("a1", 18) + " hf_" + strings.Repeat("aB", 17),
+			"[redacted] [redacted] [redacted] [redacted] [redacted] [redacted]"},
+		{"a PEM private key", "key:\n-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA\nx+y/z==\n-----END RSA PRIVATE KEY-----\ndone",
+			"key:\n-----BEGIN RSA PRIVATE KEY-----[redacted]-----END RSA PRIVATE KEY-----\ndone"},
+		{"a PEM private key cut at its end", "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkq", "-----BEGIN PRIVATE KEY-----[redacted]"},
+		{"a PEM private key cut at its start", "kqhkiG9w0BAQEF\nAASCBKcwggSj\n-----END PRIVATE KEY-----\ndone",
+			"[redacted]\n-----END PRIVATE KEY-----\ndone"},
+	}
+	kept := []struct{ name, in string }{
+		{"prose about a token", "the token was rejected; check your password and secret settings"},
+		{"prose about headers", "authorization: permission denied; the cookie was stale; Authorization: Bearer\nAuthorization: AWS4-HMAC-SHA256"},
+		{"a cookie without a value", "cookie: required"},
+		{"names of something else", "token_count: 12 tokenizer: cl100k secretary: Ann max_tokens=5 passwords: 3 token_type: Bearer"},
+		{"where a secret is, not what", "PASSWORD_FILE=/run/secrets/db AGENTGATE_HTTP_TOKEN_ENV=AGENTGATE_HTTP_TOKEN --token-file /etc/t secret_name=prod-db"},
+		{"an empty value", `password="" token=''`},
+		{"a flag without a value", "use --no-password --verbose, or --token <token>"},
+		{"a certificate", "-----BEGIN CERTIFICATE-----\nMIIDdzCCAl+gAwIBAgIE\n-----END CERTIFICATE-----"},
+		{"a prefix inside a word or too short", "task_live_x sk-short mask_test_abc"},
+	}
+	for _, tc := range redacted {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := redact.String(tc.in); got != tc.want {
+				t.Errorf("String(%q) = %q, want %q", tc.in, got, tc.want)
+			}
+		})
+	}
+	for _, tc := range kept {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := redact.String(tc.in); got != tc.in {
+				t.Errorf("String(%q) = %q, want it unchanged", tc.in, got)
+			}
+		})
+	}
+}
+
+// TestStringFlagUsageOverRedacts pins a price of redacting flags' values: a usage line's
+// placeholder after a secret flag reads as its value.
+func TestStringFlagUsageOverRedacts(t *testing.T) {
+	t.Parallel()
+	in, want := "  -token string\n    \tthe API token", "  -token [redacted]\n    \tthe API token"
+	if got := redact.String(in); got != want {
+		t.Errorf("String(%q) = %q, want %q", in, got, want)
 	}
 }
 

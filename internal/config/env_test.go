@@ -1,0 +1,56 @@
+package config
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestUnknownEnvSecretVariables: a variable that a *_env key names holds that secret, whatever
+// its name: it is no misspelt key, whether the file or an AGENTGATE_*_ENV variable names it
+// (found by a walkthrough: check-config called the bearer token named by http.token_env
+// ignored). A misspelt key beside it is still reported.
+func TestUnknownEnvSecretVariables(t *testing.T) {
+	secrets := []string{
+		"AGENTGATE_HTTP_TOKEN=s3cret", "AGENTGATE_PLATFORMS_DISCORD_BOT=MTA5.x", "AGENTGATE_AGENT_KEY=sk-x",
+		"AGENTGATE_HTTP_TOKN=typo",
+	}
+	tests := []struct {
+		name, file string
+		environ    []string
+		want       []string
+	}{
+		{name: "named by the file",
+			file: "http:\n  token_env: AGENTGATE_HTTP_TOKEN\nplatforms:\n  discord:\n    token_env: AGENTGATE_PLATFORMS_DISCORD_BOT\n" +
+				"agent:\n  openai:\n    api_key_env: AGENTGATE_AGENT_KEY\n",
+			want: []string{"AGENTGATE_HTTP_TOKN"}},
+		{name: "named by variables",
+			environ: []string{"AGENTGATE_HTTP_TOKEN_ENV=AGENTGATE_HTTP_TOKEN", "AGENTGATE_PLATFORMS_DISCORD_TOKEN_ENV=AGENTGATE_PLATFORMS_DISCORD_BOT",
+				"AGENTGATE_AGENT_OPENAI_API_KEY_ENV=AGENTGATE_AGENT_KEY"},
+			want: []string{"AGENTGATE_HTTP_TOKN"}},
+		{name: "named by none",
+			want: []string{"AGENTGATE_AGENT_KEY", "AGENTGATE_HTTP_TOKEN", "AGENTGATE_HTTP_TOKN", "AGENTGATE_PLATFORMS_DISCORD_BOT"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			environ := append(tc.environ, secrets...)
+			path := ""
+			if tc.file != "" {
+				path = MustWriteConfig(t, tc.file)
+			}
+			cfg, err := Load(path, environ, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, cfg.UnknownEnv(environ)); diff != "" {
+				t.Errorf("Config.UnknownEnv() mismatch (-want +got):\n%s", diff)
+			}
+			if tc.file == "" {
+				// Without a file, the function finds the same as the method.
+				if diff := cmp.Diff(tc.want, UnknownEnv(environ)); diff != "" {
+					t.Errorf("UnknownEnv() mismatch (-want +got):\n%s", diff)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,28 @@
+package config
+
+import (
+	"errors"
+	"time"
+)
+
+// StopMargin is how long serve's stop lasts at most past shutdown.drain_timeout: the turns
+// still running at the drain's deadline are cancelled, and an exec agent's commands that have
+// not ended by the stop's deadline are killed then, with their process groups (SIGKILL).
+const StopMargin = 30 * time.Second
+
+// ExecAdvice returns what serve warns of in the exec backend's settings, which it starts with
+// all the same: a kill_grace that a stop cannot give. A command cancelled at the drain's
+// deadline gets SIGTERM, then SIGKILL at the stop's deadline, StopMargin later, however long
+// kill_grace is (found by a walkthrough: kill_grace: 20m was taken without a word). A
+// *FieldError of agent.exec.kill_grace.
+func (c *Config) ExecAdvice() []error {
+	g := c.Agent.Exec.KillGrace
+	if c.Agent.Backend != "exec" || g < StopMargin {
+		return nil
+	}
+	return []error{&FieldError{Field: "agent.exec.kill_grace", Value: g, Err: errors.New("not shorter than the " +
+		shortDuration(StopMargin) + " a stop gives the commands it cancels: at a stop, a command still running at " +
+		"shutdown.drain_timeout gets SIGTERM, then SIGKILL with what it started at most " + shortDuration(StopMargin) +
+		" later, not after kill_grace (outside a stop kill_grace holds, and an interrupted command that ignores SIGTERM " +
+		"holds its chat's next turn for up to twice kill_grace)")}}
+}

@@ -1,0 +1,43 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestExecAdvice: a kill_grace that a stop cannot give (StopMargin or longer) is warned of, with
+// what a stop does instead, as check-config prints it; a shorter one, or one of another
+// backend, is not (found by a walkthrough: kill_grace: 20m was taken without a word).
+func TestExecAdvice(t *testing.T) {
+	tests := []struct {
+		name, file string
+		want       string
+	}{
+		{name: "twenty minutes", file: "agent:\n  backend: exec\n  exec:\n    command: [sh]\n    kill_grace: 20m\n",
+			want: "agent.exec.kill_grace: 20m: not shorter than the 30s a stop gives the commands it cancels: at a stop, a command still " +
+				"running at shutdown.drain_timeout gets SIGTERM, then SIGKILL with what it started at most 30s later, not after kill_grace"},
+		{name: "the margin itself", file: "agent:\n  backend: exec\n  exec:\n    command: [sh]\n    kill_grace: 30s\n",
+			want: "agent.exec.kill_grace: 30s: not shorter than the 30s"},
+		{name: "within the margin", file: "agent:\n  backend: exec\n  exec:\n    command: [sh]\n    kill_grace: 29s\n"},
+		{name: "the default", file: "agent:\n  backend: exec\n  exec:\n    command: [sh]\n"},
+		{name: "another backend", file: "agent:\n  exec:\n    kill_grace: 20m\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Load(MustWriteConfig(t, tc.file), nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, err := range cfg.ExecAdvice() {
+				got = append(got, err.Error())
+			}
+			switch {
+			case tc.want == "" && len(got) > 0:
+				t.Errorf("ExecAdvice() = %q, want none", got)
+			case tc.want != "" && (len(got) != 1 || !strings.HasPrefix(got[0], tc.want)):
+				t.Errorf("ExecAdvice() = %q, want one starting %q", got, tc.want)
+			}
+		})
+	}
+}
