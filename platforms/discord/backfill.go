@@ -29,16 +29,21 @@ import (
 // runtime and never runs twice. platforms.discord.backfill_window bounds it: only channels
 // active within the window are read after a restart, and older messages are not answered.
 // The history is read newest page first, back to that message (readBack): at most
-// backfillPages pages are read, and when more was said, the newest are the ones said while
-// the bot was away (the mark after a restart is the newest message the store took, and the
-// chatter after it that the bot saw live without taking, no mention, can run long).
+// backfillSaid messages that are not the bot's own (and backfillPages pages) are read, and when
+// more was said, the newest are the ones said while the bot was away (the mark after a restart
+// is the newest message the store took, and the chatter after it that the bot saw live without
+// taking, no mention, can run long). The bot's own messages do not count: after a restart the
+// mark is the newest user message, and the replies the bot posted after it (to a backlog read
+// back, hundreds) filled the pages, so every later restart warned of messages left unread when
+// there were none.
 //
 // What it does not cover: channels the store took nothing from within the window, and the
-// older messages of a channel where more than backfillPages pages were said since the mark
+// older messages of a channel where more than backfillSaid messages were said since the mark
 // (logged at Warn).
 const (
 	backfillChannels = 1000 // channels remembered; the one quiet longest is forgotten first
-	backfillPages    = 5    // pages of 100 messages read per channel
+	backfillSaid     = 500  // messages not the bot's own read per channel
+	backfillPages    = 20   // pages read per channel, the bot's own messages included
 	backfillPageSize = 100  // Discord's maximum
 )
 
@@ -215,7 +220,7 @@ rounds:
 			if gaps {
 				fetch = p.history // the gap read is tried again as a whole (scheduleGapRead)
 			}
-			ms, short, readErr := p.readBack(ctx, fetch, c.channel, c.id, since)
+			ms, short, readErr := p.readBack(ctx, fetch, c.channel, c.id, since, p.bot())
 			// left is where the daemon's stop left reading: the message before the first one
 			// the runtime no longer took, which the next start is to read back.
 			left := ""
@@ -304,20 +309,21 @@ rounds:
 	}
 	if len(cut) > 0 {
 		p.log.Warn("discord backfill: more was said in some channels than is read back; only their newest messages were read, older ones since the bot last saw them are not answered",
-			"channels", len(cut), "channel_ids", cut, "pages", backfillPages)
+			"channels", len(cut), "channel_ids", cut, "read_back", backfillSaid)
 	}
 }
 
 // readBack reads channel's history after the message mark, newest page first (Discord's
-// before), until a page reaches the mark or the start of the window (since), or backfillPages
-// pages were read, and returns what it read after the mark oldest first. short reports that
-// the cap stopped it: messages older than those returned, posted after the mark, are not read.
+// before), until a page reaches the mark or the start of the window (since), or backfillSaid
+// messages not the bot's own or backfillPages pages were read, and returns what it read after the
+// mark oldest first. short reports that a cap stopped it: messages older than those returned,
+// posted after the mark, are not read.
 // Reading newest first is what reaches what was said while the bot was away: the chatter it
 // saw live but did not take (no mention) can exceed the cap after the store's newest message,
 // and read oldest first the pages went on it and never got to the gap.
 func (p *Platform) readBack(ctx context.Context, fetch func(ctx context.Context, channel, before string) ([]*discordgo.Message, error),
-	channel, mark string, since time.Time) (ms []*discordgo.Message, short bool, err error) {
-	before := ""
+	channel, mark string, since time.Time, bot string) (ms []*discordgo.Message, short bool, err error) {
+	before, said := "", 0
 	for range backfillPages {
 		page, err := fetch(ctx, channel, before)
 		if err != nil {
@@ -333,6 +339,9 @@ func (p *Platform) readBack(ctx context.Context, fetch func(ctx context.Context,
 				done = true // the page reached the mark
 			default:
 				ms = append(ms, m)
+				if m.Author == nil || m.Author.ID != bot {
+					said++
+				}
 			}
 		}
 		// page is oldest first, and so is ms[n:]: its first is the oldest read yet.
@@ -341,6 +350,9 @@ func (p *Platform) readBack(ctx context.Context, fetch func(ctx context.Context,
 		}
 		if done {
 			return oldestFirst(ms), false, nil
+		}
+		if said >= backfillSaid {
+			break
 		}
 		before = ms[n].ID
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/platforms/discord/discordtest"
 )
 
@@ -49,7 +50,7 @@ func TestRestartBackfillInABusyChannelReadsTheNewest(t *testing.T) {
 		t.Errorf("channel replies answer %v, want %v (each once, in order)", got, want)
 	}
 	if n := w.srv.Requests("GET", "/channels/"+channelID+"/messages") - reads; n != 5 {
-		t.Errorf("the start read %d pages of the channel's history, want 5 (backfillPages)", n)
+		t.Errorf("the start read %d pages of the channel's history, want 5 (500 messages of users: backfillSaid)", n)
 	}
 	var warning string
 	for line := range strings.Lines(w.log.String()) {
@@ -57,8 +58,8 @@ func TestRestartBackfillInABusyChannelReadsTheNewest(t *testing.T) {
 			warning = line
 		}
 	}
-	if !strings.Contains(warning, "level=WARN") || !strings.Contains(warning, "channel_ids=["+channelID+"]") || !strings.Contains(warning, "pages=5") {
-		t.Errorf("warning about the channel's unread older messages = %q, want a WARN naming channel %s and 5 pages", warning, channelID)
+	if !strings.Contains(warning, "level=WARN") || !strings.Contains(warning, "channel_ids=["+channelID+"]") || !strings.Contains(warning, "read_back=500") {
+		t.Errorf("warning about the channel's unread older messages = %q, want a WARN naming channel %s and the 500 read back", warning, channelID)
 	}
 }
 
@@ -88,5 +89,38 @@ func TestRestartBackfillReadsSeveralPagesOldestFirst(t *testing.T) {
 	}
 	if strings.Contains(w.log.String(), cutWarning) {
 		t.Errorf("a backfill that read all it had to warned that it did not:\n%s", w.log.String())
+	}
+}
+
+// TestRestartAfterTheBotsRepliesIsNoWarning: after a restart the mark a channel is read back from
+// is the newest message the store took there, a user's; the bot's replies after it (to a
+// backlog read back at the start before, one each, hundreds) are read, but do not count towards
+// what a backfill reads: the read reaches the mark, and nothing is said to be left unanswered.
+// Before, they filled its pages, and every restart after a backlog warned of messages left
+// unanswered when there were none.
+func TestRestartAfterTheBotsRepliesIsNoWarning(t *testing.T) {
+	w := startWorld(t, echoAgent, func(c *config.Config) { c.Platforms.Discord.FreeResponseChannels = []string{channelID} })
+	first := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "hi"})
+	w.replyTo(t, channelID, first.ID)
+	w.stop(t)
+	// The bot's replies, as the start after a backlog posts them (five pages' worth).
+	bot := discordtest.User{ID: w.srv.BotID(), Username: "agentgate", Bot: true}
+	for i := range 520 {
+		w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: bot, Content: fmt.Sprint("echo: backlog ", i)})
+	}
+	reads := w.srv.Requests("GET", "/channels/"+channelID+"/messages")
+	w.start(t)
+	w.srv.WaitReady(t)
+	after := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: bob, Content: "after"})
+	w.replyTo(t, channelID, after.ID) // live messages wait for the backfill: it is done
+	if strings.Contains(w.log.String(), cutWarning) {
+		t.Errorf("a restart with nothing new said warned of messages left unread:\n%s", w.log.String())
+	}
+	if got, want := w.answered(channelID), []string{first.ID, after.ID}; !slices.Equal(got, want) {
+		t.Errorf("channel replies answer %v, want %v (each once)", got, want)
+	}
+	// 1 reply + 520 of the bot's after the mark, and the mark: six pages.
+	if n := w.srv.Requests("GET", "/channels/"+channelID+"/messages") - reads; n != 6 {
+		t.Errorf("the start read %d pages of the channel's history, want 6", n)
 	}
 }

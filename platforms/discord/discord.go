@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/bwmarrin/discordgo"
+	"github.com/gorilla/websocket"
 
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/logging"
@@ -40,7 +41,7 @@ var maxProgress = 10_000
 
 // Config configures a Platform.
 type Config struct {
-	// Token is the bot token (without the "Bot " prefix).
+	// Token is the bot token; a "Bot " in front of it (the Authorization header's form) is cut.
 	Token string
 	// Settings are the platforms.discord keys of the configuration.
 	Settings config.Discord
@@ -64,6 +65,7 @@ type Platform struct {
 	cfg  config.Discord
 	log  *slog.Logger
 	s    *discordgo.Session
+	api  rewrite // where REST requests go (Settings.APIURL)
 	gate gate
 
 	botID     atomic.Pointer[string]
@@ -110,6 +112,9 @@ type Platform struct {
 	// wait before the one after it (backfill.go, scheduleGapRead).
 	gapRead *time.Timer
 	gapWait time.Duration
+
+	// blockWarn is rateWarn for the 429s of Discord's edge (ratelimit.go); own lock.
+	blockWarn logging.Limiter
 }
 
 var (
@@ -121,7 +126,8 @@ var (
 
 // New returns a Discord platform for c. It does not connect: Run does.
 func New(c Config) (*Platform, error) {
-	if c.Token == "" {
+	token := botToken(c.Token)
+	if token == "" {
 		return nil, errors.New("new discord platform: no bot token (set the environment variable named by platforms.discord.token_env)")
 	}
 	log := c.Logger
@@ -129,11 +135,12 @@ func New(c Config) (*Platform, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("platform", Name)
-	s, err := discordgo.New("Bot " + c.Token)
+	s, err := discordgo.New("Bot " + token)
 	if err != nil {
 		return nil, fmt.Errorf("new discord platform: %w", err)
 	}
-	s.Client = &http.Client{Timeout: restTimeout, Transport: &blockedAs429{next: newRewrite(c.Settings.APIURL, http.DefaultTransport)}}
+	api := newRewrite(c.Settings.APIURL, http.DefaultTransport)
+	s.Client = &http.Client{Timeout: restTimeout, Transport: &blockedAs429{next: api}}
 	s.UserAgent = "agentgate (https://github.com/agentgate/agentgate)"
 	// Handlers run in order on the gateway's reader, so a channel's messages are delivered in
 	// the order Discord sent them; a lost connection ends Run, and the platform supervisor
@@ -149,12 +156,13 @@ func New(c Config) (*Platform, error) {
 	s.Identify.Intents = Intents
 	s.ShardID, s.ShardCount = c.Settings.ShardID, max(c.Settings.ShardCount, 1)
 	s.LogLevel = discordgo.LogWarning
-	routeLibraryLogs(log, c.Token)
+	routeLibraryLogs(log, token)
 
 	p := &Platform{
 		cfg:        c.Settings,
 		log:        log,
 		s:          s,
+		api:        api,
 		gate:       newGate(c.Settings),
 		lost:       make(chan error, 1),
 		progress:   map[string]sendProgress{},
@@ -189,6 +197,17 @@ func New(c Config) (*Platform, error) {
 	s.AddHandler(survived(p, "GUILD_CREATE", p.onGuildCreate))
 	s.AddHandler(survived(p, "raw event", p.onEvent)) // after the typed handlers of each event
 	return p, nil
+}
+
+// botToken is the token t without the spaces around it and without a "Bot " in front: the
+// Authorization header's form, which the Developer Portal does not show but guides do, and
+// which, sent as "Bot Bot …", Discord refuses. A token holds no space, so nothing else is cut.
+func botToken(t string) string {
+	t = strings.TrimSpace(t)
+	if len(t) > 4 && strings.EqualFold(t[:4], "bot ") {
+		t = strings.TrimSpace(t[4:])
+	}
+	return t
 }
 
 // survived is h with a panic in it logged and the event dropped. Handlers run on discordgo's
@@ -237,10 +256,13 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 		p.setErr(fmt.Errorf("connect to gateway: %w", err))
 		return fmt.Errorf("discord: connect to gateway: %w", err)
 	}
-	if err := p.s.Open(); err != nil {
+	if err := p.sentTo(p.s.Open()); err != nil {
 		var rl *discordgo.RateLimitError
 		if errors.As(err, &rl) {
 			p.noteRateLimit(discordgo.EndpointGateway, rl.RateLimit, false) // Open does not say if it is global
+		}
+		if refusedToken(err) {
+			return p.stayDown(ctx, err)
 		}
 		p.setErr(fmt.Errorf("connect to gateway: %w", err))
 		return fmt.Errorf("discord: connect to gateway: %w", err)
@@ -257,6 +279,30 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	case err := <-p.lost:
 		return fmt.Errorf("discord: %w", err)
 	}
+}
+
+// closeAuthFailed is the gateway's close code for a token it does not take.
+const closeAuthFailed = 4004
+
+// refusedToken reports whether err is the gateway closing the connection because it does not
+// take the bot token.
+func refusedToken(err error) bool {
+	var ce *websocket.CloseError
+	return errors.As(err, &ce) && ce.Code == closeAuthFailed
+}
+
+// stayDown logs that Discord refuses the bot token and keeps the platform down until ctx ends.
+// Trying again cannot help: the token is read from the environment once, at start, so only a
+// restart with the right one can connect; every try would repeat the same refusal (a warning
+// each, which reads as a network problem) and count as one more invalid request towards
+// Discord's edge blocking the host (blockedAs429). /readyz says why it is down.
+func (p *Platform) stayDown(ctx context.Context, err error) error {
+	p.setErr(fmt.Errorf("the bot token was refused (gateway close %d): set the right one in $%s and restart the daemon", closeAuthFailed, p.cfg.TokenEnv))
+	p.log.Error("discord refused the bot token; the platform stays down until the daemon is restarted with the right one",
+		"token_env", p.cfg.TokenEnv, logging.Err(err))
+	<-ctx.Done()
+	p.setErr(errors.New("stopped"))
+	return nil
 }
 
 // Ready reports whether the gateway connection is up.

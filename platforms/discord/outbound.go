@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -370,31 +371,50 @@ func apiCode(err error) int {
 }
 
 // rewrite sends discordgo's REST requests to another base URL (a REST proxy, or a test server).
+// discordgo names Discord's URL in what it returns (a failed request's *url.Error, a 429's
+// RateLimit): the platform names the one requested instead (sentTo), so that a log line about a
+// proxy that does not answer does not send the operator to look at discord.com.
 type rewrite struct {
-	base string
+	base string // "" for none
 	next http.RoundTripper
 }
 
-func newRewrite(base string, next http.RoundTripper) http.RoundTripper {
-	if base == "" {
-		return next
-	}
-	if !strings.HasSuffix(base, "/") {
+func newRewrite(base string, next http.RoundTripper) rewrite {
+	if base != "" && !strings.HasSuffix(base, "/") {
 		base += "/"
 	}
 	return rewrite{base: base, next: next}
 }
 
+// to returns the URL a request discordgo makes for u goes to.
+func (r rewrite) to(u string) string {
+	if r.base == "" || !strings.HasPrefix(u, discordgo.EndpointAPI) {
+		return u
+	}
+	return r.base + strings.TrimPrefix(u, discordgo.EndpointAPI)
+}
+
 func (r rewrite) RoundTrip(req *http.Request) (*http.Response, error) {
 	u := req.URL.String()
-	if !strings.HasPrefix(u, discordgo.EndpointAPI) {
+	to := r.to(u)
+	if to == u {
 		return r.next.RoundTrip(req)
 	}
 	nreq := req.Clone(req.Context())
 	var err error
-	if nreq.URL, err = nreq.URL.Parse(r.base + strings.TrimPrefix(u, discordgo.EndpointAPI)); err != nil {
+	if nreq.URL, err = nreq.URL.Parse(to); err != nil {
 		return nil, fmt.Errorf("rewrite discord url: %w", err)
 	}
 	nreq.Host = nreq.URL.Host
 	return r.next.RoundTrip(nreq)
+}
+
+// sentTo returns err with the URL of a failed request in it (a *url.Error) made the one
+// requested (rewrite).
+func (p *Platform) sentTo(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		ue.URL = p.api.to(ue.URL)
+	}
+	return err
 }

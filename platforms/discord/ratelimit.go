@@ -65,7 +65,7 @@ func (p *Platform) request(ctx context.Context, method, url, bucket string, body
 			continue
 		}
 		if err != nil || v == nil {
-			return err
+			return p.sentTo(err)
 		}
 		if err := discordgo.Unmarshal(resp, v); err != nil {
 			return fmt.Errorf("%w: %s", discordgo.ErrJSONUnmarshal, err)
@@ -87,10 +87,18 @@ func (e *notSent) Unwrap() error { return e.err }
 // when the limit is global.
 func (p *Platform) noteRateLimit(bucket string, rl *discordgo.RateLimit, global bool) {
 	until := time.Now().Add(max(rl.RetryAfter, minRateLimitWait))
-	// A bot that sends too much meets a 429 at every few calls: one line a minute says so.
-	if n, ok := p.rateWarn.Allow(); ok {
-		attrs := []any{"url", rl.URL, "retry_after", rl.RetryAfter, "global", global, "limits", n}
-		if rl.TooManyRequests != nil && rl.Message == blockedMessage {
+	// A bot that sends too much meets a 429 at every few calls: one line a minute says so. An
+	// edge's block (blockedAs429) has a line a minute of its own: what to do about it differs,
+	// and it came within a minute of a route's 429 as often as not (a bot that sends too much
+	// is the one that meets both), whose line held it back.
+	blocked := rl.TooManyRequests != nil && rl.Message == blockedMessage
+	warn := &p.rateWarn
+	if blocked {
+		warn = &p.blockWarn
+	}
+	if n, ok := warn.Allow(); ok {
+		attrs := []any{"url", p.api.to(rl.URL), "retry_after", rl.RetryAfter, "global", global, "limits", n}
+		if blocked {
 			attrs = append(attrs, "blocked", true) // Discord's edge refuses this host (blockedAs429)
 		}
 		p.log.Warn("discord rate limit", attrs...)

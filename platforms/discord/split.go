@@ -16,11 +16,11 @@ const (
 )
 
 // Split cuts text into messages of at most limit characters (runes), preferring a paragraph
-// break, then a line break, then a space in the second half of each message, and cutting hard
-// only when a message has none. A split inside a code block closes the fence at the end of the
-// message and reopens it, with its language, at the start of the next, so every message renders
-// on its own. Text that fits is returned as is; a longer text never yields a message of only
-// whitespace (Discord refuses one).
+// break, then a line break, then a space (outside an inline code span, when the line has one) in
+// the second half of each message, and cutting hard only when a message has none. A split
+// inside a code block closes the fence at the end of the message and reopens it, with its
+// language, at the start of the next, so every message renders on its own. Text that fits is
+// returned as is; a longer text never yields a message of only whitespace (Discord refuses one).
 func Split(text string, limit int) []string {
 	limit = max(limit, minLimit)
 	if utf8.RuneCountInString(text) <= limit {
@@ -73,11 +73,13 @@ func trimRunes(r []rune, c string, n int) []rune {
 }
 
 // cutAt returns where to end a message of r that may be at most budget runes long, never
-// before from (a reopened fence) so every message carries some of the text.
+// before from (a reopened fence) so every message carries some of the text. A space inside an
+// inline code span is taken only when there is no other: cut there, each message holds one
+// backtick of the span, and both render wrong.
 func cutAt(r []rune, from, budget int) int {
 	budget = min(budget, len(r))
 	lo := max(from+1, budget/2)
-	for _, sep := range []string{"\n\n", "\n", " "} {
+	for _, sep := range []string{"\n\n", "\n"} {
 		s := []rune(sep)
 		for i := budget - len(s); i >= lo; i-- {
 			if matchAt(r, i, s) {
@@ -85,7 +87,56 @@ func cutAt(r []rune, from, budget int) int {
 			}
 		}
 	}
+	inSpan := codeSpans(r)
+	for _, anySpace := range []bool{false, true} {
+		for i := budget - 1; i >= lo; i-- {
+			if r[i] == ' ' && (anySpace || !inSpan[i+1]) {
+				return i + 1
+			}
+		}
+	}
 	return budget
+}
+
+// codeSpans returns, for each i up to len(r), whether a cut before r[i] falls inside an inline
+// code span of its line (a run of backticks, `x`, closed by a run as long): after the start of
+// the run that opens it and before the end of the run that closes it, or of its line when no
+// run within r closes it (its closing one may be past r, which holds only the next message's
+// worth of the text).
+func codeSpans(r []rune) []bool {
+	in := make([]bool, len(r)+1)
+	mark := func(from, to int) { // cuts before r[from+1] … r[to-1]
+		for i := from + 1; i < to; i++ {
+			in[i] = true
+		}
+	}
+	opened, open := 0, 0 // where the span being read opened, and its run's length; open 0 outside one
+	for j := 0; j < len(r); {
+		if r[j] == '\n' && open != 0 {
+			mark(opened, j+1)
+			open = 0
+		}
+		if r[j] != '`' {
+			j++
+			continue
+		}
+		k := j
+		for k < len(r) && r[k] == '`' {
+			k++
+		}
+		switch run := k - j; {
+		case open == 0:
+			opened, open = j, run
+		case run == open:
+			mark(opened, k)
+			open = 0
+		}
+		j = k
+	}
+	if open != 0 {
+		mark(opened, len(r)+1)
+	}
+	return in
 }
 
 func matchAt(r []rune, i int, s []rune) bool {

@@ -210,3 +210,42 @@ func TestCapParts(t *testing.T) {
 		t.Error("a short reply was changed")
 	}
 }
+
+// TestSplitKeepsInlineCodeWhole: a long line is cut at a space outside its inline code spans
+// when it has one within the limit, so that each message has its backticks paired; before, the
+// last space before the limit was taken, inside `a span` when one ran over the limit, and both
+// messages rendered wrong. A line with no space outside a span is still cut at one in it.
+func TestSplitKeepsInlineCodeWhole(t *testing.T) {
+	words := strings.Repeat("word ", 396) // 1,980 runes: the spans below run over the limit
+	cases := []struct {
+		name, text string
+		first      string // the first message must end with this
+	}{
+		{"single backticks", words + "run `go test -race -count=1 ./platforms/discord` to check " + words,
+			strings.TrimSpace(words) + " run"},
+		{"double backticks", words + "type ``a ` b c d e f`` here " + words,
+			strings.TrimSpace(words) + " type"},
+		{"after a span closed", strings.Repeat("word ", 395) + "a `b c` d e `f g h i j k l m n o p q r s t`",
+			"a `b c` d e"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := Split(c.text, MaxMessageLen)
+			if len(got) < 2 {
+				t.Fatalf("got %d messages, want a split", len(got))
+			}
+			if !strings.HasSuffix(got[0], c.first) {
+				t.Errorf("first message ends %q, want a cut after %q", tail(got[0]), tail(c.first))
+			}
+			checkSplit(t, c.text, got, MaxMessageLen)
+		})
+	}
+	t.Run("no space outside the span", func(t *testing.T) {
+		text := "`" + strings.Repeat("code ", 500) + "`"
+		got := Split(text, MaxMessageLen)
+		if len(got) != 2 || !strings.HasSuffix(got[0], "code") {
+			t.Errorf("got %d messages, the first ending %q, want 2, cut at a space in the span", len(got), tail(got[0]))
+		}
+		checkSplit(t, text, got, MaxMessageLen)
+	})
+}
