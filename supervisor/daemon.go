@@ -238,7 +238,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	}
 	run := newRunID()
 	d.http, err = httpplatform.New(httpplatform.Config{
-		Addr: cfg.HTTP.Addr, Token: token, Metrics: d.metrics.Handler(), Ready: d.ready,
+		Addr: cfg.HTTP.Addr, Token: token, Metrics: d.metrics.Handler(), Requests: d.metrics.HTTPRequests, Ready: d.ready,
 		Sessions: &sessionsAPI{d: d}, Logger: log.With("component", "http"), Run: run,
 		Clustered: cfg.Cluster.Enabled, Pprof: cfg.HTTP.Pprof, MaxHeld: cfg.HTTP.MaxHeld,
 		// A drain of 0s waits for nothing: its clients are told a second (0 would mean the

@@ -27,6 +27,10 @@ var (
 	// QuarantineCauses: a message crashed its session QuarantineAfter times, or it was running
 	// when the daemon stopped uncleanly that often (it may take the whole process down).
 	QuarantineCauses = []string{"session_crash", "unclean_restart"}
+	// MessageCodes are the statuses of POST /v1/messages whose series exist from the start,
+	// so that an alert on a 503's rate has a series before the first one: accepted, answered
+	// (?wait), refused for a full queue, and told to send again.
+	MessageCodes = []string{"200", "202", "429", "503"}
 )
 
 // Metrics are the collectors agentgate updates. All methods are safe for concurrent use.
@@ -68,6 +72,10 @@ type Metrics struct {
 	// ModelRequests counts the openai agent's requests to its endpoint, each retry its own, by
 	// result (openai.RequestResults, which the daemon pre-initialises with InitModelRequests).
 	ModelRequests *prometheus.CounterVec
+	// HTTPRequests counts the HTTP API's answers by route (the pattern that served the request,
+	// method included; "other" for none) and status code: a 503 of POST /v1/messages is a
+	// message a client was told to send again.
+	HTTPRequests *prometheus.CounterVec
 	// WritesRefused counts the write groups neither the database nor the spool took (a full
 	// or read-only disk, where agentgate_spool_files stays 0).
 	WritesRefused prometheus.Counter
@@ -138,11 +146,13 @@ func New(platforms ...string) *Metrics {
 			Buckets: slotWaitBuckets}),
 		ModelRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentgate_model_requests_total", Help: "Requests of the openai agent to its model endpoint, each retry counted, by result."}, []string{"result"}),
+		HTTPRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentgate_http_requests_total", Help: "HTTP API answers by route and status code; an event stream is counted when it ends."}, []string{"route", "code"}),
 	}
 	m.actors = newActorSeries(m.Mailboxes)
 	for _, c := range []prometheus.Collector{m.SessionsActive, m.SessionActivations, m.SessionPassivations, m.SessionsFenced, m.ClusterMembers,
 		m.TurnsTotal, m.TurnDuration, m.QueueDepth, m.QueueOverflow, m.PersistBatchSize, m.PersistFlushSeconds,
-		m.SpoolFiles, m.WritesRefused, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined, m.MessagesRequeued, m.ProbationWaiting, m.AgentCallsWaiting, m.AgentSlotWait, m.ModelRequests} {
+		m.SpoolFiles, m.WritesRefused, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined, m.MessagesRequeued, m.ProbationWaiting, m.AgentCallsWaiting, m.AgentSlotWait, m.ModelRequests, m.HTTPRequests} {
 		f(c)
 	}
 	for _, c := range m.actors.collectors() {
@@ -154,6 +164,9 @@ func New(platforms ...string) *Metrics {
 	initSeries(m.AgentTokens, TokenDirections)
 	initSeries(m.MessagesQuarantined, QuarantineCauses)
 	initSeries(m.InboundTotal, platforms)
+	for _, code := range MessageCodes {
+		m.HTTPRequests.WithLabelValues("POST /v1/messages", code)
+	}
 	for _, p := range platforms {
 		for _, o := range SendOutcomes {
 			m.OutboundTotal.WithLabelValues(p, o)

@@ -21,6 +21,8 @@ import (
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/platforms"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Name is the platform name of the HTTP platform in session keys and metrics.
@@ -73,6 +75,10 @@ type Config struct {
 	Token string
 	// Metrics is served at GET /metrics; nil answers 404.
 	Metrics http.Handler
+	// Requests counts every answer by route (the pattern that serves the request, such as
+	// "POST /v1/messages", or "other" for none) and status code (its labels route and code);
+	// nil counts nothing.
+	Requests *prometheus.CounterVec
 	// Ready reports each component's readiness (nil error = ok) for /readyz; nil means none.
 	Ready func(ctx context.Context) map[string]error
 	// Sessions answers the session routes and SSE replay; nil answers 503 on those routes.
@@ -225,7 +231,7 @@ func New(c Config) (*Platform, error) {
 	p.platforms = slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(ownPlatforms), c.Platforms...))))
 	p.relayed.Store(c.Clustered) // relays miss a member most when it has just started
 	p.routes()
-	p.handler = p.recoverPanics(p.identify(p.limitBody(p.refuseBrowsers(p.authenticate(http.HandlerFunc(p.route))))))
+	p.handler = p.count(p.recoverPanics(p.identify(p.limitBody(p.refuseBrowsers(p.authenticate(http.HandlerFunc(p.route)))))))
 	return p, nil
 }
 
@@ -537,6 +543,31 @@ func (c *captureWriter) WriteHeader(code int) {
 	if c.code == 0 {
 		c.code = code
 	}
+}
+
+// count counts each answer in Config.Requests by the route that serves it, refusals before the
+// route (401, 413, 421) and a handler's panic (500) included, so that what clients were told
+// (a 503 to send a message again) can be graphed and alerted on. The route is the mux's
+// pattern, a fixed set, never the path: a path holds session keys.
+func (p *Platform) count(next http.Handler) http.Handler {
+	if p.cfg.Requests == nil {
+		return next
+	}
+	var counted sync.Map // route → next, counted under it (a fixed set: the mux's patterns)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		route := "other"
+		if _, pattern := p.mux.Handler(r); pattern != "" {
+			if _, redirected := redirectedTo(r, pattern); !redirected {
+				route = pattern
+			}
+		}
+		h, ok := counted.Load(route)
+		if !ok {
+			h, _ = counted.LoadOrStore(route, promhttp.InstrumentHandlerCounter(
+				p.cfg.Requests.MustCurryWith(prometheus.Labels{"route": route}), next))
+		}
+		h.(http.Handler).ServeHTTP(w, r)
+	})
 }
 
 // limitBody refuses a body announced larger than MaxBodyBytes before reading any of it (so a

@@ -12,6 +12,9 @@ import (
 
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/platforms"
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 func TestNewAddressPolicy(t *testing.T) {
@@ -440,5 +443,59 @@ func TestNonCanonicalPathsAreNotRedirected(t *testing.T) {
 	}
 	if got := h.do("POST", "/v1/messages", jsonHeader, msg); got.status != http.StatusAccepted {
 		t.Errorf("POST /v1/messages = %d %s, want 202", got.status, got.body)
+	}
+}
+
+// TestRequestsAreCounted: every answer is counted by the route that served it and its status,
+// refusals before the route and unknown paths included, and no path (which holds a session
+// key) becomes a label. Before, nothing counted the 503s a client was told to send again with
+// (found by an operations walkthrough: a corrupt database answered 503 with no metric moving).
+func TestRequestsAreCounted(t *testing.T) {
+	requests := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "requests_total"}, []string{"route", "code"})
+	rt := &fakeRuntime{}
+	h := mustStart(t, Config{Token: "s3cret", Requests: requests}, rt)
+	auth := map[string]string{"Authorization": "Bearer s3cret", "Content-Type": "application/json"}
+	msg := `{"chat_id":"c1","user_id":"u1","text":"hi","message_id":"m1"}`
+	h.do("POST", "/v1/messages", auth, msg)
+	rt.setRespond(func(context.Context, *platforms.Inbound) (*platforms.Ack, error) {
+		return nil, platforms.ErrUnavailable
+	})
+	h.do("POST", "/v1/messages", auth, msg)
+	h.do("POST", "/v1/messages", auth, msg)
+	h.do("POST", "/v1/messages", map[string]string{"Content-Type": "application/json"}, msg) // no token
+	h.do("POST", "/v1/messages", auth, `{"chat_id":`)
+	h.do("GET", "/v1/sessions/agent:main:http:dm:secret-chat", auth, "")
+	h.do("GET", "/v1/nothing-here", auth, "")
+
+	want := map[[2]string]float64{
+		{"POST /v1/messages", "202"}:      1,
+		{"POST /v1/messages", "503"}:      2,
+		{"POST /v1/messages", "401"}:      1,
+		{"POST /v1/messages", "400"}:      1,
+		{"GET /v1/sessions/{key}", "503"}: 1, // (no Sessions: 503)
+		{"other", "404"}:                  1,
+	}
+	ch := make(chan prometheus.Metric, 64)
+	requests.Collect(ch)
+	close(ch)
+	got := map[[2]string]float64{}
+	for m := range ch {
+		var pb dto.Metric
+		if err := m.Write(&pb); err != nil {
+			t.Fatal(err)
+		}
+		var route, code string
+		for _, l := range pb.GetLabel() {
+			switch l.GetName() {
+			case "route":
+				route = l.GetValue()
+			case "code":
+				code = l.GetValue()
+			}
+		}
+		got[[2]string{route, code}] = pb.GetCounter().GetValue()
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("requests counted (-want +got):\n%s", diff)
 	}
 }
