@@ -19,8 +19,14 @@ FUZZ_TARGETS := FuzzKey:./internal/identity FuzzNeutraliseName:./internal/identi
 .DEFAULT_GOAL := build
 .PHONY: build run test test-short bench fuzz lint check cover tidy generate clean help
 
+# The binary carries its checkout's commit (agentgate version) also where GOFLAGS holds
+# -buildvcs=false, as some machines set it: a -buildvcs flag on the command line wins. Where git
+# cannot read the tree (no checkout, no git, or a checkout another user owns, which git refuses
+# and -buildvcs=auto then fails the build on), nothing is stamped and the build goes on.
+BUILDVCS ?= $(shell git status --porcelain >/dev/null 2>&1 && echo auto || echo false)
+
 build: ## build bin/agentgate
-	$(GO) build -o $(BIN) ./cmd/agentgate
+	$(GO) build -buildvcs=$(BUILDVCS) -o $(BIN) ./cmd/agentgate
 
 run: build ## run the daemon on its embedded default (SQLite in ./data, HTTP on 127.0.0.1:8080, echo agent)
 	./$(BIN) serve

@@ -14,13 +14,14 @@ import (
 	"github.com/agentgate/agentgate/internal/logging"
 )
 
-// The ERR lines a lasting failure repeats (at every commit, or at every replay tick); they go
+// The lines a lasting failure repeats (at every commit, or at every replay tick); they go
 // through Actor.repeats. docs/RUNBOOK.md explains each.
 const (
 	msgSpoolFailed      = "database and spool both failed; writes refused"
 	msgSpoolRead        = "cannot read the spool; its writes wait in it and the replay tries again"
 	msgSpoolRemove      = "cannot remove a replayed spool batch; the replay stops at it and tries again"
 	msgQuarantineFailed = "cannot set a spool batch aside; the replay stops at it and tries again"
+	msgReplayWaits      = "database unavailable; the spooled writes wait and the replay tries again"
 )
 
 // Spooler keeps writes on disk while the database cannot be written (persistence/spool). It
@@ -536,8 +537,14 @@ func (a *Actor) replay(c actor.Context) {
 		a.repeats.ok(msgSpoolRead)
 		errs := a.store.Commit(a.ctx, groups)
 		if anyUnavailable(errs) || anyTransient(errs) || a.ctx.Err() != nil {
+			if err := firstUnavailable(errs); err != nil && a.ctx.Err() == nil {
+				// Before, a replay that waited said nothing: a start whose spool could not be
+				// replayed logged no line of it (found by an operations walkthrough).
+				a.repeats.log(a.o.Log, slog.LevelWarn, msgReplayWaits, "batches", a.o.Spool.Len(), logging.Err(err))
+			}
 			break // still unavailable, or stopping; the batch stays and is replayed later
 		}
+		a.repeats.ok(msgReplayWaits)
 		var failed []string
 		for i, err := range errs {
 			if err != nil && !errors.Is(err, ErrDuplicate) {

@@ -403,7 +403,7 @@ func TestCheckConfigWarnsOfAKeyOverPlainHTTP(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			path, dataDir := filepath.Join(t.TempDir(), "agentgate.yaml"), t.TempDir()
-			if err := os.WriteFile(filepath.Join(dataDir, "agentgate.db"), nil, 0o600); err != nil {
+			if err := os.WriteFile(filepath.Join(dataDir, "agentgate.db"), []byte("not read here"), 0o600); err != nil {
 				t.Fatal(err) // (a database there: check-config notes no new one)
 			}
 			text := "data_dir: " + dataDir + "\nagent:\n  backend: openai\n  openai:\n    model: m\n    base_url: " + tt.baseURL +

@@ -506,10 +506,38 @@ func startNotices(cfg *config.Config) []error {
 	if err := cfg.NewSQLiteDatabase(); err != nil {
 		out = append(out, &notice{kind: "note", err: err})
 	}
+	if err := emptySQLiteDatabase(cfg); err != nil {
+		out = append(out, &notice{kind: "note", err: err})
+	}
 	for _, err := range slices.Concat(cfg.PostgresAdvice(), cfg.OpenAIAdvice(), cfg.ExecAdvice()) {
 		out = append(out, &notice{kind: "warning", err: err})
 	}
 	return out
+}
+
+// emptySQLiteDatabase returns, when the store is SQLite and its database is an empty file, a
+// *config.FieldError of the key that puts the database there (store.dsn, else data_dir) that
+// says serve will make a new, empty database in it: SQLite takes an empty file for a new
+// database, and a restore's copy that stopped at once (a full disk) leaves one where the
+// conversations were expected. Before, check-config said "config ok" alone of it (found by an
+// operations walkthrough).
+func emptySQLiteDatabase(cfg *config.Config) error {
+	if cfg.Store.Driver != "sqlite" || cfg.CheckSQLite() != nil {
+		return nil
+	}
+	path, err := filepath.Abs(cfg.DSN())
+	if err != nil {
+		return nil
+	}
+	if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() || fi.Size() != 0 {
+		return nil
+	}
+	field := "store.dsn"
+	if cfg.Store.DSN == "" {
+		field = "data_dir"
+	}
+	return &config.FieldError{Field: field, Err: fmt.Errorf("the database %s is an empty file (0 bytes): serve will make a new, "+
+		"empty database in it (if a copy or a restore wrote the file, it did not finish)", path)}
 }
 
 // nonNil returns the errors of errs that are not nil.

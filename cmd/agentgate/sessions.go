@@ -249,6 +249,9 @@ func sessionsShow(ctx context.Context, args []string, stdout, stderr io.Writer) 
 				if m.Role == persistence.RoleUser && m.Status == persistence.StatusPending && m.Active {
 					out.Counts.Pending++
 				}
+				if m.Role == persistence.RoleUser && m.Status == persistence.StatusFailed {
+					out.Counts.Failed++
+				}
 			}
 			last = append(last, ms[max(0, len(ms)-showMessages):]...)
 			last = last[max(0, len(last)-showMessages):]
@@ -291,7 +294,7 @@ func printShow(w io.Writer, o *showJSON) error {
 			fmt.Fprintf(tw, "ended:\t%s (%s)\n", timeCell(s.EndedAt), cell(s.EndReason))
 		}
 		c := o.Counts
-		fmt.Fprintf(tw, "messages:\t%d (pending %d, archived %d)\n", c.Messages, c.Pending, c.Archived)
+		fmt.Fprintf(tw, "messages:\t%d (pending %d, failed %d, archived %d)\n", c.Messages, c.Pending, c.Failed, c.Archived)
 		fmt.Fprintf(tw, "tokens:\tinput %d, output %d\n", s.InputTokens, s.OutputTokens)
 	}
 	fmt.Fprintf(tw, "outbox:\tlast seq %d, undelivered %d\n", o.Outbox.LastSeq, o.Outbox.Undelivered)
@@ -533,7 +536,9 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	fmt.Fprintf(stdout, "ended session %s of %s (%s)\n", s.ID, key, persistence.EndResetCommand)
 	if n := len(pending); n > 0 {
-		fmt.Fprintf(stderr, "note: %d pending message(s) of the ended session will not be answered; their senders are told so (at the daemon's next start, or a cluster's next recovery)\n", n)
+		// Said as sessions show will show them: failed, no longer pending.
+		fmt.Fprintf(stderr, "note: the ended session's %d pending message(s) are marked failed and will not be answered; "+
+			"their senders are told so (at the daemon's next start, or a cluster's next recovery)\n", n)
 	}
 	return nil
 }
@@ -1119,6 +1124,10 @@ type showJSON struct {
 	Counts     struct {
 		Messages int `json:"messages"` // every row, archived ones included
 		Pending  int `json:"pending"`
+		// Failed counts the user messages that will not be answered: their turn failed, or a
+		// reset or a command dropped them (before, a reset's note called them pending, and show
+		// counted them nowhere: found by an operations walkthrough).
+		Failed   int `json:"failed"`
 		Archived int `json:"archived"`
 	} `json:"counts"`
 	Outbox outboxCountsJSON `json:"outbox"`

@@ -264,7 +264,7 @@ func TestSessionsShow(t *testing.T) {
 			{"last activity", "2025-03-01T12:20:00Z"},
 			{"previous session", "sa1"},
 			{"ended", "open"},
-			{"messages", "4 (pending 1, archived 1)"},
+			{"messages", "4 (pending 1, failed 0, archived 1)"},
 			{"tokens", "input 1234, output 56"},
 			{"outbox", "last seq 2, undelivered 1"},
 		} {
@@ -513,7 +513,7 @@ func TestSessionsReset(t *testing.T) {
 		if want := "ended session sa2 of " + keyA + " (reset_command)\n"; out != want {
 			t.Errorf("reset stdout = %q, want %q", out, want)
 		}
-		if want := "note: 1 pending message(s) of the ended session will not be answered; their senders are told so (at the daemon's next start, or a cluster's next recovery)\n"; errOut != want {
+		if want := "note: the ended session's 1 pending message(s) are marked failed and will not be answered; their senders are told so (at the daemon's next start, or a cluster's next recovery)\n"; errOut != want {
 			t.Errorf("reset stderr = %q, want %q", errOut, want)
 		}
 		// The pending message is settled as the daemon's own reset settles it: failed, and a
@@ -541,6 +541,11 @@ func TestSessionsReset(t *testing.T) {
 		show, _ := MustRunSessions(t, "show", "--data-dir", dir, keyA)
 		if got := fieldOf(show, "ended"); !strings.HasSuffix(got, "(reset_command)") {
 			t.Errorf("after reset, ended = %q, want it to end in (reset_command)", got)
+		}
+		// show counts the message the note spoke of where the note put it: failed, not pending
+		// (before, the note said pending and show counted it nowhere).
+		if got, want := fieldOf(show, "messages"), "4 (pending 0, failed 1, archived 1)"; got != want {
+			t.Errorf("after reset, messages = %q, want %q", got, want)
 		}
 		list, _ := MustRunSessions(t, "list", "--data-dir", dir, "--platform", "http")
 		if !strings.Contains(list, "reset_command") {

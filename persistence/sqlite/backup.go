@@ -81,18 +81,11 @@ func backup(ctx context.Context, path, out string) (int64, error) {
 		}
 	}()
 
-	// mode=ro without query_only: query_only refuses VACUUM INTO, although it writes only the
-	// new file.
-	db, err := sql.Open("sqlite", dsn(src, "mode=ro", "_pragma=busy_timeout(5000)"))
+	db, version, err := openSource(ctx, src)
 	if err != nil {
 		return 0, err
 	}
 	defer db.Close()
-	db.SetMaxOpenConns(1)
-	version, err := schemaVersion(ctx, db)
-	if err != nil {
-		return 0, explainAccess(err, src, false)
-	}
 	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", tmpPath); err != nil {
 		return 0, err
 	}
@@ -117,6 +110,37 @@ func backup(ctx context.Context, path, out string) (int64, error) {
 		return 0, err
 	}
 	return info.Size(), nil
+}
+
+// openSource opens the database at src to be backed up, read-only, and reads its schema
+// version: as immutable where only that reads it (immutableFallback).
+func openSource(ctx context.Context, src string) (*sql.DB, int, error) {
+	open := func(params ...string) (*sql.DB, int, error) {
+		// mode=ro without query_only: query_only refuses VACUUM INTO, although it writes only
+		// the new file.
+		db, err := sql.Open("sqlite", dsn(src, append([]string{"mode=ro", "_pragma=busy_timeout(5000)"}, params...)...))
+		if err != nil {
+			return nil, 0, err
+		}
+		db.SetMaxOpenConns(1)
+		version, err := schemaVersion(ctx, db)
+		if err != nil {
+			db.Close()
+			return nil, 0, err
+		}
+		return db, version, nil
+	}
+	db, version, err := open()
+	if err != nil {
+		var immutable string
+		if immutable, err = immutableFallback(src, err); immutable != "" {
+			db, version, err = open(immutable)
+		}
+	}
+	if err != nil {
+		return nil, 0, explainAccess(err, src, false)
+	}
+	return db, version, nil
 }
 
 // takeName gives the file at tmp the name dst, which must not exist, and removes tmp. A hard

@@ -8,7 +8,10 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"modernc.org/sqlite"
 
 	"github.com/agentgate/agentgate/internal/logging"
 )
@@ -19,10 +22,18 @@ import (
 // in place instead of appending). Every restartEvery it runs RESTART, and TRUNCATE once the WAL
 // file exceeds truncateAbove; both wait for readers at most checkpointBusy, because they hold
 // the writer connection meanwhile.
+//
+// Commit also wakes the checkpointer once burstPages pages have gone to the WAL since its last
+// checkpoint (SQLite's own auto-checkpoint size): the WAL file keeps the size of the most
+// frames written between two checkpoints, and a burst of small commits (a spool replay, each
+// batch a transaction of its own with its index pages) wrote 25 MB of WAL a second for 0.7 MB
+// of data, filling again the disk an operator had just freed (found by an operations
+// walkthrough).
 const (
 	restartEvery   = 30 * time.Second
 	truncateAbove  = 64 << 20
 	checkpointBusy = 100 * time.Millisecond
+	burstPages     = 1000
 )
 
 // checkpointer is the goroutine that keeps WAL checkpoints off the commit path. It is owned by
@@ -32,6 +43,8 @@ type checkpointer struct {
 	wal      string  // path of the -wal file
 	log      *slog.Logger
 	warn     logging.Limiter // a failure that lasts would log at every tick (each second by default)
+	pages    atomic.Int64    // pages written to the WAL since the last checkpoint began (wrote)
+	burst    chan struct{}   // wakes run once pages reach burstPages
 	cancel   context.CancelFunc
 	done     chan struct{}
 	stopOnce sync.Once
@@ -39,13 +52,14 @@ type checkpointer struct {
 
 func startCheckpointer(db *sql.DB, path string, every time.Duration, log *slog.Logger) *checkpointer {
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &checkpointer{db: db, wal: path + "-wal", log: log, cancel: cancel, done: make(chan struct{})}
+	c := &checkpointer{db: db, wal: path + "-wal", log: log, burst: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
 	go c.run(ctx, every)
 	return c
 }
 
-// run ticks until ctx is cancelled. Exit path: stop cancels ctx, which also aborts a checkpoint
-// in progress (waiting for the writer connection or for readers); run returns and closes done.
+// run checkpoints at every tick, and after a burst of writes, until ctx is cancelled. Exit
+// path: stop cancels ctx, which also aborts a checkpoint in progress (waiting for the writer
+// connection or for readers); run returns and closes done.
 func (c *checkpointer) run(ctx context.Context, every time.Duration) {
 	defer close(c.done)
 	tick := time.NewTicker(every)
@@ -56,7 +70,9 @@ func (c *checkpointer) run(ctx context.Context, every time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-c.burst:
 		}
+		c.pages.Store(0)
 		mode := "PASSIVE"
 		if fi, err := os.Stat(c.wal); err == nil && fi.Size() > truncateAbove {
 			mode = "TRUNCATE"
@@ -71,6 +87,25 @@ func (c *checkpointer) run(ctx context.Context, every time.Duration) {
 				c.log.Warn("wal checkpoint failed", "mode", mode, "failures", n, logging.Err(err))
 			}
 		}
+	}
+}
+
+// wrote adds the pages that dc, the writer's driver connection, has written to the WAL since it
+// was last asked (SQLITE_DBSTATUS_CACHE_WRITE), and wakes the checkpointer once burstPages have
+// been written since its last checkpoint began. Commit calls it on the connection it holds,
+// which the index passes and the other writes share: their pages are counted too.
+func (c *checkpointer) wrote(dc any) {
+	st, ok := dc.(sqlite.DBStatus)
+	if c == nil || !ok {
+		return
+	}
+	n, _, err := st.Status(sqlite.DBStatusCacheWrite, true)
+	if err != nil || c.pages.Add(int64(n)) < burstPages {
+		return
+	}
+	select {
+	case c.burst <- struct{}{}:
+	default: // (already woken)
 	}
 }
 

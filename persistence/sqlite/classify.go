@@ -3,10 +3,12 @@ package sqlite
 import (
 	"database/sql/driver"
 	"errors"
+	"fmt"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 )
 
@@ -36,6 +38,12 @@ func isBusy(err error) bool {
 // locked, read-only or permission denied, disk full, I/O error, cannot open, corrupt, out of
 // memory, or a dropped connection), as opposed to a problem with the write itself (a constraint,
 // a duplicate, bad SQL). The spool uses it to decide whether to keep a write on disk and retry.
+//
+// A corrupt file (SQLITE_CORRUPT, SQLITE_NOTADB) never mends by itself, but it counts too: the
+// writes it refuses are no fault of their own, and so wait in the spool, acknowledged, for a
+// database that takes them (one salvaged with .recover), instead of being refused for good
+// and set aside. The store names it as corruption itself (reportCorrupt), since its callers
+// see only an outage.
 func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
@@ -59,3 +67,62 @@ func IsUnavailable(err error) bool {
 // markUnavailable also wraps persistence.ErrUnavailable around an error that means the database
 // cannot be used right now (IsUnavailable), unless it already does.
 func markUnavailable(err error) error { return sqlstore.WrapUnavailable(err, IsUnavailable) }
+
+// isCorrupt reports whether err is SQLite's SQLITE_CORRUPT ("database disk image is
+// malformed") or SQLITE_NOTADB ("file is not a database"): the file is damaged, or is no
+// SQLite database.
+func isCorrupt(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	c := se.Code() & 0xff
+	return c == sqlite3.SQLITE_CORRUPT || c == sqlite3.SQLITE_NOTADB
+}
+
+// corruptFix ends the error of a database found corrupt at Open: what to do about it.
+const corruptFix = `restore a backup, or salvage what it holds with sqlite3's .recover (docs/RUNBOOK.md, "the database is corrupt")`
+
+// explainCorrupt returns err, an error of opening the database, in an operator's words when
+// SQLite found the file damaged or no database at all, and unchanged otherwise. Before, a
+// truncated file stopped the start with "migrate: database disk image is malformed (11)",
+// which named neither the damage nor the way out (found by an operations walkthrough).
+func explainCorrupt(err error) error {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return err
+	}
+	switch se.Code() & 0xff {
+	case sqlite3.SQLITE_CORRUPT:
+		return fmt.Errorf("the database is corrupt (%w): %s", err, corruptFix)
+	case sqlite3.SQLITE_NOTADB:
+		// Also a mistyped path that names some other file.
+		return fmt.Errorf("the file is not a SQLite database, or its first page is damaged (%w): "+
+			"check data_dir and store.dsn; if it is agentgate's database, %s", err, corruptFix)
+	}
+	return err
+}
+
+// msgCorrupt is the line of a database found corrupt while the daemon runs (reportCorrupt).
+const msgCorrupt = "the database is corrupt; stop the daemon and restore a backup"
+
+// reportCorrupt logs, at Error and at most once a minute, that the database is corrupt when
+// err, an error of this store's database, says so. The error itself goes back to callers that
+// take it for an outage and try again (IsUnavailable), and their lines said only that: a
+// daemon whose file was damaged answered every message 503 for ever, its log speaking of a
+// full or read-only disk (found by an operations walkthrough).
+func (s *Store) reportCorrupt(err error) {
+	if !isCorrupt(err) {
+		return
+	}
+	if args, ok := s.corruptWarn.Allowed("path", s.path, logging.Err(err)); ok {
+		s.log.Error(msgCorrupt, args...)
+	}
+}
+
+// unavailable is markUnavailable for an error of this store's database: a corrupt one is also
+// reported (reportCorrupt).
+func (s *Store) unavailable(err error) error {
+	s.reportCorrupt(err)
+	return markUnavailable(err)
+}

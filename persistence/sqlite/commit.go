@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
@@ -125,6 +126,11 @@ var errTxAborted = errors.New("transaction aborted")
 func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []error) {
 	errs = make([]error, len(groups))
 	defer sqlstore.MarkUnavailable(errs, IsUnavailable)
+	defer func() {
+		if i := slices.IndexFunc(errs, isCorrupt); i >= 0 {
+			s.reportCorrupt(errs[i]) // once a batch, whose groups all fail alike
+		}
+	}()
 	if err := s.enter(); err != nil {
 		return sqlstore.Fill(errs, fmt.Errorf("commit: %w", err))
 	}
@@ -163,6 +169,7 @@ func (s *Store) commitTx(ctx context.Context, groups [][]persistence.Op, errs []
 	err := s.onWriter(ctx, func(dc any) error { // the one writer connection, waited for like a BeginTx
 		ran = true
 		added, retry = s.commitOn(ctx, dc, groups, errs, savepoints)
+		s.ckpt.wrote(dc)
 		return nil
 	})
 	if err != nil && !ran {

@@ -69,7 +69,7 @@ func TestIsUnavailable(t *testing.T) {
 			if tc.err == nil {
 				return
 			}
-			err := readError("route %s: %w", "k1", tc.err)
+			err := (&Store{log: logger(nil)}).readError("route %s: %w", "k1", tc.err)
 			if got := errors.Is(err, persistence.ErrUnavailable); got != tc.want {
 				t.Errorf("readError(%v) is ErrUnavailable = %v, want %v", tc.err, got, tc.want)
 			}

@@ -8,8 +8,14 @@
 // the batch runs again with each group inside its own SAVEPOINT), and is serialised by a mutex.
 //
 // Concurrency: one background goroutine per writable Store, the checkpointer, runs WAL
-// checkpoints off the commit path (wal_autocheckpoint is 0 on the writer); Close stops it before
-// it closes the pools; the search indexing timer (below) runs its passes on a timer's goroutine.
+// checkpoints off the commit path (wal_autocheckpoint is 0 on the writer), each second and when
+// a Commit finds 1,000 pages written since the last; Close stops it before it closes the pools;
+// the search indexing timer (below) runs its passes on a timer's goroutine.
+//
+// Open checks every page of the database (PRAGMA quick_check) before anything writes to it, and
+// refuses a corrupt one. A corruption met later counts as the database being unavailable (the
+// writes it refuses wait in the spool) and is logged at Error by the store, which alone can tell
+// it from an outage that passes.
 // A writable Store holds an exclusive flock on "<path>.lock" for its lifetime, so two processes
 // never write the same file; OpenReadOnly takes no lock and serves the admin CLI while the
 // daemon runs.

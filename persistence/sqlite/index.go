@@ -133,6 +133,7 @@ func (s *Store) indexPass(ctx context.Context) (n int, more bool, err error) {
 	n, failed, ferr, err := s.indexTx(ctx, x.limit)
 	now := s.now()
 	if err != nil {
+		s.reportCorrupt(err)
 		x.retryAt = now.Add(x.delay)
 		if x.pending.Load() == 0 {
 			x.pending.Store(1) // unknown, but Open could not catch up: try again later

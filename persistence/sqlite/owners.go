@@ -24,7 +24,7 @@ const (
 func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time) (persistence.Claimed, error) {
 	c, err := s.claim(ctx, key, owner, at)
 	if err != nil {
-		return persistence.Claimed{}, markUnavailable(fmt.Errorf("claim %s: %w", key, err))
+		return persistence.Claimed{}, s.unavailable(fmt.Errorf("claim %s: %w", key, err))
 	}
 	return c, nil
 }

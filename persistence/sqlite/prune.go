@@ -54,7 +54,7 @@ const pruneCandidatesSQL = `SELECT s.id, s.key FROM sessions s
 func (s *Store) PruneSessions(ctx context.Context, endedBefore time.Time, limit int) (int, error) {
 	n, err := s.prune(ctx, endedBefore, limit)
 	if err != nil {
-		return 0, markUnavailable(fmt.Errorf("prune sessions ended before %v: %w", endedBefore, err))
+		return 0, s.unavailable(fmt.Errorf("prune sessions ended before %v: %w", endedBefore, err))
 	}
 	return n, nil
 }

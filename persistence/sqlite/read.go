@@ -43,12 +43,12 @@ const unconfirmedSQL = `SELECT ` + outboxCols + ` FROM outbox INDEXED BY outbox_
 // row is missing returns the Route with a nil Session.
 func (s *Store) LoadSession(ctx context.Context, key string, historyLimit, pendingLimit int) (*persistence.Snapshot, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("load session %s: %w", key, err)
+		return nil, s.readError("load session %s: %w", key, err)
 	}
 	defer s.leave()
 	snap, err := s.loadSession(ctx, key, historyLimit, pendingLimit)
 	if err != nil {
-		return nil, readError("load session %s: %w", key, err)
+		return nil, s.readError("load session %s: %w", key, err)
 	}
 	return snap, nil
 }
@@ -155,11 +155,11 @@ func (p preparedTx) QueryRowContext(ctx context.Context, query string, args ...a
 // FindInbound finds a user message by its platform identity; persistence.ErrNotFound if absent.
 func (s *Store) FindInbound(ctx context.Context, platform, chatID, messageID string) (*persistence.Message, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("find inbound: %w", err)
+		return nil, s.readError("find inbound: %w", err)
 	}
 	defer s.leave()
 	if messageID == "" {
-		return nil, readError("find inbound %s/%s: empty message id: %w", platform, chatID, persistence.ErrNotFound)
+		return nil, s.readError("find inbound %s/%s: empty message id: %w", platform, chatID, persistence.ErrNotFound)
 	}
 	m, err := scanMessage(s.reader.QueryRowContext(ctx, `SELECT `+messageCols+` FROM messages
 		WHERE platform = ? AND chat_id = ? AND message_id = ? AND role = 'user' AND message_id <> ''`,
@@ -168,7 +168,7 @@ func (s *Store) FindInbound(ctx context.Context, platform, chatID, messageID str
 		err = persistence.ErrNotFound
 	}
 	if err != nil {
-		return nil, readError("find inbound %s/%s/%s: %w", platform, chatID, messageID, err)
+		return nil, s.readError("find inbound %s/%s/%s: %w", platform, chatID, messageID, err)
 	}
 	return &m, nil
 }
@@ -177,7 +177,7 @@ func (s *Store) FindInbound(ctx context.Context, platform, chatID, messageID str
 // lists messageID, by seq.
 func (s *Store) RepliesTo(ctx context.Context, key, messageID string, after int64) ([]persistence.OutboxEntry, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("replies to %s: %w", messageID, err)
+		return nil, s.readError("replies to %s: %w", messageID, err)
 	}
 	defer s.leave()
 	// CASE guarantees json_each never sees a corrupt value.
@@ -186,7 +186,7 @@ func (s *Store) RepliesTo(ctx context.Context, key, messageID string, after int6
 			THEN EXISTS (SELECT 1 FROM json_each(o.in_reply_to) j WHERE j.value = ?) ELSE 0 END
 		ORDER BY o.seq`, key, after, messageID)
 	if err != nil {
-		return nil, readError("replies to %s: %w", messageID, err)
+		return nil, s.readError("replies to %s: %w", messageID, err)
 	}
 	return es, nil
 }
@@ -195,13 +195,13 @@ func (s *Store) RepliesTo(ctx context.Context, key, messageID string, after int6
 // when limit <= 0), except a pruned session's (persistence.KindPruned).
 func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]persistence.OutboxEntry, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("outbox after %d: %w", after, err)
+		return nil, s.readError("outbox after %d: %w", after, err)
 	}
 	defer s.leave()
 	es, err := queryOutbox(ctx, s.reader, `SELECT `+outboxCols+` FROM outbox
 		WHERE session_key = ? AND seq > ? AND kind <> ? ORDER BY seq LIMIT ?`, key, after, persistence.KindPruned, limitArg(limit))
 	if err != nil {
-		return nil, readError("outbox after %d: %w", after, err)
+		return nil, s.readError("outbox after %d: %w", after, err)
 	}
 	return es, nil
 }
@@ -209,12 +209,12 @@ func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit 
 // LastOutboxSeq returns the highest outbox seq of key, 0 when it has none.
 func (s *Store) LastOutboxSeq(ctx context.Context, key string) (int64, error) {
 	if err := s.enter(); err != nil {
-		return 0, readError("last outbox seq: %w", err)
+		return 0, s.readError("last outbox seq: %w", err)
 	}
 	defer s.leave()
 	var seq int64
 	if err := s.reader.QueryRowContext(ctx, lastOutboxSeqSQL, key).Scan(&seq); err != nil {
-		return 0, readError("last outbox seq: %w", err)
+		return 0, s.readError("last outbox seq: %w", err)
 	}
 	return seq, nil
 }
@@ -223,13 +223,13 @@ func (s *Store) LastOutboxSeq(ctx context.Context, key string) (int64, error) {
 // session has an empty transcript.
 func (s *Store) Transcript(ctx context.Context, sessionID string) ([]persistence.Message, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("transcript %s: %w", sessionID, err)
+		return nil, s.readError("transcript %s: %w", sessionID, err)
 	}
 	defer s.leave()
 	ms, err := queryMessages(ctx, s.reader, `SELECT `+messageCols+` FROM messages
 		WHERE session_id = ? ORDER BY seq`, sessionID)
 	if err != nil {
-		return nil, readError("transcript %s: %w", sessionID, err)
+		return nil, s.readError("transcript %s: %w", sessionID, err)
 	}
 	return ms, nil
 }
@@ -242,12 +242,12 @@ const transcriptSQL = `SELECT ` + messageCols + ` FROM messages
 // seq, at most limit (no limit when limit <= 0).
 func (s *Store) TranscriptAfter(ctx context.Context, sessionID string, after int64, limit int) ([]persistence.Message, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("transcript %s after %d: %w", sessionID, after, err)
+		return nil, s.readError("transcript %s after %d: %w", sessionID, after, err)
 	}
 	defer s.leave()
 	ms, err := queryMessages(ctx, s.reader, transcriptSQL, sessionID, after, limitArg(limit))
 	if err != nil {
-		return nil, readError("transcript %s after %d: %w", sessionID, after, err)
+		return nil, s.readError("transcript %s after %d: %w", sessionID, after, err)
 	}
 	return ms, nil
 }
@@ -274,12 +274,12 @@ func (s *Store) PendingRefsAfter(ctx context.Context, sessionID string, after, t
 
 func (s *Store) pendingAfter(ctx context.Context, query, sessionID string, after, through int64, limit int) ([]persistence.Message, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("pending messages of %s after %d: %w", sessionID, after, err)
+		return nil, s.readError("pending messages of %s after %d: %w", sessionID, after, err)
 	}
 	defer s.leave()
 	ms, err := queryMessages(ctx, s.reader, query, sessionID, after, through, limitArg(limit))
 	if err != nil {
-		return nil, readError("pending messages of %s after %d: %w", sessionID, after, err)
+		return nil, s.readError("pending messages of %s after %d: %w", sessionID, after, err)
 	}
 	return ms, nil
 }
@@ -295,12 +295,12 @@ const countMessagesSQL = `SELECT
 // pending user messages, as ListSessions does.
 func (s *Store) CountMessages(ctx context.Context, sessionID string) (messages, pending int, err error) {
 	if err := s.enter(); err != nil {
-		return 0, 0, readError("count messages of %s: %w", sessionID, err)
+		return 0, 0, s.readError("count messages of %s: %w", sessionID, err)
 	}
 	defer s.leave()
 	err = s.reader.QueryRowContext(ctx, countMessagesSQL, sessionID).Scan(&messages, &pending)
 	if err != nil {
-		return 0, 0, readError("count messages of %s: %w", sessionID, err)
+		return 0, 0, s.readError("count messages of %s: %w", sessionID, err)
 	}
 	return messages, pending, nil
 }
@@ -314,12 +314,12 @@ const historyOfSQL = `SELECT ` + messageCols + ` FROM messages
 // highest message seq, in one snapshot.
 func (s *Store) History(ctx context.Context, sessionID string, limit int) ([]persistence.Message, int64, error) {
 	if err := s.enter(); err != nil {
-		return nil, 0, readError("history of %s: %w", sessionID, err)
+		return nil, 0, s.readError("history of %s: %w", sessionID, err)
 	}
 	defer s.leave()
 	h, last, err := s.history(ctx, sessionID, limit)
 	if err != nil {
-		return nil, 0, readError("history of %s: %w", sessionID, err)
+		return nil, 0, s.readError("history of %s: %w", sessionID, err)
 	}
 	return h, last, nil
 }
@@ -348,12 +348,12 @@ func (s *Store) history(ctx context.Context, sessionID string, limit int) ([]per
 // Route returns the routing row of a key; persistence.ErrNotFound if absent.
 func (s *Store) Route(ctx context.Context, key string) (*persistence.Route, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("route %s: %w", key, err)
+		return nil, s.readError("route %s: %w", key, err)
 	}
 	defer s.leave()
 	r, err := getRoute(ctx, s.reader, key)
 	if err != nil {
-		return nil, readError("route %s: %w", key, err)
+		return nil, s.readError("route %s: %w", key, err)
 	}
 	return r, nil
 }
@@ -361,12 +361,12 @@ func (s *Store) Route(ctx context.Context, key string) (*persistence.Route, erro
 // Session returns one session row; persistence.ErrNotFound if absent.
 func (s *Store) Session(ctx context.Context, id string) (*persistence.Session, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("session %s: %w", id, err)
+		return nil, s.readError("session %s: %w", id, err)
 	}
 	defer s.leave()
 	ss, err := getSession(ctx, s.reader, id)
 	if err != nil {
-		return nil, readError("session %s: %w", id, err)
+		return nil, s.readError("session %s: %w", id, err)
 	}
 	return ss, nil
 }
@@ -378,7 +378,7 @@ func (s *Store) Session(ctx context.Context, id string) (*persistence.Session, e
 // garbage text value above every number.
 func (s *Store) SessionsOfKey(ctx context.Context, key string, limit int) ([]persistence.Session, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("sessions of key %s: %w", key, err)
+		return nil, s.readError("sessions of key %s: %w", key, err)
 	}
 	defer s.leave()
 	if limit <= 0 {
@@ -386,7 +386,7 @@ func (s *Store) SessionsOfKey(ctx context.Context, key string, limit int) ([]per
 	}
 	ss, err := querySessions(ctx, s.reader, `SELECT `+sessionCols+` FROM sessions WHERE key = ?`, key)
 	if err != nil {
-		return nil, readError("sessions of key %s: %w", key, err)
+		return nil, s.readError("sessions of key %s: %w", key, err)
 	}
 	slices.SortFunc(ss, func(a, b persistence.Session) int {
 		if c := b.StartedAt.Compare(a.StartedAt); c != 0 {
@@ -414,7 +414,7 @@ func (s *Store) SessionsOfKey(ctx context.Context, key string, limit int) ([]per
 // path, which loads it).
 func (s *Store) IdleSessions(ctx context.Context, before time.Time, limit int) ([]persistence.Session, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("idle sessions: %w", err)
+		return nil, s.readError("idle sessions: %w", err)
 	}
 	defer s.leave()
 	if limit <= 0 {
@@ -425,7 +425,7 @@ func (s *Store) IdleSessions(ctx context.Context, before time.Time, limit int) (
 	}
 	ss, err := s.idleSessions(ctx, before, limit)
 	if err != nil {
-		return nil, readError("idle sessions before %v: %w", before, err)
+		return nil, s.readError("idle sessions before %v: %w", before, err)
 	}
 	return ss, nil
 }
@@ -471,7 +471,7 @@ func (s *Store) idleSessions(ctx context.Context, before time.Time, limit int) (
 // IdleSessionsAfter continues IdleSessions after the session (lastActivity, lastID).
 func (s *Store) IdleSessionsAfter(ctx context.Context, before, lastActivity time.Time, lastID string, limit int) ([]persistence.Session, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("idle sessions: %w", err)
+		return nil, s.readError("idle sessions: %w", err)
 	}
 	defer s.leave()
 	if limit <= 0 {
@@ -493,7 +493,7 @@ func (s *Store) IdleSessionsAfter(ctx context.Context, before, lastActivity time
 		AND (s.last_activity_at > ? OR (s.last_activity_at = ? AND s.id > ?))
 		ORDER BY s.last_activity_at, s.id LIMIT ?`, sqlstore.NanoBound(before), from, from, lastID, limit)
 	if err != nil {
-		return nil, readError("idle sessions after %s: %w", lastID, err)
+		return nil, s.readError("idle sessions after %s: %w", lastID, err)
 	}
 	return ss, nil
 }
@@ -503,7 +503,7 @@ func (s *Store) IdleSessionsAfter(ctx context.Context, before, lastActivity time
 // messages. Keys whose session row is missing are left out.
 func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]persistence.SessionSummary, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("list sessions: %w", err)
+		return nil, s.readError("list sessions: %w", err)
 	}
 	defer s.leave()
 	limit := f.Limit
@@ -522,7 +522,7 @@ func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]p
 		WHERE r.key > ? AND (? = '' OR s.platform = ?)
 		ORDER BY r.key LIMIT ?`, f.AfterKey, f.Platform, f.Platform, limit)
 	if err != nil {
-		return nil, readError("list sessions: %w", err)
+		return nil, s.readError("list sessions: %w", err)
 	}
 	return out, nil
 }
@@ -531,7 +531,7 @@ func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]p
 // whose outbox has undelivered entries.
 func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("recoverable: %w", err)
+		return nil, s.readError("recoverable: %w", err)
 	}
 	defer s.leave()
 	keys, err := queryAll(ctx, s.reader, func(r scanner) (string, error) {
@@ -545,7 +545,7 @@ func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
 		SELECT o.session_key FROM outbox o WHERE o.state = 'pending'
 		ORDER BY 1`)
 	if err != nil {
-		return nil, readError("recoverable: %w", err)
+		return nil, s.readError("recoverable: %w", err)
 	}
 	return keys, nil
 }
@@ -561,7 +561,7 @@ const recentChatsSQL = `SELECT m.platform, m.chat_id, COALESCE(s.thread_id, ''),
 // were stored (the rowid), so it reads only the rows stored since since, plus one.
 func (s *Store) RecentChats(ctx context.Context, platform string, since time.Time, limit int) ([]persistence.ChatMark, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("recent chats: %w", err)
+		return nil, s.readError("recent chats: %w", err)
 	}
 	defer s.leave()
 	if limit <= 0 {
@@ -569,7 +569,7 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 	}
 	rows, err := s.reader.QueryContext(ctx, recentChatsSQL)
 	if err != nil {
-		return nil, readError("recent chats: %w", err)
+		return nil, s.readError("recent chats: %w", err)
 	}
 	defer rows.Close()
 	bound := sqlstore.NanoBound(since)
@@ -580,7 +580,7 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 		var m persistence.ChatMark
 		var at any
 		if err := rows.Scan(&p, &m.ChatID, &m.ThreadID, &m.ScopeID, &m.MessageID, &at); err != nil {
-			return nil, readError("recent chats: %w", err)
+			return nil, s.readError("recent chats: %w", err)
 		}
 		n, ok := at.(int64)
 		if !ok || n <= 0 || n < bound {
@@ -595,7 +595,7 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 		marks = append(marks, m)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, readError("recent chats: %w", err)
+		return nil, s.readError("recent chats: %w", err)
 	}
 	return marks, nil
 }
@@ -616,7 +616,7 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 // still wait there (until its next indexing pass, Search or Close).
 func (s *Store) Search(ctx context.Context, query string, limit int) ([]persistence.Message, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("search: %w", err)
+		return nil, s.readError("search: %w", err)
 	}
 	defer s.leave()
 	if limit <= 0 {
@@ -631,10 +631,10 @@ func (s *Store) Search(ctx context.Context, query string, limit int) ([]persiste
 		FROM messages_fts f JOIN messages m ON m.id = f.rowid
 		WHERE messages_fts MATCH ? ORDER BY f.rank, m.id LIMIT ?`, query, limit)
 	if isQueryError(err) {
-		return nil, readError("search %q: %w: %v", query, ErrBadQuery, err)
+		return nil, s.readError("search %q: %w: %v", query, ErrBadQuery, err)
 	}
 	if err != nil {
-		return nil, readError("search %q: %w", query, err)
+		return nil, s.readError("search %q: %w", query, err)
 	}
 	return ms, nil
 }
@@ -642,7 +642,7 @@ func (s *Store) Search(ctx context.Context, query string, limit int) ([]persiste
 // Quarantined implements persistence.QuarantineLister, from the partial index of migration 0017.
 func (s *Store) Quarantined(ctx context.Context, limit int) ([]persistence.QuarantinedMessage, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("quarantined messages: %w", err)
+		return nil, s.readError("quarantined messages: %w", err)
 	}
 	defer s.leave()
 	if limit <= 0 {
@@ -653,7 +653,7 @@ func (s *Store) Quarantined(ctx context.Context, limit int) ([]persistence.Quara
 		WHERE m.status = 'quarantined' AND m.role = 'user' AND m.active = 1
 		ORDER BY m.created_at DESC, m.id DESC LIMIT ?`, limit)
 	if err != nil {
-		return nil, readError("quarantined messages: %w", err)
+		return nil, s.readError("quarantined messages: %w", err)
 	}
 	return ms, nil
 }
@@ -717,7 +717,7 @@ func queryOutbox(ctx context.Context, q querier, query string, args ...any) ([]p
 // OpenDrafts implements persistence.Store.
 func (s *Store) OpenDrafts(ctx context.Context, platform string, limit int) ([]persistence.Draft, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("open drafts: %w", err)
+		return nil, s.readError("open drafts: %w", err)
 	}
 	defer s.leave()
 	if limit <= 0 {
@@ -726,7 +726,7 @@ func (s *Store) OpenDrafts(ctx context.Context, platform string, limit int) ([]p
 	ds, err := queryAll(ctx, s.reader, scanDraft, `SELECT `+sqlstore.DraftCols+` FROM drafts
 		WHERE platform = ? ORDER BY created_at, id LIMIT ?`, platform, limit)
 	if err != nil {
-		return nil, readError("open drafts of %s: %w", platform, err)
+		return nil, s.readError("open drafts of %s: %w", platform, err)
 	}
 	return ds, nil
 }
@@ -734,7 +734,7 @@ func (s *Store) OpenDrafts(ctx context.Context, platform string, limit int) ([]p
 // Unread implements persistence.Store.
 func (s *Store) Unread(ctx context.Context, platform string, limit int) ([]persistence.Unread, error) {
 	if err := s.enter(); err != nil {
-		return nil, readError("unread places: %w", err)
+		return nil, s.readError("unread places: %w", err)
 	}
 	defer s.leave()
 	if limit <= 0 {
@@ -743,7 +743,7 @@ func (s *Store) Unread(ctx context.Context, platform string, limit int) ([]persi
 	us, err := queryAll(ctx, s.reader, scanUnread, `SELECT `+sqlstore.UnreadCols+` FROM unread
 		WHERE platform = ? ORDER BY created_at, chat_id LIMIT ?`, platform, limit)
 	if err != nil {
-		return nil, readError("unread places of %s: %w", platform, err)
+		return nil, s.readError("unread places of %s: %w", platform, err)
 	}
 	return us, nil
 }
@@ -751,7 +751,8 @@ func (s *Store) Unread(ctx context.Context, platform string, limit int) ([]persi
 // readError is fmt.Errorf for the error of a read: one that means the database cannot be read
 // right now (IsUnavailable: busy past the busy timeout, an I/O error …) also wraps
 // persistence.ErrUnavailable, as the PostgreSQL store's reads do, so that a caller can tell
-// "retry later" from a fault (the HTTP API answers it 503, not 500).
-func readError(format string, args ...any) error {
-	return markUnavailable(fmt.Errorf(format, args...))
+// "retry later" from a fault (the HTTP API answers it 503, not 500). A corrupt database is
+// also reported (reportCorrupt).
+func (s *Store) readError(format string, args ...any) error {
+	return s.unavailable(fmt.Errorf(format, args...))
 }

@@ -32,7 +32,7 @@ const (
 func (s *Store) BeginRun(ctx context.Context, run string, at time.Time) (*persistence.UncleanStop, error) {
 	u, err := s.beginRun(ctx, run, at)
 	if err != nil {
-		return nil, markUnavailable(fmt.Errorf("begin run %s: %w", run, err))
+		return nil, s.unavailable(fmt.Errorf("begin run %s: %w", run, err))
 	}
 	return u, nil
 }
@@ -80,7 +80,7 @@ func (s *Store) beginRun(ctx context.Context, run string, at time.Time) (_ *pers
 // EndRun implements persistence.Store.
 func (s *Store) EndRun(ctx context.Context, run string) error {
 	if err := s.endRun(ctx, run); err != nil {
-		return markUnavailable(fmt.Errorf("end run %s: %w", run, err))
+		return s.unavailable(fmt.Errorf("end run %s: %w", run, err))
 	}
 	return nil
 }

@@ -821,8 +821,9 @@ func TestNewDatabaseIsPrivate(t *testing.T) {
 
 // TestOpenSaysWhenTheDatabaseIsNew: the start that makes a database says so, and a start on an
 // existing one does not, so that an operator whose data_dir or store.dsn was mistyped sees at
-// once that the conversations are elsewhere, not gone. A file an earlier start made and left
-// empty is new too.
+// once that the conversations are elsewhere, not gone. An empty file (a restore's copy onto a
+// full disk leaves one) becomes a new database too, which a warning says as it is: before, the
+// line said there had been no database at that path (found by an operations walkthrough).
 func TestOpenSaysWhenTheDatabaseIsNew(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "agentgate.db")
@@ -846,7 +847,12 @@ func TestOpenSaysWhenTheDatabaseIsNew(t *testing.T) {
 	if err := os.Truncate(path, 0); err != nil {
 		t.Fatal(err)
 	}
-	if got := open(); !strings.Contains(got, newLine) {
-		t.Errorf("the open of an empty file logged\n%s\nwant %q", got, newLine)
+	const emptyLine = `level=WARN msg="store opened: the database file was empty (0 bytes), so a new, empty database was made in it; ` +
+		`if a copy or a restore wrote the file, it did not finish"`
+	if got := open(); !strings.Contains(got, emptyLine) || strings.Contains(got, newLine) {
+		t.Errorf("the open of an empty file logged\n%s\nwant %q, and not %q", got, emptyLine, newLine)
+	}
+	if got := open(); !strings.Contains(got, `msg="store opened"`) {
+		t.Errorf("the open after it logged\n%s\nwant a plain \"store opened\"", got)
 	}
 }

@@ -73,6 +73,8 @@ type Store struct {
 	idx       *indexer // the search index backlog; nil for a read-only store
 	now       func() time.Time
 	ftsWarn   logging.Limiter
+	// corruptWarn holds back the lines of a corrupt database (reportCorrupt).
+	corruptWarn logging.Limiter
 	// fault, set only by tests, fails an op of Commit before it runs, as a database that
 	// cannot take that one write would (a fault at the store's edge).
 	fault func(persistence.Op) error
@@ -86,9 +88,10 @@ func (s *Store) String() string { return "sqlite " + s.path }
 const defaultReaders = 4
 
 // Open opens (creating it and its parent directory if needed) the database at path, takes the
-// lock file <path>.lock, applies the embedded migrations and starts the checkpointer. A second
-// Open of the same path while the first is open fails with persistence.ErrLocked; under go test
-// the default data directory fails with persistence.ErrDefaultDataDir.
+// lock file <path>.lock, checks the database's pages (checkPages), applies the embedded
+// migrations and starts the checkpointer. A second Open of the same path while the first is
+// open fails with persistence.ErrLocked; under go test the default data directory fails with
+// persistence.ErrDefaultDataDir. A corrupt database is refused, its error saying so.
 func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	syncMode, err := synchronousPragma(opts.Synchronous)
 	if err != nil {
@@ -113,7 +116,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	// operator made, or a packaging default of 0755), every conversation was world-readable.
 	// A new database is created private, and its WAL and shared memory with it; an existing
 	// one keeps the mode its operator gave it.
-	created := false
+	created, wasEmpty := false, false
 	if f, err := os.OpenFile(abs, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600); err == nil {
 		f.Close()
 		created = true
@@ -121,12 +124,16 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		lock.Close()
 		return nil, fmt.Errorf("open %s: %w", abs, err)
 	} else if fi, err := os.Stat(abs); err == nil && fi.Size() == 0 {
-		created = true // made by an earlier start that stopped before it wrote a page
+		// SQLite takes an empty file for a new database. A restore's copy that stopped at
+		// once (a full disk) leaves one, as does a start that stopped before it wrote a page:
+		// "there was none at this path" was false, and hid the failed restore (found by an
+		// operations walkthrough).
+		wasEmpty = true
 	}
 	s := &Store{path: abs, log: logger(opts.Logger), lock: lock, idx: newIndexer(opts), now: time.Now, commitMu: newWriteLock()}
 	if err := s.open(ctx, syncMode, opts); err != nil {
 		s.closeAll()
-		return nil, fmt.Errorf("open %s: %w", abs, explainAccess(err, abs, true))
+		return nil, fmt.Errorf("open %s: %w", abs, explainCorrupt(explainAccess(err, abs, true)))
 	}
 	// Messages committed before a crash, and not indexed yet, are indexed now. A failure is
 	// logged and retried by later commits: it never stops the store.
@@ -137,12 +144,16 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	s.indexLater() // after a failed catch-up
 	s.commitMu.Unlock()
 	s.ckpt = startCheckpointer(s.writer, abs, interval(opts.CheckpointInterval), s.log)
-	if created {
+	switch {
+	case created:
 		// A mistyped data_dir or store.dsn makes a new database as readily as a first start
 		// does: the line says which it was, so that an operator who expected the
 		// conversations sees at once that they are elsewhere, not gone.
 		s.log.Info("store opened: a new, empty database (there was none at this path)", "path", abs, "synchronous", syncMode)
-	} else {
+	case wasEmpty:
+		s.log.Warn("store opened: the database file was empty (0 bytes), so a new, empty database was made in it; "+
+			"if a copy or a restore wrote the file, it did not finish", "path", abs, "synchronous", syncMode)
+	default:
 		s.log.Info("store opened", "path", abs, "synchronous", syncMode)
 	}
 	return s, nil
@@ -169,6 +180,11 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
 	s.writer = w
+	// Before anything writes to it (a migration, the daemon), as a damage that writes would
+	// spread is best found at once.
+	if err := checkPages(ctx, w); err != nil {
+		return err
+	}
 	if opts.NoMigrate {
 		err = checkSchemaToWrite(ctx, w)
 	} else {
@@ -184,7 +200,7 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	if n <= 0 {
 		n = defaultReaders
 	}
-	if s.reader, err = openReader(ctx, s.path, n, false); err != nil {
+	if s.reader, err = openReader(ctx, s.path, n); err != nil {
 		return err
 	}
 	s.readStmts = make(map[string]*sql.Stmt, len(activationSQL))
@@ -194,6 +210,22 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 			return fmt.Errorf("prepare %q: %w", q, err)
 		}
 		s.readStmts[q] = st
+	}
+	return nil
+}
+
+// checkPages runs PRAGMA quick_check on db: it reads every page and checks each b-tree, but
+// not that the indexes agree with their tables (about a second per GB, from a warm cache).
+// Before, a database damaged past its schema (a failing disk, a copy or a restore gone wrong, a
+// tool that wrote into it) opened, and the daemon ran on it, answering every message 503 while
+// it logged an outage that would pass (found by an operations walkthrough).
+func checkPages(ctx context.Context, db *sql.DB) error {
+	var res string
+	if err := db.QueryRowContext(ctx, "PRAGMA quick_check(1)").Scan(&res); err != nil {
+		return fmt.Errorf("check the database: %w", err) // (explainCorrupt words a damage SQLite reports so)
+	}
+	if !strings.EqualFold(res, "ok") {
+		return fmt.Errorf("the database is corrupt (quick_check: %s): %s", strings.Join(strings.Fields(res), " "), corruptFix)
 	}
 	return nil
 }
@@ -211,23 +243,34 @@ func OpenReadOnly(ctx context.Context, path string) (*Store, error) {
 	if _, err := os.Stat(abs); err != nil {
 		return nil, fmt.Errorf("open %s: %w", abs, err)
 	}
-	r, err := openReader(ctx, abs, defaultReaders, true)
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", abs, explainAccess(err, abs, false))
+	open := func(params ...string) (*sql.DB, error) {
+		r, err := openReader(ctx, abs, defaultReaders, params...)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkSchema(ctx, r); err != nil {
+			r.Close()
+			return nil, err
+		}
+		return r, nil
 	}
-	if err := checkSchema(ctx, r); err != nil {
-		r.Close()
-		return nil, fmt.Errorf("open %s: %w", abs, explainAccess(err, abs, false))
+	r, err := open("mode=ro")
+	if err != nil {
+		var immutable string
+		if immutable, err = immutableFallback(abs, err); immutable != "" {
+			r, err = open("mode=ro", immutable)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", abs, explainCorrupt(explainAccess(err, abs, false)))
 	}
 	return &Store{path: abs, log: logger(nil), readOnly: true, reader: r, commitMu: newWriteLock()}, nil
 }
 
-// openReader opens a pool of n query_only connections and checks that one can be opened.
-func openReader(ctx context.Context, path string, n int, readOnlyFile bool) (*sql.DB, error) {
-	params := []string{"_pragma=busy_timeout(5000)", "_pragma=query_only(1)"}
-	if readOnlyFile {
-		params = append([]string{"mode=ro"}, params...)
-	}
+// openReader opens a pool of n query_only connections, with the DSN parameters params too,
+// and checks that one can be opened.
+func openReader(ctx context.Context, path string, n int, params ...string) (*sql.DB, error) {
+	params = append(params, "_pragma=busy_timeout(5000)", "_pragma=query_only(1)")
 	r, err := sql.Open("sqlite", dsn(path, params...))
 	if err != nil {
 		return nil, err
@@ -314,14 +357,14 @@ func (s *Store) Ping(ctx context.Context) error {
 			return fmt.Errorf("ping: no answer within %s: this daemon's writes are waiting for the database "+
 				"(locked by another process, or a slow disk): %w", time.Since(start).Round(time.Millisecond), err)
 		}
-		return fmt.Errorf("ping: %w", markUnavailable(err))
+		return fmt.Errorf("ping: %w", s.unavailable(err))
 	}
 	defer conn.Close()
 	// The writer is ours alone until conn.Close: no commit runs with the short busy timeout.
 	restore, err := shortBusy(conn, pingBusy)
 	defer restore()
 	if err != nil {
-		return fmt.Errorf("ping: %w", markUnavailable(err))
+		return fmt.Errorf("ping: %w", s.unavailable(err))
 	}
 	tx, err := conn.BeginTx(ctx, nil) // BEGIN IMMEDIATE (_txlock): takes the write lock
 	if err != nil {
@@ -331,10 +374,10 @@ func (s *Store) Ping(ctx context.Context) error {
 				"then go to the spool: %w",
 				persistence.ErrUnavailable)
 		}
-		return fmt.Errorf("ping: %w", markUnavailable(err))
+		return fmt.Errorf("ping: %w", s.unavailable(err))
 	}
 	if err := tx.Rollback(); err != nil {
-		return fmt.Errorf("ping: %w", markUnavailable(err))
+		return fmt.Errorf("ping: %w", s.unavailable(err))
 	}
 	return nil
 }
