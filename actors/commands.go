@@ -323,7 +323,7 @@ func (s *Session) boundary(c actor.Context, src identity.Source, reason string, 
 // which history_limit 0 keeps empty; or how its predecessor ended); a store that cannot be
 // read, or lacks the spooled writes, counts as not fresh.
 func (s *Session) fresh() bool {
-	if s.cur == nil || s.running != nil || s.hasQueued() || len(s.history) > 0 || len(s.inflight) > 0 {
+	if s.cur == nil || s.running != nil || s.hasQueued() || len(s.history) > 0 || len(s.inflight) > 0 || s.held() != nil {
 		return false // (a write in flight may be a turn's exchange the store does not show yet)
 	}
 	if r := s.unusual; r != nil && r.continuity != "" {

@@ -67,12 +67,13 @@ func (s *Session) expire(now time.Time) []persistence.Op {
 	return []persistence.Op{&persistence.EndSession{SessionID: ended.ID, Reason: reason, At: at}}
 }
 
-// expireIfIdle is expire for a session with no work in hand. A session whose turn runs or whose
-// messages wait is in use: ending it would cut its turn off from the transcript it belongs to
-// and run its waiting messages in a session they were not sent to. A reset that falls due
-// meanwhile is remembered and done, at its due time, once the work is done (endOverdue).
+// expireIfIdle is expire for a session with no work in hand. A session whose turn runs, whose
+// messages wait, or that holds a turn's result to write again (heldWrites) is in use: ending it
+// would cut its turn off from the transcript it belongs to and run its waiting messages in a
+// session they were not sent to. A reset that falls due meanwhile is remembered and done, at its
+// due time, once the work is done (endOverdue).
 func (s *Session) expireIfIdle(now time.Time) []persistence.Op {
-	if s.running != nil || s.hasQueued() {
+	if s.running != nil || s.hasQueued() || s.held() != nil {
 		// Remember that it fell due: the work's own activity would otherwise move the due time
 		// on (a daily reset by a whole day). It ends once the work is done (endOverdue).
 		if s.cur != nil && (s.unusual == nil || s.unusual.overdue == nil) {
@@ -98,7 +99,7 @@ type overdue struct {
 
 // endOverdue ends the session whose reset fell due while it worked, once its work is done.
 func (s *Session) endOverdue(c actor.Context) {
-	if s.unusual == nil || s.unusual.overdue == nil || s.running != nil || s.hasQueued() || s.fencedOut || s.passivating {
+	if s.unusual == nil || s.unusual.overdue == nil || s.running != nil || s.hasQueued() || s.held() != nil || s.fencedOut || s.passivating {
 		return
 	}
 	s.writeReset(c, s.expire(s.d.now()))

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/metrics"
@@ -78,25 +78,24 @@ func TestDeliverUnansweredInTimeIsUnavailable(t *testing.T) {
 }
 
 // TestPausedSessionStartsEarlyOnceTheStoreTakesWrites: a session waits out a pause after the
-// store refused its writes (a full disk), up to a minute; once room is made and the store has
-// taken a write since the pause began (another chat's message here), the session starts within
-// a second and answers its message; a message that comes for it then is taken at once. Before,
-// it waited out the rest of its pause, and messages for it were answered unavailable meanwhile:
-// after a disk was freed, its chat waited up to a minute more.
+// store refused its writes (a full disk; here its idle reset's, which each start does again),
+// up to a minute; once room is made and the store has taken a write since the pause began
+// (another chat's message here), the session starts within a second and does its work; a
+// message that comes for it then is taken at once. Before, it waited out the rest of its pause,
+// and messages for it were answered unavailable meanwhile: after a disk was freed, its chat
+// waited up to a minute more.
 func TestPausedSessionStartsEarlyOnceTheStoreTakesWrites(t *testing.T) {
 	for _, another := range []bool{false, true} {
 		t.Run(fmt.Sprintf("another message=%v", another), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				out := &storetest.Outage{}
-				agent := fillsDuringFirstTurn(out, func(req *agents.Request) string { return req.Messages[len(req.Messages)-1].MessageID })
+				agent, _ := countingEcho()
 				var refusals persistence.Refusals
 				w := newManagerWorldWith(t, filepath.Join(t.TempDir(), "agentgate.db"), agent,
-					func(d *Deps) { d.Refusals = &refusals },
+					func(d *Deps) { d.Refusals = &refusals; idleReset(d) },
 					func(s persistence.Store) persistence.Store { out.Store = s; return out },
 					func(o *persistence.ActorOptions) { o.Refusals = &refusals })
-				if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
-					t.Fatalf("m1: %+v, want started", r)
-				}
+				sid := w.pauseByRefusedResets(t, func(bool) { out.Down.Store(true) })
 				time.Sleep(64 * time.Second) // just after a restart: the next is a minute away
 				synctest.Wait()
 				if r := w.deliver(t, "m2", "two"); r.ErrorCode != "unavailable" {
@@ -111,21 +110,23 @@ func TestPausedSessionStartsEarlyOnceTheStoreTakesWrites(t *testing.T) {
 				if err != nil || res.(*DeliverResult).ErrorCode != "" {
 					t.Fatalf("another chat's message once room is made: %v %+v", err, res)
 				}
-				want := []string{"m1"}
 				if another {
 					if r := w.deliver(t, "m2", "two"); r.ErrorCode != "" {
 						t.Errorf("m2 sent again once the store took a write: %+v, want it taken at once", r)
 					}
-					want = append(want, "m2")
 				}
-				answered := map[string]int{}
-				deadline := time.After(30 * time.Second) // well inside the minute the pause had left
-				for !allIn(answered, want) {
-					select {
-					case s := <-w.sent:
-						answered[s.Out.Text]++
-					case <-deadline:
-						t.Fatalf("answers sent: %v, want %v", answered, want)
+				time.Sleep(2 * time.Second) // well inside the minute the pause had left
+				synctest.Wait()
+				if sess, err := w.store.Session(w.ctx, sid); err != nil || sess.EndedAt.IsZero() {
+					t.Errorf("session %s after room was made: %+v %v, want its reset stored", sid, sess, err)
+				}
+				if another {
+					var sent []string
+					for len(w.sent) > 0 {
+						sent = append(sent, (<-w.sent).Out.Text)
+					}
+					if !slices.Contains(sent, "echo: two") {
+						t.Errorf("sent %q, want m2 answered", sent)
 					}
 				}
 			})
@@ -133,37 +134,65 @@ func TestPausedSessionStartsEarlyOnceTheStoreTakesWrites(t *testing.T) {
 	}
 }
 
+// idleReset gives the sessions of d an idle reset policy of 30 s.
+func idleReset(d *Deps) {
+	idle := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Second}
+	d.Config.ResetFor = func(string, string) ResetPolicy { return idle }
+	d.Config.ResetPolicies = []ResetPolicy{idle}
+}
+
+// pauseByRefusedResets has w's session (idleReset) start again and again from the store after
+// pauses: m1 is answered, the session goes idle past its policy, full fills the disk (full(true))
+// and the reset falls due. Its write is refused, and so it is at each start, where the session
+// does the reset again; the pause before the next start grows from 1 s to a minute. It returns
+// the id of m1's session, which the reset ends. (A turn's result the store refuses pauses
+// nothing: the session holds it and writes it again, TestRefusedTurnResultIsKeptNotRunAgain.)
+func (w *managerWorld) pauseByRefusedResets(t *testing.T, full func(bool)) string {
+	t.Helper()
+	r := w.deliver(t, "m1", "one")
+	if r.Disposition != platforms.Started {
+		t.Fatalf("m1: %+v, want started", r)
+	}
+	w.awaitTurnEnds(1)
+	time.Sleep(time.Minute) // idle past its policy
+	full(true)
+	w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+	return r.SessionId
+}
+
 // TestPausesAfterAnEarlyStartAreWaitedOut: on a disk with room for small writes but not for a
-// session's turn result, other chats' writes keep getting through; the session, started early
-// once, is refused again, and its pauses after that are waited out: its agent runs about once
-// per pause of its backoff, not once a second. Before, every pause ended at the next write
-// another chat got through, and the agent ran its turn again each time.
+// session's write (its reset's here, which each start does again), other chats' writes keep
+// getting through; the session, started early once, is refused again, and its pauses after
+// that are waited out: it starts about once per pause of its backoff, not once a second.
+// Before, every pause ended at the next write another chat got through, and the session started
+// again each time: when the refused write was a turn's result, it ran its agent again each time
+// (a turn's result is held now, TestRefusedTurnResultIsKeptNotRunAgain).
 func TestPausesAfterAnEarlyStartAreWaitedOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var calls atomic.Int32
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			if req.Identity.ChatID == "c1" {
-				calls.Add(1)
-			}
-			return &agents.Response{Text: "answer"}, nil
-		})
+		var full atomic.Bool
+		var starts atomic.Int32 // refused writes of c1's reset: one each time its session starts
+		agent, _ := countingEcho()
 		var refusals persistence.Refusals
 		w := newManagerWorldWith(t, filepath.Join(t.TempDir(), "agentgate.db"), agent,
-			func(d *Deps) { d.Refusals = &refusals },
+			func(d *Deps) { d.Refusals = &refusals; idleReset(d) },
 			func(s persistence.Store) persistence.Store {
-				// A disk with room for small writes, not for c1's turn results.
-				return refusedOutbox(s, func(e persistence.OutboxEntry) bool { return e.SessionKey == "agent:main:fake:dm:c1" })
+				// A disk with room for small writes, not for c1's reset.
+				return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
+					if _, ok := op.(*persistence.EndSession); ok && full.Load() {
+						starts.Add(1)
+						return true
+					}
+					return false
+				}}
 			},
 			func(o *persistence.ActorOptions) { o.Refusals = &refusals })
-		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
-			t.Fatalf("m1: %+v, want started", r)
-		}
+		w.pauseByRefusedResets(t, full.Store)
 		other := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c2", UserID: "u2"}
 		otherKey := identity.Key(other, w.d.Config.Keys)
 		const minutes = 5
-		// Another chat's write gets through every second (until the refused session's agent
-		// has run more often than its backoff allows: the test fails then, without running on).
-		for i := 0; i < minutes*60 && calls.Load() <= 20; i++ {
+		// Another chat's write gets through every second (until the refused session has started
+		// more often than its backoff allows: the test fails then, without running on).
+		for i := 0; i < minutes*60 && starts.Load() <= 20; i++ {
 			res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: otherKey, Msg: &Deliver{SessionKey: otherKey,
 				Source: sourceToProto(other), MessageId: fmt.Sprint("o", i), Text: "hello", ReceivedAtUnixNano: time.Now().UnixNano()}}, time.Hour).Result()
 			if err != nil || res.(*DeliverResult).ErrorCode != "" {
@@ -173,32 +202,12 @@ func TestPausesAfterAnEarlyStartAreWaitedOut(t *testing.T) {
 		}
 		// Pauses of 1, 2, 4 … 32 s, then a minute: about 8 in 5 minutes, and at most one early
 		// start after each.
-		if n := calls.Load(); n > 20 {
-			t.Errorf("the refused session's agent ran %d times in %d minutes, want its pauses waited out (about 16 at most)", n, minutes)
+		if n := starts.Load(); n > 20 {
+			t.Errorf("the refused session started %d times in %d minutes, want its pauses waited out (about 16 at most)", n, minutes)
+		} else if n < 5 {
+			t.Fatalf("the refused session started %d times in %d minutes: the test does not test", n, minutes)
 		}
 	})
-}
-
-// fillsDuringFirstTurn is an agent that answers what answer says, and during whose first turn
-// the disk fills (out refuses every write from then on, until the test makes room).
-func fillsDuringFirstTurn(out *storetest.Outage, answer func(*agents.Request) string) agents.Agent {
-	var filled atomic.Bool
-	return agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-		if !filled.Swap(true) {
-			out.Down.Store(true)
-		}
-		return &agents.Response{Text: answer(req)}, nil
-	})
-}
-
-// allIn reports whether every one of keys is in m.
-func allIn(m map[string]int, keys []string) bool {
-	for _, k := range keys {
-		if m[k] == 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // TestDeliverToAPausedSessionIsAnsweredAtOnce: a message for a session that waits out a pause
@@ -209,14 +218,12 @@ func allIn(m map[string]int, keys []string) bool {
 func TestDeliverToAPausedSessionIsAnsweredAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		out := &storetest.Outage{}
-		agent := fillsDuringFirstTurn(out, func(*agents.Request) string { return "answer" })
-		w := newManagerWorldWrites(t, agent, nil, func(s persistence.Store) persistence.Store {
+		agent, ran := countingEcho()
+		w := newManagerWorldWrites(t, agent, idleReset, func(s persistence.Store) persistence.Store {
 			out.Store = s
 			return out
 		})
-		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
-			t.Fatalf("m1: %+v, want started", r)
-		}
+		w.pauseByRefusedResets(t, out.Down.Store)
 		time.Sleep(64 * time.Second) // just after a restart: the next is a minute away
 		synctest.Wait()
 		in := NewIntake(NewLocalRouter(w.system.Root, w.manager), identity.DefaultKeyOptions, metrics.New("fake"))
@@ -234,13 +241,17 @@ func TestDeliverToAPausedSessionIsAnsweredAtOnce(t *testing.T) {
 		if err != nil || ack.Disposition != platforms.Duplicate {
 			t.Errorf("m1 delivered again to its paused session = %+v, %v; want a duplicate", ack, err)
 		}
-		// Once the store takes writes again, the session starts after its pause and runs m1 once;
-		// m2, sent again, is taken.
+		// Once the store takes writes again, the session starts after its pause; m2, sent
+		// again, is taken and runs once, and m1 does not run again.
 		out.Down.Store(false)
 		time.Sleep(2 * time.Minute)
 		synctest.Wait()
 		if r := w.deliver(t, "m2", "two"); r.ErrorCode != "" {
 			t.Errorf("m2 sent again after the outage: %+v, want it taken", r)
+		}
+		w.answerTo("m2")
+		if n1, n2 := ran("m1"), ran("m2"); n1 != 1 || n2 != 1 {
+			t.Errorf("the agent ran m1 %d and m2 %d times, want once each", n1, n2)
 		}
 	})
 }

@@ -144,6 +144,20 @@ func mustAccept(t *testing.T, what string, fs []*actor.Future) {
 	}
 }
 
+// mustRefuse waits for every future and fails the test unless each is answered unavailable.
+func mustRefuse(t *testing.T, what string, fs []*actor.Future) {
+	t.Helper()
+	for i, f := range fs {
+		res, err := f.Result()
+		if err != nil {
+			t.Fatalf("%s %d: %v", what, i, err)
+		}
+		if r := res.(*DeliverResult); r.ErrorCode != ErrCodeUnavailable {
+			t.Fatalf("%s %d: %+v, want unavailable", what, i, r)
+		}
+	}
+}
+
 // probe asks pid for its sizes.
 func (w *longRunWorld) probe(t *testing.T, pid *actor.PID) sizes {
 	t.Helper()
@@ -273,8 +287,9 @@ func TestManyChatsLeaveNothingBehind(t *testing.T) {
 
 // TestChatsRefusedOrCrashedOutLeaveNothingBehind drives hundreds of distinct chats through
 // the two ways a session stops other than by passivating, each once, and then lets them
-// passivate: the store refusing a turn's result as unavailable (the session starts again from
-// the store after a pause: refused, paused, waitingOut), and a session crashing past its
+// passivate: the store refusing a write as unavailable (a command's, while a turn runs: the
+// session starts again from the store after a pause: refused, paused, waitingOut; a turn's
+// result it would hold instead, TestRefusedTurnResultIsKeptNotRunAgain), and a session crashing past its
 // restart budget (its supervisor has it stop, and it starts again later: crashStops, crashed).
 // Once the chats passivate, the manager holds nothing per key: the state of those paths
 // follows the chats that are active, not those that once went through them.
@@ -313,6 +328,11 @@ func TestChatsRefusedOrCrashedOutLeaveNothingBehind(t *testing.T) {
 		mustAccept(t, "m1", fs)
 		synctest.Wait()
 		out.Down.Store(true)
+		fs = fs[:0]
+		for i := 0; i < chats; i += 2 {
+			fs = append(fs, w.send(i, "c1", "/status"))
+		}
+		mustRefuse(t, "c1", fs)
 		close(gate)
 		synctest.Wait()
 		time.Sleep(5 * time.Second) // a few restarts from the store, each after its pause
@@ -355,8 +375,8 @@ func TestChatsRefusedOrCrashedOutLeaveNothingBehind(t *testing.T) {
 	})
 }
 
-// TestRefusedSessionOfAKeyThatMovedLeavesNoPause: the store refuses a turn's result as
-// unavailable while the chat's key moves to another member. The stopped session's successor
+// TestRefusedSessionOfAKeyThatMovedLeavesNoPause: the store refuses a write as unavailable (a
+// command's, while a turn runs) while the chat's key moves to another member. The stopped session's successor
 // starts there, so this member waits out no pause for the key, and keeps no note of one: before,
 // the note stayed (paused), for ever if the key never came back, and when it did, the key's next
 // normal passivation here waited out a pause it had no reason for (answering the chat's
@@ -383,10 +403,11 @@ func TestRefusedSessionOfAKeyThatMovedLeavesNoPause(t *testing.T) {
 		mustAccept(t, "m1", []*actor.Future{w.send(0, "m1", "refused")})
 		synctest.Wait()
 		// The key moves to another member (one that takes what it is handed and does nothing),
-		// and the store refuses the turn's result.
+		// and the store refuses a command.
 		other := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
 		owner.Store(other)
 		out.Down.Store(true)
+		mustRefuse(t, "c1", []*actor.Future{w.send(0, "c1", "/status")})
 		close(gate)
 		synctest.Wait()
 		out.Down.Store(false)
@@ -401,11 +422,12 @@ func TestRefusedSessionOfAKeyThatMovedLeavesNoPause(t *testing.T) {
 		if got := w.probe(t, w.manager).nonEmpty(nil); len(got) > 0 {
 			t.Errorf("after the key came back and passivated, the manager holds %v; want nothing", got)
 		}
-		// Another chat's result is refused while its key is here, and the key moves while its
+		// Another chat's command is refused while its key is here, and the key moves while its
 		// session waits out the pause: the refusal counted for it goes with it.
 		mustAccept(t, "m1", []*actor.Future{w.send(1, "m1", "refused later")})
 		synctest.Wait()
 		out.Down.Store(true)
+		mustRefuse(t, "c1", []*actor.Future{w.send(1, "c1", "/status")})
 		close(gateLater)
 		synctest.Wait()
 		out.Down.Store(false)

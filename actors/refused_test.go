@@ -24,11 +24,13 @@ import (
 )
 
 // TestRefusedTurnResultBacksOff: while the database and the spool both refuse writes, the
-// result of a turn cannot be stored, and the session starts again from the store, where its
-// message is still pending and runs again. That restart waits, longer each time, instead of
-// running the agent again at once: before, the session ran its agent in a loop as fast as the
-// agent answered for as long as the outage lasted (found by TestOutageHunt: 12,000 calls of
-// one message within a few seconds). Once the database is back, the message is answered once.
+// result of a turn cannot be stored. The session keeps it and writes it again, waiting longer
+// each time, and does not run the agent again: first, the session started again from the store
+// at once and ran its agent in a loop as fast as the agent answered for as long as the outage
+// lasted (found by TestOutageHunt: 12,000 calls of one message within a few seconds); then it
+// started again after a pause, and ran the agent again after each one
+// (TestRefusedTurnResultIsKeptNotRunAgain). Once the database is back, the message is answered
+// once.
 func TestRefusedTurnResultBacksOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		out := &storetest.Outage{}

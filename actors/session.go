@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
@@ -102,6 +103,9 @@ type rareState struct {
 	// commands are the commands whose writes are in flight, by message id, with the senders
 	// that delivered them again meanwhile (commandInFlight).
 	commands map[string][]*actor.PID
+	// held are the session's writes behind a turn's result the store refused, which it writes
+	// again (heldWrites); nil when it holds none.
+	held *heldWrites
 	// life survives restarts of this actor, so a new incarnation knows how often it crashed and
 	// on which messages. It is nil until the first crash: the failing incarnation creates it
 	// and files it in Deps.lifelines, where the next incarnation finds it; the last one removes
@@ -122,7 +126,7 @@ func (s *Session) rare() *rareState {
 func (s *Session) tidyRare() {
 	if r := s.unusual; r != nil && r.continuity == "" && len(r.interrupted) == 0 && r.overdue == nil &&
 		len(r.unsure) == 0 && len(r.handoff) == 0 && r.probation == nil && r.life == nil && len(r.ending) == 0 && r.spill == nil && len(r.aside) == 0 &&
-		len(r.dropped) == 0 && len(r.commands) == 0 && r.loadFailed == nil {
+		len(r.dropped) == 0 && len(r.commands) == 0 && r.loadFailed == nil && r.held == nil {
 		s.unusual = nil
 	}
 }
@@ -277,7 +281,7 @@ func (s *Session) Receive(c actor.Context) {
 		return
 	}
 	switch c.Message().(type) {
-	case *idleCheck, *resendTick, *debounceTick, *persistence.WriteResult, *Recover, *signalledTurn,
+	case *idleCheck, *resendTick, *heldTick, *debounceTick, *persistence.WriteResult, *Recover, *signalledTurn,
 		*GetState: // a read of the live state (GET /v1/sessions…) is no activity: a poll must not keep it
 	default:
 		s.lastTouched = time.Now() // the passivation clock: real time, not the session clock
@@ -326,6 +330,8 @@ func (s *Session) Receive(c actor.Context) {
 		s.onCallEnded(c, m.TurnID, true)
 	case *resendTick:
 		s.resend(c)
+	case *heldTick:
+		s.onHeldTick(c)
 	case *probationGranted:
 		s.onProbationGranted(c, m)
 	case *probationLost:
@@ -345,6 +351,12 @@ func (s *Session) Receive(c actor.Context) {
 			s.stopResend()
 			s.stopResend = nil
 		}
+		if turns := s.heldTurns(); len(turns) > 0 {
+			// A drain's deadline passed while the store refused them (or the member let the
+			// key go): at-least-once, as for a turn cut short by the stop.
+			s.logger().Warn("the session stops with turn results the store has not taken; their messages run again at the next start",
+				"turns", strings.Join(turns, ","))
+		}
 		if u := s.unusual; u != nil {
 			for _, e := range u.ending { // the cancelled calls end on their own; nobody waits
 				e.stopTimer()
@@ -356,6 +368,7 @@ func (s *Session) Receive(c actor.Context) {
 		// key moving off a cluster member) must not leave its sender waiting in vain.
 		s.answerUnstored(c, "the session stopped before the message was stored; send it again with the same message_id")
 		s.answerOrphans(c, "the session stopped before the message was stored; send it again with the same message_id")
+		s.stopHeld()
 		if s.busy {
 			c.Send(c.Parent(), &busyChanged{key: s.key, busy: false})
 		}
@@ -638,7 +651,7 @@ func (s *Session) passivateIfIdle(c actor.Context) {
 	if s.passivating || s.leaving || s.d.Config.PassivateAfter <= 0 {
 		return
 	}
-	if s.running == nil && !s.ending() && !s.hasQueued() && len(s.inflight) == 0 && !s.settingAside() && !s.d.Spooling.Load() {
+	if s.running == nil && !s.ending() && !s.hasQueued() && len(s.inflight) == 0 && s.held() == nil && !s.settingAside() && !s.d.Spooling.Load() {
 		s.passivating = true
 		c.Send(c.Parent(), &passivate{key: s.key, pid: c.Self()})
 	}
@@ -657,7 +670,7 @@ func (s *Session) passivateIfIdle(c actor.Context) {
 // successor was never told to run what the session left queued
 // (TestLeavingManagersDrainWaitsForTheHandOver).
 func (s *Session) updateBusy(c actor.Context) {
-	busy := s.running != nil || s.ending() || len(s.inflight) > 0 || s.holding()
+	busy := s.running != nil || s.ending() || len(s.inflight) > 0 || s.held() != nil || s.holding()
 	if !busy && (s.leaving || s.fencedOut) && !s.passivating {
 		return // it hands over next (leaveIfIdle, stopWhenSettled), and says so first
 	}
@@ -719,6 +732,7 @@ func (s *Session) fence(c actor.Context) {
 // handOverAll turns the session into a hand-over (see above).
 func (s *Session) handOverAll(c actor.Context) {
 	s.fencedOut = true
+	s.dropHeld(c)
 	if s.running != nil {
 		// Its result would be fenced; the new owner runs the message again, in a draft of its
 		// own (on its member, perhaps), so this one's is marked interrupted. The session stops
@@ -753,7 +767,7 @@ func (s *Session) leave(c actor.Context, why string) {
 // stored). It stops as a fenced session does; the messages it still holds queued are pending
 // in the store, and its manager has the key's successor run them (passivate.rerun).
 func (s *Session) leaveIfIdle(c actor.Context) {
-	if !s.leaving || s.fencedOut || s.running != nil || s.ending() || len(s.inflight) > 0 {
+	if !s.leaving || s.fencedOut || s.running != nil || s.ending() || len(s.inflight) > 0 || s.held() != nil {
 		return
 	}
 	s.logger().Info("the session hands its key on to another member", "pending", s.waiting())
@@ -786,7 +800,7 @@ func (s *Session) onRecover(c actor.Context) {
 	if s.adoptUnsure(c) {
 		return
 	}
-	if !s.d.Fencing || s.running != nil || s.hasQueued() || len(s.inflight) > 0 {
+	if !s.d.Fencing || s.running != nil || s.hasQueued() || len(s.inflight) > 0 || s.held() != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(s.d.Ctx, claimCheckTimeout)

@@ -119,7 +119,9 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 		s.seen.addSum(m.MessageId, contentSum(m))
 	}
 	s.lastActivity = now
-	s.write(c, ops, func(c actor.Context, err error) {
+	// (A message that begins or ends a session is not refused with a held turn result: its
+	// refusal starts the session again from the store, which would drop that result.)
+	s.submit(c, &pendingWrite{ops: ops, message: !created && !expired, done: func(c actor.Context, err error) {
 		if errors.Is(err, persistence.ErrDuplicate) && !created && !expired && s.adoptStored(it) {
 			err = nil // an earlier write of it applied; only its answer was lost
 		}
@@ -137,7 +139,7 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 			}
 			s.restartFromStore(c, why, err)
 		}
-	})
+	}})
 }
 
 // rememberUnsure notes that the write of it failed in a way that does not tell whether it

@@ -49,7 +49,7 @@ func (s *Session) tryStart(c actor.Context) {
 		return
 	}
 	s.refill(c)
-	if s.running != nil || s.ending() || len(s.queue) == 0 || !s.queue[0].durable || s.halted {
+	if s.running != nil || s.ending() || len(s.queue) == 0 || !s.queue[0].durable || s.halted || s.held() != nil {
 		s.endOverdue(c)
 		s.updateBusy(c)
 		return
@@ -579,7 +579,8 @@ func withoutNUL(s string) string { return strings.ReplaceAll(s, "\x00", "\uFFFD"
 // finish records the end of a turn (reply row, message status, outbox, activity, route and the
 // tokens it used, in one write) and sends the reply once it is durable. It archives the rows of
 // the session's messages archive lists too (those leaveOut left out of the conversation), as
-// /undo does: History, which a reload reads, skips them.
+// /undo does: History, which a reload reads, skips them. A write the store refuses as
+// unavailable is held and written again (heldWrites): the agent does not run again for it.
 func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string, usage agents.Usage, archive []int64) {
 	now := s.d.now()
 	text = withoutNUL(text) // an agent's output: PostgreSQL stores no NUL, and no chat shows one
@@ -619,23 +620,28 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string,
 	entry := s.outboxEntry(r.items[0].src, sid, kind, text, r.id, ids, now)
 	ops = append(ops, &persistence.AddOutbox{Entry: entry})
 	s.lastActivity = now
-	s.write(c, ops, func(c actor.Context, err error) {
+	s.submit(c, &pendingWrite{ops: ops, turn: r.id, done: func(c actor.Context, err error) {
 		if err != nil {
-			if errors.Is(err, persistence.ErrFenced) {
+			switch {
+			case errors.Is(err, errHandedOver):
+				// Held after the store refused it, and the session hands over first.
+				s.logger().Warn("a turn's result the store refused is given up as the session hands over; its message runs again", "turn", r.id)
+			case errors.Is(err, persistence.ErrFenced):
 				// Another activation owns the key (a cluster moved it, or an operator reset it):
 				// it runs the message, and this result is rightly refused.
 				s.logger().Warn("turn result refused: another activation owns the session; it runs the message", "turn", r.id, logging.Err(err))
-			} else {
+			default:
 				s.logRefusedWrite("store turn result", err, "turn", r.id)
 			}
 			s.dropDraft(c, r) // no reply finishes it: the message answers anew
 			if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {
-				// Nothing of the turn is stored: its message is still pending and runs again.
-				// A reply sent now would be the first of two.
+				// Refused for what it holds (not held: writing it again would not help), nothing
+				// of the turn is stored: its message is still pending and runs again. A reply
+				// sent now would be the first of two.
 				s.restartFromStore(c, "the turn's result was not stored", err)
 			}
 			return
 		}
 		s.sendOutbound(c, OutboundFromEntry(&entry))
-	})
+	}})
 }

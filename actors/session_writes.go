@@ -1,7 +1,9 @@
 package actors
 
 import (
+	"cmp"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"time"
@@ -94,7 +96,7 @@ func (s *Session) toPlatform(c actor.Context, m *SendOutbound) {
 // the write until it is acknowledged and sends it again, in order with its other unacknowledged
 // writes, when the persistence actor has restarted since it sent it (resendAll).
 func (s *Session) write(c actor.Context, ops []persistence.Op, done func(actor.Context, error)) {
-	s.writeFor(c, ops, nil, done)
+	s.submit(c, &pendingWrite{ops: ops, done: done})
 }
 
 // writeFor is write for a request whose requester waits for done's answer: if this incarnation
@@ -102,14 +104,31 @@ func (s *Session) write(c actor.Context, ops []persistence.Op, done func(actor.C
 // instead with why (answerOrphans). The write may still commit: why says to send the request
 // again with the same message id, which the store's dedupe makes safe.
 func (s *Session) writeFor(c actor.Context, ops []persistence.Op, orphaned func(c actor.Context, why string), done func(actor.Context, error)) {
+	s.submit(c, &pendingWrite{ops: ops, done: done, orphaned: orphaned})
+}
+
+// submit numbers w (behind the key's Fence when it is claimed) and sends it. While the session
+// holds a turn's result the store refused (heldWrites), w waits behind it instead: no write made
+// since goes ahead of that result, and the result is tried again at once.
+func (s *Session) submit(c actor.Context, w *pendingWrite) {
 	if s.epoch > 0 {
-		ops = append([]persistence.Op{&persistence.Fence{Key: s.key, Epoch: s.epoch}}, ops...)
+		w.ops = append([]persistence.Op{&persistence.Fence{Key: s.key, Epoch: s.epoch}}, w.ops...)
 	}
+	w.id = s.d.writeIDs.Add(1)
+	if h := s.held(); h != nil {
+		h.writes = append(h.writes, w)
+		s.sendHeld(c)
+		return
+	}
+	s.sendWrite(c, w)
+}
+
+// sendWrite sends w, numbered, to the persistence actor and keeps it until it is answered.
+func (s *Session) sendWrite(c actor.Context, w *pendingWrite) {
 	inc := s.d.PersistIncarnation.Load()
 	if s.lostSome(inc) {
 		s.resendAll(c, inc) // nothing newer goes ahead of them
 	}
-	w := &pendingWrite{id: s.d.writeIDs.Add(1), ops: ops, done: done, orphaned: orphaned}
 	s.inflight = append(s.inflight, w)
 	s.send(c, w, inc, len(s.inflight) > 1)
 	if s.stopResend == nil {
@@ -123,6 +142,12 @@ type pendingWrite struct {
 	done     func(actor.Context, error)
 	orphaned func(actor.Context, string) // answers its requester if the session ends first (writeFor)
 	inc      uint64                      // the persistence actor's incarnation when the write was last sent
+	// turn is the id of the turn whose result this is (finish); "" for any other write. Such a
+	// write the store refuses as unavailable is held and written again (holdResult).
+	turn string
+	// message: the write of an inbound message that neither begins nor ends a session. Held
+	// behind a turn's result that the store refuses again, it is refused with it (refuseBehind).
+	message bool
 }
 
 // answerOrphans answers the requesters of the writes still in flight when this incarnation
@@ -130,7 +155,11 @@ type pendingWrite struct {
 // of them, and the requester would wait in vain although the command may have been stored
 // and its answer sent to the chat.
 func (s *Session) answerOrphans(c actor.Context, why string) {
-	for _, w := range s.inflight {
+	writes := s.inflight
+	if h := s.held(); h != nil {
+		writes = append(slices.Clone(writes), h.writes...) // (one may be in both: answered once)
+	}
+	for _, w := range writes {
 		if w.orphaned != nil {
 			w.orphaned(c, why)
 			w.orphaned = nil
@@ -209,10 +238,18 @@ func (s *Session) onWriteResult(c actor.Context, m *persistence.WriteResult) {
 			s.stopResend = nil
 		}
 	}
+	first := s.held().first(w)
+	if s.holdResult(c, w, m.Err) {
+		s.updateBusy(c)
+		return
+	}
 	if errors.Is(m.Err, persistence.ErrFenced) && !s.fencedOut {
 		s.fence(c)
 	}
 	w.done(c, m.Err)
+	if first {
+		s.sendHeld(c) // the next held write, if any
+	}
 	s.setAsideDroppedUntil(c, w.id)
 	s.updateBusy(c)
 	s.stopWhenSettled(c)
@@ -223,3 +260,184 @@ func (s *Session) onWriteResult(c actor.Context, m *persistence.WriteResult) {
 // actor restarted (and lost its batch) since it sent them, and how long the platform actor
 // waits for a mark write's acknowledgment before sending it again. Writes are idempotent.
 const resendAfter = 5 * time.Second
+
+// Held results. A finished turn's result that the store refuses as unavailable (the database
+// and the spool both failing: a full or read-only disk) is not given up: the session holds it
+// and writes it again, 1 s after the refusal, doubling to maxHeldRetry, until the store takes
+// it; then it sends the reply, as it would have. Before, the session started again from the
+// store, where the message was still pending, and ran the agent again each time the store
+// refused its result: 7 runs a message on a disk full for a minute, each one's tools acting
+// on the world again (TestRefusedTurnResultIsKeptNotRunAgain).
+//
+// The writes the session makes meanwhile wait behind the result and go out after it, one at a
+// time, in order, so none lands ahead of it (a command's answer before the reply it follows,
+// /new's end of the session before the turn it ends). A message that comes meanwhile waits
+// with them, and is refused with the result when the store refuses that again: its sender sends
+// it again shortly, as it would on its own refused write. No turn starts until all of them are
+// written (a turn that started before the refusal came runs on, and its result waits too). The
+// session stays busy (a drain waits for it, within its deadline), does not passivate, and does
+// not hand its key on. If it stops first (a drain's deadline), the result is lost and the
+// message runs again at the next start, as a turn's would whose result was never written (at
+// its restart, if it crashes). If it hands over (another activation claimed the key, or another
+// write's refusal makes it start again from the store), the held writes are answered as refused
+// (errHandedOver): the key's next activation runs the message again.
+
+// heldWrites are the writes a session holds behind a turn's result the store refused.
+type heldWrites struct {
+	writes  []*pendingWrite      // in order: writes[0] is in flight, or a refused result waiting to be tried again
+	refused int                  // refusals of writes[0] in a row
+	retry   scheduler.CancelFunc // the armed heldTick; nil when none is armed
+	log     logging.Limiter      // the refusals' line: at once, then at most once a LimitEvery per session
+}
+
+// first reports whether w is the first of the held writes (h may be nil).
+func (h *heldWrites) first(w *pendingWrite) bool {
+	return h != nil && len(h.writes) > 0 && h.writes[0] == w
+}
+
+// heldTick wakes a session to write again the turn's result it holds.
+type heldTick struct{}
+
+// The pause before a held result is written again: heldRetry after its first refusal,
+// doubling with each refusal to maxHeldRetry. A try costs one write, not a run of the agent; the
+// bound is how long an answer may wait once the disk has room again.
+const (
+	heldRetry    = time.Second
+	maxHeldRetry = 10 * time.Second
+)
+
+// errHandedOver answers the writes a session held behind a refused turn result when it hands
+// over before they were sent (dropHeld): as refused because another activation owns the key,
+// which does their work from the store.
+var errHandedOver = fmt.Errorf("%w: the session handed over before the write was sent", persistence.ErrFenced)
+
+// held returns the writes the session holds behind a refused turn result; nil when it holds none.
+func (s *Session) held() *heldWrites {
+	if s.unusual == nil {
+		return nil
+	}
+	return s.unusual.held
+}
+
+// holdResult holds w, a turn's result the store refused as unavailable, to be written again,
+// and reports whether it did. A write of another kind, or one answered otherwise (taken, or
+// refused for what it holds, or fenced), is not held; answered as the first of the held writes,
+// it makes way for the next (sendHeld, once its own answer is handled).
+func (s *Session) holdResult(c actor.Context, w *pendingWrite, err error) bool {
+	h := s.held()
+	if w.turn == "" || !errors.Is(err, persistence.ErrUnavailable) || errors.Is(err, persistence.ErrFenced) || s.fencedOut {
+		if h.first(w) {
+			h.writes = h.writes[1:]
+			if err == nil && h.refused > 0 {
+				s.logger().Info("the store took a turn's result it had refused; the reply goes out", "turn", w.turn, "refused", h.refused)
+			}
+			h.refused = 0
+		}
+		return false
+	}
+	if h == nil {
+		h = &heldWrites{}
+		s.rare().held = h
+	}
+	if !slices.Contains(h.writes, w) {
+		// Sent before the first result was held (a turn that started before its refusal came):
+		// it goes back in its place, by id.
+		at, _ := slices.BinarySearchFunc(h.writes, w.id, func(x *pendingWrite, id uint64) int { return cmp.Compare(x.id, id) })
+		h.writes = slices.Insert(h.writes, at, w)
+	}
+	if h.writes[0] == w {
+		h.refused++
+	}
+	if args, ok := h.log.Allowed("turn", w.turn, logging.Err(err)); ok {
+		s.logger().Warn("store turn result; the session keeps it and writes it again, and its next turns wait", args...)
+	}
+	s.refuseBehind(c, err)
+	if h.retry == nil {
+		wait := min(heldRetry<<min(max(h.refused-1, 0), 6), maxHeldRetry)
+		h.retry = s.timers(c).SendOnce(wait, c.Self(), &heldTick{})
+	}
+	return true
+}
+
+// refuseBehind refuses with err the inbound messages whose writes wait behind a held result the
+// store has just refused again: theirs would be refused too, and their senders, told at once,
+// send them again shortly. Waiting, they would wait for the outage to end, past their requests'
+// timeouts.
+func (s *Session) refuseBehind(c actor.Context, err error) {
+	h := s.held()
+	var refused []*pendingWrite
+	h.writes = slices.DeleteFunc(h.writes, func(w *pendingWrite) bool {
+		if w.message && !slices.Contains(s.inflight, w) {
+			refused = append(refused, w)
+			return true
+		}
+		return false
+	})
+	for _, w := range refused {
+		w.done(c, err)
+	}
+}
+
+// onHeldTick writes again the result the session holds, unless it is in flight already.
+func (s *Session) onHeldTick(c actor.Context) {
+	if h := s.held(); h != nil {
+		h.retry = nil
+		s.sendHeld(c)
+	}
+}
+
+// sendHeld sends the first of the held writes unless it is in flight. With none left, the
+// session goes on as usual: its next turn starts.
+func (s *Session) sendHeld(c actor.Context) {
+	h := s.held()
+	if h == nil {
+		return
+	}
+	if len(h.writes) == 0 {
+		s.stopHeld()
+		s.tryStart(c)
+		return
+	}
+	if !slices.Contains(s.inflight, h.writes[0]) {
+		s.sendWrite(c, h.writes[0])
+	}
+}
+
+// stopHeld forgets the held writes and stops their retry.
+func (s *Session) stopHeld() {
+	if h := s.held(); h != nil {
+		if h.retry != nil {
+			h.retry()
+		}
+		s.unusual.held = nil
+	}
+}
+
+// dropHeld gives up the held writes as the session hands over (handOverAll): each not in flight
+// is answered as refused (errHandedOver); one in flight gets its own answer.
+func (s *Session) dropHeld(c actor.Context) {
+	h := s.held()
+	if h == nil {
+		return
+	}
+	s.stopHeld()
+	for _, w := range h.writes {
+		if !slices.Contains(s.inflight, w) {
+			w.done(c, errHandedOver)
+		}
+	}
+}
+
+// heldTurns are the turns whose results the session holds, for the line of a session that stops
+// with them.
+func (s *Session) heldTurns() []string {
+	var turns []string
+	if h := s.held(); h != nil {
+		for _, w := range h.writes {
+			if w.turn != "" {
+				turns = append(turns, w.turn)
+			}
+		}
+	}
+	return turns
+}

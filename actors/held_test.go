@@ -1,0 +1,310 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/agentgate/agentgate/platforms"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestRefusedTurnResultIsKeptNotRunAgain: the store refuses a turn's result as a full disk does
+// (the database and the spool both failing) five times, then takes it. The session holds the
+// result and writes it again: the agent ran once, the reply is sent once, the message is done
+// in the store, and the refusals are logged once. Before, the session started again from the
+// store at each refusal and ran the agent again (an exec agent whose tools act on the world
+// acted six times for one message), with three WRN lines each time.
+func TestRefusedTurnResultIsKeptNotRunAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const refusals = 5
+		logs := &testutil.Buffer{}
+		agent, ran := countingEcho()
+		disk := &fullDisk{left: refusals, result: resultOf("m1")}
+		w := newManagerWorldWrites(t, agent, func(d *Deps) {
+			d.Log = slog.New(slog.NewTextHandler(logs, nil))
+		}, func(s persistence.Store) persistence.Store { disk.Store = s; return disk })
+		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+
+		if got := disk.refusedResults(); got != refusals {
+			t.Fatalf("the store refused the turn's result %d times, want %d: the test does not test", got, refusals)
+		}
+		if n := ran("m1"); n != 1 {
+			t.Errorf("the agent ran m1 %d times, want once", n)
+		}
+		var sent []string
+		for len(w.sent) > 0 {
+			sent = append(sent, (<-w.sent).Out.Text)
+		}
+		if !slices.Equal(sent, []string{"echo: one"}) {
+			t.Errorf("sent %q, want the reply once", sent)
+		}
+		if st, _ := w.statusOf(t, "m1"); st != persistence.StatusDone {
+			t.Errorf("m1 is %s in the store, want done", st)
+		}
+		if got := promtest.ToFloat64(w.d.Metrics.TurnsTotal.WithLabelValues("ok")); got != 1 {
+			t.Errorf("agentgate_turns_total{outcome=\"ok\"} = %v, want 1", got)
+		}
+		if n := strings.Count(logs.String(), "store turn result"); n != 1 {
+			t.Errorf("%d refusals of the turn's result logged %d lines, want 1:\n%s", refusals, n, logs.String())
+		}
+		if strings.Contains(logs.String(), "starts again from the store") {
+			t.Errorf("the session started again from the store:\n%s", logs.String())
+		}
+	})
+}
+
+// TestHeldTurnResultGoesFirst: while the session holds a turn's result the store refused, what
+// it writes meanwhile waits behind it: another turn's result (its turn began before the refusal
+// came) and a command's answer are stored and sent after it, in order; the next queued message
+// runs only once the held result is stored. Each message runs once.
+func TestHeldTurnResultGoesFirst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate, second := make(chan struct{}), make(chan struct{})
+		var mu sync.Mutex
+		runs := map[string]int{}
+		var w *managerWorld
+		m1At3 := ""
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			id := req.Identity.MessageID
+			mu.Lock()
+			runs[id]++
+			mu.Unlock()
+			var wait <-chan struct{}
+			switch id {
+			case "m1":
+				wait = gate
+			case "m2":
+				wait = second // it ends while m1's result is held
+			case "m3":
+				m1, err := w.store.FindInbound(ctx, w.src.Platform, w.src.ChatID, "m1")
+				mu.Lock()
+				if err == nil {
+					m1At3 = m1.Status
+				}
+				mu.Unlock()
+			}
+			if wait != nil {
+				select {
+				case <-wait:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			return &agents.Response{Text: "answer " + id}, nil
+		})
+		disk := &fullDisk{left: 3, result: resultOf("m1"), refused: func(n int) {
+			if n == 2 {
+				close(second)
+			}
+		}}
+		w = newManagerWorldWrites(t, agent, nil, func(s persistence.Store) persistence.Store { disk.Store = s; return disk })
+		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		for _, id := range []string{"m2", "m3"} {
+			if r := w.deliver(t, id, id); r.Disposition != platforms.Queued {
+				t.Fatalf("%s: %+v, want queued", id, r)
+			}
+		}
+		close(gate)
+		synctest.Wait() // m1's result is refused; m2 runs
+		if disk.refusedResults() != 1 {
+			t.Fatalf("the store refused m1's result %d times, want 1 by now", disk.refusedResults())
+		}
+		status := w.request("st", "/status")
+		time.Sleep(time.Minute)
+		synctest.Wait()
+
+		if res, err := status.Result(); err != nil || res.(*DeliverResult).Disposition != platforms.Command {
+			t.Errorf("/status while a result was held: %v %v, want it answered as a command", res, err)
+		}
+		var sent []string
+		for len(w.sent) > 0 {
+			text := (<-w.sent).Out.Text
+			if strings.HasPrefix(text, "Session ") {
+				text = "/status"
+			}
+			sent = append(sent, text)
+		}
+		if want := []string{"answer m1", "/status", "answer m2", "answer m3"}; !slices.Equal(sent, want) {
+			t.Errorf("sent %q, want %q", sent, want)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if want := map[string]int{"m1": 1, "m2": 1, "m3": 1}; fmt.Sprint(runs) != fmt.Sprint(want) {
+			t.Errorf("the agent ran %v, want each message once", runs)
+		}
+		if m1At3 != persistence.StatusDone {
+			t.Errorf("m3 ran while m1 was %q in the store, want it done first", m1At3)
+		}
+	})
+}
+
+// TestMessageBehindAHeldResultIsRefusedWithIt: a message that comes while the session holds a
+// turn's result the store refused waits behind it, and is refused with it when the store
+// refuses it again: its sender is told at once to send it again. Sent again once the store
+// takes writes, it is taken and answered after the held result.
+func TestMessageBehindAHeldResultIsRefusedWithIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		agent, ran := countingEcho()
+		w := newManagerWorldWrites(t, fillsFirst(out, agent), nil, func(s persistence.Store) persistence.Store {
+			out.Store = s
+			return out
+		})
+		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		start := time.Now()
+		if r := w.deliver(t, "m2", "two"); r.ErrorCode != ErrCodeUnavailable {
+			t.Errorf("m2 while the disk is full: %+v, want unavailable", r)
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("m2 answered after %v, want at once", took)
+		}
+		out.Down.Store(false)
+		if r := w.deliver(t, "m2", "two"); r.ErrorCode != "" {
+			t.Fatalf("m2 sent again once the disk has room: %+v, want it taken", r)
+		}
+		w.awaitTurnEndsWithin(t, 2, time.Minute)
+		synctest.Wait()
+		if n1, n2 := ran("m1"), ran("m2"); n1 != 1 || n2 != 1 {
+			t.Errorf("the agent ran m1 %d and m2 %d times, want once each", n1, n2)
+		}
+	})
+}
+
+// TestDrainWaitsForAHeldResult: a drain waits for a turn's result the store refused: once the
+// store takes it (within the drain's deadline), the reply goes out and the drain ends. A daemon
+// that stops first (the deadline passed) loses the result: the message runs again at the next
+// start, and is answered then.
+func TestDrainWaitsForAHeldResult(t *testing.T) {
+	for _, room := range []bool{true, false} {
+		t.Run(fmt.Sprintf("room=%v", room), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				path := filepath.Join(t.TempDir(), "agentgate.db")
+				out := &storetest.Outage{}
+				logs := &testutil.Buffer{}
+				agent, ran := countingEcho()
+				w := newManagerWorldWith(t, path, fillsFirst(out, agent), func(d *Deps) {
+					d.Log = slog.New(slog.NewTextHandler(logs, nil))
+				}, func(s persistence.Store) persistence.Store { out.Store = s; return out })
+				if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
+					t.Fatalf("m1: %+v, want started", r)
+				}
+				synctest.Wait()
+				drained := w.drain()
+				time.Sleep(30 * time.Second)
+				synctest.Wait()
+				if answered(drained) {
+					t.Fatal("the drain ended while the session held a turn's result the store refused")
+				}
+				if room {
+					out.Down.Store(false)
+					time.Sleep(time.Minute)
+					synctest.Wait()
+					if len(w.sent) != 1 || (<-w.sent).Out.Text != "echo: one" {
+						t.Errorf("the platform was sent %d replies, want m1's", len(w.sent))
+					}
+					if !answered(drained) {
+						t.Error("the drain did not end once the held result was stored")
+					}
+					return
+				}
+				w.stop() // the drain's deadline
+				if !strings.Contains(logs.String(), "the session stops with turn results the store has not taken") {
+					t.Errorf("the lost result is not logged:\n%s", logs.String())
+				}
+				w2 := newManagerWorldAt(t, path, agent, nil)
+				if r := w2.deliver(t, "m2", "two"); r.ErrorCode != "" {
+					t.Fatalf("m2 after the restart: %+v", r)
+				}
+				w2.awaitTurnEndsWithin(t, 2, time.Minute)
+				if n := ran("m1"); n != 2 {
+					t.Errorf("the agent ran m1 %d times, want twice: once before the stop, once after", n)
+				}
+			})
+		})
+	}
+}
+
+// fillsFirst is agent during whose first turn the disk fills (out refuses every write from
+// then on, until the test makes room).
+func fillsFirst(out *storetest.Outage, agent agents.Agent) agents.Agent {
+	var filled sync.Once
+	return agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		filled.Do(func() { out.Down.Store(true) })
+		return agent.Run(ctx, req)
+	})
+}
+
+// fullDisk refuses every commit, as a full disk does (persistence.ErrUnavailable for each
+// group), from the first that holds a write result picks until it has refused such a commit
+// left times; after that it takes everything.
+type fullDisk struct {
+	persistence.Store
+	result  func(persistence.Op) bool
+	refused func(n int) // called with the count after each refusal of a result; may be nil
+
+	mu    sync.Mutex
+	left  int
+	count int
+	full  bool
+}
+
+func (f *fullDisk) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	f.mu.Lock()
+	if slices.ContainsFunc(groups, func(g []persistence.Op) bool { return slices.ContainsFunc(g, f.result) }) {
+		f.full = f.left > 0
+		if f.full {
+			f.left--
+			f.count++
+			if f.refused != nil {
+				f.refused(f.count)
+			}
+		}
+	}
+	full := f.full
+	f.mu.Unlock()
+	if !full {
+		return f.Store.Commit(ctx, groups)
+	}
+	errs := make([]error, len(groups))
+	for i := range errs {
+		errs[i] = fmt.Errorf("%w: disk full (test)", persistence.ErrUnavailable)
+	}
+	return errs
+}
+
+// refusedResults is how many commits holding a result the disk refused.
+func (f *fullDisk) refusedResults() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.count
+}
+
+// resultOf picks the op that records the answer to the message with id (its outbox entry).
+func resultOf(id string) func(persistence.Op) bool {
+	return func(op persistence.Op) bool {
+		o, ok := op.(*persistence.AddOutbox)
+		return ok && o.Entry.TurnID != "" && slices.Contains(o.Entry.InReplyTo, id)
+	}
+}
