@@ -441,6 +441,11 @@ func OperatorResetNotice(n int) string {
 
 // onReset ends the session from the admin API.
 func (s *Session) onReset(c actor.Context, m *ResetSession) {
+	if s.held() != nil {
+		s.refuseWhileHeld(c)
+		c.Respond(&ResetResult{ErrorCode: ErrCodeUnavailable, Error: heldRefusal})
+		return
+	}
 	now := s.d.now()
 	if s.cur == nil {
 		// Its session has ended already (an idle or daily reset, and no message since; or it

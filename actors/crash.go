@@ -28,6 +28,7 @@ func (s *Session) onRestarting(c actor.Context) {
 	life.leaving = s.leaving // a restart is no reason to run turns on a leaving member
 	life.suspects = nil
 	s.endProbation(c) // the next incarnation asks again if its head is still a suspect
+	s.stopHeld()      // the next incarnation reloads: its held retry would wake it for nothing
 	if s.running != nil {
 		// The turn is no child of the session: cancel it here, and have the next incarnation
 		// wait for its agent's call to return before it runs the message again. Its draft is

@@ -71,8 +71,8 @@ func TestRefusedTurnResultIsKeptNotRunAgain(t *testing.T) {
 
 // TestHeldTurnResultGoesFirst: while the session holds a turn's result the store refused, what
 // it writes meanwhile waits behind it: another turn's result (its turn began before the refusal
-// came) and a command's answer are stored and sent after it, in order; the next queued message
-// runs only once the held result is stored. Each message runs once.
+// came) is stored and sent after it, in order, and a command is refused at once; the next
+// queued message runs only once the held result is stored. Each message runs once.
 func TestHeldTurnResultGoesFirst(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		gate, second := make(chan struct{}), make(chan struct{})
@@ -131,8 +131,9 @@ func TestHeldTurnResultGoesFirst(t *testing.T) {
 		time.Sleep(time.Minute)
 		synctest.Wait()
 
-		if res, err := status.Result(); err != nil || res.(*DeliverResult).Disposition != platforms.Command {
-			t.Errorf("/status while a result was held: %v %v, want it answered as a command", res, err)
+		// (Refused before it acts: TestCommandWhileAResultIsHeldIsRefusedBeforeItActs.)
+		if res, err := status.Result(); err != nil || res.(*DeliverResult).ErrorCode != ErrCodeUnavailable {
+			t.Errorf("/status while a result was held: %v %v, want it refused as unavailable", res, err)
 		}
 		var sent []string
 		for len(w.sent) > 0 {
@@ -142,7 +143,7 @@ func TestHeldTurnResultGoesFirst(t *testing.T) {
 			}
 			sent = append(sent, text)
 		}
-		if want := []string{"answer m1", "/status", "answer m2", "answer m3"}; !slices.Equal(sent, want) {
+		if want := []string{"answer m1", "answer m2", "answer m3"}; !slices.Equal(sent, want) {
 			t.Errorf("sent %q, want %q", sent, want)
 		}
 		mu.Lock()
@@ -307,4 +308,46 @@ func resultOf(id string) func(persistence.Op) bool {
 		o, ok := op.(*persistence.AddOutbox)
 		return ok && o.Entry.TurnID != "" && slices.Contains(o.Entry.InReplyTo, id)
 	}
+}
+
+// TestCommandWhileAResultIsHeldIsRefusedBeforeItActs: a command that comes while the session
+// holds a turn's result the store refused is refused at once ("unavailable", before it acts),
+// and taken once the result is stored. Before, it acted in memory at once and its answer waited
+// behind the result for the whole outage: its sender, past the Discord adapter's minute, was
+// told to send again a command that had acted (found by a review).
+func TestCommandWhileAResultIsHeldIsRefusedBeforeItActs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		agent, ran := countingEcho()
+		disk := &fullDisk{left: 20, result: resultOf("m1")} // minutes of refusals, 10 s apart
+		w := newManagerWorldWrites(t, agent, nil, func(s persistence.Store) persistence.Store { disk.Store = s; return disk })
+		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		synctest.Wait()
+		if disk.refusedResults() == 0 {
+			t.Fatal("the store took the turn's result: the test does not test")
+		}
+		sid := w.deliver(t, "s1", "/status").SessionId
+		f := w.request("n1", "/new")
+		synctest.Wait()
+		res, err := f.Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := res.(*DeliverResult); r.ErrorCode != ErrCodeUnavailable {
+			t.Fatalf("/new while a result is held = %+v, want refused as unavailable at once", r)
+		}
+		time.Sleep(10 * time.Minute) // the disk has room again
+		synctest.Wait()
+		if n := ran("m1"); n != 1 {
+			t.Errorf("the agent ran m1 %d times, want once", n)
+		}
+		if st, _ := w.statusOf(t, "m1"); st != persistence.StatusDone {
+			t.Errorf("m1 is %s in the store, want done", st)
+		}
+		r := w.deliver(t, "n2", "/new")
+		if r.ErrorCode != "" || r.SessionId == sid {
+			t.Errorf("/new once the result is stored = %+v, want a new session (not %s)", r, sid)
+		}
+	})
 }

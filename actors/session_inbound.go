@@ -43,6 +43,13 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 			c.Respond(s.storedRepeat(m, row))
 			return
 		}
+		if s.held() != nil {
+			s.refuseWhileHeld(c)
+			r := s.result(m, "", s.curID())
+			r.ErrorCode, r.Error = ErrCodeUnavailable, heldRefusal
+			c.Respond(r)
+			return
+		}
 		s.onCommand(c, m, src, cmd, now)
 		return
 	}

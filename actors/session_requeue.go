@@ -34,6 +34,11 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 		c.Respond(&RequeueResult{SessionId: s.curID(), MessageId: m.MessageId, ErrorCode: code, Status: status,
 			Error: fmt.Sprintf(format, args...)})
 	}
+	if s.held() != nil {
+		s.refuseWhileHeld(c)
+		refuse(ErrCodeUnavailable, "", "%s", heldRefusal)
+		return
+	}
 	sess := s.cur
 	if sess == nil {
 		sess = s.prev

@@ -378,6 +378,20 @@ func (s *Session) refuseBehind(c actor.Context, err error) {
 	}
 }
 
+// heldRefusal is the answer to a command, an operator's reset or a requeue that comes while the
+// session holds a turn's result the store refused.
+const heldRefusal = "the database refuses writes, and this chat's last answer waits to be stored; send it again shortly"
+
+// refuseWhileHeld is the start of the answer to a command, an operator's reset or a requeue that
+// comes while the session holds a refused turn result: refused at once, before it acts, and the
+// result is tried again now. A command acts in memory when it comes (/stop cancels the turn,
+// /new starts a session) and only its answer is written; waiting behind the result, that answer
+// outlasted the sender's wait (a minute on Discord), who was told to send again a command that
+// had acted, and would act twice (found by a review).
+func (s *Session) refuseWhileHeld(c actor.Context) {
+	s.sendHeld(c)
+}
+
 // onHeldTick writes again the result the session holds, unless it is in flight already.
 func (s *Session) onHeldTick(c actor.Context) {
 	if h := s.held(); h != nil {
