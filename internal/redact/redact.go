@@ -32,7 +32,7 @@ const Placeholder = "[redacted]"
 // certificate or a public key.
 var (
 	pemKey    = regexp.MustCompile(`(?s)(-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----).*?(-----END [A-Z0-9 ]*PRIVATE KEY-----|\z)`)
-	pemKeyEnd = regexp.MustCompile(`(?m)(?:^[A-Za-z0-9+/=]+\r?\n)+(-----END [A-Z0-9 ]*PRIVATE KEY-----)`)
+	pemKeyEnd = regexp.MustCompile(`(?m)(?:^[ \t]*[A-Za-z0-9+/=]+\r?\n)+([ \t]*-----END [A-Z0-9 ]*PRIVATE KEY-----)`)
 )
 
 // urlPassword matches the password of a URL's user information (postgres://agent:s3cret@db,
@@ -46,11 +46,11 @@ var (
 var urlPassword = regexp.MustCompile(`(?i)(\b[a-z][a-z0-9+.\-]*://[^\s:/?#@"'<>]*:)[^\s"'<>]*(@)`)
 
 // authorization matches an Authorization or Proxy-Authorization header's value, as curl -v,
-// Go's http.Header, JSON or a Python dict print it: its first word, when blanks follow it
+// Go's http.Header, JSON, a Python dict or a CGI variable (HTTP_AUTHORIZATION) print it: its first word, when blanks follow it
 // (groups 2 and 3), and the word after (group 4), each up to white space, a quote, a comma, a
 // semicolon or a bracket (a "[" starts a value String replaced first). authValue decides which
 // of them is the secret.
-var authorization = regexp.MustCompile(`(?i)(\b(?:proxy-)?authorization["']?[ \t]*[:=][ \t]*["'\[]?)` +
+var authorization = regexp.MustCompile(`(?i)(\b(?:[A-Za-z0-9]*_)?(?:proxy[-_])?authorization["']?[ \t]*[:=][ \t]*["'\[]?)` +
 	`(?:([A-Za-z0-9][A-Za-z0-9\-]*)([ \t]+))?([^\s"',;\[\]]+)?`)
 
 // authSchemes are the Authorization schemes authValue keeps in front of the credentials, in
@@ -130,9 +130,12 @@ func String(s string, values ...string) string {
 	s = urlPassword.ReplaceAllString(s, "${1}"+Placeholder+"${2}")
 	s = replaceSubmatch(authorization, s, authValue)
 	s = cookie.ReplaceAllString(s, "${1}"+Placeholder)
+	// Key-like strings before named values: a name's value is its first word, and the token
+	// after the Bearer that a value may begin with (X-Auth-Token: Bearer eyJ…) was left behind
+	// once that word was replaced (found by a review).
+	s = keyLike.ReplaceAllString(s, "${1}"+Placeholder)
 	s = replaceSubmatch(named, s, nameValue)
-	s = replaceSubmatch(flagArg, s, nameValue)
-	return keyLike.ReplaceAllString(s, "${1}"+Placeholder)
+	return replaceSubmatch(flagArg, s, nameValue)
 }
 
 // replaceSubmatch returns s with each match of re replaced by what f makes of its submatches

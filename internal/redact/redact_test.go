@@ -88,6 +88,13 @@ func TestStringSecretShapes(t *testing.T) {
 		{"flags", `run --password hunter2x --api-key=k-123 -token abc --secret "two words" --db-password 'p w'`,
 			`run --password [redacted] --api-key=[redacted] -token [redacted] --secret "[redacted]" --db-password '[redacted]'`},
 		{"a header with token in its name", "X-Auth-Token: 0123abcd\nx-api-key: abc", "X-Auth-Token: [redacted]\nx-api-key: [redacted]"},
+		// Before, the name's first word went, and the token after it stayed (found by a review).
+		{"a named value that begins with Bearer", "X-Auth-Token: Bearer abc123def456ghi\naccess_token: Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2ln",
+			"X-Auth-Token: [redacted] [redacted]\naccess_token: [redacted] [redacted]"},
+		{"an authorization header as a CGI variable or in snake case", "HTTP_AUTHORIZATION=Basic dXNlcjpodW50ZXIy\nproxy_authorization: Basic dXNlcjpodW50ZXIy",
+			"HTTP_AUTHORIZATION=Basic [redacted]\nproxy_authorization: Basic [redacted]"},
+		{"an indented key's tail (YAML)", "  MIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n  -----END PRIVATE KEY-----",
+			"[redacted]\n  -----END PRIVATE KEY-----"},
 		{"cookies", "> Cookie: session=abc123; theme=dark\n< set-cookie: sid=xyz; Path=/; HttpOnly\nnext",
 			"> Cookie: [redacted]\n< set-cookie: [redacted]; HttpOnly\nnext"},
 		{"cookies in a Go header map and JSON", `map[Cookie:[sid=abc]] {"Set-Cookie": "sid=abc; Secure"}`,
