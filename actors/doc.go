@@ -11,7 +11,7 @@
 //     with unfinished durable work at start. While its member leaves the cluster it forwards
 //     what it no longer runs to each key's successor.
 //   - Session (child of SessionManager, named by its key): Deliver, GetState, ResetSession,
-//     RequeueMessage
+//     RequeueMessage, Withdraw
 //     (protobuf, messages.proto), TurnFinished and turnPanicked from its Turn,
 //     persistence.WriteResult, idleCheck from the manager's idle sweep (passivation),
 //     leaving when its member leaves the cluster, and probationGranted and probationLost from

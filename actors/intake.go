@@ -91,3 +91,25 @@ func (in *Intake) Deliver(ctx context.Context, m *platforms.Inbound) (*platforms
 		return ack, fmt.Errorf("deliver to %s: %s", key, r.Error)
 	}
 }
+
+// Withdraw implements platforms.Withdraw: it asks the session of src's key to take back message
+// id, delivered with src, which its sender deleted. The key is built as Deliver built it, so the
+// request reaches the session that holds the message, on whichever member owns the key. It
+// reports whether the message was taken back; false with a nil error means it was not waiting
+// there (running or answered already, or never taken).
+func (in *Intake) Withdraw(ctx context.Context, src identity.Source, id string) (bool, error) {
+	src.UserName = identity.NeutraliseName(src.UserName)
+	key := in.Key(src)
+	res, err := in.router.Request(ctx, key, &Withdraw{Source: sourceToProto(src), MessageId: id})
+	if err != nil {
+		return false, fmt.Errorf("withdraw %s from %s: %w", id, key, err)
+	}
+	r, ok := res.(*WithdrawResult)
+	if !ok {
+		return false, fmt.Errorf("withdraw %s from %s: unexpected answer %T", id, key, res)
+	}
+	if r.Error != "" {
+		return false, fmt.Errorf("withdraw %s from %s: %s", id, key, r.Error)
+	}
+	return r.Withdrawn, nil
+}

@@ -919,6 +919,8 @@ func (m *SessionManager) forwardTo(c actor.Context, to *actor.PID, key string, r
 		f.Msg = &Forward_ResetSession{ResetSession: msg}
 	case *RequeueMessage:
 		f.Msg = &Forward_RequeueMessage{RequeueMessage: msg}
+	case *Withdraw:
+		f.Msg = &Forward_Withdraw{Withdraw: msg}
 	case *ResetDue:
 		f.Msg = &Forward_ResetDue{ResetDue: msg}
 	case *Recover:
@@ -934,7 +936,7 @@ func (m *SessionManager) forwardTo(c actor.Context, to *actor.PID, key string, r
 // member (forwardTo).
 func crossesMembers(msg any) bool {
 	switch msg.(type) {
-	case *Deliver, *GetState, *ResetSession, *RequeueMessage, *ResetDue, *Recover:
+	case *Deliver, *GetState, *ResetSession, *RequeueMessage, *Withdraw, *ResetDue, *Recover:
 		return true
 	}
 	return false
@@ -952,6 +954,8 @@ func (m *SessionManager) onForward(c actor.Context, f *Forward) {
 		msg = x.ResetSession
 	case *Forward_RequeueMessage:
 		msg = x.RequeueMessage
+	case *Forward_Withdraw:
+		msg = x.Withdraw
 	case *Forward_ResetDue:
 		msg = x.ResetDue
 	case *Forward_Recover:

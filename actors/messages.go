@@ -180,8 +180,12 @@ type cancelOverdue struct{ TurnID string }
 
 // Received by Platform.
 
-// StartIntake tells a platform actor to start its platform's Run loop with Deliver.
-type StartIntake struct{ Deliver platforms.Deliver }
+// StartIntake tells a platform actor to start its platform's Run loop with Deliver, and to hand
+// a platforms.Withdrawer Withdraw first.
+type StartIntake struct {
+	Deliver  platforms.Deliver
+	Withdraw platforms.Withdraw
+}
 
 // Quiesce asks a platform actor to answer *Quiesced once it has no send in flight and no
 // delivery mark unwritten: of Key's session, or of any when Key is empty. One with an empty Key

@@ -805,6 +805,117 @@ func (x *RequeueResult) GetOutboxAfter() int64 {
 	return 0
 }
 
+// Withdraw takes back a message its sender deleted on the platform (Discord's MESSAGE_DELETE)
+// before its turn started: a message still waiting in the queue (or held by a debounce window)
+// is removed from it and its row archived, as /undo archives, so it never runs and is no part
+// of later history. A message that runs, ran, or that this session does not hold is left as it
+// is. Handled by Session.onWithdraw; reply WithdrawResult, sent once the archive is durable.
+type Withdraw struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Source        *Source                `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"` // the message's source as it was delivered: its chat
+	MessageId     string                 `protobuf:"bytes,2,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Withdraw) Reset() {
+	*x = Withdraw{}
+	mi := &file_actors_messages_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Withdraw) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Withdraw) ProtoMessage() {}
+
+func (x *Withdraw) ProtoReflect() protoreflect.Message {
+	mi := &file_actors_messages_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Withdraw.ProtoReflect.Descriptor instead.
+func (*Withdraw) Descriptor() ([]byte, []int) {
+	return file_actors_messages_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Withdraw) GetSource() *Source {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
+func (x *Withdraw) GetMessageId() string {
+	if x != nil {
+		return x.MessageId
+	}
+	return ""
+}
+
+// WithdrawResult answers Withdraw. withdrawn says whether the message was taken back; error is
+// set when its archive could not be written (the message is then left to run).
+type WithdrawResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Withdrawn     bool                   `protobuf:"varint,1,opt,name=withdrawn,proto3" json:"withdrawn,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WithdrawResult) Reset() {
+	*x = WithdrawResult{}
+	mi := &file_actors_messages_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WithdrawResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WithdrawResult) ProtoMessage() {}
+
+func (x *WithdrawResult) ProtoReflect() protoreflect.Message {
+	mi := &file_actors_messages_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WithdrawResult.ProtoReflect.Descriptor instead.
+func (*WithdrawResult) Descriptor() ([]byte, []int) {
+	return file_actors_messages_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *WithdrawResult) GetWithdrawn() bool {
+	if x != nil {
+		return x.Withdrawn
+	}
+	return false
+}
+
+func (x *WithdrawResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 // ResetDue tells a session that its reset policy may have made it due; it ends itself if so.
 // Sent by the Timers actor; handled by Session.onResetDue; no reply.
 type ResetDue struct {
@@ -815,7 +926,7 @@ type ResetDue struct {
 
 func (x *ResetDue) Reset() {
 	*x = ResetDue{}
-	mi := &file_actors_messages_proto_msgTypes[9]
+	mi := &file_actors_messages_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +938,7 @@ func (x *ResetDue) String() string {
 func (*ResetDue) ProtoMessage() {}
 
 func (x *ResetDue) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[9]
+	mi := &file_actors_messages_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +951,7 @@ func (x *ResetDue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetDue.ProtoReflect.Descriptor instead.
 func (*ResetDue) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{9}
+	return file_actors_messages_proto_rawDescGZIP(), []int{11}
 }
 
 // Recover activates a session that has unfinished work in the store (unanswered messages,
@@ -856,7 +967,7 @@ type Recover struct {
 
 func (x *Recover) Reset() {
 	*x = Recover{}
-	mi := &file_actors_messages_proto_msgTypes[10]
+	mi := &file_actors_messages_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +979,7 @@ func (x *Recover) String() string {
 func (*Recover) ProtoMessage() {}
 
 func (x *Recover) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[10]
+	mi := &file_actors_messages_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +992,7 @@ func (x *Recover) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Recover.ProtoReflect.Descriptor instead.
 func (*Recover) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{10}
+	return file_actors_messages_proto_rawDescGZIP(), []int{12}
 }
 
 // RelayedOutbound is a reply or notice that the member owning its session has sent on a
@@ -907,7 +1018,7 @@ type RelayedOutbound struct {
 
 func (x *RelayedOutbound) Reset() {
 	*x = RelayedOutbound{}
-	mi := &file_actors_messages_proto_msgTypes[11]
+	mi := &file_actors_messages_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +1030,7 @@ func (x *RelayedOutbound) String() string {
 func (*RelayedOutbound) ProtoMessage() {}
 
 func (x *RelayedOutbound) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[11]
+	mi := &file_actors_messages_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1043,7 @@ func (x *RelayedOutbound) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayedOutbound.ProtoReflect.Descriptor instead.
 func (*RelayedOutbound) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{11}
+	return file_actors_messages_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RelayedOutbound) GetSessionKey() string {
@@ -1017,7 +1128,7 @@ type Peek struct {
 
 func (x *Peek) Reset() {
 	*x = Peek{}
-	mi := &file_actors_messages_proto_msgTypes[12]
+	mi := &file_actors_messages_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1029,7 +1140,7 @@ func (x *Peek) String() string {
 func (*Peek) ProtoMessage() {}
 
 func (x *Peek) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[12]
+	mi := &file_actors_messages_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1042,7 +1153,7 @@ func (x *Peek) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Peek.ProtoReflect.Descriptor instead.
 func (*Peek) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{12}
+	return file_actors_messages_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Peek) GetKey() string {
@@ -1069,6 +1180,7 @@ type Forward struct {
 	//	*Forward_ResetDue
 	//	*Forward_Recover
 	//	*Forward_RequeueMessage
+	//	*Forward_Withdraw
 	Msg isForward_Msg `protobuf_oneof:"msg"`
 	// to_holder marks a message a manager that waits to activate the key sent to the member that
 	// holds it (Release): if that member lets go of the key meanwhile, it sends the message on.
@@ -1080,7 +1192,7 @@ type Forward struct {
 
 func (x *Forward) Reset() {
 	*x = Forward{}
-	mi := &file_actors_messages_proto_msgTypes[13]
+	mi := &file_actors_messages_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1092,7 +1204,7 @@ func (x *Forward) String() string {
 func (*Forward) ProtoMessage() {}
 
 func (x *Forward) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[13]
+	mi := &file_actors_messages_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1105,7 +1217,7 @@ func (x *Forward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Forward.ProtoReflect.Descriptor instead.
 func (*Forward) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{13}
+	return file_actors_messages_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Forward) GetKey() string {
@@ -1183,6 +1295,15 @@ func (x *Forward) GetRequeueMessage() *RequeueMessage {
 	return nil
 }
 
+func (x *Forward) GetWithdraw() *Withdraw {
+	if x != nil {
+		if x, ok := x.Msg.(*Forward_Withdraw); ok {
+			return x.Withdraw
+		}
+	}
+	return nil
+}
+
 func (x *Forward) GetToHolder() bool {
 	if x != nil {
 		return x.ToHolder
@@ -1218,6 +1339,10 @@ type Forward_RequeueMessage struct {
 	RequeueMessage *RequeueMessage `protobuf:"bytes,9,opt,name=requeue_message,json=requeueMessage,proto3,oneof"`
 }
 
+type Forward_Withdraw struct {
+	Withdraw *Withdraw `protobuf:"bytes,10,opt,name=withdraw,proto3,oneof"`
+}
+
 func (*Forward_Deliver) isForward_Msg() {}
 
 func (*Forward_GetState) isForward_Msg() {}
@@ -1229,6 +1354,8 @@ func (*Forward_ResetDue) isForward_Msg() {}
 func (*Forward_Recover) isForward_Msg() {}
 
 func (*Forward_RequeueMessage) isForward_Msg() {}
+
+func (*Forward_Withdraw) isForward_Msg() {}
 
 // Release asks the SessionManager of another member to let go of a key that the asking
 // manager is about to activate (cluster mode). The asked manager answers Released at once,
@@ -1263,7 +1390,7 @@ type Release struct {
 
 func (x *Release) Reset() {
 	*x = Release{}
-	mi := &file_actors_messages_proto_msgTypes[14]
+	mi := &file_actors_messages_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1275,7 +1402,7 @@ func (x *Release) String() string {
 func (*Release) ProtoMessage() {}
 
 func (x *Release) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[14]
+	mi := &file_actors_messages_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1288,7 +1415,7 @@ func (x *Release) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Release.ProtoReflect.Descriptor instead.
 func (*Release) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{14}
+	return file_actors_messages_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Release) GetKey() string {
@@ -1342,7 +1469,7 @@ type Released struct {
 
 func (x *Released) Reset() {
 	*x = Released{}
-	mi := &file_actors_messages_proto_msgTypes[15]
+	mi := &file_actors_messages_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1354,7 +1481,7 @@ func (x *Released) String() string {
 func (*Released) ProtoMessage() {}
 
 func (x *Released) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[15]
+	mi := &file_actors_messages_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1367,7 +1494,7 @@ func (x *Released) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Released.ProtoReflect.Descriptor instead.
 func (*Released) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{15}
+	return file_actors_messages_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Released) GetKey() string {
@@ -1490,7 +1617,14 @@ const file_actors_messages_proto_rawDesc = "" +
 	"error_code\x18\x05 \x01(\tR\terrorCode\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12 \n" +
 	"\vdisposition\x18\a \x01(\tR\vdisposition\x12!\n" +
-	"\foutbox_after\x18\b \x01(\x03R\voutboxAfter\"\n" +
+	"\foutbox_after\x18\b \x01(\x03R\voutboxAfter\"^\n" +
+	"\bWithdraw\x123\n" +
+	"\x06source\x18\x01 \x01(\v2\x1b.agentgate.actors.v1.SourceR\x06source\x12\x1d\n" +
+	"\n" +
+	"message_id\x18\x02 \x01(\tR\tmessageId\"D\n" +
+	"\x0eWithdrawResult\x12\x1c\n" +
+	"\twithdrawn\x18\x01 \x01(\bR\twithdrawn\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\n" +
 	"\n" +
 	"\bResetDue\"\t\n" +
 	"\aRecover\"\xc5\x02\n" +
@@ -1509,7 +1643,7 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\x14created_at_unix_nano\x18\n" +
 	" \x01(\x03R\x11createdAtUnixNano\"\x18\n" +
 	"\x04Peek\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\"\xdd\x03\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"\x9a\x04\n" +
 	"\aForward\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04hops\x18\x02 \x01(\x05R\x04hops\x128\n" +
@@ -1518,7 +1652,9 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\rreset_session\x18\x05 \x01(\v2!.agentgate.actors.v1.ResetSessionH\x00R\fresetSession\x12<\n" +
 	"\treset_due\x18\x06 \x01(\v2\x1d.agentgate.actors.v1.ResetDueH\x00R\bresetDue\x128\n" +
 	"\arecover\x18\a \x01(\v2\x1c.agentgate.actors.v1.RecoverH\x00R\arecover\x12N\n" +
-	"\x0frequeue_message\x18\t \x01(\v2#.agentgate.actors.v1.RequeueMessageH\x00R\x0erequeueMessage\x12\x1b\n" +
+	"\x0frequeue_message\x18\t \x01(\v2#.agentgate.actors.v1.RequeueMessageH\x00R\x0erequeueMessage\x12;\n" +
+	"\bwithdraw\x18\n" +
+	" \x01(\v2\x1d.agentgate.actors.v1.WithdrawH\x00R\bwithdraw\x12\x1b\n" +
 	"\tto_holder\x18\b \x01(\bR\btoHolderB\x05\n" +
 	"\x03msg\"\x8a\x01\n" +
 	"\aRelease\x12\x10\n" +
@@ -1551,7 +1687,7 @@ func file_actors_messages_proto_rawDescGZIP() []byte {
 	return file_actors_messages_proto_rawDescData
 }
 
-var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_actors_messages_proto_goTypes = []any{
 	(*Source)(nil),          // 0: agentgate.actors.v1.Source
 	(*Deliver)(nil),         // 1: agentgate.actors.v1.Deliver
@@ -1562,28 +1698,32 @@ var file_actors_messages_proto_goTypes = []any{
 	(*ResetResult)(nil),     // 6: agentgate.actors.v1.ResetResult
 	(*RequeueMessage)(nil),  // 7: agentgate.actors.v1.RequeueMessage
 	(*RequeueResult)(nil),   // 8: agentgate.actors.v1.RequeueResult
-	(*ResetDue)(nil),        // 9: agentgate.actors.v1.ResetDue
-	(*Recover)(nil),         // 10: agentgate.actors.v1.Recover
-	(*RelayedOutbound)(nil), // 11: agentgate.actors.v1.RelayedOutbound
-	(*Peek)(nil),            // 12: agentgate.actors.v1.Peek
-	(*Forward)(nil),         // 13: agentgate.actors.v1.Forward
-	(*Release)(nil),         // 14: agentgate.actors.v1.Release
-	(*Released)(nil),        // 15: agentgate.actors.v1.Released
+	(*Withdraw)(nil),        // 9: agentgate.actors.v1.Withdraw
+	(*WithdrawResult)(nil),  // 10: agentgate.actors.v1.WithdrawResult
+	(*ResetDue)(nil),        // 11: agentgate.actors.v1.ResetDue
+	(*Recover)(nil),         // 12: agentgate.actors.v1.Recover
+	(*RelayedOutbound)(nil), // 13: agentgate.actors.v1.RelayedOutbound
+	(*Peek)(nil),            // 14: agentgate.actors.v1.Peek
+	(*Forward)(nil),         // 15: agentgate.actors.v1.Forward
+	(*Release)(nil),         // 16: agentgate.actors.v1.Release
+	(*Released)(nil),        // 17: agentgate.actors.v1.Released
 }
 var file_actors_messages_proto_depIdxs = []int32{
 	0,  // 0: agentgate.actors.v1.Deliver.source:type_name -> agentgate.actors.v1.Source
-	0,  // 1: agentgate.actors.v1.RelayedOutbound.target:type_name -> agentgate.actors.v1.Source
-	1,  // 2: agentgate.actors.v1.Forward.deliver:type_name -> agentgate.actors.v1.Deliver
-	3,  // 3: agentgate.actors.v1.Forward.get_state:type_name -> agentgate.actors.v1.GetState
-	5,  // 4: agentgate.actors.v1.Forward.reset_session:type_name -> agentgate.actors.v1.ResetSession
-	9,  // 5: agentgate.actors.v1.Forward.reset_due:type_name -> agentgate.actors.v1.ResetDue
-	10, // 6: agentgate.actors.v1.Forward.recover:type_name -> agentgate.actors.v1.Recover
-	7,  // 7: agentgate.actors.v1.Forward.requeue_message:type_name -> agentgate.actors.v1.RequeueMessage
-	8,  // [8:8] is the sub-list for method output_type
-	8,  // [8:8] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	0,  // 1: agentgate.actors.v1.Withdraw.source:type_name -> agentgate.actors.v1.Source
+	0,  // 2: agentgate.actors.v1.RelayedOutbound.target:type_name -> agentgate.actors.v1.Source
+	1,  // 3: agentgate.actors.v1.Forward.deliver:type_name -> agentgate.actors.v1.Deliver
+	3,  // 4: agentgate.actors.v1.Forward.get_state:type_name -> agentgate.actors.v1.GetState
+	5,  // 5: agentgate.actors.v1.Forward.reset_session:type_name -> agentgate.actors.v1.ResetSession
+	11, // 6: agentgate.actors.v1.Forward.reset_due:type_name -> agentgate.actors.v1.ResetDue
+	12, // 7: agentgate.actors.v1.Forward.recover:type_name -> agentgate.actors.v1.Recover
+	7,  // 8: agentgate.actors.v1.Forward.requeue_message:type_name -> agentgate.actors.v1.RequeueMessage
+	9,  // 9: agentgate.actors.v1.Forward.withdraw:type_name -> agentgate.actors.v1.Withdraw
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_actors_messages_proto_init() }
@@ -1591,22 +1731,23 @@ func file_actors_messages_proto_init() {
 	if File_actors_messages_proto != nil {
 		return
 	}
-	file_actors_messages_proto_msgTypes[13].OneofWrappers = []any{
+	file_actors_messages_proto_msgTypes[15].OneofWrappers = []any{
 		(*Forward_Deliver)(nil),
 		(*Forward_GetState)(nil),
 		(*Forward_ResetSession)(nil),
 		(*Forward_ResetDue)(nil),
 		(*Forward_Recover)(nil),
 		(*Forward_RequeueMessage)(nil),
+		(*Forward_Withdraw)(nil),
 	}
-	file_actors_messages_proto_msgTypes[14].OneofWrappers = []any{}
+	file_actors_messages_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_actors_messages_proto_rawDesc), len(file_actors_messages_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -167,6 +167,9 @@ func (a *Platform) Receive(c actor.Context) {
 	case *oldDraftsRemoved:
 		a.onOldDraftsRemoved(c, m)
 	case *StartIntake:
+		if w, ok := a.p.(platforms.Withdrawer); ok && m.Withdraw != nil && a.runCancel == nil {
+			w.SetWithdraw(m.Withdraw)
+		}
 		a.startRun(c, m.Deliver)
 	case *SendOutbound:
 		k := m.Out.SessionKey

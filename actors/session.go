@@ -310,6 +310,8 @@ func (s *Session) Receive(c actor.Context) {
 		s.onReset(c, m)
 	case *RequeueMessage:
 		s.onRequeue(c, m)
+	case *Withdraw:
+		s.onWithdraw(c, m)
 	case *ResetDue:
 		s.onResetDue(c)
 	case *idleCheck:
@@ -615,6 +617,8 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 	case *RequeueMessage:
 		c.Respond(&RequeueResult{MessageId: m.MessageId, ErrorCode: "unavailable",
 			Error: "the database is unavailable; the session cannot load until it answers; retry later"})
+	case *Withdraw:
+		c.Respond(&WithdrawResult{Error: "the database is unavailable; the session cannot load until it answers"})
 	case *moved:
 		// The key lives on another member now: this one must not claim it once the spool
 		// drains. It stops without loading; what it is asked meanwhile goes to the manager.
@@ -876,7 +880,7 @@ func (s *Session) whileStopping(c actor.Context) bool {
 			return true // an idle session's state is still the key's
 		}
 		s.handOver(c, c.Message(), c.Sender())
-	case *Deliver, *ResetSession, *RequeueMessage, *ResetDue:
+	case *Deliver, *ResetSession, *RequeueMessage, *Withdraw, *ResetDue:
 		s.handOver(c, c.Message(), c.Sender())
 	}
 	return false

@@ -60,6 +60,11 @@ type Ack struct {
 // until the message is durable or refused; an error means nothing was accepted.
 type Deliver func(ctx context.Context, in *Inbound) (*Ack, error)
 
+// Withdraw takes back message id, delivered earlier with src, which its sender deleted on the
+// platform: a message still waiting for its turn never runs, and its row is archived; one whose
+// turn has begun is left as it is. It reports whether the message was taken back.
+type Withdraw func(ctx context.Context, src identity.Source, id string) (bool, error)
+
 // Outbound kinds.
 const (
 	KindReply  = "reply"  // what the agent said
@@ -148,6 +153,13 @@ type Editor interface {
 // unavailable is tried again, one refused otherwise is logged and dropped.
 type Recorder interface {
 	SetRecord(record func(ops ...persistence.Op))
+}
+
+// Withdrawer is implemented by a platform that learns when its users delete their messages
+// (Discord's MESSAGE_DELETE). Before its Run starts, the runtime hands it withdraw, which it
+// calls with the Source and id a deleted message was delivered with.
+type Withdrawer interface {
+	SetWithdraw(withdraw Withdraw)
 }
 
 // InterruptedMark ends the text of a draft whose turn was cancelled or crashed (EditDraft). An

@@ -390,7 +390,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	}
 	d.intake = actors.NewIntake(d.router, d.deps.Config.Keys, d.metrics)
 	for _, pid := range d.deps.Platforms {
-		d.system.Root.Send(pid, &actors.StartIntake{Deliver: d.intake.Deliver})
+		d.system.Root.Send(pid, &actors.StartIntake{Deliver: d.intake.Deliver, Withdraw: d.intake.Withdraw})
 	}
 	log.Info("agentgate started", append(append([]any{"addr", d.addr.String(), "agent", cfg.Agent.Backend}, agentAttrs(cfg.Agent)...),
 		"data_dir", cfg.DataDir, "store", storeName(d.store), "version", buildinfo.Version())...)

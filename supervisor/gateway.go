@@ -91,6 +91,14 @@ func (l *leaderPlatform) Ready(ctx context.Context) error {
 	return l.gatewayPlatform.Ready(ctx)
 }
 
+// SetWithdraw hands withdraw to the gateway platform when it learns of deleted messages
+// (platforms.Withdrawer: Discord), which the wrapper would otherwise hide from the platform actor.
+func (l *leaderPlatform) SetWithdraw(withdraw platforms.Withdraw) {
+	if w, ok := l.gatewayPlatform.(platforms.Withdrawer); ok {
+		w.SetWithdraw(withdraw)
+	}
+}
+
 // SetRecord hands record to the gateway platform when it keeps records of its own
 // (platforms.Recorder: Discord's unread places). Without it the wrapper hid the platform's
 // Recorder from the platform actor, and in cluster mode nothing was recorded: the member that

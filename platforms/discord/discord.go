@@ -90,9 +90,14 @@ type Platform struct {
 	kept     map[string]persistence.Unread // channel → the unread place the store holds, as far as this process knows
 	stored   func(context.Context) ([]persistence.Unread, error)
 	record   func(ops ...persistence.Op) // platforms.Recorder; nil until the runtime sets it
-	live     map[string]string           // thread → guild: the threads discordgo's state holds (threads.go)
-	opened   map[string]bool             // threads known to have been open: never opened again (threads.go)
-	roles    map[string]string           // guild → the bot's managed role there, "" for none (roles.go)
+	withdraw platforms.Withdraw          // platforms.Withdrawer; nil until the runtime sets it
+	// delivered are the messages the runtime took, by id, for their deletion (deleted.go);
+	// deliveredOrder holds their ids oldest first, to forget the oldest past maxDelivered.
+	delivered      map[string]deliveredMsg
+	deliveredOrder []string
+	live           map[string]string // thread → guild: the threads discordgo's state holds (threads.go)
+	opened         map[string]bool   // threads known to have been open: never opened again (threads.go)
+	roles          map[string]string // guild → the bot's managed role there, "" for none (roles.go)
 	// roleMisses are the guilds whose roles could not be looked up, and when (roles.go).
 	roleMisses map[string]time.Time
 	recent     func(context.Context, time.Time) ([]persistence.ChatMark, error)
@@ -118,10 +123,11 @@ type Platform struct {
 }
 
 var (
-	_ platforms.Platform = (*Platform)(nil)
-	_ platforms.Checker  = (*Platform)(nil)
-	_ platforms.Editor   = (*Platform)(nil)
-	_ platforms.Recorder = (*Platform)(nil)
+	_ platforms.Platform   = (*Platform)(nil)
+	_ platforms.Checker    = (*Platform)(nil)
+	_ platforms.Editor     = (*Platform)(nil)
+	_ platforms.Recorder   = (*Platform)(nil)
+	_ platforms.Withdrawer = (*Platform)(nil)
 )
 
 // New returns a Discord platform for c. It does not connect: Run does.
@@ -173,6 +179,7 @@ func New(c Config) (*Platform, error) {
 		kept:       map[string]persistence.Unread{},
 		stored:     c.Unread,
 		live:       map[string]string{},
+		delivered:  map[string]deliveredMsg{},
 		opened:     map[string]bool{},
 		roles:      map[string]string{},
 		roleMisses: map[string]time.Time{},
@@ -190,6 +197,7 @@ func New(c Config) (*Platform, error) {
 	s.AddHandler(survived(p, "RESUMED", p.onResumed))
 	s.AddHandler(survived(p, "disconnect", p.onDisconnect))
 	s.AddHandler(survived(p, "MESSAGE_CREATE", p.onMessage))
+	s.AddHandler(survived(p, "MESSAGE_DELETE", p.onMessageDelete))
 	s.AddHandler(survived(p, "THREAD_CREATE", p.onThreadCreate))
 	s.AddHandler(survived(p, "THREAD_UPDATE", p.onThreadUpdate))
 	s.AddHandler(survived(p, "THREAD_DELETE", p.onThreadDelete))

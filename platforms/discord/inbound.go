@@ -141,6 +141,7 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 	p.typing.delivered(reply, m.ID, ack, err)
 	switch {
 	case err == nil:
+		p.noteDelivered(m.ChannelID, m.ID, in.Source) // its sender may delete it before its turn
 		// The chat is one the next start's backfill reads (the store took a message from
 		// it), and so is an auto-thread's (the message is its first).
 		p.noteStored(m.ChannelID, p.now())

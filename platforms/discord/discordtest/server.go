@@ -483,8 +483,9 @@ func (s *Server) Requests(method, pathSuffix string) int {
 	return n
 }
 
-// Delete removes message id from its channel, as a moderator deleting it would: later edits
-// of it get 404 Unknown Message. It panics if the message is unknown.
+// Delete removes message id from its channel, as its author or a moderator deleting it would:
+// the identified session gets MESSAGE_DELETE (id, channel and guild, no author), and later
+// edits of it get 404 Unknown Message. It panics if the message is unknown.
 func (s *Server) Delete(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -495,9 +496,15 @@ func (s *Server) Delete(id string) {
 	s.deleteLocked(m)
 }
 
-// deleteLocked removes m from its channel.
+// deleteLocked removes m from its channel and tells the gateway session, as Discord does for
+// every deletion (the bot's own through REST too).
 func (s *Server) deleteLocked(m *message) {
 	delete(s.messages, m.id)
+	d := map[string]string{"id": m.id, "channel_id": m.channelID}
+	if m.guildID != "" {
+		d["guild_id"] = m.guildID
+	}
+	s.dispatchLocked("MESSAGE_DELETE", d)
 	h := s.history[m.channelID]
 	for i, x := range h {
 		if x == m {

@@ -1,0 +1,88 @@
+package discord
+
+import (
+	"context"
+	"slices"
+
+	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// A message its sender deletes before its turn starts is not answered (MESSAGE_DELETE). The
+// event carries the message's id, channel and guild, no author, and in a guild channel the
+// session key holds the author (each user has their own session): the platform remembers, by
+// id, the Source of each message it delivered, with the channel it was posted in, and hands the
+// deletion of one of them to the runtime (platforms.Withdraw), which finds the same session as
+// the message did. Only messages this process delivered are known: one taken before a restart
+// (or before another cluster member took the gateway over) and deleted since is answered, as
+// one deleted while agentgate was down is. A deleted message is never read back: Discord's
+// history no longer holds it.
+
+// maxDelivered bounds the delivered messages the platform remembers for their deletion: far
+// more than wait in the queues of its sessions at once.
+const maxDelivered = 10_000
+
+// deliveredMsg is a message the runtime took: where it was posted and the Source it went with.
+type deliveredMsg struct {
+	channel string
+	src     identity.Source
+}
+
+// SetWithdraw implements platforms.Withdrawer.
+func (p *Platform) SetWithdraw(withdraw platforms.Withdraw) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.withdraw = withdraw
+}
+
+// noteDelivered remembers that message id, posted in channel, was delivered with src, and
+// forgets the oldest past maxDelivered.
+func (p *Platform) noteDelivered(channel, id string, src identity.Source) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.withdraw == nil {
+		return
+	}
+	if _, ok := p.delivered[id]; !ok {
+		p.deliveredOrder = append(p.deliveredOrder, id)
+	}
+	p.delivered[id] = deliveredMsg{channel: channel, src: src}
+	if n := len(p.deliveredOrder) - maxDelivered; n > 0 {
+		for _, old := range p.deliveredOrder[:n] {
+			delete(p.delivered, old)
+		}
+		p.deliveredOrder = slices.Delete(p.deliveredOrder, 0, n)
+	}
+}
+
+// onMessageDelete takes back a deleted message the runtime has not yet answered. It runs on the
+// gateway reader, after the handling of the message's MESSAGE_CREATE (whose delivery returned
+// once the message was stored), so the runtime holds the message by now. A message held while
+// a backfill runs is dropped before it is delivered. Unknown ids (the bot's own messages, what
+// it never took) and an id posted in another channel change nothing.
+func (p *Platform) onMessageDelete(_ *discordgo.Session, d *discordgo.MessageDelete) {
+	if d.Message == nil {
+		return
+	}
+	p.mu.Lock()
+	p.held = slices.DeleteFunc(p.held, func(m *discordgo.Message) bool { return m.ID == d.ID && m.ChannelID == d.ChannelID })
+	m, ok := p.delivered[d.ID]
+	withdraw, ctx := p.withdraw, p.runCtx
+	p.mu.Unlock()
+	if !ok || m.channel != d.ChannelID || withdraw == nil {
+		return
+	}
+	wctx, cancel := context.WithTimeout(ctx, deliverTimeout)
+	defer cancel()
+	taken, err := withdraw(wctx, m.src, d.ID)
+	if err != nil {
+		p.log.Warn("discord message deleted by its sender but not withdrawn; it is answered", "channel", d.ChannelID, "message_id", d.ID, logging.Err(err))
+		return
+	}
+	if taken {
+		p.log.Debug("discord message deleted by its sender before its turn; withdrawn", "channel", d.ChannelID, "message_id", d.ID)
+	}
+}
