@@ -28,7 +28,6 @@ func (s *Session) onRestarting(c actor.Context) {
 	life.leaving = s.leaving // a restart is no reason to run turns on a leaving member
 	life.suspects = nil
 	s.endProbation(c) // the next incarnation asks again if its head is still a suspect
-	s.stopHeld()      // the next incarnation reloads: its held retry would wake it for nothing
 	if s.running != nil {
 		// The turn is no child of the session: cancel it here, and have the next incarnation
 		// wait for its agent's call to return before it runs the message again. Its draft is
@@ -45,6 +44,7 @@ func (s *Session) onRestarting(c actor.Context) {
 	// a durable one is answered as a duplicate.
 	s.answerUnstored(c, "session restarted before the message was stored; retry with the same message_id")
 	s.answerOrphans(c, "session restarted before the message was stored; retry with the same message_id")
+	s.stopHeld() // after answerOrphans, which answers the held writes too: the next incarnation reloads
 	// The key stays busy for the manager: the next incarnation reruns what was running, and a
 	// drain waits for it (TestDrainWaitsForTheRerunOfACrashedTurn). It says when it is idle.
 	life.busy = s.busy

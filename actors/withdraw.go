@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"cmp"
 	"slices"
 
 	"github.com/agentgate/agentgate/persistence"
@@ -29,6 +30,18 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 		c.Respond(&WithdrawResult{})
 		return
 	}
+	if s.held() != nil {
+		// Its archive would wait behind the turn's result the store refused, for the whole
+		// outage, and the platform's gateway reader with it: the message is left to run.
+		c.Respond(&WithdrawResult{Error: heldRefusal})
+		return
+	}
+	if s.unusual != nil && len(s.unusual.interrupted) > 0 {
+		// In interrupt mode, messages the queue's head cut short are answered with it: taken
+		// back, it would leave them unanswered until the user writes again (found by a review).
+		c.Respond(&WithdrawResult{})
+		return
+	}
 	it := s.queue[i]
 	s.queue = slices.Delete(s.queue, i, i+1)
 	if s.debugOn() {
@@ -39,10 +52,14 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 	ops := []persistence.Op{&persistence.ArchiveMessages{SessionID: it.sessionID, Seqs: []int64{it.seq}}}
 	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
 		if err != nil {
-			// The row is still pending in the store: the session starts again from it, and
-			// the message runs after all, in its place.
+			// The row is still pending in the store: the message goes back in the queue, in
+			// the place its seq gives it, and runs after all. Not a start again from the store,
+			// which would cancel a turn begun meanwhile and run its message again (found by a
+			// review); one begun meanwhile from behind it runs first.
 			if !s.fencedOut {
-				s.restartFromStore(c, "the archive of a withdrawn message was refused", err)
+				at, _ := slices.BinarySearchFunc(s.queue, it.seq, func(q *item, seq int64) int { return cmp.Compare(q.seq, seq) })
+				s.queue = slices.Insert(s.queue, at, it)
+				s.tryStart(c)
 			}
 			c.Send(requester, &WithdrawResult{Error: "the withdrawal could not be stored: " + err.Error()})
 			return
