@@ -3,6 +3,7 @@ package discord
 import (
 	"context"
 	"slices"
+	"time"
 
 	"github.com/bwmarrin/discordgo"
 
@@ -24,6 +25,12 @@ import (
 // maxDelivered bounds the delivered messages the platform remembers for their deletion: far
 // more than wait in the queues of its sessions at once.
 const maxDelivered = 10_000
+
+// withdrawTimeout bounds the wait for a withdrawal's answer. It runs on the gateway reader,
+// which reads nothing meanwhile, and it is worth less than the messages behind it: a session
+// that cannot answer at once (its key paused, its activation slow) answers its message as
+// usual (found by a review: a minute, deliverTimeout, before).
+const withdrawTimeout = 5 * time.Second
 
 // deliveredMsg is a message the runtime took: where it was posted and the Source it went with.
 type deliveredMsg struct {
@@ -58,6 +65,18 @@ func (p *Platform) noteDelivered(channel, id string, src identity.Source) {
 	}
 }
 
+// forgetDelivered forgets the delivered messages a reply answers: their turn has run, and
+// their deletion would only load a session to change nothing (a user cleaning up old messages
+// loaded an idle session for each, on the gateway reader). noteDelivered drops their ids from
+// the order as it passes them.
+func (p *Platform) forgetDelivered(ids []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, id := range ids {
+		delete(p.delivered, id)
+	}
+}
+
 // onMessageDelete takes back a deleted message the runtime has not yet answered. It runs on the
 // gateway reader, after the handling of the message's MESSAGE_CREATE (whose delivery returned
 // once the message was stored), so the runtime holds the message by now. A message held while
@@ -75,7 +94,7 @@ func (p *Platform) onMessageDelete(_ *discordgo.Session, d *discordgo.MessageDel
 	if !ok || m.channel != d.ChannelID || withdraw == nil {
 		return
 	}
-	wctx, cancel := context.WithTimeout(ctx, deliverTimeout)
+	wctx, cancel := context.WithTimeout(ctx, withdrawTimeout)
 	defer cancel()
 	taken, err := withdraw(wctx, m.src, d.ID)
 	if err != nil {

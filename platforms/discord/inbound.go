@@ -141,7 +141,12 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 	p.typing.delivered(reply, m.ID, ack, err)
 	switch {
 	case err == nil:
-		p.noteDelivered(m.ChannelID, m.ID, in.Source) // its sender may delete it before its turn
+		if !strings.HasPrefix(strings.TrimSpace(in.Text), "/") {
+			// Its sender may delete it before its turn. Not a command: a /retry's rerun goes by
+			// the command's id, and taking it back would leave the exchange /retry archived
+			// unanswered (found by a review); the others have acted when they were taken.
+			p.noteDelivered(m.ChannelID, m.ID, in.Source)
+		}
 		// The chat is one the next start's backfill reads (the store took a message from
 		// it), and so is an auto-thread's (the message is its first).
 		p.noteStored(m.ChannelID, p.now())

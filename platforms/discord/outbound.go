@@ -28,6 +28,7 @@ import (
 // reply into an auto-thread that could not be opened when its message arrived opens the
 // thread first.
 func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
+	p.forgetDelivered(out.InReplyTo) // answered: their deletion changes nothing now
 	channel := replyChannel(out.Target)
 	if strings.TrimSpace(out.Text) == "" {
 		// An agent may answer nothing; Discord refuses an empty message (50006), so nothing is
