@@ -151,15 +151,21 @@ func (d *Daemon) takenOver(t *cluster.ClusterTopology, keys []string) int {
 // membership recovers the keys that moved, but not work stored after it: a reply a member
 // recorded and could no longer send (its session was stopped while the reply's write was in
 // flight) would wait for the chat's next message, and so would the notice of a `sessions
-// reset` run beside the members. The sweep finds such work within an interval.
+// reset` run beside the members. The sweep finds such work within an interval. Its first pass
+// is at once, as the member has joined: the first change of membership comes while it joins,
+// and its Recovers may find no member to take them then (the cluster router's "no member took
+// the session"), which left a restarted member's pending messages for the sweep a member_ttl
+// later (a CI run of TestClusterPoisonMessageStopsTheCrashLoop). A Recover twice is harmless.
 func (d *Daemon) sweepRecoverable(every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
-	for {
-		select {
-		case <-d.ctx.Done():
-			return
-		case <-t.C:
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-d.ctx.Done():
+				return
+			case <-t.C:
+			}
 		}
 		if keys := d.recoverOwned(d.cluster.MemberList.Members().Members()); len(keys) > 0 {
 			d.log.Debug("recovery sweep", "recovering", len(keys))
