@@ -22,8 +22,8 @@ import (
 // one deleted while agentgate was down is. A deleted message is never read back: Discord's
 // history no longer holds it.
 
-// maxDelivered bounds the delivered messages the platform remembers for their deletion: far
-// more than wait in the queues of its sessions at once.
+// maxDelivered is how many of the latest delivered messages the platform remembers, at least,
+// for their deletion (twice as many at most): far more than wait in its sessions' queues at once.
 const maxDelivered = 10_000
 
 // withdrawTimeout bounds the wait for a withdrawal's answer. It runs on the gateway reader,
@@ -46,7 +46,7 @@ func (p *Platform) SetWithdraw(withdraw platforms.Withdraw) {
 }
 
 // noteDelivered remembers that message id, posted in channel, was delivered with src, and
-// forgets the oldest past maxDelivered.
+// forgets the oldest, down to the last maxDelivered, once it remembers twice as many.
 func (p *Platform) noteDelivered(channel, id string, src identity.Source) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -57,7 +57,10 @@ func (p *Platform) noteDelivered(channel, id string, src identity.Source) {
 		p.deliveredOrder = append(p.deliveredOrder, id)
 	}
 	p.delivered[id] = deliveredMsg{channel: channel, src: src}
-	if n := len(p.deliveredOrder) - maxDelivered; n > 0 {
+	if len(p.deliveredOrder) >= 2*maxDelivered {
+		// Forgotten a batch at a time, so that a delivery on the gateway reader does not
+		// shift the whole order once it is full (found by a review).
+		n := len(p.deliveredOrder) - maxDelivered
 		for _, old := range p.deliveredOrder[:n] {
 			delete(p.delivered, old)
 		}
