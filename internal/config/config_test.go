@@ -1176,7 +1176,9 @@ func TestUnknownEnv(t *testing.T) {
 		"AGENTGATE_HTTPADDR=127.0.0.1:9", "AGENTGATE_LOG={level: debug}", "AGENTGATE_SESSION_ID=s", "AGENTGATE_MESSAGE_ID=m",
 		"AGENTGATE_SCOPE_ID=g", "AGENTGATE_PROFILE=p", "AGENTGATE_CHAT_TYPE=dm", "AGENTGATE_TOKEN=t",
 	}
-	got := UnknownEnv(environ)
+	cfg := Default()
+	applyEnv(cfg, envVars(environ))
+	got := cfg.UnknownEnv(environ)
 	want := []string{"AGENTGATE_AGENT_EXEC_COMAND", "AGENTGATE_HTTPADDR", "AGENTGATE_HTTP_ADR", "AGENTGATE_LOG", "AGENTGATE_SESSIONS_QUEUE_CAPS"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("UnknownEnv() mismatch (-want +got):\n%s", diff)

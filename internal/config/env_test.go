@@ -45,12 +45,6 @@ func TestUnknownEnvSecretVariables(t *testing.T) {
 			if diff := cmp.Diff(tc.want, cfg.UnknownEnv(environ)); diff != "" {
 				t.Errorf("Config.UnknownEnv() mismatch (-want +got):\n%s", diff)
 			}
-			if tc.file == "" {
-				// Without a file, the function finds the same as the method.
-				if diff := cmp.Diff(tc.want, UnknownEnv(environ)); diff != "" {
-					t.Errorf("UnknownEnv() mismatch (-want +got):\n%s", diff)
-				}
-			}
 		})
 	}
 }

@@ -749,15 +749,6 @@ func (c *Config) UnknownEnv(environ []string) []string {
 	return out
 }
 
-// UnknownEnv is Config.UnknownEnv of the configuration that environ makes of the defaults on
-// its own, without a file: it knows the secret variables that the defaults and environ's
-// AGENTGATE_*_ENV variables name, not those a file names.
-func UnknownEnv(environ []string) []string {
-	cfg := Default()
-	applyEnv(cfg, envVars(environ)) // a value that does not parse is Load's to report
-	return cfg.UnknownEnv(environ)
-}
-
 // envVars returns the AGENTGATE_ variables in environ by name; the last of repeated variables
 // wins, as with os.Getenv.
 func envVars(environ []string) map[string]string {
