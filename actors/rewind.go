@@ -174,7 +174,7 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	}
 	s.lastSeq, s.history = max(lastSeq, s.inflightSeq(resumed.ID)), nil
 	s.asideThrough(resumed.ID, s.lastSeq)
-	for _, m := range msgs {
+	for _, m := range runOrder(msgs) {
 		if m.Role == persistence.RoleUser || m.Role == persistence.RoleAssistant {
 			s.history = append(s.history, histEntry{seq: m.Seq, raw: m.Content,
 				msg: persistFromRow(m), sender: m.UserID})

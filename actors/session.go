@@ -476,7 +476,7 @@ func (s *Session) load(c actor.Context) {
 		}
 		s.lastSeq = snap.LastSeq
 		s.lastActivity = snap.Session.LastActivityAt
-		for _, m := range snap.History {
+		for _, m := range runOrder(snap.History) {
 			if m.Role == persistence.RoleUser && m.Status == persistence.StatusPending {
 				continue // it joins the history when its turn runs, as one of the turn's messages
 			}

@@ -1,0 +1,123 @@
+package actors
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/persistence"
+)
+
+// TestReloadedHistoryKeepsTheOrderTurnsRan: messages that queued behind a running turn have
+// lower seqs than its reply. A session loaded again from the store (here after it passivated;
+// a restart reads the same rows) gives its agent every question followed by its own answer, as
+// the live session did, and /undo takes back the last exchange only. Before, the history was
+// read in seq order: Q1 Q2 Q3 A1 A2 A3, and /undo archived Q3 with all three answers.
+func TestReloadedHistoryKeepsTheOrderTurnsRan(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var mu sync.Mutex
+		var last *agents.Request
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			if req.Messages[0].Text == "Q1" {
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			mu.Lock()
+			last = req
+			mu.Unlock()
+			return &agents.Response{Text: "A" + req.Messages[0].Text[1:]}, nil
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Config.PassivateAfter = time.Minute })
+		history := func() []string {
+			mu.Lock()
+			defer mu.Unlock()
+			var got []string
+			for _, m := range last.History {
+				got = append(got, m.Text)
+			}
+			return got
+		}
+		send := func(id, text string) {
+			t.Helper()
+			if r := w.deliver(t, id, text); r.ErrorCode != "" {
+				t.Fatalf("%s %q: %+v", id, text, r)
+			}
+			synctest.Wait()
+		}
+		send("q1", "Q1")
+		send("q2", "Q2") // both queue behind Q1
+		send("q3", "Q3")
+		close(release)
+		synctest.Wait()
+		if got, want := history(), []string{"Q1", "A1", "Q2", "A2"}; !slices.Equal(got, want) {
+			t.Fatalf("the live session gave Q3's turn the history %q, want %q", got, want)
+		}
+
+		time.Sleep(3 * time.Minute) // the session passivates
+		synctest.Wait()
+		send("q4", "Q4")
+		if got, want := history(), []string{"Q1", "A1", "Q2", "A2", "Q3", "A3"}; !slices.Equal(got, want) {
+			t.Errorf("the reloaded session gave Q4's turn the history %q, want %q", got, want)
+		}
+
+		time.Sleep(3 * time.Minute)
+		synctest.Wait()
+		send("undo", "/undo")  // takes back Q4 and A4
+		send("undo2", "/undo") // and then Q3 and A3
+		sid := w.deliver(t, "q5", "Q5").SessionId
+		synctest.Wait()
+		rows, err := w.store.Transcript(w.ctx, sid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var active []string
+		for _, m := range rows {
+			if m.Active && (m.Role == persistence.RoleUser || m.Role == persistence.RoleAssistant) {
+				active = append(active, m.Content)
+			}
+		}
+		// The transcript keeps the order messages arrived in.
+		if want := []string{"Q1", "Q2", "A1", "A2", "Q5", "A5"}; !slices.Equal(active, want) {
+			t.Errorf("after two /undo of a reloaded session the active rows are %q, want %q", active, want)
+		}
+	})
+}
+
+// TestRunOrder: the rows of turns that took several messages, of a failed turn (no reply) and
+// of a pending message keep their places; only answered messages move, each to just before
+// its turn's first reply.
+func TestRunOrder(t *testing.T) {
+	row := func(role, text, turn string) persistence.Message {
+		return persistence.Message{Role: role, Content: text, TurnID: turn}
+	}
+	u := func(text, turn string) persistence.Message { return row(persistence.RoleUser, text, turn) }
+	a := func(text, turn string) persistence.Message { return row(persistence.RoleAssistant, text, turn) }
+	for _, tc := range []struct {
+		name string
+		rows []persistence.Message
+		want string
+	}{
+		{"in order", []persistence.Message{u("Q1", "t1"), a("A1", "t1"), u("Q2", "t2"), a("A2", "t2")}, "Q1 A1 Q2 A2"},
+		{"queued", []persistence.Message{u("Q1", "t1"), u("Q2", "t2"), a("A1", "t1"), a("A2", "t2")}, "Q1 A1 Q2 A2"},
+		{"collected in one turn", []persistence.Message{u("Q1", "t1"), u("Q2", "t2"), u("Q3", "t2"), a("A1", "t1"), a("A2", "t2")}, "Q1 A1 Q2 Q3 A2"},
+		{"failed, then pending", []persistence.Message{u("Q1", "t1"), u("Q2", "t2"), u("Q3", ""), a("A2", "t2")}, "Q1 Q3 Q2 A2"},
+		{"the reply's window starts after its message", []persistence.Message{a("A0", "t0"), u("Q1", "t1"), a("A1", "t1")}, "A0 Q1 A1"},
+	} {
+		var got []string
+		for _, m := range runOrder(tc.rows) {
+			got = append(got, m.Content)
+		}
+		if s := strings.Join(got, " "); s != tc.want {
+			t.Errorf("%s: runOrder = %s, want %s", tc.name, s, tc.want)
+		}
+	}
+}
