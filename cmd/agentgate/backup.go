@@ -20,7 +20,7 @@ Writes a consistent copy of the SQLite database to FILE, which must not exist, a
 daemon runs (copying agentgate.db by hand is not a backup: recent writes live in its -wal
 file). The copy is checked before it takes its name. To restore it, stop the daemon, move
 agentgate.db, its -wal and -shm files and the spool directory aside, copy FILE to
-agentgate.db and start it.
+agentgate.db as the daemon's user (or chown it to that user) and start it.
 
 A PostgreSQL store is backed up with pg_dump.
 `
@@ -37,6 +37,10 @@ func backup(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	out, err := parseArgs(fset, args, "FILE", stderr)
 	if err != nil {
 		return helpIsDone(err)
+	}
+	if out == "" {
+		// backup "$FILE" with FILE unset: before, "to :  is a directory".
+		return errors.New("backup: FILE is empty: name the file to write, such as backups/agentgate.db")
 	}
 	cfg, err := cf.load()
 	if err != nil {

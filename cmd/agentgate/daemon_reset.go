@@ -153,7 +153,7 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, run, key string)
 		// Only the key's session, as the daemon answers a reset, tells of a reset made.
 		var info httpplatform.SessionInfo
 		if err := json.Unmarshal(a.body, &info); err != nil || info.SessionKey != key || info.SessionID == "" {
-			return nil, fmt.Errorf("the %[1]s at %[2]s answered %[3]s without a session of %[4]s: is this the %[1]s's address?", daemonNoun(cfg), addr, a.statusText, key)
+			return nil, fmt.Errorf("the %[1]s at %[2]s answered %[3]s without a session of %[4]s: is this the %[1]s's address?", daemonNoun(cfg), addr, a.statusText, pasteableKey(key))
 		}
 		return &info, nil
 	case a.status == http.StatusNotFound && a.code == httpplatform.CodeNotFound && a.msg == "no such session":
@@ -308,7 +308,7 @@ func resetThroughMember(ctx context.Context, st persistence.Store, cfg *config.C
 		case errors.Is(err, errAnswerLost):
 			return answerLost(key, err)
 		case err != nil:
-			return fmt.Errorf("reset %s: %w", key, err)
+			return fmt.Errorf("reset %s: %w", pasteableKey(key), err)
 		}
 		printReset(stdout, key, "the member at "+addr, info)
 		return nil
@@ -359,7 +359,8 @@ func throughMember(ctx context.Context, st persistence.Store, cfg *config.Config
 // answerLost is the error of a reset whose answer err (errAnswerLost) did not come back: the
 // operator looks before resetting again, which would end the session that reset began.
 func answerLost(key string, err error) error {
-	return fmt.Errorf("reset %s: %v: it may have reset the session: see agentgate sessions show %s before you try again", key, err, key)
+	shown := pasteableKey(key)
+	return fmt.Errorf("reset %s: %v: it may have reset the session: see agentgate sessions show %s before you try again", shown, err, shown)
 }
 
 // printDaemonReset reports a reset the daemon at addr made.
@@ -370,6 +371,7 @@ func printDaemonReset(w io.Writer, key, addr string, info *httpplatform.SessionI
 // printReset reports a reset that at made: the daemon, or a cluster's member, at its address.
 // Before, a member's was reported as the daemon's.
 func printReset(w io.Writer, key, at string, info *httpplatform.SessionInfo) {
+	key = pasteableKey(key) // (as the messages name a key: its characters reach no terminal raw)
 	// An ended session is the answer of a reset that found nothing to end; its own
 	// predecessor (prev_session_id) is none of this reset's doing.
 	if info.EndedAt != nil {

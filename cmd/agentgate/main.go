@@ -138,7 +138,9 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 		return nil
 	case "help":
 		if len(args) > 0 && args[0] != "help" && !isHelpFlag(args[0]) {
-			return dispatch(ctx, args[0], []string{"-h"}, stdout, stderr) // agentgate help serve
+			// agentgate help serve; agentgate help sessions show (before, the sessions
+			// commands' list: the command after it was dropped).
+			return dispatch(ctx, args[0], append(slices.Clip(args[1:]), "-h"), stdout, stderr)
 		}
 		fmt.Fprint(stdout, usage)
 		return nil

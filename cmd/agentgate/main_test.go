@@ -122,9 +122,26 @@ func TestRunCommands(t *testing.T) {
 			wantErr: "no database at"},
 		// Before, only the flags: the arguments they go with went unsaid (found by an audit).
 		{name: "a sessions command's help names its argument", args: []string{"sessions", "show", "-h"},
-			wantStderr: []string{"usage: agentgate sessions show [flags] KEY\n", "KEY is a session key, as sessions list prints it", "\nflags:\n  -config file"}},
+			wantStderr: []string{"usage: agentgate sessions show [flags] KEY\n", "KEY is a session key (agent:<profile>:<platform>:<chat type>:<chat id>[:...]), as sessions list\nprints it", "\nflags:\n  -config file"}},
 		{name: "and all of them", args: []string{"sessions", "requeue", "-h"},
-			wantStderr: []string{"usage: agentgate sessions requeue [flags] KEY MESSAGE_ID\n", "sessions quarantined prints both"}},
+			wantStderr: []string{"usage: agentgate sessions requeue [flags] KEY MESSAGE_ID\n", "sessions quarantined prints both", "KEY is a session key"}},
+		// Before, help of a sessions command printed the sessions commands' list.
+		{name: "help of a sessions command is that command's", args: []string{"help", "sessions", "show"},
+			wantStderr: []string{"usage: agentgate sessions show [flags] KEY\n"}, notStderr: []string{"commands:"}},
+		{name: "sessions -help is help", args: []string{"sessions", "-help"}, wantOut: "usage: agentgate sessions <command>"},
+		// Before, the usage alone, which did not say what was wrong.
+		{name: "a flag before the sessions command says so", args: []string{"sessions", "--data-dir", dir, "list"}, wantErr: "usage",
+			wantStderr: []string{`agentgate sessions: the command comes first, then its flags (agentgate sessions list --data-dir DIR); got the flag "--data-dir" first`,
+				"usage: agentgate sessions <command>"}},
+		{name: "a missing KEY says where it is explained", args: []string{"sessions", "show", "--data-dir", dir}, wantErr: "usage",
+			wantStderr: []string{"agentgate sessions show: missing KEY (agentgate sessions show -h says what it is)\n"}},
+		{name: "so does requeue's", args: []string{"sessions", "requeue", "--data-dir", dir, keyA}, wantErr: "usage",
+			wantStderr: []string{"agentgate sessions requeue: want KEY MESSAGE_ID, got 1 argument(s) (agentgate sessions requeue -h says what they are)\n"}},
+		// backup "$FILE" with FILE unset: before, "to :  is a directory".
+		{name: "backup to an empty FILE says so", args: []string{"backup", "--data-dir", dir, ""},
+			wantErr: "backup: FILE is empty: name the file to write"},
+		{name: "backup's help says whose the restored copy must be", args: []string{"backup", "-h"},
+			wantStderr: []string{"copy FILE to\nagentgate.db as the daemon's user"}},
 		{name: "search's names the query", args: []string{"sessions", "search", "--help"}, wantStderr: []string{"usage: agentgate sessions search [flags] QUERY\n"}},
 		{name: "one without an argument names none", args: []string{"sessions", "quarantined", "-h"}, wantStderr: []string{"usage: agentgate sessions quarantined [flags]\n\nLists quarantined messages"}},
 		{name: "unknown command", args: []string{"frobnicate"}, wantErr: "usage", wantStderr: []string{`unknown command "frobnicate"`}},

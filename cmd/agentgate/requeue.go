@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/agentgate/agentgate/internal/config"
-	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
 	httpplatform "github.com/agentgate/agentgate/platforms/http"
 )
@@ -52,7 +51,7 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 		case errors.Is(err, errAnswerLost):
 			return requeueAnswerLost(key, id, err)
 		case err != nil:
-			return fmt.Errorf("requeue %s of %s: %w", id, key, err)
+			return fmt.Errorf("requeue %s of %s: %w", id, pasteableKey(key), err)
 		}
 		printRequeue(stdout, daemonNoun(cfg), addr, res)
 		return nil
@@ -70,7 +69,7 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 			case errors.Is(err, errAnswerLost):
 				return requeueAnswerLost(key, id, err)
 			case err != nil:
-				return fmt.Errorf("requeue %s of %s: %w", id, key, err)
+				return fmt.Errorf("requeue %s of %s: %w", id, pasteableKey(key), err)
 			}
 			printRequeue(stdout, daemonNoun(cfg), addr, res)
 			return nil
@@ -80,13 +79,13 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 		}
 		if len(silent) == 0 {
 			return fmt.Errorf("requeue %s of %s: no cluster member runs (none is registered in the database); a requeue runs the message, which only a running member does: start one and try again (nothing was changed)",
-				id, key)
+				id, pasteableKey(key))
 		}
 		return fmt.Errorf("requeue %s of %s: no cluster member answered (%s); a requeue runs the message, which only a running member does: start one and try again (nothing was changed)",
-			id, key, strings.Join(silent, "; "))
+			id, pasteableKey(key), strings.Join(silent, "; "))
 	}
 	return fmt.Errorf("requeue %s of %s: no daemon runs on %s; a requeue runs the message, which only the daemon does: start it (agentgate serve) and try again (nothing was changed)",
-		id, key, cfg.DataDir)
+		id, pasteableKey(key), cfg.DataDir)
 }
 
 // daemonRequeue asks the daemon listening at addr, run run, to requeue message id of key
@@ -114,13 +113,14 @@ func daemonRequeue(ctx context.Context, cfg *config.Config, addr, run, key, id s
 // requeueAnswerLost is the error of a requeue whose answer did not come back: the operator
 // looks before requeueing again (a second requeue of a queued message is refused anyway).
 func requeueAnswerLost(key, id string, err error) error {
-	return fmt.Errorf("requeue %s of %s: %v: it may have requeued the message: see agentgate sessions show %s", id, key, err, key)
+	shown := pasteableKey(key)
+	return fmt.Errorf("requeue %s of %s: %v: it may have requeued the message: see agentgate sessions show %s", id, shown, err, shown)
 }
 
 // printRequeue reports a requeue the daemon (or cluster member: noun) at addr made.
 func printRequeue(w io.Writer, noun, addr string, res *httpplatform.MessageResponse) {
 	fmt.Fprintf(w, "requeued message %s of %s through the %s at %s: %s (%d waiting), in session %s; it runs as its sender's message\n",
-		res.MessageID, res.SessionKey, noun, addr, res.Disposition, res.QueueDepth, res.SessionID)
+		res.MessageID, pasteableKey(res.SessionKey), noun, addr, res.Disposition, res.QueueDepth, res.SessionID)
 }
 
 // requeueCommand is the curl command line that requeues message id of key through the daemon at
@@ -158,14 +158,15 @@ func parseKeyAndMessage(fset *flag.FlagSet, args []string, stderr io.Writer) (ke
 		args = fset.Args()[1:]
 	}
 	if len(pos) != 2 {
-		fmt.Fprintf(stderr, "agentgate %s: want KEY MESSAGE_ID, got %d argument(s)\n", fset.Name(), len(pos))
+		fmt.Fprintf(stderr, "agentgate %s: want KEY MESSAGE_ID, got %d argument(s) (agentgate %[1]s -h says what they are)\n", fset.Name(), len(pos))
 		return "", "", errUsage
 	}
-	if _, err := identity.ParseKey(pos[0]); err != nil {
-		return "", "", fmt.Errorf("%s: %v (want agent:<profile>:<platform>:<chat type>:<chat id>[:...], as printed by sessions list)", fset.Name(), err)
+	key, err = parseKey(fset.Name(), pos[0])
+	if err != nil {
+		return "", "", err
 	}
 	if pos[1] == "" {
 		return "", "", fmt.Errorf("%s: the message id is empty", fset.Name())
 	}
-	return pos[0], pos[1], nil
+	return key, pos[1], nil
 }

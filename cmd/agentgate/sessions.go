@@ -45,8 +45,9 @@ commands:
   quarantined   list quarantined messages across sessions, newest first, with what a requeue
                 names (--limit, --json)
 
-Every command takes --config and --data-dir. list, show, export, search and quarantined are safe
-while the daemon runs.
+Every command takes --config and --data-dir, after its name. list, show, export, search and
+quarantined are safe while the daemon runs. Run 'agentgate sessions <command> -h' for what a
+command takes, and how a KEY is read.
 `
 
 // sessionsCommandUsage is what the -h of each sessions command prints before its flags: its
@@ -54,7 +55,9 @@ while the daemon runs.
 var sessionsCommandUsage = map[string]string{
 	"sessions list": `usage: agentgate sessions list [flags]
 
-Lists session keys, sorted, with their current session.
+Lists session keys, sorted, with their current session. A key that holds a character that does
+not display, a space or a quote is printed Go-quoted inside single quotes, as every command that
+takes a KEY, and --after, read it back (see agentgate sessions show -h).
 `,
 	"sessions show": `usage: agentgate sessions show [flags] KEY
 
@@ -82,7 +85,7 @@ nothing was said in yet ("holds nothing yet").
 Runs the quarantined message MESSAGE_ID of the session key KEY again, after the messages
 waiting, as its sender's (through the running daemon or a cluster member; refused when none
 runs). sessions quarantined prints both.
-`,
+` + keyHelp,
 	"sessions search": `usage: agentgate sessions search [flags] QUERY
 
 Finds messages by their text, best match first.
@@ -96,10 +99,13 @@ sessions requeue takes.
 `,
 }
 
-// keyHelp says what a KEY argument is.
+// keyHelp says what a KEY argument is, and how an argument that may be quoted is read (keyArg).
 const keyHelp = `
-KEY is a session key, as sessions list prints it
-(agent:<profile>:<platform>:<chat type>:<chat id>[:...]).
+KEY is a session key (agent:<profile>:<platform>:<chat type>:<chat id>[:...]), as sessions list
+prints it: raw, or Go-quoted inside single quotes ('"agent:main:http:dm:a\u200bb"') when it
+holds a character that does not display, a space or a quote; paste it as it is printed. An
+argument that begins with " and is one whole Go-quoted string is read quoted, any other raw:
+every key begins with agent:, so no key reads both ways.
 `
 
 // Limits of the sessions commands.
@@ -116,8 +122,15 @@ var transcriptPage = 500
 
 // sessions runs `agentgate sessions <list|show|export|reset|requeue|search|quarantined>`.
 func sessions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help" {
+	if len(args) == 0 {
 		fmt.Fprint(stderr, sessionsUsage)
+		return errUsage
+	}
+	if strings.HasPrefix(args[0], "-") && !isHelpFlag(args[0]) {
+		// agentgate sessions --data-dir DIR list: before, the usage alone, which did not say
+		// what was wrong (found by a new operator's walkthrough).
+		fmt.Fprintf(stderr, "agentgate sessions: the command comes first, then its flags (agentgate sessions list --data-dir DIR); got the flag %q first\n\n%s",
+			args[0], sessionsUsage)
 		return errUsage
 	}
 	sub, args := args[0], args[1:]
@@ -136,7 +149,7 @@ func sessions(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return sessionsSearch(ctx, args, stdout, stderr)
 	case "quarantined":
 		return sessionsQuarantined(ctx, args, stdout, stderr)
-	case "help", "-h", "--help":
+	case "help", "-h", "--h", "-help", "--help":
 		fmt.Fprint(stdout, sessionsUsage)
 		return nil
 	}
@@ -151,20 +164,20 @@ func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	asJSON := fset.Bool("json", false, "print one JSON array")
 	platform := fset.String("platform", "", "only sessions of this `platform`")
 	limit := fset.Int("limit", defaultListPage, "at most `N` keys")
-	after := fset.String("after", "", "only keys sorted after `KEY` (paging), raw or Go-quoted as the more: hint prints it")
+	after := fset.String("after", "", "only keys sorted after `KEY` (paging), raw or Go-quoted as the more: hint prints it (read as a KEY argument is: see sessions show -h)")
 	if _, err := parseSessionArgs(fset, args, false, stderr); err != nil {
 		return helpIsDone(err)
 	}
 	if *limit < 1 {
 		return fmt.Errorf("sessions list: --limit %d: must be at least 1", *limit)
 	}
-	afterKey := *after
-	if strings.HasPrefix(afterKey, `"`) { // (a key starts with "agent:": this is the quoted form)
-		k, err := strconv.Unquote(afterKey)
-		if err != nil {
-			return fmt.Errorf("sessions list: --after %s: not a Go-quoted key, as the more: hint prints one", strconv.Quote(afterKey))
-		}
-		afterKey = k
+	// --after is a position, not necessarily a key, so it is not parsed as one; but a value
+	// that begins with a quote names no key (each begins with "agent:") and, read raw, would
+	// list from the first key: it is refused.
+	afterKey, badQuote := keyArg(*after)
+	if badQuote != nil {
+		return fmt.Errorf("sessions list: --after %s: begins with a quote but is not Go-quoted as the more: hint prints a key (%v)",
+			strconv.Quote(*after), badQuote)
 	}
 	st, _, err := openStore(ctx, &cf, true)
 	if err != nil {
@@ -191,11 +204,19 @@ func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if err := writeJSON(stdout, out); err != nil {
 			return err
 		}
+	} else if len(sums) == 0 {
+		// The note alone, as search and quarantined print theirs (before, a header over no
+		// rows: found by a new operator's walkthrough, README saying otherwise).
+		if *platform != "" || afterKey != "" {
+			fmt.Fprintln(stderr, "no session key matches")
+		} else {
+			fmt.Fprintln(stderr, "no session is stored yet")
+		}
 	} else {
 		tw := newTable(stdout)
 		fmt.Fprintln(tw, "KEY\tSESSION ID\tPLATFORM\tMESSAGES\tPENDING\tLAST ACTIVITY\tENDED")
 		for _, s := range sums {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", cell(s.Session.Key), cell(s.Session.ID),
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", keyCell(s.Session.Key), cell(s.Session.ID),
 				cell(s.Session.Platform), s.Messages, s.Pending, timeCell(s.Session.LastActivityAt), ended(&s.Session))
 		}
 		if err := tw.Flush(); err != nil {
@@ -227,7 +248,7 @@ func sessionsShow(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if snap.Route == nil {
-		return fmt.Errorf("session %s not found", key)
+		return fmt.Errorf("session %s not found", pasteableKey(key))
 	}
 	out := showJSON{
 		SessionKey: key,
@@ -274,7 +295,7 @@ func sessionsShow(ctx context.Context, args []string, stdout, stderr io.Writer) 
 func printShow(w io.Writer, o *showJSON) error {
 	tw := newTable(w)
 	r := o.Route
-	fmt.Fprintf(tw, "key:\t%s\n", cell(o.SessionKey))
+	fmt.Fprintf(tw, "key:\t%s\n", keyCell(o.SessionKey))
 	fmt.Fprintf(tw, "route:\tsession %s, generation %d, updated %s\n", cell(r.SessionID), r.Generation, timeCell(r.UpdatedAt))
 	if s := o.Session; s == nil {
 		fmt.Fprintf(tw, "session:\t%s (gone: pruned after it ended)\n", cell(r.SessionID))
@@ -335,7 +356,7 @@ func sessionsExport(ctx context.Context, args []string, stdout, stderr io.Writer
 	defer st.Close()
 	route, err := st.Route(ctx, key)
 	if errors.Is(err, persistence.ErrNotFound) {
-		return fmt.Errorf("session %s not found", key)
+		return fmt.Errorf("session %s not found", pasteableKey(key))
 	}
 	if err != nil {
 		return err
@@ -423,6 +444,7 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return helpIsDone(err)
 	}
+	shown := pasteableKey(key) // (as the messages name the key: its characters reach no terminal raw)
 	st, cfg, err := openStore(ctx, &cf, false)
 	if errors.Is(err, persistence.ErrLocked) {
 		// The daemon holds the database: it resets the session itself.
@@ -446,7 +468,7 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return answerLost(key, err)
 		}
 		if err != nil {
-			return fmt.Errorf("reset %s: %w", key, err)
+			return fmt.Errorf("reset %s: %w", shown, err)
 		}
 		printDaemonReset(stdout, key, addr, info)
 		return nil
@@ -468,10 +490,10 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		// one of them. The daemon replays them first when it starts.
 		dir := filepath.Join(cfg.DataDir, "spool")
 		if n, err := spool.Waiting(dir); err != nil {
-			return fmt.Errorf("reset %s: %w", key, err)
+			return fmt.Errorf("reset %s: %w", shown, err)
 		} else if n > 0 {
 			return fmt.Errorf("reset %s: %s holds %d batch(es) of writes the database does not have yet; "+
-				"start the daemon, which replays them first, and reset through it: %s", key, dir, n, resetCommand(cfg, key))
+				"start the daemon, which replays them first, and reset through it: %s", shown, dir, n, resetCommand(cfg, key))
 		}
 	}
 	var fence []persistence.Op
@@ -483,7 +505,7 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		// such a member runs is not cancelled: its result is fenced.
 		claimed, err := st.Claim(ctx, key, "agentgate sessions reset", time.Now())
 		if err != nil {
-			return fmt.Errorf("reset %s: %w", key, err)
+			return fmt.Errorf("reset %s: %w", shown, err)
 		}
 		fence = []persistence.Op{&persistence.Fence{Key: key, Epoch: claimed.Epoch}}
 	}
@@ -492,23 +514,23 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	if snap.Route == nil {
-		return fmt.Errorf("session %s not found", key)
+		return fmt.Errorf("session %s not found", shown)
 	}
 	s := snap.Session
 	if s == nil {
 		// Pruned: it ended longer ago than sessions.prune.retention. Nothing is left to end.
-		fmt.Fprintf(stdout, "session %s of %s ended and was pruned; the key's next message starts a new one\n", snap.Route.SessionID, key)
+		fmt.Fprintf(stdout, "session %s of %s ended and was pruned; the key's next message starts a new one\n", snap.Route.SessionID, shown)
 		return nil
 	}
 	if !s.EndedAt.IsZero() {
-		fmt.Fprintf(stdout, "session %s of %s already ended (%s)\n", s.ID, key, s.EndReason)
+		fmt.Fprintf(stdout, "session %s of %s already ended (%s)\n", s.ID, shown, s.EndReason)
 		return nil
 	}
 	// Read without their text: a flooded chat's backlog is not held to be dropped. Nothing
 	// writes meanwhile: the daemon is not running, or (cluster) the claim fences its members.
 	pending, err := st.PendingRefsAfter(ctx, s.ID, 0, math.MaxInt64, 0)
 	if err != nil {
-		return fmt.Errorf("reset %s: %w", key, err)
+		return fmt.Errorf("reset %s: %w", shown, err)
 	}
 	if len(pending) == 0 {
 		// A session nothing was said in yet (a reset or /new began it, with no message since;
@@ -517,14 +539,14 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		// or without the daemon.
 		said, _, err := st.History(ctx, s.ID, 1)
 		if err != nil {
-			return fmt.Errorf("reset %s: %w", key, err)
+			return fmt.Errorf("reset %s: %w", shown, err)
 		}
 		continues, err := afterAutomaticReset(ctx, st, s)
 		if err != nil {
-			return fmt.Errorf("reset %s: %w", key, err)
+			return fmt.Errorf("reset %s: %w", shown, err)
 		}
 		if len(said) == 0 && !continues {
-			fmt.Fprintf(stdout, "session %s of %s holds nothing yet: left as it is\n", s.ID, key)
+			fmt.Fprintf(stdout, "session %s of %s holds nothing yet: left as it is\n", s.ID, shown)
 			return nil
 		}
 	}
@@ -532,9 +554,9 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	ops := append(fence, &persistence.EndSession{SessionID: s.ID, Reason: persistence.EndResetCommand, At: now})
 	ops = append(ops, unansweredOps(key, s, snap.LastOutboxSeq, pending, now)...)
 	if errs := st.Commit(ctx, [][]persistence.Op{ops}); len(errs) > 0 && errs[0] != nil {
-		return fmt.Errorf("reset %s: %w", key, errs[0])
+		return fmt.Errorf("reset %s: %w", shown, errs[0])
 	}
-	fmt.Fprintf(stdout, "ended session %s of %s (%s)\n", s.ID, key, persistence.EndResetCommand)
+	fmt.Fprintf(stdout, "ended session %s of %s (%s)\n", s.ID, shown, persistence.EndResetCommand)
 	if n := len(pending); n > 0 {
 		// Said as sessions show will show them: failed, no longer pending.
 		fmt.Fprintf(stderr, "note: the ended session's %d pending message(s) are marked failed and will not be answered; "+
@@ -638,7 +660,7 @@ func sessionsSearch(ctx context.Context, args []string, stdout, stderr io.Writer
 	tw := newTable(stdout)
 	fmt.Fprintln(tw, "KEY\tSESSION ID\tSEQ\tROLE\tCREATED\tTEXT")
 	for _, m := range out {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", cell(m.SessionKey), cell(m.SessionID), m.Seq, cell(m.Role),
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", keyCell(m.SessionKey), cell(m.SessionID), m.Seq, cell(m.Role),
 			timeCell(m.CreatedAt), oneLine(m.Text, showTextRunes))
 	}
 	return tw.Flush()
@@ -687,7 +709,7 @@ func sessionsQuarantined(ctx context.Context, args []string, stdout, stderr io.W
 			if m.SessionEnded {
 				state = "ended"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cell(m.SessionKey), cell(m.MessageID), cell(m.SessionID), state,
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", keyCell(m.SessionKey), cell(m.MessageID), cell(m.SessionID), state,
 				cell(m.UserID), timeCell(m.CreatedAt), oneLine(m.Text, showTextRunes))
 		}
 		if err := tw.Flush(); err != nil {
@@ -743,14 +765,42 @@ func parseSessionArgs(fset *flag.FlagSet, args []string, wantKey bool, stderr io
 	if !wantKey {
 		return parseArgs(fset, args, "", stderr)
 	}
-	key, err := parseArgs(fset, args, "KEY", stderr)
+	arg, err := parseArgs(fset, args, "KEY", stderr)
 	if err != nil {
 		return "", err
 	}
+	return parseKey(fset.Name(), arg)
+}
+
+// parseKey returns the session key a KEY argument of command cmd names (keyArg), or an error
+// that says why it names none.
+func parseKey(cmd, arg string) (string, error) {
+	key, badQuote := keyArg(arg)
 	if _, err := identity.ParseKey(key); err != nil {
-		return "", fmt.Errorf("%s: %v (want agent:<profile>:<platform>:<chat type>:<chat id>[:...], as printed by sessions list)", fset.Name(), err)
+		if badQuote != nil {
+			return "", fmt.Errorf("%s: %s begins with a quote but is not Go-quoted as sessions list prints a key (%v), and no key begins with one",
+				cmd, strconv.Quote(arg), badQuote)
+		}
+		return "", fmt.Errorf("%s: %v (want agent:<profile>:<platform>:<chat type>:<chat id>[:...], as printed by sessions list)", cmd, err)
 	}
 	return key, nil
+}
+
+// keyArg is the session key an argument names, as the sessions commands read a KEY and list's
+// --after: the key a Go-quoted argument stands for, as pasteableKey prints one and the shell
+// hands it on, else the argument itself, raw. An argument is quoted when it begins with " and is
+// one whole Go string literal; every key begins with "agent:", so no key reads both ways.
+// badQuote says why an argument that begins with " is no Go string literal: it is returned raw,
+// but names no key.
+func keyArg(arg string) (key string, badQuote error) {
+	if !strings.HasPrefix(arg, `"`) {
+		return arg, nil
+	}
+	k, err := strconv.Unquote(arg)
+	if err != nil {
+		return arg, err
+	}
+	return k, nil
 }
 
 // parseArgs parses fset's flags and, when name is not empty, the one argument it names, with
@@ -773,7 +823,7 @@ func parseArgs(fset *flag.FlagSet, args []string, name string, stderr io.Writer)
 	var arg string
 	if name != "" {
 		if fset.NArg() == 0 {
-			fmt.Fprintf(stderr, "agentgate %s: missing %s\n", fset.Name(), name)
+			fmt.Fprintf(stderr, "agentgate %s: missing %s (agentgate %[1]s -h says what it is)\n", fset.Name(), name)
 			return "", errUsage
 		}
 		arg = fset.Arg(0)
@@ -983,12 +1033,12 @@ func alignColumn(lines [][]string, widths [][]int, col int) {
 	}
 }
 
-// pasteableKey is key as list's paging hint prints it, to be pasted after --after: raw when it
-// is one plain shell word, else Go-quoted inside single quotes ('"agent:…\u202e…"'), which the
-// shell passes on as it is and --after unquotes. Raw, a key's right-to-left override or C1
-// control (identity.Escape encodes only the ASCII ones) would reach the terminal, to reorder
-// what the hint shows or start an escape sequence, and a space or quote would break the pasted
-// argument. A single quote is written \x27, which leaves the shell's quotes closed.
+// pasteableKey is key as the sessions commands print it, to be pasted as a KEY argument or
+// after list's --after: raw when it is one plain shell word, else Go-quoted inside single
+// quotes ('"agent:…\u202e…"'), which the shell passes on as it is and keyArg unquotes. Raw, a
+// key's right-to-left override or C1 control (identity.Escape encodes only the ASCII ones)
+// would reach the terminal, to reorder what is shown or start an escape sequence, and a space
+// or quote would break the pasted argument. A single quote is written \x27, which leaves the shell's quotes closed.
 func pasteableKey(key string) string {
 	plain := utf8.ValidString(key)
 	for _, r := range key {
@@ -1002,6 +1052,16 @@ func pasteableKey(key string) string {
 		return key
 	}
 	return "'" + strings.ReplaceAll(strconv.Quote(key), "'", `\x27`) + "'"
+}
+
+// keyCell is a session key as the text output shows it: pasteableKey's form, which an operator
+// can paste as a KEY argument (cell's U+FFFD for a character that does not display could not
+// be), or "-" for none.
+func keyCell(key string) string {
+	if key == "" {
+		return "-"
+	}
+	return pasteableKey(key)
 }
 
 // timeCell is t in RFC 3339 UTC, or "-" for the zero time.

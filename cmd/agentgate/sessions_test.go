@@ -154,19 +154,29 @@ func TestSessionsList(t *testing.T) {
 		name     string
 		args     []string
 		wantRows [][]string
-		wantMore string // the paging hint on stderr, "" for none
+		wantMore string // the paging hint on stderr, or the note of none; "" for neither
 	}{
 		{"all", nil, [][]string{rowB, rowA}, ""},
 		{"platform filter", []string{"--platform", "http"}, [][]string{rowA}, ""},
-		{"unknown platform", []string{"--platform", "slack"}, nil, ""},
+		// The note alone, as search and quarantined print theirs: before, a header over no rows.
+		{"unknown platform", []string{"--platform", "slack"}, nil, "no session key matches\n"},
 		{"full page", []string{"--limit", "1"}, [][]string{rowB}, "more: --after " + keyB + "\n"},
 		{"last page", []string{"--limit", "1", "--after", keyB}, [][]string{rowA}, ""}, // no more follow: no hint
-		{"after the last", []string{"--limit", "1", "--after", keyA}, nil, ""},
+		{"after the last", []string{"--limit", "1", "--after", keyA}, nil, "no session key matches\n"},
 		{"page of all", []string{"--limit", "2"}, [][]string{rowB, rowA}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			out, errOut := MustRunSessions(t, append([]string{"list", "--data-dir", dir}, tc.args...)...)
+			if errOut != tc.wantMore {
+				t.Errorf("stderr = %q, want %q", errOut, tc.wantMore)
+			}
+			if tc.wantRows == nil {
+				if out != "" {
+					t.Errorf("stdout = %q, want nothing", out)
+				}
+				return
+			}
 			lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 			if got, want := strings.Fields(lines[0]), []string{"KEY", "SESSION", "ID", "PLATFORM", "MESSAGES", "PENDING", "LAST", "ACTIVITY", "ENDED"}; !cmp.Equal(got, want) {
 				t.Errorf("header = %q, want %q", got, want)
@@ -178,11 +188,20 @@ func TestSessionsList(t *testing.T) {
 			if d := cmp.Diff(tc.wantRows, rows); d != "" {
 				t.Errorf("rows mismatch (-want +got):\n%s", d)
 			}
-			if errOut != tc.wantMore {
-				t.Errorf("stderr = %q, want %q", errOut, tc.wantMore)
-			}
 		})
 	}
+
+	t.Run("empty database", func(t *testing.T) {
+		empty := t.TempDir()
+		st, err := sqlite.Open(context.Background(), filepath.Join(empty, "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatalf("sqlite.Open: %v", err)
+		}
+		st.Close()
+		if out, errOut := MustRunSessions(t, "list", "--data-dir", empty); out != "" || errOut != "no session is stored yet\n" {
+			t.Errorf("list of an empty database: stdout %q, stderr %q; want nothing and %q", out, errOut, "no session is stored yet\n")
+		}
+	})
 
 	t.Run("json", func(t *testing.T) {
 		out, _ := MustRunSessions(t, "list", "--data-dir", dir, "--json")
@@ -885,8 +904,8 @@ func TestSessionsQuarantinedNone(t *testing.T) {
 // TestSessionsFormatCharacters: the text output of list, show and search shows invisible
 // format characters (a right-to-left override, isolates, a zero-width space, a byte order
 // mark) as U+FFFD, as it shows control characters, so that none reorders or hides what an
-// operator reads; the emoji joiner is kept, and --json keeps the text as stored. Before, all of
-// them raw (found by a new user's walkthrough).
+// operator reads, and a key that holds one Go-quoted, escaped; the emoji joiner is kept, and
+// --json keeps the text as stored. Before, all of them raw (found by a new user's walkthrough).
 func TestSessionsFormatCharacters(t *testing.T) {
 	const (
 		key    = "agent:main:http:dm:eve\u202egpj.exe"
@@ -922,7 +941,7 @@ func TestSessionsFormatCharacters(t *testing.T) {
 		if found := invisible(out); len(found) > 0 {
 			t.Errorf("sessions %s prints %v raw:\n%s", args[0], found, out)
 		}
-		if want := "agent:main:http:dm:eve\uFFFDgpj.exe"; !strings.Contains(out, want) {
+		if want := `'"agent:main:http:dm:eve\u202egpj.exe"'`; !strings.Contains(out, want) { // (pasteable: TestSessionsKeyPastedAsListed)
 			t.Errorf("sessions %s = %q, want the key shown as %q", args[0], out, want)
 		}
 		if args[0] != "list" && !strings.Contains(out, shown) {
