@@ -89,8 +89,9 @@ var ErrStopSignal = errors.New("agent process ended by a stop signal")
 type Refusal struct {
 	Notice string
 	// Declined is set when the endpoint declined the message for what it says (a content
-	// policy, a content filter), not for how agentgate is set up: the message is left out of
-	// what later turns send, or every later message would carry it and be declined too.
+	// policy, a content filter, the model's refusal) or the model answered it only by asking
+	// for a tool, which it would ask for again: the message is left out of what later turns
+	// send, or every later message would carry it and be declined too.
 	Declined bool
 	Err      error
 }

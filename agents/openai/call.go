@@ -36,6 +36,8 @@ const (
 	MaxBody = 32 << 20
 	// maxErrorBody bounds what is read of an error response.
 	maxErrorBody = 16 << 10
+	// maxRefusal bounds the refusal kept of one call, in bytes: the user is told it in a notice.
+	maxRefusal = 1 << 10
 	// maxLine bounds one line of a stream, and the data lines of one event together.
 	maxLine = MaxBody
 	// largeAnswer is how much of one answer (a body, or a stream's event with the line being
@@ -62,6 +64,12 @@ type result struct {
 	usage  agents.Usage
 	finish string // finish_reason, when the endpoint said
 	cut    bool   // the text was longer than MaxReply, and cut there
+	// refusal is what the model said in its refusal field (its words when it declines, in
+	// place of content), at most maxRefusal bytes; never part of text.
+	refusal string
+	// toolCalls is set when the model asked to call a tool (tool_calls, or the older
+	// function_call), which no request offers.
+	toolCalls bool
 }
 
 // call makes one model call for body, retrying what can be retried (see the package comment).
@@ -488,9 +496,23 @@ type completion struct {
 }
 
 // choiceText is a message or a delta. Content is a string, or a list of parts on some servers.
+// Refusal is the model's words when it declines to answer (OpenAI sends it in place of
+// content); ToolCalls and FunctionCall are a request to call a tool, read only for whether
+// there is one.
 type choiceText struct {
-	Content json.RawMessage `json:"content"`
-	Refusal *string         `json:"refusal"`
+	Content      json.RawMessage `json:"content"`
+	Refusal      *string         `json:"refusal"`
+	ToolCalls    json.RawMessage `json:"tool_calls"`
+	FunctionCall json.RawMessage `json:"function_call"`
+}
+
+// callsTools reports whether c asks to call a tool.
+func (c *choiceText) callsTools() bool {
+	given := func(raw json.RawMessage) bool {
+		v := string(bytes.TrimSpace(raw))
+		return v != "" && v != "null" && v != "[]" && v != "{}"
+	}
+	return c != nil && (given(c.ToolCalls) || given(c.FunctionCall))
 }
 
 func (c *choiceText) text() string {
@@ -516,9 +538,6 @@ func (c *choiceText) text() string {
 			return b.String()
 		}
 	}
-	if c.Refusal != nil {
-		return *c.Refusal
-	}
 	return ""
 }
 
@@ -542,8 +561,15 @@ func (a *Agent) apply(res *result, c *completion, b *strings.Builder) error {
 			}
 			b.WriteString(s)
 		}
+		if t != nil && t.Refusal != nil {
+			// Kept apart from the text: a refusal is no answer (Run tells the user it was
+			// declined), and a stream does not show it as one growing.
+			res.refusal += cutAt(*t.Refusal, maxRefusal-len(res.refusal))
+		}
+		res.toolCalls = res.toolCalls || t.callsTools()
 		if ch.FinishReason != nil && *ch.FinishReason != "" {
 			res.finish = *ch.FinishReason
+			res.toolCalls = res.toolCalls || res.finish == "tool_calls" || res.finish == "function_call"
 		}
 	}
 	if c.Usage != nil {

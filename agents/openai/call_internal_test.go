@@ -17,7 +17,8 @@ func TestReadStreamShapes(t *testing.T) {
 	}{
 		{"CRLF, comments and DONE", ": hi\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\r\n\r\ndata: [DONE]\r\n\r\n", "ab", 2},
 		{"no DONE, no final blank line", "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"y\"},\"finish_reason\":\"stop\"}]}", "xy", 2},
-		{"content parts and refusal", "data: {\"choices\":[{\"delta\":{\"content\":[{\"type\":\"text\",\"text\":\"p1\"}]}}]}\n\ndata: {\"choices\":[{\"delta\":{\"refusal\":\"no\"}}]}\n\ndata: [DONE]\n\n", "p1no", 2},
+		// A refusal is kept apart (result.refusal): it is no part of the reply.
+		{"content parts and refusal", "data: {\"choices\":[{\"delta\":{\"content\":[{\"type\":\"text\",\"text\":\"p1\"}]}}]}\n\ndata: {\"choices\":[{\"delta\":{\"refusal\":\"no\"}}]}\n\ndata: [DONE]\n\n", "p1", 1},
 		{"lone CRs end lines", ": hi\rdata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\rdata: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\r\rdata: [DONE]\r\r", "ab", 2},
 		{"every line end in one stream", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\n\rdata: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"c\"}}]}\r\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"d\"}}]}\n\ndata: [DONE]\r", "abcd", 4},
 		{"DONE without its blank line", "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]", "x", 1},

@@ -25,11 +25,17 @@
 // body is, whatever was asked and whatever its Content-Type says: servers and proxies that
 // always stream, or label a stream application/json, are answered too; a stream's lines may end with CRLF, LF or a lone CR, as
 // the event stream format allows, and a body may start with a byte order mark. A reply the
-// model stopped before its end (finish_reason length or content_filter), or cut at MaxReply (a
-// stream is then read no further, so that a model that runs on does not keep the turn to its
-// timeout), ends with a note that says so (cutNote), and a warning is logged: a user would take
-// the start of an answer for all of it.
-// The note is the user's: later turns' history gives the model the reply without it. Token usage is returned in
+// model stopped before its end (finish_reason length or content_filter, or a request to call a
+// tool after some text), or cut at MaxReply (a stream is then read no further, so that a model
+// that runs on does not keep the turn to its timeout), ends with a note that says so (cutNote),
+// and a warning is logged: a user would take the start of an answer for all of it.
+// The note is the user's: later turns' history gives the model the reply without it. An answer
+// without text fails the turn with ErrEmptyReply; when the model declined the message (its
+// refusal field, which OpenAI sends in place of content for what it will not answer, or
+// finish_reason content_filter) or asked to call a tool instead (tool_calls: agentgate offers
+// its models none), as an agents.Refusal that says so and is Declined: the message is left out
+// of later turns, where the model would decline it, or ask for the tool, again (noText). A
+// refusal's words end the notice; they are never streamed as a reply. Token usage is returned in
 // Response.Usage, summed over every call of the turn, also together with an error when tokens
 // were spent. An answer is read up to MaxBody (a body, a stream's line or event): room for a
 // reply of MaxReply however escaped, and what comes beside it; a larger one fails the turn with

@@ -314,14 +314,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			if len(answers) > 0 {
 				break
 			}
-			err := fmt.Errorf("%w (finish reason %q)", ErrEmptyReply, res.finish)
-			switch res.finish {
-			case "content_filter":
-				err = &agents.Refusal{Notice: "the model declined to answer it (its content filter)", Declined: true, Err: err}
-			case "length":
-				err = a.noRoomToAnswer(err)
-			}
-			return spent(usage), err
+			return spent(usage), a.noText(res)
 		}
 		if text != "" {
 			conv.tail = append(conv.tail, chatMessage{Role: roleAssistant, Content: text})
@@ -361,6 +354,36 @@ func (a *Agent) logCut(conv *conversation, log *slog.Logger) {
 	}
 }
 
+// noText is the error of a model call whose answer has no text, res. The model declined the
+// message (its refusal field, its content filter), or asked to call a tool, which no request
+// offers: each is an agents.Refusal that tells the user why, and is Declined, so that later
+// turns leave the message out. Kept, it would be sent again joined to the next message (a
+// failed turn gets no reply between them) and make that turn fail the same way: a model asks
+// again for the tool the message needs, and declines again what it declined. A model that
+// reached its length limit first is noRoomToAnswer's.
+func (a *Agent) noText(res *result) error {
+	err := fmt.Errorf("%w (finish reason %q)", ErrEmptyReply, res.finish)
+	switch {
+	case strings.TrimSpace(res.refusal) != "":
+		return &agents.Refusal{Notice: "the model refused to answer it, saying: " + refusalWords(res.refusal), Declined: true,
+			Err: fmt.Errorf("%w: the model refused to answer (its refusal field)", err)}
+	case res.finish == "content_filter":
+		return &agents.Refusal{Notice: "the model declined to answer it (its content filter)", Declined: true, Err: err}
+	case res.toolCalls:
+		return &agents.Refusal{Notice: "the model asked to call a tool instead of answering, and agentgate offers its models none", Declined: true,
+			Err: fmt.Errorf("%w: the model asked to call a tool, which agentgate does not offer", err)}
+	case res.finish == "length":
+		return a.noRoomToAnswer(err)
+	}
+	return err
+}
+
+// refusalWords is a model's refusal as a notice quotes it, at its end: trimmed, its final
+// period left to the notice's own.
+func refusalWords(refusal string) string {
+	return strings.TrimSuffix(strings.TrimSpace(refusal), ".")
+}
+
 // noRoomToAnswer is the error of a model that reached its length limit before it said anything
 // (err): its max_tokens, which a reasoning model may spend thinking before it answers, or, with
 // none set, the end of its context. Either way the same message would fail the same way.
@@ -378,10 +401,14 @@ func (a *Agent) noRoomToAnswer(err error) error {
 }
 
 // cutNote is what a reply gets appended when it was stopped before its end, by the model or at
-// MaxReply; "" for a reply that ended by itself.
+// MaxReply; "" for a reply that ended by itself. A model that stopped to call a tool ("let me
+// look that up") ends there too: no answer follows.
 func cutNote(res *result) string {
 	if res.cut {
 		return noteTooLong
+	}
+	if res.toolCalls {
+		return noteToolCall
 	}
 	switch res.finish {
 	case "length":
@@ -397,12 +424,13 @@ const (
 	noteTooLong       = "[…cut off: the reply is longer than agentgate takes]"
 	noteLengthLimit   = "[…cut off: the model reached its length limit]"
 	noteContentFilter = "[…cut off by the model's content filter]"
+	noteToolCall      = "[…cut off: the model asked to call a tool, which agentgate does not offer]"
 )
 
 // withoutCutNote returns an assistant message of the history without the note cutNote appended
 // to it: the note is for the user, and a model shown it in its own words may take to writing it.
 func withoutCutNote(text string) string {
-	for _, note := range []string{noteTooLong, noteLengthLimit, noteContentFilter} {
+	for _, note := range []string{noteTooLong, noteLengthLimit, noteContentFilter, noteToolCall} {
 		if t, ok := strings.CutSuffix(text, "\n\n"+note); ok {
 			return t
 		}

@@ -223,6 +223,22 @@ func TestRefusalsSayWhy(t *testing.T) {
 		{"content policy", openaitest.Status(400, `{"error":{"message":"Your request was rejected as a result of our safety system.","code":"content_policy_violation"}}`), "content policy", true},
 		{"bad request", openaitest.Status(400, `{"error":{"message":"Invalid value for 'temperature'"}}`), "refused the request", false},
 		{"content filter, no text", openaitest.Raw("application/json", `{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"content_filter"}]}`), "content filter", true},
+		// A refusal declines the message as the content filter does; before, it was a reply
+		// kept in later turns. Its words are the notice's end, without their period.
+		{"refusal field", openaitest.Raw("application/json", `{"choices":[{"index":0,"message":{"role":"assistant","content":null,"refusal":"I can't help with that."},"finish_reason":"stop"}]}`),
+			"the model refused to answer it, saying: I can't help with that", true},
+		// agentgate offers no tools: asked again for the same message, the model asks again.
+		// Before, the user was told to try again.
+		{"tool calls, no text", openaitest.Raw("application/json", `{"choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Oslo\"}"}}]},"finish_reason":"tool_calls"}]}`),
+			"asked to call a tool", true},
+		{"tool calls, streamed", openaitest.Raw("text/event-stream", `data: {"choices":[{"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]}}]}`+"\n\n"+
+			`data: {"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]}`+"\n\n"+
+			`data: {"choices":[{"delta":{},"finish_reason":"tool_calls"}]}`+"\n\ndata: [DONE]\n\n"), "asked to call a tool", true},
+		// A server that says stop but sends the call all the same.
+		{"tool calls with finish stop", openaitest.Raw("application/json", `{"choices":[{"message":{"content":"","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"stop"}]}`),
+			"asked to call a tool", true},
+		{"function call (legacy)", openaitest.Raw("application/json", `{"choices":[{"message":{"content":null,"function_call":{"name":"f","arguments":"{}"}},"finish_reason":"function_call"}]}`),
+			"asked to call a tool", true},
 		{"server error", openaitest.Status(500, `{"error":{"message":"boom"}}`), "", false},
 		// A wait longer than max_backoff is not waited out: the user is told how long, not to
 		// try again at once.
@@ -246,6 +262,29 @@ func TestRefusalsSayWhy(t *testing.T) {
 				t.Errorf("Run error %v: Refusal.Declined = %v, want %v", err, ref.Declined, tc.declined)
 			}
 		})
+	}
+}
+
+// TestStreamedRefusalIsNoReply: a refusal streamed in the refusal field, as OpenAI streams it,
+// is not shown growing as a reply: the turn fails with a Refusal that quotes it, and declines
+// the message. Before, the user watched it stream in as the answer, and it stayed in later
+// turns as one.
+func TestStreamedRefusalIsNoReply(t *testing.T) {
+	m := newFakeModel(t, openaitest.Raw("text/event-stream",
+		`data: {"choices":[{"delta":{"role":"assistant","content":null,"refusal":""}}]}`+"\n\n"+
+			`data: {"choices":[{"delta":{"refusal":"I'm sorry, "}}]}`+"\n\n"+
+			`data: {"choices":[{"delta":{"refusal":"I can't help with that."}}]}`+"\n\n"+
+			`data: {"choices":[{"delta":{},"finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n"))
+	a := MustAgent(t, m, nil, nil, nil)
+	var partials []string
+	_, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")},
+		Partial: func(s string) { partials = append(partials, s) }})
+	ref, ok := errors.AsType[*agents.Refusal](err)
+	if want := "the model refused to answer it, saying: I'm sorry, I can't help with that"; !ok || ref.Notice != want || !ref.Declined {
+		t.Errorf("Run error = %v (refusal %v), want a declining Refusal whose notice is %q", err, ok, want)
+	}
+	if len(partials) != 0 {
+		t.Errorf("partials %q, want none: a refusal is no reply", partials)
 	}
 }
 
@@ -546,6 +585,8 @@ func TestCutOffReplySaysSo(t *testing.T) {
 	}{
 		{"length", "length", false, "The answer is cut sho\n\n[…cut off: the model reached its length limit]"},
 		{"content filter, streamed", "content_filter", true, "The answer is cut sho\n\n[…cut off by the model's content filter]"},
+		// "Let me look that up" and nothing more: no answer follows the call.
+		{"tool calls", "tool_calls", false, "The answer is cut sho\n\n[…cut off: the model asked to call a tool, which agentgate does not offer]"},
 		{"stop", "stop", true, "The answer is cut sho"},
 	}
 	for _, tt := range tests {

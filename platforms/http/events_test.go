@@ -186,6 +186,8 @@ func TestEventsResumePoint(t *testing.T) {
 		{"a polyfill's lastEventId", "", "?lastEventId=2", 3, ""},
 		{"a polyfill's lastEventId wins over after", "", "?after=1&lastEventId=2", 3, ""},
 		{"the header wins over lastEventId", "2", "?lastEventId=1", 3, ""},
+		// As README says: what does not win is not read as an id.
+		{"the header wins over a bad after", "2", "?after=x", 3, ""},
 		{"invalid lastEventId", "", "?lastEventId=x", 0, CodeInvalidQuery},
 	}
 	for _, tc := range cases {

@@ -347,14 +347,22 @@ var messageFields = func() map[string]bool {
 	return names
 }()
 
-// checkFieldNames refuses what encoding/json lets through in a body that decoded: a field
-// named in another case ("Chat_ID", which it takes for chat_id) and a field given twice (it
-// keeps the last). Either leaves the chat, the sender or the text to whichever of two values
-// a reader picks, and a proxy in front may have checked the other one.
+// checkFieldNames refuses what encoding/json lets through in a body that decoded: a null body
+// (it decodes into the empty request), a field named in another case ("Chat_ID", which it
+// takes for chat_id) and a field given twice (it keeps the last). Either of the last two
+// leaves the chat, the sender or the text to whichever of two values a reader picks, and a
+// proxy in front may have checked the other one.
 func checkFieldNames(body []byte) *apiError {
 	dec := json.NewDecoder(bytes.NewReader(body))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return nil // null: the decoder took it, and validate says what is missing
+	t, err := dec.Token()
+	if err != nil {
+		return nil // cannot happen: the body decoded
+	}
+	if t != json.Delim('{') {
+		// null, the one value besides an object that decodes into the request: it is no
+		// more an object than [] is, and "chat_id, user_id and text are required" would
+		// send its client looking for fields in a body that has none.
+		return badRequest(CodeInvalidJSON, "the body must be a JSON object")
 	}
 	seen := map[string]bool{}
 	for dec.More() {

@@ -42,6 +42,8 @@ func TestPostMessageBadInput(t *testing.T) {
 		{"invalid json", "POST", "/v1/messages", jsonHeader, `{"chat_id":`, 400, CodeInvalidJSON},
 		{"empty body", "POST", "/v1/messages", jsonHeader, ``, 400, CodeInvalidJSON},
 		{"array body", "POST", "/v1/messages", jsonHeader, `[1,2]`, 400, CodeInvalidJSON},
+		// It decodes into the empty request: it was told its three fields were missing.
+		{"null body", "POST", "/v1/messages", jsonHeader, ` null `, 400, CodeInvalidJSON},
 		{"trailing object", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"}{}`, 400, CodeInvalidJSON},
 		{"trailing garbage", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t"} x`, 400, CodeInvalidJSON},
 		{"unknown field", "POST", "/v1/messages", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","admin":true}`, 400, CodeUnknownField},

@@ -617,13 +617,20 @@ func (p *Platform) identify(next http.Handler) http.Handler {
 // OPTIONS) is refused, and a daemon without a token answers only requests sent to a loopback
 // name (their Host header), as its own clients and curl send them; a page reached by another
 // name is refused. Clients other than browsers send neither header, and are not affected.
+//
+// The cross-origin check stays on with a token. A page cannot set the token itself (a
+// cross-site Authorization header takes a CORS preflight, which agentgate does not answer),
+// but a proxy in front may add it to every request it passes on (behind a login of its own,
+// whose cookie a browser sends along), and then a page on any site could send messages through
+// it. A client that passes on a browser's Origin or Sec-Fetch-Site (a web chat's backend
+// behind a proxy) is refused for them; the answer says to drop them.
 func (p *Platform) refuseBrowsers(next http.Handler) http.Handler {
 	crossOrigin := http.NewCrossOriginProtection()
 	tokenless := p.cfg.Token == ""
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := crossOrigin.Check(r); err != nil {
 			writeError(w, http.StatusForbidden, CodeCrossOrigin,
-				"a browser's cross-origin request is refused; send it from the daemon's own origin, or from a client other than a browser")
+				"a browser's cross-origin request is refused (its Origin or Sec-Fetch-Site header says so); send it from the daemon's own origin or from a client other than a browser, and have a server or proxy that passes on a browser's Origin and Sec-Fetch-Site headers drop them")
 			return
 		}
 		if tokenless && !loopbackName(r.Host) {

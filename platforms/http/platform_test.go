@@ -2,6 +2,7 @@ package http
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -349,6 +350,11 @@ func TestBrowsersAreRefused(t *testing.T) {
 			nil, 403, CodeForeignHost},
 		{"with a token, any name", withToken, "GET", "/v1/sessions", "gateway.example:443",
 			map[string]string{"Authorization": "Bearer s3cret"}, 200, ""},
+		// A proxy in front may add the token itself: a page's request is still refused.
+		{"backend that passes on a page's Origin, with the token", withToken, "POST", "/v1/messages", "",
+			map[string]string{"Origin": "https://chat.example.com", "Authorization": "Bearer s3cret"}, 403, CodeCrossOrigin},
+		{"proxy that keeps the page's Host, with the token", withToken, "POST", "/v1/messages", "chat.example.com",
+			map[string]string{"Origin": "https://chat.example.com", "Authorization": "Bearer s3cret"}, 202, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -377,6 +383,24 @@ func TestBrowsersAreRefused(t *testing.T) {
 				t.Errorf("%s %s (Host %q, %v) = %d %s, want %d %q", tc.method, tc.path, tc.host, tc.header, got.status, got.body, tc.wantStatus, tc.wantCode)
 			}
 		})
+	}
+}
+
+// TestCrossOriginSaysWhatToDrop: a web chat's backend that passes on its browser's Origin,
+// with the token, is refused (a proxy in front may add the token to any page's request), and
+// told how to get through. Before, the answer said only to send it from another client, which
+// left its integrator to read the code to learn which header refused it.
+func TestCrossOriginSaysWhatToDrop(t *testing.T) {
+	h := mustStart(t, Config{Token: "s3cret"}, &fakeRuntime{})
+	got := h.do("POST", "/v1/messages", map[string]string{
+		"Origin": "https://chat.example.com", "Authorization": "Bearer s3cret", "Content-Type": "application/json",
+	}, `{"chat_id":"c","user_id":"u","text":"t"}`)
+	var e ErrorResponse
+	_ = json.Unmarshal(got.body, &e)
+	if got.status != http.StatusForbidden || e.Error.Code != CodeCrossOrigin ||
+		!strings.Contains(e.Error.Message, "passes on a browser's Origin and Sec-Fetch-Site headers drop them") {
+		t.Errorf("POST /v1/messages with the token and Origin https://chat.example.com = %d %s, want 403 %s saying to drop Origin and Sec-Fetch-Site",
+			got.status, got.body, CodeCrossOrigin)
 	}
 }
 
