@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -31,11 +32,12 @@ type Spooler interface {
 	Append(groups [][]Op) (name string, err error)
 	// Len is the number of batches waiting.
 	Len() int
-	// Peek returns the oldest batch ("" when empty); an error wrapping ErrCorruptSpool names a
-	// batch that can never be decoded.
-	Peek() (name string, groups [][]Op, err error)
-	// Remove deletes a replayed batch.
-	Remove(name string) error
+	// Peek returns the oldest batch behind the one named after ("": the oldest of all; name ""
+	// when there is none); an error wrapping ErrCorruptSpool names a batch that can never be
+	// decoded.
+	Peek(after string) (name string, groups [][]Op, err error)
+	// Remove deletes replayed batches, given oldest first.
+	Remove(names ...string) error
 	// Quarantine sets a batch aside for a human, keeping its data.
 	Quarantine(name, reason string) error
 }
@@ -44,7 +46,8 @@ type Spooler interface {
 type ActorOptions struct {
 	MaxBatch int
 	Log      *slog.Logger
-	// Observe receives the size and duration of each committed batch (metrics).
+	// Observe receives the size and duration of each committed transaction, a spool replay's
+	// included (metrics).
 	Observe func(groups int, took time.Duration)
 	// Spool keeps writes while the database is unavailable; nil answers such writes with the
 	// error instead.
@@ -509,8 +512,9 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 	return out
 }
 
-// replay drains the spool into the database, oldest batch first. It stops at the first batch
-// the database still cannot take and tries again later.
+// replay drains the spool into the database, oldest batch first, several batches a transaction
+// (replayRun). It stops at the first batch the database still cannot take and tries again
+// later.
 func (a *Actor) replay(c actor.Context) {
 	if a.o.Spool == nil {
 		return
@@ -518,8 +522,9 @@ func (a *Actor) replay(c actor.Context) {
 	if a.inflight != nil {
 		a.finish(c) // never two writers: the spool only fills while nothing commits, but be sure
 	}
+	alone := false // the next run is the oldest batch alone
 	for a.o.Spool.Len() > 0 && a.ctx.Err() == nil {
-		name, groups, err := a.o.Spool.Peek()
+		name, groups, err := a.o.Spool.Peek("")
 		if errors.Is(err, ErrCorruptSpool) {
 			a.repeats.ok(msgSpoolRead)
 			if qerr := a.o.Spool.Quarantine(name, err.Error()); qerr != nil {
@@ -535,40 +540,109 @@ func (a *Actor) replay(c actor.Context) {
 			break
 		}
 		a.repeats.ok(msgSpoolRead)
-		errs := a.store.Commit(a.ctx, groups)
+		run := a.replayRun(name, groups, alone)
+		alone = false
+		start := time.Now()
+		errs := a.store.Commit(a.ctx, run.groups)
 		if anyUnavailable(errs) || anyTransient(errs) || a.ctx.Err() != nil {
 			if err := firstUnavailable(errs); err != nil && a.ctx.Err() == nil {
 				// Before, a replay that waited said nothing: a start whose spool could not be
 				// replayed logged no line of it (found by an operations walkthrough).
 				a.repeats.log(a.o.Log, slog.LevelWarn, msgReplayWaits, "batches", a.o.Spool.Len(), logging.Err(err))
 			}
-			break // still unavailable, or stopping; the batch stays and is replayed later
+			break // still unavailable, or stopping; the batches stay and are replayed later
 		}
+		a.o.Observe(len(run.groups), time.Since(start))
 		a.repeats.ok(msgReplayWaits)
-		var failed []string
-		for i, err := range errs {
-			if err != nil && !errors.Is(err, ErrDuplicate) {
-				failed = append(failed, fmt.Sprintf("group %d: %v", i, err))
-			}
-		}
-		if len(failed) > 0 {
-			// The other groups are committed; re-applying them is harmless, so the whole batch is
-			// kept aside for a human.
-			if qerr := a.o.Spool.Quarantine(name, fmt.Sprint(failed)); qerr != nil {
-				a.repeats.log(a.o.Log, slog.LevelError, msgQuarantineFailed, "batch", name, "why", fmt.Sprint(failed), logging.Err(qerr))
-				break
-			}
-			a.repeats.ok(msgQuarantineFailed)
-			a.o.Log.Error("spool batch cannot be applied; quarantined", "batch", name, "errors", failed)
+		if len(run.names) > 1 && failedAsOne(errs) {
+			// The transaction failed as a whole, which may be one batch's doing: setting every
+			// batch of the run aside would keep the others out of the database. The oldest goes
+			// alone, as each batch did before runs, and is set aside only if it fails so.
+			alone = true
 			continue
 		}
-		if err := a.o.Spool.Remove(name); err != nil {
-			a.repeats.log(a.o.Log, slog.LevelError, msgSpoolRemove, "batch", name, logging.Err(err))
+		if !a.settle(run, errs) {
 			break
 		}
-		a.repeats.ok(msgSpoolRemove)
 	}
 	a.spoolChanged(c)
+}
+
+// spooledRun is the batches of the spool that one replay transaction commits, oldest first.
+type spooledRun struct {
+	names  []string
+	sizes  []int // the groups of each batch
+	groups [][]Op
+}
+
+// replayRun returns the run of batches that starts with the oldest one (name, groups) and takes
+// the batches behind it while they fit: MaxBatch groups in all, as a commit of live writes.
+// After a long outage the spool holds thousands of small batches, and a transaction a batch
+// cost an fsync a batch and wrote the pages they share (the session's, the search index's) to
+// the WAL again for each (BenchmarkSpoolReplay). A batch that cannot be read ends the run: the
+// next round meets it first, and says why. With alone, the run is the oldest batch only.
+func (a *Actor) replayRun(name string, groups [][]Op, alone bool) *spooledRun {
+	r := &spooledRun{names: []string{name}, sizes: []int{len(groups)}, groups: groups}
+	for !alone && len(r.names) < a.o.MaxBatch {
+		next, more, err := a.o.Spool.Peek(name)
+		if next == "" || err != nil || len(r.groups)+len(more) > a.o.MaxBatch {
+			break
+		}
+		name = next
+		r.names = append(r.names, next)
+		r.sizes = append(r.sizes, len(more))
+		r.groups = append(r.groups, more...)
+	}
+	return r
+}
+
+// settle removes from the spool the batches of r that the database took (errs are the
+// transaction's), and sets aside those it refused for what they hold, in their order. It
+// reports whether the replay may go on.
+func (a *Actor) settle(r *spooledRun, errs []error) bool {
+	var taken []string // not removed yet
+	off := 0
+	for i, name := range r.names {
+		var failed []string
+		for g, err := range errs[off : off+r.sizes[i]] {
+			if err != nil && !errors.Is(err, ErrDuplicate) {
+				failed = append(failed, fmt.Sprintf("group %d: %v", g, err))
+			}
+		}
+		off += r.sizes[i]
+		if len(failed) == 0 {
+			taken = append(taken, name)
+			continue
+		}
+		// The batches before it leave first, so that the spool never holds a batch behind one
+		// that has left it: what a replay applies again after a crash is the newest batches.
+		if !a.removeReplayed(taken) {
+			return false
+		}
+		taken = nil
+		// The other groups are committed; re-applying them is harmless, so the whole batch is
+		// kept aside for a human.
+		if qerr := a.o.Spool.Quarantine(name, fmt.Sprint(failed)); qerr != nil {
+			a.repeats.log(a.o.Log, slog.LevelError, msgQuarantineFailed, "batch", name, "why", fmt.Sprint(failed), logging.Err(qerr))
+			return false
+		}
+		a.repeats.ok(msgQuarantineFailed)
+		a.o.Log.Error("spool batch cannot be applied; quarantined", "batch", name, "errors", failed)
+	}
+	return a.removeReplayed(taken)
+}
+
+// removeReplayed removes batches the database took, oldest first, and reports whether it could.
+func (a *Actor) removeReplayed(names []string) bool {
+	if len(names) == 0 {
+		return true
+	}
+	if err := a.o.Spool.Remove(names...); err != nil {
+		a.repeats.log(a.o.Log, slog.LevelError, msgSpoolRemove, "batch", names[0], logging.Err(err))
+		return false
+	}
+	a.repeats.ok(msgSpoolRemove)
+	return true
 }
 
 // spoolChanged publishes the spool's size and schedules the next replay while it holds batches.
@@ -599,6 +673,12 @@ func anyTransient(errs []error) bool {
 		}
 	}
 	return false
+}
+
+// failedAsOne reports whether every group of a replayed transaction failed (a duplicate does
+// not count as failing).
+func failedAsOne(errs []error) bool {
+	return len(errs) > 0 && !slices.ContainsFunc(errs, func(err error) bool { return err == nil || errors.Is(err, ErrDuplicate) })
 }
 
 func anyUnavailable(errs []error) bool {

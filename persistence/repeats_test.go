@@ -36,11 +36,11 @@ func (s *brokenSpool) Append(groups [][]persistence.Op) (string, error) {
 	return s.Spool.Append(groups)
 }
 
-func (s *brokenSpool) Remove(name string) error {
+func (s *brokenSpool) Remove(names ...string) error {
 	if s.remove.Load() {
 		return errDiskFull
 	}
-	return s.Spool.Remove(name)
+	return s.Spool.Remove(names...)
 }
 
 // TestLastingSpoolFailuresAreNotLoggedEachTime: a spool failure that lasts is logged once a

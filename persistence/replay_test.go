@@ -34,8 +34,9 @@ func newSpoolWorld(t *testing.T, ctx context.Context) *spoolWorld {
 
 // startSpoolWorld starts a persistence actor with a spool over a real SQLite store in dir,
 // logging to log, with the daemon's Spooling flag (may be nil) and its store down or not
-// when it starts.
-func startSpoolWorld(t *testing.T, ctx context.Context, dir string, log *slog.Logger, spooling *atomic.Bool, down bool) *spoolWorld {
+// when it starts. Each tune, if any, changes the actor's options before it starts.
+func startSpoolWorld(t *testing.T, ctx context.Context, dir string, log *slog.Logger, spooling *atomic.Bool, down bool,
+	tune ...func(*persistence.ActorOptions)) *spoolWorld {
 	t.Helper()
 	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
 	if err != nil {
@@ -51,8 +52,11 @@ func startSpoolWorld(t *testing.T, ctx context.Context, dir string, log *slog.Lo
 		store:  st, out: &storetest.Outage{Store: st}, dir: dir,
 	}
 	w.out.Down.Store(down)
-	w.pid = w.system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, w.out, persistence.ActorOptions{
-		MaxBatch: 64, Spool: sp, Spooling: spooling, ReplayEvery: time.Second, Log: log})))
+	o := persistence.ActorOptions{MaxBatch: 64, Spool: sp, Spooling: spooling, ReplayEvery: time.Second, Log: log}
+	for _, f := range tune {
+		f(&o)
+	}
+	w.pid = w.system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, w.out, o)))
 	return w
 }
 

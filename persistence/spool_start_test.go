@@ -14,10 +14,11 @@ import (
 )
 
 // spoolWorldOn starts a persistence actor with a spool over the real SQLite store in dir, as a
-// daemon's start does (a new process: its Spooling flag starts false), logging to log.
-func spoolWorldOn(t *testing.T, dir string, log *slog.Logger, down bool) *spoolWorld {
+// daemon's start does (a new process: its Spooling flag starts false), logging to log, its
+// options changed by tune.
+func spoolWorldOn(t *testing.T, dir string, log *slog.Logger, down bool, tune ...func(*persistence.ActorOptions)) *spoolWorld {
 	t.Helper()
-	w := startSpoolWorld(t, t.Context(), dir, log, new(atomic.Bool), down)
+	w := startSpoolWorld(t, t.Context(), dir, log, new(atomic.Bool), down, tune...)
 	// The daemon's start barrier: no session loads before the actor has taken it.
 	if _, err := w.system.Root.RequestFuture(w.pid, &persistence.Flush{}, time.Minute).Result(); err != nil {
 		t.Fatal(err)

@@ -571,6 +571,10 @@ func (d *Daemon) recordRun(ctx context.Context, now func() time.Time) error {
 	if d.ended {
 		return errRunEnded
 	}
+	if err := d.endCleanStops(ctx); err != nil {
+		d.runRefused.Store(&err)
+		return err
+	}
 	u, err := d.store.BeginRun(ctx, d.deps.Run, now())
 	if err != nil {
 		d.runRefused.Store(&err)
@@ -617,8 +621,65 @@ func (d *Daemon) endRunWithin(ctx context.Context, timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	if err := d.store.EndRun(ctx, d.deps.Run); err != nil {
-		d.log.Warn("record the clean stop in the store; the next start counts an unclean stop", logging.Err(err))
+		if path, ferr := keepCleanStop(d.cfg.DataDir, d.deps.Run); ferr != nil {
+			d.log.Warn("record the clean stop in the store; the next start counts an unclean stop",
+				logging.Err(fmt.Errorf("%w (and in the data directory: %v)", err, ferr)))
+		} else {
+			d.log.Warn("record the clean stop in the store; kept in the data directory for the next start", "file", path, logging.Err(err))
+		}
 	}
+}
+
+// cleanStopPrefix begins the name of the file in the data directory that keeps a clean stop
+// the store refused (a full disk, the database locked by another process): "clean-stop.<run>".
+// The next start ends that run in the store (endCleanStops) before it records its own, and so
+// does not count the stop as unclean. Before, it did: a strike against the message each
+// session was running, on every restart of a daemon whose disk was full.
+const cleanStopPrefix = "clean-stop."
+
+// keepCleanStop creates the file of run's clean stop in dir (cleanStopPrefix) and returns its
+// path. It is empty, since a full disk still takes a new empty file (an inode and a directory
+// entry), not a byte of data; the directory is fsynced, for the file to outlast a power loss.
+func keepCleanStop(dir, run string) (string, error) {
+	path := filepath.Join(dir, cleanStopPrefix+run)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return "", err
+	}
+	if err := f.Close(); err != nil {
+		return "", err
+	}
+	df, err := os.Open(dir)
+	if err != nil {
+		return "", err
+	}
+	err = df.Sync()
+	if cerr := df.Close(); err == nil {
+		err = cerr
+	}
+	return path, err
+}
+
+// endCleanStops ends in the store the runs whose clean stop it refused (keepCleanStop), and
+// removes their files. Ending a run the store no longer records (this start's record came
+// since, or an earlier start's) changes nothing, so a file left behind is harmless.
+func (d *Daemon) endCleanStops(ctx context.Context) error {
+	entries, err := os.ReadDir(d.cfg.DataDir)
+	if err != nil {
+		return nil // BeginRun counts the stops kept there as unclean, as it did before they were kept
+	}
+	for _, e := range entries {
+		run, ok := strings.CutPrefix(e.Name(), cleanStopPrefix)
+		if !ok || !e.Type().IsRegular() {
+			continue
+		}
+		if err := d.store.EndRun(ctx, run); err != nil {
+			return err
+		}
+		d.log.Info("recorded the clean stop of an earlier run, which its store had refused", "run", run)
+		_ = os.Remove(filepath.Join(d.cfg.DataDir, e.Name()))
+	}
+	return nil
 }
 
 // Abort kills what the agent runs now, with everything it started (an exec agent's process

@@ -21,9 +21,10 @@
 // spool directory must be used by one process at a time (the data directory lock ensures that).
 // EncodeOps and DecodeOps are pure and safe for concurrent use.
 //
-// Replay is at least once: a crash between a successful replay and Remove replays the batch again
-// after restart, exactly like a re-sent persistence.Write (almost every Op is idempotent; see
-// the Store implementation for the few that count each application).
+// Replay is at least once: a crash between a successful replay and Remove replays the batches
+// that transaction took again after restart, in order, exactly like re-sent persistence.Writes
+// (almost every Op is idempotent; see the Store implementation for the few that count each
+// application).
 //
 // It imports only persistence and the standard library; it must not import actors, supervisor,
 // platforms or a database driver.

@@ -232,13 +232,22 @@ func (s *Spool) Append(groups [][]persistence.Op) (name string, err error) {
 // Next returns the oldest waiting batch without removing it, or nil if the spool is empty. A
 // batch that cannot be decoded yields a *CorruptError naming it (move it aside with Quarantine);
 // any other error is an I/O error worth retrying later.
-func (s *Spool) Next() (*Batch, error) {
-	for len(s.queue) > 0 {
-		name := s.queue[0]
+func (s *Spool) Next() (*Batch, error) { return s.NextAfter("") }
+
+// NextAfter is Next for the batches behind the one named after ("": all of them): it returns
+// the oldest waiting batch whose name sorts after it, which is the order of the batches. A
+// replay reads a few batches ahead with it, to commit them in one transaction.
+func (s *Spool) NextAfter(after string) (*Batch, error) {
+	i, found := slices.BinarySearch(s.queue, after) // names sort like their sequence numbers
+	if found {
+		i++
+	}
+	for i < len(s.queue) {
+		name := s.queue[i]
 		data, err := os.ReadFile(filepath.Join(s.dir, name))
 		if errors.Is(err, fs.ErrNotExist) {
 			// Removed by hand behind the spool's back: there is nothing left to replay.
-			s.queue = s.queue[1:]
+			s.queue = slices.Delete(s.queue, i, i+1)
 			continue
 		}
 		if err != nil {
@@ -253,19 +262,35 @@ func (s *Spool) Next() (*Batch, error) {
 	return nil, nil
 }
 
-// Remove deletes a waiting batch after it has been replayed, and fsyncs the directory so the
-// batch is not replayed again after a crash.
-func (s *Spool) Remove(name string) error {
-	i := slices.Index(s.queue, name)
-	if i < 0 {
-		return fmt.Errorf("spool remove %q: %w", name, ErrUnknownBatch)
+// Remove deletes waiting batches after they have been replayed, in the order given, and then
+// fsyncs the directory once, so that they are not replayed again after a crash. Give them
+// oldest first: a process that dies part way then leaves the newest of them, which a replay
+// applies again in order, as it does a batch whose removal never began. (A power loss leaves
+// them so too where the removals of one directory reach the disk in order, as on a journaling
+// filesystem.) No batch is removed when a name is not waiting.
+func (s *Spool) Remove(names ...string) error {
+	if len(names) == 0 {
+		return nil
 	}
-	if err := os.Remove(filepath.Join(s.dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("spool remove %s: %w", name, err)
+	for _, name := range names {
+		if _, found := slices.BinarySearch(s.queue, name); !found {
+			return fmt.Errorf("spool remove %q: %w", name, ErrUnknownBatch)
+		}
 	}
-	s.queue = slices.Delete(s.queue, i, i+1)
+	for _, name := range names {
+		if err := os.Remove(filepath.Join(s.dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("spool remove %s: %w", name, err)
+		}
+		if i, found := slices.BinarySearch(s.queue, name); found {
+			s.queue = slices.Delete(s.queue, i, i+1)
+		}
+	}
 	if err := syncDir(s.dir); err != nil {
-		return fmt.Errorf("spool remove %s: %w", name, err)
+		what := names[0]
+		if len(names) > 1 {
+			what += " to " + names[len(names)-1]
+		}
+		return fmt.Errorf("spool remove %s: %w", what, err)
 	}
 	return nil
 }
@@ -370,10 +395,10 @@ func syncDir(dir string) error {
 	return nil
 }
 
-// Peek returns the oldest batch's name and groups ("" when the spool is empty). It is Next in
-// the shape of persistence.Spooler.
-func (s *Spool) Peek() (string, [][]persistence.Op, error) {
-	b, err := s.Next()
+// Peek returns the oldest batch behind the one named after ("": the oldest of all), its name
+// "" when there is none. It is NextAfter in the shape of persistence.Spooler.
+func (s *Spool) Peek(after string) (string, [][]persistence.Op, error) {
+	b, err := s.NextAfter(after)
 	if err != nil {
 		var ce *CorruptError
 		if errors.As(err, &ce) {
