@@ -223,7 +223,7 @@ type Deps struct {
 	// resetsDue holds, by key, the automatic reset whose write the store refused (an
 	// *overdue): the key's next activation or incarnation does it, at its due time, if it
 	// loads the session the reset ends, not active since (Session.expireOnStart). A key this
-	// member hands on to another drops it (SessionManager.startSuccessor).
+	// member hands on to another takes it along (SessionManager.handOnFiledReset).
 	resetsDue sync.Map
 }
 

@@ -158,13 +158,14 @@ func (s *Session) dropDraft(c actor.Context, r *turnRun) {
 	}
 }
 
-// finishDraft tells the platform actor that r has ended and its final outbound follows (finish),
-// before the session's next turn can start: that turn streams while r's result is written, and
-// r's draft must wait for its reply, not be taken for the draft of a crashed turn.
-func (s *Session) finishDraft(c actor.Context, r *turnRun) {
-	p := r.items[0].src.Platform
-	if pid := s.d.Platforms[p]; pid != nil && s.d.Editors[p] {
-		c.Send(pid, &FinishDraft{SessionKey: s.key, TurnID: r.id})
+// finishDraft tells the platform actor of platform that turn has ended and its final outbound
+// follows (finish), before the session's next turn can start: that turn streams while the
+// result is written, and the ended turn's draft must wait for its reply, not be taken for the
+// draft of a crashed turn. Sent again for a result the session holds (keepDrafts), it begins
+// the draft's wait anew.
+func (s *Session) finishDraft(c actor.Context, platform, turn string) {
+	if pid := s.d.Platforms[platform]; pid != nil && s.d.Editors[platform] {
+		c.Send(pid, &FinishDraft{SessionKey: s.key, TurnID: turn})
 	}
 }
 
@@ -186,6 +187,7 @@ type draft struct {
 	stopTries int       // tries of its post made at once as the daemon stops (stopDrafts)
 	dropped   bool      // the turn was cancelled: the draft gets its interrupted mark, then is gone
 	finishing bool      // the turn has ended: its final outbound is on its way (FinishDraft)
+	finishes  int       // the FinishDrafts taken: only the wait the last one began ends the draft (finishOverdue)
 	replied   bool      // the turn's final outbound is queued
 	after     string    // the key's earlier turn whose draft waits for its reply: posted after it
 }
@@ -286,7 +288,9 @@ func (a *Platform) abandonDraft(c actor.Context, key, turn string) {
 // draft waits for that outbound all the same: the session starts the next turn before the
 // ended one's outbound is written and handed over, and the next turn's draft was posted
 // above it, a later answer above an earlier one (TestNextDraftWaitsForAReplyWithoutADraft,
-// found by TestHuntDrafts). The wait is bounded (finishWait).
+// found by TestHuntDrafts). The wait is bounded (finishWait), and a FinishDraft again for the
+// same turn begins it anew: the session sends one at each retry of a result the store refused
+// and it holds (keepDrafts), whose reply may come long after finishWait.
 func (a *Platform) onFinishDraft(c actor.Context, m *FinishDraft) {
 	if _, ok := a.p.(platforms.Editor); !ok || m.TurnID == "" || a.ended.has(m.TurnID) {
 		return
@@ -304,16 +308,17 @@ func (a *Platform) onFinishDraft(c actor.Context, m *FinishDraft) {
 		return
 	}
 	d.finishing = true
-	a.timers.SendOnce(finishWait, c.Self(), &finishOverdue{turn: m.TurnID})
+	d.finishes++
+	a.timers.SendOnce(finishWait, c.Self(), &finishOverdue{turn: m.TurnID, finish: d.finishes})
 }
 
 // onFinishOverdue ends the wait of a finished turn's draft whose final outbound has not come
-// within finishWait: the draft is marked interrupted (a stand-in is forgotten), and an outbound
-// that comes later is posted as a message of its own. Before, the key's later drafts waited
-// for it for the daemon's lifetime, and were never shown.
+// within finishWait of the last FinishDraft: the draft is marked interrupted (a stand-in is
+// forgotten), and an outbound that comes later is posted as a message of its own. Before, the
+// key's later drafts waited for it for the daemon's lifetime, and were never shown.
 func (a *Platform) onFinishOverdue(c actor.Context, m *finishOverdue) {
 	d := a.drafts[m.turn]
-	if d == nil || !d.finishing || d.replied || d.dropped {
+	if d == nil || !d.finishing || d.replied || d.dropped || m.finish != d.finishes {
 		return
 	}
 	if d.id != "" || d.queued {

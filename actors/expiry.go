@@ -257,10 +257,10 @@ const AutoResetNotice = "◐ Your previous session was reset automatically"
 // activity (TestFiledResetEndsNoSessionActiveSince). Messages it still had pending are not run
 // in a session that has ended; their senders are told to send them again.
 func (s *Session) expireOnStart(c actor.Context) {
-	if v, ok := s.d.resetsDue.LoadAndDelete(s.key); ok {
-		if o := v.(*overdue); s.cur != nil && o.sid == s.cur.ID && !s.cur.LastActivityAt.After(o.activity) {
-			s.rare().overdue = o // its write was refused (writeReset)
-		}
+	if v, ok := s.d.resetsDue.LoadAndDelete(s.key); ok && s.takeFiledReset(v.(*overdue)) && s.hasQueued() {
+		// Filed as it waited for the session's queued work (by a member that left with it:
+		// leaveIfIdle), it waits for that work still, and is done once it is (endOverdue).
+		return
 	}
 	ops := s.expire(s.d.now())
 	if len(ops) == 0 {
@@ -271,11 +271,57 @@ func (s *Session) expireOnStart(c actor.Context) {
 		"⚠️ This message could not be answered before the session was reset (%s), so it was not run. Please send it again.", s.prev.EndReason))
 }
 
+// takeFiledReset makes o, a reset filed for the key's next activation (writeReset, leaveIfIdle),
+// the session's overdue reset, and reports whether it did: not when the session it ends is not
+// the current one or was active since.
+func (s *Session) takeFiledReset(o *overdue) bool {
+	if s.cur == nil || o.sid != s.cur.ID || s.cur.LastActivityAt.After(o.activity) {
+		return false
+	}
+	s.rare().overdue = o
+	return true
+}
+
 // onResetDue is the timer's nudge: end the session now if it is due and idle. Once the end is
 // stored, the session passivates (writeReset): it has nothing to do until its chat writes
 // again (which activates the key anew, with the notice), and the timer's scan activates every
 // due session: at a reset of 20,000 chats at once (a daily one, or the first scan after a
 // long stop) all 20,000 session actors (92 MB) stayed in memory for a whole passivate_after.
-func (s *Session) onResetDue(c actor.Context) {
+// A nudge that carries a reset filed on another member (handOnFiledReset) has that reset done,
+// as the member would have done it: at once if the session is idle, or once its work is done.
+func (s *Session) onResetDue(c actor.Context, m *ResetDue) {
+	if o := filedResetOf(m); o != nil {
+		s.takeFiledReset(o)
+	}
 	s.writeReset(c, s.expireIfIdle(s.d.now()))
+}
+
+// filedResetOf is the filed reset a ResetDue carries (handOnFiledReset); nil for the timer's
+// nudge.
+func filedResetOf(m *ResetDue) *overdue {
+	if m.SessionId == "" {
+		return nil
+	}
+	return &overdue{sid: m.SessionId, reason: m.Reason, at: timeOfNano(m.DueAtUnixNano), activity: timeOfNano(m.ActiveAtUnixNano)}
+}
+
+// resetDueOf is the ResetDue that hands o, a reset filed for the key's next activation, to the
+// member that takes the key over.
+func resetDueOf(o *overdue) *ResetDue {
+	return &ResetDue{SessionId: o.sid, Reason: o.reason, DueAtUnixNano: nanoOfTime(o.at), ActiveAtUnixNano: nanoOfTime(o.activity)}
+}
+
+// nanoOfTime is t in Unix nanoseconds, 0 for the zero time; timeOfNano is its inverse.
+func nanoOfTime(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func timeOfNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -350,4 +352,143 @@ func TestCommandWhileAResultIsHeldIsRefusedBeforeItActs(t *testing.T) {
 			t.Errorf("/new once the result is stored = %+v, want a new session (not %s)", r, sid)
 		}
 	})
+}
+
+// TestHeldResultFinishesItsDraft: the store refuses a streamed turn's result for longer than a
+// draft waits for its reply (finishWait), then takes it. The reply finishes the turn's draft:
+// the session has the draft wait anew at each retry. Before, the draft was marked interrupted
+// 30 s after the turn ended, and the reply, stored later, was posted as a message of its own
+// under it.
+func TestHeldResultFinishesItsDraft(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const refusals = 8 // tried again after 1, 2, 4, 8, 10, 10 and 10 s: 45 s
+		disk := &fullDisk{left: refusals, result: resultOf("m1")}
+		w := newLongRunWorld(t, streamingAgent, func(d *Deps) { disk.Store = d.Store; d.Store = disk })
+		mustAccept(t, "m1", []*actor.Future{w.send(0, "m1", "one")})
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+
+		if got := disk.refusedResults(); got != refusals {
+			t.Fatalf("the store refused the turn's result %d times, want %d: the test does not test", got, refusals)
+		}
+		ds, sent := w.fake.Drafts(), w.fake.Sent()
+		if len(ds) != 1 || !ds[0].Final || ds[0].Text() != "answer to one" {
+			t.Errorf("drafts %+v, want one, finished with the reply", ds)
+		}
+		if len(sent) != 1 || len(ds) != 1 || sent[0].DraftID != ds[0].ID {
+			t.Errorf("sent %+v, want the reply, finishing the draft", sent)
+		}
+	})
+}
+
+// TestWriteTakenAheadOfAHeldResultWaitsBehindIt: the store refuses m1's turn result while m2's,
+// its turn run meanwhile, waits in the persistence actor's queue, and then takes m2's (room
+// freed between two batches). m2's reply goes out after m1's, once the store has taken m1's
+// result, and each message runs once and is done in the store. Before, m2's reply went out at
+// once, ahead of m1's.
+func TestWriteTakenAheadOfAHeldResultWaitsBehindIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		echo, ran := countingEcho()
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			if req.Identity.MessageID == "m1" {
+				<-release
+			}
+			return echo.Run(ctx, req)
+		})
+		disk := &refusesFirst{pick: resultOf("m1"), gate: make(chan struct{})}
+		w := newManagerWorldWrites(t, agent, nil, func(s persistence.Store) persistence.Store {
+			disk.Store = s
+			return disk
+		})
+		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		if r := w.deliver(t, "m2", "two"); r.Disposition != platforms.Queued {
+			t.Fatalf("m2: %+v, want queued", r)
+		}
+		close(release)
+		synctest.Wait() // m1's result waits in its commit, and m2's, its turn run, behind it
+		close(disk.gate)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+
+		if !disk.refused.Load() {
+			t.Fatal("the store took m1's result at once: the test does not test")
+		}
+		var sent []string
+		for len(w.sent) > 0 {
+			sent = append(sent, (<-w.sent).Out.Text)
+		}
+		if want := []string{"echo: one", "echo: two"}; !slices.Equal(sent, want) {
+			t.Errorf("sent %q, want %q", sent, want)
+		}
+		for _, id := range []string{"m1", "m2"} {
+			if n := ran(id); n != 1 {
+				t.Errorf("the agent ran %s %d times, want once", id, n)
+			}
+			if st, _ := w.statusOf(t, id); st != persistence.StatusDone {
+				t.Errorf("%s is %s in the store, want done", id, st)
+			}
+		}
+	})
+}
+
+// TestUndoTakenAheadOfAHeldResultUndoesIt: /undo comes as m1's turn ends, while its result
+// waits in the store's commit, and the store refuses that result but takes the /undo's archive
+// behind it. Once the store takes m1's result, the exchange is undone in the store too: no
+// active row is left of it. Before, the held result wrote its reply active after the archive,
+// and the next load gave the agent the undone reply, without the message it answered.
+func TestUndoTakenAheadOfAHeldResultUndoesIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		disk := &refusesFirst{pick: resultOf("m1"), gate: make(chan struct{})}
+		echo, _ := countingEcho()
+		w := newManagerWorldWrites(t, echo, nil, func(s persistence.Store) persistence.Store {
+			disk.Store = s
+			return disk
+		})
+		m1 := w.deliver(t, "m1", "one")
+		synctest.Wait() // m1's result waits in its commit
+		undo := w.request("u1", "/undo")
+		synctest.Wait() // the /undo's archive waits behind it
+		close(disk.gate)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+
+		if !disk.refused.Load() {
+			t.Fatal("the store took m1's result at once: the test does not test")
+		}
+		if res, err := undo.Result(); err != nil || res.(*DeliverResult).ErrorCode != "" {
+			t.Fatalf("/undo: %v %v", res, err)
+		}
+		history, _, err := w.store.History(w.ctx, m1.SessionId, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(history) != 0 {
+			t.Errorf("active history %+v after /undo, want none", history)
+		}
+	})
+}
+
+// refusesFirst refuses the first commit that holds a write pick picks, as a full disk does
+// (persistence.ErrUnavailable for each group), once gate is closed; it takes every other commit.
+type refusesFirst struct {
+	persistence.Store
+	pick    func(persistence.Op) bool
+	gate    chan struct{}
+	refused atomic.Bool
+}
+
+func (d *refusesFirst) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	if !slices.ContainsFunc(groups, func(g []persistence.Op) bool { return slices.ContainsFunc(g, d.pick) }) ||
+		!d.refused.CompareAndSwap(false, true) {
+		return d.Store.Commit(ctx, groups)
+	}
+	<-d.gate
+	errs := make([]error, len(groups))
+	for i := range errs {
+		errs[i] = fmt.Errorf("%w: disk full (test)", persistence.ErrUnavailable)
+	}
+	return errs
 }

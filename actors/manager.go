@@ -649,6 +649,7 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		if m.rerun[key] {
 			m.whileClosing(c, key, routed{msg: &Recover{}})
 		}
+		m.handOnFiledReset(c, m.elsewhere(key), key)
 		delete(m.stopping, key)
 		delete(m.handed, key)
 		delete(m.rerun, key)
@@ -734,10 +735,7 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		delete(m.refused, key)
 		delete(m.crashStops, key)
 		delete(m.startedEarly, key)
-		// A reset its session filed for its next activation here (Session.writeReset) is
-		// dropped: the key may come back only after days, or never, and the entry would stay
-		// in memory until then.
-		m.d.resetsDue.Delete(key)
+		m.handOnFiledReset(c, to, key)
 		m.letGo(c, key)
 		var local []routed
 		for _, r := range held {
@@ -754,6 +752,25 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		return
 	}
 	m.letGo(c, key)
+}
+
+// handOnFiledReset hands the reset the session of key filed for the key's next activation here
+// (Session.writeReset: the store refused its write; Session.leaveIfIdle: it waits for the
+// messages handed on with the key) to the manager to, which takes the key over, ahead of what
+// was held for the key: its session does the reset unless the session was active since
+// (Session.onResetDue). The entry does not stay here: the key may come back only after days, or
+// never, and it would stay in memory until then. Before, it was dropped, and the new owner,
+// which found the session's activity past the due time (the work the reset waited for), let the
+// session go on until its next reset: a daily one a day late
+// (TestResetFiledForAKeyHandedOnIsDoneByItsNewOwner). With no other member to hand it to (to is
+// nil: a manager that restarts), it stays for the key's next activation here.
+func (m *SessionManager) handOnFiledReset(c actor.Context, to *actor.PID, key string) {
+	if to == nil || to.Equal(c.Self()) {
+		return
+	}
+	if v, ok := m.d.resetsDue.LoadAndDelete(key); ok {
+		m.handOnTo(c, to, key, routed{msg: resetDueOf(v.(*overdue))})
+	}
 }
 
 func (m *SessionManager) answerDrains(c actor.Context) {

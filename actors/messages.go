@@ -249,8 +249,11 @@ type draftDone struct {
 type draftTick struct{ turn string }
 
 // finishOverdue ends the wait of a finished turn's draft for the turn's final outbound
-// (finishWait).
-type finishOverdue struct{ turn string }
+// (finishWait), unless a later FinishDraft began it anew.
+type finishOverdue struct {
+	turn   string
+	finish int // the FinishDraft whose wait this ends (draft.finishes)
+}
 
 // sourceToProto converts an identity.Source to its wire form.
 func sourceToProto(s identity.Source) *Source {

@@ -918,10 +918,23 @@ func (x *WithdrawResult) GetError() string {
 
 // ResetDue tells a session that its reset policy may have made it due; it ends itself if so.
 // Sent by the Timers actor; handled by Session.onResetDue; no reply.
+//
+// A cluster member that hands a key on sends one too, to the member that takes the key over,
+// with the automatic reset it had filed for the key's next activation: the store refused the
+// reset's write (Session.writeReset), or the reset waits for the messages the session hands on
+// with the key (Session.leaveIfIdle). The new owner's session does that reset, at its due time
+// and once the session's work is done, unless the session it ends was active since
+// (Session.takeFiledReset). Before, the member kept it, and the new owner, which found the
+// session's activity past the due time (moved there by the work the reset waited for), let the
+// session go on until the next day's reset.
 type ResetDue struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	SessionId        string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`                           // the session the filed reset ends; empty in the timer's nudge
+	Reason           string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`                                                  // idle or daily
+	DueAtUnixNano    int64                  `protobuf:"varint,3,opt,name=due_at_unix_nano,json=dueAtUnixNano,proto3" json:"due_at_unix_nano,omitempty"`          // when it fell due (0: no valid activity time)
+	ActiveAtUnixNano int64                  `protobuf:"varint,4,opt,name=active_at_unix_nano,json=activeAtUnixNano,proto3" json:"active_at_unix_nano,omitempty"` // the session's last activity as the reset saw it
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ResetDue) Reset() {
@@ -952,6 +965,34 @@ func (x *ResetDue) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ResetDue.ProtoReflect.Descriptor instead.
 func (*ResetDue) Descriptor() ([]byte, []int) {
 	return file_actors_messages_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ResetDue) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ResetDue) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ResetDue) GetDueAtUnixNano() int64 {
+	if x != nil {
+		return x.DueAtUnixNano
+	}
+	return 0
+}
+
+func (x *ResetDue) GetActiveAtUnixNano() int64 {
+	if x != nil {
+		return x.ActiveAtUnixNano
+	}
+	return 0
 }
 
 // Recover activates a session that has unfinished work in the store (unanswered messages,
@@ -1624,9 +1665,13 @@ const file_actors_messages_proto_rawDesc = "" +
 	"message_id\x18\x02 \x01(\tR\tmessageId\"D\n" +
 	"\x0eWithdrawResult\x12\x1c\n" +
 	"\twithdrawn\x18\x01 \x01(\bR\twithdrawn\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\x99\x01\n" +
+	"\bResetDue\x12\x1d\n" +
 	"\n" +
-	"\bResetDue\"\t\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12'\n" +
+	"\x10due_at_unix_nano\x18\x03 \x01(\x03R\rdueAtUnixNano\x12-\n" +
+	"\x13active_at_unix_nano\x18\x04 \x01(\x03R\x10activeAtUnixNano\"\t\n" +
 	"\aRecover\"\xc5\x02\n" +
 	"\x0fRelayedOutbound\x12\x1f\n" +
 	"\vsession_key\x18\x01 \x01(\tR\n" +

@@ -2,12 +2,15 @@ package actors
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
 )
 
@@ -91,10 +94,10 @@ func TestFiledResetEndsNoSessionActiveSince(t *testing.T) {
 
 // TestResetFiledForAKeyHandedOnIsDropped: a cluster member's session has its daily reset
 // refused and filed for the key's next activation, and the key moves to another member before
-// that activation. The member drops the filed reset as it hands the key on (it would stay in
-// memory for ever if the key never came back), and when the key comes back after being active
-// on the other member, its session goes on, and the chat's next message runs in it, with no
-// reset notice.
+// that activation. The member does not keep the filed reset as it hands the key on (it would
+// stay in memory for ever if the key never came back; it goes with the key: the other member
+// here takes nothing), and when the key comes back after being active on the other member, its
+// session goes on, and the chat's next message runs in it, with no reset notice.
 func TestResetFiledForAKeyHandedOnIsDropped(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := &movingPlacement{}
@@ -117,6 +120,114 @@ func TestResetFiledForAKeyHandedOnIsDropped(t *testing.T) {
 			t.Errorf("m1 ran in session %s (the key's was %s), with the reset notices %q; want it in the key's session, with none", m1.SessionId, sid, n)
 		}
 	})
+}
+
+// TestResetFiledForAKeyHandedOnIsDoneByItsNewOwner: a cluster member's session has its daily
+// reset refused and filed for the key's next activation, and the key moves to another member
+// before that activation. The new owner's session does the reset: the session ends at the hour
+// once the store takes writes, and the chat's next message, on the new owner, begins its
+// successor with the reset notice. Before, the member dropped the filed reset as it handed the
+// key on, and the new owner, which found the session's activity (m0's reply) after the hour,
+// let it go on until the next day's. The new owner's database may still refuse its claim when
+// the reset reaches it: the session, waiting to load, keeps the reset for its load.
+func TestResetFiledForAKeyHandedOnIsDoneByItsNewOwner(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		down bool // the database still refuses writes, the new owner's claim too, when the key moves
+	}{{name: "store back first"}, {name: "store down at the move", down: true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				p := &movingPlacement{}
+				w, out, _, sid := refusedResetWorld(t, func(d *Deps) {
+					d.Node, d.Fencing, d.Clustered, d.Placement = "a", true, true, p
+				})
+				p.self.Store(w.manager)
+				claims := &downStore{Store: w.store}
+				claims.down.Store(tc.down)
+				if !tc.down {
+					out.Down.Store(false)
+				}
+				b := w.memberB(t, claims, &p.owner)
+				p.owner.Store(b) // the key moves while its session waits out the pause
+				time.Sleep(2 * time.Minute)
+				synctest.Wait()
+				claims.down.Store(false)
+				out.Down.Store(false)
+				time.Sleep(5 * time.Minute)
+				synctest.Wait()
+				w.checkEndedAt4(t, sid, "once the new owner's store takes writes")
+				m1, err := w.system.Root.RequestFuture(b, &Routed{Key: w.key, Msg: w.message("m1", "hi")}, time.Hour).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := m1.(*DeliverResult)
+				if n := resetNotices(w.answersTo(t, "m1")); r.SessionId == sid || len(n) != 1 {
+					t.Errorf("m1 ran in session %s (the reset one %s), with the reset notices %q; want a new session, with one", r.SessionId, sid, n)
+				}
+			})
+		})
+	}
+}
+
+// TestResetDueWhileTheMemberLeavesWithMessagesWaitingIsDoneByItsSuccessor: a cluster member
+// leaves while a turn runs across the daily hour, with a message queued behind it, and the
+// timer's nudge comes meanwhile. The session hands its key on once the turn is done, the reset
+// waiting for the queued message; the successor runs that message in the session and then
+// ends it at the hour, also when its database refused its claim at first (its session waited
+// to load). Before, the reset stayed in the leaving member's memory: the successor found the
+// session's activity (the messages) after the hour, and it went on until the next day's.
+func TestResetDueWhileTheMemberLeavesWithMessagesWaitingIsDoneByItsSuccessor(t *testing.T) {
+	for _, down := range []bool{false, true} {
+		t.Run(fmt.Sprintf("claim refused=%v", down), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				release := make(chan struct{})
+				var clock atomic.Int64
+				clock.Store(before4.UnixNano())
+				daily := dailyClock(&clock)
+				p := &movingPlacement{}
+				w := newManagerWorld(t, gatedAgent("m0", release), func(d *Deps) {
+					daily(d)
+					d.Node, d.Fencing, d.Clustered, d.Placement = "a", true, true, p
+				})
+				p.self.Store(w.manager)
+				p.owner.Store(w.manager)
+				claims := &downStore{Store: w.store}
+				claims.down.Store(down)
+				b := w.memberB(t, claims, &p.owner)
+				m0 := w.deliver(t, "m0", "hello")
+				clock.Store(after4.UnixNano())
+				if r := w.deliver(t, "m1", "more"); r.Disposition != platforms.Queued {
+					t.Fatalf("m1: %+v, want queued", r)
+				}
+				w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+				w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return b }})
+				synctest.Wait()
+				p.owner.Store(b)
+				close(release)
+				w.answersTo(t, "m0")
+				synctest.Wait()
+				claims.down.Store(false)
+				if got := w.answersTo(t, "m1"); len(got) != 1 || got[0] != "re m1" {
+					t.Errorf("m1 was answered %q, want its reply", got)
+				}
+				synctest.Wait()
+				w.checkEndedAt4(t, m0.SessionId, "once the successor ran the queued message")
+			})
+		})
+	}
+}
+
+// memberB starts the manager of a second cluster member, b, on store and the world's writer,
+// agent, platforms and clock, which places keys where owner says and asks a's manager to let go
+// of a key it activates.
+func (w *managerWorld) memberB(t *testing.T, store persistence.Store, owner *atomic.Pointer[actor.PID]) *actor.PID {
+	t.Helper()
+	db := &Deps{Ctx: w.ctx, Store: store, Agent: w.d.Agent, Platforms: w.d.Platforms, Log: w.d.Log, Now: w.d.Now,
+		Metrics: metrics.New("fake"), Node: "b", Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
+	b := w.system.Root.Spawn(NewSessionManager(db))
+	t.Cleanup(func() { _ = w.system.Root.StopFuture(b).Wait() })
+	db.Placement = peersPlacement{self: b, peers: []*actor.PID{w.manager}, owner: owner}
+	return b
 }
 
 // movingPlacement places every key on the manager owner names (on none, this member's, until

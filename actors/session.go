@@ -313,7 +313,7 @@ func (s *Session) Receive(c actor.Context) {
 	case *Withdraw:
 		s.onWithdraw(c, m)
 	case *ResetDue:
-		s.onResetDue(c)
+		s.onResetDue(c, m)
 	case *idleCheck:
 		s.onIdle(c)
 	case *moved:
@@ -619,6 +619,12 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 			Error: "the database is unavailable; the session cannot load until it answers; retry later"})
 	case *Withdraw:
 		c.Respond(&WithdrawResult{Error: "the database is unavailable; the session cannot load until it answers"})
+	case *ResetDue:
+		// A timer's nudge waits for the next scan; a reset another member filed is done once
+		// the session has loaded (expireOnStart), or handed on with the key if it moves first.
+		if o := filedResetOf(m); o != nil {
+			s.d.resetsDue.Store(s.key, o)
+		}
 	case *moved:
 		// The key lives on another member now: this one must not claim it once the spool
 		// drains. It stops without loading; what it is asked meanwhile goes to the manager.
@@ -779,6 +785,15 @@ func (s *Session) leaveIfIdle(c actor.Context) {
 	// pending in the store too: the successor looks.
 	// So may messages it had yet to set aside (aside.go).
 	s.stale = s.hasQueued() || s.settingAside() || s.unusual != nil && len(s.unusual.unsure) > 0
+	if u := s.unusual; u != nil && u.overdue != nil && s.cur != nil && u.overdue.sid == s.cur.ID {
+		// A reset that fell due while the session worked, and waits for the messages still
+		// queued, goes with the key, filed as a refused one is (writeReset), for the manager to
+		// hand on (SessionManager.handOnFiledReset): the new owner would find the session's
+		// activity past the due time, moved there by the work.
+		o := *u.overdue
+		o.activity = s.cur.LastActivityAt
+		s.d.resetsDue.Store(s.key, &o)
+	}
 	s.handOverAll(c)
 	s.stopWhenSettled(c)
 }

@@ -488,7 +488,7 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 		s.cutShortByStop(c, r)
 		return
 	}
-	s.finishDraft(c, r)
+	s.finishDraft(c, r.items[0].src.Platform, r.id)
 	if m.Err != nil {
 		s.d.Metrics.TurnsTotal.WithLabelValues("error").Inc()
 		s.logger().Warn("turn failed", "turn", r.id, logging.KeyMessage, strings.Join(messageIDs(r.items), ","), logging.Err(m.Err))
@@ -620,7 +620,7 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string,
 	entry := s.outboxEntry(r.items[0].src, sid, kind, text, r.id, ids, now)
 	ops = append(ops, &persistence.AddOutbox{Entry: entry})
 	s.lastActivity = now
-	s.submit(c, &pendingWrite{ops: ops, turn: r.id, done: func(c actor.Context, err error) {
+	s.submit(c, &pendingWrite{ops: ops, turn: r.id, platform: r.items[0].src.Platform, done: func(c actor.Context, err error) {
 		if err != nil {
 			switch {
 			case errors.Is(err, errHandedOver):

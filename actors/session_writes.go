@@ -144,10 +144,15 @@ type pendingWrite struct {
 	inc      uint64                      // the persistence actor's incarnation when the write was last sent
 	// turn is the id of the turn whose result this is (finish); "" for any other write. Such a
 	// write the store refuses as unavailable is held and written again (holdResult).
-	turn string
+	turn     string
+	platform string // the platform of turn's chat, whose draft waits for this result (keepDrafts)
 	// message: the write of an inbound message that neither begins nor ends a session. Held
 	// behind a turn's result that the store refuses again, it is refused with it (refuseBehind).
 	message bool
+	// taken: the store took the write ahead of a turn's result sent before it, which it refused
+	// and the session holds: the write is held behind that result, written again and answered
+	// as taken then (takenAhead).
+	taken bool
 }
 
 // answerOrphans answers the requesters of the writes still in flight when this incarnation
@@ -239,14 +244,18 @@ func (s *Session) onWriteResult(c actor.Context, m *persistence.WriteResult) {
 		}
 	}
 	first := s.held().first(w)
-	if s.holdResult(c, w, m.Err) {
+	if s.holdResult(c, w, m.Err) || s.takenAhead(w, m.Err) {
 		s.updateBusy(c)
 		return
 	}
 	if errors.Is(m.Err, persistence.ErrFenced) && !s.fencedOut {
 		s.fence(c)
 	}
-	w.done(c, m.Err)
+	if w.taken {
+		w.done(c, nil) // its first write stands, whatever became of the second
+	} else {
+		w.done(c, m.Err)
+	}
 	if first {
 		s.sendHeld(c) // the next held write, if any
 	}
@@ -276,7 +285,9 @@ const resendAfter = 5 * time.Second
 // it again shortly, as it would on its own refused write. No turn starts until all of them are
 // written (a turn that started before the refusal came runs on, and its result waits too). The
 // session stays busy (a drain waits for it, within its deadline), does not passivate, and does
-// not hand its key on. If it stops first (a drain's deadline), the result is lost and the
+// not hand its key on. A write already in flight when the refusal came, which the store takes
+// all the same (room freed between two batches), waits too (takenAhead). If it stops first (a
+// drain's deadline), the result is lost and the
 // message runs again at the next start, as a turn's would whose result was never written (at
 // its restart, if it crashes). If it hands over (another activation claimed the key, or another
 // write's refusal makes it start again from the store), the held writes are answered as refused
@@ -293,6 +304,12 @@ type heldWrites struct {
 // first reports whether w is the first of the held writes (h may be nil).
 func (h *heldWrites) first(w *pendingWrite) bool {
 	return h != nil && len(h.writes) > 0 && h.writes[0] == w
+}
+
+// insert puts w among the held writes in its place by id: the order the session made them in.
+func (h *heldWrites) insert(w *pendingWrite) {
+	at, _ := slices.BinarySearchFunc(h.writes, w.id, func(x *pendingWrite, id uint64) int { return cmp.Compare(x.id, id) })
+	h.writes = slices.Insert(h.writes, at, w)
 }
 
 // heldTick wakes a session to write again the turn's result it holds.
@@ -325,7 +342,7 @@ func (s *Session) held() *heldWrites {
 // it makes way for the next (sendHeld, once its own answer is handled).
 func (s *Session) holdResult(c actor.Context, w *pendingWrite, err error) bool {
 	h := s.held()
-	if w.turn == "" || !errors.Is(err, persistence.ErrUnavailable) || errors.Is(err, persistence.ErrFenced) || s.fencedOut {
+	if w.turn == "" && !w.taken || !errors.Is(err, persistence.ErrUnavailable) || errors.Is(err, persistence.ErrFenced) || s.fencedOut {
 		if h.first(w) {
 			h.writes = h.writes[1:]
 			if err == nil && h.refused > 0 {
@@ -341,21 +358,43 @@ func (s *Session) holdResult(c actor.Context, w *pendingWrite, err error) bool {
 	}
 	if !slices.Contains(h.writes, w) {
 		// Sent before the first result was held (a turn that started before its refusal came):
-		// it goes back in its place, by id.
-		at, _ := slices.BinarySearchFunc(h.writes, w.id, func(x *pendingWrite, id uint64) int { return cmp.Compare(x.id, id) })
-		h.writes = slices.Insert(h.writes, at, w)
+		// it goes back in its place.
+		h.insert(w)
 	}
 	if h.writes[0] == w {
 		h.refused++
 	}
-	if args, ok := h.log.Allowed("turn", w.turn, logging.Err(err)); ok {
-		s.logger().Warn("store turn result; the session keeps it and writes it again, and its next turns wait", args...)
+	// (A write taken ahead of the result and refused as it is written again, takenAhead, is no
+	// turn's result: the persistence actor's line reports the outage.)
+	if w.turn != "" {
+		if args, ok := h.log.Allowed("turn", w.turn, logging.Err(err)); ok {
+			s.logger().Warn("store turn result; the session keeps it and writes it again, and its next turns wait", args...)
+		}
 	}
 	s.refuseBehind(c, err)
 	if h.retry == nil {
 		wait := min(heldRetry<<min(max(h.refused-1, 0), 6), maxHeldRetry)
 		h.retry = s.timers(c).SendOnce(wait, c.Self(), &heldTick{})
 	}
+	return true
+}
+
+// takenAhead holds w, a write the store took (err nil) while the session holds a turn's result
+// sent before it, and reports whether it did: w was in flight when the store refused that
+// result, and the store took it all the same (room freed between two batches). It waits among
+// the held writes in its place, is written again once those before it are stored (writes are
+// idempotent, and the second application puts the store in the order the session made them),
+// and is answered, as taken, then. Before, it was answered at once: the next turn's reply went
+// out ahead of the held one (TestWriteTakenAheadOfAHeldResultWaitsBehindIt), and an /undo's
+// archive of rows the held result had yet to write was undone when it wrote them. An inbound
+// message's write, whose answer is only its sender's acknowledgment, is answered at once.
+func (s *Session) takenAhead(w *pendingWrite, err error) bool {
+	h := s.held()
+	if err != nil || w.taken || w.message || h == nil || len(h.writes) == 0 || w.id <= h.writes[0].id {
+		return false
+	}
+	w.taken = true
+	h.insert(w)
 	return true
 }
 
@@ -392,11 +431,27 @@ func (s *Session) refuseWhileHeld(c actor.Context) {
 	s.sendHeld(c)
 }
 
-// onHeldTick writes again the result the session holds, unless it is in flight already.
+// onHeldTick writes again the result the session holds, unless it is in flight already, and has
+// the drafts of the held results wait for them anew (keepDrafts).
 func (s *Session) onHeldTick(c actor.Context) {
 	if h := s.held(); h != nil {
 		h.retry = nil
+		s.keepDrafts(c, h)
 		s.sendHeld(c)
+	}
+}
+
+// keepDrafts tells the platform actor again that the turns whose results h holds have ended
+// (FinishDraft), which begins their drafts' wait for the reply anew. That wait is bounded
+// (finishWait, 30 s) for a session that crashed before its result was written; a result held
+// longer had its draft marked interrupted, and its reply, stored later, posted as a message of
+// its own (TestHeldResultFinishesItsDraft). A tick comes at most maxHeldRetry after a refusal,
+// so each draft hears again well within its wait; one whose session crashed still ends.
+func (s *Session) keepDrafts(c actor.Context, h *heldWrites) {
+	for _, w := range h.writes {
+		if w.turn != "" {
+			s.finishDraft(c, w.platform, w.turn)
+		}
 	}
 }
 
@@ -428,7 +483,8 @@ func (s *Session) stopHeld() {
 }
 
 // dropHeld gives up the held writes as the session hands over (handOverAll): each not in flight
-// is answered as refused (errHandedOver); one in flight gets its own answer.
+// is answered as refused (errHandedOver), or as taken if the store took it once (takenAhead);
+// one in flight gets its own answer.
 func (s *Session) dropHeld(c actor.Context) {
 	h := s.held()
 	if h == nil {
@@ -436,7 +492,11 @@ func (s *Session) dropHeld(c actor.Context) {
 	}
 	s.stopHeld()
 	for _, w := range h.writes {
-		if !slices.Contains(s.inflight, w) {
+		switch {
+		case slices.Contains(s.inflight, w):
+		case w.taken:
+			w.done(c, nil) // stored already
+		default:
 			w.done(c, errHandedOver)
 		}
 	}
@@ -448,7 +508,7 @@ func (s *Session) heldTurns() []string {
 	var turns []string
 	if h := s.held(); h != nil {
 		for _, w := range h.writes {
-			if w.turn != "" {
+			if w.turn != "" && !w.taken {
 				turns = append(turns, w.turn)
 			}
 		}
