@@ -3,6 +3,7 @@ package discord
 import (
 	"context"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/bwmarrin/discordgo"
@@ -20,16 +21,18 @@ import (
 // the message did. Only messages this process delivered are known: one taken before a restart
 // (or before another cluster member took the gateway over) and deleted since is answered, as
 // one deleted while agentgate was down is. A deleted message is never read back: Discord's
-// history no longer holds it.
+// history no longer holds it. A moderator's purge (MESSAGE_DELETE_BULK, of the GUILD_MESSAGES
+// intent the platform asks for) takes back each of its messages the same way.
 
 // maxDelivered is how many of the latest delivered messages the platform remembers, at least,
 // for their deletion (twice as many at most): far more than wait in its sessions' queues at once.
 const maxDelivered = 10_000
 
-// withdrawTimeout bounds the wait for a withdrawal's answer. It runs on the gateway reader,
-// which reads nothing meanwhile, and it is worth less than the messages behind it: a session
-// that cannot answer at once (its key paused, its activation slow) answers its message as
-// usual (found by a review: a minute, deliverTimeout, before).
+// withdrawTimeout bounds the wait for a withdrawal's answer, or for all those of a purge
+// together (withdrawDeleted). It runs on the gateway reader, which reads nothing meanwhile, and
+// it is worth less than the messages behind it: a session that cannot answer at once (its key
+// paused, its activation slow) answers its message as usual (found by a review: a minute,
+// deliverTimeout, before).
 const withdrawTimeout = 5 * time.Second
 
 // deliveredMsg is a message the runtime took: where it was posted and the Source it went with.
@@ -89,22 +92,84 @@ func (p *Platform) onMessageDelete(_ *discordgo.Session, d *discordgo.MessageDel
 	if d.Message == nil {
 		return
 	}
+	for _, w := range p.withdrawDeleted("MESSAGE_DELETE", d.ChannelID, []string{d.ID}) {
+		if w.err != nil {
+			p.log.Warn("discord message deleted by its sender but not withdrawn; it is answered", "channel", d.ChannelID, "message_id", d.ID, logging.Err(w.err))
+		} else if w.taken {
+			p.log.Debug("discord message deleted by its sender before its turn; withdrawn", "channel", d.ChannelID, "message_id", d.ID)
+		}
+	}
+}
+
+// onMessageDeleteBulk takes back the messages of a guild channel a moderator purged at once
+// (MESSAGE_DELETE_BULK: up to 100 ids; a larger purge comes as several), as onMessageDelete
+// takes back one. Their outcomes are logged once for the whole purge, not a
+// line for each message.
+func (p *Platform) onMessageDeleteBulk(_ *discordgo.Session, d *discordgo.MessageDeleteBulk) {
+	var taken, failed int
+	var firstErr error
+	for _, w := range p.withdrawDeleted("MESSAGE_DELETE_BULK", d.ChannelID, d.Messages) {
+		switch {
+		case w.err != nil:
+			failed++
+			if firstErr == nil {
+				firstErr = w.err
+			}
+		case w.taken:
+			taken++
+		}
+	}
+	if failed > 0 {
+		p.log.Warn("discord messages deleted in bulk but not withdrawn; they are answered", "channel", d.ChannelID, "messages", failed, "deleted", len(d.Messages), logging.Err(firstErr))
+	}
+	if taken > 0 {
+		p.log.Debug("discord messages deleted in bulk before their turns; withdrawn", "channel", d.ChannelID, "messages", taken, "deleted", len(d.Messages))
+	}
+}
+
+// withdrawal is the outcome of the withdrawal of one deleted message.
+type withdrawal struct {
+	taken bool
+	err   error
+}
+
+// withdrawDeleted drops the held messages among ids, deleted in channel, and withdraws the
+// delivered ones, all at once, under one withdrawTimeout: the gateway reader that waits for
+// them reads nothing meanwhile, and a purge of 100 queued messages, one after another, would
+// have held it up to 100 times as long (their sessions are mostly different users' in a guild
+// channel, and each answers as soon as it can). It returns the outcome of each withdrawal; none
+// for ids the runtime does not hold.
+func (p *Platform) withdrawDeleted(event, channel string, ids []string) []withdrawal {
+	type found struct {
+		id  string
+		src identity.Source
+	}
+	var todo []found
 	p.mu.Lock()
-	p.held = slices.DeleteFunc(p.held, func(m *discordgo.Message) bool { return m.ID == d.ID && m.ChannelID == d.ChannelID })
-	m, ok := p.delivered[d.ID]
+	p.held = slices.DeleteFunc(p.held, func(m *discordgo.Message) bool { return m.ChannelID == channel && slices.Contains(ids, m.ID) })
+	for _, id := range ids {
+		if m, ok := p.delivered[id]; ok && m.channel == channel {
+			todo = append(todo, found{id: id, src: m.src})
+		}
+	}
 	withdraw, ctx := p.withdraw, p.runCtx
 	p.mu.Unlock()
-	if !ok || m.channel != d.ChannelID || withdraw == nil {
-		return
+	if withdraw == nil || len(todo) == 0 {
+		return nil
 	}
 	wctx, cancel := context.WithTimeout(ctx, withdrawTimeout)
 	defer cancel()
-	taken, err := withdraw(wctx, m.src, d.ID)
-	if err != nil {
-		p.log.Warn("discord message deleted by its sender but not withdrawn; it is answered", "channel", d.ChannelID, "message_id", d.ID, logging.Err(err))
-		return
+	out := make([]withdrawal, len(todo))
+	var wg sync.WaitGroup
+	for i, f := range todo {
+		wg.Go(func() {
+			// Off the gateway reader, where survived does not reach: a panic would end the
+			// daemon. The message is answered as if nothing had withdrawn it.
+			defer p.survive(event, "message_id", f.id)
+			taken, err := withdraw(wctx, f.src, f.id)
+			out[i] = withdrawal{taken: taken, err: err}
+		})
 	}
-	if taken {
-		p.log.Debug("discord message deleted by its sender before its turn; withdrawn", "channel", d.ChannelID, "message_id", d.ID)
-	}
+	wg.Wait()
+	return out
 }

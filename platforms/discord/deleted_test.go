@@ -15,11 +15,12 @@ import (
 	"github.com/agentgate/agentgate/platforms/discord/discordtest"
 )
 
-// heldAgent echoes each turn's messages, records them, and holds the turn whose first message
-// is "first" until release is closed, so that messages queue behind it.
+// heldAgent echoes each turn's messages, records them, and holds each turn whose first message
+// ends in "first" until release is closed, so that messages queue behind it.
 type heldAgent struct {
 	release chan struct{}
-	started chan struct{} // closed when the held turn starts
+	started chan struct{} // closed when the first held turn starts
+	once    sync.Once
 	mu      sync.Mutex
 	runs    [][]string
 }
@@ -38,7 +39,7 @@ func (a *heldAgent) agent() agents.Agent {
 		a.runs = append(a.runs, texts)
 		a.mu.Unlock()
 		if strings.HasSuffix(texts[0], "first") {
-			close(a.started)
+			a.once.Do(func() { close(a.started) })
 			select {
 			case <-a.release:
 			case <-ctx.Done():

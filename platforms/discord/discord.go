@@ -198,6 +198,7 @@ func New(c Config) (*Platform, error) {
 	s.AddHandler(survived(p, "disconnect", p.onDisconnect))
 	s.AddHandler(survived(p, "MESSAGE_CREATE", p.onMessage))
 	s.AddHandler(survived(p, "MESSAGE_DELETE", p.onMessageDelete))
+	s.AddHandler(survived(p, "MESSAGE_DELETE_BULK", p.onMessageDeleteBulk))
 	s.AddHandler(survived(p, "THREAD_CREATE", p.onThreadCreate))
 	s.AddHandler(survived(p, "THREAD_UPDATE", p.onThreadUpdate))
 	s.AddHandler(survived(p, "THREAD_DELETE", p.onThreadDelete))
@@ -247,7 +248,7 @@ func (p *Platform) Name() string { return Name }
 
 // Run connects to the gateway (resuming the previous gateway session when there was one, so
 // Discord replays what was missed) and feeds messages to deliver until ctx ends or the
-// connection drops.
+// connection drops. A connection Discord refuses for good keeps it down, not ended (stayDown).
 func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	p.mu.Lock()
 	p.deliver, p.runCtx = deliver, ctx
@@ -256,24 +257,21 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	case <-p.lost:
 	default:
 	}
-	if err := p.waitGatewayLookup(ctx); err != nil {
+	err := p.open(ctx)
+	for err != nil {
 		if ctx.Err() != nil {
 			p.setErr(errors.New("stopped"))
 			return nil
 		}
-		p.setErr(fmt.Errorf("connect to gateway: %w", err))
-		return fmt.Errorf("discord: connect to gateway: %w", err)
-	}
-	if err := p.sentTo(p.s.Open()); err != nil {
-		var rl *discordgo.RateLimitError
-		if errors.As(err, &rl) {
-			p.noteRateLimit(discordgo.EndpointGateway, rl.RateLimit, false) // Open does not say if it is global
+		r, ok := p.refusedBy(err)
+		if !ok {
+			p.setErr(fmt.Errorf("connect to gateway: %w", err))
+			return fmt.Errorf("discord: connect to gateway: %w", err)
 		}
-		if refusedToken(err) {
-			return p.stayDown(ctx, err)
+		if !p.stayDown(ctx, r, err) {
+			return nil
 		}
-		p.setErr(fmt.Errorf("connect to gateway: %w", err))
-		return fmt.Errorf("discord: connect to gateway: %w", err)
+		err = p.open(ctx)
 	}
 	defer p.typing.stopAll()
 	select {
@@ -289,28 +287,109 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	}
 }
 
-// closeAuthFailed is the gateway's close code for a token it does not take.
-const closeAuthFailed = 4004
-
-// refusedToken reports whether err is the gateway closing the connection because it does not
-// take the bot token.
-func refusedToken(err error) bool {
-	var ce *websocket.CloseError
-	return errors.As(err, &ce) && ce.Code == closeAuthFailed
+// open connects to the gateway, once a rate limit on its lookup has passed.
+func (p *Platform) open(ctx context.Context) error {
+	if err := p.waitGatewayLookup(ctx); err != nil {
+		return err
+	}
+	err := p.sentTo(p.s.Open())
+	var rl *discordgo.RateLimitError
+	if errors.As(err, &rl) {
+		p.noteRateLimit(discordgo.EndpointGateway, rl.RateLimit, false) // Open does not say if it is global
+	}
+	return err
 }
 
-// stayDown logs that Discord refuses the bot token and keeps the platform down until ctx ends.
-// Trying again cannot help: the token is read from the environment once, at start, so only a
-// restart with the right one can connect; every try would repeat the same refusal (a warning
-// each, which reads as a network problem) and count as one more invalid request towards
-// Discord's edge blocking the host (blockedAs429). /readyz says why it is down.
-func (p *Platform) stayDown(ctx context.Context, err error) error {
-	p.setErr(fmt.Errorf("the bot token was refused (gateway close %d): set the right one in $%s and restart the daemon", closeAuthFailed, p.cfg.TokenEnv))
-	p.log.Error("discord refused the bot token; the platform stays down until the daemon is restarted with the right one",
-		"token_env", p.cfg.TokenEnv, logging.Err(err))
-	<-ctx.Done()
-	p.setErr(errors.New("stopped"))
-	return nil
+// refusalRetry is how long the platform stays down after the gateway refused it for good
+// (stayDown) before it tries once more.
+const refusalRetry = 30 * time.Minute
+
+// refusalWait, when set, replaces time.After for the wait of stayDown (tests fire it).
+var refusalWait atomic.Pointer[func(time.Duration) <-chan time.Time]
+
+// A gatewayRefusal is a gateway close code after which Discord says not to connect again: only
+// what the operator changes can get past it (the token, the configuration, the bot's settings in
+// the Developer Portal, agentgate itself).
+type gatewayRefusal struct {
+	log   string // the ERR line
+	attrs []any  // of the ERR line: what the operator changes, and how Discord refused
+	fix   string // what /readyz says
+}
+
+// refusedBy returns the refusal err is, if it is the gateway closing the connection with one of
+// the close codes Discord says not to reconnect after, or the gateway lookup refusing the token.
+func (p *Platform) refusedBy(err error) (gatewayRefusal, bool) {
+	var (
+		code int
+		via  string // how Discord refused, for /readyz
+		how  []any  // the same, for the log
+		ce   *websocket.CloseError
+	)
+	switch {
+	case errors.As(err, &ce):
+		code, via, how = ce.Code, fmt.Sprintf("gateway close %d", ce.Code), []any{"close_code", ce.Code}
+	case restStatus(err) == http.StatusUnauthorized:
+		// The lookup of the gateway's address (or a REST proxy in front of it) refused the
+		// token before the gateway could: the same refusal. Tried again at once, each 401
+		// counted towards Discord's edge blocking the host (blockedAs429).
+		code, via, how = 4004, "HTTP 401", []any{"status", http.StatusUnauthorized}
+	default:
+		return gatewayRefusal{}, false
+	}
+	shards := []any{"shard_id", p.s.ShardID, "shard_count", p.s.ShardCount}
+	var r gatewayRefusal
+	switch code {
+	case 4004: // authentication failed
+		r.log = "discord refused the bot token; the platform stays down until the daemon is restarted with the right one"
+		r.attrs = []any{"token_env", p.cfg.TokenEnv}
+		r.fix = fmt.Sprintf("the bot token was refused (%s): set the right one in $%s and restart the daemon", via, p.cfg.TokenEnv)
+	case 4010: // invalid shard
+		r.log = "discord refused the shard; set platforms.discord.shard_id and shard_count to one of the bot's shards and restart the daemon"
+		r.attrs = shards
+		r.fix = fmt.Sprintf("the shard was refused (%s): set platforms.discord.shard_id and shard_count and restart the daemon", via)
+	case 4011: // sharding required
+		r.log = "discord requires sharding: the bot is in too many guilds for one connection; set platforms.discord.shard_count and run a daemon for each shard_id"
+		r.attrs = shards
+		r.fix = fmt.Sprintf("sharding is required (%s): set platforms.discord.shard_count and run a daemon for each shard_id", via)
+	case 4012: // invalid API version
+		r.log = "discord refused the gateway api version of this agentgate; upgrade it"
+		r.fix = fmt.Sprintf("the gateway api version was refused (%s): upgrade agentgate", via)
+	case 4013: // invalid intents
+		r.log = "discord refused the gateway intents as invalid; upgrade agentgate"
+		r.attrs = []any{"intents", int(Intents)}
+		r.fix = fmt.Sprintf("the gateway intents were refused as invalid (%s): upgrade agentgate", via)
+	case 4014: // disallowed intents
+		r.log = "discord refused the message content intent; turn it on for the bot in the developer portal"
+		r.attrs = []any{"intents", int(Intents)}
+		r.fix = fmt.Sprintf("the message content intent was refused (%s): turn it on in the Discord Developer Portal (the application, Bot, Privileged Gateway Intents); the platform tries again every 30 minutes, or restart the daemon", via)
+	default:
+		return gatewayRefusal{}, false
+	}
+	r.attrs = append(r.attrs, how...)
+	return r, true
+}
+
+// stayDown logs the refusal r (met as err) and keeps the platform down for refusalRetry, then
+// reports true for one more try; false when ctx ended first. Trying again at once cannot help:
+// the token and the configuration are read once, at start, and every try would repeat the same
+// refusal (a warning each, which read as a network problem) and count as one more invalid
+// request towards Discord's edge blocking the host (blockedAs429). Never trying again kept the
+// platform down for good after a refusal Discord made in error, or one the operator fixed
+// without a restart (the intent turned on in the Developer Portal). /readyz says why it is down.
+func (p *Platform) stayDown(ctx context.Context, r gatewayRefusal, err error) bool {
+	p.setErr(errors.New(r.fix))
+	p.log.Error(r.log, append(r.attrs, "retry_in", refusalRetry, logging.Err(err))...)
+	wait := time.After
+	if f := refusalWait.Load(); f != nil {
+		wait = *f
+	}
+	select {
+	case <-ctx.Done():
+		p.setErr(errors.New("stopped"))
+		return false
+	case <-wait(refusalRetry):
+		return true
+	}
 }
 
 // Ready reports whether the gateway connection is up.

@@ -18,3 +18,10 @@ func SetBlockWait(t testing.TB, d time.Duration) {
 	old := blockWaitFirst.Swap(int64(d))
 	t.Cleanup(func() { blockWaitFirst.Store(old) })
 }
+
+// SetRetryAfter makes the platforms of the test wait on after(d) instead of time.After(d) before
+// they try a connection the gateway refused again, until the test ends.
+func SetRetryAfter(t testing.TB, after func(d time.Duration) <-chan time.Time) {
+	old := refusalWait.Swap(&after)
+	t.Cleanup(func() { refusalWait.Store(old) })
+}

@@ -165,3 +165,31 @@ func (b edgeBlock) write(w http.ResponseWriter) {
 	w.WriteHeader(http.StatusTooManyRequests)
 	io.WriteString(w, edgeBlockPage)
 }
+
+// RefuseNext closes the next n gateway connections that IDENTIFY or RESUME with gateway close
+// code (and Discord's reason for it), whatever they send, as Discord closes a connection it will
+// not take: 4004 a token (Discord has been seen to refuse a good one for a while), 4011 a bot in
+// too many guilds for one connection, 4014 an intent the bot may not ask for…
+func (s *Server) RefuseNext(code, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refuseCode, s.refuseLeft = code, max(n, 0)
+}
+
+// refuseLocked uses up one connection of RefuseNext, and returns its close code and reason;
+// ok is false when RefuseNext has none left.
+func (s *Server) refuseLocked() (code int, reason string, ok bool) {
+	if s.refuseLeft == 0 {
+		return 0, "", false
+	}
+	s.refuseLeft--
+	reason = map[int]string{
+		closeAuthFailed:       "Authentication failed.",
+		closeInvalidShard:     "Invalid shard.",
+		closeShardingRequired: "Sharding required.",
+		closeInvalidVersion:   "Invalid API version.",
+		closeInvalidIntents:   "Invalid intent(s).",
+		closeDisallowed:       "Disallowed intent(s).",
+	}[s.refuseCode]
+	return s.refuseCode, cmp.Or(reason, "Refused."), true
+}

@@ -34,6 +34,10 @@ const (
 	closeAuthFailed       = 4004
 	closeAlreadyAuthed    = 4005
 	closeInvalidShard     = 4010
+	closeShardingRequired = 4011
+	closeInvalidVersion   = 4012
+	closeInvalidIntents   = 4013
+	closeDisallowed       = 4014
 )
 
 const (
@@ -285,6 +289,11 @@ func (s *Server) identify(c *conn, d json.RawMessage) {
 		return
 	}
 	s.mu.Lock()
+	if code, reason, ok := s.refuseLocked(); ok {
+		s.mu.Unlock()
+		s.closeConn(c, code, reason)
+		return
+	}
 	switch {
 	case c.identified:
 		s.mu.Unlock()
@@ -354,6 +363,11 @@ func (s *Server) resume(c *conn, d json.RawMessage) {
 		return
 	}
 	s.mu.Lock()
+	if code, reason, ok := s.refuseLocked(); ok {
+		s.mu.Unlock()
+		s.closeConn(c, code, reason)
+		return
+	}
 	switch {
 	case c.identified:
 		s.mu.Unlock()

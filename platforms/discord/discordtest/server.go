@@ -122,9 +122,9 @@ func WithToken(token string) Option {
 // GUILDS intent: its channels, active threads and roles, the bot its only member) or RESUME
 // (replay, then RESUMED; op 9 INVALID_SESSION for an unknown session). Heartbeats get ACKs.
 // Close codes: 4001 unknown opcode, 4002 decode error, 4003 not authenticated, 4004
-// authentication failed, 4005 already authenticated, 4010 invalid shard. Dispatches honour
-// intents: GUILD_MESSAGES and DIRECT_MESSAGES gate MESSAGE_CREATE and MESSAGE_UPDATE, GUILDS
-// gates GUILD_CREATE, GUILD_ROLE_CREATE, CHANNEL_CREATE and THREAD_CREATE, and without
+// authentication failed, 4005 already authenticated, 4010 invalid shard, and whichever
+// RefuseNext sets. Dispatches honour intents: GUILD_MESSAGES and DIRECT_MESSAGES gate
+// MESSAGE_CREATE and MESSAGE_UPDATE, GUILD_MESSAGES MESSAGE_DELETE_BULK, GUILDS gates GUILD_CREATE, GUILD_ROLE_CREATE, CHANNEL_CREATE and THREAD_CREATE, and without
 // MESSAGE_CONTENT a guild message's content is blank unless the bot wrote it or is mentioned in
 // it.
 type Server struct {
@@ -166,6 +166,8 @@ type Server struct {
 	heartbeats int
 	intents    discordgo.Intent
 	shard      [2]int
+	refuseCode int // RefuseNext's close code
+	refuseLeft int // the connections RefuseNext has still to close
 }
 
 type guild struct {
@@ -483,6 +485,33 @@ func (s *Server) Requests(method, pathSuffix string) int {
 	return n
 }
 
+// DeleteBulk removes messages ids, all of one guild channel, at once, as a moderator's purge
+// (Discord's bulk delete) does: the identified session gets one MESSAGE_DELETE_BULK (ids,
+// channel and guild) if it has the GUILD_MESSAGES intent. It panics if a message is unknown, in
+// a DM, or in another channel than the first.
+func (s *Server) DeleteBulk(ids ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ms []*message
+	for _, id := range ids {
+		m := s.messages[id]
+		if m == nil || m.guildID == "" || len(ms) > 0 && m.channelID != ms[0].channelID {
+			panic("discordtest: DeleteBulk of an unknown, DM or other channel's message " + id)
+		}
+		ms = append(ms, m)
+	}
+	if len(ms) == 0 {
+		return
+	}
+	for _, m := range ms {
+		s.removeLocked(m)
+	}
+	if s.sess != nil && s.sess.intents&discordgo.IntentsGuildMessages != 0 {
+		s.dispatchLocked("MESSAGE_DELETE_BULK", map[string]any{"ids": ids, "channel_id": ms[0].channelID, "guild_id": ms[0].guildID})
+	}
+	s.notifyLocked()
+}
+
 // Delete removes message id from its channel, as its author or a moderator deleting it would:
 // the identified session gets MESSAGE_DELETE (id, channel and guild, no author), and later
 // edits of it get 404 Unknown Message. It panics if the message is unknown.
@@ -499,12 +528,18 @@ func (s *Server) Delete(id string) {
 // deleteLocked removes m from its channel and tells the gateway session, as Discord does for
 // every deletion (the bot's own through REST too).
 func (s *Server) deleteLocked(m *message) {
-	delete(s.messages, m.id)
+	s.removeLocked(m)
 	d := map[string]string{"id": m.id, "channel_id": m.channelID}
 	if m.guildID != "" {
 		d["guild_id"] = m.guildID
 	}
 	s.dispatchLocked("MESSAGE_DELETE", d)
+	s.notifyLocked()
+}
+
+// removeLocked removes m from the messages and from its channel's history.
+func (s *Server) removeLocked(m *message) {
+	delete(s.messages, m.id)
 	h := s.history[m.channelID]
 	for i, x := range h {
 		if x == m {
@@ -512,7 +547,6 @@ func (s *Server) deleteLocked(m *message) {
 			break
 		}
 	}
-	s.notifyLocked()
 }
 
 // DeletedByBot returns the ids of the messages the bot deleted through the API, in order.

@@ -1,0 +1,172 @@
+package discord_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/agentgate/agentgate/platforms/discord"
+	"github.com/agentgate/agentgate/platforms/discord/discordtest"
+)
+
+// TestBulkDeletedQueuedMessagesAreNotAnswered: a moderator's purge (MESSAGE_DELETE_BULK) of
+// messages that wait behind running turns, in two users' sessions of one channel, takes each of
+// them back: none runs or is answered, and their rows are archived; the messages before and
+// after them are answered, and chatter the bot never took, purged with them, changes nothing.
+// Before, nothing handled MESSAGE_DELETE_BULK, and the purged messages were answered.
+func TestBulkDeletedQueuedMessagesAreNotAnswered(t *testing.T) {
+	a := newHeldAgent()
+	w := startWorld(t, a.agent(), nil)
+	post := func(from discordtest.User, text string, mention bool) *discordgo.Message {
+		return w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: from, Content: text, MentionBot: mention})
+	}
+	firstA, firstB := post(alice, "alice first", true), post(bob, "bob first", true)
+	eventually(t, "both held turns running", func() bool { return len(a.ran()) == 2 })
+	purgedA, purgedB := post(alice, "purged alice", true), post(bob, "purged bob", true)
+	chatter := post(bob, "purged chatter", false)
+	thirdA, thirdB := post(alice, "alice third", true), post(bob, "bob third", true)
+	w.mustRow(t, channelID, thirdB.ID, "the last message stored", func(active, _ bool) bool { return active })
+	w.srv.DeleteBulk(purgedA.ID, chatter.ID, purgedB.ID)
+	for _, m := range []*discordgo.Message{purgedA, purgedB} {
+		w.mustRow(t, channelID, m.ID, "the purged message's row archived", func(active, archived bool) bool { return !active && archived })
+	}
+	close(a.release)
+	for _, m := range []*discordgo.Message{firstA, firstB, thirdA, thirdB} {
+		w.replyTo(t, channelID, m.ID)
+	}
+	for _, m := range w.srv.Sent(channelID) {
+		if strings.Contains(m.Content, "purged") {
+			t.Errorf("bot posted %q for a purged message", m.Content)
+		}
+	}
+	var ran []string
+	for _, texts := range a.ran() {
+		ran = append(ran, texts...)
+	}
+	slices.Sort(ran)
+	if want := []string{"alice first", "alice third", "bob first", "bob third"}; !slices.Equal(ran, want) {
+		t.Errorf("agent ran %q, want %q", ran, want)
+	}
+}
+
+// TestBulkDeleteWaitsOnceForAllItsMessages: the withdrawals of a purge's messages are asked all
+// at once and share one deadline, so that a purge of many messages whose sessions answer slowly
+// holds the gateway reader the 5 s of one withdrawal, not 5 s for each; their failures are
+// logged in one line. Before the fix this test went in with, they were asked one after another
+// (here: the first waited its 5 s for the others, which were not asked yet).
+func TestBulkDeleteWaitsOnceForAllItsMessages(t *testing.T) {
+	srv := discordtest.New(t)
+	srv.AddGuild(guildID, "guild")
+	srv.AddChannel(discordtest.Channel{ID: channelID, GuildID: guildID, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+	log := &testutil.Buffer{}
+	settings := config.Default().Platforms.Discord
+	settings.APIURL = srv.APIURL()
+	p, err := discord.New(discord.Config{Token: srv.Token(), Settings: settings, Now: srv.Now,
+		Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	var (
+		mu        sync.Mutex
+		asked     []string
+		deadlines = map[time.Time]bool{}
+		all       = make(chan struct{}) // closed once every withdrawal has been asked
+	)
+	p.SetWithdraw(func(ctx context.Context, src identity.Source, id string) (bool, error) {
+		mu.Lock()
+		asked = append(asked, id)
+		dl, _ := ctx.Deadline()
+		deadlines[dl] = true
+		if len(asked) == n {
+			close(all)
+		}
+		odd := len(asked)%2 == 1
+		mu.Unlock()
+		if src.ChatID != channelID || src.UserID != alice.ID {
+			t.Errorf("withdrawal of %s with source %+v, want alice's in %s", id, src, channelID)
+		}
+		select { // a session that answers only once the others have been asked
+		case <-all:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+		if odd {
+			return false, errors.New("injected: the session could not answer")
+		}
+		return true, nil
+	})
+	delivered := make(chan string, 2*n)
+	deliver := func(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
+		delivered <- in.Text
+		return &platforms.Ack{MessageID: in.MessageID, Disposition: "queued"}, nil
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		_ = p.Run(ctx, deliver)
+	}()
+	defer func() {
+		cancel()
+		<-ran
+	}()
+	srv.WaitReady(t)
+	take := func(want string) {
+		t.Helper()
+		select {
+		case got := <-delivered:
+			if got != want {
+				t.Fatalf("delivered %q, want %q", got, want)
+			}
+		case <-time.After(discordtest.WaitTimeout):
+			t.Fatalf("%q was never delivered\n%s", want, log.String())
+		}
+	}
+	var ids []string
+	for range n {
+		m := srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "queued", MentionBot: true})
+		take("queued")
+		ids = append(ids, m.ID)
+	}
+	chatter := srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "not for the bot"})
+	srv.DeleteBulk(append(slices.Clone(ids), chatter.ID)...)
+	select {
+	case <-all:
+	case <-time.After(discordtest.WaitTimeout):
+		mu.Lock()
+		got := len(asked)
+		mu.Unlock()
+		t.Fatalf("%d of the %d withdrawals of the purge asked at once, want all", got, n)
+	}
+	srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "after", MentionBot: true})
+	take("after") // the gateway reader went on
+	mu.Lock()
+	defer mu.Unlock()
+	slices.Sort(asked)
+	if !slices.Equal(asked, ids) {
+		t.Errorf("withdrawals asked for %v, want the purged messages the platform delivered %v", asked, ids)
+	}
+	if len(deadlines) != 1 {
+		t.Errorf("the withdrawals had %d deadlines, want one for them all", len(deadlines))
+	}
+	logged := log.String()
+	const failed = "discord messages deleted in bulk but not withdrawn; they are answered"
+	if got := strings.Count(logged, failed); got != 1 || !strings.Contains(logged, "messages=10 deleted=21") {
+		t.Errorf("%q logged %d times, want once with messages=10 deleted=21:\n%s", failed, got, logged)
+	}
+	if !strings.Contains(logged, "discord messages deleted in bulk before their turns; withdrawn") {
+		t.Errorf("the withdrawn messages are not logged:\n%s", logged)
+	}
+}
