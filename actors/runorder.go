@@ -1,6 +1,10 @@
 package actors
 
-import "github.com/agentgate/agentgate/persistence"
+import (
+	"slices"
+
+	"github.com/agentgate/agentgate/persistence"
+)
 
 // runOrder puts a session's rows, read from the store in the order they arrived (by seq), into
 // the order their turns ran, which is the order the live history keeps. The two differ when
@@ -8,8 +12,10 @@ import "github.com/agentgate/agentgate/persistence"
 // reply, yet ran after it. Read in seq order, the history of Q1, Q2 (queued behind Q1), Q3 is
 // Q1 Q2 Q3 A1 A2 A3: the agent would see the questions together and then the answers (a model
 // agent joins neighbours of a role into one message), and /undo would take back Q3 with every
-// answer. Each answered user message moves to just before its turn's first reply; every other
-// row keeps its place. rows is returned as is when nothing moves (nearly every activation).
+// answer. Each answered user message moves to just before its turn's first reply; a row that
+// came while such messages waited for their replies (a message whose turn failed, which has no
+// reply to move to) moves to just after the last of those replies; every other row keeps its
+// place. rows is returned as is when nothing moves (nearly every activation).
 func runOrder(rows []persistence.Message) []persistence.Message {
 	firstReply := map[string]int{} // turn id → index of its first reply
 	for i := range rows {
@@ -21,37 +27,55 @@ func runOrder(rows []persistence.Message) []persistence.Message {
 	}
 	// In run order, a turn's messages are followed by nothing but rows of the same turn until
 	// its first reply.
-	inOrder, open := true, ""
+	inOrder, waiting := true, ""
 	for i := range rows {
 		m := &rows[i]
-		if open != "" && m.TurnID != open {
+		if waiting != "" && m.TurnID != waiting {
 			inOrder = false
 			break
 		}
 		if m.Role == persistence.RoleUser && m.TurnID != "" && firstReply[m.TurnID] > i {
-			open = m.TurnID
-		} else if m.Role == persistence.RoleAssistant && m.TurnID == open {
-			open = ""
+			waiting = m.TurnID
+		} else if m.Role == persistence.RoleAssistant && m.TurnID == waiting {
+			waiting = ""
 		}
 	}
 	if inOrder {
 		return rows
 	}
+	repliedBefore := func(turn string, i int) bool {
+		at, ok := firstReply[turn]
+		return ok && at < i
+	}
 	out := make([]persistence.Message, 0, len(rows))
-	held := map[string][]persistence.Message{} // a turn's messages, until its first reply
+	held := map[string][]persistence.Message{}  // a turn's messages, until its first reply
+	after := map[string][]persistence.Message{} // rows that came while the turn was the last one waiting: they ran after it
+	var open []string                           // the turns whose messages are held, oldest first
 	for i := range rows {
 		m := rows[i]
-		if m.Role == persistence.RoleUser && m.TurnID != "" {
-			if at, ok := firstReply[m.TurnID]; ok && at > i {
-				held[m.TurnID] = append(held[m.TurnID], m)
-				continue
+		t := m.TurnID
+		switch {
+		case m.Role == persistence.RoleUser && t != "" && firstReply[t] > i:
+			if _, ok := held[t]; !ok {
+				open = append(open, t)
 			}
+			held[t] = append(held[t], m)
+		case m.Role == persistence.RoleAssistant && t != "" && firstReply[t] == i:
+			out = append(out, held[t]...)
+			out = append(out, m)
+			out = append(out, after[t]...)
+			delete(held, t)
+			delete(after, t)
+			open = slices.DeleteFunc(open, func(o string) bool { return o == t })
+		case len(open) == 0 || repliedBefore(t, i):
+			// Nothing waits for its reply, or the row is a later one of a turn that has replied.
+			out = append(out, m)
+		default:
+			// A message that ran after the turns waiting (one whose turn failed: it has no reply
+			// to move to), a notice: after the last of them.
+			last := open[len(open)-1]
+			after[last] = append(after[last], m)
 		}
-		if m.Role == persistence.RoleAssistant && firstReply[m.TurnID] == i && m.TurnID != "" {
-			out = append(out, held[m.TurnID]...)
-			delete(held, m.TurnID)
-		}
-		out = append(out, m)
 	}
 	return out
 }

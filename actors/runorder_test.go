@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -109,7 +110,10 @@ func TestRunOrder(t *testing.T) {
 		{"in order", []persistence.Message{u("Q1", "t1"), a("A1", "t1"), u("Q2", "t2"), a("A2", "t2")}, "Q1 A1 Q2 A2"},
 		{"queued", []persistence.Message{u("Q1", "t1"), u("Q2", "t2"), a("A1", "t1"), a("A2", "t2")}, "Q1 A1 Q2 A2"},
 		{"collected in one turn", []persistence.Message{u("Q1", "t1"), u("Q2", "t2"), u("Q3", "t2"), a("A1", "t1"), a("A2", "t2")}, "Q1 A1 Q2 Q3 A2"},
-		{"failed, then pending", []persistence.Message{u("Q1", "t1"), u("Q2", "t2"), u("Q3", ""), a("A2", "t2")}, "Q1 Q3 Q2 A2"},
+		{"failed, then pending", []persistence.Message{u("Q1", "t1"), u("Q2", "t2"), u("Q3", ""), a("A2", "t2")}, "Q1 Q2 A2 Q3"},
+		{"failed while queued", []persistence.Message{u("Q1", "t1"), u("Q2", "t2"), u("Q3", "t3"), a("A1", "t1"), a("A3", "t3")}, "Q1 A1 Q2 Q3 A3"},
+		{"failed behind two", []persistence.Message{u("Q1", "t1"), u("Q2", "t2"), u("Q3", "t3"), a("A1", "t1"), a("A2", "t2")}, "Q1 A1 Q2 A2 Q3"},
+		{"a turn's second reply", []persistence.Message{u("Q1", "t1"), a("A1", "t1"), u("Q2", "t2"), a("A1b", "t1"), a("A2", "t2")}, "Q1 A1 A1b Q2 A2"},
 		{"the reply's window starts after its message", []persistence.Message{a("A0", "t0"), u("Q1", "t1"), a("A1", "t1")}, "A0 Q1 A1"},
 	} {
 		var got []string
@@ -120,4 +124,60 @@ func TestRunOrder(t *testing.T) {
 			t.Errorf("%s: runOrder = %s, want %s", tc.name, s, tc.want)
 		}
 	}
+}
+
+// TestReloadedHistoryKeepsAFailedQueuedMessageAfterTheTurnItWaitedFor: a message that queued
+// behind a running turn and whose own turn failed has no reply to move to; reloaded, it stays
+// after the turn it waited for, where the live session had it (found by a review: it came
+// before that turn's question, Q2 Q1 A1 Q3 A3).
+func TestReloadedHistoryKeepsAFailedQueuedMessageAfterTheTurnItWaitedFor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var mu sync.Mutex
+		var last *agents.Request
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			switch req.Messages[0].Text {
+			case "Q1":
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			case "Q2":
+				return nil, errors.New("the agent failed (test)")
+			}
+			mu.Lock()
+			last = req
+			mu.Unlock()
+			return &agents.Response{Text: "A" + req.Messages[0].Text[1:]}, nil
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Config.PassivateAfter = time.Minute })
+		history := func() []string {
+			mu.Lock()
+			defer mu.Unlock()
+			var got []string
+			for _, m := range last.History {
+				got = append(got, m.Text)
+			}
+			return got
+		}
+		for _, id := range []string{"q1", "q2"} {
+			if r := w.deliver(t, id, strings.ToUpper(id)); r.ErrorCode != "" {
+				t.Fatalf("%s: %+v", id, r)
+			}
+			synctest.Wait()
+		}
+		close(release)
+		synctest.Wait()
+		w.deliver(t, "q3", "Q3")
+		synctest.Wait()
+		live := history()
+		time.Sleep(3 * time.Minute) // the session passivates
+		synctest.Wait()
+		w.deliver(t, "q4", "Q4")
+		synctest.Wait()
+		if got, want := history(), append(live, "Q3", "A3"); !slices.Equal(got, want) {
+			t.Errorf("the reloaded session gave Q4's turn the history %q, want %q (Q3's turn had %q)", got, want, live)
+		}
+	})
 }
