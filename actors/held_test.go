@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -413,7 +412,7 @@ func TestWriteTakenAheadOfAHeldResultWaitsBehindIt(t *testing.T) {
 		time.Sleep(time.Minute)
 		synctest.Wait()
 
-		if !disk.refused.Load() {
+		if disk.refusals() == 0 {
 			t.Fatal("the store took m1's result at once: the test does not test")
 		}
 		var sent []string
@@ -455,7 +454,7 @@ func TestUndoTakenAheadOfAHeldResultUndoesIt(t *testing.T) {
 		time.Sleep(time.Minute)
 		synctest.Wait()
 
-		if !disk.refused.Load() {
+		if disk.refusals() == 0 {
 			t.Fatal("the store took m1's result at once: the test does not test")
 		}
 		if res, err := undo.Result(); err != nil || res.(*DeliverResult).ErrorCode != "" {
@@ -471,24 +470,104 @@ func TestUndoTakenAheadOfAHeldResultUndoesIt(t *testing.T) {
 	})
 }
 
+// TestUndoTakenAheadOfAHeldResultIsAnsweredAtOnce: as in TestUndoTakenAheadOfAHeldResultUndoesIt,
+// but the store refuses m1's result for minutes. The /undo, which the store took, is answered
+// within seconds, while m1's result is still held; its notice goes out only after m1's reply,
+// and once the result is stored no active row is left of the exchange. Before, the /undo was
+// answered only once m1's result was stored: past the Discord adapter's minute, its sender was
+// told to send again a command that had acted (found by a review).
+func TestUndoTakenAheadOfAHeldResultIsAnsweredAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const refusals = 30 // 10 s apart at most: minutes
+		disk := &refusesFirst{pick: resultOf("m1"), gate: make(chan struct{}), times: refusals}
+		echo, _ := countingEcho()
+		w := newManagerWorldWrites(t, echo, nil, func(s persistence.Store) persistence.Store {
+			disk.Store = s
+			return disk
+		})
+		m1 := w.deliver(t, "m1", "one")
+		synctest.Wait() // m1's result waits in its commit
+		undo := w.request("u1", "/undo")
+		synctest.Wait() // the /undo's archive waits behind it
+		close(disk.gate)
+		start := time.Now()
+		res, err := undo.Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := res.(*DeliverResult); r.ErrorCode != "" || r.Disposition != platforms.Command {
+			t.Errorf("/undo: %+v, want it answered as a command", r)
+		}
+		took := time.Since(start)
+		synctest.Wait()
+		if n := disk.refusals(); took > 5*time.Second || n >= refusals {
+			t.Errorf("/undo answered after %v, the store having refused m1's result %d times; want within seconds, while it is held", took, n)
+		}
+		if n := len(w.sent); n != 0 {
+			t.Errorf("%d outbound sent when the /undo was answered, want none: its notice waits for m1's reply, held with m1's result", n)
+		}
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+
+		if n := disk.refusals(); n != refusals {
+			t.Fatalf("the store refused m1's result %d times, want %d", n, refusals)
+		}
+		var sent []string
+		for len(w.sent) > 0 {
+			sent = append(sent, (<-w.sent).Out.Text)
+		}
+		if len(sent) != 2 || sent[0] != "echo: one" || !strings.HasPrefix(sent[1], "↩️ Took back") {
+			t.Errorf("sent %q, want m1's reply, then the /undo's notice", sent)
+		}
+		history, _, err := w.store.History(w.ctx, m1.SessionId, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(history) != 0 {
+			t.Errorf("active history %+v after /undo, want none", history)
+		}
+	})
+}
+
 // refusesFirst refuses the first commit that holds a write pick picks, as a full disk does
-// (persistence.ErrUnavailable for each group), once gate is closed; it takes every other commit.
+// (persistence.ErrUnavailable for each group), once gate is closed, and the next times-1 such
+// commits too (times 0 is one); it takes every other commit.
 type refusesFirst struct {
 	persistence.Store
-	pick    func(persistence.Op) bool
-	gate    chan struct{}
-	refused atomic.Bool
+	pick  func(persistence.Op) bool
+	gate  chan struct{}
+	times int
+
+	mu      sync.Mutex
+	refused int
 }
 
 func (d *refusesFirst) Commit(ctx context.Context, groups [][]persistence.Op) []error {
-	if !slices.ContainsFunc(groups, func(g []persistence.Op) bool { return slices.ContainsFunc(g, d.pick) }) ||
-		!d.refused.CompareAndSwap(false, true) {
+	if !slices.ContainsFunc(groups, func(g []persistence.Op) bool { return slices.ContainsFunc(g, d.pick) }) {
 		return d.Store.Commit(ctx, groups)
 	}
-	<-d.gate
+	d.mu.Lock()
+	n := d.refused
+	if n < max(d.times, 1) {
+		d.refused++
+	}
+	d.mu.Unlock()
+	if n >= max(d.times, 1) {
+		return d.Store.Commit(ctx, groups)
+	}
+	if n == 0 {
+		<-d.gate
+	}
 	errs := make([]error, len(groups))
 	for i := range errs {
 		errs[i] = fmt.Errorf("%w: disk full (test)", persistence.ErrUnavailable)
 	}
 	return errs
+}
+
+// refusals is how many commits d refused.
+func (d *refusesFirst) refusals() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.refused
 }

@@ -83,6 +83,10 @@ func (s *Session) toPlatform(c actor.Context, m *SendOutbound) {
 	if s.fencedOut {
 		return // the write behind it was refused, or the new owner sends it
 	}
+	if h := s.held(); h != nil && h.answering != nil {
+		h.answering.out = append(h.answering.out, m) // it goes out behind the held result (takenAhead)
+		return
+	}
 	pid := s.d.Platforms[m.Out.Target.Platform]
 	if pid == nil {
 		s.logger().Error("no platform for a reply; it is not sent and stays unconfirmed in the outbox",
@@ -150,9 +154,10 @@ type pendingWrite struct {
 	// behind a turn's result that the store refuses again, it is refused with it (refuseBehind).
 	message bool
 	// taken: the store took the write ahead of a turn's result sent before it, which it refused
-	// and the session holds: the write is held behind that result, written again and answered
-	// as taken then (takenAhead).
+	// and the session holds: the write was answered then, and is held behind that result to be
+	// written again; out is the outbound its answer sent, which goes out once it is (takenAhead).
 	taken bool
+	out   []*SendOutbound
 }
 
 // answerOrphans answers the requesters of the writes still in flight when this incarnation
@@ -244,7 +249,7 @@ func (s *Session) onWriteResult(c actor.Context, m *persistence.WriteResult) {
 		}
 	}
 	first := s.held().first(w)
-	if s.holdResult(c, w, m.Err) || s.takenAhead(w, m.Err) {
+	if s.holdResult(c, w, m.Err) || s.takenAhead(c, w, m.Err) {
 		s.updateBusy(c)
 		return
 	}
@@ -252,7 +257,12 @@ func (s *Session) onWriteResult(c actor.Context, m *persistence.WriteResult) {
 		s.fence(c)
 	}
 	if w.taken {
-		w.done(c, nil) // its first write stands, whatever became of the second
+		// Answered when the store first took it, and that stands whatever became of the
+		// second application: its outbound goes now, behind the held result's.
+		for _, out := range w.out {
+			s.toPlatform(c, out)
+		}
+		w.out = nil
 	} else {
 		w.done(c, m.Err)
 	}
@@ -299,6 +309,9 @@ type heldWrites struct {
 	refused int                  // refusals of writes[0] in a row
 	retry   scheduler.CancelFunc // the armed heldTick; nil when none is armed
 	log     logging.Limiter      // the refusals' line: at once, then at most once a LimitEvery per session
+	// answering is the write taken ahead of the held result whose answer runs now (takenAhead):
+	// the outbound that answer sends is kept in its out instead of sent (toPlatform).
+	answering *pendingWrite
 }
 
 // first reports whether w is the first of the held writes (h may be nil).
@@ -381,20 +394,29 @@ func (s *Session) holdResult(c actor.Context, w *pendingWrite, err error) bool {
 
 // takenAhead holds w, a write the store took (err nil) while the session holds a turn's result
 // sent before it, and reports whether it did: w was in flight when the store refused that
-// result, and the store took it all the same (room freed between two batches). It waits among
-// the held writes in its place, is written again once those before it are stored (writes are
-// idempotent, and the second application puts the store in the order the session made them),
-// and is answered, as taken, then. Before, it was answered at once: the next turn's reply went
-// out ahead of the held one (TestWriteTakenAheadOfAHeldResultWaitsBehindIt), and an /undo's
-// archive of rows the held result had yet to write was undone when it wrote them. An inbound
-// message's write, whose answer is only its sender's acknowledgment, is answered at once.
-func (s *Session) takenAhead(w *pendingWrite, err error) bool {
+// result, and the store took it all the same (room freed between two batches). That first
+// application is durable, so w is answered now. But it waits among the held writes in its
+// place and is written again once those before it are stored: writes are idempotent, and the
+// second application puts the store in the order the session made them (an /undo's archive of
+// rows the held result had yet to write was undone when it wrote them:
+// TestUndoTakenAheadOfAHeldResultUndoesIt). The outbound its answer sends (a turn's reply, a
+// command's notice) waits with it (answering), and goes out once it is written again, behind the
+// held result's reply (TestWriteTakenAheadOfAHeldResultWaitsBehindIt). Answered only then too,
+// a command, a reset or a message that begins a session waited for the outage to end, past its
+// sender's wait (a minute on Discord), who was told to send again what had acted
+// (TestUndoTakenAheadOfAHeldResultIsAnsweredAtOnce; found by a review). An inbound message's
+// write, which sends nothing and whose row's seq keeps its place, is not written again.
+func (s *Session) takenAhead(c actor.Context, w *pendingWrite, err error) bool {
 	h := s.held()
 	if err != nil || w.taken || w.message || h == nil || len(h.writes) == 0 || w.id <= h.writes[0].id {
 		return false
 	}
 	w.taken = true
 	h.insert(w)
+	h.answering = w
+	w.done(c, nil)
+	h.answering = nil
+	w.orphaned = nil // answered
 	return true
 }
 
@@ -483,8 +505,16 @@ func (s *Session) stopHeld() {
 }
 
 // dropHeld gives up the held writes as the session hands over (handOverAll): each not in flight
-// is answered as refused (errHandedOver), or as taken if the store took it once (takenAhead);
-// one in flight gets its own answer.
+// is answered as refused (errHandedOver); one in flight gets its own answer. One the store took
+// once (takenAhead) was answered then; the outbound its answer kept is pending in the store's
+// outbox, for the key's next activation to send. Its second application is given up, and the
+// store keeps the order of its first (so it does when the session stops or crashes first). If
+// the result before it was stored (and the store refused this write's second application, and a
+// hand-over came before the next try), an /undo's archive, applied ahead of that result, leaves
+// the reply it wrote active: the key's history keeps one answer its user took back. That is left
+// so: nothing is lost or runs twice, and a session that hands over writes nothing more (another
+// activation owns the key, or the store refused a write). If the result was not stored, it is
+// given up too, and its message, archived, does not run again: the /undo holds.
 func (s *Session) dropHeld(c actor.Context) {
 	h := s.held()
 	if h == nil {
@@ -492,11 +522,7 @@ func (s *Session) dropHeld(c actor.Context) {
 	}
 	s.stopHeld()
 	for _, w := range h.writes {
-		switch {
-		case slices.Contains(s.inflight, w):
-		case w.taken:
-			w.done(c, nil) // stored already
-		default:
+		if !w.taken && !slices.Contains(s.inflight, w) {
 			w.done(c, errHandedOver)
 		}
 	}
