@@ -134,6 +134,9 @@ type Actor struct {
 	repeats   lineLimits // the lines a lasting failure would log at every commit or replay tick
 	// incarnation is ActorOptions.Incarnation when this incarnation started.
 	incarnation uint64
+	// alone is how many batches the replay commits one at a time before it builds runs again
+	// (see replay).
+	alone int
 
 	// pacing of the next batch (see Actor)
 	answeredAt time.Time
@@ -507,6 +510,7 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 	a.o.Refusals.taken()
 	if !forced {
 		a.o.Log.Warn("database unavailable; spooling writes", "batch", name, logging.Err(firstErr(errs)))
+		a.alone = max(a.alone, 1) // the first replay probes the database with one batch
 	}
 	a.spoolChanged(c)
 	return out
@@ -515,6 +519,12 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 // replay drains the spool into the database, oldest batch first, several batches a transaction
 // (replayRun). It stops at the first batch the database still cannot take and tries again
 // later.
+//
+// Some batches go alone (Actor.alone). While the database was unavailable at the last try, the
+// next try is the oldest batch alone: a run would read and decode up to MaxBatch batches at
+// every tick of an outage only to fail. And after a run failed as a whole, its batches go one at
+// a time until one is refused on its own (the cause, set aside), or until all of them went: a
+// run again from each batch behind the cause would repeat the failing transaction once a batch.
 func (a *Actor) replay(c actor.Context) {
 	if a.o.Spool == nil {
 		return
@@ -522,7 +532,6 @@ func (a *Actor) replay(c actor.Context) {
 	if a.inflight != nil {
 		a.finish(c) // never two writers: the spool only fills while nothing commits, but be sure
 	}
-	alone := false // the next run is the oldest batch alone
 	for a.o.Spool.Len() > 0 && a.ctx.Err() == nil {
 		name, groups, err := a.o.Spool.Peek("")
 		if errors.Is(err, ErrCorruptSpool) {
@@ -540,8 +549,7 @@ func (a *Actor) replay(c actor.Context) {
 			break
 		}
 		a.repeats.ok(msgSpoolRead)
-		run := a.replayRun(name, groups, alone)
-		alone = false
+		run := a.replayRun(name, groups, a.alone > 0)
 		start := time.Now()
 		errs := a.store.Commit(a.ctx, run.groups)
 		if anyUnavailable(errs) || anyTransient(errs) || a.ctx.Err() != nil {
@@ -549,6 +557,7 @@ func (a *Actor) replay(c actor.Context) {
 				// Before, a replay that waited said nothing: a start whose spool could not be
 				// replayed logged no line of it (found by an operations walkthrough).
 				a.repeats.log(a.o.Log, slog.LevelWarn, msgReplayWaits, "batches", a.o.Spool.Len(), logging.Err(err))
+				a.alone = max(a.alone, 1)
 			}
 			break // still unavailable, or stopping; the batches stay and are replayed later
 		}
@@ -556,13 +565,19 @@ func (a *Actor) replay(c actor.Context) {
 		a.repeats.ok(msgReplayWaits)
 		if len(run.names) > 1 && failedAsOne(errs) {
 			// The transaction failed as a whole, which may be one batch's doing: setting every
-			// batch of the run aside would keep the others out of the database. The oldest goes
-			// alone, as each batch did before runs, and is set aside only if it fails so.
-			alone = true
+			// batch of the run aside would keep the others out of the database. They go alone,
+			// as each batch did before runs, and one is set aside only if it fails so.
+			a.alone = len(run.names)
 			continue
 		}
 		if !a.settle(run, errs) {
 			break
+		}
+		if a.alone > 0 { // the run was one batch
+			a.alone--
+			if slices.ContainsFunc(errs, refused) {
+				a.alone = 0 // past the batch that failed a run as a whole
+			}
 		}
 	}
 	a.spoolChanged(c)
@@ -605,7 +620,7 @@ func (a *Actor) settle(r *spooledRun, errs []error) bool {
 	for i, name := range r.names {
 		var failed []string
 		for g, err := range errs[off : off+r.sizes[i]] {
-			if err != nil && !errors.Is(err, ErrDuplicate) {
+			if refused(err) {
 				failed = append(failed, fmt.Sprintf("group %d: %v", g, err))
 			}
 		}
@@ -675,10 +690,19 @@ func anyTransient(errs []error) bool {
 	return false
 }
 
-// failedAsOne reports whether every group of a replayed transaction failed (a duplicate does
-// not count as failing).
+// refused reports whether a replayed group failed for what it holds. A duplicate did not: its
+// write is in the database already.
+func refused(err error) bool {
+	return err != nil && !errors.Is(err, ErrDuplicate)
+}
+
+// failedAsOne reports whether a replayed transaction failed as a whole: no group committed, and
+// some group was refused. A group the savepoint pass refused as a duplicate keeps that error
+// when the transaction fails afterwards (sqlstore.FillUndecided), so a duplicate does not tell
+// that the transaction committed; but a run of duplicates alone did commit (it had nothing
+// left to write), and leaves the spool.
 func failedAsOne(errs []error) bool {
-	return len(errs) > 0 && !slices.ContainsFunc(errs, func(err error) bool { return err == nil || errors.Is(err, ErrDuplicate) })
+	return len(errs) > 0 && !slices.Contains(errs, nil) && slices.ContainsFunc(errs, refused)
 }
 
 func anyUnavailable(errs []error) bool {

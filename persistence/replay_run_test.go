@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -128,13 +130,71 @@ func TestReplayCommitsSeveralBatchesATransaction(t *testing.T) {
 		mu.Lock()
 		got := sizes
 		mu.Unlock()
-		if want := []int{64, 36}; !cmp.Equal(got, want) {
+		// The first is the oldest batch alone: the database was unavailable at the last try
+		// (TestReplayDuringAnOutageReadsOneBatchATick).
+		if want := []int{1, 64, 35}; !cmp.Equal(got, want) {
 			t.Errorf("groups of the replay's transactions = %v, want %v", got, want)
 		}
 		if n, failed := w.files(""), w.files("failed"); n != 0 || failed != 0 {
 			t.Errorf("after the replay, %d batches wait and %d were set aside, want none", n, failed)
 		}
 		mustHoldTurns(t, w.store, 25)
+	})
+}
+
+// peekCounter is a spool that counts the batches read from it (Peek).
+type peekCounter struct {
+	persistence.Spooler
+	peeks atomic.Int64
+}
+
+func (s *peekCounter) Peek(after string) (string, [][]persistence.Op, error) {
+	s.peeks.Add(1)
+	return s.Spooler.Peek(after)
+}
+
+// TestReplayDuringAnOutageReadsOneBatchATick: while the database is unavailable, each replay
+// tick tries the oldest batch alone, reading one batch of the spool; once it commits, the
+// replay builds runs again. Before, each tick (one a second) read and decoded a whole run, up
+// to persist.max_batch batches, for a transaction that could only fail.
+func TestReplayDuringAnOutageReadsOneBatchATick(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var sizes []int
+		var sp *peekCounter
+		w := spoolWorldOn(t, t.TempDir(), slog.New(slog.DiscardHandler), false, func(o *persistence.ActorOptions) {
+			sp = &peekCounter{Spooler: o.Spool}
+			o.Spool = sp
+			o.Observe = func(groups int, _ time.Duration) {
+				mu.Lock()
+				defer mu.Unlock()
+				sizes = append(sizes, groups)
+			}
+		})
+		defer w.close(t)
+		w.spoolTurns(t, 10)
+		mu.Lock()
+		sizes = nil
+		mu.Unlock()
+
+		const ticks = 5
+		sp.peeks.Store(0)
+		time.Sleep(ticks * time.Second)
+		synctest.Wait()
+		if got := sp.peeks.Load(); got == 0 || got > ticks {
+			t.Errorf("%d spool batches read in %d replay ticks of an outage, want one a tick", got, ticks)
+		}
+
+		w.out.Down.Store(false)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		mu.Lock()
+		got := sizes
+		mu.Unlock()
+		if want := []int{1, 39}; !cmp.Equal(got, want) {
+			t.Errorf("groups of the replay's transactions = %v, want %v", got, want)
+		}
+		mustHoldTurns(t, w.store, 10)
 	})
 }
 
@@ -201,24 +261,111 @@ func TestReplayThatDiesBeforeTheSpoolLetsGoIsAppliedAgain(t *testing.T) {
 
 // abortingStore fails as a whole a transaction that holds a poison write (a title of
 // "poison"), as a database that rolls a transaction back for one statement's sake does: every
-// group gets the error.
+// group gets the error, except a user message whose id is "dup", which keeps ErrDuplicate, as a
+// group the savepoint pass refused as a duplicate keeps its own error (sqlstore.FillUndecided).
 type abortingStore struct{ persistence.Store }
 
 var errAborted = errors.New("transaction rolled back (test)")
 
 func (s *abortingStore) Commit(ctx context.Context, groups [][]persistence.Op) []error {
-	for _, g := range groups {
-		for _, op := range g {
-			if st, ok := op.(*persistence.SetTitle); ok && st.Title == "poison" {
-				errs := make([]error, len(groups))
-				for i := range errs {
-					errs[i] = errAborted
-				}
-				return errs
-			}
+	if !slices.ContainsFunc(groups, func(g []persistence.Op) bool {
+		return slices.ContainsFunc(g, func(op persistence.Op) bool {
+			st, ok := op.(*persistence.SetTitle)
+			return ok && st.Title == "poison"
+		})
+	}) {
+		return s.Store.Commit(ctx, groups)
+	}
+	errs := make([]error, len(groups))
+	for i, g := range groups {
+		errs[i] = errAborted
+		if m, ok := g[0].(*persistence.AppendMessage); ok && m.Message.MessageID == "dup" {
+			errs[i] = fmt.Errorf("append message: %w (test)", persistence.ErrDuplicate)
 		}
 	}
-	return s.Store.Commit(ctx, groups)
+	return errs
+}
+
+// abortedReplay is what a start's replay over an abortingStore left.
+type abortedReplay struct {
+	st     *sqlite.Store
+	failed []string // the batches set aside
+	left   int      // the batches still in the spool
+	sizes  []int    // the groups of each transaction, as agentgate_persist_batch_size shows
+	logs   string
+}
+
+// replayOverAbortingStore spools batches (one group each), with prior committed to the store
+// first, then starts a persistence actor over an abortingStore, which replays them, and returns
+// what the replay left. It runs inside the caller's synctest bubble.
+func replayOverAbortingStore(t *testing.T, prior [][]persistence.Op, batches [][]persistence.Op) *abortedReplay {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	for i, err := range st.Commit(context.Background(), prior) {
+		if err != nil {
+			t.Fatalf("prior write %d: %v", i, err)
+		}
+	}
+	sp, err := spool.Open(filepath.Join(dir, "spool"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ops := range batches {
+		if _, err := sp.Append([][]persistence.Op{ops}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	r := &abortedReplay{st: st}
+	var logs testutil.Buffer
+	var mu sync.Mutex
+	quiet := slog.New(slog.DiscardHandler)
+	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+	defer system.Shutdown()
+	pid := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), &abortingStore{Store: st},
+		persistence.ActorOptions{MaxBatch: 64, Spool: sp, ReplayEvery: time.Hour, Log: slog.New(slog.NewTextHandler(&logs, nil)),
+			Observe: func(groups int, _ time.Duration) {
+				mu.Lock()
+				defer mu.Unlock()
+				r.sizes = append(r.sizes, groups)
+			}})))
+	// The actor replays when it starts, before it takes the Flush.
+	if _, err := system.Root.RequestFuture(pid, &persistence.Flush{}, time.Minute).Result(); err != nil {
+		t.Fatal(err)
+	}
+	if err := system.Root.StopFuture(pid).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(filepath.Join(dir, "spool", "failed"))
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".json") {
+			r.failed = append(r.failed, e.Name())
+		}
+	}
+	r.left, r.logs = sp.Len(), logs.String()
+	return r
+}
+
+// mustTranscriptRows checks that session s1 of st holds n transcript rows.
+func mustTranscriptRows(t *testing.T, st *sqlite.Store, n int) {
+	t.Helper()
+	if tr, err := st.Transcript(context.Background(), "s1"); err != nil || len(tr) != n {
+		t.Errorf("transcript of s1 after the replay: %d rows, %v; want %d", len(tr), err, n)
+	}
+}
+
+// userBatches returns a batch of a user message of s1 for each of seqs, with id m<seq>.
+func userBatches(seqs ...int64) [][]persistence.Op {
+	var out [][]persistence.Op
+	for _, seq := range seqs {
+		out = append(out, []persistence.Op{userMessage("s1", seq, fmt.Sprintf("m%d", seq))})
+	}
+	return out
 }
 
 // TestReplayTransactionThatFailsAsAWholeSetsAsideOnlyItsCause: when a replay's transaction
@@ -227,55 +374,76 @@ func (s *abortingStore) Commit(ctx context.Context, groups [][]persistence.Op) [
 // it would be set aside too, their writes kept out of the database.
 func TestReplayTransactionThatFailsAsAWholeSetsAsideOnlyItsCause(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		dir := t.TempDir()
-		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer st.Close()
-		sp, err := spool.Open(filepath.Join(dir, "spool"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		batches := [][]persistence.Op{{session("s1", "k1", t0)}}
-		for seq := int64(1); seq <= 3; seq++ {
-			batches = append(batches, []persistence.Op{userMessage("s1", seq, fmt.Sprintf("m%d", seq))})
-		}
+		batches := append([][]persistence.Op{{session("s1", "k1", t0)}}, userBatches(1, 2, 3)...)
 		batches = append(batches, []persistence.Op{&persistence.SetTitle{SessionID: "s1", Title: "poison"}})
-		for seq := int64(4); seq <= 5; seq++ {
-			batches = append(batches, []persistence.Op{userMessage("s1", seq, fmt.Sprintf("m%d", seq))})
-		}
-		for _, ops := range batches {
-			if _, err := sp.Append([][]persistence.Op{ops}); err != nil {
-				t.Fatal(err)
-			}
-		}
+		batches = append(batches, userBatches(4, 5)...)
+		r := replayOverAbortingStore(t, nil, batches)
 
-		var logs testutil.Buffer
-		log := slog.New(slog.NewTextHandler(&logs, nil))
-		quiet := slog.New(slog.DiscardHandler)
-		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
-		defer system.Shutdown()
-		pid := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), &abortingStore{Store: st},
-			persistence.ActorOptions{MaxBatch: 64, Spool: sp, ReplayEvery: time.Hour, Log: log})))
-		defer func() { _ = system.Root.StopFuture(pid).Wait() }()
-		// The actor replays when it starts, before it takes the Flush.
-		if _, err := system.Root.RequestFuture(pid, &persistence.Flush{}, time.Minute).Result(); err != nil {
-			t.Fatal(err)
+		mustTranscriptRows(t, r.st, 5)
+		if want := []string{"00000000000000000005.json"}; !cmp.Equal(r.failed, want) || r.left != 0 {
+			t.Errorf("set aside %v, %d left in the spool; want %v alone, none left; log:\n%s", r.failed, r.left, want, r.logs)
 		}
+	})
+}
 
-		if tr, err := st.Transcript(context.Background(), "s1"); err != nil || len(tr) != 5 {
-			t.Errorf("transcript of s1 after the replay: %d rows, %v; want the 5 spooled messages", len(tr), err)
+// TestReplayTransactionThatFailsAsAWholeBesideADuplicateSetsAsideOnlyItsCause: a run's
+// transaction that fails as a whole after the savepoint pass refused one of its groups as a
+// duplicate (which keeps that error, not the transaction's) failed as a whole all the same: its
+// batches are tried one at a time and only its cause is set aside. Before, the duplicate made
+// it look like a transaction that had committed and refused every other group, and every batch
+// of the run (up to persist.max_batch of them, the one that creates the session among them) was
+// set aside.
+func TestReplayTransactionThatFailsAsAWholeBesideADuplicateSetsAsideOnlyItsCause(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		batches := [][]persistence.Op{{session("s1", "k1", t0)}, {userMessage("s1", 1, "dup")}}
+		batches = append(batches, userBatches(2, 3)...)
+		batches = append(batches, []persistence.Op{&persistence.SetTitle{SessionID: "s1", Title: "poison"}})
+		r := replayOverAbortingStore(t, nil, batches)
+
+		mustTranscriptRows(t, r.st, 3)
+		if want := []string{"00000000000000000005.json"}; !cmp.Equal(r.failed, want) || r.left != 0 {
+			t.Errorf("set aside %v, %d left in the spool; want %v alone, none left; log:\n%s", r.failed, r.left, want, r.logs)
 		}
-		entries, _ := os.ReadDir(filepath.Join(dir, "spool", "failed"))
-		var failed []string
-		for _, e := range entries {
-			if strings.HasSuffix(e.Name(), ".json") {
-				failed = append(failed, e.Name())
-			}
+	})
+}
+
+// TestReplayOfDuplicatesAloneLeavesTheSpool: a run whose every group the database refuses as a
+// duplicate (their messages are stored already) committed: its batches leave the spool in that
+// one transaction, none set aside and none tried again alone.
+func TestReplayOfDuplicatesAloneLeavesTheSpool(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		prior := append([][]persistence.Op{{session("s1", "k1", t0)}}, userBatches(1, 2, 3)...)
+		var again [][]persistence.Op // the same messages, at later seqs
+		for _, b := range userBatches(1, 2, 3) {
+			m := *b[0].(*persistence.AppendMessage)
+			m.Message.Seq += 10
+			again = append(again, []persistence.Op{&m})
 		}
-		if want := []string{"00000000000000000005.json"}; !cmp.Equal(failed, want) || sp.Len() != 0 {
-			t.Errorf("set aside %v, %d left in the spool; want %v alone, none left; log:\n%s", failed, sp.Len(), want, logs.String())
+		r := replayOverAbortingStore(t, prior, again)
+
+		mustTranscriptRows(t, r.st, 3)
+		if want := []int{3}; !cmp.Equal(r.sizes, want) || len(r.failed) != 0 || r.left != 0 {
+			t.Errorf("transactions of %v groups, set aside %v, %d left in the spool; want %v, none set aside, none left; log:\n%s",
+				r.sizes, r.failed, r.left, want, r.logs)
+		}
+	})
+}
+
+// TestReplayGoesBatchByBatchToTheCauseOfAWholeFailure: after a run's transaction failed as a
+// whole, the replay commits its batches one at a time up to the one that fails alone, and then
+// builds runs again. Before, it made a run again from each batch behind the first: a cause k
+// batches in cost k transactions of up to persist.max_batch groups, each failing.
+func TestReplayGoesBatchByBatchToTheCauseOfAWholeFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		batches := append([][]persistence.Op{{session("s1", "k1", t0)}}, userBatches(1, 2, 3, 4, 5)...)
+		batches = append(batches, []persistence.Op{&persistence.SetTitle{SessionID: "s1", Title: "poison"}})
+		batches = append(batches, userBatches(6, 7, 8)...)
+		r := replayOverAbortingStore(t, nil, batches)
+
+		mustTranscriptRows(t, r.st, 8)
+		if want := []int{10, 1, 1, 1, 1, 1, 1, 1, 3}; !cmp.Equal(r.sizes, want) || len(r.failed) != 1 || r.left != 0 {
+			t.Errorf("transactions of %v groups, set aside %v, %d left in the spool; want %v, the poison set aside, none left",
+				r.sizes, r.failed, r.left, want)
 		}
 	})
 }

@@ -114,6 +114,9 @@ type Daemon struct {
 	began    bool
 	ended    bool
 	fatalOne sync.Once
+	// cleanStops: endCleanStops has ended the runs whose clean stop the data directory kept
+	// (guarded by endMu); the record's retries skip it.
+	cleanStops bool
 	// runRefused is why the store refused the record of this run, nil once it took it (or
 	// before it was asked): /readyz reports it while the retry goes on.
 	runRefused atomic.Pointer[error]
@@ -571,9 +574,12 @@ func (d *Daemon) recordRun(ctx context.Context, now func() time.Time) error {
 	if d.ended {
 		return errRunEnded
 	}
-	if err := d.endCleanStops(ctx); err != nil {
-		d.runRefused.Store(&err)
-		return err
+	if !d.cleanStops {
+		if err := d.endCleanStops(ctx); err != nil {
+			d.runRefused.Store(&err)
+			return err
+		}
+		d.cleanStops = true
 	}
 	u, err := d.store.BeginRun(ctx, d.deps.Run, now())
 	if err != nil {
@@ -662,7 +668,9 @@ func keepCleanStop(dir, run string) (string, error) {
 
 // endCleanStops ends in the store the runs whose clean stop it refused (keepCleanStop), and
 // removes their files. Ending a run the store no longer records (this start's record came
-// since, or an earlier start's) changes nothing, so a file left behind is harmless.
+// since, or an earlier start's) changes nothing, so a file left behind is harmless; but every
+// start would end its run again, and it would be wrong to say so each time: a file that cannot
+// be removed is logged instead, with what to do.
 func (d *Daemon) endCleanStops(ctx context.Context) error {
 	entries, err := os.ReadDir(d.cfg.DataDir)
 	if err != nil {
@@ -676,8 +684,12 @@ func (d *Daemon) endCleanStops(ctx context.Context) error {
 		if err := d.store.EndRun(ctx, run); err != nil {
 			return err
 		}
+		path := filepath.Join(d.cfg.DataDir, e.Name())
+		if err := os.Remove(path); err != nil {
+			d.log.Warn("cannot remove the file of an earlier run's clean stop, which the store has recorded; remove it", "file", path, logging.Err(err))
+			continue
+		}
 		d.log.Info("recorded the clean stop of an earlier run, which its store had refused", "run", run)
-		_ = os.Remove(filepath.Join(d.cfg.DataDir, e.Name()))
 	}
 	return nil
 }
