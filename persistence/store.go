@@ -161,6 +161,12 @@ type OutboxEntry struct {
 	Continued bool
 }
 
+// OutboxPageBytes bounds the texts of a page of Store.OutboxAfter: a page ends with the entry
+// whose text takes it to this or past it, so it holds at most this and one entry more (the
+// exec and openai agents reply at most 1 MiB), and never less than one entry, however large,
+// so that its reader goes on.
+const OutboxPageBytes = 1 << 20
+
 // KindPruned is the kind of the last outbox entry of a key whose session PruneSessions deleted:
 // the entry keeps the key's seq and nothing of the session's content, and OutboxAfter never
 // returns it.
@@ -539,8 +545,12 @@ type Store interface {
 	// (DeliverResult.OutboxAfter): every entry that answers the message comes after it, and a
 	// reader that polls reads only those, not a long chat's whole outbox.
 	RepliesTo(ctx context.Context, key, messageID string, after int64) ([]OutboxEntry, error)
-	// OutboxAfter returns a key's outbox entries with seq > after, by seq, at most limit (no
-	// limit when limit <= 0), never a KindPruned one.
+	// OutboxAfter returns a key's outbox entries with seq > after, by seq, never a KindPruned
+	// one. With limit > 0 it returns a page: at most limit entries, and none past the one whose
+	// text takes the page's texts to OutboxPageBytes (the first entry is always returned), so
+	// that a reader of a long outbox of large replies holds a page's bytes, not limit replies.
+	// A page shorter than limit is no sign of the end: read on after its last seq until a page
+	// comes back empty. With limit <= 0 it returns every entry.
 	OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]OutboxEntry, error)
 	// LastOutboxSeq returns the highest outbox seq of a key, a pruned entry's included (0 when
 	// it has none): the id of its last event.

@@ -403,10 +403,15 @@ func sessionsExport(ctx context.Context, args []string, stdout, stderr io.Writer
 		if err != nil {
 			return err
 		}
+		// Only an empty page ends the outbox: a page also ends early once its texts pass
+		// persistence.OutboxPageBytes.
+		if len(entries) == 0 {
+			break
+		}
 		for _, e := range entries {
 			jw.item(outboxToJSON(&e))
 		}
-		if len(entries) < transcriptPage || jw.err != nil {
+		if jw.err != nil {
 			break
 		}
 		after = entries[len(entries)-1].Seq

@@ -226,21 +226,41 @@ func (s *Store) RepliesTo(ctx context.Context, key, messageID string, after int6
 	return es, nil
 }
 
-// OutboxAfter returns a key's outbox entries with seq > after, by seq, at most limit (no limit
-// when limit <= 0), except a pruned session's (persistence.KindPruned).
+// outboxAfterSQL reads a key's outbox entries after a seq along (session_key, seq), at most
+// $4 of them, and keeps those whose earlier entries' texts fall short of $5 bytes. The cut is
+// made by the server, as the rows come: a client that stopped reading early would still be
+// sent every row up to the LIMIT, texts and all. octet_length takes a stored text's size from
+// its header, without fetching it, so a row past the cut costs its index entry and its tuple,
+// not its text.
+const outboxAfterSQL = `SELECT ` + outboxCols + ` FROM (
+	SELECT ` + outboxCols + `,
+		sum(octet_length(text)) OVER (ORDER BY seq ROWS UNBOUNDED PRECEDING) - octet_length(text) AS before
+	FROM outbox WHERE session_key = $1 AND seq > $2 AND kind <> $3 ORDER BY seq LIMIT $4) page
+	WHERE before < $5 ORDER BY seq`
+
+// OutboxAfter returns a key's outbox entries with seq > after, by seq, except a pruned
+// session's (persistence.KindPruned): with limit > 0 a page of at most limit entries and about
+// persistence.OutboxPageBytes of texts, with limit <= 0 all of them.
 func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]persistence.OutboxEntry, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("outbox after %d: %w", after, err)
 	}
 	defer done()
-	es, err := queryAll(ctx, s.pool, scanOutbox, `SELECT `+outboxCols+` FROM outbox
-		WHERE session_key = $1 AND seq > $2 AND kind <> $3 ORDER BY seq LIMIT $4`,
-		key, after, persistence.KindPruned, limitArg(limit))
+	es, err := outboxAfter(ctx, s.pool, key, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox after %d: %w", after, s.explain(ctx, err))
 	}
 	return es, nil
+}
+
+// outboxAfter is OutboxAfter's read on q.
+func outboxAfter(ctx context.Context, q querier, key string, after int64, limit int) ([]persistence.OutboxEntry, error) {
+	budget := int64(math.MaxInt64)
+	if limit > 0 {
+		budget = persistence.OutboxPageBytes
+	}
+	return queryAll(ctx, q, scanOutbox, outboxAfterSQL, key, after, persistence.KindPruned, limitArg(limit), budget)
 }
 
 // LastOutboxSeq returns the highest outbox seq of key, 0 when it has none.

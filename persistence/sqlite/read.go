@@ -191,14 +191,19 @@ func (s *Store) RepliesTo(ctx context.Context, key, messageID string, after int6
 	return es, nil
 }
 
-// OutboxAfter returns a key's outbox entries with seq > after, by seq, at most limit (no limit
-// when limit <= 0), except a pruned session's (persistence.KindPruned).
+// OutboxAfter returns a key's outbox entries with seq > after, by seq, except a pruned
+// session's (persistence.KindPruned): with limit > 0 a page of at most limit entries and about
+// persistence.OutboxPageBytes of texts, with limit <= 0 all of them.
 func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]persistence.OutboxEntry, error) {
 	if err := s.enter(); err != nil {
 		return nil, s.readError("outbox after %d: %w", after, err)
 	}
 	defer s.leave()
-	es, err := queryOutbox(ctx, s.reader, `SELECT `+outboxCols+` FROM outbox
+	budget := 0
+	if limit > 0 {
+		budget = persistence.OutboxPageBytes
+	}
+	es, err := queryOutboxPage(ctx, s.reader, budget, `SELECT `+outboxCols+` FROM outbox
 		WHERE session_key = ? AND seq > ? AND kind <> ? ORDER BY seq LIMIT ?`, key, after, persistence.KindPruned, limitArg(limit))
 	if err != nil {
 		return nil, s.readError("outbox after %d: %w", after, err)
@@ -712,6 +717,28 @@ func queryMessages(ctx context.Context, q querier, query string, args ...any) ([
 
 func queryOutbox(ctx context.Context, q querier, query string, args ...any) ([]persistence.OutboxEntry, error) {
 	return queryAll(ctx, q, scanOutbox, query, args...)
+}
+
+// queryOutboxPage is queryOutbox that stops once the texts of the entries read reach budget
+// (never when budget <= 0): SQLite steps row by row, so the rows past it are never read, and a
+// page of large replies costs its budget rather than its LIMIT of them.
+func queryOutboxPage(ctx context.Context, q querier, budget int, query string, args ...any) ([]persistence.OutboxEntry, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []persistence.OutboxEntry
+	size := 0
+	for (budget <= 0 || size < budget) && rows.Next() {
+		e, err := scanOutbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+		size += len(e.Text)
+	}
+	return out, rows.Err()
 }
 
 // OpenDrafts implements persistence.Store.

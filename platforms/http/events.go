@@ -135,14 +135,14 @@ func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	for {
+	// A page holds at most replayPageSize entries and about a MiB of texts (the store's
+	// persistence.OutboxPageBytes), so a stream whose client reads slowly, or not at all, holds
+	// one such page: a shorter page is no sign of the end, an empty one is.
+	for len(page) > 0 {
 		for _, out := range page {
 			if err := sw.event(out); err != nil {
 				return
 			}
-		}
-		if len(page) < replayPageSize {
-			break
 		}
 		if page, err = sessions.OutboxAfter(ctx, key, sw.last, replayPageSize); err != nil {
 			// The client resumes from the last id it got.
@@ -219,7 +219,7 @@ func (p *Platform) fillGap(ctx context.Context, sessions Sessions, key string, s
 				return err
 			}
 		}
-		if len(page) < replayPageSize || sw.last == from {
+		if sw.last == from { // an empty page: a shorter one is no sign of the end
 			return nil
 		}
 	}

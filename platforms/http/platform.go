@@ -717,8 +717,13 @@ func (p *Platform) recoverPanics(next http.Handler) http.Handler {
 			v := recover()
 			if v == nil {
 				if tw.timedOut {
-					p.log.Warn("answer cut off: the client stopped reading it", "route", r.Pattern,
-						"method", r.Method, "remote", r.RemoteAddr, "write_timeout", p.cfg.WriteTimeout)
+					args := []any{"route", r.Pattern, "method", r.Method, "remote", r.RemoteAddr,
+						"write_timeout", p.cfg.WriteTimeout}
+					if key := r.PathValue("key"); key != "" {
+						// Which session's stream or transcript it was: the route names none.
+						args = append(args, "session", key)
+					}
+					p.log.Warn("answer cut off: the client stopped reading it", args...)
 				}
 				return
 			}

@@ -65,7 +65,8 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 
 // TestUnreadAnswerIsCutOff: a client that asks for a large answer and never reads it does not
 // hold its handler: Config.WriteTimeout after the answer starts the server gives up on it,
-// says so in its log, and closes the connection. Both a JSON answer and an event stream.
+// says so in its log (naming the route and the session), and closes the connection. Both a
+// JSON answer and an event stream.
 func TestUnreadAnswerIsCutOff(t *testing.T) {
 	const size = 8 << 20 // well past what the socket buffers of both ends hold
 	for _, tc := range []struct {
@@ -105,6 +106,9 @@ func TestUnreadAnswerIsCutOff(t *testing.T) {
 			})
 			if !strings.Contains(logs.String(), "route=\"GET "+strings.SplitN(tc.path, streamKey, 2)[0]) {
 				t.Errorf("the log names no route: %s", logs)
+			}
+			if !strings.Contains(logs.String(), "session="+streamKey) {
+				t.Errorf("the log names no session: %s", logs)
 			}
 			// The connection ends: what the server had sent is there to read and then EOF, or
 			// (the server's close found it unread) a reset.

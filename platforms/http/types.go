@@ -26,7 +26,9 @@ type Sessions interface {
 	// TranscriptRequest). The answer names the incarnation, so that the next page can ask for
 	// the same one.
 	Transcript(ctx context.Context, key string, r TranscriptRequest) (*Transcript, error)
-	// OutboxAfter returns the key's outbox entries with Seq > after, by Seq, at most limit.
+	// OutboxAfter returns a page of the key's outbox entries with Seq > after, by Seq: at most
+	// limit, and fewer once their texts reach the store's bound of a page's bytes
+	// (persistence.OutboxPageBytes), so only an empty page says that no more follow.
 	OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]*platforms.Outbound, error)
 	// LastOutboxSeq returns the Seq of the key's last outbox entry (0: none), or
 	// math.MaxInt64 when it cannot tell (the entries are not all readable yet).
