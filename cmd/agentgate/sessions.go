@@ -102,7 +102,7 @@ sessions requeue takes.
 // keyHelp says what a KEY argument is, and how an argument that may be quoted is read (keyArg).
 const keyHelp = `
 KEY is a session key (agent:<profile>:<platform>:<chat type>:<chat id>[:...]), as sessions list
-prints it: raw, or Go-quoted inside single quotes ('"agent:main:http:dm:a\u200bb"') when it
+prints it: raw, or Go-quoted inside single quotes ('"agent:main:http:dm:a\u200eb"') when it
 holds a character that does not display, a space or a quote; paste it as it is printed. An
 argument that begins with " and is one whole Go-quoted string is read quoted, any other raw:
 every key begins with agent:, so no key reads both ways.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -111,4 +112,34 @@ func lockFromAnotherConnection(t *testing.T, s *Store) *sql.Conn {
 		t.Fatalf("take the write lock: %v", err)
 	}
 	return conn
+}
+
+// TestOpenNamesALockHeldByAnotherProcess: a start while another connection holds the write
+// lock (a sqlite3 shell in a transaction) is refused with what holds it and what to do, not
+// only "migrate: database is locked (5)". It waits out the busy timeout (5 s) first.
+func TestOpenNamesALockHeldByAnotherProcess(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agentgate.db")
+	s, err := Open(t.Context(), path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := MustRawDB(t, path).Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(t.Context(), "BEGIN IMMEDIATE"); err != nil {
+		t.Fatalf("take the write lock: %v", err)
+	}
+	s, err = Open(t.Context(), path, Options{})
+	if err == nil {
+		s.Close()
+		t.Fatal("Open with the write lock held elsewhere succeeded, want it refused")
+	}
+	if msg := err.Error(); !strings.Contains(msg, "locked by another process (SQLITE_BUSY)") || !strings.Contains(msg, "fuser "+path) {
+		t.Errorf("Open with the write lock held elsewhere = %v, want it to name the lock and how to find its holder", err)
+	}
 }

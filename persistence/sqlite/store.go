@@ -190,6 +190,13 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	} else {
 		err = migrate(ctx, w, s.log)
 	}
+	if isBusy(err) {
+		// Before, only "migrate: database is locked (5)", which said neither who nor what to do
+		// (found by a verification walkthrough).
+		return fmt.Errorf("the database is locked by another process (SQLITE_BUSY): a connection outside agentgate "+
+			"(a sqlite3 shell in a transaction, a backup or sync tool) held its write lock for 5 s; end it (fuser %s) "+
+			"and start again: %w", s.path, err)
+	}
 	if err != nil {
 		return err
 	}
