@@ -73,6 +73,9 @@ type SessionManager struct {
 	// listFails counts the failed listings of the recoverable keys since the last one that
 	// worked: only the first and then one a minute are logged.
 	listFails int
+	// holderFails limits the line of an activation whose lookup of the key's holder failed
+	// (lookUpHolder).
+	holderFails logging.Limiter
 }
 
 // recoverAll asks the manager to list the keys with unfinished work and start their sessions
@@ -807,7 +810,7 @@ func (m *SessionManager) recover(c actor.Context, key string, hops int32) {
 		return
 	}
 	if a := m.activating[key]; a != nil {
-		a.recover = true
+		a.recovers(hops)
 		return
 	}
 	if pid := m.sessions[key]; pid != nil {
@@ -823,7 +826,7 @@ func (m *SessionManager) recover(c actor.Context, key string, hops int32) {
 	// no restart's to answer with a notice (sessions.recovery: notice), it runs.
 	m.activate(c, key, !m.d.Clustered)
 	if a := m.activating[key]; a != nil {
-		a.recover = true // given up, the activation hands the Recover on (cancelActivation)
+		a.recovers(hops) // given up, the activation hands the Recover on, hops and all (cancelActivation)
 	}
 }
 

@@ -443,6 +443,7 @@ func (s *Session) load(c actor.Context) {
 			// running (or was next to run), which afterUncleanStops quarantines at the limit.
 			s.logger().Warn("took the session over from a cluster member that stopped uncleanly; its head message counts it",
 				"previous_owner", claimed.Previous, "message_id", h.MessageID, "strikes", fmt.Sprintf("%d/%d", h.Attempts, QuarantineAfter))
+			s.d.Metrics.SessionsTakenOver.Inc()
 		}
 	}
 	// The first messages of a backlog only, as many as a queue past its cap holds (spill.go):
@@ -781,6 +782,7 @@ func (s *Session) leaveIfIdle(c actor.Context) {
 		return
 	}
 	s.logger().Info("the session hands its key on to another member", "pending", s.waiting())
+	s.d.Metrics.SessionsHandedOn.Inc()
 	// Messages whose commit may have applied though its answer was lost (unsure) may be
 	// pending in the store too: the successor looks.
 	// So may messages it had yet to set aside (aside.go).

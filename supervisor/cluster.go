@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentgate/agentgate/actors"
@@ -86,9 +87,14 @@ func (d *Daemon) startCluster() (err error) {
 	}()
 	// The router is the cluster's before the first change of membership, whose recovery uses it.
 	d.router = actors.NewClusterRouter(d.cluster, d.log.With("component", "cluster"))
+	var crowdWarned atomic.Bool // the line of crowdedAddresses, once per process
 	d.topology = d.system.EventStream.Subscribe(func(ev any) {
 		if t, ok := ev.(*cluster.ClusterTopology); ok {
 			d.metrics.ClusterMembers.Set(float64(len(t.Members)))
+			if crowded := crowdedAddresses(d.system.Address(), t.Members); crowded != nil && crowdWarned.CompareAndSwap(false, true) {
+				d.log.Warn("cluster members' addresses differ only in their last character; the cluster places about half of their sessions on one of them: give each member its own host address",
+					"addresses", crowded)
+			}
 			go func() {
 				keys := d.recoverOwned(t.Members)
 				d.log.Info("cluster membership changed", "members", len(t.Members), "joined", addresses(t.Joined),
@@ -481,6 +487,31 @@ func (d *Daemon) clusterReady() error {
 		return errors.New("not a member of the cluster's topology")
 	}
 	return d.membership.renewalsFailing(time.Now())
+}
+
+// crowdedAddresses returns the addresses of members, this member's (me) among them, that differ
+// from me only in their last character, when there are three or more; nil otherwise. The
+// cluster's placement (protoactor's rendezvous hashing: FNV-1a over the key and then the
+// address, the highest score wins) ranks such addresses by two low bits of the hash before
+// their last character: three of them split the keys 50/25/25 whatever the characters, five
+// consecutive ports 25/12.5/12.5/25/25 (two split evenly). Addresses that differ earlier mix
+// more bytes after the difference: 127.0.0.2, .3 and .4 on one port split them about 35/32/33,
+// as hosts do (docs/ARCHITECTURE.md, "Placement").
+func crowdedAddresses(me string, members []*cluster.Member) []string {
+	if me == "" {
+		return nil
+	}
+	var out []string
+	for _, m := range members {
+		if a := m.Address(); len(a) == len(me) && a[:len(a)-1] == me[:len(me)-1] {
+			out = append(out, a)
+		}
+	}
+	if len(out) < 3 {
+		return nil
+	}
+	slices.Sort(out)
+	return out
 }
 
 // ownerOf returns the function that names the address of the member owning a session key

@@ -41,6 +41,11 @@ type Metrics struct {
 	SessionActivations  prometheus.Counter
 	SessionPassivations prometheus.Counter
 	SessionsFenced      prometheus.Counter
+	// SessionsHandedOn and SessionsTakenOver count a cluster's hand-overs that are not fencing:
+	// sessions that handed their key on to another member, and sessions with work pending
+	// taken over from a member that died.
+	SessionsHandedOn    prometheus.Counter
+	SessionsTakenOver   prometheus.Counter
 	ClusterMembers      prometheus.Gauge
 	TurnsTotal          *prometheus.CounterVec
 	TurnDuration        prometheus.Histogram
@@ -100,6 +105,10 @@ func New(platforms ...string) *Metrics {
 			Name: "agentgate_session_passivations_total", Help: "Idle session actors stopped; their state is durable."}),
 		SessionsFenced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "agentgate_sessions_fenced_total", Help: "Session actors stopped because another activation claimed their key (shared store)."}),
+		SessionsHandedOn: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentgate_sessions_handed_on_total", Help: "Sessions that handed their key on to another member: this member left the cluster, or the cluster placed the key elsewhere (cluster mode)."}),
+		SessionsTakenOver: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentgate_sessions_taken_over_total", Help: "Sessions with a message pending taken over from a member that stopped uncleanly (cluster mode)."}),
 		ClusterMembers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "agentgate_cluster_members", Help: "Members of the cluster this member sees, itself included (0 outside cluster mode)."}),
 		TurnsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -150,7 +159,7 @@ func New(platforms ...string) *Metrics {
 			Name: "agentgate_http_requests_total", Help: "HTTP API answers by route and status code; an event stream is counted when it ends."}, []string{"route", "code"}),
 	}
 	m.actors = newActorSeries(m.Mailboxes)
-	for _, c := range []prometheus.Collector{m.SessionsActive, m.SessionActivations, m.SessionPassivations, m.SessionsFenced, m.ClusterMembers,
+	for _, c := range []prometheus.Collector{m.SessionsActive, m.SessionActivations, m.SessionPassivations, m.SessionsFenced, m.SessionsHandedOn, m.SessionsTakenOver, m.ClusterMembers,
 		m.TurnsTotal, m.TurnDuration, m.QueueDepth, m.QueueOverflow, m.PersistBatchSize, m.PersistFlushSeconds,
 		m.SpoolFiles, m.WritesRefused, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined, m.MessagesRequeued, m.ProbationWaiting, m.AgentCallsWaiting, m.AgentSlotWait, m.ModelRequests, m.HTTPRequests} {
 		f(c)
