@@ -41,6 +41,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"LoadSessionMissingSession", testLoadSessionMissingSession},
 		{"RepliesTo", testRepliesTo},
 		{"OutboxAfter", testOutboxAfter},
+		{"OutboxPagesBoundedByBytes", testOutboxPagesBoundedByBytes},
 		{"Transcript", testTranscript},
 		{"TranscriptAfter", testTranscriptAfter},
 		{"PendingAfter", testPendingAfter},

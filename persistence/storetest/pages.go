@@ -1,4 +1,4 @@
-package sqlite
+package storetest
 
 import (
 	"context"
@@ -6,22 +6,18 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
-
 	"github.com/agentgate/agentgate/persistence"
-	"github.com/agentgate/agentgate/persistence/storetest"
 )
 
-// TestOutboxPagesAreBoundedByBytes: a page of OutboxAfter ends with the entry whose text takes
+// testOutboxPagesBoundedByBytes: a page of OutboxAfter ends with the entry whose text takes
 // the page's texts to persistence.OutboxPageBytes, however many entries its limit allows; an
 // entry larger than that is a page of its own; and paging on from each page's last seq until a
 // page comes back empty reads every entry once, in order, a pruned marker left out. Before, a
 // page was bounded by count alone: an event stream's replay (500 entries a page) of replies of
 // up to 1 MiB held up to 500 MiB, while its client read it or not.
-func TestOutboxPagesAreBoundedByBytes(t *testing.T) {
-	s := MustOpen(t, Options{})
+func testOutboxPagesBoundedByBytes(t *testing.T, s persistence.Store) {
 	ops, want := outboxOfLargeReplies()
-	storetest.MustCommit(t, s, ops...)
+	MustCommit(t, s, ops...)
 	ctx := context.Background()
 
 	var pages [][]int64
@@ -40,9 +36,7 @@ func TestOutboxPagesAreBoundedByBytes(t *testing.T) {
 		pages = append(pages, seqs)
 		after = page[len(page)-1].Seq
 	}
-	if diff := cmp.Diff(want, pages); diff != "" {
-		t.Errorf("OutboxAfter pages of 500 (-want +got):\n%s", diff)
-	}
+	diff(t, "OutboxAfter pages of 500", pages, want)
 
 	// A smaller limit still ends a page first, and no limit reads every entry at once.
 	if page, err := s.OutboxAfter(ctx, "k", 0, 2); err != nil || len(page) != 2 {
