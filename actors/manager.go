@@ -76,6 +76,9 @@ type SessionManager struct {
 	// holderFails limits the line of an activation whose lookup of the key's holder failed
 	// (lookUpHolder).
 	holderFails logging.Limiter
+	// leftRecovers limits the line of a Recover that reached the manager as it stopped and
+	// could not be handed on (whileClosing).
+	leftRecovers logging.Limiter
 }
 
 // recoverAll asks the manager to list the keys with unfinished work and start their sessions
@@ -549,9 +552,16 @@ func answerStopped(c actor.Context, rs []routed) {
 // member's), and is answered as the requests held at the stop are otherwise (answerStopped).
 // A Recover goes nowhere else: the work stays in the store for the key's next activation.
 func (m *SessionManager) whileClosing(c actor.Context, key string, r routed) {
-	if !m.handOn(c, key, r) {
-		answerStopped(c, []routed{r})
+	if m.handOn(c, key, r) {
+		return
 	}
+	if _, ok := r.msg.(*Recover); ok {
+		// No one to answer, but the key's pending work waits for it: said.
+		if args, ok := m.leftRecovers.Allowed("session", key); ok {
+			m.log.Info("the manager stops; a recovery of the session is left to the next sweep", args...)
+		}
+	}
+	answerStopped(c, []routed{r})
 }
 
 // successor asks the manager to start the successor of a stopped session of key, with the
@@ -810,7 +820,7 @@ func (m *SessionManager) recover(c actor.Context, key string, hops int32) {
 		return
 	}
 	if a := m.activating[key]; a != nil {
-		a.recovers(hops)
+		m.recovers(a, hops)
 		return
 	}
 	if pid := m.sessions[key]; pid != nil {
@@ -826,7 +836,7 @@ func (m *SessionManager) recover(c actor.Context, key string, hops int32) {
 	// no restart's to answer with a notice (sessions.recovery: notice), it runs.
 	m.activate(c, key, !m.d.Clustered)
 	if a := m.activating[key]; a != nil {
-		a.recovers(hops) // given up, the activation hands the Recover on, hops and all (cancelActivation)
+		m.recovers(a, hops) // given up, the activation hands the Recover on, hops and all (cancelActivation)
 	}
 }
 

@@ -62,7 +62,8 @@ type activation struct {
 	held    []routed              // requests for the session once it starts
 	recover bool                  // a Recover came meanwhile (the session loads the work anyway)
 	// recoverHops is how many members forwarded that Recover here, the most of those that
-	// came: handed on (cancelActivation), it keeps its count (mayHandOn).
+	// came while the member leaves (recovers): handed on (cancelActivation), it keeps its count
+	// (mayHandOn).
 	recoverHops int32
 	// silent counts, by PID, the Releases in a row a member left unanswered (releaseTries).
 	silent map[string]int
@@ -170,7 +171,7 @@ func (m *SessionManager) lookUpHolder(c actor.Context, key string, a *activation
 // goes to the holder, if one said it holds the key, or waits for the session.
 func (m *SessionManager) whileActivating(c actor.Context, key string, a *activation, r routed) {
 	if _, ok := r.msg.(*Recover); ok {
-		a.recovers(r.hops) // the session loads the work when it starts
+		m.recovers(a, r.hops) // the session loads the work when it starts
 		return
 	}
 	// Past maxForwardHops too: the holder runs the key's session (or starts it), so the message
@@ -181,10 +182,17 @@ func (m *SessionManager) whileActivating(c actor.Context, key string, a *activat
 	a.held = append(a.held, r)
 }
 
-// recovers notes a Recover for the activation's key, forwarded here by hops members.
-func (a *activation) recovers(hops int32) {
+// recovers notes a Recover for the activation's key, forwarded here by hops members. Its hops
+// count only while the member leaves: a leaving member that gives the activation up hands the
+// Recover on with them, so that members leaving together cannot pass it back and forth. One
+// that came before the member began to leave goes on as new, as it would have been handed on
+// had the member been leaving when it came; with its hops, it could reach a successor that may
+// not hand it on and is stopping, and be dropped (found by a review).
+func (m *SessionManager) recovers(a *activation, hops int32) {
 	a.recover = true
-	a.recoverHops = max(a.recoverHops, hops)
+	if m.successor != nil {
+		a.recoverHops = max(a.recoverHops, hops)
+	}
 }
 
 // askRelease asks the manager p whether it holds key. Its answer, or the dead letter or

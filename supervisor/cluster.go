@@ -92,7 +92,7 @@ func (d *Daemon) startCluster() (err error) {
 		if t, ok := ev.(*cluster.ClusterTopology); ok {
 			d.metrics.ClusterMembers.Set(float64(len(t.Members)))
 			if crowded := crowdedAddresses(d.system.Address(), t.Members); crowded != nil && crowdWarned.CompareAndSwap(false, true) {
-				d.log.Warn("cluster members' addresses differ only in their last character; the cluster places about half of their sessions on one of them: give each member its own host address",
+				d.log.Warn("cluster members' addresses differ only in their last character; the cluster places their sessions unevenly (of three, half on one): give each member its own host address",
 					"addresses", crowded)
 			}
 			go func() {

@@ -64,7 +64,7 @@ func TestClusterWarnsOfAddressesPlacedUnevenly(t *testing.T) {
 	defer b.stop(t)
 	c := startClusterMember(t, dsn, okAgent, 0, at(binds[2]))
 	defer c.stop(t)
-	logs.await(t, fmt.Sprintf(`msg="cluster members' addresses differ only in their last character; the cluster places about half of their sessions on one of them: give each member its own host address" addresses="%v"`, binds))
+	logs.await(t, fmt.Sprintf(`msg="cluster members' addresses differ only in their last character; the cluster places their sessions unevenly (of three, half on one): give each member its own host address" addresses="%v"`, binds))
 	if n := strings.Count(logs.String(), "addresses differ only in their last character"); n != 1 {
 		t.Errorf("the line came %d times, want once", n)
 	}
