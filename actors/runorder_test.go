@@ -21,32 +21,9 @@ import (
 // read in seq order: Q1 Q2 Q3 A1 A2 A3, and /undo archived Q3 with all three answers.
 func TestReloadedHistoryKeepsTheOrderTurnsRan(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		release := make(chan struct{})
-		var mu sync.Mutex
-		var last *agents.Request
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			if req.Messages[0].Text == "Q1" {
-				select {
-				case <-release:
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				}
-			}
-			mu.Lock()
-			last = req
-			mu.Unlock()
-			return &agents.Response{Text: "A" + req.Messages[0].Text[1:]}, nil
-		})
-		w := newManagerWorld(t, agent, func(d *Deps) { d.Config.PassivateAfter = time.Minute })
-		history := func() []string {
-			mu.Lock()
-			defer mu.Unlock()
-			var got []string
-			for _, m := range last.History {
-				got = append(got, m.Text)
-			}
-			return got
-		}
+		a := newHistoryAgent("")
+		w := newManagerWorld(t, a.agent, func(d *Deps) { d.Config.PassivateAfter = time.Minute })
+		release, history := a.release, a.history
 		send := func(id, text string) {
 			t.Helper()
 			if r := w.deliver(t, id, text); r.ErrorCode != "" {
@@ -132,35 +109,9 @@ func TestRunOrder(t *testing.T) {
 // before that turn's question, Q2 Q1 A1 Q3 A3).
 func TestReloadedHistoryKeepsAFailedQueuedMessageAfterTheTurnItWaitedFor(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		release := make(chan struct{})
-		var mu sync.Mutex
-		var last *agents.Request
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			switch req.Messages[0].Text {
-			case "Q1":
-				select {
-				case <-release:
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				}
-			case "Q2":
-				return nil, errors.New("the agent failed (test)")
-			}
-			mu.Lock()
-			last = req
-			mu.Unlock()
-			return &agents.Response{Text: "A" + req.Messages[0].Text[1:]}, nil
-		})
-		w := newManagerWorld(t, agent, func(d *Deps) { d.Config.PassivateAfter = time.Minute })
-		history := func() []string {
-			mu.Lock()
-			defer mu.Unlock()
-			var got []string
-			for _, m := range last.History {
-				got = append(got, m.Text)
-			}
-			return got
-		}
+		a := newHistoryAgent("Q2")
+		w := newManagerWorld(t, a.agent, func(d *Deps) { d.Config.PassivateAfter = time.Minute })
+		release, history := a.release, a.history
 		for _, id := range []string{"q1", "q2"} {
 			if r := w.deliver(t, id, strings.ToUpper(id)); r.ErrorCode != "" {
 				t.Fatalf("%s: %+v", id, r)
@@ -180,4 +131,46 @@ func TestReloadedHistoryKeepsAFailedQueuedMessageAfterTheTurnItWaitedFor(t *test
 			t.Errorf("the reloaded session gave Q4's turn the history %q, want %q (Q3's turn had %q)", got, want, live)
 		}
 	})
+}
+
+// historyAgent answers Qn with An once release is closed (Q1 waits for it, so that the
+// messages after it queue), fails the message named fail, and keeps the history of the last
+// request it answered.
+type historyAgent struct {
+	agent   agents.Agent
+	release chan struct{}
+	mu      sync.Mutex
+	last    *agents.Request
+}
+
+func newHistoryAgent(fail string) *historyAgent {
+	a := &historyAgent{release: make(chan struct{})}
+	a.agent = agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		switch req.Messages[0].Text {
+		case "Q1":
+			select {
+			case <-a.release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		case fail:
+			return nil, errors.New("the agent failed (test)")
+		}
+		a.mu.Lock()
+		a.last = req
+		a.mu.Unlock()
+		return &agents.Response{Text: "A" + req.Messages[0].Text[1:]}, nil
+	})
+	return a
+}
+
+// history is the texts of the history the last answered request carried.
+func (a *historyAgent) history() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var got []string
+	for _, m := range a.last.History {
+		got = append(got, m.Text)
+	}
+	return got
 }
