@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,17 +67,6 @@ func TestBulkDeletedQueuedMessagesAreNotAnswered(t *testing.T) {
 // logged in one line. Before the fix this test went in with, they were asked one after another
 // (here: the first waited its 5 s for the others, which were not asked yet).
 func TestBulkDeleteWaitsOnceForAllItsMessages(t *testing.T) {
-	srv := discordtest.New(t)
-	srv.AddGuild(guildID, "guild")
-	srv.AddChannel(discordtest.Channel{ID: channelID, GuildID: guildID, Type: discordgo.ChannelTypeGuildText, Name: "general"})
-	log := &testutil.Buffer{}
-	settings := config.Default().Platforms.Discord
-	settings.APIURL = srv.APIURL()
-	p, err := discord.New(discord.Config{Token: srv.Token(), Settings: settings, Now: srv.Now,
-		Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const n = 20
 	var (
 		mu        sync.Mutex
@@ -84,7 +74,7 @@ func TestBulkDeleteWaitsOnceForAllItsMessages(t *testing.T) {
 		deadlines = map[time.Time]bool{}
 		all       = make(chan struct{}) // closed once every withdrawal has been asked
 	)
-	p.SetWithdraw(func(ctx context.Context, src identity.Source, id string) (bool, error) {
+	srv, log, take := mustRunWithWithdraw(t, func(ctx context.Context, src identity.Source, id string) (bool, error) {
 		mu.Lock()
 		asked = append(asked, id)
 		dl, _ := ctx.Deadline()
@@ -107,33 +97,6 @@ func TestBulkDeleteWaitsOnceForAllItsMessages(t *testing.T) {
 		}
 		return true, nil
 	})
-	delivered := make(chan string, 2*n)
-	deliver := func(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
-		delivered <- in.Text
-		return &platforms.Ack{MessageID: in.MessageID, Disposition: "queued"}, nil
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	ran := make(chan struct{})
-	go func() {
-		defer close(ran)
-		_ = p.Run(ctx, deliver)
-	}()
-	defer func() {
-		cancel()
-		<-ran
-	}()
-	srv.WaitReady(t)
-	take := func(want string) {
-		t.Helper()
-		select {
-		case got := <-delivered:
-			if got != want {
-				t.Fatalf("delivered %q, want %q", got, want)
-			}
-		case <-time.After(discordtest.WaitTimeout):
-			t.Fatalf("%q was never delivered\n%s", want, log.String())
-		}
-	}
 	var ids []string
 	for range n {
 		m := srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "queued", MentionBot: true})
@@ -169,4 +132,94 @@ func TestBulkDeleteWaitsOnceForAllItsMessages(t *testing.T) {
 	if !strings.Contains(logged, "discord messages deleted in bulk before their turns; withdrawn") {
 		t.Errorf("the withdrawn messages are not logged:\n%s", logged)
 	}
+}
+
+// TestBulkDeleteCountsAPanickedWithdrawalAsFailed: a withdrawal of a purge's message that
+// panics is logged with its stack and counted with the failures in the purge's line (the
+// message is answered, as when its session could not take it back). Before, it was counted
+// neither way: the line said the purge's other messages all went back, and none failed.
+func TestBulkDeleteCountsAPanickedWithdrawalAsFailed(t *testing.T) {
+	var boom atomic.Pointer[string] // the id whose withdrawal panics
+	srv, log, take := mustRunWithWithdraw(t, func(_ context.Context, _ identity.Source, id string) (bool, error) {
+		if b := boom.Load(); b != nil && *b == id {
+			panic("injected: the withdrawal failed")
+		}
+		return true, nil
+	})
+	var ids []string
+	for range 3 {
+		ids = append(ids, srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "queued", MentionBot: true}).ID)
+		take("queued")
+	}
+	boom.Store(&ids[1])
+	srv.DeleteBulk(ids...)
+	srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "after", MentionBot: true})
+	take("after") // the gateway reader went on, past the purge
+	logged := log.String()
+	if !strings.Contains(logged, "discord event handling panicked; the event is dropped") || !strings.Contains(logged, "message_id="+ids[1]) {
+		t.Errorf("the panic is not logged with the message it withdrew:\n%s", logged)
+	}
+	line := func(msg string) string {
+		for l := range strings.Lines(logged) {
+			if strings.Contains(l, msg) {
+				return l
+			}
+		}
+		return ""
+	}
+	failed := line("discord messages deleted in bulk but not withdrawn; they are answered")
+	if !strings.Contains(failed, "messages=1 deleted=3") || !strings.Contains(failed, "withdraw panicked: injected") {
+		t.Errorf("the purge's line does not count the panicked withdrawal as failed: got %q, want messages=1 deleted=3 and its panic\n%s", failed, logged)
+	}
+	if withdrawn := line("discord messages deleted in bulk before their turns; withdrawn"); !strings.Contains(withdrawn, "messages=2 deleted=3") {
+		t.Errorf("the purge's other messages logged as %q, want messages=2 deleted=3 withdrawn", withdrawn)
+	}
+}
+
+// mustRunWithWithdraw runs a Discord platform against a fake Discord with one guild channel,
+// logging at Debug, with withdraw as the runtime's withdrawal and a runtime that queues every
+// message it is delivered, until the test ends. take waits for the delivery of a message and
+// fails the test unless its text is want.
+func mustRunWithWithdraw(t *testing.T, withdraw platforms.Withdraw) (srv *discordtest.Server, log *testutil.Buffer, take func(want string)) {
+	t.Helper()
+	srv = discordtest.New(t)
+	srv.AddGuild(guildID, "guild")
+	srv.AddChannel(discordtest.Channel{ID: channelID, GuildID: guildID, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+	log = &testutil.Buffer{}
+	settings := config.Default().Platforms.Discord
+	settings.APIURL = srv.APIURL()
+	p, err := discord.New(discord.Config{Token: srv.Token(), Settings: settings, Now: srv.Now,
+		Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetWithdraw(withdraw)
+	delivered := make(chan string, 64)
+	deliver := func(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
+		delivered <- in.Text
+		return &platforms.Ack{MessageID: in.MessageID, Disposition: "queued"}, nil
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		_ = p.Run(ctx, deliver)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-ran
+	})
+	srv.WaitReady(t)
+	take = func(want string) {
+		t.Helper()
+		select {
+		case got := <-delivered:
+			if got != want {
+				t.Fatalf("delivered %q, want %q", got, want)
+			}
+		case <-time.After(discordtest.WaitTimeout):
+			t.Fatalf("%q was never delivered\n%s", want, log.String())
+		}
+	}
+	return srv, log, take
 }

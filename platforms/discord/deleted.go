@@ -2,6 +2,7 @@ package discord
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -164,8 +165,14 @@ func (p *Platform) withdrawDeleted(event, channel string, ids []string) []withdr
 	for i, f := range todo {
 		wg.Go(func() {
 			// Off the gateway reader, where survived does not reach: a panic would end the
-			// daemon. The message is answered as if nothing had withdrawn it.
-			defer p.survive(event, "message_id", f.id)
+			// daemon. The message is answered as if nothing had withdrawn it: a failed
+			// withdrawal, which the purge's line counts (it counted it neither way before).
+			defer func() {
+				if v := recover(); v != nil {
+					p.panicked(event, v, "message_id", f.id)
+					out[i] = withdrawal{err: fmt.Errorf("withdraw panicked: %v", v)}
+				}
+			}()
 			taken, err := withdraw(wctx, f.src, f.id)
 			out[i] = withdrawal{taken: taken, err: err}
 		})
