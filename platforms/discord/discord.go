@@ -248,7 +248,8 @@ func (p *Platform) Name() string { return Name }
 
 // Run connects to the gateway (resuming the previous gateway session when there was one, so
 // Discord replays what was missed) and feeds messages to deliver until ctx ends or the
-// connection drops. A connection Discord refuses for good keeps it down, not ended (stayDown).
+// connection drops. A connection Discord refuses for good, at the connect or once live, keeps
+// it down, not ended (stayDown).
 func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	p.mu.Lock()
 	p.deliver, p.runCtx = deliver, ctx
@@ -258,21 +259,37 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	default:
 	}
 	err := p.open(ctx)
-	for err != nil {
-		if ctx.Err() != nil {
-			p.setErr(errors.New("stopped"))
+	for {
+		for err != nil {
+			if ctx.Err() != nil {
+				p.setErr(errors.New("stopped"))
+				return nil
+			}
+			r, ok := p.refusedBy(err)
+			if !ok {
+				p.setErr(fmt.Errorf("connect to gateway: %w", err))
+				return fmt.Errorf("discord: connect to gateway: %w", err)
+			}
+			if !p.stayDown(ctx, r, err) {
+				return nil
+			}
+			err = p.open(ctx)
+		}
+		if err = p.serve(ctx); err == nil {
 			return nil
 		}
-		r, ok := p.refusedBy(err)
-		if !ok {
-			p.setErr(fmt.Errorf("connect to gateway: %w", err))
-			return fmt.Errorf("discord: connect to gateway: %w", err)
+		// A live connection Discord closed for good (4004: the token was reset in the
+		// Developer Portal) stays down as a refused connect does, at once: ended, it cost a
+		// warning and a restart, whose RESUME Discord refused the same way, before the ERR.
+		if _, ok := p.refusedBy(err); !ok {
+			return fmt.Errorf("discord: %w", err)
 		}
-		if !p.stayDown(ctx, r, err) {
-			return nil
-		}
-		err = p.open(ctx)
 	}
+}
+
+// serve waits while the gateway connection is up, until ctx ends, which closes it (nil), or
+// the connection is lost (why).
+func (p *Platform) serve(ctx context.Context) error {
 	defer p.typing.stopAll()
 	select {
 	case <-ctx.Done():
@@ -283,7 +300,7 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 		}
 		return nil
 	case err := <-p.lost:
-		return fmt.Errorf("discord: %w", err)
+		return err
 	}
 }
 
@@ -315,6 +332,10 @@ type gatewayRefusal struct {
 	attrs []any  // of the ERR line: what the operator changes, and how Discord refused
 	fix   string // what /readyz says
 }
+
+// refusalCode reports whether a gateway close code is one Discord says not to reconnect after:
+// the codes refusedBy knows.
+func refusalCode(code int) bool { return code == 4004 || code >= 4010 && code <= 4014 }
 
 // refusedBy returns the refusal err is, if it is the gateway closing the connection with one of
 // the close codes Discord says not to reconnect after, or the gateway lookup refusing the token.
@@ -467,6 +488,9 @@ func (p *Platform) onResumed(*discordgo.Session, *discordgo.Resumed) {
 
 func (p *Platform) onDisconnect(*discordgo.Session, *discordgo.Disconnect) {
 	err := errors.New("gateway connection lost")
+	if ce := liveClose.Swap(nil); ce != nil {
+		err = fmt.Errorf("gateway connection lost: %w", ce)
+	}
 	p.setErr(err)
 	select {
 	case p.lost <- err:
@@ -490,6 +514,13 @@ func userName(u *discordgo.User) string {
 
 // libraryLog is where discordgo's package-wide logger writes; the latest platform's logger.
 var libraryLog atomic.Pointer[slog.Logger]
+
+// liveClose is the close frame that ended a live gateway connection, from discordgo's line of
+// it (gatewayClosed), until the Disconnect event that follows takes it (onDisconnect): nowhere
+// else does discordgo tell why a live connection ended. Both run on the connection's reader,
+// one after the other (the line, Session.Close, its Disconnect handlers: SyncEvents); the line
+// names no platform, and the process runs one (its tests, one at a time).
+var liveClose atomic.Pointer[websocket.CloseError]
 
 // libraryTokens are the bot tokens of the platforms made so far, cut out of discordgo's lines.
 var libraryTokens struct {
@@ -524,6 +555,15 @@ func routeLibraryLogs(log *slog.Logger, token string) {
 				return
 			}
 			msg := redactTokens(strings.TrimSpace(fmt.Sprintf(format, a...)))
+			if ce, ok := gatewayClosed(format, a); ok {
+				liveClose.Store(ce)
+				if refusalCode(ce.Code) {
+					// The platform stays down with an ERR line that says what to do, at once
+					// (Run): this line would read as a network problem.
+					l.Debug(msg)
+					return
+				}
+			}
 			// discordgo's errors are the gateway's (a heartbeat not acknowledged, a connection
 			// or a read that failed, an event that did not decode). A lost connection ends Run,
 			// which the platform actor restarts (WRN platform stopped; restarting): nothing in
@@ -546,6 +586,19 @@ func replayedFirst(format string, a []any) (*discordgo.Event, bool) {
 	}
 	e, ok := a[0].(*discordgo.Event)
 	return e, ok && e != nil
+}
+
+// gatewayClosed recognises discordgo's warning that the read of a live gateway connection
+// failed (Session.listen), and returns the close frame that ended it, when one did.
+func gatewayClosed(format string, a []any) (*websocket.CloseError, bool) {
+	if !strings.HasPrefix(format, "error reading from gateway") || len(a) != 2 {
+		return nil, false
+	}
+	var ce *websocket.CloseError
+	if err, ok := a[1].(error); !ok || !errors.As(err, &ce) {
+		return nil, false
+	}
+	return ce, true
 }
 
 // redactTokens replaces every bot token in s.

@@ -183,13 +183,31 @@ func (s *Server) refuseLocked() (code int, reason string, ok bool) {
 		return 0, "", false
 	}
 	s.refuseLeft--
-	reason = map[int]string{
+	return s.refuseCode, closeReason(s.refuseCode), true
+}
+
+// closeReason is the reason Discord gives with a close code of RefuseNext or CloseLive.
+func closeReason(code int) string {
+	reason := map[int]string{
 		closeAuthFailed:       "Authentication failed.",
 		closeInvalidShard:     "Invalid shard.",
 		closeShardingRequired: "Sharding required.",
 		closeInvalidVersion:   "Invalid API version.",
 		closeInvalidIntents:   "Invalid intent(s).",
 		closeDisallowed:       "Disallowed intent(s).",
-	}[s.refuseCode]
-	return s.refuseCode, cmp.Or(reason, "Refused."), true
+	}[code]
+	return cmp.Or(reason, "Refused.")
+}
+
+// CloseLive closes every gateway connection now with gateway close code (and Discord's reason
+// for it), after what is queued on it, as Discord ends a live session it will no longer serve:
+// 4004 once the bot's token has been reset in the Developer Portal. The session stays resumable;
+// combine with RefuseNext to refuse the tries after it too. Call WaitReady first (see Ready).
+func (s *Server) CloseLive(code int) {
+	s.mu.Lock()
+	conns := s.connsLocked()
+	s.mu.Unlock()
+	for _, c := range conns {
+		s.closeConn(c, code, closeReason(code))
+	}
 }
