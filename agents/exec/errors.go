@@ -25,10 +25,11 @@ type ExitError struct {
 	// Code is the exit status, or 128 plus the signal number (as a shell reports it) when the
 	// process was killed by a signal.
 	Code int
-	// Stderr is the tail (at most MaxStderr bytes) of what the command wrote to stderr, most
-	// often why it failed, with the daemon's secrets (Config.Withhold), key-like strings and
-	// the passwords of URLs replaced by [redacted], since the error is logged. (The tail of stdout, which may be the
-	// reply, is logged at Debug only: no message bodies above it.)
+	// Stderr is the end (at most MaxStderrLogged bytes, after a note of how many came before
+	// it) of what the command wrote to stderr, most often why it failed, with the daemon's
+	// secrets (Config.Withhold), key-like strings and the passwords of URLs replaced by
+	// [redacted], since the error is logged. (More of it, MaxStderr bytes, is logged at Debug,
+	// as is the tail of stdout, which may be the reply: no message bodies above it.)
 	Stderr string
 }
 

@@ -327,6 +327,11 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	a.mu.Unlock()
 	log := a.log.With("command", name, "session", req.Identity.SessionKey, "turn", req.Identity.TurnID,
 		"duration", time.Since(start))
+	if stderr.written > 0 {
+		// Whole, as kept, whatever the outcome: the lines above Debug show its end only
+		// (stderrEnd). Its start may be cut.
+		log.Debug("exec agent stderr", "stderr", a.redact.tail(stderr))
+	}
 
 	if errors.Is(context.Cause(runCtx), errRunaway) && ctx.Err() == nil {
 		// It was stopped for its output, not for a cancel or the timeout: the reply is the
@@ -341,7 +346,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			log.Debug("exec agent stdout of a failed command", "stdout", out)
 		}
 		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: stopped after more than %d MiB on stderr, which agentgate reads no further; its end: %s",
-			name, MaxStderrRead>>20, strings.TrimSpace(a.redact.tail(stderr)))
+			name, MaxStderrRead>>20, strings.TrimSpace(a.redact.stderrEnd(stderr)))
 	}
 	// A signalled command's result is an artefact of the signal; so, most likely, is a failure
 	// that coincides with the end of ctx.
@@ -349,7 +354,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		if errors.Is(context.Cause(runCtx), ErrTimeout) {
 			// What it was stuck on, which the error of a timeout does not say. Stdout, which
 			// may be the reply (a message body), only at Debug.
-			if errOut := a.redact.tail(stderr); errOut != "" {
+			if errOut := a.redact.stderrEnd(stderr); errOut != "" {
 				log.Warn("exec agent stderr before its timeout", "stderr", errOut)
 			}
 			if out := a.redact.tail(stdoutTail); out != "" {
@@ -375,12 +380,9 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			// Not in the error, which is logged at Warn: it may be the reply (a message body).
 			log.Debug("exec agent stdout of a failed command", "stdout", out)
 		}
-		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, &ExitError{Code: code, Stderr: a.redact.tail(stderr)})
+		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, &ExitError{Code: code, Stderr: a.redact.stderrEnd(stderr)})
 	default:
 		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, waitErr)
-	}
-	if s := stderr.String(); s != "" {
-		log.Debug("exec agent stderr", "stderr", a.redact.tail(stderr)) // its start may be cut, as on failure
 	}
 	resp := &agents.Response{Text: stdout.reply(), Unseen: unseen}
 	if stdout.truncated {

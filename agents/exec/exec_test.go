@@ -524,9 +524,10 @@ func TestRunExitError(t *testing.T) {
 			script:   "head -c 10000 /dev/zero | tr '\\0' x >&2\necho END >&2\nexit 1",
 			wantCode: 1,
 			wantStderr: func(s string) bool {
-				return len(s) == exec.MaxStderr && strings.HasSuffix(s, "xxEND\n")
+				note := fmt.Sprintf("[first %d bytes cut] ", 10004-exec.MaxStderrLogged)
+				return s == note+strings.Repeat("x", exec.MaxStderrLogged-4)+"END\n"
 			},
-			describe: fmt.Sprintf("%d bytes ending in END", exec.MaxStderr),
+			describe: fmt.Sprintf("its last %d bytes, ending in END, after a note of the rest", exec.MaxStderrLogged),
 		},
 	}
 	for _, tc := range tests {

@@ -1,6 +1,7 @@
 package exec
 
 import (
+	"bytes"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -17,8 +18,14 @@ const (
 	// end, a command printing in a loop took the daemon's CPU until its timeout (10 minutes
 	// by default), and its reply was then thrown away as none.
 	MaxOutput = 16 * MaxReply
-	// MaxStderr is how many trailing bytes of stderr are kept for errors and logs.
+	// MaxStderr is how many trailing bytes of stderr are kept: all of them are logged at
+	// Debug, and the end of them (MaxStderrLogged) in errors and lines above Debug.
 	MaxStderr = 4 << 10
+	// MaxStderrLogged is how many trailing bytes of stderr a failed command's error (the err
+	// of its turn's WRN line) and the WRN line of one that timed out show, after a note of the
+	// bytes before them: the last lines, which most often say why it failed. The whole of
+	// MaxStderr in one attribute made a line of 4 KiB, for each failed turn.
+	MaxStderrLogged = 1 << 10
 	// MaxStderrRead is the most bytes of stderr read: a command that writes more is stopped as
 	// it is on a timeout, and its turn fails. Read and discarded to the end, as stdout was
 	// before MaxOutput, a command printing to stderr in a loop took most of a core of the
@@ -89,6 +96,9 @@ type tailBuffer struct {
 	max int
 	buf []byte
 	cut bool // bytes before the kept ones were dropped
+	// atLine is set when the kept bytes begin at a line's start (last): the cut split no token
+	// or URL, only, maybe, a withheld value of several lines.
+	atLine bool
 	// Past limit bytes written, runaway is called once (a nil runaway: no limit).
 	limit   int64
 	written int64
@@ -113,6 +123,20 @@ func (w *tailBuffer) Write(p []byte) (int, error) {
 	}
 	w.buf = append(w.buf, p...)
 	return n, nil
+}
+
+// last returns the last n bytes w kept, as a tailBuffer of their own that begins at a line's
+// start when one begins in the first quarter of them; w itself when it kept no more than n.
+func (w *tailBuffer) last(n int) *tailBuffer {
+	if len(w.buf) <= n {
+		return w
+	}
+	b := w.buf[len(w.buf)-n:]
+	i := bytes.IndexByte(b[:n/4], '\n')
+	if i >= 0 {
+		b = b[i+1:]
+	}
+	return &tailBuffer{max: n, buf: b, cut: true, atLine: i >= 0, written: w.written}
 }
 
 // String returns the kept tail as valid UTF-8 (the cut may have split a rune).

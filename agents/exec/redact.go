@@ -1,6 +1,7 @@
 package exec
 
 import (
+	"fmt"
 	"strings"
 	"unicode"
 
@@ -38,7 +39,8 @@ const maxFragment = 256
 // tail returns what w kept, redacted. When w dropped the output's start, a short run of token
 // characters at the start of what it kept is dropped too (or, when its first word has an @ at
 // most maxFragment bytes in, all of the word before its last @), with "…" in its place (so the
-// result may be 3 bytes longer than w.max).
+// result may be 3 bytes longer than w.max), unless what it kept begins at a line's start
+// (atLine); the end of a withheld value it begins with is dropped in any case.
 func (r *redactor) tail(w *tailBuffer) string {
 	s := w.String()
 	if w.cut {
@@ -47,6 +49,9 @@ func (r *redactor) tail(w *tailBuffer) string {
 			// The end of a withheld value, whatever characters it holds (a password's "!@#"
 			// stopped the token run below short of it: a review's finding).
 			return r.redact("…" + s[n:])
+		}
+		if w.atLine {
+			return r.redact(s) // its first word is whole
 		}
 		// The end of a URL cut before its password was (…res://agent:s3cret@db): redact.String
 		// needs the scheme to see a URL's password, which it runs to the last @ of the word
@@ -68,6 +73,17 @@ func (r *redactor) tail(w *tailBuffer) string {
 		}
 	}
 	return r.redact(s)
+}
+
+// stderrEnd returns the end of what the stderr buffer w kept, redacted, as errors and lines
+// above Debug show it: its last MaxStderrLogged bytes (tailBuffer.last), after a note of how
+// many bytes the command wrote before them when there were any.
+func (r *redactor) stderrEnd(w *tailBuffer) string {
+	end := w.last(MaxStderrLogged)
+	if before := end.written - int64(len(end.buf)); before > 0 {
+		return fmt.Sprintf("[first %d bytes cut] %s", before, r.tail(end))
+	}
+	return r.tail(end)
 }
 
 // cutSecret returns the length of the longest end of a withheld value, minSecret bytes or
