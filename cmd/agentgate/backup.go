@@ -34,7 +34,7 @@ func backup(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprint(fset.Output(), backupUsage, "\nflags:\n")
 		cf.printDefaults()
 	}
-	out, err := parseArgs(fset, args, "FILE", stderr)
+	out, err := parseArgs(fset, args, "FILE", stdout, stderr)
 	if err != nil {
 		return helpIsDone(err)
 	}

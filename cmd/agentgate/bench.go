@@ -108,7 +108,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 		fmt.Fprint(fs.Output(), benchUsage, "\nflags:\n")
 		fs.PrintDefaults()
 	}
-	if err := parse(fs, args, stderr); err != nil {
+	if err := parse(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	if *sessions < 1 || *messages < 1 || *rounds < 1 {

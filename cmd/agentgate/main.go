@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -29,9 +30,10 @@ import (
 
 func main() {
 	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if !errors.Is(err, errUsage) {
-			printError(os.Stderr, err)
+		if errors.Is(err, errUsage) {
+			os.Exit(2) // a wrong command line, as Go's flag package and most commands exit
 		}
+		printError(os.Stderr, err)
 		os.Exit(1)
 	}
 }
@@ -71,7 +73,7 @@ func errorLine(msg string) string {
 	return b.String()
 }
 
-// errUsage means the usage text was already printed.
+// errUsage means the usage text was already printed: the command line was wrong.
 var errUsage = errors.New("usage")
 
 // errHelp means -h was asked for and answered: the command stops with success.
@@ -131,7 +133,7 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 		fs.Usage = func() {
 			fmt.Fprint(fs.Output(), "usage: agentgate version\n\nPrints agentgate's version (also agentgate --version). It takes no flags.\n")
 		}
-		if err := parse(fs, args, stderr); err != nil {
+		if err := parse(fs, args, stdout, stderr); err != nil {
 			return err
 		}
 		fmt.Fprintln(stdout, "agentgate", buildinfo.Version())
@@ -245,9 +247,10 @@ func (f *configFlags) check(here func(*config.Config) []error) (cfg *config.Conf
 	}, here)
 }
 
-func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
-	fs.SetOutput(stderr)
-	if err := fs.Parse(args); err != nil {
+// parse parses args, fs's flags and no argument. It returns errHelp after -h and errUsage
+// after a usage error (parseFlags).
+func parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) error {
+	if err := parseFlags(fs, args, stdout, stderr); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return errHelp
 		}
@@ -258,6 +261,23 @@ func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 		return errUsage
 	}
 	return nil
+}
+
+// parseFlags is fs.Parse(args) with the usage that -h asks for on stdout, as the command's
+// output (agentgate help prints it there too), and a usage error with the usage after it on
+// stderr. Before, -h printed on stderr, the flag package's default: `agentgate sessions show -h
+// | less` showed nothing.
+func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) error {
+	var out bytes.Buffer
+	fs.SetOutput(&out)
+	err := fs.Parse(args)
+	fs.SetOutput(stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		_, _ = out.WriteTo(stdout)
+	} else {
+		_, _ = out.WriteTo(stderr)
+	}
+	return err
 }
 
 // serveUsage and checkConfigUsage are what serve's and check-config's -h print before their
@@ -288,7 +308,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(fs.Output(), serveUsage, "\nflags:\n")
 		cf.printDefaults()
 	}
-	if err := parse(fs, args, stderr); err != nil {
+	if err := parse(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	// Refused here, at the key's line, rather than once the store is open (and a PostgreSQL one
@@ -369,7 +389,7 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 	configOnly := fs.Bool("config-only", false, "check the configuration alone: what serve refuses only in this environment "+
 		"(an unset secret variable, an exec command or a cluster TLS file not on this machine) is a warning, not a problem; "+
 		"for a file checked elsewhere than where it runs")
-	if err := parse(fs, args, stderr); err != nil {
+	if err := parse(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	if *printDefaults {

@@ -88,12 +88,14 @@ func TestRunCommands(t *testing.T) {
 		wantOut    string // substring of stdout
 		wantStderr []string
 		notStderr  []string // not in stderr
+		wantUsage  []string // in stdout, with nothing on stderr: the usage -h asks for
+		notUsage   []string // not in stdout
 	}{
 		{name: "version", args: []string{"version"}, wantOut: "agentgate "},
 		{name: "--version is version, not a flag of serve", args: []string{"--version"}, wantOut: "agentgate "},
 		{name: "-version too", args: []string{"-version"}, wantOut: "agentgate "},
 		{name: "version takes no argument", args: []string{"version", "extra"}, wantErr: "usage", wantStderr: []string{`agentgate version: unexpected argument "extra"`}},
-		{name: "version -h says what it does", args: []string{"version", "-h"}, wantStderr: []string{"usage: agentgate version\n\nPrints agentgate's version"}},
+		{name: "version -h says what it does", args: []string{"version", "-h"}, wantUsage: []string{"usage: agentgate version\n\nPrints agentgate's version"}},
 		{name: "a flag without a command says it went to serve", args: []string{"-v"}, wantErr: "usage",
 			wantStderr: []string{"flag provided but not defined: -v", "No command was given, so the flags went to serve, the default command. 'agentgate -h' lists the commands."}},
 		{name: "serve named says no more", args: []string{"serve", "-v"}, wantErr: "usage", wantStderr: []string{"flag provided but not defined: -v"},
@@ -102,32 +104,32 @@ func TestRunCommands(t *testing.T) {
 		{name: "help names every sessions command", args: []string{"help"}, wantOut: "list, show, export, search or reset the stored sessions; list and requeue\n                 quarantined messages"},
 		{name: "-h lists the commands", args: []string{"-h"}, wantOut: "commands:\n  serve"},
 		{name: "--help lists the commands", args: []string{"--help"}, wantOut: "commands:\n  serve"},
-		{name: "help serve shows serve's flags", args: []string{"help", "serve"}, wantStderr: []string{"-http-addr"}},
+		{name: "help serve shows serve's flags", args: []string{"help", "serve"}, wantUsage: []string{"-http-addr"}},
 		{name: "help of an unknown command", args: []string{"help", "frobnicate"}, wantErr: "usage", wantStderr: []string{`unknown command "frobnicate"`}},
-		{name: "serve -h does not start", args: []string{"serve", "-h"}, wantStderr: []string{"-http-addr"}},
+		{name: "serve -h does not start", args: []string{"serve", "-h"}, wantUsage: []string{"-http-addr"}},
 		// As every other command's help: before, Go's bare "Usage of serve:" and the flags.
 		{name: "serve's help says what it does", args: []string{"help", "serve"},
-			wantStderr: []string{"usage: agentgate serve [flags]\n\nRuns the daemon", "a second one exits at once", "\nflags:\n  -config file"}, notStderr: []string{"Usage of"}},
+			wantUsage: []string{"usage: agentgate serve [flags]\n\nRuns the daemon", "a second one exits at once", "\nflags:\n  -config file"}, notUsage: []string{"Usage of"}},
 		{name: "check-config's too", args: []string{"check-config", "-h"},
-			wantStderr: []string{"usage: agentgate check-config [flags]\n\nValidates the configuration", "\nflags:\n  -config file", "-print-defaults"}, notStderr: []string{"Usage of"}},
+			wantUsage: []string{"usage: agentgate check-config [flags]\n\nValidates the configuration", "\nflags:\n  -config file", "-print-defaults"}, notUsage: []string{"Usage of"}},
 		{name: "bench's too", args: []string{"bench", "-h"},
-			wantStderr: []string{"usage: agentgate bench [flags]\n\nMeasures the whole runtime", "\nflags:\n  -config file", "-sessions N"}, notStderr: []string{"Usage of"}},
+			wantUsage: []string{"usage: agentgate bench [flags]\n\nMeasures the whole runtime", "\nflags:\n  -config file", "-sessions N"}, notUsage: []string{"Usage of"}},
 		{name: "an admin command's help omits the flags that do nothing for it", args: []string{"sessions", "list", "-h"},
-			wantStderr: []string{"-data-dir", "-platform"}, notStderr: []string{"-http-addr", "-log-level", "-log-format"}},
+			wantUsage: []string{"-data-dir", "-platform"}, notUsage: []string{"-http-addr", "-log-level", "-log-format"}},
 		{name: "backup's help omits them too", args: []string{"backup", "-h"},
-			wantStderr: []string{"-data-dir"}, notStderr: []string{"-http-addr", "-log-level"}},
+			wantUsage: []string{"-data-dir"}, notUsage: []string{"-http-addr", "-log-level"}},
 		{name: "sessions reset's help says what --http-addr is for", args: []string{"sessions", "reset", "-h"},
-			wantStderr: []string{"the daemon's HTTP address for the curl command printed when its data directory records none; the command itself asks only a recorded address"}, notStderr: []string{"-log-level"}},
+			wantUsage: []string{"the daemon's HTTP address for the curl command printed when its data directory records none; the command itself asks only a recorded address"}, notUsage: []string{"-log-level"}},
 		{name: "an admin command still accepts them", args: []string{"sessions", "list", "--data-dir", filepath.Join(dir, "none"), "--log-level", "debug", "--http-addr", "127.0.0.1:1"},
 			wantErr: "no database at"},
 		// Before, only the flags: the arguments they go with went unsaid (found by an audit).
 		{name: "a sessions command's help names its argument", args: []string{"sessions", "show", "-h"},
-			wantStderr: []string{"usage: agentgate sessions show [flags] KEY\n", "KEY is a session key (agent:<profile>:<platform>:<chat type>:<chat id>[:...]), as sessions list\nprints it", "\nflags:\n  -config file"}},
+			wantUsage: []string{"usage: agentgate sessions show [flags] KEY\n", "KEY is a session key (agent:<profile>:<platform>:<chat type>:<chat id>[:...]), as sessions list\nprints it", "\nflags:\n  -config file"}},
 		{name: "and all of them", args: []string{"sessions", "requeue", "-h"},
-			wantStderr: []string{"usage: agentgate sessions requeue [flags] KEY MESSAGE_ID\n", "sessions quarantined prints both", "KEY is a session key"}},
+			wantUsage: []string{"usage: agentgate sessions requeue [flags] KEY MESSAGE_ID\n", "sessions quarantined prints both", "KEY is a session key"}},
 		// Before, help of a sessions command printed the sessions commands' list.
 		{name: "help of a sessions command is that command's", args: []string{"help", "sessions", "show"},
-			wantStderr: []string{"usage: agentgate sessions show [flags] KEY\n"}, notStderr: []string{"commands:"}},
+			wantUsage: []string{"usage: agentgate sessions show [flags] KEY\n"}, notUsage: []string{"commands:"}},
 		{name: "sessions -help is help", args: []string{"sessions", "-help"}, wantOut: "usage: agentgate sessions <command>"},
 		// Before, the usage alone, which did not say what was wrong.
 		{name: "a flag before the sessions command says so", args: []string{"sessions", "--data-dir", dir, "list"}, wantErr: "usage",
@@ -141,9 +143,9 @@ func TestRunCommands(t *testing.T) {
 		{name: "backup to an empty FILE says so", args: []string{"backup", "--data-dir", dir, ""},
 			wantErr: "backup: FILE is empty: name the file to write"},
 		{name: "backup's help says whose the restored copy must be", args: []string{"backup", "-h"},
-			wantStderr: []string{"copy FILE to\nagentgate.db as the daemon's user"}},
-		{name: "search's names the query", args: []string{"sessions", "search", "--help"}, wantStderr: []string{"usage: agentgate sessions search [flags] QUERY\n"}},
-		{name: "one without an argument names none", args: []string{"sessions", "quarantined", "-h"}, wantStderr: []string{"usage: agentgate sessions quarantined [flags]\n\nLists quarantined messages"}},
+			wantUsage: []string{"copy FILE to\nagentgate.db as the daemon's user"}},
+		{name: "search's names the query", args: []string{"sessions", "search", "--help"}, wantUsage: []string{"usage: agentgate sessions search [flags] QUERY\n"}},
+		{name: "one without an argument names none", args: []string{"sessions", "quarantined", "-h"}, wantUsage: []string{"usage: agentgate sessions quarantined [flags]\n\nLists quarantined messages"}},
 		{name: "unknown command", args: []string{"frobnicate"}, wantErr: "usage", wantStderr: []string{`unknown command "frobnicate"`}},
 		{name: "check-config ok", args: []string{"check-config", "--config", good}, wantOut: "config ok",
 			wantStderr: []string{"warning: AGENTGATE_HTTP_ADR names no configuration key (a misspelt one?); it is ignored"}},
@@ -219,6 +221,19 @@ func TestRunCommands(t *testing.T) {
 			for _, w := range tt.notStderr {
 				if strings.Contains(stderr.String(), w) {
 					t.Errorf("run(%q) stderr = %q, want it without %q", tt.args, stderr.String(), w)
+				}
+			}
+			for _, w := range tt.wantUsage {
+				if !strings.Contains(stdout.String(), w) {
+					t.Errorf("run(%q) stdout = %q, want the usage, with %q", tt.args, stdout.String(), w)
+				}
+			}
+			if tt.wantUsage != nil && stderr.Len() > 0 {
+				t.Errorf("run(%q) stderr = %q, want nothing there: the usage -h asks for is the command's output", tt.args, stderr.String())
+			}
+			for _, w := range tt.notUsage {
+				if strings.Contains(stdout.String(), w) {
+					t.Errorf("run(%q) stdout = %q, want it without %q", tt.args, stdout.String(), w)
 				}
 			}
 		})

@@ -29,7 +29,7 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 	fset := flag.NewFlagSet("sessions requeue", flag.ContinueOnError)
 	var cf configFlags
 	cf.registerAdmin(fset, true)
-	key, id, err := parseKeyAndMessage(fset, args, stderr)
+	key, id, err := parseKeyAndMessage(fset, args, stdout, stderr)
 	if err != nil {
 		return helpIsDone(err)
 	}
@@ -141,12 +141,12 @@ func requeuePath(key, id string) string {
 }
 
 // parseKeyAndMessage parses fset's flags, which may come before, between and after the KEY and
-// MESSAGE_ID arguments. It returns flag.ErrHelp after -h and errUsage after a usage error.
-func parseKeyAndMessage(fset *flag.FlagSet, args []string, stderr io.Writer) (key, id string, err error) {
-	fset.SetOutput(stderr)
+// MESSAGE_ID arguments. It returns flag.ErrHelp after -h and errUsage after a usage error
+// (parseFlags).
+func parseKeyAndMessage(fset *flag.FlagSet, args []string, stdout, stderr io.Writer) (key, id string, err error) {
 	var pos []string
 	for {
-		if err := fset.Parse(args); errors.Is(err, flag.ErrHelp) {
+		if err := parseFlags(fset, args, stdout, stderr); errors.Is(err, flag.ErrHelp) {
 			return "", "", flag.ErrHelp
 		} else if err != nil {
 			return "", "", errUsage

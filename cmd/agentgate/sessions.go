@@ -165,7 +165,7 @@ func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	platform := fset.String("platform", "", "only sessions of this `platform`")
 	limit := fset.Int("limit", defaultListPage, "at most `N` keys")
 	after := fset.String("after", "", "only keys sorted after `KEY` (paging), raw or Go-quoted as the more: hint prints it (read as a KEY argument is: see sessions show -h)")
-	if _, err := parseSessionArgs(fset, args, false, stderr); err != nil {
+	if _, err := parseSessionArgs(fset, args, false, stdout, stderr); err != nil {
 		return helpIsDone(err)
 	}
 	if *limit < 1 {
@@ -234,7 +234,7 @@ func sessionsShow(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	var cf configFlags
 	cf.registerAdmin(fset, false)
 	asJSON := fset.Bool("json", false, "print one JSON object")
-	key, err := parseSessionArgs(fset, args, true, stderr)
+	key, err := parseSessionArgs(fset, args, true, stdout, stderr)
 	if err != nil {
 		return helpIsDone(err)
 	}
@@ -300,14 +300,17 @@ func printShow(w io.Writer, o *showJSON) error {
 	if s := o.Session; s == nil {
 		fmt.Fprintf(tw, "session:\t%s (gone: pruned after it ended)\n", cell(r.SessionID))
 	} else {
+		// The ids the key is made of are shown as the key is (keyCell): Go-quoted when one holds
+		// a character that does not display, which cell would show as U+FFFD, so that it can be
+		// told from the key's part it is. Before, the chat id line showed U+FFFD.
 		for _, kv := range [][2]string{
-			{"session", s.ID}, {"platform", s.Platform}, {"chat type", s.ChatType}, {"chat id", s.ChatID},
-			{"thread id", s.ThreadID}, {"user id", s.UserID}, {"user name", s.UserName},
-			{"scope id", s.ScopeID}, {"profile", s.Profile}, {"title", s.Title},
+			{"session", cell(s.ID)}, {"platform", cell(s.Platform)}, {"chat type", cell(s.ChatType)}, {"chat id", keyCell(s.ChatID)},
+			{"thread id", keyCell(s.ThreadID)}, {"user id", keyCell(s.UserID)}, {"user name", cell(s.UserName)},
+			{"scope id", keyCell(s.ScopeID)}, {"profile", cell(s.Profile)}, {"title", cell(s.Title)},
 			{"epoch", fmt.Sprint(s.Epoch)}, {"started", timeCell(s.StartedAt)},
-			{"last activity", timeCell(s.LastActivityAt)}, {"previous session", s.PrevSessionID},
+			{"last activity", timeCell(s.LastActivityAt)}, {"previous session", cell(s.PrevSessionID)},
 		} {
-			fmt.Fprintf(tw, "%s:\t%s\n", kv[0], cell(kv[1]))
+			fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
 		}
 		if s.EndedAt.IsZero() {
 			fmt.Fprintln(tw, "ended:\topen")
@@ -345,7 +348,7 @@ func sessionsExport(ctx context.Context, args []string, stdout, stderr io.Writer
 	fset := flag.NewFlagSet("sessions export", flag.ContinueOnError)
 	var cf configFlags
 	cf.registerAdmin(fset, false)
-	key, err := parseSessionArgs(fset, args, true, stderr)
+	key, err := parseSessionArgs(fset, args, true, stdout, stderr)
 	if err != nil {
 		return helpIsDone(err)
 	}
@@ -445,7 +448,7 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fset := flag.NewFlagSet("sessions reset", flag.ContinueOnError)
 	var cf configFlags
 	cf.registerAdmin(fset, true)
-	key, err := parseSessionArgs(fset, args, true, stderr)
+	key, err := parseSessionArgs(fset, args, true, stdout, stderr)
 	if err != nil {
 		return helpIsDone(err)
 	}
@@ -607,7 +610,7 @@ func sessionsSearch(ctx context.Context, args []string, stdout, stderr io.Writer
 	cf.registerAdmin(fset, false)
 	asJSON := fset.Bool("json", false, "print one JSON array")
 	limit := fset.Int("limit", defaultListPage, "at most `N` messages")
-	query, err := parseArgs(fset, args, "QUERY", stderr)
+	query, err := parseArgs(fset, args, "QUERY", stdout, stderr)
 	if err != nil {
 		return helpIsDone(err)
 	}
@@ -679,7 +682,7 @@ func sessionsQuarantined(ctx context.Context, args []string, stdout, stderr io.W
 	cf.registerAdmin(fset, false)
 	asJSON := fset.Bool("json", false, "print one JSON array")
 	limit := fset.Int("limit", defaultListPage, "at most `N` messages")
-	if _, err := parseSessionArgs(fset, args, false, stderr); err != nil {
+	if _, err := parseSessionArgs(fset, args, false, stdout, stderr); err != nil {
 		return helpIsDone(err)
 	}
 	if *limit < 1 {
@@ -766,11 +769,11 @@ func curlPost(cfg *config.Config, addr, path string) string {
 
 // parseSessionArgs parses fset's flags, which may come before and after the KEY argument when
 // wantKey. It returns flag.ErrHelp after -h and errUsage after a usage error.
-func parseSessionArgs(fset *flag.FlagSet, args []string, wantKey bool, stderr io.Writer) (string, error) {
+func parseSessionArgs(fset *flag.FlagSet, args []string, wantKey bool, stdout, stderr io.Writer) (string, error) {
 	if !wantKey {
-		return parseArgs(fset, args, "", stderr)
+		return parseArgs(fset, args, "", stdout, stderr)
 	}
-	arg, err := parseArgs(fset, args, "KEY", stderr)
+	arg, err := parseArgs(fset, args, "KEY", stdout, stderr)
 	if err != nil {
 		return "", err
 	}
@@ -809,11 +812,11 @@ func keyArg(arg string) (key string, badQuote error) {
 }
 
 // parseArgs parses fset's flags and, when name is not empty, the one argument it names, with
-// flags before and after it. It returns flag.ErrHelp after -h and errUsage after a usage error.
-func parseArgs(fset *flag.FlagSet, args []string, name string, stderr io.Writer) (string, error) {
-	fset.SetOutput(stderr)
+// flags before and after it. It returns flag.ErrHelp after -h and errUsage after a usage error
+// (parseFlags).
+func parseArgs(fset *flag.FlagSet, args []string, name string, stdout, stderr io.Writer) (string, error) {
 	parse := func(args []string) error {
-		err := fset.Parse(args)
+		err := parseFlags(fset, args, stdout, stderr)
 		if errors.Is(err, flag.ErrHelp) {
 			return flag.ErrHelp
 		}
@@ -1059,9 +1062,9 @@ func pasteableKey(key string) string {
 	return "'" + strings.ReplaceAll(strconv.Quote(key), "'", `\x27`) + "'"
 }
 
-// keyCell is a session key as the text output shows it: pasteableKey's form, which an operator
-// can paste as a KEY argument (cell's U+FFFD for a character that does not display could not
-// be), or "-" for none.
+// keyCell is a session key, or an id it is made of, as the text output shows it:
+// pasteableKey's form, which an operator can paste as a KEY argument (cell's U+FFFD for a
+// character that does not display could not be), or "-" for none.
 func keyCell(key string) string {
 	if key == "" {
 		return "-"
