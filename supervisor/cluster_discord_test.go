@@ -3,6 +3,9 @@
 package supervisor
 
 import (
+	"io"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -131,4 +134,149 @@ func TestClusterDiscordUnreadGapIsReadByTheNextHolder(t *testing.T) {
 		t.Errorf("reply %q after the takeover, want the echo of the DM of the gap", got[2].Content)
 	}
 	next.stop(t)
+}
+
+// discordMember is a cluster member with Discord enabled (discordDMOnADatabase), whose stop
+// may be called again.
+type discordMember struct {
+	*runtime
+	stop func(t testing.TB)
+}
+
+// startDiscordMember starts a member of the cluster on dsn with Discord (srv) enabled; logs,
+// when set, receives its log. It is stopped when the test ends.
+func startDiscordMember(t *testing.T, srv *discordtest.Server, dsn string, logs io.Writer) discordMember {
+	t.Helper()
+	r := MustStartDaemon(t, echo.New(), daemonOpts{now: srv.Now, logs: logs, tweak: func(c *config.Config) {
+		c.Store.Driver, c.Store.DSN = "postgres", dsn
+		c.Cluster.Enabled, c.Cluster.Bind, c.Cluster.MemberTTL = true, "127.0.0.1:0", 2*time.Second
+		c.Platforms.Discord.Enabled, c.Platforms.Discord.APIURL = true, srv.APIURL()
+	}})
+	var once sync.Once
+	m := discordMember{runtime: r, stop: func(t testing.TB) { once.Do(func() { r.stop(t) }) }}
+	t.Cleanup(func() { m.stop(t) })
+	return m
+}
+
+// refusalWaits makes the members of the test wait on fire, instead of the retry time, after
+// Discord refused their gateway connection; each such wait sends its retry time on waits.
+func refusalWaits(t testing.TB) (waits <-chan time.Duration, fire chan<- time.Time) {
+	w, f := make(chan time.Duration, 8), make(chan time.Time)
+	after := func(d time.Duration) <-chan time.Time { w <- d; return f }
+	old := refusalAfter.Swap(&after)
+	t.Cleanup(func() { refusalAfter.Store(old) })
+	return w, f
+}
+
+// mustWaitRefused fails t unless a member waits the 30 minutes after a refusal (refusalWaits).
+func mustWaitRefused(t *testing.T, waits <-chan time.Duration) {
+	t.Helper()
+	select {
+	case d := <-waits:
+		if d != 30*time.Minute {
+			t.Errorf("a refused member waits %v before it tries again, want 30m", d)
+		}
+	case <-time.After(discordtest.WaitTimeout):
+		t.Fatal("no member waits after the refusal: the refused one still holds the gateway lease")
+	}
+}
+
+// TestClusterDiscordRefusedMemberLetsTheGatewayGo: a member whose gateway connection Discord
+// refuses (its token, here) logs the ERR line, lets the gateway lease go, and stays out of it
+// for 30 minutes with its /readyz saying why; another member connects and the bot answers.
+// After the 30 minutes the refused member stands by again (ready), and takes the gateway over
+// when the holder stops. Before, the refused member kept the lease while it waited its 30
+// minutes, and the bot heard nothing although another member could have connected.
+func TestClusterDiscordRefusedMemberLetsTheGatewayGo(t *testing.T) {
+	srv, dm, dsn := discordDMOnADatabase(t)
+	waits, fire := refusalWaits(t)
+	const refused = `level=ERROR msg="discord refused the bot token`
+	const fix = "the bot token was refused (gateway close 4004)"
+
+	srv.RefuseNext(4004, 1)
+	aLog := &logSignal{}
+	a := startDiscordMember(t, srv, dsn, aLog)
+	mustWaitRefused(t, waits)
+	if code, body := a.readyz(t); code != http.StatusServiceUnavailable || !strings.Contains(body["platform.discord"], fix) {
+		t.Errorf("refused member's /readyz: %d %v, want 503 with platform.discord saying %q", code, body, fix)
+	}
+
+	b := startDiscordMember(t, srv, dsn, nil)
+	waitUntil(t, func() bool {
+		return len(a.d.cluster.MemberList.Members().Members()) == 2 && len(b.d.cluster.MemberList.Members().Members()) == 2
+	})
+	srv.WaitFor(t, "the other member to identify", func() bool { return srv.Identifies() == 1 })
+	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+	srv.Post(discordtest.UserMessage{ChannelID: dm, Author: alice, Content: "first"})
+	if got := srv.WaitSent(t, dm, 1); got[0].Content != "first" {
+		t.Fatalf("reply %q, want the echo of the first DM", got[0].Content)
+	}
+	if _, body := b.readyz(t); body["platform.discord"] != "ok" {
+		t.Errorf("holder's /readyz platform.discord = %q, want ok", body["platform.discord"])
+	}
+	if _, body := a.readyz(t); !strings.Contains(body["platform.discord"], fix) {
+		t.Errorf("refused member's /readyz platform.discord = %q while it waits, want %q", body["platform.discord"], fix)
+	}
+
+	fire <- time.Time{} // the 30 minutes have passed: a stands by
+	waitUntil(t, func() bool { _, body := a.readyz(t); return body["platform.discord"] == "ok" })
+	b.stop(t)
+	srv.WaitFor(t, "the refused member to take the gateway over", func() bool { return srv.Identifies() == 2 })
+	srv.Post(discordtest.UserMessage{ChannelID: dm, Author: alice, Content: "second"})
+	if got := srv.WaitSent(t, dm, 2); got[1].Content != "second" {
+		t.Errorf("reply %q after the takeover, want the echo of the second DM", got[1].Content)
+	}
+	if n := strings.Count(aLog.String(), refused); n != 1 {
+		t.Errorf("%d refusal lines on the refused member, want 1\n%s", n, aLog.String())
+	}
+}
+
+// TestClusterDiscordSharedRefusalIsTriedOncePerMember: a refusal every member meets (the
+// Message Content intent, off in the Developer Portal) costs each member one refused
+// connection and one ERR line, then 30 minutes out of the race for the gateway lease: the
+// members do not hand the lease around, each identify refused, faster than Discord's limits
+// take. Once the intent is on, the next try connects.
+func TestClusterDiscordSharedRefusalIsTriedOncePerMember(t *testing.T) {
+	srv, dm, dsn := discordDMOnADatabase(t)
+	waits, fire := refusalWaits(t)
+	const refused = `level=ERROR msg="discord refused the message content intent`
+	const fix = "the message content intent was refused (gateway close 4014)"
+
+	srv.RefuseNext(4014, 2)
+	logs := []*logSignal{{}, {}}
+	ms := []discordMember{startDiscordMember(t, srv, dsn, logs[0]), startDiscordMember(t, srv, dsn, logs[1])}
+	mustWaitRefused(t, waits)
+	mustWaitRefused(t, waits)
+	if n := srv.Identifies(); n != 0 {
+		t.Fatalf("%d identifies taken while both members wait out their refusals, want 0: a member tried again at once", n)
+	}
+	for i, m := range ms {
+		if n := strings.Count(logs[i].String(), refused); n != 1 {
+			t.Errorf("member %d: %d refusal lines, want 1\n%s", i, n, logs[i].String())
+		}
+		if _, body := m.readyz(t); !strings.Contains(body["platform.discord"], fix) {
+			t.Errorf("member %d: /readyz platform.discord = %q, want %q", i, body["platform.discord"], fix)
+		}
+	}
+
+	fire <- time.Time{} // the intent is turned on, and the 30 minutes pass
+	fire <- time.Time{}
+	waitUntil(t, func() bool {
+		return len(ms[0].d.cluster.MemberList.Members().Members()) == 2 && len(ms[1].d.cluster.MemberList.Members().Members()) == 2
+	})
+	srv.WaitReady(t)
+	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+	srv.Post(discordtest.UserMessage{ChannelID: dm, Author: alice, Content: "first"})
+	if got := srv.WaitSent(t, dm, 1); got[0].Content != "first" {
+		t.Fatalf("reply %q, want the echo of the first DM", got[0].Content)
+	}
+	for i, m := range ms {
+		waitUntil(t, func() bool { _, body := m.readyz(t); return body["platform.discord"] == "ok" })
+		if n := strings.Count(logs[i].String(), refused); n != 1 {
+			t.Errorf("member %d: %d refusal lines after the intent was turned on, want 1", i, n)
+		}
+	}
+	if n := srv.Identifies(); n != 1 {
+		t.Errorf("%d identifies, want 1: one member holds the gateway", n)
+	}
 }

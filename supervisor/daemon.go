@@ -888,8 +888,10 @@ func configuredPlatforms(cfg *config.Config, log *slog.Logger, store func() pers
 			return store().RecentChats(ctx, discord.Name, since, 0)
 		}
 		unread := func(ctx context.Context) ([]persistence.Unread, error) { return store().Unread(ctx, discord.Name, 0) }
+		// A cluster member's refused gateway connection ends Run, so that its gateway lease goes
+		// to another member; leaderPlatform waits out the refusal instead.
 		p, err := discord.New(discord.Config{Token: token, Settings: dc, Logger: log.With("component", "discord"),
-			Recent: recent, Unread: unread, Now: now})
+			Recent: recent, Unread: unread, Now: now, ReturnRefusal: cfg.Cluster.Enabled})
 		if err != nil {
 			return nil, err
 		}

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/agentgate/agentgate/platforms"
+	"github.com/agentgate/agentgate/platforms/discord"
 )
 
 // leaser hands out leases that at most one process of the cluster holds at a time (the
@@ -32,11 +34,18 @@ type gatewayPlatform interface {
 // frees and another member connects (and, as after any reconnect, reads back what it missed).
 // Sends, drafts and edits work on every member. A member waiting for the lease is ready: it
 // serves everything but the gateway.
+//
+// A member whose connection Discord refuses for good (discord.RefusedError) lets the lease go
+// and stays out of the race for it until the refusal's retry time, while its Ready says why:
+// the refusal may be of its own settings (its token variable, an older build during an
+// upgrade), which another member's connection passes. Keeping the lease while it waited
+// kept the whole bot deaf. A refusal every member shares (the intents in the Developer Portal)
+// costs each member one refused connection per retry time, within Discord's identify limits.
 type leaderPlatform struct {
 	gatewayPlatform
 	leases  leaser
 	log     *slog.Logger
-	standby atomic.Bool
+	standby atomic.Bool // waiting for the lease, and not after a refusal: ready
 }
 
 var _ platforms.Recorder = (*leaderPlatform)(nil)
@@ -51,9 +60,37 @@ func newLeaderPlatform(p gatewayPlatform, leases leaser, log *slog.Logger) *lead
 // runs it again, which waits for the lease anew.
 var errLeaseLost = errors.New("the gateway lease was lost with its database connection")
 
-// Run waits for the lease, then runs the platform's own Run until ctx ends or the lease is lost.
+// refusalAfter, when set, replaces time.After for the wait of a member after a refusal (tests
+// fire it).
+var refusalAfter atomic.Pointer[func(time.Duration) <-chan time.Time]
+
+// Run waits for the lease, then runs the platform's own Run until ctx ends or the lease is lost;
+// after a refusal it lets the lease go, waits the refusal's retry time, and starts over.
 func (l *leaderPlatform) Run(ctx context.Context, deliver platforms.Deliver) error {
-	l.standby.Store(true)
+	for {
+		l.standby.Store(true)
+		err := l.lead(ctx, deliver)
+		var refused *discord.RefusedError
+		if !errors.As(err, &refused) {
+			return err
+		}
+		// standby stays false: Ready says what the platform's Ready says, the refusal.
+		l.log.Info("this member lets the gateway connection go while discord refuses it", "platform", l.Name(), "retry_in", refused.RetryIn)
+		after := time.After
+		if f := refusalAfter.Load(); f != nil {
+			after = *f
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-after(refused.RetryIn):
+		}
+	}
+}
+
+// lead waits for the lease, then runs the platform's own Run until ctx ends or the lease is
+// lost; it gives the lease back when it returns.
+func (l *leaderPlatform) lead(ctx context.Context, deliver platforms.Deliver) error {
 	lost, release, err := l.leases.Lease(ctx, postgres.GatewayLease(l.Name())) // the name its store fences unread clears by
 	if err != nil {
 		if ctx.Err() != nil {
@@ -82,8 +119,9 @@ func (l *leaderPlatform) Run(ctx context.Context, deliver platforms.Deliver) err
 	}
 }
 
-// Ready reports the gateway's state on the member that holds the lease; a member waiting for
-// it is ready.
+// Ready reports the gateway's state on the member that holds the lease, and on one that let
+// it go after a refusal, for the refusal's retry time (the refusal); a member waiting for it is
+// ready.
 func (l *leaderPlatform) Ready(ctx context.Context) error {
 	if l.standby.Load() {
 		return nil

@@ -986,6 +986,14 @@ func TestValidate(t *testing.T) {
 			"platforms.discord.shard_id", "platforms.discord.thread_archive_minutes", "platforms.discord.api_url",
 			"platforms.discord.allowed_users[1]", "platforms.discord.channels.general",
 		}},
+		{"discord shards in a cluster", func(c *Config) {
+			c.Store.Driver, c.Store.DSN = "postgres", "postgres://db/agentgate"
+			c.Cluster = Cluster{Enabled: true, Name: "agentgate", Bind: "10.0.0.5:6340", MemberTTL: 6 * time.Second}
+			c.Platforms.Discord.Enabled, c.Platforms.Discord.ShardID, c.Platforms.Discord.ShardCount = true, 1, 2
+		}, []string{"platforms.discord.shard_count"}},
+		{"discord shards without a cluster", func(c *Config) {
+			c.Platforms.Discord.Enabled, c.Platforms.Discord.ShardID, c.Platforms.Discord.ShardCount = true, 1, 2
+		}, nil},
 		{"discord bad token_env", func(c *Config) { c.Platforms.Discord.TokenEnv = "1TOKEN" }, []string{"platforms.discord.token_env"}},
 		{"discord backfill_window past the retention", func(c *Config) {
 			c.Platforms.Discord.Enabled, c.Platforms.Discord.BackfillWindow = true, 48*time.Hour

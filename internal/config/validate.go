@@ -178,6 +178,12 @@ func (c *Config) validate() []error {
 	if d.ShardID < 0 || (d.ShardCount >= 1 && d.ShardID >= d.ShardCount) {
 		v.add("platforms.discord.shard_id", d.ShardID, "must be from 0 to shard_count-1")
 	}
+	if d.Enabled && c.Cluster.Enabled && d.ShardCount > 1 {
+		// A cluster holds one gateway connection for the bot (the lease gateway/discord, whose
+		// holder also keeps the bot's unread places): one shard of several would be connected,
+		// the other shards' guilds never heard.
+		v.add("platforms.discord.shard_count", d.ShardCount, "must be 1 with cluster.enabled: a cluster connects one gateway for the bot; run a bot that needs shards as one daemon per shard_id")
+	}
 	atLeast(&v, "platforms.discord.backfill_window", d.BackfillWindow, 0)
 	if d.Enabled && c.Sessions.Prune.Enabled && d.BackfillWindow >= c.Sessions.Prune.Retention {
 		// A message read back that old may be one whose session was pruned: nothing would say

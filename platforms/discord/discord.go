@@ -57,6 +57,11 @@ type Config struct {
 	Unread func(ctx context.Context) ([]persistence.Unread, error)
 	// Now is the clock that backfill_window is measured on; nil is time.Now.
 	Now func() time.Time
+	// ReturnRefusal makes Run return a *RefusedError when Discord refuses the connection for
+	// good, instead of keeping the platform down within Run until the next try. A cluster
+	// member sets it: its Run holds the gateway lease, which another member, whose own token,
+	// shard or build Discord may take, can get only once Run returns.
+	ReturnRefusal bool
 }
 
 // Platform is the Discord adapter: one gateway connection (a shard) and the REST client that
@@ -67,6 +72,8 @@ type Platform struct {
 	s    *discordgo.Session
 	api  rewrite // where REST requests go (Settings.APIURL)
 	gate gate
+
+	returnRefusal bool // Config.ReturnRefusal
 
 	botID     atomic.Pointer[string]
 	connected atomic.Bool
@@ -187,6 +194,7 @@ func New(c Config) (*Platform, error) {
 		now:        c.Now,
 		runCtx:     context.Background(),
 	}
+	p.returnRefusal = c.ReturnRefusal
 	if p.now == nil {
 		p.now = time.Now
 	}
@@ -249,7 +257,7 @@ func (p *Platform) Name() string { return Name }
 // Run connects to the gateway (resuming the previous gateway session when there was one, so
 // Discord replays what was missed) and feeds messages to deliver until ctx ends or the
 // connection drops. A connection Discord refuses for good, at the connect or once live, keeps
-// it down, not ended (stayDown).
+// it down, not ended (stayDown); with Config.ReturnRefusal it ends Run with a *RefusedError.
 func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	p.mu.Lock()
 	p.deliver, p.runCtx = deliver, ctx
@@ -270,7 +278,11 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 				p.setErr(fmt.Errorf("connect to gateway: %w", err))
 				return fmt.Errorf("discord: connect to gateway: %w", err)
 			}
-			if !p.stayDown(ctx, r, err) {
+			p.refused(r, err)
+			if p.returnRefusal {
+				return &RefusedError{RetryIn: refusalRetry, Err: err}
+			}
+			if !p.stayDown(ctx) {
 				return nil
 			}
 			err = p.open(ctx)
@@ -323,6 +335,22 @@ const refusalRetry = 30 * time.Minute
 
 // refusalWait, when set, replaces time.After for the wait of stayDown (tests fire it).
 var refusalWait atomic.Pointer[func(time.Duration) <-chan time.Time]
+
+// A RefusedError ends Run (with Config.ReturnRefusal) when Discord refused the gateway
+// connection for good: it logged its ERR line, and Ready says what to change, already.
+type RefusedError struct {
+	// RetryIn is how long to wait before connecting again. Trying sooner would meet the same
+	// refusal and count towards Discord's edge blocking the host (blockedAs429).
+	RetryIn time.Duration
+	// Err is how Discord refused: the gateway's close, or the 401 of its lookup.
+	Err error
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("discord: gateway connection refused, to be tried again in %v: %v", e.RetryIn, e.Err)
+}
+
+func (e *RefusedError) Unwrap() error { return e.Err }
 
 // A gatewayRefusal is a gateway close code after which Discord says not to connect again: only
 // what the operator changes can get past it (the token, the configuration, the bot's settings in
@@ -390,16 +418,20 @@ func (p *Platform) refusedBy(err error) (gatewayRefusal, bool) {
 	return r, true
 }
 
-// stayDown logs the refusal r (met as err) and keeps the platform down for refusalRetry, then
-// reports true for one more try; false when ctx ended first. Trying again at once cannot help:
+// refused logs the refusal r (met as err), and has Ready say it.
+func (p *Platform) refused(r gatewayRefusal, err error) {
+	p.setErr(errors.New(r.fix))
+	p.log.Error(r.log, append(r.attrs, "retry_in", refusalRetry, logging.Err(err))...)
+}
+
+// stayDown keeps the platform down after a refusal for refusalRetry, then reports true for
+// one more try; false when ctx ended first. Trying again at once cannot help:
 // the token and the configuration are read once, at start, and every try would repeat the same
 // refusal (a warning each, which read as a network problem) and count as one more invalid
 // request towards Discord's edge blocking the host (blockedAs429). Never trying again kept the
 // platform down for good after a refusal Discord made in error, or one the operator fixed
 // without a restart (the intent turned on in the Developer Portal). /readyz says why it is down.
-func (p *Platform) stayDown(ctx context.Context, r gatewayRefusal, err error) bool {
-	p.setErr(errors.New(r.fix))
-	p.log.Error(r.log, append(r.attrs, "retry_in", refusalRetry, logging.Err(err))...)
+func (p *Platform) stayDown(ctx context.Context) bool {
 	wait := time.After
 	if f := refusalWait.Load(); f != nil {
 		wait = *f
