@@ -83,10 +83,6 @@ func (s *Session) toPlatform(c actor.Context, m *SendOutbound) {
 	if s.fencedOut {
 		return // the write behind it was refused, or the new owner sends it
 	}
-	if h := s.held(); h != nil && h.answering != nil {
-		h.answering.out = append(h.answering.out, m) // it goes out behind the held result (takenAhead)
-		return
-	}
 	pid := s.d.Platforms[m.Out.Target.Platform]
 	if pid == nil {
 		s.logger().Error("no platform for a reply; it is not sent and stays unconfirmed in the outbox",
@@ -153,11 +149,6 @@ type pendingWrite struct {
 	// message: the write of an inbound message that neither begins nor ends a session. Held
 	// behind a turn's result that the store refuses again, it is refused with it (refuseBehind).
 	message bool
-	// taken: the store took the write ahead of a turn's result sent before it, which it refused
-	// and the session holds: the write was answered then, and is held behind that result to be
-	// written again; out is the outbound its answer sent, which goes out once it is (takenAhead).
-	taken bool
-	out   []*SendOutbound
 }
 
 // answerOrphans answers the requesters of the writes still in flight when this incarnation
@@ -183,10 +174,10 @@ func (s *Session) unstoredResult(id, why string) *DeliverResult {
 }
 
 // send sends w to the persistence actor's incarnation inc; after says that earlier writes of
-// this session are unacknowledged (persistence.Write).
+// this session are unacknowledged, and a turn's result is kept if refused (persistence.Write).
 func (s *Session) send(c actor.Context, w *pendingWrite, inc uint64, after bool) {
 	w.inc = inc
-	c.Request(s.d.Persist, &persistence.Write{ID: w.id, Ops: w.ops, Incarnation: inc, After: after})
+	c.Request(s.d.Persist, &persistence.Write{ID: w.id, Ops: w.ops, Incarnation: inc, After: after, Keep: w.turn != ""})
 }
 
 // lostSome reports whether an unacknowledged write was sent to an incarnation of the
@@ -197,13 +188,27 @@ func (s *Session) lostSome(inc uint64) bool {
 
 // resendAll sends every unacknowledged write again, in the order they were first sent, to the
 // persistence actor's incarnation inc. A write the restart did not lose is applied twice, in
-// order (writes are idempotent); the first answer for it settles it.
+// order (writes are idempotent); the first answer for it settles it. A write sent behind the
+// turn result the session holds, before its refusal came, is refused instead, as the incarnation
+// that refused the result would have refused it (persistence.Write): the restart lost what it
+// knew of that refusal, and sent again the write could commit ahead of the result.
 func (s *Session) resendAll(c actor.Context, inc uint64) {
 	s.logger().Warn("the persistence actor restarted; sending the unacknowledged writes again", "writes", len(s.inflight))
-	for i, w := range s.inflight {
-		s.send(c, w, inc, i > 0)
+	h, after := s.held(), false
+	for _, w := range s.inflight {
+		if h != nil && len(h.writes) > 0 && w.id > h.writes[0].id {
+			w.inc = inc // answered below: it counts as sent to inc (lostSome)
+			c.Send(c.Self(), &persistence.WriteResult{ID: w.id, Err: errBehindHeld})
+			continue
+		}
+		s.send(c, w, inc, after)
+		after = true
 	}
 }
+
+// errBehindHeld refuses a write sent behind a turn result the session holds when the persistence
+// actor restarts before it answered the write (resendAll).
+var errBehindHeld = fmt.Errorf("%w: sent behind a turn result the store refused", persistence.ErrUnavailable)
 
 // resendTick wakes a session that has unacknowledged writes to check whether the persistence
 // actor restarted since it sent them. It does not count as activity for passivation.
@@ -249,23 +254,14 @@ func (s *Session) onWriteResult(c actor.Context, m *persistence.WriteResult) {
 		}
 	}
 	first := s.held().first(w)
-	if s.holdResult(c, w, m.Err) || s.takenAhead(c, w, m.Err) {
+	if s.holdResult(c, w, m.Err) {
 		s.updateBusy(c)
 		return
 	}
 	if errors.Is(m.Err, persistence.ErrFenced) && !s.fencedOut {
 		s.fence(c)
 	}
-	if w.taken {
-		// Answered when the store first took it, and that stands whatever became of the
-		// second application: its outbound goes now, behind the held result's.
-		for _, out := range w.out {
-			s.toPlatform(c, out)
-		}
-		w.out = nil
-	} else {
-		w.done(c, m.Err)
-	}
+	w.done(c, m.Err)
 	if first {
 		s.sendHeld(c) // the next held write, if any
 	}
@@ -295,13 +291,18 @@ const resendAfter = 5 * time.Second
 // it again shortly, as it would on its own refused write. No turn starts until all of them are
 // written (a turn that started before the refusal came runs on, and its result waits too). The
 // session stays busy (a drain waits for it, within its deadline), does not passivate, and does
-// not hand its key on. A write already in flight when the refusal came, which the store takes
-// all the same (room freed between two batches), waits too (takenAhead). If it stops first (a
-// drain's deadline), the result is lost and the
-// message runs again at the next start, as a turn's would whose result was never written (at
-// its restart, if it crashes). If it hands over (another activation claimed the key, or another
-// write's refusal makes it start again from the store), the held writes are answered as refused
-// (errHandedOver): the key's next activation runs the message again.
+// not hand its key on. A write already in flight when the refusal came (sent behind the
+// result) is refused with it, so that it cannot commit ahead of it: the store, on a full disk,
+// refuses it too as a rule, and the persistence actor refuses it when the store would take it
+// (room freed between two batches: persistence.Write). Taken, its outbox entry came ahead of
+// the held result's, and an event stream that read it skipped the held reply when that came
+// (TestEventStreamSeesAReplyHeldBehindAWriteInFlight). Refused, a turn's result is held too, in
+// its place; any other write is refused as it would be on its own (a command's has the session
+// start again from the store). If the session stops first (a drain's deadline), the result is
+// lost and the message runs again at the next start, as a turn's would whose result was never
+// written (at its restart, if it crashes). If it hands over (another activation claimed the
+// key, or another write's refusal makes it start again from the store), the held writes are
+// answered as refused (errHandedOver): the key's next activation runs the message again.
 
 // heldWrites are the writes a session holds behind a turn's result the store refused.
 type heldWrites struct {
@@ -309,9 +310,6 @@ type heldWrites struct {
 	refused int                  // refusals of writes[0] in a row
 	retry   scheduler.CancelFunc // the armed heldTick; nil when none is armed
 	log     logging.Limiter      // the refusals' line: at once, then at most once a LimitEvery per session
-	// answering is the write taken ahead of the held result whose answer runs now (takenAhead):
-	// the outbound that answer sends is kept in its out instead of sent (toPlatform).
-	answering *pendingWrite
 }
 
 // first reports whether w is the first of the held writes (h may be nil).
@@ -355,7 +353,7 @@ func (s *Session) held() *heldWrites {
 // it makes way for the next (sendHeld, once its own answer is handled).
 func (s *Session) holdResult(c actor.Context, w *pendingWrite, err error) bool {
 	h := s.held()
-	if w.turn == "" && !w.taken || !errors.Is(err, persistence.ErrUnavailable) || errors.Is(err, persistence.ErrFenced) || s.fencedOut {
+	if w.turn == "" || !errors.Is(err, persistence.ErrUnavailable) || errors.Is(err, persistence.ErrFenced) || s.fencedOut {
 		if h.first(w) {
 			h.writes = h.writes[1:]
 			if err == nil && h.refused > 0 {
@@ -377,46 +375,14 @@ func (s *Session) holdResult(c actor.Context, w *pendingWrite, err error) bool {
 	if h.writes[0] == w {
 		h.refused++
 	}
-	// (A write taken ahead of the result and refused as it is written again, takenAhead, is no
-	// turn's result: the persistence actor's line reports the outage.)
-	if w.turn != "" {
-		if args, ok := h.log.Allowed("turn", w.turn, logging.Err(err)); ok {
-			s.logger().Warn("store turn result; the session keeps it and writes it again, and its next turns wait", args...)
-		}
+	if args, ok := h.log.Allowed("turn", w.turn, logging.Err(err)); ok {
+		s.logger().Warn("store turn result; the session keeps it and writes it again, and its next turns wait", args...)
 	}
 	s.refuseBehind(c, err)
 	if h.retry == nil {
 		wait := min(heldRetry<<min(max(h.refused-1, 0), 6), maxHeldRetry)
 		h.retry = s.timers(c).SendOnce(wait, c.Self(), &heldTick{})
 	}
-	return true
-}
-
-// takenAhead holds w, a write the store took (err nil) while the session holds a turn's result
-// sent before it, and reports whether it did: w was in flight when the store refused that
-// result, and the store took it all the same (room freed between two batches). That first
-// application is durable, so w is answered now. But it waits among the held writes in its
-// place and is written again once those before it are stored: writes are idempotent, and the
-// second application puts the store in the order the session made them (an /undo's archive of
-// rows the held result had yet to write was undone when it wrote them:
-// TestUndoTakenAheadOfAHeldResultUndoesIt). The outbound its answer sends (a turn's reply, a
-// command's notice) waits with it (answering), and goes out once it is written again, behind the
-// held result's reply (TestWriteTakenAheadOfAHeldResultWaitsBehindIt). Answered only then too,
-// a command, a reset or a message that begins a session waited for the outage to end, past its
-// sender's wait (a minute on Discord), who was told to send again what had acted
-// (TestUndoTakenAheadOfAHeldResultIsAnsweredAtOnce; found by a review). An inbound message's
-// write, which sends nothing and whose row's seq keeps its place, is not written again.
-func (s *Session) takenAhead(c actor.Context, w *pendingWrite, err error) bool {
-	h := s.held()
-	if err != nil || w.taken || w.message || h == nil || len(h.writes) == 0 || w.id <= h.writes[0].id {
-		return false
-	}
-	w.taken = true
-	h.insert(w)
-	h.answering = w
-	w.done(c, nil)
-	h.answering = nil
-	w.orphaned = nil // answered
 	return true
 }
 
@@ -505,16 +471,13 @@ func (s *Session) stopHeld() {
 }
 
 // dropHeld gives up the held writes as the session hands over (handOverAll): each not in flight
-// is answered as refused (errHandedOver); one in flight gets its own answer. One the store took
-// once (takenAhead) was answered then; the outbound its answer kept is pending in the store's
-// outbox, for the key's next activation to send. Its second application is given up, and the
-// store keeps the order of its first (so it does when the session stops or crashes first). If
-// the result before it was stored (and the store refused this write's second application, and a
-// hand-over came before the next try), an /undo's archive, applied ahead of that result, leaves
-// the reply it wrote active: the key's history keeps one answer its user took back. That is left
-// so: nothing is lost or runs twice, and a session that hands over writes nothing more (another
-// activation owns the key, or the store refused a write). If the result was not stored, it is
-// given up too, and its message, archived, does not run again: the /undo holds.
+// is answered as refused (errHandedOver); one in flight gets its own answer. Nothing the
+// session wrote after a held result reached the store ahead of it (a write in flight when its
+// refusal came was refused with it), so a result given up leaves its message pending, and the
+// key's next activation runs it again, as the hand-over's line says. Before, an /undo the store
+// took ahead of the result had archived the message, which then did not run again, while the
+// line said it would; and an /undo whose second application a hand-over cut short left the
+// reply of a result stored after it active (TestUndoInFlightBehindARefusedResultIsRefusedWithIt).
 func (s *Session) dropHeld(c actor.Context) {
 	h := s.held()
 	if h == nil {
@@ -522,7 +485,7 @@ func (s *Session) dropHeld(c actor.Context) {
 	}
 	s.stopHeld()
 	for _, w := range h.writes {
-		if !w.taken && !slices.Contains(s.inflight, w) {
+		if !slices.Contains(s.inflight, w) {
 			w.done(c, errHandedOver)
 		}
 	}
@@ -534,7 +497,7 @@ func (s *Session) heldTurns() []string {
 	var turns []string
 	if h := s.held(); h != nil {
 		for _, w := range h.writes {
-			if w.turn != "" && !w.taken {
+			if w.turn != "" {
 				turns = append(turns, w.turn)
 			}
 		}

@@ -137,6 +137,12 @@ type Actor struct {
 	// alone is how many batches the replay commits one at a time before it builds runs again
 	// (see replay).
 	alone int
+	// refused are the senders answered a write they keep refused as unavailable (Write.Keep)
+	// that have sent no write since with nothing unacknowledged before it (Write.After):
+	// keepOrder refuses the writes they sent behind it. An entry is a few bytes per session
+	// key, and the key's next write with nothing in flight (its next activation's first)
+	// removes it.
+	refused map[senderID]struct{}
 
 	// pacing of the next batch (see Actor)
 	answeredAt time.Time
@@ -144,6 +150,10 @@ type Actor struct {
 	arrived    int // writes received since then
 	lastTook   time.Duration
 }
+
+// senderID names the sender of a Write: a session's PID is the same at each activation of its
+// key.
+type senderID struct{ address, id string }
 
 type pendingWrite struct {
 	sender *actor.PID
@@ -385,12 +395,15 @@ func (a *Actor) dispatch(c actor.Context) {
 		if a.batch = a.batch[n:]; len(a.batch) == 0 {
 			a.batch = nil
 		}
-		groups := make([][]Op, n)
+		if part = a.keepOrder(c, part); len(part) == 0 {
+			continue
+		}
+		groups := make([][]Op, len(part))
 		for i, p := range part {
 			groups[i] = p.write.Ops
 		}
 		if a.spoolLen() > 0 {
-			a.answer(c, part, a.spool(c, groups, make([]error, n))) // keep order behind what is spooled
+			a.answer(c, part, a.spool(c, groups, make([]error, len(part)))) // keep order behind what is spooled
 			continue
 		}
 		if a.jobs == nil {
@@ -449,12 +462,60 @@ func (a *Actor) drain(c actor.Context) {
 	}
 }
 
+// answer answers the senders of part with errs, and notes those of a write they keep refused as
+// unavailable (keepOrder).
 func (a *Actor) answer(c actor.Context, part []pendingWrite, errs []error) {
 	for i, p := range part {
-		if p.sender != nil {
-			c.Send(p.sender, &WriteResult{ID: p.write.ID, Err: errs[i]})
+		if p.sender == nil {
+			continue
 		}
+		if p.write.Keep && errors.Is(errs[i], ErrUnavailable) {
+			if a.refused == nil {
+				a.refused = make(map[senderID]struct{})
+			}
+			a.refused[senderOf(p.sender)] = struct{}{}
+		}
+		c.Send(p.sender, &WriteResult{ID: p.write.ID, Err: errs[i]})
 	}
+}
+
+// keepOrder answers with errBehindRefused the writes of part sent behind unacknowledged writes
+// of a sender that was answered a write it keeps (a session's turn result) refused as
+// unavailable since it last sent one with nothing unacknowledged before it (see Write), and
+// returns the others. The sender sends the refused write again, and a write it sent behind it
+// before it heard of the refusal, taken now (room freed between two batches), would commit ahead
+// of it: a later outbox entry of the session's key before an earlier one, which an event stream
+// that read the later one skipped when the earlier one came. On a full disk the store refuses
+// such a write too, as a rule; now it always does.
+func (a *Actor) keepOrder(c actor.Context, part []pendingWrite) []pendingWrite {
+	if a.refused == nil {
+		return part
+	}
+	kept := part[:0]
+	for _, p := range part {
+		if p.sender != nil {
+			id := senderOf(p.sender)
+			if !p.write.After {
+				delete(a.refused, id) // its sender has heard every answer
+			} else if _, ok := a.refused[id]; ok {
+				c.Send(p.sender, &WriteResult{ID: p.write.ID, Err: errBehindRefused})
+				continue
+			}
+		}
+		kept = append(kept, p)
+	}
+	if len(a.refused) == 0 {
+		a.refused = nil
+	}
+	return kept
+}
+
+// errBehindRefused refuses a write sent behind a write of its sender the actor refused as
+// unavailable (keepOrder).
+var errBehindRefused = fmt.Errorf("%w: sent behind a write of its sender that was refused", ErrUnavailable)
+
+func senderOf(pid *actor.PID) senderID {
+	return senderID{pid.Address, pid.Id}
 }
 
 func (a *Actor) spoolLen() int {

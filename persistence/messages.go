@@ -16,11 +16,18 @@ import "time"
 // its unacknowledged writes again, in order, and this one after them. A sender that sees the
 // incarnation grow past the one its unacknowledged writes were sent to does the same before
 // it sends anything newer.
+//
+// Nor does a write commit ahead of one of its sender's that the actor refused as unavailable
+// and that the sender keeps, to send it again (Keep: a session's turn result): a write with
+// After set is refused so too (ErrUnavailable), until the sender sends one without After,
+// having heard every answer. A restart forgets such refusals: a sender that keeps a refused
+// write does not send again a write it sent behind it (it treats it as refused too).
 type Write struct {
 	ID          uint64
 	Ops         []Op
 	Incarnation uint64
 	After       bool
+	Keep        bool
 }
 
 // WriteResult acknowledges a Write. Err is nil when the write is durable.
