@@ -134,13 +134,17 @@ func TestBacklogAnsweredWithNoticesIsReadInPages(t *testing.T) {
 	}
 }
 
-// checkSetAside checks that each of ids is failed and answered by one notice that says note,
-// in order.
+// checkSetAside checks that each of ids is failed, archived (it never ran: no later turn reads
+// it, unrunOps) and answered by one notice that says note, in order.
 func (w *managerWorld) checkSetAside(t *testing.T, ids []string, note string) {
 	t.Helper()
 	for _, id := range ids {
-		if st, _ := w.statusOf(t, id); st != persistence.StatusFailed {
-			t.Errorf("%s: %s, want failed", id, st)
+		m, err := w.store.FindInbound(w.ctx, w.src.Platform, w.src.ChatID, id)
+		if err != nil {
+			t.Fatalf("FindInbound(%s): %v", id, err)
+		}
+		if m.Status != persistence.StatusFailed || m.Active || !m.Archived {
+			t.Errorf("%s: %s, active %t, archived %t; want failed and archived", id, m.Status, m.Active, m.Archived)
 		}
 	}
 	out, err := w.store.OutboxAfter(w.ctx, w.key, 0, 0)

@@ -359,11 +359,12 @@ func (s *Session) fresh() bool {
 }
 
 // stopWork cancels the running turn and drops the queued messages. It returns the ops that
-// mark them failed, how many were in cancelled turns (the running one, and any cut short by an
-// interrupt and not yet answered), and the dropped messages (those first, then the queued ones
-// in order), whose senders the caller must tell: nothing is dropped silently. A message whose
-// write is still in flight stays queued, marked dropped: it is set aside with a notice of its
-// own when its write lands (accepted).
+// mark them failed (the queued ones archived too, out of the conversation: unrunOps), how many
+// were in cancelled turns (the running one, and any cut short by an interrupt and not yet
+// answered), and the dropped messages (those first, then the queued ones in order), whose
+// senders the caller must tell: nothing is dropped silently. A message whose write is still in
+// flight stays queued, marked dropped: it is set aside with a notice of its own when its write
+// lands (accepted).
 func (s *Session) stopWork(c actor.Context) (ops []persistence.Op, cancelled int, dropped []*item) {
 	if r := s.unusual; r != nil {
 		dropped, r.interrupted = r.interrupted, nil // cut short by an interrupt, not answered yet
@@ -388,11 +389,25 @@ func (s *Session) stopWork(c actor.Context) (ops []persistence.Op, cancelled int
 			continue
 		}
 		dropped = append(dropped, it)
-		ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: persistence.StatusFailed})
+		ops = append(ops, unrunOps(it.sessionID, it.seq)...)
 	}
 	s.queue = keep
 	s.updateBusy(c)
 	return ops, cancelled, dropped
+}
+
+// unrunOps returns the writes that set aside the user message at seq of sessionID, one that
+// never ran and never will (a command dropped it, or a notice answers it in place of its
+// turn): it is failed, and archived, as /undo archives, so that no later turn reads it as part
+// of the conversation, also after a restart or a /resume (a load reads no archived row).
+// Before, it stayed active, failed as the message of a turn /stop cancelled is (which stays in
+// the conversation), and every reload gave it to the agent
+// (TestDroppedMessagesStayOutOfReloadedHistory).
+func unrunOps(sessionID string, seq int64) []persistence.Op {
+	return []persistence.Op{
+		&persistence.SetMessageStatus{SessionID: sessionID, Seqs: []int64{seq}, Status: persistence.StatusFailed},
+		&persistence.ArchiveMessages{SessionID: sessionID, Seqs: []int64{seq}},
+	}
 }
 
 // takeInterrupted removes from the messages waiting for the next answer after an interrupt

@@ -123,7 +123,9 @@ func (s *Session) quarantine(c actor.Context, it *item) {
 		fmt.Sprintf("⚠️ This message crashed the session %d times, so it was set aside (quarantined) and will not be retried unless the gateway's operator runs it again.", QuarantineAfter))
 }
 
-// setAside gives a message a final status without running it and tells its sender why.
+// setAside gives a message a final status without running it and tells its sender why. A
+// failed one is archived too (unrunOps); a quarantined one stays active, for an operator to
+// requeue.
 func (s *Session) setAside(c actor.Context, it *item, status, text string) {
 	s.setAsideThen(c, it, status, text, nil)
 }
@@ -137,8 +139,12 @@ func (s *Session) setAsideThen(c actor.Context, it *item, status, text string, t
 	if u := s.unusual; u != nil {
 		interrupted, u.interrupted = u.interrupted, nil
 	}
-	ops := append(markCut(interrupted),
-		&persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: status})
+	ops := markCut(interrupted)
+	if status == persistence.StatusFailed {
+		ops = append(ops, unrunOps(it.sessionID, it.seq)...) // out of the conversation too
+	} else {
+		ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: status})
+	}
 	if s.cur != nil && s.cur.ID == it.sessionID {
 		s.lastSeq++
 		ops = append(ops, &persistence.AppendMessage{Message: persistence.Message{SessionID: it.sessionID, Seq: s.lastSeq,
@@ -200,10 +206,7 @@ func (s *Session) leaveBehind(c actor.Context, from *persistence.Session, m *per
 	src := s.sourceOf(from)
 	src.UserID, src.UserName = m.UserID, m.UserName
 	entry := s.outboxEntry(src, m.SessionID, platforms.KindNotice, leftBehindNotice, "", []string{m.MessageID}, s.d.now())
-	ops := []persistence.Op{
-		&persistence.SetMessageStatus{SessionID: m.SessionID, Seqs: []int64{m.Seq}, Status: persistence.StatusFailed},
-		&persistence.AddOutbox{Entry: entry},
-	}
+	ops := append(unrunOps(m.SessionID, m.Seq), &persistence.AddOutbox{Entry: entry})
 	id := m.MessageID
 	s.write(c, ops, func(c actor.Context, err error) {
 		defer then(c)

@@ -118,7 +118,7 @@ type Message struct {
 	UserName string
 	TurnID   string
 	Status   string
-	Active   bool // false once undone or retried away
+	Active   bool // false once undone, retried away, or set aside unrun (archived)
 	Archived bool
 	// Attempts counts the unclean stops of the daemon (Store.BeginRun) while the message was
 	// the head of its session's pending queue. Crashes of its session alone are counted in
@@ -306,7 +306,8 @@ type RequeueMessage struct {
 	NewSeq    int64
 }
 
-// ArchiveMessages marks rows inactive and archived (undo, retry); rows are never deleted.
+// ArchiveMessages marks rows inactive and archived (undo, retry, a message set aside without
+// running); rows are never deleted.
 type ArchiveMessages struct {
 	SessionID string
 	Seqs      []int64

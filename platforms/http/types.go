@@ -177,7 +177,8 @@ type TranscriptMessage struct {
 	TurnID    string    `json:"turn_id"`
 	Status    string    `json:"status"`
 	CreatedAt time.Time `json:"created_at"`
-	// Archived marks rows taken back by /undo or /retry; they are kept, never deleted.
+	// Archived marks rows left out of the agent's history (taken back by /undo or /retry, or
+	// never run: dropped by /stop or answered with a notice); they are kept, never deleted.
 	Archived bool `json:"archived,omitempty"`
 }
 
