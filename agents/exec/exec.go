@@ -245,8 +245,8 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	} else {
 		cmd.Stdin = bytes.NewReader(in)
 	}
-	cmd.Stdout = io.MultiWriter(stdout, stdoutTail)
-	cmd.Stderr = stderr
+	outEnd, errEnd := &pipeEnd{w: io.MultiWriter(stdout, stdoutTail)}, &pipeEnd{w: stderr}
+	cmd.Stdout, cmd.Stderr = outEnd, errEnd
 	cmd.SysProcAttr = procAttr()
 	// killer is set by Cancel, which os/exec calls from its own goroutine; Wait returns only
 	// after Cancel has returned, so a nil killer after Wait means the command was never
@@ -372,6 +372,11 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		// is what it wrote before the pipes were closed.
 		log.Warn("exec agent closed output held open after exit", "grace", a.grace)
 	case errors.As(waitErr, &ee):
+		if outEnd.cut.Load() || errEnd.cut.Load() {
+			// As after a success: the turn waited kill_grace for it, which its error (the exit
+			// status) does not say.
+			log.Warn("exec agent closed output held open after exit", "grace", a.grace)
+		}
 		code := ee.ExitCode()
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			code = 128 + int(ws.Signal())

@@ -2,7 +2,11 @@ package exec
 
 import (
 	"bytes"
+	"errors"
+	"io"
+	"os"
 	"strings"
+	"sync/atomic"
 	"unicode"
 	"unicode/utf8"
 )
@@ -156,4 +160,26 @@ func trimPartialRune(b []byte) []byte {
 		}
 	}
 	return b
+}
+
+// pipeEnd is the writer os/exec copies one of the command's output pipes into. It notes
+// whether that copy ended on a pipe closed under it rather than at its end: the pipe was held
+// open after the command exited, by a process it started, until cmd.WaitDelay ran out. Wait
+// says so (osexec.ErrWaitDelay) only of a command that succeeded; of a failed one it reports
+// the exit status alone, and the turn's wait of kill_grace went unsaid.
+type pipeEnd struct {
+	w   io.Writer
+	cut atomic.Bool
+}
+
+func (p *pipeEnd) Write(b []byte) (int, error) { return p.w.Write(b) }
+
+// ReadFrom is what os/exec's copy calls (io.Copy into a writer that has it), so it sees how
+// the pipe's reads ended, which Write does not.
+func (p *pipeEnd) ReadFrom(r io.Reader) (int64, error) {
+	n, err := io.Copy(p.w, struct{ io.Reader }{r}) // (not through ReadFrom again)
+	if errors.Is(err, os.ErrClosed) {
+		p.cut.Store(true)
+	}
+	return n, err
 }
