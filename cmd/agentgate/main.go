@@ -338,6 +338,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for _, err := range cfg.ExecAdvice() {
 		log.Warn("agent.exec.kill_grace is longer than a stop gives; serving all the same", logging.Err(err))
 	}
+	for _, err := range cfg.HistoryAdvice() {
+		log.Warn("agent.exec.history is more than sessions.history_limit keeps; serving all the same", logging.Err(err))
+	}
 	if err := hideFromSameUser(); err != nil {
 		log.Warn("cannot keep the exec agent from reading the daemon's environment and memory (prctl PR_SET_DUMPABLE)", logging.Err(err))
 	}
@@ -531,7 +534,7 @@ func startNotices(cfg *config.Config) []error {
 	if err := emptySQLiteDatabase(cfg); err != nil {
 		out = append(out, &notice{kind: "note", err: err})
 	}
-	for _, err := range slices.Concat(cfg.PostgresAdvice(), cfg.OpenAIAdvice(), cfg.ExecAdvice()) {
+	for _, err := range slices.Concat(cfg.PostgresAdvice(), cfg.OpenAIAdvice(), cfg.ExecAdvice(), cfg.HistoryAdvice()) {
 		out = append(out, &notice{kind: "warning", err: err})
 	}
 	return out

@@ -1039,7 +1039,8 @@ func TestFieldErrorMessages(t *testing.T) {
 		`store.dsn: required when store.driver is postgres`,
 		`sessions.passivate_after: -1s: must not be negative`,
 		`sessions.queue.mode: "fast": must be one of followup, collect, interrupt, steer`,
-		`agent.exec.command: required when agent.backend is exec`,
+		// Set, but with no program: not "required" (found by a walkthrough).
+		`agent.exec.command: [""]: its first element, the program to run, is empty`,
 	}
 	var got []string
 	for _, p := range problems(err) {

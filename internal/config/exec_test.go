@@ -41,3 +41,44 @@ func TestExecAdvice(t *testing.T) {
 		})
 	}
 }
+
+// TestHistoryAdvice: an agent.exec.history above sessions.history_limit is warned of, with
+// what the command gets (the smaller of the two); one within it, or of another backend, is
+// not (found by a walkthrough: history: 50 with history_limit: 4 gave the command 4, and
+// history_limit: 0 none, without a word).
+func TestHistoryAdvice(t *testing.T) {
+	const exec = "agent:\n  backend: exec\n  exec:\n    command: [sh]\n"
+	tests := []struct {
+		name, file string
+		want       string
+	}{
+		{name: "above the limit", file: exec + "    history: 50\nsessions:\n  history_limit: 4\n",
+			want: "agent.exec.history: 50: more than sessions.history_limit, 4, the messages a session keeps for its agent: " +
+				"the command gets at most 4 (the smaller of the two wins)"},
+		{name: "a limit of none", file: exec + "    history: 1\nsessions:\n  history_limit: 0\n",
+			want: "agent.exec.history: 1: more than sessions.history_limit, 0, the messages a session keeps for its agent: " +
+				"the command gets none (the smaller of the two wins)"},
+		{name: "equal", file: exec + "    history: 4\nsessions:\n  history_limit: 4\n"},
+		{name: "below", file: exec + "    history: 0\nsessions:\n  history_limit: 0\n"},
+		{name: "the defaults", file: exec},
+		{name: "another backend", file: "agent:\n  exec:\n    history: 50\nsessions:\n  history_limit: 4\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Load(MustWriteConfig(t, tc.file), nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, err := range cfg.HistoryAdvice() {
+				got = append(got, err.Error())
+			}
+			switch {
+			case tc.want == "" && len(got) > 0:
+				t.Errorf("HistoryAdvice() = %q, want none", got)
+			case tc.want != "" && (len(got) != 1 || got[0] != tc.want):
+				t.Errorf("HistoryAdvice() = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

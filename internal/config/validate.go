@@ -129,7 +129,11 @@ func (c *Config) validate() []error {
 	a := &c.Agent
 	v.oneOf("agent.backend", a.Backend, "echo", "exec", "openai")
 	if a.Backend == "exec" {
-		v.required("agent.exec.command", len(a.Exec.Command) > 0 && a.Exec.Command[0] != "", "agent.backend", "is exec")
+		v.required("agent.exec.command", len(a.Exec.Command) > 0, "agent.backend", "is exec")
+		if len(a.Exec.Command) > 0 && a.Exec.Command[0] == "" {
+			// Set, so not "required": its program is what is missing (found by a walkthrough).
+			v.add("agent.exec.command", a.Exec.Command, "its first element, the program to run, is empty")
+		}
 	}
 	atLeast(&v, "agent.max_concurrent", a.MaxConcurrent, 0)
 	// At least a second: a shorter one (1ns) fails every turn, each with a timeout.
