@@ -378,7 +378,7 @@ func (s *Session) answerRepeats(c actor.Context, it *item, m *Deliver, err error
 		case errors.Is(err, persistence.ErrFenced):
 			r.Disposition, r.ErrorCode, r.Error = "", ErrCodeStopped, "the session handed the message to its next activation; send it again with the same message_id"
 		default:
-			r.Disposition, r.ErrorCode, r.Error = "", "unavailable", "message could not be stored"
+			r.Disposition, r.ErrorCode, r.Error = "", "unavailable", err.Error() // as accepted gives it
 		}
 		c.Send(p, r)
 	}
@@ -659,7 +659,9 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 		s.rememberUnsure(it)
 		s.logRefusedInbound(err, m.MessageId, it.seq)
 		r := s.result(m, "", "")
-		r.ErrorCode, r.Error = "unavailable", "message could not be stored"
+		// The cause, for the platform's line (platforms.ErrUnavailable says the rest). Before,
+		// "message could not be stored" here made it say so twice, and nothing of why.
+		r.ErrorCode, r.Error = "unavailable", err.Error()
 		c.Send(it.requester, r)
 		return
 	}
