@@ -25,4 +25,8 @@ var (
 	// ErrLocked is returned when another process holds the store: the SQLite data directory,
 	// or the PostgreSQL database a daemon runs on.
 	ErrLocked = errors.New("persistence: store in use by another agentgate process")
+	// ErrCorrupt is wrapped by the Ping of a store that found its database damaged while open
+	// (SQLite's "database disk image is malformed"). Unlike an outage it does not pass by
+	// itself: the daemon must be stopped and the database restored.
+	ErrCorrupt = errors.New("persistence: database corrupt")
 )

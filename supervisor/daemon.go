@@ -257,7 +257,20 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		}
 		return nil, fmt.Errorf("start: %w", err)
 	}
-	if d.store, err = openStore(ctx, cfg, log.With("component", "persistence"), !opts.SharedStore); err != nil {
+	// The data directory's lock and the spool come before the store too: a start refused for a
+	// data directory another daemon holds, or for a spool it cannot write, opens no database.
+	// Before, with a store.dsn outside data_dir, it made a new, empty database there, and its
+	// lock file, and logged it, only to be refused.
+	if !opts.SharedStore {
+		if d.dirLock, err = lockDataDir(cfg.DataDir); err != nil {
+			return nil, fmt.Errorf("start: %w", err)
+		}
+		if d.spool, err = spool.Open(filepath.Join(cfg.DataDir, "spool")); err != nil {
+			return nil, fmt.Errorf("start: open spool: %w", err)
+		}
+	}
+	corrupt := func() { d.metrics.StoreCorrupt.Set(1) }
+	if d.store, err = openStore(ctx, cfg, log.With("component", "persistence"), !opts.SharedStore, corrupt); err != nil {
 		return nil, fmt.Errorf("start: open store: %w", err)
 	}
 	if ms, ok := d.store.(memberStore); ok {
@@ -266,14 +279,6 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	leases, _ := d.store.(leaser)
 	if opts.WrapStore != nil {
 		d.store = opts.WrapStore(d.store)
-	}
-	if !opts.SharedStore {
-		if d.dirLock, err = lockDataDir(cfg.DataDir); err != nil {
-			return nil, fmt.Errorf("start: %w", err)
-		}
-		if d.spool, err = spool.Open(filepath.Join(cfg.DataDir, "spool")); err != nil {
-			return nil, fmt.Errorf("start: open spool: %w", err)
-		}
 	}
 	for i, p := range extra[:configured] {
 		if gp, ok := p.(gatewayPlatform); ok && cfg.Cluster.Enabled && leases != nil {
@@ -848,7 +853,7 @@ func (d *Daemon) ready(ctx context.Context) map[string]error {
 }
 
 // storeReady is /readyz's store: its ping (the database answers and its write lock can be
-// taken), then whether writes are taken. A full or read-only disk passes the ping but refuses
+// taken, and the store has not found it corrupt), then whether writes are taken. A full or read-only disk passes the ping but refuses
 // every write, so the persistence actor's own view counts: writes refused within the last
 // persistence.RefusalMemory, or waiting in the spool for the database; so does the record of
 // this run while the store refuses it (beginRun tries it again each second). The ping gets 0.8 s:
@@ -858,6 +863,9 @@ func (d *Daemon) storeReady(ctx context.Context) error {
 	pctx, cancel := context.WithTimeout(ctx, pingWithin)
 	err := d.store.Ping(pctx)
 	cancel()
+	if errors.Is(err, persistence.ErrCorrupt) {
+		return err // it says what to do; the spool's "until it takes them again" would not pass
+	}
 	if err == nil {
 		err = d.refusals.Err(time.Now())
 	}
@@ -1038,8 +1046,8 @@ func (f floor) WithGroup(n string) slog.Handler      { return floor{f.h.WithGrou
 
 // openStore opens the configured store: SQLite (the default) or PostgreSQL. A failed Open
 // returns a nil interface, never a nil *Store inside one (the caller's cleanup closes a
-// non-nil store).
-func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, exclusive bool) (persistence.Store, error) {
+// non-nil store). corrupt is called once a SQLite store finds its database damaged.
+func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, exclusive bool, corrupt func()) (persistence.Store, error) {
 	switch cfg.Store.Driver {
 	case "postgres":
 		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{Logger: log, Exclusive: exclusive, Shared: !exclusive})
@@ -1048,7 +1056,7 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, exclus
 		}
 		return st, nil
 	default:
-		st, err := sqlite.Open(ctx, cfg.DSN(), sqlite.Options{Synchronous: cfg.Store.Synchronous, Logger: log})
+		st, err := sqlite.Open(ctx, cfg.DSN(), sqlite.Options{Synchronous: cfg.Store.Synchronous, Logger: log, Corrupt: corrupt})
 		if err != nil {
 			return nil, err
 		}

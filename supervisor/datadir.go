@@ -8,6 +8,7 @@ import (
 
 	"github.com/agentgate/agentgate/internal/flock"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/sqlite"
 )
 
 // DirLockFile is the file in the data directory whose lock keeps a second daemon off it. Its
@@ -15,6 +16,10 @@ import (
 // named "agentgate" in the data directory would otherwise have its lock on this very file,
 // which the daemon, holding both, would find held and refuse to start.
 const DirLockFile = "agentgate-dir.flock"
+
+// ErrDataDirInUse is the error of a start refused because another process holds the data
+// directory's own lock (lockDataDir): the daemon that uses that directory.
+var ErrDataDirInUse = errors.New("data directory locked")
 
 // lockDataDir takes an exclusive, non-blocking flock on the data directory's lock file
 // (DirLockFile; the directory is created 0700 if missing) for as long as the returned file is
@@ -26,11 +31,12 @@ const DirLockFile = "agentgate-dir.flock"
 // no lock on it at all: its advisory lock keeps apart daemons on one database and schema, not
 // two deployments given the same data directory. Cluster members keep no spool and take no
 // lock. The lock is on a regular file opened for writing (flock.Open), not on the directory.
-// ErrDataDirInUse is the error of a start refused because another process holds the data
-// directory's own lock (lockDataDir): the daemon that uses that directory.
-var ErrDataDirInUse = errors.New("data directory locked")
-
+// It is taken before the store opens, so under go test the default data directory is refused
+// as the SQLite store refuses it (sqlite.CheckTestGuard), before anything is made in it.
 func lockDataDir(dir string) (*os.File, error) {
+	if err := sqlite.CheckTestGuard(dir); err != nil {
+		return nil, fmt.Errorf("data directory %s: %w", dir, err)
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("data directory %s: %w", dir, err)
 	}

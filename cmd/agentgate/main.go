@@ -312,12 +312,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	// Refused here, at the key's line, rather than once the store is open (and a PostgreSQL one
-	// migrated): a data directory serve cannot make or write, which would fail at its lock; a
-	// SQLite store.dsn in a directory that is not there, where the store would make a new, empty
-	// database; and what pgx refuses on this machine, with the file or the PG* variable named, of
-	// which the store's Open says only that the DSN cannot be parsed.
+	// migrated): a data directory serve cannot make or write, which would fail at its lock, or
+	// whose spool directory it cannot write; a SQLite store.dsn in a directory that is not
+	// there, where the store would make a new, empty database; and what pgx refuses on this
+	// machine, with the file or the PG* variable named, of which the store's Open says only that
+	// the DSN cannot be parsed.
 	cfg, problems, refused := cf.check(func(c *config.Config) []error {
-		return nonNil(dataDirProblem(c.DataDir), c.CheckSQLite(), c.CheckPostgres())
+		return nonNil(dataDirProblem(c.DataDir), spoolDirProblem(c), c.CheckSQLite(), c.CheckPostgres())
 	})
 	if problems != nil {
 		return configError(problems)
@@ -488,12 +489,12 @@ func startError(ctx context.Context, cfg *config.Config, err error) error {
 
 // startRefusals returns what serve would refuse at start, in this environment, of a
 // configuration that validates: supervisor.Preflight's (a secret variable unset, an exec
-// agent's command not there), a data_dir it cannot make or write, what pgx refuses here (a file
-// store.dsn names, a PG* variable), and the files that the cluster's TLS names. It opens no
-// database and no connection, so it leaves out what only those tell: the store, the data
-// directory's lock, a port that is taken, a cluster.advertise that does not reach cluster.bind.
-// Each names its key, as a *config.FieldError, so that check-config names the file's line of
-// it.
+// agent's command not there), a data_dir it cannot make or write, or whose spool it cannot
+// write, what pgx refuses here (a file store.dsn names, a PG* variable), and the files that the
+// cluster's TLS names. It opens no database and no connection, so it leaves out what only those
+// tell: the store, the data directory's lock, a port that is taken, a cluster.advertise that
+// does not reach cluster.bind. Each names its key, as a *config.FieldError, so that
+// check-config names the file's line of it.
 func startRefusals(cfg *config.Config) []error {
 	var out []error
 	for _, r := range supervisor.Preflight(cfg, os.Getenv) {
@@ -504,7 +505,7 @@ func startRefusals(cfg *config.Config) []error {
 			out = append(out, errors.New(r))
 		}
 	}
-	for _, err := range nonNil(dataDirProblem(cfg.DataDir), cfg.CheckSQLite(), cfg.CheckPostgres(), clusterTLSFiles(cfg.Cluster)) {
+	for _, err := range nonNil(dataDirProblem(cfg.DataDir), spoolDirProblem(cfg), cfg.CheckSQLite(), cfg.CheckPostgres(), clusterTLSFiles(cfg.Cluster)) {
 		out = append(out, fmt.Errorf("%w; serve refuses to start with it", err))
 	}
 	return out
@@ -620,6 +621,35 @@ func dataDirProblem(dir string) error {
 			return nil
 		}
 	}
+}
+
+// spoolDirProblem returns why serve could not use the spool directory of cfg's data_dir, which
+// a daemon that is not a cluster member opens at start: it exists but is not a directory, or is
+// a directory this user may not write (left by a run as root, or a read-only bind mount). A
+// missing one is made in data_dir, which dataDirProblem checks. Before, check-config said
+// "config ok" of it, and serve was refused only once it had opened, and written, the database.
+func spoolDirProblem(cfg *config.Config) error {
+	if cfg.DataDir == "" || cfg.Cluster.Enabled {
+		return nil // (a cluster member keeps no spool)
+	}
+	dir := filepath.Join(cfg.DataDir, "spool")
+	problem := func(format string, args ...any) error {
+		return &config.FieldError{Field: "data_dir", Value: cfg.DataDir, Err: fmt.Errorf(format, args...)}
+	}
+	const fix = "give it to the daemon's user (chown -R), or set another data_dir"
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR):
+		return nil
+	case err != nil:
+		return problem("its spool directory cannot be reached by this user, uid %d: %v", os.Getuid(), err)
+	case !fi.IsDir():
+		return problem("its spool directory %s exists but is not a directory", dir)
+	}
+	if err := syscall.Access(dir, wxOK); err != nil {
+		return problem("its spool directory %s is not writable by this user, uid %d (%v): %s", dir, os.Getuid(), err, fix)
+	}
+	return nil
 }
 
 // clusterTLSFiles reads the cluster's TLS files as a member reads them when it joins the

@@ -84,6 +84,10 @@ type Metrics struct {
 	// WritesRefused counts the write groups neither the database nor the spool took (a full
 	// or read-only disk, where agentgate_spool_files stays 0).
 	WritesRefused prometheus.Counter
+	// StoreCorrupt is 1 once the SQLite store has found its database damaged while the daemon
+	// runs: what meets the damage fails as in an outage, but it does not pass by itself, and
+	// the spool and refusal metrics need not move (a new chat's session fails as it loads).
+	StoreCorrupt prometheus.Gauge
 
 	actors *actorSeries
 }
@@ -131,6 +135,8 @@ func New(platforms ...string) *Metrics {
 			Name: "agentgate_spool_files", Help: "Writes waiting in the spool for the database to recover."}),
 		WritesRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "agentgate_persist_writes_refused_total", Help: "Writes refused because neither the database nor the spool took them (a full or read-only disk); their senders were told to send them again."}),
+		StoreCorrupt: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "agentgate_store_corrupt", Help: "1 once the SQLite database was found damaged while the daemon runs (it does not mend: stop the daemon and restore a backup), else 0."}),
 		ActorRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentgate_actor_restarts_total", Help: "Supervisor restarts and stops of failed actors, by actor kind."}, []string{"kind"}),
 		Mailboxes: newMailboxDepths(ActorKinds),
@@ -161,7 +167,7 @@ func New(platforms ...string) *Metrics {
 	m.actors = newActorSeries(m.Mailboxes)
 	for _, c := range []prometheus.Collector{m.SessionsActive, m.SessionActivations, m.SessionPassivations, m.SessionsFenced, m.SessionsHandedOn, m.SessionsTakenOver, m.ClusterMembers,
 		m.TurnsTotal, m.TurnDuration, m.QueueDepth, m.QueueOverflow, m.PersistBatchSize, m.PersistFlushSeconds,
-		m.SpoolFiles, m.WritesRefused, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined, m.MessagesRequeued, m.ProbationWaiting, m.AgentCallsWaiting, m.AgentSlotWait, m.ModelRequests, m.HTTPRequests} {
+		m.SpoolFiles, m.WritesRefused, m.StoreCorrupt, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined, m.MessagesRequeued, m.ProbationWaiting, m.AgentCallsWaiting, m.AgentSlotWait, m.ModelRequests, m.HTTPRequests} {
 		f(c)
 	}
 	for _, c := range m.actors.collectors() {

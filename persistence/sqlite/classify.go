@@ -9,6 +9,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/agentgate/agentgate/internal/logging"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 )
 
@@ -110,15 +111,30 @@ const msgCorrupt = "the database is corrupt; stop the daemon and restore a backu
 // err, an error of this store's database, says so. The error itself goes back to callers that
 // take it for an outage and try again (IsUnavailable), and their lines said only that: a
 // daemon whose file was damaged answered every message 503 for ever, its log speaking of a
-// full or read-only disk (found by an operations walkthrough).
+// full or read-only disk (found by an operations walkthrough). The first such error is kept for
+// Ping, and Options.Corrupt is called then: before, /readyz said the store was ready and no
+// metric moved while every new chat was refused.
 func (s *Store) reportCorrupt(err error) {
 	if !isCorrupt(err) {
 		return
+	}
+	if s.corrupt.CompareAndSwap(nil, &err) && s.onCorrupt != nil {
+		s.onCorrupt()
 	}
 	if args, ok := s.corruptWarn.Allowed("path", s.path, logging.Err(err)); ok {
 		s.log.Error(msgCorrupt, args...)
 	}
 }
+
+// corruptError is Ping's error once the store has found its database damaged: what SQLite
+// said, and what to do. It wraps persistence.ErrCorrupt.
+type corruptError struct{ err error }
+
+func (e *corruptError) Error() string {
+	return fmt.Sprintf("the database is corrupt (%v): stop the daemon, then %s", e.err, corruptFix)
+}
+
+func (e *corruptError) Unwrap() error { return persistence.ErrCorrupt }
 
 // unavailable is markUnavailable for an error of this store's database: a corrupt one is also
 // reported (reportCorrupt).

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/agentgate/agentgate/internal/testutil"
@@ -105,16 +106,23 @@ func TestOpenRefusesACorruptDatabase(t *testing.T) {
 // fails the reads that meet the damage as unavailable (the writes such an error refuses wait
 // in the spool), and the store logs at Error, once a minute at most, that the database is
 // corrupt, naming the file. Before, only its callers' lines told of it, as of an outage that
-// passes (found by an operations walkthrough).
+// passes (found by an operations walkthrough). From then on its Ping fails, saying the
+// database is corrupt (persistence.ErrCorrupt), and Options.Corrupt has been called once: before,
+// the daemon's /readyz said the store was ready and no metric moved.
 func TestCorruptionFoundWhileRunningIsLoggedAsSuch(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "agentgate.db")
 	pages := mustDatabaseOfPages(t, path)
 	var logs testutil.Buffer
-	s, err := Open(context.Background(), path, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	var reported atomic.Int32
+	s, err := Open(context.Background(), path, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Corrupt: func() { reported.Add(1) }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	if err := s.Ping(context.Background()); err != nil {
+		t.Fatalf("Ping before the damage = %v", err)
+	}
 	// The reader connections have read none of these pages yet.
 	mustOverwritePages(t, path, 3, pages-2)
 	for range 3 {
@@ -126,5 +134,13 @@ func TestCorruptionFoundWhileRunningIsLoggedAsSuch(t *testing.T) {
 	want := fmt.Sprintf("level=ERROR msg=%q path=%s err=", msgCorrupt, path)
 	if got := logs.String(); strings.Count(got, want) != 1 {
 		t.Errorf("log after 3 reads of a damaged database:\n%s\nwant %q once", got, want)
+	}
+	err = s.Ping(context.Background())
+	if !errors.Is(err, persistence.ErrCorrupt) || !strings.HasPrefix(err.Error(), "ping: the database is corrupt (") ||
+		!strings.HasSuffix(err.Error(), "): stop the daemon, then "+corruptFix) {
+		t.Errorf("Ping after the damage was met = %v, want persistence.ErrCorrupt saying so and what to do", err)
+	}
+	if n := reported.Load(); n != 1 {
+		t.Errorf("Options.Corrupt called %d times, want once", n)
 	}
 }

@@ -25,6 +25,17 @@ func checkTestGuard(abs string) error {
 	return guardPath(abs)
 }
 
+// CheckTestGuard is Open's refusal, under go test, of a path inside the default data directory
+// or $AGENTGATE_PRODUCTION_DATA_DIR (persistence.ErrDefaultDataDir), for a caller that makes
+// files there before it opens the database (the daemon takes its data directory's lock first).
+func CheckTestGuard(path string) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	return checkTestGuard(abs)
+}
+
 // guardPath is checkTestGuard without the testing.Testing condition.
 func guardPath(abs string) error {
 	db := resolvePath(abs, 0)

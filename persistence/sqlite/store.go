@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/logging"
@@ -38,6 +39,10 @@ type Options struct {
 	// answers, on Close and on Open (see index.go).
 	IndexRows  int
 	IndexDelay time.Duration
+	// Corrupt is called once, from whichever goroutine met it first, when the store finds its
+	// database damaged while open (reportCorrupt): the daemon counts it in its metrics. Nil
+	// calls nothing.
+	Corrupt func()
 	// NoMigrate opens the database without changing its schema, for an admin command that
 	// writes (agentgate sessions reset): an upgrade is one way, and only the daemon, which logs
 	// it, makes it. A database whose schema is not this binary's, older or newer, is refused.
@@ -75,6 +80,10 @@ type Store struct {
 	ftsWarn   logging.Limiter
 	// corruptWarn holds back the lines of a corrupt database (reportCorrupt).
 	corruptWarn logging.Limiter
+	// corrupt is the first error that found the database damaged while open, which Ping
+	// reports from then on; onCorrupt is Options.Corrupt.
+	corrupt   atomic.Pointer[error]
+	onCorrupt func()
 	// fault, set only by tests, fails an op of Commit before it runs, as a database that
 	// cannot take that one write would (a fault at the store's edge).
 	fault func(persistence.Op) error
@@ -130,7 +139,8 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		// operations walkthrough).
 		wasEmpty = true
 	}
-	s := &Store{path: abs, log: logger(opts.Logger), lock: lock, idx: newIndexer(opts), now: time.Now, commitMu: newWriteLock()}
+	s := &Store{path: abs, log: logger(opts.Logger), lock: lock, idx: newIndexer(opts), now: time.Now, commitMu: newWriteLock(),
+		onCorrupt: opts.Corrupt}
 	if err := s.open(ctx, syncMode, opts); err != nil {
 		s.closeAll()
 		return nil, fmt.Errorf("open %s: %w", abs, explainCorrupt(explainAccess(err, abs, true)))
@@ -347,8 +357,10 @@ const pingBusy = 200 * time.Millisecond
 // Ping checks that the store can be written: it takes and releases the write lock on the writer
 // connection, after the commit that holds it (if any), waiting at most pingBusy for a lock held
 // outside this store. Its errors say what is wrong in an operator's words: the database locked
-// by another process (SQLITE_BUSY), or writes of this store that have been waiting for the
-// database until ctx ended.
+// by another process (SQLITE_BUSY), writes of this store that have been waiting for the
+// database until ctx ended, or, once the store has found its database damaged, that it is
+// corrupt (wrapping persistence.ErrCorrupt), for as long as the store is open: the damage does
+// not pass, and the write lock can be taken on a file whose other pages are junk.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.enter(); err != nil {
 		return fmt.Errorf("ping: %w", err)
@@ -356,6 +368,9 @@ func (s *Store) Ping(ctx context.Context) error {
 	defer s.leave()
 	if s.readOnly {
 		return fmt.Errorf("ping: %w", ErrReadOnly)
+	}
+	if c := s.corrupt.Load(); c != nil {
+		return fmt.Errorf("ping: %w", &corruptError{*c})
 	}
 	start := time.Now()
 	conn, err := s.writer.Conn(ctx) // after the commit, index pass or checkpoint in progress
