@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -556,7 +557,10 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 	name, err := a.o.Spool.Append(keep)
 	for _, i := range idx {
 		if err != nil {
-			out[i] = fmt.Errorf("%w: spool failed too: %v (database: %v)", ErrUnavailable, err, errs[i])
+			// The database's error without its own "database unavailable", which this one
+			// begins with: a log line quoted it twice.
+			dbErr := strings.TrimPrefix(errs[i].Error(), ErrUnavailable.Error()+": ")
+			out[i] = fmt.Errorf("%w: spool failed too: %v (database: %s)", ErrUnavailable, err, dbErr)
 		} else {
 			out[i] = nil
 		}
