@@ -481,6 +481,11 @@ func (s *Session) load(c actor.Context) {
 			if m.Role == persistence.RoleUser && m.Status == persistence.StatusPending {
 				continue // it joins the history when its turn runs, as one of the turn's messages
 			}
+			if m.Status == persistence.StatusQuarantined {
+				// Set aside unrun, as the live session left it out: the message that took the
+				// daemon down, fed to the agent again at each load. Requeued, it joins as pending.
+				continue
+			}
 			if m.Role == persistence.RoleUser || m.Role == persistence.RoleAssistant {
 				msg := persistFromRow(m)
 				if m.Role == persistence.RoleUser {
