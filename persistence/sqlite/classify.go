@@ -104,6 +104,18 @@ func explainCorrupt(err error) error {
 	return err
 }
 
+// explainCheckFailure words err, the quick_check query failing, as a corrupt database when
+// SQLite failed it with a plain SQL error: a virtual table's own check did (FTS5's search index,
+// "invalid fts5 file format", its shadow tables damaged as other pages are), which the
+// statement itself cannot otherwise fail. Before, a start said only "SQL logic error".
+func explainCheckFailure(err error) error {
+	var se *sqlite.Error
+	if errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_ERROR {
+		return fmt.Errorf("the database is corrupt (%w): %s", err, corruptFix)
+	}
+	return err
+}
+
 // msgCorrupt is the line of a database found corrupt while the daemon runs (reportCorrupt).
 const msgCorrupt = "the database is corrupt; stop the daemon and restore a backup"
 

@@ -239,7 +239,7 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 func checkPages(ctx context.Context, db *sql.DB) error {
 	var res string
 	if err := db.QueryRowContext(ctx, "PRAGMA quick_check(1)").Scan(&res); err != nil {
-		return fmt.Errorf("check the database: %w", err) // (explainCorrupt words a damage SQLite reports so)
+		return explainCheckFailure(fmt.Errorf("check the database: %w", err)) // (explainCorrupt words a damage SQLite reports so)
 	}
 	if !strings.EqualFold(res, "ok") {
 		return fmt.Errorf("the database is corrupt (quick_check: %s): %s", strings.Join(strings.Fields(res), " "), corruptFix)
