@@ -36,6 +36,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
+	start, from, applied := time.Now(), 0, 0
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext(current_schema()))`, int32(migrateLock)); err != nil {
 			return err
@@ -53,6 +54,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 		if latest := ms[len(ms)-1].Version; current > latest {
 			return fmt.Errorf("database schema version %d is newer than this binary's %d", current, latest)
 		}
+		from = current
 		for _, m := range ms {
 			if m.Version <= current {
 				continue
@@ -60,6 +62,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 			if current > 0 { // a new database gets every migration: nothing to tell
 				log.Info("migrating the schema", "migration", m.Name)
 			}
+			applied++
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
 				return fmt.Errorf("%s: %w", m.Name, err)
 			}
@@ -81,6 +84,9 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	}
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
+	}
+	if applied > 0 && from > 0 { // as the SQLite store's: README says an upgrade logs how long it took
+		log.Info("schema migrated", "from", from, "to", ms[len(ms)-1].Version, "took", time.Since(start).Round(time.Millisecond))
 	}
 	return nil
 }

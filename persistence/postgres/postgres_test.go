@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
@@ -116,6 +118,48 @@ func TestMigrations(t *testing.T) {
 	_, err = Open(ctx, dsn, Options{})
 	if err == nil || !strings.Contains(err.Error(), "newer than this binary") {
 		t.Errorf("Open of a newer schema: error = %v, want it refused", err)
+	}
+}
+
+// TestMigrationOfAnOlderSchemaIsLogged: opening a database an older binary migrated applies
+// the migrations it lacks, each logged, and logs the upgrade's versions and how long it took, as
+// README says of both stores. Before, the PostgreSQL store logged no end of an upgrade.
+func TestMigrationOfAnOlderSchemaIsLogged(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mustConn(t, dsn)
+	if _, err := c.Exec(ctx, `CREATE TABLE schema_migrations (version INTEGER NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	older := ms[:len(ms)-1] // as the binary before the latest migration left it
+	for _, m := range older {
+		if _, err := c.Exec(ctx, m.SQL); err != nil {
+			t.Fatalf("%s: %v", m.Name, err)
+		}
+		if _, err := c.Exec(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES ($1, 0)`, m.Version); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var logs testutil.Buffer
+	s, err := Open(ctx, dsn, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	latest := ms[len(ms)-1]
+	for _, want := range []string{
+		`msg="migrating the schema" migration=` + latest.Name,
+		fmt.Sprintf(`msg="schema migrated" from=%d to=%d took=`, older[len(older)-1].Version, latest.Version),
+	} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log:\n%s\nwant a line with %s", logs.String(), want)
+		}
 	}
 }
 
