@@ -340,7 +340,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		log.Warn("agent.exec.kill_grace is longer than a stop gives; serving all the same", logging.Err(err))
 	}
 	for _, err := range cfg.HistoryAdvice() {
-		log.Warn("agent.exec.history is more than sessions.history_limit keeps; serving all the same", logging.Err(err))
+		log.Warn("the agent's history is more than sessions.history_limit keeps; serving all the same", logging.Err(err))
 	}
 	if err := hideFromSameUser(); err != nil {
 		log.Warn("cannot keep the exec agent from reading the daemon's environment and memory (prctl PR_SET_DUMPABLE)", logging.Err(err))

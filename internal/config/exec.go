@@ -28,21 +28,31 @@ func (c *Config) ExecAdvice() []error {
 		"holds its chat's next turn for up to twice kill_grace)")}}
 }
 
-// HistoryAdvice returns what serve warns of in the exec backend's history, which it starts
-// with all the same: an agent.exec.history above sessions.history_limit. A session keeps
-// history_limit messages for its agent, so the command gets the smaller of the two; before,
-// history: 50 with history_limit: 4 gave it 4 without a word (found by a walkthrough). A
-// *FieldError of agent.exec.history.
+// HistoryAdvice returns what serve warns of in the agent's history, which it starts with all
+// the same: an agent.exec.history or agent.openai.max_history above sessions.history_limit. A
+// session keeps history_limit messages for its agent, so the agent gets the smaller of the two;
+// before, history: 50 with history_limit: 4 gave the command 4 without a word (found by a
+// walkthrough). A *FieldError of the backend's key.
 func (c *Config) HistoryAdvice() []error {
-	h, limit := c.Agent.Exec.History, c.Sessions.HistoryLimit
-	if c.Agent.Backend != "exec" || h <= limit || limit < 0 {
+	var field, who string
+	var h int
+	switch c.Agent.Backend {
+	case "exec":
+		field, who, h = "agent.exec.history", "the command gets", c.Agent.Exec.History
+	case "openai":
+		field, who, h = "agent.openai.max_history", "each request carries", c.Agent.OpenAI.MaxHistory
+	default:
+		return nil
+	}
+	limit := c.Sessions.HistoryLimit
+	if h <= limit || limit < 0 {
 		return nil // (a negative limit is a problem said apart)
 	}
 	gets := fmt.Sprintf("at most %d", limit)
 	if limit == 0 {
 		gets = "none"
 	}
-	return []error{&FieldError{Field: "agent.exec.history", Value: h, Err: fmt.Errorf(
-		"more than sessions.history_limit, %d, the messages a session keeps for its agent: the command gets %s "+
-			"(the smaller of the two wins)", limit, gets)}}
+	return []error{&FieldError{Field: field, Value: h, Err: fmt.Errorf(
+		"more than sessions.history_limit, %d, the messages a session keeps for its agent: %s %s "+
+			"(the smaller of the two wins)", limit, who, gets)}}
 }

@@ -42,9 +42,9 @@ func TestExecAdvice(t *testing.T) {
 	}
 }
 
-// TestHistoryAdvice: an agent.exec.history above sessions.history_limit is warned of, with
-// what the command gets (the smaller of the two); one within it, or of another backend, is
-// not (found by a walkthrough: history: 50 with history_limit: 4 gave the command 4, and
+// TestHistoryAdvice: an agent.exec.history or agent.openai.max_history above
+// sessions.history_limit is warned of, with what the agent gets (the smaller of the two); one
+// within it, or of another backend, is not (found by a walkthrough: history: 50 with history_limit: 4 gave the command 4, and
 // history_limit: 0 none, without a word).
 func TestHistoryAdvice(t *testing.T) {
 	const exec = "agent:\n  backend: exec\n  exec:\n    command: [sh]\n"
@@ -62,6 +62,10 @@ func TestHistoryAdvice(t *testing.T) {
 		{name: "below", file: exec + "    history: 0\nsessions:\n  history_limit: 0\n"},
 		{name: "the defaults", file: exec},
 		{name: "another backend", file: "agent:\n  exec:\n    history: 50\nsessions:\n  history_limit: 4\n"},
+		{name: "openai above the limit", file: "agent:\n  backend: openai\n  openai:\n    base_url: https://api.example.com/v1\n    model: m\n" +
+			"    max_history: 30\nsessions:\n  history_limit: 10\n",
+			want: "agent.openai.max_history: 30: more than sessions.history_limit, 10, the messages a session keeps for its agent: " +
+				"each request carries at most 10 (the smaller of the two wins)"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
