@@ -574,8 +574,9 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 }
 
 // unansweredOps settles the pending messages of a session the reset ends, as the daemon's own
-// reset does: the daemon never resumes an ended session, so they are marked failed, and a
-// notice in the outbox, sent by the daemon when it next activates the key (its start's
+// reset does: the daemon never resumes an ended session, so they are marked failed and archived
+// (never answered, they are no part of the conversation a /resume of it gives the agent; before,
+// failed alone, they came back in its history), and a notice in the outbox, sent by the daemon when it next activates the key (its start's
 // recovery, or a cluster's recovery sweep, both of which look for undelivered replies), tells
 // their senders to send them again.
 func unansweredOps(key string, s *persistence.Session, lastOutboxSeq int64, pending []persistence.Message, now time.Time) []persistence.Op {
@@ -593,6 +594,7 @@ func unansweredOps(key string, s *persistence.Session, lastOutboxSeq int64, pend
 	text := actors.OperatorResetNotice(len(pending))
 	return []persistence.Op{
 		&persistence.SetMessageStatus{SessionID: s.ID, Seqs: seqs, Status: persistence.StatusFailed},
+		&persistence.ArchiveMessages{SessionID: s.ID, Seqs: seqs},
 		&persistence.AddOutbox{Entry: actors.NewOutboxEntry(key, lastOutboxSeq+1,
 			identity.Source{Platform: s.Platform, ChatType: s.ChatType, ChatID: s.ChatID, ThreadID: s.ThreadID, UserID: pending[0].UserID},
 			s.ID, platforms.KindNotice, text, "", ids, now)},

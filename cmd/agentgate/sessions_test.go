@@ -546,8 +546,10 @@ func TestSessionsReset(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if m := ms[2]; m.MessageID != "m4" || m.Status != persistence.StatusFailed {
-			t.Errorf("after reset, message 3 of sa2 = %s %s, want m4 failed", m.MessageID, m.Status)
+		// Archived too: never answered, it is no part of the conversation a /resume gives the
+		// agent (as the daemon's reset leaves it).
+		if m := ms[2]; m.MessageID != "m4" || m.Status != persistence.StatusFailed || m.Active {
+			t.Errorf("after reset, message 3 of sa2 = %s %s active=%v, want m4 failed and archived", m.MessageID, m.Status, m.Active)
 		}
 		out3, err := st.OutboxAfter(context.Background(), keyA, 2, 0)
 		if err != nil {
@@ -563,7 +565,7 @@ func TestSessionsReset(t *testing.T) {
 		}
 		// show counts the message the note spoke of where the note put it: failed, not pending
 		// (before, the note said pending and show counted it nowhere).
-		if got, want := fieldOf(show, "messages"), "4 (pending 0, failed 1, archived 1)"; got != want {
+		if got, want := fieldOf(show, "messages"), "4 (pending 0, failed 1, archived 2)"; got != want {
 			t.Errorf("after reset, messages = %q, want %q", got, want)
 		}
 		list, _ := MustRunSessions(t, "list", "--data-dir", dir, "--platform", "http")
