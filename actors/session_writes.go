@@ -129,11 +129,23 @@ func (s *Session) sendWrite(c actor.Context, w *pendingWrite) {
 	if s.lostSome(inc) {
 		s.resendAll(c, inc) // nothing newer goes ahead of them
 	}
+	s.send(c, w, inc, s.behind(w))
 	s.inflight = append(s.inflight, w)
-	s.send(c, w, inc, len(s.inflight) > 1)
 	if s.stopResend == nil {
 		s.stopResend = s.timers(c).SendOnce(resendAfter, c.Self(), &resendTick{})
 	}
+}
+
+// behind reports whether a write the session made before w is unacknowledged: w goes after it
+// (persistence.Write.After). A write made after w does not count. One is in flight only when w
+// is a held result written again (sendHeld) and the write was sent behind it before its
+// refusal came: the persistence actor refuses that write (it reaches it first, and it keeps
+// the refusal), or it comes after w, which is then stored or refused before it. Counted, it had
+// the persistence actor refuse w again, as sent behind the refusal it keeps, although the disk
+// had room, and with w the messages waiting behind it
+// (TestHeldResultRetriedWhileAWriteBehindItIsInFlightIsTaken).
+func (s *Session) behind(w *pendingWrite) bool {
+	return slices.ContainsFunc(s.inflight, func(x *pendingWrite) bool { return x.id < w.id })
 }
 
 type pendingWrite struct {
@@ -297,12 +309,16 @@ const resendAfter = 5 * time.Second
 // (room freed between two batches: persistence.Write). Taken, its outbox entry came ahead of
 // the held result's, and an event stream that read it skipped the held reply when that came
 // (TestEventStreamSeesAReplyHeldBehindAWriteInFlight). Refused, a turn's result is held too, in
-// its place; any other write is refused as it would be on its own (a command's has the session
-// start again from the store). If the session stops first (a drain's deadline), the result is
-// lost and the message runs again at the next start, as a turn's would whose result was never
-// written (at its restart, if it crashes). If it hands over (another activation claimed the
-// key, or another write's refusal makes it start again from the store), the held writes are
-// answered as refused (errHandedOver): the key's next activation runs the message again.
+// its place; any other write is refused as it would be on its own. A command's, a reset's
+// (automatic or an operator's), a set-aside's, a probation mark's, and that of a message that
+// begins or resets a session have the session start again from the store, which gives up the
+// held result: its message runs again, as it did before when the store refused such a write
+// itself (a full disk, the common case). If the session stops first (a drain's deadline), the
+// result is lost and the message runs again at the next start, as a turn's would whose result
+// was never written (at its restart, if it crashes). If it hands over (another activation
+// claimed the key, or another write's refusal makes it start again from the store), the held
+// writes are answered as refused (errHandedOver): the key's next activation runs the message
+// again.
 
 // heldWrites are the writes a session holds behind a turn's result the store refused.
 type heldWrites struct {

@@ -497,7 +497,7 @@ func (a *Actor) keepOrder(c actor.Context, part []pendingWrite) []pendingWrite {
 		if p.sender != nil {
 			id := senderOf(p.sender)
 			if !p.write.After {
-				delete(a.refused, id) // its sender has heard every answer
+				delete(a.refused, id) // its sender has heard the answers of every write it made before
 			} else if _, ok := a.refused[id]; ok {
 				c.Send(p.sender, &WriteResult{ID: p.write.ID, Err: errBehindRefused})
 				continue

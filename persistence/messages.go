@@ -20,8 +20,9 @@ import "time"
 // Nor does a write commit ahead of one of its sender's that the actor refused as unavailable
 // and that the sender keeps, to send it again (Keep: a session's turn result): a write with
 // After set is refused so too (ErrUnavailable), until the sender sends one without After,
-// having heard every answer. A restart forgets such refusals: a sender that keeps a refused
-// write does not send again a write it sent behind it (it treats it as refused too).
+// having heard the answers of every write it made before that one. A restart forgets such
+// refusals: a sender that keeps a refused write does not send again a write it sent behind it
+// (it treats it as refused too).
 type Write struct {
 	ID          uint64
 	Ops         []Op

@@ -1,0 +1,113 @@
+package actors
+
+import (
+	"context"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// TestHeldResultRetriedWhileAWriteBehindItIsInFlightIsTaken: the store refuses m1's turn result
+// (a full disk) while m2's, its turn run meanwhile, is still on its way to the persistence actor
+// (parked in a relay). The disk gets room, and m3 comes: the session writes m1's result again
+// at once, and the store takes it, and then m3. Before, the result went out as sent behind
+// m2's unanswered write; the persistence actor, keeping m1's refusal, refused it again although
+// the disk had room, and refused m3 with it ("sent behind a write of its sender that was
+// refused"), its sender told to send it again.
+func TestHeldResultRetriedWhileAWriteBehindItIsInFlightIsTaken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		echo, ran := countingEcho()
+		disk := &fullWhile{pick: resultOf("m1"), entered: make(chan struct{}), gate: make(chan struct{})}
+		disk.full.Store(true)
+		release := make(chan struct{})
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			switch req.Identity.MessageID {
+			case "m1":
+				<-release // m2 is stored and queued behind it
+			case "m2":
+				<-disk.entered // m1's result is in its commit, alone
+			}
+			return echo.Run(ctx, req)
+		})
+		w := newManagerWorldWrites(t, agent, nil, func(s persistence.Store) persistence.Store {
+			disk.Store = s
+			return disk
+		})
+		var parked atomic.Bool
+		w.d.Persist = relayWrites(w.system, w.d.Persist, func(wr *persistence.Write) bool {
+			if slices.ContainsFunc(wr.Ops, resultOf("m2")) {
+				parked.Store(true)
+				return true
+			}
+			return false
+		}, func(*persistence.Write) {}, func(*persistence.Write, error) {})
+
+		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		if r := w.deliver(t, "m2", "two"); r.Disposition != platforms.Queued {
+			t.Fatalf("m2: %+v, want queued", r)
+		}
+		close(release)
+		synctest.Wait() // m1's result waits in its commit; m2's waits in the relay
+		if !parked.Load() {
+			t.Fatal("m2's result did not reach the relay: the test does not test")
+		}
+		close(disk.gate)
+		synctest.Wait() // the store refused m1's result, and the session holds it
+		disk.full.Store(false)
+
+		if r := w.deliver(t, "m3", "three"); r.ErrorCode != "" || r.Disposition != platforms.Queued && r.Disposition != platforms.Started {
+			t.Errorf("m3 while m1's result was held and the disk had room: %+v, want it taken", r)
+		}
+		w.system.Root.Send(w.d.Persist, releaseParked{})
+		time.Sleep(time.Minute)
+		synctest.Wait()
+
+		var replies []string
+		for len(w.sent) > 0 {
+			replies = append(replies, (<-w.sent).Out.Text)
+		}
+		if n := countOf(replies, "echo: one"); n != 1 {
+			t.Errorf("m1's reply was sent %d times (all sent: %q), want once", n, replies)
+		}
+		entries, err := w.store.OutboxAfter(w.ctx, w.key, 0, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored := 0
+		for _, e := range entries {
+			if e.TurnID != "" && slices.Contains(e.InReplyTo, "m1") {
+				stored++
+			}
+		}
+		if stored != 1 {
+			t.Errorf("the store holds %d replies to m1, want 1", stored)
+		}
+		if st, _ := w.statusOf(t, "m1"); st != persistence.StatusDone {
+			t.Errorf("m1 is %s in the store, want done", st)
+		}
+		for _, id := range []string{"m1", "m3"} {
+			if n := ran(id); n != 1 {
+				t.Errorf("the agent ran %s %d times, want once", id, n)
+			}
+		}
+	})
+}
+
+// countOf is how many of ss are s.
+func countOf(ss []string, s string) int {
+	n := 0
+	for _, x := range ss {
+		if x == s {
+			n++
+		}
+	}
+	return n
+}
