@@ -259,6 +259,33 @@ func TestRequeueOfAnEndedSessionsMessageIsRefused(t *testing.T) {
 	})
 }
 
+// TestRequeueOfADroppedMessageSaysItNeverRan: a message /stop dropped unrun (queued behind the
+// turn it cancelled) is stored failed and archived, with no turn. Its requeue is refused as
+// not quarantined, saying the message never ran and was dropped or answered with a notice.
+// Before, the answer said it was taken back by /undo or /retry, which nobody had sent.
+func TestRequeueOfADroppedMessageSaysItNeverRan(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newRequeueAgent()
+		w := newManagerWorld(t, a, nil)
+		w.deliver(t, "m1", "hold")
+		if r := w.deliver(t, "m2", "queued"); r.Disposition != "queued" {
+			t.Fatalf("m2 = %+v, want queued behind m1", r)
+		}
+		mustCommand(t, w, "s1", "/stop")
+		m2, err := w.store.FindInbound(w.ctx, w.src.Platform, w.src.ChatID, "m2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m2.Status != persistence.StatusFailed || m2.Active || m2.TurnID != "" {
+			t.Fatalf("m2 after /stop: %s, active %t, turn %q; want failed, archived, no turn: the test does not test", m2.Status, m2.Active, m2.TurnID)
+		}
+		r := w.requeue(t, "m2")
+		if r.ErrorCode != ErrCodeNotQuarantined || !strings.Contains(r.Error, "dropped unrun") || strings.Contains(r.Error, "taken back") {
+			t.Errorf("requeue of m2, dropped by /stop = %+v, want not_quarantined saying it was dropped unrun", r)
+		}
+	})
+}
+
 // TestRequeueSurvivesARestartInItsOrder: a requeue is durable once answered, and the restarted
 // daemon runs the messages in the order the session had queued them: the ones waiting before
 // the requeue first, the requeued message last, once. (A requeue that kept the message's seq

@@ -79,6 +79,11 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 		s.logger().Warn("read a message to requeue it", "message_id", m.MessageId, logging.Err(err))
 		refuse("unavailable", "", "the store cannot be read right now; retry later")
 		return
+	case !row.Active && row.Status == persistence.StatusFailed && row.TurnID == "":
+		// Archived unrun (unrunOps): before, this read as taken back by /undo or /retry.
+		refuse(ErrCodeNotQuarantined, row.Status, "message %s never ran: it was dropped unrun by a command (/stop, /new, /reset, /resume, "+
+			"an operator's reset) or answered with a notice in place of its turn; only a quarantined message is requeued", m.MessageId)
+		return
 	case !row.Active:
 		refuse(ErrCodeNotQuarantined, row.Status, "message %s was taken back (/undo or /retry); it does not run again", m.MessageId)
 		return
