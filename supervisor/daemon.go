@@ -207,10 +207,15 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	// leaves no data directory or database behind (a mistyped --data-dir did).
 	token := ""
 	if cfg.HTTP.TokenEnv != "" {
-		// Named but empty is a mistake, never a wish to serve without a token.
-		if token = os.Getenv(cfg.HTTP.TokenEnv); strings.TrimSpace(token) == "" {
+		// Named but empty is a mistake, never a wish to serve without a token. The token is
+		// the variable's without surrounding white space, as a client's header is read (an
+		// EnvironmentFile or $(cat file) keeps a line end).
+		if token = strings.TrimSpace(os.Getenv(cfg.HTTP.TokenEnv)); token == "" {
 			return nil, fmt.Errorf("start: http.token_env names %s, which is not set or empty: set it, or remove http.token_env to serve without a token (on a loopback address only)", cfg.HTTP.TokenEnv)
 		}
+	}
+	for _, err := range cfg.TokenAdvice(os.Getenv) {
+		log.Warn("the HTTP API's bearer token is short enough to guess; serving all the same", logging.Err(err))
 	}
 	if dc := cfg.Platforms.Discord; dc.Enabled && strings.TrimSpace(os.Getenv(dc.TokenEnv)) == "" {
 		return nil, fmt.Errorf("start: discord is enabled but the environment variable %s (platforms.discord.token_env) is empty", dc.TokenEnv)
@@ -243,7 +248,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	d.http, err = httpplatform.New(httpplatform.Config{
 		Addr: cfg.HTTP.Addr, Token: token, Metrics: d.metrics.Handler(), Requests: d.metrics.HTTPRequests, Ready: d.ready,
 		Sessions: &sessionsAPI{d: d}, Logger: log.With("component", "http"), Run: run,
-		Clustered: cfg.Cluster.Enabled, Pprof: cfg.HTTP.Pprof, MaxHeld: cfg.HTTP.MaxHeld,
+		Clustered: cfg.Cluster.Enabled, Pprof: cfg.HTTP.Pprof, MaxHeld: cfg.HTTP.MaxHeld, MaxConnections: cfg.HTTP.MaxConnections,
 		// A drain of 0s waits for nothing: its clients are told a second (0 would mean the
 		// platform's default).
 		DrainTimeout: max(cfg.Shutdown.DrainTimeout, time.Second), Platforms: names[1:],
@@ -256,6 +261,11 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			return nil, fmt.Errorf("start: http.addr %s is taken (stop what listens there, or give agentgate a free port with --http-addr, AGENTGATE_HTTP_ADDR or http.addr): %w", cfg.HTTP.Addr, err)
 		}
 		return nil, fmt.Errorf("start: %w", err)
+	}
+	if token == "" {
+		// Loopback is not private on a host other users log in to (README): say so where a
+		// deploy that skipped the README looks. httpplatform.New refuses it off loopback.
+		log.Info("http API serves without a bearer token: every user and process on this host can use it; set http.token_env to require one", "addr", d.addr.String())
 	}
 	// The data directory's lock and the spool come before the store too: a start refused for a
 	// data directory another daemon holds, or for a spool it cannot write, opens no database.

@@ -422,3 +422,34 @@ func TestCheckConfigWarnsOfAKeyOverPlainHTTP(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckConfigWarnsOfAShortToken: check-config warns, at token_env's line, of a bearer token
+// shorter than 16 characters (AG_TOKEN=x passed without a word), without the token, and still
+// says config ok; a long token is no warning.
+func TestCheckConfigWarnsOfAShortToken(t *testing.T) {
+	for _, tt := range []struct{ name, token, want string }{
+		{"short", "sh0rt\n", `warning: %s:4: http.token_env: "WALK_TOKEN": holds a token shorter than 16 characters, which can be guessed: ` +
+			"use a long random one, such as the output of openssl rand -hex 32\n"},
+		{"long", "0123456789abcdef", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("WALK_TOKEN", tt.token)
+			path, dataDir := filepath.Join(t.TempDir(), "agentgate.yaml"), t.TempDir()
+			if err := os.WriteFile(filepath.Join(dataDir, "agentgate.db"), []byte("not read here"), 0o600); err != nil {
+				t.Fatal(err) // (a database there: check-config notes no new one)
+			}
+			text := "data_dir: " + dataDir + "\nhttp:\n  addr: 127.0.0.1:0\n  token_env: WALK_TOKEN\n"
+			if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			want := ""
+			if tt.want != "" {
+				want = fmt.Sprintf(tt.want, path)
+			}
+			stdout, stderr, err := runCmd(t, "check-config", "--config", path)
+			if err != nil || stdout != "config ok\n" || stderr != want {
+				t.Errorf("check-config = %v, stdout %q, stderr %q; want config ok and stderr %q", err, stdout, stderr, want)
+			}
+		})
+	}
+}

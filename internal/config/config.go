@@ -41,6 +41,11 @@ type HTTP struct {
 	// MaxHeld bounds the requests held open at once, event streams and ?wait requests; more
 	// are answered 503. 0 means the HTTP platform's default (1024).
 	MaxHeld int `yaml:"max_held"`
+	// MaxConnections bounds the connections open at once, counted before a request is read
+	// or its token checked; more wait in the kernel's listen backlog until one closes. 0 means
+	// the HTTP platform's default: 4096, or max_held + 64 when that is more (a max_held raised
+	// before this key existed needs no new key). There is no unbounded setting.
+	MaxConnections int `yaml:"max_connections"`
 }
 
 // Store configures the database.

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -32,6 +33,12 @@ func (c *Config) validate() []error {
 	v.envName("http.token_env", c.HTTP.TokenEnv)
 	atLeast(&v, "http.max_held", c.HTTP.MaxHeld, 0)
 	atMost(&v, "http.max_held", c.HTTP.MaxHeld, maxHeld, "each held request costs a connection, a file descriptor and some 40 KiB")
+	atLeast(&v, "http.max_connections", c.HTTP.MaxConnections, 0)
+	if held, conns := cmp.Or(c.HTTP.MaxHeld, 1024), c.HTTP.MaxConnections; conns > 0 && held > 0 && held <= maxHeld && conns < held+connectionRoom {
+		// Held requests would take every connection: health checks, scrapes and new messages
+		// would wait in the backlog behind them.
+		v.add("http.max_connections", conns, fmt.Sprintf("must be at least http.max_held + %d (%d), so that held event streams and ?wait requests leave connections for health checks and new messages", connectionRoom, held+connectionRoom))
+	}
 	if host, _, err := net.SplitHostPort(c.HTTP.Addr); err == nil && c.HTTP.TokenEnv == "" && !LoopbackHost(host) {
 		v.add("http.addr", c.HTTP.Addr, "is not a loopback address, where the API needs a bearer token: set http.token_env")
 	}
@@ -326,6 +333,10 @@ const (
 	// maxHeld bounds http.max_held: each held request costs a connection, a file descriptor and
 	// some 40 KiB (RUNBOOK), 2.5 GiB at the bound.
 	maxHeld = 65_536
+	// connectionRoom is how many connections http.max_connections keeps beyond http.max_held,
+	// for the requests that are not held (health checks, scrapes, messages without ?wait); the
+	// HTTP platform's default keeps as many (httpplatform.HeldRoom).
+	connectionRoom = 64
 	// minAgentTimeout is the shortest agent.exec.timeout and agent.openai.timeout.
 	minAgentTimeout = time.Second
 )

@@ -23,6 +23,7 @@ import (
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
 )
 
 // Name is the platform name of the HTTP platform in session keys and metrics.
@@ -45,6 +46,13 @@ const (
 	DefaultDrainTimeout = 30 * time.Second
 	// DefaultMaxHeld bounds the requests held open at once (Config.MaxHeld).
 	DefaultMaxHeld = 1024
+	// DefaultMaxConnections bounds the connections open at once (Config.MaxConnections),
+	// unless MaxHeld leaves fewer than HeldRoom of them.
+	DefaultMaxConnections = 4096
+	// HeldRoom is how many connections the default of Config.MaxConnections keeps beyond
+	// MaxHeld, for the requests that are not held: health checks, scrapes, messages without
+	// ?wait. Else held requests could take every connection and those would wait behind them.
+	HeldRoom = 64
 	// MaxTextBytes is the longest accepted message text (DESIGN §5: 64 KiB).
 	MaxTextBytes = 64 << 10
 	// MaxBodyBytes bounds a POST body: the text plus room for JSON escaping (a client may write
@@ -123,6 +131,13 @@ type Config struct {
 	// took a daemon from 27 to 150 MB and 3,000 open files). Beyond it they are answered 503
 	// at once, before anything is done for them. 0 means DefaultMaxHeld.
 	MaxHeld int
+	// MaxConnections bounds the connections open at once, before a request is read or its
+	// token looked at: more wait in the kernel's listen backlog until one closes. Before,
+	// clients that opened sockets and sent nothing took a goroutine and a file descriptor each
+	// until the daemon had none left for its database and spool (20,000 sockets of two
+	// clients, found by a security walkthrough). 0 means DefaultMaxConnections, or MaxHeld +
+	// HeldRoom when that is more.
+	MaxConnections int
 }
 
 // ownPlatforms are agentgate's own platforms: the store may hold sessions of each whether or
@@ -214,6 +229,9 @@ func New(c Config) (*Platform, error) {
 	}
 	if c.MaxHeld <= 0 {
 		c.MaxHeld = DefaultMaxHeld
+	}
+	if c.MaxConnections <= 0 {
+		c.MaxConnections = max(DefaultMaxConnections, c.MaxHeld+HeldRoom)
 	}
 	log := c.Logger
 	if log == nil {
@@ -324,7 +342,7 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 
 	// The Serve goroutine is owned by Run: Run does not return before Serve has.
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- srv.Serve(netutil.LimitListener(ln, p.cfg.MaxConnections)) }()
 
 	var serveErr error
 	select {
