@@ -46,6 +46,10 @@ type SessionConfig struct {
 	PassivateAfter time.Duration
 	QueueMode      string
 	QueueCap       int
+	// MaxInMemory bounds the sessions a manager keeps in memory (0: no bound): past it, the
+	// least recently used idle session passivates to make room for a new one. The bound is
+	// soft: with every session busy, a new one starts all the same (SessionManager.makeRoom).
+	MaxInMemory int
 	// Debounce merges rapid consecutive messages from one sender into one turn: a turn starts
 	// only once its sender has been quiet this long (0: off).
 	Debounce time.Duration

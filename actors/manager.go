@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"container/list"
 	"context"
 	"log/slog"
 	"slices"
@@ -58,6 +59,14 @@ type SessionManager struct {
 	stoppedGrains map[string][]*actor.PID
 
 	stopSweep scheduler.CancelFunc // the armed idle sweep; nil without passivation
+	// idle orders the keys of the sessions in memory with nothing in hand, the least recently
+	// used at the back, for the bound on the sessions in memory (makeRoom); idleAt finds a
+	// key's element, so that keeping the order costs O(1). evicting holds the keys asked to
+	// make room that have not stopped or changed their busy state since.
+	idle      *list.List
+	idleAt    map[string]*list.Element
+	evicting  map[string]bool
+	overBound logging.Limiter // the line of a bound exceeded with every session busy
 	timers    *scheduler.TimerScheduler
 	closing   bool // the manager stops or restarts
 	// successor names the manager that takes a key over while the member leaves the cluster
@@ -260,6 +269,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 		// passivation, or reset the key's crash backoff.
 		if pid, ok := m.sessions[msg.key]; ok && pid.Equal(msg.pid) {
 			delete(m.sessions, msg.key)
+			m.setIdle(msg.key, false)
 			m.stopping[msg.key] = nil
 			if msg.rerun {
 				m.rerun[msg.key] = true
@@ -279,6 +289,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 			c.Poison(pid)
 		}
 	case *busyChanged:
+		m.setIdle(msg.key, !msg.busy && m.sessions[msg.key] != nil)
 		if msg.busy {
 			m.busy[msg.key] = true
 		} else {
@@ -328,6 +339,9 @@ func (m *SessionManager) start(c actor.Context) {
 	m.quieted = map[string]bool{}
 	m.activating = map[string]*activation{}
 	m.waiters = map[string][]waiter{}
+	m.idle = list.New()
+	m.idleAt = map[string]*list.Element{}
+	m.evicting = map[string]bool{}
 	m.timers = scheduler.NewTimerScheduler(c)
 	m.armSweep(c)
 	if m.d.Clustered {
@@ -458,6 +472,7 @@ func (m *SessionManager) spawn(c actor.Context, key string) *actor.PID {
 // spawnWith starts the session of key; recovered marks the activation that recovers a
 // session's unfinished work at daemon start.
 func (m *SessionManager) spawnWith(c actor.Context, key string, recovered bool) *actor.PID {
+	m.makeRoom(c)
 	pid, err := c.SpawnNamed(NewSession(m.d, recovered), key)
 	if err != nil {
 		// The name is taken only while an old actor for the key is still registered; that is
@@ -465,9 +480,61 @@ func (m *SessionManager) spawnWith(c actor.Context, key string, recovered bool) 
 		panic("session manager: spawn " + key + ": " + err.Error())
 	}
 	m.sessions[key] = pid
+	m.setIdle(key, true)
 	m.d.Metrics.SessionActivations.Inc()
 	m.d.Metrics.SessionsActive.Inc()
 	return pid
+}
+
+// The bound on the sessions in memory (SessionConfig.MaxInMemory). Passivation bounds them by
+// time only: a client that wrote to a new chat at every message (a flood, or an integrator that
+// made up a chat_id per message) kept every one of them for passivate_after, some 4 to 6 KiB
+// each, gigabytes within minutes. An activation past the bound asks the least recently used
+// session with nothing in hand to passivate, which it does as after the idle sweep's check, by
+// the same checks and path (Session.stopIfIdle). The manager knows which sessions have nothing
+// in hand from their busyChanged, and orders them by when they last had work in hand (every
+// message does until its write is acknowledged; a read of the state, which is no activity for
+// passivation either, does not): O(1) at each change, nothing on the routing path.
+
+// setIdle puts key at the front of the idle order or takes it out, and forgets that its session
+// was asked to make room: one that changed its busy state since, or stopped, has answered.
+func (m *SessionManager) setIdle(key string, idle bool) {
+	delete(m.evicting, key)
+	e := m.idleAt[key]
+	switch {
+	case idle && e == nil:
+		m.idleAt[key] = m.idle.PushFront(key)
+	case !idle && e != nil:
+		m.idle.Remove(e)
+		delete(m.idleAt, key)
+	}
+}
+
+// makeRoom asks sessions with nothing in hand, the least recently used first, to passivate
+// until a new session fits within the bound, counting out those asked already. A session that
+// has work in hand after all (its busyChanged is on its way) declines, and counts again once
+// that arrives. With no idle session left the new one starts all the same: the bound is soft,
+// as refusing it would turn a busy daemon away from its chats, and the activations after the
+// busy sessions' turns are done make room again.
+func (m *SessionManager) makeRoom(c actor.Context) {
+	bound := m.d.Config.MaxInMemory
+	if bound <= 0 {
+		return
+	}
+	for len(m.sessions)-len(m.evicting) >= bound {
+		e := m.idle.Back()
+		if e == nil {
+			if args, ok := m.overBound.Allowed("count", len(m.sessions)+1, "bound", bound); ok {
+				m.log.Warn("sessions in memory exceed sessions.max_in_memory: every session is busy, none can passivate to make room", args...)
+			}
+			return
+		}
+		key := e.Value.(string)
+		m.idle.Remove(e)
+		delete(m.idleAt, key)
+		m.evicting[key] = true
+		c.Send(m.sessions[key], roomCheck)
+	}
 }
 
 func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
@@ -482,6 +549,7 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 		// Stopped by its supervisor after too many crashes, with work it may still hold. In a
 		// cluster the recovery sweep starts it again, wherever the key lives by then.
 		delete(m.sessions, key)
+		m.setIdle(key, false)
 		m.crashedOut(c, key, true)
 	}
 	delete(m.busy, key)

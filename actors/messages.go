@@ -91,11 +91,15 @@ type busyChanged struct {
 type leaving struct{}
 
 // idleCheck asks a session to passivate if it has been idle for PassivateAfter (from the
-// manager's idle sweep).
-type idleCheck struct{}
+// manager's idle sweep), or, with makeRoom, if it has nothing in hand however recently it was
+// used (from the manager, to keep the sessions in memory within MaxInMemory: makeRoom).
+type idleCheck struct{ makeRoom bool }
 
-// sweepCheck is the one idleCheck every sweep sends.
-var sweepCheck = &idleCheck{}
+// sweepCheck is the one idleCheck every sweep sends; roomCheck, the one makeRoom sends.
+var (
+	sweepCheck = &idleCheck{}
+	roomCheck  = &idleCheck{makeRoom: true}
+)
 
 // TurnFinished is sent by a Turn to its session when the agent returned.
 type TurnFinished struct {

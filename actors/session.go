@@ -315,7 +315,7 @@ func (s *Session) Receive(c actor.Context) {
 	case *ResetDue:
 		s.onResetDue(c, m)
 	case *idleCheck:
-		s.onIdle(c)
+		s.onIdle(c, m)
 	case *moved:
 		s.leave(c, "the session's key moved to another member; it hands the key on once its running turn is done")
 	case *leaving:
@@ -655,16 +655,28 @@ const restartFlushTimeout = time.Minute
 // clock, and the manager's idle sweep (one scheduler tick for all sessions, which only sends
 // messages) asks it to check the clock.
 
-func (s *Session) onIdle(c actor.Context) {
-	if time.Since(s.lastTouched) >= s.d.Config.PassivateAfter {
+func (s *Session) onIdle(c actor.Context, m *idleCheck) {
+	if m.makeRoom {
+		s.stopIfIdle(c)
+	} else if time.Since(s.lastTouched) >= s.d.Config.PassivateAfter {
 		s.passivateIfIdle(c)
 	}
 }
 
 // passivateIfIdle asks the manager to stop the session when passivation is on and it has
-// nothing in hand. A session whose member leaves hands its key on instead (leaveIfIdle).
+// nothing in hand.
 func (s *Session) passivateIfIdle(c actor.Context) {
-	if s.passivating || s.leaving || s.d.Config.PassivateAfter <= 0 {
+	if s.d.Config.PassivateAfter > 0 {
+		s.stopIfIdle(c)
+	}
+}
+
+// stopIfIdle asks the manager to stop the session (passivate) when it has nothing in hand, also
+// with passivation off: the manager asks so to keep the sessions in memory within
+// SessionConfig.MaxInMemory. A session whose member leaves hands its key on instead
+// (leaveIfIdle).
+func (s *Session) stopIfIdle(c actor.Context) {
+	if s.passivating || s.leaving {
 		return
 	}
 	if s.running == nil && !s.ending() && !s.hasQueued() && len(s.inflight) == 0 && s.held() == nil && !s.settingAside() && !s.d.Spooling.Load() {

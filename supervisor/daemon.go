@@ -327,7 +327,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 				GroupSessionsPerUser:  cfg.Sessions.GroupSessionsPerUser,
 				ThreadSessionsPerUser: cfg.Sessions.ThreadSessionsPerUser,
 			},
-			PassivateAfter: cfg.Sessions.PassivateAfter, QueueMode: cfg.Sessions.Queue.Mode,
+			PassivateAfter: cfg.Sessions.PassivateAfter, MaxInMemory: cfg.Sessions.MaxInMemory, QueueMode: cfg.Sessions.Queue.Mode,
 			QueueCap: cfg.Sessions.Queue.Cap, Overflow: cfg.Sessions.Queue.Overflow,
 			Debounce: cfg.Sessions.Queue.Debounce, DebounceByPlatform: cfg.Sessions.Queue.DebounceByPlatform,
 			HistoryLimit: cfg.Sessions.HistoryLimit, Recovery: cfg.Sessions.Recovery,

@@ -60,6 +60,7 @@ type Sessions struct {
 	GroupSessionsPerUser  bool          `yaml:"group_sessions_per_user"`
 	ThreadSessionsPerUser bool          `yaml:"thread_sessions_per_user"`
 	PassivateAfter        time.Duration `yaml:"passivate_after"`
+	MaxInMemory           int           `yaml:"max_in_memory"` // 0: no bound (actors.SessionConfig.MaxInMemory)
 	Queue                 Queue         `yaml:"queue"`
 	Reset                 Reset         `yaml:"reset"`
 	// ResetByPlatform overrides Reset per platform name (discord, http); it beats ResetByType.

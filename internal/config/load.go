@@ -43,6 +43,7 @@ func Default() *Config {
 		Sessions: Sessions{
 			GroupSessionsPerUser: true,
 			PassivateAfter:       10 * time.Minute,
+			MaxInMemory:          100_000, // some 0.5 GiB of sessions (README: sessions.max_in_memory)
 			Queue:                Queue{Mode: "followup", Cap: 50, Overflow: "spool"},
 			Reset:                Reset{Mode: "none", IdleMinutes: 1440, AtHour: 4, Notify: true, CheckEvery: time.Minute},
 			Prune:                Prune{Retention: 90 * 24 * time.Hour, Interval: 24 * time.Hour},

@@ -86,6 +86,7 @@ func (c *Config) validate() []error {
 
 	s := &c.Sessions
 	atLeast(&v, "sessions.passivate_after", s.PassivateAfter, 0)
+	atLeast(&v, "sessions.max_in_memory", s.MaxInMemory, 0)
 	v.oneOf("sessions.queue.mode", s.Queue.Mode, "followup", "collect", "interrupt", "steer")
 	atLeast(&v, "sessions.queue.cap", s.Queue.Cap, 1)
 	atMost(&v, "sessions.queue.cap", s.Queue.Cap, maxQueueCap,
