@@ -21,6 +21,19 @@ const DirLockFile = "agentgate-dir.flock"
 // directory's own lock (lockDataDir): the daemon that uses that directory.
 var ErrDataDirInUse = errors.New("data directory locked")
 
+// dataDirInUse is lockDataDir's refusal: ErrDataDirInUse and persistence.ErrLocked to errors.Is,
+// worded once (before, "data directory locked: persistence: store in use by another agentgate
+// process" after "data directory in use by another process" said it three times).
+type dataDirInUse struct{ path string }
+
+func (e *dataDirInUse) Error() string {
+	return fmt.Sprintf("data directory in use by another process (%s held: another agentgate daemon keeps its spool there; "+
+		"give each daemon its own --data-dir): %v", e.path, persistence.ErrLocked)
+}
+
+func (e *dataDirInUse) Is(target error) bool { return target == ErrDataDirInUse }
+func (e *dataDirInUse) Unwrap() error        { return persistence.ErrLocked }
+
 // lockDataDir takes an exclusive, non-blocking flock on the data directory's lock file
 // (DirLockFile; the directory is created 0700 if missing) for as long as the returned file is
 // open. A daemon that keeps a spool holds it: the spool numbers its batches in memory and
@@ -44,7 +57,7 @@ func lockDataDir(dir string) (*os.File, error) {
 	f, err := flock.Open(path)
 	switch {
 	case errors.Is(err, flock.ErrHeld):
-		return nil, fmt.Errorf("data directory in use by another process (%s held: another agentgate daemon keeps its spool there; give each daemon its own --data-dir): %w: %w", path, ErrDataDirInUse, persistence.ErrLocked)
+		return nil, &dataDirInUse{path: path}
 	case err != nil:
 		return nil, fmt.Errorf("data directory %s: lock: %w", dir, err)
 	}

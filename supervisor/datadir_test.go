@@ -63,8 +63,11 @@ func TestStartRefusedForAHeldDataDirMakesNoDatabase(t *testing.T) {
 		d.Stop(context.Background())
 		t.Fatal("Start on a data directory a running daemon holds succeeded, want it refused")
 	}
-	if !errors.Is(err, ErrDataDirInUse) {
-		t.Errorf("Start = %v, want ErrDataDirInUse", err)
+	if !errors.Is(err, ErrDataDirInUse) || !errors.Is(err, persistence.ErrLocked) {
+		t.Errorf("Start = %v, want ErrDataDirInUse and persistence.ErrLocked", err)
+	}
+	if strings.Contains(err.Error(), "locked") {
+		t.Errorf("Start = %v, want the refusal worded once, without \"data directory locked\" after it", err)
 	}
 	for _, p := range []string{other, other + ".lock", filepath.Dir(other)} {
 		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {

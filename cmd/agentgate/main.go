@@ -636,7 +636,6 @@ func spoolDirProblem(cfg *config.Config) error {
 	problem := func(format string, args ...any) error {
 		return &config.FieldError{Field: "data_dir", Value: cfg.DataDir, Err: fmt.Errorf(format, args...)}
 	}
-	const fix = "give it to the daemon's user (chown -R), or set another data_dir"
 	fi, err := os.Stat(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR):
@@ -647,6 +646,10 @@ func spoolDirProblem(cfg *config.Config) error {
 		return problem("its spool directory %s exists but is not a directory", dir)
 	}
 	if err := syscall.Access(dir, wxOK); err != nil {
+		fix := "give it to the daemon's user (chown -R), or set another data_dir"
+		if errors.Is(err, syscall.EROFS) { // a read-only mount: no owner can write it
+			fix = "mount it writable, or set another data_dir"
+		}
 		return problem("its spool directory %s is not writable by this user, uid %d (%v): %s", dir, os.Getuid(), err, fix)
 	}
 	return nil
