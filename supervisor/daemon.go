@@ -262,11 +262,6 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		}
 		return nil, fmt.Errorf("start: %w", err)
 	}
-	if token == "" {
-		// Loopback is not private on a host other users log in to (README): say so where a
-		// deploy that skipped the README looks. httpplatform.New refuses it off loopback.
-		log.Info("http API serves without a bearer token: every user and process on this host can use it; set http.token_env to require one", "addr", d.addr.String())
-	}
 	// The data directory's lock and the spool come before the store too: a start refused for a
 	// data directory another daemon holds, or for a spool it cannot write, opens no database.
 	// Before, with a store.dsn outside data_dir, it made a new, empty database there, and its
@@ -412,6 +407,12 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	}
 	log.Info("agentgate started", append(append([]any{"addr", d.addr.String(), "agent", cfg.Agent.Backend}, agentAttrs(cfg.Agent)...),
 		"data_dir", cfg.DataDir, "store", storeName(d.store), "version", buildinfo.Version())...)
+	if token == "" {
+		// Loopback is not private on a host other users log in to (README): say so where a
+		// deploy that skipped the README looks, once it serves (not before a refused start).
+		// httpplatform.New refuses it off loopback.
+		log.Info("http API serves without a bearer token: every user and process on this host can use it; set http.token_env to require one", "addr", d.addr.String())
+	}
 	return d, nil
 }
 
