@@ -288,6 +288,10 @@ func (m *SessionManager) Receive(c actor.Context) {
 			}
 			c.Poison(pid)
 		}
+	case *roomDeclined:
+		if pid, ok := m.sessions[msg.key]; ok && pid.Equal(msg.pid) && m.evicting[msg.key] {
+			m.setIdle(msg.key, !m.busy[msg.key]) // at the front: asked last next time
+		}
 	case *busyChanged:
 		m.setIdle(msg.key, !msg.busy && m.sessions[msg.key] != nil)
 		if msg.busy {
@@ -512,13 +516,15 @@ func (m *SessionManager) setIdle(key string, idle bool) {
 
 // makeRoom asks sessions with nothing in hand, the least recently used first, to passivate
 // until a new session fits within the bound, counting out those asked already. A session that
-// has work in hand after all (its busyChanged is on its way) declines, and counts again once
-// that arrives. With no idle session left the new one starts all the same: the bound is soft,
+// has work in hand after all declines (roomDeclined, or its busyChanged on its way) and counts
+// again; while writes wait in the spool none is asked, as none would stop (stopIfIdle). With no idle session left the new one starts all the same: the bound is soft,
 // as refusing it would turn a busy daemon away from its chats, and the activations after the
 // busy sessions' turns are done make room again.
 func (m *SessionManager) makeRoom(c actor.Context) {
 	bound := m.d.Config.MaxInMemory
-	if bound <= 0 {
+	if bound <= 0 || m.d.Spooling.Load() {
+		// While writes wait in the spool no session passivates (stopIfIdle), as for the idle
+		// sweep: each would decline, and be asked again at the next activation.
 		return
 	}
 	for len(m.sessions)-len(m.evicting) >= bound {

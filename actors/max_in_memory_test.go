@@ -149,3 +149,40 @@ func TestMaxInMemoryWithEveryoneBusyServesAndWarnsOnce(t *testing.T) {
 		b.awaitTurnEnds(5)
 	})
 }
+
+// TestMaxInMemoryHoldsAfterWritesWaitedInTheSpool: while writes wait in the spool no session
+// passivates, so none is asked to make room then, and one that declines is counted in memory
+// again (roomDeclined). Before (found by a review), the session asked then declined and stayed
+// counted as stopping for good:
+// the bound held one session more after each such spawn (here four in memory for good, not
+// three), and an outage made it grow without a warning.
+func TestMaxInMemoryHoldsAfterWritesWaitedInTheSpool(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		echo := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+			return &agents.Response{Text: "echo"}, nil
+		})
+		b := newBoundWorld(t, echo)
+		for _, chat := range []string{"a", "b", "c"} {
+			b.send(t, chat, chat+"1", "one")
+			synctest.Wait()
+		}
+		// A new chat while writes wait in the spool: its session waits for the store, and its
+		// message is refused (send it again shortly).
+		b.d.Spooling.Store(true)
+		key := b.keyOf("d")
+		_, _ = b.system.Root.RequestFuture(b.manager, &Routed{Key: key, Msg: &Deliver{SessionKey: key,
+			Source:    sourceToProto(identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "d", UserID: "u1"}),
+			MessageId: "d1", Text: "one", ReceivedAtUnixNano: time.Now().UnixNano()}}, time.Hour).Result()
+		synctest.Wait()
+		b.d.Spooling.Store(false)
+		time.Sleep(time.Minute) // the waiting session's next look at the store: it loads
+		synctest.Wait()
+		for _, chat := range []string{"e", "f", "g"} {
+			b.send(t, chat, chat+"1", "one")
+			synctest.Wait()
+		}
+		if got := b.active(t); len(got) != 3 {
+			t.Errorf("sessions in memory after the spool drained and three more chats: %q, want 3 (sessions.max_in_memory)", got)
+		}
+	})
+}

@@ -84,6 +84,14 @@ type busyChanged struct {
 	busy bool
 }
 
+// roomDeclined tells the manager that the session of key (pid) did not passivate when asked to
+// make room (roomCheck): it has something in hand its busy state does not show (a set-aside, a
+// held result, a load that waits for the store). The manager counts it in memory again.
+type roomDeclined struct {
+	key string
+	pid *actor.PID
+}
+
 // Received by Session.
 
 // leaving tells a session that its member leaves the cluster (Leave): it starts no turn, and

@@ -618,6 +618,10 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 		}
 		c.Respond(&DeliverResult{SessionKey: s.key, MessageId: m.MessageId, ErrorCode: "unavailable",
 			Error: "the database is unavailable and this chat's session cannot load until it answers (and the writes waiting in the spool are replayed); send the message again shortly"})
+	case *idleCheck:
+		if m.makeRoom { // nothing is loaded to stop, but the manager must not count it as stopping
+			c.Send(c.Parent(), &roomDeclined{key: s.key, pid: c.Self()})
+		}
 	case *ResetSession:
 		c.Respond(&ResetResult{Error: "the database is unavailable; the session cannot load until it answers", ErrorCode: ErrCodeUnavailable})
 	case *RequeueMessage:
@@ -657,7 +661,9 @@ const restartFlushTimeout = time.Minute
 
 func (s *Session) onIdle(c actor.Context, m *idleCheck) {
 	if m.makeRoom {
-		s.stopIfIdle(c)
+		if s.stopIfIdle(c); !s.passivating && !s.leaving { // (leaving, it stops once handed on)
+			c.Send(c.Parent(), &roomDeclined{key: s.key, pid: c.Self()})
+		}
 	} else if time.Since(s.lastTouched) >= s.d.Config.PassivateAfter {
 		s.passivateIfIdle(c)
 	}
