@@ -4,6 +4,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"strings"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -104,16 +105,21 @@ func explainCorrupt(err error) error {
 	return err
 }
 
-// explainCheckFailure words err, the quick_check query failing, as a corrupt database when
-// SQLite failed it with a plain SQL error: a virtual table's own check did (FTS5's search index,
-// "invalid fts5 file format", its shadow tables damaged as other pages are), which the
-// statement itself cannot otherwise fail. Before, a start said only "SQL logic error".
+// explainCheckFailure words err, the quick_check query failing with a plain SQL error, which
+// the statement itself cannot: a virtual table's own check failed it, as a damaged database's
+// (FTS5's "invalid fts5 file format": the search index's shadow tables damaged as other pages
+// are, or written by a newer SQLite, whose format this one cannot read; its own 'rebuild'
+// cannot open it then). Before, a start said only "SQL logic error".
 func explainCheckFailure(err error) error {
 	var se *sqlite.Error
-	if errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_ERROR {
+	switch {
+	case !errors.As(err, &se) || se.Code()&0xff != sqlite3.SQLITE_ERROR:
+		return err
+	case strings.Contains(err.Error(), "fts5"):
+		return fmt.Errorf("the database's search index cannot be read (%w): it is damaged, or a newer SQLite wrote it: %s", err, corruptFix)
+	default:
 		return fmt.Errorf("the database is corrupt (%w): %s", err, corruptFix)
 	}
-	return err
 }
 
 // msgCorrupt is the line of a database found corrupt while the daemon runs (reportCorrupt).

@@ -94,7 +94,7 @@ func TestOpenRefusesACorruptDatabase(t *testing.T) {
 			if _, err := db.Exec(`UPDATE messages_fts_config SET v = 0 WHERE k = 'version'`); err != nil {
 				t.Fatal(err)
 			}
-		}, "the database is corrupt (check the database: "},
+		}, "the database's search index cannot be read (check the database: "},
 		{"first page overwritten", func(t *testing.T, path string, pages int64) {
 			mustOverwritePages(t, path, 1, 1)
 		}, "the file is not a SQLite database, or its first page is damaged (check the database: file is not a database (26)): " +
