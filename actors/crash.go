@@ -109,8 +109,7 @@ func (s *Session) afterUncleanStops(c actor.Context) {
 }
 
 // noticePending answers every message the last run left unanswered with a notice instead of
-// running it (sessions.recovery: notice), and marks it failed (setAside: the one running at an
-// unclean stop stays in the conversation).
+// running it (sessions.recovery: notice), and marks it failed.
 func (s *Session) noticePending(c actor.Context) {
 	s.setAsideQueue(c, s.cur, "⚠️ agentgate restarted before it could answer this message, so it was not run. Please send it again if it still matters.")
 }
@@ -125,12 +124,8 @@ func (s *Session) quarantine(c actor.Context, it *item) {
 }
 
 // setAside gives a message a final status without running it and tells its sender why. A
-// failed one is archived too (unrunOps), unless its turn began: the head of its session at
-// an unclean stop of the daemon (restarts), which was running then (or next to run), and
-// whose agent may have acted on it. That one stays in the conversation, as a cancelled turn's
-// message does, and the next turn's agent reads it; archived, the agent never saw it again and
-// the transcript said it never ran (TestMessageRunningAtAnUncleanStopStaysInTheConversation).
-// A quarantined one stays active, for an operator to requeue.
+// failed one is archived too (unrunOps); a quarantined one stays active, for an operator to
+// requeue.
 func (s *Session) setAside(c actor.Context, it *item, status, text string) {
 	s.setAsideThen(c, it, status, text, nil)
 }
@@ -145,18 +140,10 @@ func (s *Session) setAsideThen(c actor.Context, it *item, status, text string, t
 		interrupted, u.interrupted = u.interrupted, nil
 	}
 	ops := markCut(interrupted)
-	switch {
-	case status != persistence.StatusFailed:
-		ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: status})
-	case it.restarts > 0:
-		ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: status})
-		if s.cur != nil && s.cur.ID == it.sessionID {
-			// The next turn sees it, as it sees a cancelled turn's message, and as a reload would.
-			s.history = append(s.history, histEntry{seq: it.seq, raw: it.text, msg: s.agentMessage(it), sender: it.src.UserID})
-			s.trimHistory()
-		}
-	default:
+	if status == persistence.StatusFailed {
 		ops = append(ops, unrunOps(it.sessionID, it.seq)...) // out of the conversation too
+	} else {
+		ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: status})
 	}
 	if s.cur != nil && s.cur.ID == it.sessionID {
 		s.lastSeq++
