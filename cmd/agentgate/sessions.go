@@ -576,9 +576,9 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 // unansweredOps settles the pending messages of a session the reset ends, as the daemon's own
 // reset does: the daemon never resumes an ended session, so they are marked failed and archived
 // (never answered, they are no part of the conversation a /resume of it gives the agent; before,
-// failed alone, they came back in its history), and a notice in the outbox, sent by the daemon when it next activates the key (its start's
-// recovery, or a cluster's recovery sweep, both of which look for undelivered replies), tells
-// their senders to send them again.
+// failed alone, they came back in its history), and a notice in the outbox, sent by the daemon
+// when it next activates the key (its start's recovery, or a cluster's recovery sweep, both of
+// which look for undelivered replies), tells their senders to send them again.
 func unansweredOps(key string, s *persistence.Session, lastOutboxSeq int64, pending []persistence.Message, now time.Time) []persistence.Op {
 	if len(pending) == 0 {
 		return nil
