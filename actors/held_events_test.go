@@ -33,19 +33,7 @@ import (
 // socket: the held result is tried again after a second.
 func TestEventStreamSeesAReplyHeldBehindAWriteInFlight(t *testing.T) {
 	const deadline = time.Minute
-	echo, _ := countingEcho()
-	disk := &fullWhile{pick: resultOf("m1"), entered: make(chan struct{}), gate: make(chan struct{})}
-	disk.full.Store(true)
-	release := make(chan struct{})
-	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-		switch req.Identity.MessageID {
-		case "m1":
-			<-release // m2 is stored and queued behind it
-		case "m2":
-			<-disk.entered // m1's result is in its commit, alone
-		}
-		return echo.Run(ctx, req)
-	})
+	agent, disk, release, _ := m1HeldM2InFlight()
 	w := newManagerWorldWrites(t, agent, nil, func(s persistence.Store) persistence.Store {
 		disk.Store = s
 		return disk
@@ -338,19 +326,7 @@ func (s *eventStream) events(within time.Duration) func(yield func(string) bool)
 // outbox entry in the store ahead of m1's.
 func TestPersistRestartKeepsAWriteBehindAHeldResultBehindIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		echo, ran := countingEcho()
-		disk := &fullWhile{pick: resultOf("m1"), entered: make(chan struct{}), gate: make(chan struct{})}
-		disk.full.Store(true)
-		release := make(chan struct{})
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			switch req.Identity.MessageID {
-			case "m1":
-				<-release // m2 is stored and queued behind it
-			case "m2":
-				<-disk.entered // m1's result is in its commit, alone
-			}
-			return echo.Run(ctx, req)
-		})
+		agent, disk, release, ran := m1HeldM2InFlight()
 		crash := &panicsOn{title: "crash"}
 		w := newManagerWorldWrites(t, agent, nil, func(s persistence.Store) persistence.Store {
 			disk.Store = s
@@ -415,4 +391,25 @@ func (p *panicsOn) Commit(ctx context.Context, groups [][]persistence.Op) []erro
 		}
 	}
 	return p.Store.Commit(ctx, groups)
+}
+
+// m1HeldM2InFlight is the agent and the disk of the tests in which the store refuses m1's turn
+// result (the disk full for it alone) while m2's, its turn run meanwhile, is on its way: m1's
+// turn waits for release, so that m2 is stored and queued behind it, and m2's until m1's result
+// is in its commit. ran counts each message's runs.
+func m1HeldM2InFlight() (agent agents.Agent, disk *fullWhile, release chan struct{}, ran func(id string) int) {
+	echo, ran := countingEcho()
+	disk = &fullWhile{pick: resultOf("m1"), entered: make(chan struct{}), gate: make(chan struct{})}
+	disk.full.Store(true)
+	release = make(chan struct{})
+	agent = agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		switch req.Identity.MessageID {
+		case "m1":
+			<-release // m2 is stored and queued behind it
+		case "m2":
+			<-disk.entered // m1's result is in its commit, alone
+		}
+		return echo.Run(ctx, req)
+	})
+	return agent, disk, release, ran
 }

@@ -1,14 +1,12 @@
 package actors
 
 import (
-	"context"
 	"slices"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 )
@@ -22,19 +20,7 @@ import (
 // refused"), its sender told to send it again.
 func TestHeldResultRetriedWhileAWriteBehindItIsInFlightIsTaken(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		echo, ran := countingEcho()
-		disk := &fullWhile{pick: resultOf("m1"), entered: make(chan struct{}), gate: make(chan struct{})}
-		disk.full.Store(true)
-		release := make(chan struct{})
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			switch req.Identity.MessageID {
-			case "m1":
-				<-release // m2 is stored and queued behind it
-			case "m2":
-				<-disk.entered // m1's result is in its commit, alone
-			}
-			return echo.Run(ctx, req)
-		})
+		agent, disk, release, ran := m1HeldM2InFlight()
 		w := newManagerWorldWrites(t, agent, nil, func(s persistence.Store) persistence.Store {
 			disk.Store = s
 			return disk
