@@ -77,6 +77,18 @@ func TestUnusableDatabaseNamesTheFile(t *testing.T) {
 	}
 }
 
+// dirForAccessTests is the directory of a test of what this user may write, and the uid its
+// commands run as: as root, which may write anything, a directory for nobody, with bin the built
+// binary to run as nobody there (dirForAnotherUser); else a temporary directory, bin "".
+func dirForAccessTests(t *testing.T) (dir, bin string, uid int) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return t.TempDir(), "", os.Getuid()
+	}
+	dir, bin = dirForAnotherUser(t, MustBuild(t))
+	return dir, bin, 65534 // nobody
+}
+
 // dirForAnotherUser makes a directory another user may enter (a test as root runs the daemon
 // as nobody there), with a copy of the binary bin in it that user may run.
 func dirForAnotherUser(t *testing.T, bin string) (dir, copied string) {

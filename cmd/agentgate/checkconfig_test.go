@@ -402,23 +402,8 @@ func TestCheckConfigWarnsOfAKeyOverPlainHTTP(t *testing.T) {
 		{"no key", "http://192.0.2.1/v1", `""`, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			path, dataDir := filepath.Join(t.TempDir(), "agentgate.yaml"), t.TempDir()
-			if err := os.WriteFile(filepath.Join(dataDir, "agentgate.db"), []byte("not read here"), 0o600); err != nil {
-				t.Fatal(err) // (a database there: check-config notes no new one)
-			}
-			text := "data_dir: " + dataDir + "\nagent:\n  backend: openai\n  openai:\n    model: m\n    base_url: " + tt.baseURL +
-				"\n    api_key_env: " + tt.keyEnv + "\n"
-			if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			want := ""
-			if tt.want != "" {
-				want = fmt.Sprintf(tt.want, path)
-			}
-			stdout, stderr, err := runCmd(t, "check-config", "--config", path)
-			if err != nil || stdout != "config ok\n" || stderr != want {
-				t.Errorf("check-config = %v, stdout %q, stderr %q; want config ok and stderr %q", err, stdout, stderr, want)
-			}
+			checkConfigWarns(t, "agent:\n  backend: openai\n  openai:\n    model: m\n    base_url: "+tt.baseURL+
+				"\n    api_key_env: "+tt.keyEnv+"\n", tt.want)
 		})
 	}
 }
@@ -434,22 +419,28 @@ func TestCheckConfigWarnsOfAShortToken(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv("WALK_TOKEN", tt.token)
-			path, dataDir := filepath.Join(t.TempDir(), "agentgate.yaml"), t.TempDir()
-			if err := os.WriteFile(filepath.Join(dataDir, "agentgate.db"), []byte("not read here"), 0o600); err != nil {
-				t.Fatal(err) // (a database there: check-config notes no new one)
-			}
-			text := "data_dir: " + dataDir + "\nhttp:\n  addr: 127.0.0.1:0\n  token_env: WALK_TOKEN\n"
-			if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			want := ""
-			if tt.want != "" {
-				want = fmt.Sprintf(tt.want, path)
-			}
-			stdout, stderr, err := runCmd(t, "check-config", "--config", path)
-			if err != nil || stdout != "config ok\n" || stderr != want {
-				t.Errorf("check-config = %v, stdout %q, stderr %q; want config ok and stderr %q", err, stdout, stderr, want)
-			}
+			checkConfigWarns(t, "http:\n  addr: 127.0.0.1:0\n  token_env: WALK_TOKEN\n", tt.want)
 		})
+	}
+}
+
+// checkConfigWarns runs check-config on a file of text after its data_dir line (a data directory
+// that holds a database, so that check-config notes no new one), and fails the test unless it
+// says config ok with want on stderr, in which %s stands for the file's path ("": nothing).
+func checkConfigWarns(t *testing.T, text, want string) {
+	t.Helper()
+	path, dataDir := filepath.Join(t.TempDir(), "agentgate.yaml"), t.TempDir()
+	if err := os.WriteFile(filepath.Join(dataDir, "agentgate.db"), []byte("not read here"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("data_dir: "+dataDir+"\n"+text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if want != "" {
+		want = fmt.Sprintf(want, path)
+	}
+	stdout, stderr, err := runCmd(t, "check-config", "--config", path)
+	if err != nil || stdout != "config ok\n" || stderr != want {
+		t.Errorf("check-config = %v, stdout %q, stderr %q; want config ok and stderr %q", err, stdout, stderr, want)
 	}
 }

@@ -15,15 +15,8 @@ import (
 // check-config said "config ok", and serve failed where it made the database or its lock. As
 // root, which may write anything, the commands run as nobody, from the built binary.
 func TestCheckConfigDataDirNotWritable(t *testing.T) {
-	root := os.Geteuid() == 0
-	var dir, bin string
-	uid := os.Getuid()
-	if root {
-		dir, bin = dirForAnotherUser(t, MustBuild(t))
-		uid = 65534 // nobody
-	} else {
-		dir = t.TempDir()
-	}
+	dir, bin, uid := dirForAccessTests(t)
+	root := bin != ""
 	ro := filepath.Join(dir, "ro") // this user's, 0700, or root's, 0755 (nobody may read it)
 	if err := os.Mkdir(ro, 0o755); err != nil {
 		t.Fatal(err)

@@ -1,11 +1,6 @@
 package main
 
-import (
-	"fmt"
-	"os"
-	"path/filepath"
-	"testing"
-)
+import "testing"
 
 // TestCheckConfigWarnsOfExecHistoryPastTheLimit: check-config warns, at agent.exec.history's
 // line, of a history the session does not keep (above sessions.history_limit, which wins), and
@@ -20,23 +15,8 @@ func TestCheckConfigWarnsOfExecHistoryPastTheLimit(t *testing.T) {
 		{"within", "4", "4", ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			path, dataDir := filepath.Join(t.TempDir(), "agentgate.yaml"), t.TempDir()
-			if err := os.WriteFile(filepath.Join(dataDir, "agentgate.db"), []byte("not read here"), 0o600); err != nil {
-				t.Fatal(err) // (a database there: check-config notes no new one)
-			}
-			text := "data_dir: " + dataDir + "\nsessions:\n  history_limit: " + tt.limit +
-				"\nagent:\n  backend: exec\n  exec:\n    history: " + tt.history + "\n    command: [sh]\n"
-			if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			want := ""
-			if tt.want != "" {
-				want = fmt.Sprintf(tt.want, path)
-			}
-			stdout, stderr, err := runCmd(t, "check-config", "--config", path)
-			if err != nil || stdout != "config ok\n" || stderr != want {
-				t.Errorf("check-config = %v, stdout %q, stderr %q; want config ok and stderr %q", err, stdout, stderr, want)
-			}
+			checkConfigWarns(t, "sessions:\n  history_limit: "+tt.limit+
+				"\nagent:\n  backend: exec\n  exec:\n    history: "+tt.history+"\n    command: [sh]\n", tt.want)
 		})
 	}
 }

@@ -20,15 +20,8 @@ import (
 // "config ok", and serve refused only once it had made and written the database. As root, which
 // may write anything, the commands run as nobody, from the built binary.
 func TestCheckConfigSpoolDirNotWritable(t *testing.T) {
-	root := os.Geteuid() == 0
-	var dir, bin string
-	uid := os.Getuid()
-	if root {
-		dir, bin = dirForAnotherUser(t, MustBuild(t))
-		uid = 65534 // nobody
-	} else {
-		dir = t.TempDir()
-	}
+	dir, bin, uid := dirForAccessTests(t)
+	root := bin != ""
 	data := filepath.Join(dir, "data")
 	spool := filepath.Join(data, "spool")
 	if err := os.MkdirAll(spool, 0o755); err != nil {
