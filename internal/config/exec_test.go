@@ -24,14 +24,7 @@ func TestExecAdvice(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := Load(MustWriteConfig(t, tc.file), nil, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var got []string
-			for _, err := range cfg.ExecAdvice() {
-				got = append(got, err.Error())
-			}
+			got := adviceOf(t, tc.file, (*Config).ExecAdvice)
 			switch {
 			case tc.want == "" && len(got) > 0:
 				t.Errorf("ExecAdvice() = %q, want none", got)
@@ -69,14 +62,7 @@ func TestHistoryAdvice(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := Load(MustWriteConfig(t, tc.file), nil, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var got []string
-			for _, err := range cfg.HistoryAdvice() {
-				got = append(got, err.Error())
-			}
+			got := adviceOf(t, tc.file, (*Config).HistoryAdvice)
 			switch {
 			case tc.want == "" && len(got) > 0:
 				t.Errorf("HistoryAdvice() = %q, want none", got)
@@ -85,4 +71,19 @@ func TestHistoryAdvice(t *testing.T) {
 			}
 		})
 	}
+}
+
+// adviceOf is what advice (a Config method that returns the warnings serve starts with all the
+// same) says of the configuration file of text.
+func adviceOf(t *testing.T, text string, advice func(*Config) []error) []string {
+	t.Helper()
+	cfg, err := Load(MustWriteConfig(t, text), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, err := range advice(cfg) {
+		got = append(got, err.Error())
+	}
+	return got
 }

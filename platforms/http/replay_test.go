@@ -3,15 +3,11 @@ package http
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"net"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
-	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/persistence/storetest"
@@ -129,20 +125,7 @@ func TestEventsReplayOfLargeReplies(t *testing.T) {
 
 	t.Run("a client that never reads", func(t *testing.T) {
 		sessions := &storeSessions{fakeSessions: newFakeSessions(), store: store}
-		logs := &testutil.Buffer{}
-		h := mustStart(t, Config{Sessions: sessions, WriteTimeout: 200 * time.Millisecond,
-			Logger: slog.New(slog.NewTextHandler(logs, nil))}, &fakeRuntime{})
-		conn, err := net.Dial("tcp", strings.TrimPrefix(h.base, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		if err := conn.(*net.TCPConn).SetReadBuffer(128 << 10); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := fmt.Fprintf(conn, "GET /v1/sessions/%s/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", streamKey); err != nil {
-			t.Fatal(err)
-		}
+		logs, _ := getNeverRead(t, sessions, "/v1/sessions/"+streamKey+"/events")
 		waitFor(t, "the stream cut off", func() bool { return strings.Contains(logs.String(), "answer cut off") })
 		if !strings.Contains(logs.String(), "session="+streamKey) {
 			t.Errorf("the log line of the stream cut off names no session: %s", logs)

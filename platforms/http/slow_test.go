@@ -86,21 +86,7 @@ func TestUnreadAnswerIsCutOff(t *testing.T) {
 			sessions := newFakeSessions()
 			sessions.infos[streamKey] = &SessionInfo{SessionKey: streamKey, SessionID: "s1"}
 			tc.setup(sessions)
-			logs := &testutil.Buffer{}
-			h := mustStart(t, Config{Sessions: sessions, WriteTimeout: 200 * time.Millisecond,
-				Logger: slog.New(slog.NewTextHandler(logs, nil))}, &fakeRuntime{})
-
-			conn, err := net.Dial("tcp", strings.TrimPrefix(h.base, "http://"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			if err := conn.(*net.TCPConn).SetReadBuffer(128 << 10); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", tc.path); err != nil {
-				t.Fatal(err)
-			}
+			logs, conn := getNeverRead(t, sessions, tc.path)
 			waitFor(t, "the answer cut off in the log", func() bool {
 				return strings.Contains(logs.String(), "answer cut off")
 			})
@@ -158,4 +144,26 @@ func TestMalformedQueryIsRefused(t *testing.T) {
 	if r.status != http.StatusBadRequest || r.errCode() != CodeInvalidQuery {
 		t.Errorf("status %d %s, want 400 %s", r.status, r.body, CodeInvalidQuery)
 	}
+}
+
+// getNeverRead starts the platform on sessions with a write timeout of 200 ms, and sends it a
+// GET of path from a client that never reads the answer (a small read buffer, so that the
+// answer fills it soon). It returns the platform's log and the client's connection.
+func getNeverRead(t *testing.T, sessions Sessions, path string) (*testutil.Buffer, net.Conn) {
+	t.Helper()
+	logs := &testutil.Buffer{}
+	h := mustStart(t, Config{Sessions: sessions, WriteTimeout: 200 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))}, &fakeRuntime{})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if err := conn.(*net.TCPConn).SetReadBuffer(128 << 10); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", path); err != nil {
+		t.Fatal(err)
+	}
+	return logs, conn
 }
