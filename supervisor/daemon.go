@@ -247,6 +247,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	run := newRunID()
 	d.http, err = httpplatform.New(httpplatform.Config{
 		Addr: cfg.HTTP.Addr, Token: token, Metrics: d.metrics.Handler(), Requests: d.metrics.HTTPRequests, Ready: d.ready,
+		ConnectionsOpen: d.metrics.HTTPConnectionsOpen, ConnectionsLimit: d.metrics.HTTPConnectionsLimit, ConnectionsLimitReached: d.metrics.HTTPConnectionsLimitReached,
 		Sessions: &sessionsAPI{d: d}, Logger: log.With("component", "http"), Run: run,
 		Clustered: cfg.Cluster.Enabled, Pprof: cfg.HTTP.Pprof, MaxHeld: cfg.HTTP.MaxHeld, MaxConnections: cfg.HTTP.MaxConnections,
 		// A drain of 0s waits for nothing: its clients are told a second (0 would mean the

@@ -104,6 +104,10 @@ func TestMetricsMoveWithTheLoad(t *testing.T) {
 			t.Errorf("%s missing from the first scrape", name)
 		}
 	}
+	// The scrape's own connection is open while it is answered.
+	if limit, open := value(before, "agentgate_http_connections_limit"), value(before, "agentgate_http_connections_open"); limit < 64 || open < 1 {
+		t.Errorf("agentgate_http_connections_limit = %v, agentgate_http_connections_open = %v, want the limit and at least the scrape's connection", limit, open)
+	}
 
 	var ids []string
 	src := func(i int) identity.Source {

@@ -81,6 +81,12 @@ type Metrics struct {
 	// method included; "other" for none) and status code: a 503 of POST /v1/messages is a
 	// message a client was told to send again.
 	HTTPRequests *prometheus.CounterVec
+	// HTTPConnectionsOpen, HTTPConnectionsLimit and HTTPConnectionsLimitReached are the HTTP
+	// API's connections open, its limit of them (http.max_connections), and the times the last
+	// of them was taken: at the limit, new connections wait in the listen backlog unanswered.
+	HTTPConnectionsOpen         prometheus.Gauge
+	HTTPConnectionsLimit        prometheus.Gauge
+	HTTPConnectionsLimitReached prometheus.Counter
 	// WritesRefused counts the write groups neither the database nor the spool took (a full
 	// or read-only disk, where agentgate_spool_files stays 0).
 	WritesRefused prometheus.Counter
@@ -163,11 +169,18 @@ func New(platforms ...string) *Metrics {
 			Name: "agentgate_model_requests_total", Help: "Requests of the openai agent to its model endpoint, each retry counted, by result."}, []string{"result"}),
 		HTTPRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentgate_http_requests_total", Help: "HTTP API answers by route and status code; an event stream is counted when it ends."}, []string{"route", "code"}),
+		HTTPConnectionsOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "agentgate_http_connections_open", Help: "Connections the HTTP API holds open, idle ones included; at agentgate_http_connections_limit, new connections wait in the listen backlog."}),
+		HTTPConnectionsLimit: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "agentgate_http_connections_limit", Help: "The most connections the HTTP API holds open at once (http.max_connections)."}),
+		HTTPConnectionsLimitReached: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentgate_http_connections_limit_reached_total", Help: "Times a connection took the last place under http.max_connections: until one closed, new connections waited in the listen backlog."}),
 	}
 	m.actors = newActorSeries(m.Mailboxes)
 	for _, c := range []prometheus.Collector{m.SessionsActive, m.SessionActivations, m.SessionPassivations, m.SessionsFenced, m.SessionsHandedOn, m.SessionsTakenOver, m.ClusterMembers,
 		m.TurnsTotal, m.TurnDuration, m.QueueDepth, m.QueueOverflow, m.PersistBatchSize, m.PersistFlushSeconds,
-		m.SpoolFiles, m.WritesRefused, m.StoreCorrupt, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined, m.MessagesRequeued, m.ProbationWaiting, m.AgentCallsWaiting, m.AgentSlotWait, m.ModelRequests, m.HTTPRequests} {
+		m.SpoolFiles, m.WritesRefused, m.StoreCorrupt, m.ActorRestarts, m.Mailboxes, m.InboundTotal, m.OutboundTotal, m.AgentTokens, m.DeadLetters, m.MessagesQuarantined, m.MessagesRequeued, m.ProbationWaiting, m.AgentCallsWaiting, m.AgentSlotWait, m.ModelRequests, m.HTTPRequests,
+		m.HTTPConnectionsOpen, m.HTTPConnectionsLimit, m.HTTPConnectionsLimitReached} {
 		f(c)
 	}
 	for _, c := range m.actors.collectors() {

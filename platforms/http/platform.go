@@ -87,7 +87,19 @@ type Config struct {
 	// "POST /v1/messages", or "other" for none) and status code (its labels route and code);
 	// nil counts nothing.
 	Requests *prometheus.CounterVec
+	// ConnectionsOpen is kept at the number of connections open, at most MaxConnections;
+	// nil tracks none.
+	ConnectionsOpen prometheus.Gauge
+	// ConnectionsLimit is set to MaxConnections (its default resolved), so that an alert can
+	// compare ConnectionsOpen with it; nil sets nothing.
+	ConnectionsLimit prometheus.Gauge
+	// ConnectionsLimitReached counts the times a connection took the last of MaxConnections:
+	// until one closed, new connections waited in the listen backlog. It shows a limit reached
+	// between two scrapes, or while no scrape got through. nil counts nothing.
+	ConnectionsLimitReached prometheus.Counter
 	// Ready reports each component's readiness (nil error = ok) for /readyz; nil means none.
+	// A request without the bearer token (when Token is set) is told only which components
+	// fail, not their errors.
 	Ready func(ctx context.Context) map[string]error
 	// Sessions answers the session routes and SSE replay; nil answers 503 on those routes.
 	Sessions Sessions
@@ -176,6 +188,9 @@ type Platform struct {
 	overHeld logging.Limiter
 	// unauthorized limits the line of requests refused for their token.
 	unauthorized logging.Limiter
+	// conns counts the connections open (countingListener), to tell when the last of
+	// Config.MaxConnections is taken.
+	conns atomic.Int64
 	// platforms are the names GET /v1/sessions?platform= takes, sorted: agentgate's own and
 	// Config.Platforms.
 	platforms []string
@@ -232,6 +247,9 @@ func New(c Config) (*Platform, error) {
 	}
 	if c.MaxConnections <= 0 {
 		c.MaxConnections = max(DefaultMaxConnections, c.MaxHeld+HeldRoom)
+	}
+	if c.ConnectionsLimit != nil {
+		c.ConnectionsLimit.Set(float64(c.MaxConnections))
 	}
 	log := c.Logger
 	if log == nil {
@@ -342,7 +360,9 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 
 	// The Serve goroutine is owned by Run: Run does not return before Serve has.
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(netutil.LimitListener(ln, p.cfg.MaxConnections)) }()
+	go func() {
+		served <- srv.Serve(netutil.LimitListener(countingListener{Listener: ln, p: p}, p.cfg.MaxConnections))
+	}()
 
 	var serveErr error
 	select {
@@ -682,19 +702,18 @@ func clipped(v string) string {
 	return v
 }
 
-// authenticate requires the bearer token on every route except the health probes.
+// authenticate requires the bearer token on every route except the health probes (/readyz
+// tells a request without it less: handleReadyz).
 func (p *Platform) authenticate(next http.Handler) http.Handler {
 	if p.cfg.Token == "" {
 		return next
 	}
-	want := []byte(p.cfg.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
 			next.ServeHTTP(w, r)
 			return
 		}
-		got, ok := bearer(r.Header.Get("Authorization"))
-		if !ok || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+		if !p.authorized(r) {
 			// Else a scraper or client with a stale token was refused without a word in the
 			// log (found by an audit). Never the token it sent.
 			if args, ok := p.unauthorized.Allowed("remote", r.RemoteAddr, "path", clipped(r.URL.Path),
@@ -709,6 +728,16 @@ func (p *Platform) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// authorized reports whether r carries the bearer token, or the daemon has none (it is open
+// to whoever reaches it).
+func (p *Platform) authorized(r *http.Request) bool {
+	if p.cfg.Token == "" {
+		return true
+	}
+	got, ok := bearer(r.Header.Get("Authorization"))
+	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(p.cfg.Token)) == 1
 }
 
 // bearer extracts the token of an "Authorization: Bearer <token>" header; the scheme is

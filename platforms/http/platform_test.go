@@ -119,6 +119,60 @@ func TestAuth(t *testing.T) {
 	}
 }
 
+// TestReadyzShowsErrorsOnlyWithTheToken: /readyz needs no token (load balancers call it), but a
+// request without the daemon's token is told only which components fail ("failing"), with the
+// status code; the token shows each one's error. A daemon without a token is open anyway, and
+// shows them to all. Before, anyone who reached /readyz read the store's error, which on
+// PostgreSQL names its user, database and socket path (found by a security walkthrough).
+func TestReadyzShowsErrorsOnlyWithTheToken(t *testing.T) {
+	const secret = `ping: connect to postgres user=agentgate database=agentgate host=/run/postgresql: password authentication failed`
+	ready := func(context.Context) map[string]error {
+		return map[string]error{"store": errors.New(secret), "platform.http": nil}
+	}
+	withToken := mustStart(t, Config{Token: "s3cret", Ready: ready}, &fakeRuntime{})
+	open := mustStart(t, Config{Ready: ready}, &fakeRuntime{})
+	const hidden = "each failing component's error is shown to a request with the bearer token (Authorization: Bearer …)"
+	cases := []struct {
+		name       string
+		h          *harness
+		auth       string
+		wantStore  string
+		wantDetail string
+	}{
+		{"no token sent", withToken, "", ComponentFailing, hidden},
+		{"a wrong token", withToken, "Bearer nope", ComponentFailing, hidden},
+		{"the token", withToken, "Bearer s3cret", secret, ""},
+		{"a daemon without a token", open, "", secret, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			hdr := map[string]string{}
+			if tc.auth != "" {
+				hdr["Authorization"] = tc.auth
+			}
+			got := tc.h.do("GET", "/readyz", hdr, "")
+			want := ReadyResponse{Status: "not_ready", Detail: tc.wantDetail,
+				Components: map[string]string{"store": tc.wantStore, "platform.http": ComponentOK}}
+			if diff := cmp.Diff(want, mustDecode[ReadyResponse](t, got)); got.status != http.StatusServiceUnavailable || diff != "" {
+				t.Errorf("GET /readyz with %q = %d, want 503; body (-want +got):\n%s", tc.auth, got.status, diff)
+			}
+			if tc.wantStore != secret && strings.Contains(string(got.body), "postgres") {
+				t.Errorf("GET /readyz with %q = %s, want nothing of the store's error", tc.auth, got.body)
+			}
+		})
+	}
+
+	// Ready, it says so to all alike, and nothing of how to see errors.
+	fine := mustStart(t, Config{Token: "s3cret", Ready: func(context.Context) map[string]error {
+		return map[string]error{"store": nil}
+	}}, &fakeRuntime{})
+	got := fine.do("GET", "/readyz", nil, "")
+	want := ReadyResponse{Status: "ready", Components: map[string]string{"store": ComponentOK}}
+	if diff := cmp.Diff(want, mustDecode[ReadyResponse](t, got)); got.status != http.StatusOK || diff != "" {
+		t.Errorf("GET /readyz of a ready daemon without the token = %d, want 200; body (-want +got):\n%s", got.status, diff)
+	}
+}
+
 // TestRunHeader: every answer names the daemon's run; a request meant for another run (an admin
 // command that found this address in another run's record) is answered 421 before the token
 // is looked at, and never reaches a route; one that names this run, or none, goes on.

@@ -282,20 +282,29 @@ func (p *Platform) handleHealthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// handleReadyz is GET /readyz: every component is ready and intake is open.
+// handleReadyz is GET /readyz: every component is ready and intake is open. It needs no token
+// (load balancers call it), so without the token, when one is set, a failing component is only
+// said to be failing: its error can name what an outsider should not read (PostgreSQL's user,
+// database and socket path; found by a security walkthrough).
 func (p *Platform) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	resp := ReadyResponse{Status: "ready", Components: map[string]string{}}
 	ready := true
 	if p.cfg.Ready != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 		defer cancel()
+		detailed := p.authorized(r)
 		for name, err := range p.cfg.Ready(ctx) {
-			if err != nil {
-				ready = false
+			if err == nil {
+				resp.Components[name] = ComponentOK
+				continue
+			}
+			ready = false
+			if detailed {
 				resp.Components[name] = err.Error()
 				continue
 			}
-			resp.Components[name] = "ok"
+			resp.Components[name] = ComponentFailing
+			resp.Detail = "each failing component's error is shown to a request with the bearer token (Authorization: Bearer …)"
 		}
 	}
 	if p.draining.Load() {

@@ -262,7 +262,17 @@ type APIError struct {
 // ReadyResponse is the body of GET /readyz.
 type ReadyResponse struct {
 	Status string `json:"status"` // ready or not_ready
-	// Components maps each checked component to "ok" or its error text.
+	// Components maps each checked component to ComponentOK or its error text; without the
+	// bearer token (when one is set), to ComponentOK or ComponentFailing.
 	Components map[string]string `json:"components"`
 	Draining   bool              `json:"draining,omitempty"`
+	// Detail says how to see the errors Components leaves out; "" when it leaves none out.
+	Detail string `json:"detail,omitempty"`
 }
+
+// The words of ReadyResponse.Components for a component that is ready, and for one that is
+// not, told to a request without the bearer token.
+const (
+	ComponentOK      = "ok"
+	ComponentFailing = "failing"
+)
