@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/http/pprof"
 	"os"
 	"path"
@@ -318,12 +319,25 @@ func (p *Platform) Listen() (net.Addr, error) {
 	if p.running {
 		return nil, errors.New("listen http: already serving")
 	}
-	ln, err := net.Listen("tcp", p.cfg.Addr)
+	ln, err := net.Listen(listenNetwork(p.cfg.Addr), p.cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen http: %w", err)
 	}
 	p.ln = ln
 	return ln.Addr(), nil
+}
+
+// listenNetwork is the network to listen on at addr: "tcp4" for an IPv4 address, so that
+// 0.0.0.0 means IPv4's addresses, as configured (Go listens on IPv6's too for "tcp" and any
+// unspecified address, found by an audit: 0.0.0.0:8080 said `listening on [::]:8080` and
+// answered on [::1]); "tcp" for everything else ([::] takes both, as the kernel's bindv6only
+// allows; a name, its first address).
+func listenNetwork(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	if ip, perr := netip.ParseAddr(host); err == nil && perr == nil && ip.Is4() {
+		return "tcp4"
+	}
+	return "tcp"
 }
 
 // Run serves the bound listener (calling Listen first if needed) and hands inbound messages to

@@ -50,6 +50,30 @@ func TestNewAddressPolicy(t *testing.T) {
 	}
 }
 
+// TestIPv4AddressListensOnIPv4Only: 0.0.0.0 is IPv4's addresses, as configured, and the
+// address the daemon says it listens on says so. Before (found by an audit), Go's "tcp"
+// listened on IPv6's too and the daemon said `listening on [::]:port`.
+func TestIPv4AddressListensOnIPv4Only(t *testing.T) {
+	p, err := New(Config{Addr: "0.0.0.0:0", Token: "a-token-long-enough"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, err := p.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.ln.Close() })
+	if got := addr.String(); !strings.HasPrefix(got, "0.0.0.0:") {
+		t.Errorf("listening on %s, want 0.0.0.0:port", got)
+	}
+	for addr, want := range map[string]string{"127.0.0.1:8080": "tcp4", "0.0.0.0:80": "tcp4",
+		"[::]:80": "tcp", "[::1]:80": "tcp", ":80": "tcp", "localhost:80": "tcp", "[::ffff:127.0.0.1]:80": "tcp"} {
+		if got := listenNetwork(addr); got != want {
+			t.Errorf("listenNetwork(%q) = %q, want %q", addr, got, want)
+		}
+	}
+}
+
 func TestAuth(t *testing.T) {
 	metrics := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "agentgate_up 1\n") })
 	h := mustStart(t, Config{Token: "s3cret", Metrics: metrics}, &fakeRuntime{})
