@@ -52,7 +52,9 @@ const (
 	EndResetCommand = "reset_command"
 	EndIdle         = "idle"
 	EndDaily        = "daily"
-	EndSuspended    = "suspended"
+	// EndSuspended is DESIGN's boundary for a suspended session; nothing writes it yet, and
+	// it is read as an automatic end (idle, daily) wherever a row holds it.
+	EndSuspended = "suspended"
 	// EndSwitched ends a session the user left with /resume for an earlier one.
 	EndSwitched = "switched"
 	EndCrash    = "crash"

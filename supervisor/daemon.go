@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -240,7 +241,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	for _, p := range extra {
 		names = append(names, p.Name())
 	}
-	d.metrics = metrics.New(names...)
+	// Every platform agentgate has gets its series, also one not configured (as the HTTP API's
+	// ?platform= knows it): DESIGN's "pre-initialised for every known label value".
+	d.metrics = metrics.New(slices.Compact(slices.Sorted(slices.Values(append([]string{discord.Name}, names...))))...)
 	if opts.Agent == nil && cfg.Agent.Backend == "openai" {
 		d.metrics.InitModelRequests(openai.RequestResults)
 	}

@@ -54,7 +54,7 @@ func kindOf(pid *actor.PID) string {
 	}
 	id := pid.Id
 	switch {
-	case strings.Contains(id, "/turn-"):
+	case strings.HasPrefix(id, "turn-"): // top level (actors.Turn)
 		return "turn"
 	case strings.HasPrefix(id, "sessions/"):
 		return "session"

@@ -20,6 +20,7 @@ import (
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -103,6 +104,13 @@ func TestMetricsMoveWithTheLoad(t *testing.T) {
 		if before[name] == nil {
 			t.Errorf("%s missing from the first scrape", name)
 		}
+	}
+	// Every platform agentgate has, configured or not, and every actor kind, has its series.
+	if v := value(before, "agentgate_inbound_total", "platform", "discord"); v != 0 {
+		t.Errorf("agentgate_inbound_total{platform=\"discord\"} = %v, want 0 from the first scrape", v)
+	}
+	if v := value(before, "agentgate_actor_restarts_total", "kind", "other"); v != 0 {
+		t.Errorf("agentgate_actor_restarts_total{kind=\"other\"} = %v, want 0 from the first scrape", v)
 	}
 	// The scrape's own connection is open while it is answered.
 	if limit, open := value(before, "agentgate_http_connections_limit"), value(before, "agentgate_http_connections_open"); limit < 64 || open < 1 {
@@ -340,5 +348,16 @@ func TestReadyzFailsWhenTheStartsWriteIsRefused(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "readonly database") {
 		t.Errorf("/readyz = %d %s, want 503 naming the refused write", resp.StatusCode, body)
+	}
+}
+
+// TestActorKinds: each actor of the daemon's tree is counted under its kind.
+func TestActorKinds(t *testing.T) {
+	for id, want := range map[string]string{"sessions/agent:main:http:dm:c1": "session", "turn-17": "turn",
+		"sessions": "manager", "persistence": "persistence", "platform-discord": "platform",
+		"timers": "other", "probation": "other"} {
+		if got := kindOf(actor.NewPID("nonhost", id)); got != want {
+			t.Errorf("kindOf(%q) = %q, want %q", id, got, want)
+		}
 	}
 }

@@ -7,6 +7,7 @@ package metrics
 import (
 	"fmt"
 	"net/http"
+	"slices"
 
 	"go.opentelemetry.io/otel"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
@@ -22,8 +23,11 @@ var (
 	TurnOutcomes     = []string{"ok", "error", "crashed", "cancelled"}
 	OverflowPolicies = []string{"spool", "reject"}
 	ActorKinds       = []string{"session", "turn", "persistence", "manager", "platform"}
-	SendOutcomes     = []string{"ok", "error"}
-	TokenDirections  = []string{"input", "output"}
+	// RestartKinds are ActorKinds and "other": the timers and probation actors, whose
+	// mailboxes are not measured but whose failures are counted.
+	RestartKinds    = append(slices.Clone(ActorKinds), "other")
+	SendOutcomes    = []string{"ok", "error"}
+	TokenDirections = []string{"input", "output"}
 	// QuarantineCauses: a message crashed its session QuarantineAfter times, or it was running
 	// when the daemon stopped uncleanly that often (it may take the whole process down).
 	QuarantineCauses = []string{"session_crash", "unclean_restart"}
@@ -188,7 +192,7 @@ func New(platforms ...string) *Metrics {
 	}
 	initSeries(m.TurnsTotal, TurnOutcomes)
 	initSeries(m.QueueOverflow, OverflowPolicies)
-	initSeries(m.ActorRestarts, ActorKinds)
+	initSeries(m.ActorRestarts, RestartKinds)
 	initSeries(m.AgentTokens, TokenDirections)
 	initSeries(m.MessagesQuarantined, QuarantineCauses)
 	initSeries(m.InboundTotal, platforms)
