@@ -115,7 +115,12 @@ func (s *Session) endOverdue(c actor.Context) {
 // time, and the reload forgot it; a daily reset waited for the next day's
 // (TestResetDueWhileWritesAreRefusedIsDoneOnceTheyAreTaken). It is filed with the session's
 // activity as the reset saw it (expire just ended s.prev), so that it ends no session that was
-// active since. Once the ops are stored, a session with nothing else in hand passivates.
+// active since. Refused behind a turn's result the session holds, the ops wait behind it
+// (holdResult); given up with it as the session hands over (errHandedOver), the reset is filed
+// too: else the next activation, finding the session due by the activity the store holds, set
+// the held result's message aside unanswered, though it had run
+// (TestResetHeldBehindAResultGivenUpIsDoneAfterTheRerun). Once the ops are stored, a session
+// with nothing else in hand passivates.
 func (s *Session) writeReset(c actor.Context, ops []persistence.Op) {
 	if len(ops) == 0 {
 		return
@@ -130,10 +135,10 @@ func (s *Session) writeReset(c actor.Context, ops []persistence.Op) {
 			return
 		}
 		s.logRefusedWrite("store session reset", err)
+		if filed != nil && (errors.Is(err, errHandedOver) || !errors.Is(err, persistence.ErrFenced) && !s.fencedOut) {
+			s.d.resetsDue.Store(s.key, filed)
+		}
 		if !errors.Is(err, persistence.ErrFenced) && !s.fencedOut {
-			if filed != nil {
-				s.d.resetsDue.Store(s.key, filed)
-			}
 			s.restartFromStore(c, "the session's reset was not stored", err)
 		}
 	})

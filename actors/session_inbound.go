@@ -53,6 +53,13 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 		s.onCommand(c, m, src, cmd, now)
 		return
 	}
+	if s.heldEnd() {
+		s.refuseWhileHeld(c)
+		r := s.result(m, "", "")
+		r.ErrorCode, r.Error = ErrCodeUnavailable, heldRefusal
+		c.Respond(r)
+		return
+	}
 	waiting := s.waiting()
 	// The cap counts the messages behind the next turn: behind the running one, or behind the
 	// head of the queue when a debounce window or a cancelled call still ending holds it (it

@@ -86,7 +86,9 @@ func (s *Session) onProbationLost(c actor.Context, m *probationLost) {
 }
 
 // onProbationMarked starts the suspect's turn once its mark is durable. A mark that was not
-// stored lets nothing run: the session starts again from the store and asks again.
+// stored lets nothing run: the session starts again from the store and asks again, unless it
+// hands over already (fenced, or a mark held behind a turn's result given up with it:
+// errHandedOver), which the hand-over's own cause decides.
 func (s *Session) onProbationMarked(c actor.Context, p *probationRun, err error) {
 	if s.probation() != p {
 		return
@@ -94,7 +96,9 @@ func (s *Session) onProbationMarked(c actor.Context, p *probationRun, err error)
 	p.marking = false
 	if err != nil {
 		s.logRefusedWrite("store the probation mark of a suspect message", err, "message_id", p.message)
-		s.restartFromStore(c, "the probation mark of a suspect message was not stored", err)
+		if !s.fencedOut {
+			s.restartFromStore(c, "the probation mark of a suspect message was not stored", err)
+		}
 		return
 	}
 	p.marked = true

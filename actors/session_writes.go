@@ -94,9 +94,12 @@ func (s *Session) toPlatform(c actor.Context, m *SendOutbound) {
 
 // write sends ops to the persistence actor and runs done with the result. The session keeps
 // the write until it is acknowledged and sends it again, in order with its other unacknowledged
-// writes, when the persistence actor has restarted since it sent it (resendAll).
+// writes, when the persistence actor has restarted since it sent it (resendAll). No requester
+// waits for it (an automatic reset, a set-aside, a probation mark, an interrupted turn's
+// mark): refused as unavailable while the session holds a turn's result, it is held behind
+// that result and written again after it (holdResult).
 func (s *Session) write(c actor.Context, ops []persistence.Op, done func(actor.Context, error)) {
-	s.submit(c, &pendingWrite{ops: ops, done: done})
+	s.submit(c, &pendingWrite{ops: ops, done: done, kept: true})
 }
 
 // writeFor is write for a request whose requester waits for done's answer: if this incarnation
@@ -161,6 +164,9 @@ type pendingWrite struct {
 	// message: the write of an inbound message that neither begins nor ends a session. Held
 	// behind a turn's result that the store refuses again, it is refused with it (refuseBehind).
 	message bool
+	// kept: a write no requester waits for (write). Refused as unavailable while the session
+	// holds a turn's result, it is held in its place behind it (holdResult).
+	kept bool
 }
 
 // answerOrphans answers the requesters of the writes still in flight when this incarnation
@@ -309,16 +315,24 @@ const resendAfter = 5 * time.Second
 // (room freed between two batches: persistence.Write). Taken, its outbox entry came ahead of
 // the held result's, and an event stream that read it skipped the held reply when that came
 // (TestEventStreamSeesAReplyHeldBehindAWriteInFlight). Refused, a turn's result is held too, in
-// its place; any other write is refused as it would be on its own. A command's, a reset's
-// (automatic or an operator's), a set-aside's, a probation mark's, and that of a message that
-// begins or resets a session have the session start again from the store, which gives up the
-// held result: its message runs again, as it did before when the store refused such a write
-// itself (a full disk, the common case). If the session stops first (a drain's deadline), the
-// result is lost and the message runs again at the next start, as a turn's would whose result
-// was never written (at its restart, if it crashes). If it hands over (another activation
-// claimed the key, or another write's refusal makes it start again from the store), the held
-// writes are answered as refused (errHandedOver): the key's next activation runs the message
-// again.
+// its place, and so is a write no requester waits for (write: an automatic reset, a set-aside,
+// a probation mark, an interrupted turn's mark), as is such a write the store refuses when its
+// turn comes among the held writes: it goes out after the result, in its place, and takes
+// effect then. Before, such a write had the session start again from the store, which gave up
+// the held result, and the held message ran again at the key's next activation, its agent's
+// tools acting twice (TestResetBehindAHeldResultWaitsBehindIt,
+// TestSetAsideBehindAHeldResultWaitsBehindIt). A session whose automatic reset waits so has
+// ended in memory: a message that comes meanwhile is refused at once, before it acts
+// (heldEnd), rather than begin the next session. Any other write is refused as it would be on
+// its own: a command's, an operator's reset's, and that of a message that begins or resets a
+// session have the session start again from the store, which gives up the held result: its
+// message runs again, as it did before when the store refused such a write itself (a full
+// disk, the common case). If the session stops first (a drain's deadline), the result is lost
+// and the message runs again at the next start, as a turn's would whose result was never
+// written (at its restart, if it crashes). If it hands over (another activation claimed the
+// key, or another write's refusal makes it start again from the store), the held writes are
+// answered as refused (errHandedOver): the key's next activation runs the message again, and
+// does a held automatic reset once it has (writeReset files it).
 
 // heldWrites are the writes a session holds behind a turn's result the store refused.
 type heldWrites struct {
@@ -363,16 +377,18 @@ func (s *Session) held() *heldWrites {
 	return s.unusual.held
 }
 
-// holdResult holds w, a turn's result the store refused as unavailable, to be written again,
+// holdResult holds w, a turn's result the store refused as unavailable, or a write no requester
+// waits for (pendingWrite.kept) so refused while the session holds writes, to be written again,
 // and reports whether it did. A write of another kind, or one answered otherwise (taken, or
 // refused for what it holds, or fenced), is not held; answered as the first of the held writes,
 // it makes way for the next (sendHeld, once its own answer is handled).
 func (s *Session) holdResult(c actor.Context, w *pendingWrite, err error) bool {
 	h := s.held()
-	if w.turn == "" || !errors.Is(err, persistence.ErrUnavailable) || errors.Is(err, persistence.ErrFenced) || s.fencedOut {
+	keep := w.turn != "" || w.kept && h != nil
+	if !keep || !errors.Is(err, persistence.ErrUnavailable) || errors.Is(err, persistence.ErrFenced) || s.fencedOut {
 		if h.first(w) {
 			h.writes = h.writes[1:]
-			if err == nil && h.refused > 0 {
+			if err == nil && h.refused > 0 && w.turn != "" {
 				s.logger().Info("the store took a turn's result it had refused; the reply goes out", "turn", w.turn, "refused", h.refused)
 			}
 			h.refused = 0
@@ -384,15 +400,23 @@ func (s *Session) holdResult(c actor.Context, w *pendingWrite, err error) bool {
 		s.rare().held = h
 	}
 	if !slices.Contains(h.writes, w) {
-		// Sent before the first result was held (a turn that started before its refusal came):
-		// it goes back in its place.
+		// Sent before the first result was held (a turn that started before its refusal came,
+		// or a write sent behind it): it goes back in its place.
 		h.insert(w)
 	}
 	if h.writes[0] == w {
 		h.refused++
 	}
-	if args, ok := h.log.Allowed("turn", w.turn, logging.Err(err)); ok {
+	args := []any{logging.Err(err)}
+	if w.turn != "" {
+		args = append([]any{"turn", w.turn}, args...)
+	}
+	switch args, ok := h.log.Allowed(args...); {
+	case !ok:
+	case w.turn != "":
 		s.logger().Warn("store turn result; the session keeps it and writes it again, and its next turns wait", args...)
+	default:
+		s.logger().Warn("store a write behind a turn result the store refused; the session keeps it and writes it again after that result", args...)
 	}
 	s.refuseBehind(c, err)
 	if h.retry == nil {
@@ -422,17 +446,30 @@ func (s *Session) refuseBehind(c actor.Context, err error) {
 }
 
 // heldRefusal is the answer to a command, an operator's reset or a requeue that comes while the
-// session holds a turn's result the store refused.
+// session holds a turn's result the store refused, and to a message that comes after the
+// session ended behind it (heldEnd).
 const heldRefusal = "the database refuses writes, and this chat's last answer waits to be stored; send it again shortly"
 
 // refuseWhileHeld is the start of the answer to a command, an operator's reset or a requeue that
-// comes while the session holds a refused turn result: refused at once, before it acts, and the
-// result is tried again now. A command acts in memory when it comes (/stop cancels the turn,
-// /new starts a session) and only its answer is written; waiting behind the result, that answer
-// outlasted the sender's wait (a minute on Discord), who was told to send again a command that
-// had acted, and would act twice (found by a review).
+// comes while the session holds a refused turn result (or a message: heldEnd): refused at once,
+// before it acts, and the result is tried again now. A command acts in memory when it comes
+// (/stop cancels the turn, /new starts a session) and only its answer is written; waiting behind
+// the result, that answer outlasted the sender's wait (a minute on Discord), who was told to
+// send again a command that had acted, and would act twice (found by a review).
 func (s *Session) refuseWhileHeld(c actor.Context) {
 	s.sendHeld(c)
+}
+
+// heldEnd reports whether the session has ended in memory while it holds writes behind a turn's
+// result the store refused: an automatic reset decided as the result was written waits behind
+// it (holdResult). A message that comes then is refused at once, before it acts, as a command
+// is (refuseWhileHeld). It may not run in the session that ended before it came, and the write
+// of one that begins the next session would wait behind the held writes for as long as the
+// store refuses them, past its sender's wait: it is not refused with the result, as its refusal
+// has the session start again from the store, which gives up that result (its message runs
+// again).
+func (s *Session) heldEnd() bool {
+	return s.cur == nil && s.held() != nil
 }
 
 // onHeldTick writes again the result the session holds, unless it is in flight already, and has
