@@ -268,7 +268,6 @@ func (m *SessionManager) Receive(c actor.Context) {
 		// system message, overtakes what it sent before) must not stop its successor, count a
 		// passivation, or reset the key's crash backoff.
 		if pid, ok := m.sessions[msg.key]; ok && pid.Equal(msg.pid) {
-			room := m.evicting[msg.key] // asked to make room, not idle long
 			delete(m.sessions, msg.key)
 			m.setIdle(msg.key, false)
 			m.stopping[msg.key] = nil
@@ -283,11 +282,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 			}
 			if !msg.fenced {
 				m.d.Metrics.SessionPassivations.Inc()
-			}
-			if !msg.fenced && !room {
-				// It ran well long enough to be idle. One asked to make room may have started
-				// seconds ago: its backoffs stay (TestMaxInMemoryKeepsTheCrashBackoff).
-				delete(m.crashStops, msg.key)
+				delete(m.crashStops, msg.key) // it ran well long enough to be idle
 				delete(m.refused, msg.key)
 				delete(m.startedEarly, msg.key)
 			}

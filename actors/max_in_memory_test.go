@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -184,60 +183,6 @@ func TestMaxInMemoryHoldsAfterWritesWaitedInTheSpool(t *testing.T) {
 		}
 		if got := b.active(t); len(got) != 3 {
 			t.Errorf("sessions in memory after the spool drained and three more chats: %q, want 3 (sessions.max_in_memory)", got)
-		}
-	})
-}
-
-// TestMaxInMemoryKeepsTheCrashBackoff: a session passivated to make room keeps its key's crash
-// backoff, which only a passivation for idleness (it ran well long enough) clears: the key's
-// next crash-out pauses twice as long as its first. Before (found by a review), a key that
-// crashed out, started again and was asked to make room seconds later had its count cleared,
-// and under a full bound a key that crashes again and again never backed off.
-func TestMaxInMemoryKeepsTheCrashBackoff(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var panicking atomic.Bool
-		var gate atomic.Pointer[chan struct{}] // a crash waits until both messages are taken
-		agent := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
-			if last := req.Messages[len(req.Messages)-1].Text; last == "boom" && panicking.Load() {
-				<-*gate.Load()
-				panic("agent bug on " + req.Identity.MessageID)
-			}
-			return &agents.Response{Text: "ok"}, nil
-		})
-		b := newBoundWorld(t, agent)
-		// The first message crashes the session until it is quarantined, the second's first
-		// crash is past its restart budget: it crashes out.
-		crashOut := func(first, second string) {
-			g := make(chan struct{})
-			gate.Store(&g)
-			panicking.Store(true)
-			b.send(t, "x", first, "boom")
-			b.send(t, "x", second, "boom")
-			close(g)
-			synctest.Wait()
-		}
-		crashOut("m1", "m2")
-		panicking.Store(false)
-		time.Sleep(crashPause) // it starts again, and runs m2
-		synctest.Wait()
-		for _, chat := range []string{"a", "b", "c"} { // c's session makes room: x is the least recently used
-			b.send(t, chat, "m-"+chat, "hello")
-			synctest.Wait()
-		}
-		if slices.Contains(b.active(t), b.keyOf("x")) {
-			t.Fatalf("sessions in memory = %v, want x passivated to make room", b.active(t))
-		}
-		crashOut("m3", "m4")
-
-		var pauses []string
-		for l := range strings.Lines(b.logs.String()) {
-			if strings.Contains(l, "session stopped after crashing too often; it starts again from the store") {
-				_, in, _ := strings.Cut(strings.TrimSpace(l), " in=")
-				pauses = append(pauses, in)
-			}
-		}
-		if want := []string{crashPause.String(), (2 * crashPause).String()}; !slices.Equal(pauses, want) {
-			t.Errorf("crash-out pauses = %q, want %q", pauses, want)
 		}
 	})
 }
