@@ -12,6 +12,7 @@ import (
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestResetBehindAHeldResultWaitsBehindIt: an idle reset falls due while m1's turn runs, and is
@@ -86,12 +87,17 @@ func TestResetBehindAHeldResultWaitsBehindIt(t *testing.T) {
 		if st, _ := w.statusOf(t, "m1"); st != persistence.StatusDone {
 			t.Errorf("m1 is %s in the store, want done", st)
 		}
+		// Its reset stored, the session that ended passivates, as one whose reset was taken
+		// at once does (found by a review: it stayed in memory for passivate_after).
+		if p := promtest.ToFloat64(w.d.Metrics.SessionPassivations); p != 1 {
+			t.Errorf("%v passivations once the held reset was stored, want 1", p)
+		}
 
 		r := w.deliver(t, "m2", "two")
 		if r.ErrorCode != "" || r.SessionId == m1.SessionId {
 			t.Fatalf("m2 sent again: %+v, want it taken in a new session (not %s)", r, m1.SessionId)
 		}
-		w.awaitTurnEndsWithin(t, 1, time.Minute)
+		synctest.Wait() // its turn runs
 		next, err := w.store.Session(w.ctx, r.SessionId)
 		if err != nil || next.PrevSessionID != m1.SessionId {
 			t.Errorf("m2's session %+v (%v), want it to follow %s", next, err, m1.SessionId)
@@ -260,5 +266,67 @@ func TestResetHeldBehindAResultGivenUpIsDoneAfterTheRerun(t *testing.T) {
 		if sess.EndedAt.IsZero() || sess.EndReason != persistence.EndIdle {
 			t.Errorf("m1's session ended at %v (%q), want ended by its idle reset", sess.EndedAt, sess.EndReason)
 		}
+	})
+}
+
+// TestWritesBehindAHeldResultGoOutOnceItIsTaken: once the store has taken the turn result it
+// refused, the writes made behind it go out as any write does: the session holds nothing, and a
+// command is answered while a set-aside page is still in its commit. Before (found by a
+// review), a set-aside's backlog made behind the held result went out one page at a time, held,
+// and until its last page the session answered commands that the store refused writes.
+func TestWritesBehindAHeldResultGoOutOnceItIsTaken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		ids := storeLeftBehind(t, path, 5*asidePage+10, 16)
+		page := func(n int64) func(persistence.Op) bool {
+			return func(op persistence.Op) bool {
+				m, ok := op.(*persistence.SetMessageStatus)
+				return ok && m.SessionID == "s-old" && m.Seqs[0] > (n-1)*asidePage && m.Seqs[0] <= n*asidePage
+			}
+		}
+		secondSent, fourthSent := make(chan struct{}), make(chan struct{})
+		disk := &fullDisk{left: 1, result: resultOf("next")}
+		agent, ran := countingEcho()
+		w := newManagerWorldWith(t, path, agent, nil, func(s persistence.Store) persistence.Store {
+			disk.Store = &waitsFor{Store: &waitsFor{Store: s, pick: page(4), until: fourthSent}, pick: page(2), until: secondSent}
+			return disk
+		}, func(o *persistence.ActorOptions) {
+			o.MaxBatch = 1
+		})
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			for { // more than w.sent holds
+				select {
+				case <-w.sent:
+				case <-stop:
+					return
+				}
+			}
+		}()
+		if r := w.deliver(t, "next", "hello"); r.Disposition != platforms.Started {
+			t.Fatalf("next: %+v, want started", r)
+		}
+		synctest.Wait() // the second page waits in its commit, and next's result behind it
+		close(secondSent)
+		time.Sleep(time.Minute) // next's result is refused, held, and taken; the fourth page waits in its commit
+		synctest.Wait()
+		if disk.refusedResults() == 0 {
+			t.Fatal("the store took next's result at once: the test does not test")
+		}
+		if st, _ := w.statusOf(t, "next"); st != persistence.StatusDone {
+			t.Fatalf("next is %s in the store, want done", st)
+		}
+		status := w.request("c1", "/status") // its answer's write commits after the fourth page
+		synctest.Wait()
+		close(fourthSent)
+		synctest.Wait()
+		if res, err := status.Result(); err != nil || res.(*DeliverResult).ErrorCode != "" {
+			t.Errorf("/status after the held result was taken: %v %v, want it answered", res, err)
+		}
+		if n := ran("next"); n != 1 {
+			t.Errorf("the agent ran next %d times, want once", n)
+		}
+		w.checkSetAside(t, ids, leftBehindNotice)
 	})
 }

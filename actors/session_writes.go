@@ -167,6 +167,9 @@ type pendingWrite struct {
 	// kept: a write no requester waits for (write). Refused as unavailable while the session
 	// holds a turn's result, it is held in its place behind it (holdResult).
 	kept bool
+	// refused: held because the store refused it (holdResult), not only made behind such a
+	// write. Once no held write is, the rest go out as any write does (sendHeld).
+	refused bool
 }
 
 // answerOrphans answers the requesters of the writes still in flight when this incarnation
@@ -340,6 +343,9 @@ type heldWrites struct {
 	refused int                  // refusals of writes[0] in a row
 	retry   scheduler.CancelFunc // the armed heldTick; nil when none is armed
 	log     logging.Limiter      // the refusals' line: at once, then at most once a LimitEvery per session
+	// behindLog is log for the refusals of writes other than turn results: an own line, which
+	// the results' would hold back.
+	behindLog logging.Limiter
 }
 
 // first reports whether w is the first of the held writes (h may be nil).
@@ -404,18 +410,15 @@ func (s *Session) holdResult(c actor.Context, w *pendingWrite, err error) bool {
 		// or a write sent behind it): it goes back in its place.
 		h.insert(w)
 	}
+	w.refused = true
 	if h.writes[0] == w {
 		h.refused++
 	}
-	args := []any{logging.Err(err)}
 	if w.turn != "" {
-		args = append([]any{"turn", w.turn}, args...)
-	}
-	switch args, ok := h.log.Allowed(args...); {
-	case !ok:
-	case w.turn != "":
-		s.logger().Warn("store turn result; the session keeps it and writes it again, and its next turns wait", args...)
-	default:
+		if args, ok := h.log.Allowed("turn", w.turn, logging.Err(err)); ok {
+			s.logger().Warn("store turn result; the session keeps it and writes it again, and its next turns wait", args...)
+		}
+	} else if args, ok := h.behindLog.Allowed(logging.Err(err)); ok {
 		s.logger().Warn("store a write behind a turn result the store refused; the session keeps it and writes it again after that result", args...)
 	}
 	s.refuseBehind(c, err)
@@ -503,9 +506,21 @@ func (s *Session) sendHeld(c actor.Context) {
 	if h == nil {
 		return
 	}
-	if len(h.writes) == 0 {
+	if !slices.ContainsFunc(h.writes, func(w *pendingWrite) bool { return w.refused }) {
+		// The store has taken every write it refused: what is left only waited behind them,
+		// and goes out as any write does, in order, at once. Before (found by a review), a
+		// set-aside's backlog held so went out one commit at a time, and until its last page
+		// no turn started and commands were told the store refused writes.
 		s.stopHeld()
+		for _, w := range h.writes {
+			if !slices.Contains(s.inflight, w) {
+				s.sendWrite(c, w)
+			}
+		}
 		s.tryStart(c)
+		if s.cur == nil {
+			s.passivateIfIdle(c) // an automatic reset's, which declined while writes were held
+		}
 		return
 	}
 	if !slices.Contains(s.inflight, h.writes[0]) {
