@@ -243,7 +243,8 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	}
 	// Every platform agentgate has gets its series, also one not configured (as the HTTP API's
 	// ?platform= knows it): DESIGN's "pre-initialised for every known label value".
-	d.metrics = metrics.New(slices.Compact(slices.Sorted(slices.Values(append([]string{discord.Name}, names...))))...)
+	known := slices.Sorted(slices.Values(append([]string{discord.Name}, names...)))
+	d.metrics = metrics.New(slices.Compact(known)...)
 	if opts.Agent == nil && cfg.Agent.Backend == "openai" {
 		d.metrics.InitModelRequests(openai.RequestResults)
 	}

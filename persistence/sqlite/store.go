@@ -243,12 +243,16 @@ var largeDatabase int64 = 256 << 20 // a variable for its test
 // A large database's check is logged, before and after: it takes seconds per GB from a cold
 // disk, before the daemon logs or serves anything else (found by a scale walkthrough: 8 to 13 s
 // of silence for 1 GB).
-func (s *Store) checkPages(ctx context.Context, db *sql.DB) error {
-	if fi, err := os.Stat(s.path); err == nil && fi.Size() >= largeDatabase {
+func (s *Store) checkPages(ctx context.Context, db *sql.DB) (err error) {
+	if fi, serr := os.Stat(s.path); serr == nil && fi.Size() >= largeDatabase {
 		start := time.Now()
 		s.log.Info("checking every page of the database before anything writes to it (PRAGMA quick_check): "+
 			"about a second per GB, more from a cold disk", "path", s.path, "size_mb", fi.Size()>>20)
-		defer func() { s.log.Info("database checked", "took", time.Since(start).Round(time.Millisecond)) }()
+		defer func() {
+			if err == nil { // (a failure is the start's error)
+				s.log.Info("database checked", "took", time.Since(start).Round(time.Millisecond))
+			}
+		}()
 	}
 	var res string
 	if err := db.QueryRowContext(ctx, "PRAGMA quick_check(1)").Scan(&res); err != nil {

@@ -330,8 +330,8 @@ func (p *Platform) Listen() (net.Addr, error) {
 // listenNetwork is the network to listen on at addr: "tcp4" for an IPv4 address, so that
 // 0.0.0.0 means IPv4's addresses, as configured (Go listens on IPv6's too for "tcp" and any
 // unspecified address, found by an audit: 0.0.0.0:8080 said `listening on [::]:8080` and
-// answered on [::1]); "tcp" for everything else ([::] takes both, as the kernel's bindv6only
-// allows; a name, its first address).
+// answered on [::1]); "tcp" for everything else ([::] takes both: Go clears IPV6_V6ONLY; a
+// name, its first address).
 func listenNetwork(addr string) string {
 	host, _, err := net.SplitHostPort(addr)
 	if ip, perr := netip.ParseAddr(host); err == nil && perr == nil && ip.Is4() {
