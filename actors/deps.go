@@ -90,8 +90,8 @@ type PrunePolicy struct {
 	Enabled bool
 	After   time.Duration // sessions that ended longer ago than this
 	Every   time.Duration
-	// Batch is the most sessions one store call deletes (pruneBatch when 0):
-	// a pass calls the store again while a call deletes a whole batch.
+	// Batch is the most rows one prune step deletes (persistence.DefaultPruneRows when 0):
+	// a pass asks for another step while one spends its budget.
 	Batch int
 }
 
@@ -202,6 +202,9 @@ type Deps struct {
 	// queueFull limits the line of messages a full queue refused (overflow: reject): a chat
 	// that floods logs one for each message.
 	queueFull logging.Limiter
+	// probationWaits limits the line of sessions whose suspect message begins to wait for
+	// probation (Session.logWaiting): after an unclean stop during a backlog, every chat's.
+	probationWaits logging.Limiter
 	// spillReadFailures limits the line of sessions whose spilled messages cannot be read back
 	// (refill): in an outage every session past its cap logs one a second.
 	spillReadFailures logging.Limiter

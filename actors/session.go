@@ -525,8 +525,10 @@ func (s *Session) load(c actor.Context) {
 		// Only the first incarnation recovers: a restarted one has a lifeline.
 		s.noticePending(c)
 	}
-	if s.hasQueued() || len(snap.Unconfirmed) > 0 {
-		s.logger().Info("session resumed", "pending", s.waiting(), "unconfirmed", len(snap.Unconfirmed))
+	if s.debugOn() && (s.hasQueued() || len(snap.Unconfirmed) > 0) {
+		// Per session at Debug: a start after a backlog resumes thousands, which the manager's
+		// "recovering sessions" line counts.
+		s.logger().Debug("session resumed", "pending", s.waiting(), "unconfirmed", len(snap.Unconfirmed))
 	}
 	s.tryStart(c)
 }

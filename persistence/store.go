@@ -485,6 +485,12 @@ const (
 	DefaultUnreadLimit        = 1000
 )
 
+// Pardoned is what Store.Pardon cleared.
+type Pardoned struct {
+	Messages int // messages whose count was cleared
+	Sessions int // the sessions they belong to
+}
+
 // ChatMark is the newest inbound message a store took from one chat (or thread) of a
 // platform: where a platform that can read its chats' history picks up after a restart.
 type ChatMark struct {
@@ -665,6 +671,15 @@ type Store interface {
 	// EndRun records that run stopped cleanly. It changes nothing when another run began
 	// since.
 	EndRun(ctx context.Context, run string) error
+	// Pardon clears the unclean stops counted against messages (BeginRun, Claim): in one
+	// transaction it sets Attempts to 0 and clears the probation mark (MarkProbation) of every
+	// active pending user message that has either, of the session key routes to, or of every
+	// routed session when key is empty. Quarantined messages are left as they are (Requeue
+	// runs one again). It is the operator's lever after stops that no message caused (the OOM
+	// killer, kill -9, a power loss), which make suspects of the messages then in flight, or
+	// merely next to run, and no daemon may run meanwhile: a session in memory keeps the count
+	// it loaded.
+	Pardon(ctx context.Context, key string) (Pardoned, error)
 	// Ping checks that the store can be written.
 	Ping(ctx context.Context) error
 	// Close releases the store.

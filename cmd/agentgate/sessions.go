@@ -44,6 +44,9 @@ commands:
   search QUERY  find messages by their text, best match first (--limit, --json)
   quarantined   list quarantined messages across sessions, newest first, with what a requeue
                 names (--limit, --json)
+  pardon (--all | KEY)
+                clear the unclean stops of agentgate counted against pending messages, so that
+                they run as any other again (no probation); the daemon must be stopped
 
 Every command takes --config and --data-dir, after its name. list, show, export, search and
 quarantined are safe while the daemon runs. Run 'agentgate sessions <command> -h' for what a
@@ -92,6 +95,7 @@ Finds messages by their text, best match first.
 
 In QUERY, ` + searchHelp + `.
 `,
+	"sessions pardon": pardonUsage,
 	"sessions quarantined": `usage: agentgate sessions quarantined [flags]
 
 Lists quarantined messages across sessions, newest first, with the KEY and MESSAGE_ID that
@@ -120,7 +124,7 @@ const (
 // length is never held whole (a variable so that tests can make pages small).
 var transcriptPage = 500
 
-// sessions runs `agentgate sessions <list|show|export|reset|requeue|search|quarantined>`.
+// sessions runs `agentgate sessions <list|show|export|reset|requeue|search|quarantined|pardon>`.
 func sessions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, sessionsUsage)
@@ -149,6 +153,8 @@ func sessions(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return sessionsSearch(ctx, args, stdout, stderr)
 	case "quarantined":
 		return sessionsQuarantined(ctx, args, stdout, stderr)
+	case "pardon":
+		return sessionsPardon(ctx, args, stdout, stderr)
 	case "help", "-h", "--h", "-help", "--help":
 		fmt.Fprint(stdout, sessionsUsage)
 		return nil
@@ -878,6 +884,25 @@ const noDatabaseHint = "check --data-dir and --config; for a daemon on PostgreSQ
 // openStoreFor is openStore whose PostgreSQL calls may take up to timeout (0: the store's
 // default).
 func openStoreFor(ctx context.Context, cf *configFlags, readOnly bool, timeout time.Duration) (persistence.Store, *config.Config, error) {
+	access := storeWrite
+	if readOnly {
+		access = storeReadOnly
+	}
+	return openStoreWith(ctx, cf, access, timeout)
+}
+
+// storeAccess is how an admin command opens the store.
+type storeAccess int
+
+const (
+	storeReadOnly storeAccess = iota // alongside the daemon
+	storeWrite                       // alone, or as one more of a cluster's members
+	storeAlone                       // alone, also in a cluster: no member may run
+)
+
+// openStoreWith is openStoreFor with the access it takes.
+func openStoreWith(ctx context.Context, cf *configFlags, access storeAccess, timeout time.Duration) (persistence.Store, *config.Config, error) {
+	readOnly := access == storeReadOnly
 	// What pgx refuses on this machine, in its words, with the file or the PG* variable named
 	// and the file's line of the key, as serve refuses it: the store's Open says only that the
 	// DSN cannot be parsed (before, without the line: found by a new user's walkthrough).
@@ -891,7 +916,7 @@ func openStoreFor(ctx context.Context, cf *configFlags, readOnly bool, timeout t
 	if cfg.Store.Driver == "postgres" {
 		// A cluster's members hold the daemon lock shared: a writing tool of the cluster joins
 		// them (and is kept off while a single daemon runs), a single daemon's takes it alone.
-		member := !readOnly && cfg.Cluster.Enabled
+		member := access == storeWrite && cfg.Cluster.Enabled
 		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{MaxConns: 2, Exclusive: !readOnly && !member, Shared: member, NoMigrate: true, Timeout: timeout})
 		if err != nil {
 			return nil, cfg, err

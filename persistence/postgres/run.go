@@ -28,6 +28,13 @@ const (
 	beginRunSQL = `INSERT INTO daemon_run (one, run, started_at) VALUES (TRUE, $1, $2)
 		ON CONFLICT (one) DO UPDATE SET run = excluded.run, started_at = excluded.started_at`
 	endRunSQL = `UPDATE daemon_run SET run = '' WHERE one AND run = $1`
+	// pardonSQL clears the count and the probation mark of the active pending user messages of
+	// the session key $1 routes to, or of every routed session when $1 is empty.
+	pardonSQL = `UPDATE messages m SET attempts = 0, probation_run = ''
+		WHERE m.role = 'user' AND m.status = 'pending' AND m.active
+			AND (m.attempts > 0 OR m.probation_run <> '')
+			AND m.session_id IN (SELECT session_id FROM routing WHERE $1 = '' OR key = $1)
+		RETURNING m.session_id`
 )
 
 // BeginRun implements persistence.Store: one transaction, fenced by the daemon lock as a
@@ -99,4 +106,39 @@ func (s *Store) EndRun(ctx context.Context, run string) error {
 		return markUnavailable(fmt.Errorf("end run %s: %w", run, s.explain(ctx, err)))
 	}
 	return nil
+}
+
+// Pardon implements persistence.Store: one statement, fenced by the daemon lock as a commit is.
+func (s *Store) Pardon(ctx context.Context, key string) (persistence.Pardoned, error) {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return persistence.Pardoned{}, fmt.Errorf("pardon: %w", err)
+	}
+	defer done()
+	fence, err := s.lockHeld()
+	if err != nil {
+		return persistence.Pardoned{}, fmt.Errorf("pardon: %w", err)
+	}
+	var ids []string
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if fence != nil {
+			if _, err := tx.Exec(ctx, fence.sql, fence.args...); err != nil {
+				return describe(*fence, err)
+			}
+		}
+		rows, err := tx.Query(ctx, pardonSQL, key)
+		if err != nil {
+			return err
+		}
+		ids, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	if err != nil {
+		return persistence.Pardoned{}, markUnavailable(fmt.Errorf("pardon: %w", s.explain(ctx, err)))
+	}
+	sessions := map[string]bool{}
+	for _, id := range ids {
+		sessions[id] = true
+	}
+	return persistence.Pardoned{Messages: len(ids), Sessions: len(sessions)}, nil
 }

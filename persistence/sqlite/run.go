@@ -25,6 +25,13 @@ const (
 	beginRunSQL = `INSERT INTO daemon_run (one, run, started_at) VALUES (1, ?1, ?2)
 		ON CONFLICT (one) DO UPDATE SET run = ?1, started_at = ?2`
 	endRunSQL = `UPDATE daemon_run SET run = '' WHERE one = 1 AND run = ?`
+	// pardonSQL clears the count and the probation mark of the active pending user messages of
+	// the session key ?1 routes to, or of every routed session when ?1 is empty.
+	pardonSQL = `UPDATE messages SET attempts = 0, probation_run = ''
+		WHERE role = 'user' AND status = 'pending' AND active = 1
+			AND (attempts > 0 OR probation_run <> '')
+			AND session_id IN (SELECT session_id FROM routing WHERE ?1 = '' OR key = ?1)
+		RETURNING session_id`
 )
 
 // BeginRun implements persistence.Store: one BEGIN IMMEDIATE transaction under the commit
@@ -107,4 +114,45 @@ func countUncleanStop(ctx context.Context, tx *sql.Tx, died string) ([]persisten
 		err := r.Scan(&c.Key, &c.SessionID, &c.MessageID, &c.Attempts)
 		return c, err
 	}, countUncleanStopSQL, persistence.ProbationAfter, died)
+}
+
+// Pardon implements persistence.Store: one BEGIN IMMEDIATE transaction under the commit mutex.
+func (s *Store) Pardon(ctx context.Context, key string) (persistence.Pardoned, error) {
+	p, err := s.pardon(ctx, key)
+	if err != nil {
+		return persistence.Pardoned{}, s.unavailable(fmt.Errorf("pardon: %w", err))
+	}
+	return p, nil
+}
+
+func (s *Store) pardon(ctx context.Context, key string) (persistence.Pardoned, error) {
+	if err := s.enter(); err != nil {
+		return persistence.Pardoned{}, err
+	}
+	defer s.leave()
+	if s.readOnly {
+		return persistence.Pardoned{}, ErrReadOnly
+	}
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	tx, err := s.writer.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
+	if err != nil {
+		return persistence.Pardoned{}, err
+	}
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
+	ids, err := queryAll(ctx, tx, func(r scanner) (string, error) {
+		var id string
+		return id, r.Scan(&id)
+	}, pardonSQL, key)
+	if err != nil {
+		return persistence.Pardoned{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return persistence.Pardoned{}, err
+	}
+	sessions := map[string]bool{}
+	for _, id := range ids {
+		sessions[id] = true
+	}
+	return persistence.Pardoned{Messages: len(ids), Sessions: len(sessions)}, nil
 }

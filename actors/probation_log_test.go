@@ -1,0 +1,82 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/persistence"
+)
+
+// TestProbationWaitsLogOnceAMinute: sessions whose suspect begins to wait for probation log
+// one Warn line at once, then one a minute for all of them, which says how many began to wait
+// since the last one. Before, each session logged its own: after an unclean stop during a
+// backlog, thousands at every start (a scale walkthrough: 3,560), and each session resumed
+// logged one more at Info.
+func TestProbationWaitsLogOnceAMinute(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		const suspects = 6
+		heads := map[string]int{}
+		for i := range suspects {
+			heads[fmt.Sprint("p", i)] = ProbationAfter
+		}
+		MustSeedHeads(t, path, heads)
+		// The first suspect to run holds the token a minute, then crashes its session, whose
+		// next incarnation begins to wait again; every other turn is answered at once.
+		var crashed atomic.Bool
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			if crashed.CompareAndSwap(false, true) {
+				time.Sleep(time.Minute + time.Second)
+				panic("the first suspect to run crashes its session")
+			}
+			return &agents.Response{Text: "answered " + req.Identity.MessageID}, nil
+		})
+		var logs testutil.Buffer
+		w := newManagerWorldAt(t, path, agent, func(d *Deps) {
+			d.Run = "run-1"
+			d.Log = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		})
+		waits := regexp.MustCompile(`level=WARN msg="the next message was running during 2 unclean stops of agentgate: it waits to run alone[^"]*"` +
+			`.* message_id=p\d strikes=2/3 sessions=(\d+)`)
+		counts := func() []string {
+			var got []string
+			for _, m := range waits.FindAllStringSubmatch(logs.String(), -1) {
+				got = append(got, m[1])
+			}
+			return got
+		}
+		synctest.Wait()
+		// The start's one line counts the sessions it recovers; none logs its own at Info.
+		if out := logs.String(); strings.Count(out, `msg="recovering sessions" actor=manager count=6`) != 1 || strings.Contains(out, "session resumed") {
+			t.Errorf("start lines: want one \"recovering sessions\" count=6 and no \"session resumed\" at Info:\n%s", out)
+		}
+		if got := counts(); fmt.Sprint(got) != "[1]" {
+			t.Errorf("waiting lines at start: sessions=%v, want one line, sessions=[1]:\n%s", got, logs.String())
+		}
+		time.Sleep(time.Minute + 2*time.Second)
+		synctest.Wait()
+		if got := counts(); fmt.Sprint(got) != fmt.Sprint([]int{1, suspects}) {
+			t.Errorf("waiting lines once the crashed suspect waits again a minute later: sessions=%v, want [1 %d]:\n%s",
+				got, suspects, logs.String())
+		}
+		ids := make([]string, 0, suspects)
+		for id := range heads {
+			ids = append(ids, id)
+		}
+		for id, status := range headStatuses(t, w.store, ids...) {
+			if status != persistence.StatusDone {
+				t.Errorf("message %s is %s at the end, want %s", id, status, persistence.StatusDone)
+			}
+		}
+	})
+}

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/agentgate/agentgate/persistence"
+)
+
+const pardonUsage = `usage: agentgate sessions pardon [flags] (--all | KEY)
+
+Clears the unclean stops of agentgate counted against the pending messages of KEY's session,
+or of every session with --all: each message runs as any other again, instead of one at a
+time among the suspects (probation), and none is quarantined for these stops. For stops that
+no message caused (the OOM killer killing agentgate for a backlog's memory, a kill -9, a power
+loss): after two of them during a backlog, every chat waiting for an agent slot waits on
+probation. A message that does take agentgate down needs 3 unclean stops again to be
+quarantined. Quarantined messages are left as they are (sessions requeue runs one again).
+
+The daemon must be stopped (a running session keeps the counts it loaded); in a cluster, every
+member.
+` + keyHelp
+
+// sessionsPardon runs `agentgate sessions pardon (--all | KEY)`: it clears the count of unclean
+// stops (persistence.Store.Pardon) while no daemon holds the store.
+func sessionsPardon(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fset := flag.NewFlagSet("sessions pardon", flag.ContinueOnError)
+	var cf configFlags
+	cf.registerAdmin(fset, false)
+	all := fset.Bool("all", false, "pardon the messages of every session")
+	arg, err := parseOptionalArg(fset, args, stdout, stderr)
+	if err != nil {
+		return helpIsDone(err)
+	}
+	var key string
+	switch {
+	case *all && arg != "":
+		fmt.Fprintf(stderr, "agentgate sessions pardon: give --all or a KEY, not both\n")
+		return errUsage
+	case !*all && arg == "":
+		fmt.Fprintf(stderr, "agentgate sessions pardon: missing --all or KEY (agentgate sessions pardon -h says what they are)\n")
+		return errUsage
+	case arg != "":
+		if key, err = parseKey(fset.Name(), arg); err != nil {
+			return err
+		}
+	}
+	st, cfg, err := openStoreWith(ctx, &cf, storeAlone, 0)
+	if errors.Is(err, persistence.ErrLocked) {
+		return fmt.Errorf("sessions pardon: agentgate is running on this %s: stop the daemon first (its sessions keep the counts they loaded; "+
+			"in a cluster, stop every member), then pardon, then start it again", lockedPlace(cfg))
+	}
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	p, err := st.Pardon(ctx, key)
+	if err != nil {
+		return err
+	}
+	of := ""
+	if key != "" {
+		of = " of " + pasteableKey(key)
+	}
+	fmt.Fprintf(stdout, "pardoned %d message(s) in %d session(s)%s\n", p.Messages, p.Sessions, of)
+	if p.Messages > 0 {
+		fmt.Fprintln(stderr, "note: they run as any other at the next start; one that takes agentgate down again is quarantined after 3 more unclean stops")
+	}
+	return nil
+}
+
+// parseOptionalArg is parseArgs of at most one argument, which may be missing: flags come before
+// and after it.
+func parseOptionalArg(fset *flag.FlagSet, args []string, stdout, stderr io.Writer) (string, error) {
+	parse := func(args []string) error {
+		err := parseFlags(fset, args, stdout, stderr)
+		if errors.Is(err, flag.ErrHelp) {
+			return flag.ErrHelp
+		}
+		if err != nil {
+			return errUsage
+		}
+		return nil
+	}
+	if err := parse(args); err != nil {
+		return "", err
+	}
+	if fset.NArg() == 0 {
+		return "", nil
+	}
+	arg := fset.Arg(0)
+	if err := parse(fset.Args()[1:]); err != nil {
+		return "", err
+	}
+	if fset.NArg() > 0 {
+		fmt.Fprintf(stderr, "agentgate %s: unexpected argument %q\n", fset.Name(), fset.Arg(0))
+		return "", errUsage
+	}
+	return arg, nil
+}
