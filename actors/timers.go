@@ -18,9 +18,11 @@ import (
 //
 // When pruning is enabled it also asks the persistence actor, every PruneEvery, to delete
 // sessions that ended more than PruneAfter ago (the store keeps any whose safety check fails).
-// A store call deletes at most a batch; while one deletes a whole batch, the pass asks for the
-// next at once, with the same cutoff, so a pass clears the backlog however large it is. Each
-// batch is its own request: the writes that arrive meanwhile commit between two batches.
+// A pass is a chain of steps (Store.PruneStep), each a transaction of at most PrunePolicy.Batch
+// rows; while a step spends its budget, the pass asks for the next at once, with the same
+// cutoff, so a pass clears the backlog however large it is. Each step is its own request: the
+// writes that arrive meanwhile commit between two steps, and SQLite's write lock is never held
+// for long. The pass logs one line with its totals.
 type Timers struct {
 	d      *Deps
 	router SessionRouter
@@ -31,9 +33,12 @@ type Timers struct {
 	// actor system until it fires, which would keep a stopped daemon in memory for up to
 	// CheckEvery or PruneEvery (one process may start several: tests, agentgate bench).
 	stopScan, stopPrune scheduler.CancelFunc
-	// pruneBefore is the cutoff of the prune pass in progress: its later batches keep it, so a
-	// pass ends.
-	pruneBefore time.Time
+	// The prune pass in progress: its number (a Prune sent by hand starts a new pass, and the
+	// answers to the steps of the one it replaced end that one), its cutoff, which its later
+	// steps keep so that it ends, when it started and what it deleted so far.
+	pass                   uint64
+	pruneBefore, passStart time.Time
+	sessions, messages     int
 }
 
 // Prune asks Timers to prune old ended sessions now (when pruning is enabled).
@@ -44,12 +49,6 @@ type CheckResets struct{}
 
 // timersBatch is the page size of a scan; a scan reads every page.
 const timersBatch = 1000
-
-// pruneBatch is the most sessions one prune request deletes (PrunePolicy.Batch unset). A
-// request holds the store's writer for its whole transaction, and every acknowledgement waits
-// meanwhile: batches of 1,000 sessions of a soak's chats took 1.2–1.3 s each; a quarter of
-// that keeps the pause near 0.3 s, and a pass asks for batches until the backlog is gone.
-const pruneBatch = 250
 
 // NewTimers returns the props of the timers actor.
 func NewTimers(d *Deps, router SessionRouter, every time.Duration) *actor.Props {
@@ -85,28 +84,36 @@ func (t *Timers) prune(c actor.Context) {
 	if !p.Enabled {
 		return
 	}
-	t.pruneBefore = t.d.now().Add(-p.After)
-	c.Request(t.d.Persist, &persistence.Prune{Before: t.pruneBefore, Limit: t.pruneLimit()})
+	t.pass++
+	t.pruneBefore, t.passStart = t.d.now().Add(-p.After), time.Now()
+	t.sessions, t.messages = 0, 0
+	t.step(c)
 	cancelTimer(t.stopPrune) // a Prune sent by hand replaces the pending one
 	t.stopPrune = t.timers.SendOnce(p.Every, c.Self(), &Prune{})
 }
 
-// onPruned asks for the next batch of the pass when this one was whole: more sessions may
-// wait. A short batch, or an error (logged by the persistence actor), ends the pass; the next
-// one comes at PruneEvery.
-func (t *Timers) onPruned(c actor.Context, r *persistence.Pruned) {
-	if !t.d.Config.Prune.Enabled || r.Err != nil || r.Sessions < t.pruneLimit() {
-		return
-	}
-	c.Request(t.d.Persist, &persistence.Prune{Before: t.pruneBefore, Limit: t.pruneLimit()})
+// step asks for the next step of the pass.
+func (t *Timers) step(c actor.Context) {
+	c.Request(t.d.Persist, &persistence.Prune{Before: t.pruneBefore, Rows: t.d.Config.Prune.Batch, Pass: t.pass})
 }
 
-// pruneLimit is the most sessions one prune request deletes.
-func (t *Timers) pruneLimit() int {
-	if b := t.d.Config.Prune.Batch; b > 0 {
-		return b
+// onPruned asks for the next step of the pass when this one spent its budget: more may be due.
+// Any other step, or an error (logged by the persistence actor), ends the pass, and the next
+// one comes at PruneEvery. The pass logs what it deleted in one line (its steps are at Debug).
+func (t *Timers) onPruned(c actor.Context, r *persistence.Pruned) {
+	if r.Pass != t.pass {
+		return // of a pass a newer one replaced
 	}
-	return pruneBatch
+	t.sessions += r.Sessions
+	t.messages += r.Messages
+	if t.d.Config.Prune.Enabled && r.Err == nil && r.More {
+		t.step(c)
+		return
+	}
+	if t.sessions+t.messages > 0 {
+		t.log.Info("pruned ended sessions", "sessions", t.sessions, "messages", t.messages,
+			"took", time.Since(t.passStart).Round(time.Millisecond), "ended_before", t.pruneBefore.UTC().Format(time.RFC3339))
+	}
 }
 
 func (t *Timers) scan(c actor.Context) {

@@ -269,18 +269,21 @@ func (a *Actor) Receive(c actor.Context) {
 			// next prune runs once the spool has drained.
 			a.o.Log.Info("prune put off: writes wait in the spool", "batches", a.spoolLen())
 			if c.Sender() != nil {
-				c.Respond(&Pruned{})
+				c.Respond(&Pruned{Pass: m.Pass})
 			}
 			return
 		}
-		n, err := a.store.PruneSessions(a.ctx, m.Before, m.Limit)
+		start := time.Now()
+		n, err := a.store.PruneStep(a.ctx, m.Before, m.Rows)
 		if err != nil {
 			a.o.Log.Warn("prune ended sessions", logging.Err(err))
-		} else if n > 0 {
-			a.o.Log.Info("pruned ended sessions", "count", n, "ended_before", m.Before.UTC().Format(time.RFC3339))
+		} else if n.Rows > 0 {
+			// Per step at Debug: a pass takes hundreds; its sender logs the pass.
+			a.o.Log.Debug("prune step", "sessions", n.Sessions, "messages", n.Messages, "rows", n.Rows,
+				"took", time.Since(start).Round(time.Millisecond))
 		}
 		if c.Sender() != nil {
-			c.Respond(&Pruned{Sessions: n, Err: err})
+			c.Respond(&Pruned{Pass: m.Pass, Sessions: n.Sessions, Messages: n.Messages, More: n.More, Err: err})
 		}
 	case *actor.Restarting:
 		// The collected batch is lost (its senders re-send it); the commit in flight is

@@ -47,16 +47,24 @@ type Flushed struct{}
 // flushNow is the token the actor sends itself to commit what has queued up.
 type flushNow struct{}
 
-// Prune asks the persistence actor to delete sessions that ended before Before (and passed the
-// store's safety checks); the sender gets a *Pruned. Running it on the persistence actor keeps
-// it the only writer.
+// Prune asks the persistence actor for one step of a prune pass (Store.PruneStep): to delete
+// sessions that ended before Before (and passed the store's safety checks), or what earlier
+// steps left of theirs, in a transaction of at most Rows rows (0: the store's default); the
+// sender gets a *Pruned. Running it on the persistence actor keeps it the only writer, and one
+// step per request lets the writes sent meanwhile commit between two steps.
 type Prune struct {
 	Before time.Time
-	Limit  int
+	Rows   int
+	// Pass is the sender's number of the pass, returned in Pruned.
+	Pass uint64
 }
 
-// Pruned answers Prune.
+// Pruned answers Prune with what the step deleted (see persistence.PruneCount). More says that
+// the step spent its budget: the pass asks for another.
 type Pruned struct {
+	Pass     uint64
 	Sessions int
+	Messages int
+	More     bool
 	Err      error
 }

@@ -8,10 +8,10 @@
 // (group commit). Reads may run concurrently with writes.
 //
 // Rows are never deleted by an Op: undo and retry archive messages, a boundary ends a session.
-// The only deletion is Store.PruneSessions, and it deletes only sessions that ended before the
-// retention cutoff and that nothing still needs (see there). Draft records and unread places
-// are the exception: they are bookkeeping of a platform, not conversation data, and CloseDraft
-// and ClearUnread delete them.
+// The only deletion is pruning (Store.PruneSessions and PruneStep), and it deletes only
+// sessions that ended before the retention cutoff and that nothing still needs (see there).
+// Draft records and unread places are the exception: they are bookkeeping of a platform, not
+// conversation data, and CloseDraft and ClearUnread delete them.
 //
 // This package must not import actors, supervisor or platforms.
 package persistence
@@ -485,6 +485,23 @@ const (
 	DefaultUnreadLimit        = 1000
 )
 
+// DefaultPruneRows is the row budget of a PruneStep when it is given none: a transaction of
+// about 60 ms on SQLite, whose write lock every commit waits for meanwhile (docs/BENCHMARKS.md,
+// "Prune steps").
+const DefaultPruneRows = 2000
+
+// PruneCount is what one PruneStep did.
+type PruneCount struct {
+	Sessions int // sessions deleted (their rows)
+	Messages int // message rows deleted, of these sessions or of sessions an earlier step began
+	// Rows counts every row the step deleted or emptied: session, message, search index,
+	// usage and outbox rows. It is at most the step's budget, but for a session deleted alone
+	// in its step (see PruneStep).
+	Rows int
+	// More says that the step spent its budget or its sessions: more may be due.
+	More bool
+}
+
 // Pardoned is what Store.Pardon cleared.
 type Pardoned struct {
 	Messages int // messages whose count was cleared
@@ -622,11 +639,13 @@ type Store interface {
 	// (DefaultRecentChatsLimit when limit <= 0). It reads back from the newest message and
 	// stops at the first one stored before since (an unreadable time is before any).
 	RecentChats(ctx context.Context, platform string, since time.Time, limit int) ([]ChatMark, error)
-	// PruneSessions enforces the retention: it deletes, in one write transaction, sessions that
-	// ended before endedBefore, together with their messages (and their search index entries),
-	// their turns' usage and their outbox entries, and returns how many it deleted, at most
-	// limit (DefaultPruneLimit when limit <= 0; call again while it returns limit). It is the
-	// only method that deletes rows.
+	// PruneSessions enforces the retention: it deletes sessions that ended before endedBefore,
+	// together with their messages (and their search index entries), their turns' usage and
+	// their outbox entries, and returns how many it deleted, at most limit (DefaultPruneLimit
+	// when limit <= 0; call again while it returns limit). It runs PruneStep transactions until
+	// it has deleted limit sessions and every row of theirs, or nothing more is due; on error it
+	// returns what the transactions before the failing one deleted. It and PruneStep are the
+	// only methods that delete rows.
 	//
 	// A session is kept whenever it may still be needed or its safety cannot be established:
 	// while it is open, while it has pending user messages or undelivered outbox entries (for
@@ -635,10 +654,25 @@ type Store interface {
 	// is gone, which LoadSession returns as a Route with a nil Session, so the key's next
 	// message starts a new session. Routing rows are never deleted, and a key's last outbox
 	// entry stays with its seq (outbox seqs are SSE event ids and must never be reused): when
-	// it is a pruned session's it becomes KindPruned, without text or the ids it answered. On
-	// error nothing is deleted. It is called by the owner of the persistence actor, not by the
-	// actor, and is safe to run concurrently with Commit.
+	// it is a pruned session's it becomes KindPruned, without text or the ids it answered. It is
+	// called by the owner of the persistence actor, not by the actor, and is safe to run
+	// concurrently with Commit.
 	PruneSessions(ctx context.Context, endedBefore time.Time, limit int) (pruned int, err error)
+	// PruneStep does one write transaction of PruneSessions' work (with no limit on sessions),
+	// in which it deletes or empties at most rows rows (DefaultPruneRows when rows <= 0), search
+	// index entries included, so that the commits waiting for the database's write lock get it
+	// between two steps. The persistence actor runs one step per Prune request; call again while
+	// PruneCount.More. On error nothing of the step is deleted.
+	//
+	// A session is deleted as a whole, for every reader, in the step that deletes its row (after
+	// the checks of PruneSessions, in the same transaction): from then on no read finds it, its
+	// transcript or its search hits, and no write reopens it. A session whose rows do not fit in
+	// the rest of that step's budget leaves them behind, without its row, for the next steps,
+	// which delete them before anything else (its delivered replies first: until then they stay
+	// in its key's OutboxAfter); a stop or crash in between leaves them to the first step after
+	// the next start. A store may instead delete a session larger than the budget whole, alone in
+	// its step, where that holds up no other session's writes (PostgreSQL).
+	PruneStep(ctx context.Context, endedBefore time.Time, rows int) (PruneCount, error)
 	// OpenDrafts returns the drafts of platform recorded and not closed, oldest first (ties by
 	// id), at most limit (DefaultOpenDraftsLimit when limit <= 0).
 	OpenDrafts(ctx context.Context, platform string, limit int) ([]Draft, error)

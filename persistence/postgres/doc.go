@@ -2,7 +2,7 @@
 // alternative to SQLite for a single daemon, and the shared store of cluster mode. It passes
 // the same conformance suite (persistence/storetest) as the SQLite store and keeps the same
 // rows: times are BIGINT unix nanoseconds, identity columns are immutable (a trigger), and rows
-// are deleted only by PruneSessions.
+// are deleted only by PruneSessions and PruneStep.
 //
 // Commit sends a whole batch of groups as one pipelined pgx.Batch inside one transaction, so a
 // batch costs one round trip plus its COMMIT, whatever its size. Groups rarely fail; when one

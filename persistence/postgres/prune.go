@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
@@ -22,70 +23,115 @@ const pruneCandidatesSQL = `SELECT s.id, s.key FROM sessions s
 	ORDER BY s.ended_at, s.id COLLATE "C" LIMIT $2
 	FOR UPDATE OF s`
 
-// PruneSessions implements persistence.Store: it deletes, in one transaction, the sessions
-// that ended before endedBefore and that nothing needs any more, with their messages, their
-// turns' usage and their outbox entries but each key's last (which keeps its seq as a
-// KindPruned entry). On error nothing is deleted.
+// pruneCandidatesPage is the most candidates a step reads (and locks) at a time: one first,
+// then twice as many each time, as most steps delete one or two sessions and each candidate
+// costs its checks.
+const pruneCandidatesPage = 32
+
+// pruneRowsSQL counts the rows a candidate's deletion deletes or empties, besides its own: its
+// messages, its outbox entries and its turns' usage.
+const pruneRowsSQL = `SELECT (SELECT COUNT(*) FROM messages WHERE session_id = $1),
+	(SELECT COUNT(*) FROM outbox WHERE session_key = $2 AND session_id = $1),
+	(SELECT COUNT(*) FROM turn_usage WHERE session_id = $1)`
+
+// PruneSessions implements persistence.Store: it runs steps (see PruneStep) of
+// persistence.DefaultPruneRows rows until they have deleted limit sessions or nothing more is
+// due.
+func (s *Store) PruneSessions(ctx context.Context, endedBefore time.Time, limit int) (int, error) {
+	return sqlstore.PruneSessions(limit, func(most int) (persistence.PruneCount, error) {
+		return s.pruneStep(ctx, endedBefore, persistence.DefaultPruneRows, most)
+	})
+}
+
+// PruneStep implements persistence.Store: it deletes, in one transaction, sessions that ended
+// before endedBefore and that nothing needs any more, whole, while their rows fit in the budget
+// of rows rows (persistence.DefaultPruneRows when rows <= 0), with their messages, their turns'
+// usage and their outbox entries but each key's last (which keeps its seq as a KindPruned
+// entry). A session larger than the budget is deleted whole, alone in its step: unlike SQLite's
+// write lock, its row locks hold up no other session's writes, and splitting it would need its
+// messages' foreign key gone. On error nothing is deleted. Earlier steps leave nothing behind.
 //
 // Deleted rows stay in the table files as dead tuples until VACUUM (autovacuum) reclaims
 // them; unlike the SQLite store, this store does not overwrite them at once.
-func (s *Store) PruneSessions(ctx context.Context, endedBefore time.Time, limit int) (int, error) {
-	n, err := s.prune(ctx, endedBefore, limit)
-	if err != nil {
-		return 0, markUnavailable(fmt.Errorf("prune sessions ended before %v: %w", endedBefore, err))
+func (s *Store) PruneStep(ctx context.Context, endedBefore time.Time, rows int) (persistence.PruneCount, error) {
+	if rows <= 0 {
+		rows = persistence.DefaultPruneRows
 	}
-	return n, nil
+	return s.pruneStep(ctx, endedBefore, rows, math.MaxInt)
 }
 
-func (s *Store) prune(ctx context.Context, endedBefore time.Time, limit int) (int, error) {
+// pruneStep is PruneStep deleting at most most sessions.
+func (s *Store) pruneStep(ctx context.Context, endedBefore time.Time, rows, most int) (persistence.PruneCount, error) {
+	c, err := s.prune(ctx, endedBefore, rows, most)
+	if err != nil {
+		return persistence.PruneCount{}, markUnavailable(fmt.Errorf("prune sessions ended before %v: %w", endedBefore, err))
+	}
+	return c, nil
+}
+
+func (s *Store) prune(ctx context.Context, endedBefore time.Time, rows, most int) (persistence.PruneCount, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
-		return 0, err
+		return persistence.PruneCount{}, err
 	}
 	defer done()
-	if limit <= 0 {
-		limit = persistence.DefaultPruneLimit
-	}
 	fence, err := s.lockHeld()
 	if err != nil {
-		return 0, err
+		return persistence.PruneCount{}, err
 	}
-	pruned := 0
+	var c persistence.PruneCount
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		c = persistence.PruneCount{}
 		if fence != nil { // fenced as a commit is: a daemon that lost its lock deletes nothing
 			if _, err := tx.Exec(ctx, fence.sql, fence.args...); err != nil {
 				return describe(*fence, err)
 			}
 		}
-		type cand struct{ id, key string }
-		cands, err := queryAll(ctx, tx, func(r scanner) (cand, error) {
-			var c cand
-			return c, r.Scan(&c.id, &c.key)
-		}, pruneCandidatesSQL, sqlstore.NanoBound(endedBefore), limit)
-		if err != nil {
-			return fmt.Errorf("select: %w", err)
+		bound, drained, full, size := sqlstore.NanoBound(endedBefore), most <= 0, false, 1
+		for !drained && !full && c.Sessions < most {
+			page := min(size, most-c.Sessions)
+			size = min(2*size, pruneCandidatesPage)
+			type cand struct{ id, key string }
+			cands, err := queryAll(ctx, tx, func(r scanner) (cand, error) {
+				var c cand
+				return c, r.Scan(&c.id, &c.key)
+			}, pruneCandidatesSQL, bound, page)
+			if err != nil {
+				return fmt.Errorf("select: %w", err)
+			}
+			drained = len(cands) < page
+			for _, cd := range cands {
+				// The candidate is locked: no message or usage row of it can be added meanwhile.
+				var messages, outbox, usage int
+				if err := tx.QueryRow(ctx, pruneRowsSQL, cd.id, cd.key).Scan(&messages, &outbox, &usage); err != nil {
+					return fmt.Errorf("count the rows of session %s: %w", cd.id, err)
+				}
+				n := 1 + messages + outbox + usage
+				if c.Sessions > 0 && c.Rows+n > rows {
+					full = true
+					break
+				}
+				b := &pgx.Batch{}
+				b.Queue(`DELETE FROM outbox WHERE session_key = $1 AND session_id = $2
+					AND seq < (SELECT MAX(seq) FROM outbox WHERE session_key = $1)`, cd.key, cd.id)
+				b.Queue(`UPDATE outbox SET kind = $3, text = '', in_reply_to = '{}'
+					WHERE session_key = $1 AND session_id = $2`, cd.key, cd.id, persistence.KindPruned)
+				b.Queue(`DELETE FROM messages WHERE session_id = $1`, cd.id)
+				b.Queue(`DELETE FROM turn_usage WHERE session_id = $1`, cd.id)
+				b.Queue(`DELETE FROM sessions WHERE id = $1`, cd.id)
+				if err := tx.SendBatch(ctx, b).Close(); err != nil {
+					return fmt.Errorf("delete session %s: %w", cd.id, err)
+				}
+				c.Sessions++
+				c.Messages += messages
+				c.Rows += n
+			}
 		}
-		if len(cands) == 0 {
-			return nil
-		}
-		b := &pgx.Batch{}
-		for _, c := range cands {
-			b.Queue(`DELETE FROM outbox WHERE session_key = $1 AND session_id = $2
-				AND seq < (SELECT MAX(seq) FROM outbox WHERE session_key = $1)`, c.key, c.id)
-			b.Queue(`UPDATE outbox SET kind = $3, text = '', in_reply_to = '{}'
-				WHERE session_key = $1 AND session_id = $2`, c.key, c.id, persistence.KindPruned)
-			b.Queue(`DELETE FROM messages WHERE session_id = $1`, c.id)
-			b.Queue(`DELETE FROM turn_usage WHERE session_id = $1`, c.id)
-			b.Queue(`DELETE FROM sessions WHERE id = $1`, c.id)
-		}
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			return fmt.Errorf("delete: %w", err)
-		}
-		pruned = len(cands)
+		c.More = full || (!drained && c.Sessions == most)
 		return nil
 	})
 	if err != nil {
-		return 0, s.explain(ctx, err)
+		return persistence.PruneCount{}, s.explain(ctx, err)
 	}
-	return pruned, nil
+	return c, nil
 }

@@ -38,9 +38,10 @@
 // nothing. Indexing runs under the commit mutex on the writer connection, and its failures are
 // logged, rate-limited, and never fail a write.
 //
-// Rows are deleted in one place only, PruneSessions (prune.go): ended sessions older than the
+// Rows are deleted in one place only, the prune steps (prune.go): ended sessions older than the
 // retention, with their messages, turn usage and search index entries, and only when every
-// safety check passes (see pruneCandidatesSQL). It runs under the commit mutex, like Commit.
+// safety check passes (see pruneCandidatesSQL). A step runs under the commit mutex, like
+// Commit, and deletes a bounded number of rows, so that commits wait for it briefly.
 //
 // Times are stored as INTEGER unix nanoseconds; the zero time is NULL. A stored time that is
 // NULL, not positive or unreadable reads as the zero time ("long ago"), never as now.

@@ -3,8 +3,11 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"math"
+	"sync"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/logging"
@@ -33,96 +36,207 @@ const pruneCandidatesSQL = `SELECT s.id, s.key FROM sessions s
 			WHERE o.session_key = s.key AND o.state = 'pending' AND o.session_id = s.id)
 	ORDER BY s.ended_at, s.id LIMIT ?2`
 
-// PruneSessions deletes, in one BEGIN IMMEDIATE transaction, at most limit sessions
-// (persistence.DefaultPruneLimit when limit <= 0) that ended before endedBefore and that nothing
-// needs any more (see pruneCandidatesSQL), oldest end first, with their messages, their search
-// index entries, their turns' usage and their replies in the outbox. Routing rows are never
-// deleted, and neither is the last outbox entry of a key: the key's next reply continues its
-// seq, the SSE event id. When that entry is a pruned session's, it keeps its seq and state
-// and loses its text, the ids it answered and its kind (persistence.KindPruned), so no text
-// of the session is left and readers skip it. It holds the commit mutex, so it never
-// interleaves with Commit.
-//
-// Each session is deleted inside a savepoint of its own. The search index is cleaned first,
-// for the rows it holds (those with a messages_fts_docsize row: a row whose indexing failed, or
-// that waits to be indexed, has none, and deleting it from the index would corrupt the index).
-// If that cleanup fails the session is kept, with a rate-limited warning, and retried by a later
-// call; a store whose search index has been dropped prunes without it. When the deleted rows
-// were the highest ones, the search index watermark is lowered to the highest row left, so the
-// ids SQLite hands out again are indexed (lowerWatermark). Any other error rolls the whole call
-// back and deletes nothing.
-func (s *Store) PruneSessions(ctx context.Context, endedBefore time.Time, limit int) (int, error) {
-	n, err := s.prune(ctx, endedBefore, limit)
-	if err != nil {
-		return 0, s.unavailable(fmt.Errorf("prune sessions ended before %v: %w", endedBefore, err))
-	}
-	return n, nil
+// pruneCandidatesPage is the most candidates a step reads at a time. A step reads one first,
+// then twice as many each time: most steps delete one or two sessions, and each candidate
+// costs its checks, a read of every message of its session, inside the write transaction
+// (pages of 32 took a fifth of a pass over sessions of 1,040 messages).
+const pruneCandidatesPage = 32
+
+// minPruneRows is the least budget a step goes on with: a message and its index entry.
+const minPruneRows = 2
+
+// pruneState is what the prune steps know, between two of them, of the sessions whose row a
+// committed step deleted and whose other rows it left behind (left). The steps are serialised
+// by mu. At Open, and after a failed step, left is not known: the next step finds it again
+// (leftBehind).
+type pruneState struct {
+	mu    sync.Mutex
+	known bool
+	left  []pruneCandidate
 }
 
-func (s *Store) prune(ctx context.Context, endedBefore time.Time, limit int) (int, error) {
+// PruneSessions deletes at most limit sessions (persistence.DefaultPruneLimit when limit <= 0)
+// that ended before endedBefore and that nothing needs any more (see pruneCandidatesSQL),
+// oldest end first, in steps of persistence.DefaultPruneRows rows (see PruneStep), and every
+// row they leave.
+func (s *Store) PruneSessions(ctx context.Context, endedBefore time.Time, limit int) (int, error) {
+	return sqlstore.PruneSessions(limit, func(most int) (persistence.PruneCount, error) {
+		return s.pruneStep(ctx, endedBefore, persistence.DefaultPruneRows, most)
+	})
+}
+
+// PruneStep deletes, in one BEGIN IMMEDIATE transaction that deletes or empties at most rows
+// rows (persistence.DefaultPruneRows when rows <= 0; at least two), first what earlier steps
+// left of the sessions they deleted, then sessions that ended before endedBefore and that
+// nothing needs any more (see pruneCandidatesSQL), oldest end first, with their messages,
+// their search index entries, their turns' usage and their replies in the outbox. Routing rows
+// are never deleted, and neither is the last outbox entry of a key: the key's next reply
+// continues its seq, the SSE event id. When that entry is a pruned session's, it keeps its seq
+// and state and loses its text, the ids it answered and its kind (persistence.KindPruned), so
+// no text of the session is left and readers skip it. It holds the commit mutex, so it never
+// interleaves with Commit; the commits waiting meanwhile run before the next step.
+//
+// A session goes, for every reader, with its row, which the step deletes first, in the
+// transaction that checked it: every read of a session starts from its row (a transcript, its
+// key's sessions, a resume), Search leaves out the messages of a session without one, and a
+// write to it fails. The step then deletes the session's other rows while its budget lasts:
+// the key's last outbox entry emptied, its other outbox entries, its usage, then its messages
+// oldest first, each with its search index entry. What does not fit is left, without the row
+// that would show it, to the next steps; only its delivered replies stay readable meanwhile,
+// whole, in its key's outbox (OutboxAfter: the key's event stream), and they go first. So that a session's row can go before its messages, the step runs with
+// foreign keys off (only here: restored before the next commit). A stop or crash between two
+// steps leaves those rows in the file, unreachable, until the first step of the next run finds
+// them (leftBehind) and deletes them before anything else.
+//
+// The search index is cleaned for the rows it holds (those with a messages_fts_docsize row: a
+// row whose indexing failed, or that waits to be indexed, has none, and deleting it from the
+// index would corrupt the index). If that cleanup fails, the messages stay, unreachable, with a
+// rate-limited warning, and a later step tries again; a store whose search index has been
+// dropped prunes without it. When the deleted rows were the highest ones, the search index
+// watermark is lowered to the highest row left, so the ids SQLite hands out again are indexed
+// (lowerWatermark). Any other error rolls the step back and deletes nothing.
+func (s *Store) PruneStep(ctx context.Context, endedBefore time.Time, rows int) (persistence.PruneCount, error) {
+	if rows <= 0 {
+		rows = persistence.DefaultPruneRows
+	}
+	return s.pruneStep(ctx, endedBefore, rows, math.MaxInt)
+}
+
+// pruneStep is PruneStep deleting at most most sessions (none: only what earlier steps left).
+func (s *Store) pruneStep(ctx context.Context, endedBefore time.Time, rows, most int) (persistence.PruneCount, error) {
+	c, err := s.prune(ctx, endedBefore, max(rows, minPruneRows), most)
+	if err != nil {
+		return persistence.PruneCount{}, s.unavailable(fmt.Errorf("prune sessions ended before %v: %w", endedBefore, err))
+	}
+	return c, nil
+}
+
+func (s *Store) prune(ctx context.Context, endedBefore time.Time, rows, most int) (_ persistence.PruneCount, err error) {
 	if err := s.enter(); err != nil {
-		return 0, err
+		return persistence.PruneCount{}, err
 	}
 	defer s.leave()
 	if s.readOnly {
-		return 0, ErrReadOnly
+		return persistence.PruneCount{}, ErrReadOnly
 	}
-	if limit <= 0 {
-		limit = persistence.DefaultPruneLimit
+	s.pruning.mu.Lock()
+	defer s.pruning.mu.Unlock()
+	if !s.pruning.known {
+		// Read before the write lock is taken: only a step leaves such rows, and none runs.
+		left, err := s.leftBehind(ctx)
+		if err != nil {
+			return persistence.PruneCount{}, fmt.Errorf("find the rows of pruned sessions: %w", err)
+		}
+		s.pruning.left, s.pruning.known = left, true
 	}
+	defer func() {
+		if err != nil {
+			s.pruning.known = false // a failed commit may have committed
+		}
+	}()
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
 
 	conn, err := s.writer.Conn(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("writer connection: %w", err)
+		return persistence.PruneCount{}, fmt.Errorf("writer connection: %w", err)
 	}
 	defer conn.Close()
-	// SQLite leaves deleted content in place (in the page, or in a freed page) until it is
-	// reused. While pruning it overwrites it with zeros instead, so a pruned conversation does
-	// not stay in the file. Only here: on the commit path it would cost a write of every page
-	// the search index frees.
-	if _, err := conn.ExecContext(ctx, `PRAGMA secure_delete = ON`); err != nil {
-		return 0, fmt.Errorf("secure delete on: %w", err)
+	restore, err := s.prunePragmas(ctx, conn)
+	if err != nil {
+		return persistence.PruneCount{}, err
 	}
-	defer func() {
-		if _, err := conn.ExecContext(context.WithoutCancel(ctx), `PRAGMA secure_delete = OFF`); err != nil {
-			s.log.Warn("secure delete off after pruning; commits stay correct but write more", logging.Err(err))
-		}
-	}()
+	defer restore()
 	tx, err := conn.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
 	if err != nil {
-		return 0, fmt.Errorf("begin: %w", err)
+		return persistence.PruneCount{}, fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
-	cands, err := pruneCandidates(ctx, tx, sqlstore.NanoBound(endedBefore), limit)
-	if err != nil || len(cands) == 0 {
-		return 0, err
-	}
 	fts, err := hasFTS(ctx, tx)
 	if err != nil {
-		return 0, err
+		return persistence.PruneCount{}, err
 	}
-	pruned := 0
-	for _, c := range cands {
-		ok, err := s.pruneSession(ctx, tx, c, fts)
+	p := &pruner{s: s, tx: tx, fts: fts, budget: rows}
+	var left []pruneCandidate
+	for _, c := range s.pruning.left {
+		done, err := p.rest(ctx, c)
 		if err != nil {
-			return 0, err
+			return persistence.PruneCount{}, err
 		}
-		if ok {
-			pruned++
+		if !done {
+			left = append(left, c)
+		}
+	}
+	// drained: the candidates ran out (or none were asked for).
+	bound, drained, size := sqlstore.NanoBound(endedBefore), most <= 0, 1
+	for !drained && p.count.Sessions < most && p.room() {
+		page := min(size, most-p.count.Sessions)
+		size = min(2*size, pruneCandidatesPage)
+		cands, err := pruneCandidates(ctx, tx, bound, page)
+		if err != nil {
+			return persistence.PruneCount{}, err
+		}
+		drained = len(cands) < page
+		for _, c := range cands {
+			if !p.room() {
+				break
+			}
+			if _, err := tx.ExecContext(ctx, `DELETE FROM sessions WHERE id = ?`, c.id); err != nil {
+				return persistence.PruneCount{}, fmt.Errorf("session %s: delete: %w", c.id, err)
+			}
+			p.spend(1)
+			p.count.Sessions++
+			done, err := p.rest(ctx, c)
+			if err != nil {
+				return persistence.PruneCount{}, err
+			}
+			if !done {
+				left = append(left, c)
+			}
 		}
 	}
 	if err := lowerWatermark(ctx, tx); err != nil {
-		return 0, fmt.Errorf("search index watermark: %w", err)
+		return persistence.PruneCount{}, fmt.Errorf("search index watermark: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
-		return 0, fmt.Errorf("commit: %w", err)
+		return persistence.PruneCount{}, fmt.Errorf("commit: %w", err)
 	}
-	return pruned, nil
+	s.pruning.left = left
+	p.count.More = !p.room() || (!drained && p.count.Sessions == most)
+	return p.count, nil
 }
 
-// pruneCandidate is a session PruneSessions may delete.
+// prunePragmas sets the writer connection up for a prune step, and returns what sets it back.
+// SQLite leaves deleted content in place (in the page, or in a freed page) until it is reused.
+// While pruning it overwrites it with zeros instead (secure_delete), so a pruned conversation
+// does not stay in the file; only here: on the commit path it would cost a write of every page
+// the search index frees. Foreign keys are off, so that a step can delete a session's row
+// before the rows that point to it; a connection on which they cannot be turned on again is
+// closed, and the pool opens a new one with them.
+func (s *Store) prunePragmas(ctx context.Context, conn *sql.Conn) (restore func(), err error) {
+	bg := context.WithoutCancel(ctx)
+	if _, err := conn.ExecContext(ctx, `PRAGMA secure_delete = ON`); err != nil {
+		return nil, fmt.Errorf("secure delete on: %w", err)
+	}
+	restore = func() {
+		if _, err := conn.ExecContext(bg, `PRAGMA foreign_keys = ON`); err != nil {
+			s.log.Warn("foreign keys on after pruning; the writer connection is opened again", logging.Err(err))
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+			return
+		}
+		if _, err := conn.ExecContext(bg, `PRAGMA secure_delete = OFF`); err != nil {
+			s.log.Warn("secure delete off after pruning; commits stay correct but write more", logging.Err(err))
+		}
+	}
+	if _, err := conn.ExecContext(ctx, `PRAGMA foreign_keys = OFF`); err != nil {
+		restore()
+		return nil, fmt.Errorf("foreign keys off: %w", err)
+	}
+	return restore, nil
+}
+
+// pruneCandidate is a session PruneSessions may delete, or one whose rows a step left behind
+// (key is empty when only its messages or usage are left).
 type pruneCandidate struct{ id, key string }
 
 func pruneCandidates(ctx context.Context, tx *sql.Tx, bound int64, limit int) ([]pruneCandidate, error) {
@@ -137,6 +251,46 @@ func pruneCandidates(ctx context.Context, tx *sql.Tx, bound int64, limit int) ([
 	return cands, nil
 }
 
+// leftBehindSQL finds the sessions whose row is gone and whose messages, usage or outbox
+// entries are not: what a step left for the next ones when the process stopped before them.
+// Outbox entries that are no session's, undelivered ones and pruned markers are no such rows.
+// It reads the message and usage indexes and the outbox whole: once per process, at its first
+// step.
+const leftBehindSQL = `
+	SELECT m.session_id, '' FROM (SELECT DISTINCT session_id FROM messages) m
+		WHERE m.session_id NOT IN (SELECT id FROM sessions)
+	UNION
+	SELECT u.session_id, '' FROM (SELECT DISTINCT session_id FROM turn_usage) u
+		WHERE u.session_id NOT IN (SELECT id FROM sessions)
+	UNION
+	SELECT DISTINCT o.session_id, o.session_key FROM outbox o
+		WHERE o.session_id <> '' AND o.state <> 'pending' AND o.kind <> 'pruned'
+			AND o.session_id NOT IN (SELECT id FROM sessions)`
+
+// leftBehind returns the sessions of leftBehindSQL, each once, with its key when it has outbox
+// entries left.
+func (s *Store) leftBehind(ctx context.Context) ([]pruneCandidate, error) {
+	rows, err := queryAll(ctx, s.reader, func(r scanner) (pruneCandidate, error) {
+		var c pruneCandidate
+		err := r.Scan(&c.id, &c.key)
+		return c, err
+	}, leftBehindSQL)
+	if err != nil {
+		return nil, err
+	}
+	var left []pruneCandidate
+	at := make(map[string]int)
+	for _, c := range rows {
+		if i, ok := at[c.id]; ok {
+			left[i].key = max(left[i].key, c.key)
+			continue
+		}
+		at[c.id] = len(left)
+		left = append(left, c)
+	}
+	return left, nil
+}
+
 // hasFTS reports whether the search index and its docsize shadow table exist (a damaged store
 // may have lost them; writes go on without them).
 func hasFTS(ctx context.Context, tx *sql.Tx) (bool, error) {
@@ -149,91 +303,150 @@ func hasFTS(ctx context.Context, tx *sql.Tx) (bool, error) {
 	return n == 2, nil
 }
 
-// errKeep marks a failure that keeps the session instead of failing the call.
-var errKeep = errors.New("session kept")
+// pruner is one prune step's transaction and what is left of its budget.
+type pruner struct {
+	s      *Store
+	tx     *sql.Tx
+	fts    bool
+	budget int // rows the step may still delete or empty
+	count  persistence.PruneCount
+}
 
-// pruneSession deletes one session inside a savepoint. It reports false, after rolling the
-// savepoint back, when the session had to be kept; an error means the transaction cannot go on.
-func (s *Store) pruneSession(ctx context.Context, tx *sql.Tx, c pruneCandidate, fts bool) (bool, error) {
-	id := c.id
-	if _, err := tx.ExecContext(ctx, `SAVEPOINT prune`); err != nil {
+// room reports whether the step may go on.
+func (p *pruner) room() bool { return p.budget >= minPruneRows }
+
+func (p *pruner) spend(n int) {
+	p.budget -= n
+	p.count.Rows += n
+}
+
+// exec runs a statement of the step and returns the rows it changed.
+func (p *pruner) exec(ctx context.Context, query string, args ...any) (int, error) {
+	r, err := p.tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	n, err := r.RowsAffected()
+	return int(n), err
+}
+
+// rest deletes, within the budget, the rows of a session whose row is gone: it empties its
+// key's last outbox entry when that is the session's, and deletes its other outbox entries
+// (but undelivered ones), its turns' usage, and its messages, oldest first, with their search
+// index entries. It reports whether none is left, false also when it cannot tell; an error
+// means the step cannot go on.
+func (p *pruner) rest(ctx context.Context, c pruneCandidate) (bool, error) {
+	if c.key != "" {
+		n, err := p.exec(ctx, `UPDATE outbox SET kind = ?3, text = '', in_reply_to = '[]'
+			WHERE session_key = ?1 AND session_id = ?2 AND state <> 'pending' AND kind <> ?3
+				AND seq = (SELECT MAX(seq) FROM outbox WHERE session_key = ?1)`, c.key, c.id, persistence.KindPruned)
+		if err != nil {
+			return false, fmt.Errorf("session %s: clear the key's last outbox entry: %w", c.id, err)
+		}
+		p.spend(n)
+		// By key and session id, so the unique (session_key, seq) index finds them.
+		n, err = p.exec(ctx, `DELETE FROM outbox WHERE id IN (SELECT id FROM outbox
+			WHERE session_key = ?1 AND session_id = ?2 AND state <> 'pending'
+				AND seq < (SELECT MAX(seq) FROM outbox WHERE session_key = ?1) LIMIT ?3)`, c.key, c.id, p.budget)
+		if err != nil {
+			return false, fmt.Errorf("session %s: delete outbox entries: %w", c.id, err)
+		}
+		p.spend(n)
+	}
+	if !p.room() {
+		return false, nil
+	}
+	n, err := p.exec(ctx, `DELETE FROM turn_usage WHERE session_id = ?1
+		AND turn_id IN (SELECT turn_id FROM turn_usage WHERE session_id = ?1 LIMIT ?2)`, c.id, p.budget)
+	if err != nil {
+		return false, fmt.Errorf("session %s: delete turn usage: %w", c.id, err)
+	}
+	p.spend(n)
+	if !p.room() {
+		return false, nil
+	}
+	return p.messages(ctx, c.id)
+}
+
+// indexedMessage is a message a step deletes: its rowid, the content it was indexed with and
+// whether the search index holds it.
+type indexedMessage struct {
+	rowid   int64
+	seq     int64
+	content any // passed back exactly as stored (text or blob)
+	indexed bool
+}
+
+// messages deletes the oldest messages of a session whose row is gone, with their search
+// index entries, as many as the budget allows, and reports whether none is left. When the
+// search index refuses to let go of them, they stay (a later step tries again).
+func (p *pruner) messages(ctx context.Context, id string) (bool, error) {
+	limit, query := p.budget, `SELECT id, seq, NULL, 0 FROM messages WHERE session_id = ? ORDER BY seq LIMIT ?`
+	if p.fts {
+		limit, query = p.budget/2, `SELECT m.id, m.seq, m.content,
+			EXISTS (SELECT 1 FROM messages_fts_docsize d WHERE d.id = m.id)
+			FROM messages m WHERE m.session_id = ? ORDER BY m.seq LIMIT ?`
+	}
+	ms, err := queryAll(ctx, p.tx, func(r scanner) (indexedMessage, error) {
+		var m indexedMessage
+		err := r.Scan(&m.rowid, &m.seq, &m.content, &m.indexed)
+		return m, err
+	}, query, id, limit)
+	if err != nil {
+		return false, fmt.Errorf("session %s: find messages: %w", id, err)
+	}
+	if len(ms) == 0 {
+		return true, nil
+	}
+	if _, err := p.tx.ExecContext(ctx, `SAVEPOINT prune`); err != nil {
 		return false, fmt.Errorf("session %s: savepoint: %w", id, err)
 	}
-	err := deleteSession(ctx, tx, c, fts)
+	unindexed, err := p.unindex(ctx, ms)
+	if err == nil {
+		_, err = p.tx.ExecContext(ctx, `DELETE FROM messages WHERE session_id = ? AND seq <= ?`, id, ms[len(ms)-1].seq)
+		if err != nil {
+			err = fmt.Errorf("delete messages: %w", err)
+		}
+	}
 	if err != nil {
-		if _, rerr := tx.ExecContext(ctx, `ROLLBACK TO prune`); rerr != nil {
+		if _, rerr := p.tx.ExecContext(ctx, `ROLLBACK TO prune`); rerr != nil {
 			return false, fmt.Errorf("session %s: %w (rollback to savepoint: %v)", id, err, rerr)
 		}
 	}
-	if _, rerr := tx.ExecContext(ctx, `RELEASE prune`); rerr != nil {
+	if _, rerr := p.tx.ExecContext(ctx, `RELEASE prune`); rerr != nil {
 		return false, fmt.Errorf("session %s: release savepoint: %w", id, rerr)
 	}
 	switch {
 	case err == nil:
-		return true, nil
+		p.spend(len(ms) + unindexed)
+		p.count.Messages += len(ms)
+		return len(ms) < limit, nil
 	case errors.Is(err, errKeep) && !IsUnavailable(err) && ctx.Err() == nil:
-		if n, ok := s.ftsWarn.Allow(); ok {
-			s.log.Warn("fts index delete failed; session kept", "session_id", id, "batches", n, logging.Err(err))
+		if n, ok := p.s.ftsWarn.Allow(); ok {
+			p.s.log.Warn("fts index delete failed; a pruned session's messages kept", "session_id", id, "batches", n, logging.Err(err))
 		}
 		return false, nil
 	}
 	return false, fmt.Errorf("session %s: %w", id, err)
 }
 
-// deleteSession removes a session's search index entries, its messages, its turns' usage, its
-// outbox entries (all but the key's last, which loses its content instead) and its row. A
-// failure to clean the search index wraps errKeep.
-func deleteSession(ctx context.Context, tx *sql.Tx, c pruneCandidate, fts bool) error {
-	id, key := c.id, c.key
-	if fts {
-		if err := unindexSession(ctx, tx, id); err != nil {
-			return fmt.Errorf("%w: %w", errKeep, err)
-		}
-	}
-	// By key and session id, so the unique (session_key, seq) index finds them. Every entry is
-	// delivered: pruneCandidatesSQL keeps a session with any other.
-	if _, err := tx.ExecContext(ctx, `DELETE FROM outbox WHERE session_key = ?1 AND session_id = ?2
-		AND seq < (SELECT MAX(seq) FROM outbox WHERE session_key = ?1)`, key, id); err != nil {
-		return fmt.Errorf("delete outbox entries: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE outbox SET kind = ?3, text = '', in_reply_to = '[]'
-		WHERE session_key = ?1 AND session_id = ?2`, key, id, persistence.KindPruned); err != nil {
-		return fmt.Errorf("clear the key's last outbox entry: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, `DELETE FROM messages WHERE session_id = ?`, id); err != nil {
-		return fmt.Errorf("delete messages: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, `DELETE FROM turn_usage WHERE session_id = ?`, id); err != nil {
-		return fmt.Errorf("delete turn usage: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, `DELETE FROM sessions WHERE id = ?`, id); err != nil {
-		return fmt.Errorf("delete session: %w", err)
-	}
-	return nil
-}
+// errKeep marks a failure that keeps a pruned session's messages instead of failing the step.
+var errKeep = errors.New("messages kept")
 
-// unindexSession removes a session's indexed messages from messages_fts. The index has
-// external content, so each entry is removed with FTS5's delete command and the very content
-// it was indexed with (message content is never updated).
-func unindexSession(ctx context.Context, tx *sql.Tx, id string) error {
-	type indexed struct {
-		rowid   int64
-		content any // passed back exactly as stored (text or blob)
-	}
-	rs, err := queryAll(ctx, tx, func(r scanner) (indexed, error) {
-		var v indexed
-		err := r.Scan(&v.rowid, &v.content)
-		return v, err
-	}, `SELECT m.id, m.content FROM messages m
-		WHERE m.session_id = ? AND EXISTS (SELECT 1 FROM messages_fts_docsize d WHERE d.id = m.id)`, id)
-	if err != nil {
-		return fmt.Errorf("find indexed messages: %w", err)
-	}
-	for _, r := range rs {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO messages_fts (messages_fts, rowid, content)
-			VALUES ('delete', ?, ?)`, r.rowid, r.content); err != nil {
-			return fmt.Errorf("unindex message %d: %w", r.rowid, err)
+// unindex removes messages from messages_fts, those it holds, and returns how many. The index
+// has external content, so each entry is removed with FTS5's delete command and the very
+// content it was indexed with (message content is never updated). A failure wraps errKeep.
+func (p *pruner) unindex(ctx context.Context, ms []indexedMessage) (int, error) {
+	n := 0
+	for _, m := range ms {
+		if !m.indexed {
+			continue
 		}
+		if _, err := p.tx.ExecContext(ctx, `INSERT INTO messages_fts (messages_fts, rowid, content)
+			VALUES ('delete', ?, ?)`, m.rowid, m.content); err != nil {
+			return 0, fmt.Errorf("%w: unindex message %d: %w", errKeep, m.rowid, err)
+		}
+		n++
 	}
-	return nil
+	return n, nil
 }

@@ -607,7 +607,8 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 
 // Search returns the messages (archived ones included) whose content matches an FTS5 query
 // (https://sqlite.org/fts5.html#full_text_query_syntax), best match first, at most limit (0
-// means 100). It is not part of persistence.Store. Messages whose indexing failed are not found.
+// means 100). It is not part of persistence.Store. Messages whose indexing failed are not found,
+// nor those a prune step left of a session whose row it deleted (PruneStep).
 // A query the index refuses is an ErrBadQuery.
 //
 // Commits index new messages in bulk (index.go), so the newest committed messages may not be
@@ -634,7 +635,8 @@ func (s *Store) Search(ctx context.Context, query string, limit int) ([]persiste
 	}
 	ms, err := queryMessages(ctx, s.reader, `SELECT `+sqlstore.Prefixed("m.", messageCols)+`
 		FROM messages_fts f JOIN messages m ON m.id = f.rowid
-		WHERE messages_fts MATCH ? ORDER BY f.rank, m.id LIMIT ?`, query, limit)
+		WHERE messages_fts MATCH ? AND m.session_id IN (SELECT id FROM sessions)
+		ORDER BY f.rank, m.id LIMIT ?`, query, limit)
 	if isQueryError(err) {
 		return nil, s.readError("search %q: %w: %v", query, ErrBadQuery, err)
 	}

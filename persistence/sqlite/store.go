@@ -78,6 +78,8 @@ type Store struct {
 	idx       *indexer // the search index backlog; nil for a read-only store
 	now       func() time.Time
 	ftsWarn   logging.Limiter
+	// pruning is what the prune steps know of the rows an earlier step left behind (prune.go).
+	pruning pruneState
 	// corruptWarn holds back the lines of a corrupt database (reportCorrupt).
 	corruptWarn logging.Limiter
 	// corrupt is the first error that found the database damaged while open, which Ping

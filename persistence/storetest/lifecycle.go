@@ -531,6 +531,59 @@ func testPruneSessionsLimit(t *testing.T, s persistence.Store) {
 	}
 }
 
+// testPruneSteps: PruneStep calls with a small budget delete what one PruneSessions call
+// deletes, every due session whole, in steps that each delete or empty at most their budget of
+// rows (each session here is smaller than the budget).
+func testPruneSteps(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	var ops []persistence.Op
+	for i := range 5 {
+		id := fmt.Sprint("step-", i)
+		ops = append(ops, &persistence.CreateSession{Session: ended(id, "k", 1, 10+i)})
+		for seq := int64(1); seq <= 3; seq++ {
+			m := userMsg(id, seq, fmt.Sprintf("%s-%d", id, seq), "said")
+			m.Status = persistence.StatusDone
+			ops = append(ops, &persistence.AppendMessage{Message: m})
+		}
+		ops = append(ops, &persistence.AddOutbox{Entry: outboxEntry("k", int64(i+1), id, id+"-3")},
+			&persistence.MarkDelivery{SessionKey: "k", Seq: int64(i + 1), State: persistence.DeliveryDelivered, At: at(20)},
+			&persistence.AddUsage{SessionID: id, TurnID: "turn-1", InputTokens: 5, OutputTokens: 1})
+	}
+	ops = append(ops, &persistence.CreateSession{Session: ended("recent", "k", 1, 150)})
+	MustCommit(t, s, ops...)
+	const budget = 20
+	var total persistence.PruneCount
+	steps := 0
+	for {
+		c := check(s.PruneStep(ctx, at(100), budget)).must(t, "PruneStep")
+		steps++
+		if c.Rows > budget || (c.Rows == 0) != (c.Sessions == 0) {
+			t.Errorf("PruneStep %d = %+v, want at most %d rows, and rows when it deleted sessions", steps, c, budget)
+		}
+		total.Sessions += c.Sessions
+		total.Messages += c.Messages
+		if !c.More {
+			break
+		}
+		if steps > 20 {
+			t.Fatalf("%d steps and more to come, want the pass to end", steps)
+		}
+	}
+	if total.Sessions != 5 || total.Messages != 15 || steps < 2 {
+		t.Errorf("the steps deleted %d sessions and %d messages in %d steps, want 5 and 15 in several", total.Sessions, total.Messages, steps)
+	}
+	diff(t, "sessions left", sessionIDs(check(s.SessionsOfKey(ctx, "k", 0)).must(t, "SessionsOfKey")), []string{"recent"})
+	if got := check(s.OutboxAfter(ctx, "k", 0, 0)).must(t, "OutboxAfter"); len(got) != 0 {
+		t.Errorf("OutboxAfter(k) after the steps = %+v, want none", got)
+	}
+	if last := check(s.LastOutboxSeq(ctx, "k")).must(t, "LastOutboxSeq"); last != 5 {
+		t.Errorf("LastOutboxSeq(k) after the steps = %d, want 5 (kept, emptied)", last)
+	}
+	if c := check(s.PruneStep(ctx, at(100), budget)).must(t, "PruneStep"); c != (persistence.PruneCount{}) {
+		t.Errorf("PruneStep after the pass = %+v, want nothing done", c)
+	}
+}
+
 // testIdleSessionsPaging: IdleSessionsAfter continues IdleSessions page by page, in the same
 // order, without skipping or repeating a session (also when activity times tie).
 func testIdleSessionsPaging(t *testing.T, s persistence.Store) {

@@ -62,6 +62,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"Pardon", testPardon},
 		{"PruneSessions", testPruneSessions},
 		{"PruneSessionsLimit", testPruneSessionsLimit},
+		{"PruneSteps", testPruneSteps},
 		{"PruneConcurrentWithCommit", testPruneConcurrentWithCommit},
 		{"EndSessionKeepsFirstReason", testEndSession},
 		{"TouchSessionMonotonic", testTouchSession},

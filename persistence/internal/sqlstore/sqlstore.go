@@ -182,3 +182,21 @@ func SortCounted(c []persistence.CountedMessage) []persistence.CountedMessage {
 	slices.SortFunc(c, func(a, b persistence.CountedMessage) int { return strings.Compare(a.SessionID, b.SessionID) })
 	return c
 }
+
+// PruneSessions is persistence.Store.PruneSessions over a store's prune step, which deletes at
+// most most sessions (none: only the rows earlier steps left behind): it runs steps until they
+// have deleted limit sessions (persistence.DefaultPruneLimit when limit <= 0) and every row of
+// theirs, or nothing more is due, and returns how many sessions they deleted.
+func PruneSessions(limit int, step func(most int) (persistence.PruneCount, error)) (int, error) {
+	if limit <= 0 {
+		limit = persistence.DefaultPruneLimit
+	}
+	pruned := 0
+	for {
+		c, err := step(limit - pruned)
+		pruned += c.Sessions
+		if err != nil || !c.More {
+			return pruned, err
+		}
+	}
+}

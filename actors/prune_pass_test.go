@@ -1,0 +1,164 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// stepStore records the prune steps and commits of the store it wraps, in order, and calls
+// duringFirst inside the first step.
+type stepStore struct {
+	persistence.Store
+	duringFirst func()
+
+	mu     sync.Mutex
+	events []string // "step" or "commit"
+	steps  []persistence.PruneCount
+}
+
+func (s *stepStore) PruneStep(ctx context.Context, before time.Time, rows int) (persistence.PruneCount, error) {
+	c, err := s.Store.PruneStep(ctx, before, rows)
+	s.mu.Lock()
+	first := len(s.steps) == 0
+	s.events = append(s.events, "step")
+	s.steps = append(s.steps, c)
+	s.mu.Unlock()
+	if first && s.duringFirst != nil {
+		s.duringFirst()
+	}
+	return c, err
+}
+
+func (s *stepStore) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	s.mu.Lock()
+	s.events = append(s.events, "commit")
+	s.mu.Unlock()
+	return s.Store.Commit(ctx, groups)
+}
+
+// TestPrunePassStepsLetWritesThrough: a prune pass over sessions of thousands of messages asks
+// the persistence actor for steps of at most PrunePolicy.Batch rows, and a write that arrives
+// during a step commits before the next one, not after the pass; the pass logs one line with
+// its totals. Before, a request deleted 250 sessions in one transaction whatever their size: a
+// chat's reply waited 21.9 s behind it on a 1 GB database, and the pass logged a line per
+// request (502 for one pass).
+func TestPrunePassStepsLetWritesThrough(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const sessions, perSession, budget = 3, 2000, 1000
+		for i := range sessions {
+			mustCommit(t, store, longEndedSession(fmt.Sprint("old-", i), fmt.Sprint("k-", i), perSession)...)
+		}
+		mustCommit(t, store, &persistence.CreateSession{Session: persistence.Session{ID: "hot", Key: "hot", Platform: "fake",
+			StartedAt: time.Now(), LastActivityAt: time.Now()}})
+		time.Sleep(2 * time.Hour) // past the retention
+
+		system, _ := quietSystem(t)
+		defer system.Shutdown()
+		var logs testutil.Buffer
+		log := slog.New(slog.NewTextHandler(&logs, nil))
+		steps := &stepStore{Store: store}
+		persist := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, steps,
+			persistence.ActorOptions{MaxBatch: 256, Log: log})))
+		var written *actor.Future
+		steps.duringFirst = func() {
+			written = system.Root.RequestFuture(persist, &persistence.Write{ID: 1, Ops: []persistence.Op{&persistence.AppendMessage{
+				Message: persistence.Message{SessionID: "hot", Seq: 1, Role: persistence.RoleUser, Content: "hi",
+					Status: persistence.StatusPending, Active: true, CreatedAt: time.Now()}}}}, time.Hour)
+		}
+		d := &Deps{Ctx: ctx, Persist: persist, Store: steps, Log: log, Metrics: metrics.New("fake"),
+			Config: SessionConfig{Prune: PrunePolicy{Enabled: true, After: time.Hour, Every: 24 * time.Hour, Batch: budget}}}
+		timers := system.Root.Spawn(NewTimers(d, nil, time.Minute)) // prunes at start
+		synctest.Wait()
+
+		steps.mu.Lock()
+		events, counts := strings.Join(steps.events, " "), steps.steps
+		steps.mu.Unlock()
+		for i, c := range counts {
+			if c.Rows > budget {
+				t.Errorf("step %d deleted %d rows (%+v), want at most %d", i, c.Rows, c, budget)
+			}
+		}
+		if len(counts) < 10 {
+			t.Errorf("the pass took %d steps, want at least 10 (%d messages, their index entries, replies and usage)", len(counts), sessions*perSession)
+		}
+		if last := strings.LastIndex(events, "step"); !strings.Contains(events[:last], "commit") {
+			t.Errorf("steps and commits in order: %s; want the write sent during the first step committed before the last", events)
+		}
+		if res, err := written.Result(); err != nil || res.(*persistence.WriteResult).Err != nil {
+			t.Errorf("the write sent during the pass = %+v, %v, want it committed", res, err)
+		}
+		var lines []string
+		for l := range strings.SplitSeq(logs.String(), "\n") {
+			if strings.Contains(l, "prune") {
+				lines = append(lines, l)
+			}
+		}
+		if len(lines) != 1 || !strings.Contains(lines[0], `level=INFO msg="pruned ended sessions"`) ||
+			!strings.Contains(lines[0], fmt.Sprintf(" sessions=%d messages=%d took=", sessions, sessions*perSession)) {
+			t.Errorf("the pass logged %d lines about pruning: %q; want one with its totals", len(lines), lines)
+		}
+		for i := range sessions {
+			if ss, err := store.SessionsOfKey(ctx, fmt.Sprint("k-", i), 0); err != nil || len(ss) != 0 {
+				t.Errorf("sessions of k-%d after the pass = %d, %v, want none", i, len(ss), err)
+			}
+		}
+
+		if err := system.Root.StopFuture(timers).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if err := system.Root.StopFuture(persist).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Close(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// longEndedSession returns the ops of a session of n messages, every other one a delivered reply
+// with its turn's usage, ended now.
+func longEndedSession(id, key string, n int) []persistence.Op {
+	ops := []persistence.Op{&persistence.CreateSession{Session: persistence.Session{ID: id, Key: key, Platform: "fake",
+		StartedAt: time.Now(), LastActivityAt: time.Now()}}}
+	for seq := int64(1); seq <= int64(n); seq++ {
+		m := persistence.Message{SessionID: id, Seq: seq, Role: persistence.RoleUser, Content: fmt.Sprint("said ", seq),
+			Status: persistence.StatusDone, Active: true, CreatedAt: time.Now(), Platform: "fake", ChatID: key,
+			MessageID: fmt.Sprint(id, "-", seq)}
+		if seq%2 == 0 {
+			m.Role, m.MessageID, m.TurnID = persistence.RoleAssistant, "", fmt.Sprint("turn-", seq)
+			ops = append(ops,
+				&persistence.AddOutbox{Entry: persistence.OutboxEntry{SessionKey: key, Seq: seq / 2, SessionID: id, Kind: "reply",
+					Text: m.Content, Platform: "fake", State: persistence.DeliveryPending, CreatedAt: time.Now()}},
+				&persistence.MarkDelivery{SessionKey: key, Seq: seq / 2, State: persistence.DeliveryDelivered, At: time.Now()},
+				&persistence.AddUsage{SessionID: id, TurnID: m.TurnID, InputTokens: 3, OutputTokens: 1})
+		}
+		ops = append(ops, &persistence.AppendMessage{Message: m})
+	}
+	return append(ops, &persistence.EndSession{SessionID: id, Reason: persistence.EndNewCommand, At: time.Now()})
+}
+
+func mustCommit(t *testing.T, s persistence.Store, ops ...persistence.Op) {
+	t.Helper()
+	if errs := s.Commit(context.Background(), [][]persistence.Op{ops}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+}
