@@ -131,19 +131,22 @@ func TestPoisonSparesTheChatsInFlight(t *testing.T) {
 	// Both have 2 strikes: they run one at a time. When the slow one runs first (the poison
 	// message's session says it waits), it is answered, and the poison message runs next.
 	d = MustServe(t, dataDir, env...)
+	probation := func(key, want string) bool {
+		_, body := get(t, d.base+"/v1/sessions/"+key)
+		return strings.Contains(body, `"probation":"`+want+`"`)
+	}
 	waitFor(t, 30*time.Second, func() bool {
-		return running(d, poisonKey) || running(d, slowKey) && logged(d, "waits to run alone", "message_id=poison-1")
+		return running(d, poisonKey) || running(d, slowKey) && probation(poisonKey, "waiting")
 	})
 	// The session API says which one runs on probation and which one waits.
 	runner, waiter := poisonKey, slowKey
 	if !running(d, poisonKey) {
 		runner, waiter = slowKey, poisonKey
 	}
-	probation := func(key, want string) bool {
-		_, body := get(t, d.base+"/v1/sessions/"+key)
-		return strings.Contains(body, `"probation":"`+want+`"`)
-	}
 	waitFor(t, 30*time.Second, func() bool { return probation(waiter, "waiting") })
+	if !logged(d, "waits to run alone") { // (once for both: the line is limited to one a minute)
+		t.Errorf("the log does not say a suspect waits to run alone:\n%s", d.stderr.String())
+	}
 	if !probation(runner, "running") {
 		_, body := get(t, d.base+"/v1/sessions/"+runner)
 		t.Errorf("GET %s = %s, want the live state to say it runs on probation", runner, body)

@@ -479,7 +479,7 @@ func TestSecondDaemonSaysWhatToDo(t *testing.T) {
 	addr := d.Addr().String()
 	for _, tc := range []struct{ name, port, want string }{
 		{"on its port", addr, "start: http.addr " + addr + " is taken by the agentgate daemon of data directory " + dir +
-			": stop it, or give this one another --data-dir and --http-addr: listen http: listen tcp " + addr + ": bind: address already in use"},
+			": stop it, or give this one another --data-dir and --http-addr: listen http: listen tcp4 " + addr + ": bind: address already in use"},
 		{"on another port", "127.0.0.1:0", "persistence: store in use by another agentgate process (the daemon there answers at " + addr +
 			"): stop it, or give this one another --data-dir"},
 	} {
