@@ -147,7 +147,11 @@ func (s *Store) prune(ctx context.Context, endedBefore time.Time, rows, most int
 		return persistence.PruneCount{}, err
 	}
 	defer restore()
-	tx, err := conn.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
+	// Not cancelled with ctx (its statements are): database/sql rolls a cancelled transaction
+	// back on a goroutine of its own, and restore, running meanwhile, would turn foreign keys
+	// on inside the transaction, where SQLite ignores it. Found by a review: the writer
+	// connection then kept them off, and a commit took a message of no session.
+	tx, err := conn.BeginTx(context.WithoutCancel(ctx), nil) // _txlock=immediate: BEGIN IMMEDIATE
 	if err != nil {
 		return persistence.PruneCount{}, fmt.Errorf("begin: %w", err)
 	}
@@ -219,7 +223,15 @@ func (s *Store) prunePragmas(ctx context.Context, conn *sql.Conn) (restore func(
 		return nil, fmt.Errorf("secure delete on: %w", err)
 	}
 	restore = func() {
-		if _, err := conn.ExecContext(bg, `PRAGMA foreign_keys = ON`); err != nil {
+		var on int
+		_, err := conn.ExecContext(bg, `PRAGMA foreign_keys = ON`)
+		if err == nil {
+			// Read back: the pragma does nothing inside a transaction, and says nothing of it.
+			if err = conn.QueryRowContext(bg, `PRAGMA foreign_keys`).Scan(&on); err == nil && on != 1 {
+				err = errors.New("still off")
+			}
+		}
+		if err != nil {
 			s.log.Warn("foreign keys on after pruning; the writer connection is opened again", logging.Err(err))
 			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 			return
