@@ -708,7 +708,8 @@ type Store interface {
 	// Pardon clears the unclean stops counted against messages (BeginRun, Claim): in one
 	// transaction it sets Attempts to 0 and clears the probation mark (MarkProbation) of every
 	// active pending user message that has either, of the session key routes to, or of every
-	// routed session when key is empty. Quarantined messages are left as they are (Requeue
+	// routed session when key is empty, and then forgets the last run too (as EndRun does),
+	// whose unclean stop the next start would count again. Quarantined messages are left as they are (Requeue
 	// runs one again). It is the operator's lever after stops that no message caused (the OOM
 	// killer, kill -9, a power loss), which make suspects of the messages then in flight, or
 	// merely next to run, and no daemon may run meanwhile: a session in memory keeps the count

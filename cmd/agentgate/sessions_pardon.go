@@ -68,6 +68,9 @@ func sessionsPardon(ctx context.Context, args []string, stdout, stderr io.Writer
 	fmt.Fprintf(stdout, "pardoned %d message(s) in %d session(s)%s\n", p.Messages, p.Sessions, of)
 	if p.Messages > 0 {
 		fmt.Fprintln(stderr, "note: they run as any other at the next start; one that takes agentgate down again is quarantined after 3 more unclean stops")
+		if key != "" {
+			fmt.Fprintln(stderr, "note: if agentgate did not stop cleanly last time, its next start still counts that stop (sessions pardon --all forgets it)")
+		}
 	}
 	return nil
 }

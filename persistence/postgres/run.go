@@ -28,6 +28,9 @@ const (
 	beginRunSQL = `INSERT INTO daemon_run (one, run, started_at) VALUES (TRUE, $1, $2)
 		ON CONFLICT (one) DO UPDATE SET run = excluded.run, started_at = excluded.started_at`
 	endRunSQL = `UPDATE daemon_run SET run = '' WHERE one AND run = $1`
+	// pardonRunSQL forgets the last run, as a clean stop does: a pardon of every session
+	// pardons the stop of a run that died too, which the next start would count.
+	pardonRunSQL = `UPDATE daemon_run SET run = '' WHERE one`
 	// pardonSQL clears the count and the probation mark of the active pending user messages of
 	// the session key $1 routes to, or of every routed session when $1 is empty.
 	pardonSQL = `UPDATE messages m SET attempts = 0, probation_run = ''
@@ -130,7 +133,10 @@ func (s *Store) Pardon(ctx context.Context, key string) (persistence.Pardoned, e
 		if err != nil {
 			return err
 		}
-		ids, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		if ids, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil || key != "" {
+			return err
+		}
+		_, err = tx.Exec(ctx, pardonRunSQL)
 		return err
 	})
 	if err != nil {

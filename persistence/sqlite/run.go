@@ -25,6 +25,9 @@ const (
 	beginRunSQL = `INSERT INTO daemon_run (one, run, started_at) VALUES (1, ?1, ?2)
 		ON CONFLICT (one) DO UPDATE SET run = ?1, started_at = ?2`
 	endRunSQL = `UPDATE daemon_run SET run = '' WHERE one = 1 AND run = ?`
+	// pardonRunSQL forgets the last run, as a clean stop does: a pardon of every session
+	// pardons the stop of a run that died too, which the next start would count.
+	pardonRunSQL = `UPDATE daemon_run SET run = '' WHERE one = 1`
 	// pardonSQL clears the count and the probation mark of the active pending user messages of
 	// the session key ?1 routes to, or of every routed session when ?1 is empty.
 	pardonSQL = `UPDATE messages SET attempts = 0, probation_run = ''
@@ -146,6 +149,11 @@ func (s *Store) pardon(ctx context.Context, key string) (persistence.Pardoned, e
 	}, pardonSQL, key)
 	if err != nil {
 		return persistence.Pardoned{}, err
+	}
+	if key == "" {
+		if _, err := tx.ExecContext(ctx, pardonRunSQL); err != nil {
+			return persistence.Pardoned{}, err
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		return persistence.Pardoned{}, err

@@ -73,16 +73,23 @@ func testPardon(t *testing.T, s persistence.Store) {
 	t.Run("all", func(t *testing.T) {
 		want["a1"] = 0
 		pardon(t, "", persistence.Pardoned{Messages: 1, Sessions: 1})
+		// The run that died is forgotten with its counts: the next start counts nothing.
+		got, err := s.BeginRun(ctx, "r1b", at(1))
+		if err != nil {
+			t.Fatalf("BeginRun(r1b) error: %v", err)
+		}
+		diff(t, "BeginRun(r1b) after a pardon of all", got, (*persistence.UncleanStop)(nil))
+		diff(t, "attempts", attempts(t), want)
 	})
 	t.Run("the probation mark is cleared", func(t *testing.T) {
-		// Back at ProbationAfter, a1 counts r1's death only by a mark of r1, which it no longer
-		// has; the heads below count as ever.
+		// Back at ProbationAfter, a1 counts r1b's death only by a mark of r1b, which it does
+		// not have (r1's was cleared); the heads below count as ever.
 		MustCommit(t, s, &persistence.SetAttempts{SessionID: "s1", Seq: 1, Attempts: p})
 		got, err := s.BeginRun(ctx, "r2", at(2))
 		if err != nil {
 			t.Fatalf("BeginRun(r2) error: %v", err)
 		}
-		diff(t, "BeginRun(r2)", got, &persistence.UncleanStop{Run: "r1", StartedAt: at(1), Counted: []persistence.CountedMessage{
+		diff(t, "BeginRun(r2)", got, &persistence.UncleanStop{Run: "r1b", StartedAt: at(1), Counted: []persistence.CountedMessage{
 			{Key: "k2", SessionID: "s2", MessageID: "b1", Attempts: 1}, {Key: "k3", SessionID: "s3", MessageID: "c2", Attempts: 1}}})
 		want["a1"], want["b1"], want["c2"] = 0, 0, 0
 		pardon(t, "", persistence.Pardoned{Messages: 3, Sessions: 3})
