@@ -823,27 +823,31 @@ func keyArg(arg string) (key string, badQuote error) {
 // flags before and after it. It returns flag.ErrHelp after -h and errUsage after a usage error
 // (parseFlags).
 func parseArgs(fset *flag.FlagSet, args []string, name string, stdout, stderr io.Writer) (string, error) {
-	parse := func(args []string) error {
-		err := parseFlags(fset, args, stdout, stderr)
-		if errors.Is(err, flag.ErrHelp) {
-			return flag.ErrHelp
-		}
-		if err != nil {
-			return errUsage
-		}
-		return nil
-	}
-	if err := parse(args); err != nil {
+	if err := parseUsage(fset, args, stdout, stderr); err != nil {
 		return "", err
 	}
+	if name != "" && fset.NArg() == 0 {
+		fmt.Fprintf(stderr, "agentgate %s: missing %s (agentgate %[1]s -h says what it is)\n", fset.Name(), name)
+		return "", errUsage
+	}
+	return restArg(fset, name != "", stdout, stderr)
+}
+
+// parseOptionalArg is parseArgs of at most one argument, which may be missing.
+func parseOptionalArg(fset *flag.FlagSet, args []string, stdout, stderr io.Writer) (string, error) {
+	if err := parseUsage(fset, args, stdout, stderr); err != nil {
+		return "", err
+	}
+	return restArg(fset, fset.NArg() > 0, stdout, stderr)
+}
+
+// restArg takes the argument parseUsage left first when there is one, parses the flags after
+// it, and refuses any other argument.
+func restArg(fset *flag.FlagSet, one bool, stdout, stderr io.Writer) (string, error) {
 	var arg string
-	if name != "" {
-		if fset.NArg() == 0 {
-			fmt.Fprintf(stderr, "agentgate %s: missing %s (agentgate %[1]s -h says what it is)\n", fset.Name(), name)
-			return "", errUsage
-		}
+	if one {
 		arg = fset.Arg(0)
-		if err := parse(fset.Args()[1:]); err != nil {
+		if err := parseUsage(fset, fset.Args()[1:], stdout, stderr); err != nil {
 			return "", err
 		}
 	}
@@ -852,6 +856,18 @@ func parseArgs(fset *flag.FlagSet, args []string, name string, stdout, stderr io
 		return "", errUsage
 	}
 	return arg, nil
+}
+
+// parseUsage is parseFlags that returns flag.ErrHelp after -h and errUsage after a usage error.
+func parseUsage(fset *flag.FlagSet, args []string, stdout, stderr io.Writer) error {
+	err := parseFlags(fset, args, stdout, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return flag.ErrHelp
+	}
+	if err != nil {
+		return errUsage
+	}
+	return nil
 }
 
 // helpIsDone turns the help request of parseSessionArgs into success.

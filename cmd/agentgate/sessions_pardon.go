@@ -74,33 +74,3 @@ func sessionsPardon(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	return nil
 }
-
-// parseOptionalArg is parseArgs of at most one argument, which may be missing: flags come before
-// and after it.
-func parseOptionalArg(fset *flag.FlagSet, args []string, stdout, stderr io.Writer) (string, error) {
-	parse := func(args []string) error {
-		err := parseFlags(fset, args, stdout, stderr)
-		if errors.Is(err, flag.ErrHelp) {
-			return flag.ErrHelp
-		}
-		if err != nil {
-			return errUsage
-		}
-		return nil
-	}
-	if err := parse(args); err != nil {
-		return "", err
-	}
-	if fset.NArg() == 0 {
-		return "", nil
-	}
-	arg := fset.Arg(0)
-	if err := parse(fset.Args()[1:]); err != nil {
-		return "", err
-	}
-	if fset.NArg() > 0 {
-		fmt.Fprintf(stderr, "agentgate %s: unexpected argument %q\n", fset.Name(), fset.Arg(0))
-		return "", errUsage
-	}
-	return arg, nil
-}
