@@ -133,19 +133,7 @@ func TestSetAsideBehindAHeldResultWaitsBehindIt(t *testing.T) {
 		}, func(o *persistence.ActorOptions) {
 			o.MaxBatch = 1 // the result commits alone: the set-asides ahead of it are taken
 		})
-		var sent []*platforms.Outbound // more than w.sent holds
-		stop, drained := make(chan struct{}), make(chan struct{})
-		go func() {
-			defer close(drained)
-			for {
-				select {
-				case m := <-w.sent:
-					sent = append(sent, m.Out)
-				case <-stop:
-					return
-				}
-			}
-		}()
+		sentSoFar := w.collectSent()
 		if r := w.deliver(t, "next", "hello"); r.Disposition != platforms.Started {
 			t.Fatalf("next: %+v, want started", r)
 		}
@@ -153,8 +141,7 @@ func TestSetAsideBehindAHeldResultWaitsBehindIt(t *testing.T) {
 		close(secondSent)
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		close(stop)
-		<-drained
+		sent := sentSoFar()
 
 		if disk.refusedResults() == 0 {
 			t.Fatal("the store took next's result at once: the test does not test")
@@ -293,17 +280,7 @@ func TestWritesBehindAHeldResultGoOutOnceItIsTaken(t *testing.T) {
 		}, func(o *persistence.ActorOptions) {
 			o.MaxBatch = 1
 		})
-		stop := make(chan struct{})
-		defer close(stop)
-		go func() {
-			for { // more than w.sent holds
-				select {
-				case <-w.sent:
-				case <-stop:
-					return
-				}
-			}
-		}()
+		defer w.collectSent()()
 		if r := w.deliver(t, "next", "hello"); r.Disposition != platforms.Started {
 			t.Fatalf("next: %+v, want started", r)
 		}
@@ -329,4 +306,27 @@ func TestWritesBehindAHeldResultGoOutOnceItIsTaken(t *testing.T) {
 		}
 		w.checkSetAside(t, ids, leftBehindNotice)
 	})
+}
+
+// collectSent takes what the world's platform is sent, more than w.sent holds, until the
+// function it returns is called, which returns it.
+func (w *managerWorld) collectSent() func() []*platforms.Outbound {
+	var sent []*platforms.Outbound
+	stop, drained := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(drained)
+		for {
+			select {
+			case m := <-w.sent:
+				sent = append(sent, m.Out)
+			case <-stop:
+				return
+			}
+		}
+	}()
+	return func() []*platforms.Outbound {
+		close(stop)
+		<-drained
+		return sent
+	}
 }
