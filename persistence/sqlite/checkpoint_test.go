@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"context"
 	"database/sql"
 	"log/slog"
 	"os"
@@ -63,4 +64,70 @@ func TestBurstOfCommitsIsCheckpointedAsItGoes(t *testing.T) {
 			t.Errorf("WAL after 2,000 commits of 1 KB: %d bytes, want at most %d (about %d pages)", fi.Size(), limit, burstPages)
 		}
 	})
+}
+
+// TestCheckpointStoppedMidwayLeavesNoWAL: a checkpoint whose context ends while it runs (the
+// checkpointer's stop, as the store closes) finishes; it is not interrupted, and the store then
+// closes leaving no WAL: the database file alone holds every commit, as an operator who copies
+// it after a clean stop expects. Before, the interrupt made database/sql drop the writer's
+// connection with the write statements still prepared on it, which SQLite then keeps open,
+// holding its lock: the last close could not fold the WAL back and left it with the last
+// commits in it, and a test that overwrote a closed database's first page found the page read
+// back whole from the WAL now and then (CI). A reader's snapshot keeps the store's own
+// checkpoints from copying the commits, so that the one here has 15 MB to copy when its context
+// ends 2 ms in.
+func TestCheckpointStoppedMidwayLeavesNoWAL(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agentgate.db")
+	s, err := Open(context.Background(), path, Options{CheckpointInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader := MustRawDB(t, path)
+	rtx, err := reader.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := rtx.QueryRow("SELECT count(*) FROM sessions").Scan(&n); err != nil { // its snapshot
+		t.Fatal(err)
+	}
+	const messages = 500
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")})
+	text := strings.Repeat("word ", 4000)
+	for seq := int64(1); seq <= messages; seq += 100 {
+		var ops []persistence.Op
+		for i := range int64(100) {
+			ops = append(ops, &persistence.AppendMessage{Message: userMsg("s1", seq+i, text)})
+		}
+		storetest.MustCommit(t, s, ops...)
+	}
+	if err := rtx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := reader.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Millisecond)
+	defer cancel()
+	_, _ = checkpoint(ctx, s.writer, "PASSIVE")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(path + "-wal"); err == nil {
+		t.Errorf("a clean close left the WAL (%d bytes)", fi.Size())
+	}
+	alone := filepath.Join(t.TempDir(), "copy.db") // the database file alone, copied
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(alone, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := MustRawDB(t, alone).QueryRow("SELECT count(*) FROM messages").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != messages {
+		t.Errorf("the database file alone holds %d messages, want %d", n, messages)
+	}
 }
