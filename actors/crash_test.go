@@ -188,11 +188,12 @@ func uncleanRestartsQuarantine(t *testing.T, mode string, quarantined, answered 
 		}}); errs[0] != nil {
 			t.Fatal(errs[0])
 		}
-		// Four runs, none of them stopped: three unclean stops counted against m1. From
-		// ProbationAfter on, m1 is a suspect, and a stop counts only once m1 ran on probation
-		// in the run that died (MarkProbation), as a session marks it before its turn.
+		// Four runs, none of them stopped: three unclean stops counted against m1. From its
+		// first strike on, a stop counts only once m1 ran in the run that died (MarkProbation),
+		// as a session marks it when its turn has its agent slot, or on probation (a suspect)
+		// before its turn.
 		for i := range QuarantineAfter + 1 {
-			if i > ProbationAfter {
+			if i > 1 {
 				mark := &persistence.MarkProbation{SessionID: "s1", Seq: 1, Run: fmt.Sprint("run-", i-1)}
 				if errs := store.Commit(t.Context(), [][]persistence.Op{{mark}}); errs[0] != nil {
 					t.Fatal(errs[0])

@@ -12,7 +12,7 @@
 //     what it no longer runs to each key's successor.
 //   - Session (child of SessionManager, named by its key): Deliver, GetState, ResetSession,
 //     RequeueMessage, Withdraw
-//     (protobuf, messages.proto), TurnFinished and turnPanicked from its Turn,
+//     (protobuf, messages.proto), TurnFinished, turnPanicked and slotTaken from its Turn,
 //     persistence.WriteResult, idleCheck from the manager's idle sweep (passivation),
 //     leaving when its member leaves the cluster, and probationGranted and probationLost from
 //     Probation.
@@ -21,7 +21,8 @@
 //     from sessions, and Terminated of the sessions it watches. Grants its one token in request
 //     order to sessions whose next message is a suspect (the daemon's unclean stops counted
 //     against it ProbationAfter times; probationGranted), so that suspects run one at a time.
-//   - Turn (top level, "turn-<n>", spawned by a Session): runTurn, then runs one agent call in a
+//   - Turn (top level, "turn-<n>", spawned by a Session): runTurn (and startAgent when it must
+//     wait for its head's mark), then runs one agent call in a
 //     goroutine it owns, and a relay goroutine that hands steered messages to the agent; the
 //     session cancels it by stopping it. A panic in the agent is handed to the session, which
 //     re-raises it and restarts (G5).

@@ -128,6 +128,11 @@ type turnPanicked struct {
 	Err    error
 }
 
+// slotTaken is sent by a Turn whose head was struck once (turnRun.marks) when its agent call
+// has its slot: the session marks the head with this run, then lets the agent start
+// (startAgent).
+type slotTaken struct{ TurnID string }
+
 // probationGranted gives a session the probation token it asked for (askProbation id): its
 // suspect message may run.
 type probationGranted struct{ id string }
@@ -163,7 +168,14 @@ type runTurn struct {
 	// other modes it closes after the request, as for an agent that cannot steer, and a
 	// command that reads stdin to its end is not left waiting until its timeout.
 	steer bool
+	// mark: once the call has its agent slot, the turn tells its session (slotTaken) and
+	// starts the agent only on startAgent, when the session's mark of its head is durable.
+	mark bool
 }
+
+// startAgent tells a turn that waits with its agent slot (runTurn.mark) that its head's mark
+// is durable: the agent starts.
+type startAgent struct{}
 
 // agentDone carries the agent's result from the turn's goroutine back into the actor.
 type agentDone struct {

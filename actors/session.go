@@ -197,6 +197,7 @@ type turnRun struct {
 	started time.Time
 	note    string // the continuity note the turn was given (rareState.continuity), if any
 	steers  bool   // messages may be steered into it (runTurn.steer)
+	marks   bool   // its head is marked before its agent starts (runTurn.mark, marksAtSlot)
 }
 
 // before reports whether the turn's messages came before it: it is a newer message, which may
@@ -334,6 +335,8 @@ func (s *Session) Receive(c actor.Context) {
 		s.resend(c)
 	case *heldTick:
 		s.onHeldTick(c)
+	case *slotTaken:
+		s.onSlotTaken(c, m)
 	case *probationGranted:
 		s.onProbationGranted(c, m)
 	case *probationLost:

@@ -16,6 +16,13 @@ import (
 // that waited. The session gives the token back as soon as the suspect no longer runs nor is
 // next to run (settleProbation), and when it restarts or stops. Only suspects pay for this: the
 // check on any other turn is one comparison.
+//
+// A head struck once (item.restarts 1) is marked too, but later: once its turn has its agent
+// slot (marksAtSlot, slotTaken), and its agent starts once that write is acknowledged. An
+// unclean stop counts a struck head only by a mark of the run that died (Store.BeginRun), so
+// the heads that only waited for a slot during a backlog keep their one strike, and a message
+// whose agent started when the process died is counted again. A head with no strike pays
+// nothing: every unclean stop counts it.
 
 // probationRun is a session's request for the token, for the suspect seq.
 type probationRun struct {
@@ -157,4 +164,41 @@ func (s *Session) probationState() string {
 		return "running"
 	}
 	return "waiting"
+}
+
+// marksAtSlot reports whether the turn of head marks it with this run once the turn has its
+// agent slot: it was struck once (a suspect's mark is written before its turn starts, by
+// holdForProbation), and this daemon counts its unclean stops (probation on, as for suspects:
+// not in cluster mode, where a claim counts a member's death).
+func (s *Session) marksAtSlot(head *item) bool {
+	return head.restarts > 0 && head.restarts < ProbationAfter && s.d.Probation != nil && s.d.Run != ""
+}
+
+// onSlotTaken marks the head of the running turn with this run: its call has an agent slot and
+// waits for the mark (runTurn.mark).
+func (s *Session) onSlotTaken(c actor.Context, m *slotTaken) {
+	r := s.running
+	if r == nil || r.id != m.TurnID || !r.marks {
+		return // cancelled since: its call ends without starting the agent
+	}
+	head := r.items[0]
+	s.write(c, []persistence.Op{&persistence.MarkProbation{SessionID: head.sessionID, Seq: head.seq, Run: s.d.Run}},
+		func(c actor.Context, err error) { s.onStruckMarked(c, r, err) })
+}
+
+// onStruckMarked starts the agent of turn r once the mark of its head is durable. A mark that
+// was not stored runs nothing, as for a suspect: the session starts again from the store (its
+// turn cancelled), unless it hands over already.
+func (s *Session) onStruckMarked(c actor.Context, r *turnRun, err error) {
+	if s.running != r {
+		return
+	}
+	if err != nil {
+		s.logRefusedWrite("store the mark of a struck message whose turn starts", err, "message_id", r.items[0].messageID)
+		if !s.fencedOut {
+			s.restartFromStore(c, "the mark of a struck message whose turn starts was not stored", err)
+		}
+		return
+	}
+	c.Send(r.pid, &startAgent{})
 }

@@ -92,8 +92,9 @@ func (s *Session) tryStart(c actor.Context) {
 	s.setBusy(c, true)                                              // before the turn starts: a drain must never miss a running turn
 	pid := c.ActorSystem().Root.SpawnPrefix(s.d.turnProps, "turn-") // top level: see Turn
 	steers := s.mode == ModeSteer && agents.CanSteer(s.d.Agent)
-	c.Send(pid, &runTurn{req: req, session: c.Self(), steer: steers})
-	s.running = &turnRun{pid: pid, id: turnID, items: group, started: s.d.now(), note: note, steers: steers}
+	marks := s.marksAtSlot(group[0])
+	c.Send(pid, &runTurn{req: req, session: c.Self(), steer: steers, mark: marks})
+	s.running = &turnRun{pid: pid, id: turnID, items: group, started: s.d.now(), note: note, steers: steers, marks: marks}
 	s.trimHistory()
 	if s.debugOn() {
 		s.logger().Debug("turn started", "turn", turnID, logging.KeyMessage, strings.Join(messageIDs(group), ","))

@@ -45,6 +45,7 @@ type Turn struct {
 
 	cancel context.CancelFunc
 	steer  chan agents.Message // into the steering relay; open while the agent runs, when it can steer
+	marked chan struct{}       // closed on startAgent; only for a turn that marks its head (runTurn.mark)
 
 	ended     bool // the agent's call has returned (its result went to the session)
 	cancelled bool // the session cancelled the call and waits for it to return (cancelRun)
@@ -77,7 +78,12 @@ func (t *Turn) Receive(c actor.Context) {
 	case *runTurn:
 		if t.req == nil && t.agent != nil {
 			t.req, t.session, t.turnID = m.req, m.session, m.req.Identity.TurnID
-			t.start(c, m.steer)
+			t.start(c, m.steer, m.mark)
+		}
+	case *startAgent:
+		if t.marked != nil {
+			close(t.marked)
+			t.marked = nil
 		}
 	case *agentDone:
 		if t.session == nil {
@@ -143,10 +149,14 @@ func (t *Turn) callEnded(c actor.Context) {
 // copy of the history) and the agent. The agent's goroutine keeps its own copies until it
 // returns.
 func (t *Turn) release() {
-	t.req, t.agent, t.cancel, t.session = nil, nil, nil, nil
+	t.req, t.agent, t.cancel, t.session, t.marked = nil, nil, nil, nil, nil
 }
 
-func (t *Turn) start(c actor.Context, steer bool) {
+// start runs the agent in a goroutine once the call has its slot. With mark, the goroutine
+// then tells the session (slotTaken) and waits for startAgent, the session's mark of the
+// turn's head stored, holding its slot: a message struck by an unclean stop is counted again
+// only if its agent started (Store.BeginRun), not while it waited for a slot.
+func (t *Turn) start(c actor.Context, steer, mark bool) {
 	ctx, cancel := context.WithCancel(t.parent)
 	t.cancel = cancel
 	self, root := c.Self(), c.ActorSystem().Root
@@ -167,6 +177,12 @@ func (t *Turn) start(c actor.Context, steer bool) {
 		go relay.run()
 	}
 	calls, slots := t.calls, t.slots
+	session, turnID := t.session, t.turnID
+	var marked chan struct{}
+	if mark {
+		t.marked = make(chan struct{})
+		marked = t.marked
+	}
 	go func() {
 		start := time.Now()
 		defer calls.done()
@@ -183,6 +199,15 @@ func (t *Turn) start(c actor.Context, steer bool) {
 			return
 		}
 		defer slots.release()
+		if marked != nil {
+			root.Send(session, &slotTaken{TurnID: turnID})
+			select {
+			case <-marked:
+			case <-ctx.Done():
+				root.Send(self, &agentDone{err: context.Cause(ctx), took: time.Since(start), steered: relay.finish()})
+				return
+			}
+		}
 		resp, err := agent.Run(ctx, req)
 		steered := relay.finish()
 		if resp != nil {

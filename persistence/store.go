@@ -276,10 +276,13 @@ type SetAttempts struct {
 	Attempts  int
 }
 
-// MarkProbation records that a suspect message (Attempts at least ProbationAfter) is about to
-// run in the daemon run Run, alone among suspects: Store.BeginRun counts an unclean stop
-// against such a message only when its mark names the run that died. Re-applying it is a
-// no-op; an unknown message is a no-op.
+// MarkProbation records that a struck message (Attempts at least 1) starts to run in the
+// daemon run Run: a suspect (Attempts at least ProbationAfter) alone among suspects before
+// its turn starts, any other once its turn has an agent slot. Store.BeginRun counts an
+// unclean stop against a struck message only when its mark names the run that died, so
+// not against one that merely waited. Re-applying it is a no-op; an unknown message is a
+// no-op. (The name and the column, probation_run, date from when only suspects were marked:
+// spools written before name the op so.)
 type MarkProbation struct {
 	SessionID string
 	Seq       int64
@@ -696,10 +699,10 @@ type Store interface {
 	// hit a fatal runtime error), it counts that unclean stop in the same transaction: it adds
 	// 1 to Attempts of the head pending message (the lowest seq with StatusPending, active,
 	// of role user) of each routed session, the message that was running or next to run
-	// there, and returns the run before; otherwise it returns nil. A head whose Attempts
-	// have reached ProbationAfter (a suspect) counts only when MarkProbation marked it in the
-	// run that died: suspects run one at a time, so only the one running then counts, not
-	// those waiting for their turn. Cluster members, which
+	// there, and returns the run before; otherwise it returns nil. A head already counted
+	// (Attempts 1 or more) counts only when MarkProbation marked it in the run that died: its
+	// turn had started then, and it was not merely waiting (for an agent slot, or as a
+	// suspect for its turn on probation). Cluster members, which
 	// start and stop independently on one database, never call it.
 	BeginRun(ctx context.Context, run string, at time.Time) (*UncleanStop, error)
 	// EndRun records that run stopped cleanly. It changes nothing when another run began

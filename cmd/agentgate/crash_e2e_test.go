@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -48,7 +49,9 @@ func poisonCrashLoop(t *testing.T, told string, serve func() *daemon) *daemon {
 		t.Helper()
 		waitFor(t, 30*time.Second, func() bool {
 			_, body := get(t, d.base+"/v1/sessions/"+key)
-			return strings.Contains(body, `"running_turn_id":"t_`)
+			// The agent's command runs: a struck message's turn starts its agent only once
+			// its mark is stored, and a stop before that does not count against it.
+			return strings.Contains(body, `"running_turn_id":"t_`) && agentsRunning(d) > 0
 		})
 	}
 
@@ -124,7 +127,8 @@ func TestPoisonSparesTheChatsInFlight(t *testing.T) {
 		if stop > 1 {
 			d = MustServe(t, dataDir, env...)
 		}
-		waitFor(t, 30*time.Second, func() bool { return running(d, poisonKey) && running(d, slowKey) })
+		// Both agents' commands run (from the second start on, once their marks are stored).
+		waitFor(t, 30*time.Second, func() bool { return running(d, poisonKey) && running(d, slowKey) && agentsRunning(d) == 2 })
 		d.kill(t) // unclean stops 1 and 2: both in flight, both count
 	}
 
@@ -159,6 +163,7 @@ func TestPoisonSparesTheChatsInFlight(t *testing.T) {
 	if running(d, slowKey) {
 		t.Errorf("the slow message runs along with the poison message after 2 unclean stops, want one at a time")
 	}
+	waitFor(t, 30*time.Second, func() bool { return agentsRunning(d) == 1 }) // its command runs
 	if !logged(d, "running a suspect message on probation", "message_id=poison-1", "strikes=2/3") {
 		t.Errorf("the log does not say the poison message runs on probation:\n%s", d.stderr.String())
 	}
@@ -180,6 +185,95 @@ func TestPoisonSparesTheChatsInFlight(t *testing.T) {
 	if err := d.stop(t, 30*time.Second); err != nil {
 		t.Errorf("exit after SIGTERM: %v, want 0", err)
 	}
+}
+
+// TestWaitingForAnAgentSlotIsNoSuspect: two chats, one agent slot (agent.max_concurrent 1),
+// and two kill -9s while one chat's agent runs and the other chat's turn waits for the slot.
+// The first stop counts both messages; the second only the one whose agent had started (its
+// mark), so the start after it has one suspect, on probation, and the chat that only waited is
+// no suspect and waits for no probation. Before, both were suspects: during a backlog two
+// unclean stops put every chat that waited for a slot on probation.
+func TestWaitingForAnAgentSlotIsNoSuspect(t *testing.T) {
+	dataDir := t.TempDir()
+	env := []string{"AGENTGATE_AGENT_BACKEND=exec", "AGENTGATE_AGENT_MAX_CONCURRENT=1", "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=100ms",
+		`AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'sleep 60']`}
+	keys := []string{"agent:main:http:dm:c1", "agent:main:http:dm:c2"}
+	state := func(d *daemon, key string) string {
+		t.Helper()
+		_, body := get(t, d.base+"/v1/sessions/"+key)
+		return body
+	}
+	// One agent runs and the other chat's turn waits for the slot.
+	oneRunsOneWaits := func(d *daemon) {
+		t.Helper()
+		waitFor(t, 30*time.Second, func() bool {
+			return agentsRunning(d) == 1 && strings.Contains(state(d, keys[0]), `"running_turn_id":"t_`) &&
+				strings.Contains(state(d, keys[1]), `"running_turn_id":"t_`)
+		})
+	}
+
+	d := MustServe(t, dataDir, env...)
+	for i, key := range keys {
+		m := fmt.Sprintf(`{"chat_id":"c%d","user_id":"u%d","text":"hello","message_id":"m%d"}`, i+1, i+1, i+1)
+		if status, ack := post(t, d.base+"/v1/messages", "", m); status != http.StatusAccepted || ack["session_key"] != key {
+			t.Fatalf("POST %s = %d %v, want 202 for %s", m, status, ack, key)
+		}
+	}
+	oneRunsOneWaits(d)
+	d.kill(t) // unclean stop 1: both messages count (1)
+	d = MustServe(t, dataDir, env...)
+	oneRunsOneWaits(d)
+	d.kill(t) // unclean stop 2: only the message whose agent ran counts (2)
+
+	d = MustServe(t, dataDir, env...)
+	waitFor(t, 30*time.Second, func() bool { return logged(d, "did not stop cleanly") })
+	if line := grep(d.stderr.String(), "did not stop cleanly"); strings.Count(line, "=2/3") != 1 || strings.Count(line, "/3") != 1 {
+		t.Errorf("the start after the second unclean stop logged %q, want one message counted, to 2", line)
+	}
+	var running, other string
+	waitFor(t, 30*time.Second, func() bool {
+		for i, key := range keys {
+			if strings.Contains(state(d, key), `"probation":"running"`) {
+				running, other = key, keys[1-i]
+				return true
+			}
+		}
+		return false
+	})
+	if body := state(d, other); strings.Contains(body, `"probation"`) {
+		t.Errorf("GET %s = %s, want no probation: its message only waited for an agent slot during the second stop", other, body)
+	}
+	if _, body := get(t, d.base+"/metrics"); !strings.Contains(body, "agentgate_probation_waiting 0") {
+		t.Errorf("with %s on probation, /metrics says %s, want none waiting", running, grep(body, "agentgate_probation_waiting"))
+	}
+	if err := d.stop(t, 30*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v, want 0", err)
+	}
+}
+
+// agentsRunning counts the live child processes of d: the exec agent's commands that run.
+func agentsRunning(d *daemon) int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	ppid := strconv.Itoa(d.cmd.Process.Pid)
+	n := 0
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// "pid (comm) state ppid ...": the fields after the parenthesised command name.
+		i := strings.LastIndexByte(string(stat), ')')
+		if f := strings.Fields(string(stat[i+1:])); len(f) > 1 && f[0] != "Z" && f[1] == ppid {
+			n++
+		}
+	}
+	return n
 }
 
 // logged reports whether a line of d's log holds every one of parts.

@@ -27,8 +27,14 @@ func TestSessionsPardon(t *testing.T) {
 		t.Fatalf("sqlite.Open: %v", err)
 	}
 	defer daemon.Close()
-	// Three starts, the first two of which never stopped: both count against each head.
+	// Three starts, the first two of which never stopped: both count against each head, whose
+	// turn started in r2 (marked, as a session marks a struck message once its turn has its
+	// agent slot).
 	for _, run := range []string{"r1", "r2", "r3"} {
+		if run == "r3" {
+			storetest.MustCommit(t, daemon, &persistence.MarkProbation{SessionID: "sa2", Seq: 3, Run: "r2"},
+				&persistence.MarkProbation{SessionID: "sb1", Seq: 1, Run: "r2"})
+		}
 		if _, err := daemon.BeginRun(ctx, run, time.Now()); err != nil {
 			t.Fatalf("BeginRun(%s): %v", run, err)
 		}

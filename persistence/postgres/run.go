@@ -16,14 +16,15 @@ const (
 	// BeginRun that raced another would count one unclean stop twice.
 	lastRunSQL = `SELECT run, started_at FROM daemon_run WHERE one FOR UPDATE`
 	// countUncleanStopSQL adds one attempt to the head pending message of each routed session
-	// (messages_pending serves the MIN), unless it is a suspect (attempts $1 or more,
-	// persistence.ProbationAfter) that was not marked to run in the run that died ($2).
+	// (messages_pending serves the MIN): at once when it has none yet, and when it has, only
+	// when its mark (persistence.MarkProbation) names the run that died ($1), the run that
+	// started its turn.
 	countUncleanStopSQL = `UPDATE messages m SET attempts = m.attempts + 1
 		WHERE m.role = 'user' AND m.status = 'pending' AND m.active
 			AND m.session_id IN (SELECT session_id FROM routing)
 			AND m.seq = (SELECT MIN(h.seq) FROM messages h WHERE h.session_id = m.session_id
 				AND h.role = 'user' AND h.status = 'pending' AND h.active)
-			AND (m.attempts < $1 OR m.probation_run = $2)
+			AND (m.attempts = 0 OR m.probation_run = $1)
 		RETURNING (SELECT r.key FROM routing r WHERE r.session_id = m.session_id), m.session_id, m.message_id, m.attempts`
 	beginRunSQL = `INSERT INTO daemon_run (one, run, started_at) VALUES (TRUE, $1, $2)
 		ON CONFLICT (one) DO UPDATE SET run = excluded.run, started_at = excluded.started_at`
@@ -75,7 +76,7 @@ func (s *Store) beginRun(ctx context.Context, run string, at time.Time) (*persis
 			return fmt.Errorf("read the last run: %w", err)
 		}
 		if last.Run != "" {
-			rows, err := tx.Query(ctx, countUncleanStopSQL, persistence.ProbationAfter, last.Run)
+			rows, err := tx.Query(ctx, countUncleanStopSQL, last.Run)
 			if err != nil {
 				return fmt.Errorf("count the unclean stop: %w", err)
 			}

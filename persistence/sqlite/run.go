@@ -13,14 +13,15 @@ import (
 const (
 	lastRunSQL = `SELECT run, started_at FROM daemon_run WHERE one = 1`
 	// countUncleanStopSQL adds one attempt to the head pending message of each routed session
-	// (messages_pending serves the MIN), unless it is a suspect (attempts ?1 or more,
-	// persistence.ProbationAfter) that was not marked to run in the run that died (?2).
+	// (messages_pending serves the MIN): at once when it has none yet, and when it has, only
+	// when its mark (persistence.MarkProbation) names the run that died (?1), the run that
+	// started its turn.
 	countUncleanStopSQL = `UPDATE messages SET attempts = attempts + 1
 		WHERE role = 'user' AND status = 'pending' AND active = 1
 			AND session_id IN (SELECT session_id FROM routing)
 			AND seq = (SELECT MIN(h.seq) FROM messages h WHERE h.session_id = messages.session_id
 				AND h.role = 'user' AND h.status = 'pending' AND h.active = 1)
-			AND (attempts < ?1 OR probation_run = ?2)
+			AND (attempts = 0 OR probation_run = ?1)
 		RETURNING (SELECT r.key FROM routing r WHERE r.session_id = messages.session_id), session_id, message_id, attempts`
 	beginRunSQL = `INSERT INTO daemon_run (one, run, started_at) VALUES (1, ?1, ?2)
 		ON CONFLICT (one) DO UPDATE SET run = ?1, started_at = ?2`
@@ -116,7 +117,7 @@ func countUncleanStop(ctx context.Context, tx *sql.Tx, died string) ([]persisten
 		var c persistence.CountedMessage
 		err := r.Scan(&c.Key, &c.SessionID, &c.MessageID, &c.Attempts)
 		return c, err
-	}, countUncleanStopSQL, persistence.ProbationAfter, died)
+	}, countUncleanStopSQL, died)
 }
 
 // Pardon implements persistence.Store: one BEGIN IMMEDIATE transaction under the commit mutex.

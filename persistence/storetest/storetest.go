@@ -59,6 +59,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"Quarantined", testQuarantined},
 		{"UncleanStops", testUncleanStops},
 		{"UncleanStopsOnProbation", testUncleanStopsOnProbation},
+		{"UncleanStopsCountOnlyMarkedStruck", testUncleanStopsCountOnlyMarkedStruck},
 		{"Pardon", testPardon},
 		{"PruneSessions", testPruneSessions},
 		{"PruneSessionsLimit", testPruneSessionsLimit},
