@@ -51,7 +51,8 @@ func (m probedManager) Receive(c actor.Context) {
 			"crashStops": len(m.crashStops), "rerun": len(m.rerun), "refused": len(m.refused), "paused": len(m.paused),
 			"crashed": len(m.crashed), "waitingOut": len(m.waitingOut), "startedEarly": len(m.startedEarly),
 			"busy": len(m.busy), "drains": len(m.drains), "grains": len(m.grains), "stoppedGrains": len(m.stoppedGrains),
-			"quieted": len(m.quieted), "activating": len(m.activating), "waiters": len(m.waiters)})
+			"quieted": len(m.quieted), "activating": len(m.activating), "waiters": len(m.waiters),
+			"keptBackoffs": m.keptBackoffs.Len(), "keptAt": len(m.keptAt)})
 		return
 	}
 	m.SessionManager.Receive(c)
@@ -371,6 +372,98 @@ func TestChatsRefusedOrCrashedOutLeaveNothingBehind(t *testing.T) {
 		}
 		if got := testutil.ToFloat64(w.d.Metrics.SessionsActive); got != 0 {
 			t.Errorf("%v sessions active, want none", got)
+		}
+	})
+}
+
+// TestEvictedChatsRefusedOrCrashedOutLeaveNothingBehind is
+// TestChatsRefusedOrCrashedOutLeaveNothingBehind under sessions.max_in_memory with
+// passivate_after 0s (no idle sweep): a flood of distinct chats, each refused or crashing out
+// once, whose sessions are then passivated to make room. Their keys keep their backoffs while
+// out of memory (a chat that came back would resume its pause where it left it), and once they
+// have been out for backoffKeptFor the manager holds nothing of them: keys evicted and never
+// seen again leave nothing behind. (A first try kept the backoffs of every key passivated to
+// make room until it passivated for idleness, which with passivate_after 0s is never.)
+func TestEvictedChatsRefusedOrCrashedOutLeaveNothingBehind(t *testing.T) {
+	chats := 200
+	if testing.Short() {
+		chats = 60
+	}
+	const bound = 8
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		gate := make(chan struct{})
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			text := req.Messages[len(req.Messages)-1].Text
+			switch {
+			case strings.HasPrefix(text, "refused"):
+				<-gate // the store goes down while every such turn runs
+			case strings.HasPrefix(text, "panic"):
+				panic("the agent panicked")
+			}
+			return &agents.Response{Text: "answer to " + text}, nil
+		})
+		w := newLongRunWorld(t, agent, func(d *Deps) {
+			out.Store = d.Store
+			d.Store = out
+			d.Config.PassivateAfter = 0
+			d.Config.MaxInMemory = bound
+		})
+		// Half the chats have a command refused while their turn runs (their sessions are
+		// busy: the bound lets them all in, and none is evicted).
+		var fs []*actor.Future
+		for i := 0; i < chats; i += 2 {
+			fs = append(fs, w.send(i, "m1", "refused"))
+		}
+		mustAccept(t, "m1", fs)
+		synctest.Wait()
+		out.Down.Store(true)
+		fs = fs[:0]
+		for i := 0; i < chats; i += 2 {
+			fs = append(fs, w.send(i, "c1", "/status"))
+		}
+		mustRefuse(t, "c1", fs)
+		close(gate)
+		synctest.Wait()
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		out.Down.Store(false)
+		time.Sleep(maxRefusedPause)
+		synctest.Wait()
+		// The other half crash, one chat after the other: their first message until it is
+		// quarantined, their second past the restart budget; each new session makes room.
+		for i := 1; i < chats; i += 2 {
+			mustAccept(t, "m1", []*actor.Future{w.send(i, "m1", "panic")})
+			synctest.Wait()
+			mustAccept(t, "m2", []*actor.Future{w.send(i, "m2", "panic again")})
+			synctest.Wait()
+		}
+		time.Sleep(crashPause) // they start again from the store, each making room
+		synctest.Wait()
+		// Chats that neither crash nor are refused take every place in memory.
+		fs = fs[:0]
+		for i := chats; i < chats+bound; i++ {
+			fs = append(fs, w.send(i, "m1", "hello"))
+		}
+		mustAccept(t, "m1", fs)
+		synctest.Wait()
+
+		got := w.probe(t, w.manager)
+		if got["sessions"] != bound {
+			t.Fatalf("%d sessions in memory, want %d (sessions.max_in_memory)", got["sessions"], bound)
+		}
+		if got["crashStops"] != chats/2 || got["refused"] != chats/2 || got["keptBackoffs"] != chats {
+			t.Errorf("with every chat's session passivated to make room, the manager holds %v; want the backoffs "+
+				"of the %d chats that crashed out and the %d refused kept", got.nonEmpty(nil), chats/2, chats/2)
+		}
+		time.Sleep(backoffKeptFor + backoffCheckEvery)
+		synctest.Wait()
+		if got := w.probe(t, w.manager).nonEmpty(map[string]int{"sessions": bound}); len(got) > 0 {
+			t.Errorf("%v after the chats stayed out of memory for %v, the manager holds %v; want nothing but the sessions in memory",
+				chats, backoffKeptFor, got)
+		}
+		if got, want := testutil.ToFloat64(w.d.Metrics.MessagesQuarantined.WithLabelValues("session_crash")), float64(chats); got != want {
+			t.Errorf("%v messages quarantined, want %v (both messages of every chat that panics)", got, want)
 		}
 	})
 }

@@ -31,13 +31,15 @@ type SessionManager struct {
 	stopping map[string][]routed // key → messages held until the old actor is gone
 	handed   map[string]int      // key → how many of those its stopping session handed back (they come first)
 	// crashStops counts, per key, the times its supervisor stopped the session for crashing
-	// since it last passivated (the pause before it starts again grows with it).
+	// since it last passivated for idleness (the pause before it starts again grows with it;
+	// one passivated to make room keeps it for a while: keptBackoffs).
 	crashStops map[string]int
 	crashed    map[string]bool // key → its stopping session crashed past its budget (passivate.crashed)
 	rerun      map[string]bool // key → activate again once its stopping session is gone (passivate.rerun)
-	// refused counts, per key, the restarts from the store since it last passivated that the
-	// store caused by refusing a write as unavailable (passivate.pause; the pause before the
-	// next activation grows with it); paused holds the keys whose next activation waits.
+	// refused counts, per key, the restarts from the store since it last passivated for
+	// idleness that the store caused by refusing a write as unavailable (passivate.pause; the
+	// pause before the next activation grows with it); paused holds the keys whose next
+	// activation waits.
 	refused map[string]int
 	paused  map[string]bool
 	// waitingOut holds the keys whose next activation waits out such a pause (startSuccessor),
@@ -47,6 +49,13 @@ type SessionManager struct {
 	// startedEarly holds the keys whose session last started before its pause was over: if
 	// the store refuses its writes again, its next pause is waited out (see pause.early).
 	startedEarly map[string]bool
+	// keptBackoffs orders the keys whose session passivated to make room while they had a
+	// backoff (crashStops, refused, startedEarly), with the time each left memory, the longest
+	// gone at the back; keptAt finds a key's element. See keepBackoffs.
+	keptBackoffs *list.List
+	keptAt       map[string]*list.Element
+	stopKept     scheduler.CancelFunc // the armed keptCheck, while backoffs are kept
+	keptChecks   uint64               // numbers the keptChecks armed (keptCheck.n)
 	pauses       uint64               // numbers the pauses (pause.n)
 	stopPauses   scheduler.CancelFunc // the armed pauseCheck, while keys wait out a pause
 	pauseChecks  uint64               // numbers the pauseChecks armed (pauseCheck.n)
@@ -103,7 +112,8 @@ const (
 	recoverRetry       = 5 * time.Second
 	recoverListTimeout = 5 * time.Second
 	// crashPause is how long a session stopped for crashing too often stays stopped, the first
-	// time; each time again doubles it, up to maxCrashPause, until the session passivates.
+	// time; each time again doubles it, up to maxCrashPause, until the session passivates for
+	// idleness (or, passivated to make room, stays out of memory for backoffKeptFor).
 	crashPause    = 10 * time.Second
 	maxCrashPause = 10 * time.Minute
 	// refusedPause is how long a session the store refused a write of waits before it starts
@@ -198,6 +208,10 @@ func (m *SessionManager) Receive(c actor.Context) {
 			m.stopSweep = nil
 		}
 		m.stopPauseChecks()
+		if m.stopKept != nil {
+			m.stopKept()
+			m.stopKept = nil
+		}
 		// Requests held for a session that will not start here get an honest answer: a
 		// message is sent again (ClusterRouter), with its id, to wherever its key lives next.
 		// The activations are given up: an answer to one (a lookup, a Released) that arrives
@@ -257,6 +271,11 @@ func (m *SessionManager) Receive(c actor.Context) {
 			m.endPausesEarly(c)
 			m.armPauseCheck(c)
 		}
+	case *keptCheck:
+		if msg.n == m.keptChecks { // (not one cancelled as it fired)
+			m.stopKept = nil
+			m.expireBackoffs(c)
+		}
 	case *recoverAll:
 		m.recoverAll(c)
 	case *restartCrashed:
@@ -282,9 +301,11 @@ func (m *SessionManager) Receive(c actor.Context) {
 			}
 			if !msg.fenced {
 				m.d.Metrics.SessionPassivations.Inc()
-				delete(m.crashStops, msg.key) // it ran well long enough to be idle
-				delete(m.refused, msg.key)
-				delete(m.startedEarly, msg.key)
+				if msg.room {
+					m.keepBackoffs(c, msg.key) // it may have started seconds ago
+				} else {
+					m.clearBackoffs(msg.key) // it ran well long enough to be idle
+				}
 			}
 			c.Poison(pid)
 		}
@@ -337,6 +358,8 @@ func (m *SessionManager) start(c actor.Context) {
 	m.paused = map[string]bool{}
 	m.waitingOut = map[string]pause{}
 	m.startedEarly = map[string]bool{}
+	m.keptBackoffs = list.New()
+	m.keptAt = map[string]*list.Element{}
 	m.busy = map[string]bool{}
 	m.grains = map[string]*actor.PID{}
 	m.stoppedGrains = map[string][]*actor.PID{}
@@ -485,6 +508,7 @@ func (m *SessionManager) spawnWith(c actor.Context, key string, recovered bool) 
 	}
 	m.sessions[key] = pid
 	m.setIdle(key, true)
+	m.unkeep(key) // its backoffs are its session's again
 	m.d.Metrics.SessionActivations.Inc()
 	m.d.Metrics.SessionsActive.Inc()
 	return pid
@@ -598,6 +622,98 @@ func (m *SessionManager) crashedOut(c actor.Context, key string, restart bool) {
 		m.log.Error("session stopped after crashing too often; it starts again from the store", "session", key, "in", pause)
 		m.timers.SendOnce(pause, c.Self(), &restartCrashed{key: key})
 	}
+}
+
+// Backoffs kept across a passivation to make room. A session passivated for idleness ran well
+// long enough: its key's backoffs (crashStops, refused, startedEarly) go with it. One passivated
+// to make room (sessions.max_in_memory) may have started seconds before, after the pause of a
+// crash-out or of refused writes: had they gone with it, a chat that crashes (or whose writes
+// the store refuses) again and again under a full bound would lose its growing pause each time
+// it was evicted between two of them, and never back off. So they stay, stamped with the time
+// the key left memory, until its session starts again (spawnWith: they are the session's again,
+// cleared when it passivates for idleness) or the key has stayed out of memory for
+// backoffKeptFor: then they go (expireBackoffs), so that the keys of a flood, evicted and never
+// seen again, leave nothing behind, also with passivate_after 0s. The check has a timer of its
+// own, as the idle sweep is off then, armed only while backoffs are kept: a manager that keeps
+// none pays nothing, and the cost is O(1) per passivation or activation, nothing per message.
+
+// backoffKeptFor is how long a key whose session passivated to make room keeps its backoffs out
+// of memory: the longest pause they can make it wait (maxCrashPause; that of refused writes,
+// maxRefusedPause, is shorter). A key that crashes out (or is refused) again within it resumes
+// its backoff where it left it. One that stayed away longer already comes back no more often
+// than its longest pause would let it; it starts again from the first pause, as after a
+// passivation for idleness. It is also passivate_after's default: left in memory, an idle
+// session would have kept them about as long.
+const backoffKeptFor = maxCrashPause
+
+// backoffCheckEvery is the least time between two keptChecks: kept backoffs go between
+// backoffKeptFor and backoffKeptFor + backoffCheckEvery after their key left memory, and a
+// flood of evictions wakes the manager at most once per backoffCheckEvery for them.
+const backoffCheckEvery = time.Minute
+
+// keptCheck wakes the manager to drop the kept backoffs that expired (expireBackoffs).
+type keptCheck struct{ n uint64 }
+
+// keptBackoff is a key in keptBackoffs, with the time its session passivated to make room.
+type keptBackoff struct {
+	key   string
+	since time.Time
+}
+
+// keepBackoffs keeps the backoffs of key, whose session passivated to make room, if it has any:
+// at the front of keptBackoffs, which stays in the order of the times keys left memory.
+func (m *SessionManager) keepBackoffs(c actor.Context, key string) {
+	m.unkeep(key)
+	_, crashed := m.crashStops[key]
+	_, refused := m.refused[key]
+	if !crashed && !refused && !m.startedEarly[key] {
+		return
+	}
+	m.keptAt[key] = m.keptBackoffs.PushFront(keptBackoff{key: key, since: time.Now()})
+	m.armKeptCheck(c)
+}
+
+// unkeep takes key out of keptBackoffs, leaving its backoffs as they are.
+func (m *SessionManager) unkeep(key string) {
+	if e := m.keptAt[key]; e != nil {
+		m.keptBackoffs.Remove(e)
+		delete(m.keptAt, key)
+	}
+}
+
+// clearBackoffs forgets the backoffs of key.
+func (m *SessionManager) clearBackoffs(key string) {
+	delete(m.crashStops, key)
+	delete(m.refused, key)
+	delete(m.startedEarly, key)
+	m.unkeep(key)
+}
+
+// expireBackoffs forgets the kept backoffs of the keys out of memory for backoffKeptFor, from
+// the back of keptBackoffs, and arms the next check while others are kept.
+func (m *SessionManager) expireBackoffs(c actor.Context) {
+	for e := m.keptBackoffs.Back(); e != nil; e = m.keptBackoffs.Back() {
+		if k := e.Value.(keptBackoff); time.Since(k.since) >= backoffKeptFor {
+			m.clearBackoffs(k.key)
+		} else {
+			break
+		}
+	}
+	m.armKeptCheck(c)
+}
+
+// armKeptCheck arms a keptCheck for when the backoffs kept longest expire, no sooner than
+// backoffCheckEvery, while backoffs are kept and none is armed: one timer at a time, for the
+// reason armPauseCheck gives. (One armed for a key that started again since finds nothing to
+// forget, and arms the next.)
+func (m *SessionManager) armKeptCheck(c actor.Context) {
+	e := m.keptBackoffs.Back()
+	if m.stopKept != nil || e == nil || m.closing {
+		return
+	}
+	m.keptChecks++
+	wait := max(time.Until(e.Value.(keptBackoff).since.Add(backoffKeptFor)), backoffCheckEvery)
+	m.stopKept = m.timers.SendOnce(wait, c.Self(), &keptCheck{n: m.keptChecks})
 }
 
 // answerStopped answers the requests among rs, which no session of this manager will take: a
@@ -819,9 +935,7 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		}
 		// Its backoffs go with it: they count since the key last passivated here, which it
 		// may never do again.
-		delete(m.refused, key)
-		delete(m.crashStops, key)
-		delete(m.startedEarly, key)
+		m.clearBackoffs(key)
 		m.handOnFiledReset(c, to, key)
 		m.letGo(c, key)
 		var local []routed

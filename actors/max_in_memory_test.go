@@ -2,10 +2,12 @@ package actors
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -13,6 +15,8 @@ import (
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -24,12 +28,46 @@ type boundWorld struct {
 
 func newBoundWorld(t *testing.T, agent agents.Agent) *boundWorld {
 	t.Helper()
+	return newBoundWorldWrites(t, agent, nil)
+}
+
+// newBoundWorldWrites is newBoundWorld whose persistence actor commits through writes(store)
+// when writes is not nil.
+func newBoundWorldWrites(t *testing.T, agent agents.Agent, writes func(persistence.Store) persistence.Store) *boundWorld {
+	t.Helper()
 	b := &boundWorld{}
-	b.managerWorld = newManagerWorld(t, agent, func(d *Deps) {
+	b.managerWorld = newManagerWorldWrites(t, agent, func(d *Deps) {
 		d.Log = slog.New(slog.NewTextHandler(&b.logs, nil))
 		d.Config.MaxInMemory = 3
-	})
+	}, writes)
 	return b
+}
+
+// logged is the values of attr in the lines of the log that contain msg, in order.
+func (b *boundWorld) logged(msg, attr string) []string {
+	var vals []string
+	for l := range strings.Lines(b.logs.String()) {
+		if strings.Contains(l, msg) {
+			_, v, _ := strings.Cut(strings.TrimSpace(l), " "+attr+"=")
+			v, _, _ = strings.Cut(v, " ")
+			vals = append(vals, v)
+		}
+	}
+	return vals
+}
+
+// evict has the session of chat passivated to make room, by messages for three new chats
+// (named after it and n), and fails the test unless it did.
+func (b *boundWorld) evict(t *testing.T, chat string, n int) {
+	t.Helper()
+	for i := range 3 {
+		other := fmt.Sprintf("%s-other%d-%d", chat, n, i)
+		b.send(t, other, "m-"+other, "hello")
+		synctest.Wait()
+	}
+	if slices.Contains(b.active(t), b.keyOf(chat)) {
+		t.Fatalf("sessions in memory = %v, want %s passivated to make room", b.active(t), chat)
+	}
 }
 
 // keyOf is the session key of chat.
@@ -183,6 +221,117 @@ func TestMaxInMemoryHoldsAfterWritesWaitedInTheSpool(t *testing.T) {
 		}
 		if got := b.active(t); len(got) != 3 {
 			t.Errorf("sessions in memory after the spool drained and three more chats: %q, want 3 (sessions.max_in_memory)", got)
+		}
+	})
+}
+
+// crashedOutLine is the line of a crash-out whose session starts again after a pause (in=).
+const crashedOutLine = "session stopped after crashing too often; it starts again from the store"
+
+// TestMaxInMemoryKeepsTheCrashBackoff: a session passivated to make room keeps its key's crash
+// backoff: the key's next crash-out pauses twice as long as its first. Before (found by a
+// review), a key that crashed out, started again and was evicted while idle had its count
+// cleared, and under a full bound a chat that crashed again and again never backed off. The
+// backoff is kept for backoffKeptFor out of memory, then forgotten: a key evicted that long
+// starts again from the first pause (a first try kept them for good, and the keys of a flood,
+// evicted and never seen again, kept theirs in the manager for ever).
+func TestMaxInMemoryKeepsTheCrashBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var panicking atomic.Bool
+		var gate atomic.Pointer[chan struct{}] // a crash waits until both messages are taken
+		agent := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+			if last := req.Messages[len(req.Messages)-1].Text; last == "boom" && panicking.Load() {
+				<-*gate.Load()
+				panic("agent bug on " + req.Identity.MessageID)
+			}
+			return &agents.Response{Text: "ok"}, nil
+		})
+		b := newBoundWorld(t, agent)
+		// The first message crashes the session until it is quarantined, the second's first
+		// crash is past its restart budget: it crashes out. It starts again after its pause,
+		// and runs the second (which no longer crashes).
+		crashOut := func(first, second string) {
+			t.Helper()
+			g := make(chan struct{})
+			gate.Store(&g)
+			panicking.Store(true)
+			b.send(t, "x", first, "boom")
+			b.send(t, "x", second, "boom")
+			close(g)
+			synctest.Wait()
+			panicking.Store(false)
+			time.Sleep(4 * crashPause) // past its pause, also one that grew once too often
+			synctest.Wait()
+			if !slices.Contains(b.active(t), b.keyOf("x")) {
+				t.Fatalf("sessions in memory = %v, want x started again after its pause", b.active(t))
+			}
+		}
+		crashOut("m1", "m2")
+		b.evict(t, "x", 1)
+		crashOut("m3", "m4") // evicted, it came back within backoffKeptFor: its pause grew
+		b.evict(t, "x", 2)
+		time.Sleep(backoffKeptFor + backoffCheckEvery)
+		crashOut("m5", "m6") // out of memory for backoffKeptFor: back to the first pause
+
+		want := []string{crashPause.String(), (2 * crashPause).String(), crashPause.String()}
+		if got := b.logged(crashedOutLine, "in"); !slices.Equal(got, want) {
+			t.Errorf("crash-out pauses = %q, want %q", got, want)
+		}
+	})
+}
+
+// TestMaxInMemoryKeepsTheRefusedBackoff: as TestMaxInMemoryKeepsTheCrashBackoff, for the pause
+// of a session that starts again from the store after a refused write (a command's, while a
+// turn runs): passivated to make room, its key's next such pause is twice its first.
+func TestMaxInMemoryKeepsTheRefusedBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		var gate atomic.Pointer[chan struct{}]
+		agent := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+			if req.Messages[len(req.Messages)-1].Text == "hold" {
+				<-*gate.Load()
+			}
+			return &agents.Response{Text: "ok"}, nil
+		})
+		b := newBoundWorldWrites(t, agent, func(s persistence.Store) persistence.Store {
+			out.Store = s
+			return out
+		})
+		// While x's turn runs, the store refuses a command's write: the session starts again
+		// from the store after a pause, runs the turn again, and is idle.
+		refuse := func(n int) {
+			t.Helper()
+			g := make(chan struct{})
+			gate.Store(&g)
+			b.send(t, "x", fmt.Sprint("m", n), "hold")
+			synctest.Wait()
+			out.Down.Store(true)
+			key := b.keyOf("x")
+			res, err := b.system.Root.RequestFuture(b.manager, &Routed{Key: key, Msg: &Deliver{SessionKey: key,
+				Source:    sourceToProto(identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "x", UserID: "u1"}),
+				MessageId: fmt.Sprint("c", n), Text: "/status", ReceivedAtUnixNano: time.Now().UnixNano()}}, time.Hour).Result()
+			if err != nil || res.(*DeliverResult).ErrorCode != ErrCodeUnavailable {
+				t.Fatalf("/status while the store is down: %v %+v, want unavailable", err, res)
+			}
+			close(g)
+			synctest.Wait()
+			out.Down.Store(false)
+			time.Sleep(maxRefusedPause)
+			synctest.Wait()
+			if !slices.Contains(b.active(t), key) {
+				t.Fatalf("sessions in memory = %v, want x started again after its pause", b.active(t))
+			}
+		}
+		refuse(1)
+		b.evict(t, "x", 1)
+		refuse(2)
+		b.evict(t, "x", 2)
+		time.Sleep(backoffKeptFor + backoffCheckEvery)
+		refuse(3)
+
+		want := []string{refusedPause.String(), (2 * refusedPause).String(), refusedPause.String()}
+		if got := b.logged("the store refused a session's write; it starts again from the store", "in"); !slices.Equal(got, want) {
+			t.Errorf("pauses after refused writes = %q, want %q", got, want)
 		}
 	})
 }

@@ -76,6 +76,9 @@ type passivate struct {
 	// crashed: the session crashed past its restart budget (Session.crashOut); the key starts
 	// again after crashPause, or at once with the requests it handed back.
 	crashed bool
+	// room: it stops to make room (roomCheck), not for idleness; its key keeps its backoffs
+	// for a while (SessionManager.keepBackoffs).
+	room bool
 }
 
 // busyChanged is sent by a session when it starts running turns or becomes idle.

@@ -666,7 +666,7 @@ const restartFlushTimeout = time.Minute
 
 func (s *Session) onIdle(c actor.Context, m *idleCheck) {
 	if m.makeRoom {
-		if s.stopIfIdle(c); !s.passivating && !s.leaving { // (leaving, it stops once handed on)
+		if s.stopIfIdle(c, true); !s.passivating && !s.leaving { // (leaving, it stops once handed on)
 			c.Send(c.Parent(), &roomDeclined{key: s.key, pid: c.Self()})
 		}
 	} else if time.Since(s.lastTouched) >= s.d.Config.PassivateAfter {
@@ -678,21 +678,21 @@ func (s *Session) onIdle(c actor.Context, m *idleCheck) {
 // nothing in hand.
 func (s *Session) passivateIfIdle(c actor.Context) {
 	if s.d.Config.PassivateAfter > 0 {
-		s.stopIfIdle(c)
+		s.stopIfIdle(c, false)
 	}
 }
 
 // stopIfIdle asks the manager to stop the session (passivate) when it has nothing in hand, also
 // with passivation off: the manager asks so to keep the sessions in memory within
-// SessionConfig.MaxInMemory. A session whose member leaves hands its key on instead
-// (leaveIfIdle).
-func (s *Session) stopIfIdle(c actor.Context) {
+// SessionConfig.MaxInMemory (room: passivate.room). A session whose member leaves hands its key
+// on instead (leaveIfIdle).
+func (s *Session) stopIfIdle(c actor.Context, room bool) {
 	if s.passivating || s.leaving {
 		return
 	}
 	if s.running == nil && !s.ending() && !s.hasQueued() && len(s.inflight) == 0 && s.held() == nil && !s.settingAside() && !s.d.Spooling.Load() {
 		s.passivating = true
-		c.Send(c.Parent(), &passivate{key: s.key, pid: c.Self()})
+		c.Send(c.Parent(), &passivate{key: s.key, pid: c.Self(), room: room})
 	}
 }
 
