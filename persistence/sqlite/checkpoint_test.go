@@ -131,3 +131,64 @@ func TestCheckpointStoppedMidwayLeavesNoWAL(t *testing.T) {
 		t.Errorf("the database file alone holds %d messages, want %d", n, messages)
 	}
 }
+
+// TestWriteCutShortByItsContextLeavesNoWAL: a write on the writer's connection whose context
+// ends while it waits for another process's lock (BeginRun's retry, with half a second; an
+// operator's Ctrl-C of a CLI command) fails, and the store still closes leaving no WAL. Before,
+// the interrupted connection went back to database/sql unusable and was dropped with the write
+// statements prepared on it, which SQLite keeps open, holding its lock (found by a review).
+func TestWriteCutShortByItsContextLeavesNoWAL(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		write func(ctx context.Context, s *Store) error
+	}{
+		{"EndRun", func(ctx context.Context, s *Store) error { return s.EndRun(ctx, "run-1") }},
+		{"BeginRun", func(ctx context.Context, s *Store) error {
+			_, err := s.BeginRun(ctx, "run-2", time.Now())
+			return err
+		}},
+		{"Pardon", func(ctx context.Context, s *Store) error {
+			_, err := s.Pardon(ctx, "")
+			return err
+		}},
+		{"Claim", func(ctx context.Context, s *Store) error {
+			_, err := s.Claim(ctx, "k1", "member-1", time.Now())
+			return err
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "agentgate.db")
+			s, err := Open(context.Background(), path, Options{CheckpointInterval: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")},
+				&persistence.AppendMessage{Message: userMsg("s1", 1, "hello")})
+			other := MustRawDB(t, path)
+			lock, err := other.Begin()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := lock.Exec("DELETE FROM sessions WHERE id = 'none'"); err != nil { // takes the write lock
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			if err := tt.write(ctx, s); err == nil {
+				t.Fatal("the write succeeded while another connection held the write lock")
+			}
+			if err := lock.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+			if err := other.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if fi, err := os.Stat(path + "-wal"); err == nil {
+				t.Errorf("a clean close left the WAL (%d bytes)", fi.Size())
+			}
+		})
+	}
+}

@@ -162,10 +162,11 @@ func (s *Store) indexPass(ctx context.Context) (n int, more bool, err error) {
 // indexTx is indexPass's transaction: it returns the rows it took, how many of them could not be
 // indexed with the last such error, and an error if nothing was committed.
 func (s *Store) indexTx(ctx context.Context, limit int) (n, failed int, ferr, err error) {
-	tx, err := s.writer.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
+	tx, release, err := s.writerTx(ctx)
 	if err != nil {
 		return 0, 0, nil, fmt.Errorf("index: begin: %w", err)
 	}
+	defer release()
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
 	var last, hi int64
 	if err := tx.QueryRowContext(ctx, `SELECT last_id FROM fts_watermark WHERE id = 1`).Scan(&last); err != nil {

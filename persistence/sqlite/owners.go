@@ -42,10 +42,11 @@ func (s *Store) claim(ctx context.Context, key, owner string, at time.Time) (c p
 	}
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
-	tx, err := s.writer.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
+	tx, release, err := s.writerTx(ctx)
 	if err != nil {
 		return c, err
 	}
+	defer release()
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
 	if err := tx.QueryRowContext(ctx, ownerSQL, key).Scan(&c.Previous); err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return c, err

@@ -61,10 +61,11 @@ func (s *Store) beginRun(ctx context.Context, run string, at time.Time) (_ *pers
 	}
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
-	tx, err := s.writer.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
+	tx, release, err := s.writerTx(ctx)
 	if err != nil {
 		return nil, err
 	}
+	defer release()
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
 	var u *persistence.UncleanStop
 	var last persistence.UncleanStop
@@ -106,7 +107,12 @@ func (s *Store) endRun(ctx context.Context, run string) error {
 	}
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
-	_, err := s.writer.ExecContext(ctx, endRunSQL, run)
+	conn, err := s.writer.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer releaseWriter(ctx, conn) // (writerTx says why)
+	_, err = conn.ExecContext(ctx, endRunSQL, run)
 	return err
 }
 
@@ -139,10 +145,11 @@ func (s *Store) pardon(ctx context.Context, key string) (persistence.Pardoned, e
 	}
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
-	tx, err := s.writer.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
+	tx, release, err := s.writerTx(ctx)
 	if err != nil {
 		return persistence.Pardoned{}, err
 	}
+	defer release()
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
 	ids, err := queryAll(ctx, tx, func(r scanner) (string, error) {
 		var id string

@@ -498,6 +498,37 @@ func (s *Store) onWriter(ctx context.Context, f func(dc any) error) error {
 	return err
 }
 
+// writerTx begins a transaction (BEGIN IMMEDIATE) on the writer's connection for a write that
+// ctx may cut short, and returns it with the release of the connection, to defer before the
+// transaction's rollback (so that it runs after it). A statement that ctx ends is interrupted,
+// and the driver reports its connection unusable until another statement has run on it:
+// released so, database/sql dropped the writer's connection with the store's write statements
+// prepared on it, which SQLite keeps open for good (writeStmts), holding its lock, so that the
+// store's last close left the WAL behind (found by a review: a BEGIN that waited for another
+// process's lock beyond BeginRun's retry deadline). releaseWriter runs that statement.
+func (s *Store) writerTx(ctx context.Context) (*sql.Tx, func(), error) {
+	conn, err := s.writer.Conn(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	release := func() { releaseWriter(ctx, conn) }
+	tx, err := conn.BeginTx(ctx, nil) // _txlock=immediate: BEGIN IMMEDIATE
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	return tx, release, nil
+}
+
+// releaseWriter gives conn, the writer's connection, back to its pool after statements under
+// ctx: once ctx has ended, one statement first clears the interrupt it may have left (writerTx).
+func releaseWriter(ctx context.Context, conn *sql.Conn) {
+	if ctx.Err() != nil {
+		_, _ = conn.ExecContext(context.Background(), "SELECT 1")
+	}
+	_ = conn.Close()
+}
+
 // writeLock is the mutex of the store's writers (Store.commitMu). It is a channel, not a
 // sync.Mutex, so that a goroutine waiting for it is durably blocked inside a synctest bubble:
 // the tests run the store on the bubble's clock, and a commit waiting on a sync.Mutex kept that
