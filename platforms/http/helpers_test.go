@@ -26,6 +26,9 @@ import (
 // testTimeout bounds every wait of a test; nothing waits on a sleep.
 const testTimeout = 10 * time.Second
 
+// streamTimeout bounds an event stream a test opens (openSSE).
+const streamTimeout = 60 * time.Second
+
 // streamKey is a well-formed session key for the event stream tests: the stream refuses a
 // string that is not a session key.
 const streamKey = "agent:main:http:dm:chat-1"
@@ -434,7 +437,9 @@ type sseStream struct {
 // openSSE opens the event stream of key; lastID, when not empty, is sent as Last-Event-ID.
 func (h *harness) openSSE(key, lastID, query string) *sseStream {
 	h.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	// The stream's whole life, all its events: a replay of megabytes under the race detector
+	// on a loaded 2-core machine took more than testTimeout (CI).
+	ctx, cancel := context.WithTimeout(context.Background(), streamTimeout)
 	path := "/v1/sessions/" + url.PathEscape(key) + "/events" + query
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.base+path, nil)
 	if err != nil {

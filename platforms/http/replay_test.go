@@ -68,7 +68,7 @@ func largeReplyText(seq int64) string {
 	return fmt.Sprintf("%d:%s", seq, strings.Repeat("x", 200<<10))
 }
 
-// TestEventsReplayOfLargeReplies: an event stream replays a key of many large replies (12 MB,
+// TestEventsReplayOfLargeReplies: an event stream replays a key of many large replies (6 MB,
 // read from SQLite) a page of about a MiB at a time: a client that reads it gets every event
 // once, in order, a pruned session's marker left out, then what comes live; a client that
 // never reads holds a page, until the stream is cut off, which its log line says naming the
@@ -76,7 +76,7 @@ func largeReplyText(seq int64) string {
 // replies ran to 1 MiB could hold 500 MiB (a soak measured 147 MB live for twenty streams of
 // 5.4 MB that were not read).
 func TestEventsReplayOfLargeReplies(t *testing.T) {
-	const n = 60
+	const n, pruned = 30, 15 // 6 MB: six pages
 	ctx := context.Background()
 	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
 	if err != nil {
@@ -90,7 +90,7 @@ func TestEventsReplayOfLargeReplies(t *testing.T) {
 	}
 	var ops []persistence.Op
 	for seq := int64(1); seq <= n; seq++ {
-		if seq == 30 {
+		if seq == pruned {
 			ops = append(ops, entry(seq, persistence.KindPruned, ""))
 			continue
 		}
@@ -112,7 +112,7 @@ func TestEventsReplayOfLargeReplies(t *testing.T) {
 			t.Fatalf("Send(%d) = %v", live.Seq, err)
 		}
 		for want := int64(1); want <= n+1; want++ {
-			if want == 30 {
+			if want == pruned {
 				continue
 			}
 			ev := s.mustNextEvent()
