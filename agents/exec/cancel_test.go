@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -27,6 +28,10 @@ func TestRunTimeout(t *testing.T) {
 	elapsed := time.Since(start)
 	if !errors.Is(err, exec.ErrTimeout) {
 		t.Errorf("Run(slow command) = %v, %v; want an error wrapping ErrTimeout", resp, err)
+	} else if msg := err.Error(); !strings.HasPrefix(msg, "exec agent: timed out: run ") || strings.Count(msg, "exec agent") != 1 ||
+		!strings.HasSuffix(msg, "no reply within 1s (agent.exec.timeout)") {
+		// It said "exec agent: run …: no reply within 1s: exec agent: timed out", naming no setting.
+		t.Errorf("Run(slow command) error = %q, want it to say once that it timed out, and the setting", msg)
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Run(slow command) error = %v, want no context error (the caller's ctx is alive)", err)
