@@ -46,9 +46,9 @@ const asidePage = 256
 type asideRetry struct{}
 
 // setAsideQueue sets aside every queued message with a notice of text, in memory and in the
-// store (the spill), as failed: at a start whose backlog is not run (noticePending,
-// expireOnStart). from is the session whose chat the notices go to. A spill at a start has no
-// tail: nothing has arrived yet.
+// store (the spill), as failed: at a start whose backlog is not run (noticePending). from is
+// the session whose chat the notices go to. A spill at a start has no tail: nothing has
+// arrived yet.
 func (s *Session) setAsideQueue(c actor.Context, from *persistence.Session, text string) {
 	for _, it := range s.queue {
 		s.setAside(c, it, persistence.StatusFailed, text)

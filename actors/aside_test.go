@@ -81,7 +81,7 @@ func (r *readSizes) check(t *testing.T, cap, size int) {
 const backlogN, backlogSize = 300, 32 << 10
 
 // TestBacklogAnsweredWithNoticesIsReadInPages: a session that starts with a backlog of messages
-// pending that it does not run (sessions.recovery: notice, a reset that fell due while
+// pending that it does not run (sessions.recovery: notice, also when a reset fell due while
 // agentgate was down) answers each with a notice, once, in order, and reads the backlog a page
 // at a time. Before, the start read the whole backlog at once (here 9 MiB of text; a flooded
 // chat's could be gigabytes). TestSpilledQueueLoadsPastItsCapAfterARestart is the backlog that
@@ -96,10 +96,13 @@ func TestBacklogAnsweredWithNoticesIsReadInPages(t *testing.T) {
 	}{
 		{name: "recovery notice", setup: func(d *Deps) { d.Config.Recovery = RecoveryNotice },
 			note: "agentgate restarted before it could answer this message"},
-		{name: "reset due at start", down: true, setup: func(d *Deps) {
+		// A reset due at the start waits for the backlog (expireOnStart), which the notices
+		// answer: the notices are recovery's, not the reset's.
+		{name: "recovery notice, reset due at start", down: true, setup: func(d *Deps) {
+			d.Config.Recovery = RecoveryNotice
 			d.Config.ResetFor = func(string, string) ResetPolicy { return idle }
 			d.Config.ResetPolicies = []ResetPolicy{idle}
-		}, note: "could not be answered before the session was reset (idle)"},
+		}, note: "agentgate restarted before it could answer this message"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -112,7 +115,7 @@ func TestBacklogAnsweredWithNoticesIsReadInPages(t *testing.T) {
 				}
 				a := newRequeueAgent()
 				w := newManagerWorldAt(t, path, a, setup)
-				w.deliver(t, "m0", "hold")
+				m0 := w.deliver(t, "m0", "hold")
 				ids := append([]string{"m0"}, w.flood(t, 1, backlogN, backlogSize)...)
 				w.stop() // m0's turn is cut short: m0…mn are pending in the store
 				synctest.Wait()
@@ -129,6 +132,13 @@ func TestBacklogAnsweredWithNoticesIsReadInPages(t *testing.T) {
 					t.Errorf("turns ran %v; want none: the backlog is answered with notices", got[:min(5, len(got))])
 				}
 				w2.checkSetAside(t, ids, tc.note)
+				s, err := w2.store.Session(w2.ctx, m0.SessionId)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if tc.down != (s.EndReason == persistence.EndIdle) {
+					t.Errorf("session %s ended %v (%q); want the idle reset only if it fell due", m0.SessionId, s.EndedAt, s.EndReason)
+				}
 			})
 		})
 	}

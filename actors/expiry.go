@@ -261,21 +261,19 @@ const AutoResetNotice = "◐ Your previous session was reset automatically"
 // resurrected. So is one whose reset the store refused before (writeReset), unless it was
 // active since: in a cluster the key may have moved to another member meanwhile and come back
 // days later, and the reset then ended the session at its old due time, before its last
-// activity (TestFiledResetEndsNoSessionActiveSince). Messages it still had pending are not run
-// in a session that has ended; their senders are told to send them again.
+// activity (TestFiledResetEndsNoSessionActiveSince). A session that starts with messages still
+// pending is in use, as a live one is (expireIfIdle): they run in the session they were sent
+// to, and the reset is done, at its due time, once they are (endOverdue). Before, the session
+// ended at once and its pending messages were set aside with "it was not run", though the
+// last run had taken them and a live daemon runs them before the reset
+// (TestPendingMessagesOfASessionDueAtStartRunBeforeItsReset).
 func (s *Session) expireOnStart(c actor.Context) {
-	if v, ok := s.d.resetsDue.LoadAndDelete(s.key); ok && s.takeFiledReset(v.(*overdue)) && s.hasQueued() {
+	if v, ok := s.d.resetsDue.LoadAndDelete(s.key); ok {
 		// Filed as it waited for the session's queued work (by a member that left with it:
-		// leaveIfIdle), it waits for that work still, and is done once it is (endOverdue).
-		return
+		// leaveIfIdle), it waits for that work still.
+		s.takeFiledReset(v.(*overdue))
 	}
-	ops := s.expire(s.d.now())
-	if len(ops) == 0 {
-		return
-	}
-	s.writeReset(c, ops)
-	s.setAsideQueue(c, s.prev, fmt.Sprintf(
-		"⚠️ This message could not be answered before the session was reset (%s), so it was not run. Please send it again.", s.prev.EndReason))
+	s.writeReset(c, s.expireIfIdle(s.d.now()))
 }
 
 // takeFiledReset makes o, a reset filed for the key's next activation (writeReset, leaveIfIdle),

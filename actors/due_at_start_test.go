@@ -1,0 +1,84 @@
+package actors
+
+import (
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+)
+
+// TestPendingMessagesOfASessionDueAtStartRunBeforeItsReset: agentgate stops with a message's
+// turn running and one queued behind it (the drain deadline passed, or a kill -9), and starts
+// again after the session's reset (idle or daily) fell due. The messages run in the session
+// they were sent to, and the session then ends at its due time, as a live daemon does with a
+// reset that falls due while the session works. A message that arrives meanwhile joins them,
+// as on a live daemon, and the next one begins the successor, with the notice. Before, the
+// start ended the session at once and answered both with "could not be answered before the
+// session was reset …, so it was not run", though the last run had taken them.
+func TestPendingMessagesOfASessionDueAtStartRunBeforeItsReset(t *testing.T) {
+	idle := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Minute, Notify: true}
+	for _, tc := range []struct {
+		name    string
+		policy  ResetPolicy
+		restart time.Time // when agentgate starts again
+		reason  string
+		due     time.Time // when the session ends
+	}{
+		{"daily", ResetPolicy{Mode: ResetDaily, AtHour: 4, Notify: true, Location: time.UTC}, after4, persistence.EndDaily, at4},
+		{"idle", idle, before4.Add(2 * time.Hour), persistence.EndIdle, before4.Add(30 * time.Minute)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var clock atomic.Int64
+				clock.Store(before4.UnixNano())
+				setup := func(d *Deps) {
+					d.Now = func() time.Time { return time.Unix(0, clock.Load()).UTC() }
+					d.Config.ResetFor = func(string, string) ResetPolicy { return tc.policy }
+					d.Config.ResetPolicies = []ResetPolicy{tc.policy}
+				}
+				path := filepath.Join(t.TempDir(), "agentgate.db")
+				w := newManagerWorldAt(t, path, gatedAgent("m0", make(chan struct{})), setup)
+				m0 := w.deliver(t, "m0", "slow")
+				if m1 := w.deliver(t, "m1", "queued"); m1.SessionId != m0.SessionId {
+					t.Fatalf("m1 in %s, m0 in %s", m1.SessionId, m0.SessionId)
+				}
+				synctest.Wait()
+				w.stop() // m0's turn is cut short: m0 and m1 are pending in the store
+				synctest.Wait()
+
+				clock.Store(tc.restart.UnixNano())
+				release := make(chan struct{})
+				w2 := newManagerWorldAt(t, path, gatedAgent("m0", release), setup)
+				synctest.Wait() // recovered: m0's turn runs again
+				if s, err := w2.store.Session(w2.ctx, m0.SessionId); err != nil || !s.EndedAt.IsZero() {
+					t.Fatalf("session %s after the start: ended %v (%q), %v; want it open while its pending messages run", m0.SessionId, s.EndedAt, s.EndReason, err)
+				}
+				// A message that arrives while they run joins them, as on a live daemon.
+				if m2 := w2.deliver(t, "m2", "meanwhile"); m2.SessionId != m0.SessionId {
+					t.Errorf("m2 arrived while the session's pending messages ran and went to %s; want their session %s", m2.SessionId, m0.SessionId)
+				}
+				close(release)
+				for _, id := range []string{"m0", "m1", "m2"} {
+					if got := w2.answersTo(t, id); len(got) != 1 || got[0] != "re "+id {
+						t.Errorf("%s was answered %q; want its reply", id, got)
+					}
+				}
+				synctest.Wait()
+				s, err := w2.store.Session(w2.ctx, m0.SessionId)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if s.EndReason != tc.reason || !s.EndedAt.Equal(tc.due) {
+					t.Errorf("once its messages ran, session %s ended %v (%q); want the %s reset at %v", m0.SessionId, s.EndedAt, s.EndReason, tc.reason, tc.due)
+				}
+				m3 := w2.deliver(t, "m3", "next")
+				if n := resetNotices(w2.answersTo(t, "m3")); m3.SessionId == m0.SessionId || len(n) != 1 {
+					t.Errorf("m3 ran in %s (the reset one %s), with the notices %q; want a new session and one notice", m3.SessionId, m0.SessionId, n)
+				}
+			})
+		})
+	}
+}
