@@ -109,10 +109,47 @@ func (s *Session) afterUncleanStops(c actor.Context) {
 }
 
 // noticePending answers every message the last run left unanswered with a notice instead of
-// running it (sessions.recovery: notice), and marks it failed.
+// running it (sessions.recovery: notice), and marks it failed. The messages at the head of the
+// queue, those its next turn would take (and, in queue mode steer, those from the same sender
+// behind them, which a running turn takes in), may be those of a turn that was running when
+// agentgate stopped (a kill -9, a stop past the drain's deadline): their agent may have begun
+// the work. Their notice says so, and the others' that they were not run. Before, every notice
+// said "it was not run", and the sender of a message whose agent had side effects sent it again
+// and had the work done twice (TestRecoveryNoticeSaysTheHeadMayHaveBeenPartlyRun).
 func (s *Session) noticePending(c actor.Context) {
-	s.setAsideQueue(c, s.cur, "⚠️ agentgate restarted before it could answer this message, so it was not run. Please send it again if it still matters.")
+	if n := s.mayHaveRun(); n > 0 {
+		head := slices.Clone(s.queue[:n])
+		s.dequeue(n)
+		for _, it := range head {
+			s.setAside(c, it, persistence.StatusFailed, MayHaveRunNotice)
+		}
+	}
+	s.setAsideQueue(c, s.cur, NotRunNotice)
 }
+
+// mayHaveRun is how many messages at the head of the queue a turn running when the last run
+// stopped may have had: the next turn's, and in queue mode steer, with those from the same
+// sender behind them, up to as many as a turn takes in (MaxSteered).
+func (s *Session) mayHaveRun() int {
+	if len(s.queue) == 0 {
+		return 0
+	}
+	n := len(s.nextGroup())
+	if s.mode == ModeSteer {
+		last := s.queue[n-1]
+		for k := 0; k < MaxSteered && n < len(s.queue) && s.queue[n].src.UserID == last.src.UserID && s.queue[n].sessionID == last.sessionID; k++ {
+			n++
+		}
+	}
+	return n
+}
+
+// The notices of sessions.recovery: notice (noticePending). MayHaveRunNotice answers a message
+// whose agent may have started before agentgate stopped; NotRunNotice one that never ran.
+const (
+	MayHaveRunNotice = "⚠️ agentgate restarted before it could answer this message, so it was not answered; it may have been partly run before agentgate stopped, and it will not be run again. Check whether it took effect before you send it again."
+	NotRunNotice     = "⚠️ agentgate restarted before it could answer this message, so it was not run. Please send it again if it still matters."
+)
 
 // quarantine sets a message aside: its row is kept with status quarantined, and the user is
 // told it will not be retried.

@@ -1,0 +1,58 @@
+package actors
+
+import (
+	"path/filepath"
+	"testing"
+	"testing/synctest"
+)
+
+// TestRecoveryNoticeSaysTheHeadMayHaveBeenPartlyRun: agentgate stops with m0's turn running
+// (its agent started) and m1, m2 queued behind it, and starts again with sessions.recovery:
+// notice. m0's notice says it may have been partly run, and m1's and m2's that they were not
+// run. Before, m0's said "it was not run" too: its sender sent it again, and an agent with
+// side effects did the work twice.
+func TestRecoveryNoticeSaysTheHeadMayHaveBeenPartlyRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		a := newRequeueAgent()
+		w := newManagerWorldAt(t, path, a, nil)
+		w.deliver(t, "m0", "hold")
+		w.deliver(t, "m1", "queued")
+		w.deliver(t, "m2", "queued too")
+		synctest.Wait()
+		if got := a.order(); len(got) != 1 || got[0] != "m0" {
+			t.Fatalf("turns ran %v before the stop; want m0's only", got)
+		}
+		w.stop() // m0's turn is cut short: m0, m1 and m2 are pending in the store
+		synctest.Wait()
+
+		b := newRequeueAgent()
+		w2 := newManagerWorldAt(t, path, b, func(d *Deps) { d.Config.Recovery = RecoveryNotice })
+		synctest.Wait()
+		for id, want := range map[string]string{"m0": MayHaveRunNotice, "m1": NotRunNotice, "m2": NotRunNotice} {
+			if got := w2.answerText(t, id); got != want {
+				t.Errorf("%s was answered %q; want %q", id, got, want)
+			}
+		}
+		if got := b.order(); len(got) > 0 {
+			t.Errorf("turns ran %v after the start; want none", got)
+		}
+	})
+}
+
+// answerText is the text of the outbox's answer to the world's message id.
+func (w *managerWorld) answerText(t *testing.T, id string) string {
+	t.Helper()
+	out, err := w.store.OutboxAfter(w.ctx, w.key, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range out {
+		for _, r := range e.InReplyTo {
+			if r == id {
+				return e.Text
+			}
+		}
+	}
+	return ""
+}
