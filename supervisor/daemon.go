@@ -772,15 +772,30 @@ func (d *Daemon) waitAgents(ctx context.Context) {
 
 // drainMissed logs which sessions still have work in hand when the drain deadline passes: their
 // running turns are cancelled now, and their messages, pending in the store, run again at the
-// next start (or, in a cluster, on the member that takes the session over).
+// next start (in a cluster, on the member that takes the session over), or, with
+// sessions.recovery: notice, are answered there with a notice instead (drainMissedOutcome).
 func (d *Daemon) drainMissed(deadline time.Duration) {
 	var busy []string
 	if res, err := d.system.Root.RequestFuture(d.manager, &actors.ListActive{}, time.Second).Result(); err == nil {
 		busy = res.(*actors.ActiveList).Busy
 	}
 	const shown = 10
-	d.log.Warn("drain deadline passed; cancelling the turns still running: their messages stay pending and run again at the next start, or on the member that takes their session over",
+	d.log.Warn("drain deadline passed; cancelling the turns still running: their messages stay pending and "+drainMissedOutcome(d.deps.Clustered, d.deps.Config.Recovery),
 		"deadline", deadline, "sessions", len(busy), "keys", busy[:min(len(busy), shown)])
+}
+
+// drainMissedOutcome says, in the drain deadline's line, what becomes of the pending messages
+// of the turns it cancels. Before, it said they run again at the next start also with
+// sessions.recovery: notice, where the next start answers them with a notice and runs none.
+func drainMissedOutcome(clustered bool, recovery string) string {
+	switch {
+	case clustered: // (recovery: notice is a single daemon's; a cluster always runs them)
+		return "run again on the member that takes their session over, or at the next start"
+	case recovery == actors.RecoveryNotice:
+		return "are answered at the next start with a notice instead of run (sessions.recovery: notice), which tells their senders they may have been partly run"
+	default:
+		return "run again at the next start"
+	}
 }
 
 // AddrFile is the file in the data directory that holds the running daemon's HTTP address.

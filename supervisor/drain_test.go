@@ -183,23 +183,36 @@ func leaveUnanswered(t *testing.T, dir string, ids ...string) []*platforms.Ack {
 }
 
 // TestDrainDeadlineSaysWhatItCancels: when the drain deadline passes, the log says how many
-// sessions still had work in hand and which, since their turns are cancelled and run again.
+// sessions still had work in hand and which, since their turns are cancelled, and what becomes
+// of their messages as sessions.recovery says: they run again at the next start, or are
+// answered there with a notice. Before, the line said they run again also with recovery: notice.
 func TestDrainDeadlineSaysWhatItCancels(t *testing.T) {
 	stuck := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	})
-	logs := &logSignal{}
-	r := MustStartDaemon(t, stuck, daemonOpts{drain: 100 * time.Millisecond, logs: logs})
-	ack := r.inject(t, dm, "m1", "never answered")
-	r.stop(t)
-	var line string
-	for l := range strings.SplitSeq(logs.String(), "\n") {
-		if strings.Contains(l, "drain deadline passed") {
-			line = l
-		}
-	}
-	if !strings.Contains(line, "sessions=1") || !strings.Contains(line, ack.SessionKey) {
-		t.Errorf("the drain deadline's log line %q, want the one session with work in hand (%s)", line, ack.SessionKey)
+	for _, tc := range []struct{ recovery, says, never string }{
+		{"rerun", "their messages stay pending and run again at the next start", "notice"},
+		{"notice", "their messages stay pending and are answered at the next start with a notice instead of run (sessions.recovery: notice)", "run again"},
+	} {
+		t.Run(tc.recovery, func(t *testing.T) {
+			logs := &logSignal{}
+			r := MustStartDaemon(t, stuck, daemonOpts{drain: 100 * time.Millisecond, logs: logs,
+				tweak: func(c *config.Config) { c.Sessions.Recovery = tc.recovery }})
+			ack := r.inject(t, dm, "m1", "never answered")
+			r.stop(t)
+			var line string
+			for l := range strings.SplitSeq(logs.String(), "\n") {
+				if strings.Contains(l, "drain deadline passed") {
+					line = l
+				}
+			}
+			if !strings.Contains(line, "sessions=1") || !strings.Contains(line, ack.SessionKey) {
+				t.Errorf("the drain deadline's log line %q, want the one session with work in hand (%s)", line, ack.SessionKey)
+			}
+			if !strings.Contains(line, tc.says) || strings.Contains(line, tc.never) {
+				t.Errorf("the drain deadline's log line %q; want it to say %q, and not %q", line, tc.says, tc.never)
+			}
+		})
 	}
 }
