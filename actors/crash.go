@@ -128,13 +128,25 @@ func (s *Session) noticePending(c actor.Context) {
 }
 
 // mayHaveRun is how many messages at the head of the queue a turn running when the last run
-// stopped may have had: the next turn's, and in queue mode steer, with those from the same
-// sender behind them, up to as many as a turn takes in (MaxSteered).
+// stopped may have had: the next turn's; with debounce, those its sender sent within the window
+// of the one before, by their times of receipt (a recovered message has no arrival time, so
+// nextGroup, which merges by it, leaves them out: they were told they were not run, found by a
+// review); and in queue mode steer, those from the same sender behind them, up to as many as a
+// turn takes in (MaxSteered).
 func (s *Session) mayHaveRun() int {
 	if len(s.queue) == 0 {
 		return 0
 	}
 	n := len(s.nextGroup())
+	if d := s.debounceFor(s.queue[0].src.Platform); d > 0 {
+		for n < len(s.queue) {
+			prev, it := s.queue[n-1], s.queue[n]
+			if it.src.UserID != prev.src.UserID || it.sessionID != prev.sessionID || it.at.Sub(prev.at) > d {
+				break
+			}
+			n++
+		}
+	}
 	if s.mode == ModeSteer {
 		last := s.queue[n-1]
 		for k := 0; k < MaxSteered && n < len(s.queue) && s.queue[n].src.UserID == last.src.UserID && s.queue[n].sessionID == last.sessionID; k++ {

@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 	"testing"
 	"testing/synctest"
+	"time"
 )
 
 // TestRecoveryNoticeSaysTheHeadMayHaveBeenPartlyRun: agentgate stops with m0's turn running
@@ -55,4 +56,42 @@ func (w *managerWorld) answerText(t *testing.T, id string) string {
 		}
 	}
 	return ""
+}
+
+// TestRecoveryNoticeWithDebounceCoversTheMergedTurn: with debounce, the turn cut short ran the
+// head with the messages its sender sent within the window; after the start every one of them
+// is told it may have been partly run, and a message sent after the window, which waited for
+// a turn of its own, that it was not run. Before, only the head was: recovered messages have
+// no arrival time, and the turn's group was the head alone (found by a review).
+func TestRecoveryNoticeWithDebounceCoversTheMergedTurn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		a := newRequeueAgent()
+		a.holdAll.Store(true)
+		debounce := func(d *Deps) { d.Config.Debounce = 2 * time.Second }
+		w := newManagerWorldAt(t, path, a, debounce)
+		w.deliver(t, "m0", "first")
+		w.deliver(t, "m1", "and this")
+		time.Sleep(3 * time.Second) // the window passes: m0 and m1 run in one turn
+		synctest.Wait()
+		w.deliver(t, "m2", "later")
+		synctest.Wait()
+		if got := a.order(); len(got) != 1 {
+			t.Fatalf("turns ran %v before the stop; want one", got)
+		}
+		w.stop()
+		synctest.Wait()
+
+		b := newRequeueAgent()
+		w2 := newManagerWorldAt(t, path, b, func(d *Deps) { debounce(d); d.Config.Recovery = RecoveryNotice })
+		synctest.Wait()
+		for id, want := range map[string]string{"m0": MayHaveRunNotice, "m1": MayHaveRunNotice, "m2": NotRunNotice} {
+			if got := w2.answerText(t, id); got != want {
+				t.Errorf("%s was answered %q; want %q", id, got, want)
+			}
+		}
+		if got := b.order(); len(got) > 0 {
+			t.Errorf("turns ran %v after the start; want none", got)
+		}
+	})
 }
