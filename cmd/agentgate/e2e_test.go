@@ -412,6 +412,69 @@ func TestDaemonSecondSignalAndRecovery(t *testing.T) {
 	}
 }
 
+// TestHangupStopsAsSIGTERMDoes: SIGHUP (a terminal that drops, or a `kill -HUP` meant as a
+// reload) drains as SIGTERM does: the running turn finishes, the log says what the hangup did
+// and that nothing was reloaded, the process exits 0, and the next start counts no unclean
+// stop. A second hangup during the drain (a dropped terminal sends two) does not cut it short.
+// Before, SIGHUP killed the daemon at once, with no log line, and the next start counted an
+// unclean stop against the running message.
+func TestHangupStopsAsSIGTERMDoes(t *testing.T) {
+	dataDir, marks := t.TempDir(), t.TempDir()
+	d := MustServe(t, dataDir, "AGENTGATE_AGENT_BACKEND=exec", "MARKS="+marks,
+		`AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'touch "$MARKS/running"; while [ ! -e "$MARKS/release" ]; do sleep 0.05; done; echo "answered $AGENTGATE_MESSAGE_ID"']`)
+	status, ack := post(t, d.base+"/v1/messages", "", `{"chat_id":"c1","user_id":"u1","text":"hi","message_id":"m1"}`)
+	if status != http.StatusAccepted {
+		t.Fatalf("POST = %d %v", status, ack)
+	}
+	waitFor(t, 10*time.Second, func() bool { _, err := os.Stat(filepath.Join(marks, "running")); return err == nil })
+	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		select {
+		case <-d.done:
+			t.Fatalf("SIGHUP ended the daemon at once (%v), want a drain\n%s", d.err, d.stderr.String())
+		default:
+		}
+		return strings.Contains(d.stderr.String(), "draining")
+	})
+	const said = "INF hangup received (SIGHUP); stopping as for SIGTERM: agentgate does not reload its configuration (restart it to apply a change) signal=hangup"
+	if !strings.Contains(d.stderr.String(), said) {
+		t.Errorf("the log of a hangup:\n%s\nwant a line with %q", d.stderr.String(), said)
+	}
+	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool { return strings.Contains(d.stderr.String(), "hangup received (SIGHUP) during the drain") })
+	select {
+	case <-d.done:
+		t.Fatalf("a second hangup during the drain ended the daemon (%v), want the drain to go on", d.err)
+	default:
+	}
+	if err := os.WriteFile(filepath.Join(marks, "release"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-d.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("daemon still running 30s after its turn was released")
+	}
+	if d.err != nil {
+		t.Fatalf("exit after SIGHUP: %v, want 0\n%s", d.err, d.stderr.String())
+	}
+	if strings.Contains(d.stderr.String(), "second signal; exiting now") {
+		t.Errorf("a second hangup counted as a second signal:\n%s", d.stderr.String())
+	}
+
+	d2 := MustServe(t, dataDir)
+	if strings.Contains(d2.stderr.String(), "did not stop cleanly") {
+		t.Errorf("the start after a hangup counted an unclean stop:\n%s", grep(d2.stderr.String(), "did not stop cleanly"))
+	}
+	if err := d2.stop(t, 30*time.Second); err != nil {
+		t.Errorf("second daemon exit: %v", err)
+	}
+}
+
 // exited reports whether pid has exited: an orphan whose exit no init reaps stays a zombie.
 func exited(pid int) bool {
 	if errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {

@@ -346,9 +346,16 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		log.Warn("cannot keep the exec agent from reading the daemon's environment and memory (prctl PR_SET_DUMPABLE)", logging.Err(err))
 	}
 
-	// The first SIGINT/SIGTERM drains; a second one exits at once.
+	// The first SIGINT/SIGTERM drains; a second one exits at once. SIGHUP stops as SIGTERM does:
+	// left to its default it killed the daemon with no drain, no log line and an unclean stop
+	// counted at the next start (a dropped SSH session, or a `kill -HUP` meant as a reload; a
+	// walkthrough). It is left ignored when it was ignored at start (nohup).
 	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	stopSignals := []os.Signal{os.Interrupt, syscall.SIGTERM}
+	if !signal.Ignored(syscall.SIGHUP) {
+		stopSignals = append(stopSignals, syscall.SIGHUP)
+	}
+	signal.Notify(sigs, stopSignals...)
 	defer signal.Stop(sigs)
 
 	d, err := supervisor.Start(ctx, cfg, log, supervisor.Options{})
@@ -359,6 +366,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var fatal error
 	select {
 	case sig := <-sigs:
+		if sig == syscall.SIGHUP {
+			const hangup = "hangup received (SIGHUP); stopping as for SIGTERM: agentgate does not reload its configuration (restart it to apply a change)"
+			log.Info(hangup, "signal", sig.String())
+		}
 		// What a new user at a terminal waits for, and how not to (the stop's own line said only
 		// "draining deadline=30s"); a service manager's SIGTERM reads the same.
 		log.Info("signal received; draining: waiting up to the deadline for the running turns and the messages queued behind them; "+
@@ -369,6 +380,14 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	go func() {
 		sig := <-sigs
+		// A hangup comes twice when a terminal drops (from the kernel to the foreground job and
+		// from the shell to each of its jobs): counted as a second signal, it would cut short the
+		// drain it started. Only SIGINT and SIGTERM exit at once.
+		for sig == syscall.SIGHUP {
+			log.Info("hangup received (SIGHUP) during the drain; the drain goes on: a second SIGINT or SIGTERM exits at once",
+				"signal", sig.String())
+			sig = <-sigs
+		}
 		log.Warn("second signal; exiting now", "signal", sig.String())
 		d.Abort()
 		os.Exit(2)
