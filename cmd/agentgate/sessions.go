@@ -185,7 +185,7 @@ func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return fmt.Errorf("sessions list: --after %s: begins with a quote but is not Go-quoted as the more: hint prints a key (%v)",
 			strconv.Quote(*after), badQuote)
 	}
-	st, _, err := openStore(ctx, &cf, true)
+	st, err := openReader(ctx, &cf, 0, stderr)
 	if err != nil {
 		return err
 	}
@@ -244,7 +244,7 @@ func sessionsShow(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return helpIsDone(err)
 	}
-	st, _, err := openStore(ctx, &cf, true)
+	st, err := openReader(ctx, &cf, 0, stderr)
 	if err != nil {
 		return err
 	}
@@ -358,7 +358,7 @@ func sessionsExport(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return helpIsDone(err)
 	}
-	st, _, err := openStore(ctx, &cf, true)
+	st, err := openReader(ctx, &cf, 0, stderr)
 	if err != nil {
 		return err
 	}
@@ -628,7 +628,7 @@ func sessionsSearch(ctx context.Context, args []string, stdout, stderr io.Writer
 	if *limit < 1 {
 		return fmt.Errorf("sessions search: --limit %d: must be at least 1", *limit)
 	}
-	st, _, err := openStoreFor(ctx, &cf, true, searchTimeout)
+	st, err := openReader(ctx, &cf, searchTimeout, stderr)
 	if err != nil {
 		return err
 	}
@@ -696,7 +696,7 @@ func sessionsQuarantined(ctx context.Context, args []string, stdout, stderr io.W
 	if *limit < 1 {
 		return fmt.Errorf("sessions quarantined: --limit %d: must be at least 1", *limit)
 	}
-	st, _, err := openStore(ctx, &cf, true)
+	st, err := openReader(ctx, &cf, 0, stderr)
 	if err != nil {
 		return err
 	}
@@ -905,6 +905,35 @@ func openStoreFor(ctx context.Context, cf *configFlags, readOnly bool, timeout t
 		access = storeReadOnly
 	}
 	return openStoreWith(ctx, cf, access, timeout)
+}
+
+// openReader is openStoreFor read-only, for a command that shows what the database holds:
+// when writes wait in the spool (the daemon spools while the database refuses writes, and a
+// daemon killed with -9 leaves them there until its next start), it says on stderr that what it
+// shows lacks them. Before, show, list and export showed the stale state without a word (a
+// walkthrough).
+func openReader(ctx context.Context, cf *configFlags, timeout time.Duration, stderr io.Writer) (persistence.Store, error) {
+	st, cfg, err := openStoreFor(ctx, cf, true, timeout)
+	if err != nil {
+		return nil, err
+	}
+	noteSpooled(cfg, stderr)
+	return st, nil
+}
+
+// noteSpooled writes a note on stderr when the spool of cfg's data_dir holds writes the
+// database does not have yet.
+func noteSpooled(cfg *config.Config, stderr io.Writer) {
+	if cfg.Cluster.Enabled {
+		return // (a cluster keeps no spool)
+	}
+	dir := filepath.Join(cfg.DataDir, "spool")
+	if n, err := spool.Waiting(dir); err != nil {
+		fmt.Fprintf(stderr, "warning: could not read %s: %v\n", dir, err)
+	} else if n > 0 {
+		fmt.Fprintf(stderr, "note: %s holds %d batch(es) of writes the database does not have yet, so this lacks them; "+
+			"the daemon writes them once the database takes writes again (a stopped daemon, when it starts)\n", dir, n)
+	}
 }
 
 // storeAccess is how an admin command opens the store.

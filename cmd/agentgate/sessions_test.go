@@ -903,6 +903,39 @@ func TestSessionsQuarantinedNone(t *testing.T) {
 	}
 }
 
+// TestSessionsReadersNoteSpooledWrites: list, show, export, search and quarantined, run while
+// writes wait in the spool (a daemon killed with -9 before it replayed them, or one running while
+// the database is locked), say on stderr that what they show lacks them, and still show it.
+// Before, they showed the stale state without a word (a walkthrough).
+func TestSessionsReadersNoteSpooledWrites(t *testing.T) {
+	dir := MustSeedSessions(t)
+	for _, args := range [][]string{{"list"}, {"show", keyA}, {"export", keyA}, {"search", "there"}, {"quarantined"}} {
+		if _, errOut := MustRunSessions(t, append(args, "--data-dir", dir)...); strings.Contains(errOut, "spool") {
+			t.Errorf("sessions %s with an empty spool: stderr %q, want no note of it", args[0], errOut)
+		}
+	}
+	sp, err := spool.Open(filepath.Join(dir, "spool"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := sp.Append([][]persistence.Op{{&persistence.SetTitle{SessionID: "sa2", Title: "spooled"}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	note := "note: " + filepath.Join(dir, "spool") + " holds 2 batch(es) of writes the database does not have yet, so this lacks them; " +
+		"the daemon writes them once the database takes writes again (a stopped daemon, when it starts)\n"
+	for _, args := range [][]string{{"list"}, {"show", keyA}, {"export", keyA}, {"search", "there"}, {"quarantined"}} {
+		out, errOut := MustRunSessions(t, append(args, "--data-dir", dir)...)
+		if !strings.Contains(errOut, note) {
+			t.Errorf("sessions %s while the spool holds writes: stderr %q, want the note %q", args[0], errOut, note)
+		}
+		if args[0] != "quarantined" && out == "" {
+			t.Errorf("sessions %s while the spool holds writes printed nothing, want what the database holds", args[0])
+		}
+	}
+}
+
 // TestSessionsFormatCharacters: the text output of list, show and search shows invisible
 // format characters (a right-to-left override, isolates, a zero-width space, a byte order
 // mark) as U+FFFD, as it shows control characters, so that none reorders or hides what an
