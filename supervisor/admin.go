@@ -7,6 +7,8 @@ import (
 	"math"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
+
 	"github.com/agentgate/agentgate/actors"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
@@ -142,7 +144,7 @@ func (a *sessionsAPI) Reset(ctx context.Context, key string) (*httpplatform.Sess
 	}
 	res, err := a.d.router.Request(ctx, key, &actors.ResetSession{Reason: persistence.EndResetCommand})
 	if err != nil {
-		return nil, fmt.Errorf("reset session: %w", err)
+		return nil, fmt.Errorf("reset session: %w", notTaken(err))
 	}
 	r := res.(*actors.ResetResult)
 	switch {
@@ -175,7 +177,7 @@ func (a *sessionsAPI) Requeue(ctx context.Context, key, messageID string) (*http
 	}
 	res, err := a.d.router.Request(ctx, key, &actors.RequeueMessage{MessageId: messageID})
 	if err != nil {
-		return nil, fmt.Errorf("requeue: %w", err)
+		return nil, fmt.Errorf("requeue: %w", notTaken(err))
 	}
 	r, ok := res.(*actors.RequeueResult)
 	if !ok {
@@ -302,4 +304,15 @@ func requestTimeout(ctx context.Context) time.Duration {
 		return max(time.Until(dl), time.Millisecond)
 	}
 	return actors.DefaultRequestTimeout
+}
+
+// notTaken marks err with httpplatform.ErrNotTaken when the request it answers reached no
+// session: a dead letter of the local router (the session manager, stopping, answers what it
+// is sent so; the cluster router's dead letters are retried, and what it returns after them
+// may follow an attempt that was taken).
+func notTaken(err error) error {
+	if errors.Is(err, actor.ErrDeadLetter) {
+		return fmt.Errorf("%w: %w", httpplatform.ErrNotTaken, err)
+	}
+	return err
 }

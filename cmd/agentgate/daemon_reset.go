@@ -57,6 +57,11 @@ const probeTimeout = 10 * time.Second
 // member, or in the store) would end the session that reset began.
 var errAnswerLost = errors.New("the answer was lost")
 
+// errStopping is the error of an admin request the daemon refused because it is stopping (503
+// draining): it reached no session, and nothing was changed. Before, it read as errAnswerLost,
+// "it may have reset the session" (a walkthrough).
+var errStopping = errors.New("is stopping and did not take the request: nothing was changed")
+
 // resetTimeout bounds one reset request: the daemon cancels a running turn and stores the reset.
 // (A variable for tests.)
 var resetTimeout = 30 * time.Second
@@ -243,6 +248,10 @@ func daemonPost(ctx context.Context, cfg *config.Config, addr, run, path, what s
 	}
 	a.code, a.msg = e.Error.Code, printable(msg)
 	switch {
+	case resp.StatusCode == http.StatusServiceUnavailable && e.Error.Code == httpplatform.CodeDraining:
+		// The daemon answers draining only for a request that reached no session (its other
+		// failures while it stops are 503 unavailable: they may have been done).
+		return nil, fmt.Errorf("the %s at %s %w", noun, addr, errStopping)
 	case resp.StatusCode >= 500:
 		// The daemon answers 503 when its own request to the session was cancelled or timed
 		// out, and 500 when the session did not answer in time or its state could not be read
@@ -303,8 +312,8 @@ func resetThroughMember(ctx context.Context, st persistence.Store, cfg *config.C
 	done, silent, err := throughMember(ctx, st, cfg, func(addr, run string) error {
 		info, err := daemonReset(ctx, cfg, addr, run, key)
 		switch {
-		case errors.Is(err, errNoAnswer) || isNotTheDaemon(err):
-			return err // the next member is asked
+		case errors.Is(err, errNoAnswer) || isNotTheDaemon(err) || errors.Is(err, errStopping):
+			return err // the next member is asked (a stopping one changed nothing)
 		case errors.Is(err, errAnswerLost):
 			return answerLost(key, err)
 		case err != nil:
@@ -347,7 +356,7 @@ func throughMember(ctx context.Context, st persistence.Store, cfg *config.Config
 			}
 		}
 		err := ask(addr, run)
-		if errors.Is(err, errNoAnswer) || isNotTheDaemon(err) {
+		if errors.Is(err, errNoAnswer) || isNotTheDaemon(err) || errors.Is(err, errStopping) {
 			silent = append(silent, err.Error())
 			continue
 		}

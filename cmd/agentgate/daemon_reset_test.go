@@ -44,6 +44,13 @@ var takenResets = []struct {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		w.Write([]byte(`{"error":{"code":"unavailable","message":"request cancelled or timed out"}}`))
 	}},
+	{"stopping (503 unavailable)", 0, func(w http.ResponseWriter, r *http.Request) {
+		// What a stopping daemon answers when its request to the session timed out or the
+		// session stopped before it confirmed the reset: it may have been done.
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		w.Write([]byte(`{"error":{"code":"unavailable","message":"agentgate is stopping; retry later"}}`))
+	}},
 	{"failed (500)", 0, func(w http.ResponseWriter, r *http.Request) {
 		// What the daemon answers when the session did not answer in time (the reset may
 		// be made yet), or the session's state could not be read after the reset.
@@ -170,6 +177,36 @@ func TestSessionsResetThroughTheDaemonWhoseAnswerIsLost(t *testing.T) {
 				t.Errorf("reset: %v, want an error that says %q, and no curl to reset again", err, want)
 			}
 		})
+	}
+}
+
+// TestResetAndRequeueThroughAStoppingDaemon: a stopping daemon's 503 draining (the request
+// reached no session) is a refusal that changed nothing, and reset and requeue say so, and when
+// to run them again. Before, it read as a lost answer: "the daemon … took the request, but the
+// answer was lost (503 Service Unavailable: agentgate is stopping; retry later): it may have
+// reset the session" (a walkthrough).
+func TestResetAndRequeueThroughAStoppingDaemon(t *testing.T) {
+	dir, _ := MustSeedLockedSessions(t) // the daemon holds the database
+	stopping := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", "30")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		w.Write([]byte(`{"error":{"code":"draining","message":"agentgate is stopping and took no new work: nothing was changed; retry at its next start"}}`))
+	})
+	MustRecordDaemon(t, dir, stopping, testRun)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"reset", "--data-dir", dir, keyA}, "reset " + keyA + ": the daemon at " + stopping.Listener.Addr().String() +
+			" is stopping and did not take the request: nothing was changed; run it again once the daemon has restarted, or with it stopped"},
+		{[]string{"requeue", "--data-dir", dir, keyA, "m1"}, "requeue m1 of " + keyA + ": the daemon at " + stopping.Listener.Addr().String() +
+			" is stopping and did not take the request: nothing was changed; run it again once the daemon has restarted"},
+	} {
+		_, _, err := runSessions(t, c.args...)
+		if err == nil || err.Error() != c.want || strings.Contains(err.Error(), "may have") {
+			t.Errorf("sessions %s through a stopping daemon: %v\nwant %q", c.args[0], err, c.want)
+		}
 	}
 }
 

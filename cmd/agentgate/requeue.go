@@ -50,6 +50,8 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 			return fmt.Errorf("the daemon is running on this %s, but %v; requeue through it when it answers: %s", where, err, requeueCommand(cfg, addr, key, id))
 		case errors.Is(err, errAnswerLost):
 			return requeueAnswerLost(key, id, err)
+		case errors.Is(err, errStopping):
+			return fmt.Errorf("requeue %s of %s: %v; run it again once the daemon has restarted", id, pasteableKey(key), err)
 		case err != nil:
 			return fmt.Errorf("requeue %s of %s: %w", id, pasteableKey(key), err)
 		}
@@ -64,8 +66,8 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 		done, silent, err := throughMember(ctx, st, cfg, func(addr, run string) error {
 			res, err := daemonRequeue(ctx, cfg, addr, run, key, id)
 			switch {
-			case errors.Is(err, errNoAnswer) || isNotTheDaemon(err):
-				return err // the next member is asked
+			case errors.Is(err, errNoAnswer) || isNotTheDaemon(err) || errors.Is(err, errStopping):
+				return err // the next member is asked (a stopping one changed nothing)
 			case errors.Is(err, errAnswerLost):
 				return requeueAnswerLost(key, id, err)
 			case err != nil:

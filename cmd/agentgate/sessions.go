@@ -481,6 +481,9 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		if errors.Is(err, errAnswerLost) {
 			return answerLost(key, err)
 		}
+		if errors.Is(err, errStopping) {
+			return fmt.Errorf("reset %s: %v; run it again once the daemon has restarted, or with it stopped", shown, err)
+		}
 		if err != nil {
 			return fmt.Errorf("reset %s: %w", shown, err)
 		}

@@ -151,12 +151,20 @@ func (p *Platform) writeSessionsError(w http.ResponseWriter, r *http.Request, op
 		p.log.Warn("session query failed: the store is unavailable", "op", op, "session", r.PathValue("key"), logging.Err(err))
 		setRetryAfter(w, retrySoon)
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the store is unavailable right now; retry later")
-	case p.draining.Load():
-		// The daemon is stopping: its session actors stop under the query (a dead letter, a
-		// reset whose session stopped before it answered). That is no internal error but a
-		// refusal to retry, at the next daemon or another member, as POST /v1/messages says.
+	case p.draining.Load() && errors.Is(err, ErrNotTaken):
+		// The daemon is stopping: its session actors had stopped, and the request reached none
+		// of them (a dead letter). Nothing was done: a refusal to retry, at the next daemon or
+		// another member, as POST /v1/messages says, which the CLI reports as such.
 		p.log.Warn("session query failed while draining", "op", op, "session", r.PathValue("key"), logging.Err(err))
-		p.writeDraining(w, "agentgate is stopping; retry later")
+		p.writeDraining(w, "agentgate is stopping and took no new work: nothing was changed; retry at its next start")
+	case p.draining.Load():
+		// Its session actors stop under the query (a timeout, a session that stopped before it
+		// answered). That is no internal error, but no refusal either: the request may have
+		// been done (a reset), so it is not answered draining, which says nothing was. Before,
+		// it was, and the CLI could not tell the two apart (a walkthrough).
+		p.log.Warn("session query failed while draining", "op", op, "session", r.PathValue("key"), logging.Err(err))
+		setRetryAfter(w, retrySoon)
+		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "agentgate is stopping; retry later")
 	default:
 		p.log.Error("session query failed", "op", op, "session", r.PathValue("key"), logging.Err(err))
 		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error")

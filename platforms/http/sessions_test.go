@@ -178,14 +178,19 @@ func TestListSessions(t *testing.T) {
 }
 
 // TestSessionQueryWhileDrainingIs503: while the daemon stops, its session actors stop under a
-// query (the reset's request meets a dead letter, or the session stops before it confirms the
-// reset). That is a refusal to retry, 503 draining, as POST /v1/messages answers then; before,
-// it was a 500 internal error logged at Error (found by TestHuntHTTP in ./supervisor).
+// query. A request that reached none of them (the reset's request met a dead letter:
+// ErrNotTaken) is a refusal to retry, 503 draining, as POST /v1/messages answers then, which
+// says that nothing was changed; any other failure then (a timeout, a session that stopped
+// before it confirmed the reset) may have been done, and is 503 unavailable. Before, both were
+// 503 draining, and the CLI could not tell a reset that was not done from one that may have
+// been (a walkthrough); and before that, a 500 internal error logged at Error (found by
+// TestHuntHTTP in ./supervisor).
 func TestSessionQueryWhileDrainingIs503(t *testing.T) {
 	sessions := newFakeSessions()
 	key := "agent:main:http:dm:c"
 	sessions.infos[key] = &SessionInfo{SessionKey: key, SessionID: "s1"}
-	sessions.resetErr = errors.New("reset session: request *actors.ResetSession: future: dead letter")
+	deadLetter := fmt.Errorf("reset session: %w: request *actors.ResetSession: future: dead letter", ErrNotTaken)
+	sessions.resetErr = deadLetter
 	h := mustStart(t, Config{Sessions: sessions}, &fakeRuntime{})
 	path := "/v1/sessions/" + url.PathEscape(key) + "/reset"
 	if got := h.do(http.MethodPost, path, nil, ""); got.status != 500 || got.errCode() != CodeInternal {
@@ -193,7 +198,11 @@ func TestSessionQueryWhileDrainingIs503(t *testing.T) {
 	}
 	h.p.Drain()
 	if got := h.do(http.MethodPost, path, nil, ""); got.status != 503 || got.errCode() != CodeDraining {
-		t.Errorf("POST reset failing while draining = %d %q, want 503 %q", got.status, got.errCode(), CodeDraining)
+		t.Errorf("POST reset that reached no session while draining = %d %q, want 503 %q", got.status, got.errCode(), CodeDraining)
+	}
+	sessions.resetErr = errors.New("reset session: request *actors.ResetSession to " + key + ": actors: request timed out")
+	if got := h.do(http.MethodPost, path, nil, ""); got.status != 503 || got.errCode() != CodeUnavailable {
+		t.Errorf("POST reset that timed out while draining = %d %q, want 503 %q (it may have been done)", got.status, got.errCode(), CodeUnavailable)
 	}
 }
 

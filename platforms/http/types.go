@@ -2,6 +2,7 @@ package http
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/agentgate/agentgate/platforms"
@@ -247,6 +248,12 @@ type RefusedError struct {
 }
 
 func (e *RefusedError) Error() string { return "refused: " + e.Code + ": " + e.Message }
+
+// ErrNotTaken marks a Sessions error of a request that reached no session (its actors had
+// stopped): nothing was done. While the daemon drains, it is answered 503 draining, which says
+// that nothing was changed; any other error then is 503 unavailable, since the request may
+// have been done.
+var ErrNotTaken = errors.New("http: the request reached no session")
 
 // ErrorResponse is the body of every error answer: {"error":{"code","message"}}.
 type ErrorResponse struct {
