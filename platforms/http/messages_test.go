@@ -818,7 +818,7 @@ func TestRetryAfter(t *testing.T) {
 		sessions := newFakeSessions()
 		key := "agent:main:http:dm:c"
 		sessions.infos[key] = &SessionInfo{SessionKey: key, SessionID: "s1"}
-		sessions.resetErr = errors.New("reset session: future: dead letter")
+		sessions.resetErr = fmt.Errorf("reset session: %w: future: dead letter", ErrNotTaken) // as the daemon marks it
 		h := mustStart(t, Config{Sessions: sessions, DrainTimeout: drain}, &fakeRuntime{})
 		h.p.Drain()
 		drained(t, "POST /v1/messages after Drain", h.post("/v1/messages", msg))
@@ -877,7 +877,7 @@ func TestDrainBecauseSaysWhy(t *testing.T) {
 	start := func(t *testing.T) *harness {
 		sessions := newFakeSessions()
 		sessions.infos[key] = &SessionInfo{SessionKey: key, SessionID: "s1"}
-		sessions.resetErr = errors.New("reset session: future: dead letter")
+		sessions.resetErr = fmt.Errorf("reset session: %w: future: dead letter", ErrNotTaken) // as the daemon marks it
 		return mustStart(t, Config{Sessions: sessions, Clustered: true}, &fakeRuntime{})
 	}
 	t.Run("with a reason", func(t *testing.T) {
