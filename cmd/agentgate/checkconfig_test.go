@@ -240,7 +240,7 @@ func TestCheckConfigSQLitePath(t *testing.T) {
 	t.Run("a PostgreSQL DSN is not taken for a path", func(t *testing.T) {
 		t.Setenv("AGENTGATE_STORE_DSN", "postgres://agentgate:s3cret@db.invalid/x/y")
 		_, stderr, err := runCmd(t, "check-config", "--data-dir", dir)
-		const want = "store.dsn: is a PostgreSQL connection string, but store.driver is sqlite: set store.driver: postgres\n"
+		const want = "store.dsn: is a PostgreSQL connection string, but store.driver is sqlite: set store.driver: postgres (set by AGENTGATE_STORE_DSN)\n"
 		if err == nil || stderr != want {
 			t.Errorf("check-config = %v, stderr %q; want an error and stderr %q", err, stderr, want)
 		}

@@ -1125,7 +1125,7 @@ func TestLogLevelAnyCase(t *testing.T) {
 		}
 	}
 	_, err := Load("", []string{"AGENTGATE_LOG_LEVEL=Loud"}, nil)
-	if want := `log.level: "Loud": must be one of debug, info, warn, error (in any case)`; err == nil || err.Error() != want {
+	if want := `log.level: "Loud": must be one of debug, info, warn, error (in any case) (set by AGENTGATE_LOG_LEVEL)`; err == nil || err.Error() != want {
 		t.Errorf("Load(level Loud) error = %v, want %q", err, want)
 	}
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -46,5 +47,24 @@ func TestUnknownEnvSecretVariables(t *testing.T) {
 				t.Errorf("Config.UnknownEnv() mismatch (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestEnvProblemNamesItsVariable: a value an AGENTGATE_* variable set that validation refuses
+// names the variable, where the operator set it; one a flag set over it does not. Before,
+// AGENTGATE_SESSIONS_QUEUE_CAP=0 read "sessions.queue.cap: 0: must be at least 1" (a
+// walkthrough).
+func TestEnvProblemNamesItsVariable(t *testing.T) {
+	_, err := Load("", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=0"}, nil)
+	if want := "sessions.queue.cap: 0: must be at least 1 (set by AGENTGATE_SESSIONS_QUEUE_CAP)"; err == nil || err.Error() != want {
+		t.Errorf("Load(AGENTGATE_SESSIONS_QUEUE_CAP=0) error = %v, want %q", err, want)
+	}
+	path := MustWriteConfig(t, "sessions:\n  queue:\n    cap: 0\n")
+	if _, err := Load(path, nil, nil); err == nil || strings.Contains(err.Error(), "set by") {
+		t.Errorf("Load(file with cap 0) error = %v, want the file's problem, naming no variable", err)
+	}
+	_, err = Load("", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=5"}, func(c *Config) { c.Sessions.Queue.Cap = 0 })
+	if err == nil || strings.Contains(err.Error(), "set by") {
+		t.Errorf("Load(a flag's cap 0 over the variable's 5) error = %v, want a problem naming no variable", err)
 	}
 }

@@ -24,14 +24,23 @@ type FieldError struct {
 	// for agent.exec.command): the file's line of the problem when the file does not write
 	// the missing key nor its section.
 	cause string
+	// env is the AGENTGATE_* variable the key's value came from, when it did (Check sets it):
+	// the problem names it, where the operator set the value. Before, it named only the key (a
+	// walkthrough: "sessions.queue.cap: 0: must be at least 1" for AGENTGATE_SESSIONS_QUEUE_CAP=0).
+	env string
 }
 
-// Error formats the problem as `field: value: reason`, omitting a nil Value.
+// Error formats the problem as `field: value: reason`, omitting a nil Value, and names the
+// variable the value came from at the end: `field: value: reason (set by AGENTGATE_…)`.
 func (e *FieldError) Error() string {
-	if e.Value == nil {
-		return e.Field + ": " + e.Err.Error()
+	from := ""
+	if e.env != "" {
+		from = " (set by " + e.env + ")"
 	}
-	return e.Field + ": " + formatValue(e.Value) + ": " + e.Err.Error()
+	if e.Value == nil {
+		return e.Field + ": " + e.Err.Error() + from
+	}
+	return e.Field + ": " + formatValue(e.Value) + ": " + e.Err.Error() + from
 }
 
 // Unwrap returns the reason, so errors.Is works on it.

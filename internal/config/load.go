@@ -171,6 +171,9 @@ func Check(path string, environ []string, override func(*Config), here func(*Con
 		if line, ok := fileLine(fe, lines, notFile); ok {
 			return &lineError{file: path, line: line, err: err}
 		}
+		if l, ok := leafOf(fe.Field); ok && src.fromEnv[l.path] && !src.fromFlag[l.path] {
+			fe.env = l.env
+		}
 		return err
 	}
 	for _, err := range cfg.validate() {
@@ -231,6 +234,17 @@ func (s sources) rank(err error) problemRank {
 		r.group = 2
 	}
 	return r
+}
+
+// leafOf returns the key that holds field: the key itself, or the one whose map or list entry
+// it is.
+func leafOf(field string) (leaf, bool) {
+	for _, l := range leaves() {
+		if field == l.path || strings.HasPrefix(field, l.path+".") || strings.HasPrefix(field, l.path+"[") {
+			return l, true
+		}
+	}
+	return leaf{}, false
 }
 
 // keyIndex is the place in Config's order of the key field (a key's path, a map entry's or a
