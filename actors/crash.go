@@ -26,6 +26,7 @@ func (s *Session) onRestarting(c actor.Context) {
 	}
 	life.restarts++
 	life.leaving = s.leaving // a restart is no reason to run turns on a leaving member
+	s.fileOverdue()
 	life.suspects = nil
 	s.endProbation(c) // the next incarnation asks again if its head is still a suspect
 	if s.running != nil {

@@ -82,3 +82,46 @@ func TestPendingMessagesOfASessionDueAtStartRunBeforeItsReset(t *testing.T) {
 		})
 	}
 }
+
+// TestOverdueResetOutlivesACrash: a start finds a session's daily reset due with messages
+// pending, and the reset waits for them (above); one of them then crashes the session until it
+// is quarantined. The reset is still done once the rest ran, at its due time. Before, the
+// restarted session loaded its activity from the store, moved past the due time by the
+// answer, saw no reset due, and went on until the next day's (found by a review).
+func TestOverdueResetOutlivesACrash(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var clock atomic.Int64
+		clock.Store(before4.UnixNano())
+		policy := ResetPolicy{Mode: ResetDaily, AtHour: 4, Notify: true, Location: time.UTC}
+		setup := func(d *Deps) {
+			d.Now = func() time.Time { return time.Unix(0, clock.Load()).UTC() }
+			d.Config.ResetFor = func(string, string) ResetPolicy { return policy }
+			d.Config.ResetPolicies = []ResetPolicy{policy}
+		}
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		a := newRequeueAgent()
+		a.holdAll.Store(true)
+		w := newManagerWorldAt(t, path, a, setup)
+		m0 := w.deliver(t, "m0", "slow")
+		w.deliver(t, "m1", "boom")
+		synctest.Wait()
+		w.stop() // m0's turn is cut short: m0 and m1 are pending in the store
+		synctest.Wait()
+
+		clock.Store(after4.UnixNano())
+		b := newRequeueAgent()
+		b.poisoned.Store(true) // m1 crashes the session each time it runs
+		w2 := newManagerWorldAt(t, path, b, setup)
+		synctest.Wait()
+		if got := w2.answersTo(t, "m0"); len(got) != 1 || got[0] != "answered m0" {
+			t.Fatalf("m0 was answered %q; want its reply", got)
+		}
+		s, err := w2.store.Session(w2.ctx, m0.SessionId)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.EndReason != persistence.EndDaily || !s.EndedAt.Equal(at4) {
+			t.Errorf("once m1 was quarantined, session %s ended %v (%q); want the daily reset at %v", m0.SessionId, s.EndedAt, s.EndReason, at4)
+		}
+	})
+}
