@@ -2,6 +2,7 @@ package actors
 
 import (
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -75,8 +76,14 @@ func TestPendingMessagesOfASessionDueAtStartRunBeforeItsReset(t *testing.T) {
 					t.Errorf("once its messages ran, session %s ended %v (%q); want the %s reset at %v", m0.SessionId, s.EndedAt, s.EndReason, tc.reason, tc.due)
 				}
 				m3 := w2.deliver(t, "m3", "next")
-				if n := resetNotices(w2.answersTo(t, "m3")); m3.SessionId == m0.SessionId || len(n) != 1 {
-					t.Errorf("m3 ran in %s (the reset one %s), with the notices %q; want a new session and one notice", m3.SessionId, m0.SessionId, n)
+				n := resetNotices(w2.answersTo(t, "m3"))
+				if m3.SessionId == m0.SessionId || len(n) != 1 {
+					t.Fatalf("m3 ran in %s (the reset one %s), with the notices %q; want a new session and one notice", m3.SessionId, m0.SessionId, n)
+				}
+				// The session's last activity is the answers, after its end: the idle time is
+				// not told from them ("inactive for 0m").
+				if tc.reason == persistence.EndIdle && !strings.Contains(n[0], "(inactive for too long)") {
+					t.Errorf("m3's notice %q; want it to say the session was inactive for too long", n[0])
 				}
 			})
 		})

@@ -225,15 +225,27 @@ func (s *Session) restoreContinuity(history []persistence.Message) {
 	switch prev.EndReason {
 	case persistence.EndIdle, persistence.EndDaily, persistence.EndSuspended:
 		p := s.d.Config.resetFor(prev.Platform, prev.ChatType)
-		s.rare().continuity = continuityNote(prev.ID, describeReset(prev.EndReason, p, prev.LastActivityAt, prev.EndedAt))
+		s.rare().continuity = continuityNote(prev.ID, describeReset(prev.EndReason, p, quietSince(prev), prev.EndedAt))
 	}
+}
+
+// quietSince is the last activity of prev, a session ended automatically, from which its idle
+// time is told; zero (told as "too long") when it was active after its end: a start that found
+// its reset due ran the messages the last run left pending first (expireOnStart), and their
+// answers came after the due time. Before, a user who answered such an answer two minutes
+// later was told the session was reset for being "inactive for 2m".
+func quietSince(prev *persistence.Session) time.Time {
+	if !prev.EndedAt.IsZero() && prev.LastActivityAt.After(prev.EndedAt) {
+		return time.Time{}
+	}
+	return prev.LastActivityAt
 }
 
 // afterAutoReset prepares the successor of an automatically ended session: the continuity note
 // for its first turn and, unless the platform is quiet, a notice that answers messageID.
 func (s *Session) afterAutoReset(prev *persistence.Session, src identity.Source, messageID string, now time.Time) (*platforms.Outbound, []persistence.Op) {
 	p := s.d.Config.resetFor(prev.Platform, prev.ChatType)
-	why := describeReset(prev.EndReason, p, prev.LastActivityAt, now)
+	why := describeReset(prev.EndReason, p, quietSince(prev), now)
 	s.rare().continuity = continuityNote(prev.ID, why)
 	if !p.Notify {
 		return nil, nil
