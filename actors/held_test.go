@@ -197,10 +197,12 @@ func TestMessageBehindAHeldResultIsRefusedWithIt(t *testing.T) {
 // TestDrainWaitsForAHeldResult: a drain waits for a turn's result the store refused: once the
 // store takes it (within the drain's deadline), the reply goes out and the drain ends. A daemon
 // that stops first (the deadline passed) loses the result: the message runs again at the next
-// start, and is answered then.
+// start, and is answered then; with sessions.recovery: notice the line says it is answered
+// with a notice then (before, it said it runs again).
 func TestDrainWaitsForAHeldResult(t *testing.T) {
-	for _, room := range []bool{true, false} {
-		t.Run(fmt.Sprintf("room=%v", room), func(t *testing.T) {
+	for _, tc := range []struct{ room, notice bool }{{true, false}, {false, false}, {false, true}} {
+		room := tc.room
+		t.Run(fmt.Sprintf("room=%v,notice=%v", room, tc.notice), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				path := filepath.Join(t.TempDir(), "agentgate.db")
 				out := &storetest.Outage{}
@@ -208,6 +210,9 @@ func TestDrainWaitsForAHeldResult(t *testing.T) {
 				agent, ran := countingEcho()
 				w := newManagerWorldWith(t, path, fillsFirst(out, agent), func(d *Deps) {
 					d.Log = slog.New(slog.NewTextHandler(logs, nil))
+					if tc.notice {
+						d.Config.Recovery = RecoveryNotice
+					}
 				}, func(s persistence.Store) persistence.Store { out.Store = s; return out })
 				if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
 					t.Fatalf("m1: %+v, want started", r)
@@ -234,6 +239,12 @@ func TestDrainWaitsForAHeldResult(t *testing.T) {
 				w.stop() // the drain's deadline
 				if !strings.Contains(logs.String(), "the session stops with turn results the store has not taken") {
 					t.Errorf("the lost result is not logged:\n%s", logs.String())
+				}
+				if tc.notice {
+					if !strings.Contains(logs.String(), "not taken; their messages are answered at the next start with a notice instead of run") {
+						t.Errorf("the lost result's line does not say its message is answered with a notice:\n%s", logs.String())
+					}
+					return
 				}
 				w2 := newManagerWorldAt(t, path, agent, nil)
 				if r := w2.deliver(t, "m2", "two"); r.ErrorCode != "" {

@@ -359,7 +359,7 @@ func (s *Session) Receive(c actor.Context) {
 		if turns := s.heldTurns(); len(turns) > 0 {
 			// A drain's deadline passed while the store refused them (or the member let the
 			// key go): at-least-once, as for a turn cut short by the stop.
-			s.logger().Warn("the session stops with turn results the store has not taken; their messages run again at the next start",
+			s.logger().Warn("the session stops with turn results the store has not taken; their messages "+s.atNextStart(),
 				"turns", strings.Join(turns, ","))
 		}
 		if u := s.unusual; u != nil {

@@ -474,17 +474,17 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 			// The daemon's exit killed it (a second stop signal), and its own line says so;
 			// the warning below sent a user who pressed Ctrl-C twice to look for a systemd
 			// problem that was not there (a new user's walkthrough).
-			s.logger().Debug("the agent's process was killed by agentgate's exit; its messages run again at the next start", "turn", r.id)
+			s.logger().Debug("the agent's process was killed by agentgate's exit; its messages "+s.atNextStart(), "turn", r.id)
 		} else {
-			s.logger().Warn("the agent's process was ended by a signal while agentgate stops; its messages run again at the next start "+
-				"(a service manager signalled it with agentgate: under systemd, set KillMode=mixed)", "turn", r.id, logging.Err(m.Err))
+			s.logger().Warn("the agent's process was ended by a signal while agentgate stops; its messages "+s.atNextStart()+
+				" (a service manager signalled it with agentgate: under systemd, set KillMode=mixed)", "turn", r.id, logging.Err(m.Err))
 		}
 		s.cutShortByStop(c, r)
 		return
 	}
 	if errors.Is(m.Err, ErrAgentCallsClosed) {
 		// The stop had already waited for the agent calls: the agent never ran.
-		s.logger().Warn("a turn began after agentgate's stop waited for the agent calls, and did not run; its messages run again at the next start",
+		s.logger().Warn("a turn began after agentgate's stop waited for the agent calls, and did not run; its messages "+s.atNextStart(),
 			"turn", r.id)
 		s.cutShortByStop(c, r)
 		return
@@ -505,6 +505,16 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 		s.finish(c, r, persistence.RoleAssistant, m.Text, persistence.StatusDone, m.Usage, nil)
 	}
 	s.tryStart(c)
+}
+
+// atNextStart says, for the lines of a stop that cuts turns short, what becomes of their
+// messages: they run again at the next start, or with sessions.recovery: notice are answered
+// with a notice then. Before, the lines said they run again in either case (found by a review).
+func (s *Session) atNextStart() string {
+	if s.d.Config.Recovery == RecoveryNotice {
+		return "are answered at the next start with a notice instead of run (sessions.recovery: notice)"
+	}
+	return "run again at the next start"
 }
 
 // cutTurnCounted counts a turn that ends without its result (cancelled, or crashed with its
