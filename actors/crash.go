@@ -118,6 +118,7 @@ func (s *Session) afterUncleanStops(c actor.Context) {
 // said "it was not run", and the sender of a message whose agent had side effects sent it again
 // and had the work done twice (TestRecoveryNoticeSaysTheHeadMayHaveBeenPartlyRun).
 func (s *Session) noticePending(c actor.Context) {
+	s.logNoticed()
 	if n := s.mayHaveRun(); n > 0 {
 		head := slices.Clone(s.queue[:n])
 		s.dequeue(n)
@@ -126,6 +127,30 @@ func (s *Session) noticePending(c actor.Context) {
 		}
 	}
 	s.setAsideQueue(c, s.cur, NotRunNotice)
+}
+
+// noticedLine is the line of a session whose pending messages a start answers with a notice
+// instead of running them (sessions.recovery: notice).
+const noticedLine = "answered the messages the last run left pending with a notice instead of running them (sessions.recovery: notice)"
+
+// logNoticed logs noticedLine for the session, at once and then one a minute for all sessions
+// (Deps.recoveryNotices), with how many lines it stands for, and the others at Debug: a start
+// after a backlog answers thousands of sessions so. Before, nothing named the messages a start
+// set aside: only their notices in the transcripts did (found by a walkthrough).
+func (s *Session) logNoticed() {
+	sp := s.spilling()
+	if len(s.queue) == 0 && sp == nil {
+		return
+	}
+	args := []any{"messages", len(s.queue)}
+	if sp != nil {
+		args = append(args, "and_stored_beyond_the_queue", true)
+	}
+	if all, ok := s.d.recoveryNotices.Allowed(args...); ok {
+		s.logger().Info(noticedLine, all...)
+	} else if s.debugOn() {
+		s.logger().Debug(noticedLine, args...)
+	}
 }
 
 // mayHaveRun is how many messages at the head of the queue a turn running when the last run

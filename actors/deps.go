@@ -205,6 +205,9 @@ type Deps struct {
 	// probationWaits limits the line of sessions whose suspect message begins to wait for
 	// probation (Session.logWaiting): after an unclean stop during a backlog, every chat's.
 	probationWaits logging.Limiter
+	// recoveryNotices limits the line of sessions whose pending messages a start answers with a
+	// notice (Session.logNoticed): after a backlog, every chat's.
+	recoveryNotices logging.Limiter
 	// spillReadFailures limits the line of sessions whose spilled messages cannot be read back
 	// (refill): in an outage every session past its cap logs one a second.
 	spillReadFailures logging.Limiter

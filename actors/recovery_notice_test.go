@@ -1,10 +1,14 @@
 package actors
 
 import (
+	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/agentgate/agentgate/internal/testutil"
 )
 
 // TestRecoveryNoticeSaysTheHeadMayHaveBeenPartlyRun: agentgate stops with m0's turn running
@@ -28,8 +32,16 @@ func TestRecoveryNoticeSaysTheHeadMayHaveBeenPartlyRun(t *testing.T) {
 		synctest.Wait()
 
 		b := newRequeueAgent()
-		w2 := newManagerWorldAt(t, path, b, func(d *Deps) { d.Config.Recovery = RecoveryNotice })
+		var logs testutil.Buffer
+		w2 := newManagerWorldAt(t, path, b, func(d *Deps) {
+			d.Config.Recovery = RecoveryNotice
+			d.Log = slog.New(slog.NewTextHandler(&logs, nil))
+		})
 		synctest.Wait()
+		// One line names the session and how many it answered so (before, none did).
+		if got := logs.String(); !strings.Contains(got, `msg="`+noticedLine+`"`) || !strings.Contains(got, "messages=3") {
+			t.Errorf("no INF line names the messages answered with a notice:\n%s", got)
+		}
 		for id, want := range map[string]string{"m0": MayHaveRunNotice, "m1": NotRunNotice, "m2": NotRunNotice} {
 			if got := w2.answerText(t, id); got != want {
 				t.Errorf("%s was answered %q; want %q", id, got, want)
