@@ -99,3 +99,49 @@ func TestAutomaticResetsAreOneInfoLineAScan(t *testing.T) {
 		}
 	})
 }
+
+// TestBusyDueSessionIsLoggedOnceNotEveryScan: a session due for its reset while a turn runs
+// waits for the turn; the scans meanwhile tell it again, but the scan's line counts it only
+// the first time. Before, each scan (every check_every) logged "sessions due for reset idle=1"
+// again for as long as the turn ran (found by a walkthrough: 13 lines in 13 s).
+func TestBusyDueSessionIsLoggedOnceNotEveryScan(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testutil.Buffer
+		release := make(chan struct{})
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			return &agents.Response{Text: "ok"}, nil
+		})
+		idle := ResetPolicy{Mode: ResetIdle, Idle: time.Hour, Location: time.UTC}
+		w := newManagerWorld(t, agent, func(d *Deps) {
+			d.Log = slog.New(slog.NewTextHandler(&logs, nil))
+			d.Config.Keys = identity.DefaultKeyOptions
+			d.Config.ResetFor = func(string, string) ResetPolicy { return idle }
+			d.Config.ResetPolicies = []ResetPolicy{idle}
+		})
+		src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "busy", UserID: "u"}
+		key := identity.Key(src, w.d.Config.Keys)
+		res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: key, Msg: &Deliver{SessionKey: key,
+			Source: sourceToProto(src), MessageId: "m1", Text: "hi", ReceivedAtUnixNano: time.Now().UnixNano()}}, time.Hour).Result()
+		if err != nil || res.(*DeliverResult).ErrorCode != "" {
+			t.Fatalf("deliver: %v, %v", res, err)
+		}
+		timers := w.system.Root.Spawn(NewTimers(w.d, NewLocalRouter(w.system.Root, w.manager), time.Minute))
+		defer func() {
+			if err := w.system.Root.StopFuture(timers).Wait(); err != nil {
+				t.Error(err)
+			}
+		}()
+		time.Sleep(65 * time.Minute) // due at 60 min, its turn still running: 5 scans find it due
+		synctest.Wait()
+		if n := strings.Count(logs.String(), `msg="sessions due for reset"`); n != 1 {
+			t.Errorf("5 scans of a busy due session logged %d lines, want 1:\n%s", n, logs.String())
+		}
+		close(release)
+		synctest.Wait()
+	})
+}

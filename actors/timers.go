@@ -39,6 +39,10 @@ type Timers struct {
 	pass                   uint64
 	pruneBefore, passStart time.Time
 	sessions, messages     int
+	// told holds the sessions the last scan found due: one whose work the reset waits for is
+	// due at every scan until the work is done, and is counted in the scan's line only the
+	// first time. Each scan replaces it, so it holds no more than the sessions due at once.
+	told map[string]struct{}
 }
 
 // Prune asks Timers to prune old ended sessions now (when pruning is enabled).
@@ -131,11 +135,16 @@ func (t *Timers) scan(c actor.Context) {
 		return // no policy ever resets
 	}
 	var idle, daily int
+	told := map[string]struct{}{}
 	ss, err := t.d.Store.IdleSessions(t.d.Ctx, cutoff, timersBatch)
 	for err == nil && len(ss) > 0 {
 		for _, s := range ss {
 			if _, reason, ok := t.d.Config.resetFor(s.Platform, s.ChatType).Overdue(s.LastActivityAt, now); ok {
 				t.router.Tell(s.Key, &ResetDue{})
+				told[s.ID] = struct{}{}
+				if _, again := t.told[s.ID]; again {
+					continue // counted when a scan first found it due; its work holds the reset
+				}
 				if reason == persistence.EndDaily {
 					daily++
 				} else {
@@ -151,6 +160,8 @@ func (t *Timers) scan(c actor.Context) {
 	}
 	if err != nil {
 		t.log.Warn("scan for due resets", logging.Err(err))
+	} else {
+		t.told = told
 	}
 	// One line for the scan, by reason: each session's own reset is at Debug (expire), as a
 	// daily reset ends thousands in the same minute.
