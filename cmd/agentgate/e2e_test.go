@@ -602,3 +602,56 @@ func TestDaemonStartsWithItsDatabaseNamedAgentgate(t *testing.T) {
 		t.Errorf("daemon exit: %v", err)
 	}
 }
+
+// TestHangupWithItsLogReaderGone: `agentgate serve 2>&1 | tee log` in an SSH session that
+// drops: the hangup ends tee, the log's reader, and then reaches the daemon, which still
+// drains and stops cleanly; its log lines fail with EPIPE. Before, Go killed it with SIGPIPE
+// at its first line after the reader was gone: no drain, and the next start counted an unclean
+// stop (found by a review).
+func TestHangupWithItsLogReaderGone(t *testing.T) {
+	dataDir := t.TempDir()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(MustBuild(t), "serve", "--data-dir", dataDir, "--http-addr", "127.0.0.1:0")
+	cmd.Stderr = w
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	go func() { _, _ = io.Copy(io.Discard, r) }() // the log's reader, until it goes
+	sc := bufio.NewScanner(stdout)
+	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "listening on ") {
+		t.Fatalf("no ready line: %q", sc.Text())
+	}
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGHUP with the log's reader gone: %v, want 0 (a clean stop)", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("daemon still running 30s after SIGHUP")
+	}
+	d2 := MustServe(t, dataDir)
+	if strings.Contains(d2.stderr.String(), "did not stop cleanly") {
+		t.Errorf("the start after the hangup counted an unclean stop:\n%s", grep(d2.stderr.String(), "did not stop cleanly"))
+	}
+	if err := d2.stop(t, 30*time.Second); err != nil {
+		t.Errorf("second daemon exit: %v", err)
+	}
+}

@@ -109,7 +109,7 @@ func TestRunCommands(t *testing.T) {
 		{name: "serve -h does not start", args: []string{"serve", "-h"}, wantUsage: []string{"-http-addr"}},
 		// As every other command's help: before, Go's bare "Usage of serve:" and the flags.
 		{name: "serve's help says what it does", args: []string{"help", "serve"},
-			wantUsage: []string{"usage: agentgate serve [flags]\n\nRuns the daemon", "a second one exits at once", "\nflags:\n  -config file"}, notUsage: []string{"Usage of"}},
+			wantUsage: []string{"usage: agentgate serve [flags]\n\nRuns the daemon", "exits at once (a SIGHUP never does)", "\nflags:\n  -config file"}, notUsage: []string{"Usage of"}},
 		{name: "check-config's too", args: []string{"check-config", "-h"},
 			wantUsage: []string{"usage: agentgate check-config [flags]\n\nValidates the configuration", "\nflags:\n  -config file", "-print-defaults"}, notUsage: []string{"Usage of"}},
 		{name: "bench's too", args: []string{"bench", "-h"},
