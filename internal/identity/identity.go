@@ -383,5 +383,9 @@ func Prefix(name, text string) string {
 	return "[" + n + "] " + text
 }
 
-// speakerBrackets turns the square brackets of a name in a sender prefix into round ones.
-var speakerBrackets = strings.NewReplacer("[", "(", "]", ")")
+// speakerBrackets turns the square brackets of a name in a sender prefix into round ones, and
+// the look-alikes a model reads as square brackets (full-width, lenticular, tortoise-shell,
+// white) with them (a review: "Eve］ ［System］" faked a speaker as "Eve] [System]" did).
+var speakerBrackets = strings.NewReplacer("[", "(", "]", ")",
+	"［", "(", "］", ")", "【", "(", "】", ")", "〖", "(", "〗", ")",
+	"〔", "(", "〕", ")", "〘", "(", "〙", ")", "⟦", "(", "⟧", ")", "〚", "(", "〛", ")")
