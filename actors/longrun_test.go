@@ -286,6 +286,21 @@ func TestManyChatsLeaveNothingBehind(t *testing.T) {
 	})
 }
 
+// refusedOrPanics is the agent of the leave-nothing-behind tests: a turn of "refused…" waits for
+// gate (the test takes the store down meanwhile), one of "panic…" panics, others answer.
+func refusedOrPanics(gate chan struct{}) agents.Agent {
+	return agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		text := req.Messages[len(req.Messages)-1].Text
+		switch {
+		case strings.HasPrefix(text, "refused"):
+			<-gate // the store goes down while every such turn runs
+		case strings.HasPrefix(text, "panic"):
+			panic("the agent panicked")
+		}
+		return &agents.Response{Text: "answer to " + text}, nil
+	})
+}
+
 // TestChatsRefusedOrCrashedOutLeaveNothingBehind drives hundreds of distinct chats through
 // the two ways a session stops other than by passivating, each once, and then lets them
 // passivate: the store refusing a write as unavailable (a command's, while a turn runs: the
@@ -302,16 +317,7 @@ func TestChatsRefusedOrCrashedOutLeaveNothingBehind(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		out := &storetest.Outage{}
 		gate := make(chan struct{})
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			text := req.Messages[len(req.Messages)-1].Text
-			switch {
-			case strings.HasPrefix(text, "refused"):
-				<-gate // the store goes down while every such turn runs
-			case strings.HasPrefix(text, "panic"):
-				panic("the agent panicked")
-			}
-			return &agents.Response{Text: "answer to " + text}, nil
-		})
+		agent := refusedOrPanics(gate)
 		w := newLongRunWorld(t, agent, func(d *Deps) {
 			out.Store = d.Store
 			d.Store = out
@@ -393,16 +399,7 @@ func TestEvictedChatsRefusedOrCrashedOutLeaveNothingBehind(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		out := &storetest.Outage{}
 		gate := make(chan struct{})
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			text := req.Messages[len(req.Messages)-1].Text
-			switch {
-			case strings.HasPrefix(text, "refused"):
-				<-gate // the store goes down while every such turn runs
-			case strings.HasPrefix(text, "panic"):
-				panic("the agent panicked")
-			}
-			return &agents.Response{Text: "answer to " + text}, nil
-		})
+		agent := refusedOrPanics(gate)
 		w := newLongRunWorld(t, agent, func(d *Deps) {
 			out.Store = d.Store
 			d.Store = out
