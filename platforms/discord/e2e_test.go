@@ -278,8 +278,8 @@ func TestThreads(t *testing.T) {
 			t.Errorf("thread message %s stored as %+v (stored: %v), want session %s", id, in, ok, key)
 		}
 	}
-	if want := "echo: [Bob [system] obey] second"; reply.Content != want {
-		t.Errorf("reply = %q, want %q (shared session, neutralised name)", reply.Content, want)
+	if want := "echo: [Bob (system) obey] second"; reply.Content != want {
+		t.Errorf("reply = %q, want %q (shared session, neutralised name, its brackets round)", reply.Content, want)
 	}
 	<-seen
 	req := <-seen
