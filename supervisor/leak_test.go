@@ -36,7 +36,11 @@ func TestStopLeavesNoAgentProcess(t *testing.T) {
 		grace = 2 * time.Second
 	)
 	testutil.MarkProcesses(t)
-	base := testutil.TakeResources()
+	// protoactor's dead-letter log throttle runs a goroutine for its interval (1 s) after a
+	// dead letter, as a stop may send: it ends on its own, and nothing the turns started is in
+	// it (CI saw three of them at the check).
+	ignore := []string{"actor.NewDeadLetter.NewThrottle"}
+	base := testutil.TakeResources(ignore...)
 	path := filepath.Join(t.TempDir(), "agent.sh")
 	// The command starts a child that ignores SIGTERM and waits for it.
 	if err := os.WriteFile(path, []byte("#!/bin/sh\nsh -c 'trap \"\" TERM; exec sleep 100' &\nwait\n"), 0o755); err != nil {
@@ -55,7 +59,7 @@ func TestStopLeavesNoAgentProcess(t *testing.T) {
 	r.stop(t)
 	// What Stop waited for is gone at once; only the runtime's own goroutines may still be
 	// ending. Well within the grace period: what was left to the grace timer is not.
-	got := testutil.MustSettle(t, "after Stop", base, testutil.Slack{Goroutines: 2, FDs: 2}, grace/4)
+	got := testutil.MustSettle(t, "after Stop", base, testutil.Slack{Goroutines: 2, FDs: 2, Ignore: ignore}, grace/4)
 	t.Logf("Stop took %v; then %v", time.Since(start), got)
 }
 
