@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"fmt"
 	"log/slog"
 	"os"
@@ -39,8 +38,9 @@ const (
 // checkpointer is the goroutine that keeps WAL checkpoints off the commit path. It is owned by
 // a Store: started by Open, stopped by Close.
 type checkpointer struct {
-	db       *sql.DB // the Store's writer pool: its one connection serialises us with Commit
-	wal      string  // path of the -wal file
+	db       *sql.DB         // the Store's writer pool: its one connection serialises us with Commit
+	drop     func(*sql.Conn) // Store.dropWriter
+	wal      string          // path of the -wal file
 	log      *slog.Logger
 	warn     logging.Limiter // a failure that lasts would log at every tick (each second by default)
 	pages    atomic.Int64    // pages written to the WAL since the last checkpoint began (wrote)
@@ -50,9 +50,9 @@ type checkpointer struct {
 	stopOnce sync.Once
 }
 
-func startCheckpointer(db *sql.DB, path string, every time.Duration, log *slog.Logger) *checkpointer {
+func startCheckpointer(db *sql.DB, drop func(*sql.Conn), path string, every time.Duration, log *slog.Logger) *checkpointer {
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &checkpointer{db: db, wal: path + "-wal", log: log, burst: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+	c := &checkpointer{db: db, drop: drop, wal: path + "-wal", log: log, burst: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
 	go c.run(ctx, every)
 	return c
 }
@@ -82,7 +82,7 @@ func (c *checkpointer) run(ctx context.Context, every time.Duration) {
 		if mode != "PASSIVE" {
 			lastRestart = time.Now()
 		}
-		if _, err := checkpoint(ctx, c.db, mode); err != nil && ctx.Err() == nil {
+		if _, err := checkpoint(ctx, c.db, c.drop, mode); err != nil && ctx.Err() == nil {
 			if n, ok := c.warn.Allow(); ok {
 				c.log.Warn("wal checkpoint failed", "mode", mode, "failures", n, logging.Err(err))
 			}
@@ -127,15 +127,15 @@ const writerBusy = 5 * time.Second
 
 // shortBusy sets the busy timeout of conn, the writer's, to d, and returns what sets it back to
 // writerBusy, for the caller to defer at once: it runs even when the setting failed, and drops
-// the connection (the pool opens a fresh one from the DSN) when it cannot set it back. The
+// the connection with drop (Store.dropWriter) when it cannot set it back. The
 // statements run without the caller's ctx: the driver reports a ctx that ended as the
 // statement's error even when the statement ran, and a Ping whose deadline ended so left the
 // writer at 200 ms; a commit behind a lock then failed after 200 ms and went to the spool
 // instead of waiting its 5 s (found by a review).
-func shortBusy(conn *sql.Conn, d time.Duration) (restore func(), err error) {
+func shortBusy(conn *sql.Conn, d time.Duration, drop func(*sql.Conn)) (restore func(), err error) {
 	restore = func() {
 		if _, err := conn.ExecContext(context.Background(), fmt.Sprintf("PRAGMA busy_timeout = %d", writerBusy.Milliseconds())); err != nil {
-			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+			drop(conn)
 		}
 	}
 	_, err = conn.ExecContext(context.Background(), fmt.Sprintf("PRAGMA busy_timeout = %d", d.Milliseconds()))
@@ -153,7 +153,7 @@ func shortBusy(conn *sql.Conn, d time.Duration) (restore func(), err error) {
 // interrupted the checkpoint in progress: a clean stop then left the last commits in the WAL,
 // and a copy of the database file alone lacked them (TestCheckpointStoppedMidwayLeavesNoWAL).
 // The checkpoint is short: at most checkpointBusy of waiting, and the copy of the WAL's pages.
-func checkpoint(ctx context.Context, db *sql.DB, mode string) (ckptResult, error) {
+func checkpoint(ctx context.Context, db *sql.DB, drop func(*sql.Conn), mode string) (ckptResult, error) {
 	var r ckptResult
 	conn, err := db.Conn(ctx)
 	if err != nil {
@@ -161,7 +161,7 @@ func checkpoint(ctx context.Context, db *sql.DB, mode string) (ckptResult, error
 	}
 	defer conn.Close()
 	if mode != "PASSIVE" {
-		restore, err := shortBusy(conn, checkpointBusy)
+		restore, err := shortBusy(conn, checkpointBusy, drop)
 		defer restore()
 		if err != nil {
 			return r, fmt.Errorf("checkpoint %s: %w", mode, err)

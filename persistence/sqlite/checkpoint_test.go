@@ -28,7 +28,7 @@ func TestLastingCheckpointFailureIsLoggedOnceAMinute(t *testing.T) {
 		}
 		db.Close() // every checkpoint fails: sql: database is closed
 		var logs testutil.Buffer
-		c := startCheckpointer(db, path, time.Second, slog.New(slog.NewTextHandler(&logs, nil)))
+		c := startCheckpointer(db, func(*sql.Conn) {}, path, time.Second, slog.New(slog.NewTextHandler(&logs, nil)))
 		time.Sleep(150 * time.Second)
 		c.stop()
 		if n := strings.Count(logs.String(), "wal checkpoint failed"); n != 3 {
@@ -109,7 +109,7 @@ func TestCheckpointStoppedMidwayLeavesNoWAL(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Millisecond)
 	defer cancel()
-	_, _ = checkpoint(ctx, s.writer, "PASSIVE")
+	_, _ = checkpoint(ctx, s.writer, s.dropWriter, "PASSIVE")
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -190,5 +190,49 @@ func TestWriteCutShortByItsContextLeavesNoWAL(t *testing.T) {
 				t.Errorf("a clean close left the WAL (%d bytes)", fi.Size())
 			}
 		})
+	}
+}
+
+// TestDroppedWriterLeavesNoWAL: when the store drops the writer's connection on purpose (a
+// setting it changed for a ping, a checkpoint or a prune step could not be set back:
+// dropWriter), commits go on on a fresh connection, and the store still closes leaving no WAL,
+// the database file alone holding every commit. Before, the connection was dropped with the
+// write statements still prepared on it, which SQLite then keeps open, holding its lock, so
+// that the last close could not fold the WAL back.
+func TestDroppedWriterLeavesNoWAL(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agentgate.db")
+	s, err := Open(context.Background(), path, Options{CheckpointInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")},
+		&persistence.AppendMessage{Message: userMsg("s1", 1, "before")})
+	conn, err := s.writer.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.dropWriter(conn)
+	_ = conn.Close() // sql.ErrConnDone: dropWriter closed it
+	storetest.MustCommit(t, s, &persistence.AppendMessage{Message: userMsg("s1", 2, "after")})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(path + "-wal"); err == nil {
+		t.Errorf("a clean close left the WAL (%d bytes)", fi.Size())
+	}
+	alone := filepath.Join(t.TempDir(), "copy.db") // the database file alone, copied
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(alone, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := MustRawDB(t, alone).QueryRow("SELECT count(*) FROM messages").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Errorf("the database file alone holds %d messages, want 2", n)
 	}
 }

@@ -100,7 +100,7 @@ func TestCheckpoint(t *testing.T) {
 		t.Fatalf("WAL after a commit: %v, %v; want a non-empty file", fi, err)
 	}
 	for _, mode := range []string{"PASSIVE", "RESTART", "TRUNCATE"} {
-		r, err := checkpoint(ctx, s.writer, mode)
+		r, err := checkpoint(ctx, s.writer, s.dropWriter, mode)
 		if err != nil || r.Busy {
 			t.Errorf("checkpoint(%s) = %+v, %v, want not busy", mode, r, err)
 		}

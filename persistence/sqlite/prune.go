@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math"
@@ -233,7 +232,7 @@ func (s *Store) prunePragmas(ctx context.Context, conn *sql.Conn) (restore func(
 		}
 		if err != nil {
 			s.log.Warn("foreign keys on after pruning; the writer connection is opened again", logging.Err(err))
-			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+			s.dropWriter(conn)
 			return
 		}
 		if _, err := conn.ExecContext(bg, `PRAGMA secure_delete = OFF`); err != nil {

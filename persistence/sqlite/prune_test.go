@@ -364,7 +364,7 @@ func TestPruneZeroesWhatItDeletes(t *testing.T) {
 	MustIndex(t, s)
 	copies := func() int {
 		t.Helper()
-		if _, err := checkpoint(ctx, s.writer, "TRUNCATE"); err != nil {
+		if _, err := checkpoint(ctx, s.writer, s.dropWriter, "TRUNCATE"); err != nil {
 			t.Fatal(err)
 		}
 		b, err := os.ReadFile(s.Path())

@@ -74,7 +74,7 @@ func TestReadOnlySnapshot(t *testing.T) {
 	}
 	defer s.Close()
 	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession(id("wal only"), "k1")})
-	if _, err := checkpoint(ctx, s.writer, "TRUNCATE"); err != nil {
+	if _, err := checkpoint(ctx, s.writer, s.dropWriter, "TRUNCATE"); err != nil {
 		t.Fatal(err)
 	}
 	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession(id("wal and shm"), "k2")})

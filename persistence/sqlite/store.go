@@ -65,7 +65,8 @@ type Store struct {
 	writer   *sql.DB   // one connection; nil for a read-only store
 	reader   *sql.DB   // query_only connections
 	// wstmts are the write statements, prepared on the writer's driver connection (writeStmts);
-	// guarded by commitMu.
+	// read and written only while holding that connection (whose pool has one), under commitMu
+	// but for dropWriter.
 	wstmts struct {
 		conn any
 		st   [numStmts]driver.Stmt
@@ -155,7 +156,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	s.commitMu.Lock()
 	s.indexLater() // after a failed catch-up
 	s.commitMu.Unlock()
-	s.ckpt = startCheckpointer(s.writer, abs, interval(opts.CheckpointInterval), s.log)
+	s.ckpt = startCheckpointer(s.writer, s.dropWriter, abs, interval(opts.CheckpointInterval), s.log)
 	switch {
 	case created:
 		// A mistyped data_dir or store.dsn makes a new database as readily as a first start
@@ -402,7 +403,7 @@ func (s *Store) Ping(ctx context.Context) error {
 	}
 	defer conn.Close()
 	// The writer is ours alone until conn.Close: no commit runs with the short busy timeout.
-	restore, err := shortBusy(conn, pingBusy)
+	restore, err := shortBusy(conn, pingBusy, s.dropWriter)
 	defer restore()
 	if err != nil {
 		return fmt.Errorf("ping: %w", s.unavailable(err))
@@ -496,6 +497,21 @@ func (s *Store) onWriter(ctx context.Context, f func(dc any) error) error {
 		err = cerr
 	}
 	return err
+}
+
+// dropWriter makes database/sql close conn, the writer's connection, which a setting that could
+// not be restored left unfit for commits (shortBusy, prunePragmas); the pool opens a fresh one
+// from the DSN. The write statements prepared on it are finalized first: SQLite keeps a
+// connection closed with statements still prepared open for good, holding its lock, and the
+// store's last close then left the last commits in the WAL (TestDroppedWriterLeavesNoWAL).
+func (s *Store) dropWriter(conn *sql.Conn) {
+	_ = conn.Raw(func(dc any) error {
+		if s.wstmts.conn == dc {
+			_ = closeStmts(s.wstmts.st[:])
+			s.wstmts.conn, s.wstmts.st = nil, [numStmts]driver.Stmt{}
+		}
+		return driver.ErrBadConn
+	})
 }
 
 // writerTx begins a transaction (BEGIN IMMEDIATE) on the writer's connection for a write that
