@@ -152,6 +152,11 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 		answer = fmt.Sprintf("Unknown command /%s.\n%s", cmd.name, helpText())
 	}
 	acted := len(ops) > 0 || len(expired) > 0 || queueChanged // memory changed ahead of the write
+	// The write adds nothing to the conversation of the session the command leaves current: a
+	// /new or /reset behind it still finds that session fresh. A /new's ops end the session
+	// before (its running turn and queued messages are that session's); the command's own rows
+	// are no conversation. /stop, /undo and /resume change a conversation.
+	quiet := len(ops) == 0 || cmd.name == "new" || cmd.name == "reset" || cmd.name == "title"
 	ops = append(expired, ops...)
 	created := false
 	var notice *platforms.Outbound
@@ -212,7 +217,11 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 			c.Send(p, s.unstoredResult(m.MessageId, why))
 		}
 	}
-	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
+	write := s.writeFor
+	if quiet {
+		write = s.writeQuietFor
+	}
+	write(c, ops, orphaned, func(c actor.Context, err error) {
 		repeats := s.commandLanded(m.MessageId)
 		if errors.Is(err, persistence.ErrUnavailable) {
 			// Refused as unavailable, but perhaps applied: the commit's answer may have been lost
@@ -321,9 +330,12 @@ func (s *Session) boundary(c actor.Context, src identity.Source, reason string, 
 // suspended) is not fresh: its first turn is told to continue that one. The store is asked
 // only when memory cannot tell (the session holds rows, none of them in its transcript buffer,
 // which history_limit 0 keeps empty; or how its predecessor ended); a store that cannot be
-// read, or lacks the spooled writes, counts as not fresh.
+// read, or lacks the spooled writes, counts as not fresh. A write in flight counts as
+// conversation unless it is a command's that adds none (pendingWrite.quiet): a second /new
+// right behind the first, its write still in flight, finds the session the first began fresh.
+// Before, it ended that empty session and began another (a chain got a session with no message).
 func (s *Session) fresh() bool {
-	if s.cur == nil || s.running != nil || s.hasQueued() || len(s.history) > 0 || len(s.inflight) > 0 || s.held() != nil {
+	if s.cur == nil || s.running != nil || s.hasQueued() || len(s.history) > 0 || s.saidInFlight() || s.held() != nil {
 		return false // (a write in flight may be a turn's exchange the store does not show yet)
 	}
 	if r := s.unusual; r != nil && r.continuity != "" {
@@ -356,6 +368,17 @@ func (s *Session) fresh() bool {
 	}
 	said, _, err := s.d.Store.History(ctx, s.cur.ID, 1)
 	return err == nil && len(said) == 0
+}
+
+// saidInFlight reports whether a write in flight may add to a conversation: any but a command's
+// that adds none (pendingWrite.quiet).
+func (s *Session) saidInFlight() bool {
+	for _, w := range s.inflight {
+		if !w.quiet {
+			return true
+		}
+	}
+	return false
 }
 
 // stopWork cancels the running turn and drops the queued messages. It returns the ops that
@@ -488,7 +511,7 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		// writes (a retried attempt's among them) are durable. A fresh session is as fresh
 		// as a reset would make it.
 		sid, prev := s.cur.ID, s.cur.PrevSessionID
-		s.writeFor(c, nil, orphaned, func(c actor.Context, err error) {
+		s.writeQuietFor(c, nil, orphaned, func(c actor.Context, err error) {
 			r := &ResetResult{SessionId: sid, PreviousSessionId: prev, Kept: !retried}
 			switch {
 			case errors.Is(err, persistence.ErrFenced):
@@ -525,7 +548,7 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		notice = &entry
 	}
 	sid := s.cur.ID
-	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
+	s.writeQuietFor(c, ops, orphaned, func(c actor.Context, err error) { // (ops end the session before)
 		r := &ResetResult{SessionId: sid, PreviousSessionId: prev}
 		if errors.Is(err, persistence.ErrUnavailable) && s.routedTo(sid) {
 			// Refused as unavailable, but applied: the commit's answer was lost (see

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents/echo"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
 )
 
 // TestOperatorResetOfAFreshSessionKeepsIt: an operator's reset (the admin API, agentgate
@@ -131,6 +133,194 @@ func TestStatusOnANewChat(t *testing.T) {
 					t.Errorf("the next message went to session %s, not %s, which /status named", m1.SessionId, r.SessionId)
 				}
 			})
+		})
+	}
+}
+
+// TestNewBehindANewInFlightKeepsItsSession: a second /new (or /reset) that reaches the session
+// while the first one's write is still in flight asks for what is already happening: it is
+// answered that the session the first began is new already, and the key gets one new session,
+// not two. A message between the two makes that session not fresh: the second /new starts
+// another. An operator's reset right behind another is kept the same way. Before, the write in
+// flight made the session count as not fresh, and the second /new ended the empty session the
+// first had just begun: the chain got a session with no message whose successor began at once.
+func TestNewBehindANewInFlightKeepsItsSession(t *testing.T) {
+	for _, tt := range []struct {
+		name         string
+		historyLimit int
+	}{
+		{"with a transcript buffer", 50},
+		{"history_limit 0", 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w, g, _ := newGatedWorld(t, echo.New(), func(d *Deps) { d.Config.HistoryLimit = tt.historyLimit }, nil)
+				// inFlight sends texts one after the other while the first one's write waits at
+				// the store's gate, then opens the gate and returns the answers in order.
+				inFlight := func(texts ...[2]string) []*DeliverResult {
+					t.Helper()
+					g.armed.Store(true)
+					g.open = make(chan struct{})
+					fs := []*actor.Future{w.request(texts[0][0], texts[0][1])}
+					<-g.waiting // the first write is in flight
+					g.armed.Store(false)
+					for _, m := range texts[1:] {
+						fs = append(fs, w.request(m[0], m[1]))
+						synctest.Wait() // taken by the session before the next
+					}
+					close(g.open)
+					var rs []*DeliverResult
+					for i, f := range fs {
+						res, err := f.Result()
+						if err != nil {
+							t.Fatalf("%s: %v", texts[i][0], err)
+						}
+						rs = append(rs, res.(*DeliverResult))
+					}
+					synctest.Wait()
+					return rs
+				}
+				m1 := w.deliver(t, "m1", "hello")
+				w.awaitTurnEnds(1)
+				synctest.Wait()
+
+				rs := inFlight([2]string{"n1", "/new"}, [2]string{"n2", "/new"})
+				n1, n2 := rs[0], rs[1]
+				if n1.Disposition != platforms.Command || n1.SessionId == m1.SessionId {
+					t.Fatalf("/new after m1: %+v, want a new session after %s", n1, m1.SessionId)
+				}
+				if a := w.noticeFor(t, "n1"); !strings.HasPrefix(a, "✨ Started a new session ("+n1.SessionId+").") {
+					t.Errorf("the first /new answered %q, want a new session %s", a, n1.SessionId)
+				}
+				want := "✨ This session (" + n1.SessionId + ") is new already"
+				if a := w.noticeFor(t, "n2"); n2.Disposition != platforms.Command || n2.SessionId != n1.SessionId || !strings.HasPrefix(a, want) {
+					t.Errorf("a /new behind the first's write: %+v, answered %q; want %s kept, answered %q…", n2, a, n1.SessionId, want)
+				}
+				if n := w.sessionCount(t); n != 2 {
+					t.Errorf("the key has %d sessions after m1, /new, /new, want 2", n)
+				}
+				if route, err := w.store.Route(w.ctx, w.key); err != nil || route.SessionID != n1.SessionId {
+					t.Errorf("the key routes to %+v (%v), want %s", route, err, n1.SessionId)
+				}
+				if s, err := w.store.Session(w.ctx, n1.SessionId); err != nil || !s.EndedAt.IsZero() {
+					t.Errorf("the session the first /new began: %+v, %v; want it open", s, err)
+				}
+
+				// A message between two /new: it is said in the session the first began, and the
+				// second ends that session.
+				w.deliver(t, "m1b", "said in the session n1 began")
+				w.awaitTurnEnds(1)
+				synctest.Wait()
+				rs = inFlight([2]string{"r1", "/reset"}, [2]string{"m2", "hi"}, [2]string{"r2", "/reset"})
+				r1, m2, r2 := rs[0], rs[1], rs[2]
+				if r1.SessionId == n1.SessionId || m2.SessionId != r1.SessionId {
+					t.Fatalf("/reset then m2: %+v, %+v; want m2 in the session the reset began after %s", r1, m2, n1.SessionId)
+				}
+				if a := w.noticeFor(t, "r2"); r2.SessionId == r1.SessionId || !strings.HasPrefix(a, "✨ Started a new session ("+r2.SessionId+").") {
+					t.Errorf("/reset behind m2: %+v, answered %q; want a new session after %s", r2, a, r1.SessionId)
+				}
+				if s, err := w.store.Session(w.ctx, r1.SessionId); err != nil || s.EndedAt.IsZero() {
+					t.Errorf("the session m2 was sent to, after the second /reset: %+v, %v; want it ended", s, err)
+				}
+				if n := w.sessionCount(t); n != 4 {
+					t.Errorf("the key has %d sessions after m1b, /reset, m2, /reset, want 4", n)
+				}
+
+				// An operator's reset right behind another: the session it began is kept.
+				m3 := w.deliver(t, "m3", "again")
+				w.awaitTurnEnds(1)
+				synctest.Wait()
+				g.armed.Store(true)
+				g.open = make(chan struct{})
+				first := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &ResetSession{}}, time.Minute)
+				<-g.waiting
+				g.armed.Store(false)
+				second := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &ResetSession{}}, time.Minute)
+				synctest.Wait()
+				close(g.open)
+				var got [2]*ResetResult
+				for i, f := range []*actor.Future{first, second} {
+					res, err := f.Result()
+					if err != nil {
+						t.Fatalf("reset %d: %v", i+1, err)
+					}
+					got[i] = res.(*ResetResult)
+				}
+				if got[0].Error != "" || got[0].PreviousSessionId != m3.SessionId {
+					t.Fatalf("the first reset answered %+v, want the end of %s", got[0], m3.SessionId)
+				}
+				if got[1].Error != "" || got[1].SessionId != got[0].SessionId || !got[1].Kept {
+					t.Errorf("a reset behind the first's write answered %+v, want session %s kept", got[1], got[0].SessionId)
+				}
+				if n := w.sessionCount(t); n != 5 {
+					t.Errorf("the key has %d sessions after m3 and two resets, want 5", n)
+				}
+			})
+		})
+	}
+}
+
+// TestNewBehindARefusedNewIsNotAnsweredDone: the first /new's write is refused (the database
+// failing) while a second /new waits behind it. The second, which found the session the first
+// began fresh, is not answered as done either: that session is not stored, and the key goes on
+// in the session before.
+func TestNewBehindARefusedNewIsNotAnsweredDone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w, g, refuse := newGatedWorld(t, echo.New(), nil, func(op persistence.Op) bool {
+			_, ok := op.(*persistence.EndSession)
+			return ok
+		})
+		m1 := w.deliver(t, "m1", "hello")
+		w.awaitTurnEnds(1)
+		synctest.Wait()
+		g.armed.Store(true)
+		refuse.Store(true)
+		n1 := w.request("n1", "/new")
+		<-g.waiting // its write is in flight
+		g.armed.Store(false)
+		n2 := w.request("n2", "/new")
+		synctest.Wait()
+		close(g.open)
+		for id, f := range map[string]*actor.Future{"n1": n1, "n2": n2} {
+			res, err := f.Result()
+			if err != nil {
+				t.Fatalf("%s: %v", id, err)
+			}
+			if r := res.(*DeliverResult); r.ErrorCode != ErrCodeUnavailable || r.Disposition != "" {
+				t.Errorf("%s answered %+v, want unavailable: the /new is not stored", id, r)
+			}
+		}
+		refuse.Store(false)
+		synctest.Wait()
+		if route, err := w.store.Route(w.ctx, w.key); err != nil || route.SessionID != m1.SessionId {
+			t.Errorf("the key routes to %+v (%v), want the session before the /new, %s", route, err, m1.SessionId)
+		}
+		if n := w.sessionCount(t); n != 1 {
+			t.Errorf("the store holds %d sessions of the key, want 1", n)
+		}
+	})
+}
+
+// TestFreshCountsWritesInFlight: a write in flight keeps a session from counting as fresh (it
+// may be a turn's exchange the store does not show yet), unless it is a command's that adds no
+// conversation (pendingWrite.quiet), such as the /new that began the session.
+func TestFreshCountsWritesInFlight(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		inflight []*pendingWrite
+		want     bool
+	}{
+		{"nothing in flight", nil, true},
+		{"the /new that began it", []*pendingWrite{{quiet: true}}, true},
+		{"a turn's result", []*pendingWrite{{quiet: true}, {turn: "t1"}}, false},
+		{"a message's write", []*pendingWrite{{message: true}, {quiet: true}}, false},
+		{"an automatic reset's write", []*pendingWrite{{kept: true}}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &Session{d: &Deps{}, cur: &persistence.Session{ID: "s1"}, inflight: tt.inflight}
+			if got := s.fresh(); got != tt.want {
+				t.Errorf("fresh() with %d write(s) in flight = %v, want %v", len(tt.inflight), got, tt.want)
+			}
 		})
 	}
 }

@@ -110,6 +110,12 @@ func (s *Session) writeFor(c actor.Context, ops []persistence.Op, orphaned func(
 	s.submit(c, &pendingWrite{ops: ops, done: done, orphaned: orphaned})
 }
 
+// writeQuietFor is writeFor for a command's write that adds nothing to the conversation of the
+// session it leaves current (pendingWrite.quiet).
+func (s *Session) writeQuietFor(c actor.Context, ops []persistence.Op, orphaned func(c actor.Context, why string), done func(actor.Context, error)) {
+	s.submit(c, &pendingWrite{ops: ops, done: done, orphaned: orphaned, quiet: true})
+}
+
 // submit numbers w (behind the key's Fence when it is claimed) and sends it. While the session
 // holds a turn's result the store refused (heldWrites), w waits behind it instead: no write made
 // since goes ahead of that result, and the result is tried again at once.
@@ -167,6 +173,10 @@ type pendingWrite struct {
 	// kept: a write no requester waits for (write). Refused as unavailable while the session
 	// holds a turn's result, it is held in its place behind it (holdResult).
 	kept bool
+	// quiet: a command's write that adds nothing to the conversation of the session it leaves
+	// current (a /new or /reset, which began that session; /status, /title…). In flight, it
+	// does not keep that session from counting as fresh (Session.fresh).
+	quiet bool
 	// refused: held because the store refused it (holdResult), not only made behind such a
 	// write. Once no held write is, the rest go out as any write does (sendHeld).
 	refused bool
