@@ -208,6 +208,9 @@ type Deps struct {
 	// recoveryNotices limits the line of sessions whose pending messages a start answers with a
 	// notice (Session.logNoticed): after a backlog, every chat's.
 	recoveryNotices logging.Limiter
+	// turnFailures limits the line of failed turns (Session.logTurnFailed): an agent that fails
+	// every turn (a broken command, a model endpoint down) logged one for each message.
+	turnFailures logging.Limiter
 	// spillReadFailures limits the line of sessions whose spilled messages cannot be read back
 	// (refill): in an outage every session past its cap logs one a second.
 	spillReadFailures logging.Limiter

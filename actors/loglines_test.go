@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -228,6 +229,88 @@ func TestFailedTurnNamesItsMessages(t *testing.T) {
 			}
 		}
 		t.Errorf("no line of the failed turn:\n%s", logs.String())
+	})
+}
+
+// TestFailedTurnsAreLoggedOnceAMinute: an agent that fails every turn logs the first failure at
+// once, in full, and then a line a minute for all sessions, whose repeats count the failures
+// held back since the line before; each held back is logged in full at Debug. The lines add up
+// to every failed turn. Before, each failed turn logged its own WRN line, without bound.
+func TestFailedTurnsAreLoggedOnceAMinute(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testutil.Buffer
+		agent := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+			return nil, errors.New("model endpoint down (" + req.Identity.MessageID + ")")
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) {
+			d.Log = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		})
+		other := w.src
+		other.ChatID = "c2"
+		failed := 0
+		fail := func(src identity.Source, id string) {
+			t.Helper()
+			key := identity.Key(src, w.d.Config.Keys)
+			res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: key, Msg: &Deliver{SessionKey: key,
+				Source: sourceToProto(src), MessageId: id, Text: "hi", ReceivedAtUnixNano: time.Now().UnixNano()}}, time.Hour).Result()
+			if r, ok := res.(*DeliverResult); err != nil || !ok || r.ErrorCode != "" {
+				t.Fatalf("deliver %s: %v, %v", id, res, err)
+			}
+			w.awaitTurnEnds(1)
+			failed++
+		}
+		for i := range 10 { // two chats, at the same time
+			fail(w.src, fmt.Sprintf("a%d", i))
+			fail(other, fmt.Sprintf("b%d", i))
+		}
+		time.Sleep(time.Minute)
+		for i := range 5 {
+			fail(other, fmt.Sprintf("c%d", i))
+		}
+		time.Sleep(time.Minute)
+		fail(w.src, "d0")
+		synctest.Wait()
+
+		var warns []string
+		debugs := 0
+		for l := range strings.SplitSeq(logs.String(), "\n") {
+			switch {
+			case !strings.Contains(l, `msg="turn failed"`):
+			case strings.Contains(l, "level=WARN"):
+				warns = append(warns, l)
+			case strings.Contains(l, "level=DEBUG"):
+				debugs++
+				if !strings.Contains(l, "err=") || !strings.Contains(l, "message_id=") {
+					t.Errorf("a failed turn held back is logged at Debug without its detail: %q", l)
+				}
+			}
+		}
+		if len(warns) != 3 {
+			t.Fatalf("%d failed turns logged %d WRN lines, want 3 (the first, then one a minute):\n%s", failed, len(warns), strings.Join(warns, "\n"))
+		}
+		for i, want := range [][]string{
+			{"session=" + w.key, "message_id=a0", "turn=", `err="model endpoint down (a0)"`},
+			{"session=" + identity.Key(other, w.d.Config.Keys), "message_id=c0", `err="model endpoint down (c0)"`, "repeats=19"},
+			{"message_id=d0", "repeats=4"},
+		} {
+			for _, s := range want {
+				if !strings.Contains(warns[i], s) {
+					t.Errorf("line %d %q lacks %q", i+1, warns[i], s)
+				}
+			}
+		}
+		if strings.Contains(warns[0], "repeats=") {
+			t.Errorf("the first line %q counts repeats, want none before it", warns[0])
+		}
+		if logged := len(warns) + 19 + 4; logged != failed {
+			t.Errorf("the lines stand for %d failed turns, want %d", logged, failed)
+		}
+		if debugs+len(warns) != failed {
+			t.Errorf("%d WRN and %d DEBUG lines for %d failed turns, want one line each", len(warns), debugs, failed)
+		}
+		if n := promtestutil.ToFloat64(w.d.Metrics.TurnsTotal.WithLabelValues("error")); int(n) != failed {
+			t.Errorf("agentgate_turns_total{outcome=\"error\"} = %v, want %d", n, failed)
+		}
 	})
 }
 

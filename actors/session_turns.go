@@ -492,7 +492,7 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 	s.finishDraft(c, r.items[0].src.Platform, r.id)
 	if m.Err != nil {
 		s.d.Metrics.TurnsTotal.WithLabelValues("error").Inc()
-		s.logger().Warn("turn failed", "turn", r.id, logging.KeyMessage, strings.Join(messageIDs(r.items), ","), logging.Err(m.Err))
+		s.logTurnFailed(r, m.Err)
 		s.giveBackNote(r)
 		var archive, riders []int64
 		if ref, _ := errors.AsType[*agents.Refusal](m.Err); ref != nil && ref.Declined {
@@ -505,6 +505,20 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 		s.finish(c, r, persistence.RoleAssistant, m.Text, persistence.StatusDone, m.Usage, nil)
 	}
 	s.tryStart(c)
+}
+
+// logTurnFailed logs the failure of r with err: at Warn at once, then once a LimitEvery for all
+// sessions (Deps.turnFailures), with how many failed turns it held back since the last line
+// ("repeats"); each held back at Debug, in full. An agent that fails every turn (a broken
+// command, a model endpoint down) logged a line for each message, burying every other line
+// (a soak walkthrough); agentgate_turns_total{outcome="error"} counts them all.
+func (s *Session) logTurnFailed(r *turnRun, err error) {
+	args := []any{"turn", r.id, logging.KeyMessage, strings.Join(messageIDs(r.items), ","), logging.Err(err)}
+	if all, ok := s.d.turnFailures.Allowed(args...); ok {
+		s.logger().Warn("turn failed", all...)
+	} else if s.debugOn() {
+		s.logger().Debug("turn failed", args...)
+	}
 }
 
 // atNextStart says, for the lines of a stop that cuts turns short, what becomes of their
