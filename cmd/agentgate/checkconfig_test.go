@@ -76,18 +76,28 @@ func TestCheckConfigMalformed(t *testing.T) {
 
 // TestCheckConfigDataDir: a data_dir that cannot be made is refused by check-config at its line,
 // and by serve, which makes nothing; one that can be made is not made by check-config. Before,
-// "config ok" of a data_dir under a file, and serve failed where it made the database.
+// "config ok" of a data_dir under a file, and serve failed where it made the database; and of a
+// data_dir that is, or lies under, a symbolic link to a directory that is not there, which serve
+// cannot make either ("start: data directory …: mkdir …: file exists").
 func TestCheckConfigDataDir(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "file")
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// A link to a directory not there, as a data_dir on a disk that is not mounted leaves one.
+	link, nowhere := filepath.Join(dir, "link"), filepath.Join(dir, "nowhere")
+	if err := os.Symlink("nowhere", link); err != nil {
+		t.Fatal(err)
+	}
+	const makeIt = ", which is not there: make that directory, or set another data_dir"
 	for _, tt := range []struct {
 		name, dataDir, want string // want: the problem after `data_dir: "<dataDir>": `; "" is config ok
 	}{
 		{"under a file", filepath.Join(file, "data"), "cannot be made: " + file + " is not a directory"},
 		{"deeper under a file", filepath.Join(file, "a", "b"), "cannot be made: " + file + " is not a directory"},
+		{"a link to nowhere", link, "cannot be made: it is a symbolic link to " + nowhere + makeIt},
+		{"under a link to nowhere", filepath.Join(link, "a", "b"), "cannot be made: " + link + " is a symbolic link to " + nowhere + makeIt},
 		{"one that can be made", filepath.Join(dir, "new", "data"), ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -96,8 +106,10 @@ func TestCheckConfigDataDir(t *testing.T) {
 				t.Fatal(err)
 			}
 			stdout, stderr, err := runCmd(t, "check-config", "--config", path)
-			if _, statErr := os.Stat(filepath.Join(dir, "new")); !errors.Is(statErr, fs.ErrNotExist) {
-				t.Errorf("check-config made %s (stat: %v), want nothing made", filepath.Join(dir, "new"), statErr)
+			for _, made := range []string{filepath.Join(dir, "new"), nowhere} {
+				if _, statErr := os.Stat(made); !errors.Is(statErr, fs.ErrNotExist) {
+					t.Errorf("check-config made %s (stat: %v), want nothing made", made, statErr)
+				}
 			}
 			if tt.want == "" {
 				if err != nil || stdout != "config ok\n" {

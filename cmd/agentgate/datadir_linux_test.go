@@ -64,3 +64,46 @@ func TestCheckConfigDataDirNotWritable(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckConfigDataDirOnReadOnlyMount: a data_dir on a read-only mount, or one to be made
+// there, is refused by check-config and by serve with the fix that helps (mount it writable), not
+// the one for a directory of another user (give it to the daemon's user), which no chown mends.
+// It mounts a read-only tmpfs in a mount namespace of its own (unshare -m, which leaves the
+// host's mounts alone), so it needs root and unshare(1); it is skipped without them.
+func TestCheckConfigDataDirOnReadOnlyMount(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounts a read-only tmpfs: needs root")
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Skip("needs unshare(1)")
+	}
+	bin := MustBuild(t)
+	ro := filepath.Join(t.TempDir(), "ro")
+	if err := os.Mkdir(ro, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(unshare, "-m", "mount", "-t", "tmpfs", "-o", "ro", "tmpfs", ro).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs in a mount namespace of its own: %v: %s", err, out)
+	}
+	const fix = "(read-only file system): mount it writable, or set another data_dir"
+	for _, tt := range []struct {
+		name, dataDir, want string
+	}{
+		{"on it", ro, "is not writable by this user, uid 0 " + fix},
+		{"to be made on it", filepath.Join(ro, "data"), "cannot be made: " + ro + " is not writable by this user, uid 0 " + fix},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			problem := fmt.Sprintf("data_dir: %q: %s", tt.dataDir, tt.want)
+			for _, args := range [][]string{{"check-config"}, {"serve", "--http-addr", "127.0.0.1:0"}} {
+				// The mount lives as long as the namespace: the command runs in it, after it.
+				script := `mount -t tmpfs -o ro tmpfs "$1" && shift && exec "$@"`
+				cmd := exec.Command(unshare, append([]string{"-m", "sh", "-c", script, "sh", ro, bin}, append(args, "--data-dir", tt.dataDir)...)...)
+				out, err := cmd.CombinedOutput()
+				if err == nil || !strings.Contains(string(out), problem) {
+					t.Errorf("%s = %v, output %q; want it refused with %q", args[0], err, out, problem)
+				}
+			}
+		})
+	}
+}

@@ -610,8 +610,11 @@ const wxOK = 0x2 | 0x1
 // dataDirProblem returns why serve could not use dir as its data directory on this machine,
 // short of making anything: it exists but is not a directory, or is a directory this user may
 // not write; or it cannot be made (serve makes each missing directory in the nearest one that
-// exists, which must be a directory this user may write). Before, check-config said "config
-// ok" of these, and serve failed only where it made the database or took the directory's lock.
+// exists, which must be a directory this user may write, and none of the missing ones may be a
+// symbolic link to a directory that is not there: os.MkdirAll does not make a link's target).
+// Before, check-config said "config ok" of these, and serve failed only where it made the
+// database or took the directory's lock; of a dangling link, until it was checked here too:
+// "mkdir data: file exists" (found by a review).
 func dataDirProblem(dir string) error {
 	if dir == "" {
 		return nil // (required, which validation says)
@@ -619,18 +622,26 @@ func dataDirProblem(dir string) error {
 	problem := func(format string, args ...any) error {
 		return &config.FieldError{Field: "data_dir", Value: dir, Err: fmt.Errorf(format, args...)}
 	}
-	const fix = "give it to the daemon's user, or set another data_dir"
+	fix := func(err error) string {
+		if errors.Is(err, syscall.EROFS) { // a read-only mount: no owner can write it
+			return "mount it writable, or set another data_dir"
+		}
+		return "give it to the daemon's user, or set another data_dir"
+	}
 	fi, err := os.Stat(dir)
 	switch {
 	case err == nil && !fi.IsDir():
 		return problem("exists but is not a directory")
 	case err == nil:
 		if err := syscall.Access(dir, wxOK); err != nil {
-			return problem("is not writable by this user, uid %d (%v): %s", os.Getuid(), err, fix)
+			return problem("is not writable by this user, uid %d (%v): %s", os.Getuid(), err, fix(err))
 		}
 		return nil
 	case !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR):
 		return problem("cannot be reached by this user, uid %d: %v", os.Getuid(), err)
+	}
+	if target, ok := danglingLink(dir); ok {
+		return problem("cannot be made: it is a symbolic link to %s, which is not there: make that directory, or set another data_dir", target)
 	}
 	for d := filepath.Dir(filepath.Clean(dir)); ; d = filepath.Dir(d) {
 		fi, err := os.Stat(d)
@@ -639,15 +650,37 @@ func dataDirProblem(dir string) error {
 			return problem("cannot be made: %s is not a directory", d)
 		case err == nil:
 			if err := syscall.Access(d, wxOK); err != nil {
-				return problem("cannot be made: %s is not writable by this user, uid %d (%v): %s", d, os.Getuid(), err, fix)
+				return problem("cannot be made: %s is not writable by this user, uid %d (%v): %s", d, os.Getuid(), err, fix(err))
 			}
 			return nil
 		case !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR):
 			return problem("cannot be made by this user, uid %d: %v", os.Getuid(), err)
-		case d == filepath.Dir(d):
+		}
+		if target, ok := danglingLink(d); ok {
+			return problem("cannot be made: %s is a symbolic link to %s, which is not there: make that directory, or set another data_dir", d, target)
+		}
+		if d == filepath.Dir(d) {
 			return nil
 		}
 	}
+}
+
+// danglingLink reports whether path, which os.Stat does not find, is a symbolic link (whose
+// target is then not there), and returns that target as a path (a relative one is joined to the
+// link's directory).
+func danglingLink(path string) (target string, ok bool) {
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+		return "", false
+	}
+	target, err = os.Readlink(path)
+	if err != nil {
+		return "", false
+	}
+	if !filepath.IsAbs(target) {
+		target = filepath.Join(filepath.Dir(path), target)
+	}
+	return target, true
 }
 
 // spoolDirProblem returns why serve could not use the spool directory of cfg's data_dir, which
