@@ -456,3 +456,19 @@ func checkConfigWarns(t *testing.T, text, want string) {
 		t.Errorf("check-config = %v, stdout %q, stderr %q; want config ok and stderr %q", err, stdout, stderr, want)
 	}
 }
+
+// TestCheckConfigNamesTheVariableOfAnotherKey: a problem of one key that a variable on another
+// key causes names that variable, in check-config's and serve's words alike, so that an operator
+// who never wrote a config file sees where the value came from. Before, AGENTGATE_AGENT_BACKEND=exec
+// alone read "agent.exec.command: required when agent.backend is exec".
+func TestCheckConfigNamesTheVariableOfAnotherKey(t *testing.T) {
+	t.Setenv("AGENTGATE_AGENT_BACKEND", "exec")
+	dataDir := filepath.Join(t.TempDir(), "data")
+	const problem = "agent.exec.command: required when agent.backend is exec (agent.backend set by AGENTGATE_AGENT_BACKEND)"
+	if _, stderr, err := runCmd(t, "check-config", "--data-dir", dataDir); err == nil || stderr != problem+"\n" {
+		t.Errorf("check-config = %v, stderr %q; want an error and stderr %q", err, stderr, problem+"\n")
+	}
+	if _, _, err := runCmd(t, "serve", "--data-dir", dataDir, "--http-addr", "127.0.0.1:0"); err == nil || err.Error() != "config: "+problem {
+		t.Errorf("serve = %v, want %q", err, "config: "+problem)
+	}
+}

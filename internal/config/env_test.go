@@ -68,3 +68,71 @@ func TestEnvProblemNamesItsVariable(t *testing.T) {
 		t.Errorf("Load(a flag's cap 0 over the variable's 5) error = %v, want a problem naming no variable", err)
 	}
 }
+
+// TestCrossKeyProblemNamesTheVariables: a problem between keys names the AGENTGATE_* variables
+// that set any of its keys, not only its own key's: where the operator set the value that makes
+// it one. Before, AGENTGATE_AGENT_BACKEND=exec alone read "agent.exec.command: required when
+// agent.backend is exec", to an operator who never wrote agent.backend anywhere; a value a flag
+// set over a variable still names no variable.
+func TestCrossKeyProblemNamesTheVariables(t *testing.T) {
+	const conns = "must be at least http.max_held + 64 (564), so that held event streams and ?wait requests leave connections for health checks and new messages"
+	tests := []struct {
+		name, file string // file: "" for none
+		environ    []string
+		override   func(*Config)
+		want       string // the one problem; {file} stands for the file's path
+	}{
+		{name: "a required key, the key that requires it from a variable",
+			environ: []string{"AGENTGATE_AGENT_BACKEND=exec"},
+			want:    "agent.exec.command: required when agent.backend is exec (agent.backend set by AGENTGATE_AGENT_BACKEND)"},
+		{name: "at the line of the file's section",
+			file:    "agent:\n  exec:\n    timeout: 1m\n",
+			environ: []string{"AGENTGATE_AGENT_BACKEND=exec"},
+			want:    "{file}:2: agent.exec.command: required when agent.backend is exec (agent.backend set by AGENTGATE_AGENT_BACKEND)"},
+		{name: "both keys from variables",
+			environ: []string{"AGENTGATE_HTTP_MAX_HELD=500", "AGENTGATE_HTTP_MAX_CONNECTIONS=100"},
+			want:    "http.max_connections: 100: " + conns + " (set by AGENTGATE_HTTP_MAX_CONNECTIONS, http.max_held set by AGENTGATE_HTTP_MAX_HELD)"},
+		{name: "the file's key, the other one's variable",
+			file:    "http:\n  max_connections: 100\n",
+			environ: []string{"AGENTGATE_HTTP_MAX_HELD=500"},
+			want:    "{file}:2: http.max_connections: 100: " + conns + " (http.max_held set by AGENTGATE_HTTP_MAX_HELD)"},
+		{name: "the driver a variable set",
+			file:    "store:\n  dsn: postgres://db.invalid/agentgate\n",
+			environ: []string{"AGENTGATE_STORE_DRIVER=sqlite"},
+			want:    "{file}:2: store.dsn: is a PostgreSQL connection string, but store.driver is sqlite: set store.driver: postgres (store.driver set by AGENTGATE_STORE_DRIVER)"},
+		{name: "a section's keys",
+			file:    "store:\n  driver: postgres\n  dsn: postgres://db.invalid/agentgate\ncluster:\n  enabled: true\n",
+			environ: []string{"AGENTGATE_CLUSTER_TLS_CERT_FILE=/etc/agentgate/member.pem"},
+			want: `cluster.tls: "cert_file \"/etc/agentgate/member.pem\", key_file \"\", ca_file \"\"": set all three files (mutual TLS) or none` +
+				" (cluster.tls.cert_file set by AGENTGATE_CLUSTER_TLS_CERT_FILE)"},
+		{name: "a flag over the variable",
+			environ:  []string{"AGENTGATE_AGENT_BACKEND=openai"},
+			override: func(c *Config) { c.Agent.Backend = "exec" },
+			want:     "agent.exec.command: required when agent.backend is exec"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := ""
+			if tc.file != "" {
+				path = MustWriteConfig(t, tc.file)
+			}
+			_, err := Load(path, tc.environ, tc.override)
+			if want := strings.ReplaceAll(tc.want, "{file}", path); err == nil || err.Error() != want {
+				t.Errorf("Load() error = %v, want %q", err, want)
+			}
+		})
+	}
+}
+
+// TestCrossKeyAdviceNamesTheVariables: a warning between keys names the variables too
+// (HistoryAdvice, which serve logs and check-config prints).
+func TestCrossKeyAdviceNamesTheVariables(t *testing.T) {
+	environ := []string{"AGENTGATE_AGENT_BACKEND=exec", "AGENTGATE_AGENT_EXEC_COMMAND=[cat]", "AGENTGATE_SESSIONS_HISTORY_LIMIT=4"}
+	path := MustWriteConfig(t, "agent:\n  exec:\n    history: 50\n")
+	cfg, problems, refused := Check(path, environ, nil, func(c *Config) []error { return c.HistoryAdvice() })
+	const want = "agent.exec.history: 50: more than sessions.history_limit, 4, the messages a session keeps for its agent: " +
+		"the command gets at most 4 (the smaller of the two wins) (sessions.history_limit set by AGENTGATE_SESSIONS_HISTORY_LIMIT)"
+	if cfg == nil || problems != nil || refused == nil || refused.Error() != path+":3: "+want {
+		t.Errorf("Check() = %v, %v; want no problem and the advice %q", problems, refused, path+":3: "+want)
+	}
+}

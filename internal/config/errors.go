@@ -24,23 +24,40 @@ type FieldError struct {
 	// for agent.exec.command): the file's line of the problem when the file does not write
 	// the missing key nor its section.
 	cause string
-	// env is the AGENTGATE_* variable the key's value came from, when it did (Check sets it):
-	// the problem names it, where the operator set the value. Before, it named only the key (a
-	// walkthrough: "sessions.queue.cap: 0: must be at least 1" for AGENTGATE_SESSIONS_QUEUE_CAP=0).
-	env string
+	// others are the keys besides Field and cause whose values the problem is of (store.driver
+	// for a PostgreSQL store.dsn on SQLite; the three files of cluster.tls): the problem names
+	// the variables that set them too.
+	others []string
+	// env names the AGENTGATE_* variables the values of the problem came from, when they did
+	// (Check sets it): "set by AGENTGATE_…" for Field's own, "KEY set by AGENTGATE_…" for
+	// cause's and others'. The problem names them, where the operator set the values. Before,
+	// it named only the key (a walkthrough: "sessions.queue.cap: 0: must be at least 1" for
+	// AGENTGATE_SESSIONS_QUEUE_CAP=0), and of a problem between keys, only Field's own
+	// variable: AGENTGATE_AGENT_BACKEND=exec alone read "agent.exec.command: required when
+	// agent.backend is exec", to an operator who had written no agent.backend anywhere.
+	env []string
 }
 
 // Error formats the problem as `field: value: reason`, omitting a nil Value, and names the
-// variable the value came from at the end: `field: value: reason (set by AGENTGATE_…)`.
+// variables the values came from at the end: `field: value: reason (set by AGENTGATE_…)`, or
+// `(set by AGENTGATE_…, other.key set by AGENTGATE_…)` for a problem between keys.
 func (e *FieldError) Error() string {
 	from := ""
-	if e.env != "" {
-		from = " (set by " + e.env + ")"
+	if len(e.env) > 0 {
+		from = " (" + strings.Join(e.env, ", ") + ")"
 	}
 	if e.Value == nil {
 		return e.Field + ": " + e.Err.Error() + from
 	}
 	return e.Field + ": " + formatValue(e.Value) + ": " + e.Err.Error() + from
+}
+
+// involved returns the keys besides Field whose values the problem is of: cause, then others.
+func (e *FieldError) involved() []string {
+	if e.cause == "" {
+		return e.others
+	}
+	return append([]string{e.cause}, e.others...)
 }
 
 // Unwrap returns the reason, so errors.Is works on it.

@@ -54,5 +54,5 @@ func (c *Config) HistoryAdvice() []error {
 	}
 	return []error{&FieldError{Field: field, Value: h, Err: fmt.Errorf(
 		"more than sessions.history_limit, %d, the messages a session keeps for its agent: %s %s "+
-			"(the smaller of the two wins)", limit, who, gets)}}
+			"(the smaller of the two wins)", limit, who, gets), others: []string{"sessions.history_limit"}}}
 }

@@ -168,11 +168,21 @@ func Check(path string, environ []string, override func(*Config), here func(*Con
 		case undecoded[fe.Field]:
 			return nil
 		}
-		if line, ok := fileLine(fe, lines, notFile); ok {
-			return &lineError{file: path, line: line, err: err}
+		line, onLine := fileLine(fe, lines, notFile)
+		fe.env = nil
+		own, hasOwn := leafOf(fe.Field)
+		if hasOwn && !onLine && src.fromEnv[own.path] && !src.fromFlag[own.path] {
+			fe.env = append(fe.env, "set by "+own.env)
 		}
-		if l, ok := leafOf(fe.Field); ok && src.fromEnv[l.path] && !src.fromFlag[l.path] {
-			fe.env = l.env
+		// The other keys of a problem between keys are named too, also at the file's line of
+		// Field (the file writes agent.exec; AGENTGATE_AGENT_BACKEND=exec asks for its command).
+		for _, key := range fe.involved() {
+			if l, ok := leafOf(key); ok && (!hasOwn || l.path != own.path) && src.fromEnv[l.path] && !src.fromFlag[l.path] {
+				fe.env = append(fe.env, key+" set by "+l.env)
+			}
+		}
+		if onLine {
+			return &lineError{file: path, line: line, err: err}
 		}
 		return err
 	}
@@ -228,12 +238,18 @@ func (s sources) rank(err error) problemRank {
 	switch {
 	case fe.Field != "" && strings.ToUpper(fe.Field) == fe.Field: // a variable (AGENTGATE_…, PGSSLMODE), never a key
 		r.group = 2
-	case setElsewhere(fe.Field, s.fromFlag) || fe.cause != "" && setElsewhere(fe.cause, s.fromFlag):
+	case setElsewhere(fe.Field, s.fromFlag) || anySetElsewhere(fe.involved(), s.fromFlag):
 		r.group = 3
-	case setElsewhere(fe.Field, s.fromEnv) || fe.cause != "" && setElsewhere(fe.cause, s.fromEnv):
+	case setElsewhere(fe.Field, s.fromEnv) || anySetElsewhere(fe.involved(), s.fromEnv):
 		r.group = 2
 	}
 	return r
+}
+
+// anySetElsewhere reports whether one of keys got its value elsewhere than the file
+// (setElsewhere).
+func anySetElsewhere(keys []string, notFile map[string]bool) bool {
+	return slices.ContainsFunc(keys, func(key string) bool { return setElsewhere(key, notFile) })
 }
 
 // leafOf returns the key that holds field: the key itself, or the one whose map or list entry

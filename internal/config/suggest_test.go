@@ -79,9 +79,10 @@ func TestLoadRequiredKeyNamesALine(t *testing.T) {
 			"FILE:3: store.dsn: required when store.driver is postgres"},
 		{"its section, after the key that requires it", "agent:\n  backend: openai\n  openai:\n    model: m\n", nil,
 			"FILE:3: agent.openai.base_url: required when agent.backend is openai"},
-		// The file's line says echo: the exec the environment set is not its fault.
+		// The file's line says echo: the exec the environment set is not its fault, and the
+		// variable that set it is named (TestCrossKeyProblemNamesTheVariables).
 		{"required by the environment", "agent:\n  backend: echo\n", []string{"AGENTGATE_AGENT_BACKEND=exec"},
-			"agent.exec.command: required when agent.backend is exec"},
+			"agent.exec.command: required when agent.backend is exec (agent.backend set by AGENTGATE_AGENT_BACKEND)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

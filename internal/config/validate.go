@@ -37,7 +37,8 @@ func (c *Config) validate() []error {
 	if held, conns := cmp.Or(c.HTTP.MaxHeld, 1024), c.HTTP.MaxConnections; conns > 0 && held > 0 && held <= maxHeld && conns < held+connectionRoom {
 		// Held requests would take every connection: health checks, scrapes and new messages
 		// would wait in the backlog behind them.
-		v.add("http.max_connections", conns, fmt.Sprintf("must be at least http.max_held + %d (%d), so that held event streams and ?wait requests leave connections for health checks and new messages", connectionRoom, held+connectionRoom))
+		v.addOf("http.max_connections", conns, fmt.Sprintf("must be at least http.max_held + %d (%d), so that held event streams and ?wait requests leave connections for health checks and new messages", connectionRoom, held+connectionRoom),
+			"http.max_held")
 	}
 	if host, _, err := net.SplitHostPort(c.HTTP.Addr); err == nil && c.HTTP.TokenEnv == "" && !LoopbackHost(host) {
 		v.add("http.addr", c.HTTP.Addr, "is not a loopback address, where the API needs a bearer token: set http.token_env")
@@ -47,7 +48,7 @@ func (c *Config) validate() []error {
 	if c.Store.Driver != "postgres" && postgresDSN(c.Store.DSN) {
 		// SQLite took it for a file name: a database in a directory named after the URL,
 		// the daemon on SQLite where its operator meant PostgreSQL (found by an audit).
-		v.add("store.dsn", nil, "is a PostgreSQL connection string, but store.driver is "+c.Store.Driver+": set store.driver: postgres") // a DSN may hold a password
+		v.addOf("store.dsn", nil, "is a PostgreSQL connection string, but store.driver is "+c.Store.Driver+": set store.driver: postgres", "store.driver") // a DSN may hold a password
 	}
 	if c.Store.Driver == "postgres" {
 		v.required("store.dsn", c.Store.DSN != "", "store.driver", "is postgres")
@@ -62,7 +63,7 @@ func (c *Config) validate() []error {
 	v.oneOf("store.synchronous", c.Store.Synchronous, "full", "normal")
 	if cl := &c.Cluster; cl.Enabled {
 		if c.Store.Driver != "postgres" {
-			v.add("cluster.enabled", true, "needs store.driver: postgres (every member must reach the sessions' store)")
+			v.addOf("cluster.enabled", true, "needs store.driver: postgres (every member must reach the sessions' store)", "store.driver")
 		}
 		v.required("cluster.name", cl.Name != "", "cluster.enabled", "")
 		v.hostPort("cluster.bind", cl.Bind)
@@ -79,8 +80,8 @@ func (c *Config) validate() []error {
 		}
 		atLeast(&v, "cluster.member_ttl", cl.MemberTTL, time.Second)
 		if t := cl.TLS; (t.CertFile != "" || t.KeyFile != "" || t.CAFile != "") && (t.CertFile == "" || t.KeyFile == "" || t.CAFile == "") {
-			v.add("cluster.tls", fmt.Sprintf("cert_file %q, key_file %q, ca_file %q", t.CertFile, t.KeyFile, t.CAFile),
-				"set all three files (mutual TLS) or none")
+			v.addOf("cluster.tls", fmt.Sprintf("cert_file %q, key_file %q, ca_file %q", t.CertFile, t.KeyFile, t.CAFile),
+				"set all three files (mutual TLS) or none", "cluster.tls.cert_file", "cluster.tls.key_file", "cluster.tls.ca_file")
 		}
 	}
 
@@ -117,7 +118,7 @@ func (c *Config) validate() []error {
 		o := s.ResetByPlatform[p]
 		v.resetFields(field, o)
 		if o.Notify != nil && *o.Notify && slices.Contains(r.QuietPlatforms, p) {
-			v.add(field+".notify", true, "contradicts sessions.reset.quiet_platforms, which lists "+p)
+			v.addOf(field+".notify", true, "contradicts sessions.reset.quiet_platforms, which lists "+p, "sessions.reset.quiet_platforms")
 		}
 	}
 	for _, t := range slices.Sorted(maps.Keys(s.ResetByType)) {
@@ -194,14 +195,16 @@ func (c *Config) validate() []error {
 		// A cluster holds one gateway connection for the bot (the lease gateway/discord, whose
 		// holder also keeps the bot's unread places): one shard of several would be connected,
 		// the other shards' guilds never heard.
-		v.add("platforms.discord.shard_count", d.ShardCount, "must be 1 with cluster.enabled: a cluster connects one gateway for the bot; run a bot that needs shards as one daemon per shard_id")
+		v.addOf("platforms.discord.shard_count", d.ShardCount, "must be 1 with cluster.enabled: a cluster connects one gateway for the bot; run a bot that needs shards as one daemon per shard_id",
+			"cluster.enabled")
 	}
 	atLeast(&v, "platforms.discord.backfill_window", d.BackfillWindow, 0)
 	if d.Enabled && c.Sessions.Prune.Enabled && d.BackfillWindow >= c.Sessions.Prune.Retention {
 		// A message read back that old may be one whose session was pruned: nothing would say
 		// it was taken, and it would be answered again.
-		v.add("platforms.discord.backfill_window", d.BackfillWindow,
-			fmt.Sprintf("must be shorter than sessions.prune.retention (%v): a message read back whose session was pruned would be answered again", c.Sessions.Prune.Retention))
+		v.addOf("platforms.discord.backfill_window", d.BackfillWindow,
+			fmt.Sprintf("must be shorter than sessions.prune.retention (%v): a message read back whose session was pruned would be answered again", c.Sessions.Prune.Retention),
+			"sessions.prune.retention")
 	}
 	if !slices.Contains([]int{60, 1440, 4320, 10080}, d.ThreadArchiveMinutes) {
 		v.add("platforms.discord.thread_archive_minutes", d.ThreadArchiveMinutes, "must be 60, 1440, 4320 or 10080")
@@ -245,6 +248,12 @@ type validator struct {
 
 func (v *validator) add(field string, value any, reason string) {
 	v.errs = append(v.errs, &FieldError{Field: field, Value: value, Err: errors.New(reason)})
+}
+
+// addOf adds a problem of field that is one between keys: others are the keys besides field
+// whose values make it one (FieldError.others), which the problem names the variables of.
+func (v *validator) addOf(field string, value any, reason string, others ...string) {
+	v.errs = append(v.errs, &FieldError{Field: field, Value: value, Err: errors.New(reason), others: others})
 }
 
 // required adds a problem when field is missing (not ok). A field required only by the value
