@@ -9,10 +9,12 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"strings"
 
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/spool"
 	httpplatform "github.com/agentgate/agentgate/platforms/http"
 )
 
@@ -86,8 +88,16 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 		return fmt.Errorf("requeue %s of %s: no cluster member answered (%s); a requeue runs the message, which only a running member does: start one and try again (nothing was changed)",
 			id, pasteableKey(key), strings.Join(silent, "; "))
 	}
-	return fmt.Errorf("requeue %s of %s: no daemon runs on %s; a requeue runs the message, which only the daemon does: start it (agentgate serve) and try again (nothing was changed)",
-		id, pasteableKey(key), cfg.DataDir)
+	// What the store shows of the message may lack writes waiting in the spool (its quarantine,
+	// or its requeue through the daemon): the start replays them before any session loads, so the
+	// requeue through it acts on them too. Said here, as the readers say it.
+	spooled := ""
+	if n, err := spool.Waiting(filepath.Join(cfg.DataDir, "spool")); err == nil && n > 0 {
+		spooled = fmt.Sprintf("; at its start it first replays the %d batch(es) of writes waiting in %s, which the database does not have yet "+
+			"(sessions quarantined and show lack them)", n, filepath.Join(cfg.DataDir, "spool"))
+	}
+	return fmt.Errorf("requeue %s of %s: no daemon runs on %s; a requeue runs the message, which only the daemon does: start it (agentgate serve) and try again%s (nothing was changed)",
+		id, pasteableKey(key), cfg.DataDir, spooled)
 }
 
 // daemonRequeue asks the daemon listening at addr, run run, to requeue message id of key

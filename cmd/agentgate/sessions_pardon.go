@@ -6,8 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 
+	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/spool"
 )
 
 const pardonUsage = `usage: agentgate sessions pardon [flags] (--all | KEY)
@@ -21,7 +24,8 @@ probation. A message that does take agentgate down needs 3 unclean stops again t
 quarantined. Quarantined messages are left as they are (sessions requeue runs one again).
 
 The daemon must be stopped (a running session keeps the counts it loaded); in a cluster, every
-member.
+member. It refuses while writes wait in data_dir/spool, which the next start replays over the
+pardon: start the daemon once, which replays them, stop it, then pardon.
 ` + keyHelp
 
 // sessionsPardon runs `agentgate sessions pardon (--all | KEY)`: it clears the count of unclean
@@ -57,6 +61,9 @@ func sessionsPardon(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	defer st.Close()
+	if err := pardonSpooled(cfg); err != nil {
+		return err
+	}
 	p, err := st.Pardon(ctx, key)
 	if err != nil {
 		return err
@@ -71,6 +78,33 @@ func sessionsPardon(ctx context.Context, args []string, stdout, stderr io.Writer
 		if key != "" {
 			fmt.Fprintln(stderr, "note: if agentgate did not stop cleanly last time, its next start still counts that stop (sessions pardon --all forgets it)")
 		}
+	}
+	return nil
+}
+
+// pardonSpooled refuses a pardon while the spool of cfg's data_dir holds writes the database
+// does not have yet (the daemon acknowledged them while the database refused writes, and
+// stopped, or was killed, before it could store them). The next start replays them before any
+// session loads, over what a pardon now would have done: a message the pardon counts as
+// pardoned may be quarantined by them (its session quarantined it at 3 strikes while the
+// database refused the write; its sender was told so), or answered already. So the pardon
+// comes after the replay: the daemon started once replays them, and is stopped again. All of
+// the spool is looked at, not only the writes of KEY's session: they name sessions by id, and
+// the key's route to its session may be among them (as sessions reset refuses). A cluster
+// keeps no spool.
+func pardonSpooled(cfg *config.Config) error {
+	if cfg.Cluster.Enabled {
+		return nil
+	}
+	dir := filepath.Join(cfg.DataDir, "spool")
+	n, err := spool.Waiting(dir)
+	switch {
+	case err != nil:
+		return fmt.Errorf("sessions pardon: cannot tell whether writes wait in the spool: %w (nothing was changed)", err)
+	case n > 0:
+		return fmt.Errorf("sessions pardon: %s holds %d batch(es) of writes the database does not have yet, which the next start "+
+			"replays before any session loads and which may undo the pardon (a message quarantined, or answered, since its strikes "+
+			"were counted): start the daemon once (agentgate serve), which replays them, stop it, then pardon (nothing was changed)", dir, n)
 	}
 	return nil
 }

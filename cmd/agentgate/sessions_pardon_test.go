@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/persistence/storetest"
 )
@@ -95,5 +96,81 @@ func TestSessionsPardon(t *testing.T) {
 		if _, _, err := runSessions(t, append(args, "--data-dir", dir)...); !errors.Is(err, errUsage) {
 			t.Errorf("sessions %s: error = %v, want a usage error", strings.Join(args, " "), err)
 		}
+	}
+}
+
+// TestSessionsPardonWaitsForTheSpool: while the spool holds writes the database does not have
+// yet, sessions pardon (of a KEY or --all) refuses, changes nothing, and says to start the
+// daemon once, which replays them, before the pardon; and the offline sessions requeue, which
+// refuses anyway, says that the start replays them first. The spooled write here is what a
+// session writes as it quarantines a suspect at its 3rd strike while the database refuses
+// writes: before, the pardon cleared the message's strikes and counted it pardoned, and the next
+// start's replay quarantined it all the same (its sender had been told so already).
+func TestSessionsPardonWaitsForTheSpool(t *testing.T) {
+	ctx := context.Background()
+	dir := MustSeedSessions(t) // keyA's sa2 has m4 pending at seq 3
+	st, err := sqlite.Open(ctx, filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatalf("sqlite.Open: %v", err)
+	}
+	storetest.MustCommit(t, st, &persistence.SetAttempts{SessionID: "sa2", Seq: 3, Attempts: 3})
+	st.Close()
+	spoolDir := filepath.Join(dir, "spool")
+	sp, err := spool.Open(spoolDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, err := sp.Append([][]persistence.Op{{&persistence.SetMessageStatus{SessionID: "sa2", Seqs: []int64{3}, Status: persistence.StatusQuarantined}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	strikes := func(t *testing.T) int {
+		t.Helper()
+		st, err := sqlite.Open(ctx, filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatalf("sqlite.Open: %v", err)
+		}
+		defer st.Close()
+		ms, err := st.Transcript(ctx, "sa2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms {
+			if m.Seq == 3 {
+				return m.Attempts
+			}
+		}
+		t.Fatal("sa2 has no message at seq 3")
+		return 0
+	}
+	want := "sessions pardon: " + spoolDir + " holds 1 batch(es) of writes the database does not have yet, which the next start " +
+		"replays before any session loads and which may undo the pardon (a message quarantined, or answered, since its strikes " +
+		"were counted): start the daemon once (agentgate serve), which replays them, stop it, then pardon (nothing was changed)"
+	for _, args := range [][]string{{keyA}, {"--all"}} {
+		out, _, err := runSessions(t, append([]string{"pardon", "--data-dir", dir}, args...)...)
+		if err == nil || err.Error() != want || out != "" {
+			t.Errorf("pardon %s with a write in the spool = %v, stdout %q; want the error %q", args[0], err, out, want)
+		}
+		if got := strikes(t); got != 3 {
+			t.Errorf("after the refused pardon %s, m4 has %d strike(s), want its 3 kept", args[0], got)
+		}
+	}
+	_, _, err = runSessions(t, "requeue", "--data-dir", dir, keyA, "m4")
+	if w := "; at its start it first replays the 1 batch(es) of writes waiting in " + spoolDir; err == nil || !strings.Contains(err.Error(), w) {
+		t.Errorf("requeue with no daemon and a write in the spool = %v, want it to say %q", err, w)
+	}
+
+	// Once the start has replayed the spool (here: its batch removed), the pardon goes ahead.
+	if err := sp.Remove(name); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := MustRunSessions(t, "pardon", "--data-dir", dir, keyA); !strings.Contains(out, "pardoned 1 message(s) in 1 session(s)") {
+		t.Errorf("pardon with an empty spool printed %q, want one message pardoned", out)
+	}
+	if got := strikes(t); got != 0 {
+		t.Errorf("after the pardon, m4 has %d strike(s), want 0", got)
+	}
+	if _, _, err := runSessions(t, "requeue", "--data-dir", dir, keyA, "m4"); err == nil || strings.Contains(err.Error(), "replays") {
+		t.Errorf("requeue with no daemon and an empty spool = %v, want the refusal without a word of the spool", err)
 	}
 }
