@@ -245,7 +245,13 @@ func quietSince(prev *persistence.Session) time.Time {
 // for its first turn and, unless the platform is quiet, a notice that answers messageID.
 func (s *Session) afterAutoReset(prev *persistence.Session, src identity.Source, messageID string, now time.Time) (*platforms.Outbound, []persistence.Op) {
 	p := s.d.Config.resetFor(prev.Platform, prev.ChatType)
-	why := describeReset(prev.EndReason, p, quietSince(prev), now)
+	// The idle time is told up to now, or up to the reset when the clock was set back since
+	// (NTP correcting a clock that ran ahead): before, the notice said "inactive for -15m".
+	told := now
+	if prev.EndedAt.After(told) {
+		told = prev.EndedAt
+	}
+	why := describeReset(prev.EndReason, p, quietSince(prev), told)
 	s.rare().continuity = continuityNote(prev.ID, why)
 	if !p.Notify {
 		return nil, nil
