@@ -189,6 +189,10 @@ type Deps struct {
 	// in order, once it has grown past the incarnation they were sent to.
 	PersistIncarnation atomic.Uint64
 
+	// realElapsed, when set, is the real time passed since a fixed point (elapsed); tests set
+	// it to step Now apart from it.
+	realElapsed func() time.Duration
+
 	// loadWaits limits the line of sessions that wait for the database to load (waitToLoad):
 	// in an outage every chat that writes starts one.
 	loadWaits logging.Limiter
@@ -291,6 +295,23 @@ func (d *Deps) now() time.Time {
 		return d.Now()
 	}
 	return time.Now()
+}
+
+// processStart is the fixed point elapsed counts from; its monotonic reading is what counts.
+var processStart = time.Now()
+
+// elapsed is the real time passed since a fixed point of this process: the monotonic clock,
+// which a step of the wall clock (NTP, an operator's date -s, a VM resumed) does not move. It
+// tells such a step from time passing (Timers.prune). With an injected clock (Now) it is that
+// clock, whose moves are time passing for the tests that make them.
+func (d *Deps) elapsed() time.Duration {
+	switch {
+	case d.realElapsed != nil:
+		return d.realElapsed()
+	case d.Now != nil:
+		return time.Duration(d.Now().UnixNano())
+	}
+	return time.Since(processStart)
 }
 
 // newID returns prefix followed by 16 random hex digits. The digits come from math/rand/v2's

@@ -39,6 +39,11 @@ type Timers struct {
 	pass                   uint64
 	pruneBefore, passStart time.Time
 	sessions, messages     int
+	// lastCutoff is the cutoff of the last pass and lastCutoffAt the real time it was taken at
+	// (Deps.elapsed); heldBack says that pass's cutoff was held back (pruneCutoff).
+	lastCutoff   time.Time
+	lastCutoffAt time.Duration
+	heldBack     bool
 	// told holds the sessions the last scan found due: one whose work the reset waits for is
 	// due at every scan until the work is done, and is counted in the scan's line only the
 	// first time. Each scan replaces it, so it holds no more than the sessions due at once.
@@ -89,11 +94,34 @@ func (t *Timers) prune(c actor.Context) {
 		return
 	}
 	t.pass++
-	t.pruneBefore, t.passStart = t.d.now().Add(-p.After), time.Now()
+	t.pruneBefore, t.passStart = t.pruneCutoff(p.After), time.Now()
 	t.sessions, t.messages = 0, 0
 	t.step(c)
 	cancelTimer(t.stopPrune) // a Prune sent by hand replaces the pending one
 	t.stopPrune = t.timers.SendOnce(p.Every, c.Self(), &Prune{})
+}
+
+// pruneCutoff is the cutoff of a new pass: the clock less after, but no more than twice the
+// real time since the last pass's cutoff after it (and a minute). A wall clock stepped forward
+// (an operator's date -s with a wrong year, a bad NTP server, a VM resumed with a stale clock
+// that NTP then corrects) moved the cutoff with it at once: a year ahead, every ended session
+// was deleted at the next pass, and setting the clock right again brought none of them back.
+// Held back, the cutoff catches up at twice the pace of real time; a clock set back moves it
+// back. The first pass after a start has no earlier one to go by.
+func (t *Timers) pruneCutoff(after time.Duration) time.Time {
+	cut, real := t.d.now().Add(-after), t.d.elapsed()
+	held := false
+	if !t.lastCutoff.IsZero() {
+		if most := t.lastCutoff.Add(2*(real-t.lastCutoffAt) + time.Minute); cut.After(most) {
+			if !t.heldBack {
+				t.log.Warn("the clock moved ahead faster than time passed; pruning deletes only what real time allows and catches up",
+					"ahead", cut.Sub(most).Round(time.Second), "ended_before", most.UTC().Format(time.RFC3339))
+			}
+			cut, held = most, true
+		}
+	}
+	t.lastCutoff, t.lastCutoffAt, t.heldBack = cut, real, held
+	return cut
 }
 
 // step asks for the next step of the pass.
