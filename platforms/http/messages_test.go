@@ -844,6 +844,16 @@ func TestRetryAfter(t *testing.T) {
 		}
 	})
 
+	t.Run("the clock set back during the drain", func(t *testing.T) {
+		// The drain began when the wall clock read an hour later than it does now (NTP set
+		// it back since). Before, Retry-After said 3690: a client waited an hour for a
+		// drain of 90 s.
+		h := mustStart(t, Config{DrainTimeout: drain}, &fakeRuntime{})
+		h.p.Drain()
+		h.p.drainedAt.Store(time.Now().Add(time.Hour).UnixNano())
+		drained(t, "POST after Drain, the clock set back an hour since", h.post("/v1/messages", msg))
+	})
+
 	t.Run("session queries", func(t *testing.T) {
 		sessions := newFakeSessions()
 		sessions.resetErr = fmt.Errorf("reset: %w", persistence.ErrUnavailable)

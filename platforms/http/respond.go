@@ -66,11 +66,13 @@ func setRetryAfter(w http.ResponseWriter, d time.Duration) {
 }
 
 // drainLeft is how long the drain can still last: Config.DrainTimeout from Drain on (all of it
-// when the runtime drains before the platform is told to).
+// when the runtime drains before the platform is told to), and never more: the start is a wall
+// clock reading, and a clock set back since the drain began made it longer than the drain
+// (Retry-After 3690 for a drain of 90 s, the clock set back an hour).
 func (p *Platform) drainLeft() time.Duration {
 	left := p.cfg.DrainTimeout
 	if at := p.drainedAt.Load(); at != 0 {
-		left -= time.Since(time.Unix(0, at))
+		left = min(left-time.Since(time.Unix(0, at)), left)
 	}
 	return left
 }
