@@ -53,6 +53,63 @@ func TestResetNoticeAfterTheClockWasSetBack(t *testing.T) {
 	})
 }
 
+// TestSessionActiveWhenTheClockWasSetBack: the host's clock is set back an hour while a chat
+// talks (NTP correcting a clock that ran ahead). The session's last activity does not move back,
+// so its idle reset comes up to an hour late, never early and never twice, as docs/RUNBOOK.md
+// ("The clock") says; the messages of the hour stay in its transcript in the order they came.
+func TestSessionActiveWhenTheClockWasSetBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var clock atomic.Int64
+		t0 := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+		clock.Store(t0.UnixNano())
+		policy := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Minute, Notify: true}
+		w := newManagerWorld(t, gatedAgent("", nil), func(d *Deps) {
+			d.Now = func() time.Time { return time.Unix(0, clock.Load()).UTC() }
+			d.Config.ResetFor = func(string, string) ResetPolicy { return policy }
+			d.Config.ResetPolicies = []ResetPolicy{policy}
+		})
+		nudge := func(at time.Time) {
+			clock.Store(at.UnixNano())
+			w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+			synctest.Wait()
+		}
+		m0 := w.deliver(t, "m0", "before the step")
+		w.answersTo(t, "m0")
+		clock.Store(t0.Add(-time.Hour + 10*time.Minute).UnixNano()) // set back an hour, 10 min on
+		if m1 := w.deliver(t, "m1", "after the step"); m1.SessionId != m0.SessionId {
+			t.Fatalf("m1 in %s, want the session of m0 %s", m1.SessionId, m0.SessionId)
+		}
+		w.answersTo(t, "m1")
+		nudge(t0.Add(-10 * time.Minute)) // 40 min after m1 by the clock
+		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || !s.EndedAt.IsZero() {
+			t.Fatalf("40 min after m1: session %+v, %v; want it open (its last activity is m0's, 10 min ago by the clock)", s, err)
+		}
+		nudge(t0.Add(31 * time.Minute))
+		s, err := w.store.Session(w.ctx, m0.SessionId)
+		if err != nil || s.EndReason != persistence.EndIdle || !s.EndedAt.Equal(t0.Add(30*time.Minute)) {
+			t.Fatalf("30 min after m0 by the clock: session %+v, %v; want it ended idle at %v", s, err, t0.Add(30*time.Minute))
+		}
+		ms, err := w.store.Transcript(w.ctx, m0.SessionId)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, m := range ms {
+			if m.Role == persistence.RoleUser {
+				ids = append(ids, m.MessageID)
+			}
+		}
+		if strings.Join(ids, " ") != "m0 m1" {
+			t.Errorf("the transcript's messages %q, want m0 m1", ids)
+		}
+		nudge(t0.Add(2 * time.Hour)) // nothing more to end
+		m2 := w.deliver(t, "m2", "later")
+		if n := resetNotices(w.answersTo(t, "m2")); m2.SessionId == m0.SessionId || len(n) != 1 {
+			t.Errorf("m2 in %s (the ended one %s), notices %q; want a new session and one notice", m2.SessionId, m0.SessionId, n)
+		}
+	})
+}
+
 // TestPruneAfterTheClockJumpedAhead: pruning keeps sessions for 30 days; the host's clock then
 // jumps a year ahead (an operator's date -s with a wrong year, a bad NTP server). The passes
 // that follow delete only what the real time since the last one allows, with one warning, and
