@@ -96,6 +96,12 @@ type Session struct {
 	// AddUsage.
 	InputTokens  int64
 	OutputTokens int64
+	// ResetDueReason is the reason (EndIdle, EndDaily) of an automatic reset that fell due at
+	// ResetDueAt while the session had work in hand (MarkResetDue): the session ends at
+	// ResetDueAt once that work is done, whatever its activity says by then. "" when none is
+	// due; ResetDueAt may be zero with a reason (a session with no valid activity time).
+	ResetDueReason string
+	ResetDueAt     time.Time
 }
 
 // Message is one transcript row. (SessionID, Seq) is its identity; Seq is assigned by the
@@ -214,20 +220,36 @@ type Op interface{ isOp() }
 // CreateSession inserts a session row with its full identity. Re-applying it is a no-op.
 type CreateSession struct{ Session Session }
 
-// EndSession ends a session with a reason, unless it has already ended.
+// EndSession ends a session with a reason, unless it has already ended. It clears the
+// session's due reset (MarkResetDue): the session has ended.
 type EndSession struct {
 	SessionID string
 	Reason    string
 	At        time.Time
 }
 
-// ReopenSession clears the end (EndedAt and EndReason) of a session, so that it is open again.
+// ReopenSession clears the end (EndedAt and EndReason) of a session, so that it is open again
+// (with no due reset: EndSession cleared it).
 // It is the write of /resume, an explicit user action, and it reopens boundaries too. Recovery
 // never uses it: a boundary (IsBoundary) is never undone by a restart (G6). It does not route
 // the key to the session: send a PutRoute in the same group. Re-applying it, or applying it to
 // an open or unknown session, is a no-op.
 type ReopenSession struct {
 	SessionID string
+}
+
+// MarkResetDue records on an open session that its automatic reset fell due at At, for Reason
+// (EndIdle, EndDaily), while the session had work in hand (a turn running, messages waiting):
+// the session is to end at At once that work is done, also when a later activation loads it
+// (Session.ResetDueReason), although the work moves its activity past At. It is written only
+// then, never per turn. A session that has a due reset keeps it (the first is the one that
+// counts); an ended or unknown session is left as it is; EndSession clears it.
+// Re-applying it is a no-op. At may be zero (a session with no valid activity time: it ends no
+// later than it started); Reason is required.
+type MarkResetDue struct {
+	SessionID string
+	Reason    string
+	At        time.Time
 }
 
 // TouchSession advances a session's last activity (never backwards).
@@ -389,6 +411,7 @@ func (*ClearUnread) isOp()       {}
 func (*CreateSession) isOp()     {}
 func (*EndSession) isOp()        {}
 func (*ReopenSession) isOp()     {}
+func (*MarkResetDue) isOp()      {}
 func (*TouchSession) isOp()      {}
 func (*SetTitle) isOp()          {}
 func (*SetQueueMode) isOp()      {}

@@ -21,12 +21,14 @@ const (
 // The write statements. pgx prepares each once per connection (its statement cache).
 const (
 	createSessionSQL = `INSERT INTO sessions (` + sessionCols + `)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)
 		ON CONFLICT (id) DO NOTHING`
-	endSessionSQL = `UPDATE sessions SET ended_at = $1, end_reason = $2
+	endSessionSQL = `UPDATE sessions SET ended_at = $1, end_reason = $2, reset_due_at = NULL, reset_due_reason = ''
 		WHERE id = $3 AND ended_at IS NULL`
 	reopenSessionSQL = `UPDATE sessions SET ended_at = NULL, end_reason = '' WHERE id = $1`
-	touchSessionSQL  = `UPDATE sessions SET last_activity_at = GREATEST(COALESCE(last_activity_at, 0), $1)
+	markResetDueSQL  = `UPDATE sessions SET reset_due_at = $1, reset_due_reason = $2
+		WHERE id = $3 AND ended_at IS NULL AND reset_due_reason = ''`
+	touchSessionSQL = `UPDATE sessions SET last_activity_at = GREATEST(COALESCE(last_activity_at, 0), $1)
 		WHERE id = $2`
 	setTitleSQL     = `UPDATE sessions SET title = $1 WHERE id = $2`
 	setQueueModeSQL = `UPDATE sessions SET queue_mode = $1 WHERE id = $2`
@@ -320,7 +322,8 @@ func groupStmts(ops []persistence.Op, lease func(name string) (int64, bool)) ([]
 			add(createSessionSQL, ss.ID, ss.Key, ss.Platform, ss.ChatType, ss.ChatID, ss.ThreadID,
 				ss.UserID, ss.UserName, ss.ScopeID, ss.Profile, timeArg(ss.StartedAt),
 				timeArg(ss.LastActivityAt), timeArg(ss.EndedAt), ss.EndReason, ss.PrevSessionID,
-				ss.Title, ss.Epoch, ss.QueueMode, ss.InputTokens, ss.OutputTokens)
+				ss.Title, ss.Epoch, ss.QueueMode, ss.InputTokens, ss.OutputTokens,
+				timeArg(ss.ResetDueAt), ss.ResetDueReason)
 		case *persistence.EndSession:
 			if o == nil || o.At.IsZero() {
 				// A NULL ended_at would leave the session open forever.
@@ -332,6 +335,11 @@ func groupStmts(ops []persistence.Op, lease func(name string) (int64, bool)) ([]
 				return nil, errors.New("reopen session: nil op")
 			}
 			add(reopenSessionSQL, o.SessionID)
+		case *persistence.MarkResetDue:
+			if o == nil || o.Reason == "" {
+				return nil, errors.New("mark reset due: reason required")
+			}
+			add(markResetDueSQL, timeArg(o.At), o.Reason, o.SessionID)
 		case *persistence.TouchSession:
 			if o == nil {
 				return nil, errors.New("touch session: nil op")

@@ -23,7 +23,7 @@ func sessionDest(s *persistence.Session) []any {
 	return []any{&s.ID, &s.Key, &s.Platform, &s.ChatType, &s.ChatID, &s.ThreadID, &s.UserID,
 		&s.UserName, &s.ScopeID, &s.Profile, nanoTime{&s.StartedAt}, nanoTime{&s.LastActivityAt},
 		nanoTime{&s.EndedAt}, &s.EndReason, &s.PrevSessionID, &s.Title, &s.Epoch, &s.QueueMode,
-		&s.InputTokens, &s.OutputTokens}
+		&s.InputTokens, &s.OutputTokens, nanoTime{&s.ResetDueAt}, &s.ResetDueReason}
 }
 
 func scanMessage(r scanner) (persistence.Message, error) {

@@ -83,6 +83,8 @@ func encodeOp(op persistence.Op) (string, []byte, error) {
 		typ, isNil = "SetAttempts", o == nil
 	case *persistence.MarkProbation:
 		typ, isNil = "MarkProbation", o == nil
+	case *persistence.MarkResetDue:
+		typ, isNil = "MarkResetDue", o == nil
 	case *persistence.ArchiveMessages:
 		typ, isNil = "ArchiveMessages", o == nil
 	case *persistence.RequeueMessage:
@@ -143,6 +145,8 @@ func newOp(typ string) persistence.Op {
 		return &persistence.SetAttempts{}
 	case "MarkProbation":
 		return &persistence.MarkProbation{}
+	case "MarkResetDue":
+		return &persistence.MarkResetDue{}
 	case "ArchiveMessages":
 		return &persistence.ArchiveMessages{}
 	case "RequeueMessage":

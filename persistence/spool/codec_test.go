@@ -30,7 +30,7 @@ func opSamples() []persistence.Op {
 		ThreadID: "t1", UserID: "u1", UserName: "Ünïcode \"name\"\n", ScopeID: "g1", Profile: "main",
 		StartedAt: t0, LastActivityAt: t0.Add(time.Nanosecond).In(cest), EndedAt: t0.Add(time.Hour),
 		EndReason: persistence.EndCrash, PrevSessionID: "s-0", Title: "title", Epoch: 7, QueueMode: "steer",
-		InputTokens: 1200, OutputTokens: 340,
+		InputTokens: 1200, OutputTokens: 340, ResetDueReason: persistence.EndDaily, ResetDueAt: t0.Add(30 * time.Minute),
 	}
 	message := persistence.Message{
 		SessionID: "s-1", Seq: 3, Role: persistence.RoleUser, Content: "hello\x00 <world> & \u2028",
@@ -50,6 +50,7 @@ func opSamples() []persistence.Op {
 		&persistence.IncrementAttempts{SessionID: "s-1", Seqs: []int64{4}},
 		&persistence.SetAttempts{SessionID: "s-1", Seq: 4, Attempts: 3},
 		&persistence.MarkProbation{SessionID: "s-1", Seq: 4, Run: "r-1"},
+		&persistence.MarkResetDue{SessionID: "s-1", Reason: persistence.EndDaily, At: t0.Add(3)},
 		&persistence.RequeueMessage{SessionID: "s-1", Seq: 4, NewSeq: 9},
 		&persistence.ArchiveMessages{SessionID: "s-1", Seqs: []int64{5, 6}},
 		&persistence.PutRoute{Route: persistence.Route{Key: "k", SessionID: "s-1", Generation: 9, UpdatedAt: t0}},

@@ -24,6 +24,7 @@ const (
 	stEndSession
 	stReopenSession
 	stTouchSession
+	stMarkResetDue
 	stSetTitle
 	stSetQueueMode
 	stInsertMessage
@@ -53,11 +54,13 @@ var writeSQL = [numStmts]string{
 	stRelease:    `RELEASE grp`,
 	stRollbackTo: `ROLLBACK TO grp`,
 	stCreateSession: `INSERT INTO sessions (` + sessionCols + `)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO NOTHING`,
-	stEndSession: `UPDATE sessions SET ended_at = ?, end_reason = ?
+	stEndSession: `UPDATE sessions SET ended_at = ?, end_reason = ?, reset_due_at = NULL, reset_due_reason = ''
 		WHERE id = ? AND ended_at IS NULL`,
 	stReopenSession: `UPDATE sessions SET ended_at = NULL, end_reason = '' WHERE id = ?`,
+	stMarkResetDue: `UPDATE sessions SET reset_due_at = ?, reset_due_reason = ?
+		WHERE id = ? AND ended_at IS NULL AND reset_due_reason = ''`,
 	stTouchSession: `UPDATE sessions SET last_activity_at = MAX(COALESCE(last_activity_at, 0), ?)
 		WHERE id = ?`,
 	stSetTitle:     `UPDATE sessions SET title = ? WHERE id = ?`,
@@ -389,7 +392,8 @@ func (t *txn) apply(op persistence.Op) error {
 		_, err := t.exec(stCreateSession, ss.ID, ss.Key, ss.Platform, ss.ChatType, ss.ChatID,
 			ss.ThreadID, ss.UserID, ss.UserName, ss.ScopeID, ss.Profile, timeArg(ss.StartedAt),
 			timeArg(ss.LastActivityAt), timeArg(ss.EndedAt), ss.EndReason, ss.PrevSessionID,
-			ss.Title, ss.Epoch, ss.QueueMode, ss.InputTokens, ss.OutputTokens)
+			ss.Title, ss.Epoch, ss.QueueMode, ss.InputTokens, ss.OutputTokens,
+			timeArg(ss.ResetDueAt), ss.ResetDueReason)
 		return wrap(err, "create session %s", ss.ID)
 	case *persistence.EndSession:
 		if o == nil || o.At.IsZero() {
@@ -404,6 +408,12 @@ func (t *txn) apply(op persistence.Op) error {
 		}
 		_, err := t.exec(stReopenSession, o.SessionID)
 		return wrap(err, "reopen session %s", o.SessionID)
+	case *persistence.MarkResetDue:
+		if o == nil || o.Reason == "" {
+			return errors.New("mark reset due: reason required")
+		}
+		_, err := t.exec(stMarkResetDue, timeArg(o.At), o.Reason, o.SessionID)
+		return wrap(err, "mark reset due %s", o.SessionID)
 	case *persistence.TouchSession:
 		if o == nil {
 			return errors.New("touch session: nil op")

@@ -767,12 +767,14 @@ func nullTime(t time.Time) any {
 	return t.UnixNano()
 }
 
-// undoAddedColumns drops the columns migrations 0014 and 0018 add (SQLite has no ADD COLUMN
-// IF NOT EXISTS), for a test that migrates again from a version before them; an outbox that
-// the test made again in an older shape has none to drop.
+// undoAddedColumns drops the columns migrations 0014, 0018 and 0019 add (SQLite has no ADD
+// COLUMN IF NOT EXISTS), for a test that migrates again from a version before them; an outbox
+// that the test made again in an older shape has none to drop.
 func undoAddedColumns(t *testing.T, raw *sql.DB) {
 	t.Helper()
 	mustExec(t, raw, `ALTER TABLE messages DROP COLUMN probation_run`)
+	mustExec(t, raw, `ALTER TABLE sessions DROP COLUMN reset_due_at`)
+	mustExec(t, raw, `ALTER TABLE sessions DROP COLUMN reset_due_reason`)
 	var n int
 	if err := raw.QueryRow(`SELECT count(*) FROM pragma_table_info('outbox') WHERE name = 'continued'`).Scan(&n); err != nil {
 		t.Fatal(err)

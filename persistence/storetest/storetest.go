@@ -54,6 +54,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"IdleSessions", testIdleSessions},
 		{"IdleSessionsPaging", testIdleSessionsPaging},
 		{"ReopenSession", testReopenSession},
+		{"ResetDueMark", testResetDueMark},
 		{"SetAttempts", testSetAttempts},
 		{"Requeue", testRequeue},
 		{"Quarantined", testQuarantined},

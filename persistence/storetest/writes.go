@@ -47,6 +47,7 @@ func idempotentOps() []persistence.Op {
 		&persistence.ArchiveMessages{SessionID: "s1", Seqs: []int64{3}},
 		&persistence.TouchSession{SessionID: "s1", At: at(5)},
 		&persistence.SetTitle{SessionID: "s1", Title: "greetings"},
+		&persistence.MarkResetDue{SessionID: "s1", Reason: persistence.EndDaily, At: at(4)},
 		&persistence.AddOutbox{Entry: outboxEntry("k1", 1, "s1", "m1")},
 		&persistence.MarkDelivery{SessionKey: "k1", Seq: 1, State: persistence.DeliveryDelivered, At: at(6)},
 		&persistence.AddOutbox{Entry: outboxEntry("k1", 2, "s1", "m1")},

@@ -24,7 +24,7 @@ import (
 const (
 	SessionCols = `id, key, platform, chat_type, chat_id, thread_id, user_id, user_name, scope_id,
 		profile, started_at, last_activity_at, ended_at, end_reason, prev_session_id, title, epoch,
-		queue_mode, input_tokens, output_tokens`
+		queue_mode, input_tokens, output_tokens, reset_due_at, reset_due_reason`
 	MessageCols = `session_id, seq, role, content, platform, chat_id, message_id, turn_id, status,
 		active, archived, attempts, created_at, user_id, user_name`
 	// MessageRefCols are MessageCols with an empty content: a message's row without its text.
