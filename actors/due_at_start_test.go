@@ -1,13 +1,16 @@
 package actors
 
 import (
+	"context"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/persistence"
 )
 
@@ -129,6 +132,156 @@ func TestOverdueResetOutlivesACrash(t *testing.T) {
 		}
 		if s.EndReason != persistence.EndDaily || !s.EndedAt.Equal(at4) {
 			t.Errorf("once m1 was quarantined, session %s ended %v (%q); want the daily reset at %v", m0.SessionId, s.EndedAt, s.EndReason, at4)
+		}
+	})
+}
+
+// TestDueResetOutlivesAStopDuringItsBacklog: a start finds a session's reset due with messages
+// the last run left pending, and the reset waits for them (above); agentgate stops again before
+// they have all run, after the first one was answered. At the next start the session's last
+// activity is that answer, after the due time, so its activity no longer says the reset is due;
+// the session's row does (persistence.MarkResetDue). The rest of the backlog runs in the
+// session, which then ends at its due time, and the next message begins its successor with the
+// notice. Before, the reset was held in memory only: the stop lost it, and the session went on
+// until its next reset (a daily one a day late), with the next message in it.
+func TestDueResetOutlivesAStopDuringItsBacklog(t *testing.T) {
+	idle := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Minute, Notify: true}
+	for _, tc := range []struct {
+		name    string
+		policy  ResetPolicy
+		restart time.Time // when agentgate starts again, the reset due
+		again   time.Time // when it starts once more, the first message answered at restart
+		reason  string
+		due     time.Time // when the session ends
+	}{
+		{"daily", ResetPolicy{Mode: ResetDaily, AtHour: 4, Notify: true, Location: time.UTC}, after4, after4.Add(30 * time.Minute), persistence.EndDaily, at4},
+		{"idle", idle, before4.Add(2 * time.Hour), before4.Add(2*time.Hour + 10*time.Minute), persistence.EndIdle, before4.Add(30 * time.Minute)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var clock atomic.Int64
+				clock.Store(before4.UnixNano())
+				setup := func(d *Deps) {
+					d.Now = func() time.Time { return time.Unix(0, clock.Load()).UTC() }
+					d.Config.ResetFor = func(string, string) ResetPolicy { return tc.policy }
+					d.Config.ResetPolicies = []ResetPolicy{tc.policy}
+				}
+				path := filepath.Join(t.TempDir(), "agentgate.db")
+				w := newManagerWorldAt(t, path, gatedAgent("m0", make(chan struct{})), setup)
+				m0 := w.deliver(t, "m0", "slow")
+				w.deliver(t, "m1", "queued")
+				synctest.Wait()
+				w.stop() // m0's turn is cut short: m0 and m1 are pending in the store
+				synctest.Wait()
+
+				clock.Store(tc.restart.UnixNano())
+				w2 := newManagerWorldAt(t, path, gatedAgent("m1", make(chan struct{})), setup)
+				if got := w2.answersTo(t, "m0"); len(got) != 1 || got[0] != "re m0" {
+					t.Fatalf("m0 was answered %q; want its reply", got)
+				}
+				synctest.Wait() // m1's turn runs
+				w2.stop()       // and is cut short: m1 is pending, the session's activity m0's answer
+				synctest.Wait()
+
+				clock.Store(tc.again.UnixNano())
+				w3 := newManagerWorldAt(t, path, gatedAgent("", nil), setup)
+				if got := w3.answersTo(t, "m1"); len(got) != 1 || got[0] != "re m1" {
+					t.Errorf("m1 was answered %q; want its reply", got)
+				}
+				synctest.Wait()
+				s, err := w3.store.Session(w3.ctx, m0.SessionId)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if s.EndReason != tc.reason || !s.EndedAt.Equal(tc.due) {
+					t.Errorf("once its backlog ran, session %s ended %v (%q); want the %s reset at %v", m0.SessionId, s.EndedAt, s.EndReason, tc.reason, tc.due)
+				}
+				if s.ResetDueReason != "" {
+					t.Errorf("session %s still holds its due reset (%q at %v) after it ended", m0.SessionId, s.ResetDueReason, s.ResetDueAt)
+				}
+				if got := saidIn(t, w3, m0.SessionId); !slices.Equal(got, []string{"slow", "queued", "re m0", "re m1"}) {
+					t.Errorf("session %s holds %q; want both messages answered in it", m0.SessionId, got)
+				}
+				m2 := w3.deliver(t, "m2", "next")
+				n := resetNotices(w3.answersTo(t, "m2"))
+				if m2.SessionId == m0.SessionId || len(n) != 1 {
+					t.Fatalf("m2 ran in %s (the reset one %s), with the notices %q; want a new session and one notice", m2.SessionId, m0.SessionId, n)
+				}
+				synctest.Wait()
+				if got := saidIn(t, w3, m2.SessionId); !slices.Equal(got, []string{"next", "re m2"}) {
+					t.Errorf("session %s holds %q; want m2 and its reply", m2.SessionId, got)
+				}
+			})
+		})
+	}
+}
+
+// saidIn is the user messages and replies of session sid, in order.
+func saidIn(t *testing.T, w *managerWorld, sid string) []string {
+	t.Helper()
+	tr, err := w.store.Transcript(w.ctx, sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range tr {
+		if m.Role == persistence.RoleUser || m.Role == persistence.RoleAssistant {
+			got = append(got, m.Content)
+		}
+	}
+	return got
+}
+
+// TestResetDueWhileTheSessionWorksOutlivesAStop: a turn runs across the daily hour with a message
+// queued behind it, and the timer's nudge finds the reset due meanwhile: the session's row
+// records it at once. The turn is answered (the session's activity is now after the hour), and
+// agentgate stops while the queued message's turn runs. At the next start that message runs in
+// the session, which then ends at the hour. Before, the stop lost the reset, held in memory
+// only, and the session went on until the next day's.
+func TestResetDueWhileTheSessionWorksOutlivesAStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var clock atomic.Int64
+		clock.Store(before4.UnixNano())
+		daily := dailyClock(&clock)
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		release0 := make(chan struct{})
+		w := newManagerWorldAt(t, path, agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			gate := release0
+			if req.Identity.MessageID == "m1" {
+				gate = nil // m1 runs until the stop
+			}
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			return &agents.Response{Text: "re " + req.Identity.MessageID}, nil
+		}), daily)
+		m0 := w.deliver(t, "m0", "slow")
+		w.deliver(t, "m1", "queued")
+		synctest.Wait()
+		clock.Store(after4.UnixNano())
+		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+		synctest.Wait()
+		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.ResetDueReason != persistence.EndDaily || !s.ResetDueAt.Equal(at4) || !s.EndedAt.IsZero() {
+			t.Errorf("session %s while it works past its reset: %+v, %v; want it open, its daily reset due at %v stored", m0.SessionId, s, err, at4)
+		}
+		close(release0)
+		w.answersTo(t, "m0")
+		synctest.Wait() // m1's turn runs
+		w.stop()
+		synctest.Wait()
+
+		clock.Store(after4.Add(30 * time.Minute).UnixNano())
+		w2 := newManagerWorldAt(t, path, gatedAgent("", nil), daily)
+		if got := w2.answersTo(t, "m1"); len(got) != 1 || got[0] != "re m1" {
+			t.Errorf("m1 was answered %q; want its reply", got)
+		}
+		synctest.Wait()
+		w2.checkEndedAt4(t, m0.SessionId, "once m1 ran after the restart")
+		m2 := w2.deliver(t, "m2", "next")
+		if n := resetNotices(w2.answersTo(t, "m2")); m2.SessionId == m0.SessionId || len(n) != 1 {
+			t.Errorf("m2 ran in %s (the reset one %s), with the notices %q; want a new session and one notice", m2.SessionId, m0.SessionId, n)
 		}
 	})
 }

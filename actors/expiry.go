@@ -73,7 +73,8 @@ func (s *Session) expire(now time.Time) []persistence.Op {
 // messages wait, or that holds a turn's result to write again (heldWrites) is in use: ending it
 // would cut its turn off from the transcript it belongs to and run its waiting messages in a
 // session they were not sent to. A reset that falls due meanwhile is remembered and done, at its
-// due time, once the work is done (endOverdue).
+// due time, once the work is done (endOverdue). It is stored on the session too (storeOverdue),
+// for a later run or member that loads it before then.
 func (s *Session) expireIfIdle(now time.Time) []persistence.Op {
 	if s.running != nil || s.hasQueued() || s.held() != nil {
 		// Remember that it fell due: the work's own activity would otherwise move the due time
@@ -97,6 +98,47 @@ type overdue struct {
 	// activity is the session's last activity as the reset saw it, in one filed for the key's
 	// next activation (writeReset, expireOnStart).
 	activity time.Time
+	// stored: the session's row holds it (persistence.MarkResetDue), loaded from there or
+	// written by this activation (storeOverdue), or its write was refused once.
+	stored bool
+}
+
+// storeOverdue stores the reset that fell due while the session works on the session's row
+// (persistence.MarkResetDue), once. Receive calls it after each message it handles: the reset
+// may have fallen due at the session's start (expireOnStart), at the timer's nudge (onResetDue),
+// at a message's arrival, or come filed (takeFiledReset). A later activation that loads the
+// session, in the next run or on another member, takes it from there (overdueOf) and does it
+// once the work is done, though the work moved the session's activity past the due time.
+// Before, it lived in memory only, and a stop of the daemon before the work was done lost it:
+// the next start found the session's last activity (the answers) past the due time, and the
+// session went on until its next reset, a daily one a day late
+// (TestDueResetOutlivesAStopDuringItsBacklog). It is written only when a reset falls due under
+// work, never per turn; the session's end (any reset, /new, an operator's) clears it. A refused
+// write is not tried again: the reset is still done by this activation (endOverdue), or by the
+// next one of this process (fileOverdue, writeReset); only a stop of the daemon meanwhile loses
+// it, as before.
+func (s *Session) storeOverdue(c actor.Context) {
+	u := s.unusual
+	if u == nil || u.overdue == nil || u.overdue.stored || s.cur == nil || u.overdue.sid != s.cur.ID ||
+		s.dead || s.fencedOut || s.passivating || s.unloaded {
+		return
+	}
+	o := u.overdue
+	o.stored = true
+	s.write(c, []persistence.Op{&persistence.MarkResetDue{SessionID: o.sid, Reason: o.reason, At: o.at}}, func(c actor.Context, err error) {
+		if err != nil {
+			s.logRefusedWrite("store the session's due reset; it is done once the session's work is, unless agentgate stops first", err,
+				"reason", o.reason)
+		}
+	})
+}
+
+// overdueOf is the reset stored on ss (persistence.MarkResetDue), nil when none is.
+func overdueOf(ss *persistence.Session) *overdue {
+	if ss.ResetDueReason == "" {
+		return nil
+	}
+	return &overdue{sid: ss.ID, at: ss.ResetDueAt, reason: ss.ResetDueReason, stored: true}
 }
 
 // endOverdue ends the session whose reset fell due while it worked, once its work is done.
@@ -300,6 +342,9 @@ func (s *Session) expireOnStart(c actor.Context) {
 func (s *Session) takeFiledReset(o *overdue) bool {
 	if s.cur == nil || o.sid != s.cur.ID || s.cur.LastActivityAt.After(o.activity) {
 		return false
+	}
+	if had := s.rare().overdue; had != nil && had.stored && had.sid == o.sid && had.at.Equal(o.at) && had.reason == o.reason {
+		o.stored = true // the session's row holds it already (its load found it)
 	}
 	s.rare().overdue = o
 	return true

@@ -55,12 +55,18 @@ func refusedResetWorld(t *testing.T, setup func(*Deps)) (w *managerWorld, out *d
 }
 
 // activeElsewhere records in the store that session sid was active at later, as another
-// cluster member that ran its key meanwhile would, and sets the clock there.
+// cluster member that ran its key meanwhile would, and sets the clock there. That member did
+// the reset (its load found it stored on the session: persistence.MarkResetDue), and the
+// chat's user went back to the session with /resume and wrote in it.
 func activeElsewhere(t *testing.T, w *managerWorld, clock *atomic.Int64, sid string) {
 	t.Helper()
 	clock.Store(later.UnixNano())
-	if errs := w.store.Commit(w.ctx, [][]persistence.Op{{&persistence.TouchSession{SessionID: sid, At: later}}}); errs[0] != nil {
-		t.Fatal(errs[0])
+	if errs := w.store.Commit(w.ctx, [][]persistence.Op{
+		{&persistence.EndSession{SessionID: sid, Reason: persistence.EndDaily, At: at4}},
+		{&persistence.ReopenSession{SessionID: sid}},
+		{&persistence.TouchSession{SessionID: sid, At: later}},
+	}); errs[0] != nil || errs[1] != nil || errs[2] != nil {
+		t.Fatal(errs)
 	}
 }
 
@@ -78,9 +84,10 @@ func (w *managerWorld) checkGoesOn(t *testing.T, sid, when string) {
 
 // TestFiledResetEndsNoSessionActiveSince: a daily reset the store refused is filed for the key's
 // next activation, and before that activation the session is active again past the reset's
-// due time, as it is when the key moved to another cluster member meanwhile and ran there (the
-// store shows that activity). The key's next activation here does not end the session: it
-// goes on. Before, it ended at the old due time, hours before its last activity.
+// due time, as it is when the key moved to another cluster member meanwhile, which did the
+// reset, and the user went back to the session there with /resume (the store shows that
+// activity). The key's next activation here does not end the session again: it goes on.
+// Before, it ended at the old due time, hours before its last activity.
 func TestFiledResetEndsNoSessionActiveSince(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w, out, clock, sid := refusedResetWorld(t, nil)

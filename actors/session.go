@@ -381,6 +381,9 @@ func (s *Session) Receive(c actor.Context) {
 	if s.probation() != nil && !s.dead {
 		s.settleProbation(c)
 	}
+	if s.unusual != nil && s.unusual.overdue != nil {
+		s.storeOverdue(c)
+	}
 	s.tidyRare()
 }
 
@@ -480,6 +483,11 @@ func (s *Session) load(c actor.Context) {
 		}
 		s.lastSeq = snap.LastSeq
 		s.lastActivity = snap.Session.LastActivityAt
+		if o := overdueOf(s.cur); o != nil {
+			// A reset fell due while the session worked, in an earlier run or on another
+			// member (storeOverdue): it is due whatever the session's activity says.
+			s.rare().overdue = o
+		}
 		for _, m := range runOrder(snap.History) {
 			if m.Role == persistence.RoleUser && m.Status == persistence.StatusPending {
 				continue // it joins the history when its turn runs, as one of the turn's messages
@@ -828,8 +836,8 @@ func (s *Session) leaveIfIdle(c actor.Context) {
 // the work, and not see it due. Used when the key moves to another member (leaveIfIdle) and
 // when the session restarts after a crash (onRestarting): before, a crash during the backlog
 // of a start that found the reset due lost it, and the session went on until its next reset,
-// a daily one a day late (found by a review; TestOverdueResetOutlivesACrash). A stop of the
-// daemon still loses it (ARCHITECTURE.md).
+// a daily one a day late (found by a review; TestOverdueResetOutlivesACrash). The session's row
+// holds it too, once stored (storeOverdue): a stop of the daemon keeps it there.
 func (s *Session) fileOverdue() {
 	if u := s.unusual; u != nil && u.overdue != nil && s.cur != nil && u.overdue.sid == s.cur.ID {
 		o := *u.overdue
