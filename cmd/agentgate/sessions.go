@@ -320,6 +320,11 @@ func printShow(w io.Writer, o *showJSON) error {
 		}
 		if s.EndedAt.IsZero() {
 			fmt.Fprintln(tw, "ended:\topen")
+			if s.ResetDueReason != "" {
+				// A reset that fell due while the session worked (persistence.MarkResetDue): the
+				// daemon ends the session at that time once its work is done.
+				fmt.Fprintf(tw, "reset due:\t%s at %s, once its work is done\n", cell(s.ResetDueReason), timeCell(s.ResetDueAt))
+			}
 		} else {
 			fmt.Fprintf(tw, "ended:\t%s (%s)\n", timeCell(s.EndedAt), cell(s.EndReason))
 		}
@@ -1196,6 +1201,10 @@ type sessionJSON struct {
 	PrevSessionID  string    `json:"prev_session_id,omitempty"`
 	InputTokens    int64     `json:"input_tokens"`
 	OutputTokens   int64     `json:"output_tokens"`
+	// ResetDueReason and ResetDueAt are the reset that fell due while the open session worked
+	// (persistence.MarkResetDue), done once its work is; absent when none is.
+	ResetDueReason string    `json:"reset_due_reason,omitempty"`
+	ResetDueAt     time.Time `json:"reset_due_at,omitzero"`
 }
 
 // searchJSON is one hit of search: the message and its session's key.
@@ -1301,6 +1310,7 @@ func sessionToJSON(s *persistence.Session) sessionJSON {
 		Profile: s.Profile, Title: s.Title, Epoch: s.Epoch, StartedAt: utc(s.StartedAt),
 		LastActivityAt: utc(s.LastActivityAt), EndedAt: utc(s.EndedAt), EndReason: s.EndReason,
 		PrevSessionID: s.PrevSessionID, InputTokens: s.InputTokens, OutputTokens: s.OutputTokens,
+		ResetDueReason: s.ResetDueReason, ResetDueAt: utc(s.ResetDueAt),
 	}
 }
 

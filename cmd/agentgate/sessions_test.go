@@ -354,6 +354,39 @@ func TestSessionsShow(t *testing.T) {
 		}
 	})
 
+	t.Run("reset due", func(t *testing.T) {
+		// A reset that fell due while the session worked is shown until the daemon does it.
+		const key = "agent:main:http:dm:dora"
+		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatalf("sqlite.Open: %v", err)
+		}
+		storetest.MustCommit(t, st,
+			&persistence.CreateSession{Session: persistence.Session{ID: "sd1", Key: key, Platform: "http",
+				ChatType: "dm", ChatID: "dora", UserID: "dora", StartedAt: sessAt(40), Epoch: 1}},
+			&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: "sd1", Generation: 1, UpdatedAt: sessAt(40)}},
+			&persistence.MarkResetDue{SessionID: "sd1", Reason: persistence.EndDaily, At: sessAt(45)})
+		st.Close()
+
+		out, _ := MustRunSessions(t, "show", "--data-dir", dir, key)
+		if got, want := fieldOf(out, "reset due"), "daily at "+sessAt(45).UTC().Format(time.RFC3339)+", once its work is done"; got != want {
+			t.Errorf("reset due = %q, want %q\n%s", got, want, out)
+		}
+		out, _ = MustRunSessions(t, "show", "--json", "--data-dir", dir, key)
+		var got struct {
+			Session sessionJSON `json:"session"`
+		}
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("decode %q: %v", out, err)
+		}
+		if got.Session.ResetDueReason != persistence.EndDaily || !got.Session.ResetDueAt.Equal(sessAt(45)) {
+			t.Errorf("session reset due %q at %v, want daily at %v\n%s", got.Session.ResetDueReason, got.Session.ResetDueAt, sessAt(45), out)
+		}
+		if out, _ := MustRunSessions(t, "show", "--data-dir", dir, keyA); strings.Contains(out, "reset due") {
+			t.Errorf("show of a session with no due reset says one is due:\n%s", out)
+		}
+	})
+
 	t.Run("json", func(t *testing.T) {
 		out, _ := MustRunSessions(t, "show", "--json", "--data-dir", dir, keyA)
 		var got struct {
