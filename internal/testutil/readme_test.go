@@ -27,9 +27,10 @@ func MustReadDoc(t *testing.T, name string) string {
 }
 
 // TestReadmeMetricsAreReal: the README's metrics table lists every agentgate_* metric the
-// daemon exports, and every agentgate_* name the README and the runbook mention (with its
-// labels, as in agentgate_turns_total{outcome="error"}) is one the daemon exports, so an
-// operator's alert cannot be written against a metric or a label that does not exist.
+// daemon exports, and every agentgate_* name the README, the runbook and the HTTP API reference
+// mention (with its labels, as in agentgate_turns_total{outcome="error"}) is one the daemon
+// exports, so an operator's alert cannot be written against a metric or a label that does not
+// exist.
 func TestReadmeMetricsAreReal(t *testing.T) {
 	m := metrics.New("http")
 	m.InitModelRequests([]string{"ok"}) // the daemon does this when its agent calls a model
@@ -72,7 +73,7 @@ func TestReadmeMetricsAreReal(t *testing.T) {
 		}
 	}
 
-	for _, doc := range []string{"README.md", "docs/RUNBOOK.md"} {
+	for _, doc := range []string{"README.md", "docs/RUNBOOK.md", "docs/HTTP-API.md"} {
 		for _, mm := range mention.FindAllStringSubmatch(MustReadDoc(t, doc), -1) {
 			name := mm[1]
 			have, exported := labels[name]
