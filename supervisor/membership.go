@@ -71,11 +71,40 @@ type storeMembership struct {
 	// after it); failing is zero while they succeed, renewing between renewals. /readyz reports
 	// them (renewalsFailing).
 	failing, renewing, renewed time.Time
+	// elapsed reads a clock that counts the time the host spent suspended (elapsedClock): renew
+	// judges by it whether member_ttl passed between renewals. A test sets it to simulate a
+	// suspend.
+	elapsed func() time.Duration
 }
+
+// elapsedClock returns a reading of the time passed since it was made, suspends of the host
+// included: Go's monotonic clock (CLOCK_MONOTONIC on Linux) stops while the host is suspended,
+// so a member suspended past member_ttl (a laptop or VM suspended and resumed), whom the others
+// counted as gone and blocked, saw only a short gap and renewed as a member that stays; the
+// oldest one made the younger members leave as the losing side of a split. The reading is the
+// monotonic clock's plus what the host spent suspended meanwhile (suspended: CLOCK_BOOTTIME
+// less CLOCK_MONOTONIC), rather than CLOCK_BOOTTIME itself, so that testing/synctest's clock
+// moves it as it moves timers. A growth of that suspended time under suspendNoise is no
+// suspend but the noise of reading two clocks: it is left out, so that the reading is exactly
+// the monotonic clock's unless the host was suspended (a renewal exactly member_ttl after the
+// last one is then judged the same at every run).
+func elapsedClock() func() time.Duration {
+	origin, asleep := time.Now(), suspended()
+	return func() time.Duration {
+		if d := suspended() - asleep; d >= suspendNoise {
+			return time.Since(origin) + d
+		}
+		return time.Since(origin)
+	}
+}
+
+// suspendNoise is the least growth of the host's suspended time that elapsedClock counts. A
+// suspend that matters lasts about member_ttl (a second at least).
+const suspendNoise = 100 * time.Millisecond
 
 func newStoreMembership(store memberStore, name, node, http string, ttl time.Duration, log *slog.Logger, lost func(error)) *storeMembership {
 	return &storeMembership{store: store, name: name, node: node, http: http, ttl: ttl, log: log, lost: lost,
-		stop: make(chan struct{}), done: make(chan struct{}), beat: make(chan struct{}, 1)}
+		stop: make(chan struct{}), done: make(chan struct{}), beat: make(chan struct{}, 1), elapsed: elapsedClock()}
 }
 
 // StartMember registers the member and starts renewing it.
@@ -297,6 +326,9 @@ const renewRetry = 250 * time.Millisecond
 // deadline past the one the others held it to: a renewal that succeeded just inside it came
 // after the others had counted the member gone and blocked it, and the member stayed
 // (TestRenewalCountsFromItsStart).
+//
+// Whether member_ttl passed is judged by p.elapsed, which counts a suspend of the host; the
+// timers wait on the monotonic clock, which does not (TestSuspendedMemberLeaves).
 func (p *storeMembership) renew(v memberView, last time.Time) {
 	defer close(p.done)
 	every := p.ttl / 3
@@ -309,8 +341,12 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 	defer t.Stop()
 	due := time.Now().Add(wait)
 	reset := func(d time.Duration) { t.Reset(d); due = time.Now().Add(d) }
-	tried := time.Now() // the end of the last attempt
-	failing := false    // the last attempt failed (and was logged)
+	// tried is the end of the last attempt; lastAt and triedAt are last and tried as read by
+	// p.elapsed, which judges whether member_ttl passed.
+	var tried time.Time
+	lastAt := p.elapsed() - time.Since(last)
+	triedAt := p.elapsed()
+	failing := false // the last attempt failed (and was logged)
 	lagged := time.Duration(0)
 	for {
 		select {
@@ -319,30 +355,31 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 		case <-t.C:
 		}
 		lagged = max(lagged, time.Since(due)-slack)
-		if time.Since(tried) >= p.ttl {
-			// The process stalled (paused, or starved) for longer than member_ttl before this
-			// renewal: the others counted this member as gone and blocked it. It does not renew
-			// as a member that stays, even for a moment: a renewal of the others that found it
-			// so, older than them and blocked, would make them leave as the losing side of a
-			// split. Its stop renews it as leaving (Daemon.leave), which they do not count so.
+		if p.elapsed()-triedAt >= p.ttl {
+			// The process stalled (paused, suspended, or starved) for longer than member_ttl
+			// before this renewal: the others counted this member as gone and blocked it. It
+			// does not renew as a member that stays, even for a moment: a renewal of the others
+			// that found it so, older than them and blocked, would make them leave as the losing
+			// side of a split. Its stop renews it as leaving (Daemon.leave), which they do not
+			// count so.
 			p.lost(fmt.Errorf("cluster membership lost: %v between renewals, past member_ttl %v (the other members counted this one as gone)",
-				time.Since(last).Round(time.Millisecond), p.ttl))
+				(p.elapsed() - lastAt).Round(time.Millisecond), p.ttl))
 			return
 		}
-		began := time.Now()
+		began, beganAt := time.Now(), p.elapsed()
 		p.mu.Lock()
 		p.renewing, p.renewed = began, last
 		p.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), every)
 		live, locked, err := p.heartbeatAt(ctx)
 		cancel()
-		tried = time.Now()
+		tried, triedAt = time.Now(), p.elapsed()
 		p.mu.Lock()
 		p.renewing = time.Time{}
 		p.mu.Unlock()
 		if err == nil {
 			reset(max(every-time.Since(began), 0)) // the next renewal ttl/3 after this one began
-			if since := time.Since(last); since >= p.ttl {
+			if since := triedAt - lastAt; since >= p.ttl {
 				// A pause longer than member_ttl (a stalled process, host or connection, or
 				// renewals that failed until this one): the others counted this member as gone
 				// and blocked it, and its staying would make them, the younger ones, leave as
@@ -353,7 +390,7 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 				return
 			}
 			failing, lagged = false, 0
-			last = began
+			last, lastAt = began, beganAt
 			p.mu.Lock()
 			p.failing = time.Time{}
 			p.mu.Unlock()
@@ -378,7 +415,7 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 		// Its deadline was every, counted from began; the wait for a leave's renewal to end
 		// (which a stop during an outage makes as long as member_ttl) is no lag of this process.
 		lagged = max(lagged, tried.Sub(locked)-every-slack)
-		if since := time.Since(last); since >= p.ttl {
+		if since := triedAt - lastAt; since >= p.ttl {
 			err := fmt.Errorf("cluster membership lost: no renewal for %v (the other members count this one as gone): %w",
 				since.Round(time.Millisecond), err)
 			p.gone(err, lagged, slack)
