@@ -416,8 +416,8 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 		// (which a stop during an outage makes as long as member_ttl) is no lag of this process.
 		lagged = max(lagged, tried.Sub(locked)-every-slack)
 		if since := triedAt - lastAt; since >= p.ttl {
-			err := fmt.Errorf("cluster membership lost: no renewal for %v (the other members count this one as gone): %w",
-				since.Round(time.Millisecond), err)
+			err := fmt.Errorf("cluster membership lost: no renewal for %v, past member_ttl %v (the other members count this one as gone): %w",
+				since.Round(time.Millisecond), p.ttl, err)
 			p.gone(err, lagged, slack)
 			return
 		}
