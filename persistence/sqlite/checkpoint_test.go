@@ -113,23 +113,7 @@ func TestCheckpointStoppedMidwayLeavesNoWAL(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if fi, err := os.Stat(path + "-wal"); err == nil {
-		t.Errorf("a clean close left the WAL (%d bytes)", fi.Size())
-	}
-	alone := filepath.Join(t.TempDir(), "copy.db") // the database file alone, copied
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(alone, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := MustRawDB(t, alone).QueryRow("SELECT count(*) FROM messages").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != messages {
-		t.Errorf("the database file alone holds %d messages, want %d", n, messages)
-	}
+	mustLeaveNoWAL(t, path, messages)
 }
 
 // TestWriteCutShortByItsContextLeavesNoWAL: a write on the writer's connection whose context
@@ -217,10 +201,17 @@ func TestDroppedWriterLeavesNoWAL(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
+	mustLeaveNoWAL(t, path, 2)
+}
+
+// mustLeaveNoWAL checks that the store closed at path left no WAL, and that the database file
+// alone, copied as an operator's simplest backup would, holds the messages it committed.
+func mustLeaveNoWAL(t *testing.T, path string, messages int) {
+	t.Helper()
 	if fi, err := os.Stat(path + "-wal"); err == nil {
 		t.Errorf("a clean close left the WAL (%d bytes)", fi.Size())
 	}
-	alone := filepath.Join(t.TempDir(), "copy.db") // the database file alone, copied
+	alone := filepath.Join(t.TempDir(), "copy.db")
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -232,7 +223,7 @@ func TestDroppedWriterLeavesNoWAL(t *testing.T) {
 	if err := MustRawDB(t, alone).QueryRow("SELECT count(*) FROM messages").Scan(&n); err != nil {
 		t.Fatal(err)
 	}
-	if n != 2 {
-		t.Errorf("the database file alone holds %d messages, want 2", n)
+	if n != messages {
+		t.Errorf("the database file alone holds %d messages, want %d", n, messages)
 	}
 }
