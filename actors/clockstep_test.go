@@ -27,11 +27,7 @@ func TestResetNoticeAfterTheClockWasSetBack(t *testing.T) {
 		t0 := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
 		clock.Store(t0.UnixNano())
 		policy := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Minute, Notify: true}
-		w := newManagerWorld(t, gatedAgent("", nil), func(d *Deps) {
-			d.Now = func() time.Time { return time.Unix(0, clock.Load()).UTC() }
-			d.Config.ResetFor = func(string, string) ResetPolicy { return policy }
-			d.Config.ResetPolicies = []ResetPolicy{policy}
-		})
+		w := newManagerWorld(t, gatedAgent("", nil), resetsBy(&clock, policy))
 		m0 := w.deliver(t, "m0", "hello")
 		w.answersTo(t, "m0")
 		clock.Store(t0.Add(40 * time.Minute).UnixNano())
@@ -63,11 +59,7 @@ func TestSessionActiveWhenTheClockWasSetBack(t *testing.T) {
 		t0 := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
 		clock.Store(t0.UnixNano())
 		policy := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Minute, Notify: true}
-		w := newManagerWorld(t, gatedAgent("", nil), func(d *Deps) {
-			d.Now = func() time.Time { return time.Unix(0, clock.Load()).UTC() }
-			d.Config.ResetFor = func(string, string) ResetPolicy { return policy }
-			d.Config.ResetPolicies = []ResetPolicy{policy}
-		})
+		w := newManagerWorld(t, gatedAgent("", nil), resetsBy(&clock, policy))
 		nudge := func(at time.Time) {
 			clock.Store(at.UnixNano())
 			w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})

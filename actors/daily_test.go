@@ -26,11 +26,7 @@ func TestDailyResetHeldOverAWorkingTurnStillHappens(t *testing.T) {
 		day := time.Date(2030, 1, 1, 3, 59, 0, 0, time.UTC)
 		clock.Store(day.UnixNano())
 		policy := ResetPolicy{Mode: ResetDaily, AtHour: 4, Notify: true, Location: time.UTC}
-		w := newManagerWorld(t, agent, func(d *Deps) {
-			d.Now = func() time.Time { return time.Unix(0, clock.Load()).UTC() }
-			d.Config.ResetFor = func(string, string) ResetPolicy { return policy }
-			d.Config.ResetPolicies = []ResetPolicy{policy}
-		})
+		w := newManagerWorld(t, agent, resetsBy(&clock, policy))
 		send := func(id string) *DeliverResult { return w.deliver(t, id, id) }
 		a := send("a") // 03:59, its turn runs past 04:00
 		synctest.Wait()
@@ -61,11 +57,7 @@ func TestDailyResetWaitsForAQuietSession(t *testing.T) {
 		})
 		var clock atomic.Int64
 		policy := ResetPolicy{Mode: ResetDaily, AtHour: 4, Notify: true, Location: time.UTC, DailyMinIdle: time.Hour}
-		w := newManagerWorld(t, agent, func(d *Deps) {
-			d.Now = func() time.Time { return time.Unix(0, clock.Load()).UTC() }
-			d.Config.ResetFor = func(string, string) ResetPolicy { return policy }
-			d.Config.ResetPolicies = []ResetPolicy{policy}
-		})
+		w := newManagerWorld(t, agent, resetsBy(&clock, policy))
 		return func(id string, h, m int) string {
 			clock.Store(time.Date(2030, 1, 1, h, m, 0, 0, time.UTC).UnixNano())
 			r := w.deliver(t, id, id)

@@ -38,11 +38,7 @@ func TestPendingMessagesOfASessionDueAtStartRunBeforeItsReset(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				var clock atomic.Int64
 				clock.Store(before4.UnixNano())
-				setup := func(d *Deps) {
-					d.Now = func() time.Time { return time.Unix(0, clock.Load()).UTC() }
-					d.Config.ResetFor = func(string, string) ResetPolicy { return tc.policy }
-					d.Config.ResetPolicies = []ResetPolicy{tc.policy}
-				}
+				setup := resetsBy(&clock, tc.policy)
 				path := filepath.Join(t.TempDir(), "agentgate.db")
 				w := newManagerWorldAt(t, path, gatedAgent("m0", make(chan struct{})), setup)
 				m0 := w.deliver(t, "m0", "slow")
@@ -103,11 +99,7 @@ func TestOverdueResetOutlivesACrash(t *testing.T) {
 		var clock atomic.Int64
 		clock.Store(before4.UnixNano())
 		policy := ResetPolicy{Mode: ResetDaily, AtHour: 4, Notify: true, Location: time.UTC}
-		setup := func(d *Deps) {
-			d.Now = func() time.Time { return time.Unix(0, clock.Load()).UTC() }
-			d.Config.ResetFor = func(string, string) ResetPolicy { return policy }
-			d.Config.ResetPolicies = []ResetPolicy{policy}
-		}
+		setup := resetsBy(&clock, policy)
 		path := filepath.Join(t.TempDir(), "agentgate.db")
 		a := newRequeueAgent()
 		a.holdAll.Store(true)
@@ -161,11 +153,7 @@ func TestDueResetOutlivesAStopDuringItsBacklog(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				var clock atomic.Int64
 				clock.Store(before4.UnixNano())
-				setup := func(d *Deps) {
-					d.Now = func() time.Time { return time.Unix(0, clock.Load()).UTC() }
-					d.Config.ResetFor = func(string, string) ResetPolicy { return tc.policy }
-					d.Config.ResetPolicies = []ResetPolicy{tc.policy}
-				}
+				setup := resetsBy(&clock, tc.policy)
 				path := filepath.Join(t.TempDir(), "agentgate.db")
 				w := newManagerWorldAt(t, path, gatedAgent("m0", make(chan struct{})), setup)
 				m0 := w.deliver(t, "m0", "slow")

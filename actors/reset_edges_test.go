@@ -34,12 +34,7 @@ func gatedAgent(held string, release <-chan struct{}) agents.Agent {
 
 // dailyClock sets up a world's Deps for a daily reset at 04:00 UTC, on a clock the test sets.
 func dailyClock(clock *atomic.Int64) func(*Deps) {
-	policy := ResetPolicy{Mode: ResetDaily, AtHour: 4, Notify: true, Location: time.UTC}
-	return func(d *Deps) {
-		d.Now = func() time.Time { return time.Unix(0, clock.Load()).UTC() }
-		d.Config.ResetFor = func(string, string) ResetPolicy { return policy }
-		d.Config.ResetPolicies = []ResetPolicy{policy}
-	}
+	return resetsBy(clock, ResetPolicy{Mode: ResetDaily, AtHour: 4, Notify: true, Location: time.UTC})
 }
 
 var (

@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,6 +29,16 @@ type managerWorld struct {
 	src     identity.Source    // the chat deliver writes from
 	key     string             // its session key
 	stop    func()             // stops the world (once; the test's end calls it too)
+}
+
+// resetsBy returns a world's setup: its clock reads clock (Unix nanoseconds, UTC), and every
+// session resets by policy.
+func resetsBy(clock *atomic.Int64, policy ResetPolicy) func(*Deps) {
+	return func(d *Deps) {
+		d.Now = func() time.Time { return time.Unix(0, clock.Load()).UTC() }
+		d.Config.ResetFor = func(string, string) ResetPolicy { return policy }
+		d.Config.ResetPolicies = []ResetPolicy{policy}
+	}
 }
 
 // newManagerWorld starts a world whose sessions run agent. setup may change the Deps before
