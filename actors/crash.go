@@ -3,6 +3,7 @@ package actors
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 
@@ -146,11 +147,7 @@ func (s *Session) logNoticed() {
 	if sp != nil {
 		args = append(args, "and_stored_beyond_the_queue", true)
 	}
-	if all, ok := s.d.recoveryNotices.Allowed(args...); ok {
-		s.logger().Info(noticedLine, all...)
-	} else if s.debugOn() {
-		s.logger().Debug(noticedLine, args...)
-	}
+	s.d.recoveryNotices.Log(s.logger(), slog.LevelInfo, noticedLine, args...)
 }
 
 // mayHaveRun is how many messages at the head of the queue a turn running when the last run

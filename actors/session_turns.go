@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -513,12 +514,8 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 // command, a model endpoint down) logged a line for each message, burying every other line
 // (a soak walkthrough); agentgate_turns_total{outcome="error"} counts them all.
 func (s *Session) logTurnFailed(r *turnRun, err error) {
-	args := []any{"turn", r.id, logging.KeyMessage, strings.Join(messageIDs(r.items), ","), logging.Err(err)}
-	if all, ok := s.d.turnFailures.Allowed(args...); ok {
-		s.logger().Warn("turn failed", all...)
-	} else if s.debugOn() {
-		s.logger().Debug("turn failed", args...)
-	}
+	s.d.turnFailures.Log(s.logger(), slog.LevelWarn, "turn failed",
+		"turn", r.id, logging.KeyMessage, strings.Join(messageIDs(r.items), ","), logging.Err(err))
 }
 
 // atNextStart says, for the lines of a stop that cuts turns short, what becomes of their

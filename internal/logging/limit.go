@@ -1,6 +1,8 @@
 package logging
 
 import (
+	"context"
+	"log/slog"
 	"sync"
 	"time"
 )
@@ -40,6 +42,17 @@ func (l *Limiter) Allowed(args ...any) ([]any, bool) {
 		args = append(args, "repeats", n-1)
 	}
 	return args, ok
+}
+
+// Log logs msg with args to log at level when the event is let through (Allowed, with its
+// "repeats"), and at Debug when it is held back, so that an operator who asks for Debug still
+// sees each one in full.
+func (l *Limiter) Log(log *slog.Logger, level slog.Level, msg string, args ...any) {
+	if all, ok := l.Allowed(args...); ok {
+		log.Log(context.Background(), level, msg, all...)
+	} else if log.Enabled(context.Background(), slog.LevelDebug) {
+		log.Debug(msg, args...)
+	}
 }
 
 // Reset forgets the events: what failed works again, and its next failure is logged at once.
