@@ -176,20 +176,23 @@ func TestRunStopSignal(t *testing.T) {
 		kill   syscall.Signal // sent to the command's group from outside; 0 for none
 		want   bool
 	}{
-		{"SIGTERM", "sleep 100", syscall.SIGTERM, true},
-		{"SIGKILL", "sleep 100", syscall.SIGKILL, true},
+		{"SIGTERM", "ready; sleep 100", syscall.SIGTERM, true},
+		{"SIGKILL", "ready; sleep 100", syscall.SIGKILL, true},
 		// A loop of short sleeps: a SIGINT that reaches the forked sleep before it resets the
 		// shell's trap is lost to it, and the trap runs only once the sleep has ended.
-		{"SIGINT to a shell that exits 130", "trap 'exit 130' INT; while :; do sleep 0.1; done", syscall.SIGINT, true},
+		{"SIGINT to a shell that exits 130", "trap 'exit 130' INT; ready; while :; do sleep 0.1; done", syscall.SIGINT, true},
 		// What README asks of a command that handles SIGTERM itself, and what it warns of.
-		{"SIGTERM to a command that exits 143", "trap 'exit 143' TERM; while :; do sleep 0.1; done", syscall.SIGTERM, true},
-		{"SIGTERM to a command that exits 1", "trap 'exit 1' TERM; while :; do sleep 0.1; done", syscall.SIGTERM, false},
+		// The trap is set before the command says it is ready: a signal sent before would
+		// end the shell by SIGTERM whatever the trap says.
+		{"SIGTERM to a command that exits 143", "trap 'exit 143' TERM; ready; while :; do sleep 0.1; done", syscall.SIGTERM, true},
+		{"SIGTERM to a command that exits 1", "trap 'exit 1' TERM; ready; while :; do sleep 0.1; done", syscall.SIGTERM, false},
 		{"a failure of its own", "exit 1", 0, false},
 		{"SIGSEGV", "kill -SEGV $$", 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			cmd, dir := MustScript(t, `echo $$ > "$1/pid.tmp"; mv "$1/pid.tmp" "$1/pid"; `+tc.script)
+			// ready writes the pid file that the signal waits for.
+			cmd, dir := MustScript(t, `dir=$1; ready() { echo $$ > "$dir/pid.tmp"; mv "$dir/pid.tmp" "$dir/pid"; }; `+tc.script)
 			a := MustNew(t, exec.Config{Command: cmd})
 			done := runAsync(t.Context(), a, request(turn(1), "hi"))
 			if tc.kill != 0 {
