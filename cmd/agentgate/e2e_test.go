@@ -412,6 +412,29 @@ func TestDaemonSecondSignalAndRecovery(t *testing.T) {
 	}
 }
 
+// TestHangupIgnoredUnderNohup: a daemon started with SIGHUP ignored (`nohup`, or a shell
+// that traps HUP to nothing) keeps ignoring it, as README says: the hangup of the terminal it
+// was started from does not stop it. It answers after the hangup, and the SIGTERM after that
+// is what stops it.
+func TestHangupIgnoredUnderNohup(t *testing.T) {
+	t.Parallel()
+	d := MustServeCmd(t, exec.Command("/bin/sh", "-c", `trap '' HUP; exec "$0" "$@"`,
+		MustBuild(t), "serve", "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0"))
+	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	status, res := post(t, d.base+"/v1/messages?wait=30s", "", `{"chat_id":"c1","user_id":"u1","text":"still here","message_id":"m1"}`)
+	if replies, _ := res["replies"].([]any); status != http.StatusOK || len(replies) != 1 || replies[0].(map[string]any)["text"] != "still here" {
+		t.Errorf("POST ?wait after a hangup = %d %v, want 200 with the echo", status, res)
+	}
+	if err := d.stop(t, 30*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v, want 0", err)
+	}
+	if strings.Contains(d.stderr.String(), "hangup received") {
+		t.Errorf("a daemon started with SIGHUP ignored acted on a hangup:\n%s", grep(d.stderr.String(), "hangup"))
+	}
+}
+
 // TestHangupStopsAsSIGTERMDoes: SIGHUP (a terminal that drops, or a `kill -HUP` meant as a
 // reload) drains as SIGTERM does: the running turn finishes, the log says what the hangup did
 // and that nothing was reloaded, the process exits 0, and the next start counts no unclean
