@@ -1,6 +1,7 @@
 package persistence
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -188,6 +189,14 @@ type replayTick struct{}
 // NewActor returns a producer of persistence actors over store. ctx is the daemon's lifetime
 // context, used to derive per-commit contexts.
 func NewActor(ctx context.Context, store Store, o ActorOptions) actor.Producer {
+	o = o.withDefaults()
+	return func() actor.Actor {
+		return &Actor{store: store, ctx: ctx, o: o}
+	}
+}
+
+// withDefaults returns o with its zero fields set to their defaults.
+func (o ActorOptions) withDefaults() ActorOptions {
 	o.MaxBatch = max(o.MaxBatch, 1)
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
@@ -207,9 +216,7 @@ func NewActor(ctx context.Context, store Store, o ActorOptions) actor.Producer {
 	if o.MaxLinger == 0 {
 		o.MaxLinger = DefaultMaxLinger
 	}
-	return func() actor.Actor {
-		return &Actor{store: store, ctx: ctx, o: o}
-	}
+	return o
 }
 
 // Receive handles Write, Flush, Prune and the internal flush, commit, linger and replay
@@ -584,15 +591,7 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 	return out
 }
 
-// replay drains the spool into the database, oldest batch first, several batches a transaction
-// (replayRun). It stops at the first batch the database still cannot take and tries again
-// later.
-//
-// Some batches go alone (Actor.alone). While the database was unavailable at the last try, the
-// next try is the oldest batch alone: a run would read and decode up to MaxBatch batches at
-// every tick of an outage only to fail. And after a run failed as a whole, its batches go one at
-// a time until one is refused on its own (the cause, set aside), or until all of them went: a
-// run again from each batch behind the cause would repeat the failing transaction once a batch.
+// replay drains the spool into the database (replaySpool) and publishes what is left.
 func (a *Actor) replay(c actor.Context) {
 	if a.o.Spool == nil {
 		return
@@ -600,13 +599,31 @@ func (a *Actor) replay(c actor.Context) {
 	if a.inflight != nil {
 		a.finish(c) // never two writers: the spool only fills while nothing commits, but be sure
 	}
-	for a.o.Spool.Len() > 0 && a.ctx.Err() == nil {
+	_ = a.replaySpool() // it logs why it stopped
+	a.spoolChanged(c)
+}
+
+// replaySpool drains the spool into the database, oldest batch first, several batches a
+// transaction (replayRun). It stops at the first batch the database still cannot take, and
+// returns why (the database's error, or the spool's): the batches stay, and are tried again
+// later. It returns nil when the spool is empty, and the context's error when it ends.
+//
+// Some batches go alone (Actor.alone). While the database was unavailable at the last try, the
+// next try is the oldest batch alone: a run would read and decode up to MaxBatch batches at
+// every tick of an outage only to fail. And after a run failed as a whole, its batches go one at
+// a time until one is refused on its own (the cause, set aside), or until all of them went: a
+// run again from each batch behind the cause would repeat the failing transaction once a batch.
+func (a *Actor) replaySpool() error {
+	for a.o.Spool.Len() > 0 {
+		if err := a.ctx.Err(); err != nil {
+			return err
+		}
 		name, groups, err := a.o.Spool.Peek("")
 		if errors.Is(err, ErrCorruptSpool) {
 			a.repeats.ok(msgSpoolRead)
 			if qerr := a.o.Spool.Quarantine(name, err.Error()); qerr != nil {
 				a.repeats.log(a.o.Log, slog.LevelError, msgQuarantineFailed, "batch", name, "why", err.Error(), logging.Err(qerr))
-				break
+				return qerr
 			}
 			a.repeats.ok(msgQuarantineFailed)
 			a.o.Log.Error("corrupt spool batch quarantined", "batch", name, logging.Err(err))
@@ -614,20 +631,24 @@ func (a *Actor) replay(c actor.Context) {
 		}
 		if err != nil {
 			a.repeats.log(a.o.Log, slog.LevelError, msgSpoolRead, "batches", a.o.Spool.Len(), logging.Err(err))
-			break
+			return err
 		}
 		a.repeats.ok(msgSpoolRead)
 		run := a.replayRun(name, groups, a.alone > 0)
 		start := time.Now()
 		errs := a.store.Commit(a.ctx, run.groups)
 		if anyUnavailable(errs) || anyTransient(errs) || a.ctx.Err() != nil {
-			if err := firstUnavailable(errs); err != nil && a.ctx.Err() == nil {
+			err := firstUnavailable(errs)
+			if err != nil && a.ctx.Err() == nil {
 				// Before, a replay that waited said nothing: a start whose spool could not be
 				// replayed logged no line of it (found by an operations walkthrough).
 				a.repeats.log(a.o.Log, slog.LevelWarn, msgReplayWaits, "batches", a.o.Spool.Len(), logging.Err(err))
 				a.alone = max(a.alone, 1)
 			}
-			break // still unavailable, or stopping; the batches stay and are replayed later
+			if err == nil {
+				err = cmp.Or(a.ctx.Err(), firstTransient(errs))
+			}
+			return err // still unavailable, or stopping; the batches stay and are replayed later
 		}
 		a.o.Observe(len(run.groups), time.Since(start))
 		a.repeats.ok(msgReplayWaits)
@@ -638,8 +659,8 @@ func (a *Actor) replay(c actor.Context) {
 			a.alone = len(run.names)
 			continue
 		}
-		if !a.settle(run, errs) {
-			break
+		if err := a.settle(run, errs); err != nil {
+			return err
 		}
 		if a.alone > 0 { // the run was one batch
 			a.alone--
@@ -648,7 +669,7 @@ func (a *Actor) replay(c actor.Context) {
 			}
 		}
 	}
-	a.spoolChanged(c)
+	return nil
 }
 
 // spooledRun is the batches of the spool that one replay transaction commits, oldest first.
@@ -680,9 +701,9 @@ func (a *Actor) replayRun(name string, groups [][]Op, alone bool) *spooledRun {
 }
 
 // settle removes from the spool the batches of r that the database took (errs are the
-// transaction's), and sets aside those it refused for what they hold, in their order. It
-// reports whether the replay may go on.
-func (a *Actor) settle(r *spooledRun, errs []error) bool {
+// transaction's), and sets aside those it refused for what they hold, in their order. An error
+// (the spool's) stops the replay.
+func (a *Actor) settle(r *spooledRun, errs []error) error {
 	var taken []string // not removed yet
 	off := 0
 	for i, name := range r.names {
@@ -699,15 +720,15 @@ func (a *Actor) settle(r *spooledRun, errs []error) bool {
 		}
 		// The batches before it leave first, so that the spool never holds a batch behind one
 		// that has left it: what a replay applies again after a crash is the newest batches.
-		if !a.removeReplayed(taken) {
-			return false
+		if err := a.removeReplayed(taken); err != nil {
+			return err
 		}
 		taken = nil
 		// The other groups are committed; re-applying them is harmless, so the whole batch is
 		// kept aside for a human.
 		if qerr := a.o.Spool.Quarantine(name, fmt.Sprint(failed)); qerr != nil {
 			a.repeats.log(a.o.Log, slog.LevelError, msgQuarantineFailed, "batch", name, "why", fmt.Sprint(failed), logging.Err(qerr))
-			return false
+			return qerr
 		}
 		a.repeats.ok(msgQuarantineFailed)
 		a.o.Log.Error("spool batch cannot be applied; quarantined", "batch", name, "errors", failed)
@@ -715,17 +736,18 @@ func (a *Actor) settle(r *spooledRun, errs []error) bool {
 	return a.removeReplayed(taken)
 }
 
-// removeReplayed removes batches the database took, oldest first, and reports whether it could.
-func (a *Actor) removeReplayed(names []string) bool {
+// removeReplayed removes batches the database took, oldest first, and returns the spool's
+// error if it could not.
+func (a *Actor) removeReplayed(names []string) error {
 	if len(names) == 0 {
-		return true
+		return nil
 	}
 	if err := a.o.Spool.Remove(names...); err != nil {
 		a.repeats.log(a.o.Log, slog.LevelError, msgSpoolRemove, "batch", names[0], logging.Err(err))
-		return false
+		return err
 	}
 	a.repeats.ok(msgSpoolRemove)
-	return true
+	return nil
 }
 
 // spoolChanged publishes the spool's size and schedules the next replay while it holds batches.
@@ -749,13 +771,16 @@ func (a *Actor) spoolChanged(c actor.Context) {
 // anyTransient reports whether a replayed batch failed for a reason that is not its own: the
 // daemon stopping (its context ended, its store closed). Such a batch stays in the spool; only
 // a batch the database refuses for what it holds is set aside.
-func anyTransient(errs []error) bool {
+func anyTransient(errs []error) bool { return firstTransient(errs) != nil }
+
+// firstTransient returns the first of errs that anyTransient counts, or nil.
+func firstTransient(errs []error) error {
 	for _, err := range errs {
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrClosed) {
-			return true
+			return err
 		}
 	}
-	return false
+	return nil
 }
 
 // refused reports whether a replayed group failed for what it holds. A duplicate did not: its

@@ -18,10 +18,10 @@ import (
 const DirLockFile = "agentgate-dir.flock"
 
 // ErrDataDirInUse is the error of a start refused because another process holds the data
-// directory's own lock (lockDataDir): the daemon that uses that directory.
+// directory's own lock (LockDataDir): the daemon that uses that directory.
 var ErrDataDirInUse = errors.New("data directory locked")
 
-// dataDirInUse is lockDataDir's refusal: ErrDataDirInUse and persistence.ErrLocked to errors.Is,
+// dataDirInUse is LockDataDir's refusal: ErrDataDirInUse and persistence.ErrLocked to errors.Is,
 // worded once (before, "data directory locked: persistence: store in use by another agentgate
 // process" after "data directory in use by another process" said it three times).
 type dataDirInUse struct{ path string }
@@ -34,7 +34,7 @@ func (e *dataDirInUse) Error() string {
 func (e *dataDirInUse) Is(target error) bool { return target == ErrDataDirInUse }
 func (e *dataDirInUse) Unwrap() error        { return persistence.ErrLocked }
 
-// lockDataDir takes an exclusive, non-blocking flock on the data directory's lock file
+// LockDataDir takes an exclusive, non-blocking flock on the data directory's lock file
 // (DirLockFile; the directory is created 0700 if missing) for as long as the returned file is
 // open. A daemon that keeps a spool holds it: the spool numbers its batches in memory and
 // removes the leftovers of interrupted writes when it opens, so two daemons on one spool
@@ -44,9 +44,10 @@ func (e *dataDirInUse) Unwrap() error        { return persistence.ErrLocked }
 // no lock on it at all: its advisory lock keeps apart daemons on one database and schema, not
 // two deployments given the same data directory. Cluster members keep no spool and take no
 // lock. The lock is on a regular file opened for writing (flock.Open), not on the directory.
+// A tool that replays the spool while the daemon is stopped (sessions pardon) holds it too.
 // It is taken before the store opens, so under go test the default data directory is refused
 // as the SQLite store refuses it (sqlite.CheckTestGuard), before anything is made in it.
-func lockDataDir(dir string) (*os.File, error) {
+func LockDataDir(dir string) (*os.File, error) {
 	if err := sqlite.CheckTestGuard(dir); err != nil {
 		return nil, fmt.Errorf("data directory %s: %w", dir, err)
 	}
