@@ -6,11 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"path/filepath"
 
 	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/spool"
+	"github.com/agentgate/agentgate/supervisor"
 )
 
 const pardonUsage = `usage: agentgate sessions pardon [flags] (--all | KEY)
@@ -24,8 +27,9 @@ probation. A message that does take agentgate down needs 3 unclean stops again t
 quarantined. Quarantined messages are left as they are (sessions requeue runs one again).
 
 The daemon must be stopped (a running session keeps the counts it loaded); in a cluster, every
-member. It refuses while writes wait in data_dir/spool, which the next start replays over the
-pardon: start the daemon once, which replays them, stop it, then pardon.
+member. Writes waiting in data_dir/spool (the database refused them, and the daemon stopped
+before it could store them) are replayed into the database first, as the next start would
+replay them, so that the pardon sees them; no unclean stop is counted for it.
 ` + keyHelp
 
 // sessionsPardon runs `agentgate sessions pardon (--all | KEY)`: it clears the count of unclean
@@ -61,7 +65,7 @@ func sessionsPardon(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	defer st.Close()
-	if err := pardonSpooled(cfg); err != nil {
+	if err := replayForPardon(ctx, st, cfg, stderr); err != nil {
 		return err
 	}
 	p, err := st.Pardon(ctx, key)
@@ -82,17 +86,24 @@ func sessionsPardon(ctx context.Context, args []string, stdout, stderr io.Writer
 	return nil
 }
 
-// pardonSpooled refuses a pardon while the spool of cfg's data_dir holds writes the database
-// does not have yet (the daemon acknowledged them while the database refused writes, and
-// stopped, or was killed, before it could store them). The next start replays them before any
-// session loads, over what a pardon now would have done: a message the pardon counts as
-// pardoned may be quarantined by them (its session quarantined it at 3 strikes while the
-// database refused the write; its sender was told so), or answered already. So the pardon
-// comes after the replay: the daemon started once replays them, and is stopped again. All of
-// the spool is looked at, not only the writes of KEY's session: they name sessions by id, and
-// the key's route to its session may be among them (as sessions reset refuses). A cluster
-// keeps no spool.
-func pardonSpooled(cfg *config.Config) error {
+// replayForPardon replays into st the writes waiting in the spool of cfg's data_dir, which the
+// database does not have yet (the daemon acknowledged them while the database refused writes,
+// and stopped, or was killed, before it could store them), and says so on stderr. The pardon
+// comes after them, as it would come after the next start's replay: among them may be the
+// quarantine of a message the pardon would clear (a session sets one aside at its 3rd strike as
+// it loads, and tells its sender so), or its answer. Before, the pardon refused then, and said to
+// start the daemon once to replay them: that start counted the last run's unclean stop, and
+// could quarantine a message at its 3rd strike, the very thing the pardon was for.
+//
+// The replay is the daemon's own (persistence.ReplaySpool: the same transactions, batches set
+// aside the same way, the same log lines), under the same locks: the store's, taken alone by
+// the caller, and the data directory's (supervisor.LockDataDir), which a daemon takes before it
+// opens the spool. It records no run: the next start counts the last run's unclean stop as it
+// would have, and finds the spool empty. All of the spool is replayed, not only the writes of
+// KEY's session: they name sessions by id, and the key's route may be among them. A spool it
+// cannot read, or a database that refuses the writes, refuses the pardon; the batches not
+// replayed wait in the spool for the next start. A cluster keeps no spool.
+func replayForPardon(ctx context.Context, st persistence.Store, cfg *config.Config, stderr io.Writer) error {
 	if cfg.Cluster.Enabled {
 		return nil
 	}
@@ -101,10 +112,30 @@ func pardonSpooled(cfg *config.Config) error {
 	switch {
 	case err != nil:
 		return fmt.Errorf("sessions pardon: cannot tell whether writes wait in the spool: %w (nothing was changed)", err)
-	case n > 0:
-		return fmt.Errorf("sessions pardon: %s holds %d batch(es) of writes the database does not have yet, which the next start "+
-			"replays before any session loads and which may undo the pardon (a message quarantined, or answered, since its strikes "+
-			"were counted): start the daemon once (agentgate serve), which replays them, stop it, then pardon (nothing was changed)", dir, n)
+	case n == 0:
+		return nil
 	}
+	lock, err := supervisor.LockDataDir(cfg.DataDir)
+	if err != nil {
+		return fmt.Errorf("sessions pardon: %s holds %d batch(es) of writes the database does not have yet, which the pardon replays first, "+
+			"but cannot take the data directory's lock: %w (nothing was changed)", dir, n, err)
+	}
+	defer lock.Close()
+	sp, err := spool.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sessions pardon: %w (nothing was changed)", err)
+	}
+	log := logging.New(stderr, slog.LevelWarn, cfg.Log.Format).With(logging.KeyComponent, "persistence")
+	r, err := persistence.ReplaySpool(ctx, st, persistence.ActorOptions{MaxBatch: cfg.Persist.MaxBatch, Log: log, Spool: sp})
+	setAside := ""
+	if r.SetAside > 0 {
+		setAside = fmt.Sprintf(", %d set aside in %s (the lines above say why)", r.SetAside, filepath.Join(dir, "failed"))
+	}
+	if err != nil {
+		return fmt.Errorf("sessions pardon: replayed %d of the %d batch(es) of writes waiting in %s into the database%s, then: %w; "+
+			"the %d left wait there for the next start, or the next pardon (nothing was pardoned)", r.Batches, r.Batches+r.SetAside+r.Left, dir, setAside, err, r.Left)
+	}
+	fmt.Fprintf(stderr, "note: replayed %d batch(es) of writes waiting in %s into the database first, as the next start would have%s\n",
+		r.Batches, dir, setAside)
 	return nil
 }

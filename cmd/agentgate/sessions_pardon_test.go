@@ -2,10 +2,14 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +17,7 @@ import (
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/agentgate/agentgate/supervisor"
 )
 
 // TestSessionsPardon: after two unclean stops, the messages then pending are suspects (strikes
@@ -99,17 +104,23 @@ func TestSessionsPardon(t *testing.T) {
 	}
 }
 
-// TestSessionsPardonWaitsForTheSpool: while the spool holds writes the database does not have
-// yet, sessions pardon (of a KEY or --all) refuses, changes nothing, and says to start the
-// daemon once, which replays them, before the pardon; and the offline sessions requeue, which
-// refuses anyway, says that the start replays them first. The spooled write here is what a
-// session writes as it quarantines a suspect at its 3rd strike while the database refuses
-// writes: before, the pardon cleared the message's strikes and counted it pardoned, and the next
-// start's replay quarantined it all the same (its sender had been told so already).
-func TestSessionsPardonWaitsForTheSpool(t *testing.T) {
+// TestSessionsPardonReplaysTheSpool: while the spool holds writes the database does not have
+// yet, sessions pardon replays them into the database first, as the next start would, and
+// then pardons: what it pardons is what the start would find. The spooled writes here are what
+// a session writes as it quarantines a suspect at its 3rd strike while the database refuses
+// writes, a title, and a batch that does not decode, which is set aside as the daemon sets it
+// aside. The quarantined message is left as it is (sessions requeue runs it again), and the
+// pardon says what it replayed. Before, the pardon refused while the spool held writes, and
+// said to start the daemon once to replay them: a start that counts the last run's unclean
+// stop, and can quarantine a message at its 3rd strike. With the data directory's lock held
+// (a daemon on it), or the database refusing writes, it refuses and pardons nothing; the
+// batches it could not replay stay in the spool. The offline sessions requeue, which refuses
+// anyway, says that the start replays them first.
+func TestSessionsPardonReplaysTheSpool(t *testing.T) {
 	ctx := context.Background()
 	dir := MustSeedSessions(t) // keyA's sa2 has m4 pending at seq 3
-	st, err := sqlite.Open(ctx, filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+	path := filepath.Join(dir, "agentgate.db")
+	st, err := sqlite.Open(ctx, path, sqlite.Options{})
 	if err != nil {
 		t.Fatalf("sqlite.Open: %v", err)
 	}
@@ -120,57 +131,145 @@ func TestSessionsPardonWaitsForTheSpool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	name, err := sp.Append([][]persistence.Op{{&persistence.SetMessageStatus{SessionID: "sa2", Seqs: []int64{3}, Status: persistence.StatusQuarantined}}})
-	if err != nil {
+	for _, op := range []persistence.Op{
+		&persistence.SetMessageStatus{SessionID: "sa2", Seqs: []int64{3}, Status: persistence.StatusQuarantined},
+		&persistence.SetTitle{SessionID: "sa2", Title: "spooled"},
+	} {
+		if _, err := sp.Append([][]persistence.Op{{op}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	corrupt := fmt.Sprintf("%020d.json", 3) // the next name the spool would give
+	if err := os.WriteFile(filepath.Join(spoolDir, corrupt), []byte("{not json"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	strikes := func(t *testing.T) int {
+	m4 := func(t *testing.T) (status string, attempts int, title string) {
 		t.Helper()
-		st, err := sqlite.Open(ctx, filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+		st, err := sqlite.OpenReadOnly(ctx, path)
 		if err != nil {
-			t.Fatalf("sqlite.Open: %v", err)
+			t.Fatalf("sqlite.OpenReadOnly: %v", err)
 		}
 		defer st.Close()
 		ms, err := st.Transcript(ctx, "sa2")
 		if err != nil {
 			t.Fatal(err)
 		}
+		sess, err := st.Session(ctx, "sa2")
+		if err != nil {
+			t.Fatal(err)
+		}
 		for _, m := range ms {
 			if m.Seq == 3 {
-				return m.Attempts
+				return m.Status, m.Attempts, sess.Title
 			}
 		}
 		t.Fatal("sa2 has no message at seq 3")
-		return 0
+		return "", 0, ""
 	}
-	want := "sessions pardon: " + spoolDir + " holds 1 batch(es) of writes the database does not have yet, which the next start " +
-		"replays before any session loads and which may undo the pardon (a message quarantined, or answered, since its strikes " +
-		"were counted): start the daemon once (agentgate serve), which replays them, stop it, then pardon (nothing was changed)"
-	for _, args := range [][]string{{keyA}, {"--all"}} {
-		out, _, err := runSessions(t, append([]string{"pardon", "--data-dir", dir}, args...)...)
-		if err == nil || err.Error() != want || out != "" {
-			t.Errorf("pardon %s with a write in the spool = %v, stdout %q; want the error %q", args[0], err, out, want)
+	unchanged := func(t *testing.T, what string) {
+		t.Helper()
+		if status, attempts, title := m4(t); status != persistence.StatusPending || attempts != 3 || title == "spooled" {
+			t.Errorf("after %s, m4 is %s with %d strike(s) and sa2's title %q; want it pending with its 3 kept, and no spooled write applied",
+				what, status, attempts, title)
 		}
-		if got := strikes(t); got != 3 {
-			t.Errorf("after the refused pardon %s, m4 has %d strike(s), want its 3 kept", args[0], got)
+		if n, err := spool.Waiting(spoolDir); err != nil || n != 3 {
+			t.Errorf("after %s, the spool holds %d batch(es) (%v), want its 3 kept", what, n, err)
 		}
-	}
-	_, _, err = runSessions(t, "requeue", "--data-dir", dir, keyA, "m4")
-	if w := "; at its start it first replays the 1 batch(es) of writes waiting in " + spoolDir; err == nil || !strings.Contains(err.Error(), w) {
-		t.Errorf("requeue with no daemon and a write in the spool = %v, want it to say %q", err, w)
 	}
 
-	// Once the start has replayed the spool (here: its batch removed), the pardon goes ahead.
-	if err := sp.Remove(name); err != nil {
+	_, _, err = runSessions(t, "requeue", "--data-dir", dir, keyA, "m4")
+	if w := "; at its start it first replays the 3 batch(es) of writes waiting in " + spoolDir; err == nil || !strings.Contains(err.Error(), w) {
+		t.Errorf("requeue with no daemon and writes in the spool = %v, want it to say %q", err, w)
+	}
+
+	// A daemon holding the data directory (its database elsewhere): the spool is its.
+	lock, err := supervisor.LockDataDir(dir)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if out, _ := MustRunSessions(t, "pardon", "--data-dir", dir, keyA); !strings.Contains(out, "pardoned 1 message(s) in 1 session(s)") {
-		t.Errorf("pardon with an empty spool printed %q, want one message pardoned", out)
+	out, _, err := runSessions(t, "pardon", "--data-dir", dir, keyA)
+	if w := "sessions pardon: " + spoolDir + " holds 3 batch(es) of writes the database does not have yet, which the pardon replays first, " +
+		"but cannot take the data directory's lock: data directory in use by another process"; err == nil || !strings.HasPrefix(err.Error(), w) ||
+		!strings.HasSuffix(err.Error(), "(nothing was changed)") || out != "" {
+		t.Errorf("pardon with the data directory locked = %v, stdout %q; want the error %q…(nothing was changed)", err, out, w)
 	}
-	if got := strikes(t); got != 0 {
-		t.Errorf("after the pardon, m4 has %d strike(s), want 0", got)
+	unchanged(t, "the pardon refused for the data directory's lock")
+	lock.Close()
+
+	// The database refusing writes (another process holds its write lock): nothing replayed,
+	// nothing pardoned. It waits out the store's busy timeout.
+	if !testing.Short() {
+		unlock := lockSQLite(t, path)
+		out, _, err = runSessions(t, "pardon", "--data-dir", dir, keyA)
+		if w := "sessions pardon: replayed 0 of the 3 batch(es) of writes waiting in " + spoolDir + " into the database, then: "; err == nil ||
+			!strings.HasPrefix(err.Error(), w) || !strings.HasSuffix(err.Error(), "; the 3 left wait there for the next start, or the next pardon (nothing was pardoned)") || out != "" {
+			t.Errorf("pardon with the database locked = %v, stdout %q; want the error %q…", err, out, w)
+		}
+		unlock()
+		unchanged(t, "the pardon refused for the database's lock")
+	}
+
+	out, errOut := MustRunSessions(t, "pardon", "--data-dir", dir, keyA)
+	if w := "pardoned 0 message(s) in 0 session(s) of " + keyA + "\n"; out != w {
+		t.Errorf("pardon with writes in the spool printed %q, want %q (m4's quarantine was among them)", out, w)
+	}
+	for _, w := range []string{
+		"corrupt spool batch quarantined", "batch=" + corrupt,
+		"note: replayed 2 batch(es) of writes waiting in " + spoolDir + " into the database first, as the next start would have, " +
+			"1 set aside in " + filepath.Join(spoolDir, "failed") + " (the lines above say why)\n",
+	} {
+		if !strings.Contains(errOut, w) {
+			t.Errorf("pardon with writes in the spool: stderr %q, want %q", errOut, w)
+		}
+	}
+	if status, attempts, title := m4(t); status != persistence.StatusQuarantined || attempts != 3 || title != "spooled" {
+		t.Errorf("after the pardon, m4 is %s with %d strike(s) and sa2's title %q; want the spooled quarantine and title applied, its strikes as they were",
+			status, attempts, title)
+	}
+	if n, err := spool.Waiting(spoolDir); err != nil || n != 0 {
+		t.Errorf("after the pardon, the spool holds %d batch(es) (%v), want none", n, err)
+	}
+	if _, err := os.Stat(filepath.Join(spoolDir, "failed", corrupt)); err != nil {
+		t.Errorf("the batch that does not decode is not set aside: %v", err)
 	}
 	if _, _, err := runSessions(t, "requeue", "--data-dir", dir, keyA, "m4"); err == nil || strings.Contains(err.Error(), "replays") {
 		t.Errorf("requeue with no daemon and an empty spool = %v, want the refusal without a word of the spool", err)
 	}
+	// Nothing left to replay: the pardon says nothing of the spool.
+	if out, errOut := MustRunSessions(t, "pardon", "--all", "--data-dir", dir); out != "pardoned 0 message(s) in 0 session(s)\n" || strings.Contains(errOut, "spool") {
+		t.Errorf("pardon --all with an empty spool printed %q, stderr %q; want nothing pardoned, no word of the spool", out, errOut)
+	}
+}
+
+// lockSQLite takes the write lock of the SQLite database at path from a connection of its own
+// (BEGIN EXCLUSIVE), as a sqlite3 shell would: the store's writes then wait out its busy
+// timeout and fail as unavailable. unlock releases it, and is safe to call twice.
+func lockSQLite(t *testing.T, path string) (unlock func()) {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := db.Conn(t.Context())
+	if err != nil {
+		db.Close()
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(t.Context(), "BEGIN EXCLUSIVE"); err != nil {
+		conn.Close()
+		db.Close()
+		t.Fatalf("take the database lock: %v", err)
+	}
+	var once sync.Once
+	unlock = func() {
+		once.Do(func() {
+			if _, err := conn.ExecContext(context.Background(), "ROLLBACK"); err != nil {
+				t.Errorf("release the database lock: %v", err)
+			}
+			conn.Close()
+			db.Close()
+		})
+	}
+	t.Cleanup(unlock)
+	return unlock
 }
