@@ -34,7 +34,7 @@ import (
 
 // gossipExpiry is how long protoactor's gossip waits for a silent member before it blocks it:
 // its default, 20 s, or twice member_ttl when that is longer. The store must drop a dead member
-// first (all members see it gone within 4/3 of member_ttl): a member that gossip blocks while
+// first (all members see it gone within 5/3 of member_ttl): a member that gossip blocks while
 // the store lists it alive is taken for the other side of a split (storeMembership.split), and
 // every member younger than a dead one would stop.
 func gossipExpiry(ttl time.Duration) time.Duration { return max(20*time.Second, 2*ttl) }

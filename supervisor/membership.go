@@ -19,7 +19,7 @@ import (
 
 // memberStore is the membership registry of cluster mode: the shared PostgreSQL store.
 type memberStore interface {
-	Heartbeat(ctx context.Context, cluster string, m postgres.Member, ttl time.Duration) ([]postgres.Member, error)
+	Heartbeat(ctx context.Context, cluster string, m postgres.Member, ttl time.Duration, keep ...string) ([]postgres.Member, error)
 	Leave(ctx context.Context, cluster, id string) error
 	Members(ctx context.Context, cluster string, ttl time.Duration) ([]postgres.Member, error)
 	Holder(ctx context.Context, cluster, key string, ttl time.Duration) (postgres.Member, bool, error)
@@ -65,7 +65,7 @@ type storeMembership struct {
 	beat    chan struct{}
 	mu      sync.Mutex
 	leaving bool              // the member stops: it renews its registration as leaving
-	live    []postgres.Member // the live members as of the last renewal, oldest first
+	live    []postgres.Member // the live members as of the last renewal, oldest first (none Expired)
 	// failing is when the renewals that fail now began to, renewing when the renewal in flight
 	// began, and renewed when the last one that succeeded began (the member stops member_ttl
 	// after it); failing is zero while they succeed, renewing between renewals. /readyz reports
@@ -441,6 +441,16 @@ func (p *storeMembership) heartbeat(ctx context.Context) ([]postgres.Member, err
 
 // heartbeatAt is heartbeat, and says when the renewal began, once any other renewal (a leave's)
 // had ended.
+//
+// The members it returns include, marked Expired, those live at the last renewal whose
+// registration has expired since, by the database's clock: the topology keeps them one renewal
+// more, and drops them only when they are still expired at the next (or gone from the table).
+// A step ahead of the database server's clock by member_ttl or more makes every registration
+// but the one just renewed look expired, until its member renews (within member_ttl/3). Before,
+// each member's next renewal dropped the others, and protoactor blocked them for ever: all but
+// the oldest then left as the younger side of a split (TestClusterDatabaseClockStepKeepsMembers).
+// A member that really stopped renewing is dropped one renewal later than before: within 5/3
+// of member_ttl rather than 4/3.
 func (p *storeMembership) heartbeatAt(ctx context.Context) ([]postgres.Member, time.Time, error) {
 	p.beat <- struct{}{}
 	defer func() { <-p.beat }()
@@ -448,11 +458,17 @@ func (p *storeMembership) heartbeatAt(ctx context.Context) ([]postgres.Member, t
 	p.mu.Lock()
 	me := p.me
 	me.Leaving = p.leaving
+	var keep []string
+	for _, m := range p.live {
+		if m.ID != me.ID {
+			keep = append(keep, m.ID)
+		}
+	}
 	p.mu.Unlock()
-	live, err := p.store.Heartbeat(ctx, p.name, me, p.ttl)
+	live, err := p.store.Heartbeat(ctx, p.name, me, p.ttl, keep...)
 	if err == nil {
 		p.mu.Lock()
-		p.live = live
+		p.live = slices.DeleteFunc(slices.Clone(live), func(m postgres.Member) bool { return m.Expired })
 		p.mu.Unlock()
 	}
 	return live, locked, err
@@ -550,7 +566,9 @@ func (p *storeMembership) strangers(ctx context.Context) error {
 
 // split returns an error when this member must leave a split cluster: an older live member
 // (live is oldest first) that does not leave is one protoactor has blocked. A blocked member
-// that leaves is no split: it withdraws once it has stopped (or its registration expires). A
+// that leaves is no split: it withdraws once it has stopped (or its registration expires), nor
+// is one whose registration has expired (Expired): the next renewal drops it, or finds it
+// renewed (a step of the database's clock) and judges it then. A
 // member back from a stall longer than member_ttl is one: the others counted it gone and
 // blocked it, and it leaves; before, the older it was, the more of the others found it alive
 // in the store during its stop and left too, and a 10 s pause of one member of three stopped
@@ -560,7 +578,7 @@ func (p *storeMembership) split(v memberView, live []postgres.Member) error {
 		if m.ID == p.me.ID {
 			return nil // the blocked ones after this one are younger: they leave
 		}
-		if !m.Leaving && v.blocked(m.ID) {
+		if !m.Leaving && !m.Expired && v.blocked(m.ID) {
 			return fmt.Errorf("cluster split: member %s (%s:%d) is alive in the store but this member "+
 				"stopped hearing from it, and it is the older one: this member leaves and must start again", m.ID, m.Host, m.Port)
 		}

@@ -3,7 +3,9 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -21,7 +23,7 @@ type stalledHeartbeat struct {
 	calls int
 }
 
-func (s *stalledHeartbeat) Heartbeat(_ context.Context, _ string, m postgres.Member, _ time.Duration) ([]postgres.Member, error) {
+func (s *stalledHeartbeat) Heartbeat(_ context.Context, _ string, m postgres.Member, _ time.Duration, _ ...string) ([]postgres.Member, error) {
 	if s.calls++; s.calls == 1 {
 		time.Sleep(s.stall) // a paused process, a stalled host or connection
 	}
@@ -77,7 +79,7 @@ type restartedStore struct {
 	renewals    int  // the ones that succeeded
 }
 
-func (s *restartedStore) Heartbeat(_ context.Context, _ string, m postgres.Member, _ time.Duration) ([]postgres.Member, error) {
+func (s *restartedStore) Heartbeat(_ context.Context, _ string, m postgres.Member, _ time.Duration, _ ...string) ([]postgres.Member, error) {
 	now := time.Now()
 	switch {
 	case !now.Before(s.down) && now.Before(s.up):
@@ -130,7 +132,7 @@ type slowCommitStore struct {
 	gap        time.Duration
 }
 
-func (s *slowCommitStore) Heartbeat(_ context.Context, _ string, m postgres.Member, _ time.Duration) ([]postgres.Member, error) {
+func (s *slowCommitStore) Heartbeat(_ context.Context, _ string, m postgres.Member, _ time.Duration, _ ...string) ([]postgres.Member, error) {
 	now := time.Now()
 	s.calls++
 	switch {
@@ -251,7 +253,7 @@ type downStore struct {
 	took time.Duration
 }
 
-func (s *downStore) Heartbeat(ctx context.Context, _ string, _ postgres.Member, _ time.Duration) ([]postgres.Member, error) {
+func (s *downStore) Heartbeat(ctx context.Context, _ string, _ postgres.Member, _ time.Duration, _ ...string) ([]postgres.Member, error) {
 	time.Sleep(s.took)
 	return nil, errors.New("connect: connection refused")
 }
@@ -298,7 +300,7 @@ func TestStarvedMemberLeavesNoNoteOfItsStop(t *testing.T) {
 // deadline.
 type hungStore struct{ stalledHeartbeat }
 
-func (s *hungStore) Heartbeat(ctx context.Context, _ string, _ postgres.Member, _ time.Duration) ([]postgres.Member, error) {
+func (s *hungStore) Heartbeat(ctx context.Context, _ string, _ postgres.Member, _ time.Duration, _ ...string) ([]postgres.Member, error) {
 	<-ctx.Done()
 	return nil, ctx.Err()
 }
@@ -416,7 +418,7 @@ type suspendingStore struct {
 	renewals int          // the ones that began after the suspend
 }
 
-func (s *suspendingStore) Heartbeat(_ context.Context, _ string, m postgres.Member, _ time.Duration) ([]postgres.Member, error) {
+func (s *suspendingStore) Heartbeat(_ context.Context, _ string, m postgres.Member, _ time.Duration, _ ...string) ([]postgres.Member, error) {
 	s.calls++
 	switch {
 	case s.calls > 1 && s.slept.Load() > 0:
@@ -488,6 +490,65 @@ func TestElapsedClockIsTheMonotonicClockWithoutASuspend(t *testing.T) {
 			if got, want := elapsed(), time.Duration(i+1)*6*time.Millisecond; got != want {
 				t.Fatalf("elapsed after %v = %v", want, got)
 			}
+		}
+	})
+}
+
+// expiringStore is a member registry where another member, b, renews until the renewal expiresAt
+// of this one, and its registration has expired from then on: it lists b then only when the
+// renewal asks to keep it, marked Expired (as postgres.Store.Heartbeat does).
+type expiringStore struct {
+	stalledHeartbeat
+	expiresAt int
+}
+
+func (s *expiringStore) Heartbeat(_ context.Context, _ string, m postgres.Member, _ time.Duration, keep ...string) ([]postgres.Member, error) {
+	s.calls++
+	b := postgres.Member{ID: "b", Host: "10.0.0.2", Port: 6340}
+	switch {
+	case s.calls < s.expiresAt:
+		return []postgres.Member{m, b}, nil
+	case slices.Contains(keep, "b"):
+		b.Expired = true
+		return []postgres.Member{m, b}, nil
+	}
+	return []postgres.Member{m}, nil
+}
+
+// TestExpiredMemberIsDroppedAtTheSecondRenewal: a member whose registration has expired stays
+// in the topology for one renewal more, and is dropped at the next one that finds it still
+// expired: a step ahead of the database's clock makes every registration look expired until its
+// member renews (within member_ttl/3), and protoactor blocks a member it drops for ever. Before,
+// it was dropped at once. A member that really stopped is still dropped, one renewal later.
+func TestExpiredMemberIsDroppedAtTheSecondRenewal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 6 * time.Second
+		store := &expiringStore{expiresAt: 3}
+		p := newStoreMembership(store, "agentgate", "h1/r_1", "127.0.0.1:8080", ttl,
+			slog.New(slog.DiscardHandler), func(err error) { t.Errorf("lost: %v", err) })
+		p.me = postgres.Member{ID: "a", Host: "10.0.0.1", Port: 6340}
+		if _, err := p.heartbeat(t.Context()); err != nil { // the registration, StartMember's renewal
+			t.Fatal(err)
+		}
+		var published [][]string
+		view := memberView{blocked: func(string) bool { return false }, update: func(ms cluster.Members) {
+			var ids []string
+			for _, m := range ms {
+				ids = append(ids, m.Id)
+			}
+			published = append(published, ids)
+		}}
+		go p.renew(view, time.Now())
+		time.Sleep(ttl + time.Second) // the renewals at 2, 4 and 6 s
+		synctest.Wait()
+		if err := p.Shutdown(false); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := fmt.Sprint(published), "[[a b] [a b] [a]]"; got != want {
+			t.Errorf("published %s, b expired from the second renewal on: want %s", got, want)
+		}
+		if got := fmt.Sprint(p.successors()); got != "[]" {
+			t.Errorf("successors %s, want none once b expired", got)
 		}
 	})
 }

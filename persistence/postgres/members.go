@@ -25,6 +25,9 @@ type Member struct {
 	Node string
 	// HTTP is the address of the member's HTTP API, as another host reaches it (MemberHTTP).
 	HTTP string
+	// Expired marks a member that Heartbeat lists only because the caller asked to keep
+	// hearing of it (keep): its registration is older than its ttl by the database's clock.
+	Expired bool
 }
 
 // gone is a condition true of a member row m whose member is gone without leaving: its
@@ -32,10 +35,21 @@ type Member struct {
 // n, live by its ttl (nTTL), registered its address: a process restarted on its port is back
 // before its old registration expires, and the old process is gone for certain.
 func gone(mTTL, nTTL string) string {
-	return `(m.heartbeat_at <= clock_timestamp() - make_interval(secs => ` + mTTL + `)
-		OR EXISTS (SELECT 1 FROM members n WHERE n.cluster = m.cluster AND n.host = m.host
+	return `(` + expired(mTTL) + ` OR ` + superseded(nTTL) + `)`
+}
+
+// expired is a condition true of a member row m whose registration is older than its ttl (mTTL),
+// by the database's clock.
+func expired(mTTL string) string {
+	return `m.heartbeat_at <= clock_timestamp() - make_interval(secs => ` + mTTL + `)`
+}
+
+// superseded is a condition true of a member row m whose address a newer member n, live by its
+// ttl (nTTL), registered.
+func superseded(nTTL string) string {
+	return `EXISTS (SELECT 1 FROM members n WHERE n.cluster = m.cluster AND n.host = m.host
 			AND n.port = m.port AND n.joined_at > m.joined_at
-			AND n.heartbeat_at > clock_timestamp() - make_interval(secs => ` + nTTL + `)))`
+			AND n.heartbeat_at > clock_timestamp() - make_interval(secs => ` + nTTL + `))`
 }
 
 const (
@@ -73,6 +87,14 @@ func ownTTL(alias, def string) string {
 // for a row that registered none).
 var liveMembersSQL = `SELECT id, host, port, kinds, leaving, node, http_addr FROM members m
 	WHERE cluster = $1 AND NOT ` + gone(ownTTL("m", "$2"), ownTTL("n", "$2")) + `
+	ORDER BY joined_at, id`
+
+// renewedMembersSQL is liveMembersSQL for a renewal (Heartbeat): it lists besides the live
+// members those of ids $3 whose registration expired by time (not by a newer member on their
+// address), each with whether it expired.
+var renewedMembersSQL = `SELECT id, host, port, kinds, leaving, node, http_addr, ` + expired(ownTTL("m", "$2")) + ` FROM members m
+	WHERE cluster = $1 AND NOT ` + superseded(ownTTL("n", "$2")) + `
+		AND (NOT ` + expired(ownTTL("m", "$2")) + ` OR id = ANY($3))
 	ORDER BY joined_at, id`
 
 // holderSQL finds the live member of cluster $2 (by its own ttl, or the caller's, $3, as
@@ -120,8 +142,11 @@ func (s *Store) Strangers(ctx context.Context, cluster, id string, ttl time.Dura
 // the database's clock, m included, oldest member first; a member whose address a newer live
 // member registered is gone. It is cluster mode's membership: every member calls it every
 // fraction of its ttl, and the list it returns is the cluster's topology. A leaving member (Member.Leaving)
-// is listed, as leaving, for as long as it renews.
-func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl time.Duration) ([]Member, error) {
+// is listed, as leaving, for as long as it renews. The members of keep whose registration
+// expired by time are listed too, marked Expired: a member that has seen the database's clock
+// step ahead (every other registration then looks expired until it renews) can tell such a
+// member from one that is not there at all.
+func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl time.Duration, keep ...string) ([]Member, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("heartbeat: %w", err)
@@ -140,11 +165,17 @@ func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl tim
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, liveMembersSQL, cluster, secs)
+		if keep == nil {
+			keep = []string{} // ANY of NULL is NULL
+		}
+		rows, err := tx.Query(ctx, renewedMembersSQL, cluster, secs, keep)
 		if err != nil {
 			return err
 		}
-		live, err = pgx.CollectRows(rows, scanMember)
+		live, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
+			var m Member
+			return m, r.Scan(&m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node, &m.HTTP, &m.Expired)
+		})
 		return err
 	})
 	if err != nil {

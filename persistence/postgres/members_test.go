@@ -121,6 +121,55 @@ func TestMemberGoneByItsAddress(t *testing.T) {
 	}
 }
 
+// TestHeartbeatListsExpiredMembersKept: a renewal that names members to keep lists those whose
+// registration expired by time, marked Expired, beside the live ones; not one that left (its row
+// is gone), one a newer member on its address replaced, or one it did not name. Before, an
+// expired member was simply missing, like one that left: after the database's clock stepped
+// ahead, a member could not tell the others, which had not renewed since the step, from members
+// that were gone.
+func TestHeartbeatListsExpiredMembersKept(t *testing.T) {
+	s, dsn := MustOpen(t)
+	ctx := context.Background()
+	const ttl = 5 * time.Second
+	a := Member{ID: "a", Host: "10.0.0.1", Port: 6340}
+	for _, m := range []Member{a, {ID: "b", Host: "10.0.0.2", Port: 6340}, {ID: "c", Host: "10.0.0.3", Port: 6340},
+		{ID: "d", Host: "10.0.0.4", Port: 6340}, {ID: "e", Host: "10.0.0.5", Port: 6340}} {
+		if _, err := s.Heartbeat(ctx, "c1", m, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Leave(ctx, "c1", "c"); err != nil {
+		t.Fatal(err)
+	}
+	// The database's clock steps ahead by 6 s: every registration but the next renewal's looks
+	// older than the ttl.
+	if _, err := mustConn(t, dsn).Exec(ctx, `UPDATE members SET heartbeat_at = heartbeat_at - interval '6 seconds'`); err != nil {
+		t.Fatal(err)
+	}
+	// A newer member registers d's address: d is gone for certain.
+	if _, err := s.Heartbeat(ctx, "c1", Member{ID: "d2", Host: "10.0.0.4", Port: 6340}, ttl); err != nil {
+		t.Fatal(err)
+	}
+	listed := func(keep ...string) string {
+		t.Helper()
+		live, err := s.Heartbeat(ctx, "c1", a, ttl, keep...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, m := range live {
+			out = append(out, fmt.Sprintf("%s:%v", m.ID, m.Expired))
+		}
+		return fmt.Sprint(out)
+	}
+	if got, want := listed("b", "c", "d"), "[a:false b:true d2:false]"; got != want {
+		t.Errorf("keeping b, c and d: %s, want %s", got, want)
+	}
+	if got, want := listed(), "[a:false d2:false]"; got != want {
+		t.Errorf("keeping none: %s, want %s", got, want)
+	}
+}
+
 // TestClaimCountsTheDeathOfTheMemberThatHeldTheKey: a claim that takes a key from a member
 // gone without leaving (its registration expired, or a newer member registered its address)
 // adds one attempt to the key's head pending message, in the claim, once; a claim from a live
