@@ -75,6 +75,10 @@ type storeMembership struct {
 	// judges by it whether member_ttl passed between renewals. A test sets it to simulate a
 	// suspend.
 	elapsed func() time.Duration
+	// wall reads the wall clock, which protoactor's gossip times the other members by: renew
+	// compares it with elapsed to see it stepped ahead (clockStepLimit). A test sets it to
+	// simulate a step.
+	wall func() time.Time
 }
 
 // elapsedClock returns a reading of the time passed since it was made, suspends of the host
@@ -104,7 +108,7 @@ const suspendNoise = 100 * time.Millisecond
 
 func newStoreMembership(store memberStore, name, node, http string, ttl time.Duration, log *slog.Logger, lost func(error)) *storeMembership {
 	return &storeMembership{store: store, name: name, node: node, http: http, ttl: ttl, log: log, lost: lost,
-		stop: make(chan struct{}), done: make(chan struct{}), beat: make(chan struct{}, 1), elapsed: elapsedClock()}
+		stop: make(chan struct{}), done: make(chan struct{}), beat: make(chan struct{}, 1), elapsed: elapsedClock(), wall: time.Now}
 }
 
 // StartMember registers the member and starts renewing it.
@@ -346,6 +350,8 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 	var tried time.Time
 	lastAt := p.elapsed() - time.Since(last)
 	triedAt := p.elapsed()
+	// wallAt is the wall clock at the last wake, read with p.elapsed as wallElapsed.
+	wallAt, wallElapsed := p.wall().Round(0), p.elapsed()
 	failing := false // the last attempt failed (and was logged)
 	lagged := time.Duration(0)
 	for {
@@ -366,6 +372,16 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 				(p.elapsed() - lastAt).Round(time.Millisecond), p.ttl))
 			return
 		}
+		wallNow, elapsedNow := p.wall().Round(0), p.elapsed()
+		if ahead := wallNow.Sub(wallAt) - (elapsedNow - wallElapsed); ahead >= clockStepLimit(p.ttl) {
+			// protoactor's gossip may have blocked the others, for ever: this member leaves,
+			// as after a stall, before they block it in turn (clockStepLimit).
+			p.lost(fmt.Errorf("cluster membership lost: this host's clock moved ahead by %v more than the time that passed, "+
+				"and protoactor's gossip, which times the other members by it, may have cut them off: this member leaves and must start again",
+				ahead.Round(time.Millisecond)))
+			return
+		}
+		wallAt, wallElapsed = wallNow, elapsedNow
 		began, beganAt := time.Now(), p.elapsed()
 		p.mu.Lock()
 		p.renewing, p.renewed = began, last
@@ -431,6 +447,18 @@ func (p *storeMembership) renew(v memberView, last time.Time) {
 		reset(min(renewRetry, every))
 	}
 }
+
+// clockStepLimit is how far the wall clock may step ahead between two renewals before the
+// member leaves. protoactor's gossip stamps what it hears from each member with the wall clock
+// and blocks, for ever, a member whose stamp is older than gossipExpiry: a step of S makes it
+// block every member it has not heard from for gossipExpiry less S. A live member is heard
+// several times a second, and one silent for member_ttl has stalled and leaves itself, so a step
+// under gossipExpiry less member_ttl (14 s at the default member_ttl of 6 s) blocks no live
+// member, and a longer one may block them all. Before, the member stayed: unless it was the
+// oldest, it left at its next renewal as the younger side of a split; the oldest ran on cut off
+// from the others (TestWallClockStepAheadLeaves). A step back only delays gossip's block of a
+// dead member, which the store drops first.
+func clockStepLimit(ttl time.Duration) time.Duration { return gossipExpiry(ttl) - ttl }
 
 // heartbeat renews the member's registration, as leaving once it leaves, and keeps the live
 // members it returns.

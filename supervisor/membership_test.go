@@ -494,6 +494,60 @@ func TestElapsedClockIsTheMonotonicClockWithoutASuspend(t *testing.T) {
 	})
 }
 
+// TestWallClockStepAheadLeaves: a member whose host's wall clock steps ahead, between two
+// renewals, by gossipExpiry less member_ttl or more (14 s at member_ttl 6 s) reports its
+// membership lost: protoactor's gossip times the other members by that clock, and may have
+// blocked them all, for ever. Before, it stayed, and when it was the oldest member it ran on cut
+// off from the others. A smaller step, or one back, keeps the membership; the time the host
+// spent suspended (shorter than member_ttl), which moves the wall clock and the elapsed reading
+// alike, is no step.
+func TestWallClockStepAheadLeaves(t *testing.T) {
+	const ttl = 6 * time.Second
+	for _, tt := range []struct {
+		name          string
+		step, suspend time.Duration
+		lost          bool
+	}{
+		{"ahead by the limit", clockStepLimit(ttl), 0, true},
+		{"ahead by a minute", time.Minute, 0, true},
+		{"ahead by less", clockStepLimit(ttl) - time.Second, 0, false},
+		{"back by an hour", -time.Hour, 0, false},
+		{"ahead by the limit, less a suspend", clockStepLimit(ttl) + 2*time.Second, 3 * time.Second, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				lost := make(chan error, 1)
+				p := newStoreMembership(&stalledHeartbeat{}, "agentgate", "h1/r_1", "127.0.0.1:8080", ttl,
+					slog.New(slog.DiscardHandler), func(err error) { lost <- err })
+				var offset, slept atomic.Int64 // the wall clock's step; the suspend the elapsed reading counts
+				origin := time.Now()
+				p.wall = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+				p.elapsed = func() time.Duration { return time.Since(origin) + time.Duration(slept.Load()) }
+				view := memberView{blocked: func(string) bool { return false }, update: func(cluster.Members) {}}
+				go p.renew(view, time.Now())
+				time.Sleep(ttl/3 + time.Second) // the first renewal, at 2 s, succeeded
+				synctest.Wait()
+				offset.Store(int64(tt.step))
+				slept.Store(int64(tt.suspend))
+				select {
+				case err := <-lost:
+					if !tt.lost {
+						t.Errorf("a step of the wall clock by %v lost the membership: %v", tt.step, err)
+					} else if !strings.Contains(err.Error(), "clock moved ahead by") {
+						t.Errorf("lost: %v, want the clock's step named", err)
+					}
+				case <-time.After(30 * time.Second):
+					if tt.lost {
+						t.Errorf("a step of the wall clock by %v, with member_ttl %v, kept the membership", tt.step, ttl)
+					}
+					_ = p.Shutdown(false)
+				}
+				<-p.done
+			})
+		})
+	}
+}
+
 // expiringStore is a member registry where another member, b, renews until the renewal expiresAt
 // of this one, and its registration has expired from then on: it lists b then only when the
 // renewal asks to keep it, marked Expired (as postgres.Store.Heartbeat does).
