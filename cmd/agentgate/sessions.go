@@ -81,7 +81,10 @@ with no message since) is left as it is: resetting a key twice starts one new se
 
 With no daemon running, the session is ended in the database and the key's next message starts
 a new one; a session that has ended already is left as it is ("already ended"), and so is one
-nothing was said in yet ("holds nothing yet").
+nothing was said in yet ("holds nothing yet"). Writes waiting in data_dir/spool (the database
+refused them, and the daemon stopped before it could store them) are replayed into the
+database first, as the next start would replay them, so that the reset sees them; no unclean
+stop is counted for it.
 ` + keyHelp,
 	"sessions requeue": `usage: agentgate sessions requeue [flags] KEY MESSAGE_ID
 
@@ -506,17 +509,13 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return err
 		}
 	}
-	if !cfg.Cluster.Enabled { // (a cluster keeps no spool)
-		// Writes the daemon spooled while the database was unavailable are not in it yet: a
-		// reset read without them would end the session under them and take the outbox seq of
-		// one of them. The daemon replays them first when it starts.
-		dir := filepath.Join(cfg.DataDir, "spool")
-		if n, err := spool.Waiting(dir); err != nil {
-			return fmt.Errorf("reset %s: %w", shown, err)
-		} else if n > 0 {
-			return fmt.Errorf("reset %s: %s holds %d batch(es) of writes the database does not have yet; "+
-				"start the daemon, which replays them first, and reset through it: %s", shown, dir, n, resetCommand(cfg, key))
-		}
+	// Writes the daemon spooled while the database was unavailable are not in it yet: a reset
+	// read without them would end the session under them (a pending message among them never
+	// settled, the next start's replay adding it to the ended session) and take the outbox seq
+	// of one of them. They go into the database first, as the daemon's next start would replay
+	// them (a cluster keeps no spool).
+	if err := replaySpoolFirst(ctx, st, cfg, offlineAct{prefix: "reset " + shown, name: "reset", done: "reset"}, stderr); err != nil {
+		return err
 	}
 	var fence []persistence.Op
 	if cfg.Cluster.Enabled {

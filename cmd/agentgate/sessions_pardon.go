@@ -6,14 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"path/filepath"
 
-	"github.com/agentgate/agentgate/internal/config"
-	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
-	"github.com/agentgate/agentgate/persistence/spool"
-	"github.com/agentgate/agentgate/supervisor"
 )
 
 const pardonUsage = `usage: agentgate sessions pardon [flags] (--all | KEY)
@@ -65,7 +59,7 @@ func sessionsPardon(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	defer st.Close()
-	if err := replayForPardon(ctx, st, cfg, stderr); err != nil {
+	if err := replaySpoolFirst(ctx, st, cfg, offlineAct{prefix: "sessions pardon", name: "pardon", done: "pardoned"}, stderr); err != nil {
 		return err
 	}
 	p, err := st.Pardon(ctx, key)
@@ -83,59 +77,5 @@ func sessionsPardon(ctx context.Context, args []string, stdout, stderr io.Writer
 			fmt.Fprintln(stderr, "note: if agentgate did not stop cleanly last time, its next start still counts that stop (sessions pardon --all forgets it)")
 		}
 	}
-	return nil
-}
-
-// replayForPardon replays into st the writes waiting in the spool of cfg's data_dir, which the
-// database does not have yet (the daemon acknowledged them while the database refused writes,
-// and stopped, or was killed, before it could store them), and says so on stderr. The pardon
-// comes after them, as it would come after the next start's replay: among them may be the
-// quarantine of a message the pardon would clear (a session sets one aside at its 3rd strike as
-// it loads, and tells its sender so), or its answer. Before, the pardon refused then, and said to
-// start the daemon once to replay them: that start counted the last run's unclean stop, and
-// could quarantine a message at its 3rd strike, the very thing the pardon was for.
-//
-// The replay is the daemon's own (persistence.ReplaySpool: the same transactions, batches set
-// aside the same way, the same log lines), under the same locks: the store's, taken alone by
-// the caller, and the data directory's (supervisor.LockDataDir), which a daemon takes before it
-// opens the spool. It records no run: the next start counts the last run's unclean stop as it
-// would have, and finds the spool empty. All of the spool is replayed, not only the writes of
-// KEY's session: they name sessions by id, and the key's route may be among them. A spool it
-// cannot read, or a database that refuses the writes, refuses the pardon; the batches not
-// replayed wait in the spool for the next start. A cluster keeps no spool.
-func replayForPardon(ctx context.Context, st persistence.Store, cfg *config.Config, stderr io.Writer) error {
-	if cfg.Cluster.Enabled {
-		return nil
-	}
-	dir := filepath.Join(cfg.DataDir, "spool")
-	n, err := spool.Waiting(dir)
-	switch {
-	case err != nil:
-		return fmt.Errorf("sessions pardon: cannot tell whether writes wait in the spool: %w (nothing was changed)", err)
-	case n == 0:
-		return nil
-	}
-	lock, err := supervisor.LockDataDir(cfg.DataDir)
-	if err != nil {
-		return fmt.Errorf("sessions pardon: %s holds %d batch(es) of writes the database does not have yet, which the pardon replays first, "+
-			"but cannot take the data directory's lock: %w (nothing was changed)", dir, n, err)
-	}
-	defer lock.Close()
-	sp, err := spool.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sessions pardon: %w (nothing was changed)", err)
-	}
-	log := logging.New(stderr, slog.LevelWarn, cfg.Log.Format).With(logging.KeyComponent, "persistence")
-	r, err := persistence.ReplaySpool(ctx, st, persistence.ActorOptions{MaxBatch: cfg.Persist.MaxBatch, Log: log, Spool: sp})
-	setAside := ""
-	if r.SetAside > 0 {
-		setAside = fmt.Sprintf(", %d set aside in %s (the lines above say why)", r.SetAside, filepath.Join(dir, "failed"))
-	}
-	if err != nil {
-		return fmt.Errorf("sessions pardon: replayed %d of the %d batch(es) of writes waiting in %s into the database%s, then: %w; "+
-			"the %d left wait there for the next start, or the next pardon (nothing was pardoned)", r.Batches, r.Batches+r.SetAside+r.Left, dir, setAside, err, r.Left)
-	}
-	fmt.Fprintf(stderr, "note: replayed %d batch(es) of writes waiting in %s into the database first, as the next start would have%s\n",
-		r.Batches, dir, setAside)
 	return nil
 }

@@ -698,25 +698,6 @@ func TestSessionsReset(t *testing.T) {
 		})
 	})
 
-	t.Run("writes wait in the spool", func(t *testing.T) {
-		dir := MustSeedSessions(t)
-		sp, err := spool.Open(filepath.Join(dir, "spool"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := sp.Append([][]persistence.Op{{&persistence.SetTitle{SessionID: "sa2", Title: "spooled"}}}); err != nil {
-			t.Fatal(err)
-		}
-		_, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
-		if err == nil || !strings.Contains(err.Error(), "1 batch(es) of writes the database does not have yet") {
-			t.Errorf("reset while the spool holds writes: error = %v, want a refusal naming them", err)
-		}
-		show, _ := MustRunSessions(t, "show", "--data-dir", dir, keyA)
-		if got := fieldOf(show, "ended"); got != "open" {
-			t.Errorf("after a refused reset, ended = %q, want open", got)
-		}
-	})
-
 	t.Run("an older schema is the daemon's to upgrade", func(t *testing.T) {
 		// A newer binary's reset, run before its daemon has started on the database, does not
 		// upgrade it on the side, unlogged, as only the daemon does (it is one way): it says how.
