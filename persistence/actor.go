@@ -219,7 +219,7 @@ func (o ActorOptions) withDefaults() ActorOptions {
 	return o
 }
 
-// Receive handles Write, Flush, Prune and the internal flush, commit, linger and replay
+// Receive handles Write, Flush, PullBack, Prune and the internal flush, commit, linger and replay
 // tokens.
 func (a *Actor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
@@ -265,6 +265,18 @@ func (a *Actor) Receive(c actor.Context) {
 		a.drain(c)
 		if c.Sender() != nil {
 			c.Respond(&Flushed{})
+		}
+	case *PullBack:
+		a.drain(c)
+		if a.spoolLen() > 0 {
+			a.replay(c)
+		}
+		var r PulledBack
+		if a.spoolLen() == 0 {
+			r.Sessions, r.Err = a.store.PullBack(a.ctx, m.After, m.To)
+		}
+		if c.Sender() != nil {
+			c.Respond(&r)
 		}
 	case *Prune:
 		a.drain(c)

@@ -47,6 +47,20 @@ type Flushed struct{}
 // flushNow is the token the actor sends itself to commit what has queued up.
 type flushNow struct{}
 
+// PullBack asks the persistence actor to set the session times after After to To
+// (Store.PullBack), once what was sent before it is committed; the sender gets a *PulledBack.
+// While writes wait in the spool it does nothing: they may carry such times, and the next
+// PullBack comes after them.
+type PullBack struct {
+	After, To time.Time
+}
+
+// PulledBack answers PullBack with the number of sessions whose times it set.
+type PulledBack struct {
+	Sessions int
+	Err      error
+}
+
 // Prune asks the persistence actor for one step of a prune pass (Store.PruneStep): to delete
 // sessions that ended before Before (and passed the store's safety checks), or what earlier
 // steps left of theirs, in a transaction of at most Rows rows (0: the store's default); the

@@ -699,6 +699,15 @@ type Store interface {
 	// the next start. A store may instead delete a session larger than the budget whole, alone in
 	// its step, where that holds up no other session's writes (PostgreSQL).
 	PruneStep(ctx context.Context, endedBefore time.Time, rows int) (PruneCount, error)
+	// PullBack sets the session times that lie after after to to, in one transaction, and
+	// returns how many sessions it changed: an open session's last activity (and a reset due
+	// time it holds) and an ended session's end, whose last activity moves back with it by as
+	// much, so that its quiet time before the end stays the same. Times after now are those
+	// of a clock set back since (a clock that ran ahead, then corrected): left there, they
+	// delayed the session's resets, and its pruning, by the size of the step. The caller
+	// passes a time somewhat after now as after, so that a write of another member whose
+	// clock runs a little ahead is left alone. A time that is not a valid one is left as it is.
+	PullBack(ctx context.Context, after, to time.Time) (int, error)
 	// OpenDrafts returns the drafts of platform recorded and not closed, oldest first (ties by
 	// id), at most limit (DefaultOpenDraftsLimit when limit <= 0).
 	OpenDrafts(ctx context.Context, platform string, limit int) ([]Draft, error)

@@ -544,6 +544,7 @@ func testClosed(t *testing.T, s persistence.Store) {
 		{"SessionsOfKey", second(s.SessionsOfKey(ctx, "k1", 0))},
 		{"IdleSessions", second(s.IdleSessions(ctx, at(100), 0))},
 		{"PruneSessions", second(s.PruneSessions(ctx, at(100), 0))},
+		{"PullBack", second(s.PullBack(ctx, at(100), at(50)))},
 		{"OpenDrafts", second(s.OpenDrafts(ctx, "http", 0))},
 		{"Claim", second(s.Claim(ctx, "k1", "member-1", at(0)))},
 		{"Ownership", second(s.Ownership(ctx, "k1"))},

@@ -68,6 +68,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"PruneConcurrentWithCommit", testPruneConcurrentWithCommit},
 		{"EndSessionKeepsFirstReason", testEndSession},
 		{"TouchSessionMonotonic", testTouchSession},
+		{"PullBack", testPullBack},
 		{"MessageStatusAndTitle", testStatusAndTitle},
 		{"UsageAddsOncePerTurn", testUsage},
 		{"Drafts", testDrafts},
