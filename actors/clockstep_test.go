@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -50,9 +51,11 @@ func TestResetNoticeAfterTheClockWasSetBack(t *testing.T) {
 }
 
 // TestSessionActiveWhenTheClockWasSetBack: the host's clock is set back an hour while a chat
-// talks (NTP correcting a clock that ran ahead). The session's last activity does not move back,
-// so its idle reset comes up to an hour late, never early and never twice, as docs/RUNBOOK.md
-// ("The clock") says; the messages of the hour stay in its transcript in the order they came.
+// talks (NTP correcting a clock that ran ahead). The session's last activity, an hour after now
+// by the clock, is not kept: the next message's time is, so the idle reset comes 30 min after
+// it by the clock, not an hour late, and once; the messages of the hour stay in its transcript
+// in the order they came. Before, the activity of the message before the step stayed, and the
+// reset came an hour late.
 func TestSessionActiveWhenTheClockWasSetBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var clock atomic.Int64
@@ -67,19 +70,20 @@ func TestSessionActiveWhenTheClockWasSetBack(t *testing.T) {
 		}
 		m0 := w.deliver(t, "m0", "before the step")
 		w.answersTo(t, "m0")
-		clock.Store(t0.Add(-time.Hour + 10*time.Minute).UnixNano()) // set back an hour, 10 min on
+		m1At := t0.Add(-time.Hour + 10*time.Minute) // set back an hour, 10 min on
+		clock.Store(m1At.UnixNano())
 		if m1 := w.deliver(t, "m1", "after the step"); m1.SessionId != m0.SessionId {
 			t.Fatalf("m1 in %s, want the session of m0 %s", m1.SessionId, m0.SessionId)
 		}
 		w.answersTo(t, "m1")
-		nudge(t0.Add(-10 * time.Minute)) // 40 min after m1 by the clock
+		nudge(m1At.Add(20 * time.Minute))
 		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || !s.EndedAt.IsZero() {
-			t.Fatalf("40 min after m1: session %+v, %v; want it open (its last activity is m0's, 10 min ago by the clock)", s, err)
+			t.Fatalf("20 min after m1: session %+v, %v; want it open", s, err)
 		}
-		nudge(t0.Add(31 * time.Minute))
+		nudge(m1At.Add(31 * time.Minute))
 		s, err := w.store.Session(w.ctx, m0.SessionId)
-		if err != nil || s.EndReason != persistence.EndIdle || !s.EndedAt.Equal(t0.Add(30*time.Minute)) {
-			t.Fatalf("30 min after m0 by the clock: session %+v, %v; want it ended idle at %v", s, err, t0.Add(30*time.Minute))
+		if err != nil || s.EndReason != persistence.EndIdle || !s.EndedAt.Equal(m1At.Add(30*time.Minute)) {
+			t.Fatalf("31 min after m1 by the clock: session %+v, %v; want it ended idle at %v (30 min after m1)", s, err, m1At.Add(30*time.Minute))
 		}
 		ms, err := w.store.Transcript(w.ctx, m0.SessionId)
 		if err != nil {
@@ -98,6 +102,75 @@ func TestSessionActiveWhenTheClockWasSetBack(t *testing.T) {
 		m2 := w.deliver(t, "m2", "later")
 		if n := resetNotices(w.answersTo(t, "m2")); m2.SessionId == m0.SessionId || len(n) != 1 {
 			t.Errorf("m2 in %s (the ended one %s), notices %q; want a new session and one notice", m2.SessionId, m0.SessionId, n)
+		}
+	})
+}
+
+// TestTimesAfterNowWhenTheClockWasSetBackADay: the host's clock ran a day ahead and is set
+// right, with a chat's session active a minute before (it stays in memory) and a session that
+// ended then in the store, both "a day in the future" by the clock. The first scan sets both
+// times to now, with one warning; the session resets 30 min after that scan (its idle limit),
+// and the ended one is pruned a day after it (the retention). Before, the stores kept the
+// times a day ahead: the reset came a day late, and the pruning too.
+func TestTimesAfterNowWhenTheClockWasSetBackADay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var clock atomic.Int64
+		t0 := time.Date(2030, 1, 2, 12, 0, 0, 0, time.UTC)
+		clock.Store(t0.UnixNano())
+		policy := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Minute, Notify: true}
+		var logs testutil.Buffer
+		w := newManagerWorld(t, gatedAgent("", nil), func(d *Deps) {
+			resetsBy(&clock, policy)(d)
+			d.Log = slog.New(slog.NewTextHandler(&logs, nil))
+			d.Config.Prune = PrunePolicy{Enabled: true, After: 24 * time.Hour, Every: 24 * time.Hour}
+		})
+		m0 := w.deliver(t, "m0", "before the step")
+		w.answersTo(t, "m0")
+		mustCommit(t, w.store,
+			&persistence.CreateSession{Session: persistence.Session{ID: "ended", Key: "k-ended", Platform: "fake", StartedAt: t0.Add(-time.Hour), LastActivityAt: t0.Add(-40 * time.Minute)}},
+			&persistence.EndSession{SessionID: "ended", Reason: persistence.EndIdle, At: t0.Add(-10 * time.Minute)})
+
+		step := t0.Add(-24*time.Hour + time.Minute) // set back a day, a minute after m0
+		clock.Store(step.UnixNano())
+		timers := w.system.Root.Spawn(NewTimers(w.d, NewLocalRouter(w.system.Root, w.manager), time.Minute))
+		defer func() {
+			if err := w.system.Root.StopFuture(timers).Wait(); err != nil {
+				t.Error(err)
+			}
+		}()
+		synctest.Wait() // its first scan and prune pass
+		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || !s.LastActivityAt.Equal(step) || !s.EndedAt.IsZero() {
+			t.Fatalf("after the first scan: session %+v, %v; want it open, active at the scan (%v)", s, err, step)
+		}
+		if s, err := w.store.Session(w.ctx, "ended"); err != nil || !s.EndedAt.Equal(step) || !s.LastActivityAt.Equal(step.Add(-30*time.Minute)) {
+			t.Fatalf("after the first scan: the ended session %+v, %v; want it ended at the scan (%v), active 30 min before", s, err, step)
+		}
+		if n := strings.Count(logs.String(), `level=WARN msg="the clock is behind times the store holds; they are set to now" actor=timers sessions=2`); n != 1 {
+			t.Errorf("%d warnings of times after now with sessions=2, want 1:\n%s", n, logs.String())
+		}
+
+		scan := func(at time.Time) {
+			clock.Store(at.UnixNano())
+			w.system.Root.Send(timers, &CheckResets{})
+			synctest.Wait()
+		}
+		scan(step.Add(29 * time.Minute))
+		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || !s.EndedAt.IsZero() {
+			t.Fatalf("29 min after the step: session %+v, %v; want it open", s, err)
+		}
+		scan(step.Add(31 * time.Minute))
+		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.EndReason != persistence.EndIdle || !s.EndedAt.Equal(step.Add(30*time.Minute)) {
+			t.Fatalf("31 min after the step: session %+v, %v; want it ended idle at %v", s, err, step.Add(30*time.Minute))
+		}
+
+		clock.Store(step.Add(24*time.Hour + time.Minute).UnixNano()) // past the retention of the ended one
+		w.system.Root.Send(timers, &Prune{})
+		synctest.Wait()
+		if _, err := w.store.Session(w.ctx, "ended"); !errors.Is(err, persistence.ErrNotFound) {
+			t.Errorf("the ended session a day after the step: %v, want it pruned (%v)", err, persistence.ErrNotFound)
+		}
+		if strings.Count(logs.String(), "the clock is behind times the store holds") != 1 {
+			t.Errorf("warnings of times after now, want 1:\n%s", logs.String())
 		}
 	})
 }

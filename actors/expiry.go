@@ -29,8 +29,27 @@ func (s *Session) resets() bool {
 	return ok
 }
 
+// settleActivity sets the current session's activity to now when it lies after now by more than
+// clockSlack: the clock was set back since (see "Times after now" in timers.go). stored, when
+// not zero, is the activity the store holds, as the timers' scan found it (its nudge,
+// onResetDue): the scan has set it to now already, at the first scan after the step, and the
+// session takes it, so that its reset comes when the store says, not a reset's length later.
+func (s *Session) settleActivity(now, stored time.Time) {
+	if s.cur == nil || !s.cur.LastActivityAt.After(now.Add(clockSlack)) {
+		return
+	}
+	if stored.IsZero() || stored.After(now.Add(clockSlack)) {
+		stored = now
+	}
+	s.cur.LastActivityAt = stored
+	if s.lastActivity.After(stored) {
+		s.lastActivity = stored // (/status)
+	}
+}
+
 // touch returns the op that advances a session's activity, keeping the in-memory copy in step.
 func (s *Session) touch(sid string, now time.Time) persistence.Op {
+	s.settleActivity(now, time.Time{})
 	if s.cur != nil && s.cur.ID == sid && now.After(s.cur.LastActivityAt) {
 		s.cur.LastActivityAt = now
 	}
@@ -43,6 +62,7 @@ func (s *Session) expire(now time.Time) []persistence.Op {
 	if s.cur == nil {
 		return nil
 	}
+	s.settleActivity(now, time.Time{})
 	p := s.d.Config.resetFor(s.cur.Platform, s.cur.ChatType)
 	at, reason, due := p.Overdue(s.cur.LastActivityAt, now)
 	if u := s.unusual; u != nil {
@@ -76,6 +96,7 @@ func (s *Session) expire(now time.Time) []persistence.Op {
 // due time, once the work is done (endOverdue). It is stored on the session too (storeOverdue),
 // for a later run or member that loads it before then.
 func (s *Session) expireIfIdle(now time.Time) []persistence.Op {
+	s.settleActivity(now, time.Time{})
 	if s.running != nil || s.hasQueued() || s.held() != nil {
 		// Remember that it fell due: the work's own activity would otherwise move the due time
 		// on (a daily reset by a whole day). It ends once the work is done (endOverdue).
@@ -358,10 +379,13 @@ func (s *Session) takeFiledReset(o *overdue) bool {
 // A nudge that carries a reset filed on another member (handOnFiledReset) has that reset done,
 // as the member would have done it: at once if the session is idle, or once its work is done.
 func (s *Session) onResetDue(c actor.Context, m *ResetDue) {
+	now := s.d.now()
 	if o := filedResetOf(m); o != nil {
 		s.takeFiledReset(o)
+	} else {
+		s.settleActivity(now, timeOfNano(m.ActiveAtUnixNano))
 	}
-	s.writeReset(c, s.expireIfIdle(s.d.now()))
+	s.writeReset(c, s.expireIfIdle(now))
 }
 
 // filedResetOf is the filed reset a ResetDue carries (handOnFiledReset); nil for the timer's

@@ -82,6 +82,8 @@ func (t *Timers) Receive(c actor.Context) {
 		t.prune(c)
 	case *persistence.Pruned:
 		t.onPruned(c, msg)
+	case *persistence.PulledBack:
+		t.onPulledBack(msg)
 	case *actor.Stopping, *actor.Restarting: // a restarted instance starts its own
 		cancelTimer(t.stopScan)
 		cancelTimer(t.stopPrune)
@@ -159,6 +161,10 @@ func (t *Timers) scan(c actor.Context) {
 			cutoff = cut
 		}
 	}
+	if !cutoff.IsZero() || t.d.Config.Prune.Enabled {
+		// Before the prune pass at start too: both messages go the same way.
+		c.Request(t.d.Persist, &persistence.PullBack{After: now.Add(clockSlack), To: now})
+	}
 	if cutoff.IsZero() {
 		return // no policy ever resets
 	}
@@ -168,7 +174,9 @@ func (t *Timers) scan(c actor.Context) {
 	for err == nil && len(ss) > 0 {
 		for _, s := range ss {
 			if _, reason, ok := t.d.Config.resetFor(s.Platform, s.ChatType).Overdue(s.LastActivityAt, now); ok {
-				t.router.Tell(s.Key, &ResetDue{})
+				// With the activity it found: a session in memory whose own copy lies after
+				// now takes it (Session.settleActivity).
+				t.router.Tell(s.Key, &ResetDue{ActiveAtUnixNano: nanoOfTime(s.LastActivityAt)})
 				told[s.ID] = struct{}{}
 				if _, again := t.told[s.ID]; again {
 					continue // counted when a scan first found it due; its work holds the reset
@@ -195,6 +203,33 @@ func (t *Timers) scan(c actor.Context) {
 	// daily reset ends thousands in the same minute.
 	if idle+daily > 0 {
 		t.log.Info("sessions due for reset", "idle", idle, "daily", daily)
+	}
+}
+
+// clockSlack is how far after now a stored time may be before it counts as one of a clock set
+// back since (Store.PullBack, Session.settleActivity): a member of a cluster whose clock runs a little ahead
+// writes such times, and they are left alone.
+const clockSlack = time.Minute
+
+// Times after now. A clock set back (NTP correcting a clock that ran ahead) leaves the times
+// written before the step after now: the stores keep the latest activity of a session (writes
+// may commit out of order, and a key's next member must not move its activity back), so a
+// session active then kept its activity "in the future", and its resets came that much late,
+// a day for a clock a day ahead; a session that ended then was pruned that much late. Treating
+// such a time as now where it is read would not help: now moves on with the clock, and the
+// session would never fall due before the clock reached its time. So each scan has the store
+// set the times after now (and clockSlack) to now (Store.PullBack), once: an open session's
+// resets then count from the scan that found it, up to its reset's length late, and an
+// ended session's retention from there. A session in memory does the same with its own copy
+// (Session.settleActivity).
+
+// onPulledBack logs what a PullBack set to now.
+func (t *Timers) onPulledBack(r *persistence.PulledBack) {
+	switch {
+	case r.Err != nil: // at Debug: the scan's own read warns of the outage
+		t.log.Debug("set back the times after now", logging.Err(r.Err))
+	case r.Sessions > 0:
+		t.log.Warn("the clock is behind times the store holds; they are set to now", "sessions", r.Sessions)
 	}
 }
 
