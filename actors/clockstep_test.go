@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -171,6 +172,19 @@ func TestTimesAfterNowWhenTheClockWasSetBackADay(t *testing.T) {
 		}
 		if strings.Count(logs.String(), "the clock is behind times the store holds") != 1 {
 			t.Errorf("warnings of times after now, want 1:\n%s", logs.String())
+		}
+
+		// A member whose clock runs ahead writes such times at every message: one warning
+		// while every scan finds more.
+		now := step.Add(24*time.Hour + 2*time.Minute)
+		for i := range 3 {
+			id := fmt.Sprint("ahead-", i)
+			mustCommit(t, w.store,
+				&persistence.CreateSession{Session: persistence.Session{ID: id, Key: "k-" + id, Platform: "fake", StartedAt: now, LastActivityAt: now.Add(5 * time.Minute)}})
+			scan(now)
+		}
+		if n := strings.Count(logs.String(), "level=WARN msg=\"the clock is behind times the store holds"); n != 2 {
+			t.Errorf("%d warnings of times after now, want 2 (the step's, and one for the scans that each found more):\n%s", n, logs.String())
 		}
 	})
 }

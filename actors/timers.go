@@ -44,6 +44,8 @@ type Timers struct {
 	lastCutoff   time.Time
 	lastCutoffAt time.Duration
 	heldBack     bool
+	// pulledBack says that the last PullBack set times (onPulledBack).
+	pulledBack bool
 	// told holds the sessions the last scan found due: one whose work the reset waits for is
 	// due at every scan until the work is done, and is counted in the scan's line only the
 	// first time. Each scan replaces it, so it holds no more than the sessions due at once.
@@ -223,14 +225,20 @@ const clockSlack = time.Minute
 // ended session's retention from there. A session in memory does the same with its own copy
 // (Session.settleActivity).
 
-// onPulledBack logs what a PullBack set to now.
+// onPulledBack logs what a PullBack set to now: at Warn when the one before set nothing, at
+// Debug while every scan finds more (a member of a cluster whose clock runs ahead writes them
+// at each message).
 func (t *Timers) onPulledBack(r *persistence.PulledBack) {
 	switch {
 	case r.Err != nil: // at Debug: the scan's own read warns of the outage
 		t.log.Debug("set back the times after now", logging.Err(r.Err))
-	case r.Sessions > 0:
+		return
+	case r.Sessions > 0 && !t.pulledBack:
 		t.log.Warn("the clock is behind times the store holds; they are set to now", "sessions", r.Sessions)
+	case r.Sessions > 0:
+		t.log.Debug("the clock is behind times the store holds; they are set to now", "sessions", r.Sessions)
 	}
+	t.pulledBack = r.Sessions > 0
 }
 
 // cancelTimer cancels a pending timer, if any.
