@@ -1,12 +1,14 @@
 package actors
 
 import (
+	"log/slog"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/agents/echo"
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
@@ -299,6 +301,93 @@ func TestNewBehindARefusedNewIsNotAnsweredDone(t *testing.T) {
 			t.Errorf("the store holds %d sessions of the key, want 1", n)
 		}
 	})
+}
+
+// TestWritesBehindARefusedBeginningAreOutageRefusals: the write that began a session (a /new's,
+// or a key's first message's) is refused as unavailable while a message and a command wait
+// behind it; the store refuses theirs too, for their rows name a session it does not hold.
+// They are told what an outage tells (the store refused; send it again), with the session the
+// key goes on in, and their lines are the outage's WRN. Before, the message's error was
+// SQLite's own ("… FOREIGN KEY constraint failed (787)"), both named the session never stored,
+// and both lines were an ERR. Sent again, the message is stored in the session it was told.
+func TestWritesBehindARefusedBeginningAreOutageRefusals(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		begin string // the message whose write begins a session, and is refused
+		first bool   // the key has no session before it
+	}{
+		{"behind a /new", "/new", false},
+		{"behind the first message", "hello", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var logs testutil.Buffer
+				w, g, refuse := newGatedWorld(t, echo.New(), func(d *Deps) {
+					d.Log = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+				}, func(op persistence.Op) bool {
+					_, ok := op.(*persistence.CreateSession)
+					return ok
+				})
+				want := "" // the session the key goes on in
+				if !tt.first {
+					m0 := w.deliver(t, "m0", "before")
+					w.awaitTurnEnds(1)
+					want = m0.SessionId
+				}
+				synctest.Wait()
+				g.armed.Store(true)
+				refuse.Store(true)
+				b := w.request("b1", tt.begin)
+				<-g.waiting // its write is in flight
+				g.armed.Store(false)
+				m2 := w.request("m2", "behind")
+				s2 := w.request("s2", "/status")
+				synctest.Wait()
+				close(g.open)
+				if res, err := b.Result(); err != nil || res.(*DeliverResult).ErrorCode != ErrCodeUnavailable {
+					t.Fatalf("%s: %v %v, want unavailable", tt.begin, res, err)
+				}
+				for id, f := range map[string]*actor.Future{"m2": m2, "s2": s2} {
+					res, err := f.Result()
+					if err != nil {
+						t.Fatalf("%s: %v", id, err)
+					}
+					r := res.(*DeliverResult)
+					if r.ErrorCode != ErrCodeUnavailable || r.Disposition != "" {
+						t.Errorf("%s answered %+v, want unavailable", id, r)
+					}
+					if strings.Contains(r.Error, "FOREIGN KEY") || strings.Contains(r.Error, "constraint") {
+						t.Errorf("%s's error = %q, want no store text of a constraint", id, r.Error)
+					}
+					if r.SessionId != want {
+						t.Errorf("%s's session_id = %q, want %q, the session the key goes on in", id, r.SessionId, want)
+					}
+				}
+				synctest.Wait()
+				for l := range strings.SplitSeq(logs.String(), "\n") {
+					if strings.Contains(l, "level=ERROR") || strings.Contains(l, "FOREIGN KEY") {
+						t.Errorf("line %q, want the outage's WRN lines only", l)
+					}
+				}
+				for _, line := range []string{"store inbound message", "message_id=s2"} {
+					if !strings.Contains(logs.String(), line) {
+						t.Errorf("no line with %q:\n%s", line, logs.String())
+					}
+				}
+				refuse.Store(false)
+				time.Sleep(2 * time.Second) // the key's pause after the refusal (1s)
+				synctest.Wait()
+				r := w.deliver(t, "m2", "behind")
+				if r.ErrorCode != "" || r.Disposition != platforms.Started {
+					t.Fatalf("m2 sent again: %+v, want started", r)
+				}
+				if !tt.first && r.SessionId != want {
+					t.Errorf("m2 sent again went to session %s, want %s, as it was told", r.SessionId, want)
+				}
+				w.awaitTurnEnds(map[bool]int{true: 1, false: 2}[tt.first])
+			})
+		})
+	}
 }
 
 // TestFreshCountsWritesInFlight: a write in flight keeps a session from counting as fresh (it

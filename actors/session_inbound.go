@@ -386,6 +386,7 @@ func (s *Session) answerRepeats(c actor.Context, it *item, m *Deliver, err error
 			r.Disposition, r.ErrorCode, r.Error = "", ErrCodeStopped, "the session handed the message to its next activation; send it again with the same message_id"
 		default:
 			r.Disposition, r.ErrorCode, r.Error = "", "unavailable", err.Error() // as accepted gives it
+			r.SessionId = sessionOf(it.sessionID, err)
 		}
 		c.Send(p, r)
 	}
@@ -665,7 +666,7 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 		s.seen.remove(m.MessageId)
 		s.rememberUnsure(it)
 		s.logRefusedInbound(err, m.MessageId, it.seq)
-		r := s.result(m, "", "")
+		r := s.result(m, "", sessionOf(it.sessionID, err))
 		// The cause, for the platform's line (platforms.ErrUnavailable says the rest). Before,
 		// "message could not be stored" here made it say so twice, and nothing of why.
 		r.ErrorCode, r.Error = "unavailable", err.Error()

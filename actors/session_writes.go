@@ -180,6 +180,9 @@ type pendingWrite struct {
 	// refused: held because the store refused it (holdResult), not only made behind such a
 	// write. Once no held write is, the rest go out as any write does (sendHeld).
 	refused bool
+	// unbegun: sent behind a write that began a session, which the store refused
+	// (behindUnbegun).
+	unbegun *unbegunError
 }
 
 // answerOrphans answers the requesters of the writes still in flight when this incarnation
@@ -292,7 +295,11 @@ func (s *Session) onWriteResult(c actor.Context, m *persistence.WriteResult) {
 	if errors.Is(m.Err, persistence.ErrFenced) && !s.fencedOut {
 		s.fence(c)
 	}
-	w.done(c, m.Err)
+	err := m.Err
+	if err != nil {
+		err = s.behindUnbegun(w, err)
+	}
+	w.done(c, err)
 	if first {
 		s.sendHeld(c) // the next held write, if any
 	}
@@ -300,6 +307,51 @@ func (s *Session) onWriteResult(c actor.Context, m *persistence.WriteResult) {
 	s.updateBusy(c)
 	s.stopWhenSettled(c)
 	s.leaveIfIdle(c)
+}
+
+// unbegunError refuses a write sent behind the refused write that began session sid, which is
+// not stored: the store refused this one for it (a message's row in no session: SQLite's
+// "FOREIGN KEY constraint failed"). prev is the session the key goes on in, as stored (the one
+// that write would have ended; "" if none): the one a message sent again goes to. It is an
+// outage's refusal (persistence.ErrUnavailable): its sender sends it again. Before, its sender
+// was given the store's own text and the unstored session, and the line was an ERR as if the
+// store had failed on its own.
+type unbegunError struct{ sid, prev string }
+
+func (e *unbegunError) Error() string {
+	return persistence.ErrUnavailable.Error() + ": sent behind the refused write that began session " + e.sid
+}
+
+func (e *unbegunError) Unwrap() error { return persistence.ErrUnavailable }
+
+// behindUnbegun returns err, the refusal of w, as an unbegunError when w was sent behind a
+// refused write that began a session and err is the store's own (no outage, duplicate, fence or
+// closed store). When w began a session, the writes still in flight behind it are marked.
+func (s *Session) behindUnbegun(w *pendingWrite, err error) error {
+	if w.unbegun != nil && !errors.Is(err, persistence.ErrUnavailable) && !errors.Is(err, persistence.ErrDuplicate) &&
+		!errors.Is(err, persistence.ErrFenced) && !errors.Is(err, persistence.ErrClosed) {
+		err = w.unbegun
+	}
+	for _, op := range w.ops {
+		if cs, ok := op.(*persistence.CreateSession); ok {
+			u := &unbegunError{sid: cs.Session.ID, prev: cs.Session.PrevSessionID}
+			for _, x := range s.inflight {
+				if x.id > w.id {
+					x.unbegun = u
+				}
+			}
+		}
+	}
+	return err
+}
+
+// sessionOf is the session a refused message or command belongs to: sid, or, when it was sent
+// behind the refused write that began sid, the session the key goes on in (unbegunError).
+func sessionOf(sid string, err error) string {
+	if u, ok := errors.AsType[*unbegunError](err); ok {
+		return u.prev
+	}
+	return sid
 }
 
 // resendAfter is how often a session with unacknowledged writes checks whether the persistence
