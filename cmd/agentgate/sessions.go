@@ -326,7 +326,13 @@ func printShow(w io.Writer, o *showJSON) error {
 			if s.ResetDueReason != "" {
 				// A reset that fell due while the session worked (persistence.MarkResetDue): the
 				// daemon ends the session at that time once its work is done.
-				fmt.Fprintf(tw, "reset due:\t%s at %s, once its work is done\n", cell(s.ResetDueReason), timeCell(s.ResetDueAt))
+				// A mark with no time is one of a session with no valid activity time, due at
+				// once (ResetPolicy.Due). Before, it read "idle at -".
+				due := " at " + timeCell(s.ResetDueAt)
+				if s.ResetDueAt.IsZero() {
+					due = " (its last activity has no valid time)"
+				}
+				fmt.Fprintf(tw, "reset due:\t%s%s, once its work is done\n", cell(s.ResetDueReason), due)
 			}
 		} else {
 			fmt.Fprintf(tw, "ended:\t%s (%s)\n", timeCell(s.EndedAt), cell(s.EndReason))

@@ -387,6 +387,27 @@ func TestSessionsShow(t *testing.T) {
 		}
 	})
 
+	t.Run("reset due with no time", func(t *testing.T) {
+		// A session with no valid activity time is due for its idle reset at once: its mark
+		// has no time (ResetPolicy.Due). Before, it showed "idle at -".
+		const key = "agent:main:http:dm:eve"
+		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatalf("sqlite.Open: %v", err)
+		}
+		storetest.MustCommit(t, st,
+			&persistence.CreateSession{Session: persistence.Session{ID: "se1", Key: key, Platform: "http",
+				ChatType: "dm", ChatID: "eve", UserID: "eve", Epoch: 1}},
+			&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: "se1", Generation: 1, UpdatedAt: sessAt(40)}},
+			&persistence.MarkResetDue{SessionID: "se1", Reason: persistence.EndIdle})
+		st.Close()
+
+		out, _ := MustRunSessions(t, "show", "--data-dir", dir, key)
+		if got, want := fieldOf(out, "reset due"), "idle (its last activity has no valid time), once its work is done"; got != want {
+			t.Errorf("reset due = %q, want %q\n%s", got, want, out)
+		}
+	})
+
 	t.Run("json", func(t *testing.T) {
 		out, _ := MustRunSessions(t, "show", "--json", "--data-dir", dir, keyA)
 		var got struct {
