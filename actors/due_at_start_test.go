@@ -273,3 +273,67 @@ func TestResetDueWhileTheSessionWorksOutlivesAStop(t *testing.T) {
 		}
 	})
 }
+
+// TestRefusedResetDueMarkIsWrittenAgain: a turn runs across the daily hour with a message queued
+// behind it, and the store refuses the write of the reset that falls due meanwhile (the
+// database and the spool both failing). The session writes it again once the store takes
+// writes, so a stop while the queued message's turn runs keeps the reset: the next start runs
+// that message in the session, which then ends at the hour. Before, a refused mark was not
+// tried again, and the stop lost the reset: the answer had moved the session's activity past
+// the hour, and the session went on until the next day's.
+func TestRefusedResetDueMarkIsWrittenAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var clock atomic.Int64
+		clock.Store(before4.UnixNano())
+		daily := dailyClock(&clock)
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		release0 := make(chan struct{})
+		var refusing atomic.Bool
+		w := newManagerWorldWith(t, path, agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			gate := release0
+			if req.Identity.MessageID == "m1" {
+				gate = nil // m1 runs until the stop
+			}
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			return &agents.Response{Text: "re " + req.Identity.MessageID}, nil
+		}), daily, func(s persistence.Store) persistence.Store {
+			return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
+				_, ok := op.(*persistence.MarkResetDue)
+				return ok && refusing.Load()
+			}}
+		})
+		m0 := w.deliver(t, "m0", "slow")
+		w.deliver(t, "m1", "queued")
+		synctest.Wait()
+		refusing.Store(true)
+		clock.Store(after4.UnixNano())
+		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+		synctest.Wait()
+		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.ResetDueReason != "" {
+			t.Fatalf("session %s with its mark refused: %+v, %v; want no mark stored yet", m0.SessionId, s, err)
+		}
+		close(release0)
+		w.answersTo(t, "m0")
+		time.Sleep(5 * time.Second) // m1's turn runs; the mark is refused again meanwhile
+		refusing.Store(false)
+		time.Sleep(maxHeldRetry) // the next try
+		synctest.Wait()
+		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.ResetDueReason != persistence.EndDaily || !s.ResetDueAt.Equal(at4) || !s.EndedAt.IsZero() {
+			t.Errorf("session %s once the store takes writes: %+v, %v; want it open, its daily reset due at %v stored", m0.SessionId, s, err, at4)
+		}
+		w.stop()
+		synctest.Wait()
+
+		clock.Store(after4.Add(30 * time.Minute).UnixNano())
+		w2 := newManagerWorldAt(t, path, gatedAgent("", nil), daily)
+		if got := w2.answersTo(t, "m1"); len(got) != 1 || got[0] != "re m1" {
+			t.Errorf("m1 was answered %q; want its reply", got)
+		}
+		synctest.Wait()
+		w2.checkEndedAt4(t, m0.SessionId, "once m1 ran after the restart")
+	})
+}

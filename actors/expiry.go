@@ -120,8 +120,11 @@ type overdue struct {
 	// next activation (writeReset, expireOnStart).
 	activity time.Time
 	// stored: the session's row holds it (persistence.MarkResetDue), loaded from there or
-	// written by this activation (storeOverdue), or its write was refused once.
+	// written by this activation (storeOverdue), or its write is in flight, or was refused for
+	// what it holds, or waits to be written again (refusals).
 	stored bool
+	// refusals counts the refusals in a row of its write as unavailable (storeOverdue).
+	refusals int
 }
 
 // storeOverdue stores the reset that fell due while the session works on the session's row
@@ -134,10 +137,14 @@ type overdue struct {
 // the next start found the session's last activity (the answers) past the due time, and the
 // session went on until its next reset, a daily one a day late
 // (TestDueResetOutlivesAStopDuringItsBacklog). It is written only when a reset falls due under
-// work, never per turn; the session's end (any reset, /new, an operator's) clears it. A refused
-// write is not tried again: the reset is still done by this activation (endOverdue), or by the
-// next one of this process (fileOverdue, writeReset); only a stop of the daemon meanwhile loses
-// it, as before.
+// work, never per turn; the session's end (any reset, /new, an operator's) clears it. A write the
+// store refuses as unavailable (the database and the spool both failing) is written again, 1 s
+// after the refusal, doubling to maxHeldRetry, as a held turn result is, until the store takes
+// it or the reset is done (overdueRetry). Meanwhile this activation still does the reset
+// (endOverdue), or the next one of this process (fileOverdue, writeReset); only a stop of the
+// daemon before the store takes it loses it. Before, a refused write was not tried again, and a
+// stop at any time before the work was done lost the reset
+// (TestRefusedResetDueMarkIsWrittenAgain).
 func (s *Session) storeOverdue(c actor.Context) {
 	u := s.unusual
 	if u == nil || u.overdue == nil || u.overdue.stored || s.cur == nil || u.overdue.sid != s.cur.ID ||
@@ -147,11 +154,32 @@ func (s *Session) storeOverdue(c actor.Context) {
 	o := u.overdue
 	o.stored = true
 	s.write(c, []persistence.Op{&persistence.MarkResetDue{SessionID: o.sid, Reason: o.reason, At: o.at}}, func(c actor.Context, err error) {
-		if err != nil {
+		switch {
+		case err == nil:
+			o.refusals = 0
+		case errors.Is(err, persistence.ErrUnavailable) && !errors.Is(err, persistence.ErrFenced):
+			o.refusals++
+			if o.refusals == 1 { // one line an outage: the persistence actor's says what fails
+				s.logRefusedWrite("store the session's due reset; it is written again until the store takes it, and done once the session's work is", err,
+					"reason", o.reason)
+			}
+			wait := min(heldRetry<<min(o.refusals-1, 6), maxHeldRetry)
+			s.timers(c).SendOnce(wait, c.Self(), &overdueRetry{o: o})
+		default:
 			s.logRefusedWrite("store the session's due reset; it is done once the session's work is, unless agentgate stops first", err,
 				"reason", o.reason)
 		}
 	})
+}
+
+// overdueRetry wakes a session whose write of the due reset o was refused as unavailable, to
+// write it again (storeOverdue) unless the reset is done or another took its place.
+type overdueRetry struct{ o *overdue }
+
+func (s *Session) onOverdueRetry(m *overdueRetry) {
+	if u := s.unusual; u != nil && u.overdue == m.o {
+		m.o.stored = false // Receive writes it again once this message is handled (storeOverdue)
+	}
 }
 
 // overdueOf is the reset stored on ss (persistence.MarkResetDue), nil when none is.
