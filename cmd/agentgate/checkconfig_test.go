@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -91,6 +92,13 @@ func TestCheckConfigDataDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	const makeIt = ", which is not there: make that directory, or set another data_dir"
+	// A link that leads back to itself (before: "cannot be reached by this user", as if of a
+	// permission, and its spool directory named as a second problem).
+	loop := filepath.Join(dir, "loop")
+	if err := os.Symlink("loop", loop); err != nil {
+		t.Fatal(err)
+	}
+	const loops = " a symbolic link that leads back to itself (too many levels of symbolic links): point it at a directory, or set another data_dir"
 	for _, tt := range []struct {
 		name, dataDir, want string // want: the problem after `data_dir: "<dataDir>": `; "" is config ok
 	}{
@@ -98,6 +106,8 @@ func TestCheckConfigDataDir(t *testing.T) {
 		{"deeper under a file", filepath.Join(file, "a", "b"), "cannot be made: " + file + " is not a directory"},
 		{"a link to nowhere", link, "cannot be made: it is a symbolic link to " + nowhere + makeIt},
 		{"under a link to nowhere", filepath.Join(link, "a", "b"), "cannot be made: " + link + " is a symbolic link to " + nowhere + makeIt},
+		{"a link that loops", loop, "cannot be reached: it is" + loops},
+		{"under a link that loops", filepath.Join(loop, "a", "b"), "cannot be reached: " + loop + " is" + loops},
 		{"one that can be made", filepath.Join(dir, "new", "data"), ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -129,6 +139,38 @@ func TestCheckConfigDataDir(t *testing.T) {
 				t.Errorf("check-config --data-dir = %v, stderr %q; want an error and stderr %q", err, stderr, problem+"; serve refuses to start with it\n")
 			}
 		})
+	}
+}
+
+// TestMachineChecksNameTheVariables: what check-config finds serve would refuse on this machine
+// names the AGENTGATE_* variables that set the keys it is of, as the configuration's own
+// problems do: a store.dsn outside a data_dir a variable set, and a data_dir a variable set.
+// Before, only serve named them, for check-config made its line before it knew of them.
+func TestMachineChecksNameTheVariables(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dsn := filepath.Join(dir, "nodir", "x.db")
+	path := filepath.Join(dir, "agentgate.yaml")
+	if err := os.WriteFile(path, []byte("store:\n  dsn: "+dsn+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("AGENTGATE_DATA_DIR", filepath.Join(dir, "data"))
+	want := path + ":2: store.dsn: " + strconv.Quote(dsn) + ": its directory " + filepath.Dir(dsn) + " does not exist: create it, or fix the path " +
+		"(serve makes data_dir and directories in it, not one elsewhere that store.dsn names) (data_dir set by AGENTGATE_DATA_DIR)"
+	if _, stderr, err := runCmd(t, "check-config", "--config", path); err == nil || stderr != want+"; serve refuses to start with it\n" {
+		t.Errorf("check-config = %v, stderr %q; want an error and %q", err, stderr, want+"; serve refuses to start with it\n")
+	}
+	if _, _, err := runCmd(t, "serve", "--config", path, "--http-addr", "127.0.0.1:0"); err == nil || err.Error() != want {
+		t.Errorf("serve = %v, want %q", err, want)
+	}
+
+	t.Setenv("AGENTGATE_DATA_DIR", file)
+	want = "data_dir: " + strconv.Quote(file) + ": exists but is not a directory (set by AGENTGATE_DATA_DIR); serve refuses to start with it\n"
+	if _, stderr, err := runCmd(t, "check-config"); err == nil || stderr != want {
+		t.Errorf("check-config = %v, stderr %q; want an error and %q", err, stderr, want)
 	}
 }
 

@@ -107,3 +107,30 @@ func TestCheckConfigDataDirOnReadOnlyMount(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckConfigDataDirInTheKernelsFileSystems: a data_dir in /proc or /sys, or to be made
+// there, is refused by check-config and serve, also as root, whom access(2) lets write there.
+// Before, as root, check-config said "config ok" of /proc/agentgate or /sys/agentgate.
+func TestCheckConfigDataDirInTheKernelsFileSystems(t *testing.T) {
+	for _, d := range []string{"/proc", "/sys"} {
+		if _, ok := kernelFS(d); !ok {
+			t.Skipf("%s is not the kernel's file system here", d)
+		}
+	}
+	const elsewhere = " file system, which holds no files: set another data_dir"
+	for _, tt := range []struct{ dataDir, want string }{
+		{"/proc/agentgate-test/data", "cannot be made: /proc is in the kernel's proc" + elsewhere},
+		{"/sys/agentgate-test", "cannot be made: /sys is in the kernel's sysfs" + elsewhere},
+		{"/proc/self", "is in the kernel's proc" + elsewhere},
+	} {
+		t.Run(tt.dataDir, func(t *testing.T) {
+			problem := fmt.Sprintf("data_dir: %q: %s", tt.dataDir, tt.want)
+			if _, stderr, err := runCmd(t, "check-config", "--data-dir", tt.dataDir); err == nil || stderr != problem+"; serve refuses to start with it\n" {
+				t.Errorf("check-config = %v, stderr %q; want an error and %q", err, stderr, problem+"; serve refuses to start with it\n")
+			}
+			if _, _, err := runCmd(t, "serve", "--data-dir", tt.dataDir, "--http-addr", "127.0.0.1:0"); err == nil || err.Error() != problem {
+				t.Errorf("serve = %v, want %q", err, problem)
+			}
+		})
+	}
+}

@@ -319,7 +319,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// machine, with the file or the PG* variable named, of which the store's Open says only that
 	// the DSN cannot be parsed.
 	cfg, problems, refused := cf.check(func(c *config.Config) []error {
-		return nonNil(dataDirProblem(c.DataDir), spoolDirProblem(c), c.CheckSQLite(), c.CheckPostgres())
+		return nonNil(dirProblem(c), c.CheckSQLite(), c.CheckPostgres())
 	})
 	if problems != nil {
 		return configError(problems)
@@ -532,11 +532,21 @@ func startRefusals(cfg *config.Config) []error {
 			out = append(out, errors.New(r))
 		}
 	}
-	for _, err := range nonNil(dataDirProblem(cfg.DataDir), spoolDirProblem(cfg), cfg.CheckSQLite(), cfg.CheckPostgres(), clusterTLSFiles(cfg.Cluster)) {
-		out = append(out, fmt.Errorf("%w; serve refuses to start with it", err))
+	for _, err := range nonNil(dirProblem(cfg), cfg.CheckSQLite(), cfg.CheckPostgres(), clusterTLSFiles(cfg.Cluster)) {
+		out = append(out, &refusal{err})
 	}
 	return out
 }
+
+// refusal is a problem of startRefusals: err, which serve refuses to start with. Its text is
+// made when it is printed, after config.Check has told err which AGENTGATE_* variables set its
+// keys. Before, it was made at once (fmt.Errorf), and check-config never named them: serve said
+// "(data_dir set by AGENTGATE_DATA_DIR)" of a store.dsn outside data_dir, check-config not.
+type refusal struct{ err error }
+
+func (r *refusal) Error() string { return r.err.Error() + "; serve refuses to start with it" }
+
+func (r *refusal) Unwrap() error { return r.err }
 
 // notice is what check-config tells of a configuration that serve takes: a note (kind "note")
 // or a warning, not a problem. It wraps a *config.FieldError, so that config.Check pins it on
@@ -614,7 +624,9 @@ const wxOK = 0x2 | 0x1
 // symbolic link to a directory that is not there: os.MkdirAll does not make a link's target).
 // Before, check-config said "config ok" of these, and serve failed only where it made the
 // database or took the directory's lock; of a dangling link, until it was checked here too:
-// "mkdir data: file exists" (found by a review).
+// "mkdir data: file exists" (found by a review). Nor may it be in the kernel's /proc or /sys
+// (kernelFS), which root passes access(2)'s test of, nor on a path whose symbolic links loop,
+// which before was said to be one this user "cannot reach".
 func dataDirProblem(dir string) error {
 	if dir == "" {
 		return nil // (required, which validation says)
@@ -628,15 +640,21 @@ func dataDirProblem(dir string) error {
 		}
 		return "give it to the daemon's user, or set another data_dir"
 	}
+	const elsewhere = ", which holds no files: set another data_dir"
 	fi, err := os.Stat(dir)
 	switch {
 	case err == nil && !fi.IsDir():
 		return problem("exists but is not a directory")
 	case err == nil:
+		if name, ok := kernelFS(dir); ok {
+			return problem("is in the kernel's %s file system%s", name, elsewhere)
+		}
 		if err := syscall.Access(dir, wxOK); err != nil {
 			return problem("is not writable by this user, uid %d (%v): %s", os.Getuid(), err, fix(err))
 		}
 		return nil
+	case errors.Is(err, syscall.ELOOP):
+		return problem("cannot be reached: %s", linkLoop(dir))
 	case !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR):
 		return problem("cannot be reached by this user, uid %d: %v", os.Getuid(), err)
 	}
@@ -649,10 +667,15 @@ func dataDirProblem(dir string) error {
 		case err == nil && !fi.IsDir():
 			return problem("cannot be made: %s is not a directory", d)
 		case err == nil:
+			if name, ok := kernelFS(d); ok {
+				return problem("cannot be made: %s is in the kernel's %s file system%s", d, name, elsewhere)
+			}
 			if err := syscall.Access(d, wxOK); err != nil {
 				return problem("cannot be made: %s is not writable by this user, uid %d (%v): %s", d, os.Getuid(), err, fix(err))
 			}
 			return nil
+		case errors.Is(err, syscall.ELOOP):
+			return problem("cannot be made: %s", linkLoop(d))
 		case !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR):
 			return problem("cannot be made by this user, uid %d: %v", os.Getuid(), err)
 		}
@@ -663,6 +686,26 @@ func dataDirProblem(dir string) error {
 			return nil
 		}
 	}
+}
+
+// linkLoop says which symbolic link on path, whose os.Stat fails with ELOOP, loops: the first
+// one from the root whose own os.Stat does.
+func linkLoop(path string) string {
+	path = filepath.Clean(path)
+	at := path
+	for d := path; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); errors.Is(err, syscall.ELOOP) {
+			at = d
+		}
+		if d == filepath.Dir(d) {
+			break
+		}
+	}
+	which := at + " is a symbolic link"
+	if at == path {
+		which = "it is a symbolic link"
+	}
+	return which + " that leads back to itself (too many levels of symbolic links): point it at a directory, or set another data_dir"
 }
 
 // danglingLink reports whether path, which os.Stat does not find, is a symbolic link (whose
@@ -681,6 +724,16 @@ func danglingLink(path string) (target string, ok bool) {
 		target = filepath.Join(filepath.Dir(path), target)
 	}
 	return target, true
+}
+
+// dirProblem is dataDirProblem of cfg's data_dir, or when there is none, spoolDirProblem: the
+// spool is in data_dir, and a data_dir serve cannot use said so twice (of a loop of symbolic
+// links: "cannot be reached", then "its spool directory cannot be reached").
+func dirProblem(cfg *config.Config) error {
+	if err := dataDirProblem(cfg.DataDir); err != nil {
+		return err
+	}
+	return spoolDirProblem(cfg)
 }
 
 // spoolDirProblem returns why serve could not use the spool directory of cfg's data_dir, which
@@ -720,11 +773,15 @@ func spoolDirProblem(cfg *config.Config) error {
 // the store.
 func clusterTLSFiles(cl config.Cluster) error {
 	t := cl.TLS
-	if !cl.Enabled || t.CertFile == "" {
-		return nil // no TLS (validation has it that all three files are set, or none)
+	if !cl.Enabled || t.CertFile == "" || t.KeyFile == "" || t.CAFile == "" {
+		// No TLS, or some of its files unset, which validation says: read, the files that are
+		// set made a second problem of the same mistake ("load cert.pem and : open : no such
+		// file or directory").
+		return nil
 	}
 	if _, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile); err != nil {
-		return &config.FieldError{Field: "cluster.tls", Err: fmt.Errorf("load %s and %s: %w", t.CertFile, t.KeyFile, err)}
+		return (&config.FieldError{Field: "cluster.tls", Err: fmt.Errorf("load %s and %s: %w", t.CertFile, t.KeyFile, err)}).
+			Between("cluster.tls.cert_file", "cluster.tls.key_file")
 	}
 	caPEM, err := os.ReadFile(t.CAFile)
 	if err != nil {

@@ -281,6 +281,18 @@ func TestCheckConfig(t *testing.T) {
 		}
 	})
 
+	t.Run("a half-configured cluster TLS is one problem", func(t *testing.T) {
+		// Before, the files that are set were read too, for a second problem of the same
+		// mistake: "cluster.tls: load /etc/member.pem and : open /etc/member.pem: no such file".
+		path := write("tls-half.yaml", "data_dir: "+dir+"\nstore: {driver: postgres, dsn: \"postgres://db.invalid/agentgate?search_path=public\"}\n"+
+			"cluster:\n  enabled: true\n  tls: {cert_file: "+filepath.Join(dir, "gone.pem")+"}\n")
+		want := fmt.Sprintf("%s:5: cluster.tls: \"cert_file \\\"%s\\\", key_file \\\"\\\", ca_file \\\"\\\"\": set all three files (mutual TLS) or none\n",
+			path, filepath.Join(dir, "gone.pem"))
+		if _, stderr, err := check(t, "--config", path); err == nil || err.Error() != "config has 1 problem(s)" || stderr != want {
+			t.Errorf("check-config = %v, stderr %q; want one problem, %q", err, stderr, want)
+		}
+	})
+
 	cert, key, ca := mustClusterFiles(t, dir)
 	cluster := func(name, cert, key, ca string) string {
 		return write(name, "data_dir: "+dir+"\nstore: {driver: postgres, dsn: \"postgres://db.invalid/agentgate?search_path=public\"}\n"+

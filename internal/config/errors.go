@@ -38,6 +38,14 @@ type FieldError struct {
 	env []string
 }
 
+// Between makes e a problem between its Field and keys, and returns it: like validation's
+// problems between keys, it names the AGENTGATE_* variables that set them (Check). For the
+// checks of this machine made outside this package (check-config's of the cluster's TLS files).
+func (e *FieldError) Between(keys ...string) *FieldError {
+	e.others = append(e.others, keys...)
+	return e
+}
+
 // Error formats the problem as `field: value: reason`, omitting a nil Value, and names the
 // variables the values came from at the end: `field: value: reason (set by AGENTGATE_…)`, or
 // `(set by AGENTGATE_…, other.key set by AGENTGATE_…)` for a problem between keys.

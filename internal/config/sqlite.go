@@ -35,7 +35,8 @@ func (c *Config) CheckSQLite() error {
 	if strings.HasPrefix(c.Store.DSN, "file:") {
 		reason += `; for SQLite, store.dsn is the database file's path, not a file: URI`
 	}
-	return &FieldError{Field: "store.dsn", Value: c.Store.DSN, Err: errors.New(reason)}
+	// Of data_dir too, which store.dsn lies outside: a variable that set it is named (Check).
+	return &FieldError{Field: "store.dsn", Value: c.Store.DSN, Err: errors.New(reason), others: []string{"data_dir"}}
 }
 
 // NewSQLiteDatabase returns, when the store is SQLite and there is no database at its path
