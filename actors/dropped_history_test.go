@@ -13,7 +13,7 @@ import (
 // the turn /stop cancels, or behind the one /new ends) is not part of the conversation: the
 // live session never gives it to its agent, and neither does one loaded again from the store,
 // after a restart (here a passivation, which reads the same rows) or a /resume of the session
-// it was sent in. The cancelled turn's message stays, as the README says. Before, the dropped
+// it was sent in. The cancelled turn's message stays, as docs/HTTP-API.md says (the transcript). Before, the dropped
 // message was stored failed, as the cancelled one, and every reload put it back in the
 // history (found by an exec agent's walkthrough on a real daemon).
 func TestDroppedMessagesStayOutOfReloadedHistory(t *testing.T) {

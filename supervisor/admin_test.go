@@ -146,7 +146,7 @@ func TestTranscriptThroughTheDaemon(t *testing.T) {
 }
 
 // TestListSessionsNextOnlyWhileMoreFollow: GET /v1/sessions says "next" while more sessions
-// follow, and not on a page that ends at the last one (README: a client pages until there is
+// follow, and not on a page that ends at the last one (docs/HTTP-API.md: a client pages until there is
 // no next, and a full last page once sent it to one more, empty, page). The state filter's
 // pages end the same way.
 func TestListSessionsNextOnlyWhileMoreFollow(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	httpplatform "github.com/agentgate/agentgate/platforms/http"
 )
 
-// TestThreadIDKeysOverHTTP pins what README says thread_id does (DESIGN §3's key,
+// TestThreadIDKeysOverHTTP pins what docs/HTTP-API.md says thread_id does (DESIGN §3's key,
 // agent:<profile>:<platform>:<chat_type>:<chat_id>[:<thread_id>][:<user_id>]): in a dm it keys a
 // session of its own beside the DM's, shared like the DM; in a group it keys the thread's
 // session, shared by its users (thread_sessions_per_user: false), where the group's own are

@@ -366,8 +366,14 @@ func TestRenewalPastTTLAfterAnOutageLeavesANote(t *testing.T) {
 				p.notes = dir
 				view := memberView{blocked: func(string) bool { return false }, update: func(cluster.Members) {}}
 				go p.renew(view, start)
-				if err := <-lost; !strings.Contains(err.Error(), "between renewals, past member_ttl") {
-					t.Errorf("lost: %v, want a renewal past member_ttl named", err)
+				select {
+				case err := <-lost:
+					if !strings.Contains(err.Error(), "between renewals, past member_ttl") {
+						t.Errorf("lost: %v, want a renewal past member_ttl named", err)
+					}
+				case <-time.After(30 * time.Second):
+					_ = p.Shutdown(false)
+					t.Errorf("the member kept its membership 30s on; want it lost for a renewal past member_ttl")
 				}
 				<-p.done
 			})

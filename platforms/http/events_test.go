@@ -172,7 +172,7 @@ func TestEventsResumePoint(t *testing.T) {
 		{"header wins over query", "2", "?after=1", 3, ""},
 		{"invalid header", "abc", "", 0, CodeInvalidEventID},
 		{"negative header", "-1", "", 0, CodeInvalidEventID},
-		// A bad query parameter is an invalid_query, as README says of a bad after (and as a
+		// A bad query parameter is an invalid_query, as docs/HTTP-API.md says of a bad after (and as a
 		// bad after is on every other route); only the header's is an invalid_last_event_id.
 		{"invalid after", "", "?after=x", 0, CodeInvalidQuery},
 		{"negative after", "", "?after=-1", 0, CodeInvalidQuery},
@@ -186,7 +186,7 @@ func TestEventsResumePoint(t *testing.T) {
 		{"a polyfill's lastEventId", "", "?lastEventId=2", 3, ""},
 		{"a polyfill's lastEventId wins over after", "", "?after=1&lastEventId=2", 3, ""},
 		{"the header wins over lastEventId", "2", "?lastEventId=1", 3, ""},
-		// As README says: what does not win is not read as an id.
+		// As docs/HTTP-API.md says: what does not win is not read as an id.
 		{"the header wins over a bad after", "2", "?after=x", 3, ""},
 		{"invalid lastEventId", "", "?lastEventId=x", 0, CodeInvalidQuery},
 	}

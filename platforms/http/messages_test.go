@@ -662,7 +662,7 @@ func TestUnstoredMessagesAreNotLoggedEachTime(t *testing.T) {
 }
 
 // TestWaitTooLongForADurationIsTheMaximum: a wait too long for a time.Duration (292 years) is
-// a longer wait than 5m like any other, read as 5m, as README says: the answer waits for the
+// a longer wait than 5m like any other, read as 5m, as docs/HTTP-API.md says: the answer waits for the
 // turn's end. One that is negative, or no duration, is still a 400 invalid_wait that says
 // which. Before, time.ParseDuration's overflow made ?wait=100000000000000h a 400 saying it
 // "must be a non-negative Go duration".

@@ -58,7 +58,7 @@ func queryLimit(q url.Values, def, maxLimit int) (int, *apiError) {
 	n, err := strconv.Atoi(v)
 	if errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(v, "-") {
 		// A positive integer too large for an int is a larger limit like any other, read
-		// as the maximum, as README promises: it is no less a number for its length.
+		// as the maximum, as docs/HTTP-API.md promises: it is no less a number for its length.
 		n, err = maxLimit, nil
 	}
 	if err != nil || n < 1 {

@@ -404,7 +404,7 @@ func checkNothingReached(t *testing.T, sessions *fakeSessions, rt *fakeRuntime) 
 }
 
 // TestLimitTooLargeForAnIntIsTheMaximum: a limit too large for an int is a larger limit like
-// any other, read as the most (1000), on every route that takes one, as README says; a
+// any other, read as the most (1000), on every route that takes one, as docs/HTTP-API.md says; a
 // negative one or one that is no integer is still refused. Before, strconv.Atoi's overflow
 // made ?limit=99999999999999999999 a 400 "limit must be a positive integer".
 func TestLimitTooLargeForAnIntIsTheMaximum(t *testing.T) {
