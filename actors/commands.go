@@ -238,7 +238,8 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 			if created && s.cur != nil && s.cur.ID == sid {
 				s.cur = nil
 			}
-			r := s.result(m, "", sessionOf(sid, err))
+			r := s.result(m, "", sid)
+			r.SessionId = sessionOf(sid, err)
 			if errorsIsDuplicate(err) {
 				r.Disposition = platforms.Duplicate
 			} else {

@@ -344,8 +344,8 @@ func TestWritesBehindARefusedBeginningAreOutageRefusals(t *testing.T) {
 				s2 := w.request("s2", "/status")
 				synctest.Wait()
 				close(g.open)
-				if res, err := b.Result(); err != nil || res.(*DeliverResult).ErrorCode != ErrCodeUnavailable {
-					t.Fatalf("%s: %v %v, want unavailable", tt.begin, res, err)
+				if res, err := b.Result(); err != nil || res.(*DeliverResult).ErrorCode != ErrCodeUnavailable || res.(*DeliverResult).SessionId != "" {
+					t.Fatalf("%s: %v %v, want unavailable, in no session", tt.begin, res, err)
 				}
 				for id, f := range map[string]*actor.Future{"m2": m2, "s2": s2} {
 					res, err := f.Result()

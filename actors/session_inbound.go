@@ -666,7 +666,8 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 		s.seen.remove(m.MessageId)
 		s.rememberUnsure(it)
 		s.logRefusedInbound(err, m.MessageId, it.seq)
-		r := s.result(m, "", sessionOf(it.sessionID, err))
+		r := s.result(m, "", "")
+		r.SessionId = sessionOf(r.SessionId, err)
 		// The cause, for the platform's line (platforms.ErrUnavailable says the rest). Before,
 		// "message could not be stored" here made it say so twice, and nothing of why.
 		r.ErrorCode, r.Error = "unavailable", err.Error()
