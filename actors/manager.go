@@ -86,6 +86,12 @@ type SessionManager struct {
 	// waiters, the managers of other members waiting for this one to let go of a key (Release).
 	activating map[string]*activation
 	waiters    map[string][]waiter
+	// strangers are the managers of members this one's view does not list that asked it to let
+	// go of a key while it held nothing of it, by key (onRelease): this member's own activation
+	// of the key asks them too (activate). prunedStrangers is when those older than strangerFor
+	// were last dropped.
+	strangers       map[string][]waiter
+	prunedStrangers time.Time
 	// activations numbers the activations that ask the other members to let go (Release).
 	activations uint64
 	// listFails counts the failed listings of the recoverable keys since the last one that
@@ -366,6 +372,7 @@ func (m *SessionManager) start(c actor.Context) {
 	m.quieted = map[string]bool{}
 	m.activating = map[string]*activation{}
 	m.waiters = map[string][]waiter{}
+	m.strangers = map[string][]waiter{}
 	m.idle = list.New()
 	m.idleAt = map[string]*list.Element{}
 	m.evicting = map[string]bool{}

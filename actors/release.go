@@ -112,6 +112,16 @@ func (m *SessionManager) activate(c actor.Context, key string, recovered bool, r
 	for _, p := range peers {
 		a.asked[p.String()] = p
 	}
+	// Members this one's view does not list yet that asked for the key before this activation
+	// began (rememberStranger): asked once, here, and then forgotten.
+	var strangers []*actor.PID
+	for _, w := range m.strangersOf(key) {
+		if k := w.pid.String(); a.asked[k] == nil && !w.pid.Equal(m.d.Placement.Self()) {
+			a.asked[k] = w.pid
+			strangers = append(strangers, w.pid)
+		}
+	}
+	delete(m.strangers, key)
 	m.activating[key] = a
 	for _, r := range rs {
 		m.whileActivating(c, key, a, r)
@@ -120,6 +130,56 @@ func (m *SessionManager) activate(c actor.Context, key string, recovered bool, r
 	for _, p := range peers {
 		m.askRelease(c, key, a, p)
 	}
+	for _, p := range strangers {
+		m.log.Info("a member this one does not know yet asked for the session before; asking it to let go too",
+			"session", key, "member", p.Address)
+		m.askRelease(c, key, a, p)
+	}
+}
+
+// strangerFor is how long a manager remembers a member its view does not list that asked it to
+// let go of a key (rememberStranger). A member's view lists one that joined from its next
+// renewal (member_ttl/3) on; one still missing after this long has gone, or this member has
+// stopped renewing and leaves.
+const strangerFor = waiterGone
+
+// rememberStranger notes that asker, the manager of a member this member's view does not list,
+// asked to let go of key while this member held nothing of it. The asker activates the key, and
+// may wait for a third member that runs it (a member leaving, or one the key moved from). If
+// this member activates the key before its view lists the asker, it must ask the asker too:
+// otherwise the third member's "let go" reaches both, and both claim the key (the agent ran
+// twice, the first run's result fenced: TestActivationAsksAMemberThatAskedItBefore). The store
+// names no holder then: the asker has not claimed the key yet. An asker this member's view
+// lists is asked as a peer anyway.
+func (m *SessionManager) rememberStranger(key string, asker *actor.PID, activation uint64) {
+	if asker.Equal(m.d.Placement.Self()) || slices.ContainsFunc(m.d.Placement.Peers(), asker.Equal) {
+		return
+	}
+	now := time.Now()
+	if now.Sub(m.prunedStrangers) >= strangerFor {
+		m.prunedStrangers = now
+		for k := range m.strangers {
+			m.strangersOf(k)
+		}
+	}
+	ws := m.strangers[key]
+	if i := slices.IndexFunc(ws, func(w waiter) bool { return w.pid.Equal(asker) }); i >= 0 {
+		ws[i].activation, ws[i].asked = activation, now
+		return
+	}
+	m.strangers[key] = append(ws, waiter{pid: asker, activation: activation, asked: now})
+}
+
+// strangersOf returns the members remembered for key (rememberStranger) within strangerFor,
+// and forgets those older.
+func (m *SessionManager) strangersOf(key string) []waiter {
+	ws := slices.DeleteFunc(m.strangers[key], func(w waiter) bool { return time.Since(w.asked) >= strangerFor })
+	if len(ws) == 0 {
+		delete(m.strangers, key)
+		return nil
+	}
+	m.strangers[key] = ws
+	return ws
 }
 
 // lookUpHolder looks up the holder of key in the store, off the actor, and asks it to let go
@@ -362,7 +422,11 @@ func (m *SessionManager) onRelease(c actor.Context, r *Release) {
 	c.Respond(&Released{Key: r.Key, Address: me.Address, Id: me.Id, Holding: holds, Activation: r.Activation})
 	if !holds {
 		k := asker.String()
-		if a != nil && a.asked[k] == nil && a.askedBack[k] != r.Activation && !asker.Equal(me) {
+		if a == nil {
+			m.rememberStranger(r.Key, asker, r.Activation)
+			return
+		}
+		if a.asked[k] == nil && a.askedBack[k] != r.Activation && !asker.Equal(me) {
 			// The asker activates the key too, and this activation is not waiting for it (it
 			// is no peer, or it let go before it began): it may claim the key first, and this
 			// claim would fence its session. So it is asked too; it holds the key when it got
