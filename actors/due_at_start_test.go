@@ -233,18 +233,7 @@ func TestResetDueWhileTheSessionWorksOutlivesAStop(t *testing.T) {
 		daily := dailyClock(&clock)
 		path := filepath.Join(t.TempDir(), "agentgate.db")
 		release0 := make(chan struct{})
-		w := newManagerWorldAt(t, path, agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			gate := release0
-			if req.Identity.MessageID == "m1" {
-				gate = nil // m1 runs until the stop
-			}
-			select {
-			case <-gate:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-			return &agents.Response{Text: "re " + req.Identity.MessageID}, nil
-		}), daily)
+		w := newManagerWorldAt(t, path, heldUntil(release0), daily)
 		m0 := w.deliver(t, "m0", "slow")
 		w.deliver(t, "m1", "queued")
 		synctest.Wait()
@@ -289,18 +278,7 @@ func TestRefusedResetDueMarkIsWrittenAgain(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "agentgate.db")
 		release0 := make(chan struct{})
 		var refusing atomic.Bool
-		w := newManagerWorldWith(t, path, agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			gate := release0
-			if req.Identity.MessageID == "m1" {
-				gate = nil // m1 runs until the stop
-			}
-			select {
-			case <-gate:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-			return &agents.Response{Text: "re " + req.Identity.MessageID}, nil
-		}), daily, func(s persistence.Store) persistence.Store {
+		w := newManagerWorldWith(t, path, heldUntil(release0), daily, func(s persistence.Store) persistence.Store {
 			return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
 				_, ok := op.(*persistence.MarkResetDue)
 				return ok && refusing.Load()
@@ -335,5 +313,22 @@ func TestRefusedResetDueMarkIsWrittenAgain(t *testing.T) {
 		}
 		synctest.Wait()
 		w2.checkEndedAt4(t, m0.SessionId, "once m1 ran after the restart")
+	})
+}
+
+// heldUntil is an agent that answers "re ID" once release is closed, except for m1, which runs
+// until its context ends (a stop).
+func heldUntil(release chan struct{}) agents.Agent {
+	return agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		gate := release
+		if req.Identity.MessageID == "m1" {
+			gate = nil // m1 runs until the stop
+		}
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return &agents.Response{Text: "re " + req.Identity.MessageID}, nil
 	})
 }

@@ -3,7 +3,6 @@ package supervisor
 import (
 	"bufio"
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +20,7 @@ import (
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/identity"
+	agtest "github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
@@ -237,37 +237,11 @@ func TestDatabaseAndSpoolFailingRefusesExplicitly(t *testing.T) {
 	}
 }
 
-// lockDatabase takes the database's write lock from outside the daemon (BEGIN EXCLUSIVE on a
-// connection of its own), so the daemon's writes fail as unavailable; unlock releases it and is
-// safe to call twice.
+// lockDatabase takes the database's write lock from outside the daemon, so the daemon's writes
+// fail as unavailable; unlock releases it and is safe to call twice.
 func (r *runtime) lockDatabase(t *testing.T) (unlock func()) {
 	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+r.d.cfg.DSN()+"?_pragma=busy_timeout(10000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := db.Conn(t.Context())
-	if err != nil {
-		db.Close()
-		t.Fatal(err)
-	}
-	if _, err := conn.ExecContext(t.Context(), "BEGIN EXCLUSIVE"); err != nil {
-		conn.Close()
-		db.Close()
-		t.Fatalf("take the database lock: %v", err)
-	}
-	var once sync.Once
-	unlock = func() {
-		once.Do(func() {
-			if _, err := conn.ExecContext(context.Background(), "ROLLBACK"); err != nil {
-				t.Errorf("release the database lock: %v", err)
-			}
-			conn.Close()
-			db.Close()
-		})
-	}
-	t.Cleanup(unlock)
-	return unlock
+	return agtest.LockSQLite(t, r.d.cfg.DSN())
 }
 
 // fillDisk makes r's disk full: the database (o) refuses writes, and the spool cannot be

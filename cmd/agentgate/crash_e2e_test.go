@@ -45,34 +45,25 @@ const poisonAgent = `AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'case "$AGENTGATE_MES
 func poisonCrashLoop(t *testing.T, told string, serve func() *daemon) *daemon {
 	t.Helper()
 	const key = "agent:main:http:dm:c1"
-	running := func(d *daemon) {
-		t.Helper()
-		waitFor(t, 30*time.Second, func() bool {
-			_, body := get(t, d.base+"/v1/sessions/"+key)
-			// The agent's command runs: a struck message's turn starts its agent only once
-			// its mark is stored, and a stop before that does not count against it.
-			return strings.Contains(body, `"running_turn_id":"t_`) && agentsRunning(d) > 0
-		})
-	}
 
 	d := serve()
 	status, ack := post(t, d.base+"/v1/messages", "", `{"chat_id":"c1","user_id":"u1","text":"poison","message_id":"poison-1"}`)
 	if status != http.StatusAccepted || ack["session_key"] != key {
 		t.Fatalf("POST = %d %v, want 202 for %s", status, ack, key)
 	}
-	running(d)
+	waitAgentRunning(t, d, key)
 	d.kill(t) // unclean stop 1
 
 	d = serve()
-	running(d) // recovered and run again
+	waitAgentRunning(t, d, key) // recovered and run again
 	if err := d.stop(t, 30*time.Second); err != nil {
 		t.Fatalf("exit after SIGTERM: %v, want 0\n%s", err, d.stderr.String())
 	}
 
 	for range 2 {
 		d = serve()
-		running(d) // not quarantined yet: the clean stop did not count
-		d.kill(t)  // unclean stops 2 and 3
+		waitAgentRunning(t, d, key) // not quarantined yet: the clean stop did not count
+		d.kill(t)                   // unclean stops 2 and 3
 	}
 
 	d = serve()
@@ -249,6 +240,17 @@ func TestWaitingForAnAgentSlotIsNoSuspect(t *testing.T) {
 	if err := d.stop(t, 30*time.Second); err != nil {
 		t.Errorf("exit after SIGTERM: %v, want 0", err)
 	}
+}
+
+// waitAgentRunning waits until key's session on d runs a turn and its agent's command runs: a
+// struck message's turn starts its agent only once its mark is stored, and a stop before that
+// does not count against it.
+func waitAgentRunning(t *testing.T, d *daemon, key string) {
+	t.Helper()
+	waitFor(t, 30*time.Second, func() bool {
+		_, body := get(t, d.base+"/v1/sessions/"+key)
+		return strings.Contains(body, `"running_turn_id":"t_`) && agentsRunning(d) > 0
+	})
 }
 
 // agentsRunning counts the live child processes of d: the exec agent's commands that run.

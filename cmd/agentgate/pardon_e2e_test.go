@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
@@ -38,14 +39,6 @@ func TestSessionsPardonReplaysTheSpoolFirst(t *testing.T) {
 		return MustServe(t, dataDir, "AGENTGATE_AGENT_BACKEND=exec", "AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=100ms", "PARDON_CURE="+cure, agent)
 	}
 	const key, key2 = "agent:main:http:dm:c1", "agent:main:http:dm:c2"
-	running := func(d *daemon) {
-		t.Helper()
-		waitFor(t, 30*time.Second, func() bool {
-			_, body := get(t, d.base+"/v1/sessions/"+key)
-			// Its agent's command runs: a suspect's turn starts it only once its mark is stored.
-			return strings.Contains(body, `"running_turn_id":"t_`) && agentsRunning(d) > 0
-		})
-	}
 
 	d := serve()
 	if status, ack := post(t, d.base+"/v1/messages", "", `{"chat_id":"c1","user_id":"u1","text":"poison","message_id":"poison-1"}`); status != http.StatusAccepted {
@@ -55,9 +48,9 @@ func TestSessionsPardonReplaysTheSpoolFirst(t *testing.T) {
 		if stop > 0 {
 			d = serve()
 		}
-		running(d) // at the third start, on probation
+		waitAgentRunning(t, d, key) // at the third start, on probation
 		if stop == 2 {
-			unlock := lockSQLite(t, dbPath)
+			unlock := testutil.LockSQLite(t, dbPath)
 			status, res := post(t, d.base+"/v1/messages?wait=30s", "", `{"chat_id":"c2","user_id":"u2","text":"hello","message_id":"m2"}`)
 			if replies, _ := res["replies"].([]any); status != http.StatusOK || len(replies) != 1 || replies[0].(map[string]any)["text"] != "answered m2" {
 				t.Fatalf("POST ?wait with the database locked = %d %v, want 200 with the answer to m2", status, res)

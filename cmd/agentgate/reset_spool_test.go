@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
@@ -134,7 +135,7 @@ func TestSessionsResetReplaysTheSpool(t *testing.T) {
 	// The database refusing writes (another process holds its write lock): nothing replayed,
 	// nothing reset. It waits out the store's busy timeout.
 	if !testing.Short() {
-		unlock := lockSQLite(t, path)
+		unlock := testutil.LockSQLite(t, path)
 		out, _, err = runSessions(t, "reset", "--data-dir", dir, keyA)
 		if w := "reset " + keyA + ": replayed 0 of the 3 batch(es) of writes waiting in " + spoolDir + " into the database, then: "; err == nil ||
 			!strings.HasPrefix(err.Error(), w) || !strings.HasSuffix(err.Error(), "; the 3 left wait there for the next start, or the next reset (nothing was reset)") || out != "" {
@@ -224,7 +225,7 @@ func TestSessionsResetReplaysTheSpoolFirst(t *testing.T) {
 
 	d := serve()
 	first := ask(d, "m1")
-	unlock := lockSQLite(t, dbPath)
+	unlock := testutil.LockSQLite(t, dbPath)
 	ask(d, "m2")
 	if status, ack := post(t, d.base+"/v1/messages", "", `{"chat_id":"c1","user_id":"u1","text":"slowly","message_id":"slow-3"}`); status != http.StatusAccepted {
 		t.Fatalf("POST slow-3 = %d %v, want 202", status, ack)

@@ -2,17 +2,16 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
@@ -199,7 +198,7 @@ func TestSessionsPardonReplaysTheSpool(t *testing.T) {
 	// The database refusing writes (another process holds its write lock): nothing replayed,
 	// nothing pardoned. It waits out the store's busy timeout.
 	if !testing.Short() {
-		unlock := lockSQLite(t, path)
+		unlock := testutil.LockSQLite(t, path)
 		out, _, err = runSessions(t, "pardon", "--data-dir", dir, keyA)
 		if w := "sessions pardon: replayed 0 of the 3 batch(es) of writes waiting in " + spoolDir + " into the database, then: "; err == nil ||
 			!strings.HasPrefix(err.Error(), w) || !strings.HasSuffix(err.Error(), "; the 3 left wait there for the next start, or the next pardon (nothing was pardoned)") || out != "" {
@@ -239,37 +238,4 @@ func TestSessionsPardonReplaysTheSpool(t *testing.T) {
 	if out, errOut := MustRunSessions(t, "pardon", "--all", "--data-dir", dir); out != "pardoned 0 message(s) in 0 session(s)\n" || strings.Contains(errOut, "spool") {
 		t.Errorf("pardon --all with an empty spool printed %q, stderr %q; want nothing pardoned, no word of the spool", out, errOut)
 	}
-}
-
-// lockSQLite takes the write lock of the SQLite database at path from a connection of its own
-// (BEGIN EXCLUSIVE), as a sqlite3 shell would: the store's writes then wait out its busy
-// timeout and fail as unavailable. unlock releases it, and is safe to call twice.
-func lockSQLite(t *testing.T, path string) (unlock func()) {
-	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := db.Conn(t.Context())
-	if err != nil {
-		db.Close()
-		t.Fatal(err)
-	}
-	if _, err := conn.ExecContext(t.Context(), "BEGIN EXCLUSIVE"); err != nil {
-		conn.Close()
-		db.Close()
-		t.Fatalf("take the database lock: %v", err)
-	}
-	var once sync.Once
-	unlock = func() {
-		once.Do(func() {
-			if _, err := conn.ExecContext(context.Background(), "ROLLBACK"); err != nil {
-				t.Errorf("release the database lock: %v", err)
-			}
-			conn.Close()
-			db.Close()
-		})
-	}
-	t.Cleanup(unlock)
-	return unlock
 }
