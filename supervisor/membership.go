@@ -25,6 +25,7 @@ type memberStore interface {
 	Holder(ctx context.Context, cluster, key string, ttl time.Duration) (postgres.Member, bool, error)
 	Strangers(ctx context.Context, cluster, id string, ttl time.Duration) ([]postgres.Member, error)
 	RecordSelfStops(ctx context.Context, cluster string, nodes []string) (int, error)
+	Clock(ctx context.Context) (time.Time, error)
 }
 
 // storeMembership is cluster mode's protoactor ClusterProvider. Every member registers in the
@@ -79,6 +80,8 @@ type storeMembership struct {
 	// compares it with elapsed to see it stepped ahead (clockStepLimit). A test sets it to
 	// simulate a step.
 	wall func() time.Time
+	// watchers are the goroutines besides renew that end when the member stops (watchClock).
+	watchers sync.WaitGroup
 }
 
 // elapsedClock returns a reading of the time passed since it was made, suspends of the host
@@ -137,6 +140,8 @@ func (p *storeMembership) StartMember(c *cluster.Cluster) error {
 	v := viewOf(c)
 	v.publish(live)
 	go p.renew(v, began)
+	p.watchers.Add(1)
+	go p.watchClock()
 	return nil
 }
 
@@ -308,6 +313,7 @@ func (p *storeMembership) StartClient(*cluster.Cluster) error {
 func (p *storeMembership) Shutdown(bool) error {
 	p.once.Do(func() { close(p.stop) })
 	<-p.done
+	p.watchers.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), p.ttl)
 	defer cancel()
 	return p.store.Leave(ctx, p.name, p.me.ID)

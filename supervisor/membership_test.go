@@ -44,6 +44,8 @@ func (s *stalledHeartbeat) RecordSelfStops(context.Context, string, []string) (i
 	return 0, nil
 }
 
+func (s *stalledHeartbeat) Clock(context.Context) (time.Time, error) { return time.Now(), nil }
+
 func (s *stalledHeartbeat) Strangers(context.Context, string, string, time.Duration) ([]postgres.Member, error) {
 	return nil, nil
 }

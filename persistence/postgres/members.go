@@ -291,3 +291,19 @@ func (s *Store) Holder(ctx context.Context, cluster, key string, ttl time.Durati
 	}
 	return m, true, nil
 }
+
+// Clock returns the database server's clock (clock_timestamp()): the one clock every member of
+// a cluster reads the same, which judges their registrations. A member compares its own with it
+// (supervisor's clock watch).
+func (s *Store) Clock(ctx context.Context) (time.Time, error) {
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read the database's clock: %w", err)
+	}
+	defer done()
+	var t time.Time
+	if err := s.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&t); err != nil {
+		return time.Time{}, fmt.Errorf("read the database's clock: %w", s.explain(ctx, err))
+	}
+	return t, nil
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -489,5 +490,24 @@ func TestStrangers(t *testing.T) {
 	}
 	if got := strangers("staging", "s1"); got != "[old/o1 prod/p2]" {
 		t.Errorf("p1 expired: Strangers(staging, s1) = %s, want [old/o1 prod/p2]", got)
+	}
+}
+
+// TestClockReadsTheServersClock: Clock returns the database server's clock, which on this host
+// is this process's (to the server's microseconds), and fails on a closed store.
+func TestClockReadsTheServersClock(t *testing.T) {
+	s, _ := MustOpen(t)
+	before := time.Now()
+	got, err := s.Clock(context.Background())
+	after := time.Now()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Before(before.Add(-time.Millisecond)) || got.After(after.Add(time.Millisecond)) {
+		t.Errorf("Clock: %v, want between %v and %v", got, before, after)
+	}
+	s.Close()
+	if _, err := s.Clock(context.Background()); err == nil || !strings.Contains(err.Error(), "database's clock") {
+		t.Errorf("Clock on a closed store: %v, want an error naming the clock", err)
 	}
 }
