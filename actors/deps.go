@@ -207,7 +207,8 @@ type Deps struct {
 	// that floods logs one for each message.
 	queueFull logging.Limiter
 	// probationWaits limits the line of sessions whose suspect message begins to wait for
-	// probation (Session.logWaiting): after an unclean stop during a backlog, every chat's.
+	// probation (Probation.logWaiting): after an unclean stop during a backlog, every chat's.
+	// Here, not in Probation, so that a restart of Probation loses no count.
 	probationWaits logging.Limiter
 	// recoveryNotices limits the line of sessions whose pending messages a start answers with a
 	// notice (Session.logNoticed): after a backlog, every chat's.

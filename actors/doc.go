@@ -18,7 +18,8 @@
 //     Probation.
 //     Acknowledges a message only once it is durable.
 //   - Probation (top level, "probation"; a single daemon's only): askProbation and endProbation
-//     from sessions, and Terminated of the sessions it watches. Grants its one token in request
+//     from sessions, Terminated of the sessions it watches, and its own waitsDue tick (the
+//     limited line of the sessions that began to wait). Grants its one token in request
 //     order to sessions whose next message is a suspect (the daemon's unclean stops counted
 //     against it ProbationAfter times; probationGranted), so that suspects run one at a time.
 //   - Turn (top level, "turn-<n>", spawned by a Session): runTurn (and startAgent when it must

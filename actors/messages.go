@@ -146,13 +146,15 @@ type probationLost struct{ id string }
 
 // Received by Probation.
 
-// askProbation asks for the probation token for a session's suspect message (the key and
-// message id are for the logs). The answer is a probationGranted with the same id.
+// askProbation asks for the probation token for a session's suspect message (the key, the
+// message id and its strikes are for the logs). The answer is a probationGranted with the same
+// id.
 type askProbation struct {
 	id      string
 	session *actor.PID
 	key     string
 	message string
+	strikes string // as against QuarantineAfter: "2/3"
 }
 
 // endProbation gives the token of request id back, or withdraws the request if it waits.

@@ -3,9 +3,12 @@ package actors
 import (
 	"log/slog"
 	"slices"
+	"time"
 
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/scheduler"
 )
 
 // Probation lets suspect messages run one at a time in the process. A suspect is a session's
@@ -27,7 +30,16 @@ type Probation struct {
 	log     *slog.Logger
 	holder  *askProbation
 	waiting []*askProbation // in request order
+
+	// The waiting line held back (logWaiting): firstHeld is the first request held back since
+	// the last line, which the line that counts them names; stopDue cancels the armed
+	// waitsDue, nil when none is armed.
+	firstHeld *askProbation
+	stopDue   scheduler.CancelFunc
 }
+
+// waitsDue is the timer of the waiting line held back: it is logged once due.
+type waitsDue struct{}
 
 // ProbationAfter is the attempts (unclean stops of the daemon counted against a message) from
 // which a session's next message is a suspect and runs on probation: one below QuarantineAfter.
@@ -38,15 +50,20 @@ func NewProbation(d *Deps) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor { return &Probation{d: d} }, dispatchedBy(d.Dispatcher)...)
 }
 
-// Receive grants the token in request order.
+// Receive grants the token in request order, and logs the sessions that begin to wait for it.
 func (p *Probation) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		p.log = p.d.Log.With("actor", "probation")
+		p.armWaitsDue(c) // after a restart, for the sessions its predecessor held back
 	case *askProbation:
 		c.Watch(m.session)
 		p.waiting = append(p.waiting, m)
+		p.logWaiting(c, m)
 		p.next(c)
+	case *waitsDue:
+		p.stopDue = nil
+		p.logHeldWaits(c)
 	case *endProbation:
 		if p.holder != nil && p.holder.id == m.id {
 			p.holder = nil
@@ -71,7 +88,68 @@ func (p *Probation) Receive(c actor.Context) {
 			}
 		}
 		p.d.Metrics.ProbationWaiting.Set(0)
+		cancelTimer(p.stopDue) // the count stays in Deps.probationWaits: the successor arms its own
+	case *actor.Stopping:
+		cancelTimer(p.stopDue)
 	}
+}
+
+// waitingLine is what Probation logs as a session's suspect begins to wait for the token.
+const waitingLine = "the next message was running during 2 unclean stops of agentgate: it waits to run alone among such messages (probation), so that only the one that takes agentgate down is quarantined"
+
+// logWaiting says that m's suspect begins to wait: at Warn for the first session, then once a
+// LimitEvery for all sessions, with how many began to wait since the last line ("sessions",
+// this one included); each other at Debug. After an unclean stop during a backlog, every
+// routed session's head can be a suspect: a restart logged thousands of these lines at once (a
+// scale walkthrough: 3,560 of them). The sessions held back are logged when the line is due
+// (waitsDue, logHeldWaits), not with the next one: a start's suspects all begin waiting at
+// once, and its line said sessions=1, the others counted only when one more began to wait,
+// which may never come.
+func (p *Probation) logWaiting(c actor.Context, m *askProbation) {
+	args := []any{"session", m.key, logging.KeyMessage, m.message, "strikes", m.strikes}
+	if n, ok := p.d.probationWaits.Allow(); ok {
+		p.log.Warn(waitingLine, append(args, "sessions", n)...)
+		p.firstHeld = nil
+		return
+	}
+	if p.firstHeld == nil {
+		p.firstHeld = m
+	}
+	if p.log.Enabled(p.d.Ctx, slog.LevelDebug) {
+		p.log.Debug(waitingLine, args...)
+	}
+	p.armWaitsDue(c)
+}
+
+// armWaitsDue arms the timer of the waiting line held back, for when it is due.
+func (p *Probation) armWaitsDue(c actor.Context) {
+	if p.stopDue != nil {
+		return
+	}
+	if n, due := p.d.probationWaits.Held(); n > 0 {
+		p.stopDue = scheduler.NewTimerScheduler(c).SendOnce(max(time.Until(due), 0), c.Self(), &waitsDue{})
+	}
+}
+
+// logHeldWaits logs the waiting line that stands for the sessions held back since the last
+// one, once it is due, named after the first of them (none after a restart of Probation).
+func (p *Probation) logHeldWaits(c actor.Context) {
+	if n, due := p.d.probationWaits.Held(); n == 0 {
+		return
+	} else if time.Now().Before(due) { // a line logged since the timer was armed
+		p.armWaitsDue(c)
+		return
+	}
+	n, ok := p.d.probationWaits.Flush()
+	if !ok {
+		return
+	}
+	var args []any
+	if f := p.firstHeld; f != nil {
+		args = []any{"session", f.key, logging.KeyMessage, f.message, "strikes", f.strikes}
+	}
+	p.firstHeld = nil
+	p.log.Warn(waitingLine, append(args, "sessions", n)...)
 }
 
 // next grants the token to the first session waiting for it, when nobody holds it.

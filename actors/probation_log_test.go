@@ -21,7 +21,8 @@ import (
 // one Warn line at once, then one a minute for all of them, which says how many began to wait
 // since the last one. Before, each session logged its own: after an unclean stop during a
 // backlog, thousands at every start (a scale walkthrough: 3,560), and each session resumed
-// logged one more at Info.
+// logged one more at Info. The line that counts the sessions held back is logged when due, a
+// minute after the last: before, only with the next session that began to wait, if any.
 func TestProbationWaitsLogOnceAMinute(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "agentgate.db")
@@ -63,11 +64,25 @@ func TestProbationWaitsLogOnceAMinute(t *testing.T) {
 		if got := counts(); fmt.Sprint(got) != "[1]" {
 			t.Errorf("waiting lines at start: sessions=%v, want one line, sessions=[1]:\n%s", got, logs.String())
 		}
-		time.Sleep(time.Minute + 2*time.Second)
+		// A minute on, the sessions held back are logged with no new one waiting.
+		time.Sleep(time.Minute + time.Millisecond)
 		synctest.Wait()
-		if got := counts(); fmt.Sprint(got) != fmt.Sprint([]int{1, suspects}) {
-			t.Errorf("waiting lines once the crashed suspect waits again a minute later: sessions=%v, want [1 %d]:\n%s",
-				got, suspects, logs.String())
+		if got := counts(); fmt.Sprint(got) != fmt.Sprint([]int{1, suspects - 1}) {
+			t.Errorf("waiting lines a minute after the start: sessions=%v, want [1 %d]:\n%s",
+				got, suspects-1, logs.String())
+		}
+		// The crashed suspect waits again a second later: held back, then logged when due.
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if got := counts(); fmt.Sprint(got) != fmt.Sprint([]int{1, suspects - 1}) {
+			t.Errorf("waiting lines once the crashed suspect waits again: sessions=%v, want [1 %d]:\n%s",
+				got, suspects-1, logs.String())
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if got := counts(); fmt.Sprint(got) != fmt.Sprint([]int{1, suspects - 1, 1}) {
+			t.Errorf("waiting lines a minute after the last: sessions=%v, want [1 %d 1]:\n%s",
+				got, suspects-1, logs.String())
 		}
 		ids := make([]string, 0, suspects)
 		for id := range heads {

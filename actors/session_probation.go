@@ -52,8 +52,7 @@ func (s *Session) holdForProbation(c actor.Context) bool {
 	case p == nil:
 		p = &probationRun{id: newID("p_"), seq: head.seq, message: head.messageID, strikes: head.restarts, asked: time.Now()}
 		s.rare().probation = p
-		c.Send(s.d.Probation, &askProbation{id: p.id, session: c.Self(), key: s.key, message: p.message})
-		s.logWaiting(p)
+		c.Send(s.d.Probation, &askProbation{id: p.id, session: c.Self(), key: s.key, message: p.message, strikes: s.strikes(p)})
 	case !p.granted:
 	case !p.marking && !p.marked:
 		p.marking = true
@@ -65,25 +64,6 @@ func (s *Session) holdForProbation(c actor.Context) bool {
 		return false
 	}
 	return true
-}
-
-// waitingLine is what a session logs as its suspect begins to wait for the token.
-const waitingLine = "the next message was running during 2 unclean stops of agentgate: it waits to run alone among such messages (probation), so that only the one that takes agentgate down is quarantined"
-
-// logWaiting says that p's suspect begins to wait: at Warn for the first session, then once a
-// LimitEvery for all sessions, with how many began to wait since the last line ("sessions",
-// this one included); each other at Debug. After an unclean stop during a backlog, every
-// routed session's head can be a suspect: a restart logged thousands of these lines at once (a
-// scale walkthrough: 3,560 of them).
-func (s *Session) logWaiting(p *probationRun) {
-	args := []any{"message_id", p.message, "strikes", s.strikes(p)}
-	if n, ok := s.d.probationWaits.Allow(); ok {
-		s.logger().Warn(waitingLine, append(args, "sessions", n)...)
-		return
-	}
-	if s.debugOn() {
-		s.logger().Debug(waitingLine, args...)
-	}
 }
 
 // strikes is how p's message stands against QuarantineAfter.

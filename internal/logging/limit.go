@@ -33,6 +33,30 @@ func (l *Limiter) Allow() (n int, ok bool) {
 	return n, true
 }
 
+// Held reports how many events were held back since the last one let through, and when the
+// next line is due: a caller whose events may stop coming arms a timer for then and calls
+// Flush, so that their count is logged when due, not only with the next event (which may come
+// much later, or never).
+func (l *Limiter) Held() (n int, due time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.n, l.last.Add(LimitEvery)
+}
+
+// Flush lets the events held back through without a new one, as Allow lets the next one
+// through: it returns how many there were (ok false, and nothing changed, when none), and the
+// next event waits LimitEvery from now. It does not check that a line is due (Held): a
+// caller may flush early, at a stop.
+func (l *Limiter) Flush() (n int, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n == 0 {
+		return 0, false
+	}
+	n, l.n, l.last = l.n, 0, time.Now()
+	return n, true
+}
+
 // Allowed records one event and, when it is let through (Allow), returns args with
 // "repeats", the events held back since the last line, when there were any: the arguments of
 // the line to log.

@@ -55,3 +55,35 @@ func TestLimiterAllowed(t *testing.T) {
 		}
 	})
 }
+
+// TestLimiterFlush: the events held back are let through once a line is due without a new
+// event, and the next event then waits LimitEvery from the flush.
+func TestLimiterFlush(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l Limiter
+		if n, ok := l.Flush(); ok || n != 0 {
+			t.Errorf("Flush with nothing held back = %d, %v, want 0, false", n, ok)
+		}
+		start := time.Now()
+		l.Allow()
+		l.Allow()
+		l.Allow()
+		if n, due := l.Held(); n != 2 || !due.Equal(start.Add(LimitEvery)) {
+			t.Errorf("Held = %d, %v, want 2, %v", n, due, start.Add(LimitEvery))
+		}
+		time.Sleep(LimitEvery)
+		if n, ok := l.Flush(); !ok || n != 2 {
+			t.Errorf("Flush when due = %d, %v, want 2, true", n, ok)
+		}
+		if n, _ := l.Held(); n != 0 {
+			t.Errorf("Held after Flush = %d, want 0", n)
+		}
+		if _, ok := l.Allow(); ok {
+			t.Error("an event right after a Flush was let through, want it held back a LimitEvery")
+		}
+		time.Sleep(LimitEvery)
+		if n, ok := l.Allow(); !ok || n != 2 {
+			t.Errorf("Allow a LimitEvery after the Flush = %d, %v, want 2, true", n, ok)
+		}
+	})
+}
