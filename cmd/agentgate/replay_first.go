@@ -20,6 +20,9 @@ type offlineAct struct {
 	prefix string // what its errors begin with: "sessions pardon", "reset KEY"
 	name   string // the act: "pardon", "reset"
 	done   string // the act done, for "nothing was …": "pardoned", "reset"
+	// dirHeld: the command holds the data directory's lock already (sessions pardon takes it
+	// with the store's, openStoreWith): a second flock of this process would find it held.
+	dirHeld bool
 }
 
 // replaySpoolFirst replays into st the writes waiting in the spool of cfg's data_dir, which the
@@ -53,12 +56,14 @@ func replaySpoolFirst(ctx context.Context, st persistence.Store, cfg *config.Con
 	case n == 0:
 		return nil
 	}
-	lock, err := supervisor.LockDataDir(cfg.DataDir)
-	if err != nil {
-		return fmt.Errorf("%s: %s holds %d batch(es) of writes the database does not have yet, which the %s replays first, "+
-			"but cannot take the data directory's lock: %w (nothing was changed)", act.prefix, dir, n, act.name, err)
+	if !act.dirHeld {
+		lock, err := supervisor.LockDataDir(cfg.DataDir)
+		if err != nil {
+			return fmt.Errorf("%s: %s holds %d batch(es) of writes the database does not have yet, which the %s replays first, "+
+				"but cannot take the data directory's lock: %w (nothing was changed)", act.prefix, dir, n, act.name, err)
+		}
+		defer lock.Close()
 	}
-	defer lock.Close()
 	sp, err := spool.Open(dir)
 	if err != nil {
 		return fmt.Errorf("%s: %w (nothing was changed)", act.prefix, err)

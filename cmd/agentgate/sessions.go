@@ -26,6 +26,7 @@ import (
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/platforms"
+	"github.com/agentgate/agentgate/supervisor"
 	"github.com/rivo/uniseg"
 )
 
@@ -917,7 +918,8 @@ func openStoreFor(ctx context.Context, cf *configFlags, readOnly bool, timeout t
 	if readOnly {
 		access = storeReadOnly
 	}
-	return openStoreWith(ctx, cf, access, timeout)
+	st, cfg, _, err := openStoreWith(ctx, cf, access, timeout)
+	return st, cfg, err
 }
 
 // openReader is openStoreFor read-only, for a command that shows what the database holds:
@@ -955,35 +957,64 @@ type storeAccess int
 const (
 	storeReadOnly storeAccess = iota // alongside the daemon
 	storeWrite                       // alone, or as one more of a cluster's members
-	storeAlone                       // alone, also in a cluster: no member may run
+	storeAlone                       // alone, also in a cluster: no member may run; a single daemon's data directory too
 )
 
-// openStoreWith is openStoreFor with the access it takes.
-func openStoreWith(ctx context.Context, cf *configFlags, access storeAccess, timeout time.Duration) (persistence.Store, *config.Config, error) {
+// openStoreWith is openStoreFor with the access it takes. With storeAlone and a single daemon's
+// configuration it takes the data directory's lock (supervisor.LockDataDir) before the store's,
+// as a daemon takes them, and returns it (to close after the store; nil otherwise): a daemon
+// that is starting holds the first before it opens the store, and a command that took only the
+// store's lock acted on the store under it (and could fail its start). The lock is taken after
+// the check that the SQLite database exists, so that a command refused for a wrong --data-dir
+// creates nothing there.
+func openStoreWith(ctx context.Context, cf *configFlags, access storeAccess, timeout time.Duration) (persistence.Store, *config.Config, io.Closer, error) {
 	readOnly := access == storeReadOnly
 	// What pgx refuses on this machine, in its words, with the file or the PG* variable named
 	// and the file's line of the key, as serve refuses it: the store's Open says only that the
 	// DSN cannot be parsed (before, without the line: found by a new user's walkthrough).
 	cfg, problems, refused := cf.check(func(c *config.Config) []error { return nonNil(c.CheckPostgres()) })
 	if problems != nil {
-		return nil, nil, configError(problems)
+		return nil, nil, nil, configError(problems)
 	}
 	if refused != nil {
-		return nil, cfg, refused
+		return nil, cfg, nil, refused
+	}
+	var dirLock io.Closer
+	lockDir := func() error {
+		if access != storeAlone || cfg.Cluster.Enabled {
+			return nil // (cluster members take no lock on their data directory)
+		}
+		f, err := supervisor.LockDataDir(cfg.DataDir)
+		if err == nil {
+			dirLock = f
+		}
+		return err
+	}
+	closeDir := func() {
+		if dirLock != nil {
+			dirLock.Close()
+		}
 	}
 	if cfg.Store.Driver == "postgres" {
+		if err := lockDir(); err != nil {
+			return nil, cfg, nil, err
+		}
 		// A cluster's members hold the daemon lock shared: a writing tool of the cluster joins
 		// them (and is kept off while a single daemon runs), a single daemon's takes it alone.
 		member := access == storeWrite && cfg.Cluster.Enabled
 		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{MaxConns: 2, Exclusive: !readOnly && !member, Shared: member, NoMigrate: true, Timeout: timeout})
 		if err != nil {
-			return nil, cfg, err
+			closeDir()
+			return nil, cfg, nil, err
 		}
-		return st, cfg, nil
+		return st, cfg, dirLock, nil
 	}
 	path := cfg.DSN()
 	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-		return nil, cfg, fmt.Errorf("no database at %s (%s)", path, noDatabaseHint)
+		return nil, cfg, nil, fmt.Errorf("no database at %s (%s)", path, noDatabaseHint)
+	}
+	if err := lockDir(); err != nil {
+		return nil, cfg, nil, err
 	}
 	var st *sqlite.Store
 	var err error
@@ -994,9 +1025,10 @@ func openStoreWith(ctx context.Context, cf *configFlags, access storeAccess, tim
 		st, err = sqlite.Open(ctx, path, sqlite.Options{Synchronous: cfg.Store.Synchronous, NoMigrate: true})
 	}
 	if err != nil {
-		return nil, cfg, err
+		closeDir()
+		return nil, cfg, nil, err
 	}
-	return st, cfg, nil
+	return st, cfg, dirLock, nil
 }
 
 func writeJSON(w io.Writer, v any) error {

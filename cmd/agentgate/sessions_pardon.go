@@ -8,6 +8,7 @@ import (
 	"io"
 
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/supervisor"
 )
 
 const pardonUsage = `usage: agentgate sessions pardon [flags] (--all | KEY)
@@ -50,16 +51,27 @@ func sessionsPardon(ctx context.Context, args []string, stdout, stderr io.Writer
 			return err
 		}
 	}
-	st, cfg, err := openStoreWith(ctx, &cf, storeAlone, 0)
+	// The data directory's lock too, first, as a daemon takes it (openStoreWith): a daemon that
+	// is starting holds it before it opens the store, and before, a pardon with an empty spool
+	// took only the store's lock, pardoned under the starting daemon, and could fail its start.
+	st, cfg, dirLock, err := openStoreWith(ctx, &cf, storeAlone, 0)
 	if errors.Is(err, persistence.ErrLocked) {
+		place := lockedPlace(cfg)
+		if errors.Is(err, supervisor.ErrDataDirInUse) {
+			place = "data directory"
+		}
 		return fmt.Errorf("sessions pardon: agentgate is running on this %s: stop the daemon first (its sessions keep the counts they loaded; "+
-			"in a cluster, stop every member), then pardon, then start it again", lockedPlace(cfg))
+			"in a cluster, stop every member), then pardon, then start it again", place)
 	}
 	if err != nil {
 		return err
 	}
+	if dirLock != nil {
+		defer dirLock.Close() // (after the store's: deferred calls run last in, first out)
+	}
 	defer st.Close()
-	if err := replaySpoolFirst(ctx, st, cfg, offlineAct{prefix: "sessions pardon", name: "pardon", done: "pardoned"}, stderr); err != nil {
+	act := offlineAct{prefix: "sessions pardon", name: "pardon", done: "pardoned", dirHeld: dirLock != nil}
+	if err := replaySpoolFirst(ctx, st, cfg, act, stderr); err != nil {
 		return err
 	}
 	p, err := st.Pardon(ctx, key)

@@ -113,7 +113,8 @@ func TestSessionsPardon(t *testing.T) {
 // said to start the daemon once to replay them: a start that counts the last run's unclean
 // stop, and can quarantine a message at its 3rd strike. With the data directory's lock held
 // (a daemon on it), or the database refusing writes, it refuses and pardons nothing; the
-// batches it could not replay stay in the spool. The offline sessions requeue, which refuses
+// batches it could not replay stay in the spool (the pardon holds the data directory's lock
+// from the start, and replays under it). The offline sessions requeue, which refuses
 // anyway, says that the start replays them first.
 func TestSessionsPardonReplaysTheSpool(t *testing.T) {
 	ctx := context.Background()
@@ -187,10 +188,8 @@ func TestSessionsPardonReplaysTheSpool(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, _, err := runSessions(t, "pardon", "--data-dir", dir, keyA)
-	if w := "sessions pardon: " + spoolDir + " holds 3 batch(es) of writes the database does not have yet, which the pardon replays first, " +
-		"but cannot take the data directory's lock: data directory in use by another process"; err == nil || !strings.HasPrefix(err.Error(), w) ||
-		!strings.HasSuffix(err.Error(), "(nothing was changed)") || out != "" {
-		t.Errorf("pardon with the data directory locked = %v, stdout %q; want the error %q…(nothing was changed)", err, out, w)
+	if w := "sessions pardon: agentgate is running on this data directory: stop the daemon first"; err == nil || !strings.HasPrefix(err.Error(), w) || out != "" {
+		t.Errorf("pardon with the data directory locked = %v, stdout %q; want the error %q…", err, out, w)
 	}
 	unchanged(t, "the pardon refused for the data directory's lock")
 	lock.Close()
@@ -237,5 +236,85 @@ func TestSessionsPardonReplaysTheSpool(t *testing.T) {
 	// Nothing left to replay: the pardon says nothing of the spool.
 	if out, errOut := MustRunSessions(t, "pardon", "--all", "--data-dir", dir); out != "pardoned 0 message(s) in 0 session(s)\n" || strings.Contains(errOut, "spool") {
 		t.Errorf("pardon --all with an empty spool printed %q, stderr %q; want nothing pardoned, no word of the spool", out, errOut)
+	}
+}
+
+// TestSessionsPardonRefusesAStartingDaemon: a daemon that is starting holds the data
+// directory's lock before it opens the store (supervisor.LockDataDir, then the store's lock);
+// sessions pardon takes the data directory's lock first too, so it refuses then and changes
+// nothing, also with an empty spool. Before, with the spool empty it took only the store's
+// lock: it pardoned under the starting daemon, whose opening of the store it could fail. A
+// pardon refused for a --data-dir with no database creates nothing there.
+func TestSessionsPardonRefusesAStartingDaemon(t *testing.T) {
+	ctx := context.Background()
+	dir := MustSeedSessions(t) // keyA's sa2 has m4 pending at seq 3
+	path := filepath.Join(dir, "agentgate.db")
+	st, err := sqlite.Open(ctx, path, sqlite.Options{})
+	if err != nil {
+		t.Fatalf("sqlite.Open: %v", err)
+	}
+	storetest.MustCommit(t, st, &persistence.SetAttempts{SessionID: "sa2", Seq: 3, Attempts: 2})
+	st.Close()
+	strikes := func(t *testing.T) int {
+		t.Helper()
+		st, err := sqlite.OpenReadOnly(ctx, path)
+		if err != nil {
+			t.Fatalf("sqlite.OpenReadOnly: %v", err)
+		}
+		defer st.Close()
+		ms, err := st.Transcript(ctx, "sa2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms {
+			if m.Seq == 3 {
+				return m.Attempts
+			}
+		}
+		t.Fatal("sa2 has no message at seq 3")
+		return 0
+	}
+
+	// The daemon's start, between its two locks: the data directory's held, the store's not yet.
+	lock, err := supervisor.LockDataDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := runSessions(t, "pardon", "--all", "--data-dir", dir)
+	if w := "sessions pardon: agentgate is running on this data directory: stop the daemon first"; err == nil || !strings.HasPrefix(err.Error(), w) || out != "" {
+		t.Errorf("pardon while a daemon starts = %v, stdout %q; want the error %q…", err, out, w)
+	}
+	if n := strikes(t); n != 2 {
+		t.Errorf("m4 has %d strike(s) after a pardon refused, want its 2 kept", n)
+	}
+	// The store, which the starting daemon opens next, is not held by the refused pardon.
+	st, err = sqlite.Open(ctx, path, sqlite.Options{})
+	if err != nil {
+		t.Errorf("the daemon's store, opened after the pardon was refused: %v", err)
+	} else {
+		st.Close()
+	}
+	lock.Close()
+
+	out, _ = MustRunSessions(t, "pardon", "--all", "--data-dir", dir)
+	if w := "pardoned 1 message(s) in 1 session(s)\n"; out != w {
+		t.Errorf("pardon with the daemon stopped printed %q, want %q", out, w)
+	}
+	if n := strikes(t); n != 0 {
+		t.Errorf("m4 has %d strike(s) after the pardon, want 0", n)
+	}
+	// The pardon let go of the data directory: a daemon can take it.
+	if lock, err := supervisor.LockDataDir(dir); err != nil {
+		t.Errorf("the data directory's lock after the pardon: %v", err)
+	} else {
+		lock.Close()
+	}
+
+	empty := filepath.Join(t.TempDir(), "none")
+	if _, _, err := runSessions(t, "pardon", "--all", "--data-dir", empty); err == nil || !strings.Contains(err.Error(), "no database at") {
+		t.Errorf("pardon of a data directory with no database = %v, want it to say there is none", err)
+	}
+	if _, err := os.Stat(empty); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a pardon refused for a data directory with no database made it (%v), want nothing made", err)
 	}
 }
