@@ -26,9 +26,9 @@ import (
 // behind that turn, and hands the key on (Session.leave); its manager then says it let go.
 // Until every other member has let go, the asking manager forwards the key's requests to the
 // holder, which stores them behind its turn (queued), and starts the session only then; its
-// claim then fences nothing that still runs. A member that does not answer within
-// releaseAnswerTimeout (it died or cannot be reached) is not waited for: fencing still keeps the
-// store exactly-once. Two members may activate the key at once (their views differ for a
+// claim then fences nothing that still runs. A member that cannot answer (it died, stopped, or
+// cannot be reached) is waited for only while the store names it as the key's holder
+// (stillHolds). Two members may activate the key at once (their views differ for a
 // moment, or one was handed the key by a leaving member): each asks the other, and the
 // activation that ranks first holds the key for the other, which waits for it (ranksFirst).
 
@@ -41,12 +41,32 @@ import (
 // member asked has let go. A member that claims the key after the lookup is not found so; one
 // that knows this member asks it first (onRelease asks it back).
 
+// A member that cannot answer (its Release comes back as a dead letter, or goes unanswered
+// releaseTries times in a row) may still be running the key's turn: a dead letter is also what
+// protoactor's remote answers a request to an address it cannot reach (its endpoint writer has
+// no connection), and answers are lost while the members' connections recover. Taken to hold
+// nothing, such a member's turn ran again here, beside it (the agent's tools acted twice). So
+// the store decides (stillHolds). A member it names as the key's holder (its registration is
+// live and it made the key's latest claim) is waited for, and asked again every
+// releaseAnswerTimeout, until it answers or the store names it no longer: a clean stop removes
+// the registration just after the member's manager stopped (once its platforms have sent what
+// they were handed; a dead letter in between is asked again), and a member that died is waited
+// for until its registration expires, at most member_ttl. A member the store does not name is
+// taken to hold nothing at once, as before.
+//
+// The wait has no bound of its own. A partition between two members that both reach the store
+// ends by itself: after gossipExpiry protoactor's gossip blocks the member it does not hear, the
+// younger side stops, and its registration goes. One that does not end so (a member cut off from
+// one other only: gossip merges every member's heartbeat from any member, so neither blocks the
+// other) leaves only the operator to tell whether the member's turn still runs; a bound would
+// run it twice exactly there. The line that says the session waits names the member.
+
 // releaseAnswerTimeout is how long a manager waits for another member's answer to Release. A
 // holder is asked again each time it passes, so a holder that dies is waited for no longer. A
-// member that leaves releaseTries Releases in a row unanswered is taken to hold nothing: an
-// answer can be lost while the members' connections recover (a member killed and back at once
-// asked the others while their connections to its address were still failing, and took a live
-// member's silence for an empty hand after one try).
+// member that leaves releaseTries Releases in a row unanswered is looked up in the store
+// (stillHolds): an answer can be lost while the members' connections recover (a member killed
+// and back at once asked the others while their connections to its address were still
+// failing, and took a live member's silence for an empty hand after one try).
 const (
 	releaseAnswerTimeout = 5 * time.Second
 	releaseTries         = 2
@@ -67,8 +87,11 @@ type activation struct {
 	recoverHops int32
 	// silent counts, by PID, the Releases in a row a member left unanswered (releaseTries).
 	silent map[string]int
-	peers  []*actor.PID // the members asked first: this member's view of the others
-	lookup bool         // the key's holder in the store is still being looked up (lookUpHolder)
+	// unreachable notes, by PID, since when a member that cannot answer is waited for because
+	// the store names it as the key's holder (stillHolds).
+	unreachable map[string]time.Time
+	peers       []*actor.PID // the members asked first: this member's view of the others
+	lookup      bool         // the key's holder in the store is still being looked up (lookUpHolder)
 	// askedBack names, by PID, the activation of another member's manager this one asked back
 	// (onRelease): once per activation of the asker, or two that hold the key for neither
 	// would ask each other back and forth while they wait.
@@ -186,29 +209,13 @@ func (m *SessionManager) strangersOf(key string) []waiter {
 // of the key too when it is a member the activation has not asked (one this member's view does
 // not list yet). The activation waits for the answer, at most holderLookupTimeout.
 func (m *SessionManager) lookUpHolder(c actor.Context, key string, a *activation) {
-	system, placement, ctx := c.ActorSystem(), m.d.Placement, m.d.Ctx
-	// The future outlives the lookup's own deadline, so that it is answered, not timed out:
-	// protoactor's future takes an answer without its lock, and one that arrived as the future
-	// timed out raced with the timeout's reading of it (the race detector met it in
-	// TestActivationDoesNotWaitForAFailedHolderLookup, where both timers fire at one instant).
-	f := actor.NewFuture(system, holderLookupTimeout+time.Second)
-	go func() { // owned by the activation: it ends with the store call, bounded by holderLookupTimeout
-		ctx, cancel := context.WithTimeout(ctx, holderLookupTimeout)
-		defer cancel()
-		pid, err := placement.Holder(ctx, key)
-		system.Root.Send(f.PID(), &holderFound{pid: pid, err: err})
-	}()
-	c.ReenterAfter(f, func(res any, err error) {
+	m.holderOf(c, key, func(h *holderFound, err error) {
 		if m.activating[key] != a {
 			return // given up meanwhile
 		}
 		a.lookup = false
-		h, _ := res.(*holderFound)
 		switch {
-		case err != nil || h == nil || h.err != nil:
-			if err == nil && h != nil {
-				err = h.err
-			}
+		case err != nil:
 			// Limited, for all keys: in an outage every activation's lookup fails, and the line
 			// of each crowded out the others (a leaving member logged 100,000 of them).
 			if args, ok := m.holderFails.Allowed("session", key, logging.Err(err)); ok {
@@ -224,6 +231,35 @@ func (m *SessionManager) lookUpHolder(c actor.Context, key string, a *activation
 		if len(a.asked) == 0 {
 			m.activated(c, key)
 		}
+	})
+}
+
+// holderOf looks up the holder of key in the store (Placement.Holder), off the actor, and calls
+// found on the actor with its answer: an error when the lookup failed or took longer than
+// holderLookupTimeout.
+func (m *SessionManager) holderOf(c actor.Context, key string, found func(h *holderFound, err error)) {
+	system, placement, ctx := c.ActorSystem(), m.d.Placement, m.d.Ctx
+	// The future outlives the lookup's own deadline, so that it is answered, not timed out:
+	// protoactor's future takes an answer without its lock, and one that arrived as the future
+	// timed out raced with the timeout's reading of it (the race detector met it in
+	// TestActivationDoesNotWaitForAFailedHolderLookup, where both timers fire at one instant).
+	f := actor.NewFuture(system, holderLookupTimeout+time.Second)
+	go func() { // owned by the activation: it ends with the store call, bounded by holderLookupTimeout
+		ctx, cancel := context.WithTimeout(ctx, holderLookupTimeout)
+		defer cancel()
+		pid, err := placement.Holder(ctx, key)
+		system.Root.Send(f.PID(), &holderFound{pid: pid, err: err})
+	}()
+	c.ReenterAfter(f, func(res any, err error) {
+		h, _ := res.(*holderFound)
+		switch {
+		case err != nil:
+		case h == nil:
+			err = fmt.Errorf("unexpected answer %T", res)
+		default:
+			err = h.err
+		}
+		found(h, err)
 	})
 }
 
@@ -272,12 +308,11 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 		switch {
 		case err == nil:
 			delete(a.silent, p.String())
+			delete(a.unreachable, p.String())
 		case errors.Is(err, actor.ErrDeadLetter):
-			// Its manager is gone: the member stopped (a graceful restart ends so, after its
-			// sessions handed their keys on), and holds no session any more.
-			m.log.Debug("a member's session manager has stopped; this member takes the key over",
-				"session", key, "member", p.Address)
-			r = &Released{Key: key, Address: p.Address, Id: p.Id, Activation: a.id}
+			// Its manager is gone (the member stopped), or this member cannot reach it.
+			m.stillHolds(c, key, a, p, err)
+			return
 		default:
 			if a.silent == nil {
 				a.silent = map[string]int{}
@@ -288,9 +323,8 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 				m.askRelease(c, key, a, p)
 				return
 			}
-			m.log.Warn("a member did not say whether it still runs the session; this member takes the key over",
-				"session", key, "member", p.Address, logging.Err(err))
-			r = &Released{Key: key, Address: p.Address, Id: p.Id, Activation: a.id}
+			m.stillHolds(c, key, a, p, err)
+			return
 		}
 		m.onReleased(c, r)
 		if r.Holding {
@@ -299,6 +333,64 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 			// for ever once the other lets go.
 			m.timers.SendOnce(releaseAnswerTimeout, c.Self(), &askAgain{key: key, a: a, holder: p})
 		}
+	})
+}
+
+// stillHolds takes the member p that cannot answer whether it holds key (its Release came back
+// as a dead letter, cause, or went unanswered releaseTries times): it asks the store whether p
+// is the key's holder (a live registration, and the key's latest claim). One that is still may
+// be running the key's turn where this member cannot reach it: the activation waits for it,
+// and asks it again (at once after a silence, which took releaseAnswerTimeout; after
+// releaseAnswerTimeout after a dead letter, which comes at once). So it does when the store
+// cannot say. One that is not holds nothing of the key: the member stopped, or died and its
+// registration expired; the activation goes on without it.
+func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, p *actor.PID, cause error) {
+	m.holderOf(c, key, func(h *holderFound, err error) {
+		k := p.String()
+		if _, ok := a.asked[k]; m.activating[key] != a || !ok {
+			return // started, given up or let go meanwhile
+		}
+		deadLetter := errors.Is(cause, actor.ErrDeadLetter)
+		if err == nil && !p.Equal(h.pid) {
+			switch since, waited := a.unreachable[k]; {
+			case waited:
+				m.log.Info("a member this one could not reach no longer holds the session; this member takes the key over",
+					"session", key, "member", p.Address, "waited", time.Since(since))
+			case deadLetter:
+				// Its manager is gone: the member stopped (a graceful restart ends so, after its
+				// sessions handed their keys on), and holds no session any more.
+				m.log.Debug("a member's session manager has stopped; this member takes the key over",
+					"session", key, "member", p.Address)
+			default:
+				m.log.Warn("a member did not say whether it still runs the session; this member takes the key over",
+					"session", key, "member", p.Address, logging.Err(cause))
+			}
+			m.onReleased(c, &Released{Key: key, Address: p.Address, Id: p.Id, Activation: a.id})
+			return
+		}
+		if a.unreachable == nil {
+			a.unreachable = map[string]time.Time{}
+		}
+		since, waited := a.unreachable[k]
+		if !waited {
+			since = time.Now()
+			a.unreachable[k] = since
+		}
+		// Limited, for all keys: a member cut off holds many. Each activation tries again at
+		// every ask, so a wait that lasts is logged again, once a minute.
+		if err == nil {
+			err = cause
+		}
+		if args, ok := m.unreachableHolders.Allowed("session", key, "member", p.Address, "waiting", time.Since(since),
+			logging.Err(err)); ok {
+			m.log.Warn("a member that may still run the session cannot be reached; the session waits until it answers or its registration in the database is gone",
+				args...)
+		}
+		if deadLetter {
+			m.timers.SendOnce(releaseAnswerTimeout, c.Self(), &askAgain{key: key, a: a, holder: p})
+			return
+		}
+		m.askRelease(c, key, a, p)
 	})
 }
 
