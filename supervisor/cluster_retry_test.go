@@ -24,9 +24,9 @@ import (
 )
 
 // TestClusterRetriedDeliveryIsNotADuplicate: a message whose key a dead member held (its
-// registration not yet expired) waits while the activation asks that member to let go, which
-// takes two unanswered Releases; the cluster router's attempt times out meanwhile and it sends
-// the message again. The first attempt stored the message, so the retry finds it stored: the
+// registration not yet expired) waits while the activation asks that member to let go, until
+// its registration expires (deadMemberTTL); the cluster router's attempt times out meanwhile
+// and it sends the message again. The first attempt stored the message, so the retry finds it stored: the
 // sender is still told the message was taken, not that it was a duplicate, and it is answered
 // once.
 //
@@ -155,7 +155,8 @@ func stopWhileHeld(t *testing.T, dsn string, b *runtime, held *holdCommit) {
 
 // TestClusterRetriedResetResetsOnce: an operator resets a chat whose key a dead member held
 // (its registration not yet expired): the activation waits while it asks that member to let
-// go, the cluster router's attempt times out meanwhile, and it sends the reset again. The
+// go, until its registration expires (deadMemberTTL), the cluster router's attempt times out
+// meanwhile, and it sends the reset again. The
 // first attempt reset the session, so the retry finds the session that reset began, empty,
 // and answers with it: the chat's sessions are the one reset and the one the reset began.
 //
@@ -197,8 +198,15 @@ func TestClusterRetriedResetResetsOnce(t *testing.T) {
 	}
 }
 
-// chatOfADeadMember registers a member that died a moment ago (live by its ttl, its port closed)
-// beside a, and returns a chat whose key a owns, the key and the dead member's node for a claim.
+// deadMemberTTL is the member_ttl of chatOfADeadMember's member: an activation waits for a
+// member that holds the key and cannot answer until its registration expires, here past the
+// cluster router's attempt (clusterAttemptTimeout, 10 s) and well within its request
+// (DefaultRequestTimeout, 30 s).
+const deadMemberTTL = 12 * time.Second
+
+// chatOfADeadMember registers a member that died a moment ago (live by its ttl, deadMemberTTL;
+// its port closed) beside a, and returns a chat whose key a owns, the key and the dead member's
+// node for a claim.
 func chatOfADeadMember(t *testing.T, a *runtime) (src identity.Source, key, deadNode string) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -208,7 +216,7 @@ func chatOfADeadMember(t *testing.T, a *runtime) (src identity.Source, key, dead
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	dead := postgres.Member{ID: "dead", Host: "127.0.0.1", Port: port, Kinds: []string{actors.SessionKind}, Node: "vm/r_dead"}
-	if _, err := a.d.members.Heartbeat(t.Context(), a.d.cfg.Cluster.Name, dead, time.Minute); err != nil {
+	if _, err := a.d.members.Heartbeat(t.Context(), a.d.cfg.Cluster.Name, dead, deadMemberTTL); err != nil {
 		t.Fatal(err)
 	}
 	host, aPort, err := a.d.system.GetHostPort()
