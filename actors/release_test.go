@@ -122,9 +122,11 @@ func TestActivationWaitsForTheHolderToLetGo(t *testing.T) {
 	})
 }
 
-// TestActivationDoesNotWaitForAMemberThatCannotAnswer: a member whose manager is gone (its
-// Release comes back as a dead letter) is not waited for, and one that does not answer is
-// asked releaseTries times, releaseAnswerTimeout each: the message then runs here.
+// TestActivationDoesNotWaitForAMemberThatCannotAnswer: a member the store does not name as the
+// key's holder (here it names none) whose manager is gone (its Release comes back as a dead
+// letter) is not waited for, and one that does not answer is asked releaseTries times,
+// releaseAnswerTimeout each: the message then runs here. (One the store names is waited for:
+// TestActivationWaitsForAHolderItCannotReach.)
 func TestActivationDoesNotWaitForAMemberThatCannotAnswer(t *testing.T) {
 	for _, tc := range []struct {
 		name string
