@@ -47,6 +47,15 @@ type Options struct {
 	// writes (agentgate sessions reset): an upgrade is one way, and only the daemon, which logs
 	// it, makes it. A database whose schema is not this binary's, older or newer, is refused.
 	NoMigrate bool
+	// MustWrite makes Open take the database's write lock once, as a check, before anything
+	// writes (the search index's catch-up), waiting for it as a commit does (writerBusy): for an
+	// admin command, which opens the store to write. A lock that another process (a sqlite3
+	// shell in a transaction) holds for longer fails Open with one error that says so and what
+	// to do. Before, each write waited out the busy timeout in turn (the catch-up, the
+	// command's own, the catch-up of Close and of its timer): 15 to 20 s, then "database is
+	// locked (5)", which named neither the database nor the cure. A lock held briefly (a
+	// checkpoint) is waited for, as the daemon's writes wait for it.
+	MustWrite bool
 }
 
 // Store is the SQLite persistence.Store. It is safe for concurrent use: reads run on a pool of
@@ -203,12 +212,17 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	} else {
 		err = migrate(ctx, w, s.log)
 	}
+	again := "start again"
+	if err == nil && opts.MustWrite {
+		err = takeWriteLock(ctx, w)
+		again = "run the command again (nothing was changed)"
+	}
 	if isBusy(err) {
 		// Before, only "migrate: database is locked (5)", which said neither who nor what to do
 		// (found by a verification walkthrough).
 		return fmt.Errorf("the database is locked by another process (SQLITE_BUSY): a connection outside agentgate "+
 			"(a sqlite3 shell in a transaction, a backup or sync tool) held its write lock for 5 s; end it (fuser %s) "+
-			"and start again: %w", s.path, err)
+			"and %s: %w", s.path, again, err)
 	}
 	if err != nil {
 		return err
@@ -232,6 +246,16 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 		s.readStmts[q] = st
 	}
 	return nil
+}
+
+// takeWriteLock takes the write lock of the database w writes (BEGIN IMMEDIATE: the writer's
+// _txlock), waiting for it at most the writer's busy timeout, and releases it (Options.MustWrite).
+func takeWriteLock(ctx context.Context, w *sql.DB) error {
+	tx, err := w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("take the write lock: %w", err)
+	}
+	return tx.Rollback()
 }
 
 // largeDatabase is the size from which the start's check of every page is logged.
