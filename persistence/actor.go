@@ -40,7 +40,8 @@ type Spooler interface {
 	Peek(after string) (name string, groups [][]Op, err error)
 	// Remove deletes replayed batches, given oldest first.
 	Remove(names ...string) error
-	// Quarantine sets a batch aside for a human, keeping its data.
+	// Quarantine sets a batch aside for a human, keeping its data. An error wrapping
+	// ErrBatchGone means its file was gone (removed by hand): it left the queue all the same.
 	Quarantine(name, reason string) error
 }
 
@@ -633,12 +634,11 @@ func (a *Actor) replaySpool() error {
 		name, groups, err := a.o.Spool.Peek("")
 		if errors.Is(err, ErrCorruptSpool) {
 			a.repeats.ok(msgSpoolRead)
-			if qerr := a.o.Spool.Quarantine(name, err.Error()); qerr != nil {
-				a.repeats.log(a.o.Log, slog.LevelError, msgQuarantineFailed, "batch", name, "why", err.Error(), logging.Err(qerr))
+			if gone, qerr := a.setAside(name, err.Error()); qerr != nil {
 				return qerr
+			} else if !gone {
+				a.o.Log.Error("corrupt spool batch quarantined", "batch", name, logging.Err(err))
 			}
-			a.repeats.ok(msgQuarantineFailed)
-			a.o.Log.Error("corrupt spool batch quarantined", "batch", name, logging.Err(err))
 			continue
 		}
 		if err != nil {
@@ -738,14 +738,31 @@ func (a *Actor) settle(r *spooledRun, errs []error) error {
 		taken = nil
 		// The other groups are committed; re-applying them is harmless, so the whole batch is
 		// kept aside for a human.
-		if qerr := a.o.Spool.Quarantine(name, fmt.Sprint(failed)); qerr != nil {
-			a.repeats.log(a.o.Log, slog.LevelError, msgQuarantineFailed, "batch", name, "why", fmt.Sprint(failed), logging.Err(qerr))
+		if gone, qerr := a.setAside(name, fmt.Sprint(failed)); qerr != nil {
 			return qerr
+		} else if !gone {
+			a.o.Log.Error("spool batch cannot be applied; quarantined", "batch", name, "errors", failed)
 		}
-		a.repeats.ok(msgQuarantineFailed)
-		a.o.Log.Error("spool batch cannot be applied; quarantined", "batch", name, "errors", failed)
 	}
 	return a.removeReplayed(taken)
+}
+
+// setAside sets the batch name aside for a human (Spooler.Quarantine), for why. gone reports
+// that its file was no longer there (removed by hand during the replay): nothing of it is left
+// to replay or to keep, which is said, and the replay goes on. An error (the spool's) stops
+// the replay.
+func (a *Actor) setAside(name, why string) (gone bool, err error) {
+	err = a.o.Spool.Quarantine(name, why)
+	if errors.Is(err, ErrBatchGone) {
+		a.o.Log.Warn("spool batch gone before it could be set aside; nothing of it is replayed", "batch", name, "why", why)
+		return true, nil
+	}
+	if err != nil {
+		a.repeats.log(a.o.Log, slog.LevelError, msgQuarantineFailed, "batch", name, "why", why, logging.Err(err))
+		return false, err
+	}
+	a.repeats.ok(msgQuarantineFailed)
+	return false, nil
 }
 
 // removeReplayed removes batches the database took, oldest first, and returns the spool's

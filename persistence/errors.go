@@ -19,6 +19,10 @@ var (
 	ErrResend = errors.New("persistence: write sent before a restart of the persistence actor; send the unacknowledged writes again in order")
 	// ErrCorruptSpool marks a spooled batch that cannot be decoded; it is quarantined.
 	ErrCorruptSpool = errors.New("persistence: corrupt spool batch")
+	// ErrBatchGone is wrapped by Spooler.Quarantine when the batch's file is no longer there to
+	// set aside (removed by hand while a replay ran): it has left the queue, with nothing of it
+	// to replay or keep.
+	ErrBatchGone = errors.New("persistence: spool batch gone")
 	// ErrDefaultDataDir is returned when code under test tries to open the default (production)
 	// data directory.
 	ErrDefaultDataDir = errors.New("persistence: refusing to open the default data directory under go test")

@@ -1,11 +1,15 @@
 package persistence
 
-import "context"
+import (
+	"context"
+	"errors"
+)
 
 // Replayed is what ReplaySpool did with the batches that waited in the spool.
 type Replayed struct {
 	Batches  int // taken by the database, and removed from the spool
 	SetAside int // set aside for a human (Spooler.Quarantine): they do not decode, or the database refused what they hold
+	Gone     int // removed from the spool by hand while the replay ran (before it read them or set them aside): nothing to replay
 	Left     int // still waiting in the spool
 }
 
@@ -30,23 +34,35 @@ func ReplaySpool(ctx context.Context, store Store, o ActorOptions) (Replayed, er
 	a := &Actor{store: store, ctx: ctx, o: o.withDefaults()}
 	before := sp.Len()
 	err := a.replaySpool()
-	r := Replayed{SetAside: sp.setAside, Left: sp.Len()}
-	r.Batches = before - r.SetAside - r.Left
+	r := Replayed{SetAside: sp.setAside, Gone: sp.gone, Left: sp.Len()}
+	r.Batches = before - r.SetAside - r.Gone - r.Left
 	return r, err
 }
 
-// countingSpool counts the batches a replay sets aside.
+// countingSpool counts the batches a replay sets aside, and those it finds gone.
 type countingSpool struct {
 	Spooler
-	setAside int
+	setAside, gone int
+}
+
+// Peek implements Spooler. The batches it skips, for their files are gone, leave the queue.
+func (s *countingSpool) Peek(after string) (string, [][]Op, error) {
+	n := s.Len()
+	name, groups, err := s.Spooler.Peek(after)
+	s.gone += n - s.Len()
+	return name, groups, err
 }
 
 // Quarantine implements Spooler.
 func (s *countingSpool) Quarantine(name, reason string) error {
 	n := s.Len()
 	err := s.Spooler.Quarantine(name, reason)
-	if s.Len() < n { // it left the queue (moved, even when its reason could not be written)
-		s.setAside++
+	if s.Len() < n { // it left the queue (moved, even when its reason could not be written; or gone)
+		if errors.Is(err, ErrBatchGone) {
+			s.gone++
+		} else {
+			s.setAside++
+		}
 	}
 	return err
 }

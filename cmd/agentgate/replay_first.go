@@ -74,10 +74,14 @@ func replaySpoolFirst(ctx context.Context, st persistence.Store, cfg *config.Con
 	if r.SetAside > 0 {
 		setAside = fmt.Sprintf(", %d set aside in %s (the lines above say why)", r.SetAside, filepath.Join(dir, "failed"))
 	}
+	if r.Gone > 0 {
+		// Deleted by hand while the replay ran: not replayed, and not in failed/ either.
+		setAside += fmt.Sprintf(", %d gone from it before the replay could read or set it aside (removed by hand: nothing to replay)", r.Gone)
+	}
 	if err != nil {
 		return fmt.Errorf("%s: replayed %d of the %d batch(es) of writes waiting in %s into the database%s, then: %w; "+
 			"the %d left wait there for the next start, or the next %s (nothing was %s)",
-			act.prefix, r.Batches, r.Batches+r.SetAside+r.Left, dir, setAside, err, r.Left, act.name, act.done)
+			act.prefix, r.Batches, r.Batches+r.SetAside+r.Gone+r.Left, dir, setAside, err, r.Left, act.name, act.done)
 	}
 	fmt.Fprintf(stderr, "note: replayed %d batch(es) of writes waiting in %s into the database first, as the next start would have%s\n",
 		r.Batches, dir, setAside)

@@ -299,7 +299,8 @@ func (s *Spool) Remove(names ...string) error {
 // database rejects it for good) to the failed/ subdirectory, next to a <name>.reason.txt file
 // that records reason. Nothing is deleted: if failed/ already holds a file of that name, the
 // batch gets a numbered suffix. The batch leaves the queue once it is moved, even if writing the
-// reason then fails.
+// reason then fails, and when its file is gone (removed by hand): the error then wraps
+// persistence.ErrBatchGone.
 func (s *Spool) Quarantine(name string, reason string) error {
 	i := slices.Index(s.queue, name)
 	if i < 0 {
@@ -314,8 +315,10 @@ func (s *Spool) Quarantine(name string, reason string) error {
 		return fmt.Errorf("spool quarantine %s: %w", name, err)
 	}
 	if err := os.Rename(filepath.Join(s.dir, name), filepath.Join(failed, target)); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
+		if _, serr := os.Lstat(filepath.Join(s.dir, name)); errors.Is(serr, fs.ErrNotExist) {
+			// Removed by hand behind the spool's back: there is nothing left to set aside.
 			s.queue = slices.Delete(s.queue, i, i+1)
+			return fmt.Errorf("spool quarantine %s: %w: %w", name, persistence.ErrBatchGone, err)
 		}
 		return fmt.Errorf("spool quarantine %s: %w", name, err)
 	}
