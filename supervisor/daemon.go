@@ -278,6 +278,8 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		if d.spool, err = spool.Open(filepath.Join(cfg.DataDir, "spool")); err != nil {
 			return nil, fmt.Errorf("start: open spool: %w", err)
 		}
+	} else {
+		warnSpoolLeft(log, cfg.DataDir)
 	}
 	corrupt := func() { d.metrics.StoreCorrupt.Set(1) }
 	if d.store, err = openStore(ctx, cfg, log.With("component", "persistence"), !opts.SharedStore, corrupt); err != nil {
@@ -491,6 +493,26 @@ func (d *Daemon) Stop(ctx context.Context) error {
 		d.log.Info("stopped")
 	}
 	return err
+}
+
+// warnSpoolLeft says, in one line, that the spool in a cluster member's data directory holds
+// batches: a single daemon left them there (the database refused them, and it stopped before
+// it could store them) before the deployment became a cluster. A member keeps no spool and
+// never replays one (Options.SharedStore), so their writes are in no database, and before
+// nothing said so. They are not replayed here: they may be a SQLite database's writes, not
+// this PostgreSQL database's, and a member's writes are fenced by key, which spooled ones are
+// not. RUNBOOK says what an operator can do (the single daemon replays them at its start).
+func warnSpoolLeft(log *slog.Logger, dataDir string) {
+	dir := filepath.Join(dataDir, "spool")
+	n, err := spool.Waiting(dir)
+	if err != nil {
+		log.Warn("count the writes left in the spool", "dir", dir, logging.Err(err))
+		return
+	}
+	if n > 0 {
+		log.Warn("a single daemon's spool is left in the data directory, and a cluster member never replays it: its writes are in no database; "+
+			"to replay them, start that single daemon once on this data_dir with its own store settings (RUNBOOK)", "dir", dir, "batches", n)
+	}
 }
 
 // spooled counts the batches left in the spool (none for a member, which keeps no spool).
