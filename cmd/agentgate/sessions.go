@@ -85,7 +85,9 @@ a new one; a session that has ended already is left as it is ("already ended"), 
 nothing was said in yet ("holds nothing yet"). Writes waiting in data_dir/spool (the database
 refused them, and the daemon stopped before it could store them) are replayed into the
 database first, as the next start would replay them, so that the reset sees them; no unclean
-stop is counted for it.
+stop is counted for it. If agentgate did not stop cleanly last time, the next start still
+counts that stop against the messages waiting in the other sessions, any of which may have
+caused it (sessions pardon --all forgets it); the ended session's, marked failed, are spared.
 ` + keyHelp,
 	"sessions requeue": `usage: agentgate sessions requeue [flags] KEY MESSAGE_ID
 
@@ -578,6 +580,11 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return nil
 		}
 	}
+	// The last run's unclean stop, if it stopped so, is not forgotten here (Store.Pardon with no
+	// key forgets it): the next start counts it against the head pending message of every other
+	// session, and the message that took the daemon down may be any of them. A reset ends one
+	// session; the stop's strike against that session's messages falls away by itself, as
+	// they are no longer pending.
 	now := time.Now().UTC()
 	ops := append(fence, &persistence.EndSession{SessionID: s.ID, Reason: persistence.EndResetCommand, At: now})
 	ops = append(ops, unansweredOps(key, s, snap.LastOutboxSeq, pending, now)...)
