@@ -249,13 +249,7 @@ func TestResetDueWhileTheSessionWorksOutlivesAStop(t *testing.T) {
 		w.stop()
 		synctest.Wait()
 
-		clock.Store(after4.Add(30 * time.Minute).UnixNano())
-		w2 := newManagerWorldAt(t, path, gatedAgent("", nil), daily)
-		if got := w2.answersTo(t, "m1"); len(got) != 1 || got[0] != "re m1" {
-			t.Errorf("m1 was answered %q; want its reply", got)
-		}
-		synctest.Wait()
-		w2.checkEndedAt4(t, m0.SessionId, "once m1 ran after the restart")
+		w2 := restartPastTheHour(t, &clock, path, daily, m0.SessionId)
 		m2 := w2.deliver(t, "m2", "next")
 		if n := resetNotices(w2.answersTo(t, "m2")); m2.SessionId == m0.SessionId || len(n) != 1 {
 			t.Errorf("m2 ran in %s (the reset one %s), with the notices %q; want a new session and one notice", m2.SessionId, m0.SessionId, n)
@@ -306,14 +300,23 @@ func TestRefusedResetDueMarkIsWrittenAgain(t *testing.T) {
 		w.stop()
 		synctest.Wait()
 
-		clock.Store(after4.Add(30 * time.Minute).UnixNano())
-		w2 := newManagerWorldAt(t, path, gatedAgent("", nil), daily)
-		if got := w2.answersTo(t, "m1"); len(got) != 1 || got[0] != "re m1" {
-			t.Errorf("m1 was answered %q; want its reply", got)
-		}
-		synctest.Wait()
-		w2.checkEndedAt4(t, m0.SessionId, "once m1 ran after the restart")
+		restartPastTheHour(t, &clock, path, daily, m0.SessionId)
 	})
+}
+
+// restartPastTheHour starts agentgate again on path 30 minutes past the daily hour, after a stop
+// cut the turn of m1 (queued in session sid) short, and checks that m1 runs and is answered,
+// and that sid then ends at the hour.
+func restartPastTheHour(t *testing.T, clock *atomic.Int64, path string, daily func(*Deps), sid string) *managerWorld {
+	t.Helper()
+	clock.Store(after4.Add(30 * time.Minute).UnixNano())
+	w := newManagerWorldAt(t, path, gatedAgent("", nil), daily)
+	if got := w.answersTo(t, "m1"); len(got) != 1 || got[0] != "re m1" {
+		t.Errorf("m1 was answered %q; want its reply", got)
+	}
+	synctest.Wait()
+	w.checkEndedAt4(t, sid, "once m1 ran after the restart")
+	return w
 }
 
 // heldUntil is an agent that answers "re ID" once release is closed, except for m1, which runs
