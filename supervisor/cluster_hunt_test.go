@@ -14,6 +14,8 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -102,6 +104,7 @@ type huntMember struct {
 	r     *runtime
 	state string // live | leaving | stopped | killed
 	done  chan struct{}
+	logs  *testutil.Buffer // its log, at Debug (saved when the hunt fails: saveLogs)
 }
 
 // huntAck is one delivery the hunt made and what it got back.
@@ -214,9 +217,37 @@ func newHunt(t *testing.T, seed uint64, exec agents.Agent) *hunt {
 		admin.Close(context.Background())
 		if t.Failed() {
 			t.Logf("seed %d (replay: AGENTGATE_CLUSTER_SEED=%d); what the hunt did:\n%s", seed, seed, strings.Join(h.log, "\n"))
+			h.saveLogs()
 		}
 	})
 	return h
+}
+
+// saveLogs keeps each member's Debug log in a directory of its own, which outlives the test, and
+// logs where it is, with the members' warnings and errors: what a failed hunt's members did is
+// in their Debug lines (a member's view, its activations and releases), which the test's own
+// log would drown in.
+func (h *hunt) saveLogs() {
+	t := h.t
+	dir, err := os.MkdirTemp("", fmt.Sprintf("agentgate-hunt-seed%d-", h.seed))
+	if err != nil {
+		t.Logf("the members' logs are not kept: %v", err)
+		return
+	}
+	for _, m := range h.members {
+		text := m.logs.String()
+		if err := os.WriteFile(filepath.Join(dir, m.name+".log"), []byte(text), 0o644); err != nil {
+			t.Logf("%s's log is not kept: %v", m.name, err)
+		}
+		var serious []string
+		for line := range strings.Lines(text) {
+			if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+				serious = append(serious, strings.TrimSuffix(line, "\n"))
+			}
+		}
+		t.Logf("%s's warnings and errors:\n%s", m.name, strings.Join(serious, "\n"))
+	}
+	t.Logf("each member's Debug log is in %s", dir)
 }
 
 func (h *hunt) logf(format string, args ...any) {
@@ -251,10 +282,12 @@ func (h *hunt) join() {
 		t.Fatalf("the dsn %q names no user postgres", h.dsn)
 	}
 	name := fmt.Sprint("m", len(h.members))
-	r := startClusterMember(t, dsn, h.agentOf(name), h.drain, func(c *config.Config) {
+	logs := &testutil.Buffer{}
+	r := MustStartDaemon(t, h.agentOf(name), daemonOpts{drain: h.drain, logs: logs, tweak: func(c *config.Config) {
+		clusterOn(dsn)(c)
 		c.Sessions.Queue.Mode = h.mode
-	})
-	m := &huntMember{name: name, role: role, r: r, state: "live", done: make(chan struct{})}
+	}})
+	m := &huntMember{name: name, role: role, r: r, state: "live", done: make(chan struct{}), logs: logs}
 	h.mu.Lock()
 	h.members = append(h.members, m)
 	h.mu.Unlock()
