@@ -44,9 +44,9 @@ func (e *dataDirInUse) Unwrap() error        { return persistence.ErrLocked }
 // no lock on it at all: its advisory lock keeps apart daemons on one database and schema, not
 // two deployments given the same data directory. Cluster members keep no spool and take no
 // lock. The lock is on a regular file opened for writing (flock.Open), not on the directory.
-// sessions pardon holds it too, always, before the store's lock (as a daemon takes them: a
-// daemon that is starting holds this one before it opens the store); sessions reset with the
-// daemon stopped holds it while it replays the spool.
+// The writing admin commands (sessions pardon, reset and requeue) take it too, before the
+// store's lock, as a daemon takes them (a daemon that is starting holds this one before it
+// opens the store), and hold it while they replay the spool.
 // It is taken before the store opens, so under go test the default data directory is refused
 // as the SQLite store refuses it (sqlite.CheckTestGuard), before anything is made in it.
 func LockDataDir(dir string) (*os.File, error) {

@@ -11,7 +11,6 @@ import (
 	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/spool"
-	"github.com/agentgate/agentgate/supervisor"
 )
 
 // offlineAct names, in its command's words, what an admin command does to the store with the
@@ -20,9 +19,6 @@ type offlineAct struct {
 	prefix string // what its errors begin with: "sessions pardon", "reset KEY"
 	name   string // the act: "pardon", "reset"
 	done   string // the act done, for "nothing was …": "pardoned", "reset"
-	// dirHeld: the command holds the data directory's lock already (sessions pardon takes it
-	// with the store's, openStoreWith): a second flock of this process would find it held.
-	dirHeld bool
 }
 
 // replaySpoolFirst replays into st the writes waiting in the spool of cfg's data_dir, which the
@@ -37,13 +33,16 @@ type offlineAct struct {
 // last run's unclean stop, and can quarantine a message at its 3rd strike.
 //
 // The replay is the daemon's own (persistence.ReplaySpool: the same transactions, batches set
-// aside the same way, the same log lines), under the same locks: the store's, taken alone by
-// the caller, and the data directory's (supervisor.LockDataDir), which a daemon takes before it
-// opens the spool. It records no run: the next start counts the last run's unclean stop as it
-// would have, and finds the spool empty. All of the spool is replayed, not only the writes of
-// the command's session: they name sessions by id, and the key's route may be among them. A
-// spool it cannot read, or a database that refuses the writes, refuses the act; the batches
-// not replayed wait in the spool for the next start. A cluster keeps no spool.
+// aside the same way, the same log lines), under the same locks, which the caller holds: the
+// data directory's (supervisor.LockDataDir), which a daemon takes before it opens the spool,
+// and the store's, taken alone; openStoreWith takes both, in that order, for a writing command
+// on a single daemon's configuration. It does not take the data directory's lock again: flock
+// is per open file, and a second one of this process would find it held. It records no run:
+// the next start counts the last run's unclean stop as it would have, and finds the spool
+// empty. All of the spool is replayed, not only the writes of the command's session: they name
+// sessions by id, and the key's route may be among them. A spool it cannot read, or a database
+// that refuses the writes, refuses the act; the batches not replayed wait in the spool for the
+// next start. A cluster keeps no spool.
 func replaySpoolFirst(ctx context.Context, st persistence.Store, cfg *config.Config, act offlineAct, stderr io.Writer) error {
 	if cfg.Cluster.Enabled {
 		return nil
@@ -55,14 +54,6 @@ func replaySpoolFirst(ctx context.Context, st persistence.Store, cfg *config.Con
 		return fmt.Errorf("%s: cannot tell whether writes wait in the spool: %w (nothing was changed)", act.prefix, err)
 	case n == 0:
 		return nil
-	}
-	if !act.dirHeld {
-		lock, err := supervisor.LockDataDir(cfg.DataDir)
-		if err != nil {
-			return fmt.Errorf("%s: %s holds %d batch(es) of writes the database does not have yet, which the %s replays first, "+
-				"but cannot take the data directory's lock: %w (nothing was changed)", act.prefix, dir, n, act.name, err)
-		}
-		defer lock.Close()
 	}
 	sp, err := spool.Open(dir)
 	if err != nil {

@@ -35,9 +35,13 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 	if err != nil {
 		return helpIsDone(err)
 	}
-	st, cfg, err := openStore(ctx, &cf, false)
+	// The data directory's lock first, as a daemon takes it (openStoreWith): a daemon that is
+	// starting holds it before it opens the store. Before, the requeue took only the store's
+	// lock then (which could fail the daemon's start), and said that no daemon runs; now it goes
+	// the way of a running daemon's.
+	st, cfg, dirLock, err := openStoreWith(ctx, &cf, storeWrite, 0)
 	if errors.Is(err, persistence.ErrLocked) {
-		where := lockedPlace(cfg)
+		where := lockedPlace(cfg, err)
 		addr, run, recorded := daemonAddr(cfg)
 		if !recorded {
 			return fmt.Errorf("the daemon is running on this %s, but it records no address in %s (it starts, or it runs on another host); requeue through it: %s",
@@ -62,6 +66,9 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 	}
 	if err != nil {
 		return err
+	}
+	if dirLock != nil {
+		defer dirLock.Close() // (after the store's: deferred calls run last in, first out)
 	}
 	defer st.Close()
 	if cfg.Cluster.Enabled {

@@ -476,10 +476,14 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return helpIsDone(err)
 	}
 	shown := pasteableKey(key) // (as the messages name the key: its characters reach no terminal raw)
-	st, cfg, err := openStore(ctx, &cf, false)
+	// The data directory's lock first, as a daemon takes it (openStoreWith): a daemon that is
+	// starting holds it before it opens the store. Before, the reset took only the store's lock
+	// then, and ended the session in the store under the starting daemon (and could fail its
+	// start); now it goes the way of a running daemon's.
+	st, cfg, dirLock, err := openStoreWith(ctx, &cf, storeWrite, 0)
 	if errors.Is(err, persistence.ErrLocked) {
-		// The daemon holds the database: it resets the session itself.
-		where := lockedPlace(cfg)
+		// The daemon holds the data directory or the database: it resets the session itself.
+		where := lockedPlace(cfg, err)
 		addr, run, recorded := daemonAddr(cfg)
 		if !recorded {
 			return fmt.Errorf("the daemon is running on this %s, but it records no address in %s (it starts, or it runs on another host); reset through it: %s",
@@ -509,6 +513,9 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	if err != nil {
 		return err
+	}
+	if dirLock != nil {
+		defer dirLock.Close() // (after the store's: deferred calls run last in, first out)
 	}
 	defer st.Close()
 	if cfg.Cluster.Enabled {
@@ -777,10 +784,11 @@ func resetCommandAt(cfg *config.Config, addr, key string) string {
 	return curlPost(cfg, addr, "/v1/sessions/"+url.PathEscape(key)+"/reset")
 }
 
-// lockedPlace is what a running daemon holds, as the admin commands name it: the data directory
-// (SQLite) or the database (PostgreSQL).
-func lockedPlace(cfg *config.Config) string {
-	if cfg.Store.Driver == "postgres" {
+// lockedPlace is what a running daemon holds, as the admin commands name it, for the error err
+// of their open (openStoreWith): the data directory (its own lock, or a SQLite store's) or the
+// database (PostgreSQL's lock).
+func lockedPlace(cfg *config.Config, err error) string {
+	if cfg.Store.Driver == "postgres" && !errors.Is(err, supervisor.ErrDataDirInUse) {
 		return "database"
 	}
 	return "data directory"
@@ -899,15 +907,6 @@ func helpIsDone(err error) error {
 	return err
 }
 
-// openStore loads the configuration and opens its database read-only or with the write lock
-// (which a running daemon holds): a SQLite file (it never creates one) or PostgreSQL (whose
-// daemon lock is an advisory lock). It never migrates (an upgrade is the daemon's): a database
-// whose schema is older than this binary's is refused. The config is returned whenever it
-// loaded, even on error.
-func openStore(ctx context.Context, cf *configFlags, readOnly bool) (persistence.Store, *config.Config, error) {
-	return openStoreFor(ctx, cf, readOnly, 0)
-}
-
 // searchTimeout bounds a search on PostgreSQL, which scans the messages (about 16 µs each
 // without README's index): the store's default 15 s would fail it at about a million. Ctrl-C
 // still ends it at once.
@@ -918,24 +917,13 @@ const searchTimeout = 30 * time.Minute
 const noDatabaseHint = "check --data-dir and --config; for a daemon on PostgreSQL, give the command its store settings too: " +
 	"its --config, or AGENTGATE_STORE_DRIVER=postgres and AGENTGATE_STORE_DSN, with PGPASSWORD"
 
-// openStoreFor is openStore whose PostgreSQL calls may take up to timeout (0: the store's
-// default).
-func openStoreFor(ctx context.Context, cf *configFlags, readOnly bool, timeout time.Duration) (persistence.Store, *config.Config, error) {
-	access := storeWrite
-	if readOnly {
-		access = storeReadOnly
-	}
-	st, cfg, _, err := openStoreWith(ctx, cf, access, timeout)
-	return st, cfg, err
-}
-
-// openReader is openStoreFor read-only, for a command that shows what the database holds:
-// when writes wait in the spool (the daemon spools while the database refuses writes, and a
-// daemon killed with -9 leaves them there until its next start), it says on stderr that what it
-// shows lacks them. Before, show, list and export showed the stale state without a word (a
-// walkthrough).
+// openReader opens the store read-only (openStoreWith), for a command that shows what the
+// database holds: when writes wait in the spool (the daemon spools while the database refuses
+// writes, and a daemon killed with -9 leaves them there until its next start), it says on
+// stderr that what it shows lacks them. Before, show, list and export showed the stale state
+// without a word (a walkthrough).
 func openReader(ctx context.Context, cf *configFlags, timeout time.Duration, stderr io.Writer) (persistence.Store, error) {
-	st, cfg, err := openStoreFor(ctx, cf, true, timeout)
+	st, cfg, _, err := openStoreWith(ctx, cf, storeReadOnly, timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -963,17 +951,25 @@ type storeAccess int
 
 const (
 	storeReadOnly storeAccess = iota // alongside the daemon
-	storeWrite                       // alone, or as one more of a cluster's members
+	storeWrite                       // alone, or as one more of a cluster's members; a single daemon's data directory too
 	storeAlone                       // alone, also in a cluster: no member may run; a single daemon's data directory too
 )
 
-// openStoreWith is openStoreFor with the access it takes. With storeAlone and a single daemon's
-// configuration it takes the data directory's lock (supervisor.LockDataDir) before the store's,
-// as a daemon takes them, and returns it (to close after the store; nil otherwise): a daemon
-// that is starting holds the first before it opens the store, and a command that took only the
-// store's lock acted on the store under it (and could fail its start). The lock is taken after
-// the check that the SQLite database exists, so that a command refused for a wrong --data-dir
-// creates nothing there.
+// openStoreWith loads the configuration and opens its database with access: read-only, or with
+// the write lock (which a running daemon holds): a SQLite file (it never creates one) or
+// PostgreSQL (whose daemon lock is an advisory lock), whose calls may take up to timeout (0: the
+// store's default). It never migrates (an upgrade is the daemon's): a database whose schema is
+// older than this binary's is refused. The config is returned whenever it loaded, even on error.
+//
+// A writing command (storeWrite, storeAlone) on a single daemon's configuration takes the data
+// directory's lock (supervisor.LockDataDir) before the store's, as a daemon takes them, and gets
+// it back (to close after the store; nil otherwise): a daemon that is starting holds the first
+// before it opens the store, and a command that took only the store's lock acted on the store
+// under it (and could fail its start). Held by another process, it is refused as the store's
+// lock is (persistence.ErrLocked, and supervisor.ErrDataDirInUse), so a command that goes
+// through the running daemon then still does. The lock is taken after the check that the
+// SQLite database exists, so that a command refused for a wrong --data-dir creates nothing
+// there. Cluster members take no lock on their data directory, and a reader none either.
 func openStoreWith(ctx context.Context, cf *configFlags, access storeAccess, timeout time.Duration) (persistence.Store, *config.Config, io.Closer, error) {
 	readOnly := access == storeReadOnly
 	// What pgx refuses on this machine, in its words, with the file or the PG* variable named
@@ -988,7 +984,7 @@ func openStoreWith(ctx context.Context, cf *configFlags, access storeAccess, tim
 	}
 	var dirLock io.Closer
 	lockDir := func() error {
-		if access != storeAlone || cfg.Cluster.Enabled {
+		if access == storeReadOnly || cfg.Cluster.Enabled {
 			return nil // (cluster members take no lock on their data directory)
 		}
 		f, err := supervisor.LockDataDir(cfg.DataDir)

@@ -8,7 +8,6 @@ import (
 	"io"
 
 	"github.com/agentgate/agentgate/persistence"
-	"github.com/agentgate/agentgate/supervisor"
 )
 
 const pardonUsage = `usage: agentgate sessions pardon [flags] (--all | KEY)
@@ -56,12 +55,8 @@ func sessionsPardon(ctx context.Context, args []string, stdout, stderr io.Writer
 	// took only the store's lock, pardoned under the starting daemon, and could fail its start.
 	st, cfg, dirLock, err := openStoreWith(ctx, &cf, storeAlone, 0)
 	if errors.Is(err, persistence.ErrLocked) {
-		place := lockedPlace(cfg)
-		if errors.Is(err, supervisor.ErrDataDirInUse) {
-			place = "data directory"
-		}
 		return fmt.Errorf("sessions pardon: agentgate is running on this %s: stop the daemon first (its sessions keep the counts they loaded; "+
-			"in a cluster, stop every member), then pardon, then start it again", place)
+			"in a cluster, stop every member), then pardon, then start it again", lockedPlace(cfg, err))
 	}
 	if err != nil {
 		return err
@@ -70,7 +65,7 @@ func sessionsPardon(ctx context.Context, args []string, stdout, stderr io.Writer
 		defer dirLock.Close() // (after the store's: deferred calls run last in, first out)
 	}
 	defer st.Close()
-	act := offlineAct{prefix: "sessions pardon", name: "pardon", done: "pardoned", dirHeld: dirLock != nil}
+	act := offlineAct{prefix: "sessions pardon", name: "pardon", done: "pardoned"}
 	if err := replaySpoolFirst(ctx, st, cfg, act, stderr); err != nil {
 		return err
 	}
