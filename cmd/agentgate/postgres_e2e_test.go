@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -180,4 +182,30 @@ func TestDaemonRefusesADataDirInUseOnPostgres(t *testing.T) {
 // pgEnv is the environment that puts a daemon on the PostgreSQL database dsn.
 func pgEnv(dsn string) []string {
 	return []string{"AGENTGATE_STORE_DRIVER=postgres", "AGENTGATE_STORE_DSN=" + dsn}
+}
+
+// TestAdminOnPostgresMakesNoDataDirectory: the writing admin commands of a single daemon on
+// PostgreSQL, run where its data directory is not (another host than the daemon's: the
+// database is shared), act on the database and make no data directory there. Before, they
+// made one (./data by default) to take its lock, which no daemon there could hold.
+func TestAdminOnPostgresMakesNoDataDirectory(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	st, err := postgres.Open(context.Background(), dsn, postgres.Options{}) // the schema, as a daemon makes it
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	t.Setenv("AGENTGATE_STORE_DRIVER", "postgres")
+	t.Setenv("AGENTGATE_STORE_DSN", dsn)
+	dir := filepath.Join(t.TempDir(), "data")
+	if out, _ := MustRunSessions(t, "pardon", "--all", "--data-dir", dir); !strings.HasPrefix(out, "pardoned 0 message(s)") {
+		t.Errorf("pardon --all printed %q, want it pardoned", out)
+	}
+	if _, _, err := runSessions(t, "reset", "agent:main:http:dm:nobody", "--data-dir", dir); err != nil &&
+		strings.Contains(err.Error(), "data directory") {
+		t.Errorf("reset: %v, want no word of the data directory", err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the data directory %s after the commands: %v, want none made", dir, err)
+	}
 }

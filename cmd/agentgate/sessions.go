@@ -999,8 +999,13 @@ func openStoreWith(ctx context.Context, cf *configFlags, access storeAccess, tim
 		}
 	}
 	if cfg.Store.Driver == "postgres" {
-		if err := lockDir(); err != nil {
-			return nil, cfg, nil, err
+		// Only a data directory that is there: a daemon on this host makes it before it opens
+		// the store, and a command run on another host (the database is shared) must not make
+		// one where it stands; no daemon there can hold its lock.
+		if _, err := os.Stat(cfg.DataDir); err == nil {
+			if err := lockDir(); err != nil {
+				return nil, cfg, nil, err
+			}
 		}
 		// A cluster's members hold the daemon lock shared: a writing tool of the cluster joins
 		// them (and is kept off while a single daemon runs), a single daemon's takes it alone.
