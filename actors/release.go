@@ -308,7 +308,11 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 		switch {
 		case err == nil:
 			delete(a.silent, p.String())
-			delete(a.unreachable, p.String())
+			if since, waited := a.unreachable[p.String()]; waited {
+				delete(a.unreachable, p.String())
+				m.log.Info("a member this one could not reach answers again", "session", key, "member", p.Address,
+					"holding", r.Holding, "waited", time.Since(since))
+			}
 		case errors.Is(err, actor.ErrDeadLetter):
 			// Its manager is gone (the member stopped), or this member cannot reach it.
 			m.stillHolds(c, key, a, p, err)
@@ -341,9 +345,15 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 // is the key's holder (a live registration, and the key's latest claim). One that is still may
 // be running the key's turn where this member cannot reach it: the activation waits for it,
 // and asks it again (at once after a silence, which took releaseAnswerTimeout; after
-// releaseAnswerTimeout after a dead letter, which comes at once). So it does when the store
-// cannot say. One that is not holds nothing of the key: the member stopped, or died and its
-// registration expired; the activation goes on without it.
+// releaseAnswerTimeout after a dead letter or any other answer that comes at once: asked again
+// at once, a member that answers amiss was asked dozens of times an instant). So it does when
+// the store cannot say. While it waits, the key's requests wait here, not for the member: sent
+// to it, they would come back as dead letters for as long as it cannot be reached. One that is
+// not the holder holds nothing of the key: the member stopped, or died and its registration
+// expired; the activation goes on without it. When the store names another member that this
+// activation has not asked (it claimed the key meanwhile: a member whose view did not list
+// this one asked the unreachable member, which let go to it), that member is asked too: taken
+// for no holder, its running turn was fenced and its message ran again here.
 func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, p *actor.PID, cause error) {
 	m.holderOf(c, key, func(h *holderFound, err error) {
 		k := p.String()
@@ -365,8 +375,18 @@ func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, 
 				m.log.Warn("a member did not say whether it still runs the session; this member takes the key over",
 					"session", key, "member", p.Address, logging.Err(cause))
 			}
+			delete(a.unreachable, k)
+			if q := h.pid; q != nil && !q.Equal(m.d.Placement.Self()) && a.asked[q.String()] == nil {
+				m.log.Info("the session's holder is a member this activation has not asked; asking it to let go too",
+					"session", key, "member", q.Address)
+				a.asked[q.String()] = q
+				m.askRelease(c, key, a, q)
+			}
 			m.onReleased(c, &Released{Key: key, Address: p.Address, Id: p.Id, Activation: a.id})
 			return
+		}
+		if a.holder != nil && a.holder.Equal(p) {
+			a.holder = nil // (set again when it answers that it holds the key)
 		}
 		if a.unreachable == nil {
 			a.unreachable = map[string]time.Time{}
@@ -386,7 +406,7 @@ func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, 
 			m.log.Warn("a member that may still run the session cannot be reached; the session waits until it answers or its registration in the database is gone",
 				args...)
 		}
-		if deadLetter {
+		if !errors.Is(cause, actor.ErrTimeout) {
 			m.timers.SendOnce(releaseAnswerTimeout, c.Self(), &askAgain{key: key, a: a, holder: p})
 			return
 		}

@@ -1,0 +1,242 @@
+package actors
+
+// More of the wait for a holder this member cannot reach (stillHolds; unreachable_test.go has
+// the wait itself): found by a review of it.
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// countingHolder is a storedPlacement that notes when each Holder call came, and names no
+// holder from call `upTo` on (so that a test that spins still ends).
+type countingHolder struct {
+	storedPlacement
+	mu    *sync.Mutex
+	calls *[]time.Time
+	upTo  int
+}
+
+func (p countingHolder) Holder(ctx context.Context, key string) (*actor.PID, error) {
+	p.mu.Lock()
+	*p.calls = append(*p.calls, time.Now())
+	n := len(*p.calls)
+	p.mu.Unlock()
+	if n >= p.upTo {
+		return nil, nil
+	}
+	return p.storedPlacement.Holder(ctx, key)
+}
+
+// TestUnreachableHolderThatAnswersAmissIsAskedEveryFewSeconds: b, which the store names as the
+// key's holder, answers Release at once with something other than Released (neither a dead
+// letter nor a silence). It is asked again releaseAnswerTimeout later, as after a dead letter.
+// Before, it was asked again at once, as after a silence, which took that long: a loop of
+// Releases and store lookups with no pause, 38 in no time, for as long as the store named b.
+func TestUnreachableHolderThatAnswersAmissIsAskedEveryFewSeconds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		defer close(release)
+		agent, ran := slowUntil(release)
+		var ownerA, ownerB atomic.Pointer[actor.PID]
+		var wrong atomic.Bool
+		w := clusterWorldLogged(t, agent)
+		db := &Deps{Ctx: w.ctx, Store: w.store, Agent: agent, Platforms: w.d.Platforms, Log: w.d.Log,
+			Metrics: metrics.New("fake"), Node: "b", Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
+		var b *actor.PID
+		link := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			switch c.Message().(type) {
+			case *actor.Started, *actor.Stopping, *actor.Stopped, *actor.Restarting:
+				return
+			case *Release:
+				if wrong.Load() {
+					c.Respond(&DeliverResult{}) // not a Released
+					return
+				}
+			}
+			c.Forward(b)
+		}))
+		b = w.system.Root.Spawn(NewSessionManager(db))
+		t.Cleanup(func() { _ = w.system.Root.StopFuture(b).Wait() })
+		nodes := map[string]*actor.PID{"a": w.manager, "b": link}
+		var mu sync.Mutex
+		var calls []time.Time
+		w.d.Placement = countingHolder{storedPlacement{peersPlacement{self: w.manager, peers: []*actor.PID{link}, owner: &ownerA}, w.store, nodes}, &mu, &calls, 40}
+		db.Placement = storedPlacement{peersPlacement{self: link, peers: []*actor.PID{w.manager}, owner: &ownerB}, w.store, nodes}
+		ownerA.Store(link)
+		ownerB.Store(link)
+
+		w.system.Root.Send(link, &Routed{Key: w.key, Msg: w.message("m1", "slow")})
+		synctest.Wait()
+		if ran("slow") != 1 {
+			t.Fatalf("slow ran %d", ran("slow"))
+		}
+		wrong.Store(true)
+		ownerA.Store(w.manager)
+		next := w.request("m2", "next")
+		_, _ = next.Result()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(calls) < 40 {
+			t.Fatalf("only %d lookups", len(calls))
+		}
+		// calls[0] is lookUpHolder's; from calls[1] on, stillHolds'.
+		if took := calls[39].Sub(calls[1]); took < 10*releaseAnswerTimeout {
+			t.Errorf("38 store lookups (and as many Releases) in %v of the clock: a loop with no pause, want at least %v between asks",
+				took, releaseAnswerTimeout)
+		}
+	})
+}
+
+// clusterWorldLogged is loggedClusterWorld with a log no one reads.
+func clusterWorldLogged(t *testing.T, agent agents.Agent) *managerWorld {
+	t.Helper()
+	var logs testutil.Buffer
+	return loggedClusterWorld(t, agent, &logs)
+}
+
+// TestUnreachableHolderThatAnswersAgainIsLogged: a wait for a holder that cannot be reached ends
+// most often by its answer (the connection recovered): a line says so. Before, only a wait that
+// ended because the store named the member no longer said so; after one that ended by an
+// answer, the operator's last line was the wait's.
+func TestUnreachableHolderThatAnswersAgainIsLogged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		agent, ran := slowUntil(release)
+		var ownerA, ownerB, gone atomic.Pointer[actor.PID]
+		var cut atomic.Bool
+		var logs testutil.Buffer
+		w := loggedClusterWorld(t, agent, &logs)
+		db := &Deps{Ctx: w.ctx, Store: w.store, Agent: agent, Platforms: w.d.Platforms, Log: w.d.Log,
+			Metrics: metrics.New("fake"), Node: "b", Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
+		var b *actor.PID
+		link := cutLink(w.system, &b, &cut, false)
+		b = w.system.Root.Spawn(NewSessionManager(db))
+		t.Cleanup(func() { _ = w.system.Root.StopFuture(b).Wait() })
+		nodes := map[string]*actor.PID{"a": w.manager, "b": link}
+		w.d.Placement = goneHolder{storedPlacement{peersPlacement{self: w.manager, peers: []*actor.PID{link}, owner: &ownerA}, w.store, nodes}, &gone}
+		db.Placement = storedPlacement{peersPlacement{self: link, peers: []*actor.PID{w.manager}, owner: &ownerB}, w.store, nodes}
+		ownerA.Store(link)
+		ownerB.Store(link)
+		slow := w.system.Root.RequestFuture(link, &Routed{Key: w.key, Msg: w.message("m1", "slow")}, time.Hour)
+		synctest.Wait()
+		cut.Store(true)
+		ownerA.Store(w.manager)
+		ownerB.Store(w.manager)
+		next := w.request("m2", "next")
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		cut.Store(false)
+		_, _ = next.Result()
+		close(release)
+		_, _ = slow.Result()
+		for ran("next") == 0 {
+			<-w.sent
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		var after []string
+		seen := false
+		for l := range strings.SplitSeq(logs.String(), "\n") {
+			if strings.Contains(l, "cannot be reached; the session waits") {
+				seen = true
+				continue
+			}
+			if seen && strings.Contains(l, "member="+link.Address) {
+				after = append(after, l)
+			}
+		}
+		if !seen {
+			t.Fatalf("no wait line; log:\n%s", logs.String())
+		}
+		ended := false
+		for _, l := range after {
+			if strings.Contains(l, "level=INF") && !strings.Contains(l, "still holds the session") {
+				ended = true
+			}
+		}
+		if !ended {
+			t.Errorf("no line says the wait for %s ended (lines after the wait: %q)", link.Address, after)
+		}
+	})
+}
+
+// TestHolderTheStoreNamesWhileWaitingIsAsked: a waits for b, which it cannot reach and the
+// store names as the key's holder. Meanwhile c (whose view does not list a) asks b, which lets
+// go, claims the key and runs a slow turn. At a's next ask the store names c, not b: a asks c
+// too, and waits for its turn. Before, a took b to hold nothing and claimed the key at once,
+// without asking c (lookUpHolder would have): c's running turn was fenced and its message ran
+// again on a.
+func TestHolderTheStoreNamesWhileWaitingIsAsked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		defer close(release)
+		agent, ran := slowUntil(release)
+		var ownerA, ownerB, ownerC atomic.Pointer[actor.PID]
+		var cut atomic.Bool
+		var logs testutil.Buffer
+		w := loggedClusterWorld(t, agent, &logs)
+		deps := func(node string) *Deps {
+			return &Deps{Ctx: w.ctx, Store: w.store, Agent: agent, Platforms: w.d.Platforms, Log: w.d.Log,
+				Metrics: metrics.New("fake"), Node: node, Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
+		}
+		db, dc := deps("b"), deps("c")
+		var b *actor.PID
+		link := cutLink(w.system, &b, &cut, false) // b as a reaches it
+		b = w.system.Root.Spawn(NewSessionManager(db))
+		cm := w.system.Root.Spawn(NewSessionManager(dc))
+		t.Cleanup(func() {
+			_ = w.system.Root.StopFuture(b).Wait()
+			_ = w.system.Root.StopFuture(cm).Wait()
+		})
+		w.d.Placement = storedPlacement{peersPlacement{self: w.manager, peers: []*actor.PID{link}, owner: &ownerA}, w.store,
+			map[string]*actor.PID{"a": w.manager, "b": link, "c": cm}}
+		db.Placement = storedPlacement{peersPlacement{self: b, peers: []*actor.PID{cm}, owner: &ownerB}, w.store,
+			map[string]*actor.PID{"a": w.manager, "b": b, "c": cm}}
+		dc.Placement = storedPlacement{peersPlacement{self: cm, peers: []*actor.PID{b}, owner: &ownerC}, w.store,
+			map[string]*actor.PID{"a": w.manager, "b": b, "c": cm}}
+		ownerA.Store(b)
+		ownerB.Store(b)
+		ownerC.Store(b)
+
+		if _, err := w.system.Root.RequestFuture(b, &Routed{Key: w.key, Msg: w.message("m1", "first")}, time.Hour).Result(); err != nil {
+			t.Fatal(err)
+		}
+		cut.Store(true)         // a cannot reach b
+		ownerA.Store(w.manager) // a's view places the key on a
+		next := w.request("m2", "next")
+		synctest.Wait() // a waits for b
+		if n := len(linesWith(&logs, "cannot be reached; the session waits")); n != 1 {
+			t.Fatalf("a's wait lines: %d", n)
+		}
+		// c's view places the key on c; so does b's: c asks b, which lets go, and c runs m3.
+		ownerB.Store(cm)
+		ownerC.Store(cm)
+		slow := w.system.Root.RequestFuture(cm, &Routed{Key: w.key, Msg: w.message("m3", "slow")}, time.Hour)
+		synctest.Wait()
+		if ran("slow") != 1 {
+			t.Fatalf("c ran slow %d times; log:\n%s", ran("slow"), logs.String())
+		}
+		if own, _ := w.store.Ownership(w.ctx, w.key); own.Owner != "c" {
+			t.Fatalf("claim: %+v", own)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if ran("slow") != 1 {
+			t.Errorf("c's running turn ran %d times (a took the key over without asking c, which the store named), want once; log:\n%s",
+				ran("slow"), logs.String())
+		}
+		_ = next
+		_ = slow
+	})
+}
