@@ -113,21 +113,7 @@ func TestUnreachableHolderThatAnswersAgainIsLogged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		agent, ran := slowUntil(release)
-		var ownerA, ownerB, gone atomic.Pointer[actor.PID]
-		var cut atomic.Bool
-		var logs testutil.Buffer
-		w := loggedClusterWorld(t, agent, &logs)
-		db := &Deps{Ctx: w.ctx, Store: w.store, Agent: agent, Platforms: w.d.Platforms, Log: w.d.Log,
-			Metrics: metrics.New("fake"), Node: "b", Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
-		var b *actor.PID
-		link := cutLink(w.system, &b, &cut, false)
-		b = w.system.Root.Spawn(NewSessionManager(db))
-		t.Cleanup(func() { _ = w.system.Root.StopFuture(b).Wait() })
-		nodes := map[string]*actor.PID{"a": w.manager, "b": link}
-		w.d.Placement = goneHolder{storedPlacement{peersPlacement{self: w.manager, peers: []*actor.PID{link}, owner: &ownerA}, w.store, nodes}, &gone}
-		db.Placement = storedPlacement{peersPlacement{self: link, peers: []*actor.PID{w.manager}, owner: &ownerB}, w.store, nodes}
-		ownerA.Store(link)
-		ownerB.Store(link)
+		w, logs, link, ownerA, ownerB, _, cut := twoMembers(t, agent, false)
 		slow := w.system.Root.RequestFuture(link, &Routed{Key: w.key, Msg: w.message("m1", "slow")}, time.Hour)
 		synctest.Wait()
 		cut.Store(true)

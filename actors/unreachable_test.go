@@ -44,6 +44,30 @@ func loggedClusterWorld(t *testing.T, agent agents.Agent, logs *testutil.Buffer)
 	})
 }
 
+// twoMembers is a cluster of two managers on one store: a, the world's, which logs into logs,
+// and b, which a reaches through link (cut cuts it: a dead letter, or silence when silent).
+// ownerA and ownerB are where each one's view places the key, b to begin with; a's lookup of
+// the key's holder in the store names none once gone names the holder (goneHolder).
+func twoMembers(t *testing.T, agent agents.Agent, silent bool) (w *managerWorld, logs *testutil.Buffer, link *actor.PID,
+	ownerA, ownerB, gone *atomic.Pointer[actor.PID], cut *atomic.Bool) {
+	t.Helper()
+	logs = &testutil.Buffer{}
+	ownerA, ownerB, gone, cut = &atomic.Pointer[actor.PID]{}, &atomic.Pointer[actor.PID]{}, &atomic.Pointer[actor.PID]{}, &atomic.Bool{}
+	w = loggedClusterWorld(t, agent, logs)
+	db := &Deps{Ctx: w.ctx, Store: w.store, Agent: agent, Platforms: w.d.Platforms, Log: w.d.Log,
+		Metrics: metrics.New("fake"), Node: "b", Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
+	var b *actor.PID
+	link = cutLink(w.system, &b, cut, silent) // b's manager, as a reaches it
+	b = w.system.Root.Spawn(NewSessionManager(db))
+	t.Cleanup(func() { _ = w.system.Root.StopFuture(b).Wait() })
+	nodes := map[string]*actor.PID{"a": w.manager, "b": link}
+	w.d.Placement = goneHolder{storedPlacement{peersPlacement{self: w.manager, peers: []*actor.PID{link}, owner: ownerA}, w.store, nodes}, gone}
+	db.Placement = storedPlacement{peersPlacement{self: link, peers: []*actor.PID{w.manager}, owner: ownerB}, w.store, nodes}
+	ownerA.Store(link)
+	ownerB.Store(link)
+	return w, logs, link, ownerA, ownerB, gone, cut
+}
+
 // linesWith returns the lines of logs that contain text.
 func linesWith(logs *testutil.Buffer, text string) []string {
 	var out []string
@@ -88,21 +112,7 @@ func TestActivationWaitsForAHolderItCannotReach(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				release := make(chan struct{})
 				agent, ran := slowUntil(release)
-				var ownerA, ownerB, gone atomic.Pointer[actor.PID]
-				var cut atomic.Bool
-				var logs testutil.Buffer
-				w := loggedClusterWorld(t, agent, &logs)
-				db := &Deps{Ctx: w.ctx, Store: w.store, Agent: agent, Platforms: w.d.Platforms, Log: w.d.Log,
-					Metrics: metrics.New("fake"), Node: "b", Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
-				var b *actor.PID
-				link := cutLink(w.system, &b, &cut, silent) // b's manager, as the others reach it
-				b = w.system.Root.Spawn(NewSessionManager(db))
-				t.Cleanup(func() { _ = w.system.Root.StopFuture(b).Wait() })
-				nodes := map[string]*actor.PID{"a": w.manager, "b": link}
-				w.d.Placement = goneHolder{storedPlacement{peersPlacement{self: w.manager, peers: []*actor.PID{link}, owner: &ownerA}, w.store, nodes}, &gone}
-				db.Placement = storedPlacement{peersPlacement{self: link, peers: []*actor.PID{w.manager}, owner: &ownerB}, w.store, nodes}
-				ownerA.Store(link)
-				ownerB.Store(link)
+				w, logs, link, ownerA, ownerB, _, cut := twoMembers(t, agent, silent)
 
 				slow := w.system.Root.RequestFuture(link, &Routed{Key: w.key, Msg: w.message("m1", "slow")}, time.Hour)
 				synctest.Wait()
@@ -122,7 +132,7 @@ func TestActivationWaitsForAHolderItCannotReach(t *testing.T) {
 				if own, err := w.store.Ownership(w.ctx, w.key); err != nil || own.Owner != "b" {
 					t.Errorf("while b ran the turn the key's claim is %+v (%v), want b's", own, err)
 				}
-				waits := linesWith(&logs, "cannot be reached; the session waits")
+				waits := linesWith(logs, "cannot be reached; the session waits")
 				if len(waits) == 0 || len(waits) > 2 {
 					t.Errorf("lines of the wait:\n%s\nwant one, or two a minute apart", strings.Join(waits, "\n"))
 				}
@@ -131,7 +141,7 @@ func TestActivationWaitsForAHolderItCannotReach(t *testing.T) {
 						t.Errorf("line %q lacks %q", waits[0], want)
 					}
 				}
-				if took := linesWith(&logs, "takes the key over"); len(took) > 0 {
+				if took := linesWith(logs, "takes the key over"); len(took) > 0 {
 					t.Errorf("a took the key over while b held it: %q", took)
 				}
 
@@ -175,21 +185,7 @@ func TestActivationTakesOverFromAnUnreachableHolderThatIsGone(t *testing.T) {
 				release := make(chan struct{})
 				defer close(release)
 				agent, ran := slowUntil(release)
-				var ownerA, ownerB, gone atomic.Pointer[actor.PID]
-				var cut atomic.Bool
-				var logs testutil.Buffer
-				w := loggedClusterWorld(t, agent, &logs)
-				db := &Deps{Ctx: w.ctx, Store: w.store, Agent: agent, Platforms: w.d.Platforms, Log: w.d.Log,
-					Metrics: metrics.New("fake"), Node: "b", Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
-				var b *actor.PID
-				link := cutLink(w.system, &b, &cut, silent)
-				b = w.system.Root.Spawn(NewSessionManager(db))
-				t.Cleanup(func() { _ = w.system.Root.StopFuture(b).Wait() })
-				nodes := map[string]*actor.PID{"a": w.manager, "b": link}
-				w.d.Placement = goneHolder{storedPlacement{peersPlacement{self: w.manager, peers: []*actor.PID{link}, owner: &ownerA}, w.store, nodes}, &gone}
-				db.Placement = storedPlacement{peersPlacement{self: link, peers: []*actor.PID{w.manager}, owner: &ownerB}, w.store, nodes}
-				ownerA.Store(link)
-				ownerB.Store(link)
+				w, logs, link, ownerA, _, gone, cut := twoMembers(t, agent, silent)
 
 				w.system.Root.Send(link, &Routed{Key: w.key, Msg: w.message("m1", "slow")})
 				synctest.Wait()
@@ -212,7 +208,7 @@ func TestActivationTakesOverFromAnUnreachableHolderThatIsGone(t *testing.T) {
 				if own, err := w.store.Ownership(w.ctx, w.key); err != nil || own.Owner != "a" {
 					t.Errorf("the key's claim is %+v (%v), want a's", own, err)
 				}
-				if took := linesWith(&logs, "no longer holds the session; this member takes the key over"); len(took) != 1 ||
+				if took := linesWith(logs, "no longer holds the session; this member takes the key over"); len(took) != 1 ||
 					!strings.Contains(took[0], "waited=") {
 					t.Errorf("lines of the takeover: %q, want one that says how long a waited", took)
 				}
