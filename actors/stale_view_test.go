@@ -66,18 +66,25 @@ func TestActivationAsksAMemberThatAskedItBefore(t *testing.T) {
 		}
 		// a's reply to the slow message, then the next message's, perhaps after a's reply sent
 		// again by the member that loads the key (the world's platform confirms nothing).
-		deadline := time.After(time.Minute)
-		for ran("next") == 0 {
-			select {
-			case <-w.sent:
-			case <-deadline:
-				t.Fatal("the next message never ran")
-			}
-		}
-		time.Sleep(2 * releaseTries * releaseAnswerTimeout) // long enough for a second run
-		synctest.Wait()
-		if ran("slow") != 1 || ran("next") != 1 {
-			t.Errorf("the agent ran the slow message %d times and the next %d, want once each", ran("slow"), ran("next"))
-		}
+		ranOnceEach(t, w, ran)
 	})
+}
+
+// ranOnceEach waits for the next message to run (at most a minute), then long enough for a
+// second run of either, and checks that the agent ran the slow message and the next once each.
+func ranOnceEach(t *testing.T, w *managerWorld, ran func(string) int) {
+	t.Helper()
+	deadline := time.After(time.Minute)
+	for ran("next") == 0 {
+		select {
+		case <-w.sent:
+		case <-deadline:
+			t.Fatal("the next message never ran")
+		}
+	}
+	time.Sleep(2 * releaseTries * releaseAnswerTimeout) // long enough for a second run
+	synctest.Wait()
+	if ran("slow") != 1 || ran("next") != 1 {
+		t.Errorf("the agent ran the slow message %d times and the next %d, want once each", ran("slow"), ran("next"))
+	}
 }

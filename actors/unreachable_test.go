@@ -153,19 +153,7 @@ func TestActivationWaitsForAHolderItCannotReach(t *testing.T) {
 				if res, err := slow.Result(); err != nil || res.(*DeliverResult).Disposition != "started" {
 					t.Errorf("the slow message: %+v %v, want started", res, err)
 				}
-				deadline := time.After(time.Minute)
-				for ran("next") == 0 {
-					select {
-					case <-w.sent:
-					case <-deadline:
-						t.Fatal("the next message never ran")
-					}
-				}
-				time.Sleep(2 * releaseTries * releaseAnswerTimeout) // long enough for a second run
-				synctest.Wait()
-				if ran("slow") != 1 || ran("next") != 1 {
-					t.Errorf("the agent ran the slow message %d times and the next %d, want once each", ran("slow"), ran("next"))
-				}
+				ranOnceEach(t, w, ran)
 				if own, err := w.store.Ownership(w.ctx, w.key); err != nil || own.Owner != "a" {
 					t.Errorf("after b let go the key's claim is %+v (%v), want a's", own, err)
 				}
