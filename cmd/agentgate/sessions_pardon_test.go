@@ -120,12 +120,7 @@ func TestSessionsPardonReplaysTheSpool(t *testing.T) {
 	ctx := context.Background()
 	dir := MustSeedSessions(t) // keyA's sa2 has m4 pending at seq 3
 	path := filepath.Join(dir, "agentgate.db")
-	st, err := sqlite.Open(ctx, path, sqlite.Options{})
-	if err != nil {
-		t.Fatalf("sqlite.Open: %v", err)
-	}
-	storetest.MustCommit(t, st, &persistence.SetAttempts{SessionID: "sa2", Seq: 3, Attempts: 3})
-	st.Close()
+	setStrikes(t, path, 3)
 	spoolDir := filepath.Join(dir, "spool")
 	sp, err := spool.Open(spoolDir)
 	if err != nil {
@@ -194,16 +189,10 @@ func TestSessionsPardonReplaysTheSpool(t *testing.T) {
 	unchanged(t, "the pardon refused for the data directory's lock")
 	lock.Close()
 
-	// The database refusing writes (another process holds its write lock): the open says so,
-	// after the 5 s a commit waits for the lock; nothing replayed, nothing pardoned.
+	// The database refusing writes (another process holds its write lock): nothing replayed,
+	// nothing pardoned.
 	if !testing.Short() {
-		unlock := testutil.LockSQLite(t, path)
-		out, _, err = runSessions(t, "pardon", "--data-dir", dir, keyA)
-		if w := "the database is locked by another process (SQLITE_BUSY): "; err == nil || !strings.Contains(err.Error(), w) ||
-			!strings.HasSuffix(err.Error(), "and run the command again (nothing was changed): take the write lock: database is locked (5) (SQLITE_BUSY)") || out != "" {
-			t.Errorf("pardon with the database locked = %v, stdout %q; want the error …%q…(nothing was changed)…", err, out, w)
-		}
-		unlock()
+		refusedForTheDatabasesLock(t, path, "pardon", "--data-dir", dir, keyA)
 		unchanged(t, "the pardon refused for the database's lock")
 	}
 
@@ -249,12 +238,7 @@ func TestSessionsPardonRefusesAStartingDaemon(t *testing.T) {
 	ctx := context.Background()
 	dir := MustSeedSessions(t) // keyA's sa2 has m4 pending at seq 3
 	path := filepath.Join(dir, "agentgate.db")
-	st, err := sqlite.Open(ctx, path, sqlite.Options{})
-	if err != nil {
-		t.Fatalf("sqlite.Open: %v", err)
-	}
-	storetest.MustCommit(t, st, &persistence.SetAttempts{SessionID: "sa2", Seq: 3, Attempts: 2})
-	st.Close()
+	setStrikes(t, path, 2)
 	strikes := func(t *testing.T) int {
 		t.Helper()
 		st, err := sqlite.OpenReadOnly(ctx, path)
@@ -288,7 +272,7 @@ func TestSessionsPardonRefusesAStartingDaemon(t *testing.T) {
 		t.Errorf("m4 has %d strike(s) after a pardon refused, want its 2 kept", n)
 	}
 	// The store, which the starting daemon opens next, is not held by the refused pardon.
-	st, err = sqlite.Open(ctx, path, sqlite.Options{})
+	st, err := sqlite.Open(ctx, path, sqlite.Options{})
 	if err != nil {
 		t.Errorf("the daemon's store, opened after the pardon was refused: %v", err)
 	} else {
@@ -317,4 +301,31 @@ func TestSessionsPardonRefusesAStartingDaemon(t *testing.T) {
 	if _, err := os.Stat(empty); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a pardon refused for a data directory with no database made it (%v), want nothing made", err)
 	}
+}
+
+// refusedForTheDatabasesLock runs `sessions args…` while another process holds the SQLite
+// database's write lock: the open refuses after the 5 s a commit waits for it, saying so and
+// that nothing was changed, and prints nothing.
+func refusedForTheDatabasesLock(t *testing.T, path string, args ...string) {
+	t.Helper()
+	unlock := testutil.LockSQLite(t, path)
+	defer unlock()
+	out, _, err := runSessions(t, args...)
+	if w := "the database is locked by another process (SQLITE_BUSY): "; err == nil || !strings.Contains(err.Error(), w) ||
+		!strings.HasSuffix(err.Error(), "and run the command again (nothing was changed): take the write lock: database is locked (5) (SQLITE_BUSY)") || out != "" {
+		t.Errorf("sessions %s with the database locked = %v, stdout %q; want the error …%q…(nothing was changed)…",
+			strings.Join(args, " "), err, out, w)
+	}
+}
+
+// setStrikes sets the attempts of sa2's pending m4 (seq 3, MustSeedSessions) in the database at
+// path to n, the unclean stops counted against it.
+func setStrikes(t *testing.T, path string, n int) {
+	t.Helper()
+	st, err := sqlite.Open(context.Background(), path, sqlite.Options{})
+	if err != nil {
+		t.Fatalf("sqlite.Open: %v", err)
+	}
+	defer st.Close()
+	storetest.MustCommit(t, st, &persistence.SetAttempts{SessionID: "sa2", Seq: 3, Attempts: n})
 }
