@@ -117,7 +117,11 @@ func (s *Session) afterUncleanStops(c actor.Context) {
 // agentgate stopped (a kill -9, a stop past the drain's deadline): their agent may have begun
 // the work. Their notice says so, and the others' that they were not run. Before, every notice
 // said "it was not run", and the sender of a message whose agent had side effects sent it again
-// and had the work done twice (TestRecoveryNoticeSaysTheHeadMayHaveBeenPartlyRun).
+// and had the work done twice (TestRecoveryNoticeSaysTheHeadMayHaveBeenPartlyRun). A head whose
+// turn never began (it waited for an agent slot or its debounce window) is told it may have run
+// too: the store marks no turn's start (only a struck head's, MarkProbation, and a strike means
+// it may have run at an earlier unclean stop), and a mark for every turn would cost a durable
+// commit before each agent starts.
 func (s *Session) noticePending(c actor.Context) {
 	s.logNoticed()
 	if n := s.mayHaveRun(); n > 0 {
