@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
 
 	"github.com/agentgate/agentgate/internal/flock"
 	"github.com/agentgate/agentgate/persistence"
@@ -21,18 +25,79 @@ const DirLockFile = "agentgate-dir.flock"
 // directory's own lock (LockDataDir): the daemon that uses that directory.
 var ErrDataDirInUse = errors.New("data directory locked")
 
-// dataDirInUse is LockDataDir's refusal: ErrDataDirInUse and persistence.ErrLocked to errors.Is,
-// worded once (before, "data directory locked: persistence: store in use by another agentgate
-// process" after "data directory in use by another process" said it three times).
-type dataDirInUse struct{ path string }
-
-func (e *dataDirInUse) Error() string {
-	return fmt.Sprintf("data directory in use by another process (%s held: another agentgate daemon keeps its spool there; "+
-		"give each daemon its own --data-dir): %v", e.path, persistence.ErrLocked)
+// DataDirInUse is LockDataDir's refusal: ErrDataDirInUse and persistence.ErrLocked to
+// errors.Is, worded once (before, "data directory locked: persistence: store in use by another
+// agentgate process" after "data directory in use by another process" said it three times).
+// Holder is what the process that holds the lock recorded in the lock file (HolderDaemon, or
+// the admin command's name), and PID its process id; Holder is "" when no live process
+// recorded itself (an older agentgate holds it, or the holder took it an instant ago).
+type DataDirInUse struct {
+	Path   string
+	Holder string
+	PID    int
 }
 
-func (e *dataDirInUse) Is(target error) bool { return target == ErrDataDirInUse }
-func (e *dataDirInUse) Unwrap() error        { return persistence.ErrLocked }
+func (e *DataDirInUse) Error() string {
+	switch {
+	case e.ByCommand():
+		return fmt.Sprintf("data directory in use by another process (%s held by agentgate %s, pid %d, an admin command that ends in seconds): %v",
+			e.Path, e.Holder, e.PID, persistence.ErrLocked)
+	case e.Holder == HolderDaemon:
+		return fmt.Sprintf("data directory in use by another process (%s held by the agentgate daemon of pid %d, which keeps its spool there; "+
+			"give each daemon its own --data-dir): %v", e.Path, e.PID, persistence.ErrLocked)
+	}
+	return fmt.Sprintf("data directory in use by another process (%s held: another agentgate daemon keeps its spool there, "+
+		"give each daemon its own --data-dir; or an admin command such as agentgate sessions pardon, which ends in seconds): %v",
+		e.Path, persistence.ErrLocked)
+}
+
+// ByCommand reports whether an admin command (sessions pardon, reset or requeue) holds the
+// lock: it lets go of it within seconds, and nothing need be stopped.
+func (e *DataDirInUse) ByCommand() bool { return slices.Contains(lockCommands, e.Holder) }
+
+func (e *DataDirInUse) Is(target error) bool { return target == ErrDataDirInUse }
+func (e *DataDirInUse) Unwrap() error        { return persistence.ErrLocked }
+
+// HolderDaemon is the holder a daemon records in the data directory's lock file (LockDataDir).
+const HolderDaemon = "daemon"
+
+// lockCommands are the admin commands that take the data directory's lock, as they record
+// themselves in its lock file. A record that names neither these nor HolderDaemon is not read
+// as one: the file's content reaches the refusal only as one of these words.
+var lockCommands = []string{"sessions pardon", "sessions reset", "sessions requeue"}
+
+// recordHolder writes holder and this process's id into f, the lock file just taken, for a
+// process refused the lock to name (DataDirInUse). Best effort: a record not written leaves the
+// refusal naming both kinds of holder, and the lock is what keeps the second process off.
+func recordHolder(f *os.File, holder string) {
+	if f.Truncate(0) == nil {
+		_, _ = f.WriteAt([]byte(fmt.Sprintf("%s %d\n", holder, os.Getpid())), 0)
+	}
+}
+
+// readHolder reads what the holder of the lock file path recorded (recordHolder): its holder
+// and process id, or "" and 0 when the record names no holder known here, or a process that is
+// gone (a record the last holder left, read in the instant before the new one writes its own).
+func readHolder(path string) (string, int) {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) > 100 {
+		return "", 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	i := strings.LastIndexByte(line, ' ')
+	if i < 0 {
+		return "", 0
+	}
+	holder := line[:i]
+	pid, err := strconv.Atoi(line[i+1:])
+	if err != nil || pid <= 0 || holder != HolderDaemon && !slices.Contains(lockCommands, holder) {
+		return "", 0
+	}
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return "", 0
+	}
+	return holder, pid
+}
 
 // LockDataDir takes an exclusive, non-blocking flock on the data directory's lock file
 // (DirLockFile; the directory is created 0700 if missing) for as long as the returned file is
@@ -49,7 +114,10 @@ func (e *dataDirInUse) Unwrap() error        { return persistence.ErrLocked }
 // opens the store), and hold it while they replay the spool.
 // It is taken before the store opens, so under go test the default data directory is refused
 // as the SQLite store refuses it (sqlite.CheckTestGuard), before anything is made in it.
-func LockDataDir(dir string) (*os.File, error) {
+// holder is what takes it (HolderDaemon, or the command's name, "sessions pardon"), which the
+// lock file records for a process refused meanwhile to name: before, a daemon refused while a
+// pardon held the directory for under a second was told another daemon held it.
+func LockDataDir(dir, holder string) (*os.File, error) {
 	if err := sqlite.CheckTestGuard(dir); err != nil {
 		return nil, fmt.Errorf("data directory %s: %w", dir, err)
 	}
@@ -60,9 +128,11 @@ func LockDataDir(dir string) (*os.File, error) {
 	f, err := flock.Open(path)
 	switch {
 	case errors.Is(err, flock.ErrHeld):
-		return nil, &dataDirInUse{path: path}
+		who, pid := readHolder(path)
+		return nil, &DataDirInUse{Path: path, Holder: who, PID: pid}
 	case err != nil:
 		return nil, fmt.Errorf("data directory %s: lock: %w", dir, err)
 	}
+	recordHolder(f, holder)
 	return f, nil
 }

@@ -21,7 +21,7 @@ import (
 // a second daemon is refused with the file named, and takes it once the first lets go.
 func TestLockDataDir(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data") // created by the lock
-	first, err := LockDataDir(dir)
+	first, err := LockDataDir(dir, HolderDaemon)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,14 +31,14 @@ func TestLockDataDir(t *testing.T) {
 	if _, err := first.Write(nil); err != nil {
 		t.Errorf("the lock file is not open for writing: %v", err)
 	}
-	_, err = LockDataDir(dir)
+	_, err = LockDataDir(dir, HolderDaemon)
 	if !errors.Is(err, persistence.ErrLocked) || !strings.Contains(err.Error(), DirLockFile) {
 		t.Fatalf("second lock = %v, want ErrLocked naming %s", err, DirLockFile)
 	}
 	if err := first.Close(); err != nil {
 		t.Fatal(err)
 	}
-	second, err := LockDataDir(dir)
+	second, err := LockDataDir(dir, HolderDaemon)
 	if err != nil {
 		t.Fatalf("lock once the first let go: %v", err)
 	}

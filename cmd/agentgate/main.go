@@ -492,10 +492,15 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 // the data directory or the store (before, it named the holder but not the fix). Start binds
 // the HTTP port before it opens anything on disk, so a second start of the same configuration
 // is refused for its port: when the daemon that recorded its address in this data directory
-// answers on that port, the error says so, as it says of a held data directory.
+// answers on that port, the error says so, as it says of a held data directory. An admin
+// command that holds the data directory (sessions pardon, reset, requeue) is not stopped: it
+// ends in seconds, and the start is tried again then.
 func startError(ctx context.Context, cfg *config.Config, err error) error {
 	const stopIt = ": stop it, or give this one another "
+	var inUse *supervisor.DataDirInUse
 	switch {
+	case errors.As(err, &inUse) && inUse.ByCommand():
+		return fmt.Errorf("%w: start agentgate again once it is done", err)
 	case errors.Is(err, supervisor.ErrDataDirInUse) ||
 		cfg.Store.Driver == "sqlite" && cfg.Store.DSN == "" && errors.Is(err, persistence.ErrLocked):
 		return fmt.Errorf("%w%s%s--data-dir", err, heldBy(ctx, cfg, err), stopIt)

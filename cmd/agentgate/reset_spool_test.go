@@ -121,7 +121,7 @@ func TestSessionsResetReplaysTheSpool(t *testing.T) {
 	// A daemon holding the data directory (its database elsewhere, or it is starting): the spool
 	// is its. The reset takes the data directory's lock first, as a daemon does, and goes the
 	// way of a running daemon's: it records no address, so the reset says to go through it.
-	lock, err := supervisor.LockDataDir(dir)
+	lock, err := supervisor.LockDataDir(dir, supervisor.HolderDaemon)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -987,7 +987,7 @@ func openStoreWith(ctx context.Context, cf *configFlags, access storeAccess, tim
 		if access == storeReadOnly || cfg.Cluster.Enabled {
 			return nil // (cluster members take no lock on their data directory)
 		}
-		f, err := supervisor.LockDataDir(cfg.DataDir)
+		f, err := supervisor.LockDataDir(cfg.DataDir, cf.fs.Name()) // ("sessions pardon": what its refusals name)
 		if err == nil {
 			dirLock = f
 		}

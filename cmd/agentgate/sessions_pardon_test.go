@@ -178,7 +178,7 @@ func TestSessionsPardonReplaysTheSpool(t *testing.T) {
 	}
 
 	// A daemon holding the data directory (its database elsewhere): the spool is its.
-	lock, err := supervisor.LockDataDir(dir)
+	lock, err := supervisor.LockDataDir(dir, supervisor.HolderDaemon)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +260,7 @@ func TestSessionsPardonRefusesAStartingDaemon(t *testing.T) {
 	}
 
 	// The daemon's start, between its two locks: the data directory's held, the store's not yet.
-	lock, err := supervisor.LockDataDir(dir)
+	lock, err := supervisor.LockDataDir(dir, supervisor.HolderDaemon)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,7 +288,7 @@ func TestSessionsPardonRefusesAStartingDaemon(t *testing.T) {
 		t.Errorf("m4 has %d strike(s) after the pardon, want 0", n)
 	}
 	// The pardon let go of the data directory: a daemon can take it.
-	if lock, err := supervisor.LockDataDir(dir); err != nil {
+	if lock, err := supervisor.LockDataDir(dir, supervisor.HolderDaemon); err != nil {
 		t.Errorf("the data directory's lock after the pardon: %v", err)
 	} else {
 		lock.Close()

@@ -77,7 +77,7 @@ func TestSessionsResetAndRequeueRefuseAStartingDaemon(t *testing.T) {
 	// The command let go of the data directory: a daemon can take it.
 	dirFree := func(t *testing.T, what string) {
 		t.Helper()
-		lock, err := supervisor.LockDataDir(dir)
+		lock, err := supervisor.LockDataDir(dir, supervisor.HolderDaemon)
 		if err != nil {
 			t.Errorf("the data directory's lock after %s: %v", what, err)
 			return
@@ -87,7 +87,7 @@ func TestSessionsResetAndRequeueRefuseAStartingDaemon(t *testing.T) {
 
 	// The daemon's start, between its two locks: the data directory's held, the store's not
 	// yet, no address recorded; the spool is empty.
-	lock, err := supervisor.LockDataDir(dir)
+	lock, err := supervisor.LockDataDir(dir, supervisor.HolderDaemon)
 	if err != nil {
 		t.Fatal(err)
 	}
