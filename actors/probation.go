@@ -55,7 +55,7 @@ func (p *Probation) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		p.log = p.d.Log.With("actor", "probation")
-		p.armWaitsDue(c) // after a restart, for the sessions its predecessor held back
+		p.armWaitsDue(c) // (after a restart, none held back: its predecessor logged them)
 	case *askProbation:
 		c.Watch(m.session)
 		p.waiting = append(p.waiting, m)
@@ -88,9 +88,11 @@ func (p *Probation) Receive(c actor.Context) {
 			}
 		}
 		p.d.Metrics.ProbationWaiting.Set(0)
-		cancelTimer(p.stopDue) // the count stays in Deps.probationWaits: the successor arms its own
+		cancelTimer(p.stopDue)
+		p.flushWaits() // while it knows the first held back, whom its successor cannot name
 	case *actor.Stopping:
 		cancelTimer(p.stopDue)
+		p.flushWaits() // before, counted only by the next start's line
 	}
 }
 
@@ -132,7 +134,7 @@ func (p *Probation) armWaitsDue(c actor.Context) {
 }
 
 // logHeldWaits logs the waiting line that stands for the sessions held back since the last
-// one, once it is due, named after the first of them (none after a restart of Probation).
+// one, once it is due, named after the first of them.
 func (p *Probation) logHeldWaits(c actor.Context) {
 	if n, due := p.d.probationWaits.Held(); n == 0 {
 		return
@@ -140,6 +142,14 @@ func (p *Probation) logHeldWaits(c actor.Context) {
 		p.armWaitsDue(c)
 		return
 	}
+	p.flushWaits()
+}
+
+// flushWaits logs the waiting line that stands for the sessions held back since the last one,
+// due or not: when due (logHeldWaits), and as Probation stops or restarts. Before, those held
+// back at a stop were logged by no line, and the line due after a restart named no session:
+// the successor does not know the first held back.
+func (p *Probation) flushWaits() {
 	n, ok := p.d.probationWaits.Flush()
 	if !ok {
 		return

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,8 +14,10 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/asynkron/protoactor-go/actor"
 )
 
 // TestProbationWaitsLogOnceAMinute: sessions whose suspect begins to wait for probation log
@@ -93,5 +96,74 @@ func TestProbationWaitsLogOnceAMinute(t *testing.T) {
 				t.Errorf("message %s is %s at the end, want %s", id, status, persistence.StatusDone)
 			}
 		}
+	})
+}
+
+// TestProbationWaitsHeldBackAreLoggedAtAStopAndARestart: the sessions whose suspect began to
+// wait since the waiting line last logged are counted by one line as Probation stops, and as
+// it restarts, named after the first of them. Before, a stop logged none (they were counted
+// again only by the next start's line), and the line due after a restart named no session: the
+// new incarnation does not know the first held back.
+func TestProbationWaitsHeldBackAreLoggedAtAStopAndARestart(t *testing.T) {
+	waits := regexp.MustCompile(`level=WARN msg="` + regexp.QuoteMeta(waitingLine) + `" actor=probation(.*) sessions=(\d+)`)
+	lines := func(logs *testutil.Buffer) []string {
+		var got []string
+		for _, m := range waits.FindAllStringSubmatch(logs.String(), -1) {
+			got = append(got, strings.TrimSpace(m[1])+" sessions="+m[2])
+		}
+		return got
+	}
+	start := func(t *testing.T, props func(*Deps) *actor.Props) (*actor.ActorSystem, *actor.PID, *testutil.Buffer) {
+		system, _ := quietSystem(t)
+		logs := &testutil.Buffer{}
+		d := &Deps{Ctx: t.Context(), Log: slog.New(slog.NewTextHandler(logs, nil)), Metrics: metrics.New("fake")}
+		probation := system.Root.Spawn(props(d))
+		for _, id := range []string{"a", "b", "c"} {
+			session := system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+			system.Root.Send(probation, &askProbation{id: id, session: session, key: "k-" + id, message: "m-" + id, strikes: "2/3"})
+		}
+		synctest.Wait()
+		if got, want := lines(logs), []string{"session=k-a message_id=m-a strikes=2/3 sessions=1"}; !slices.Equal(got, want) {
+			t.Fatalf("waiting lines once three sessions asked: %q, want %q", got, want)
+		}
+		return system, probation, logs
+	}
+	held := []string{"session=k-a message_id=m-a strikes=2/3 sessions=1", "session=k-b message_id=m-b strikes=2/3 sessions=2"}
+
+	t.Run("stop", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			system, probation, logs := start(t, NewProbation)
+			time.Sleep(time.Second) // well before the held line is due
+			_ = system.Root.StopFuture(probation).Wait()
+			synctest.Wait()
+			if got := lines(logs); !slices.Equal(got, held) {
+				t.Errorf("waiting lines after Probation stopped: %q, want %q", got, held)
+			}
+		})
+	})
+	t.Run("restart", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			type crash struct{}
+			crashing := func(d *Deps) *actor.Props {
+				return NewProbation(d).Configure(actor.WithReceiverMiddleware(func(next actor.ReceiverFunc) actor.ReceiverFunc {
+					return func(c actor.ReceiverContext, env *actor.MessageEnvelope) {
+						if _, ok := env.Message.(*crash); ok {
+							panic("probation crashes")
+						}
+						next(c, env)
+					}
+				}))
+			}
+			system, probation, logs := start(t, crashing)
+			time.Sleep(time.Second)
+			system.Root.Send(probation, &crash{})
+			synctest.Wait()
+			time.Sleep(2 * time.Minute) // past the line that was due after the first
+			synctest.Wait()
+			if got := lines(logs); !slices.Equal(got, held) {
+				t.Errorf("waiting lines after Probation restarted: %q, want %q", got, held)
+			}
+			_ = system.Root.StopFuture(probation).Wait()
+		})
 	})
 }
