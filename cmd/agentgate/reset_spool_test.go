@@ -33,39 +33,25 @@ func TestSessionsResetReplaysTheSpool(t *testing.T) {
 	ctx := context.Background()
 	dir := MustSeedSessions(t) // keyA's sa2: m4 pending at seq 3, m5 at 4; outbox up to seq 2
 	path := filepath.Join(dir, "agentgate.db")
-	spoolDir := filepath.Join(dir, "spool")
-	sp, err := spool.Open(spoolDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	at := sessAt(50)
-	for _, batch := range [][]persistence.Op{
-		{
+	spoolDir, corrupt := mustSpoolWithACorruptBatch(t, dir,
+		[]persistence.Op{
 			&persistence.AppendMessage{Message: persistence.Message{
 				SessionID: "sa2", Seq: 5, Role: persistence.RoleAssistant, Content: "spooled answer", Platform: "http", ChatID: "alice",
-				Status: persistence.StatusDone, Active: true, CreatedAt: at,
+				Status: persistence.StatusDone, Active: true, CreatedAt: sessAt(50),
 			}},
 			&persistence.SetMessageStatus{SessionID: "sa2", Seqs: []int64{3}, Status: persistence.StatusDone},
 			&persistence.AddOutbox{Entry: persistence.OutboxEntry{
 				SessionKey: keyA, Seq: 3, SessionID: "sa2", Kind: "reply", Text: "spooled answer", InReplyTo: []string{"m4"},
-				Platform: "http", ChatType: "dm", ChatID: "alice", UserID: "alice", State: persistence.DeliveryPending, CreatedAt: at,
+				Platform: "http", ChatType: "dm", ChatID: "alice", UserID: "alice", State: persistence.DeliveryPending, CreatedAt: sessAt(50),
 			}},
 		},
-		{
+		[]persistence.Op{
 			&persistence.AppendMessage{Message: persistence.Message{
 				SessionID: "sa2", Seq: 6, Role: persistence.RoleUser, Content: "one more", Platform: "http", ChatID: "alice",
-				MessageID: "m6", UserID: "alice", Status: persistence.StatusPending, Active: true, CreatedAt: at,
+				MessageID: "m6", UserID: "alice", Status: persistence.StatusPending, Active: true, CreatedAt: sessAt(50),
 			}},
 		},
-	} {
-		if _, err := sp.Append([][]persistence.Op{batch}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	corrupt := fmt.Sprintf("%020d.json", 3) // the next name the spool would give
-	if err := os.WriteFile(filepath.Join(spoolDir, corrupt), []byte("{not json"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	)
 	type state struct {
 		ended    bool
 		messages map[string]string // message id (the answer: "answer") → status, "archived" added when not active

@@ -121,23 +121,10 @@ func TestSessionsPardonReplaysTheSpool(t *testing.T) {
 	dir := MustSeedSessions(t) // keyA's sa2 has m4 pending at seq 3
 	path := filepath.Join(dir, "agentgate.db")
 	setStrikes(t, path, 3)
-	spoolDir := filepath.Join(dir, "spool")
-	sp, err := spool.Open(spoolDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, op := range []persistence.Op{
-		&persistence.SetMessageStatus{SessionID: "sa2", Seqs: []int64{3}, Status: persistence.StatusQuarantined},
-		&persistence.SetTitle{SessionID: "sa2", Title: "spooled"},
-	} {
-		if _, err := sp.Append([][]persistence.Op{{op}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	corrupt := fmt.Sprintf("%020d.json", 3) // the next name the spool would give
-	if err := os.WriteFile(filepath.Join(spoolDir, corrupt), []byte("{not json"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	spoolDir, corrupt := mustSpoolWithACorruptBatch(t, dir,
+		[]persistence.Op{&persistence.SetMessageStatus{SessionID: "sa2", Seqs: []int64{3}, Status: persistence.StatusQuarantined}},
+		[]persistence.Op{&persistence.SetTitle{SessionID: "sa2", Title: "spooled"}},
+	)
 	m4 := func(t *testing.T) (status string, attempts int, title string) {
 		t.Helper()
 		st, err := sqlite.OpenReadOnly(ctx, path)
@@ -172,7 +159,7 @@ func TestSessionsPardonReplaysTheSpool(t *testing.T) {
 		}
 	}
 
-	_, _, err = runSessions(t, "requeue", "--data-dir", dir, keyA, "m4")
+	_, _, err := runSessions(t, "requeue", "--data-dir", dir, keyA, "m4")
 	if w := "; at its start it first replays the 3 batch(es) of writes waiting in " + spoolDir; err == nil || !strings.Contains(err.Error(), w) {
 		t.Errorf("requeue with no daemon and writes in the spool = %v, want it to say %q", err, w)
 	}
@@ -328,4 +315,27 @@ func setStrikes(t *testing.T, path string, n int) {
 	}
 	defer st.Close()
 	storetest.MustCommit(t, st, &persistence.SetAttempts{SessionID: "sa2", Seq: 3, Attempts: n})
+}
+
+// mustSpoolWithACorruptBatch writes batches into the spool of the data directory dir, one
+// each, as a daemon spools its writes while the database refuses them, and then a batch that
+// does not decode under the next name the spool would give. It returns the spool's directory
+// and that batch's name.
+func mustSpoolWithACorruptBatch(t *testing.T, dir string, batches ...[]persistence.Op) (spoolDir, corrupt string) {
+	t.Helper()
+	spoolDir = filepath.Join(dir, "spool")
+	sp, err := spool.Open(spoolDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, batch := range batches {
+		if _, err := sp.Append([][]persistence.Op{batch}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	corrupt = fmt.Sprintf("%020d.json", len(batches)+1)
+	if err := os.WriteFile(filepath.Join(spoolDir, corrupt), []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return spoolDir, corrupt
 }
