@@ -155,8 +155,38 @@ func (e *corruptError) Error() string {
 func (e *corruptError) Unwrap() error { return persistence.ErrCorrupt }
 
 // unavailable is markUnavailable for an error of this store's database: a corrupt one is also
-// reported (reportCorrupt).
+// reported (reportCorrupt), and a lock an admin command's write waited out is explained
+// (explainLocked).
 func (s *Store) unavailable(err error) error {
 	s.reportCorrupt(err)
-	return markUnavailable(err)
+	return s.explainLocked(markUnavailable(err))
+}
+
+// lockedError is the error of a write lock another process held for the writer's whole busy
+// timeout: who may hold it, and what to do. It wraps the error it explains.
+type lockedError struct {
+	path  string
+	again string // what to do once it is ended: "start again", "run the command again"
+	err   error
+}
+
+func (e *lockedError) Error() string {
+	return fmt.Sprintf("the database is locked by another process (SQLITE_BUSY): a connection outside agentgate "+
+		"(a sqlite3 shell in a transaction, a backup or sync tool) held its write lock for 5 s; end it (fuser %s) "+
+		"and %s: %v", e.path, e.again, e.err)
+}
+
+func (e *lockedError) Unwrap() error { return e.err }
+
+// explainLocked words err, a write's error, as Open words a lock it met (lockedError) when the
+// store is an admin command's (Options.MustWrite) and err is the lock: one taken after the
+// open's check. Before, the command said only "database is locked (5) (SQLITE_BUSY)". It does
+// not say that nothing was changed: the command's earlier writes (a spool replayed first) may
+// have been.
+func (s *Store) explainLocked(err error) error {
+	var le *lockedError
+	if !s.mustWrite || !isBusy(err) || errors.As(err, &le) {
+		return err
+	}
+	return &lockedError{path: s.path, again: "run the command again", err: err}
 }

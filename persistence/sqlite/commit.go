@@ -128,6 +128,11 @@ var errTxAborted = errors.New("transaction aborted")
 // inside its own SAVEPOINT.
 func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []error) {
 	errs = make([]error, len(groups))
+	defer func() { // (after MarkUnavailable: deferred calls run last in, first out)
+		for i := range errs {
+			errs[i] = s.explainLocked(errs[i])
+		}
+	}()
 	defer sqlstore.MarkUnavailable(errs, IsUnavailable)
 	defer func() {
 		if i := slices.IndexFunc(errs, isCorrupt); i >= 0 {

@@ -54,7 +54,8 @@ type Options struct {
 	// to do. Before, each write waited out the busy timeout in turn (the catch-up, the
 	// command's own, the catch-up of Close and of its timer): 15 to 20 s, then "database is
 	// locked (5)", which named neither the database nor the cure. A lock held briefly (a
-	// checkpoint) is waited for, as the daemon's writes wait for it.
+	// checkpoint) is waited for, as the daemon's writes wait for it. A lock taken after the
+	// check fails the write that waited for it with the same words (Commit, Pardon).
 	MustWrite bool
 }
 
@@ -64,6 +65,9 @@ type Store struct {
 	path     string
 	log      *slog.Logger
 	readOnly bool
+	// mustWrite is Options.MustWrite: an admin command's store, whose writes that wait out a
+	// lock taken after its open are worded as the open words it (lockedError).
+	mustWrite bool
 
 	// mu is held shared by every call for its whole duration and exclusively by Close, so a
 	// closed flag read under it stays true while the pools are being closed.
@@ -152,7 +156,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		wasEmpty = true
 	}
 	s := &Store{path: abs, log: logger(opts.Logger), lock: lock, idx: newIndexer(opts), now: time.Now, commitMu: newWriteLock(),
-		onCorrupt: opts.Corrupt}
+		onCorrupt: opts.Corrupt, mustWrite: opts.MustWrite}
 	if err := s.open(ctx, syncMode, opts); err != nil {
 		s.closeAll()
 		return nil, fmt.Errorf("open %s: %w", abs, explainCorrupt(explainAccess(err, abs, true)))
@@ -220,9 +224,7 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	if isBusy(err) {
 		// Before, only "migrate: database is locked (5)", which said neither who nor what to do
 		// (found by a verification walkthrough).
-		return fmt.Errorf("the database is locked by another process (SQLITE_BUSY): a connection outside agentgate "+
-			"(a sqlite3 shell in a transaction, a backup or sync tool) held its write lock for 5 s; end it (fuser %s) "+
-			"and %s: %w", s.path, again, err)
+		return &lockedError{path: s.path, again: again, err: err}
 	}
 	if err != nil {
 		return err
