@@ -988,8 +988,15 @@ func openStoreWith(ctx context.Context, cf *configFlags, access storeAccess, tim
 			return nil // (cluster members take no lock on their data directory)
 		}
 		f, err := supervisor.LockDataDir(cfg.DataDir, cf.fs.Name()) // ("sessions pardon": what its refusals name)
-		if err == nil {
+		var inUse *supervisor.DataDirInUse
+		switch {
+		case err == nil:
 			dirLock = f
+		case errors.As(err, &inUse) && inUse.ByCommand():
+			// Not ErrLocked: no daemon runs to go through or to stop (before, a pardon said to
+			// stop the daemon, and a reset looked for one to ask).
+			return fmt.Errorf("%s: another admin command holds the data directory %s (agentgate %s, pid %d); run this one again once it is done",
+				cf.fs.Name(), cfg.DataDir, inUse.Holder, inUse.PID)
 		}
 		return err
 	}

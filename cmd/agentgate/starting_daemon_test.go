@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -138,4 +139,40 @@ func TestSessionsResetAndRequeueRefuseAStartingDaemon(t *testing.T) {
 		t.Errorf("reset with the daemon stopped printed %q, want %q", out, w)
 	}
 	dirFree(t, "the reset with the daemon stopped")
+}
+
+// TestAdminCommandsWaitForOneAnother: an admin command that finds the data directory held by
+// another (its lock file records it: supervisor.LockDataDir) says so, with the command and its
+// pid, and to run it again once that one is done; it changes nothing. Before, a pardon said to
+// stop the daemon, a reset and a requeue looked for a daemon to go through, as if a daemon held
+// the directory.
+func TestAdminCommandsWaitForOneAnother(t *testing.T) {
+	dir := MustSeedSessions(t) // keyA's sa2 is open, with m4 pending
+	lock, err := supervisor.LockDataDir(dir, "sessions reset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	held := " another admin command holds the data directory " + dir + " (agentgate sessions reset, pid " +
+		strconv.Itoa(os.Getpid()) + "); run this one again once it is done"
+	for _, args := range [][]string{
+		{"pardon", "--all"},
+		{"reset", keyA},
+		{"requeue", keyA, "m4"},
+	} {
+		out, _, err := runSessions(t, append([]string{args[0], "--data-dir", dir}, args[1:]...)...)
+		if want := "sessions " + args[0] + ":" + held; err == nil || err.Error() != want || out != "" {
+			t.Errorf("%s while another command holds the data directory = %v, stdout %q; want the error %q", args, err, out, want)
+		}
+	}
+	lock.Close()
+	ctx := context.Background()
+	st, err := sqlite.OpenReadOnly(ctx, filepath.Join(dir, "agentgate.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if s, err := st.Session(ctx, "sa2"); err != nil || !s.EndedAt.IsZero() {
+		t.Errorf("sa2 after the refused commands: %+v, %v; want it open", s, err)
+	}
 }
