@@ -111,11 +111,12 @@ type Placement interface {
 	Peers() []*actor.PID
 	// Self is this member's SessionManager as the other members reach it.
 	Self() *actor.PID
-	// Holder is the SessionManager of the live member that holds key's latest claim in the
-	// store (Store.Claim), which this member's view may not list yet (it joined since this
-	// member's last renewal); nil when the key was never claimed or that member is gone. It
-	// reads the store: the manager calls it off the actor.
-	Holder(ctx context.Context, key string) (*actor.PID, error)
+	// Holders are, by key, the SessionManagers of the live members that hold the latest claims
+	// of keys in the store (Store.Claim), which this member's view may not list yet (one joined
+	// since this member's last renewal); a key that was never claimed, or whose member is gone,
+	// has none. It reads the store: the manager calls it off the actor, once for all the lookups
+	// its activations queued meanwhile (holderOf).
+	Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error)
 }
 
 // Deps are the shared, immutable dependencies of the session runtime. One value is built by the

@@ -17,7 +17,23 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// storedPlacement is a peersPlacement whose Holder reads the key's claim in the store and names
+// holdersOf answers a batch of lookups of keys' holders (Placement.Holders) with holder, one key
+// after another: an error for any key fails the whole batch, as a failed query does.
+func holdersOf(ctx context.Context, keys []string, holder func(context.Context, string) (*actor.PID, error)) (map[string]*actor.PID, error) {
+	out := map[string]*actor.PID{}
+	for _, key := range keys {
+		h, err := holder(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		if h != nil {
+			out[key] = h
+		}
+	}
+	return out, nil
+}
+
+// storedPlacement is a peersPlacement whose lookup of a key's holder reads the key's claim in the store and names
 // the member that made it by its node, as the cluster's membership registry does.
 type storedPlacement struct {
 	peersPlacement
@@ -25,7 +41,11 @@ type storedPlacement struct {
 	nodes map[string]*actor.PID
 }
 
-func (p storedPlacement) Holder(ctx context.Context, key string) (*actor.PID, error) {
+func (p storedPlacement) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+	return holdersOf(ctx, keys, p.holder)
+}
+
+func (p storedPlacement) holder(ctx context.Context, key string) (*actor.PID, error) {
 	own, err := p.store.Ownership(ctx, key)
 	if errors.Is(err, persistence.ErrNotFound) {
 		return nil, nil
@@ -91,7 +111,11 @@ type failingHolder struct {
 	wait bool
 }
 
-func (p failingHolder) Holder(ctx context.Context, _ string) (*actor.PID, error) {
+func (p failingHolder) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+	return holdersOf(ctx, keys, p.holder)
+}
+
+func (p failingHolder) holder(ctx context.Context, _ string) (*actor.PID, error) {
 	if p.wait {
 		<-ctx.Done()
 		return nil, ctx.Err()
@@ -188,7 +212,11 @@ type gatedHolder struct {
 	gate <-chan struct{}
 }
 
-func (p gatedHolder) Holder(ctx context.Context, key string) (*actor.PID, error) {
+func (p gatedHolder) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+	return holdersOf(ctx, keys, p.holder)
+}
+
+func (p gatedHolder) holder(ctx context.Context, key string) (*actor.PID, error) {
 	if key != p.key {
 		return nil, nil
 	}

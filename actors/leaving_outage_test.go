@@ -29,7 +29,11 @@ type downHolder struct {
 	lookups *atomic.Int32
 }
 
-func (p downHolder) Holder(ctx context.Context, key string) (*actor.PID, error) {
+func (p downHolder) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+	return holdersOf(ctx, keys, p.holder)
+}
+
+func (p downHolder) holder(ctx context.Context, key string) (*actor.PID, error) {
 	if p.lookups.Add(1) > downTries {
 		<-ctx.Done()
 	}

@@ -97,6 +97,19 @@ type SessionManager struct {
 	// listFails counts the failed listings of the recoverable keys since the last one that
 	// worked: only the first and then one a minute are logged.
 	listFails int
+	// lookups are the lookups of keys' holders in the store queued for the next batch, by key,
+	// and lookupKeys their keys in the order they were first queued (holderOf); lookupsFirst is
+	// set when one of them is not asked again (the batch goes at once). lookingUp is set while
+	// a batch runs; lookupsDue, while a timer waits to send the next. batchesTo counts the
+	// batches of lookups asked again begun so far, holderBatchGap each, on from the time each
+	// began or the count of the one before ended, whichever is later: such a batch begins at
+	// once while batchesTo is less than holderBatchBurst-1 gaps ahead of now.
+	lookups      map[string][]func(holder *actor.PID, err error)
+	lookupKeys   []string
+	lookupsFirst bool
+	lookingUp    bool
+	lookupsDue   bool
+	batchesTo    time.Time
 	// holderFails limits the line of an activation whose lookup of the key's holder failed
 	// (lookUpHolder).
 	holderFails logging.Limiter
@@ -251,6 +264,9 @@ func (m *SessionManager) Receive(c actor.Context) {
 		m.onReleased(c, msg)
 	case *askAgain:
 		m.onAskAgain(c, msg)
+	case *lookupsDue:
+		m.lookupsDue = false
+		m.lookUpHolders(c)
 	case *Leave:
 		m.onLeave(c, msg)
 	case *grainStopped:

@@ -1,7 +1,6 @@
 package actors
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -34,10 +33,11 @@ import (
 
 // A member's view of the cluster is as of its last renewal: one that joined since is not among
 // its peers, and may already run the key (it asked this member, which held nothing then). So an
-// activation also looks up the key's holder in the store (Placement.Holder: the live member
-// whose node made the key's latest claim), off the actor, and asks it too when it is neither
-// this member nor a peer already asked. The session starts only once the lookup has answered
-// (or holderLookupTimeout passed: the activation goes on, as with a silent member) and every
+// activation also looks up the key's holder in the store (Placement.Holders: the live member
+// whose node made the key's latest claim), off the actor and in one batch with the manager's
+// other lookups (holders.go), and asks it too when it is neither this member nor a peer already
+// asked. The session starts only once the lookup has answered (or its batch failed or took
+// longer than holderLookupTimeout: the activation goes on, as with a silent member) and every
 // member asked has let go. A member that claims the key after the lookup is not found so; one
 // that knows this member asks it first (onRelease asks it back).
 
@@ -100,12 +100,6 @@ type activation struct {
 	// false when it activates a key it was handed. Fixed for the activation, so that another
 	// member compares the same rank as this one (ranksFirst).
 	owner bool
-}
-
-// holderFound is the answer of the lookup of a key's holder in the store (lookUpHolder).
-type holderFound struct {
-	pid *actor.PID
-	err error
 }
 
 // askAgain asks a holder of key again whether it still holds it (releaseAnswerTimeout after it
@@ -209,7 +203,7 @@ func (m *SessionManager) strangersOf(key string) []waiter {
 // of the key too when it is a member the activation has not asked (one this member's view does
 // not list yet). The activation waits for the answer, at most holderLookupTimeout.
 func (m *SessionManager) lookUpHolder(c actor.Context, key string, a *activation) {
-	m.holderOf(c, key, func(h *holderFound, err error) {
+	m.holderOf(c, key, false, func(holder *actor.PID, err error) {
 		if m.activating[key] != a {
 			return // given up meanwhile
 		}
@@ -221,45 +215,16 @@ func (m *SessionManager) lookUpHolder(c actor.Context, key string, a *activation
 			if args, ok := m.holderFails.Allowed("session", key, logging.Err(err)); ok {
 				m.log.Warn("could not look up which member holds the session; activating without asking it", args...)
 			}
-		case h.pid != nil && !h.pid.Equal(m.d.Placement.Self()) && a.asked[h.pid.String()] == nil &&
-			!slices.ContainsFunc(a.peers, h.pid.Equal):
+		case holder != nil && !holder.Equal(m.d.Placement.Self()) && a.asked[holder.String()] == nil &&
+			!slices.ContainsFunc(a.peers, holder.Equal):
 			m.log.Info("the session's holder is a member this one does not know yet; asking it to let go too",
-				"session", key, "member", h.pid.Address)
-			a.asked[h.pid.String()] = h.pid
-			m.askRelease(c, key, a, h.pid)
+				"session", key, "member", holder.Address)
+			a.asked[holder.String()] = holder
+			m.askRelease(c, key, a, holder)
 		}
 		if len(a.asked) == 0 {
 			m.activated(c, key)
 		}
-	})
-}
-
-// holderOf looks up the holder of key in the store (Placement.Holder), off the actor, and calls
-// found on the actor with its answer: an error when the lookup failed or took longer than
-// holderLookupTimeout.
-func (m *SessionManager) holderOf(c actor.Context, key string, found func(h *holderFound, err error)) {
-	system, placement, ctx := c.ActorSystem(), m.d.Placement, m.d.Ctx
-	// The future outlives the lookup's own deadline, so that it is answered, not timed out:
-	// protoactor's future takes an answer without its lock, and one that arrived as the future
-	// timed out raced with the timeout's reading of it (the race detector met it in
-	// TestActivationDoesNotWaitForAFailedHolderLookup, where both timers fire at one instant).
-	f := actor.NewFuture(system, holderLookupTimeout+time.Second)
-	go func() { // owned by the activation: it ends with the store call, bounded by holderLookupTimeout
-		ctx, cancel := context.WithTimeout(ctx, holderLookupTimeout)
-		defer cancel()
-		pid, err := placement.Holder(ctx, key)
-		system.Root.Send(f.PID(), &holderFound{pid: pid, err: err})
-	}()
-	c.ReenterAfter(f, func(res any, err error) {
-		h, _ := res.(*holderFound)
-		switch {
-		case err != nil:
-		case h == nil:
-			err = fmt.Errorf("unexpected answer %T", res)
-		default:
-			err = h.err
-		}
-		found(h, err)
 	})
 }
 
@@ -355,13 +320,14 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 // this one asked the unreachable member, which let go to it), that member is asked too: taken
 // for no holder, its running turn was fenced and its message ran again here.
 func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, p *actor.PID, cause error) {
-	m.holderOf(c, key, func(h *holderFound, err error) {
+	_, again := a.unreachable[p.String()] // a wait that goes on: its lookup may wait for room (holderOf)
+	m.holderOf(c, key, again, func(holder *actor.PID, err error) {
 		k := p.String()
 		if _, ok := a.asked[k]; m.activating[key] != a || !ok {
 			return // started, given up or let go meanwhile
 		}
 		deadLetter := errors.Is(cause, actor.ErrDeadLetter)
-		if err == nil && !p.Equal(h.pid) {
+		if err == nil && !p.Equal(holder) {
 			switch since, waited := a.unreachable[k]; {
 			case waited:
 				m.log.Info("a member this one could not reach no longer holds the session; this member takes the key over",
@@ -376,7 +342,7 @@ func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, 
 					"session", key, "member", p.Address, logging.Err(cause))
 			}
 			delete(a.unreachable, k)
-			if q := h.pid; q != nil && !q.Equal(m.d.Placement.Self()) && a.asked[q.String()] == nil {
+			if q := holder; q != nil && !q.Equal(m.d.Placement.Self()) && a.asked[q.String()] == nil {
 				m.log.Info("the session's holder is a member this activation has not asked; asking it to let go too",
 					"session", key, "member", q.Address)
 				a.asked[q.String()] = q

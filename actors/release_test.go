@@ -30,7 +30,7 @@ type testPlacement struct {
 func (p testPlacement) Owner(string) *actor.PID { return p.owner.Load() }
 func (p testPlacement) Peers() []*actor.PID     { return []*actor.PID{p.peer} }
 func (p testPlacement) Self() *actor.PID        { return p.self }
-func (p testPlacement) Holder(context.Context, string) (*actor.PID, error) {
+func (p testPlacement) Holders(context.Context, []string) (map[string]*actor.PID, error) {
 	return nil, nil
 }
 
@@ -191,7 +191,7 @@ type peersPlacement struct {
 func (p peersPlacement) Owner(string) *actor.PID { return p.owner.Load() }
 func (p peersPlacement) Peers() []*actor.PID     { return p.peers }
 func (p peersPlacement) Self() *actor.PID        { return p.self }
-func (p peersPlacement) Holder(context.Context, string) (*actor.PID, error) {
+func (p peersPlacement) Holders(context.Context, []string) (map[string]*actor.PID, error) {
 	return nil, nil
 }
 

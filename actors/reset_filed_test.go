@@ -244,6 +244,6 @@ type movingPlacement struct{ self, owner atomic.Pointer[actor.PID] }
 func (p *movingPlacement) Owner(string) *actor.PID { return p.owner.Load() }
 func (p *movingPlacement) Peers() []*actor.PID     { return nil }
 func (p *movingPlacement) Self() *actor.PID        { return p.self.Load() }
-func (p *movingPlacement) Holder(context.Context, string) (*actor.PID, error) {
+func (p *movingPlacement) Holders(context.Context, []string) (map[string]*actor.PID, error) {
 	return nil, nil
 }

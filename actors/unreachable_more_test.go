@@ -18,7 +18,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 )
 
-// countingHolder is a storedPlacement that notes when each Holder call came, and names no
+// countingHolder is a storedPlacement that notes when each key's lookup came, and names no
 // holder from call `upTo` on (so that a test that spins still ends).
 type countingHolder struct {
 	storedPlacement
@@ -27,7 +27,11 @@ type countingHolder struct {
 	upTo  int
 }
 
-func (p countingHolder) Holder(ctx context.Context, key string) (*actor.PID, error) {
+func (p countingHolder) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+	return holdersOf(ctx, keys, p.holder)
+}
+
+func (p countingHolder) holder(ctx context.Context, key string) (*actor.PID, error) {
 	p.mu.Lock()
 	*p.calls = append(*p.calls, time.Now())
 	n := len(*p.calls)
@@ -35,7 +39,7 @@ func (p countingHolder) Holder(ctx context.Context, key string) (*actor.PID, err
 	if n >= p.upTo {
 		return nil, nil
 	}
-	return p.storedPlacement.Holder(ctx, key)
+	return p.storedPlacement.holder(ctx, key)
 }
 
 // TestUnreachableHolderThatAnswersAmissIsAskedEveryFewSeconds: b, which the store names as the

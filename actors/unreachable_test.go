@@ -86,8 +86,12 @@ type goneHolder struct {
 	gone *atomic.Pointer[actor.PID]
 }
 
-func (p goneHolder) Holder(ctx context.Context, key string) (*actor.PID, error) {
-	h, err := p.storedPlacement.Holder(ctx, key)
+func (p goneHolder) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+	return holdersOf(ctx, keys, p.holder)
+}
+
+func (p goneHolder) holder(ctx context.Context, key string) (*actor.PID, error) {
+	h, err := p.storedPlacement.holder(ctx, key)
 	if h != nil && h.Equal(p.gone.Load()) {
 		return nil, err
 	}

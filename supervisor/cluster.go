@@ -464,17 +464,21 @@ func (p placement) Peers() []*actor.PID {
 
 func (p placement) Self() *actor.PID { return actor.NewPID(p.d.system.Address(), p.d.manager.Id) }
 
-// Holder asks the store's membership registry, not this member's view: a member that joined
-// since this one's last renewal may hold the key.
-func (p placement) Holder(ctx context.Context, key string) (*actor.PID, error) {
+// Holders asks the store's membership registry, not this member's view: a member that joined
+// since this one's last renewal may hold a key.
+func (p placement) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
 	if p.d.members == nil {
 		return nil, nil
 	}
-	m, ok, err := p.d.members.Holder(ctx, p.d.cfg.Cluster.Name, key, p.d.cfg.Cluster.MemberTTL)
-	if err != nil || !ok {
+	ms, err := p.d.members.Holders(ctx, p.d.cfg.Cluster.Name, keys, p.d.cfg.Cluster.MemberTTL)
+	if err != nil {
 		return nil, err
 	}
-	return actor.NewPID((&cluster.Member{Host: m.Host, Port: int32(m.Port)}).Address(), p.d.manager.Id), nil
+	out := make(map[string]*actor.PID, len(ms))
+	for key, m := range ms {
+		out[key] = actor.NewPID((&cluster.Member{Host: m.Host, Port: int32(m.Port)}).Address(), p.d.manager.Id)
+	}
+	return out, nil
 }
 
 // clusterReady reports whether this member is in the cluster's topology, as it sees it, and

@@ -36,8 +36,8 @@ func (s *stalledHeartbeat) Members(context.Context, string, time.Duration) ([]po
 	return nil, nil
 }
 
-func (s *stalledHeartbeat) Holder(context.Context, string, string, time.Duration) (postgres.Member, bool, error) {
-	return postgres.Member{}, false, nil
+func (s *stalledHeartbeat) Holders(context.Context, string, []string, time.Duration) (map[string]postgres.Member, error) {
+	return nil, nil
 }
 
 func (s *stalledHeartbeat) RecordSelfStops(context.Context, string, []string) (int, error) {

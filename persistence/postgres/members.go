@@ -2,8 +2,8 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -97,13 +97,19 @@ var renewedMembersSQL = `SELECT id, host, port, kinds, leaving, node, http_addr,
 		AND (NOT ` + expired(ownTTL("m", "$2")) + ` OR id = ANY($3))
 	ORDER BY joined_at, id`
 
-// holderSQL finds the live member of cluster $2 (by its own ttl, or the caller's, $3, as
-// liveMembersSQL) whose node holds the latest claim of key $1; no row when the key was never
-// claimed or that member is gone.
-var holderSQL = `SELECT m.id, m.host, m.port, m.kinds, m.leaving, m.node
+// holdersSQL finds, for each key of $1, the live member of cluster $2 (by its own ttl, or the
+// caller's, $3, as liveMembersSQL) whose node holds the key's latest claim; no row for a key
+// never claimed or whose member is gone. (Two live rows may share a node: a member restarted on
+// its data directory before its old registration expired. The newer one holds the key.)
+var holdersSQL = `SELECT DISTINCT ON (o.key) o.key, m.id, m.host, m.port, m.kinds, m.leaving, m.node
 	FROM owners o JOIN members m ON m.node = o.owner AND m.node <> ''
-	WHERE o.key = $1 AND m.cluster = $2 AND NOT ` + gone(ownTTL("m", "$3"), ownTTL("n", "$3")) + `
-	ORDER BY m.joined_at DESC LIMIT 1`
+	WHERE o.key = ANY($1) AND m.cluster = $2 AND NOT ` + gone(ownTTL("m", "$3"), ownTTL("n", "$3")) + `
+	ORDER BY o.key, m.joined_at DESC`
+
+// holdersPerQuery bounds the keys of one holdersSQL: a manager's batch of lookups (thousands of
+// keys after a rebalance or in a partition) is read in queries of this many keys, sent
+// together, so that no one query's parameter and plan grow with the batch.
+const holdersPerQuery = 1000
 
 // strangersSQL lists the live members of clusters other than $1 (each judged by its own ttl,
 // or by $2), leaving ones included, that registered before member $3 of $1 (ties broken by cluster
@@ -270,26 +276,51 @@ func (s *Store) MemberHTTP(ctx context.Context, cluster string) ([]Member, error
 	return nil, fmt.Errorf("list members of %s: %w", cluster, s.explain(ctx, err))
 }
 
-// Holder returns the live member of cluster (not gone, as Heartbeat judges it) that holds
-// the latest claim of key (Store.Claim names the member by its Member.Node); ok is false when
-// the key was never claimed, or the member that claimed it last is gone. A member about to
-// claim a key asks it to let go first even when its own view of the cluster, as of its last
-// renewal, does not list it yet.
-func (s *Store) Holder(ctx context.Context, cluster, key string, ttl time.Duration) (m Member, ok bool, err error) {
+// Holders returns, for each of keys, the live member of cluster (not gone, as Heartbeat judges
+// it) that holds the latest claim of the key (Store.Claim names the member by its
+// Member.Node); a key never claimed, or whose member that claimed it last is gone, has none in
+// the map. A member about to claim a key asks it to let go first even when its own view of the
+// cluster, as of its last renewal, does not list it yet. One call reads any number of keys, in
+// one round trip of queries of at most holdersPerQuery keys each: a member's session manager
+// gathers the lookups of its activations into one (thousands of keys wait at once while a
+// member cannot be reached).
+func (s *Store) Holders(ctx context.Context, cluster string, keys []string, ttl time.Duration) (map[string]Member, error) {
+	out := make(map[string]Member, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
-		return m, false, fmt.Errorf("holder of %s: %w", key, err)
+		return nil, fmt.Errorf("holders of %d keys: %w", len(keys), err)
 	}
 	defer done()
-	err = s.pool.QueryRow(ctx, holderSQL, key, cluster, ttl.Seconds()).
-		Scan(&m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Member{}, false, nil
+	b := &pgx.Batch{}
+	for chunk := range slices.Chunk(keys, holdersPerQuery) {
+		b.Queue(holdersSQL, chunk, cluster, ttl.Seconds())
+	}
+	br := s.pool.SendBatch(ctx, b)
+	for range b.Len() {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err != nil {
+			break
+		}
+		var key string
+		var m Member
+		if _, err = pgx.ForEachRow(rows, []any{&key, &m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node}, func() error {
+			out[key] = m
+			m = Member{}
+			return nil
+		}); err != nil {
+			break
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
 	}
 	if err != nil {
-		return Member{}, false, fmt.Errorf("holder of %s: %w", key, s.explain(ctx, err))
+		return nil, fmt.Errorf("holders of %d keys: %w", len(keys), s.explain(ctx, err))
 	}
-	return m, true, nil
+	return out, nil
 }
 
 // Clock returns the database server's clock (clock_timestamp()): the one clock every member of

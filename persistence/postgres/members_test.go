@@ -319,10 +319,12 @@ func TestMemberHTTP(t *testing.T) {
 	}
 }
 
-// TestHolder: the holder of a key is the live member whose node made the key's latest claim; a
-// key never claimed, claimed by a name no member registers, by a member of another cluster or
-// by one whose registration expired has none.
-func TestHolder(t *testing.T) {
+// TestHolders: the holder of a key is the live member whose node made the key's latest claim
+// (of two live registrations of one node, the newer); a key never claimed, claimed by a name no
+// member registers, by a member of another cluster or by one whose registration expired has
+// none. One call answers for many keys, more than one query takes (holdersPerQuery), each key
+// as a lookup of it alone would.
+func TestHolders(t *testing.T) {
 	s, dsn := MustOpen(t)
 	ctx := context.Background()
 	conn := mustConn(t, dsn)
@@ -338,16 +340,17 @@ func TestHolder(t *testing.T) {
 	if _, err := s.Heartbeat(ctx, "c2", other, ttl); err != nil {
 		t.Fatal(err)
 	}
-	holder := func(key string) string {
+	holders := func(keys ...string) map[string]string {
 		t.Helper()
-		m, ok, err := s.Holder(ctx, "c1", key, ttl)
+		ms, err := s.Holders(ctx, "c1", keys, ttl)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !ok {
-			return "none"
+		out := map[string]string{}
+		for k, m := range ms {
+			out[k] = fmt.Sprintf("%s@%s:%d%v", m.ID, m.Host, m.Port, m.Kinds)
 		}
-		return fmt.Sprintf("%s@%s:%d", m.ID, m.Host, m.Port)
+		return out
 	}
 	claim := func(key, owner string) {
 		t.Helper()
@@ -355,32 +358,78 @@ func TestHolder(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := holder("k"); got != "none" {
-		t.Errorf("a key never claimed: holder %s, want none", got)
+	if got := holders("k"); len(got) != 0 {
+		t.Errorf("a key never claimed: holders %v, want none", got)
+	}
+	if got := holders(); len(got) != 0 {
+		t.Errorf("no keys: holders %v, want none", got)
 	}
 	claim("k", a.Node)
 	claim("k", b.Node)
-	if got := holder("k"); got != "b@10.0.0.2:6341" {
-		t.Errorf("claimed by a, then b: holder %s, want b", got)
-	}
+	claim("ka", a.Node)
 	claim("unknown", "h9/r_x")
 	claim("elsewhere", other.Node)
-	for _, key := range []string{"unknown", "elsewhere"} {
-		if got := holder(key); got != "none" {
-			t.Errorf("%s: holder %s, want none", key, got)
+	want := map[string]string{"k": "b@10.0.0.2:6341[session]", "ka": "a@10.0.0.1:6340[session]"}
+	if got := holders("k", "ka", "unknown", "elsewhere", "never"); !reflect.DeepEqual(got, want) {
+		t.Errorf("holders = %v, want %v (k claimed by a, then b; ka by a; none for the others)", got, want)
+	}
+
+	// Many keys at once: more than one query's worth, every other one claimed, by a or by b.
+	n := 2*holdersPerQuery + 7
+	keys := make([]string, n)
+	want = map[string]string{}
+	for i := range keys {
+		keys[i] = fmt.Sprintf("many-%d", i)
+		switch i % 4 {
+		case 0:
+			claim(keys[i], a.Node)
+			want[keys[i]] = "a@10.0.0.1:6340[session]"
+		case 2:
+			claim(keys[i], b.Node)
+			want[keys[i]] = "b@10.0.0.2:6341[session]"
 		}
 	}
+	if got := holders(keys...); !reflect.DeepEqual(got, want) {
+		t.Errorf("holders of %d keys: %d named, want %d; first differences: %v", n, len(got), len(want), firstDiff(got, want, 3))
+	}
+
+	// a restarts on another port with the same node before its old registration expires: the
+	// newer registration holds a's keys.
+	a2 := Member{ID: "a2", Host: "10.0.0.1", Port: 6350, Kinds: []string{"session"}, Node: a.Node}
+	if _, err := s.Heartbeat(ctx, "c1", a2, ttl); err != nil {
+		t.Fatal(err)
+	}
+	if got := holders("ka")["ka"]; got != "a2@10.0.0.1:6350[session]" {
+		t.Errorf("two live registrations of a's node: holder of ka %s, want the newer, a2", got)
+	}
+
 	if _, err := conn.Exec(ctx, `UPDATE members SET heartbeat_at = heartbeat_at - interval '6 seconds' WHERE id = 'b'`); err != nil {
 		t.Fatal(err)
 	}
-	if got := holder("k"); got != "none" {
-		t.Errorf("b's registration expired: holder %s, want none", got)
+	if got := holders("k"); len(got) != 0 {
+		t.Errorf("b's registration expired: holders %v, want none", got)
 	}
+}
+
+// firstDiff returns up to n keys on which got and want differ, with both values.
+func firstDiff(got, want map[string]string, n int) []string {
+	var out []string
+	for k := range want {
+		if got[k] != want[k] && len(out) < n {
+			out = append(out, fmt.Sprintf("%s: %q, want %q", k, got[k], want[k]))
+		}
+	}
+	for k := range got {
+		if _, ok := want[k]; !ok && len(out) < n {
+			out = append(out, fmt.Sprintf("%s: %q, want none", k, got[k]))
+		}
+	}
+	return out
 }
 
 // TestMembersAreJudgedByTheirOwnTTL: members configured with different member_ttl (a rolling
 // restart that changes it) each stay listed for their own ttl after a renewal, by every member's
-// Heartbeat, Members and Holder, as a claim judges them; and a member gone by its own ttl is not
+// Heartbeat, Members and Holders, as a claim judges them; and a member gone by its own ttl is not
 // listed by a member with a longer one. Before, each caller judged every member by its own ttl:
 // a member renewing every 10 s (member_ttl 30 s) was gone for one with member_ttl 6 s between
 // renewals, and protoactor's gossip of that member blocked it for ever.
@@ -424,8 +473,8 @@ func TestMembersAreJudgedByTheirOwnTTL(t *testing.T) {
 	if live, err := s.Members(ctx, "c1", short); err != nil || len(live) != 2 {
 		t.Errorf("Members with member_ttl 6 s = %+v, %v; want a and b", live, err)
 	}
-	if m, ok, err := s.Holder(ctx, "c1", "k", short); err != nil || !ok || m.ID != "b" {
-		t.Errorf("Holder(k) with member_ttl 6 s = %+v, %v, %v; want b, which claimed k and is alive", m, ok, err)
+	if ms, err := s.Holders(ctx, "c1", []string{"k"}, short); err != nil || ms["k"].ID != "b" {
+		t.Errorf("Holders(k) with member_ttl 6 s = %+v, %v; want b, which claimed k and is alive", ms, err)
 	}
 
 	// a, 8 s after its last renewal, has counted itself gone (member_ttl 6 s): b does not list it.
@@ -439,8 +488,8 @@ func TestMembersAreJudgedByTheirOwnTTL(t *testing.T) {
 	if got := beat(a, short); got != "[a]" {
 		t.Errorf("b renewed 31 s ago with member_ttl 30 s: a sees %s, want [a]", got)
 	}
-	if _, ok, err := s.Holder(ctx, "c1", "k", long); err != nil || ok {
-		t.Errorf("Holder(k) after b's registration expired: %v, %v; want none", ok, err)
+	if ms, err := s.Holders(ctx, "c1", []string{"k"}, long); err != nil || len(ms) != 0 {
+		t.Errorf("Holders(k) after b's registration expired: %+v, %v; want none", ms, err)
 	}
 }
 

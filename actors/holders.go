@@ -1,0 +1,126 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Lookups of keys' holders in the store, gathered into batches (holderOf).
+//
+// Every activation looks up its key's holder in the store (lookUpHolder), and one that waits for
+// a member it cannot reach looks it up again each time it asks that member (stillHolds, every
+// releaseAnswerTimeout). One query a lookup cost a partition that strands thousands of keys
+// hundreds of queries a second on PostgreSQL for as long as it lasted, and a rebalance one query
+// for each key it moved. So a manager has at most one batch of lookups in flight, and sends every
+// lookup queued meanwhile in the next: one Placement.Holders call, however many keys (the store
+// reads them in queries of a bounded size). Two lookups of one key queued at once are one key of
+// the batch, and its answer reaches both. A lookup queued while a batch runs waits for it: at
+// most holderLookupTimeout, and then its own batch, bounded alike.
+//
+// One batch in flight gathers what comes at once (a rebalance's activations), but not the asks
+// of waits that go on: each activation that waits for a member it cannot reach asks again every
+// releaseAnswerTimeout, at its own moment, and as fast as the store answers, each batch would
+// hold one or two keys. So a lookup that a wait asks again (again, in holderOf) goes with the
+// next batch, and a batch of only such lookups begins only when the batches of them begun lately
+// left room: holderBatchBurst in a row, then one every holderBatchGap (a token bucket). An
+// activation's other lookups (its first, and the first after a member did not answer) go in the
+// next batch at once, with whatever lookups asked again are queued: a chat's first message
+// waits for no timer, however many activations a second the manager runs.
+
+// holderBatchBurst and holderBatchGap bound the batches of lookups asked again: at most
+// holderBatchBurst in a row, then one every holderBatchGap.
+const (
+	holderBatchGap   = 100 * time.Millisecond
+	holderBatchBurst = 4
+)
+
+// holdersFound is the answer of a batch of lookups of keys' holders in the store (lookUpHolders).
+type holdersFound struct {
+	pids map[string]*actor.PID
+	err  error
+}
+
+// lookupsDue tells the manager that its batches of lookups asked again have room for one again
+// (holderBatchGap): the lookups queued since go out.
+type lookupsDue struct{}
+
+// holderOf looks up the holder of key in the store (Placement.Holders), off the actor, in the
+// next batch of lookups, and calls found on the actor with its answer: the holder (nil for none)
+// or an error when the batch failed or took longer than holderLookupTimeout. again marks a
+// lookup that a wait for a member asks again (stillHolds): it may wait for room among the
+// batches.
+func (m *SessionManager) holderOf(c actor.Context, key string, again bool, found func(holder *actor.PID, err error)) {
+	if m.lookups == nil {
+		m.lookups = map[string][]func(*actor.PID, error){}
+	}
+	if _, queued := m.lookups[key]; !queued {
+		m.lookupKeys = append(m.lookupKeys, key)
+	}
+	m.lookups[key] = append(m.lookups[key], found)
+	m.lookupsFirst = m.lookupsFirst || !again
+	m.lookUpHolders(c)
+}
+
+// lookUpHolders sends the lookups queued (holderOf) as one batch, unless one is in flight (its
+// answer sends them), or all of them are asked again and the batches of such lookups begun
+// lately used up the room (a timer sends them once there is room again).
+func (m *SessionManager) lookUpHolders(c actor.Context) {
+	if m.lookingUp || len(m.lookupKeys) == 0 {
+		return
+	}
+	if !m.lookupsFirst {
+		if m.lookupsDue {
+			return
+		}
+		now := time.Now()
+		full := m.batchesTo
+		if full.Before(now) {
+			full = now
+		}
+		if wait := full.Sub(now) - (holderBatchBurst-1)*holderBatchGap; wait > 0 {
+			m.lookupsDue = true
+			m.timers.SendOnce(wait, c.Self(), &lookupsDue{})
+			return
+		}
+		m.batchesTo = full.Add(holderBatchGap)
+	}
+	keys, found := m.lookupKeys, m.lookups
+	m.lookupKeys, m.lookups, m.lookupsFirst = nil, nil, false
+	m.lookingUp = true
+	system, placement, ctx := c.ActorSystem(), m.d.Placement, m.d.Ctx
+	// The future outlives the lookup's own deadline, so that it is answered, not timed out:
+	// protoactor's future takes an answer without its lock, and one that arrived as the future
+	// timed out raced with the timeout's reading of it (the race detector met it in
+	// TestActivationDoesNotWaitForAFailedHolderLookup, where both timers fire at one instant).
+	f := actor.NewFuture(system, holderLookupTimeout+time.Second)
+	go func() { // owned by the batch: it ends with the store call, bounded by holderLookupTimeout
+		ctx, cancel := context.WithTimeout(ctx, holderLookupTimeout)
+		defer cancel()
+		pids, err := placement.Holders(ctx, keys)
+		system.Root.Send(f.PID(), &holdersFound{pids: pids, err: err})
+	}()
+	c.ReenterAfter(f, func(res any, err error) {
+		m.lookingUp = false
+		h, _ := res.(*holdersFound)
+		switch {
+		case err != nil:
+		case h == nil:
+			err = fmt.Errorf("unexpected answer %T", res)
+		default:
+			err = h.err
+		}
+		for _, key := range keys {
+			var holder *actor.PID
+			if err == nil {
+				holder = h.pids[key]
+			}
+			for _, f := range found[key] {
+				f(holder, err)
+			}
+		}
+		m.lookUpHolders(c)
+	})
+}

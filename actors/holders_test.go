@@ -1,0 +1,212 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/agents/echo"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// batchCounter is a Placement that notes, for each lookup of keys' holders (Holders), when it
+// came and how many keys it asked for.
+type batchCounter struct {
+	Placement
+	mu      *sync.Mutex
+	batches *[]batch
+}
+
+type batch struct {
+	at   time.Time
+	keys int
+}
+
+func (p batchCounter) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+	p.mu.Lock()
+	*p.batches = append(*p.batches, batch{at: time.Now(), keys: len(keys)})
+	p.mu.Unlock()
+	return p.Placement.Holders(ctx, keys)
+}
+
+// TestKeysWaitingForAnUnreachableHolderShareLookups: member b runs many keys' sessions when
+// they move to member a, which cannot reach b (its Releases come back as dead letters). The
+// store names b as each key's holder, so every activation waits, and asks b again every
+// releaseAnswerTimeout, each at its own moment (the chats' next messages came 20 ms apart).
+// The manager's lookups of the keys' holders go in batches: over releaseAnswerTimeout it asks
+// the store at most releaseAnswerTimeout/holderBatchGap + holderBatchBurst times, however many
+// keys wait, and every key is still looked up at each ask. Once b can be reached again, every
+// message runs once.
+//
+// Before, each ask looked its key up alone: one store query per waiting key every 5 s (250 in
+// 5 s here; a partition that stranded thousands of keys cost PostgreSQL hundreds a second).
+func TestKeysWaitingForAnUnreachableHolderShareLookups(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const keys = 250
+		release := make(chan struct{})
+		close(release)
+		agent, ran := slowUntil(release)
+		w, _, link, ownerA, ownerB, _, cut := twoMembers(t, agent, false)
+		var mu sync.Mutex
+		var batches []batch
+		w.d.Placement = batchCounter{w.d.Placement, &mu, &batches}
+		chat := func(i int) (string, func(id, text string) *Routed) {
+			src := w.src
+			src.ChatID = fmt.Sprint("c", i)
+			key := identity.Key(src, w.d.Config.Keys)
+			return key, func(id, text string) *Routed {
+				return &Routed{Key: key, Msg: &Deliver{SessionKey: key, Source: sourceToProto(src), MessageId: id, Text: text,
+					ReceivedAtUnixNano: time.Now().UnixNano()}}
+			}
+		}
+
+		// b runs every key's session.
+		var first []*actor.Future
+		for i := range keys {
+			_, msg := chat(i)
+			first = append(first, w.system.Root.RequestFuture(link, msg("m1", fmt.Sprint("first ", i)), time.Hour))
+		}
+		for i, f := range first {
+			if res, err := f.Result(); err != nil || res.(*DeliverResult).ErrorCode != "" {
+				t.Fatalf("chat %d's first message on b: %+v %v", i, res, err)
+			}
+		}
+		// The keys move to a, which cannot reach b; each chat's next message comes 20 ms after
+		// the one before.
+		cut.Store(true)
+		ownerA.Store(w.manager)
+		var next []*actor.Future
+		for i := range keys {
+			_, msg := chat(i)
+			next = append(next, w.system.Root.RequestFuture(w.manager, msg("m2", fmt.Sprint("next ", i)), time.Hour))
+			time.Sleep(20 * time.Millisecond)
+		}
+		time.Sleep(3 * releaseAnswerTimeout)
+		synctest.Wait()
+		mu.Lock()
+		from := len(batches)
+		mu.Unlock()
+		time.Sleep(releaseAnswerTimeout)
+		synctest.Wait()
+		mu.Lock()
+		window := batches[from:]
+		mu.Unlock()
+		looked := 0
+		for _, b := range window {
+			looked += b.keys
+		}
+		if most := int(releaseAnswerTimeout/holderBatchGap) + holderBatchBurst; len(window) > most {
+			t.Errorf("%d keys waiting for b: %d lookups in the store within %v, want at most %d", keys, len(window), releaseAnswerTimeout, most)
+		}
+		if looked < keys*9/10 {
+			t.Errorf("%d keys waiting for b: %d looked up within %v, want about every key once", keys, looked, releaseAnswerTimeout)
+		}
+		for i := range keys {
+			if n := ran(fmt.Sprint("next ", i)); n != 0 {
+				t.Fatalf("chat %d's next message ran %d times while b could not be reached, want not at all", i, n)
+			}
+		}
+
+		// b can be reached again, and lets go of every key.
+		ownerB.Store(w.manager)
+		cut.Store(false)
+		for i, f := range next {
+			if res, err := f.Result(); err != nil || res.(*DeliverResult).ErrorCode != "" {
+				t.Errorf("chat %d's next message: %+v %v", i, res, err)
+			}
+		}
+		time.Sleep(2 * releaseTries * releaseAnswerTimeout) // long enough for a second run
+		synctest.Wait()
+		for i := range keys {
+			if n, m := ran(fmt.Sprint("first ", i)), ran(fmt.Sprint("next ", i)); n != 1 || m != 1 {
+				t.Errorf("chat %d: the first message ran %d times and the next %d, want once each", i, n, m)
+			}
+		}
+	})
+}
+
+// gatedBatches is a peersPlacement that names no key's holder and notes the keys of each lookup
+// (Holders); the first lookup answers only once gate is closed.
+type gatedBatches struct {
+	peersPlacement
+	gate    <-chan struct{}
+	mu      *sync.Mutex
+	batches *[][]string
+}
+
+func (p gatedBatches) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+	p.mu.Lock()
+	*p.batches = append(*p.batches, slices.Clone(keys))
+	n := len(*p.batches)
+	p.mu.Unlock()
+	if n == 1 {
+		select {
+		case <-p.gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return nil, nil
+}
+
+// TestLookupsOfOneKeyQueuedTogetherAreOne: an activation asks two members whose managers are
+// gone (their Releases come back as dead letters) while its first lookup of the key's holder
+// runs. Each member is looked up (stillHolds) behind that lookup: the next batch asks for the
+// key once, and its answer (the store names neither) reaches both, so the activation goes on
+// without either, and the message runs here.
+func TestLookupsOfOneKeyQueuedTogetherAreOne(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var owner atomic.Pointer[actor.PID]
+		var mu sync.Mutex
+		var batches [][]string
+		gate := make(chan struct{})
+		w := clusterWorld(t, echo.New())
+		gone := []*actor.PID{actor.NewPID(w.system.Address(), "no-such-manager"), actor.NewPID(w.system.Address(), "no-other-manager")}
+		w.d.Placement = gatedBatches{peersPlacement{self: w.manager, peers: gone, owner: &owner}, gate, &mu, &batches}
+		owner.Store(w.manager)
+		f := w.request("m1", "hi")
+		synctest.Wait() // both dead letters came back during the first lookup
+		close(gate)
+		if res, err := f.Result(); err != nil || res.(*DeliverResult).Disposition != "started" {
+			t.Errorf("deliver: %+v %v, want started", res, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if want := [][]string{{w.key}, {w.key}}; !slices.EqualFunc(batches, want, slices.Equal) {
+			t.Errorf("lookups of the store: %q, want %q (the first, then one for both members)", batches, want)
+		}
+	})
+}
+
+// TestActivationsOneAfterAnotherWaitForNoTimer: a member activates one chat's session after
+// another, each as soon as the one before has started (a chat's first message, back to back).
+// Each activation's lookup of its key's holder goes at once: the bound on batches is for the
+// lookups that waits ask again, and no activation waits for it.
+func TestActivationsOneAfterAnotherWaitForNoTimer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var owner atomic.Pointer[actor.PID]
+		w := clusterWorld(t, echo.New())
+		w.d.Placement = peersPlacement{self: w.manager, owner: &owner}
+		owner.Store(w.manager)
+		begin := time.Now()
+		for i := range 4 * holderBatchBurst {
+			src := w.src
+			src.ChatID = fmt.Sprint("c", i)
+			key := identity.Key(src, w.d.Config.Keys)
+			res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: key, Msg: &Deliver{SessionKey: key, Source: sourceToProto(src),
+				MessageId: "m1", Text: "hi", ReceivedAtUnixNano: time.Now().UnixNano()}}, time.Hour).Result()
+			if err != nil || res.(*DeliverResult).Disposition != "started" {
+				t.Fatalf("chat %d: %+v %v, want started", i, res, err)
+			}
+		}
+		if took := time.Since(begin); took != 0 {
+			t.Errorf("%d activations one after another took %v of the clock, want none", 4*holderBatchBurst, took)
+		}
+	})
+}
