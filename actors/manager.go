@@ -113,9 +113,10 @@ type SessionManager struct {
 	// holderFails limits the line of an activation whose lookup of the key's holder failed
 	// (lookUpHolder).
 	holderFails logging.Limiter
-	// unreachableHolders limits the line of an activation that waits for a member it cannot
-	// reach, which the store names as the key's holder (stillHolds).
-	unreachableHolders logging.Limiter
+	// unreachableHolders limit, by the PID of the member's manager, the line of an activation
+	// that waits for a member it cannot reach, which the store names as the key's holder
+	// (stillHolds, unreachableLimiter).
+	unreachableHolders map[string]*logging.Limiter
 	// leftRecovers limits the line of a Recover that reached the manager as it stopped and
 	// could not be handed on (whileClosing).
 	leftRecovers logging.Limiter

@@ -362,12 +362,14 @@ func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, 
 			since = time.Now()
 			a.unreachable[k] = since
 		}
-		// Limited, for all keys: a member cut off holds many. Each activation tries again at
-		// every ask, so a wait that lasts is logged again, once a minute.
+		// Limited, for each member: a member cut off holds many keys, and each of their
+		// activations tries again at every ask, so a wait that lasts is logged again, once a
+		// minute; each member that cannot be reached is named (one limiter for all let one
+		// member's keys crowd another's out).
 		if err == nil {
 			err = cause
 		}
-		if args, ok := m.unreachableHolders.Allowed("session", key, "member", p.Address, "waiting", time.Since(since),
+		if args, ok := m.unreachableLimiter(k).Allowed("session", key, "member", p.Address, "waiting", time.Since(since),
 			logging.Err(err)); ok {
 			m.log.Warn("a member that may still run the session cannot be reached; the session waits until it answers or its registration in the database is gone",
 				args...)
@@ -378,6 +380,28 @@ func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, 
 		}
 		m.askRelease(c, key, a, p)
 	})
+}
+
+// unreachableLimiter returns the limiter of the wait lines of the member whose manager is pid
+// (stillHolds), made on first use. Making one drops those of the other members that hold no line
+// back and would let the next through at once, as a new one does: the map keeps only the members
+// waited for within the last minute or so.
+func (m *SessionManager) unreachableLimiter(pid string) *logging.Limiter {
+	if l := m.unreachableHolders[pid]; l != nil {
+		return l
+	}
+	now := time.Now()
+	for k, l := range m.unreachableHolders {
+		if n, due := l.Held(); n == 0 && !now.Before(due) {
+			delete(m.unreachableHolders, k)
+		}
+	}
+	if m.unreachableHolders == nil {
+		m.unreachableHolders = map[string]*logging.Limiter{}
+	}
+	l := &logging.Limiter{}
+	m.unreachableHolders[pid] = l
+	return l
 }
 
 // onAskAgain asks a holder again, while the activation still waits for it: a holder that has

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/echo"
+	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/asynkron/protoactor-go/actor"
@@ -228,5 +230,101 @@ func TestHolderTheStoreNamesWhileWaitingIsAsked(t *testing.T) {
 		}
 		_ = next
 		_ = slow
+	})
+}
+
+// TestEveryUnreachableHolderIsNamed: a cannot reach b or c; the store names b as the holder of
+// two keys and c as the holder of a third. Within the first minute of the wait a logs one wait
+// line for each member: one for c's key, and one for b's two keys (b's second key is counted in
+// the next line's repeats, not logged). Before, one limiter for all members let through only the
+// first line of the minute: a member that could not be reached went unnamed while another was.
+func TestEveryUnreachableHolderIsNamed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testutil.Buffer
+		w := loggedClusterWorld(t, echo.New(), &logs)
+		var ownerA, ownerB, ownerC atomic.Pointer[actor.PID]
+		var cut atomic.Bool
+		deps := func(node string) *Deps {
+			return &Deps{Ctx: w.ctx, Store: w.store, Agent: w.d.Agent, Platforms: w.d.Platforms, Log: w.d.Log,
+				Metrics: metrics.New("fake"), Node: node, Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
+		}
+		db, dc := deps("b"), deps("c")
+		var b, c *actor.PID
+		linkB, linkC := cutLink(w.system, &b, &cut, false), cutLink(w.system, &c, &cut, false) // b and c as a reaches them
+		b = w.system.Root.Spawn(NewSessionManager(db))
+		c = w.system.Root.Spawn(NewSessionManager(dc))
+		t.Cleanup(func() {
+			_ = w.system.Root.StopFuture(b).Wait()
+			_ = w.system.Root.StopFuture(c).Wait()
+		})
+		nodes := map[string]*actor.PID{"a": w.manager, "b": linkB, "c": linkC}
+		w.d.Placement = storedPlacement{peersPlacement{self: w.manager, peers: []*actor.PID{linkB, linkC}, owner: &ownerA}, w.store, nodes}
+		db.Placement = storedPlacement{peersPlacement{self: linkB, peers: []*actor.PID{w.manager}, owner: &ownerB}, w.store, nodes}
+		dc.Placement = storedPlacement{peersPlacement{self: linkC, peers: []*actor.PID{w.manager}, owner: &ownerC}, w.store, nodes}
+		ownerA.Store(linkB)
+		ownerB.Store(linkB)
+		ownerC.Store(linkC)
+		chat := func(id string) (string, *Deliver) {
+			src := w.src
+			src.ChatID = id
+			key := identity.Key(src, w.d.Config.Keys)
+			return key, &Deliver{SessionKey: key, Source: sourceToProto(src), MessageId: "m-" + id, Text: "hi " + id,
+				ReceivedAtUnixNano: time.Now().UnixNano()}
+		}
+		keys := map[string]*actor.PID{"b1": linkB, "b2": linkB, "c1": linkC} // chat → the member that runs it
+		for _, id := range []string{"b1", "b2", "c1"} {
+			key, msg := chat(id)
+			if res, err := w.system.Root.RequestFuture(keys[id], &Routed{Key: key, Msg: msg}, time.Hour).Result(); err != nil ||
+				res.(*DeliverResult).Disposition != "started" {
+				t.Fatalf("chat %s on its member: %+v %v", id, res, err)
+			}
+		}
+		cut.Store(true)         // a reaches neither b nor c
+		ownerA.Store(w.manager) // and its view places every key on itself
+		for _, id := range []string{"b1", "b2", "c1"} {
+			key, msg := chat(id)
+			msg.MessageId = "next-" + id
+			w.system.Root.Send(w.manager, &Routed{Key: key, Msg: msg})
+			synctest.Wait()
+		}
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		waits := linesWith(&logs, "cannot be reached; the session waits")
+		b1, _ := chat("b1")
+		b2, _ := chat("b2")
+		c1, _ := chat("c1")
+		named := func(key string) int {
+			n := 0
+			for _, l := range waits {
+				if strings.Contains(l, "session="+key+" ") {
+					n++
+				}
+			}
+			return n
+		}
+		if len(waits) != 2 || named(c1) != 1 || named(b1)+named(b2) != 1 {
+			t.Errorf("wait lines within 30 s:\n%s\nwant two: one for c's key %s, one for one of b's keys %s and %s",
+				strings.Join(waits, "\n"), c1, b1, b2)
+		}
+	})
+}
+
+// TestUnreachableLimitersAreDropped: the limiters of the wait lines (one a member) do not pile
+// up: a member's is dropped, as another's is made, once it holds no line back and would let the
+// next through at once; one that holds lines back is kept, so that its repeats are counted.
+func TestUnreachableLimitersAreDropped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := &SessionManager{}
+		m.unreachableLimiter("b").Allow()
+		m.unreachableLimiter("c").Allow()
+		m.unreachableLimiter("c").Allow() // held back
+		time.Sleep(2 * time.Minute)
+		m.unreachableLimiter("d")
+		if _, ok := m.unreachableHolders["b"]; ok {
+			t.Error("b's limiter, idle for two minutes with nothing held back, was kept")
+		}
+		if _, ok := m.unreachableHolders["c"]; !ok {
+			t.Error("c's limiter, which holds a line back, was dropped")
+		}
 	})
 }
