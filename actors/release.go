@@ -85,6 +85,8 @@ type activation struct {
 	// came while the member leaves (recovers): handed on (cancelActivation), it keeps its count
 	// (mayHandOn).
 	recoverHops int32
+	// chains numbers, by PID, the latest chain of asks of each member (ask).
+	chains map[string]uint64
 	// silent counts, by PID, the Releases in a row a member left unanswered (releaseTries).
 	silent map[string]int
 	// unreachable notes, by PID, since when a member that cannot answer is waited for because
@@ -108,6 +110,7 @@ type askAgain struct {
 	key    string
 	a      *activation
 	holder *actor.PID
+	chain  uint64 // the chain of asks it goes on with (ask)
 }
 
 // activate starts the session of key and hands it rs, once no other member holds the key; in a
@@ -145,12 +148,12 @@ func (m *SessionManager) activate(c actor.Context, key string, recovered bool, r
 	}
 	m.lookUpHolder(c, key, a)
 	for _, p := range peers {
-		m.askRelease(c, key, a, p)
+		m.ask(c, key, a, p)
 	}
 	for _, p := range strangers {
 		m.log.Info("a member this one does not know yet asked for the session before; asking it to let go too",
 			"session", key, "member", p.Address)
-		m.askRelease(c, key, a, p)
+		m.ask(c, key, a, p)
 	}
 }
 
@@ -220,7 +223,7 @@ func (m *SessionManager) lookUpHolder(c actor.Context, key string, a *activation
 			m.log.Info("the session's holder is a member this one does not know yet; asking it to let go too",
 				"session", key, "member", holder.Address)
 			a.asked[holder.String()] = holder
-			m.askRelease(c, key, a, holder)
+			m.ask(c, key, a, holder)
 		}
 		if len(a.asked) == 0 {
 			m.activated(c, key)
@@ -256,9 +259,24 @@ func (m *SessionManager) recovers(a *activation, hops int32) {
 	}
 }
 
-// askRelease asks the manager p whether it holds key. Its answer, or the dead letter or
-// timeout a member that cannot answer leaves, comes back to the activation.
-func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, p *actor.PID) {
+// ask begins the activation's chain of asks of the manager p whether it holds key
+// (askRelease): it asks again while p holds the key or cannot answer, until p lets go. Only the
+// latest chain of asks of a member goes on: a member that let go and then asked this one to let
+// go (which asked it back: onRelease) while the old chain's next ask was pending (askAgain, a
+// lookup, an answer) was asked by both chains, twice as often, for as long as the activation
+// waited (TestMemberAskedBackIsAskedByOneChain).
+func (m *SessionManager) ask(c actor.Context, key string, a *activation, p *actor.PID) {
+	if a.chains == nil {
+		a.chains = map[string]uint64{}
+	}
+	a.chains[p.String()]++
+	m.askRelease(c, key, a, p, a.chains[p.String()])
+}
+
+// askRelease asks the manager p whether it holds key, in the chain of asks chain (ask). Its
+// answer, or the dead letter or timeout a member that cannot answer leaves, comes back to the
+// activation; an answer takes effect in any chain, but only the latest chain asks again.
+func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, p *actor.PID, chain uint64) {
 	me := m.d.Placement.Self()
 	f := c.RequestFuture(p, &Release{Key: key, Address: me.Address, Id: me.Id, Activation: a.id, Owner: proto.Bool(a.owner)},
 		releaseAnswerTimeout)
@@ -270,6 +288,10 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 		if err == nil && !ok {
 			err = fmt.Errorf("unexpected answer %T", res)
 		}
+		latest := a.chains[p.String()] == chain
+		if err != nil && !latest {
+			return // the latest chain asks p itself
+		}
 		switch {
 		case err == nil:
 			delete(a.silent, p.String())
@@ -280,7 +302,7 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 			}
 		case errors.Is(err, actor.ErrDeadLetter):
 			// Its manager is gone (the member stopped), or this member cannot reach it.
-			m.stillHolds(c, key, a, p, err)
+			m.stillHolds(c, key, a, p, err, chain)
 			return
 		default:
 			if a.silent == nil {
@@ -289,18 +311,18 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 			if a.silent[p.String()]++; a.silent[p.String()] < releaseTries {
 				m.log.Debug("a member did not answer whether it still runs the session; asking again",
 					"session", key, "member", p.Address, logging.Err(err))
-				m.askRelease(c, key, a, p)
+				m.askRelease(c, key, a, p, chain)
 				return
 			}
-			m.stillHolds(c, key, a, p, err)
+			m.stillHolds(c, key, a, p, err, chain)
 			return
 		}
 		m.onReleased(c, r)
-		if r.Holding {
+		if r.Holding && latest {
 			// Every member that holds the key is asked again, not only the one the requests go
 			// to: one that dies holding it while another is the holder would be waited for
 			// for ever once the other lets go.
-			m.timers.SendOnce(releaseAnswerTimeout, c.Self(), &askAgain{key: key, a: a, holder: p})
+			m.timers.SendOnce(releaseAnswerTimeout, c.Self(), &askAgain{key: key, a: a, holder: p, chain: chain})
 		}
 	})
 }
@@ -319,12 +341,12 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 // activation has not asked (it claimed the key meanwhile: a member whose view did not list
 // this one asked the unreachable member, which let go to it), that member is asked too: taken
 // for no holder, its running turn was fenced and its message ran again here.
-func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, p *actor.PID, cause error) {
+func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, p *actor.PID, cause error, chain uint64) {
 	_, again := a.unreachable[p.String()] // a wait that goes on: its lookup may wait for room (holderOf)
 	m.holderOf(c, key, again, func(holder *actor.PID, err error) {
 		k := p.String()
-		if _, ok := a.asked[k]; m.activating[key] != a || !ok {
-			return // started, given up or let go meanwhile
+		if _, ok := a.asked[k]; m.activating[key] != a || !ok || a.chains[k] != chain {
+			return // started, given up or let go meanwhile, or asked anew (ask)
 		}
 		deadLetter := errors.Is(cause, actor.ErrDeadLetter)
 		if err == nil && !p.Equal(holder) {
@@ -346,7 +368,7 @@ func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, 
 				m.log.Info("the session's holder is a member this activation has not asked; asking it to let go too",
 					"session", key, "member", q.Address)
 				a.asked[q.String()] = q
-				m.askRelease(c, key, a, q)
+				m.ask(c, key, a, q)
 			}
 			m.onReleased(c, &Released{Key: key, Address: p.Address, Id: p.Id, Activation: a.id})
 			return
@@ -375,10 +397,10 @@ func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, 
 				args...)
 		}
 		if !errors.Is(cause, actor.ErrTimeout) {
-			m.timers.SendOnce(releaseAnswerTimeout, c.Self(), &askAgain{key: key, a: a, holder: p})
+			m.timers.SendOnce(releaseAnswerTimeout, c.Self(), &askAgain{key: key, a: a, holder: p, chain: chain})
 			return
 		}
-		m.askRelease(c, key, a, p)
+		m.askRelease(c, key, a, p, chain)
 	})
 }
 
@@ -410,8 +432,8 @@ func (m *SessionManager) onAskAgain(c actor.Context, t *askAgain) {
 	if m.activating[t.key] != t.a {
 		return
 	}
-	if _, ok := t.a.asked[t.holder.String()]; ok {
-		m.askRelease(c, t.key, t.a, t.holder)
+	if _, ok := t.a.asked[t.holder.String()]; ok && t.a.chains[t.holder.String()] == t.chain {
+		m.askRelease(c, t.key, t.a, t.holder, t.chain)
 	}
 }
 
@@ -542,7 +564,7 @@ func (m *SessionManager) onRelease(c actor.Context, r *Release) {
 			}
 			a.askedBack[k] = r.Activation
 			a.asked[k] = asker
-			m.askRelease(c, r.Key, a, asker)
+			m.ask(c, r.Key, a, asker)
 		}
 		return
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/asynkron/protoactor-go/actor"
+	"google.golang.org/protobuf/proto"
 )
 
 // clusterWorld is a manager world of cluster member "a": its sessions claim their keys and fence
@@ -435,6 +436,59 @@ func TestRecoverFromBeforeTheLeaveGoesOnAsNew(t *testing.T) {
 			}
 		default:
 			t.Error("the Recover was not handed on to the key's successor")
+		}
+	})
+}
+
+// TestMemberAskedBackIsAskedByOneChain: a activates a key it was handed while members b and c
+// hold it; each answers that it holds the key, and is asked again every releaseAnswerTimeout.
+// A second after its first answer b lets go, and asks a to let go (it activates the key too,
+// and ranks first): a, which does not hold the key, asks b back. From then on b is asked once
+// every releaseAnswerTimeout, as before it let go. Before, the ask again that b's first answer
+// had set went on beside the new one: b was asked twice as often for as long as a waited.
+func TestMemberAskedBackIsAskedByOneChain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var owner atomic.Pointer[actor.PID]
+		var mu sync.Mutex
+		var asks []time.Time // the Releases b was sent
+		var activation atomic.Uint64
+		w := clusterWorld(t, echo.New())
+		holding := func(count bool) *actor.PID { // a member's manager that holds the key
+			return w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+				if r, ok := c.Message().(*Release); ok {
+					if count {
+						mu.Lock()
+						asks = append(asks, time.Now())
+						mu.Unlock()
+						activation.Store(r.Activation)
+					}
+					c.Respond(&Released{Key: r.Key, Address: c.Self().Address, Id: c.Self().Id, Holding: true, Activation: r.Activation})
+				}
+			}))
+		}
+		b, c := holding(true), holding(false)
+		w.d.Placement = peersPlacement{self: w.manager, peers: []*actor.PID{b, c}, owner: &owner}
+		owner.Store(c) // a's view places the key on c: a was handed it (it does not rank first)
+		w.system.Root.Send(w.manager, &Forward{Key: w.key, Hops: 1, Msg: &Forward_Deliver{Deliver: w.message("m1", "hi")}})
+		time.Sleep(time.Second)
+		synctest.Wait()
+		// b lets go, then asks a to let go for its own activation of the key.
+		w.system.Root.Send(w.manager, &Released{Key: w.key, Address: b.Address, Id: b.Id, Activation: activation.Load()})
+		w.system.Root.Send(w.manager, &Release{Key: w.key, Address: b.Address, Id: b.Id, Activation: 7, Owner: proto.Bool(true)})
+		synctest.Wait()
+		begin := time.Now()
+		time.Sleep(6 * releaseAnswerTimeout)
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, at := range asks {
+			if !at.Before(begin) && at.Before(begin.Add(6*releaseAnswerTimeout)) {
+				n++
+			}
+		}
+		if n != 6 {
+			t.Errorf("b was sent %d Releases in %v after a asked it back, want 6 (one every %v)", n, 6*releaseAnswerTimeout, releaseAnswerTimeout)
 		}
 	})
 }
