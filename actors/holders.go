@@ -66,9 +66,12 @@ func (m *SessionManager) holderOf(c actor.Context, key string, again bool, found
 
 // lookUpHolders sends the lookups queued (holderOf) as one batch, unless one is in flight (its
 // answer sends them), or all of them are asked again and the batches of such lookups begun
-// lately used up the room (a timer sends them once there is room again).
+// lately used up the room (a timer sends them once there is room again). A manager that stops
+// or restarts sends none: its activations ended, and a batch would ask the store for nothing,
+// after the manager's stop (its answer is dropped), or for an incarnation that knows none of
+// them (the one that restarts goes on answering the continuations of its batch in flight).
 func (m *SessionManager) lookUpHolders(c actor.Context) {
-	if m.lookingUp || len(m.lookupKeys) == 0 {
+	if m.closing || m.lookingUp || len(m.lookupKeys) == 0 {
 		return
 	}
 	if !m.lookupsFirst {

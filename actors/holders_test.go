@@ -210,3 +210,80 @@ func TestActivationsOneAfterAnotherWaitForNoTimer(t *testing.T) {
 		}
 	})
 }
+
+// restartingPlacement is a gatedBatches whose Peers panics once boom is set: the activation
+// that asks for them fails, and the manager's supervisor restarts the manager.
+type restartingPlacement struct {
+	gatedBatches
+	boom *atomic.Bool
+}
+
+func (p restartingPlacement) Peers() []*actor.PID {
+	if p.boom.CompareAndSwap(true, false) {
+		panic("the placement fails")
+	}
+	return p.gatedBatches.Peers()
+}
+
+// TestRestartedManagerLooksUpNothingForItsFormerActivations: the manager restarts while a batch
+// of lookups is in flight (chat c1's) and another lookup waits behind it (chat c2's). The
+// restart ends both activations (their messages are answered "stopped"), and once the batch
+// answers, the store is not asked for c2's key: the incarnation that restarted sends no more
+// batches. The new incarnation's lookups go as before.
+//
+// Before, the former incarnation sent what waited behind its batch as a batch of its own once
+// the batch answered: a store query for activations that had ended (and, at a stop, one that
+// could outlive the manager and hold the store's close up for its 5 s).
+func TestRestartedManagerLooksUpNothingForItsFormerActivations(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var owner atomic.Pointer[actor.PID]
+		var mu sync.Mutex
+		var batches [][]string
+		var boom atomic.Bool
+		gate := make(chan struct{})
+		w := clusterWorld(t, echo.New())
+		w.d.Placement = restartingPlacement{gatedBatches{peersPlacement{self: w.manager, owner: &owner}, gate, &mu, &batches}, &boom}
+		owner.Store(w.manager)
+		chat := func(id string) (string, *Routed) {
+			src := w.src
+			src.ChatID = id
+			key := identity.Key(src, w.d.Config.Keys)
+			return key, &Routed{Key: key, Msg: &Deliver{SessionKey: key, Source: sourceToProto(src), MessageId: "m-" + id,
+				Text: "hi", ReceivedAtUnixNano: time.Now().UnixNano()}}
+		}
+		k1, m1 := chat("c1")
+		_, m2 := chat("c2")
+		f1 := w.system.Root.RequestFuture(w.manager, m1, time.Hour) // its lookup is in flight
+		synctest.Wait()
+		f2 := w.system.Root.RequestFuture(w.manager, m2, time.Hour) // its lookup waits behind
+		synctest.Wait()
+		boom.Store(true)
+		_, m3 := chat("c3")
+		w.system.Root.Send(w.manager, m3) // the manager fails on it, and restarts
+		synctest.Wait()
+		for i, f := range []*actor.Future{f1, f2} {
+			if res, err := f.Result(); err != nil || res.(*DeliverResult).ErrorCode != ErrCodeStopped {
+				t.Errorf("chat c%d's message at the restart: %+v %v, want %q", i+1, res, err, ErrCodeStopped)
+			}
+		}
+		close(gate) // the batch in flight answers
+		synctest.Wait()
+		mu.Lock()
+		got := slices.Clone(batches)
+		mu.Unlock()
+		if want := [][]string{{k1}}; !slices.EqualFunc(got, want, slices.Equal) {
+			t.Errorf("lookups of the store after the restart: %q, want %q (the batch in flight only)", got, want)
+		}
+
+		k4, m4 := chat("c4")
+		if res, err := w.system.Root.RequestFuture(w.manager, m4, time.Hour).Result(); err != nil ||
+			res.(*DeliverResult).Disposition != "started" {
+			t.Fatalf("chat c4's message after the restart: %+v %v, want started", res, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if want := append(got, []string{k4}); !slices.EqualFunc(batches, want, slices.Equal) {
+			t.Errorf("lookups of the store: %q, want %q", batches, want)
+		}
+	})
+}

@@ -245,6 +245,9 @@ func (m *SessionManager) Receive(c actor.Context) {
 			answerStopped(c, a.held)
 			delete(m.activating, key)
 		}
+		// Their lookups queued behind a batch in flight go nowhere: the batch's answer sends
+		// no more (lookUpHolders).
+		m.lookups, m.lookupKeys, m.lookupsFirst = nil, nil, false
 		for _, held := range m.stopping {
 			answerStopped(c, held)
 		}
