@@ -406,8 +406,10 @@ func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, 
 
 // unreachableLimiter returns the limiter of the wait lines of the member whose manager is pid
 // (stillHolds), made on first use. Making one drops those of the other members that hold no line
-// back and would let the next through at once, as a new one does: the map keeps only the members
-// waited for within the last minute or so.
+// back and would let the next through at once, as a new one does. A member whose wait lasted
+// past its first line holds lines back (its next line counts them in repeats), so its limiter
+// stays: the map keeps a small entry (tens of bytes) for each member waited for since the
+// manager started.
 func (m *SessionManager) unreachableLimiter(pid string) *logging.Limiter {
 	if l := m.unreachableHolders[pid]; l != nil {
 		return l
