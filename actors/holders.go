@@ -23,12 +23,15 @@ import (
 // One batch in flight gathers what comes at once (a rebalance's activations), but not the asks
 // of waits that go on: each activation that waits for a member it cannot reach asks again every
 // releaseAnswerTimeout, at its own moment, and as fast as the store answers, each batch would
-// hold one or two keys. So a lookup that a wait asks again (again, in holderOf) goes with the
-// next batch, and a batch of only such lookups begins only when the batches of them begun lately
-// left room: holderBatchBurst in a row, then one every holderBatchGap (a token bucket). An
-// activation's other lookups (its first, and the first after a member did not answer) go in the
-// next batch at once, with whatever lookups asked again are queued: a chat's first message
-// waits for no timer, however many activations a second the manager runs.
+// hold one or two keys. So a lookup that a wait asks again (again, in holderOf) goes in a lane
+// of its own, whose batch begins only when the batches of it begun lately left room:
+// holderBatchBurst in a row, then one every holderBatchGap (a token bucket). An activation's
+// other lookups (its first, and the first after a member did not answer) go in the other lane,
+// whose next batch goes at once: a chat's first message waits for no timer, however many
+// activations a second the manager runs. The lanes do not share batches: a partition's
+// thousands of lookups asked again make a batch that a slow store may fail or time out, and a
+// first lookup that failed with it would let its activation go on without asking a holder this
+// member does not know (that path can run a turn twice); nor does a first lookup wait for it.
 
 // holderBatchBurst and holderBatchGap bound the batches of lookups asked again: at most
 // holderBatchBurst in a row, then one every holderBatchGap.
@@ -47,52 +50,70 @@ type holdersFound struct {
 // (holderBatchGap): the lookups queued since go out.
 type lookupsDue struct{}
 
+// lookupLane is one lane of lookups (holderOf): those queued for its next batch, by key, the
+// keys in the order they were first queued, and whether a batch of it is in flight.
+type lookupLane struct {
+	found map[string][]func(holder *actor.PID, err error)
+	keys  []string
+	busy  bool
+}
+
 // holderOf looks up the holder of key in the store (Placement.Holders), off the actor, in the
 // next batch of lookups, and calls found on the actor with its answer: the holder (nil for none)
 // or an error when the batch failed or took longer than holderLookupTimeout. again marks a
-// lookup that a wait for a member asks again (stillHolds): it may wait for room among the
-// batches.
+// lookup that a wait for a member asks again (stillHolds): it goes in the lane whose batches
+// may wait for room.
 func (m *SessionManager) holderOf(c actor.Context, key string, again bool, found func(holder *actor.PID, err error)) {
-	if m.lookups == nil {
-		m.lookups = map[string][]func(*actor.PID, error){}
+	l := &m.firstLookups
+	if again {
+		l = &m.againLookups
 	}
-	if _, queued := m.lookups[key]; !queued {
-		m.lookupKeys = append(m.lookupKeys, key)
+	if l.found == nil {
+		l.found = map[string][]func(*actor.PID, error){}
 	}
-	m.lookups[key] = append(m.lookups[key], found)
-	m.lookupsFirst = m.lookupsFirst || !again
+	if _, queued := l.found[key]; !queued {
+		l.keys = append(l.keys, key)
+	}
+	l.found[key] = append(l.found[key], found)
 	m.lookUpHolders(c)
 }
 
-// lookUpHolders sends the lookups queued (holderOf) as one batch, unless one is in flight (its
-// answer sends them), or all of them are asked again and the batches of such lookups begun
-// lately used up the room (a timer sends them once there is room again). A manager that stops
-// or restarts sends none: its activations ended, and a batch would ask the store for nothing,
-// after the manager's stop (its answer is dropped), or for an incarnation that knows none of
-// them (the one that restarts goes on answering the continuations of its batch in flight).
+// lookUpHolders sends each lane's queued lookups (holderOf) as one batch, unless one of the lane
+// is in flight (its answer sends them), or, for the lookups asked again, the batches of them
+// begun lately used up the room (a timer sends them once there is room again). A manager that
+// stops or restarts sends none: its activations ended, and a batch would ask the store for
+// nothing, after the manager's stop (its answer is dropped), or for an incarnation that knows
+// none of them (the one that restarts goes on answering the continuations of its batch in
+// flight).
 func (m *SessionManager) lookUpHolders(c actor.Context) {
-	if m.closing || m.lookingUp || len(m.lookupKeys) == 0 {
+	if m.closing {
 		return
 	}
-	if !m.lookupsFirst {
-		if m.lookupsDue {
-			return
-		}
-		now := time.Now()
-		full := m.batchesTo
-		if full.Before(now) {
-			full = now
-		}
-		if wait := full.Sub(now) - (holderBatchBurst-1)*holderBatchGap; wait > 0 {
-			m.lookupsDue = true
-			m.timers.SendOnce(wait, c.Self(), &lookupsDue{})
-			return
-		}
-		m.batchesTo = full.Add(holderBatchGap)
+	m.sendLookups(c, &m.firstLookups)
+	if l := &m.againLookups; l.busy || len(l.keys) == 0 || m.lookupsDue {
+		return
 	}
-	keys, found := m.lookupKeys, m.lookups
-	m.lookupKeys, m.lookups, m.lookupsFirst = nil, nil, false
-	m.lookingUp = true
+	now := time.Now()
+	full := m.batchesTo
+	if full.Before(now) {
+		full = now
+	}
+	if wait := full.Sub(now) - (holderBatchBurst-1)*holderBatchGap; wait > 0 {
+		m.lookupsDue = true
+		m.timers.SendOnce(wait, c.Self(), &lookupsDue{})
+		return
+	}
+	m.batchesTo = full.Add(holderBatchGap)
+	m.sendLookups(c, &m.againLookups)
+}
+
+// sendLookups sends the lookups queued in l as one batch, unless one of l is in flight.
+func (m *SessionManager) sendLookups(c actor.Context, l *lookupLane) {
+	if l.busy || len(l.keys) == 0 {
+		return
+	}
+	keys, found := l.keys, l.found
+	l.keys, l.found, l.busy = nil, nil, true
 	system, placement, ctx := c.ActorSystem(), m.d.Placement, m.d.Ctx
 	// The future outlives the lookup's own deadline, so that it is answered, not timed out:
 	// protoactor's future takes an answer without its lock, and one that arrived as the future
@@ -106,7 +127,7 @@ func (m *SessionManager) lookUpHolders(c actor.Context) {
 		system.Root.Send(f.PID(), &holdersFound{pids: pids, err: err})
 	}()
 	c.ReenterAfter(f, func(res any, err error) {
-		m.lookingUp = false
+		l.busy = false
 		h, _ := res.(*holdersFound)
 		switch {
 		case err != nil:

@@ -287,3 +287,74 @@ func TestRestartedManagerLooksUpNothingForItsFormerActivations(t *testing.T) {
 		}
 	})
 }
+
+// stalledFor is a Placement whose lookups of a batch that holds key never answer: they fail when
+// their context ends (a store slowed down by a partition's thousands of lookups).
+type stalledFor struct {
+	Placement
+	key *atomic.Pointer[string]
+}
+
+func (p stalledFor) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+	if k := p.key.Load(); k != nil && slices.Contains(keys, *k) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return p.Placement.Holders(ctx, keys)
+}
+
+// TestFirstLookupsDoNotShareTheBatchesOfWaits: chat c0's key moves to member a while member b,
+// which a cannot reach, runs its session, and every lookup of c0's key stalls until it times out;
+// c0 waits for b, asking the store again and again. A new chat's first message then comes to a:
+// its lookups go in a batch of their own, so it starts at once, and c0 still waits.
+//
+// Before, the new chat's lookups rode along in c0's stalled batches (or waited behind them): its
+// message started only after holderLookupTimeout, and a first lookup that failed so lets an
+// activation go on without asking a holder this member does not know.
+func TestFirstLookupsDoNotShareTheBatchesOfWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		close(release)
+		agent, ran := slowUntil(release)
+		w, _, link, ownerA, _, _, cut := twoMembers(t, agent, false)
+		chat := func(id string) (string, func(msgID, text string) *Routed) {
+			src := w.src
+			src.ChatID = id
+			key := identity.Key(src, w.d.Config.Keys)
+			return key, func(msgID, text string) *Routed {
+				return &Routed{Key: key, Msg: &Deliver{SessionKey: key, Source: sourceToProto(src), MessageId: msgID, Text: text,
+					ReceivedAtUnixNano: time.Now().UnixNano()}}
+			}
+		}
+		var stalled atomic.Pointer[string]
+		w.d.Placement = stalledFor{w.d.Placement, &stalled}
+		k0, c0 := chat("c0")
+		if res, err := w.system.Root.RequestFuture(link, c0("m1", "first"), time.Hour).Result(); err != nil || res.(*DeliverResult).ErrorCode != "" {
+			t.Fatalf("c0's first message on b: %+v %v", res, err)
+		}
+		stalled.Store(&k0)
+		cut.Store(true)
+		ownerA.Store(w.manager)
+		waiting := w.system.Root.RequestFuture(w.manager, c0("m2", "next"), time.Hour)
+		time.Sleep(3 * releaseAnswerTimeout)
+		synctest.Wait()
+
+		_, c1 := chat("c1")
+		began := time.Now()
+		res, err := w.system.Root.RequestFuture(w.manager, c1("n1", "new chat"), time.Hour).Result()
+		if err != nil || res.(*DeliverResult).Disposition != "started" {
+			t.Fatalf("the new chat's first message: %+v %v, want started", res, err)
+		}
+		if took := time.Since(began); took > holderBatchGap {
+			t.Errorf("the new chat's first message started after %v, want at once (its lookups need not wait for c0's)", took)
+		}
+		synctest.Wait()
+		if n := ran("next"); n != 0 {
+			t.Errorf("c0's next message ran %d times while b could not be reached, want not at all", n)
+		}
+		cut.Store(false)
+		if res, err := waiting.Result(); err != nil || res.(*DeliverResult).ErrorCode != "" {
+			t.Errorf("c0's next message once b answers: %+v %v", res, err)
+		}
+	})
+}

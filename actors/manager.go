@@ -97,19 +97,15 @@ type SessionManager struct {
 	// listFails counts the failed listings of the recoverable keys since the last one that
 	// worked: only the first and then one a minute are logged.
 	listFails int
-	// lookups are the lookups of keys' holders in the store queued for the next batch, by key,
-	// and lookupKeys their keys in the order they were first queued (holderOf); lookupsFirst is
-	// set when one of them is not asked again (the batch goes at once). lookingUp is set while
-	// a batch runs; lookupsDue, while a timer waits to send the next. batchesTo counts the
+	// firstLookups and againLookups are the lanes of lookups of keys' holders in the store
+	// (holderOf): an activation's own, and those its wait for a member asks again. lookupsDue
+	// is set while a timer waits to send the next batch of the second. batchesTo counts the
 	// batches of lookups asked again begun so far, holderBatchGap each, on from the time each
 	// began or the count of the one before ended, whichever is later: such a batch begins at
 	// once while batchesTo is less than holderBatchBurst-1 gaps ahead of now.
-	lookups      map[string][]func(holder *actor.PID, err error)
-	lookupKeys   []string
-	lookupsFirst bool
-	lookingUp    bool
-	lookupsDue   bool
-	batchesTo    time.Time
+	firstLookups, againLookups lookupLane
+	lookupsDue                 bool
+	batchesTo                  time.Time
 	// holderFails limits the line of an activation whose lookup of the key's holder failed
 	// (lookUpHolder).
 	holderFails logging.Limiter
@@ -247,7 +243,8 @@ func (m *SessionManager) Receive(c actor.Context) {
 		}
 		// Their lookups queued behind a batch in flight go nowhere: the batch's answer sends
 		// no more (lookUpHolders).
-		m.lookups, m.lookupKeys, m.lookupsFirst = nil, nil, false
+		m.firstLookups.keys, m.firstLookups.found = nil, nil
+		m.againLookups.keys, m.againLookups.found = nil, nil
 		for _, held := range m.stopping {
 			answerStopped(c, held)
 		}
