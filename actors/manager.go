@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"context"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -92,7 +93,8 @@ type SessionManager struct {
 	// were last dropped.
 	strangers       map[string][]waiter
 	prunedStrangers time.Time
-	// activations numbers the activations that ask the other members to let go (Release).
+	// activations numbers the activations that ask the other members to let go (Release), on
+	// from a random start (NewSessionManager).
 	activations uint64
 	// listFails counts the failed listings of the recoverable keys since the last one that
 	// worked: only the first and then one a minute are logged.
@@ -176,7 +178,12 @@ func NewSessionManager(d *Deps) *actor.Props {
 		window = time.Minute
 	}
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &SessionManager{d: d}
+		// Activations are numbered from a random start in each incarnation, not from 1: another
+		// member's late answer to an earlier incarnation's activation (a restart, or a member
+		// restarted on its address: its manager's PID is the same) would be taken for the answer
+		// to the new one of the same number, which then started the session while that member
+		// still held the key (TestLateAnswerToAnEarlierIncarnationIsNotTaken).
+		return &SessionManager{d: d, activations: rand.Uint64()}
 	}, append(d.Mailbox("manager"),
 		actor.WithSupervisor(&sessionSupervisor{d: d, restarts: restarts, window: window}))...)
 }
