@@ -358,3 +358,51 @@ func TestFirstLookupsDoNotShareTheBatchesOfWaits(t *testing.T) {
 		}
 	})
 }
+
+// TestMessageSentAgainWhileItsSessionWaitsIsHeldOnce: a chat's key moves to member a while
+// member b, which a cannot reach, runs its session, so a's activation waits. The chat's next
+// message comes three times meanwhile (a router tries again each time an attempt times out):
+// the earlier sends are answered at once (unavailable), the latest is held in their place, and
+// once b lets go the message runs once and the latest send gets its answer.
+//
+// Before, every send was held until the wait ended: a wait of an hour held hundreds of copies
+// of each message.
+func TestMessageSentAgainWhileItsSessionWaitsIsHeldOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		close(release)
+		agent, ran := slowUntil(release)
+		w, _, link, ownerA, ownerB, _, cut := twoMembers(t, agent, false)
+		msg := func(id, text string) *Routed {
+			return &Routed{Key: w.key, Msg: w.message(id, text)}
+		}
+		if res, err := w.system.Root.RequestFuture(link, msg("m1", "first"), time.Hour).Result(); err != nil || res.(*DeliverResult).ErrorCode != "" {
+			t.Fatalf("the first message on b: %+v %v", res, err)
+		}
+		cut.Store(true)
+		ownerA.Store(w.manager)
+		var sends []*actor.Future
+		for range 3 {
+			sends = append(sends, w.system.Root.RequestFuture(w.manager, msg("m2", "next"), time.Hour))
+			time.Sleep(clusterAttemptTimeout)
+		}
+		synctest.Wait()
+		for i, f := range sends[:2] {
+			began := time.Now()
+			res, err := f.Result()
+			if r, _ := res.(*DeliverResult); err != nil || r.ErrorCode != ErrCodeUnavailable || time.Since(began) > 0 {
+				t.Errorf("send %d of m2, sent again since: %+v %v after %v; want unavailable, at once", i+1, res, err, time.Since(began))
+			}
+		}
+		ownerB.Store(w.manager)
+		cut.Store(false)
+		if res, err := sends[2].Result(); err != nil || res.(*DeliverResult).ErrorCode != "" || res.(*DeliverResult).Disposition == "duplicate" {
+			t.Errorf("the latest send of m2: %+v %v, want it taken", res, err)
+		}
+		time.Sleep(2 * releaseTries * releaseAnswerTimeout)
+		synctest.Wait()
+		if n := ran("next"); n != 1 {
+			t.Errorf("m2 ran %d times, want once", n)
+		}
+	})
+}

@@ -243,7 +243,33 @@ func (m *SessionManager) whileActivating(c actor.Context, key string, a *activat
 	if a.holder != nil && m.forwardTo(c, a.holder, key, r, true) {
 		return
 	}
+	if i := heldAgain(a.held, r); i >= 0 {
+		// The same message sent again (a router tries again every clusterAttemptTimeout while
+		// the wait lasts): it takes the place of the copy held, whose sender is answered at
+		// once. Before, every try was held, and a wait of an hour held hundreds of each message.
+		d := a.held[i].msg.(*Deliver)
+		if s := a.held[i].sender; s != nil {
+			c.Send(s, &DeliverResult{SessionKey: d.SessionKey, MessageId: d.MessageId, ErrorCode: ErrCodeUnavailable,
+				Error: "the message was sent again while its session waited to start; the later send is answered"})
+		}
+		a.held[i] = r
+		return
+	}
 	a.held = append(a.held, r)
+}
+
+// heldAgain returns the index in held of a Deliver of r's message (r a Deliver with a message
+// id): its id in the same chat of the same platform, as the store tells duplicates apart; or -1.
+func heldAgain(held []routed, r routed) int {
+	d, ok := r.msg.(*Deliver)
+	if !ok || d.MessageId == "" {
+		return -1
+	}
+	return slices.IndexFunc(held, func(h routed) bool {
+		hd, ok := h.msg.(*Deliver)
+		return ok && hd.MessageId == d.MessageId && hd.SessionKey == d.SessionKey &&
+			hd.Source.GetPlatform() == d.Source.GetPlatform() && hd.Source.GetChatId() == d.Source.GetChatId()
+	})
 }
 
 // recovers notes a Recover for the activation's key, forwarded here by hops members. Its hops
