@@ -12,10 +12,10 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 )
 
-// panicsOnce is a peersPlacement whose Peers panics once boom is set: the activation that asks
-// for them fails, and the manager restarts.
+// panicsOnce is a Placement whose Peers panics once boom is set: the activation that asks for
+// them fails, and the manager's supervisor restarts the manager.
 type panicsOnce struct {
-	peersPlacement
+	Placement
 	boom *atomic.Bool
 }
 
@@ -23,7 +23,7 @@ func (p panicsOnce) Peers() []*actor.PID {
 	if p.boom.CompareAndSwap(true, false) {
 		panic("the placement fails")
 	}
-	return p.peersPlacement.Peers()
+	return p.Placement.Peers()
 }
 
 // TestLateAnswerToAnEarlierIncarnationIsNotTaken: member b holds the key and says so to a's

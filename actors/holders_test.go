@@ -211,20 +211,6 @@ func TestActivationsOneAfterAnotherWaitForNoTimer(t *testing.T) {
 	})
 }
 
-// restartingPlacement is a gatedBatches whose Peers panics once boom is set: the activation
-// that asks for them fails, and the manager's supervisor restarts the manager.
-type restartingPlacement struct {
-	gatedBatches
-	boom *atomic.Bool
-}
-
-func (p restartingPlacement) Peers() []*actor.PID {
-	if p.boom.CompareAndSwap(true, false) {
-		panic("the placement fails")
-	}
-	return p.gatedBatches.Peers()
-}
-
 // TestRestartedManagerLooksUpNothingForItsFormerActivations: the manager restarts while a batch
 // of lookups is in flight (chat c1's) and another lookup waits behind it (chat c2's). The
 // restart ends both activations (their messages are answered "stopped"), and once the batch
@@ -242,7 +228,7 @@ func TestRestartedManagerLooksUpNothingForItsFormerActivations(t *testing.T) {
 		var boom atomic.Bool
 		gate := make(chan struct{})
 		w := clusterWorld(t, echo.New())
-		w.d.Placement = restartingPlacement{gatedBatches{peersPlacement{self: w.manager, owner: &owner}, gate, &mu, &batches}, &boom}
+		w.d.Placement = panicsOnce{gatedBatches{peersPlacement{self: w.manager, owner: &owner}, gate, &mu, &batches}, &boom}
 		owner.Store(w.manager)
 		chat := func(id string) (string, *Routed) {
 			src := w.src
