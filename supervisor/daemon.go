@@ -272,7 +272,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	// Before, with a store.dsn outside data_dir, it made a new, empty database there, and its
 	// lock file, and logged it, only to be refused.
 	if !opts.SharedStore {
-		if d.dirLock, err = LockDataDir(cfg.DataDir, HolderDaemon); err != nil {
+		if d.dirLock, err = lockDataDirWaiting(ctx, cfg.DataDir, log); err != nil {
 			return nil, fmt.Errorf("start: %w", err)
 		}
 		if d.spool, err = spool.Open(filepath.Join(cfg.DataDir, "spool")); err != nil {

@@ -1,14 +1,17 @@
 package supervisor
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/agentgate/agentgate/internal/flock"
 	"github.com/agentgate/agentgate/persistence"
@@ -135,4 +138,41 @@ func LockDataDir(dir, holder string) (*os.File, error) {
 	}
 	recordHolder(f, holder)
 	return f, nil
+}
+
+// adminLockWait bounds how long a daemon's start waits for an admin command that holds the data
+// directory (lockDataDirWaiting); adminLockPoll is how often it tries the lock meanwhile.
+const (
+	adminLockWait = 30 * time.Second
+	adminLockPoll = 100 * time.Millisecond
+)
+
+// lockDataDirWaiting is LockDataDir for a daemon's start: while an admin command holds the data
+// directory (sessions pardon, reset or requeue, which end in seconds), it waits for it, trying
+// the lock every adminLockPoll, up to adminLockWait or until ctx ends, and logs once that it
+// waits. Before, a start that met a pardon failed and had to be run again. A daemon, or a holder
+// that recorded nothing, is refused at once, as before.
+func lockDataDirWaiting(ctx context.Context, dir string, log *slog.Logger) (*os.File, error) {
+	deadline := time.Now().Add(adminLockWait)
+	logged := false
+	for {
+		f, err := LockDataDir(dir, HolderDaemon)
+		var inUse *DataDirInUse
+		if err == nil || !errors.As(err, &inUse) || !inUse.ByCommand() || !time.Now().Before(deadline) {
+			if err == nil && logged {
+				log.Info("the admin command that held the data directory is done; starting")
+			}
+			return f, err
+		}
+		if !logged {
+			log.Info("an admin command holds the data directory; waiting for it to finish",
+				"command", "agentgate "+inUse.Holder, "pid", inUse.PID, "at_most", adminLockWait)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(adminLockPoll):
+		}
+	}
 }

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/config"
@@ -100,4 +102,75 @@ func TestStartRefusedForItsSpoolMakesNoDatabase(t *testing.T) {
 	if _, err := os.Stat(cfg.DSN()); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("after the refused start, %s: %v; want it not made", cfg.DSN(), err)
 	}
+}
+
+// TestStartWaitsForAnAdminCommand: a daemon's start that finds an admin command holding the data
+// directory (sessions pardon, which ends in seconds) waits for it, says so once, and starts once
+// it is done; one held past adminLockWait is refused, naming the command; a daemon that holds it
+// is refused at once. Before, the start failed at once and had to be run again.
+func TestStartWaitsForAnAdminCommand(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		var logs testutil.Buffer
+		log := slog.New(slog.NewTextHandler(&logs, nil))
+		hold := func(holder string) *os.File {
+			t.Helper()
+			f, err := LockDataDir(dir, holder)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+		type result struct {
+			f   *os.File
+			err error
+		}
+		start := func() chan result {
+			done := make(chan result, 1)
+			go func() {
+				f, err := lockDataDirWaiting(t.Context(), dir, log)
+				done <- result{f, err}
+			}()
+			return done
+		}
+
+		pardon := hold("sessions pardon")
+		done := start()
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		select {
+		case r := <-done:
+			t.Fatalf("the start ended while the pardon held the data directory: %v", r.err)
+		default:
+		}
+		pardon.Close()
+		r := <-done
+		if r.err != nil {
+			t.Fatalf("the start once the pardon was done: %v", r.err)
+		}
+		r.f.Close()
+		for _, line := range []string{"an admin command holds the data directory; waiting for it to finish",
+			"command=\"agentgate sessions pardon\"", "the admin command that held the data directory is done; starting"} {
+			if n := strings.Count(logs.String(), line); n != 1 {
+				t.Errorf("the log has %q %d times, want once:\n%s", line, n, logs.String())
+			}
+		}
+
+		pardon = hold("sessions pardon")
+		began := time.Now()
+		r = <-start()
+		pardon.Close()
+		var inUse *DataDirInUse
+		if !errors.As(r.err, &inUse) || inUse.Holder != "sessions pardon" || time.Since(began) != adminLockWait {
+			t.Errorf("a start while a pardon held on: %v after %v, want the pardon named after %v", r.err, time.Since(began), adminLockWait)
+		}
+
+		daemon := hold(HolderDaemon)
+		began = time.Now()
+		r = <-start()
+		daemon.Close()
+		if !errors.As(r.err, &inUse) || inUse.Holder != HolderDaemon || time.Since(began) != 0 {
+			t.Errorf("a start while a daemon holds the data directory: %v after %v, want the daemon named at once", r.err, time.Since(began))
+		}
+	})
 }

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 
+	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/flock"
 	"github.com/agentgate/agentgate/supervisor"
 )
@@ -35,18 +37,16 @@ func TestServeNamesWhatHoldsTheDataDir(t *testing.T) {
 		t.Errorf("the lock file after a pardon holds %q (%v), want the pardon's record", b, err)
 	}
 
-	lock, err := supervisor.LockDataDir(dir, "sessions pardon")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A pardon that holds the directory for longer than a start waits for it (30 s:
+	// supervisor's TestStartWaitsForAnAdminCommand) is named so.
+	held := &supervisor.DataDirInUse{Path: lockFile, Holder: "sessions pardon", PID: os.Getpid()}
 	want := fmt.Sprintf("start: data directory in use by another process (%s held by agentgate sessions pardon, pid %d, "+
 		"an admin command that ends in seconds): %s: start agentgate again once it is done", lockFile, os.Getpid(), locked)
-	if got := serve(t); got != want {
+	if got := startError(context.Background(), config.Default(), fmt.Errorf("start: %w", held)).Error(); got != want {
 		t.Errorf("serve while a pardon holds the data directory:\n got %s\nwant %s", got, want)
 	}
-	lock.Close()
 
-	lock, err = supervisor.LockDataDir(dir, supervisor.HolderDaemon)
+	lock, err := supervisor.LockDataDir(dir, supervisor.HolderDaemon)
 	if err != nil {
 		t.Fatal(err)
 	}
