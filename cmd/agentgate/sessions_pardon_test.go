@@ -117,7 +117,6 @@ func TestSessionsPardon(t *testing.T) {
 // from the start, and replays under it). The offline sessions requeue, which refuses
 // anyway, says that the start replays them first.
 func TestSessionsPardonReplaysTheSpool(t *testing.T) {
-	ctx := context.Background()
 	dir := MustSeedSessions(t) // keyA's sa2 has m4 pending at seq 3
 	path := filepath.Join(dir, "agentgate.db")
 	setStrikes(t, path, 3)
@@ -127,26 +126,8 @@ func TestSessionsPardonReplaysTheSpool(t *testing.T) {
 	)
 	m4 := func(t *testing.T) (status string, attempts int, title string) {
 		t.Helper()
-		st, err := sqlite.OpenReadOnly(ctx, path)
-		if err != nil {
-			t.Fatalf("sqlite.OpenReadOnly: %v", err)
-		}
-		defer st.Close()
-		ms, err := st.Transcript(ctx, "sa2")
-		if err != nil {
-			t.Fatal(err)
-		}
-		sess, err := st.Session(ctx, "sa2")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range ms {
-			if m.Seq == 3 {
-				return m.Status, m.Attempts, sess.Title
-			}
-		}
-		t.Fatal("sa2 has no message at seq 3")
-		return "", 0, ""
+		m, sess := m4Of(t, path)
+		return m.Status, m.Attempts, sess.Title
 	}
 	unchanged := func(t *testing.T, what string) {
 		t.Helper()
@@ -228,22 +209,8 @@ func TestSessionsPardonRefusesAStartingDaemon(t *testing.T) {
 	setStrikes(t, path, 2)
 	strikes := func(t *testing.T) int {
 		t.Helper()
-		st, err := sqlite.OpenReadOnly(ctx, path)
-		if err != nil {
-			t.Fatalf("sqlite.OpenReadOnly: %v", err)
-		}
-		defer st.Close()
-		ms, err := st.Transcript(ctx, "sa2")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range ms {
-			if m.Seq == 3 {
-				return m.Attempts
-			}
-		}
-		t.Fatal("sa2 has no message at seq 3")
-		return 0
+		m, _ := m4Of(t, path)
+		return m.Attempts
 	}
 
 	// The daemon's start, between its two locks: the data directory's held, the store's not yet.
@@ -303,6 +270,32 @@ func refusedForTheDatabasesLock(t *testing.T, path string, args ...string) {
 		t.Errorf("sessions %s with the database locked = %v, stdout %q; want the error …%q…(nothing was changed)…",
 			strings.Join(args, " "), err, out, w)
 	}
+}
+
+// m4Of reads sa2's m4 (seq 3, MustSeedSessions) and sa2 itself from the database at path.
+func m4Of(t *testing.T, path string) (persistence.Message, *persistence.Session) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := sqlite.OpenReadOnly(ctx, path)
+	if err != nil {
+		t.Fatalf("sqlite.OpenReadOnly: %v", err)
+	}
+	defer st.Close()
+	ms, err := st.Transcript(ctx, "sa2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := st.Session(ctx, "sa2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.Seq == 3 {
+			return m, sess
+		}
+	}
+	t.Fatal("sa2 has no message at seq 3")
+	return persistence.Message{}, nil
 }
 
 // setStrikes sets the attempts of sa2's pending m4 (seq 3, MustSeedSessions) in the database at
