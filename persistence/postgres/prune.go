@@ -11,15 +11,19 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// pruneCandidatesSQL selects the sessions PruneSessions may delete (see there), oldest end
-// first, and locks them: a concurrent write that would make one needed again (a message for it,
-// reopening it) waits, and then finds it gone.
-const pruneCandidatesSQL = `SELECT s.id, s.key FROM sessions s
-	WHERE s.ended_at IS NOT NULL AND s.ended_at > 0 AND s.ended_at < $1
+// pruneDueSQL is what makes a session s due for pruning: it ended before $1 and nothing needs it
+// any more (see PruneSessions).
+const pruneDueSQL = `s.ended_at IS NOT NULL AND s.ended_at > 0 AND s.ended_at < $1
 		AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id AND m.role = 'user'
 			AND m.active AND m.status NOT IN ('done', 'failed', 'quarantined'))
 		AND NOT EXISTS (SELECT 1 FROM outbox o
-			WHERE o.session_key = s.key AND o.state = 'pending' AND o.session_id = s.id)
+			WHERE o.session_key = s.key AND o.state = 'pending' AND o.session_id = s.id)`
+
+// pruneCandidatesSQL selects the sessions PruneSessions may delete, oldest end first, and locks
+// them: a write that would make one needed again (a message for it, reopening it) and comes
+// later waits, and then finds it gone. One that came first holds the step up until it commits,
+// and the step checks the session again then (pruneRowsSQL).
+const pruneCandidatesSQL = `SELECT s.id, s.key FROM sessions s WHERE ` + pruneDueSQL + `
 	ORDER BY s.ended_at, s.id COLLATE "C" LIMIT $2
 	FOR UPDATE OF s`
 
@@ -28,11 +32,18 @@ const pruneCandidatesSQL = `SELECT s.id, s.key FROM sessions s
 // costs its checks.
 const pruneCandidatesPage = 32
 
-// pruneRowsSQL counts the rows a candidate's deletion deletes or empties, besides its own: its
-// messages, its outbox entries and its turns' usage.
-const pruneRowsSQL = `SELECT (SELECT COUNT(*) FROM messages WHERE session_id = $1),
-	(SELECT COUNT(*) FROM outbox WHERE session_key = $2 AND session_id = $1),
-	(SELECT COUNT(*) FROM turn_usage WHERE session_id = $1)`
+// pruneRowsSQL checks a locked candidate again ($2, its id, with its key $3: still due before
+// $1), and counts the rows its deletion deletes or empties, besides its own: its messages, its
+// outbox entries but pending ones, and its turns' usage. The check is not the candidates'
+// SELECT's over again: under READ COMMITTED that SELECT saw the tables as they were when it
+// began, and a writer that held the session's row (a message's foreign key check locks it, FOR
+// KEY SHARE) while the SELECT waited for it committed meanwhile without changing the row, so
+// PostgreSQL handed the row over unchecked. This statement sees what that writer committed, and
+// no message or usage row of the session can commit while the step holds its row.
+const pruneRowsSQL = `SELECT EXISTS (SELECT 1 FROM sessions s WHERE s.id = $2 AND ` + pruneDueSQL + `),
+	(SELECT COUNT(*) FROM messages WHERE session_id = $2),
+	(SELECT COUNT(*) FROM outbox WHERE session_key = $3 AND session_id = $2 AND state <> 'pending'),
+	(SELECT COUNT(*) FROM turn_usage WHERE session_id = $2)`
 
 // PruneSessions implements persistence.Store: it runs steps (see PruneStep) of
 // persistence.DefaultPruneRows rows until they have deleted limit sessions or nothing more is
@@ -102,9 +113,13 @@ func (s *Store) prune(ctx context.Context, endedBefore time.Time, rows, most int
 			drained = len(cands) < page
 			for _, cd := range cands {
 				// The candidate is locked: no message or usage row of it can be added meanwhile.
+				var due bool
 				var messages, outbox, usage int
-				if err := tx.QueryRow(ctx, pruneRowsSQL, cd.id, cd.key).Scan(&messages, &outbox, &usage); err != nil {
+				if err := tx.QueryRow(ctx, pruneRowsSQL, bound, cd.id, cd.key).Scan(&due, &messages, &outbox, &usage); err != nil {
 					return fmt.Errorf("count the rows of session %s: %w", cd.id, err)
+				}
+				if !due {
+					continue // needed again since the SELECT began (a later page leaves it out)
 				}
 				n := 1 + messages + outbox + usage
 				if c.Sessions > 0 && c.Rows+n > rows {
@@ -112,10 +127,11 @@ func (s *Store) prune(ctx context.Context, endedBefore time.Time, rows, most int
 					break
 				}
 				b := &pgx.Batch{}
-				b.Queue(`DELETE FROM outbox WHERE session_key = $1 AND session_id = $2
+				// An outbox entry has no foreign key: one may still come, and is kept if pending.
+				b.Queue(`DELETE FROM outbox WHERE session_key = $1 AND session_id = $2 AND state <> 'pending'
 					AND seq < (SELECT MAX(seq) FROM outbox WHERE session_key = $1)`, cd.key, cd.id)
 				b.Queue(`UPDATE outbox SET kind = $3, text = '', in_reply_to = '{}'
-					WHERE session_key = $1 AND session_id = $2`, cd.key, cd.id, persistence.KindPruned)
+					WHERE session_key = $1 AND session_id = $2 AND state <> 'pending'`, cd.key, cd.id, persistence.KindPruned)
 				b.Queue(`DELETE FROM messages WHERE session_id = $1`, cd.id)
 				b.Queue(`DELETE FROM turn_usage WHERE session_id = $1`, cd.id)
 				b.Queue(`DELETE FROM sessions WHERE id = $1`, cd.id)

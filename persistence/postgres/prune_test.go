@@ -1,0 +1,112 @@
+package postgres
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
+)
+
+// TestPruneRechecksASessionItLocked: a write to an ended session that commits while a prune
+// step waits for the session's row lock makes the session needed again, and the step keeps it.
+// Under READ COMMITTED the step's SELECT ... FOR UPDATE checked the session with the snapshot it
+// began with; a writer's foreign key check had locked the row (FOR KEY SHARE) but not changed
+// it, so PostgreSQL handed the row over without checking it again. Before, the step then
+// deleted the session with the pending message that had just committed (or the reply about to
+// be sent). Found by a review in the forty-second session ("FOR UPDATE snapshot").
+func TestPruneRechecksASessionItLocked(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		write []string // the concurrent transaction's statements
+		kept  string   // a query that counts what must be kept
+	}{{
+		name: "a pending message",
+		write: []string{`INSERT INTO messages (session_id, seq, role, content, platform, chat_id, message_id, status, created_at)
+			VALUES ('old', 3, 'user', 'are you there?', 'http', 'c-k', 'm3', 'pending', 1)`},
+		kept: `SELECT COUNT(*) FROM messages WHERE session_id = 'old' AND seq = 3 AND status = 'pending'`,
+	}, {
+		name: "an undelivered reply",
+		write: []string{
+			`INSERT INTO messages (session_id, seq, role, content, status, created_at) VALUES ('old', 3, 'assistant', 'late answer', 'done', 1)`,
+			`INSERT INTO outbox (session_key, seq, session_id, kind, text, state) VALUES ('k', 2, 'old', 'reply', 'late answer', 'pending')`,
+		},
+		kept: `SELECT COUNT(*) FROM outbox WHERE session_key = 'k' AND seq = 2 AND state = 'pending' AND text = 'late answer'`,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			s, dsn := MustOpen(t)
+			old := newSession("old", "k")
+			storetest.MustCommit(t, s,
+				&persistence.CreateSession{Session: old},
+				&persistence.AppendMessage{Message: persistence.Message{SessionID: "old", Seq: 1, Role: persistence.RoleUser,
+					Content: "hello", Status: persistence.StatusDone, Active: true, CreatedAt: t0}},
+				&persistence.AppendMessage{Message: persistence.Message{SessionID: "old", Seq: 2, Role: persistence.RoleAssistant,
+					Content: "hi", Status: persistence.StatusDone, Active: true, CreatedAt: t0}},
+				&persistence.AddOutbox{Entry: persistence.OutboxEntry{SessionKey: "k", Seq: 1, SessionID: "old", Kind: "reply",
+					Text: "hi", State: persistence.DeliveryDelivered, CreatedAt: t0}},
+				&persistence.EndSession{SessionID: "old", Reason: persistence.EndIdle, At: t0})
+
+			writer := mustConn(t, dsn)
+			tx, err := writer.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			for _, q := range tc.write {
+				if _, err := tx.Exec(ctx, q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+
+			type result struct {
+				c   persistence.PruneCount
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				c, err := s.PruneStep(ctx, t0.Add(time.Hour), 0)
+				done <- result{c, err}
+			}()
+			waitForALockWait(t, dsn)
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			r := <-done
+			if r.err != nil || r.c.Sessions != 0 {
+				t.Errorf("PruneStep = %+v, %v; want no session deleted", r.c, r.err)
+			}
+			if _, err := s.Session(ctx, "old"); err != nil {
+				t.Errorf("the session after the step: %v, want it kept", err)
+			}
+			var n int
+			if err := writer.QueryRow(ctx, tc.kept).Scan(&n); err != nil || n != 1 {
+				t.Errorf("%s = %d, %v; want 1", tc.kept, n, err)
+			}
+		})
+	}
+}
+
+// waitForALockWait returns once a session of dsn's database waits for a row lock.
+func waitForALockWait(t *testing.T, dsn string) {
+	t.Helper()
+	ctx := context.Background()
+	c := mustConn(t, dsn)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		err := c.QueryRow(ctx, `SELECT COUNT(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no session waited for a lock in 30 s")
+		}
+		time.Sleep(5 * time.Millisecond) // between two looks, not in place of one
+	}
+}
