@@ -19,10 +19,11 @@ import (
 )
 
 // stepStore records the prune steps and commits of the store it wraps, in order, and calls
-// duringFirst inside the first step.
+// duringFirst inside the first step and during (with the step's number, from 1) inside each.
 type stepStore struct {
 	persistence.Store
 	duringFirst func()
+	during      func(step int)
 
 	mu     sync.Mutex
 	events []string // "step" or "commit"
@@ -35,9 +36,13 @@ func (s *stepStore) PruneStep(ctx context.Context, before time.Time, rows int) (
 	first := len(s.steps) == 0
 	s.events = append(s.events, "step")
 	s.steps = append(s.steps, c)
+	n := len(s.steps)
 	s.mu.Unlock()
 	if first && s.duringFirst != nil {
 		s.duringFirst()
+	}
+	if s.during != nil {
+		s.during(n)
 	}
 	return c, err
 }
@@ -119,6 +124,77 @@ func TestPrunePassStepsLetWritesThrough(t *testing.T) {
 		for i := range sessions {
 			if ss, err := store.SessionsOfKey(ctx, fmt.Sprint("k-", i), 0); err != nil || len(ss) != 0 {
 				t.Errorf("sessions of k-%d after the pass = %d, %v, want none", i, len(ss), err)
+			}
+		}
+
+		if err := system.Root.StopFuture(timers).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if err := system.Root.StopFuture(persist).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Close(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestReplacedPrunePassCountsItsSteps: a Prune that comes while a pass runs (its PruneEvery
+// came first) replaces the pass, and the pass lines still count every session and message the
+// passes deleted: what the replaced pass had deleted in its line, logged then, and what its last
+// step deleted in the line of the pass that replaced it. Before, both went uncounted.
+func TestReplacedPrunePassCountsItsSteps(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const sessions, perSession, budget = 3, 2000, 1000
+		for i := range sessions {
+			mustCommit(t, store, longEndedSession(fmt.Sprint("old-", i), fmt.Sprint("k-", i), perSession)...)
+		}
+		time.Sleep(2 * time.Hour) // past the retention
+
+		system, _ := quietSystem(t)
+		defer system.Shutdown()
+		var logs testutil.Buffer
+		log := slog.New(slog.NewTextHandler(&logs, nil))
+		timersPID := make(chan *actor.PID, 1)
+		steps := &stepStore{Store: store, during: func(n int) {
+			if n == 3 { // the first pass has had two steps answered: replace it during its third
+				system.Root.Send(<-timersPID, &Prune{})
+			}
+		}}
+		persist := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, steps,
+			persistence.ActorOptions{MaxBatch: 256, Log: log})))
+		d := &Deps{Ctx: ctx, Persist: persist, Store: steps, Log: log, Metrics: metrics.New("fake"),
+			Config: SessionConfig{Prune: PrunePolicy{Enabled: true, After: time.Hour, Every: 24 * time.Hour, Batch: budget}}}
+		timers := system.Root.Spawn(NewTimers(d, nil, time.Minute)) // prunes at start
+		timersPID <- timers
+		synctest.Wait()
+
+		var lines []string
+		var gotSessions, gotMessages int
+		for l := range strings.SplitSeq(logs.String(), "\n") {
+			if !strings.Contains(l, "pruned ended sessions") {
+				continue
+			}
+			lines = append(lines, l)
+			var s, m int
+			if _, err := fmt.Sscanf(l[strings.Index(l, " sessions="):], " sessions=%d messages=%d", &s, &m); err != nil {
+				t.Fatalf("line %q: %v", l, err)
+			}
+			gotSessions, gotMessages = gotSessions+s, gotMessages+m
+		}
+		if len(lines) != 2 || gotSessions != sessions || gotMessages != sessions*perSession {
+			t.Errorf("pass lines %q count %d sessions and %d messages; want two lines, %d and %d",
+				lines, gotSessions, gotMessages, sessions, sessions*perSession)
+		}
+		for i := range sessions {
+			if ss, err := store.SessionsOfKey(ctx, fmt.Sprint("k-", i), 0); err != nil || len(ss) != 0 {
+				t.Errorf("sessions of k-%d after the passes = %d, %v, want none", i, len(ss), err)
 			}
 		}
 

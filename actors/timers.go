@@ -97,9 +97,9 @@ func (t *Timers) prune(c actor.Context) {
 	if !p.Enabled {
 		return
 	}
+	t.logPass() // a pass still running is replaced: what it deleted so far is told now
 	t.pass++
 	t.pruneBefore, t.passStart = t.pruneCutoff(p.After), time.Now()
-	t.sessions, t.messages = 0, 0
 	t.step(c)
 	cancelTimer(t.stopPrune) // a Prune sent by hand replaces the pending one
 	t.stopPrune = t.timers.SendOnce(p.Every, c.Self(), &Prune{})
@@ -136,20 +136,31 @@ func (t *Timers) step(c actor.Context) {
 // onPruned asks for the next step of the pass when this one spent its budget: more may be due.
 // Any other step, or an error (logged by the persistence actor), ends the pass, and the next
 // one comes at PruneEvery. The pass logs what it deleted in one line (its steps are at Debug).
+//
+// The answer to the step a replaced pass had asked for ends that pass; what the step deleted
+// counts in the pass that replaced it, whose line comes later (its own steps are answered after
+// that one). Before, it was counted nowhere, nor was what the replaced pass had deleted until
+// then: a pass that lasted longer than PruneEvery logged less than it deleted.
 func (t *Timers) onPruned(c actor.Context, r *persistence.Pruned) {
+	t.sessions += r.Sessions
+	t.messages += r.Messages
 	if r.Pass != t.pass {
 		return // of a pass a newer one replaced
 	}
-	t.sessions += r.Sessions
-	t.messages += r.Messages
 	if t.d.Config.Prune.Enabled && r.Err == nil && r.More {
 		t.step(c)
 		return
 	}
+	t.logPass()
+}
+
+// logPass logs the line of the pass, when it deleted anything, and clears its totals.
+func (t *Timers) logPass() {
 	if t.sessions+t.messages > 0 {
 		t.log.Info("pruned ended sessions", "sessions", t.sessions, "messages", t.messages,
 			"took", time.Since(t.passStart).Round(time.Millisecond), "ended_before", t.pruneBefore.UTC().Format(time.RFC3339))
 	}
+	t.sessions, t.messages = 0, 0
 }
 
 func (t *Timers) scan(c actor.Context) {
