@@ -23,6 +23,13 @@ func migrations() ([]sqlstore.Migration, error) {
 // transaction, and records each in schema_migrations. A database migrated by a newer binary is
 // refused. It logs each migration it applies and how long they took together (a migration that
 // rebuilds a table takes a while on a large store, and the daemon does not listen meanwhile).
+//
+// They run with foreign keys on, and a database may hold rows of no session: what a prune step
+// left of the sessions it deleted, until the next step (PruneStep; a stop in between leaves them
+// until the next start's first step). A migration that copies messages or turn_usage into a new
+// table that references sessions would fail on them, and the daemon would not start: such a
+// migration deletes them first, with their search index entries (as pruner.messages does:
+// leaving a message's entry behind corrupts the index).
 func migrate(ctx context.Context, w *sql.DB, log *slog.Logger) error {
 	ms, err := migrations()
 	if err != nil {
