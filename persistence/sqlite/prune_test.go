@@ -5,11 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/google/go-cmp/cmp"
@@ -384,5 +387,43 @@ func TestPruneZeroesWhatItDeletes(t *testing.T) {
 	var on int
 	if err := s.writer.QueryRowContext(ctx, `PRAGMA secure_delete`).Scan(&on); err != nil || on != 0 {
 		t.Errorf("secure_delete after pruning = %d, %v, want 0 (off)", on, err)
+	}
+}
+
+// TestPruneOnADamagedSearchIndex: a search index that cannot let go of a pruned session's
+// entries because it is damaged (the likely cause) stops the prune step whole: the session is
+// kept, rows and all, nothing is left half-pruned, and the store says it is corrupt (ERR once,
+// and agentgate_store_corrupt), which the operator sees. Other failures of the index keep the
+// messages with a rate-limited WRN (RUNBOOK). A review in the forty-second session feared such
+// sessions stayed with nothing to show for it ("FTS failures leave stuck sessions").
+func TestPruneOnADamagedSearchIndex(t *testing.T) {
+	ctx := context.Background()
+	var logs testutil.Buffer
+	var corrupt atomic.Int32 // Options.Corrupt: what sets agentgate_store_corrupt
+	s := MustOpen(t, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Corrupt: func() { corrupt.Add(1) }})
+	storetest.MustCommit(t, s,
+		&persistence.CreateSession{Session: newSession("old", "k")},
+		&persistence.AppendMessage{Message: userMsg("old", 1, "aardvark and badger")},
+		&persistence.SetMessageStatus{SessionID: "old", Seqs: []int64{1}, Status: persistence.StatusDone},
+		&persistence.EndSession{SessionID: "old", Reason: persistence.EndNewCommand, At: t0})
+	MustIndex(t, s)
+	raw := MustRawDB(t, s.Path())
+	mustExec(t, raw, `DROP TABLE messages_fts_data`) // the index's own blocks
+	for range 2 {
+		if c, err := s.PruneStep(ctx, t0.Add(time.Second), 0); !errors.Is(err, persistence.ErrUnavailable) || c != (persistence.PruneCount{}) {
+			t.Errorf("PruneStep on a damaged index = %+v, %v; want nothing done and ErrUnavailable", c, err)
+		}
+	}
+	if _, err := s.Session(ctx, "old"); err != nil {
+		t.Errorf("the session after the steps: %v, want it kept", err)
+	}
+	if got := countRows(t, raw); got.sessions != 1 || got.messages != 1 {
+		t.Errorf("rows after the steps = %+v, want the session and its message", got)
+	}
+	if n := strings.Count(logs.String(), `level=ERROR msg="the database is corrupt; stop the daemon and restore a backup"`); n != 1 {
+		t.Errorf("%d corruption lines, want 1:\n%s", n, logs.String())
+	}
+	if n := corrupt.Load(); n != 1 {
+		t.Errorf("Options.Corrupt called %d times, want once", n)
 	}
 }
