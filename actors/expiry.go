@@ -125,6 +125,9 @@ type overdue struct {
 	stored bool
 	// refusals counts the refusals in a row of its write as unavailable (storeOverdue).
 	refusals int
+	// triedAtLeave: a refused write was tried once more as the session was about to hand its
+	// key on (markOverdueBeforeLeaving).
+	triedAtLeave bool
 }
 
 // storeOverdue stores the reset that fell due while the session works on the session's row

@@ -247,3 +247,93 @@ func (p *movingPlacement) Self() *actor.PID        { return p.self.Load() }
 func (p *movingPlacement) Holders(context.Context, []string) (map[string]*actor.PID, error) {
 	return nil, nil
 }
+
+// TestResetDueWhoseMarkWasRefusedOutlivesALostHandOver: a cluster member leaves while a turn runs
+// across the daily hour, with a message queued behind it; the timer's nudge comes meanwhile, and
+// the store refuses the reset's mark (persistence.MarkResetDue: the database and the spool both
+// failing) and then takes writes again. The session hands its key on once the turn is done, and
+// the ResetDue that carries the filed reset to the successor is lost on the way (a one-link
+// partition, a dead letter); the Recover gets through. The successor runs the queued message in
+// the session and then ends it at the hour: the leaving session wrote the mark again before it
+// handed the key on. Before, it handed the key on at once, its in-memory copy of the reset went
+// with the ResetDue, the successor found the session's activity (the messages) after the hour,
+// and the session went on until the next day's reset. A store that still refuses the mark does
+// not hold the hand-over up: the session hands the key on after that one more try, and the
+// successor does the reset the ResetDue brings it.
+func TestResetDueWhoseMarkWasRefusedOutlivesALostHandOver(t *testing.T) {
+	for _, stillRefused := range []bool{false, true} {
+		t.Run(fmt.Sprintf("mark still refused=%v", stillRefused), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				release := make(chan struct{})
+				var clock atomic.Int64
+				clock.Store(before4.UnixNano())
+				daily := dailyClock(&clock)
+				p := &movingPlacement{}
+				var refusing atomic.Bool
+				w := newManagerWorldWrites(t, gatedAgent("m0", release), func(d *Deps) {
+					daily(d)
+					d.Node, d.Fencing, d.Clustered, d.Placement = "a", true, true, p
+				}, func(s persistence.Store) persistence.Store {
+					return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
+						_, ok := op.(*persistence.MarkResetDue)
+						return ok && refusing.Load()
+					}}
+				})
+				p.self.Store(w.manager)
+				p.owner.Store(w.manager)
+				var lose atomic.Bool
+				var lost atomic.Int32
+				var b *actor.PID
+				link := lossyLink(w.system, &b, &lose, &lost) // b, as a reaches it
+				b = w.memberB(t, w.store, &p.owner)
+				m0 := w.deliver(t, "m0", "hello")
+				synctest.Wait()
+				refusing.Store(true)
+				clock.Store(after4.UnixNano())
+				if r := w.deliver(t, "m1", "more"); r.Disposition != platforms.Queued {
+					t.Fatalf("m1: %+v, want queued", r)
+				}
+				w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+				synctest.Wait()
+				if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.ResetDueReason != "" {
+					t.Fatalf("session %s with its mark refused: %+v, %v; want no mark stored yet", m0.SessionId, s, err)
+				}
+				// The outage ends before the mark is written again, and the ResetDue is lost; or
+				// the outage goes on, and the ResetDue gets through.
+				refusing.Store(stillRefused)
+				lose.Store(!stillRefused)
+				w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return link }})
+				synctest.Wait()
+				p.owner.Store(b)
+				close(release)
+				w.answersTo(t, "m0")
+				if got := w.answersTo(t, "m1"); len(got) != 1 || got[0] != "re m1" {
+					t.Errorf("m1 was answered %q, want its reply", got)
+				}
+				synctest.Wait()
+				if !stillRefused && lost.Load() == 0 {
+					t.Error("no ResetDue was handed on (and lost) with the key")
+				}
+				w.checkEndedAt4(t, m0.SessionId, "once the successor ran the queued message")
+			})
+		})
+	}
+}
+
+// lossyLink stands for member b's manager as member a reaches it: it passes everything on to b,
+// sender and all, except, while lose is set, a forwarded ResetDue (a filed reset handed on with
+// a key), which is lost on the way; lost counts those.
+func lossyLink(system *actor.ActorSystem, b **actor.PID, lose *atomic.Bool, lost *atomic.Int32) *actor.PID {
+	return system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		switch m := c.Message().(type) {
+		case *actor.Started, *actor.Stopping, *actor.Stopped, *actor.Restarting:
+			return
+		case *Forward:
+			if _, ok := m.Msg.(*Forward_ResetDue); ok && lose.Load() {
+				lost.Add(1)
+				return
+			}
+		}
+		c.Forward(*b)
+	}))
+}

@@ -819,6 +819,9 @@ func (s *Session) leaveIfIdle(c actor.Context) {
 	if !s.leaving || s.fencedOut || s.running != nil || s.ending() || len(s.inflight) > 0 || s.held() != nil {
 		return
 	}
+	if s.markOverdueBeforeLeaving(c) {
+		return // it hands the key on once the store has answered the mark's write
+	}
 	s.logger().Info("the session hands its key on to another member", "pending", s.waiting())
 	s.d.Metrics.SessionsHandedOn.Inc()
 	// Messages whose commit may have applied though its answer was lost (unsure) may be
@@ -830,6 +833,33 @@ func (s *Session) leaveIfIdle(c actor.Context) {
 	s.fileOverdue()
 	s.handOverAll(c)
 	s.stopWhenSettled(c)
+}
+
+// markOverdueBeforeLeaving writes once more, as the session is about to hand its key on, the
+// mark of the reset that fell due while it worked (storeOverdue) when the store refused it as
+// unavailable and it waits to be written again (overdueRetry), and reports whether it did: the
+// session hands the key on once the store has answered, whatever the answer. The key's new
+// owner gets the reset in the ResetDue its manager hands on (handOnFiledReset), but that
+// message gets no answer and may be lost (a one-link partition, a dead letter, the new owner
+// crashing): the mark is the copy that outlives that. Before, a session whose mark was refused
+// handed the key on at once, and if the ResetDue was lost, the new owner found the session's
+// activity (the work the reset waited for) past the due time and let the session go on until
+// its next reset, a daily one a day late, though the store took writes again by then
+// (TestResetDueWhoseMarkWasRefusedOutlivesALostHandOver). It writes once only: a store that
+// still refuses does not hold the hand-over up, and the ResetDue alone carries the reset then.
+func (s *Session) markOverdueBeforeLeaving(c actor.Context) bool {
+	u := s.unusual
+	if u == nil || u.overdue == nil || s.cur == nil || u.overdue.sid != s.cur.ID {
+		return false
+	}
+	o := u.overdue
+	if o.refusals == 0 || o.triedAtLeave {
+		return false
+	}
+	o.triedAtLeave = true
+	o.stored = false
+	s.storeOverdue(c)
+	return len(s.inflight) > 0 // (storeOverdue writes nothing for a session fenced out or stopping)
 }
 
 // fileOverdue files the reset that fell due while the session worked, and waits for the messages
