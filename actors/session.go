@@ -865,8 +865,9 @@ func (s *Session) markOverdueBeforeLeaving(c actor.Context) bool {
 // fileOverdue files the reset that fell due while the session worked, and waits for the messages
 // still queued, for the key's next activation or incarnation, as a refused one is filed
 // (writeReset): that one would find the session's activity past the due time, moved there by
-// the work, and not see it due. Used when the key moves to another member (leaveIfIdle) and
-// when the session restarts after a crash (onRestarting): before, a crash during the backlog
+// the work, and not see it due. Used when the key moves to another member (leaveIfIdle), when
+// the session starts again from the store (restartFromStore), and when it restarts after a
+// crash (onRestarting): before, a crash during the backlog
 // of a start that found the reset due lost it, and the session went on until its next reset,
 // a daily one a day late (found by a review; TestOverdueResetOutlivesACrash). The session's row
 // holds it too, once stored (storeOverdue): a stop of the daemon keeps it there.
@@ -927,6 +928,12 @@ func (s *Session) onRecover(c actor.Context) {
 // and its message, still pending in the store, runs again. When err says the store cannot be
 // written (the database and the spool both failing), the next activation waits a while (see
 // SessionManager): it would run the same message again only to have its result refused again.
+// A reset that fell due while the session worked is filed for the next activation
+// (fileOverdue), as at a crash: the store may not hold its mark (refused as unavailable, and
+// waiting to be written again), and the next activation would find the session's activity (the
+// work the reset waited for) past the due time. Before, it was lost, and the session went on
+// until its next reset, a daily one a day late
+// (TestOverdueResetWhoseMarkWasRefusedOutlivesARestartFromTheStore).
 func (s *Session) restartFromStore(c actor.Context, why string, err error) {
 	level := slog.LevelWarn
 	if errors.Is(err, persistence.ErrDuplicate) {
@@ -937,6 +944,7 @@ func (s *Session) restartFromStore(c actor.Context, why string, err error) {
 	s.logger().Log(context.Background(), level, "the session starts again from the store", "why", why, logging.Err(err))
 	s.stale = true
 	s.refused = errors.Is(err, persistence.ErrUnavailable)
+	s.fileOverdue()
 	s.handOverAll(c)
 	s.stopWhenSettled(c)
 }

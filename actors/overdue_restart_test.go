@@ -1,0 +1,82 @@
+package actors
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/persistence"
+)
+
+// TestOverdueResetWhoseMarkWasRefusedOutlivesARestartFromTheStore: a turn runs across the daily
+// hour with a message queued behind it, the timer's nudge comes meanwhile, and the store refuses
+// the reset's mark (persistence.MarkResetDue) as unavailable. The turn's reply is stored, after
+// the hour; while the queued message's turn runs, the store refuses the write of a /status, and
+// the session starts again from the store. The next activation runs the queued message again and
+// then ends the session at the hour.
+func TestOverdueResetWhoseMarkWasRefusedOutlivesARestartFromTheStore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release0, release1 := make(chan struct{}), make(chan struct{})
+		var clock atomic.Int64
+		clock.Store(before4.UnixNano())
+		var refusing atomic.Bool
+		w := newManagerWorldWrites(t, twoGates(release0, release1), dailyClock(&clock), func(s persistence.Store) persistence.Store {
+			return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
+				switch o := op.(type) {
+				case *persistence.MarkResetDue:
+					return refusing.Load()
+				case *persistence.AppendMessage:
+					return refusing.Load() && o.Message.Content == "/status"
+				}
+				return false
+			}}
+		})
+		m0 := w.deliver(t, "m0", "slow")
+		w.deliver(t, "m1", "queued")
+		synctest.Wait()
+		refusing.Store(true)
+		clock.Store(after4.UnixNano())
+		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+		synctest.Wait()
+		close(release0)
+		w.answersTo(t, "m0") // its reply is stored after the hour; m1's turn runs
+		synctest.Wait()
+		if r := w.deliver(t, "c1", "/status"); r.ErrorCode != "unavailable" {
+			t.Fatalf("/status: %+v; want it refused as unavailable", r)
+		}
+		synctest.Wait()
+		refusing.Store(false)
+		close(release1)
+		time.Sleep(time.Minute) // the session starts again from the store, and runs m1 again
+		synctest.Wait()
+		if got := w.answersTo(t, "m1"); len(got) == 0 || got[len(got)-1] != "re m1" {
+			t.Errorf("m1 was answered %q; want its reply", got)
+		}
+		w.checkEndedAt4(t, m0.SessionId, "once m1 ran again after the restart from the store")
+	})
+}
+
+// twoGates is an agent that answers "re ID" to m0 once release0 is closed, to m1 once release1
+// is, and to any other message at once.
+func twoGates(release0, release1 chan struct{}) agents.Agent {
+	return agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		var gate chan struct{}
+		switch req.Identity.MessageID {
+		case "m0":
+			gate = release0
+		case "m1":
+			gate = release1
+		}
+		if gate != nil {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return &agents.Response{Text: "re " + req.Identity.MessageID}, nil
+	})
+}
