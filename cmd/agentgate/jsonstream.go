@@ -62,6 +62,14 @@ func (j *jsonStream) end() error {
 	return j.err
 }
 
+// flush writes out what is buffered, so that a caller that prints a page at a time holds no
+// more than one.
+func (j *jsonStream) flush() {
+	if j.err == nil {
+		j.err = j.w.Flush()
+	}
+}
+
 // element begins the next element of the innermost container: its separator and indent.
 func (j *jsonStream) element() {
 	n := len(j.empty)
