@@ -1,7 +1,9 @@
 package actors
 
 import (
+	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -112,6 +114,71 @@ func TestPruneCatchesUpWithTheBacklog(t *testing.T) {
 		}
 		if err := w.system.Root.StopFuture(timers).Wait(); err != nil {
 			t.Fatal(err)
+		}
+	})
+}
+
+// heldLoads is a store whose session loads wait until release is closed; entered counts the
+// loads that have begun.
+type heldLoads struct {
+	persistence.Store
+	release chan struct{}
+	entered atomic.Int64
+}
+
+func (s *heldLoads) LoadSession(ctx context.Context, key string, historyLimit, pendingLimit int) (*persistence.Snapshot, error) {
+	s.entered.Add(1)
+	<-s.release
+	return s.Store.LoadSession(ctx, key, historyLimit, pendingLimit)
+}
+
+// TestScanNudgesAPageAtATime: the timers' scan nudges the sessions of one page, and reads the
+// next only once they have taken their nudges, each loading its session to end it. Before, a
+// scan nudged every due session at once: at a daily reset of 100,000 chats, or the first scan
+// after a quiet night, a new chat's load waited behind theirs, and its first reply came seconds
+// late for the half minute they took.
+func TestScanNudgesAPageAtATime(t *testing.T) {
+	old := timersBatch
+	timersBatch = 3
+	t.Cleanup(func() { timersBatch = old })
+	synctest.Test(t, func(t *testing.T) {
+		var clock atomic.Int64
+		t0 := time.Date(2030, 1, 2, 12, 0, 0, 0, time.UTC)
+		clock.Store(t0.UnixNano())
+		policy := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Minute, Notify: true}
+		loads := &heldLoads{release: make(chan struct{})}
+		w := newManagerWorld(t, gatedAgent("", nil), func(d *Deps) {
+			resetsBy(&clock, policy)(d)
+			loads.Store = d.Store
+			d.Store = loads
+		})
+		const due = 10
+		var ids []string
+		for i := range due {
+			src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: fmt.Sprint("idle", i), UserID: "u1"}
+			key, id := identity.Key(src, w.d.Config.Keys), fmt.Sprint("s", i)
+			ids = append(ids, id)
+			mustCommit(t, w.store,
+				&persistence.CreateSession{Session: persistence.Session{ID: id, Key: key, Platform: "fake", ChatType: identity.ChatDM,
+					ChatID: src.ChatID, UserID: "u1", StartedAt: t0.Add(-2 * time.Hour), LastActivityAt: t0.Add(-time.Hour)}},
+				&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: id, Generation: 1, UpdatedAt: t0.Add(-2 * time.Hour)}})
+		}
+		timers := w.system.Root.Spawn(NewTimers(w.d, NewLocalRouter(w.system.Root, w.manager), time.Minute))
+		defer func() {
+			if err := w.system.Root.StopFuture(timers).Wait(); err != nil {
+				t.Error(err)
+			}
+		}()
+		synctest.Wait() // its first scan, its first page's loads held
+		if n := loads.entered.Load(); n != 3 {
+			t.Errorf("%d sessions loading at once, want 3 (one page of the scan, of %d due)", n, due)
+		}
+		close(loads.release)
+		synctest.Wait()
+		for _, id := range ids {
+			if s, err := w.store.Session(w.ctx, id); err != nil || s.EndReason != persistence.EndIdle {
+				t.Errorf("session %s: %+v, %v; want it ended idle", id, s, err)
+			}
 		}
 	})
 }
