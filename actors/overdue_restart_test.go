@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -78,5 +79,65 @@ func twoGates(release0, release1 chan struct{}) agents.Agent {
 			}
 		}
 		return &agents.Response{Text: "re " + req.Identity.MessageID}, nil
+	})
+}
+
+// TestOverdueResetFiledAtARestartFromTheStoreIsMarkedOnceTheStoreTakesWrites: as in
+// TestOverdueResetWhoseMarkWasRefusedOutlivesARestartFromTheStore, the store refuses the reset's
+// mark and then a /status, and the session starts again from the store, which takes writes
+// again by then. The next activation, running the queued message again, writes the mark on the
+// session's row; agentgate stops before that turn is done, and at its next start the session
+// runs the message and ends at the hour. Before, the reset filed for the next activation
+// (fileOverdue) was a copy of the one in memory, which took the refused mark for one stored
+// (it waited to be written again, by a timer of the activation that had stopped): the next
+// activation never wrote it, and the stop lost the reset; the session went on until the next
+// day's.
+func TestOverdueResetFiledAtARestartFromTheStoreIsMarkedOnceTheStoreTakesWrites(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release0 := make(chan struct{})
+		var clock atomic.Int64
+		clock.Store(before4.UnixNano())
+		var refusing atomic.Bool
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		w := newManagerWorldWith(t, path, twoGates(release0, make(chan struct{})), dailyClock(&clock), func(s persistence.Store) persistence.Store {
+			return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
+				switch o := op.(type) {
+				case *persistence.MarkResetDue:
+					return refusing.Load()
+				case *persistence.AppendMessage:
+					return refusing.Load() && o.Message.Content == "/status"
+				}
+				return false
+			}}
+		})
+		m0 := w.deliver(t, "m0", "slow")
+		w.deliver(t, "m1", "queued")
+		synctest.Wait()
+		refusing.Store(true)
+		clock.Store(after4.UnixNano())
+		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+		synctest.Wait()
+		close(release0)
+		w.answersTo(t, "m0") // its reply is stored after the hour; m1's turn runs
+		synctest.Wait()
+		if r := w.deliver(t, "c1", "/status"); r.ErrorCode != "unavailable" {
+			t.Fatalf("/status: %+v; want it refused as unavailable", r)
+		}
+		synctest.Wait()
+		refusing.Store(false)
+		time.Sleep(time.Minute) // the session starts again from the store, and runs m1 again
+		synctest.Wait()
+		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.ResetDueReason != persistence.EndDaily {
+			t.Errorf("session %s as m1 runs again: %+v, %v; want its due reset marked", m0.SessionId, s, err)
+		}
+		w.stop() // m1's turn is cut short: it is pending in the store
+		synctest.Wait()
+
+		w2 := newManagerWorldAt(t, path, gatedAgent("", nil), dailyClock(&clock))
+		if got := w2.answersTo(t, "m1"); len(got) == 0 || got[len(got)-1] != "re m1" {
+			t.Errorf("m1 was answered %q; want its reply", got)
+		}
+		synctest.Wait()
+		w2.checkEndedAt4(t, m0.SessionId, "once m1 ran at the next start")
 	})
 }

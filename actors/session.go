@@ -870,12 +870,16 @@ func (s *Session) markOverdueBeforeLeaving(c actor.Context) bool {
 // crash (onRestarting): before, a crash during the backlog
 // of a start that found the reset due lost it, and the session went on until its next reset,
 // a daily one a day late (found by a review; TestOverdueResetOutlivesACrash). The session's row
-// holds it too, once stored (storeOverdue): a stop of the daemon keeps it there.
+// holds it too, once stored (storeOverdue): a stop of the daemon keeps it there. The filed reset
+// says nothing of its mark: the next activation takes it for stored only when its load found it
+// on the row (takeFiledReset), and writes it otherwise. Before, it was a copy of this one, and a
+// mark the store had refused, waiting to be written again by this activation's timer, was taken
+// for stored: it was never written, and a stop of the daemon before the work was done lost the
+// reset (TestOverdueResetFiledAtARestartFromTheStoreIsMarkedOnceTheStoreTakesWrites).
 func (s *Session) fileOverdue() {
 	if u := s.unusual; u != nil && u.overdue != nil && s.cur != nil && u.overdue.sid == s.cur.ID {
-		o := *u.overdue
-		o.activity = s.cur.LastActivityAt
-		s.d.resetsDue.Store(s.key, &o)
+		o := u.overdue
+		s.d.resetsDue.Store(s.key, &overdue{sid: o.sid, at: o.at, reason: o.reason, activity: s.cur.LastActivityAt})
 	}
 }
 
