@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -237,4 +238,80 @@ func mustCommit(t *testing.T, s persistence.Store, ops ...persistence.Op) {
 	if errs := s.Commit(context.Background(), [][]persistence.Op{ops}); errs[0] != nil {
 		t.Fatal(errs[0])
 	}
+}
+
+// TestRestartedTimersTakesNoLateStepForItsOwn: Timers restarts (a panic) while a step of its
+// prune pass runs, and the new instance starts a pass of its own at once. The old step's answer
+// comes after that, and ends no pass of the new instance: the new pass logs one line once its
+// own steps are done, with what the old step deleted too. Before, passes were numbered from 1 in
+// each instance, the old answer was taken for the new pass 1's, which logged its line then (the
+// old step's session alone), and a second line for the rest.
+func TestRestartedTimersTakesNoLateStepForItsOwn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustCommit(t, store, longEndedSession("old-a", "k-a", 10)...)
+		time.Sleep(2 * time.Hour) // past the retention
+
+		system, _ := quietSystem(t)
+		defer system.Shutdown()
+		var logs testutil.Buffer
+		log := slog.New(slog.NewTextHandler(&logs, nil))
+		inStep, resume := make(chan struct{}), make(chan struct{})
+		steps := &stepStore{Store: store, duringFirst: func() {
+			close(inStep)
+			<-resume
+		}}
+		persist := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, steps,
+			persistence.ActorOptions{MaxBatch: 256, Log: log})))
+		var panicNow atomic.Bool
+		d := &Deps{Ctx: ctx, Persist: persist, Store: steps, Log: log, Metrics: metrics.New("fake"),
+			Now: func() time.Time {
+				if panicNow.CompareAndSwap(true, false) {
+					panic("timers crash (test)")
+				}
+				return time.Now()
+			},
+			Config: SessionConfig{Prune: PrunePolicy{Enabled: true, After: time.Hour, Every: 24 * time.Hour, Batch: 1000}}}
+		timers := system.Root.Spawn(NewTimers(d, nil, time.Minute)) // prunes at start
+		<-inStep                                                    // the first pass's first step deleted old-a, and is not yet answered
+		// Another session falls due meanwhile; then Timers crashes, and its new instance
+		// starts a pass (at its start), which asks for a step behind the old one.
+		mustCommit(t, store, longEndedSession("old-b", "k-b", 10)...)
+		time.Sleep(2 * time.Hour)
+		panicNow.Store(true)
+		system.Root.Send(timers, &CheckResets{})
+		synctest.Wait()
+		close(resume)
+		synctest.Wait()
+
+		var lines []string
+		for l := range strings.SplitSeq(logs.String(), "\n") {
+			if strings.Contains(l, "pruned ended sessions") {
+				lines = append(lines, l)
+			}
+		}
+		if len(lines) != 1 || !strings.Contains(lines[0], " sessions=2 messages=20 ") {
+			t.Errorf("pass lines %q; want one, of 2 sessions and 20 messages", lines)
+		}
+		for _, k := range []string{"k-a", "k-b"} {
+			if ss, err := store.SessionsOfKey(ctx, k, 0); err != nil || len(ss) != 0 {
+				t.Errorf("sessions of %s after the passes = %d, %v, want none", k, len(ss), err)
+			}
+		}
+
+		if err := system.Root.StopFuture(timers).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if err := system.Root.StopFuture(persist).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Close(); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

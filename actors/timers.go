@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/logging"
@@ -38,7 +39,8 @@ type Timers struct {
 	stopScan, stopPrune scheduler.CancelFunc
 	// The prune pass in progress: its number (a Prune sent by hand starts a new pass, and the
 	// answers to the steps of the one it replaced end that one), its cutoff, which its later
-	// steps keep so that it ends, when it started and what it deleted so far.
+	// steps keep so that it ends, when it started and what it deleted so far. Passes are
+	// numbered on from a random start in each incarnation (NewTimers).
 	pass                   uint64
 	pruneBefore, passStart time.Time
 	sessions, messages     int
@@ -101,8 +103,14 @@ func NewTimers(d *Deps, router SessionRouter, every time.Duration) *actor.Props 
 	if every <= 0 {
 		every = time.Minute
 	}
-	return actor.PropsFromProducer(func() actor.Actor { return &Timers{d: d, router: router, every: every} },
-		dispatchedBy(d.Dispatcher)...)
+	return actor.PropsFromProducer(func() actor.Actor {
+		// Prune passes are numbered from a random start in each incarnation, not from 1: the
+		// late answer to a step of a pass of the instance a restart replaced would be taken
+		// for the answer to the new instance's pass of the same number, which then logged its
+		// line before it ended and asked for a step beside its own
+		// (TestRestartedTimersTakesNoLateStepForItsOwn).
+		return &Timers{d: d, router: router, every: every, pass: rand.Uint64()}
+	}, dispatchedBy(d.Dispatcher)...)
 }
 
 // Receive scans on start and on every tick.
