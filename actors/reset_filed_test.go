@@ -2,7 +2,9 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -336,4 +338,105 @@ func lossyLink(system *actor.ActorSystem, b **actor.PID, lose *atomic.Bool, lost
 		}
 		c.Forward(*b)
 	}))
+}
+
+// TestResetDueOfALeavingSessionFencedAtItsMarkIsHandedOn: as in
+// TestResetDueWhoseMarkWasRefusedOutlivesALostHandOver, a member leaves while a turn runs across
+// the daily hour with a message queued, and the store refused the reset's mark meanwhile. The
+// leaving session writes the mark once more before it hands the key on, and another activation
+// claims the key just before that write (member b's, during a change of membership): the write
+// is fenced. The session hands the key on with the reset filed, and b runs the queued message in
+// the session (its Recover stands for b's own activation) and then ends it at the hour, once.
+// Before, a fenced session filed nothing, b loaded no mark, found the session's activity past the
+// hour, and the session went on until the next day's reset.
+func TestResetDueOfALeavingSessionFencedAtItsMarkIsHandedOn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var clock atomic.Int64
+		clock.Store(before4.UnixNano())
+		daily := dailyClock(&clock)
+		p := &movingPlacement{}
+		var refusing, claimAtMark atomic.Bool
+		var fenced atomic.Int32
+		w := newManagerWorldWrites(t, gatedAgent("m0", release), func(d *Deps) {
+			daily(d)
+			d.Node, d.Fencing, d.Clustered, d.Placement = "a", true, true, p
+		}, func(s persistence.Store) persistence.Store {
+			return &claimedAtMark{refusedWrites: refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
+				_, ok := op.(*persistence.MarkResetDue)
+				return ok && refusing.Load()
+			}}, armed: &claimAtMark, fenced: &fenced}
+		})
+		p.self.Store(w.manager)
+		p.owner.Store(w.manager)
+		b := w.memberB(t, w.store, &p.owner)
+		m0 := w.deliver(t, "m0", "hello")
+		synctest.Wait()
+		refusing.Store(true)
+		clock.Store(after4.UnixNano())
+		if r := w.deliver(t, "m1", "more"); r.Disposition != platforms.Queued {
+			t.Fatalf("m1: %+v, want queued", r)
+		}
+		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+		synctest.Wait()
+		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.ResetDueReason != "" {
+			t.Fatalf("session %s with its mark refused: %+v, %v; want no mark stored yet", m0.SessionId, s, err)
+		}
+		refusing.Store(false)
+		claimAtMark.Store(true)
+		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return b }})
+		synctest.Wait()
+		p.owner.Store(b)
+		close(release)
+		w.answersTo(t, "m0")
+		synctest.Wait()
+		if fenced.Load() != 1 {
+			t.Fatalf("%d marks written at the leave were fenced, want 1", fenced.Load())
+		}
+		w.system.Root.Send(b, &Routed{Key: w.key, Msg: &Recover{}})
+		if got := w.answersTo(t, "m1"); len(got) != 1 || got[0] != "re m1" {
+			t.Errorf("m1 was answered %q, want its reply", got)
+		}
+		synctest.Wait()
+		w.checkEndedAt4(t, m0.SessionId, "once the successor ran the queued message")
+		select {
+		case m := <-w.sent:
+			if slices.Contains(m.Out.InReplyTo, "m1") {
+				t.Errorf("m1 answered again: %q", m.Out.Text)
+			}
+		default:
+		}
+	})
+}
+
+// claimedAtMark is refusedWrites, and while armed is set, claims the session's key for member b
+// (Store.Claim) just before the first group that writes a reset's mark (MarkResetDue) commits:
+// that group, fenced by the claim, fails. fenced counts those groups.
+type claimedAtMark struct {
+	refusedWrites
+	armed  *atomic.Bool
+	fenced *atomic.Int32
+}
+
+func (r *claimedAtMark) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	mark := -1
+	for i, g := range groups {
+		if slices.ContainsFunc(g, func(op persistence.Op) bool { _, ok := op.(*persistence.MarkResetDue); return ok }) {
+			mark = i
+		}
+	}
+	if mark >= 0 && r.armed.CompareAndSwap(true, false) {
+		for _, op := range groups[mark] {
+			if f, ok := op.(*persistence.Fence); ok {
+				if _, err := r.Store.Claim(ctx, f.Key, "b", time.Now()); err != nil {
+					panic(err)
+				}
+			}
+		}
+	}
+	errs := r.refusedWrites.Commit(ctx, groups)
+	if mark >= 0 && errors.Is(errs[mark], persistence.ErrFenced) {
+		r.fenced.Add(1)
+	}
+	return errs
 }

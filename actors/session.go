@@ -770,11 +770,21 @@ func (s *Session) sourceOf(ss *persistence.Session) identity.Source {
 // still in flight (requests waiting on them get them), hands every request it is sent meanwhile
 // to the manager, which gives them to the key's next activation, and then stops.
 
-// fence starts the hand-over.
+// fence starts the hand-over. A leaving session that was about to hand its key on, and waited
+// only for the store's answer to its reset's mark (markOverdueBeforeLeaving), files the reset
+// still, as it would have at the hand-over: the manager hands it on with the key
+// (SessionManager.handOnFiledReset). The mark was not stored, so the activation that claimed the
+// key did not load it, and found the session's activity (the work the reset waited for) past the
+// due time. Before, it filed nothing, and the session went on until its next reset, a daily one a
+// day late (TestResetDueOfALeavingSessionFencedAtItsMarkIsHandedOn). Filing writes nothing; the
+// key's next owner does the reset only if the session was not active since (takeFiledReset).
 func (s *Session) fence(c actor.Context) {
 	s.d.Metrics.SessionsFenced.Inc()
 	s.logger().Warn("another activation claimed the session; this one hands over and stops",
 		"epoch", s.epoch, "pending", s.waiting(), "running", s.running != nil)
+	if u := s.unusual; s.leaving && u != nil && u.overdue != nil && u.overdue.triedAtLeave {
+		s.fileOverdue()
+	}
 	s.handOverAll(c)
 }
 
