@@ -110,3 +110,83 @@ func waitForALockWait(t *testing.T, dsn string) {
 		time.Sleep(5 * time.Millisecond) // between two looks, not in place of one
 	}
 }
+
+// TestPruneKeepsAPendingOutboxEntry: an outbox entry of a pruned session that is pending once
+// the step has checked the session again (the entry has no foreign key, so nothing holds it up)
+// is kept, whole, though the session goes: it is still to be delivered. Here the writer holds
+// the session's first delivered entry, which the step's outbox DELETE waits for; it then adds a
+// pending reply (seen by the step's UPDATE, which would make it an empty pruned marker), or sets
+// the entry it holds pending again (seen by the DELETE as it takes the row). Without the
+// `state <> 'pending'` filters the step deleted or emptied it (ba361e6).
+func TestPruneKeepsAPendingOutboxEntry(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		write []string
+		kept  string
+	}{{
+		name: "a reply added",
+		write: []string{
+			`SELECT 1 FROM outbox WHERE session_key = 'k' AND seq = 1 FOR UPDATE`,
+			`INSERT INTO outbox (session_key, seq, session_id, kind, text, state) VALUES ('k', 3, 'old', 'reply', 'late answer', 'pending')`,
+		},
+		kept: `SELECT COUNT(*) FROM outbox WHERE session_key = 'k' AND seq = 3 AND state = 'pending' AND kind = 'reply' AND text = 'late answer'`,
+	}, {
+		name: "an entry pending again",
+		write: []string{
+			`UPDATE outbox SET state = 'pending' WHERE session_key = 'k' AND seq = 1`,
+		},
+		kept: `SELECT COUNT(*) FROM outbox WHERE session_key = 'k' AND seq = 1 AND state = 'pending' AND kind = 'reply' AND text = 'hi'`,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			s, dsn := MustOpen(t)
+			storetest.MustCommit(t, s,
+				&persistence.CreateSession{Session: newSession("old", "k")},
+				&persistence.AppendMessage{Message: persistence.Message{SessionID: "old", Seq: 1, Role: persistence.RoleUser,
+					Content: "hello", Status: persistence.StatusDone, Active: true, CreatedAt: t0}},
+				&persistence.AppendMessage{Message: persistence.Message{SessionID: "old", Seq: 2, Role: persistence.RoleAssistant,
+					Content: "hi", Status: persistence.StatusDone, Active: true, CreatedAt: t0}},
+				&persistence.AddOutbox{Entry: persistence.OutboxEntry{SessionKey: "k", Seq: 1, SessionID: "old", Kind: "reply",
+					Text: "hi", State: persistence.DeliveryDelivered, CreatedAt: t0}},
+				&persistence.AddOutbox{Entry: persistence.OutboxEntry{SessionKey: "k", Seq: 2, SessionID: "old", Kind: "reply",
+					Text: "more", State: persistence.DeliveryDelivered, CreatedAt: t0}},
+				&persistence.EndSession{SessionID: "old", Reason: persistence.EndIdle, At: t0})
+
+			writer := mustConn(t, dsn)
+			tx, err := writer.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			if _, err := tx.Exec(ctx, tc.write[0]); err != nil {
+				t.Fatalf("%s: %v", tc.write[0], err)
+			}
+			type result struct {
+				c   persistence.PruneCount
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				c, err := s.PruneStep(ctx, t0.Add(time.Hour), 0)
+				done <- result{c, err}
+			}()
+			waitForALockWait(t, dsn) // the step checked the session again, and waits in its outbox DELETE
+			for _, q := range tc.write[1:] {
+				if _, err := tx.Exec(ctx, q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			r := <-done
+			if r.err != nil || r.c.Sessions != 1 {
+				t.Errorf("PruneStep = %+v, %v; want the session deleted", r.c, r.err)
+			}
+			var n int
+			if err := writer.QueryRow(ctx, tc.kept).Scan(&n); err != nil || n != 1 {
+				t.Errorf("%s = %d, %v; want 1", tc.kept, n, err)
+			}
+		})
+	}
+}
