@@ -20,36 +20,8 @@ import (
 // then ends the session at the hour.
 func TestOverdueResetWhoseMarkWasRefusedOutlivesARestartFromTheStore(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		release0, release1 := make(chan struct{}), make(chan struct{})
-		var clock atomic.Int64
-		clock.Store(before4.UnixNano())
-		var refusing atomic.Bool
-		w := newManagerWorldWrites(t, twoGates(release0, release1), dailyClock(&clock), func(s persistence.Store) persistence.Store {
-			return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
-				switch o := op.(type) {
-				case *persistence.MarkResetDue:
-					return refusing.Load()
-				case *persistence.AppendMessage:
-					return refusing.Load() && o.Message.Content == "/status"
-				}
-				return false
-			}}
-		})
-		m0 := w.deliver(t, "m0", "slow")
-		w.deliver(t, "m1", "queued")
-		synctest.Wait()
-		refusing.Store(true)
-		clock.Store(after4.UnixNano())
-		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
-		synctest.Wait()
-		close(release0)
-		w.answersTo(t, "m0") // its reply is stored after the hour; m1's turn runs
-		synctest.Wait()
-		if r := w.deliver(t, "c1", "/status"); r.ErrorCode != "unavailable" {
-			t.Fatalf("/status: %+v; want it refused as unavailable", r)
-		}
-		synctest.Wait()
-		refusing.Store(false)
+		release1 := make(chan struct{})
+		w, m0 := restartFromStoreWithItsMarkRefused(t, filepath.Join(t.TempDir(), "agentgate.db"), release1)
 		close(release1)
 		time.Sleep(time.Minute) // the session starts again from the store, and runs m1 again
 		synctest.Wait()
@@ -58,6 +30,47 @@ func TestOverdueResetWhoseMarkWasRefusedOutlivesARestartFromTheStore(t *testing.
 		}
 		w.checkEndedAt4(t, m0.SessionId, "once m1 ran again after the restart from the store")
 	})
+}
+
+// restartFromStoreWithItsMarkRefused starts a world on the database at path whose session runs
+// m0 (held until it is released) across the daily hour with m1 (held until release1 is closed)
+// queued behind it; the timer's nudge comes after the hour, and the store refuses the reset's
+// mark as unavailable; m0 is answered after the hour, and, while m1's turn runs, the store
+// refuses a /status, so the session starts again from the store. It returns once the store
+// takes writes again, with m0's answer.
+func restartFromStoreWithItsMarkRefused(t *testing.T, path string, release1 chan struct{}) (*managerWorld, *DeliverResult) {
+	t.Helper()
+	release0 := make(chan struct{})
+	var clock atomic.Int64
+	clock.Store(before4.UnixNano())
+	var refusing atomic.Bool
+	w := newManagerWorldWith(t, path, twoGates(release0, release1), dailyClock(&clock), func(s persistence.Store) persistence.Store {
+		return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
+			switch o := op.(type) {
+			case *persistence.MarkResetDue:
+				return refusing.Load()
+			case *persistence.AppendMessage:
+				return refusing.Load() && o.Message.Content == "/status"
+			}
+			return false
+		}}
+	})
+	m0 := w.deliver(t, "m0", "slow")
+	w.deliver(t, "m1", "queued")
+	synctest.Wait()
+	refusing.Store(true)
+	clock.Store(after4.UnixNano())
+	w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+	synctest.Wait()
+	close(release0)
+	w.answersTo(t, "m0") // its reply is stored after the hour; m1's turn runs
+	synctest.Wait()
+	if r := w.deliver(t, "c1", "/status"); r.ErrorCode != "unavailable" {
+		t.Fatalf("/status: %+v; want it refused as unavailable", r)
+	}
+	synctest.Wait()
+	refusing.Store(false)
+	return w, m0
 }
 
 // twoGates is an agent that answers "re ID" to m0 once release0 is closed, to m1 once release1
@@ -94,37 +107,8 @@ func twoGates(release0, release1 chan struct{}) agents.Agent {
 // day's.
 func TestOverdueResetFiledAtARestartFromTheStoreIsMarkedOnceTheStoreTakesWrites(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		release0 := make(chan struct{})
-		var clock atomic.Int64
-		clock.Store(before4.UnixNano())
-		var refusing atomic.Bool
 		path := filepath.Join(t.TempDir(), "agentgate.db")
-		w := newManagerWorldWith(t, path, twoGates(release0, make(chan struct{})), dailyClock(&clock), func(s persistence.Store) persistence.Store {
-			return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
-				switch o := op.(type) {
-				case *persistence.MarkResetDue:
-					return refusing.Load()
-				case *persistence.AppendMessage:
-					return refusing.Load() && o.Message.Content == "/status"
-				}
-				return false
-			}}
-		})
-		m0 := w.deliver(t, "m0", "slow")
-		w.deliver(t, "m1", "queued")
-		synctest.Wait()
-		refusing.Store(true)
-		clock.Store(after4.UnixNano())
-		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
-		synctest.Wait()
-		close(release0)
-		w.answersTo(t, "m0") // its reply is stored after the hour; m1's turn runs
-		synctest.Wait()
-		if r := w.deliver(t, "c1", "/status"); r.ErrorCode != "unavailable" {
-			t.Fatalf("/status: %+v; want it refused as unavailable", r)
-		}
-		synctest.Wait()
-		refusing.Store(false)
+		w, m0 := restartFromStoreWithItsMarkRefused(t, path, make(chan struct{}))
 		time.Sleep(time.Minute) // the session starts again from the store, and runs m1 again
 		synctest.Wait()
 		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.ResetDueReason != persistence.EndDaily {
@@ -133,6 +117,8 @@ func TestOverdueResetFiledAtARestartFromTheStoreIsMarkedOnceTheStoreTakesWrites(
 		w.stop() // m1's turn is cut short: it is pending in the store
 		synctest.Wait()
 
+		var clock atomic.Int64 // the next start, as the hour passed
+		clock.Store(after4.UnixNano())
 		w2 := newManagerWorldAt(t, path, gatedAgent("", nil), dailyClock(&clock))
 		if got := w2.answersTo(t, "m1"); len(got) == 0 || got[len(got)-1] != "re m1" {
 			t.Errorf("m1 was answered %q; want its reply", got)
