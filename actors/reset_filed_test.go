@@ -288,18 +288,7 @@ func TestResetDueWhoseMarkWasRefusedOutlivesALostHandOver(t *testing.T) {
 				var b *actor.PID
 				link := lossyLink(w.system, &b, &lose, &lost) // b, as a reaches it
 				b = w.memberB(t, w.store, &p.owner)
-				m0 := w.deliver(t, "m0", "hello")
-				synctest.Wait()
-				refusing.Store(true)
-				clock.Store(after4.UnixNano())
-				if r := w.deliver(t, "m1", "more"); r.Disposition != platforms.Queued {
-					t.Fatalf("m1: %+v, want queued", r)
-				}
-				w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
-				synctest.Wait()
-				if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.ResetDueReason != "" {
-					t.Fatalf("session %s with its mark refused: %+v, %v; want no mark stored yet", m0.SessionId, s, err)
-				}
+				m0 := w.refuseTheMarkAcrossTheHour(t, &refusing, &clock)
 				// The outage ends before the mark is written again, and the ResetDue is lost; or
 				// the outage goes on, and the ResetDue gets through.
 				refusing.Store(stillRefused)
@@ -320,6 +309,27 @@ func TestResetDueWhoseMarkWasRefusedOutlivesALostHandOver(t *testing.T) {
 			})
 		})
 	}
+}
+
+// refuseTheMarkAcrossTheHour runs m0 (its agent held) before the daily hour, then, after it,
+// queues m1 behind it and nudges the session with the store refusing the reset's mark
+// (refusing set): the reset falls due while the session works, and no mark is stored. It
+// returns m0's answer.
+func (w *managerWorld) refuseTheMarkAcrossTheHour(t *testing.T, refusing *atomic.Bool, clock *atomic.Int64) *DeliverResult {
+	t.Helper()
+	m0 := w.deliver(t, "m0", "hello")
+	synctest.Wait()
+	refusing.Store(true)
+	clock.Store(after4.UnixNano())
+	if r := w.deliver(t, "m1", "more"); r.Disposition != platforms.Queued {
+		t.Fatalf("m1: %+v, want queued", r)
+	}
+	w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+	synctest.Wait()
+	if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.ResetDueReason != "" {
+		t.Fatalf("session %s with its mark refused: %+v, %v; want no mark stored yet", m0.SessionId, s, err)
+	}
+	return m0
 }
 
 // lossyLink stands for member b's manager as member a reaches it: it passes everything on to b,
@@ -370,18 +380,7 @@ func TestResetDueOfALeavingSessionFencedAtItsMarkIsHandedOn(t *testing.T) {
 		p.self.Store(w.manager)
 		p.owner.Store(w.manager)
 		b := w.memberB(t, w.store, &p.owner)
-		m0 := w.deliver(t, "m0", "hello")
-		synctest.Wait()
-		refusing.Store(true)
-		clock.Store(after4.UnixNano())
-		if r := w.deliver(t, "m1", "more"); r.Disposition != platforms.Queued {
-			t.Fatalf("m1: %+v, want queued", r)
-		}
-		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
-		synctest.Wait()
-		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.ResetDueReason != "" {
-			t.Fatalf("session %s with its mark refused: %+v, %v; want no mark stored yet", m0.SessionId, s, err)
-		}
+		m0 := w.refuseTheMarkAcrossTheHour(t, &refusing, &clock)
 		refusing.Store(false)
 		claimAtMark.Store(true)
 		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return b }})
