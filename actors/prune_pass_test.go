@@ -122,21 +122,9 @@ func TestPrunePassStepsLetWritesThrough(t *testing.T) {
 			!strings.Contains(lines[0], fmt.Sprintf(" sessions=%d messages=%d took=", sessions, sessions*perSession)) {
 			t.Errorf("the pass logged %d lines about pruning: %q; want one with its totals", len(lines), lines)
 		}
-		for i := range sessions {
-			if ss, err := store.SessionsOfKey(ctx, fmt.Sprint("k-", i), 0); err != nil || len(ss) != 0 {
-				t.Errorf("sessions of k-%d after the pass = %d, %v, want none", i, len(ss), err)
-			}
-		}
+		checkPruned(t, store, keysOf("k-", sessions)...)
 
-		if err := system.Root.StopFuture(timers).Wait(); err != nil {
-			t.Fatal(err)
-		}
-		if err := system.Root.StopFuture(persist).Wait(); err != nil {
-			t.Fatal(err)
-		}
-		if err := store.Close(); err != nil {
-			t.Fatal(err)
-		}
+		stopPruning(t, system, timers, persist, store)
 	})
 }
 
@@ -193,22 +181,43 @@ func TestReplacedPrunePassCountsItsSteps(t *testing.T) {
 			t.Errorf("pass lines %q count %d sessions and %d messages; want two lines, %d and %d",
 				lines, gotSessions, gotMessages, sessions, sessions*perSession)
 		}
-		for i := range sessions {
-			if ss, err := store.SessionsOfKey(ctx, fmt.Sprint("k-", i), 0); err != nil || len(ss) != 0 {
-				t.Errorf("sessions of k-%d after the passes = %d, %v, want none", i, len(ss), err)
-			}
-		}
+		checkPruned(t, store, keysOf("k-", sessions)...)
 
-		if err := system.Root.StopFuture(timers).Wait(); err != nil {
-			t.Fatal(err)
-		}
-		if err := system.Root.StopFuture(persist).Wait(); err != nil {
-			t.Fatal(err)
-		}
-		if err := store.Close(); err != nil {
-			t.Fatal(err)
-		}
+		stopPruning(t, system, timers, persist, store)
 	})
+}
+
+// stopPruning stops a prune test's Timers and persistence actor, then closes its store.
+func stopPruning(t *testing.T, system *actor.ActorSystem, timers, persist *actor.PID, store persistence.Store) {
+	t.Helper()
+	if err := system.Root.StopFuture(timers).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := system.Root.StopFuture(persist).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkPruned fails t unless store holds no session of any of keys.
+func checkPruned(t *testing.T, store persistence.Store, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if ss, err := store.SessionsOfKey(t.Context(), k, 0); err != nil || len(ss) != 0 {
+			t.Errorf("sessions of %s after pruning = %d, %v, want none", k, len(ss), err)
+		}
+	}
+}
+
+// keysOf returns prefix0 … prefix(n-1).
+func keysOf(prefix string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprint(prefix, i)
+	}
+	return keys
 }
 
 // longEndedSession returns the ops of a session of n messages, every other one a delivered reply
@@ -298,20 +307,8 @@ func TestRestartedTimersTakesNoLateStepForItsOwn(t *testing.T) {
 		if len(lines) != 1 || !strings.Contains(lines[0], " sessions=2 messages=20 ") {
 			t.Errorf("pass lines %q; want one, of 2 sessions and 20 messages", lines)
 		}
-		for _, k := range []string{"k-a", "k-b"} {
-			if ss, err := store.SessionsOfKey(ctx, k, 0); err != nil || len(ss) != 0 {
-				t.Errorf("sessions of %s after the passes = %d, %v, want none", k, len(ss), err)
-			}
-		}
+		checkPruned(t, store, "k-a", "k-b")
 
-		if err := system.Root.StopFuture(timers).Wait(); err != nil {
-			t.Fatal(err)
-		}
-		if err := system.Root.StopFuture(persist).Wait(); err != nil {
-			t.Fatal(err)
-		}
-		if err := store.Close(); err != nil {
-			t.Fatal(err)
-		}
+		stopPruning(t, system, timers, persist, store)
 	})
 }
