@@ -110,9 +110,7 @@ func TestFiledResetEndsNoSessionActiveSince(t *testing.T) {
 func TestResetFiledForAKeyHandedOnIsDropped(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := &movingPlacement{}
-		w, out, clock, sid := refusedResetWorld(t, func(d *Deps) {
-			d.Node, d.Fencing, d.Clustered, d.Placement = "a", true, true, p
-		})
+		w, out, clock, sid := refusedResetWorld(t, asMemberA(p))
 		p.self.Store(w.manager)
 		other := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
 		p.owner.Store(other) // the key moves while its session waits out the pause
@@ -147,9 +145,7 @@ func TestResetFiledForAKeyHandedOnIsDoneByItsNewOwner(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				p := &movingPlacement{}
-				w, out, _, sid := refusedResetWorld(t, func(d *Deps) {
-					d.Node, d.Fencing, d.Clustered, d.Placement = "a", true, true, p
-				})
+				w, out, _, sid := refusedResetWorld(t, asMemberA(p))
 				p.self.Store(w.manager)
 				claims := &downStore{Store: w.store}
 				claims.down.Store(tc.down)
@@ -192,12 +188,8 @@ func TestResetDueWhileTheMemberLeavesWithMessagesWaitingIsDoneByItsSuccessor(t *
 				release := make(chan struct{})
 				var clock atomic.Int64
 				clock.Store(before4.UnixNano())
-				daily := dailyClock(&clock)
 				p := &movingPlacement{}
-				w := newManagerWorld(t, gatedAgent("m0", release), func(d *Deps) {
-					daily(d)
-					d.Node, d.Fencing, d.Clustered, d.Placement = "a", true, true, p
-				})
+				w := newManagerWorld(t, gatedAgent("m0", release), dailyMemberA(&clock, p))
 				p.self.Store(w.manager)
 				p.owner.Store(w.manager)
 				claims := &downStore{Store: w.store}
@@ -269,13 +261,9 @@ func TestResetDueWhoseMarkWasRefusedOutlivesALostHandOver(t *testing.T) {
 				release := make(chan struct{})
 				var clock atomic.Int64
 				clock.Store(before4.UnixNano())
-				daily := dailyClock(&clock)
 				p := &movingPlacement{}
 				var refusing atomic.Bool
-				w := newManagerWorldWrites(t, gatedAgent("m0", release), func(d *Deps) {
-					daily(d)
-					d.Node, d.Fencing, d.Clustered, d.Placement = "a", true, true, p
-				}, func(s persistence.Store) persistence.Store {
+				w := newManagerWorldWrites(t, gatedAgent("m0", release), dailyMemberA(&clock, p), func(s persistence.Store) persistence.Store {
 					return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
 						_, ok := op.(*persistence.MarkResetDue)
 						return ok && refusing.Load()
@@ -332,6 +320,17 @@ func (w *managerWorld) refuseTheMarkAcrossTheHour(t *testing.T, refusing *atomic
 	return m0
 }
 
+// asMemberA sets a world's Deps up as cluster member "a", fenced, placing keys by p.
+func asMemberA(p Placement) func(*Deps) {
+	return func(d *Deps) { d.Node, d.Fencing, d.Clustered, d.Placement = "a", true, true, p }
+}
+
+// dailyMemberA is asMemberA with a daily reset at 04:00 UTC on a clock the test sets (dailyClock).
+func dailyMemberA(clock *atomic.Int64, p Placement) func(*Deps) {
+	daily, member := dailyClock(clock), asMemberA(p)
+	return func(d *Deps) { daily(d); member(d) }
+}
+
 // lossyLink stands for member b's manager as member a reaches it: it passes everything on to b,
 // sender and all, except, while lose is set, a forwarded ResetDue (a filed reset handed on with
 // a key), which is lost on the way; lost counts those.
@@ -364,14 +363,10 @@ func TestResetDueOfALeavingSessionFencedAtItsMarkIsHandedOn(t *testing.T) {
 		release := make(chan struct{})
 		var clock atomic.Int64
 		clock.Store(before4.UnixNano())
-		daily := dailyClock(&clock)
 		p := &movingPlacement{}
 		var refusing, claimAtMark atomic.Bool
 		var fenced atomic.Int32
-		w := newManagerWorldWrites(t, gatedAgent("m0", release), func(d *Deps) {
-			daily(d)
-			d.Node, d.Fencing, d.Clustered, d.Placement = "a", true, true, p
-		}, func(s persistence.Store) persistence.Store {
+		w := newManagerWorldWrites(t, gatedAgent("m0", release), dailyMemberA(&clock, p), func(s persistence.Store) persistence.Store {
 			return &claimedAtMark{refusedWrites: refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
 				_, ok := op.(*persistence.MarkResetDue)
 				return ok && refusing.Load()

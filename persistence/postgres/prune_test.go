@@ -37,16 +37,7 @@ func TestPruneRechecksASessionItLocked(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			s, dsn := MustOpen(t)
-			old := newSession("old", "k")
-			storetest.MustCommit(t, s,
-				&persistence.CreateSession{Session: old},
-				&persistence.AppendMessage{Message: persistence.Message{SessionID: "old", Seq: 1, Role: persistence.RoleUser,
-					Content: "hello", Status: persistence.StatusDone, Active: true, CreatedAt: t0}},
-				&persistence.AppendMessage{Message: persistence.Message{SessionID: "old", Seq: 2, Role: persistence.RoleAssistant,
-					Content: "hi", Status: persistence.StatusDone, Active: true, CreatedAt: t0}},
-				&persistence.AddOutbox{Entry: persistence.OutboxEntry{SessionKey: "k", Seq: 1, SessionID: "old", Kind: "reply",
-					Text: "hi", State: persistence.DeliveryDelivered, CreatedAt: t0}},
-				&persistence.EndSession{SessionID: "old", Reason: persistence.EndIdle, At: t0})
+			mustEndedSession(t, s, "hi")
 
 			writer := mustConn(t, dsn)
 			tx, err := writer.Begin(ctx)
@@ -60,15 +51,7 @@ func TestPruneRechecksASessionItLocked(t *testing.T) {
 				}
 			}
 
-			type result struct {
-				c   persistence.PruneCount
-				err error
-			}
-			done := make(chan result, 1)
-			go func() {
-				c, err := s.PruneStep(ctx, t0.Add(time.Hour), 0)
-				done <- result{c, err}
-			}()
+			done := pruneStepInTheBackground(s)
 			waitForALockWait(t, dsn)
 			if err := tx.Commit(ctx); err != nil {
 				t.Fatal(err)
@@ -86,6 +69,41 @@ func TestPruneRechecksASessionItLocked(t *testing.T) {
 			}
 		})
 	}
+}
+
+// mustEndedSession commits session "old" of key "k", ended at t0: a user's message, the reply
+// "hi", and an outbox entry, delivered, for each of replies.
+func mustEndedSession(t *testing.T, s *Store, replies ...string) {
+	t.Helper()
+	ops := []persistence.Op{
+		&persistence.CreateSession{Session: newSession("old", "k")},
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: "old", Seq: 1, Role: persistence.RoleUser,
+			Content: "hello", Status: persistence.StatusDone, Active: true, CreatedAt: t0}},
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: "old", Seq: 2, Role: persistence.RoleAssistant,
+			Content: "hi", Status: persistence.StatusDone, Active: true, CreatedAt: t0}},
+	}
+	for i, text := range replies {
+		ops = append(ops, &persistence.AddOutbox{Entry: persistence.OutboxEntry{SessionKey: "k", Seq: int64(i + 1), SessionID: "old",
+			Kind: "reply", Text: text, State: persistence.DeliveryDelivered, CreatedAt: t0}})
+	}
+	storetest.MustCommit(t, s, append(ops, &persistence.EndSession{SessionID: "old", Reason: persistence.EndIdle, At: t0})...)
+}
+
+// stepResult is what a PruneStep returned.
+type stepResult struct {
+	c   persistence.PruneCount
+	err error
+}
+
+// pruneStepInTheBackground runs one prune step of s (sessions ended an hour after t0 or
+// before) on a goroutine of its own, and sends its result on the channel it returns.
+func pruneStepInTheBackground(s *Store) <-chan stepResult {
+	done := make(chan stepResult, 1)
+	go func() {
+		c, err := s.PruneStep(context.Background(), t0.Add(time.Hour), 0)
+		done <- stepResult{c, err}
+	}()
+	return done
 }
 
 // waitForALockWait returns once a session of dsn's database waits for a row lock.
@@ -140,17 +158,7 @@ func TestPruneKeepsAPendingOutboxEntry(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			s, dsn := MustOpen(t)
-			storetest.MustCommit(t, s,
-				&persistence.CreateSession{Session: newSession("old", "k")},
-				&persistence.AppendMessage{Message: persistence.Message{SessionID: "old", Seq: 1, Role: persistence.RoleUser,
-					Content: "hello", Status: persistence.StatusDone, Active: true, CreatedAt: t0}},
-				&persistence.AppendMessage{Message: persistence.Message{SessionID: "old", Seq: 2, Role: persistence.RoleAssistant,
-					Content: "hi", Status: persistence.StatusDone, Active: true, CreatedAt: t0}},
-				&persistence.AddOutbox{Entry: persistence.OutboxEntry{SessionKey: "k", Seq: 1, SessionID: "old", Kind: "reply",
-					Text: "hi", State: persistence.DeliveryDelivered, CreatedAt: t0}},
-				&persistence.AddOutbox{Entry: persistence.OutboxEntry{SessionKey: "k", Seq: 2, SessionID: "old", Kind: "reply",
-					Text: "more", State: persistence.DeliveryDelivered, CreatedAt: t0}},
-				&persistence.EndSession{SessionID: "old", Reason: persistence.EndIdle, At: t0})
+			mustEndedSession(t, s, "hi", "more")
 
 			writer := mustConn(t, dsn)
 			tx, err := writer.Begin(ctx)
@@ -161,15 +169,7 @@ func TestPruneKeepsAPendingOutboxEntry(t *testing.T) {
 			if _, err := tx.Exec(ctx, tc.write[0]); err != nil {
 				t.Fatalf("%s: %v", tc.write[0], err)
 			}
-			type result struct {
-				c   persistence.PruneCount
-				err error
-			}
-			done := make(chan result, 1)
-			go func() {
-				c, err := s.PruneStep(ctx, t0.Add(time.Hour), 0)
-				done <- result{c, err}
-			}()
+			done := pruneStepInTheBackground(s)
 			waitForALockWait(t, dsn) // the step checked the session again, and waits in its outbox DELETE
 			for _, q := range tc.write[1:] {
 				if _, err := tx.Exec(ctx, q); err != nil {
