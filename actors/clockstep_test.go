@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,7 +14,6 @@ import (
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
-	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/asynkron/protoactor-go/actor"
 )
 
@@ -199,10 +197,7 @@ func TestPruneAfterTheClockJumpedAhead(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
-		store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		store := mustOpenSQLite(t, ctx)
 		t0 := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
 		const retention = 30 * 24 * time.Hour
 		ended := func(id string, at time.Time) {
@@ -261,14 +256,6 @@ func TestPruneAfterTheClockJumpedAhead(t *testing.T) {
 		synctest.Wait()
 		kept("with the clock set right, 5 h on", "today")
 
-		if err := system.Root.StopFuture(timers).Wait(); err != nil {
-			t.Fatal(err)
-		}
-		if err := system.Root.StopFuture(persist).Wait(); err != nil {
-			t.Fatal(err)
-		}
-		if err := store.Close(); err != nil {
-			t.Error(err)
-		}
+		stopPruning(t, system, timers, persist, store)
 	})
 }

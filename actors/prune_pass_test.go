@@ -65,10 +65,7 @@ func TestPrunePassStepsLetWritesThrough(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
-		store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		store := mustOpenSQLite(t, ctx)
 		const sessions, perSession, budget = 3, 2000, 1000
 		for i := range sessions {
 			mustCommit(t, store, longEndedSession(fmt.Sprint("old-", i), fmt.Sprint("k-", i), perSession)...)
@@ -136,10 +133,7 @@ func TestReplacedPrunePassCountsItsSteps(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
-		store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		store := mustOpenSQLite(t, ctx)
 		const sessions, perSession, budget = 3, 2000, 1000
 		for i := range sessions {
 			mustCommit(t, store, longEndedSession(fmt.Sprint("old-", i), fmt.Sprint("k-", i), perSession)...)
@@ -185,6 +179,16 @@ func TestReplacedPrunePassCountsItsSteps(t *testing.T) {
 
 		stopPruning(t, system, timers, persist, store)
 	})
+}
+
+// mustOpenSQLite opens a fresh SQLite store in t's temporary directory.
+func mustOpenSQLite(t *testing.T, ctx context.Context) *sqlite.Store {
+	t.Helper()
+	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store
 }
 
 // stopPruning stops a prune test's Timers and persistence actor, then closes its store.
@@ -259,10 +263,7 @@ func TestRestartedTimersTakesNoLateStepForItsOwn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
-		store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		store := mustOpenSQLite(t, ctx)
 		mustCommit(t, store, longEndedSession("old-a", "k-a", 10)...)
 		time.Sleep(2 * time.Hour) // past the retention
 
