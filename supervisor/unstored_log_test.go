@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"io"
 	"net/http"
 	"regexp"
 	"strings"
@@ -24,22 +25,25 @@ func TestMessageNotStoredSaysWhy(t *testing.T) {
 		return o
 	}})
 	defer r.stop(t)
-	post := func(id string) int {
+	post := func(id, query string) (int, string) {
 		t.Helper()
-		resp, err := http.Post("http://"+r.d.Addr().String()+"/v1/messages", "application/json",
+		resp, err := http.Post("http://"+r.d.Addr().String()+"/v1/messages"+query, "application/json",
 			strings.NewReader(`{"chat_id":"c","user_id":"u","message_id":"`+id+`","text":"hello"}`))
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp.Body.Close()
-		return resp.StatusCode
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
 	}
-	if code := post("m1"); code != http.StatusAccepted {
-		t.Fatalf("POST before the outage = %d, want 202", code)
+	// m1's turn is stored before the disk fills: a turn result refused would hold m2 behind it,
+	// refused for that reason instead ("sent behind a write of its sender that was refused").
+	if code, body := post("m1", "?wait=30s"); code != http.StatusOK || !strings.Contains(body, `"replies":[{"text":"hello"`) {
+		t.Fatalf("POST before the outage = %d %s, want 200 with the reply", code, body)
 	}
 	fillDisk(t, r, o)
-	if code := post("m2"); code != http.StatusServiceUnavailable {
-		t.Fatalf("POST with the database and the spool failing = %d, want 503", code)
+	if code, body := post("m2", ""); code != http.StatusServiceUnavailable {
+		t.Fatalf("POST with the database and the spool failing = %d %s, want 503", code, body)
 	}
 	line := regexp.MustCompile(`(?m)^.*msg="message not stored; the client is told to send it again".*message_id=m2.*$`).FindString(logs.String())
 	if line == "" {
