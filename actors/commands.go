@@ -74,7 +74,8 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 			return
 		}
 	}
-	outAfter := s.lastOut // the command's answer comes after
+	outAfter := s.lastOut         // the command's answer comes after
+	dueReset := s.overdueToFile() // filed if the command ends the session and its write is refused
 	expired := s.expireIfIdle(now)
 	var ops []persistence.Op
 	var answer string
@@ -253,6 +254,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 				// connection lost after COMMIT), and then its answer waits in the outbox, to
 				// go out before any later one (the reload sends it, in order).
 				r.SessionId = ""
+				s.fileReset(dueReset)
 				s.restartFromStore(c, "the write of /"+cmd.name+" was refused", err)
 			}
 			for _, p := range append(repeats, requester) {
@@ -539,6 +541,7 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		reason = persistence.EndResetCommand
 	}
 	src := s.sourceOf(s.cur)
+	dueReset := s.overdueToFile() // filed if the write is refused
 	ops, prev, dropped := s.boundary(c, src, reason, now)
 	s.lastActivity = now // the new session's start, not the ended one's last message (/status)
 	var notice *persistence.OutboxEntry
@@ -571,6 +574,7 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 			s.logRefusedWrite("store an operator's reset; the operator is told to retry", err, "session_id", sid)
 			r = &ResetResult{ErrorCode: ErrCodeUnavailable, Error: resetNotStored}
 			if !s.fencedOut {
+				s.fileReset(dueReset)
 				s.restartFromStore(c, "the write of an operator's reset was refused", err)
 			}
 		} else if notice != nil {

@@ -21,7 +21,7 @@ import (
 func TestOverdueResetWhoseMarkWasRefusedOutlivesARestartFromTheStore(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release1 := make(chan struct{})
-		w, m0 := restartFromStoreWithItsMarkRefused(t, filepath.Join(t.TempDir(), "agentgate.db"), release1)
+		w, m0 := restartFromStoreWithItsMarkRefused(t, filepath.Join(t.TempDir(), "agentgate.db"), release1, "/status")
 		close(release1)
 		time.Sleep(time.Minute) // the session starts again from the store, and runs m1 again
 		synctest.Wait()
@@ -32,13 +32,41 @@ func TestOverdueResetWhoseMarkWasRefusedOutlivesARestartFromTheStore(t *testing.
 	})
 }
 
+// TestOverdueResetOutlivesARefusedResetThatBeganASessionInMemory: as in
+// TestOverdueResetWhoseMarkWasRefusedOutlivesARestartFromTheStore, the store refuses the daily
+// reset's mark, and then, while the queued message's turn runs, the write of a reset that began a
+// new session in memory (a chat's /new, an operator's reset); the session starts again from the
+// store, where the reset did not happen. Its sender is told to send it again; if nobody does, the
+// next activation runs the queued message again and then ends the session at the hour. Before,
+// the overdue reset was filed only for the session current in memory (fileOverdue), the new one
+// the refused write began: the next activation found the old session's activity (m0's reply)
+// past the hour, and the session went on until the next day's reset.
+func TestOverdueResetOutlivesARefusedResetThatBeganASessionInMemory(t *testing.T) {
+	for _, refused := range []string{"/new", "operator"} {
+		t.Run(refused, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				release1 := make(chan struct{})
+				w, m0 := restartFromStoreWithItsMarkRefused(t, filepath.Join(t.TempDir(), "agentgate.db"), release1, refused)
+				close(release1)
+				time.Sleep(time.Minute) // the session starts again from the store, and runs m1 again
+				synctest.Wait()
+				if got := w.answersTo(t, "m1"); len(got) == 0 || got[len(got)-1] != "re m1" {
+					t.Errorf("m1 was answered %q; want its reply", got)
+				}
+				w.checkEndedAt4(t, m0.SessionId, "once m1 ran again after the restart from the store")
+			})
+		})
+	}
+}
+
 // restartFromStoreWithItsMarkRefused starts a world on the database at path whose session runs
 // m0 (held until it is released) across the daily hour with m1 (held until release1 is closed)
 // queued behind it; the timer's nudge comes after the hour, and the store refuses the reset's
 // mark as unavailable; m0 is answered after the hour, and, while m1's turn runs, the store
-// refuses a /status, so the session starts again from the store. It returns once the store
-// takes writes again, with m0's answer.
-func restartFromStoreWithItsMarkRefused(t *testing.T, path string, release1 chan struct{}) (*managerWorld, *DeliverResult) {
+// refuses the write of refused, so the session starts again from the store: a chat's command
+// ("/status", or "/new", which began a new session in memory) or, for "operator", an operator's
+// reset (which did too). It returns once the store takes writes again, with m0's answer.
+func restartFromStoreWithItsMarkRefused(t *testing.T, path string, release1 chan struct{}, refused string) (*managerWorld, *DeliverResult) {
 	t.Helper()
 	release0 := make(chan struct{})
 	var clock atomic.Int64
@@ -50,7 +78,9 @@ func restartFromStoreWithItsMarkRefused(t *testing.T, path string, release1 chan
 			case *persistence.MarkResetDue:
 				return refusing.Load()
 			case *persistence.AppendMessage:
-				return refusing.Load() && o.Message.Content == "/status"
+				return refusing.Load() && o.Message.Content == refused
+			case *persistence.EndSession:
+				return refusing.Load() && refused == "operator" && o.Reason == persistence.EndResetCommand
 			}
 			return false
 		}}
@@ -65,8 +95,13 @@ func restartFromStoreWithItsMarkRefused(t *testing.T, path string, release1 chan
 	close(release0)
 	w.answersTo(t, "m0") // its reply is stored after the hour; m1's turn runs
 	synctest.Wait()
-	if r := w.deliver(t, "c1", "/status"); r.ErrorCode != "unavailable" {
-		t.Fatalf("/status: %+v; want it refused as unavailable", r)
+	if refused == "operator" {
+		res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &ResetSession{}}, time.Minute).Result()
+		if r, ok := res.(*ResetResult); err != nil || !ok || r.ErrorCode != ErrCodeUnavailable {
+			t.Fatalf("operator's reset: %+v, %v; want it refused as unavailable", res, err)
+		}
+	} else if r := w.deliver(t, "c1", refused); r.ErrorCode != "unavailable" {
+		t.Fatalf("%s: %+v; want it refused as unavailable", refused, r)
 	}
 	synctest.Wait()
 	refusing.Store(false)
@@ -108,7 +143,7 @@ func twoGates(release0, release1 chan struct{}) agents.Agent {
 func TestOverdueResetFiledAtARestartFromTheStoreIsMarkedOnceTheStoreTakesWrites(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "agentgate.db")
-		w, m0 := restartFromStoreWithItsMarkRefused(t, path, make(chan struct{}))
+		w, m0 := restartFromStoreWithItsMarkRefused(t, path, make(chan struct{}), "/status")
 		time.Sleep(time.Minute) // the session starts again from the store, and runs m1 again
 		synctest.Wait()
 		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.ResetDueReason != persistence.EndDaily {

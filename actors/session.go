@@ -887,9 +887,30 @@ func (s *Session) markOverdueBeforeLeaving(c actor.Context) bool {
 // for stored: it was never written, and a stop of the daemon before the work was done lost the
 // reset (TestOverdueResetFiledAtARestartFromTheStoreIsMarkedOnceTheStoreTakesWrites).
 func (s *Session) fileOverdue() {
+	s.fileReset(s.overdueToFile())
+}
+
+// overdueToFile is the reset that fell due while the current session worked as fileOverdue
+// files it, nil when none did. A reset that begins a new session in memory ahead of its write (a
+// chat's /new, /reset or /resume, an operator's reset) takes it first, to file if that write is
+// refused (fileReset): the session then starts again from the store, where the old session is
+// current still, and fileOverdue, which looks at the session current in memory (the new one),
+// filed nothing. The next activation found the old session's activity (the work the reset waited
+// for) past the due time, and the session went on until its next reset, a daily one a day late,
+// unless someone sent the refused reset again
+// (TestOverdueResetOutlivesARefusedResetThatBeganASessionInMemory).
+func (s *Session) overdueToFile() *overdue {
 	if u := s.unusual; u != nil && u.overdue != nil && s.cur != nil && u.overdue.sid == s.cur.ID {
 		o := u.overdue
-		s.d.resetsDue.Store(s.key, &overdue{sid: o.sid, at: o.at, reason: o.reason, activity: s.cur.LastActivityAt})
+		return &overdue{sid: o.sid, at: o.at, reason: o.reason, activity: s.cur.LastActivityAt}
+	}
+	return nil
+}
+
+// fileReset files o, if not nil, for the key's next activation or incarnation.
+func (s *Session) fileReset(o *overdue) {
+	if o != nil {
+		s.d.resetsDue.Store(s.key, o)
 	}
 }
 
