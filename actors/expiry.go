@@ -147,7 +147,11 @@ type overdue struct {
 // (endOverdue), or the next one of this process (fileOverdue, writeReset); only a stop of the
 // daemon before the store takes it loses it. Before, a refused write was not tried again, and a
 // stop at any time before the work was done lost the reset
-// (TestRefusedResetDueMarkIsWrittenAgain).
+// (TestRefusedResetDueMarkIsWrittenAgain). A write fenced by another activation's claim of the
+// key is not written again: this activation does nothing more (fence), and its line says who
+// does the reset: the key's next owner, with the key, when the session was leaving
+// (handsOnAtFence), or else the claimer, only if the session's activity it loaded says it is
+// due (TestResetMarkFencedWhileTheSessionWorksSaysTheClaimerDecides).
 func (s *Session) storeOverdue(c actor.Context) {
 	u := s.unusual
 	if u == nil || u.overdue == nil || u.overdue.stored || s.cur == nil || u.overdue.sid != s.cur.ID ||
@@ -160,7 +164,17 @@ func (s *Session) storeOverdue(c actor.Context) {
 		switch {
 		case err == nil:
 			o.refusals = 0
-		case errors.Is(err, persistence.ErrUnavailable) && !errors.Is(err, persistence.ErrFenced):
+		case errors.Is(err, persistence.ErrFenced):
+			// This activation does nothing more (fence): the line says who does the reset. Before,
+			// it said this one did, once the session's work was done.
+			if s.handsOnAtFence() {
+				s.logRefusedWrite("store the session's due reset; another activation claimed the key, and the reset goes with the key to its next owner", err,
+					"reason", o.reason)
+			} else {
+				s.logRefusedWrite("store the session's due reset; another activation claimed the key, and does the reset only if the session's activity it loaded says it is due", err,
+					"reason", o.reason)
+			}
+		case errors.Is(err, persistence.ErrUnavailable):
 			o.refusals++
 			if o.refusals == 1 { // one line an outage: the persistence actor's says what fails
 				s.logRefusedWrite("store the session's due reset; it is written again until the store takes it, and done once the session's work is", err,

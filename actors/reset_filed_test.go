@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
@@ -357,7 +360,9 @@ func lossyLink(system *actor.ActorSystem, b **actor.PID, lose *atomic.Bool, lost
 // is fenced. The session hands the key on with the reset filed, and b runs the queued message in
 // the session (its Recover stands for b's own activation) and then ends it at the hour, once.
 // Before, a fenced session filed nothing, b loaded no mark, found the session's activity past the
-// hour, and the session went on until the next day's reset.
+// hour, and the session went on until the next day's reset. The fenced mark's line says the
+// reset goes with the key; until the forty-ninth session it said this session would do it once
+// its work was done.
 func TestResetDueOfALeavingSessionFencedAtItsMarkIsHandedOn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
@@ -366,7 +371,8 @@ func TestResetDueOfALeavingSessionFencedAtItsMarkIsHandedOn(t *testing.T) {
 		p := &movingPlacement{}
 		var refusing, claimAtMark atomic.Bool
 		var fenced atomic.Int32
-		w := newManagerWorldWrites(t, gatedAgent("m0", release), dailyMemberA(&clock, p), func(s persistence.Store) persistence.Store {
+		var logs testutil.Buffer
+		w := newManagerWorldWrites(t, gatedAgent("m0", release), loggedTo(&logs, dailyMemberA(&clock, p)), func(s persistence.Store) persistence.Store {
 			return &claimedAtMark{refusedWrites: refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
 				_, ok := op.(*persistence.MarkResetDue)
 				return ok && refusing.Load()
@@ -387,6 +393,7 @@ func TestResetDueOfALeavingSessionFencedAtItsMarkIsHandedOn(t *testing.T) {
 		if fenced.Load() != 1 {
 			t.Fatalf("%d marks written at the leave were fenced, want 1", fenced.Load())
 		}
+		checkFencedMarkLine(t, &logs, "another activation claimed the key, and the reset goes with the key to its next owner")
 		w.system.Root.Send(b, &Routed{Key: w.key, Msg: &Recover{}})
 		if got := w.answersTo(t, "m1"); len(got) != 1 || got[0] != "re m1" {
 			t.Errorf("m1 was answered %q, want its reply", got)
@@ -401,6 +408,64 @@ func TestResetDueOfALeavingSessionFencedAtItsMarkIsHandedOn(t *testing.T) {
 		default:
 		}
 	})
+}
+
+// TestResetMarkFencedWhileTheSessionWorksSaysTheClaimerDecides: a turn runs across the daily
+// hour, and another activation claims the key (member b's,
+// during a change of membership) just before the session writes the reset's mark at the
+// timer's nudge: the write is fenced. This activation does nothing more and files nothing (it is
+// not leaving): the line says the activation that claimed the key does the reset only if the
+// session's activity it loaded says it is due. Until the forty-ninth session it said this
+// session would do it once its work was done.
+func TestResetMarkFencedWhileTheSessionWorksSaysTheClaimerDecides(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		defer close(release)
+		var clock atomic.Int64
+		clock.Store(before4.UnixNano())
+		p := &movingPlacement{}
+		var claimAtMark atomic.Bool
+		var fenced atomic.Int32
+		var logs testutil.Buffer
+		w := newManagerWorldWrites(t, gatedAgent("m0", release), loggedTo(&logs, dailyMemberA(&clock, p)), func(s persistence.Store) persistence.Store {
+			return &claimedAtMark{refusedWrites: refusedWrites{Store: s, refuse: func(persistence.Op) bool { return false }},
+				armed: &claimAtMark, fenced: &fenced}
+		})
+		p.self.Store(w.manager)
+		p.owner.Store(w.manager)
+		w.deliver(t, "m0", "hello")
+		synctest.Wait()
+		clock.Store(after4.UnixNano())
+		claimAtMark.Store(true)
+		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+		synctest.Wait()
+		if fenced.Load() != 1 {
+			t.Fatalf("%d marks written at the nudge were fenced, want 1", fenced.Load())
+		}
+		checkFencedMarkLine(t, &logs, "another activation claimed the key, and does the reset only if the session's activity it loaded says it is due")
+	})
+}
+
+// loggedTo is setup that also logs, at Debug, to logs.
+func loggedTo(logs *testutil.Buffer, setup func(*Deps)) func(*Deps) {
+	return func(d *Deps) {
+		setup(d)
+		d.Log = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+}
+
+// checkFencedMarkLine fails t unless logs hold one WRN line of a reset's mark whose write was
+// fenced, and it says what ends the message, and no line says the session does the reset once its
+// work is done unless agentgate stops first (the wording of a mark refused for what it holds).
+func checkFencedMarkLine(t *testing.T, logs *testutil.Buffer, says string) {
+	t.Helper()
+	got := linesWith(logs, `msg="store the session's due reset; another activation claimed the key`)
+	if len(got) != 1 || !strings.Contains(got[0], "level=WARN") || !strings.Contains(got[0], says+`"`) {
+		t.Errorf("lines of the fenced mark: %q; want one WRN line that says %q", got, says)
+	}
+	if got := linesWith(logs, "unless agentgate stops first"); len(got) > 0 {
+		t.Errorf("a line says the fenced session does the reset: %q", got)
+	}
 }
 
 // claimedAtMark is refusedWrites, and while armed is set, claims the session's key for member b

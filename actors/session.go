@@ -782,10 +782,17 @@ func (s *Session) fence(c actor.Context) {
 	s.d.Metrics.SessionsFenced.Inc()
 	s.logger().Warn("another activation claimed the session; this one hands over and stops",
 		"epoch", s.epoch, "pending", s.waiting(), "running", s.running != nil)
-	if u := s.unusual; s.leaving && u != nil && u.overdue != nil && u.overdue.triedAtLeave {
+	if s.handsOnAtFence() {
 		s.fileOverdue()
 	}
 	s.handOverAll(c)
+}
+
+// handsOnAtFence reports whether the session, fenced, files its overdue reset for the key's next
+// owner (fence): it was leaving, and waited only for the store's answer to the reset's mark.
+func (s *Session) handsOnAtFence() bool {
+	u := s.unusual
+	return s.leaving && u != nil && u.overdue != nil && u.overdue.triedAtLeave
 }
 
 // handOverAll turns the session into a hand-over (see above).
