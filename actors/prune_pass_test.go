@@ -313,3 +313,100 @@ func TestRestartedTimersTakesNoLateStepForItsOwn(t *testing.T) {
 		stopPruning(t, system, timers, persist, store)
 	})
 }
+
+// TestPrunePassCutShortLogsWhatItDeleted: Timers restarts (a panic) during the third step of
+// a prune pass over sessions of hundreds of messages, two steps of it answered. The old
+// instance logs the pass's line with what those two steps deleted, cut_short=restart, and the
+// new instance's pass, which counts the third step's answer too, logs the rest: the lines count
+// every session and message deleted. Before, the old instance's totals went with it, and the
+// lines counted only what the new pass saw (and, when the third step's answer came before the
+// new pass began, it made a line of its own, with no cutoff). Stopped there instead (agentgate
+// stopping), Timers logs what the two steps deleted, cut_short=stop.
+func TestPrunePassCutShortLogsWhatItDeleted(t *testing.T) {
+	for _, cut := range []string{"restart", "stop"} {
+		t.Run(cut, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { prunePassCutShort(t, cut) })
+		})
+	}
+}
+
+// prunePassCutShort is TestPrunePassCutShortLogsWhatItDeleted, its pass cut short by cut.
+func prunePassCutShort(t *testing.T, cut string) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	store := mustOpenSQLite(t, ctx)
+	const sessions, perSession, budget = 3, 200, 100
+	for i := range sessions {
+		mustCommit(t, store, longEndedSession(fmt.Sprint("old-", i), fmt.Sprint("k-", i), perSession)...)
+	}
+	time.Sleep(2 * time.Hour) // past the retention
+
+	system, _ := quietSystem(t)
+	defer system.Shutdown()
+	var logs testutil.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	var panicNow atomic.Bool
+	timersPID := make(chan *actor.PID, 1)
+	steps := &stepStore{Store: store, during: func(n int) {
+		if n != 3 { // two steps answered: Timers crashes or stops while the third runs
+			return
+		}
+		if cut == "stop" {
+			system.Root.Stop(<-timersPID)
+			return
+		}
+		panicNow.Store(true)
+		system.Root.Send(<-timersPID, &CheckResets{})
+	}}
+	persist := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, steps,
+		persistence.ActorOptions{MaxBatch: 256, Log: log})))
+	d := &Deps{Ctx: ctx, Persist: persist, Store: steps, Log: log, Metrics: metrics.New("fake"),
+		Now: func() time.Time {
+			if panicNow.CompareAndSwap(true, false) {
+				panic("timers crash (test)")
+			}
+			return time.Now()
+		},
+		Config: SessionConfig{Prune: PrunePolicy{Enabled: true, After: time.Hour, Every: 24 * time.Hour, Batch: budget}}}
+	timers := system.Root.Spawn(NewTimers(d, nil, time.Minute)) // prunes at start
+	timersPID <- timers
+	synctest.Wait()
+
+	var lines []string
+	var gotSessions, gotMessages, cutLines int
+	for l := range strings.SplitSeq(logs.String(), "\n") {
+		if !strings.Contains(l, "pruned ended sessions") {
+			continue
+		}
+		lines = append(lines, l)
+		var s, m int
+		if _, err := fmt.Sscanf(l[strings.Index(l, " sessions="):], " sessions=%d messages=%d", &s, &m); err != nil {
+			t.Fatalf("line %q: %v", l, err)
+		}
+		gotSessions, gotMessages = gotSessions+s, gotMessages+m
+		if strings.HasSuffix(l, " cut_short="+cut) {
+			cutLines++
+		}
+	}
+	if cut == "stop" {
+		// The third step's answer and the rest of the pass are counted nowhere: the pass
+		// stopped.
+		if len(lines) != 1 || cutLines != 1 || gotSessions+gotMessages == 0 {
+			t.Errorf("pass lines %q; want one, cut_short=stop, of what two steps deleted", lines)
+		}
+		if err := system.Root.StopFuture(persist).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if len(lines) != 2 || cutLines != 1 || gotSessions != sessions || gotMessages != sessions*perSession {
+		t.Errorf("pass lines %q count %d sessions and %d messages; want two lines, one cut_short=restart, %d and %d",
+			lines, gotSessions, gotMessages, sessions, sessions*perSession)
+	}
+	checkPruned(t, store, keysOf("k-", sessions)...)
+
+	stopPruning(t, system, timers, persist, store)
+}

@@ -26,7 +26,8 @@ import (
 // rows; while a step spends its budget, the pass asks for the next at once, with the same
 // cutoff, so a pass clears the backlog however large it is. Each step is its own request: the
 // writes that arrive meanwhile commit between two steps, and SQLite's write lock is never held
-// for long. The pass logs one line with its totals.
+// for long. The pass logs one line with its totals; a pass cut short by a stop or a restart of
+// the actor logs what it deleted until then (logCutShort).
 type Timers struct {
 	d      *Deps
 	router SessionRouter
@@ -137,7 +138,22 @@ func (t *Timers) Receive(c actor.Context) {
 		cancelTimer(t.stopScan)
 		cancelTimer(t.stopPrune)
 		t.endWait()
+		t.logCutShort(msg)
 	}
+}
+
+// logCutShort logs the line of the prune pass in progress as this instance stops or restarts
+// (a panic), with what its steps deleted so far and why it was cut short (cut_short: stop or
+// restart). Before, those totals went with the instance, and no line counted the sessions and
+// messages the pass had deleted (TestPrunePassCutShortLogsWhatItDeleted). After a restart,
+// the answer to the step still running comes to the new instance, whose own pass counts it
+// (onPruned); at a stop, it is counted nowhere.
+func (t *Timers) logCutShort(msg any) {
+	why := "stop"
+	if _, ok := msg.(*actor.Restarting); ok {
+		why = "restart"
+	}
+	t.logPass("cut_short", why)
 }
 
 // endWait ends the wait of a scan for its page's sessions, if one waits.
@@ -153,7 +169,12 @@ func (t *Timers) prune(c actor.Context) {
 	if !p.Enabled {
 		return
 	}
-	t.logPass() // a pass still running is replaced: what it deleted so far is told now
+	if !t.passStart.IsZero() {
+		t.logPass() // a pass still running is replaced: what it deleted so far is told now
+	}
+	// Else this is the instance's first pass: what it counted already is the late answer to the
+	// step its old instance's pass had running as it restarted (logCutShort), which this pass's
+	// line counts. Logged here, it made a line of its own, with no cutoff or start.
 	t.pass++
 	t.pruneBefore, t.passStart = t.pruneCutoff(p.After), time.Now()
 	t.step(c)
@@ -210,11 +231,12 @@ func (t *Timers) onPruned(c actor.Context, r *persistence.Pruned) {
 	t.logPass()
 }
 
-// logPass logs the line of the pass, when it deleted anything, and clears its totals.
-func (t *Timers) logPass() {
+// logPass logs the line of the pass, when it deleted anything, with args after its own, and
+// clears its totals.
+func (t *Timers) logPass(args ...any) {
 	if t.sessions+t.messages > 0 {
-		t.log.Info("pruned ended sessions", "sessions", t.sessions, "messages", t.messages,
-			"took", time.Since(t.passStart).Round(time.Millisecond), "ended_before", t.pruneBefore.UTC().Format(time.RFC3339))
+		t.log.Info("pruned ended sessions", append([]any{"sessions", t.sessions, "messages", t.messages,
+			"took", time.Since(t.passStart).Round(time.Millisecond), "ended_before", t.pruneBefore.UTC().Format(time.RFC3339)}, args...)...)
 	}
 	t.sessions, t.messages = 0, 0
 }
