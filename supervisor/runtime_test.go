@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -406,15 +407,31 @@ func TestSessionsNeverWaitForEachOther(t *testing.T) {
 	}
 }
 
-// TestSlowExecAgentRunsSessionsConcurrently: 200 sessions × 1 message with a 200 ms exec agent
-// finish in far less than the 40 s a serial gateway would need.
+// TestSlowExecAgentRunsSessionsConcurrently: 200 sessions × 1 message with an exec agent whose
+// command only ends once all 200 commands are running at the same time: a gateway that ran the
+// commands one at a time (or a few at a time) never fills the barrier. Each command leaves a
+// mark and blocks reading a line from a FIFO the test holds open; the test writes the 200 lines
+// once the 200 marks are there. Before, the test timed the run against the 40 s a serial
+// gateway needs with a 200 ms command, and a loaded 2-core CI machine took 11 s of the 10 s it
+// allowed.
 func TestSlowExecAgentRunsSessionsConcurrently(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns 200 subprocesses")
 	}
-	r := MustStart(t, MustExecAgent(t, `sleep 0.2; echo "$AGENTGATE_MESSAGE_ID"`), nil)
 	const n = 200
-	start := time.Now()
+	marks := t.TempDir()
+	barrier := filepath.Join(t.TempDir(), "barrier")
+	if err := syscall.Mkfifo(barrier, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Open for reading and writing: the commands' opens never block, nor see the end of the
+	// FIFO, while the test holds it.
+	release, err := os.OpenFile(barrier, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release.Close()
+	r := MustStart(t, MustExecAgent(t, fmt.Sprintf(`: > %q/"$AGENTGATE_MESSAGE_ID"; read line < %q; echo "$AGENTGATE_MESSAGE_ID"`, marks, barrier)), nil)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
@@ -424,9 +441,23 @@ func TestSlowExecAgentRunsSessionsConcurrently(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	r.waitSent(t, n)
-	if serial, took := n*200*time.Millisecond, time.Since(start); took > serial/4 {
-		t.Errorf("200 sessions took %v; a serial gateway needs %v", took, serial)
+	waitUntil(t, func() bool { // every command is running, none has ended
+		es, err := os.ReadDir(marks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(es) == n
+	})
+	if sent := len(r.fake.Sent()); sent != 0 {
+		t.Fatalf("%d replies sent before the barrier opened, want 0", sent)
+	}
+	if _, err := release.WriteString(strings.Repeat("\n", n)); err != nil {
+		t.Fatal(err)
+	}
+	for _, out := range r.waitSent(t, n) {
+		if out.Text != out.InReplyTo[0] {
+			t.Errorf("reply %q answers %v", out.Text, out.InReplyTo)
+		}
 	}
 }
 
