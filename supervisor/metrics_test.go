@@ -249,11 +249,22 @@ func TestProtoactorMetricsOptIn(t *testing.T) {
 }
 
 // TestLiveSessionState: GET /v1/sessions/{key} reports the live actor state of an active
-// session, and of a passivated one reports none — without activating it.
+// session, and of a passivated one reports none — without activating it. The session is read
+// while its turn runs, which no passivation ends: before, it was read just after its reply,
+// and on a loaded machine the 300 ms passivate_after had passed by then (the live state was
+// gone).
 func TestLiveSessionState(t *testing.T) {
-	r := MustStart(t, &recorder{}, func(c *config.Config) { c.Sessions.PassivateAfter = 300 * time.Millisecond })
+	release := make(chan struct{})
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return &agents.Response{Text: "ok"}, nil
+	})
+	r := MustStart(t, agent, func(c *config.Config) { c.Sessions.PassivateAfter = 300 * time.Millisecond })
 	ack := r.inject(t, dm, "m1", "hi")
-	r.waitReplyTo(t, "m1")
 	get := func() map[string]any {
 		resp, err := http.Get("http://" + r.d.Addr().String() + "/v1/sessions/" + ack.SessionKey)
 		if err != nil {
@@ -270,6 +281,8 @@ func TestLiveSessionState(t *testing.T) {
 	if live == nil || live["active"] != true || live["queue_mode"] != "followup" || live["activated_at"] == nil || live["node"] == "" {
 		t.Errorf("live state of an active session = %v", live)
 	}
+	close(release)
+	r.waitReplyTo(t, "m1")
 	waitUntil(t, func() bool { return len(r.activeKeys(t)) == 0 })
 	activations := testutil.ToFloat64(r.d.metrics.SessionActivations)
 	body := get()
