@@ -236,26 +236,26 @@ func TestClusterSessionsResetThroughAMember(t *testing.T) {
 	env := []string{"AGENTGATE_STORE_DRIVER=postgres", "AGENTGATE_STORE_DSN=" + dsn,
 		"AGENTGATE_CLUSTER_ENABLED=true", "AGENTGATE_CLUSTER_BIND=127.0.0.1:0", "AGENTGATE_CLUSTER_MEMBER_TTL=2s",
 		"AGENTGATE_AGENT_BACKEND=exec", "MARK=" + mark,
-		// BLOCK makes the second member's turns run until they are cancelled.
-		`AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'if [ -n "$BLOCK" ]; then trap "echo cancelled > \"$MARK\"; exit 143" TERM; sleep 60 & wait; fi; echo "ok"']`}
+		// BLOCK makes the second member's turns note their start there (as hangingAgent's do)
+		// and run until they are cancelled.
+		`AGENTGATE_AGENT_EXEC_COMMAND=[sh, -c, 'if [ -n "$BLOCK" ]; then touch "$BLOCK/$AGENTGATE_MESSAGE_ID"; trap "echo cancelled > \"$MARK\"; exit 143" TERM; sleep 60 & wait; fi; echo "ok $AGENTGATE_MESSAGE_ID"']`}
+	blockDir := t.TempDir()
 	a := MustServe(t, t.TempDir(), env...)
-	b := MustServe(t, t.TempDir(), append(env, "BLOCK=1")...)
+	b := MustServe(t, t.TempDir(), append(env, "BLOCK="+blockDir)...)
 
-	var key, first string
-	deadline := time.Now().Add(60 * time.Second)
-	for i := 0; key == ""; i++ {
-		if time.Now().After(deadline) {
-			t.Fatal("no session was placed on the second member within 60s")
-		}
-		status, body := post(t, a.base+"/v1/messages?wait=2s", "", fmt.Sprintf(`{"chat_id":"c%d","user_id":"u","text":"hi"}`, i))
-		switch status {
-		case http.StatusAccepted: // its turn runs on b
-			key, first = body["session_key"].(string), body["session_id"].(string)
-		case http.StatusOK:
-		default:
-			t.Fatalf("POST: %d %v", status, body)
-		}
+	// Before, a chat whose POST ?wait=2s came back 202 was taken for one on b; a turn on a that
+	// took longer than 2 s (a loaded machine) was taken for one too, and the reset below then
+	// met no running turn.
+	chat, _ := chatOnTheBlockedMember(t, a, blockDir)
+	key := "agent:main:http:dm:" + chat
+	status, raw := get(t, a.base+"/v1/sessions/"+key)
+	var running struct {
+		SessionID string `json:"session_id"`
 	}
+	if err := json.Unmarshal([]byte(raw), &running); status != http.StatusOK || err != nil || running.SessionID == "" {
+		t.Fatalf("the key's session before the reset: %d %s (%v)", status, raw, err)
+	}
+	first := running.SessionID
 
 	t.Setenv("AGENTGATE_STORE_DRIVER", "postgres")
 	t.Setenv("AGENTGATE_STORE_DSN", dsn)
@@ -268,7 +268,7 @@ func TestClusterSessionsResetThroughAMember(t *testing.T) {
 		b, _ := os.ReadFile(mark)
 		return strings.TrimSpace(string(b)) == "cancelled"
 	})
-	status, raw := get(t, a.base+"/v1/sessions/"+key)
+	status, raw = get(t, a.base+"/v1/sessions/"+key)
 	var info struct {
 		SessionID     string `json:"session_id"`
 		PrevSessionID string `json:"prev_session_id"`
