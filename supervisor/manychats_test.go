@@ -38,7 +38,7 @@ func TestManyChatsAddNoMetricSeriesOrGoroutines(t *testing.T) {
 			sem <- struct{}{}
 			wg.Go(func() {
 				defer func() { <-sem }()
-				c.post(fmt.Sprint("chat-", i), "m1", "hi", "?wait=10s", http.StatusOK)
+				c.post(fmt.Sprint("chat-", i), "m1", "hi", "?wait=30s", http.StatusOK)
 			})
 		}
 		wg.Wait()

@@ -97,7 +97,7 @@ func TestClusterMemberKilled(t *testing.T) {
 		return n
 	}
 	waitFor(t, 30*time.Second, func() bool { return answers() > 0 })
-	status, body := post(t, a.base+"/v1/messages?wait=10s", "",
+	status, body := post(t, a.base+"/v1/messages?wait=30s", "",
 		fmt.Sprintf(`{"chat_id":%q,"user_id":"u","text":"again","message_id":"after"}`, chat))
 	if status != http.StatusOK {
 		t.Errorf("the chat after the takeover: %d %v, want 200 with the reply", status, body)
@@ -168,7 +168,7 @@ func TestClusterStalledMemberLeavesAlone(t *testing.T) {
 	if strings.Contains(younger.stderr.String(), "cluster split") {
 		t.Errorf("the member that was not paused took the pause for a split:\n%s", grep(younger.stderr.String(), "cluster split"))
 	}
-	status, body := post(t, younger.base+"/v1/messages?wait=10s", "",
+	status, body := post(t, younger.base+"/v1/messages?wait=30s", "",
 		`{"chat_id":"after","user_id":"u","text":"again","message_id":"after"}`)
 	if status != http.StatusOK {
 		t.Errorf("a message after the pause: %d %v, want 200 with the reply", status, body)
