@@ -446,6 +446,94 @@ func TestResetMarkFencedWhileTheSessionWorksSaysTheClaimerDecides(t *testing.T) 
 	})
 }
 
+// TestResetMarkGivenUpAtARestartFromTheStoreSaysTheSessionDoesIt: a turn runs across the daily
+// hour with a message queued behind it, and the timer's nudge comes meanwhile; the store refuses
+// the reset's mark as unavailable, and then the turn's result, which the session holds while the
+// queued message's turn runs. The mark, written again, waits behind that result. The store then refuses the result for what it holds (not an outage), and the session
+// starts again from the store, giving up the mark it held (errHandedOver) and filing the reset
+// for its next activation. No other activation claimed the key: the mark's line says the session
+// starts again from the store and does the reset, and the next activation runs the messages
+// again and ends the session at the hour. Until the forty-ninth session's review the line said
+// another activation claimed the key and did the reset only if the activity it loaded said it
+// was due.
+func TestResetMarkGivenUpAtARestartFromTheStoreSaysTheSessionDoesIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release0, release1 := make(chan struct{}), make(chan struct{})
+		var clock atomic.Int64
+		clock.Store(before4.UnixNano())
+		var refusing atomic.Bool
+		var logs testutil.Buffer
+		store := &brokenOnce{broken: func(op persistence.Op) bool {
+			o, ok := op.(*persistence.AddOutbox)
+			return ok && o.Entry.Kind == platforms.KindReply
+		}}
+		w := newManagerWorldWrites(t, twoGates(release0, release1), loggedTo(&logs, dailyClock(&clock)), func(s persistence.Store) persistence.Store {
+			store.refusedWrites = refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
+				switch o := op.(type) {
+				case *persistence.MarkResetDue:
+					return refusing.Load()
+				case *persistence.AddOutbox:
+					return refusing.Load() && o.Entry.Kind == platforms.KindReply
+				}
+				return false
+			}}
+			return store
+		})
+		m0 := w.deliver(t, "m0", "slow")
+		w.deliver(t, "m1", "queued")
+		synctest.Wait()
+		refusing.Store(true)
+		clock.Store(after4.UnixNano())
+		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+		synctest.Wait() // the mark is refused, and written again in a second
+		close(release0)
+		synctest.Wait() // m0's result is refused: the session holds it, and m1's turn runs
+		time.Sleep(1500 * time.Millisecond)
+		synctest.Wait() // the mark, written again, waits behind the result
+		// The outage ends, and the store refuses the held result for what it holds.
+		store.armed.Store(true)
+		refusing.Store(false)
+		close(release1)
+		time.Sleep(time.Minute) // the session starts again from the store, and runs m0 and m1 again
+		synctest.Wait()
+		if store.armed.Load() {
+			t.Fatal("the held result was not written again")
+		}
+		got := linesWith(&logs, `msg="store the session's due reset; `)
+		if len(got) != 2 || !strings.Contains(got[0], "it is written again until the store takes it") ||
+			!strings.Contains(got[1], `msg="store the session's due reset; the session starts again from the store, and does the reset once its work is done"`) ||
+			!strings.Contains(got[1], "level=WARN") {
+			t.Errorf("lines of the reset's mark: %q; want the outage's, then one WRN line that says the session starts again from the store and does it", got)
+		}
+		if got := linesWith(&logs, "another activation claimed the key"); len(got) > 0 {
+			t.Errorf("a line says another activation claimed the key: %q", got)
+		}
+		if got := w.answersTo(t, "m1"); len(got) == 0 || got[len(got)-1] != "re m1" {
+			t.Errorf("m1 was answered %q; want its reply", got)
+		}
+		w.checkEndedAt4(t, m0.SessionId, "once m0 and m1 ran again after the restart from the store")
+	})
+}
+
+// brokenOnce is refusedWrites, and while armed is set, fails the first group that holds a write
+// broken picks with an error other than an outage's (the database refusing what it holds).
+type brokenOnce struct {
+	refusedWrites
+	broken func(persistence.Op) bool
+	armed  atomic.Bool
+}
+
+func (b *brokenOnce) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	for i, g := range groups {
+		if slices.ContainsFunc(g, b.broken) && b.armed.CompareAndSwap(true, false) {
+			rest := slices.Delete(slices.Clone(groups), i, i+1)
+			errs := slices.Insert(b.refusedWrites.Commit(ctx, rest), i, error(errors.New("constraint failed (test)")))
+			return errs
+		}
+	}
+	return b.refusedWrites.Commit(ctx, groups)
+}
+
 // loggedTo is setup that also logs, at Debug, to logs.
 func loggedTo(logs *testutil.Buffer, setup func(*Deps)) func(*Deps) {
 	return func(d *Deps) {
