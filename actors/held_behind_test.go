@@ -4,12 +4,14 @@ import (
 	"context"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
@@ -211,10 +213,11 @@ func TestResetHeldBehindAResultGivenUpIsDoneAfterTheRerun(t *testing.T) {
 		})
 		idle := ResetPolicy{Mode: ResetIdle, Idle: 30 * time.Second, Notify: true}
 		disk := &refusesFirst{pick: resultOf("m1"), gate: make(chan struct{})}
-		w := newManagerWorldWrites(t, agent, func(d *Deps) {
+		var logs testutil.Buffer
+		w := newManagerWorldWrites(t, agent, loggedTo(&logs, func(d *Deps) {
 			d.Config.ResetFor = func(string, string) ResetPolicy { return idle }
 			d.Config.ResetPolicies = []ResetPolicy{idle}
-		}, func(s persistence.Store) persistence.Store { disk.Store = s; return disk })
+		}), func(s persistence.Store) persistence.Store { disk.Store = s; return disk })
 		m1 := w.deliver(t, "m1", "one")
 		time.Sleep(time.Minute)
 		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
@@ -232,6 +235,15 @@ func TestResetHeldBehindAResultGivenUpIsDoneAfterTheRerun(t *testing.T) {
 		}
 		if res, err := m2.Result(); err != nil || res.(*DeliverResult).ErrorCode == "" {
 			t.Errorf("m2, its write refused behind m1's result: %v %v, want it refused", res, err)
+		}
+		// The reset and m2, given up as the session started again from the store, say so; no
+		// other activation claimed the key (before, their err said "session key claimed by a
+		// newer activation").
+		if got := linesWith(&logs, `msg="store session reset"`); len(got) != 1 || !strings.Contains(got[0], "given up as the session started again from the store") {
+			t.Errorf("lines of the reset given up: %q, want one saying it was given up as the session started again from the store", got)
+		}
+		if got := linesWith(&logs, "claimed by a newer activation"); len(got) > 0 {
+			t.Errorf("a line says another activation claimed the key: %q", got)
 		}
 		if n := ran("m1"); n != 2 {
 			t.Errorf("the agent ran m1 %d times, want twice: its held result was given up, and it ran again", n)

@@ -654,7 +654,7 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 		// The key lives on another member now: this one must not claim it once the spool
 		// drains. It stops without loading; what it is asked meanwhile goes to the manager.
 		s.logger().Info("the session's key moved to another member while it waited for the spool; it stops")
-		s.handOverAll(c)
+		s.handOverAll(c, errHandedOver)
 		s.stopWhenSettled(c)
 	case *GetState, *actor.Stopping, *actor.Stopped, *actor.Restarting, *callEnded, *cancelOverdue:
 		// (A restarted session waits for the calls its failed incarnation cancelled, the
@@ -785,7 +785,7 @@ func (s *Session) fence(c actor.Context) {
 	if s.handsOnAtFence() {
 		s.fileOverdue()
 	}
-	s.handOverAll(c)
+	s.handOverAll(c, errHandedOver)
 }
 
 // handsOnAtFence reports whether the session, fenced, files its overdue reset for the key's next
@@ -796,9 +796,9 @@ func (s *Session) handsOnAtFence() bool {
 }
 
 // handOverAll turns the session into a hand-over (see above).
-func (s *Session) handOverAll(c actor.Context) {
+func (s *Session) handOverAll(c actor.Context, why *handOverError) {
 	s.fencedOut = true
-	s.dropHeld(c)
+	s.dropHeld(c, why)
 	if s.running != nil {
 		// Its result would be fenced; the new owner runs the message again, in a draft of its
 		// own (on its member, perhaps), so this one's is marked interrupted. The session stops
@@ -848,7 +848,7 @@ func (s *Session) leaveIfIdle(c actor.Context) {
 	// A reset that fell due while the session worked, and waits for the messages still queued,
 	// goes with the key, for the manager to hand on (SessionManager.handOnFiledReset).
 	s.fileOverdue()
-	s.handOverAll(c)
+	s.handOverAll(c, errHandedOver)
 	s.stopWhenSettled(c)
 }
 
@@ -959,7 +959,7 @@ func (s *Session) onRecover(c actor.Context) {
 		"epoch", s.epoch, "claimed", own.Epoch, "by", own.Owner)
 	s.d.Metrics.SessionsFenced.Inc()
 	s.stale = true
-	s.handOverAll(c)
+	s.handOverAll(c, errHandedOver)
 	s.stopWhenSettled(c)
 }
 
@@ -987,7 +987,7 @@ func (s *Session) restartFromStore(c actor.Context, why string, err error) {
 	s.stale = true
 	s.refused = errors.Is(err, persistence.ErrUnavailable)
 	s.fileOverdue()
-	s.handOverAll(c)
+	s.handOverAll(c, errRestarted)
 	s.stopWhenSettled(c)
 }
 

@@ -3,7 +3,6 @@ package actors
 import (
 	"cmp"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
@@ -88,8 +87,28 @@ const (
 
 // errHandedOver answers the writes a session held behind a refused turn result when it hands
 // over before they were sent (dropHeld): as refused because another activation owns the key,
-// which does their work from the store.
-var errHandedOver = fmt.Errorf("%w: the session handed over before the write was sent", persistence.ErrFenced)
+// which does their work from the store. errRestarted, which is also errHandedOver, answers them
+// when that activation is the session's own next one, as it starts again from the store
+// (restartFromStore). Both are persistence.ErrFenced to their callers, but their text says what
+// happened: before, it began "session key claimed by a newer activation" in the lines of a
+// session that started again from the store, where no activation had claimed the key
+// (TestResetHeldBehindAResultGivenUpIsDoneAfterTheRerun).
+var (
+	errHandedOver = &handOverError{why: "the session handed over"}
+	errRestarted  = &handOverError{why: "the session started again from the store"}
+)
+
+// handOverError is a held write given up as the session hands over (errHandedOver).
+type handOverError struct{ why string }
+
+func (e *handOverError) Error() string {
+	return "write given up as " + e.why + ", before it was sent"
+}
+
+// Is makes every handOverError errHandedOver and persistence.ErrFenced.
+func (e *handOverError) Is(target error) bool {
+	return target == errHandedOver || target == persistence.ErrFenced
+}
 
 // held returns the writes the session holds behind a refused turn result; nil when it holds none.
 func (s *Session) held() *heldWrites {
@@ -255,14 +274,14 @@ func (s *Session) stopHeld() {
 }
 
 // dropHeld gives up the held writes as the session hands over (handOverAll): each not in flight
-// is answered as refused (errHandedOver); one in flight gets its own answer. Nothing the
+// is answered as refused (why: errHandedOver or errRestarted); one in flight gets its own answer. Nothing the
 // session wrote after a held result reached the store ahead of it (a write in flight when its
 // refusal came was refused with it), so a result given up leaves its message pending, and the
 // key's next activation runs it again, as the hand-over's line says. Before, an /undo the store
 // took ahead of the result had archived the message, which then did not run again, while the
 // line said it would; and an /undo whose second application a hand-over cut short left the
 // reply of a result stored after it active (TestUndoInFlightBehindARefusedResultIsRefusedWithIt).
-func (s *Session) dropHeld(c actor.Context) {
+func (s *Session) dropHeld(c actor.Context, why *handOverError) {
 	h := s.held()
 	if h == nil {
 		return
@@ -270,7 +289,7 @@ func (s *Session) dropHeld(c actor.Context) {
 	s.stopHeld()
 	for _, w := range h.writes {
 		if !slices.Contains(s.inflight, w) {
-			w.done(c, errHandedOver)
+			w.done(c, why)
 		}
 	}
 }
