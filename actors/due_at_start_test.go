@@ -234,12 +234,7 @@ func TestResetDueWhileTheSessionWorksOutlivesAStop(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "agentgate.db")
 		release0 := make(chan struct{})
 		w := newManagerWorldAt(t, path, heldUntil(release0), daily)
-		m0 := w.deliver(t, "m0", "slow")
-		w.deliver(t, "m1", "queued")
-		synctest.Wait()
-		clock.Store(after4.UnixNano())
-		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
-		synctest.Wait()
+		m0 := w.dueWhileM0Runs(t, &clock, nil)
 		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.ResetDueReason != persistence.EndDaily || !s.ResetDueAt.Equal(at4) || !s.EndedAt.IsZero() {
 			t.Errorf("session %s while it works past its reset: %+v, %v; want it open, its daily reset due at %v stored", m0.SessionId, s, err, at4)
 		}
@@ -278,13 +273,7 @@ func TestRefusedResetDueMarkIsWrittenAgain(t *testing.T) {
 				return ok && refusing.Load()
 			}}
 		})
-		m0 := w.deliver(t, "m0", "slow")
-		w.deliver(t, "m1", "queued")
-		synctest.Wait()
-		refusing.Store(true)
-		clock.Store(after4.UnixNano())
-		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
-		synctest.Wait()
+		m0 := w.dueWhileM0Runs(t, &clock, &refusing)
 		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.ResetDueReason != "" {
 			t.Fatalf("session %s with its mark refused: %+v, %v; want no mark stored yet", m0.SessionId, s, err)
 		}

@@ -15,34 +15,16 @@ import (
 // TestOverdueResetWhoseMarkWasRefusedOutlivesARestartFromTheStore: a turn runs across the daily
 // hour with a message queued behind it, the timer's nudge comes meanwhile, and the store refuses
 // the reset's mark (persistence.MarkResetDue) as unavailable. The turn's reply is stored, after
-// the hour; while the queued message's turn runs, the store refuses the write of a /status, and
-// the session starts again from the store. The next activation runs the queued message again and
-// then ends the session at the hour.
+// the hour; while the queued message's turn runs, the store refuses a write, and the session
+// starts again from the store. The next activation runs the queued message again and then ends
+// the session at the hour. The refused write is a /status's, or one of a reset that began a new
+// session in memory (a chat's /new, an operator's reset; the store holds the old session, where
+// the reset did not happen; its sender is told to send it again). Before, for these two, the
+// overdue reset was filed only for the session current in memory (fileOverdue), the new one the
+// refused write began: the next activation found the old session's activity (m0's reply) past
+// the hour, and the session went on until the next day's reset.
 func TestOverdueResetWhoseMarkWasRefusedOutlivesARestartFromTheStore(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		release1 := make(chan struct{})
-		w, m0 := restartFromStoreWithItsMarkRefused(t, filepath.Join(t.TempDir(), "agentgate.db"), release1, "/status")
-		close(release1)
-		time.Sleep(time.Minute) // the session starts again from the store, and runs m1 again
-		synctest.Wait()
-		if got := w.answersTo(t, "m1"); len(got) == 0 || got[len(got)-1] != "re m1" {
-			t.Errorf("m1 was answered %q; want its reply", got)
-		}
-		w.checkEndedAt4(t, m0.SessionId, "once m1 ran again after the restart from the store")
-	})
-}
-
-// TestOverdueResetOutlivesARefusedResetThatBeganASessionInMemory: as in
-// TestOverdueResetWhoseMarkWasRefusedOutlivesARestartFromTheStore, the store refuses the daily
-// reset's mark, and then, while the queued message's turn runs, the write of a reset that began a
-// new session in memory (a chat's /new, an operator's reset); the session starts again from the
-// store, where the reset did not happen. Its sender is told to send it again; if nobody does, the
-// next activation runs the queued message again and then ends the session at the hour. Before,
-// the overdue reset was filed only for the session current in memory (fileOverdue), the new one
-// the refused write began: the next activation found the old session's activity (m0's reply)
-// past the hour, and the session went on until the next day's reset.
-func TestOverdueResetOutlivesARefusedResetThatBeganASessionInMemory(t *testing.T) {
-	for _, refused := range []string{"/new", "operator"} {
+	for _, refused := range []string{"/status", "/new", "operator"} {
 		t.Run(refused, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				release1 := make(chan struct{})
@@ -85,13 +67,7 @@ func restartFromStoreWithItsMarkRefused(t *testing.T, path string, release1 chan
 			return false
 		}}
 	})
-	m0 := w.deliver(t, "m0", "slow")
-	w.deliver(t, "m1", "queued")
-	synctest.Wait()
-	refusing.Store(true)
-	clock.Store(after4.UnixNano())
-	w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
-	synctest.Wait()
+	m0 := w.dueWhileM0Runs(t, &clock, &refusing)
 	close(release0)
 	w.answersTo(t, "m0") // its reply is stored after the hour; m1's turn runs
 	synctest.Wait()

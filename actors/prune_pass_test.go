@@ -133,12 +133,8 @@ func TestReplacedPrunePassCountsItsSteps(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
-		store := mustOpenSQLite(t, ctx)
 		const sessions, perSession, budget = 3, 2000, 1000
-		for i := range sessions {
-			mustCommit(t, store, longEndedSession(fmt.Sprint("old-", i), fmt.Sprint("k-", i), perSession)...)
-		}
-		time.Sleep(2 * time.Hour) // past the retention
+		store := endedPastRetention(t, ctx, sessions, perSession)
 
 		system, _ := quietSystem(t)
 		defer system.Shutdown()
@@ -158,19 +154,7 @@ func TestReplacedPrunePassCountsItsSteps(t *testing.T) {
 		timersPID <- timers
 		synctest.Wait()
 
-		var lines []string
-		var gotSessions, gotMessages int
-		for l := range strings.SplitSeq(logs.String(), "\n") {
-			if !strings.Contains(l, "pruned ended sessions") {
-				continue
-			}
-			lines = append(lines, l)
-			var s, m int
-			if _, err := fmt.Sscanf(l[strings.Index(l, " sessions="):], " sessions=%d messages=%d", &s, &m); err != nil {
-				t.Fatalf("line %q: %v", l, err)
-			}
-			gotSessions, gotMessages = gotSessions+s, gotMessages+m
-		}
+		lines, gotSessions, gotMessages := passLines(t, &logs)
 		if len(lines) != 2 || gotSessions != sessions || gotMessages != sessions*perSession {
 			t.Errorf("pass lines %q count %d sessions and %d messages; want two lines, %d and %d",
 				lines, gotSessions, gotMessages, sessions, sessions*perSession)
@@ -179,6 +163,35 @@ func TestReplacedPrunePassCountsItsSteps(t *testing.T) {
 
 		stopPruning(t, system, timers, persist, store)
 	})
+}
+
+// endedPastRetention opens a fresh SQLite store holding sessions ended sessions of perSession
+// messages each, keys k-0, k-1…, and moves the (synctest) clock past the prune tests' retention.
+func endedPastRetention(t *testing.T, ctx context.Context, sessions, perSession int) *sqlite.Store {
+	t.Helper()
+	store := mustOpenSQLite(t, ctx)
+	for i := range sessions {
+		mustCommit(t, store, longEndedSession(fmt.Sprint("old-", i), fmt.Sprint("k-", i), perSession)...)
+	}
+	time.Sleep(2 * time.Hour) // past the retention
+	return store
+}
+
+// passLines returns the lines of prune passes in logs, and the sessions and messages they count.
+func passLines(t *testing.T, logs *testutil.Buffer) (lines []string, sessions, messages int) {
+	t.Helper()
+	for l := range strings.SplitSeq(logs.String(), "\n") {
+		if !strings.Contains(l, "pruned ended sessions") {
+			continue
+		}
+		lines = append(lines, l)
+		var s, m int
+		if _, err := fmt.Sscanf(l[strings.Index(l, " sessions="):], " sessions=%d messages=%d", &s, &m); err != nil {
+			t.Fatalf("line %q: %v", l, err)
+		}
+		sessions, messages = sessions+s, messages+m
+	}
+	return lines, sessions, messages
 }
 
 // mustOpenSQLite opens a fresh SQLite store in t's temporary directory.
@@ -334,12 +347,8 @@ func TestPrunePassCutShortLogsWhatItDeleted(t *testing.T) {
 func prunePassCutShort(t *testing.T, cut string) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	store := mustOpenSQLite(t, ctx)
 	const sessions, perSession, budget = 3, 200, 100
-	for i := range sessions {
-		mustCommit(t, store, longEndedSession(fmt.Sprint("old-", i), fmt.Sprint("k-", i), perSession)...)
-	}
-	time.Sleep(2 * time.Hour) // past the retention
+	store := endedPastRetention(t, ctx, sessions, perSession)
 
 	system, _ := quietSystem(t)
 	defer system.Shutdown()
@@ -372,18 +381,9 @@ func prunePassCutShort(t *testing.T, cut string) {
 	timersPID <- timers
 	synctest.Wait()
 
-	var lines []string
-	var gotSessions, gotMessages, cutLines int
-	for l := range strings.SplitSeq(logs.String(), "\n") {
-		if !strings.Contains(l, "pruned ended sessions") {
-			continue
-		}
-		lines = append(lines, l)
-		var s, m int
-		if _, err := fmt.Sscanf(l[strings.Index(l, " sessions="):], " sessions=%d messages=%d", &s, &m); err != nil {
-			t.Fatalf("line %q: %v", l, err)
-		}
-		gotSessions, gotMessages = gotSessions+s, gotMessages+m
+	lines, gotSessions, gotMessages := passLines(t, &logs)
+	var cutLines int
+	for _, l := range lines {
 		if strings.HasSuffix(l, " cut_short="+cut) {
 			cutLines++
 		}

@@ -312,3 +312,21 @@ func TestRepeatedCommandFirstAfterAnAutomaticResetLosesNoNotice(t *testing.T) {
 		}
 	})
 }
+
+// dueWhileM0Runs delivers m0, whose turn the world's agent holds, and m1 queued behind it; then,
+// the store refusing what the test says from now on (refusing, unless nil), it moves clock past
+// the daily hour and sends the timer's nudge, and returns m0's answer once the session has
+// handled the nudge.
+func (w *managerWorld) dueWhileM0Runs(t *testing.T, clock *atomic.Int64, refusing *atomic.Bool) *DeliverResult {
+	t.Helper()
+	m0 := w.deliver(t, "m0", "slow")
+	w.deliver(t, "m1", "queued")
+	synctest.Wait()
+	if refusing != nil {
+		refusing.Store(true)
+	}
+	clock.Store(after4.UnixNano())
+	w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+	synctest.Wait()
+	return m0
+}

@@ -479,13 +479,7 @@ func TestResetMarkGivenUpAtARestartFromTheStoreSaysTheSessionDoesIt(t *testing.T
 			}}
 			return store
 		})
-		m0 := w.deliver(t, "m0", "slow")
-		w.deliver(t, "m1", "queued")
-		synctest.Wait()
-		refusing.Store(true)
-		clock.Store(after4.UnixNano())
-		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
-		synctest.Wait() // the mark is refused, and written again in a second
+		m0 := w.dueWhileM0Runs(t, &clock, &refusing) // the mark is refused, and written again in a second
 		close(release0)
 		synctest.Wait() // m0's result is refused: the session holds it, and m1's turn runs
 		time.Sleep(1500 * time.Millisecond)

@@ -905,7 +905,7 @@ func (s *Session) fileOverdue() {
 // filed nothing. The next activation found the old session's activity (the work the reset waited
 // for) past the due time, and the session went on until its next reset, a daily one a day late,
 // unless someone sent the refused reset again
-// (TestOverdueResetOutlivesARefusedResetThatBeganASessionInMemory).
+// (TestOverdueResetWhoseMarkWasRefusedOutlivesARestartFromTheStore).
 func (s *Session) overdueToFile() *overdue {
 	if u := s.unusual; u != nil && u.overdue != nil && s.cur != nil && u.overdue.sid == s.cur.ID {
 		o := u.overdue
