@@ -136,23 +136,12 @@ func TestReplacedPrunePassCountsItsSteps(t *testing.T) {
 		const sessions, perSession, budget = 3, 2000, 1000
 		store := endedPastRetention(t, ctx, sessions, perSession)
 
-		system, _ := quietSystem(t)
-		defer system.Shutdown()
 		var logs testutil.Buffer
-		log := slog.New(slog.NewTextHandler(&logs, nil))
-		timersPID := make(chan *actor.PID, 1)
-		steps := &stepStore{Store: store, during: func(n int) {
+		system, timers, persist := startPrunePass(t, ctx, store, budget, &logs, nil, func(n int, timers *actor.PID, system *actor.ActorSystem) {
 			if n == 3 { // the first pass has had two steps answered: replace it during its third
-				system.Root.Send(<-timersPID, &Prune{})
+				system.Root.Send(timers, &Prune{})
 			}
-		}}
-		persist := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, steps,
-			persistence.ActorOptions{MaxBatch: 256, Log: log})))
-		d := &Deps{Ctx: ctx, Persist: persist, Store: steps, Log: log, Metrics: metrics.New("fake"),
-			Config: SessionConfig{Prune: PrunePolicy{Enabled: true, After: time.Hour, Every: 24 * time.Hour, Batch: budget}}}
-		timers := system.Root.Spawn(NewTimers(d, nil, time.Minute)) // prunes at start
-		timersPID <- timers
-		synctest.Wait()
+		})
 
 		lines, gotSessions, gotMessages := passLines(t, &logs)
 		if len(lines) != 2 || gotSessions != sessions || gotMessages != sessions*perSession {
@@ -163,6 +152,32 @@ func TestReplacedPrunePassCountsItsSteps(t *testing.T) {
 
 		stopPruning(t, system, timers, persist, store)
 	})
+}
+
+// startPrunePass starts a prune test's actor system, with a persistence actor on store logging to
+// logs and a Timers that prunes at once (in steps of budget rows, with the clock now unless nil),
+// and waits for the bubble to settle. during runs as each step starts, numbered from 1, with the
+// Timers and the system. The system shuts down when the test ends.
+func startPrunePass(t *testing.T, ctx context.Context, store persistence.Store, budget int, logs *testutil.Buffer,
+	now func() time.Time, during func(n int, timers *actor.PID, system *actor.ActorSystem)) (system *actor.ActorSystem, timers, persist *actor.PID) {
+	t.Helper()
+	system, _ = quietSystem(t)
+	t.Cleanup(system.Shutdown)
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	timersPID := make(chan *actor.PID, 1)
+	steps := &stepStore{Store: store, during: func(n int) {
+		pid := <-timersPID // sent once Timers is spawned
+		timersPID <- pid
+		during(n, pid, system)
+	}}
+	persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, steps,
+		persistence.ActorOptions{MaxBatch: 256, Log: log})))
+	d := &Deps{Ctx: ctx, Persist: persist, Store: steps, Log: log, Metrics: metrics.New("fake"), Now: now,
+		Config: SessionConfig{Prune: PrunePolicy{Enabled: true, After: time.Hour, Every: 24 * time.Hour, Batch: budget}}}
+	timers = system.Root.Spawn(NewTimers(d, nil, time.Minute)) // prunes at start
+	timersPID <- timers
+	synctest.Wait()
+	return system, timers, persist
 }
 
 // endedPastRetention opens a fresh SQLite store holding sessions ended sessions of perSession
@@ -350,36 +365,25 @@ func prunePassCutShort(t *testing.T, cut string) {
 	const sessions, perSession, budget = 3, 200, 100
 	store := endedPastRetention(t, ctx, sessions, perSession)
 
-	system, _ := quietSystem(t)
-	defer system.Shutdown()
 	var logs testutil.Buffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
 	var panicNow atomic.Bool
-	timersPID := make(chan *actor.PID, 1)
-	steps := &stepStore{Store: store, during: func(n int) {
+	now := func() time.Time {
+		if panicNow.CompareAndSwap(true, false) {
+			panic("timers crash (test)")
+		}
+		return time.Now()
+	}
+	system, timers, persist := startPrunePass(t, ctx, store, budget, &logs, now, func(n int, timers *actor.PID, system *actor.ActorSystem) {
 		if n != 3 { // two steps answered: Timers crashes or stops while the third runs
 			return
 		}
 		if cut == "stop" {
-			system.Root.Stop(<-timersPID)
+			system.Root.Stop(timers)
 			return
 		}
 		panicNow.Store(true)
-		system.Root.Send(<-timersPID, &CheckResets{})
-	}}
-	persist := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, steps,
-		persistence.ActorOptions{MaxBatch: 256, Log: log})))
-	d := &Deps{Ctx: ctx, Persist: persist, Store: steps, Log: log, Metrics: metrics.New("fake"),
-		Now: func() time.Time {
-			if panicNow.CompareAndSwap(true, false) {
-				panic("timers crash (test)")
-			}
-			return time.Now()
-		},
-		Config: SessionConfig{Prune: PrunePolicy{Enabled: true, After: time.Hour, Every: 24 * time.Hour, Batch: budget}}}
-	timers := system.Root.Spawn(NewTimers(d, nil, time.Minute)) // prunes at start
-	timersPID <- timers
-	synctest.Wait()
+		system.Root.Send(timers, &CheckResets{})
+	})
 
 	lines, gotSessions, gotMessages := passLines(t, &logs)
 	var cutLines int
