@@ -171,13 +171,12 @@ func (s *Session) storeOverdue(c actor.Context) {
 			case s.handsOnAtFence():
 				s.logRefusedWrite("store the session's due reset; another activation claimed the key, and the reset goes with the key to its next owner", err,
 					"reason", o.reason)
-			case errors.Is(err, errHandedOver) && s.filedHere(o):
+			case errors.Is(err, errRestarted):
 				// Held behind a turn's result the store refused, and given up as the session
 				// starts again from the store (restartFromStore), which filed the reset for its
-				// next activation: no other activation claimed the key, though err's text says
-				// one did, and so did the line below, which took it for a claim (found by the
-				// forty-ninth session's review;
-				// TestResetMarkGivenUpAtARestartFromTheStoreSaysTheSessionDoesIt).
+				// next activation: no other activation claimed the key, though the line below,
+				// which took it for a claim, said one did (found by the forty-ninth session's
+				// review; TestResetMarkGivenUpAtARestartFromTheStoreSaysTheSessionDoesIt).
 				s.logger().Warn("store the session's due reset; the session starts again from the store, and does the reset once its work is done",
 					"reason", o.reason)
 			default:
@@ -197,13 +196,6 @@ func (s *Session) storeOverdue(c actor.Context) {
 				"reason", o.reason)
 		}
 	})
-}
-
-// filedHere reports whether the reset o is filed for the key's next activation on this member
-// (Deps.resetsDue), as a session that starts again from the store files it (fileOverdue).
-func (s *Session) filedHere(o *overdue) bool {
-	v, ok := s.d.resetsDue.Load(s.key)
-	return ok && v.(*overdue).sid == o.sid
 }
 
 // overdueRetry wakes a session whose write of the due reset o was refused as unavailable, to
