@@ -222,7 +222,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 	if quiet {
 		write = s.writeQuietFor
 	}
-	write(c, ops, orphaned, func(c actor.Context, err error) {
+	w := write(c, ops, orphaned, func(c actor.Context, err error) {
 		repeats := s.commandLanded(m.MessageId)
 		if errors.Is(err, persistence.ErrUnavailable) {
 			// Refused as unavailable, but perhaps applied: the commit's answer may have been lost
@@ -273,6 +273,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 		}
 		s.sendOutbound(c, OutboundFromEntry(&entry))
 	})
+	w.files = dueReset // filed if the session crashes before the write is answered (onRestarting)
 }
 
 // commandInFlight notes that the write of the command with message id is in flight: the same id
@@ -552,7 +553,7 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		notice = &entry
 	}
 	sid := s.cur.ID
-	s.writeQuietFor(c, ops, orphaned, func(c actor.Context, err error) { // (ops end the session before)
+	w := s.writeQuietFor(c, ops, orphaned, func(c actor.Context, err error) { // (ops end the session before)
 		r := &ResetResult{SessionId: sid, PreviousSessionId: prev}
 		if errors.Is(err, persistence.ErrUnavailable) && s.routedTo(sid) {
 			// Refused as unavailable, but applied: the commit's answer was lost (see
@@ -582,6 +583,7 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		}
 		c.Send(requester, r)
 	})
+	w.files = dueReset // filed if the session crashes before the write is answered (onRestarting)
 }
 
 // routedTo reports whether the store routes the key to session id. A store that cannot be read

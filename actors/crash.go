@@ -27,6 +27,15 @@ func (s *Session) onRestarting(c actor.Context) {
 	}
 	life.restarts++
 	life.leaving = s.leaving // a restart is no reason to run turns on a leaving member
+	// A command that ended the session in memory ahead of its write (a chat's /new, an
+	// operator's reset), unanswered still, files the reset that fell due while the old session
+	// worked: the write may yet be refused, and the store then holds the old session, with its
+	// activity past the due time. Before, only the session current in memory (the new one) was
+	// looked at, and the reset was lost if its mark had been refused too
+	// (TestOverdueResetOutlivesACrashBeforeACommandThatEndedItIsAnswered). The write may commit
+	// instead: the filed reset then names a session no longer current, and the next incarnation
+	// drops it (takeFiledReset). A reset of the session current in memory takes its place.
+	s.fileReset(s.filesOfUnanswered())
 	s.fileOverdue()
 	life.suspects = nil
 	s.endProbation(c) // the next incarnation asks again if its head is still a suspect

@@ -41,6 +41,87 @@ func TestOverdueResetWhoseMarkWasRefusedOutlivesARestartFromTheStore(t *testing.
 	}
 }
 
+// TestOverdueResetOutlivesACrashBeforeACommandThatEndedItIsAnswered: as in
+// TestOverdueResetWhoseMarkWasRefusedOutlivesARestartFromTheStore, the reset falls due while m0's
+// turn runs, with m1 queued behind it, and the store refuses its mark; m0 is answered after the
+// hour and m1's turn runs. Then a chat's /new, or an operator's reset, ends the session in memory
+// and begins another; before the store answers its write, the session crashes (a store bug under
+// a /resume) and restarts; then the store refuses the write. The restarted session loads the old
+// session, runs m1 again and ends the session at the hour. Before, the crash filed only the
+// reset of the session current in memory, the new one, which had none: the restarted session
+// found the old session's activity (m0's reply) past the hour, and the session went on until the
+// next day's reset. When the store takes the write instead, the old session stays ended by the
+// command, and the reset filed at the crash ends nothing: it names a session no longer current.
+func TestOverdueResetOutlivesACrashBeforeACommandThatEndedItIsAnswered(t *testing.T) {
+	for _, tc := range []struct {
+		name, ended string
+		stored      bool // the store takes the command's write
+	}{
+		{"/new", "/new", false},
+		{"operator", "operator", false},
+		{"/new stored", "/new", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				release0, release1, answer := make(chan struct{}), make(chan struct{}), make(chan struct{})
+				var clock atomic.Int64
+				clock.Store(before4.UnixNano())
+				var refusing atomic.Bool
+				byCommand := func(op persistence.Op) bool { // the end the command writes
+					e, ok := op.(*persistence.EndSession)
+					return ok && e.Reason != persistence.EndDaily
+				}
+				w := newManagerWorldWith(t, filepath.Join(t.TempDir(), "agentgate.db"), twoGates(release0, release1), func(d *Deps) {
+					dailyClock(&clock)(d)
+					d.Store = sessionsOfKeyPanics{d.Store} // a /resume crashes the session
+				}, func(s persistence.Store) persistence.Store {
+					refused := &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
+						_, mark := op.(*persistence.MarkResetDue)
+						return refusing.Load() && (mark || !tc.stored && byCommand(op))
+					}}
+					return &waitsFor{Store: refused, pick: byCommand, until: answer}
+				})
+				m0 := w.dueWhileM0Runs(t, &clock, &refusing)
+				close(release0)
+				w.answersTo(t, "m0") // its reply is stored after the hour; m1's turn runs
+				synctest.Wait()
+				if tc.ended == "operator" {
+					w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &ResetSession{}}, time.Hour)
+				} else {
+					w.request("c1", "/new")
+				}
+				synctest.Wait()                    // its write waits for the store's answer
+				w.request("k1", "/resume earlier") // never answered: the session crashes on it
+				synctest.Wait()
+				close(answer) // the store answers the command's write; the session has restarted
+				synctest.Wait()
+				refusing.Store(false)
+				close(release1)
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				if tc.stored {
+					s, err := w.store.Session(w.ctx, m0.SessionId)
+					if err != nil || s.EndReason != persistence.EndNewCommand {
+						t.Errorf("session %s: %+v, %v; want it ended by /new", m0.SessionId, s, err)
+					}
+					route, err := w.store.Route(w.ctx, w.key)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if cur, err := w.store.Session(w.ctx, route.SessionID); err != nil || route.SessionID == m0.SessionId || !cur.EndedAt.IsZero() {
+						t.Errorf("the key's session %s: %+v, %v; want the one /new began, open", route.SessionID, cur, err)
+					}
+					return
+				}
+				if got := w.answersTo(t, "m1"); len(got) == 0 || got[len(got)-1] != "re m1" {
+					t.Errorf("m1 was answered %q; want its reply", got)
+				}
+				w.checkEndedAt4(t, m0.SessionId, "once m1 ran again after the crash")
+			})
+		})
+	}
+}
+
 // restartFromStoreWithItsMarkRefused starts a world on the database at path whose session runs
 // m0 (held until it is released) across the daily hour with m1 (held until release1 is closed)
 // queued behind it; the timer's nudge comes after the hour, and the store refuses the reset's

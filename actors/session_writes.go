@@ -105,14 +105,20 @@ func (s *Session) write(c actor.Context, ops []persistence.Op, done func(actor.C
 // of the session ends (a crash or a stop) before the write is answered, orphaned answers it
 // instead with why (answerOrphans). The write may still commit: why says to send the request
 // again with the same message id, which the store's dedupe makes safe.
-func (s *Session) writeFor(c actor.Context, ops []persistence.Op, orphaned func(c actor.Context, why string), done func(actor.Context, error)) {
-	s.submit(c, &pendingWrite{ops: ops, done: done, orphaned: orphaned})
+// It returns the write, for its caller to note what a crash before its answer must not lose
+// (pendingWrite.files).
+func (s *Session) writeFor(c actor.Context, ops []persistence.Op, orphaned func(c actor.Context, why string), done func(actor.Context, error)) *pendingWrite {
+	w := &pendingWrite{ops: ops, done: done, orphaned: orphaned}
+	s.submit(c, w)
+	return w
 }
 
 // writeQuietFor is writeFor for a command's write that adds nothing to the conversation of the
 // session it leaves current (pendingWrite.quiet).
-func (s *Session) writeQuietFor(c actor.Context, ops []persistence.Op, orphaned func(c actor.Context, why string), done func(actor.Context, error)) {
-	s.submit(c, &pendingWrite{ops: ops, done: done, orphaned: orphaned, quiet: true})
+func (s *Session) writeQuietFor(c actor.Context, ops []persistence.Op, orphaned func(c actor.Context, why string), done func(actor.Context, error)) *pendingWrite {
+	w := &pendingWrite{ops: ops, done: done, orphaned: orphaned, quiet: true}
+	s.submit(c, w)
+	return w
 }
 
 // submit numbers w (behind the key's Fence when it is claimed) and sends it. While the session
@@ -182,6 +188,28 @@ type pendingWrite struct {
 	// unbegun: sent behind a write that began a session, which the store refused
 	// (behindUnbegun).
 	unbegun *unbegunError
+	// files is the reset that fell due while the session worked, taken before a command that
+	// ended the session in memory ahead of this write (overdueToFile): filed for the key's next
+	// incarnation if the session crashes before the write is answered (filesOfUnanswered).
+	files *overdue
+}
+
+// filesOfUnanswered is the reset of the first write still unanswered, in flight or held, that
+// files one (pendingWrite.files); nil when none does. A session that crashes files it for its
+// next incarnation (onRestarting): that write may be refused after the crash, and the store then
+// holds the old session still, whose activity (the work the reset waited for) lies past the due
+// time.
+func (s *Session) filesOfUnanswered() *overdue {
+	writes := s.inflight
+	if h := s.held(); h != nil {
+		writes = append(slices.Clone(writes), h.writes...)
+	}
+	for _, w := range writes {
+		if w.files != nil {
+			return w.files
+		}
+	}
+	return nil
 }
 
 // answerOrphans answers the requesters of the writes still in flight when this incarnation
