@@ -128,7 +128,13 @@ type overdue struct {
 	// triedAtLeave: a refused write was tried once more as the session was about to hand its
 	// key on (markOverdueBeforeLeaving).
 	triedAtLeave bool
+	// toldHandedOn: a refusal's line said the key's next owner writes it (leavingMarkRefusedLine).
+	toldHandedOn bool
 }
+
+// leavingMarkRefusedLine is the line of a leaving session's reset mark that the store refused as
+// unavailable (storeOverdue).
+const leavingMarkRefusedLine = "store the session's due reset; the session hands it on with its key, and the key's next owner writes it and does the reset once the session's work is done"
 
 // storeOverdue stores the reset that fell due while the session works on the session's row
 // (persistence.MarkResetDue), once. Receive calls it after each message it handles: the reset
@@ -143,7 +149,9 @@ type overdue struct {
 // work, never per turn; the session's end (any reset, /new, an operator's) clears it. A write the
 // store refuses as unavailable (the database and the spool both failing) is written again, 1 s
 // after the refusal, doubling to maxHeldRetry, as a held turn result is, until the store takes
-// it or the reset is done (overdueRetry). Meanwhile this activation still does the reset
+// it or the reset is done (overdueRetry), or, on a member that leaves, until the session hands
+// its key on, once more just before (markOverdueBeforeLeaving): the key's next owner then
+// writes it. Meanwhile this activation still does the reset
 // (endOverdue), or the next one of this process (fileOverdue, writeReset); only a stop of the
 // daemon before the store takes it loses it. Before, a refused write was not tried again, and a
 // stop at any time before the work was done lost the reset
@@ -185,7 +193,18 @@ func (s *Session) storeOverdue(c actor.Context) {
 			}
 		case errors.Is(err, persistence.ErrUnavailable):
 			o.refusals++
-			if o.refusals == 1 { // one line an outage: the persistence actor's says what fails
+			switch { // one line an outage (the persistence actor's says what fails), or two:
+			case s.leaving && !o.toldHandedOn && (o.refusals == 1 || o.triedAtLeave):
+				// A leaving session writes it again only until it hands its key on, the last time
+				// just before (markOverdueBeforeLeaving); then the key's next owner, which the
+				// reset goes to with the key (handOnFiledReset), writes it. Before, the line said
+				// this session wrote it until the store took it
+				// (TestLeavingSessionsMarkOutageLineSaysTheKeysNextOwnerWritesIt). Said also at
+				// the hand-over when the outage's first line, logged before the session began to
+				// leave, said that.
+				o.toldHandedOn = true
+				s.logRefusedWrite(leavingMarkRefusedLine, err, "reason", o.reason)
+			case o.refusals == 1:
 				s.logRefusedWrite("store the session's due reset; it is written again until the store takes it, and done once the session's work is", err,
 					"reason", o.reason)
 			}

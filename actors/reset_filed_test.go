@@ -302,6 +302,84 @@ func TestResetDueWhoseMarkWasRefusedOutlivesALostHandOver(t *testing.T) {
 	}
 }
 
+// TestLeavingSessionsMarkOutageLineSaysTheKeysNextOwnerWritesIt: a cluster member leaves while a
+// turn runs across the daily hour, with a message queued behind it, and the store refuses the
+// reset's mark as unavailable throughout: first while the session leaves already, or before the
+// member begins to leave. The session hands its key on with the reset once the turn is done, and
+// the successor runs the queued message and ends the session at the hour. A mark refused while
+// the session leaves says so in one line: the session hands the reset on with its key, and the
+// key's next owner writes it. Before, that line said the session wrote it again until the store
+// took it, though it stops at the hand-over. One refused before the member began to leave has the
+// outage's usual line, and the line of the hand-over when the mark is refused again just before.
+func TestLeavingSessionsMarkOutageLineSaysTheKeysNextOwnerWritesIt(t *testing.T) {
+	const usual = "it is written again until the store takes it"
+	for _, tc := range []struct {
+		name        string
+		leavesFirst bool // the member begins to leave before the mark's first refusal
+		lines       []string
+	}{
+		{"refused while leaving", true, []string{leavingMarkRefusedLine}},
+		{"refused before leaving", false, []string{usual, leavingMarkRefusedLine}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				release := make(chan struct{})
+				var clock atomic.Int64
+				clock.Store(before4.UnixNano())
+				p := &movingPlacement{}
+				var refusing atomic.Bool
+				var logs testutil.Buffer
+				w := newManagerWorldWrites(t, gatedAgent("m0", release), loggedTo(&logs, dailyMemberA(&clock, p)), func(s persistence.Store) persistence.Store {
+					return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
+						_, ok := op.(*persistence.MarkResetDue)
+						return ok && refusing.Load()
+					}}
+				})
+				p.self.Store(w.manager)
+				p.owner.Store(w.manager)
+				b := w.memberB(t, w.store, &p.owner)
+				leave := func() {
+					w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return b }})
+					synctest.Wait()
+				}
+				var m0 *DeliverResult
+				if tc.leavesFirst {
+					m0 = w.deliver(t, "m0", "hello")
+					synctest.Wait()
+					leave()
+					refusing.Store(true)
+					clock.Store(after4.UnixNano())
+					if r := w.deliver(t, "m1", "more"); r.Disposition != platforms.Queued {
+						t.Fatalf("m1: %+v, want queued", r)
+					}
+					w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+					synctest.Wait()
+				} else {
+					m0 = w.refuseTheMarkAcrossTheHour(t, &refusing, &clock)
+					leave()
+				}
+				p.owner.Store(b)
+				close(release)
+				w.answersTo(t, "m0")
+				if got := w.answersTo(t, "m1"); len(got) != 1 || got[0] != "re m1" {
+					t.Errorf("m1 was answered %q, want its reply", got)
+				}
+				synctest.Wait()
+				w.checkEndedAt4(t, m0.SessionId, "once the successor ran the queued message")
+				got := linesWith(&logs, `msg="store the session's due reset; `)
+				ok := len(got) >= len(tc.lines)
+				for i, l := range tc.lines {
+					ok = ok && strings.Contains(got[i], l) && strings.Contains(got[i], "level=WARN")
+				}
+				// (A line after those is member b's, whose own write of the mark is refused.)
+				if !ok {
+					t.Errorf("lines of the reset's mark: %q; want first the WRN lines %q (member a's)", got, tc.lines)
+				}
+			})
+		})
+	}
+}
+
 // refuseTheMarkAcrossTheHour runs m0 (its agent held) before the daily hour, then, after it,
 // queues m1 behind it and nudges the session with the store refusing the reset's mark
 // (refusing set): the reset falls due while the session works, and no mark is stored. It
