@@ -455,10 +455,19 @@ func (s *Session) onResetDue(c actor.Context, m *ResetDue) {
 	now := s.d.now()
 	if o := filedResetOf(m); o != nil {
 		s.takeFiledReset(o)
+		answerHandedOnReset(c)
 	} else {
 		s.settleActivity(now, timeOfNano(m.ActiveAtUnixNano))
 	}
 	s.writeReset(c, s.expireIfIdle(now))
+}
+
+// answerHandedOnReset tells the member that handed a filed reset on (handOnFiledReset) that the
+// key's session has it: that member sends it again until it is told.
+func answerHandedOnReset(c actor.Context) {
+	if c.Sender() != nil {
+		c.Respond(&ResetDueTaken{})
+	}
 }
 
 // filedResetOf is the filed reset a ResetDue carries (handOnFiledReset); nil for the timer's

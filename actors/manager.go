@@ -3,6 +3,7 @@ package actors
 import (
 	"container/list"
 	"context"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -118,6 +119,11 @@ type SessionManager struct {
 	// leftRecovers limits the line of a Recover that reached the manager as it stopped and
 	// could not be handed on (whileClosing).
 	leftRecovers logging.Limiter
+	// handingOn holds the keys whose filed reset was handed on to another member and not yet
+	// taken there, in flight or waiting to be sent again (handOnFiledReset); resetHandOnFails
+	// limits the line of one the other member did not take.
+	handingOn        map[string]bool
+	resetHandOnFails logging.Limiter
 }
 
 // recoverAll asks the manager to list the keys with unfinished work and start their sessions
@@ -311,6 +317,8 @@ func (m *SessionManager) Receive(c actor.Context) {
 		}
 	case *recoverAll:
 		m.recoverAll(c)
+	case *retryHandOn:
+		m.onRetryHandOn(c, msg)
 	case *restartCrashed:
 		if _, stopping := m.stopping[msg.key]; !m.closing && m.sessions[msg.key] == nil && !stopping && m.activating[msg.key] == nil {
 			m.activate(c, msg.key, false) // not a recovery: its messages run (sessions.recovery is for restarts of agentgate)
@@ -993,23 +1001,100 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 // (Session.writeReset: the store refused its write; Session.leaveIfIdle: it waits for the
 // messages handed on with the key) to the manager to, which takes the key over, ahead of what
 // was held for the key: its session does the reset unless the session was active since
-// (Session.onResetDue). The entry does not stay here: the key may come back only after days, or
-// never, and it would stay in memory until then. Before, it was dropped, and the new owner,
-// which found the session's activity past the due time (the work the reset waited for), let the
-// session go on until its next reset: a daily one a day late
-// (TestResetFiledForAKeyHandedOnIsDoneByItsNewOwner). With no other member to hand it to (to is
-// nil: a manager that restarts), it stays for the key's next activation here.
+// (Session.onResetDue). Before, it was dropped, and the new owner, which found the session's
+// activity past the due time (the work the reset waited for), let the session go on until its
+// next reset: a daily one a day late (TestResetFiledForAKeyHandedOnIsDoneByItsNewOwner). With no
+// other member to hand it to (to is nil: a manager that restarts), it stays for the key's next
+// activation here.
+//
+// The hand-on is answered (ResetDueTaken) once the new owner's session has the reset, and the
+// entry stays here until then: the store may hold the reset nowhere (it refused the session's
+// mark and its end), and a ResetDue lost on the way (a dead letter: the member gone, a cut link)
+// lost it. The new owner found the session's activity past the due time, and let the session go
+// on until its next reset (TestFiledResetHandedOnIsSentAgainUntilItIsTaken). One that comes
+// back as a dead letter, or goes unanswered for resetHandOnTimeout, is sent again (retryHandOn)
+// to the member that takes the key over then, until it is taken, the key's session here takes
+// it (the key came back), or the manager stops. A reset sent twice is done once: the new owner's
+// session ends only the session it names, while it is open, and not if it was active since
+// (Session.takeFiledReset). A leaving member's drain waits for the answers
+// (SessionManager.answerDrains).
 func (m *SessionManager) handOnFiledReset(c actor.Context, to *actor.PID, key string) {
-	if to == nil || to.Equal(c.Self()) {
-		return
+	if to == nil || to.Equal(c.Self()) || m.handingOn[key] {
+		return // (one in flight, or waiting to be sent again, goes to the key's owner then)
 	}
-	if v, ok := m.d.resetsDue.LoadAndDelete(key); ok {
-		m.handOnTo(c, to, key, routed{msg: resetDueOf(v.(*overdue))})
+	if v, ok := m.d.resetsDue.Load(key); ok {
+		m.sendFiledReset(c, to, key, v.(*overdue), 0)
 	}
 }
 
+// resetHandOnTimeout bounds the wait for the answer to a filed reset handed on
+// (handOnFiledReset); maxResetHandOnWait, the wait before it is sent again, which begins at 1 s
+// and doubles with each failure.
+const (
+	resetHandOnTimeout = 30 * time.Second
+	maxResetHandOnWait = 30 * time.Second
+)
+
+// sendFiledReset sends o, the reset filed for key, to the manager to, failures times sent before
+// in vain, and takes the answer (handOnFiledReset).
+func (m *SessionManager) sendFiledReset(c actor.Context, to *actor.PID, key string, o *overdue, failures int) {
+	if m.handingOn == nil {
+		m.handingOn = map[string]bool{}
+	}
+	m.handingOn[key] = true
+	f := &Forward{Key: key, Hops: 1, Msg: &Forward_ResetDue{ResetDue: resetDueOf(o)}}
+	c.ReenterAfter(c.RequestFuture(to, f, resetHandOnTimeout), func(res any, err error) {
+		if _, ok := res.(*ResetDueTaken); err == nil && ok {
+			delete(m.handingOn, key)
+			if !m.d.resetsDue.CompareAndDelete(key, o) && !m.closing {
+				// Another was filed since (the key came back, and its session here took o and
+				// filed one of its own before it let go again): it goes on too.
+				m.handOnFiledReset(c, m.elsewhere(key), key)
+			}
+			m.answerDrains(c)
+			return
+		}
+		if err == nil {
+			err = fmt.Errorf("unexpected answer %T", res)
+		}
+		if failures == 0 {
+			if args, ok := m.resetHandOnFails.Allowed("session", key, "member", to.Address, logging.Err(err)); ok {
+				m.log.Warn("the member that takes a session's key over did not take the reset filed for it; it is sent again until it does", args...)
+			}
+		}
+		if m.closing {
+			delete(m.handingOn, key) // (the entry stays for the key's next activation here)
+			return
+		}
+		wait := min(time.Second<<min(failures, 6), maxResetHandOnWait)
+		m.timers.SendOnce(wait, c.Self(), &retryHandOn{key: key, failures: failures + 1})
+	})
+}
+
+// retryHandOn sends the reset filed for key again (handOnFiledReset), failures times sent in
+// vain so far.
+type retryHandOn struct {
+	key      string
+	failures int
+}
+
+// onRetryHandOn sends the reset filed for a key again to the member that takes the key over now,
+// unless the key's session here took it meanwhile (the key came back), or the key is this
+// member's again: the entry then stays for the key's next activation here. (A session of the
+// key in memory here has taken it as it loaded: Session.expireOnStart.)
+func (m *SessionManager) onRetryHandOn(c actor.Context, r *retryHandOn) {
+	delete(m.handingOn, r.key)
+	defer m.answerDrains(c)
+	v, ok := m.d.resetsDue.Load(r.key)
+	to := m.elsewhere(r.key)
+	if !ok || m.closing || to == nil {
+		return
+	}
+	m.sendFiledReset(c, to, r.key, v.(*overdue), r.failures)
+}
+
 func (m *SessionManager) answerDrains(c actor.Context) {
-	if len(m.busy) > 0 || len(m.drains) == 0 || m.successor != nil && len(m.stopping) > 0 {
+	if len(m.busy) > 0 || len(m.drains) == 0 || m.successor != nil && (len(m.stopping) > 0 || len(m.handingOn) > 0) {
 		return
 	}
 	for _, p := range m.drains {

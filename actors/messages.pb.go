@@ -995,6 +995,47 @@ func (x *ResetDue) GetActiveAtUnixNano() int64 {
 	return 0
 }
 
+// ResetDueTaken answers a ResetDue that hands a filed reset on (session_id set), once the
+// session of the key's new owner has it: it took it, decided it ends nothing (the session it
+// names is not current, or was active since), or filed it for its load. The member that handed
+// it on sends it again until it is answered (SessionManager.handOnFiledReset): before, a ResetDue
+// lost on the way (a dead letter, a cut link) lost the reset. The timer's nudge gets no answer.
+type ResetDueTaken struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetDueTaken) Reset() {
+	*x = ResetDueTaken{}
+	mi := &file_actors_messages_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetDueTaken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetDueTaken) ProtoMessage() {}
+
+func (x *ResetDueTaken) ProtoReflect() protoreflect.Message {
+	mi := &file_actors_messages_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetDueTaken.ProtoReflect.Descriptor instead.
+func (*ResetDueTaken) Descriptor() ([]byte, []int) {
+	return file_actors_messages_proto_rawDescGZIP(), []int{12}
+}
+
 // Recover activates a session that has unfinished work in the store (unanswered messages,
 // unconfirmed replies) as a recovery at start (SessionConfig.Recovery applies). In cluster mode
 // every member sends it, after each change of membership and on a sweep, to the keys it now
@@ -1008,7 +1049,7 @@ type Recover struct {
 
 func (x *Recover) Reset() {
 	*x = Recover{}
-	mi := &file_actors_messages_proto_msgTypes[12]
+	mi := &file_actors_messages_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1020,7 +1061,7 @@ func (x *Recover) String() string {
 func (*Recover) ProtoMessage() {}
 
 func (x *Recover) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[12]
+	mi := &file_actors_messages_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1033,7 +1074,7 @@ func (x *Recover) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Recover.ProtoReflect.Descriptor instead.
 func (*Recover) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{12}
+	return file_actors_messages_proto_rawDescGZIP(), []int{13}
 }
 
 // RelayedOutbound is a reply or notice that the member owning its session has sent on a
@@ -1059,7 +1100,7 @@ type RelayedOutbound struct {
 
 func (x *RelayedOutbound) Reset() {
 	*x = RelayedOutbound{}
-	mi := &file_actors_messages_proto_msgTypes[13]
+	mi := &file_actors_messages_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1071,7 +1112,7 @@ func (x *RelayedOutbound) String() string {
 func (*RelayedOutbound) ProtoMessage() {}
 
 func (x *RelayedOutbound) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[13]
+	mi := &file_actors_messages_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1084,7 +1125,7 @@ func (x *RelayedOutbound) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayedOutbound.ProtoReflect.Descriptor instead.
 func (*RelayedOutbound) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{13}
+	return file_actors_messages_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RelayedOutbound) GetSessionKey() string {
@@ -1169,7 +1210,7 @@ type Peek struct {
 
 func (x *Peek) Reset() {
 	*x = Peek{}
-	mi := &file_actors_messages_proto_msgTypes[14]
+	mi := &file_actors_messages_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1181,7 +1222,7 @@ func (x *Peek) String() string {
 func (*Peek) ProtoMessage() {}
 
 func (x *Peek) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[14]
+	mi := &file_actors_messages_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1194,7 +1235,7 @@ func (x *Peek) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Peek.ProtoReflect.Descriptor instead.
 func (*Peek) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{14}
+	return file_actors_messages_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Peek) GetKey() string {
@@ -1233,7 +1274,7 @@ type Forward struct {
 
 func (x *Forward) Reset() {
 	*x = Forward{}
-	mi := &file_actors_messages_proto_msgTypes[15]
+	mi := &file_actors_messages_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1245,7 +1286,7 @@ func (x *Forward) String() string {
 func (*Forward) ProtoMessage() {}
 
 func (x *Forward) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[15]
+	mi := &file_actors_messages_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1258,7 +1299,7 @@ func (x *Forward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Forward.ProtoReflect.Descriptor instead.
 func (*Forward) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{15}
+	return file_actors_messages_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Forward) GetKey() string {
@@ -1431,7 +1472,7 @@ type Release struct {
 
 func (x *Release) Reset() {
 	*x = Release{}
-	mi := &file_actors_messages_proto_msgTypes[16]
+	mi := &file_actors_messages_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1443,7 +1484,7 @@ func (x *Release) String() string {
 func (*Release) ProtoMessage() {}
 
 func (x *Release) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[16]
+	mi := &file_actors_messages_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1456,7 +1497,7 @@ func (x *Release) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Release.ProtoReflect.Descriptor instead.
 func (*Release) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{16}
+	return file_actors_messages_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Release) GetKey() string {
@@ -1510,7 +1551,7 @@ type Released struct {
 
 func (x *Released) Reset() {
 	*x = Released{}
-	mi := &file_actors_messages_proto_msgTypes[17]
+	mi := &file_actors_messages_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1522,7 +1563,7 @@ func (x *Released) String() string {
 func (*Released) ProtoMessage() {}
 
 func (x *Released) ProtoReflect() protoreflect.Message {
-	mi := &file_actors_messages_proto_msgTypes[17]
+	mi := &file_actors_messages_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1535,7 +1576,7 @@ func (x *Released) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Released.ProtoReflect.Descriptor instead.
 func (*Released) Descriptor() ([]byte, []int) {
-	return file_actors_messages_proto_rawDescGZIP(), []int{17}
+	return file_actors_messages_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Released) GetKey() string {
@@ -1671,7 +1712,8 @@ const file_actors_messages_proto_rawDesc = "" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12'\n" +
 	"\x10due_at_unix_nano\x18\x03 \x01(\x03R\rdueAtUnixNano\x12-\n" +
-	"\x13active_at_unix_nano\x18\x04 \x01(\x03R\x10activeAtUnixNano\"\t\n" +
+	"\x13active_at_unix_nano\x18\x04 \x01(\x03R\x10activeAtUnixNano\"\x0f\n" +
+	"\rResetDueTaken\"\t\n" +
 	"\aRecover\"\xc5\x02\n" +
 	"\x0fRelayedOutbound\x12\x1f\n" +
 	"\vsession_key\x18\x01 \x01(\tR\n" +
@@ -1732,7 +1774,7 @@ func file_actors_messages_proto_rawDescGZIP() []byte {
 	return file_actors_messages_proto_rawDescData
 }
 
-var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_actors_messages_proto_goTypes = []any{
 	(*Source)(nil),          // 0: agentgate.actors.v1.Source
 	(*Deliver)(nil),         // 1: agentgate.actors.v1.Deliver
@@ -1746,12 +1788,13 @@ var file_actors_messages_proto_goTypes = []any{
 	(*Withdraw)(nil),        // 9: agentgate.actors.v1.Withdraw
 	(*WithdrawResult)(nil),  // 10: agentgate.actors.v1.WithdrawResult
 	(*ResetDue)(nil),        // 11: agentgate.actors.v1.ResetDue
-	(*Recover)(nil),         // 12: agentgate.actors.v1.Recover
-	(*RelayedOutbound)(nil), // 13: agentgate.actors.v1.RelayedOutbound
-	(*Peek)(nil),            // 14: agentgate.actors.v1.Peek
-	(*Forward)(nil),         // 15: agentgate.actors.v1.Forward
-	(*Release)(nil),         // 16: agentgate.actors.v1.Release
-	(*Released)(nil),        // 17: agentgate.actors.v1.Released
+	(*ResetDueTaken)(nil),   // 12: agentgate.actors.v1.ResetDueTaken
+	(*Recover)(nil),         // 13: agentgate.actors.v1.Recover
+	(*RelayedOutbound)(nil), // 14: agentgate.actors.v1.RelayedOutbound
+	(*Peek)(nil),            // 15: agentgate.actors.v1.Peek
+	(*Forward)(nil),         // 16: agentgate.actors.v1.Forward
+	(*Release)(nil),         // 17: agentgate.actors.v1.Release
+	(*Released)(nil),        // 18: agentgate.actors.v1.Released
 }
 var file_actors_messages_proto_depIdxs = []int32{
 	0,  // 0: agentgate.actors.v1.Deliver.source:type_name -> agentgate.actors.v1.Source
@@ -1761,7 +1804,7 @@ var file_actors_messages_proto_depIdxs = []int32{
 	3,  // 4: agentgate.actors.v1.Forward.get_state:type_name -> agentgate.actors.v1.GetState
 	5,  // 5: agentgate.actors.v1.Forward.reset_session:type_name -> agentgate.actors.v1.ResetSession
 	11, // 6: agentgate.actors.v1.Forward.reset_due:type_name -> agentgate.actors.v1.ResetDue
-	12, // 7: agentgate.actors.v1.Forward.recover:type_name -> agentgate.actors.v1.Recover
+	13, // 7: agentgate.actors.v1.Forward.recover:type_name -> agentgate.actors.v1.Recover
 	7,  // 8: agentgate.actors.v1.Forward.requeue_message:type_name -> agentgate.actors.v1.RequeueMessage
 	9,  // 9: agentgate.actors.v1.Forward.withdraw:type_name -> agentgate.actors.v1.Withdraw
 	10, // [10:10] is the sub-list for method output_type
@@ -1776,7 +1819,7 @@ func file_actors_messages_proto_init() {
 	if File_actors_messages_proto != nil {
 		return
 	}
-	file_actors_messages_proto_msgTypes[15].OneofWrappers = []any{
+	file_actors_messages_proto_msgTypes[16].OneofWrappers = []any{
 		(*Forward_Deliver)(nil),
 		(*Forward_GetState)(nil),
 		(*Forward_ResetSession)(nil),
@@ -1785,14 +1828,14 @@ func file_actors_messages_proto_init() {
 		(*Forward_RequeueMessage)(nil),
 		(*Forward_Withdraw)(nil),
 	}
-	file_actors_messages_proto_msgTypes[16].OneofWrappers = []any{}
+	file_actors_messages_proto_msgTypes[17].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_actors_messages_proto_rawDesc), len(file_actors_messages_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

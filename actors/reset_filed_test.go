@@ -106,16 +106,21 @@ func TestFiledResetEndsNoSessionActiveSince(t *testing.T) {
 
 // TestResetFiledForAKeyHandedOnIsDropped: a cluster member's session has its daily reset
 // refused and filed for the key's next activation, and the key moves to another member before
-// that activation. The member does not keep the filed reset as it hands the key on (it would
-// stay in memory for ever if the key never came back; it goes with the key: the other member
-// here takes nothing), and when the key comes back after being active on the other member, its
-// session goes on, and the chat's next message runs in it, with no reset notice.
+// that activation. The member does not keep the filed reset once it handed the key on and the
+// other member took the reset (it would stay in memory for ever if the key never came back; it
+// goes with the key: the other member here takes it and does nothing with it), and when the key
+// comes back after being active on the other member, its session goes on, and the chat's next
+// message runs in it, with no reset notice.
 func TestResetFiledForAKeyHandedOnIsDropped(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := &movingPlacement{}
 		w, out, clock, sid := refusedResetWorld(t, asMemberA(p))
 		p.self.Store(w.manager)
-		other := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+		other := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if f, ok := c.Message().(*Forward); ok && f.GetResetDue() != nil {
+				c.Respond(&ResetDueTaken{})
+			}
+		}))
 		p.owner.Store(other) // the key moves while its session waits out the pause
 		time.Sleep(2 * time.Minute)
 		synctest.Wait()
@@ -171,6 +176,121 @@ func TestResetFiledForAKeyHandedOnIsDoneByItsNewOwner(t *testing.T) {
 				r := m1.(*DeliverResult)
 				if n := resetNotices(w.answersTo(t, "m1")); r.SessionId == sid || len(n) != 1 {
 					t.Errorf("m1 ran in session %s (the reset one %s), with the reset notices %q; want a new session, with one", r.SessionId, sid, n)
+				}
+			})
+		})
+	}
+}
+
+// TestFiledResetHandedOnIsSentAgainUntilItIsTaken: as in
+// TestResetFiledForAKeyHandedOnIsDoneByItsNewOwner, a cluster member's session has its daily
+// reset refused (its mark, written as the reset fell due under m0's turn, and its end once the
+// turn was done: the store holds it nowhere) and filed for the key's next activation, and the
+// key moves to member b before that activation (the store takes writes again by then). The ResetDue that hands the
+// reset on to b is lost on the way: it comes back as a dead letter (b's manager unreachable), or
+// gets no answer (a cut link). The member keeps the reset, says so once, and sends it again until
+// b takes it: b's session ends the session at the hour, and the member keeps no entry of it.
+// Before, the member dropped the reset as it sent it, without an answer: b, which found the
+// session's activity (m0's reply) after the hour, let the session go on until the next day's.
+// When b takes the reset and its answer is lost, the member sends it again; b did the reset, and
+// the chat's next message began the session's successor there, which the reset sent again does
+// not end.
+func TestFiledResetHandedOnIsSentAgainUntilItIsTaken(t *testing.T) {
+	for _, lostAs := range []string{"dead letter", "no answer", "answer lost"} {
+		t.Run(lostAs, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				release := make(chan struct{})
+				var clock atomic.Int64
+				clock.Store(before4.UnixNano())
+				p := &movingPlacement{}
+				var logs testutil.Buffer
+				var refusing atomic.Bool
+				w := newManagerWorldWrites(t, gatedAgent("m0", release), loggedTo(&logs, dailyMemberA(&clock, p)), func(s persistence.Store) persistence.Store {
+					return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
+						switch op.(type) {
+						case *persistence.MarkResetDue, *persistence.EndSession:
+							return refusing.Load()
+						}
+						return false
+					}}
+				})
+				p.self.Store(w.manager)
+				p.owner.Store(w.manager)
+				m0 := w.deliver(t, "m0", "hello")
+				synctest.Wait()
+				refusing.Store(true)
+				clock.Store(after4.UnixNano())
+				w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}}) // its mark is refused
+				synctest.Wait()
+				close(release) // its reply is stored after the hour; the session's end is refused
+				w.answersTo(t, "m0")
+				synctest.Wait()
+				if _, ok := w.d.resetsDue.Load(w.key); !ok {
+					t.Fatal("no reset filed after the store refused it")
+				}
+				if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.ResetDueReason != "" {
+					t.Fatalf("session %s: %+v, %v; want no mark stored", m0.SessionId, s, err)
+				}
+				sid := m0.SessionId
+				refusing.Store(false)
+				var bOwner atomic.Pointer[actor.PID]
+				b := w.memberB(t, w.store, &bOwner)
+				bOwner.Store(b)
+				var lose atomic.Bool
+				var lost atomic.Int32
+				lose.Store(true)
+				link := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) { // b, as a reaches it
+					switch m := c.Message().(type) {
+					case *actor.Started, *actor.Stopping, *actor.Stopped, *actor.Restarting:
+						return
+					case *Forward:
+						if m.GetResetDue() != nil && lose.Load() {
+							lost.Add(1)
+							switch lostAs {
+							case "dead letter":
+								c.Respond(&actor.DeadLetterResponse{Target: b})
+							case "answer lost": // b takes it, and its answer is lost
+								c.Send(b, m)
+							}
+							return
+						}
+					}
+					c.Forward(b)
+				}))
+				p.owner.Store(link) // the key moves while its session waits out the pause
+				time.Sleep(2 * time.Minute)
+				synctest.Wait()
+				if lost.Load() == 0 {
+					t.Fatal("no ResetDue was handed on (and lost) with the key")
+				}
+				if got := linesWith(&logs, "did not take the reset filed for it"); len(got) != 1 || !strings.Contains(got[0], "level=WARN") {
+					t.Errorf("lines of the lost hand-on: %q; want one WRN line", got)
+				}
+				var m1 *DeliverResult
+				if lostAs == "answer lost" {
+					// b did the reset, and a sends it again: the chat's next message begins the
+					// session's successor on b, which the reset sent again does not end.
+					w.checkEndedAt4(t, sid, "once b took the reset handed on")
+					res, err := w.system.Root.RequestFuture(b, &Routed{Key: w.key, Msg: w.message("m1", "hi")}, time.Hour).Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					m1 = res.(*DeliverResult)
+					if n := resetNotices(w.answersTo(t, "m1")); m1.SessionId == sid || len(n) != 1 {
+						t.Errorf("m1 ran in session %s (the reset one %s), with the reset notices %q; want a new session, with one", m1.SessionId, sid, n)
+					}
+				}
+				lose.Store(false)
+				time.Sleep(2 * time.Minute)
+				synctest.Wait()
+				w.checkEndedAt4(t, sid, "once b took the reset handed on again")
+				if _, ok := w.d.resetsDue.Load(w.key); ok {
+					t.Error("the reset filed for the key stays after b took it")
+				}
+				if m1 != nil {
+					if s, err := w.store.Session(w.ctx, m1.SessionId); err != nil || !s.EndedAt.IsZero() {
+						t.Errorf("m1's session %s once a sent the reset again: %+v, %v; want it open", m1.SessionId, s, err)
+					}
 				}
 			})
 		})

@@ -649,6 +649,7 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 		// the session has loaded (expireOnStart), or handed on with the key if it moves first.
 		if o := filedResetOf(m); o != nil {
 			s.d.resetsDue.Store(s.key, o)
+			answerHandedOnReset(c)
 		}
 	case *moved:
 		// The key lives on another member now: this one must not claim it once the spool
@@ -856,9 +857,10 @@ func (s *Session) leaveIfIdle(c actor.Context) {
 // mark of the reset that fell due while it worked (storeOverdue) when the store refused it as
 // unavailable and it waits to be written again (overdueRetry), and reports whether it did: the
 // session hands the key on once the store has answered, whatever the answer. The key's new
-// owner gets the reset in the ResetDue its manager hands on (handOnFiledReset), but that
-// message gets no answer and may be lost (a one-link partition, a dead letter, the new owner
-// crashing): the mark is the copy that outlives that. Before, a session whose mark was refused
+// owner gets the reset in the ResetDue its manager hands on (handOnFiledReset), which the
+// manager sends again until it is answered, but only while this member runs (a leaving member's
+// drain waits for it, up to its deadline), and the new owner may crash before it stores it: the
+// mark is the copy that outlives that. Before, a session whose mark was refused
 // handed the key on at once, and if the ResetDue was lost, the new owner found the session's
 // activity (the work the reset waited for) past the due time and let the session go on until
 // its next reset, a daily one a day late, though the store took writes again by then
