@@ -128,7 +128,9 @@ func TestPrunePassStepsLetWritesThrough(t *testing.T) {
 // TestReplacedPrunePassCountsItsSteps: a Prune that comes while a pass runs (its PruneEvery
 // came first) replaces the pass, and the pass lines still count every session and message the
 // passes deleted: what the replaced pass had deleted in its line, logged then, and what its last
-// step deleted in the line of the pass that replaced it. Before, both went uncounted.
+// step deleted in the line of the pass that replaced it. Before, both went uncounted. The
+// replaced pass's line says so, cut_short=replaced (before, it looked like a pass that ended),
+// and the line of the pass that ran to its end says nothing of the kind.
 func TestReplacedPrunePassCountsItsSteps(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
@@ -147,6 +149,9 @@ func TestReplacedPrunePassCountsItsSteps(t *testing.T) {
 		if len(lines) != 2 || gotSessions != sessions || gotMessages != sessions*perSession {
 			t.Errorf("pass lines %q count %d sessions and %d messages; want two lines, %d and %d",
 				lines, gotSessions, gotMessages, sessions, sessions*perSession)
+		}
+		if len(lines) == 2 && (!strings.HasSuffix(lines[0], " cut_short=replaced") || strings.Contains(lines[1], "cut_short")) {
+			t.Errorf("pass lines %q; want the first cut_short=replaced, the second without cut_short", lines)
 		}
 		checkPruned(t, store, keysOf("k-", sessions)...)
 
@@ -349,17 +354,29 @@ func TestRestartedTimersTakesNoLateStepForItsOwn(t *testing.T) {
 // every session and message deleted. Before, the old instance's totals went with it, and the
 // lines counted only what the new pass saw (and, when the third step's answer came before the
 // new pass began, it made a line of its own, with no cutoff). Stopped there instead (agentgate
-// stopping), Timers logs what the two steps deleted, cut_short=stop.
+// stopping), Timers logs what the two steps deleted, cut_short=stop, and step_running=true: the
+// third step's answer comes to no one, and the line says so (before, it said nothing of it).
+// Stopped during the first step, Timers logs a line of nothing deleted yet, step_running=true
+// (before, no line: the rows that step deleted were told nowhere).
 func TestPrunePassCutShortLogsWhatItDeleted(t *testing.T) {
-	for _, cut := range []string{"restart", "stop"} {
-		t.Run(cut, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) { prunePassCutShort(t, cut) })
+	for _, tc := range []struct {
+		name string
+		cut  string
+		at   int // the step Timers is cut short in
+	}{
+		{"restart", "restart", 3},
+		{"stop", "stop", 3},
+		{"stop_in_first_step", "stop", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { prunePassCutShort(t, tc.cut, tc.at) })
 		})
 	}
 }
 
-// prunePassCutShort is TestPrunePassCutShortLogsWhatItDeleted, its pass cut short by cut.
-func prunePassCutShort(t *testing.T, cut string) {
+// prunePassCutShort is TestPrunePassCutShortLogsWhatItDeleted, its pass cut short by cut
+// during step at.
+func prunePassCutShort(t *testing.T, cut string, at int) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	const sessions, perSession, budget = 3, 200, 100
@@ -374,7 +391,7 @@ func prunePassCutShort(t *testing.T, cut string) {
 		return time.Now()
 	}
 	system, timers, persist := startPrunePass(t, ctx, store, budget, &logs, now, func(n int, timers *actor.PID, system *actor.ActorSystem) {
-		if n != 3 { // two steps answered: Timers crashes or stops while the third runs
+		if n != at { // at-1 steps answered: Timers crashes or stops while the next runs
 			return
 		}
 		if cut == "stop" {
@@ -388,15 +405,16 @@ func prunePassCutShort(t *testing.T, cut string) {
 	lines, gotSessions, gotMessages := passLines(t, &logs)
 	var cutLines int
 	for _, l := range lines {
-		if strings.HasSuffix(l, " cut_short="+cut) {
+		if strings.HasSuffix(l, " cut_short=restart") && cut == "restart" ||
+			strings.HasSuffix(l, " cut_short=stop step_running=true") && cut == "stop" {
 			cutLines++
 		}
 	}
 	if cut == "stop" {
-		// The third step's answer and the rest of the pass are counted nowhere: the pass
-		// stopped.
-		if len(lines) != 1 || cutLines != 1 || gotSessions+gotMessages == 0 {
-			t.Errorf("pass lines %q; want one, cut_short=stop, of what two steps deleted", lines)
+		// The running step's answer and the rest of the pass are counted nowhere: the pass
+		// stopped, and its line says a step was running.
+		if len(lines) != 1 || cutLines != 1 || (gotSessions+gotMessages == 0) != (at == 1) {
+			t.Errorf("pass lines %q; want one, cut_short=stop step_running=true, of what %d steps deleted", lines, at-1)
 		}
 		if err := system.Root.StopFuture(persist).Wait(); err != nil {
 			t.Fatal(err)

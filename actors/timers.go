@@ -27,7 +27,7 @@ import (
 // cutoff, so a pass clears the backlog however large it is. Each step is its own request: the
 // writes that arrive meanwhile commit between two steps, and SQLite's write lock is never held
 // for long. The pass logs one line with its totals; a pass cut short by a stop or a restart of
-// the actor logs what it deleted until then (logCutShort).
+// the actor (logCutShort), or replaced by a new Prune (prune), logs what it deleted until then.
 type Timers struct {
 	d      *Deps
 	router SessionRouter
@@ -45,6 +45,9 @@ type Timers struct {
 	pass                   uint64
 	pruneBefore, passStart time.Time
 	sessions, messages     int
+	// stepping says that the pass in progress waits for the answer to a step: it has not ended.
+	// The persistence actor answers steps in order, so no step of an earlier pass waits then.
+	stepping bool
 	// lastCutoff is the cutoff of the last pass and lastCutoffAt the real time it was taken at
 	// (Deps.elapsed); heldBack says that pass's cutoff was held back (pruneCutoff).
 	lastCutoff   time.Time
@@ -147,13 +150,20 @@ func (t *Timers) Receive(c actor.Context) {
 // restart). Before, those totals went with the instance, and no line counted the sessions and
 // messages the pass had deleted (TestPrunePassCutShortLogsWhatItDeleted). After a restart,
 // the answer to the step still running comes to the new instance, whose own pass counts it
-// (onPruned); at a stop, it is counted nowhere.
+// (onPruned). At a stop, that answer goes to no one: the persistence actor, stopped after
+// this one, still runs the step, and Receive may not wait for its answer. So the line says
+// step_running=true, and is logged even when the steps before deleted nothing: else a pass
+// stopped during its first step left no line for the rows that step deleted.
 func (t *Timers) logCutShort(msg any) {
-	why := "stop"
 	if _, ok := msg.(*actor.Restarting); ok {
-		why = "restart"
+		t.logPass(false, "cut_short", "restart")
+		return
 	}
-	t.logPass("cut_short", why)
+	if t.stepping {
+		t.logPass(true, "cut_short", "stop", "step_running", true)
+		return
+	}
+	t.logPass(false, "cut_short", "stop")
 }
 
 // endWait ends the wait of a scan for its page's sessions, if one waits.
@@ -169,10 +179,13 @@ func (t *Timers) prune(c actor.Context) {
 	if !p.Enabled {
 		return
 	}
-	if !t.passStart.IsZero() {
-		t.logPass() // a pass still running is replaced: what it deleted so far is told now
+	if t.stepping {
+		// A pass still running (it took longer than PruneEvery, or a Prune was sent by hand)
+		// is replaced: what it deleted so far is told now, cut_short=replaced, and what its
+		// running step deletes counts in this pass's line (onPruned).
+		t.logPass(false, "cut_short", "replaced")
 	}
-	// Else this is the instance's first pass: what it counted already is the late answer to the
+	// Else, in the instance's first pass, what it counted already is the late answer to the
 	// step its old instance's pass had running as it restarted (logCutShort), which this pass's
 	// line counts. Logged here, it made a line of its own, with no cutoff or start.
 	t.pass++
@@ -207,6 +220,7 @@ func (t *Timers) pruneCutoff(after time.Duration) time.Time {
 
 // step asks for the next step of the pass.
 func (t *Timers) step(c actor.Context) {
+	t.stepping = true
 	c.Request(t.d.Persist, &persistence.Prune{Before: t.pruneBefore, Rows: t.d.Config.Prune.Batch, Pass: t.pass})
 }
 
@@ -228,13 +242,14 @@ func (t *Timers) onPruned(c actor.Context, r *persistence.Pruned) {
 		t.step(c)
 		return
 	}
-	t.logPass()
+	t.stepping = false
+	t.logPass(false)
 }
 
-// logPass logs the line of the pass, when it deleted anything, with args after its own, and
-// clears its totals.
-func (t *Timers) logPass(args ...any) {
-	if t.sessions+t.messages > 0 {
+// logPass logs the line of the pass, when it deleted anything or always, with args after its
+// own, and clears its totals.
+func (t *Timers) logPass(always bool, args ...any) {
+	if always || t.sessions+t.messages > 0 {
 		t.log.Info("pruned ended sessions", append([]any{"sessions", t.sessions, "messages", t.messages,
 			"took", time.Since(t.passStart).Round(time.Millisecond), "ended_before", t.pruneBefore.UTC().Format(time.RFC3339)}, args...)...)
 	}
