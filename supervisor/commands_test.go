@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/actors"
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/config"
@@ -18,6 +19,7 @@ import (
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
 )
 
 // newThenStop runs a daemon on dir in which the chat says hello, then /new (as n1), and stops
@@ -323,14 +325,16 @@ func TestMessageIDOfAnotherConversationIsAConflict(t *testing.T) {
 	}
 }
 
-// stallThenRefuse is a store whose commit of a batch holding message id stalls until release
-// is closed and then refuses that message's group for good.
+// stallThenRefuse is a store whose first commit of a batch holding message id stalls until
+// release is closed and then refuses that message's group for good. A later commit of id (a
+// write of a repeat of its own) goes to the store it wraps: it is counted in commits, and its
+// message is stored, so that a repeat given a fresh outcome is told "started", not the refusal.
 type stallThenRefuse struct {
 	persistence.Store
 	id      string
 	stalled chan struct{} // closed when the commit stalls
-	once    sync.Once     // a second commit of id (a repeat that came late) fails its test, not the binary
 	release chan struct{}
+	commits atomic.Int32 // commits of a batch holding id
 }
 
 func (s *stallThenRefuse) Commit(ctx context.Context, groups [][]persistence.Op) []error {
@@ -342,10 +346,10 @@ func (s *stallThenRefuse) Commit(ctx context.Context, groups [][]persistence.Op)
 			}
 		}
 	}
-	if hit < 0 {
+	if hit < 0 || s.commits.Add(1) > 1 {
 		return s.Store.Commit(ctx, groups)
 	}
-	s.once.Do(func() { close(s.stalled) })
+	close(s.stalled)
 	<-s.release
 	errs := make([]error, len(groups))
 	for i := range errs {
@@ -357,36 +361,65 @@ func (s *stallThenRefuse) Commit(ctx context.Context, groups [][]persistence.Op)
 // TestRepeatWhileTheWriteIsInFlightGetsItsOutcome: a message sent again with its id while its
 // first write is still in flight (a client's retry after a timeout, the cluster router's) is
 // not answered "duplicate" at once: that write may fail, and the repeat would acknowledge a
-// message nobody stored. It gets the first write's outcome.
+// message nobody stored. It gets the first write's outcome, and makes no write of its own.
+//
+// The repeat is the Deliver the intake sends (Intake.Deliver), sent through the session manager
+// as the intake's router does, from a probe actor, and a GetState follows it from the probe
+// the same way. The manager and the session take them in that order, and the probe gets the
+// session's answers in the order the session sent them, so GetState's answer coming first
+// proves that the repeat reached the session while the write was in flight and was not
+// answered then; a repeat that never reaches it gets no answer, and the test fails. Before, the repeat came
+// through the fake platform and the test looked for an answer for a second: a repeat that
+// reached the session only after the write was refused passed it too.
 func TestRepeatWhileTheWriteIsInFlightGetsItsOutcome(t *testing.T) {
 	st := &stallThenRefuse{id: "m1", stalled: make(chan struct{}), release: make(chan struct{})}
 	r := MustStartDaemon(t, echo.New(), daemonOpts{wrap: func(s persistence.Store) persistence.Store { st.Store = s; return st }})
 	defer r.stop(t)
+	release := sync.OnceFunc(func() { close(st.release) })
+	defer release() // before the stop, when the test fails with the write stalled
 	first := make(chan error, 1)
 	go func() {
 		_, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: dm, MessageID: "m1", Text: "hello"})
 		first <- err
 	}()
 	<-st.stalled
-	repeat := make(chan error, 1)
-	go func() {
-		ack, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: dm, MessageID: "m1", Text: "hello"})
-		if err == nil {
-			err = fmt.Errorf("acknowledged %q", ack.Disposition)
+
+	answers := make(chan any, 2)
+	probe := r.d.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		switch m := c.Message().(type) {
+		case *actors.SessionState, *actors.DeliverResult:
+			answers <- m
 		}
-		repeat <- err
-	}()
-	select {
-	case err := <-repeat:
-		t.Fatalf("the repeat was answered while the first write was in flight: %v", err)
-	case <-time.After(time.Second): // nothing may come: a bounded look, which lets the repeat reach the session
+	}))
+	defer r.d.system.Root.Stop(probe)
+	key := r.d.intake.Key(dm)
+	repeat := &actors.Deliver{SessionKey: key, MessageId: "m1", Text: "hello", ReceivedAtUnixNano: time.Now().UnixNano(),
+		Source: &actors.Source{Platform: dm.Platform, ChatType: dm.ChatType, ChatId: dm.ChatID, UserId: dm.UserID}}
+	r.d.system.Root.RequestWithCustomSender(r.d.manager, &actors.Routed{Key: key, Msg: repeat}, probe)
+	r.d.system.Root.RequestWithCustomSender(r.d.manager, &actors.Routed{Key: key, Msg: &actors.GetState{}}, probe)
+	answer := func(what string) any {
+		t.Helper()
+		select {
+		case a := <-answers:
+			return a
+		case <-time.After(30 * time.Second): // a deadline for a failure, not a wait for the effect
+			t.Fatalf("no answer to %s", what)
+			return nil
+		}
 	}
-	close(st.release)
+	if a := answer("the repeat or the GetState behind it"); fmt.Sprintf("%T", a) != "*actors.SessionState" {
+		t.Fatalf("the repeat was answered while the first write was in flight: %+v", a)
+	}
+
+	release()
 	if err := <-first; !errors.Is(err, platforms.ErrUnavailable) {
 		t.Errorf("the first: %v, want ErrUnavailable", err)
 	}
-	if err := <-repeat; !errors.Is(err, platforms.ErrUnavailable) {
-		t.Errorf("the repeat: %v, want the first's refusal (ErrUnavailable)", err)
+	if a, ok := answer("the repeat").(*actors.DeliverResult); !ok || a.ErrorCode != actors.ErrCodeUnavailable {
+		t.Errorf("the repeat: %+v, want the first's refusal (error_code %q)", a, actors.ErrCodeUnavailable)
+	}
+	if n := st.commits.Load(); n != 1 {
+		t.Errorf("commits of m1: %d, want 1 (the repeat writes nothing of its own)", n)
 	}
 }
 
