@@ -209,29 +209,63 @@ func TestContinuityNoteOfAPrunedSessionIsLeftOut(t *testing.T) {
 
 // TestResetsFireWithoutTraffic: the durable timer ends an idle session and a daily session at
 // their due times with no message arriving; nobody is woken with a notice until they write.
+//
+// At its due time means at the first scan whose clock reads the due time, not a tick or a
+// pass later. The injected clock is moved to the due time exactly and held there: the scan
+// the test asks for must find the session due (its line counts it), and the nudge it sends
+// must end it. A GetState sent after the scan's line reaches the session behind that nudge
+// (both go through the session manager, in order), and its answer must no longer hold the
+// session. Before, the clock went to a minute past the due time, and the test waited for the
+// end in the store: a reset done only once the clock was past the due time, or at a later
+// scan's nudge, passed.
 func TestResetsFireWithoutTraffic(t *testing.T) {
 	for _, tc := range []struct {
-		name    string
-		tweak   func(*config.Config)
-		advance time.Duration
-		reason  string
-		endedAt time.Time
+		name   string
+		tweak  func(*config.Config)
+		due    time.Time
+		reason string
+		count  string // the scan line's count of the reset
 	}{
-		{"idle", idleHour, 61 * time.Minute, persistence.EndIdle, t0.Add(time.Hour)},
-		{"daily at its hour", func(c *config.Config) { c.Sessions.Reset.Mode, c.Sessions.Reset.AtHour = "daily", 13 }, 61 * time.Minute, persistence.EndDaily, t0.Add(time.Hour)},
+		{"idle", idleHour, t0.Add(time.Hour), persistence.EndIdle, "idle=1 daily=0"},
+		{"daily at its hour", func(c *config.Config) { c.Sessions.Reset.Mode, c.Sessions.Reset.AtHour = "daily", 13 }, t0.Add(time.Hour), persistence.EndDaily, "idle=0 daily=1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := testutil.NewClock(t0)
-			r := startClocked(t, t.TempDir(), clk, &recorder{}, tc.tweak)
+			logs := &logSignal{want: `msg="sessions due for reset"`, ready: make(chan struct{})}
+			scanned := logs.ready
+			r := MustStartDaemon(t, &recorder{}, daemonOpts{now: clk.Now, logs: logs, tweak: func(c *config.Config) {
+				c.Sessions.Reset.Timezone = "UTC"
+				tc.tweak(c)
+			}})
 			defer r.stop(t)
 			ack := r.inject(t, dm, "m1", "hello")
 			r.waitSent(t, 1)
-			clk.Advance(tc.advance)
+			if s := r.session(t, ack.SessionID); !s.LastActivityAt.Equal(t0) {
+				t.Fatalf("the session's activity is %v, want %v (its due time counts from it)", s.LastActivityAt, t0)
+			}
+			clk.Advance(tc.due.Sub(clk.Now()))
 			r.checkResets()
-			waitUntil(t, func() bool { return !r.session(t, ack.SessionID).EndedAt.IsZero() })
+			select {
+			case <-scanned:
+			case <-time.After(30 * time.Second): // a deadline for a failure, not a wait for the effect
+				t.Fatalf("the scan at the due time %v found nothing due; logs:\n%s", tc.due, logs)
+			}
+			if l := logs.String(); !strings.Contains(l, `msg="sessions due for reset" actor=timers `+tc.count+"\n") {
+				t.Errorf("the scan at the due time logged:\n%s\nwant its line to count the reset, %s", l, tc.count)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			res, err := r.d.router.Request(ctx, ack.SessionKey, &actors.GetState{})
+			if st, ok := res.(*actors.SessionState); err != nil || !ok || st.SessionId == ack.SessionID {
+				t.Fatalf("the session's state after the scan's nudge at the due time = %+v, %v; want %s ended", res, err, ack.SessionID)
+			}
+			waitUntil(t, func() bool { return !r.session(t, ack.SessionID).EndedAt.IsZero() }) // its write in flight
 			s := r.session(t, ack.SessionID)
-			if s.EndReason != tc.reason || !s.EndedAt.Equal(tc.endedAt) {
-				t.Errorf("session ended %v (%s), want %s at %v", s.EndedAt, s.EndReason, tc.reason, tc.endedAt)
+			if s.EndReason != tc.reason || !s.EndedAt.Equal(tc.due) {
+				t.Errorf("session ended %v (%s), want %s at %v", s.EndedAt, s.EndReason, tc.reason, tc.due)
+			}
+			if now := clk.Now(); !now.Equal(tc.due) {
+				t.Fatalf("the clock reads %v, want it held at the due time %v", now, tc.due)
 			}
 			if n := len(r.fake.Sent()); n != 1 {
 				t.Errorf("a reset without traffic sent %d messages, want only the first reply", n)
