@@ -521,8 +521,7 @@ type PruneCount struct {
 	Sessions int // sessions deleted (their rows)
 	Messages int // message rows deleted, of these sessions or of sessions an earlier step began
 	// Rows counts every row the step deleted or emptied: session, message, search index,
-	// usage and outbox rows. It is at most the step's budget, but for a session deleted alone
-	// in its step (see PruneStep).
+	// usage and outbox rows. It is at most the step's budget (at least two rows).
 	Rows int
 	// More says that the step spent its budget or its sessions: more may be due.
 	More bool
@@ -696,8 +695,11 @@ type Store interface {
 	// the rest of that step's budget leaves them behind, without its row, for the next steps,
 	// which delete them before anything else (its delivered replies first: until then they stay
 	// in its key's OutboxAfter); a stop or crash in between leaves them to the first step after
-	// the next start. A store may instead delete a session larger than the budget whole, alone in
-	// its step, where that holds up no other session's writes (PostgreSQL).
+	// the next start. A store whose foreign keys keep a session's row until its messages are
+	// gone (PostgreSQL) deletes a session larger than the budget over several steps instead, its
+	// row last: meanwhile the session stays readable without the rows deleted so far, and each
+	// step checks it again first, so that one needed again between two steps is kept with what is
+	// left of it.
 	PruneStep(ctx context.Context, endedBefore time.Time, rows int) (PruneCount, error)
 	// PullBack sets the session times that lie after after to to, in one transaction, and
 	// returns how many sessions it changed: an open session's last activity (and a reset due
