@@ -894,7 +894,6 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		if m.rerun[key] {
 			m.whileClosing(c, key, routed{msg: &Recover{}})
 		}
-		m.handOnFiledReset(c, m.elsewhere(key), key)
 		delete(m.stopping, key)
 		delete(m.handed, key)
 		delete(m.rerun, key)
@@ -902,6 +901,7 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		delete(m.paused, key)
 		delete(m.crashed, key)
 		m.letGo(c, key)
+		m.handOnFiledReset(c, m.elsewhere(key), key) // (after letGo: see below)
 		return
 	}
 	if m.crashed[key] {
@@ -978,8 +978,14 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		// Its backoffs go with it: they count since the key last passivated here, which it
 		// may never do again.
 		m.clearBackoffs(key)
-		m.handOnFiledReset(c, to, key)
+		// The filed reset goes after the members waiting for the key were told this one let
+		// go: sent before, it reached a waiter that still took this member for the key's
+		// holder, which forwarded it back here, past its last hop, and this member activated
+		// the key again for it, beside the waiter (both ran the messages handed on:
+		// TestFiledResetHandedToTheMemberThatAskedForTheKeyIsNotSentBack). It still goes
+		// ahead of what was held for the key.
 		m.letGo(c, key)
+		m.handOnFiledReset(c, to, key)
 		var local []routed
 		for _, r := range held {
 			if !m.handOnTo(c, to, key, r) {

@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
@@ -778,4 +780,65 @@ func (r *claimedAtMark) Commit(ctx context.Context, groups [][]persistence.Op) [
 		r.fenced.Add(1)
 	}
 	return errs
+}
+
+// TestFiledResetHandedToTheMemberThatAskedForTheKeyIsNotSentBack: a turn runs across the daily
+// hour on member a with a message queued behind it, and the timer's nudge comes meanwhile. The
+// key moves to member b, whose activation (for the chat's next message) asks a to let go: a's
+// session holds the key, so b forwards what it gets for the key to a (its holder) meanwhile. Once
+// the turn is done, a's session hands its key on to b with the reset filed, and a lets go. The
+// ResetDue that carries the reset was sent to b before a said it let go, while b still took a for
+// the key's holder: b forwarded it back to a, where it came past its last hop, and a activated
+// the key again for it, beside b (its session claimed the key, and ran the messages b ran). Now
+// a lets go first: b's session runs the messages once and ends the session at the hour, and a
+// holds no session of the key.
+func TestFiledResetHandedToTheMemberThatAskedForTheKeyIsNotSentBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var clock atomic.Int64
+		clock.Store(before4.UnixNano())
+		p := &movingPlacement{}
+		var mu sync.Mutex
+		runs := map[string]int{}
+		gated := gatedAgent("m0", release)
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			mu.Lock()
+			runs[req.Identity.MessageID]++
+			mu.Unlock()
+			return gated.Run(ctx, req)
+		})
+		w := newManagerWorld(t, agent, dailyMemberA(&clock, p))
+		p.self.Store(w.manager)
+		p.owner.Store(w.manager)
+		b := w.memberB(t, w.store, &p.owner)
+		m0 := w.deliver(t, "m0", "hello")
+		synctest.Wait()
+		clock.Store(after4.UnixNano())
+		if r := w.deliver(t, "m1", "more"); r.Disposition != platforms.Queued {
+			t.Fatalf("m1: %+v, want queued", r)
+		}
+		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+		synctest.Wait()
+		p.owner.Store(b) // the key moves to b
+		m2 := w.system.Root.RequestFuture(b, &Routed{Key: w.key, Msg: w.message("m2", "again")}, time.Hour)
+		synctest.Wait() // b waits for a to let go of the key, and forwards m2 to it
+		close(release)
+		if _, err := m2.Result(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		w.checkEndedAt4(t, m0.SessionId, "once b ran the queued messages")
+		act, _ := w.system.Root.RequestFuture(w.manager, &ListActive{}, time.Hour).Result()
+		if keys := act.(*ActiveList).Keys; len(keys) > 0 {
+			t.Errorf("member a holds the sessions %q after it handed the key on", keys)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, id := range []string{"m0", "m1", "m2"} {
+			if runs[id] != 1 {
+				t.Errorf("%s ran %d times, want once (all runs: %v)", id, runs[id], runs)
+			}
+		}
+	})
 }
