@@ -201,13 +201,8 @@ func TestFiledResetHandedOnIsSentAgainUntilItIsTaken(t *testing.T) {
 	for _, lostAs := range []string{"dead letter", "no answer", "answer lost"} {
 		t.Run(lostAs, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				release := make(chan struct{})
-				var clock atomic.Int64
-				clock.Store(before4.UnixNano())
-				p := &movingPlacement{}
-				var logs testutil.Buffer
 				var refusing atomic.Bool
-				w := newManagerWorldWrites(t, gatedAgent("m0", release), loggedTo(&logs, dailyMemberA(&clock, p)), func(s persistence.Store) persistence.Store {
+				w, release, clock, p, logs := memberAAcrossTheHour(t, func(s persistence.Store) persistence.Store {
 					return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
 						switch op.(type) {
 						case *persistence.MarkResetDue, *persistence.EndSession:
@@ -216,8 +211,6 @@ func TestFiledResetHandedOnIsSentAgainUntilItIsTaken(t *testing.T) {
 						return false
 					}}
 				})
-				p.self.Store(w.manager)
-				p.owner.Store(w.manager)
 				m0 := w.deliver(t, "m0", "hello")
 				synctest.Wait()
 				refusing.Store(true)
@@ -265,7 +258,7 @@ func TestFiledResetHandedOnIsSentAgainUntilItIsTaken(t *testing.T) {
 				if lost.Load() == 0 {
 					t.Fatal("no ResetDue was handed on (and lost) with the key")
 				}
-				if got := linesWith(&logs, "did not take the reset filed for it"); len(got) != 1 || !strings.Contains(got[0], "level=WARN") {
+				if got := linesWith(logs, "did not take the reset filed for it"); len(got) != 1 || !strings.Contains(got[0], "level=WARN") {
 					t.Errorf("lines of the lost hand-on: %q; want one WRN line", got)
 				}
 				var m1 *DeliverResult
@@ -383,25 +376,19 @@ func TestResetDueWhoseMarkWasRefusedOutlivesALostHandOver(t *testing.T) {
 	for _, stillRefused := range []bool{false, true} {
 		t.Run(fmt.Sprintf("mark still refused=%v", stillRefused), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				release := make(chan struct{})
-				var clock atomic.Int64
-				clock.Store(before4.UnixNano())
-				p := &movingPlacement{}
 				var refusing atomic.Bool
-				w := newManagerWorldWrites(t, gatedAgent("m0", release), dailyMemberA(&clock, p), func(s persistence.Store) persistence.Store {
+				w, release, clock, p, _ := memberAAcrossTheHour(t, func(s persistence.Store) persistence.Store {
 					return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
 						_, ok := op.(*persistence.MarkResetDue)
 						return ok && refusing.Load()
 					}}
 				})
-				p.self.Store(w.manager)
-				p.owner.Store(w.manager)
 				var lose atomic.Bool
 				var lost atomic.Int32
 				var b *actor.PID
 				link := lossyLink(w.system, &b, &lose, &lost) // b, as a reaches it
 				b = w.memberB(t, w.store, &p.owner)
-				m0 := w.refuseTheMarkAcrossTheHour(t, &refusing, &clock)
+				m0 := w.refuseTheMarkAcrossTheHour(t, &refusing, clock)
 				// The outage ends before the mark is written again, and the ResetDue is lost; or
 				// the outage goes on, and the ResetDue gets through.
 				refusing.Store(stillRefused)
@@ -445,20 +432,13 @@ func TestLeavingSessionsMarkOutageLineSaysTheKeysNextOwnerWritesIt(t *testing.T)
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				release := make(chan struct{})
-				var clock atomic.Int64
-				clock.Store(before4.UnixNano())
-				p := &movingPlacement{}
 				var refusing atomic.Bool
-				var logs testutil.Buffer
-				w := newManagerWorldWrites(t, gatedAgent("m0", release), loggedTo(&logs, dailyMemberA(&clock, p)), func(s persistence.Store) persistence.Store {
+				w, release, clock, p, logs := memberAAcrossTheHour(t, func(s persistence.Store) persistence.Store {
 					return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
 						_, ok := op.(*persistence.MarkResetDue)
 						return ok && refusing.Load()
 					}}
 				})
-				p.self.Store(w.manager)
-				p.owner.Store(w.manager)
 				b := w.memberB(t, w.store, &p.owner)
 				leave := func() {
 					w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return b }})
@@ -477,7 +457,7 @@ func TestLeavingSessionsMarkOutageLineSaysTheKeysNextOwnerWritesIt(t *testing.T)
 					w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
 					synctest.Wait()
 				} else {
-					m0 = w.refuseTheMarkAcrossTheHour(t, &refusing, &clock)
+					m0 = w.refuseTheMarkAcrossTheHour(t, &refusing, clock)
 					leave()
 				}
 				p.owner.Store(b)
@@ -488,7 +468,7 @@ func TestLeavingSessionsMarkOutageLineSaysTheKeysNextOwnerWritesIt(t *testing.T)
 				}
 				synctest.Wait()
 				w.checkEndedAt4(t, m0.SessionId, "once the successor ran the queued message")
-				got := linesWith(&logs, `msg="store the session's due reset; `)
+				got := linesWith(logs, `msg="store the session's due reset; `)
 				ok := len(got) >= len(tc.lines)
 				for i, l := range tc.lines {
 					ok = ok && strings.Contains(got[i], l) && strings.Contains(got[i], "level=WARN")
@@ -534,6 +514,19 @@ func dailyMemberA(clock *atomic.Int64, p Placement) func(*Deps) {
 	return func(d *Deps) { daily(d); member(d) }
 }
 
+// memberAAcrossTheHour starts the world of the tests of a reset that falls due at 04:00 while
+// the session works on member a (w.manager), which places the key on itself (p): its clock
+// just before the hour, its agent's "m0" held until release is closed, its log in logs, its
+// store wrapped by writes.
+func memberAAcrossTheHour(t *testing.T, writes func(persistence.Store) persistence.Store) (w *managerWorld, release chan struct{}, clock *atomic.Int64, p *movingPlacement, logs *testutil.Buffer) {
+	release, clock, p, logs = make(chan struct{}), new(atomic.Int64), &movingPlacement{}, new(testutil.Buffer)
+	clock.Store(before4.UnixNano())
+	w = newManagerWorldWrites(t, gatedAgent("m0", release), loggedTo(logs, dailyMemberA(clock, p)), writes)
+	p.self.Store(w.manager)
+	p.owner.Store(w.manager)
+	return w, release, clock, p, logs
+}
+
 // lossyLink stands for member b's manager as member a reaches it: it passes everything on to b,
 // sender and all, except, while lose is set, a forwarded ResetDue (a filed reset handed on with
 // a key), which is lost on the way; lost counts those.
@@ -565,23 +558,16 @@ func lossyLink(system *actor.ActorSystem, b **actor.PID, lose *atomic.Bool, lost
 // its work was done.
 func TestResetDueOfALeavingSessionFencedAtItsMarkIsHandedOn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		release := make(chan struct{})
-		var clock atomic.Int64
-		clock.Store(before4.UnixNano())
-		p := &movingPlacement{}
 		var refusing, claimAtMark atomic.Bool
 		var fenced atomic.Int32
-		var logs testutil.Buffer
-		w := newManagerWorldWrites(t, gatedAgent("m0", release), loggedTo(&logs, dailyMemberA(&clock, p)), func(s persistence.Store) persistence.Store {
+		w, release, clock, p, logs := memberAAcrossTheHour(t, func(s persistence.Store) persistence.Store {
 			return &claimedAtMark{refusedWrites: refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
 				_, ok := op.(*persistence.MarkResetDue)
 				return ok && refusing.Load()
 			}}, armed: &claimAtMark, fenced: &fenced}
 		})
-		p.self.Store(w.manager)
-		p.owner.Store(w.manager)
 		b := w.memberB(t, w.store, &p.owner)
-		m0 := w.refuseTheMarkAcrossTheHour(t, &refusing, &clock)
+		m0 := w.refuseTheMarkAcrossTheHour(t, &refusing, clock)
 		refusing.Store(false)
 		claimAtMark.Store(true)
 		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return b }})
@@ -593,7 +579,7 @@ func TestResetDueOfALeavingSessionFencedAtItsMarkIsHandedOn(t *testing.T) {
 		if fenced.Load() != 1 {
 			t.Fatalf("%d marks written at the leave were fenced, want 1", fenced.Load())
 		}
-		checkFencedMarkLine(t, &logs, "another activation claimed the key, and the reset goes with the key to its next owner")
+		checkFencedMarkLine(t, logs, "another activation claimed the key, and the reset goes with the key to its next owner")
 		w.system.Root.Send(b, &Routed{Key: w.key, Msg: &Recover{}})
 		if got := w.answersTo(t, "m1"); len(got) != 1 || got[0] != "re m1" {
 			t.Errorf("m1 was answered %q, want its reply", got)
@@ -619,20 +605,13 @@ func TestResetDueOfALeavingSessionFencedAtItsMarkIsHandedOn(t *testing.T) {
 // session would do it once its work was done.
 func TestResetMarkFencedWhileTheSessionWorksSaysTheClaimerDecides(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		release := make(chan struct{})
-		defer close(release)
-		var clock atomic.Int64
-		clock.Store(before4.UnixNano())
-		p := &movingPlacement{}
 		var claimAtMark atomic.Bool
 		var fenced atomic.Int32
-		var logs testutil.Buffer
-		w := newManagerWorldWrites(t, gatedAgent("m0", release), loggedTo(&logs, dailyMemberA(&clock, p)), func(s persistence.Store) persistence.Store {
+		w, release, clock, _, logs := memberAAcrossTheHour(t, func(s persistence.Store) persistence.Store {
 			return &claimedAtMark{refusedWrites: refusedWrites{Store: s, refuse: func(persistence.Op) bool { return false }},
 				armed: &claimAtMark, fenced: &fenced}
 		})
-		p.self.Store(w.manager)
-		p.owner.Store(w.manager)
+		defer close(release)
 		w.deliver(t, "m0", "hello")
 		synctest.Wait()
 		clock.Store(after4.UnixNano())
@@ -642,7 +621,7 @@ func TestResetMarkFencedWhileTheSessionWorksSaysTheClaimerDecides(t *testing.T) 
 		if fenced.Load() != 1 {
 			t.Fatalf("%d marks written at the nudge were fenced, want 1", fenced.Load())
 		}
-		checkFencedMarkLine(t, &logs, "another activation claimed the key, and does the reset only if the session's activity it loaded says it is due")
+		checkFencedMarkLine(t, logs, "another activation claimed the key, and does the reset only if the session's activity it loaded says it is due")
 	})
 }
 
