@@ -388,7 +388,7 @@ func TestResetDueWhoseMarkWasRefusedOutlivesALostHandOver(t *testing.T) {
 				var b *actor.PID
 				link := lossyLink(w.system, &b, &lose, &lost) // b, as a reaches it
 				b = w.memberB(t, w.store, &p.owner)
-				m0 := w.refuseTheMarkAcrossTheHour(t, &refusing, clock)
+				m0 := w.refuseTheMarkAcrossTheHour(t, &refusing, clock, nil)
 				// The outage ends before the mark is written again, and the ResetDue is lost; or
 				// the outage goes on, and the ResetDue gets through.
 				refusing.Store(stillRefused)
@@ -446,18 +446,9 @@ func TestLeavingSessionsMarkOutageLineSaysTheKeysNextOwnerWritesIt(t *testing.T)
 				}
 				var m0 *DeliverResult
 				if tc.leavesFirst {
-					m0 = w.deliver(t, "m0", "hello")
-					synctest.Wait()
-					leave()
-					refusing.Store(true)
-					clock.Store(after4.UnixNano())
-					if r := w.deliver(t, "m1", "more"); r.Disposition != platforms.Queued {
-						t.Fatalf("m1: %+v, want queued", r)
-					}
-					w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
-					synctest.Wait()
+					m0 = w.refuseTheMarkAcrossTheHour(t, &refusing, clock, leave)
 				} else {
-					m0 = w.refuseTheMarkAcrossTheHour(t, &refusing, clock)
+					m0 = w.refuseTheMarkAcrossTheHour(t, &refusing, clock, nil)
 					leave()
 				}
 				p.owner.Store(b)
@@ -482,14 +473,17 @@ func TestLeavingSessionsMarkOutageLineSaysTheKeysNextOwnerWritesIt(t *testing.T)
 	}
 }
 
-// refuseTheMarkAcrossTheHour runs m0 (its agent held) before the daily hour, then, after it,
-// queues m1 behind it and nudges the session with the store refusing the reset's mark
-// (refusing set): the reset falls due while the session works, and no mark is stored. It
-// returns m0's answer.
-func (w *managerWorld) refuseTheMarkAcrossTheHour(t *testing.T, refusing *atomic.Bool, clock *atomic.Int64) *DeliverResult {
+// refuseTheMarkAcrossTheHour runs m0 (its agent held) before the daily hour, then (after
+// first, when it is not nil) after it queues m1 behind it and nudges the session with the store
+// refusing the reset's mark (refusing set): the reset falls due while the session works, and no
+// mark is stored. It returns m0's answer.
+func (w *managerWorld) refuseTheMarkAcrossTheHour(t *testing.T, refusing *atomic.Bool, clock *atomic.Int64, first func()) *DeliverResult {
 	t.Helper()
 	m0 := w.deliver(t, "m0", "hello")
 	synctest.Wait()
+	if first != nil {
+		first()
+	}
 	refusing.Store(true)
 	clock.Store(after4.UnixNano())
 	if r := w.deliver(t, "m1", "more"); r.Disposition != platforms.Queued {
@@ -567,7 +561,7 @@ func TestResetDueOfALeavingSessionFencedAtItsMarkIsHandedOn(t *testing.T) {
 			}}, armed: &claimAtMark, fenced: &fenced}
 		})
 		b := w.memberB(t, w.store, &p.owner)
-		m0 := w.refuseTheMarkAcrossTheHour(t, &refusing, clock)
+		m0 := w.refuseTheMarkAcrossTheHour(t, &refusing, clock, nil)
 		refusing.Store(false)
 		claimAtMark.Store(true)
 		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return b }})
