@@ -432,3 +432,24 @@ func prunePassCutShort(t *testing.T, cut string, at int) {
 
 	stopPruning(t, system, timers, persist, store)
 }
+
+// TestPassLineOfAnInstanceThatBeganNoPass: a restarted Timers counts the late answer to the step
+// its old instance had running (onPruned) before its own first pass begins; stopped (or
+// restarted again) then, it logs that count with pass=before_restart and no time or cutoff of a
+// pass it never began. Before, the line said took=2562047h47m16.854s (time since the zero time:
+// 292 years) and ended_before=0001-01-01. The window lies between two messages in Timers' own
+// mailbox (the answer, then the Prune its Started sent), which no test outside the actor can
+// hold open: the test gives the instance that state and cuts it short.
+func TestPassLineOfAnInstanceThatBeganNoPass(t *testing.T) {
+	for _, cut := range []any{&actor.Stopping{}, &actor.Restarting{}} {
+		var logs testutil.Buffer
+		tm := &Timers{log: slog.New(slog.NewTextHandler(&logs, nil)), pass: 7}
+		tm.onPruned(nil, &persistence.Pruned{Pass: 6, Sessions: 2, Messages: 20})
+		tm.logCutShort(cut)
+		line := strings.TrimSpace(logs.String())
+		if strings.Count(line, "pruned ended sessions") != 1 || !strings.Contains(line, " sessions=2 messages=20 pass=before_restart cut_short=") ||
+			strings.Contains(line, "took=") || strings.Contains(line, "ended_before=") {
+			t.Errorf("%T: line %q; want one, of 2 sessions and 20 messages, pass=before_restart, no took or ended_before", cut, line)
+		}
+	}
+}

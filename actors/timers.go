@@ -38,7 +38,7 @@ type Timers struct {
 	// actor system until it fires, which would keep a stopped daemon in memory for up to
 	// CheckEvery or PruneEvery (one process may start several: tests, agentgate bench).
 	stopScan, stopPrune scheduler.CancelFunc
-	// The prune pass in progress: its number (a Prune sent by hand starts a new pass, and the
+	// The prune pass in progress: its number (a Prune sent again starts a new pass, and the
 	// answers to the steps of the one it replaced end that one), its cutoff, which its later
 	// steps keep so that it ends, when it started and what it deleted so far. Passes are
 	// numbered on from a random start in each incarnation (NewTimers).
@@ -180,7 +180,7 @@ func (t *Timers) prune(c actor.Context) {
 		return
 	}
 	if t.stepping {
-		// A pass still running (it took longer than PruneEvery, or a Prune was sent by hand)
+		// A pass still running (it took longer than PruneEvery, or a test sent a Prune)
 		// is replaced: what it deleted so far is told now, cut_short=replaced, and what its
 		// running step deletes counts in this pass's line (onPruned).
 		t.logPass(false, "cut_short", "replaced")
@@ -191,7 +191,7 @@ func (t *Timers) prune(c actor.Context) {
 	t.pass++
 	t.pruneBefore, t.passStart = t.pruneCutoff(p.After), time.Now()
 	t.step(c)
-	cancelTimer(t.stopPrune) // a Prune sent by hand replaces the pending one
+	cancelTimer(t.stopPrune) // a Prune sent before its time (tests) replaces the pending one
 	t.stopPrune = t.timers.SendOnce(p.Every, c.Self(), &Prune{})
 }
 
@@ -247,17 +247,27 @@ func (t *Timers) onPruned(c actor.Context, r *persistence.Pruned) {
 }
 
 // logPass logs the line of the pass, when it deleted anything or always, with args after its
-// own, and clears its totals.
+// own, and clears its totals. An instance that began no pass yet counts only the late answer to
+// the step its old instance had running as it restarted; cut short before its own first pass
+// began (stopped, or restarted again), it logs that with no start or cutoff of its own: before,
+// the line said "took" 292 years (since the zero time) and "ended_before" the year 1
+// (TestPassLineOfAnInstanceThatBeganNoPass).
 func (t *Timers) logPass(always bool, args ...any) {
 	if always || t.sessions+t.messages > 0 {
-		t.log.Info("pruned ended sessions", append([]any{"sessions", t.sessions, "messages", t.messages,
-			"took", time.Since(t.passStart).Round(time.Millisecond), "ended_before", t.pruneBefore.UTC().Format(time.RFC3339)}, args...)...)
+		line := []any{"sessions", t.sessions, "messages", t.messages}
+		if !t.passStart.IsZero() {
+			line = append(line, "took", time.Since(t.passStart).Round(time.Millisecond),
+				"ended_before", t.pruneBefore.UTC().Format(time.RFC3339))
+		} else {
+			line = append(line, "pass", "before_restart")
+		}
+		t.log.Info("pruned ended sessions", append(line, args...)...)
 	}
 	t.sessions, t.messages = 0, 0
 }
 
 func (t *Timers) scan(c actor.Context) {
-	// A CheckResets sent by hand replaces the pending scan, and a scan still in progress: the
+	// A CheckResets sent before its time (tests do) replaces the pending scan, and a scan still in progress: the
 	// new one reads from the start, and the next is scheduled when it ends (endScan).
 	cancelTimer(t.stopScan)
 	t.endWait()
