@@ -470,6 +470,36 @@ func answerHandedOnReset(c actor.Context) {
 	}
 }
 
+// supersedes reports whether o, a filed reset, takes the place of had, one filed for the same key
+// before it: unless had falls due later, or as late with the session's activity later (the
+// same reset filed again once work here moved the activity on). A stale one never replaces a
+// newer one: a member whose hand-on was taken here, and whose answer was lost, sends it again,
+// and that copy could reach the key's session here as it waits to load with a reset of its own
+// filed since (a later session's, or this one's after its work here). It took that one's place,
+// named a session no longer current or found it active since, and ended nothing: the newer
+// reset was lost (TestStaleFiledResetReplacesNoNewerOne). Keeping the one due later loses
+// neither: at worst a session that was not active since the earlier one ends at the later.
+func (o *overdue) supersedes(had *overdue) bool {
+	if !o.at.Equal(had.at) {
+		return o.at.After(had.at)
+	}
+	return !had.activity.After(o.activity)
+}
+
+// fileResetUnlessNewer files o for the next activation of key unless a newer reset is filed for
+// it (supersedes).
+func (d *Deps) fileResetUnlessNewer(key string, o *overdue) {
+	for {
+		v, loaded := d.resetsDue.LoadOrStore(key, o)
+		if !loaded {
+			return
+		}
+		if had := v.(*overdue); !o.supersedes(had) || d.resetsDue.CompareAndSwap(key, had, o) {
+			return
+		}
+	}
+}
+
 // filedResetOf is the filed reset a ResetDue carries (handOnFiledReset); nil for the timer's
 // nudge.
 func filedResetOf(m *ResetDue) *overdue {

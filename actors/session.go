@@ -646,9 +646,10 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 		c.Respond(&WithdrawResult{Error: "the database is unavailable; the session cannot load until it answers"})
 	case *ResetDue:
 		// A timer's nudge waits for the next scan; a reset another member filed is done once
-		// the session has loaded (expireOnStart), or handed on with the key if it moves first.
+		// the session has loaded (expireOnStart), or handed on with the key if it moves first;
+		// not in the place of a newer one (supersedes).
 		if o := filedResetOf(m); o != nil {
-			s.d.resetsDue.Store(s.key, o)
+			s.d.fileResetUnlessNewer(s.key, o)
 			answerHandedOnReset(c)
 		}
 	case *moved:

@@ -1,0 +1,107 @@
+package actors
+
+import (
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+)
+
+// handedOnAgain is the Forward by which the member that handed the key here sends the filed
+// reset rd again (SessionManager.sendFiledReset): its answer was lost, or did not come in time.
+func handedOnAgain(key string, rd *ResetDue) *Forward {
+	return &Forward{Key: key, Hops: 1, Msg: &Forward_ResetDue{ResetDue: rd}}
+}
+
+// TestStaleFiledResetReplacesNoNewerOne: a cluster member's session has its daily reset refused
+// (its mark, and its end once m0's turn across 04:00 was done) and filed for the key's next
+// activation, and the session, started again, waits to load: the store refuses its claim.
+// Meanwhile the member that handed the key here earlier sends again a reset it filed then,
+// which this member took long ago (the answer was lost): one of the key's earlier session, or
+// this session's own from before its work here (m0's), which moved its activity on. The
+// session answers that it has it, and once it loads it ends the session at 04:00. Before, the
+// stale reset took the place of the newer one filed here: at the load it named a session no
+// longer current, or found the session active since, and ended nothing; the session went on
+// until the next day's reset.
+func TestStaleFiledResetReplacesNoNewerOne(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		stale func(sid string) *ResetDue
+	}{
+		{"an earlier session's", func(string) *ResetDue {
+			return &ResetDue{SessionId: "an-earlier-session", Reason: persistence.EndDaily,
+				DueAtUnixNano: at4.AddDate(0, 0, -1).UnixNano(), ActiveAtUnixNano: before4.AddDate(0, 0, -1).UnixNano()}
+		}},
+		{"this one's before its work here", func(sid string) *ResetDue {
+			return &ResetDue{SessionId: sid, Reason: persistence.EndDaily,
+				DueAtUnixNano: at4.UnixNano(), ActiveAtUnixNano: before4.UnixNano()}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w, sid, claims := resetOnlyInMemoryWaitingToLoad(t)
+				res, err := w.system.Root.RequestFuture(w.manager, handedOnAgain(w.key, tc.stale(sid)), time.Hour).Result()
+				if _, ok := res.(*ResetDueTaken); err != nil || !ok {
+					t.Fatalf("the stale reset sent again was answered %#v, %v; want ResetDueTaken", res, err)
+				}
+				claims.down.Store(false)
+				time.Sleep(5 * time.Minute)
+				synctest.Wait()
+				w.checkEndedAt4(t, sid, "once the session loaded")
+			})
+		})
+	}
+}
+
+// resetOnlyInMemoryWaitingToLoad starts a world of cluster member a whose session's daily reset
+// fell due at 04:00 under m0's turn and is held only in memory, filed for the key's next
+// activation: the store refused both its mark and the session's end (then took writes again).
+// The session, started again from the store, waits to load: the store refuses its claim while
+// claims is down. It returns the session's id. Called in a synctest bubble.
+func resetOnlyInMemoryWaitingToLoad(t *testing.T) (w *managerWorld, sid string, claims *downStore) {
+	t.Helper()
+	release, p := make(chan struct{}), &movingPlacement{}
+	var clock atomic.Int64
+	clock.Store(before4.UnixNano())
+	var refusing atomic.Bool
+	w = newManagerWorldWrites(t, gatedAgent("m0", release), func(d *Deps) {
+		dailyMemberA(&clock, p)(d)
+		claims = &downStore{Store: d.Store}
+		d.Store = claims
+	}, func(s persistence.Store) persistence.Store {
+		return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
+			switch op.(type) {
+			case *persistence.MarkResetDue, *persistence.EndSession:
+				return refusing.Load()
+			}
+			return false
+		}}
+	})
+	p.self.Store(w.manager)
+	p.owner.Store(w.manager)
+	m0 := w.deliver(t, "m0", "hello")
+	synctest.Wait()
+	refusing.Store(true)
+	claims.down.Store(true)
+	clock.Store(after4.UnixNano())
+	w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}}) // its mark is refused
+	synctest.Wait()
+	close(release) // its reply is stored after the hour; the session's end is refused
+	w.answersTo(t, "m0")
+	synctest.Wait()
+	refusing.Store(false)
+	time.Sleep(10 * time.Second) // past its pause the session waits to load
+	synctest.Wait()
+	if _, ok := w.d.resetsDue.Load(w.key); !ok {
+		t.Fatal("no reset filed after the store refused it")
+	}
+	if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.ResetDueReason != "" || !s.EndedAt.IsZero() {
+		t.Fatalf("session %s: %+v, %v; want neither its end nor its mark stored", m0.SessionId, s, err)
+	}
+	if claims.claims.Load() == 0 {
+		t.Fatal("the session did not try to claim the key again")
+	}
+	return w, m0.SessionId, claims
+}
