@@ -295,6 +295,9 @@ func (m *SessionManager) Receive(c actor.Context) {
 			m.route(c, msg.key, msg.r)
 			break
 		}
+		if holdsFiledReset(held, msg.r) {
+			break
+		}
 		i := m.handed[msg.key] // after those handed back before it, before what came later
 		m.stopping[msg.key] = slices.Insert(held, i, msg.r)
 		m.handed[msg.key] = i + 1
@@ -482,7 +485,9 @@ func (m *SessionManager) route(c actor.Context, key string, r routed) {
 				return
 			}
 		}
-		m.stopping[key] = append(held, r)
+		if !holdsFiledReset(held, r) {
+			m.stopping[key] = append(held, r)
+		}
 		return
 	}
 	if pid := m.sessions[key]; pid != nil { // the common case first: a key is never both

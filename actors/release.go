@@ -243,6 +243,9 @@ func (m *SessionManager) whileActivating(c actor.Context, key string, a *activat
 	if a.holder != nil && m.forwardTo(c, a.holder, key, r, true) {
 		return
 	}
+	if holdsFiledReset(a.held, r) {
+		return
+	}
 	if i := heldAgain(a.held, r); i >= 0 {
 		// The same message sent again (a router tries again every clusterAttemptTimeout while
 		// the wait lasts): it takes the place of the copy held, whose sender is answered at
@@ -270,6 +273,37 @@ func heldAgain(held []routed, r routed) int {
 		return ok && hd.MessageId == d.MessageId && hd.SessionKey == d.SessionKey &&
 			hd.Source.GetPlatform() == d.Source.GetPlatform() && hd.Source.GetChatId() == d.Source.GetChatId()
 	})
+}
+
+// holdsFiledReset reports whether held, the requests held for a key, holds a ResetDue that hands
+// a filed reset on (SessionManager.handOnFiledReset) when r is one too: r then takes its place,
+// unless the one held is newer (overdue.supersedes), and is not held beside it. The member that
+// handed it on sends it again each time it goes unanswered for resetHandOnTimeout, and a key
+// that waits (for a member it cannot reach, or out a pause after refused writes) answers
+// nothing: before, every copy was held, one more each minute of the wait. The copy replaced
+// gets no answer: its sender gave it up (it sent this one), or, another member, sends it again.
+func holdsFiledReset(held []routed, r routed) bool {
+	o := filedResetIn(r.msg)
+	if o == nil {
+		return false
+	}
+	for i, h := range held {
+		if had := filedResetIn(h.msg); had != nil {
+			if o.supersedes(had) {
+				held[i] = r
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// filedResetIn is the filed reset msg hands on, if it is a ResetDue that carries one.
+func filedResetIn(msg any) *overdue {
+	if m, ok := msg.(*ResetDue); ok {
+		return filedResetOf(m)
+	}
+	return nil
 }
 
 // recovers notes a Recover for the activation's key, forwarded here by hops members. Its hops

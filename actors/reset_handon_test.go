@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/asynkron/protoactor-go/actor"
 )
 
 // handedOnAgain is the Forward by which the member that handed the key here sends the filed
@@ -104,4 +105,52 @@ func resetOnlyInMemoryWaitingToLoad(t *testing.T) (w *managerWorld, sid string, 
 		t.Fatal("the session did not try to claim the key again")
 	}
 	return w, m0.SessionId, claims
+}
+
+// TestFiledResetSentAgainIsHeldOnceWhileTheKeyWaits: member b runs the key's slow turn when the
+// key moves to member a, which cannot reach b, and waits for it to let go. Meanwhile the member
+// that handed a the key before sends its filed reset again and again, a minute apart (each time
+// the last went unanswered for 30 s: a holds it until the key's session starts). Once b can be
+// reached, the reset goes on to the key's session, and is answered once: a held one copy. Before,
+// every copy was held, one more each minute of the wait, and each was answered.
+func TestFiledResetSentAgainIsHeldOnceWhileTheKeyWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		agent, ran := slowUntil(release)
+		w, _, link, ownerA, ownerB, _, cut := twoMembers(t, agent, false)
+		slow := w.system.Root.RequestFuture(link, &Routed{Key: w.key, Msg: w.message("m1", "slow")}, time.Hour)
+		synctest.Wait()
+		cut.Store(true)
+		ownerA.Store(w.manager) // the key moves to a, which cannot reach b
+		ownerB.Store(w.manager)
+		next := w.request("m2", "next")
+		synctest.Wait()
+		filed := &ResetDue{SessionId: "an-earlier-session", Reason: persistence.EndDaily,
+			DueAtUnixNano: at4.UnixNano(), ActiveAtUnixNano: before4.UnixNano()}
+		var sends []*actor.Future
+		for range 3 {
+			sends = append(sends, w.system.Root.RequestFuture(w.manager, handedOnAgain(w.key, filed), 10*time.Minute))
+			time.Sleep(time.Minute)
+			synctest.Wait()
+		}
+		cut.Store(false) // b can be reached again
+		close(release)
+		for _, f := range []*actor.Future{slow, next} {
+			if _, err := f.Result(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ranOnceEach(t, w, ran)
+		taken := 0
+		for _, f := range sends {
+			if res, err := f.Result(); err == nil {
+				if _, ok := res.(*ResetDueTaken); ok {
+					taken++
+				}
+			}
+		}
+		if taken != 1 {
+			t.Errorf("the filed reset sent 3 times while the key waited was taken %d times, want once (one copy held)", taken)
+		}
+	})
 }
