@@ -1068,19 +1068,31 @@ func (m *SessionManager) sendFiledReset(c actor.Context, to *actor.PID, key stri
 		if err == nil {
 			err = fmt.Errorf("unexpected answer %T", res)
 		}
+		if m.closing {
+			// Not sent again: said so, after a first failure's line that said it would be too.
+			delete(m.handingOn, key) // (the entry stays for the key's next activation here)
+			if args, ok := m.resetHandOnFails.Allowed("session", key, "member", to.Address, "sent", failures+1, logging.Err(err)); ok {
+				m.log.Warn(handOnGivenUpLine, args...)
+			}
+			return
+		}
 		if failures == 0 {
 			if args, ok := m.resetHandOnFails.Allowed("session", key, "member", to.Address, logging.Err(err)); ok {
-				m.log.Warn("the member that takes a session's key over did not take the reset filed for it; it is sent again until it does", args...)
+				m.log.Warn(handOnFailedLine, args...)
 			}
-		}
-		if m.closing {
-			delete(m.handingOn, key) // (the entry stays for the key's next activation here)
-			return
 		}
 		wait := min(time.Second<<min(failures, 6), maxResetHandOnWait)
 		m.timers.SendOnce(wait, c.Self(), &retryHandOn{key: key, failures: failures + 1})
 	})
 }
+
+// The lines of a filed reset handed on that the key's new owner did not take (sendFiledReset):
+// the first failure of a hand-on, which is sent again; and a failure as the manager stops, which
+// is not. Before, the first said "sent again" also as the manager stopped.
+const (
+	handOnFailedLine  = "the member that takes a session's key over did not take the reset filed for it; it is sent again until it does"
+	handOnGivenUpLine = "the member that takes a session's key over did not take the reset filed for it, and the manager stops: it is not sent again; it stays in memory for the key's next activation here"
+)
 
 // retryHandOn sends the reset filed for key again (handOnFiledReset), failures times sent in
 // vain so far.
