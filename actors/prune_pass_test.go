@@ -116,7 +116,7 @@ func TestPrunePassStepsLetWritesThrough(t *testing.T) {
 			}
 		}
 		if len(lines) != 1 || !strings.Contains(lines[0], `level=INFO msg="pruned ended sessions"`) ||
-			!strings.Contains(lines[0], fmt.Sprintf(" sessions=%d messages=%d took=", sessions, sessions*perSession)) {
+			!strings.Contains(lines[0], fmt.Sprintf(" sessions=%d messages=%d outbox_swept=0 took=", sessions, sessions*perSession)) {
 			t.Errorf("the pass logged %d lines about pruning: %q; want one with its totals", len(lines), lines)
 		}
 		checkPruned(t, store, keysOf("k-", sessions)...)
@@ -447,9 +447,41 @@ func TestPassLineOfAnInstanceThatBeganNoPass(t *testing.T) {
 		tm.onPruned(nil, &persistence.Pruned{Pass: 6, Sessions: 2, Messages: 20})
 		tm.logCutShort(cut)
 		line := strings.TrimSpace(logs.String())
-		if strings.Count(line, "pruned ended sessions") != 1 || !strings.Contains(line, " sessions=2 messages=20 pass=before_restart cut_short=") ||
+		if strings.Count(line, "pruned ended sessions") != 1 || !strings.Contains(line, " sessions=2 messages=20 outbox_swept=0 pass=before_restart cut_short=") ||
 			strings.Contains(line, "took=") || strings.Contains(line, "ended_before=") {
 			t.Errorf("%T: line %q; want one, of 2 sessions and 20 messages, pass=before_restart, no took or ended_before", cut, line)
 		}
 	}
+}
+
+// TestPrunePassLineCountsTheSweptOutbox: a pass that deletes no session but sweeps the outbox
+// (a reply delivered after its session was pruned, Store.PruneStep) logs its line with
+// outbox_swept; before, a pass logged its line only when it deleted sessions or messages.
+func TestPrunePassLineCountsTheSweptOutbox(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		store := mustOpenSQLite(t, ctx)
+		// A step first: the first step of a run deletes what earlier runs left of the sessions
+		// they pruned (on SQLite, those entries too, as what a step left), and counts no sweep.
+		if _, err := store.PruneStep(ctx, time.Now(), 0); err != nil {
+			t.Fatal(err)
+		}
+		mustCommit(t, store,
+			&persistence.AddOutbox{Entry: persistence.OutboxEntry{SessionKey: "k-gone", Seq: 1, SessionID: "gone", Kind: "reply",
+				Text: "a late answer", State: persistence.DeliveryPending, CreatedAt: time.Now()}},
+			&persistence.AddOutbox{Entry: persistence.OutboxEntry{SessionKey: "k-gone", Seq: 2, SessionID: "gone", Kind: "reply",
+				Text: "a later answer", State: persistence.DeliveryPending, CreatedAt: time.Now()}},
+			&persistence.MarkDelivery{SessionKey: "k-gone", Seq: 1, State: persistence.DeliveryDelivered, At: time.Now()},
+			&persistence.MarkDelivery{SessionKey: "k-gone", Seq: 2, State: persistence.DeliveryDelivered, At: time.Now()})
+		var logs testutil.Buffer
+		system, timers, persist := startPrunePass(t, ctx, store, 0, &logs, nil, func(int, *actor.PID, *actor.ActorSystem) {})
+		lines, sessions, messages := passLines(t, &logs)
+		if len(lines) != 1 || sessions != 0 || messages != 0 || !strings.Contains(lines[0], " outbox_swept=2 ") {
+			t.Errorf("pass lines %q; want one, of no session and 2 outbox rows swept", lines)
+		}
+		if got, err := store.OutboxAfter(ctx, "k-gone", 0, 0); err != nil || len(got) != 0 {
+			t.Errorf("OutboxAfter(k-gone) after the pass = %+v, %v; want none", got, err)
+		}
+		stopPruning(t, system, timers, persist, store)
+	})
 }

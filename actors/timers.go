@@ -45,6 +45,7 @@ type Timers struct {
 	pass                   uint64
 	pruneBefore, passStart time.Time
 	sessions, messages     int
+	swept                  int // outbox rows of sessions gone, and stale pruned markers (Store.PruneStep)
 	// stepping says that the pass in progress waits for the answer to a step: it has not ended.
 	// The persistence actor answers steps in order, so no step of an earlier pass waits then.
 	stepping bool
@@ -235,6 +236,7 @@ func (t *Timers) step(c actor.Context) {
 func (t *Timers) onPruned(c actor.Context, r *persistence.Pruned) {
 	t.sessions += r.Sessions
 	t.messages += r.Messages
+	t.swept += r.Swept
 	if r.Pass != t.pass {
 		return // of a pass a newer one replaced
 	}
@@ -253,8 +255,8 @@ func (t *Timers) onPruned(c actor.Context, r *persistence.Pruned) {
 // the line said "took" 292 years (since the zero time) and "ended_before" the year 1
 // (TestPassLineOfAnInstanceThatBeganNoPass).
 func (t *Timers) logPass(always bool, args ...any) {
-	if always || t.sessions+t.messages > 0 {
-		line := []any{"sessions", t.sessions, "messages", t.messages}
+	if always || t.sessions+t.messages+t.swept > 0 {
+		line := []any{"sessions", t.sessions, "messages", t.messages, "outbox_swept", t.swept}
 		if !t.passStart.IsZero() {
 			line = append(line, "took", time.Since(t.passStart).Round(time.Millisecond),
 				"ended_before", t.pruneBefore.UTC().Format(time.RFC3339))
@@ -263,7 +265,7 @@ func (t *Timers) logPass(always bool, args ...any) {
 		}
 		t.log.Info("pruned ended sessions", append(line, args...)...)
 	}
-	t.sessions, t.messages = 0, 0
+	t.sessions, t.messages, t.swept = 0, 0, 0
 }
 
 func (t *Timers) scan(c actor.Context) {

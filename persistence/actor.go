@@ -299,11 +299,11 @@ func (a *Actor) Receive(c actor.Context) {
 			a.o.Log.Warn("prune ended sessions", logging.Err(err))
 		} else if n.Rows > 0 {
 			// Per step at Debug: a pass takes hundreds; its sender logs the pass.
-			a.o.Log.Debug("prune step", "sessions", n.Sessions, "messages", n.Messages, "rows", n.Rows,
+			a.o.Log.Debug("prune step", "sessions", n.Sessions, "messages", n.Messages, "swept", n.Swept, "rows", n.Rows,
 				"took", time.Since(start).Round(time.Millisecond))
 		}
 		if c.Sender() != nil {
-			c.Respond(&Pruned{Pass: m.Pass, Sessions: n.Sessions, Messages: n.Messages, More: n.More, Err: err})
+			c.Respond(&Pruned{Pass: m.Pass, Sessions: n.Sessions, Messages: n.Messages, Swept: n.Swept, More: n.More, Err: err})
 		}
 	case *actor.Restarting:
 		// The collected batch is lost (its senders re-send it); the commit in flight is

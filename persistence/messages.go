@@ -79,6 +79,7 @@ type Pruned struct {
 	Pass     uint64
 	Sessions int
 	Messages int
+	Swept    int // outbox rows the step's sweep deleted or emptied (persistence.PruneCount)
 	More     bool
 	Err      error
 }

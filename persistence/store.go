@@ -520,8 +520,13 @@ const DefaultPruneRows = 2000
 type PruneCount struct {
 	Sessions int // sessions deleted (their rows)
 	Messages int // message rows deleted, of these sessions or of sessions an earlier step began
+	// Swept counts the outbox rows the step's sweep deleted or emptied: finished replies of
+	// sessions that are gone (one delivered after its session was pruned), and pruned markers
+	// that are no longer their key's last (see Store.PruneStep).
+	Swept int
 	// Rows counts every row the step deleted or emptied: session, message, search index,
-	// usage and outbox rows. It is at most the step's budget (at least two rows).
+	// usage and outbox rows, the swept ones too. It is at most the step's budget (at least two
+	// rows).
 	Rows int
 	// More says that the step spent its budget or its sessions: more may be due.
 	More bool
@@ -700,6 +705,16 @@ type Store interface {
 	// row last: meanwhile the session stays readable without the rows deleted so far, and each
 	// step checks it again first, so that one needed again between two steps is kept with what is
 	// left of it.
+	//
+	// A step that finds no session left to delete sweeps the outbox with the rest of its budget
+	// (PruneCount.Swept): it reads a window of it after where the last step's sweep stopped, and
+	// deletes the entries that are no longer pending of sessions that are gone (an entry has no
+	// foreign key: a reply written for a session while or after a step deletes it stays, and is
+	// delivered), and the KindPruned markers that are no longer their key's last; an entry of a
+	// gone session that is its key's last becomes that marker. It says More until a window
+	// reaches the end of the outbox, and the sweep of the next pass begins at the start again.
+	// Pending entries, entries of a session that exists and entries without a session id are
+	// never swept.
 	PruneStep(ctx context.Context, endedBefore time.Time, rows int) (PruneCount, error)
 	// PullBack sets the session times that lie after after to to, in one transaction, and
 	// returns how many sessions it changed: an open session's last activity (and a reset due

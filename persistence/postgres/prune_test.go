@@ -376,3 +376,131 @@ func TestPruneStepsKeepABigSessionNeededAgain(t *testing.T) {
 		})
 	}
 }
+
+// mustOutboxOf returns the outbox rows of key k: seq, session id, kind, state and text of each.
+func mustOutboxOf(t *testing.T, c *pgx.Conn, key string) []string {
+	t.Helper()
+	var rows []string
+	err := c.QueryRow(context.Background(), `SELECT ARRAY(SELECT seq || ' ' || session_id || ' ' || kind || ' ' || state || ' ' || text
+		FROM outbox WHERE session_key = $1 ORDER BY seq)`, key).Scan(&rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+// mustPass runs the steps of a prune pass (sessions ended an hour after t0 or before), and
+// returns what they swept.
+func mustPass(t *testing.T, s *Store) int {
+	t.Helper()
+	swept := 0
+	for range 20 {
+		c, err := s.PruneStep(context.Background(), t0.Add(time.Hour), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		swept += c.Swept
+		if !c.More {
+			return swept
+		}
+	}
+	t.Fatal("20 steps and more to come, want the pass to end")
+	return 0
+}
+
+// TestPruneSweepsAReplyDeliveredAfterItsSessionWent: a reply committed for a session while a
+// step deletes it (after the step checked it again: an outbox entry has no foreign key, and
+// the row lock holds it up not) is kept, pending, as the session goes; once it is delivered,
+// the next pass's sweep empties it into the key's pruned marker. The step's own sweep deleted
+// the marker the step had made, no longer the key's last. Before, the reply stayed for ever, its text with
+// it, in the key's SSE replay: a prune step finds outbox rows only through their session.
+func TestPruneSweepsAReplyDeliveredAfterItsSessionWent(t *testing.T) {
+	ctx := context.Background()
+	s, dsn := MustOpen(t)
+	mustEndedSession(t, s, "hi", "more")
+	writer := mustConn(t, dsn)
+	tx, err := writer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM outbox WHERE session_key = 'k' AND seq = 1 FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	done := pruneStepInTheBackground(s, 0)
+	waitForLockWaits(t, dsn, 1, nil) // the step checked the session again, and waits in its outbox DELETE
+	if _, err := tx.Exec(ctx, `INSERT INTO outbox (session_key, seq, session_id, kind, text, state)
+		VALUES ('k', 3, 'old', 'reply', 'late answer', 'pending')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The step's sweep deleted the marker it had made of entry 2: entry 3 is the key's last.
+	if r := <-done; r.err != nil || r.c.Sessions != 1 || r.c.Swept != 1 {
+		t.Fatalf("PruneStep = %+v, %v; want the session deleted and 1 row swept", r.c, r.err)
+	}
+	c := mustConn(t, dsn)
+	want := []string{"3 old reply pending late answer"}
+	if got := mustOutboxOf(t, c, "k"); !reflect.DeepEqual(got, want) {
+		t.Fatalf("k's outbox after the step = %q, want %q", got, want)
+	}
+	if n := mustPass(t, s); n != 0 {
+		t.Errorf("a pass swept %d rows while the reply was pending, want none", n)
+	}
+	if got := mustOutboxOf(t, c, "k"); !reflect.DeepEqual(got, want) {
+		t.Errorf("k's outbox after a pass while the reply was pending = %q, want %q", got, want)
+	}
+
+	storetest.MustCommit(t, s, &persistence.MarkDelivery{SessionKey: "k", Seq: 3, State: persistence.DeliveryDelivered, At: t0.Add(2 * time.Hour)})
+	if n := mustPass(t, s); n != 1 {
+		t.Errorf("the pass after the reply was delivered swept %d rows, want 1", n)
+	}
+	if got, want := mustOutboxOf(t, c, "k"), []string{"3 old pruned delivered "}; !reflect.DeepEqual(got, want) {
+		t.Errorf("k's outbox after the pass = %q, want %q", got, want)
+	}
+}
+
+// TestPruneSweepWaitsForNoRowLock: the sweep skips an outbox row a commit holds (a delivery
+// mark, say) rather than wait for it: the step holds the row locks of the sessions it deleted,
+// and the commit may wait for one of those. The next pass takes the row.
+func TestPruneSweepWaitsForNoRowLock(t *testing.T) {
+	ctx := context.Background()
+	s, dsn := MustOpen(t)
+	storetest.MustCommit(t, s,
+		&persistence.AddOutbox{Entry: persistence.OutboxEntry{SessionKey: "k", Seq: 1, SessionID: "gone", Kind: "reply",
+			Text: "late answer", State: persistence.DeliveryDelivered, CreatedAt: t0}},
+		&persistence.AddOutbox{Entry: persistence.OutboxEntry{SessionKey: "k", Seq: 2, SessionID: "gone", Kind: "reply",
+			Text: "later answer", State: persistence.DeliveryDelivered, CreatedAt: t0}})
+	writer := mustConn(t, dsn)
+	tx, err := writer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM outbox WHERE session_key = 'k' AND seq = 1 FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	done := pruneStepInTheBackground(s, 0)
+	finished := make(chan struct{})
+	var r stepResult
+	go func() { r = <-done; close(finished) }()
+	waitForLockWaits(t, dsn, 1, finished)
+	select {
+	case <-finished:
+	default:
+		t.Fatal("the step waits for the row the writer holds")
+	}
+	if r.err != nil || r.c.Swept != 1 {
+		t.Errorf("PruneStep = %+v, %v; want 1 row swept (seq 2, emptied), seq 1 skipped", r.c, r.err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := mustPass(t, s); n != 1 {
+		t.Errorf("the next pass swept %d rows, want 1", n)
+	}
+	if got, want := mustOutboxOf(t, writer, "k"), []string{"2 gone pruned delivered "}; !reflect.DeepEqual(got, want) {
+		t.Errorf("k's outbox after the next pass = %q, want %q", got, want)
+	}
+}

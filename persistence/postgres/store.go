@@ -92,6 +92,11 @@ type Store struct {
 	// lockEvery is the lock check's interval (watchLock), which also bounds Ping's check.
 	lockEvery time.Duration
 
+	// sweepMu serialises the prune steps of this store, for sweepAfter: the id after which the
+	// next step's sweep of the outbox reads (0: from the start; sweepOutbox).
+	sweepMu    sync.Mutex
+	sweepAfter int64
+
 	leaseMu sync.Mutex
 	// leases holds the epoch of each lease this store took (Lease), by name; nil until the first.
 	leases map[string]int64

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -52,6 +53,9 @@ type pruneState struct {
 	mu    sync.Mutex
 	known bool
 	left  []pruneCandidate
+	// sweepAfter is the id after which the next step's sweep of the outbox reads (0: from the
+	// start; sweepOutbox).
+	sweepAfter int64
 }
 
 // PruneSessions deletes at most limit sessions (persistence.DefaultPruneLimit when limit <= 0)
@@ -93,7 +97,8 @@ func (s *Store) PruneSessions(ctx context.Context, endedBefore time.Time, limit 
 // rate-limited warning, and a later step tries again; a store whose search index has been
 // dropped prunes without it. When the deleted rows were the highest ones, the search index
 // watermark is lowered to the highest row left, so the ids SQLite hands out again are indexed
-// (lowerWatermark). Any other error rolls the step back and deletes nothing.
+// (lowerWatermark). A step that finds no session left to delete sweeps the outbox with the rest
+// of its budget (sweepOutbox). Any other error rolls the step back and deletes nothing.
 func (s *Store) PruneStep(ctx context.Context, endedBefore time.Time, rows int) (persistence.PruneCount, error) {
 	if rows <= 0 {
 		rows = persistence.DefaultPruneRows
@@ -198,6 +203,14 @@ func (s *Store) prune(ctx context.Context, endedBefore time.Time, rows, most int
 			}
 		}
 	}
+	// No session is left to delete: the rest of the budget sweeps the outbox.
+	sweep := drained && most > 0 && p.room()
+	after, end := s.pruning.sweepAfter, false
+	if sweep {
+		if after, end, err = p.sweepOutbox(ctx, after, sqlstore.SweepWindow(rows)); err != nil {
+			return persistence.PruneCount{}, fmt.Errorf("sweep the outbox: %w", err)
+		}
+	}
 	if err := lowerWatermark(ctx, tx); err != nil {
 		return persistence.PruneCount{}, fmt.Errorf("search index watermark: %w", err)
 	}
@@ -206,6 +219,13 @@ func (s *Store) prune(ctx context.Context, endedBefore time.Time, rows, most int
 	}
 	s.pruning.left = left
 	p.count.More = !p.room() || (!drained && p.count.Sessions == most)
+	if sweep {
+		p.count.More = p.count.More || !end
+		s.pruning.sweepAfter = after
+		if end {
+			s.pruning.sweepAfter = 0 // the next pass sweeps from the start
+		}
+	}
 	return p.count, nil
 }
 
@@ -460,4 +480,66 @@ func (p *pruner) unindex(ctx context.Context, ms []indexedMessage) (int, error) 
 		n++
 	}
 	return n, nil
+}
+
+// sweepWindowSQL reads the window of a sweep: the outbox rows after ?1, at most ?3, in id
+// order (?3 is sqlstore.SweepWindow of the step's budget), each with whether the sweep takes
+// it (sweepSQL), through the rowid and a look-up of its session each.
+const sweepWindowSQL = `SELECT o.id, ` + sweepSQL + ` FROM outbox o WHERE o.id > ?1 ORDER BY o.id LIMIT ?3`
+
+// sweepSQL is what makes an outbox row o one the sweep takes (?2 is persistence.KindPruned): a
+// pruned marker that is no longer its key's last, or a reply or notice of a session that is
+// gone, which is no longer pending (delivered, or failed: final). An entry has no foreign key:
+// one written for a session after a step deleted it (or left pending by a later step, which
+// finds the session's rows left behind) was, once delivered, found only by the first step of
+// the next run (leftBehind). A marker holds its key's seq (the SSE event id) only while no later
+// entry does. Entries without a session id are no session's: none is written, and no
+// retention applies to them.
+const sweepSQL = `(o.state <> 'pending' AND CASE WHEN o.kind = ?2
+		THEN o.seq < (SELECT MAX(m.seq) FROM outbox m WHERE m.session_key = o.session_key)
+		ELSE o.session_id <> '' AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = o.session_id) END)`
+
+// sweepOutbox is a step's sweep of the outbox: it reads the window of at most window rows after
+// after (sweepWindowSQL), deletes as many of the rows the sweep takes as the budget allows, or
+// empties them into pruned markers where they are their key's last, and returns the id the
+// next window begins after and whether it reached the end of the outbox. Run at each pass's
+// end, it reads the whole outbox over as many steps as that takes, in bounded windows (the rows
+// are few: a step deletes a session's finished entries with it). The step holds the write lock,
+// so what the window read still holds for the statements.
+func (p *pruner) sweepOutbox(ctx context.Context, after int64, window int) (next int64, end bool, err error) {
+	rows, err := queryAll(ctx, p.tx, func(r scanner) (sqlstore.SweepRow, error) {
+		var w sqlstore.SweepRow
+		return w, r.Scan(&w.ID, &w.Taken)
+	}, sweepWindowSQL, after, persistence.KindPruned, window)
+	if err != nil {
+		return 0, false, fmt.Errorf("read: %w", err)
+	}
+	ids, next, end := sqlstore.SweepPick(rows, after, p.budget, window)
+	if len(ids) == 0 {
+		return next, end, nil
+	}
+	list, err := json.Marshal(ids)
+	if err != nil {
+		return 0, false, err
+	}
+	for _, st := range []struct {
+		what, sql string
+		args      []any
+	}{{
+		// The rows that are not their key's last go.
+		"delete", `DELETE FROM outbox AS o WHERE o.id IN (SELECT value FROM json_each(?1))
+			AND o.seq < (SELECT MAX(m.seq) FROM outbox m WHERE m.session_key = o.session_key)`, []any{string(list)},
+	}, {
+		// The rest, a key's last entry, keeps its seq and state and loses its content.
+		"empty", `UPDATE outbox AS o SET kind = ?2, text = '', in_reply_to = '[]'
+			WHERE o.id IN (SELECT value FROM json_each(?1)) AND o.kind <> ?2`, []any{string(list), persistence.KindPruned},
+	}} {
+		n, err := p.exec(ctx, st.sql, st.args...)
+		if err != nil {
+			return 0, false, fmt.Errorf("%s: %w", st.what, err)
+		}
+		p.spend(n)
+		p.count.Swept += n
+	}
+	return next, end, nil
 }

@@ -584,6 +584,96 @@ func testPruneSteps(t *testing.T, s persistence.Store) {
 	}
 }
 
+// testPruneSweepsTheOutbox: a pass's sweep deletes the finished outbox entries of sessions that
+// are gone, a key's last one emptied into a pruned marker, and the pruned markers that are no
+// longer their key's last, in steps within their budget; it never touches a pending entry, an
+// entry of a live session or one of no session. Such an entry is a reply written for a session
+// after a step deleted it (an entry has no foreign key; on PostgreSQL also one committed while
+// the step deleted the session), delivered afterwards: before the sweep it stayed for ever,
+// its text with it, in its key's SSE replay. A marker stops being its key's last when the
+// key's chat comes back.
+func testPruneSweepsTheOutbox(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	delivered := func(key string, seq int64) *persistence.MarkDelivery {
+		return &persistence.MarkDelivery{SessionKey: key, Seq: seq, State: persistence.DeliveryDelivered, At: at(200)}
+	}
+	// pass runs the steps of a pass with a budget of budget rows, and returns what they swept.
+	pass := func(budget int) (swept, steps int) {
+		t.Helper()
+		for {
+			c := check(s.PruneStep(ctx, at(100), budget)).must(t, "PruneStep")
+			steps++
+			if c.Rows > max(budget, 2) || c.Swept > c.Rows {
+				t.Errorf("PruneStep %d = %+v, want at most %d rows, the swept ones among them", steps, c, budget)
+			}
+			swept += c.Swept
+			if !c.More {
+				return swept, steps
+			}
+			if steps > 20 {
+				t.Fatalf("%d steps and more to come, want the pass to end", steps)
+			}
+		}
+	}
+	seqs := func(key string) []string {
+		t.Helper()
+		var got []string
+		for _, e := range check(s.OutboxAfter(ctx, key, 0, 0)).must(t, "OutboxAfter") {
+			got = append(got, fmt.Sprint(e.Seq, " ", e.SessionID, " ", e.State))
+		}
+		return got
+	}
+
+	// gone ends long ago and is pruned: ka's entry 1 is kept as the key's pruned marker.
+	MustCommit(t, s, &persistence.CreateSession{Session: ended("gone", "ka", 1, 10)},
+		&persistence.AddOutbox{Entry: outboxEntry("ka", 1, "gone")}, delivered("ka", 1))
+	if n := check(s.PruneSessions(ctx, at(100), 0)).must(t, "PruneSessions"); n != 1 {
+		t.Fatalf("PruneSessions = %d, want 1", n)
+	}
+	live := newSession("live", "kb")
+	ops := []persistence.Op{
+		// Written for gone after it was pruned: a reply pending, the key's last (its marker
+		// is no longer), and four delivered ones before kb's live session's.
+		&persistence.AddOutbox{Entry: outboxEntry("ka", 2, "gone")},
+		&persistence.CreateSession{Session: live},
+	}
+	for seq := int64(1); seq <= 4; seq++ {
+		ops = append(ops, &persistence.AddOutbox{Entry: outboxEntry("kb", seq, "gone")}, delivered("kb", seq))
+	}
+	ops = append(ops,
+		// The live session's replies, delivered and pending, and a delivered entry of no session.
+		&persistence.AddOutbox{Entry: outboxEntry("kb", 5, "live")}, delivered("kb", 5),
+		&persistence.AddOutbox{Entry: outboxEntry("kb", 6, "live")},
+		&persistence.AddOutbox{Entry: outboxEntry("ke", 1, "")}, delivered("ke", 1))
+	MustCommit(t, s, ops...)
+
+	// Budget 2: ka's marker and kb's four go over three steps.
+	if swept, steps := pass(2); swept != 5 || steps < 3 {
+		t.Errorf("the pass swept %d rows in %d steps, want 5 in 3 or more", swept, steps)
+	}
+	diff(t, "ka's entries", seqs("ka"), []string{"2 gone pending"})
+	diff(t, "kb's entries", seqs("kb"), []string{"5 live delivered", "6 live pending"})
+	diff(t, "ke's entries", seqs("ke"), []string{"1  delivered"})
+	if last := check(s.LastOutboxSeq(ctx, "ka")).must(t, "LastOutboxSeq"); last != 2 {
+		t.Errorf("LastOutboxSeq(ka) = %d, want 2", last)
+	}
+
+	// Delivered, ka's reply is its key's last: it is emptied, and keeps the key's seq.
+	MustCommit(t, s, delivered("ka", 2))
+	if swept, _ := pass(persistence.DefaultPruneRows); swept != 1 {
+		t.Errorf("the pass after ka's reply was delivered swept %d rows, want 1", swept)
+	}
+	diff(t, "ka's entries once delivered", seqs("ka"), []string(nil))
+	if last := check(s.LastOutboxSeq(ctx, "ka")).must(t, "LastOutboxSeq"); last != 2 {
+		t.Errorf("LastOutboxSeq(ka) once swept = %d, want 2 (kept, emptied)", last)
+	}
+	diff(t, "kb's entries at the end", seqs("kb"), []string{"5 live delivered", "6 live pending"})
+	diff(t, "ke's entries at the end", seqs("ke"), []string{"1  delivered"})
+	if c := check(s.PruneStep(ctx, at(100), 0)).must(t, "PruneStep"); c != (persistence.PruneCount{}) {
+		t.Errorf("PruneStep after the sweeps = %+v, want nothing done", c)
+	}
+}
+
 // testIdleSessionsPaging: IdleSessionsAfter continues IdleSessions page by page, in the same
 // order, without skipping or repeating a session (also when activity times tie).
 func testIdleSessionsPaging(t *testing.T, s persistence.Store) {

@@ -66,6 +66,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"PruneSessionsLimit", testPruneSessionsLimit},
 		{"PruneSteps", testPruneSteps},
 		{"PruneConcurrentWithCommit", testPruneConcurrentWithCommit},
+		{"PruneSweepsTheOutbox", testPruneSweepsTheOutbox},
 		{"EndSessionKeepsFirstReason", testEndSession},
 		{"TouchSessionMonotonic", testTouchSession},
 		{"PullBack", testPullBack},

@@ -200,3 +200,39 @@ func PruneSessions(limit int, step func(most int) (persistence.PruneCount, error
 		}
 	}
 }
+
+// SweepRow is an outbox row a prune step's sweep read (see SweepOutbox): its id, and whether
+// the sweep takes it (a finished reply of a session that is gone, or a pruned marker that is no
+// longer its key's last).
+type SweepRow struct {
+	ID    int64
+	Taken bool
+}
+
+// SweepWindow returns the most outbox rows the sweep of a prune step with a budget of rows
+// rows reads: its budget, but at least MinSweepWindow. The budget bounds the rows a step
+// deletes, whose cost (index entries, WAL, the search index on SQLite) is what holds up the
+// commits; reading a row for the sweep costs a look-up of its session, a fraction of that. A
+// window of a small budget's few rows made a pass of that many more steps.
+func SweepWindow(rows int) int { return max(rows, MinSweepWindow) }
+
+// MinSweepWindow is the least window of a sweep (SweepWindow).
+const MinSweepWindow = 1000
+
+// SweepPick returns the ids of the rows of a sweep's window that the sweep takes, at most
+// room of them, the id the next window begins after (from when it took nothing and got no
+// further), and whether this window reached the end of the outbox: it was read after from, in
+// id order, up to window rows, held fewer, and the sweep took each one it wanted.
+func SweepPick(rows []SweepRow, from int64, room, window int) (ids []int64, after int64, end bool) {
+	after = from
+	for _, r := range rows {
+		if r.Taken {
+			if len(ids) >= room {
+				return ids, after, false
+			}
+			ids = append(ids, r.ID)
+		}
+		after = r.ID
+	}
+	return ids, after, len(rows) < window
+}
