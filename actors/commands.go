@@ -273,7 +273,16 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 		}
 		s.sendOutbound(c, OutboundFromEntry(&entry))
 	})
-	w.files = dueReset // filed if the session crashes before the write is answered (onRestarting)
+	if dueReset != nil && dueReset.sid != sid {
+		// Filed if the session crashes before the write is answered (onRestarting), but only
+		// for a command that ended the session: one that left it current (/status, /stop…)
+		// touched it, and the crash files its reset with that activity (fileOverdue). Kept by
+		// such a command's write too, the reset filed was the first unanswered write's, with
+		// the activity before the touch: under a later /new's refused write, the restarted
+		// session found the session active since and dropped it
+		// (TestOverdueResetOutlivesACrashBeforeACommandThatEndedItIsAnswered, /status then /new).
+		w.files = dueReset
+	}
 }
 
 // commandInFlight notes that the write of the command with message id is in flight: the same id

@@ -52,14 +52,21 @@ func TestOverdueResetWhoseMarkWasRefusedOutlivesARestartFromTheStore(t *testing.
 // found the old session's activity (m0's reply) past the hour, and the session went on until the
 // next day's reset. When the store takes the write instead, the old session stays ended by the
 // command, and the reset filed at the crash ends nothing: it names a session no longer current.
+// A /status sent a minute later, just before the /new, whose write the store takes, leaves the
+// old session current and touches it: the reset filed at the crash is the /new's, with that
+// activity. Before, it was the /status's, the first unanswered write's, taken with the activity
+// the /status moved on; the restarted session found the session active since, dropped the
+// reset, and the session went on until the next day's reset.
 func TestOverdueResetOutlivesACrashBeforeACommandThatEndedItIsAnswered(t *testing.T) {
 	for _, tc := range []struct {
 		name, ended string
-		stored      bool // the store takes the command's write
+		stored      bool   // the store takes the command's write
+		first       string // a command whose write the store takes, sent before, a minute later
 	}{
-		{"/new", "/new", false},
-		{"operator", "operator", false},
-		{"/new stored", "/new", true},
+		{"/new", "/new", false, ""},
+		{"operator", "operator", false, ""},
+		{"/new stored", "/new", true, ""},
+		{"/status then /new", "/new", false, "/status"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -79,12 +86,21 @@ func TestOverdueResetOutlivesACrashBeforeACommandThatEndedItIsAnswered(t *testin
 						_, mark := op.(*persistence.MarkResetDue)
 						return refusing.Load() && (mark || !tc.stored && byCommand(op))
 					}}
-					return &waitsFor{Store: refused, pick: byCommand, until: answer}
+					held := func(op persistence.Op) bool { // the writes that wait for answer
+						a, ok := op.(*persistence.AppendMessage)
+						return byCommand(op) || ok && tc.first != "" && a.Message.Content == tc.first
+					}
+					return &waitsFor{Store: refused, pick: held, until: answer}
 				})
 				m0 := w.dueWhileM0Runs(t, &clock, &refusing)
 				close(release0)
 				w.answersTo(t, "m0") // its reply is stored after the hour; m1's turn runs
 				synctest.Wait()
+				if tc.first != "" {
+					clock.Store(after4.Add(time.Minute).UnixNano())
+					w.request("c0", tc.first) // its write waits for the store's answer
+					synctest.Wait()
+				}
 				if tc.ended == "operator" {
 					w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &ResetSession{}}, time.Hour)
 				} else {
@@ -112,6 +128,11 @@ func TestOverdueResetOutlivesACrashBeforeACommandThatEndedItIsAnswered(t *testin
 						t.Errorf("the key's session %s: %+v, %v; want the one /new began, open", route.SessionID, cur, err)
 					}
 					return
+				}
+				if tc.first != "" {
+					if in, err := w.store.FindInbound(w.ctx, w.src.Platform, w.src.ChatID, "c0"); err != nil || in.SessionID != m0.SessionId {
+						t.Errorf("%s: %+v, %v; want it stored in session %s", tc.first, in, err, m0.SessionId)
+					}
 				}
 				if got := w.answersTo(t, "m1"); len(got) == 0 || got[len(got)-1] != "re m1" {
 					t.Errorf("m1 was answered %q; want its reply", got)
