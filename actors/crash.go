@@ -34,7 +34,9 @@ func (s *Session) onRestarting(c actor.Context) {
 	// looked at, and the reset was lost if its mark had been refused too
 	// (TestOverdueResetOutlivesACrashBeforeACommandThatEndedItIsAnswered). The write may commit
 	// instead: the filed reset then names a session no longer current, and the next incarnation
-	// drops it (takeFiledReset). A reset of the session current in memory takes its place.
+	// drops it (takeFiledReset). A reset of the session current in memory takes its place. So
+	// is an automatic reset whose own write is unanswered (writeReset), for the same reason
+	// (TestOverdueResetOutlivesACrashBeforeItsOwnWriteIsAnswered).
 	s.fileReset(s.filesOfUnanswered())
 	s.fileOverdue()
 	life.suspects = nil

@@ -265,7 +265,7 @@ func (s *Session) writeReset(c actor.Context, ops []persistence.Op) {
 	if e, ok := ops[0].(*persistence.EndSession); ok && s.prev != nil && s.prev.ID == e.SessionID {
 		filed = &overdue{sid: e.SessionID, at: e.At, reason: e.Reason, activity: s.prev.LastActivityAt}
 	}
-	s.write(c, ops, func(c actor.Context, err error) {
+	w := s.write(c, ops, func(c actor.Context, err error) {
 		if err == nil {
 			s.passivateIfIdle(c)
 			return
@@ -278,6 +278,12 @@ func (s *Session) writeReset(c actor.Context, ops []persistence.Op) {
 			s.restartFromStore(c, "the session's reset was not stored", err)
 		}
 	})
+	// Filed too if the session crashes before the write is answered (onRestarting): the write
+	// may be refused after the crash, and the restarted session, which loads the session still
+	// open, would find its activity past the due time. The session ended in memory, the crash
+	// found no reset of its own to file (fileOverdue), and the session went on until its next
+	// reset, a daily one a day late (TestOverdueResetOutlivesACrashBeforeItsOwnWriteIsAnswered).
+	w.files = filed
 }
 
 // autoReset returns the session that ended automatically and that the next incarnation

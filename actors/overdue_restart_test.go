@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -138,6 +139,58 @@ func TestOverdueResetOutlivesACrashBeforeACommandThatEndedItIsAnswered(t *testin
 					t.Errorf("m1 was answered %q; want its reply", got)
 				}
 				w.checkEndedAt4(t, m0.SessionId, "once m1 ran again after the crash")
+			})
+		})
+	}
+}
+
+// TestOverdueResetOutlivesACrashBeforeItsOwnWriteIsAnswered: the reset falls due while m0's turn
+// runs, with m1 queued behind it, and the store refuses its mark. Once m1's turn is done the
+// session ends at the hour in memory; before the store answers that write, the session crashes
+// (a store bug under a /resume) and restarts; then the store refuses the write (m1's reply, in
+// the same batch or the one before, is stored). The restarted session loads the session, still
+// open, and ends it at the hour. Before, the crash filed nothing: the reset was no longer the
+// session's (expire had taken it), and the restarted session found the session's activity (m1's
+// reply) past the hour, and the session went on until the next day's reset. When the store takes
+// the write instead, the session stays ended.
+func TestOverdueResetOutlivesACrashBeforeItsOwnWriteIsAnswered(t *testing.T) {
+	for _, stored := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stored=%v", stored), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				release0, release1, answer := make(chan struct{}), make(chan struct{}), make(chan struct{})
+				var clock atomic.Int64
+				clock.Store(before4.UnixNano())
+				var refusing atomic.Bool
+				daily := func(op persistence.Op) bool { // the reset's own write
+					e, ok := op.(*persistence.EndSession)
+					return ok && e.Reason == persistence.EndDaily
+				}
+				w := newManagerWorldWith(t, filepath.Join(t.TempDir(), "agentgate.db"), twoGates(release0, release1), func(d *Deps) {
+					dailyClock(&clock)(d)
+					d.Store = sessionsOfKeyPanics{d.Store} // a /resume crashes the session
+				}, func(s persistence.Store) persistence.Store {
+					refused := &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
+						_, mark := op.(*persistence.MarkResetDue)
+						return refusing.Load() && (mark || !stored && daily(op))
+					}}
+					return &waitsFor{Store: refused, pick: daily, until: answer}
+				})
+				m0 := w.dueWhileM0Runs(t, &clock, &refusing)
+				close(release0)
+				w.answersTo(t, "m0")
+				close(release1)
+				synctest.Wait()                    // m1's reply is written after the hour; the reset's write waits
+				w.request("k1", "/resume earlier") // never answered: the session crashes on it
+				synctest.Wait()
+				close(answer) // the store answers the reset's write; the session has restarted
+				synctest.Wait()
+				refusing.Store(false)
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				if got := w.answersTo(t, "m1"); len(got) == 0 || got[len(got)-1] != "re m1" {
+					t.Errorf("m1 was answered %q; want its reply", got)
+				}
+				w.checkEndedAt4(t, m0.SessionId, "after the crash")
 			})
 		})
 	}

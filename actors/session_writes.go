@@ -96,9 +96,11 @@ func (s *Session) toPlatform(c actor.Context, m *SendOutbound) {
 // writes, when the persistence actor has restarted since it sent it (resendAll). No requester
 // waits for it (an automatic reset, a set-aside, a probation mark, an interrupted turn's
 // mark): refused as unavailable while the session holds a turn's result, it is held behind
-// that result and written again after it (holdResult).
-func (s *Session) write(c actor.Context, ops []persistence.Op, done func(actor.Context, error)) {
-	s.submit(c, &pendingWrite{ops: ops, done: done, kept: true})
+// that result and written again after it (holdResult). It returns the write, as writeFor does.
+func (s *Session) write(c actor.Context, ops []persistence.Op, done func(actor.Context, error)) *pendingWrite {
+	w := &pendingWrite{ops: ops, done: done, kept: true}
+	s.submit(c, w)
+	return w
 }
 
 // writeFor is write for a request whose requester waits for done's answer: if this incarnation
@@ -189,8 +191,9 @@ type pendingWrite struct {
 	// (behindUnbegun).
 	unbegun *unbegunError
 	// files is the reset that fell due while the session worked, taken before a command that
-	// ended the session in memory ahead of this write (overdueToFile): filed for the key's next
-	// incarnation if the session crashes before the write is answered (filesOfUnanswered).
+	// ended the session in memory ahead of this write (overdueToFile), or the automatic reset
+	// this write stores (writeReset): filed for the key's next incarnation if the session
+	// crashes before the write is answered (filesOfUnanswered).
 	files *overdue
 }
 
