@@ -133,8 +133,12 @@ type overdue struct {
 }
 
 // leavingMarkRefusedLine is the line of a leaving session's reset mark that the store refused as
-// unavailable (storeOverdue).
-const leavingMarkRefusedLine = "store the session's due reset; the session hands it on with its key, and the key's next owner writes it and does the reset once the session's work is done"
+// unavailable (storeOverdue). The session does the reset itself when its work is done before it
+// hands the key on (nothing left queued: endOverdue, then leaveIfIdle), and hands it on with the
+// key only when work is left. Before, the line said only the latter, and a leaving session
+// whose running turn was its last work said the key's next owner did a reset it then did itself
+// (TestLeavingSessionsMarkOutageLineSaysTheKeysNextOwnerWritesIt, nothing queued).
+const leavingMarkRefusedLine = "store the session's due reset; the session does the reset once its work is done, or, with work left as it hands its key on, hands it on with the key, and the key's next owner writes it and does the reset"
 
 // storeOverdue stores the reset that fell due while the session works on the session's row
 // (persistence.MarkResetDue), once. Receive calls it after each message it handles: the reset
@@ -195,10 +199,10 @@ func (s *Session) storeOverdue(c actor.Context) {
 			o.refusals++
 			switch { // one line an outage (the persistence actor's says what fails), or two:
 			case s.leaving && !o.toldHandedOn && (o.refusals == 1 || o.triedAtLeave):
-				// A leaving session writes it again only until it hands its key on, the last time
-				// just before (markOverdueBeforeLeaving); then the key's next owner, which the
-				// reset goes to with the key (handOnFiledReset), writes it. Before, the line said
-				// this session wrote it until the store took it
+				// A leaving session writes it again only until it does the reset or hands its key
+				// on, the last time just before (markOverdueBeforeLeaving); then the key's next
+				// owner, which the reset goes to with the key (handOnFiledReset), writes it.
+				// Before, the line said this session wrote it until the store took it
 				// (TestLeavingSessionsMarkOutageLineSaysTheKeysNextOwnerWritesIt). Said also at
 				// the hand-over when the outage's first line, logged before the session began to
 				// leave, said that.

@@ -420,15 +420,21 @@ func TestResetDueWhoseMarkWasRefusedOutlivesALostHandOver(t *testing.T) {
 // key's next owner writes it. Before, that line said the session wrote it again until the store
 // took it, though it stops at the hand-over. One refused before the member began to leave has the
 // outage's usual line, and the line of the hand-over when the mark is refused again just before.
+// With nothing queued behind the turn, the session does the reset itself once the turn is done,
+// and then hands the key on, without it: the line says that too. Before, it said only that the
+// key's next owner did the reset.
 func TestLeavingSessionsMarkOutageLineSaysTheKeysNextOwnerWritesIt(t *testing.T) {
 	const usual = "it is written again until the store takes it"
 	for _, tc := range []struct {
 		name        string
 		leavesFirst bool // the member begins to leave before the mark's first refusal
+		queued      bool // m1 waits behind m0's turn
 		lines       []string
+		says        string // what the line of the leaving session says, of who does the reset
 	}{
-		{"refused while leaving", true, []string{leavingMarkRefusedLine}},
-		{"refused before leaving", false, []string{usual, leavingMarkRefusedLine}},
+		{"refused while leaving", true, true, []string{leavingMarkRefusedLine}, "the key's next owner writes it and does the reset"},
+		{"refused before leaving", false, true, []string{usual, leavingMarkRefusedLine}, "the key's next owner writes it and does the reset"},
+		{"refused while leaving, nothing queued", true, false, []string{leavingMarkRefusedLine}, "the session does the reset once its work is done"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -445,28 +451,49 @@ func TestLeavingSessionsMarkOutageLineSaysTheKeysNextOwnerWritesIt(t *testing.T)
 					synctest.Wait()
 				}
 				var m0 *DeliverResult
-				if tc.leavesFirst {
+				switch {
+				case !tc.queued:
+					m0 = w.deliver(t, "m0", "hello")
+					synctest.Wait()
+					leave()
+					refusing.Store(true)
+					clock.Store(after4.UnixNano())
+					w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}})
+					synctest.Wait()
+				case tc.leavesFirst:
 					m0 = w.refuseTheMarkAcrossTheHour(t, &refusing, clock, leave)
-				} else {
+				default:
 					m0 = w.refuseTheMarkAcrossTheHour(t, &refusing, clock, nil)
 					leave()
 				}
 				p.owner.Store(b)
 				close(release)
 				w.answersTo(t, "m0")
-				if got := w.answersTo(t, "m1"); len(got) != 1 || got[0] != "re m1" {
-					t.Errorf("m1 was answered %q, want its reply", got)
+				if !tc.queued {
+					synctest.Wait()
+					w.checkEndedAt4(t, m0.SessionId, "once m0's turn was done")
+					// Member a did it: the reset's line comes before that of the hand-over.
+					all := logs.String()
+					reset, handedOn := strings.Index(all, `msg="session reset"`), strings.Index(all, `msg="the session hands its key on to another member"`)
+					if reset < 0 || handedOn < 0 || reset > handedOn {
+						t.Errorf("the reset's line at %d, the hand-over's at %d; want the reset done before the hand-over", reset, handedOn)
+					}
+				} else {
+					if got := w.answersTo(t, "m1"); len(got) != 1 || got[0] != "re m1" {
+						t.Errorf("m1 was answered %q, want its reply", got)
+					}
+					synctest.Wait()
+					w.checkEndedAt4(t, m0.SessionId, "once the successor ran the queued message")
 				}
-				synctest.Wait()
-				w.checkEndedAt4(t, m0.SessionId, "once the successor ran the queued message")
 				got := linesWith(logs, `msg="store the session's due reset; `)
 				ok := len(got) >= len(tc.lines)
 				for i, l := range tc.lines {
 					ok = ok && strings.Contains(got[i], l) && strings.Contains(got[i], "level=WARN")
 				}
+				ok = ok && strings.Contains(got[len(tc.lines)-1], tc.says)
 				// (A line after those is member b's, whose own write of the mark is refused.)
 				if !ok {
-					t.Errorf("lines of the reset's mark: %q; want first the WRN lines %q (member a's)", got, tc.lines)
+					t.Errorf("lines of the reset's mark: %q; want first the WRN lines %q (member a's), the last saying %q", got, tc.lines, tc.says)
 				}
 			})
 		})
