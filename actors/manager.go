@@ -295,10 +295,11 @@ func (m *SessionManager) Receive(c actor.Context) {
 			m.route(c, msg.key, msg.r)
 			break
 		}
-		if holdsFiledReset(held, msg.r) {
+		i := m.handed[msg.key] // after those handed back before it, before what came later
+		if held, n, ok := handBackFiledReset(held, i, msg.r); ok {
+			m.stopping[msg.key], m.handed[msg.key] = held, n
 			break
 		}
-		i := m.handed[msg.key] // after those handed back before it, before what came later
 		m.stopping[msg.key] = slices.Insert(held, i, msg.r)
 		m.handed[msg.key] = i + 1
 	case *successor:

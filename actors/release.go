@@ -282,6 +282,7 @@ func heldAgain(held []routed, r routed) int {
 // that waits (for a member it cannot reach, or out a pause after refused writes) answers
 // nothing: before, every copy was held, one more each minute of the wait. The copy replaced
 // gets no answer: its sender gave it up (it sent this one), or, another member, sends it again.
+// (What a stopping session hands back goes through handBackFiledReset, which keeps the order.)
 func holdsFiledReset(held []routed, r routed) bool {
 	o := filedResetIn(r.msg)
 	if o == nil {
@@ -296,6 +297,43 @@ func holdsFiledReset(held []routed, r routed) bool {
 		}
 	}
 	return false
+}
+
+// handBackFiledReset places r, a request the stopping session of a key handed back, when it hands
+// a filed reset on and held, the requests held for the key, holds one too (holdsFiledReset); i
+// is the place of r, after those handed back before it (SessionManager.handed). It returns the
+// list, the count of those handed back in it, and whether it did. A copy held among those handed
+// back before r reached the session before r: it keeps its place, and r takes it unless the
+// copy is newer (overdue.supersedes). A copy held after them came to the manager after the
+// session asked to stop, and was sent after r (again, when r went unanswered): the one kept,
+// that copy unless r is newer, goes to r's place. The reset then comes before what reached the
+// session after r, as it did when every copy was held. Before, r took the place of the copy held
+// after what came before it, and what the session handed back after r went in front of it, the
+// count of those handed back not moved on: a message of the chat ran first, the session was
+// active since, and the reset ended nothing (TestFiledResetHandedBackKeepsItsPlace); and the
+// answer went to r's sender, which had given r up, not to the later copy's, which waited.
+func handBackFiledReset(held []routed, i int, r routed) ([]routed, int, bool) {
+	o := filedResetIn(r.msg)
+	if o == nil {
+		return held, i, false
+	}
+	j := slices.IndexFunc(held, func(h routed) bool { return filedResetIn(h.msg) != nil })
+	if j < 0 {
+		return held, i, false
+	}
+	had := filedResetIn(held[j].msg)
+	if j < i {
+		if o.supersedes(had) {
+			held[j] = r
+		}
+		return held, i, true
+	}
+	kept := held[j]
+	if o.supersedes(had) && !had.supersedes(o) {
+		kept = r
+	}
+	held = slices.Insert(slices.Delete(held, j, j+1), i, kept)
+	return held, i + 1, true
 }
 
 // filedResetIn is the filed reset msg hands on, if it is a ResetDue that carries one.

@@ -154,3 +154,70 @@ func TestFiledResetSentAgainIsHeldOnceWhileTheKeyWaits(t *testing.T) {
 		}
 	})
 }
+
+// TestFiledResetHandedBackKeepsItsPlace: a session asks to stop (it passivates; its mailbox is
+// suspended, so it has not stopped yet) while a filed reset handed on with its key and the chat's
+// next message, m2, wait in its mailbox in that order. A copy of the reset, sent again by the
+// member that handed it on (the first went unanswered for 30 s), reaches the manager first and
+// is held for the session's successor; then the session hands the first copy back, and m2
+// after it (Session.handOver). The successor takes the reset before m2: it ends the session at
+// 04:00, answers the copy sent again (whose sender still waits), and m2 begins the session's
+// successor. Before, the copy handed back took the place of the one held, after what was held
+// before it, and m2, handed back after it, went in front of it (the count of those handed back
+// was not moved on): m2 ran in the session, which was then active since, and the reset ended
+// nothing; the session went on until the next day's.
+func TestFiledResetHandedBackKeepsItsPlace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var clock atomic.Int64
+		clock.Store(before4.UnixNano())
+		w := newManagerWorld(t, gatedAgent("m0", release), dailyClock(&clock))
+		f0 := w.request("m0", "hello")
+		synctest.Wait()
+		clock.Store(after4.UnixNano())
+		close(release) // m0's reply is stored after the hour: the session is not due by its activity
+		res, err := f0.Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sid := res.(*DeliverResult).SessionId
+		w.answersTo(t, "m0")
+		synctest.Wait()
+		s, err := w.store.Session(w.ctx, sid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		filed := func() *ResetDue { // the reset another member filed for the session under m0's turn
+			return &ResetDue{SessionId: sid, Reason: persistence.EndDaily, DueAtUnixNano: at4.UnixNano(),
+				ActiveAtUnixNano: s.LastActivityAt.UnixNano()}
+		}
+
+		session := actor.NewPID(w.system.Address(), w.manager.Id+"/"+w.key)
+		proc, ok := w.system.ProcessRegistry.Get(session)
+		if !ok {
+			t.Fatalf("no session %s", session)
+		}
+		proc.SendSystemMessage(session, &actor.SuspendMailbox{})
+		w.system.Root.Send(w.manager, &passivate{key: w.key, pid: session})
+		again := w.system.Root.RequestFuture(w.manager, handedOnAgain(w.key, filed()), time.Hour)
+		first, m2 := actor.NewFuture(w.system, time.Hour), actor.NewFuture(w.system, time.Hour)
+		w.system.Root.Send(w.manager, &handedBack{key: w.key, r: routed{msg: filed(), sender: first.PID()}})
+		w.system.Root.Send(w.manager, &handedBack{key: w.key, r: routed{msg: w.message("m2", "next"), sender: m2.PID()}})
+		synctest.Wait()
+		proc.SendSystemMessage(session, &actor.ResumeMailbox{})
+
+		res, err = m2.Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := res.(*DeliverResult); r.SessionId == sid {
+			t.Errorf("m2 ran in session %s, the one the reset ends; want its successor", r.SessionId)
+		}
+		w.checkEndedAt4(t, sid, "once the successor took what was held and handed back")
+		if res, err := again.Result(); err != nil {
+			t.Errorf("the copy sent again was answered %#v, %v; want ResetDueTaken", res, err)
+		} else if _, ok := res.(*ResetDueTaken); !ok {
+			t.Errorf("the copy sent again was answered %#v; want ResetDueTaken", res)
+		}
+	})
+}
