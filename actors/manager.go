@@ -1031,7 +1031,7 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 // (Session.takeFiledReset). A leaving member's drain waits for the answers
 // (SessionManager.answerDrains).
 func (m *SessionManager) handOnFiledReset(c actor.Context, to *actor.PID, key string) {
-	if to == nil || to.Equal(c.Self()) || m.handingOn[key] {
+	if to == nil || to.Equal(c.Self()) || m.handingOn[key] || m.holdsKey(key) {
 		return // (one in flight, or waiting to be sent again, goes to the key's owner then)
 	}
 	if v, ok := m.d.resetsDue.Load(key); ok {
@@ -1111,10 +1111,26 @@ func (m *SessionManager) onRetryHandOn(c actor.Context, r *retryHandOn) {
 	defer m.answerDrains(c)
 	v, ok := m.d.resetsDue.Load(r.key)
 	to := m.elsewhere(r.key)
-	if !ok || m.closing || to == nil {
+	if !ok || m.closing || to == nil || m.holdsKey(r.key) {
 		return
 	}
 	m.sendFiledReset(c, to, r.key, v.(*overdue), r.failures)
+}
+
+// holdsKey reports whether the session of key is in memory here, or stops here. A filed reset
+// is not sent on meanwhile (handOnFiledReset, onRetryHandOn): the member that takes the key over
+// may wait for this one to let go, and forwards what reaches it for the key to this one, its
+// holder, past its last hop; this member then activated the key again for it, beside that
+// member (both ran the messages handed on:
+// TestFiledResetHandedToTheMemberThatAskedForTheKeyIsNotSentBack, on a hand-on's first send).
+// It goes with the key's hand-on once this member let go (startSuccessor), or stays for the
+// session here. Before, a send again, or the send of a reset filed since the last was taken,
+// went at once (TestFiledResetSentAgainWaitsWhileTheKeyIsHeldHere). (A key whose activation
+// waits here is not counted: an activation given up as the key moves hands no filed reset on,
+// and the send again is its only way on.)
+func (m *SessionManager) holdsKey(key string) bool {
+	_, stopping := m.stopping[key]
+	return stopping || m.sessions[key] != nil
 }
 
 func (m *SessionManager) answerDrains(c actor.Context) {

@@ -221,3 +221,53 @@ func TestFiledResetHandedBackKeepsItsPlace(t *testing.T) {
 		}
 	})
 }
+
+// TestFiledResetSentAgainWaitsWhileTheKeyIsHeldHere: member a's hand-on of a filed reset waits
+// to be sent again when the key is this member's session's once more, and that session asks to
+// stop (suspended, it has not stopped yet) with a reset of its own filed, as the key moves to
+// member b. The reset is not sent again to b while a still holds the key: b, which waits for a
+// to let go, would forward it back here, past its last hop, and a would activate the key again
+// for it beside b (TestFiledResetHandedToTheMemberThatAskedForTheKeyIsNotSentBack, on the
+// hand-on's first send). It goes to b once a has let go. Before, the send again went at once.
+func TestFiledResetSentAgainWaitsWhileTheKeyIsHeldHere(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &movingPlacement{}
+		w := newManagerWorld(t, gatedAgent("", nil), asMemberA(p))
+		p.self.Store(w.manager)
+		p.owner.Store(w.manager)
+		if r := w.deliver(t, "m0", "hello"); r.ErrorCode != "" {
+			t.Fatalf("m0: %+v", r)
+		}
+		synctest.Wait()
+		var got atomic.Int32
+		b := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if f, ok := c.Message().(*Forward); ok && f.GetResetDue() != nil {
+				got.Add(1)
+				c.Respond(&ResetDueTaken{})
+			}
+		}))
+
+		session := actor.NewPID(w.system.Address(), w.manager.Id+"/"+w.key)
+		proc, ok := w.system.ProcessRegistry.Get(session)
+		if !ok {
+			t.Fatalf("no session %s", session)
+		}
+		proc.SendSystemMessage(session, &actor.SuspendMailbox{})
+		w.system.Root.Send(w.manager, &passivate{key: w.key, pid: session})
+		w.d.resetsDue.Store(w.key, &overdue{sid: "the-sessions", reason: persistence.EndDaily, at: at4, activity: before4})
+		p.owner.Store(b) // the key moves
+		w.system.Root.Send(w.manager, &retryHandOn{key: w.key, failures: 1})
+		synctest.Wait()
+		if n := got.Load(); n != 0 {
+			t.Errorf("the filed reset was sent to b %d times while a still held the key; want none before a lets go", n)
+		}
+		proc.SendSystemMessage(session, &actor.ResumeMailbox{})
+		synctest.Wait()
+		if n := got.Load(); n != 1 {
+			t.Errorf("the filed reset was sent to b %d times once a let go of the key; want once", n)
+		}
+		if _, ok := w.d.resetsDue.Load(w.key); ok {
+			t.Error("the reset filed for the key stays after b took it")
+		}
+	})
+}
