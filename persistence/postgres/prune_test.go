@@ -46,17 +46,7 @@ func TestPruneRechecksASessionItLocked(t *testing.T) {
 				s, dsn := MustOpen(t)
 				mustEndedSession(t, s, "hi")
 
-				writer := mustConn(t, dsn)
-				tx, err := writer.Begin(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer func() { _ = tx.Rollback(ctx) }()
-				for _, q := range tc.write {
-					if _, err := tx.Exec(ctx, q); err != nil {
-						t.Fatalf("%s: %v", q, err)
-					}
-				}
+				tx := mustWriteInTx(t, dsn, tc.write...)
 
 				done := pruneStepInTheBackground(s, rows)
 				waitForLockWaits(t, dsn, 1, nil)
@@ -71,7 +61,7 @@ func TestPruneRechecksASessionItLocked(t *testing.T) {
 					t.Errorf("the session after the step: %v, want it kept", err)
 				}
 				var n int
-				if err := writer.QueryRow(ctx, tc.kept).Scan(&n); err != nil || n != 1 {
+				if err := mustConn(t, dsn).QueryRow(ctx, tc.kept).Scan(&n); err != nil || n != 1 {
 					t.Errorf("%s = %d, %v; want 1", tc.kept, n, err)
 				}
 			})
@@ -178,22 +168,10 @@ func TestPruneKeepsAPendingOutboxEntry(t *testing.T) {
 				s, dsn := MustOpen(t)
 				mustEndedSession(t, s, "hi", "more")
 
-				writer := mustConn(t, dsn)
-				tx, err := writer.Begin(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer func() { _ = tx.Rollback(ctx) }()
-				if _, err := tx.Exec(ctx, tc.write[0]); err != nil {
-					t.Fatalf("%s: %v", tc.write[0], err)
-				}
+				tx := mustWriteInTx(t, dsn, tc.write[0])
 				done := pruneStepInTheBackground(s, rows)
 				waitForLockWaits(t, dsn, 1, nil) // the step checked the session again, and waits in its outbox DELETE
-				for _, q := range tc.write[1:] {
-					if _, err := tx.Exec(ctx, q); err != nil {
-						t.Fatalf("%s: %v", q, err)
-					}
-				}
+				mustExecIn(t, tx, tc.write[1:]...)
 				if err := tx.Commit(ctx); err != nil {
 					t.Fatal(err)
 				}
@@ -206,7 +184,7 @@ func TestPruneKeepsAPendingOutboxEntry(t *testing.T) {
 					t.Errorf("PruneStep = %+v, %v; want %d sessions deleted", r.c, r.err, want)
 				}
 				var n int
-				if err := writer.QueryRow(ctx, tc.kept).Scan(&n); err != nil || n != 1 {
+				if err := mustConn(t, dsn).QueryRow(ctx, tc.kept).Scan(&n); err != nil || n != 1 {
 					t.Errorf("%s = %d, %v; want 1", tc.kept, n, err)
 				}
 			})
@@ -418,21 +396,11 @@ func TestPruneSweepsAReplyDeliveredAfterItsSessionWent(t *testing.T) {
 	ctx := context.Background()
 	s, dsn := MustOpen(t)
 	mustEndedSession(t, s, "hi", "more")
-	writer := mustConn(t, dsn)
-	tx, err := writer.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM outbox WHERE session_key = 'k' AND seq = 1 FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
+	tx := mustWriteInTx(t, dsn, `SELECT 1 FROM outbox WHERE session_key = 'k' AND seq = 1 FOR UPDATE`)
 	done := pruneStepInTheBackground(s, 0)
 	waitForLockWaits(t, dsn, 1, nil) // the step checked the session again, and waits in its outbox DELETE
-	if _, err := tx.Exec(ctx, `INSERT INTO outbox (session_key, seq, session_id, kind, text, state)
-		VALUES ('k', 3, 'old', 'reply', 'late answer', 'pending')`); err != nil {
-		t.Fatal(err)
-	}
+	mustExecIn(t, tx, `INSERT INTO outbox (session_key, seq, session_id, kind, text, state)
+		VALUES ('k', 3, 'old', 'reply', 'late answer', 'pending')`)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -472,15 +440,7 @@ func TestPruneSweepWaitsForNoRowLock(t *testing.T) {
 			Text: "late answer", State: persistence.DeliveryDelivered, CreatedAt: t0}},
 		&persistence.AddOutbox{Entry: persistence.OutboxEntry{SessionKey: "k", Seq: 2, SessionID: "gone", Kind: "reply",
 			Text: "later answer", State: persistence.DeliveryDelivered, CreatedAt: t0}})
-	writer := mustConn(t, dsn)
-	tx, err := writer.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM outbox WHERE session_key = 'k' AND seq = 1 FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
+	tx := mustWriteInTx(t, dsn, `SELECT 1 FROM outbox WHERE session_key = 'k' AND seq = 1 FOR UPDATE`)
 	done := pruneStepInTheBackground(s, 0)
 	finished := make(chan struct{})
 	var r stepResult
@@ -500,7 +460,31 @@ func TestPruneSweepWaitsForNoRowLock(t *testing.T) {
 	if n := mustPass(t, s); n != 1 {
 		t.Errorf("the next pass swept %d rows, want 1", n)
 	}
-	if got, want := mustOutboxOf(t, writer, "k"), []string{"2 gone pruned delivered "}; !reflect.DeepEqual(got, want) {
+	if got, want := mustOutboxOf(t, mustConn(t, dsn), "k"), []string{"2 gone pruned delivered "}; !reflect.DeepEqual(got, want) {
 		t.Errorf("k's outbox after the next pass = %q, want %q", got, want)
+	}
+}
+
+// mustWriteInTx begins a transaction on a connection of its own to dsn, runs qs in it (a test's
+// write, or the row locks it holds while a prune step runs) and returns it open; it is rolled
+// back at the test's end unless the test commits it.
+func mustWriteInTx(t *testing.T, dsn string, qs ...string) pgx.Tx {
+	t.Helper()
+	tx, err := mustConn(t, dsn).Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	mustExecIn(t, tx, qs...)
+	return tx
+}
+
+// mustExecIn runs qs in tx.
+func mustExecIn(t *testing.T, tx pgx.Tx, qs ...string) {
+	t.Helper()
+	for _, q := range qs {
+		if _, err := tx.Exec(context.Background(), q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
 	}
 }
