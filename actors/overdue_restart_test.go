@@ -71,29 +71,17 @@ func TestOverdueResetOutlivesACrashBeforeACommandThatEndedItIsAnswered(t *testin
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				release0, release1, answer := make(chan struct{}), make(chan struct{}), make(chan struct{})
-				var clock atomic.Int64
-				clock.Store(before4.UnixNano())
-				var refusing atomic.Bool
 				byCommand := func(op persistence.Op) bool { // the end the command writes
 					e, ok := op.(*persistence.EndSession)
 					return ok && e.Reason != persistence.EndDaily
 				}
-				w := newManagerWorldWith(t, filepath.Join(t.TempDir(), "agentgate.db"), twoGates(release0, release1), func(d *Deps) {
-					dailyClock(&clock)(d)
-					d.Store = sessionsOfKeyPanics{d.Store} // a /resume crashes the session
-				}, func(s persistence.Store) persistence.Store {
-					refused := &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
-						_, mark := op.(*persistence.MarkResetDue)
-						return refusing.Load() && (mark || !tc.stored && byCommand(op))
-					}}
-					held := func(op persistence.Op) bool { // the writes that wait for answer
+				w, release0, release1, answer, clock, refusing := crashingWorld(t,
+					func(op persistence.Op) bool { return !tc.stored && byCommand(op) },
+					func(op persistence.Op) bool {
 						a, ok := op.(*persistence.AppendMessage)
 						return byCommand(op) || ok && tc.first != "" && a.Message.Content == tc.first
-					}
-					return &waitsFor{Store: refused, pick: held, until: answer}
-				})
-				m0 := w.dueWhileM0Runs(t, &clock, &refusing)
+					})
+				m0 := w.dueWhileM0Runs(t, clock, refusing)
 				close(release0)
 				w.answersTo(t, "m0") // its reply is stored after the hour; m1's turn runs
 				synctest.Wait()
@@ -157,25 +145,13 @@ func TestOverdueResetOutlivesACrashBeforeItsOwnWriteIsAnswered(t *testing.T) {
 	for _, stored := range []bool{false, true} {
 		t.Run(fmt.Sprintf("stored=%v", stored), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				release0, release1, answer := make(chan struct{}), make(chan struct{}), make(chan struct{})
-				var clock atomic.Int64
-				clock.Store(before4.UnixNano())
-				var refusing atomic.Bool
 				daily := func(op persistence.Op) bool { // the reset's own write
 					e, ok := op.(*persistence.EndSession)
 					return ok && e.Reason == persistence.EndDaily
 				}
-				w := newManagerWorldWith(t, filepath.Join(t.TempDir(), "agentgate.db"), twoGates(release0, release1), func(d *Deps) {
-					dailyClock(&clock)(d)
-					d.Store = sessionsOfKeyPanics{d.Store} // a /resume crashes the session
-				}, func(s persistence.Store) persistence.Store {
-					refused := &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
-						_, mark := op.(*persistence.MarkResetDue)
-						return refusing.Load() && (mark || !stored && daily(op))
-					}}
-					return &waitsFor{Store: refused, pick: daily, until: answer}
-				})
-				m0 := w.dueWhileM0Runs(t, &clock, &refusing)
+				w, release0, release1, answer, clock, refusing := crashingWorld(t,
+					func(op persistence.Op) bool { return !stored && daily(op) }, daily)
+				m0 := w.dueWhileM0Runs(t, clock, refusing)
 				close(release0)
 				w.answersTo(t, "m0")
 				close(release1)
@@ -194,6 +170,29 @@ func TestOverdueResetOutlivesACrashBeforeItsOwnWriteIsAnswered(t *testing.T) {
 			})
 		})
 	}
+}
+
+// crashingWorld is the world of the tests of a crash before a write is answered: m0's turn held
+// until release0 is closed, m1's until release1; a clock at before4; a store that, while refusing
+// is set, refuses every reset mark and the writes refuseEnd picks, and holds the writes held picks
+// until answer is closed; a /resume crashes the session.
+func crashingWorld(t *testing.T, refuseEnd, held func(persistence.Op) bool) (w *managerWorld,
+	release0, release1, answer chan struct{}, clock *atomic.Int64, refusing *atomic.Bool) {
+	t.Helper()
+	release0, release1, answer = make(chan struct{}), make(chan struct{}), make(chan struct{})
+	clock, refusing = new(atomic.Int64), new(atomic.Bool)
+	clock.Store(before4.UnixNano())
+	w = newManagerWorldWith(t, filepath.Join(t.TempDir(), "agentgate.db"), twoGates(release0, release1), func(d *Deps) {
+		dailyClock(clock)(d)
+		d.Store = sessionsOfKeyPanics{d.Store} // a /resume crashes the session
+	}, func(s persistence.Store) persistence.Store {
+		refused := &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
+			_, mark := op.(*persistence.MarkResetDue)
+			return refusing.Load() && (mark || refuseEnd(op))
+		}}
+		return &waitsFor{Store: refused, pick: held, until: answer}
+	})
+	return w, release0, release1, answer, clock, refusing
 }
 
 // restartFromStoreWithItsMarkRefused starts a world on the database at path whose session runs
