@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -120,10 +121,15 @@ type SessionManager struct {
 	// could not be handed on (whileClosing).
 	leftRecovers logging.Limiter
 	// handingOn holds the keys whose filed reset was handed on to another member and not yet
-	// taken there, in flight or waiting to be sent again (handOnFiledReset); resetHandOnFails
-	// limits the line of one the other member did not take.
-	handingOn        map[string]bool
-	resetHandOnFails logging.Limiter
+	// taken there, in flight or waiting to be sent again (handOnFiledReset); handOnRetries, the
+	// cancels of the timers of those waiting to be sent again (sendFiledReset). resetHandOnFails
+	// limits the line of one the other member did not take; resetHandOnsGivenUp, that of one
+	// begun as the manager stops that was not taken (the stop's line counts the others:
+	// giveUpHandOns).
+	handingOn           map[string]bool
+	handOnRetries       map[string]scheduler.CancelFunc
+	resetHandOnFails    logging.Limiter
+	resetHandOnsGivenUp logging.Limiter
 }
 
 // recoverAll asks the manager to list the keys with unfinished work and start their sessions
@@ -240,6 +246,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 			m.stopSweep = nil
 		}
 		m.stopPauseChecks()
+		m.giveUpHandOns()
 		if m.stopKept != nil {
 			m.stopKept()
 			m.stopKept = nil
@@ -1054,6 +1061,7 @@ func (m *SessionManager) sendFiledReset(c actor.Context, to *actor.PID, key stri
 		m.handingOn = map[string]bool{}
 	}
 	m.handingOn[key] = true
+	begunClosing := m.closing // (not counted by the stop's line: giveUpHandOns)
 	f := &Forward{Key: key, Hops: 1, Msg: &Forward_ResetDue{ResetDue: resetDueOf(o)}}
 	c.ReenterAfter(c.RequestFuture(to, f, resetHandOnTimeout), func(res any, err error) {
 		if _, ok := res.(*ResetDueTaken); err == nil && ok {
@@ -1070,10 +1078,14 @@ func (m *SessionManager) sendFiledReset(c actor.Context, to *actor.PID, key stri
 			err = fmt.Errorf("unexpected answer %T", res)
 		}
 		if m.closing {
-			// Not sent again: said so, after a first failure's line that said it would be too.
+			// Not sent again. One in flight as the stop began was said so then (giveUpHandOns);
+			// one begun since (startSuccessor) is said so now, with a limiter of its own: one
+			// shared with the first failure's line was held back by a line of another key.
 			delete(m.handingOn, key) // (the entry stays for the key's next activation here)
-			if args, ok := m.resetHandOnFails.Allowed("session", key, "member", to.Address, "sent", failures+1, logging.Err(err)); ok {
-				m.log.Warn(handOnGivenUpLine, args...)
+			if begunClosing {
+				if args, ok := m.resetHandOnsGivenUp.Allowed("session", key, "member", to.Address, "sent", failures+1, logging.Err(err)); ok {
+					m.log.Warn(handOnGivenUpLine, args...)
+				}
 			}
 			return
 		}
@@ -1083,16 +1095,46 @@ func (m *SessionManager) sendFiledReset(c actor.Context, to *actor.PID, key stri
 			}
 		}
 		wait := min(time.Second<<min(failures, 6), maxResetHandOnWait)
-		m.timers.SendOnce(wait, c.Self(), &retryHandOn{key: key, failures: failures + 1})
+		if m.handOnRetries == nil {
+			m.handOnRetries = map[string]scheduler.CancelFunc{}
+		}
+		m.handOnRetries[key] = m.timers.SendOnce(wait, c.Self(), &retryHandOn{key: key, failures: failures + 1})
 	})
 }
 
+// giveUpHandOns ends, as the manager stops or restarts, the hand-ons of filed resets the key's
+// next owner has not taken: none is sent again (the timers of those waiting to be sent again
+// are cancelled: one that fired after a restart was sent by the next incarnation, against the
+// line), and each not taken stays in memory for its key's next activation here. It says so in
+// one line, with how many, how many of them still await an answer (taken if it says so), and
+// their keys. Before, a send again only waiting for its timer was dropped without a word (the
+// last line about it said "sent again until it does"), and the line of a failure as the
+// manager stopped came only if the answer came back before the stop was over, and shared its
+// limiter with the first failure's line, which held it back.
+func (m *SessionManager) giveUpHandOns() {
+	keys := slices.Sorted(maps.Keys(m.handingOn))
+	for key, cancel := range m.handOnRetries {
+		cancel()
+		delete(m.handingOn, key)
+	}
+	m.handOnRetries = nil
+	if len(keys) == 0 {
+		return
+	}
+	m.log.Warn(handOnsLeftLine, "count", len(keys), "awaiting", len(m.handingOn), "sessions", keys[:min(len(keys), maxKeysLogged)])
+}
+
+// maxKeysLogged bounds the keys a line names (giveUpHandOns).
+const maxKeysLogged = 10
+
 // The lines of a filed reset handed on that the key's new owner did not take (sendFiledReset):
-// the first failure of a hand-on, which is sent again; and a failure as the manager stops, which
-// is not. Before, the first said "sent again" also as the manager stopped.
+// the first failure of a hand-on, which is sent again; a failure of one begun as the manager
+// stops, which is not; and, at the manager's stop, those not taken then (giveUpHandOns).
+// Before, the first said "sent again" also as the manager stopped.
 const (
 	handOnFailedLine  = "the member that takes a session's key over did not take the reset filed for it; it is sent again until it does"
 	handOnGivenUpLine = "the member that takes a session's key over did not take the reset filed for it, and the manager stops: it is not sent again; it stays in memory for the key's next activation here"
+	handOnsLeftLine   = "the manager stops with filed resets handed on that the key's next owner has not taken: none is sent again; each one not taken stays in memory for its key's next activation here"
 )
 
 // retryHandOn sends the reset filed for key again (handOnFiledReset), failures times sent in
@@ -1108,6 +1150,7 @@ type retryHandOn struct {
 // key in memory here has taken it as it loaded: Session.expireOnStart.)
 func (m *SessionManager) onRetryHandOn(c actor.Context, r *retryHandOn) {
 	delete(m.handingOn, r.key)
+	delete(m.handOnRetries, r.key)
 	defer m.answerDrains(c)
 	v, ok := m.d.resetsDue.Load(r.key)
 	to := m.elsewhere(r.key)

@@ -1,11 +1,13 @@
 package actors
 
 import (
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/asynkron/protoactor-go/actor"
 )
@@ -270,4 +272,79 @@ func TestFiledResetSentAgainWaitsWhileTheKeyIsHeldHere(t *testing.T) {
 			t.Error("the reset filed for the key stays after b took it")
 		}
 	})
+}
+
+// TestFiledResetsLeftUnsentAtTheManagersStopAreSaid: member a's session stops as its key moves
+// to member b, with a reset filed for it, which a hands on to b. b does not take it (a dead
+// letter: a sends it again a second later; or no answer yet), and a's manager stops meanwhile.
+// Its stop says, in one WRN line, that the reset is not sent again and stays in memory, with
+// the session's key, and it is not sent again. Before, a send again waiting for its timer was
+// dropped without a word (the last line about the reset said it was sent again until b took
+// it), and so was one whose answer had not come back before the stop was over.
+func TestFiledResetsLeftUnsentAtTheManagersStopAreSaid(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		awaiting string // the line's count of hand-ons whose answer is still awaited
+		answer   func(c actor.Context)
+	}{
+		{"waiting to be sent again", "awaiting=0", func(c actor.Context) { c.Respond(&actor.DeadLetterResponse{}) }},
+		{"awaiting its answer", "awaiting=1", func(actor.Context) {}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				p, logs := &movingPlacement{}, new(testutil.Buffer)
+				w := newManagerWorld(t, gatedAgent("", nil), loggedTo(logs, asMemberA(p)))
+				p.self.Store(w.manager)
+				p.owner.Store(w.manager)
+				if r := w.deliver(t, "m0", "hello"); r.ErrorCode != "" {
+					t.Fatalf("m0: %+v", r)
+				}
+				synctest.Wait()
+				var got atomic.Int32
+				b := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+					if f, ok := c.Message().(*Forward); ok && f.GetResetDue() != nil {
+						got.Add(1)
+						tc.answer(c)
+					}
+				}))
+				w.d.resetsDue.Store(w.key, &overdue{sid: "the-sessions", reason: persistence.EndDaily, at: at4, activity: before4})
+				p.owner.Store(b) // the key moves
+				session := actor.NewPID(w.system.Address(), w.manager.Id+"/"+w.key)
+				w.system.Root.Send(w.manager, &passivate{key: w.key, pid: session})
+				synctest.Wait()
+				if n := got.Load(); n != 1 {
+					t.Fatalf("the filed reset was handed on %d times as the session stopped; want once", n)
+				}
+				if err := w.system.Root.StopFuture(w.manager).Wait(); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				if n := got.Load(); n != 1 {
+					t.Errorf("the filed reset was handed on %d times in all; want once (not again after the stop)", n)
+				}
+				var lines []string // of the reset's hand-on: those of sendFiledReset and the stop's
+				for _, l := range strings.Split(logs.String(), "\n") {
+					if strings.Contains(l, "reset filed for it") || strings.Contains(l, "filed resets handed on") {
+						lines = append(lines, l)
+					}
+				}
+				if len(lines) == 0 || !strings.Contains(lines[len(lines)-1], handOnsLeftLine) {
+					t.Fatalf("lines of the filed reset: %q; want the last to say %q", lines, handOnsLeftLine)
+				}
+				last := lines[len(lines)-1]
+				for _, want := range []string{"level=WARN", "count=1", tc.awaiting, w.key} {
+					if !strings.Contains(last, want) {
+						t.Errorf("the stop's line %q does not hold %q", last, want)
+					}
+				}
+				if n := len(linesWith(logs, handOnsLeftLine)); n != 1 {
+					t.Errorf("the stop's line came %d times; want once", n)
+				}
+				if _, ok := w.d.resetsDue.Load(w.key); !ok {
+					t.Error("the reset not taken is no longer filed")
+				}
+			})
+		})
+	}
 }
