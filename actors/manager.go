@@ -1160,7 +1160,8 @@ func (m *SessionManager) onRetryHandOn(c actor.Context, r *retryHandOn) {
 	m.sendFiledReset(c, to, r.key, v.(*overdue), r.failures)
 }
 
-// holdsKey reports whether the session of key is in memory here, or stops here. A filed reset
+// holdsKey reports whether the session of key is in memory here, stops here, or waits to be
+// activated here. A filed reset
 // is not sent on meanwhile (handOnFiledReset, onRetryHandOn): the member that takes the key over
 // may wait for this one to let go, and forwards what reaches it for the key to this one, its
 // holder, past its last hop; this member then activated the key again for it, beside that
@@ -1168,12 +1169,15 @@ func (m *SessionManager) onRetryHandOn(c actor.Context, r *retryHandOn) {
 // TestFiledResetHandedToTheMemberThatAskedForTheKeyIsNotSentBack, on a hand-on's first send).
 // It goes with the key's hand-on once this member let go (startSuccessor), or stays for the
 // session here. Before, a send again, or the send of a reset filed since the last was taken,
-// went at once (TestFiledResetSentAgainWaitsWhileTheKeyIsHeldHere). (A key whose activation
-// waits here is not counted: an activation given up as the key moves hands no filed reset on,
-// and the send again is its only way on.)
+// went at once (TestFiledResetSentAgainWaitsWhileTheKeyIsHeldHere). An activation that waits
+// here may hold the key for the member that takes it over too (it ranks first: that member
+// waits, and forwards what reaches it here); it ends in a session here, which takes the reset
+// as it loads, or is given up, and hands the reset on after it let go (cancelActivation).
+// Until the fifty-first session's review it was not counted, as an activation given up handed
+// no filed reset on.
 func (m *SessionManager) holdsKey(key string) bool {
 	_, stopping := m.stopping[key]
-	return stopping || m.sessions[key] != nil
+	return stopping || m.sessions[key] != nil || m.activating[key] != nil
 }
 
 func (m *SessionManager) answerDrains(c actor.Context) {

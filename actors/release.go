@@ -619,6 +619,11 @@ func (m *SessionManager) cancelActivation(c actor.Context, key string) {
 	if len(local) == 0 && (!a.recover || onward) {
 		delete(m.activating, key)
 		m.letGo(c, key)
+		// The reset filed for the key goes on too, after letGo and ahead of what was held, as
+		// with a session's hand-on (startSuccessor). Before, it stayed here: the key's next owner
+		// found the session's activity past the due time, and the session went on until its next
+		// reset (TestFiledResetOfAnActivationGivenUpGoesOnWithTheKey).
+		m.handOnFiledReset(c, m.elsewhere(key), key)
 	}
 	for _, r := range away {
 		m.handOn(c, key, r) // it takes them: the key is elsewhere's, and they may cross members

@@ -348,3 +348,92 @@ func TestFiledResetsLeftUnsentAtTheManagersStopAreSaid(t *testing.T) {
 		})
 	}
 }
+
+// TestFiledResetOfAnActivationGivenUpGoesOnWithTheKey: member b runs the key's slow turn when the
+// key moves to member a, which cannot reach b; a's activation, for the chat's next message (m2),
+// waits for b, with a reset filed here for the key (its session here stopped with the store
+// refusing its end and the reset's mark). The key moves back to b, and a gives its activation up
+// (its grain stops): m2 goes on to b, and so does the filed reset, which b's session takes. A send
+// again meanwhile waits for the activation's end, as for a session here (holdsKey). Before, the
+// activation given up handed the reset on nowhere: it stayed in a's memory, and b, which found the
+// session's activity past the due time, let the session go on until its next reset.
+func TestFiledResetOfAnActivationGivenUpGoesOnWithTheKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		agent, ran := slowUntil(release)
+		w, _, link, ownerA, ownerB, _, cut := twoMembers(t, agent, false)
+		slow := w.system.Root.RequestFuture(link, &Routed{Key: w.key, Msg: w.message("m1", "slow")}, time.Hour)
+		synctest.Wait()
+		cut.Store(true)
+		ownerA.Store(w.manager) // the key moves to a, which cannot reach b
+		ownerB.Store(w.manager)
+		filed := &overdue{sid: "an-earlier-session", reason: persistence.EndDaily, at: at4, activity: before4}
+		w.d.resetsDue.Store(w.key, filed)
+		grain := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+		next := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Grain: grain, Msg: w.message("m2", "next")}, time.Hour)
+		synctest.Wait()
+		ownerA.Store(link) // the key moves back to b, which a can reach again
+		ownerB.Store(link)
+		cut.Store(false)
+		w.system.Root.Send(w.manager, &grainStopped{key: w.key, grain: grain})
+		synctest.Wait()
+		close(release)
+		for _, f := range []*actor.Future{slow, next} {
+			if _, err := f.Result(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ranOnceEach(t, w, ran)
+		synctest.Wait()
+		if v, ok := w.d.resetsDue.Load(w.key); ok {
+			t.Errorf("the reset filed at a stays there (%+v) after a gave its activation up and b took the key; want it handed on to b", v)
+		}
+	})
+}
+
+// TestFiledResetSentAgainWaitsWhileTheKeysActivationWaitsHere: as in
+// TestFiledResetOfAnActivationGivenUpGoesOnWithTheKey, a's activation waits for b with a reset
+// filed here, and the key moves on to a third member, c, before a's grain stops. A send again
+// of the reset meanwhile waits for the activation's end: c may itself wait for a (whose
+// activation may rank first) and forward it back here past its last hop, where it kept a's
+// activation going beside c's (the case of holdsKey). Once a gives its activation up, the reset
+// goes to c, once. Before, it went to c at once.
+func TestFiledResetSentAgainWaitsWhileTheKeysActivationWaitsHere(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		agent, _ := slowUntil(release)
+		w, _, link, ownerA, ownerB, _, cut := twoMembers(t, agent, false)
+		slow := w.system.Root.RequestFuture(link, &Routed{Key: w.key, Msg: w.message("m1", "slow")}, time.Hour)
+		synctest.Wait()
+		cut.Store(true)
+		ownerA.Store(w.manager) // the key moves to a, which cannot reach b
+		ownerB.Store(w.manager)
+		w.d.resetsDue.Store(w.key, &overdue{sid: "an-earlier-session", reason: persistence.EndDaily, at: at4, activity: before4})
+		grain := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+		w.system.Root.Send(w.manager, &Routed{Key: w.key, Grain: grain, Msg: w.message("m2", "next")})
+		synctest.Wait()
+		var got atomic.Int32
+		third := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if f, ok := c.Message().(*Forward); ok && f.GetResetDue() != nil {
+				got.Add(1)
+				c.Respond(&ResetDueTaken{})
+			}
+		}))
+		ownerA.Store(third) // the key moves on to c
+		w.system.Root.Send(w.manager, &retryHandOn{key: w.key, failures: 1})
+		synctest.Wait()
+		if n := got.Load(); n != 0 {
+			t.Errorf("the filed reset was sent to c %d times while a's activation waited; want none before it ends", n)
+		}
+		w.system.Root.Send(w.manager, &grainStopped{key: w.key, grain: grain})
+		synctest.Wait()
+		if n := got.Load(); n != 1 {
+			t.Errorf("the filed reset was sent to c %d times once a gave its activation up; want once", n)
+		}
+		cut.Store(false)
+		close(release)
+		if _, err := slow.Result(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
