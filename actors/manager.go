@@ -926,7 +926,18 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 			delete(m.stopping, key)
 			delete(m.handed, key)
 			m.crashedOut(c, key, true)
+			// The reset filed for the key (the crash filed it, and the incarnation that stopped
+			// loaded nothing) goes on with the key when it is another member's, to the same
+			// member and after letGo, as below. Before, it stayed here, and so did a send again
+			// of it held back while the session stopped (holdsKey): the key's next owner let the
+			// session go on until its next reset
+			// (TestFiledResetOfASessionCrashedOutGoesOnWithTheKey).
+			to := m.elsewhere(key)
+			if asker := m.takingOver(key); to != nil && asker != nil {
+				to = asker
+			}
 			m.letGo(c, key)
+			m.handOnFiledReset(c, to, key)
 			m.answerDrains(c)
 			return
 		}

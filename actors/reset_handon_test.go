@@ -1,12 +1,14 @@
 package actors
 
 import (
+	"context"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/asynkron/protoactor-go/actor"
@@ -434,6 +436,55 @@ func TestFiledResetSentAgainWaitsWhileTheKeysActivationWaitsHere(t *testing.T) {
 		close(release)
 		if _, err := slow.Result(); err != nil {
 			t.Fatal(err)
+		}
+	})
+}
+
+// TestFiledResetOfASessionCrashedOutGoesOnWithTheKey: member a's session crashes past its
+// restart budget (its agent panics on m1 three times, then on m2) with a reset filed for the key
+// (Session.onRestarting files it; the incarnation that stops for crashing loads nothing, so it
+// does not take it), while the key moves to member b. The manager lets go of the key and hands
+// the reset on to b, as for a session that stops otherwise. Before, it let go and handed nothing
+// on: the reset stayed in a's memory (with a send again of it, which waited while the session
+// stopped here: holdsKey, dropped), and b let the session go on until its next reset.
+func TestFiledResetOfASessionCrashedOutGoesOnWithTheKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		first, last := make(chan struct{}), make(chan struct{})
+		crashy := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+			if req.Identity.MessageID == "m2" {
+				<-last
+			} else {
+				<-first
+			}
+			panic("agent bug on " + req.Identity.MessageID)
+		})
+		p := &movingPlacement{}
+		w := newManagerWorld(t, crashy, asMemberA(p))
+		p.self.Store(w.manager)
+		p.owner.Store(w.manager)
+		for _, id := range []string{"m1", "m2"} {
+			if r := w.deliver(t, id, "boom"); r.ErrorCode != "" {
+				t.Fatalf("deliver %s: %+v", id, r)
+			}
+		}
+		close(first) // m1 crashes the session three times and is quarantined; m2 runs
+		synctest.Wait()
+		var got atomic.Int32
+		b := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if f, ok := c.Message().(*Forward); ok && f.GetResetDue() != nil {
+				got.Add(1)
+				c.Respond(&ResetDueTaken{})
+			}
+		}))
+		w.d.resetsDue.Store(w.key, &overdue{sid: "the-sessions", reason: persistence.EndDaily, at: at4, activity: before4})
+		p.owner.Store(b) // the key moves
+		close(last)      // m2's crash is one too many
+		synctest.Wait()
+		if n := got.Load(); n != 1 {
+			t.Errorf("the filed reset was handed on to b %d times once the session crashed out; want once", n)
+		}
+		if _, ok := w.d.resetsDue.Load(w.key); ok {
+			t.Error("the reset filed for the key stays at a")
 		}
 	})
 }
