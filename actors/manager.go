@@ -246,7 +246,8 @@ func (m *SessionManager) Receive(c actor.Context) {
 			m.stopSweep = nil
 		}
 		m.stopPauseChecks()
-		m.giveUpHandOns()
+		_, restarting := msg.(*actor.Restarting)
+		m.giveUpHandOns(restarting)
 		if m.stopKept != nil {
 			m.stopKept()
 			m.stopKept = nil
@@ -425,6 +426,7 @@ func (m *SessionManager) start(c actor.Context) {
 	m.timers = scheduler.NewTimerScheduler(c)
 	m.armSweep(c)
 	if m.d.Clustered {
+		m.handOnFiledResets(c)
 		return // each member recovers the keys the cluster gives it (Recover)
 	}
 	m.recoverAll(c)
@@ -1114,25 +1116,43 @@ func (m *SessionManager) sendFiledReset(c actor.Context, to *actor.PID, key stri
 }
 
 // giveUpHandOns ends, as the manager stops or restarts, the hand-ons of filed resets the key's
-// next owner has not taken: none is sent again (the timers of those waiting to be sent again
-// are cancelled: one that fired after a restart was sent by the next incarnation, against the
-// line), and each not taken stays in memory for its key's next activation here. It says so in
-// one line, with how many, how many of them still await an answer (taken if it says so), and
-// their keys. Before, a send again only waiting for its timer was dropped without a word (the
-// last line about it said "sent again until it does"), and the line of a failure as the
-// manager stopped came only if the answer came back before the stop was over, and shared its
-// limiter with the first failure's line, which held it back.
-func (m *SessionManager) giveUpHandOns() {
+// next owner has not taken: the timers of those waiting to be sent again are cancelled. At a
+// stop none is sent again, and each not taken stays in memory for its key's next activation
+// here: it says so in one line, with how many, how many of them still await an answer (taken
+// if it says so), and their keys. Before, a send again only waiting for its timer was dropped
+// without a word (the last line about it said "sent again until it does"), and the line of a
+// failure as the manager stopped came only if the answer came back before the stop was over,
+// and shared its limiter with the first failure's line, which held it back. At a restart the
+// next incarnation sends every filed reset whose key is another member's on as it starts
+// (handOnFiledResets), so nothing is said here; a timer left to fire would send one twice.
+func (m *SessionManager) giveUpHandOns(restarting bool) {
 	keys := slices.Sorted(maps.Keys(m.handingOn))
 	for key, cancel := range m.handOnRetries {
 		cancel()
 		delete(m.handingOn, key)
 	}
 	m.handOnRetries = nil
-	if len(keys) == 0 {
+	if len(keys) == 0 || restarting {
 		return
 	}
 	m.log.Warn(handOnsLeftLine, "count", len(keys), "awaiting", len(m.handingOn), "sessions", keys[:min(len(keys), maxKeysLogged)])
+}
+
+// handOnFiledResets hands on, as a restarted manager starts, every reset filed for a key that is
+// another member's now (handOnFiledReset): the incarnation before may have been handing it on
+// (its answer or its timer went with it), and no activation here will take it. Before, such a
+// reset stayed in memory until the key came back here, if ever: the key's owner let the session
+// go on until its next reset (TestFiledResetHandedOnIsSentAgainAfterTheManagerRestarts). Sent
+// twice (the answer to the incarnation before was on its way), it is done once
+// (Session.takeFiledReset). A first start has none: the entries live in this process's Deps.
+func (m *SessionManager) handOnFiledResets(c actor.Context) {
+	m.d.resetsDue.Range(func(k, _ any) bool {
+		key := k.(string)
+		if to := m.elsewhere(key); to != nil {
+			m.handOnFiledReset(c, to, key)
+		}
+		return true
+	})
 }
 
 // maxKeysLogged bounds the keys a line names (giveUpHandOns).

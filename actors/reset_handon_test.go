@@ -488,3 +488,73 @@ func TestFiledResetOfASessionCrashedOutGoesOnWithTheKey(t *testing.T) {
 		}
 	})
 }
+
+// TestFiledResetHandedOnIsSentAgainAfterTheManagerRestarts: member a hands a reset filed for a
+// key on to member b, which does not take it (a dead letter: a would send it again a second
+// later), and a's manager restarts (a panic) meanwhile. The restarted manager sends the reset
+// on to b as it starts, once, and says nothing of resets left unsent. Before, the restart
+// cancelled the send again and the reset stayed in a's memory until the key came back to a, if
+// ever: b's session went on until its next reset.
+func TestFiledResetHandedOnIsSentAgainAfterTheManagerRestarts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, logs := &movingPlacement{}, new(testutil.Buffer)
+		var boom atomic.Bool
+		w := newManagerWorld(t, gatedAgent("", nil), loggedTo(logs, asMemberA(ownerPanicsOnce{p, "other-key", &boom})))
+		p.self.Store(w.manager)
+		p.owner.Store(w.manager)
+		if r := w.deliver(t, "m0", "hello"); r.ErrorCode != "" {
+			t.Fatalf("m0: %+v", r)
+		}
+		synctest.Wait()
+		var got atomic.Int32
+		b := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if f, ok := c.Message().(*Forward); ok && f.GetResetDue() != nil {
+				if got.Add(1) == 1 {
+					c.Respond(&actor.DeadLetterResponse{})
+					return
+				}
+				c.Respond(&ResetDueTaken{})
+			}
+		}))
+		w.d.resetsDue.Store(w.key, &overdue{sid: "the-sessions", reason: persistence.EndDaily, at: at4, activity: before4})
+		p.owner.Store(b) // the key moves
+		w.system.Root.Send(w.manager, &passivate{key: w.key, pid: actor.NewPID(w.system.Address(), w.manager.Id+"/"+w.key)})
+		synctest.Wait()
+		if n := got.Load(); n != 1 {
+			t.Fatalf("the filed reset was handed on %d times as the session stopped; want once", n)
+		}
+
+		// The manager restarts: another chat's request meets a failing placement.
+		boom.Store(true)
+		w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
+		synctest.Wait()
+		if boom.Load() {
+			t.Fatal("the manager did not restart")
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if n := got.Load(); n != 2 {
+			t.Errorf("the filed reset was handed on %d times in all; want twice (again by the restarted manager)", n)
+		}
+		if _, ok := w.d.resetsDue.Load(w.key); ok {
+			t.Error("the reset b took is still filed here")
+		}
+		if n := len(linesWith(logs, handOnsLeftLine)); n != 0 {
+			t.Errorf("a restart said %d times that filed resets are left unsent; want never", n)
+		}
+	})
+}
+
+// ownerPanicsOnce is a Placement whose Owner panics once for key when boom is set.
+type ownerPanicsOnce struct {
+	Placement
+	key  string
+	boom *atomic.Bool
+}
+
+func (p ownerPanicsOnce) Owner(key string) *actor.PID {
+	if key == p.key && p.boom.CompareAndSwap(true, false) {
+		panic("the placement fails")
+	}
+	return p.Placement.Owner(key)
+}
