@@ -178,13 +178,7 @@ func TestStoppingManagerStartsNoSuccessor(t *testing.T) {
 		w.system.Root.Send(w.manager, &Routed{Key: loads.key, Msg: &Recover{}})
 		<-loads.loading
 
-		session := actor.NewPID(w.system.Address(), w.manager.Id+"/"+w.key)
-		proc, ok := w.system.ProcessRegistry.Get(session)
-		if !ok {
-			t.Fatalf("no session %s", session)
-		}
-		proc.SendSystemMessage(session, &actor.SuspendMailbox{})
-		w.system.Root.Send(w.manager, &passivate{key: w.key, pid: session})
+		w.suspendAndPassivate(t)
 		f := w.request("m1", "two") // held for the successor
 		synctest.Wait()
 		stopped := w.system.Root.PoisonFuture(w.manager)

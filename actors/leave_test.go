@@ -233,13 +233,7 @@ func TestRecoverWhileTheSessionStopsRunsTheWork(t *testing.T) {
 		<-w.sent
 		synctest.Wait()
 		// The session asks to stop; it is suspended, so the manager's stop waits in its mailbox.
-		session := actor.NewPID(w.system.Address(), w.manager.Id+"/"+w.key)
-		proc, ok := w.system.ProcessRegistry.Get(session)
-		if !ok {
-			t.Fatalf("no session %s", session)
-		}
-		proc.SendSystemMessage(session, &actor.SuspendMailbox{})
-		w.system.Root.Send(w.manager, &passivate{key: w.key, pid: session})
+		resume := w.suspendAndPassivate(t)
 		synctest.Wait()
 		// Meanwhile another activation stored a message of the key (as the leaving member's
 		// session did), and the key's recovery is asked for.
@@ -252,7 +246,7 @@ func TestRecoverWhileTheSessionStopsRunsTheWork(t *testing.T) {
 		}
 		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &Recover{}})
 		synctest.Wait()
-		proc.SendSystemMessage(session, &actor.ResumeMailbox{})
+		resume()
 		for {
 			// The fake platform marks nothing delivered: the next activation sends m1's reply
 			// again first.

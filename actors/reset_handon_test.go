@@ -196,19 +196,13 @@ func TestFiledResetHandedBackKeepsItsPlace(t *testing.T) {
 				ActiveAtUnixNano: s.LastActivityAt.UnixNano()}
 		}
 
-		session := actor.NewPID(w.system.Address(), w.manager.Id+"/"+w.key)
-		proc, ok := w.system.ProcessRegistry.Get(session)
-		if !ok {
-			t.Fatalf("no session %s", session)
-		}
-		proc.SendSystemMessage(session, &actor.SuspendMailbox{})
-		w.system.Root.Send(w.manager, &passivate{key: w.key, pid: session})
+		resume := w.suspendAndPassivate(t)
 		again := w.system.Root.RequestFuture(w.manager, handedOnAgain(w.key, filed()), time.Hour)
 		first, m2 := actor.NewFuture(w.system, time.Hour), actor.NewFuture(w.system, time.Hour)
 		w.system.Root.Send(w.manager, &handedBack{key: w.key, r: routed{msg: filed(), sender: first.PID()}})
 		w.system.Root.Send(w.manager, &handedBack{key: w.key, r: routed{msg: w.message("m2", "next"), sender: m2.PID()}})
 		synctest.Wait()
-		proc.SendSystemMessage(session, &actor.ResumeMailbox{})
+		resume()
 
 		res, err = m2.Result()
 		if err != nil {
@@ -251,13 +245,7 @@ func TestFiledResetSentAgainWaitsWhileTheKeyIsHeldHere(t *testing.T) {
 			}
 		}))
 
-		session := actor.NewPID(w.system.Address(), w.manager.Id+"/"+w.key)
-		proc, ok := w.system.ProcessRegistry.Get(session)
-		if !ok {
-			t.Fatalf("no session %s", session)
-		}
-		proc.SendSystemMessage(session, &actor.SuspendMailbox{})
-		w.system.Root.Send(w.manager, &passivate{key: w.key, pid: session})
+		resume := w.suspendAndPassivate(t)
 		w.d.resetsDue.Store(w.key, &overdue{sid: "the-sessions", reason: persistence.EndDaily, at: at4, activity: before4})
 		p.owner.Store(b) // the key moves
 		w.system.Root.Send(w.manager, &retryHandOn{key: w.key, failures: 1})
@@ -265,7 +253,7 @@ func TestFiledResetSentAgainWaitsWhileTheKeyIsHeldHere(t *testing.T) {
 		if n := got.Load(); n != 0 {
 			t.Errorf("the filed reset was sent to b %d times while a still held the key; want none before a lets go", n)
 		}
-		proc.SendSystemMessage(session, &actor.ResumeMailbox{})
+		resume()
 		synctest.Wait()
 		if n := got.Load(); n != 1 {
 			t.Errorf("the filed reset was sent to b %d times once a let go of the key; want once", n)

@@ -150,3 +150,19 @@ func newManagerWorldWrites(t *testing.T, agent agents.Agent, setup func(*Deps), 
 	t.Helper()
 	return newManagerWorldWith(t, filepath.Join(t.TempDir(), "agentgate.db"), agent, setup, writes)
 }
+
+// suspendAndPassivate suspends the mailbox of the key's session, so that what is sent to it
+// waits there (the manager's stop too), and tells the manager the session asks to passivate, as
+// its idle check does: the manager holds the key's requests until the session is gone. resume
+// lets the session handle its mailbox again.
+func (w *managerWorld) suspendAndPassivate(t *testing.T) (resume func()) {
+	t.Helper()
+	session := actor.NewPID(w.system.Address(), w.manager.Id+"/"+w.key)
+	proc, ok := w.system.ProcessRegistry.Get(session)
+	if !ok {
+		t.Fatalf("no session %s", session)
+	}
+	proc.SendSystemMessage(session, &actor.SuspendMailbox{})
+	w.system.Root.Send(w.manager, &passivate{key: w.key, pid: session})
+	return func() { proc.SendSystemMessage(session, &actor.ResumeMailbox{}) }
+}
