@@ -237,16 +237,10 @@ func TestFiledResetSentAgainWaitsWhileTheKeyIsHeldHere(t *testing.T) {
 			t.Fatalf("m0: %+v", r)
 		}
 		synctest.Wait()
-		var got atomic.Int32
-		b := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-			if f, ok := c.Message().(*Forward); ok && f.GetResetDue() != nil {
-				got.Add(1)
-				c.Respond(&ResetDueTaken{})
-			}
-		}))
+		b, got := resetTaker(w, takesIt)
 
 		resume := w.suspendAndPassivate(t)
-		w.d.resetsDue.Store(w.key, &overdue{sid: "the-sessions", reason: persistence.EndDaily, at: at4, activity: before4})
+		w.fileReset("the-sessions")
 		p.owner.Store(b) // the key moves
 		w.system.Root.Send(w.manager, &retryHandOn{key: w.key, failures: 1})
 		synctest.Wait()
@@ -290,14 +284,8 @@ func TestFiledResetsLeftUnsentAtTheManagersStopAreSaid(t *testing.T) {
 					t.Fatalf("m0: %+v", r)
 				}
 				synctest.Wait()
-				var got atomic.Int32
-				b := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-					if f, ok := c.Message().(*Forward); ok && f.GetResetDue() != nil {
-						got.Add(1)
-						tc.answer(c)
-					}
-				}))
-				w.d.resetsDue.Store(w.key, &overdue{sid: "the-sessions", reason: persistence.EndDaily, at: at4, activity: before4})
+				b, got := resetTaker(w, func(c actor.Context, _ int32) { tc.answer(c) })
+				w.fileReset("the-sessions")
 				p.owner.Store(b) // the key moves
 				session := actor.NewPID(w.system.Address(), w.manager.Id+"/"+w.key)
 				w.system.Root.Send(w.manager, &passivate{key: w.key, pid: session})
@@ -398,17 +386,11 @@ func TestFiledResetSentAgainWaitsWhileTheKeysActivationWaitsHere(t *testing.T) {
 		cut.Store(true)
 		ownerA.Store(w.manager) // the key moves to a, which cannot reach b
 		ownerB.Store(w.manager)
-		w.d.resetsDue.Store(w.key, &overdue{sid: "an-earlier-session", reason: persistence.EndDaily, at: at4, activity: before4})
+		w.fileReset("an-earlier-session")
 		grain := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
 		w.system.Root.Send(w.manager, &Routed{Key: w.key, Grain: grain, Msg: w.message("m2", "next")})
 		synctest.Wait()
-		var got atomic.Int32
-		third := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-			if f, ok := c.Message().(*Forward); ok && f.GetResetDue() != nil {
-				got.Add(1)
-				c.Respond(&ResetDueTaken{})
-			}
-		}))
+		third, got := resetTaker(w, takesIt)
 		ownerA.Store(third) // the key moves on to c
 		w.system.Root.Send(w.manager, &retryHandOn{key: w.key, failures: 1})
 		synctest.Wait()
@@ -457,14 +439,8 @@ func TestFiledResetOfASessionCrashedOutGoesOnWithTheKey(t *testing.T) {
 		}
 		close(first) // m1 crashes the session three times and is quarantined; m2 runs
 		synctest.Wait()
-		var got atomic.Int32
-		b := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-			if f, ok := c.Message().(*Forward); ok && f.GetResetDue() != nil {
-				got.Add(1)
-				c.Respond(&ResetDueTaken{})
-			}
-		}))
-		w.d.resetsDue.Store(w.key, &overdue{sid: "the-sessions", reason: persistence.EndDaily, at: at4, activity: before4})
+		b, got := resetTaker(w, takesIt)
+		w.fileReset("the-sessions")
 		p.owner.Store(b) // the key moves
 		close(last)      // m2's crash is one too many
 		synctest.Wait()
@@ -494,17 +470,14 @@ func TestFiledResetHandedOnIsSentAgainAfterTheManagerRestarts(t *testing.T) {
 			t.Fatalf("m0: %+v", r)
 		}
 		synctest.Wait()
-		var got atomic.Int32
-		b := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-			if f, ok := c.Message().(*Forward); ok && f.GetResetDue() != nil {
-				if got.Add(1) == 1 {
-					c.Respond(&actor.DeadLetterResponse{})
-					return
-				}
-				c.Respond(&ResetDueTaken{})
+		b, got := resetTaker(w, func(c actor.Context, n int32) {
+			if n == 1 {
+				c.Respond(&actor.DeadLetterResponse{})
+				return
 			}
-		}))
-		w.d.resetsDue.Store(w.key, &overdue{sid: "the-sessions", reason: persistence.EndDaily, at: at4, activity: before4})
+			c.Respond(&ResetDueTaken{})
+		})
+		w.fileReset("the-sessions")
 		p.owner.Store(b) // the key moves
 		w.system.Root.Send(w.manager, &passivate{key: w.key, pid: actor.NewPID(w.system.Address(), w.manager.Id+"/"+w.key)})
 		synctest.Wait()
@@ -545,4 +518,25 @@ func (p ownerPanicsOnce) Owner(key string) *actor.PID {
 		panic("the placement fails")
 	}
 	return p.Placement.Owner(key)
+}
+
+// resetTaker spawns another member's manager as the filed-reset tests see it: it counts the
+// Forwards that carry a ResetDue (got) and answers each with answer, given the count so far.
+func resetTaker(w *managerWorld, answer func(c actor.Context, n int32)) (pid *actor.PID, got *atomic.Int32) {
+	got = new(atomic.Int32)
+	pid = w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if f, ok := c.Message().(*Forward); ok && f.GetResetDue() != nil {
+			answer(c, got.Add(1))
+		}
+	}))
+	return pid, got
+}
+
+// takesIt answers a filed reset handed on: taken (resetTaker).
+func takesIt(c actor.Context, _ int32) { c.Respond(&ResetDueTaken{}) }
+
+// fileReset files a daily reset due at 04:00 for the key's session sid, active before the hour,
+// as a session that stopped with the store refusing its end and the reset's mark does.
+func (w *managerWorld) fileReset(sid string) {
+	w.d.resetsDue.Store(w.key, &overdue{sid: sid, reason: persistence.EndDaily, at: at4, activity: before4})
 }
