@@ -1123,8 +1123,8 @@ func (m *SessionManager) sendFiledReset(c actor.Context, to *actor.PID, key stri
 // without a word (the last line about it said "sent again until it does"), and the line of a
 // failure as the manager stopped came only if the answer came back before the stop was over,
 // and shared its limiter with the first failure's line, which held it back. At a restart the
-// next incarnation sends every filed reset whose key is another member's on as it starts
-// (handOnFiledResets), so nothing is said here; a timer left to fire would send one twice.
+// next incarnation sends every filed reset whose key is another member's on shortly after it
+// starts (handOnFiledResets), so nothing is said here; a timer left to fire would send one twice.
 func (m *SessionManager) giveUpHandOns(restarting bool) {
 	keys := slices.Sorted(maps.Keys(m.handingOn))
 	for key, cancel := range m.handOnRetries {
@@ -1138,22 +1138,44 @@ func (m *SessionManager) giveUpHandOns(restarting bool) {
 	m.log.Warn(handOnsLeftLine, "count", len(keys), "awaiting", len(m.handingOn), "sessions", keys[:min(len(keys), maxKeysLogged)])
 }
 
-// handOnFiledResets hands on, as a restarted manager starts, every reset filed for a key that is
-// another member's now (handOnFiledReset): the incarnation before may have been handing it on
+// handOnFiledResets hands on, after a restarted manager starts, every reset filed for a key that
+// is another member's (handOnFiledReset): the incarnation before may have been handing it on
 // (its answer or its timer went with it), and no activation here will take it. Before, such a
 // reset stayed in memory until the key came back here, if ever: the key's owner let the session
 // go on until its next reset (TestFiledResetHandedOnIsSentAgainAfterTheManagerRestarts). Sent
 // twice (the answer to the incarnation before was on its way), it is done once
 // (Session.takeFiledReset). A first start has none: the entries live in this process's Deps.
+//
+// It goes restartHandOnDelay later, as a send again does (onRetryHandOn, which sends it to the
+// key's owner then, unless the key is held here by then). The members that waited for the
+// incarnation before to let go of the key went with it (waiters): none was told it let go, and
+// each still takes this member for the key's holder until it asks again. Sent at once, the
+// reset reached such a member, which forwarded it back here past its last hop, and this member
+// activated the key for it beside that member's activation (or, each asking the other, the two
+// passed it back and forth until that member asked again): the 6746264 double activation
+// (TestFiledResetHandedOnAfterARestartIsNotSentBack).
 func (m *SessionManager) handOnFiledResets(c actor.Context) {
 	m.d.resetsDue.Range(func(k, _ any) bool {
 		key := k.(string)
-		if to := m.elsewhere(key); to != nil {
-			m.handOnFiledReset(c, to, key)
+		if m.elsewhere(key) != nil {
+			if m.handingOn == nil {
+				m.handingOn = map[string]bool{}
+			}
+			if m.handOnRetries == nil {
+				m.handOnRetries = map[string]scheduler.CancelFunc{}
+			}
+			m.handingOn[key] = true
+			m.handOnRetries[key] = m.timers.SendOnce(restartHandOnDelay, c.Self(), &retryHandOn{key: key})
 		}
 		return true
 	})
 }
+
+// restartHandOnDelay is how long a restarted manager waits before it hands on the filed resets
+// of keys other members own (handOnFiledResets): waiterGone, the time in which a member that
+// waits for this one asks it again (every releaseAnswerTimeout, at once after a silence), and
+// is told it holds nothing, or is taken to have given up.
+const restartHandOnDelay = waiterGone
 
 // maxKeysLogged bounds the keys a line names (giveUpHandOns).
 const maxKeysLogged = 10

@@ -456,7 +456,7 @@ func TestFiledResetOfASessionCrashedOutGoesOnWithTheKey(t *testing.T) {
 // TestFiledResetHandedOnIsSentAgainAfterTheManagerRestarts: member a hands a reset filed for a
 // key on to member b, which does not take it (a dead letter: a would send it again a second
 // later), and a's manager restarts (a panic) meanwhile. The restarted manager sends the reset
-// on to b as it starts, once, and says nothing of resets left unsent. Before, the restart
+// on to b once, shortly after it starts, and says nothing of resets left unsent. Before, the restart
 // cancelled the send again and the reset stayed in a's memory until the key came back to a, if
 // ever: b's session went on until its next reset.
 func TestFiledResetHandedOnIsSentAgainAfterTheManagerRestarts(t *testing.T) {
@@ -502,6 +502,59 @@ func TestFiledResetHandedOnIsSentAgainAfterTheManagerRestarts(t *testing.T) {
 		}
 		if n := len(linesWith(logs, handOnsLeftLine)); n != 0 {
 			t.Errorf("a restart said %d times that filed resets are left unsent; want never", n)
+		}
+	})
+}
+
+// TestFiledResetHandedOnAfterARestartIsNotSentBack: member a's session runs m0 as its key moves
+// to member b, whose activation waits for a to let go and forwards m2 to it; a reset is filed
+// for the key at a, and a's manager restarts (a panic) meanwhile. Its sessions stop with it, and
+// b waits for a until it asks again (releaseAnswerTimeout later): the restarted manager did not
+// say it let go (its waiters went with the incarnation before). The restarted manager hands the
+// reset on once b has asked it again, and a holds no session of the key. Before, it sent the
+// reset to b as it started, while b still took a for the key's holder: b forwarded it back past
+// its last hop, and a activated the key for it beside b's activation (with peers asking each
+// other, the two members passed it back and forth until b asked again).
+func TestFiledResetHandedOnAfterARestartIsNotSentBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		p := &movingPlacement{}
+		var boom atomic.Bool
+		w := newManagerWorld(t, gatedAgent("m0", release), asMemberA(ownerPanicsOnce{p, "other-key", &boom}))
+		p.self.Store(w.manager)
+		p.owner.Store(w.manager)
+		b := w.memberB(t, w.store, &p.owner)
+		m0 := w.request("m0", "hello")
+		synctest.Wait()
+		p.owner.Store(b) // the key moves to b
+		m2 := w.system.Root.RequestFuture(b, &Routed{Key: w.key, Msg: w.message("m2", "again")}, time.Hour)
+		synctest.Wait() // b waits for a to let go of the key, and forwards m2 to it
+		w.d.resetsDue.Store(w.key, &overdue{sid: "the-sessions", reason: persistence.EndDaily, at: at4, activity: before4})
+
+		boom.Store(true) // a's manager restarts: another chat's request meets a failing placement
+		w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
+		synctest.Wait()
+		if boom.Load() {
+			t.Fatal("the manager did not restart")
+		}
+		act, _ := w.system.Root.RequestFuture(w.manager, &ListActive{}, time.Hour).Result()
+		if keys := act.(*ActiveList).Keys; len(keys) > 0 {
+			t.Errorf("member a holds the sessions %q after its restart, though the key is b's", keys)
+		}
+		close(release)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		for _, f := range []*actor.Future{m0, m2} {
+			if _, err := f.Result(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		act, _ = w.system.Root.RequestFuture(w.manager, &ListActive{}, time.Hour).Result()
+		if keys := act.(*ActiveList).Keys; len(keys) > 0 {
+			t.Errorf("member a holds the sessions %q at the end, though the key is b's", keys)
+		}
+		if _, ok := w.d.resetsDue.Load(w.key); ok {
+			t.Error("the reset filed for the key is still at a: b's session never took it")
 		}
 	})
 }
