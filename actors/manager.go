@@ -130,6 +130,9 @@ type SessionManager struct {
 	handOnRetries       map[string]scheduler.CancelFunc
 	resetHandOnFails    logging.Limiter
 	resetHandOnsGivenUp logging.Limiter
+	// afterRestart holds the keys whose filed reset a restarted manager hands on once the
+	// members that waited for its incarnation before have asked again (handOnFiledResets).
+	afterRestart map[string]bool
 }
 
 // recoverAll asks the manager to list the keys with unfinished work and start their sessions
@@ -1153,7 +1156,8 @@ func (m *SessionManager) giveUpHandOns(restarting bool) {
 // reset reached such a member, which forwarded it back here past its last hop, and this member
 // activated the key for it beside that member's activation (or, each asking the other, the two
 // passed it back and forth until that member asked again): the 6746264 double activation
-// (TestFiledResetHandedOnAfterARestartIsNotSentBack).
+// (TestFiledResetHandedOnAfterARestartIsNotSentBack). A send again of the incarnation before
+// whose timer fired as it failed reaches this one: it is dropped (retryHandOn.restarted).
 func (m *SessionManager) handOnFiledResets(c actor.Context) {
 	m.d.resetsDue.Range(func(k, _ any) bool {
 		key := k.(string)
@@ -1164,8 +1168,11 @@ func (m *SessionManager) handOnFiledResets(c actor.Context) {
 			if m.handOnRetries == nil {
 				m.handOnRetries = map[string]scheduler.CancelFunc{}
 			}
-			m.handingOn[key] = true
-			m.handOnRetries[key] = m.timers.SendOnce(restartHandOnDelay, c.Self(), &retryHandOn{key: key})
+			if m.afterRestart == nil {
+				m.afterRestart = map[string]bool{}
+			}
+			m.handingOn[key], m.afterRestart[key] = true, true
+			m.handOnRetries[key] = m.timers.SendOnce(restartHandOnDelay, c.Self(), &retryHandOn{key: key, restarted: true})
 		}
 		return true
 	})
@@ -1195,6 +1202,11 @@ const (
 type retryHandOn struct {
 	key      string
 	failures int
+	// restarted: armed by a restarted manager as it started (handOnFiledResets). Until it
+	// fires, another one for its key is the incarnation before's, whose timer fired as it
+	// failed: it is dropped, or the reset went at once to a member that still took this one
+	// for the key's holder.
+	restarted bool
 }
 
 // onRetryHandOn sends the reset filed for a key again to the member that takes the key over now,
@@ -1202,6 +1214,10 @@ type retryHandOn struct {
 // member's again: the entry then stays for the key's next activation here. (A session of the
 // key in memory here has taken it as it loaded: Session.expireOnStart.)
 func (m *SessionManager) onRetryHandOn(c actor.Context, r *retryHandOn) {
+	if m.afterRestart[r.key] && !r.restarted {
+		return
+	}
+	delete(m.afterRestart, r.key)
 	delete(m.handingOn, r.key)
 	delete(m.handOnRetries, r.key)
 	defer m.answerDrains(c)

@@ -516,6 +516,14 @@ func TestFiledResetHandedOnIsSentAgainAfterTheManagerRestarts(t *testing.T) {
 // its last hop, and a activated the key for it beside b's activation (with peers asking each
 // other, the two members passed it back and forth until b asked again).
 func TestFiledResetHandedOnAfterARestartIsNotSentBack(t *testing.T) {
+	for _, stale := range []bool{false, true} {
+		t.Run(map[bool]string{false: "alone", true: "a send again of the incarnation before left in the mailbox"}[stale], func(t *testing.T) {
+			filedResetHandedOnAfterARestart(t, stale)
+		})
+	}
+}
+
+func filedResetHandedOnAfterARestart(t *testing.T, stale bool) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		p := &movingPlacement{}
@@ -533,6 +541,10 @@ func TestFiledResetHandedOnAfterARestartIsNotSentBack(t *testing.T) {
 
 		boom.Store(true) // a's manager restarts: another chat's request meets a failing placement
 		w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
+		if stale {
+			// The incarnation before's timer fired as it failed: the restarted manager has it.
+			w.system.Root.Send(w.manager, &retryHandOn{key: w.key, failures: 1})
+		}
 		synctest.Wait()
 		if boom.Load() {
 			t.Fatal("the manager did not restart")
