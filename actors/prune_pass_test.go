@@ -439,18 +439,27 @@ func prunePassCutShort(t *testing.T, cut string, at int) {
 // pass it never began. Before, the line said took=2562047h47m16.854s (time since the zero time:
 // 292 years) and ended_before=0001-01-01. The window lies between two messages in Timers' own
 // mailbox (the answer, then the Prune its Started sent), which no test outside the actor can
-// hold open: the test gives the instance that state and cuts it short.
+// hold open: the test gives the instance that state and cuts it short, then again: the line
+// cleared the totals, and the second cut has nothing to say.
 func TestPassLineOfAnInstanceThatBeganNoPass(t *testing.T) {
 	for _, cut := range []any{&actor.Stopping{}, &actor.Restarting{}} {
-		var logs testutil.Buffer
-		tm := &Timers{log: slog.New(slog.NewTextHandler(&logs, nil)), pass: 7}
-		tm.onPruned(nil, &persistence.Pruned{Pass: 6, Sessions: 2, Messages: 20})
-		tm.logCutShort(cut)
-		line := strings.TrimSpace(logs.String())
-		if strings.Count(line, "pruned ended sessions") != 1 || !strings.Contains(line, " sessions=2 messages=20 outbox_swept=0 pass=before_restart cut_short=") ||
-			strings.Contains(line, "took=") || strings.Contains(line, "ended_before=") {
-			t.Errorf("%T: line %q; want one, of 2 sessions and 20 messages, pass=before_restart, no took or ended_before", cut, line)
-		}
+		t.Run(fmt.Sprintf("%T", cut), func(t *testing.T) {
+			var logs testutil.Buffer
+			tm := &Timers{log: slog.New(slog.NewTextHandler(&logs, nil)), pass: 7}
+			tm.onPruned(nil, &persistence.Pruned{Pass: 6, Sessions: 2, Messages: 20, Swept: 3})
+			tm.logCutShort(cut)
+			line := strings.TrimSpace(logs.String())
+			if strings.Count(line, "pruned ended sessions") != 1 || !strings.Contains(line, " sessions=2 messages=20 outbox_swept=3 pass=before_restart cut_short=") ||
+				strings.Contains(line, "took=") || strings.Contains(line, "ended_before=") {
+				t.Errorf("line %q; want one, of 2 sessions, 20 messages and 3 outbox rows swept, pass=before_restart, no took or ended_before", line)
+			}
+			// The line cleared the totals: cut short again (a restart's instance is), it has
+			// nothing to say.
+			tm.logCutShort(cut)
+			if got := strings.TrimSpace(logs.String()); got != line {
+				t.Errorf("cut short again after its line, the log is %q; want only that line (the totals told once)", got)
+			}
+		})
 	}
 }
 
