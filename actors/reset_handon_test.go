@@ -465,7 +465,8 @@ func TestFiledResetOfASessionCrashedOutGoesOnWithTheKey(t *testing.T) {
 // TestFiledResetHandedOnIsSentAgainAfterTheManagerRestarts: member a hands a reset filed for a
 // key on to member b, which does not take it (a dead letter: a would send it again a second
 // later), and a's manager restarts (a panic) meanwhile. The restarted manager sends the reset
-// on to b once, shortly after it starts, and says nothing of resets left unsent. Before, the restart
+// on to b once, shortly after it starts (not again when the first incarnation's timer would
+// have fired: b takes it 5 s later), and says nothing of resets left unsent. Before, the restart
 // cancelled the send again and the reset stayed in a's memory until the key came back to a, if
 // ever: b's session went on until its next reset.
 func TestFiledResetHandedOnIsSentAgainAfterTheManagerRestarts(t *testing.T) {
@@ -480,11 +481,20 @@ func TestFiledResetHandedOnIsSentAgainAfterTheManagerRestarts(t *testing.T) {
 		}
 		synctest.Wait()
 		b, got := resetTaker(w, func(c actor.Context, n int32) {
-			if n == 1 {
+			switch n {
+			case 1:
 				c.Respond(&actor.DeadLetterResponse{})
-				return
+			case 2:
+				// Taken 5 s later: past the second the first incarnation's send again waited
+				// for, whose timer the restart cancelled (else it sends a third copy).
+				sender := c.Sender()
+				go func() {
+					time.Sleep(5 * time.Second)
+					w.system.Root.Send(sender, &ResetDueTaken{})
+				}()
+			default:
+				c.Respond(&ResetDueTaken{})
 			}
-			c.Respond(&ResetDueTaken{})
 		})
 		w.fileReset("the-sessions")
 		p.owner.Store(b) // the key moves
