@@ -202,24 +202,10 @@ func TestFiledResetHandedOnIsSentAgainUntilItIsTaken(t *testing.T) {
 		t.Run(lostAs, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				var refusing atomic.Bool
-				w, release, clock, p, logs := memberAAcrossTheHour(t, func(s persistence.Store) persistence.Store {
-					return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
-						switch op.(type) {
-						case *persistence.MarkResetDue, *persistence.EndSession:
-							return refusing.Load()
-						}
-						return false
-					}}
-				})
+				w, release, clock, p, logs := memberAAcrossTheHour(t, refusingResetWrites(&refusing))
 				m0 := w.deliver(t, "m0", "hello")
 				synctest.Wait()
-				refusing.Store(true)
-				clock.Store(after4.UnixNano())
-				w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}}) // its mark is refused
-				synctest.Wait()
-				close(release) // its reply is stored after the hour; the session's end is refused
-				w.answersTo(t, "m0")
-				synctest.Wait()
+				w.resetRefusedAcrossTheHour(t, clock, &refusing, release)
 				if _, ok := w.d.resetsDue.Load(w.key); !ok {
 					t.Fatal("no reset filed after the store refused it")
 				}

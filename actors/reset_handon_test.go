@@ -75,27 +75,13 @@ func resetOnlyInMemoryWaitingToLoad(t *testing.T) (w *managerWorld, sid string, 
 		dailyMemberA(&clock, p)(d)
 		claims = &downStore{Store: d.Store}
 		d.Store = claims
-	}, func(s persistence.Store) persistence.Store {
-		return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
-			switch op.(type) {
-			case *persistence.MarkResetDue, *persistence.EndSession:
-				return refusing.Load()
-			}
-			return false
-		}}
-	})
+	}, refusingResetWrites(&refusing))
 	p.self.Store(w.manager)
 	p.owner.Store(w.manager)
 	m0 := w.deliver(t, "m0", "hello")
 	synctest.Wait()
-	refusing.Store(true)
 	claims.down.Store(true)
-	clock.Store(after4.UnixNano())
-	w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}}) // its mark is refused
-	synctest.Wait()
-	close(release) // its reply is stored after the hour; the session's end is refused
-	w.answersTo(t, "m0")
-	synctest.Wait()
+	w.resetRefusedAcrossTheHour(t, &clock, &refusing, release)
 	refusing.Store(false)
 	time.Sleep(10 * time.Second) // past its pause the session waits to load
 	synctest.Wait()
@@ -642,4 +628,33 @@ func takesIt(c actor.Context, _ int32) { c.Respond(&ResetDueTaken{}) }
 // as a session that stopped with the store refusing its end and the reset's mark does.
 func (w *managerWorld) fileReset(sid string) {
 	w.d.resetsDue.Store(w.key, &overdue{sid: sid, reason: persistence.EndDaily, at: at4, activity: before4})
+}
+
+// refusingResetWrites has a store refuse a session's reset mark and its end while refusing is
+// set: a reset that falls due then is held only in memory (Deps.resetsDue).
+func refusingResetWrites(refusing *atomic.Bool) func(persistence.Store) persistence.Store {
+	return func(s persistence.Store) persistence.Store {
+		return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
+			switch op.(type) {
+			case *persistence.MarkResetDue, *persistence.EndSession:
+				return refusing.Load()
+			}
+			return false
+		}}
+	}
+}
+
+// resetRefusedAcrossTheHour has the daily reset fall due at 04:00 (clock) while m0's turn runs,
+// held until release is closed, with the store refusing (refusing, refusingResetWrites) its mark
+// as the timer's nudge comes and the session's end once m0 is answered: the reset is filed in
+// memory only. Called in a synctest bubble; refusing stays set.
+func (w *managerWorld) resetRefusedAcrossTheHour(t *testing.T, clock *atomic.Int64, refusing *atomic.Bool, release chan struct{}) {
+	t.Helper()
+	refusing.Store(true)
+	clock.Store(after4.UnixNano())
+	w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &ResetDue{}}) // its mark is refused
+	synctest.Wait()
+	close(release) // its reply is stored after the hour; the session's end is refused
+	w.answersTo(t, "m0")
+	synctest.Wait()
 }
