@@ -201,7 +201,7 @@ func PruneSessions(limit int, step func(most int) (persistence.PruneCount, error
 	}
 }
 
-// SweepRow is an outbox row a prune step's sweep read (see SweepOutbox): its id, and whether
+// SweepRow is an outbox row a prune step's sweep read (each store's sweepOutbox): its id, and whether
 // the sweep takes it (a finished reply of a session that is gone, or a pruned marker that is no
 // longer its key's last).
 type SweepRow struct {
