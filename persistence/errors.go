@@ -33,4 +33,10 @@ var (
 	// (SQLite's "database disk image is malformed"). Unlike an outage it does not pass by
 	// itself: the daemon must be stopped and the database restored.
 	ErrCorrupt = errors.New("persistence: database corrupt")
+	// ErrFileGone is wrapped by the writes and the Ping of a SQLite store whose database file
+	// was deleted, or replaced by another file, while open: its commits went to a file that no
+	// one can open again. Like ErrCorrupt it does not pass by itself: the daemon must be
+	// stopped and the database put back. The writes it refuses also wrap ErrUnavailable, so
+	// that they wait in the spool.
+	ErrFileGone = errors.New("persistence: database file deleted or replaced")
 )

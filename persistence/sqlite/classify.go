@@ -38,8 +38,9 @@ func isBusy(err error) bool {
 
 // IsUnavailable reports whether err means the database cannot be written right now (busy or
 // locked, read-only or permission denied, disk full, I/O error, cannot open, corrupt, out of
-// memory, or a dropped connection), as opposed to a problem with the write itself (a constraint,
-// a duplicate, bad SQL). The spool uses it to decide whether to keep a write on disk and retry.
+// memory, a dropped connection, or the database file deleted or replaced), as opposed to a
+// problem with the write itself (a constraint, a duplicate, bad SQL). The spool uses it to
+// decide whether to keep a write on disk and retry.
 //
 // A corrupt file (SQLITE_CORRUPT, SQLITE_NOTADB) never mends by itself, but it counts too: the
 // writes it refuses are no fault of their own, and so wait in the spool, acknowledged, for a
@@ -50,7 +51,7 @@ func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, driver.ErrBadConn) {
+	if errors.Is(err, driver.ErrBadConn) || isGone(err) {
 		return true
 	}
 	var se *sqlite.Error

@@ -118,9 +118,11 @@ var errTxAborted = errors.New("transaction aborted")
 // such as a full disk), every group gets that error, and so does a group that fails because
 // the database is unavailable (IsUnavailable): the whole batch is rolled back, so that no
 // later group commits ahead of a write that must wait in the spool. A group that had already
-// failed on its own in the savepoint pass keeps its own error (sqlstore.FillUndecided). New
-// messages are indexed for Search after the commit (see indexCommitted); an indexing failure
-// never fails a group. Commit is safe for concurrent use; calls are serialised.
+// failed on its own in the savepoint pass keeps its own error (sqlstore.FillUndecided). A
+// transaction that committed to a database file deleted or replaced meanwhile fails as a whole
+// too, and so does every Commit after it, at once (checkFile). New messages are indexed for
+// Search after the commit (see indexCommitted); an indexing failure never fails a group.
+// Commit is safe for concurrent use; calls are serialised.
 //
 // Groups rarely fail, so the batch first runs without a savepoint per group: a savepoint costs
 // two statements and a copy of every page the group touches into the statement journal. The
@@ -138,6 +140,9 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 		if i := slices.IndexFunc(errs, isCorrupt); i >= 0 {
 			s.reportCorrupt(errs[i]) // once a batch, whose groups all fail alike
 		}
+		if i := slices.IndexFunc(errs, isGone); i >= 0 {
+			s.reportGone(errs[i])
+		}
 	}()
 	if err := s.enter(); err != nil {
 		return sqlstore.Fill(errs, fmt.Errorf("commit: %w", err))
@@ -151,6 +156,9 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 	}
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
+	if g := s.gone.Load(); g != nil {
+		return sqlstore.Fill(errs, fmt.Errorf("commit: %w", g)) // nothing more goes to the old file
+	}
 
 	added, retry := s.commitTx(ctx, groups, errs, false)
 	if retry {
@@ -246,6 +254,12 @@ func (s *Store) commitOn(ctx context.Context, dc any, groups [][]persistence.Op,
 		return 0, false
 	}
 	if err := tx.Commit(); err != nil {
+		sqlstore.FillUndecided(errs, fmt.Errorf("commit: %w", err))
+		return 0, false
+	}
+	if err := s.checkFile(); err != nil {
+		// Committed, but to a file deleted or replaced meanwhile: as good as lost. The groups
+		// that committed wait in the spool; one that failed for what it holds keeps its error.
 		sqlstore.FillUndecided(errs, fmt.Errorf("commit: %w", err))
 		return 0, false
 	}

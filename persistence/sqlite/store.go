@@ -40,8 +40,10 @@ type Options struct {
 	IndexRows  int
 	IndexDelay time.Duration
 	// Corrupt is called once, from whichever goroutine met it first, when the store finds its
-	// database damaged while open (reportCorrupt): the daemon counts it in its metrics. Nil
-	// calls nothing.
+	// database damaged while open (reportCorrupt), and once when a commit finds the database
+	// file deleted or replaced (checkFile): either way the database is lost to this store
+	// until an operator puts it back, and the daemon shows it in its metrics. Nil calls
+	// nothing.
 	Corrupt func()
 	// NoMigrate opens the database without changing its schema, for an admin command that
 	// writes (agentgate sessions reset): an upgrade is one way, and only the daemon, which logs
@@ -100,6 +102,12 @@ type Store struct {
 	// reports from then on; onCorrupt is Options.Corrupt.
 	corrupt   atomic.Pointer[error]
 	onCorrupt func()
+	// file is the database file Open opened, which every commit checks the path still names
+	// (checkFile); nil for a read-only store. gone is the error of the first commit that found
+	// it deleted or replaced: from then on every write and Ping fail with it (gone.go).
+	file     os.FileInfo
+	gone     atomic.Pointer[goneError]
+	goneWarn logging.Limiter // holds back the lines of a gone file (reportGone)
 	// fault, set only by tests, fails an op of Commit before it runs, as a database that
 	// cannot take that one write would (a fault at the store's edge).
 	fault func(persistence.Op) error
@@ -160,6 +168,10 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	if err := s.open(ctx, syncMode, opts); err != nil {
 		s.closeAll()
 		return nil, fmt.Errorf("open %s: %w", abs, explainCorrupt(explainAccess(err, abs, true)))
+	}
+	if s.file, err = os.Stat(abs); err != nil { // the file the writer opened (checkFile)
+		s.closeAll()
+		return nil, fmt.Errorf("open %s: %w", abs, err)
 	}
 	// Messages committed before a crash, and not indexed yet, are indexed now. A failure is
 	// logged and retried by later commits: it never stops the store.
@@ -406,7 +418,8 @@ const pingBusy = 200 * time.Millisecond
 // by another process (SQLITE_BUSY), writes of this store that have been waiting for the
 // database until ctx ended, or, once the store has found its database damaged, that it is
 // corrupt (wrapping persistence.ErrCorrupt), for as long as the store is open: the damage does
-// not pass, and the write lock can be taken on a file whose other pages are junk.
+// not pass, and the write lock can be taken on a file whose other pages are junk. Likewise once
+// a commit has found the database file deleted or replaced (persistence.ErrFileGone, gone.go).
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.enter(); err != nil {
 		return fmt.Errorf("ping: %w", err)
@@ -417,6 +430,9 @@ func (s *Store) Ping(ctx context.Context) error {
 	}
 	if c := s.corrupt.Load(); c != nil {
 		return fmt.Errorf("ping: %w", &corruptError{*c})
+	}
+	if g := s.gone.Load(); g != nil {
+		return fmt.Errorf("ping: %w", g) // the write lock of the old file could still be taken
 	}
 	start := time.Now()
 	conn, err := s.writer.Conn(ctx) // after the commit, index pass or checkpoint in progress

@@ -1,0 +1,110 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
+)
+
+// TestCommitToADeletedOrReplacedFileFails: once the database file is deleted, or another file is
+// renamed over it, while the store is open, the next commit, which SQLite takes into the old
+// file (no one can open it again, and it goes when the store closes), fails every group of its
+// batch as unavailable (so the persistence actor spools them, not acknowledging them as
+// stored) with words that say what happened and what to do. From then on Ping fails with
+// those words, every Commit fails at once without writing anything, the store logs it at
+// Error once (at most once a minute), and Options.Corrupt has been called once. Before, the
+// store went on committing into the old file, and the daemon acknowledged every message
+// while all of it was lost at the next start (found by black-box soaks).
+func TestCommitToADeletedOrReplacedFileFails(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		what string
+		// take makes path name no database, or another one.
+		take func(t *testing.T, path string)
+	}{
+		{"deleted", "was deleted:", func(t *testing.T, path string) {
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"replaced by a rename", "was replaced by another file", func(t *testing.T, path string) {
+			other := filepath.Join(filepath.Dir(path), "other.db")
+			o, err := Open(context.Background(), other, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			storetest.MustCommit(t, o, &persistence.CreateSession{Session: newSession("o1", "ko1")},
+				&persistence.AppendMessage{Message: userMsg("o1", 1, "other")})
+			if err := o.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(other, path); err != nil { // mv other.db agentgate.db
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "agentgate.db")
+			var logs testutil.Buffer
+			var reported atomic.Int32
+			s, err := Open(context.Background(), path, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+				Corrupt: func() { reported.Add(1) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")},
+				&persistence.AppendMessage{Message: userMsg("s1", 1, "before")})
+			tt.take(t, path)
+
+			msg := func(seq int64) []persistence.Op {
+				return []persistence.Op{&persistence.AppendMessage{Message: userMsg("s1", seq, fmt.Sprint("after ", seq))}}
+			}
+			check := func(what string, errs []error, n int) {
+				t.Helper()
+				if len(errs) != n {
+					t.Fatalf("%s returned %d errors, want %d", what, len(errs), n)
+				}
+				for i, err := range errs {
+					if !errors.Is(err, persistence.ErrUnavailable) || !errors.Is(err, persistence.ErrFileGone) ||
+						!strings.Contains(err.Error(), "the database file "+path+" "+tt.what) ||
+						!strings.Contains(err.Error(), "wait in the spool") ||
+						!strings.Contains(err.Error(), "stop the daemon, put the database back at that path, and start") {
+						t.Errorf("%s group %d = %v\nwant it unavailable, saying the file %s and what to do", what, i, err, tt.what)
+					}
+				}
+			}
+			// The commit that finds it: into the old file, but reported failed.
+			check("Commit after the file went", s.Commit(context.Background(), [][]persistence.Op{msg(2), msg(3)}), 2)
+			err = s.Ping(context.Background())
+			if !errors.Is(err, persistence.ErrFileGone) || !strings.HasPrefix(err.Error(), "ping: the database file "+path+" "+tt.what) {
+				t.Errorf("Ping after the file went = %v, want persistence.ErrFileGone saying it %s", err, tt.what)
+			}
+			check("a later Commit", s.Commit(context.Background(), [][]persistence.Op{msg(4)}), 1)
+			check("a later Commit", s.Commit(context.Background(), [][]persistence.Op{msg(5)}), 1)
+
+			want := fmt.Sprintf("level=ERROR msg=%q path=%s err=", msgGone, path)
+			if got := logs.String(); strings.Count(got, want) != 1 {
+				t.Errorf("log after 3 commits refused:\n%s\nwant %q once", got, want)
+			}
+			if n := reported.Load(); n != 1 {
+				t.Errorf("Options.Corrupt called %d times, want once", n)
+			}
+			// Read through the store's reader, which has the old file open.
+			if msgs, err := s.Transcript(context.Background(), "s1"); err != nil || len(msgs) != 3 {
+				t.Errorf("Transcript of the old file = %d messages (%v), want 3: the one before and the two "+
+					"of the commit that found it gone, none later", len(msgs), err)
+			}
+		})
+	}
+}
