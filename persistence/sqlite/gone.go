@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -88,4 +89,23 @@ func (s *Store) reportGone(err error) {
 	if args, ok := s.goneWarn.Allowed("path", s.path, logging.Err(err)); ok {
 		s.log.Error(msgGone, args...)
 	}
+}
+
+// emptyLostWAL folds the write-ahead log into the old file, deleted or replaced, and empties
+// the log, as the store closes. SQLite checkpoints at its last close only a database file
+// still at its path, and leaves the log otherwise: <path>-wal, still this store's, was then
+// replayed into whatever file was put at the path (a backup restored, the file renamed over
+// it) by the next open, its pages written over that database's (sqlite.org/howtocorrupt.html,
+// "mispairing database files and hot journals"). The log and the old file are this store's
+// own descriptors: a log that another file brought along to the path is not touched.
+func (s *Store) emptyLostWAL() error {
+	var busy, frames, moved int
+	err := s.writer.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &frames, &moved)
+	if err == nil && busy != 0 {
+		err = errors.New("the database is busy")
+	}
+	if err != nil {
+		return fmt.Errorf("empty the write-ahead log of the old database file: %w", err)
+	}
+	return nil
 }

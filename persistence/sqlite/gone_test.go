@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -29,15 +30,17 @@ func TestCommitToADeletedOrReplacedFileFails(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		what string
-		// take makes path name no database, or another one.
-		take func(t *testing.T, path string)
+		// take makes path name no database, or another one, and returns the number of
+		// messages of the database then at path (-1: none is).
+		take func(t *testing.T, path string) int
 	}{
-		{"deleted", "was deleted:", func(t *testing.T, path string) {
+		{"deleted", "was deleted:", func(t *testing.T, path string) int {
 			if err := os.Remove(path); err != nil {
 				t.Fatal(err)
 			}
+			return -1
 		}},
-		{"replaced by a rename", "was replaced by another file", func(t *testing.T, path string) {
+		{"replaced by a rename", "was replaced by another file", func(t *testing.T, path string) int {
 			other := filepath.Join(filepath.Dir(path), "other.db")
 			o, err := Open(context.Background(), other, Options{})
 			if err != nil {
@@ -51,6 +54,7 @@ func TestCommitToADeletedOrReplacedFileFails(t *testing.T) {
 			if err := os.Rename(other, path); err != nil { // mv other.db agentgate.db
 				t.Fatal(err)
 			}
+			return 1
 		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -65,7 +69,12 @@ func TestCommitToADeletedOrReplacedFileFails(t *testing.T) {
 			defer s.Close()
 			storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")},
 				&persistence.AppendMessage{Message: userMsg("s1", 1, "before")})
-			tt.take(t, path)
+			old, err := os.Open(path) // the old file, to count what it holds once the store is closed
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer old.Close()
+			atPath := tt.take(t, path)
 
 			msg := func(seq int64) []persistence.Op {
 				return []persistence.Op{&persistence.AppendMessage{Message: userMsg("s1", seq, fmt.Sprint("after ", seq))}}
@@ -105,6 +114,56 @@ func TestCommitToADeletedOrReplacedFileFails(t *testing.T) {
 				t.Errorf("Transcript of the old file = %d messages (%v), want 3: the one before and the two "+
 					"of the commit that found it gone, none later", len(msgs), err)
 			}
+
+			// The store's close leaves no write-ahead log of the old file at the path, which the
+			// next open would replay into the file there (SQLite does not checkpoint a moved file
+			// at its close): the file renamed over it is intact, and the old file holds every
+			// commit.
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if atPath >= 0 {
+				if got, err := countMessagesAt(t, path); err != nil || got != atPath {
+					t.Errorf("the file renamed over the database holds %d messages (%v), want its own %d", got, err, atPath)
+				}
+			}
+			if got, err := countMessages(t, old); err != nil || got != 3 {
+				t.Errorf("the old file, once the store is closed, holds %d messages (%v), want 3", got, err)
+			}
 		})
 	}
+}
+
+// countMessages counts the messages of the database file f, deleted or not: it copies it out
+// and opens the copy.
+func countMessages(t *testing.T, f *os.File) (int, error) {
+	t.Helper()
+	cp := filepath.Join(t.TempDir(), "copy.db")
+	out, err := os.Create(cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, io.NewSectionReader(f, 0, 1<<40)); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return countMessagesAt(t, cp)
+}
+
+// countMessagesAt checks the database at path (PRAGMA quick_check) and counts its messages.
+func countMessagesAt(t *testing.T, path string) (int, error) {
+	t.Helper()
+	db := MustRawDB(t, path)
+	var check string
+	if err := db.QueryRow("PRAGMA quick_check").Scan(&check); err != nil {
+		return 0, err
+	}
+	if check != "ok" {
+		return 0, fmt.Errorf("quick_check: %s", check)
+	}
+	var n int
+	err := db.QueryRow("SELECT count(*) FROM messages").Scan(&n)
+	return n, err
 }

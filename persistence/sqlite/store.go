@@ -520,6 +520,9 @@ func (s *Store) closeAll() error {
 		}))
 	}
 	if s.writer != nil {
+		if s.gone.Load() != nil {
+			keep(s.emptyLostWAL()) // once the readers are closed: they would hold it back
+		}
 		keep(s.writer.Close())
 	}
 	if s.lock != nil {
