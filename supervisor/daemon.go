@@ -906,7 +906,7 @@ func (d *Daemon) ready(ctx context.Context) map[string]error {
 }
 
 // storeReady is /readyz's store: its ping (the database answers and its write lock can be
-// taken, and the store has not found it corrupt), then whether writes are taken. A full or read-only disk passes the ping but refuses
+// taken, and the store has not found it corrupt, or its file deleted or replaced), then whether writes are taken. A full or read-only disk passes the ping but refuses
 // every write, so the persistence actor's own view counts: writes refused within the last
 // persistence.RefusalMemory, or waiting in the spool for the database; so does the record of
 // this run while the store refuses it (beginRun tries it again each second). The ping gets 0.8 s:
@@ -916,7 +916,7 @@ func (d *Daemon) storeReady(ctx context.Context) error {
 	pctx, cancel := context.WithTimeout(ctx, pingWithin)
 	err := d.store.Ping(pctx)
 	cancel()
-	if errors.Is(err, persistence.ErrCorrupt) {
+	if errors.Is(err, persistence.ErrCorrupt) || errors.Is(err, persistence.ErrFileGone) {
 		return err // it says what to do; the spool's "until it takes them again" would not pass
 	}
 	if err == nil {

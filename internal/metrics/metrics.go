@@ -146,7 +146,7 @@ func New(platforms ...string) *Metrics {
 		WritesRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "agentgate_persist_writes_refused_total", Help: "Writes refused because neither the database nor the spool took them (a full or read-only disk); their senders were told to send them again."}),
 		StoreCorrupt: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "agentgate_store_corrupt", Help: "1 once the SQLite database was found damaged while the daemon runs (it does not mend: stop the daemon and restore a backup), else 0."}),
+			Name: "agentgate_store_corrupt", Help: "1 once the SQLite database was found damaged, or its file deleted or replaced, while the daemon runs (neither mends: stop the daemon and restore the database), else 0."}),
 		ActorRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentgate_actor_restarts_total", Help: "Supervisor restarts and stops of failed actors, by actor kind."}, []string{"kind"}),
 		Mailboxes: newMailboxDepths(ActorKinds),

@@ -1,0 +1,130 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/agentgate/agentgate/agents/echo"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// TestDatabaseFileDeletedUnderTheDaemon: the database file deleted while the daemon runs (rm
+// of agentgate.db, or of the whole data directory) takes no acknowledged message with it. With
+// the spool there, a message sent after it is acknowledged from the spool, not from the deleted
+// file; with the spool gone too, it is refused (the platform's ErrUnavailable, HTTP 503). Either
+// way /readyz fails, saying the file was deleted and what to do, and agentgate_store_corrupt is
+// 1; and a start on the database put back (the old file, kept by a hard link here as an
+// operator's copy out of /proc/PID/fd would keep it) holds every message acknowledged, those of
+// the spool replayed. Before, the daemon acknowledged every message into the deleted file, said
+// it was ready, and all of it was lost at the next start (found by black-box soaks).
+func TestDatabaseFileDeletedUnderTheDaemon(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		whole bool // the whole data directory, its spool with it
+	}{
+		{"the database file", false},
+		{"the data directory", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			r := startOn(t, dir, 0, echo.New())
+			stopped := false
+			defer func() {
+				if !stopped {
+					r.stop(t)
+				}
+			}()
+			src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c", UserID: "u"}
+			r.inject(t, src, "before", "hello")
+			r.waitSent(t, 1)
+
+			db := r.d.cfg.DSN()
+			kept := filepath.Join(t.TempDir(), "agentgate.db")
+			if err := os.Link(db, kept); err != nil {
+				t.Fatal(err)
+			}
+			remove := os.Remove
+			if tt.whole {
+				remove = func(string) error { return os.RemoveAll(dir) }
+			}
+			if err := remove(db); err != nil {
+				t.Fatal(err)
+			}
+			ack, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: src, MessageID: "after", Text: "still there?"})
+			acked := err == nil
+			switch {
+			case tt.whole && !errors.Is(err, platforms.ErrUnavailable):
+				t.Errorf("Inject with the data directory deleted = %+v, %v; want platforms.ErrUnavailable", ack, err)
+			case !tt.whole && err != nil:
+				t.Errorf("Inject with the database file deleted = %v; want it acknowledged from the spool", err)
+			}
+
+			code, ready := readyzOf(t, r)
+			const what, fix = " was deleted: ", "stop the daemon, put the database back at that path, and start"
+			if store := ready["store"]; code != http.StatusServiceUnavailable || !strings.HasPrefix(store, "ping: the database file "+db+what) ||
+				!strings.Contains(store, fix) {
+				t.Errorf("/readyz after the file was deleted = %d, store %q\nwant 503 saying the file%s…%s", code, store, what, fix)
+			}
+			resp, err := http.Get("http://" + r.d.Addr().String() + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			metrics, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !strings.Contains(string(metrics), "\nagentgate_store_corrupt 1\n") {
+				t.Errorf("/metrics after the file was deleted lacks agentgate_store_corrupt 1")
+			}
+			r.stop(t)
+			stopped = true
+
+			// The operator puts the database back, and starts.
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(kept, db); err != nil {
+				t.Fatal(err)
+			}
+			r = startOn(t, dir, 0, echo.New())
+			defer r.stop(t)
+			stored := func(id string) bool {
+				m, err := r.d.store.FindInbound(t.Context(), "fake", "c", id)
+				if err != nil && !errors.Is(err, persistence.ErrNotFound) {
+					t.Fatal(err)
+				}
+				return m != nil
+			}
+			if !stored("before") {
+				t.Error(`message "before", acknowledged before the file was deleted, is not in the database put back`)
+			}
+			if acked {
+				waitUntil(t, func() bool { return !r.d.deps.Spooling.Load() })
+				if !stored("after") {
+					t.Error(`message "after", acknowledged after the file was deleted, is not in the database once the spool is replayed`)
+				}
+			}
+		})
+	}
+}
+
+// readyzOf returns the status of r's /readyz and its components.
+func readyzOf(t *testing.T, r *runtime) (int, map[string]string) {
+	t.Helper()
+	resp, err := http.Get("http://" + r.d.Addr().String() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct{ Components map[string]string }
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatalf("/readyz body: %v", err)
+	}
+	return resp.StatusCode, body.Components
+}
