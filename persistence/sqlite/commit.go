@@ -165,6 +165,17 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 		clear(errs)
 		added, _ = s.commitTx(ctx, groups, errs, true)
 	}
+	if slices.ContainsFunc(errs, IsUnavailable) {
+		// A writer's connection opened again after the file went cannot open it (noCreate):
+		// the commit fails unavailable, and the file says why.
+		if g := s.checkFile(); g != nil {
+			for i, err := range errs {
+				if IsUnavailable(err) && !isGone(err) {
+					errs[i] = fmt.Errorf("commit: %w (%v)", g, err)
+				}
+			}
+		}
+	}
 	s.indexCommitted(ctx, added)
 	return errs
 }

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -38,8 +39,8 @@ func (e *goneError) Error() string {
 	if e.replaced {
 		what = "replaced by another file (renamed over, or restored while the daemon ran)"
 	}
-	return fmt.Sprintf("the database file %s was %s: the daemon's last commit went to the old file, "+
-		"which no one can open again and which goes when the daemon stops; it and every write since wait in the spool "+
+	return fmt.Sprintf("the database file %s was %s: the daemon still has the old file open, which no one can open "+
+		"again and which goes when the daemon stops, and writes no more to it; its writes wait in the spool "+
 		"(if the spool cannot be written either, as when the whole data directory was deleted, new messages are refused, "+
 		"HTTP 503, and nothing acknowledged is lost): stop the daemon, put the database back at that path, and start: "+
 		`the spool's writes are replayed into it (docs/RUNBOOK.md, "the database file was deleted or replaced")`, e.path, what)
@@ -55,13 +56,18 @@ func isGone(err error) bool {
 	return errors.As(err, &ge)
 }
 
-// checkFile reports, after a commit, whether the store's path still names the file it opened
-// (Store.file): nil if it does, or if the path cannot be looked at for another reason (which
-// says nothing of the file; the next commit looks again), else the goneError, which it also
-// keeps for the store's lifetime. It costs one stat(2) on the commit path, about 0.6 µs,
-// where a commit of one turn takes 300 µs or more for its fsyncs (BenchmarkCommitTurns does
-// not tell the two apart). The caller holds commitMu.
+// checkFile reports whether the store's path still names the file it opened (Store.file),
+// after a commit (or one that failed unavailable) and in Ping: nil if it does, or if the path
+// cannot be looked at for another reason (which says nothing of the file; the next commit
+// looks again), else the goneError, which it keeps for the store's lifetime, as the store
+// keeps a corrupt database's error: a file put back while the daemon runs is not trusted
+// again until a start checks it. It costs one stat(2) on the commit path, about 0.6 µs, where
+// a commit of one turn takes 300 µs or more for its fsyncs (BenchmarkCommitTurns does not
+// tell the two apart). It is safe for concurrent use.
 func (s *Store) checkFile() error {
+	if g := s.gone.Load(); g != nil {
+		return g
+	}
 	if s.file == nil { // a read-only store's Commit never gets here
 		return nil
 	}
@@ -97,15 +103,28 @@ func (s *Store) reportGone(err error) {
 // replayed into whatever file was put at the path (a backup restored, the file renamed over
 // it) by the next open, its pages written over that database's (sqlite.org/howtocorrupt.html,
 // "mispairing database files and hot journals"). The log and the old file are this store's
-// own descriptors: a log that another file brought along to the path is not touched.
+// own descriptors: a log that another file brought along to the path is not touched. It runs
+// on the writer's connection, or on a reader's if the writer's was dropped since the file went
+// (a new one cannot open it: noCreate), before the readers are closed.
 func (s *Store) emptyLostWAL() error {
-	var busy, frames, moved int
-	err := s.writer.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &frames, &moved)
-	if err == nil && busy != 0 {
-		err = errors.New("the database is busy")
+	err := truncateWAL(s.writer)
+	if err != nil && s.reader != nil {
+		if rerr := truncateWAL(s.reader); rerr == nil {
+			return nil
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("empty the write-ahead log of the old database file: %w", err)
 	}
 	return nil
+}
+
+// truncateWAL runs a TRUNCATE checkpoint on a connection of db.
+func truncateWAL(db *sql.DB) error {
+	var busy, frames, moved int
+	err := db.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &frames, &moved)
+	if err == nil && busy != 0 {
+		err = errors.New("the database is busy")
+	}
+	return err
 }

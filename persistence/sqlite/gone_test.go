@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
@@ -166,4 +168,78 @@ func countMessagesAt(t *testing.T, path string) (int, error) {
 	var n int
 	err := db.QueryRow("SELECT count(*) FROM messages").Scan(&n)
 	return n, err
+}
+
+// TestDeletedFileFoundWithoutACommit: the store finds its database file deleted without a
+// commit to find it: Ping looks (an idle daemon's /readyz says so at once), and a connection
+// a pool opens after the file went fails as unavailable rather than make a new, empty file at
+// the path (a reader's read then failed with "no such table", a writer's commit was refused
+// for good instead of spooled, and the next start took the empty file for a new database), and
+// the commit that fails so says that the file was deleted. Nothing is written after that.
+func TestDeletedFileFoundWithoutACommit(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		find func(t *testing.T, s *Store) error // the first failure after the file went
+	}{
+		{"by Ping", func(t *testing.T, s *Store) error { return s.Ping(context.Background()) }},
+		{"by a commit on a new writer's connection", func(t *testing.T, s *Store) error {
+			conn, err := s.writer.Conn(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.dropWriter(conn) // as a setting that could not be restored has it dropped
+			_ = conn.Close()
+			errs := s.Commit(context.Background(), [][]persistence.Op{{&persistence.AppendMessage{Message: userMsg("s1", 2, "after")}}})
+			return errs[0]
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := MustOpen(t, Options{CheckpointInterval: time.Hour})
+			storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")},
+				&persistence.AppendMessage{Message: userMsg("s1", 1, "before")})
+			held, err := s.reader.Conn(context.Background()) // the pool's connection on the old file
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer held.Close()
+			if err := os.Remove(s.path); err != nil {
+				t.Fatal(err)
+			}
+
+			// A reader's connection opened now.
+			fresh, err := s.reader.Conn(context.Background())
+			if err == nil {
+				var n int
+				err = fresh.QueryRowContext(context.Background(), "SELECT count(*) FROM messages").Scan(&n)
+				fresh.Close()
+			}
+			if !IsUnavailable(err) {
+				t.Errorf("a read on a reader's connection opened after the file was deleted = %v, want it unavailable", err)
+			}
+
+			err = tt.find(t, s)
+			if !errors.Is(err, persistence.ErrFileGone) || !errors.Is(err, persistence.ErrUnavailable) ||
+				!strings.Contains(err.Error(), "the database file "+s.path+" was deleted: ") {
+				t.Errorf("first failure after the file was deleted = %v, want it to say so", err)
+			}
+			if _, err := os.Stat(s.path); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("stat of the deleted database's path = %v, want it still absent", err)
+			}
+			errs := s.Commit(context.Background(), [][]persistence.Op{{&persistence.AppendMessage{Message: userMsg("s1", 3, "later")}}})
+			if !errors.Is(errs[0], persistence.ErrFileGone) {
+				t.Errorf("a later Commit = %v, want persistence.ErrFileGone", errs[0])
+			}
+			var n int
+			if err := held.QueryRowContext(context.Background(), "SELECT count(*) FROM messages").Scan(&n); err != nil || n != 1 {
+				t.Errorf("the old file holds %d messages (%v), want the 1 before", n, err)
+			}
+			held.Close()
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if fi, err := os.Stat(s.path + "-wal"); err == nil && fi.Size() > 0 {
+				t.Errorf("the store's close left %d bytes of the old file's write-ahead log at the path, want none", fi.Size())
+			}
+		})
+	}
 }

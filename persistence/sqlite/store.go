@@ -209,6 +209,7 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 		// After a checkpoint resets the WAL, shrink it back to 64 MiB.
 		"_pragma=journal_size_limit(67108864)",
 		"_txlock=immediate",
+		noCreate,
 	))
 	if err != nil {
 		return err
@@ -248,7 +249,7 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	if n <= 0 {
 		n = defaultReaders
 	}
-	if s.reader, err = openReader(ctx, s.path, n); err != nil {
+	if s.reader, err = openReader(ctx, s.path, n, noCreate); err != nil {
 		return err
 	}
 	s.readStmts = make(map[string]*sql.Stmt, len(activationSQL))
@@ -261,6 +262,15 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	}
 	return nil
 }
+
+// noCreate is the DSN parameter of the store's connections: SQLite opens the database file,
+// never creates it (Open does, private, before they connect). A connection a pool opened after
+// the file was deleted made a new, empty one at the path (0644, as the umask had it): a read
+// on it failed with "no such table" instead of as unavailable, a commit on the writer's with
+// it too, refused for good instead of spooled, and the next start took that file for a new
+// database. It now fails to open (SQLITE_CANTOPEN): unavailable, and the store looks at the
+// file then (checkFile).
+const noCreate = "mode=rw"
 
 // takeWriteLock takes the write lock of the database w writes (BEGIN IMMEDIATE: the writer's
 // _txlock), waiting for it at most the writer's busy timeout, and releases it (Options.MustWrite).
@@ -419,7 +429,8 @@ const pingBusy = 200 * time.Millisecond
 // database until ctx ended, or, once the store has found its database damaged, that it is
 // corrupt (wrapping persistence.ErrCorrupt), for as long as the store is open: the damage does
 // not pass, and the write lock can be taken on a file whose other pages are junk. Likewise once
-// a commit has found the database file deleted or replaced (persistence.ErrFileGone, gone.go).
+// the store has found the database file deleted or replaced (persistence.ErrFileGone,
+// gone.go), which Ping looks for itself too.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.enter(); err != nil {
 		return fmt.Errorf("ping: %w", err)
@@ -431,8 +442,11 @@ func (s *Store) Ping(ctx context.Context) error {
 	if c := s.corrupt.Load(); c != nil {
 		return fmt.Errorf("ping: %w", &corruptError{*c})
 	}
-	if g := s.gone.Load(); g != nil {
-		return fmt.Errorf("ping: %w", g) // the write lock of the old file could still be taken
+	if err := s.checkFile(); err != nil {
+		// The write lock of the old file could still be taken. Without a commit since the file
+		// went (an idle daemon), Ping is the first to find it: the next commit fails at once.
+		s.reportGone(err)
+		return fmt.Errorf("ping: %w", err)
 	}
 	start := time.Now()
 	conn, err := s.writer.Conn(ctx) // after the commit, index pass or checkpoint in progress
@@ -505,6 +519,9 @@ func (s *Store) closeAll() error {
 	if s.ckpt != nil {
 		s.ckpt.stop()
 	}
+	if s.gone.Load() != nil {
+		keep(s.emptyLostWAL()) // no call is in progress: no reader holds the log back
+	}
 	for _, st := range s.readStmts {
 		keep(st.Close())
 	}
@@ -520,9 +537,6 @@ func (s *Store) closeAll() error {
 		}))
 	}
 	if s.writer != nil {
-		if s.gone.Load() != nil {
-			keep(s.emptyLostWAL()) // once the readers are closed: they would hold it back
-		}
 		keep(s.writer.Close())
 	}
 	if s.lock != nil {
