@@ -18,15 +18,15 @@ import (
 // on the old file, and every commit succeeded into a file that no one can open again and that
 // goes when the daemon stops. The daemon acknowledged messages, and sent replies, for hours
 // into it, and all of it was lost at the next start, silently (found by black-box soaks). So
-// Open records the identity of the file it opened (device and inode), each commit checks that
-// the path still names it (checkFile), and from the first commit that finds it gone the store
-// writes no more (Store.gone).
+// Open records the identity of the file it opened (device and inode), each commit and each
+// Ping check that the path still names it (checkFile), and from the first check that finds it
+// gone the store writes no more (Store.gone).
 
 // msgGone is the line of a database file found deleted or replaced while the store is open
 // (reportGone).
 const msgGone = "the database file was deleted or replaced while the daemon ran; writes wait in the spool: stop the daemon and put the database back"
 
-// goneError is the error of every write, and of Ping, once a commit has found the database
+// goneError is the error of every write, and of Ping, once the store has found the database
 // file deleted or replaced: what happened, what became of the writes, and what to do. It wraps
 // persistence.ErrFileGone and persistence.ErrUnavailable (the writes wait in the spool).
 type goneError struct {

@@ -40,8 +40,8 @@ type Options struct {
 	IndexRows  int
 	IndexDelay time.Duration
 	// Corrupt is called once, from whichever goroutine met it first, when the store finds its
-	// database damaged while open (reportCorrupt), and once when a commit finds the database
-	// file deleted or replaced (checkFile): either way the database is lost to this store
+	// database damaged while open (reportCorrupt), and once when it finds the database file
+	// deleted or replaced (checkFile): either way the database is lost to this store
 	// until an operator puts it back, and the daemon shows it in its metrics. Nil calls
 	// nothing.
 	Corrupt func()
@@ -102,9 +102,9 @@ type Store struct {
 	// reports from then on; onCorrupt is Options.Corrupt.
 	corrupt   atomic.Pointer[error]
 	onCorrupt func()
-	// file is the database file Open opened, which every commit checks the path still names
-	// (checkFile); nil for a read-only store. gone is the error of the first commit that found
-	// it deleted or replaced: from then on every write and Ping fail with it (gone.go).
+	// file is the database file Open opened, which every commit and Ping check the path still
+	// names (checkFile); nil for a read-only store. gone is the error of the first check that
+	// found it deleted or replaced: from then on every write and Ping fail with it (gone.go).
 	file     os.FileInfo
 	gone     atomic.Pointer[goneError]
 	goneWarn logging.Limiter // holds back the lines of a gone file (reportGone)
