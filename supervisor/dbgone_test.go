@@ -18,8 +18,9 @@ import (
 
 // TestDatabaseFileDeletedUnderTheDaemon: the database file deleted while the daemon runs (rm
 // of agentgate.db, or of the whole data directory) takes no acknowledged message with it. With
-// the spool there, a message sent after it is acknowledged from the spool, not from the deleted
-// file; with the spool gone too, it is refused (the platform's ErrUnavailable, HTTP 503). Either
+// the spool there, a message sent after it is acknowledged from the spool (HTTP 202), not from
+// the deleted file; with the spool gone too, it is refused (the platform's ErrUnavailable, HTTP
+// 503). Either
 // way /readyz fails, saying the file was deleted and what to do, and agentgate_store_corrupt is
 // 1; and a start on the database put back (the old file, kept by a hard link here as an
 // operator's copy out of /proc/PID/fd would keep it) holds every message acknowledged, those of
@@ -45,6 +46,19 @@ func TestDatabaseFileDeletedUnderTheDaemon(t *testing.T) {
 			src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c", UserID: "u"}
 			r.inject(t, src, "before", "hello")
 			r.waitSent(t, 1)
+			post := func(id string) int { // to the HTTP API, in a chat of its own
+				t.Helper()
+				resp, err := http.Post("http://"+r.d.Addr().String()+"/v1/messages", "application/json",
+					strings.NewReader(`{"chat_id":"h","user_id":"u","text":"hi","message_id":"`+id+`"}`))
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			if code := post("h-before"); code != http.StatusAccepted {
+				t.Fatalf("POST /v1/messages before the file was deleted = %d, want 202", code)
+			}
 
 			db := r.d.cfg.DSN()
 			kept := filepath.Join(t.TempDir(), "agentgate.db")
@@ -65,6 +79,10 @@ func TestDatabaseFileDeletedUnderTheDaemon(t *testing.T) {
 				t.Errorf("Inject with the data directory deleted = %+v, %v; want platforms.ErrUnavailable", ack, err)
 			case !tt.whole && err != nil:
 				t.Errorf("Inject with the database file deleted = %v; want it acknowledged from the spool", err)
+			}
+			posted := post("h-after")
+			if want := map[bool]int{false: http.StatusAccepted, true: http.StatusServiceUnavailable}[tt.whole]; posted != want {
+				t.Errorf("POST /v1/messages after the file was deleted = %d, want %d", posted, want)
 			}
 
 			code, ready := readyzOf(t, r)
@@ -94,21 +112,22 @@ func TestDatabaseFileDeletedUnderTheDaemon(t *testing.T) {
 			}
 			r = startOn(t, dir, 0, echo.New())
 			defer r.stop(t)
-			stored := func(id string) bool {
-				m, err := r.d.store.FindInbound(t.Context(), "fake", "c", id)
+			stored := func(platform, chat, id string) bool {
+				m, err := r.d.store.FindInbound(t.Context(), platform, chat, id)
 				if err != nil && !errors.Is(err, persistence.ErrNotFound) {
 					t.Fatal(err)
 				}
 				return m != nil
 			}
-			if !stored("before") {
-				t.Error(`message "before", acknowledged before the file was deleted, is not in the database put back`)
+			if !stored("fake", "c", "before") || !stored("http", "h", "h-before") {
+				t.Error("a message acknowledged before the file was deleted is not in the database put back")
 			}
-			if acked {
-				waitUntil(t, func() bool { return !r.d.deps.Spooling.Load() })
-				if !stored("after") {
-					t.Error(`message "after", acknowledged after the file was deleted, is not in the database once the spool is replayed`)
-				}
+			waitUntil(t, func() bool { return !r.d.deps.Spooling.Load() })
+			if acked && !stored("fake", "c", "after") {
+				t.Error(`message "after", acknowledged after the file was deleted, is not in the database once the spool is replayed`)
+			}
+			if posted == http.StatusAccepted && !stored("http", "h", "h-after") {
+				t.Error(`message "h-after", acknowledged (202) after the file was deleted, is not in the database once the spool is replayed`)
 			}
 		})
 	}
