@@ -4,6 +4,8 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"modernc.org/sqlite"
@@ -104,6 +106,33 @@ func explainCorrupt(err error) error {
 			"check data_dir and store.dsn; if it is agentgate's database, %s", err, corruptFix)
 	}
 	return err
+}
+
+// fullBelow is the free space under which a disk is called full when SQLite fails to write to
+// it: a start needs more than its -shm file's 32 KiB, and the first commits more again.
+const fullBelow = 1 << 20
+
+// explainFull returns err, an error of opening the database at path, with the disk named as full
+// when SQLite could not write (SQLITE_FULL, or SQLITE_IOERR: the -shm file of a database stopped
+// cleanly cannot be sized on a full disk) and the disk that holds path has less than fullBelow
+// free; again is what to do once it has room. Before, a daemon started on a full disk said only
+// "check the database: disk I/O error (4874)", each second under systemd, which reads as a
+// damaged database (found by a disk-full soak of the binary).
+func explainFull(err error, path, again string) error {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return err
+	}
+	if c := se.Code() & 0xff; c != sqlite3.SQLITE_FULL && c != sqlite3.SQLITE_IOERR {
+		return err
+	}
+	dir := filepath.Dir(path)
+	free, ok := freeBytes(dir)
+	if !ok || free >= fullBelow {
+		return err
+	}
+	return fmt.Errorf("the disk holding %s is full (%d bytes free to this user, uid %d): free space on it (df -h %s), then %s (%w)",
+		dir, free, os.Getuid(), dir, again, err)
 }
 
 // explainCheckFailure words err, the quick_check query failing with a plain SQL error, which

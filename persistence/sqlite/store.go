@@ -167,7 +167,11 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		onCorrupt: opts.Corrupt, mustWrite: opts.MustWrite}
 	if err := s.open(ctx, syncMode, opts); err != nil {
 		s.closeAll()
-		return nil, fmt.Errorf("open %s: %w", abs, explainCorrupt(explainAccess(err, abs, true)))
+		again := "start again"
+		if opts.MustWrite {
+			again = "run the command again"
+		}
+		return nil, fmt.Errorf("open %s: %w", abs, explainFull(explainCorrupt(explainAccess(err, abs, true)), abs, again))
 	}
 	if s.file, err = os.Stat(abs); err != nil { // the file the writer opened (checkFile)
 		s.closeAll()

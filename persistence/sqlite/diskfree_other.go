@@ -1,0 +1,6 @@
+//go:build !linux
+
+package sqlite
+
+// freeBytes is Linux's only: elsewhere an open on a full disk says what SQLite says.
+func freeBytes(string) (uint64, bool) { return 0, false }

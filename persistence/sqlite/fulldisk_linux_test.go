@@ -1,0 +1,116 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
+)
+
+// fullDiskChildEnv marks the run of TestOpenOnAFullDiskSaysTheDiskIsFull that is inside its own
+// user and mount namespaces, where it may mount a small file system and fill it.
+const fullDiskChildEnv = "AGENTGATE_TEST_FULL_DISK_CHILD"
+
+// TestOpenOnAFullDiskSaysTheDiskIsFull: a database stopped cleanly (which leaves no -wal or
+// -shm file) on a disk that is full since is refused by Open with an error that says the disk
+// is full and what to do, and once the disk has room again it opens. Before, a daemon started
+// there said only "start: open store: open …: check the database: disk I/O error (4874)"
+// (SQLite cannot size the -shm file), every second under systemd, which reads as a damaged
+// database, and which docs/RUNBOOK.md did not list (found by a disk-full soak of the binary).
+//
+// The test runs itself again inside user and mount namespaces (unshare), where it mounts a
+// small tmpfs and fills it; where they cannot be made, it is skipped.
+func TestOpenOnAFullDiskSaysTheDiskIsFull(t *testing.T) {
+	if os.Getenv(fullDiskChildEnv) == "" {
+		cmd := exec.Command("unshare", "--user", "--map-root-user", "--mount",
+			os.Args[0], "-test.run=^TestOpenOnAFullDiskSaysTheDiskIsFull$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), fullDiskChildEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		if strings.HasPrefix(string(out), "unshare:") || errors.Is(err, exec.ErrNotFound) {
+			t.Skipf("user and mount namespaces cannot be made here: %v: %s", err, out)
+		}
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestOpenOnAFullDiskSaysTheDiskIsFull") {
+			t.Errorf("the test in its namespaces: %v\n%s", err, out)
+		}
+		return
+	}
+
+	ctx := context.Background()
+	mnt := t.TempDir()
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=4m"); err != nil {
+		t.Fatalf("mount a tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(mnt, 0) }) // before t.TempDir removes mnt
+	path := filepath.Join(mnt, "agentgate.db")
+	s, err := Open(ctx, path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	balloon := filepath.Join(mnt, "balloon")
+	mustFill(t, balloon)
+
+	for _, tt := range []struct {
+		name  string
+		opts  Options
+		again string
+	}{
+		{"daemon", Options{}, "then start again"},
+		{"admin command", Options{NoMigrate: true, MustWrite: true}, "then run the command again"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := Open(ctx, path, tt.opts)
+			if err == nil {
+				s.Close()
+				t.Fatal("Open on a full disk succeeded, want it refused")
+			}
+			want := "the disk holding " + mnt + " is full ("
+			if !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), tt.again) {
+				t.Errorf("Open = %v\nwant it to say %q and %q", err, want, tt.again)
+			}
+		})
+	}
+
+	if err := os.Remove(balloon); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(ctx, path, Options{})
+	if err != nil {
+		t.Fatalf("Open once the disk has room: %v", err)
+	}
+	defer s.Close()
+	if _, err := s.Session(ctx, "s1"); err != nil {
+		t.Errorf("Session(s1): %v", err)
+	}
+}
+
+// mustFill writes zeros to a new file at path until its file system is full.
+func mustFill(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, size := range []int{64 << 10, 512} {
+		chunk := make([]byte, size)
+		for {
+			if _, err := f.Write(chunk); err != nil {
+				if !errors.Is(err, syscall.ENOSPC) {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+	}
+}
