@@ -581,8 +581,14 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 	for _, i := range idx {
 		if err != nil {
 			// The database's error without its own "database unavailable", which this one
-			// begins with: a log line quoted it twice.
-			dbErr := strings.TrimPrefix(errs[i].Error(), ErrUnavailable.Error()+": ")
+			// begins with: a log line quoted it twice. A write sent to the spool behind the
+			// writes waiting there (forced) never met the database, and has no error of its:
+			// reading it panicked the actor, and the write was never answered (found by a
+			// disk-full soak of the binary).
+			dbErr := "earlier writes wait in the spool for it"
+			if errs[i] != nil {
+				dbErr = strings.TrimPrefix(errs[i].Error(), ErrUnavailable.Error()+": ")
+			}
 			out[i] = fmt.Errorf("%w: spool failed too: %v (database: %s)", ErrUnavailable, err, dbErr)
 		} else {
 			out[i] = nil
