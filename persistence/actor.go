@@ -146,6 +146,11 @@ type Actor struct {
 	// key, and the key's next write with nothing in flight (its next activation's first)
 	// removes it.
 	refused map[senderID]struct{}
+	// refusedAt is when the database and the spool began to refuse writes (zero while either
+	// takes them), and refusedGroups how many write groups they refused since: the end of
+	// such an outage is logged with both (refusalsEnded).
+	refusedAt     time.Time
+	refusedGroups int
 
 	// pacing of the next batch (see Actor)
 	answeredAt time.Time
@@ -452,6 +457,8 @@ func (a *Actor) finish(c actor.Context) {
 	if !j.answered { // (the committer recorded the writes taken and answered them itself)
 		j.answeredAt = time.Now()
 		a.answer(c, j.part, a.spool(c, j.groups, j.errs))
+	} else {
+		a.refusalsEnded()
 	}
 	// The writes that arrived after the answers went out are (mostly) the answered writers'
 	// next ones.
@@ -542,6 +549,20 @@ func senderOf(pid *actor.PID) senderID {
 	return senderID{pid.Address, pid.Id}
 }
 
+// refusalsEnded notes that the database or the spool took writes, and logs the end of an
+// outage in which both refused them (msgSpoolFailed): its ERR line, once a minute, was its
+// only trace, so that the log could not say whether it still lasted, and the refusals after its
+// last line were counted in none (found by a disk-full soak of the binary).
+func (a *Actor) refusalsEnded() {
+	a.repeats.ok(msgSpoolFailed)
+	if a.refusedAt.IsZero() {
+		return
+	}
+	a.o.Log.Info("writes taken again after the database and spool both refused them",
+		"refused", a.refusedGroups, "lasted", time.Since(a.refusedAt).Round(time.Second))
+	a.refusedAt, a.refusedGroups = time.Time{}, 0
+}
+
 func (a *Actor) spoolLen() int {
 	if a.o.Spool == nil {
 		return 0
@@ -571,7 +592,7 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 		}
 	}
 	if len(keep) == 0 {
-		a.repeats.ok(msgSpoolFailed)
+		a.refusalsEnded()
 		a.o.Refusals.taken()
 		return errs
 	}
@@ -598,9 +619,13 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 		a.repeats.log(a.o.Log, slog.LevelError, msgSpoolFailed, "groups", len(keep), logging.Err(err))
 		a.o.Refusals.Refuse(fmt.Errorf("database and spool both failed: %w", err), time.Now())
 		a.o.WritesRefused(len(keep))
+		if a.refusedAt.IsZero() {
+			a.refusedAt = time.Now()
+		}
+		a.refusedGroups += len(keep)
 		return out
 	}
-	a.repeats.ok(msgSpoolFailed)
+	a.refusalsEnded()
 	a.o.Refusals.taken()
 	if !forced {
 		a.o.Log.Warn("database unavailable; spooling writes", "batch", name, logging.Err(firstErr(errs)))

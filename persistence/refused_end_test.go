@@ -1,0 +1,128 @@
+package persistence_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/spool"
+	"github.com/agentgate/agentgate/persistence/sqlite"
+	"github.com/agentgate/agentgate/persistence/storetest"
+)
+
+// TestTheEndOfRefusedWritesIsLogged: once the database or the spool takes writes again after
+// both refused them (a full disk that has room again), the actor says so at Info, with how
+// many write groups it refused in all and for how long. Before, the outage's ERR line, once a
+// minute, was its only trace: its end was not logged, and the refusals after its last line were
+// counted in none, so that at 3 a.m. the log could not say whether the disk was still full, nor
+// how many messages were refused (found by a disk-full soak of the binary). A second outage
+// logs its own ERR line at once, and its own end.
+func TestTheEndOfRefusedWritesIsLogged(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		room func(out *storetest.Outage, broken *brokenSpool) // the disk has room again
+	}{
+		{"the database takes them", func(out *storetest.Outage, broken *brokenSpool) {
+			out.Down.Store(false)
+			broken.append.Store(false)
+		}},
+		{"the spool takes them", func(_ *storetest.Outage, broken *brokenSpool) { broken.append.Store(false) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				dir := t.TempDir()
+				st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer st.Close()
+				sp, err := spool.Open(filepath.Join(dir, "spool"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				broken := &brokenSpool{Spool: sp}
+				out := &storetest.Outage{Store: st}
+				var logs testutil.Buffer
+				quiet := slog.New(slog.DiscardHandler)
+				system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+				defer system.Shutdown()
+				pid := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), out, persistence.ActorOptions{
+					MaxBatch: 64, Spool: broken, ReplayEvery: time.Second, Log: slog.New(slog.NewTextHandler(&logs, nil))})))
+				defer func() { _ = system.Root.StopFuture(pid).Wait() }()
+				id := uint64(0)
+				write := func(ops ...persistence.Op) error {
+					id++
+					res, err := system.Root.RequestFuture(pid, &persistence.Write{ID: id, Ops: ops}, time.Minute).Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					return res.(*persistence.WriteResult).Err
+				}
+				if err := write(session("s1", "k1", t0)); err != nil {
+					t.Fatal(err)
+				}
+				seq := int64(0)
+				outage := func(writes int, every time.Duration) {
+					t.Helper()
+					out.Down.Store(true)
+					broken.append.Store(true)
+					for range writes {
+						seq++
+						if err := write(userMessage("s1", seq, "m"+string(rune('a'+seq)))); !errors.Is(err, persistence.ErrUnavailable) {
+							t.Fatalf("write during the outage: %v, want ErrUnavailable", err)
+						}
+						time.Sleep(every)
+					}
+				}
+				const end = "writes taken again after the database and spool both refused them"
+
+				outage(15, 5*time.Second) // 75 s: two ERR lines, the second with repeats=11, and 3 refusals after it
+				if strings.Contains(logs.String(), end) {
+					t.Fatalf("the end logged during the outage:\n%s", logs.String())
+				}
+				tt.room(out, broken)
+				seq++
+				if err := write(userMessage("s1", seq, "m-room")); err != nil {
+					t.Fatalf("write once the disk has room: %v", err)
+				}
+				synctest.Wait()
+				lines := strings.Split(logs.String(), "\n")
+				var got []string
+				for _, l := range lines {
+					if strings.Contains(l, end) {
+						got = append(got, l)
+					}
+				}
+				if len(got) != 1 || !strings.Contains(got[0], "level=INFO") || !strings.Contains(got[0], "refused=15 ") ||
+					!strings.Contains(got[0], "lasted=1m15s") {
+					t.Fatalf("lines of the end = %q, want one INFO line with refused=15 and lasted=1m15s:\n%s", got, logs.String())
+				}
+
+				// A second outage: its own ERR line at once, and its own end.
+				before := strings.Count(logs.String(), "database and spool both failed; writes refused")
+				outage(2, time.Second)
+				if n := strings.Count(logs.String(), "database and spool both failed; writes refused") - before; n != 1 {
+					t.Errorf("a second outage logged %d ERR lines at its start, want 1:\n%s", n, logs.String())
+				}
+				tt.room(out, broken)
+				seq++
+				if err := write(userMessage("s1", seq, "m-room2")); err != nil {
+					t.Fatalf("write once the disk has room again: %v", err)
+				}
+				synctest.Wait()
+				if !strings.Contains(logs.String(), end+`" refused=2 lasted=2s`) {
+					t.Errorf("the second outage's end not logged with refused=2 lasted=2s:\n%s", logs.String())
+				}
+			})
+		})
+	}
+}
