@@ -919,8 +919,18 @@ func (d *Daemon) storeReady(ctx context.Context) error {
 	if errors.Is(err, persistence.ErrCorrupt) || errors.Is(err, persistence.ErrFileGone) {
 		return err // it says what to do; the spool's "until it takes them again" would not pass
 	}
-	if err == nil {
-		err = d.refusals.Err(time.Now())
+	// Writes refused outright come first, whatever the ping says. Looked at only when the ping
+	// passed, they went unsaid while writes waited in the spool and the ping failed too (the
+	// database locked by another process as the disk filled): /readyz said the writes waited in
+	// the spool while each new one was refused (found by a disk-full soak of the binary).
+	if rerr := d.refusals.Err(time.Now()); rerr != nil {
+		if d.deps.Spooling.Load() {
+			rerr = fmt.Errorf("%v; the writes taken before wait in the spool", rerr)
+		}
+		if err != nil {
+			return fmt.Errorf("%v (%v)", rerr, err)
+		}
+		return rerr
 	}
 	if refused := d.runRefused.Load(); err == nil && refused != nil {
 		err = fmt.Errorf("the database refuses writes: it refused the record of this run, tried again each second (%v)", *refused)
