@@ -695,6 +695,11 @@ func (a *Actor) replaySpool() error {
 		}
 		a.o.Observe(len(run.groups), time.Since(start))
 		a.repeats.ok(msgReplayWaits)
+		// The database takes writes again: refusals end here too. Before, only a new write
+		// taken ended them, and a daemon with no traffic after the disk had room again (the
+		// spool replayed) said in /readyz that writes were refused for RefusalMemory more.
+		a.refusalsEnded()
+		a.o.Refusals.taken()
 		if len(run.names) > 1 && failedAsOne(errs) {
 			// The transaction failed as a whole, which may be one batch's doing: setting every
 			// batch of the run aside would keep the others out of the database. They go alone,

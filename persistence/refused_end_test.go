@@ -126,3 +126,71 @@ func TestTheEndOfRefusedWritesIsLogged(t *testing.T) {
 		})
 	}
 }
+
+// TestASpoolReplayEndsTheRefusals: writes wait in the spool, the spool then refuses writes too
+// (its disk full), and the disk has room again with no new write coming: the replay that
+// drains the spool into the database ends the refusals (/readyz's Refusals.Err) and logs their
+// end. Before, only a new write taken ended them: a daemon that had no traffic once the disk had
+// room said in /readyz, for RefusalMemory more, that writes were refused, while the database
+// had just taken every spooled write (found by TestReadyzNamesWritesRefusedBehindTheSpool, which
+// waited for a ready daemon in vain when no turn's write came after the replay).
+func TestASpoolReplayEndsTheRefusals(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		sp, err := spool.Open(filepath.Join(dir, "spool"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		broken := &brokenSpool{Spool: sp}
+		out := &storetest.Outage{Store: st}
+		refusals := &persistence.Refusals{}
+		var logs testutil.Buffer
+		quiet := slog.New(slog.DiscardHandler)
+		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+		defer system.Shutdown()
+		pid := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), out, persistence.ActorOptions{
+			MaxBatch: 64, Spool: broken, ReplayEvery: time.Second, Refusals: refusals,
+			Log: slog.New(slog.NewTextHandler(&logs, nil))})))
+		defer func() { _ = system.Root.StopFuture(pid).Wait() }()
+		write := func(id uint64, ops ...persistence.Op) error {
+			res, err := system.Root.RequestFuture(pid, &persistence.Write{ID: id, Ops: ops}, time.Minute).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res.(*persistence.WriteResult).Err
+		}
+		if err := write(1, session("s1", "k1", t0)); err != nil {
+			t.Fatal(err)
+		}
+		out.Down.Store(true)
+		if err := write(2, userMessage("s1", 1, "spooled")); err != nil {
+			t.Fatalf("write with the database down = %v, want it taken by the spool", err)
+		}
+		broken.append.Store(true)
+		if err := write(3, userMessage("s1", 2, "refused")); !errors.Is(err, persistence.ErrUnavailable) {
+			t.Fatalf("write with the database and the spool failing = %v, want ErrUnavailable", err)
+		}
+		if refusals.Err(time.Now()) == nil {
+			t.Fatal("Refusals.Err after a refusal = nil, want the refusal")
+		}
+
+		broken.append.Store(false) // the disk has room again; no write comes
+		out.Down.Store(false)
+		time.Sleep(2 * time.Second) // two replay ticks (ReplayEvery) of the fake clock
+		synctest.Wait()
+		if n := sp.Len(); n != 0 {
+			t.Fatalf("the spool holds %d batches after two replay ticks with the database up, want none", n)
+		}
+		if err := refusals.Err(time.Now()); err != nil {
+			t.Errorf("Refusals.Err once the replay drained the spool = %v, want nil: the database takes writes", err)
+		}
+		if l := logs.String(); !strings.Contains(l, `msg="writes taken again after the database and spool both refused them" refused=1 `) {
+			t.Errorf("the replay that drained the spool did not log the refusals' end:\n%s", l)
+		}
+	})
+}
