@@ -164,3 +164,49 @@ func TestFailedHolderLookupsAreLoggedOnceAMinute(t *testing.T) {
 		}
 	})
 }
+
+// TestLeavingMemberDoesNotClaimAKeyItWaitedToLoad: a session that waits for the database to
+// load (its claim refused as unavailable) when its member starts to leave does not claim the key
+// once the database answers: it stops without loading, and its manager hands the key's work on
+// to the successor (a Recover), which runs it. Before, the waiting session took no notice of the
+// leave; once PostgreSQL was back it claimed the key, fencing the turn the key's new holder was
+// running, and ran the same pending message beside it on the leaving member (a black-box cluster
+// soak's PostgreSQL restart: the message's agent ran on two members at once).
+func TestLeavingMemberDoesNotClaimAKeyItWaitedToLoad(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testutil.Buffer
+		var lookups atomic.Int32
+		var owner atomic.Pointer[actor.PID]
+		w, store := outageWorld(t, &logs, &lookups, &owner)
+		owner.Store(w.manager)
+		if r := w.deliver(t, "m1", "hi"); r.ErrorCode != ErrCodeUnavailable {
+			t.Fatalf("the message during the outage: %+v, want unavailable", r)
+		}
+		synctest.Wait()
+		forwarded := make(chan *Forward, 8)
+		successor := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if f, ok := c.Message().(*Forward); ok {
+				forwarded <- f
+			}
+		}))
+		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return successor }})
+		synctest.Wait()
+		claims := store.claims.Load()
+
+		store.down.Store(false)
+		time.Sleep(3 * storeWaitTick)
+		synctest.Wait()
+		if n := store.claims.Load() - claims; n != 0 {
+			t.Errorf("the leaving member's waiting session claimed the key %d times once the database answered, want 0", n)
+		}
+		var recovers int
+		for len(forwarded) > 0 {
+			if f := <-forwarded; f.Key == w.key && f.GetRecover() != nil {
+				recovers++
+			}
+		}
+		if recovers != 1 {
+			t.Errorf("%d Recovers of the key handed to the successor, want 1 (it runs what the store holds)", recovers)
+		}
+	})
+}

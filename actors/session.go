@@ -658,6 +658,17 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 		s.logger().Info("the session's key moved to another member while it waited for the spool; it stops")
 		s.handOverAll(c, errHandedOver)
 		s.stopWhenSettled(c)
+	case *leaving:
+		// Its member leaves the cluster (a drain, or its membership lost in an outage): it must
+		// not claim the key once the database answers, which would fence the turn the key's
+		// next holder runs meanwhile and run the same message beside it. It stops without
+		// loading, and its manager has the successor run what the store holds (rerun).
+		// Before, a waiting session took no notice of the leave (a cluster soak's PostgreSQL
+		// restart: TestLeavingMemberDoesNotClaimAKeyItWaitedToLoad).
+		s.logger().Info("the member leaves the cluster while the session waited for the database; it stops without loading and hands the key on")
+		s.stale = true
+		s.handOverAll(c, errHandedOver)
+		s.stopWhenSettled(c)
 	case *GetState, *actor.Stopping, *actor.Stopped, *actor.Restarting, *callEnded, *cancelOverdue:
 		// (A restarted session waits for the calls its failed incarnation cancelled, the
 		// panicked turn's among them, before it runs a turn: their ends must not be lost
