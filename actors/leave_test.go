@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -362,6 +363,138 @@ func TestLeavingSessionHandsOnAnUnsureMessage(t *testing.T) {
 			}
 		case <-time.After(time.Minute):
 			t.Error("the successor was not told to recover the key, where m1 is pending")
+		}
+	})
+}
+
+// TestLeavingMemberDoesNotStartAKeyBouncedBackToIt: a leaving member's session hands its key
+// on with a message pending (m2), and the Recover comes back to it forwarded as often as a
+// message may be (members leaving at once, in a database outage each losing its membership,
+// each see the other as the successor). The member does not start the key for it: the message
+// stays pending in the store for a member that stays (its recovery sweep, or its change of
+// membership once this one has gone), and a message forwarded back so is answered stopped
+// (the cluster router sends it again), not taken. Only a member with no other member to hand
+// on to runs the key, as a single daemon does.
+//
+// Before, the member ran the Recover where it was: a new session, never told that its member
+// leaves, claimed the key and ran m2, while the member that restarted in its place, which found
+// no live holder of the key in the store, claimed it too and ran m2 again (a black-box cluster
+// soak: one message's agent ran on two members at once).
+func TestLeavingMemberDoesNotStartAKeyBouncedBackToIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		ran := make(chan string, 8)
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			text := req.Messages[len(req.Messages)-1].Text
+			ran <- text
+			if text == "slow" {
+				<-release
+			}
+			return &agents.Response{Text: "ok"}, nil
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		forwarded := make(chan *Forward, 8)
+		other := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if f, ok := c.Message().(*Forward); ok {
+				forwarded <- f
+			}
+		}))
+		var successor atomic.Pointer[actor.PID]
+		successor.Store(other)
+
+		slow := w.request("m1", "slow")
+		if got := <-ran; got != "slow" {
+			t.Fatalf("the agent ran %q, want the slow message", got)
+		}
+		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return successor.Load() }})
+		if res := w.deliver(t, "m2", "next"); res.Disposition != "queued" || res.ErrorCode != "" {
+			t.Fatalf("a message behind the running turn: %+v, want it queued", res)
+		}
+		close(release)
+		if _, err := slow.Result(); err != nil {
+			t.Fatal(err)
+		}
+		f := <-forwarded
+		if f.Key != w.key || f.GetRecover() == nil {
+			t.Fatalf("forwarded %v, want a Recover of %s", f, w.key)
+		}
+		synctest.Wait()
+
+		// The other member, leaving too, sends it back: it has been forwarded often enough.
+		w.system.Root.Send(w.manager, &Forward{Key: w.key, Hops: maxForwardHops, Msg: &Forward_Recover{Recover: &Recover{}}})
+		res, err := w.system.Root.RequestFuture(w.manager, &Forward{Key: w.key, Hops: maxForwardHops,
+			Msg: &Forward_Deliver{Deliver: w.message("m3", "more")}}, time.Hour).Result()
+		synctest.Wait()
+		if err != nil || res.(*DeliverResult).ErrorCode != ErrCodeStopped {
+			t.Errorf("a message forwarded back to the leaving member: %+v %v, want it answered stopped", res, err)
+		}
+		select {
+		case text := <-ran:
+			t.Errorf("the leaving member ran %q for a key handed back to it", text)
+		default:
+		}
+		act, _ := w.system.Root.RequestFuture(w.manager, &ListActive{}, time.Hour).Result()
+		if keys := act.(*ActiveList).Keys; len(keys) != 0 {
+			t.Errorf("sessions %v started on the leaving member, want none", keys)
+		}
+		snap, err := w.store.LoadSession(w.ctx, w.key, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(snap.Pending) != 1 || snap.Pending[0].MessageID != "m2" {
+			t.Errorf("pending %+v, want m2 alone, for a member that stays", snap.Pending)
+		}
+
+		// No other member stays: it runs the key's work itself.
+		successor.Store(nil)
+		w.system.Root.Send(w.manager, &Forward{Key: w.key, Hops: maxForwardHops, Msg: &Forward_Recover{Recover: &Recover{}}})
+		if got := <-ran; got != "next" {
+			t.Errorf("the last member ran %q, want m2", got)
+		}
+	})
+}
+
+// TestLeavingMemberDoesNotStartAKeyForAMessageBouncedWhileItStops: a message forwarded back to
+// a leaving member as often as a message may be, which reaches it while the key's session stops
+// there, is answered stopped once the session is gone, as one for a key without a session is
+// (TestLeavingMemberDoesNotStartAKeyBouncedBackToIt): it cannot go on to the successor, and the
+// member does not start the key for it. Before, a new session, never told that its member
+// leaves, took it and ran it on the leaving member.
+func TestLeavingMemberDoesNotStartAKeyForAMessageBouncedWhileItStops(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ran := make(chan string, 8)
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			ran <- req.Messages[len(req.Messages)-1].Text
+			return &agents.Response{Text: "ok"}, nil
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		successor := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {}))
+		if r := w.deliver(t, "m1", "one"); r.ErrorCode != "" {
+			t.Fatalf("m1: %+v", r)
+		}
+		<-ran
+		w.awaitTurnEnds(1)
+		synctest.Wait()
+
+		resume := w.suspendAndPassivate(t)
+		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return successor }})
+		bounced := w.system.Root.RequestFuture(w.manager, &Forward{Key: w.key, Hops: maxForwardHops,
+			Msg: &Forward_Deliver{Deliver: w.message("m2", "two")}}, time.Hour)
+		synctest.Wait()
+		resume()
+		res, err := bounced.Result()
+		if err != nil || res.(*DeliverResult).ErrorCode != ErrCodeStopped {
+			t.Errorf("a message forwarded back to the leaving member while the session stopped: %+v %v, want it answered stopped", res, err)
+		}
+		synctest.Wait()
+		select {
+		case text := <-ran:
+			t.Errorf("the leaving member ran %q", text)
+		default:
+		}
+		act, _ := w.system.Root.RequestFuture(w.manager, &ListActive{}, time.Hour).Result()
+		if keys := act.(*ActiveList).Keys; len(keys) != 0 {
+			t.Errorf("sessions %v started on the leaving member, want none", keys)
 		}
 	})
 }

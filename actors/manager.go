@@ -120,6 +120,9 @@ type SessionManager struct {
 	// leftRecovers limits the line of a Recover that reached the manager as it stopped and
 	// could not be handed on (whileClosing).
 	leftRecovers logging.Limiter
+	// bouncedRecovers limits the line of a Recover that leaving members passed back to this
+	// leaving one, and that it leaves to a member that stays (bouncedBack).
+	bouncedRecovers logging.Limiter
 	// handingOn holds the keys whose filed reset was handed on to another member and not yet
 	// taken there, in flight or waiting to be sent again (handOnFiledReset); handOnRetries, the
 	// cancels of the timers of those waiting to be sent again (sendFiledReset). resetHandOnFails
@@ -178,9 +181,10 @@ type routed struct {
 	toHolder bool
 }
 
-// maxForwardHops bounds how often a message is forwarded from a leaving member to another:
-// past it, the member that has it runs it (members that leave at once may each see the other as
-// the successor for a moment).
+// maxForwardHops bounds how often a message is forwarded from a leaving member to another
+// (members that leave at once may each see the other as the successor for a moment): past it, a
+// member that does not leave, or that knows no successor of the key, runs it, and one that
+// leaves and knows one does not start the key for it (bouncedBack).
 const maxForwardHops = 2
 
 // NewSessionManager returns the props of the session manager.
@@ -511,9 +515,14 @@ func (m *SessionManager) route(c actor.Context, key string, r routed) {
 		m.whileActivating(c, key, a, r)
 		return
 	}
-	if !m.handOn(c, key, r) {
-		m.activate(c, key, false, r)
+	if m.handOn(c, key, r) {
+		return
 	}
+	if m.bouncedBack(c, key, r) {
+		answerStopped(c, []routed{r}) // the cluster router sends it again
+		return
+	}
+	m.activate(c, key, false, r)
 }
 
 // refusePaused answers d, a message for key while its session waits out a pause after refused
@@ -1016,13 +1025,19 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		m.letGo(c, key)
 		m.handOnFiledReset(c, to, key)
 		var local []routed
+		onward := false
 		for _, r := range held {
-			if !m.handOnTo(c, to, key, r) {
+			switch {
+			case m.handOnTo(c, to, key, r):
+				onward = true
+			case m.bouncedBack(c, key, r):
+				answerStopped(c, []routed{r}) // not started here either (bouncedBack)
+			default:
 				local = append(local, r)
 			}
 		}
 		// Held messages activate the key where they go; without any, a Recover does.
-		rerun = rerun && len(held) == 0 && !m.handOnTo(c, to, key, routed{msg: &Recover{}})
+		rerun = rerun && !onward && len(local) == 0 && !m.handOnTo(c, to, key, routed{msg: &Recover{}})
 		held = local
 	}
 	if len(held) > 0 || rerun {
@@ -1292,7 +1307,10 @@ func (m *SessionManager) recover(c actor.Context, key string, hops int32) {
 		}
 		return
 	}
-	if m.handOn(c, key, routed{msg: &Recover{}, hops: hops}) {
+	if r := (routed{msg: &Recover{}, hops: hops}); m.handOn(c, key, r) {
+		return
+	} else if m.bouncedBack(c, key, r) {
+		m.leaveBouncedRecover(key)
 		return
 	}
 	// In a cluster a Recover follows a change of membership: the key moved, and its work is
@@ -1355,6 +1373,33 @@ func (m *SessionManager) onLeave(c actor.Context, l *Leave) {
 		c.Send(pid, &leaving{})
 	}
 	m.log.Info("the member leaves the cluster; its sessions hand their keys on", "sessions", len(m.sessions), "running", len(m.busy))
+}
+
+// bouncedBack reports whether r, for a key without a session here, must not start the key on
+// this member: it leaves, another member takes its keys (the key's successor), and r has been
+// forwarded as often as a message may be (maxForwardHops): members that leave at once (in a
+// database outage, each losing its membership) each see the other as the successor, and passed
+// it back and forth. Its work stays in the store for a member that stays (its recovery sweep,
+// every member_ttl, or its change of membership once this one has gone), and a message is
+// answered stopped, for its sender to send it again. Before, it ran where it was: a new session,
+// never told that its member leaves (onLeave tells those in memory), claimed the key and ran
+// the pending message, while the member that restarted in this one's place, which found no live
+// holder of the key, ran it again (TestLeavingMemberDoesNotStartAKeyBouncedBackToIt). A member
+// with no other member to hand on to runs the key, as a single daemon does.
+func (m *SessionManager) bouncedBack(c actor.Context, key string, r routed) bool {
+	if m.successor == nil || r.hops < maxForwardHops || !crossesMembers(r.msg) {
+		return false
+	}
+	to := m.elsewhere(key)
+	return to != nil && !to.Equal(c.Self())
+}
+
+// leaveBouncedRecover drops the Recover of key that bouncedBack keeps from starting the key
+// here, and says so: the key's work waits in the store for a member that stays.
+func (m *SessionManager) leaveBouncedRecover(key string) {
+	if args, ok := m.bouncedRecovers.Allowed("session", key); ok {
+		m.log.Info("the member leaves; a recovery of the session forwarded back to it is left to a member that stays", args...)
+	}
 }
 
 // handOnQuiesceTimeout bounds how long a leaving member waits for a platform to confirm a
