@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
@@ -495,6 +496,43 @@ func TestLeavingMemberDoesNotStartAKeyForAMessageBouncedWhileItStops(t *testing.
 		act, _ := w.system.Root.RequestFuture(w.manager, &ListActive{}, time.Hour).Result()
 		if keys := act.(*ActiveList).Keys; len(keys) != 0 {
 			t.Errorf("sessions %v started on the leaving member, want none", keys)
+		}
+	})
+}
+
+// TestLeavingMemberDoesNotStartAKeyWhoseRecoverBouncedWhileItActivated: an activation of a key
+// began before the member left (a Recover handed to it), and the key's Recover comes back to it
+// forwarded as often as it may be while it waits for the other members to let go, and so does a
+// message. Once they have, the member, which leaves and knows a successor, gives the activation up instead of
+// starting the key (TestLeavingMemberDoesNotStartAKeyBouncedBackToIt): the key's work waits in
+// the store for a member that stays, and the message is answered stopped. Before, the activation
+// went on, and its session, never told that its member leaves, claimed the key and ran its work
+// on the leaving member.
+func TestLeavingMemberDoesNotStartAKeyWhoseRecoverBouncedWhileItActivated(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var owner atomic.Pointer[actor.PID]
+		w := clusterWorld(t, echo.New())
+		silent := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+		w.d.Placement = peersPlacement{self: w.manager, peers: []*actor.PID{silent}, owner: &owner}
+		owner.Store(w.manager)
+		successor := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+		w.system.Root.Send(w.manager, &Forward{Key: w.key, Hops: 1, Msg: &Forward_Recover{Recover: &Recover{}}})
+		synctest.Wait()
+		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return successor }})
+		w.system.Root.Send(w.manager, &Forward{Key: w.key, Hops: maxForwardHops, Msg: &Forward_Recover{Recover: &Recover{}}})
+		bounced := w.system.Root.RequestFuture(w.manager, &Forward{Key: w.key, Hops: maxForwardHops,
+			Msg: &Forward_Deliver{Deliver: w.message("m1", "hi")}}, time.Hour)
+		time.Sleep(2 * releaseAnswerTimeout)
+		synctest.Wait()
+		if res, err := bounced.Result(); err != nil || res.(*DeliverResult).ErrorCode != ErrCodeStopped {
+			t.Errorf("a message forwarded back to the leaving member while it activated the key: %+v %v, want it answered stopped", res, err)
+		}
+		act, _ := w.system.Root.RequestFuture(w.manager, &ListActive{}, time.Hour).Result()
+		if keys := act.(*ActiveList).Keys; len(keys) != 0 {
+			t.Errorf("sessions %v started on the leaving member, want none", keys)
+		}
+		if _, err := w.store.Ownership(w.ctx, w.key); err == nil {
+			t.Error("the leaving member claimed the key")
 		}
 	})
 }

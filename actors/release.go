@@ -601,21 +601,31 @@ func (m *SessionManager) cancelActivation(c actor.Context, key string) {
 	a := m.activating[key]
 	var local, away []routed
 	for _, r := range a.held {
-		if m.mayHandOn(r) && crossesMembers(r.msg) {
+		switch {
+		case m.mayHandOn(r) && crossesMembers(r.msg):
 			away = append(away, r)
-		} else {
+		case m.bouncedBack(c, key, r):
+			answerStopped(c, []routed{r}) // forwarded as often as it may be, to a member that leaves
+		default:
 			local = append(local, r) // forwarded here on purpose: it runs here, once the others let go
 		}
 	}
 	a.held = local
 	// A Recover goes on with its count of hops, and one forwarded here often enough already
-	// stays, as a message does: it runs here. Handed on as new, it came back from a member
+	// stays, as a message does (it runs here), unless this member leaves and knows a successor
+	// (bouncedBack: it is dropped). Handed on as new, it came back from a member
 	// that leaves too (both leaving in a database outage, each the other's successor in its
 	// last view) and began an activation here again, in a loop as fast as the store refused
 	// the lookup of the key's holder, for the whole drain
 	// (TestLeavingMembersInAnOutageDoNotPassARecoverBackAndForth).
 	recovery := routed{msg: &Recover{}, hops: a.recoverHops}
 	onward := a.recover && m.mayHandOn(recovery)
+	if a.recover && !onward && m.bouncedBack(c, key, recovery) {
+		// Nor does it start the key on a member that leaves and knows a successor: the work
+		// waits in the store for a member that stays (bouncedBack).
+		a.recover = false
+		m.leaveBouncedRecover(key)
+	}
 	if len(local) == 0 && (!a.recover || onward) {
 		delete(m.activating, key)
 		m.letGo(c, key)
