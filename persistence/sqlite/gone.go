@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -128,3 +129,56 @@ func truncateWAL(db *sql.DB) error {
 	}
 	return err
 }
+
+// sqliteDriver is the driver registered as "sqlite", which the store's connectors open with.
+var sqliteDriver = func() driver.Driver {
+	db, _ := sql.Open("sqlite", "") // connects nothing
+	defer db.Close()
+	return db.Driver()
+}()
+
+// openPlain opens a pool of the "sqlite" driver on dsn, for a store that writes nothing
+// (OpenReadOnly).
+func openPlain(dsn string) *sql.DB { return sql.OpenDB(fileConnector{dsn: dsn}) }
+
+// openDB opens a pool on dsn whose every connection opened after Open is on the file Open
+// opened (fileConnector).
+func (s *Store) openDB(dsn string) *sql.DB { return sql.OpenDB(fileConnector{s: s, dsn: dsn}) }
+
+// fileConnector opens the connections of a pool on dsn, and, for a store s that has opened its
+// database (Store.file), only while the path names that file: checkFile looks before and after
+// the driver opens it, and a connection opened otherwise is closed and fails with the
+// goneError, unavailable. A connection a pool opened after another file was renamed over the
+// database (the writer's dropped by a setting that could not be restored, a reader's as the
+// reads grew) opened that file, paired with the old file's write-ahead log, still at the path:
+// the commit that found the file replaced went into it, and the TRUNCATE checkpoint of the
+// store's close (emptyLostWAL), on that connection, wrote the old file's pages over it: a backup
+// restored while the daemon ran was lost (TestReplacedFileNotWrittenByANewConnection). noCreate
+// keeps a connection from making a deleted file again; this, from opening another.
+type fileConnector struct {
+	s   *Store
+	dsn string
+}
+
+func (c fileConnector) Connect(context.Context) (driver.Conn, error) {
+	check := func() error {
+		if c.s == nil {
+			return nil
+		}
+		return c.s.checkFile() // nil until Open has recorded the file (Store.file)
+	}
+	if err := check(); err != nil {
+		return nil, err
+	}
+	dc, err := sqliteDriver.Open(c.dsn)
+	if err != nil {
+		return nil, err
+	}
+	if err := check(); err != nil { // the path renamed over as the driver opened it
+		_ = dc.Close()
+		return nil, err
+	}
+	return dc, nil
+}
+
+func (c fileConnector) Driver() driver.Driver { return sqliteDriver }

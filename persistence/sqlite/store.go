@@ -203,7 +203,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 
 // open connects the writer, migrates, prepares the write statements and connects the readers.
 func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
-	w, err := sql.Open("sqlite", dsn(s.path,
+	w := s.openDB(dsn(s.path,
 		"_pragma=busy_timeout(5000)",
 		"_pragma=journal_mode(WAL)",
 		"_pragma=foreign_keys(1)",
@@ -215,9 +215,6 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 		"_txlock=immediate",
 		noCreate,
 	))
-	if err != nil {
-		return err
-	}
 	w.SetMaxOpenConns(1)
 	w.SetMaxIdleConns(1)
 	w.SetConnMaxLifetime(0)
@@ -228,6 +225,7 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	if err := s.checkPages(ctx, w); err != nil {
 		return err
 	}
+	var err error
 	if opts.NoMigrate {
 		err = checkSchemaToWrite(ctx, w)
 	} else {
@@ -253,7 +251,7 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	if n <= 0 {
 		n = defaultReaders
 	}
-	if s.reader, err = openReader(ctx, s.path, n, noCreate); err != nil {
+	if s.reader, err = openReader(ctx, s.openDB, s.path, n, noCreate); err != nil {
 		return err
 	}
 	s.readStmts = make(map[string]*sql.Stmt, len(activationSQL))
@@ -333,7 +331,7 @@ func OpenReadOnly(ctx context.Context, path string) (*Store, error) {
 		return nil, fmt.Errorf("open %s: %w", abs, err)
 	}
 	open := func(params ...string) (*sql.DB, error) {
-		r, err := openReader(ctx, abs, defaultReaders, params...)
+		r, err := openReader(ctx, openPlain, abs, defaultReaders, params...)
 		if err != nil {
 			return nil, err
 		}
@@ -356,14 +354,11 @@ func OpenReadOnly(ctx context.Context, path string) (*Store, error) {
 	return &Store{path: abs, log: logger(nil), readOnly: true, reader: r, commitMu: newWriteLock()}, nil
 }
 
-// openReader opens a pool of n query_only connections, with the DSN parameters params too,
-// and checks that one can be opened.
-func openReader(ctx context.Context, path string, n int, params ...string) (*sql.DB, error) {
+// openReader opens a pool of n query_only connections with openDB (Store.openDB, or
+// openPlain), with the DSN parameters params too, and checks that one can be opened.
+func openReader(ctx context.Context, openDB func(dsn string) *sql.DB, path string, n int, params ...string) (*sql.DB, error) {
 	params = append(params, "_pragma=busy_timeout(5000)", "_pragma=query_only(1)")
-	r, err := sql.Open("sqlite", dsn(path, params...))
-	if err != nil {
-		return nil, err
-	}
+	r := openDB(dsn(path, params...))
 	r.SetMaxOpenConns(n)
 	r.SetMaxIdleConns(n)
 	if err := r.PingContext(ctx); err != nil {

@@ -1,0 +1,71 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
+)
+
+// TestReplacedFileNotWrittenByANewConnection: a connection the writer's pool opens after another
+// file was renamed over the database (the old one dropped, as a setting that could not be
+// restored has it) opens the file now at the path, paired with the old file's write-ahead log,
+// which is still there. Neither the commit that finds the file replaced, nor the checkpointer,
+// nor the store's close may write to that file: the operator's file (a backup restored while
+// the daemon ran) must stay intact, holding its own rows only.
+func TestReplacedFileNotWrittenByANewConnection(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agentgate.db")
+	s, err := Open(context.Background(), path, Options{CheckpointInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")},
+		&persistence.AppendMessage{Message: userMsg("s1", 1, "before")},
+		&persistence.AppendMessage{Message: userMsg("s1", 2, "before too")})
+
+	old, err := os.Open(path) // the old file, to count what it holds once the store is closed
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+
+	other := filepath.Join(filepath.Dir(path), "other.db")
+	o, err := Open(context.Background(), other, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.MustCommit(t, o, &persistence.CreateSession{Session: newSession("o1", "ko1")},
+		&persistence.AppendMessage{Message: userMsg("o1", 1, "other")})
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(other, path); err != nil { // mv other.db agentgate.db
+		t.Fatal(err)
+	}
+
+	conn, err := s.writer.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.dropWriter(conn)
+	_ = conn.Close()
+	errs := s.Commit(context.Background(), [][]persistence.Op{{&persistence.AppendMessage{Message: userMsg("s1", 3, "after")}}})
+	if !errors.Is(errs[0], persistence.ErrFileGone) {
+		t.Errorf("Commit after the file was replaced = %v, want persistence.ErrFileGone", errs[0])
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("Close = %v, want nil", err)
+	}
+	if got, err := countMessagesAt(t, path); err != nil || got != 1 {
+		t.Errorf("the file renamed over the database holds %d messages (%v), want its own 1", got, err)
+	}
+	if got, err := countMessages(t, old); err != nil || got != 2 {
+		t.Errorf("the old file, once the store is closed, holds %d messages (%v), want its 2", got, err)
+	}
+}
