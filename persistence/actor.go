@@ -658,6 +658,7 @@ func (a *Actor) replay(c actor.Context) {
 // a time until one is refused on its own (the cause, set aside), or until all of them went: a
 // run again from each batch behind the cause would repeat the failing transaction once a batch.
 func (a *Actor) replaySpool() error {
+	took := false // the database took a run
 	for a.o.Spool.Len() > 0 {
 		if err := a.ctx.Err(); err != nil {
 			return err
@@ -695,11 +696,7 @@ func (a *Actor) replaySpool() error {
 		}
 		a.o.Observe(len(run.groups), time.Since(start))
 		a.repeats.ok(msgReplayWaits)
-		// The database takes writes again: refusals end here too. Before, only a new write
-		// taken ended them, and a daemon with no traffic after the disk had room again (the
-		// spool replayed) said in /readyz that writes were refused for RefusalMemory more.
-		a.refusalsEnded()
-		a.o.Refusals.taken()
+		took = true
 		if len(run.names) > 1 && failedAsOne(errs) {
 			// The transaction failed as a whole, which may be one batch's doing: setting every
 			// batch of the run aside would keep the others out of the database. They go alone,
@@ -716,6 +713,19 @@ func (a *Actor) replaySpool() error {
 				a.alone = 0 // past the batch that failed a run as a whole
 			}
 		}
+	}
+	if took {
+		// The database took the spool's writes, and the next write goes to it: refusals end
+		// here too. Before, only a new write taken ended them, and a daemon with no traffic
+		// after the disk had room again said in /readyz that writes were refused for
+		// RefusalMemory more. Not before the spool is empty: a write sent meanwhile still goes
+		// behind its batches, to a spool that may refuse it. A replay that committed a batch it
+		// could not remove (a spool that can be neither written nor emptied) ended them at each
+		// tick, and the next write was refused again: the log said ERR and INF in turn every
+		// second, and /readyz that the writes waited in the spool
+		// (TestAReplayThatLeavesTheSpoolEndsNoRefusals).
+		a.refusalsEnded()
+		a.o.Refusals.taken()
 	}
 	return nil
 }

@@ -194,3 +194,88 @@ func TestASpoolReplayEndsTheRefusals(t *testing.T) {
 		}
 	})
 }
+
+// TestAReplayThatLeavesTheSpoolEndsNoRefusals: the spool holds writes and can be neither
+// written nor emptied (its directory's owner or mode changed, a disk remounted read-only
+// under it), while the database takes writes: each replay commits the oldest batch again
+// and cannot remove it, and every new write, sent behind it, is refused. Such a replay does
+// not end the refusals: /readyz keeps saying writes are refused, and no INF line says they
+// are taken again. Before, each replay tick logged the end and cleared the refusal, so that
+// the log said ERR and INF in turn every second, each ERR at once (the end resets its once
+// a minute), and /readyz said the writes waited in the spool while each was refused.
+func TestAReplayThatLeavesTheSpoolEndsNoRefusals(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		sp, err := spool.Open(filepath.Join(dir, "spool"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		broken := &brokenSpool{Spool: sp}
+		out := &storetest.Outage{Store: st}
+		refusals := &persistence.Refusals{}
+		var logs testutil.Buffer
+		quiet := slog.New(slog.DiscardHandler)
+		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+		defer system.Shutdown()
+		pid := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), out, persistence.ActorOptions{
+			MaxBatch: 64, Spool: broken, ReplayEvery: time.Second, Refusals: refusals,
+			Log: slog.New(slog.NewTextHandler(&logs, nil))})))
+		defer func() { _ = system.Root.StopFuture(pid).Wait() }()
+		write := func(id uint64, ops ...persistence.Op) error {
+			res, err := system.Root.RequestFuture(pid, &persistence.Write{ID: id, Ops: ops}, time.Minute).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res.(*persistence.WriteResult).Err
+		}
+		if err := write(1, session("s1", "k1", t0)); err != nil {
+			t.Fatal(err)
+		}
+		out.Down.Store(true)
+		if err := write(2, userMessage("s1", 1, "spooled")); err != nil {
+			t.Fatalf("write with the database down = %v, want it taken by the spool", err)
+		}
+		broken.append.Store(true)
+		broken.remove.Store(true)
+		out.Down.Store(false) // the database takes writes; the spool takes none, nor lets go of its batch
+		for i := range 3 {
+			if err := write(uint64(3+i), userMessage("s1", int64(2+i), "refused")); !errors.Is(err, persistence.ErrUnavailable) {
+				t.Fatalf("write behind the spool that cannot be written = %v, want ErrUnavailable", err)
+			}
+			time.Sleep(1500 * time.Millisecond) // a replay tick (ReplayEvery) of the fake clock
+			synctest.Wait()
+			if n := sp.Len(); n != 1 {
+				t.Fatalf("the spool holds %d batches, want its 1, which it cannot remove", n)
+			}
+			if err := refusals.Err(time.Now()); err == nil {
+				t.Errorf("Refusals.Err after a replay that left the spool as it was = nil, want the refusal: " +
+					"the next write is refused too")
+			}
+		}
+		if l := logs.String(); strings.Contains(l, "writes taken again") {
+			t.Errorf("the end of the refusals logged while every write was refused:\n%s", l)
+		}
+		if n := strings.Count(logs.String(), "database and spool both failed; writes refused"); n != 1 {
+			t.Errorf("%d ERR lines of the refusals within 5 s, want 1 (then once a minute):\n%s", n, logs.String())
+		}
+
+		broken.append.Store(false)
+		broken.remove.Store(false)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if n := sp.Len(); n != 0 {
+			t.Fatalf("the spool holds %d batches once it can be emptied, want none", n)
+		}
+		if err := refusals.Err(time.Now()); err != nil {
+			t.Errorf("Refusals.Err once the replay drained the spool = %v, want nil", err)
+		}
+		if l := logs.String(); !strings.Contains(l, `msg="writes taken again after the database and spool both refused them" refused=3 `) {
+			t.Errorf("the replay that drained the spool did not log the refusals' end with refused=3:\n%s", l)
+		}
+	})
+}
