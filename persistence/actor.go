@@ -146,17 +146,26 @@ type Actor struct {
 	// key, and the key's next write with nothing in flight (its next activation's first)
 	// removes it.
 	refused map[senderID]struct{}
-	// refusedAt is when the database and the spool began to refuse writes (zero while either
-	// takes them), and refusedGroups how many write groups they refused since: the end of
-	// such an outage is logged with both (refusalsEnded).
-	refusedAt     time.Time
-	refusedGroups int
+	// outage is the outage in which the database and the spool both refuse writes, which
+	// the incarnations of the actor share (refusalsEnded).
+	outage *outage
 
 	// pacing of the next batch (see Actor)
 	answeredAt time.Time
 	answered   int // writes the last commit answered
 	arrived    int // writes received since then
 	lastTook   time.Duration
+}
+
+// outage is when the database and the spool began to refuse writes (at; zero while either
+// takes them), and how many write groups they refused since (groups): the end of such an
+// outage is logged with both (refusalsEnded). It is the one state the incarnations of a
+// persistence actor share (NewActor), as Incarnation and Refusals are: a restart during the
+// outage (a panic of the actor or of its store, which a full disk makes likelier) forgot it,
+// and its end was never logged. Only the incarnation running reads and writes it.
+type outage struct {
+	at     time.Time
+	groups int
 }
 
 // senderID names the sender of a Write: a session's PID is the same at each activation of its
@@ -196,8 +205,9 @@ type replayTick struct{}
 // context, used to derive per-commit contexts.
 func NewActor(ctx context.Context, store Store, o ActorOptions) actor.Producer {
 	o = o.withDefaults()
+	out := &outage{}
 	return func() actor.Actor {
-		return &Actor{store: store, ctx: ctx, o: o}
+		return &Actor{store: store, ctx: ctx, o: o, outage: out}
 	}
 }
 
@@ -555,12 +565,12 @@ func senderOf(pid *actor.PID) senderID {
 // last line were counted in none (found by a disk-full soak of the binary).
 func (a *Actor) refusalsEnded() {
 	a.repeats.ok(msgSpoolFailed)
-	if a.refusedAt.IsZero() {
+	if a.outage.at.IsZero() {
 		return
 	}
 	a.o.Log.Info("writes taken again after the database and spool both refused them",
-		"refused", a.refusedGroups, "lasted", time.Since(a.refusedAt).Round(time.Second))
-	a.refusedAt, a.refusedGroups = time.Time{}, 0
+		"refused", a.outage.groups, "lasted", time.Since(a.outage.at).Round(time.Second))
+	*a.outage = outage{}
 }
 
 func (a *Actor) spoolLen() int {
@@ -619,10 +629,10 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 		a.repeats.log(a.o.Log, slog.LevelError, msgSpoolFailed, "groups", len(keep), logging.Err(err))
 		a.o.Refusals.Refuse(fmt.Errorf("database and spool both failed: %w", err), time.Now())
 		a.o.WritesRefused(len(keep))
-		if a.refusedAt.IsZero() {
-			a.refusedAt = time.Now()
+		if a.outage.at.IsZero() {
+			a.outage.at = time.Now()
 		}
-		a.refusedGroups += len(keep)
+		a.outage.groups += len(keep)
 		return out
 	}
 	a.refusalsEnded()

@@ -279,3 +279,65 @@ func TestAReplayThatLeavesTheSpoolEndsNoRefusals(t *testing.T) {
 		}
 	})
 }
+
+// TestTheEndOfRefusedWritesIsLoggedAcrossARestart: the persistence actor restarts while the
+// database and the spool both refuse writes (a panic of its own, or of the store), and the
+// disk then has room again: the end of the outage is logged all the same, counting the writes
+// refused before the restart too, and how long since the first. Before, a restart forgot the
+// outage (the producer's new incarnation): its end was never logged, and the RUNBOOK's
+// `INF writes taken again …`, which an operator waits for, did not come.
+func TestTheEndOfRefusedWritesIsLoggedAcrossARestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		sp, err := spool.Open(filepath.Join(dir, "spool"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		broken := &brokenSpool{Spool: sp}
+		out := &storetest.Outage{Store: st}
+		store := &panicOnce{Store: out}
+		var logs testutil.Buffer
+		quiet := slog.New(slog.DiscardHandler)
+		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+		defer system.Shutdown()
+		pid := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), store, persistence.ActorOptions{
+			MaxBatch: 64, Spool: broken, ReplayEvery: time.Second, Log: slog.New(slog.NewTextHandler(&logs, nil))})))
+		defer func() { _ = system.Root.StopFuture(pid).Wait() }()
+		write := func(id uint64, ops ...persistence.Op) error {
+			res, err := system.Root.RequestFuture(pid, &persistence.Write{ID: id, Ops: ops}, time.Minute).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res.(*persistence.WriteResult).Err
+		}
+		if err := write(1, session("s1", "k1", t0)); err != nil {
+			t.Fatal(err)
+		}
+		out.Down.Store(true)
+		broken.append.Store(true)
+		for i := range 2 {
+			if err := write(uint64(2+i), userMessage("s1", int64(1+i), "refused")); !errors.Is(err, persistence.ErrUnavailable) {
+				t.Fatalf("write with the database and the spool failing = %v, want ErrUnavailable", err)
+			}
+			time.Sleep(5 * time.Second)
+		}
+		store.armed.Store(true)
+		system.Root.Send(pid, &persistence.Write{ID: 4, Ops: []persistence.Op{userMessage("s1", 3, "lost")}})
+		synctest.Wait() // the commit panicked and the actor restarted
+
+		out.Down.Store(false)
+		broken.append.Store(false)
+		if err := write(5, userMessage("s1", 3, "taken")); err != nil {
+			t.Fatalf("write once the disk has room: %v", err)
+		}
+		synctest.Wait()
+		if l := logs.String(); !strings.Contains(l, `msg="writes taken again after the database and spool both refused them" refused=2 lasted=10s`) {
+			t.Errorf("the end of the refusals after a restart not logged with refused=2 lasted=10s:\n%s", l)
+		}
+	})
+}

@@ -31,7 +31,7 @@ func ReplaySpool(ctx context.Context, store Store, o ActorOptions) (Replayed, er
 	}
 	sp := &countingSpool{Spooler: o.Spool}
 	o.Spool = sp
-	a := &Actor{store: store, ctx: ctx, o: o.withDefaults()}
+	a := &Actor{store: store, ctx: ctx, o: o.withDefaults(), outage: &outage{}}
 	before := sp.Len()
 	err := a.replaySpool()
 	r := Replayed{SetAside: sp.setAside, Gone: sp.gone, Left: sp.Len()}
