@@ -165,7 +165,13 @@ func (c fileConnector) Connect(context.Context) (driver.Conn, error) {
 		if c.s == nil {
 			return nil
 		}
-		return c.s.checkFile() // nil until Open has recorded the file (Store.file)
+		err := c.s.checkFile() // nil until Open has recorded the file (Store.file)
+		if err != nil {
+			// A read may be the first to find it: logged at once, as by a commit or Ping
+			// (TestReplacedFileFoundByARead).
+			c.s.reportGone(err)
+		}
+		return err
 	}
 	if err := check(); err != nil {
 		return nil, err

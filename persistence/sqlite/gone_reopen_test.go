@@ -3,10 +3,16 @@ package sqlite
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/agentgate/agentgate/internal/testutil"
 
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
@@ -67,5 +73,61 @@ func TestReplacedFileNotWrittenByANewConnection(t *testing.T) {
 	}
 	if got, err := countMessages(t, old); err != nil || got != 2 {
 		t.Errorf("the old file, once the store is closed, holds %d messages (%v), want its 2", got, err)
+	}
+}
+
+// TestReplacedFileFoundByARead: a read that needs a new reader's connection after another file
+// was renamed over the database finds it (fileConnector): the read fails as the file gone, the
+// store logs it at once, as a commit or Ping that finds it does, and Options.Corrupt is called;
+// the file renamed over the database is left as it was.
+func TestReplacedFileFoundByARead(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agentgate.db")
+	var logs testutil.Buffer
+	var reported atomic.Int32
+	s, err := Open(context.Background(), path, Options{CheckpointInterval: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)), Corrupt: func() { reported.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")},
+		&persistence.AppendMessage{Message: userMsg("s1", 1, "before")})
+	held, err := s.reader.Conn(context.Background()) // the pool's connection on the old file
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(filepath.Dir(path), "other.db")
+	o, err := Open(context.Background(), other, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(other, path); err != nil {
+		t.Fatal(err)
+	}
+
+	if msgs, err := s.Transcript(context.Background(), "s1"); !errors.Is(err, persistence.ErrFileGone) ||
+		!errors.Is(err, persistence.ErrUnavailable) {
+		t.Errorf("Transcript on a new connection after the file was replaced = %d messages, %v; want persistence.ErrFileGone",
+			len(msgs), err)
+	}
+	want := fmt.Sprintf("level=ERROR msg=%q path=%s err=", msgGone, path)
+	if got := logs.String(); strings.Count(got, want) != 1 {
+		t.Errorf("log after a read found the file replaced:\n%s\nwant %q once", got, want)
+	}
+	if n := reported.Load(); n != 1 {
+		t.Errorf("Options.Corrupt called %d times, want once", n)
+	}
+	if err := s.Ping(context.Background()); !errors.Is(err, persistence.ErrFileGone) {
+		t.Errorf("Ping after a read found the file replaced = %v, want persistence.ErrFileGone", err)
+	}
+	_ = held.Close()
+	if err := s.Close(); err != nil {
+		t.Errorf("Close = %v, want nil", err)
+	}
+	if got, err := countMessagesAt(t, path); err != nil || got != 0 {
+		t.Errorf("the file renamed over the database holds %d messages (%v), want its own 0", got, err)
 	}
 }
