@@ -217,6 +217,74 @@ func TestLeavingSessionRestartedAfterACrashStartsNoTurn(t *testing.T) {
 	})
 }
 
+// TestLeavingSessionRestartedInAnOutageDoesNotClaimTheKey: the agent of a leaving member's
+// running turn panics while the database is down (the outage that took the member's membership),
+// and the new incarnation, which knows from its lifeline that the member leaves, finds its claim
+// refused as unavailable. It stops without loading, as a session told of the leave while it
+// waits does (TestLeavingMemberDoesNotClaimAKeyItWaitedToLoad), and the successor is told to
+// run the key's work. Before, it waited, and claimed the key once the database answered,
+// fencing the turn the key's next holder ran meanwhile.
+func TestLeavingSessionRestartedInAnOutageDoesNotClaimTheKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		ran := make(chan string, 8)
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			ran <- req.Messages[0].Text
+			if req.Messages[0].Text == "boom" {
+				<-release
+				panic("agent bug")
+			}
+			return &agents.Response{Text: "ok"}, nil
+		})
+		var store *downStore
+		w := newManagerWorld(t, agent, func(d *Deps) {
+			d.Node, d.Fencing, d.Clustered = "a", true, true
+			store = &downStore{Store: d.Store}
+			d.Store = store
+		})
+		forwarded := make(chan *Forward, 8)
+		successor := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if f, ok := c.Message().(*Forward); ok {
+				forwarded <- f
+			}
+		}))
+		if res := w.deliver(t, "m1", "boom"); res.Disposition != "started" {
+			t.Fatalf("m1: %+v", res)
+		}
+		<-ran
+		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return successor }})
+		synctest.Wait()
+		store.down.Store(true)
+		claims := store.claims.Load()
+		close(release)
+		synctest.Wait()
+		if store.claims.Load() == claims {
+			t.Fatal("the restarted session did not try to claim the key")
+		}
+		store.down.Store(false)
+		claims = store.claims.Load()
+		time.Sleep(3 * storeWaitTick)
+		synctest.Wait()
+		if n := store.claims.Load() - claims; n != 0 {
+			t.Errorf("the leaving member's restarted session claimed the key %d times once the database answered, want 0", n)
+		}
+		var recovers int
+		for len(forwarded) > 0 {
+			if f := <-forwarded; f.Key == w.key && f.GetRecover() != nil {
+				recovers++
+			}
+		}
+		if recovers != 1 {
+			t.Errorf("%d Recovers of the key handed to the successor, want 1 (it runs what the store holds)", recovers)
+		}
+		select {
+		case text := <-ran:
+			t.Errorf("the leaving member ran %q", text)
+		default:
+		}
+	})
+}
+
 // TestRecoverWhileTheSessionStopsRunsTheWork: a Recover reaches the manager while the key's
 // session stops (it asked to passivate; a leaving member's hand-over sends one to the key's
 // successor, whose own session may be passivating). The work the store lists for the key is

@@ -577,6 +577,13 @@ func (s *Session) waitToLoad(c actor.Context, op string, err error) bool {
 	if !errors.Is(err, persistence.ErrUnavailable) || s.d.Ctx.Err() != nil {
 		return false
 	}
+	if s.leaving {
+		// A leaving member's session restarted after a crash (its lifeline says the member
+		// leaves, and no Leave tells it again) waits no more than one told while it waits.
+		s.unloaded = true
+		s.leaveUnloaded(c)
+		return true
+	}
 	if s.rare().loadFailed == nil {
 		if n, ok := s.d.loadWaits.Allow(); ok {
 			s.logger().Warn("the database is unavailable; the session loads once it answers, and refuses messages meanwhile",
@@ -659,16 +666,7 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 		s.handOverAll(c, errHandedOver)
 		s.stopWhenSettled(c)
 	case *leaving:
-		// Its member leaves the cluster (a drain, or its membership lost in an outage): it must
-		// not claim the key once the database answers, which would fence the turn the key's
-		// next holder runs meanwhile and run the same message beside it. It stops without
-		// loading, and its manager has the successor run what the store holds (rerun).
-		// Before, a waiting session took no notice of the leave (a cluster soak's PostgreSQL
-		// restart: TestLeavingMemberDoesNotClaimAKeyItWaitedToLoad).
-		s.logger().Info("the member leaves the cluster while the session waited for the database; it stops without loading and hands the key on")
-		s.stale = true
-		s.handOverAll(c, errHandedOver)
-		s.stopWhenSettled(c)
+		s.leaveUnloaded(c)
 	case *GetState, *actor.Stopping, *actor.Stopped, *actor.Restarting, *callEnded, *cancelOverdue:
 		// (A restarted session waits for the calls its failed incarnation cancelled, the
 		// panicked turn's among them, before it runs a turn: their ends must not be lost
@@ -677,6 +675,24 @@ func (s *Session) whileWaiting(c actor.Context) bool {
 		return true
 	}
 	return false
+}
+
+// leaveUnloaded stops a session that has not loaded (its claim or load refused as unavailable:
+// a PostgreSQL outage, in which a member that loses its membership leaves) when its member
+// leaves the cluster: it must not claim the key once the database answers, which would fence
+// the turn the key's next holder runs meanwhile and run the same message beside it. It stops
+// without loading, and its manager has the successor run what the store holds (rerun): it knows
+// nothing of that work, so it hands on as stale. Before, a waiting session took no notice of
+// the leave (a cluster soak's PostgreSQL restart: TestLeavingMemberDoesNotClaimAKeyItWaitedToLoad);
+// and one restarted after a crash on a leaving member waited to load, handed the key on without
+// a word of the work once its predecessor's cancelled call ended (leaveIfIdle: it had queued
+// nothing), or claimed the key once the database answered
+// (TestLeavingSessionRestartedInAnOutageDoesNotClaimTheKey).
+func (s *Session) leaveUnloaded(c actor.Context) {
+	s.logger().Info("the member leaves the cluster while the session waited for the database; it stops without loading and hands the key on")
+	s.stale = true
+	s.handOverAll(c, errHandedOver)
+	s.stopWhenSettled(c)
 }
 
 // restartFlushTimeout bounds how long a restarted session waits for its predecessor's writes.
