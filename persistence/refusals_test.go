@@ -1,20 +1,12 @@
 package persistence_test
 
 import (
-	"context"
 	"errors"
-	"log/slog"
-	"path/filepath"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
-
 	"github.com/agentgate/agentgate/persistence"
-	"github.com/agentgate/agentgate/persistence/spool"
-	"github.com/agentgate/agentgate/persistence/sqlite"
-	"github.com/agentgate/agentgate/persistence/storetest"
 )
 
 // TestRefusalsSayWhenWritesAreRefused: the persistence actor records a write that neither the
@@ -23,32 +15,9 @@ import (
 // (with no traffic nothing tries the disk again).
 func TestRefusalsSayWhenWritesAreRefused(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		dir := t.TempDir()
-		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer st.Close()
-		sp, err := spool.Open(filepath.Join(dir, "spool"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		broken := &brokenSpool{Spool: sp}
-		out := &storetest.Outage{Store: st}
 		var refusals persistence.Refusals
-		quiet := slog.New(slog.DiscardHandler)
-		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
-		defer system.Shutdown()
-		pid := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), out, persistence.ActorOptions{
-			MaxBatch: 64, Spool: broken, ReplayEvery: time.Second, Refusals: &refusals})))
-		defer func() { _ = system.Root.StopFuture(pid).Wait() }()
-		write := func(id uint64, ops ...persistence.Op) error {
-			res, err := system.Root.RequestFuture(pid, &persistence.Write{ID: id, Ops: ops}, time.Minute).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return res.(*persistence.WriteResult).Err
-		}
+		w := newBrokenWorld(t, persistence.ActorOptions{Refusals: &refusals}, nil)
+		out, broken, write := w.out, w.broken, w.write
 
 		if err := write(1, session("s1", "k1", t0)); err != nil {
 			t.Fatal(err)

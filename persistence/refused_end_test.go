@@ -1,21 +1,13 @@
 package persistence_test
 
 import (
-	"context"
 	"errors"
-	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
-
-	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
-	"github.com/agentgate/agentgate/persistence/spool"
-	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/persistence/storetest"
 )
 
@@ -39,33 +31,13 @@ func TestTheEndOfRefusedWritesIsLogged(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				dir := t.TempDir()
-				st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer st.Close()
-				sp, err := spool.Open(filepath.Join(dir, "spool"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				broken := &brokenSpool{Spool: sp}
-				out := &storetest.Outage{Store: st}
-				var logs testutil.Buffer
-				quiet := slog.New(slog.DiscardHandler)
-				system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
-				defer system.Shutdown()
-				pid := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), out, persistence.ActorOptions{
-					MaxBatch: 64, Spool: broken, ReplayEvery: time.Second, Log: slog.New(slog.NewTextHandler(&logs, nil))})))
-				defer func() { _ = system.Root.StopFuture(pid).Wait() }()
+				w := newBrokenWorld(t, persistence.ActorOptions{}, nil)
+				out, broken, logs := w.out, w.broken, w.logs
 				id := uint64(0)
 				write := func(ops ...persistence.Op) error {
+					t.Helper()
 					id++
-					res, err := system.Root.RequestFuture(pid, &persistence.Write{ID: id, Ops: ops}, time.Minute).Result()
-					if err != nil {
-						t.Fatal(err)
-					}
-					return res.(*persistence.WriteResult).Err
+					return w.write(id, ops...)
 				}
 				if err := write(session("s1", "k1", t0)); err != nil {
 					t.Fatal(err)
@@ -136,34 +108,9 @@ func TestTheEndOfRefusedWritesIsLogged(t *testing.T) {
 // waited for a ready daemon in vain when no turn's write came after the replay).
 func TestASpoolReplayEndsTheRefusals(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		dir := t.TempDir()
-		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer st.Close()
-		sp, err := spool.Open(filepath.Join(dir, "spool"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		broken := &brokenSpool{Spool: sp}
-		out := &storetest.Outage{Store: st}
 		refusals := &persistence.Refusals{}
-		var logs testutil.Buffer
-		quiet := slog.New(slog.DiscardHandler)
-		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
-		defer system.Shutdown()
-		pid := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), out, persistence.ActorOptions{
-			MaxBatch: 64, Spool: broken, ReplayEvery: time.Second, Refusals: refusals,
-			Log: slog.New(slog.NewTextHandler(&logs, nil))})))
-		defer func() { _ = system.Root.StopFuture(pid).Wait() }()
-		write := func(id uint64, ops ...persistence.Op) error {
-			res, err := system.Root.RequestFuture(pid, &persistence.Write{ID: id, Ops: ops}, time.Minute).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return res.(*persistence.WriteResult).Err
-		}
+		w := newBrokenWorld(t, persistence.ActorOptions{Refusals: refusals}, nil)
+		sp, broken, out, logs, write := w.sp, w.broken, w.out, w.logs, w.write
 		if err := write(1, session("s1", "k1", t0)); err != nil {
 			t.Fatal(err)
 		}
@@ -205,34 +152,9 @@ func TestASpoolReplayEndsTheRefusals(t *testing.T) {
 // a minute), and /readyz said the writes waited in the spool while each was refused.
 func TestAReplayThatLeavesTheSpoolEndsNoRefusals(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		dir := t.TempDir()
-		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer st.Close()
-		sp, err := spool.Open(filepath.Join(dir, "spool"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		broken := &brokenSpool{Spool: sp}
-		out := &storetest.Outage{Store: st}
 		refusals := &persistence.Refusals{}
-		var logs testutil.Buffer
-		quiet := slog.New(slog.DiscardHandler)
-		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
-		defer system.Shutdown()
-		pid := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), out, persistence.ActorOptions{
-			MaxBatch: 64, Spool: broken, ReplayEvery: time.Second, Refusals: refusals,
-			Log: slog.New(slog.NewTextHandler(&logs, nil))})))
-		defer func() { _ = system.Root.StopFuture(pid).Wait() }()
-		write := func(id uint64, ops ...persistence.Op) error {
-			res, err := system.Root.RequestFuture(pid, &persistence.Write{ID: id, Ops: ops}, time.Minute).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return res.(*persistence.WriteResult).Err
-		}
+		w := newBrokenWorld(t, persistence.ActorOptions{Refusals: refusals}, nil)
+		sp, broken, out, logs, write := w.sp, w.broken, w.out, w.logs, w.write
 		if err := write(1, session("s1", "k1", t0)); err != nil {
 			t.Fatal(err)
 		}
@@ -288,33 +210,12 @@ func TestAReplayThatLeavesTheSpoolEndsNoRefusals(t *testing.T) {
 // `INF writes taken again …`, which an operator waits for, did not come.
 func TestTheEndOfRefusedWritesIsLoggedAcrossARestart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		dir := t.TempDir()
-		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer st.Close()
-		sp, err := spool.Open(filepath.Join(dir, "spool"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		broken := &brokenSpool{Spool: sp}
-		out := &storetest.Outage{Store: st}
-		store := &panicOnce{Store: out}
-		var logs testutil.Buffer
-		quiet := slog.New(slog.DiscardHandler)
-		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
-		defer system.Shutdown()
-		pid := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), store, persistence.ActorOptions{
-			MaxBatch: 64, Spool: broken, ReplayEvery: time.Second, Log: slog.New(slog.NewTextHandler(&logs, nil))})))
-		defer func() { _ = system.Root.StopFuture(pid).Wait() }()
-		write := func(id uint64, ops ...persistence.Op) error {
-			res, err := system.Root.RequestFuture(pid, &persistence.Write{ID: id, Ops: ops}, time.Minute).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return res.(*persistence.WriteResult).Err
-		}
+		var store *panicOnce
+		w := newBrokenWorld(t, persistence.ActorOptions{}, func(out *storetest.Outage) persistence.Store {
+			store = &panicOnce{Store: out}
+			return store
+		})
+		broken, out, logs, system, pid, write := w.broken, w.out, w.logs, w.system, w.pid, w.write
 		if err := write(1, session("s1", "k1", t0)); err != nil {
 			t.Fatal(err)
 		}

@@ -43,38 +43,74 @@ func (s *brokenSpool) Remove(names ...string) error {
 	return s.Spool.Remove(names...)
 }
 
+// brokenWorld is the persistence actor over a real SQLite store in t.TempDir() that goes down
+// on demand (out) and a real spool that fails on demand (broken), logging into logs.
+type brokenWorld struct {
+	t      *testing.T
+	st     *sqlite.Store
+	sp     *spool.Spool
+	broken *brokenSpool
+	out    *storetest.Outage
+	system *actor.ActorSystem
+	pid    *actor.PID
+	logs   *testutil.Buffer
+}
+
+// newBrokenWorld starts the actor with opts (MaxBatch 64, the broken spool, a replay each
+// second and the logs filled in) over the store that store makes of the outage (nil: the
+// outage itself). Its cleanups, run in the synctest bubble of t, stop the actor, then the
+// actor system, then close the store.
+func newBrokenWorld(t *testing.T, opts persistence.ActorOptions, store func(*storetest.Outage) persistence.Store) *brokenWorld {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	sp, err := spool.Open(filepath.Join(dir, "spool"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &brokenWorld{t: t, st: st, sp: sp, broken: &brokenSpool{Spool: sp}, out: &storetest.Outage{Store: st}, logs: &testutil.Buffer{}}
+	quiet := slog.New(slog.DiscardHandler)
+	w.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+	t.Cleanup(w.system.Shutdown)
+	var s persistence.Store = w.out
+	if store != nil {
+		s = store(w.out)
+	}
+	opts.MaxBatch, opts.Spool, opts.ReplayEvery = 64, w.broken, time.Second
+	opts.Log = slog.New(slog.NewTextHandler(w.logs, nil))
+	w.pid = w.system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), s, opts)))
+	t.Cleanup(func() { _ = w.system.Root.StopFuture(w.pid).Wait() })
+	return w
+}
+
+// write sends the write group ops as write id and returns the actor's answer.
+func (w *brokenWorld) write(id uint64, ops ...persistence.Op) error {
+	w.t.Helper()
+	return w.send(&persistence.Write{ID: id, Ops: ops})
+}
+
+// send sends m and returns the actor's answer; no answer within a minute fails the test.
+func (w *brokenWorld) send(m *persistence.Write) error {
+	w.t.Helper()
+	res, err := w.system.Root.RequestFuture(w.pid, m, time.Minute).Result()
+	if err != nil {
+		w.t.Fatalf("write %d: %v", m.ID, err)
+	}
+	return res.(*persistence.WriteResult).Err
+}
+
 // TestLastingSpoolFailuresAreNotLoggedEachTime: a spool failure that lasts is logged once a
 // minute, with how often it repeated meanwhile, not at every commit or replay tick. Before,
 // a replayed batch the spool could not remove logged an ERR line every second for as long as
 // it lasted, and a full disk one per commit.
 func TestLastingSpoolFailuresAreNotLoggedEachTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		dir := t.TempDir()
-		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer st.Close()
-		sp, err := spool.Open(filepath.Join(dir, "spool"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		broken := &brokenSpool{Spool: sp}
-		out := &storetest.Outage{Store: st}
-		var logs testutil.Buffer
-		quiet := slog.New(slog.DiscardHandler)
-		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
-		defer system.Shutdown()
-		pid := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), out, persistence.ActorOptions{
-			MaxBatch: 64, Spool: broken, ReplayEvery: time.Second, Log: slog.New(slog.NewTextHandler(&logs, nil))})))
-		defer func() { _ = system.Root.StopFuture(pid).Wait() }()
-		write := func(id uint64, ops ...persistence.Op) error {
-			res, err := system.Root.RequestFuture(pid, &persistence.Write{ID: id, Ops: ops}, time.Minute).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return res.(*persistence.WriteResult).Err
-		}
+		w := newBrokenWorld(t, persistence.ActorOptions{}, nil)
+		out, broken, sp, logs, write := w.out, w.broken, w.sp, w.logs, w.write
 		count := func(msg string) int { return strings.Count(logs.String(), msg) }
 
 		if err := write(1, session("s1", "k1", t0)); err != nil {

@@ -1,23 +1,14 @@
 package persistence_test
 
 import (
-	"context"
 	"errors"
-	"log/slog"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
-
-	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
-	"github.com/agentgate/agentgate/persistence/spool"
-	"github.com/agentgate/agentgate/persistence/sqlite"
-	"github.com/agentgate/agentgate/persistence/storetest"
 )
 
 // TestAWriteBehindTheSpoolIsRefusedWhenTheSpoolFails: while writes wait in the spool (the
@@ -30,36 +21,14 @@ import (
 // disk-full soak of the binary).
 func TestAWriteBehindTheSpoolIsRefusedWhenTheSpoolFails(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		dir := t.TempDir()
-		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer st.Close()
-		sp, err := spool.Open(filepath.Join(dir, "spool"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		broken := &brokenSpool{Spool: sp}
-		out := &storetest.Outage{Store: st}
-		var logs testutil.Buffer
-		quiet := slog.New(slog.DiscardHandler)
-		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
-		defer system.Shutdown()
 		var incarnation atomic.Uint64
-		pid := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), out, persistence.ActorOptions{
-			MaxBatch: 64, Spool: broken, ReplayEvery: time.Second, Incarnation: &incarnation,
-			Log: slog.New(slog.NewTextHandler(&logs, nil))})))
-		defer func() { _ = system.Root.StopFuture(pid).Wait() }()
+		w := newBrokenWorld(t, persistence.ActorOptions{Incarnation: &incarnation}, nil)
+		st, sp, broken, out := w.st, w.sp, w.broken, w.out
 		id := uint64(0)
 		write := func(ops ...persistence.Op) error {
 			t.Helper()
 			id++
-			res, err := system.Root.RequestFuture(pid, &persistence.Write{ID: id, Ops: ops, Incarnation: incarnation.Load()}, 10*time.Second).Result()
-			if err != nil {
-				t.Fatalf("write %d: %v", id, err)
-			}
-			return res.(*persistence.WriteResult).Err
+			return w.send(&persistence.Write{ID: id, Ops: ops, Incarnation: incarnation.Load()})
 		}
 		if err := write(session("s1", "k1", t0)); err != nil {
 			t.Fatal(err)
