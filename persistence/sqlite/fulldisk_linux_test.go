@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -13,10 +12,6 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
 )
-
-// fullDiskChildEnv marks the run of TestOpenOnAFullDiskSaysTheDiskIsFull that is inside its own
-// user and mount namespaces, where it may mount a small file system and fill it.
-const fullDiskChildEnv = "AGENTGATE_TEST_FULL_DISK_CHILD"
 
 // TestOpenOnAFullDiskSaysTheDiskIsFull: a database stopped cleanly (which leaves no -wal or
 // -shm file) on a disk that is full since is refused by Open with an error that says the disk
@@ -28,26 +23,11 @@ const fullDiskChildEnv = "AGENTGATE_TEST_FULL_DISK_CHILD"
 // The test runs itself again inside user and mount namespaces (unshare), where it mounts a
 // small tmpfs and fills it; where they cannot be made, it is skipped.
 func TestOpenOnAFullDiskSaysTheDiskIsFull(t *testing.T) {
-	if os.Getenv(fullDiskChildEnv) == "" {
-		cmd := exec.Command("unshare", "--user", "--map-root-user", "--mount",
-			os.Args[0], "-test.run=^TestOpenOnAFullDiskSaysTheDiskIsFull$", "-test.v", "-test.count=1")
-		cmd.Env = append(os.Environ(), fullDiskChildEnv+"=1")
-		out, err := cmd.CombinedOutput()
-		if strings.HasPrefix(string(out), "unshare:") || errors.Is(err, exec.ErrNotFound) {
-			t.Skipf("user and mount namespaces cannot be made here: %v: %s", err, out)
-		}
-		if err != nil || !strings.Contains(string(out), "--- PASS: TestOpenOnAFullDiskSaysTheDiskIsFull") {
-			t.Errorf("the test in its namespaces: %v\n%s", err, out)
-		}
+	mnt := tmpfsOfItsOwn(t, "4m")
+	if mnt == "" {
 		return
 	}
-
 	ctx := context.Background()
-	mnt := t.TempDir()
-	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=4m"); err != nil {
-		t.Fatalf("mount a tmpfs: %v", err)
-	}
-	t.Cleanup(func() { _ = syscall.Unmount(mnt, 0) }) // before t.TempDir removes mnt
 	path := filepath.Join(mnt, "agentgate.db")
 	s, err := Open(ctx, path, Options{})
 	if err != nil {

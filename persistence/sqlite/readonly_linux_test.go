@@ -2,9 +2,7 @@ package sqlite
 
 import (
 	"context"
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -14,10 +12,6 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
 )
-
-// readOnlyChildEnv marks the run of TestReadOnlySnapshot that is inside its own user and mount
-// namespaces, where it may mount a file system and make it read-only.
-const readOnlyChildEnv = "AGENTGATE_TEST_READ_ONLY_CHILD"
 
 // TestReadOnlySnapshot: a data directory on a read-only file system (a snapshot mounted
 // read-only) is read by OpenReadOnly and backed up by Backup, as the sessions commands and
@@ -29,26 +23,11 @@ const readOnlyChildEnv = "AGENTGATE_TEST_READ_ONLY_CHILD"
 // The test runs itself again inside user and mount namespaces (unshare), where it mounts a
 // tmpfs and makes it read-only; where they cannot be made, it is skipped.
 func TestReadOnlySnapshot(t *testing.T) {
-	if os.Getenv(readOnlyChildEnv) == "" {
-		cmd := exec.Command("unshare", "--user", "--map-root-user", "--mount",
-			os.Args[0], "-test.run=^TestReadOnlySnapshot$", "-test.v", "-test.count=1")
-		cmd.Env = append(os.Environ(), readOnlyChildEnv+"=1")
-		out, err := cmd.CombinedOutput()
-		if strings.HasPrefix(string(out), "unshare:") || errors.Is(err, exec.ErrNotFound) {
-			t.Skipf("user and mount namespaces cannot be made here: %v: %s", err, out)
-		}
-		if err != nil || !strings.Contains(string(out), "--- PASS: TestReadOnlySnapshot") {
-			t.Errorf("the test in its namespaces: %v\n%s", err, out)
-		}
+	mnt := tmpfsOfItsOwn(t, "16m")
+	if mnt == "" {
 		return
 	}
-
 	ctx := context.Background()
-	mnt := t.TempDir()
-	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=16m"); err != nil {
-		t.Fatalf("mount a tmpfs: %v", err)
-	}
-	t.Cleanup(func() { _ = syscall.Unmount(mnt, 0) }) // before t.TempDir removes mnt
 	id := func(name string) string { return "s-" + strings.ReplaceAll(name, " ", "-") }
 	dirs := map[string]string{}
 	for _, name := range []string{"clean", "wal only", "wal and shm"} {

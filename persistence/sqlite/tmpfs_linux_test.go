@@ -1,0 +1,42 @@
+package sqlite
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// namespaceChildEnv marks the run of a test that is inside its own user and mount namespaces,
+// where it may mount a file system (tmpfsOfItsOwn).
+const namespaceChildEnv = "AGENTGATE_TEST_NAMESPACE_CHILD"
+
+// tmpfsOfItsOwn mounts a tmpfs of size (as "4m") for the test t, on a directory of
+// t.TempDir(), and returns the directory; t may fill it or make it read-only. A tmpfs needs
+// user and mount namespaces: in the test binary's own run, tmpfsOfItsOwn runs t again inside
+// them (unshare), fails t if it failed there, skips it where they cannot be made, and returns
+// "": the caller then returns.
+func tmpfsOfItsOwn(t *testing.T, size string) string {
+	t.Helper()
+	if os.Getenv(namespaceChildEnv) == "" {
+		cmd := exec.Command("unshare", "--user", "--map-root-user", "--mount",
+			os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), namespaceChildEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		if strings.HasPrefix(string(out), "unshare:") || errors.Is(err, exec.ErrNotFound) {
+			t.Skipf("user and mount namespaces cannot be made here: %v: %s", err, out)
+		}
+		if err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()) {
+			t.Errorf("the test in its namespaces: %v\n%s", err, out)
+		}
+		return ""
+	}
+	mnt := t.TempDir()
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size="+size); err != nil {
+		t.Fatalf("mount a tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(mnt, 0) }) // before t.TempDir removes mnt
+	return mnt
+}
