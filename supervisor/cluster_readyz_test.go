@@ -4,7 +4,6 @@ package supervisor
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -53,21 +52,6 @@ func TestReadyzReportsFailingRenewals(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	_ = r.d.Stop(ctx)
-}
-
-// readyz returns the status of the member's /readyz and its components.
-func (r *runtime) readyz(t *testing.T) (int, map[string]string) {
-	t.Helper()
-	resp, err := http.Get("http://" + r.d.Addr().String() + "/readyz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var body struct{ Components map[string]string }
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		t.Fatalf("/readyz body: %v", err)
-	}
-	return resp.StatusCode, body.Components
 }
 
 // TestReadyzReportsAHungRenewal: a renewal the database does not answer (a hung connection, not

@@ -1,9 +1,7 @@
 package supervisor
 
 import (
-	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -85,19 +83,13 @@ func TestDatabaseFileDeletedUnderTheDaemon(t *testing.T) {
 				t.Errorf("POST /v1/messages after the file was deleted = %d, want %d", posted, want)
 			}
 
-			code, ready := readyzOf(t, r)
+			code, ready := r.readyz(t)
 			const what, fix = " was deleted: ", "stop the daemon, put the database back at that path, and start"
 			if store := ready["store"]; code != http.StatusServiceUnavailable || !strings.HasPrefix(store, "ping: the database file "+db+what) ||
 				!strings.Contains(store, fix) {
 				t.Errorf("/readyz after the file was deleted = %d, store %q\nwant 503 saying the file%s…%s", code, store, what, fix)
 			}
-			resp, err := http.Get("http://" + r.d.Addr().String() + "/metrics")
-			if err != nil {
-				t.Fatal(err)
-			}
-			metrics, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if !strings.Contains(string(metrics), "\nagentgate_store_corrupt 1\n") {
+			if _, metrics := getPath(t, r, "/metrics"); !strings.Contains(metrics, "\nagentgate_store_corrupt 1\n") {
 				t.Errorf("/metrics after the file was deleted lacks agentgate_store_corrupt 1")
 			}
 			r.stop(t)
@@ -131,19 +123,4 @@ func TestDatabaseFileDeletedUnderTheDaemon(t *testing.T) {
 			}
 		})
 	}
-}
-
-// readyzOf returns the status of r's /readyz and its components.
-func readyzOf(t *testing.T, r *runtime) (int, map[string]string) {
-	t.Helper()
-	resp, err := http.Get("http://" + r.d.Addr().String() + "/readyz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var body struct{ Components map[string]string }
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		t.Fatalf("/readyz body: %v", err)
-	}
-	return resp.StatusCode, body.Components
 }

@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -49,20 +48,7 @@ func TestReadyzReportsAnAgentCommandThatCannotStart(t *testing.T) {
 				c.Agent.Exec.Command = []string{path}
 			}})
 			defer r.stop(t)
-			readyz := func() (int, map[string]string) {
-				t.Helper()
-				resp, err := http.Get("http://" + r.d.Addr().String() + "/readyz")
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer resp.Body.Close()
-				var body struct{ Components map[string]string }
-				if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-					t.Fatalf("/readyz body: %v", err)
-				}
-				return resp.StatusCode, body.Components
-			}
-			if code, c := readyz(); code != http.StatusOK || c["agent"] != "ok" {
+			if code, c := r.readyz(t); code != http.StatusOK || c["agent"] != "ok" {
 				t.Fatalf("/readyz with the program in place = %d %v, want 200 with agent ok", code, c)
 			}
 			if err := tc.spoil(path); err != nil {
@@ -72,14 +58,14 @@ func TestReadyzReportsAnAgentCommandThatCannotStart(t *testing.T) {
 			if out := r.waitSent(t, 1); out[0].Kind != platforms.KindNotice {
 				t.Fatalf("reply to a turn whose program %s = %+v, want the failure notice", tc.name, out[0])
 			}
-			code, c := readyz()
+			code, c := r.readyz(t)
 			if code != http.StatusServiceUnavailable || !strings.Contains(c["agent"], tc.want) || !strings.Contains(c["agent"], "every turn fails (since ") {
 				t.Errorf("/readyz once the program %s = %d %v, want 503 with agent: %q, every turn fails (since …)", tc.name, code, c, tc.want)
 			}
 			if err := tc.mend(path); err != nil {
 				t.Fatal(err)
 			}
-			if code, c := readyz(); code != http.StatusOK || c["agent"] != "ok" {
+			if code, c := r.readyz(t); code != http.StatusOK || c["agent"] != "ok" {
 				t.Errorf("/readyz once the program is put right = %d %v, want 200 with agent ok", code, c)
 			}
 		})

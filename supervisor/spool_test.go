@@ -409,20 +409,10 @@ func TestReadyzFailsWhileWritesAreRefused(t *testing.T) {
 	o := &storetest.Outage{}
 	r := startWithOutage(t, dir, o, echo.New())
 	defer r.stop(t)
-	readyz := func() (int, string) {
-		t.Helper()
-		resp, err := http.Get("http://" + r.d.Addr().String() + "/readyz")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
 	src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c", UserID: "u"}
 	r.inject(t, src, "ok-1", "fine")
 	r.waitSent(t, 1)
-	if code, body := readyz(); code != http.StatusOK {
+	if code, body := getPath(t, r, "/readyz"); code != http.StatusOK {
 		t.Fatalf("/readyz = %d %s before the outage, want 200", code, body)
 	}
 
@@ -430,7 +420,7 @@ func TestReadyzFailsWhileWritesAreRefused(t *testing.T) {
 	if _, err := r.fake.Inject(t.Context(), &platforms.Inbound{Source: src, MessageID: "refused", Text: "x"}); !errors.Is(err, platforms.ErrUnavailable) {
 		t.Fatalf("Inject with the database and the spool failing = %v, want platforms.ErrUnavailable", err)
 	}
-	if code, body := readyz(); code != http.StatusServiceUnavailable || !strings.Contains(body, "writes refused") {
+	if code, body := getPath(t, r, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "writes refused") {
 		t.Errorf("/readyz = %d %s while writes are refused, want 503 naming the store's refused writes", code, body)
 	}
 	// agentgate_spool_files, the metric to alert on for an outage, stays 0: the spool took
@@ -442,12 +432,12 @@ func TestReadyzFailsWhileWritesAreRefused(t *testing.T) {
 	// The spool has room again, the database not yet: writes wait in the spool.
 	roomAgain()
 	r.inject(t, src, "spooled", "y")
-	if code, body := readyz(); code != http.StatusServiceUnavailable || !strings.Contains(body, "spool") {
+	if code, body := getPath(t, r, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "spool") {
 		t.Errorf("/readyz = %d %s while writes wait in the spool, want 503 naming the spool", code, body)
 	}
 
 	o.Down.Store(false)
-	waitUntil(t, func() bool { code, _ := readyz(); return code == http.StatusOK })
+	waitUntil(t, func() bool { code, _ := getPath(t, r, "/readyz"); return code == http.StatusOK })
 }
 
 // TestRefusedResetIs503AndChangesNothing: an operator's reset while the database and the spool

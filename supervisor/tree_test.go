@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -82,4 +83,19 @@ func getPath(t *testing.T, r *runtime, path string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// readyz returns the status of the daemon's /readyz and its components.
+func (r *runtime) readyz(t *testing.T) (int, map[string]string) {
+	t.Helper()
+	resp, err := http.Get("http://" + r.d.Addr().String() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct{ Components map[string]string }
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatalf("/readyz body: %v", err)
+	}
+	return resp.StatusCode, body.Components
 }
