@@ -93,8 +93,7 @@ func TestLeavingManagerHandsKeysOnOnceTheirTurnsEnd(t *testing.T) {
 			t.Errorf("the leaving member ran %q", text)
 		default:
 		}
-		act, _ := w.system.Root.RequestFuture(w.manager, &ListActive{}, time.Hour).Result()
-		if keys := act.(*ActiveList).Keys; len(keys) != 0 {
+		if keys := w.active(t); len(keys) != 0 {
 			t.Errorf("sessions %v still in memory, want none", keys)
 		}
 		snap, err := w.store.LoadSession(w.ctx, w.key, 0, 0)
@@ -268,13 +267,7 @@ func TestLeavingSessionRestartedInAnOutageDoesNotClaimTheKey(t *testing.T) {
 		if n := store.claims.Load() - claims; n != 0 {
 			t.Errorf("the leaving member's restarted session claimed the key %d times once the database answered, want 0", n)
 		}
-		var recovers int
-		for len(forwarded) > 0 {
-			if f := <-forwarded; f.Key == w.key && f.GetRecover() != nil {
-				recovers++
-			}
-		}
-		if recovers != 1 {
+		if recovers := recoversOf(forwarded, w.key); recovers != 1 {
 			t.Errorf("%d Recovers of the key handed to the successor, want 1 (it runs what the store holds)", recovers)
 		}
 		select {
@@ -502,8 +495,7 @@ func TestLeavingMemberDoesNotStartAKeyBouncedBackToIt(t *testing.T) {
 			t.Errorf("the leaving member ran %q for a key handed back to it", text)
 		default:
 		}
-		act, _ := w.system.Root.RequestFuture(w.manager, &ListActive{}, time.Hour).Result()
-		if keys := act.(*ActiveList).Keys; len(keys) != 0 {
+		if keys := w.active(t); len(keys) != 0 {
 			t.Errorf("sessions %v started on the leaving member, want none", keys)
 		}
 		snap, err := w.store.LoadSession(w.ctx, w.key, 0, 0)
@@ -561,8 +553,7 @@ func TestLeavingMemberDoesNotStartAKeyForAMessageBouncedWhileItStops(t *testing.
 			t.Errorf("the leaving member ran %q", text)
 		default:
 		}
-		act, _ := w.system.Root.RequestFuture(w.manager, &ListActive{}, time.Hour).Result()
-		if keys := act.(*ActiveList).Keys; len(keys) != 0 {
+		if keys := w.active(t); len(keys) != 0 {
 			t.Errorf("sessions %v started on the leaving member, want none", keys)
 		}
 	})
@@ -595,12 +586,32 @@ func TestLeavingMemberDoesNotStartAKeyWhoseRecoverBouncedWhileItActivated(t *tes
 		if res, err := bounced.Result(); err != nil || res.(*DeliverResult).ErrorCode != ErrCodeStopped {
 			t.Errorf("a message forwarded back to the leaving member while it activated the key: %+v %v, want it answered stopped", res, err)
 		}
-		act, _ := w.system.Root.RequestFuture(w.manager, &ListActive{}, time.Hour).Result()
-		if keys := act.(*ActiveList).Keys; len(keys) != 0 {
+		if keys := w.active(t); len(keys) != 0 {
 			t.Errorf("sessions %v started on the leaving member, want none", keys)
 		}
 		if _, err := w.store.Ownership(w.ctx, w.key); err == nil {
 			t.Error("the leaving member claimed the key")
 		}
 	})
+}
+
+// active is the keys of the sessions in w's manager's memory.
+func (w *managerWorld) active(t *testing.T) []string {
+	t.Helper()
+	res, err := w.system.Root.RequestFuture(w.manager, &ListActive{}, time.Hour).Result()
+	if err != nil {
+		t.Fatalf("list active: %v", err)
+	}
+	return res.(*ActiveList).Keys
+}
+
+// recoversOf takes the Forwards waiting in forwarded and counts the Recovers of key among them.
+func recoversOf(forwarded chan *Forward, key string) int {
+	n := 0
+	for len(forwarded) > 0 {
+		if f := <-forwarded; f.Key == key && f.GetRecover() != nil {
+			n++
+		}
+	}
+	return n
 }

@@ -208,13 +208,7 @@ func TestLeavingMemberDoesNotClaimAKeyItWaitedToLoad(t *testing.T) {
 		if n := store.claims.Load() - claims; n != 0 {
 			t.Errorf("the leaving member's waiting session claimed the key %d times once the database answered, want 0", n)
 		}
-		var recovers int
-		for len(forwarded) > 0 {
-			if f := <-forwarded; f.Key == w.key && f.GetRecover() != nil {
-				recovers++
-			}
-		}
-		if recovers != 1 {
+		if recovers := recoversOf(forwarded, w.key); recovers != 1 {
 			t.Errorf("%d Recovers of the key handed to the successor, want 1 (it runs what the store holds)", recovers)
 		}
 	})
