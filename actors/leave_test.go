@@ -88,21 +88,11 @@ func TestLeavingManagerHandsKeysOnOnceTheirTurnsEnd(t *testing.T) {
 		}
 		<-drained
 		synctest.Wait()
-		select {
-		case text := <-ran:
-			t.Errorf("the leaving member ran %q", text)
-		default:
-		}
+		ranNone(t, ran)
 		if keys := w.active(t); len(keys) != 0 {
 			t.Errorf("sessions %v still in memory, want none", keys)
 		}
-		snap, err := w.store.LoadSession(w.ctx, w.key, 0, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(snap.Pending) != 1 || snap.Pending[0].MessageID != "m2" {
-			t.Errorf("pending %+v, want m2 for the successor", snap.Pending)
-		}
+		w.wantPendingAlone(t, "m2")
 	})
 }
 
@@ -201,11 +191,7 @@ func TestLeavingSessionRestartedAfterACrashStartsNoTurn(t *testing.T) {
 			t.Fatalf("the leaving member ran %q again after its session restarted", text)
 		}
 		synctest.Wait()
-		select {
-		case text := <-ran:
-			t.Errorf("the leaving member ran %q", text)
-		default:
-		}
+		ranNone(t, ran)
 		snap, err := w.store.LoadSession(w.ctx, w.key, 0, 0)
 		if err != nil {
 			t.Fatal(err)
@@ -270,11 +256,7 @@ func TestLeavingSessionRestartedInAnOutageDoesNotClaimTheKey(t *testing.T) {
 		if recovers := recoversOf(forwarded, w.key); recovers != 1 {
 			t.Errorf("%d Recovers of the key handed to the successor, want 1 (it runs what the store holds)", recovers)
 		}
-		select {
-		case text := <-ran:
-			t.Errorf("the leaving member ran %q", text)
-		default:
-		}
+		ranNone(t, ran)
 	})
 }
 
@@ -377,11 +359,7 @@ func TestLeavingSessionAcknowledgesQueued(t *testing.T) {
 			t.Errorf("m2, stored after the member began to leave: %q, want queued (it runs at the successor)", d)
 		}
 		synctest.Wait()
-		select {
-		case text := <-ran:
-			t.Errorf("the leaving member ran %q", text)
-		default:
-		}
+		ranNone(t, ran)
 	})
 }
 
@@ -490,21 +468,11 @@ func TestLeavingMemberDoesNotStartAKeyBouncedBackToIt(t *testing.T) {
 		if err != nil || res.(*DeliverResult).ErrorCode != ErrCodeStopped {
 			t.Errorf("a message forwarded back to the leaving member: %+v %v, want it answered stopped", res, err)
 		}
-		select {
-		case text := <-ran:
-			t.Errorf("the leaving member ran %q for a key handed back to it", text)
-		default:
-		}
+		ranNone(t, ran)
 		if keys := w.active(t); len(keys) != 0 {
 			t.Errorf("sessions %v started on the leaving member, want none", keys)
 		}
-		snap, err := w.store.LoadSession(w.ctx, w.key, 0, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(snap.Pending) != 1 || snap.Pending[0].MessageID != "m2" {
-			t.Errorf("pending %+v, want m2 alone, for a member that stays", snap.Pending)
-		}
+		w.wantPendingAlone(t, "m2")
 
 		// No other member stays: it runs the key's work itself.
 		successor.Store(nil)
@@ -548,11 +516,7 @@ func TestLeavingMemberDoesNotStartAKeyForAMessageBouncedWhileItStops(t *testing.
 			t.Errorf("a message forwarded back to the leaving member while the session stopped: %+v %v, want it answered stopped", res, err)
 		}
 		synctest.Wait()
-		select {
-		case text := <-ran:
-			t.Errorf("the leaving member ran %q", text)
-		default:
-		}
+		ranNone(t, ran)
 		if keys := w.active(t); len(keys) != 0 {
 			t.Errorf("sessions %v started on the leaving member, want none", keys)
 		}
@@ -614,4 +578,27 @@ func recoversOf(forwarded chan *Forward, key string) int {
 		}
 	}
 	return n
+}
+
+// ranNone checks that the agent has run no turn since ran was last read.
+func ranNone(t *testing.T, ran chan string) {
+	t.Helper()
+	select {
+	case text := <-ran:
+		t.Errorf("the leaving member ran %q", text)
+	default:
+	}
+}
+
+// wantPendingAlone checks that the store holds id, and only id, pending for w's key: the work
+// left for the key's next holder.
+func (w *managerWorld) wantPendingAlone(t *testing.T, id string) {
+	t.Helper()
+	snap, err := w.store.LoadSession(w.ctx, w.key, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Pending) != 1 || snap.Pending[0].MessageID != id {
+		t.Errorf("pending %+v, want %s alone, for the key's next holder", snap.Pending, id)
+	}
 }
