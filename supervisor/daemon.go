@@ -906,8 +906,9 @@ func (d *Daemon) ready(ctx context.Context) map[string]error {
 }
 
 // storeReady is /readyz's store: its ping (the database answers and its write lock can be
-// taken, and the store has not found it corrupt, or its file deleted or replaced), then whether writes are taken. A full or read-only disk passes the ping but refuses
-// every write, so the persistence actor's own view counts: writes refused within the last
+// taken, and the store has not found it corrupt, or its file deleted or replaced), then whether
+// writes are taken. A full or read-only disk passes the ping but refuses every write, so the
+// persistence actor's own view counts: writes refused within the last
 // persistence.RefusalMemory, or waiting in the spool for the database; so does the record of
 // this run while the store refuses it (beginRun tries it again each second). The ping gets 0.8 s:
 // a probe must answer well within a load balancer's timeout (2 to 5 s), which a commit waiting
