@@ -156,21 +156,9 @@ func TestLeavingSessionRestartedAfterACrashStartsNoTurn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		ran := make(chan string, 8)
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			ran <- req.Messages[0].Text
-			if req.Messages[0].Text == "boom" {
-				<-release
-				panic("agent bug")
-			}
-			return &agents.Response{Text: "ok"}, nil
-		})
+		agent := panicsOnBoom(ran, release)
 		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
-		forwarded := make(chan *Forward, 8)
-		successor := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-			if f, ok := c.Message().(*Forward); ok {
-				forwarded <- f
-			}
-		}))
+		successor, forwarded := w.forwardSink()
 		if res := w.deliver(t, "m1", "boom"); res.Disposition != "started" {
 			t.Fatalf("m1: %+v", res)
 		}
@@ -213,26 +201,14 @@ func TestLeavingSessionRestartedInAnOutageDoesNotClaimTheKey(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		ran := make(chan string, 8)
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			ran <- req.Messages[0].Text
-			if req.Messages[0].Text == "boom" {
-				<-release
-				panic("agent bug")
-			}
-			return &agents.Response{Text: "ok"}, nil
-		})
+		agent := panicsOnBoom(ran, release)
 		var store *downStore
 		w := newManagerWorld(t, agent, func(d *Deps) {
 			d.Node, d.Fencing, d.Clustered = "a", true, true
 			store = &downStore{Store: d.Store}
 			d.Store = store
 		})
-		forwarded := make(chan *Forward, 8)
-		successor := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-			if f, ok := c.Message().(*Forward); ok {
-				forwarded <- f
-			}
-		}))
+		successor, forwarded := w.forwardSink()
 		if res := w.deliver(t, "m1", "boom"); res.Disposition != "started" {
 			t.Fatalf("m1: %+v", res)
 		}
@@ -389,12 +365,7 @@ func TestLeavingSessionHandsOnAnUnsureMessage(t *testing.T) {
 		blind.on.Store(false)
 		synctest.Wait()
 
-		forwarded := make(chan *Forward, 8)
-		successor := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-			if f, ok := c.Message().(*Forward); ok {
-				forwarded <- f
-			}
-		}))
+		successor, forwarded := w.forwardSink()
 		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return successor }})
 		select {
 		case f := <-forwarded:
@@ -433,12 +404,7 @@ func TestLeavingMemberDoesNotStartAKeyBouncedBackToIt(t *testing.T) {
 			return &agents.Response{Text: "ok"}, nil
 		})
 		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
-		forwarded := make(chan *Forward, 8)
-		other := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-			if f, ok := c.Message().(*Forward); ok {
-				forwarded <- f
-			}
-		}))
+		other, forwarded := w.forwardSink()
 		var successor atomic.Pointer[actor.PID]
 		successor.Store(other)
 
@@ -601,4 +567,29 @@ func (w *managerWorld) wantPendingAlone(t *testing.T, id string) {
 	if len(snap.Pending) != 1 || snap.Pending[0].MessageID != id {
 		t.Errorf("pending %+v, want %s alone, for the key's next holder", snap.Pending, id)
 	}
+}
+
+// forwardSink spawns a stand-in for another member's manager, which takes the Forwards handed
+// on to it into the channel returned (8 at most).
+func (w *managerWorld) forwardSink() (*actor.PID, chan *Forward) {
+	forwarded := make(chan *Forward, 8)
+	pid := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if f, ok := c.Message().(*Forward); ok {
+			forwarded <- f
+		}
+	}))
+	return pid, forwarded
+}
+
+// panicsOnBoom is an agent that says into ran each message it runs, and answers "ok", but
+// panics on "boom" once release is closed.
+func panicsOnBoom(ran chan<- string, release <-chan struct{}) agents.Agent {
+	return agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		ran <- req.Messages[0].Text
+		if req.Messages[0].Text == "boom" {
+			<-release
+			panic("agent bug")
+		}
+		return &agents.Response{Text: "ok"}, nil
+	})
 }

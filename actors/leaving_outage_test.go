@@ -192,12 +192,7 @@ func TestLeavingMemberDoesNotClaimAKeyItWaitedToLoad(t *testing.T) {
 			t.Fatalf("the message during the outage: %+v, want unavailable", r)
 		}
 		synctest.Wait()
-		forwarded := make(chan *Forward, 8)
-		successor := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-			if f, ok := c.Message().(*Forward); ok {
-				forwarded <- f
-			}
-		}))
+		successor, forwarded := w.forwardSink()
 		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return successor }})
 		synctest.Wait()
 		claims := store.claims.Load()
