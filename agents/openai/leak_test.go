@@ -213,3 +213,70 @@ func TestStreamThatStaysOpenAfterDone(t *testing.T) {
 		t.Fatalf("Run() = %+v, %v; want hello", res, err)
 	}
 }
+
+// TestConcurrentTurnsReuseTheirConnections: turns that call the endpoint at once, as a busy
+// daemon's do (agent.max_concurrent, 32 by default), find the connections of the turns before
+// them open. The agent's own client kept net/http's default of 2 idle connections a host: of 8
+// calls at once, 6 closed their connections as they ended, and the next 8 opened 6 new ones
+// (over TLS, a handshake each, and a socket left in TIME_WAIT).
+func TestConcurrentTurnsReuseTheirConnections(t *testing.T) {
+	const calls = 8
+	arrived := make(chan struct{}, calls)
+	all := make(chan struct{}) // closed once a wave's calls have all arrived
+	var mu sync.Mutex
+	var conns atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		wave := all
+		mu.Unlock()
+		arrived <- struct{}{}
+		select { // every call of the wave holds its connection until all of them have one
+		case <-wave:
+		case <-r.Context().Done():
+			return
+		}
+		openaitest.WriteReply(w, "hello", 2, 1)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	a, err := openai.New(openai.Config{BaseURL: srv.URL + "/v1", Model: "gpt-test", APIKeyEnv: ""})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	for wave := range 2 {
+		var wg sync.WaitGroup
+		errs := make(chan error, calls)
+		for range calls {
+			wg.Go(func() {
+				res, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{{Role: "user", Text: "hi"}}})
+				if err == nil && res.Text != "hello" {
+					err = errors.New("reply " + res.Text + ", want hello")
+				}
+				errs <- err
+			})
+		}
+		for range calls {
+			<-arrived
+		}
+		mu.Lock()
+		close(all)
+		all = make(chan struct{})
+		mu.Unlock()
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("wave %d: Run() = %v", wave+1, err)
+			}
+		}
+	}
+	if n := conns.Load(); n != calls {
+		t.Errorf("2 waves of %d calls at once opened %d connections to the endpoint, want %d", calls, n, calls)
+	}
+}

@@ -199,8 +199,14 @@ func New(c Config) (*Agent, error) {
 		a.maxBackoff = DefaultMaxBackoff
 	}
 	if a.client == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		// Every request goes to one host, up to agent.max_concurrent at once (32 by default):
+		// with net/http's 2 idle connections a host, the others' closed as they ended, and the
+		// next calls opened new ones (a TLS handshake each, a socket left in TIME_WAIT). Idle
+		// ones close after IdleConnTimeout.
+		tr.MaxIdleConnsPerHost = tr.MaxIdleConns
 		a.client = &http.Client{
-			Transport: http.DefaultTransport.(*http.Transport).Clone(),
+			Transport: tr,
 			// A redirect is answered as an error (redirectError), not followed.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		}
