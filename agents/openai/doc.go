@@ -74,8 +74,9 @@
 // answer so far and the steered messages are appended to the conversation and the model is
 // called again, at most MaxSteerRounds more times per turn; in the last allowed call the agent
 // stops taking messages, so that every message it took is answered, and messages it did not
-// take run as the session's next turn. The reply of such a turn is the answers of its calls
-// joined with a blank line (what a streaming user has seen grow).
+// take run as the session's next turn, as do those it took during a call that failed
+// (Response.Unseen): they never reached the model. The reply of such a turn is the answers of
+// its calls joined with a blank line (what a streaming user has seen grow).
 //
 // Secrets: the API key is read once, by New, from the environment variable Config.APIKeyEnv,
 // and is only ever written into the Authorization header. Errors and log lines never carry it,

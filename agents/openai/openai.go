@@ -262,7 +262,7 @@ func (a *Agent) sleep(ctx context.Context, d time.Duration) error {
 // the package comment). It returns ErrTimeout when the turn outlived Config.Timeout, an error
 // wrapping ctx's when ctx ended, a *StatusError when the endpoint refused, ErrEmptyReply
 // when the model said nothing, and ErrTooLarge when its answer was larger than MaxBody. With an error, the Response (when not nil) still carries the
-// tokens the turn spent.
+// tokens the turn spent, and counts Unseen the messages steered in during the call that failed.
 func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 	if req == nil {
 		return nil, errors.New("openai agent: run: nil request")
@@ -313,7 +313,9 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			usage.OutputTokens += res.usage.OutputTokens
 		}
 		if err != nil {
-			return spent(usage), refusal(err)
+			// The messages taken during the failed call never reached the model: they run as
+			// the next turn, not fail (or, declined, be left out) with this one's.
+			return unseen(spent(usage), len(steered)), refusal(err)
 		}
 		text := strings.TrimSpace(res.text)
 		if text == "" && len(steered) == 0 {
@@ -454,6 +456,19 @@ func (a *Agent) wantsCompletionTokens(err error) bool {
 		return false
 	}
 	return a.completionTokens.CompareAndSwap(false, true)
+}
+
+// unseen returns resp with n messages taken from Request.Steer counted unseen; resp itself
+// (nil when it is) for none.
+func unseen(resp *agents.Response, n int) *agents.Response {
+	if n == 0 {
+		return resp
+	}
+	if resp == nil {
+		resp = &agents.Response{}
+	}
+	resp.Unseen = n
+	return resp
 }
 
 func spent(u agents.Usage) *agents.Response {

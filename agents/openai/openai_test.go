@@ -782,6 +782,54 @@ func TestSteering(t *testing.T) {
 	}
 }
 
+// TestSteeredIntoAFailedCallIsUnseen: a message steered into a turn whose model call then
+// fails never reached the model, and the agent says so (Response.Unseen), so that it runs as
+// the next turn. Counted as seen, it failed with the turn (its sender told to try again), or,
+// when the endpoint declined the turn's own message, was left out of the conversation with it,
+// unsent.
+func TestSteeredIntoAFailedCallIsUnseen(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		answer func(w http.ResponseWriter, r *http.Request)
+	}{
+		{"server error", openaitest.Status(http.StatusInternalServerError, `{"error":{"message":"boom"}}`)},
+		{"declined", openaitest.Status(http.StatusBadRequest, `{"error":{"message":"flagged by our content policy"}}`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			release := make(chan struct{})
+			m := newFakeModel(t, func(w http.ResponseWriter, r *http.Request) {
+				<-release
+				tc.answer(w, r)
+			})
+			a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.MaxRetries = 0 })
+			steer := make(chan agents.Message) // unbuffered: a send returns once the agent took it
+			type ran struct {
+				resp *agents.Response
+				err  error
+			}
+			done := make(chan ran, 1)
+			go func() {
+				resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "question")}, Steer: steer})
+				done <- ran{resp, err}
+			}()
+			m.Wait(t)
+			steer <- msg("user", "and also this")
+			close(release)
+			got := <-done
+			close(steer)
+			if got.err == nil {
+				t.Fatalf("Run() = %+v, nil; want an error", got.resp)
+			}
+			if got.resp == nil || got.resp.Unseen != 1 {
+				t.Errorf("Run() = %+v, %v; want Unseen 1: the steered message never reached the model", got.resp, got.err)
+			}
+			if n := m.Count(); n != 1 {
+				t.Errorf("%d requests, want 1", n)
+			}
+		})
+	}
+}
+
 // TestSteeringIsBounded: a turn makes at most MaxSteerRounds more calls; in the last one the
 // agent takes no more messages, so every message it took is answered.
 func TestSteeringIsBounded(t *testing.T) {
