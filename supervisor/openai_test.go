@@ -369,6 +369,54 @@ func TestOpenAISteering(t *testing.T) {
 	}
 }
 
+// TestOpenAISteeredCallThatFailsRunsNext: when the model call a turn makes for a message
+// steered into it fails, the turn's reply is the answer before it, and the steered message runs
+// as the next turn, with an answer of its own. Before, the turn failed: the first message, which
+// had its answer, and the steered one were both answered "please try again".
+func TestOpenAISteeredCallThatFailsRunsNext(t *testing.T) {
+	release := make(chan struct{})
+	m := newModel(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		switch n {
+		case 1:
+			<-release
+			openaitest.WriteReply(w, "First.", 10, 1)
+		case 2:
+			openaitest.Status(http.StatusBadRequest, `{"error":{"message":"bad request"}}`)(w, r)
+		default:
+			openaitest.WriteReply(w, "Second.", 20, 2)
+		}
+	})
+	logs := &logSignal{want: "steered message taken", ready: make(chan struct{})}
+	taken := logs.ready
+	r := MustStartDaemon(t, nil, daemonOpts{logs: logs,
+		tweak: func(c *config.Config) { useOpenAI(t, m, nil)(c); c.Sessions.Queue.Mode = "steer" }})
+	defer r.stop(t)
+	r.inject(t, dm, "s1", "question")
+	m.WaitRequests(t, 1)
+	if ack := r.inject(t, dm, "s2", "and also this"); ack.Disposition != platforms.Steered {
+		t.Fatalf("s2 disposition %s, want steered", ack.Disposition)
+	}
+	select {
+	case <-taken:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the agent never took the steered message")
+	}
+	close(release)
+	r.waitReplyTo(t, "s2")
+	want := `{"model":"test-model","messages":[{"role":"user","content":"question"},{"role":"assistant","content":"First."},
+		{"role":"user","content":"and also this"}]}`
+	if got := m.Body(t, 3); got != compactJSON(t, want) {
+		t.Errorf("third call\n got %s\nwant %s", got, compactJSON(t, want))
+	}
+	var got []string
+	for _, o := range r.fake.Sent() {
+		got = append(got, fmt.Sprint(o.InReplyTo, " ", o.Text))
+	}
+	if fmt.Sprint(got) != "[[s1] First. [s2] Second.]" {
+		t.Errorf("sent %q, want First. to s1, then Second. to s2", got)
+	}
+}
+
 // TestOpenAIKeyNeverLeaks runs turns that fail in every way an endpoint can echo the key (a
 // retried 429, a 401, an error inside a stream, plain text) and one that succeeds, capturing
 // every log line at debug level: the key is in no log line, no reply, no metric, no API answer

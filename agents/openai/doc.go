@@ -76,7 +76,9 @@
 // stops taking messages, so that every message it took is answered, and messages it did not
 // take run as the session's next turn, as do those it took during a call that failed
 // (Response.Unseen): they never reached the model. The reply of such a turn is the answers of
-// its calls joined with a blank line (what a streaming user has seen grow).
+// its calls joined with a blank line (what a streaming user has seen grow). When a call for
+// steered messages fails, the turn does not: its reply is the answers before that call, and the
+// steered messages no answer followed run as the next turn (Response.Unseen), with a warning.
 //
 // Secrets: the API key is read once, by New, from the environment variable Config.APIKeyEnv,
 // and is only ever written into the Authorization header. Errors and log lines never carry it,

@@ -270,6 +270,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("openai agent: run: %w", err)
 	}
+	parent := ctx
 	ctx, cancel := context.WithTimeoutCause(ctx, a.timeout, ErrTimeout)
 	defer cancel()
 
@@ -278,7 +279,8 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	steer := req.Steer
 	var answers []string
 	var usage agents.Usage
-	cut := 0 // the most history messages a request of the turn left out (logged)
+	cut := 0     // the most history messages a request of the turn left out (logged)
+	carried := 0 // the steered messages the call of this round carries that no answer followed
 	for round := 0; ; round++ {
 		body, err := a.body(conv, req.Partial != nil)
 		if err != nil {
@@ -313,6 +315,13 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			usage.OutputTokens += res.usage.OutputTokens
 		}
 		if err != nil {
+			if len(answers) > 0 && parent.Err() == nil {
+				// A call for steered messages failed: the answers before it stand (a streaming
+				// user has seen them), and the steered messages run as the next turn.
+				log.Warn("model call for messages steered into the turn failed; the turn answers with the replies before it, and those messages run as the next turn",
+					"messages", carried+len(steered), logging.Err(err))
+				return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage, Unseen: carried + len(steered)}, nil
+			}
 			// The messages taken during the failed call never reached the model: they run as
 			// the next turn, not fail (or, declined, be left out) with this one's.
 			return unseen(spent(usage), len(steered)), refusal(err)
@@ -336,12 +345,14 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 				}
 			}
 			answers = append(answers, text)
+			carried = 0
 		}
 		if len(steered) == 0 {
 			break
 		}
 		a.log.Debug("steered messages join the turn", "messages", len(steered), "turn", req.Identity.TurnID)
 		conv.tail = append(conv.tail, chatMessages(steered)...)
+		carried += len(steered)
 	}
 	return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage}, nil
 }

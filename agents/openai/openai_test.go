@@ -830,6 +830,41 @@ func TestSteeredIntoAFailedCallIsUnseen(t *testing.T) {
 	}
 }
 
+// TestSteeredCallThatFailsKeepsTheAnswer: when the call a turn makes for messages steered into
+// it fails, the turn answers with what the calls before it answered, and the steered messages
+// run as the next turn. Before, the turn failed: the answer the user had seen stream was thrown
+// away, and the message it answered marked failed, its sender told to try again.
+func TestSteeredCallThatFailsKeepsTheAnswer(t *testing.T) {
+	release := make(chan struct{})
+	m := newFakeModel(t, func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		openaitest.Reply("First answer.", 10, 2)(w, r)
+	}, openaitest.Status(http.StatusInternalServerError, `{"error":{"message":"boom"}}`))
+	a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.MaxRetries = 0 })
+	steer := make(chan agents.Message)
+	type ran struct {
+		resp *agents.Response
+		err  error
+	}
+	done := make(chan ran, 1)
+	go func() {
+		resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "question")}, Steer: steer})
+		done <- ran{resp, err}
+	}()
+	m.Wait(t)
+	steer <- msg("user", "and also this")
+	close(release)
+	got := <-done
+	close(steer)
+	if n := m.Count(); n != 2 {
+		t.Fatalf("%d requests, want 2", n)
+	}
+	if got.err != nil || got.resp == nil || got.resp.Text != "First answer." || got.resp.Unseen != 1 ||
+		got.resp.Usage != (agents.Usage{InputTokens: 10, OutputTokens: 2}) {
+		t.Errorf("Run() = %+v, %v; want First answer. with the steered message unseen and the first call's usage", got.resp, got.err)
+	}
+}
+
 // TestSteeringIsBounded: a turn makes at most MaxSteerRounds more calls; in the last one the
 // agent takes no more messages, so every message it took is answered.
 func TestSteeringIsBounded(t *testing.T) {
