@@ -185,10 +185,14 @@ func (e *corruptError) Error() string {
 func (e *corruptError) Unwrap() error { return persistence.ErrCorrupt }
 
 // unavailable is markUnavailable for an error of this store's database: a corrupt one is also
-// reported (reportCorrupt), and a lock an admin command's write waited out is explained
-// (explainLocked).
+// reported (reportCorrupt), as is a database file found deleted or replaced (reportGone: the
+// write that found it may be a claim, the record of a run, a prune step, not a Commit), and a
+// lock an admin command's write waited out is explained (explainLocked).
 func (s *Store) unavailable(err error) error {
 	s.reportCorrupt(err)
+	if isGone(err) {
+		s.reportGone(err)
+	}
 	return s.explainLocked(markUnavailable(err))
 }
 

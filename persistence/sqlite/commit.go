@@ -264,13 +264,10 @@ func (s *Store) commitOn(ctx context.Context, dc any, groups [][]persistence.Op,
 		sqlstore.FillUndecided(errs, fmt.Errorf("commit: %w: %w", errTxAborted, err))
 		return 0, false
 	}
-	if err := tx.Commit(); err != nil {
-		sqlstore.FillUndecided(errs, fmt.Errorf("commit: %w", err))
-		return 0, false
-	}
-	if err := s.checkFile(); err != nil {
-		// Committed, but to a file deleted or replaced meanwhile: as good as lost. The groups
-		// that committed wait in the spool; one that failed for what it holds keeps its error.
+	if err := s.commitChecked(tx); err != nil {
+		// Not committed, or committed to a file deleted or replaced meanwhile: as good as lost.
+		// The groups that committed wait in the spool; one that failed for what it holds keeps
+		// its error.
 		sqlstore.FillUndecided(errs, fmt.Errorf("commit: %w", err))
 		return 0, false
 	}

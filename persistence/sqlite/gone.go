@@ -21,7 +21,10 @@ import (
 // into it, and all of it was lost at the next start, silently (found by black-box soaks). So
 // Open records the identity of the file it opened (device and inode), each commit and each
 // Ping check that the path still names it (checkFile), and from the first check that finds it
-// gone the store writes no more (Store.gone).
+// gone the store writes no more (Store.gone). Every write transaction commits through
+// commitChecked, which looks after each commit: the record of a run, a claim, a pardon, a pull
+// back, a prune step and a pass of the search index as much as Commit's batches
+// (TestEveryWriteCommitsThroughCommitChecked keeps it so).
 
 // msgGone is the line of a database file found deleted or replaced while the store is open
 // (reportGone).
@@ -33,12 +36,25 @@ const msgGone = "the database file was deleted or replaced while the daemon ran;
 type goneError struct {
 	path     string
 	replaced bool // another file is at path; else nothing is
+	// command: the store is an admin command's (Options.MustWrite), which has no spool to keep
+	// its writes and no daemon to stop: its words are the command's.
+	command bool
 }
 
 func (e *goneError) Error() string {
 	what := "deleted"
 	if e.replaced {
 		what = "replaced by another file (renamed over, or restored while the daemon ran)"
+	}
+	if e.command {
+		// Before, such a command's write went into the old file and it said it was done
+		// (pardoned, reset, requeued) of a change no later start would see.
+		if e.replaced {
+			what = "replaced by another file"
+		}
+		return fmt.Sprintf("the database file %s was %s while this command ran: what the command wrote went to "+
+			"the old file, which no one can open again, not to the file now at that path: put the database back at "+
+			"that path and run the command again", e.path, what)
 	}
 	return fmt.Sprintf("the database file %s was %s: the daemon still has the old file open, which no one can open "+
 		"again and which goes when the daemon stops, and writes no more to it; its writes wait in the spool "+
@@ -76,11 +92,11 @@ func (s *Store) checkFile() error {
 	var gone *goneError
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		gone = &goneError{path: s.path}
+		gone = &goneError{path: s.path, command: s.mustWrite}
 	case err != nil:
 		return nil
 	case !os.SameFile(fi, s.file):
-		gone = &goneError{path: s.path, replaced: true}
+		gone = &goneError{path: s.path, replaced: true, command: s.mustWrite}
 	default:
 		return nil
 	}
@@ -88,6 +104,25 @@ func (s *Store) checkFile() error {
 		s.onCorrupt()
 	}
 	return s.gone.Load()
+}
+
+// committer is a write transaction on the writer's connection: a *sql.Tx, or the driver.Tx of
+// Commit's batches (commitOn).
+type committer interface{ Commit() error }
+
+// commitChecked commits tx, a write transaction on the writer's connection, then checks that
+// the path still names the file it went to (checkFile). It is the one way the store's writes
+// commit. A transaction committed to a file deleted or replaced meanwhile succeeded into a file
+// that no one can open again and that goes when the store closes: its caller must claim
+// nothing of it (a message stored, a run recorded, a key claimed, a pardon done), and gets the
+// goneError instead, to wrap as its other errors (and, once wrapped, to pass to unavailable,
+// which logs it). Before, only Commit looked: BeginRun, EndRun, Claim, PullBack, Pardon, the
+// prune steps and the search index's passes reported their writes done into the old file.
+func (s *Store) commitChecked(tx committer) error {
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	return s.checkFile()
 }
 
 // reportGone logs msgGone, at Error and at most once a minute: the commits a gone file

@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -18,6 +22,39 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
 )
+
+// fileTakings are the ways a test takes the database file at path from under the open store:
+// deleted, or another database renamed over it (mv other.db agentgate.db).
+var fileTakings = []struct {
+	name string
+	what string // how the goneError says it, after "the database file PATH "
+	// take makes path name no database, or another one, and returns the number of
+	// messages of the database then at path (-1: none is).
+	take func(t *testing.T, path string) int
+}{
+	{"deleted", "was deleted", func(t *testing.T, path string) int {
+		if err := os.Remove(path); err != nil {
+			t.Fatal(err)
+		}
+		return -1
+	}},
+	{"replaced by a rename", "was replaced by another file", func(t *testing.T, path string) int {
+		other := filepath.Join(filepath.Dir(path), "other.db")
+		o, err := Open(context.Background(), other, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		storetest.MustCommit(t, o, &persistence.CreateSession{Session: newSession("o1", "ko1")},
+			&persistence.AppendMessage{Message: userMsg("o1", 1, "other")})
+		if err := o.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(other, path); err != nil { // mv other.db agentgate.db
+			t.Fatal(err)
+		}
+		return 1
+	}},
+}
 
 // TestCommitToADeletedOrReplacedFileFails: once the database file is deleted, or another file is
 // renamed over it, while the store is open, the next commit, which SQLite takes into the old
@@ -30,36 +67,7 @@ import (
 // store went on committing into the old file, and the daemon acknowledged every message
 // while all of it was lost at the next start (found by black-box soaks).
 func TestCommitToADeletedOrReplacedFileFails(t *testing.T) {
-	for _, tt := range []struct {
-		name string
-		what string
-		// take makes path name no database, or another one, and returns the number of
-		// messages of the database then at path (-1: none is).
-		take func(t *testing.T, path string) int
-	}{
-		{"deleted", "was deleted:", func(t *testing.T, path string) int {
-			if err := os.Remove(path); err != nil {
-				t.Fatal(err)
-			}
-			return -1
-		}},
-		{"replaced by a rename", "was replaced by another file", func(t *testing.T, path string) int {
-			other := filepath.Join(filepath.Dir(path), "other.db")
-			o, err := Open(context.Background(), other, Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			storetest.MustCommit(t, o, &persistence.CreateSession{Session: newSession("o1", "ko1")},
-				&persistence.AppendMessage{Message: userMsg("o1", 1, "other")})
-			if err := o.Close(); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Rename(other, path); err != nil { // mv other.db agentgate.db
-				t.Fatal(err)
-			}
-			return 1
-		}},
-	} {
+	for _, tt := range fileTakings {
 		t.Run(tt.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "agentgate.db")
 			var logs testutil.Buffer
@@ -248,5 +256,155 @@ func TestDeletedFileFoundWithoutACommit(t *testing.T) {
 				t.Errorf("the store's close left %d bytes of the old file's write-ahead log at the path, want none", fi.Size())
 			}
 		})
+	}
+}
+
+// TestEveryWriteFindsTheFileGone: each write transaction of the store besides Commit's batches
+// (the record of a run and of its clean stop, a claim, a pull back, a pardon, a prune step, a
+// pass of the search index), run once the database file is deleted or replaced under the open
+// store, fails with persistence.ErrFileGone, unavailable, in words that say so, and returns
+// nothing of what it did; the store logs it once, calls Options.Corrupt once, and refuses the
+// next Commit at once. So does an admin command's store (sessions pardon with the daemon
+// stopped), in the command's words: nothing waits in a spool, and no daemon is to be stopped.
+// Before, only Commit looked after its commit: these went into the old file, which goes when
+// the store closes, and said they were done (a run recorded, a key claimed, a session pruned,
+// messages pardoned), and nothing found the file gone until the next Commit or Ping.
+func TestEveryWriteFindsTheFileGone(t *testing.T) {
+	ctx := context.Background()
+	command := Options{NoMigrate: true, MustWrite: true} // as the admin commands open it
+	for _, w := range []struct {
+		name    string
+		opts    Options
+		prepare func(t *testing.T, s *Store) // before the file goes
+		// write is the write; got is what it returned besides its error, which must be zero.
+		write func(s *Store) (got any, err error)
+	}{
+		{name: "BeginRun", write: func(s *Store) (any, error) { return s.BeginRun(ctx, "r1", t0) }},
+		{name: "EndRun", write: func(s *Store) (any, error) { return nil, s.EndRun(ctx, "r0") }},
+		{name: "Claim", write: func(s *Store) (any, error) { return s.Claim(ctx, "k1", "member", t0) }},
+		{name: "PullBack", write: func(s *Store) (any, error) { return s.PullBack(ctx, t0.Add(-time.Hour), t0.Add(-2*time.Hour)) }},
+		{name: "Pardon", write: func(s *Store) (any, error) { return s.Pardon(ctx, "") }},
+		{name: "PruneStep", write: func(s *Store) (any, error) { return s.PruneStep(ctx, t0.Add(time.Hour), 0) }},
+		{name: "search index pass", prepare: func(t *testing.T, s *Store) {
+			storetest.MustCommit(t, s, &persistence.AppendMessage{Message: userMsg("s1", 2, "to index")})
+		}, write: func(s *Store) (any, error) {
+			s.commitMu.Lock()
+			defer s.commitMu.Unlock()
+			n, _, err := s.indexPass(ctx)
+			return n, err
+		}},
+		{name: "sessions pardon with the daemon stopped", opts: command,
+			write: func(s *Store) (any, error) { return s.Pardon(ctx, "") }},
+	} {
+		for _, tt := range fileTakings {
+			t.Run(w.name+"/"+tt.name, func(t *testing.T) {
+				path := filepath.Join(t.TempDir(), "agentgate.db")
+				// What each write changes: an open session with a message (pulled back, indexed), an
+				// ended one (pruned), a run begun (ended, or counted by the next).
+				f, err := Open(ctx, path, never)
+				if err != nil {
+					t.Fatal(err)
+				}
+				storetest.MustCommit(t, f, &persistence.CreateSession{Session: newSession("s1", "k1")},
+					&persistence.AppendMessage{Message: userMsg("s1", 1, "hello")},
+					&persistence.CreateSession{Session: newSession("p1", "kp")},
+					&persistence.EndSession{SessionID: "p1", Reason: "test", At: t0})
+				if _, err := f.BeginRun(ctx, "r0", t0); err != nil {
+					t.Fatal(err)
+				}
+				if err := f.Close(); err != nil {
+					t.Fatal(err)
+				}
+
+				var logs testutil.Buffer
+				var reported atomic.Int32
+				opts := w.opts
+				opts.IndexRows, opts.IndexDelay, opts.CheckpointInterval = never.IndexRows, never.IndexDelay, never.CheckpointInterval
+				opts.Logger, opts.Corrupt = slog.New(slog.NewTextHandler(&logs, nil)), func() { reported.Add(1) }
+				s, err := Open(ctx, path, opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+				if w.prepare != nil {
+					w.prepare(t, s)
+				}
+				tt.take(t, path)
+
+				got, err := w.write(s)
+				said := "the database file " + path + " " + tt.what
+				if opts.MustWrite {
+					said += " while this command ran: "
+				}
+				if !errors.Is(err, persistence.ErrFileGone) || !errors.Is(err, persistence.ErrUnavailable) ||
+					!strings.Contains(err.Error(), said) {
+					t.Errorf("%s once the file went = %v, want persistence.ErrFileGone, unavailable, saying %q", w.name, err, said)
+				}
+				if opts.MustWrite && strings.Contains(fmt.Sprint(err), "spool") {
+					t.Errorf("%s of an admin command's store = %v, want no word of a spool it does not have", w.name, err)
+				}
+				if got != nil && !reflect.ValueOf(got).IsZero() {
+					t.Errorf("%s once the file went returned %+v, want nothing of what it did", w.name, got)
+				}
+				if n := strings.Count(logs.String(), fmt.Sprintf("level=ERROR msg=%q", msgGone)); n != 1 {
+					t.Errorf("log after %s:\n%s\nwant %q once, not %d times", w.name, logs.String(), msgGone, n)
+				}
+				if n := reported.Load(); n != 1 {
+					t.Errorf("Options.Corrupt called %d times, want once", n)
+				}
+				errs := s.Commit(ctx, [][]persistence.Op{{&persistence.AppendMessage{Message: userMsg("s1", 3, "later")}}})
+				if !errors.Is(errs[0], persistence.ErrFileGone) {
+					t.Errorf("a Commit after %s = %v, want persistence.ErrFileGone", w.name, errs[0])
+				}
+			})
+		}
+	}
+}
+
+// TestEveryWriteCommitsThroughCommitChecked: no code of the store commits a transaction but
+// commitChecked, which looks for the database file gone after each commit, so that a write
+// added later cannot forget to (BeginRun, EndRun, Claim, PullBack, Pardon, the prune steps and
+// the search index's passes did: TestEveryWriteFindsTheFileGone). migrate is the one
+// exception: it runs inside Open, before Open records the file (Store.file) that checkFile
+// compares the path with.
+func TestEveryWriteCommitsThroughCommitChecked(t *testing.T) {
+	allowed := map[string]bool{"commitChecked": true, "migrate": true}
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	found := 0
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Body == nil {
+				continue
+			}
+			ast.Inspect(fn.Body, func(n ast.Node) bool {
+				call, ok := n.(*ast.CallExpr)
+				if !ok {
+					return true
+				}
+				if sel, ok := call.Fun.(*ast.SelectorExpr); ok && sel.Sel.Name == "Commit" && len(call.Args) == 0 {
+					found++
+					if !allowed[fn.Name.Name] {
+						t.Errorf("%s: %s commits a transaction itself; commit it with s.commitChecked(tx), which looks for the database file gone",
+							fset.Position(call.Pos()), fn.Name.Name)
+					}
+				}
+				return true
+			})
+		}
+	}
+	if found < 2 {
+		t.Fatalf("found %d calls of Commit(); the test no longer finds them", found)
 	}
 }

@@ -133,7 +133,7 @@ func (s *Store) indexPass(ctx context.Context) (n int, more bool, err error) {
 	n, failed, ferr, err := s.indexTx(ctx, x.limit)
 	now := s.now()
 	if err != nil {
-		s.reportCorrupt(err)
+		err = s.unavailable(err) // a corrupt database, or its file gone, is said so too
 		x.retryAt = now.Add(x.delay)
 		if x.pending.Load() == 0 {
 			x.pending.Store(1) // unknown, but Open could not catch up: try again later
@@ -162,6 +162,9 @@ func (s *Store) indexPass(ctx context.Context) (n int, more bool, err error) {
 // indexTx is indexPass's transaction: it returns the rows it took, how many of them could not be
 // indexed with the last such error, and an error if nothing was committed.
 func (s *Store) indexTx(ctx context.Context, limit int) (n, failed int, ferr, err error) {
+	if g := s.gone.Load(); g != nil {
+		return 0, 0, nil, fmt.Errorf("index: %w", g) // nothing more goes to the old file (Close's pass)
+	}
 	tx, release, err := s.writerTx(ctx)
 	if err != nil {
 		return 0, 0, nil, fmt.Errorf("index: begin: %w", err)
@@ -186,7 +189,7 @@ func (s *Store) indexTx(ctx context.Context, limit int) (n, failed int, ferr, er
 	if _, err := tx.ExecContext(ctx, `UPDATE fts_watermark SET last_id = ? WHERE id = 1`, hi); err != nil {
 		return 0, 0, nil, fmt.Errorf("index: advance watermark: %w", err)
 	}
-	if err := tx.Commit(); err != nil {
+	if err := s.commitChecked(tx); err != nil {
 		return 0, 0, nil, fmt.Errorf("index: commit: %w", err)
 	}
 	return n, failed, ferr, nil

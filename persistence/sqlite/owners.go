@@ -54,8 +54,8 @@ func (s *Store) claim(ctx context.Context, key, owner string, at time.Time) (c p
 	if err := tx.QueryRowContext(ctx, claimSQL, key, owner, timeArg(at)).Scan(&c.Epoch); err != nil {
 		return c, err
 	}
-	if err := tx.Commit(); err != nil {
-		return c, err
+	if err := s.commitChecked(tx); err != nil {
+		return persistence.Claimed{}, err
 	}
 	return c, nil
 }

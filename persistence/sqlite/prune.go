@@ -214,7 +214,7 @@ func (s *Store) prune(ctx context.Context, endedBefore time.Time, rows, most int
 	if err := lowerWatermark(ctx, tx); err != nil {
 		return persistence.PruneCount{}, fmt.Errorf("search index watermark: %w", err)
 	}
-	if err := tx.Commit(); err != nil {
+	if err := s.commitChecked(tx); err != nil {
 		return persistence.PruneCount{}, fmt.Errorf("commit: %w", err)
 	}
 	s.pruning.left = left

@@ -62,7 +62,7 @@ func (s *Store) pullBack(ctx context.Context, after, to time.Time) (int, error) 
 		}
 		n += changed
 	}
-	if err := tx.Commit(); err != nil {
+	if err := s.commitChecked(tx); err != nil {
 		return 0, err
 	}
 	return int(n), nil

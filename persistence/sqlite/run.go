@@ -83,7 +83,7 @@ func (s *Store) beginRun(ctx context.Context, run string, at time.Time) (_ *pers
 	if _, err := tx.ExecContext(ctx, beginRunSQL, run, timeArg(at)); err != nil {
 		return nil, err
 	}
-	if err := tx.Commit(); err != nil {
+	if err := s.commitChecked(tx); err != nil {
 		return nil, err
 	}
 	return u, nil
@@ -107,13 +107,16 @@ func (s *Store) endRun(ctx context.Context, run string) error {
 	}
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
-	conn, err := s.writer.Conn(ctx)
+	tx, release, err := s.writerTx(ctx)
 	if err != nil {
 		return err
 	}
-	defer releaseWriter(ctx, conn) // (writerTx says why)
-	_, err = conn.ExecContext(ctx, endRunSQL, run)
-	return err
+	defer release()
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
+	if _, err := tx.ExecContext(ctx, endRunSQL, run); err != nil {
+		return err
+	}
+	return s.commitChecked(tx)
 }
 
 // countUncleanStop runs countUncleanStopSQL for the run that died and returns the messages it
@@ -163,7 +166,7 @@ func (s *Store) pardon(ctx context.Context, key string) (persistence.Pardoned, e
 			return persistence.Pardoned{}, err
 		}
 	}
-	if err := tx.Commit(); err != nil {
+	if err := s.commitChecked(tx); err != nil {
 		return persistence.Pardoned{}, err
 	}
 	sessions := map[string]bool{}

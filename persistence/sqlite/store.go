@@ -509,7 +509,7 @@ func (s *Store) Close() error {
 	s.closed = true
 	if s.idx != nil {
 		s.commitMu.Lock()
-		if s.idx.pending.Load() > 0 {
+		if s.idx.pending.Load() > 0 && s.gone.Load() == nil { // (not into a file gone: the next Open indexes)
 			_, _ = s.indexAll(context.Background()) // logged by indexPass
 		}
 		s.stopIndexTimer()
