@@ -389,7 +389,10 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 				log.Warn("persistence actor did not answer its start barrier", logging.Err(err))
 			}
 			if !opts.SharedStore {
-				d.beginRun(opts.Now)
+				if err := d.beginRun(opts.Now); err != nil {
+					d.stopChildren(context.Background(), nil)
+					return nil, fmt.Errorf("start: record the daemon's run: %w", err)
+				}
 			}
 		case strings.HasPrefix(ch.Name, "platform-"):
 			d.deps.Platforms[strings.TrimPrefix(ch.Name, "platform-")] = pid
@@ -541,14 +544,26 @@ func (d *Daemon) spooled() int {
 // read-only database) gets no traffic until a message finds out, and one that takes them
 // again is ready at once, not after the minute a refused message is remembered for, which no
 // traffic ends while the probe keeps it away.
-func (d *Daemon) beginRun(now func() time.Time) {
+//
+// A database file found deleted or replaced since the store opened it (persistence.ErrFileGone:
+// by the record itself, or by the spool's replay before it) is the exception, returned for the
+// start to fail: the store refuses every write to it for as long as it is open, so no retry
+// can pass, and a daemon started on it would take every message into the spool only. Before,
+// the record went into the old file and the daemon started on it, acknowledging messages that
+// the next start did not have.
+func (d *Daemon) beginRun(now func() time.Time) error {
 	if now == nil {
 		now = time.Now
 	}
-	if err := d.recordRun(d.ctx, now); err != nil {
+	err := d.recordRun(d.ctx, now)
+	switch {
+	case errors.Is(err, persistence.ErrFileGone):
+		return err
+	case err != nil:
 		d.log.Warn("record the daemon's run in the store; trying again each second", logging.Err(err))
 		d.retrying.Go(func() { d.retryRun(now) })
 	}
+	return nil
 }
 
 // runRetry is how often a refused record of the run is tried again: as often as the spool's

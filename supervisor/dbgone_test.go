@@ -1,14 +1,18 @@
 package supervisor
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agentgate/agentgate/agents/echo"
+	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
@@ -123,4 +127,41 @@ func TestDatabaseFileDeletedUnderTheDaemon(t *testing.T) {
 			}
 		})
 	}
+}
+
+// goneAtRecord is the daemon's store, whose database file is deleted just before the daemon
+// records its run: as by an rm of the data directory as the daemon starts.
+type goneAtRecord struct {
+	persistence.Store
+	path string
+}
+
+func (s *goneAtRecord) BeginRun(ctx context.Context, run string, at time.Time) (*persistence.UncleanStop, error) {
+	if err := os.Remove(s.path); err != nil {
+		return nil, err
+	}
+	return s.Store.BeginRun(ctx, run, at)
+}
+
+// TestStartRefusedOnADatabaseFileGone: a start whose record of its run finds the database file
+// deleted since the store opened it fails, saying so, and leaves nothing running: the next
+// start on the data directory goes ahead. Before, the record went into the deleted file and
+// the daemon started on it.
+func TestStartRefusedOnADatabaseFileGone(t *testing.T) {
+	dir := t.TempDir()
+	cfg := config.Default()
+	cfg.DataDir, cfg.HTTP.Addr = dir, "127.0.0.1:0"
+	path := filepath.Join(dir, "agentgate.db")
+	d, err := Start(t.Context(), cfg, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Options{Agent: echo.New(), WrapStore: func(s persistence.Store) persistence.Store { return &goneAtRecord{Store: s, path: path} }})
+	if err == nil {
+		_ = d.Stop(context.Background())
+		t.Fatal("Start on a database file deleted before its run was recorded succeeded, want it refused")
+	}
+	if !errors.Is(err, persistence.ErrFileGone) || !strings.HasPrefix(err.Error(), "start: record the daemon's run: begin run ") ||
+		!strings.Contains(err.Error(), "the database file "+path+" was deleted: ") {
+		t.Errorf("Start = %v\nwant persistence.ErrFileGone, saying that the record of the run found the file deleted", err)
+	}
+	r := startOn(t, dir, 0, echo.New()) // the data directory and the port were let go
+	r.stop(t)
 }
