@@ -285,6 +285,17 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	if d.store, err = openStore(ctx, cfg, log.With("component", "persistence"), !opts.SharedStore, corrupt); err != nil {
 		return nil, fmt.Errorf("start: open store: %w", err)
 	}
+	if !opts.SharedStore {
+		// A disk nearly full is said at once, not found when the writes fail (check-config says
+		// it too; sqlite.LowSpace says why the bound).
+		dirs := []string{cfg.DataDir}
+		if cfg.Store.Driver == "sqlite" {
+			dirs = append(dirs, filepath.Dir(cfg.DSN()))
+		}
+		for _, err := range sqlite.CheckSpace(dirs...) {
+			log.Warn("the disk holding the data directory or the database is nearly full; writes are refused once it is full", logging.Err(err))
+		}
+	}
 	if ms, ok := d.store.(memberStore); ok {
 		d.members = ms
 	}

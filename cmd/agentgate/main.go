@@ -25,6 +25,7 @@ import (
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/supervisor"
 )
 
@@ -540,6 +541,37 @@ func startRefusals(cfg *config.Config) []error {
 	for _, err := range nonNil(dirProblem(cfg), cfg.CheckSQLite(), cfg.CheckPostgres(), clusterTLSFiles(cfg.Cluster)) {
 		out = append(out, &refusal{err})
 	}
+	for _, err := range diskSpace(cfg, true) {
+		out = append(out, &refusal{err})
+	}
+	return out
+}
+
+// diskSpace returns, as *config.FieldErrors of data_dir or store.dsn, sqlite.CheckSpace's
+// errors of the disks that hold the data directory (its spool, and the database by default)
+// and a SQLite database elsewhere: those where nothing can be written (full), or those with
+// little room, which serve takes. A data_dir that cannot be used (dataDirProblem: in /proc,
+// whose file system has no free blocks) is not looked at.
+func diskSpace(cfg *config.Config, full bool) []error {
+	var dirs []string
+	fields := map[string]string{cfg.DataDir: "data_dir"}
+	if dataDirProblem(cfg.DataDir) == nil {
+		dirs = append(dirs, cfg.DataDir)
+	}
+	if cfg.Store.Driver == "sqlite" && cfg.Store.DSN != "" && cfg.CheckSQLite() == nil {
+		db := filepath.Dir(cfg.Store.DSN)
+		dirs = append(dirs, db)
+		if _, ok := fields[db]; !ok {
+			fields[db] = "store.dsn"
+		}
+	}
+	var out []error
+	for _, err := range sqlite.CheckSpace(dirs...) {
+		var se *sqlite.SpaceError
+		if errors.As(err, &se) && se.Full == full {
+			out = append(out, &config.FieldError{Field: fields[se.Dir], Err: err})
+		}
+	}
 	return out
 }
 
@@ -577,7 +609,7 @@ func startNotices(cfg *config.Config) []error {
 	if err := emptySQLiteDatabase(cfg); err != nil {
 		out = append(out, &notice{kind: "note", err: err})
 	}
-	for _, err := range slices.Concat(cfg.PostgresAdvice(), cfg.OpenAIAdvice(), cfg.ExecAdvice(), cfg.HistoryAdvice(), cfg.TokenAdvice(os.Getenv)) {
+	for _, err := range slices.Concat(diskSpace(cfg, false), cfg.PostgresAdvice(), cfg.OpenAIAdvice(), cfg.ExecAdvice(), cfg.HistoryAdvice(), cfg.TokenAdvice(os.Getenv)) {
 		out = append(out, &notice{kind: "warning", err: err})
 	}
 	return out

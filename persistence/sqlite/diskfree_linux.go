@@ -12,3 +12,13 @@ func freeBytes(dir string) (uint64, bool) {
 	}
 	return st.Bavail * uint64(st.Bsize), true
 }
+
+// device returns the device of the file system that holds dir (stat's st_dev), and false when
+// it cannot be read.
+func device(dir string) (uint64, bool) {
+	var st unix.Stat_t
+	if unix.Stat(dir, &st) != nil {
+		return 0, false
+	}
+	return st.Dev, true
+}

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
 )
@@ -23,7 +24,7 @@ import (
 // The test runs itself again inside user and mount namespaces (unshare), where it mounts a
 // small tmpfs and fills it; where they cannot be made, it is skipped.
 func TestOpenOnAFullDiskSaysTheDiskIsFull(t *testing.T) {
-	mnt := tmpfsOfItsOwn(t, "4m")
+	mnt := testutil.TmpfsOfItsOwn(t, "4m")
 	if mnt == "" {
 		return
 	}
@@ -93,4 +94,34 @@ func mustFill(t *testing.T, path string) {
 			}
 		}
 	}
+}
+
+// TestCheckSpaceOfADiskNearlyFull: CheckSpace warns of a file system with less than LowSpace
+// free, once for two directories on it (a data directory not made yet counts as its parent),
+// and calls it full once less than NoSpace is: nothing can be written. Before, check-config
+// and serve's start said nothing of a disk nearly full, which the writes found.
+func TestCheckSpaceOfADiskNearlyFull(t *testing.T) {
+	mnt := testutil.TmpfsOfItsOwn(t, "16m")
+	if mnt == "" {
+		return
+	}
+	data := filepath.Join(mnt, "data", "not-made-yet")
+	check := func(full bool) {
+		t.Helper()
+		errs := CheckSpace(data, mnt)
+		var se *SpaceError
+		if len(errs) != 1 || !errors.As(errs[0], &se) || se.Dir != data || se.Full != full || se.Free >= LowSpace {
+			t.Fatalf("CheckSpace(%s, %s) = %v, want one *SpaceError of %s with Full %v", data, mnt, errs, data, full)
+		}
+		want := "has only "
+		if full {
+			want = "is full (0 KiB free to this user"
+		}
+		if !strings.Contains(errs[0].Error(), "the disk holding "+data+" "+want) {
+			t.Errorf("CheckSpace's error = %v, want it to say %q", errs[0], want)
+		}
+	}
+	check(false)
+	mustFill(t, filepath.Join(mnt, "balloon"))
+	check(true)
 }

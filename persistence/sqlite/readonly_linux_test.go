@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
 )
@@ -23,7 +24,7 @@ import (
 // The test runs itself again inside user and mount namespaces (unshare), where it mounts a
 // tmpfs and makes it read-only; where they cannot be made, it is skipped.
 func TestReadOnlySnapshot(t *testing.T) {
-	mnt := tmpfsOfItsOwn(t, "16m")
+	mnt := testutil.TmpfsOfItsOwn(t, "16m")
 	if mnt == "" {
 		return
 	}

@@ -1,4 +1,4 @@
-package sqlite
+package testutil
 
 import (
 	"errors"
@@ -10,15 +10,16 @@ import (
 )
 
 // namespaceChildEnv marks the run of a test that is inside its own user and mount namespaces,
-// where it may mount a file system (tmpfsOfItsOwn).
+// where it may mount a file system (TmpfsOfItsOwn).
 const namespaceChildEnv = "AGENTGATE_TEST_NAMESPACE_CHILD"
 
-// tmpfsOfItsOwn mounts a tmpfs of size (as "4m") for the test t, on a directory of
+// TmpfsOfItsOwn mounts a tmpfs of size (as "4m") for the test t, on a directory of
 // t.TempDir(), and returns the directory; t may fill it or make it read-only. A tmpfs needs
 // user and mount namespaces: in the test binary's own run, tmpfsOfItsOwn runs t again inside
 // them (unshare), fails t if it failed there, skips it where they cannot be made, and returns
-// "": the caller then returns.
-func tmpfsOfItsOwn(t *testing.T, size string) string {
+// "": the caller then returns. The store's full-disk and read-only tests use it, and
+// check-config's of a disk nearly full.
+func TmpfsOfItsOwn(t *testing.T, size string) string {
 	t.Helper()
 	if os.Getenv(namespaceChildEnv) == "" {
 		cmd := exec.Command("unshare", "--user", "--map-root-user", "--mount",

@@ -1,0 +1,91 @@
+package sqlite
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// LowSpace is the free space under which CheckSpace warns of the disk that holds the database
+// or the spool: 128 MiB. The write-ahead log may hold up to 64 MiB between two checkpoints
+// before the checkpointer truncates it (truncateAbove, and journal_size_limit after a
+// checkpoint: docs/RUNBOOK.md says so of the -wal file), and a checkpoint copies its pages
+// into the database file, which grows by as many of them as are new: a burst of writes (a
+// spool's replay, a backlog's turns) may take twice 64 MiB before any of it comes back. A
+// turn itself takes kilobytes (its messages, their search index entries, the reply in the
+// outbox), so the bound is the log's, not the turns'; and once the disk is full, the writes
+// go to the spool, on the same disk by default, and are refused when it is full too.
+const LowSpace = 128 << 20
+
+// NoSpace is the free space under which nothing can be written at all: SQLite cannot open a
+// database stopped cleanly without making its 32 KiB shared-memory file (-shm), nor make a new
+// one, so serve cannot start.
+const NoSpace = 32 << 10
+
+// SpaceError is CheckSpace's error: the file system that holds Dir has only Free bytes free
+// to this user.
+type SpaceError struct {
+	Dir  string
+	Free uint64
+	// Full: less than NoSpace is free, and nothing can be written.
+	Full bool
+	at   string // Dir, or the nearest of its parents that exists, for df
+}
+
+func (e *SpaceError) Error() string {
+	if e.Full {
+		return fmt.Sprintf("the disk holding %s is full (%s free to this user, uid %d): nothing can be written, "+
+			"not even the database's 32 KiB shared-memory file: free space on it (df -h %s)",
+			e.Dir, size(e.Free), os.Getuid(), e.at)
+	}
+	return fmt.Sprintf("the disk holding %s has only %s free to this user, uid %d, under %s: the database's "+
+		"write-ahead log alone may take 64 MiB, and the database as much again as it is checkpointed; once the disk "+
+		"is full, writes wait in the spool, or are refused (HTTP 503) when it is on the same disk: free space on it (df -h %s)",
+		e.Dir, size(e.Free), os.Getuid(), size(LowSpace), e.at)
+}
+
+// size writes n bytes in KiB below a MiB, else in MiB.
+func size(n uint64) string {
+	if n < 1<<20 {
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d MiB", n>>20)
+}
+
+// CheckSpace returns a *SpaceError for each file system among those that hold dirs (each dir,
+// or the nearest of its parents that exists: serve makes the rest) that has less than
+// LowSpace free to this user, once per file system, in the order of dirs; none where the
+// free space cannot be told (off Linux). For check-config and serve's start, of the database's
+// directory and the data directory (the spool's): before, a disk nearly full was found only
+// when the writes failed on it.
+func CheckSpace(dirs ...string) []error {
+	var out []error
+	seen := map[uint64]bool{}
+	for _, dir := range dirs {
+		at := existing(dir)
+		dev, ok := device(at)
+		if !ok || seen[dev] {
+			continue
+		}
+		seen[dev] = true
+		free, ok := freeBytes(at)
+		if !ok || free >= LowSpace {
+			continue
+		}
+		out = append(out, &SpaceError{Dir: dir, Free: free, Full: free < NoSpace, at: at})
+	}
+	return out
+}
+
+// existing returns dir, or the nearest of its parents that exists.
+func existing(dir string) string {
+	d := filepath.Clean(dir)
+	for {
+		if _, err := os.Stat(d); err == nil || !errors.Is(err, fs.ErrNotExist) || d == filepath.Dir(d) {
+			return d
+		}
+		d = filepath.Dir(d)
+	}
+}
