@@ -457,11 +457,14 @@ func errorMessage(raw []byte) string {
 	return doc.Message
 }
 
-// retryAfter reads how long the endpoint asks to wait: retry-after-ms, or Retry-After in
-// seconds or as an HTTP date. Zero when it says nothing usable.
+// retryAfter reads how long the endpoint asks to wait: retry-after-ms (OpenAI's) or
+// x-ms-retry-after-ms (Azure OpenAI's), else Retry-After in seconds or as an HTTP date. Seconds
+// may have a fraction ("0.5"): RFC 9110 allows none, but rate limiters and proxies send their
+// exact remainder, and read as no wait at all it was ignored for the computed backoff. Zero when
+// it says nothing usable.
 func retryAfter(h http.Header, now time.Time) time.Duration {
-	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
-		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms > 0 && ms < 1e12 {
+	for _, name := range []string{"Retry-After-Ms", "X-Ms-Retry-After-Ms"} {
+		if ms, ok := decimal(h.Get(name)); ok && ms > 0 && ms < 1e12 {
 			return time.Duration(ms * float64(time.Millisecond))
 		}
 	}
@@ -469,16 +472,28 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 	if v == "" {
 		return 0
 	}
-	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
+	if s, ok := decimal(v); ok {
 		if s <= 0 || s > 1e9 {
 			return 0
 		}
-		return time.Duration(s) * time.Second
+		return time.Duration(s * float64(time.Second))
 	}
 	if t, err := http.ParseTime(v); err == nil && t.After(now) {
 		return t.Sub(now)
 	}
 	return 0
+}
+
+// decimal reads a header's number of the form digits[.digits], spaces around it allowed; not
+// what strconv.ParseFloat takes besides (an exponent, "Inf", hexadecimal), which no server
+// means as a wait. A sign makes it unusable too: no wait is negative.
+func decimal(v string) (float64, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" || strings.Trim(v, "0123456789.") != "" || strings.Count(v, ".") > 1 || v[0] == '.' {
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	return f, err == nil
 }
 
 // completion is the part of a chat completion (or of one stream chunk) that is read.

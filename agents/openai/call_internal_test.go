@@ -80,16 +80,31 @@ func TestReadStreamBoundsAnEvent(t *testing.T) {
 func TestRetryAfter(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	for _, tt := range []struct {
-		header, ms string
-		want       time.Duration
+		header, ms, azureMs string
+		want                time.Duration
 	}{
-		{"7", "", 7 * time.Second},
-		{"0", "", 0},
-		{"-3", "", 0},
-		{"soon", "", 0},
-		{now.Add(90 * time.Second).Format(http.TimeFormat), "", 90 * time.Second},
-		{now.Add(-time.Minute).Format(http.TimeFormat), "", 0},
-		{"2", "250", 250 * time.Millisecond},
+		{"7", "", "", 7 * time.Second},
+		{"0", "", "", 0},
+		{"-3", "", "", 0},
+		{"soon", "", "", 0},
+		{now.Add(90 * time.Second).Format(http.TimeFormat), "", "", 90 * time.Second},
+		{now.Add(-time.Minute).Format(http.TimeFormat), "", "", 0},
+		{"2", "250", "", 250 * time.Millisecond},
+		// Fractional seconds, which RFC 9110 does not allow but servers and proxies send (a
+		// rate limiter's exact remainder): before, the wait they asked for was ignored.
+		{"0.5", "", "", 500 * time.Millisecond},
+		{" 1.25 ", "", "", 1250 * time.Millisecond},
+		{"2.", "", "", 2 * time.Second},
+		{"0.0", "", "", 0},
+		{"-0.5", "", "", 0},
+		{"1e3", "", "", 0},
+		{"NaN", "", "", 0},
+		{"Inf", "", "", 0},
+		{"1.2.3", "", "", 0},
+		// Azure OpenAI's own name for retry-after-ms.
+		{"2", "", "800", 800 * time.Millisecond},
+		{"", "", "1500.5", 1500*time.Millisecond + 500*time.Microsecond},
+		{"2", "300", "800", 300 * time.Millisecond},
 	} {
 		h := http.Header{}
 		if tt.header != "" {
@@ -98,8 +113,11 @@ func TestRetryAfter(t *testing.T) {
 		if tt.ms != "" {
 			h.Set("Retry-After-Ms", tt.ms)
 		}
+		if tt.azureMs != "" {
+			h.Set("X-Ms-Retry-After-Ms", tt.azureMs)
+		}
 		if got := retryAfter(h, now); got != tt.want {
-			t.Errorf("retryAfter(%q, ms %q) = %v, want %v", tt.header, tt.ms, got, tt.want)
+			t.Errorf("retryAfter(%q, ms %q, x-ms %q) = %v, want %v", tt.header, tt.ms, tt.azureMs, got, tt.want)
 		}
 	}
 }

@@ -52,7 +52,8 @@
 // Retries: 429, 5xx and transport failures are retried up to Config.MaxRetries times, waiting
 // 1s, 2s, 4s… capped at Config.MaxBackoff (each spread from half of it to all of it,
 // Config.Jitter, so that turns that failed together do not retry together), or exactly what
-// the endpoint asks for in Retry-After (seconds or an HTTP date) or retry-after-ms. While a
+// the endpoint asks for in retry-after-ms (or Azure OpenAI's x-ms-retry-after-ms), else in
+// Retry-After (seconds, a fraction of one too, or an HTTP date). While a
 // request waits out a 429 or a Retry-After, every request of the Agent waits until then too
 // (unless its turn would end first), instead of adding to the storm; a request that failed
 // itself keeps its own spread backoff, lengthened only to a wait the endpoint asked for (also

@@ -404,6 +404,11 @@ func TestRetries(t *testing.T) {
 			waits: []time.Duration{1500 * time.Millisecond}, calls: 2, wantReply: "ok",
 		},
 		{
+			name:  "fractional Retry-After",
+			steps: []http.HandlerFunc{openaitest.Status(429, `{"error":{"message":"slow down"}}`, "Retry-After: 0.5"), openaitest.Reply("ok", 1, 1)},
+			waits: []time.Duration{500 * time.Millisecond}, calls: 2, wantReply: "ok",
+		},
+		{
 			name:  "backoff is capped",
 			steps: []http.HandlerFunc{openaitest.Status(502, ``), openaitest.Status(502, ``), openaitest.Status(502, ``), openaitest.Status(502, ``), openaitest.Reply("ok", 1, 1)},
 			tweak: func(c *openai.Config) { c.MaxRetries, c.MaxBackoff = 5, 3*time.Second },
