@@ -650,6 +650,16 @@ func (a *Agent) readJSON(body io.Reader, contentType string, h *holder) (*result
 	}
 	var c completion
 	if err := json.Unmarshal(raw, &c); err != nil {
+		// Nothing, or a document that ends before it is whole: what a proxy sends when it lost
+		// the endpoint's answer, which was never read. A chat completion changes nothing on
+		// the endpoint, so it is asked for again, as for a body that broke off (before, the
+		// turn failed at once).
+		if len(bytes.TrimSpace(raw)) == 0 {
+			return nil, &transportError{what: whatBrokeOff, err: errors.New("the answer's body is empty (status 200)")}
+		}
+		if se, ok := errors.AsType[*json.SyntaxError](err); ok && se.Offset >= int64(len(raw)) && bytes.TrimSpace(raw)[0] == '{' {
+			return nil, &transportError{what: whatBrokeOff, err: fmt.Errorf("the answer's body ends before its JSON does, after %d bytes (status 200)", len(raw))}
+		}
 		// What it is, and how it starts: "invalid character '<'" alone tells the operator
 		// nothing of the login page, the web app or the proxy that answered.
 		err = fmt.Errorf("openai agent: response is not a chat completion (Content-Type %q, starting %q): %v",

@@ -61,7 +61,9 @@
 // that asks for more than MaxBackoff, or for more than the turn has left, is not retried. An
 // error sent inside a 200 (an error event mid-stream, an error body) counts as the status its
 // code or type names (inBandStatus), retried as that status would be unless text was already
-// shown. A stream breaks off when its
+// shown. A 200 whose body is empty, or whose JSON ends before it is whole (a proxy that lost the
+// endpoint's answer), is retried as a body that broke off: a chat completion changes nothing
+// on the endpoint. A stream breaks off when its
 // body ends before "data: [DONE]" and before a chunk with a finish reason (a proxy that cuts it
 // off at its own timeout may end it cleanly); one that breaks off after text was shown is not
 // retried (the user would see the text start over). Config.Timeout bounds the whole turn,
