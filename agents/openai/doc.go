@@ -19,7 +19,14 @@
 //
 // When the platform can edit a message (Request.Partial is set) the call streams
 // (stream: true, stream_options.include_usage) and Partial gets the whole text so far as it
-// grows; otherwise one reply is read. After a stream's "data: [DONE]" the end of its body is
+// grows; otherwise one reply is read. An endpoint may refuse a parameter the agent can name
+// otherwise or do without (adapt): max_tokens, asking for max_completion_tokens (OpenAI's
+// reasoning models), or stream_options (Azure OpenAI before API version 2024-10-21, servers
+// that refuse what they do not know; the usage of a stream is then counted only when the
+// endpoint sends it unasked). The request is sent again at once in the form the refusal asks
+// for, as is every request of the Agent from then on; the first refusal of each is logged. A
+// request built before another turn's refusal switched the Agent, and met the same refusal, is
+// sent again too. After a stream's "data: [DONE]" the end of its body is
 // read too (waited for at most 100 ms), so that the connection serves the next request:
 // net/http closes the connection of a body closed before its end. An answer is read as what its
 // body is, whatever was asked and whatever its Content-Type says: servers and proxies that
@@ -82,6 +89,8 @@
 // its calls joined with a blank line (what a streaming user has seen grow). When a call for
 // steered messages fails, the turn does not: its reply is the answers before that call, and the
 // steered messages no answer followed run as the next turn (Response.Unseen), with a warning.
+// A call refused for a parameter (see above) while messages were steered in is sent again all
+// the same, and those messages join the call after it.
 //
 // Secrets: the API key is read once, by New, from the environment variable Config.APIKeyEnv,
 // and is only ever written into the Authorization header. Errors and log lines never carry it,

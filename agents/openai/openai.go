@@ -2,7 +2,6 @@ package openai
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -118,6 +117,10 @@ type Agent struct {
 	// completionTokens is set once the endpoint refused max_tokens, asking for
 	// max_completion_tokens (OpenAI's reasoning models): the bound goes by that name from then on.
 	completionTokens atomic.Bool
+	// noStreamOptions is set once the endpoint refused stream_options (Azure OpenAI before API
+	// version 2024-10-21, servers that refuse what they do not know): streamed requests go
+	// without it from then on.
+	noStreamOptions atomic.Bool
 }
 
 type apiKey struct{ v string }
@@ -281,8 +284,10 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	var usage agents.Usage
 	cut := 0     // the most history messages a request of the turn left out (logged)
 	carried := 0 // the steered messages the call of this round carries that no answer followed
+	stream := req.Partial != nil
 	for round := 0; ; round++ {
-		body, err := a.body(conv, req.Partial != nil)
+		f := a.form()
+		body, err := a.body(conv, stream, f)
 		if err != nil {
 			return nil, err
 		}
@@ -300,12 +305,26 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			takeSteer = nil // the last call: every message taken must be answered
 		}
 		res, steered, open, err := a.round(ctx, body, partial, takeSteer, log)
-		if err != nil && len(steered) == 0 && a.wantsCompletionTokens(err) {
-			log.Info("the model endpoint refused max_tokens and asks for max_completion_tokens; agent.openai.max_tokens goes by that name from now on")
-			if body, err = a.body(conv, req.Partial != nil); err != nil {
-				return spent(usage), err
+		// Refused for a parameter the agent can name otherwise or do without, the request is
+		// sent again at once in the form the refusal asks for, also when messages were steered
+		// in meanwhile (they join the call after it, as if taken during this one), and also when
+		// another turn's request met the refusal first: this one was built before the switch.
+		// Each form changes one parameter of f for good, so a call is sent again at most twice.
+		for err != nil {
+			var ok bool
+			if f, ok = a.adapt(err, f, stream, log); !ok {
+				break
 			}
-			res, steered, open, err = a.round(ctx, body, partial, takeSteer, log)
+			if body, err = a.body(conv, stream, f); err != nil {
+				return unseen(spent(usage), len(steered)), err
+			}
+			if !open {
+				takeSteer = nil
+			}
+			var more []agents.Message
+			var stillOpen bool
+			res, more, stillOpen, err = a.round(ctx, body, partial, takeSteer, log)
+			steered, open = append(steered, more...), open && stillOpen
 		}
 		if !open {
 			steer = nil
@@ -457,18 +476,6 @@ func withoutCutNote(text string) string {
 	return text
 }
 
-// wantsCompletionTokens reports whether err is the endpoint's refusal of max_tokens in favour
-// of max_completion_tokens (OpenAI's reasoning models answer 400 "Unsupported parameter:
-// 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead."), and if
-// so switches the agent to it: true only the first time, so a request is sent again at most once.
-func (a *Agent) wantsCompletionTokens(err error) bool {
-	se, ok := errors.AsType[*StatusError](err)
-	if !ok || se.Code != http.StatusBadRequest || a.maxTokens == 0 || !strings.Contains(se.Message, "max_completion_tokens") {
-		return false
-	}
-	return a.completionTokens.CompareAndSwap(false, true)
-}
-
 // unseen returns resp with n messages taken from Request.Steer counted unseen; resp itself
 // (nil when it is) for none.
 func unseen(resp *agents.Response, n int) *agents.Response {
@@ -487,28 +494,6 @@ func spent(u agents.Usage) *agents.Response {
 		return nil
 	}
 	return &agents.Response{Usage: u}
-}
-
-// body encodes the request of conv.
-func (a *Agent) body(conv *conversation, stream bool) ([]byte, error) {
-	r := chatRequest{
-		Model:       a.model,
-		Messages:    conv.messages(a.maxHistory, a.budget),
-		Temperature: a.temperature,
-		MaxTokens:   a.maxTokens,
-	}
-	if a.completionTokens.Load() {
-		r.MaxTokens, r.MaxCompletionTokens = 0, a.maxTokens
-	}
-	if stream {
-		r.Stream = true
-		r.StreamOptions = &streamOptions{IncludeUsage: true}
-	}
-	b, err := json.Marshal(&r)
-	if err != nil {
-		return nil, fmt.Errorf("openai agent: encode request: %w", err)
-	}
-	return b, nil
 }
 
 // round makes one model call (with its retries) and, while it runs, takes the messages steered

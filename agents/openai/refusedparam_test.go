@@ -1,0 +1,158 @@
+package openai_test
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/openai"
+	"github.com/agentgate/agentgate/agents/openai/openaitest"
+	"github.com/agentgate/agentgate/internal/testutil"
+)
+
+// The line the agent logs once it leaves stream_options out.
+const noStreamOptionsLine = "the model endpoint refused stream_options; streamed requests go without it from now on"
+
+// refuseStreamOptions starts a model that answers 400 with message to a request that carries
+// stream_options, as endpoints that do not know it do (Azure OpenAI before API version
+// 2024-10-21, proxies in front of older servers), and streams "hello" (with its usage, as some
+// send it unasked) to one that does not.
+func refuseStreamOptions(t *testing.T, message string) *openaitest.Model {
+	var m *openaitest.Model
+	m = openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(m.Requests()[n-1].Body, `"stream_options"`) {
+			openaitest.Status(http.StatusBadRequest, `{"error":{"message":`+jsonQuote(message)+`,"type":"invalid_request_error","param":"stream_options","code":null}}`)(w, r)
+			return
+		}
+		openaitest.WriteStream(w, r, nil, 12, 3, "hel", "lo")
+	})
+	return m
+}
+
+func jsonQuote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `\"`) + `"` }
+
+// TestStreamOptionsRefused: an endpoint that answers 400 to stream_options (older Azure OpenAI
+// API versions, servers that refuse what they do not know) gets the streamed request again at
+// once without it, and every later streamed request goes without it; the switch is logged once,
+// and the token usage such an endpoint sends anyway is counted. Before, every streamed turn
+// (each Discord reply) failed as "its model endpoint refused the request".
+func TestStreamOptionsRefused(t *testing.T) {
+	for _, message := range []string{
+		"Unrecognized request argument supplied: stream_options",              // Azure OpenAI
+		"Unknown parameter: 'stream_options'. (request id: 2024080621443691)", // a proxy's upstream
+		"property 'stream_options' is unsupported, did you mean 'stream'?",    // Groq's wording of such a refusal
+	} {
+		t.Run(message, func(t *testing.T) {
+			m := refuseStreamOptions(t, message)
+			logs := &testutil.Buffer{}
+			a := MustAgent(t, m, logs, nil, nil)
+			for i := range 2 {
+				var partials []string
+				resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}, Partial: func(s string) { partials = append(partials, s) }})
+				if err != nil || resp.Text != "hello" || resp.Usage != (agents.Usage{InputTokens: 12, OutputTokens: 3}) {
+					t.Fatalf("turn %d: Run() = %+v, %v; want hello with usage {12 3}", i+1, resp, err)
+				}
+				if strings.Join(partials, "|") != "hel|hello" {
+					t.Errorf("turn %d: partials %q, want hel, hello", i+1, partials)
+				}
+			}
+			// A turn that does not stream is not concerned.
+			if resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}}); err != nil || resp.Text != "hello" {
+				t.Fatalf("unstreamed turn: Run() = %+v, %v; want hello", resp, err)
+			}
+			var with []bool
+			for _, r := range m.Requests() {
+				with = append(with, strings.Contains(r.Body, `"stream_options"`))
+			}
+			if want := []bool{true, false, false, false}; !slices.Equal(with, want) {
+				t.Errorf("requests carried stream_options: %v, want %v", with, want)
+			}
+			if n := strings.Count(logs.String(), noStreamOptionsLine); n != 1 {
+				t.Errorf("the switch was logged %d times, want once:\n%s", n, logs.String())
+			}
+		})
+	}
+	// Another 400 of a streamed request is not sent again.
+	m := newFakeModel(t, openaitest.Status(http.StatusBadRequest, `{"error":{"message":"Invalid value for 'temperature'"}}`))
+	a := MustAgent(t, m, nil, nil, nil)
+	if _, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}, Partial: func(string) {}}); err == nil || m.Count() != 1 {
+		t.Errorf("Run() = %v after %d requests, want the 400 after one", err, m.Count())
+	}
+}
+
+// TestRefusedParameterOfConcurrentTurns: turns whose requests went out together, before any of
+// them was refused for a parameter the agent can do without (stream_options) or name otherwise
+// (max_tokens), are each sent again: the switch is the agent's, but each request was built
+// before it. Before, only the first refused turn sent its request again; the others failed as
+// "its model endpoint refused the request" (every chat streaming at once after a start).
+func TestRefusedParameterOfConcurrentTurns(t *testing.T) {
+	const turns = 3
+	for _, tc := range []struct {
+		name, refused, message, line string
+		stream                       bool
+	}{
+		{"stream_options", `"stream_options"`, "Unrecognized request argument supplied: stream_options", noStreamOptionsLine, true},
+		{"max_tokens", `"max_tokens"`, "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+			"the model endpoint refused max_tokens and asks for max_completion_tokens", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			refusedAll := make(chan struct{})
+			refused := 0
+			var m *openaitest.Model
+			m = openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+				if strings.Contains(m.Requests()[n-1].Body, tc.refused) {
+					// Every turn's first request is held until all of them were sent.
+					mu.Lock()
+					if refused++; refused == turns {
+						close(refusedAll)
+					}
+					mu.Unlock()
+					select {
+					case <-refusedAll:
+					case <-r.Context().Done():
+						return
+					}
+					openaitest.Status(http.StatusBadRequest, `{"error":{"message":`+jsonQuote(tc.message)+`,"type":"invalid_request_error"}}`)(w, r)
+					return
+				}
+				if tc.stream {
+					openaitest.WriteStream(w, r, nil, 1, 1, "ok")
+					return
+				}
+				openaitest.WriteReply(w, "ok", 1, 1)
+			})
+			logs := &testutil.Buffer{}
+			a := MustAgent(t, m, logs, nil, func(c *openai.Config) { c.MaxTokens = 300 })
+			errs := make(chan error, turns)
+			for range turns {
+				go func() {
+					req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}}
+					if tc.stream {
+						req.Partial = func(string) {}
+					}
+					resp, err := a.Run(t.Context(), req)
+					if err == nil && resp.Text != "ok" {
+						err = fmt.Errorf("reply %q, want ok", resp.Text)
+					}
+					errs <- err
+				}()
+			}
+			for range turns {
+				if err := <-errs; err != nil {
+					t.Errorf("Run() = %v; want ok: the request was built before the switch, and is sent again", err)
+				}
+			}
+			if n := m.Count(); n != 2*turns {
+				t.Errorf("%d requests, want %d: each turn's, refused, and once more", n, 2*turns)
+			}
+			if n := strings.Count(logs.String(), tc.line); n != 1 {
+				t.Errorf("the switch was logged %d times, want once:\n%s", n, logs.String())
+			}
+		})
+	}
+}

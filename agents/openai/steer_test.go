@@ -1,0 +1,74 @@
+package openai_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/openai"
+	"github.com/agentgate/agentgate/agents/openai/openaitest"
+)
+
+// steered runs a turn of a on "question", steers "and also this" into it once the model got its
+// first request, and then lets release go (the first answer waits on it).
+func steered(t *testing.T, a *openai.Agent, m *openaitest.Model, release chan struct{}, partial func(string)) (*agents.Response, error) {
+	t.Helper()
+	steer := make(chan agents.Message) // unbuffered: a send returns once the agent took it
+	type ran struct {
+		resp *agents.Response
+		err  error
+	}
+	done := make(chan ran, 1)
+	go func() {
+		resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "question")}, Steer: steer, Partial: partial})
+		done <- ran{resp, err}
+	}()
+	m.Wait(t)
+	steer <- msg("user", "and also this")
+	close(release)
+	got := <-done
+	close(steer)
+	return got.resp, got.err
+}
+
+// TestRefusedParameterWithASteeredMessage: a call refused for max_tokens (a reasoning model
+// asks for max_completion_tokens) or stream_options, during which a message was steered in,
+// is sent again as any other (the switch made), and the steered message joins the call after
+// it. Before, the call was not sent again: the turn failed as "its model endpoint refused the
+// request", and the switch waited for a later turn.
+func TestRefusedParameterWithASteeredMessage(t *testing.T) {
+	for _, tc := range []struct {
+		name, refusal, want string
+		stream              bool
+	}{
+		{"max_tokens", "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.", `"max_completion_tokens":300`, false},
+		{"stream_options", "Unrecognized request argument supplied: stream_options", `"stream":true}`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			release := make(chan struct{})
+			m := newFakeModel(t, func(w http.ResponseWriter, r *http.Request) {
+				<-release
+				openaitest.Status(http.StatusBadRequest, `{"error":{"message":`+jsonQuote(tc.refusal)+`,"type":"invalid_request_error"}}`)(w, r)
+			}, openaitest.Reply("First answer.", 10, 2), openaitest.Reply("Second answer.", 20, 3))
+			a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.MaxTokens = 300; c.MaxRetries = 0 })
+			var partial func(string)
+			if tc.stream {
+				partial = func(string) {}
+			}
+			resp, err := steered(t, a, m, release, partial)
+			if err != nil || resp.Text != "First answer.\n\nSecond answer." || resp.Unseen != 0 {
+				t.Fatalf("Run() = %+v, %v; want both answers, and nothing unseen", resp, err)
+			}
+			if n := m.Count(); n != 3 {
+				t.Fatalf("%d requests, want 3: refused, sent again, and the steered message's", n)
+			}
+			if b := m.Body(t, 2); !strings.Contains(b, tc.want) || strings.Contains(b, "and also this") {
+				t.Errorf("request sent again = %s; want it with %s, without the steered message", b, tc.want)
+			}
+			if b := m.Body(t, 3); !strings.Contains(b, tc.want) || !strings.Contains(b, `"First answer."},{"role":"user","content":"and also this"}`) {
+				t.Errorf("third request = %s; want it with %s, and the steered message after the first answer", b, tc.want)
+			}
+		})
+	}
+}
