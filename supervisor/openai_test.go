@@ -417,6 +417,53 @@ func TestOpenAISteeredCallThatFailsRunsNext(t *testing.T) {
 	}
 }
 
+// TestOpenAISteeredMessageAnsweredWithNoTextRunsNext: when the model answers the call a turn
+// makes for a message steered into it with no text (its content filter here), the turn's reply
+// is the answer before it, and the steered message runs as the next turn, which tells its
+// sender why it got no answer. Before, it counted as answered, and its sender heard nothing.
+func TestOpenAISteeredMessageAnsweredWithNoTextRunsNext(t *testing.T) {
+	release := make(chan struct{})
+	filtered := `{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"content_filter"}],"usage":{"prompt_tokens":20,"completion_tokens":0}}`
+	m := newModel(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		switch n {
+		case 1:
+			<-release
+			openaitest.WriteReply(w, "First.", 10, 1)
+		default:
+			openaitest.Raw("application/json", filtered)(w, r)
+		}
+	})
+	logs := &logSignal{want: "steered message taken", ready: make(chan struct{})}
+	taken := logs.ready
+	r := MustStartDaemon(t, nil, daemonOpts{logs: logs,
+		tweak: func(c *config.Config) { useOpenAI(t, m, nil)(c); c.Sessions.Queue.Mode = "steer" }})
+	defer r.stop(t)
+	r.inject(t, dm, "s1", "question")
+	m.WaitRequests(t, 1)
+	if ack := r.inject(t, dm, "s2", "and also this"); ack.Disposition != platforms.Steered {
+		t.Fatalf("s2 disposition %s, want steered", ack.Disposition)
+	}
+	select {
+	case <-taken:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the agent never took the steered message")
+	}
+	close(release)
+	r.waitReplyTo(t, "s2")
+	want := `{"model":"test-model","messages":[{"role":"user","content":"question"},{"role":"assistant","content":"First."},
+		{"role":"user","content":"and also this"}]}`
+	if got := m.Body(t, 3); got != compactJSON(t, want) {
+		t.Errorf("third call\n got %s\nwant %s", got, compactJSON(t, want))
+	}
+	var got []string
+	for _, o := range r.fake.Sent() {
+		got = append(got, fmt.Sprint(o.InReplyTo, " ", o.Text))
+	}
+	if len(got) != 2 || got[0] != "[s1] First." || !strings.HasPrefix(got[1], "[s2] ") || !strings.Contains(got[1], "content filter") {
+		t.Errorf("sent %q, want First. to s1, then to s2 the notice that the content filter declined it", got)
+	}
+}
+
 // TestOpenAIKeyNeverLeaks runs turns that fail in every way an endpoint can echo the key (a
 // retried 429, a 401, an error inside a stream, plain text) and one that succeeds, capturing
 // every log line at debug level: the key is in no log line, no reply, no metric, no API answer

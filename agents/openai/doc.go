@@ -89,8 +89,10 @@
 // its calls joined with a blank line (what a streaming user has seen grow). When a call for
 // steered messages fails, the turn does not: its reply is the answers before that call, and the
 // steered messages no answer followed run as the next turn (Response.Unseen), with a warning.
-// A call refused for a parameter (see above) while messages were steered in is sent again all
-// the same, and those messages join the call after it.
+// So do they when that call is answered with no text (the model declined them, or asked for a
+// tool): as a turn of their own they get an answer, or the notice that says why not. A call
+// refused for a parameter (see above) while messages were steered in is sent again all the
+// same, and those messages join the call after it.
 //
 // Secrets: the API key is read once, by New, from the environment variable Config.APIKeyEnv,
 // and is only ever written into the Authorization header. Errors and log lines never carry it,

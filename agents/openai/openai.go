@@ -347,10 +347,16 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		}
 		text := strings.TrimSpace(res.text)
 		if text == "" && len(steered) == 0 {
-			if len(answers) > 0 {
-				break
+			if len(answers) == 0 {
+				return spent(usage), a.noText(res)
 			}
-			return spent(usage), a.noText(res)
+			// The call for steered messages got no answer (the model declined them, asked for
+			// a tool, said nothing): the answers before it stand, and the steered messages run
+			// as the next turn, where they get an answer, or the notice that says why not.
+			// Counted answered, their senders got nothing.
+			log.Warn("model answered the messages steered into the turn with no text; they run as the next turn",
+				"messages", carried, "finish_reason", res.finish, "refused", strings.TrimSpace(res.refusal) != "", "tool_call", res.toolCalls)
+			return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage, Unseen: carried}, nil
 		}
 		if text != "" {
 			conv.tail = append(conv.tail, chatMessage{Role: roleAssistant, Content: text})

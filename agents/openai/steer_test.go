@@ -8,6 +8,7 @@ import (
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/openai"
 	"github.com/agentgate/agentgate/agents/openai/openaitest"
+	"github.com/agentgate/agentgate/internal/testutil"
 )
 
 // steered runs a turn of a on "question", steers "and also this" into it once the model got its
@@ -68,6 +69,42 @@ func TestRefusedParameterWithASteeredMessage(t *testing.T) {
 			}
 			if b := m.Body(t, 3); !strings.Contains(b, tc.want) || !strings.Contains(b, `"First answer."},{"role":"user","content":"and also this"}`) {
 				t.Errorf("third request = %s; want it with %s, and the steered message after the first answer", b, tc.want)
+			}
+		})
+	}
+}
+
+// TestSteeredMessageAnsweredWithNoText: when the call a turn makes for messages steered into it
+// is answered without text (the model declined them, asked for a tool, said nothing), the turn
+// answers with the replies before it, and the steered messages run as the next turn, where they
+// get an answer, or a notice that says why not. Before, they counted as answered, and their
+// senders got nothing.
+func TestSteeredMessageAnsweredWithNoText(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		answer http.HandlerFunc
+	}{
+		{"content filter", openaitest.Raw("application/json", `{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"content_filter"}],"usage":{"prompt_tokens":20,"completion_tokens":0}}`)},
+		{"refusal", openaitest.Raw("application/json", `{"choices":[{"index":0,"message":{"role":"assistant","content":null,"refusal":"I can't help with that."},"finish_reason":"stop"}],"usage":{"prompt_tokens":20,"completion_tokens":0}}`)},
+		{"empty", openaitest.Reply("", 20, 0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			release := make(chan struct{})
+			m := newFakeModel(t, func(w http.ResponseWriter, r *http.Request) {
+				<-release
+				openaitest.Reply("First answer.", 10, 2)(w, r)
+			}, tc.answer)
+			logs := &testutil.Buffer{}
+			a := MustAgent(t, m, logs, nil, nil)
+			resp, err := steered(t, a, m, release, nil)
+			if err != nil || resp.Text != "First answer." || resp.Unseen != 1 || resp.Usage != (agents.Usage{InputTokens: 30, OutputTokens: 2}) {
+				t.Errorf("Run() = %+v, %v; want First answer., the steered message unseen, and both calls' usage", resp, err)
+			}
+			if n := m.Count(); n != 2 {
+				t.Errorf("%d requests, want 2", n)
+			}
+			if line := "model answered the messages steered into the turn with no text; they run as the next turn"; !strings.Contains(logs.String(), line) {
+				t.Errorf("logs hold no %q:\n%s", line, logs.String())
 			}
 		})
 	}
