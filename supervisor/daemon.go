@@ -288,11 +288,11 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	if !opts.SharedStore {
 		// A disk nearly full is said at once, not found when the writes fail (check-config says
 		// it too; sqlite.LowSpace says why the bound).
-		dirs := []string{cfg.DataDir}
+		db := ""
 		if cfg.Store.Driver == "sqlite" {
-			dirs = append(dirs, filepath.Dir(cfg.DSN()))
+			db = cfg.DSN()
 		}
-		for _, err := range sqlite.CheckSpace(dirs...) {
+		for _, err := range sqlite.CheckSpace(cfg.DataDir, db) {
 			log.Warn("the disk holding the data directory or the database is nearly full; writes are refused once it is full", logging.Err(err))
 		}
 	}

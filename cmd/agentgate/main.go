@@ -549,28 +549,29 @@ func startRefusals(cfg *config.Config) []error {
 
 // diskSpace returns, as *config.FieldErrors of data_dir or store.dsn, sqlite.CheckSpace's
 // errors of the disks that hold the data directory (its spool, and the database by default)
-// and a SQLite database elsewhere: those where nothing can be written (full), or those with
-// little room, which serve takes. A data_dir that cannot be used (dataDirProblem: in /proc,
-// whose file system has no free blocks) is not looked at.
+// and a SQLite database elsewhere (store.dsn, or a link at data_dir's agentgate.db): those
+// where nothing can be written (full), or those with little room, which serve takes. A
+// data_dir that cannot be used (dataDirProblem: in /proc, whose file system has no free
+// blocks) is not looked at, nor the default database in it.
 func diskSpace(cfg *config.Config, full bool) []error {
-	var dirs []string
-	fields := map[string]string{cfg.DataDir: "data_dir"}
+	dataDir, db := "", ""
 	if dataDirProblem(cfg.DataDir) == nil {
-		dirs = append(dirs, cfg.DataDir)
+		dataDir = cfg.DataDir
 	}
-	if cfg.Store.Driver == "sqlite" && cfg.Store.DSN != "" && cfg.CheckSQLite() == nil {
-		db := filepath.Dir(cfg.Store.DSN)
-		dirs = append(dirs, db)
-		if _, ok := fields[db]; !ok {
-			fields[db] = "store.dsn"
-		}
+	if cfg.Store.Driver == "sqlite" && cfg.CheckSQLite() == nil && (cfg.Store.DSN != "" || dataDir != "") {
+		db = cfg.DSN()
 	}
 	var out []error
-	for _, err := range sqlite.CheckSpace(dirs...) {
+	for _, err := range sqlite.CheckSpace(dataDir, db) {
 		var se *sqlite.SpaceError
-		if errors.As(err, &se) && se.Full == full {
-			out = append(out, &config.FieldError{Field: fields[se.Dir], Err: err})
+		if !errors.As(err, &se) || se.Full != full {
+			continue
 		}
+		field := "data_dir" // the key that puts the database there too, by default
+		if se.Dir != dataDir && cfg.Store.DSN != "" {
+			field = "store.dsn"
+		}
+		out = append(out, &config.FieldError{Field: field, Err: err})
 	}
 	return out
 }

@@ -54,13 +54,22 @@ func size(n uint64) string {
 	return fmt.Sprintf("%d MiB", n>>20)
 }
 
-// CheckSpace returns a *SpaceError for each file system among those that hold dirs (each dir,
-// or the nearest of its parents that exists: serve makes the rest) that has less than
-// LowSpace free to this user, once per file system, in the order of dirs; none where the
-// free space cannot be told (off Linux). For check-config and serve's start, of the database's
-// directory and the data directory (the spool's): before, a disk nearly full was found only
-// when the writes failed on it.
-func CheckSpace(dirs ...string) []error {
+// CheckSpace returns a *SpaceError for each file system among those that hold dataDir (the
+// spool's; "" for none) and database, the path of a SQLite database ("" for none: a PostgreSQL
+// store), that has less than LowSpace free to this user, once per file system, dataDir's first;
+// none where the free space cannot be told (off Linux). A directory not made yet counts as the nearest of
+// its parents that exists (serve makes the rest). The database's directory is that of the
+// file a symbolic link at its path names (DatabaseDir): SQLite writes the database, its -wal
+// and its -shm there. For check-config and serve's start: before, a disk nearly full was found
+// only when the writes failed on it.
+func CheckSpace(dataDir, database string) []error {
+	var dirs []string
+	if dataDir != "" {
+		dirs = append(dirs, dataDir)
+	}
+	if database != "" {
+		dirs = append(dirs, DatabaseDir(database))
+	}
 	var out []error
 	seen := map[uint64]bool{}
 	for _, dir := range dirs {
@@ -77,6 +86,29 @@ func CheckSpace(dirs ...string) []error {
 		out = append(out, &SpaceError{Dir: dir, Free: free, Full: free < NoSpace, at: at})
 	}
 	return out
+}
+
+// maxLinks bounds the links DatabaseDir follows, as the kernel bounds those of a path (40).
+const maxLinks = 40
+
+// DatabaseDir returns the directory that holds the SQLite database at path, and its -wal and
+// -shm files: that of the file a symbolic link at path names, through as many links as there
+// are, also when that file is not made yet (the store's Open makes it there, and SQLite opens
+// it there), else path's own. Before, check-config and serve's start looked at the disk of the
+// link (data_dir's agentgate.db linked to a file on another disk, which TestOpenThroughASymlink
+// keeps working), not at the disk that the database fills.
+func DatabaseDir(path string) string {
+	for range maxLinks {
+		target, err := os.Readlink(path)
+		if err != nil {
+			break // not a link (or not there): the file is at path
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(filepath.Dir(path), target)
+		}
+		path = target
+	}
+	return filepath.Dir(path)
 }
 
 // existing returns dir, or the nearest of its parents that exists.

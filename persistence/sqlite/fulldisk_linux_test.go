@@ -97,7 +97,8 @@ func mustFill(t *testing.T, path string) {
 }
 
 // TestCheckSpaceOfADiskNearlyFull: CheckSpace warns of a file system with less than LowSpace
-// free, once for two directories on it (a data directory not made yet counts as its parent),
+// free, once for the data directory and the database on it (a data directory not made yet
+// counts as its parent),
 // and calls it full once less than NoSpace is: nothing can be written. Before, check-config
 // and serve's start said nothing of a disk nearly full, which the writes found.
 func TestCheckSpaceOfADiskNearlyFull(t *testing.T) {
@@ -105,13 +106,13 @@ func TestCheckSpaceOfADiskNearlyFull(t *testing.T) {
 	if mnt == "" {
 		return
 	}
-	data := filepath.Join(mnt, "data", "not-made-yet")
+	data, db := filepath.Join(mnt, "data", "not-made-yet"), filepath.Join(mnt, "agentgate.db")
 	check := func(full bool) {
 		t.Helper()
-		errs := CheckSpace(data, mnt)
+		errs := CheckSpace(data, db)
 		var se *SpaceError
 		if len(errs) != 1 || !errors.As(errs[0], &se) || se.Dir != data || se.Full != full || se.Free >= LowSpace {
-			t.Fatalf("CheckSpace(%s, %s) = %v, want one *SpaceError of %s with Full %v", data, mnt, errs, data, full)
+			t.Fatalf("CheckSpace(%s, %s) = %v, want one *SpaceError of %s with Full %v", data, db, errs, data, full)
 		}
 		want := "has only "
 		if full {
