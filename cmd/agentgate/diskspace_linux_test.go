@@ -27,18 +27,7 @@ func TestCheckConfigSaysTheDiskIsNearlyFull(t *testing.T) {
 		t.Errorf("check-config on a disk with 16 MiB free = %v\nstdout: %s\nstderr: %s\nwant config ok, and a warning of the disk", err, stdout, stderr)
 	}
 
-	f, err := os.Create(filepath.Join(mnt, "balloon"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunk := make([]byte, 64<<10)
-	for err == nil {
-		_, err = f.Write(chunk)
-	}
-	f.Close()
-	if !errors.Is(err, syscall.ENOSPC) {
-		t.Fatal(err)
-	}
+	mustFill(t, filepath.Join(mnt, "balloon"))
 	stdout, stderr, err = runCmd(t, "check-config", "--data-dir", data)
 	if err == nil || strings.Contains(stdout, "config ok") ||
 		!strings.Contains(stderr, "data_dir: the disk holding "+data+" is full (") ||
@@ -66,5 +55,53 @@ func TestCheckConfigLooksAtTheDiskALinkedDatabaseIsOn(t *testing.T) {
 		!strings.Contains(stderr, "warning: data_dir: the disk holding "+mnt+" has only ") {
 		t.Errorf("check-config of a database linked to a disk with 16 MiB free = %v\nstdout: %s\nstderr: %s\n"+
 			"want config ok, and a warning of the disk of %s", err, stdout, stderr, mnt)
+	}
+}
+
+// TestCheckConfigTakesAFullDiskWithoutTheDatabase: a data_dir on a disk full to the last
+// block, with the SQLite database on another disk (store.dsn), is a warning, not a refusal:
+// serve starts and serves on it (only the spool, which takes the writes the database
+// refuses, and the HTTP address's files are there), so check-config exits 0, and its warning
+// says what a full data_dir costs, not that the database cannot be opened. Before, it refused
+// the configuration, saying "serve refuses to start with it", which serve did not.
+func TestCheckConfigTakesAFullDiskWithoutTheDatabase(t *testing.T) {
+	mnt := testutil.TmpfsOfItsOwn(t, "1m")
+	if mnt == "" {
+		return
+	}
+	data := filepath.Join(mnt, "data")
+	if err := os.Mkdir(data, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	mustFill(t, filepath.Join(mnt, "balloon"))
+	db := filepath.Join(t.TempDir(), "agentgate.db") // on the test's own disk
+	cfgFile := filepath.Join(t.TempDir(), "agentgate.yaml")
+	if err := os.WriteFile(cfgFile, []byte("store:\n  dsn: "+db+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, err := runCmd(t, "check-config", "--config", cfgFile, "--data-dir", data)
+	if err != nil || !strings.Contains(stdout, "config ok") ||
+		!strings.Contains(stderr, "warning: data_dir: the disk holding "+data+" is full (") ||
+		strings.Contains(stderr, "serve refuses") || strings.Contains(stderr, "shared-memory") {
+		t.Errorf("check-config of a full data_dir without the database = %v\nstdout: %s\nstderr: %s\n"+
+			"want config ok, and a warning that the disk of data_dir is full, of no database file", err, stdout, stderr)
+	}
+}
+
+// mustFill fills the disk that holds path with a file at path, in 64 KiB writes, until it is
+// full.
+func mustFill(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	chunk := make([]byte, 64<<10)
+	for err == nil {
+		_, err = f.Write(chunk)
+	}
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatal(err)
 	}
 }

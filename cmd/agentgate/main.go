@@ -549,11 +549,13 @@ func startRefusals(cfg *config.Config) []error {
 
 // diskSpace returns, as *config.FieldErrors of data_dir or store.dsn, sqlite.CheckSpace's
 // errors of the disks that hold the data directory (its spool, and the database by default)
-// and a SQLite database elsewhere (store.dsn, or a link at data_dir's agentgate.db): those
-// where nothing can be written (full), or those with little room, which serve takes. A
-// data_dir that cannot be used (dataDirProblem: in /proc, whose file system has no free
-// blocks) is not looked at, nor the default database in it.
-func diskSpace(cfg *config.Config, full bool) []error {
+// and a SQLite database elsewhere (store.dsn, or a link at data_dir's agentgate.db): with
+// refused, the full disk of the SQLite database, where serve cannot open it; else those with
+// little room, and a full one without the database, which serve takes (it starts with a full
+// data_dir, its spool refusing what the database refuses: before, check-config refused it,
+// saying serve would). A data_dir that cannot be used (dataDirProblem: in /proc, whose file
+// system has no free blocks) is not looked at, nor the default database in it.
+func diskSpace(cfg *config.Config, refused bool) []error {
 	dataDir, db := "", ""
 	if dataDirProblem(cfg.DataDir) == nil {
 		dataDir = cfg.DataDir
@@ -564,7 +566,7 @@ func diskSpace(cfg *config.Config, full bool) []error {
 	var out []error
 	for _, err := range sqlite.CheckSpace(dataDir, db) {
 		var se *sqlite.SpaceError
-		if !errors.As(err, &se) || se.Full != full {
+		if !errors.As(err, &se) || (se.Full && se.Database) != refused {
 			continue
 		}
 		field := "data_dir" // the key that puts the database there too, by default

@@ -31,10 +31,20 @@ type SpaceError struct {
 	Free uint64
 	// Full: less than NoSpace is free, and nothing can be written.
 	Full bool
-	at   string // Dir, or the nearest of its parents that exists, for df
+	// Database: the file system holds the SQLite database (its -wal and -shm files): full, the
+	// database cannot be opened, and serve does not start. One that holds only the data
+	// directory (the database elsewhere, or PostgreSQL) keeps only the spool and the HTTP
+	// address's files: serve starts on it full, and the writes the database refuses are refused.
+	Database bool
+	at       string // Dir, or the nearest of its parents that exists, for df
 }
 
 func (e *SpaceError) Error() string {
+	if e.Full && !e.Database {
+		return fmt.Sprintf("the disk holding %s is full (%s free to this user, uid %d): nothing can be written there: "+
+			"the writes the database refuses cannot wait in the spool, and are refused (HTTP 503): free space on it (df -h %s)",
+			e.Dir, size(e.Free), os.Getuid(), e.at)
+	}
 	if e.Full {
 		return fmt.Sprintf("the disk holding %s is full (%s free to this user, uid %d): nothing can be written, "+
 			"not even the database's 32 KiB shared-memory file: free space on it (df -h %s)",
@@ -71,19 +81,26 @@ func CheckSpace(dataDir, database string) []error {
 		dirs = append(dirs, DatabaseDir(database))
 	}
 	var out []error
-	seen := map[uint64]bool{}
-	for _, dir := range dirs {
+	seen := map[uint64]*SpaceError{} // nil: room enough, or the free space cannot be told
+	for i, dir := range dirs {
+		isDB := database != "" && i == len(dirs)-1
 		at := existing(dir)
 		dev, ok := device(at)
-		if !ok || seen[dev] {
+		if !ok {
 			continue
 		}
-		seen[dev] = true
-		free, ok := freeBytes(at)
-		if !ok || free >= LowSpace {
+		if e, ok := seen[dev]; ok {
+			if e != nil && isDB {
+				e.Database = true // the data directory's disk holds the database too
+			}
 			continue
 		}
-		out = append(out, &SpaceError{Dir: dir, Free: free, Full: free < NoSpace, at: at})
+		var e *SpaceError
+		if free, ok := freeBytes(at); ok && free < LowSpace {
+			e = &SpaceError{Dir: dir, Free: free, Full: free < NoSpace, Database: isDB, at: at}
+			out = append(out, e)
+		}
+		seen[dev] = e
 	}
 	return out
 }

@@ -98,9 +98,9 @@ func mustFill(t *testing.T, path string) {
 
 // TestCheckSpaceOfADiskNearlyFull: CheckSpace warns of a file system with less than LowSpace
 // free, once for the data directory and the database on it (a data directory not made yet
-// counts as its parent),
-// and calls it full once less than NoSpace is: nothing can be written. Before, check-config
-// and serve's start said nothing of a disk nearly full, which the writes found.
+// counts as its parent), saying whether the database is on it, and calls it full once less
+// than NoSpace is: nothing can be written. Before, check-config and serve's start said nothing
+// of a disk nearly full, which the writes found.
 func TestCheckSpaceOfADiskNearlyFull(t *testing.T) {
 	mnt := testutil.TmpfsOfItsOwn(t, "16m")
 	if mnt == "" {
@@ -111,8 +111,8 @@ func TestCheckSpaceOfADiskNearlyFull(t *testing.T) {
 		t.Helper()
 		errs := CheckSpace(data, db)
 		var se *SpaceError
-		if len(errs) != 1 || !errors.As(errs[0], &se) || se.Dir != data || se.Full != full || se.Free >= LowSpace {
-			t.Fatalf("CheckSpace(%s, %s) = %v, want one *SpaceError of %s with Full %v", data, db, errs, data, full)
+		if len(errs) != 1 || !errors.As(errs[0], &se) || se.Dir != data || se.Full != full || !se.Database || se.Free >= LowSpace {
+			t.Fatalf("CheckSpace(%s, %s) = %v, want one *SpaceError of %s with Full %v, of the database's disk", data, db, errs, data, full)
 		}
 		want := "has only "
 		if full {
@@ -125,4 +125,12 @@ func TestCheckSpaceOfADiskNearlyFull(t *testing.T) {
 	check(false)
 	mustFill(t, filepath.Join(mnt, "balloon"))
 	check(true)
+	// The database on another disk: the data directory's is full, but serve can start.
+	elsewhere := filepath.Join(t.TempDir(), "agentgate.db")
+	errs := CheckSpace(data, elsewhere)
+	var se *SpaceError
+	if len(errs) != 1 || !errors.As(errs[0], &se) || !se.Full || se.Database ||
+		!strings.Contains(se.Error(), "the writes the database refuses cannot wait in the spool") {
+		t.Errorf("CheckSpace(%s, %s) = %v, want one *SpaceError of %s, full, not of the database's disk", data, elsewhere, errs, data)
+	}
 }
