@@ -105,3 +105,37 @@ func mustFill(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 }
+
+// TestCheckConfigOfADiskNearlyFullWithoutSQLite: of a data_dir on a disk with less than
+// sqlite.LowSpace free (16 MiB here), check-config warns a single daemon on PostgreSQL of its
+// spool alone (there is no SQLite write-ahead log), and says nothing to a cluster member, which
+// keeps no spool there and whose serve does not look at the disk either. Before, both were
+// warned of "the database's write-ahead log".
+func TestCheckConfigOfADiskNearlyFullWithoutSQLite(t *testing.T) {
+	mnt := testutil.TmpfsOfItsOwn(t, "16m")
+	if mnt == "" {
+		return
+	}
+	data, dir := filepath.Join(mnt, "data"), t.TempDir()
+	cert, key, ca := mustClusterFiles(t, dir)
+	pg := "data_dir: " + data + "\nstore: {driver: postgres, dsn: \"postgres://db.invalid/agentgate?search_path=public\"}\n"
+	for _, tt := range []struct {
+		name, yaml string
+		want       string // on stderr; "" for nothing
+	}{
+		{"a single daemon", pg, ":1: data_dir: the disk holding " + data + " has only "},
+		{"a cluster member", pg + "cluster:\n  enabled: true\n  tls: {cert_file: " + cert + ", key_file: " + key + ", ca_file: " + ca + "}\n", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(tt.name, " ", "-")+".yaml")
+			if err := os.WriteFile(path, []byte(tt.yaml), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			stdout, stderr, err := runCmd(t, "check-config", "--config", path)
+			if err != nil || stdout != "config ok\n" || strings.Contains(stderr, "write-ahead log") ||
+				(tt.want == "") != (stderr == "") || !strings.Contains(stderr, tt.want) {
+				t.Errorf("check-config = %v\nstdout: %s\nstderr: %s\nwant config ok, and on stderr %q, of no write-ahead log", err, stdout, stderr, tt.want)
+			}
+		})
+	}
+}

@@ -556,6 +556,9 @@ func startRefusals(cfg *config.Config) []error {
 // saying serve would). A data_dir that cannot be used (dataDirProblem: in /proc, whose file
 // system has no free blocks) is not looked at, nor the default database in it.
 func diskSpace(cfg *config.Config, refused bool) []error {
+	if cfg.Cluster.Enabled {
+		return nil // a member keeps no spool, and its store is PostgreSQL: serve looks at no disk
+	}
 	dataDir, db := "", ""
 	if dataDirProblem(cfg.DataDir) == nil {
 		dataDir = cfg.DataDir

@@ -40,15 +40,19 @@ type SpaceError struct {
 }
 
 func (e *SpaceError) Error() string {
-	if e.Full && !e.Database {
-		return fmt.Sprintf("the disk holding %s is full (%s free to this user, uid %d): nothing can be written there: "+
-			"the writes the database refuses cannot wait in the spool, and are refused (HTTP 503): free space on it (df -h %s)",
-			e.Dir, size(e.Free), os.Getuid(), e.at)
-	}
-	if e.Full {
+	// Of a disk without the database (on another disk, or PostgreSQL): the spool's words only.
+	spool := "the writes the database refuses cannot wait in the spool, and are refused (HTTP 503)"
+	switch {
+	case e.Full && e.Database:
 		return fmt.Sprintf("the disk holding %s is full (%s free to this user, uid %d): nothing can be written, "+
 			"not even the database's 32 KiB shared-memory file: free space on it (df -h %s)",
 			e.Dir, size(e.Free), os.Getuid(), e.at)
+	case e.Full:
+		return fmt.Sprintf("the disk holding %s is full (%s free to this user, uid %d): nothing can be written there: "+
+			"%s: free space on it (df -h %s)", e.Dir, size(e.Free), os.Getuid(), spool, e.at)
+	case !e.Database:
+		return fmt.Sprintf("the disk holding %s has only %s free to this user, uid %d, under %s: once it is full, "+
+			"%s: free space on it (df -h %s)", e.Dir, size(e.Free), os.Getuid(), size(LowSpace), spool, e.at)
 	}
 	return fmt.Sprintf("the disk holding %s has only %s free to this user, uid %d, under %s: the database's "+
 		"write-ahead log alone may take 64 MiB, and the database as much again as it is checkpointed; once the disk "+
