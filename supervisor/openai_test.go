@@ -464,6 +464,53 @@ func TestOpenAISteeredMessageAnsweredWithNoTextRunsNext(t *testing.T) {
 	}
 }
 
+// TestOpenAISteeredIntoACallAnsweredWithNoTextRunsNext: when the model answers a turn's own
+// message with no text (its content filter here) while another message was steered in, the
+// first message gets the notice that says why, and the steered one runs as the next turn,
+// without it. Before, it was sent again joined to the declined message, and the one answer
+// went to both (or, declined again, both were left out).
+func TestOpenAISteeredIntoACallAnsweredWithNoTextRunsNext(t *testing.T) {
+	release := make(chan struct{})
+	filtered := `{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"content_filter"}],"usage":{"prompt_tokens":20,"completion_tokens":0}}`
+	m := newModel(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		switch n {
+		case 1:
+			<-release
+			openaitest.Raw("application/json", filtered)(w, r)
+		default:
+			openaitest.WriteReply(w, "Second.", 20, 2)
+		}
+	})
+	logs := &logSignal{want: "steered message taken", ready: make(chan struct{})}
+	taken := logs.ready
+	r := MustStartDaemon(t, nil, daemonOpts{logs: logs,
+		tweak: func(c *config.Config) { useOpenAI(t, m, nil)(c); c.Sessions.Queue.Mode = "steer" }})
+	defer r.stop(t)
+	r.inject(t, dm, "s1", "question")
+	m.WaitRequests(t, 1)
+	if ack := r.inject(t, dm, "s2", "and also this"); ack.Disposition != platforms.Steered {
+		t.Fatalf("s2 disposition %s, want steered", ack.Disposition)
+	}
+	select {
+	case <-taken:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the agent never took the steered message")
+	}
+	close(release)
+	r.waitReplyTo(t, "s2")
+	want := `{"model":"test-model","messages":[{"role":"user","content":"and also this"}]}`
+	if got := m.Body(t, 2); got != compactJSON(t, want) {
+		t.Errorf("second call\n got %s\nwant %s", got, compactJSON(t, want))
+	}
+	var got []string
+	for _, o := range r.fake.Sent() {
+		got = append(got, fmt.Sprint(o.InReplyTo, " ", o.Text))
+	}
+	if len(got) != 2 || !strings.HasPrefix(got[0], "[s1] ") || !strings.Contains(got[0], "content filter") || got[1] != "[s2] Second." {
+		t.Errorf("sent %q, want to s1 the notice that the content filter declined it, then Second. to s2", got)
+	}
+}
+
 // TestOpenAIKeyNeverLeaks runs turns that fail in every way an endpoint can echo the key (a
 // retried 429, a 401, an error inside a stream, plain text) and one that succeeds, capturing
 // every log line at debug level: the key is in no log line, no reply, no metric, no API answer

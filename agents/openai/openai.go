@@ -346,10 +346,14 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			return unseen(spent(usage), len(steered)), refusal(err)
 		}
 		text := strings.TrimSpace(res.text)
+		if text == "" && len(answers) == 0 {
+			// The turn's own messages got no answer: the turn fails as noText says, and the
+			// messages steered in meanwhile run as the next turn. Sent again together with a
+			// message the model had just declined (or asked a tool for), they were declined
+			// with it, left out of the conversation unanswered.
+			return unseen(spent(usage), len(steered)), a.noText(res)
+		}
 		if text == "" && len(steered) == 0 {
-			if len(answers) == 0 {
-				return spent(usage), a.noText(res)
-			}
 			// The call for steered messages got no answer (the model declined them, asked for
 			// a tool, said nothing): the answers before it stand, and the steered messages run
 			// as the next turn, where they get an answer, or the notice that says why not.

@@ -1,6 +1,7 @@
 package openai_test
 
 import (
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -105,6 +106,44 @@ func TestSteeredMessageAnsweredWithNoText(t *testing.T) {
 			}
 			if line := "model answered the messages steered into the turn with no text; they run as the next turn"; !strings.Contains(logs.String(), line) {
 				t.Errorf("logs hold no %q:\n%s", line, logs.String())
+			}
+		})
+	}
+}
+
+// TestSteeredIntoACallAnsweredWithNoText: messages steered into a turn whose own call is
+// answered with no text (the model declined the turn's message, asked for a tool, said nothing)
+// run as the next turn (Response.Unseen), and the turn fails as such an answer fails it. Before,
+// they were sent again together with the message the model had just declined: answered with no
+// text again, they were declined with it (an agents.Refusal that is Declined), left out of the
+// conversation, unanswered, and their senders told that the model declined them.
+func TestSteeredIntoACallAnsweredWithNoText(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		answer   http.HandlerFunc
+		declined bool
+	}{
+		{"content filter", openaitest.Raw("application/json", `{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"content_filter"}],"usage":{"prompt_tokens":10,"completion_tokens":0}}`), true},
+		{"tool call", openaitest.Raw("application/json", `{"choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"search","arguments":"{}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":10,"completion_tokens":5}}`), true},
+		{"empty", openaitest.Reply("", 10, 0), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			release := make(chan struct{})
+			m := newFakeModel(t, func(w http.ResponseWriter, r *http.Request) {
+				<-release
+				tc.answer(w, r)
+			})
+			a := MustAgent(t, m, nil, nil, nil)
+			resp, err := steered(t, a, m, release, nil)
+			ref, _ := errors.AsType[*agents.Refusal](err)
+			if !errors.Is(err, openai.ErrEmptyReply) || (ref != nil && ref.Declined) != tc.declined {
+				t.Errorf("Run() error = %v; want ErrEmptyReply, declined %v", err, tc.declined)
+			}
+			if resp == nil || resp.Unseen != 1 {
+				t.Errorf("Run() = %+v; want the steered message unseen, to run as the next turn", resp)
+			}
+			if n := m.Count(); n != 1 {
+				t.Errorf("%d requests, want 1: the declined message is not sent again with the steered one", n)
 			}
 		})
 	}
