@@ -74,9 +74,12 @@ type result struct {
 
 // call makes one model call for body, retrying what can be retried (see the package comment).
 // partial, when not nil, streams. log is the agent's logger with the turn's session and id.
-func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log *slog.Logger) (*result, error) {
+// retried is how many times the call was already retried, in the form a refusal made Run send
+// again (adapt): the count goes on, so that a call is retried max_retries times in all, not as
+// often again for each form; call returns it with what it added.
+func (a *Agent) call(ctx context.Context, body []byte, partial func(string), retried int, log *slog.Logger) (*result, int, error) {
 	var wait time.Duration // before the attempt: the last failed one's backoff
-	for attempt := 1; ; attempt++ {
+	for attempt := retried + 1; ; attempt++ {
 		// A request that failed waits its own spread backoff, lengthened only to a wait the
 		// endpoint asked for: to another turn's computed one, turns that failed together would
 		// retry together again.
@@ -106,7 +109,7 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log
 				break
 			}
 			if err := a.sleep(ctx, wait); err != nil {
-				return nil, a.ctxErr(ctx)
+				return nil, attempt - 1, a.ctxErr(ctx)
 			}
 			wait = 0
 		}
@@ -116,10 +119,10 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log
 		if err == nil {
 			log.Debug("model call", "attempt", attempt, "took", time.Since(start),
 				"input_tokens", res.usage.InputTokens, "output_tokens", res.usage.OutputTokens)
-			return res, nil
+			return res, attempt - 1, nil
 		}
 		if ctx.Err() != nil {
-			return nil, a.ctxErr(ctx)
+			return nil, attempt - 1, a.ctxErr(ctx)
 		}
 		var retry bool
 		wait, retry = a.retryWait(err, attempt)
@@ -129,13 +132,13 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), log
 		if !retry {
 			if se, ok := errors.AsType[*StatusError](err); ok && se.RetryAfter > a.maxBackoff {
 				// "Please try again" would send it into the wait (found by a walkthrough).
-				return nil, &agents.Refusal{Err: err, Notice: fmt.Sprintf(
+				return nil, attempt - 1, &agents.Refusal{Err: err, Notice: fmt.Sprintf(
 					"its model endpoint asked for a wait of %v before its next request: send it again after that", se.RetryAfter.Round(time.Second))}
 			}
-			return nil, err
+			return nil, attempt - 1, err
 		}
 		if dl, has := ctx.Deadline(); has && time.Until(dl) < wait {
-			return nil, err // the turn would end before the retry: fail now
+			return nil, attempt - 1, err // the turn would end before the retry: fail now
 		}
 		if args, ok := a.retryLines.Allowed("attempt", attempt, "wait", wait, logging.Err(err)); ok {
 			// Once a minute, repeats counted: in an outage of the endpoint every turn

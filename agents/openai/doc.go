@@ -26,7 +26,8 @@
 // endpoint sends it unasked). The request is sent again at once in the form the refusal asks
 // for, as is every request of the Agent from then on; the first refusal of each is logged. A
 // request built before another turn's refusal switched the Agent, and met the same refusal, is
-// sent again too. After a stream's "data: [DONE]" the end of its body is
+// sent again too. A request sent again is the same call: its retries count on from those made
+// before the refusal, Config.MaxRetries in all, and its backoff goes on from there. After a stream's "data: [DONE]" the end of its body is
 // read too (waited for at most 100 ms), so that the connection serves the next request:
 // net/http closes the connection of a body closed before its end. An answer is read as what its
 // body is, whatever was asked and whatever its Content-Type says: servers and proxies that

@@ -304,7 +304,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		if round >= MaxSteerRounds {
 			takeSteer = nil // the last call: every message taken must be answered
 		}
-		res, steered, open, err := a.round(ctx, body, partial, takeSteer, log)
+		res, steered, open, retried, err := a.round(ctx, body, partial, takeSteer, 0, log)
 		// Refused for a parameter the agent can name otherwise or do without, the request is
 		// sent again at once in the form the refusal asks for, also when messages were steered
 		// in meanwhile (they join the call after it, as if taken during this one), and also when
@@ -323,7 +323,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			}
 			var more []agents.Message
 			var stillOpen bool
-			res, more, stillOpen, err = a.round(ctx, body, partial, takeSteer, log)
+			res, more, stillOpen, retried, err = a.round(ctx, body, partial, takeSteer, retried, log)
 			steered, open = append(steered, more...), open && stillOpen
 		}
 		if !open {
@@ -506,12 +506,14 @@ func spent(u agents.Usage) *agents.Response {
 	return &agents.Response{Usage: u}
 }
 
-// round makes one model call (with its retries) and, while it runs, takes the messages steered
-// into the turn from steer (when not nil). It reports whether steer is still open.
-func (a *Agent) round(ctx context.Context, body []byte, partial func(string), steer <-chan agents.Message, log *slog.Logger) (*result, []agents.Message, bool, error) {
+// round makes one model call (with its retries, counted on from retried: see call) and, while
+// it runs, takes the messages steered into the turn from steer (when not nil). It reports
+// whether steer is still open, and how many times the call was retried in all.
+func (a *Agent) round(ctx context.Context, body []byte, partial func(string), steer <-chan agents.Message, retried int, log *slog.Logger) (*result, []agents.Message, bool, int, error) {
 	type outcome struct {
-		res *result
-		err error
+		res     *result
+		retried int
+		err     error
 		// panicked is a panic of the call (its response's handling, or partial), with its
 		// stack: raised again on Run's goroutine, where the runtime recovers an agent's panic
 		// (it crashes the turn's session, which quarantines a message that does so 3 times).
@@ -525,8 +527,8 @@ func (a *Agent) round(ctx context.Context, body []byte, partial func(string), st
 				done <- outcome{panicked: fmt.Sprintf("%v\n\nthe model call's goroutine:\n%s", v, debug.Stack())}
 			}
 		}()
-		res, err := a.call(ctx, body, partial, log)
-		done <- outcome{res: res, err: err}
+		res, retried, err := a.call(ctx, body, partial, retried, log)
+		done <- outcome{res: res, retried: retried, err: err}
 	}()
 	var steered []agents.Message
 	open := true
@@ -550,7 +552,7 @@ func (a *Agent) round(ctx context.Context, body []byte, partial func(string), st
 				}
 				break
 			}
-			return o.res, steered, open, o.err
+			return o.res, steered, open, o.retried, o.err
 		case m, ok := <-steer:
 			if !ok {
 				steer, open = nil, false

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/openai"
@@ -152,6 +153,42 @@ func TestRefusedParameterOfConcurrentTurns(t *testing.T) {
 			}
 			if n := strings.Count(logs.String(), tc.line); n != 1 {
 				t.Errorf("the switch was logged %d times, want once:\n%s", n, logs.String())
+			}
+		})
+	}
+}
+
+// TestRefusedParameterKeepsTheRetriesCounted: a request sent again in the form a refusal asks
+// for (adapt) is the same call: it retries only what max_retries leaves of its retries, and
+// its backoff goes on from where the call's was. Before, each resend began a count of its own:
+// with max_retries 2, a call refused for a parameter after a retried 503 was tried 5 times,
+// 3 of them retries, and its backoff began again at 1s.
+func TestRefusedParameterKeepsTheRetriesCounted(t *testing.T) {
+	for _, tc := range []struct {
+		name, message string
+		stream        bool
+	}{
+		{"stream_options", "Unrecognized request argument supplied: stream_options", true},
+		{"max_tokens", "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFakeModel(t, openaitest.Status(http.StatusServiceUnavailable, `{"error":{"message":"overloaded"}}`),
+				openaitest.Status(http.StatusBadRequest, `{"error":{"message":`+jsonQuote(tc.message)+`}}`),
+				openaitest.Status(http.StatusServiceUnavailable, `{"error":{"message":"overloaded"}}`))
+			sl := &sleeps{}
+			a := MustAgent(t, m, nil, sl, func(c *openai.Config) { c.MaxRetries = 2; c.MaxTokens = 300 })
+			req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}}
+			if tc.stream {
+				req.Partial = func(string) {}
+			}
+			if _, err := a.Run(t.Context(), req); err == nil {
+				t.Fatal("Run() = nil error; want the 503")
+			}
+			if n := m.Count(); n != 4 {
+				t.Errorf("%d requests, want 4: a 503, its retry refused for %s, sent again, its retry (2 retries)", n, tc.name)
+			}
+			if got, want := sl.waits(), []time.Duration{time.Second, 2 * time.Second}; !slices.Equal(got, want) {
+				t.Errorf("waits %v, want %v", got, want)
 			}
 		})
 	}
