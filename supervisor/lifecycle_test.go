@@ -25,6 +25,7 @@ import (
 	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/agentgate/agentgate/platforms"
 	httpplatform "github.com/agentgate/agentgate/platforms/http"
+	"github.com/asynkron/protoactor-go/actor"
 )
 
 // recorder is an agent that records each request and echoes the text.
@@ -67,6 +68,19 @@ func idleHour(c *config.Config) { c.Sessions.Reset.Mode, c.Sessions.Reset.IdleMi
 
 // checkResets makes the reset timer scan now.
 func (r *runtime) checkResets() { r.d.system.Root.Send(r.d.timers, &actors.CheckResets{}) }
+
+// sessionState asks the session actor of key for its state, through the session manager.
+func (r *runtime) sessionState(t *testing.T, key string) *actors.SessionState {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	res, err := r.d.router.Request(ctx, key, &actors.GetState{})
+	st, ok := res.(*actors.SessionState)
+	if err != nil || !ok {
+		t.Fatalf("the state of session %s = %+v, %v", key, res, err)
+	}
+	return st
+}
 
 func (r *runtime) session(t *testing.T, id string) *persistence.Session {
 	t.Helper()
@@ -217,7 +231,8 @@ func TestContinuityNoteOfAPrunedSessionIsLeftOut(t *testing.T) {
 // (both go through the session manager, in order), and its answer must no longer hold the
 // session. Before, the clock went to a minute past the due time, and the test waited for the
 // end in the store: a reset done only once the clock was past the due time, or at a later
-// scan's nudge, passed.
+// scan's nudge, passed. Nor is it reset before: a scan a second before the due time finds
+// nothing due, and the session is still open after it.
 func TestResetsFireWithoutTraffic(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -243,6 +258,20 @@ func TestResetsFireWithoutTraffic(t *testing.T) {
 			if s := r.session(t, ack.SessionID); !s.LastActivityAt.Equal(t0) {
 				t.Fatalf("the session's activity is %v, want %v (its due time counts from it)", s.LastActivityAt, t0)
 			}
+			// Not before it: a scan a second before the due time finds nothing due. The
+			// Touch is answered once the timers actor has run that scan, nudges and all, and
+			// a GetState sent after it reaches the session behind any nudge.
+			clk.Advance(tc.due.Add(-time.Second).Sub(clk.Now()))
+			r.checkResets()
+			if _, err := r.d.system.Root.RequestFuture(r.d.timers, &actor.Touch{}, 30*time.Second).Result(); err != nil {
+				t.Fatalf("the timers actor did not answer after its scan: %v", err)
+			}
+			if st := r.sessionState(t, ack.SessionKey); st.SessionId != ack.SessionID {
+				t.Fatalf("a second before its due time %v the session is %q, want %s still open", tc.due, st.SessionId, ack.SessionID)
+			}
+			if l := logs.String(); strings.Contains(l, `msg="sessions due for reset"`) {
+				t.Fatalf("the scan a second before the due time %v logged:\n%s\nwant nothing found due", tc.due, l)
+			}
 			clk.Advance(tc.due.Sub(clk.Now()))
 			r.checkResets()
 			select {
@@ -253,11 +282,8 @@ func TestResetsFireWithoutTraffic(t *testing.T) {
 			if l := logs.String(); !strings.Contains(l, `msg="sessions due for reset" actor=timers `+tc.count+"\n") {
 				t.Errorf("the scan at the due time logged:\n%s\nwant its line to count the reset, %s", l, tc.count)
 			}
-			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-			defer cancel()
-			res, err := r.d.router.Request(ctx, ack.SessionKey, &actors.GetState{})
-			if st, ok := res.(*actors.SessionState); err != nil || !ok || st.SessionId == ack.SessionID {
-				t.Fatalf("the session's state after the scan's nudge at the due time = %+v, %v; want %s ended", res, err, ack.SessionID)
+			if st := r.sessionState(t, ack.SessionKey); st.SessionId == ack.SessionID {
+				t.Fatalf("the session's state after the scan's nudge at the due time = %+v; want %s ended", st, ack.SessionID)
 			}
 			waitUntil(t, func() bool { return !r.session(t, ack.SessionID).EndedAt.IsZero() }) // its write in flight
 			s := r.session(t, ack.SessionID)
