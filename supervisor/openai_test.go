@@ -325,24 +325,31 @@ func (s *logSignal) String() string {
 	return s.buf.String()
 }
 
-// TestOpenAISteering: in queue mode steer, a message from the turn's sender that arrives while
-// the model works joins the next model call of the same turn, after the answer so far; the one
-// reply answers both messages, and the session counts both calls' tokens.
-func TestOpenAISteering(t *testing.T) {
+// contentFiltered is a completion its content filter left with no text.
+const contentFiltered = `{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"content_filter"}],"usage":{"prompt_tokens":20,"completion_tokens":0}}`
+
+// mustSteerIntoFirstCall starts a daemon in queue mode steer on a model that answers the n-th
+// request with answer(n), and steers a message into the turn of the first: s1 "question" starts
+// a turn whose first call waits, s2 "and also this" is steered into it, and once the agent has
+// taken s2 the first call is answered. It returns s1's ack; the daemon stops when the test ends.
+func mustSteerIntoFirstCall(t *testing.T, answer func(n int, w http.ResponseWriter, r *http.Request)) (*runtime, *openaitest.Model, *platforms.Ack) {
+	t.Helper()
 	release := make(chan struct{})
 	m := newModel(t, func(n int, w http.ResponseWriter, r *http.Request) {
 		if n == 1 {
-			<-release
-			openaitest.WriteReply(w, "First.", 10, 1)
-			return
+			select {
+			case <-release:
+			case <-r.Context().Done(): // the test failed before the release, and the daemon stopped
+				return
+			}
 		}
-		openaitest.WriteReply(w, "Second.", 20, 2)
+		answer(n, w, r)
 	})
 	logs := &logSignal{want: "steered message taken", ready: make(chan struct{})}
 	taken := logs.ready
 	r := MustStartDaemon(t, nil, daemonOpts{logs: logs,
 		tweak: func(c *config.Config) { useOpenAI(t, m, nil)(c); c.Sessions.Queue.Mode = "steer" }})
-	defer r.stop(t)
+	t.Cleanup(func() { r.stop(t) })
 	first := r.inject(t, dm, "s1", "question")
 	m.WaitRequests(t, 1)
 	if ack := r.inject(t, dm, "s2", "and also this"); ack.Disposition != platforms.Steered {
@@ -354,6 +361,23 @@ func TestOpenAISteering(t *testing.T) {
 		t.Fatal("the agent never took the steered message")
 	}
 	close(release)
+	return r, m, first
+}
+
+// sentTo lists the replies sent so far, each as its InReplyTo and its text ("[s1] First.").
+func (r *runtime) sentTo() []string {
+	var got []string
+	for _, o := range r.fake.Sent() {
+		got = append(got, fmt.Sprint(o.InReplyTo, " ", o.Text))
+	}
+	return got
+}
+
+// TestOpenAISteering: in queue mode steer, a message from the turn's sender that arrives while
+// the model works joins the next model call of the same turn, after the answer so far; the one
+// reply answers both messages, and the session counts both calls' tokens.
+func TestOpenAISteering(t *testing.T) {
+	r, m, first := mustSteerIntoFirstCall(t, openaitest.Steps(openaitest.Reply("First.", 10, 1), openaitest.Reply("Second.", 20, 2)))
 	r.waitReplyTo(t, "s1")
 	want := `{"model":"test-model","messages":[{"role":"user","content":"question"},{"role":"assistant","content":"First."},
 		{"role":"user","content":"and also this"}]}`
@@ -374,45 +398,17 @@ func TestOpenAISteering(t *testing.T) {
 // as the next turn, with an answer of its own. Before, the turn failed: the first message, which
 // had its answer, and the steered one were both answered "please try again".
 func TestOpenAISteeredCallThatFailsRunsNext(t *testing.T) {
-	release := make(chan struct{})
-	m := newModel(t, func(n int, w http.ResponseWriter, r *http.Request) {
-		switch n {
-		case 1:
-			<-release
-			openaitest.WriteReply(w, "First.", 10, 1)
-		case 2:
-			openaitest.Status(http.StatusBadRequest, `{"error":{"message":"bad request"}}`)(w, r)
-		default:
-			openaitest.WriteReply(w, "Second.", 20, 2)
-		}
-	})
-	logs := &logSignal{want: "steered message taken", ready: make(chan struct{})}
-	taken := logs.ready
-	r := MustStartDaemon(t, nil, daemonOpts{logs: logs,
-		tweak: func(c *config.Config) { useOpenAI(t, m, nil)(c); c.Sessions.Queue.Mode = "steer" }})
-	defer r.stop(t)
-	r.inject(t, dm, "s1", "question")
-	m.WaitRequests(t, 1)
-	if ack := r.inject(t, dm, "s2", "and also this"); ack.Disposition != platforms.Steered {
-		t.Fatalf("s2 disposition %s, want steered", ack.Disposition)
-	}
-	select {
-	case <-taken:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the agent never took the steered message")
-	}
-	close(release)
+	r, m, _ := mustSteerIntoFirstCall(t, openaitest.Steps(
+		openaitest.Reply("First.", 10, 1),
+		openaitest.Status(http.StatusBadRequest, `{"error":{"message":"bad request"}}`),
+		openaitest.Reply("Second.", 20, 2)))
 	r.waitReplyTo(t, "s2")
 	want := `{"model":"test-model","messages":[{"role":"user","content":"question"},{"role":"assistant","content":"First."},
 		{"role":"user","content":"and also this"}]}`
 	if got := m.Body(t, 3); got != compactJSON(t, want) {
 		t.Errorf("third call\n got %s\nwant %s", got, compactJSON(t, want))
 	}
-	var got []string
-	for _, o := range r.fake.Sent() {
-		got = append(got, fmt.Sprint(o.InReplyTo, " ", o.Text))
-	}
-	if fmt.Sprint(got) != "[[s1] First. [s2] Second.]" {
+	if got := r.sentTo(); fmt.Sprint(got) != "[[s1] First. [s2] Second.]" {
 		t.Errorf("sent %q, want First. to s1, then Second. to s2", got)
 	}
 }
@@ -422,44 +418,14 @@ func TestOpenAISteeredCallThatFailsRunsNext(t *testing.T) {
 // is the answer before it, and the steered message runs as the next turn, which tells its
 // sender why it got no answer. Before, it counted as answered, and its sender heard nothing.
 func TestOpenAISteeredMessageAnsweredWithNoTextRunsNext(t *testing.T) {
-	release := make(chan struct{})
-	filtered := `{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"content_filter"}],"usage":{"prompt_tokens":20,"completion_tokens":0}}`
-	m := newModel(t, func(n int, w http.ResponseWriter, r *http.Request) {
-		switch n {
-		case 1:
-			<-release
-			openaitest.WriteReply(w, "First.", 10, 1)
-		default:
-			openaitest.Raw("application/json", filtered)(w, r)
-		}
-	})
-	logs := &logSignal{want: "steered message taken", ready: make(chan struct{})}
-	taken := logs.ready
-	r := MustStartDaemon(t, nil, daemonOpts{logs: logs,
-		tweak: func(c *config.Config) { useOpenAI(t, m, nil)(c); c.Sessions.Queue.Mode = "steer" }})
-	defer r.stop(t)
-	r.inject(t, dm, "s1", "question")
-	m.WaitRequests(t, 1)
-	if ack := r.inject(t, dm, "s2", "and also this"); ack.Disposition != platforms.Steered {
-		t.Fatalf("s2 disposition %s, want steered", ack.Disposition)
-	}
-	select {
-	case <-taken:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the agent never took the steered message")
-	}
-	close(release)
+	r, m, _ := mustSteerIntoFirstCall(t, openaitest.Steps(openaitest.Reply("First.", 10, 1), openaitest.Raw("application/json", contentFiltered)))
 	r.waitReplyTo(t, "s2")
 	want := `{"model":"test-model","messages":[{"role":"user","content":"question"},{"role":"assistant","content":"First."},
 		{"role":"user","content":"and also this"}]}`
 	if got := m.Body(t, 3); got != compactJSON(t, want) {
 		t.Errorf("third call\n got %s\nwant %s", got, compactJSON(t, want))
 	}
-	var got []string
-	for _, o := range r.fake.Sent() {
-		got = append(got, fmt.Sprint(o.InReplyTo, " ", o.Text))
-	}
-	if len(got) != 2 || got[0] != "[s1] First." || !strings.HasPrefix(got[1], "[s2] ") || !strings.Contains(got[1], "content filter") {
+	if got := r.sentTo(); len(got) != 2 || got[0] != "[s1] First." || !strings.HasPrefix(got[1], "[s2] ") || !strings.Contains(got[1], "content filter") {
 		t.Errorf("sent %q, want First. to s1, then to s2 the notice that the content filter declined it", got)
 	}
 }
@@ -470,43 +436,13 @@ func TestOpenAISteeredMessageAnsweredWithNoTextRunsNext(t *testing.T) {
 // without it. Before, it was sent again joined to the declined message, and the one answer
 // went to both (or, declined again, both were left out).
 func TestOpenAISteeredIntoACallAnsweredWithNoTextRunsNext(t *testing.T) {
-	release := make(chan struct{})
-	filtered := `{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"content_filter"}],"usage":{"prompt_tokens":20,"completion_tokens":0}}`
-	m := newModel(t, func(n int, w http.ResponseWriter, r *http.Request) {
-		switch n {
-		case 1:
-			<-release
-			openaitest.Raw("application/json", filtered)(w, r)
-		default:
-			openaitest.WriteReply(w, "Second.", 20, 2)
-		}
-	})
-	logs := &logSignal{want: "steered message taken", ready: make(chan struct{})}
-	taken := logs.ready
-	r := MustStartDaemon(t, nil, daemonOpts{logs: logs,
-		tweak: func(c *config.Config) { useOpenAI(t, m, nil)(c); c.Sessions.Queue.Mode = "steer" }})
-	defer r.stop(t)
-	r.inject(t, dm, "s1", "question")
-	m.WaitRequests(t, 1)
-	if ack := r.inject(t, dm, "s2", "and also this"); ack.Disposition != platforms.Steered {
-		t.Fatalf("s2 disposition %s, want steered", ack.Disposition)
-	}
-	select {
-	case <-taken:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the agent never took the steered message")
-	}
-	close(release)
+	r, m, _ := mustSteerIntoFirstCall(t, openaitest.Steps(openaitest.Raw("application/json", contentFiltered), openaitest.Reply("Second.", 20, 2)))
 	r.waitReplyTo(t, "s2")
 	want := `{"model":"test-model","messages":[{"role":"user","content":"and also this"}]}`
 	if got := m.Body(t, 2); got != compactJSON(t, want) {
 		t.Errorf("second call\n got %s\nwant %s", got, compactJSON(t, want))
 	}
-	var got []string
-	for _, o := range r.fake.Sent() {
-		got = append(got, fmt.Sprint(o.InReplyTo, " ", o.Text))
-	}
-	if len(got) != 2 || !strings.HasPrefix(got[0], "[s1] ") || !strings.Contains(got[0], "content filter") || got[1] != "[s2] Second." {
+	if got := r.sentTo(); len(got) != 2 || !strings.HasPrefix(got[0], "[s1] ") || !strings.Contains(got[0], "content filter") || got[1] != "[s2] Second." {
 		t.Errorf("sent %q, want to s1 the notice that the content filter declined it, then Second. to s2", got)
 	}
 }
