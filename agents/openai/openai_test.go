@@ -768,11 +768,7 @@ func TestTimeoutBoundsTheTurn(t *testing.T) {
 // TestSteering: a message steered in while the model works joins the next call, after the
 // answer so far; the turn's reply holds both answers and its usage both calls'.
 func TestSteering(t *testing.T) {
-	release := make(chan struct{})
-	m := newFakeModel(t, func(w http.ResponseWriter, r *http.Request) {
-		<-release
-		openaitest.Reply("First answer.", 10, 2)(w, r)
-	}, openaitest.Reply("Second answer.", 20, 3))
+	m, release := newHeldModel(t, openaitest.Reply("First answer.", 10, 2), openaitest.Reply("Second answer.", 20, 3))
 	a := MustAgent(t, m, nil, nil, nil)
 	if !a.CanSteer() {
 		t.Fatal("CanSteer() = false")
@@ -819,32 +815,14 @@ func TestSteeredIntoAFailedCallIsUnseen(t *testing.T) {
 		{"declined", openaitest.Status(http.StatusBadRequest, `{"error":{"message":"flagged by our content policy"}}`)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			release := make(chan struct{})
-			m := newFakeModel(t, func(w http.ResponseWriter, r *http.Request) {
-				<-release
-				tc.answer(w, r)
-			})
+			m, release := newHeldModel(t, tc.answer)
 			a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.MaxRetries = 0 })
-			steer := make(chan agents.Message) // unbuffered: a send returns once the agent took it
-			type ran struct {
-				resp *agents.Response
-				err  error
+			resp, err := steered(t, a, m, release, nil)
+			if err == nil {
+				t.Fatalf("Run() = %+v, nil; want an error", resp)
 			}
-			done := make(chan ran, 1)
-			go func() {
-				resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "question")}, Steer: steer})
-				done <- ran{resp, err}
-			}()
-			m.Wait(t)
-			steer <- msg("user", "and also this")
-			close(release)
-			got := <-done
-			close(steer)
-			if got.err == nil {
-				t.Fatalf("Run() = %+v, nil; want an error", got.resp)
-			}
-			if got.resp == nil || got.resp.Unseen != 1 {
-				t.Errorf("Run() = %+v, %v; want Unseen 1: the steered message never reached the model", got.resp, got.err)
+			if resp == nil || resp.Unseen != 1 {
+				t.Errorf("Run() = %+v, %v; want Unseen 1: the steered message never reached the model", resp, err)
 			}
 			if n := m.Count(); n != 1 {
 				t.Errorf("%d requests, want 1", n)
@@ -858,33 +836,15 @@ func TestSteeredIntoAFailedCallIsUnseen(t *testing.T) {
 // run as the next turn. Before, the turn failed: the answer the user had seen stream was thrown
 // away, and the message it answered marked failed, its sender told to try again.
 func TestSteeredCallThatFailsKeepsTheAnswer(t *testing.T) {
-	release := make(chan struct{})
-	m := newFakeModel(t, func(w http.ResponseWriter, r *http.Request) {
-		<-release
-		openaitest.Reply("First answer.", 10, 2)(w, r)
-	}, openaitest.Status(http.StatusInternalServerError, `{"error":{"message":"boom"}}`))
+	m, release := newHeldModel(t, openaitest.Reply("First answer.", 10, 2), openaitest.Status(http.StatusInternalServerError, `{"error":{"message":"boom"}}`))
 	a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.MaxRetries = 0 })
-	steer := make(chan agents.Message)
-	type ran struct {
-		resp *agents.Response
-		err  error
-	}
-	done := make(chan ran, 1)
-	go func() {
-		resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "question")}, Steer: steer})
-		done <- ran{resp, err}
-	}()
-	m.Wait(t)
-	steer <- msg("user", "and also this")
-	close(release)
-	got := <-done
-	close(steer)
+	resp, err := steered(t, a, m, release, nil)
 	if n := m.Count(); n != 2 {
 		t.Fatalf("%d requests, want 2", n)
 	}
-	if got.err != nil || got.resp == nil || got.resp.Text != "First answer." || got.resp.Unseen != 1 ||
-		got.resp.Usage != (agents.Usage{InputTokens: 10, OutputTokens: 2}) {
-		t.Errorf("Run() = %+v, %v; want First answer. with the steered message unseen and the first call's usage", got.resp, got.err)
+	if err != nil || resp == nil || resp.Text != "First answer." || resp.Unseen != 1 ||
+		resp.Usage != (agents.Usage{InputTokens: 10, OutputTokens: 2}) {
+		t.Errorf("Run() = %+v, %v; want First answer. with the steered message unseen and the first call's usage", resp, err)
 	}
 }
 

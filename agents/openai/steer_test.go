@@ -12,6 +12,18 @@ import (
 	"github.com/agentgate/agentgate/internal/testutil"
 )
 
+// newHeldModel starts a fake model that answers the first request with first once release is
+// closed (steered closes it), and the later ones with rest, as newFakeModel does.
+func newHeldModel(t *testing.T, first http.HandlerFunc, rest ...http.HandlerFunc) (*openaitest.Model, chan struct{}) {
+	t.Helper()
+	release := make(chan struct{})
+	held := func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		first(w, r)
+	}
+	return newFakeModel(t, append([]http.HandlerFunc{held}, rest...)...), release
+}
+
 // steered runs a turn of a on "question", steers "and also this" into it once the model got its
 // first request, and then lets release go (the first answer waits on it).
 func steered(t *testing.T, a *openai.Agent, m *openaitest.Model, release chan struct{}, partial func(string)) (*agents.Response, error) {
@@ -48,11 +60,8 @@ func TestRefusedParameterWithASteeredMessage(t *testing.T) {
 		{"stream_options", "Unrecognized request argument supplied: stream_options", `"stream":true}`, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			release := make(chan struct{})
-			m := newFakeModel(t, func(w http.ResponseWriter, r *http.Request) {
-				<-release
-				openaitest.Status(http.StatusBadRequest, `{"error":{"message":`+jsonQuote(tc.refusal)+`,"type":"invalid_request_error"}}`)(w, r)
-			}, openaitest.Reply("First answer.", 10, 2), openaitest.Reply("Second answer.", 20, 3))
+			m, release := newHeldModel(t, openaitest.Status(http.StatusBadRequest, `{"error":{"message":`+jsonQuote(tc.refusal)+`,"type":"invalid_request_error"}}`),
+				openaitest.Reply("First answer.", 10, 2), openaitest.Reply("Second answer.", 20, 3))
 			a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.MaxTokens = 300; c.MaxRetries = 0 })
 			var partial func(string)
 			if tc.stream {
@@ -90,11 +99,7 @@ func TestSteeredMessageAnsweredWithNoText(t *testing.T) {
 		{"empty", openaitest.Reply("", 20, 0)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			release := make(chan struct{})
-			m := newFakeModel(t, func(w http.ResponseWriter, r *http.Request) {
-				<-release
-				openaitest.Reply("First answer.", 10, 2)(w, r)
-			}, tc.answer)
+			m, release := newHeldModel(t, openaitest.Reply("First answer.", 10, 2), tc.answer)
 			logs := &testutil.Buffer{}
 			a := MustAgent(t, m, logs, nil, nil)
 			resp, err := steered(t, a, m, release, nil)
@@ -128,11 +133,7 @@ func TestSteeredIntoACallAnsweredWithNoText(t *testing.T) {
 		{"empty", openaitest.Reply("", 10, 0), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			release := make(chan struct{})
-			m := newFakeModel(t, func(w http.ResponseWriter, r *http.Request) {
-				<-release
-				tc.answer(w, r)
-			})
+			m, release := newHeldModel(t, tc.answer)
 			a := MustAgent(t, m, nil, nil, nil)
 			resp, err := steered(t, a, m, release, nil)
 			ref, _ := errors.AsType[*agents.Refusal](err)
