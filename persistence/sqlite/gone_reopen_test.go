@@ -41,19 +41,8 @@ func TestReplacedFileNotWrittenByANewConnection(t *testing.T) {
 	}
 	defer old.Close()
 
-	other := filepath.Join(filepath.Dir(path), "other.db")
-	o, err := Open(context.Background(), other, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	storetest.MustCommit(t, o, &persistence.CreateSession{Session: newSession("o1", "ko1")},
+	renameAnotherOver(t, path, &persistence.CreateSession{Session: newSession("o1", "ko1")},
 		&persistence.AppendMessage{Message: userMsg("o1", 1, "other")})
-	if err := o.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(other, path); err != nil { // mv other.db agentgate.db
-		t.Fatal(err)
-	}
 
 	conn, err := s.writer.Conn(context.Background())
 	if err != nil {
@@ -96,17 +85,7 @@ func TestReplacedFileFoundByARead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := filepath.Join(filepath.Dir(path), "other.db")
-	o, err := Open(context.Background(), other, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := o.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(other, path); err != nil {
-		t.Fatal(err)
-	}
+	renameAnotherOver(t, path)
 
 	if msgs, err := s.Transcript(context.Background(), "s1"); !errors.Is(err, persistence.ErrFileGone) ||
 		!errors.Is(err, persistence.ErrUnavailable) {

@@ -39,21 +39,30 @@ var fileTakings = []struct {
 		return -1
 	}},
 	{"replaced by a rename", "was replaced by another file", func(t *testing.T, path string) int {
-		other := filepath.Join(filepath.Dir(path), "other.db")
-		o, err := Open(context.Background(), other, Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		storetest.MustCommit(t, o, &persistence.CreateSession{Session: newSession("o1", "ko1")},
+		renameAnotherOver(t, path, &persistence.CreateSession{Session: newSession("o1", "ko1")},
 			&persistence.AppendMessage{Message: userMsg("o1", 1, "other")})
-		if err := o.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(other, path); err != nil { // mv other.db agentgate.db
-			t.Fatal(err)
-		}
 		return 1
 	}},
+}
+
+// renameAnotherOver renames another database, which holds what ops write, over the one at path
+// (mv other.db agentgate.db).
+func renameAnotherOver(t *testing.T, path string, ops ...persistence.Op) {
+	t.Helper()
+	other := filepath.Join(filepath.Dir(path), "other.db")
+	o, err := Open(context.Background(), other, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ops) > 0 {
+		storetest.MustCommit(t, o, ops...)
+	}
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(other, path); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestCommitToADeletedOrReplacedFileFails: once the database file is deleted, or another file is
