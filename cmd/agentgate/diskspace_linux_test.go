@@ -1,11 +1,9 @@
 package main
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/agentgate/agentgate/internal/testutil"
@@ -27,7 +25,7 @@ func TestCheckConfigSaysTheDiskIsNearlyFull(t *testing.T) {
 		t.Errorf("check-config on a disk with 16 MiB free = %v\nstdout: %s\nstderr: %s\nwant config ok, and a warning of the disk", err, stdout, stderr)
 	}
 
-	mustFill(t, filepath.Join(mnt, "balloon"))
+	testutil.MustFill(t, filepath.Join(mnt, "balloon"))
 	stdout, stderr, err = runCmd(t, "check-config", "--data-dir", data)
 	if err == nil || strings.Contains(stdout, "config ok") ||
 		!strings.Contains(stderr, "data_dir: the disk holding "+data+" is full (") ||
@@ -73,7 +71,7 @@ func TestCheckConfigTakesAFullDiskWithoutTheDatabase(t *testing.T) {
 	if err := os.Mkdir(data, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	mustFill(t, filepath.Join(mnt, "balloon"))
+	testutil.MustFill(t, filepath.Join(mnt, "balloon"))
 	db := filepath.Join(t.TempDir(), "agentgate.db") // on the test's own disk
 	cfgFile := filepath.Join(t.TempDir(), "agentgate.yaml")
 	if err := os.WriteFile(cfgFile, []byte("store:\n  dsn: "+db+"\n"), 0o600); err != nil {
@@ -85,24 +83,6 @@ func TestCheckConfigTakesAFullDiskWithoutTheDatabase(t *testing.T) {
 		strings.Contains(stderr, "serve refuses") || strings.Contains(stderr, "shared-memory") {
 		t.Errorf("check-config of a full data_dir without the database = %v\nstdout: %s\nstderr: %s\n"+
 			"want config ok, and a warning that the disk of data_dir is full, of no database file", err, stdout, stderr)
-	}
-}
-
-// mustFill fills the disk that holds path with a file at path, in 64 KiB writes, until it is
-// full.
-func mustFill(t *testing.T, path string) {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	chunk := make([]byte, 64<<10)
-	for err == nil {
-		_, err = f.Write(chunk)
-	}
-	if !errors.Is(err, syscall.ENOSPC) {
-		t.Fatal(err)
 	}
 }
 

@@ -18,7 +18,7 @@ const namespaceChildEnv = "AGENTGATE_TEST_NAMESPACE_CHILD"
 // user and mount namespaces: in the test binary's own run, tmpfsOfItsOwn runs t again inside
 // them (unshare), fails t if it failed there, skips it where they cannot be made, and returns
 // "": the caller then returns. The store's full-disk and read-only tests use it, and
-// check-config's of a disk nearly full.
+// check-config's and serve's of a disk nearly full.
 func TmpfsOfItsOwn(t *testing.T, size string) string {
 	t.Helper()
 	if os.Getenv(namespaceChildEnv) == "" {
@@ -40,4 +40,26 @@ func TmpfsOfItsOwn(t *testing.T, size string) string {
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(mnt, 0) }) // before t.TempDir removes mnt
 	return mnt
+}
+
+// MustFill writes zeros to a new file at path until its file system is full, to the last
+// block: in 64 KiB writes, then in 512-byte ones.
+func MustFill(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, size := range []int{64 << 10, 512} {
+		chunk := make([]byte, size)
+		for {
+			if _, err := f.Write(chunk); err != nil {
+				if !errors.Is(err, syscall.ENOSPC) {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+	}
 }

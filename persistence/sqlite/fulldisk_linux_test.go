@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/agentgate/agentgate/internal/testutil"
@@ -39,7 +38,7 @@ func TestOpenOnAFullDiskSaysTheDiskIsFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	balloon := filepath.Join(mnt, "balloon")
-	mustFill(t, balloon)
+	testutil.MustFill(t, balloon)
 
 	for _, tt := range []struct {
 		name  string
@@ -75,27 +74,6 @@ func TestOpenOnAFullDiskSaysTheDiskIsFull(t *testing.T) {
 	}
 }
 
-// mustFill writes zeros to a new file at path until its file system is full.
-func mustFill(t *testing.T, path string) {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	for _, size := range []int{64 << 10, 512} {
-		chunk := make([]byte, size)
-		for {
-			if _, err := f.Write(chunk); err != nil {
-				if !errors.Is(err, syscall.ENOSPC) {
-					t.Fatal(err)
-				}
-				break
-			}
-		}
-	}
-}
-
 // TestCheckSpaceOfADiskNearlyFull: CheckSpace warns of a file system with less than LowSpace
 // free, once for the data directory and the database on it (a data directory not made yet
 // counts as its parent), saying whether the database is on it, and calls it full once less
@@ -123,7 +101,7 @@ func TestCheckSpaceOfADiskNearlyFull(t *testing.T) {
 		}
 	}
 	check(false)
-	mustFill(t, filepath.Join(mnt, "balloon"))
+	testutil.MustFill(t, filepath.Join(mnt, "balloon"))
 	check(true)
 	// The database on another disk: the data directory's is full, but serve can start.
 	elsewhere := filepath.Join(t.TempDir(), "agentgate.db")
