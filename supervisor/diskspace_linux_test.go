@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,15 +17,8 @@ func TestStartWarnsOfADiskNearlyFull(t *testing.T) {
 	if mnt == "" {
 		return
 	}
-	var logs testutil.Buffer
 	data := filepath.Join(mnt, "data")
-	r := MustStartDaemon(t, echo.New(), daemonOpts{dir: data, logs: &logs})
-	r.stop(t)
-	want := `level=WARN msg="the disk holding the data directory or the database is nearly full; writes are refused once it is full" ` +
-		`err="the disk holding ` + data + ` has only `
-	if got := logs.String(); strings.Count(got, want) != 1 {
-		t.Errorf("log of a start on a disk with 16 MiB free:\n%s\nwant %q once", got, want)
-	}
+	checkStartWarnsOfTheDisk(t, data, data, "a disk with 16 MiB free")
 }
 
 // TestStartWarnsOfTheDiskALinkedDatabaseIsOn: a daemon whose data directory's agentgate.db is a
@@ -38,16 +30,19 @@ func TestStartWarnsOfTheDiskALinkedDatabaseIsOn(t *testing.T) {
 	if mnt == "" {
 		return
 	}
-	data := t.TempDir() // on the test's own disk
-	if err := os.Symlink(filepath.Join(mnt, "agentgate.db"), filepath.Join(data, "agentgate.db")); err != nil {
-		t.Fatal(err)
-	}
+	checkStartWarnsOfTheDisk(t, testutil.DataDirLinkedTo(t, mnt), mnt, "a database linked to a disk with 16 MiB free")
+}
+
+// checkStartWarnsOfTheDisk starts a daemon on the data directory dir and stops it, and checks
+// that its log warned once of the disk holding disk, nearly full; of says what dir is on.
+func checkStartWarnsOfTheDisk(t *testing.T, dir, disk, of string) {
+	t.Helper()
 	var logs testutil.Buffer
-	r := MustStartDaemon(t, echo.New(), daemonOpts{dir: data, logs: &logs})
+	r := MustStartDaemon(t, echo.New(), daemonOpts{dir: dir, logs: &logs})
 	r.stop(t)
 	want := `level=WARN msg="the disk holding the data directory or the database is nearly full; writes are refused once it is full" ` +
-		`err="the disk holding ` + mnt + ` has only `
+		`err="the disk holding ` + disk + ` has only `
 	if got := logs.String(); strings.Count(got, want) != 1 {
-		t.Errorf("log of a start on a database linked to a disk with 16 MiB free:\n%s\nwant %q once", got, want)
+		t.Errorf("log of a start on %s:\n%s\nwant %q once", of, got, want)
 	}
 }

@@ -44,10 +44,7 @@ func TestCheckConfigLooksAtTheDiskALinkedDatabaseIsOn(t *testing.T) {
 	if mnt == "" {
 		return
 	}
-	data := t.TempDir() // on the test's own disk
-	if err := os.Symlink(filepath.Join(mnt, "agentgate.db"), filepath.Join(data, "agentgate.db")); err != nil {
-		t.Fatal(err)
-	}
+	data := testutil.DataDirLinkedTo(t, mnt)
 	stdout, stderr, err := runCmd(t, "check-config", "--data-dir", data)
 	if err != nil || !strings.Contains(stdout, "config ok") ||
 		!strings.Contains(stderr, "warning: data_dir: the disk holding "+mnt+" has only ") {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -62,4 +63,16 @@ func MustFill(t *testing.T, path string) {
 			}
 		}
 	}
+}
+
+// DataDirLinkedTo returns a new data directory on the test's own disk whose agentgate.db is a
+// symbolic link to a file not made yet in dir (a tmpfs of its own): SQLite writes the database,
+// its -wal and its -shm at the link's target, on dir's disk.
+func DataDirLinkedTo(t *testing.T, dir string) string {
+	t.Helper()
+	data := t.TempDir()
+	if err := os.Symlink(filepath.Join(dir, "agentgate.db"), filepath.Join(data, "agentgate.db")); err != nil {
+		t.Fatal(err)
+	}
+	return data
 }
