@@ -130,6 +130,12 @@ func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
 	// ends only when it is stopped or too slow: close the connection with it.
 	h.Set("Connection", "close")
 	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		// The stream's headers are the whole answer: the server discards a HEAD's body, so its
+		// keepalives never fail, and held it would last as long as its client kept the
+		// connection, taking one of MaxHeld.
+		return
+	}
 	sw := &sseWriter{w: w, rc: http.NewResponseController(w), timeout: p.cfg.WriteTimeout, last: after}
 	if err := sw.flush(); err != nil {
 		return

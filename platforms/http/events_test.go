@@ -456,3 +456,27 @@ func TestEventsResumePointPastTheLastEvent(t *testing.T) {
 		})
 	}
 }
+
+// TestEventsHeadIsNotHeld: a HEAD of the event stream is answered with the stream's headers and
+// ends, as its Connection: close says: it has no body to stream. Before, it was held open as a
+// stream (the server discards a HEAD's body, so the keepalives never failed) until its client
+// closed the connection, and took one of Config.MaxHeld all that time: a client that kept the
+// connection, as a HEAD's may, held it for ever, and with MaxHeld such requests every event
+// stream was answered 503.
+func TestEventsHeadIsNotHeld(t *testing.T) {
+	sessions := newFakeSessions()
+	sessions.addOutbox(outbound(streamKey, 1, platforms.KindReply))
+	h := mustStart(t, Config{Sessions: sessions, MaxHeld: 1}, &fakeRuntime{})
+	resp, err := rawRequest(t, h, "HEAD /v1/sessions/"+streamKey+"/events HTTP/1.1\r\nHost: 127.0.0.1\r\n", "")
+	if err != nil {
+		t.Fatalf("HEAD of the event stream: %v", err)
+	}
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Errorf("HEAD of the event stream: %s, Content-Type %q, want 200 text/event-stream", resp.Status, resp.Header.Get("Content-Type"))
+	}
+	// The client keeps its connection open: the answer must end on the server's side.
+	waitFor(t, "the HEAD to be no longer held", func() bool { return h.p.held.Load() == 0 })
+	if s := h.openSSE(streamKey, "", ""); s.status != http.StatusOK {
+		t.Errorf("a stream after a HEAD of it: %d, want 200", s.status)
+	}
+}
