@@ -206,10 +206,32 @@ func (a *sessionsAPI) Reset(ctx context.Context, key string) (*httpplatform.Sess
 		return nil, fmt.Errorf("reset session: %s", r.Error)
 	}
 	info, err := a.Get(ctx, key)
+	if err == nil && r.SessionId != "" && info.SessionID != r.SessionId {
+		// The database does not show the reset yet: its writes wait in the spool. It is done
+		// all the same (the spool replays them in order), so the answer is the session it
+		// began, not the one read back, which it ended: before, that one was answered as the
+		// key's open session, and agentgate sessions reset reported it so.
+		info = a.begunByReset(ctx, key, info, r)
+	}
 	if info != nil {
 		info.Kept = r.Kept
 	}
 	return info, err
+}
+
+// begunByReset is the answer to a reset that the database does not show yet: the session r
+// began, of the chat that old (read back from the database) names, with old's live state,
+// nothing in it yet. Its start is the session actor's last activity while that names the
+// session (a reset sets it to the session's start), else now.
+func (a *sessionsAPI) begunByReset(ctx context.Context, key string, old *httpplatform.SessionInfo, r *actors.ResetResult) *httpplatform.SessionInfo {
+	started := time.Now().UTC()
+	res, err := actors.Await(ctx, a.d.system.Root.RequestFuture(a.d.managerOf(key), &actors.Peek{Key: key}, requestTimeout(ctx)))
+	if st, ok := res.(*actors.SessionState); err == nil && ok && st.SessionId == r.SessionId && st.LastActivityUnixNano != 0 {
+		started = time.Unix(0, st.LastActivityUnixNano).UTC()
+	}
+	return &httpplatform.SessionInfo{SessionKey: key, SessionID: r.SessionId, PrevSessionID: r.PreviousSessionId,
+		Platform: old.Platform, ChatType: old.ChatType, ChatID: old.ChatID, ThreadID: old.ThreadID, UserID: old.UserID,
+		UserName: old.UserName, Profile: old.Profile, StartedAt: started, LastActivityAt: started, Live: old.Live}
 }
 
 // Requeue has the key's session run its quarantined message messageID again. The session does

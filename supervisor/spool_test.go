@@ -477,3 +477,51 @@ func TestRefusedResetIs503AndChangesNothing(t *testing.T) {
 	}
 	checkAnsweredInOrder(t, r, dir, a1.SessionKey, "m1", "m2")
 }
+
+// TestResetWhileSpoolingAnswersTheNewSession: an operator's reset while writes wait in the spool
+// (the database refuses them; the spool takes them) is done, and its answer is the new session
+// the reset began, with prev_session_id naming the one it ended, as docs/HTTP-API.md says; and
+// GET of the key says the same once the spool has drained. Before, the answer was read back from
+// the database, which did not show the reset yet: it was the session the reset had ended, as if
+// still open, and agentgate sessions reset reported that one as the key's session.
+func TestResetWhileSpoolingAnswersTheNewSession(t *testing.T) {
+	o := &storetest.Outage{}
+	r := startWithOutage(t, t.TempDir(), o, echo.New())
+	defer r.stop(t)
+	src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c", UserID: "u"}
+	a1 := r.inject(t, src, "m1", "one")
+	r.waitSent(t, 1)
+
+	o.Down.Store(true)
+	path := "/v1/sessions/" + url.PathEscape(a1.SessionKey)
+	resp, err := http.Post("http://"+r.d.Addr().String()+path+"/reset", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got httpplatform.SessionInfo
+	err = json.NewDecoder(resp.Body).Decode(&got)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("reset while writes wait in the spool: %d (%v), want 200", resp.StatusCode, err)
+	}
+	if !r.d.deps.Spooling.Load() {
+		t.Fatal("the reset's write did not go to the spool: the test shows nothing")
+	}
+	if got.SessionID == a1.SessionID || got.PrevSessionID != a1.SessionID || got.EndedAt != nil ||
+		got.Messages != 0 || got.StartedAt.IsZero() || got.ChatID != "c" || got.Live == nil {
+		t.Errorf("reset while writes wait in the spool answered session %s (prev %q, ended %v, %d messages, started %v, chat %q, live %v), want a new open session after %s, with nothing in it yet",
+			got.SessionID, got.PrevSessionID, got.EndedAt, got.Messages, got.StartedAt, got.ChatID, got.Live, a1.SessionID)
+	}
+
+	o.Down.Store(false)
+	waitUntil(t, func() bool { return !r.d.deps.Spooling.Load() })
+	code, body := getPath(t, r, path)
+	var after httpplatform.SessionInfo
+	if err := json.Unmarshal([]byte(body), &after); err != nil || code != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, code, body)
+	}
+	if after.SessionID != got.SessionID || after.PrevSessionID != a1.SessionID {
+		t.Errorf("once the spool drained the key's session is %s (prev %s), want %s (prev %s), as the reset answered",
+			after.SessionID, after.PrevSessionID, got.SessionID, a1.SessionID)
+	}
+}
