@@ -2,6 +2,7 @@ package http
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -745,13 +746,19 @@ func (p *Platform) authenticate(next http.Handler) http.Handler {
 }
 
 // authorized reports whether r carries the bearer token, or the daemon has none (it is open
-// to whoever reaches it).
+// to whoever reaches it). It compares the tokens' SHA-256 digests: ConstantTimeCompare returns
+// at once for inputs of different lengths, which told a caller timing its refusals the token's
+// length; the digests are of one length whatever was sent.
 func (p *Platform) authorized(r *http.Request) bool {
 	if p.cfg.Token == "" {
 		return true
 	}
 	got, ok := bearer(r.Header.Get("Authorization"))
-	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(p.cfg.Token)) == 1
+	if !ok {
+		return false
+	}
+	sent, want := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(p.cfg.Token))
+	return subtle.ConstantTimeCompare(sent[:], want[:]) == 1
 }
 
 // bearer extracts the token of an "Authorization: Bearer <token>" header; the scheme is
