@@ -502,8 +502,13 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		// Its session has ended already (an idle or daily reset, and no message since; or it
 		// was pruned): there is nothing to end, and the key's next message starts a new one,
 		// as after a reset. Answered as done, with no successor, as the offline reset says
-		// "already ended".
-		c.Respond(&ResetResult{})
+		// "already ended"; the answer names the ended session and how it ended, which the
+		// database does not show while the end waits in the spool.
+		r := &ResetResult{}
+		if p := s.prev; p != nil && !p.EndedAt.IsZero() {
+			r.EndedSessionId, r.EndedAtUnixNano, r.EndReason = p.ID, p.EndedAt.UnixNano(), p.EndReason
+		}
+		c.Respond(r)
 		return
 	}
 	requester := c.Sender()

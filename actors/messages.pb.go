@@ -582,9 +582,16 @@ type ResetResult struct {
 	ErrorCode string `protobuf:"bytes,4,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
 	// kept is set when the session held nothing yet (nothing said in it since it began): the
 	// reset left it as it is rather than end it only to begin another just as empty.
-	Kept          bool `protobuf:"varint,5,opt,name=kept,proto3" json:"kept,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Kept bool `protobuf:"varint,5,opt,name=kept,proto3" json:"kept,omitempty"`
+	// ended_session_id, ended_at_unix_nano and end_reason are set when there was nothing to end:
+	// the session the key's route points to had ended already (an idle or daily reset, and no
+	// message since), session_id is empty, and they say which session and how it ended. The admin
+	// API answers with them while the end waits in the spool, which the database does not show.
+	EndedSessionId  string `protobuf:"bytes,6,opt,name=ended_session_id,json=endedSessionId,proto3" json:"ended_session_id,omitempty"`
+	EndedAtUnixNano int64  `protobuf:"varint,7,opt,name=ended_at_unix_nano,json=endedAtUnixNano,proto3" json:"ended_at_unix_nano,omitempty"`
+	EndReason       string `protobuf:"bytes,8,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ResetResult) Reset() {
@@ -650,6 +657,27 @@ func (x *ResetResult) GetKept() bool {
 		return x.Kept
 	}
 	return false
+}
+
+func (x *ResetResult) GetEndedSessionId() string {
+	if x != nil {
+		return x.EndedSessionId
+	}
+	return ""
+}
+
+func (x *ResetResult) GetEndedAtUnixNano() int64 {
+	if x != nil {
+		return x.EndedAtUnixNano
+	}
+	return 0
+}
+
+func (x *ResetResult) GetEndReason() string {
+	if x != nil {
+		return x.EndReason
+	}
+	return ""
 }
 
 // RequeueMessage asks a session to run one of its quarantined messages again (an operator's
@@ -1675,7 +1703,7 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\fResetSession\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x14\n" +
 	"\x05retry\x18\x02 \x01(\bR\x05retry\x124\n" +
-	"\x17first_sent_at_unix_nano\x18\x03 \x01(\x03R\x13firstSentAtUnixNano\"\xa5\x01\n" +
+	"\x17first_sent_at_unix_nano\x18\x03 \x01(\x03R\x13firstSentAtUnixNano\"\x9b\x02\n" +
 	"\vResetResult\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12.\n" +
@@ -1683,7 +1711,11 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x04 \x01(\tR\terrorCode\x12\x12\n" +
-	"\x04kept\x18\x05 \x01(\bR\x04kept\"/\n" +
+	"\x04kept\x18\x05 \x01(\bR\x04kept\x12(\n" +
+	"\x10ended_session_id\x18\x06 \x01(\tR\x0eendedSessionId\x12+\n" +
+	"\x12ended_at_unix_nano\x18\a \x01(\x03R\x0fendedAtUnixNano\x12\x1d\n" +
+	"\n" +
+	"end_reason\x18\b \x01(\tR\tendReason\"/\n" +
 	"\x0eRequeueMessage\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\"\x80\x02\n" +

@@ -206,12 +206,21 @@ func (a *sessionsAPI) Reset(ctx context.Context, key string) (*httpplatform.Sess
 		return nil, fmt.Errorf("reset session: %s", r.Error)
 	}
 	info, err := a.Get(ctx, key)
-	if err == nil && r.SessionId != "" && info.SessionID != r.SessionId {
+	switch {
+	case err != nil:
+	case r.SessionId != "" && info.SessionID != r.SessionId:
 		// The database does not show the reset yet: its writes wait in the spool. It is done
 		// all the same (the spool replays them in order), so the answer is the session it
 		// began, not the one read back, which it ended: before, that one was answered as the
 		// key's open session, and agentgate sessions reset reported it so.
 		info = a.begunByReset(ctx, key, info, r)
+	case r.SessionId == "" && r.EndedSessionId == info.SessionID && info.EndedAt == nil && r.EndedAtUnixNano != 0:
+		// There was nothing to end: the session had ended already, but its end waits in the
+		// spool, and the database shows it open. It is answered ended, as the database will
+		// show it: before, it was answered as the key's open session, and agentgate sessions
+		// reset reported a reset made.
+		ended := time.Unix(0, r.EndedAtUnixNano).UTC()
+		info.EndedAt, info.EndReason = &ended, r.EndReason
 	}
 	if info != nil {
 		info.Kept = r.Kept

@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/echo"
+	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	agtest "github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
@@ -523,5 +524,59 @@ func TestResetWhileSpoolingAnswersTheNewSession(t *testing.T) {
 	if after.SessionID != got.SessionID || after.PrevSessionID != a1.SessionID {
 		t.Errorf("once the spool drained the key's session is %s (prev %s), want %s (prev %s), as the reset answered",
 			after.SessionID, after.PrevSessionID, got.SessionID, a1.SessionID)
+	}
+}
+
+// TestResetOfASessionEndedWhileSpoolingAnswersItEnded: an operator's reset of a session whose
+// idle reset waits in the spool (the database refuses writes) finds nothing to end, and answers
+// the session ended, as docs/HTTP-API.md says of an ended one: ended_at and end_reason set, as
+// GET shows once the spool has drained. Before, the answer was read back from the database,
+// which did not show the end yet: the session was answered as the key's open one, and agentgate
+// sessions reset reported a reset made.
+func TestResetOfASessionEndedWhileSpoolingAnswersItEnded(t *testing.T) {
+	clk := agtest.NewClock(t0)
+	o := &storetest.Outage{}
+	r := MustStartDaemon(t, echo.New(), daemonOpts{now: clk.Now, wrap: func(s persistence.Store) persistence.Store {
+		o.Store = s
+		return o
+	}, tweak: func(c *config.Config) { c.Sessions.Reset.Timezone = "UTC"; idleHour(c) }})
+	defer r.stop(t)
+	a1 := r.inject(t, dm, "m1", "one")
+	r.waitSent(t, 1)
+
+	o.Down.Store(true)
+	clk.Advance(time.Hour)
+	r.checkResets()
+	waitUntil(t, func() bool { return r.sessionState(t, a1.SessionKey).SessionId == "" })
+	if !r.d.deps.Spooling.Load() {
+		t.Fatal("the idle reset's write did not go to the spool: the test shows nothing")
+	}
+	path := "/v1/sessions/" + url.PathEscape(a1.SessionKey)
+	resp, err := http.Post("http://"+r.d.Addr().String()+path+"/reset", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got httpplatform.SessionInfo
+	err = json.NewDecoder(resp.Body).Decode(&got)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("reset while the session's end waits in the spool: %d (%v), want 200", resp.StatusCode, err)
+	}
+	due := t0.Add(time.Hour)
+	if got.SessionID != a1.SessionID || got.EndedAt == nil || !got.EndedAt.Equal(due) || got.EndReason != persistence.EndIdle || got.Kept {
+		t.Errorf("reset while the session's end waits in the spool answered session %s ended %v (%q), kept %v; want %s ended %v (%s)",
+			got.SessionID, got.EndedAt, got.EndReason, got.Kept, a1.SessionID, due, persistence.EndIdle)
+	}
+
+	o.Down.Store(false)
+	waitUntil(t, func() bool { return !r.d.deps.Spooling.Load() })
+	code, body := getPath(t, r, path)
+	var after httpplatform.SessionInfo
+	if err := json.Unmarshal([]byte(body), &after); err != nil || code != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, code, body)
+	}
+	if after.SessionID != a1.SessionID || after.EndedAt == nil || !after.EndedAt.Equal(due) || after.EndReason != persistence.EndIdle {
+		t.Errorf("once the spool drained the key's session is %s ended %v (%q), want %s ended %v (%s), as the reset answered",
+			after.SessionID, after.EndedAt, after.EndReason, a1.SessionID, due, persistence.EndIdle)
 	}
 }
