@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
@@ -665,8 +666,9 @@ func (s *Session) cannotRewind(what string, src identity.Source) string {
 
 // setQueueMode sets the session's own queue mode (DESIGN §3); it is stored with the session, so
 // it outlives passivation and restarts, and a new session starts with the default. steer needs an
-// agent that can take messages into a running turn; none of the current backends can, so a
-// steer session behaves as followup and its acknowledgments say "queued".
+// agent that can take messages into a running turn (the openai agent, an exec agent with steer:
+// true); with another, a steer session behaves as followup, its acknowledgments say "queued",
+// and the answer says so. Before, it said so for every agent, the ones that steer too.
 func (s *Session) setQueueMode(mode string) string {
 	switch m := strings.ToLower(mode); m {
 	case "":
@@ -682,10 +684,20 @@ func (s *Session) setQueueMode(mode string) string {
 		return "Queue mode set to interrupt: a new message cancels the running turn and runs next."
 	case ModeSteer:
 		s.mode = m
-		return "Queue mode set to steer. This agent cannot take messages into a running turn, so they are queued as in followup."
+		if agents.CanSteer(s.d.Agent) {
+			return SteerModeNotice
+		}
+		return SteerModeQueuedNotice
 	}
 	return "Unknown queue mode " + mode + ". Modes: followup, collect, interrupt, steer."
 }
+
+// The answers to /queue steer: with an agent that can take messages into a running turn, and
+// with one that cannot.
+const (
+	SteerModeNotice       = "Queue mode set to steer: a message you send while your turn runs joins it, and the reply answers both."
+	SteerModeQueuedNotice = "Queue mode set to steer. This agent cannot take messages into a running turn, so they are queued as in followup."
+)
 
 func helpText() string {
 	var b strings.Builder

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -107,4 +108,31 @@ func TestTurnsSteerOnlyInSteerMode(t *testing.T) {
 			t.Errorf("turns given a steer channel: %v, want %v", agent.steered, want)
 		}
 	})
+}
+
+// TestQueueSteerSaysWhatTheAgentDoes: /queue steer tells the user what their next messages
+// will do with this agent: join the running turn with one that can steer, queue as in
+// followup with one that cannot. (Before, it said they queue with every agent: the openai
+// agent's users were told so while their messages were steered, found by the openai soak.)
+func TestQueueSteerSaysWhatTheAgentDoes(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		agent agents.Agent
+		want  string
+	}{
+		{"can steer", &steerWatcher{steered: map[string]bool{}}, SteerModeNotice},
+		{"cannot steer", echo.New(), SteerModeQueuedNotice},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w := newManagerWorld(t, tt.agent, nil)
+				if r := w.deliver(t, "q", "/queue steer"); r.Disposition != platforms.Command {
+					t.Fatalf("/queue steer: %+v", r)
+				}
+				if got := w.noticeFor(t, "q"); got != tt.want {
+					t.Errorf("/queue steer answered %q, want %q", got, tt.want)
+				}
+			})
+		})
+	}
 }
