@@ -92,7 +92,8 @@
 // steered messages fails, the turn does not: its reply is the answers before that call, and the
 // steered messages no answer followed run as the next turn (Response.Unseen), with a warning.
 // So do they when that call is answered with no text (the model declined them, or asked for a
-// tool): as a turn of their own they get an answer, or the notice that says why not. A call
+// tool), with any steered in during it: as a turn of their own they get an answer, or the
+// notice that says why not. A call
 // refused for a parameter (see above) while messages were steered in is sent again all the
 // same, and those messages join the call after it.
 //

@@ -353,14 +353,16 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			// with it, left out of the conversation unanswered.
 			return unseen(spent(usage), len(steered)), a.noText(res)
 		}
-		if text == "" && len(steered) == 0 {
+		if text == "" {
 			// The call for steered messages got no answer (the model declined them, asked for
 			// a tool, said nothing): the answers before it stand, and the steered messages run
-			// as the next turn, where they get an answer, or the notice that says why not.
-			// Counted answered, their senders got nothing.
+			// as the next turn, where they get an answer, or the notice that says why not, as
+			// do those steered in during this call. Counted answered, their senders got
+			// nothing; and those steered in meanwhile were sent again joined to the messages
+			// the model had just declined.
 			log.Warn("model answered the messages steered into the turn with no text; they run as the next turn",
-				"messages", carried, "finish_reason", res.finish, "refused", strings.TrimSpace(res.refusal) != "", "tool_call", res.toolCalls)
-			return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage, Unseen: carried}, nil
+				"messages", carried+len(steered), "finish_reason", res.finish, "refused", strings.TrimSpace(res.refusal) != "", "tool_call", res.toolCalls)
+			return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage, Unseen: carried + len(steered)}, nil
 		}
 		if text != "" {
 			conv.tail = append(conv.tail, chatMessage{Role: roleAssistant, Content: text})

@@ -116,6 +116,43 @@ func TestSteeredMessageAnsweredWithNoText(t *testing.T) {
 	}
 }
 
+// TestSteeredIntoASteeredCallAnsweredWithNoText: a call made for a steered message that is
+// answered with no text while another message was steered into it leaves both to run as the next
+// turn, the answer before them standing. Before, the second message was sent again joined to the
+// one the model had just declined: a third call, and the two answered (or declined) as one.
+func TestSteeredIntoASteeredCallAnsweredWithNoText(t *testing.T) {
+	second := make(chan struct{})
+	m, release := newHeldModel(t, openaitest.Reply("First answer.", 10, 2), func(w http.ResponseWriter, r *http.Request) {
+		<-second
+		openaitest.Raw("application/json", `{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"content_filter"}],"usage":{"prompt_tokens":20,"completion_tokens":0}}`)(w, r)
+	}, openaitest.Reply("Answered as one.", 30, 3))
+	a := MustAgent(t, m, nil, nil, nil)
+	steer := make(chan agents.Message) // unbuffered: a send returns once the agent took it
+	type ran struct {
+		resp *agents.Response
+		err  error
+	}
+	done := make(chan ran, 1)
+	go func() {
+		resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "question")}, Steer: steer})
+		done <- ran{resp, err}
+	}()
+	m.Wait(t)
+	steer <- msg("user", "and also this")
+	close(release)
+	m.WaitRequests(t, 2) // the call for the steered message
+	steer <- msg("user", "and this too")
+	close(second)
+	got := <-done
+	close(steer)
+	if got.err != nil || got.resp.Text != "First answer." || got.resp.Unseen != 2 {
+		t.Errorf("Run() = %+v, %v; want First answer., both steered messages unseen", got.resp, got.err)
+	}
+	if n := m.Count(); n != 2 {
+		t.Errorf("%d requests, want 2: the declined message is not sent again with the one steered in after it", n)
+	}
+}
+
 // TestSteeredIntoACallAnsweredWithNoText: messages steered into a turn whose own call is
 // answered with no text (the model declined the turn's message, asked for a tool, said nothing)
 // run as the next turn (Response.Unseen), and the turn fails as such an answer fails it. Before,
