@@ -83,6 +83,15 @@ func (p *Platform) noteSeen(m *discordgo.Message) {
 	p.seen[m.ChannelID] = seenAt{id: m.ID, guild: guild, stored: cur.stored}
 }
 
+// unsee forgets channel, noted by noteSeen: an auto-thread that will never be opened (its
+// starter message was deleted), which a backfill would otherwise read at every new gateway
+// session and find gone.
+func (p *Platform) unsee(channel string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.seen, channel)
+}
+
 // noteStored records that the store took a message from channel at (a remembered one).
 func (p *Platform) noteStored(channel string, at time.Time) {
 	p.mu.Lock()

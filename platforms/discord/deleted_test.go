@@ -154,3 +154,34 @@ func TestMessageDeletedWhileDownIsNotReadBack(t *testing.T) {
 		t.Errorf("the message deleted while down was stored")
 	}
 }
+
+// TestMentionDeletedBeforeItsThreadOpensIsNotTaken: with auto_thread on, a mention its sender
+// deleted while the bot was disconnected comes back in the RESUME's replay, before its
+// deletion, and Discord refuses to open a thread from it (404 Unknown Message). It is not taken:
+// its sender took it back, and its answer has nowhere to go. Before, it was taken and run, the
+// log said its reply went to the channel, and the reply was then refused for good with an ERR
+// line asking the operator to fix the bot's permissions (found by the Discord soak).
+func TestMentionDeletedBeforeItsThreadOpensIsNotTaken(t *testing.T) {
+	a := newHeldAgent()
+	w := startWorld(t, a.agent(), func(c *config.Config) { c.Platforms.Discord.AutoThread = true })
+	w.srv.Disconnect()
+	gone := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "never mind", MentionBot: true})
+	w.srv.Delete(gone.ID)
+	w.srv.WaitReady(t) // resumed: the replay holds the mention, then its deletion
+	later := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: bob, Content: "a question", MentionBot: true})
+	w.srv.WaitSent(t, later.ID, 1) // the gateway's order: the deleted mention was handled before
+	if _, ok := w.stored(t, channelID, gone.ID); ok {
+		t.Errorf("the deleted mention was stored")
+	}
+	if got := a.ran(); len(got) != 1 || !strings.HasSuffix(got[0][0], "a question") {
+		t.Errorf("agent runs = %q, want only the later question's", got)
+	}
+	if n := w.srv.Requests("POST", "/channels/"+gone.ID+"/messages"); n != 0 {
+		t.Errorf("%d posts to the deleted mention's thread, want none", n)
+	}
+	for _, line := range []string{"the reply goes to the channel", "refused the message for good"} {
+		if strings.Contains(w.log.String(), line) {
+			t.Errorf("the log says %q:\n%s", line, w.log.String())
+		}
+	}
+}

@@ -123,7 +123,16 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 		// the bot may see nothing said in it before a gateway session is lost (its own reply
 		// in it may be posted in the gap too), and what users say there meanwhile is missed.
 		p.noteSeen(&discordgo.Message{ChannelID: m.ID, ID: m.ID, GuildID: m.GuildID})
-		if !p.openThread(ctx, m.ChannelID, m.ID, in.Text, told) {
+		open, gone := p.openThread(ctx, m.ChannelID, m.ID, in.Text, told)
+		if gone {
+			// Its sender deleted it already (a RESUME replays a message deleted while the bot
+			// was disconnected before its deletion): it is not taken, as one deleted before its
+			// turn is not run, and its answer would have no thread to go to. Taken, it was run
+			// and its reply refused for good, with an ERR line (found by the Discord soak).
+			p.unsee(m.ID)
+			return
+		}
+		if !open {
 			// The thread opens when the reply is posted (Send), or never (the reply goes to the
 			// channel): until then the user waits in the channel, and the typing indicator shows
 			// there. Sent to the thread, each one was answered 404 (found by an audit).
@@ -214,17 +223,20 @@ func (p *Platform) tellUser(ctx context.Context, channelID, ref, text string) {
 }
 
 // openThread starts the thread of an auto-threaded message, and reports whether it is open.
-// When it is not, the user is told so, unless told (they were, for this message).
-func (p *Platform) openThread(ctx context.Context, channelID, messageID, text string, told bool) (open bool) {
+// When it is not, the user is told so, unless told (they were, for this message), or the
+// message is gone: Discord no longer has it (404 Unknown Message), its sender deleted it.
+func (p *Platform) openThread(ctx context.Context, channelID, messageID, text string, told bool) (open, gone bool) {
 	ctx, cancel := context.WithTimeout(ctx, restTimeout)
 	defer cancel()
 	switch err := p.startThread(ctx, channelID, messageID, threadName(text)); {
 	case err == nil:
 		p.markOpened(messageID)
-		return true
+		return true, false
+	case apiCode(err) == discordgo.ErrCodeUnknownMessage:
+		p.log.Debug("discord message deleted before its thread was opened; not taken", "channel", channelID, "message_id", messageID)
+		return false, true
 	case refusedForGood(err):
-		// No permission to open threads here: the reply goes to the channel (Send); a message
-		// deleted at once (404) gets none.
+		// No permission to open threads here: the reply goes to the channel (Send).
 		p.log.Warn("discord refuses a thread for this message; the reply goes to the channel", "channel", channelID, "message_id", messageID, logging.Err(err))
 	default:
 		p.log.Warn("open discord thread; will retry on reply", "channel", channelID, "message_id", messageID, logging.Err(err))
@@ -232,7 +244,7 @@ func (p *Platform) openThread(ctx context.Context, channelID, messageID, text st
 			p.tellUser(ctx, channelID, messageID, "I could not open a thread for this message yet; I'll answer in its thread as soon as Discord lets me.")
 		}
 	}
-	return false
+	return false, false
 }
 
 func (p *Platform) startThread(ctx context.Context, channelID, messageID, name string) error {
