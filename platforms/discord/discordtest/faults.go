@@ -211,3 +211,12 @@ func (s *Server) CloseLive(code int) {
 		s.closeConn(c, code, closeReason(code))
 	}
 }
+
+// MissHeartbeatACKs leaves the next n heartbeats unacknowledged (they still count in
+// Heartbeats), as a gateway connection that went stale without closing does: discordgo closes a
+// connection whose last ACK is more than five heartbeat intervals old.
+func (s *Server) MissHeartbeatACKs(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.missACKs = max(n, 0)
+}

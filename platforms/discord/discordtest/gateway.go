@@ -241,9 +241,15 @@ func (s *Server) handleFrame(c *conn, data []byte) {
 		s.mu.Lock()
 		s.heartbeats++
 		c.heartbeats++
+		miss := s.missACKs > 0
+		if miss {
+			s.missACKs--
+		}
 		s.notifyLocked()
 		s.mu.Unlock()
-		c.send(mustJSON(frame{Op: opHeartbeatACK}))
+		if !miss {
+			c.send(mustJSON(frame{Op: opHeartbeatACK}))
+		}
 	case opIdentify:
 		s.identify(c, f.D)
 	case opResume:

@@ -355,3 +355,16 @@ func TestHeartbeats(t *testing.T) {
 	mustOpen(t, srv, allIntents)
 	srv.WaitFor(t, "three heartbeats", func() bool { return srv.Heartbeats() >= 3 })
 }
+
+// A connection whose heartbeats go unacknowledged (MissHeartbeatACKs) is closed by discordgo,
+// five intervals after the last ACK, and resumed; the ACKs that follow are sent again.
+func TestMissedHeartbeatACKsReconnect(t *testing.T) {
+	t.Parallel()
+	srv := newWorld(t, discordtest.WithHeartbeatInterval(200*time.Millisecond))
+	mustOpen(t, srv, allIntents)
+	srv.MissHeartbeatACKs(8)
+	srv.WaitFor(t, "a RESUME after the missed ACKs", func() bool { return srv.Resumes() == 1 && srv.Ready() })
+	if got := srv.Identifies(); got != 1 {
+		t.Errorf("Identifies() = %d, want 1", got)
+	}
+}
