@@ -247,6 +247,9 @@ type fakeSessions struct {
 	failTranscriptAt int
 	// resetErr, when set, is what Reset returns.
 	resetErr error
+	// repliesErr, when set, is what RepliesTo returns, for failReplies calls (every call when 0).
+	repliesErr  error
+	failReplies int
 	// requeueErr, when set, is what Requeue returns.
 	requeueErr error
 	// requeueAfter is the key's outbox seq before a requeue, as Requeue reports it.
@@ -415,6 +418,13 @@ func (f *fakeSessions) RepliesTo(_ context.Context, key, messageID string, after
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.record("replies %s %s", key, messageID)
+	if f.repliesErr != nil {
+		err := f.repliesErr
+		if f.failReplies--; f.failReplies == 0 {
+			f.repliesErr = nil
+		}
+		return nil, err
+	}
 	return slices.DeleteFunc(slices.Clone(f.replies[key+"\x00"+messageID]), func(o *platforms.Outbound) bool { return o.Seq <= after }), nil
 }
 

@@ -632,16 +632,26 @@ func answer(got []*platforms.Outbound, key string, last bool) ([]*platforms.Outb
 // relay missed this one. Those reads take only the entries after ack.OutboxAfter (the key's
 // outbox seq before the message was taken), so a long chat's outbox is not read whole every
 // ReplyCheck, and a requeued message's quarantine notice is not taken for its new answer.
+//
+// A duplicate whose outbox could not be read (the database unavailable, a single daemon's
+// writes waiting in the spool) reads it again every ReplyCheck, whole, on any daemon: its turn
+// may have ended before, and no live reply would come. Before, such a wait ran to its deadline
+// and was answered 202 without the replies, also once the database answered again within it.
 func (p *Platform) awaitReplies(ctx context.Context, stop <-chan struct{}, w *waiter, ack *platforms.Ack, deadline time.Time, check bool) ([]*platforms.Outbound, bool) {
+	lookAfter, relook := ack.OutboxAfter, check && p.relayed.Load()
 	if ack.Disposition == platforms.Duplicate {
-		if got, done := p.offerDurable(ctx, w, ack.SessionKey, 0, slog.LevelWarn); done {
+		got, done, err := p.offerDurable(ctx, w, ack.SessionKey, 0, slog.LevelWarn)
+		if done {
 			return got, true
+		}
+		if err != nil {
+			lookAfter, relook = 0, true
 		}
 	}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	var look <-chan time.Time
-	if check && p.relayed.Load() && p.cfg.Sessions != nil {
+	if relook && p.cfg.Sessions != nil {
 		t := time.NewTicker(p.cfg.ReplyCheck)
 		defer t.Stop()
 		look = t.C
@@ -654,7 +664,7 @@ func (p *Platform) awaitReplies(ctx context.Context, stop <-chan struct{}, w *wa
 		case <-w.wake:
 		case <-look:
 			// A failed read is tried at the next check (and the relay may still come).
-			if got, done := p.offerDurable(ctx, w, ack.SessionKey, ack.OutboxAfter, slog.LevelDebug); done {
+			if got, done, _ := p.offerDurable(ctx, w, ack.SessionKey, lookAfter, slog.LevelDebug); done {
 				return got, true
 			}
 		case <-timer.C:
@@ -672,25 +682,25 @@ func (p *Platform) awaitReplies(ctx context.Context, stop <-chan struct{}, w *wa
 // durable as the message is taken, and its turn's reply follows), it returns the answer up to
 // its last end: a message answered twice (quarantined, then requeued and run) is answered
 // with both. Otherwise it offers w what there is, to be completed live (by seq, once). Only
-// entries with a seq greater than after count. A failed read is logged at level.
-func (p *Platform) offerDurable(ctx context.Context, w *waiter, key string, after int64, level slog.Level) ([]*platforms.Outbound, bool) {
+// entries with a seq greater than after count. A failed read is logged at level, and returned.
+func (p *Platform) offerDurable(ctx context.Context, w *waiter, key string, after int64, level slog.Level) ([]*platforms.Outbound, bool, error) {
 	if p.cfg.Sessions == nil {
-		return nil, false
+		return nil, false, nil
 	}
 	durable, err := p.cfg.Sessions.RepliesTo(ctx, key, w.msgID, after)
 	if err != nil {
 		if ctx.Err() == nil {
 			p.log.Log(ctx, level, "load the replies to a message", "session", key, "message_id", w.msgID, logging.Err(err))
 		}
-		return nil, false
+		return nil, false, err
 	}
 	if got, done := answer(slices.Clone(durable), key, true); done {
-		return got, true
+		return got, true, nil
 	}
 	for _, o := range durable {
 		w.offer(o)
 	}
-	return nil, false
+	return nil, false, nil
 }
 
 // eventKind maps an outbound kind to its SSE event name and reply kind.

@@ -624,6 +624,36 @@ func TestWaitOnAClusterMemberFindsAnAnswerTheRelayMissed(t *testing.T) {
 	}
 }
 
+// TestWaitDuplicateReadsTheOutboxAgain: a single daemon's ?wait of a duplicate whose turn has
+// ended reads the outbox again when its first read failed (the database unavailable, writes
+// waiting in the spool), and answers with the replies once the read passes. Before, it waited
+// for a live reply that would never come, and answered 202 without them at its deadline, also
+// when the database answered again meanwhile (found by a crash soak on PostgreSQL).
+func TestWaitDuplicateReadsTheOutboxAgain(t *testing.T) {
+	src := identity.Source{Platform: "http", ChatType: "dm", ChatID: "c", UserID: "u"}
+	key := keyFor(src)
+	sessions := newFakeSessions()
+	rt := &fakeRuntime{}
+	h := mustStart(t, Config{Sessions: sessions, ReplyCheck: 10 * time.Millisecond}, rt)
+	in := &platforms.Inbound{Source: src, MessageID: "m1"}
+	sessions.replies[key+"\x00m1"] = []*platforms.Outbound{reply(in, 3, "answered before", true)}
+	sessions.repliesErr, sessions.failReplies = errors.New("persistence: database unavailable"), 2
+	rt.setRespond(func(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
+		return ackFor(in, platforms.Duplicate), nil
+	})
+	got := h.post("/v1/messages?wait=5s", map[string]string{"chat_id": "c", "user_id": "u", "text": "t", "message_id": in.MessageID})
+	if got.status != http.StatusOK {
+		t.Fatalf("POST duplicate ?wait = %d %s, want 200 with the durable answer", got.status, got.body)
+	}
+	want := []Reply{{Text: "answered before", TurnID: "t1", Kind: "reply", Seq: 3}}
+	if diff := cmp.Diff(want, mustDecode[MessageResponse](t, got).Replies); diff != "" {
+		t.Errorf("replies mismatch (-want +got):\n%s", diff)
+	}
+	if calls := sessions.callLog(); len(calls) != 3 {
+		t.Errorf("Sessions calls = %q, want RepliesTo 3 times (2 failed)", calls)
+	}
+}
+
 func TestWaitRejected(t *testing.T) {
 	rt := &fakeRuntime{}
 	rt.setRespond(func(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {

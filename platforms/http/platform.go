@@ -36,8 +36,8 @@ const (
 	DefaultAddr      = "127.0.0.1:8080"
 	DefaultMaxWait   = 5 * time.Minute
 	DefaultKeepAlive = 15 * time.Second
-	// DefaultReplyCheck is how often a ?wait on a cluster member looks for its answer in the
-	// outbox (Config.ReplyCheck).
+	// DefaultReplyCheck is how often a ?wait on a cluster member, or of a duplicate whose
+	// answer the outbox could not give, looks for its answer in the outbox (Config.ReplyCheck).
 	DefaultReplyCheck = 2 * time.Second
 	// DefaultBodyTimeout bounds how long a client may take to send a request's body.
 	DefaultBodyTimeout = 30 * time.Second
@@ -116,8 +116,8 @@ type Config struct {
 	// KeepAlive is the interval of SSE keepalive comments; 0 means DefaultKeepAlive.
 	KeepAlive time.Duration
 	// ReplyCheck is how often a ?wait of POST /v1/messages that has no answer yet looks for it
-	// in the outbox, on a member whose replies may come by relays (Clustered); 0 means
-	// DefaultReplyCheck.
+	// in the outbox, on a member whose replies may come by relays (Clustered), and on any
+	// daemon for a duplicate whose first read of the outbox failed; 0 means DefaultReplyCheck.
 	ReplyCheck time.Duration
 	// BodyTimeout is how long a request may take to send its body; 0 means DefaultBodyTimeout.
 	BodyTimeout time.Duration
