@@ -619,6 +619,14 @@ func (d *Daemon) retryRun(now func() time.Time) {
 		if err != nil {
 			continue
 		}
+		// Nor while writes wait in the spool: the record counts the last run's unclean stop
+		// against each session's head pending message in the database, which lacks them. A
+		// database back from an outage took the record before the spool's replay, and struck
+		// messages the spool had answered, not the one that was running (found by a crash
+		// soak on PostgreSQL).
+		if d.deps.Spooling.Load() {
+			continue
+		}
 		rctx, cancel := context.WithTimeout(d.ctx, runRetryWithin)
 		err = d.recordRun(rctx, now)
 		cancel()

@@ -3,6 +3,8 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -11,6 +13,8 @@ import (
 
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/spool"
+	"github.com/agentgate/agentgate/persistence/storetest"
 )
 
 // busyRetry is a store that refuses the record of the daemon's run at start, and whose later
@@ -115,4 +119,70 @@ func grepLines(s, substr string) string {
 		}
 	}
 	return strings.Join(out, "")
+}
+
+// runAfterSpool is an outage whose first record of the daemon's run is refused, as a database
+// that is down when the daemon starts refuses it, and that notes whether a later record was
+// made while writes waited in the spool of dir.
+type runAfterSpool struct {
+	*storetest.Outage
+	dir      string
+	refused  atomic.Bool
+	pings    atomic.Int32
+	early    atomic.Bool
+	recorded atomic.Bool
+}
+
+func (s *runAfterSpool) BeginRun(ctx context.Context, run string, at time.Time) (*persistence.UncleanStop, error) {
+	if s.refused.CompareAndSwap(false, true) {
+		return nil, fmt.Errorf("%w: connection refused (test)", persistence.ErrUnavailable)
+	}
+	if n, err := spool.Waiting(filepath.Join(s.dir, "spool")); err != nil || n > 0 {
+		s.early.Store(true)
+	}
+	u, err := s.Outage.BeginRun(ctx, run, at)
+	if err == nil {
+		s.recorded.Store(true)
+	}
+	return u, err
+}
+
+func (s *runAfterSpool) Ping(ctx context.Context) error {
+	s.pings.Add(1)
+	return s.Outage.Ping(ctx)
+}
+
+// TestRunRecordsRetryWaitsForTheSpool: a daemon started while the database is down, with the
+// last run's writes in the spool, records its run only once the spool is replayed. The record
+// counts the last run's unclean stop against each session's head pending message in the
+// database; before the replay that is a message the spool may have answered, and the one that
+// was running gets no strike. Before, the retry took the database's first answer: a database
+// back from an outage took the record before the replay (found by a crash soak on PostgreSQL,
+// "recorded the daemon's run in the store" logged before "spool drained").
+func TestRunRecordsRetryWaitsForTheSpool(t *testing.T) {
+	dir := t.TempDir()
+	o := &storetest.Outage{}
+	r := startWithOutage(t, dir, o, echo.New())
+	r.inject(t, dm, "m1", "one")
+	r.waitSent(t, 1)
+	o.Down.Store(true)
+	r.inject(t, dm, "m2", "two, spooled")
+	r.waitSent(t, 2)
+	r.stop(t)
+
+	st := &runAfterSpool{Outage: &storetest.Outage{}, dir: dir}
+	st.Down.Store(true)
+	r = MustStartDaemon(t, echo.New(), daemonOpts{dir: dir, wrap: func(s persistence.Store) persistence.Store {
+		st.Outage.Store = s
+		return st
+	}})
+	defer r.stop(t)
+	// Two ticks of the retry have passed the store's ping (nothing else pings it here), so the
+	// first one's record, had it been made, is done; or a record was made.
+	waitUntil(t, func() bool { return st.pings.Load() >= 2 || st.recorded.Load() })
+	st.Down.Store(false)
+	waitUntil(t, func() bool { return st.recorded.Load() })
+	if st.early.Load() {
+		t.Error("the run was recorded while the last run's writes waited in the spool; want it recorded once they are replayed")
+	}
 }
