@@ -566,6 +566,22 @@ func (d *Daemon) beginRun(now func() time.Time) error {
 	if now == nil {
 		now = time.Now
 	}
+	if d.deps.Spooling.Load() {
+		// The start's replay left the last run's writes in the spool (the database refused
+		// it, or a batch could not be removed): the record waits for them, as its retry does
+		// (retryRun). Made now, by a database that takes it right after refusing the replay,
+		// it counted the last run's unclean stop against heads the spool had answered. A
+		// database file the replay found deleted or replaced still fails the start.
+		pctx, cancel := context.WithTimeout(d.ctx, pingWithin)
+		err := d.store.Ping(pctx)
+		cancel()
+		if errors.Is(err, persistence.ErrFileGone) {
+			return err
+		}
+		d.log.Info("writes of the last run wait in the spool; the daemon's run is recorded once they are replayed")
+		d.retrying.Go(func() { d.retryRun(now) })
+		return nil
+	}
 	err := d.recordRun(d.ctx, now)
 	switch {
 	case errors.Is(err, persistence.ErrFileGone):

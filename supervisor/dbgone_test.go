@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -164,4 +166,43 @@ func TestStartRefusedOnADatabaseFileGone(t *testing.T) {
 	}
 	r := startOn(t, dir, 0, echo.New()) // the data directory and the port were let go
 	r.stop(t)
+}
+
+// goneAtReplay is the daemon's store, whose database file is deleted just before the start's
+// replay of the last run's spool commits.
+type goneAtReplay struct {
+	persistence.Store
+	path string
+	once sync.Once
+}
+
+func (s *goneAtReplay) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	s.once.Do(func() { _ = os.Remove(s.path) })
+	return s.Store.Commit(ctx, groups)
+}
+
+// TestStartRefusedOnADatabaseFileGoneAtTheReplay: a start whose replay of the last run's spool
+// finds the database file deleted fails, as one whose record of its run does, though the record
+// waits for the spool's replay.
+func TestStartRefusedOnADatabaseFileGoneAtTheReplay(t *testing.T) {
+	dir := t.TempDir()
+	o := &storetest.Outage{}
+	r := startWithOutage(t, dir, o, echo.New())
+	o.Down.Store(true)
+	r.inject(t, dm, "m1", "spooled")
+	r.waitSent(t, 1)
+	r.stop(t)
+
+	cfg := config.Default()
+	cfg.DataDir, cfg.HTTP.Addr = dir, "127.0.0.1:0"
+	path := filepath.Join(dir, "agentgate.db")
+	d, err := Start(t.Context(), cfg, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Options{Agent: echo.New(), WrapStore: func(s persistence.Store) persistence.Store { return &goneAtReplay{Store: s, path: path} }})
+	if err == nil {
+		_ = d.Stop(context.Background())
+		t.Fatal("Start whose replay found the database file deleted succeeded, want it refused")
+	}
+	if !errors.Is(err, persistence.ErrFileGone) {
+		t.Errorf("Start = %v, want persistence.ErrFileGone", err)
+	}
 }

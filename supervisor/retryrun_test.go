@@ -186,3 +186,69 @@ func TestRunRecordsRetryWaitsForTheSpool(t *testing.T) {
 		t.Error("the run was recorded while the last run's writes waited in the spool; want it recorded once they are replayed")
 	}
 }
+
+// replayRefusedOnce is a database whose first commit is refused as unavailable (the start's
+// replay of the spool), and which takes everything after it, the record of the run included:
+// a database back between the replay's try and the record. It notes whether the run was
+// recorded while writes waited in the spool of dir.
+type replayRefusedOnce struct {
+	persistence.Store
+	dir      string
+	refused  atomic.Bool
+	early    atomic.Bool
+	recorded atomic.Bool
+}
+
+func (s *replayRefusedOnce) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	if s.refused.CompareAndSwap(false, true) {
+		errs := make([]error, len(groups))
+		for i := range errs {
+			errs[i] = fmt.Errorf("%w: connection refused (test)", persistence.ErrUnavailable)
+		}
+		return errs
+	}
+	return s.Store.Commit(ctx, groups)
+}
+
+func (s *replayRefusedOnce) BeginRun(ctx context.Context, run string, at time.Time) (*persistence.UncleanStop, error) {
+	if n, err := spool.Waiting(filepath.Join(s.dir, "spool")); err != nil || n > 0 {
+		s.early.Store(true)
+	}
+	u, err := s.Store.BeginRun(ctx, run, at)
+	if err == nil {
+		s.recorded.Store(true)
+	}
+	return u, err
+}
+
+// TestRunIsNotRecordedAtStartWhileTheSpoolWaits: the record of the run made at start, after
+// the start's replay of the last run's spool, waits for that replay when it did not drain the
+// spool (the database unavailable at that moment, a batch it could not remove), as the retry
+// of a refused record does. Before, only the retry waited: a database that took the record
+// right after refusing the replay (back from an outage, or the replay's commit met a lock)
+// counted the last run's unclean stop against heads that the spool had answered.
+func TestRunIsNotRecordedAtStartWhileTheSpoolWaits(t *testing.T) {
+	dir := t.TempDir()
+	o := &storetest.Outage{}
+	r := startWithOutage(t, dir, o, echo.New())
+	r.inject(t, dm, "m1", "one")
+	r.waitSent(t, 1)
+	o.Down.Store(true)
+	r.inject(t, dm, "m2", "two, spooled")
+	r.waitSent(t, 2)
+	r.stop(t)
+
+	st := &replayRefusedOnce{dir: dir}
+	r = MustStartDaemon(t, echo.New(), daemonOpts{dir: dir, wrap: func(s persistence.Store) persistence.Store {
+		st.Store = s
+		return st
+	}})
+	defer r.stop(t)
+	waitUntil(t, func() bool { return st.recorded.Load() })
+	if !st.refused.Load() {
+		t.Fatal("the start's replay made no commit; the test did not set up a spool")
+	}
+	if st.early.Load() {
+		t.Error("the run was recorded at start while the last run's writes waited in the spool; want it recorded once they are replayed")
+	}
+}
