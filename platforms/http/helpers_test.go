@@ -250,6 +250,9 @@ type fakeSessions struct {
 	// repliesErr, when set, is what RepliesTo returns, for failReplies calls (every call when 0).
 	repliesErr  error
 	failReplies int
+	// repliesHang, when set, makes RepliesTo wait for its ctx or for the channel to close, as a
+	// database that does not answer until the caller's deadline (or the store's own bound).
+	repliesHang chan struct{}
 	// requeueErr, when set, is what Requeue returns.
 	requeueErr error
 	// requeueAfter is the key's outbox seq before a requeue, as Requeue reports it.
@@ -414,8 +417,18 @@ func (f *fakeSessions) LastOutboxSeq(_ context.Context, key string) (int64, erro
 	return last, nil
 }
 
-func (f *fakeSessions) RepliesTo(_ context.Context, key, messageID string, after int64) ([]*platforms.Outbound, error) {
+func (f *fakeSessions) RepliesTo(ctx context.Context, key, messageID string, after int64) ([]*platforms.Outbound, error) {
 	f.mu.Lock()
+	if hang := f.repliesHang; hang != nil {
+		f.record("replies %s %s", key, messageID)
+		f.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("replies: %w", context.Cause(ctx))
+		case <-hang:
+			return nil, errors.New("replies: no answer from the database (test)")
+		}
+	}
 	defer f.mu.Unlock()
 	f.record("replies %s %s", key, messageID)
 	if f.repliesErr != nil {

@@ -638,6 +638,18 @@ func answer(got []*platforms.Outbound, key string, last bool) ([]*platforms.Outb
 // may have ended before, and no live reply would come. Before, such a wait ran to its deadline
 // and was answered 202 without the replies, also once the database answered again within it.
 func (p *Platform) awaitReplies(ctx context.Context, stop <-chan struct{}, w *waiter, ack *platforms.Ack, deadline time.Time, check bool) ([]*platforms.Outbound, bool) {
+	// The outbox's reads end with the wait (its deadline, the platform's stop): a database that
+	// does not answer held the request until the store gave up (15 s on PostgreSQL), however
+	// short the wait, and the stop with it.
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	lookAfter, relook := ack.OutboxAfter, check && p.relayed.Load()
 	if ack.Disposition == platforms.Duplicate {
 		got, done, err := p.offerDurable(ctx, w, ack.SessionKey, 0, slog.LevelWarn)

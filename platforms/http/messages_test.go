@@ -654,6 +654,36 @@ func TestWaitDuplicateReadsTheOutboxAgain(t *testing.T) {
 	}
 }
 
+// TestWaitDuplicateReadBoundedByTheWait: a duplicate's ?wait whose read of the outbox gets no
+// answer (a database that hangs, which the store gives up on only after its own bound, 15 s on
+// PostgreSQL) is answered at the wait's deadline, 202 without replies. Before, the read ran
+// under the request's context alone: the answer came when the store gave up, however short
+// the wait asked for, and a platform's stop waited for it too.
+func TestWaitDuplicateReadBoundedByTheWait(t *testing.T) {
+	sessions := newFakeSessions()
+	hang := make(chan struct{})
+	sessions.repliesHang = hang
+	rt := &fakeRuntime{}
+	h := mustStart(t, Config{Sessions: sessions, ReplyCheck: 10 * time.Millisecond}, rt)
+	rt.setRespond(func(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
+		return ackFor(in, platforms.Duplicate), nil
+	})
+	done := make(chan response, 1)
+	go func() {
+		done <- h.post("/v1/messages?wait=200ms", map[string]string{"chat_id": "c", "user_id": "u", "text": "t", "message_id": "m1"})
+	}()
+	select {
+	case got := <-done:
+		if got.status != http.StatusAccepted {
+			t.Errorf("POST duplicate ?wait = %d %s, want 202 at the wait's deadline", got.status, got.body)
+		}
+	case <-time.After(10 * time.Second):
+		close(hang) // the store gives up
+		<-done
+		t.Fatal("POST duplicate ?wait=200ms was not answered within 10s while the outbox read hung; want 202 at its deadline")
+	}
+}
+
 func TestWaitRejected(t *testing.T) {
 	rt := &fakeRuntime{}
 	rt.setRespond(func(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
