@@ -121,30 +121,55 @@ func grepLines(s, substr string) string {
 	return strings.Join(out, "")
 }
 
+// runRecords notes whether a store recorded the daemon's run (BeginRun), and whether it did so
+// while writes waited in the spool of dir.
+type runRecords struct {
+	dir             string
+	early, recorded atomic.Bool
+}
+
+// beginRun records the run through begin, noting it.
+func (w *runRecords) beginRun(ctx context.Context, begin func(context.Context, string, time.Time) (*persistence.UncleanStop, error), run string, at time.Time) (*persistence.UncleanStop, error) {
+	if n, err := spool.Waiting(filepath.Join(w.dir, "spool")); err != nil || n > 0 {
+		w.early.Store(true)
+	}
+	u, err := begin(ctx, run, at)
+	if err == nil {
+		w.recorded.Store(true)
+	}
+	return u, err
+}
+
+// lastRunsWritesInTheSpool runs a daemon on dir that answers one message and then, the
+// database down, a second one, whose writes go to the spool, and stops it: the next start on
+// dir finds them there.
+func lastRunsWritesInTheSpool(t *testing.T, dir string) {
+	t.Helper()
+	o := &storetest.Outage{}
+	r := startWithOutage(t, dir, o, echo.New())
+	r.inject(t, dm, "m1", "one")
+	r.waitSent(t, 1)
+	o.Down.Store(true)
+	r.inject(t, dm, "m2", "two, spooled")
+	r.waitSent(t, 2)
+	r.stop(t)
+}
+
 // runAfterSpool is an outage whose first record of the daemon's run is refused, as a database
 // that is down when the daemon starts refuses it, and that notes whether a later record was
-// made while writes waited in the spool of dir.
+// made while writes waited in the spool.
 type runAfterSpool struct {
 	*storetest.Outage
-	dir      string
-	refused  atomic.Bool
-	pings    atomic.Int32
-	early    atomic.Bool
-	recorded atomic.Bool
+	runRecords
+	refused atomic.Bool
+	pings   atomic.Int32
 }
 
 func (s *runAfterSpool) BeginRun(ctx context.Context, run string, at time.Time) (*persistence.UncleanStop, error) {
 	if s.refused.CompareAndSwap(false, true) {
 		return nil, fmt.Errorf("%w: connection refused (test)", persistence.ErrUnavailable)
 	}
-	if n, err := spool.Waiting(filepath.Join(s.dir, "spool")); err != nil || n > 0 {
-		s.early.Store(true)
-	}
-	u, err := s.Outage.BeginRun(ctx, run, at)
-	if err == nil {
-		s.recorded.Store(true)
-	}
-	return u, err
+	return s.beginRun(ctx, s.Outage.BeginRun, run, at)
 }
 
 func (s *runAfterSpool) Ping(ctx context.Context) error {
@@ -161,18 +186,11 @@ func (s *runAfterSpool) Ping(ctx context.Context) error {
 // "recorded the daemon's run in the store" logged before "spool drained").
 func TestRunRecordsRetryWaitsForTheSpool(t *testing.T) {
 	dir := t.TempDir()
-	o := &storetest.Outage{}
-	r := startWithOutage(t, dir, o, echo.New())
-	r.inject(t, dm, "m1", "one")
-	r.waitSent(t, 1)
-	o.Down.Store(true)
-	r.inject(t, dm, "m2", "two, spooled")
-	r.waitSent(t, 2)
-	r.stop(t)
+	lastRunsWritesInTheSpool(t, dir)
 
-	st := &runAfterSpool{Outage: &storetest.Outage{}, dir: dir}
+	st := &runAfterSpool{Outage: &storetest.Outage{}, runRecords: runRecords{dir: dir}}
 	st.Down.Store(true)
-	r = MustStartDaemon(t, echo.New(), daemonOpts{dir: dir, wrap: func(s persistence.Store) persistence.Store {
+	r := MustStartDaemon(t, echo.New(), daemonOpts{dir: dir, wrap: func(s persistence.Store) persistence.Store {
 		st.Outage.Store = s
 		return st
 	}})
@@ -190,13 +208,11 @@ func TestRunRecordsRetryWaitsForTheSpool(t *testing.T) {
 // replayRefusedOnce is a database whose first commit is refused as unavailable (the start's
 // replay of the spool), and which takes everything after it, the record of the run included:
 // a database back between the replay's try and the record. It notes whether the run was
-// recorded while writes waited in the spool of dir.
+// recorded while writes waited in the spool.
 type replayRefusedOnce struct {
 	persistence.Store
-	dir      string
-	refused  atomic.Bool
-	early    atomic.Bool
-	recorded atomic.Bool
+	runRecords
+	refused atomic.Bool
 }
 
 func (s *replayRefusedOnce) Commit(ctx context.Context, groups [][]persistence.Op) []error {
@@ -211,14 +227,7 @@ func (s *replayRefusedOnce) Commit(ctx context.Context, groups [][]persistence.O
 }
 
 func (s *replayRefusedOnce) BeginRun(ctx context.Context, run string, at time.Time) (*persistence.UncleanStop, error) {
-	if n, err := spool.Waiting(filepath.Join(s.dir, "spool")); err != nil || n > 0 {
-		s.early.Store(true)
-	}
-	u, err := s.Store.BeginRun(ctx, run, at)
-	if err == nil {
-		s.recorded.Store(true)
-	}
-	return u, err
+	return s.beginRun(ctx, s.Store.BeginRun, run, at)
 }
 
 // TestRunIsNotRecordedAtStartWhileTheSpoolWaits: the record of the run made at start, after
@@ -229,17 +238,10 @@ func (s *replayRefusedOnce) BeginRun(ctx context.Context, run string, at time.Ti
 // counted the last run's unclean stop against heads that the spool had answered.
 func TestRunIsNotRecordedAtStartWhileTheSpoolWaits(t *testing.T) {
 	dir := t.TempDir()
-	o := &storetest.Outage{}
-	r := startWithOutage(t, dir, o, echo.New())
-	r.inject(t, dm, "m1", "one")
-	r.waitSent(t, 1)
-	o.Down.Store(true)
-	r.inject(t, dm, "m2", "two, spooled")
-	r.waitSent(t, 2)
-	r.stop(t)
+	lastRunsWritesInTheSpool(t, dir)
 
-	st := &replayRefusedOnce{dir: dir}
-	r = MustStartDaemon(t, echo.New(), daemonOpts{dir: dir, wrap: func(s persistence.Store) persistence.Store {
+	st := &replayRefusedOnce{runRecords: runRecords{dir: dir}}
+	r := MustStartDaemon(t, echo.New(), daemonOpts{dir: dir, wrap: func(s persistence.Store) persistence.Store {
 		st.Store = s
 		return st
 	}})
