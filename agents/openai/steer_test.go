@@ -24,20 +24,29 @@ func newHeldModel(t *testing.T, first http.HandlerFunc, rest ...http.HandlerFunc
 	return newFakeModel(t, append([]http.HandlerFunc{held}, rest...)...), release
 }
 
-// steered runs a turn of a on "question", steers "and also this" into it once the model got its
-// first request, and then lets release go (the first answer waits on it).
-func steered(t *testing.T, a *openai.Agent, m *openaitest.Model, release chan struct{}, partial func(string)) (*agents.Response, error) {
-	t.Helper()
-	steer := make(chan agents.Message) // unbuffered: a send returns once the agent took it
-	type ran struct {
-		resp *agents.Response
-		err  error
-	}
+// ran is what a turn run in the background returned.
+type ran struct {
+	resp *agents.Response
+	err  error
+}
+
+// startTurn runs a turn of a on "question" in the background, taking messages steered in from
+// steer, and returns where its result comes.
+func startTurn(t *testing.T, a *openai.Agent, steer chan agents.Message, partial func(string)) <-chan ran {
 	done := make(chan ran, 1)
 	go func() {
 		resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "question")}, Steer: steer, Partial: partial})
 		done <- ran{resp, err}
 	}()
+	return done
+}
+
+// steered runs a turn of a on "question", steers "and also this" into it once the model got its
+// first request, and then lets release go (the first answer waits on it).
+func steered(t *testing.T, a *openai.Agent, m *openaitest.Model, release chan struct{}, partial func(string)) (*agents.Response, error) {
+	t.Helper()
+	steer := make(chan agents.Message) // unbuffered: a send returns once the agent took it
+	done := startTurn(t, a, steer, partial)
 	m.Wait(t)
 	steer <- msg("user", "and also this")
 	close(release)
@@ -128,15 +137,7 @@ func TestSteeredIntoASteeredCallAnsweredWithNoText(t *testing.T) {
 	}, openaitest.Reply("Answered as one.", 30, 3))
 	a := MustAgent(t, m, nil, nil, nil)
 	steer := make(chan agents.Message) // unbuffered: a send returns once the agent took it
-	type ran struct {
-		resp *agents.Response
-		err  error
-	}
-	done := make(chan ran, 1)
-	go func() {
-		resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "question")}, Steer: steer})
-		done <- ran{resp, err}
-	}()
+	done := startTurn(t, a, steer, nil)
 	m.Wait(t)
 	steer <- msg("user", "and also this")
 	close(release)
