@@ -2,6 +2,7 @@ package persistence_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -110,14 +111,8 @@ func TestASpoolReplayEndsTheRefusals(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		refusals := &persistence.Refusals{}
 		w := newBrokenWorld(t, persistence.ActorOptions{Refusals: refusals}, nil)
-		sp, broken, out, logs, write := w.sp, w.broken, w.out, w.logs, w.write
-		if err := write(1, session("s1", "k1", t0)); err != nil {
-			t.Fatal(err)
-		}
-		out.Down.Store(true)
-		if err := write(2, userMessage("s1", 1, "spooled")); err != nil {
-			t.Fatalf("write with the database down = %v, want it taken by the spool", err)
-		}
+		broken, out, write := w.broken, w.out, w.write
+		w.spoolOne()
 		broken.append.Store(true)
 		if err := write(3, userMessage("s1", 2, "refused")); !errors.Is(err, persistence.ErrUnavailable) {
 			t.Fatalf("write with the database and the spool failing = %v, want ErrUnavailable", err)
@@ -130,15 +125,7 @@ func TestASpoolReplayEndsTheRefusals(t *testing.T) {
 		out.Down.Store(false)
 		time.Sleep(2 * time.Second) // two replay ticks (ReplayEvery) of the fake clock
 		synctest.Wait()
-		if n := sp.Len(); n != 0 {
-			t.Fatalf("the spool holds %d batches after two replay ticks with the database up, want none", n)
-		}
-		if err := refusals.Err(time.Now()); err != nil {
-			t.Errorf("Refusals.Err once the replay drained the spool = %v, want nil: the database takes writes", err)
-		}
-		if l := logs.String(); !strings.Contains(l, `msg="writes taken again after the database and spool both refused them" refused=1 `) {
-			t.Errorf("the replay that drained the spool did not log the refusals' end:\n%s", l)
-		}
+		w.wantRefusalsEnded(refusals, 1)
 	})
 }
 
@@ -155,13 +142,7 @@ func TestAReplayThatLeavesTheSpoolEndsNoRefusals(t *testing.T) {
 		refusals := &persistence.Refusals{}
 		w := newBrokenWorld(t, persistence.ActorOptions{Refusals: refusals}, nil)
 		sp, broken, out, logs, write := w.sp, w.broken, w.out, w.logs, w.write
-		if err := write(1, session("s1", "k1", t0)); err != nil {
-			t.Fatal(err)
-		}
-		out.Down.Store(true)
-		if err := write(2, userMessage("s1", 1, "spooled")); err != nil {
-			t.Fatalf("write with the database down = %v, want it taken by the spool", err)
-		}
+		w.spoolOne()
 		broken.append.Store(true)
 		broken.remove.Store(true)
 		out.Down.Store(false) // the database takes writes; the spool takes none, nor lets go of its batch
@@ -190,15 +171,7 @@ func TestAReplayThatLeavesTheSpoolEndsNoRefusals(t *testing.T) {
 		broken.remove.Store(false)
 		time.Sleep(time.Second)
 		synctest.Wait()
-		if n := sp.Len(); n != 0 {
-			t.Fatalf("the spool holds %d batches once it can be emptied, want none", n)
-		}
-		if err := refusals.Err(time.Now()); err != nil {
-			t.Errorf("Refusals.Err once the replay drained the spool = %v, want nil", err)
-		}
-		if l := logs.String(); !strings.Contains(l, `msg="writes taken again after the database and spool both refused them" refused=3 `) {
-			t.Errorf("the replay that drained the spool did not log the refusals' end with refused=3:\n%s", l)
-		}
+		w.wantRefusalsEnded(refusals, 3)
 	})
 }
 
@@ -241,4 +214,32 @@ func TestTheEndOfRefusedWritesIsLoggedAcrossARestart(t *testing.T) {
 			t.Errorf("the end of the refusals after a restart not logged with refused=2 lasted=10s:\n%s", l)
 		}
 	})
+}
+
+// spoolOne writes session s1 (key k1) to the database, then, the database down, a message of
+// it, which the spool takes.
+func (w *brokenWorld) spoolOne() {
+	w.t.Helper()
+	if err := w.write(1, session("s1", "k1", t0)); err != nil {
+		w.t.Fatal(err)
+	}
+	w.out.Down.Store(true)
+	if err := w.write(2, userMessage("s1", 1, "spooled")); err != nil {
+		w.t.Fatalf("write with the database down = %v, want it taken by the spool", err)
+	}
+}
+
+// wantRefusalsEnded checks that the spool's replay emptied it and ended the refusals: refusals
+// holds none, and the end is logged, counting refused writes.
+func (w *brokenWorld) wantRefusalsEnded(refusals *persistence.Refusals, refused int) {
+	w.t.Helper()
+	if n := w.sp.Len(); n != 0 {
+		w.t.Fatalf("the spool holds %d batches once the database and the spool take writes and a replay ran, want none", n)
+	}
+	if err := refusals.Err(time.Now()); err != nil {
+		w.t.Errorf("Refusals.Err once the replay drained the spool = %v, want nil: the database takes writes", err)
+	}
+	if l := w.logs.String(); !strings.Contains(l, fmt.Sprintf(`msg="writes taken again after the database and spool both refused them" refused=%d `, refused)) {
+		w.t.Errorf("the replay that drained the spool did not log the refusals' end with refused=%d:\n%s", refused, l)
+	}
 }
