@@ -499,11 +499,7 @@ func TestLeavingMemberDoesNotStartAKeyForAMessageBouncedWhileItStops(t *testing.
 // on the leaving member.
 func TestLeavingMemberDoesNotStartAKeyWhoseRecoverBouncedWhileItActivated(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var owner atomic.Pointer[actor.PID]
-		w := clusterWorld(t, echo.New())
-		silent := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
-		w.d.Placement = peersPlacement{self: w.manager, peers: []*actor.PID{silent}, owner: &owner}
-		owner.Store(w.manager)
+		w := peeredClusterWorld(t, echo.New())
 		successor := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
 		w.system.Root.Send(w.manager, &Forward{Key: w.key, Hops: 1, Msg: &Forward_Recover{Recover: &Recover{}}})
 		synctest.Wait()

@@ -189,6 +189,18 @@ type peersPlacement struct {
 	owner *atomic.Pointer[actor.PID]
 }
 
+// peeredClusterWorld is a clusterWorld with one peer, which answers nothing; its manager owns
+// every key.
+func peeredClusterWorld(t *testing.T, agent agents.Agent) *managerWorld {
+	t.Helper()
+	var owner atomic.Pointer[actor.PID]
+	w := clusterWorld(t, agent)
+	silent := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+	w.d.Placement = peersPlacement{self: w.manager, peers: []*actor.PID{silent}, owner: &owner}
+	owner.Store(w.manager)
+	return w
+}
+
 func (p peersPlacement) Owner(string) *actor.PID { return p.owner.Load() }
 func (p peersPlacement) Peers() []*actor.PID     { return p.peers }
 func (p peersPlacement) Self() *actor.PID        { return p.self }
@@ -208,11 +220,7 @@ func TestActivationFinishedAfterLeaveHandsTheKeyOn(t *testing.T) {
 			ran.Add(1)
 			return &agents.Response{Text: "echo"}, nil
 		})
-		var owner atomic.Pointer[actor.PID]
-		w := clusterWorld(t, agent)
-		silent := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
-		w.d.Placement = peersPlacement{self: w.manager, peers: []*actor.PID{silent}, owner: &owner}
-		owner.Store(w.manager)
+		w := peeredClusterWorld(t, agent)
 		forwarded := make(chan *Forward, 4)
 		successor := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
 			if f, ok := c.Message().(*Forward); ok {
@@ -413,11 +421,7 @@ func TestActivationAsksASilentMemberAgain(t *testing.T) {
 // Recover that comes while the member leaves (TestLeavingMembersInAnOutageDoNotPassARecoverBackAndForth).
 func TestRecoverFromBeforeTheLeaveGoesOnAsNew(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var owner atomic.Pointer[actor.PID]
-		w := clusterWorld(t, echo.New())
-		silent := w.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
-		w.d.Placement = peersPlacement{self: w.manager, peers: []*actor.PID{silent}, owner: &owner}
-		owner.Store(w.manager)
+		w := peeredClusterWorld(t, echo.New())
 		forwarded := make(chan *Forward, 4)
 		successor := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
 			if f, ok := c.Message().(*Forward); ok {
