@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -13,6 +14,7 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/asynkron/protoactor-go/actor"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestLeavingManagerHandsKeysOnOnceTheirTurnsEnd: a manager whose member leaves the cluster
@@ -587,5 +589,46 @@ func panicsOnBoom(ran chan<- string, release <-chan struct{}) agents.Agent {
 			panic("agent bug")
 		}
 		return &agents.Response{Text: "ok"}, nil
+	})
+}
+
+// TestLeavingManagersDrainWaitsForIdleSessionsToHandOn: the drain of a leaving member is asked
+// right behind the Leave (Daemon.Stop), and sessions with no turn running hand their keys on
+// once they have read that their member leaves. The drain ends once they have. Before, it was
+// answered as soon as the manager had told them, before any had read it: the daemon went on to
+// stop them, and those that had not read it yet stopped without handing their keys on (a
+// leaving member counted 1 of its 3 sessions handed on, in CI's TestClusterCountsSessionsHandedOn).
+func TestLeavingManagersDrainWaitsForIdleSessionsToHandOn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newManagerWorld(t, echo.New(), func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		const sessions = 3
+		for i := range sessions {
+			src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: fmt.Sprint("c", i), UserID: "u1"}
+			key := identity.Key(src, w.d.Config.Keys)
+			res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: key, Msg: &Deliver{SessionKey: key,
+				Source: sourceToProto(src), MessageId: fmt.Sprint("m", i), Text: "hi"}}, time.Hour).Result()
+			if err != nil || res.(*DeliverResult).Disposition != "started" {
+				t.Fatalf("m%d: %+v %v", i, res, err)
+			}
+		}
+		w.awaitTurnEnds(sessions)
+		synctest.Wait()
+
+		successor, _ := w.forwardSink()
+		handedOn := make(chan float64, 1)
+		drainer := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if _, ok := c.Message().(*Drained); ok {
+				handedOn <- promtest.ToFloat64(w.d.Metrics.SessionsHandedOn)
+			}
+		}))
+		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return successor }})
+		w.system.Root.RequestWithCustomSender(w.manager, &Drain{}, drainer)
+		if n := <-handedOn; n != sessions {
+			t.Errorf("at the drain's end %v sessions had handed their keys on, want all %d", n, sessions)
+		}
+		synctest.Wait()
+		if keys := w.active(t); len(keys) != 0 {
+			t.Errorf("sessions %v still in memory, want none", keys)
+		}
 	})
 }
