@@ -389,8 +389,14 @@ func (a *Platform) onSent(c actor.Context, m *sendDone) {
 	}
 	a.d.Metrics.OutboundTotal.WithLabelValues(name, "error").Inc()
 	if errors.Is(m.err, platforms.ErrUndeliverable) {
-		a.log.Error("the platform refused the message for good; recorded as failed",
-			"session", key, "seq", m.out.Seq, "kind", m.out.Kind, logging.Err(m.err))
+		if errors.Is(m.err, platforms.ErrDeleted) {
+			// Its users took the message back: nothing for the operator to do.
+			a.log.Info("the message a reply answers was deleted; recorded as failed",
+				"session", key, "seq", m.out.Seq, "kind", m.out.Kind, logging.Err(m.err))
+		} else {
+			a.log.Error("the platform refused the message for good; recorded as failed",
+				"session", key, "seq", m.out.Seq, "kind", m.out.Kind, logging.Err(m.err))
+		}
 		a.finishHead(c, key, m.out, persistence.DeliveryFailed)
 		return
 	}

@@ -185,3 +185,9 @@ var (
 // the chat is gone, the bot may not post there, the user does not take messages from it.
 // Sending it again cannot help; the outbox records it as failed.
 var ErrUndeliverable = errors.New("platforms: undeliverable")
+
+// ErrDeleted is wrapped by a Send error, with ErrUndeliverable, when the message sent could not
+// be placed because the message it answers was deleted by its users meanwhile (Discord: the
+// mention its auto-thread was to open from). It is recorded as failed like any undeliverable
+// message, but logged at Info: there is nothing for the operator to fix.
+var ErrDeleted = errors.New("platforms: the message it answers was deleted")

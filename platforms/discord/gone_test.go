@@ -3,6 +3,7 @@ package discord_test
 import (
 	"cmp"
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -196,4 +197,43 @@ func TestStreamedReplyRefusedForGoodIsFinal(t *testing.T) {
 	}
 	second := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "again"})
 	w.replyTo(t, dmID, second.ID)
+}
+
+// TestReplyToAMentionDeletedBeforeItsThreadCouldOpen: the thread for a mention could not be
+// opened at once (a passing 500), and its sender deletes the mention while the agent answers
+// it. The reply cannot open the thread (404 Unknown Message): it is given up, recorded as failed
+// and not tried again, with an INF line saying the message was deleted. Before, it was given up
+// with the ERR line that asks the operator to fix the bot's permissions, though there is
+// nothing to fix (found by the Discord soak).
+func TestReplyToAMentionDeletedBeforeItsThreadCouldOpen(t *testing.T) {
+	a := newHeldAgent()
+	w := startWorld(t, a.agent(), func(c *config.Config) { c.Platforms.Discord.AutoThread = true })
+	w.srv.FailNext("POST", "/threads", 500, 1)
+	m := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "a question first", MentionBot: true})
+	<-a.started
+	w.srv.Delete(m.ID)
+	// The gateway reader handles events in order: once a later message is stored, the deletion
+	// has been handled (the running mention is answered all the same).
+	later := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: bob, Content: "unrelated", MentionBot: true})
+	w.mustRow(t, channelID, later.ID, "the later mention stored", func(active, _ bool) bool { return active })
+	close(a.release)
+	key := identity.Key(identity.Source{Platform: discord.Name, ChatType: identity.ChatThread, ChatID: channelID, ThreadID: m.ID}, identity.DefaultKeyOptions)
+	if got := w.settled(t, key); got != persistence.DeliveryFailed {
+		t.Errorf("the reply is %s, want it failed (its message is gone)", got)
+	}
+	log := w.log.String()
+	if strings.Contains(log, "level=ERROR") {
+		t.Errorf("the log has an ERR line:\n%s", log)
+	}
+	if !strings.Contains(log, `level=INFO msg="the message a reply answers was deleted; recorded as failed"`) {
+		t.Errorf("the log does not say the message was deleted:\n%s", log)
+	}
+	if n := w.srv.Requests("POST", "/channels/"+channelID+"/messages/"+m.ID+"/threads"); n != 2 {
+		t.Errorf("%d requests to open the deleted mention's thread, want 2 (the mention's, the reply's)", n)
+	}
+	for _, s := range contents(w.srv.Sent(channelID)) {
+		if !strings.Contains(s, "could not open a thread") {
+			t.Errorf("the channel got %q, want only the notice that the thread could not open", s)
+		}
+	}
 }

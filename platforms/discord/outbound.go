@@ -78,6 +78,13 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 			case err == nil:
 				_, err = p.post(ctx, channel, msg)
 				made = mayHavePosted(err)
+			case apiCode(err) == discordgo.ErrCodeUnknownMessage && slices.Contains(out.InReplyTo, out.Target.ThreadID):
+				// The mention the thread was to open from, which the reply answers, was deleted
+				// after it was taken (its opening failed for a moment then): there is nothing to
+				// answer under, and nothing for the operator to fix. Before, the reply was given
+				// up with the ERR line that asks for the bot's permissions (found by the Discord
+				// soak).
+				err = fmt.Errorf("%w: %w", platforms.ErrDeleted, err)
 			case threadsRefused(err):
 				// The thread can never be opened (no permission to): answer in the channel,
 				// under the message the thread was for.
