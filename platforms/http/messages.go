@@ -425,9 +425,12 @@ func jsonError(err error) *apiError {
 // oversized text (when a field was missing too), or a 413 whose message went on about other
 // fields, mixed two answers in one.
 func (m *MessageRequest) validate() *apiError {
-	if len(m.Text) > MaxTextBytes {
-		return &apiError{http.StatusRequestEntityTooLarge, CodeTextTooLarge,
-			fmt.Sprintf("text is %d bytes, the limit is %d", len(m.Text), MaxTextBytes)}
+	if n := storedLen(m.Text); n > MaxTextBytes {
+		msg := fmt.Sprintf("text is %d bytes, the limit is %d", n, MaxTextBytes)
+		if n != len(m.Text) {
+			msg = fmt.Sprintf("text is %d bytes as stored (each NUL is stored as U+FFFD, 3 bytes), the limit is %d", n, MaxTextBytes)
+		}
+		return &apiError{http.StatusRequestEntityTooLarge, CodeTextTooLarge, msg}
 	}
 	var problems []*apiError
 	var missing []string
@@ -482,6 +485,14 @@ func (m *MessageRequest) validate() *apiError {
 		msgs[i] = p.message
 	}
 	return &apiError{status: problems[0].status, code: problems[0].code, message: strings.Join(msgs, "; ")}
+}
+
+// storedLen is the length of text as the store keeps it: the intake replaces each NUL, which
+// PostgreSQL cannot store, by U+FFFD (3 bytes). The limit is of that, the text's rows, prompts
+// and transcript pages: 64 KiB of NULs passed a check of the text as sent and were stored as
+// 192 KiB.
+func storedLen(text string) int {
+	return len(text) + (len("\uFFFD")-1)*strings.Count(text, "\x00")
 }
 
 // checkID rejects an id that is too long, carries control characters or is padded (or made) with

@@ -138,6 +138,7 @@ func TestPostMessageBadInput(t *testing.T) {
 		{"charset parameter in upper case", map[string]string{"Content-Type": "application/json; charset=UTF-8"}, `{"chat_id":"c","user_id":"u","text":"t"}`},
 		{"charset utf8, as some clients spell it", map[string]string{"Content-Type": "application/json; charset=utf8"}, `{"chat_id":"c","user_id":"u","text":"t"}`},
 		{"text at the limit", jsonHeader, `{"chat_id":"c","user_id":"u","text":"` + strings.Repeat("a", MaxTextBytes) + `"}`},
+		{"text at the limit as stored, with NULs", jsonHeader, `{"chat_id":"c","user_id":"u","text":"` + strings.Repeat(`\u0000`, MaxTextBytes/3) + `a"}`},
 		{"id at the limit", jsonHeader, `{"chat_id":"` + long[1:] + `","user_id":"u","text":"t"}`},
 		{"thread with thread_id", jsonHeader, `{"chat_id":"c","user_id":"u","text":"t","chat_type":"thread","thread_id":"th"}`},
 		{"every field", jsonHeader, `{"chat_id":"c","chat_type":"thread","thread_id":"th","user_id":"u","user_name":"n","message_id":"every","profile":"p","text":"t"}`},
@@ -203,6 +204,10 @@ func TestPostMessageReportsEveryProblem(t *testing.T) {
 			413, CodeTextTooLarge, "text is 65537 bytes, the limit is 65536"},
 		{"text too large, a bad chat_type", `{"chat_id":"c","user_id":"u","chat_type":"forum","text":"` + strings.Repeat("a", MaxTextBytes+1) + `"}`,
 			413, CodeTextTooLarge, "text is 65537 bytes, the limit is 65536"},
+		// The limit is of the text as stored, where each NUL is U+FFFD: 64 KiB of NULs passed
+		// the check and were stored as 192 KiB.
+		{"text of NULs too large as stored", `{"chat_id":"c","user_id":"u","text":"` + strings.Repeat(`\u0000`, MaxTextBytes) + `"}`,
+			413, CodeTextTooLarge, "text is 196608 bytes as stored (each NUL is stored as U+FFFD, 3 bytes), the limit is 65536"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

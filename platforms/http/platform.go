@@ -55,7 +55,8 @@ const (
 	// MaxHeld, for the requests that are not held: health checks, scrapes, messages without
 	// ?wait. Else held requests could take every connection and those would wait behind them.
 	HeldRoom = 64
-	// MaxTextBytes is the longest accepted message text (DESIGN §5: 64 KiB).
+	// MaxTextBytes is the longest accepted message text (DESIGN §5: 64 KiB), as stored: each
+	// NUL counts as the U+FFFD it is stored as.
 	MaxTextBytes = 64 << 10
 	// MaxBodyBytes bounds a POST body: the text plus room for JSON escaping (a client may write
 	// every character as a six-byte \u escape) and the other fields.
