@@ -370,7 +370,10 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelWarn),
+		// OPTIONS * goes to the handler, past its checks, to be answered as OPTIONS of a
+		// route is (route): Go's server answered it itself, a bare 200.
+		DisableGeneralOptionsHandler: true,
+		ErrorLog:                     slog.NewLogLogger(p.log.Handler(), slog.LevelWarn),
 	}
 	p.log.Info("http platform serving", "addr", ln.Addr().String())
 
@@ -490,6 +493,14 @@ func (p *Platform) stopped() <-chan struct{} {
 // instead of the mux's plain text, and a path that is not in canonical form with a 404 rather
 // than the mux's redirect (redirectedTo).
 func (p *Platform) route(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodOptions && r.RequestURI == "*" {
+		// OPTIONS * asks what the server as a whole takes. The API takes no OPTIONS on any
+		// route (405, with the route's Allow): so neither here, where Allow names every
+		// method one route or another takes.
+		w.Header().Set("Allow", allMethods)
+		writeError(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed, "method OPTIONS not allowed")
+		return
+	}
 	h, pattern := p.mux.Handler(r)
 	if canonical, ok := redirectedTo(r, pattern); ok {
 		msg := "no such route: the path is not in canonical form"
@@ -521,6 +532,10 @@ func (p *Platform) route(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, CodeNotFound, msg)
 	}
 }
+
+// allMethods are the methods the routes take (routes), as the mux's Allow names them (HEAD
+// with GET).
+const allMethods = "GET, HEAD, POST"
 
 // withoutSlash returns r's path without its trailing slash when that is a route of r's method
 // (/v1/sessions/ for /v1/sessions): a new user's walkthrough met a bare "no such route".
