@@ -417,6 +417,7 @@ func (a *Agent) statusError(resp *http.Response) *StatusError {
 		Code:       resp.StatusCode,
 		Message:    sanitize(errorMessage(raw), a.keyString()),
 		RetryAfter: retryAfter(resp.Header, a.now()),
+		refused:    refusedParams(raw),
 	}
 	if resp.StatusCode == http.StatusNotFound {
 		se.hint = a.notFoundHint()
@@ -438,11 +439,14 @@ func (a *Agent) notFoundHint() string {
 }
 
 // errorMessage finds the message in an error body: {"error":{"message"}}, {"error":"…"},
-// {"message"}, or the body itself when it is not JSON.
+// {"message"}, pydantic's validation errors ({"detail":[{"loc","msg"}]}, FastAPI's 422, also
+// under "message" as Mistral sends them) as "body.stream_options: Extra inputs are not
+// permitted", FastAPI's {"detail":"…"}, or the body itself when it is not JSON.
 func errorMessage(raw []byte) string {
 	var doc struct {
 		Error   json.RawMessage `json:"error"`
-		Message string          `json:"message"`
+		Message json.RawMessage `json:"message"`
+		Detail  json.RawMessage `json:"detail"`
 	}
 	if json.Unmarshal(raw, &doc) != nil {
 		return string(raw)
@@ -456,8 +460,49 @@ func errorMessage(raw []byte) string {
 		return inner.Message
 	case json.Unmarshal(doc.Error, &s) == nil && s != "":
 		return s
+	case json.Unmarshal(doc.Message, &s) == nil && s != "":
+		return s
 	}
-	return doc.Message
+	for _, v := range []json.RawMessage{doc.Detail, doc.Message} {
+		if m := validationErrors(v); m != "" {
+			return m
+		}
+	}
+	if len(doc.Message) > 0 && string(doc.Message) != "null" {
+		return string(raw) // a message of another shape
+	}
+	return ""
+}
+
+// validationErrors renders pydantic's validation errors, raw: a detail list, an object that
+// holds one as "detail", or FastAPI's detail string; "" for anything else.
+func validationErrors(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var wrapped struct {
+		Detail json.RawMessage `json:"detail"`
+	}
+	if json.Unmarshal(raw, &wrapped) == nil && len(wrapped.Detail) > 0 {
+		raw = wrapped.Detail
+	}
+	var list []struct {
+		Loc []any  `json:"loc"`
+		Msg string `json:"msg"`
+	}
+	if json.Unmarshal(raw, &list) != nil {
+		return ""
+	}
+	var parts []string
+	for _, e := range list {
+		where := make([]string, len(e.Loc))
+		for i, l := range e.Loc {
+			where[i] = fmt.Sprint(l)
+		}
+		parts = append(parts, strings.Join(where, ".")+": "+e.Msg)
+	}
+	return strings.Join(parts, "; ")
 }
 
 // retryAfter reads how long the endpoint asks to wait: retry-after-ms (OpenAI's) or

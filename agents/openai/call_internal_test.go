@@ -156,3 +156,26 @@ func TestCutAt(t *testing.T) {
 		}
 	}
 }
+
+// TestErrorMessage: the message of an error body is found in the shapes endpoints send; before,
+// a 422 of pydantic's validation errors (FastAPI's, Mistral's) logged no message at all, or the
+// whole body, with the input it echoes.
+func TestErrorMessage(t *testing.T) {
+	for _, tt := range []struct{ body, want string }{
+		{`{"error":{"message":"Unknown parameter: 'seed'."}}`, "Unknown parameter: 'seed'."},
+		{`{"error":"bad gateway"}`, "bad gateway"},
+		{`{"object":"error","message":"context too long"}`, "context too long"},
+		{`{"detail":[{"type":"extra_forbidden","loc":["body","stream_options"],"msg":"Extra inputs are not permitted","input":{"include_usage":true}}]}`,
+			"body.stream_options: Extra inputs are not permitted"},
+		{`{"object":"error","message":{"detail":[{"loc":["body","messages",0,"user","name"],"msg":"Extra inputs are not permitted","input":"Ann"},{"loc":["body","n"],"msg":"Extra inputs are not permitted","input":2}]},"type":"invalid_request_error"}`,
+			"body.messages.0.user.name: Extra inputs are not permitted; body.n: Extra inputs are not permitted"},
+		{`{"detail":"Not Found"}`, "Not Found"},
+		{`{"message":{"text":"odd"}}`, `{"message":{"text":"odd"}}`},
+		{`{"id":"x"}`, ""},
+		{`upstream timed out`, "upstream timed out"},
+	} {
+		if got := errorMessage([]byte(tt.body)); got != tt.want {
+			t.Errorf("errorMessage(%s) = %q, want %q", tt.body, got, tt.want)
+		}
+	}
+}

@@ -57,6 +57,9 @@ type StatusError struct {
 	// hint is what the operator should check, for a status whose cause the endpoint's message
 	// may not say (a 404: see notFoundHint); "" for none.
 	hint string
+	// refused are the request parameters the answer names as what it refuses (refusedParams),
+	// which adapt may do without or name otherwise.
+	refused []string
 }
 
 // Error says which status the endpoint answered, its message, what to check (hint), and the

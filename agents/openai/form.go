@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/agentgate/agentgate/internal/logging"
@@ -37,7 +39,9 @@ func (a *Agent) form() form {
 //     stream_options", proxies in front of older servers "Unknown parameter: 'stream_options'".
 //     Left out, the usage of a stream is counted when the endpoint sends it unasked (some
 //     servers always do), and is unknown otherwise: every streamed turn failed as "its model
-//     endpoint refused the request" before.
+//     endpoint refused the request" before. The refusal must name it as what it refuses
+//     (refusedParams), not merely hold it: a proxy or a server that echoes the request in its
+//     error, refused for another reason, would otherwise switch it off for good.
 //
 // Only a refusal that names the parameter switches: any other 400 is the request's own fault,
 // and sent again would be refused again.
@@ -52,7 +56,7 @@ func (a *Agent) adapt(err error, f form, stream bool, log *slog.Logger) (form, b
 		if a.completionTokens.CompareAndSwap(false, true) {
 			log.Info("the model endpoint refused max_tokens and asks for max_completion_tokens; agent.openai.max_tokens goes by that name from now on")
 		}
-	case stream && !f.noStreamOptions && strings.Contains(se.Message, "stream_options"):
+	case stream && !f.noStreamOptions && slices.Contains(se.refused, "stream_options"):
 		f.noStreamOptions = true
 		if a.noStreamOptions.CompareAndSwap(false, true) {
 			log.Warn("the model endpoint refused stream_options; streamed requests go without it from now on, and their token usage is counted only where the endpoint sends it unasked",
@@ -62,6 +66,123 @@ func (a *Agent) adapt(err error, f form, stream bool, log *slog.Logger) (form, b
 		return f, false
 	}
 	return f, true
+}
+
+// refusedParams returns the request parameters that an endpoint's error body, raw, names as
+// what it refuses, each by its top-level name ("stream_options" for
+// "stream_options.include_usage"). It reads the shapes endpoints send, and nothing else of the
+// body: a proxy that echoes the request in its error, or vLLM's validation error, whose input is
+// the whole request, holds every parameter sent. Read are the param of the body and of its error
+// (OpenAI's, vLLM's), the loc of pydantic's validation errors in a detail list (FastAPI's 422,
+// Mistral's, also as a JSON string in a message), and the phrasings of refusedPhrases in the
+// messages (the body itself when it is not JSON).
+func refusedParams(raw []byte) []string {
+	var names []string
+	add := func(name string) {
+		// Its leading word: "stream_options" of "'stream_options'", of
+		// "stream_options.include_usage", of "'stream_options': {…".
+		name = strings.TrimLeft(name, " '\"{[")
+		if i := strings.IndexFunc(name, func(r rune) bool { return !isWordRune(r) }); i >= 0 {
+			name = name[:i]
+		}
+		if name != "" && !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	inMessage := func(s string) {
+		for _, re := range refusedPhrases {
+			for _, m := range re.FindAllStringSubmatch(s, -1) {
+				for name := range strings.SplitSeq(m[1], ",") {
+					add(name)
+				}
+			}
+		}
+	}
+	var doc any
+	if json.Unmarshal(raw, &doc) != nil {
+		inMessage(string(raw))
+		return names
+	}
+	// Only through the keys error, message and detail: never into a validation error's input,
+	// nor into anything else the body holds.
+	var walk func(v any, depth int)
+	walk = func(v any, depth int) {
+		if depth > 4 {
+			return
+		}
+		switch v := v.(type) {
+		case string:
+			inMessage(v)
+			if t := strings.TrimSpace(v); strings.HasPrefix(t, "{") || strings.HasPrefix(t, "[") {
+				var inner any
+				if json.Unmarshal([]byte(t), &inner) == nil {
+					walk(inner, depth+1)
+				}
+			}
+		case map[string]any:
+			if p, ok := v["param"].(string); ok {
+				add(p)
+			}
+			for _, k := range []string{"error", "message", "detail"} {
+				walk(v[k], depth+1)
+			}
+		case []any:
+			for _, e := range v {
+				if ve, ok := e.(map[string]any); ok {
+					if loc, ok := ve["loc"].([]any); ok {
+						add(locName(loc))
+						continue
+					}
+				}
+				walk(e, depth+1)
+			}
+		}
+	}
+	walk(doc, 0)
+	return names
+}
+
+// locName is the request parameter a pydantic validation error's loc names: its first element
+// after "body" (FastAPI's), "" for one of the whole body.
+func locName(loc []any) string {
+	if len(loc) > 0 && loc[0] == "body" {
+		loc = loc[1:]
+	}
+	if len(loc) == 0 {
+		return ""
+	}
+	name, _ := loc[0].(string)
+	return name
+}
+
+// refusedPhrases are the ways an endpoint's message names a parameter it refuses; the first
+// group holds the name, or names apart by commas.
+var refusedPhrases = []*regexp.Regexp{
+	// OpenAI and Azure OpenAI ("Unrecognized request argument supplied: stream_options",
+	// "Unrecognized request arguments supplied: a, b", "Unknown parameter: 'stream_options'.",
+	// "Unsupported parameter: 'max_tokens' is not supported with this model."), and the
+	// proxies and backends that word theirs alike ("Unsupported parameter: stream_options").
+	regexp.MustCompile(`(?i)(?:unknown|unsupported|unrecognized)(?: request)? (?:parameter|argument|field)s?(?: supplied)?: ('?[\w.]+'?(?:, *'?[\w.]+'?)*)`),
+	// Groq: "property 'stream_options' is unsupported, did you mean 'stream'?"
+	regexp.MustCompile(`(?i)property '([\w.]+)' is unsupported`),
+	// Azure AI model inference: "Validation error at #/stream_options: Extra inputs are not
+	// permitted".
+	regexp.MustCompile(`(?i)validation error at #/([\w.]+)`),
+	// vLLM before it knew stream_options: FastAPI's validation errors as Python's repr,
+	// "[{'type': 'extra_forbidden', 'loc': ('body', 'stream_options'), …".
+	regexp.MustCompile(`'loc': \('body', '([\w.]+)'`),
+	// vLLM's own validation errors: "… (parameter=stream_options)".
+	regexp.MustCompile(`\(parameter=([\w.]+)\)`),
+	// pydantic's text: "stream_options\n  Extra inputs are not permitted [type=extra_forbidden…".
+	regexp.MustCompile(`([\w.]+)\s+Extra inputs are not permitted`),
+	// LiteLLM: "litellm.UnsupportedParamsError: openrouter does not support parameters:
+	// {'stream_options': {'include_usage': True}}, for model=…" (or a list of names).
+	regexp.MustCompile(`(?i)does not support parameters: [\[{]([^\]}]*)`),
+}
+
+// isWordRune reports whether r may be part of a parameter's name.
+func isWordRune(r rune) bool {
+	return r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
 }
 
 // body encodes the request of conv in form f.

@@ -56,6 +56,8 @@ func FuzzModelAnswer(f *testing.F) {
 		{200, sse, true, "\n\n\n"},
 		{200, sse, false, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n"},
 		{429, js, true, `{"error":{"message":"slow down"}}`},
+		{422, js, true, `{"detail":[{"loc":["body","stream_options"],"msg":"Extra inputs are not permitted","input":{"k":"{KEY}"}}]}`},
+		{400, js, true, `{"object":"error","message":"[{'type': 'value_error', 'loc': ('body',), 'input': {'stream_options': {}}}]","param":null}`},
 		{500, "text/html", false, "<html>\x00{KEY}\n\n\x1b[31m</html>"},
 		{401, js, false, `{"message":"Bearer {KEY} is wrong"}`},
 		{302, "", false, ``},

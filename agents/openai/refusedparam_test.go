@@ -193,3 +193,67 @@ func TestRefusedParameterKeepsTheRetriesCounted(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamOptionsRefusalShapes: stream_options is left out for good only when the refusal
+// names it in a shape real endpoints send: OpenAI's error.param and its "Unknown parameter"
+// and "Unsupported parameter", Azure OpenAI's "Unrecognized request argument(s) supplied" and
+// "Validation error at #/…", Groq's "property … is unsupported", LiteLLM's "does not support
+// parameters", and pydantic's validation errors (FastAPI's 422 detail list, Mistral's, vLLM's
+// as Python's repr), whose loc names the field. A refusal that merely holds the request (a
+// proxy, or vLLM's validation error, that echoes the body it refused for another reason) does
+// not switch: the next refusal of a streamed request would then be met without stream_options,
+// and every streamed turn's token usage went uncounted from then on. Before, any 400 or 422 whose
+// message held "stream_options" anywhere switched, and a 422 whose detail list named it did not.
+func TestStreamOptionsRefusalShapes(t *testing.T) {
+	const echoed = `{"model":"gpt-test","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`
+	for _, tc := range []struct {
+		name    string
+		code    int
+		body    string
+		switch_ bool
+	}{
+		{"OpenAI, unknown parameter", 400, `{"error":{"message":"Unknown parameter: 'stream_options'.","type":"invalid_request_error","param":"stream_options","code":"unknown_parameter"}}`, true},
+		{"OpenAI, error.param alone", 400, `{"error":{"message":"Invalid type for a nested parameter.","type":"invalid_request_error","param":"stream_options.include_usage","code":"invalid_type"}}`, true},
+		{"Azure OpenAI", 400, `{"error":{"message":"Unrecognized request argument supplied: stream_options","type":"invalid_request_error","param":null,"code":null}}`, true},
+		{"Azure OpenAI, several", 400, `{"error":{"message":"Unrecognized request arguments supplied: seed, stream_options","type":"invalid_request_error","param":null,"code":null}}`, true},
+		{"Azure AI model inference", 400, `{"error":{"requestid":"eea1c96d-fba7-4116-9cb3-e614b9ff7652","code":400,"message":"Validation error at #/stream_options: Extra inputs are not permitted"}}`, true},
+		{"Groq", 400, `{"error":{"message":"property 'stream_options' is unsupported, did you mean 'stream'?","type":"invalid_request_error"}}`, true},
+		{"LiteLLM", 400, `{"error":{"message":"litellm.UnsupportedParamsError: openrouter does not support parameters: {'stream_options': {'include_usage': True}}, for model=gpt-test. To drop these, set litellm.drop_params=True","type":"invalid_request_error","param":null,"code":"400"}}`, true},
+		{"a backend's detail string", 400, `{"detail":"Unsupported parameter: stream_options"}`, true},
+		{"vLLM, extra_forbidden as Python's repr", 400, `{"object":"error","message":"[{'type': 'extra_forbidden', 'loc': ('body', 'stream_options'), 'msg': 'Extra inputs are not permitted', 'input': {'include_usage': True}}]","type":"BadRequestError","param":null,"code":400}`, true},
+		{"FastAPI's 422", 422, `{"detail":[{"type":"extra_forbidden","loc":["body","stream_options"],"msg":"Extra inputs are not permitted","input":{"include_usage":true}}]}`, true},
+		{"Mistral's 422", 422, `{"object":"error","message":{"detail":[{"type":"extra_forbidden","loc":["body","stream_options"],"msg":"Extra inputs are not permitted","input":{"include_usage":true}}]},"type":"invalid_request_error","param":null,"code":null}`, true},
+		{"Mistral's 422 through a proxy", 422, `{"object":"error","message":"{\"detail\":[{\"type\":\"extra_forbidden\",\"loc\":[\"body\",\"stream_options\"],\"msg\":\"Extra inputs are not permitted\"}]}","type":"internal_error_proxy","param":null,"code":"1000"}`, true},
+		// Refusals that only hold the request.
+		{"vLLM's value error echoing the body", 400, `{"error":{"message":"1 validation error:\n  {'type': 'value_error', 'loc': ('body',), 'msg': 'Value error, n must be 1', 'input': {'model': 'gpt-test', 'n': 2, 'stream': True, 'stream_options': {'include_usage': True}}}","type":"BadRequestError","param":null,"code":400}}`, false},
+		{"a proxy echoing the body in its message", 400, `{"error":{"message":"upstream rejected the request ` + strings.ReplaceAll(echoed, `"`, `\"`) + `","type":"proxy_error"}}`, false},
+		{"a proxy echoing the body in plain text", 400, "bad request: " + echoed, false},
+		{"a 422 of the whole body", 422, `{"detail":[{"type":"model_attributes_type","loc":["body"],"msg":"Input should be a valid dictionary","input":` + echoed + `}]}`, false},
+		{"a 422 of another field", 422, `{"detail":[{"type":"extra_forbidden","loc":["body","seed"],"msg":"Extra inputs are not permitted","input":` + echoed + `}]}`, false},
+		{"another unknown parameter, the body echoed", 400, `{"error":{"message":"Unknown parameter: 'seed'. Request: ` + strings.ReplaceAll(echoed, `"`, `\"`) + `","param":"seed"}}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var m *openaitest.Model
+			m = openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+				if strings.Contains(m.Requests()[n-1].Body, `"stream_options"`) {
+					openaitest.Status(tc.code, tc.body)(w, r)
+					return
+				}
+				openaitest.WriteStream(w, r, nil, 1, 1, "ok")
+			})
+			logs := &testutil.Buffer{}
+			a := MustAgent(t, m, logs, nil, nil)
+			resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}, Partial: func(string) {}})
+			switched := strings.Contains(logs.String(), noStreamOptionsLine)
+			if tc.switch_ {
+				if err != nil || resp.Text != "ok" || m.Count() != 2 || !switched {
+					t.Errorf("Run() = %+v, %v after %d requests (switch logged: %v); want ok from the request sent again without stream_options", resp, err, m.Count(), switched)
+				}
+				return
+			}
+			if err == nil || m.Count() != 1 || switched {
+				t.Errorf("Run() = %+v, %v after %d requests (switch logged: %v); want the refusal after one request, stream_options kept", resp, err, m.Count(), switched)
+			}
+		})
+	}
+}
