@@ -129,16 +129,14 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), ret
 		// The others wait too, even when this turn gives up: the endpoint's limit holds for
 		// them as much as for this request.
 		a.pauseOthers(err, wait, attempt)
-		if !retry {
-			if se, ok := errors.AsType[*StatusError](err); ok && se.RetryAfter > a.maxBackoff {
-				// "Please try again" would send it into the wait (found by a walkthrough).
-				return nil, attempt - 1, &agents.Refusal{Err: err, Notice: fmt.Sprintf(
-					"its model endpoint asked for a wait of %v before its next request: send it again after that", se.RetryAfter.Round(time.Second))}
-			}
-			return nil, attempt - 1, err
+		// A wait the endpoint asked for that this turn will not wait out (longer than
+		// max_backoff, or than the turn has left) fails it at once, saying how long: "please try
+		// again" would send the message into the wait (found by a walkthrough).
+		if se, ok := errors.AsType[*StatusError](err); ok && se.RetryAfter > 0 && (se.RetryAfter > a.maxBackoff || outlasts(ctx, se.RetryAfter)) {
+			return nil, attempt - 1, askedToWait(err, se)
 		}
-		if dl, has := ctx.Deadline(); has && time.Until(dl) < wait {
-			return nil, attempt - 1, err // the turn would end before the retry: fail now
+		if !retry || outlasts(ctx, wait) {
+			return nil, attempt - 1, err // no retry, or the turn would end before it: fail now
 		}
 		if args, ok := a.retryLines.Allowed("attempt", attempt, "wait", wait, logging.Err(err)); ok {
 			// Once a minute, repeats counted: in an outage of the endpoint every turn
@@ -146,6 +144,34 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), ret
 			log.Warn("model call failed; retrying", args...)
 		}
 	}
+}
+
+// outlasts reports whether a wait of d is longer than what ctx's turn has left.
+func outlasts(ctx context.Context, d time.Duration) bool {
+	dl, has := ctx.Deadline()
+	return has && time.Until(dl) < d
+}
+
+// askedToWait is the error of a call that does not wait out the wait the endpoint asked for
+// (err, whose StatusError is se): an agents.Refusal whose notice says that the endpoint
+// rate-limited the agent (a 429) and how long to wait (waitText).
+func askedToWait(err error, se *StatusError) error {
+	what := "its model endpoint asked for a wait of %s before its next request: send it again after that"
+	if se.Code == http.StatusTooManyRequests {
+		what = "its model endpoint rate-limited it (429) and asked for a wait of %s before its next request: send it again after that"
+	}
+	return &agents.Refusal{Err: err, Notice: fmt.Sprintf(what, waitText(se.RetryAfter))}
+}
+
+// waitText is a wait the endpoint asked for as a notice tells it: rounded up to the second, so
+// that a message sent again after it does not meet the limit again (rounded to the nearest, a
+// wait of 90.2 s was told as 1m30s), and past a day as "more than a day" (a Retry-After of
+// years, read as maxRetryAfter, is no time to tell anybody).
+func waitText(d time.Duration) string {
+	if d > 24*time.Hour {
+		return "more than a day"
+	}
+	return (d + time.Second - 1).Truncate(time.Second).String()
 }
 
 // pauseOthers makes every other request to the endpoint wait when err tells them to, not just
@@ -508,12 +534,12 @@ func validationErrors(raw json.RawMessage) string {
 // retryAfter reads how long the endpoint asks to wait: retry-after-ms (OpenAI's) or
 // x-ms-retry-after-ms (Azure OpenAI's), else Retry-After in seconds or as an HTTP date. Seconds
 // may have a fraction ("0.5"): RFC 9110 allows none, but rate limiters and proxies send their
-// exact remainder, and read as no wait at all it was ignored for the computed backoff. Zero when
-// it says nothing usable.
+// exact remainder, and read as no wait at all it was ignored for the computed backoff. A wait
+// past maxRetryAfter is read as that. Zero when it says nothing usable.
 func retryAfter(h http.Header, now time.Time) time.Duration {
 	for _, name := range []string{"Retry-After-Ms", "X-Ms-Retry-After-Ms"} {
-		if ms, ok := decimal(h.Get(name)); ok && ms > 0 && ms < 1e12 {
-			return time.Duration(ms * float64(time.Millisecond))
+		if ms, ok := decimal(h.Get(name)); ok && ms > 0 {
+			return time.Duration(min(ms, maxRetryAfter.Seconds()*1e3) * float64(time.Millisecond))
 		}
 	}
 	v := strings.TrimSpace(h.Get("Retry-After"))
@@ -521,27 +547,34 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 		return 0
 	}
 	if s, ok := decimal(v); ok {
-		if s <= 0 || s > 1e9 {
+		if s <= 0 {
 			return 0
 		}
-		return time.Duration(s * float64(time.Second))
+		return time.Duration(min(s, maxRetryAfter.Seconds()) * float64(time.Second))
 	}
 	if t, err := http.ParseTime(v); err == nil && t.After(now) {
-		return t.Sub(now)
+		return min(t.Sub(now), maxRetryAfter)
 	}
 	return 0
 }
 
+// maxRetryAfter is the longest wait retryAfter reads, some 31 years: a longer one ("never", or
+// a number past what a time.Duration holds) is read as this, a wait no turn takes, so that the
+// call fails at once and says so. Before, a Retry-After over 10^9 seconds (or a retry-after-ms
+// over 10^12) was read as none, and the call retried after 1s, 2s, 4s… into the wait.
+const maxRetryAfter = 1e9 * time.Second
+
 // decimal reads a header's number of the form digits[.digits], spaces around it allowed; not
 // what strconv.ParseFloat takes besides (an exponent, "Inf", hexadecimal), which no server
-// means as a wait. A sign makes it unusable too: no wait is negative.
+// means as a wait. A sign makes it unusable too: no wait is negative. One past float64's range
+// is +Inf.
 func decimal(v string) (float64, bool) {
 	v = strings.TrimSpace(v)
 	if v == "" || strings.Trim(v, "0123456789.") != "" || strings.Count(v, ".") > 1 || v[0] == '.' {
 		return 0, false
 	}
 	f, err := strconv.ParseFloat(v, 64)
-	return f, err == nil
+	return f, err == nil || errors.Is(err, strconv.ErrRange)
 }
 
 // completion is the part of a chat completion (or of one stream chunk) that is read.

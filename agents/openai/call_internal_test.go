@@ -101,6 +101,12 @@ func TestRetryAfter(t *testing.T) {
 		{"NaN", "", "", 0},
 		{"Inf", "", "", 0},
 		{"1.2.3", "", "", 0},
+		// A wait past maxRetryAfter is read as that: before, one over 10^9 s was read as none.
+		{"999999999", "", "", 999999999 * time.Second},
+		{"99999999999", "", "", maxRetryAfter},
+		{"1" + strings.Repeat("0", 400), "", "", maxRetryAfter},
+		{"Fri, 31 Dec 9999 23:59:59 GMT", "", "", maxRetryAfter},
+		{"2", "100000000000000000000", "", maxRetryAfter},
 		// Azure OpenAI's own name for retry-after-ms.
 		{"2", "", "800", 800 * time.Millisecond},
 		{"", "", "1500.5", 1500*time.Millisecond + 500*time.Microsecond},

@@ -67,7 +67,10 @@
 // (unless its turn would end first), instead of adding to the storm; a request that failed
 // itself keeps its own spread backoff, lengthened only to a wait the endpoint asked for (also
 // one asked for while it sleeps: the pause is looked at again when its backoff ends). An answer
-// that asks for more than MaxBackoff, or for more than the turn has left, is not retried. An
+// that asks for more than MaxBackoff, or for more than the turn has left, is not retried: the
+// turn fails at once with an agents.Refusal whose notice says that the endpoint rate-limited it
+// (a 429) and how long to wait, rounded up to the second (askedToWait). A wait past
+// maxRetryAfter (some 31 years) is read as that, not as none. An
 // error sent inside a 200 (an error event mid-stream, an error body) counts as the status its
 // code or type names (inBandStatus), retried as that status would be unless text was already
 // shown. A 200 whose body is empty, or whose JSON ends before it is whole (a proxy that lost the
