@@ -632,3 +632,59 @@ func TestLeavingManagersDrainWaitsForIdleSessionsToHandOn(t *testing.T) {
 		}
 	})
 }
+
+// TestLeavingManagersDrainEndsWithTheKeysNoMemberTakes: a leaving member with no member to take a
+// key over (Leave.Successor answers nil: the members it handed to leave too, as in a whole
+// cluster stopped at once) runs the key itself, as a single daemon does, and its drain ends once
+// no turn of it runs. Such a session is never told that its member leaves and hands nothing on:
+// the drain waited for it to leave memory, and every such stop waited out its whole drain
+// deadline, then said it cancelled turns when none ran.
+func TestLeavingManagersDrainEndsWithTheKeysNoMemberTakes(t *testing.T) {
+	t.Run("a message after the leave", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			w := newManagerWorld(t, echo.New(), func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+			w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return nil }})
+			if res := w.deliver(t, "m1", "hi"); res.Disposition != "started" {
+				t.Fatalf("m1: %+v, want it run here", res)
+			}
+			drained := w.drain()
+			w.awaitTurnEnds(1)
+			synctest.Wait()
+			if !answered(drained) {
+				t.Error("the drain was not answered once the turn of the key no member takes had ended")
+			}
+		})
+	})
+	t.Run("work left queued once the successor is gone", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			release := make(chan struct{})
+			agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+				if req.Messages[0].Text == "slow" {
+					<-release
+				}
+				return &agents.Response{Text: "ok"}, nil
+			})
+			w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+			sink, _ := w.forwardSink()
+			var successor atomic.Pointer[actor.PID]
+			successor.Store(sink)
+			slow := w.request("m1", "slow")
+			synctest.Wait()
+			w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return successor.Load() }})
+			drained := w.drain()
+			if res := w.deliver(t, "m2", "next"); res.Disposition != "queued" {
+				t.Fatalf("m2: %+v, want queued", res)
+			}
+			successor.Store(nil) // the member that was to take the key over leaves too
+			close(release)
+			if _, err := slow.Result(); err != nil {
+				t.Fatal(err)
+			}
+			w.awaitTurnEnds(2) // m1's, then m2's, run here: no member takes the key
+			synctest.Wait()
+			if !answered(drained) {
+				t.Error("the drain was not answered once the queued message had run here")
+			}
+		})
+	})
+}

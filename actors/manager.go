@@ -84,7 +84,12 @@ type SessionManager struct {
 	// successor names the manager that takes a key over while the member leaves the cluster
 	// (Leave); nil otherwise.
 	successor func(key string) *actor.PID
-	quieted   map[string]bool // keys whose platform confirmed the stopped session's sends (startSuccessor)
+	// leavers holds the keys of the sessions told that the member leaves (onLeave) that have not
+	// yet asked to stop: a leaving member's drain waits for them to hand their keys on
+	// (answerDrains). A session started since, for a key no member takes over, runs here as in
+	// a single daemon, and is not waited for.
+	leavers map[string]bool
+	quieted map[string]bool // keys whose platform confirmed the stopped session's sends (startSuccessor)
 	// activating are the keys whose session waits for the other members to let go of them;
 	// waiters, the managers of other members waiting for this one to let go of a key (Release).
 	activating map[string]*activation
@@ -348,6 +353,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 		// passivation, or reset the key's crash backoff.
 		if pid, ok := m.sessions[msg.key]; ok && pid.Equal(msg.pid) {
 			delete(m.sessions, msg.key)
+			delete(m.leavers, msg.key)
 			m.setIdle(msg.key, false)
 			m.stopping[msg.key] = nil
 			if msg.rerun {
@@ -648,6 +654,7 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 		// Stopped by its supervisor after too many crashes, with work it may still hold. In a
 		// cluster the recovery sweep starts it again, wherever the key lives by then.
 		delete(m.sessions, key)
+		delete(m.leavers, key)
 		m.setIdle(key, false)
 		m.crashedOut(c, key, true)
 	}
@@ -1265,12 +1272,15 @@ func (m *SessionManager) holdsKey(key string) bool {
 }
 
 // answerDrains ends the drains asked once no turn runs; while the member leaves, also once every
-// session here has handed its key on and stopped, and every filed reset has been taken. The
+// session told so has handed its key on and stopped, and every filed reset has been taken. The
 // daemon asks the drain right behind the Leave: a session that has not yet read its leaving
 // (onLeave) has no turn running, and the drain ended before it had handed on, so the stop that
-// follows stopped it without (TestLeavingManagersDrainWaitsForIdleSessionsToHandOn).
+// follows stopped it without (TestLeavingManagersDrainWaitsForIdleSessionsToHandOn). A session
+// started since for a key no member takes over (Leave.Successor answers nil) runs here, as in a
+// single daemon, and hands nothing on: the drain waited for it to leave memory, and the stop
+// waited out the whole drain deadline (TestLeavingManagersDrainEndsWithTheKeysNoMemberTakes).
 func (m *SessionManager) answerDrains(c actor.Context) {
-	leaving := m.successor != nil && (len(m.sessions) > 0 || len(m.stopping) > 0 || len(m.handingOn) > 0)
+	leaving := m.successor != nil && (len(m.leavers) > 0 || len(m.stopping) > 0 || len(m.handingOn) > 0)
 	if len(m.busy) > 0 || len(m.drains) == 0 || leaving {
 		return
 	}
@@ -1375,7 +1385,9 @@ func (m *SessionManager) onLeave(c actor.Context, l *Leave) {
 		return
 	}
 	m.successor = l.Successor
-	for _, pid := range m.sessions {
+	m.leavers = make(map[string]bool, len(m.sessions))
+	for key, pid := range m.sessions {
+		m.leavers[key] = true
 		c.Send(pid, &leaving{})
 	}
 	m.log.Info("the member leaves the cluster; its sessions hand their keys on", "sessions", len(m.sessions), "running", len(m.busy))
