@@ -390,8 +390,9 @@ func (a *Platform) onSent(c actor.Context, m *sendDone) {
 	a.d.Metrics.OutboundTotal.WithLabelValues(name, "error").Inc()
 	if errors.Is(m.err, platforms.ErrUndeliverable) {
 		if errors.Is(m.err, platforms.ErrDeleted) {
-			// Its users took the message back: nothing for the operator to do.
-			a.log.Info("the message a reply answers was deleted; recorded as failed",
+			// Its chat, its thread or the message it answers was deleted meanwhile (by its
+			// users, a moderator): nothing for the operator to do.
+			a.log.Info("where a reply was to go was deleted; recorded as failed",
 				"session", key, "seq", m.out.Seq, "kind", m.out.Kind, logging.Err(m.err))
 		} else {
 			a.log.Error("the platform refused the message for good; recorded as failed",

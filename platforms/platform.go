@@ -187,7 +187,8 @@ var (
 var ErrUndeliverable = errors.New("platforms: undeliverable")
 
 // ErrDeleted is wrapped by a Send error, with ErrUndeliverable, when the message sent could not
-// be placed because the message it answers was deleted by its users meanwhile (Discord: the
-// mention its auto-thread was to open from). It is recorded as failed like any undeliverable
-// message, but logged at Info: there is nothing for the operator to fix.
-var ErrDeleted = errors.New("platforms: the message it answers was deleted")
+// be placed because where it was to go was deleted meanwhile (Discord: its channel or thread,
+// or the message its auto-thread was to open from), not because the bot may not post there. It
+// is recorded as failed like any undeliverable message, but logged at Info: there is nothing
+// for the operator to fix.
+var ErrDeleted = errors.New("platforms: where it was to go was deleted")

@@ -90,6 +90,7 @@ func TestReplyToADeletedThreadIsNotPostedInItsChannel(t *testing.T) {
 			if n := len(w.srv.Threads()); n != 0 {
 				t.Errorf("%d threads opened, want none", n)
 			}
+			w.wantDeletedLine(t)
 		})
 	}
 }
@@ -123,6 +124,7 @@ func TestDeletedAutoThreadIsNotOpenedAgain(t *testing.T) {
 			if sent := contents(w.srv.Sent(channelID)); len(sent) > 0 {
 				t.Errorf("the channel got %q, want nothing", sent)
 			}
+			w.wantDeletedLine(t)
 		})
 	}
 }
@@ -162,6 +164,7 @@ func TestDeletedAutoThreadIsNotOpenedAgainAfterARestart(t *testing.T) {
 	if sent := contents(w.srv.Sent(channelID)); len(sent) > 0 {
 		t.Errorf("the channel got %q, want nothing", sent)
 	}
+	w.wantDeletedLine(t)
 }
 
 // TestStreamedReplyIntoAnAutoThreadThatCouldNotOpen: the thread for a mention could not be
@@ -221,13 +224,7 @@ func TestReplyToAMentionDeletedBeforeItsThreadCouldOpen(t *testing.T) {
 	if got := w.settled(t, key); got != persistence.DeliveryFailed {
 		t.Errorf("the reply is %s, want it failed (its message is gone)", got)
 	}
-	log := w.log.String()
-	if strings.Contains(log, "level=ERROR") {
-		t.Errorf("the log has an ERR line:\n%s", log)
-	}
-	if !strings.Contains(log, `level=INFO msg="the message a reply answers was deleted; recorded as failed"`) {
-		t.Errorf("the log does not say the message was deleted:\n%s", log)
-	}
+	w.wantDeletedLine(t)
 	if n := w.srv.Requests("POST", "/channels/"+channelID+"/messages/"+m.ID+"/threads"); n != 2 {
 		t.Errorf("%d requests to open the deleted mention's thread, want 2 (the mention's, the reply's)", n)
 	}
@@ -235,5 +232,39 @@ func TestReplyToAMentionDeletedBeforeItsThreadCouldOpen(t *testing.T) {
 		if !strings.Contains(s, "could not open a thread") {
 			t.Errorf("the channel got %q, want only the notice that the thread could not open", s)
 		}
+	}
+}
+
+// TestReplyInADeletedChannel: the channel a mention was posted in is deleted while the agent
+// answers it (404 Unknown Channel). The reply is given up, recorded as failed, with the INF line
+// that says where it was to go was deleted, not the ERR line that asks for the bot's permissions.
+func TestReplyInADeletedChannel(t *testing.T) {
+	release := make(chan struct{})
+	w := startWorld(t, heldEcho(release), nil)
+	const gone = "200000000000000099"
+	w.srv.AddChannel(discordtest.Channel{ID: gone, GuildID: guildID, Type: discordgo.ChannelTypeGuildText, Name: "doomed"})
+	m := w.srv.Post(discordtest.UserMessage{ChannelID: gone, Author: alice, Content: "question", MentionBot: true})
+	var in inbound
+	eventually(t, "the message taken", func() (ok bool) { in, ok = w.stored(t, gone, m.ID); return ok })
+	w.srv.DeleteChannel(gone)
+	close(release)
+	if got := w.settled(t, in.key); got != persistence.DeliveryFailed {
+		t.Errorf("the reply is %s, want it failed (its channel is gone)", got)
+	}
+	w.wantDeletedLine(t)
+}
+
+// wantDeletedLine checks that w's log says, at Info, that a reply's place in Discord was deleted
+// (platforms.ErrDeleted), and has no ERR line: there is nothing for the operator to do. Before,
+// a thread or channel deleted meanwhile (10003), or a thread's starter deleted under a reply that
+// did not answer it (10008), logged the ERR line that asks for the bot's permissions.
+func (w *world) wantDeletedLine(t *testing.T) {
+	t.Helper()
+	log := w.log.String()
+	if strings.Contains(log, "level=ERROR") {
+		t.Errorf("the log has an ERR line:\n%s", log)
+	}
+	if !strings.Contains(log, `level=INFO msg="where a reply was to go was deleted; recorded as failed"`) {
+		t.Errorf("the log does not say where the reply was to go was deleted:\n%s", log)
 	}
 }

@@ -78,13 +78,6 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 			case err == nil:
 				_, err = p.post(ctx, channel, msg)
 				made = mayHavePosted(err)
-			case apiCode(err) == discordgo.ErrCodeUnknownMessage && slices.Contains(out.InReplyTo, out.Target.ThreadID):
-				// The mention the thread was to open from, which the reply answers, was deleted
-				// after it was taken (its opening failed for a moment then): there is nothing to
-				// answer under, and nothing for the operator to fix. Before, the reply was given
-				// up with the ERR line that asks for the bot's permissions (found by the Discord
-				// soak).
-				err = fmt.Errorf("%w: %w", platforms.ErrDeleted, err)
 			case threadsRefused(err):
 				// The thread can never be opened (no permission to): answer in the channel,
 				// under the message the thread was for.
@@ -103,6 +96,9 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 			p.forget(id) // never sent again
 			if out.TurnEnd {
 				p.typing.turnEnded(replyChannel(out.Target), out.InReplyTo)
+			}
+			if placeGone(err) {
+				err = fmt.Errorf("%w: %w", platforms.ErrDeleted, err)
 			}
 			return fmt.Errorf("discord: send part %d of %d to channel %s: %w: %w", i+1, len(parts), channel, platforms.ErrUndeliverable, err)
 		}
@@ -163,6 +159,20 @@ func (p *Platform) unopenedThread(out *platforms.Outbound) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return !p.opened[target.ThreadID]
+}
+
+// placeGone reports whether Discord's refusal of a reply's post says that where it was to go was
+// deleted, not that the bot may not post there: its channel or thread (10003 Unknown Channel: a
+// moderator deleted the thread, or the channel), or the message its auto-thread was to open from
+// (10008 Unknown Message, from the thread's opening: its starter was deleted, whether or not the
+// reply answers it; a private thread has none, and its post said Unknown Channel). The reply is
+// undeliverable, and there is nothing for the operator to fix (platforms.ErrDeleted). A post's
+// reply reference does not fail when its message is gone (FailIfNotExists false), so a 10008
+// comes only from the opening. Before, only a 10008 of a reply to the starter itself was taken
+// so; the others logged the ERR line that asks for the bot's permissions.
+func placeGone(err error) bool {
+	code := apiCode(err)
+	return code == discordgo.ErrCodeUnknownChannel || code == discordgo.ErrCodeUnknownMessage
 }
 
 // threadsRefused reports whether Discord refuses for good to open a thread in a channel: the
