@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -687,4 +688,65 @@ func TestLeavingManagersDrainEndsWithTheKeysNoMemberTakes(t *testing.T) {
 			}
 		})
 	})
+}
+
+// TestLeavingManagerListsTheKeysItsDrainWaitsFor: while a leaving member's session that left a
+// message queued waits for its platform to confirm its sends before its key is handed on,
+// ListActive names the key among those handing on, and none busy (the drain deadline's line
+// lists them: before, a drain that ran out waiting for hand-overs said it cancelled the turns of
+// "sessions 0"); once the key is handed on, none.
+func TestLeavingManagerListsTheKeysItsDrainWaitsFor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			if req.Messages[0].Text == "slow" {
+				<-release
+			}
+			return &agents.Response{Text: "ok"}, nil
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		sent := make(chan struct{}, 8)
+		w.d.Platforms["fake"] = w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) { // before any session
+			if _, ok := c.Message().(*SendOutbound); ok {
+				sent <- struct{}{}
+			} // a Quiesce is never answered: the sends stay unconfirmed
+		}))
+		slow := w.request("m1", "slow")
+		synctest.Wait()
+		successor, forwarded := w.forwardSink()
+		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return successor }})
+		drained := w.drain()
+		if res := w.deliver(t, "m2", "next"); res.Disposition != "queued" {
+			t.Fatalf("m2: %+v, want queued", res)
+		}
+		close(release)
+		if _, err := slow.Result(); err != nil {
+			t.Fatal(err)
+		}
+		<-sent
+		synctest.Wait()
+		if l := w.list(t); len(l.Busy) != 0 || !slices.Equal(l.HandingOn, []string{w.key}) || len(drained) != 0 {
+			t.Errorf("while the platform confirms nothing: busy %v, handing on %v, drained %v; want none busy, %s handing on, the drain waiting",
+				l.Busy, l.HandingOn, len(drained) != 0, w.key)
+		}
+		time.Sleep(handOnQuiesceTimeout) // (synctest's clock) the hand-on gives up waiting for the platform
+		<-drained
+		synctest.Wait() // the stand-in successor has taken what was sent to it
+		if n := recoversOf(forwarded, w.key); n != 1 {
+			t.Errorf("the successor was told %d times to recover the key, want once", n)
+		}
+		if l := w.list(t); len(l.HandingOn) != 0 || len(l.Keys) != 0 {
+			t.Errorf("once handed on: sessions %v, handing on %v; want none", l.Keys, l.HandingOn)
+		}
+	})
+}
+
+// list is the manager's ActiveList.
+func (w *managerWorld) list(t *testing.T) *ActiveList {
+	t.Helper()
+	res, err := w.system.Root.RequestFuture(w.manager, &ListActive{}, time.Hour).Result()
+	if err != nil {
+		t.Fatalf("list active: %v", err)
+	}
+	return res.(*ActiveList)
 }

@@ -408,7 +408,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 			busy = append(busy, k)
 		}
 		slices.Sort(busy)
-		c.Respond(&ActiveList{Keys: keys, Busy: busy})
+		c.Respond(&ActiveList{Keys: keys, Busy: busy, HandingOn: m.handingOnKeys()})
 	}
 }
 
@@ -1269,6 +1269,22 @@ func (m *SessionManager) onRetryHandOn(c actor.Context, r *retryHandOn) {
 func (m *SessionManager) holdsKey(key string) bool {
 	_, stopping := m.stopping[key]
 	return stopping || m.sessions[key] != nil || m.activating[key] != nil
+}
+
+// handingOnKeys are the keys, sorted, whose sessions a leaving member's drain waits for to hand
+// them on or stop (answerDrains), busy or not; nil when the member does not leave.
+func (m *SessionManager) handingOnKeys() []string {
+	if m.successor == nil {
+		return nil
+	}
+	keys := slices.Collect(maps.Keys(m.leavers))
+	for k := range m.stopping {
+		if !m.leavers[k] {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 // answerDrains ends the drains asked once no turn runs; while the member leaves, also once every

@@ -847,11 +847,18 @@ func (d *Daemon) waitAgents(ctx context.Context) {
 // next start (in a cluster, on the member that takes the session over), or, with
 // sessions.recovery: notice, are answered there with a notice instead (drainMissedOutcome).
 func (d *Daemon) drainMissed(deadline time.Duration) {
-	var busy []string
+	var busy, handingOn []string
 	if res, err := d.system.Root.RequestFuture(d.manager, &actors.ListActive{}, time.Second).Result(); err == nil {
-		busy = res.(*actors.ActiveList).Busy
+		busy, handingOn = res.(*actors.ActiveList).Busy, res.(*actors.ActiveList).HandingOn
 	}
 	const shown = 10
+	if len(busy) == 0 && len(handingOn) > 0 {
+		// A leaving member whose drain waited for hand-overs, not turns: before, the line said
+		// it cancelled the turns of "sessions 0".
+		d.log.Warn("drain deadline passed; stopping the sessions that have not handed their keys on: the member that takes each over recovers its work once this one has withdrawn",
+			"deadline", deadline, "sessions", len(handingOn), "keys", handingOn[:min(len(handingOn), shown)])
+		return
+	}
 	d.log.Warn("drain deadline passed; cancelling the turns still running: their messages stay pending and "+drainMissedOutcome(d.deps.Clustered, d.deps.Config.Recovery),
 		"deadline", deadline, "sessions", len(busy), "keys", busy[:min(len(busy), shown)])
 }
