@@ -615,6 +615,19 @@ func TestLeavingManagersDrainWaitsForIdleSessionsToHandOn(t *testing.T) {
 		w.awaitTurnEnds(sessions)
 		synctest.Wait()
 
+		// The sessions read nothing until the drain has been asked: the manager handles the Leave
+		// and the Drain before any of them has read that its member leaves.
+		var resume []func()
+		for i := range sessions {
+			key := identity.Key(identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: fmt.Sprint("c", i), UserID: "u1"}, w.d.Config.Keys)
+			session := actor.NewPID(w.system.Address(), w.manager.Id+"/"+key)
+			proc, ok := w.system.ProcessRegistry.Get(session)
+			if !ok {
+				t.Fatalf("no session %s", session)
+			}
+			proc.SendSystemMessage(session, &actor.SuspendMailbox{})
+			resume = append(resume, func() { proc.SendSystemMessage(session, &actor.ResumeMailbox{}) })
+		}
 		successor, _ := w.forwardSink()
 		handedOn := make(chan float64, 1)
 		drainer := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
@@ -624,6 +637,10 @@ func TestLeavingManagersDrainWaitsForIdleSessionsToHandOn(t *testing.T) {
 		}))
 		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return successor }})
 		w.system.Root.RequestWithCustomSender(w.manager, &Drain{}, drainer)
+		synctest.Wait()
+		for _, r := range resume {
+			r()
+		}
 		if n := <-handedOn; n != sessions {
 			t.Errorf("at the drain's end %v sessions had handed their keys on, want all %d", n, sessions)
 		}
