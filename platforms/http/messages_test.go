@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -982,4 +983,51 @@ func TestDrainBecauseSaysWhy(t *testing.T) {
 			t.Errorf("POST /v1/messages after Drain = %d %s, want the plain stop's message", got.status, got.body)
 		}
 	})
+}
+
+// TestMessageInFlightAtTheStopIsAnsweredDraining: a message whose delivery is still unanswered
+// when the platform stops (a cluster member's router sending it again and again to a session on
+// the member itself, whose session manager the daemon's stop has stopped) is answered 503
+// draining as the platform stops, and the stop does not wait for it. Before, the delivery ran
+// under the request's context alone: the stop waited out its 5 s for the request and then closed
+// the connection, and the client got no answer at all.
+func TestMessageInFlightAtTheStopIsAnsweredDraining(t *testing.T) {
+	rt := &fakeRuntime{}
+	h := mustStart(t, Config{}, rt)
+	delivering := make(chan struct{})
+	rt.setRespond(func(ctx context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
+		close(delivering)
+		<-ctx.Done() // as the cluster router, which sends it again until its context ends
+		return nil, fmt.Errorf("deliver to %s: %w", in.Source.ChatID, ctx.Err())
+	})
+	type answer struct {
+		status int
+		body   []byte
+		err    error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		resp, err := h.client.Post(h.base+"/v1/messages", "application/json",
+			strings.NewReader(`{"chat_id":"c","user_id":"u","text":"t","message_id":"m1"}`))
+		if err != nil {
+			answered <- answer{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		answered <- answer{status: resp.StatusCode, body: b, err: err}
+	}()
+	<-delivering
+	began := time.Now()
+	h.stop()
+	if took := time.Since(began); took >= shutdownTimeout {
+		t.Errorf("the platform took %v to stop, want it not to wait for the delivery (its bound is %v)", took, shutdownTimeout)
+	}
+	got := <-answered
+	if got.err != nil {
+		t.Fatalf("POST in flight at the stop: %v, want a 503 draining", got.err)
+	}
+	if r := (response{status: got.status, body: got.body}); r.status != http.StatusServiceUnavailable || r.errCode() != CodeDraining {
+		t.Errorf("POST in flight at the stop = %d %s, want 503 %s", r.status, r.body, CodeDraining)
+	}
 }
