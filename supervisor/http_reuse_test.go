@@ -24,17 +24,7 @@ func TestReusedMessageIDOverHTTP(t *testing.T) {
 	r := MustStartDaemon(t, echo.New(), daemonOpts{dir: dir})
 	post := func(user, id, text string) (int, []byte) {
 		t.Helper()
-		body, _ := json.Marshal(map[string]string{"chat_type": "dm", "chat_id": "par", "user_id": user, "text": text, "message_id": id})
-		resp, err := http.Post("http://"+r.d.Addr().String()+"/v1/messages", "application/json", strings.NewReader(string(body)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.StatusCode, b
+		return r.postMessage(t, map[string]string{"chat_type": "dm", "chat_id": "par", "user_id": user, "text": text, "message_id": id})
 	}
 	accepted := func(what string, status int, b []byte, want ...string) {
 		t.Helper()
@@ -93,4 +83,20 @@ func TestReusedMessageIDOverHTTP(t *testing.T) {
 	if want := []string{"ann:hello", "ann:a\uFFFDb"}; !slices.Equal(inbound, want) {
 		t.Errorf("inbound rows of par: %q, want %q", inbound, want)
 	}
+}
+
+// postMessage posts fields as a message to r's HTTP API, and returns the answer's status and body.
+func (r *runtime) postMessage(t *testing.T, fields map[string]string) (int, []byte) {
+	t.Helper()
+	body, _ := json.Marshal(fields)
+	resp, err := http.Post("http://"+r.d.Addr().String()+"/v1/messages", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, b
 }

@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -22,17 +21,7 @@ func TestHTTPTextLimitIsOfTheStoredText(t *testing.T) {
 	t.Cleanup(func() { r.stop(t) })
 	post := func(id, text string) (int, []byte) {
 		t.Helper()
-		body, _ := json.Marshal(map[string]string{"chat_id": "nul", "user_id": "ann", "text": text, "message_id": id})
-		resp, err := http.Post("http://"+r.d.Addr().String()+"/v1/messages", "application/json", strings.NewReader(string(body)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.StatusCode, b
+		return r.postMessage(t, map[string]string{"chat_id": "nul", "user_id": "ann", "text": text, "message_id": id})
 	}
 
 	status, b := post("big", strings.Repeat("\x00", httpplatform.MaxTextBytes))
