@@ -108,12 +108,7 @@ func TestLeavingManagerHandsKeysOnOnceTheirTurnsEnd(t *testing.T) {
 func TestLeavingManagersDrainWaitsForTheHandOver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			if req.Messages[0].Text == "slow" {
-				<-release
-			}
-			return &agents.Response{Text: "ok"}, nil
-		})
+		agent, _ := slowUntil(release)
 		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
 		// One actor is both the successor and the drain's requester: its mailbox shows the order
 		// in which the manager sent them.
@@ -676,12 +671,7 @@ func TestLeavingManagersDrainEndsWithTheKeysNoMemberTakes(t *testing.T) {
 	t.Run("work left queued once the successor is gone", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			release := make(chan struct{})
-			agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-				if req.Messages[0].Text == "slow" {
-					<-release
-				}
-				return &agents.Response{Text: "ok"}, nil
-			})
+			agent, _ := slowUntil(release)
 			w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
 			sink, _ := w.forwardSink()
 			var successor atomic.Pointer[actor.PID]
@@ -715,12 +705,7 @@ func TestLeavingManagersDrainEndsWithTheKeysNoMemberTakes(t *testing.T) {
 func TestLeavingManagerListsTheKeysItsDrainWaitsFor(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			if req.Messages[0].Text == "slow" {
-				<-release
-			}
-			return &agents.Response{Text: "ok"}, nil
-		})
+		agent, _ := slowUntil(release)
 		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
 		sent := make(chan struct{}, 8)
 		w.d.Platforms["fake"] = w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) { // before any session
