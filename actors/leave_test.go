@@ -752,3 +752,32 @@ func (w *managerWorld) list(t *testing.T) *ActiveList {
 	}
 	return res.(*ActiveList)
 }
+
+// TestLeavingManagerListsTheFiledResetsItsDrainWaitsFor: a leaving member's drain waits too for
+// the filed resets it hands on with their keys until the key's next owner takes them
+// (answerDrains), and ListActive names those keys among the ones handing on. Before, it named
+// only keys with a session here: a drain that ran out waiting for such a hand-on alone (a
+// successor that does not answer) said it cancelled the turns of "sessions 0".
+func TestLeavingManagerListsTheFiledResetsItsDrainWaitsFor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w, _, _, _ := refusedResetWorld(t, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		successor, forwarded := w.forwardSink() // it never answers the reset handed on
+		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return successor }})
+		drained := w.drain()
+		time.Sleep(maxRefusedPause) // (synctest's clock) the pause ends: the key and its reset go on
+		synctest.Wait()
+		handedOn := false
+		for len(forwarded) > 0 {
+			if f := <-forwarded; f.Key == w.key && f.GetResetDue() != nil {
+				handedOn = true
+			}
+		}
+		if !handedOn {
+			t.Fatal("the filed reset was not handed on with the key")
+		}
+		if l := w.list(t); len(l.Busy) != 0 || !slices.Equal(l.HandingOn, []string{w.key}) || answered(drained) {
+			t.Errorf("while the successor has not taken the reset: busy %v, handing on %v, drained %v; want none busy, %s handing on, the drain waiting",
+				l.Busy, l.HandingOn, answered(drained), w.key)
+		}
+	})
+}

@@ -1272,19 +1272,19 @@ func (m *SessionManager) holdsKey(key string) bool {
 }
 
 // handingOnKeys are the keys, sorted, whose sessions a leaving member's drain waits for to hand
-// them on or stop (answerDrains), busy or not; nil when the member does not leave.
+// them on or stop, busy or not, and those whose filed reset it waits for the key's next owner to
+// take (answerDrains); nil when the member does not leave. Before, the filed resets' keys were
+// left out: a drain that ran out waiting for those alone said it cancelled the turns of
+// "sessions 0" (TestLeavingManagerListsTheFiledResetsItsDrainWaitsFor).
 func (m *SessionManager) handingOnKeys() []string {
 	if m.successor == nil {
 		return nil
 	}
 	keys := slices.Collect(maps.Keys(m.leavers))
-	for k := range m.stopping {
-		if !m.leavers[k] {
-			keys = append(keys, k)
-		}
-	}
+	keys = slices.AppendSeq(keys, maps.Keys(m.stopping))
+	keys = slices.AppendSeq(keys, maps.Keys(m.handingOn))
 	slices.Sort(keys)
-	return keys
+	return slices.Compact(keys)
 }
 
 // answerDrains ends the drains asked once no turn runs; while the member leaves, also once every
