@@ -35,7 +35,7 @@ import (
 func (p *Platform) handleMessages(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	if p.draining.Load() {
-		p.writeDraining(w, "agentgate is draining and accepts no new messages")
+		p.writeDraining(w, "agentgate is draining and accepts no new messages", "")
 		return
 	}
 	wait, aerr := p.parseWait(r)
@@ -177,7 +177,7 @@ func deliverUntilStop(ctx context.Context, stop <-chan struct{}, deliver platfor
 func (p *Platform) writeDeliverError(w http.ResponseWriter, ack *platforms.Ack, in *platforms.Inbound, err error) {
 	switch {
 	case errors.Is(err, platforms.ErrDraining):
-		p.writeDraining(w, "agentgate is draining and accepts no new messages")
+		p.writeDraining(w, "agentgate is draining and accepts no new messages", in.MessageID)
 	case errors.Is(err, platforms.ErrRejected):
 		writeRejected(w, ack, "the session's queue is full")
 	case errors.Is(err, platforms.ErrConflict):
@@ -189,10 +189,14 @@ func (p *Platform) writeDeliverError(w http.ResponseWriter, ack *platforms.Ack, 
 			p.log.Warn("message not stored; the client is told to send it again", args...)
 		}
 		setRetryAfter(w, retrySoon)
-		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the message could not be stored, retry later")
+		writeJSON(w, http.StatusServiceUnavailable, ErrorResponse{Error: APIError{Code: CodeUnavailable,
+			Message: "the message could not be stored, retry later"}, MessageID: in.MessageID})
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		// It may have been stored: the answer names its id, also one agentgate made (the
+		// client that sent none could not send it again with it, and its retry ran twice).
 		setRetryAfter(w, retrySoon)
-		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the message was not acknowledged in time, retry with the same message_id")
+		writeJSON(w, http.StatusServiceUnavailable, ErrorResponse{Error: APIError{Code: CodeUnavailable,
+			Message: "the message was not acknowledged in time, retry with the same message_id"}, MessageID: in.MessageID})
 	default:
 		p.log.Error("deliver failed", "chat", in.Source.ChatID, "message_id", in.MessageID, logging.Err(err))
 		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error")

@@ -869,6 +869,11 @@ func TestRetryAfter(t *testing.T) {
 			rt.setRespond(func(context.Context, *platforms.Inbound) (*platforms.Ack, error) { return nil, tc.err })
 			h := mustStart(t, Config{DrainTimeout: drain}, rt)
 			got := h.post("/v1/messages", msg)
+			// A 503's message may have been stored: its answer names the id to send it again with.
+			var e ErrorResponse
+			if err := json.Unmarshal(got.body, &e); err != nil || (e.MessageID == "m1") != (got.status == http.StatusServiceUnavailable) {
+				t.Errorf("POST = %d %s, want the message_id m1 named in a 503 and in nothing else", got.status, got.body)
+			}
 			if tc.wantRetry == "drain" {
 				drained(t, "POST while the runtime drains", got)
 				return
@@ -994,9 +999,9 @@ func TestDrainBecauseSaysWhy(t *testing.T) {
 func TestMessageInFlightAtTheStopIsAnsweredDraining(t *testing.T) {
 	rt := &fakeRuntime{}
 	h := mustStart(t, Config{}, rt)
-	delivering := make(chan struct{})
+	delivering := make(chan string, 1)
 	rt.setRespond(func(ctx context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
-		close(delivering)
+		delivering <- in.MessageID
 		<-ctx.Done() // as the cluster router, which sends it again until its context ends
 		return nil, fmt.Errorf("deliver to %s: %w", in.Source.ChatID, ctx.Err())
 	})
@@ -1008,7 +1013,7 @@ func TestMessageInFlightAtTheStopIsAnsweredDraining(t *testing.T) {
 	answered := make(chan answer, 1)
 	go func() {
 		resp, err := h.client.Post(h.base+"/v1/messages", "application/json",
-			strings.NewReader(`{"chat_id":"c","user_id":"u","text":"t","message_id":"m1"}`))
+			strings.NewReader(`{"chat_id":"c","user_id":"u","text":"t"}`)) // agentgate makes its id
 		if err != nil {
 			answered <- answer{err: err}
 			return
@@ -1017,7 +1022,7 @@ func TestMessageInFlightAtTheStopIsAnsweredDraining(t *testing.T) {
 		b, err := io.ReadAll(resp.Body)
 		answered <- answer{status: resp.StatusCode, body: b, err: err}
 	}()
-	<-delivering
+	id := <-delivering
 	began := time.Now()
 	h.stop()
 	if took := time.Since(began); took >= shutdownTimeout {
@@ -1029,5 +1034,10 @@ func TestMessageInFlightAtTheStopIsAnsweredDraining(t *testing.T) {
 	}
 	if r := (response{status: got.status, body: got.body}); r.status != http.StatusServiceUnavailable || r.errCode() != CodeDraining {
 		t.Errorf("POST in flight at the stop = %d %s, want 503 %s", r.status, r.body, CodeDraining)
+	}
+	// It may have been stored: the answer names the id agentgate made, to send it again with.
+	var e ErrorResponse
+	if err := json.Unmarshal(got.body, &e); err != nil || e.MessageID != id || !strings.HasPrefix(id, "http-") {
+		t.Errorf("POST in flight at the stop answered %s, want it to name its message_id %q", got.body, id)
 	}
 }

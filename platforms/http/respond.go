@@ -80,8 +80,8 @@ func (p *Platform) drainLeft() time.Duration {
 // writeDraining answers 503 draining, with how long the drain can still last in Retry-After;
 // a cluster member's client is told 1 s: the other members take the message now (a load
 // balancer sends it to one of them). The message is msg, or the drain's reason when it has
-// one (DrainBecause).
-func (p *Platform) writeDraining(w http.ResponseWriter, msg string) {
+// one (DrainBecause); messageID, when not empty, is the id of the message POSTed (ErrorResponse).
+func (p *Platform) writeDraining(w http.ResponseWriter, msg, messageID string) {
 	if p.cfg.Clustered {
 		setRetryAfter(w, retrySoon)
 	} else {
@@ -90,7 +90,7 @@ func (p *Platform) writeDraining(w http.ResponseWriter, msg string) {
 	if reason := p.drainReason.Load(); reason != nil {
 		msg = *reason
 	}
-	writeError(w, http.StatusServiceUnavailable, CodeDraining, msg)
+	writeJSON(w, http.StatusServiceUnavailable, ErrorResponse{Error: APIError{Code: CodeDraining, Message: msg}, MessageID: messageID})
 }
 
 // apiError is an error answer a handler decided on.
@@ -158,7 +158,7 @@ func (p *Platform) writeSessionsError(w http.ResponseWriter, r *http.Request, op
 		// of them (a dead letter). Nothing was done: a refusal to retry, at the next daemon or
 		// another member, as POST /v1/messages says, which the CLI reports as such.
 		p.log.Warn("session query failed while draining", "op", op, "session", r.PathValue("key"), logging.Err(err))
-		p.writeDraining(w, "agentgate is stopping and took no new work: nothing was changed; retry at its next start")
+		p.writeDraining(w, "agentgate is stopping and took no new work: nothing was changed; retry at its next start", "")
 	case p.draining.Load():
 		// Its session actors stop under the query (a timeout, a session that stopped before it
 		// answered). That is no internal error, but no refusal either: the request may have

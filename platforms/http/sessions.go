@@ -198,7 +198,7 @@ func (p *Platform) handleRequeue(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if p.draining.Load() {
-		p.writeDraining(w, "agentgate is draining and runs no new work; retry at its next start")
+		p.writeDraining(w, "agentgate is draining and runs no new work; retry at its next start", "")
 		return
 	}
 	// The waiter exists before the requeue: its turn may end before Requeue returns. The

@@ -258,6 +258,10 @@ var ErrNotTaken = errors.New("http: the request reached no session")
 // ErrorResponse is the body of every error answer: {"error":{"code","message"}}.
 type ErrorResponse struct {
 	Error APIError `json:"error"`
+	// MessageID is the id of a message whose POST was answered 503 (draining or unavailable):
+	// the one it was sent with, or the one agentgate made for it. Such a message may have been
+	// stored; sent again with this id, it is stored once (a duplicate).
+	MessageID string `json:"message_id,omitempty"`
 }
 
 // APIError is a machine-readable code and a human-readable message.
