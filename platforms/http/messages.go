@@ -166,7 +166,9 @@ func deliverUntilStop(ctx context.Context, stop <-chan struct{}, deliver platfor
 	ack, err := deliver(ctx, in)
 	select {
 	case <-stop:
-		if err != nil && ctx.Err() != nil {
+		// Only a delivery the stop cut: an answer that came as it stopped (a full queue, an id
+		// already used) is the client's to hear.
+		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 			return ack, fmt.Errorf("%w: %w", platforms.ErrDraining, err)
 		}
 	default:
