@@ -1041,3 +1041,26 @@ func TestMessageInFlightAtTheStopIsAnsweredDraining(t *testing.T) {
 		t.Errorf("POST in flight at the stop answered %s, want it to name its message_id %q", got.body, id)
 	}
 }
+
+// TestAnswerCrossingTheStopIsTheClients: a delivery whose session answered with a refusal of
+// the client's own (a full queue) just as the platform stopped is told that refusal, not 503
+// draining: only a delivery the stop cut is answered so.
+func TestAnswerCrossingTheStopIsTheClients(t *testing.T) {
+	rt := &fakeRuntime{}
+	h := mustStart(t, Config{}, rt)
+	delivering := make(chan struct{})
+	rt.setRespond(func(ctx context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
+		close(delivering)
+		<-ctx.Done() // the stop; the session's answer crosses it
+		return nil, platforms.ErrRejected
+	})
+	answered := make(chan response, 1)
+	go func() {
+		answered <- h.post("/v1/messages", map[string]string{"chat_id": "c", "user_id": "u", "text": "t", "message_id": "m1"})
+	}()
+	<-delivering
+	h.stop()
+	if got := <-answered; got.status != http.StatusTooManyRequests || got.errCode() != CodeQueueFull {
+		t.Errorf("POST whose queue-full answer crossed the stop = %d %s, want 429 %s", got.status, got.body, CodeQueueFull)
+	}
+}
