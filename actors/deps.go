@@ -228,6 +228,9 @@ type Deps struct {
 	// writeIDs numbers the writes of every session: an answer meant for a write of a session's
 	// previous incarnation never matches a write of the current one.
 	writeIDs atomic.Uint64
+	// managerKept is what the session manager's incarnations share across its supervisor's
+	// restarts (see managerKept).
+	managerKept managerKept
 	// lifelines holds the lifeline of each session that has crashed in its current activation,
 	// by key: the one thing a session's incarnations share (see lifeline).
 	lifelines sync.Map

@@ -781,3 +781,71 @@ func TestLeavingManagerListsTheFiledResetsItsDrainWaitsFor(t *testing.T) {
 		}
 	})
 }
+
+// TestManagerRestartedWhileItsMemberLeavesGoesOnLeaving: a leaving member's manager panics while
+// a turn runs, after the daemon has asked its drain, and its supervisor restarts it (the session
+// stops with it; its message stays pending for the member that takes the key over). The
+// restarted manager answers that drain, as nothing runs any more, and it still leaves: a message
+// for the key goes to the key's successor, and no session starts here. Before, the leave and the
+// drain lived only in the incarnation that panicked: the drain was never answered (the daemon's
+// stop waited out its whole drain deadline), and the new incarnation activated the key here and
+// ran its messages, which the leave exists to prevent.
+func TestManagerRestartedWhileItsMemberLeavesGoesOnLeaving(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		defer close(release)
+		agent, ran := slowUntil(release)
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		sink, forwarded := w.forwardSink()
+		var boom atomic.Bool
+		successor := func(key string) *actor.PID {
+			if key == "other-key" && boom.CompareAndSwap(true, false) {
+				panic("the successor's lookup fails")
+			}
+			return sink
+		}
+		slow := w.request("m1", "slow")
+		synctest.Wait()
+		w.system.Root.Send(w.manager, &Leave{Successor: successor})
+		drained := w.drain()
+		synctest.Wait()
+		if answered(drained) {
+			t.Fatal("the drain was answered while a turn ran")
+		}
+
+		boom.Store(true) // the manager restarts: another key's recovery meets a failing lookup
+		w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
+		synctest.Wait()
+		if boom.Load() {
+			t.Fatal("the manager did not restart")
+		}
+		if _, err := slow.Result(); err != nil {
+			t.Fatal(err)
+		}
+		if !answered(drained) {
+			t.Error("the drain asked of the manager before its restart was not answered once nothing ran")
+		}
+		for len(forwarded) > 0 {
+			<-forwarded // what the stopped session handed on, if anything
+		}
+
+		w.request("m2", "next")
+		synctest.Wait()
+		handed := false
+		for len(forwarded) > 0 {
+			if f := <-forwarded; f.Key == w.key && f.GetDeliver().GetMessageId() == "m2" {
+				handed = true
+			}
+		}
+		if !handed {
+			t.Error("a message for the key after the restart was not handed on to the key's successor")
+		}
+		if keys := w.active(t); len(keys) != 0 {
+			t.Errorf("the restarted manager of a leaving member holds the sessions %q, want none", keys)
+		}
+		if n := ran("slow") + ran("next"); n != 1 {
+			t.Errorf("the agent ran %d turns, want only the first run of m1 (none here after the restart)", n)
+		}
+		w.wantPendingAlone(t, "m1")
+	})
+}

@@ -50,7 +50,7 @@ func (m probedManager) Receive(c actor.Context) {
 		c.Respond(sizes{"sessions": len(m.sessions), "stopping": len(m.stopping), "handed": len(m.handed),
 			"crashStops": len(m.crashStops), "rerun": len(m.rerun), "refused": len(m.refused), "paused": len(m.paused),
 			"crashed": len(m.crashed), "waitingOut": len(m.waitingOut), "startedEarly": len(m.startedEarly),
-			"busy": len(m.busy), "drains": len(m.drains), "grains": len(m.grains), "stoppedGrains": len(m.stoppedGrains),
+			"busy": len(m.busy), "drains": len(m.kept.drains), "grains": len(m.grains), "stoppedGrains": len(m.stoppedGrains),
 			"quieted": len(m.quieted), "activating": len(m.activating), "waiters": len(m.waiters),
 			"keptBackoffs": m.keptBackoffs.Len(), "keptAt": len(m.keptAt)})
 		return

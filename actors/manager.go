@@ -63,7 +63,9 @@ type SessionManager struct {
 	stopPauses   scheduler.CancelFunc // the armed pauseCheck, while keys wait out a pause
 	pauseChecks  uint64               // numbers the pauseChecks armed (pauseCheck.n)
 	busy         map[string]bool
-	drains       []*actor.PID
+	// kept is what this manager's incarnations share (Deps.managerKept): the member's leave and
+	// the drains asked.
+	kept *managerKept
 	// grains are the cluster grains of the sessions in memory, by key (cluster mode).
 	grains map[string]*actor.PID
 	// stoppedGrains are the grains the manager stopped, by key, until they report their stop:
@@ -81,9 +83,6 @@ type SessionManager struct {
 	overBound logging.Limiter // the line of a bound exceeded with every session busy
 	timers    *scheduler.TimerScheduler
 	closing   bool // the manager stops or restarts
-	// successor names the manager that takes a key over while the member leaves the cluster
-	// (Leave); nil otherwise.
-	successor func(key string) *actor.PID
 	// leavers holds the keys of the sessions told that the member leaves (onLeave) that have not
 	// yet asked to stop: a leaving member's drain waits for them to hand their keys on
 	// (answerDrains). A session started since, for a key no member takes over, runs here as in
@@ -141,6 +140,20 @@ type SessionManager struct {
 	// afterRestart holds the keys whose filed reset a restarted manager hands on once the
 	// members that waited for its incarnation before have asked again (handOnFiledResets).
 	afterRestart map[string]bool
+}
+
+// managerKept is what a SessionManager's incarnations share across its supervisor's restarts
+// (Deps.managerKept), as a session's lifeline is for a session: the member's leave
+// (Leave.Successor; nil while it does not leave) and the drains asked and not yet answered
+// (Drain). A restart stops the sessions and starts a fresh manager; before, these lived in the
+// manager's own fields, and one restarted while its member left no longer left (it activated
+// keys here and ran their turns instead of handing them on to their successors) and never
+// answered the daemon's drain, whose stop waited out its whole deadline
+// (TestManagerRestartedWhileItsMemberLeavesGoesOnLeaving). Only the manager touches it, one
+// incarnation at a time.
+type managerKept struct {
+	successor func(key string) *actor.PID
+	drains    []*actor.PID
 }
 
 // recoverAll asks the manager to list the keys with unfinished work and start their sessions
@@ -390,7 +403,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 	case *actor.Terminated:
 		m.onTerminated(c, msg)
 	case *Drain:
-		m.drains = append(m.drains, c.Sender())
+		m.kept.drains = append(m.kept.drains, c.Sender())
 		m.answerDrains(c)
 	case *Peek:
 		if pid := m.sessions[msg.Key]; pid != nil && !m.closing { // a session stopped with the manager answers nothing
@@ -414,6 +427,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 
 func (m *SessionManager) start(c actor.Context) {
 	m.log = m.d.Log.With("actor", "manager")
+	m.kept = &m.d.managerKept
 	m.sessions = map[string]*actor.PID{}
 	m.stopping = map[string][]routed{}
 	m.handed = map[string]int{}
@@ -438,6 +452,15 @@ func (m *SessionManager) start(c actor.Context) {
 	m.evicting = map[string]bool{}
 	m.timers = scheduler.NewTimerScheduler(c)
 	m.armSweep(c)
+	if m.kept.successor != nil {
+		// Restarted while its member leaves: it goes on leaving. Its sessions stopped with the
+		// incarnation before (the member that takes each key over recovers what they left
+		// pending once this one has withdrawn); what it is asked now goes to the successors.
+		m.log.Info("the manager restarted while its member leaves the cluster; it goes on handing keys on")
+	}
+	// The drains asked of the incarnation before are answered once nothing runs and, while the
+	// member leaves, no filed reset is still being handed on (handOnFiledResets).
+	defer m.answerDrains(c)
 	if m.d.Clustered {
 		m.handOnFiledResets(c)
 		return // each member recovers the keys the cluster gives it (Recover)
@@ -1277,7 +1300,7 @@ func (m *SessionManager) holdsKey(key string) bool {
 // left out: a drain that ran out waiting for those alone said it cancelled the turns of
 // "sessions 0" (TestLeavingManagerListsTheFiledResetsItsDrainWaitsFor).
 func (m *SessionManager) handingOnKeys() []string {
-	if m.successor == nil {
+	if m.kept.successor == nil {
 		return nil
 	}
 	keys := slices.Collect(maps.Keys(m.leavers))
@@ -1296,16 +1319,16 @@ func (m *SessionManager) handingOnKeys() []string {
 // single daemon, and hands nothing on: the drain waited for it to leave memory, and the stop
 // waited out the whole drain deadline (TestLeavingManagersDrainEndsWithTheKeysNoMemberTakes).
 func (m *SessionManager) answerDrains(c actor.Context) {
-	leaving := m.successor != nil && (len(m.leavers) > 0 || len(m.stopping) > 0 || len(m.handingOn) > 0)
-	if len(m.busy) > 0 || len(m.drains) == 0 || leaving {
+	leaving := m.kept.successor != nil && (len(m.leavers) > 0 || len(m.stopping) > 0 || len(m.handingOn) > 0)
+	if len(m.busy) > 0 || len(m.kept.drains) == 0 || leaving {
 		return
 	}
-	for _, p := range m.drains {
+	for _, p := range m.kept.drains {
 		if p != nil {
 			c.Send(p, &Drained{})
 		}
 	}
-	m.drains = nil
+	m.kept.drains = nil
 }
 
 // stoppingWithWork reports whether the stopped session of key is about to be replaced here.
@@ -1400,7 +1423,7 @@ func (m *SessionManager) onLeave(c actor.Context, l *Leave) {
 	if l.Successor == nil {
 		return
 	}
-	m.successor = l.Successor
+	m.kept.successor = l.Successor
 	m.leavers = make(map[string]bool, len(m.sessions))
 	for key, pid := range m.sessions {
 		m.leavers[key] = true
@@ -1421,7 +1444,7 @@ func (m *SessionManager) onLeave(c actor.Context, l *Leave) {
 // holder of the key, ran it again (TestLeavingMemberDoesNotStartAKeyBouncedBackToIt). A member
 // with no other member to hand on to runs the key, as a single daemon does.
 func (m *SessionManager) bouncedBack(c actor.Context, key string, r routed) bool {
-	if m.successor == nil || r.hops < maxForwardHops || !crossesMembers(r.msg) {
+	if m.kept.successor == nil || r.hops < maxForwardHops || !crossesMembers(r.msg) {
 		return false
 	}
 	to := m.elsewhere(key)
@@ -1474,7 +1497,7 @@ func (m *SessionManager) handOnTo(c actor.Context, to *actor.PID, key string, r 
 // another began to leave sent the keys handed to it back, until its next renewal:
 // TestClusterLeavingMemberHandsOnBeforeTheOthersRenew.)
 func (m *SessionManager) mayHandOn(r routed) bool {
-	return r.hops < maxForwardHops && (r.hops == 0 || m.successor != nil || r.toHolder)
+	return r.hops < maxForwardHops && (r.hops == 0 || m.kept.successor != nil || r.toHolder)
 }
 
 // forwardTo forwards r to the manager to (Forward), and reports whether it did: not a message

@@ -352,7 +352,7 @@ func filedResetIn(msg any) *overdue {
 // not hand it on and is stopping, and be dropped (found by a review).
 func (m *SessionManager) recovers(a *activation, hops int32) {
 	a.recover = true
-	if m.successor != nil {
+	if m.kept.successor != nil {
 		a.recoverHops = max(a.recoverHops, hops)
 	}
 }
@@ -580,7 +580,7 @@ func (m *SessionManager) onReleased(c actor.Context, r *Released) {
 // (TestClusterLeavingMemberHandsOnBeforeTheOthersRenew). If the key is another member's, that
 // member's activation asks this one to let go of it.
 func (m *SessionManager) activated(c actor.Context, key string) {
-	if m.successor != nil && m.elsewhere(key) != nil {
+	if m.kept.successor != nil && m.elsewhere(key) != nil {
 		if m.cancelActivation(c, key); m.activating[key] == nil {
 			return
 		}
@@ -738,8 +738,8 @@ func (m *SessionManager) letGo(c actor.Context, key string) {
 // key's successor while this member leaves (Leave), else the key's owner in this member's view
 // of the cluster. nil when the key is this member's.
 func (m *SessionManager) elsewhere(key string) *actor.PID {
-	if m.successor != nil {
-		return m.successor(key)
+	if m.kept.successor != nil {
+		return m.kept.successor(key)
 	}
 	if p := m.d.Placement; p != nil {
 		if owner := p.Owner(key); owner != nil && !owner.Equal(p.Self()) {
