@@ -154,15 +154,8 @@ var durationSyntax = regexp.MustCompile(`^[-+]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]
 // had stopped its session manager held the platform's stop for its 5 s, which then closed the
 // connection with no answer at all (a black-box cluster soak: 7 POSTs over 128 stops).
 func deliverUntilStop(ctx context.Context, stop <-chan struct{}, deliver platforms.Deliver, in *platforms.Inbound) (*platforms.Ack, error) {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := cancelAtStop(ctx, stop)
 	defer cancel()
-	go func() {
-		select {
-		case <-stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	ack, err := deliver(ctx, in)
 	select {
 	case <-stop:
@@ -174,6 +167,20 @@ func deliverUntilStop(ctx context.Context, stop <-chan struct{}, deliver platfor
 	default:
 	}
 	return ack, err
+}
+
+// cancelAtStop is ctx, also ended when stop is closed (the platform stops); the caller must call
+// the cancel returned, which ends the goroutine that waits for stop.
+func cancelAtStop(ctx context.Context, stop <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 func (p *Platform) writeDeliverError(w http.ResponseWriter, ack *platforms.Ack, in *platforms.Inbound, err error) {
@@ -686,15 +693,10 @@ func (p *Platform) awaitReplies(ctx context.Context, stop <-chan struct{}, w *wa
 	// The outbox's reads end with the wait (its deadline, the platform's stop): a database that
 	// does not answer held the request until the store gave up (15 s on PostgreSQL), however
 	// short the wait, and the stop with it.
-	ctx, cancel := context.WithDeadline(ctx, deadline)
+	ctx, cancelDeadline := context.WithDeadline(ctx, deadline)
+	defer cancelDeadline()
+	ctx, cancel := cancelAtStop(ctx, stop)
 	defer cancel()
-	go func() {
-		select {
-		case <-stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	lookAfter, relook := ack.OutboxAfter, check && p.relayed.Load()
 	if ack.Disposition == platforms.Duplicate {
 		got, done, err := p.offerDurable(ctx, w, ack.SessionKey, 0, slog.LevelWarn)
