@@ -849,7 +849,8 @@ func (d *Daemon) waitAgents(ctx context.Context) {
 func (d *Daemon) drainMissed(deadline time.Duration) {
 	var busy, handingOn []string
 	if res, err := d.system.Root.RequestFuture(d.manager, &actors.ListActive{}, time.Second).Result(); err == nil {
-		busy, handingOn = res.(*actors.ActiveList).Busy, res.(*actors.ActiveList).HandingOn
+		l := res.(*actors.ActiveList)
+		busy, handingOn = l.Busy, l.HandingOn
 	}
 	const shown = 10
 	if len(busy) == 0 && len(handingOn) > 0 {
