@@ -66,14 +66,7 @@ func TestReusedMessageIDOverHTTP(t *testing.T) {
 	status, b = post("ann", "n1", "a\x00b")
 	accepted("ann's retry of n1 after a restart", status, b, "duplicate")
 
-	ss, err := r.d.store.SessionsOfKey(t.Context(), "agent:main:http:dm:par", 10)
-	if err != nil || len(ss) != 1 {
-		t.Fatalf("sessions of par: %+v %v, want one", ss, err)
-	}
-	msgs, err := r.d.store.Transcript(t.Context(), ss[0].ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	msgs := r.onlyTranscript(t, "agent:main:http:dm:par")
 	var inbound []string
 	for _, m := range msgs {
 		if m.Role == persistence.RoleUser {
@@ -99,4 +92,18 @@ func (r *runtime) postMessage(t *testing.T, fields map[string]string) (int, []by
 		t.Fatal(err)
 	}
 	return resp.StatusCode, b
+}
+
+// onlyTranscript is the stored transcript of key's session, which must be its only one.
+func (r *runtime) onlyTranscript(t *testing.T, key string) []persistence.Message {
+	t.Helper()
+	ss, err := r.d.store.SessionsOfKey(t.Context(), key, 10)
+	if err != nil || len(ss) != 1 {
+		t.Fatalf("sessions of %s: %+v %v, want one", key, ss, err)
+	}
+	msgs, err := r.d.store.Transcript(t.Context(), ss[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return msgs
 }

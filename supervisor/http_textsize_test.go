@@ -36,14 +36,7 @@ func TestHTTPTextLimitIsOfTheStoredText(t *testing.T) {
 		t.Fatalf("a text of NULs that fits as stored = %d %s, want 202", status, b)
 	}
 
-	ss, err := r.d.store.SessionsOfKey(t.Context(), "agent:main:http:dm:nul", 10)
-	if err != nil || len(ss) != 1 {
-		t.Fatalf("sessions of nul: %+v %v, want one", ss, err)
-	}
-	msgs, err := r.d.store.Transcript(t.Context(), ss[0].ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	msgs := r.onlyTranscript(t, "agent:main:http:dm:nul")
 	var rows []persistence.Message
 	var ids []string
 	for _, m := range msgs {
