@@ -151,15 +151,9 @@ func (s *goneAtRecord) BeginRun(ctx context.Context, run string, at time.Time) (
 // the daemon started on it.
 func TestStartRefusedOnADatabaseFileGone(t *testing.T) {
 	dir := t.TempDir()
-	cfg := config.Default()
-	cfg.DataDir, cfg.HTTP.Addr = dir, "127.0.0.1:0"
 	path := filepath.Join(dir, "agentgate.db")
-	d, err := Start(t.Context(), cfg, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
-		Options{Agent: echo.New(), WrapStore: func(s persistence.Store) persistence.Store { return &goneAtRecord{Store: s, path: path} }})
-	if err == nil {
-		_ = d.Stop(context.Background())
-		t.Fatal("Start on a database file deleted before its run was recorded succeeded, want it refused")
-	}
+	err := startRefused(t, dir, func(s persistence.Store) persistence.Store { return &goneAtRecord{Store: s, path: path} },
+		"on a database file deleted before its run was recorded")
 	if !errors.Is(err, persistence.ErrFileGone) || !strings.HasPrefix(err.Error(), "start: record the daemon's run: begin run ") ||
 		!strings.Contains(err.Error(), "the database file "+path+" was deleted: ") {
 		t.Errorf("Start = %v\nwant persistence.ErrFileGone, saying that the record of the run found the file deleted", err)
@@ -193,16 +187,25 @@ func TestStartRefusedOnADatabaseFileGoneAtTheReplay(t *testing.T) {
 	r.waitSent(t, 1)
 	r.stop(t)
 
-	cfg := config.Default()
-	cfg.DataDir, cfg.HTTP.Addr = dir, "127.0.0.1:0"
 	path := filepath.Join(dir, "agentgate.db")
-	d, err := Start(t.Context(), cfg, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
-		Options{Agent: echo.New(), WrapStore: func(s persistence.Store) persistence.Store { return &goneAtReplay{Store: s, path: path} }})
-	if err == nil {
-		_ = d.Stop(context.Background())
-		t.Fatal("Start whose replay found the database file deleted succeeded, want it refused")
-	}
+	err := startRefused(t, dir, func(s persistence.Store) persistence.Store { return &goneAtReplay{Store: s, path: path} },
+		"whose replay found the database file deleted")
 	if !errors.Is(err, persistence.ErrFileGone) {
 		t.Errorf("Start = %v, want persistence.ErrFileGone", err)
 	}
+}
+
+// startRefused starts a daemon on dir whose store is wrap's, which must refuse to start (what
+// says how, in the failure), and returns its error.
+func startRefused(t *testing.T, dir string, wrap func(persistence.Store) persistence.Store, what string) error {
+	t.Helper()
+	cfg := config.Default()
+	cfg.DataDir, cfg.HTTP.Addr = dir, "127.0.0.1:0"
+	d, err := Start(t.Context(), cfg, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Options{Agent: echo.New(), WrapStore: wrap})
+	if err == nil {
+		_ = d.Stop(context.Background())
+		t.Fatalf("Start %s succeeded, want it refused", what)
+	}
+	return err
 }
