@@ -20,8 +20,8 @@
 // When the platform can edit a message (Request.Partial is set) the call streams
 // (stream: true, stream_options.include_usage) and Partial gets the whole text so far as it
 // grows; otherwise one reply is read. An endpoint may refuse a parameter the agent can name
-// otherwise or do without (adapt): max_tokens, asking for max_completion_tokens (OpenAI's
-// reasoning models), or stream_options (Azure OpenAI before API version 2024-10-21, servers
+// otherwise or do without (adapt): max_tokens, refused as a parameter it does not take, not
+// for its value (OpenAI's reasoning models, which ask for max_completion_tokens), or stream_options (Azure OpenAI before API version 2024-10-21, servers
 // that refuse what they do not know; the usage of a stream is then counted only when the
 // endpoint sends it unasked), named as what the refusal refuses (refusedParams), not merely
 // held in an echo of the request. The request is sent again at once in the form the refusal asks

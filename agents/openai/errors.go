@@ -59,7 +59,7 @@ type StatusError struct {
 	hint string
 	// refused are the request parameters the answer names as what it refuses (refusedParams),
 	// which adapt may do without or name otherwise.
-	refused []string
+	refused refusedNames
 }
 
 // Error says which status the endpoint answered, its message, what to check (hint), and the

@@ -33,7 +33,11 @@ func (a *Agent) form() form {
 //
 //   - max_tokens, refused in favour of max_completion_tokens: OpenAI's reasoning models answer
 //     400 "Unsupported parameter: 'max_tokens' is not supported with this model. Use
-//     'max_completion_tokens' instead."
+//     'max_completion_tokens' instead." The refusal must name it as a parameter the endpoint
+//     does not take (refusedNames.unknown): one of its value (OpenAI's "max_tokens is too
+//     large", vLLM's "'max_tokens' or 'max_completion_tokens' is too large" when the context
+//     is full) asks for a smaller bound, which the other name would not be either, and one
+//     that merely holds "max_completion_tokens" (an echo of the chat) asks for nothing.
 //   - stream_options (include_usage, so that a stream ends with its token usage): Azure OpenAI
 //     before API version 2024-10-21 answers 400 "Unrecognized request argument supplied:
 //     stream_options", proxies in front of older servers "Unknown parameter: 'stream_options'".
@@ -51,12 +55,12 @@ func (a *Agent) adapt(err error, f form, stream bool, log *slog.Logger) (form, b
 		return f, false
 	}
 	switch {
-	case !f.completionTokens && a.maxTokens > 0 && strings.Contains(se.Message, "max_completion_tokens"):
+	case !f.completionTokens && a.maxTokens > 0 && slices.Contains(se.refused.unknown, "max_tokens"):
 		f.completionTokens = true
 		if a.completionTokens.CompareAndSwap(false, true) {
 			log.Info("the model endpoint refused max_tokens and asks for max_completion_tokens; agent.openai.max_tokens goes by that name from now on")
 		}
-	case stream && !f.noStreamOptions && slices.Contains(se.refused, "stream_options"):
+	case stream && !f.noStreamOptions && slices.Contains(se.refused.named, "stream_options"):
 		f.noStreamOptions = true
 		if a.noStreamOptions.CompareAndSwap(false, true) {
 			log.Warn("the model endpoint refused stream_options; streamed requests go without it from now on, and their token usage is counted only where the endpoint sends it unasked",
@@ -68,32 +72,52 @@ func (a *Agent) adapt(err error, f form, stream bool, log *slog.Logger) (form, b
 	return f, true
 }
 
-// refusedParams returns the request parameters that an endpoint's error body, raw, names as
-// what it refuses, each by its top-level name ("stream_options" for
-// "stream_options.include_usage"). It reads the shapes endpoints send, and nothing else of the
-// body: a proxy that echoes the request in its error, or vLLM's validation error, whose input is
-// the whole request, holds every parameter sent. Read are the param of the body and of its error
-// (OpenAI's, vLLM's), the loc of pydantic's validation errors in a detail list (FastAPI's 422,
-// Mistral's, also as a JSON string in a message), and the phrasings of refusedPhrases in the
-// messages (the body itself when it is not JSON).
-func refusedParams(raw []byte) []string {
-	var names []string
-	add := func(name string) {
-		// Its leading word: "stream_options" of "'stream_options'", of
-		// "stream_options.include_usage", of "'stream_options': {…".
-		name = strings.TrimLeft(name, " '\"{[")
-		if i := strings.IndexFunc(name, func(r rune) bool { return !isWordRune(r) }); i >= 0 {
-			name = name[:i]
-		}
-		if name != "" && !slices.Contains(names, name) {
-			names = append(names, name)
-		}
+// refusedNames is what an endpoint's error names as what it refuses (refusedParams), each
+// parameter by its top-level name ("stream_options" for "stream_options.include_usage").
+type refusedNames struct {
+	// named are the parameters it refuses for any reason: one it does not take, and one whose
+	// value it does not take (OpenAI's "max_tokens is too large", with its param).
+	named []string
+	// unknown are those of named it refuses as parameters it does not take (OpenAI's
+	// "Unsupported parameter", whose code says so, pydantic's extra_forbidden): the request
+	// must leave them out or name them otherwise, where a value refused asks for another value.
+	unknown []string
+}
+
+// add notes the parameter that name starts with, as refused; unknown says for not being taken.
+func (r *refusedNames) add(name string, unknown bool) {
+	// Its leading word: "stream_options" of "'stream_options'", of
+	// "stream_options.include_usage", of "'stream_options': {…".
+	name = strings.TrimLeft(name, " '\"{[")
+	if i := strings.IndexFunc(name, func(r rune) bool { return !isWordRune(r) }); i >= 0 {
+		name = name[:i]
 	}
+	if name == "" {
+		return
+	}
+	if !slices.Contains(r.named, name) {
+		r.named = append(r.named, name)
+	}
+	if unknown && !slices.Contains(r.unknown, name) {
+		r.unknown = append(r.unknown, name)
+	}
+}
+
+// refusedParams returns the request parameters that an endpoint's error body, raw, names as
+// what it refuses. It reads the shapes endpoints send, and nothing else of the body: a proxy
+// that echoes the request in its error, or vLLM's validation error, whose input is the whole
+// request, holds every parameter sent. Read are the param of the body and of its error
+// (OpenAI's, vLLM's; unknown when its code says unsupported_parameter or unknown_parameter),
+// the loc of pydantic's validation errors in a detail list (FastAPI's 422, Mistral's, also as
+// a JSON string in a message; unknown for extra_forbidden), and the phrasings of
+// refusedPhrases in the messages (the body itself when it is not JSON).
+func refusedParams(raw []byte) refusedNames {
+	var r refusedNames
 	inMessage := func(s string) {
-		for _, re := range refusedPhrases {
-			for _, m := range re.FindAllStringSubmatch(s, -1) {
+		for _, p := range refusedPhrases {
+			for _, m := range p.re.FindAllStringSubmatch(s, -1) {
 				for name := range strings.SplitSeq(m[1], ",") {
-					add(name)
+					r.add(name, p.unknown)
 				}
 			}
 		}
@@ -101,7 +125,7 @@ func refusedParams(raw []byte) []string {
 	var doc any
 	if json.Unmarshal(raw, &doc) != nil {
 		inMessage(string(raw))
-		return names
+		return r
 	}
 	// Only through the keys error, message and detail: never into a validation error's input,
 	// nor into anything else the body holds.
@@ -121,7 +145,8 @@ func refusedParams(raw []byte) []string {
 			}
 		case map[string]any:
 			if p, ok := v["param"].(string); ok {
-				add(p)
+				code, _ := v["code"].(string)
+				r.add(p, code == "unsupported_parameter" || code == "unknown_parameter")
 			}
 			for _, k := range []string{"error", "message", "detail"} {
 				walk(v[k], depth+1)
@@ -130,7 +155,7 @@ func refusedParams(raw []byte) []string {
 			for _, e := range v {
 				if ve, ok := e.(map[string]any); ok {
 					if loc, ok := ve["loc"].([]any); ok {
-						add(locName(loc))
+						r.add(locName(loc), extraForbidden(ve))
 						continue
 					}
 				}
@@ -139,7 +164,16 @@ func refusedParams(raw []byte) []string {
 		}
 	}
 	walk(doc, 0)
-	return names
+	return r
+}
+
+// extraForbidden reports whether the pydantic validation error ve refuses its loc as a field
+// the model does not have: pydantic 2's extra_forbidden, pydantic 1's value_error.extra.
+func extraForbidden(ve map[string]any) bool {
+	typ, _ := ve["type"].(string)
+	msg, _ := ve["msg"].(string)
+	return typ == "extra_forbidden" || typ == "value_error.extra" ||
+		strings.Contains(msg, "Extra inputs are not permitted") || strings.Contains(msg, "extra fields not permitted")
 }
 
 // locName is the request parameter a pydantic validation error's loc names: its first element
@@ -156,28 +190,34 @@ func locName(loc []any) string {
 }
 
 // refusedPhrases are the ways an endpoint's message names a parameter it refuses; the first
-// group holds the name, or names apart by commas.
-var refusedPhrases = []*regexp.Regexp{
+// group holds the name, or names apart by commas. unknown: as one it does not take.
+var refusedPhrases = []struct {
+	re      *regexp.Regexp
+	unknown bool
+}{
 	// OpenAI and Azure OpenAI ("Unrecognized request argument supplied: stream_options",
 	// "Unrecognized request arguments supplied: a, b", "Unknown parameter: 'stream_options'.",
 	// "Unsupported parameter: 'max_tokens' is not supported with this model."), and the
 	// proxies and backends that word theirs alike ("Unsupported parameter: stream_options").
-	regexp.MustCompile(`(?i)(?:unknown|unsupported|unrecognized)(?: request)? (?:parameter|argument|field)s?(?: supplied)?: ('?[\w.]+'?(?:, *'?[\w.]+'?)*)`),
+	{regexp.MustCompile(`(?i)(?:unknown|unsupported|unrecognized)(?: request)? (?:parameter|argument|field)s?(?: supplied)?: ('?[\w.]+'?(?:, *'?[\w.]+'?)*)`), true},
 	// Groq: "property 'stream_options' is unsupported, did you mean 'stream'?"
-	regexp.MustCompile(`(?i)property '([\w.]+)' is unsupported`),
+	{regexp.MustCompile(`(?i)property '([\w.]+)' is unsupported`), true},
 	// Azure AI model inference: "Validation error at #/stream_options: Extra inputs are not
-	// permitted".
-	regexp.MustCompile(`(?i)validation error at #/([\w.]+)`),
+	// permitted"; a value refused, "Validation error at #/max_tokens: Input should be …".
+	{regexp.MustCompile(`(?i)validation error at #/([\w.]+)`), false},
+	{regexp.MustCompile(`(?i)validation error at #/([\w.]+): extra inputs are not permitted`), true},
 	// vLLM before it knew stream_options: FastAPI's validation errors as Python's repr,
 	// "[{'type': 'extra_forbidden', 'loc': ('body', 'stream_options'), …".
-	regexp.MustCompile(`'loc': \('body', '([\w.]+)'`),
-	// vLLM's own validation errors: "… (parameter=stream_options)".
-	regexp.MustCompile(`\(parameter=([\w.]+)\)`),
+	{regexp.MustCompile(`'loc': \('body', '([\w.]+)'`), false},
+	{regexp.MustCompile(`'type': 'extra_forbidden', 'loc': \('body', '([\w.]+)'`), true},
+	// vLLM's own validation errors: "… (parameter=stream_options)", also of a value refused:
+	// "'max_tokens' or 'max_completion_tokens' is too large: … (parameter=max_tokens, value=…)".
+	{regexp.MustCompile(`\(parameter=([\w.]+)\)`), false},
 	// pydantic's text: "stream_options\n  Extra inputs are not permitted [type=extra_forbidden…".
-	regexp.MustCompile(`([\w.]+)\s+Extra inputs are not permitted`),
+	{regexp.MustCompile(`([\w.]+)\s+Extra inputs are not permitted`), true},
 	// LiteLLM: "litellm.UnsupportedParamsError: openrouter does not support parameters:
 	// {'stream_options': {'include_usage': True}}, for model=…" (or a list of names).
-	regexp.MustCompile(`(?i)does not support parameters: [\[{]([^\]}]*)`),
+	{regexp.MustCompile(`(?i)does not support parameters: [\[{]([^\]}]*)`), true},
 }
 
 // isWordRune reports whether r may be part of a parameter's name.

@@ -257,3 +257,59 @@ func TestStreamOptionsRefusalShapes(t *testing.T) {
 		})
 	}
 }
+
+// TestMaxTokensRefusalShapes: the bound goes by max_completion_tokens for good only when the
+// refusal names max_tokens as a parameter the endpoint does not take (refusedNames's
+// unknown): OpenAI's and Azure OpenAI's answer for their reasoning models (its param and code,
+// or its wording alone, as proxies pass it on), LiteLLM's, pydantic's extra_forbidden in a 422.
+// A refusal of max_tokens' value (OpenAI's "max_tokens is too large", vLLM's "'max_tokens' or
+// 'max_completion_tokens' is too large" when the context is full, a 422 of its range) asks for
+// a smaller bound, not another name, and one that merely holds the name (an echo of the chat's
+// text) asks for nothing. Before, any 400 or 422 whose message held "max_completion_tokens"
+// switched, vLLM's full context among them, and a refusal that did not hold it did not.
+func TestMaxTokensRefusalShapes(t *testing.T) {
+	const openAI = "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead."
+	for _, tc := range []struct {
+		name    string
+		code    int
+		body    string
+		switch_ bool
+	}{
+		{"OpenAI", 400, `{"error":{"message":"` + openAI + `","type":"invalid_request_error","param":"max_tokens","code":"unsupported_parameter"}}`, true},
+		{"OpenAI's wording through a proxy", 400, `{"error":{"message":"` + openAI + `","code":"invalid_request_body"}}`, true},
+		{"LiteLLM passing OpenAI's on", 400, `{"error":{"message":"litellm.BadRequestError: OpenAIException - ` + openAI + `","type":null,"param":null,"code":"400"}}`, true},
+		{"LiteLLM's own", 400, `{"error":{"message":"litellm.UnsupportedParamsError: openai does not support parameters: ['max_tokens'], for model=gpt-test. To drop these, set litellm.drop_params=True","type":"invalid_request_error","param":null,"code":"400"}}`, true},
+		{"a 422 of pydantic's extra_forbidden", 422, `{"detail":[{"type":"extra_forbidden","loc":["body","max_tokens"],"msg":"Extra inputs are not permitted","input":300}]}`, true},
+		// Refusals of its value, or that merely hold the name.
+		{"OpenAI, too large", 400, `{"error":{"message":"max_tokens is too large: 300. This model supports at most 256 completion tokens, whereas you provided 300.","type":"invalid_request_error","param":"max_tokens","code":null}}`, false},
+		{"vLLM, the context full", 400, `{"error":{"message":"'max_tokens' or 'max_completion_tokens' is too large: 300. This model's maximum context length is 4096 tokens and your request has 3900 input tokens (300 > 4096 - 3900). (parameter=max_tokens, value=300)","type":"BadRequestError","param":"max_tokens","code":400}}`, false},
+		{"older vLLM, the context full", 400, `{"object":"error","message":"'max_tokens' or 'max_completion_tokens' is too large: 300. This model's maximum context length is 4096 tokens and your request has 3900 input tokens (300 > 4096 - 3900). None","type":"BadRequestError","param":null,"code":400}`, false},
+		{"a 422 of its range", 422, `{"detail":[{"type":"less_than_equal","loc":["body","max_tokens"],"msg":"Input should be less than or equal to 256","input":300,"ctx":{"le":256}}]}`, false},
+		{"a proxy echoing the chat", 400, `{"error":{"message":"upstream rejected the request {\"model\":\"gpt-test\",\"messages\":[{\"role\":\"user\",\"content\":\"should I send max_completion_tokens?\"}],\"max_tokens\":300}","type":"proxy_error"}}`, false},
+		{"vLLM's value error echoing the chat", 400, `{"error":{"message":"1 validation error:\n  {'type': 'value_error', 'loc': ('body',), 'msg': 'Value error, n must be 1', 'input': {'model': 'gpt-test', 'messages': [{'role': 'user', 'content': 'should I send max_completion_tokens?'}], 'max_tokens': 300, 'n': 2}}","type":"BadRequestError","param":null,"code":400}}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var m *openaitest.Model
+			m = openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+				if strings.Contains(m.Requests()[n-1].Body, `"max_tokens"`) {
+					openaitest.Status(tc.code, tc.body)(w, r)
+					return
+				}
+				openaitest.WriteReply(w, "ok", 1, 1)
+			})
+			logs := &testutil.Buffer{}
+			a := MustAgent(t, m, logs, nil, func(c *openai.Config) { c.MaxTokens = 300 })
+			resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "should I send max_completion_tokens?")}})
+			switched := strings.Contains(logs.String(), "the model endpoint refused max_tokens and asks for max_completion_tokens")
+			if tc.switch_ {
+				if err != nil || resp.Text != "ok" || m.Count() != 2 || !switched || !strings.Contains(m.Body(t, 2), `"max_completion_tokens":300`) {
+					t.Errorf("Run() = %+v, %v after %d requests (switch logged: %v); want ok from the request sent again with max_completion_tokens", resp, err, m.Count(), switched)
+				}
+				return
+			}
+			if err == nil || m.Count() != 1 || switched {
+				t.Errorf("Run() = %+v, %v after %d requests (switch logged: %v); want the refusal after one request, max_tokens kept", resp, err, m.Count(), switched)
+			}
+		})
+	}
+}
