@@ -339,7 +339,7 @@ func (a *Agent) attempt(ctx context.Context, body []byte, partial func(string), 
 		return nil, a.redirectError(resp)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return nil, a.statusError(resp)
+		return nil, a.statusError(resp, body)
 	}
 	// Some servers and proxies stream whatever was asked, or label a stream application/json
 	// (or a JSON document text/event-stream): what the body is decides how it is read, and
@@ -436,14 +436,14 @@ func stripURL(err error) error {
 	return err
 }
 
-// statusError reads an error response into a safe StatusError.
-func (a *Agent) statusError(resp *http.Response) *StatusError {
+// statusError reads an error response to the request body into a safe StatusError.
+func (a *Agent) statusError(resp *http.Response, body []byte) *StatusError {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	se := &StatusError{
 		Code:       resp.StatusCode,
 		Message:    sanitize(errorMessage(raw), a.keyString()),
 		RetryAfter: retryAfter(resp.Header, a.now()),
-		refused:    refusedParams(raw),
+		refused:    refusedParams(raw, body),
 	}
 	if resp.StatusCode == http.StatusNotFound {
 		se.hint = a.notFoundHint()

@@ -24,7 +24,7 @@
 // for its value (OpenAI's reasoning models, which ask for max_completion_tokens), or stream_options (Azure OpenAI before API version 2024-10-21, servers
 // that refuse what they do not know; the usage of a stream is then counted only when the
 // endpoint sends it unasked), named as what the refusal refuses (refusedParams), not merely
-// held in an echo of the request. The request is sent again at once in the form the refusal asks
+// held in an echo of the request or of the chat's own text. The request is sent again at once in the form the refusal asks
 // for, as is every request of the Agent from then on; the first refusal of each is logged. A
 // request built before another turn's refusal switched the Agent, and met the same refusal, is
 // sent again too. A request sent again is the same call: its retries count on from those made

@@ -45,7 +45,8 @@ func (a *Agent) form() form {
 //     servers always do), and is unknown otherwise: every streamed turn failed as "its model
 //     endpoint refused the request" before. The refusal must name it as what it refuses
 //     (refusedParams), not merely hold it: a proxy or a server that echoes the request in its
-//     error, refused for another reason, would otherwise switch it off for good.
+//     error, refused for another reason, would otherwise switch it off for good, as would
+//     one that echoes a chat whose user pasted such a refusal.
 //
 // Only a refusal that names the parameter switches: any other 400 is the request's own fault,
 // and sent again would be refused again.
@@ -84,14 +85,10 @@ type refusedNames struct {
 	unknown []string
 }
 
-// add notes the parameter that name starts with, as refused; unknown says for not being taken.
+// add notes the parameter that name starts with (refusedName), as refused; unknown says for
+// not being taken.
 func (r *refusedNames) add(name string, unknown bool) {
-	// Its leading word: "stream_options" of "'stream_options'", of
-	// "stream_options.include_usage", of "'stream_options': {…".
-	name = strings.TrimLeft(name, " '\"{[")
-	if i := strings.IndexFunc(name, func(r rune) bool { return !isWordRune(r) }); i >= 0 {
-		name = name[:i]
-	}
+	name = refusedName(name)
 	if name == "" {
 		return
 	}
@@ -104,29 +101,66 @@ func (r *refusedNames) add(name string, unknown bool) {
 }
 
 // refusedParams returns the request parameters that an endpoint's error body, raw, names as
-// what it refuses. It reads the shapes endpoints send, and nothing else of the body: a proxy
-// that echoes the request in its error, or vLLM's validation error, whose input is the whole
-// request, holds every parameter sent. Read are the param of the body and of its error
-// (OpenAI's, vLLM's; unknown when its code says unsupported_parameter or unknown_parameter),
-// the loc of pydantic's validation errors in a detail list (FastAPI's 422, Mistral's, also as
-// a JSON string in a message; unknown for extra_forbidden), and the phrasings of
-// refusedPhrases in the messages (the body itself when it is not JSON).
-func refusedParams(raw []byte) refusedNames {
+// what it refuses, in its answer to the request sent. It reads the shapes endpoints send, and
+// nothing else of the body: a proxy that echoes the request in its error, or vLLM's validation
+// error, whose input is the whole request, holds every parameter sent. Read are the param of
+// the body and of its error (OpenAI's, vLLM's; unknown when its code says
+// unsupported_parameter or unknown_parameter), the loc of pydantic's validation errors in a
+// detail list (FastAPI's 422, Mistral's, also as a JSON string in a message; unknown for
+// extra_forbidden), and the phrasings of refusedPhrases in the messages (the body itself when
+// it is not JSON).
+//
+// A phrasing may be the chat's own text, echoed: a user who pasted "Unsupported parameter:
+// 'stream_options'" into the chat, sent back in the request that vLLM's validation error or a
+// proxy's echoes. So a name that the chat's messages (those of sent) name in a phrasing too
+// counts only by a phrasing that starts its message, after the exception names that LiteLLM
+// puts first ("litellm.BadRequestError: OpenAIException - "), or by a param or loc, which no
+// echo holds; the phrasings of OpenAI, Azure OpenAI and Groq start theirs.
+func refusedParams(raw, sent []byte) refusedNames {
 	var r refusedNames
+	type phrased struct {
+		name           string
+		unknown, leads bool // leads: the phrasing starts its message
+	}
+	var phrasings []phrased
 	inMessage := func(s string) {
-		for _, p := range refusedPhrases {
-			for _, m := range p.re.FindAllStringSubmatch(s, -1) {
-				for name := range strings.SplitSeq(m[1], ",") {
-					r.add(name, p.unknown)
-				}
-			}
-		}
+		start := len(messageStart.FindString(s))
+		eachPhrased(s, func(name string, unknown bool, at int) {
+			phrasings = append(phrasings, phrased{name, unknown, at == start})
+		})
 	}
 	var doc any
 	if json.Unmarshal(raw, &doc) != nil {
 		inMessage(string(raw))
-		return r
+	} else {
+		r.walk(doc, inMessage)
 	}
+	var chat *refusedNames // read only for a phrasing inside its message, which may be an echo
+	for _, p := range phrasings {
+		if !p.leads && chat == nil {
+			chat = chatRefusals(sent)
+		}
+		if p.leads || !slices.Contains(chat.named, refusedName(p.name)) {
+			r.add(p.name, p.unknown)
+		}
+	}
+	return r
+}
+
+// eachPhrased calls f with each name that a phrasing of refusedPhrases names in s, whether as
+// unknown, and the index in s where the phrasing starts.
+func eachPhrased(s string, f func(name string, unknown bool, at int)) {
+	for _, p := range refusedPhrases {
+		for _, m := range p.re.FindAllStringSubmatchIndex(s, -1) {
+			for name := range strings.SplitSeq(s[m[2]:m[3]], ",") {
+				f(name, p.unknown, m[0])
+			}
+		}
+	}
+}
+
+// walk notes the params and locs of the error body doc, and hands its messages to inMessage.
+func (r *refusedNames) walk(doc any, inMessage func(string)) {
 	// Only through the keys error, message and detail: never into a validation error's input,
 	// nor into anything else the body holds.
 	var walk func(v any, depth int)
@@ -164,6 +198,36 @@ func refusedParams(raw []byte) refusedNames {
 		}
 	}
 	walk(doc, 0)
+}
+
+// refusedName is the parameter that name, as a refusal writes it, starts with: its leading
+// word, "stream_options" of "'stream_options'", of "stream_options.include_usage", of
+// "'stream_options': {…".
+func refusedName(name string) string {
+	name = strings.TrimLeft(name, " '\"{[")
+	if i := strings.IndexFunc(name, func(r rune) bool { return !isWordRune(r) }); i >= 0 {
+		name = name[:i]
+	}
+	return name
+}
+
+// messageStart matches what may come before the words of an error message: space, and the
+// exception names that LiteLLM puts first ("litellm.BadRequestError: OpenAIException - ").
+var messageStart = regexp.MustCompile(`^\s*(?:[\w.]*(?:Error|Exception)\s*[:-]?\s*)*`)
+
+// chatRefusals returns the parameters that the messages of the request sent name in a
+// refusal's phrasing (refusedPhrases): their text is the chat's, which an error may echo.
+func chatRefusals(sent []byte) *refusedNames {
+	var req struct {
+		Messages []struct {
+			Content string `json:"content"`
+		} `json:"messages"`
+	}
+	_ = json.Unmarshal(sent, &req) // a request that does not decode holds no text to echo
+	r := &refusedNames{}
+	for _, m := range req.Messages {
+		eachPhrased(m.Content, func(name string, unknown bool, _ int) { r.add(name, unknown) })
+	}
 	return r
 }
 

@@ -1,9 +1,11 @@
 package openai_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -312,4 +314,162 @@ func TestMaxTokensRefusalShapes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRefusalEchoingTheChat: a refusal for another reason that echoes the request, and with it
+// the chat's own text, does not switch the agent's form when that text quotes a refusal of the
+// parameter ("Unsupported parameter: 'stream_options'", pasted by a user who asks about it):
+// the chat's words are no endpoint's. The fake model echoes the request it got, as vLLM's
+// validation error (Python's repr of the whole request), a proxy (its JSON) and a plain-text
+// answer do; the refused turn fails, and the next one still asks for its stream's usage and
+// counts it. Such a chat's real refusals still switch: by their param, or by a wording that
+// starts their message (after LiteLLM's exception names). Before, the echoed wording switched
+// stream_options off for good, and every later stream's tokens went uncounted.
+func TestRefusalEchoingTheChat(t *testing.T) {
+	const (
+		asksStream = "my proxy answered Unsupported parameter: 'stream_options', why?"
+		asksMax    = "it says Unsupported parameter: 'max_tokens' is not supported with this model, why?"
+	)
+	vLLMEcho := func(body string) (int, string) {
+		var req any
+		if err := json.Unmarshal([]byte(body), &req); err != nil {
+			panic(err)
+		}
+		msg := "1 validation error:\n  {'type': 'value_error', 'loc': ('body',), 'msg': 'Value error, n must be 1', 'input': " + pyRepr(req) + "}"
+		return 400, `{"error":{"message":` + jsonString(msg) + `,"type":"BadRequestError","param":null,"code":400}}`
+	}
+	proxyEcho := func(body string) (int, string) {
+		return 400, `{"error":{"message":` + jsonString("upstream rejected the request "+body) + `,"type":"proxy_error"}}`
+	}
+	textEcho := func(body string) (int, string) { return 400, "bad request: " + body }
+	refuse := func(code int, answer string) func(string) (int, string) {
+		return func(string) (int, string) { return code, answer }
+	}
+	for _, tc := range []struct {
+		name, chat, param string
+		answer            func(body string) (int, string)
+		switch_           bool
+	}{
+		{"vLLM's value error", asksStream, "stream_options", vLLMEcho, false},
+		{"a proxy's", asksStream, "stream_options", proxyEcho, false},
+		{"a plain-text answer", asksStream, "stream_options", textEcho, false},
+		{"vLLM's value error, max_tokens", asksMax, "max_tokens", vLLMEcho, false},
+		{"a proxy's, max_tokens", asksMax, "max_tokens", proxyEcho, false},
+		// The refusals of such a chat's request that refuse the parameter.
+		{"OpenAI's param", asksStream, "stream_options",
+			refuse(400, `{"error":{"message":"Unknown parameter: 'stream_options'.","type":"invalid_request_error","param":"stream_options","code":"unknown_parameter"}}`), true},
+		{"Azure OpenAI's wording", asksStream, "stream_options",
+			refuse(400, `{"error":{"message":"Unrecognized request argument supplied: stream_options","type":"invalid_request_error","param":null,"code":null}}`), true},
+		{"LiteLLM passing it on", asksStream, "stream_options",
+			refuse(400, `{"error":{"message":"litellm.BadRequestError: OpenAIException - Unknown parameter: 'stream_options'.","type":null,"param":null,"code":"400"}}`), true},
+		{"OpenAI's wording, max_tokens", asksMax, "max_tokens",
+			refuse(400, `{"error":{"message":"Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.","type":"invalid_request_error"}}`), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stream := tc.param == "stream_options"
+			var m *openaitest.Model
+			m = openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+				body := m.Requests()[n-1].Body
+				if strings.Contains(body, `"`+tc.param+`"`) && strings.Contains(body, "why?") {
+					code, answer := tc.answer(body)
+					openaitest.Status(code, answer)(w, r)
+					return
+				}
+				if !stream {
+					openaitest.WriteReply(w, "ok", 12, 3)
+					return
+				}
+				// A stream's usage comes only when asked for, as OpenAI's does.
+				var in, out int64
+				if strings.Contains(body, `"include_usage":true`) {
+					in, out = 12, 3
+				}
+				openaitest.WriteStream(w, r, nil, in, out, "ok")
+			})
+			logs := &testutil.Buffer{}
+			a := MustAgent(t, m, logs, nil, func(c *openai.Config) { c.MaxTokens = 300 })
+			run := func(text string) (*agents.Response, error) {
+				req := &agents.Request{Messages: []agents.Message{msg("user", text)}}
+				if stream {
+					req.Partial = func(string) {}
+				}
+				return a.Run(t.Context(), req)
+			}
+			line := noStreamOptionsLine
+			if !stream {
+				line = "the model endpoint refused max_tokens and asks for max_completion_tokens"
+			}
+			resp, err := run(tc.chat)
+			switched := strings.Contains(logs.String(), line)
+			if tc.switch_ {
+				if err != nil || resp.Text != "ok" || m.Count() != 2 || !switched {
+					t.Errorf("Run() = %+v, %v after %d requests (switch logged: %v); want ok from the request sent again without %s", resp, err, m.Count(), switched, tc.param)
+				}
+				return
+			}
+			if err == nil || m.Count() != 1 || switched {
+				t.Fatalf("Run() = %+v, %v after %d requests (switch logged: %v); want the refusal after one request, %s kept", resp, err, m.Count(), switched, tc.param)
+			}
+			// The next turn still sends it, and a stream's usage is still asked for and counted.
+			resp, err = run("hi")
+			if err != nil || resp.Text != "ok" || resp.Usage != (agents.Usage{InputTokens: 12, OutputTokens: 3}) {
+				t.Errorf("next turn: Run() = %+v, %v; want ok with usage {12 3}", resp, err)
+			}
+			if body := m.Body(t, 2); !strings.Contains(body, `"`+tc.param+`"`) {
+				t.Errorf("next turn's request = %s, want it to carry %s", body, tc.param)
+			}
+		})
+	}
+}
+
+// jsonString is s as a JSON string.
+func jsonString(s string) string {
+	b, err := json.Marshal(s)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+// pyRepr is the decoded JSON value v as Python's repr writes it (dict keys sorted), as vLLM's
+// validation errors echo a request.
+func pyRepr(v any) string {
+	switch v := v.(type) {
+	case map[string]any:
+		keys := slices.Sorted(func(yield func(string) bool) {
+			for k := range v {
+				if !yield(k) {
+					return
+				}
+			}
+		})
+		parts := make([]string, len(keys))
+		for i, k := range keys {
+			parts[i] = pyRepr(k) + ": " + pyRepr(v[k])
+		}
+		return "{" + strings.Join(parts, ", ") + "}"
+	case []any:
+		parts := make([]string, len(v))
+		for i, e := range v {
+			parts[i] = pyRepr(e)
+		}
+		return "[" + strings.Join(parts, ", ") + "]"
+	case string:
+		q := "'"
+		if strings.Contains(v, "'") && !strings.Contains(v, `"`) {
+			q = `"`
+		}
+		r := strings.NewReplacer(`\`, `\\`, q, `\`+q, "\n", `\n`, "\t", `\t`)
+		return q + r.Replace(v) + q
+	case bool:
+		if v {
+			return "True"
+		}
+		return "False"
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	case nil:
+		return "None"
+	}
+	panic(fmt.Sprintf("pyRepr(%T)", v))
 }
