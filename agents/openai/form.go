@@ -274,9 +274,9 @@ var refusedPhrases = []struct {
 	// "[{'type': 'extra_forbidden', 'loc': ('body', 'stream_options'), …".
 	{regexp.MustCompile(`'loc': \('body', '([\w.]+)'`), false},
 	{regexp.MustCompile(`'type': 'extra_forbidden', 'loc': \('body', '([\w.]+)'`), true},
-	// vLLM's own validation errors: "… (parameter=stream_options)", also of a value refused:
+	// vLLM's own validation errors: "… (parameter=stream_options)", or with the value refused:
 	// "'max_tokens' or 'max_completion_tokens' is too large: … (parameter=max_tokens, value=…)".
-	{regexp.MustCompile(`\(parameter=([\w.]+)\)`), false},
+	{regexp.MustCompile(`\(parameter=([\w.]+)[,)]`), false},
 	// pydantic's text: "stream_options\n  Extra inputs are not permitted [type=extra_forbidden…".
 	{regexp.MustCompile(`([\w.]+)\s+Extra inputs are not permitted`), true},
 	// LiteLLM: "litellm.UnsupportedParamsError: openrouter does not support parameters:
