@@ -1006,6 +1006,7 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		m.timers.SendOnce(wait, c.Self(), &pauseOver{key: key, n: p.n})
 		m.waitingOut[key] = p
 		m.armPauseCheck(c)
+		m.answerDrains(c) // a leaving member's drain does not wait for the pause (handsOn)
 		return
 	}
 	if !m.quieted[key] && (m.elsewhere(key) != nil && (len(m.stopping[key]) > 0 || m.rerun[key]) || len(m.waiters[key]) > 0) {
@@ -1304,10 +1305,41 @@ func (m *SessionManager) handingOnKeys() []string {
 		return nil
 	}
 	keys := slices.Collect(maps.Keys(m.leavers))
-	keys = slices.AppendSeq(keys, maps.Keys(m.stopping))
+	for k := range m.stopping {
+		if m.handsOn(k) {
+			keys = append(keys, k)
+		}
+	}
 	keys = slices.AppendSeq(keys, maps.Keys(m.handingOn))
 	slices.Sort(keys)
 	return slices.Compact(keys)
+}
+
+// handsOn reports whether the key of a session that stops here is one a leaving member's drain
+// waits for: all are but a key that waits out a pause after the store refused its session's
+// writes and that no member takes over (its pause began as the key's successor answered nil,
+// and still does). Its session starts here again once the pause is over, as in a single daemon,
+// and hands nothing on; before, the drain waited for the pause (1 s doubling to a minute) and
+// for the turn run again after it, and so did the stop
+// (TestLeavingManagersDrainDoesNotWaitOutAPauseOfAKeyNoMemberTakes). The stop stops the pause:
+// the work stays pending in the store for the key's next activation, wherever it is.
+func (m *SessionManager) handsOn(key string) bool {
+	_, paused := m.waitingOut[key]
+	return !paused || m.elsewhere(key) != nil
+}
+
+// leftToHandOn reports whether a leaving member's drain still waits for a session to hand its
+// key on or stop, or for a filed reset to be taken (answerDrains).
+func (m *SessionManager) leftToHandOn() bool {
+	if len(m.leavers) > 0 || len(m.handingOn) > 0 {
+		return true
+	}
+	for k := range m.stopping {
+		if m.handsOn(k) {
+			return true
+		}
+	}
+	return false
 }
 
 // answerDrains ends the drains asked once no turn runs; while the member leaves, also once every
@@ -1318,9 +1350,10 @@ func (m *SessionManager) handingOnKeys() []string {
 // started since for a key no member takes over (Leave.Successor answers nil) runs here, as in a
 // single daemon, and hands nothing on: the drain waited for it to leave memory, and the stop
 // waited out the whole drain deadline (TestLeavingManagersDrainEndsWithTheKeysNoMemberTakes).
+// Nor is the key of such a session waited for while it waits out a pause after refused writes
+// (handsOn).
 func (m *SessionManager) answerDrains(c actor.Context) {
-	leaving := m.kept.successor != nil && (len(m.leavers) > 0 || len(m.stopping) > 0 || len(m.handingOn) > 0)
-	if len(m.busy) > 0 || len(m.kept.drains) == 0 || leaving {
+	if len(m.busy) > 0 || len(m.kept.drains) == 0 || m.kept.successor != nil && m.leftToHandOn() {
 		return
 	}
 	for _, p := range m.kept.drains {
