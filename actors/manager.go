@@ -154,6 +154,11 @@ type SessionManager struct {
 type managerKept struct {
 	successor func(key string) *actor.PID
 	drains    []*actor.PID
+	// stopped holds the keys held here (a session in memory or stopping, an activation) when
+	// the manager last restarted while its member leaves, until the new incarnation has handed
+	// on those with work pending (handOnStopped); stoppedN numbers those hand-ons.
+	stopped  map[string]bool
+	stoppedN uint64
 }
 
 // recoverAll asks the manager to list the keys with unfinished work and start their sessions
@@ -273,6 +278,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 		m.stopPauseChecks()
 		_, restarting := msg.(*actor.Restarting)
 		m.giveUpHandOns(restarting)
+		m.keepStopped(restarting) // (before the activations go, below)
 		if m.stopKept != nil {
 			m.stopKept()
 			m.stopKept = nil
@@ -354,6 +360,8 @@ func (m *SessionManager) Receive(c actor.Context) {
 		}
 	case *recoverAll:
 		m.recoverAll(c)
+	case *restartStopped:
+		m.onRestartStopped(c, msg)
 	case *retryHandOn:
 		m.onRetryHandOn(c, msg)
 	case *restartCrashed:
@@ -454,9 +462,10 @@ func (m *SessionManager) start(c actor.Context) {
 	m.armSweep(c)
 	if m.kept.successor != nil {
 		// Restarted while its member leaves: it goes on leaving. Its sessions stopped with the
-		// incarnation before (the member that takes each key over recovers what they left
-		// pending once this one has withdrawn); what it is asked now goes to the successors.
+		// incarnation before: it hands on the keys of those that left work pending
+		// (handOnStopped); what it is asked now goes to the successors.
 		m.log.Info("the manager restarted while its member leaves the cluster; it goes on handing keys on")
+		m.handOnStopped(c)
 	}
 	// The drains asked of the incarnation before are answered once nothing runs and, while the
 	// member leaves, no filed reset is still being handed on (handOnFiledResets).
@@ -1296,8 +1305,9 @@ func (m *SessionManager) holdsKey(key string) bool {
 }
 
 // handingOnKeys are the keys, sorted, whose sessions a leaving member's drain waits for to hand
-// them on or stop, busy or not, and those whose filed reset it waits for the key's next owner to
-// take (answerDrains); nil when the member does not leave. Before, the filed resets' keys were
+// them on or stop, busy or not, those whose filed reset it waits for the key's next owner to
+// take, and those of the sessions a restart of the manager stopped until it has handed on the
+// ones with work pending (answerDrains); nil when the member does not leave. Before, the filed resets' keys were
 // left out: a drain that ran out waiting for those alone said it cancelled the turns of
 // "sessions 0" (TestLeavingManagerListsTheFiledResetsItsDrainWaitsFor).
 func (m *SessionManager) handingOnKeys() []string {
@@ -1311,6 +1321,7 @@ func (m *SessionManager) handingOnKeys() []string {
 		}
 	}
 	keys = slices.AppendSeq(keys, maps.Keys(m.handingOn))
+	keys = slices.AppendSeq(keys, maps.Keys(m.kept.stopped))
 	slices.Sort(keys)
 	return slices.Compact(keys)
 }
@@ -1329,9 +1340,10 @@ func (m *SessionManager) handsOn(key string) bool {
 }
 
 // leftToHandOn reports whether a leaving member's drain still waits for a session to hand its
-// key on or stop, or for a filed reset to be taken (answerDrains).
+// key on or stop, for a filed reset to be taken, or for the keys of the sessions a restart of
+// the manager stopped to be handed on (answerDrains, handOnStopped).
 func (m *SessionManager) leftToHandOn() bool {
-	if len(m.leavers) > 0 || len(m.handingOn) > 0 {
+	if len(m.leavers) > 0 || len(m.handingOn) > 0 || len(m.kept.stopped) > 0 {
 		return true
 	}
 	for k := range m.stopping {

@@ -63,8 +63,9 @@ type ListActive struct{}
 // ActiveList answers ListActive: the keys of the sessions in memory, and (sorted) those of them
 // with work in hand (a running turn or a write not yet acknowledged: what a drain waits for);
 // while the member leaves, also (sorted) those whose sessions have yet to hand their keys on or
-// stop, or whose filed reset the key's next owner has yet to take, which a leaving member's
-// drain waits for too.
+// stop, whose filed reset the key's next owner has yet to take, or whose sessions a restart of
+// the manager stopped and that it has yet to hand on, which a leaving member's drain waits for
+// too.
 type ActiveList struct{ Keys, Busy, HandingOn []string }
 
 // passivate is sent by an idle session to ask its manager to stop it. From then on the session

@@ -1,0 +1,70 @@
+package actors
+
+import (
+	"slices"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// TestManagerRestartedWhileItsMemberLeavesHandsOnItsStoppedKeys: a leaving member's manager
+// panics while m1's turn runs, after the daemon has asked its drain, and its supervisor restarts
+// it: the restart stops m1's session and cancels its turn, whose agent takes 3 s to return. Once
+// it has returned, the new incarnation hands the key on (a Recover to its successor, which runs
+// m1, pending in the store), and only then answers the drain. Before, nothing handed the key on:
+// m1 waited for the member's withdrawal, after the drain the new incarnation answered at once,
+// and for the recovery of the key's owner then.
+func TestManagerRestartedWhileItsMemberLeavesHandsOnItsStoppedKeys(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		agent := &slowToEnd{ending: 3 * time.Second}
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		sink, forwarded := w.forwardSink()
+		var boom atomic.Bool
+		successor := func(key string) *actor.PID {
+			if key == "other-key" && boom.CompareAndSwap(true, false) {
+				panic("the successor's lookup fails")
+			}
+			return sink
+		}
+		if res := w.deliver(t, "m1", "first"); res.Disposition != "started" {
+			t.Fatalf("m1: %+v", res)
+		}
+		synctest.Wait()
+		w.system.Root.Send(w.manager, &Leave{Successor: successor})
+		drained := w.drain()
+		synctest.Wait()
+
+		boom.Store(true) // the manager restarts: another key's recovery meets a failing lookup
+		w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
+		synctest.Wait()
+		if boom.Load() {
+			t.Fatal("the manager did not restart")
+		}
+		if n := recoversOf(forwarded, w.key); n != 0 {
+			t.Errorf("the key was handed on %d times while m1's cancelled call had yet to return, want none yet", n)
+		}
+		if l := w.list(t); len(l.Keys) != 0 || len(l.Busy) != 0 || !slices.Equal(l.HandingOn, []string{w.key}) || answered(drained) {
+			t.Errorf("while m1's cancelled call ends: sessions %v, busy %v, handing on %v, drained %v; want none in memory or busy, %s handing on, the drain waiting",
+				l.Keys, l.Busy, l.HandingOn, answered(drained), w.key)
+		}
+
+		time.Sleep(3 * time.Second) // (synctest's clock) the cancelled call returns
+		synctest.Wait()
+		if n := recoversOf(forwarded, w.key); n != 1 {
+			t.Errorf("the restarted manager handed the key of its stopped session on %d times, want once (m1 is pending)", n)
+		}
+		if !answered(drained) {
+			t.Error("the drain was not answered once the key was handed on")
+		}
+		if l := w.list(t); len(l.Keys) != 0 || len(l.HandingOn) != 0 {
+			t.Errorf("once handed on: sessions %v, handing on %v; want none", l.Keys, l.HandingOn)
+		}
+		if got, want := agent.events(), []string{"m1 starts", "m1 returns"}; !slices.Equal(got, want) {
+			t.Errorf("agent calls %q, want %q (m1 runs again at the successor only)", got, want)
+		}
+		w.wantPendingAlone(t, "m1")
+	})
+}
