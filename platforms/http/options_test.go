@@ -3,6 +3,7 @@ package http
 import (
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -10,7 +11,18 @@ import (
 // header.
 func (h *harness) doOptionsAsterisk(header map[string]string) response {
 	h.t.Helper()
-	req, err := http.NewRequest(http.MethodOptions, h.base, nil)
+	return h.doAsterisk(http.MethodOptions, header, "")
+}
+
+// doAsterisk sends method with the request target * (as curl --request-target '*' does), with
+// header and body.
+func (h *harness) doAsterisk(method string, header map[string]string, body string) response {
+	h.t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, h.base, rd)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -23,12 +35,12 @@ func (h *harness) doOptionsAsterisk(header map[string]string) response {
 	}
 	resp, err := h.client.Do(req)
 	if err != nil {
-		h.t.Fatalf("OPTIONS * error = %v", err)
+		h.t.Fatalf("%s * error = %v", method, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		h.t.Fatalf("OPTIONS *: read body: %v", err)
+		h.t.Fatalf("%s *: read body: %v", method, err)
 	}
 	return response{status: resp.StatusCode, header: resp.Header, body: b, close: resp.Close}
 }
@@ -58,5 +70,45 @@ func TestOptionsAsteriskIsAnsweredAsOptionsOfARoute(t *testing.T) {
 	}
 	if got := locked.doOptionsAsterisk(map[string]string{"Authorization": "Bearer s3cret"}); got.status != 405 || got.errCode() != CodeMethodNotAllowed {
 		t.Errorf("OPTIONS * with the token = %d %q, want 405 %q", got.status, got.errCode(), CodeMethodNotAllowed)
+	}
+}
+
+// TestAsteriskOfAnotherMethodIsInvalidTarget: the request target * asks about the server as a
+// whole, which only OPTIONS does (RFC 9112, section 3.2.4): GET *, HEAD *, POST * and the like
+// are answered 400 invalid_target in JSON, after the checks every request passes (the bearer
+// token, the loopback Host of a daemon without one, a browser's cross-site request), as OPTIONS *
+// is answered 405 after them. Before, they were answered 404 "the path is not in canonical
+// form, which is /*", a route no client meant.
+func TestAsteriskOfAnotherMethodIsInvalidTarget(t *testing.T) {
+	open := mustStart(t, Config{}, &fakeRuntime{})
+	for _, method := range []string{http.MethodGet, http.MethodPost, http.MethodDelete, http.MethodHead} {
+		body := ""
+		if method == http.MethodPost {
+			body = `{"chat_id":"c","user_id":"u","text":"hi"}`
+		}
+		got := open.doAsterisk(method, map[string]string{"Content-Type": "application/json"}, body)
+		if got.status != http.StatusBadRequest || got.header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s * = %d Content-Type %q (%s), want 400 in JSON", method, got.status, got.header.Get("Content-Type"), got.body)
+		}
+		if method == http.MethodHead {
+			continue // no body
+		}
+		if code := got.errCode(); code != CodeInvalidTarget || !strings.Contains(string(got.body), "only OPTIONS") {
+			t.Errorf("%s * = %d %s, want %q saying that * is only for OPTIONS", method, got.status, got.body, CodeInvalidTarget)
+		}
+	}
+	if got := open.doAsterisk(http.MethodGet, map[string]string{"Host": "rebound.example"}, ""); got.status != 403 || got.errCode() != CodeForeignHost {
+		t.Errorf("GET * to a foreign Host = %d %q, want 403 %q", got.status, got.errCode(), CodeForeignHost)
+	}
+	if got := open.doAsterisk(http.MethodPost, map[string]string{"Sec-Fetch-Site": "cross-site"}, ""); got.status != 403 || got.errCode() != CodeCrossOrigin {
+		t.Errorf("a browser's cross-site POST * = %d %q, want 403 %q", got.status, got.errCode(), CodeCrossOrigin)
+	}
+
+	locked := mustStart(t, Config{Token: "s3cret"}, &fakeRuntime{})
+	if got := locked.doAsterisk(http.MethodGet, nil, ""); got.status != 401 || got.errCode() != CodeUnauthorized {
+		t.Errorf("GET * without the token = %d %q, want 401 %q", got.status, got.errCode(), CodeUnauthorized)
+	}
+	if got := locked.doAsterisk(http.MethodGet, map[string]string{"Authorization": "Bearer s3cret"}, ""); got.status != 400 || got.errCode() != CodeInvalidTarget {
+		t.Errorf("GET * with the token = %d %q, want 400 %q", got.status, got.errCode(), CodeInvalidTarget)
 	}
 }

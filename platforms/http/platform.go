@@ -493,12 +493,20 @@ func (p *Platform) stopped() <-chan struct{} {
 // instead of the mux's plain text, and a path that is not in canonical form with a 404 rather
 // than the mux's redirect (redirectedTo).
 func (p *Platform) route(w http.ResponseWriter, r *http.Request) {
-	if r.Method == http.MethodOptions && r.RequestURI == "*" {
-		// OPTIONS * asks what the server as a whole takes. The API takes no OPTIONS on any
-		// route (405, with the route's Allow): so neither here, where Allow names every
-		// method one route or another takes.
-		w.Header().Set("Allow", allMethods)
-		writeError(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed, "method OPTIONS not allowed")
+	if r.RequestURI == "*" {
+		if r.Method == http.MethodOptions {
+			// OPTIONS * asks what the server as a whole takes. The API takes no OPTIONS on
+			// any route (405, with the route's Allow): so neither here, where Allow names
+			// every method one route or another takes.
+			w.Header().Set("Allow", allMethods)
+			writeError(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed, "method OPTIONS not allowed")
+			return
+		}
+		// The target * is only for OPTIONS (RFC 9112, section 3.2.4): GET * names nothing.
+		// The mux read it as the path /*, and it was answered 404 as a path not in canonical
+		// form, "which is /*", a route no client meant.
+		writeError(w, http.StatusBadRequest, CodeInvalidTarget, fmt.Sprintf(
+			"only OPTIONS takes the request target * (a question about the server as a whole): send %.20s to a route's path, such as /v1/sessions", r.Method))
 		return
 	}
 	h, pattern := p.mux.Handler(r)

@@ -25,6 +25,7 @@ const (
 	CodeInvalidQuery      = "invalid_query"
 	CodeInvalidKey        = "invalid_key"
 	CodeInvalidEventID    = "invalid_last_event_id"
+	CodeInvalidTarget     = "invalid_target"
 	CodeBodyTooLarge      = "body_too_large"
 	CodeTextTooLarge      = "text_too_large"
 	CodeUnsupportedMedia  = "unsupported_media_type"
