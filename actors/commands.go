@@ -529,9 +529,9 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		// is answered as the reset, with the session as it is, once the session's earlier
 		// writes (a retried attempt's among them) are durable. A fresh session is as fresh
 		// as a reset would make it.
-		sid, prev := s.cur.ID, s.cur.PrevSessionID
+		sid, prev, started := s.cur.ID, s.cur.PrevSessionID, s.cur.StartedAt.UnixNano()
 		s.writeQuietFor(c, nil, orphaned, func(c actor.Context, err error) {
-			r := &ResetResult{SessionId: sid, PreviousSessionId: prev, Kept: !retried}
+			r := &ResetResult{SessionId: sid, PreviousSessionId: prev, Kept: !retried, StartedAtUnixNano: started}
 			switch {
 			case errors.Is(err, persistence.ErrFenced):
 				s.handOver(c, m, requester) // the key's owner answers it
@@ -567,9 +567,9 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 		ops = append(ops, &persistence.AddOutbox{Entry: entry})
 		notice = &entry
 	}
-	sid := s.cur.ID
+	sid, started := s.cur.ID, s.cur.StartedAt.UnixNano()
 	w := s.writeQuietFor(c, ops, orphaned, func(c actor.Context, err error) { // (ops end the session before)
-		r := &ResetResult{SessionId: sid, PreviousSessionId: prev}
+		r := &ResetResult{SessionId: sid, PreviousSessionId: prev, StartedAtUnixNano: started}
 		if errors.Is(err, persistence.ErrUnavailable) && s.routedTo(sid) {
 			// Refused as unavailable, but applied: the commit's answer was lost (see
 			// outageOutcome). The reset is done.

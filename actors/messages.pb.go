@@ -590,8 +590,12 @@ type ResetResult struct {
 	EndedSessionId  string `protobuf:"bytes,6,opt,name=ended_session_id,json=endedSessionId,proto3" json:"ended_session_id,omitempty"`
 	EndedAtUnixNano int64  `protobuf:"varint,7,opt,name=ended_at_unix_nano,json=endedAtUnixNano,proto3" json:"ended_at_unix_nano,omitempty"`
 	EndReason       string `protobuf:"bytes,8,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// started_at_unix_nano is the start of the session session_id names (begun or kept), as it is
+	// stored: the admin API answers with it while the session's start waits in the spool, which
+	// the database does not show. 0 from a member that does not send it.
+	StartedAtUnixNano int64 `protobuf:"varint,9,opt,name=started_at_unix_nano,json=startedAtUnixNano,proto3" json:"started_at_unix_nano,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ResetResult) Reset() {
@@ -678,6 +682,13 @@ func (x *ResetResult) GetEndReason() string {
 		return x.EndReason
 	}
 	return ""
+}
+
+func (x *ResetResult) GetStartedAtUnixNano() int64 {
+	if x != nil {
+		return x.StartedAtUnixNano
+	}
+	return 0
 }
 
 // RequeueMessage asks a session to run one of its quarantined messages again (an operator's
@@ -1703,7 +1714,7 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\fResetSession\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x14\n" +
 	"\x05retry\x18\x02 \x01(\bR\x05retry\x124\n" +
-	"\x17first_sent_at_unix_nano\x18\x03 \x01(\x03R\x13firstSentAtUnixNano\"\x9b\x02\n" +
+	"\x17first_sent_at_unix_nano\x18\x03 \x01(\x03R\x13firstSentAtUnixNano\"\xcc\x02\n" +
 	"\vResetResult\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12.\n" +
@@ -1715,7 +1726,8 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\x10ended_session_id\x18\x06 \x01(\tR\x0eendedSessionId\x12+\n" +
 	"\x12ended_at_unix_nano\x18\a \x01(\x03R\x0fendedAtUnixNano\x12\x1d\n" +
 	"\n" +
-	"end_reason\x18\b \x01(\tR\tendReason\"/\n" +
+	"end_reason\x18\b \x01(\tR\tendReason\x12/\n" +
+	"\x14started_at_unix_nano\x18\t \x01(\x03R\x11startedAtUnixNano\"/\n" +
 	"\x0eRequeueMessage\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\"\x80\x02\n" +

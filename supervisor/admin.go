@@ -230,13 +230,19 @@ func (a *sessionsAPI) Reset(ctx context.Context, key string) (*httpplatform.Sess
 
 // begunByReset is the answer to a reset that the database does not show yet: the session r
 // began, of the chat that old (read back from the database) names, with old's live state,
-// nothing in it yet. Its start is the session actor's last activity while that names the
-// session (a reset sets it to the session's start), else now.
+// nothing in it yet. Its start is the one the session stored, which r says. Before, it was the
+// session actor's last activity when the answer was made, which a message that came meanwhile
+// had moved on, or now once another reset had ended the session
+// (TestResetWhileSpoolingAnswersItsStartAsStored). A member that does not say it (an older one,
+// during a rolling upgrade) is answered so still.
 func (a *sessionsAPI) begunByReset(ctx context.Context, key string, old *httpplatform.SessionInfo, r *actors.ResetResult) *httpplatform.SessionInfo {
-	started := time.Now().UTC()
-	res, err := actors.Await(ctx, a.d.system.Root.RequestFuture(a.d.managerOf(key), &actors.Peek{Key: key}, requestTimeout(ctx)))
-	if st, ok := res.(*actors.SessionState); err == nil && ok && st.SessionId == r.SessionId && st.LastActivityUnixNano != 0 {
-		started = time.Unix(0, st.LastActivityUnixNano).UTC()
+	started := time.Unix(0, r.StartedAtUnixNano).UTC()
+	if r.StartedAtUnixNano == 0 {
+		started = time.Now().UTC()
+		res, err := actors.Await(ctx, a.d.system.Root.RequestFuture(a.d.managerOf(key), &actors.Peek{Key: key}, requestTimeout(ctx)))
+		if st, ok := res.(*actors.SessionState); err == nil && ok && st.SessionId == r.SessionId && st.LastActivityUnixNano != 0 {
+			started = time.Unix(0, st.LastActivityUnixNano).UTC()
+		}
 	}
 	return &httpplatform.SessionInfo{SessionKey: key, SessionID: r.SessionId, PrevSessionID: r.PreviousSessionId,
 		Platform: old.Platform, ChatType: old.ChatType, ChatID: old.ChatID, ThreadID: old.ThreadID, UserID: old.UserID,
