@@ -196,6 +196,9 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 	s.lastSeq++
 	userSeq := s.lastSeq
 	s.lastSeq++
+	if s.blankOf == sid && s.blankThrough == userSeq-1 {
+		s.blankThrough = s.lastSeq // a command's rows are no conversation (fresh)
+	}
 	ops = append(ops,
 		&persistence.AppendMessage{Message: persistence.Message{SessionID: sid, Seq: userSeq, Role: persistence.RoleUser,
 			Content: m.Text, Platform: src.Platform, ChatID: src.ChatID, MessageID: m.MessageId,
@@ -333,6 +336,8 @@ func (s *Session) boundary(c actor.Context, src identity.Source, reason string, 
 		ops = append(ops, &persistence.EndSession{SessionID: prev, Reason: reason, At: now})
 	}
 	ops = append(ops, s.newIncarnation(src, now, prev)...)
+	// Its predecessor ended by a reset, not automatically: fresh can tell from memory.
+	s.blankOf, s.blankThrough = s.cur.ID, 0
 	s.mode = s.d.Config.QueueMode // a new session starts with the default queue mode
 	return ops, prev, dropped
 }
@@ -344,7 +349,8 @@ func (s *Session) boundary(c actor.Context, src identity.Source, reason string, 
 // suspended) is not fresh: its first turn is told to continue that one. The store is asked
 // only when memory cannot tell (the session holds rows, none of them in its transcript buffer,
 // which history_limit 0 keeps empty; or how its predecessor ended); a store that cannot be
-// read, or lacks the spooled writes, counts as not fresh. A write in flight counts as
+// read, or lacks the spooled writes, counts as not fresh. Memory tells of a session a reset
+// began in this activation (blankOf). A write in flight counts as
 // conversation unless it is a command's that adds none (pendingWrite.quiet): a second /new
 // right behind the first, its write still in flight, finds the session the first began fresh.
 // Before, it ended that empty session and began another (a chain got a session with no message).
@@ -358,6 +364,13 @@ func (s *Session) fresh() bool {
 		return false
 	}
 	if s.lastSeq == 0 && s.cur.PrevSessionID == "" {
+		return true
+	}
+	if s.blankOf == s.cur.ID && s.lastSeq == s.blankThrough {
+		// A reset began it here, and it holds commands and their answers alone since: memory
+		// tells what the store would. Before, while writes waited in the spool, it counted as
+		// not fresh, and the second of two resets at once ended the session the first began
+		// and began another (TestTwoResetsAtOnceWhileSpoolingStartOneSession).
 		return true
 	}
 	if s.d.Spooling.Load() {

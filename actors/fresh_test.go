@@ -103,6 +103,54 @@ func TestNewInAFreshSessionKeepsIt(t *testing.T) {
 	}
 }
 
+// TestResetsWhileSpoolingKeepTheSessionTheyBegan: while writes wait in the spool (the store
+// does not show them, so it cannot say what a session holds), a session a reset began in this
+// activation is fresh until something but a command is said in it, as when the store takes the
+// writes: a second /new, an operator's reset after it, and another after a /status keep it; a
+// message then makes the next /new begin another. Before, every reset while spooling ended the
+// empty session the last one began and began another: a chain of empty sessions.
+func TestResetsWhileSpoolingKeepTheSessionTheyBegan(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newManagerWorld(t, echo.New(), nil)
+		command := func(id, text string) (*DeliverResult, string) {
+			t.Helper()
+			r := w.deliver(t, id, text)
+			if r.ErrorCode != "" || r.Disposition != platforms.Command {
+				t.Fatalf("%s: %+v, want a command answered", text, r)
+			}
+			return r, w.noticeFor(t, id)
+		}
+		m1 := w.deliver(t, "m1", "hello")
+		w.awaitTurnEnds(1)
+		w.d.Spooling.Store(true) // (the flag alone: fresh reads it; the store still takes the writes)
+		n1, _ := command("n1", "/new")
+		if n1.SessionId == m1.SessionId {
+			t.Fatalf("/new after a message stayed in session %s", n1.SessionId)
+		}
+		want := "✨ This session (" + n1.SessionId + ") is new already"
+		if n2, answer := command("n2", "/new"); n2.SessionId != n1.SessionId || !strings.HasPrefix(answer, want) {
+			t.Errorf("a second /new while spooling: session %s, answered %q; want %s kept, answered %q…", n2.SessionId, answer, n1.SessionId, want)
+		}
+		if got := w.reset(t, &ResetSession{}); got.SessionId != n1.SessionId || !got.Kept {
+			t.Errorf("an operator's reset after them while spooling = %+v, want %s kept", got, n1.SessionId)
+		}
+		command("s1", "/status")
+		if got := w.reset(t, &ResetSession{}); got.SessionId != n1.SessionId || !got.Kept {
+			t.Errorf("an operator's reset after /status while spooling = %+v, want %s kept", got, n1.SessionId)
+		}
+		if m2 := w.deliver(t, "m2", "hi"); m2.SessionId != n1.SessionId {
+			t.Errorf("m2 went to session %s, want the fresh %s", m2.SessionId, n1.SessionId)
+		}
+		w.awaitTurnEnds(1)
+		if n3, answer := command("n3", "/new"); n3.SessionId == n1.SessionId || !strings.HasPrefix(answer, "✨ Started a new session") {
+			t.Errorf("/new after m2 while spooling: session %s, answered %q; want a new session after %s", n3.SessionId, answer, n1.SessionId)
+		}
+		if n := w.sessionCount(t); n != 3 {
+			t.Errorf("the key has %d sessions, want 3: m1's, the one /new began and the resets kept, m2's successor", n)
+		}
+	})
+}
+
 // TestStatusOnANewChat: /status as a new chat's first message names the session the command
 // began, the one its answer's session_id names and the chat's next message goes to, and shows
 // the reset policy, as /help says it does. Before, it said "Session (none yet)" and had no

@@ -41,6 +41,13 @@ type Session struct {
 	seen     idSet       // inbound message ids accepted in this activation
 	mode     string
 
+	// blankOf names the current session while a reset (/new, /reset, an operator's) began it
+	// in this activation, and its rows through seq blankThrough are commands and their answers
+	// alone: fresh tells from memory that it holds nothing yet, also while the store lacks the
+	// writes the spool holds.
+	blankOf      string
+	blankThrough int64
+
 	epoch     int64 // the key's claim (Deps.Fencing); 0 when not claimed
 	fencedOut bool  // a newer activation claimed the key: this one hands over and stops
 	stale     bool  // memory is behind the store: the key is activated again (onRecover, restartFromStore)
