@@ -86,7 +86,7 @@ commands:
   serve          run the daemon (the default command)
   check-config   validate the configuration and print every problem
   sessions       list, show, export, search or reset the stored sessions; list and requeue
-                 quarantined messages
+                 quarantined messages; pardon messages struck by unclean stops
   backup         write a consistent copy of the SQLite database, also while the daemon runs
   bench          load an in-process daemon and measure turns/s, latency and the SQLite ceiling
   version        print the version (also --version)

@@ -101,7 +101,7 @@ func TestRunCommands(t *testing.T) {
 		{name: "serve named says no more", args: []string{"serve", "-v"}, wantErr: "usage", wantStderr: []string{"flag provided but not defined: -v"},
 			notStderr: []string{"No command was given"}},
 		{name: "help", args: []string{"help"}, wantOut: "check-config"},
-		{name: "help names every sessions command", args: []string{"help"}, wantOut: "list, show, export, search or reset the stored sessions; list and requeue\n                 quarantined messages"},
+		{name: "help names every sessions command", args: []string{"help"}, wantOut: "list, show, export, search or reset the stored sessions; list and requeue\n                 quarantined messages; pardon messages struck by unclean stops"},
 		{name: "-h lists the commands", args: []string{"-h"}, wantOut: "commands:\n  serve"},
 		{name: "--help lists the commands", args: []string{"--help"}, wantOut: "commands:\n  serve"},
 		{name: "help serve shows serve's flags", args: []string{"help", "serve"}, wantUsage: []string{"-http-addr"}},
