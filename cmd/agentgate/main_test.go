@@ -281,6 +281,22 @@ func TestCheckConfig(t *testing.T) {
 		}
 	})
 
+	t.Run("a secret's variable named wrong is one problem", func(t *testing.T) {
+		// Before, the name the validation refused was looked up too, for a second problem:
+		// "platforms.discord.token_env:  is not set here; serve refuses to start without the bot
+		// token" (an empty name), "$DISCORD_TOKEN is not set here" (the name written with its $).
+		for name, value := range map[string]string{
+			"empty":      `""`,
+			"with its $": `$DISCORD_TOKEN`,
+		} {
+			path := write("discord-env.yaml", "data_dir: "+dir+"\nplatforms:\n  discord:\n    enabled: true\n    token_env: "+value+"\n")
+			_, stderr, err := check(t, "--config", path)
+			if err == nil || err.Error() != "config has 1 problem(s)" || strings.Count(stderr, "platforms.discord.token_env") != 1 {
+				t.Errorf("%s: check-config = %v, stderr %q; want one problem, of platforms.discord.token_env", name, err, stderr)
+			}
+		}
+	})
+
 	t.Run("a half-configured cluster TLS is one problem", func(t *testing.T) {
 		// Before, the files that are set were read too, for a second problem of the same
 		// mistake: "cluster.tls: load /etc/member.pem and : open /etc/member.pem: no such file".

@@ -193,7 +193,21 @@ func Check(path string, environ []string, override func(*Config), here func(*Con
 	}
 	var refusals []error
 	if here != nil {
+		// A key with a problem already is not refused again: an empty or misspelt secret
+		// variable's name (token_env: $DISCORD_TOKEN) read "required" or "must be the name of
+		// an environment variable", then "… is not set here; serve refuses to start", as two.
+		invalid := make(map[string]bool)
+		for _, err := range errs {
+			var fe *FieldError
+			if errors.As(err, &fe) {
+				invalid[fe.Field] = true
+			}
+		}
 		for _, err := range here(cfg) {
+			var fe *FieldError
+			if errors.As(err, &fe) && invalid[fe.Field] {
+				continue
+			}
 			if err := pin(err); err != nil {
 				refusals = append(refusals, err)
 			}
