@@ -1025,6 +1025,21 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// TestEnvNameWithItsDollar: a *_env key written as the shell reads the variable,
+// $DISCORD_TOKEN, is told to drop the $; before, it was told not to hold the secret, which it
+// did not (found by a new operator's walkthrough).
+func TestEnvNameWithItsDollar(t *testing.T) {
+	for _, name := range []string{"$DISCORD_TOKEN", "${DISCORD_TOKEN}"} {
+		c := Default()
+		c.Platforms.Discord.Enabled = true
+		c.Platforms.Discord.TokenEnv = name
+		want := "platforms.discord.token_env: must be the name of an environment variable, without the shell's $ (NAME, not $NAME or ${NAME})"
+		if err := c.Validate(); err == nil || err.Error() != want {
+			t.Errorf("Validate() of token_env %s = %v, want %q", name, err, want)
+		}
+	}
+}
+
 func TestFieldErrorMessages(t *testing.T) {
 	c := Default()
 	c.Sessions.Queue.Mode = "fast"

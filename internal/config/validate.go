@@ -396,12 +396,20 @@ func (v *validator) snowflake(field, id string) {
 	}
 }
 
-var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+var (
+	envNameRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	shellRefRE = regexp.MustCompile(`^\$([A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})$`)
+)
 
 // envName checks that a *_env key names a variable. Its value is left out of the message
 // because the likely mistake is pasting the secret itself.
 func (v *validator) envName(field, name string) {
-	if name != "" && !envNameRE.MatchString(name) {
+	switch {
+	case name == "" || envNameRE.MatchString(name):
+	case shellRefRE.MatchString(name):
+		// The name as a shell reads the variable: told so, not told it is the secret.
+		v.add(field, nil, "must be the name of an environment variable, without the shell's $ (NAME, not $NAME or ${NAME})")
+	default:
 		v.add(field, nil, "must be the name of an environment variable ([A-Za-z_][A-Za-z0-9_]*), not the secret")
 	}
 }
