@@ -750,6 +750,11 @@ func TestLoadEnvErrors(t *testing.T) {
 	}{
 		{"duration", []string{"AGENTGATE_SESSIONS_PASSIVATE_AFTER=10"}, []string{`AGENTGATE_SESSIONS_PASSIVATE_AFTER: "10": must be a duration with its unit, such as 10s or 10m`}},
 		{"duration word", []string{"AGENTGATE_SESSIONS_PASSIVATE_AFTER=soon"}, []string{`AGENTGATE_SESSIONS_PASSIVATE_AFTER: "soon": must be a duration such as 90s or 10m`}},
+		// A list's example is the value as a list: before, every list was shown the exec
+		// agent's [sh, -c, "echo hi"], also allowed_users.
+		{"one id for a list", []string{"AGENTGATE_PLATFORMS_DISCORD_ALLOWED_USERS=123456789012345678"}, []string{`AGENTGATE_PLATFORMS_DISCORD_ALLOWED_USERS: "123456789012345678": must be a list of strings such as [123456789012345678]`}},
+		{"a command line for a list", []string{"AGENTGATE_AGENT_EXEC_COMMAND=/usr/local/bin/my-agent --fast"}, []string{`AGENTGATE_AGENT_EXEC_COMMAND: "/usr/local/bin/my-agent --fast": must be a list of strings such as [/usr/local/bin/my-agent, --fast]`}},
+		{"a shell line for a list", []string{`AGENTGATE_AGENT_EXEC_COMMAND=my-agent | tee "log"`}, []string{`AGENTGATE_AGENT_EXEC_COMMAND: "my-agent | tee \"log\"": must be a list of strings such as [sh, -c, "echo hi"]`}},
 		{"bool", []string{"AGENTGATE_PLATFORMS_DISCORD_ENABLED=sure"}, []string{`AGENTGATE_PLATFORMS_DISCORD_ENABLED: "sure": must be true or false`}},
 		{"int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=5x"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "5x": must be an integer`}},
 		{"fraction for an int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=2.7"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "2.7": must be an integer`}},

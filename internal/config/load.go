@@ -705,8 +705,18 @@ func mismatch(t reflect.Type, value string) error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	if t == durationType && numberRE.MatchString(value) {
+	switch {
+	case t == durationType && numberRE.MatchString(value):
 		return fmt.Errorf("must be a duration with its unit, such as %ss or %sm", value, value)
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String:
+		// A list's example is the value as a list, when YAML reads that back as the value's
+		// words: allowed_users: 123 was shown the exec agent's [sh, -c, "echo hi"].
+		words := strings.Fields(value)
+		example := "[" + strings.Join(words, ", ") + "]"
+		var back []string
+		if len(words) > 0 && yaml.Unmarshal([]byte(example), &back) == nil && slices.Equal(back, words) {
+			return fmt.Errorf("must be a list of strings such as %s", example)
+		}
 	}
 	return typeMismatch(t)
 }
