@@ -750,6 +750,9 @@ func TestLoadEnvErrors(t *testing.T) {
 	}{
 		{"duration", []string{"AGENTGATE_SESSIONS_PASSIVATE_AFTER=10"}, []string{`AGENTGATE_SESSIONS_PASSIVATE_AFTER: "10": must be a duration with its unit, such as 10s or 10m`}},
 		{"duration word", []string{"AGENTGATE_SESSIONS_PASSIVATE_AFTER=soon"}, []string{`AGENTGATE_SESSIONS_PASSIVATE_AFTER: "soon": must be a duration such as 90s or 10m`}},
+		// Go's durations have no d: before, "must be a duration such as 90s or 10m" of 90d,
+		// which did not say what was wrong with it (found by a new operator's walkthrough).
+		{"duration in days", []string{"AGENTGATE_SESSIONS_PRUNE_RETENTION=90d"}, []string{`AGENTGATE_SESSIONS_PRUNE_RETENTION: "90d": must be a duration in h, m or s, which has no d: 2160h for 90d`}},
 		// A list's example is the value as a list: before, every list was shown the exec
 		// agent's [sh, -c, "echo hi"], also allowed_users.
 		{"one id for a list", []string{"AGENTGATE_PLATFORMS_DISCORD_ALLOWED_USERS=123456789012345678"}, []string{`AGENTGATE_PLATFORMS_DISCORD_ALLOWED_USERS: "123456789012345678": must be a list of strings such as [123456789012345678]`}},

@@ -697,7 +697,10 @@ func typeMismatch(t reflect.Type) error {
 	}
 }
 
-var numberRE = regexp.MustCompile(`^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)$`)
+var (
+	numberRE = regexp.MustCompile(`^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)$`)
+	daysRE   = regexp.MustCompile(`^[0-9]{1,9}d$`)
+)
 
 // mismatch is typeMismatch for the value written for a key of type t: a duration written as a
 // bare number (member_ttl: 30, as a count of seconds) is told its unit.
@@ -708,6 +711,10 @@ func mismatch(t reflect.Type, value string) error {
 	switch {
 	case t == durationType && numberRE.MatchString(value):
 		return fmt.Errorf("must be a duration with its unit, such as %ss or %sm", value, value)
+	case t == durationType && daysRE.MatchString(value):
+		// retention: 90d, as other tools write it: Go's durations stop at hours.
+		days, _ := strconv.Atoi(strings.TrimSuffix(value, "d"))
+		return fmt.Errorf("must be a duration in h, m or s, which has no d: %dh for %s", days*24, value)
 	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String:
 		// A list's example is the value as a list, when YAML reads that back as the value's
 		// words: allowed_users: 123 was shown the exec agent's [sh, -c, "echo hi"].
