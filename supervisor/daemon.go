@@ -219,7 +219,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		log.Warn("the HTTP API's bearer token is short enough to guess; serving all the same", logging.Err(err))
 	}
 	if dc := cfg.Platforms.Discord; dc.Enabled && strings.TrimSpace(os.Getenv(dc.TokenEnv)) == "" {
-		return nil, fmt.Errorf("start: discord is enabled but the environment variable %s (platforms.discord.token_env) is empty", dc.TokenEnv)
+		return nil, fmt.Errorf("start: discord is enabled but the environment variable %s (platforms.discord.token_env) is not set or empty: set it to the bot token (the Developer Portal's Bot page), or set platforms.discord.enabled: false", dc.TokenEnv)
 	}
 	if cfg.Cluster.Enabled {
 		opts.SharedStore = true // see Options.SharedStore

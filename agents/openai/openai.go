@@ -145,7 +145,7 @@ func New(c Config) (*Agent, error) {
 	if c.APIKeyEnv != "" {
 		v, ok := os.LookupEnv(c.APIKeyEnv)
 		if !ok || strings.TrimSpace(v) == "" {
-			bad("environment variable %s (agent.openai.api_key_env) holds no API key", c.APIKeyEnv)
+			bad("environment variable %s (agent.openai.api_key_env) is not set or empty: set it to the endpoint's API key, or set agent.openai.api_key_env: \"\" for a server that takes none", c.APIKeyEnv)
 		}
 		key = strings.TrimSpace(v)
 	}

@@ -970,9 +970,9 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	}{
 		{"nothing", openai.Config{}, []string{"base URL is empty", "model is empty"}},
 		{"key variable unset", openai.Config{BaseURL: "https://api.example/v1", Model: "m", APIKeyEnv: "OPENAI_TEST_SURELY_UNSET"},
-			[]string{"environment variable OPENAI_TEST_SURELY_UNSET (agent.openai.api_key_env) holds no API key"}},
+			[]string{"environment variable OPENAI_TEST_SURELY_UNSET (agent.openai.api_key_env) is not set or empty: set it to the endpoint's API key, or set agent.openai.api_key_env: \"\" for a server that takes none"}},
 		{"key variable empty", openai.Config{BaseURL: "https://api.example/v1", Model: "m", APIKeyEnv: "OPENAI_TEST_EMPTY"},
-			[]string{"OPENAI_TEST_EMPTY (agent.openai.api_key_env) holds no API key"}},
+			[]string{"OPENAI_TEST_EMPTY (agent.openai.api_key_env) is not set or empty: set it to the endpoint's API key, or set agent.openai.api_key_env: \"\" for a server that takes none"}},
 		{"relative URL with a secret", openai.Config{BaseURL: "api.example/v1?key=sekrit123", Model: "m"},
 			[]string{"base URL must be an absolute http or https URL"}},
 		{"ranges", openai.Config{BaseURL: "http://localhost/v1", Model: "m", Temperature: &temp, MaxTokens: -1, TokenBudget: -1},

@@ -163,7 +163,7 @@ func TestRunCommands(t *testing.T) {
 		{name: "check-config --config-only warns of it", args: []string{"check-config", "--config-only", "--config", noKey}, wantOut: "config ok",
 			wantStderr: []string{"warning: " + noKey + ":7: agent.openai.api_key_env: AGENTGATE_TEST_UNSET_OPENAI_KEY is not set"}},
 		{name: "serve refuses an openai agent without its key", args: []string{"serve", "--config", noKey, "--http-addr", "127.0.0.1:0"},
-			wantErr: "environment variable AGENTGATE_TEST_UNSET_OPENAI_KEY (agent.openai.api_key_env) holds no API key"},
+			wantErr: "environment variable AGENTGATE_TEST_UNSET_OPENAI_KEY (agent.openai.api_key_env) is not set or empty: set it to the endpoint's API key, or set agent.openai.api_key_env: \"\" for a server that takes none"},
 		{name: "public address needs a token", args: []string{"serve", "--data-dir", dir, "--http-addr", "0.0.0.0:0"},
 			wantErr: `config: http.addr: "0.0.0.0:0": is not a loopback address, where the API needs a bearer token: set http.token_env`},
 		{name: "check-config refuses a public address without a token", args: []string{"check-config", "--config", public}, wantErr: "1 problem(s)",
@@ -193,7 +193,7 @@ func TestRunCommands(t *testing.T) {
 		{name: "check-config refuses a missing bot token", args: []string{"check-config", "--config", noBotToken}, wantErr: "serve would refuse to start here: 1 problem(s)",
 			wantStderr: []string{"platforms.discord.token_env: AGENTGATE_TEST_UNSET_BOT_TOKEN is not set here"}},
 		{name: "serve refuses a missing bot token", args: []string{"serve", "--config", noBotToken, "--http-addr", "127.0.0.1:0"},
-			wantErr: "AGENTGATE_TEST_UNSET_BOT_TOKEN (platforms.discord.token_env) is empty"},
+			wantErr: "AGENTGATE_TEST_UNSET_BOT_TOKEN (platforms.discord.token_env) is not set or empty: set it to the bot token (the Developer Portal's Bot page), or set platforms.discord.enabled: false"},
 		// One line naming the file: before, "config: load config: open …".
 		{name: "serve names a missing config file", args: []string{"serve", "--config", filepath.Join(dir, "nope.yaml")},
 			wantErr: "config: read " + filepath.Join(dir, "nope.yaml") + ": no such file or directory"},
@@ -447,9 +447,9 @@ func TestRefusedSecretLeavesNothingOnDisk(t *testing.T) {
 		name, env, wantErr string
 	}{
 		// As check-config reads it: white space is no token (before, serve started with it).
-		{"discord token of white space", "AGENTGATE_PLATFORMS_DISCORD_TOKEN_ENV=AGENTGATE_TEST_BLANK_TOKEN", "AGENTGATE_TEST_BLANK_TOKEN (platforms.discord.token_env) is empty"},
+		{"discord token of white space", "AGENTGATE_PLATFORMS_DISCORD_TOKEN_ENV=AGENTGATE_TEST_BLANK_TOKEN", "AGENTGATE_TEST_BLANK_TOKEN (platforms.discord.token_env) is not set or empty: set it to the bot token (the Developer Portal's Bot page), or set platforms.discord.enabled: false"},
 		{"http token", "AGENTGATE_HTTP_TOKEN_ENV=AGENTGATE_TEST_UNSET_TOKEN", "http.token_env names AGENTGATE_TEST_UNSET_TOKEN, which is not set or empty"},
-		{"discord token", "AGENTGATE_PLATFORMS_DISCORD_TOKEN_ENV=AGENTGATE_TEST_UNSET_TOKEN", "AGENTGATE_TEST_UNSET_TOKEN (platforms.discord.token_env) is empty"},
+		{"discord token", "AGENTGATE_PLATFORMS_DISCORD_TOKEN_ENV=AGENTGATE_TEST_UNSET_TOKEN", "AGENTGATE_TEST_UNSET_TOKEN (platforms.discord.token_env) is not set or empty: set it to the bot token (the Developer Portal's Bot page), or set platforms.discord.enabled: false"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			name, value, _ := strings.Cut(tc.env, "=")
