@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -426,7 +427,8 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	for _, pid := range d.deps.Platforms {
 		d.system.Root.Send(pid, &actors.StartIntake{Deliver: d.intake.Deliver, Withdraw: d.intake.Withdraw})
 	}
-	log.Info("agentgate started", append(append([]any{"addr", d.addr.String(), "agent", cfg.Agent.Backend}, agentAttrs(cfg.Agent)...),
+	log.Info("agentgate started", append(append([]any{"addr", d.addr.String(),
+		"platforms", strings.Join(slices.Sorted(maps.Keys(d.deps.Platforms)), ","), "agent", cfg.Agent.Backend}, agentAttrs(cfg.Agent)...),
 		"data_dir", cfg.DataDir, "store", storeName(d.store), "version", buildinfo.Version())...)
 	if token == "" {
 		// Loopback is not private on a host other users log in to (README): say so where a

@@ -79,6 +79,25 @@ func TestStartLineNamesTheBuild(t *testing.T) {
 	t.Fatalf("no start line in the log:\n%s", logs.String())
 }
 
+// TestStartLineNamesThePlatforms: the start line names the platforms the daemon serves, so
+// that an operator who enabled Discord (AGENTGATE_PLATFORMS_DISCORD_ENABLED=true) reads there
+// that it took: before, only a "discord gateway ready" line, once connected, said so, and a
+// Discord left off by a misspelt variable said nothing at all.
+func TestStartLineNamesThePlatforms(t *testing.T) {
+	var logs testutil.Buffer
+	r := MustStartDaemon(t, echo.New(), daemonOpts{logs: &logs})
+	r.stop(t)
+	for line := range strings.SplitSeq(logs.String(), "\n") {
+		if strings.Contains(line, `msg="agentgate started"`) {
+			if want := " platforms=fake,http "; !strings.Contains(line, want) {
+				t.Errorf("start line %q, want it to carry %q", line, want)
+			}
+			return
+		}
+	}
+	t.Fatalf("no start line in the log:\n%s", logs.String())
+}
+
 // TestStartLineNamesTheModelEndpoint: with the openai backend, the start line names the model
 // and the endpoint's host, never the base_url's user info, path or query, which may hold
 // credentials.
