@@ -758,6 +758,9 @@ func TestLoadEnvErrors(t *testing.T) {
 		{"one id for a list", []string{"AGENTGATE_PLATFORMS_DISCORD_ALLOWED_USERS=123456789012345678"}, []string{`AGENTGATE_PLATFORMS_DISCORD_ALLOWED_USERS: "123456789012345678": must be a list of strings such as [123456789012345678]`}},
 		{"a command line for a list", []string{"AGENTGATE_AGENT_EXEC_COMMAND=/usr/local/bin/my-agent --fast"}, []string{`AGENTGATE_AGENT_EXEC_COMMAND: "/usr/local/bin/my-agent --fast": must be a list of strings such as [/usr/local/bin/my-agent, --fast]`}},
 		{"a shell line for a list", []string{`AGENTGATE_AGENT_EXEC_COMMAND=my-agent | tee "log"`}, []string{`AGENTGATE_AGENT_EXEC_COMMAND: "my-agent | tee \"log\"": must be a list of strings such as [sh, -c, "echo hi"]`}},
+		// A count written as a duration: before, only "must be an integer" (found by a new
+		// operator's walkthrough, idle_minutes: 30m).
+		{"duration for minutes", []string{"AGENTGATE_SESSIONS_RESET_IDLE_MINUTES=30m"}, []string{`AGENTGATE_SESSIONS_RESET_IDLE_MINUTES: "30m": must be an integer, not a duration: the key's name says its unit (idle_minutes: 30)`}},
 		{"bool", []string{"AGENTGATE_PLATFORMS_DISCORD_ENABLED=sure"}, []string{`AGENTGATE_PLATFORMS_DISCORD_ENABLED: "sure": must be true or false`}},
 		{"int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=5x"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "5x": must be an integer`}},
 		{"fraction for an int", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=2.7"}, []string{`AGENTGATE_SESSIONS_QUEUE_CAP: "2.7": must be an integer`}},

@@ -715,6 +715,9 @@ func mismatch(t reflect.Type, value string) error {
 		// retention: 90d, as other tools write it: Go's durations stop at hours.
 		days, _ := strconv.Atoi(strings.TrimSuffix(value, "d"))
 		return fmt.Errorf("must be a duration in h, m or s, which has no d: %dh for %s", days*24, value)
+	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64 && isDuration(value):
+		// idle_minutes: 30m, thread_archive_minutes: 1h: the unit is in the key's name.
+		return errors.New("must be an integer, not a duration: the key's name says its unit (idle_minutes: 30)")
 	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String:
 		// A list's example is the value as a list, when YAML reads that back as the value's
 		// words: allowed_users: 123 was shown the exec agent's [sh, -c, "echo hi"].
@@ -726,6 +729,12 @@ func mismatch(t reflect.Type, value string) error {
 		}
 	}
 	return typeMismatch(t)
+}
+
+// isDuration reports whether value is a Go duration with its unit (0 alone is not).
+func isDuration(value string) bool {
+	_, err := time.ParseDuration(value)
+	return err == nil && !numberRE.MatchString(value)
 }
 
 // leaf is one settable key: a field that is not itself a section.
