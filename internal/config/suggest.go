@@ -30,9 +30,37 @@ func unknownKey(t reflect.Type, m *yaml.Node, path, key string) error {
 		}
 	}
 	if best == "" {
+		// log_level or log.level: a key of a section written beside it, as a variable's name
+		// or a dotted path reads, which YAML takes for one key of its own.
+		if section, inner, ok := nestedKey(t, strings.ToLower(key)); ok {
+			parts := append([]string{section}, strings.Split(inner, ".")...)
+			nested := strings.Join(parts, ": {") + ": …" + strings.Repeat("}", len(parts)-1)
+			return fmt.Errorf("%w (%s is written inside its section: %s)", errUnknownKey, joinPath(path, strings.Join(parts, ".")), nested)
+		}
 		return errUnknownKey
 	}
 	return fmt.Errorf("%w (did you mean %s?)", errUnknownKey, joinPath(path, best))
+}
+
+// nestedKey finds the key of a section of t that key names with its section's name before it,
+// joined by "_" or ".": log_level is log's level, sessions_queue_cap sessions' queue.cap.
+func nestedKey(t reflect.Type, key string) (section, inner string, ok bool) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, named := yamlKey(f)
+		if !named || f.Type.Kind() != reflect.Struct || len(key) <= len(name)+1 ||
+			!strings.HasPrefix(key, name) || (key[len(name)] != '_' && key[len(name)] != '.') {
+			continue
+		}
+		rest := key[len(name)+1:]
+		if _, found := fieldByKey(f.Type, rest); found {
+			return name, rest, true
+		}
+		if sub, subInner, found := nestedKey(f.Type, rest); found {
+			return name, sub + "." + subInner, true
+		}
+	}
+	return "", "", false
 }
 
 // editDistance is the optimal string alignment distance of a and b, in bytes: the insertions,

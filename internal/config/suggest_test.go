@@ -40,6 +40,13 @@ func TestLoadUnknownKeySuggestsTheClosest(t *testing.T) {
 			"FILE:3: sessions.reset_by_type.dm.idel_minutes: unknown key (did you mean sessions.reset_by_type.dm.idle_minutes?)"},
 		{"two edits in a longer key", "agent:\n  exec: {kil_grase: 5s}\n", nil,
 			"FILE:2: agent.exec.kil_grase: unknown key (did you mean agent.exec.kill_grace?)"},
+		// Before, a bare "unknown key" of both (found by a new operator's walkthrough).
+		{"a section's key beside it, as a variable names it", "log_level: debug\n", nil,
+			"FILE:1: log_level: unknown key (log.level is written inside its section: log: {level: …})"},
+		{"a section's key beside it, as a dotted path", "sessions.queue.cap: 5\n", nil,
+			"FILE:1: sessions.queue.cap: unknown key (sessions.queue.cap is written inside its section: sessions: {queue: {cap: …}})"},
+		{"a section's key beside it, within a section", "agent:\n  exec_kill_grace: 5s\n", nil,
+			"FILE:2: agent.exec_kill_grace: unknown key (agent.exec.kill_grace is written inside its section: exec: {kill_grace: …})"},
 		{"nothing close", "listen: :80\n", nil, "FILE:1: listen: unknown key"},
 		{"too far for a short key", "http:\n  adrs: x\n", nil, "FILE:2: http.adrs: unknown key"},
 		// mod beside mode is no misspelt mode: mode is written already.
