@@ -1218,7 +1218,7 @@ func Preflight(cfg *config.Config, getenv func(string) string) []string {
 		out = append(out, fmt.Sprintf("platforms.discord.token_env: %s is not set here; serve refuses to start without the bot token", dc.TokenEnv))
 	}
 	if o := cfg.Agent.OpenAI; cfg.Agent.Backend == "openai" && o.APIKeyEnv != "" && unset(o.APIKeyEnv) {
-		out = append(out, fmt.Sprintf("agent.openai.api_key_env: %s is not set here; serve refuses to start without the API key", o.APIKeyEnv))
+		out = append(out, fmt.Sprintf("agent.openai.api_key_env: %s is not set here; serve refuses to start without the API key (for a server that takes none, set agent.openai.api_key_env: \"\")", o.APIKeyEnv))
 	}
 	if c := cfg.Agent.Exec.Command; cfg.Agent.Backend == "exec" && len(c) > 0 && c[0] != "" {
 		if err := agentexec.FindCommand(c[0], ""); err != nil {

@@ -297,6 +297,16 @@ func TestCheckConfig(t *testing.T) {
 		}
 	})
 
+	t.Run("an unset API key is told of a server that takes none", func(t *testing.T) {
+		// Before, only "serve refuses to start without the API key", to an operator of a local
+		// model server, which takes none (found by a new operator's walkthrough).
+		path := write("openai-key.yaml", "data_dir: "+dir+"\nagent:\n  backend: openai\n  openai: {base_url: \"http://127.0.0.1:1/v1\", model: m, api_key_env: AGENTGATE_TEST_UNSET_MODEL_KEY}\n")
+		want := `openai-key.yaml:4: agent.openai.api_key_env: AGENTGATE_TEST_UNSET_MODEL_KEY is not set here; serve refuses to start without the API key (for a server that takes none, set agent.openai.api_key_env: "")`
+		if _, stderr, err := check(t, "--config", path); err == nil || !strings.Contains(stderr, want) {
+			t.Errorf("check-config = %v, stderr %q; want %q in it", err, stderr, want)
+		}
+	})
+
 	t.Run("a half-configured cluster TLS is one problem", func(t *testing.T) {
 		// Before, the files that are set were read too, for a second problem of the same
 		// mistake: "cluster.tls: load /etc/member.pem and : open /etc/member.pem: no such file".
