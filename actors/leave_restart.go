@@ -24,8 +24,12 @@ import (
 // the Recover had the successor run the message again beside the call still ending here. The
 // agent calls are counted for the whole member (AgentCalls): a turn of a key no member takes
 // over, which runs here, holds the hand-on up to cancelWait too. Meanwhile the drain waits
-// (leftToHandOn), and ListActive names the keys among those handing on. A message for such a
-// key goes on to the successor at once, as before.
+// (leftToHandOn), and ListActive names the keys among those handing on. What comes for such a
+// key meanwhile is held, as for a session that stops (stopping), and goes on with the key: sent
+// on at once, a message had the successor load the key's pending work and run it beside the
+// call still ending here, as the Recover did
+// (TestManagerRestartedWhileItsMemberLeavesHoldsItsStoppedKeysMessages), and a member that asked
+// for the key (Release) was told this one held nothing of it.
 
 // restartStopped tells a manager restarted while its member leaves that the agent calls its
 // restart cancelled have returned (or cancelWait has passed), with the store's keys with work
@@ -69,6 +73,9 @@ func (m *SessionManager) handOnStopped(c actor.Context) {
 	if len(m.kept.stopped) == 0 {
 		return
 	}
+	for k := range m.kept.stopped {
+		m.stopping[k] = nil // what comes for the key is held until it goes on (onRestartStopped)
+	}
 	m.kept.stoppedN++
 	n, self, root, d := m.kept.stoppedN, c.Self(), c.ActorSystem().Root, m.d
 	wait := d.Config.cancelWait()
@@ -83,10 +90,11 @@ func (m *SessionManager) handOnStopped(c actor.Context) {
 	}()
 }
 
-// onRestartStopped hands on the keys the manager's restart stopped whose work is pending: a
-// Recover to each key's successor, unless the key is held here again (a key no member takes
-// over, started here since) or has none. When the store could not list them, their work waits
-// as before for the member's withdrawal and the owner's recovery then, and a line says so.
+// onRestartStopped hands on the keys the manager's restart stopped, with what was held for each
+// meanwhile (startSuccessor, as a stopped session's key goes on), and a Recover to the key's
+// successor for those whose work is pending. A key no member takes over starts here with what
+// was held, if anything was. When the store could not list them, their pending work waits as
+// before for the member's withdrawal and the owner's recovery then, and a line says so.
 func (m *SessionManager) onRestartStopped(c actor.Context, r *restartStopped) {
 	if r.n != m.kept.stoppedN || m.kept.stopped == nil {
 		return // (an earlier incarnation's)
@@ -97,13 +105,26 @@ func (m *SessionManager) onRestartStopped(c actor.Context, r *restartStopped) {
 	if r.err != nil {
 		m.log.Warn("list the sessions with unfinished work, to hand on those the manager's restart stopped; the member that takes each over recovers its work once this one has withdrawn",
 			"sessions", len(stopped), logging.Err(r.err))
-		return
+	}
+	pending := make(map[string]bool, len(r.recoverable))
+	for _, key := range r.recoverable {
+		pending[key] = true
 	}
 	handed := 0
-	for _, key := range r.recoverable {
-		if stopped[key] && !m.holdsKey(key) && m.handOn(c, key, routed{msg: &Recover{}}) {
-			handed++
+	for key := range stopped {
+		held, ok := m.stopping[key]
+		if !ok {
+			continue
 		}
+		if m.elsewhere(key) != nil {
+			if pending[key] {
+				m.rerun[key] = true
+			}
+			if m.rerun[key] || len(held) > 0 {
+				handed++
+			}
+		}
+		m.startSuccessor(c, key)
 	}
 	if handed > 0 {
 		m.log.Info("the restarted manager hands on the keys of the sessions its restart stopped with work pending", "sessions", handed)

@@ -68,3 +68,74 @@ func TestManagerRestartedWhileItsMemberLeavesHandsOnItsStoppedKeys(t *testing.T)
 		w.wantPendingAlone(t, "m1")
 	})
 }
+
+// TestManagerRestartedWhileItsMemberLeavesHoldsItsStoppedKeysMessages: as in
+// TestManagerRestartedWhileItsMemberLeavesHandsOnItsStoppedKeys, the restart of a leaving
+// member's manager cancels m1's turn, whose agent takes 3 s to return; meanwhile the chat's next
+// message, m2, reaches the new incarnation (a client's retry of a message answered "stopped" at
+// the restart comes at once). It is held with the key until the cancelled call has returned, and
+// then handed on: the key's successor, which loads m1 pending in the store, would run it again
+// beside the call still ending here. Before, m2 went on to the successor at once, and the wait
+// for the cancelled calls held back only the Recover.
+func TestManagerRestartedWhileItsMemberLeavesHoldsItsStoppedKeysMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		agent := &slowToEnd{ending: 3 * time.Second}
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		sink, forwarded := w.forwardSink()
+		var boom atomic.Bool
+		successor := func(key string) *actor.PID {
+			if key == "other-key" && boom.CompareAndSwap(true, false) {
+				panic("the successor's lookup fails")
+			}
+			return sink
+		}
+		if res := w.deliver(t, "m1", "first"); res.Disposition != "started" {
+			t.Fatalf("m1: %+v", res)
+		}
+		synctest.Wait()
+		w.system.Root.Send(w.manager, &Leave{Successor: successor})
+		drained := w.drain()
+		synctest.Wait()
+
+		boom.Store(true) // the manager restarts
+		w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
+		synctest.Wait()
+		if boom.Load() {
+			t.Fatal("the manager did not restart")
+		}
+		w.request("m2", "second")
+		synctest.Wait()
+		for len(forwarded) > 0 {
+			f := <-forwarded
+			t.Errorf("forwarded %s's %T while m1's cancelled call had yet to return, want nothing yet", f.Key, f.Msg)
+		}
+		if l := w.list(t); !slices.Equal(l.HandingOn, []string{w.key}) || answered(drained) {
+			t.Errorf("while m1's cancelled call ends: handing on %v, drained %v; want %s handing on, the drain waiting",
+				l.HandingOn, answered(drained), w.key)
+		}
+
+		time.Sleep(3 * time.Second) // (synctest's clock) the cancelled call returns
+		synctest.Wait()
+		var got []string
+		for len(forwarded) > 0 {
+			f := <-forwarded
+			if f.Key != w.key {
+				continue
+			}
+			if d := f.GetDeliver(); d != nil {
+				got = append(got, d.MessageId)
+			} else if f.GetRecover() != nil {
+				got = append(got, "recover")
+			}
+		}
+		if len(got) == 0 || got[0] != "m2" {
+			t.Errorf("handed on %q once m1's call returned, want m2 first (its activation runs m1 too)", got)
+		}
+		if !answered(drained) {
+			t.Error("the drain was not answered once the key was handed on")
+		}
+		if got, want := agent.events(), []string{"m1 starts", "m1 returns"}; !slices.Equal(got, want) {
+			t.Errorf("agent calls %q, want %q (m1 runs again at the successor only)", got, want)
+		}
+	})
+}
