@@ -910,6 +910,7 @@ const pauseCheckEvery = time.Second
 // delivery mark): room was made on the disk, and what they hold (a turn to run again) need not
 // wait out the rest of a pause of up to a minute. With no key waiting, the ticker stops.
 func (m *SessionManager) endPausesEarly(c actor.Context) {
+	m.handOnPaused(c)
 	started := 0
 	for key, p := range m.waitingOut {
 		if m.mayEnd(p) {
@@ -1475,6 +1476,29 @@ func (m *SessionManager) onLeave(c actor.Context, l *Leave) {
 		c.Send(pid, &leaving{})
 	}
 	m.log.Info("the member leaves the cluster; its sessions hand their keys on", "sessions", len(m.sessions), "running", len(m.busy))
+	m.handOnPaused(c)
+}
+
+// handOnPaused ends, while the member leaves, the pause of every key that waits one out after
+// the store refused its session's writes and that another member takes over: the key goes on to
+// its successor at once (startSuccessor), with what was held for it and a Recover for the work
+// the refusal left pending, as it would at the pause's end. It runs at the Leave and at each
+// pauseCheck, for a key that gains a successor during its pause (a member joins). Before, a key
+// paused before the Leave held the drain, and the stop, for the rest of its pause (1 s doubling
+// to a minute: TestLeaveHandsOnAKeyPausedBeforeIt), and one paused with no successor that gained
+// one was handed on only if its pause ended before the stop; its work otherwise waited for the
+// member's withdrawal and the recovery of the key's owner then
+// (TestLeavingMemberHandsOnAPausedKeyThatGainsASuccessor). The successor's writes may be refused
+// too: its session then waits out a pause of its own.
+func (m *SessionManager) handOnPaused(c actor.Context) {
+	if m.kept.successor == nil || m.closing {
+		return
+	}
+	for _, key := range slices.Sorted(maps.Keys(m.waitingOut)) {
+		if m.elsewhere(key) != nil {
+			m.startSuccessor(c, key)
+		}
+	}
 }
 
 // bouncedBack reports whether r, for a key without a session here, must not start the key on
