@@ -361,3 +361,44 @@ func TestClusterRequeueThroughAMember(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterSignalDuringAStopTheMemberBeganDrains: a one-member cluster is paused (SIGSTOP)
+// past member_ttl while its agent runs a turn; resumed, it finds its membership lost and stops
+// on its own, its drain waiting for the turn. The service manager's SIGTERM that comes then is
+// the first stop signal: the drain goes on, and only a second one exits at once. Before, that
+// SIGTERM was taken for the second ("second signal; exiting now", exit 2) and cut the drain.
+func TestClusterSignalDuringAStopTheMemberBeganDrains(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	blockDir := t.TempDir()
+	m := MustServe(t, t.TempDir(), "AGENTGATE_STORE_DRIVER=postgres", "AGENTGATE_STORE_DSN="+dsn,
+		"AGENTGATE_CLUSTER_ENABLED=true", "AGENTGATE_CLUSTER_BIND=127.0.0.1:0", "AGENTGATE_CLUSTER_MEMBER_TTL=2s",
+		"AGENTGATE_SHUTDOWN_DRAIN_TIMEOUT=30s", "AGENTGATE_AGENT_BACKEND=exec", hangingAgent(60), "BLOCK="+blockDir)
+	chatOnTheBlockedMember(t, m, blockDir)
+
+	if err := m.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(4 * time.Second) // past member_ttl
+	if err := m.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() bool { return strings.Contains(m.stderr.String(), "INF stopping reason=") })
+	if err := m.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-m.done:
+		t.Fatalf("the member stopping on its own exited at the first SIGTERM (%v), its turn still running:\n%s",
+			m.err, grep(m.stderr.String(), "signal"))
+	case <-time.After(3 * time.Second):
+	}
+	if s := m.stderr.String(); !strings.Contains(s, "signal received while the daemon stops on its own; the drain goes on") {
+		t.Errorf("no line says the drain goes on after the first SIGTERM:\n%s", grep(s, "signal"))
+	}
+	if err := m.stop(t, 10*time.Second); err == nil { // the second signal
+		t.Error("the member exited 0 at the second signal with a turn running; want a non-zero exit")
+	}
+	if s := m.stderr.String(); !strings.Contains(s, "second signal; exiting now") {
+		t.Errorf("the second SIGTERM did not say it exits now:\n%s", grep(s, "signal"))
+	}
+}

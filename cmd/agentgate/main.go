@@ -373,8 +373,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "listening on %s\n", d.Addr())
 	var fatal error
+	signalled := false // the stop began with a stop signal, not on its own (fatal, ctx)
 	select {
 	case sig := <-sigs:
+		signalled = true
 		if sig == syscall.SIGHUP {
 			const hangup = "hangup received (SIGHUP); stopping as for SIGTERM: agentgate does not reload its configuration (restart it to apply a change)"
 			log.Info(hangup, "signal", sig.String())
@@ -388,16 +390,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case <-ctx.Done():
 	}
 	go func() {
-		sig := <-sigs
-		// A hangup comes twice when a terminal drops (from the kernel to the foreground job and
-		// from the shell to each of its jobs): counted as a second signal, it would cut short the
-		// drain it started. Only SIGINT and SIGTERM exit at once.
-		for sig == syscall.SIGHUP {
-			log.Info("hangup received (SIGHUP) during the drain; the drain goes on: a second SIGINT or SIGTERM exits at once",
-				"signal", sig.String())
-			sig = <-sigs
-		}
-		log.Warn("second signal; exiting now", "signal", sig.String())
+		awaitSecondSignal(sigs, signalled, log)
 		d.Abort()
 		os.Exit(2)
 	}()
@@ -407,6 +400,34 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	return fatal
+}
+
+// awaitSecondSignal returns once a stop signal comes that is a second one: the drain is cut
+// short then. A hangup comes twice when a terminal drops (from the kernel to the foreground job
+// and from the shell to each of its jobs): counted as a second signal, it would cut short the
+// drain it started. Only SIGINT and SIGTERM exit at once. When the daemon began the stop itself
+// (signalled false: a cluster member that lost its membership, a top-level actor stopped), the
+// first SIGINT or SIGTERM is the first the operator sent: the drain goes on, and the next one
+// exits. Before, it was taken for the second: a service manager's stop or restart of a member
+// stopping in a database outage cut its drain at once (exit 2), and the turn results it held
+// for the database were lost and their messages run again (a black-box cluster soak;
+// TestClusterSignalDuringAStopTheMemberBeganDrains).
+func awaitSecondSignal(sigs <-chan os.Signal, signalled bool, log *slog.Logger) {
+	for {
+		sig := <-sigs
+		switch {
+		case sig == syscall.SIGHUP:
+			log.Info("hangup received (SIGHUP) during the drain; the drain goes on: a second SIGINT or SIGTERM exits at once",
+				"signal", sig.String())
+		case !signalled:
+			signalled = true
+			log.Info("signal received while the daemon stops on its own; the drain goes on: a second SIGINT or SIGTERM exits at once",
+				"signal", sig.String())
+		default:
+			log.Warn("second signal; exiting now", "signal", sig.String())
+			return
+		}
+	}
 }
 
 func checkConfig(args []string, stdout, stderr io.Writer) error {
