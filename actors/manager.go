@@ -155,8 +155,8 @@ type managerKept struct {
 	successor func(key string) *actor.PID
 	drains    []*actor.PID
 	// stopped holds the keys held here (a session in memory or stopping, an activation) when
-	// the manager last restarted while its member leaves, until the new incarnation has handed
-	// on those with work pending (handOnStopped); stoppedN numbers those hand-ons.
+	// the manager last restarted, until the agent calls its restart cancelled have returned and
+	// the new incarnation has let them go on (holdStopped); stoppedN numbers those holds.
 	stopped  map[string]bool
 	stoppedN uint64
 }
@@ -463,10 +463,11 @@ func (m *SessionManager) start(c actor.Context) {
 	if m.kept.successor != nil {
 		// Restarted while its member leaves: it goes on leaving. Its sessions stopped with the
 		// incarnation before: it hands on the keys of those that left work pending
-		// (handOnStopped); what it is asked now goes to the successors.
+		// (onRestartStopped); what it is asked now goes to the successors.
 		m.log.Info("the manager restarted while its member leaves the cluster; it goes on handing keys on")
-		m.handOnStopped(c)
 	}
+	// Restarted: the keys its restart stopped wait for the agent calls it cancelled to return.
+	holding := m.holdStopped(c)
 	// The drains asked of the incarnation before are answered once nothing runs and, while the
 	// member leaves, no filed reset is still being handed on (handOnFiledResets).
 	defer m.answerDrains(c)
@@ -474,7 +475,9 @@ func (m *SessionManager) start(c actor.Context) {
 		m.handOnFiledResets(c)
 		return // each member recovers the keys the cluster gives it (Recover)
 	}
-	m.recoverAll(c)
+	if !holding {
+		m.recoverAll(c) // (after a restart, once the keys it stopped go on: onRestartStopped)
+	}
 }
 
 // recoverAll starts the session of every key with unfinished work: unanswered messages run
@@ -1342,7 +1345,7 @@ func (m *SessionManager) handsOn(key string) bool {
 
 // leftToHandOn reports whether a leaving member's drain still waits for a session to hand its
 // key on or stop, for a filed reset to be taken, or for the keys of the sessions a restart of
-// the manager stopped to be handed on (answerDrains, handOnStopped).
+// the manager stopped to be handed on (answerDrains, holdStopped).
 func (m *SessionManager) leftToHandOn() bool {
 	if len(m.leavers) > 0 || len(m.handingOn) > 0 || len(m.kept.stopped) > 0 {
 		return true

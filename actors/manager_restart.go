@@ -7,48 +7,53 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 )
 
-// A session manager its supervisor restarts after a panic while its member leaves (Leave) goes
-// on leaving (managerKept), but its restart stopped its sessions: a running turn was cancelled,
-// and what a session held queued, a stopping session's rerun and an activation's Recover went
-// with the incarnation. Their work is pending in the store. Left there, it waited for the
-// member's withdrawal, after the drain, and the recovery of the key's owner then (a renewal,
-// up to cluster.member_ttl later), while the new incarnation, with nothing running, answered
-// the drain at once. So the new incarnation hands those keys on as a session that hands its key
-// on does: a Recover to the key's successor, for each key held here at the restart whose work
-// the store lists as pending (TestManagerRestartedWhileItsMemberLeavesHandsOnItsStoppedKeys).
+// A session manager its supervisor restarts after a panic stops its sessions with the
+// incarnation before: a running turn was cancelled, and what a session held queued, a stopping
+// session's rerun and an activation's Recover went with it. Their work is pending in the store.
+// The agents of the cancelled turns need a moment to end what they started (the exec agent
+// signals its command and kills it after its grace), and the key's next activation would load
+// the work and run the message again beside the call still ending: the agent's tools acting
+// twice at once for one message. So the new incarnation holds the keys its restart stopped
+// (keepStopped), as a session waits for the call of a turn it cancelled before it runs the
+// message again (cancelAwaited), until the agent calls in flight have returned or cancelWait
+// has passed (holdStopped), and only then lets them go on (onRestartStopped). The agent calls
+// are counted for the whole member (AgentCalls): another key's turn, started since, holds them
+// up to cancelWait too. What comes for such a key meanwhile is held, in order, as for a session
+// that stops (stopping), and goes on with the key.
 //
-// It does so only once the agent calls in flight have returned, or cancelWait has passed, as a
-// session waits for the call of a turn it cancelled before it runs the message again
-// (cancelAwaited): the restart cancelled the turns, and their agents need a moment to end what
-// they started (the exec agent signals its command and kills it after its grace). Sent at once,
-// the Recover had the successor run the message again beside the call still ending here. The
-// agent calls are counted for the whole member (AgentCalls): a turn of a key no member takes
-// over, which runs here, holds the hand-on up to cancelWait too. Meanwhile the drain waits
-// (leftToHandOn), and ListActive names the keys among those handing on. What comes for such a
-// key meanwhile is held, as for a session that stops (stopping), and goes on with the key: sent
-// on at once, a message had the successor load the key's pending work and run it beside the
-// call still ending here, as the Recover did
-// (TestManagerRestartedWhileItsMemberLeavesHoldsItsStoppedKeysMessages), and a member that asked
-// for the key (Release) was told this one held nothing of it.
+// A single daemon then recovers, as its first start does at once (recoverAll), and the held
+// messages join their keys' sessions; before, its start recovered at once
+// (TestRestartedManagerWaitsForTheCancelledCallsBeforeItRecovers). A cluster member's keys go on
+// as a stopped session's key does (startSuccessor): here with what was held, if anything was,
+// or to the member that takes the key over.
+//
+// While its member leaves (Leave), the manager goes on leaving (managerKept), and hands those
+// keys on: a Recover to the key's successor for each whose work the store lists as pending.
+// Left in the store, that work waited for the member's withdrawal, after the drain, and the
+// recovery of the key's owner then (a renewal, up to cluster.member_ttl later), while the new
+// incarnation, with nothing running, answered the drain at once
+// (TestManagerRestartedWhileItsMemberLeavesHandsOnItsStoppedKeys). Meanwhile the drain waits
+// (leftToHandOn), and ListActive names the keys among those handing on. Sent on at once, a
+// message had the successor load the key's pending work and run it beside the call still ending
+// here, as the Recover did (TestManagerRestartedWhileItsMemberLeavesHoldsItsStoppedKeysMessages),
+// and a member that asked for the key (Release) was told this one held nothing of it.
 
-// restartStopped tells a manager restarted while its member leaves that the agent calls its
-// restart cancelled have returned (or cancelWait has passed), with the store's keys with work
-// pending, or the error of their listing (handOnStopped). n is the hand-on's number
-// (managerKept.stoppedN): one of an earlier incarnation is dropped.
+// restartStopped tells a restarted manager that the agent calls its restart cancelled have
+// returned (or cancelWait has passed), with, in a cluster, the store's keys with work pending,
+// or the error of their listing (holdStopped). n is the hold's number (managerKept.stoppedN):
+// one of an earlier incarnation is dropped.
 type restartStopped struct {
 	n           uint64
 	recoverable []string
 	err         error
 }
 
-// keepStopped records, as the manager restarts while its member leaves, the keys held here
-// (holdsKey) for the next incarnation to hand on (handOnStopped). A stop forgets them.
+// keepStopped records, as the manager restarts, the keys held here (holdsKey) for the next
+// incarnation to hold until the calls its restart cancelled have returned (holdStopped). A stop
+// forgets them.
 func (m *SessionManager) keepStopped(restarting bool) {
 	if !restarting {
 		m.kept.stopped = nil
-		return
-	}
-	if m.kept.successor == nil {
 		return
 	}
 	if m.kept.stopped == nil {
@@ -65,13 +70,14 @@ func (m *SessionManager) keepStopped(restarting bool) {
 	}
 }
 
-// handOnStopped begins, as a manager restarted while its member leaves starts, the hand-on of
-// the keys its restart stopped: beside the manager, it waits for the agent calls in flight to
-// return (at most cancelWait) and lists the keys with work pending (at most
-// recoverListTimeout), and tells the manager (restartStopped).
-func (m *SessionManager) handOnStopped(c actor.Context) {
+// holdStopped begins, as a restarted manager starts, the hold of the keys its restart stopped,
+// and reports whether there are any: beside the manager, it waits for the agent calls in flight
+// to return (at most cancelWait) and, in a cluster, lists the keys with work pending (at most
+// recoverListTimeout: a leaving member hands those on), and tells the manager (restartStopped).
+// A single daemon lists them as it recovers (recoverAll).
+func (m *SessionManager) holdStopped(c actor.Context) bool {
 	if len(m.kept.stopped) == 0 {
-		return
+		return false
 	}
 	for k := range m.kept.stopped {
 		m.stopping[k] = nil // what comes for the key is held until it goes on (onRestartStopped)
@@ -81,20 +87,26 @@ func (m *SessionManager) handOnStopped(c actor.Context) {
 	wait := d.Config.cancelWait()
 	go func() {
 		ctx, cancel := context.WithTimeout(d.Ctx, wait)
-		_ = d.AgentCalls.Wait(ctx) // past it, they are handed on all the same, as a session's next turn starts
+		_ = d.AgentCalls.Wait(ctx) // past it, the keys go on all the same, as a session's next turn starts
 		cancel()
-		ctx, cancel = context.WithTimeout(d.Ctx, recoverListTimeout)
-		keys, err := d.Store.Recoverable(ctx)
-		cancel()
-		root.Send(self, &restartStopped{n: n, recoverable: keys, err: err})
+		r := &restartStopped{n: n}
+		if d.Clustered {
+			ctx, cancel = context.WithTimeout(d.Ctx, recoverListTimeout)
+			r.recoverable, r.err = d.Store.Recoverable(ctx)
+			cancel()
+		}
+		root.Send(self, r)
 	}()
+	return true
 }
 
-// onRestartStopped hands on the keys the manager's restart stopped, with what was held for each
-// meanwhile (startSuccessor, as a stopped session's key goes on), and a Recover to the key's
-// successor for those whose work is pending. A key no member takes over starts here with what
-// was held, if anything was. When the store could not list them, their pending work waits as
-// before for the member's withdrawal and the owner's recovery then, and a line says so.
+// onRestartStopped lets the keys the manager's restart stopped go on, once the calls it
+// cancelled have returned (holdStopped). A single daemon recovers, as at its first start, and
+// the messages held for those keys go on in order, behind their keys' recovered work. In a
+// cluster each key goes on as a stopped session's key does (startSuccessor), with what was held
+// for it, and with a Recover for the work pending of a key another member takes over. When the
+// store could not list them, their pending work waits as before for the member's withdrawal and
+// the owner's recovery then, and, while the member leaves, a line says so.
 func (m *SessionManager) onRestartStopped(c actor.Context, r *restartStopped) {
 	if r.n != m.kept.stoppedN || m.kept.stopped == nil {
 		return // (an earlier incarnation's)
@@ -102,7 +114,22 @@ func (m *SessionManager) onRestartStopped(c actor.Context, r *restartStopped) {
 	stopped := m.kept.stopped
 	m.kept.stopped = nil
 	defer m.answerDrains(c)
-	if r.err != nil {
+	if !m.d.Clustered {
+		held := make(map[string][]routed, len(stopped))
+		for key := range stopped {
+			held[key] = m.stopping[key]
+			delete(m.stopping, key)
+			delete(m.handed, key)
+		}
+		m.recoverAll(c)
+		for key, rs := range held {
+			for _, r := range rs {
+				m.route(c, key, r)
+			}
+		}
+		return
+	}
+	if r.err != nil && m.kept.successor != nil {
 		m.log.Warn("list the sessions with unfinished work, to hand on those the manager's restart stopped; the member that takes each over recovers its work once this one has withdrawn",
 			"sessions", len(stopped), logging.Err(r.err))
 	}

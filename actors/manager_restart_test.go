@@ -1,0 +1,97 @@
+package actors
+
+import (
+	"context"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// listingPanics is a store whose Recoverable panics once when armed: it stands for any bug of
+// the session manager's own (its listing runs on the manager).
+type listingPanics struct {
+	persistence.Store
+	boom *atomic.Bool
+}
+
+func (l listingPanics) Recoverable(ctx context.Context) ([]string, error) {
+	if l.boom.CompareAndSwap(true, false) {
+		panic("the manager's listing fails")
+	}
+	return l.Store.Recoverable(ctx)
+}
+
+// TestRestartedManagerWaitsForTheCancelledCallsBeforeItRecovers: a manager panics while m1's
+// turn runs, and its supervisor restarts it: the restart stops m1's session and cancels its
+// turn, whose agent takes 3 s to return (an exec command that cleans up on SIGTERM). The new
+// incarnation holds the key until that call has returned; m2, which reaches it meanwhile (a
+// client's retry of a message answered "stopped" at the restart comes at once), is held, and
+// only then goes on: a single daemon recovers the key (m1, pending in the store, runs again, also
+// without m2) and m2 runs after it; a cluster member's m2 activates the key, whose session loads
+// m1 too (without m2, the cluster's recovery sweep would). Before,
+// a single daemon's new incarnation recovered the key as it started, and a cluster member's
+// activated it for m2 at once: m1 ran a second time beside the call still ending, the agent's
+// tools acting twice at once for one message.
+func TestRestartedManagerWaitsForTheCancelledCallsBeforeItRecovers(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(*Deps)
+		m2    bool // m2 reaches the new incarnation while m1's cancelled call ends
+	}{
+		{"single daemon", func(*Deps) {}, true},
+		{"single daemon, nothing meanwhile", func(*Deps) {}, false},
+		{"cluster member", func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				agent := &slowToEnd{ending: 3 * time.Second}
+				var boom atomic.Bool
+				w := newManagerWorld(t, agent, func(d *Deps) {
+					tc.setup(d)
+					d.Store = listingPanics{Store: d.Store, boom: &boom}
+				})
+				if res := w.deliver(t, "m1", "first"); res.Disposition != "started" {
+					t.Fatalf("m1: %+v", res)
+				}
+				synctest.Wait()
+
+				boom.Store(true) // the manager restarts
+				w.system.Root.Send(w.manager, &recoverAll{})
+				synctest.Wait()
+				if boom.Load() {
+					t.Fatal("the manager did not restart")
+				}
+				var m2 *actor.Future
+				if tc.m2 {
+					m2 = w.request("m2", "second")
+				}
+				synctest.Wait()
+				if got, want := agent.events(), []string{"m1 starts"}; !slices.Equal(got, want) {
+					t.Errorf("while m1's cancelled call ends, agent calls %q, want %q (nothing runs again before it has returned)", got, want)
+				}
+
+				time.Sleep(3 * time.Second) // (synctest's clock) the cancelled call returns
+				synctest.Wait()
+				want := []string{"m1 starts", "m1 returns", "m1 starts", "m1 returns"}
+				if tc.m2 {
+					res, err := m2.Result()
+					if err != nil {
+						t.Fatalf("m2: %v", err)
+					}
+					if d := res.(*DeliverResult); d.ErrorCode != "" {
+						t.Errorf("m2 answered %+v, want it taken", d)
+					}
+					want = append(want, "m2 starts", "m2 returns")
+				}
+				if got := agent.events(); !slices.Equal(got, want) {
+					t.Errorf("agent calls %q, want %q (m1 runs again once its cancelled call has returned, m2 after it)", got, want)
+				}
+			})
+		})
+	}
+}
