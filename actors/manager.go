@@ -342,6 +342,11 @@ func (m *SessionManager) Receive(c actor.Context) {
 		m.stopping[msg.key] = slices.Insert(held, i, msg.r)
 		m.handed[msg.key] = i + 1
 	case *successor:
+		if m.kept.stopped[msg.key] {
+			// The old incarnation's, for a session of the key that stopped as it restarted: the
+			// key is held until the calls the restart cancelled have returned (holdStopped).
+			break
+		}
 		m.startSuccessor(c, msg.key)
 	case *pauseOver:
 		if p, ok := m.waitingOut[msg.key]; ok && p.n == msg.n {

@@ -42,10 +42,14 @@ func TestRestartedManagerWaitsForTheCancelledCallsBeforeItRecovers(t *testing.T)
 		name  string
 		setup func(*Deps)
 		m2    bool // m2 reaches the new incarnation while m1's cancelled call ends
+		// late: the old incarnation's successor for the key (sent to itself as a stopping
+		// session of the key stopped) reaches the new one during the hold
+		late bool
 	}{
-		{"single daemon", func(*Deps) {}, true},
-		{"single daemon, nothing meanwhile", func(*Deps) {}, false},
-		{"cluster member", func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true }, true},
+		{"single daemon", func(*Deps) {}, true, false},
+		{"single daemon, nothing meanwhile", func(*Deps) {}, false, false},
+		{"single daemon, a late successor meanwhile", func(*Deps) {}, true, true},
+		{"cluster member", func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true }, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -69,6 +73,9 @@ func TestRestartedManagerWaitsForTheCancelledCallsBeforeItRecovers(t *testing.T)
 				var m2 *actor.Future
 				if tc.m2 {
 					m2 = w.request("m2", "second")
+				}
+				if tc.late {
+					w.system.Root.Send(w.manager, &successor{key: w.key})
 				}
 				synctest.Wait()
 				if got, want := agent.events(), []string{"m1 starts"}; !slices.Equal(got, want) {
