@@ -219,8 +219,13 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	for _, err := range cfg.TokenAdvice(os.Getenv) {
 		log.Warn("the HTTP API's bearer token is short enough to guess; serving all the same", logging.Err(err))
 	}
-	if dc := cfg.Platforms.Discord; dc.Enabled && strings.TrimSpace(os.Getenv(dc.TokenEnv)) == "" {
-		return nil, fmt.Errorf("start: discord is enabled but the environment variable %s (platforms.discord.token_env) is not set or empty: set it to the bot token (the Developer Portal's Bot page), or set platforms.discord.enabled: false", dc.TokenEnv)
+	if dc := cfg.Platforms.Discord; dc.Enabled {
+		switch botTokenProblem(os.Getenv(dc.TokenEnv)) {
+		case botTokenUnset:
+			return nil, fmt.Errorf("start: discord is enabled but the environment variable %s (platforms.discord.token_env) is not set or empty: set it to the bot token (the Developer Portal's Bot page), or set platforms.discord.enabled: false", dc.TokenEnv)
+		case botTokenPrefixOnly:
+			return nil, fmt.Errorf("start: discord is enabled but the environment variable %s (platforms.discord.token_env) holds the prefix \"Bot\" alone, without the token: set it to the bot token (the Developer Portal's Bot page)", dc.TokenEnv)
+		}
 	}
 	if cfg.Cluster.Enabled {
 		opts.SharedStore = true // see Options.SharedStore
@@ -1214,8 +1219,13 @@ func Preflight(cfg *config.Config, getenv func(string) string) []string {
 	if cfg.HTTP.TokenEnv != "" && unset(cfg.HTTP.TokenEnv) {
 		out = append(out, fmt.Sprintf("http.token_env: %s is not set here; serve refuses to start without the bearer token", cfg.HTTP.TokenEnv))
 	}
-	if dc := cfg.Platforms.Discord; dc.Enabled && unset(dc.TokenEnv) {
-		out = append(out, fmt.Sprintf("platforms.discord.token_env: %s is not set here; serve refuses to start without the bot token", dc.TokenEnv))
+	if dc := cfg.Platforms.Discord; dc.Enabled {
+		switch botTokenProblem(getenv(dc.TokenEnv)) {
+		case botTokenUnset:
+			out = append(out, fmt.Sprintf("platforms.discord.token_env: %s is not set here; serve refuses to start without the bot token", dc.TokenEnv))
+		case botTokenPrefixOnly:
+			out = append(out, fmt.Sprintf("platforms.discord.token_env: %s holds the prefix \"Bot\" alone, without the token; serve refuses to start without the bot token", dc.TokenEnv))
+		}
 	}
 	if o := cfg.Agent.OpenAI; cfg.Agent.Backend == "openai" && o.APIKeyEnv != "" && unset(o.APIKeyEnv) {
 		out = append(out, fmt.Sprintf("agent.openai.api_key_env: %s is not set here; serve refuses to start without the API key (for a server that takes none, set agent.openai.api_key_env: \"\")", o.APIKeyEnv))
@@ -1226,6 +1236,28 @@ func Preflight(cfg *config.Config, getenv func(string) string) []string {
 		}
 	}
 	return out
+}
+
+// What botTokenProblem finds in the Discord bot token's variable.
+const (
+	botTokenOK = iota
+	botTokenUnset
+	botTokenPrefixOnly
+)
+
+// botTokenProblem says whether value, the variable platforms.discord.token_env names, holds no
+// bot token: nothing but white space (unset), or the Authorization header's "Bot " prefix with
+// nothing after it ("Bot ", "Bot", in any case), which the platform cuts only in front of a
+// token. Before, the prefix alone passed as a token, sent as "Bot Bot", and Discord refused it
+// once the daemon ran (a new operator's review).
+func botTokenProblem(value string) int {
+	switch t := strings.TrimSpace(value); {
+	case t == "":
+		return botTokenUnset
+	case strings.EqualFold(t, "bot"):
+		return botTokenPrefixOnly
+	}
+	return botTokenOK
 }
 
 // killGrace is the exec agent's kill grace as its Run applies it (zero: its default).

@@ -57,13 +57,15 @@ func TestRunCommands(t *testing.T) {
 	public := filepath.Join(dir, "public.yaml")
 	emptyToken := filepath.Join(dir, "empty-token.yaml")
 	noBotToken := filepath.Join(dir, "discord.yaml")
+	prefixBotToken := filepath.Join(dir, "discord-prefix.yaml")
 	// A token in a variable the file names, which is AGENTGATE_-prefixed as a config key's is.
 	fileToken := filepath.Join(dir, "file-token.yaml")
 	for path, text := range map[string]string{
-		public:     "data_dir: " + dir + "\nhttp:\n  addr: 0.0.0.0:18050\n",
-		emptyToken: "data_dir: " + dir + "\nhttp:\n  addr: 127.0.0.1:0\n  token_env: AGENTGATE_TEST_EMPTY_TOKEN\n",
-		fileToken:  "data_dir: " + dir + "\nhttp:\n  addr: 127.0.0.1:0\n  token_env: AGENTGATE_HTTP_BEARER\n",
-		noBotToken: "data_dir: " + dir + "\nplatforms:\n  discord:\n    enabled: true\n    token_env: AGENTGATE_TEST_UNSET_BOT_TOKEN\n",
+		public:         "data_dir: " + dir + "\nhttp:\n  addr: 0.0.0.0:18050\n",
+		emptyToken:     "data_dir: " + dir + "\nhttp:\n  addr: 127.0.0.1:0\n  token_env: AGENTGATE_TEST_EMPTY_TOKEN\n",
+		fileToken:      "data_dir: " + dir + "\nhttp:\n  addr: 127.0.0.1:0\n  token_env: AGENTGATE_HTTP_BEARER\n",
+		noBotToken:     "data_dir: " + dir + "\nplatforms:\n  discord:\n    enabled: true\n    token_env: AGENTGATE_TEST_UNSET_BOT_TOKEN\n",
+		prefixBotToken: "data_dir: " + dir + "\nplatforms:\n  discord:\n    enabled: true\n    token_env: AGENTGATE_TEST_PREFIX_BOT_TOKEN\n",
 	} {
 		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 			t.Fatal(err)
@@ -79,6 +81,7 @@ func TestRunCommands(t *testing.T) {
 	}
 	defer taken.Close()
 	t.Setenv("AGENTGATE_TEST_EMPTY_TOKEN", "")
+	t.Setenv("AGENTGATE_TEST_PREFIX_BOT_TOKEN", "Bot \n") // the header's prefix, the token left out
 	t.Setenv("AGENTGATE_HTTP_BEARER", "a-token-of-the-file-s-own-variable")
 	t.Setenv("AGENTGATE_HTTP_ADR", "127.0.0.1:9") // a misspelt AGENTGATE_HTTP_ADDR
 	tests := []struct {
@@ -194,6 +197,9 @@ func TestRunCommands(t *testing.T) {
 			wantStderr: []string{"platforms.discord.token_env: AGENTGATE_TEST_UNSET_BOT_TOKEN is not set here"}},
 		{name: "serve refuses a missing bot token", args: []string{"serve", "--config", noBotToken, "--http-addr", "127.0.0.1:0"},
 			wantErr: "AGENTGATE_TEST_UNSET_BOT_TOKEN (platforms.discord.token_env) is not set or empty: set it to the bot token (the Developer Portal's Bot page), or set platforms.discord.enabled: false"},
+		// Before, the prefix alone passed both, and was sent as the token "Bot".
+		{name: "check-config refuses a bot token of the prefix alone", args: []string{"check-config", "--config", prefixBotToken}, wantErr: "serve would refuse to start here: 1 problem(s)",
+			wantStderr: []string{`platforms.discord.token_env: AGENTGATE_TEST_PREFIX_BOT_TOKEN holds the prefix "Bot" alone, without the token; serve refuses to start without the bot token`}},
 		// One line naming the file: before, "config: load config: open …".
 		{name: "serve names a missing config file", args: []string{"serve", "--config", filepath.Join(dir, "nope.yaml")},
 			wantErr: "config: read " + filepath.Join(dir, "nope.yaml") + ": no such file or directory"},
@@ -453,11 +459,13 @@ func TestRefusedSecretLeavesNothingOnDisk(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv("AGENTGATE_TEST_UNSET_TOKEN", "")
 	t.Setenv("AGENTGATE_TEST_BLANK_TOKEN", " \n")
+	t.Setenv("AGENTGATE_TEST_BOT_PREFIX", "bot")
 	for _, tc := range []struct {
 		name, env, wantErr string
 	}{
 		// As check-config reads it: white space is no token (before, serve started with it).
 		{"discord token of white space", "AGENTGATE_PLATFORMS_DISCORD_TOKEN_ENV=AGENTGATE_TEST_BLANK_TOKEN", "AGENTGATE_TEST_BLANK_TOKEN (platforms.discord.token_env) is not set or empty: set it to the bot token (the Developer Portal's Bot page), or set platforms.discord.enabled: false"},
+		{"discord token of the prefix alone", "AGENTGATE_PLATFORMS_DISCORD_TOKEN_ENV=AGENTGATE_TEST_BOT_PREFIX", `AGENTGATE_TEST_BOT_PREFIX (platforms.discord.token_env) holds the prefix "Bot" alone`},
 		{"http token", "AGENTGATE_HTTP_TOKEN_ENV=AGENTGATE_TEST_UNSET_TOKEN", "http.token_env names AGENTGATE_TEST_UNSET_TOKEN, which is not set or empty"},
 		{"discord token", "AGENTGATE_PLATFORMS_DISCORD_TOKEN_ENV=AGENTGATE_TEST_UNSET_TOKEN", "AGENTGATE_TEST_UNSET_TOKEN (platforms.discord.token_env) is not set or empty: set it to the bot token (the Developer Portal's Bot page), or set platforms.discord.enabled: false"},
 	} {
@@ -467,7 +475,10 @@ func TestRefusedSecretLeavesNothingOnDisk(t *testing.T) {
 			t.Setenv("AGENTGATE_PLATFORMS_DISCORD_ENABLED", strconv.FormatBool(strings.HasPrefix(tc.name, "discord")))
 			data := filepath.Join(dir, tc.name)
 			var stdout, stderr bytes.Buffer
-			err := run(context.Background(), []string{"serve", "--data-dir", data, "--http-addr", "127.0.0.1:0"}, &stdout, &stderr)
+			// Bounded: a start that is not refused serves until ctx ends.
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			err := run(ctx, []string{"serve", "--data-dir", data, "--http-addr", "127.0.0.1:0"}, &stdout, &stderr)
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("serve = %v, want an error containing %q", err, tc.wantErr)
 			}
