@@ -134,9 +134,11 @@ func TestCheckConfigDataDir(t *testing.T) {
 			if _, _, err := runCmd(t, "serve", "--config", path, "--http-addr", "127.0.0.1:0"); err == nil || err.Error() != path+":2: "+problem {
 				t.Errorf("serve = %v, want %q", err, path+":2: "+problem)
 			}
-			// Set by a flag, it is not the file's line's.
-			if _, stderr, err := runCmd(t, "check-config", "--data-dir", tt.dataDir); err == nil || stderr != problem+"; serve refuses to start with it\n" {
-				t.Errorf("check-config --data-dir = %v, stderr %q; want an error and stderr %q", err, stderr, problem+"; serve refuses to start with it\n")
+			// Set by a flag, it is not the file's line's, and the flag is named (before, only a
+			// variable was).
+			want := problem + " (set by --data-dir); serve refuses to start with it\n"
+			if _, stderr, err := runCmd(t, "check-config", "--data-dir", tt.dataDir); err == nil || stderr != want {
+				t.Errorf("check-config --data-dir = %v, stderr %q; want an error and stderr %q", err, stderr, want)
 			}
 		})
 	}

@@ -94,7 +94,7 @@ func TestCheckConfigDataDirOnReadOnlyMount(t *testing.T) {
 		{"to be made on it", filepath.Join(ro, "data"), "cannot be made: " + ro + " is not writable by this user, uid 0 " + fix},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			problem := fmt.Sprintf("data_dir: %q: %s", tt.dataDir, tt.want)
+			problem := fmt.Sprintf("data_dir: %q: %s (set by --data-dir)", tt.dataDir, tt.want)
 			for _, args := range [][]string{{"check-config"}, {"serve", "--http-addr", "127.0.0.1:0"}} {
 				// The mount lives as long as the namespace: the command runs in it, after it.
 				script := `mount -t tmpfs -o ro tmpfs "$1" && shift && exec "$@"`
@@ -124,7 +124,7 @@ func TestCheckConfigDataDirInTheKernelsFileSystems(t *testing.T) {
 		{"/proc/self", "is in the kernel's proc" + elsewhere},
 	} {
 		t.Run(tt.dataDir, func(t *testing.T) {
-			problem := fmt.Sprintf("data_dir: %q: %s", tt.dataDir, tt.want)
+			problem := fmt.Sprintf("data_dir: %q: %s (set by --data-dir)", tt.dataDir, tt.want)
 			if _, stderr, err := runCmd(t, "check-config", "--data-dir", tt.dataDir); err == nil || stderr != problem+"; serve refuses to start with it\n" {
 				t.Errorf("check-config = %v, stderr %q; want an error and %q", err, stderr, problem+"; serve refuses to start with it\n")
 			}

@@ -219,6 +219,12 @@ func (f *configFlags) load() (*config.Config, error) {
 	return cfg, nil
 }
 
+// configFlagKeys names the flag that sets each key configFlags sets, for the problems of its
+// value: "(set by --log-level)", as a variable's say "(set by AGENTGATE_LOG_LEVEL)".
+var configFlagKeys = map[string]string{
+	"data_dir": "--data-dir", "http.addr": "--http-addr", "log.format": "--log-format", "log.level": "--log-level",
+}
+
 // check is load for check-config and serve: the configuration is returned with its problems,
 // and apart what here refuses of it on this machine (config.Check); nil when it cannot be read
 // at all.
@@ -245,7 +251,7 @@ func (f *configFlags) check(here func(*config.Config) []error) (cfg *config.Conf
 		if set["log-level"] {
 			c.Log.Level = f.logLevel
 		}
-	}, here)
+	}, configFlagKeys, here)
 }
 
 // parse parses args, fs's flags and no argument. It returns errHelp after -h and errUsage

@@ -178,6 +178,11 @@ func TestRunCommands(t *testing.T) {
 		{name: "check-config names a file's problems and the environment's at once", args: []string{"check-config", "--config", emptyToken, "--log-level", "loud"},
 			wantErr:    "config has 1 problem(s), and serve would refuse to start here for 1 more (--config-only checks the configuration alone)",
 			wantStderr: []string{"log.level", "http.token_env: AGENTGATE_TEST_EMPTY_TOKEN is not set here"}},
+		// A flag's value is said to be the flag's, as a variable's is (before, the key alone).
+		{name: "a flag's bad value names the flag", args: []string{"check-config", "--data-dir", dir, "--log-level", "loud"}, wantErr: "config has 1 problem(s)",
+			wantStderr: []string{`log.level: "loud": must be one of debug, info, warn, error (in any case) (set by --log-level)` + "\n"}},
+		{name: "serve's too", args: []string{"serve", "--data-dir", dir, "--http-addr", "127.0.0.1:0", "--log-format", "xml"},
+			wantErr: `config: log.format: "xml": must be one of text, json (set by --log-format)`},
 		{name: "serve refuses an empty token variable", args: []string{"serve", "--config", emptyToken}, wantErr: "http.token_env names AGENTGATE_TEST_EMPTY_TOKEN, which is not set or empty"},
 		{name: "an empty --data-dir is an error, not the default", args: []string{"check-config", "--data-dir", ""}, wantErr: "config",
 			wantStderr: []string{"data_dir: required"}},
@@ -373,7 +378,7 @@ func TestCheckConfig(t *testing.T) {
 	t.Run("serve refuses a data_dir that is a file before it starts", func(t *testing.T) {
 		var out, errOut bytes.Buffer
 		err := run(context.Background(), []string{"serve", "--data-dir", cert, "--http-addr", "127.0.0.1:0"}, &out, &errOut)
-		if want := `data_dir: "` + cert + `": exists but is not a directory`; err == nil || err.Error() != want {
+		if want := `data_dir: "` + cert + `": exists but is not a directory (set by --data-dir)`; err == nil || err.Error() != want {
 			t.Errorf("serve = %v, want %q", err, want)
 		}
 	})

@@ -129,7 +129,7 @@ func TestCrossKeyProblemNamesTheVariables(t *testing.T) {
 func TestCrossKeyAdviceNamesTheVariables(t *testing.T) {
 	environ := []string{"AGENTGATE_AGENT_BACKEND=exec", "AGENTGATE_AGENT_EXEC_COMMAND=[cat]", "AGENTGATE_SESSIONS_HISTORY_LIMIT=4"}
 	path := MustWriteConfig(t, "agent:\n  exec:\n    history: 50\n")
-	cfg, problems, refused := Check(path, environ, nil, func(c *Config) []error { return c.HistoryAdvice() })
+	cfg, problems, refused := Check(path, environ, nil, nil, func(c *Config) []error { return c.HistoryAdvice() })
 	const want = "agent.exec.history: 50: more than sessions.history_limit, 4, the messages a session keeps for its agent: " +
 		"the command gets at most 4 (the smaller of the two wins) (sessions.history_limit set by AGENTGATE_SESSIONS_HISTORY_LIMIT)"
 	if cfg == nil || problems != nil || refused == nil || refused.Error() != path+":3: "+want {

@@ -28,9 +28,9 @@ type FieldError struct {
 	// for a PostgreSQL store.dsn on SQLite; the three files of cluster.tls): the problem names
 	// the variables that set them too.
 	others []string
-	// env names the AGENTGATE_* variables the values of the problem came from, when they did
-	// (Check sets it): "set by AGENTGATE_…" for Field's own, "KEY set by AGENTGATE_…" for
-	// cause's and others'. The problem names them, where the operator set the values. Before,
+	// env names the AGENTGATE_* variables and the flags the values of the problem came from,
+	// when they did (Check sets it): "set by AGENTGATE_…" (or "set by --log-level") for
+	// Field's own, "KEY set by AGENTGATE_…" for cause's and others'. The problem names them, where the operator set the values. Before,
 	// it named only the key (a walkthrough: "sessions.queue.cap: 0: must be at least 1" for
 	// AGENTGATE_SESSIONS_QUEUE_CAP=0), and of a problem between keys, only Field's own
 	// variable: AGENTGATE_AGENT_BACKEND=exec alone read "agent.exec.command: required when

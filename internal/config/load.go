@@ -80,7 +80,7 @@ func Default() *Config {
 // ones tied to a key are *FieldError. A file that can't be read is returned on its own,
 // naming the file and wrapping the os error's cause (errors.Is(err, fs.ErrNotExist) holds).
 func Load(path string, environ []string, override func(*Config)) (*Config, error) {
-	cfg, problems, _ := Check(path, environ, override, nil)
+	cfg, problems, _ := Check(path, environ, override, nil, nil)
 	if problems != nil {
 		return nil, problems
 	}
@@ -101,7 +101,11 @@ func Load(path string, environ []string, override func(*Config)) (*Config, error
 // syntax error without a line, a rule between keys the file leaves at their defaults); then
 // those of AGENTGATE_* variables; then those of override's values; each group in the order of
 // the keys in Config (that of --print-defaults).
-func Check(path string, environ []string, override func(*Config), here func(*Config) []error) (cfg *Config, problems, refused error) {
+//
+// flags (may be nil) names the command-line flag that override sets each key with, by the
+// key's path (log.level: --log-level): a problem of a value a flag set says "(set by
+// --log-level)", as one of a variable's says "(set by AGENTGATE_LOG_LEVEL)".
+func Check(path string, environ []string, override func(*Config), flags map[string]string, here func(*Config) []error) (cfg *Config, problems, refused error) {
 	cfg = Default()
 	var errs []error
 	var lines map[string]int
@@ -170,15 +174,25 @@ func Check(path string, environ []string, override func(*Config), here func(*Con
 		}
 		line, onLine := fileLine(fe, lines, notFile)
 		fe.env = nil
+		// setBy names the variable or the flag that gave the key l its value, "" for the file.
+		setBy := func(l leaf) string {
+			switch {
+			case src.fromFlag[l.path]:
+				return flags[l.path]
+			case src.fromEnv[l.path]:
+				return l.env
+			}
+			return ""
+		}
 		own, hasOwn := leafOf(fe.Field)
-		if hasOwn && !onLine && src.fromEnv[own.path] && !src.fromFlag[own.path] {
-			fe.env = append(fe.env, "set by "+own.env)
+		if by := setBy(own); hasOwn && !onLine && by != "" {
+			fe.env = append(fe.env, "set by "+by)
 		}
 		// The other keys of a problem between keys are named too, also at the file's line of
 		// Field (the file writes agent.exec; AGENTGATE_AGENT_BACKEND=exec asks for its command).
 		for _, key := range fe.involved() {
-			if l, ok := leafOf(key); ok && (!hasOwn || l.path != own.path) && src.fromEnv[l.path] && !src.fromFlag[l.path] {
-				fe.env = append(fe.env, key+" set by "+l.env)
+			if l, ok := leafOf(key); ok && (!hasOwn || l.path != own.path) && setBy(l) != "" {
+				fe.env = append(fe.env, key+" set by "+setBy(l))
 			}
 		}
 		if onLine {
