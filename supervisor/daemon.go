@@ -1211,20 +1211,25 @@ func newRunID() string {
 
 // Preflight returns what serve would refuse in the environment getenv reads, which the
 // configuration alone cannot tell: a secret variable that is not set, an exec agent's command
-// that is not on this machine. check-config refuses them as serve does (warns of them with
-// --config-only, for a file checked on another machine than the one it runs on).
+// that is not on this machine. Each is "key: reason; serve refuses to start …", with what to do.
+// serve refuses them before Start, and check-config as serve does (warns of them with
+// --config-only, for a file checked on another machine than the one it runs on), both at the
+// file's line of the key; Start refuses them too, for a caller that did not ask.
 func Preflight(cfg *config.Config, getenv func(string) string) []string {
 	var out []string
 	unset := func(name string) bool { return strings.TrimSpace(getenv(name)) == "" }
 	if cfg.HTTP.TokenEnv != "" && unset(cfg.HTTP.TokenEnv) {
-		out = append(out, fmt.Sprintf("http.token_env: %s is not set here; serve refuses to start without the bearer token", cfg.HTTP.TokenEnv))
+		out = append(out, fmt.Sprintf("http.token_env: %s is not set here; serve refuses to start without the bearer token "+
+			"(set it, or remove http.token_env to serve without a token, on a loopback address only)", cfg.HTTP.TokenEnv))
 	}
 	if dc := cfg.Platforms.Discord; dc.Enabled {
 		switch botTokenProblem(getenv(dc.TokenEnv)) {
 		case botTokenUnset:
-			out = append(out, fmt.Sprintf("platforms.discord.token_env: %s is not set here; serve refuses to start without the bot token", dc.TokenEnv))
+			out = append(out, fmt.Sprintf("platforms.discord.token_env: %s is not set here; serve refuses to start without the bot token "+
+				"(set it to the bot token, from the Developer Portal's Bot page, or set platforms.discord.enabled: false)", dc.TokenEnv))
 		case botTokenPrefixOnly:
-			out = append(out, fmt.Sprintf("platforms.discord.token_env: %s holds the prefix \"Bot\" alone, without the token; serve refuses to start without the bot token", dc.TokenEnv))
+			out = append(out, fmt.Sprintf("platforms.discord.token_env: %s holds the prefix \"Bot\" alone, without the token; serve refuses to start without the bot token "+
+				"(set it to the bot token, from the Developer Portal's Bot page)", dc.TokenEnv))
 		}
 	}
 	if o := cfg.Agent.OpenAI; cfg.Agent.Backend == "openai" && o.APIKeyEnv != "" && unset(o.APIKeyEnv) {

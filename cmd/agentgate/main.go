@@ -325,13 +325,18 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// there, where the store would make a new, empty database; and what pgx refuses on this
 	// machine, with the file or the PG* variable named, of which the store's Open says only that
 	// the DSN cannot be parsed.
+	// So is what supervisor.Preflight finds (a secret variable unset, an exec agent's command
+	// not there), as check-config says it: before, Start refused it without the key's line.
 	cfg, problems, refused := cf.check(func(c *config.Config) []error {
-		return nonNil(dirProblem(c), c.CheckSQLite(), c.CheckPostgres())
+		return append(preflightRefusals(c), nonNil(dirProblem(c), c.CheckSQLite(), c.CheckPostgres())...)
 	})
 	if problems != nil {
 		return configError(problems)
 	}
 	if refused != nil {
+		if errs := unwrapAll(refused); len(errs) > 1 {
+			return &configProblems{errs: errs, refused: true}
+		}
 		return refused
 	}
 	var level slog.LevelVar
@@ -556,6 +561,19 @@ func startError(ctx context.Context, cfg *config.Config, err error) error {
 // does not reach cluster.bind. Each names its key, as a *config.FieldError, so that
 // check-config names the file's line of it.
 func startRefusals(cfg *config.Config) []error {
+	out := preflightRefusals(cfg)
+	for _, err := range nonNil(dirProblem(cfg), cfg.CheckSQLite(), cfg.CheckPostgres(), clusterTLSFiles(cfg.Cluster)) {
+		out = append(out, &refusal{err})
+	}
+	for _, err := range diskSpace(cfg, true) {
+		out = append(out, &refusal{err})
+	}
+	return out
+}
+
+// preflightRefusals returns supervisor.Preflight's refusals of cfg in this environment, each a
+// *config.FieldError of its key, which config.Check pins on the file's line of the key.
+func preflightRefusals(cfg *config.Config) []error {
 	var out []error
 	for _, r := range supervisor.Preflight(cfg, os.Getenv) {
 		// Each is "key: reason; serve refuses to start …".
@@ -564,12 +582,6 @@ func startRefusals(cfg *config.Config) []error {
 		} else {
 			out = append(out, errors.New(r))
 		}
-	}
-	for _, err := range nonNil(dirProblem(cfg), cfg.CheckSQLite(), cfg.CheckPostgres(), clusterTLSFiles(cfg.Cluster)) {
-		out = append(out, &refusal{err})
-	}
-	for _, err := range diskSpace(cfg, true) {
-		out = append(out, &refusal{err})
 	}
 	return out
 }
@@ -875,12 +887,19 @@ func configError(err error) error {
 }
 
 // configProblems is the error of a configuration with several problems: it counts them, as
-// check-config's last line does, and printError prints each.
+// check-config's last line does, and printError prints each. With refused, they are what serve
+// refuses to start with in this environment, of a configuration that has no problem.
 type configProblems struct {
-	errs []error
+	errs    []error
+	refused bool
 }
 
-func (e *configProblems) Error() string { return fmt.Sprintf("config has %d problem(s)", len(e.errs)) }
+func (e *configProblems) Error() string {
+	if e.refused {
+		return fmt.Sprintf("serve refuses to start here: %d problem(s)", len(e.errs))
+	}
+	return fmt.Sprintf("config has %d problem(s)", len(e.errs))
+}
 
 func unwrapAll(err error) []error {
 	if j, ok := err.(interface{ Unwrap() []error }); ok {

@@ -166,7 +166,7 @@ func TestRunCommands(t *testing.T) {
 		{name: "check-config --config-only warns of it", args: []string{"check-config", "--config-only", "--config", noKey}, wantOut: "config ok",
 			wantStderr: []string{"warning: " + noKey + ":7: agent.openai.api_key_env: AGENTGATE_TEST_UNSET_OPENAI_KEY is not set"}},
 		{name: "serve refuses an openai agent without its key", args: []string{"serve", "--config", noKey, "--http-addr", "127.0.0.1:0"},
-			wantErr: "environment variable AGENTGATE_TEST_UNSET_OPENAI_KEY (agent.openai.api_key_env) is not set or empty: set it to the endpoint's API key, or set agent.openai.api_key_env: \"\" for a server that takes none"},
+			wantErr: noKey + ":7: agent.openai.api_key_env: AGENTGATE_TEST_UNSET_OPENAI_KEY is not set here; serve refuses to start without the API key (for a server that takes none, set agent.openai.api_key_env: \"\")"},
 		{name: "public address needs a token", args: []string{"serve", "--data-dir", dir, "--http-addr", "0.0.0.0:0"},
 			wantErr: `config: http.addr: "0.0.0.0:0": is not a loopback address, where the API needs a bearer token: set http.token_env`},
 		{name: "check-config refuses a public address without a token", args: []string{"check-config", "--config", public}, wantErr: "1 problem(s)",
@@ -183,7 +183,9 @@ func TestRunCommands(t *testing.T) {
 			wantStderr: []string{`log.level: "loud": must be one of debug, info, warn, error (in any case) (set by --log-level)` + "\n"}},
 		{name: "serve's too", args: []string{"serve", "--data-dir", dir, "--http-addr", "127.0.0.1:0", "--log-format", "xml"},
 			wantErr: `config: log.format: "xml": must be one of text, json (set by --log-format)`},
-		{name: "serve refuses an empty token variable", args: []string{"serve", "--config", emptyToken}, wantErr: "http.token_env names AGENTGATE_TEST_EMPTY_TOKEN, which is not set or empty"},
+		// At the file's line of the key, as check-config says it: before, without it.
+		{name: "serve refuses an empty token variable", args: []string{"serve", "--config", emptyToken},
+			wantErr: emptyToken + ":4: http.token_env: AGENTGATE_TEST_EMPTY_TOKEN is not set here; serve refuses to start without the bearer token (set it, or remove http.token_env to serve without a token, on a loopback address only)"},
 		{name: "an empty --data-dir is an error, not the default", args: []string{"check-config", "--data-dir", ""}, wantErr: "config",
 			wantStderr: []string{"data_dir: required"}},
 		{name: "an empty --config is an error, not the defaults", args: []string{"serve", "--config", "", "--http-addr", "127.0.0.1:0"},
@@ -195,13 +197,13 @@ func TestRunCommands(t *testing.T) {
 		{name: "check-config refuses an exec command that is not there", args: []string{"check-config", "--config", noCommand}, wantErr: "serve would refuse to start here: 1 problem(s)",
 			wantStderr: []string{"agent.exec.command: exec agent: command \"" + filepath.Join(dir, "no-agent") + "\" does not exist; serve refuses to start with it"}},
 		{name: "serve refuses an exec command that is not there", args: []string{"serve", "--config", noCommand, "--http-addr", "127.0.0.1:0"},
-			wantErr: "start: agent: exec agent: command \"" + filepath.Join(dir, "no-agent") + "\" does not exist"},
+			wantErr: noCommand + ":5: agent.exec.command: exec agent: command \"" + filepath.Join(dir, "no-agent") + "\" does not exist; serve refuses to start with it"},
 		{name: "serve says what to do when its port is taken", args: []string{"serve", "--data-dir", dir, "--http-addr", taken.Addr().String()},
 			wantErr: "start: http.addr " + taken.Addr().String() + " is taken (stop what listens there, or give agentgate a free port with --http-addr, AGENTGATE_HTTP_ADDR or http.addr)"},
 		{name: "check-config refuses a missing bot token", args: []string{"check-config", "--config", noBotToken}, wantErr: "serve would refuse to start here: 1 problem(s)",
 			wantStderr: []string{"platforms.discord.token_env: AGENTGATE_TEST_UNSET_BOT_TOKEN is not set here"}},
 		{name: "serve refuses a missing bot token", args: []string{"serve", "--config", noBotToken, "--http-addr", "127.0.0.1:0"},
-			wantErr: "AGENTGATE_TEST_UNSET_BOT_TOKEN (platforms.discord.token_env) is not set or empty: set it to the bot token (the Developer Portal's Bot page), or set platforms.discord.enabled: false"},
+			wantErr: noBotToken + ":5: platforms.discord.token_env: AGENTGATE_TEST_UNSET_BOT_TOKEN is not set here; serve refuses to start without the bot token (set it to the bot token, from the Developer Portal's Bot page, or set platforms.discord.enabled: false)"},
 		// Before, the prefix alone passed both, and was sent as the token "Bot".
 		{name: "check-config refuses a bot token of the prefix alone", args: []string{"check-config", "--config", prefixBotToken}, wantErr: "serve would refuse to start here: 1 problem(s)",
 			wantStderr: []string{`platforms.discord.token_env: AGENTGATE_TEST_PREFIX_BOT_TOKEN holds the prefix "Bot" alone, without the token; serve refuses to start without the bot token`}},
@@ -275,13 +277,32 @@ func TestCheckConfig(t *testing.T) {
 		path := write("exec.yaml", "data_dir: "+dir+"\nagent:\n  backend: exec\n  exec:\n    command: ["+filepath.Join(dir, "gone")+"]\n")
 		var out, errOut bytes.Buffer
 		serveErr := run(context.Background(), []string{"serve", "--config", path, "--http-addr", "127.0.0.1:0"}, &out, &errOut)
-		_, msg, found := strings.Cut(fmt.Sprint(serveErr), "start: agent: ")
-		if !found {
-			t.Fatalf("serve = %v, want it to refuse the command", serveErr)
+		want := path + ":5: agent.exec.command: exec agent: command \"" + filepath.Join(dir, "gone") + "\" does not exist; serve refuses to start with it"
+		if serveErr == nil || serveErr.Error() != want {
+			t.Fatalf("serve = %v, want %q", serveErr, want)
 		}
 		_, stderr, err := check(t, "--config", path)
-		if err == nil || !strings.Contains(stderr, "agent.exec.command: "+msg+"; serve refuses to start with it") {
-			t.Errorf("check-config = %v, stderr %q; want an error, and serve's %q in stderr", err, stderr, msg)
+		if err == nil || stderr != want+"\n" {
+			t.Errorf("check-config = %v, stderr %q; want an error, and serve's %q", err, stderr, want)
+		}
+	})
+
+	// Each on a line of its own, as a configuration's problems are: before, Start refused the
+	// first it met.
+	t.Run("serve names every refusal", func(t *testing.T) {
+		path := write("exec-discord.yaml", "data_dir: "+dir+"\nagent:\n  backend: exec\n  exec:\n    command: ["+filepath.Join(dir, "gone")+"]\n"+
+			"platforms:\n  discord: {enabled: true, token_env: AGENTGATE_TEST_UNSET_BOT_TOKEN}\n")
+		var out, errOut bytes.Buffer
+		serveErr := run(context.Background(), []string{"serve", "--config", path, "--http-addr", "127.0.0.1:0"}, &out, &errOut)
+		if serveErr == nil || serveErr.Error() != "serve refuses to start here: 2 problem(s)" {
+			t.Fatalf("serve = %v, want both refused", serveErr)
+		}
+		var printed bytes.Buffer
+		printError(&printed, serveErr)
+		lines := strings.Split(strings.TrimSuffix(printed.String(), "\n"), "\n")
+		if len(lines) != 3 || !strings.HasPrefix(lines[0], "agentgate: "+path+":5: agent.exec.command: ") ||
+			!strings.HasPrefix(lines[1], "agentgate: "+path+":7: platforms.discord.token_env: ") {
+			t.Errorf("serve printed %q, want each refusal at its line, then the count", printed.String())
 		}
 	})
 
@@ -469,10 +490,10 @@ func TestRefusedSecretLeavesNothingOnDisk(t *testing.T) {
 		name, env, wantErr string
 	}{
 		// As check-config reads it: white space is no token (before, serve started with it).
-		{"discord token of white space", "AGENTGATE_PLATFORMS_DISCORD_TOKEN_ENV=AGENTGATE_TEST_BLANK_TOKEN", "AGENTGATE_TEST_BLANK_TOKEN (platforms.discord.token_env) is not set or empty: set it to the bot token (the Developer Portal's Bot page), or set platforms.discord.enabled: false"},
-		{"discord token of the prefix alone", "AGENTGATE_PLATFORMS_DISCORD_TOKEN_ENV=AGENTGATE_TEST_BOT_PREFIX", `AGENTGATE_TEST_BOT_PREFIX (platforms.discord.token_env) holds the prefix "Bot" alone`},
-		{"http token", "AGENTGATE_HTTP_TOKEN_ENV=AGENTGATE_TEST_UNSET_TOKEN", "http.token_env names AGENTGATE_TEST_UNSET_TOKEN, which is not set or empty"},
-		{"discord token", "AGENTGATE_PLATFORMS_DISCORD_TOKEN_ENV=AGENTGATE_TEST_UNSET_TOKEN", "AGENTGATE_TEST_UNSET_TOKEN (platforms.discord.token_env) is not set or empty: set it to the bot token (the Developer Portal's Bot page), or set platforms.discord.enabled: false"},
+		{"discord token of white space", "AGENTGATE_PLATFORMS_DISCORD_TOKEN_ENV=AGENTGATE_TEST_BLANK_TOKEN", "platforms.discord.token_env: AGENTGATE_TEST_BLANK_TOKEN is not set here; serve refuses to start without the bot token"},
+		{"discord token of the prefix alone", "AGENTGATE_PLATFORMS_DISCORD_TOKEN_ENV=AGENTGATE_TEST_BOT_PREFIX", `platforms.discord.token_env: AGENTGATE_TEST_BOT_PREFIX holds the prefix "Bot" alone, without the token`},
+		{"http token", "AGENTGATE_HTTP_TOKEN_ENV=AGENTGATE_TEST_UNSET_TOKEN", "http.token_env: AGENTGATE_TEST_UNSET_TOKEN is not set here"},
+		{"discord token", "AGENTGATE_PLATFORMS_DISCORD_TOKEN_ENV=AGENTGATE_TEST_UNSET_TOKEN", "platforms.discord.token_env: AGENTGATE_TEST_UNSET_TOKEN is not set here"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			name, value, _ := strings.Cut(tc.env, "=")
