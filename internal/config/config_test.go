@@ -322,6 +322,17 @@ func TestLoadFileErrors(t *testing.T) {
 			wantText:   []string{"agentgate.yaml:5: log.level"},
 		},
 		{
+			// A section's usual key is named (before, "must be a mapping of keys" alone).
+			name:       "a section written as its usual key's value",
+			yaml:       "sessions: 5\nhttp: 127.0.0.1:8081\nlog: debug\n",
+			wantFields: []string{"sessions", "http", "log"},
+			wantText: []string{
+				"agentgate.yaml:1: sessions: must be a mapping of keys\n", // no usual key
+				`agentgate.yaml:2: http: must be a mapping of keys (did you mean http: {addr: 127.0.0.1:8081}?)`,
+				`agentgate.yaml:3: log: must be a mapping of keys (did you mean log: {level: debug}?)`,
+			},
+		},
+		{
 			name:       "not a mapping",
 			yaml:       "- a\n- b\n",
 			wantFields: []string{"!agentgate.yaml:1: the document must be a mapping of keys"},

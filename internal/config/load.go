@@ -563,7 +563,7 @@ func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag, lines map[
 			if path == "" {
 				*out = append(*out, diag{n.Line, errors.New("the document must be a mapping of keys")})
 			} else {
-				*out = append(*out, diag{n.Line, &FieldError{Field: path, Err: errors.New("must be a mapping of keys")}})
+				*out = append(*out, diag{n.Line, &FieldError{Field: path, Err: notMapping(path, n)}})
 			}
 			return
 		}

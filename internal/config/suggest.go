@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -40,6 +41,21 @@ func unknownKey(t reflect.Type, m *yaml.Node, path, key string) error {
 		return errUnknownKey
 	}
 	return fmt.Errorf("%w (did you mean %s?)", errUnknownKey, joinPath(path, best))
+}
+
+// scalarKeys are the sections whose one value, written in the section's place, is most likely
+// one key's: http: 127.0.0.1:8081 is http.addr, log: debug log.level, agent: exec
+// agent.backend.
+var scalarKeys = map[string]string{"http": "addr", "log": "level", "agent": "backend"}
+
+// notMapping is the problem of n, written where the section at path, a mapping, goes: with the
+// key that a value alone most likely meant (scalarKeys). Before, http: 127.0.0.1:8081 was told
+// only that http must be a mapping of keys (a new operator's review).
+func notMapping(path string, n *yaml.Node) error {
+	if key, ok := scalarKeys[path]; ok && n.Kind == yaml.ScalarNode && n.Value != "" && !strings.ContainsAny(n.Value, "\n{}") {
+		return fmt.Errorf("must be a mapping of keys (did you mean %s: {%s: %s}?)", path, key, n.Value)
+	}
+	return errors.New("must be a mapping of keys")
 }
 
 // nestedKey finds the key of a section of t that key names with its section's name before it,
