@@ -343,7 +343,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	level.Set(cfg.SlogLevel())
 	log := logging.New(stderr, &level, cfg.Log.Format)
 	for _, name := range cfg.UnknownEnv(os.Environ()) {
-		log.Warn("environment variable names no configuration key (a misspelt one?); it is ignored", "var", name)
+		attrs := []any{"var", name}
+		if known := config.ClosestEnv(name); known != "" {
+			attrs = append(attrs, "did_you_mean", known)
+		}
+		log.Warn("environment variable names no configuration key (a misspelt one?); it is ignored", attrs...)
 	}
 	for _, err := range cfg.PostgresAdvice() {
 		// check-config's warnings, said where a deploy that skipped it looks (a walkthrough).
@@ -477,7 +481,11 @@ func checkConfig(args []string, stdout, stderr io.Writer) error {
 	var refused, notes []error
 	if cfg != nil {
 		for _, name := range cfg.UnknownEnv(os.Environ()) {
-			fmt.Fprintf(stderr, "warning: %s names no configuration key (a misspelt one?); it is ignored\n", name)
+			hint := "a misspelt one?"
+			if known := config.ClosestEnv(name); known != "" {
+				hint = "did you mean " + known + "?" // as the file's unknown keys are told
+			}
+			fmt.Fprintf(stderr, "warning: %s names no configuration key (%s); it is ignored\n", name, hint)
 		}
 		if refusals != nil {
 			for _, r := range unwrapAll(refusals) {

@@ -151,7 +151,7 @@ func TestRunCommands(t *testing.T) {
 		{name: "one without an argument names none", args: []string{"sessions", "quarantined", "-h"}, wantUsage: []string{"usage: agentgate sessions quarantined [flags]\n\nLists quarantined messages"}},
 		{name: "unknown command", args: []string{"frobnicate"}, wantErr: "usage", wantStderr: []string{`unknown command "frobnicate"`}},
 		{name: "check-config ok", args: []string{"check-config", "--config", good}, wantOut: "config ok",
-			wantStderr: []string{"warning: AGENTGATE_HTTP_ADR names no configuration key (a misspelt one?); it is ignored"}},
+			wantStderr: []string{"warning: AGENTGATE_HTTP_ADR names no configuration key (did you mean AGENTGATE_HTTP_ADDR?); it is ignored"}},
 		// Before, the token variable http.token_env names was warned of as a misspelt key.
 		{name: "check-config knows the variable a file's token_env names", args: []string{"check-config", "--config", fileToken}, wantOut: "config ok",
 			notStderr: []string{"AGENTGATE_HTTP_BEARER"}},

@@ -1236,6 +1236,25 @@ func TestUnknownEnv(t *testing.T) {
 	}
 }
 
+// TestClosestEnv: an unknown variable is told the known one it most likely misspells, as the
+// file's unknown keys are told the key (before, "a misspelt one?" alone); one close to none is
+// told nothing.
+func TestClosestEnv(t *testing.T) {
+	for _, tt := range []struct{ name, want string }{
+		{"AGENTGATE_HTTP_ADR", "AGENTGATE_HTTP_ADDR"},
+		{"AGENTGATE_HTTPADDR", "AGENTGATE_HTTP_ADDR"},
+		{"AGENTGATE_SESSIONS_QUEUE_CAPS", "AGENTGATE_SESSIONS_QUEUE_CAP"},
+		{"AGENTGATE_AGENT_EXEC_COMAND", "AGENTGATE_AGENT_EXEC_COMMAND"},
+		{"AGENTGATE_LOG_LEVL", "AGENTGATE_LOG_LEVEL"},
+		{"AGENTGATE_LOG", ""},
+		{"AGENTGATE_HTTP_WHATEVER", ""},
+	} {
+		if got := ClosestEnv(tt.name); got != tt.want {
+			t.Errorf("ClosestEnv(%q) = %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
 // TestPostgresDSNSyntax: a PostgreSQL DSN pgx cannot parse is a problem of store.dsn, in pgx's
 // words and never with the password; a file it names that is not here is left to CheckPostgres
 // (check-config's refusals), since it may be where the configuration runs. Before, only the

@@ -18,18 +18,13 @@ func unknownKey(t reflect.Type, m *yaml.Node, path, key string) error {
 	for i := 0; i+1 < len(m.Content); i += 2 {
 		written[m.Content[i].Value] = true
 	}
-	// One edit in a short key, two in a longer one: more would suggest keys of other meanings.
-	limit := max(1, min(2, len(key)/3))
-	best, bestDist := "", limit+1
+	var names []string
 	for i := range t.NumField() {
-		name, ok := yamlKey(t.Field(i))
-		if !ok || written[name] {
-			continue
-		}
-		if d := editDistance(strings.ToLower(key), name); d < bestDist {
-			best, bestDist = name, d
+		if name, ok := yamlKey(t.Field(i)); ok && !written[name] {
+			names = append(names, name)
 		}
 	}
+	best := closest(strings.ToLower(key), names)
 	if best == "" {
 		// log_level or log.level: a key of a section written beside it, as a variable's name
 		// or a dotted path reads, which YAML takes for one key of its own.
@@ -41,6 +36,34 @@ func unknownKey(t reflect.Type, m *yaml.Node, path, key string) error {
 		return errUnknownKey
 	}
 	return fmt.Errorf("%w (did you mean %s?)", errUnknownKey, joinPath(path, best))
+}
+
+// closest returns the one of names that word most likely misspells, or "" when none is close:
+// one edit away from a short word, two from a longer one (more would suggest names of other
+// meanings); the first of those equally close.
+func closest(word string, names []string) string {
+	limit := max(1, min(2, len(word)/3))
+	best, bestDist := "", limit+1
+	for _, name := range names {
+		if d := editDistance(word, name); d < bestDist {
+			best, bestDist = name, d
+		}
+	}
+	return best
+}
+
+// ClosestEnv returns the AGENTGATE_* variable of a key that name, an AGENTGATE_ variable that
+// names none (UnknownEnv), most likely misspells, as the file's unknown keys are told the key
+// (AGENTGATE_HTTP_ADR: AGENTGATE_HTTP_ADDR), or "" when none is close.
+func ClosestEnv(name string) string {
+	var names []string
+	for _, l := range leaves() {
+		names = append(names, strings.TrimPrefix(l.env, EnvPrefix))
+	}
+	if best := closest(strings.ToUpper(strings.TrimPrefix(name, EnvPrefix)), names); best != "" {
+		return EnvPrefix + best
+	}
+	return ""
 }
 
 // scalarKeys are the sections whose one value, written in the section's place, is most likely
