@@ -388,7 +388,7 @@ func printReset(w io.Writer, key, at string, info *httpplatform.SessionInfo) {
 		return
 	}
 	if info.Kept {
-		fmt.Fprintf(w, "session %s of %s holds nothing yet: %s left it as it is\n", info.SessionID, key, at)
+		fmt.Fprintf(w, "session %s of %s holds no conversation yet (commands and notices do not count): %s left it as it is\n", info.SessionID, key, at)
 		return
 	}
 	if info.PrevSessionID != "" {

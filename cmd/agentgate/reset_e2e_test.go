@@ -82,7 +82,7 @@ func TestSessionsResetThroughTheDaemon(t *testing.T) {
 	// said it ended it, and a chain of empty sessions grew with each run).
 	second := info["session_id"].(string)
 	out, _ = MustRunSessions(t, "reset", "--data-dir", dir, key)
-	if want := "session " + second + " of " + key + " holds nothing yet: the daemon at "; !strings.HasPrefix(out, want) {
+	if want := "session " + second + " of " + key + " holds no conversation yet (commands and notices do not count): the daemon at "; !strings.HasPrefix(out, want) {
 		t.Errorf("a second reset said %q, want it to begin %q", out, want)
 	}
 	if _, info := call(http.MethodGet, "/v1/sessions/"+key, ""); info["session_id"] != second {

@@ -82,7 +82,8 @@ with no message since) is left as it is: resetting a key twice starts one new se
 
 With no daemon running, the session is ended in the database and the key's next message starts
 a new one; a session that has ended already is left as it is ("already ended"), and so is one
-nothing was said in yet ("holds nothing yet"). Writes waiting in data_dir/spool (the database
+nothing was said in yet ("holds no conversation yet": commands and notices, which sessions
+show counts among its messages, do not count). Writes waiting in data_dir/spool (the database
 refused them, and the daemon stopped before it could store them) are replayed into the
 database first, as the next start would replay them, so that the reset sees them; no unclean
 stop is counted for it. If agentgate did not stop cleanly last time, the next start still
@@ -643,7 +644,9 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return fmt.Errorf("reset %s: %w", shown, err)
 		}
 		if len(said) == 0 && !continues {
-			fmt.Fprintf(stdout, "session %s of %s holds nothing yet: left as it is\n", s.ID, shown)
+			// "No conversation", not "nothing": sessions show counts its commands and notices
+			// among its messages (a new operator's review read the two as contradicting).
+			fmt.Fprintf(stdout, "session %s of %s holds no conversation yet (commands and notices do not count): left as it is\n", s.ID, shown)
 			return nil
 		}
 	}

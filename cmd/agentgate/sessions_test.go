@@ -689,10 +689,15 @@ func TestSessionsReset(t *testing.T) {
 		}
 		for range 2 {
 			out, errOut := MustRunSessions(t, "reset", "--data-dir", dir, keyA)
-			if want := "session sa3 of " + keyA + " holds nothing yet: left as it is\n"; out != want || errOut != "" {
+			if want := "session sa3 of " + keyA + " holds no conversation yet (commands and notices do not count): left as it is\n"; out != want || errOut != "" {
 				t.Errorf("reset of a session nothing was said in: stdout = %q, stderr = %q, want %q and nothing", out, errOut, want)
 			}
 			show, _ := MustRunSessions(t, "show", "--data-dir", dir, keyA)
+			// What reset says is true of what show counts: it holds messages, none a
+			// conversation's (before, "holds nothing yet" beside "messages: 3").
+			if got := fieldOf(show, "messages"); !strings.HasPrefix(got, "3 ") {
+				t.Errorf("show of the session: messages %q, want its 3", got)
+			}
 			if got := fieldOf(show, "ended"); got != "open" {
 				t.Errorf("after the reset of a session nothing was said in, ended = %q, want open", got)
 			}
