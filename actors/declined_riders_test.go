@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/openai"
@@ -94,5 +95,20 @@ func TestDeclinedNoticeCountsTheRiders(t *testing.T) {
 		if got := failedNotice("t_1", declined, tt.riders); got != tt.want {
 			t.Errorf("failedNotice(%d riders) = %q, want %q", tt.riders, got, tt.want)
 		}
+	}
+}
+
+// TestTimedOutNotice: the sender of a message whose turn outlived the agent's time limit is told
+// so, and not asked to try again, which would most likely time out too; other failures still
+// are.
+func TestTimedOutNotice(t *testing.T) {
+	timedOut := agents.TimedOut(10*time.Minute, errors.New("exec agent: timed out: run x: no reply within 10m0s (agent.exec.timeout)"))
+	const want = "⚠️ The agent could not answer this message (turn t_1 failed): it took longer than its time limit (10m) and was stopped."
+	if got := failedNotice("t_1", timedOut, 0); got != want {
+		t.Errorf("failedNotice(timed out) = %q, want %q", got, want)
+	}
+	const other = "⚠️ The agent could not answer this message (turn t_1 failed). Please try again."
+	if got := failedNotice("t_1", errors.New("exec agent: run x: exit status 1"), 0); got != other {
+		t.Errorf("failedNotice(exit status 1) = %q, want %q", got, other)
 	}
 }

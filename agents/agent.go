@@ -10,6 +10,7 @@ package agents
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
@@ -84,8 +85,10 @@ var ErrStopSignal = errors.New("agent process ended by a stop signal")
 // Refusal is an agent's error that sending the same message again will not get past: the
 // model's endpoint refused the request itself (its credentials, the model's name, a
 // conversation too long for it), declined to answer, or asked for a wait longer than the agent
-// waits (a rate limit's Retry-After: not before then). Notice says why, to the user, in place
-// of the "please try again" of a failed turn: a lower-case clause, without a final period.
+// waits (a rate limit's Retry-After: not before then); or the turn outlived the agent's time
+// limit (TimedOut), which another try most likely outlives too. Notice says why, to the user,
+// in place of the "please try again" of a failed turn: a lower-case clause, without a final
+// period.
 type Refusal struct {
 	Notice string
 	// Declined is set when the endpoint declined the message for what it says (a content
@@ -99,6 +102,26 @@ type Refusal struct {
 func (r *Refusal) Error() string { return r.Err.Error() }
 
 func (r *Refusal) Unwrap() error { return r.Err }
+
+// TimedOut is the error of a turn the agent stopped because it outlived limit, its own time
+// limit for a turn (agent.exec.timeout, agent.openai.timeout): err, in a Refusal that tells the
+// user so. Before, the user was asked to try again, which a retry of the same message would
+// most likely answer with the same timeout (a new operator's review).
+func TimedOut(limit time.Duration, err error) error {
+	return &Refusal{Notice: "it took longer than its time limit (" + shortDuration(limit) + ") and was stopped", Err: err}
+}
+
+// shortDuration writes d as the configuration does: 10m, 90s, 2h rather than 10m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
 
 // Agent runs one turn. Run blocks until the turn ends or ctx is cancelled. Next to an error,
 // Run may return a Response whose Usage counts the tokens the failed turn spent (its Text is

@@ -36,6 +36,11 @@ func TestRunTimeout(t *testing.T) {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Run(slow command) error = %v, want no context error (the caller's ctx is alive)", err)
 	}
+	// The user is told it timed out, not to try again (which would most likely time out too).
+	const notice = "it took longer than its time limit (1s) and was stopped"
+	if ref, ok := errors.AsType[*agents.Refusal](err); !ok || ref.Notice != notice || ref.Declined {
+		t.Errorf("Run(slow command) error = %#v, want an agents.Refusal with the notice %q, not declined", err, notice)
+	}
 	if elapsed > pollTimeout {
 		t.Errorf("Run(slow command) took %v, want about the 1s timeout", elapsed)
 	}

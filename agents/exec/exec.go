@@ -360,7 +360,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			if out := a.redact.tail(stdoutTail); out != "" {
 				log.Debug("exec agent stdout before its timeout", "stdout", out)
 			}
-			return unseenOnly(unseen), fmt.Errorf("%w: run %s: no reply within %v (agent.exec.timeout)", ErrTimeout, name, a.timeout)
+			return unseenOnly(unseen), agents.TimedOut(a.timeout, fmt.Errorf("%w: run %s: no reply within %v (agent.exec.timeout)", ErrTimeout, name, a.timeout))
 		}
 		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, runCtx.Err())
 	}

@@ -306,7 +306,7 @@ func (a *Agent) backoff(attempt int) time.Duration {
 // timeout it outlived (the log line then says which setting to look at).
 func (a *Agent) ctxErr(ctx context.Context) error {
 	if cause := context.Cause(ctx); errors.Is(cause, ErrTimeout) {
-		return fmt.Errorf("%w: no reply within %v (agent.openai.timeout)", ErrTimeout, a.timeout)
+		return agents.TimedOut(a.timeout, fmt.Errorf("%w: no reply within %v (agent.openai.timeout)", ErrTimeout, a.timeout))
 	}
 	return fmt.Errorf("openai agent: run: %w", ctx.Err())
 }

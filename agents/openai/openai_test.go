@@ -763,6 +763,10 @@ func TestTimeoutBoundsTheTurn(t *testing.T) {
 	if !errors.Is(err, openai.ErrTimeout) || err.Error() != "openai agent: timed out: no reply within 50ms (agent.openai.timeout)" {
 		t.Errorf("Run error = %v, want ErrTimeout that names the timeout", err)
 	}
+	// The user is told it timed out, not to try again (which would most likely time out too).
+	if ref, ok := errors.AsType[*agents.Refusal](err); !ok || ref.Notice != "it took longer than its time limit (50ms) and was stopped" {
+		t.Errorf("Run error = %#v, want an agents.Refusal that says it took longer than its time limit", err)
+	}
 }
 
 // TestSteering: a message steered in while the model works joins the next call, after the
