@@ -10,9 +10,9 @@ package agents
 import (
 	"context"
 	"errors"
-	"strings"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 )
 
@@ -108,19 +108,7 @@ func (r *Refusal) Unwrap() error { return r.Err }
 // user so. Before, the user was asked to try again, which a retry of the same message would
 // most likely answer with the same timeout (a new operator's review).
 func TimedOut(limit time.Duration, err error) error {
-	return &Refusal{Notice: "it took longer than its time limit (" + shortDuration(limit) + ") and was stopped", Err: err}
-}
-
-// shortDuration writes d as the configuration does: 10m, 90s, 2h rather than 10m0s.
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
+	return &Refusal{Notice: "it took longer than its time limit (" + config.ShortDuration(limit) + ") and was stopped", Err: err}
 }
 
 // Agent runs one turn. Run blocks until the turn ends or ctx is cancelled. Next to an error,

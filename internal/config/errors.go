@@ -82,14 +82,14 @@ func formatValue(v any) string {
 		}
 		return "[" + strings.Join(q, ", ") + "]"
 	case time.Duration:
-		return shortDuration(v)
+		return ShortDuration(v)
 	default:
 		return fmt.Sprint(v)
 	}
 }
 
-// shortDuration writes d as a config file would: 24h, 1m, 90s rather than 24h0m0s.
-func shortDuration(d time.Duration) string {
+// ShortDuration writes d as a config file would: 24h, 1m, 90s rather than 24h0m0s.
+func ShortDuration(d time.Duration) string {
 	s := d.String()
 	if strings.HasSuffix(s, "m0s") {
 		s = strings.TrimSuffix(s, "0s")

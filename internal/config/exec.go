@@ -22,8 +22,8 @@ func (c *Config) ExecAdvice() []error {
 		return nil
 	}
 	return []error{&FieldError{Field: "agent.exec.kill_grace", Value: g, Err: errors.New("not shorter than the " +
-		shortDuration(StopMargin) + " a stop gives the commands it cancels: at a stop, a command still running at " +
-		"shutdown.drain_timeout gets SIGTERM, then SIGKILL with what it started at most " + shortDuration(StopMargin) +
+		ShortDuration(StopMargin) + " a stop gives the commands it cancels: at a stop, a command still running at " +
+		"shutdown.drain_timeout gets SIGTERM, then SIGKILL with what it started at most " + ShortDuration(StopMargin) +
 		" later, not after kill_grace (outside a stop kill_grace holds, and an interrupted command that ignores SIGTERM " +
 		"holds its chat's next turn for up to twice kill_grace)")}}
 }

@@ -421,7 +421,7 @@ func atMost[T int | time.Duration](v *validator, field string, got, highest T, w
 	}
 	bound := fmt.Sprint(highest)
 	if d, ok := any(highest).(time.Duration); ok {
-		bound = shortDuration(d)
+		bound = ShortDuration(d)
 	}
 	v.add(field, got, "must be at most "+bound+" ("+why+")")
 }
@@ -440,7 +440,7 @@ func atLeast[T int | time.Duration](v *validator, field string, got, lowest T) {
 	case lowest == 1 && isDuration:
 		reason = "must be positive"
 	case isDuration:
-		reason = "must be at least " + shortDuration(time.Duration(lowest))
+		reason = "must be at least " + ShortDuration(time.Duration(lowest))
 	default:
 		reason = fmt.Sprintf("must be at least %d", lowest)
 	}
