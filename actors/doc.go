@@ -14,7 +14,8 @@
 //     RequeueMessage, Withdraw
 //     (protobuf, messages.proto), TurnFinished, turnPanicked and slotTaken from its Turn,
 //     persistence.WriteResult, idleCheck from the manager's idle sweep (passivation),
-//     leaving when its member leaves the cluster, and probationGranted and probationLost from
+//     leaving when its member leaves the cluster, draining when the manager is asked to drain
+//     (a held turn result is tried again at once), and probationGranted and probationLost from
 //     Probation.
 //     Acknowledges a message only once it is durable.
 //   - Probation (top level, "probation"; a single daemon's only): askProbation and endProbation

@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"context"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -96,4 +98,67 @@ func countOf(ss []string, s string) int {
 		}
 	}
 	return n
+}
+
+// TestDrainRetriesAHeldResultEachSecond: a stopping daemon writes again the turn result it
+// holds at once as its drain begins, and then each heldRetry, so that its drain ends within a
+// second of the store taking writes again. Before its stop, the retries back off (1 s doubling
+// to maxHeldRetry): a store that stays down is not tried each second. Before, the drain kept the
+// backoff: a result refused for 15 s was next tried 10 s later, and the drain, with it the
+// stop, ended up to 10 s after the store was back (a cluster soak: 7.8 s after PostgreSQL
+// took writes again), while a service manager's stop timeout ran.
+func TestDrainRetriesAHeldResultEachSecond(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		tries := &resultTries{result: resultOf("m1")}
+		agent, ran := countingEcho()
+		w := newManagerWorldWrites(t, fillsFirst(out, agent), nil, func(s persistence.Store) persistence.Store {
+			out.Store = s
+			tries.Store = out
+			return tries
+		})
+		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		synctest.Wait()
+		time.Sleep(16 * time.Second) // tries at 0, 1, 3, 7 and 15 s; the next at 25 s
+		synctest.Wait()
+		if got := tries.n.Load(); got != 5 {
+			t.Fatalf("the store was asked to take the held result %d times in 16 s, want 5 (1 s doubling)", got)
+		}
+
+		w.d.Stopping.Store(true) // as Daemon.Stop does before it asks the drain
+		drained := w.drain()
+		time.Sleep(2500 * time.Millisecond) // tries at 16, 17 and 18 s, refused
+		synctest.Wait()
+		if answered(drained) {
+			t.Fatal("the drain ended while the store refused the held result")
+		}
+		out.Down.Store(false)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if !answered(drained) {
+			t.Errorf("the drain had not ended 1 s after the store took writes again (the held result tried %d times)", tries.n.Load())
+		}
+		if len(w.sent) != 1 || (<-w.sent).Out.Text != "echo: one" {
+			t.Errorf("the platform was sent %d replies, want m1's", len(w.sent))
+		}
+		if n := ran("m1"); n != 1 {
+			t.Errorf("the agent ran m1 %d times, want once", n)
+		}
+	})
+}
+
+// resultTries counts the commits that hold a write result picks.
+type resultTries struct {
+	persistence.Store
+	result func(persistence.Op) bool
+	n      atomic.Int32
+}
+
+func (r *resultTries) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	if slices.ContainsFunc(groups, func(g []persistence.Op) bool { return slices.ContainsFunc(g, r.result) }) {
+		r.n.Add(1)
+	}
+	return r.Store.Commit(ctx, groups)
 }

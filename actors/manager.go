@@ -417,6 +417,11 @@ func (m *SessionManager) Receive(c actor.Context) {
 		m.onTerminated(c, msg)
 	case *Drain:
 		m.kept.drains = append(m.kept.drains, c.Sender())
+		for key := range m.busy {
+			if pid := m.sessions[key]; pid != nil {
+				c.Send(pid, &draining{}) // a held result is tried again now (drainingNow)
+			}
+		}
 		m.answerDrains(c)
 	case *Peek:
 		if pid := m.sessions[msg.Key]; pid != nil && !m.closing { // a session stopped with the manager answers nothing

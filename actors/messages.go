@@ -105,6 +105,10 @@ type roomDeclined struct {
 // hands its key on once no turn of it runs and no write of it is in flight.
 type leaving struct{}
 
+// draining tells a busy session that the daemon drains (Drain): a turn result it holds for the
+// store is written again at once, not at the end of its backoff (drainingNow).
+type draining struct{}
+
 // idleCheck asks a session to passivate if it has been idle for PassivateAfter (from the
 // manager's idle sweep), or, with makeRoom, if it has nothing in hand however recently it was
 // used (from the manager, to keep the sessions in memory within MaxInMemory: makeRoom).

@@ -14,8 +14,9 @@ import (
 
 // Held results. A finished turn's result that the store refuses as unavailable (the database
 // and the spool both failing: a full or read-only disk) is not given up: the session holds it
-// and writes it again, 1 s after the refusal, doubling to maxHeldRetry, until the store takes
-// it; then it sends the reply, as it would have. Before, the session started again from the
+// and writes it again, 1 s after the refusal, doubling to maxHeldRetry (each second while the
+// daemon stops, and at once when its drain begins: heldWait), until the store takes it; then it
+// sends the reply, as it would have. Before, the session started again from the
 // store, where the message was still pending, and ran the agent again each time the store
 // refused its result: 7 runs a message on a disk full for a minute, each one's tools acting
 // on the world again (TestRefusedTurnResultIsKeptNotRunAgain).
@@ -84,6 +85,36 @@ const (
 	heldRetry    = time.Second
 	maxHeldRetry = 10 * time.Second
 )
+
+// heldWait is the pause before the held result, refused refused times in a row, is written
+// again (heldRetry doubling to maxHeldRetry), and heldRetry at most once the daemon stops: its
+// drain waits for the result, within a deadline a service manager's stop timeout bounds, and
+// the store gives no sign that it takes writes again but a write it takes (a lost PostgreSQL
+// daemon lock, taken again, is the store's own affair). Before, a drain waited out the
+// backoff: a result refused for 15 s was next tried 10 s later, and the stop ended up to that
+// long after the store was back (a cluster soak: 7.8 s after PostgreSQL took writes again, on
+// the 8th try). A try each second while the daemon stops costs one write per session that
+// holds a result, and only until the drain's deadline.
+func (s *Session) heldWait(refused int) time.Duration {
+	if s.d.Stopping.Load() {
+		return heldRetry
+	}
+	return min(heldRetry<<min(max(refused-1, 0), 6), maxHeldRetry)
+}
+
+// drainingNow writes the held result again at once as the daemon's drain begins (draining), and
+// the pause before each next try is heldRetry from now on (heldWait): the drain need not wait
+// out the rest of a pause of up to maxHeldRetry taken before the stop
+// (TestDrainRetriesAHeldResultEachSecond). A result in flight gets its answer; refused, it is
+// tried again after heldRetry.
+func (s *Session) drainingNow(c actor.Context) {
+	h := s.held()
+	if h == nil || h.retry == nil {
+		return // none held, or the result is in flight and no tick armed: its refusal arms one
+	}
+	h.retry()
+	s.onHeldTick(c)
+}
 
 // errHandedOver answers the writes a session held behind a refused turn result when it hands
 // over before they were sent (dropHeld): as refused because another activation owns the key,
@@ -158,8 +189,7 @@ func (s *Session) holdResult(c actor.Context, w *pendingWrite, err error) bool {
 	}
 	s.refuseBehind(c, err)
 	if h.retry == nil {
-		wait := min(heldRetry<<min(max(h.refused-1, 0), 6), maxHeldRetry)
-		h.retry = s.timers(c).SendOnce(wait, c.Self(), &heldTick{})
+		h.retry = s.timers(c).SendOnce(s.heldWait(h.refused), c.Self(), &heldTick{})
 	}
 	return true
 }
