@@ -180,3 +180,49 @@ func TestClaimCountsNoDeathOfAMemberThatStoppedItself(t *testing.T) {
 		t.Errorf("claim of the key of another cluster's member: %s, want d-m1 counted (1 attempt)", counted(c))
 	}
 }
+
+// TestLostLockIsTakenAgainWithinASecond: a store that lost its daemon lock in an outage (here
+// its Ping found the lock's connection ended while the database refused connections) takes it
+// again within about a second of the database answering, and its writes are taken from then
+// on, whatever its lock check's interval (an hour here). Before, the lock was tried again only
+// at the next lock check (5 s by default), and every write was refused until then: a cluster
+// soak's stopping member waited about 4 s after PostgreSQL was back before the turn results it
+// held could be written.
+func TestLostLockIsTakenAgainWithinASecond(t *testing.T) {
+	for name, opts := range map[string]Options{
+		"exclusive": {Exclusive: true, LockCheckInterval: time.Hour},
+		"shared":    {Shared: true, LockCheckInterval: time.Hour},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dsn := pgtest.NewDatabase(t)
+			ctx := context.Background()
+			s, err := Open(ctx, dsn, opts)
+			if err != nil {
+				t.Fatalf("Open: %v", err)
+			}
+			defer s.Close()
+			restore := pgtest.Cut(t, dsn)
+			if err := s.Ping(ctx); err == nil {
+				t.Fatal("Ping with the database cut = nil, want an error")
+			}
+			if !s.lockGone() {
+				t.Fatal("the store still holds its lock with the database cut: the test does not test")
+			}
+			restore()
+			back := time.Now()
+			for n := 0; ; n++ {
+				errs := s.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s1", "k1")}}})
+				if errs[0] == nil {
+					break
+				}
+				if took := time.Since(back); took > 3*time.Second {
+					t.Fatalf("commit %v after the database was back: %v, want it taken within about a second", took.Round(time.Millisecond), errs[0])
+				}
+				time.Sleep(50 * time.Millisecond) // a real server: poll under a deadline
+			}
+			if _, err := s.Session(ctx, "s1"); err != nil {
+				t.Errorf("Session(s1) after its commit was taken: %v", err)
+			}
+		})
+	}
+}

@@ -53,7 +53,8 @@ type Options struct {
 	// LockCheckInterval is how often an exclusive store checks that it still holds its lock
 	// (and takes it again when its connection was lost). Zero means five seconds. Between two
 	// checks the store's commits are fenced by the lock's epoch: once another daemon has
-	// taken the lock, none of them commits.
+	// taken the lock, none of them commits. A lock found lost is tried again each second (or
+	// each interval, if shorter), so that writes resume soon after the database does.
 	LockCheckInterval time.Duration
 }
 
@@ -253,20 +254,45 @@ func endSilentTransactions(cfg *pgx.ConnConfig, timeout time.Duration) {
 }
 
 // watchLock checks the daemon lock every interval until the store closes, so that a lost lock
-// stops the writes (lockHeld) without waiting for a readiness probe.
+// stops the writes (lockHeld) without waiting for a readiness probe, and once it is lost (by
+// this check or Ping's) tries to take it again every lockRetakeEvery.
 func (s *Store) watchLock(every time.Duration) {
-	t := time.NewTicker(every)
+	tick := min(every, lockRetakeEvery)
+	t := time.NewTicker(tick)
 	defer t.Stop()
+	var waited time.Duration
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), every)
-			_ = s.checkLock(ctx) // logged by checkLock
-			cancel()
 		}
+		if waited += tick; waited < every && !s.lockGone() {
+			continue
+		}
+		waited = 0
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		_ = s.checkLock(ctx) // logged by checkLock
+		cancel()
 	}
+}
+
+// lockRetakeEvery is how often a store that lost its daemon lock tries to take it again
+// (watchLock). Until it has, every write is refused, a cluster member's outright and a single
+// daemon's into its spool, however long the database has answered again: a server restarted,
+// or every connection of the store ended, takes the lock's connection with it. Before, the
+// lock was tried again only at the lock check (LockCheckInterval, 5 s), and writes were
+// refused for up to that long after the database was back: a cluster soak's stopping member
+// waited about 4 s for it to write the turn results it held, on top of their retry's pause. A
+// try is one connection and a lock that is not waited for (checkLock), once a second only
+// while the lock is lost.
+const lockRetakeEvery = time.Second
+
+// lockGone reports whether the store has lost its daemon lock and not taken it again.
+func (s *Store) lockGone() bool {
+	s.lockMu.Lock()
+	defer s.lockMu.Unlock()
+	return s.lockConn == nil
 }
 
 // daemonLock is the advisory lock class an exclusive store holds, and every cluster member
