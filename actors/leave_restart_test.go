@@ -19,30 +19,7 @@ import (
 // and for the recovery of the key's owner then.
 func TestManagerRestartedWhileItsMemberLeavesHandsOnItsStoppedKeys(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		agent := &slowToEnd{ending: 3 * time.Second}
-		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
-		sink, forwarded := w.forwardSink()
-		var boom atomic.Bool
-		successor := func(key string) *actor.PID {
-			if key == "other-key" && boom.CompareAndSwap(true, false) {
-				panic("the successor's lookup fails")
-			}
-			return sink
-		}
-		if res := w.deliver(t, "m1", "first"); res.Disposition != "started" {
-			t.Fatalf("m1: %+v", res)
-		}
-		synctest.Wait()
-		w.system.Root.Send(w.manager, &Leave{Successor: successor})
-		drained := w.drain()
-		synctest.Wait()
-
-		boom.Store(true) // the manager restarts: another key's recovery meets a failing lookup
-		w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
-		synctest.Wait()
-		if boom.Load() {
-			t.Fatal("the manager did not restart")
-		}
+		agent, w, forwarded, drained := restartedWhileLeaving(t)
 		if n := recoversOf(forwarded, w.key); n != 0 {
 			t.Errorf("the key was handed on %d times while m1's cancelled call had yet to return, want none yet", n)
 		}
@@ -79,30 +56,7 @@ func TestManagerRestartedWhileItsMemberLeavesHandsOnItsStoppedKeys(t *testing.T)
 // for the cancelled calls held back only the Recover.
 func TestManagerRestartedWhileItsMemberLeavesHoldsItsStoppedKeysMessages(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		agent := &slowToEnd{ending: 3 * time.Second}
-		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
-		sink, forwarded := w.forwardSink()
-		var boom atomic.Bool
-		successor := func(key string) *actor.PID {
-			if key == "other-key" && boom.CompareAndSwap(true, false) {
-				panic("the successor's lookup fails")
-			}
-			return sink
-		}
-		if res := w.deliver(t, "m1", "first"); res.Disposition != "started" {
-			t.Fatalf("m1: %+v", res)
-		}
-		synctest.Wait()
-		w.system.Root.Send(w.manager, &Leave{Successor: successor})
-		drained := w.drain()
-		synctest.Wait()
-
-		boom.Store(true) // the manager restarts
-		w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
-		synctest.Wait()
-		if boom.Load() {
-			t.Fatal("the manager did not restart")
-		}
+		agent, w, forwarded, drained := restartedWhileLeaving(t)
 		w.request("m2", "second")
 		synctest.Wait()
 		for len(forwarded) > 0 {
@@ -138,4 +92,37 @@ func TestManagerRestartedWhileItsMemberLeavesHoldsItsStoppedKeysMessages(t *test
 			t.Errorf("agent calls %q, want %q (m1 runs again at the successor only)", got, want)
 		}
 	})
+}
+
+// restartedWhileLeaving opens the tests of a leaving member's restarted manager: m1's turn runs
+// on a member leaving to a sink successor, the daemon's drain is asked, and the manager
+// restarts (another key's recovery meets a failing successor lookup) while m1's cancelled agent
+// call takes 3 s to return.
+func restartedWhileLeaving(t *testing.T) (*slowToEnd, *managerWorld, chan *Forward, <-chan struct{}) {
+	t.Helper()
+	agent := &slowToEnd{ending: 3 * time.Second}
+	w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+	sink, forwarded := w.forwardSink()
+	var boom atomic.Bool
+	successor := func(key string) *actor.PID {
+		if key == "other-key" && boom.CompareAndSwap(true, false) {
+			panic("the successor's lookup fails")
+		}
+		return sink
+	}
+	if res := w.deliver(t, "m1", "first"); res.Disposition != "started" {
+		t.Fatalf("m1: %+v", res)
+	}
+	synctest.Wait()
+	w.system.Root.Send(w.manager, &Leave{Successor: successor})
+	drained := w.drain()
+	synctest.Wait()
+
+	boom.Store(true) // the manager restarts
+	w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
+	synctest.Wait()
+	if boom.Load() {
+		t.Fatal("the manager did not restart")
+	}
+	return agent, w, forwarded, drained
 }
