@@ -1402,3 +1402,50 @@ func TestSecretEnv(t *testing.T) {
 		t.Errorf("on PostgreSQL: %s, want [BEARER DISCORD_TOKEN OPENAI_API_KEY PGPASSWORD] (the database password the daemon reads)", got)
 	}
 }
+
+// TestCountWrittenAsDurationNamesItsUnitOnlyWhereTheKeyDoes: a count written as a duration is
+// told that the key's name says its unit only of a key whose name does (idle_minutes,
+// thread_archive_minutes, at_hour), with the value in that unit; any other count
+// (history_limit: 5m, max_connections: 1m as a million) is told it must be an integer. Before,
+// every integer key was told "the key's name says its unit (idle_minutes: 30)", of
+// history_limit or max_connections too, whose names name no unit (a review).
+func TestCountWrittenAsDurationNamesItsUnitOnlyWhereTheKeyDoes(t *testing.T) {
+	tests := []struct {
+		name, file string
+		environ    []string
+		want       string
+	}{
+		{name: "minutes", environ: []string{"AGENTGATE_SESSIONS_RESET_IDLE_MINUTES=2h"},
+			want: `AGENTGATE_SESSIONS_RESET_IDLE_MINUTES: "2h": must be an integer, not a duration: the key's name says its unit (idle_minutes: 120)`},
+		{name: "minutes in a map", environ: []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE={dm: {idle_minutes: 1h}}"},
+			want: `dm.idle_minutes: "1h": must be an integer, not a duration: the key's name says its unit (idle_minutes: 60)`},
+		{name: "minutes not whole", file: "platforms: {discord: {thread_archive_minutes: 90s}}\n",
+			want: `platforms.discord.thread_archive_minutes: "90s": must be an integer, not a duration: the key's name says its unit (thread_archive_minutes: a whole number of minutes)`},
+		{name: "hour", file: "sessions: {reset: {at_hour: 4h}}\n",
+			want: `sessions.reset.at_hour: "4h": must be an integer, not a duration: the key's name says its unit (at_hour: 4)`},
+		{name: "a count of messages", environ: []string{"AGENTGATE_SESSIONS_HISTORY_LIMIT=5m"},
+			want: `AGENTGATE_SESSIONS_HISTORY_LIMIT: "5m": must be an integer`},
+		{name: "a count of connections", file: "http: {max_connections: 1m}\n",
+			want: `http.max_connections: "1m": must be an integer`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := ""
+			if tt.file != "" {
+				path = MustWriteConfig(t, tt.file)
+			}
+			_, err := Load(path, tt.environ, nil)
+			ps := problems(err)
+			if len(ps) != 1 {
+				t.Fatalf("Load gave %d problems, want 1:\n%v", len(ps), err)
+			}
+			got := ps[0].Error()
+			if !strings.Contains(got, tt.want) {
+				t.Errorf("problem = %q, want it to contain %q", got, tt.want)
+			}
+			if !strings.Contains(tt.want, "unit") && strings.Contains(got, "unit") {
+				t.Errorf("problem = %q: says the key's name gives a unit, which it does not", got)
+			}
+		})
+	}
+}

@@ -586,7 +586,7 @@ func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag, lines map[
 		return
 	}
 	if isInteger(t) && n.Kind == yaml.ScalarNode && n.ShortTag() == "!!float" {
-		*out = append(*out, diag{n.Line, &FieldError{Field: path, Value: n.Value, Err: mismatch(t, n.Value)}})
+		*out = append(*out, diag{n.Line, &FieldError{Field: path, Value: n.Value, Err: mismatch(path, t, n.Value)}})
 		return
 	}
 	if lines != nil && n.Kind == yaml.SequenceNode {
@@ -600,7 +600,7 @@ func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag, lines map[
 	}
 	fe := &FieldError{Field: path, Err: typeMismatch(t)}
 	if n.Kind == yaml.ScalarNode {
-		fe.Value, fe.Err = n.Value, mismatch(t, n.Value)
+		fe.Value, fe.Err = n.Value, mismatch(path, t, n.Value)
 	}
 	var te *yaml.TypeError
 	if !errors.As(err, &te) {
@@ -716,9 +716,9 @@ var (
 	daysRE   = regexp.MustCompile(`^[0-9]{1,9}d$`)
 )
 
-// mismatch is typeMismatch for the value written for a key of type t: a duration written as a
-// bare number (member_ttl: 30, as a count of seconds) is told its unit.
-func mismatch(t reflect.Type, value string) error {
+// mismatch is typeMismatch for the value written for the key at path, of type t: a duration
+// written as a bare number (member_ttl: 30, as a count of seconds) is told its unit.
+func mismatch(path string, t reflect.Type, value string) error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -729,9 +729,17 @@ func mismatch(t reflect.Type, value string) error {
 		// retention: 90d, as other tools write it: Go's durations stop at hours.
 		days, _ := strconv.Atoi(strings.TrimSuffix(value, "d"))
 		return fmt.Errorf("must be a duration in h, m or s, which has no d: %dh for %s", days*24, value)
-	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64 && isDuration(value):
-		// idle_minutes: 30m, thread_archive_minutes: 1h: the unit is in the key's name.
-		return errors.New("must be an integer, not a duration: the key's name says its unit (idle_minutes: 30)")
+	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64 && isDuration(value) && unitOfKey(path) != 0:
+		// idle_minutes: 30m, thread_archive_minutes: 1h: the unit is in the key's name. Only
+		// there: history_limit: 5m or max_connections: 1m (a million) names no unit.
+		key := path[strings.LastIndexByte(path, '.')+1:]
+		d, _ := time.ParseDuration(value)
+		unit := unitOfKey(path)
+		example := fmt.Sprintf("%s: %d", key, d/unit)
+		if d%unit != 0 {
+			example = fmt.Sprintf("%s: a whole number of %s", key, unitNames[unit])
+		}
+		return fmt.Errorf("must be an integer, not a duration: the key's name says its unit (%s)", example)
 	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String:
 		// A list's example is the value as a list, when YAML reads that back as the value's
 		// words: allowed_users: 123 was shown the exec agent's [sh, -c, "echo hi"].
@@ -743,6 +751,22 @@ func mismatch(t reflect.Type, value string) error {
 		}
 	}
 	return typeMismatch(t)
+}
+
+// unitNames are the units of time a count's key may name, by the suffix of its name.
+var unitNames = map[time.Duration]string{time.Minute: "minutes", time.Hour: "hours"}
+
+// unitOfKey is the unit of time the name of the key at path says its count is in
+// (idle_minutes, thread_archive_minutes, at_hour), or 0 when it names none.
+func unitOfKey(path string) time.Duration {
+	key := path[strings.LastIndexByte(path, '.')+1:]
+	switch {
+	case strings.HasSuffix(key, "_minutes"):
+		return time.Minute
+	case strings.HasSuffix(key, "_hour"), strings.HasSuffix(key, "_hours"):
+		return time.Hour
+	}
+	return 0
 }
 
 // isDuration reports whether value is a Go duration with its unit (0 alone is not).
@@ -872,7 +896,7 @@ func applyEnv(cfg *Config, vars map[string]string) []error {
 		if !ok {
 			continue
 		}
-		v, err := parseEnvValue(raw, l.typ)
+		v, err := parseEnvValue(l.path, raw, l.typ)
 		if err != nil {
 			errs = append(errs, &FieldError{Field: l.env, Value: raw, Err: err})
 			continue
@@ -882,10 +906,11 @@ func applyEnv(cfg *Config, vars map[string]string) []error {
 	return errs
 }
 
-// parseEnvValue reads raw as a YAML scalar or flow value of type t, as strictly as the file (an
+// parseEnvValue reads raw, the value of the key at path, as a YAML scalar or flow value of type
+// t, as strictly as the file (an
 // unknown key in a mapping is an error). A string is taken verbatim, so that a prompt or DSN
 // holding "#" or ": " survives. Null empties a list or a map, or unsets an optional value.
-func parseEnvValue(raw string, t reflect.Type) (reflect.Value, error) {
+func parseEnvValue(path, raw string, t reflect.Type) (reflect.Value, error) {
 	if t.Kind() == reflect.String {
 		return reflect.ValueOf(raw).Convert(t), nil
 	}
@@ -919,7 +944,7 @@ func parseEnvValue(raw string, t reflect.Type) (reflect.Value, error) {
 		if len(inner) > 0 {
 			return reflect.Value{}, errors.New(strings.Join(inner, "; "))
 		}
-		return reflect.Value{}, mismatch(t, raw)
+		return reflect.Value{}, mismatch(path, t, raw)
 	}
 	var diags []diag // a float into an integer, anywhere in the value (yaml.v3 truncated it)
 	diagnose(&doc, t, "", &diags, nil)
