@@ -422,8 +422,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // and from the shell to each of its jobs): counted as a second signal, it would cut short the
 // drain it started. Only SIGINT and SIGTERM exit at once. When the daemon began the stop itself
 // (signalled false: a cluster member that lost its membership, a top-level actor stopped), the
-// first SIGINT or SIGTERM is the first the operator sent: the drain goes on, and the next one
-// exits. Before, it was taken for the second: a service manager's stop or restart of a member
+// first stop signal is the first the operator sent: a SIGINT or SIGTERM lets the drain go on,
+// and the next one exits (after a SIGHUP, the first one does). Before, it was taken for the second: a service manager's stop or restart of a member
 // stopping in a database outage cut its drain at once (exit 2), and the turn results it held
 // for the database were lost and their messages run again (a black-box cluster soak;
 // TestClusterSignalDuringAStopTheMemberBeganDrains).
@@ -432,6 +432,11 @@ func awaitSecondSignal(sigs <-chan os.Signal, signalled bool, log *slog.Logger) 
 		sig := <-sigs
 		switch {
 		case sig == syscall.SIGHUP:
+			// A stop signal all the same, as it is when it begins the stop: in a stop the
+			// daemon began on its own, the SIGINT or SIGTERM after it exits, as this line
+			// says. Before, that one was taken for the first, and only said the drain goes on
+			// (TestAwaitSecondSignal).
+			signalled = true
 			log.Info("hangup received (SIGHUP) during the drain; the drain goes on: a second SIGINT or SIGTERM exits at once",
 				"signal", sig.String())
 		case !signalled:

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"testing/synctest"
+)
+
+// TestAwaitSecondSignal: which stop signal during a drain exits at once, without a cluster.
+// In a stop a signal began, the next SIGINT or SIGTERM does; in one the daemon began on its
+// own (Fatal: a top-level actor stopped, a cluster member that lost its membership), the first
+// one lets the drain go on and only the next one does. A SIGHUP never does (a terminal that
+// drops sends two), but it is a stop signal as it is when it begins the stop: in a stop the
+// daemon began on its own, the SIGINT or SIGTERM after it exits, as its line says ("a second
+// SIGINT or SIGTERM exits at once") and RUNBOOK's row with it. Before, that one was taken for
+// the first stop signal and only told the drain goes on (a review).
+func TestAwaitSecondSignal(t *testing.T) {
+	hup, term, intr := syscall.SIGHUP, syscall.SIGTERM, os.Interrupt
+	tests := []struct {
+		name      string
+		signalled bool
+		sigs      []os.Signal
+		exitAfter int // how many of sigs come before it returns; 0: it does not
+		logs      []string
+	}{
+		{"signalled: the next SIGTERM exits", true, []os.Signal{term}, 1, []string{"second signal; exiting now"}},
+		{"signalled: hangups do not", true, []os.Signal{hup, hup}, 0, []string{"hangup received (SIGHUP) during the drain"}},
+		{"signalled: SIGINT after hangups", true, []os.Signal{hup, hup, intr}, 3, []string{"second signal; exiting now"}},
+		{"on its own: the first SIGTERM does not", false, []os.Signal{term}, 0,
+			[]string{"signal received while the daemon stops on its own; the drain goes on"}},
+		{"on its own: the second SIGTERM exits", false, []os.Signal{term, term}, 2, []string{"second signal; exiting now"}},
+		{"on its own: hangups do not", false, []os.Signal{hup, hup}, 0, []string{"hangup received (SIGHUP) during the drain"}},
+		{"on its own: the SIGTERM after a hangup exits", false, []os.Signal{hup, term}, 2, []string{"second signal; exiting now"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var logs bytes.Buffer
+				log := slog.New(slog.NewTextHandler(&logs, nil))
+				sigs := make(chan os.Signal)
+				returned := make(chan struct{})
+				go func() {
+					defer close(returned)
+					awaitSecondSignal(sigs, tt.signalled, log)
+				}()
+				for i, sig := range tt.sigs {
+					if t.Failed() {
+						break
+					}
+					sigs <- sig
+					synctest.Wait()
+					select {
+					case <-returned:
+						if i+1 != tt.exitAfter {
+							t.Errorf("returned at signal %d (%v) of %v, want at %d (0: never):\n%s", i+1, sig, tt.sigs, tt.exitAfter, logs.String())
+						}
+					default:
+						if i+1 == tt.exitAfter {
+							t.Errorf("did not return at signal %d (%v) of %v:\n%s", i+1, sig, tt.sigs, logs.String())
+						}
+					}
+				}
+				for _, want := range tt.logs {
+					if !strings.Contains(logs.String(), want) {
+						t.Errorf("log = %s\nwant a line with %q", logs.String(), want)
+					}
+				}
+				for { // the bubble ends with the goroutine: SIGTERMs end it
+					select {
+					case sigs <- term:
+					case <-returned:
+						return
+					}
+				}
+			})
+		})
+	}
+}
