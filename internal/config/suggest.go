@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -76,9 +77,22 @@ var scalarKeys = map[string]string{"http": "addr", "log": "level", "agent": "bac
 // only that http must be a mapping of keys (a new operator's review).
 func notMapping(path string, n *yaml.Node) error {
 	if key, ok := scalarKeys[path]; ok && n.Kind == yaml.ScalarNode && n.Value != "" && !strings.ContainsAny(n.Value, "\n{}") {
-		return fmt.Errorf("must be a mapping of keys (did you mean %s: {%s: %s}?)", path, key, n.Value)
+		return fmt.Errorf("must be a mapping of keys (did you mean %s: {%s: %s}?)", path, key, flowValue(key, n.Value))
 	}
 	return errors.New("must be a mapping of keys")
+}
+
+// flowValue is v as the value of key in a flow mapping ({key: v}): as it is when YAML reads it
+// back so, else double-quoted. Before, it was written as it came, and the hint of http: :8081
+// was http: {addr: :8081}, which YAML refuses (a flow mapping's value cannot begin with ":"),
+// and that of log: "debug, json" log: {level: debug, json}, which sets another key
+// (TestSectionWrittenAsOneValueIsToldYAMLThatParses).
+func flowValue(key, v string) string {
+	var m map[string]string
+	if yaml.Unmarshal([]byte("{"+key+": "+v+"}"), &m) == nil && len(m) == 1 && m[key] == v {
+		return v
+	}
+	return strconv.Quote(v) // a Go string's escapes are YAML's double-quoted ones
 }
 
 // nestedKey finds the key of a section of t that key names with its section's name before it,

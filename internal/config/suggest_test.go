@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // mustProblemTexts returns the text of each problem Load finds in a file holding yaml (its
@@ -120,5 +122,46 @@ func TestEditDistance(t *testing.T) {
 		if got := editDistance(tt.a, tt.b); got != tt.want {
 			t.Errorf("editDistance(%q, %q) = %d, want %d", tt.a, tt.b, got, tt.want)
 		}
+	}
+}
+
+// TestSectionWrittenAsOneValueIsToldYAMLThatParses: the hint given to a section written as one
+// value (http: :8081) is YAML that, copied into the file, sets the key it names to that value.
+// Before, the value was written in the flow mapping as it came: http: {addr: :8081}, which
+// YAML refuses ("did not find expected node content"), and log: {level: debug, json}, which
+// sets another key.
+func TestSectionWrittenAsOneValueIsToldYAMLThatParses(t *testing.T) {
+	tests := []struct {
+		name, section, key, value string
+	}{
+		{"a host and port", "http", "addr", "127.0.0.1:8081"},
+		{"a port alone, as Go's listeners take it", "http", "addr", ":8081"},
+		{"a comma", "log", "level", "debug, json"},
+		{"a comment sign", "log", "level", "debug # loud"},
+		{"an alias sign", "http", "addr", "*:8081"},
+		{"a tag sign", "agent", "backend", "!exec"},
+		{"quotes", "agent", "backend", `it's "exec"`},
+		{"a word", "agent", "backend", "exec"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			line, err := yaml.Marshal(map[string]string{tt.section: tt.value}) // the value as a file can hold it
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := mustProblemTexts(t, string(line), nil)
+			_, hint, ok := strings.Cut(strings.Join(got, "\n"), "(did you mean ")
+			hint, _, _ = strings.Cut(hint, "?)")
+			if !ok {
+				t.Fatalf("%s problems = %q, want a hint", strings.TrimSpace(string(line)), got)
+			}
+			var parsed map[string]map[string]string
+			if err := yaml.Unmarshal([]byte(hint), &parsed); err != nil {
+				t.Fatalf("%s hint %q: not valid YAML: %v", strings.TrimSpace(string(line)), hint, err)
+			}
+			if v, ok := parsed[tt.section][tt.key]; !ok || len(parsed[tt.section]) != 1 || v != tt.value {
+				t.Errorf("%s hint %q = %v, want %s.%s %q alone", strings.TrimSpace(string(line)), hint, parsed, tt.section, tt.key, tt.value)
+			}
+		})
 	}
 }
