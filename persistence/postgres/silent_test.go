@@ -289,3 +289,80 @@ func TestPingWhoseCallerGaveUpKeepsTheLock(t *testing.T) {
 		t.Errorf("a commit after a ping whose caller had gone: %v", errs[0])
 	}
 }
+
+// TestCloseEndsALockRetakeTheServerDoesNotAnswer: a store whose lost daemon lock is being
+// taken again (watchLock) over a network that drops everything (a partition: no RST) closes at
+// once; the retake's connection is given up. Before, Close waited for it: up to the lock
+// check's interval (5 s by default, an hour here), at the end of a daemon's stop in the
+// outage, and a retake runs each second while the lock is lost.
+func TestCloseEndsALockRetakeTheServerDoesNotAnswer(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	s, err := Open(context.Background(), dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "pghole")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	hole, err := net.Listen("unix", filepath.Join(dir, fmt.Sprintf(".s.PGSQL.%d", s.lockCfg.Port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The partition: connections are accepted and never answered, until hangUp.
+	var mu sync.Mutex
+	var conns []net.Conn
+	dialled := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := hole.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			select {
+			case dialled <- struct{}{}:
+			default:
+			}
+		}
+	})
+	hangUp := func() {
+		_ = hole.Close()
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+	defer hangUp()
+	// The lock's connection is lost, and the server is now behind a partition.
+	s.lockMu.Lock()
+	s.unlock()
+	s.lockLost = true
+	s.lockCfg.Host, s.lockCfg.Fallbacks = dir, nil
+	s.lockMu.Unlock()
+	select {
+	case <-dialled: // a retake waits for the server's answer
+	case <-time.After(30 * time.Second):
+		t.Fatal("no retake of the lost lock within 30 s")
+	}
+
+	closed := make(chan struct{})
+	began := time.Now()
+	go func() {
+		_ = s.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		hangUp() // the retake's connection ends: Close goes on
+		t.Errorf("Close has not returned %v after it began, with a retake of the lock waiting for a partitioned server", time.Since(began).Round(time.Millisecond))
+		<-closed
+	}
+}

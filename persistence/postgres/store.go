@@ -81,8 +81,11 @@ type Store struct {
 	connCfg  *pgx.ConnConfig // for connections of their own (Lease)
 	lockConn *pgx.Conn       // holds the advisory lock; nil while lost
 	lockLost bool            // the last check failed (logged once per loss)
-	stop     chan struct{}   // closed by Close: ends the lock watcher
-	watcher  sync.WaitGroup
+	// closing ends as Close begins: it ends the lock watcher, and gives up the check or the
+	// retake of the lock it has in progress (watchLock).
+	closing       context.Context
+	cancelClosing context.CancelFunc
+	watcher       sync.WaitGroup
 	// lockEpoch is the daemon lock's epoch this store raised (exclusive, or the first member
 	// after a single daemon) or read (the other members) when it took the lock (raiseEpoch);
 	// every commit is fenced with it (agentgate_daemon_fence).
@@ -151,8 +154,9 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		// The schema the store keeps to, which its DSN's search_path may name or not.
 		named = strings.TrimSuffix(named, ")") + " schema " + schema + ")"
 	}
-	st := &Store{pool: pool, log: log, where: named, stop: make(chan struct{}), timeout: timeout, connCfg: cfg.ConnConfig.Copy(),
+	st := &Store{pool: pool, log: log, where: named, timeout: timeout, connCfg: cfg.ConnConfig.Copy(),
 		noAnswer: fmt.Errorf("%w: postgres did not answer within %v", persistence.ErrUnavailable, timeout)}
+	st.closing, st.cancelClosing = context.WithCancel(context.Background())
 	if opts.Exclusive || opts.Shared {
 		st.lockCfg, st.shared = cfg.ConnConfig.Copy(), !opts.Exclusive
 		wait := opts.LockWait
@@ -263,7 +267,7 @@ func (s *Store) watchLock(every time.Duration) {
 	var waited time.Duration
 	for {
 		select {
-		case <-s.stop:
+		case <-s.closing.Done():
 			return
 		case <-t.C:
 		}
@@ -271,7 +275,10 @@ func (s *Store) watchLock(every time.Duration) {
 			continue
 		}
 		waited = 0
-		ctx, cancel := context.WithTimeout(context.Background(), every)
+		// Given up as the store closes: a retake's connection to a server behind a partition
+		// (no RST) waits out the whole interval, and Close waited for it at the end of a
+		// daemon's stop (TestCloseEndsALockRetakeTheServerDoesNotAnswer).
+		ctx, cancel := context.WithTimeout(s.closing, every)
 		_ = s.checkLock(ctx) // logged by checkLock
 		cancel()
 	}
@@ -444,8 +451,12 @@ func (s *Store) checkLock(ctx context.Context) error {
 	s.lockMu.Lock()
 	defer s.lockMu.Unlock()
 	if s.lockConn != nil {
-		if err := s.lockConn.Ping(ctx); err == nil {
+		err := s.lockConn.Ping(ctx)
+		if err == nil {
 			return nil
+		}
+		if s.closing.Err() != nil {
+			return fmt.Errorf("check the daemon lock: %w", err) // cut short by Close, which lets go of the lock
 		}
 		s.unlock()
 	}
@@ -561,7 +572,7 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
-	close(s.stop)
+	s.cancelClosing()
 	s.watcher.Wait()
 	s.lockMu.Lock()
 	s.unlock()
