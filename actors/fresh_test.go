@@ -61,28 +61,20 @@ func TestNewInAFreshSessionKeepsIt(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				w := newManagerWorld(t, echo.New(), func(d *Deps) { d.Config.HistoryLimit = tt.historyLimit })
-				command := func(id, text string) (*DeliverResult, string) {
-					t.Helper()
-					r := w.deliver(t, id, text)
-					if r.ErrorCode != "" || r.Disposition != platforms.Command {
-						t.Fatalf("%s: %+v, want a command answered", text, r)
-					}
-					return r, w.noticeFor(t, id)
-				}
 				m1 := w.deliver(t, "m1", "hello")
 				w.awaitTurnEnds(1)
-				n1, answer := command("n1", "/new")
+				n1, answer := w.command(t, "n1", "/new")
 				if n1.SessionId == m1.SessionId || !strings.HasPrefix(answer, "✨ Started a new session ("+n1.SessionId+").") {
 					t.Fatalf("/new after a message: %s, answered %q; want a new session", n1.SessionId, answer)
 				}
-				n2, answer := command("n2", "/new")
+				n2, answer := w.command(t, "n2", "/new")
 				want := "✨ This session (" + n1.SessionId + ") is new already"
 				if n2.SessionId != n1.SessionId || !strings.HasPrefix(answer, want) {
 					t.Errorf("a second /new: session %s, answered %q; want %s kept, answered %q…", n2.SessionId, answer, n1.SessionId, want)
 				}
 				time.Sleep(2 * time.Hour) // the session passivates: the next command loads it from the store
 				synctest.Wait()
-				if n3, answer := command("n3", "/reset"); n3.SessionId != n1.SessionId || !strings.HasPrefix(answer, want) {
+				if n3, answer := w.command(t, "n3", "/reset"); n3.SessionId != n1.SessionId || !strings.HasPrefix(answer, want) {
 					t.Errorf("/reset in the next activation: session %s, answered %q; want %s kept, answered %q…", n3.SessionId, answer, n1.SessionId, want)
 				}
 				if n := w.sessionCount(t); n != 2 {
@@ -92,7 +84,7 @@ func TestNewInAFreshSessionKeepsIt(t *testing.T) {
 					t.Errorf("m2 went to session %s, want the fresh %s", m2.SessionId, n1.SessionId)
 				}
 				w.awaitTurnEnds(1)
-				if n4, answer := command("n4", "/new"); n4.SessionId == n1.SessionId || !strings.HasPrefix(answer, "✨ Started a new session") {
+				if n4, answer := w.command(t, "n4", "/new"); n4.SessionId == n1.SessionId || !strings.HasPrefix(answer, "✨ Started a new session") {
 					t.Errorf("/new after m2: session %s, answered %q; want a new session after %s", n4.SessionId, answer, n1.SessionId)
 				}
 				if s, err := w.store.Session(w.ctx, n1.SessionId); err != nil || s.EndedAt.IsZero() {
@@ -112,29 +104,21 @@ func TestNewInAFreshSessionKeepsIt(t *testing.T) {
 func TestResetsWhileSpoolingKeepTheSessionTheyBegan(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newManagerWorld(t, echo.New(), nil)
-		command := func(id, text string) (*DeliverResult, string) {
-			t.Helper()
-			r := w.deliver(t, id, text)
-			if r.ErrorCode != "" || r.Disposition != platforms.Command {
-				t.Fatalf("%s: %+v, want a command answered", text, r)
-			}
-			return r, w.noticeFor(t, id)
-		}
 		m1 := w.deliver(t, "m1", "hello")
 		w.awaitTurnEnds(1)
 		w.d.Spooling.Store(true) // (the flag alone: fresh reads it; the store still takes the writes)
-		n1, _ := command("n1", "/new")
+		n1, _ := w.command(t, "n1", "/new")
 		if n1.SessionId == m1.SessionId {
 			t.Fatalf("/new after a message stayed in session %s", n1.SessionId)
 		}
 		want := "✨ This session (" + n1.SessionId + ") is new already"
-		if n2, answer := command("n2", "/new"); n2.SessionId != n1.SessionId || !strings.HasPrefix(answer, want) {
+		if n2, answer := w.command(t, "n2", "/new"); n2.SessionId != n1.SessionId || !strings.HasPrefix(answer, want) {
 			t.Errorf("a second /new while spooling: session %s, answered %q; want %s kept, answered %q…", n2.SessionId, answer, n1.SessionId, want)
 		}
 		if got := w.reset(t, &ResetSession{}); got.SessionId != n1.SessionId || !got.Kept {
 			t.Errorf("an operator's reset after them while spooling = %+v, want %s kept", got, n1.SessionId)
 		}
-		command("s1", "/status")
+		w.command(t, "s1", "/status")
 		if got := w.reset(t, &ResetSession{}); got.SessionId != n1.SessionId || !got.Kept {
 			t.Errorf("an operator's reset after /status while spooling = %+v, want %s kept", got, n1.SessionId)
 		}
@@ -142,7 +126,7 @@ func TestResetsWhileSpoolingKeepTheSessionTheyBegan(t *testing.T) {
 			t.Errorf("m2 went to session %s, want the fresh %s", m2.SessionId, n1.SessionId)
 		}
 		w.awaitTurnEnds(1)
-		if n3, answer := command("n3", "/new"); n3.SessionId == n1.SessionId || !strings.HasPrefix(answer, "✨ Started a new session") {
+		if n3, answer := w.command(t, "n3", "/new"); n3.SessionId == n1.SessionId || !strings.HasPrefix(answer, "✨ Started a new session") {
 			t.Errorf("/new after m2 while spooling: session %s, answered %q; want a new session after %s", n3.SessionId, answer, n1.SessionId)
 		}
 		if n := w.sessionCount(t); n != 3 {
@@ -460,4 +444,14 @@ func TestFreshCountsWritesInFlight(t *testing.T) {
 			}
 		})
 	}
+}
+
+// command delivers a command as message id and returns its answer: the result and the notice.
+func (w *managerWorld) command(t *testing.T, id, text string) (*DeliverResult, string) {
+	t.Helper()
+	r := w.deliver(t, id, text)
+	if r.ErrorCode != "" || r.Disposition != platforms.Command {
+		t.Fatalf("%s: %+v, want a command answered", text, r)
+	}
+	return r, w.noticeFor(t, id)
 }
