@@ -2,12 +2,9 @@ package actors
 
 import (
 	"slices"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
-
-	"github.com/asynkron/protoactor-go/actor"
 )
 
 // TestManagerRestartedWhileItsMemberLeavesHandsOnItsStoppedKeys: a leaving member's manager
@@ -95,34 +92,17 @@ func TestManagerRestartedWhileItsMemberLeavesHoldsItsStoppedKeysMessages(t *test
 }
 
 // restartedWhileLeaving opens the tests of a leaving member's restarted manager: m1's turn runs
-// on a member leaving to a sink successor, the daemon's drain is asked, and the manager
-// restarts (another key's recovery meets a failing successor lookup) while m1's cancelled agent
-// call takes 3 s to return.
+// on a member leaving to a sink successor (leaveToASink), the daemon's drain is asked, and the
+// manager restarts while m1's cancelled agent call takes 3 s to return.
 func restartedWhileLeaving(t *testing.T) (*slowToEnd, *managerWorld, chan *Forward, <-chan struct{}) {
 	t.Helper()
 	agent := &slowToEnd{ending: 3 * time.Second}
 	w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
-	sink, forwarded := w.forwardSink()
-	var boom atomic.Bool
-	successor := func(key string) *actor.PID {
-		if key == "other-key" && boom.CompareAndSwap(true, false) {
-			panic("the successor's lookup fails")
-		}
-		return sink
-	}
 	if res := w.deliver(t, "m1", "first"); res.Disposition != "started" {
 		t.Fatalf("m1: %+v", res)
 	}
 	synctest.Wait()
-	w.system.Root.Send(w.manager, &Leave{Successor: successor})
-	drained := w.drain()
-	synctest.Wait()
-
-	boom.Store(true) // the manager restarts
-	w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
-	synctest.Wait()
-	if boom.Load() {
-		t.Fatal("the manager did not restart")
-	}
+	forwarded, drained, restart := w.leaveToASink(t)
+	restart()
 	return agent, w, forwarded, drained
 }

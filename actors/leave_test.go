@@ -796,29 +796,14 @@ func TestManagerRestartedWhileItsMemberLeavesGoesOnLeaving(t *testing.T) {
 		defer close(release)
 		agent, ran := slowUntil(release)
 		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
-		sink, forwarded := w.forwardSink()
-		var boom atomic.Bool
-		successor := func(key string) *actor.PID {
-			if key == "other-key" && boom.CompareAndSwap(true, false) {
-				panic("the successor's lookup fails")
-			}
-			return sink
-		}
 		slow := w.request("m1", "slow")
 		synctest.Wait()
-		w.system.Root.Send(w.manager, &Leave{Successor: successor})
-		drained := w.drain()
-		synctest.Wait()
+		forwarded, drained, restart := w.leaveToASink(t)
 		if answered(drained) {
 			t.Fatal("the drain was answered while a turn ran")
 		}
 
-		boom.Store(true) // the manager restarts: another key's recovery meets a failing lookup
-		w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
-		synctest.Wait()
-		if boom.Load() {
-			t.Fatal("the manager did not restart")
-		}
+		restart()
 		if _, err := slow.Result(); err != nil {
 			t.Fatal(err)
 		}
@@ -848,4 +833,31 @@ func TestManagerRestartedWhileItsMemberLeavesGoesOnLeaving(t *testing.T) {
 		}
 		w.wantPendingAlone(t, "m1")
 	})
+}
+
+// leaveToASink has w's manager leave to a sink successor (its Forwards come on forwarded) and
+// asks the daemon's drain. restart then restarts the manager: another key's recovery meets a
+// failing successor lookup, and the manager panics.
+func (w *managerWorld) leaveToASink(t *testing.T) (forwarded chan *Forward, drained <-chan struct{}, restart func()) {
+	t.Helper()
+	sink, forwarded := w.forwardSink()
+	var boom atomic.Bool
+	successor := func(key string) *actor.PID {
+		if key == "other-key" && boom.CompareAndSwap(true, false) {
+			panic("the successor's lookup fails")
+		}
+		return sink
+	}
+	w.system.Root.Send(w.manager, &Leave{Successor: successor})
+	drained = w.drain()
+	synctest.Wait()
+	return forwarded, drained, func() {
+		t.Helper()
+		boom.Store(true)
+		w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
+		synctest.Wait()
+		if boom.Load() {
+			t.Fatal("the manager did not restart")
+		}
+	}
 }
