@@ -65,18 +65,10 @@ func TestActorLogFloor(t *testing.T) {
 // TestStartLineNamesTheBuild: the daemon's start line names the build that runs (what
 // `agentgate version` prints), so a log read later says which build wrote it.
 func TestStartLineNamesTheBuild(t *testing.T) {
-	var logs testutil.Buffer
-	r := MustStartDaemon(t, echo.New(), daemonOpts{logs: &logs})
-	r.stop(t)
-	for line := range strings.SplitSeq(logs.String(), "\n") {
-		if strings.Contains(line, `msg="agentgate started"`) {
-			if want := fmt.Sprintf("version=%q", buildinfo.Version()); !strings.Contains(line, want) {
-				t.Errorf("start line %q, want it to carry %s", line, want)
-			}
-			return
-		}
+	line := startLine(t)
+	if want := fmt.Sprintf("version=%q", buildinfo.Version()); !strings.Contains(line, want) {
+		t.Errorf("start line %q, want it to carry %s", line, want)
 	}
-	t.Fatalf("no start line in the log:\n%s", logs.String())
 }
 
 // TestStartLineNamesThePlatforms: the start line names the platforms the daemon serves, so
@@ -84,18 +76,25 @@ func TestStartLineNamesTheBuild(t *testing.T) {
 // that it took: before, only a "discord gateway ready" line, once connected, said so, and a
 // Discord left off by a misspelt variable said nothing at all.
 func TestStartLineNamesThePlatforms(t *testing.T) {
+	if line, want := startLine(t), " platforms=fake,http "; !strings.Contains(line, want) {
+		t.Errorf("start line %q, want it to carry %q", line, want)
+	}
+}
+
+// startLine starts a daemon (an echo agent, the fake platform and HTTP), stops it, and returns
+// its start line ("agentgate started").
+func startLine(t *testing.T) string {
+	t.Helper()
 	var logs testutil.Buffer
 	r := MustStartDaemon(t, echo.New(), daemonOpts{logs: &logs})
 	r.stop(t)
 	for line := range strings.SplitSeq(logs.String(), "\n") {
 		if strings.Contains(line, `msg="agentgate started"`) {
-			if want := " platforms=fake,http "; !strings.Contains(line, want) {
-				t.Errorf("start line %q, want it to carry %q", line, want)
-			}
-			return
+			return line
 		}
 	}
 	t.Fatalf("no start line in the log:\n%s", logs.String())
+	return ""
 }
 
 // TestStartLineNamesTheModelEndpoint: with the openai backend, the start line names the model
