@@ -353,7 +353,7 @@ func TestCrashWhileSpoolingRunsAgainOnceLoaded(t *testing.T) {
 		}
 		var deps *Deps
 		w := newManagerWorldWith(t, filepath.Join(dir, "agentgate.db"), agent, func(d *Deps) { deps = d },
-			func(s persistence.Store) persistence.Store { out.Store = s; return out },
+			out.Wrap,
 			func(o *persistence.ActorOptions) {
 				o.Spool, o.Spooling, o.ReplayEvery = sp, &deps.Spooling, time.Second
 			})

@@ -213,7 +213,7 @@ func TestDrainWaitsForAHeldResult(t *testing.T) {
 					if tc.notice {
 						d.Config.Recovery = RecoveryNotice
 					}
-				}, func(s persistence.Store) persistence.Store { out.Store = s; return out })
+				}, out.Wrap)
 				if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
 					t.Fatalf("m1: %+v, want started", r)
 				}

@@ -93,7 +93,7 @@ func TestPausedSessionStartsEarlyOnceTheStoreTakesWrites(t *testing.T) {
 				var refusals persistence.Refusals
 				w := newManagerWorldWith(t, filepath.Join(t.TempDir(), "agentgate.db"), agent,
 					func(d *Deps) { d.Refusals = &refusals; idleReset(d) },
-					func(s persistence.Store) persistence.Store { out.Store = s; return out },
+					out.Wrap,
 					func(o *persistence.ActorOptions) { o.Refusals = &refusals })
 				sid := w.pauseByRefusedResets(t, func(bool) { out.Down.Store(true) })
 				time.Sleep(64 * time.Second) // just after a restart: the next is a minute away

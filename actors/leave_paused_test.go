@@ -9,7 +9,6 @@ import (
 
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/metrics"
-	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/asynkron/protoactor-go/actor"
 )
@@ -28,7 +27,7 @@ func TestLeavingManagersDrainDoesNotWaitOutAPauseOfAKeyNoMemberTakes(t *testing.
 		agent, ran := slowUntil(release)
 		out := &storetest.Outage{}
 		w := newManagerWorldWrites(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true },
-			func(s persistence.Store) persistence.Store { out.Store = s; return out })
+			out.Wrap)
 		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return nil }})
 		if res := w.deliver(t, "m1", "slow"); res.Disposition != "started" {
 			t.Fatalf("m1: %+v, want it run here", res)
@@ -91,7 +90,7 @@ func TestLeaveHandsOnAKeyPausedBeforeIt(t *testing.T) {
 		agent, ran := slowUntil(release)
 		out := &storetest.Outage{}
 		w := newManagerWorldWrites(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true },
-			func(s persistence.Store) persistence.Store { out.Store = s; return out })
+			out.Wrap)
 		sink, forwarded := w.forwardSink()
 		if res := w.deliver(t, "m1", "slow"); res.Disposition != "started" {
 			t.Fatalf("m1: %+v, want it run here", res)
@@ -134,7 +133,7 @@ func TestLeavingMemberHandsOnAPausedKeyThatGainsASuccessor(t *testing.T) {
 		agent, _ := slowUntil(release)
 		out := &storetest.Outage{}
 		w := newManagerWorldWrites(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true },
-			func(s persistence.Store) persistence.Store { out.Store = s; return out })
+			out.Wrap)
 		sink, forwarded := w.forwardSink()
 		var joined atomic.Bool
 		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID {

@@ -350,7 +350,7 @@ func TestLeavingSessionHandsOnAnUnsureMessage(t *testing.T) {
 		out := &storetest.Outage{}
 		blind := &blindReads{}
 		w := newManagerWorldWrites(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true; blind.wrap(d) },
-			func(s persistence.Store) persistence.Store { out.Store = s; return out })
+			out.Wrap)
 		if res := w.deliver(t, "m0", "zero"); res.Disposition != "started" {
 			t.Fatalf("m0: %+v", res)
 		}

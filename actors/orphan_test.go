@@ -98,7 +98,7 @@ func TestCommandWhoseCommitAnswerWasLostIsAnsweredInOrder(t *testing.T) {
 		blind := &blindReads{}
 		w := newManagerWorldWrites(t, agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 			return &agents.Response{Text: "ok"}, nil
-		}), blind.wrap, func(s persistence.Store) persistence.Store { out.Store = s; return out })
+		}), blind.wrap, out.Wrap)
 		w.deliver(t, "m1", "first")
 		w.awaitTurnEnds(1)
 		out.Lost.Store(1)

@@ -275,7 +275,7 @@ func TestRedeliveryDuringAnOutageIsADuplicate(t *testing.T) {
 				}
 				w := newManagerWorldWith(t, filepath.Join(dir, "agentgate.db"), agent,
 					func(d *Deps) { d.Config.PassivateAfter, deps = 10*time.Second, d },
-					func(s persistence.Store) persistence.Store { out.Store = s; return out }, withSpool...)
+					out.Wrap, withSpool...)
 				if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
 					t.Fatalf("m1: %+v, want started", r)
 				}
@@ -338,7 +338,7 @@ func TestRedeliveryAfterAnIdleResetDuringAnOutageIsADuplicate(t *testing.T) {
 					d.Config.ResetFor = func(string, string) ResetPolicy { return p }
 					d.Config.ResetPolicies = []ResetPolicy{p}
 					d.Now = func() time.Time { return base.Add(time.Duration(skew.Load())) }
-				}, func(s persistence.Store) persistence.Store { out.Store = s; return out }, withSpool...)
+				}, out.Wrap, withSpool...)
 				if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
 					t.Fatalf("m1: %+v, want started", r)
 				}

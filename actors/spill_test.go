@@ -327,7 +327,7 @@ func TestSpilledMessagesWaitForTheSpool(t *testing.T) {
 		var deps *Deps
 		w := newManagerWorldWith(t, filepath.Join(dir, "agentgate.db"), a,
 			func(d *Deps) { deps, d.Config.QueueCap = d, 2 },
-			func(s persistence.Store) persistence.Store { out.Store = s; return out },
+			out.Wrap,
 			func(o *persistence.ActorOptions) {
 				o.Spool, o.Spooling, o.ReplayEvery = sp, &deps.Spooling, time.Second
 			})

@@ -18,6 +18,13 @@ type Outage struct {
 	Lost atomic.Int32
 }
 
+// Wrap makes o the outage of s: what a test world's writes take to wrap its store
+// (func(persistence.Store) persistence.Store).
+func (o *Outage) Wrap(s persistence.Store) persistence.Store {
+	o.Store = s
+	return o
+}
+
 // Commit commits through the wrapped store, or fails every group while Down is set; a commit
 // whose answer is lost (Lost) applies and fails every group that applied.
 func (o *Outage) Commit(ctx context.Context, groups [][]persistence.Op) []error {
