@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/agentgate/agentgate/internal/buildinfo"
 	"github.com/agentgate/agentgate/internal/config"
@@ -387,23 +388,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return startError(ctx, cfg, err)
 	}
 	fmt.Fprintf(stdout, "listening on %s\n", d.Addr())
-	var fatal error
-	signalled := false // the stop began with a stop signal, not on its own (fatal, ctx)
-	select {
-	case sig := <-sigs:
-		signalled = true
-		if sig == syscall.SIGHUP {
-			const hangup = "hangup received (SIGHUP); stopping as for SIGTERM: agentgate does not reload its configuration (restart it to apply a change)"
-			log.Info(hangup, "signal", sig.String())
-		}
-		// What a new user at a terminal waits for, and how not to (the stop's own line said only
-		// "draining deadline=30s"); a service manager's SIGTERM reads the same.
-		log.Info("signal received; draining: waiting up to the deadline for the running turns and the messages queued behind them; "+
-			"a second SIGINT or SIGTERM (Ctrl-C again) exits at once", "signal", sig.String(), "deadline", cfg.Shutdown.DrainTimeout)
-	case fatal = <-d.Fatal():
-		log.Info("stopping", "reason", fatal)
-	case <-ctx.Done():
-	}
+	fatal, signalled := awaitStop(ctx, sigs, d.Fatal(), cfg.Shutdown.DrainTimeout, log)
 	go func() {
 		awaitSecondSignal(sigs, signalled, log)
 		d.Abort()
@@ -415,6 +400,37 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	return fatal
+}
+
+// awaitStop waits for what begins the stop: a stop signal (signalled), the daemon's fatal error,
+// or ctx's end. A fatal error that is there with the signal wins (TestAwaitStopFatalWins): a
+// select picks either of two ready cases, and when it took the signal the daemon that had failed
+// exited 0, which a service manager's Restart=on-failure does not restart.
+func awaitStop(ctx context.Context, sigs <-chan os.Signal, fatals <-chan error, drain time.Duration, log *slog.Logger) (fatal error, signalled bool) {
+	select {
+	case sig := <-sigs:
+		signalled = true
+		if sig == syscall.SIGHUP {
+			const hangup = "hangup received (SIGHUP); stopping as for SIGTERM: agentgate does not reload its configuration (restart it to apply a change)"
+			log.Info(hangup, "signal", sig.String())
+		}
+		// What a new user at a terminal waits for, and how not to (the stop's own line said only
+		// "draining deadline=30s"); a service manager's SIGTERM reads the same.
+		log.Info("signal received; draining: waiting up to the deadline for the running turns and the messages queued behind them; "+
+			"a second SIGINT or SIGTERM (Ctrl-C again) exits at once", "signal", sig.String(), "deadline", drain)
+	case fatal = <-fatals:
+	case <-ctx.Done():
+	}
+	if fatal == nil {
+		select {
+		case fatal = <-fatals:
+		default:
+		}
+	}
+	if fatal != nil {
+		log.Info("stopping", "reason", fatal)
+	}
+	return fatal, signalled
 }
 
 // awaitSecondSignal returns once a stop signal comes that is a second one: the drain is cut

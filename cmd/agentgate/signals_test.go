@@ -2,12 +2,15 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"strings"
 	"syscall"
 	"testing"
 	"testing/synctest"
+	"time"
 )
 
 // TestAwaitSecondSignal: which stop signal during a drain exits at once, without a cluster.
@@ -79,4 +82,62 @@ func TestAwaitSecondSignal(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestAwaitStopFatalWins: what begins the stop, and whether serve exits non-zero for it. A
+// fatal error (a top-level actor stopped, a cluster member that lost its membership) that is
+// there with a stop signal wins: serve exits 1, and a service manager restarts the daemon that
+// failed. Before, the select took either, and when it took the signal the daemon exited 0 (a
+// review); both are ready before it runs here, many times over, so that it meets both orders.
+func TestAwaitStopFatalWins(t *testing.T) {
+	lost := errors.New("cluster membership lost")
+	tests := []struct {
+		name          string
+		sig           os.Signal // sent before the wait; nil: none
+		fatal         error     // reported before the wait; nil: none
+		cancelled     bool      // ctx ended before the wait
+		wantFatal     error
+		wantSignalled bool
+	}{
+		{"a signal", syscall.SIGTERM, nil, false, nil, true},
+		{"a fatal error", nil, lost, false, lost, false},
+		{"ctx ended", nil, nil, true, nil, false},
+		{"a fatal error with ctx's end", nil, lost, true, lost, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var logs bytes.Buffer
+			sigs, fatals := make(chan os.Signal, 1), make(chan error, 1)
+			if tt.sig != nil {
+				sigs <- tt.sig
+			}
+			if tt.fatal != nil {
+				fatals <- tt.fatal
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if tt.cancelled {
+				cancel()
+			}
+			fatal, signalled := awaitStop(ctx, sigs, fatals, 30*time.Second, slog.New(slog.NewTextHandler(&logs, nil)))
+			if fatal != tt.wantFatal || signalled != tt.wantSignalled {
+				t.Errorf("awaitStop = %v, signalled %v; want %v, signalled %v\n%s", fatal, signalled, tt.wantFatal, tt.wantSignalled, logs.String())
+			}
+		})
+	}
+	t.Run("a signal and a fatal error at once", func(t *testing.T) {
+		for i := range 200 {
+			var logs bytes.Buffer
+			sigs, fatals := make(chan os.Signal, 1), make(chan error, 1)
+			sigs <- syscall.SIGTERM
+			fatals <- lost
+			fatal, _ := awaitStop(context.Background(), sigs, fatals, 30*time.Second, slog.New(slog.NewTextHandler(&logs, nil)))
+			if fatal != lost {
+				t.Fatalf("try %d: awaitStop = %v, want %v: serve would exit 0 for a daemon that failed\n%s", i+1, fatal, lost, logs.String())
+			}
+			if want := `msg=stopping reason="cluster membership lost"`; !strings.Contains(logs.String(), want) {
+				t.Fatalf("try %d: log = %s\nwant a line with %s", i+1, logs.String(), want)
+			}
+		}
+	})
 }
