@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -389,17 +390,48 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "listening on %s\n", d.Addr())
 	fatal, signalled := awaitStop(ctx, sigs, d.Fatal(), cfg.Shutdown.DrainTimeout, log)
+	var exit exitGate
 	go func() {
-		awaitSecondSignal(sigs, signalled, log)
-		d.Abort()
-		os.Exit(2)
+		if awaitSecondSignal(sigs, signalled, &exit, log) {
+			d.Abort()
+			os.Exit(2)
+		}
 	}()
 	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.Shutdown.DrainTimeout+config.StopMargin)
 	defer cancel()
-	if err := d.Stop(stopCtx); err != nil || fatal == nil {
+	err = d.Stop(stopCtx)
+	exit.end()
+	if err != nil || fatal == nil {
 		return err
 	}
 	return fatal
+}
+
+// exitGate lets the first of a stop's end and its second signal set the exit status. Before,
+// a second signal in the instant between the stop's end and signal.Stop (or one still in the
+// channel's buffer) exited 2 after a stop that had ended cleanly (TestSignalAfterTheStopEnded).
+type exitGate struct {
+	mu    sync.Mutex
+	ended bool
+}
+
+// end says that the stop ended: a signal after it changes the exit status no more. A second
+// signal that came first holds the gate until the process exits (exit), and end waits for it.
+func (g *exitGate) end() {
+	g.mu.Lock()
+	g.ended = true
+	g.mu.Unlock()
+}
+
+// exit reports whether a second signal may exit the process now: false once the stop ended.
+// When true, it keeps the gate locked for good, so that the stop's end cannot return first.
+func (g *exitGate) exit() bool {
+	g.mu.Lock()
+	if g.ended {
+		g.mu.Unlock()
+		return false
+	}
+	return true
 }
 
 // awaitStop waits for what begins the stop: a stop signal (signalled), the daemon's fatal error,
@@ -433,17 +465,18 @@ func awaitStop(ctx context.Context, sigs <-chan os.Signal, fatals <-chan error, 
 	return fatal, signalled
 }
 
-// awaitSecondSignal returns once a stop signal comes that is a second one: the drain is cut
-// short then. A hangup comes twice when a terminal drops (from the kernel to the foreground job
-// and from the shell to each of its jobs): counted as a second signal, it would cut short the
-// drain it started. Only SIGINT and SIGTERM exit at once. When the daemon began the stop itself
+// awaitSecondSignal returns true once a stop signal comes that is a second one: the drain is
+// cut short then (the caller exits 2). It returns false at such a signal that comes once the
+// stop ended (exit's end): the stop's own exit status stands. A hangup comes twice when a
+// terminal drops (from the kernel to the foreground job and from the shell to each of its
+// jobs): counted as a second signal, it would cut short the drain it started. Only SIGINT and SIGTERM exit at once. When the daemon began the stop itself
 // (signalled false: a cluster member that lost its membership, a top-level actor stopped), the
 // first stop signal is the first the operator sent: a SIGINT or SIGTERM lets the drain go on,
 // and the next one exits (after a SIGHUP, the first one does). Before, it was taken for the second: a service manager's stop or restart of a member
 // stopping in a database outage cut its drain at once (exit 2), and the turn results it held
 // for the database were lost and their messages run again (a black-box cluster soak;
 // TestClusterSignalDuringAStopTheMemberBeganDrains).
-func awaitSecondSignal(sigs <-chan os.Signal, signalled bool, log *slog.Logger) {
+func awaitSecondSignal(sigs <-chan os.Signal, signalled bool, exit *exitGate, log *slog.Logger) bool {
 	for {
 		sig := <-sigs
 		switch {
@@ -460,8 +493,11 @@ func awaitSecondSignal(sigs <-chan os.Signal, signalled bool, log *slog.Logger) 
 			log.Info("signal received while the daemon stops on its own; the drain goes on: a second SIGINT or SIGTERM exits at once",
 				"signal", sig.String())
 		default:
+			if !exit.exit() {
+				return false
+			}
 			log.Warn("second signal; exiting now", "signal", sig.String())
-			return
+			return true
 		}
 	}
 }

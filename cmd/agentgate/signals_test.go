@@ -48,7 +48,9 @@ func TestAwaitSecondSignal(t *testing.T) {
 				returned := make(chan struct{})
 				go func() {
 					defer close(returned)
-					awaitSecondSignal(sigs, tt.signalled, log)
+					if !awaitSecondSignal(sigs, tt.signalled, &exitGate{}, log) {
+						t.Errorf("awaitSecondSignal = false before the stop ended, want true (exit)")
+					}
 				}()
 				for i, sig := range tt.sigs {
 					if t.Failed() {
@@ -140,4 +142,44 @@ func TestAwaitStopFatalWins(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestSignalAfterTheStopEnded: a second stop signal that comes once the stop ended (in the
+// instant before serve stops taking signals, or one left in the channel) does not exit 2: the
+// stop's own exit status stands, 0 after a clean stop. Before, it was the "second signal;
+// exiting now" of a drain that was over, and a clean stop exited 2 (a review).
+func TestSignalAfterTheStopEnded(t *testing.T) {
+	hup, term, intr := syscall.SIGHUP, syscall.SIGTERM, os.Interrupt
+	tests := []struct {
+		name      string
+		signalled bool
+		sigs      []os.Signal
+	}{
+		{"signalled: the next SIGTERM", true, []os.Signal{term}},
+		{"signalled: SIGINT after a hangup", true, []os.Signal{hup, intr}},
+		{"on its own: the second SIGTERM", false, []os.Signal{term, term}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var logs bytes.Buffer
+				log := slog.New(slog.NewTextHandler(&logs, nil))
+				sigs := make(chan os.Signal)
+				var exit exitGate
+				exited := make(chan bool, 1)
+				go func() { exited <- awaitSecondSignal(sigs, tt.signalled, &exit, log) }()
+				synctest.Wait() // it waits for a signal, as serve's goroutine does through the stop
+				exit.end()
+				for _, sig := range tt.sigs {
+					sigs <- sig
+				}
+				if got := <-exited; got {
+					t.Errorf("awaitSecondSignal = true after the stop ended, want false: a clean stop would exit 2\n%s", logs.String())
+				}
+				if strings.Contains(logs.String(), "second signal; exiting now") {
+					t.Errorf("log = %s\nwant no \"second signal; exiting now\" after the stop ended", logs.String())
+				}
+			})
+		})
+	}
 }
