@@ -16,10 +16,12 @@ import (
 // twice at once for one message. So the new incarnation holds the keys its restart stopped
 // (keepStopped), as a session waits for the call of a turn it cancelled before it runs the
 // message again (cancelAwaited), until the agent calls in flight have returned or cancelWait
-// has passed (holdStopped), and only then lets them go on (onRestartStopped). The agent calls
-// are counted for the whole member (AgentCalls): another key's turn, started since, holds them
-// up to cancelWait too. What comes for such a key meanwhile is held, in order, as for a session
-// that stops (stopping), and goes on with the key.
+// has passed (holdStopped), and only then lets them go on (onRestartStopped). It waits for the
+// calls in flight as it starts, those of the sessions its restart stopped, and for those alone
+// (AgentCalls.inFlight): another key's turn, begun since, held them, and a single daemon's
+// recovery, until it returned or cancelWait had passed
+// (TestRestartedManagerWaitsOnlyForTheCallsItsRestartCancelled). What comes for such a key
+// meanwhile is held, in order, as for a session that stops (stopping), and goes on with the key.
 //
 // A single daemon then recovers, as its first start does at once (recoverAll), and the held
 // messages join their keys' sessions; before, its start recovered at once
@@ -72,7 +74,7 @@ func (m *SessionManager) keepStopped(restarting bool) {
 
 // holdStopped begins, as a restarted manager starts, the hold of the keys its restart stopped,
 // and reports whether there are any: beside the manager, it waits for the agent calls in flight
-// to return (at most cancelWait) and, in a cluster, lists the keys with work pending (at most
+// now to return (at most cancelWait) and, in a cluster, lists the keys with work pending (at most
 // recoverListTimeout: a leaving member hands those on), and tells the manager (restartStopped).
 // A single daemon lists them as it recovers (recoverAll).
 func (m *SessionManager) holdStopped(c actor.Context) bool {
@@ -85,9 +87,13 @@ func (m *SessionManager) holdStopped(c actor.Context) bool {
 	m.kept.stoppedN++
 	n, self, root, d := m.kept.stoppedN, c.Self(), c.ActorSystem().Root, m.d
 	wait := d.Config.cancelWait()
+	// The calls in flight now, as the new incarnation starts, are those of the sessions its
+	// restart stopped (the old incarnation's children have all stopped, and the new one has
+	// started none): a turn another key begins from here on does not hold these keys.
+	cancelled := d.AgentCalls.inFlight()
 	go func() {
 		ctx, cancel := context.WithTimeout(d.Ctx, wait)
-		_ = d.AgentCalls.Wait(ctx) // past it, the keys go on all the same, as a session's next turn starts
+		_ = cancelled.wait(ctx) // past it, the keys go on all the same, as a session's next turn starts
 		cancel()
 		r := &restartStopped{n: n}
 		if d.Clustered {

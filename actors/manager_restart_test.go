@@ -8,6 +8,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/asynkron/protoactor-go/actor"
 )
@@ -97,6 +99,89 @@ func TestRestartedManagerWaitsForTheCancelledCallsBeforeItRecovers(t *testing.T)
 				}
 				if got := agent.events(); !slices.Equal(got, want) {
 					t.Errorf("agent calls %q, want %q (m1 runs again once its cancelled call has returned, m2 after it)", got, want)
+				}
+			})
+		})
+	}
+}
+
+// unrelatedLong is slowToEnd whose u1, a message of another chat, runs 8 s and is cancelled by
+// nothing here: a long turn of a healthy session.
+type unrelatedLong struct{ slowToEnd }
+
+func (a *unrelatedLong) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+	if id := req.Identity.MessageID; id == "u1" {
+		a.note(id + " starts")
+		defer a.note(id + " returns")
+		select {
+		case <-time.After(8 * time.Second):
+			return &agents.Response{Text: "ok u1"}, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return a.slowToEnd.Run(ctx, req)
+}
+
+// TestRestartedManagerWaitsOnlyForTheCallsItsRestartCancelled: a manager panics while m1's turn
+// runs, and the restart cancels it (its agent takes 3 s to return). Just after the restart, u1
+// of another chat starts a turn of 8 s on a session the restart did not stop. The hold of m1's
+// key ends when m1's cancelled call has returned: m1 runs again, and m2, held meanwhile, after
+// it, while u1 still runs. Before, the hold waited for every agent call of the daemon
+// (AgentCalls.Wait), so u1's turn held m1's key (and a single daemon's whole recovery) until it
+// returned, up to CancelWait.
+func TestRestartedManagerWaitsOnlyForTheCallsItsRestartCancelled(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(*Deps)
+	}{
+		{"single daemon", func(*Deps) {}},
+		{"cluster member", func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				agent := &unrelatedLong{slowToEnd{ending: 3 * time.Second}}
+				var boom atomic.Bool
+				w := newManagerWorld(t, agent, func(d *Deps) {
+					tc.setup(d)
+					d.Store = listingPanics{Store: d.Store, boom: &boom}
+				})
+				if res := w.deliver(t, "m1", "first"); res.Disposition != "started" {
+					t.Fatalf("m1: %+v", res)
+				}
+				synctest.Wait()
+				boom.Store(true) // the manager restarts
+				w.system.Root.Send(w.manager, &recoverAll{})
+				synctest.Wait()
+				if boom.Load() {
+					t.Fatal("the manager did not restart")
+				}
+
+				other := w.src
+				other.ChatID = "c2"
+				otherKey := identity.Key(other, w.d.Config.Keys)
+				u1, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: otherKey, Msg: &Deliver{SessionKey: otherKey,
+					Source: sourceToProto(other), MessageId: "u1", Text: "long", ReceivedAtUnixNano: time.Now().UnixNano()}}, time.Hour).Result()
+				if err != nil || u1.(*DeliverResult).Disposition != "started" {
+					t.Fatalf("u1: %+v %v, want started", u1, err)
+				}
+				m2 := w.request("m2", "second")
+				synctest.Wait()
+
+				time.Sleep(3 * time.Second) // (synctest's clock) m1's cancelled call returns
+				synctest.Wait()
+				want := []string{"m1 starts", "u1 starts", "m1 returns", "m1 starts", "m1 returns", "m2 starts", "m2 returns"}
+				if got := agent.events(); !slices.Equal(got, want) {
+					t.Errorf("once m1's cancelled call returned, agent calls %q, want %q (m1's key goes on while u1, begun since the restart, still runs)", got, want)
+				}
+				// (Only now: waiting for m2's answer before would let the bubble's clock run on.)
+				if res, err := m2.Result(); err != nil || res.(*DeliverResult).ErrorCode != "" {
+					t.Fatalf("m2: %+v %v, want it taken", res, err)
+				}
+				time.Sleep(5 * time.Second) // u1 returns
+				synctest.Wait()
+				if got, want := agent.events(), append(want, "u1 returns"); !slices.Equal(got, want) {
+					t.Errorf("agent calls %q, want %q", got, want)
 				}
 			})
 		})

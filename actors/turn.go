@@ -160,7 +160,8 @@ func (t *Turn) start(c actor.Context, steer, mark bool) {
 	ctx, cancel := context.WithCancel(t.parent)
 	t.cancel = cancel
 	self, root := c.Self(), c.ActorSystem().Root
-	if !t.calls.add() {
+	call, ok := t.calls.add()
+	if !ok {
 		// The daemon stops and has waited for the agent calls (AgentCalls.Close): a call that
 		// started now would outlive it. The turn's messages stay pending for the next start.
 		c.Send(self, &agentDone{err: ErrAgentCallsClosed})
@@ -185,7 +186,7 @@ func (t *Turn) start(c actor.Context, steer, mark bool) {
 	}
 	go func() {
 		start := time.Now()
-		defer calls.done()
+		defer calls.done(call)
 		defer func() {
 			if v := recover(); v != nil {
 				relay.finish()
@@ -348,31 +349,37 @@ func (t *Turn) closeSteer() {
 // daemon that exited first left the processes its commands started running, reparented to
 // init. Once closed, no call starts: a turn whose request reached it after the stop's wait (a
 // session restarted by a crash as the daemon stopped) would otherwise run its agent beside the
-// next start's rerun of the same message. The zero value counts; a nil *AgentCalls counts
-// nothing.
+// next start's rerun of the same message. A restarted session manager waits for the calls in
+// flight as it starts, and for those alone (inFlight). The zero value counts; a nil
+// *AgentCalls counts nothing.
 type AgentCalls struct {
 	mu      sync.Mutex
-	n       int
+	running map[chan struct{}]struct{} // each call's, closed as it returns
 	closed  bool
-	waiters []chan struct{} // closed when n reaches 0
+	waiters []chan struct{} // closed when none runs
 }
 
 // ErrAgentCallsClosed is a turn's error when its call would start after the daemon's stop
 // waited for the agent calls (AgentCalls.Close).
 var ErrAgentCallsClosed = errors.New("the daemon is stopping: no agent call starts")
 
-// add counts a call that starts, or reports false once closed.
-func (a *AgentCalls) add() bool {
+// add counts a call that starts, and returns what done takes when it returns; ok is false once
+// closed.
+func (a *AgentCalls) add() (call chan struct{}, ok bool) {
 	if a == nil {
-		return true
+		return nil, true
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
-		return false
+		return nil, false
 	}
-	a.n++
-	return true
+	if a.running == nil {
+		a.running = map[chan struct{}]struct{}{}
+	}
+	call = make(chan struct{})
+	a.running[call] = struct{}{}
+	return call, true
 }
 
 // Close lets no more calls start; those in flight go on, and Wait waits for them.
@@ -385,13 +392,16 @@ func (a *AgentCalls) Close() {
 	a.mu.Unlock()
 }
 
-func (a *AgentCalls) done() {
+// done counts off the call add returned.
+func (a *AgentCalls) done(call chan struct{}) {
 	if a == nil {
 		return
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.n--; a.n == 0 {
+	delete(a.running, call)
+	close(call)
+	if len(a.running) == 0 {
 		for _, w := range a.waiters {
 			close(w)
 		}
@@ -406,7 +416,7 @@ func (a *AgentCalls) Running() int {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.n
+	return len(a.running)
 }
 
 // Wait returns nil once no agent call is in flight, or ctx's error if ctx ends first.
@@ -415,7 +425,7 @@ func (a *AgentCalls) Wait(ctx context.Context) error {
 		return nil
 	}
 	a.mu.Lock()
-	if a.n == 0 {
+	if len(a.running) == 0 {
 		a.mu.Unlock()
 		return nil
 	}
@@ -428,4 +438,34 @@ func (a *AgentCalls) Wait(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// inFlight returns the agent calls in flight now, to wait for them alone (callsInFlight.wait):
+// a call that starts later is not among them.
+func (a *AgentCalls) inFlight() callsInFlight {
+	if a == nil {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	calls := make(callsInFlight, 0, len(a.running))
+	for call := range a.running {
+		calls = append(calls, call)
+	}
+	return calls
+}
+
+// callsInFlight are some agent calls in flight (AgentCalls.inFlight).
+type callsInFlight []chan struct{}
+
+// wait returns nil once every one of the calls has returned, or ctx's error if ctx ends first.
+func (calls callsInFlight) wait(ctx context.Context) error {
+	for _, call := range calls {
+		select {
+		case <-call:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
