@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"path/filepath"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -186,4 +187,58 @@ func TestRestartedManagerWaitsOnlyForTheCallsItsRestartCancelled(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestDrainDuringTheRestartHoldLeavesItsWorkForTheNextStart: a single daemon stops while its
+// restarted manager holds the key whose turn (m1) its restart cancelled, with m2 held for it.
+// The drain does not wait for the hold (nothing runs), and the stop answers m2 stopped (it was
+// never stored: the client sends it again, HTTP 503, or Discord's backfill reads it back) while
+// m1 stays pending in the store: the next start runs m1, and m2, sent again, after it. Nothing is
+// lost, and nothing runs beside the cancelled call.
+func TestDrainDuringTheRestartHoldLeavesItsWorkForTheNextStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		agent := &slowToEnd{ending: 3 * time.Second}
+		var boom atomic.Bool
+		w := newManagerWorldAt(t, path, agent, func(d *Deps) { d.Store = listingPanics{Store: d.Store, boom: &boom} })
+		if res := w.deliver(t, "m1", "first"); res.Disposition != "started" {
+			t.Fatalf("m1: %+v", res)
+		}
+		synctest.Wait()
+		boom.Store(true) // the manager restarts
+		w.system.Root.Send(w.manager, &recoverAll{})
+		synctest.Wait()
+		m2 := w.request("m2", "second")
+		synctest.Wait()
+
+		drained := w.drain()
+		synctest.Wait()
+		if !answered(drained) {
+			t.Fatal("the drain waits for the held key")
+		}
+		if err := w.system.Root.StopFuture(w.manager).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := m2.Result(); err != nil || res.(*DeliverResult).ErrorCode != ErrCodeStopped {
+			t.Errorf("m2 answered %+v %v, want %s (send it again)", res, err, ErrCodeStopped)
+		}
+		w.wantPendingAlone(t, "m1")
+		time.Sleep(3 * time.Second) // the cancelled call returns, as the daemon's stop waits for it
+		synctest.Wait()
+		if got, want := agent.events(), []string{"m1 starts", "m1 returns"}; !slices.Equal(got, want) {
+			t.Errorf("agent calls %q, want %q (nothing ran again during the stop)", got, want)
+		}
+		w.stop()
+
+		w = newManagerWorldAt(t, path, agent, nil) // the next start
+		synctest.Wait()
+		if res := w.deliver(t, "m2", "second"); res.ErrorCode != "" {
+			t.Fatalf("m2 sent again: %+v", res)
+		}
+		w.awaitTurnEnds(2)
+		want := []string{"m1 starts", "m1 returns", "m1 starts", "m1 returns", "m2 starts", "m2 returns"}
+		if got := agent.events(); !slices.Equal(got, want) {
+			t.Errorf("agent calls %q, want %q (the next start runs m1, and m2 after it)", got, want)
+		}
+	})
 }
