@@ -358,6 +358,37 @@ func (s *Server) identify(c *conn, d json.RawMessage) {
 	}
 }
 
+// resumedWire is the payload of RESUMED.
+var resumedWire = map[string]any{"_trace": []string{"discordtest"}}
+
+// withheldResume is a RESUME whose replay was sent and whose RESUMED waits (WithholdResumed).
+type withheldResume struct {
+	sess *session
+	conn *conn
+}
+
+// WithholdResumed makes the next RESUME replay what the client missed and then wait, without
+// RESUMED, until release is called: a replay still in flight. RESUMED then goes to that
+// connection if it is still the session's; a RESUME before it gets none either.
+func (s *Server) WithholdResumed() (release func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.withhold = true
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.withhold = false
+			if w := s.withheld; w != nil && s.sess == w.sess && w.sess.conn == w.conn {
+				s.dispatchLocked("RESUMED", resumedWire)
+			}
+			s.withheld = nil
+			s.notifyLocked()
+		})
+	}
+}
+
 func (s *Server) resume(c *conn, d json.RawMessage) {
 	var rp struct {
 		Token     string `json:"token"`
@@ -401,7 +432,11 @@ func (s *Server) resume(c *conn, d json.RawMessage) {
 			replayed++
 		}
 	}
-	s.dispatchLocked("RESUMED", map[string]any{"_trace": []string{"discordtest"}})
+	if s.withhold {
+		s.withheld = &withheldResume{sess: sess, conn: c}
+	} else {
+		s.dispatchLocked("RESUMED", resumedWire)
+	}
 	s.notifyLocked()
 	s.mu.Unlock()
 	s.logf("gateway: RESUME of session %s from seq %d accepted, replayed %d event(s)", sess.id, rp.Seq, replayed)

@@ -164,6 +164,8 @@ type Server struct {
 	sessions   int
 	identifies int
 	resumes    int
+	withhold   bool            // the next RESUME gets no RESUMED until released (WithholdResumed)
+	withheld   *withheldResume // the RESUME whose RESUMED waits
 	heartbeats int
 	intents    discordgo.Intent
 	shard      [2]int
@@ -525,6 +527,25 @@ func (s *Server) Delete(id string) {
 		panic("discordtest: Delete of unknown message " + id)
 	}
 	s.deleteLocked(m)
+}
+
+// Edit replaces the content of message id, as its author editing it would: the identified
+// session gets MESSAGE_UPDATE (the whole message, with its edited_timestamp), or, while the
+// client is disconnected, the event waits for RESUME as a Post's does. content is the whole
+// new content (Post's MentionBot mention, if wanted, written out as <@ID>); the mentions stay
+// as posted. It panics if the message is unknown.
+func (s *Server) Edit(id, content string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.messages[id]
+	if m == nil {
+		panic("discordtest: Edit of unknown message " + id)
+	}
+	m.content = content
+	edited, _ := s.tickLocked()
+	m.edited = &edited
+	s.dispatchMessageLocked("MESSAGE_UPDATE", m)
+	s.notifyLocked()
 }
 
 // deleteLocked removes m from its channel and tells the gateway session, as Discord does for
