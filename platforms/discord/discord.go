@@ -120,6 +120,12 @@ type Platform struct {
 	held       []*discordgo.Message
 	backfillMu sync.Mutex
 
+	// resumable is set at the first READY: discordgo's every later Open sends RESUME. While
+	// replaying, from the RESUME sent until RESUMED, the messages Discord replays wait in held
+	// (replay.go).
+	resumable bool
+	replaying bool
+
 	// gapRead is the pending read of what a failed backfill left unread (unread), gapWait the
 	// wait before the one after it (backfill.go, scheduleGapRead).
 	gapRead *time.Timer
@@ -205,6 +211,7 @@ func New(c Config) (*Platform, error) {
 	s.AddHandler(survived(p, "RESUMED", p.onResumed))
 	s.AddHandler(survived(p, "disconnect", p.onDisconnect))
 	s.AddHandler(survived(p, "MESSAGE_CREATE", p.onMessage))
+	s.AddHandler(survived(p, "MESSAGE_UPDATE", p.onMessageUpdate))
 	s.AddHandler(survived(p, "MESSAGE_DELETE", p.onMessageDelete))
 	s.AddHandler(survived(p, "MESSAGE_DELETE_BULK", p.onMessageDeleteBulk))
 	s.AddHandler(survived(p, "THREAD_CREATE", p.onThreadCreate))
@@ -321,7 +328,11 @@ func (p *Platform) open(ctx context.Context) error {
 	if err := p.waitGatewayLookup(ctx); err != nil {
 		return err
 	}
+	p.beginReplay()
 	err := p.sentTo(p.s.Open())
+	if err != nil {
+		p.endReplay() // what the first packet after a RESUME held, if it was a replayed message
+	}
 	var rl *discordgo.RateLimitError
 	if errors.As(err, &rl) {
 		p.noteRateLimit(discordgo.EndpointGateway, rl.RateLimit, false) // Open does not say if it is global
@@ -474,7 +485,11 @@ func (p *Platform) onReady(_ *discordgo.Session, r *discordgo.Ready) {
 	// first READY's inside Open, before heartbeats start; a backfill of many channels takes
 	// longer than a heartbeat interval, and Discord (or discordgo, missing the acks) would drop
 	// the connection, and the next READY would backfill again.
+	// A RESUME answered with INVALID_SESSION ends with this READY: what its replay held (if
+	// anything) is taken first, before what the backfill reads after it.
+	p.endReplay()
 	p.mu.Lock()
+	p.resumable = true
 	p.backfills++
 	p.mu.Unlock()
 	go p.backfillThenRelease(false)
@@ -515,6 +530,8 @@ func (p *Platform) backfillThenRelease(gaps bool) {
 func (p *Platform) onResumed(*discordgo.Session, *discordgo.Resumed) {
 	p.connected.Store(true)
 	p.log.Info("discord gateway resumed")
+	// The replay is over: what it held, less what it deleted, is taken in order.
+	p.endReplay()
 	p.scheduleGapRead() // a gap whose read found the platform stopped is read now
 }
 
@@ -524,6 +541,9 @@ func (p *Platform) onDisconnect(*discordgo.Session, *discordgo.Disconnect) {
 		err = fmt.Errorf("gateway connection lost: %w", ce)
 	}
 	p.setErr(err)
+	// What a replay cut short held is taken before Run learns of the loss: the next
+	// connection's replay comes after it.
+	p.endReplay()
 	select {
 	case p.lost <- err:
 	default:

@@ -25,3 +25,11 @@ func SetRetryAfter(t testing.TB, after func(d time.Duration) <-chan time.Time) {
 	old := refusalWait.Swap(&after)
 	t.Cleanup(func() { refusalWait.Store(old) })
 }
+
+// SetMaxReplayHeld makes the platforms of the test hold at most n messages of a resume's
+// replay (instead of 1000), until the test ends.
+func SetMaxReplayHeld(t testing.TB, n int) {
+	old := maxReplayHeld
+	maxReplayHeld = n
+	t.Cleanup(func() { maxReplayHeld = old })
+}

@@ -23,12 +23,23 @@ import (
 // onMessage handles a MESSAGE_CREATE.
 func (p *Platform) onMessage(_ *discordgo.Session, m *discordgo.MessageCreate) {
 	p.mu.Lock()
-	if p.backfills > 0 || p.releasing {
+	switch {
+	case p.backfills > 0 || p.releasing:
 		p.held = append(p.held, m.Message) // after what is being read back (backfillThenRelease)
 		p.mu.Unlock()
 		return
+	case p.replaying && len(p.held) < maxReplayHeld:
+		p.held = append(p.held, m.Message) // until RESUMED (replay.go)
+		p.mu.Unlock()
+		return
 	}
+	// A replay's hold that is full is handed on first, in order (replay.go).
+	before := p.held
+	p.held = nil
 	p.mu.Unlock()
+	for _, h := range before {
+		_ = p.handle(h, false)
+	}
 	_ = p.handle(m.Message, false)
 }
 

@@ -1,0 +1,79 @@
+package discord
+
+import (
+	"github.com/bwmarrin/discordgo"
+)
+
+// On RESUME, Discord replays the events the connection missed, in order, and then sends
+// RESUMED. A message said and deleted (or edited) while the bot was disconnected comes back as
+// its MESSAGE_CREATE with its MESSAGE_DELETE (MESSAGE_UPDATE) after it: taken at its CREATE,
+// the message of an idle session started its turn at once, the deletion came too late (a
+// running turn is answered), and the bot answered a message its sender had deleted, or what it
+// said before its edit. So while a replay is in flight, from the RESUME sent until RESUMED, the
+// messages it creates wait in held, as live messages wait during a backfill; the replayed
+// deletions drop them (withdrawDeleted) and the edits rewrite them (onMessageUpdate), and
+// RESUMED hands the rest to the runtime in order. A RESUME that ends otherwise (INVALID_SESSION
+// and a new IDENTIFY's READY, the connection lost, Open failing) hands them on all the same:
+// nothing held is dropped. discordgo resumes whenever it has a gateway session, that is after
+// the first READY, for as long as the Platform lives.
+
+// maxReplayHeld bounds the messages a replay holds (a var: tests lower it). Past it, what is
+// held is handed on, in order, and the message after it with it, as without the hold: a long
+// disconnect's replay is not kept in memory whole, and its messages are not answered late.
+var maxReplayHeld = 1000
+
+// beginReplay starts the hold of a replay, if the connection Open is about to make resumes a
+// gateway session (it sends RESUME, not IDENTIFY).
+func (p *Platform) beginReplay() {
+	p.mu.Lock()
+	p.replaying = p.resumable
+	p.mu.Unlock()
+}
+
+// endReplay ends the hold of a replay and hands what it holds to the runtime, in order: at
+// RESUMED, at the READY of a new gateway session, when the connection ends or Open fails.
+// While a backfill runs or releases, the held messages are left to it: it takes them after its
+// own, in order.
+func (p *Platform) endReplay() {
+	p.mu.Lock()
+	p.replaying = false
+	if p.backfills > 0 || p.releasing {
+		p.mu.Unlock()
+		return
+	}
+	held := p.held
+	p.held = nil
+	p.mu.Unlock()
+	for _, m := range held {
+		_ = p.handle(m, false)
+	}
+}
+
+// onMessageUpdate applies an edit to a held message (of a replay or during a backfill): it is
+// answered as its sender left it. An update that is no edit (an embed unfurled: no
+// edited_timestamp, no content) changes nothing; nor does the edit of a message the runtime
+// took already, whose turn is queued or done.
+func (p *Platform) onMessageUpdate(_ *discordgo.Session, u *discordgo.MessageUpdate) {
+	if u.Message == nil || u.EditedTimestamp == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, m := range p.held {
+		if m.ID != u.ID || m.ChannelID != u.ChannelID {
+			continue
+		}
+		e := *m // a copy: the held message may be shared with discordgo's state
+		e.Content, e.EditedTimestamp = u.Content, u.EditedTimestamp
+		if u.Mentions != nil {
+			e.Mentions = u.Mentions
+		}
+		if u.MentionRoles != nil {
+			e.MentionRoles = u.MentionRoles
+		}
+		if u.Attachments != nil {
+			e.Attachments = u.Attachments
+		}
+		p.held[i] = &e
+	}
+}
