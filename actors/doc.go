@@ -13,7 +13,8 @@
 //   - Session (child of SessionManager, named by its key): Deliver, GetState, ResetSession,
 //     RequeueMessage, Withdraw
 //     (protobuf, messages.proto), TurnFinished, turnPanicked and slotTaken from its Turn,
-//     persistence.WriteResult, idleCheck from the manager's idle sweep (passivation),
+//     persistence.WriteResult and persistence.WritesTaken (a held turn result is tried again
+//     at once), idleCheck from the manager's idle sweep (passivation),
 //     leaving when its member leaves the cluster, draining when the manager is asked to drain
 //     (a held turn result is tried again at once), and probationGranted and probationLost from
 //     Probation.

@@ -2,12 +2,14 @@ package actors
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
@@ -161,4 +163,114 @@ func (r *resultTries) Commit(ctx context.Context, groups [][]persistence.Op) []e
 		r.n.Add(1)
 	}
 	return r.Store.Commit(ctx, groups)
+}
+
+// TestHeldResultIsWrittenAgainOnceTheStoreTakesAWrite: a session holds m1's turn result, which
+// the store refused in an outage of a few seconds (tries at 0, 1 and 3 s; the next at 7 s).
+// The store takes writes again at 4 s, and another chat's message is stored: the held result is
+// written again at once (persistence.WritesTaken), and m1's reply goes out, not at the next
+// step of the result's backoff. Before, it waited for that step: up to 10 s after the store was
+// back, while other chats' new turns were already stored and answered.
+func TestHeldResultIsWrittenAgainOnceTheStoreTakesAWrite(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		tries := &resultTries{result: resultOf("m1")}
+		agent, ran := countingEcho()
+		w := newManagerWorldWrites(t, fillsFirst(out, agent), nil, func(s persistence.Store) persistence.Store {
+			tries.Store = out.Wrap(s)
+			return tries
+		})
+		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		synctest.Wait()
+		time.Sleep(4 * time.Second) // tries at 0, 1 and 3 s; the next at 7 s
+		synctest.Wait()
+		if got := tries.n.Load(); got != 3 {
+			t.Fatalf("the store was asked to take the held result %d times in 4 s, want 3 (1 s doubling)", got)
+		}
+
+		out.Down.Store(false)
+		if r := w.deliverTo(t, "c2", "o1", "hello"); r.ErrorCode != "" {
+			t.Fatalf("another chat's message once the store takes writes: %+v", r)
+		}
+		synctest.Wait() // no time passes
+		var sent []string
+		for len(w.sent) > 0 {
+			sent = append(sent, (<-w.sent).Out.Text)
+		}
+		if !slices.Contains(sent, "echo: one") {
+			t.Errorf("sent %q once another chat's message was stored, want m1's reply too (the held result tried %d times)", sent, tries.n.Load())
+		}
+		if n := ran("m1"); n != 1 {
+			t.Errorf("the agent ran m1 %d times, want once", n)
+		}
+	})
+}
+
+// TestHeldResultKeepsItsBackoffWhileOnlyOtherWritesAreTaken: on a disk with room for other
+// chats' writes but not for m1's turn result, another chat's message is stored every 100 ms for
+// 30 s; each tells the session the store takes writes (persistence.WritesTaken). The held
+// result is tried at most once early per pause of its backoff (1 s doubling to 10 s: 6 tries
+// in 30 s without early ones), not at each write another chat gets through (300).
+func TestHeldResultKeepsItsBackoffWhileOnlyOtherWritesAreTaken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var full atomic.Bool
+		full.Store(true)
+		refuse := resultOf("m1")
+		tries := &resultTries{result: refuse}
+		agent, ran := countingEcho()
+		w := newManagerWorldWrites(t, agent, nil, func(s persistence.Store) persistence.Store {
+			tries.Store = &refusedWrites{Store: s, refuse: func(op persistence.Op) bool { return full.Load() && refuse(op) }}
+			return tries
+		})
+		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Started {
+			t.Fatalf("m1: %+v, want started", r)
+		}
+		synctest.Wait()
+		for i := range 300 {
+			if r := w.deliverTo(t, "c2", fmt.Sprint("o", i), "hello"); r.ErrorCode != "" {
+				t.Fatalf("another chat's message %d: %+v", i, r)
+			}
+			time.Sleep(100 * time.Millisecond)
+			for len(w.sent) > 0 {
+				if m := <-w.sent; m.Out.Text == "echo: one" {
+					t.Fatalf("m1's reply was sent while the disk had no room for its result (message %d)", i)
+				}
+			}
+		}
+		synctest.Wait()
+		t.Logf("the held result was tried %d times in 30 s", tries.n.Load())
+		if got := tries.n.Load(); got > 12 || got < 6 {
+			t.Errorf("the store was asked to take the held result %d times in 30 s, want 6 to 12 (at most one early try a pause)", got)
+		}
+
+		full.Store(false)
+		time.Sleep(maxHeldRetry) // the end of its pause at the latest
+		synctest.Wait()
+		var sent []string
+		for len(w.sent) > 0 {
+			sent = append(sent, (<-w.sent).Out.Text)
+		}
+		if !slices.Contains(sent, "echo: one") {
+			t.Errorf("sent %q once the disk had room, want m1's reply", sent)
+		}
+		if n := ran("m1"); n != 1 {
+			t.Errorf("the agent ran m1 %d times, want once", n)
+		}
+	})
+}
+
+// deliverTo routes a message of chat (a DM of the world's platform) through the manager, as
+// deliver does for the world's chat, and returns the session's answer.
+func (w *managerWorld) deliverTo(t *testing.T, chat, id, text string) *DeliverResult {
+	t.Helper()
+	src := identity.Source{Platform: w.src.Platform, ChatType: identity.ChatDM, ChatID: chat, UserID: "u-" + chat}
+	key := identity.Key(src, w.d.Config.Keys)
+	res, err := w.system.Root.RequestFuture(w.manager, &Routed{Key: key, Msg: &Deliver{SessionKey: key, Source: sourceToProto(src),
+		MessageId: id, Text: text, ReceivedAtUnixNano: time.Now().UnixNano()}}, time.Hour).Result()
+	if err != nil {
+		t.Fatalf("deliver %s to %s: %v", id, chat, err)
+	}
+	return res.(*DeliverResult)
 }

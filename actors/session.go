@@ -289,7 +289,8 @@ func (s *Session) Receive(c actor.Context) {
 		return
 	}
 	switch c.Message().(type) {
-	case *idleCheck, *resendTick, *heldTick, *draining, *overdueRetry, *debounceTick, *persistence.WriteResult, *Recover, *signalledTurn,
+	case *idleCheck, *resendTick, *heldTick, *draining, *persistence.WritesTaken, *overdueRetry, *debounceTick, *persistence.WriteResult,
+		*Recover, *signalledTurn,
 		*GetState: // a read of the live state (GET /v1/sessions…) is no activity: a poll must not keep it
 	default:
 		s.lastTouched = time.Now() // the passivation clock: real time, not the session clock
@@ -344,6 +345,8 @@ func (s *Session) Receive(c actor.Context) {
 		s.onHeldTick(c)
 	case *draining:
 		s.drainingNow(c)
+	case *persistence.WritesTaken:
+		s.onWritesTaken(c)
 	case *overdueRetry:
 		s.onOverdueRetry(m)
 	case *slotTaken:

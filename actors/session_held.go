@@ -15,7 +15,8 @@ import (
 // Held results. A finished turn's result that the store refuses as unavailable (the database
 // and the spool both failing: a full or read-only disk) is not given up: the session holds it
 // and writes it again, 1 s after the refusal, doubling to maxHeldRetry (each second while the
-// daemon stops, and at once when its drain begins: heldWait), until the store takes it; then it
+// daemon stops, and at once when its drain begins: heldWait), or at once when the store takes
+// another write (onWritesTaken), until the store takes it; then it
 // sends the reply, as it would have. Before, the session started again from the
 // store, where the message was still pending, and ran the agent again each time the store
 // refused its result: 7 runs a message on a disk full for a minute, each one's tools acting
@@ -59,6 +60,9 @@ type heldWrites struct {
 	refused int                  // refusals of writes[0] in a row
 	retry   scheduler.CancelFunc // the armed heldTick; nil when none is armed
 	log     logging.Limiter      // the refusals' line: at once, then at most once a LimitEvery per session
+	// early: the try in flight, or the pause after its refusal, began as the store took another
+	// write (onWritesTaken), not at a heldTick: that pause is waited out.
+	early bool
 	// behindLog is log for the refusals of writes other than turn results: an own line, which
 	// the results' would hold back.
 	behindLog logging.Limiter
@@ -114,6 +118,26 @@ func (s *Session) drainingNow(c actor.Context) {
 	}
 	h.retry()
 	s.onHeldTick(c)
+}
+
+// onWritesTaken writes the held result again at once when the store has taken a write (another
+// chat's) since it refused it (persistence.WritesTaken): the store takes writes again, and the
+// reply need not wait out the rest of its pause. Before, it did: after an outage of 3-5 s the
+// result's pause was up to 10 s, and a reply waited that much more while new turns' writes were
+// already taken (TestHeldResultIsWrittenAgainOnceTheStoreTakesAWrite). A try so begun that
+// the store refuses (a disk with room for other writes, not for this one) waits out its pause,
+// which keeps its backoff: at most one early try per pause, never one per write another chat
+// gets through (TestHeldResultKeepsItsBackoffWhileOnlyOtherWritesAreTaken). A result in flight,
+// or none held, needs nothing.
+func (s *Session) onWritesTaken(c actor.Context) {
+	h := s.held()
+	if h == nil || h.retry == nil || h.early {
+		return
+	}
+	h.retry()
+	h.retry = nil
+	h.early = true
+	s.retryHeld(c)
 }
 
 // errHandedOver answers the writes a session held behind a refused turn result when it hands
@@ -240,11 +264,19 @@ func (s *Session) heldEnd() bool {
 	return s.cur == nil && s.held() != nil
 }
 
-// onHeldTick writes again the result the session holds, unless it is in flight already, and has
-// the drafts of the held results wait for them anew (keepDrafts).
+// onHeldTick writes again the result the session holds at the end of its pause (retryHeld).
 func (s *Session) onHeldTick(c actor.Context) {
 	if h := s.held(); h != nil {
 		h.retry = nil
+		h.early = false
+		s.retryHeld(c)
+	}
+}
+
+// retryHeld writes again the result the session holds, unless it is in flight already, and has
+// the drafts of the held results wait for them anew (keepDrafts).
+func (s *Session) retryHeld(c actor.Context) {
+	if h := s.held(); h != nil {
 		s.keepDrafts(c, h)
 		s.sendHeld(c)
 	}

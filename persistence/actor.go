@@ -146,6 +146,11 @@ type Actor struct {
 	// key, and the key's next write with nothing in flight (its next activation's first)
 	// removes it.
 	refused map[senderID]struct{}
+	// waking are the senders answered a write they keep refused as unavailable since the store
+	// last took a write: the next write taken tells them (wakeKept).
+	waking map[senderID]*actor.PID
+	// root sends WritesTaken (wakeKept).
+	root *actor.RootContext
 	// outage is the outage in which the database and the spool both refuse writes, which
 	// the incarnations of the actor share (refusalsEnded).
 	outage *outage
@@ -244,6 +249,7 @@ func (a *Actor) Receive(c actor.Context) {
 			a.incarnation = a.o.Incarnation.Load()
 		}
 		a.timers = scheduler.NewTimerScheduler(c)
+		a.root = c.ActorSystem().Root
 		a.startCommitter(c)
 		if n := a.spoolLen(); n > 0 && (a.o.Spooling == nil || !a.o.Spooling.Load()) {
 			// A new process: the last run stopped (or died) with writes in the spool. The daemon
@@ -469,6 +475,7 @@ func (a *Actor) finish(c actor.Context) {
 		a.answer(c, j.part, a.spool(c, j.groups, j.errs))
 	} else {
 		a.refusalsEnded()
+		a.wakeKept()
 	}
 	// The writes that arrived after the answers went out are (mostly) the answered writers'
 	// next ones.
@@ -515,6 +522,10 @@ func (a *Actor) answer(c actor.Context, part []pendingWrite, errs []error) {
 				a.refused = make(map[senderID]struct{})
 			}
 			a.refused[senderOf(p.sender)] = struct{}{}
+			if a.waking == nil {
+				a.waking = make(map[senderID]*actor.PID)
+			}
+			a.waking[senderOf(p.sender)] = p.sender
 		}
 		c.Send(p.sender, &WriteResult{ID: p.write.ID, Err: errs[i]})
 	}
@@ -559,6 +570,20 @@ func senderOf(pid *actor.PID) senderID {
 	return senderID{pid.Address, pid.Id}
 }
 
+// wakeKept tells the senders answered a write they keep refused as unavailable since the store
+// last took a write (a session's turn result, which it holds and writes again after a pause of
+// 1 s doubling to 10 s) that the store has taken one (WritesTaken): they send it again at once.
+// Before, they waited out the pause: after an outage of a few seconds, a reply waited up to 10 s
+// more while the writes of other chats' new turns were already taken. Called where the store
+// (the database or the spool) took the writes of a commit or a replay, after their senders were
+// answered. A store that still refuses takes no write, and tells no one.
+func (a *Actor) wakeKept() {
+	for _, pid := range a.waking {
+		a.root.Send(pid, &WritesTaken{})
+	}
+	a.waking = nil
+}
+
 // refusalsEnded notes that the database or the spool took writes, and logs the end of an
 // outage in which both refused them (msgSpoolFailed): its ERR line, once a minute, was its
 // only trace, so that the log could not say whether it still lasted, and the refusals after its
@@ -589,6 +614,7 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 			a.o.WritesRefused(countUnavailable(errs))
 		} else {
 			a.o.Refusals.taken()
+			a.wakeKept()
 		}
 		return errs
 	}
@@ -604,6 +630,7 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 	if len(keep) == 0 {
 		a.refusalsEnded()
 		a.o.Refusals.taken()
+		a.wakeKept()
 		return errs
 	}
 	out := make([]error, len(errs))
@@ -637,6 +664,7 @@ func (a *Actor) spool(c actor.Context, groups [][]Op, errs []error) []error {
 	}
 	a.refusalsEnded()
 	a.o.Refusals.taken()
+	a.wakeKept()
 	if !forced {
 		a.o.Log.Warn("database unavailable; spooling writes", "batch", name, logging.Err(firstErr(errs)))
 		a.alone = max(a.alone, 1) // the first replay probes the database with one batch
@@ -736,6 +764,7 @@ func (a *Actor) replaySpool() error {
 		// (TestAReplayThatLeavesTheSpoolEndsNoRefusals).
 		a.refusalsEnded()
 		a.o.Refusals.taken()
+		a.wakeKept()
 	}
 	return nil
 }

@@ -22,7 +22,8 @@ import "time"
 // After set is refused so too (ErrUnavailable), until the sender sends one without After,
 // having heard the answers of every write it made before that one. A restart forgets such
 // refusals: a sender that keeps a refused write does not send again a write it sent behind it
-// (it treats it as refused too).
+// (it treats it as refused too). A sender so refused is told when the store next takes a write
+// (WritesTaken).
 type Write struct {
 	ID          uint64
 	Ops         []Op
@@ -36,6 +37,13 @@ type WriteResult struct {
 	ID  uint64
 	Err error
 }
+
+// WritesTaken tells a sender that the actor answered a write it keeps (Write.Keep) refused as
+// unavailable that the store has taken a write since (the database or the spool; any sender's):
+// the store takes writes again, and the sender may send the refused write again now rather than
+// at the end of its pause. It is sent once per refusal, at the first write taken after it; a
+// restart of the actor forgets the refusals, and their senders wait out their pauses.
+type WritesTaken struct{}
 
 // Flush is a durability barrier: the sender gets a *Flushed once everything sent before it is
 // committed.
