@@ -324,3 +324,53 @@ func heldUntil(release chan struct{}) agents.Agent {
 		return &agents.Response{Text: "re " + req.Identity.MessageID}, nil
 	})
 }
+
+// TestResetDueMarkIsWrittenOnceTheStoreTakesTheSessionsNextWrite: the daily reset falls due while
+// m0's turn runs (m1 queued behind it), and the store refuses its mark for 4 s (tries at 0, 1
+// and 3 s; the next at 7 s). The store takes writes again, and m0's answer is stored: the mark
+// is written at once, not at the end of its pause. The daemon then stops with m1's turn still
+// running (a drain's deadline), and the next start, past the hour, runs m1 and ends the session
+// at the hour. Before, the mark waited out its pause, and a stop in it lost the reset: m0's
+// answer had moved the session's activity past the due time, and the next start let the session
+// go on until the next day's reset.
+func TestResetDueMarkIsWrittenOnceTheStoreTakesTheSessionsNextWrite(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var clock atomic.Int64
+		clock.Store(before4.UnixNano())
+		daily := dailyClock(&clock)
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		release0 := make(chan struct{})
+		var refusing atomic.Bool
+		var marks atomic.Int32
+		w := newManagerWorldWith(t, path, heldUntil(release0), daily, func(s persistence.Store) persistence.Store {
+			return &refusedWrites{Store: s, refuse: func(op persistence.Op) bool {
+				_, ok := op.(*persistence.MarkResetDue)
+				if ok {
+					marks.Add(1)
+				}
+				return ok && refusing.Load()
+			}}
+		})
+		m0 := w.dueWhileM0Runs(t, &clock, &refusing)
+		time.Sleep(4 * time.Second) // tries at 0, 1 and 3 s; the next at 7 s
+		synctest.Wait()
+		if n := marks.Load(); n != 3 {
+			t.Fatalf("the mark was tried %d times in 4 s, want 3 (1 s doubling)", n)
+		}
+		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.ResetDueReason != "" {
+			t.Fatalf("session %s with its mark refused: %+v, %v; want no mark stored yet", m0.SessionId, s, err)
+		}
+
+		refusing.Store(false)
+		close(release0)
+		w.answersTo(t, "m0")
+		synctest.Wait() // no time passes
+		if s, err := w.store.Session(w.ctx, m0.SessionId); err != nil || s.ResetDueReason != persistence.EndDaily || !s.ResetDueAt.Equal(at4) {
+			t.Errorf("session %s once m0's answer was stored: %+v, %v; want its daily reset due at %v stored", m0.SessionId, s, err, at4)
+		}
+		w.stop() // m1 still runs: as a stop past the drain's deadline
+		synctest.Wait()
+
+		restartPastTheHour(t, &clock, path, daily, m0.SessionId)
+	})
+}

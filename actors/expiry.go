@@ -11,6 +11,7 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/scheduler"
 )
 
 // Automatic resets of Session (DESIGN §3, G6). A session's reset policy is evaluated on every
@@ -125,6 +126,11 @@ type overdue struct {
 	stored bool
 	// refusals counts the refusals in a row of its write as unavailable (storeOverdue).
 	refusals int
+	// retry is the armed overdueRetry after such a refusal; nil when none is armed.
+	retry scheduler.CancelFunc
+	// early: the try in flight, or the pause after its refusal, began as the store took another
+	// write of the session (markOverdueNow), not at an overdueRetry: that pause is waited out.
+	early bool
 	// triedAtLeave: a refused write was tried once more as the session was about to hand its
 	// key on (markOverdueBeforeLeaving).
 	triedAtLeave bool
@@ -152,8 +158,9 @@ const leavingMarkRefusedLine = "store the session's due reset; the session does 
 // (TestDueResetOutlivesAStopDuringItsBacklog). It is written only when a reset falls due under
 // work, never per turn; the session's end (any reset, /new, an operator's) clears it. A write the
 // store refuses as unavailable (the database and the spool both failing) is written again, 1 s
-// after the refusal, doubling to maxHeldRetry, as a held turn result is, until the store takes
-// it or the reset is done (overdueRetry), or, on a member that leaves, until the session hands
+// after the refusal, doubling to maxHeldRetry, as a held turn result is (or at once when the
+// store takes another write of the session: markOverdueNow), until the store takes it or the
+// reset is done (overdueRetry), or, on a member that leaves, until the session hands
 // its key on, once more just before (markOverdueBeforeLeaving): the key's next owner then
 // writes it. Meanwhile this activation still does the reset
 // (endOverdue), or the next one of this process (fileOverdue, writeReset); only a stop of the
@@ -213,7 +220,7 @@ func (s *Session) storeOverdue(c actor.Context) {
 					"reason", o.reason)
 			}
 			wait := min(heldRetry<<min(o.refusals-1, 6), maxHeldRetry)
-			s.timers(c).SendOnce(wait, c.Self(), &overdueRetry{o: o})
+			o.retry = s.timers(c).SendOnce(wait, c.Self(), &overdueRetry{o: o})
 		default:
 			s.logRefusedWrite("store the session's due reset; it is done once the session's work is, unless agentgate stops first", err,
 				"reason", o.reason)
@@ -226,9 +233,31 @@ func (s *Session) storeOverdue(c actor.Context) {
 type overdueRetry struct{ o *overdue }
 
 func (s *Session) onOverdueRetry(m *overdueRetry) {
-	if u := s.unusual; u != nil && u.overdue == m.o {
+	if u := s.unusual; u != nil && u.overdue == m.o && m.o.retry != nil {
+		m.o.retry, m.o.early = nil, false
 		m.o.stored = false // Receive writes it again once this message is handled (storeOverdue)
 	}
+}
+
+// markOverdueNow writes the due reset's mark again at once, not at the end of its pause, when
+// the store has taken another write of the session (onWriteResult) since it refused the mark as
+// unavailable: the store takes writes again, and that write, a turn's answer stored after the
+// due time, moved the session's activity past it. Until the mark is stored, a stop of the daemon
+// with work left (a drain's deadline) loses the reset: the next start finds the activity past
+// the due time, and the session goes on until its next reset, a daily one a day late. Before,
+// the mark waited out its pause of up to 10 s, and a stop in it lost the reset
+// (TestResetDueMarkIsWrittenOnceTheStoreTakesTheSessionsNextWrite). A try so begun that the
+// store refuses (room for the answer, not for the mark) waits out its pause, which keeps its
+// backoff, as a held turn result's does (onWritesTaken).
+func (s *Session) markOverdueNow() {
+	u := s.unusual
+	if u == nil || u.overdue == nil || u.overdue.retry == nil || u.overdue.early {
+		return
+	}
+	o := u.overdue
+	o.retry()
+	o.retry, o.early = nil, true
+	o.stored = false // Receive writes it again once this message is handled (storeOverdue)
 }
 
 // overdueOf is the reset stored on ss (persistence.MarkResetDue), nil when none is.

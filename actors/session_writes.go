@@ -317,6 +317,9 @@ func (s *Session) onWriteResult(c actor.Context, m *persistence.WriteResult) {
 			s.stopResend = nil
 		}
 	}
+	if m.Err == nil {
+		s.markOverdueNow()
+	}
 	first := s.held().first(w)
 	if s.holdResult(c, w, m.Err) {
 		s.updateBusy(c)
