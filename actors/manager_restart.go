@@ -27,10 +27,18 @@ import (
 // messages join their keys' sessions; before, its start recovered at once
 // (TestRestartedManagerWaitsForTheCancelledCallsBeforeItRecovers). A cluster member's keys go on
 // as a stopped session's key does (startSuccessor): here with what was held, if anything was,
-// or to the member that takes the key over.
+// or to the member that takes the key over. Those whose work the store lists as pending go on
+// with it: a key this member owns is activated here, as the cluster's recovery sweep would
+// (asking the other members to let go of it first, as every activation does), and one another
+// member owns now gets a Recover there, once this member has let go of it.
+// Before, a key this member owns with nothing held for it was let go, and its pending message
+// waited, unanswered, for the member's next recovery sweep, up to cluster.member_ttl later
+// (TestRestartedMemberRecoversTheStoppedKeysItOwns). A key neither listed nor held for is let go
+// (an idle session's: activated again, it would load for nothing).
 //
 // While its member leaves (Leave), the manager goes on leaving (managerKept), and hands those
-// keys on: a Recover to the key's successor for each whose work the store lists as pending.
+// keys on: a Recover to the key's successor for each whose work the store lists as pending (a
+// key no member takes over is recovered here, as by a member that stays).
 // Left in the store, that work waited for the member's withdrawal, after the drain, and the
 // recovery of the key's owner then (a renewal, up to cluster.member_ttl later), while the new
 // incarnation, with nothing running, answered the drain at once
@@ -110,9 +118,10 @@ func (m *SessionManager) holdStopped(c actor.Context) bool {
 // cancelled have returned (holdStopped). A single daemon recovers, as at its first start, and
 // the messages held for those keys go on in order, behind their keys' recovered work. In a
 // cluster each key goes on as a stopped session's key does (startSuccessor), with what was held
-// for it, and with a Recover for the work pending of a key another member takes over. When the
-// store could not list them, their pending work waits as before for the member's withdrawal and
-// the owner's recovery then, and, while the member leaves, a line says so.
+// for it, and, for a key whose work is pending, with a Recover to the member that takes it over
+// or, for one this member keeps, an activation here. When the store could not list them, a line
+// says so, and their pending work waits as before: for the member's withdrawal and the owner's
+// recovery then while the member leaves, else for the cluster's recovery sweep.
 func (m *SessionManager) onRestartStopped(c actor.Context, r *restartStopped) {
 	if r.n != m.kept.stoppedN || m.kept.stopped == nil {
 		return // (an earlier incarnation's)
@@ -135,31 +144,44 @@ func (m *SessionManager) onRestartStopped(c actor.Context, r *restartStopped) {
 		}
 		return
 	}
-	if r.err != nil && m.kept.successor != nil {
+	switch {
+	case r.err != nil && m.kept.successor != nil:
 		m.log.Warn("list the sessions with unfinished work, to hand on those the manager's restart stopped; the member that takes each over recovers its work once this one has withdrawn",
+			"sessions", len(stopped), logging.Err(r.err))
+	case r.err != nil:
+		m.log.Warn("list the sessions with unfinished work, to recover those the manager's restart stopped; the cluster's recovery sweep recovers their work",
 			"sessions", len(stopped), logging.Err(r.err))
 	}
 	pending := make(map[string]bool, len(r.recoverable))
 	for _, key := range r.recoverable {
 		pending[key] = true
 	}
-	handed := 0
+	handed, recovered := 0, 0
 	for key := range stopped {
 		held, ok := m.stopping[key]
 		if !ok {
 			continue
 		}
-		if m.elsewhere(key) != nil {
-			if pending[key] {
-				m.rerun[key] = true
-			}
+		if pending[key] {
+			// A Recover to the member that takes the key over, or, for a key this member owns,
+			// its activation here (which asks the other members to let go of it first, as
+			// every activation does).
+			m.rerun[key] = true
+		}
+		switch {
+		case m.elsewhere(key) != nil:
 			if m.rerun[key] || len(held) > 0 {
 				handed++
 			}
+		case pending[key]:
+			recovered++
 		}
 		m.startSuccessor(c, key)
 	}
 	if handed > 0 {
 		m.log.Info("the restarted manager hands on the keys of the sessions its restart stopped with work pending", "sessions", handed)
+	}
+	if recovered > 0 {
+		m.log.Info("the restarted manager recovers the sessions its restart stopped with work pending", "sessions", recovered)
 	}
 }

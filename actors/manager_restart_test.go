@@ -36,7 +36,7 @@ func (l listingPanics) Recoverable(ctx context.Context) ([]string, error) {
 // client's retry of a message answered "stopped" at the restart comes at once), is held, and
 // only then goes on: a single daemon recovers the key (m1, pending in the store, runs again, also
 // without m2) and m2 runs after it; a cluster member's m2 activates the key, whose session loads
-// m1 too (without m2, the cluster's recovery sweep would). Before,
+// m1 too (without m2, its recovery does: TestRestartedMemberRecoversTheStoppedKeysItOwns). Before,
 // a single daemon's new incarnation recovered the key as it started, and a cluster member's
 // activated it for m2 at once: m1 ran a second time beside the call still ending, the agent's
 // tools acting twice at once for one message.
