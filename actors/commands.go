@@ -24,7 +24,7 @@ type command struct {
 
 // commandHelp lists the commands a session understands, in the order /help shows them.
 var commandHelp = []struct{ name, help string }{
-	{"new", "end this session and start a fresh one (one nothing was said in yet goes on)"},
+	{"new", "end this session and start a fresh one (one nothing was said or set in yet goes on)"},
 	{"reset", "same as /new"},
 	{"stop", "cancel the running turn and drop queued messages"},
 	{"status", "show the session id, queue, running turn and reset policy"},
@@ -89,8 +89,9 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 			reason = persistence.EndResetCommand
 		}
 		if s.fresh() {
-			// Ending a session that holds nothing yet would only start another just as empty:
-			// a user typing /new twice built a chain of empty sessions.
+			// Ending a session that holds nothing yet (no conversation, no setting of its own)
+			// would only start another just as empty: a user typing /new twice built a chain
+			// of empty sessions.
 			answer = fmt.Sprintf("✨ This session (%s) is new already: nothing has been said in it yet. Your next message starts the conversation.", s.cur.ID)
 			break
 		}
@@ -342,8 +343,8 @@ func (s *Session) boundary(c actor.Context, src identity.Source, reason string, 
 	return ops, prev, dropped
 }
 
-// fresh reports whether the current session holds nothing yet: no message of a conversation
-// since it began (commands and their answers are none; an exchange /undo took back, archived,
+// fresh reports whether the current session holds nothing yet: no setting of its own
+// (persistence.Session.HasSettings) and no message of a conversation since it began (commands and their answers are none; an exchange /undo took back, archived,
 // no longer counts), no turn running and none waiting. A reset of it (/new, /reset, an operator's) would end it only
 // to start another just as empty. A session that succeeded an automatic reset (idle, daily,
 // suspended) is not fresh: its first turn is told to continue that one. The store is asked
@@ -357,6 +358,11 @@ func (s *Session) boundary(c actor.Context, src identity.Source, reason string, 
 func (s *Session) fresh() bool {
 	if s.cur == nil || s.running != nil || s.hasQueued() || len(s.history) > 0 || s.saidInFlight() || s.held() != nil {
 		return false // (a write in flight may be a turn's exchange the store does not show yet)
+	}
+	if s.cur.HasSettings() {
+		// Its queue mode or title was set (/queue steer, /title): a reset starts one with the
+		// defaults. Before, /queue steer then /new kept the session, in steer mode.
+		return false
 	}
 	if r := s.unusual; r != nil && r.continuity != "" {
 		// It succeeded an automatic reset, and its first turn would be told to continue that

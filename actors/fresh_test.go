@@ -455,3 +455,54 @@ func (w *managerWorld) command(t *testing.T, id, text string) (*DeliverResult, s
 	}
 	return r, w.noticeFor(t, id)
 }
+
+// TestResetOfASessionWithSettingsStartsAnother: a session nothing was said in yet but whose
+// queue mode or title was set (/queue steer, /title …) is not as fresh as a reset would make
+// it: /new, /reset and an operator's reset end it and start one with the defaults, and say so.
+// Before, each kept it as "new already", steer mode and title and all, so /queue steer then
+// /new left the chat in steer mode.
+func TestResetOfASessionWithSettingsStartsAnother(t *testing.T) {
+	for _, tt := range []struct {
+		name, set, reset string
+	}{
+		{"/queue steer, /new", "/queue steer", "/new"},
+		{"/queue collect, /reset", "/queue collect", "/reset"},
+		{"/title, /new", "/title plans", "/new"},
+		{"/queue steer, an operator's reset", "/queue steer", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w := newManagerWorld(t, echo.New(), nil)
+				s1, _ := w.command(t, "c0", "/status") // begins the chat's session (/title needs one)
+				w.command(t, "c1", tt.set)
+				var sid string
+				if tt.reset == "" {
+					r := w.reset(t, &ResetSession{})
+					if r.Kept || r.PreviousSessionId != s1.SessionId {
+						t.Errorf("an operator's reset after %s = %+v, want %s ended", tt.set, r, s1.SessionId)
+					}
+					sid = r.SessionId
+				} else {
+					r, answer := w.command(t, "c2", tt.reset)
+					if want := "✨ Started a new session (" + r.SessionId + "). The previous session " + s1.SessionId + " has ended."; answer != want {
+						t.Errorf("%s after %s answered %q, want %q", tt.reset, tt.set, answer, want)
+					}
+					sid = r.SessionId
+				}
+				if sid == s1.SessionId {
+					t.Fatalf("the reset after %s kept session %s", tt.set, sid)
+				}
+				s, err := w.store.Session(w.ctx, sid)
+				if err != nil || s.QueueMode != "" || s.Title != "" {
+					t.Errorf("the session the reset began: %+v, %v; want no queue mode or title of its own", s, err)
+				}
+				if _, status := w.command(t, "c3", "/status"); !strings.Contains(status, "(mode "+ModeFollowup+",") {
+					t.Errorf("/status after the reset answered %q, want the default mode %s", status, ModeFollowup)
+				}
+				if r, answer := w.command(t, "c4", "/new"); r.SessionId != sid || !strings.HasPrefix(answer, "✨ This session ("+sid+") is new already") {
+					t.Errorf("a /new after it: session %s, answered %q; want %s kept", r.SessionId, answer, sid)
+				}
+			})
+		})
+	}
+}

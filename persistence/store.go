@@ -104,6 +104,11 @@ type Session struct {
 	ResetDueAt     time.Time
 }
 
+// HasSettings reports whether the session holds settings of its own (a /queue mode, a /title),
+// which a session a reset begins starts without: a reset of a session nothing was said in yet
+// keeps it only if it holds none (actors' Session.fresh, agentgate sessions reset).
+func (s *Session) HasSettings() bool { return s.QueueMode != "" || s.Title != "" }
+
 // Message is one transcript row. (SessionID, Seq) is its identity; Seq is assigned by the
 // session actor and increases within a session.
 //

@@ -78,7 +78,8 @@ Ends KEY's current session.
 While the daemon (or a cluster member) runs, it resets the session: it cancels the session's
 running turn, tells the senders of its unanswered messages, and starts a new, empty session at
 once, which the command names. A session nothing was said in yet (one a reset or /new began,
-with no message since) is left as it is: resetting a key twice starts one new session, not two.
+with no message since, and no /queue mode or /title set in it) is left as it is: resetting a key
+twice starts one new session, not two.
 
 With no daemon running, the session is ended in the database and the key's next message starts
 a new one; a session that has ended already is left as it is ("already ended"), and so is one
@@ -630,11 +631,12 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return fmt.Errorf("reset %s: %w", shown, err)
 	}
-	if len(pending) == 0 {
+	if len(pending) == 0 && !s.HasSettings() {
 		// A session nothing was said in yet (a reset or /new began it, with no message since;
-		// notices and an exchange /undo took back are none) is left as it is, as the daemon's
-		// reset leaves it (actors' Session.fresh): resetting a key twice ends one session, with
-		// or without the daemon.
+		// notices and an exchange /undo took back are none) and holding no setting of its own
+		// (/queue, /title: the session a reset begins has none) is left as it is, as the
+		// daemon's reset leaves it (actors' Session.fresh): resetting a key twice ends one
+		// session, with or without the daemon.
 		said, _, err := st.History(ctx, s.ID, 1)
 		if err != nil {
 			return fmt.Errorf("reset %s: %w", shown, err)

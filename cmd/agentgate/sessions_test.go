@@ -704,6 +704,37 @@ func TestSessionsReset(t *testing.T) {
 		}
 	})
 
+	t.Run("a session nothing was said in yet but with settings of its own is ended", func(t *testing.T) {
+		// As the daemon's reset ends it: the session a reset begins has the default queue
+		// mode and no title. Before, one left in steer mode by /queue steer was kept.
+		for _, set := range []persistence.Op{
+			&persistence.SetQueueMode{SessionID: "sa3", Mode: "steer"},
+			&persistence.SetTitle{SessionID: "sa3", Title: "plans"},
+		} {
+			dir := MustSeedSessions(t)
+			st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+			if err != nil {
+				t.Fatalf("sqlite.Open: %v", err)
+			}
+			storetest.MustCommit(t, st,
+				&persistence.EndSession{SessionID: "sa2", Reason: persistence.EndResetCommand, At: sessAt(39)},
+				&persistence.CreateSession{Session: persistence.Session{
+					ID: "sa3", Key: keyA, Platform: "http", ChatType: "dm", ChatID: "alice", UserID: "alice",
+					StartedAt: sessAt(40), LastActivityAt: sessAt(41), PrevSessionID: "sa2", Epoch: 1,
+				}},
+				&persistence.PutRoute{Route: persistence.Route{Key: keyA, SessionID: "sa3", Generation: 3, UpdatedAt: sessAt(40)}},
+				set,
+			)
+			if err := st.Close(); err != nil {
+				t.Fatal(err)
+			}
+			out, errOut := MustRunSessions(t, "reset", "--data-dir", dir, keyA)
+			if want := "ended session sa3 of " + keyA + " (reset_command)\n"; out != want || errOut != "" {
+				t.Errorf("reset of a session with %T: stdout = %q, stderr = %q, want %q and nothing", set, out, errOut, want)
+			}
+		}
+	})
+
 	t.Run("the daemon tells the senders", func(t *testing.T) {
 		dir := MustSeedSessions(t)
 		MustRunSessions(t, "reset", "--data-dir", dir, keyA)
