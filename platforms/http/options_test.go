@@ -112,3 +112,47 @@ func TestAsteriskOfAnotherMethodIsInvalidTarget(t *testing.T) {
 		t.Errorf("GET * with the token = %d %q, want 400 %q", got.status, got.errCode(), CodeInvalidTarget)
 	}
 }
+
+// connectAsterisk sends CONNECT * (curl --request-target '*' -X CONNECT) with header lines, on a
+// raw connection: Go's client sends CONNECT only to an authority.
+func (h *harness) connectAsterisk(headers string) response {
+	h.t.Helper()
+	resp, err := rawRequest(h.t, h, "CONNECT * HTTP/1.1\r\nHost: 127.0.0.1\r\n"+headers, "")
+	if err != nil {
+		h.t.Fatalf("CONNECT * error = %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		h.t.Fatalf("CONNECT *: read body: %v", err)
+	}
+	return response{status: resp.StatusCode, header: resp.Header, body: b, close: resp.Close}
+}
+
+// TestConnectAsteriskIsInvalidTarget: CONNECT * is answered as GET * and the others are, 400
+// invalid_target after the token check, with no advice to send CONNECT to a route (no route
+// takes it). Before, a daemon without a token answered it 403 foreign_host, "not to \"*\"": Go
+// reads a CONNECT's target as the request's host, and the Host header the client sent is gone,
+// so the check took * for a host name. A CONNECT to another host (a proxy's request) is still
+// refused as foreign.
+func TestConnectAsteriskIsInvalidTarget(t *testing.T) {
+	open := mustStart(t, Config{}, &fakeRuntime{})
+	got := open.connectAsterisk("")
+	if got.status != http.StatusBadRequest || got.errCode() != CodeInvalidTarget || !strings.Contains(string(got.body), "only OPTIONS") ||
+		strings.Contains(string(got.body), "route's path") {
+		t.Errorf("CONNECT * = %d %s, want 400 %q saying that * is only for OPTIONS, and no route takes CONNECT", got.status, got.body, CodeInvalidTarget)
+	}
+	resp, err := rawRequest(t, open, "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n", "")
+	if err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Errorf("CONNECT example.com:443 = %v, %v; want 403 %s", resp, err, CodeForeignHost)
+	}
+
+	locked := mustStart(t, Config{Token: "s3cret"}, &fakeRuntime{})
+	if got := locked.connectAsterisk(""); got.status != 401 || got.errCode() != CodeUnauthorized {
+		t.Errorf("CONNECT * without the token = %d %q, want 401 %q", got.status, got.errCode(), CodeUnauthorized)
+	}
+	if got := locked.connectAsterisk("Authorization: Bearer s3cret\r\n"); got.status != 400 || got.errCode() != CodeInvalidTarget ||
+		strings.Contains(string(got.body), "route's path") {
+		t.Errorf("CONNECT * with the token = %d %s, want 400 %q", got.status, got.body, CodeInvalidTarget)
+	}
+}

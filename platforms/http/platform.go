@@ -505,8 +505,12 @@ func (p *Platform) route(w http.ResponseWriter, r *http.Request) {
 		// The target * is only for OPTIONS (RFC 9112, section 3.2.4): GET * names nothing.
 		// The mux read it as the path /*, and it was answered 404 as a path not in canonical
 		// form, "which is /*", a route no client meant.
-		writeError(w, http.StatusBadRequest, CodeInvalidTarget, fmt.Sprintf(
-			"only OPTIONS takes the request target * (a question about the server as a whole): send %.20s to a route's path, such as /v1/sessions", r.Method))
+		advice := fmt.Sprintf("send %.20s to a route's path, such as /v1/sessions", r.Method)
+		if r.Method == http.MethodConnect {
+			advice = "no route takes CONNECT either (agentgate is no proxy)"
+		}
+		writeError(w, http.StatusBadRequest, CodeInvalidTarget,
+			"only OPTIONS takes the request target * (a question about the server as a whole): "+advice)
 		return
 	}
 	h, pattern := p.mux.Handler(r)
@@ -710,13 +714,20 @@ func (p *Platform) refuseBrowsers(next http.Handler) http.Handler {
 				"a browser's cross-origin request is refused (its Origin or Sec-Fetch-Site header says so); send it from the daemon's own origin or from a client other than a browser, and have a server or proxy that passes on a browser's Origin and Sec-Fetch-Site headers drop them")
 			return
 		}
-		if tokenless && !loopbackName(r.Host) {
+		if tokenless && !loopbackName(r.Host) && !connectAsterisk(r) {
 			writeError(w, http.StatusForbidden, CodeForeignHost,
 				fmt.Sprintf("this daemon has no bearer token, so it answers requests to a loopback name (127.0.0.1, localhost) only, not to %q; set http.token_env to serve it by another name", clipped(r.Host)))
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// connectAsterisk reports whether r is CONNECT *, whose Host is its target * (Go reads a
+// CONNECT's target as its host, and drops the Host header): it names no host, and is answered
+// 400 invalid_target as GET * is (route). It was refused 403 foreign_host, "not to \"*\"".
+func connectAsterisk(r *http.Request) bool {
+	return r.Method == http.MethodConnect && r.RequestURI == "*"
 }
 
 // loopbackName reports whether a request's Host header names a loopback host. An empty one (an
