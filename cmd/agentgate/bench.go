@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"strings"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
@@ -111,8 +112,17 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 	if err := parse(fs, args, stdout, stderr); err != nil {
 		return err
 	}
-	if *sessions < 1 || *messages < 1 || *rounds < 1 {
-		return fmt.Errorf("bench: --sessions %d --messages %d --rounds %d: all must be at least 1", *sessions, *messages, *rounds)
+	var small []string // each flag whose value is too small, alone (not those beside it)
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"sessions", *sessions}, {"messages", *messages}, {"rounds", *rounds}} {
+		if f.v < 1 {
+			small = append(small, fmt.Sprintf("--%s %d", f.name, f.v))
+		}
+	}
+	if len(small) > 0 {
+		return fmt.Errorf("bench: %s: must be at least 1", strings.Join(small, ", "))
 	}
 	dir := *dataDir
 	if dir != "" {
@@ -134,16 +144,26 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 			}
 		}()
 	}
-	cfg, err := config.Load(*configFile, os.Environ(), func(c *config.Config) {
+	// Through config.Check, as serve's flags: a problem of the data directory --data-dir names
+	// says "(set by --data-dir)", and one the daemon could not make or write is refused here,
+	// as serve refuses it, not by the daemon's start with a bare mkdir error.
+	flags := map[string]string{}
+	if *dataDir != "" {
+		flags["data_dir"] = "--data-dir"
+	}
+	cfg, problems, refused := config.Check(*configFile, os.Environ(), func(c *config.Config) {
 		c.DataDir = dir
 		c.Store.Driver, c.Store.DSN = "sqlite", "" // in dir, whatever the environment names
 		c.HTTP.Addr = "127.0.0.1:0"
 		c.Log.Level = "warn"
 		c.Sessions.PassivateAfter = benchPassivateAfter
 		c.Platforms.Discord.Enabled = false // the load comes from the bench platform only
-	})
-	if err != nil {
-		return fmt.Errorf("bench: %w", configError(err))
+	}, flags, func(c *config.Config) []error { return nonNil(dirProblem(c)) })
+	if problems != nil {
+		return fmt.Errorf("bench: %w", configError(problems))
+	}
+	if refused != nil {
+		return fmt.Errorf("bench: %w", refused)
 	}
 	var level slog.LevelVar
 	level.Set(cfg.SlogLevel())

@@ -151,16 +151,33 @@ func TestBenchTargetInReport(t *testing.T) {
 	}
 }
 
+// TestBenchBadFlags: a bad value of one of bench's flags is named alone, and one that sets a
+// key of the configuration is told as serve's flags are, through config.Check: "(set by
+// --data-dir)", and refused as serve refuses it before it runs. Before, --sessions 0 was told
+// "--sessions 0 --messages 50 --rounds 1: all must be at least 1", and --data-dir in /proc got
+// the mkdir's error at the daemon's start, naming neither the key nor the flag.
 func TestBenchBadFlags(t *testing.T) {
-	for _, args := range [][]string{
-		{"bench", "--sessions", "0"},
-		{"bench", "--messages", "-1"},
-		{"bench", "--rounds", "0"},
-		{"bench", "--config", "/nonexistent/agentgate.yaml"},
+	for _, tt := range []struct {
+		args []string
+		want string // the error; "" for any
+	}{
+		{[]string{"--sessions", "0"}, "bench: --sessions 0: must be at least 1"},
+		{[]string{"--messages", "-1"}, "bench: --messages -1: must be at least 1"},
+		{[]string{"--rounds", "0", "--sessions", "0"}, "bench: --sessions 0, --rounds 0: must be at least 1"},
+		{[]string{"--config", "/nonexistent/agentgate.yaml"}, ""},
+		{[]string{"--data-dir", "/proc/agentgate-bench"}, `bench: data_dir: "/proc/agentgate-bench": cannot be made: /proc is in the kernel's proc file system, which holds no files: set another data_dir (set by --data-dir)`},
 	} {
+		if slices.Contains(tt.args, "/proc/agentgate-bench") && runtime.GOOS != "linux" {
+			continue // (kernelFS)
+		}
 		var stdout, stderr bytes.Buffer
-		if err := run(context.Background(), args, &stdout, &stderr); err == nil {
+		args := append([]string{"bench"}, tt.args...)
+		err := run(context.Background(), args, &stdout, &stderr)
+		switch {
+		case err == nil:
 			t.Errorf("run(%q) = nil, want an error", args)
+		case tt.want != "" && err.Error() != tt.want:
+			t.Errorf("run(%q) = %q, want %q", args, err, tt.want)
 		}
 		if stdout.Len() != 0 {
 			t.Errorf("run(%q) stdout = %q, want nothing", args, stdout.String())
