@@ -13,20 +13,32 @@ import (
 // unknownKey is the problem of the key named key, unknown in the mapping m of the section at
 // path of type t: errUnknownKey, with the section's key it most likely misspells when one is
 // close (http.adr: "did you mean http.addr?"). A key the mapping writes already is no
-// suggestion: mod beside mode is no misspelt mode.
+// suggestion (mod beside mode is no misspelt mode), but for a section when no other key is
+// close: sesions beside sessions is most likely its keys written apart, which go in it.
 func unknownKey(t reflect.Type, m *yaml.Node, path, key string) error {
 	written := make(map[string]bool)
 	for i := 0; i+1 < len(m.Content); i += 2 {
 		written[m.Content[i].Value] = true
 	}
-	var names []string
+	var names, sections []string
 	for i := range t.NumField() {
-		if name, ok := yamlKey(t.Field(i)); ok && !written[name] {
+		f := t.Field(i)
+		name, ok := yamlKey(f)
+		switch {
+		case !ok:
+		case !written[name]:
 			names = append(names, name)
+		case isSection(f.Type):
+			sections = append(sections, name)
 		}
 	}
 	best := closest(strings.ToLower(key), names)
 	if best == "" {
+		if section := closest(strings.ToLower(key), sections); section != "" {
+			// Before, a bare "unknown key": the close key is written already.
+			p := joinPath(path, section)
+			return fmt.Errorf("%w (did you mean %s? %s is written already: move these keys into it, as a section is written once)", errUnknownKey, p, p)
+		}
 		// log_level or log.level: a key of a section written beside it, as a variable's name
 		// or a dotted path reads, which YAML takes for one key of its own.
 		if section, inner, ok := nestedKey(t, strings.ToLower(key)); ok {
@@ -37,6 +49,14 @@ func unknownKey(t reflect.Type, m *yaml.Node, path, key string) error {
 		return errUnknownKey
 	}
 	return fmt.Errorf("%w (did you mean %s?)", errUnknownKey, joinPath(path, best))
+}
+
+// isSection reports whether a key of type t holds keys of its own (a mapping).
+func isSection(t reflect.Type) bool {
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.Kind() == reflect.Struct || t.Kind() == reflect.Map
 }
 
 // closest returns the one of names that word most likely misspells, or "" when none is close:

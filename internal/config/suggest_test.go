@@ -54,6 +54,12 @@ func TestLoadUnknownKeySuggestsTheClosest(t *testing.T) {
 		// mod beside mode is no misspelt mode: mode is written already.
 		{"the close key is written already", "sessions:\n  reset:\n    mode: idle\n    mod: idle\n", nil,
 			"FILE:4: sessions.reset.mod: unknown key"},
+		// A section misspelt beside itself: its keys go in the one written. Before, a bare
+		// "unknown key", for the close key is written already.
+		{"a section written already", "sessions:\n  history_limit: 5\nsesions:\n  queue: {cap: 5}\n", nil,
+			"FILE:3: sesions: unknown key (did you mean sessions? sessions is written already: move these keys into it, as a section is written once)"},
+		{"a section written already, within a section", "agent:\n  exec: {timeout: 5m}\n  exce: {kill_grace: 5s}\n", nil,
+			"FILE:3: agent.exce: unknown key (did you mean agent.exec? agent.exec is written already: move these keys into it, as a section is written once)"},
 		{"in a variable's mapping", "", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE={dm: {idel_minutes: 5}}"},
 			`AGENTGATE_SESSIONS_RESET_BY_TYPE: "{dm: {idel_minutes: 5}}": dm.idel_minutes: unknown key (did you mean dm.idle_minutes?)`},
 	}
