@@ -137,8 +137,10 @@ func (p *Platform) handleReset(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case err != nil || info == nil:
 		case info.Kept:
-			// Nothing ended: the log must not read as if a conversation had.
-			p.log.Info("session reset through the API found it holding nothing yet; it is kept", "session", key,
+			// Nothing ended: the log must not read as if a conversation had. Worded as
+			// agentgate sessions reset says it: "holding nothing yet" read as false beside
+			// sessions show's count of its commands and notices.
+			p.log.Info("session reset through the API found it holding no conversation yet (commands and notices do not count); it is kept", "session", key,
 				"id", info.SessionID, "remote", r.RemoteAddr)
 		default:
 			// An operator's action that ends a conversation: the log says who asked and what ended.

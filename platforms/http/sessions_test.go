@@ -81,7 +81,7 @@ func TestSessionRoutes(t *testing.T) {
 		if info := mustDecode[SessionInfo](t, got); got.status != 200 || !info.Kept || info.SessionID != "s1-next" {
 			t.Errorf("POST reset of a fresh session = %d %s, want 200, kept", got.status, got.body)
 		}
-		if want := `level=INFO msg="session reset through the API found it holding nothing yet; it is kept" platform=http session=` + key + ` id=s1-next`; !strings.Contains(logs.String(), want) || strings.Count(logs.String(), "ended=") != 1 {
+		if want := `level=INFO msg="session reset through the API found it holding no conversation yet (commands and notices do not count); it is kept" platform=http session=` + key + ` id=s1-next`; !strings.Contains(logs.String(), want) || strings.Count(logs.String(), "ended=") != 1 {
 			t.Errorf("the log has no line %q (nor only it):\n%s", want, logs)
 		}
 		if got := h.do("GET", path+"/reset", nil, ""); got.status != 405 || got.errCode() != CodeMethodNotAllowed || got.header.Get("Allow") == "" {

@@ -118,8 +118,9 @@ type SessionInfo struct {
 	OutputTokens int64 `json:"output_tokens"`
 	// Live is the session actor's state; nil when no actor is running.
 	Live *LiveState `json:"live,omitempty"`
-	// Kept, in the answer to a reset, says that the session held nothing yet and the reset
-	// left it as it is (it would have begun another just as empty).
+	// Kept, in the answer to a reset, says that the session held no conversation yet (commands
+	// and notices do not count) and the reset left it as it is (it would have begun another
+	// just as empty).
 	Kept bool `json:"kept,omitempty"`
 }
 
