@@ -227,6 +227,10 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			return nil, fmt.Errorf("start: discord is enabled but the environment variable %s (platforms.discord.token_env) holds the prefix \"Bot\" alone, without the token: set it to the bot token (the Developer Portal's Bot page)", dc.TokenEnv)
 		}
 	}
+	for _, err := range cfg.DiscordTokenAdvice(os.Getenv) {
+		// A warning, not a refusal: Discord may change the format (check-config warns too).
+		log.Warn("the Discord bot token does not look like one; serving all the same", logging.Err(err))
+	}
 	if cfg.Cluster.Enabled {
 		opts.SharedStore = true // see Options.SharedStore
 	}

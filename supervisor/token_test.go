@@ -8,6 +8,7 @@ import (
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/platforms/discord/discordtest"
 )
 
 // getStatus answers the status of GET url with the bearer token (none when "").
@@ -78,6 +79,44 @@ func TestStartLogsOfTheToken(t *testing.T) {
 				if strings.Contains(logs.String(), a) {
 					t.Errorf("the start's log holds %q:\n%s", a, logs.String())
 				}
+			}
+		})
+	}
+}
+
+// TestStartWarnsOfADiscordTokenOfAnotherShape: a daemon whose Discord bot token has a shape no
+// bot token has (a client secret pasted in its place: no dots) warns of it at start, naming
+// the variable and never the token, and starts all the same (Discord may change the format;
+// the fake takes the value); a token of the shape is no warning. Before, serve said nothing,
+// and only the connection's refusal told.
+func TestStartWarnsOfADiscordTokenOfAnotherShape(t *testing.T) {
+	const warning = "the Discord bot token does not look like one; serving all the same"
+	for _, tc := range []struct {
+		name, token string
+		want        bool
+	}{
+		{"a client secret", "AbCdEfGhIjKlMnOpQrStUvWxYz012345", true},
+		{"a bot token", discordtest.DefaultToken, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := discordtest.New(t, discordtest.WithToken(tc.token))
+			t.Setenv("AGTEST_BOT_TOKEN", tc.token)
+			var logs testutil.Buffer
+			r := MustStartDaemon(t, echo.New(), daemonOpts{logs: &logs, tweak: func(c *config.Config) {
+				c.Platforms.Discord.Enabled, c.Platforms.Discord.APIURL = true, srv.APIURL()
+				c.Platforms.Discord.TokenEnv = "AGTEST_BOT_TOKEN"
+			}})
+			srv.WaitReady(t) // serving all the same
+			r.stop(t)
+			got := logs.String()
+			if has := strings.Contains(got, "level=WARN msg=\""+warning+"\""); has != tc.want {
+				t.Errorf("the start's log holds %q: %v, want %v:\n%s", warning, has, tc.want, got)
+			}
+			if tc.want && (!strings.Contains(got, `platforms.discord.token_env: \"AGTEST_BOT_TOKEN\"`) || !strings.Contains(got, "has no dots")) {
+				t.Errorf("the start's log does not name the variable and say what is wrong:\n%s", got)
+			}
+			if strings.Contains(got, tc.token) {
+				t.Errorf("the start's log holds the token:\n%s", got)
 			}
 		})
 	}

@@ -485,6 +485,25 @@ func TestCheckConfigWarnsOfAShortToken(t *testing.T) {
 	}
 }
 
+// TestCheckConfigWarnsOfADiscordTokenOfAnotherShape: check-config warns, at token_env's line,
+// of a Discord bot token of a shape no bot token has (the application's ID pasted in its place),
+// naming the variable and never the token, and still says config ok (Discord may change the
+// format); a token of the shape, with the "Bot " prefix the platform cuts, is no warning.
+// Before, any value passed without a word, and only the connection told.
+func TestCheckConfigWarnsOfADiscordTokenOfAnotherShape(t *testing.T) {
+	for _, tt := range []struct{ name, token, want string }{
+		{"an application ID", "123456789012345678\n", `warning: %s:5: platforms.discord.token_env: "WALK_BOT": holds a value that does not look like a bot token: ` +
+			"it is all digits, the form of the application's (client) ID or a user's ID, not of a bot token; copy the token from the Developer Portal's Bot page " +
+			"(Reset Token shows a new one); serve starts with it all the same, in case Discord changed the format, and Discord refuses a wrong one at the connection\n"},
+		{"a bot token", "Bot MTIzNDU2Nzg5MDEyMzQ1Njc4.GaBc12.x_y-Z0123456789abcdefghijKLMNOP", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("WALK_BOT", tt.token)
+			checkConfigWarns(t, "platforms:\n  discord:\n    enabled: true\n    token_env: WALK_BOT\n", tt.want)
+		})
+	}
+}
+
 // checkConfigWarns runs check-config on a file of text after its data_dir line (a data directory
 // that holds a database, so that check-config notes no new one), and fails the test unless it
 // says config ok with want on stderr, in which %s stands for the file's path ("": nothing).

@@ -710,7 +710,8 @@ func (n *notice) Unwrap() error { return n.err }
 // startNotices returns check-config's notices of cfg: that serve will create a new, empty
 // SQLite database (before, "config ok" of a mistyped path, on which serve started as on no
 // conversations at all), what README advises against in the PostgreSQL store's settings
-// and the openai backend's, and a bearer token short enough to guess.
+// and the openai backend's, a bearer token short enough to guess, and a Discord bot token of
+// a shape no bot token has.
 func startNotices(cfg *config.Config) []error {
 	var out []error
 	if err := cfg.NewSQLiteDatabase(); err != nil {
@@ -719,7 +720,7 @@ func startNotices(cfg *config.Config) []error {
 	if err := emptySQLiteDatabase(cfg); err != nil {
 		out = append(out, &notice{kind: "note", err: err})
 	}
-	for _, err := range slices.Concat(diskSpace(cfg, false), cfg.PostgresAdvice(), cfg.OpenAIAdvice(), cfg.ExecAdvice(), cfg.HistoryAdvice(), cfg.TokenAdvice(os.Getenv)) {
+	for _, err := range slices.Concat(diskSpace(cfg, false), cfg.PostgresAdvice(), cfg.OpenAIAdvice(), cfg.ExecAdvice(), cfg.HistoryAdvice(), cfg.TokenAdvice(os.Getenv), cfg.DiscordTokenAdvice(os.Getenv)) {
 		out = append(out, &notice{kind: "warning", err: err})
 	}
 	return out

@@ -19,7 +19,7 @@ import (
 const DefaultHeartbeatInterval = 41250 * time.Millisecond
 
 // DefaultToken is the bot token a Server accepts unless WithToken says otherwise.
-const DefaultToken = "fake-bot-token"
+const DefaultToken = "MTIzNDU2Nzg5MDEyMzQ1Njc4.GfAkE1.ZmFrZS1ib3QtdG9rZW4tb2YtdGhlLXNoYXBl"
 
 // WaitTimeout bounds WaitFor, WaitSent and WaitReady.
 const WaitTimeout = 10 * time.Second
