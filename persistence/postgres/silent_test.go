@@ -172,11 +172,12 @@ func TestSilentServerIsLeftAtOnce(t *testing.T) {
 // silence, which makes the connections open then drop everything they carry, both ways, and
 // never close, as a host that is gone does. Connections made later pass.
 type silencer struct {
-	dsn    string
-	close  func() // ends every connection and the listener; idempotent
-	mu     sync.Mutex
-	silent []*atomic.Bool
-	conns  []net.Conn
+	dsn     string
+	close   func()        // ends every connection and the listener; idempotent
+	dropped chan struct{} // signalled when a silent connection drops what its client sent
+	mu      sync.Mutex
+	silent  []*atomic.Bool
+	conns   []net.Conn
 }
 
 func newSilencer(t *testing.T, dsn string) *silencer {
@@ -195,7 +196,7 @@ func newSilencer(t *testing.T, dsn string) *silencer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &silencer{dsn: strings.Replace(dsn, "host="+cfg.Host, "host="+dir, 1)}
+	p := &silencer{dsn: strings.Replace(dsn, "host="+cfg.Host, "host="+dir, 1), dropped: make(chan struct{}, 1)}
 	if p.dsn == dsn {
 		t.Fatalf("no host=%s in %s", cfg.Host, dsn)
 	}
@@ -233,6 +234,11 @@ func newSilencer(t *testing.T, dsn string) *silencer {
 					if n > 0 && !silent.Load() {
 						if _, err := dst.Write(buf[:n]); err != nil {
 							return
+						}
+					} else if n > 0 && src == c {
+						select {
+						case p.dropped <- struct{}{}:
+						default:
 						}
 					}
 					if err != nil {
@@ -301,44 +307,7 @@ func TestCloseEndsALockRetakeTheServerDoesNotAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir, err := os.MkdirTemp("", "pghole")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	hole, err := net.Listen("unix", filepath.Join(dir, fmt.Sprintf(".s.PGSQL.%d", s.lockCfg.Port)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The partition: connections are accepted and never answered, until hangUp.
-	var mu sync.Mutex
-	var conns []net.Conn
-	dialled := make(chan struct{}, 1)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := hole.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			select {
-			case dialled <- struct{}{}:
-			default:
-			}
-		}
-	})
-	hangUp := func() {
-		_ = hole.Close()
-		wg.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	}
+	dir, dialled, hangUp := newHole(t, s.lockCfg.Port)
 	defer hangUp()
 	// The lock's connection is lost, and the server is now behind a partition.
 	s.lockMu.Lock()
@@ -365,4 +334,51 @@ func TestCloseEndsALockRetakeTheServerDoesNotAnswer(t *testing.T) {
 		t.Errorf("Close has not returned %v after it began, with a retake of the lock waiting for a partitioned server", time.Since(began).Round(time.Millisecond))
 		<-closed
 	}
+}
+
+// newHole listens, in a directory of its own, on the Unix socket of a database server on port,
+// as a server behind a network partition (no RST) looks: connections are accepted and never
+// answered, until hangUp, which closes them and the listener. dialled is signalled at each
+// connection. hangUp is idempotent.
+func newHole(t *testing.T, port uint16) (dir string, dialled <-chan struct{}, hangUp func()) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "pghole")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	hole, err := net.Listen("unix", filepath.Join(dir, fmt.Sprintf(".s.PGSQL.%d", port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	dial := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := hole.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			select {
+			case dial <- struct{}{}:
+			default:
+			}
+		}
+	})
+	hangUp = func() {
+		_ = hole.Close()
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+	t.Cleanup(hangUp)
+	return dir, dial, hangUp
 }
