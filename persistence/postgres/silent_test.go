@@ -382,3 +382,106 @@ func newHole(t *testing.T, port uint16) (dir string, dialled <-chan struct{}, ha
 	t.Cleanup(hangUp)
 	return dir, dial, hangUp
 }
+
+// TestLockCheckHoldsNoCommit: the lock check pings the daemon lock's connection every 5 s, and
+// a ping the server does not answer (a partition, a hung server) waits out the check's timeout
+// (5 s). A commit meanwhile goes on, fenced with the epoch of the lock the store holds until
+// the check finds it lost. Before, every commit (the persistence actor's whole batch, all
+// chats) waited for the check in progress: a round trip at every check, the whole timeout here.
+func TestLockCheckHoldsNoCommit(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	s, err := Open(ctx, dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// The lock's connection alone goes through a silencer: the lock is let go, and taken again
+	// there.
+	p := newSilencer(t, dsn)
+	defer p.close() // first: the check's ping ends before Close lets go of the lock
+	through, err := pgx.ParseConfig(p.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.lockMu.Lock()
+	s.unlock()
+	s.lockCfg.Host, s.lockCfg.Fallbacks = through.Host, nil
+	s.lockMu.Unlock()
+	if err := s.checkLock(ctx); err != nil {
+		t.Fatalf("take the lock again through the silencer: %v", err)
+	}
+
+	p.silence()
+	// Given up after 10 s, as the watcher's check is after its interval: without it, a commit
+	// that waits for the check would wait for ever.
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	checked := make(chan error, 1)
+	go func() { checked <- s.checkLock(cctx) }()
+	<-p.dropped // the check's ping has gone to a server that does not answer
+
+	committed := make(chan []error, 1)
+	go func() {
+		committed <- s.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s1", "k")}}})
+	}()
+	select {
+	case errs := <-committed:
+		if errs[0] != nil {
+			t.Errorf("a commit during a check of the lock: %v", errs[0])
+		}
+	case err := <-checked:
+		t.Fatalf("the lock check whose ping got no answer ended (%v) before a commit begun during it", err)
+	}
+	if _, err := s.Session(ctx, "s1"); err != nil {
+		t.Errorf("the session committed during the check: %v", err)
+	}
+
+	// The lock's connection ends: the check finds the lock lost, and a commit is refused.
+	p.close()
+	if err := <-checked; err == nil {
+		t.Error("the check of a lock whose connection ended: nil, want the lock lost")
+	}
+	errs := s.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s2", "k")}}})
+	if !errors.Is(errs[0], persistence.ErrUnavailable) {
+		t.Errorf("a commit after the lock was lost: %v, want ErrUnavailable", errs[0])
+	}
+}
+
+// TestLockRetakeHoldsNoCommit: once the daemon lock is lost, it is taken again each second, on
+// a new connection, which a server behind a partition (no RST) does not answer for the check's
+// whole timeout (5 s). A commit meanwhile is refused at once as unavailable: a single daemon
+// spools it, a member refuses it and its sessions hold the results. Before, every commit
+// waited for the retake in progress, and then was refused all the same.
+func TestLockRetakeHoldsNoCommit(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	s, err := Open(ctx, dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	dir, dialled, hangUp := newHole(t, s.lockCfg.Port)
+	defer hangUp() // first: the retake ends before Close
+	// The lock's connection is lost, and the server is now behind a partition.
+	s.lockMu.Lock()
+	s.unlock()
+	s.lockLost = true
+	s.lockCfg.Host, s.lockCfg.Fallbacks = dir, nil
+	s.lockMu.Unlock()
+	<-dialled // a retake (watchLock's, each second) waits for the server's answer, for an hour
+
+	committed := make(chan []error, 1)
+	go func() {
+		committed <- s.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s1", "k")}}})
+	}()
+	select {
+	case errs := <-committed:
+		if !errors.Is(errs[0], persistence.ErrUnavailable) {
+			t.Errorf("a commit during a retake of the lost lock: %v, want ErrUnavailable", errs[0])
+		}
+	case <-time.After(10 * time.Second): // a fail-safe: the retake would wait an hour
+		hangUp() // the retake's connection ends: the commit goes on
+		t.Errorf("a commit waited for a retake of the lost lock: %v", (<-committed)[0])
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/logging"
@@ -75,12 +76,24 @@ type Store struct {
 
 	commitMu sync.Mutex
 
+	// lockMu lets one check of the daemon lock (checkLock: a ping of its connection, or a
+	// retake once it is lost) or Close's release of it run at a time; it guards lockConn and
+	// lockLost, and is held across the check's network I/O. Commits do not take it: they read
+	// the lock's state the checks publish (held).
 	lockMu   sync.Mutex
 	lockCfg  *pgx.ConnConfig // nil unless Exclusive or Shared
 	shared   bool            // the daemon lock is held shared (a cluster member), unfenced
 	connCfg  *pgx.ConnConfig // for connections of their own (Lease)
 	lockConn *pgx.Conn       // holds the advisory lock; nil while lost
 	lockLost bool            // the last check failed (logged once per loss)
+	// held is the daemon lock as the checks last left it, for lockHeld: the epoch of the lock
+	// lockConn holds, once it is taken with its epoch raised and its idle session bounded; nil
+	// while it is lost, being released or being taken again. Set with lockMu held (or before
+	// the store is shared), read without it: a commit neither waits for a check's ping (a
+	// round trip, or the whole check's timeout when the server does not answer) nor for a
+	// retake (a connection and four statements), which held every commit, the persistence
+	// actor's whole batch, for as long (TestLockCheckHoldsNoCommit).
+	held atomic.Pointer[lockHold]
 	// closing ends as Close begins: it ends the lock watcher, and gives up the check or the
 	// retake of the lock it has in progress (watchLock).
 	closing       context.Context
@@ -88,7 +101,8 @@ type Store struct {
 	watcher       sync.WaitGroup
 	// lockEpoch is the daemon lock's epoch this store raised (exclusive, or the first member
 	// after a single daemon) or read (the other members) when it took the lock (raiseEpoch);
-	// every commit is fenced with it (agentgate_daemon_fence).
+	// every commit is fenced with it (agentgate_daemon_fence), as held publishes it. Guarded
+	// as lockConn is.
 	lockEpoch int64
 	// lockIdle is how long the server keeps the lock's session once its connection falls
 	// silent (endIdleLock); 0 until Open has migrated.
@@ -194,6 +208,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 			pool.Close()
 			return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 		}
+		st.held.Store(&lockHold{epoch: st.lockEpoch})
 		st.watcher.Go(func() { st.watchLock(every) })
 	}
 	return st, nil
@@ -295,11 +310,16 @@ func (s *Store) watchLock(every time.Duration) {
 // while the lock is lost.
 const lockRetakeEvery = time.Second
 
-// lockGone reports whether the store has lost its daemon lock and not taken it again.
+// lockGone reports whether the store has lost its daemon lock and not taken it again. It does
+// not wait for a check in progress (a ping of Ping's, or a retake), which the retake it leads
+// to waits for instead.
 func (s *Store) lockGone() bool {
-	s.lockMu.Lock()
-	defer s.lockMu.Unlock()
-	return s.lockConn == nil
+	return s.held.Load() == nil
+}
+
+// lockHold is the daemon lock as a store holds it (Store.held).
+type lockHold struct {
+	epoch int64 // the lock's epoch, every commit's fence
 }
 
 // daemonLock is the advisory lock class an exclusive store holds, and every cluster member
@@ -406,6 +426,7 @@ func (s *Store) endIdleLock(ctx context.Context) error {
 // closed connection's session (and its locks) only some time after the client went, and a
 // daemon restarted at once must find the lock free.
 func (s *Store) unlock() {
+	s.held.Store(nil) // first: no commit is fenced with a lock being let go
 	if s.lockConn != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -429,17 +450,18 @@ func (s *Store) lockFunc(op string) string {
 // rather than race another daemon. Otherwise it returns the fence of the lock's epoch, which
 // Commit runs first in its transaction (nil for a store that holds no lock: no fence). A lock
 // connection that died unnoticed still counts as held here; the fence refuses the commit once
-// another daemon has taken the lock exclusively.
+// another daemon has taken the lock exclusively. It reads the state the last check left (held)
+// and waits for no check in progress: a check's ping is of a lock held until it fails, and a
+// retake's lock counts as lost until its epoch is raised.
 func (s *Store) lockHeld() (fence *stmt, err error) {
 	if s.lockCfg == nil {
 		return nil, nil
 	}
-	s.lockMu.Lock()
-	defer s.lockMu.Unlock()
-	if s.lockConn == nil {
+	h := s.held.Load()
+	if h == nil {
 		return nil, fmt.Errorf("%w: the daemon lock on the database is lost", persistence.ErrUnavailable)
 	}
-	return &stmt{sql: daemonFenceSQL, args: []any{s.lockEpoch}}, nil
+	return &stmt{sql: daemonFenceSQL, args: []any{h.epoch}}, nil
 }
 
 // checkLock checks that an exclusive store still holds its lock, and takes it again on a new
@@ -481,6 +503,7 @@ func (s *Store) checkLock(ctx context.Context) error {
 		}
 		return fmt.Errorf("daemon lock lost: %w", err)
 	}
+	s.held.Store(&lockHold{epoch: s.lockEpoch})
 	s.log.Warn("took the database's daemon lock again after its connection was lost")
 	s.lockLost = false
 	return nil
