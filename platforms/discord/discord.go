@@ -496,7 +496,8 @@ func (p *Platform) onReady(_ *discordgo.Session, r *discordgo.Ready) {
 }
 
 // backfillThenRelease runs a backfill (of the unread gaps only, with gaps), then takes the live
-// messages held meanwhile, in order, once no other backfill waits.
+// messages held meanwhile, in order, once no other backfill waits and no resume's replay is in
+// flight (whose end, endReplay, takes them then).
 func (p *Platform) backfillThenRelease(gaps bool) {
 	p.backfillMu.Lock()
 	defer p.backfillMu.Unlock()
@@ -513,6 +514,15 @@ func (p *Platform) backfillThenRelease(gaps bool) {
 		if p.backfills > 0 {
 			p.mu.Unlock()
 			return // a later READY's backfill waits: it takes them after its own
+		}
+		if p.replaying {
+			// A resume's replay is in flight: what is held waits for its end (endReplay),
+			// so that the deletions and edits still to come in it apply to the replayed
+			// messages held here. Taken now, an idle session ran a message its sender had
+			// deleted (TestReplayHeldThroughABackfillThatEndsFirst).
+			p.releasing = false
+			p.mu.Unlock()
+			return
 		}
 		held := p.held
 		p.held = nil

@@ -33,7 +33,7 @@ func (p *Platform) beginReplay() {
 // endReplay ends the hold of a replay and hands what it holds to the runtime, in order: at
 // RESUMED, at the READY of a new gateway session, when the connection ends or Open fails.
 // While a backfill runs or releases, the held messages are left to it: it takes them after its
-// own, in order.
+// own, in order, unless a replay is in flight again when it is done, whose end takes them.
 func (p *Platform) endReplay() {
 	p.mu.Lock()
 	p.replaying = false

@@ -2,6 +2,7 @@ package discord_test
 
 import (
 	"log/slog"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -131,5 +132,62 @@ func TestReplayCutShortByAStopIsReadBackAfterTheRestart(t *testing.T) {
 	w.replyTo(t, dmID, held.ID)
 	if got, want := w.answered(dmID), []string{before.ID, held.ID}; !slices.Equal(got, want) {
 		t.Errorf("replies answer %v, want %v (each once)", got, want)
+	}
+}
+
+// TestReplayHeldThroughABackfillThatEndsFirst: a backfill (a new gateway session's READY) still
+// reading when the connection drops holds the messages the RESUME replays, as it holds live
+// ones; when it ends before RESUMED, what it held waits for RESUMED, so a deletion that comes
+// after it in the replay still drops it. Before, the backfill's release handed the replayed
+// message on at once: its idle session ran it (its deletion came too late), and the agent
+// ran a message its sender had deleted.
+func TestReplayHeldThroughABackfillThatEndsFirst(t *testing.T) {
+	a := newHeldAgent()
+	w := newWorld(t, a.agent(), nil)
+	w.logLevel = slog.LevelDebug // for discordgo's line of a replayed first packet
+	w.start(t)
+	w.srv.WaitReady(t)
+	w.answeredInBoth(t) // alice's DM, and bob's session in the channel, idle
+	asked := w.answered(channelID)
+
+	// A new gateway session: its backfill reads the DM, whose first page waits, and cannot read
+	// the channel (no Read Message History), so it reads back nothing said there.
+	hold := make(chan struct{})
+	w.srv.HoldNext("GET", "/channels/"+dmID+"/messages", hold, 1)
+	w.srv.FailNext("GET", "/channels/"+channelID+"/messages", http.StatusForbidden, 1)
+	w.srv.InvalidateSession()
+	w.srv.WaitFor(t, "the new session's backfill reading", func() bool { return w.srv.Requests("GET", "/channels/"+dmID+"/messages") == 1 })
+
+	// The connection drops while the backfill reads; the RESUME replays a mention bob said
+	// meanwhile, and RESUMED waits.
+	release := w.srv.WithholdResumed()
+	defer release()
+	w.srv.Disconnect()
+	gone := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: bob, Content: "never mind", MentionBot: true})
+	eventually(t, "the replayed message handled", func() bool {
+		return strings.Contains(w.log.String(), `resume replayed missed events before RESUMED" component=discord platform=discord component=discordgo first=MESSAGE_CREATE`)
+	})
+
+	// The backfill ends before RESUMED; then the replay's deletion of the message comes.
+	close(hold)
+	eventually(t, "the backfill's end", func() bool { return strings.Contains(w.log.String(), "read what was missed") })
+	w.srv.Delete(gone.ID)
+	release()
+	after := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: bob, Content: "after", MentionBot: true})
+	w.replyTo(t, channelID, after.ID)
+	if got, want := w.answered(channelID), append(asked, after.ID); !slices.Equal(got, want) {
+		t.Errorf("replies answer %v, want %v (not the message deleted in the replay)", got, want)
+	}
+	if _, ok := w.stored(t, channelID, gone.ID); ok {
+		t.Errorf("the message %s deleted in the replay was taken", gone.ID)
+	}
+	for _, texts := range a.ran() {
+		if slices.Contains(texts, "never mind") {
+			t.Errorf("agent runs = %q, want none of the deleted message", a.ran())
+			break
+		}
+	}
+	if w.srv.Resumes() == 0 {
+		t.Error("the gateway session was not resumed")
 	}
 }
