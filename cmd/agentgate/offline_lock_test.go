@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/testutil"
@@ -21,49 +24,66 @@ import (
 //
 // What shows it is structural: the error is the open's check's (it ends with "take the write
 // lock: database is locked"), and the database's files are as they were, byte for byte. The
-// time is a check of the wait's count, not of the machine's speed: SQLite's busy handler sleeps
-// its busy timeout, 5 s, in steps that never end early, so a command that waited once took at
-// least 5 s, and one that waited twice at least 10 s, however fast the machine; the bounds
-// fail only on a machine that spends 5 s more on the wait's lock attempts.
+// count of the waits is read on the bubble's clock, which only the waits move: SQLite's busy
+// handler (modernc.org/sqlite's, in Go) sleeps the busy timeout, 5 s, in steps whose last one
+// ends on it, so a command that waited once took exactly 5 s there and one that waited twice
+// 10 s, whatever the machine (the test takes well under a second of real time).
 func TestOfflineWriteLockedDatabase(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits out the store's 5 s busy timeout")
-	}
 	const busy = 5 * time.Second // the writer's busy timeout (its DSN's busy_timeout)
 	dir := MustSeedSessions(t)
 	path := filepath.Join(dir, "agentgate.db")
-	unlock := testutil.LockSQLite(t, path)
-	before := databaseFiles(t, path)
-	for _, args := range [][]string{
-		{"pardon", "--all"},
-		{"reset", keyA},
-		{"requeue", keyA, "m4"},
-	} {
-		start := time.Now()
-		out, stderr, err := runSessions(t, append(args, "--data-dir", dir)...)
-		took := time.Since(start)
-		if w := "open " + path + ": the database is locked by another process (SQLITE_BUSY): "; err == nil || !strings.HasPrefix(err.Error(), w) ||
-			!strings.Contains(err.Error(), "held its write lock for 5 s; end it (fuser "+path+") and run the command again (nothing was changed): ") ||
-			!strings.HasSuffix(err.Error(), ": take the write lock: database is locked (5) (SQLITE_BUSY)") || out != "" || stderr != "" {
-			t.Errorf("sessions %s with the database locked = %v, stdout %q, stderr %q; want the open's check to fail with the error %q…, "+
-				"naming fuser and that nothing was changed, and nothing else said", strings.Join(args, " "), err, out, stderr, w)
+	synctest.Test(t, func(t *testing.T) {
+		unlock := testutil.LockSQLite(t, path)
+		before := databaseFiles(t, path)
+		for _, args := range [][]string{
+			{"pardon", "--all"},
+			{"reset", keyA},
+			{"requeue", keyA, "m4"},
+		} {
+			start := time.Now()
+			out, stderr, err := runSessionsIn(t.Context(), append(args, "--data-dir", dir)...)
+			took := time.Since(start)
+			if w := "open " + path + ": the database is locked by another process (SQLITE_BUSY): "; err == nil || !strings.HasPrefix(err.Error(), w) ||
+				!strings.Contains(err.Error(), "held its write lock for 5 s; end it (fuser "+path+") and run the command again (nothing was changed): ") ||
+				!strings.HasSuffix(err.Error(), ": take the write lock: database is locked (5) (SQLITE_BUSY)") || out != "" || stderr != "" {
+				t.Errorf("sessions %s with the database locked = %v, stdout %q, stderr %q; want the open's check to fail with the error %q…, "+
+					"naming fuser and that nothing was changed, and nothing else said", strings.Join(args, " "), err, out, stderr, w)
+			}
+			if took < busy || took >= 2*busy {
+				t.Errorf("sessions %s with the database locked failed after %v of waits for the lock (%.1f of the busy timeout, %v); want one wait",
+					strings.Join(args, " "), took, float64(took)/float64(busy), busy)
+			}
 		}
-		if took < busy || took >= 2*busy {
-			t.Errorf("sessions %s with the database locked failed after %v; want one wait of the busy timeout, %v (two take %v or more)",
-				strings.Join(args, " "), took.Round(time.Millisecond), busy, 2*busy)
+		if after := databaseFiles(t, path); after != before {
+			t.Errorf("the database's files changed under the commands that failed (%s, then %s); want nothing changed", before, after)
 		}
-	}
-	if after := databaseFiles(t, path); after != before {
-		t.Errorf("the database's files changed under the commands that failed (%s, then %s); want nothing changed", before, after)
-	}
-	unlock()
+		unlock()
 
-	// Held briefly: the pardon waits for it, as a commit does.
-	unlock = testutil.LockSQLite(t, path)
-	time.AfterFunc(500*time.Millisecond, unlock)
-	if out, _ := MustRunSessions(t, "pardon", "--all", "--data-dir", dir); !strings.HasPrefix(out, "pardoned ") {
-		t.Errorf("pardon with the database locked for 0.5 s printed %q, want it pardoned", out)
-	}
+		// Held briefly: the pardon waits for it, as a commit does, and runs once it is released
+		// (while the busy handler sleeps between two tries).
+		const held = 500 * time.Millisecond
+		unlock = testutil.LockSQLite(t, path)
+		time.AfterFunc(held, unlock)
+		start := time.Now()
+		out, _, err := runSessionsIn(t.Context(), "pardon", "--all", "--data-dir", dir)
+		took := time.Since(start)
+		if err != nil || !strings.HasPrefix(out, "pardoned ") {
+			t.Errorf("pardon with the database locked for %v = %v, printed %q; want it pardoned", held, err, out)
+		}
+		if took < held || took >= busy {
+			t.Errorf("pardon with the database locked for %v ran after %v of waits, want it to wait for the lock and no longer", held, took)
+		}
+	})
+}
+
+// runSessionsIn is runSessions with the command's context ctx. A context that can end makes
+// modernc.org/sqlite wait for a lock with its own busy handler, in Go timers on SQLite's
+// schedule, which a synctest bubble's clock runs; SQLite's C handler, which it uses under a
+// context that cannot end (main's), sleeps in a system call, in real time.
+func runSessionsIn(ctx context.Context, args ...string) (stdout, stderr string, err error) {
+	var o, e bytes.Buffer
+	err = run(ctx, append([]string{"sessions"}, args...), &o, &e)
+	return o.String(), e.String(), err
 }
 
 // databaseFiles returns what the SQLite database at path holds on disk, its file and its WAL,
