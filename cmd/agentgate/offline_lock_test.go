@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"crypto/sha256"
 	"fmt"
 	"os"
@@ -74,16 +72,6 @@ func TestOfflineWriteLockedDatabase(t *testing.T) {
 			t.Errorf("pardon with the database locked for %v ran after %v of waits, want it to wait for the lock and no longer", held, took)
 		}
 	})
-}
-
-// runSessionsIn is runSessions with the command's context ctx. A context that can end makes
-// modernc.org/sqlite wait for a lock with its own busy handler, in Go timers on SQLite's
-// schedule, which a synctest bubble's clock runs; SQLite's C handler, which it uses under a
-// context that cannot end (main's), sleeps in a system call, in real time.
-func runSessionsIn(ctx context.Context, args ...string) (stdout, stderr string, err error) {
-	var o, e bytes.Buffer
-	err = run(ctx, append([]string{"sessions"}, args...), &o, &e)
-	return o.String(), e.String(), err
 }
 
 // databaseFiles returns what the SQLite database at path holds on disk, its file and its WAL,

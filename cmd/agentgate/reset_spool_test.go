@@ -121,10 +121,8 @@ func TestSessionsResetReplaysTheSpool(t *testing.T) {
 
 	// The database refusing writes (another process holds its write lock): nothing replayed,
 	// nothing reset.
-	if !testing.Short() {
-		refusedForTheDatabasesLock(t, path, "reset", "--data-dir", dir, keyA)
-		unchanged(t, "the reset refused for the database's lock")
-	}
+	refusedForTheDatabasesLock(t, path, "reset", "--data-dir", dir, keyA)
+	unchanged(t, "the reset refused for the database's lock")
 
 	out, errOut, err := runSessions(t, "reset", "--data-dir", dir, keyA)
 	if w := "ended session sa2 of " + keyA + " (reset_command)\n"; err != nil || out != w {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/testutil"
@@ -159,10 +160,8 @@ func TestSessionsPardonReplaysTheSpool(t *testing.T) {
 
 	// The database refusing writes (another process holds its write lock): nothing replayed,
 	// nothing pardoned.
-	if !testing.Short() {
-		refusedForTheDatabasesLock(t, path, "pardon", "--data-dir", dir, keyA)
-		unchanged(t, "the pardon refused for the database's lock")
-	}
+	refusedForTheDatabasesLock(t, path, "pardon", "--data-dir", dir, keyA)
+	unchanged(t, "the pardon refused for the database's lock")
 
 	out, errOut := MustRunSessions(t, "pardon", "--data-dir", dir, keyA)
 	if w := "pardoned 0 message(s) in 0 session(s) of " + keyA + "\n"; out != w {
@@ -259,17 +258,20 @@ func TestSessionsPardonRefusesAStartingDaemon(t *testing.T) {
 
 // refusedForTheDatabasesLock runs `sessions args…` while another process holds the SQLite
 // database's write lock: the open refuses after the 5 s a commit waits for it, saying so and
-// that nothing was changed, and prints nothing.
+// that nothing was changed, and prints nothing. It runs in a bubble, under its context, so that
+// the 5 s are the bubble's (see runSessionsIn).
 func refusedForTheDatabasesLock(t *testing.T, path string, args ...string) {
 	t.Helper()
-	unlock := testutil.LockSQLite(t, path)
-	defer unlock()
-	out, _, err := runSessions(t, args...)
-	if w := "the database is locked by another process (SQLITE_BUSY): "; err == nil || !strings.Contains(err.Error(), w) ||
-		!strings.HasSuffix(err.Error(), "and run the command again (nothing was changed): take the write lock: database is locked (5) (SQLITE_BUSY)") || out != "" {
-		t.Errorf("sessions %s with the database locked = %v, stdout %q; want the error …%q…(nothing was changed)…",
-			strings.Join(args, " "), err, out, w)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		unlock := testutil.LockSQLite(t, path)
+		defer unlock()
+		out, _, err := runSessionsIn(t.Context(), args...)
+		if w := "the database is locked by another process (SQLITE_BUSY): "; err == nil || !strings.Contains(err.Error(), w) ||
+			!strings.HasSuffix(err.Error(), "and run the command again (nothing was changed): take the write lock: database is locked (5) (SQLITE_BUSY)") || out != "" {
+			t.Errorf("sessions %s with the database locked = %v, stdout %q; want the error …%q…(nothing was changed)…",
+				strings.Join(args, " "), err, out, w)
+		}
+	})
 }
 
 // m4Of reads sa2's m4 (seq 3, MustSeedSessions) and sa2 itself from the database at path.

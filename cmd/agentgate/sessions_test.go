@@ -121,8 +121,16 @@ func MustSeedLockedSessions(t *testing.T) (dir string, daemon *sqlite.Store) {
 // runSessions runs `agentgate sessions args...` and returns its stdout, stderr and error.
 func runSessions(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
+	return runSessionsIn(context.Background(), args...)
+}
+
+// runSessionsIn is runSessions with the command's context ctx. A context that can end makes
+// modernc.org/sqlite wait for a lock with its own busy handler, in Go timers on SQLite's
+// schedule, which a synctest bubble's clock runs; SQLite's C handler, which it uses under a
+// context that cannot end (main's), sleeps in a system call, in real time.
+func runSessionsIn(ctx context.Context, args ...string) (stdout, stderr string, err error) {
 	var o, e bytes.Buffer
-	err = run(context.Background(), append([]string{"sessions"}, args...), &o, &e)
+	err = run(ctx, append([]string{"sessions"}, args...), &o, &e)
 	return o.String(), e.String(), err
 }
 

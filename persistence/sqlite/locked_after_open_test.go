@@ -1,11 +1,11 @@
 package sqlite
 
 import (
-	"context"
 	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/synctest"
 
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
@@ -18,35 +18,36 @@ import (
 // run the command again; they still count as the database unavailable (a spool replay stops on
 // them). Before, they said only "database is locked (5) (SQLITE_BUSY)".
 func TestMustWriteExplainsALockTakenAfterOpen(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits out the busy timeout twice (10 s)")
-	}
-	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "agentgate.db")
-	s, err := Open(ctx, path, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
-	s, err = Open(ctx, path, Options{NoMigrate: true, MustWrite: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	unlock := testutil.LockSQLite(t, path) // the second connection, right after the open's check
-	defer unlock()
+	// In a bubble, under its context: modernc.org/sqlite's busy handler then waits in Go
+	// timers, on the bubble's clock (see TestOfflineWriteLockedDatabase), not 10 s of real time.
+	synctest.Test(t, func(t *testing.T) {
+		ctx := t.Context()
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		s, err := Open(ctx, path, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		s, err = Open(ctx, path, Options{NoMigrate: true, MustWrite: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		unlock := testutil.LockSQLite(t, path) // the second connection, right after the open's check
+		defer unlock()
 
-	_, pardonErr := s.Pardon(ctx, "")
-	commitErr := s.Commit(ctx, [][]persistence.Op{{&persistence.SetTitle{SessionID: "s1", Title: "t"}}})[0]
-	want := "the database is locked by another process (SQLITE_BUSY): a connection outside agentgate " +
-		"(a sqlite3 shell in a transaction, a backup or sync tool) held its write lock for 5 s; end it (fuser " + path +
-		") and run the command again: "
-	for what, err := range map[string]error{"pardon": pardonErr, "commit": commitErr} {
-		if err == nil || !strings.HasPrefix(err.Error(), want) || !strings.HasSuffix(err.Error(), "database is locked (5) (SQLITE_BUSY)") {
-			t.Errorf("%s under a lock taken after the open = %v, want %q…database is locked (5) (SQLITE_BUSY)", what, err, want)
+		_, pardonErr := s.Pardon(ctx, "")
+		commitErr := s.Commit(ctx, [][]persistence.Op{{&persistence.SetTitle{SessionID: "s1", Title: "t"}}})[0]
+		want := "the database is locked by another process (SQLITE_BUSY): a connection outside agentgate " +
+			"(a sqlite3 shell in a transaction, a backup or sync tool) held its write lock for 5 s; end it (fuser " + path +
+			") and run the command again: "
+		for what, err := range map[string]error{"pardon": pardonErr, "commit": commitErr} {
+			if err == nil || !strings.HasPrefix(err.Error(), want) || !strings.HasSuffix(err.Error(), "database is locked (5) (SQLITE_BUSY)") {
+				t.Errorf("%s under a lock taken after the open = %v, want %q…database is locked (5) (SQLITE_BUSY)", what, err, want)
+			}
+			if !errors.Is(err, persistence.ErrUnavailable) {
+				t.Errorf("%s under a lock taken after the open = %v, want it persistence.ErrUnavailable too", what, err)
+			}
 		}
-		if !errors.Is(err, persistence.ErrUnavailable) {
-			t.Errorf("%s under a lock taken after the open = %v, want it persistence.ErrUnavailable too", what, err)
-		}
-	}
+	})
 }
