@@ -30,10 +30,10 @@ import (
 const maxDelivered = 10_000
 
 // withdrawTimeout bounds the wait for a withdrawal's answer, or for all those of a purge
-// together (withdrawDeleted). It runs on the gateway reader, which reads nothing meanwhile, and
-// it is worth less than the messages behind it: a session that cannot answer at once (its key
-// paused, its activation slow) answers its message as usual (found by a review: a minute,
-// deliverTimeout, before).
+// together (withdrawDeleted). It runs on the intake (intake.go), which hands on nothing
+// meanwhile, and it is worth less than the messages behind it: a session that cannot answer at
+// once (its key paused, its activation slow) answers its message as usual (found by a review: a
+// minute, deliverTimeout, before).
 const withdrawTimeout = 5 * time.Second
 
 // deliveredMsg is a message the runtime took: where it was posted and the Source it went with.
@@ -62,7 +62,7 @@ func (p *Platform) noteDelivered(channel, id string, src identity.Source) {
 	}
 	p.delivered[id] = deliveredMsg{channel: channel, src: src}
 	if len(p.deliveredOrder) >= 2*maxDelivered {
-		// Forgotten a batch at a time, so that a delivery on the gateway reader does not
+		// Forgotten a batch at a time, so that a delivery on the intake does not
 		// shift the whole order once it is full (found by a review).
 		n := len(p.deliveredOrder) - maxDelivered
 		for _, old := range p.deliveredOrder[:n] {
@@ -84,22 +84,31 @@ func (p *Platform) forgetDelivered(ids []string) {
 	}
 }
 
-// onMessageDelete takes back a deleted message the runtime has not yet answered. It runs on the
-// gateway reader, after the handling of the message's MESSAGE_CREATE (whose delivery returned
-// once the message was stored), so the runtime holds the message by now. A message held while
-// a backfill runs is dropped before it is delivered. Unknown ids (the bot's own messages, what
-// it never took) and an id posted in another channel change nothing.
+// onMessageDelete takes back a deleted message the runtime has not yet answered. A message
+// still held (a backfill, a resume's replay) or queued for the intake is dropped before it is
+// delivered, at once; the withdrawal of one the runtime may hold is queued for the intake,
+// behind the handling of the message's MESSAGE_CREATE (whose delivery returns once the message
+// is stored), so the runtime holds the message by then. Unknown ids (the bot's own messages,
+// what it never took) and an id posted in another channel change nothing.
 func (p *Platform) onMessageDelete(_ *discordgo.Session, d *discordgo.MessageDelete) {
 	if d.Message == nil {
 		return
 	}
-	for _, w := range p.withdrawDeleted("MESSAGE_DELETE", d.ChannelID, []string{d.ID}) {
-		if w.err != nil {
-			p.log.Warn("discord message deleted by its sender but not withdrawn; it is answered", "channel", d.ChannelID, "message_id", d.ID, logging.Err(w.err))
-		} else if w.taken {
-			p.log.Debug("discord message deleted by its sender before its turn; withdrawn", "channel", d.ChannelID, "message_id", d.ID)
-		}
+	channel, id := d.ChannelID, d.ID
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.dropDeleted(channel, []string{id}) {
+		return
 	}
+	p.queueDeletion(func() {
+		for _, w := range p.withdrawDeleted("MESSAGE_DELETE", channel, []string{id}) {
+			if w.err != nil {
+				p.log.Warn("discord message deleted by its sender but not withdrawn; it is answered", "channel", channel, "message_id", id, logging.Err(w.err))
+			} else if w.taken {
+				p.log.Debug("discord message deleted by its sender before its turn; withdrawn", "channel", channel, "message_id", id)
+			}
+		}
+	})
 }
 
 // onMessageDeleteBulk takes back the messages of a guild channel a moderator purged at once
@@ -107,25 +116,33 @@ func (p *Platform) onMessageDelete(_ *discordgo.Session, d *discordgo.MessageDel
 // takes back one. Their outcomes are logged once for the whole purge, not a
 // line for each message.
 func (p *Platform) onMessageDeleteBulk(_ *discordgo.Session, d *discordgo.MessageDeleteBulk) {
-	var taken, failed int
-	var firstErr error
-	for _, w := range p.withdrawDeleted("MESSAGE_DELETE_BULK", d.ChannelID, d.Messages) {
-		switch {
-		case w.err != nil:
-			failed++
-			if firstErr == nil {
-				firstErr = w.err
+	channel, ids := d.ChannelID, slices.Clone(d.Messages)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.dropDeleted(channel, ids) {
+		return
+	}
+	p.queueDeletion(func() {
+		var taken, failed int
+		var firstErr error
+		for _, w := range p.withdrawDeleted("MESSAGE_DELETE_BULK", channel, ids) {
+			switch {
+			case w.err != nil:
+				failed++
+				if firstErr == nil {
+					firstErr = w.err
+				}
+			case w.taken:
+				taken++
 			}
-		case w.taken:
-			taken++
 		}
-	}
-	if failed > 0 {
-		p.log.Warn("discord messages deleted in bulk but not withdrawn; they are answered", "channel", d.ChannelID, "messages", failed, "deleted", len(d.Messages), logging.Err(firstErr))
-	}
-	if taken > 0 {
-		p.log.Debug("discord messages deleted in bulk before their turns; withdrawn", "channel", d.ChannelID, "messages", taken, "deleted", len(d.Messages))
-	}
+		if failed > 0 {
+			p.log.Warn("discord messages deleted in bulk but not withdrawn; they are answered", "channel", channel, "messages", failed, "deleted", len(ids), logging.Err(firstErr))
+		}
+		if taken > 0 {
+			p.log.Debug("discord messages deleted in bulk before their turns; withdrawn", "channel", channel, "messages", taken, "deleted", len(ids))
+		}
+	})
 }
 
 // withdrawal is the outcome of the withdrawal of one deleted message.
@@ -134,12 +151,11 @@ type withdrawal struct {
 	err   error
 }
 
-// withdrawDeleted drops the held messages among ids, deleted in channel, and withdraws the
-// delivered ones, all at once, under one withdrawTimeout: the gateway reader that waits for
-// them reads nothing meanwhile, and a purge of 100 queued messages, one after another, would
-// have held it up to 100 times as long (their sessions are mostly different users' in a guild
-// channel, and each answers as soon as it can). It returns the outcome of each withdrawal; none
-// for ids the runtime does not hold.
+// withdrawDeleted withdraws the delivered messages among ids, deleted in channel, all at once,
+// under one withdrawTimeout: the intake that waits for them hands on nothing meanwhile, and a
+// purge of 100 queued messages, one after another, would have held it up to 100 times as long
+// (their sessions are mostly different users' in a guild channel, and each answers as soon as
+// it can). It returns the outcome of each withdrawal; none for ids the runtime does not hold.
 func (p *Platform) withdrawDeleted(event, channel string, ids []string) []withdrawal {
 	type found struct {
 		id  string
@@ -147,7 +163,6 @@ func (p *Platform) withdrawDeleted(event, channel string, ids []string) []withdr
 	}
 	var todo []found
 	p.mu.Lock()
-	p.held = slices.DeleteFunc(p.held, func(m *discordgo.Message) bool { return m.ChannelID == channel && slices.Contains(ids, m.ID) })
 	for _, id := range ids {
 		if m, ok := p.delivered[id]; ok && m.channel == channel {
 			todo = append(todo, found{id: id, src: m.src})
@@ -164,7 +179,7 @@ func (p *Platform) withdrawDeleted(event, channel string, ids []string) []withdr
 	var wg sync.WaitGroup
 	for i, f := range todo {
 		wg.Go(func() {
-			// Off the gateway reader, where survived does not reach: a panic would end the
+			// Off the intake, where take's recover does not reach: a panic would end the
 			// daemon. The message is answered as if nothing had withdrawn it: a failed
 			// withdrawal, which the purge's line counts (it counted it neither way before).
 			defer func() {

@@ -112,13 +112,19 @@ type Platform struct {
 	seeded     bool // seen was filled from recent (at the first READY)
 
 	// backfills counts the backfills running or waiting (one READY each); while it is above
-	// zero, or held is being taken (releasing), live messages wait in held, so that a
-	// channel's messages are taken in order: what was missed first, then what arrives.
-	// backfillMu runs the backfills and their releases one at a time.
+	// zero, live messages wait in held, so that a channel's messages are taken in order: what
+	// was missed first, then what arrives. backfillMu runs the backfills and their releases
+	// one at a time.
 	backfills  int
-	releasing  bool
 	held       []*discordgo.Message
 	backfillMu sync.Mutex
+
+	// intake is the queue of messages (and deletions) the intake goroutine handles in order;
+	// intaking is closed when that goroutine ends, nil while none runs; intakeWarned is set
+	// once the queue grew past intakeWarnAt, until it is empty (intake.go).
+	intake       []intakeItem
+	intaking     chan struct{}
+	intakeWarned bool
 
 	// resumable is set at the first READY: discordgo's every later Open sends RESUME. While
 	// replaying, from the RESUME sent until RESUMED, the messages Discord replays wait in held
@@ -162,7 +168,7 @@ func New(c Config) (*Platform, error) {
 	s.Client = &http.Client{Timeout: restTimeout, Transport: &blockedAs429{next: api}}
 	s.UserAgent = "agentgate (https://github.com/agentgate/agentgate)"
 	// Handlers run in order on the gateway's reader, so a channel's messages are delivered in
-	// the order Discord sent them; a lost connection ends Run, and the platform supervisor
+	// the order Discord sent them (the reader queues them, the intake hands them on: intake.go); a lost connection ends Run, and the platform supervisor
 	// reopens it with capped backoff (discordgo's own reconnect loop could outlive Run).
 	s.SyncEvents = true
 	s.ShouldReconnectOnError = false
@@ -269,6 +275,14 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	p.mu.Lock()
 	p.deliver, p.runCtx = deliver, ctx
 	p.mu.Unlock()
+	// The daemon stops: the messages still queued meet the stop (handle) before Run returns,
+	// and nothing delivers once the runtime is gone. A lost connection returns at once: the
+	// intake goes on, and the next Run's messages queue behind it (intake.go).
+	defer func() {
+		if ctx.Err() != nil {
+			p.waitIntake(true)
+		}
+	}()
 	select { // a loss reported by the previous connection is old news
 	case <-p.lost:
 	default:
@@ -317,6 +331,7 @@ func (p *Platform) serve(ctx context.Context) error {
 		if err := p.s.Close(); err != nil {
 			p.log.Debug("close gateway", logging.Err(err))
 		}
+		p.waitIntake(true) // before the typing indicators stop: the intake may start one
 		return nil
 	case err := <-p.lost:
 		return err
@@ -495,45 +510,35 @@ func (p *Platform) onReady(_ *discordgo.Session, r *discordgo.Ready) {
 	go p.backfillThenRelease(false)
 }
 
-// backfillThenRelease runs a backfill (of the unread gaps only, with gaps), then takes the live
-// messages held meanwhile, in order, once no other backfill waits and no resume's replay is in
-// flight (whose end, endReplay, takes them then).
+// backfillThenRelease runs a backfill (of the unread gaps only, with gaps), then hands the live
+// messages held meanwhile to the intake, in order, once no other backfill waits and no resume's
+// replay is in flight (whose end, endReplay, hands them on then). The backfill reads once the
+// intake has handled what was queued before it (intake.go): those messages come first, and the
+// backfill, which handles what it reads back on its own goroutine, never delivers beside it.
 func (p *Platform) backfillThenRelease(gaps bool) {
 	p.backfillMu.Lock()
 	defer p.backfillMu.Unlock()
+	p.waitIntake(false)
 	func() {
 		defer p.survive("backfill") // the live messages it holds are taken all the same
 		p.backfill(gaps)
 	}()
 	p.scheduleGapRead()
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.backfills--
-	p.mu.Unlock()
-	for {
-		p.mu.Lock()
-		if p.backfills > 0 {
-			p.mu.Unlock()
-			return // a later READY's backfill waits: it takes them after its own
-		}
-		if p.replaying {
-			// A resume's replay is in flight: what is held waits for its end (endReplay),
-			// so that the deletions and edits still to come in it apply to the replayed
-			// messages held here. Taken now, an idle session ran a message its sender had
-			// deleted (TestReplayHeldThroughABackfillThatEndsFirst).
-			p.releasing = false
-			p.mu.Unlock()
-			return
-		}
+	switch {
+	case p.backfills > 0:
+		// A later READY's backfill waits: it hands them on after its own.
+	case p.replaying:
+		// A resume's replay is in flight: what is held waits for its end (endReplay), so that
+		// the deletions and edits still to come in it apply to the replayed messages held
+		// here. Handed on now, an idle session ran a message its sender had deleted
+		// (TestReplayHeldThroughABackfillThatEndsFirst).
+	default:
 		held := p.held
 		p.held = nil
-		p.releasing = len(held) > 0
-		p.mu.Unlock()
-		if len(held) == 0 {
-			return
-		}
-		for _, m := range held {
-			_ = p.handle(m, false)
-		}
+		p.enqueueLocked(held...)
 	}
 }
 

@@ -4,7 +4,8 @@
 // Inbound, it decides before anything is queued which messages the bot answers (mentions,
 // free-response channels, allowlists, bots), maps DMs, guild channels and threads to session
 // identities (the guild is the scope; an auto-threaded mention is keyed by the thread it opens)
-// and hands each message to the runtime in gateway order. Outbound, it splits replies at
+// and hands each message to the runtime in gateway order: the gateway's reader only queues it, and
+// one goroutine, the intake (intake.go), hands the queue on. Outbound, it splits replies at
 // Discord's 2,000 characters without breaking code fences, references the triggering message,
 // runs a typing indicator while turns work, and posts with nonces Discord enforces so a retry
 // never posts twice (one later than Discord holds a nonce looks in the channel first:

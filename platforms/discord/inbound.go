@@ -20,27 +20,23 @@ import (
 	"github.com/agentgate/agentgate/platforms"
 )
 
-// onMessage handles a MESSAGE_CREATE.
+// onMessage handles a MESSAGE_CREATE: it holds the message (during a backfill, or a resume's
+// replay) or queues it for the intake (intake.go), and never waits for its handling.
 func (p *Platform) onMessage(_ *discordgo.Session, m *discordgo.MessageCreate) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	switch {
-	case p.backfills > 0 || p.releasing:
+	case p.backfills > 0:
 		p.held = append(p.held, m.Message) // after what is being read back (backfillThenRelease)
-		p.mu.Unlock()
 		return
 	case p.replaying && len(p.held) < maxReplayHeld:
 		p.held = append(p.held, m.Message) // until RESUMED (replay.go)
-		p.mu.Unlock()
 		return
 	}
 	// A replay's hold that is full is handed on first, in order (replay.go).
-	before := p.held
+	held := p.held
 	p.held = nil
-	p.mu.Unlock()
-	for _, h := range before {
-		_ = p.handle(h, false)
-	}
-	_ = p.handle(m.Message, false)
+	p.enqueueLocked(append(held, m.Message)...)
 }
 
 // handle turns a message (from the gateway, or from channel history after a lost gateway
@@ -53,8 +49,8 @@ func (p *Platform) onMessage(_ *discordgo.Session, m *discordgo.MessageCreate) {
 // the next start to read back (readBackAfterStop): a backfill keeps its place unread
 // (backfill.go).
 func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
-	// One message's panic drops that message only (logged): not the backfill or the release
-	// of held messages it runs in, and not the gateway reader. Its sender is told when the
+	// One message's panic drops that message only (logged): not the backfill or the intake
+	// (intake.go) it runs in. Its sender is told when the
 	// message was one the bot answers and the runtime had not taken it.
 	var ctx context.Context
 	var admitted, taken bool

@@ -30,29 +30,27 @@ func (p *Platform) beginReplay() {
 	p.mu.Unlock()
 }
 
-// endReplay ends the hold of a replay and hands what it holds to the runtime, in order: at
-// RESUMED, at the READY of a new gateway session, when the connection ends or Open fails.
-// While a backfill runs or releases, the held messages are left to it: it takes them after its
-// own, in order, unless a replay is in flight again when it is done, whose end takes them.
+// endReplay ends the hold of a replay and hands what it holds to the intake (intake.go), in
+// order: at RESUMED, at the READY of a new gateway session, when the connection ends or Open
+// fails. While a backfill runs, the held messages are left to it: it hands them on after its
+// own, in order, unless a replay is in flight again when it is done, whose end hands them on.
 func (p *Platform) endReplay() {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.replaying = false
-	if p.backfills > 0 || p.releasing {
-		p.mu.Unlock()
+	if p.backfills > 0 {
 		return
 	}
 	held := p.held
 	p.held = nil
-	p.mu.Unlock()
-	for _, m := range held {
-		_ = p.handle(m, false)
-	}
+	p.enqueueLocked(held...)
 }
 
-// onMessageUpdate applies an edit to a held message (of a replay or during a backfill): it is
-// answered as its sender left it. An update that is no edit (an embed unfurled: no
-// edited_timestamp, no content) changes nothing; nor does the edit of a message the runtime
-// took already, whose turn is queued or done.
+// onMessageUpdate applies an edit to a message held (of a replay or during a backfill) or
+// queued for the intake: it is answered as its sender left it. An update that is no edit (an
+// embed unfurled: no edited_timestamp, no content) changes nothing; nor does the edit of a
+// message the intake has taken already, whose delivery is under way or whose turn is queued or
+// done.
 func (p *Platform) onMessageUpdate(_ *discordgo.Session, u *discordgo.MessageUpdate) {
 	if u.Message == nil || u.EditedTimestamp == nil {
 		return
@@ -60,20 +58,30 @@ func (p *Platform) onMessageUpdate(_ *discordgo.Session, u *discordgo.MessageUpd
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i, m := range p.held {
-		if m.ID != u.ID || m.ChannelID != u.ChannelID {
-			continue
-		}
-		e := *m // a copy: the held message may be shared with discordgo's state
-		e.Content, e.EditedTimestamp = u.Content, u.EditedTimestamp
-		if u.Mentions != nil {
-			e.Mentions = u.Mentions
-		}
-		if u.MentionRoles != nil {
-			e.MentionRoles = u.MentionRoles
-		}
-		if u.Attachments != nil {
-			e.Attachments = u.Attachments
-		}
-		p.held[i] = &e
+		p.held[i] = edited(m, u)
 	}
+	for i, it := range p.intake {
+		if it.m != nil {
+			p.intake[i].m = edited(it.m, u)
+		}
+	}
+}
+
+// edited is m as the edit u leaves it, if u edits m; m itself otherwise.
+func edited(m *discordgo.Message, u *discordgo.MessageUpdate) *discordgo.Message {
+	if m.ID != u.ID || m.ChannelID != u.ChannelID {
+		return m
+	}
+	e := *m // a copy: the held message may be shared with discordgo's state
+	e.Content, e.EditedTimestamp = u.Content, u.EditedTimestamp
+	if u.Mentions != nil {
+		e.Mentions = u.Mentions
+	}
+	if u.MentionRoles != nil {
+		e.MentionRoles = u.MentionRoles
+	}
+	if u.Attachments != nil {
+		e.Attachments = u.Attachments
+	}
+	return &e
 }

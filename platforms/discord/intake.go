@@ -1,0 +1,138 @@
+package discord
+
+import (
+	"slices"
+	"sync/atomic"
+
+	"github.com/bwmarrin/discordgo"
+)
+
+// The intake. discordgo runs the handlers on the gateway's reader (SyncEvents), one event after
+// another, so that a channel's messages are taken in the order Discord sent them. The handling
+// of a message can take long: its delivery waits up to deliverTimeout for a session that does
+// not answer (a store that refuses writes, a manager that backs off), its REST calls (a channel
+// lookup, a thread opened, a notice) up to restTimeout each, a withdrawal up to withdrawTimeout;
+// and at RESUMED up to maxReplayHeld held messages are handed on at once. Run there, the reader
+// read nothing meanwhile: heartbeat ACKs went unread until discordgo gave the connection up
+// (five intervals), whose disconnect handler then handed held messages on from the heartbeat
+// goroutine while the reader was still delivering (two deliveries at once, out of order), and
+// the deletions and edits of queued messages came too late to drop or rewrite them.
+//
+// So the reader only queues: each message (live, or held by a backfill or a replay and released)
+// and each deletion of a message the runtime may hold goes to the back of one queue per
+// Platform, and one goroutine, the intake, takes them off in order and handles them. A deletion
+// or an edit of a message still queued drops or rewrites it there (dropDeleted, editHeld), as
+// they do a held one; a deletion queued behind the handling of its message (in flight) withdraws
+// it once it is delivered. The queue is bounded only by Discord's rate: past intakeWarnAt it
+// warns, once until it is empty again, and drops nothing. The intake goroutine runs while the
+// queue holds something and ends once it is empty; a backfill waits for it before it reads
+// (waitIntake), so that what was queued before the backfill is taken before what it reads back,
+// and no two goroutines deliver at once; Run, when the daemon stops, waits for it too, and each
+// message still queued meets the stop as handle has it meet it (readBackAfterStop, or a notice).
+
+// intakeWarnAt is the length of the intake queue past which the platform warns (a var: tests
+// lower it).
+var intakeWarnAt = 1000
+
+// intakeItem is an entry of the intake queue: a message to handle, or a deletion to run.
+type intakeItem struct {
+	m   *discordgo.Message
+	run func()
+}
+
+// enqueueLocked puts ms at the back of the intake queue, in order, and starts the intake
+// goroutine unless it runs. p.mu is held.
+func (p *Platform) enqueueLocked(ms ...*discordgo.Message) {
+	for _, m := range ms {
+		p.intake = append(p.intake, intakeItem{m: m})
+	}
+	p.startIntakeLocked()
+}
+
+// startIntakeLocked warns of a long queue and starts the intake goroutine unless it runs. p.mu
+// is held.
+func (p *Platform) startIntakeLocked() {
+	if len(p.intake) > intakeWarnAt && !p.intakeWarned {
+		p.intakeWarned = true
+		p.log.Warn("discord messages queue up behind a delivery the runtime does not answer (is the store refusing writes?); none is dropped",
+			"queued", len(p.intake))
+	}
+	if p.intaking == nil && len(p.intake) > 0 {
+		done := make(chan struct{})
+		p.intaking = done
+		go p.runIntake(done)
+	}
+}
+
+// runIntake handles the intake queue, in order, until it is empty, then closes done.
+func (p *Platform) runIntake(done chan struct{}) {
+	defer close(done)
+	for {
+		p.mu.Lock()
+		if len(p.intake) == 0 {
+			p.intake, p.intaking, p.intakeWarned = nil, nil, false
+			p.mu.Unlock()
+			return
+		}
+		it := p.intake[0]
+		p.intake[0] = intakeItem{}
+		p.intake = p.intake[1:]
+		p.mu.Unlock()
+		p.take(it)
+	}
+}
+
+// take handles one item of the intake queue. handle contains a message's panic itself; a
+// deletion's is contained here, as survived does on the reader.
+func (p *Platform) take(it intakeItem) {
+	if it.m != nil {
+		_ = p.handle(it.m, false)
+		return
+	}
+	defer p.survive("message deletion")
+	it.run()
+}
+
+// stopWait, when set, is called as a stop starts to wait for a running intake (tests).
+var stopWait atomic.Pointer[func()]
+
+// waitIntake waits until the intake goroutine has handled what was queued (with all, as Run
+// does at a stop: until it is idle, however often it starts again).
+func (p *Platform) waitIntake(all bool) {
+	for {
+		p.mu.Lock()
+		done := p.intaking
+		p.mu.Unlock()
+		if done == nil {
+			return
+		}
+		if f := stopWait.Load(); f != nil && all {
+			(*f)()
+		}
+		<-done
+		if !all {
+			return
+		}
+	}
+}
+
+// dropDeleted drops the messages among ids, deleted in channel, that wait in held or in the
+// intake queue, and reports whether the runtime may hold one of the others: delivered, or in
+// the intake's hands. p.mu is held.
+func (p *Platform) dropDeleted(channel string, ids []string) (maybeTaken bool) {
+	gone := func(m *discordgo.Message) bool { return m.ChannelID == channel && slices.Contains(ids, m.ID) }
+	p.held = slices.DeleteFunc(p.held, gone)
+	p.intake = slices.DeleteFunc(p.intake, func(it intakeItem) bool { return it.m != nil && gone(it.m) })
+	if p.intaking != nil {
+		return true
+	}
+	return slices.ContainsFunc(ids, func(id string) bool { _, ok := p.delivered[id]; return ok })
+}
+
+// queueDeletion queues run, the withdrawal of deleted messages the runtime may hold, behind the
+// messages queued before it: behind its own message's delivery when that is in flight. p.mu is
+// held.
+func (p *Platform) queueDeletion(run func()) {
+	p.intake = append(p.intake, intakeItem{run: run})
+	p.startIntakeLocked()
+}

@@ -1,0 +1,215 @@
+package discord
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/agentgate/agentgate/platforms/discord/discordtest"
+)
+
+// heldDelivery is a runtime whose delivery of a message whose text is "first" waits until
+// release is closed; it records the texts it was handed, in order, and the withdrawals.
+type heldDelivery struct {
+	release  chan struct{}
+	started  chan struct{} // closed when the delivery of "first" starts
+	returned chan struct{} // closed by the test once Run returned
+	mu       sync.Mutex
+	texts    []string
+	late     []string // texts handed on after Run returned
+	withdrew []string
+}
+
+func newHeldDelivery() *heldDelivery {
+	return &heldDelivery{release: make(chan struct{}), started: make(chan struct{}), returned: make(chan struct{})}
+}
+
+func (h *heldDelivery) deliver(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
+	h.mu.Lock()
+	h.texts = append(h.texts, in.Text)
+	select {
+	case <-h.returned:
+		h.late = append(h.late, in.Text)
+	default:
+	}
+	h.mu.Unlock()
+	if in.Text == "first" {
+		close(h.started)
+		<-h.release
+	}
+	return &platforms.Ack{Disposition: platforms.Started}, nil
+}
+
+func (h *heldDelivery) withdraw(_ context.Context, _ identity.Source, id string) (bool, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.withdrew = append(h.withdrew, id)
+	return true, nil
+}
+
+func (h *heldDelivery) got() (texts, withdrew, late []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.texts), slices.Clone(h.withdrew), slices.Clone(h.late)
+}
+
+// intakeWorld runs a platform against a fake Discord with alice's DM channel, heartbeating
+// every 200 ms, with h as its runtime. stop cancels Run and waits for it to return.
+func intakeWorld(t *testing.T, h *heldDelivery) (srv *discordtest.Server, p *Platform, log *testutil.Buffer, stop func()) {
+	t.Helper()
+	srv = discordtest.New(t, discordtest.WithHeartbeatInterval(200*time.Millisecond))
+	srv.AddChannel(discordtest.Channel{ID: "300000000000000001", Type: discordgo.ChannelTypeDM})
+	log = &testutil.Buffer{}
+	p, err := New(Config{Token: srv.Token(), Settings: config.Discord{APIURL: srv.APIURL()}, Logger: slog.New(slog.NewTextHandler(log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetWithdraw(h.withdraw)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		done <- p.Run(ctx, h.deliver)
+		close(h.returned)
+	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(func() {
+		select {
+		case <-h.release:
+		default:
+			close(h.release)
+		}
+		stop()
+	})
+	srv.WaitReady(t)
+	return srv, p, log, stop
+}
+
+// TestReaderIsNotHeldByADelivery: while the delivery of one message waits for a runtime that
+// does not answer, the gateway reader goes on: it reads heartbeat ACKs, and the deletion of a
+// later message still queued drops it (never delivered) and an edit of one rewrites it; once
+// the delivery returns, the queue is delivered in order, and the deletion of the message whose
+// delivery was under way withdraws it. The queue's growth is warned of once. Before, the
+// handlers ran the delivery on the reader: no ACK was read (discordgo dropped the connection
+// after five intervals), and the deletion came after the deleted message was delivered.
+func TestReaderIsNotHeldByADelivery(t *testing.T) {
+	old := intakeWarnAt
+	intakeWarnAt = 2
+	t.Cleanup(func() { intakeWarnAt = old })
+	h := newHeldDelivery()
+	srv, p, log, _ := intakeWorld(t, h)
+	post := func(text string) *discordgo.Message {
+		return srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: discordtest.User{ID: "400000000000000001", Username: "alice"}, Content: text})
+	}
+	first := post("first")
+	<-h.started
+	p.s.RLock()
+	acked := p.s.LastHeartbeatAck
+	p.s.RUnlock()
+	second := post("second")
+	post("third")
+	fourth := post("fourth")
+	post("fifth")
+	srv.Delete(second.ID)
+	srv.Edit(fourth.ID, "fourth, edited")
+	srv.Delete(first.ID) // its delivery is under way: withdrawn once it returns
+	queued := func() []string {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		var ids []string
+		for _, it := range p.intake {
+			if it.m != nil {
+				ids = append(ids, it.m.Content)
+			}
+		}
+		return ids
+	}
+	pollFor(t, "the deletion and the edit applied to the queue while the first delivery is held", func() bool {
+		return slices.Equal(queued(), []string{"third", "fourth, edited", "fifth"})
+	})
+	pollFor(t, "a heartbeat ACK read while the first delivery is held", func() bool {
+		p.s.RLock()
+		defer p.s.RUnlock()
+		return p.s.LastHeartbeatAck.After(acked)
+	})
+	if texts, _, _ := h.got(); !slices.Equal(texts, []string{"first"}) {
+		t.Fatalf("delivered %q while the first delivery is held, want only first", texts)
+	}
+	close(h.release)
+	want := []string{"first", "third", "fourth, edited", "fifth"}
+	pollFor(t, "the queue delivered", func() bool {
+		texts, withdrew, _ := h.got()
+		return len(texts) == len(want) && len(withdrew) == 1
+	})
+	texts, withdrew, _ := h.got()
+	if !slices.Equal(texts, want) {
+		t.Errorf("delivered %q, want %q", texts, want)
+	}
+	if !slices.Equal(withdrew, []string{first.ID}) {
+		t.Errorf("withdrew %q, want the first message %s", withdrew, first.ID)
+	}
+	if n := strings.Count(log.String(), "discord messages queue up behind a delivery"); n != 1 {
+		t.Errorf("the queue's growth was warned of %d times, want once:\n%s", n, log.String())
+	}
+}
+
+// TestStopWaitsForTheIntake: when the daemon stops while a delivery is held and messages
+// queue behind it, Run returns only once the intake has handed each of them on (they meet
+// the stop there), not before: nothing delivers once the runtime is gone.
+func TestStopWaitsForTheIntake(t *testing.T) {
+	h := newHeldDelivery()
+	srv, p, _, stop := intakeWorld(t, h)
+	post := func(text string) {
+		srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: discordtest.User{ID: "400000000000000001", Username: "alice"}, Content: text})
+	}
+	post("first")
+	<-h.started
+	post("second")
+	post("third")
+	pollFor(t, "both queued behind the held delivery", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.intake) == 2
+	})
+	// Release the held delivery once the stop waits for the intake, or once Run returned
+	// without waiting (as before: a failure).
+	waiting := make(chan struct{})
+	var once sync.Once
+	wait := func() { once.Do(func() { close(waiting) }) }
+	stopWait.Store(&wait)
+	t.Cleanup(func() { stopWait.Store(nil) })
+	stopped := make(chan struct{})
+	go func() {
+		stop()
+		close(stopped)
+	}()
+	select {
+	case <-waiting:
+	case <-h.returned:
+		t.Error("Run returned while a delivery was held and messages queued behind it")
+	}
+	close(h.release)
+	<-stopped
+	pollFor(t, "the queue handed on", func() bool { texts, _, _ := h.got(); return len(texts) == 3 })
+	texts, _, late := h.got()
+	if !slices.Equal(texts, []string{"first", "second", "third"}) || len(late) > 0 {
+		t.Errorf("delivered %q, %q of them after Run returned; want first, second and third, all before", texts, late)
+	}
+}
