@@ -84,6 +84,11 @@ func (s *Session) expire(now time.Time) []persistence.Op {
 	ended := *s.cur
 	ended.EndedAt, ended.EndReason = at, reason
 	s.prev, s.cur = &ended, nil
+	// The queue mode is the ended session's own (/queue): the next one starts with the default,
+	// as after /new (boundary). Before, it stayed in memory: the session the next message or
+	// command began ran in the ended one's mode, and /status said so, while the store held none
+	// for it (TestAutomaticResetStartsTheNextSessionWithTheDefaultQueueMode).
+	s.mode = s.d.Config.QueueMode
 	// At Debug: a daily reset ends thousands of sessions in the same minute, whose lines buried
 	// everything else at Info. The timers' scan that finds them due counts them there (scan).
 	s.logger().Debug("session reset", "reason", reason, "due", at.UTC().Format(time.RFC3339))

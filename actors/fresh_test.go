@@ -2,7 +2,9 @@ package actors
 
 import (
 	"log/slog"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -501,6 +503,53 @@ func TestResetOfASessionWithSettingsStartsAnother(t *testing.T) {
 				}
 				if r, answer := w.command(t, "c4", "/new"); r.SessionId != sid || !strings.HasPrefix(answer, "✨ This session ("+sid+") is new already") {
 					t.Errorf("a /new after it: session %s, answered %q; want %s kept", r.SessionId, answer, sid)
+				}
+			})
+		})
+	}
+}
+
+// TestAutomaticResetStartsTheNextSessionWithTheDefaultQueueMode: a session whose queue mode
+// was set (/queue steer) and that an idle reset ends is followed by one with the default mode,
+// as after /new: the mode is the session's own, stored with it, and the session the reset
+// begins holds none. Before, the automatic reset ended the session but left its mode in the
+// actor's memory: the next session ran in steer mode (and /status said so) while the store
+// held no mode for it, until the key's next load found followup.
+func TestAutomaticResetStartsTheNextSessionWithTheDefaultQueueMode(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		after string // what comes after the idle time: a command, a message, or a restart
+	}{
+		{"a command after the reset", "/status"},
+		{"a message after the reset", "hello"},
+		{"a reset found at the key's load", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var clock atomic.Int64
+				start := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+				clock.Store(start.UnixNano())
+				setup := resetsBy(&clock, ResetPolicy{Mode: ResetIdle, Idle: time.Hour, Location: time.UTC})
+				path := filepath.Join(t.TempDir(), "agentgate.db")
+				w := newManagerWorldAt(t, path, echo.New(), setup)
+				s1, _ := w.command(t, "c1", "/queue steer")
+				clock.Store(start.Add(2 * time.Hour).UnixNano()) // idle past the policy's hour
+				if tt.after == "" {
+					w.stop()
+					w = newManagerWorldAt(t, path, echo.New(), setup)
+				} else {
+					w.deliver(t, "m2", tt.after)
+					synctest.Wait()
+				}
+				r, status := w.command(t, "c3", "/status")
+				if r.SessionId == s1.SessionId {
+					t.Fatalf("/status after the idle time answered in session %s, want a new one (the idle reset ended it)", r.SessionId)
+				}
+				if !strings.Contains(status, "(mode "+ModeFollowup+",") {
+					t.Errorf("/status in the session the idle reset began answered %q, want the default mode %s", status, ModeFollowup)
+				}
+				if s, err := w.store.Session(w.ctx, r.SessionId); err != nil || s.QueueMode != "" {
+					t.Errorf("the session the idle reset began: %+v, %v; want no queue mode of its own", s, err)
 				}
 			})
 		})
