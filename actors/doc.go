@@ -6,7 +6,8 @@
 //
 //   - SessionManager (top level, "sessions"): Routed, Drain, ListActive, Leave, Forward (from a
 //     leaving member's manager), and from its sessions
-//     passivate, busyChanged, stopped, and its own idleSweep tick. Routes by session key, spawns sessions on demand, stops
+//     passivate, busyChanged, stopped, SessionState (a session started while its member leaves
+//     has loaded), and its own idleSweep tick. Routes by session key, spawns sessions on demand, stops
 //     idle ones, supervises them one for one with a restart budget, and re-activates sessions
 //     with unfinished durable work at start. While its member leaves the cluster it forwards
 //     what it no longer runs to each key's successor.

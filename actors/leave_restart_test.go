@@ -1,10 +1,15 @@
 package actors
 
 import (
+	"context"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/asynkron/protoactor-go/actor"
 )
 
 // TestManagerRestartedWhileItsMemberLeavesHandsOnItsStoppedKeys: a leaving member's manager
@@ -105,4 +110,65 @@ func restartedWhileLeaving(t *testing.T) (*slowToEnd, *managerWorld, chan *Forwa
 	forwarded, drained, restart := w.leaveToASink(t)
 	restart()
 	return agent, w, forwarded, drained
+}
+
+// TestManagerRestartedWhileItsMemberLeavesRunsAKeyNoMemberTakesBeforeItsDrainEnds: a leaving
+// member with no member to take m1's key over (Leave.Successor answers nil: the whole cluster
+// stops) has its manager restarted while m1's turn runs, after the daemon asked its drain. Once
+// the cancelled call has returned, the new incarnation recovers the key here, as a member that
+// stays does, and the drain waits for m1's turn run again, as it waits for any turn. Before, the
+// drain was answered as the recovery began, before the key's session had loaded m1: the daemon
+// went on to stop with m1's turn starting behind the drain, and the stop cut it.
+func TestManagerRestartedWhileItsMemberLeavesRunsAKeyNoMemberTakesBeforeItsDrainEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var calls atomic.Int32
+		gate := make(chan struct{})
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			if calls.Add(1) == 1 { // m1's first turn: cancelled by the restart, it takes 3 s to end
+				<-ctx.Done()
+				time.Sleep(3 * time.Second)
+				return nil, ctx.Err()
+			}
+			<-gate // m1's turn run again
+			return &agents.Response{Text: "ok"}, nil
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		if res := w.deliver(t, "m1", "first"); res.Disposition != "started" {
+			t.Fatalf("m1: %+v", res)
+		}
+		synctest.Wait()
+		var boom atomic.Bool
+		w.system.Root.Send(w.manager, &Leave{Successor: func(key string) *actor.PID {
+			if key == "other-key" && boom.CompareAndSwap(true, false) {
+				panic("the successor's lookup fails")
+			}
+			return nil // no member takes a key over
+		}})
+		drained := w.drain()
+		synctest.Wait()
+		boom.Store(true)
+		w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
+		synctest.Wait()
+		if boom.Load() {
+			t.Fatal("the manager did not restart")
+		}
+		if answered(drained) {
+			t.Fatal("the drain was answered while m1's cancelled call had yet to return")
+		}
+
+		time.Sleep(3 * time.Second) // (synctest's clock) the cancelled call returns
+		synctest.Wait()
+		if n := calls.Load(); n != 2 {
+			t.Fatalf("%d agent calls once m1's cancelled call returned, want 2 (m1 runs again here: no member takes its key)", n)
+		}
+		if answered(drained) {
+			t.Error("the drain was answered while m1's turn run again by the recovery ran, want it to wait for that turn")
+		}
+		close(gate)
+		w.awaitTurnEnds(1)
+		synctest.Wait()
+		if !answered(drained) {
+			t.Error("the drain was not answered once m1's turn run again had ended")
+		}
+	})
 }

@@ -63,6 +63,10 @@ type SessionManager struct {
 	stopPauses   scheduler.CancelFunc // the armed pauseCheck, while keys wait out a pause
 	pauseChecks  uint64               // numbers the pauseChecks armed (pauseCheck.n)
 	busy         map[string]bool
+	// loading holds the keys whose session this manager started while its member leaves, until
+	// the session has loaded (and begun the turn of its pending work, if any: busy): a leaving
+	// member's drain waits for them (answerDrains, probeLoad).
+	loading map[string]bool
 	// kept is what this manager's incarnations share (Deps.managerKept): the member's leave and
 	// the drains asked.
 	kept *managerKept
@@ -405,6 +409,8 @@ func (m *SessionManager) Receive(c actor.Context) {
 		if pid, ok := m.sessions[msg.key]; ok && pid.Equal(msg.pid) && m.evicting[msg.key] {
 			m.setIdle(msg.key, !m.busy[msg.key]) // at the front: asked last next time
 		}
+	case *SessionState:
+		m.onLoaded(c, msg)
 	case *busyChanged:
 		m.setIdle(msg.key, !msg.busy && m.sessions[msg.key] != nil)
 		if msg.busy {
@@ -459,6 +465,7 @@ func (m *SessionManager) start(c actor.Context) {
 	m.keptBackoffs = list.New()
 	m.keptAt = map[string]*list.Element{}
 	m.busy = map[string]bool{}
+	m.loading = map[string]bool{}
 	m.grains = map[string]*actor.PID{}
 	m.stoppedGrains = map[string][]*actor.PID{}
 	m.quieted = map[string]bool{}
@@ -629,6 +636,7 @@ func (m *SessionManager) spawnWith(c actor.Context, key string, recovered bool) 
 	m.sessions[key] = pid
 	m.setIdle(key, true)
 	m.unkeep(key) // its backoffs are its session's again
+	m.probeLoad(c, key, pid)
 	m.d.Metrics.SessionActivations.Inc()
 	m.d.Metrics.SessionsActive.Inc()
 	return pid
@@ -704,6 +712,9 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 		m.crashedOut(c, key, true)
 	}
 	delete(m.busy, key)
+	if pid := m.sessions[key]; pid == nil || pid.Equal(t.Who) {
+		delete(m.loading, key) // (it answers no probeLoad now)
+	}
 	m.answerDrains(c)
 	if g := m.grains[key]; g != nil && !m.stoppingWithWork(key) {
 		// The session stopped for good (passivated, or fenced out): so does its grain, and the
@@ -1379,7 +1390,7 @@ func (m *SessionManager) leftToHandOn() bool {
 // Nor is the key of such a session waited for while it waits out a pause after refused writes
 // (handsOn).
 func (m *SessionManager) answerDrains(c actor.Context) {
-	if len(m.busy) > 0 || len(m.kept.drains) == 0 || m.kept.successor != nil && m.leftToHandOn() {
+	if len(m.busy) > 0 || len(m.kept.drains) == 0 || m.kept.successor != nil && (m.leftToHandOn() || m.starting()) {
 		return
 	}
 	for _, p := range m.kept.drains {
@@ -1388,6 +1399,41 @@ func (m *SessionManager) answerDrains(c actor.Context) {
 		}
 	}
 	m.kept.drains = nil
+}
+
+// starting reports whether a session this leaving member starts (a key no member takes over)
+// has yet to load: its activation is in flight, or the session has not answered probeLoad. Its
+// pending work makes it busy as it loads, and the drain waits for that turn as for any other.
+// Before, a restarted manager's recovery of such a key (onRestartStopped), or a Recover for
+// one, answered the drain as the session was started, before it had loaded its pending
+// message: the daemon stopped with the turn beginning behind the drain, and the stop cut it
+// (TestManagerRestartedWhileItsMemberLeavesRunsAKeyNoMemberTakesBeforeItsDrainEnds).
+func (m *SessionManager) starting() bool {
+	return len(m.activating) > 0 || len(m.loading) > 0
+}
+
+// probeLoad has a leaving member's drain wait for the session of key, just started (pid), to
+// load (starting): the session answers a GetState (SessionState, onLoaded) once its start has
+// run, behind the busyChanged of the turn that start began. The answer comes to the mailbox,
+// not to a future: ReenterAfter's continuation is a system message, which overtook that
+// busyChanged.
+func (m *SessionManager) probeLoad(c actor.Context, key string, pid *actor.PID) {
+	if m.kept.successor == nil {
+		return
+	}
+	m.loading[key] = true
+	c.Request(pid, &GetState{})
+}
+
+// onLoaded is a session's answer to probeLoad: it has loaded. (The answer names no sender; a
+// session answers the probe as it starts, so that an answer of an earlier session of the key,
+// stopped since, is not to be had.)
+func (m *SessionManager) onLoaded(c actor.Context, st *SessionState) {
+	if !m.loading[st.SessionKey] {
+		return
+	}
+	delete(m.loading, st.SessionKey)
+	m.answerDrains(c)
 }
 
 // stoppingWithWork reports whether the stopped session of key is about to be replaced here.

@@ -628,6 +628,7 @@ func (m *SessionManager) cancelActivation(c actor.Context, key string) {
 	}
 	if len(local) == 0 && (!a.recover || onward) {
 		delete(m.activating, key)
+		defer m.answerDrains(c) // a leaving member's drain waits for activations (starting)
 		m.letGo(c, key)
 		// The reset filed for the key goes on too, after letGo and ahead of what was held, as
 		// with a session's hand-on (startSuccessor). Before, it stayed here: the key's next owner
