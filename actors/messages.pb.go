@@ -580,8 +580,9 @@ type ResetResult struct {
 	// error_code is "unavailable" when the store could not be written or read (the reset did not
 	// happen; retry it later): the admin API answers 503, not an internal error.
 	ErrorCode string `protobuf:"bytes,4,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
-	// kept is set when the session held nothing yet (nothing said in it since it began): the
-	// reset left it as it is rather than end it only to begin another just as empty.
+	// kept is set when the session held no conversation yet (commands and notices do not count)
+	// and no setting of its own (/queue, /title): the reset left it as it is rather than end it
+	// only to begin another just as empty.
 	Kept bool `protobuf:"varint,5,opt,name=kept,proto3" json:"kept,omitempty"`
 	// ended_session_id, ended_at_unix_nano and end_reason are set when there was nothing to end:
 	// the session the key's route points to had ended already (an idle or daily reset, and no

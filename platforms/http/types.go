@@ -119,8 +119,8 @@ type SessionInfo struct {
 	// Live is the session actor's state; nil when no actor is running.
 	Live *LiveState `json:"live,omitempty"`
 	// Kept, in the answer to a reset, says that the session held no conversation yet (commands
-	// and notices do not count) and the reset left it as it is (it would have begun another
-	// just as empty).
+	// and notices do not count) and no setting of its own (/queue, /title), and the reset left
+	// it as it is (it would have begun another just as empty).
 	Kept bool `json:"kept,omitempty"`
 }
 
