@@ -3,9 +3,12 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
@@ -228,6 +231,81 @@ func TestLostLockIsTakenAgainWithinASecond(t *testing.T) {
 			t.Logf("the lock was taken again and a commit taken %v after the database was back", time.Since(back).Round(time.Millisecond))
 			if _, err := s.Session(ctx, "s1"); err != nil {
 				t.Errorf("Session(s1) after its commit was taken: %v", err)
+			}
+		})
+	}
+}
+
+// TestLostLockIsAWarningUntilItLasts: a store that loses its daemon lock in an outage logs the
+// loss at WRN, once, and at ERR (a human must act) only once the loss has lasted lockLostAlarm,
+// once; the retake logs its WRN line. Before, every loss was an ERR at once, though an outage
+// of a few seconds (a restart of PostgreSQL, a read-only spell) heals within about a second of
+// the database answering: a soak logged one for each member at each outage.
+func TestLostLockIsAWarningUntilItLasts(t *testing.T) {
+	for name, opts := range map[string]Options{
+		"exclusive": {Exclusive: true, LockCheckInterval: time.Hour},
+		"shared":    {Shared: true, LockCheckInterval: time.Hour},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dsn := pgtest.NewDatabase(t)
+			ctx := context.Background()
+			var logs testutil.Buffer
+			opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+			s, err := Open(ctx, dsn, opts)
+			if err != nil {
+				t.Fatalf("Open: %v", err)
+			}
+			defer s.Close()
+			count := func(level, msg string) int {
+				return strings.Count(logs.String(), "level="+level+" msg=\""+msg)
+			}
+			lost := "lost the database's daemon lock"
+			stillLost := "the database's daemon lock is still lost"
+			if opts.Shared {
+				lost = "lost the database's shared daemon lock"
+				stillLost = "the database's shared daemon lock is still lost"
+			}
+			const retaken = "took the database's daemon lock again"
+
+			restore := pgtest.Cut(t, dsn)
+			for range 3 { // the first check loses the lock; the others (and the watcher's) find it lost
+				if err := s.Ping(ctx); err == nil {
+					t.Fatal("Ping with the database cut = nil, want an error")
+				}
+			}
+			if n := count("WARN", lost); n != 1 {
+				t.Errorf("the loss logged at WRN %d times, want once:\n%s", n, logs.String())
+			}
+			if n := strings.Count(logs.String(), "level=ERROR"); n != 0 {
+				t.Errorf("%d ERR lines for a loss of the lock that has not lasted, want none:\n%s", n, logs.String())
+			}
+
+			// The loss lasts: it was found lockLostAlarm ago.
+			s.lockMu.Lock()
+			s.lockLostAt = s.lockLostAt.Add(-lockLostAlarm)
+			s.lockMu.Unlock()
+			for range 3 {
+				if err := s.Ping(ctx); err == nil {
+					t.Fatal("Ping with the database cut = nil, want an error")
+				}
+			}
+			if n := count("ERROR", stillLost); n != 1 {
+				t.Errorf("a loss that lasted logged at ERR %d times, want once:\n%s", n, logs.String())
+			}
+
+			restore()
+			deadline := time.Now().Add(30 * time.Second)
+			for s.Ping(ctx) != nil {
+				if time.Now().After(deadline) {
+					t.Fatal("the lock was not taken again within 30 s of the database's return")
+				}
+				time.Sleep(50 * time.Millisecond) // a real server: poll under a deadline
+			}
+			if n := count("WARN", retaken); n != 1 {
+				t.Errorf("the retake logged %d times, want once:\n%s", n, logs.String())
+			}
+			if n := strings.Count(logs.String(), "level=ERROR"); n != 1 {
+				t.Errorf("%d ERR lines in all, want the one of the loss that lasted:\n%s", n, logs.String())
 			}
 		})
 	}

@@ -86,6 +86,10 @@ type Store struct {
 	connCfg  *pgx.ConnConfig // for connections of their own (Lease)
 	lockConn *pgx.Conn       // holds the advisory lock; nil while lost
 	lockLost bool            // the last check failed (logged once per loss)
+	// lockLostAt is when the lock was found lost (lockLost), and lockAlarmed is set once its
+	// loss has lasted lockLostAlarm and was logged at ERR (checkLock). Guarded by lockMu.
+	lockLostAt  time.Time
+	lockAlarmed bool
 	// held is the daemon lock as the checks last left it, for lockHeld: the epoch of the lock
 	// lockConn holds, once it is taken with its epoch raised and its idle session bounded; nil
 	// while it is lost, being released or being taken again. Set with lockMu held (or before
@@ -492,21 +496,52 @@ func (s *Store) checkLock(ctx context.Context) error {
 		}
 	}
 	if err != nil {
-		if !s.lockLost {
-			s.lockLost = true
-			if s.shared {
-				// A cluster member has no spool: its writes are refused meanwhile.
-				s.log.Error("lost the database's shared daemon lock; writes are refused until it is taken again", logging.Err(err))
-			} else {
-				s.log.Error("lost the database's daemon lock; writes are spooled until it is taken again", logging.Err(err))
-			}
-		}
+		s.logLockLost(err)
 		return fmt.Errorf("daemon lock lost: %w", err)
 	}
 	s.held.Store(&lockHold{epoch: s.lockEpoch})
-	s.log.Warn("took the database's daemon lock again after its connection was lost")
-	s.lockLost = false
+	var args []any
+	if s.lockLost { // (else the check found the connection dead and took the lock again at once)
+		args = []any{"lost_for", time.Since(s.lockLostAt).Round(100 * time.Millisecond)}
+	}
+	s.log.Warn("took the database's daemon lock again after its connection was lost", args...)
+	s.lockLost, s.lockAlarmed = false, false
 	return nil
+}
+
+// lockLostAlarm is how long the daemon lock stays lost before its loss is logged at ERR (a human
+// must act): the lines of an outage that lasts are logged once a minute (logging.LimitEvery),
+// and an outage of PostgreSQL (a restart, a failover, a read-only spell) of seconds loses the
+// lock's connection, whose retake (each second, lockRetakeEvery) heals it by itself. Before,
+// every such outage logged an ERR for each daemon and cluster member, though it healed within
+// about a second of the database answering (a soak of the binary).
+const lockLostAlarm = logging.LimitEvery
+
+// logLockLost logs a failed check or retake of the daemon lock (err): at WRN once per loss, and
+// at ERR once if the loss lasts lockLostAlarm. Called with lockMu held.
+func (s *Store) logLockLost(err error) {
+	// A cluster member has no spool: its writes are refused meanwhile.
+	if !s.lockLost {
+		s.lockLost, s.lockLostAt = true, time.Now()
+		if s.shared {
+			s.log.Warn("lost the database's shared daemon lock; writes are refused until it is taken again", logging.Err(err))
+		} else {
+			s.log.Warn("lost the database's daemon lock; writes are spooled until it is taken again", logging.Err(err))
+		}
+		return
+	}
+	lost := time.Since(s.lockLostAt)
+	if s.lockAlarmed || lost < lockLostAlarm {
+		return
+	}
+	s.lockAlarmed = true
+	if s.shared {
+		s.log.Error("the database's shared daemon lock is still lost; writes are refused until it is taken again",
+			"lost_for", lost.Round(time.Second), logging.Err(err))
+	} else {
+		s.log.Error("the database's daemon lock is still lost; writes are spooled until it is taken again",
+			"lost_for", lost.Round(time.Second), logging.Err(err))
+	}
 }
 
 // where names the database of cfg for error messages, without its password.
