@@ -204,6 +204,10 @@ type Deps struct {
 	// database and the spool both failing: a full disk): every message, and each retry of it,
 	// would log one.
 	inboundRefusals logging.Limiter
+	// duplicateChecks limits the line of commands whose duplicate check could not read the
+	// store (Session.storedBefore): in an outage a client resends its command, refused, again
+	// and again, and each resend's check fails.
+	duplicateChecks logging.Limiter
 	// queueFull limits the line of messages a full queue refused (overflow: reject): a chat
 	// that floods logs one for each message.
 	queueFull logging.Limiter

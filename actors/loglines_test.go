@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
@@ -350,4 +352,70 @@ func TestEveryTurnIsTimed(t *testing.T) {
 			t.Errorf("%v turns timed of %v counted (an answer, a /stop, crashes), want every one", timed, turns)
 		}
 	})
+}
+
+// TestFailedDuplicateChecksAreLoggedOnceAMinute: a command whose duplicate check cannot read the
+// store (an outage) runs, and its write, refused too, tells its client to send it again; each
+// resend's check fails again. The check's line is logged at once, then once a minute for all
+// sessions, counting the others (repeats), as the refused messages' lines are. Before, each
+// resend logged one: 22 lines for one /new a client resent through a PostgreSQL outage of a
+// few seconds (a soak of the binary).
+func TestFailedDuplicateChecksAreLoggedOnceAMinute(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		var logs testutil.Buffer
+		w := newManagerWorldWrites(t, echo.New(), func(d *Deps) {
+			d.Log = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			d.Store = &readsDown{Store: d.Store, down: &out.Down}
+		}, out.Wrap) // no spool in this world, as a cluster member's: the write is refused
+		w.deliver(t, "m0", "zero")
+		w.awaitTurnEnds(1)
+		out.Down.Store(true)
+		// The client resends the command once the session has started again after each refusal
+		// (its pause: 1, 2, 4, then 8 s), so that each resend's check reads the store.
+		for range 4 {
+			if r := w.deliver(t, "new1", "/new"); r.ErrorCode != "unavailable" {
+				t.Fatalf("/new in the outage: %+v, want unavailable", r)
+			}
+			time.Sleep(10 * time.Second)
+		}
+		time.Sleep(25 * time.Second) // over a minute after the first
+		if r := w.deliver(t, "new1", "/new"); r.ErrorCode != "unavailable" {
+			t.Fatalf("/new a minute later: %+v, want unavailable", r)
+		}
+		var lines []string
+		for l := range strings.SplitSeq(logs.String(), "\n") {
+			if strings.Contains(l, "check a command for a duplicate") {
+				lines = append(lines, l)
+			}
+		}
+		if len(lines) != 2 {
+			t.Fatalf("%d lines of failed duplicate checks, want 2 (the first, then a minute later, counting the 3 between):\n%s", len(lines), logs.String())
+		}
+		for i, want := range [][]string{
+			{"level=WARN", "session=" + w.key, "message_id=new1", "err="},
+			{"message_id=new1", "repeats=3"},
+		} {
+			for _, s := range want {
+				if !strings.Contains(lines[i], s) {
+					t.Errorf("line %q lacks %q", lines[i], s)
+				}
+			}
+		}
+		out.Down.Store(false)
+	})
+}
+
+// readsDown is a store whose FindInbound fails as unavailable while down is set, as a database
+// in an outage answers the duplicate checks.
+type readsDown struct {
+	persistence.Store
+	down *atomic.Bool
+}
+
+func (s *readsDown) FindInbound(ctx context.Context, platform, chatID, messageID string) (*persistence.Message, error) {
+	if s.down.Load() {
+		return nil, fmt.Errorf("find inbound %s: %w: connection refused (test)", messageID, persistence.ErrUnavailable)
+	}
+	return s.Store.FindInbound(ctx, platform, chatID, messageID)
 }

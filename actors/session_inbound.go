@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -409,7 +410,9 @@ func (s *Session) storedBefore(m *Deliver, src identity.Source) *persistence.Mes
 		s.seen.add(m.MessageId)
 		return row
 	case !errors.Is(err, persistence.ErrNotFound):
-		s.logger().Warn("check a command for a duplicate", "message_id", m.MessageId, logging.Err(err))
+		// At once, then once a LimitEvery for all sessions (at Debug between): in an outage the
+		// client resends the command, its write refused too, and each resend's check fails.
+		s.d.duplicateChecks.Log(s.logger(), slog.LevelWarn, "check a command for a duplicate", "message_id", m.MessageId, logging.Err(err))
 	}
 	return nil
 }
