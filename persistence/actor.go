@@ -240,8 +240,8 @@ func (o ActorOptions) withDefaults() ActorOptions {
 	return o
 }
 
-// Receive handles Write, Flush, PullBack, Prune and the internal flush, commit, linger and replay
-// tokens.
+// Receive handles Write, Flush, PullBack, Prune, StoreRecovered and the internal flush, commit,
+// linger and replay tokens.
 func (a *Actor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
@@ -283,6 +283,12 @@ func (a *Actor) Receive(c actor.Context) {
 	case *replayTick:
 		a.replaying = false
 		a.replay(c)
+	case *StoreRecovered:
+		// A cluster member's store refused every write while its daemon lock was lost, and the
+		// sessions' held results were woken only at a write taken: a stopping member's retry,
+		// once a second, could come after another member had claimed the key, and the result
+		// was refused for good (its message ran twice; a cluster soak).
+		a.wakeKept()
 	case *Flush:
 		a.drain(c)
 		if c.Sender() != nil {

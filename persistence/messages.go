@@ -45,6 +45,12 @@ type WriteResult struct {
 // restart of the actor forgets the refusals, and their senders wait out their pauses.
 type WritesTaken struct{}
 
+// StoreRecovered tells the actor that its store takes writes again, which it refused without a
+// write to show it (a PostgreSQL store took its daemon lock again: postgres.Options.LockTaken):
+// the actor tells the senders of the kept writes it refused (WritesTaken) at once, not at the
+// next write it takes. Sent by whatever the store calls, never by the store itself.
+type StoreRecovered struct{}
+
 // Flush is a durability barrier: the sender gets a *Flushed once everything sent before it is
 // committed.
 type Flush struct{}

@@ -76,6 +76,51 @@ func TestKeptRefusalsAreToldWhenTheStoreTakesAWrite(t *testing.T) {
 	}
 }
 
+// TestKeptRefusalsAreToldWhenTheStoreRecovers: a sender answered a write it keeps refused as
+// unavailable is told at once when the actor hears that the store takes writes again
+// (persistence.StoreRecovered: a cluster member's PostgreSQL store took its daemon lock again),
+// with no write taken, once per refusal; a sender whose refused write it does not keep is not
+// told. Before, the only sign was a write taken: a cluster member's stopping session, trying
+// its held turn result again once a second, came just after the retake, once another member
+// had claimed the key, and the result was refused for good (its message ran twice; a soak).
+func TestKeptRefusalsAreToldWhenTheStoreRecovers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newBrokenWorld(t, persistence.ActorOptions{}, nil)
+		quiet := slog.New(slog.DiscardHandler)
+		pid := w.system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), w.out,
+			persistence.ActorOptions{MaxBatch: 64, Log: quiet}))) // no spool, as a cluster member's
+		t.Cleanup(func() { _ = w.system.Root.StopFuture(pid).Wait() })
+		keeper, other := newWriter(w.system, pid), newWriter(w.system, pid)
+		if err := keeper.write(t, &persistence.Write{ID: 1, Ops: []persistence.Op{session("s1", "k1", t0)}}); err != nil {
+			t.Fatal(err)
+		}
+
+		w.out.Down.Store(true) // the daemon lock is lost: every write is refused
+		if err := keeper.write(t, &persistence.Write{ID: 2, Ops: outbox(1), Keep: true}); !errors.Is(err, persistence.ErrUnavailable) {
+			t.Fatalf("the kept write in the outage: %v, want it refused as unavailable", err)
+		}
+		if err := other.write(t, &persistence.Write{ID: 3, Ops: []persistence.Op{session("s2", "k2", t0)}}); !errors.Is(err, persistence.ErrUnavailable) {
+			t.Fatalf("another write in the outage: %v, want it refused as unavailable", err)
+		}
+
+		w.out.Down.Store(false) // the lock is taken again; no write comes
+		w.system.Root.Send(pid, &persistence.StoreRecovered{})
+		if n := keeper.taken(); n != 1 {
+			t.Errorf("the sender of the kept write refused was told %d times that the store recovered, want once", n)
+		}
+		if n := other.taken(); n != 0 {
+			t.Errorf("the sender of a refused write it does not keep was told %d times, want 0", n)
+		}
+		w.system.Root.Send(pid, &persistence.StoreRecovered{})
+		if err := other.write(t, &persistence.Write{ID: 4, Ops: []persistence.Op{session("s2", "k2", t0)}}); err != nil {
+			t.Fatal(err)
+		}
+		if n := keeper.taken(); n != 0 {
+			t.Errorf("told %d times more at the next recovery and write taken, want once in all", n)
+		}
+	})
+}
+
 // writer is a sender of writes to the persistence actor, as a session is: an actor that keeps
 // its answers, and counts the WritesTaken it is told.
 type writer struct {

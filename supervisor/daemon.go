@@ -79,6 +79,9 @@ type Daemon struct {
 	store   persistence.Store
 	spool   *spool.Spool
 	dirLock *os.File // the data directory's lock, held while the daemon keeps a spool there
+	// persist is the persistence actor once it is spawned (nil before), for the store's hook
+	// that runs on the store's own goroutine (storeRecovered).
+	persist atomic.Pointer[actor.PID]
 	metrics *metrics.Metrics
 	meters  *sdkmetric.MeterProvider // protoactor's own metrics; nil when off
 	// dispatcher runs every actor's mailbox on a pool of long-lived goroutines.
@@ -292,7 +295,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		warnSpoolLeft(log, cfg.DataDir)
 	}
 	corrupt := func() { d.metrics.StoreCorrupt.Set(1) }
-	if d.store, err = openStore(ctx, cfg, log.With("component", "persistence"), !opts.SharedStore, corrupt); err != nil {
+	if d.store, err = openStore(ctx, cfg, log.With("component", "persistence"), !opts.SharedStore, corrupt, d.storeRecovered); err != nil {
 		return nil, fmt.Errorf("start: open store: %w", err)
 	}
 	if !opts.SharedStore {
@@ -404,6 +407,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		switch {
 		case ch.Name == "persistence":
 			d.deps.Persist = pid
+			d.persist.Store(pid)
 			// The actor replays a spool left by the last run when it starts; sessions must not
 			// read the store before that.
 			if _, err := d.system.Root.RequestFuture(pid, &persistence.Flush{}, time.Minute).Result(); err != nil {
@@ -1179,11 +1183,13 @@ func (f floor) WithGroup(n string) slog.Handler      { return floor{f.h.WithGrou
 
 // openStore opens the configured store: SQLite (the default) or PostgreSQL. A failed Open
 // returns a nil interface, never a nil *Store inside one (the caller's cleanup closes a
-// non-nil store). corrupt is called once a SQLite store finds its database damaged.
-func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, exclusive bool, corrupt func()) (persistence.Store, error) {
+// non-nil store). corrupt is called once a SQLite store finds its database damaged, recovered
+// each time a PostgreSQL store takes writes again after it lost its daemon lock.
+func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, exclusive bool, corrupt, recovered func()) (persistence.Store, error) {
 	switch cfg.Store.Driver {
 	case "postgres":
-		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{Logger: log, Exclusive: exclusive, Shared: !exclusive})
+		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{Logger: log, Exclusive: exclusive, Shared: !exclusive,
+			LockTaken: recovered})
 		if err != nil {
 			return nil, err
 		}
@@ -1194,6 +1200,16 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, exclus
 			return nil, err
 		}
 		return st, nil
+	}
+}
+
+// storeRecovered tells the persistence actor that the store takes writes again after refusing
+// them without a write to show it (postgres.Options.LockTaken: its daemon lock taken again), so
+// that it wakes the sessions holding a turn result it refused at once
+// (persistence.StoreRecovered). Called on the store's goroutine; it does not block.
+func (d *Daemon) storeRecovered() {
+	if pid := d.persist.Load(); pid != nil {
+		d.system.Root.Send(pid, &persistence.StoreRecovered{})
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -306,6 +307,57 @@ func TestLostLockIsAWarningUntilItLasts(t *testing.T) {
 			}
 			if n := strings.Count(logs.String(), "level=ERROR"); n != 1 {
 				t.Errorf("%d ERR lines in all, want the one of the loss that lasted:\n%s", n, logs.String())
+			}
+		})
+	}
+}
+
+// TestLockTakenIsCalledAtEachRetake: a store's LockTaken hook is called once each time it takes
+// its daemon lock again after losing it, and by the time the check that took it returns (a
+// Ping's, or the watcher's it waited for), not at a check that finds the lock held. The
+// daemon's hook tells the persistence actor (persistence.StoreRecovered), which wakes the
+// sessions holding a turn result it refused: before, only a write taken woke them, and a
+// cluster member's stopping session, which tries again once a second, came too late.
+func TestLockTakenIsCalledAtEachRetake(t *testing.T) {
+	for name, opts := range map[string]Options{
+		"exclusive": {Exclusive: true, LockCheckInterval: time.Hour},
+		"shared":    {Shared: true, LockCheckInterval: time.Hour},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dsn := pgtest.NewDatabase(t)
+			ctx := context.Background()
+			var taken atomic.Int32
+			opts.LockTaken = func() { taken.Add(1) }
+			s, err := Open(ctx, dsn, opts)
+			if err != nil {
+				t.Fatalf("Open: %v", err)
+			}
+			defer s.Close()
+			if err := s.Ping(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := taken.Load(); n != 0 {
+				t.Fatalf("LockTaken called %d times with the lock held all along, want 0", n)
+			}
+			for outage := int32(1); outage <= 2; outage++ {
+				restore := pgtest.Cut(t, dsn)
+				if err := s.Ping(ctx); err == nil {
+					t.Fatal("Ping with the database cut = nil, want an error")
+				}
+				restore()
+				deadline := time.Now().Add(30 * time.Second)
+				for s.Ping(ctx) != nil {
+					if time.Now().After(deadline) {
+						t.Fatal("the lock was not taken again within 30 s of the database's return")
+					}
+					time.Sleep(50 * time.Millisecond) // a real server: poll under a deadline
+				}
+				if err := s.Ping(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if n := taken.Load(); n != outage {
+					t.Errorf("after outage %d, LockTaken called %d times, want %d", outage, n, outage)
+				}
 			}
 		})
 	}

@@ -57,6 +57,13 @@ type Options struct {
 	// taken the lock, none of them commits. A lock found lost is tried again each second (or
 	// each interval, if shorter), so that writes resume soon after the database does.
 	LockCheckInterval time.Duration
+	// LockTaken, when set, is called each time the store takes its daemon lock again after it
+	// was lost, once its writes are taken again: its writes were refused meanwhile (a cluster
+	// member's) or spooled, and the caller tells the persistence actor
+	// (persistence.StoreRecovered), which tells the senders of the writes it refused to send
+	// them again at once. It is called with the lock's check held (on the lock watcher's
+	// goroutine, or a Ping's caller's), so it must not block.
+	LockTaken func()
 }
 
 // Store is the PostgreSQL persistence.Store. It is safe for concurrent use; Commit calls of one
@@ -90,6 +97,8 @@ type Store struct {
 	// loss has lasted lockLostAlarm and was logged at ERR (checkLock). Guarded by lockMu.
 	lockLostAt  time.Time
 	lockAlarmed bool
+	// lockTaken is Options.LockTaken (nil: none), called by checkLock at each retake.
+	lockTaken func()
 	// held is the daemon lock as the checks last left it, for lockHeld: the epoch of the lock
 	// lockConn holds, once it is taken with its epoch raised and its idle session bounded; nil
 	// while it is lost, being released or being taken again. Set with lockMu held (or before
@@ -176,7 +185,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		noAnswer: fmt.Errorf("%w: postgres did not answer within %v", persistence.ErrUnavailable, timeout)}
 	st.closing, st.cancelClosing = context.WithCancel(context.Background())
 	if opts.Exclusive || opts.Shared {
-		st.lockCfg, st.shared = cfg.ConnConfig.Copy(), !opts.Exclusive
+		st.lockCfg, st.shared, st.lockTaken = cfg.ConnConfig.Copy(), !opts.Exclusive, opts.LockTaken
 		wait := opts.LockWait
 		if wait <= 0 {
 			wait = 5 * time.Second
@@ -506,6 +515,9 @@ func (s *Store) checkLock(ctx context.Context) error {
 	}
 	s.log.Warn("took the database's daemon lock again after its connection was lost", args...)
 	s.lockLost, s.lockAlarmed = false, false
+	if s.lockTaken != nil {
+		s.lockTaken()
+	}
 	return nil
 }
 
