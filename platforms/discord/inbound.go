@@ -86,6 +86,14 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 	if !p.gate.admitSender(m) {
 		return // what needs no lookup first: other bots are never told anything
 	}
+	if ctx.Err() != nil && p.readBackAfterStop(ctx, ctx.Err(), m.ChannelID) {
+		// The run is over (the daemon stops): a message still queued for the intake meets the
+		// stop here. The runtime takes nothing now, and the lookups and the notice below would
+		// fail on ctx: a channel the state does not hold was logged at ERR as unknown, and its
+		// sender was to be told to send it again, though the next start answers it.
+		p.log.Info("discord message not taken while stopping; the next start reads it back", "channel", m.ChannelID, "message_id", m.ID)
+		return true
+	}
 	role := p.botRole(ctx, m)
 	mentioned := mentions(m, bot, role)
 	ch, err := p.channelOf(ctx, m)

@@ -14,6 +14,7 @@ import (
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/agentgate/agentgate/platforms/discord/discordtest"
 )
@@ -67,10 +68,24 @@ func (h *heldDelivery) got() (texts, withdrew, late []string) {
 // every 200 ms, with h as its runtime. stop cancels Run and waits for it to return.
 func intakeWorld(t *testing.T, h *heldDelivery) (srv *discordtest.Server, p *Platform, log *testutil.Buffer, stop func()) {
 	t.Helper()
+	return intakeWorldWith(t, h, nil, nil)
+}
+
+// intakeWorldWith is intakeWorld with setup run on the fake before it starts, and tweak on the
+// platform's Config before New.
+func intakeWorldWith(t *testing.T, h *heldDelivery, setup func(*discordtest.Server), tweak func(*Config)) (srv *discordtest.Server, p *Platform, log *testutil.Buffer, stop func()) {
+	t.Helper()
 	srv = discordtest.New(t, discordtest.WithHeartbeatInterval(200*time.Millisecond))
 	srv.AddChannel(discordtest.Channel{ID: "300000000000000001", Type: discordgo.ChannelTypeDM})
+	if setup != nil {
+		setup(srv)
+	}
 	log = &testutil.Buffer{}
-	p, err := New(Config{Token: srv.Token(), Settings: config.Discord{APIURL: srv.APIURL()}, Logger: slog.New(slog.NewTextHandler(log, nil))})
+	c := Config{Token: srv.Token(), Settings: config.Discord{APIURL: srv.APIURL()}, Logger: slog.New(slog.NewTextHandler(log, nil))}
+	if tweak != nil {
+		tweak(&c)
+	}
+	p, err := New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,5 +226,57 @@ func TestStopWaitsForTheIntake(t *testing.T) {
 	texts, _, late := h.got()
 	if !slices.Equal(texts, []string{"first", "second", "third"}) || len(late) > 0 {
 		t.Errorf("delivered %q, %q of them after Run returned; want first, second and third, all before", texts, late)
+	}
+}
+
+// TestStopLeavesAQueuedMessageForTheReadBack: a message still queued for the intake when the
+// daemon stops meets the stop with the run's context over, and is left for the next start's
+// read-back (its chat is one the store took a message from lately) before any REST lookup.
+// Before, its handling looked its channel up (not in discordgo's state: a thread the gateway
+// did not list) on the cancelled context, logged an ERR "discord message from an unknown
+// channel" an operator would chase, and tried to tell its sender to send it again (which
+// failed too), though the next start answers it.
+func TestStopLeavesAQueuedMessageForTheReadBack(t *testing.T) {
+	const guild, channel = "100000000000000001", "200000000000000001"
+	h := newHeldDelivery()
+	srv, p, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
+		srv.AddGuild(guild, "guild")
+		srv.AddChannel(discordtest.Channel{ID: channel, GuildID: guild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+	}, func(c *Config) {
+		c.Settings.BackfillWindow = time.Hour
+		c.Recent = func(context.Context, time.Time) ([]persistence.ChatMark, error) {
+			return []persistence.ChatMark{{ChatID: channel, ScopeID: guild, MessageID: "1", At: time.Now()}}, nil
+		}
+	})
+	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+	pollFor(t, "the first READY's backfill", func() bool { return strings.Contains(log.String(), "read what was missed") })
+	// The state no longer holds the channel: its handling would look it up over REST.
+	if ch, err := p.s.State.Channel(channel); err != nil {
+		t.Fatal(err)
+	} else if err := p.s.State.ChannelRemove(ch); err != nil {
+		t.Fatal(err)
+	}
+	srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: alice, Content: "first"})
+	<-h.started
+	second := srv.Post(discordtest.UserMessage{ChannelID: channel, Author: alice, Content: "second"})
+	pollFor(t, "the second message queued behind the held delivery", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.intake) == 1
+	})
+	var once sync.Once
+	wait := func() { once.Do(func() { close(h.release) }) }
+	stopWait.Store(&wait)
+	t.Cleanup(func() { stopWait.Store(nil) })
+	stop()
+	if s := log.String(); strings.Contains(s, "unknown channel") || !strings.Contains(s, "discord message not taken while stopping; the next start reads it back") ||
+		!strings.Contains(s, "message_id="+second.ID) {
+		t.Errorf("the queued message met by the stop is not left for the read-back alone:\n%s", s)
+	}
+	if texts, _, _ := h.got(); !slices.Equal(texts, []string{"first"}) {
+		t.Errorf("delivered %q, want first alone", texts)
+	}
+	if sent := srv.Sent(channel); len(sent) > 0 {
+		t.Errorf("told the sender %q, want nothing: the next start answers it", sent[0].Content)
 	}
 }
