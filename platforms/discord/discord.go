@@ -519,11 +519,19 @@ func (p *Platform) backfillThenRelease(gaps bool) {
 	p.backfillMu.Lock()
 	defer p.backfillMu.Unlock()
 	p.waitIntake(false)
-	func() {
-		defer p.survive("backfill") // the live messages it holds are taken all the same
-		p.backfill(gaps)
-	}()
-	p.scheduleGapRead()
+	p.mu.Lock()
+	stopped := p.runCtx.Err() != nil
+	p.mu.Unlock()
+	// A stop met while it waited for the intake (held by a delivery the runtime did not answer)
+	// ends it: read on the stop's cancelled context, every channel's read failed, warned of as
+	// Discord's failure, and the next start reads it all back anyway.
+	if !stopped {
+		func() {
+			defer p.survive("backfill") // the live messages it holds are taken all the same
+			p.backfill(gaps)
+		}()
+		p.scheduleGapRead()
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.backfills--

@@ -65,7 +65,8 @@ func (h *heldDelivery) got() (texts, withdrew, late []string) {
 }
 
 // intakeWorld runs a platform against a fake Discord with alice's DM channel, heartbeating
-// every 200 ms, with h as its runtime. stop cancels Run and waits for it to return.
+// every 200 ms, with h as its runtime; Run is run again after a lost connection. stop cancels
+// Run and waits for it to return.
 func intakeWorld(t *testing.T, h *heldDelivery) (srv *discordtest.Server, p *Platform, log *testutil.Buffer, stop func()) {
 	t.Helper()
 	return intakeWorldWith(t, h, nil, nil)
@@ -93,7 +94,12 @@ func intakeWorldWith(t *testing.T, h *heldDelivery, setup func(*discordtest.Serv
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {
-		done <- p.Run(ctx, h.deliver)
+		// Run again after a lost connection, as the platform actor does.
+		err := p.Run(ctx, h.deliver)
+		for err != nil && ctx.Err() == nil {
+			err = p.Run(ctx, h.deliver)
+		}
+		done <- err
 		close(h.returned)
 	}()
 	var once sync.Once
@@ -278,5 +284,47 @@ func TestStopLeavesAQueuedMessageForTheReadBack(t *testing.T) {
 	}
 	if sent := srv.Sent(channel); len(sent) > 0 {
 		t.Errorf("told the sender %q, want nothing: the next start answers it", sent[0].Content)
+	}
+}
+
+// TestStopSkipsABackfillThatWaitedForTheIntake: a new gateway session's backfill waits for the
+// intake, here held by a delivery the runtime does not answer; when the daemon stops meanwhile,
+// the backfill reads nothing once the intake is done: the next start reads it all back. Before,
+// it read every channel on the stop's cancelled context, and warned of history reads failed
+// ("retrying", "read again later") that were no failure of Discord's.
+func TestStopSkipsABackfillThatWaitedForTheIntake(t *testing.T) {
+	const guild, channel = "100000000000000001", "200000000000000001"
+	h := newHeldDelivery()
+	srv, p, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
+		srv.AddGuild(guild, "guild")
+		srv.AddChannel(discordtest.Channel{ID: channel, GuildID: guild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+	}, func(c *Config) {
+		c.Settings.BackfillWindow = time.Hour
+		c.Recent = func(context.Context, time.Time) ([]persistence.ChatMark, error) {
+			return []persistence.ChatMark{{ChatID: channel, ScopeID: guild, MessageID: "1", At: time.Now()}}, nil
+		}
+	})
+	pollFor(t, "the first READY's backfill", func() bool { return strings.Contains(log.String(), "read what was missed") })
+	srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: discordtest.User{ID: "400000000000000001", Username: "alice"}, Content: "first"})
+	<-h.started
+	srv.InvalidateSession() // a new gateway session: its READY backfills, once the intake is done
+	srv.WaitFor(t, "a second IDENTIFY", func() bool { return srv.Identifies() == 2 })
+	pollFor(t, "the second READY's backfill waiting", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.backfills == 1
+	})
+	var once sync.Once
+	wait := func() { once.Do(func() { close(h.release) }) }
+	stopWait.Store(&wait)
+	t.Cleanup(func() { stopWait.Store(nil) })
+	stop()
+	pollFor(t, "the backfill over (after its lines)", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.backfills == 0
+	})
+	if s := log.String(); strings.Contains(s, "discord backfill:") || strings.Count(s, "read what was missed") != 1 {
+		t.Errorf("the backfill that waited through the stop read back, want nothing read:\n%s", s)
 	}
 }
