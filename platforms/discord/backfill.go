@@ -248,13 +248,21 @@ rounds:
 					cut = append(cut, c.channel)
 				}
 				fetched += len(ms)
-				told := repliedTo(ms, p.bot())
+				told, asked := repliedTo(ms, p.bot())
 				prev := c.id
 				for _, m := range ms {
 					if m.Timestamp.Before(since) {
 						if userSaid(m, p.bot()) {
 							old++ // the bot's own replies are not messages it failed to answer
 						}
+						p.noteSeen(m)
+						prev = m.ID
+						continue
+					}
+					if asked[m.ID] {
+						// Its sender was told it was not taken and asked to send it again (the
+						// store refused it: a full disk): taken now, it was answered, and twice
+						// for a sender who did as asked (found by a Discord soak).
 						p.noteSeen(m)
 						prev = m.ID
 						continue
@@ -368,19 +376,24 @@ func (p *Platform) readBack(ctx context.Context, fetch func(ctx context.Context,
 	return oldestFirst(ms), true, nil
 }
 
-// repliedTo returns the ids of the messages that bot's messages among ms reply to: a message
-// read back that the bot has answered before, with a hint (a bare mention, a DM with nothing to
-// read) or a notice, is not answered again. Its answer is always read with it: it is newer, and
-// readBack reads everything after the message. Before, the hints, which go with nothing stored,
-// were posted again by every restart within backfill_window (found by an audit).
-func repliedTo(ms []*discordgo.Message, bot string) map[string]bool {
-	told := map[string]bool{}
+// repliedTo returns the ids of the messages that bot's messages among ms reply to (told), and
+// of those among them that a notice of the bot's asked to send again (asked: notTakenNotices).
+// A message read back that the bot has answered before, with a hint (a bare mention, a DM with
+// nothing to read) or a notice, is not told again, and one whose sender was asked to send it
+// again is not taken. Its answer is always read with it: it is newer, and readBack reads
+// everything after the message. Before, the hints, which go with nothing stored, were posted
+// again by every restart within backfill_window (found by an audit).
+func repliedTo(ms []*discordgo.Message, bot string) (told, asked map[string]bool) {
+	told, asked = map[string]bool{}, map[string]bool{}
 	for _, m := range ms {
 		if m.Author != nil && m.Author.ID == bot && m.MessageReference != nil && m.MessageReference.MessageID != "" {
 			told[m.MessageReference.MessageID] = true
+			if slices.Contains(notTakenNotices, m.Content) {
+				asked[m.MessageReference.MessageID] = true
+			}
 		}
 	}
-	return told
+	return told, asked
 }
 
 // oldestFirst sorts ms by id, ascending.

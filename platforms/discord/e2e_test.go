@@ -56,8 +56,9 @@ type world struct {
 	agent agents.Agent
 	stop  func(t testing.TB) // stops d (once)
 
-	draftInterval time.Duration // supervisor.Options.DraftInterval of the next start
-	logLevel      slog.Level    // of the daemon's log (Info when zero)
+	draftInterval time.Duration                             // supervisor.Options.DraftInterval of the next start
+	wrapStore     func(persistence.Store) persistence.Store // supervisor.Options.WrapStore of the next start
+	logLevel      slog.Level                                // of the daemon's log (Info when zero)
 }
 
 // startWorld starts a fake Discord with one guild, one text channel and alice's DM channel,
@@ -107,7 +108,8 @@ func (w *world) start(t testing.TB) {
 	buf := &testutil.Buffer{}
 	log := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: w.logLevel}))
 	// The daemon runs on the fake's clock, so message times and backfill_window agree.
-	dm, err := supervisor.Start(t.Context(), w.cfg, log, supervisor.Options{Agent: w.agent, Now: w.srv.Now, DraftInterval: w.draftInterval})
+	dm, err := supervisor.Start(t.Context(), w.cfg, log, supervisor.Options{Agent: w.agent, Now: w.srv.Now, DraftInterval: w.draftInterval,
+		WrapStore: w.wrapStore})
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}

@@ -101,7 +101,7 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 		p.log.Error("discord message from an unknown channel; not taken", "channel", m.ChannelID, "message_id", m.ID, logging.Err(err))
 		// Only a message the bot would likely answer is told: not chatter that needs a mention.
 		if mentioned || !p.gate.mentionRequired(m.GuildID, m.ChannelID, m.ChannelID) {
-			tell(m.ChannelID, m.ID, "I could not look up this channel, so I did not take your message. Please send it again.")
+			tell(m.ChannelID, m.ID, unknownChannelNotice)
 		}
 		return
 	}
@@ -213,16 +213,29 @@ func userSaid(m *discordgo.Message, bot string) bool {
 func refusal(err error) string {
 	switch {
 	case errors.Is(err, platforms.ErrRejected):
-		return "I'm still working on your earlier messages and my queue for this conversation is full, so I did not take this one. Please send it again in a little while."
+		return queueFullNotice
 	case errors.Is(err, platforms.ErrDraining):
-		return "I'm restarting and did not take this message. Please send it again in a minute."
+		return drainingNotice
 	default:
-		return "I could not store this message, so I did not take it. Please send it again."
+		return unstoredNotice
 	}
 }
 
-// panicNotice tells a sender that their message met a bug of the gateway's and was dropped.
-const panicNotice = "Something went wrong on my side while I was taking this message, so I did not take it. Please send it again; if this happens again, tell whoever runs this bot."
+// The notices that tell a sender their message was not taken and to send it again
+// (notTakenNotices).
+const (
+	queueFullNotice      = "I'm still working on your earlier messages and my queue for this conversation is full, so I did not take this one. Please send it again in a little while."
+	drainingNotice       = "I'm restarting and did not take this message. Please send it again in a minute."
+	unstoredNotice       = "I could not store this message, so I did not take it. Please send it again."
+	unknownChannelNotice = "I could not look up this channel, so I did not take your message. Please send it again."
+	// panicNotice tells a sender that their message met a bug of the gateway's and was dropped.
+	panicNotice = "Something went wrong on my side while I was taking this message, so I did not take it. Please send it again; if this happens again, tell whoever runs this bot."
+)
+
+// notTakenNotices are the notices that ask a sender to send their message again: a backfill
+// that reads such a message back with the bot's notice replying to it does not take it
+// (askedAgain), as its sender was asked to send it again.
+var notTakenNotices = []string{queueFullNotice, drainingNotice, unstoredNotice, unknownChannelNotice, panicNotice}
 
 // tellUser posts a short, non-durable answer about a message that was not taken.
 func (p *Platform) tellUser(ctx context.Context, channelID, ref, text string) {

@@ -1,0 +1,65 @@
+package discord_test
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/agentgate/agentgate/platforms/discord/discordtest"
+)
+
+// TestMessageToldToSendAgainIsNotAnsweredAfterARestart: a message the store could not take (the
+// database and the spool both refusing writes: a full disk) gets a notice asking its sender to
+// send it again, and is not stored. The next start's backfill reads the chat after the newest
+// message the store took, so it finds the message again, with the bot's notice replying to it.
+// It must not answer it: its sender was asked to send it again, and one who did was answered
+// twice (found by a Discord soak: 59 messages after a full disk and a restart).
+func TestMessageToldToSendAgainIsNotAnsweredAfterARestart(t *testing.T) {
+	o := &storetest.Outage{}
+	w := newWorld(t, echoAgent, nil)
+	w.wrapStore = o.Wrap
+	w.start(t)
+	w.srv.WaitReady(t)
+	before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
+	w.replyTo(t, dmID, before.ID) // the store took a message from the DM: the restart reads it back
+
+	spool := filepath.Join(w.cfg.DataDir, "spool") // the disk fills: the spool cannot take writes either
+	if err := os.Rename(spool, spool+".away"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(spool, []byte("not a directory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o.Down.Store(true)
+	refused := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "refused"})
+	if notice := w.replyTo(t, dmID, refused.ID); !strings.Contains(notice.Content, "send it again") {
+		t.Fatalf("the bot replied %q to the message the store refused, want a notice to send it again", notice.Content)
+	}
+	w.stop(t)
+	o.Down.Store(false)
+	if err := os.Remove(spool); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(spool+".away", spool); err != nil {
+		t.Fatal(err)
+	}
+
+	w.start(t)
+	w.srv.WaitReady(t)
+	// Live messages wait until the backfill is done: once this one is answered, it is.
+	after := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "after"})
+	w.replyTo(t, dmID, after.ID)
+	if !strings.Contains(w.log.String(), "read what was missed") {
+		t.Fatalf("the restart read nothing back:\n%s", w.log.String())
+	}
+	if _, ok := w.stored(t, dmID, refused.ID); ok {
+		t.Error("the message its sender was told to send again was taken after the restart")
+	}
+	// The replies in the DM: the answer, the notice, the answer; not a second reply to the notice's message.
+	if got, want := w.answered(dmID), []string{before.ID, refused.ID, after.ID}; !slices.Equal(got, want) {
+		t.Errorf("DM replies answer %v, want %v: the message its sender was told to send again is answered once, by its notice", got, want)
+	}
+}
