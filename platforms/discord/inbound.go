@@ -182,7 +182,17 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 		return true
 	default:
 		p.log.Warn("discord message not taken", "channel", m.ChannelID, "message_id", m.ID, logging.Err(err))
-		tell(reply, refFor(in.Source, m.ID), refusal(err))
+		where, ref := reply, refFor(in.Source, m.ID)
+		if ref == "" {
+			// An auto-threaded message: its notice replies to it in its channel, not in its
+			// thread, where nothing can reply to it (the starter lives in the channel), as the
+			// next start's backfill knows a notice only by its reply to the message
+			// (repliedTo). Posted in the thread, the backfill took the message and answered it
+			// there, twice for a sender who did as asked; and a thread not open yet took no
+			// notice at all (404), its sender left waiting for an answer promised in it.
+			where, ref = m.ChannelID, m.ID
+		}
+		tell(where, ref, refusal(err))
 	}
 	return false
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms/discord/discordtest"
 )
@@ -61,5 +62,66 @@ func TestMessageToldToSendAgainIsNotAnsweredAfterARestart(t *testing.T) {
 	// The replies in the DM: the answer, the notice, the answer; not a second reply to the notice's message.
 	if got, want := w.answered(dmID), []string{before.ID, refused.ID, after.ID}; !slices.Equal(got, want) {
 		t.Errorf("DM replies answer %v, want %v: the message its sender was told to send again is answered once, by its notice", got, want)
+	}
+}
+
+// TestAutoThreadedMessageToldToSendAgainIsNotAnsweredAfterARestart: as
+// TestMessageToldToSendAgainIsNotAnsweredAfterARestart, for a mention that opens a thread
+// (auto_thread). Its notice went to the thread, which holds no reply to the message (a thread's
+// starter lives in the parent channel), so the next start's backfill of the parent channel found
+// no notice replying to it, took it and answered it in its thread, twice for a sender who did as
+// asked.
+func TestAutoThreadedMessageToldToSendAgainIsNotAnsweredAfterARestart(t *testing.T) {
+	o := &storetest.Outage{}
+	w := newWorld(t, echoAgent, func(c *config.Config) { c.Platforms.Discord.AutoThread = true })
+	w.wrapStore = o.Wrap
+	w.start(t)
+	w.srv.WaitReady(t)
+	before := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "before", MentionBot: true})
+	w.srv.WaitSent(t, before.ID, 1) // the store took a message from the channel: the restart reads it back
+
+	spool := filepath.Join(w.cfg.DataDir, "spool") // the disk fills: the spool cannot take writes either
+	if err := os.Rename(spool, spool+".away"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(spool, []byte("not a directory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o.Down.Store(true)
+	refused := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "refused", MentionBot: true})
+	w.srv.WaitFor(t, "a notice to send "+refused.ID+" again", func() bool {
+		for _, ch := range []string{channelID, refused.ID} {
+			for _, m := range w.srv.Sent(ch) {
+				if strings.Contains(m.Content, "send it again") {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	w.stop(t)
+	o.Down.Store(false)
+	if err := os.Remove(spool); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(spool+".away", spool); err != nil {
+		t.Fatal(err)
+	}
+
+	w.start(t)
+	w.srv.WaitReady(t)
+	// Live messages wait until the backfill is done: once this one is answered, it is.
+	after := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "after", MentionBot: true})
+	w.srv.WaitSent(t, after.ID, 1)
+	if !strings.Contains(w.log.String(), "read what was missed") {
+		t.Fatalf("the restart read nothing back:\n%s", w.log.String())
+	}
+	if _, ok := w.stored(t, channelID, refused.ID); ok {
+		t.Error("the message its sender was told to send again was taken after the restart")
+	}
+	for _, m := range w.srv.Sent(refused.ID) {
+		if strings.HasPrefix(m.Content, "echo:") {
+			t.Errorf("the message its sender was told to send again was answered in its thread after the restart: %q", m.Content)
+		}
 	}
 }
