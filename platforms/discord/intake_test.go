@@ -256,10 +256,15 @@ func TestStopLeavesAQueuedMessageForTheReadBack(t *testing.T) {
 	})
 	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
 	pollFor(t, "the first READY's backfill", func() bool { return strings.Contains(log.String(), "read what was missed") })
-	// The state no longer holds the channel: its handling would look it up over REST.
-	if ch, err := p.s.State.Channel(channel); err != nil {
-		t.Fatal(err)
-	} else if err := p.s.State.ChannelRemove(ch); err != nil {
+	// The state no longer holds the channel: its handling would look it up over REST. The
+	// guild's GUILD_CREATE may come after the READY's backfill is done: wait for it.
+	var ch *discordgo.Channel
+	pollFor(t, "the channel in the state", func() bool {
+		var err error
+		ch, err = p.s.State.Channel(channel)
+		return err == nil
+	})
+	if err := p.s.State.ChannelRemove(ch); err != nil {
 		t.Fatal(err)
 	}
 	srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: alice, Content: "first"})
