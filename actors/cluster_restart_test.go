@@ -11,18 +11,19 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/asynkron/protoactor-go/actor"
 )
 
 // listingFails is listingPanics whose Recoverable fails, once the panic is past, while fail is
 // set: a store that cannot answer for a moment.
 type listingFails struct {
-	listingPanics
+	persistence.Store
 	fail *atomic.Bool
 }
 
 func (l listingFails) Recoverable(ctx context.Context) ([]string, error) {
-	keys, err := l.listingPanics.Recoverable(ctx)
+	keys, err := l.Store.Recoverable(ctx)
 	if l.fail.Load() {
 		return nil, errors.New("the store does not answer")
 	}
@@ -71,11 +72,13 @@ func TestRestartedMemberRecoversTheStoppedKeysItOwns(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				agent := &slowToEnd{ending: 3 * time.Second}
-				var boom, fail atomic.Bool
+				var fail atomic.Bool
+				var restart func(*testing.T, *managerWorld)
 				logs := new(testutil.Buffer)
 				w := newManagerWorld(t, agent, loggedTo(logs, func(d *Deps) {
 					d.Node, d.Fencing, d.Clustered = "a", true, true
-					d.Store = listingFails{listingPanics{Store: d.Store, boom: &boom}, &fail}
+					restart = panicsOnCue(d)
+					d.Store = listingFails{d.Store, &fail}
 				}))
 				peer, asked, forwarded := w.lettingGoPeer()
 				var owner atomic.Pointer[actor.PID]
@@ -87,12 +90,7 @@ func TestRestartedMemberRecoversTheStoppedKeysItOwns(t *testing.T) {
 				synctest.Wait()
 				<-asked // (m1's activation's)
 
-				boom.Store(true) // the manager restarts
-				w.system.Root.Send(w.manager, &recoverAll{})
-				synctest.Wait()
-				if boom.Load() {
-					t.Fatal("the manager did not restart")
-				}
+				restart(t, w)
 				if tc.moves {
 					owner.Store(peer)
 				}

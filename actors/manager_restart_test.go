@@ -29,6 +29,22 @@ func (l listingPanics) Recoverable(ctx context.Context) ([]string, error) {
 	return l.Store.Recoverable(ctx)
 }
 
+// panicsOnCue wraps d's store in listingPanics and returns restart, which makes w's manager
+// panic in its next listing and waits until its supervisor has restarted it.
+func panicsOnCue(d *Deps) (restart func(t *testing.T, w *managerWorld)) {
+	boom := new(atomic.Bool)
+	d.Store = listingPanics{Store: d.Store, boom: boom}
+	return func(t *testing.T, w *managerWorld) {
+		t.Helper()
+		boom.Store(true)
+		w.system.Root.Send(w.manager, &recoverAll{})
+		synctest.Wait()
+		if boom.Load() {
+			t.Fatal("the manager did not restart")
+		}
+	}
+}
+
 // TestRestartedManagerWaitsForTheCancelledCallsBeforeItRecovers: a manager panics while m1's
 // turn runs, and its supervisor restarts it: the restart stops m1's session and cancels its
 // turn, whose agent takes 3 s to return (an exec command that cleans up on SIGTERM). The new
@@ -57,22 +73,17 @@ func TestRestartedManagerWaitsForTheCancelledCallsBeforeItRecovers(t *testing.T)
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				agent := &slowToEnd{ending: 3 * time.Second}
-				var boom atomic.Bool
+				var restart func(*testing.T, *managerWorld)
 				w := newManagerWorld(t, agent, func(d *Deps) {
 					tc.setup(d)
-					d.Store = listingPanics{Store: d.Store, boom: &boom}
+					restart = panicsOnCue(d)
 				})
 				if res := w.deliver(t, "m1", "first"); res.Disposition != "started" {
 					t.Fatalf("m1: %+v", res)
 				}
 				synctest.Wait()
 
-				boom.Store(true) // the manager restarts
-				w.system.Root.Send(w.manager, &recoverAll{})
-				synctest.Wait()
-				if boom.Load() {
-					t.Fatal("the manager did not restart")
-				}
+				restart(t, w)
 				var m2 *actor.Future
 				if tc.m2 {
 					m2 = w.request("m2", "second")
@@ -142,21 +153,16 @@ func TestRestartedManagerWaitsOnlyForTheCallsItsRestartCancelled(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				agent := &unrelatedLong{slowToEnd{ending: 3 * time.Second}}
-				var boom atomic.Bool
+				var restart func(*testing.T, *managerWorld)
 				w := newManagerWorld(t, agent, func(d *Deps) {
 					tc.setup(d)
-					d.Store = listingPanics{Store: d.Store, boom: &boom}
+					restart = panicsOnCue(d)
 				})
 				if res := w.deliver(t, "m1", "first"); res.Disposition != "started" {
 					t.Fatalf("m1: %+v", res)
 				}
 				synctest.Wait()
-				boom.Store(true) // the manager restarts
-				w.system.Root.Send(w.manager, &recoverAll{})
-				synctest.Wait()
-				if boom.Load() {
-					t.Fatal("the manager did not restart")
-				}
+				restart(t, w)
 
 				other := w.src
 				other.ChatID = "c2"
@@ -199,15 +205,13 @@ func TestDrainDuringTheRestartHoldLeavesItsWorkForTheNextStart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "agentgate.db")
 		agent := &slowToEnd{ending: 3 * time.Second}
-		var boom atomic.Bool
-		w := newManagerWorldAt(t, path, agent, func(d *Deps) { d.Store = listingPanics{Store: d.Store, boom: &boom} })
+		var restart func(*testing.T, *managerWorld)
+		w := newManagerWorldAt(t, path, agent, func(d *Deps) { restart = panicsOnCue(d) })
 		if res := w.deliver(t, "m1", "first"); res.Disposition != "started" {
 			t.Fatalf("m1: %+v", res)
 		}
 		synctest.Wait()
-		boom.Store(true) // the manager restarts
-		w.system.Root.Send(w.manager, &recoverAll{})
-		synctest.Wait()
+		restart(t, w)
 		m2 := w.request("m2", "second")
 		synctest.Wait()
 
