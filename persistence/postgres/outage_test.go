@@ -198,10 +198,7 @@ func TestLostLockIsTakenAgainWithinASecond(t *testing.T) {
 	// retake is a new connection and four statements, which on a loaded machine (the race
 	// detector, other tests' servers) can take seconds. A deadline of 3 s left two for them.
 	const retakeDeadline = 30 * time.Second
-	for name, opts := range map[string]Options{
-		"exclusive": {Exclusive: true, LockCheckInterval: time.Hour},
-		"shared":    {Shared: true, LockCheckInterval: time.Hour},
-	} {
+	for name, opts := range lockHolders() {
 		t.Run(name, func(t *testing.T) {
 			dsn := pgtest.NewDatabase(t)
 			ctx := context.Background()
@@ -243,10 +240,7 @@ func TestLostLockIsTakenAgainWithinASecond(t *testing.T) {
 // of a few seconds (a restart of PostgreSQL, a read-only spell) heals within about a second of
 // the database answering: a soak logged one for each member at each outage.
 func TestLostLockIsAWarningUntilItLasts(t *testing.T) {
-	for name, opts := range map[string]Options{
-		"exclusive": {Exclusive: true, LockCheckInterval: time.Hour},
-		"shared":    {Shared: true, LockCheckInterval: time.Hour},
-	} {
+	for name, opts := range lockHolders() {
 		t.Run(name, func(t *testing.T) {
 			dsn := pgtest.NewDatabase(t)
 			ctx := context.Background()
@@ -319,10 +313,7 @@ func TestLostLockIsAWarningUntilItLasts(t *testing.T) {
 // sessions holding a turn result it refused: before, only a write taken woke them, and a
 // cluster member's stopping session, which tries again once a second, came too late.
 func TestLockTakenIsCalledAtEachRetake(t *testing.T) {
-	for name, opts := range map[string]Options{
-		"exclusive": {Exclusive: true, LockCheckInterval: time.Hour},
-		"shared":    {Shared: true, LockCheckInterval: time.Hour},
-	} {
+	for name, opts := range lockHolders() {
 		t.Run(name, func(t *testing.T) {
 			dsn := pgtest.NewDatabase(t)
 			ctx := context.Background()
@@ -360,5 +351,14 @@ func TestLockTakenIsCalledAtEachRetake(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// lockHolders are the stores that hold the daemon lock, a single daemon's (exclusive) and a
+// cluster member's (shared), by name, with the lock checked only when a test asks.
+func lockHolders() map[string]Options {
+	return map[string]Options{
+		"exclusive": {Exclusive: true, LockCheckInterval: time.Hour},
+		"shared":    {Shared: true, LockCheckInterval: time.Hour},
 	}
 }
