@@ -243,17 +243,8 @@ func TestStopWaitsForTheIntake(t *testing.T) {
 // channel" an operator would chase, and tried to tell its sender to send it again (which
 // failed too), though the next start answers it.
 func TestStopLeavesAQueuedMessageForTheReadBack(t *testing.T) {
-	const guild, channel = "100000000000000001", "200000000000000001"
 	h := newHeldDelivery()
-	srv, p, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
-		srv.AddGuild(guild, "guild")
-		srv.AddChannel(discordtest.Channel{ID: channel, GuildID: guild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
-	}, func(c *Config) {
-		c.Settings.BackfillWindow = time.Hour
-		c.Recent = func(context.Context, time.Time) ([]persistence.ChatMark, error) {
-			return []persistence.ChatMark{{ChatID: channel, ScopeID: guild, MessageID: "1", At: time.Now()}}, nil
-		}
-	})
+	srv, p, log, stop := intakeWorldWithARecentChannel(t, h)
 	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
 	pollFor(t, "the first READY's backfill", func() bool { return strings.Contains(log.String(), "read what was missed") })
 	// The state no longer holds the channel: its handling would look it up over REST. The
@@ -261,7 +252,7 @@ func TestStopLeavesAQueuedMessageForTheReadBack(t *testing.T) {
 	var ch *discordgo.Channel
 	pollFor(t, "the channel in the state", func() bool {
 		var err error
-		ch, err = p.s.State.Channel(channel)
+		ch, err = p.s.State.Channel(recentChannel)
 		return err == nil
 	})
 	if err := p.s.State.ChannelRemove(ch); err != nil {
@@ -269,7 +260,7 @@ func TestStopLeavesAQueuedMessageForTheReadBack(t *testing.T) {
 	}
 	srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: alice, Content: "first"})
 	<-h.started
-	second := srv.Post(discordtest.UserMessage{ChannelID: channel, Author: alice, Content: "second"})
+	second := srv.Post(discordtest.UserMessage{ChannelID: recentChannel, Author: alice, Content: "second"})
 	pollFor(t, "the second message queued behind the held delivery", func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -287,7 +278,7 @@ func TestStopLeavesAQueuedMessageForTheReadBack(t *testing.T) {
 	if texts, _, _ := h.got(); !slices.Equal(texts, []string{"first"}) {
 		t.Errorf("delivered %q, want first alone", texts)
 	}
-	if sent := srv.Sent(channel); len(sent) > 0 {
+	if sent := srv.Sent(recentChannel); len(sent) > 0 {
 		t.Errorf("told the sender %q, want nothing: the next start answers it", sent[0].Content)
 	}
 }
@@ -298,17 +289,8 @@ func TestStopLeavesAQueuedMessageForTheReadBack(t *testing.T) {
 // it read every channel on the stop's cancelled context, and warned of history reads failed
 // ("retrying", "read again later") that were no failure of Discord's.
 func TestStopSkipsABackfillThatWaitedForTheIntake(t *testing.T) {
-	const guild, channel = "100000000000000001", "200000000000000001"
 	h := newHeldDelivery()
-	srv, p, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
-		srv.AddGuild(guild, "guild")
-		srv.AddChannel(discordtest.Channel{ID: channel, GuildID: guild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
-	}, func(c *Config) {
-		c.Settings.BackfillWindow = time.Hour
-		c.Recent = func(context.Context, time.Time) ([]persistence.ChatMark, error) {
-			return []persistence.ChatMark{{ChatID: channel, ScopeID: guild, MessageID: "1", At: time.Now()}}, nil
-		}
-	})
+	srv, p, log, stop := intakeWorldWithARecentChannel(t, h)
 	pollFor(t, "the first READY's backfill", func() bool { return strings.Contains(log.String(), "read what was missed") })
 	srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: discordtest.User{ID: "400000000000000001", Username: "alice"}, Content: "first"})
 	<-h.started
@@ -332,4 +314,23 @@ func TestStopSkipsABackfillThatWaitedForTheIntake(t *testing.T) {
 	if s := log.String(); strings.Contains(s, "discord backfill:") || strings.Count(s, "read what was missed") != 1 {
 		t.Errorf("the backfill that waited through the stop read back, want nothing read:\n%s", s)
 	}
+}
+
+// The guild and its text channel of intakeWorldWithARecentChannel.
+const recentGuild, recentChannel = "100000000000000001", "200000000000000001"
+
+// intakeWorldWithARecentChannel is intakeWorldWith a guild's text channel the store took a
+// message from lately (Recent), with backfill on: a stop leaves what it meets there for the
+// next start's read-back.
+func intakeWorldWithARecentChannel(t *testing.T, h *heldDelivery) (*discordtest.Server, *Platform, *testutil.Buffer, func()) {
+	t.Helper()
+	return intakeWorldWith(t, h, func(srv *discordtest.Server) {
+		srv.AddGuild(recentGuild, "guild")
+		srv.AddChannel(discordtest.Channel{ID: recentChannel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+	}, func(c *Config) {
+		c.Settings.BackfillWindow = time.Hour
+		c.Recent = func(context.Context, time.Time) ([]persistence.ChatMark, error) {
+			return []persistence.ChatMark{{ChatID: recentChannel, ScopeID: recentGuild, MessageID: "1", At: time.Now()}}, nil
+		}
+	})
 }
