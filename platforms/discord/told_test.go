@@ -27,26 +27,13 @@ func TestMessageToldToSendAgainIsNotAnsweredAfterARestart(t *testing.T) {
 	before := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "before"})
 	w.replyTo(t, dmID, before.ID) // the store took a message from the DM: the restart reads it back
 
-	spool := filepath.Join(w.cfg.DataDir, "spool") // the disk fills: the spool cannot take writes either
-	if err := os.Rename(spool, spool+".away"); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(spool, []byte("not a directory"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	o.Down.Store(true)
+	roomAgain := w.fillDisk(t, o)
 	refused := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "refused"})
 	if notice := w.replyTo(t, dmID, refused.ID); !strings.Contains(notice.Content, "send it again") {
 		t.Fatalf("the bot replied %q to the message the store refused, want a notice to send it again", notice.Content)
 	}
 	w.stop(t)
-	o.Down.Store(false)
-	if err := os.Remove(spool); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(spool+".away", spool); err != nil {
-		t.Fatal(err)
-	}
+	roomAgain()
 
 	w.start(t)
 	w.srv.WaitReady(t)
@@ -80,14 +67,7 @@ func TestAutoThreadedMessageToldToSendAgainIsNotAnsweredAfterARestart(t *testing
 	before := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "before", MentionBot: true})
 	w.srv.WaitSent(t, before.ID, 1) // the store took a message from the channel: the restart reads it back
 
-	spool := filepath.Join(w.cfg.DataDir, "spool") // the disk fills: the spool cannot take writes either
-	if err := os.Rename(spool, spool+".away"); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(spool, []byte("not a directory"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	o.Down.Store(true)
+	roomAgain := w.fillDisk(t, o)
 	refused := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "refused", MentionBot: true})
 	w.srv.WaitFor(t, "a notice to send "+refused.ID+" again", func() bool {
 		for _, ch := range []string{channelID, refused.ID} {
@@ -100,13 +80,7 @@ func TestAutoThreadedMessageToldToSendAgainIsNotAnsweredAfterARestart(t *testing
 		return false
 	})
 	w.stop(t)
-	o.Down.Store(false)
-	if err := os.Remove(spool); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(spool+".away", spool); err != nil {
-		t.Fatal(err)
-	}
+	roomAgain()
 
 	w.start(t)
 	w.srv.WaitReady(t)
@@ -122,6 +96,30 @@ func TestAutoThreadedMessageToldToSendAgainIsNotAnsweredAfterARestart(t *testing
 	for _, m := range w.srv.Sent(refused.ID) {
 		if strings.HasPrefix(m.Content, "echo:") {
 			t.Errorf("the message its sender was told to send again was answered in its thread after the restart: %q", m.Content)
+		}
+	}
+}
+
+// fillDisk makes the disk of w's daemon full: o, its store, and its spool refuse every write.
+// roomAgain gives the room back, with the daemon stopped.
+func (w *world) fillDisk(t *testing.T, o *storetest.Outage) (roomAgain func()) {
+	t.Helper()
+	spool := filepath.Join(w.cfg.DataDir, "spool")
+	if err := os.Rename(spool, spool+".away"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(spool, []byte("not a directory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o.Down.Store(true)
+	return func() {
+		t.Helper()
+		o.Down.Store(false)
+		if err := os.Remove(spool); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(spool+".away", spool); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
