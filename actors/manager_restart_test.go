@@ -29,6 +29,23 @@ func (l listingPanics) Recoverable(ctx context.Context) ([]string, error) {
 	return l.Store.Recoverable(ctx)
 }
 
+// restartedDuringM1 is a managerWorld set up by setup whose manager panics, and is restarted
+// by its supervisor, while m1's turn runs.
+func restartedDuringM1(t *testing.T, agent agents.Agent, setup func(*Deps)) *managerWorld {
+	t.Helper()
+	var restart func(*testing.T, *managerWorld)
+	w := newManagerWorld(t, agent, func(d *Deps) {
+		setup(d)
+		restart = panicsOnCue(d)
+	})
+	if res := w.deliver(t, "m1", "first"); res.Disposition != "started" {
+		t.Fatalf("m1: %+v", res)
+	}
+	synctest.Wait()
+	restart(t, w)
+	return w
+}
+
 // panicsOnCue wraps d's store in listingPanics and returns restart, which makes w's manager
 // panic in its next listing and waits until its supervisor has restarted it.
 func panicsOnCue(d *Deps) (restart func(t *testing.T, w *managerWorld)) {
@@ -73,17 +90,7 @@ func TestRestartedManagerWaitsForTheCancelledCallsBeforeItRecovers(t *testing.T)
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				agent := &slowToEnd{ending: 3 * time.Second}
-				var restart func(*testing.T, *managerWorld)
-				w := newManagerWorld(t, agent, func(d *Deps) {
-					tc.setup(d)
-					restart = panicsOnCue(d)
-				})
-				if res := w.deliver(t, "m1", "first"); res.Disposition != "started" {
-					t.Fatalf("m1: %+v", res)
-				}
-				synctest.Wait()
-
-				restart(t, w)
+				w := restartedDuringM1(t, agent, tc.setup)
 				var m2 *actor.Future
 				if tc.m2 {
 					m2 = w.request("m2", "second")
@@ -153,16 +160,7 @@ func TestRestartedManagerWaitsOnlyForTheCallsItsRestartCancelled(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				agent := &unrelatedLong{slowToEnd{ending: 3 * time.Second}}
-				var restart func(*testing.T, *managerWorld)
-				w := newManagerWorld(t, agent, func(d *Deps) {
-					tc.setup(d)
-					restart = panicsOnCue(d)
-				})
-				if res := w.deliver(t, "m1", "first"); res.Disposition != "started" {
-					t.Fatalf("m1: %+v", res)
-				}
-				synctest.Wait()
-				restart(t, w)
+				w := restartedDuringM1(t, agent, tc.setup)
 
 				other := w.src
 				other.ChatID = "c2"
