@@ -289,13 +289,7 @@ func TestLostLockIsAWarningUntilItLasts(t *testing.T) {
 			}
 
 			restore()
-			deadline := time.Now().Add(30 * time.Second)
-			for s.Ping(ctx) != nil {
-				if time.Now().After(deadline) {
-					t.Fatal("the lock was not taken again within 30 s of the database's return")
-				}
-				time.Sleep(50 * time.Millisecond) // a real server: poll under a deadline
-			}
+			pingUntilRetaken(t, s)
 			if n := count("WARN", retaken); n != 1 {
 				t.Errorf("the retake logged %d times, want once:\n%s", n, logs.String())
 			}
@@ -336,13 +330,7 @@ func TestLockTakenIsCalledAtEachRetake(t *testing.T) {
 					t.Fatal("Ping with the database cut = nil, want an error")
 				}
 				restore()
-				deadline := time.Now().Add(30 * time.Second)
-				for s.Ping(ctx) != nil {
-					if time.Now().After(deadline) {
-						t.Fatal("the lock was not taken again within 30 s of the database's return")
-					}
-					time.Sleep(50 * time.Millisecond) // a real server: poll under a deadline
-				}
+				pingUntilRetaken(t, s)
 				if err := s.Ping(ctx); err != nil {
 					t.Fatal(err)
 				}
@@ -360,5 +348,18 @@ func lockHolders() map[string]Options {
 	return map[string]Options{
 		"exclusive": {Exclusive: true, LockCheckInterval: time.Hour},
 		"shared":    {Shared: true, LockCheckInterval: time.Hour},
+	}
+}
+
+// pingUntilRetaken pings s until it answers, which it does once it has taken its daemon lock
+// again after the database's return.
+func pingUntilRetaken(t *testing.T, s *Store) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for s.Ping(context.Background()) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the lock was not taken again within 30 s of the database's return")
+		}
+		time.Sleep(50 * time.Millisecond) // a real server: poll under a deadline
 	}
 }
