@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/testutil"
@@ -26,11 +25,17 @@ import (
 // handler (modernc.org/sqlite's, in Go) sleeps the busy timeout, 5 s, in steps whose last one
 // ends on it, so a command that waited once took exactly 5 s there and one that waited twice
 // 10 s, whatever the machine (the test takes well under a second of real time).
+//
+// A command that waits out the lock more than once can also hang the bubble rather than take
+// 10 s: Close waits on the store's mutex for the search index's timer, which sleeps in the busy
+// handler, and synctest counts no mutex wait as durably blocked, so the bubble's clock stops
+// for good (the code before MustWrite, 44d71a6). The watchdog fails the test then, naming it,
+// instead of go test's timeout minutes later.
 func TestOfflineWriteLockedDatabase(t *testing.T) {
 	const busy = 5 * time.Second // the writer's busy timeout (its DSN's busy_timeout)
 	dir := MustSeedSessions(t)
 	path := filepath.Join(dir, "agentgate.db")
-	synctest.Test(t, func(t *testing.T) {
+	testutil.BubbleTest(t, lockedBubbleWithin, lockedBubbleHang, func(t *testing.T) {
 		unlock := testutil.LockSQLite(t, path)
 		before := databaseFiles(t, path)
 		for _, args := range [][]string{
@@ -73,6 +78,14 @@ func TestOfflineWriteLockedDatabase(t *testing.T) {
 		}
 	})
 }
+
+// lockedBubbleWithin bounds in real time a bubble that runs sessions commands against a locked
+// database (testutil.BubbleTest): they take well under a second; one that hangs never ends.
+const lockedBubbleWithin = 2 * time.Minute
+
+// lockedBubbleHang says what most likely hangs such a bubble.
+const lockedBubbleHang = "a command waits for the database's lock more than once (its writes or Close, not only the open's check), " +
+	"and a wait on the store's mutex behind the busy handler's sleep holds the bubble's clock still"
 
 // databaseFiles returns what the SQLite database at path holds on disk, its file and its WAL,
 // in a form to compare (a write, committed or not, changes the WAL).

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/testutil"
@@ -262,7 +261,7 @@ func TestSessionsPardonRefusesAStartingDaemon(t *testing.T) {
 // the 5 s are the bubble's (see runSessionsIn).
 func refusedForTheDatabasesLock(t *testing.T, path string, args ...string) {
 	t.Helper()
-	synctest.Test(t, func(t *testing.T) {
+	testutil.BubbleTest(t, lockedBubbleWithin, lockedBubbleHang, func(t *testing.T) {
 		unlock := testutil.LockSQLite(t, path)
 		defer unlock()
 		out, _, err := runSessionsIn(t.Context(), args...)

@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"testing/synctest"
+	"time"
 
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
@@ -20,7 +20,8 @@ import (
 func TestMustWriteExplainsALockTakenAfterOpen(t *testing.T) {
 	// In a bubble, under its context: modernc.org/sqlite's busy handler then waits in Go
 	// timers, on the bubble's clock (see TestOfflineWriteLockedDatabase), not 10 s of real time.
-	synctest.Test(t, func(t *testing.T) {
+	// The watchdog fails a bubble whose clock a wait on a mutex behind that sleep held still.
+	testutil.BubbleTest(t, 2*time.Minute, "a wait on the store's mutex behind the busy handler's sleep holds the bubble's clock still", func(t *testing.T) {
 		ctx := t.Context()
 		path := filepath.Join(t.TempDir(), "agentgate.db")
 		s, err := Open(ctx, path, Options{})
