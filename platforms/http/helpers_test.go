@@ -574,3 +574,13 @@ func (p *Platform) waiterCount() int {
 	}
 	return n
 }
+
+// grepLine returns the first line of text that holds substr, or "".
+func grepLine(text, substr string) string {
+	for l := range strings.SplitSeq(text, "\n") {
+		if strings.Contains(l, substr) {
+			return l
+		}
+	}
+	return ""
+}

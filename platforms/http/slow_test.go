@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -48,7 +49,6 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := mustStart(t, Config{Token: tc.token, BodyTimeout: 200 * time.Millisecond}, &fakeRuntime{})
-			start := time.Now()
 			resp, err := rawRequest(t, h, "POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n", "{")
 			switch {
 			case tc.want == 0 && err == nil && resp.StatusCode < 400:
@@ -56,8 +56,11 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 			case tc.want != 0 && (err != nil || resp.StatusCode != tc.want):
 				t.Errorf("a stalled body without a token: %v %v, want %d", resp, err, tc.want)
 			}
-			if took := time.Since(start); took > testTimeout/2 {
-				t.Errorf("the server held the stalled request %v", took)
+			// The connection's own deadline (rawRequest's, testTimeout) ends the wait of a
+			// server that held the request: the body timeout is real time on a real socket,
+			// and 200 ms against 10 s leaves a loaded machine fifty times its due.
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Errorf("a stalled body was held until the client gave up (%v): %v, want the server to cut it off", testTimeout, err)
 			}
 		})
 	}
