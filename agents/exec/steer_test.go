@@ -194,11 +194,13 @@ func (s *sender) Stop() {
 
 // TestRunSteerNotRead runs commands that stop reading stdin while steered messages keep coming
 // on a channel that is never closed: Run must return as soon as the command is done, and
-// nothing of Run may receive from the channel afterwards.
+// nothing of Run may receive from the channel afterwards. The kill grace is an hour: a Run
+// that waited for it (for stdin's forwarder, or for a process holding a pipe) meets
+// mustResult's watchdog and fails, and none of it is timed.
 func TestRunSteerNotRead(t *testing.T) {
 	t.Parallel()
 	const (
-		grace = 3 * time.Second
+		grace = time.Hour
 		// size makes one steer line larger than a pipe's buffer, so the forwarding write
 		// blocks until the command is gone.
 		size = 128 << 10
@@ -257,16 +259,13 @@ echo got input`,
 			req.Steer = s.ch
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
-			start := time.Now()
 			done := runAsync(ctx, a, req)
 			if tc.cancel {
 				waitFor(t, "a steered message to be received", func() bool { return s.received.Load() > 0 })
 				MustReadPID(t, filepath.Join(dir, tc.pidFile))
-				start = time.Now()
 				cancel()
 			}
 			r := mustResult(t, done)
-			elapsed := time.Since(start)
 			switch {
 			case tc.cancel && !errors.Is(r.err, context.Canceled):
 				t.Errorf("Run() after cancel = %v, %v; want an error wrapping context.Canceled", r.resp, r.err)
@@ -274,9 +273,6 @@ echo got input`,
 				t.Errorf("Run() error = %v, want nil", r.err)
 			case !tc.cancel && r.resp.Text != tc.want:
 				t.Errorf("Run() = %q, want %q", r.resp.Text, tc.want)
-			}
-			if elapsed >= grace {
-				t.Errorf("Run() took %v, want well before the %v grace period", elapsed, grace)
 			}
 			// Run waits for its forwarding goroutine, so no one may take a message now.
 			s.Stop()
