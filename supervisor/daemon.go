@@ -110,6 +110,9 @@ type Daemon struct {
 	endpoints  *endpointGuard   // keeps the remote's stop from panicking (remote_guard.go)
 	fatal      chan error       // receives why the daemon must stop on its own (see Fatal)
 	stopping   atomic.Bool      // Stop has begun
+	// treeStopping: Stop's drain is over and it stops the tree's actors (stopChildren), whose
+	// stops are no failure of the daemon's (actorStopped).
+	treeStopping atomic.Bool
 	// began: this run is recorded in the store (beginRun, or its retry: retryRun); a clean stop
 	// ends it (endRun), and so does Abort, from another goroutine than the stop's. ended: the
 	// end was written or given up, and the run is recorded no more. endMu is held across the
@@ -167,10 +170,12 @@ const lostMembership = "this cluster member lost its membership and is stopping;
 // restarts it, and the daemon would go on without its sessions, a platform's replies, its
 // timers or its writes while /readyz said all was well. The daemon fails instead (Fatal), so
 // that it stops in order and its process supervisor starts it afresh, as an Erlang release does
-// when its top supervisor gives up.
+// when its top supervisor gives up. One stopped during the drain a signal began fails it too
+// (`agentgate serve` exits 1 once the drain ends): before, a stop that had begun hid it, and
+// the daemon exited 0 without the actor's turns, writes or replies (TestTopLevelActorStoppedDuringTheDrain).
 func (d *Daemon) actorStopped(pid *actor.PID, reason any) {
 	top := d.topLevel.Load()
-	if pid == nil || top == nil || !(*top)[pid.Id] || d.stopping.Load() {
+	if pid == nil || top == nil || !(*top)[pid.Id] || d.treeStopping.Load() {
 		return
 	}
 	err := fmt.Errorf("the %s actor failed more often than its supervisor restarts it, and is stopped (last failure: %v)", pid.Id, reason)
@@ -492,6 +497,7 @@ func (d *Daemon) Stop(ctx context.Context) error {
 			d.drainMissed(t)
 		}
 	}
+	d.treeStopping.Store(true)
 	d.stopChildren(ctx, d.withdraw)
 	d.cancel()
 	d.waitAgents(ctx)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -98,4 +100,42 @@ func (r *runtime) readyz(t *testing.T) (int, map[string]string) {
 		t.Fatalf("/readyz body: %v", err)
 	}
 	return resp.StatusCode, body.Components
+}
+
+// TestTopLevelActorStoppedDuringTheDrain: a top-level actor stopped past its restarts during
+// the drain a stop signal began fails the daemon (Fatal, which `agentgate serve` reads once
+// the drain ends, to exit 1): the daemon stopped without it, its turns' writes or a
+// platform's replies. Before, a stop that had begun hid it and serve exited 0 (a review). One
+// stopped once the drain is over, as Stop stops the tree, is no failure.
+func TestTopLevelActorStoppedDuringTheDrain(t *testing.T) {
+	tests := []struct {
+		name     string
+		tree     bool // Stop stops the tree's actors
+		wantFail bool
+	}{
+		{"during the drain", false, true},
+		{"as the tree stops", true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := &Daemon{log: slog.New(slog.DiscardHandler), fatal: make(chan error, 1)}
+			top := map[string]bool{"timers": true}
+			d.topLevel.Store(&top)
+			d.stopping.Store(true) // Stop has begun: a signal's drain
+			d.treeStopping.Store(tt.tree)
+			d.actorStopped(actor.NewPID("nonhost", "timers"), "injected: the idle scan fails")
+			select {
+			case err := <-d.Fatal():
+				if !tt.wantFail {
+					t.Errorf("Fatal = %v, want none: the tree's own stop is no failure", err)
+				} else if !strings.Contains(err.Error(), "timers actor failed more often than its supervisor restarts it") {
+					t.Errorf("Fatal = %v, want the timers actor named", err)
+				}
+			default:
+				if tt.wantFail {
+					t.Error("the timers actor stopped past its restarts during the drain, and the daemon did not fail: serve would exit 0")
+				}
+			}
+		})
+	}
 }

@@ -401,8 +401,26 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	err = d.Stop(stopCtx)
 	exit.end()
-	if err != nil || fatal == nil {
-		return err
+	return stopResult(err, fatal, d.Fatal())
+}
+
+// stopResult is what serve returns once the stop ended: the stop's own error, else the fatal
+// error that began the stop, else one the daemon reported during the drain a signal began (a
+// cluster member that lost its membership in a database outage, a top-level actor stopped),
+// logged then as `the daemon cannot go on`. Before, nothing read the last: the stop exited 0,
+// and a service manager took a daemon that had failed for one that stopped cleanly
+// (TestStopResult). The drain goes on all the same: a stop signal asked for it, and its
+// deadline bounds it. The stop has ended, so nothing reports a fatal error after this read
+// (the membership's renewals have stopped, and a top-level actor's stop no longer counts).
+func stopResult(stopErr, fatal error, fatals <-chan error) error {
+	if stopErr != nil {
+		return stopErr
+	}
+	if fatal == nil {
+		select {
+		case fatal = <-fatals:
+		default:
+		}
 	}
 	return fatal
 }

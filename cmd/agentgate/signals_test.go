@@ -183,3 +183,36 @@ func TestSignalAfterTheStopEnded(t *testing.T) {
 		})
 	}
 }
+
+// TestStopResult: serve's result once the stop ended, which sets its exit status. A fatal
+// error the daemon reports during the drain a signal began (a cluster member that lost its
+// membership in a database outage, a top-level actor stopped) makes it exit 1 with that error,
+// as one that began the stop does. Before, nothing read it after the signal: the stop exited 0,
+// and a service manager took a daemon that had failed for one that stopped cleanly (a review).
+func TestStopResult(t *testing.T) {
+	lost := errors.New("cluster membership lost")
+	stuck := errors.New("close the store: stuck")
+	tests := []struct {
+		name        string
+		stopErr     error
+		fatal       error // the one that began the stop
+		duringDrain error // reported during the drain
+		want        error
+	}{
+		{"a clean stop a signal began", nil, nil, nil, nil},
+		{"a fatal error began the stop", nil, lost, nil, lost},
+		{"a fatal error during the drain a signal began", nil, nil, lost, lost},
+		{"the stop's own error first", stuck, nil, lost, stuck},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fatals := make(chan error, 1)
+			if tt.duringDrain != nil {
+				fatals <- tt.duringDrain
+			}
+			if got := stopResult(tt.stopErr, tt.fatal, fatals); got != tt.want {
+				t.Errorf("stopResult(%v, %v) with %v reported during the drain = %v, want %v", tt.stopErr, tt.fatal, tt.duringDrain, got, tt.want)
+			}
+		})
+	}
+}
