@@ -575,7 +575,7 @@ func diagnose(n *yaml.Node, t reflect.Type, path string, out *[]diag, lines map[
 			p := joinPath(path, k.Value)
 			f, ok := fieldByKey(t, k.Value)
 			if !ok {
-				*out = append(*out, diag{k.Line, &FieldError{Field: p, Err: unknownKey(t, n, path, k.Value)}})
+				*out = append(*out, diag{k.Line, &FieldError{Field: p, Err: unknownKey(t, n, path, k.Value, v)}})
 				continue
 			}
 			if lines != nil {

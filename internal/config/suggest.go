@@ -10,12 +10,13 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// unknownKey is the problem of the key named key, unknown in the mapping m of the section at
-// path of type t: errUnknownKey, with the section's key it most likely misspells when one is
-// close (http.adr: "did you mean http.addr?"). A key the mapping writes already is no
-// suggestion (mod beside mode is no misspelt mode), but for a section when no other key is
-// close: sesions beside sessions is most likely its keys written apart, which go in it.
-func unknownKey(t reflect.Type, m *yaml.Node, path, key string) error {
+// unknownKey is the problem of the key named key, of value v, unknown in the mapping m of the
+// section at path of type t: errUnknownKey, with the section's key it most likely misspells
+// when one is close (http.adr: "did you mean http.addr?"). A key the mapping writes already is
+// no suggestion (mod beside mode is no misspelt mode), but for a section when no other key is
+// close: sesions beside sessions is most likely its keys written apart, which go in it
+// (writtenSection).
+func unknownKey(t reflect.Type, m *yaml.Node, path, key string, v *yaml.Node) error {
 	written := make(map[string]bool)
 	for i := 0; i+1 < len(m.Content); i += 2 {
 		written[m.Content[i].Value] = true
@@ -36,8 +37,7 @@ func unknownKey(t reflect.Type, m *yaml.Node, path, key string) error {
 	if best == "" {
 		if section := closest(strings.ToLower(key), sections); section != "" {
 			// Before, a bare "unknown key": the close key is written already.
-			p := joinPath(path, section)
-			return fmt.Errorf("%w (did you mean %s? %s is written already: move these keys into it, as a section is written once)", errUnknownKey, p, p)
+			return fmt.Errorf("%w (%s)", errUnknownKey, writtenSection(joinPath(path, section), v))
 		}
 		// log_level or log.level: a key of a section written beside it, as a variable's name
 		// or a dotted path reads, which YAML takes for one key of its own.
@@ -49,6 +49,24 @@ func unknownKey(t reflect.Type, m *yaml.Node, path, key string) error {
 		return errUnknownKey
 	}
 	return fmt.Errorf("%w (did you mean %s?)", errUnknownKey, joinPath(path, best))
+}
+
+// writtenSection is the hint for v, written under a key that misspells the section at path,
+// which the mapping writes already: its keys go in that section; a value alone goes in as the
+// section's key it most likely is (scalarKeys), or as one of its keys. Before, a value was
+// told to "move these keys into it" too: htp: :8080 beside http has no keys (a review).
+func writtenSection(path string, v *yaml.Node) string {
+	switch {
+	case v.Kind == yaml.MappingNode:
+		return fmt.Sprintf("did you mean %s? %s is written already: move these keys into it, as a section is written once", path, path)
+	case v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null":
+		return fmt.Sprintf("did you mean %s? %s is written already, and this one holds nothing: remove it", path, path)
+	}
+	if key, ok := scalarKeys[path]; ok && v.Kind == yaml.ScalarNode && !strings.ContainsAny(v.Value, "\n{}") {
+		return fmt.Sprintf("did you mean %s.%s? %s is written already, and holds keys, not one value: write this one inside it, as %s: %s",
+			path, key, path, key, flowValue(key, v.Value))
+	}
+	return fmt.Sprintf("did you mean %s? %s is written already, and holds keys, not one value: set the key of it that this value is for", path, path)
 }
 
 // isSection reports whether a key of type t holds keys of its own (a mapping).

@@ -60,6 +60,14 @@ func TestLoadUnknownKeySuggestsTheClosest(t *testing.T) {
 			"FILE:3: sesions: unknown key (did you mean sessions? sessions is written already: move these keys into it, as a section is written once)"},
 		{"a section written already, within a section", "agent:\n  exec: {timeout: 5m}\n  exce: {kill_grace: 5s}\n", nil,
 			"FILE:3: agent.exce: unknown key (did you mean agent.exec? agent.exec is written already: move these keys into it, as a section is written once)"},
+		// A value, not keys, beside the section it misspells: there are no keys to move. Before,
+		// htp: :8080 was told to "move these keys into it" (a review).
+		{"one value beside a section written already", "http:\n  pprof: true\nhtp: :8080\n", nil,
+			`FILE:3: htp: unknown key (did you mean http.addr? http is written already, and holds keys, not one value: write this one inside it, as addr: ":8080")`},
+		{"one value beside a section with no such key", "sessions:\n  history_limit: 5\nsesions: 5\n", nil,
+			"FILE:3: sesions: unknown key (did you mean sessions? sessions is written already, and holds keys, not one value: set the key of it that this value is for)"},
+		{"nothing beside a section written already", "sessions:\n  history_limit: 5\nsesions:\n", nil,
+			"FILE:3: sesions: unknown key (did you mean sessions? sessions is written already, and this one holds nothing: remove it)"},
 		{"in a variable's mapping", "", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE={dm: {idel_minutes: 5}}"},
 			`AGENTGATE_SESSIONS_RESET_BY_TYPE: "{dm: {idel_minutes: 5}}": dm.idel_minutes: unknown key (did you mean dm.idle_minutes?)`},
 	}
