@@ -46,3 +46,48 @@ func TestStatusAfterAnOperatorReset(t *testing.T) {
 		}
 	})
 }
+
+// TestStatusAfterAnIdleReset: /status as the chat's first word after an idle reset begins the
+// session the chat now has, and says so: that it started now, and that the previous one was
+// reset and when. Before, it named the new session beside the ended one's last activity, as if
+// that session had been active an hour ago (a review).
+func TestStatusAfterAnIdleReset(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, w := idleResetWorld(t)
+		first := w.deliver(t, "m0", "hello")
+		synctest.Wait()
+		lastActivity := time.Now()
+		time.Sleep(time.Hour) // idle past the policy (30 s)
+		synctest.Wait()
+		now := time.Now()
+		status := w.deliver(t, "s1", "/status")
+		if status.ErrorCode != "" || status.SessionId == first.SessionId {
+			t.Fatalf("/status: %+v, want a session after %s", status, first.SessionId)
+		}
+		for {
+			select {
+			case got := <-w.sent:
+				if !strings.HasPrefix(got.Out.Text, "Session ") {
+					continue
+				}
+				text := got.Out.Text
+				for _, want := range []string{
+					"Session " + status.SessionId,
+					"Started: " + now.UTC().Format(time.RFC3339) + ", by this command",
+					"the previous session, " + first.SessionId + ", was reset automatically (idle) at " +
+						lastActivity.Add(30*time.Second).UTC().Format(time.RFC3339),
+				} {
+					if !strings.Contains(text, want) {
+						t.Errorf("/status after an idle reset = %q, want it to say %q", text, want)
+					}
+				}
+				if strings.Contains(text, "Last activity: "+lastActivity.UTC().Format(time.RFC3339)) {
+					t.Errorf("/status after an idle reset = %q: the ended session's last activity beside the new session", text)
+				}
+				return
+			case <-time.After(time.Minute):
+				t.Fatal("no /status answer")
+			}
+		}
+	})
+}
