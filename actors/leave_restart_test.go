@@ -3,12 +3,14 @@ package actors
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/asynkron/protoactor-go/actor"
 )
 
@@ -171,4 +173,81 @@ func TestManagerRestartedWhileItsMemberLeavesRunsAKeyNoMemberTakesBeforeItsDrain
 			t.Error("the drain was not answered once m1's turn run again had ended")
 		}
 	})
+}
+
+// TestLeavingManagerRestartedWithNoListingSaysWhereTheWorkGoes: a leaving member's manager
+// restarts while m1's turn runs, and once the cancelled call has returned the store cannot list
+// the keys with work pending. A line says so, and what becomes of that work: a key another
+// member takes over has it recovered there once this member has withdrawn; a key no member takes
+// over (the whole cluster stops) keeps it in the store, pending, for the member that owns the key
+// next. Before, the line said the member that takes each key over recovers its work for both,
+// and for the second there is none (a review).
+func TestLeavingManagerRestartedWithNoListingSaysWhereTheWorkGoes(t *testing.T) {
+	const (
+		listing   = `level=WARN msg="list the sessions with unfinished work, to hand on those the manager's restart stopped; `
+		handed    = listing + `the member that takes each over recovers its work once this one has withdrawn"`
+		noneTakes = listing + `a key another member takes over has its work recovered there once this one has withdrawn, ` +
+			`and one no member takes over (no_successor) keeps it in the store, pending, for the member that owns the key next (at its start or recovery sweep)"`
+	)
+	for _, tc := range []struct {
+		name      string
+		successor bool
+		want      string
+	}{
+		{"another member takes the key over", true, handed},
+		{"no member takes the key over", false, noneTakes},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				agent := &slowToEnd{ending: 3 * time.Second}
+				var fail atomic.Bool
+				logs := new(testutil.Buffer)
+				w := newManagerWorld(t, agent, loggedTo(logs, func(d *Deps) {
+					d.Node, d.Fencing, d.Clustered = "a", true, true
+					d.Store = listingFails{d.Store, &fail}
+				}))
+				if res := w.deliver(t, "m1", "first"); res.Disposition != "started" {
+					t.Fatalf("m1: %+v", res)
+				}
+				synctest.Wait()
+				sink, _ := w.forwardSink()
+				var boom atomic.Bool
+				w.system.Root.Send(w.manager, &Leave{Successor: func(key string) *actor.PID {
+					if key == "other-key" && boom.CompareAndSwap(true, false) {
+						panic("the successor's lookup fails")
+					}
+					if tc.successor {
+						return sink
+					}
+					return nil
+				}})
+				drained := w.drain()
+				synctest.Wait()
+				boom.Store(true)
+				w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
+				synctest.Wait()
+				if boom.Load() {
+					t.Fatal("the manager did not restart")
+				}
+				fail.Store(true)
+
+				time.Sleep(3 * time.Second) // (synctest's clock) the cancelled call returns
+				synctest.Wait()
+				lines := linesWith(logs, listing)
+				if len(lines) != 1 || !strings.Contains(lines[0], tc.want) {
+					t.Errorf("the listing's lines: %q, want one with %s", lines, tc.want)
+				}
+				if !tc.successor && !strings.Contains(lines[0], "no_successor=1") {
+					t.Errorf("the listing's line %q does not count the key no member takes over (no_successor=1)", lines[0])
+				}
+				if !answered(drained) {
+					t.Error("the drain was not answered")
+				}
+				if got, want := agent.events(), []string{"m1 starts", "m1 returns"}; !slices.Equal(got, want) {
+					t.Errorf("agent calls %q, want %q (m1 does not run here)", got, want)
+				}
+				w.wantPendingAlone(t, "m1")
+			})
+		})
+	}
 }
