@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -246,11 +247,14 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 			}
 			r := s.result(m, "", sid)
 			r.SessionId = sessionOf(sid, err)
+			restart := restartLevel(err)
 			if errorsIsDuplicate(err) {
 				r.Disposition = platforms.Duplicate
 			} else {
 				s.seen.remove(m.MessageId)
-				s.logRefusedWrite("store command; its sender is told to send it again", err, "message_id", m.MessageId, "command", cmd.name)
+				if !s.logRefusedCommand(err, m.MessageId, cmd.name) {
+					restart = slog.LevelDebug // (its command's line is held back too)
+				}
 				r.ErrorCode, r.Error = "unavailable", "command could not be stored"
 			}
 			if (acted || !errorsIsDuplicate(err)) && !s.fencedOut {
@@ -260,7 +264,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 				// go out before any later one (the reload sends it, in order).
 				r.SessionId = ""
 				s.fileReset(dueReset)
-				s.restartFromStore(c, "the write of /"+cmd.name+" was refused", err)
+				s.restartFromStoreAt(c, restart, "the write of /"+cmd.name+" was refused", err)
 			}
 			for _, p := range append(repeats, requester) {
 				c.Send(p, r)

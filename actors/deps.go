@@ -208,6 +208,10 @@ type Deps struct {
 	// store (Session.storedBefore): in an outage a client resends its command, refused, again
 	// and again, and each resend's check fails.
 	duplicateChecks logging.Limiter
+	// commandRefusals limits, by command, the line of a command whose write was refused in an
+	// outage (Session.logRefusedCommand), and of the session's restart after it: its client
+	// resends it, refused, again and again.
+	commandRefusals logging.KeyedLimiter
 	// queueFull limits the line of messages a full queue refused (overflow: reject): a chat
 	// that floods logs one for each message.
 	queueFull logging.Limiter

@@ -419,3 +419,64 @@ func (s *readsDown) FindInbound(ctx context.Context, platform, chatID, messageID
 	}
 	return s.Store.FindInbound(ctx, platform, chatID, messageID)
 }
+
+// TestRefusedCommandResendsAreLoggedOnceAMinute: a command whose write is refused in an outage
+// (the database and the spool both failing) tells its client to send it again, and the session
+// starts again from the store; the client resends it, refused again, until the outage ends. Its
+// lines, "store command; …" and the session's "the session starts again from the store", are
+// logged at once, then once a minute for that command, the first counting its resends between
+// (repeats; each at DEBUG). Before, each resend logged both at WARN: one /new a client resent
+// through an outage of half a minute logged them 4 times each. Another command is logged at
+// once (TestWritesBehindARefusedBeginningAreOutageRefusals).
+func TestRefusedCommandResendsAreLoggedOnceAMinute(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		var logs testutil.Buffer
+		w := newManagerWorldWrites(t, echo.New(), func(d *Deps) {
+			d.Log = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			d.Store = &readsDown{Store: d.Store, down: &out.Down}
+		}, out.Wrap) // no spool in this world, as a cluster member's: the write is refused
+		w.deliver(t, "m0", "zero")
+		w.awaitTurnEnds(1)
+		out.Down.Store(true)
+		// The client resends the command once the session has started again after each refusal
+		// (its pause: 1, 2, 4, then 8 s).
+		for range 4 {
+			if r := w.deliver(t, "new1", "/new"); r.ErrorCode != "unavailable" {
+				t.Fatalf("/new in the outage: %+v, want unavailable", r)
+			}
+			time.Sleep(10 * time.Second)
+		}
+		time.Sleep(25 * time.Second) // over a minute after the first
+		if r := w.deliver(t, "new1", "/new"); r.ErrorCode != "unavailable" {
+			t.Fatalf("/new a minute later: %+v, want unavailable", r)
+		}
+		for _, tc := range []struct {
+			msg  string
+			want [][]string // each line's
+		}{
+			{`msg="store command; its sender is told to send it again"`, [][]string{
+				{"level=WARN", "message_id=new1", "command=new", "err="},
+				{"level=WARN", "message_id=new1", "repeats=3"},
+			}},
+			{`msg="the session starts again from the store"`, [][]string{
+				{"level=WARN", `why="the write of /new was refused"`},
+				{"level=WARN", `why="the write of /new was refused"`},
+			}},
+		} {
+			lines := linesWith(&logs, tc.msg)
+			if len(lines) != len(tc.want) {
+				t.Errorf("%d lines with %s, want %d (the first, then a minute later):\n%s", len(lines), tc.msg, len(tc.want), strings.Join(lines, "\n"))
+				continue
+			}
+			for i, want := range tc.want {
+				for _, s := range want {
+					if !strings.Contains(lines[i], s) {
+						t.Errorf("line %q lacks %q", lines[i], s)
+					}
+				}
+			}
+		}
+		out.Down.Store(false)
+	})
+}

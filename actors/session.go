@@ -1019,12 +1019,22 @@ func (s *Session) onRecover(c actor.Context) {
 // until its next reset, a daily one a day late
 // (TestOverdueResetWhoseMarkWasRefusedOutlivesARestartFromTheStore).
 func (s *Session) restartFromStore(c actor.Context, why string, err error) {
-	level := slog.LevelWarn
+	s.restartFromStoreAt(c, restartLevel(err), why, err)
+}
+
+// restartLevel is the level of the line of a restart from the store for err.
+func restartLevel(err error) slog.Level {
 	if errors.Is(err, persistence.ErrDuplicate) {
 		// The store's dedupe refused a message, and its sender was told (duplicate, or 409
 		// for another conversation's message id): no fault, and any client can repeat it.
-		level = slog.LevelInfo
+		return slog.LevelInfo
 	}
+	return slog.LevelWarn
+}
+
+// restartFromStoreAt is restartFromStore with its line at level: Debug for a command's refusal
+// whose line is held back (logRefusedCommand), as the client resends it through an outage.
+func (s *Session) restartFromStoreAt(c actor.Context, level slog.Level, why string, err error) {
 	s.logger().Log(context.Background(), level, "the session starts again from the store", "why", why, logging.Err(err))
 	s.stale = true
 	s.refused = errors.Is(err, persistence.ErrUnavailable)

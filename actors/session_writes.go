@@ -42,6 +42,27 @@ func (s *Session) logRefusedInbound(err error, messageID string, seq int64) {
 	}
 }
 
+// logRefusedCommand logs a command's refused write (logRefusedWrite), and reports whether it
+// did at its level. A refusal of an outage (persistence.ErrUnavailable) is logged once a
+// LimitEvery for each command (its session and message id), with how many resends it stands
+// for (repeats), and at Debug between: its client resends the command, refused again, until the
+// outage ends, and each resend logged it, and the session's restart from the store after it
+// (TestRefusedCommandResendsAreLoggedOnceAMinute). Another command is logged at once.
+func (s *Session) logRefusedCommand(err error, messageID, command string) bool {
+	const msg = "store command; its sender is told to send it again"
+	if !errors.Is(err, persistence.ErrUnavailable) || messageID == "" {
+		s.logRefusedWrite(msg, err, "message_id", messageID, "command", command)
+		return true
+	}
+	args, ok := s.d.commandRefusals.Allowed(s.key+"\x00"+messageID, "message_id", messageID, "command", command)
+	if !ok {
+		s.logger().Debug(msg, "message_id", messageID, "command", command, logging.Err(err))
+		return false
+	}
+	s.logRefusedWrite(msg, err, args...)
+	return true
+}
+
 // outboxEntry is the outbox entry of one reply or notice to src, with the next outbox seq.
 func (s *Session) outboxEntry(src identity.Source, sid, kind, text, turnID string, inReplyTo []string, now time.Time) persistence.OutboxEntry {
 	s.lastOut++

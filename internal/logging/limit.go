@@ -85,3 +85,52 @@ func (l *Limiter) Reset() {
 	defer l.mu.Unlock()
 	l.last, l.n = time.Time{}, 0
 }
+
+// KeyedLimiter is a Limiter for each key: the events of one key (a command its client resends
+// through an outage, by its message id) are let through once a LimitEvery, those of other keys
+// apart. A key with no event let through for LimitEvery is forgotten. The zero value is ready;
+// it is safe for concurrent use.
+type KeyedLimiter struct {
+	mu     sync.Mutex
+	keys   map[string]*keyedEvents
+	pruned int // len(keys) after the last prune
+}
+
+// keyedEvents is a KeyedLimiter's record of one key: as Limiter's last and n.
+type keyedEvents struct {
+	last time.Time
+	n    int
+}
+
+// Allowed is Limiter.Allowed for key's events.
+func (l *KeyedLimiter) Allowed(key string, args ...any) ([]any, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	if l.keys == nil {
+		l.keys = map[string]*keyedEvents{}
+	}
+	if len(l.keys) >= 2*max(l.pruned, 64) { // amortised: a prune at most every doubling
+		for k, e := range l.keys {
+			if now.Sub(e.last) >= LimitEvery {
+				delete(l.keys, k)
+			}
+		}
+		l.pruned = len(l.keys)
+	}
+	e := l.keys[key]
+	if e == nil {
+		e = &keyedEvents{}
+		l.keys[key] = e
+	}
+	e.n++
+	if !e.last.IsZero() && now.Sub(e.last) < LimitEvery {
+		return args, false
+	}
+	n := e.n
+	e.n, e.last = 0, now
+	if n > 1 {
+		args = append(args, "repeats", n-1)
+	}
+	return args, true
+}

@@ -87,3 +87,42 @@ func TestLimiterFlush(t *testing.T) {
 		}
 	})
 }
+
+// TestKeyedLimiter: each key's events are let through once a LimitEvery, with how many were
+// held back, apart from the other keys'; a key not seen for LimitEvery is forgotten.
+func TestKeyedLimiter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l KeyedLimiter
+		allowed := func(key string) string {
+			args, ok := l.Allowed(key, "k", key)
+			return fmt.Sprint(args, ok)
+		}
+		for i, tc := range []struct{ key, want string }{
+			{"a", "[k a] true"},
+			{"a", "[k a] false"},
+			{"b", "[k b] true"}, // another key's first
+			{"a", "[k a] false"},
+		} {
+			if got := allowed(tc.key); got != tc.want {
+				t.Errorf("event %d (%s) = %s, want %s", i+1, tc.key, got, tc.want)
+			}
+		}
+		time.Sleep(LimitEvery)
+		if got, want := allowed("a"), "[k a repeats 2] true"; got != want {
+			t.Errorf("a after LimitEvery = %s, want %s", got, want)
+		}
+		for i := range 200 { // enough new keys to prune the old ones
+			allowed(fmt.Sprint("n", i))
+		}
+		time.Sleep(LimitEvery)
+		for i := range 200 {
+			allowed(fmt.Sprint("m", i))
+		}
+		l.mu.Lock()
+		_, kept := l.keys["n0"]
+		l.mu.Unlock()
+		if kept {
+			t.Error("a key not seen for LimitEvery is still kept")
+		}
+	})
+}
