@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
@@ -92,6 +93,9 @@ type stmt struct {
 	sql  string
 	args []any
 	msg  *persistence.Message
+	// raised, of the daemon lock's fence (Store.lockHeld), is the epoch its store raised last
+	// (Store.raised), which tells a refusal of its own retake from another daemon's (describe).
+	raised *atomic.Int64
 }
 
 // Commit applies groups of writes in one transaction. Each group is atomic: a failing group is
@@ -266,7 +270,16 @@ func describe(st stmt, err error) error {
 		return fmt.Errorf("fence: %s: %w", pe.Message, persistence.ErrFenced)
 	case pe.Code == daemonFencedCode:
 		// Another daemon took the lock: the writes wait in the spool (this daemon's next check
-		// of its lock finds it lost, and /readyz fails).
+		// of its lock finds it lost, and /readyz fails). Or this one took it again, and raised
+		// the epoch, since the write read it: the lock was lost without its noticing.
+		var cur, took int64
+		_, perr := fmt.Sscanf(pe.Message, "the daemon lock is held with epoch %d, this daemon took epoch %d", &cur, &took)
+		if perr == nil && cur != 0 && st.raised != nil && cur == st.raised.Load() {
+			// Before, it said another daemon had taken the lock, and an operator with one
+			// daemon looked for another (TestOwnRetakeFencesACommitInFlight).
+			return fmt.Errorf("%w: this daemon lost its lock on the database and took it again since the write began "+
+				"(the lock's epoch is %d now, the write's %d)", persistence.ErrUnavailable, cur, took)
+		}
 		return fmt.Errorf("%w: another agentgate daemon took the database's daemon lock: %s",
 			persistence.ErrUnavailable, pe.Message)
 	}

@@ -711,3 +711,65 @@ func TestSearchPastALongMessage(t *testing.T) {
 		t.Errorf("Search for a word at the start of the long message = %d messages, want a/1", len(ms))
 	}
 }
+
+// TestOwnRetakeFencesACommitInFlight: a commit that read the daemon lock's epoch before the
+// lock was lost, and that reaches its fence after this store took the lock again (and raised
+// the epoch), is refused; its error says this daemon lost its lock and took it again, not that
+// another daemon took it, as it says when one did (TestLockHoldersFenceCommits' store B). Before,
+// both said "another agentgate daemon took the database's daemon lock" (a review), and an
+// operator with one daemon looked for a second one.
+func TestOwnRetakeFencesACommitInFlight(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	opts := Options{Exclusive: true, LockCheckInterval: time.Hour}
+	a, err := Open(ctx, dsn, opts)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer a.Close()
+	before := a.held.Load()
+	c := mustConn(t, dsn)
+	if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(l.pid) FROM pg_locks l
+		WHERE l.locktype = 'advisory' AND l.granted`); err != nil {
+		t.Fatal(err)
+	}
+	// Until the store has taken the lock again: the backend's end is not at once, and a Ping
+	// before it finds the lock held.
+	deadline := time.Now().Add(30 * time.Second)
+	for h := a.held.Load(); h == nil || h.epoch == before.epoch; h = a.held.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the lock was not taken again within 30 s of its connection's end")
+		}
+		_ = a.Ping(ctx)
+		time.Sleep(50 * time.Millisecond) // a real server: poll under a deadline
+	}
+	// The commit in flight: it read the epoch before the loss (lockHeld), and meets the fence
+	// after the retake.
+	retaken := a.held.Swap(before)
+	errs := a.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s1", "k1")}}})
+	a.held.Store(retaken)
+	if !errors.Is(errs[0], persistence.ErrUnavailable) {
+		t.Fatalf("the commit fenced with the epoch before the retake: error = %v, want ErrUnavailable", errs[0])
+	}
+	want := fmt.Sprintf("this daemon lost its lock on the database and took it again since the write began (the lock's epoch is %d now, the write's %d)",
+		retaken.epoch, before.epoch)
+	if !strings.Contains(errs[0].Error(), want) || strings.Contains(errs[0].Error(), "another agentgate daemon") {
+		t.Errorf("the commit fenced with the epoch before the retake: error = %v, want it to say %q", errs[0], want)
+	}
+	storetest.MustCommit(t, a, &persistence.CreateSession{Session: newSession("s1", "k1")}) // with the epoch it holds
+
+	// Another daemon's: the same commit of a store whose lock another daemon took.
+	if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(l.pid) FROM pg_locks l
+		WHERE l.locktype = 'advisory' AND l.granted`); err != nil {
+		t.Fatal(err)
+	}
+	b, err := Open(ctx, dsn, opts)
+	if err != nil {
+		t.Fatalf("Open B after A lost its lock: %v", err)
+	}
+	defer b.Close()
+	errs = a.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s2", "k2")}}})
+	if !errors.Is(errs[0], persistence.ErrUnavailable) || !strings.Contains(errs[0].Error(), "another agentgate daemon took the database's daemon lock") {
+		t.Errorf("A's commit after B took the lock: error = %v, want ErrUnavailable saying another daemon took the lock", errs[0])
+	}
+}

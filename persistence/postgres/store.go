@@ -117,6 +117,11 @@ type Store struct {
 	// every commit is fenced with it (agentgate_daemon_fence), as held publishes it. Guarded
 	// as lockConn is.
 	lockEpoch int64
+	// raised is the epoch this store last raised the daemon lock's to, published before the
+	// raise commits (0: none; set back when it does not): a write of its own fenced with an
+	// earlier epoch that meets it was refused by this store's retake, not by another daemon
+	// (describe).
+	raised atomic.Int64
 	// lockIdle is how long the server keeps the lock's session once its connection falls
 	// silent (endIdleLock); 0 until Open has migrated.
 	lockIdle time.Duration
@@ -375,6 +380,7 @@ func (s *Store) lock(ctx context.Context, wait time.Duration) error {
 // passes it. Called with lockMu held or before the store is shared.
 func (s *Store) raiseEpoch(ctx context.Context) error {
 	var epoch int64
+	prev := s.raised.Load()
 	err := pgx.BeginFunc(ctx, s.lockConn, func(tx pgx.Tx) error {
 		// The lock's own lock_timeout may be a millisecond (checkLock); a commit in flight of
 		// the previous holder is worth waiting for.
@@ -382,7 +388,11 @@ func (s *Store) raiseEpoch(ctx context.Context) error {
 			return err
 		}
 		if !s.shared {
-			return tx.QueryRow(ctx, `UPDATE daemon_epoch SET epoch = epoch + 1, exclusive = true RETURNING epoch`).Scan(&epoch)
+			err := tx.QueryRow(ctx, `UPDATE daemon_epoch SET epoch = epoch + 1, exclusive = true RETURNING epoch`).Scan(&epoch)
+			if err == nil {
+				s.raised.Store(epoch) // before the commit, which a fence that meets it waits for
+			}
+			return err
 		}
 		// Members fence their writes against each other per session key (Claim). They read
 		// the epoch, not raise it (a raise would fence the other members), and fence their
@@ -395,12 +405,16 @@ func (s *Store) raiseEpoch(ctx context.Context) error {
 		// row no longer exclusive.
 		err := tx.QueryRow(ctx, `UPDATE daemon_epoch SET epoch = epoch + 1, exclusive = false
 			WHERE exclusive RETURNING epoch`).Scan(&epoch)
-		if errors.Is(err, pgx.ErrNoRows) {
+		switch {
+		case err == nil:
+			s.raised.Store(epoch)
+		case errors.Is(err, pgx.ErrNoRows):
 			err = tx.QueryRow(ctx, `SELECT epoch FROM daemon_epoch`).Scan(&epoch)
 		}
 		return err
 	})
 	if err != nil {
+		s.raised.Store(prev) // (before the caller lets go of the lock: no other raise came yet)
 		return fmt.Errorf("raise the daemon lock's epoch: %w", err)
 	}
 	s.lockEpoch = epoch
@@ -474,7 +488,7 @@ func (s *Store) lockHeld() (fence *stmt, err error) {
 	if h == nil {
 		return nil, fmt.Errorf("%w: the daemon lock on the database is lost", persistence.ErrUnavailable)
 	}
-	return &stmt{sql: daemonFenceSQL, args: []any{h.epoch}}, nil
+	return &stmt{sql: daemonFenceSQL, args: []any{h.epoch}, raised: &s.raised}, nil
 }
 
 // checkLock checks that an exclusive store still holds its lock, and takes it again on a new
