@@ -2,11 +2,15 @@ package testutil
 
 import (
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -196,6 +200,66 @@ func TestArchitectureListsEveryPackage(t *testing.T) {
 		if !regexp.MustCompile(`\b` + regexp.QuoteMeta(name) + `\b`).MatchString(block) {
 			rel, _ := filepath.Rel(root, dir)
 			t.Errorf("docs/ARCHITECTURE.md's package map does not name %s (%s)", name, rel)
+		}
+	}
+}
+
+// TestHTTPAPIListsEveryErrorCode: the "Errors" table of docs/HTTP-API.md names every error code
+// the HTTP API answers with (the Code… constants of platforms/http), and no code it does not
+// have, so a client written against the table meets no code it was not told of.
+func TestHTTPAPIListsEveryErrorCode(t *testing.T) {
+	path := filepath.Join("..", "..", "platforms", "http", "respond.go")
+	f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var codes []string
+	for _, decl := range f.Decls {
+		g, ok := decl.(*ast.GenDecl)
+		if !ok || g.Tok != token.CONST {
+			continue
+		}
+		for _, spec := range g.Specs {
+			v := spec.(*ast.ValueSpec)
+			for i, name := range v.Names {
+				if !strings.HasPrefix(name.Name, "Code") || i >= len(v.Values) {
+					continue
+				}
+				if lit, ok := v.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+					code, err := strconv.Unquote(lit.Value)
+					if err != nil {
+						t.Fatal(err)
+					}
+					codes = append(codes, code)
+				}
+			}
+		}
+	}
+	if len(codes) < 20 {
+		t.Fatalf("found %d Code… constants in %s; the parse no longer sees them", len(codes), path)
+	}
+
+	doc := MustReadDoc(t, "docs/HTTP-API.md")
+	_, section, ok := strings.Cut(doc, "\n## Errors\n")
+	if !ok {
+		t.Fatal(`docs/HTTP-API.md has no "## Errors" section`)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	row := regexp.MustCompile("(?m)^\\| `[0-9]{3}` \\| ([^|]+)\\|")
+	var table []string
+	for _, m := range row.FindAllStringSubmatch(section, -1) {
+		for _, c := range regexp.MustCompile("`([a-z_0-9]+)`").FindAllStringSubmatch(m[1], -1) {
+			table = append(table, c[1])
+		}
+	}
+	for _, code := range codes {
+		if !slices.Contains(table, code) {
+			t.Errorf("the HTTP API answers with the error code %q, which docs/HTTP-API.md's Errors table does not list", code)
+		}
+	}
+	for _, code := range table {
+		if !slices.Contains(codes, code) {
+			t.Errorf("docs/HTTP-API.md's Errors table lists the error code %q, which the HTTP API does not have", code)
 		}
 	}
 }
