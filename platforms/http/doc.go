@@ -12,8 +12,8 @@
 // dropped (its stream closed) so it resumes from the outbox with Last-Event-ID. No client holds
 // a request's goroutine for ever: a body must arrive within Config.BodyTimeout, and an answer
 // (an event stream: each event; a transcript: each page) be read within Config.WriteTimeout,
-// else the connection is closed (a cut answer is logged at WARN, "answer cut off"). A
-// transcript is read from Sessions and written a page at a time, never held whole.
+// else the connection is closed (a cut answer is logged at WARN, "answer cut off", at most once a
+// minute). A transcript is read from Sessions and written a page at a time, never held whole.
 //
 // This package must not import actors or supervisor; the runtime reaches it only through
 // platforms.Deliver and the Sessions interface.

@@ -191,6 +191,9 @@ type Platform struct {
 	overHeld logging.Limiter
 	// unauthorized limits the line of requests refused for their token.
 	unauthorized logging.Limiter
+	// cutOff limits the line of answers cut off because their client stopped reading: clients
+	// that ask for long answers and read none would log one each.
+	cutOff logging.Limiter
 	// conns counts the connections open (countingListener), to tell when the last of
 	// Config.MaxConnections is taken.
 	conns atomic.Int64
@@ -826,7 +829,9 @@ func (p *Platform) recoverPanics(next http.Handler) http.Handler {
 						// Which session's stream or transcript it was: the route names none.
 						args = append(args, "session", key)
 					}
-					p.log.Warn("answer cut off: the client stopped reading it", args...)
+					if args, ok := p.cutOff.Allowed(args...); ok {
+						p.log.Warn("answer cut off: the client stopped reading it", args...)
+					}
 				}
 				return
 			}

@@ -9,10 +9,14 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/platforms"
@@ -115,6 +119,47 @@ func TestUnreadAnswerIsCutOff(t *testing.T) {
 	}
 }
 
+// TestUnreadAnswersAreLoggedOnce: clients that never read their answers are each cut off, but
+// the line says so once, not once a client (later ones at most once a minute, with "repeats"):
+// a soak's 60 clients that asked for a long transcript and read nothing logged 60 warnings,
+// and a client opening such requests in a loop would fill the log with them, as the lines of
+// refused tokens and held requests, which are limited so, would.
+func TestUnreadAnswersAreLoggedOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name, path string
+		setup      func(*fakeSessions)
+	}{
+		{"transcript", "/v1/sessions/" + streamKey + "/transcript", func(s *fakeSessions) {
+			s.bigText = strings.Repeat("x", 4<<20)
+		}},
+		{"event stream", "/v1/sessions/" + streamKey + "/events", func(s *fakeSessions) {
+			for seq := range int64(8) {
+				s.addOutbox(&platforms.Outbound{SessionKey: streamKey, Seq: seq + 1, Text: strings.Repeat("x", 1<<20)})
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sessions := newFakeSessions()
+			sessions.infos[streamKey] = &SessionInfo{SessionKey: streamKey, SessionID: "s1"}
+			tc.setup(sessions)
+			logs := &testutil.Buffer{}
+			requests := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "requests_total"}, []string{"route", "code"})
+			h := mustStart(t, Config{Sessions: sessions, WriteTimeout: 200 * time.Millisecond, Requests: requests,
+				Logger: slog.New(slog.NewTextHandler(logs, nil))}, &fakeRuntime{})
+			for range 3 {
+				h.dialNeverRead(tc.path)
+			}
+			// Each is cut off: its handler returns, and its answer is counted.
+			waitFor(t, "the three answers ended", func() bool {
+				return promtest.ToFloat64(requests.WithLabelValues("GET /v1/sessions/{key}/"+path.Base(tc.path), "200")) == 3
+			})
+			if n := strings.Count(logs.String(), "answer cut off"); n != 1 {
+				t.Errorf("%d lines \"answer cut off\" for 3 clients, want 1:\n%s", n, logs)
+			}
+		})
+	}
+}
+
 // TestOversizedBodyRefusedBeforeContinue: a body announced larger than MaxBodyBytes is refused
 // with 413 before the client sends it (no "100 Continue").
 func TestOversizedBodyRefusedBeforeContinue(t *testing.T) {
@@ -157,6 +202,14 @@ func getNeverRead(t *testing.T, sessions Sessions, path string) (*testutil.Buffe
 	logs := &testutil.Buffer{}
 	h := mustStart(t, Config{Sessions: sessions, WriteTimeout: 200 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))}, &fakeRuntime{})
+	return logs, h.dialNeverRead(path)
+}
+
+// dialNeverRead sends a GET of path on a connection with a small receive buffer, which the
+// test then never reads.
+func (h *harness) dialNeverRead(path string) net.Conn {
+	t := h.t
+	t.Helper()
 	conn, err := net.Dial("tcp", strings.TrimPrefix(h.base, "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -168,5 +221,5 @@ func getNeverRead(t *testing.T, sessions Sessions, path string) (*testutil.Buffe
 	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", path); err != nil {
 		t.Fatal(err)
 	}
-	return logs, conn
+	return conn
 }
