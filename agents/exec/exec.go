@@ -205,9 +205,9 @@ func (a *Agent) CanSteer() bool { return a.steer }
 // req.Steer is closed, which closes stdin. Run stops receiving from req.Steer when the command
 // exits or ctx ends, and does not wait for req.Steer to be closed: a sender must not block on
 // it once the turn is over. The messages it received that the command never saw (their line
-// could not be written, or lay wholly unread in stdin when the command exited) are counted in
-// Response.Unseen, which comes next to an error too. Without steering, stdin closes after the
-// input object and req.Steer is never read.
+// could not be written, or lay wholly unread in stdin when the command exited or, on a timeout
+// or cancel, when it was stopped) are counted in Response.Unseen, which comes next to an error
+// too. Without steering, stdin closes after the input object and req.Steer is never read.
 func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 	name := a.command[0]
 	if err := ctx.Err(); err != nil {
@@ -306,8 +306,12 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		_ = stdin.SetWriteDeadline(time.Now())
 		close(exited)
 		sl := <-forwarded
-		unread, err := unreadBytes(stdin)
-		unseen = sl.unseen(unread, err == nil && !sl.closed)
+		unread, known := sl.unread, sl.measured
+		if !sl.closed {
+			n, err := unreadBytes(stdin)
+			unread, known = n, err == nil
+		}
+		unseen = sl.unseen(unread, known)
 		if unseen > 0 {
 			a.log.Debug("exec agent command left steered messages unread", "command", name,
 				"session", req.Identity.SessionKey, "unseen", unseen)
@@ -404,6 +408,10 @@ type steerLog struct {
 	starts   []int64 // where each steer line written whole begins in stdin, in order
 	written  int64   // bytes written to stdin, a cut line's included
 	closed   bool    // stdin was closed: Request.Steer or ctx ended
+	// unread is how many bytes lay unread in stdin as ctx ended, when measured: stdin is closed
+	// then, and Run can no longer look.
+	unread   int64
+	measured bool
 }
 
 // unseen returns how many of the messages received, the last ones, the command never saw: those
@@ -465,6 +473,13 @@ func forwardSteer(ctx context.Context, stdin *os.File, in []byte, steer <-chan a
 		case <-exited:
 			return l
 		case <-ctx.Done():
+			// The lines still unread now the command never saw: its turn is over (a timeout, a
+			// cancel, a runaway), and it cannot answer what it reads after its SIGTERM. Measured
+			// before the close, which leaves Run nothing to look at; else those messages counted
+			// as seen and failed with the turn instead of running next.
+			if n, err := unreadBytes(stdin); err == nil {
+				l.unread, l.measured = n, true
+			}
 			stdin.Close() // EOF for a command that reads on after its SIGTERM; its turn is over
 			l.closed = true
 			return l

@@ -399,3 +399,52 @@ func TestRunSteerUnseen(t *testing.T) {
 		})
 	}
 }
+
+// TestRunSteerUnseenWhenStopped checks that the steered messages a command left wholly unread
+// are counted unseen also when Run stopped it: at its timeout, or for its output. Run closes
+// stdin then, and measured nothing afterwards, so they counted as seen and failed with the turn
+// (a soak: a message steered into a hung turn was told the agent took too long, though it
+// never saw it) instead of running as the next turn.
+func TestRunSteerUnseenWhenStopped(t *testing.T) {
+	t.Parallel()
+	const ready = `IFS= read -r line; touch "$1/ready"; `
+	tests := []struct {
+		name    string
+		script  string
+		timeout time.Duration
+		wantErr error // nil: the reply is the output's head
+	}{
+		{name: "timed out", script: ready + `exec sleep 100`, timeout: 2 * time.Second, wantErr: exec.ErrTimeout},
+		{name: "wrote more than agentgate reads", script: ready + `while [ ! -e "$1/go" ]; do sleep 0.01; done; exec yes`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cmd, dir := MustScript(t, tc.script)
+			a := MustNew(t, exec.Config{Command: cmd, Steer: true, Timeout: tc.timeout, KillGrace: 3 * time.Second})
+			steer := make(chan agents.Message)
+			defer close(steer)
+			req := request(turn(1), "hi")
+			req.Steer = steer
+			done := runAsync(t.Context(), a, req)
+			waitFor(t, "the command to be ready", func() bool { _, err := os.Stat(filepath.Join(dir, "ready")); return err == nil })
+			for i := range 2 {
+				steer <- agents.Message{Role: "user", Text: fmt.Sprintf("steer %d", i), MessageID: fmt.Sprintf("m%d", i)}
+			}
+			if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			r := mustResult(t, done)
+			if !errors.Is(r.err, tc.wantErr) || tc.wantErr == nil && r.err != nil {
+				t.Fatalf("Run() error = %v, want %v", r.err, tc.wantErr)
+			}
+			unseen := 0
+			if r.resp != nil {
+				unseen = r.resp.Unseen
+			}
+			if unseen != 2 {
+				t.Errorf("Run() Unseen = %d, want 2: the command read none of the steered lines", unseen)
+			}
+		})
+	}
+}
