@@ -88,6 +88,8 @@ const (
 	runBackoffBase  = time.Second
 	runBackoffMax   = time.Minute
 	sendTimeout     = 30 * time.Second
+	// runStopWait bounds how long a stopping platform actor waits for its Run loop to end.
+	runStopWait = 10 * time.Second
 )
 
 // PlatformHealth is what a platform actor knows about its platform's Run loop: nil while Run
@@ -245,7 +247,7 @@ func (a *Platform) Receive(c actor.Context) {
 			a.runCancel()
 			select {
 			case <-a.runDone:
-			case <-time.After(10 * time.Second):
+			case <-time.After(runStopWait):
 				a.log.Warn("platform did not stop in time")
 			}
 		}
@@ -286,6 +288,10 @@ func (a *Platform) startRun(c actor.Context, deliver platforms.Deliver) {
 	p, log, done, health := a.p, a.log, a.runDone, a.health
 	go func() {
 		defer close(done)
+		// However the loop ends (the stop met Run, or its backoff), what a failed Run left to
+		// hand on meets the stop before the actor stops: a stop in the backoff let the
+		// platform deliver after the runtime was gone, or never (the process exited).
+		defer waitInbound(ctx, p)
 		backoff := runBackoffBase
 		for {
 			health.set(nil)
@@ -311,6 +317,18 @@ func (a *Platform) startRun(c actor.Context, deliver platforms.Deliver) {
 			backoff = min(2*backoff, runBackoffMax)
 		}
 	}()
+}
+
+// waitInbound waits, once ctx has ended, for the inbound messages a failed Run of p left to
+// hand on (platforms.InboundWaiter), at most runStopWait.
+func waitInbound(ctx context.Context, p platforms.Platform) {
+	w, ok := p.(platforms.InboundWaiter)
+	if !ok {
+		return
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runStopWait)
+	defer cancel()
+	w.WaitInbound(wctx)
 }
 
 // pump starts the next send of a key if none is in flight.

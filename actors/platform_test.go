@@ -244,3 +244,67 @@ func TestReplySentAgainReachesThePlatformMarked(t *testing.T) {
 		w.system.Root.Stop(w.pid)
 	})
 }
+
+// inboundPlatform is a fake whose first Run fails at once (a lost connection) and whose later
+// Runs wait for their ctx; its inbound wait (platforms.InboundWaiter) says it was called on
+// waited, and returns once release is closed.
+type inboundPlatform struct {
+	*platformtest.Fake
+	runs    atomic.Int32
+	waited  chan struct{}
+	release chan struct{}
+}
+
+func (p *inboundPlatform) Run(ctx context.Context, _ platforms.Deliver) error {
+	if p.runs.Add(1) == 1 {
+		return errors.New("gateway connection lost")
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func (p *inboundPlatform) WaitInbound(ctx context.Context) {
+	close(p.waited)
+	select {
+	case <-p.release:
+	case <-ctx.Done():
+	}
+}
+
+// TestStopInTheRunBackoffWaitsForTheInbound: a platform actor stopped while it waits to run its
+// platform again (the backoff after Run failed) waits for the inbound messages the failed Run
+// left to be handed on (platforms.InboundWaiter) before it stops, as a Run stopped while it
+// runs waits for them. Before, it stopped at once, and the platform (Discord's intake) went on
+// delivering after the runtime was gone, or not at all once the process exited.
+func TestStopInTheRunBackoffWaitsForTheInbound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		system, quiet := quietSystem(t)
+		defer system.Shutdown()
+		p := &inboundPlatform{Fake: platformtest.NewFake("fake"), waited: make(chan struct{}), release: make(chan struct{})}
+		d := &Deps{Ctx: t.Context(), Log: quiet, Metrics: metrics.New("fake")}
+		pid := system.Root.Spawn(NewPlatform(d, p, &PlatformHealth{}))
+		system.Root.Send(pid, &StartIntake{Deliver: func(context.Context, *platforms.Inbound) (*platforms.Ack, error) { return nil, nil }})
+		synctest.Wait() // Run failed: the actor waits runBackoffBase to run it again
+		if n := p.runs.Load(); n != 1 {
+			t.Fatalf("Run called %d times before the stop, want once (the stop is to come in its backoff)", n)
+		}
+		stopped := make(chan struct{})
+		go func() {
+			_ = system.Root.PoisonFuture(pid).Wait()
+			close(stopped)
+		}()
+		synctest.Wait()
+		select {
+		case <-p.waited:
+		default:
+			t.Fatal("the platform actor stopped in its Run backoff without waiting for the platform's inbound")
+		}
+		select {
+		case <-stopped:
+			t.Fatal("the platform actor stopped before the platform's inbound was handed on")
+		default:
+		}
+		close(p.release)
+		<-stopped
+	})
+}

@@ -162,6 +162,19 @@ type Withdrawer interface {
 	SetWithdraw(withdraw Withdraw)
 }
 
+// InboundWaiter is implemented by a platform whose Run, when it returns with an error, may
+// leave inbound messages still to be handed to deliver (Discord: a lost connection returns at
+// once, while the messages its gateway reader queued are handed on behind a delivery the
+// runtime has not answered). A Run that ctx ends waits for them before it returns. When the
+// daemon stops while Run is not running (the platform actor waits to run it again after a
+// failure; a cluster member waits for the gateway lease), the runtime calls WaitInbound
+// instead, once Run's ctx has ended and before the platform's actor stops: it returns when
+// each of them has met the stop as in Run (delivered, left for the next start, or its sender
+// told), or when ctx ends.
+type InboundWaiter interface {
+	WaitInbound(ctx context.Context)
+}
+
 // InterruptedMark ends the text of a draft whose turn was cancelled or crashed (EditDraft). An
 // adapter that cuts a draft too long for one message keeps it.
 const InterruptedMark = "\n\n⏹ (interrupted)"

@@ -48,7 +48,10 @@ type leaderPlatform struct {
 	standby atomic.Bool // waiting for the lease, and not after a refusal: ready
 }
 
-var _ platforms.Recorder = (*leaderPlatform)(nil)
+var (
+	_ platforms.Recorder      = (*leaderPlatform)(nil)
+	_ platforms.InboundWaiter = (*leaderPlatform)(nil)
+)
 
 func newLeaderPlatform(p gatewayPlatform, leases leaser, log *slog.Logger) *leaderPlatform {
 	l := &leaderPlatform{gatewayPlatform: p, leases: leases, log: log}
@@ -134,6 +137,16 @@ func (l *leaderPlatform) Ready(ctx context.Context) error {
 func (l *leaderPlatform) SetWithdraw(withdraw platforms.Withdraw) {
 	if w, ok := l.gatewayPlatform.(platforms.Withdrawer); ok {
 		w.SetWithdraw(withdraw)
+	}
+}
+
+// WaitInbound hands a stop's wait for the inbound messages the gateway platform still hands on
+// to it (platforms.InboundWaiter: Discord's intake, after a lost connection), which the wrapper
+// would otherwise hide from the platform actor: a member waiting for the lease runs no Run of
+// the gateway platform's that would wait for them.
+func (l *leaderPlatform) WaitInbound(ctx context.Context) {
+	if w, ok := l.gatewayPlatform.(platforms.InboundWaiter); ok {
+		w.WaitInbound(ctx)
 	}
 }
 

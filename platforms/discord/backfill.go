@@ -449,7 +449,7 @@ func (p *Platform) scheduleGapRead() {
 			p.mu.Unlock()
 			return // the next READY reads the gaps, or the next RESUMED arms this again
 		}
-		p.backfills++
+		p.addBackfillLocked()
 		p.mu.Unlock()
 		p.backfillThenRelease(true)
 	})

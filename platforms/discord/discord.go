@@ -113,11 +113,13 @@ type Platform struct {
 
 	// backfills counts the backfills running or waiting (one READY each); while it is above
 	// zero, live messages wait in held, so that a channel's messages are taken in order: what
-	// was missed first, then what arrives. backfillMu runs the backfills and their releases
-	// one at a time.
-	backfills  int
-	held       []*discordgo.Message
-	backfillMu sync.Mutex
+	// was missed first, then what arrives. backfilling is closed when it drops to zero, nil
+	// while it is zero (a stop waits for it: settle). backfillMu runs the backfills and their
+	// releases one at a time.
+	backfills   int
+	backfilling chan struct{}
+	held        []*discordgo.Message
+	backfillMu  sync.Mutex
 
 	// intake is the queue of messages (and deletions) the intake goroutine handles in order;
 	// intaking is closed when that goroutine ends, nil while none runs; intakeWarned is set
@@ -126,9 +128,13 @@ type Platform struct {
 	intaking     chan struct{}
 	intakeWarned bool
 
+	// unhold stops the last Run's ctx from ending a replay's hold when it ends (Run).
+	unhold func() bool
+
 	// resumable is set at the first READY: discordgo's every later Open sends RESUME. While
-	// replaying, from the RESUME sent until RESUMED, the messages Discord replays wait in held
-	// (replay.go).
+	// replaying, from the RESUME sent until RESUMED (or the READY of a new gateway session, or
+	// the end of Run's ctx: a lost connection does not end it), the messages Discord replays
+	// wait in held (replay.go).
 	resumable bool
 	replaying bool
 
@@ -274,13 +280,22 @@ func (p *Platform) Name() string { return Name }
 func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	p.mu.Lock()
 	p.deliver, p.runCtx = deliver, ctx
+	if p.unhold != nil {
+		p.unhold() // an earlier Run's ctx no longer ends the hold: this one's does
+	}
+	// A resume's replay cut short by a lost connection stays held (replay.go): the platform
+	// actor runs Run again in the same ctx, and the next RESUME replays the rest. A ctx that
+	// ends (the daemon stops; a cluster member lets the gateway connection go, and another
+	// member's READY reads back instead) hands it on.
+	p.unhold = context.AfterFunc(ctx, p.endReplay)
 	p.mu.Unlock()
-	// The daemon stops: the messages still queued meet the stop (handle) before Run returns,
-	// and nothing delivers once the runtime is gone. A lost connection returns at once: the
-	// intake goes on, and the next Run's messages queue behind it (intake.go).
+	// The daemon stops: the messages still held or queued meet the stop (handle) before Run
+	// returns, and nothing delivers once the runtime is gone. A lost connection returns at
+	// once: the intake goes on, and the next Run's messages queue behind it (intake.go); a stop
+	// before that Run waits for it all the same (WaitInbound).
 	defer func() {
 		if ctx.Err() != nil {
-			p.waitIntake(true)
+			p.settle(context.Background())
 		}
 	}()
 	select { // a loss reported by the previous connection is old news
@@ -300,6 +315,8 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 				return fmt.Errorf("discord: connect to gateway: %w", err)
 			}
 			p.refused(r, err)
+			// No RESUME will follow soon, if ever: what a replay held is taken now.
+			p.endReplay()
 			if p.returnRefusal {
 				return &RefusedError{RetryIn: refusalRetry, Err: err}
 			}
@@ -331,7 +348,7 @@ func (p *Platform) serve(ctx context.Context) error {
 		if err := p.s.Close(); err != nil {
 			p.log.Debug("close gateway", logging.Err(err))
 		}
-		p.waitIntake(true) // before the typing indicators stop: the intake may start one
+		p.settle(context.Background()) // before the typing indicators stop: the intake may start one
 		return nil
 	case err := <-p.lost:
 		return err
@@ -344,10 +361,10 @@ func (p *Platform) open(ctx context.Context) error {
 		return err
 	}
 	p.beginReplay()
+	// An Open that fails keeps what a replay holds (its first packet, or an earlier replay's
+	// cut short): discordgo keeps its gateway session, and the next Open's RESUME replays the
+	// rest.
 	err := p.sentTo(p.s.Open())
-	if err != nil {
-		p.endReplay() // what the first packet after a RESUME held, if it was a replayed message
-	}
 	var rl *discordgo.RateLimitError
 	if errors.As(err, &rl) {
 		p.noteRateLimit(discordgo.EndpointGateway, rl.RateLimit, false) // Open does not say if it is global
@@ -505,7 +522,7 @@ func (p *Platform) onReady(_ *discordgo.Session, r *discordgo.Ready) {
 	p.endReplay()
 	p.mu.Lock()
 	p.resumable = true
-	p.backfills++
+	p.addBackfillLocked()
 	p.mu.Unlock()
 	go p.backfillThenRelease(false)
 }
@@ -518,7 +535,7 @@ func (p *Platform) onReady(_ *discordgo.Session, r *discordgo.Ready) {
 func (p *Platform) backfillThenRelease(gaps bool) {
 	p.backfillMu.Lock()
 	defer p.backfillMu.Unlock()
-	p.waitIntake(false)
+	p.waitIntake()
 	p.mu.Lock()
 	stopped := p.runCtx.Err() != nil
 	p.mu.Unlock()
@@ -534,9 +551,9 @@ func (p *Platform) backfillThenRelease(gaps bool) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.backfills--
+	defer p.doneBackfillLocked() // after what it held is queued: settle waits for it then
 	switch {
-	case p.backfills > 0:
+	case p.backfills > 1:
 		// A later READY's backfill waits: it hands them on after its own.
 	case p.replaying:
 		// A resume's replay is in flight: what is held waits for its end (endReplay), so that
@@ -564,9 +581,8 @@ func (p *Platform) onDisconnect(*discordgo.Session, *discordgo.Disconnect) {
 		err = fmt.Errorf("gateway connection lost: %w", ce)
 	}
 	p.setErr(err)
-	// What a replay cut short held is taken before Run learns of the loss: the next
-	// connection's replay comes after it.
-	p.endReplay()
+	// What a replay cut short holds stays held (replay.go): the next RESUME replays the
+	// deletions and edits that follow it.
 	select {
 	case p.lost <- err:
 	default:

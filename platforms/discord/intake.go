@@ -1,6 +1,7 @@
 package discord
 
 import (
+	"context"
 	"slices"
 	"sync/atomic"
 
@@ -27,8 +28,9 @@ import (
 // warns, once until it is empty again, and drops nothing. The intake goroutine runs while the
 // queue holds something and ends once it is empty; a backfill waits for it before it reads
 // (waitIntake), so that what was queued before the backfill is taken before what it reads back,
-// and no two goroutines deliver at once; Run, when the daemon stops, waits for it too, and each
-// message still queued meets the stop as handle has it meet it (readBackAfterStop, or a notice).
+// and no two goroutines deliver at once. When the daemon stops, Run (or WaitInbound, when the
+// stop finds Run not running) waits for it and for the backfills (settle), and each message
+// still queued meets the stop as handle has it meet it (readBackAfterStop, or a notice).
 
 // intakeWarnAt is the length of the intake queue past which the platform warns (a var: tests
 // lower it).
@@ -93,26 +95,76 @@ func (p *Platform) take(it intakeItem) {
 	it.run()
 }
 
-// stopWait, when set, is called as a stop starts to wait for a running intake (tests).
+// stopWait, when set, is called as a stop starts to wait for a running intake or backfill
+// (tests).
 var stopWait atomic.Pointer[func()]
 
-// waitIntake waits until the intake goroutine has handled what was queued (with all, as Run
-// does at a stop: until it is idle, however often it starts again).
-func (p *Platform) waitIntake(all bool) {
+// waitIntake waits until the intake goroutine running now, if any, has handled what was
+// queued (a backfill, before it reads).
+func (p *Platform) waitIntake() {
+	p.mu.Lock()
+	done := p.intaking
+	p.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// settle is the platform's part of a stop, once Run's ctx has ended (Run, WaitInbound): what
+// a resume's replay still holds is handed on (endReplay), and it waits until no backfill runs
+// and the intake is idle, however often either starts again, or until ctx ends. Each message
+// meets the stop in handle, as a live one does: left for the next start's read-back, or
+// delivered (the runtime answers it or says it was not taken).
+func (p *Platform) settle(ctx context.Context) {
+	p.endReplay()
 	for {
 		p.mu.Lock()
 		done := p.intaking
+		if done == nil {
+			done = p.backfilling // a backfill's end hands what it held to the intake
+		}
 		p.mu.Unlock()
 		if done == nil {
 			return
 		}
-		if f := stopWait.Load(); f != nil && all {
+		if f := stopWait.Load(); f != nil {
 			(*f)()
 		}
-		<-done
-		if !all {
+		select {
+		case <-done:
+		case <-ctx.Done():
 			return
 		}
+	}
+}
+
+// WaitInbound implements platforms.InboundWaiter: when the daemon stops while Run is not
+// running (the platform actor waits to run it again after a lost connection, a cluster member
+// waits for the gateway lease), what the intake and a backfill still hold meets the stop, as
+// it does when the stop finds Run running, before the platform's actor stops. Left to itself,
+// the intake went on delivering after the runtime was gone, or never (the process exited): a
+// new DM's message, which the next start does not read back, was lost without a word.
+func (p *Platform) WaitInbound(ctx context.Context) {
+	p.mu.Lock()
+	ended := p.runCtx.Err() != nil
+	p.mu.Unlock()
+	if ended {
+		p.settle(ctx)
+	}
+}
+
+// addBackfillLocked counts one more backfill running or waiting. p.mu is held.
+func (p *Platform) addBackfillLocked() {
+	if p.backfills++; p.backfilling == nil {
+		p.backfilling = make(chan struct{})
+	}
+}
+
+// doneBackfillLocked counts a backfill done, and tells settle when none is left. p.mu is held.
+func (p *Platform) doneBackfillLocked() {
+	if p.backfills--; p.backfills == 0 && p.backfilling != nil {
+		close(p.backfilling)
+		p.backfilling = nil
 	}
 }
 

@@ -12,10 +12,14 @@ import (
 // said before its edit. So while a replay is in flight, from the RESUME sent until RESUMED, the
 // messages it creates wait in held, as live messages wait during a backfill; the replayed
 // deletions drop them (withdrawDeleted) and the edits rewrite them (onMessageUpdate), and
-// RESUMED hands the rest to the runtime in order. A RESUME that ends otherwise (INVALID_SESSION
-// and a new IDENTIFY's READY, the connection lost, Open failing) hands them on all the same:
-// nothing held is dropped. discordgo resumes whenever it has a gateway session, that is after
-// the first READY, for as long as the Platform lives.
+// RESUMED hands the rest to the runtime in order. A connection lost before RESUMED (or an Open
+// that fails) keeps the hold: discordgo keeps its gateway session, and the next RESUME replays
+// from the last event handled, with the deletions and edits of what is held. Handed on at the
+// loss, an idle session ran a message deleted before the next replay. The hold ends otherwise
+// too (INVALID_SESSION and a new IDENTIFY's READY, a refusal for good, the end of Run's ctx: a
+// stop, or a cluster member that lets the gateway go), and nothing held is dropped. discordgo
+// resumes whenever it has a gateway session, that is after the first READY, for as long as the
+// Platform lives.
 
 // maxReplayHeld bounds the messages a replay holds (a var: tests lower it). Past it, what is
 // held is handed on, in order, and the message after it with it, as without the hold: a long
@@ -31,8 +35,8 @@ func (p *Platform) beginReplay() {
 }
 
 // endReplay ends the hold of a replay and hands what it holds to the intake (intake.go), in
-// order: at RESUMED, at the READY of a new gateway session, when the connection ends or Open
-// fails. While a backfill runs, the held messages are left to it: it hands them on after its
+// order: at RESUMED, at the READY of a new gateway session, at a refusal for good, when Run's
+// ctx ends (Run, settle). While a backfill runs, the held messages are left to it: it hands them on after its
 // own, in order, unless a replay is in flight again when it is done, whose end hands them on.
 func (p *Platform) endReplay() {
 	p.mu.Lock()

@@ -191,3 +191,42 @@ func TestReplayHeldThroughABackfillThatEndsFirst(t *testing.T) {
 		t.Error("the gateway session was not resumed")
 	}
 }
+
+// TestReplayCutShortByALostConnectionKeepsItsHold: a RESUME's replay in flight (RESUMED not
+// come yet) holds a message said while the bot was disconnected; the connection is lost again
+// before RESUMED, and the message is deleted meanwhile. The hold is kept across the loss, and
+// the next RESUME's replay, which brings the deletion, drops the message: it is not taken or
+// answered. Before, the loss handed it on at once, its idle session ran it, and the deletion
+// came too late.
+func TestReplayCutShortByALostConnectionKeepsItsHold(t *testing.T) {
+	w := newWorld(t, echoAgent, nil)
+	w.logLevel = slog.LevelDebug // for discordgo's line of a replayed first packet
+	w.start(t)
+	w.srv.WaitReady(t)
+	post := func(text string) *discordgo.Message {
+		return w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: text})
+	}
+	before := post("before")
+	w.replyTo(t, dmID, before.ID)
+	release := w.srv.WithholdResumed() // of both RESUMEs, until release
+	defer release()
+	w.srv.Disconnect()
+	gone := post("never mind")
+	const replayed = `resume replayed missed events before RESUMED" component=discord platform=discord component=discordgo first=`
+	eventually(t, "the replayed message handled", func() bool { return strings.Contains(w.log.String(), replayed+"MESSAGE_CREATE") })
+	w.srv.Disconnect() // lost again before RESUMED
+	w.srv.Delete(gone.ID)
+	eventually(t, "the next replay's deletion handled", func() bool { return strings.Contains(w.log.String(), replayed+"MESSAGE_DELETE") })
+	release()
+	after := post("after")
+	w.replyTo(t, dmID, after.ID)
+	if got, want := w.answered(dmID), []string{before.ID, after.ID}; !slices.Equal(got, want) {
+		t.Errorf("replies answer %v, want %v (not the message deleted before the second replay)", got, want)
+	}
+	if _, ok := w.stored(t, dmID, gone.ID); ok {
+		t.Errorf("the message %s deleted before the second replay was taken", gone.ID)
+	}
+	if w.srv.Resumes() != 2 || w.srv.Identifies() != 1 {
+		t.Errorf("resumes %d, identifies %d: want the gateway session resumed twice", w.srv.Resumes(), w.srv.Identifies())
+	}
+}

@@ -1,0 +1,112 @@
+package discord
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/actors"
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/platforms"
+	"github.com/agentgate/agentgate/platforms/discord/discordtest"
+)
+
+// runOnce is a platform whose Run runs the Discord platform's once: a later Run waits for its
+// ctx, as a cluster member waits for the gateway lease, so that a stop finds the Discord
+// platform's Run not running, as in the platform actor's backoff. returned is closed when the
+// first Run returns.
+type runOnce struct {
+	*Platform
+	once     sync.Once
+	returned chan struct{}
+}
+
+func (r *runOnce) Run(ctx context.Context, deliver platforms.Deliver) error {
+	first := false
+	r.once.Do(func() { first = true })
+	if !first {
+		<-ctx.Done()
+		return nil
+	}
+	defer close(r.returned)
+	return r.Platform.Run(ctx, deliver)
+}
+
+// TestStopBetweenRunsWaitsForTheIntake: the daemon stops while the platform actor waits to run
+// the platform again after a lost connection (its backoff; a cluster member's wait for the
+// gateway lease), with a delivery the runtime does not answer and a new DM's message queued
+// behind it. The actor stops only once the intake has handed that message on, as a stop of a
+// running platform waits for it (TestStopWaitsForTheIntake). Before, it stopped at once, and
+// the intake delivered the message after the runtime was gone, or never (the process
+// exited): a new DM, which the next start does not read back, was lost without a word.
+func TestStopBetweenRunsWaitsForTheIntake(t *testing.T) {
+	h := newHeldDelivery()
+	srv := discordtest.New(t, discordtest.WithHeartbeatInterval(200*time.Millisecond))
+	srv.AddChannel(discordtest.Channel{ID: "300000000000000001", Type: discordgo.ChannelTypeDM})
+	quiet := slog.New(slog.DiscardHandler)
+	p, err := New(Config{Token: srv.Token(), Settings: config.Discord{APIURL: srv.APIURL()}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &runOnce{Platform: p, returned: make(chan struct{})}
+	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+	d := &actors.Deps{Ctx: t.Context(), Log: quiet, Metrics: metrics.New(Name)}
+	pid := system.Root.Spawn(actors.NewPlatform(d, r, &actors.PlatformHealth{}))
+	t.Cleanup(func() {
+		select {
+		case <-h.release:
+		default:
+			close(h.release)
+		}
+		_ = system.Root.PoisonFuture(pid).Wait()
+		system.Shutdown()
+	})
+	system.Root.Send(pid, &actors.StartIntake{Deliver: h.deliver, Withdraw: h.withdraw})
+	srv.WaitReady(t)
+	post := func(text string) {
+		srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: discordtest.User{ID: "400000000000000001", Username: "alice"}, Content: text})
+	}
+	post("first")
+	<-h.started
+	post("second")
+	pollFor(t, "the second message queued behind the held delivery", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.intake) == 1
+	})
+	srv.Disconnect() // Run returns; the actor runs it again after its backoff
+	<-r.returned
+
+	// Release the held delivery once the stop waits for the intake, or once the actor stopped
+	// without waiting (as before: a failure).
+	waiting := make(chan struct{})
+	var once sync.Once
+	wait := func() { once.Do(func() { close(waiting) }) }
+	stopWait.Store(&wait)
+	t.Cleanup(func() { stopWait.Store(nil) })
+	stopped := make(chan struct{})
+	go func() {
+		_ = system.Root.PoisonFuture(pid).Wait()
+		close(h.returned) // what is delivered from now on is late
+		close(stopped)
+	}()
+	select {
+	case <-waiting:
+	case <-stopped:
+		t.Error("the platform actor stopped while a delivery was held and a message queued behind it")
+	}
+	close(h.release)
+	<-stopped
+	pollFor(t, "the queue handed on", func() bool { texts, _, _ := h.got(); return len(texts) == 2 })
+	texts, _, late := h.got()
+	if !slices.Equal(texts, []string{"first", "second"}) || len(late) > 0 {
+		t.Errorf("delivered %q, %q of them after the platform actor stopped; want first and second, both before", texts, late)
+	}
+}
