@@ -250,7 +250,10 @@ rounds:
 				fetched += len(ms)
 				told, asked := repliedTo(ms, p.bot())
 				prev := c.id
-				for _, m := range ms {
+				// Handed on one by one from the backlog, where a deletion or an edit that comes
+				// meanwhile reaches them, as it reaches the intake's queue (dropDeleted).
+				p.setBacklog(ms)
+				for m := p.nextBacklog(); m != nil; m = p.nextBacklog() {
 					if m.Timestamp.Before(since) {
 						if userSaid(m, p.bot()) {
 							old++ // the bot's own replies are not messages it failed to answer
@@ -276,6 +279,7 @@ rounds:
 					}
 					prev = m.ID
 				}
+				p.setBacklog(nil)
 			}
 			// Live messages move the channel's mark past what is left unread: keep the place, so
 			// that the next new gateway session reads from there. A refusal for good (no Read
@@ -328,6 +332,42 @@ rounds:
 		p.log.Warn("discord backfill: more was said in some channels than is read back; only their newest messages were read, older ones since the bot last saw them are not answered",
 			"channels", len(cut), "channel_ids", cut, "read_back", backfillSaid)
 	}
+}
+
+// setBacklog makes ms, read back, the backlog the backfill hands on (nextBacklog), and ends the
+// handling of the message in hand.
+func (p *Platform) setBacklog(ms []*discordgo.Message) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.putDownLocked()
+	p.backlog = slices.Clone(ms)
+}
+
+// nextBacklog ends the handling of the message in hand and takes the next one off the backlog;
+// nil when none is left.
+func (p *Platform) nextBacklog() *discordgo.Message {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.putDownLocked()
+	if len(p.backlog) == 0 {
+		return nil
+	}
+	m := p.backlog[0]
+	p.backlog[0] = nil
+	p.backlog = p.backlog[1:]
+	p.inHand = m
+	return m
+}
+
+// putDownLocked ends the handling of the message in hand: the withdrawals its deletion waited
+// for (queueDeletion) go to the intake, now that its delivery has returned. p.mu is held.
+func (p *Platform) putDownLocked() {
+	p.inHand = nil
+	for _, run := range p.afterHand {
+		p.intake = append(p.intake, intakeItem{run: run})
+	}
+	p.afterHand = nil
+	p.startIntakeLocked()
 }
 
 // readBack reads channel's history after the message mark, newest page first (Discord's

@@ -85,9 +85,10 @@ func (p *Platform) forgetDelivered(ids []string) {
 }
 
 // onMessageDelete takes back a deleted message the runtime has not yet answered. A message
-// still held (a backfill, a resume's replay) or queued for the intake is dropped before it is
-// delivered, at once; the withdrawal of one the runtime may hold is queued for the intake,
-// behind the handling of the message's MESSAGE_CREATE (whose delivery returns once the message
+// still held (a backfill, a resume's replay), queued for the intake or read back by a backfill
+// and not yet handed on is dropped before it is delivered, at once; the withdrawal of one the
+// runtime may hold is queued for the intake, behind the handling of the message's
+// MESSAGE_CREATE, or after a backfill's handling of it (whose delivery returns once the message
 // is stored), so the runtime holds the message by then. Unknown ids (the bot's own messages,
 // what it never took) and an id posted in another channel change nothing.
 func (p *Platform) onMessageDelete(_ *discordgo.Session, d *discordgo.MessageDelete) {
@@ -100,7 +101,7 @@ func (p *Platform) onMessageDelete(_ *discordgo.Session, d *discordgo.MessageDel
 	if !p.dropDeleted(channel, []string{id}) {
 		return
 	}
-	p.queueDeletion(func() {
+	p.queueDeletion(channel, []string{id}, func() {
 		for _, w := range p.withdrawDeleted("MESSAGE_DELETE", channel, []string{id}) {
 			if w.err != nil {
 				p.log.Warn("discord message deleted by its sender but not withdrawn; it is answered", "channel", channel, "message_id", id, logging.Err(w.err))
@@ -122,7 +123,7 @@ func (p *Platform) onMessageDeleteBulk(_ *discordgo.Session, d *discordgo.Messag
 	if !p.dropDeleted(channel, ids) {
 		return
 	}
-	p.queueDeletion(func() {
+	p.queueDeletion(channel, ids, func() {
 		var taken, failed int
 		var firstErr error
 		for _, w := range p.withdrawDeleted("MESSAGE_DELETE_BULK", channel, ids) {

@@ -120,6 +120,13 @@ type Platform struct {
 	backfilling chan struct{}
 	held        []*discordgo.Message
 	backfillMu  sync.Mutex
+	// backlog are the messages the running backfill read back and has yet to hand on, inHand
+	// the one it hands on now, and afterHand the withdrawals of inHand's deletion, queued for
+	// the intake once its handling returns (backfill.go): deletions and edits reach them as
+	// they reach the intake's queue (intake.go).
+	backlog   []*discordgo.Message
+	inHand    *discordgo.Message
+	afterHand []func()
 
 	// intake is the queue of messages (and deletions) the intake goroutine handles in order;
 	// intaking is closed when that goroutine ends, nil while none runs; intakeWarned is set
@@ -552,6 +559,8 @@ func (p *Platform) backfillThenRelease(gaps bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	defer p.doneBackfillLocked() // after what it held is queued: settle waits for it then
+	p.putDownLocked()            // a backfill that panicked left its backlog
+	p.backlog = nil
 	switch {
 	case p.backfills > 1:
 		// A later READY's backfill waits: it hands them on after its own.

@@ -168,23 +168,33 @@ func (p *Platform) doneBackfillLocked() {
 	}
 }
 
-// dropDeleted drops the messages among ids, deleted in channel, that wait in held or in the
-// intake queue, and reports whether the runtime may hold one of the others: delivered, or in
-// the intake's hands. p.mu is held.
+// dropDeleted drops the messages among ids, deleted in channel, that wait in held, in the
+// intake queue or in a backfill's backlog, and reports whether the runtime may hold one of the
+// others: delivered, or in the hands of the intake or of a backfill. p.mu is held.
 func (p *Platform) dropDeleted(channel string, ids []string) (maybeTaken bool) {
-	gone := func(m *discordgo.Message) bool { return m.ChannelID == channel && slices.Contains(ids, m.ID) }
-	p.held = slices.DeleteFunc(p.held, gone)
-	p.intake = slices.DeleteFunc(p.intake, func(it intakeItem) bool { return it.m != nil && gone(it.m) })
-	if p.intaking != nil {
+	p.held = slices.DeleteFunc(p.held, deletedIn(channel, ids))
+	p.intake = slices.DeleteFunc(p.intake, func(it intakeItem) bool { return it.m != nil && deletedIn(channel, ids)(it.m) })
+	p.backlog = slices.DeleteFunc(p.backlog, deletedIn(channel, ids))
+	if p.intaking != nil || p.inHand != nil && deletedIn(channel, ids)(p.inHand) {
 		return true
 	}
 	return slices.ContainsFunc(ids, func(id string) bool { _, ok := p.delivered[id]; return ok })
 }
 
-// queueDeletion queues run, the withdrawal of deleted messages the runtime may hold, behind the
-// messages queued before it: behind its own message's delivery when that is in flight. p.mu is
-// held.
-func (p *Platform) queueDeletion(run func()) {
+// deletedIn reports whether a message is one of ids, deleted in channel.
+func deletedIn(channel string, ids []string) func(*discordgo.Message) bool {
+	return func(m *discordgo.Message) bool { return m.ChannelID == channel && slices.Contains(ids, m.ID) }
+}
+
+// queueDeletion queues run, the withdrawal of messages among ids deleted in channel that the
+// runtime may hold, behind the messages queued before it: behind its own message's delivery
+// when that is in flight on the intake, and after it when a backfill hands it on (putDownLocked).
+// p.mu is held.
+func (p *Platform) queueDeletion(channel string, ids []string, run func()) {
+	if p.inHand != nil && deletedIn(channel, ids)(p.inHand) {
+		p.afterHand = append(p.afterHand, run)
+		return
+	}
 	p.intake = append(p.intake, intakeItem{run: run})
 	p.startIntakeLocked()
 }

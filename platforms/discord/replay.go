@@ -50,8 +50,9 @@ func (p *Platform) endReplay() {
 	p.enqueueLocked(held...)
 }
 
-// onMessageUpdate applies an edit to a message held (of a replay or during a backfill) or
-// queued for the intake: it is answered as its sender left it. An update that is no edit (an
+// onMessageUpdate applies an edit to a message held (of a replay or during a backfill), queued
+// for the intake or read back by a backfill and not yet handed on: it is answered as its sender
+// left it. An update that is no edit (an
 // embed unfurled: no edited_timestamp, no content) changes nothing; nor does the edit of a
 // message the intake has taken already, whose delivery is under way or whose turn is queued or
 // done.
@@ -68,6 +69,9 @@ func (p *Platform) onMessageUpdate(_ *discordgo.Session, u *discordgo.MessageUpd
 		if it.m != nil {
 			p.intake[i].m = edited(it.m, u)
 		}
+	}
+	for i, m := range p.backlog {
+		p.backlog[i] = edited(m, u)
 	}
 }
 

@@ -1,0 +1,80 @@
+package discord
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms/discord/discordtest"
+)
+
+// readBackWorld is intakeWorld with a guild's text channel the store took a message from lately
+// (recentChannel), read back by the first READY's backfill on the fake's clock; setup runs on
+// the fake before the platform starts (posts made there are only in the channel's history).
+func readBackWorld(t *testing.T, h *heldDelivery, setup func(srv *discordtest.Server)) (*discordtest.Server, *Platform, *testutil.Buffer) {
+	t.Helper()
+	var fake *discordtest.Server
+	srv, p, log, _ := intakeWorldWith(t, h, func(srv *discordtest.Server) {
+		fake = srv
+		srv.AddGuild(recentGuild, "guild")
+		srv.AddChannel(discordtest.Channel{ID: recentChannel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+		setup(srv)
+	}, func(c *Config) {
+		c.Settings.BackfillWindow = time.Hour
+		c.Now = fake.Now
+		c.Recent = func(context.Context, time.Time) ([]persistence.ChatMark, error) {
+			return []persistence.ChatMark{{ChatID: recentChannel, ScopeID: recentGuild, MessageID: "1", At: fake.Now()}}, nil
+		}
+	})
+	return srv, p, log
+}
+
+// heldCount is how many live messages wait while a backfill runs.
+func heldCount(p *Platform) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.held)
+}
+
+// TestDeletionReachesTheReadBack: messages said while the bot was away are read back by the
+// backfill, and handed on one by one; while the first one's delivery is held, its sender
+// deletes it, deletes the second and edits the third. The second is never handed on, the
+// third is handed on as edited, and the first, under delivery, is withdrawn once delivered, as
+// for the messages of the intake's queue (TestReaderIsNotHeldByADelivery). Before, the
+// deletions and the edit reached only the queue and the held messages: the read-back ones
+// were answered as read, deleted or not.
+func TestDeletionReachesTheReadBack(t *testing.T) {
+	h := newHeldDelivery()
+	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+	var first, second, third *discordgo.Message
+	srv, p, _ := readBackWorld(t, h, func(srv *discordtest.Server) {
+		post := func(text string) *discordgo.Message {
+			return srv.Post(discordtest.UserMessage{ChannelID: recentChannel, Author: alice, Content: text})
+		}
+		first, second, third = post("first"), post("second"), post("third")
+	})
+	<-h.started // the backfill hands the first on
+	srv.Delete(first.ID)
+	srv.Delete(second.ID)
+	srv.Edit(third.ID, "third, edited")
+	// A live message while the backfill runs waits for it: held once the deletions and the
+	// edit before it were handled.
+	srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: alice, Content: "live"})
+	pollFor(t, "the live message held behind the backfill", func() bool { return heldCount(p) == 1 })
+	close(h.release)
+	want := []string{"first", "third, edited", "live"}
+	// The live message comes last, behind the withdrawal on the intake.
+	pollFor(t, "the live message delivered", func() bool { texts, _, _ := h.got(); return slices.Contains(texts, "live") })
+	texts, withdrew, _ := h.got()
+	if !slices.Equal(texts, want) {
+		t.Errorf("delivered %q, want %q", texts, want)
+	}
+	if !slices.Equal(withdrew, []string{first.ID}) {
+		t.Errorf("withdrew %q, want the first message %s", withdrew, first.ID)
+	}
+}
