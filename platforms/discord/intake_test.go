@@ -20,7 +20,8 @@ import (
 )
 
 // heldDelivery is a runtime whose delivery of a message whose text is "first" waits until
-// release is closed; it records the texts it was handed, in order, and the withdrawals.
+// release is closed; it records the texts it was handed, in order, and the withdrawals. A
+// message handed on again is acknowledged as a duplicate, as the runtime does.
 type heldDelivery struct {
 	release  chan struct{}
 	started  chan struct{} // closed when the delivery of "first" starts
@@ -29,10 +30,11 @@ type heldDelivery struct {
 	texts    []string
 	late     []string // texts handed on after Run returned
 	withdrew []string
+	ids      map[string]bool // the message ids handed on
 }
 
 func newHeldDelivery() *heldDelivery {
-	return &heldDelivery{release: make(chan struct{}), started: make(chan struct{}), returned: make(chan struct{})}
+	return &heldDelivery{release: make(chan struct{}), started: make(chan struct{}), returned: make(chan struct{}), ids: map[string]bool{}}
 }
 
 func (h *heldDelivery) deliver(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
@@ -43,7 +45,12 @@ func (h *heldDelivery) deliver(_ context.Context, in *platforms.Inbound) (*platf
 		h.late = append(h.late, in.Text)
 	default:
 	}
+	again := h.ids[in.MessageID]
+	h.ids[in.MessageID] = true
 	h.mu.Unlock()
+	if again {
+		return &platforms.Ack{Disposition: platforms.Duplicate}, nil
+	}
 	if in.Text == "first" {
 		close(h.started)
 		<-h.release

@@ -78,3 +78,38 @@ func TestDeletionReachesTheReadBack(t *testing.T) {
 		t.Errorf("withdrew %q, want the first message %s", withdrew, first.ID)
 	}
 }
+
+// TestTypingOutlastsADuplicateOfTheReadBack: a live message that comes while the backfill reads
+// its channel is held, and read back too: the backfill hands it on (its turn starts, the typing
+// indicator with it), and the held copy after it, which the runtime acknowledges as a
+// duplicate. The indicator runs on until the turn's reply. Before, the duplicate's
+// acknowledgment settled the message and stopped the indicator while its turn worked.
+func TestTypingOutlastsADuplicateOfTheReadBack(t *testing.T) {
+	h := newHeldDelivery()
+	read := make(chan struct{})
+	srv, p, _ := readBackWorld(t, h, func(srv *discordtest.Server) {
+		srv.HoldNext("GET", "/channels/"+recentChannel+"/messages", read, 1)
+	})
+	srv.WaitFor(t, "the backfill reading the channel", func() bool {
+		return srv.Requests("GET", "/channels/"+recentChannel+"/messages") == 1
+	})
+	m := srv.Post(discordtest.UserMessage{ChannelID: recentChannel, Author: discordtest.User{ID: "400000000000000001", Username: "alice"}, Content: "hello"})
+	pollFor(t, "the live message held behind the backfill", func() bool { return heldCount(p) == 1 })
+	close(read)
+	pollFor(t, "the message delivered twice, and its second delivery done", func() bool {
+		texts, _, _ := h.got()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(texts) == 2 && p.intaking == nil && p.backfills == 0
+	})
+	p.typing.mu.Lock()
+	tp := p.typing.chans[recentChannel]
+	awaited := false
+	if tp != nil {
+		_, awaited = tp.awaited[m.ID]
+	}
+	p.typing.mu.Unlock()
+	if !awaited {
+		t.Error("the typing indicator stopped at the duplicate's acknowledgment, want it running until the turn's reply")
+	}
+}

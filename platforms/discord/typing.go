@@ -38,8 +38,12 @@ type typing struct {
 }
 
 type typist struct {
-	where   string          // the channel the indicator shows in (set once: read by run)
-	awaited map[string]bool // message ids whose turn is to come or runs
+	where string // the channel the indicator shows in (set once: read by run)
+	// awaited are the message ids whose turn is to come or runs, each with the deliveries of
+	// it not yet acknowledged, and one for its turn once one acknowledged it: a message handed
+	// on twice (held during a backfill and read back by it) is acknowledged once as a duplicate,
+	// which settled the message and stopped the indicator while its turn worked.
+	awaited map[string]int
 	since   time.Time
 	cancel  context.CancelFunc // of the indicator's goroutine; nil before it starts
 }
@@ -58,10 +62,10 @@ func (t *typing) expectIn(channel, where, id string) {
 	defer t.mu.Unlock()
 	tp := t.chans[channel]
 	if tp == nil {
-		tp = &typist{where: where, awaited: map[string]bool{}}
+		tp = &typist{where: where, awaited: map[string]int{}}
 		t.chans[channel] = tp
 	}
-	tp.awaited[id] = true
+	tp.awaited[id]++
 	tp.since = time.Now()
 }
 
@@ -83,7 +87,11 @@ func (t *typing) delivered(channel, id string, ack *platforms.Ack, err error) {
 	case tp == nil:
 		// every turn counted has ended
 	case !counted:
-		t.settleLocked(channel, tp, id) // merged into a counted turn, replaced one, or no turn at all
+		// Merged into a counted turn, replaced one, or no turn at all; or a duplicate of a
+		// delivery that counted: that one's turn still works.
+		if tp.awaited[id]--; tp.awaited[id] <= 0 {
+			t.settleLocked(channel, tp, id)
+		}
 	case tp.cancel == nil:
 		ctx, cancel := context.WithCancel(context.Background())
 		tp.cancel = cancel

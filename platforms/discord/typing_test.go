@@ -35,6 +35,15 @@ func TestTypingFollowsTurns(t *testing.T) {
 			tp.expect("c", "m1")
 			tp.delivered("c", "m1", ack(platforms.Duplicate), nil)
 		}, 0},
+		{"a duplicate of a message whose turn works leaves the indicator to its reply", func(tp *typing) {
+			tp.expect("c", "m1")
+			tp.delivered("c", "m1", ack(platforms.Started), nil)
+			tp.expect("c", "m1") // handed on again: held during a backfill that read it back
+			tp.delivered("c", "m1", ack(platforms.Duplicate), nil)
+			synctest.Wait()
+			time.Sleep(typingEvery + time.Second) // one renewal
+			tp.turnEnded("c", []string{"m1"})
+		}, 2},
 		{"a refused message shows none", func(tp *typing) {
 			tp.expect("c", "m1")
 			tp.delivered("c", "m1", nil, errors.New("unavailable"))
