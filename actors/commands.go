@@ -193,7 +193,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 	}
 	touch := s.touch(sid, now)
 	if cmd.name == "status" {
-		answer = s.statusText(now, auto)
+		answer = s.statusText(now, created, auto)
 	}
 	s.lastSeq++
 	userSeq := s.lastSeq
@@ -651,11 +651,13 @@ func (s *Session) begunSince(sent int64) bool {
 // statusText answers /status in the current session, which the command began if there was none:
 // the answer names the session the response's session_id names and the chat's next message
 // goes to. Before, a new chat's first /status said "(none yet)" beside that session_id, and
-// left out the reset policy its /help promises. after is the session an automatic reset ended
-// when the command began its successor: the answer says that this one started now, and when
-// that one was reset. Before, it gave the ended session's last activity beside the new
-// session's id, as if the session had been active then (TestStatusAfterAnIdleReset).
-func (s *Session) statusText(now time.Time, after *persistence.Session) string {
+// left out the reset policy its /help promises. began says the command began the session: the
+// answer says that it started now, by this command, and, when an automatic reset ended the one
+// before (after), when and why. Before, it gave the ended session's last activity beside the
+// new session's id, as if the session had been active then (TestStatusAfterAnIdleReset), also
+// after the reset of a session nothing was said in, which names no automatic reset
+// (TestStatusAfterTheResetOfASilentSession).
+func (s *Session) statusText(now time.Time, began bool, after *persistence.Session) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Session %s\nKey: %s\nQueue: %d waiting (mode %s, cap %d)\n", s.cur.ID, s.key, s.waiting(), s.mode, s.d.Config.QueueCap)
 	switch {
@@ -667,9 +669,11 @@ func (s *Session) statusText(now time.Time, after *persistence.Session) string {
 		b.WriteString("Running: nothing\n")
 	}
 	switch {
-	case after != nil:
+	case began && after != nil:
 		fmt.Fprintf(&b, "Started: %s, by this command (the previous session, %s, was reset automatically (%s) at %s)\n",
 			s.cur.StartedAt.UTC().Format(time.RFC3339), after.ID, after.EndReason, after.EndedAt.UTC().Format(time.RFC3339))
+	case began:
+		fmt.Fprintf(&b, "Started: %s, by this command\n", s.cur.StartedAt.UTC().Format(time.RFC3339))
 	case !s.lastActivity.IsZero():
 		fmt.Fprintf(&b, "Last activity: %s\n", s.lastActivity.UTC().Format(time.RFC3339))
 	}

@@ -91,3 +91,42 @@ func TestStatusAfterAnIdleReset(t *testing.T) {
 		}
 	})
 }
+
+// TestStatusAfterTheResetOfASilentSession: /status after an idle reset of a session nothing was
+// said in (one /status or /new began, and nobody wrote to) begins the chat's next session, which
+// follows the silent one's predecessor, or none: no automatic reset is told of, and the answer
+// says that the session started now, by this command. Before, it named the new session beside
+// the silent session's last activity, as if the session had been active then (a review).
+func TestStatusAfterTheResetOfASilentSession(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		begin func(t *testing.T, w *managerWorld) // begins the silent session
+	}{
+		{"begun by /status on a new chat", func(t *testing.T, w *managerWorld) {
+			w.deliver(t, "s0", "/status")
+			w.answersTo(t, "s0")
+		}},
+		{"begun by /new after a conversation", func(t *testing.T, w *managerWorld) { afterNew(t, w) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				_, w := idleResetWorld(t)
+				tt.begin(t, w)
+				silentActivity := time.Now()
+				time.Sleep(time.Hour) // the silent session is idle past the policy (30 s)
+				now := time.Now()
+				s1 := w.deliver(t, "s1", "/status")
+				got := w.answersTo(t, "s1")
+				if len(got) != 1 || !strings.HasPrefix(got[0], "Session "+s1.SessionId+"\n") {
+					t.Fatalf("/status after the silent session's reset was answered %q, want the status of %s alone", got, s1.SessionId)
+				}
+				if want := "Started: " + now.UTC().Format(time.RFC3339) + ", by this command\n"; !strings.Contains(got[0], want) {
+					t.Errorf("/status after the silent session's reset = %q, want it to say %q", got[0], want)
+				}
+				if stale := "Last activity: " + silentActivity.UTC().Format(time.RFC3339); strings.Contains(got[0], stale) {
+					t.Errorf("/status after the silent session's reset = %q: the ended session's last activity beside the new session", got[0])
+				}
+			})
+		})
+	}
+}
