@@ -180,22 +180,32 @@ func TestManagerRestartedWhileItsMemberLeavesRunsAKeyNoMemberTakesBeforeItsDrain
 // the keys with work pending. A line says so, and what becomes of that work: a key another
 // member takes over has it recovered there once this member has withdrawn; a key no member takes
 // over (the whole cluster stops) keeps it in the store, pending, for the member that owns the key
-// next. Before, the line said the member that takes each key over recovers its work for both,
-// and for the second there is none (a review).
+// next, unless a recovery (the member's recovery sweep) or a message came for it while its
+// session stopped: then its work runs here, before the drain ends. Before, the line said the
+// member that takes each key over recovers its work for all three, and for the last two there
+// is none (a review); then that the third's work stays pending, counted in no_successor, while
+// it ran here (a review of that fix).
 func TestLeavingManagerRestartedWithNoListingSaysWhereTheWorkGoes(t *testing.T) {
 	const (
 		listing   = `level=WARN msg="list the sessions with unfinished work, to hand on those the manager's restart stopped; `
 		handed    = listing + `the member that takes each over recovers its work once this one has withdrawn"`
 		noneTakes = listing + `a key another member takes over has its work recovered there once this one has withdrawn, ` +
-			`and one no member takes over (no_successor) keeps it in the store, pending, for the member that owns the key next (at its start or recovery sweep)"`
+			`and one no member takes over keeps it in the store, pending, for the member that owns the key next (no_successor: at its start or recovery sweep), ` +
+			`or runs it here before the drain ends when a message or a recovery came for it meanwhile (run_here)"`
 	)
 	for _, tc := range []struct {
 		name      string
 		successor bool
+		recovered bool // a Recover for the key comes while its session stops
 		want      string
+		counts    string // the line's counts, when it has them
+		events    []string
 	}{
-		{"another member takes the key over", true, handed},
-		{"no member takes the key over", false, noneTakes},
+		{"another member takes the key over", true, false, handed, "", []string{"m1 starts", "m1 returns"}},
+		{"no member takes the key over", false, false, noneTakes, "no_successor=1 run_here=0",
+			[]string{"m1 starts", "m1 returns"}},
+		{"no member takes the key over, and a recovery comes for it", false, true, noneTakes, "no_successor=0 run_here=1",
+			[]string{"m1 starts", "m1 returns", "m1 starts", "m1 returns"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -230,23 +240,33 @@ func TestLeavingManagerRestartedWithNoListingSaysWhereTheWorkGoes(t *testing.T) 
 					t.Fatal("the manager did not restart")
 				}
 				fail.Store(true)
+				if tc.recovered {
+					w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &Recover{}})
+					synctest.Wait()
+				}
 
 				time.Sleep(3 * time.Second) // (synctest's clock) the cancelled call returns
 				synctest.Wait()
 				lines := linesWith(logs, listing)
 				if len(lines) != 1 || !strings.Contains(lines[0], tc.want) {
-					t.Errorf("the listing's lines: %q, want one with %s", lines, tc.want)
+					t.Fatalf("the listing's lines: %q, want one with %s", lines, tc.want)
 				}
-				if !tc.successor && !strings.Contains(lines[0], "no_successor=1") {
-					t.Errorf("the listing's line %q does not count the key no member takes over (no_successor=1)", lines[0])
+				if tc.counts != "" && !strings.Contains(lines[0], tc.counts) {
+					t.Errorf("the listing's line %q does not count the key as %s", lines[0], tc.counts)
+				}
+				if tc.recovered {
+					w.awaitTurnEnds(1) // m1 run again here
+					synctest.Wait()
 				}
 				if !answered(drained) {
 					t.Error("the drain was not answered")
 				}
-				if got, want := agent.events(), []string{"m1 starts", "m1 returns"}; !slices.Equal(got, want) {
-					t.Errorf("agent calls %q, want %q (m1 does not run here)", got, want)
+				if got := agent.events(); !slices.Equal(got, tc.events) {
+					t.Errorf("agent calls %q, want %q", got, tc.events)
 				}
-				w.wantPendingAlone(t, "m1")
+				if !tc.recovered {
+					w.wantPendingAlone(t, "m1")
+				}
 			})
 		})
 	}

@@ -148,23 +148,31 @@ func (m *SessionManager) onRestartStopped(c actor.Context, r *restartStopped) {
 	case r.err != nil && m.kept.successor != nil:
 		// A key no member takes over (the other members leave too) with nothing held for it is
 		// let go, and its work stays pending in the store: no member takes it over to recover
-		// it. Before, the line said one did for these keys too
-		// (TestLeavingManagerRestartedWithNoListingSaysWhereTheWorkGoes).
-		nobody := 0
+		// it (no_successor). One that a message or a Recover (the member's recovery sweep) came
+		// for while its session stopped starts here, and runs its work before the drain ends
+		// (run_here). Before, the line said another member recovers the work of both; then
+		// that the second's stays pending (TestLeavingManagerRestartedWithNoListingSaysWhereTheWorkGoes).
+		nobody, here := 0, 0
 		for key := range stopped {
-			if held, ok := m.stopping[key]; ok && len(held) == 0 && m.elsewhere(key) == nil {
+			if _, ok := m.stopping[key]; !ok || m.elsewhere(key) != nil {
+				continue
+			}
+			if m.stoppingWithWork(key) {
+				here++
+			} else {
 				nobody++
 			}
 		}
-		if nobody == 0 {
+		if nobody+here == 0 {
 			m.log.Warn("list the sessions with unfinished work, to hand on those the manager's restart stopped; the member that takes each over recovers its work once this one has withdrawn",
 				"sessions", len(stopped), logging.Err(r.err))
 			break
 		}
 		m.log.Warn("list the sessions with unfinished work, to hand on those the manager's restart stopped; "+
 			"a key another member takes over has its work recovered there once this one has withdrawn, "+
-			"and one no member takes over (no_successor) keeps it in the store, pending, for the member that owns the key next (at its start or recovery sweep)",
-			"sessions", len(stopped), "no_successor", nobody, logging.Err(r.err))
+			"and one no member takes over keeps it in the store, pending, for the member that owns the key next (no_successor: at its start or recovery sweep), "+
+			"or runs it here before the drain ends when a message or a recovery came for it meanwhile (run_here)",
+			"sessions", len(stopped), "no_successor", nobody, "run_here", here, logging.Err(r.err))
 	case r.err != nil:
 		m.log.Warn("list the sessions with unfinished work, to recover those the manager's restart stopped; the cluster's recovery sweep recovers their work",
 			"sessions", len(stopped), logging.Err(r.err))
