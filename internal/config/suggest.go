@@ -54,19 +54,32 @@ func unknownKey(t reflect.Type, m *yaml.Node, path, key string, v *yaml.Node) er
 // writtenSection is the hint for v, written under a key that misspells the section at path,
 // which the mapping writes already: its keys go in that section; a value alone goes in as the
 // section's key it most likely is (scalarKeys), or as one of its keys. Before, a value was
-// told to "move these keys into it" too: htp: :8080 beside http has no keys (a review).
+// told to "move these keys into it" too: htp: :8080 beside http has no keys (a review). One
+// that holds nothing (null, "", {} or []) is to be removed: before, htp: "" was told to write
+// `addr: ` inside http, and htp: {} to move keys it has none of (a review of that fix).
 func writtenSection(path string, v *yaml.Node) string {
 	switch {
+	case holdsNothing(v):
+		return fmt.Sprintf("did you mean %s? %s is written already, and this one holds nothing: remove it", path, path)
 	case v.Kind == yaml.MappingNode:
 		return fmt.Sprintf("did you mean %s? %s is written already: move these keys into it, as a section is written once", path, path)
-	case v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null":
-		return fmt.Sprintf("did you mean %s? %s is written already, and this one holds nothing: remove it", path, path)
 	}
 	if key, ok := scalarKeys[path]; ok && v.Kind == yaml.ScalarNode && !strings.ContainsAny(v.Value, "\n{}") {
 		return fmt.Sprintf("did you mean %s.%s? %s is written already, and holds keys, not one value: write this one inside it, as %s: %s",
 			path, key, path, key, flowValue(key, v.Value))
 	}
 	return fmt.Sprintf("did you mean %s? %s is written already, and holds keys, not one value: set the key of it that this value is for", path, path)
+}
+
+// holdsNothing reports whether v is null, an empty string, or an empty mapping or list.
+func holdsNothing(v *yaml.Node) bool {
+	switch v.Kind {
+	case yaml.ScalarNode:
+		return v.ShortTag() == "!!null" || v.ShortTag() == "!!str" && v.Value == ""
+	case yaml.MappingNode, yaml.SequenceNode:
+		return len(v.Content) == 0
+	}
+	return false
 }
 
 // isSection reports whether a key of type t holds keys of its own (a mapping).

@@ -68,6 +68,15 @@ func TestLoadUnknownKeySuggestsTheClosest(t *testing.T) {
 			"FILE:3: sesions: unknown key (did you mean sessions? sessions is written already, and holds keys, not one value: set the key of it that this value is for)"},
 		{"nothing beside a section written already", "sessions:\n  history_limit: 5\nsesions:\n", nil,
 			"FILE:3: sesions: unknown key (did you mean sessions? sessions is written already, and this one holds nothing: remove it)"},
+		// An empty string, mapping or list holds nothing either. Before, htp: "" was told to
+		// write `addr: ` inside http, and htp: {} to move its keys, which it has none of (a
+		// review).
+		{"an empty string beside a section written already", "http:\n  pprof: true\nhtp: \"\"\n", nil,
+			"FILE:3: htp: unknown key (did you mean http? http is written already, and this one holds nothing: remove it)"},
+		{"an empty mapping beside a section written already", "http:\n  pprof: true\nhtp: {}\n", nil,
+			"FILE:3: htp: unknown key (did you mean http? http is written already, and this one holds nothing: remove it)"},
+		{"an empty list beside a section written already", "sessions:\n  history_limit: 5\nsesions: []\n", nil,
+			"FILE:3: sesions: unknown key (did you mean sessions? sessions is written already, and this one holds nothing: remove it)"},
 		{"in a variable's mapping", "", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE={dm: {idel_minutes: 5}}"},
 			`AGENTGATE_SESSIONS_RESET_BY_TYPE: "{dm: {idel_minutes: 5}}": dm.idel_minutes: unknown key (did you mean dm.idle_minutes?)`},
 	}
