@@ -37,7 +37,7 @@ func unknownKey(t reflect.Type, m *yaml.Node, path, key string, v *yaml.Node) er
 	if best == "" {
 		if section := closest(strings.ToLower(key), sections); section != "" {
 			// Before, a bare "unknown key": the close key is written already.
-			return fmt.Errorf("%w (%s)", errUnknownKey, writtenSection(joinPath(path, section), v))
+			return fmt.Errorf("%w (%s)", errUnknownKey, writtenSection(joinPath(path, section), v, valueOf(m, section)))
 		}
 		// log_level or log.level: a key of a section written beside it, as a variable's name
 		// or a dotted path reads, which YAML takes for one key of its own.
@@ -52,12 +52,15 @@ func unknownKey(t reflect.Type, m *yaml.Node, path, key string, v *yaml.Node) er
 }
 
 // writtenSection is the hint for v, written under a key that misspells the section at path,
-// which the mapping writes already: its keys go in that section; a value alone goes in as the
-// section's key it most likely is (scalarKeys), or as one of its keys. Before, a value was
+// which the mapping writes already (as sec): its keys go in that section; a value alone goes in
+// as the section's key it most likely is (scalarKeys), or as one of its keys. When sec writes
+// that key already, the value is to be removed or set there: written inside sec again, it is a
+// key set twice, which Load refuses (before, agnet: exec beside agent: {backend: echo} was told
+// to write backend: exec inside agent; a review). Before, a value was
 // told to "move these keys into it" too: htp: :8080 beside http has no keys (a review). One
 // that holds nothing (null, "", {} or []) is to be removed: before, htp: "" was told to write
 // `addr: ` inside http, and htp: {} to move keys it has none of (a review of that fix).
-func writtenSection(path string, v *yaml.Node) string {
+func writtenSection(path string, v, sec *yaml.Node) string {
 	switch {
 	case holdsNothing(v):
 		return fmt.Sprintf("did you mean %s? %s is written already, and this one holds nothing: remove it", path, path)
@@ -65,10 +68,27 @@ func writtenSection(path string, v *yaml.Node) string {
 		return fmt.Sprintf("did you mean %s? %s is written already: move these keys into it, as a section is written once", path, path)
 	}
 	if key, ok := scalarKeys[path]; ok && v.Kind == yaml.ScalarNode && !strings.ContainsAny(v.Value, "\n{}") {
+		if valueOf(sec, key) != nil {
+			return fmt.Sprintf("did you mean %s.%s? %s is written already, with its %s: remove this one, or set %s there to its value, %s",
+				path, key, path, key, key, flowValue(key, v.Value))
+		}
 		return fmt.Sprintf("did you mean %s.%s? %s is written already, and holds keys, not one value: write this one inside it, as %s: %s",
 			path, key, path, key, flowValue(key, v.Value))
 	}
 	return fmt.Sprintf("did you mean %s? %s is written already, and holds keys, not one value: set the key of it that this value is for", path, path)
+}
+
+// valueOf is the value of key in the mapping m, nil when m is none or does not write key.
+func valueOf(m *yaml.Node, key string) *yaml.Node {
+	if m == nil || m.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == key {
+			return m.Content[i+1]
+		}
+	}
+	return nil
 }
 
 // holdsNothing reports whether v is null, an empty string, or an empty mapping or list.

@@ -77,6 +77,11 @@ func TestLoadUnknownKeySuggestsTheClosest(t *testing.T) {
 			"FILE:3: htp: unknown key (did you mean http? http is written already, and this one holds nothing: remove it)"},
 		{"an empty list beside a section written already", "sessions:\n  history_limit: 5\nsesions: []\n", nil,
 			"FILE:3: sesions: unknown key (did you mean sessions? sessions is written already, and this one holds nothing: remove it)"},
+		// The section writes that key already: written inside it again, it is a key set twice,
+		// which Load refuses. Before, agnet: exec beside agent: {backend: echo} was told to
+		// write backend: exec inside agent (a review).
+		{"one value beside a section that writes its key already", "agent:\n  backend: echo\nagnet: exec\n", nil,
+			"FILE:3: agnet: unknown key (did you mean agent.backend? agent is written already, with its backend: remove this one, or set backend there to its value, exec)"},
 		{"in a variable's mapping", "", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE={dm: {idel_minutes: 5}}"},
 			`AGENTGATE_SESSIONS_RESET_BY_TYPE: "{dm: {idel_minutes: 5}}": dm.idel_minutes: unknown key (did you mean dm.idle_minutes?)`},
 	}
