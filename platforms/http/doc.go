@@ -9,11 +9,12 @@
 // Concurrency: Run owns the http.Server and its Serve goroutine; every request runs on its own
 // net/http goroutine. Send may be called from any goroutine and never blocks on a client: each
 // SSE subscriber and each ?wait waiter has its own buffer, and a subscriber that falls behind is
-// dropped (its stream closed) so it resumes from the outbox with Last-Event-ID. No client holds
-// a request's goroutine for ever: a body must arrive within Config.BodyTimeout, and an answer
-// (an event stream: each event; a transcript: each page) be read within Config.WriteTimeout,
-// else the connection is closed (a cut answer is logged at WARN, "answer cut off", at most once a
-// minute). A transcript is read from Sessions and written a page at a time, never held whole.
+// dropped (its stream closed, logged at WARN at most once a minute) so it resumes from the
+// outbox with Last-Event-ID. No client holds a request's goroutine for ever: a body must arrive
+// within Config.BodyTimeout, and an answer (an event stream: each event; a transcript: each
+// page) be read within Config.WriteTimeout, else the connection is closed (a cut answer is
+// logged at WARN, "answer cut off", at most once a minute). A transcript is read from Sessions
+// and written a page at a time, never held whole.
 //
 // This package must not import actors or supervisor; the runtime reaches it only through
 // platforms.Deliver and the Sessions interface.

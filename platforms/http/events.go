@@ -200,12 +200,15 @@ func (p *Platform) handleEvents(w http.ResponseWriter, r *http.Request) {
 }
 
 // replayFailed logs a failed outbox read of an event stream, unless the stream ended (its
-// client left, or the platform stops): the client resumes from the last id it got.
+// client left, or the platform stops): the client resumes from the last id it got. Logged at
+// once, then at most once a minute for all streams.
 func (p *Platform) replayFailed(ctx context.Context, key string, err error) {
 	if ctx.Err() != nil {
 		return
 	}
-	p.log.Warn("sse replay failed", "session", key, logging.Err(err))
+	if args, ok := p.replayFails.Allowed("session", key, logging.Err(err)); ok {
+		p.log.Warn("sse replay failed", args...)
+	}
 }
 
 // fillGap writes the outbox entries of key after the last event written and before seq

@@ -245,6 +245,9 @@ type fakeSessions struct {
 	// failTranscriptAt, when above zero, makes the Transcript call of that number (from 1) and
 	// every later one fail.
 	failTranscriptAt int
+	// outboxFailFrom, when above zero, makes OutboxAfter fail for an after of it or more: a
+	// stream's replay fails past its first page.
+	outboxFailFrom int64
 	// resetErr, when set, is what Reset returns.
 	resetErr error
 	// repliesErr, when set, is what RepliesTo returns, for failReplies calls (every call when 0).
@@ -398,6 +401,9 @@ func (f *fakeSessions) OutboxAfter(_ context.Context, key string, after int64, l
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.record("outbox %s %d", key, after)
+	if f.outboxFailFrom > 0 && after >= f.outboxFailFrom {
+		return nil, errors.New("fake sessions: outbox read failed")
+	}
 	var res []*platforms.Outbound
 	for _, o := range f.outbox[key] {
 		if o.Seq > after && len(res) < limit {

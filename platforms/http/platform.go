@@ -194,6 +194,10 @@ type Platform struct {
 	// cutOff limits the line of answers cut off because their client stopped reading: clients
 	// that ask for long answers and read none would log one each.
 	cutOff logging.Limiter
+	// slowSubs limits the line of event streams dropped for falling behind, and replayFails
+	// that of event streams whose outbox read failed: clients that never read their streams, or
+	// a database outage under many streams, would log one a stream.
+	slowSubs, replayFails logging.Limiter
 	// conns counts the connections open (countingListener), to tell when the last of
 	// Config.MaxConnections is taken.
 	conns atomic.Int64
@@ -462,7 +466,9 @@ func (p *Platform) show(out *platforms.Outbound) {
 	for s := range p.subs[out.SessionKey] {
 		if !s.offer(out) {
 			p.removeSubLocked(out.SessionKey, s)
-			p.log.Warn("sse subscriber dropped, too slow", "session", out.SessionKey)
+			if args, ok := p.slowSubs.Allowed("session", out.SessionKey); ok {
+				p.log.Warn("sse subscriber dropped, too slow", args...)
+			}
 		}
 	}
 	var seen map[*waiter]bool

@@ -2,6 +2,7 @@ package http
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -158,6 +159,61 @@ func TestUnreadAnswersAreLoggedOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStreamEndsAreLoggedOnce: event streams dropped for falling behind, or whose outbox read
+// failed, are each closed, but each line says so once, not once a stream (later ones at most
+// once a minute, with "repeats"), as "answer cut off" does: clients that never read their
+// streams, or a database outage under many streams, logged a warning a stream.
+func TestStreamEndsAreLoggedOnce(t *testing.T) {
+	const streams = 3
+	t.Run("too slow", func(t *testing.T) {
+		logs := &testutil.Buffer{}
+		h := mustNew(t, Config{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		h.p.subBuffer = 1
+		var subs []*subscriber
+		for range streams {
+			subs = append(subs, h.p.subscribe(streamKey))
+		}
+		for seq := range int64(2) { // the second overflows every buffer
+			if err := h.p.Send(context.Background(), &platforms.Outbound{SessionKey: streamKey, Seq: seq + 1}); err != nil {
+				t.Fatalf("Send(%d) = %v", seq+1, err)
+			}
+		}
+		for i, s := range subs {
+			select {
+			case <-s.gone:
+			default:
+				t.Errorf("subscriber %d not dropped after overflowing its buffer", i)
+			}
+		}
+		if n := strings.Count(logs.String(), "sse subscriber dropped, too slow"); n != 1 {
+			t.Errorf("%d lines \"sse subscriber dropped, too slow\" for %d streams, want 1:\n%s", n, streams, logs)
+		}
+	})
+	t.Run("replay failed", func(t *testing.T) {
+		sessions := newFakeSessions()
+		sessions.addOutbox(outbound(streamKey, 1, platforms.KindReply))
+		sessions.outboxFailFrom = 1 // the page after the first
+		logs := &testutil.Buffer{}
+		h := mustStart(t, Config{Sessions: sessions, Logger: slog.New(slog.NewTextHandler(logs, nil))}, &fakeRuntime{})
+		for i := range streams {
+			s := h.openSSE(streamKey, "", "")
+			if ev := s.mustNextEvent(); ev.id != 1 {
+				t.Fatalf("stream %d: event %d, want 1", i, ev.id)
+			}
+			// The stream ends once its replay fails, after it logged it.
+			for {
+				if _, err := s.next(); err != nil {
+					break
+				}
+			}
+			s.close()
+		}
+		if n := strings.Count(logs.String(), "sse replay failed"); n != 1 {
+			t.Errorf("%d lines \"sse replay failed\" for %d streams, want 1:\n%s", n, streams, logs)
+		}
+	})
 }
 
 // TestOversizedBodyRefusedBeforeContinue: a body announced larger than MaxBodyBytes is refused
