@@ -180,6 +180,13 @@ type OutboxEntry struct {
 // so that its reader goes on.
 const OutboxPageBytes = 1 << 20
 
+// TranscriptPageBytes bounds the texts of a page of Store.TranscriptAfter as OutboxPageBytes
+// bounds an outbox page's: a page ends with the message whose text takes it to this or past
+// it, and holds at least one message. A page of 100 messages of 64 KiB each held 6.4 MiB
+// (and its JSON encoding) while its HTTP client did not read it: 60 such clients took the
+// daemon's heap to 500 MiB.
+const TranscriptPageBytes = OutboxPageBytes
+
 // KindPruned is the kind of the last outbox entry of a key whose session PruneSessions deleted:
 // the entry keeps the key's seq and nothing of the session's content, and OutboxAfter never
 // returns it.
@@ -620,9 +627,12 @@ type Store interface {
 	// unknown session has an empty transcript, not ErrNotFound.
 	Transcript(ctx context.Context, sessionID string) ([]Message, error)
 	// TranscriptAfter returns the messages of a session with seq > after (archived rows
-	// included, as Transcript), by seq, at most limit (no limit when limit <= 0): the
-	// transcript read in pages, so that a long one is never held whole. An unknown session
-	// has none.
+	// included, as Transcript), by seq: the transcript read in pages, so that a long one is
+	// never held whole. With limit > 0 it returns a page: at most limit messages, and none
+	// past the one whose text takes the page's texts to TranscriptPageBytes (the first message
+	// is always returned). A page shorter than limit whose texts stay under TranscriptPageBytes
+	// is the last; one that reaches it is no sign of the end: read on after its last seq. With
+	// limit <= 0 it returns every message. An unknown session has none.
 	TranscriptAfter(ctx context.Context, sessionID string, after int64, limit int) ([]Message, error)
 	// PendingAfter returns a session's pending (active) user messages with after < seq <=
 	// through, by seq, at most limit (no limit when limit <= 0): the messages a session holds

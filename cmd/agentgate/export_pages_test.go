@@ -13,9 +13,10 @@ import (
 )
 
 // TestSessionsExportOfLargeReplies: an outbox page ends early once its texts pass
-// persistence.OutboxPageBytes, so a short page is not the last; the export reads on to an
-// empty one and writes every entry. (Read as the end, a short page cut the export after the
-// first megabyte of replies, with no error.)
+// persistence.OutboxPageBytes, and a transcript page once they pass
+// persistence.TranscriptPageBytes, so a short page is not the last; the export reads on to an
+// empty one and writes every entry and message. (Read as the end, a short page cut the export
+// after the first megabyte of replies, with no error.)
 func TestSessionsExportOfLargeReplies(t *testing.T) {
 	dir := t.TempDir()
 	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
@@ -32,7 +33,9 @@ func TestSessionsExportOfLargeReplies(t *testing.T) {
 	for seq := int64(1); seq <= n; seq++ {
 		ops = append(ops, &persistence.AddOutbox{Entry: persistence.OutboxEntry{
 			SessionKey: keyA, Seq: seq, SessionID: "s1", Kind: "reply", Text: big, Platform: "http",
-			ChatType: "dm", ChatID: "alice", UserID: "alice", State: persistence.DeliveryDelivered, CreatedAt: sessAt(int(seq))}})
+			ChatType: "dm", ChatID: "alice", UserID: "alice", State: persistence.DeliveryDelivered, CreatedAt: sessAt(int(seq))}},
+			&persistence.AppendMessage{Message: persistence.Message{SessionID: "s1", Seq: seq, Role: persistence.RoleAssistant,
+				Content: big, TurnID: "t1", Status: persistence.StatusDone, Active: true, CreatedAt: sessAt(int(seq))}})
 	}
 	storetest.MustCommit(t, st, ops...)
 	if err := st.Close(); err != nil {
@@ -40,19 +43,22 @@ func TestSessionsExportOfLargeReplies(t *testing.T) {
 	}
 
 	out, _ := MustRunSessions(t, "export", "--data-dir", dir, keyA)
+	type seqs []struct {
+		Seq int64 `json:"seq"`
+	}
 	var got struct {
-		Outbox []struct {
-			Seq int64 `json:"seq"`
-		} `json:"outbox"`
+		Sessions []struct {
+			Messages seqs `json:"messages"`
+		} `json:"sessions"`
+		Outbox seqs `json:"outbox"`
 	}
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatalf("decode the export (%d bytes): %v", len(out), err)
 	}
-	var seqs []int64
-	for _, e := range got.Outbox {
-		seqs = append(seqs, e.Seq)
+	if len(got.Outbox) != n {
+		t.Errorf("the export holds outbox entries %v, want all %d", got.Outbox, n)
 	}
-	if len(seqs) != n {
-		t.Errorf("the export holds outbox entries %v, want all %d", seqs, n)
+	if len(got.Sessions) != 1 || len(got.Sessions[0].Messages) != n {
+		t.Errorf("the export holds sessions %v, want one of all %d messages", got.Sessions, n)
 	}
 }

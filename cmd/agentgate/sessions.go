@@ -510,22 +510,22 @@ func sessionsExport(ctx context.Context, args []string, stdout, stderr io.Writer
 }
 
 // eachTranscriptPage calls fn with the messages of a session (archived ones included), by seq,
-// transcriptPage at a time.
+// transcriptPage at a time, or fewer once their texts pass persistence.TranscriptPageBytes.
 func eachTranscriptPage(ctx context.Context, st persistence.Store, sessionID string, fn func([]persistence.Message) error) error {
 	for after := int64(0); ; {
 		ms, err := st.TranscriptAfter(ctx, sessionID, after, transcriptPage)
 		if err != nil {
 			return err
 		}
-		if len(ms) > 0 {
-			if err := fn(ms); err != nil {
-				return err
-			}
-			after = ms[len(ms)-1].Seq
-		}
-		if len(ms) < transcriptPage {
+		// Only an empty page ends the transcript, as the outbox: a page of large messages
+		// also ends early.
+		if len(ms) == 0 {
 			return nil
 		}
+		if err := fn(ms); err != nil {
+			return err
+		}
+		after = ms[len(ms)-1].Seq
 	}
 }
 

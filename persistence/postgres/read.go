@@ -293,16 +293,29 @@ func (s *Store) Transcript(ctx context.Context, sessionID string) ([]persistence
 	return ms, nil
 }
 
+// transcriptAfterSQL is a page of TranscriptAfter: the messages after $2, at most $3 of them
+// and none past the one whose content takes the page's to $4 bytes, cut by the server (as
+// outboxAfterSQL), so that it sends only the page's texts.
+const transcriptAfterSQL = `SELECT ` + messageCols + ` FROM (
+	SELECT ` + messageCols + `,
+		sum(octet_length(content)) OVER (ORDER BY seq ROWS UNBOUNDED PRECEDING) - octet_length(content) AS before
+	FROM messages WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3) page
+	WHERE before < $4 ORDER BY seq`
+
 // TranscriptAfter returns a session's messages with seq > after, archived rows included, by
-// seq, at most limit (no limit when limit <= 0).
+// seq: with limit > 0 a page of at most limit messages and about
+// persistence.TranscriptPageBytes of texts, with limit <= 0 all of them.
 func (s *Store) TranscriptAfter(ctx context.Context, sessionID string, after int64, limit int) ([]persistence.Message, error) {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("transcript %s after %d: %w", sessionID, after, err)
 	}
 	defer done()
-	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+messageCols+` FROM messages
-		WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`, sessionID, after, limitArg(limit))
+	budget := int64(math.MaxInt64)
+	if limit > 0 {
+		budget = persistence.TranscriptPageBytes
+	}
+	ms, err := queryAll(ctx, s.pool, scanMessage, transcriptAfterSQL, sessionID, after, limitArg(limit), budget)
 	if err != nil {
 		return nil, fmt.Errorf("transcript %s after %d: %w", sessionID, after, s.explain(ctx, err))
 	}

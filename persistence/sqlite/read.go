@@ -203,7 +203,7 @@ func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit 
 	if limit > 0 {
 		budget = persistence.OutboxPageBytes
 	}
-	es, err := queryOutboxPage(ctx, s.reader, budget, `SELECT `+outboxCols+` FROM outbox
+	es, err := queryPage(ctx, s.reader, budget, scanOutbox, outboxText, `SELECT `+outboxCols+` FROM outbox
 		WHERE session_key = ? AND seq > ? AND kind <> ? ORDER BY seq LIMIT ?`, key, after, persistence.KindPruned, limitArg(limit))
 	if err != nil {
 		return nil, s.readError("outbox after %d: %w", after, err)
@@ -244,13 +244,18 @@ const transcriptSQL = `SELECT ` + messageCols + ` FROM messages
 	WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?`
 
 // TranscriptAfter returns a session's messages with seq > after, archived rows included, by
-// seq, at most limit (no limit when limit <= 0).
+// seq: with limit > 0 a page of at most limit messages and about
+// persistence.TranscriptPageBytes of texts, with limit <= 0 all of them.
 func (s *Store) TranscriptAfter(ctx context.Context, sessionID string, after int64, limit int) ([]persistence.Message, error) {
 	if err := s.enter(); err != nil {
 		return nil, s.readError("transcript %s after %d: %w", sessionID, after, err)
 	}
 	defer s.leave()
-	ms, err := queryMessages(ctx, s.reader, transcriptSQL, sessionID, after, limitArg(limit))
+	budget := 0
+	if limit > 0 {
+		budget = persistence.TranscriptPageBytes
+	}
+	ms, err := queryPage(ctx, s.reader, budget, scanMessage, messageText, transcriptSQL, sessionID, after, limitArg(limit))
 	if err != nil {
 		return nil, s.readError("transcript %s after %d: %w", sessionID, after, err)
 	}
@@ -721,27 +726,32 @@ func queryOutbox(ctx context.Context, q querier, query string, args ...any) ([]p
 	return queryAll(ctx, q, scanOutbox, query, args...)
 }
 
-// queryOutboxPage is queryOutbox that stops once the texts of the entries read reach budget
-// (never when budget <= 0): SQLite steps row by row, so the rows past it are never read, and a
-// page of large replies costs its budget rather than its LIMIT of them.
-func queryOutboxPage(ctx context.Context, q querier, budget int, query string, args ...any) ([]persistence.OutboxEntry, error) {
+// queryPage is queryAll that stops once the texts of the rows read (text of each) reach
+// budget (never when budget <= 0): SQLite steps row by row, so the rows past it are never
+// read, and a page of large replies or messages costs its budget rather than its LIMIT of
+// them.
+func queryPage[T any](ctx context.Context, q querier, budget int, scan func(scanner) (T, error), text func(*T) string, query string, args ...any) ([]T, error) {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []persistence.OutboxEntry
+	var out []T
 	size := 0
 	for (budget <= 0 || size < budget) && rows.Next() {
-		e, err := scanOutbox(rows)
+		v, err := scan(rows)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, e)
-		size += len(e.Text)
+		out = append(out, v)
+		size += len(text(&v))
 	}
 	return out, rows.Err()
 }
+
+// The texts a page of queryPage counts.
+func outboxText(e *persistence.OutboxEntry) string { return e.Text }
+func messageText(m *persistence.Message) string    { return m.Content }
 
 // OpenDrafts implements persistence.Store.
 func (s *Store) OpenDrafts(ctx context.Context, platform string, limit int) ([]persistence.Draft, error) {

@@ -44,6 +44,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"OutboxPagesBoundedByBytes", testOutboxPagesBoundedByBytes},
 		{"Transcript", testTranscript},
 		{"TranscriptAfter", testTranscriptAfter},
+		{"TranscriptPagesBoundedByBytes", testTranscriptPagesBoundedByBytes},
 		{"PendingAfter", testPendingAfter},
 		{"CountMessages", testCountMessages},
 		{"History", testHistory},

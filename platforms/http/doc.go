@@ -14,7 +14,8 @@
 // within Config.BodyTimeout, and an answer (an event stream: each event; a transcript: each
 // page) be read within Config.WriteTimeout, else the connection is closed (a cut answer is
 // logged at WARN, "answer cut off", at most once a minute). A transcript is read from Sessions
-// and written a page at a time, never held whole.
+// and written a page at a time (at most 100 messages and about a MiB of their texts), never
+// held whole.
 //
 // This package must not import actors or supervisor; the runtime reaches it only through
 // platforms.Deliver and the Sessions interface.

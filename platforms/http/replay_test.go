@@ -14,14 +14,16 @@ import (
 	"github.com/agentgate/agentgate/platforms"
 )
 
-// storeSessions answers the outbox reads of Sessions from a real store, as the daemon's do,
-// and records the texts of each page it returns: what an event stream holds at a time.
+// storeSessions answers the outbox and transcript reads of Sessions from a real store, as the
+// daemon's do, and records the texts of each page it returns: what an event stream or a
+// transcript answer holds at a time.
 type storeSessions struct {
 	*fakeSessions
 	store persistence.Store
 
-	mu    sync.Mutex
-	pages []int // the bytes of each page's texts
+	mu              sync.Mutex
+	pages           []int // the bytes of each outbox page's texts
+	transcriptPages []int // the bytes of each transcript page's texts
 }
 
 func (s *storeSessions) OutboxAfter(ctx context.Context, key string, after int64, limit int) ([]*platforms.Outbound, error) {

@@ -10,8 +10,10 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 )
 
-// transcriptPage is how many messages the transcript handler asks Sessions for at a time: what
-// it holds in memory at once, whatever the length of the transcript. A variable for tests.
+// transcriptPage is how many messages the transcript handler asks Sessions for at a time. A
+// page also ends once its texts reach persistence.TranscriptPageBytes (the store's bound), so
+// that the handler holds about a MiB at once, whatever the length of the transcript or of its
+// messages. A variable for tests.
 var transcriptPage = 100
 
 // handleTranscript is GET /v1/sessions/{key}/transcript?session_id=&after=&limit=. Without a
@@ -49,11 +51,11 @@ func (p *Platform) handleTranscript(w http.ResponseWriter, r *http.Request) {
 }
 
 // streamTranscript answers want messages of a transcript from req.After on (-1: all of them),
-// asking Sessions for transcriptPage messages at a time and writing each page before it asks
-// for the next, so that a transcript of any length is never held whole. The body is the JSON
-// encoding of the Transcript, written in pieces. An error before the first page is answered
-// as usual; a later one can only end the body early (the client sees invalid JSON), and is
-// logged.
+// asking Sessions for a page at a time (transcriptPage messages, fewer once their texts reach
+// persistence.TranscriptPageBytes) and writing each page before it asks for the next, so that
+// neither a long transcript nor a page of large messages is held whole. The body is the JSON
+// encoding of the Transcript, written in pieces. An error before the first page is answered as
+// usual; a later one can only end the body early (the client sees invalid JSON), and is logged.
 func (p *Platform) streamTranscript(w http.ResponseWriter, r *http.Request, s Sessions, key string, req TranscriptRequest, want int) {
 	ctx := r.Context()
 	rc := http.NewResponseController(w)
@@ -86,7 +88,7 @@ func (p *Platform) streamTranscript(w http.ResponseWriter, r *http.Request, s Se
 			// Each page has WriteTimeout to be read, as each event of an event stream.
 			_ = rc.SetWriteDeadline(time.Now().Add(p.cfg.WriteTimeout)) // unsupported only off a real conn
 		}
-		msgs, full := tr.Messages, len(tr.Messages) >= req.Limit
+		msgs, last := tr.Messages, lastPage(tr.Messages, req.Limit)
 		cut := want >= 0 && len(msgs) > want
 		if cut {
 			msgs = msgs[:want]
@@ -101,12 +103,26 @@ func (p *Platform) streamTranscript(w http.ResponseWriter, r *http.Request, s Se
 		case cut:
 			tw.end(tw.last)
 			return
-		case !full || tw.last <= req.After: // the last page (or a Sessions that did not advance)
+		case last || tw.last <= req.After: // (or a Sessions that did not advance)
 			tw.end(0)
 			return
 		}
 		req.After = tw.last
 	}
+}
+
+// lastPage reports whether a page of a transcript read with limit is its last: an empty one, or
+// one short of both its limit and persistence.TranscriptPageBytes. A page that reached the
+// bound ended there, so more may follow it.
+func lastPage(ms []TranscriptMessage, limit int) bool {
+	if len(ms) >= limit {
+		return false
+	}
+	size := 0
+	for i := range ms {
+		size += len(ms[i].Text)
+	}
+	return size < persistence.TranscriptPageBytes
 }
 
 // transcriptWriter writes a Transcript's JSON encoding in pieces, byte for byte what

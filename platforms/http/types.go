@@ -153,8 +153,10 @@ type LiveState struct {
 const MaxTranscriptLimit = 1000
 
 // TranscriptRequest selects one page of a transcript: the messages with Seq > After, by Seq,
-// at most Limit (every one when Limit <= 0), of the incarnation SessionID of the key (the
-// current one when empty).
+// at most Limit (every one when Limit <= 0), and fewer once their texts reach the store's
+// bound of a page's bytes (persistence.TranscriptPageBytes), of the incarnation SessionID of
+// the key (the current one when empty). A page short of both Limit and that bound is the
+// last; one that reached the bound may be followed by more.
 type TranscriptRequest struct {
 	SessionID string
 	After     int64
