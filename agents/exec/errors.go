@@ -6,6 +6,8 @@ import (
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/agentgate/agentgate/agents"
 )
 
@@ -25,6 +27,10 @@ type ExitError struct {
 	// Code is the exit status, or 128 plus the signal number (as a shell reports it) when the
 	// process was killed by a signal.
 	Code int
+	// Signal is the signal that killed the process; zero when it exited. A shell that exits
+	// 128 plus a number (its report of a child a signal killed) exited: Signal is zero, and
+	// Code says the rest.
+	Signal syscall.Signal
 	// Stderr is the end (at most MaxStderrLogged bytes, after a note of how many came before
 	// it) of what the command wrote to stderr, most often why it failed, with the daemon's
 	// secrets (Config.Withhold), key-like strings and the passwords of URLs replaced by
@@ -34,7 +40,7 @@ type ExitError struct {
 }
 
 // Is makes an ExitError match agents.ErrStopSignal when its code says the command ended by a
-// stop signal: killed by it, or a shell that exited 128 plus its number after it.
+// stop signal: killed by it (Signal), or a shell that exited 128 plus its number after it.
 func (e *ExitError) Is(target error) bool {
 	if target != agents.ErrStopSignal {
 		return false
@@ -46,11 +52,26 @@ func (e *ExitError) Is(target error) bool {
 	return false
 }
 
-// Error returns the exit status followed by the captured stderr, if any.
+// Error returns how the command ended, "exit status N" or "killed by signal N (SIGNAME)",
+// followed by the captured stderr, if any. A signal's exit status (137 for SIGKILL, as a shell
+// reports it) read as an exit of the command's own: an operator looked for the exit 137 in its
+// code, not for who killed it (an out-of-memory kill, a kill -9).
 func (e *ExitError) Error() string {
+	how := fmt.Sprintf("exit status %d", e.Code)
+	if e.Signal != 0 {
+		how = fmt.Sprintf("killed by signal %d (%s)", int(e.Signal), signalName(e.Signal))
+	}
 	msg := strings.TrimSpace(e.Stderr)
 	if msg == "" {
-		return fmt.Sprintf("exit status %d", e.Code)
+		return how
 	}
-	return fmt.Sprintf("exit status %d: %s", e.Code, msg)
+	return how + ": " + msg
+}
+
+// signalName returns the name of sig ("SIGKILL"), or "an unknown signal".
+func signalName(sig syscall.Signal) string {
+	if name := unix.SignalName(sig); name != "" {
+		return name
+	}
+	return "an unknown signal"
 }

@@ -381,15 +381,16 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			// status) does not say.
 			log.Warn("exec agent closed output held open after exit", "grace", a.grace)
 		}
-		code := ee.ExitCode()
+		code, sig := ee.ExitCode(), syscall.Signal(0)
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			code = 128 + int(ws.Signal())
+			sig = ws.Signal()
+			code = 128 + int(sig)
 		}
 		if out := a.redact.tail(stdoutTail); out != "" {
 			// Not in the error, which is logged at Warn: it may be the reply (a message body).
 			log.Debug("exec agent stdout of a failed command", "stdout", out)
 		}
-		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, &ExitError{Code: code, Stderr: a.redact.stderrEnd(stderr)})
+		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, &ExitError{Code: code, Signal: sig, Stderr: a.redact.stderrEnd(stderr)})
 	default:
 		return unseenOnly(unseen), fmt.Errorf("exec agent: run %s: %w", name, waitErr)
 	}

@@ -502,6 +502,8 @@ func TestRunExitError(t *testing.T) {
 		name       string
 		script     string
 		wantCode   int
+		wantSignal syscall.Signal
+		wantMsg    string // what the error says of how the command ended
 		wantStderr func(string) bool
 		describe   string
 	}{
@@ -509,13 +511,35 @@ func TestRunExitError(t *testing.T) {
 			name:       "exit status and stderr",
 			script:     "echo partial reply\necho 'oops: bad input' >&2\nexit 3",
 			wantCode:   3,
+			wantMsg:    "exit status 3: oops: bad input",
 			wantStderr: func(s string) bool { return s == "oops: bad input\n" },
 			describe:   `"oops: bad input\n"`,
 		},
 		{
+			// It said "exit status 137", which reads as the command's own exit.
 			name:       "killed by a signal",
 			script:     "kill -KILL $$",
 			wantCode:   128 + int(syscall.SIGKILL),
+			wantSignal: syscall.SIGKILL,
+			wantMsg:    "killed by signal 9 (SIGKILL)",
+			wantStderr: func(s string) bool { return s == "" },
+			describe:   "empty",
+		},
+		{
+			name:       "killed by a signal, after stderr",
+			script:     "echo 'segfault ahead' >&2; kill -SEGV $$",
+			wantCode:   128 + int(syscall.SIGSEGV),
+			wantSignal: syscall.SIGSEGV,
+			wantMsg:    "killed by signal 11 (SIGSEGV): segfault ahead",
+			wantStderr: func(s string) bool { return s == "segfault ahead\n" },
+			describe:   `"segfault ahead\n"`,
+		},
+		{
+			// A shell's report of a child it ran that a signal killed: an exit, as it says.
+			name:       "a shell that exits 128 plus a signal's number",
+			script:     "exit 137",
+			wantCode:   137,
+			wantMsg:    "exit status 137",
 			wantStderr: func(s string) bool { return s == "" },
 			describe:   "empty",
 		},
@@ -523,6 +547,7 @@ func TestRunExitError(t *testing.T) {
 			name:     "stderr keeps the last bytes",
 			script:   "head -c 10000 /dev/zero | tr '\\0' x >&2\necho END >&2\nexit 1",
 			wantCode: 1,
+			wantMsg:  "exit status 1: [first ",
 			wantStderr: func(s string) bool {
 				note := fmt.Sprintf("[first %d bytes cut] ", 10004-exec.MaxStderrLogged)
 				return s == note+strings.Repeat("x", exec.MaxStderrLogged-4)+"END\n"
@@ -540,14 +565,14 @@ func TestRunExitError(t *testing.T) {
 			if !errors.As(err, &ee) {
 				t.Fatalf("Run() = %v, %v; want an error wrapping *ExitError", resp, err)
 			}
-			if ee.Code != tc.wantCode {
-				t.Errorf("ExitError.Code = %d, want %d", ee.Code, tc.wantCode)
+			if ee.Code != tc.wantCode || ee.Signal != tc.wantSignal {
+				t.Errorf("ExitError.Code, Signal = %d, %v; want %d, %v", ee.Code, ee.Signal, tc.wantCode, tc.wantSignal)
 			}
 			if !tc.wantStderr(ee.Stderr) {
 				t.Errorf("ExitError.Stderr = %q, want %s", abbrev(ee.Stderr), tc.describe)
 			}
-			if want := fmt.Sprintf("exit status %d", tc.wantCode); !strings.Contains(err.Error(), want) {
-				t.Errorf("Run() error = %q, want it to contain %q", err, want)
+			if want := "exec agent: run /bin/sh: " + tc.wantMsg; !strings.HasPrefix(err.Error(), want) {
+				t.Errorf("Run() error = %q, want it to begin %q", abbrev(err.Error()), want)
 			}
 			if errors.Is(err, exec.ErrTimeout) || errors.Is(err, context.Canceled) {
 				t.Errorf("Run() error = %v, want neither a timeout nor a cancel", err)

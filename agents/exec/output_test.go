@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 
 	gocmp "github.com/google/go-cmp/cmp"
@@ -124,6 +125,8 @@ func TestExitErrorMessage(t *testing.T) {
 	}{
 		{name: "with stderr", err: &ExitError{Code: 2, Stderr: "bad thing\n"}, want: "exit status 2: bad thing"},
 		{name: "without stderr", err: &ExitError{Code: 1}, want: "exit status 1"},
+		{name: "killed", err: &ExitError{Code: 137, Signal: syscall.SIGKILL}, want: "killed by signal 9 (SIGKILL)"},
+		{name: "killed, with stderr", err: &ExitError{Code: 143, Signal: syscall.SIGTERM, Stderr: "bye\n"}, want: "killed by signal 15 (SIGTERM): bye"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
