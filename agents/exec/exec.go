@@ -72,6 +72,12 @@ type Agent struct {
 	withhold []string
 	redact   *redactor // of what a failed command printed, before it is logged
 	log      *slog.Logger
+	// heldOpen, graceKill and replyCut limit the WRN lines of what a command does at every turn
+	// once it does it at all (leaves a process holding its output, ignores SIGTERM, answers at
+	// length) to one a minute (logging.Limiter, with repeats), the others at Debug: a soak's
+	// command that always left a background process wrote a WRN a turn. One of each per agent:
+	// a daemon runs one.
+	heldOpen, graceKill, replyCut logging.Limiter
 
 	mu      sync.Mutex
 	running map[int]struct{} // the process groups of the commands started and not yet reaped
@@ -262,7 +268,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		}
 		killer.Store(time.AfterFunc(a.grace, func() {
 			if syscall.Kill(-pid, syscall.SIGKILL) == nil {
-				a.log.Warn("exec agent killed process group after grace period",
+				a.graceKill.Log(a.log, slog.LevelWarn, "exec agent killed process group after grace period",
 					"command", name, "session", req.Identity.SessionKey, "pid", pid, "grace", a.grace)
 			}
 		}))
@@ -374,12 +380,12 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	case errors.Is(waitErr, osexec.ErrWaitDelay):
 		// The command succeeded but left a process holding stdout or stderr open; the reply
 		// is what it wrote before the pipes were closed.
-		log.Warn("exec agent closed output held open after exit", "grace", a.grace)
+		a.heldOpen.Log(log, slog.LevelWarn, "exec agent closed output held open after exit", "grace", a.grace)
 	case errors.As(waitErr, &ee):
 		if outEnd.cut.Load() || errEnd.cut.Load() {
 			// As after a success: the turn waited kill_grace for it, which its error (the exit
 			// status) does not say.
-			log.Warn("exec agent closed output held open after exit", "grace", a.grace)
+			a.heldOpen.Log(log, slog.LevelWarn, "exec agent closed output held open after exit", "grace", a.grace)
 		}
 		code, sig := ee.ExitCode(), syscall.Signal(0)
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
@@ -397,7 +403,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	resp := &agents.Response{Text: stdout.reply(), Unseen: unseen}
 	if stdout.truncated {
 		// The user sees the cut; the operator hears of it as of a model's (openai agent).
-		log.Warn("exec agent reply cut off: it is longer than agentgate takes", "reply_bytes", MaxReply, "written", stdout.written)
+		a.replyCut.Log(log, slog.LevelWarn, "exec agent reply cut off: it is longer than agentgate takes", "reply_bytes", MaxReply, "written", stdout.written)
 	}
 	log.Debug("exec agent turn done", "reply_bytes", len(resp.Text), "truncated", stdout.truncated)
 	return resp, nil
