@@ -1058,7 +1058,8 @@ func newAgent(cfg *config.Config, log *slog.Logger, countRequest func(result str
 	case "exec":
 		a, err := agentexec.New(agentexec.Config{
 			Command: cfg.Agent.Exec.Command, Timeout: cfg.Agent.Exec.Timeout,
-			KillGrace: cfg.Agent.Exec.KillGrace, History: cfg.Agent.Exec.History, Steer: cfg.Agent.Exec.Steer,
+			KillGrace: cfg.Agent.Exec.KillGrace, History: cfg.Agent.Exec.History, HistoryBytes: cfg.Agent.Exec.HistoryBytes,
+			Steer:    cfg.Agent.Exec.Steer,
 			Withhold: cfg.SecretEnv(), Logger: log.With("component", "agent"),
 		})
 		if err != nil {

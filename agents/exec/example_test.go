@@ -24,7 +24,7 @@ func ExampleEncodeInput() {
 			{Role: "assistant", Text: "hi Ann", At: at.Add(-time.Minute)},
 		},
 	}
-	b, err := exec.EncodeInput(req, 1)
+	b, err := exec.EncodeInput(req, 1, 0)
 	if err != nil {
 		panic(err)
 	}

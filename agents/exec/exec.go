@@ -41,6 +41,11 @@ type Config struct {
 	// History is how many of the most recent history entries go to the command; zero sends
 	// none.
 	History int
+	// HistoryBytes bounds the history sent, in bytes of its JSON on stdin: the oldest of those
+	// History entries are left out first, whole, until the rest fits, and the newest is sent
+	// even when it alone takes more. Zero: no bound. A chat of long replies otherwise sent the
+	// command History of them every turn (20 of 1 MiB: over 20 MiB to hold and write).
+	HistoryBytes int
 	// Dir is the command's working directory; empty means the daemon's.
 	Dir string
 	// Steer declares that the command reads steered messages as JSON lines on stdin while it
@@ -66,8 +71,10 @@ type Agent struct {
 	timeout time.Duration
 	grace   time.Duration
 	history int
-	dir     string
-	steer   bool
+	// historyBytes: see Config.HistoryBytes
+	historyBytes int
+	dir          string
+	steer        bool
 	// withhold: see Config.Withhold
 	withhold []string
 	redact   *redactor // of what a failed command printed, before it is logged
@@ -78,6 +85,8 @@ type Agent struct {
 	// command that always left a background process wrote a WRN a turn. One of each per agent:
 	// a daemon runs one.
 	heldOpen, graceKill, replyCut logging.Limiter
+	// historyCut is set once HistoryBytes left history out of a turn (logged at Info once).
+	historyCut atomic.Bool
 
 	mu      sync.Mutex
 	running map[int]struct{} // the process groups of the commands started and not yet reaped
@@ -105,6 +114,9 @@ func New(c Config) (*Agent, error) {
 	if c.History < 0 {
 		errs = append(errs, fmt.Errorf("exec agent: negative history %d", c.History))
 	}
+	if c.HistoryBytes < 0 {
+		errs = append(errs, fmt.Errorf("exec agent: negative history bytes %d", c.HistoryBytes))
+	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -113,9 +125,11 @@ func New(c Config) (*Agent, error) {
 		timeout: c.Timeout,
 		grace:   c.KillGrace,
 		history: c.History,
-		dir:     c.Dir,
-		steer:   c.Steer,
-		log:     c.Logger,
+
+		historyBytes: c.HistoryBytes,
+		dir:          c.Dir,
+		steer:        c.Steer,
+		log:          c.Logger,
 
 		withhold: slices.DeleteFunc(slices.Clone(c.Withhold), func(s string) bool { return s == "" }),
 		running:  map[int]struct{}{},
@@ -219,9 +233,12 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("exec agent: run %s: %w", name, err)
 	}
-	in, err := EncodeInput(req, a.history)
+	in, sent, leftOut, err := encodeInput(req, a.history, a.historyBytes)
 	if err != nil {
 		return nil, err
+	}
+	if leftOut > 0 {
+		a.logHistoryCut(req.Identity, sent, leftOut)
 	}
 
 	runCtx, cancel := ctx, context.CancelFunc(func() {})
@@ -407,6 +424,19 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	}
 	log.Debug("exec agent turn done", "reply_bytes", len(resp.Text), "truncated", stdout.truncated)
 	return resp, nil
+}
+
+// logHistoryCut logs that HistoryBytes left out the oldest leftOut of the history entries the
+// turn's command would have got, and sent the sent after them: at Debug each turn, and at Info
+// the first time, which tells an operator that the command no longer sees the start of long
+// conversations without a line for every turn of each (as the openai agent's token budget).
+func (a *Agent) logHistoryCut(id identity.Turn, sent, leftOut int) {
+	log := a.log.With("command", a.command[0], "session", id.SessionKey, "turn", id.TurnID)
+	log.Debug("exec agent history trimmed", "left_out", leftOut, "sent", sent, "history_bytes", a.historyBytes)
+	if a.historyCut.CompareAndSwap(false, true) {
+		log.Info("a turn's history left out older entries to fit agent.exec.history_bytes; each turn's cut is logged at debug from now on",
+			"history_bytes", a.historyBytes, "left_out", leftOut, "sent", sent)
+	}
 }
 
 // steerLog is what forwardSteer wrote to a steering command's stdin.

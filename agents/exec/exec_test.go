@@ -203,12 +203,13 @@ func TestNew(t *testing.T) {
 		wantErr bool
 	}{
 		{name: "command", config: exec.Config{Command: []string{"/bin/true"}}},
-		{name: "all fields", config: exec.Config{Command: []string{"/bin/sh", "-c", "true"}, Timeout: time.Second, KillGrace: time.Second, History: 3, Dir: "/"}},
+		{name: "all fields", config: exec.Config{Command: []string{"/bin/sh", "-c", "true"}, Timeout: time.Second, KillGrace: time.Second, History: 3, HistoryBytes: 4096, Dir: "/"}},
 		{name: "no command", config: exec.Config{}, wantErr: true},
 		{name: "empty program", config: exec.Config{Command: []string{""}}, wantErr: true},
 		{name: "negative timeout", config: exec.Config{Command: []string{"/bin/true"}, Timeout: -time.Second}, wantErr: true},
 		{name: "negative grace", config: exec.Config{Command: []string{"/bin/true"}, KillGrace: -time.Second}, wantErr: true},
 		{name: "negative history", config: exec.Config{Command: []string{"/bin/true"}, History: -1}, wantErr: true},
+		{name: "negative history bytes", config: exec.Config{Command: []string{"/bin/true"}, HistoryBytes: -1}, wantErr: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

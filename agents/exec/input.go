@@ -24,8 +24,9 @@ type input struct {
 //	{"identity": {...identity.Turn...}, "messages": [...], "history": [...], "notes": [...]}
 //
 // where history holds only the last history entries of req.History (none when history <= 0),
-// and notes (omitted when empty) are one-line notes from agentgate for this turn, such as the
-// continuity note after a session reset. messages and history are always arrays, never null,
+// and of those only the newest that fit in historyBytes of JSON, each whole, the newest always
+// (Config.HistoryBytes; 0: no bound), and notes (omitted when empty) are one-line notes from
+// agentgate for this turn, such as the continuity note after a session reset. messages and history are always arrays, never null,
 // so a script can iterate them without a check. HTML characters are not escaped.
 //
 // Without steering (Config.Steer false, or no Request.Steer), stdin closes after this line.
@@ -40,14 +41,26 @@ type input struct {
 // left wholly unread in the pipe are reported in Response.Unseen, to run as the next turn. A
 // buffered reader takes the lines behind the one it returns out of the pipe, and their
 // messages count as seen: such a command reads without read-ahead (a byte at a time).
-func EncodeInput(req *agents.Request, history int) ([]byte, error) {
+func EncodeInput(req *agents.Request, history, historyBytes int) ([]byte, error) {
+	b, _, _, err := encodeInput(req, history, historyBytes)
+	return b, err
+}
+
+// encodeInput is EncodeInput, and also returns how many history entries it sent, and how many
+// of the last history entries the byte bound left out.
+func encodeInput(req *agents.Request, history, historyBytes int) (b []byte, sent, leftOut int, err error) {
 	if req == nil {
-		return nil, errors.New("exec agent: encode input: nil request")
+		return nil, 0, 0, errors.New("exec agent: encode input: nil request")
+	}
+	hist := lastN(req.History, history)
+	kept, err := fitBytes(hist, historyBytes)
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("exec agent: encode input: %w", err)
 	}
 	in := input{
 		Identity: req.Identity,
 		Messages: req.Messages,
-		History:  lastN(req.History, history),
+		History:  kept,
 		Notes:    req.Notes,
 	}
 	if in.Messages == nil {
@@ -57,9 +70,35 @@ func EncodeInput(req *agents.Request, history int) ([]byte, error) {
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(in); err != nil { // Encode ends the object with "\n".
-		return nil, fmt.Errorf("exec agent: encode input: %w", err)
+		return nil, 0, 0, fmt.Errorf("exec agent: encode input: %w", err)
 	}
-	return buf.Bytes(), nil
+	return buf.Bytes(), len(kept), len(hist) - len(kept), nil
+}
+
+// fitBytes returns the newest entries of ms whose JSON array, as stdin carries it (brackets and
+// commas included), takes at most limit bytes: the oldest are left out first, whole, and the
+// newest is kept even when it alone takes more (it is most often the reply the new message
+// answers, "shorten that", and one entry is bounded on its own: a reply by MaxReply, a
+// message by its platform). limit <= 0: no bound.
+func fitBytes(ms []agents.Message, limit int) ([]agents.Message, error) {
+	if limit <= 0 || len(ms) == 0 {
+		return ms, nil
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	used := 1 // "[", and "]" or a comma after each entry
+	for i := len(ms) - 1; i >= 0; i-- {
+		buf.Reset()
+		if err := enc.Encode(ms[i]); err != nil {
+			return nil, err
+		}
+		used += buf.Len() // the entry and Encode's "\n", the size of the "]" or "," after it
+		if used > limit && i < len(ms)-1 {
+			return ms[i+1:], nil
+		}
+	}
+	return ms, nil
 }
 
 // steerLine is the shape of one steered message on stdin.

@@ -101,7 +101,7 @@ func TestChildEnv(t *testing.T) {
 
 func TestEncodeInputArrays(t *testing.T) {
 	t.Parallel()
-	b, err := EncodeInput(&agents.Request{}, 5)
+	b, err := EncodeInput(&agents.Request{}, 5, 0)
 	if err != nil {
 		t.Fatalf("EncodeInput(empty request) error = %v, want nil", err)
 	}

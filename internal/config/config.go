@@ -138,6 +138,10 @@ type Exec struct {
 	Command []string      `yaml:"command"`
 	Timeout time.Duration `yaml:"timeout"`
 	History int           `yaml:"history"`
+	// HistoryBytes bounds the history on the command's stdin, in bytes of its JSON: the oldest
+	// entries are left out first, whole, and the newest is sent even when it alone takes more.
+	// 0 means no bound.
+	HistoryBytes int `yaml:"history_bytes"`
 	// KillGrace is how long an interrupted command gets between SIGTERM and SIGKILL.
 	KillGrace time.Duration `yaml:"kill_grace"`
 	// Steer declares that the command reads steered messages as JSON lines on stdin while it

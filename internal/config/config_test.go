@@ -626,6 +626,11 @@ func TestLoadEnv(t *testing.T) {
 			want:    func(c *Config) { c.Agent.Exec.Steer = true },
 		},
 		{
+			name:    "exec history_bytes",
+			environ: []string{"AGENTGATE_AGENT_EXEC_HISTORY_BYTES=0"},
+			want:    func(c *Config) { c.Agent.Exec.HistoryBytes = 0 },
+		},
+		{
 			name: "openai options",
 			environ: []string{"AGENTGATE_AGENT_OPENAI_TEMPERATURE=0.7", "AGENTGATE_AGENT_OPENAI_MAX_TOKENS=512",
 				"AGENTGATE_AGENT_OPENAI_TOKEN_BUDGET=0", "AGENTGATE_AGENT_OPENAI_MAX_BACKOFF=5s"},
@@ -987,8 +992,10 @@ func TestValidate(t *testing.T) {
 		{"exec without command", func(c *Config) { c.Agent.Backend = "exec" }, []string{"agent.exec.command"}},
 		{"negative max_concurrent", func(c *Config) { c.Agent.MaxConcurrent = -1 }, []string{"agent.max_concurrent"}},
 		{"exec with empty argv0", func(c *Config) { c.Agent.Backend = "exec"; c.Agent.Exec.Command = []string{""} }, []string{"agent.exec.command"}},
-		{"exec limits", func(c *Config) { c.Agent.Exec.Timeout = 0; c.Agent.Exec.History = -1; c.Agent.Exec.KillGrace = -1 }, []string{
-			"agent.exec.timeout", "agent.exec.history", "agent.exec.kill_grace",
+		{"exec limits", func(c *Config) {
+			c.Agent.Exec.Timeout, c.Agent.Exec.History, c.Agent.Exec.HistoryBytes, c.Agent.Exec.KillGrace = 0, -1, -1, -1
+		}, []string{
+			"agent.exec.timeout", "agent.exec.history", "agent.exec.history_bytes", "agent.exec.kill_grace",
 		}},
 		{"openai without url and model", func(c *Config) { c.Agent.Backend = "openai" }, []string{"agent.openai.base_url", "agent.openai.model"}},
 		{"openai bad url", func(c *Config) { c.Agent.OpenAI.BaseURL = "api.openai.com/v1" }, []string{"agent.openai.base_url"}},

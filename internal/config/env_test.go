@@ -55,7 +55,11 @@ func TestUnknownEnvSecretVariables(t *testing.T) {
 // AGENTGATE_SESSIONS_QUEUE_CAP=0 read "sessions.queue.cap: 0: must be at least 1" (a
 // walkthrough).
 func TestEnvProblemNamesItsVariable(t *testing.T) {
-	_, err := Load("", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=0"}, nil)
+	_, err := Load("", []string{"AGENTGATE_AGENT_EXEC_HISTORY_BYTES=-1"}, nil)
+	if want := "agent.exec.history_bytes: -1: must not be negative (set by AGENTGATE_AGENT_EXEC_HISTORY_BYTES)"; err == nil || err.Error() != want {
+		t.Errorf("Load(AGENTGATE_AGENT_EXEC_HISTORY_BYTES=-1) error = %v, want %q", err, want)
+	}
+	_, err = Load("", []string{"AGENTGATE_SESSIONS_QUEUE_CAP=0"}, nil)
 	if want := "sessions.queue.cap: 0: must be at least 1 (set by AGENTGATE_SESSIONS_QUEUE_CAP)"; err == nil || err.Error() != want {
 		t.Errorf("Load(AGENTGATE_SESSIONS_QUEUE_CAP=0) error = %v, want %q", err, want)
 	}

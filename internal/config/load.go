@@ -53,7 +53,9 @@ func Default() *Config {
 		Agent: Agent{
 			Backend:       "echo",
 			MaxConcurrent: 32,
-			Exec:          Exec{Timeout: 10 * time.Minute, History: 20, KillGrace: 5 * time.Second},
+			// 1 MiB of history: the size of the longest reply (MaxReply), against the 20 of
+			// them that history: 20 alone let through.
+			Exec: Exec{Timeout: 10 * time.Minute, History: 20, HistoryBytes: 1 << 20, KillGrace: 5 * time.Second},
 			OpenAI: OpenAI{APIKeyEnv: "OPENAI_API_KEY", Timeout: 2 * time.Minute, MaxHistory: 20,
 				TokenBudget: 8000, MaxRetries: 3, MaxBackoff: 30 * time.Second},
 		},

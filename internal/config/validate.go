@@ -148,6 +148,7 @@ func (c *Config) validate() []error {
 	// At least a second: a shorter one (1ns) fails every turn, each with a timeout.
 	atLeast(&v, "agent.exec.timeout", a.Exec.Timeout, minAgentTimeout)
 	atLeast(&v, "agent.exec.history", a.Exec.History, 0)
+	atLeast(&v, "agent.exec.history_bytes", a.Exec.HistoryBytes, 0)
 	atLeast(&v, "agent.exec.kill_grace", a.Exec.KillGrace, 0)
 	if a.Backend == "openai" {
 		v.required("agent.openai.base_url", a.OpenAI.BaseURL != "", "agent.backend", "is openai")
