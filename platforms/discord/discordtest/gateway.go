@@ -54,6 +54,7 @@ type session struct {
 	id      string
 	intents discordgo.Intent
 	seq     int64
+	read    int64        // the highest sequence number a heartbeat of the client's carried
 	log     []dispatched // every dispatch, for replay
 	conn    *conn        // nil while the client is away
 }
@@ -238,9 +239,14 @@ func (s *Server) handleFrame(c *conn, data []byte) {
 	}
 	switch *f.Op {
 	case opHeartbeat:
+		var seq int64 // the last dispatch the client read; null before the first
+		_ = json.Unmarshal(f.D, &seq)
 		s.mu.Lock()
 		s.heartbeats++
 		c.heartbeats++
+		if s.sess != nil && s.sess.conn == c {
+			s.sess.read = max(s.sess.read, seq)
+		}
 		miss := s.missACKs > 0
 		if miss {
 			s.missACKs--

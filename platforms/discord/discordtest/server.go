@@ -664,6 +664,24 @@ func (s *Server) WaitReady(t testing.TB) {
 	s.waitFor(t, s.Ready, func() string { return "a gateway client to identify or resume, and heartbeat" })
 }
 
+// WaitRead waits until the gateway client has read every event dispatched so far: a heartbeat
+// of its carries the last one's sequence number (discordgo keeps an event's as it reads it,
+// and runs the event's handlers next, on the same goroutine). It fails t after WaitTimeout.
+func (s *Server) WaitRead(t testing.TB) {
+	t.Helper()
+	s.mu.Lock()
+	sess := s.sess
+	s.mu.Unlock()
+	if sess == nil {
+		return
+	}
+	s.waitFor(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return sess.read >= sess.seq
+	}, func() string { return "a heartbeat of the client's to carry the last event's sequence number" })
+}
+
 // WaitFor waits until cond returns true. cond is evaluated now and after every change of
 // the Server's state (a request, a gateway event, a connection coming or going), so it must
 // depend only on that state. It fails t after WaitTimeout, naming what.
