@@ -175,6 +175,16 @@ type InboundWaiter interface {
 	WaitInbound(ctx context.Context)
 }
 
+// ErrLetGo is the cause (context.Cause) of a Run ctx that ends because the process lets the
+// platform's connection go while the daemon goes on: a cluster member whose gateway connection
+// was lost, or whose lease on it went with its database connection, gives the lease back for
+// another member to take. Run closes the connection and returns as after a lost connection;
+// what it received is still handed to deliver, with a ctx that a stop ends (WaitInbound), not
+// left as a stop leaves it for the next start's read-back: the member may take the connection
+// again and resume it, and a resume reads nothing back. Another member's read-back of the same
+// message is a duplicate of it (the store's message ids).
+var ErrLetGo = errors.New("platforms: the connection is let go; the daemon does not stop")
+
 // InterruptedMark ends the text of a draft whose turn was cancelled or crashed (EditDraft). An
 // adapter that cuts a draft too long for one message keeps it.
 const InterruptedMark = "\n\n⏹ (interrupted)"

@@ -92,7 +92,13 @@ func (l *leaderPlatform) Run(ctx context.Context, deliver platforms.Deliver) err
 }
 
 // lead waits for the lease, then runs the platform's own Run until ctx ends or the lease is
-// lost; it gives the lease back when it returns.
+// lost; it gives the lease back when it returns. Run's ctx ends then with platforms.ErrLetGo,
+// not as a daemon stop: what the platform received and has not handed on yet (Discord's
+// intake queue, behind a delivery the runtime has not answered) is still delivered. Ended as
+// a stop, it was left for a read-back that never came when this member took the lease again
+// and resumed the gateway session (a resume replays nothing received already): lost without a
+// word. Delivered here while another member holds the lease, a message that member's read-back
+// reads too is a duplicate of it.
 func (l *leaderPlatform) lead(ctx context.Context, deliver platforms.Deliver) error {
 	lost, release, err := l.leases.Lease(ctx, postgres.GatewayLease(l.Name())) // the name its store fences unread clears by
 	if err != nil {
@@ -104,12 +110,12 @@ func (l *leaderPlatform) lead(ctx context.Context, deliver platforms.Deliver) er
 	defer release()
 	l.log.Info("this member holds the gateway connection", "platform", l.Name())
 	l.standby.Store(false)
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(platforms.ErrLetGo)
 	go func() {
 		select {
 		case <-lost:
-			cancel()
+			cancel(platforms.ErrLetGo)
 		case <-runCtx.Done():
 		}
 	}()

@@ -81,7 +81,7 @@ type Platform struct {
 
 	mu       sync.Mutex
 	deliver  platforms.Deliver
-	runCtx   context.Context
+	runCtx   context.Context // ends when the daemon stops, not when a lost connection ends Run (endRun)
 	lastErr  error
 	progress map[string]sendProgress // "key/seq" → how far the send of that outbound got (outbound.go)
 	forgot   time.Time               // when progress was last forgotten for being full; zero for never
@@ -137,6 +137,9 @@ type Platform struct {
 
 	// unhold stops the last Run's ctx from ending a replay's hold when it ends (Run).
 	unhold func() bool
+	// endRun ends runCtx: the daemon stops (Run's ctx ends without platforms.ErrLetGo, or
+	// WaitInbound). Nil before the first Run.
+	endRun context.CancelCauseFunc
 
 	// resumable is set at the first READY: discordgo's every later Open sends RESUME. While
 	// replaying, from the RESUME sent until RESUMED (or the READY of a new gateway session, or
@@ -285,23 +288,32 @@ func (p *Platform) Name() string { return Name }
 // connection drops. A connection Discord refuses for good, at the connect or once live, keeps
 // it down, not ended (stayDown); with Config.ReturnRefusal it ends Run with a *RefusedError.
 func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
+	// The run's ctx (runCtx: the intake's, the backfills') ends when the daemon stops: when
+	// ctx does, unless it ends with platforms.ErrLetGo (a cluster member lets the gateway
+	// connection go, the daemon goes on), and at WaitInbound. Ended with ctx, the messages a
+	// cluster member had queued met a stop, left for a read-back its next RESUME never made.
+	run, end := context.WithCancelCause(context.WithoutCancel(ctx))
 	p.mu.Lock()
-	p.deliver, p.runCtx = deliver, ctx
+	p.deliver, p.runCtx, p.endRun = deliver, run, end
 	if p.unhold != nil {
 		p.unhold() // an earlier Run's ctx no longer ends the hold: this one's does
 	}
 	// A resume's replay cut short by a lost connection stays held (replay.go): the platform
 	// actor runs Run again in the same ctx, and the next RESUME replays the rest. A ctx that
 	// ends (the daemon stops; a cluster member lets the gateway connection go, and another
-	// member's READY reads back instead) hands it on.
-	p.unhold = context.AfterFunc(ctx, p.endReplay)
+	// member may take it) hands it on.
+	p.unhold = context.AfterFunc(ctx, func() {
+		p.stopping(ctx)
+		p.endReplay()
+	})
 	p.mu.Unlock()
 	// The daemon stops: the messages still held or queued meet the stop (handle) before Run
 	// returns, and nothing delivers once the runtime is gone. A lost connection returns at
-	// once: the intake goes on, and the next Run's messages queue behind it (intake.go); a stop
-	// before that Run waits for it all the same (WaitInbound).
+	// once, and so does a connection let go: the intake goes on, and the next Run's messages
+	// queue behind it (intake.go); a stop before that Run waits for it all the same
+	// (WaitInbound).
 	defer func() {
-		if ctx.Err() != nil {
+		if p.stopping(ctx) {
 			p.settle(context.Background())
 		}
 	}()
@@ -344,6 +356,20 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	}
 }
 
+// stopping reports whether ctx, Run's, ended for a daemon stop, not with platforms.ErrLetGo,
+// and then ends the run's ctx (runCtx) at once: what the intake takes from now on meets the
+// stop.
+func (p *Platform) stopping(ctx context.Context) bool {
+	if ctx.Err() == nil || errors.Is(context.Cause(ctx), platforms.ErrLetGo) {
+		return false
+	}
+	p.mu.Lock()
+	end := p.endRun
+	p.mu.Unlock()
+	end(context.Cause(ctx))
+	return true
+}
+
 // serve waits while the gateway connection is up, until ctx ends, which closes it (nil), or
 // the connection is lost (why).
 func (p *Platform) serve(ctx context.Context) error {
@@ -355,7 +381,9 @@ func (p *Platform) serve(ctx context.Context) error {
 		if err := p.s.Close(); err != nil {
 			p.log.Debug("close gateway", logging.Err(err))
 		}
-		p.settle(context.Background()) // before the typing indicators stop: the intake may start one
+		if p.stopping(ctx) {
+			p.settle(context.Background()) // before the typing indicators stop: the intake may start one
+		}
 		return nil
 	case err := <-p.lost:
 		return err

@@ -30,7 +30,10 @@ import (
 // (waitIntake), so that what was queued before the backfill is taken before what it reads back,
 // and no two goroutines deliver at once. When the daemon stops, Run (or WaitInbound, when the
 // stop finds Run not running) waits for it and for the backfills (settle), and each message
-// still queued meets the stop as handle has it meet it (readBackAfterStop, or a notice).
+// still queued meets the stop as handle has it meet it (readBackAfterStop, or a notice). A
+// cluster member that lets the gateway connection go (platforms.ErrLetGo: lost, or its lease
+// lost) is not stopping: its intake goes on delivering, as after a lost connection, for the
+// member may take the connection again and RESUME it, which reads nothing back.
 
 // intakeWarnAt is the length of the intake queue past which the platform warns (a var: tests
 // lower it).
@@ -143,14 +146,17 @@ func (p *Platform) settle(ctx context.Context) {
 // waits for the gateway lease), what the intake and a backfill still hold meets the stop, as
 // it does when the stop finds Run running, before the platform's actor stops. Left to itself,
 // the intake went on delivering after the runtime was gone, or never (the process exited): a
-// new DM's message, which the next start does not read back, was lost without a word.
+// new DM's message, which the next start does not read back, was lost without a word. The
+// run's ctx ends here if Run's did not end it: a cluster member that let the gateway
+// connection go (platforms.ErrLetGo) goes on delivering until its daemon stops.
 func (p *Platform) WaitInbound(ctx context.Context) {
 	p.mu.Lock()
-	ended := p.runCtx.Err() != nil
+	end := p.endRun
 	p.mu.Unlock()
-	if ended {
-		p.settle(ctx)
+	if end != nil {
+		end(context.Canceled)
 	}
+	p.settle(ctx)
 }
 
 // addBackfillLocked counts one more backfill running or waiting. p.mu is held.
