@@ -180,6 +180,33 @@ func TestOpenErrors(t *testing.T) {
 	}
 }
 
+// TestOpenRefusesADatabaseNotInUTF8: a database in another encoding cannot store every chat's
+// text, and the pages of transcripts and of the outbox, cut by their stored bytes, could look
+// complete when they are not: Open refuses it, saying how to make one that works; UTF8 and
+// SQL_ASCII (bytes stored as sent) open.
+func TestOpenRefusesADatabaseNotInUTF8(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct{ encoding, refused string }{
+		{"LATIN1", "the database's encoding is LATIN1"},
+		{"SQL_ASCII", ""},
+		{"UTF8", ""},
+	} {
+		t.Run(tc.encoding, func(t *testing.T) {
+			dsn := pgtest.NewDatabaseWith(t, "ENCODING '"+tc.encoding+"' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+			s, err := Open(ctx, dsn, Options{})
+			if err == nil {
+				s.Close()
+			}
+			switch {
+			case tc.refused == "" && err != nil:
+				t.Errorf("Open(a %s database) = %v, want it open", tc.encoding, err)
+			case tc.refused != "" && (err == nil || !strings.Contains(err.Error(), tc.refused) || !strings.Contains(err.Error(), "--encoding UTF8")):
+				t.Errorf("Open(a %s database) = %v, want it refused: %q, and how to create one in UTF8", tc.encoding, err, tc.refused)
+			}
+		})
+	}
+}
+
 // TestUnavailableWhenTheConnectionsDie: a Commit on a database whose connections were terminated
 // and which accepts no new ones fails every group with persistence.ErrUnavailable, so the
 // persistence actor spools the writes instead of dropping them.

@@ -181,6 +181,10 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 	}
+	if err := checkEncoding(ctx, pool); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
+	}
 	named := where(cfg)
 	if schema != "" {
 		// The schema the store keeps to, which its DSN's search_path may name or not.
@@ -663,4 +667,22 @@ func (s *Store) Close() error {
 	s.lockMu.Unlock()
 	s.pool.Close()
 	return nil
+}
+
+// checkEncoding refuses a database whose encoding is not UTF8 (or SQL_ASCII, which stores the
+// client's UTF-8 bytes as they come). Chats hold any script and emoji, which a LATIN1 or EUC_TW
+// database refuses to store (every such turn's write would fail), and the pages of transcripts
+// and of the outbox are cut by their texts' stored bytes (octet_length), which the daemon
+// counts as UTF-8: in another encoding a page could look complete when it is not.
+func checkEncoding(ctx context.Context, pool *pgxpool.Pool) error {
+	var enc string
+	if err := pool.QueryRow(ctx, "SHOW server_encoding").Scan(&enc); err != nil {
+		return fmt.Errorf("read the database's encoding: %w", err)
+	}
+	if enc == "UTF8" || enc == "SQL_ASCII" {
+		return nil
+	}
+	return fmt.Errorf("the database's encoding is %s, which cannot store every chat's text (most "+
+		"scripts, emoji): create the database with UTF8 (createdb --encoding UTF8 --template template0 …; "+
+		"a database's encoding cannot be changed, its rows can be copied with pg_dump and pg_restore)", enc)
 }

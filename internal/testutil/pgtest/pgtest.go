@@ -78,12 +78,19 @@ func Main(m *testing.M) int {
 // are installed, or if the test binary's TestMain does not call Main.
 func NewDatabase(t testing.TB) string {
 	t.Helper()
+	return NewDatabaseWith(t, "")
+}
+
+// NewDatabaseWith is NewDatabase with options for its CREATE DATABASE statement, such as
+// "ENCODING 'LATIN1' TEMPLATE template0".
+func NewDatabaseWith(t testing.TB, options string) string {
+	t.Helper()
 	s, err := running()
 	if err != nil {
 		t.Fatal(err)
 	}
 	name := fmt.Sprintf("agentgate_test_%d", dbSeq.Add(1))
-	if err := s.exec("CREATE DATABASE " + name); err != nil {
+	if err := s.exec("CREATE DATABASE " + name + " " + options); err != nil {
 		t.Fatalf("create database %s: %v\npostgres log:\n%s", name, err, s.log)
 	}
 	t.Cleanup(func() {
