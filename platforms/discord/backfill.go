@@ -229,7 +229,15 @@ rounds:
 			if gaps {
 				fetch = p.history // the gap read is tried again as a whole (scheduleGapRead)
 			}
-			ms, short, readErr := p.readBack(ctx, fetch, c.channel, c.id, since, p.bot())
+			// Each page goes to the backlog as it is read, where a deletion or an edit that
+			// comes while the later pages are read reaches it (keepRead).
+			p.clearBacklog()
+			collect := func(ctx context.Context, channel, before string) ([]*discordgo.Message, error) {
+				page, err := fetch(ctx, channel, before)
+				p.addBacklog(page)
+				return page, err
+			}
+			ms, short, readErr := p.readBack(ctx, collect, c.channel, c.id, since, p.bot())
 			// left is where the daemon's stop left reading: the message before the first one
 			// the runtime no longer took, which the next start is to read back.
 			left := ""
@@ -252,7 +260,7 @@ rounds:
 				prev := c.id
 				// Handed on one by one from the backlog, where a deletion or an edit that comes
 				// meanwhile reaches them, as it reaches the intake's queue (dropDeleted).
-				p.setBacklog(ms)
+				p.keepRead(ms)
 				for m := p.nextBacklog(); m != nil; m = p.nextBacklog() {
 					if m.Timestamp.Before(since) {
 						if userSaid(m, p.bot()) {
@@ -279,8 +287,8 @@ rounds:
 					}
 					prev = m.ID
 				}
-				p.setBacklog(nil)
 			}
+			p.clearBacklog()
 			// Live messages move the channel's mark past what is left unread: keep the place, so
 			// that the next new gateway session reads from there. A refusal for good (no Read
 			// Message History permission) will not pass, and is not kept.
@@ -334,13 +342,42 @@ rounds:
 	}
 }
 
-// setBacklog makes ms, read back, the backlog the backfill hands on (nextBacklog), and ends the
-// handling of the message in hand.
-func (p *Platform) setBacklog(ms []*discordgo.Message) {
+// clearBacklog empties the backlog the backfill hands on (nextBacklog), and ends the handling
+// of the message in hand.
+func (p *Platform) clearBacklog() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.putDownLocked()
-	p.backlog = slices.Clone(ms)
+	p.backlog = nil
+}
+
+// addBacklog adds a page being read back to the backlog (backfill): deletions and edits reach
+// it while the later pages are read.
+func (p *Platform) addBacklog(page []*discordgo.Message) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.backlog = append(p.backlog, page...)
+}
+
+// keepRead makes ms, what a channel's read back returned, the backlog the backfill hands on
+// (nextBacklog), as the deletions and edits that came while its pages were read left them
+// (addBacklog): a message deleted meanwhile is not handed on, an edited one is as edited.
+// Before, the pages read first waited in the backfill's hands until the last one was read,
+// out of their reach, and a message deleted meanwhile was answered.
+func (p *Platform) keepRead(ms []*discordgo.Message) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.putDownLocked()
+	left := make(map[string]*discordgo.Message, len(p.backlog))
+	for _, m := range p.backlog {
+		left[m.ChannelID+"/"+m.ID] = m
+	}
+	p.backlog = p.backlog[:0]
+	for _, m := range ms {
+		if l, ok := left[m.ChannelID+"/"+m.ID]; ok {
+			p.backlog = append(p.backlog, l)
+		}
+	}
 }
 
 // nextBacklog ends the handling of the message in hand and takes the next one off the backlog;

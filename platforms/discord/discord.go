@@ -120,7 +120,8 @@ type Platform struct {
 	backfilling chan struct{}
 	held        []*discordgo.Message
 	backfillMu  sync.Mutex
-	// backlog are the messages the running backfill read back and has yet to hand on, inHand
+	// backlog are the messages the running backfill read back (a channel's pages as they are
+	// read, then what it returned) and has yet to hand on, inHand
 	// the one it hands on now, and afterHand the withdrawals of inHand's deletion, queued for
 	// the intake once its handling returns (backfill.go): deletions and edits reach them as
 	// they reach the intake's queue (intake.go).

@@ -2,6 +2,7 @@ package discord
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -111,5 +112,55 @@ func TestTypingOutlastsADuplicateOfTheReadBack(t *testing.T) {
 	p.typing.mu.Unlock()
 	if !awaited {
 		t.Error("the typing indicator stopped at the duplicate's acknowledgment, want it running until the turn's reply")
+	}
+}
+
+// TestDeletionReachesAPageReadBefore: a channel's history takes two pages to read back; while
+// the second page is read, its sender deletes a message of the first page and edits another.
+// The deleted message is never handed on, and the edited one is handed on as edited: they were
+// read back, and wait to be handed on, as the backlog's messages do (TestDeletionReachesTheReadBack).
+// Before, the backlog was made of the pages only once the last one was read: the deletion and
+// the edit reached nothing, and the message was answered deleted, the other as first said.
+func TestDeletionReachesAPageReadBefore(t *testing.T) {
+	h := newHeldDelivery()
+	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+	page2 := make(chan struct{})
+	var ms []*discordgo.Message
+	srv, p, _ := readBackWorld(t, h, func(srv *discordtest.Server) {
+		for i := range backfillPageSize + 1 {
+			ms = append(ms, srv.Post(discordtest.UserMessage{ChannelID: recentChannel, Author: alice, Content: fmt.Sprintf("m%d", i)}))
+		}
+		closed := make(chan struct{})
+		close(closed)
+		srv.HoldNext("GET", "/channels/"+recentChannel+"/messages", closed, 1) // the first page: at once
+		srv.HoldNext("GET", "/channels/"+recentChannel+"/messages", page2, 1)
+	})
+	defer func() {
+		select {
+		case <-page2:
+		default:
+			close(page2)
+		}
+	}()
+	srv.WaitFor(t, "the backfill reading the second page", func() bool {
+		return srv.Requests("GET", "/channels/"+recentChannel+"/messages") == 2
+	})
+	gone, changed := ms[len(ms)-1], ms[len(ms)-2] // the newest: on the first page
+	srv.Delete(gone.ID)
+	srv.Edit(changed.ID, "edited")
+	// Events are handled in order: once the live message is held, the deletion and the edit were.
+	srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: alice, Content: "live"})
+	pollFor(t, "the live message held behind the backfill", func() bool { return heldCount(p) == 1 })
+	close(page2)
+	pollFor(t, "the live message delivered", func() bool { texts, _, _ := h.got(); return slices.Contains(texts, "live") })
+	texts, _, _ := h.got()
+	if slices.Contains(texts, gone.Content) {
+		t.Errorf("the message %s (%q) deleted while the backfill read its channel was handed on", gone.ID, gone.Content)
+	}
+	if slices.Contains(texts, changed.Content) || !slices.Contains(texts, "edited") {
+		t.Errorf("the message %s (%q) edited while the backfill read its channel was handed on as first said", changed.ID, changed.Content)
+	}
+	if want := len(ms) - 1 + 1; len(texts) != want {
+		t.Errorf("delivered %d messages, want %d (all read back but the deleted one, and the live one)", len(texts), want)
 	}
 }
