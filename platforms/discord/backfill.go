@@ -223,6 +223,9 @@ func (p *Platform) backfill(gaps bool) {
 rounds:
 	for chans := unreadChans(); len(chans) > 0; chans = unreadChans() {
 		for _, c := range chans {
+			if ctx.Err() != nil {
+				break rounds // the run is over: the next READY reads the rest back
+			}
 			read[c.channel] = true
 			channels++
 			fetch := p.historyRetried
@@ -238,6 +241,17 @@ rounds:
 				return page, err
 			}
 			ms, short, readErr := p.readBack(ctx, collect, c.channel, c.id, since, p.bot())
+			if readErr != nil && ctx.Err() != nil {
+				// The end of the run cut it short (the daemon stops, and waits for the
+				// backfill: settle; or a cluster member lets the gateway go), not Discord:
+				// nothing failed, the places the store keeps stay as they are, and the next
+				// READY (the next start's, or another member's) reads the rest back. Warned of,
+				// with each channel after it read on the cancelled context, it read as
+				// Discord's failure.
+				channels--
+				p.clearBacklog()
+				break rounds
+			}
 			// left is where the daemon's stop left reading: the message before the first one
 			// the runtime no longer took, which the next start is to read back.
 			left := ""
@@ -640,8 +654,8 @@ func (p *Platform) historyRetried(ctx context.Context, channel, before string) (
 	wait := backfillRetryBase
 	for try := 1; ; try++ {
 		ms, err := p.history(ctx, channel, before)
-		if err == nil || try == backfillTries || refusedForGood(err) {
-			return ms, err
+		if err == nil || try == backfillTries || refusedForGood(err) || ctx.Err() != nil {
+			return ms, err // a read the daemon's stop cut short is no failure to try again
 		}
 		p.log.Warn("discord backfill: history read failed; retrying", "channel", channel, "attempt", try, "backoff", wait, logging.Err(err))
 		select {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/agentgate/agentgate/actors"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/agentgate/agentgate/platforms/discord/discordtest"
 )
@@ -108,5 +110,41 @@ func TestStopBetweenRunsWaitsForTheIntake(t *testing.T) {
 	texts, _, late := h.got()
 	if !slices.Equal(texts, []string{"first", "second"}) || len(late) > 0 {
 		t.Errorf("delivered %q, %q of them after the platform actor stopped; want first and second, both before", texts, late)
+	}
+}
+
+// TestStopDuringABackfillsReadsWarnsOfNothing: the daemon stops while a new gateway session's
+// backfill reads the first of two channels (Discord has not answered yet). The stop waits for
+// the backfill (settle), which reads nothing more: no history read failed, and nothing is
+// warned of, as for a backfill the stop met before it read (TestStopSkipsABackfillThatWaitedForTheIntake);
+// the next start reads it all back. Before, the read cut short by the stop was warned of as
+// failed and "retrying", every channel after it was read on the cancelled context and failed
+// the same way, and the backfill warned that it could not read them, as if Discord had failed.
+func TestStopDuringABackfillsReadsWarnsOfNothing(t *testing.T) {
+	const other = "200000000000000002"
+	h := newHeldDelivery()
+	answer := make(chan struct{})
+	defer close(answer) // after the stop: the fake's held handlers end
+	srv, _, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
+		srv.AddGuild(recentGuild, "guild")
+		for _, ch := range []string{recentChannel, other} {
+			srv.AddChannel(discordtest.Channel{ID: ch, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general-" + ch})
+			srv.HoldNext("GET", "/channels/"+ch+"/messages", answer, 1)
+		}
+	}, func(c *Config) {
+		c.Settings.BackfillWindow = time.Hour
+		c.Recent = func(context.Context, time.Time) ([]persistence.ChatMark, error) {
+			return []persistence.ChatMark{
+				{ChatID: recentChannel, ScopeID: recentGuild, MessageID: "1", At: time.Now()},
+				{ChatID: other, ScopeID: recentGuild, MessageID: "2", At: time.Now()},
+			}, nil
+		}
+	})
+	srv.WaitFor(t, "the backfill reading its first channel", func() bool {
+		return srv.Requests("GET", "/channels/"+recentChannel+"/messages")+srv.Requests("GET", "/channels/"+other+"/messages") == 1
+	})
+	stop() // returns once the backfill is over (settle)
+	if s := log.String(); strings.Contains(s, "discord backfill:") {
+		t.Errorf("the backfill the stop cut short warned of failed reads:\n%s", s)
 	}
 }
