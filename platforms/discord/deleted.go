@@ -191,6 +191,11 @@ func (p *Platform) withdrawDeleted(event, channel string, ids []string) []withdr
 			}()
 			taken, err := withdraw(wctx, f.src, f.id)
 			out[i] = withdrawal{taken: taken, err: err}
+			if taken && err == nil {
+				// No reply will answer it: the typing indicator no longer waits for its turn.
+				// Awaited still, it ran on after the last reply until typingMax.
+				p.typing.turnEnded(replyChannel(f.src), []string{f.id})
+			}
 		})
 	}
 	wg.Wait()

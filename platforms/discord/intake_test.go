@@ -3,6 +3,7 @@ package discord
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -340,4 +341,39 @@ func intakeWorldWithARecentChannel(t *testing.T, h *heldDelivery) (*discordtest.
 			return []persistence.ChatMark{{ChatID: recentChannel, ScopeID: recentGuild, MessageID: "1", At: time.Now()}}, nil
 		}
 	})
+}
+
+// TestTypingStopsForAWithdrawnMessage: two messages of a DM start or queue turns (the typing
+// indicator runs for both); the second one's sender deletes it, and the runtime takes it back.
+// The first turn's reply then stops the indicator: the withdrawn message has no turn to wait
+// for. Before, nothing settled it (no reply answers a message taken back), and the indicator
+// ran on after the last reply, renewed every typingEvery, until typingMax: fifteen minutes of
+// "typing…" for nothing.
+func TestTypingStopsForAWithdrawnMessage(t *testing.T) {
+	h := newHeldDelivery()
+	srv, p, _, _ := intakeWorld(t, h)
+	const dm = "300000000000000001"
+	post := func(text string) *discordgo.Message {
+		return srv.Post(discordtest.UserMessage{ChannelID: dm, Author: discordtest.User{ID: "400000000000000001", Username: "alice"}, Content: text})
+	}
+	one := post("one")
+	two := post("two")
+	pollFor(t, "both delivered", func() bool { texts, _, _ := h.got(); return len(texts) == 2 })
+	srv.Delete(two.ID)
+	pollFor(t, "the second withdrawn", func() bool { _, withdrew, _ := h.got(); return slices.Contains(withdrew, two.ID) })
+	pollFor(t, "the intake idle", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.intaking == nil
+	})
+	p.typing.turnEnded(dm, []string{one.ID}) // the first turn's reply (Send)
+	p.typing.mu.Lock()
+	var awaited map[string]int
+	if tp := p.typing.chans[dm]; tp != nil {
+		awaited = maps.Clone(tp.awaited)
+	}
+	p.typing.mu.Unlock()
+	if awaited != nil {
+		t.Errorf("the typing indicator runs on after the last reply, awaiting %v: want it stopped (the other message was withdrawn)", awaited)
+	}
 }

@@ -23,7 +23,8 @@ const (
 // typing runs Discord's typing indicator in a channel while turns for it work: each message
 // that starts or queues a turn is awaited, and a reply that ends a turn settles the messages it
 // answers (a command's answer also answers the messages it dropped; a turn after an interrupt
-// also the interrupted one). The indicator stops when none is awaited.
+// also the interrupted one), and so does the withdrawal of a deleted one (deleted.go), which no
+// reply answers. The indicator stops when none is awaited.
 //
 // A message is awaited before it is delivered (expect) and settled once its delivery is
 // acknowledged (delivered): a fast turn's reply can end the turn before its acknowledgment
