@@ -198,6 +198,9 @@ type Platform struct {
 	// that of event streams whose outbox read failed: clients that never read their streams, or
 	// a database outage under many streams, would log one a stream.
 	slowSubs, replayFails logging.Limiter
+	// pageFails limits the line of transcripts cut short by a page that could not be read: in a
+	// database outage every reader's would log one.
+	pageFails logging.Limiter
 	// conns counts the connections open (countingListener), to tell when the last of
 	// Config.MaxConnections is taken.
 	conns atomic.Int64

@@ -2,6 +2,7 @@ package http
 
 import (
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -73,7 +74,7 @@ func (p *Platform) streamTranscript(w http.ResponseWriter, r *http.Request, s Se
 			if tw == nil {
 				p.writeSessionsError(w, r, "transcript", err)
 			} else if ctx.Err() == nil {
-				p.log.Warn("transcript answer ended early: a page could not be read", "session", key,
+				p.pageFails.Log(p.log, slog.LevelWarn, "transcript answer ended early: a page could not be read", "session", key,
 					"after", req.After, logging.Err(err))
 			}
 			return

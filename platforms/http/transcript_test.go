@@ -162,7 +162,7 @@ func TestTranscriptBadPaging(t *testing.T) {
 
 // TestTranscriptPageFails: an error reading the first page is answered with its status; one
 // reading a later page ends the body early (invalid JSON: the client cannot take it for the
-// whole transcript) and is logged at WARN with the key.
+// whole transcript) and is logged at WARN with the key, once a minute for all readers.
 func TestTranscriptPageFails(t *testing.T) {
 	mustSmallPages(t, 2)
 	for _, tc := range []struct {
@@ -198,6 +198,18 @@ func TestTranscriptPageFails(t *testing.T) {
 			}
 			if want := `level=WARN msg="transcript answer ended early: a page could not be read" platform=http session=` + streamKey; !strings.Contains(logs.String(), want) {
 				t.Errorf("the log has no line %q:\n%s", want, logs)
+			}
+			// Readers cut short again (a database outage under many) log no line each.
+			for range 2 {
+				sessions.mu.Lock()
+				sessions.transcriptReqs = nil
+				sessions.mu.Unlock()
+				if again := h.do("GET", "/v1/sessions/"+streamKey+"/transcript", nil, ""); json.Valid(again.body) {
+					t.Errorf("a transcript cut short again is valid JSON: %s", again.body)
+				}
+			}
+			if n := strings.Count(logs.String(), "level=WARN msg=\"transcript answer ended early"); n != 1 {
+				t.Errorf("%d WARN lines for 3 transcripts cut short, want 1:\n%s", n, logs)
 			}
 		})
 	}
