@@ -85,6 +85,9 @@ type Agent struct {
 	// command that always left a background process wrote a WRN a turn. One of each per agent:
 	// a daemon runs one.
 	heldOpen, graceKill, replyCut logging.Limiter
+	// timeoutStderr and runaway limit, likewise, the lines of a command that times out (the end
+	// of its stderr, beside the turn's failure, itself limited) or prints in a loop at every turn.
+	timeoutStderr, runaway logging.Limiter
 	// historyCut is set once HistoryBytes left history out of a turn (logged at Info once).
 	historyCut atomic.Bool
 
@@ -363,7 +366,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	if errors.Is(context.Cause(runCtx), errRunaway) && ctx.Err() == nil {
 		// It was stopped for its output, not for a cancel or the timeout: the reply is the
 		// output's head, cut as a long one is.
-		log.Warn("exec agent wrote more than agentgate reads; it was stopped, and the first part of its output is the reply",
+		a.runaway.Log(log, slog.LevelWarn, "exec agent wrote more than agentgate reads; it was stopped, and the first part of its output is the reply",
 			"read", MaxOutput, "reply_bytes", MaxReply)
 		return &agents.Response{Text: stdout.reply(), Unseen: unseen}, nil
 	}
@@ -382,7 +385,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			// What it was stuck on, which the error of a timeout does not say. Stdout, which
 			// may be the reply (a message body), only at Debug.
 			if errOut := a.redact.stderrEnd(stderr); errOut != "" {
-				log.Warn("exec agent stderr before its timeout", "stderr", errOut)
+				a.timeoutStderr.Log(log, slog.LevelWarn, "exec agent stderr before its timeout", "stderr", errOut)
 			}
 			if out := a.redact.tail(stdoutTail); out != "" {
 				log.Debug("exec agent stdout before its timeout", "stdout", out)

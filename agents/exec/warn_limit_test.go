@@ -25,21 +25,26 @@ func TestPerTurnWarningsAreLimited(t *testing.T) {
 	const turns = 3
 	for _, tc := range []struct {
 		name, msg, script string
-		cancel            bool // each turn is cancelled once the command has written its pid
+		cancel            bool          // each turn is cancelled once the command has written its pid
+		timeout           time.Duration // agent.exec.timeout, when set
 	}{
 		{"output held open", "exec agent closed output held open after exit",
-			`sh -c 'exec sleep 100' & echo $! > "$1/child.tmp"; mv "$1/child.tmp" "$1/child.pid"; echo done`, false},
+			`sh -c 'exec sleep 100' & echo $! > "$1/child.tmp"; mv "$1/child.tmp" "$1/child.pid"; echo done`, false, 0},
 		{"killed after the grace", "exec agent killed process group after grace period",
-			`trap '' TERM; echo $$ > "$1/pid.tmp"; mv "$1/pid.tmp" "$1/pid"; while :; do sleep 0.1; done`, true},
+			`trap '' TERM; echo $$ > "$1/pid.tmp"; mv "$1/pid.tmp" "$1/pid"; while :; do sleep 0.1; done`, true, 0},
 		{"reply cut off", "exec agent reply cut off: it is longer than agentgate takes",
-			`head -c 1100000 /dev/zero | tr '\0' x`, false},
+			`head -c 1100000 /dev/zero | tr '\0' x`, false, 0},
+		{"stderr before a timeout", "exec agent stderr before its timeout",
+			`echo stuck >&2; exec sleep 100`, false, 300 * time.Millisecond},
+		{"runaway output", "exec agent wrote more than agentgate reads; it was stopped, and the first part of its output is the reply",
+			`exec yes`, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var logs testutil.Buffer
 			log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 			cmd, dir := MustScript(t, tc.script)
-			a := MustNew(t, exec.Config{Command: cmd, KillGrace: 200 * time.Millisecond, Logger: log})
+			a := MustNew(t, exec.Config{Command: cmd, KillGrace: 200 * time.Millisecond, Timeout: tc.timeout, Logger: log})
 			for i := range turns {
 				ctx, cancel := context.WithCancel(t.Context())
 				done := runAsync(ctx, a, request(turn(i+1), "hi"))
