@@ -362,27 +362,8 @@ func TestEveryTurnIsTimed(t *testing.T) {
 // few seconds (a soak of the binary).
 func TestFailedDuplicateChecksAreLoggedOnceAMinute(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		out := &storetest.Outage{}
-		var logs testutil.Buffer
-		w := newManagerWorldWrites(t, echo.New(), func(d *Deps) {
-			d.Log = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
-			d.Store = &readsDown{Store: d.Store, down: &out.Down}
-		}, out.Wrap) // no spool in this world, as a cluster member's: the write is refused
-		w.deliver(t, "m0", "zero")
-		w.awaitTurnEnds(1)
-		out.Down.Store(true)
-		// The client resends the command once the session has started again after each refusal
-		// (its pause: 1, 2, 4, then 8 s), so that each resend's check reads the store.
-		for range 4 {
-			if r := w.deliver(t, "new1", "/new"); r.ErrorCode != "unavailable" {
-				t.Fatalf("/new in the outage: %+v, want unavailable", r)
-			}
-			time.Sleep(10 * time.Second)
-		}
-		time.Sleep(25 * time.Second) // over a minute after the first
-		if r := w.deliver(t, "new1", "/new"); r.ErrorCode != "unavailable" {
-			t.Fatalf("/new a minute later: %+v, want unavailable", r)
-		}
+		logs, key, end := resendNewThroughAnOutage(t, slog.LevelWarn)
+		defer end()
 		var lines []string
 		for l := range strings.SplitSeq(logs.String(), "\n") {
 			if strings.Contains(l, "check a command for a duplicate") {
@@ -393,7 +374,7 @@ func TestFailedDuplicateChecksAreLoggedOnceAMinute(t *testing.T) {
 			t.Fatalf("%d lines of failed duplicate checks, want 2 (the first, then a minute later, counting the 3 between):\n%s", len(lines), logs.String())
 		}
 		for i, want := range [][]string{
-			{"level=WARN", "session=" + w.key, "message_id=new1", "err="},
+			{"level=WARN", "session=" + key, "message_id=new1", "err="},
 			{"message_id=new1", "repeats=3"},
 		} {
 			for _, s := range want {
@@ -402,7 +383,6 @@ func TestFailedDuplicateChecksAreLoggedOnceAMinute(t *testing.T) {
 				}
 			}
 		}
-		out.Down.Store(false)
 	})
 }
 
@@ -430,27 +410,8 @@ func (s *readsDown) FindInbound(ctx context.Context, platform, chatID, messageID
 // once (TestWritesBehindARefusedBeginningAreOutageRefusals).
 func TestRefusedCommandResendsAreLoggedOnceAMinute(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		out := &storetest.Outage{}
-		var logs testutil.Buffer
-		w := newManagerWorldWrites(t, echo.New(), func(d *Deps) {
-			d.Log = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-			d.Store = &readsDown{Store: d.Store, down: &out.Down}
-		}, out.Wrap) // no spool in this world, as a cluster member's: the write is refused
-		w.deliver(t, "m0", "zero")
-		w.awaitTurnEnds(1)
-		out.Down.Store(true)
-		// The client resends the command once the session has started again after each refusal
-		// (its pause: 1, 2, 4, then 8 s).
-		for range 4 {
-			if r := w.deliver(t, "new1", "/new"); r.ErrorCode != "unavailable" {
-				t.Fatalf("/new in the outage: %+v, want unavailable", r)
-			}
-			time.Sleep(10 * time.Second)
-		}
-		time.Sleep(25 * time.Second) // over a minute after the first
-		if r := w.deliver(t, "new1", "/new"); r.ErrorCode != "unavailable" {
-			t.Fatalf("/new a minute later: %+v, want unavailable", r)
-		}
+		logs, _, end := resendNewThroughAnOutage(t, slog.LevelInfo)
+		defer end()
 		for _, tc := range []struct {
 			msg  string
 			want [][]string // each line's
@@ -464,7 +425,7 @@ func TestRefusedCommandResendsAreLoggedOnceAMinute(t *testing.T) {
 				{"level=WARN", `why="the write of /new was refused"`},
 			}},
 		} {
-			lines := linesWith(&logs, tc.msg)
+			lines := linesWith(logs, tc.msg)
 			if len(lines) != len(tc.want) {
 				t.Errorf("%d lines with %s, want %d (the first, then a minute later):\n%s", len(lines), tc.msg, len(tc.want), strings.Join(lines, "\n"))
 				continue
@@ -477,6 +438,35 @@ func TestRefusedCommandResendsAreLoggedOnceAMinute(t *testing.T) {
 				}
 			}
 		}
-		out.Down.Store(false)
 	})
+}
+
+// resendNewThroughAnOutage runs, in t's synctest bubble, a session that answered one message,
+// then a store outage through which a client resends one /new as clients do, once the session
+// has started again after each refusal (its pause: 1, 2, 4, then 8 s), so that each resend's
+// duplicate check reads the store: four times 10 s apart, then once more over a minute after
+// the first. It returns the log at level, the session's key, and end, which ends the outage. No
+// spool in this world, as a cluster member's: each write is refused.
+func resendNewThroughAnOutage(t *testing.T, level slog.Level) (logs *testutil.Buffer, key string, end func()) {
+	t.Helper()
+	out := &storetest.Outage{}
+	logs = &testutil.Buffer{}
+	w := newManagerWorldWrites(t, echo.New(), func(d *Deps) {
+		d.Log = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: level}))
+		d.Store = &readsDown{Store: d.Store, down: &out.Down}
+	}, out.Wrap)
+	w.deliver(t, "m0", "zero")
+	w.awaitTurnEnds(1)
+	out.Down.Store(true)
+	for range 4 {
+		if r := w.deliver(t, "new1", "/new"); r.ErrorCode != "unavailable" {
+			t.Fatalf("/new in the outage: %+v, want unavailable", r)
+		}
+		time.Sleep(10 * time.Second)
+	}
+	time.Sleep(25 * time.Second) // over a minute after the first
+	if r := w.deliver(t, "new1", "/new"); r.ErrorCode != "unavailable" {
+		t.Fatalf("/new a minute later: %+v, want unavailable", r)
+	}
+	return logs, w.key, func() { out.Down.Store(false) }
 }
