@@ -21,7 +21,7 @@ import (
 // session (the first one after a restart, or one identified afresh after Discord refused a
 // RESUME because the session expired) gets nothing of what was said meanwhile: it would be
 // lost without a trace. So the platform keeps, per channel, the newest message it saw there
-// (seeded at the first READY from the store's recent chats, Config.Recent), and on every READY
+// (and at every READY adds the store's recent chats, Config.Recent: seed), and on every READY
 // reads each such channel's history after that message (Get Channel Messages, which needs the
 // Read Message History permission) and handles what it finds exactly like live messages,
 // oldest first, before any live event of the new session (handlers run in order on the
@@ -109,21 +109,23 @@ func (p *Platform) storedSince(channel string, t time.Time) bool {
 	return p.seen[channel].stored.After(t)
 }
 
-// seed fills seen from the store's recent chats, once per process: a thread's parent channel
-// is read too (a mention there opens a new thread).
+// seed adds the store's recent chats to seen, at every READY of a new gateway session: a
+// thread's parent channel is read too (a mention there opens a new thread). A mark only moves
+// forward (noteSeen, noteStored): this process's own are newer where it saw more. In a cluster
+// the gateway moves between members, and the store holds the chats another member took while
+// this one did not hold it; seeded once per process, a member that took the gateway back read
+// none of the chats new to it, and what was said in them while nobody held the gateway was
+// never answered.
 func (p *Platform) seed(ctx context.Context, since time.Time) {
-	p.mu.Lock()
-	done := p.seeded || p.recent == nil
-	p.seeded = true
-	p.mu.Unlock()
-	if done {
+	if p.recent == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, restTimeout)
 	defer cancel()
 	marks, err := p.recent(ctx, since)
 	if err != nil {
-		p.log.Warn("discord backfill: cannot read the recent chats from the store; what was said while the daemon was down is not answered", logging.Err(err))
+		p.log.Warn("discord backfill: cannot read the recent chats from the store; only the chats this process saw are read back, what was said in others while the gateway session was away is not answered",
+			logging.Err(err))
 		return
 	}
 	for _, m := range marks {
@@ -184,8 +186,8 @@ func (p *Platform) backfill(gaps bool) {
 	ctx := p.runCtx
 	p.mu.Unlock()
 	since := p.now().Add(-window)
-	p.seed(ctx, since)
 	if !gaps {
+		p.seed(ctx, since)
 		p.loadUnread(ctx, since)
 	}
 	// The channels to read, in rounds: a message read back may open an auto-thread (handle

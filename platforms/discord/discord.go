@@ -48,8 +48,9 @@ type Config struct {
 	// Logger receives the platform's logs; nil discards them.
 	Logger *slog.Logger
 	// Recent returns the chats the store took a Discord message from since a time, with the
-	// newest one of each: where the first gateway session of the process reads back what was
-	// said while it was down (backfill.go). Nil reads back nothing after a restart.
+	// newest one of each: where every new gateway session reads back what was said while no
+	// gateway session of this process was up (backfill.go), the chats another cluster member
+	// took meanwhile too. Nil reads back only the chats this process saw.
 	Recent func(ctx context.Context, since time.Time) ([]persistence.ChatMark, error)
 	// Unread returns the unread places the store keeps for Discord (persistence.Unread): where
 	// a backfill of this process or an earlier one (a restart, another cluster member) failed
@@ -109,7 +110,6 @@ type Platform struct {
 	roleMisses map[string]time.Time
 	recent     func(context.Context, time.Time) ([]persistence.ChatMark, error)
 	now        func() time.Time
-	seeded     bool // seen was filled from recent (at the first READY)
 
 	// backfills counts the backfills running or waiting (one READY each); while it is above
 	// zero, live messages wait in held, so that a channel's messages are taken in order: what
