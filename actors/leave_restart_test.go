@@ -148,12 +148,7 @@ func TestManagerRestartedWhileItsMemberLeavesRunsAKeyNoMemberTakesBeforeItsDrain
 		}})
 		drained := w.drain()
 		synctest.Wait()
-		boom.Store(true)
-		w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
-		synctest.Wait()
-		if boom.Load() {
-			t.Fatal("the manager did not restart")
-		}
+		w.restartManager(t, &boom)
 		if answered(drained) {
 			t.Fatal("the drain was answered while m1's cancelled call had yet to return")
 		}
@@ -233,12 +228,7 @@ func TestLeavingManagerRestartedWithNoListingSaysWhereTheWorkGoes(t *testing.T) 
 				}})
 				drained := w.drain()
 				synctest.Wait()
-				boom.Store(true)
-				w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
-				synctest.Wait()
-				if boom.Load() {
-					t.Fatal("the manager did not restart")
-				}
+				w.restartManager(t, &boom)
 				fail.Store(true)
 				if tc.recovered {
 					w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &Recover{}})

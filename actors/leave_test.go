@@ -853,11 +853,6 @@ func (w *managerWorld) leaveToASink(t *testing.T) (forwarded chan *Forward, drai
 	synctest.Wait()
 	return forwarded, drained, func() {
 		t.Helper()
-		boom.Store(true)
-		w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
-		synctest.Wait()
-		if boom.Load() {
-			t.Fatal("the manager did not restart")
-		}
+		w.restartManager(t, &boom)
 	}
 }

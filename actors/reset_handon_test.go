@@ -491,12 +491,7 @@ func TestFiledResetHandedOnIsSentAgainAfterTheManagerRestarts(t *testing.T) {
 		}
 
 		// The manager restarts: another chat's request meets a failing placement.
-		boom.Store(true)
-		w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
-		synctest.Wait()
-		if boom.Load() {
-			t.Fatal("the manager did not restart")
-		}
+		w.restartManager(t, &boom)
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		if n := got.Load(); n != 2 {

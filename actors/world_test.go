@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
@@ -165,4 +166,17 @@ func (w *managerWorld) suspendAndPassivate(t *testing.T) (resume func()) {
 	proc.SendSystemMessage(session, &actor.SuspendMailbox{})
 	w.system.Root.Send(w.manager, &passivate{key: w.key, pid: session})
 	return func() { proc.SendSystemMessage(session, &actor.ResumeMailbox{}) }
+}
+
+// restartManager makes the manager fail on a Recover of another key, through boom (which the
+// panicking hook of its world clears as it panics), and waits, in t's synctest bubble, until it
+// has restarted.
+func (w *managerWorld) restartManager(t *testing.T, boom *atomic.Bool) {
+	t.Helper()
+	boom.Store(true)
+	w.system.Root.Send(w.manager, &Routed{Key: "other-key", Msg: &Recover{}})
+	synctest.Wait()
+	if boom.Load() {
+		t.Fatal("the manager did not restart")
+	}
 }
