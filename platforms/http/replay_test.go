@@ -54,13 +54,19 @@ func (s *storeSessions) mustBePagedByBytes(t *testing.T, entryBytes int) {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.pages) == 0 {
-		t.Errorf("the stream read no page of the outbox")
+	mustBeUnder(t, "outbox", s.pages, persistence.OutboxPageBytes+entryBytes)
+}
+
+// mustBeUnder fails the test unless pages (the bytes of texts of each page of the outbox or
+// the transcript read) holds a page, and each below bound (1 MiB and one more entry).
+func mustBeUnder(t *testing.T, what string, pages []int, bound int) {
+	t.Helper()
+	if len(pages) == 0 {
+		t.Errorf("no page of the %s was read", what)
 	}
-	for i, size := range s.pages {
-		if size >= persistence.OutboxPageBytes+entryBytes {
-			t.Errorf("page %d of the outbox held %d bytes of texts, want less than %d (1 MiB and one more reply)",
-				i, size, persistence.OutboxPageBytes+entryBytes)
+	for i, size := range pages {
+		if size >= bound {
+			t.Errorf("page %d of the %s held %d bytes of texts, want less than %d (1 MiB and one more entry)", i, what, size, bound)
 		}
 	}
 }

@@ -41,15 +41,7 @@ func (s *storeSessions) mustReadTranscriptPagedByBytes(t *testing.T, msgBytes in
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.transcriptPages) == 0 {
-		t.Errorf("the handler read no page of the transcript")
-	}
-	for i, size := range s.transcriptPages {
-		if size >= persistence.TranscriptPageBytes+msgBytes {
-			t.Errorf("page %d of the transcript held %d bytes of texts, want less than %d (1 MiB and one more message)",
-				i, size, persistence.TranscriptPageBytes+msgBytes)
-		}
-	}
+	mustBeUnder(t, "transcript", s.transcriptPages, persistence.TranscriptPageBytes+msgBytes)
 	s.transcriptPages = nil
 }
 
