@@ -88,11 +88,7 @@ func TestStopBetweenRunsWaitsForTheIntake(t *testing.T) {
 
 	// Release the held delivery once the stop waits for the intake, or once the actor stopped
 	// without waiting (as before: a failure).
-	waiting := make(chan struct{})
-	var once sync.Once
-	wait := func() { once.Do(func() { close(waiting) }) }
-	stopWait.Store(&wait)
-	t.Cleanup(func() { stopWait.Store(nil) })
+	waiting := stopWaits(t)
 	stopped := make(chan struct{})
 	go func() {
 		_ = system.Root.PoisonFuture(pid).Wait()

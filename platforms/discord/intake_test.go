@@ -219,11 +219,7 @@ func TestStopWaitsForTheIntake(t *testing.T) {
 	})
 	// Release the held delivery once the stop waits for the intake, or once Run returned
 	// without waiting (as before: a failure).
-	waiting := make(chan struct{})
-	var once sync.Once
-	wait := func() { once.Do(func() { close(waiting) }) }
-	stopWait.Store(&wait)
-	t.Cleanup(func() { stopWait.Store(nil) })
+	waiting := stopWaits(t)
 	stopped := make(chan struct{})
 	go func() {
 		stop()
@@ -274,10 +270,7 @@ func TestStopLeavesAQueuedMessageForTheReadBack(t *testing.T) {
 		defer p.mu.Unlock()
 		return len(p.intake) == 1
 	})
-	var once sync.Once
-	wait := func() { once.Do(func() { close(h.release) }) }
-	stopWait.Store(&wait)
-	t.Cleanup(func() { stopWait.Store(nil) })
+	onStopWait(t, func() { close(h.release) })
 	stop()
 	if s := log.String(); strings.Contains(s, "unknown channel") || !strings.Contains(s, "discord message not taken while stopping; the next start reads it back") ||
 		!strings.Contains(s, "message_id="+second.ID) {
@@ -309,10 +302,7 @@ func TestStopSkipsABackfillThatWaitedForTheIntake(t *testing.T) {
 		defer p.mu.Unlock()
 		return p.backfills == 1
 	})
-	var once sync.Once
-	wait := func() { once.Do(func() { close(h.release) }) }
-	stopWait.Store(&wait)
-	t.Cleanup(func() { stopWait.Store(nil) })
+	onStopWait(t, func() { close(h.release) })
 	stop()
 	pollFor(t, "the backfill over (after its lines)", func() bool {
 		p.mu.Lock()
@@ -376,4 +366,21 @@ func TestTypingStopsForAWithdrawnMessage(t *testing.T) {
 	if awaited != nil {
 		t.Errorf("the typing indicator runs on after the last reply, awaiting %v: want it stopped (the other message was withdrawn)", awaited)
 	}
+}
+
+// stopWaits returns a channel closed once a stop starts to wait for a running intake or
+// backfill (stopWait), for the rest of t.
+func stopWaits(t *testing.T) <-chan struct{} {
+	waiting := make(chan struct{})
+	onStopWait(t, func() { close(waiting) })
+	return waiting
+}
+
+// onStopWait calls f, once, as a stop starts to wait for a running intake or backfill
+// (stopWait), for the rest of t.
+func onStopWait(t *testing.T, f func()) {
+	var once sync.Once
+	wait := func() { once.Do(f) }
+	stopWait.Store(&wait)
+	t.Cleanup(func() { stopWait.Store(nil) })
 }
