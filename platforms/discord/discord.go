@@ -82,7 +82,7 @@ type Platform struct {
 
 	mu       sync.Mutex
 	deliver  platforms.Deliver
-	runCtx   context.Context // ends when the daemon stops, not when a lost connection ends Run (endRun)
+	runCtx   context.Context // ends when the daemon stops, not when a lost connection ends Run (endRun); one for every Run until then
 	lastErr  error
 	progress map[string]sendProgress // "key/seq" → how far the send of that outbound got (outbound.go)
 	forgot   time.Time               // when progress was last forgotten for being full; zero for never
@@ -293,9 +293,16 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	// ctx does, unless it ends with platforms.ErrLetGo (a cluster member lets the gateway
 	// connection go, the daemon goes on), and at WaitInbound. Ended with ctx, the messages a
 	// cluster member had queued met a stop, left for a read-back its next RESUME never made.
-	run, end := context.WithCancelCause(context.WithoutCancel(ctx))
+	// It is one for the Runs until a stop ends it: the backfill, the intake's delivery and the
+	// gap read an earlier Run started go on with it after a lost connection, and a stop ends
+	// them too. Made anew for each Run, a stop ended the last Run's only: a backfill of the one
+	// before read on, and Run's stop waited for it, while it delivered after the runtime had
+	// gone.
 	p.mu.Lock()
-	p.deliver, p.runCtx, p.endRun = deliver, run, end
+	if p.endRun == nil || p.runCtx.Err() != nil {
+		p.runCtx, p.endRun = context.WithCancelCause(context.WithoutCancel(ctx))
+	}
+	p.deliver = deliver
 	if p.unhold != nil {
 		p.unhold() // an earlier Run's ctx no longer ends the hold: this one's does
 	}

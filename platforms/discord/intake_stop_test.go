@@ -144,3 +144,50 @@ func TestStopDuringABackfillsReadsWarnsOfNothing(t *testing.T) {
 		t.Errorf("the backfill the stop cut short warned of failed reads:\n%s", s)
 	}
 }
+
+// TestStopEndsTheBackfillOfAnEarlierRun: a gateway session's backfill reads a channel (Discord
+// has not answered yet) when the connection is lost; the platform is run again in the same
+// ctx, as the platform actor does, and resumes; then the daemon stops. The stop ends that
+// backfill as it ends one of the running Run's (TestStopDuringABackfillsReadsWarnsOfNothing):
+// Run returns while the read is still unanswered. Before, each Run made a run ctx of its own
+// and a stop ended only the last one: the earlier Run's backfill read on, every channel and
+// its pages, Run's stop waited for it without a bound, and what it read back was delivered
+// after the runtime had stopped (the platform actor gives up its wait after runStopWait).
+func TestStopEndsTheBackfillOfAnEarlierRun(t *testing.T) {
+	h := newHeldDelivery()
+	answer := make(chan struct{})
+	var closeAnswer sync.Once
+	release := func() { closeAnswer.Do(func() { close(answer) }) }
+	defer release() // after the stop: the fake's held handler ends
+	srv, _, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
+		srv.AddGuild(recentGuild, "guild")
+		srv.AddChannel(discordtest.Channel{ID: recentChannel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+		srv.HoldNext("GET", "/channels/"+recentChannel+"/messages", answer, 1)
+	}, func(c *Config) {
+		c.Settings.BackfillWindow = time.Hour
+		c.Recent = func(context.Context, time.Time) ([]persistence.ChatMark, error) {
+			return []persistence.ChatMark{{ChatID: recentChannel, ScopeID: recentGuild, MessageID: "1", At: time.Now()}}, nil
+		}
+	})
+	srv.WaitFor(t, "the backfill reading its channel", func() bool {
+		return srv.Requests("GET", "/channels/"+recentChannel+"/messages") == 1
+	})
+	srv.Disconnect() // Run returns; it runs again and resumes
+	srv.WaitFor(t, "the gateway session resumed", func() bool { return srv.Resumes() > 0 && srv.Ready() })
+
+	stopped := make(chan struct{})
+	go func() {
+		stop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second): // a deadline for the failure, not a wait for an effect
+		t.Error("Run's stop waits for the backfill of the Run before it, which reads on")
+		release()
+		<-stopped
+	}
+	if s := log.String(); strings.Contains(s, "discord backfill:") {
+		t.Errorf("the backfill the stop cut short warned of failed reads:\n%s", s)
+	}
+}
