@@ -136,8 +136,11 @@ type Platform struct {
 	intaking     chan struct{}
 	intakeWarned bool
 
-	// unhold stops the last Run's ctx from ending a replay's hold when it ends (Run).
+	// unhold stops the last Run's ctx from ending a replay's hold when it ends (Run); runs
+	// counts the Runs started, so that the end of an earlier one's ctx, run on its own
+	// goroutine, ends no hold of a later one's (endReplayOf).
 	unhold func() bool
+	runs   int
 	// endRun ends runCtx: the daemon stops (Run's ctx ends without platforms.ErrLetGo, or
 	// WaitInbound). Nil before the first Run.
 	endRun context.CancelCauseFunc
@@ -310,9 +313,19 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	// actor runs Run again in the same ctx, and the next RESUME replays the rest. A ctx that
 	// ends (the daemon stops; a cluster member lets the gateway connection go, and another
 	// member may take it) hands it on.
+	// An earlier Run's ctx that ends late (a cluster member's, with platforms.ErrLetGo, once
+	// that Run returned) no longer has the hold: this Run's replay is another, and handed on at
+	// the end of the earlier ctx, it met its own deletions and edits too late.
+	p.runs++
+	run := p.runs
 	p.unhold = context.AfterFunc(ctx, func() {
 		p.stopping(ctx)
-		p.endReplay()
+		end := func() { p.endReplayOf(run) }
+		if f := runEnded.Load(); f != nil {
+			(*f)(end)
+			return
+		}
+		end()
 	})
 	p.mu.Unlock()
 	// The daemon stops: the messages still held or queued meet the stop (handle) before Run

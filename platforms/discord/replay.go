@@ -1,6 +1,8 @@
 package discord
 
 import (
+	"sync/atomic"
+
 	"github.com/bwmarrin/discordgo"
 )
 
@@ -41,6 +43,30 @@ func (p *Platform) beginReplay() {
 func (p *Platform) endReplay() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.endReplayLocked()
+}
+
+// runEnded, when set, is called with the end of a Run's ctx's hand-on of a replay's hold
+// (endReplayOf), to run it (tests: a goroutine that runs late).
+var runEnded atomic.Pointer[func(end func())]
+
+// endReplayOf ends the hold of a replay as endReplay does, when Run's ctx ends, unless a
+// later Run than run has started: the hold is then that Run's (its RESUME's), which its own
+// end, RESUMED or READY hands on. The ctx of a cluster member's Run ends once the Run has
+// returned (platforms.ErrLetGo), and the AfterFunc that hands the hold on runs on its own
+// goroutine: run late, past the next Run's RESUME, it handed that replay's messages on before
+// the deletions and edits the replay brought after them.
+func (p *Platform) endReplayOf(run int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.runs != run {
+		return
+	}
+	p.endReplayLocked()
+}
+
+// endReplayLocked is endReplay with p.mu held.
+func (p *Platform) endReplayLocked() {
 	p.replaying = false
 	if p.backfills > 0 {
 		return
