@@ -56,7 +56,9 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 	var admitted, taken bool
 	tell := func(channelID, ref, text string) {
 		if !told {
-			p.tellUser(ctx, channelID, ref, text)
+			nctx, cancel := noticeCtx(ctx)
+			defer cancel()
+			p.tellUser(nctx, channelID, ref, text)
 		}
 	}
 	defer func() {
@@ -88,9 +90,9 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 	}
 	if ctx.Err() != nil && p.readBackAfterStop(ctx, ctx.Err(), m.ChannelID) {
 		// The run is over (the daemon stops): a message still queued for the intake meets the
-		// stop here. The runtime takes nothing now, and the lookups and the notice below would
-		// fail on ctx: a channel the state does not hold was logged at ERR as unknown, and its
-		// sender was to be told to send it again, though the next start answers it.
+		// stop here. The runtime takes nothing now, and the lookups below would fail on ctx: a
+		// channel the state does not hold was logged at ERR as unknown, and its sender was to
+		// be told to send it again, though the next start answers it.
 		p.log.Info("discord message not taken while stopping; the next start reads it back", "channel", m.ChannelID, "message_id", m.ID)
 		return true
 	}
@@ -246,6 +248,23 @@ const (
 // that reads such a message back with the bot's notice replying to it does not take it
 // (askedAgain), as its sender was asked to send it again.
 var notTakenNotices = []string{queueFullNotice, drainingNotice, unstoredNotice, unknownChannelNotice, panicNotice}
+
+// stopNoticeTimeout bounds the post of a notice about a message a stop met (noticeCtx): a
+// few seconds, well within the platform actor's wait for a stopping Run (10 s).
+const stopNoticeTimeout = 3 * time.Second
+
+// noticeCtx is the context a notice about a message not taken is posted on, given the run's
+// ctx: that ctx while the run goes on; once a stop has ended it, one the stop does not end,
+// bounded by stopNoticeTimeout. A message the stop meets that the next start does not read
+// back (a new DM: readBackAfterStop) is turned away by the stopping runtime, and its notice
+// is all its sender gets: posted on the ended run's ctx, it failed, and the message was lost
+// without a word.
+func noticeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Err() == nil {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), stopNoticeTimeout)
+}
 
 // tellUser posts a short, non-durable answer about a message that was not taken.
 func (p *Platform) tellUser(ctx context.Context, channelID, ref, text string) {

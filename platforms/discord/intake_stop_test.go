@@ -191,3 +191,47 @@ func TestStopEndsTheBackfillOfAnEarlierRun(t *testing.T) {
 		t.Errorf("the backfill the stop cut short warned of failed reads:\n%s", s)
 	}
 }
+
+// TestStopTellsANewDMsSenderToSendAgain: the daemon stops while a delivery is held, with a
+// message of a new DM (a chat the store took nothing from: the next start does not read it
+// back) and one of a chat the store took a message from just now queued behind it; the
+// stopping runtime turns both away. The new DM's sender is told to send it again, in a reply
+// to the message; the other chat's is not (the next start reads it back and answers it).
+// Before, the notice was posted on the run's context, which the stop had ended: the post
+// failed with a WRN, and the new DM's message was lost without a word to its sender.
+func TestStopTellsANewDMsSenderToSendAgain(t *testing.T) {
+	const knownDM, newDM = "300000000000000001", "300000000000000002"
+	h := newHeldDelivery()
+	srv, p, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
+		srv.AddChannel(discordtest.Channel{ID: newDM, Type: discordgo.ChannelTypeDM})
+	}, func(c *Config) { c.Settings.BackfillWindow = time.Hour })
+	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+	bob := discordtest.User{ID: "400000000000000002", Username: "bob"}
+	srv.Post(discordtest.UserMessage{ChannelID: knownDM, Author: alice, Content: "first"}) // taken once released
+	<-h.started
+	fresh := srv.Post(discordtest.UserMessage{ChannelID: newDM, Author: bob, Content: "hello, first time"})
+	known := srv.Post(discordtest.UserMessage{ChannelID: knownDM, Author: alice, Content: "and then"})
+	pollFor(t, "both queued behind the held delivery", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.intake) == 2
+	})
+	onStopWait(t, func() {
+		h.drain()
+		close(h.release)
+	})
+	stop() // returns once the intake has handed the queue on (settle)
+	sent := srv.Sent(newDM)
+	if len(sent) != 1 || sent[0].Content != drainingNotice || sent[0].MessageReference == nil || sent[0].MessageReference.MessageID != fresh.ID {
+		t.Errorf("the bot posted %d messages in the new DM, want the notice to send it again replying to %s:\n%s", len(sent), fresh.ID, log.String())
+	}
+	if s := log.String(); strings.Contains(s, "its author is not told") {
+		t.Errorf("a notice failed:\n%s", s)
+	}
+	if sent := srv.Sent(knownDM); len(sent) > 0 {
+		t.Errorf("told %s's sender %q, want nothing: the next start reads it back", known.ID, sent[0].Content)
+	}
+	if s := log.String(); !strings.Contains(s, "discord message not taken while stopping; the next start reads it back") || !strings.Contains(s, "message_id="+known.ID) {
+		t.Errorf("the known chat's message is not left for the read-back:\n%s", s)
+	}
+}

@@ -22,7 +22,8 @@ import (
 
 // heldDelivery is a runtime whose delivery of a message whose text is "first" waits until
 // release is closed; it records the texts it was handed, in order, and the withdrawals. A
-// message handed on again is acknowledged as a duplicate, as the runtime does.
+// message handed on again is acknowledged as a duplicate, as the runtime does. Once drain is
+// called, it turns away what it is handed (platforms.ErrDraining), as a stopping runtime does.
 type heldDelivery struct {
 	release  chan struct{}
 	started  chan struct{} // closed when the delivery of "first" starts
@@ -32,6 +33,7 @@ type heldDelivery struct {
 	late     []string // texts handed on after Run returned
 	withdrew []string
 	ids      map[string]bool // the message ids handed on
+	draining bool
 }
 
 func newHeldDelivery() *heldDelivery {
@@ -48,7 +50,11 @@ func (h *heldDelivery) deliver(_ context.Context, in *platforms.Inbound) (*platf
 	}
 	again := h.ids[in.MessageID]
 	h.ids[in.MessageID] = true
+	draining := h.draining
 	h.mu.Unlock()
+	if draining {
+		return nil, platforms.ErrDraining
+	}
 	if again {
 		return &platforms.Ack{Disposition: platforms.Duplicate}, nil
 	}
@@ -57,6 +63,13 @@ func (h *heldDelivery) deliver(_ context.Context, in *platforms.Inbound) (*platf
 		<-h.release
 	}
 	return &platforms.Ack{Disposition: platforms.Started}, nil
+}
+
+// drain makes the runtime turn away what it is handed from now on.
+func (h *heldDelivery) drain() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.draining = true
 }
 
 func (h *heldDelivery) withdraw(_ context.Context, _ identity.Source, id string) (bool, error) {
