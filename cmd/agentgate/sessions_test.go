@@ -644,22 +644,7 @@ func TestSessionsReset(t *testing.T) {
 	t.Run("one that an automatic reset began is ended, though nothing was said in it", func(t *testing.T) {
 		// Its first turn would be told to continue the session the idle reset ended: a reset
 		// asks for a start afresh (a review's finding), as the daemon's does.
-		dir := MustSeedSessions(t)
-		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatalf("sqlite.Open: %v", err)
-		}
-		storetest.MustCommit(t, st,
-			&persistence.EndSession{SessionID: "sa2", Reason: persistence.EndIdle, At: sessAt(39)},
-			&persistence.CreateSession{Session: persistence.Session{
-				ID: "sa3", Key: keyA, Platform: "http", ChatType: "dm", ChatID: "alice", UserID: "alice",
-				StartedAt: sessAt(40), LastActivityAt: sessAt(40), PrevSessionID: "sa2", Epoch: 1,
-			}},
-			&persistence.PutRoute{Route: persistence.Route{Key: keyA, SessionID: "sa3", Generation: 3, UpdatedAt: sessAt(40)}},
-		)
-		if err := st.Close(); err != nil {
-			t.Fatal(err)
-		}
+		dir := seedSA3(t, persistence.EndIdle, 40)
 		out, errOut := MustRunSessions(t, "reset", "--data-dir", dir, keyA)
 		if want := "ended session sa3 of " + keyA + " (reset_command)\n"; out != want || errOut != "" {
 			t.Errorf("reset of a session an idle reset began: stdout = %q, stderr = %q, want %q", out, errOut, want)
@@ -669,32 +654,18 @@ func TestSessionsReset(t *testing.T) {
 		// As the daemon's reset leaves it: a session a reset began, holding only a notice and
 		// an exchange /undo took back, is no conversation yet. Ending it would have a second
 		// reset of the key claim nothing was left to end ("already ended").
-		dir := MustSeedSessions(t)
-		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-		if err != nil {
-			t.Fatalf("sqlite.Open: %v", err)
-		}
 		at := func(seq int64, role, status string) *persistence.AppendMessage {
 			return &persistence.AppendMessage{Message: persistence.Message{
 				SessionID: "sa3", Seq: seq, Role: role, Content: "x", Platform: "http", ChatID: "alice",
 				UserID: "alice", Status: status, Active: true, CreatedAt: sessAt(40 + int(seq)),
 			}}
 		}
-		storetest.MustCommit(t, st,
-			&persistence.EndSession{SessionID: "sa2", Reason: persistence.EndResetCommand, At: sessAt(39)},
-			&persistence.CreateSession{Session: persistence.Session{
-				ID: "sa3", Key: keyA, Platform: "http", ChatType: "dm", ChatID: "alice", UserID: "alice",
-				StartedAt: sessAt(40), LastActivityAt: sessAt(43), PrevSessionID: "sa2", Epoch: 1,
-			}},
-			&persistence.PutRoute{Route: persistence.Route{Key: keyA, SessionID: "sa3", Generation: 3, UpdatedAt: sessAt(40)}},
+		dir := seedSA3(t, persistence.EndResetCommand, 43,
 			at(1, persistence.RoleNotice, persistence.StatusDone),
 			at(2, persistence.RoleUser, persistence.StatusDone),
 			at(3, persistence.RoleAssistant, persistence.StatusDone),
 			&persistence.ArchiveMessages{SessionID: "sa3", Seqs: []int64{2, 3}},
 		)
-		if err := st.Close(); err != nil {
-			t.Fatal(err)
-		}
 		for range 2 {
 			out, errOut := MustRunSessions(t, "reset", "--data-dir", dir, keyA)
 			if want := "session sa3 of " + keyA + " holds no conversation yet (commands and notices do not count): left as it is\n"; out != want || errOut != "" {
@@ -719,23 +690,7 @@ func TestSessionsReset(t *testing.T) {
 			&persistence.SetQueueMode{SessionID: "sa3", Mode: "steer"},
 			&persistence.SetTitle{SessionID: "sa3", Title: "plans"},
 		} {
-			dir := MustSeedSessions(t)
-			st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
-			if err != nil {
-				t.Fatalf("sqlite.Open: %v", err)
-			}
-			storetest.MustCommit(t, st,
-				&persistence.EndSession{SessionID: "sa2", Reason: persistence.EndResetCommand, At: sessAt(39)},
-				&persistence.CreateSession{Session: persistence.Session{
-					ID: "sa3", Key: keyA, Platform: "http", ChatType: "dm", ChatID: "alice", UserID: "alice",
-					StartedAt: sessAt(40), LastActivityAt: sessAt(41), PrevSessionID: "sa2", Epoch: 1,
-				}},
-				&persistence.PutRoute{Route: persistence.Route{Key: keyA, SessionID: "sa3", Generation: 3, UpdatedAt: sessAt(40)}},
-				set,
-			)
-			if err := st.Close(); err != nil {
-				t.Fatal(err)
-			}
+			dir := seedSA3(t, persistence.EndResetCommand, 41, set)
 			out, errOut := MustRunSessions(t, "reset", "--data-dir", dir, keyA)
 			if want := "ended session sa3 of " + keyA + " (reset_command)\n"; out != want || errOut != "" {
 				t.Errorf("reset of a session with %T: stdout = %q, stderr = %q, want %q and nothing", set, out, errOut, want)
@@ -1133,4 +1088,28 @@ func TestSessionsListPrintsAPageAtATime(t *testing.T) {
 			}
 		})
 	}
+}
+
+// seedSA3 seeds the sessions (MustSeedSessions), then ends keyA's session sa2 for reason and
+// routes keyA to a session sa3 it began, last active at sessAt(lastActive), with ops after; it
+// returns the data directory.
+func seedSA3(t *testing.T, reason string, lastActive int, ops ...persistence.Op) string {
+	t.Helper()
+	dir := MustSeedSessions(t)
+	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "agentgate.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatalf("sqlite.Open: %v", err)
+	}
+	storetest.MustCommit(t, st, append([]persistence.Op{
+		&persistence.EndSession{SessionID: "sa2", Reason: reason, At: sessAt(39)},
+		&persistence.CreateSession{Session: persistence.Session{
+			ID: "sa3", Key: keyA, Platform: "http", ChatType: "dm", ChatID: "alice", UserID: "alice",
+			StartedAt: sessAt(40), LastActivityAt: sessAt(lastActive), PrevSessionID: "sa2", Epoch: 1,
+		}},
+		&persistence.PutRoute{Route: persistence.Route{Key: keyA, SessionID: "sa3", Generation: 3, UpdatedAt: sessAt(40)}},
+	}, ops...)...)
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
