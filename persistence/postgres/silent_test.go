@@ -272,12 +272,8 @@ func (p *silencer) silence() {
 // go (a single daemon's writes spooled, a member's refused, until the next check took it again),
 // and another daemon could take it meanwhile.
 func TestPingWhoseCallerGaveUpKeepsTheLock(t *testing.T) {
-	dsn := pgtest.NewDatabase(t)
+	s, dsn := openUnchecked(t)
 	ctx := context.Background()
-	s, err := Open(ctx, dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer s.Close()
 	gone, cancel := context.WithCancel(ctx)
 	cancel()
@@ -302,11 +298,7 @@ func TestPingWhoseCallerGaveUpKeepsTheLock(t *testing.T) {
 // check's interval (5 s by default, an hour here), at the end of a daemon's stop in the
 // outage, and a retake runs each second while the lock is lost.
 func TestCloseEndsALockRetakeTheServerDoesNotAnswer(t *testing.T) {
-	dsn := pgtest.NewDatabase(t)
-	s, err := Open(context.Background(), dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, _ := openUnchecked(t)
 	dir, dialled, hangUp := newHole(t, s.lockCfg.Port)
 	defer hangUp()
 	// The lock's connection is lost, and the server is now behind a partition.
@@ -389,12 +381,8 @@ func newHole(t *testing.T, port uint16) (dir string, dialled <-chan struct{}, ha
 // the check finds it lost. Before, every commit (the persistence actor's whole batch, all
 // chats) waited for the check in progress: a round trip at every check, the whole timeout here.
 func TestLockCheckHoldsNoCommit(t *testing.T) {
-	dsn := pgtest.NewDatabase(t)
+	s, dsn := openUnchecked(t)
 	ctx := context.Background()
-	s, err := Open(ctx, dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer s.Close()
 	// The lock's connection alone goes through a silencer: the lock is let go, and taken again
 	// there.
@@ -454,12 +442,8 @@ func TestLockCheckHoldsNoCommit(t *testing.T) {
 // spools it, a member refuses it and its sessions hold the results. Before, every commit
 // waited for the retake in progress, and then was refused all the same.
 func TestLockRetakeHoldsNoCommit(t *testing.T) {
-	dsn := pgtest.NewDatabase(t)
+	s, _ := openUnchecked(t)
 	ctx := context.Background()
-	s, err := Open(ctx, dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer s.Close()
 	dir, dialled, hangUp := newHole(t, s.lockCfg.Port)
 	defer hangUp() // first: the retake ends before Close
@@ -484,4 +468,16 @@ func TestLockRetakeHoldsNoCommit(t *testing.T) {
 		hangUp() // the retake's connection ends: the commit goes on
 		t.Errorf("a commit waited for a retake of the lost lock: %v", (<-committed)[0])
 	}
+}
+
+// openUnchecked opens an exclusive store on a fresh database, whose lock it checks only hourly
+// (the test drives the checks), and returns it with the database's dsn.
+func openUnchecked(t *testing.T) (*Store, string) {
+	t.Helper()
+	dsn := pgtest.NewDatabase(t)
+	s, err := Open(context.Background(), dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, dsn
 }
