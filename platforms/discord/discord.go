@@ -144,6 +144,12 @@ type Platform struct {
 	// endRun ends runCtx: the daemon stops (Run's ctx ends without platforms.ErrLetGo, or
 	// WaitInbound). Nil before the first Run.
 	endRun context.CancelCauseFunc
+	// stopNotices is the context the notices about the messages a stop met are posted on,
+	// for the run's ctx of that stop (of): one bound for them all (noticeCtx).
+	stopNotices struct {
+		of, ctx context.Context
+		cancel  context.CancelFunc
+	}
 
 	// resumable is set at the first READY: discordgo's every later Open sends RESUME. While
 	// replaying, from the RESUME sent until RESUMED (or the READY of a new gateway session, or

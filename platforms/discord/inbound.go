@@ -56,9 +56,7 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 	var admitted, taken bool
 	tell := func(channelID, ref, text string) {
 		if !told {
-			nctx, cancel := noticeCtx(ctx)
-			defer cancel()
-			p.tellUser(nctx, channelID, ref, text)
+			p.tellUser(p.noticeCtx(ctx), channelID, ref, text)
 		}
 	}
 	defer func() {
@@ -249,21 +247,33 @@ const (
 // (askedAgain), as its sender was asked to send it again.
 var notTakenNotices = []string{queueFullNotice, drainingNotice, unstoredNotice, unknownChannelNotice, panicNotice}
 
-// stopNoticeTimeout bounds the post of a notice about a message a stop met (noticeCtx): a
-// few seconds, well within the platform actor's wait for a stopping Run (10 s).
+// stopNoticeTimeout bounds the posts of the notices about the messages a stop met
+// (noticeCtx), all of them together: a few seconds, well within the platform actor's wait
+// for a stopping Run (10 s).
 const stopNoticeTimeout = 3 * time.Second
 
 // noticeCtx is the context a notice about a message not taken is posted on, given the run's
 // ctx: that ctx while the run goes on; once a stop has ended it, one the stop does not end,
-// bounded by stopNoticeTimeout. A message the stop meets that the next start does not read
-// back (a new DM: readBackAfterStop) is turned away by the stopping runtime, and its notice
-// is all its sender gets: posted on the ended run's ctx, it failed, and the message was lost
-// without a word.
-func noticeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+// which ends stopNoticeTimeout after the stop's first notice, for every notice of that stop.
+// A message the stop meets that the next start does not read back (a new DM:
+// readBackAfterStop) is turned away by the stopping runtime, and its notice is all its sender
+// gets: posted on the ended run's ctx, it failed, and the message was lost without a word.
+// Bounded each on its own, the notices of a queue of such messages held the stop one bound
+// for each while Discord did not answer: past the platform actor's wait from four of them.
+func (p *Platform) noticeCtx(ctx context.Context) context.Context {
 	if ctx.Err() == nil {
-		return ctx, func() {}
+		return ctx
 	}
-	return context.WithTimeout(context.WithoutCancel(ctx), stopNoticeTimeout)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopNotices.of != ctx {
+		if p.stopNotices.cancel != nil {
+			p.stopNotices.cancel() // an earlier stop's (a cluster member's, run again)
+		}
+		p.stopNotices.ctx, p.stopNotices.cancel = context.WithTimeout(context.WithoutCancel(ctx), stopNoticeTimeout)
+		p.stopNotices.of = ctx
+	}
+	return p.stopNotices.ctx
 }
 
 // tellUser posts a short, non-durable answer about a message that was not taken.

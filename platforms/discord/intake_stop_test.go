@@ -2,6 +2,7 @@ package discord
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -233,5 +234,43 @@ func TestStopTellsANewDMsSenderToSendAgain(t *testing.T) {
 	}
 	if s := log.String(); !strings.Contains(s, "discord message not taken while stopping; the next start reads it back") || !strings.Contains(s, "message_id="+known.ID) {
 		t.Errorf("the known chat's message is not left for the read-back:\n%s", s)
+	}
+}
+
+// TestStopBoundsItsNoticesTogether: the daemon stops while a delivery is held, with three
+// messages of a new DM queued behind it, and Discord does not answer a post. The stopping
+// runtime turns the three away, and their notices share one stopNoticeTimeout: the first
+// post takes it all, and the others, past it, are not tried. Before, each notice had a
+// stopNoticeTimeout of its own: the stop waited one for each message queued, past the
+// platform actor's wait (runStopWait, 10 s) from four of them, and the intake then went on
+// delivering after the runtime had gone.
+func TestStopBoundsItsNoticesTogether(t *testing.T) {
+	const knownDM, newDM, queued = "300000000000000001", "300000000000000002", 3
+	answer := make(chan struct{})
+	defer close(answer) // after the stop: the fake's held handlers end
+	h := newHeldDelivery()
+	srv, p, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
+		srv.AddChannel(discordtest.Channel{ID: newDM, Type: discordgo.ChannelTypeDM})
+		srv.HoldNext("POST", "/channels/"+newDM+"/messages", answer, queued)
+	}, func(c *Config) { c.Settings.BackfillWindow = time.Hour })
+	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+	bob := discordtest.User{ID: "400000000000000002", Username: "bob"}
+	srv.Post(discordtest.UserMessage{ChannelID: knownDM, Author: alice, Content: "first"})
+	<-h.started
+	for i := range queued {
+		srv.Post(discordtest.UserMessage{ChannelID: newDM, Author: bob, Content: fmt.Sprint("hello ", i)})
+	}
+	pollFor(t, "the new DM's messages queued behind the held delivery", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.intake) == queued
+	})
+	onStopWait(t, func() {
+		h.drain()
+		close(h.release)
+	})
+	stop() // returns once the intake has handed the queue on (settle)
+	if n := srv.Requests("POST", "/channels/"+newDM+"/messages"); n != 1 {
+		t.Errorf("the stop tried %d notices in a Discord that does not answer, want 1: its notices share one %v:\n%s", n, stopNoticeTimeout, log.String())
 	}
 }
