@@ -73,6 +73,9 @@ func TestNextTurnLeavesTheFinishedDraftToItsReply(t *testing.T) {
 	}
 	close(st.release)
 	r.waitSent(t, 2) // both replies
+	// The fake records a reply as sent before it marks the draft it finishes final: wait for
+	// that too (a draft left unfinished fails here, after the wait's deadline).
+	waitUntil(t, func() bool { ds := r.editor.Drafts(); return len(ds) != 2 || ds[1].Final })
 	// The second turn's draft waits until the first one is over; its reply may come first,
 	// and then no draft is posted for it at all (nothing partial was ever shown).
 	ds := r.editor.Drafts()

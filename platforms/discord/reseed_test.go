@@ -28,7 +28,7 @@ func TestNewSessionReadsAChatAnotherMemberTook(t *testing.T) {
 	const newChannel = "200000000000000002"
 	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
 	h := newHeldDelivery()
-	srv := discordtest.New(t, discordtest.WithHeartbeatInterval(200*time.Millisecond))
+	srv := discordtest.New(t) // Discord's heartbeat interval: nothing here waits for a heartbeat, and a short one drops a loaded run's connection (five missed ACKs)
 	srv.AddGuild(recentGuild, "guild")
 	srv.AddChannel(discordtest.Channel{ID: recentChannel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
 	srv.AddChannel(discordtest.Channel{ID: newChannel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "new"})
