@@ -69,6 +69,15 @@ func sessionsPardon(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err := replaySpoolFirst(ctx, st, cfg, act, stderr); err != nil {
 		return err
 	}
+	if key != "" {
+		// (After the replay: a session the spool holds is one.) A key no session has is a
+		// typo, not a session with nothing to pardon, as show and reset say.
+		if _, err := st.Route(ctx, key); errors.Is(err, persistence.ErrNotFound) {
+			return fmt.Errorf("sessions pardon: session %s not found: nothing was pardoned (agentgate sessions list prints the keys)", pasteableKey(key))
+		} else if err != nil {
+			return err
+		}
+	}
 	p, err := st.Pardon(ctx, key)
 	if err != nil {
 		return err

@@ -333,3 +333,28 @@ func mustSpoolWithACorruptBatch(t *testing.T, dir string, batches ...[]persisten
 	}
 	return spoolDir, corrupt
 }
+
+// TestSessionsPardonOfAnUnknownKey: a KEY no session has (a typo, a key of another data
+// directory) is an error that names it, as sessions show and reset say, and nothing is
+// pardoned. Before, the command printed "pardoned 0 message(s) in 0 session(s) of KEY" and
+// exited 0, which read as "nothing was struck" (found running every command by hand).
+func TestSessionsPardonOfAnUnknownKey(t *testing.T) {
+	dir := MustSeedSessions(t) // keyA's sa2 has m4 pending at seq 3
+	path := filepath.Join(dir, "agentgate.db")
+	setStrikes(t, path, 2)
+	for _, c := range []struct{ name, arg, shown string }{
+		{"plain", "agent:main:http:dm:alicia", "agent:main:http:dm:alicia"},
+		{"quoted", `"agent:main:http:dm:a b"`, `'"agent:main:http:dm:a b"'`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out, _, err := runSessions(t, "pardon", "--data-dir", dir, c.arg)
+			want := "sessions pardon: session " + c.shown + " not found: nothing was pardoned (agentgate sessions list prints the keys)"
+			if err == nil || err.Error() != want || out != "" {
+				t.Errorf("pardon of an unknown key = %v, stdout %q; want the error %q", err, out, want)
+			}
+			if m, _ := m4Of(t, path); m.Attempts != 2 {
+				t.Errorf("m4 has %d strike(s) after a pardon of another key, want its 2 kept", m.Attempts)
+			}
+		})
+	}
+}
