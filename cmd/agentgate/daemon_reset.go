@@ -234,6 +234,12 @@ func daemonPost(ctx context.Context, cfg *config.Config, addr, run, path, what s
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil && resp.StatusCode >= 400 && resp.StatusCode < 500 {
+		// A refusal all the same, whose message is lost: Go's server answers a request line
+		// past the daemon's header limit (a KEY pasted with a log line) 431 and closes the
+		// connection, which can reset it before its body is read.
+		return nil, fmt.Errorf("the %s at %s answered %s (its message was cut short: %v): nothing was changed", noun, addr, resp.Status, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("the %s at %s took the request, but %w (%s, then %v)", noun, addr, errAnswerLost, resp.Status, err)
 	}

@@ -552,3 +552,39 @@ func TestSessionsResetThroughAMemberNamesTheMember(t *testing.T) {
 		}
 	})
 }
+
+// TestResetAndRequeueRefusedWithTheirAnswerCut: a 4xx is a refusal that changed nothing, also
+// when its body is cut short: the daemon's server answers a request line over its 64 KiB of
+// headers (a KEY pasted with a whole log line) 431 and closes the connection, which can reset
+// it before the body is read. Before, the command read the lost body as a lost answer: "the
+// daemon … took the request, but the answer was lost (431 Request Header Fields Too Large,
+// then read: connection reset by peer): it may have reset the session" (found running the
+// commands against a live daemon).
+func TestResetAndRequeueRefusedWithTheirAnswerCut(t *testing.T) {
+	dir, _ := MustSeedLockedSessions(t) // the daemon holds the database
+	refusing := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
+		conn, buf, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		buf.WriteString("HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n\r\n431 Request")
+		buf.Flush()
+		conn.Close()
+	})
+	MustRecordDaemon(t, dir, refusing, testRun)
+	addr := refusing.Listener.Addr().String()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"reset", "--data-dir", dir, keyA}, "reset " + keyA + ": the daemon at " + addr +
+			" answered 431 Request Header Fields Too Large (its message was cut short: unexpected EOF): nothing was changed"},
+		{[]string{"requeue", "--data-dir", dir, keyA, "m1"}, "requeue m1 of " + keyA + ": the daemon at " + addr +
+			" answered 431 Request Header Fields Too Large (its message was cut short: unexpected EOF): nothing was changed"},
+	} {
+		_, _, err := runSessions(t, c.args...)
+		if err == nil || err.Error() != c.want {
+			t.Errorf("sessions %s refused with its answer cut: %v\nwant %q", c.args[0], err, c.want)
+		}
+	}
+}
