@@ -441,6 +441,37 @@ func TestRefusedCommandResendsAreLoggedOnceAMinute(t *testing.T) {
 	})
 }
 
+// TestRefusedSessionPausesAreLoggedOnceAMinute: the manager's side of a refused write, "the
+// store refused a session's write; it starts again from the store", is logged at once, then once
+// a minute for that session, counting the pauses between (repeats; each at DEBUG), as the
+// session's own line is. Before, each resend of a command refused in an outage logged one at
+// WARN: a client resending through a long outage at night logged one a resend.
+func TestRefusedSessionPausesAreLoggedOnceAMinute(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs, key, end := resendNewThroughAnOutage(t, slog.LevelInfo)
+		defer end()
+		synctest.Wait() // the last resend's session stops, and the manager pauses it
+		const msg = `msg="the store refused a session's write; it starts again from the store"`
+		lines := linesWith(logs, msg)
+		if len(lines) != 2 {
+			t.Fatalf("%d lines with %s over 5 resends, want 2 (the first, then a minute later):\n%s", len(lines), msg, strings.Join(lines, "\n"))
+		}
+		for i, want := range [][]string{
+			{"level=WARN", "session=" + key, "in=1s"},
+			{"level=WARN", "session=" + key, "in=16s", "repeats=3"},
+		} {
+			for _, s := range want {
+				if !strings.Contains(lines[i], s) {
+					t.Errorf("line %q lacks %q", lines[i], s)
+				}
+			}
+		}
+		if strings.Contains(lines[0], "repeats=") {
+			t.Errorf("the first line %q has repeats, want none", lines[0])
+		}
+	})
+}
+
 // resendNewThroughAnOutage runs, in t's synctest bubble, a session that answered one message,
 // then a store outage through which a client resends one /new as clients do, once the session
 // has started again after each refusal (its pause: 1, 2, 4, then 8 s), so that each resend's

@@ -85,8 +85,12 @@ type SessionManager struct {
 	idleAt    map[string]*list.Element
 	evicting  map[string]bool
 	overBound logging.Limiter // the line of a bound exceeded with every session busy
-	timers    *scheduler.TimerScheduler
-	closing   bool // the manager stops or restarts
+	// refusedLines limits, by key, the line of a session paused after the store refused its
+	// write (passivated): in an outage a client resends its message, refused again, and each
+	// resend paused the session and logged it at WARN.
+	refusedLines logging.KeyedLimiter
+	timers       *scheduler.TimerScheduler
+	closing      bool // the manager stops or restarts
 	// leavers holds the keys of the sessions told that the member leaves (onLeave) that have not
 	// yet asked to stop: a leaving member's drain waits for them to hand their keys on
 	// (answerDrains). A session started since, for a key no member takes over, runs here as in
@@ -1033,7 +1037,14 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		n := m.refused[key]
 		m.refused[key] = n + 1
 		wait := min(refusedPause<<min(n, 6), maxRefusedPause)
-		m.log.Warn("the store refused a session's write; it starts again from the store", "session", key, "in", wait)
+		// At once, then once a LimitEvery for the key, with the pauses between (repeats),
+		// each at Debug (TestRefusedSessionPausesAreLoggedOnceAMinute).
+		const msg = "the store refused a session's write; it starts again from the store"
+		if args, ok := m.refusedLines.Allowed(key, "session", key, "in", wait); ok {
+			m.log.Warn(msg, args...)
+		} else {
+			m.log.Debug(msg, args...)
+		}
 		m.pauses++
 		p := pause{n: m.pauses, began: time.Now(), early: !m.startedEarly[key]}
 		delete(m.startedEarly, key)
