@@ -126,3 +126,40 @@ func TestKeyedLimiter(t *testing.T) {
 		}
 	})
 }
+
+// TestKeyedLimiterPruneKeepsHeldRepeats: a key whose window ended with events held back is not
+// forgotten by a prune before its next event can report them (repeats), as it is when other
+// keys come meanwhile; one not seen for two windows is. Before, a prune forgot any key past its
+// window, and the next line of a command resent through an outage while new commands came
+// stood for itself alone: the resends held back in its last window were never reported.
+func TestKeyedLimiterPruneKeepsHeldRepeats(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l KeyedLimiter
+		allowed := func(key string) string {
+			args, ok := l.Allowed(key, "k", key)
+			return fmt.Sprint(args, ok)
+		}
+		allowed("a")
+		time.Sleep(LimitEvery / 2)
+		allowed("a") // held back
+		time.Sleep(LimitEvery / 2)
+		for i := range 200 { // enough new keys to prune the old ones
+			allowed(fmt.Sprint("n", i))
+		}
+		time.Sleep(LimitEvery / 4)
+		if got, want := allowed("a"), "[k a repeats 1] true"; got != want {
+			t.Errorf("a after a prune = %s, want %s (its held-back event reported)", got, want)
+		}
+		allowed("a") // held back again
+		time.Sleep(2 * LimitEvery)
+		for i := range 400 {
+			allowed(fmt.Sprint("m", i))
+		}
+		l.mu.Lock()
+		_, kept := l.keys["a"]
+		l.mu.Unlock()
+		if kept {
+			t.Error("a key not seen for two LimitEvery is still kept, with events held back")
+		}
+	})
+}
