@@ -60,10 +60,22 @@ func unknownKey(t reflect.Type, m *yaml.Node, path, key string, v *yaml.Node) er
 // told to "move these keys into it" too: htp: :8080 beside http has no keys (a review). One
 // that holds nothing (null, "", {} or []) is to be removed: before, htp: "" was told to write
 // `addr: ` inside http, and htp: {} to move keys it has none of (a review of that fix).
+// An alias (*q) is told as what its anchor names; one of a mapping, to write the keys it names
+// in sec, or merge them there (<<: *q), and one of sec itself, to be removed. Before, each was
+// told to set the key of sec its one value is for, which only a value has.
 func writtenSection(path string, v, sec *yaml.Node) string {
+	alias := v
+	for v.Kind == yaml.AliasNode && v.Alias != nil {
+		v = v.Alias
+	}
 	switch {
+	case alias != v && v == sec:
+		return fmt.Sprintf("did you mean %s? *%s is %s itself, written already: remove this one", path, alias.Value, path)
 	case holdsNothing(v):
 		return fmt.Sprintf("did you mean %s? %s is written already, and this one holds nothing: remove it", path, path)
+	case v.Kind == yaml.MappingNode && alias != v:
+		return fmt.Sprintf("did you mean %s? %s is written already: write the keys *%s names inside it, or merge them there with <<: *%s, as a section is written once",
+			path, path, alias.Value, alias.Value)
 	case v.Kind == yaml.MappingNode:
 		return fmt.Sprintf("did you mean %s? %s is written already: move these keys into it, as a section is written once", path, path)
 	}

@@ -82,6 +82,16 @@ func TestLoadUnknownKeySuggestsTheClosest(t *testing.T) {
 		// write backend: exec inside agent (a review).
 		{"one value beside a section that writes its key already", "agent:\n  backend: echo\nagnet: exec\n", nil,
 			"FILE:3: agnet: unknown key (did you mean agent.backend? agent is written already, with its backend: remove this one, or set backend there to its value, exec)"},
+		// An alias stands for what its anchor names. Before, each was told to set the key that
+		// one value is for: a mapping has keys, and nothing to set there.
+		{"an alias of a mapping beside a section written already", "sessions:\n  queue: &q {cap: 5}\n  history_limit: 5\nsesions: *q\n", nil,
+			"FILE:4: sesions: unknown key (did you mean sessions? sessions is written already: write the keys *q names inside it, or merge them there with <<: *q, as a section is written once)"},
+		{"an alias of the section itself", "http: &h\n  pprof: true\nhtp: *h\n", nil,
+			"FILE:3: htp: unknown key (did you mean http? *h is http itself, written already: remove this one)"},
+		{"an alias of one value beside a section written already", "sessions:\n  reset_by_type:\n    dm: {mode: &m idle}\nhttp:\n  pprof: true\nhtp: *m\n", nil,
+			`FILE:6: htp: unknown key (did you mean http.addr? http is written already, and holds keys, not one value: write this one inside it, as addr: idle)`},
+		{"an alias of an empty mapping beside a section written already", "sessions:\n  queue: &q {}\n  history_limit: 5\nsesions: *q\n", nil,
+			"FILE:4: sesions: unknown key (did you mean sessions? sessions is written already, and this one holds nothing: remove it)"},
 		{"in a variable's mapping", "", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE={dm: {idel_minutes: 5}}"},
 			`AGENTGATE_SESSIONS_RESET_BY_TYPE: "{dm: {idel_minutes: 5}}": dm.idel_minutes: unknown key (did you mean dm.idle_minutes?)`},
 	}
