@@ -93,9 +93,9 @@ type stmt struct {
 	sql  string
 	args []any
 	msg  *persistence.Message
-	// raised, of the daemon lock's fence (Store.lockHeld), is the epoch its store raised last
+	// raised, of the daemon lock's fence (Store.lockHeld), is the raise of its store's last
 	// (Store.raised), which tells a refusal of its own retake from another daemon's (describe).
-	raised *atomic.Int64
+	raised *atomic.Pointer[ownRaise]
 }
 
 // Commit applies groups of writes in one transaction. Each group is atomic: a failing group is
@@ -274,11 +274,22 @@ func describe(st stmt, err error) error {
 		// the epoch, since the write read it: the lock was lost without its noticing.
 		var cur, took int64
 		_, perr := fmt.Sscanf(pe.Message, "the daemon lock is held with epoch %d, this daemon took epoch %d", &cur, &took)
-		if perr == nil && cur != 0 && st.raised != nil && cur == st.raised.Load() {
+		var own *ownRaise
+		if st.raised != nil {
+			own = st.raised.Load()
+		}
+		if perr == nil && cur != 0 && own != nil && cur == own.epoch {
 			// Before, it said another daemon had taken the lock, and an operator with one
-			// daemon looked for another (TestOwnRetakeFencesACommitInFlight).
-			return fmt.Errorf("%w: this daemon lost its lock on the database and took it again since the write began "+
-				"(the lock's epoch is %d now, the write's %d)", persistence.ErrUnavailable, cur, took)
+			// daemon looked for another (TestOwnRetakeFencesACommitInFlight). An epoch between
+			// the write's and this store's raises is another daemon's, which held the lock in
+			// between, and may have written meanwhile: before, it went unmentioned
+			// (TestRetakeAfterAnotherDaemonFencesACommitInFlight).
+			between := ""
+			if took < own.from-1 {
+				between = ", and another daemon held it in between"
+			}
+			return fmt.Errorf("%w: this daemon lost its lock on the database and took it again since the write began%s "+
+				"(the lock's epoch is %d now, the write's %d)", persistence.ErrUnavailable, between, cur, took)
 		}
 		return fmt.Errorf("%w: another agentgate daemon took the database's daemon lock: %s",
 			persistence.ErrUnavailable, pe.Message)

@@ -800,3 +800,81 @@ func TestOwnRetakeFencesACommitInFlight(t *testing.T) {
 		t.Errorf("A's commit after B took the lock: error = %v, want ErrUnavailable saying another daemon took the lock", errs[0])
 	}
 }
+
+// TestRetakeAfterAnotherDaemonFencesACommitInFlight: as TestOwnRetakeFencesACommitInFlight, when
+// another daemon held the lock between this store's loss of it and its retake (it raised the
+// epoch between the write's and the retake's): the error says so too. Before, it said only that
+// this daemon lost its lock and took it again, and the other daemon, which may have written
+// meanwhile, went unmentioned. Two retakes of this store's own in a row leave no such gap.
+func TestRetakeAfterAnotherDaemonFencesACommitInFlight(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	opts := Options{Exclusive: true, LockCheckInterval: time.Hour}
+	a, err := Open(ctx, dsn, opts)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer a.Close()
+	c := mustConn(t, dsn)
+	loseLock := func() {
+		t.Helper()
+		if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(l.pid) FROM pg_locks l
+			WHERE l.locktype = 'advisory' AND l.granted`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	retake := func(from *lockHold) *lockHold {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if h := a.held.Load(); h != nil && h.epoch != from.epoch {
+				return h
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the lock was not taken again within 30 s")
+			}
+			_ = a.Ping(ctx)
+			time.Sleep(50 * time.Millisecond) // a real server: poll under a deadline
+		}
+	}
+	// commitWith commits as a write in flight that read the epoch of before does, and returns
+	// its error.
+	commitWith := func(before *lockHold, id string) error {
+		t.Helper()
+		retaken := a.held.Swap(before)
+		errs := a.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession(id, "k-"+id)}}})
+		a.held.Store(retaken)
+		if !errors.Is(errs[0], persistence.ErrUnavailable) {
+			t.Fatalf("the commit fenced with the epoch before the retake: error = %v, want ErrUnavailable", errs[0])
+		}
+		return errs[0]
+	}
+	const between = "another daemon held it in between"
+
+	before := a.held.Load()
+	loseLock()
+	b, err := Open(ctx, dsn, opts)
+	if err != nil {
+		t.Fatalf("Open B after A lost its lock: %v", err)
+	}
+	b.Close()
+	retaken := retake(before)
+	err = commitWith(before, "s1")
+	want := fmt.Sprintf("this daemon lost its lock on the database and took it again since the write began, and %s (the lock's epoch is %d now, the write's %d)",
+		between, retaken.epoch, before.epoch)
+	if !strings.Contains(err.Error(), want) {
+		t.Errorf("the commit fenced after B held the lock in between: error = %v, want it to say %q", err, want)
+	}
+
+	// Two retakes of A's own: the epoch went up by two, with no other daemon.
+	before = a.held.Load()
+	loseLock()
+	mid := retake(before)
+	loseLock()
+	retake(mid)
+	err = commitWith(before, "s2")
+	if !strings.Contains(err.Error(), "this daemon lost its lock on the database and took it again since the write began") ||
+		strings.Contains(err.Error(), between) {
+		t.Errorf("the commit fenced after two retakes of A's own: error = %v, want it to say A took the lock again, and no %q", err, between)
+	}
+}

@@ -118,10 +118,10 @@ type Store struct {
 	// as lockConn is.
 	lockEpoch int64
 	// raised is the epoch this store last raised the daemon lock's to, published before the
-	// raise commits (0: none; set back when it does not): a write of its own fenced with an
+	// raise commits (nil: none; set back when it does not): a write of its own fenced with an
 	// earlier epoch that meets it was refused by this store's retake, not by another daemon
-	// (describe).
-	raised atomic.Int64
+	// (describe). Its from tells whether another daemon raised it in between.
+	raised atomic.Pointer[ownRaise]
 	// lockIdle is how long the server keeps the lock's session once its connection falls
 	// silent (endIdleLock); 0 until Open has migrated.
 	lockIdle time.Duration
@@ -385,6 +385,13 @@ func (s *Store) lock(ctx context.Context, wait time.Duration) error {
 func (s *Store) raiseEpoch(ctx context.Context) error {
 	var epoch int64
 	prev := s.raised.Load()
+	publish := func() { // before the commit, which a fence that meets it waits for
+		r := &ownRaise{epoch: epoch, from: epoch}
+		if prev != nil && prev.epoch == epoch-1 {
+			r.from = prev.from
+		}
+		s.raised.Store(r)
+	}
 	err := pgx.BeginFunc(ctx, s.lockConn, func(tx pgx.Tx) error {
 		// The lock's own lock_timeout may be a millisecond (checkLock); a commit in flight of
 		// the previous holder is worth waiting for.
@@ -394,7 +401,7 @@ func (s *Store) raiseEpoch(ctx context.Context) error {
 		if !s.shared {
 			err := tx.QueryRow(ctx, `UPDATE daemon_epoch SET epoch = epoch + 1, exclusive = true RETURNING epoch`).Scan(&epoch)
 			if err == nil {
-				s.raised.Store(epoch) // before the commit, which a fence that meets it waits for
+				publish()
 			}
 			return err
 		}
@@ -411,7 +418,7 @@ func (s *Store) raiseEpoch(ctx context.Context) error {
 			WHERE exclusive RETURNING epoch`).Scan(&epoch)
 		switch {
 		case err == nil:
-			s.raised.Store(epoch)
+			publish()
 		case errors.Is(err, pgx.ErrNoRows):
 			err = tx.QueryRow(ctx, `SELECT epoch FROM daemon_epoch`).Scan(&epoch)
 		}
@@ -424,6 +431,13 @@ func (s *Store) raiseEpoch(ctx context.Context) error {
 	s.lockEpoch = epoch
 	return nil
 }
+
+// ownRaise is a raise of the daemon lock's epoch by this store (Store.raised): to epoch, and
+// from, the first of the raises of this store's own that led to it one by one (epoch when the
+// raise before it was not this store's). A write fenced with an epoch before from-1 met the
+// raise of another daemon too: it held the lock between this store's loss of it and its
+// retake.
+type ownRaise struct{ epoch, from int64 }
 
 // lockIdleChecks is how many lock check intervals the server keeps the lock's session once its
 // connection falls silent (endIdleLock). The check pings the connection every interval.
