@@ -94,14 +94,34 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 		p.log.Info("discord message not taken while stopping; the next start reads it back", "channel", m.ChannelID, "message_id", m.ID)
 		return true
 	}
-	role := p.botRole(ctx, m)
+	// A message the stop meets that the next start does not read back (a new DM, a thread the
+	// store took nothing from) is handed on, and the stopping runtime turns it away: its
+	// sender gets the stop's notice to send it again. Its lookups run within the stop's notice
+	// bound (noticeCtx), which bounds the stop's REST calls together. On the stop's cancelled
+	// ctx they failed: a thread the state does not hold was logged at ERR as an unknown channel,
+	// and its sender was told the channel could not be looked up, though the daemon was stopping.
+	stopped := ctx.Err() != nil
+	lookups := ctx
+	if stopped {
+		lookups = p.noticeCtx(ctx)
+	}
+	role := p.botRole(lookups, m)
 	mentioned := mentions(m, bot, role)
-	ch, err := p.channelOf(ctx, m)
+	ch, err := p.channelOf(lookups, m)
 	if err != nil {
-		p.log.Error("discord message from an unknown channel; not taken", "channel", m.ChannelID, "message_id", m.ID, logging.Err(err))
+		notice := unknownChannelNotice
+		if stopped {
+			// Not the channel's failure: the stop's bound ran out, or Discord failed as the
+			// daemon stopped. The stop's own notice says why the message was not taken.
+			notice = drainingNotice
+			p.log.Warn("discord message not taken", "channel", m.ChannelID, "message_id", m.ID,
+				logging.Err(fmt.Errorf("%w: its channel was not looked up in time: %w", platforms.ErrDraining, err)))
+		} else {
+			p.log.Error("discord message from an unknown channel; not taken", "channel", m.ChannelID, "message_id", m.ID, logging.Err(err))
+		}
 		// Only a message the bot would likely answer is told: not chatter that needs a mention.
 		if mentioned || !p.gate.mentionRequired(m.GuildID, m.ChannelID, m.ChannelID) {
-			tell(m.ChannelID, m.ID, unknownChannelNotice)
+			tell(m.ChannelID, m.ID, notice)
 		}
 		return
 	}
@@ -134,11 +154,19 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 		// The thread's id is the message's: key the session by it, so this message and the
 		// thread's follow-ups share one session. If opening it fails now, Send opens it.
 		in.Source.ChatType, in.Source.ThreadID, in.Source.ProspectiveThreadID = identity.ChatThread, m.ID, m.ID
-		// The thread is a chat of its own for backfill from now on, read after its starter:
-		// the bot may see nothing said in it before a gateway session is lost (its own reply
-		// in it may be posted in the gap too), and what users say there meanwhile is missed.
-		p.noteSeen(&discordgo.Message{ChannelID: m.ID, ID: m.ID, GuildID: m.GuildID})
-		open, gone := p.openThread(ctx, m.ChannelID, m.ID, in.Text, told)
+		// When the daemon stops, no thread is opened for a message the stopping runtime turns
+		// away (its notice replies to it in its channel, below); one it takes gets its thread
+		// from its reply (Send). Opened on the stop's cancelled ctx, the opening failed, and so
+		// did the notice that it would open later.
+		open, gone := false, false
+		if !stopped {
+			// The thread is a chat of its own for backfill from now on, read after its
+			// starter: the bot may see nothing said in it before a gateway session is lost (its
+			// own reply in it may be posted in the gap too), and what users say there
+			// meanwhile is missed.
+			p.noteSeen(&discordgo.Message{ChannelID: m.ID, ID: m.ID, GuildID: m.GuildID})
+			open, gone = p.openThread(ctx, m.ChannelID, m.ID, in.Text, told)
+		}
 		if gone {
 			// Its sender deleted it already (a RESUME replays a message deleted while the bot
 			// was disconnected before its deletion): it is not taken, as one deleted before its

@@ -274,3 +274,66 @@ func TestStopBoundsItsNoticesTogether(t *testing.T) {
 		t.Errorf("the stop tried %d notices in a Discord that does not answer, want 1: its notices share one %v:\n%s", n, stopNoticeTimeout, log.String())
 	}
 }
+
+// TestStopTellsSendersInAThreadAndAnAutoThreadToSendAgain: the daemon stops while a delivery
+// is held, with two mentions queued behind it in chats the store took nothing from (the next
+// start does not read them back): one in a thread discordgo's state does not hold (archived:
+// its handling looks it up over REST), one in a channel whose mentions open an auto-thread.
+// The stopping runtime turns both away, and each sender gets the stop's own notice to send it
+// again, replying to the message (the auto-thread's in its channel), and no thread is opened
+// for a message not taken. Before, the lookups ran on the stop's cancelled context: the
+// thread's lookup failed, logged ERR "discord message from an unknown channel", and told its
+// sender the channel could not be looked up (it could: the daemon was stopping); the
+// auto-thread's opening failed, and so did its "could not open a thread yet" notice.
+func TestStopTellsSendersInAThreadAndAnAutoThreadToSendAgain(t *testing.T) {
+	const channel, thread = "200000000000000002", "200000000000000003"
+	h := newHeldDelivery()
+	srv, p, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
+		srv.AddGuild(recentGuild, "guild")
+		srv.AddChannel(discordtest.Channel{ID: channel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+		srv.AddChannel(discordtest.Channel{ID: thread, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildPublicThread, ParentID: channel, OwnerID: "400000000000000002", Name: "a thread"})
+		srv.ArchiveThread(thread) // GUILD_CREATE does not list it
+	}, func(c *Config) {
+		c.Settings.BackfillWindow = time.Hour
+		c.Settings.AutoThread = true
+		c.Settings.RequireMention = true
+	}, discordtest.WithHeartbeatInterval(discordtest.DefaultHeartbeatInterval))
+	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+	bob := discordtest.User{ID: "400000000000000002", Username: "bob"}
+	srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: alice, Content: "first"})
+	<-h.started
+	inThread := srv.Post(discordtest.UserMessage{ChannelID: thread, Author: bob, Content: "a question", MentionBot: true})
+	inChannel := srv.Post(discordtest.UserMessage{ChannelID: channel, Author: bob, Content: "another one", MentionBot: true})
+	pollFor(t, "both queued behind the held delivery", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.intake) == 2
+	})
+	if _, err := p.s.State.Channel(thread); err == nil {
+		t.Fatal("discordgo's state holds the thread: its handling would look nothing up")
+	}
+	onStopWait(t, func() {
+		h.drain()
+		close(h.release)
+	})
+	stop() // returns once the intake has handed the queue on (settle)
+	for _, c := range []struct {
+		where string
+		m     *discordgo.Message
+	}{{thread, inThread}, {channel, inChannel}} {
+		sent := srv.Sent(c.where)
+		if len(sent) != 1 || sent[0].Content != drainingNotice || sent[0].MessageReference == nil || sent[0].MessageReference.MessageID != c.m.ID {
+			var got []string
+			for _, s := range sent {
+				got = append(got, s.Content)
+			}
+			t.Errorf("the bot posted %q in %s, want the stop's notice to send it again replying to %s", got, c.where, c.m.ID)
+		}
+	}
+	if n := srv.Requests("POST", "/threads"); n > 0 {
+		t.Errorf("tried to open %d threads for a message the stopping runtime did not take, want none", n)
+	}
+	if s := log.String(); strings.Contains(s, "unknown channel") || strings.Contains(s, "open discord thread") || strings.Contains(s, "its author is not told") {
+		t.Errorf("a lookup or a notice failed on the stop's context:\n%s", s)
+	}
+}

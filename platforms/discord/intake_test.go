@@ -94,10 +94,12 @@ func intakeWorld(t *testing.T, h *heldDelivery) (srv *discordtest.Server, p *Pla
 }
 
 // intakeWorldWith is intakeWorld with setup run on the fake before it starts, and tweak on the
-// platform's Config before New.
-func intakeWorldWith(t *testing.T, h *heldDelivery, setup func(*discordtest.Server), tweak func(*Config)) (srv *discordtest.Server, p *Platform, log *testutil.Buffer, stop func()) {
+// platform's Config before New; opts are the fake's, after the 200 ms heartbeat (a test that
+// waits for no heartbeat passes Discord's own interval: a short one drops a loaded run's
+// connection, five missed ACKs).
+func intakeWorldWith(t *testing.T, h *heldDelivery, setup func(*discordtest.Server), tweak func(*Config), opts ...discordtest.Option) (srv *discordtest.Server, p *Platform, log *testutil.Buffer, stop func()) {
 	t.Helper()
-	srv = discordtest.New(t, discordtest.WithHeartbeatInterval(200*time.Millisecond))
+	srv = discordtest.New(t, append([]discordtest.Option{discordtest.WithHeartbeatInterval(200 * time.Millisecond)}, opts...)...)
 	srv.AddChannel(discordtest.Channel{ID: "300000000000000001", Type: discordgo.ChannelTypeDM})
 	if setup != nil {
 		setup(srv)
