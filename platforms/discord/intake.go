@@ -118,6 +118,17 @@ func (p *Platform) waitIntake() {
 // and the intake is idle, however often either starts again, or until ctx ends. Each message
 // meets the stop in handle, as a live one does: left for the next start's read-back, or
 // delivered (the runtime answers it or says it was not taken).
+//
+// Run's stop settles without a bound of its own (context.Background). Run promises that
+// nothing is delivered once it returns, which the runtime's stop relies on: a bound here would
+// return with the intake still delivering, the very thing the wait is for, and hide it from the
+// caller. A caller that needs a bound keeps it on its side: the platform actor waits 10 s for
+// Run and gives WaitInbound the same bound, and warns when a Run outlasts it. What the wait
+// waits for ends: at a stop a queued message is left for the read-back at once, or its lookups
+// and its notice share the stop's one bound (noticeCtx) and a draining runtime turns it away
+// at once (a runtime that does not drain takes it, up to deliverTimeout each); a withdrawal
+// waits withdrawTimeout at most; a backfill reads nothing more on the ended run ctx, and the
+// gateway, closed, queues nothing new.
 func (p *Platform) settle(ctx context.Context) {
 	p.endReplay()
 	for {
