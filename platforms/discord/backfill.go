@@ -41,11 +41,14 @@ import (
 // older messages of a channel where more than backfillSaid messages were said since the mark
 // (logged at Warn).
 const (
-	backfillChannels = 1000 // channels remembered; the one quiet longest is forgotten first
-	backfillSaid     = 500  // messages not the bot's own read per channel
-	backfillPages    = 20   // pages read per channel, the bot's own messages included
-	backfillPageSize = 100  // Discord's maximum
+	backfillSaid     = 500 // messages not the bot's own read per channel
+	backfillPages    = 20  // pages read per channel, the bot's own messages included
+	backfillPageSize = 100 // Discord's maximum
 )
+
+// backfillChannels bounds the channels remembered; the one quiet longest is forgotten first
+// (noteSeen; a var: tests lower it).
+var backfillChannels = 1000
 
 // seenAt is the newest message seen in a channel, and the channel's guild (history messages
 // carry no guild_id, and a message without one reads as a DM); stored is when the store last
@@ -57,7 +60,14 @@ type seenAt struct {
 	stored time.Time
 }
 
-// noteSeen records m as its channel's newest message if it is.
+// noteSeen records m as its channel's newest message if it is. A channel new past
+// backfillChannels forgets the quietest one remembered that has no unread place: a place is
+// what a failed read left to read back (a message said while the gateway was down), and a
+// quiet channel's is the likeliest to be forgotten. Every READY merges the store's recent
+// chats (seed), as many as backfillChannels, and forgot a quiet channel's place with it, in the
+// store too: the message was never read back, without a word. The places are few (a read
+// that failed for a reason that may pass, read again until one gets past it) and may hold the
+// remembered channels past backfillChannels.
 func (p *Platform) noteSeen(m *discordgo.Message) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -68,13 +78,16 @@ func (p *Platform) noteSeen(m *discordgo.Message) {
 	case !ok && len(p.seen) >= backfillChannels:
 		oldest := ""
 		for ch, s := range p.seen {
+			if _, unread := p.unread[ch]; unread {
+				continue
+			}
 			if oldest == "" || snowflakeLess(s.id, p.seen[oldest].id) {
 				oldest = ch
 			}
 		}
-		delete(p.seen, oldest)
-		delete(p.unread, oldest)
-		p.forgetUnread(oldest)
+		if oldest != "" {
+			delete(p.seen, oldest)
+		}
 	}
 	guild := m.GuildID
 	if guild == "" {
