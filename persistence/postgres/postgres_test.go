@@ -1,13 +1,16 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -877,4 +880,90 @@ func TestRetakeAfterAnotherDaemonFencesACommitInFlight(t *testing.T) {
 		strings.Contains(err.Error(), between) {
 		t.Errorf("the commit fenced after two retakes of A's own: error = %v, want it to say A took the lock again, and no %q", err, between)
 	}
+}
+
+// TestRetakeWhoseRaiseLostItsAnswerIsNoOtherDaemon: a retake whose raise of the epoch committed
+// but whose answer was lost (the connection broke between the COMMIT and its answer, as it may
+// in the outage that lost the lock) raised the epoch all the same, as this store: a write fenced
+// with the epoch before, refused after the next retake, says that this daemon took its lock
+// again, not that another daemon held it in between. Before, the store set its last raise back
+// as if the raise had not been made, the next retake's raise did not follow on from it, and the
+// write was told that another daemon held the lock in between, which the runbook reads as two
+// deployments on one database.
+func TestRetakeWhoseRaiseLostItsAnswerIsNoOtherDaemon(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	a, err := Open(ctx, dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer a.Close()
+	// The lock's next connection closes itself once it has sent its first COMMIT, before the
+	// answer comes back: the server commits it, and the store sees the connection lost.
+	var cut atomic.Bool
+	a.lockMu.Lock()
+	dial := a.lockCfg.DialFunc
+	a.lockCfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &commitCutter{Conn: conn, cut: &cut}, nil
+	}
+	a.lockMu.Unlock()
+
+	before := a.held.Load()
+	c := mustConn(t, dsn)
+	if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(l.pid) FROM pg_locks l
+		WHERE l.locktype = 'advisory' AND l.granted`); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !cut.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("no retake raised the epoch within 30 s of the lock connection's end")
+		}
+		_ = a.Ping(ctx)
+		time.Sleep(50 * time.Millisecond) // a real server: poll under a deadline
+	}
+	if h := a.held.Load(); h != nil {
+		t.Fatalf("the retake whose COMMIT lost its answer holds the lock (epoch %d), want it lost", h.epoch)
+	}
+	var epoch int64
+	if err := c.QueryRow(ctx, `SELECT epoch FROM daemon_epoch`).Scan(&epoch); err != nil {
+		t.Fatal(err)
+	}
+	if epoch != before.epoch+1 {
+		t.Fatalf("the epoch after the retake whose COMMIT lost its answer = %d, want %d (the raise committed)", epoch, before.epoch+1)
+	}
+	for h := a.held.Load(); h == nil; h = a.held.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the lock was not taken again within 30 s")
+		}
+		_ = a.Ping(ctx)
+		time.Sleep(50 * time.Millisecond)
+	}
+	retaken := a.held.Swap(before)
+	errs := a.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s1", "k1")}}})
+	a.held.Store(retaken)
+	want := fmt.Sprintf("this daemon lost its lock on the database and took it again since the write began (the lock's epoch is %d now, the write's %d)",
+		retaken.epoch, before.epoch)
+	if !errors.Is(errs[0], persistence.ErrUnavailable) || !strings.Contains(errs[0].Error(), want) {
+		t.Errorf("the commit fenced with the epoch before two raises of A's own: error = %v, want ErrUnavailable saying %q", errs[0], want)
+	}
+}
+
+// commitCutter is a connection to the server that closes itself once it has sent a COMMIT
+// (the first of any commitCutter sharing cut), before the answer comes back.
+type commitCutter struct {
+	net.Conn
+	cut *atomic.Bool
+}
+
+func (c *commitCutter) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if err == nil && bytes.Contains(bytes.ToLower(p), []byte("commit\x00")) && c.cut.CompareAndSwap(false, true) {
+		_ = c.Conn.Close()
+	}
+	return n, err
 }

@@ -385,12 +385,15 @@ func (s *Store) lock(ctx context.Context, wait time.Duration) error {
 func (s *Store) raiseEpoch(ctx context.Context) error {
 	var epoch int64
 	prev := s.raised.Load()
+	published := false
 	publish := func() { // before the commit, which a fence that meets it waits for
 		r := &ownRaise{epoch: epoch, from: epoch}
-		if prev != nil && prev.epoch == epoch-1 {
+		// prev.epoch == epoch: prev's raise was not committed after all (below).
+		if prev != nil && prev.epoch >= epoch-1 {
 			r.from = prev.from
 		}
 		s.raised.Store(r)
+		published = true
 	}
 	err := pgx.BeginFunc(ctx, s.lockConn, func(tx pgx.Tx) error {
 		// The lock's own lock_timeout may be a millisecond (checkLock); a commit in flight of
@@ -425,7 +428,15 @@ func (s *Store) raiseEpoch(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
-		s.raised.Store(prev) // (before the caller lets go of the lock: no other raise came yet)
+		if !published {
+			s.raised.Store(prev) // (before the caller lets go of the lock: no other raise came yet)
+		}
+		// Else only its COMMIT failed, and may have been committed all the same: the
+		// connection broke between the COMMIT and its answer, as it may in the outage that
+		// lost the lock. The raise stays this store's, so that the next one follows on from it
+		// (or makes the same epoch, when it was not committed). Before, it was set back, and
+		// a write fenced with the epoch before it, refused after the next retake, was told that
+		// another daemon held the lock in between (TestRetakeWhoseRaiseLostItsAnswerIsNoOtherDaemon).
 		return fmt.Errorf("raise the daemon lock's epoch: %w", err)
 	}
 	s.lockEpoch = epoch
@@ -436,7 +447,10 @@ func (s *Store) raiseEpoch(ctx context.Context) error {
 // from, the first of the raises of this store's own that led to it one by one (epoch when the
 // raise before it was not this store's). A write fenced with an epoch before from-1 met the
 // raise of another daemon too: it held the lock between this store's loss of it and its
-// retake.
+// retake. A raise whose COMMIT failed counts as this store's (raiseEpoch): whether it was
+// committed is not known. Should it not have been, and another daemon then raised the epoch
+// once to the same, it is taken for this store's: a write's error then leaves that daemon
+// unnamed, rather than name one that was not there in the far likelier case.
 type ownRaise struct{ epoch, from int64 }
 
 // lockIdleChecks is how many lock check intervals the server keeps the lock's session once its
