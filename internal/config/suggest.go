@@ -62,12 +62,12 @@ func unknownKey(t reflect.Type, m *yaml.Node, path, key string, v *yaml.Node) er
 // `addr: ` inside http, and htp: {} to move keys it has none of (a review of that fix).
 // An alias (*q) is told as what its anchor names; one of a mapping, to write the keys it names
 // in sec, or merge them there (<<: *q), and one of sec itself, to be removed. Before, each was
-// told to set the key of sec its one value is for, which only a value has.
+// told to set the key of sec its one value is for, which only a value has. So is sec, when the
+// file writes the section as an alias (reset: *r): before, rest: *r beside it was told to write
+// the keys of *r in it, and a value a key that *r sets there already.
 func writtenSection(path string, v, sec *yaml.Node) string {
 	alias := v
-	for v.Kind == yaml.AliasNode && v.Alias != nil {
-		v = v.Alias
-	}
+	v, sec = aliased(v), aliased(sec)
 	switch {
 	case alias != v && v == sec:
 		return fmt.Sprintf("did you mean %s? *%s is %s itself, written already: remove this one", path, alias.Value, path)
@@ -88,6 +88,14 @@ func writtenSection(path string, v, sec *yaml.Node) string {
 			path, key, path, key, flowValue(key, v.Value))
 	}
 	return fmt.Sprintf("did you mean %s? %s is written already, and holds keys, not one value: set the key of it that this value is for", path, path)
+}
+
+// aliased is what the alias n names, or n when it is no alias.
+func aliased(n *yaml.Node) *yaml.Node {
+	for n != nil && n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
 }
 
 // valueOf is the value of key in the mapping m, nil when m is none or does not write key.

@@ -92,6 +92,13 @@ func TestLoadUnknownKeySuggestsTheClosest(t *testing.T) {
 			`FILE:6: htp: unknown key (did you mean http.addr? http is written already, and holds keys, not one value: write this one inside it, as addr: idle)`},
 		{"an alias of an empty mapping beside a section written already", "sessions:\n  queue: &q {}\n  history_limit: 5\nsesions: *q\n", nil,
 			"FILE:4: sesions: unknown key (did you mean sessions? sessions is written already, and this one holds nothing: remove it)"},
+		// The section itself an alias: what it names is what the file writes there. Before,
+		// sessions.reset was told to take the keys of *r it holds already, and log a level it
+		// has (each written again there, a key set twice).
+		{"an alias of the section beside the section written as that alias", "sessions:\n  reset_by_type: {dm: &r {mode: idle}}\n  reset: *r\n  rest: *r\n", nil,
+			"FILE:4: sessions.rest: unknown key (did you mean sessions.reset? *r is sessions.reset itself, written already: remove this one)"},
+		{"one value beside a section written as an alias that has its key", "sessions:\n  reset_by_type: {dm: &l {level: debug}}\nlog: *l\nlgo: info\n", nil,
+			"FILE:4: lgo: unknown key (did you mean log.level? log is written already, with its level: remove this one, or set level there to its value, info)"},
 		{"in a variable's mapping", "", []string{"AGENTGATE_SESSIONS_RESET_BY_TYPE={dm: {idel_minutes: 5}}"},
 			`AGENTGATE_SESSIONS_RESET_BY_TYPE: "{dm: {idel_minutes: 5}}": dm.idel_minutes: unknown key (did you mean dm.idle_minutes?)`},
 	}
