@@ -72,12 +72,14 @@ type result struct {
 	toolCalls bool
 }
 
-// call makes one model call for body, retrying what can be retried (see the package comment).
-// partial, when not nil, streams. log is the agent's logger with the turn's session and id.
+// call makes one model call for msgs, retrying what can be retried (see the package comment).
+// Each attempt encodes its request when it is sent, after any wait, in the Agent's form then:
+// a refusal that switched the form while the call waited out a pause or its backoff (adapt,
+// another turn's request) is honoured at once, not met again. partial, when not nil, streams. log is the agent's logger with the turn's session and id.
 // retried is how many times the call was already retried, in the form a refusal made Run send
 // again (adapt): the count goes on, so that a call is retried max_retries times in all, not as
 // often again for each form; call returns it with what it added.
-func (a *Agent) call(ctx context.Context, body []byte, partial func(string), retried int, log *slog.Logger) (*result, int, error) {
+func (a *Agent) call(ctx context.Context, msgs []chatMessage, partial func(string), retried int, log *slog.Logger) (*result, int, error) {
 	var wait time.Duration // before the attempt: the last failed one's backoff
 	for attempt := retried + 1; ; attempt++ {
 		// A request that failed waits its own spread backoff, lengthened only to a wait the
@@ -113,9 +115,17 @@ func (a *Agent) call(ctx context.Context, body []byte, partial func(string), ret
 			}
 			wait = 0
 		}
+		f := a.form()
+		body, err := a.body(msgs, partial != nil, f)
+		if err != nil {
+			return nil, attempt - 1, err
+		}
 		start := time.Now()
 		res, err := a.attempt(ctx, body, partial, log)
 		a.requests(requestResult(ctx, res, err))
+		if se, ok := errors.AsType[*StatusError](err); ok {
+			se.sent = f
+		}
 		if err == nil {
 			log.Debug("model call", "attempt", attempt, "took", time.Since(start),
 				"input_tokens", res.usage.InputTokens, "output_tokens", res.usage.OutputTokens)

@@ -26,8 +26,9 @@
 // endpoint sends it unasked), named as what the refusal refuses (refusedParams), not merely
 // held in an echo of the request or of the chat's own text. The request is sent again at once in the form the refusal asks
 // for, as is every request of the Agent from then on; the first refusal of each is logged. A
-// request built before another turn's refusal switched the Agent, and met the same refusal, is
-// sent again too. A request sent again is the same call: its retries count on from those made
+// request is encoded when it is sent, after any wait (a pause, a backoff), so one that waited
+// while another turn's refusal switched the Agent goes in the new form; one sent before the
+// switch that met the same refusal is sent again too. A request sent again is the same call: its retries count on from those made
 // before the refusal, Config.MaxRetries in all, and its backoff goes on from there. After a stream's "data: [DONE]" the end of its body is
 // read too (waited for at most 100 ms), so that the connection serves the next request:
 // net/http closes the connection of a body closed before its end. An answer is read as what its

@@ -60,6 +60,8 @@ type StatusError struct {
 	// refused are the request parameters the answer names as what it refuses (refusedParams),
 	// which adapt may do without or name otherwise.
 	refused refusedNames
+	// sent is the form of the request the answer refused, which refused says what of.
+	sent form
 }
 
 // Error says which status the endpoint answered, its message, what to check (hint), and the

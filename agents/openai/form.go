@@ -27,9 +27,10 @@ func (a *Agent) form() form {
 	return form{completionTokens: a.completionTokens.Load(), noStreamOptions: a.noStreamOptions.Load()}
 }
 
-// adapt reports whether err is the endpoint's refusal of a parameter that a request in form f
-// carried and can name otherwise or do without, and returns the form to send it again in; the
-// agent switches to that form for good, and the first request to meet the refusal logs it.
+// adapt reports whether err is the endpoint's refusal of a parameter that the request it
+// refused carried (in its form, StatusError.sent) and can name otherwise or do without: the
+// agent switches to the form that does for good (the first request to meet the refusal logs
+// it), and the request is sent again, in that form.
 //
 //   - max_tokens, refused in favour of max_completion_tokens: OpenAI's reasoning models answer
 //     400 "Unsupported parameter: 'max_tokens' is not supported with this model. Use
@@ -50,27 +51,26 @@ func (a *Agent) form() form {
 //
 // Only a refusal that names the parameter switches: any other 400 is the request's own fault,
 // and sent again would be refused again.
-func (a *Agent) adapt(err error, f form, stream bool, log *slog.Logger) (form, bool) {
+func (a *Agent) adapt(err error, stream bool, log *slog.Logger) bool {
 	se, ok := errors.AsType[*StatusError](err)
 	if !ok || se.inBand || (se.Code != http.StatusBadRequest && se.Code != http.StatusUnprocessableEntity) {
-		return f, false
+		return false
 	}
+	f := se.sent
 	switch {
 	case !f.completionTokens && a.maxTokens > 0 && slices.Contains(se.refused.unknown, "max_tokens"):
-		f.completionTokens = true
 		if a.completionTokens.CompareAndSwap(false, true) {
 			log.Info("the model endpoint refused max_tokens and asks for max_completion_tokens; agent.openai.max_tokens goes by that name from now on")
 		}
 	case stream && !f.noStreamOptions && slices.Contains(se.refused.named, "stream_options"):
-		f.noStreamOptions = true
 		if a.noStreamOptions.CompareAndSwap(false, true) {
 			log.Warn("the model endpoint refused stream_options; streamed requests go without it from now on, and their token usage is counted only where the endpoint sends it unasked",
 				logging.Err(err))
 		}
 	default:
-		return f, false
+		return false
 	}
-	return f, true
+	return true
 }
 
 // refusedNames is what an endpoint's error names as what it refuses (refusedParams), each
@@ -289,11 +289,11 @@ func isWordRune(r rune) bool {
 	return r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
 }
 
-// body encodes the request of conv in form f.
-func (a *Agent) body(conv *conversation, stream bool, f form) ([]byte, error) {
+// body encodes the request of msgs (a conversation's messages) in form f.
+func (a *Agent) body(msgs []chatMessage, stream bool, f form) ([]byte, error) {
 	r := chatRequest{
 		Model:       a.model,
-		Messages:    conv.messages(a.maxHistory, a.budget),
+		Messages:    msgs,
 		Temperature: a.temperature,
 		MaxTokens:   a.maxTokens,
 	}

@@ -286,11 +286,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	carried := 0 // the steered messages the call of this round carries that no answer followed
 	stream := req.Partial != nil
 	for round := 0; ; round++ {
-		f := a.form()
-		body, err := a.body(conv, stream, f)
-		if err != nil {
-			return nil, err
-		}
+		msgs := conv.messages(a.maxHistory, a.budget)
 		if conv.cut > cut {
 			cut = conv.cut
 			a.logCut(conv, log)
@@ -304,26 +300,19 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		if round >= MaxSteerRounds {
 			takeSteer = nil // the last call: every message taken must be answered
 		}
-		res, steered, open, retried, err := a.round(ctx, body, partial, takeSteer, 0, log)
+		res, steered, open, retried, err := a.round(ctx, msgs, partial, takeSteer, 0, log)
 		// Refused for a parameter the agent can name otherwise or do without, the request is
 		// sent again at once in the form the refusal asks for, also when messages were steered
 		// in meanwhile (they join the call after it, as if taken during this one), and also when
-		// another turn's request met the refusal first: this one was built before the switch.
-		// Each form changes one parameter of f for good, so a call is sent again at most twice.
-		for err != nil {
-			var ok bool
-			if f, ok = a.adapt(err, f, stream, log); !ok {
-				break
-			}
-			if body, err = a.body(conv, stream, f); err != nil {
-				return unseen(spent(usage), len(steered)), err
-			}
+		// another turn's request met the refusal first: this one was sent before the switch.
+		// Each form changes one parameter for good, so a call is sent again at most twice.
+		for err != nil && a.adapt(err, stream, log) {
 			if !open {
 				takeSteer = nil
 			}
 			var more []agents.Message
 			var stillOpen bool
-			res, more, stillOpen, retried, err = a.round(ctx, body, partial, takeSteer, retried, log)
+			res, more, stillOpen, retried, err = a.round(ctx, msgs, partial, takeSteer, retried, log)
 			steered, open = append(steered, more...), open && stillOpen
 		}
 		if !open {
@@ -511,7 +500,7 @@ func spent(u agents.Usage) *agents.Response {
 // round makes one model call (with its retries, counted on from retried: see call) and, while
 // it runs, takes the messages steered into the turn from steer (when not nil). It reports
 // whether steer is still open, and how many times the call was retried in all.
-func (a *Agent) round(ctx context.Context, body []byte, partial func(string), steer <-chan agents.Message, retried int, log *slog.Logger) (*result, []agents.Message, bool, int, error) {
+func (a *Agent) round(ctx context.Context, msgs []chatMessage, partial func(string), steer <-chan agents.Message, retried int, log *slog.Logger) (*result, []agents.Message, bool, int, error) {
 	type outcome struct {
 		res     *result
 		retried int
@@ -529,7 +518,7 @@ func (a *Agent) round(ctx context.Context, body []byte, partial func(string), st
 				done <- outcome{panicked: fmt.Sprintf("%v\n\nthe model call's goroutine:\n%s", v, debug.Stack())}
 			}
 		}()
-		res, retried, err := a.call(ctx, body, partial, retried, log)
+		res, retried, err := a.call(ctx, msgs, partial, retried, log)
 		done <- outcome{res: res, retried: retried, err: err}
 	}()
 	var steered []agents.Message

@@ -1,6 +1,7 @@
 package openai_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -147,7 +148,7 @@ func TestRefusedParameterOfConcurrentTurns(t *testing.T) {
 			}
 			for range turns {
 				if err := <-errs; err != nil {
-					t.Errorf("Run() = %v; want ok: the request was built before the switch, and is sent again", err)
+					t.Errorf("Run() = %v; want ok: the request was sent before the switch, and is sent again", err)
 				}
 			}
 			if n := m.Count(); n != 2*turns {
@@ -155,6 +156,110 @@ func TestRefusedParameterOfConcurrentTurns(t *testing.T) {
 			}
 			if n := strings.Count(logs.String(), tc.line); n != 1 {
 				t.Errorf("the switch was logged %d times, want once:\n%s", n, logs.String())
+			}
+		})
+	}
+}
+
+// TestRefusalDuringAPauseIsHonouredByTheWaitingCalls: a call that waits out a rate limit (its
+// own Retry-After, or another turn's) while another turn's request is refused for a parameter
+// (max_tokens, stream_options) goes out in the form the refusal asked for, the first time. Before,
+// the request was encoded before the wait and sent as it was: each waiting turn got the same
+// 400 once more and sent its request again (found by a soak: a 429's Retry-After, then a
+// reasoning model's refusal of max_tokens).
+func TestRefusalDuringAPauseIsHonouredByTheWaitingCalls(t *testing.T) {
+	for _, tc := range []struct {
+		name, refused, message string
+		stream                 bool
+	}{
+		{"stream_options", `"stream_options"`, "Unrecognized request argument supplied: stream_options", true},
+		{"max_tokens", `"max_tokens"`, "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			refuse := make(chan struct{}) // the refused turn's first request is answered once closed
+			var m *openaitest.Model
+			m = openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+				body := m.Requests()[n-1].Body
+				switch {
+				case !strings.Contains(body, tc.refused):
+					if tc.stream {
+						openaitest.WriteStream(w, r, nil, 1, 1, "ok")
+						return
+					}
+					openaitest.WriteReply(w, "ok", 1, 1)
+				case strings.Contains(body, `"content":"refused"`):
+					select {
+					case <-refuse:
+					case <-r.Context().Done():
+						return
+					}
+					fallthrough
+				default:
+					select {
+					case <-refuse: // the form switched: an old one is refused again
+						openaitest.Status(http.StatusBadRequest, `{"error":{"message":`+jsonQuote(tc.message)+`,"type":"invalid_request_error"}}`)(w, r)
+					default:
+						openaitest.Status(http.StatusTooManyRequests, `{"error":{"message":"slow down"}}`, "Retry-After: 5")(w, r)
+					}
+				}
+			})
+			clock := &sleeps{at: time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)}
+			slept, release := make(chan time.Duration), make(chan struct{})
+			a := MustAgent(t, m, nil, nil, func(c *openai.Config) {
+				c.MaxTokens, c.Now = 300, clock.now
+				c.Sleep = func(ctx context.Context, d time.Duration) error {
+					select {
+					case slept <- d:
+					case <-release:
+					}
+					<-release
+					return clock.sleep(ctx, d)
+				}
+			})
+			run := func(text string) <-chan error {
+				done := make(chan error, 1)
+				go func() {
+					req := &agents.Request{Messages: []agents.Message{msg("user", text)}}
+					if tc.stream {
+						req.Partial = func(string) {}
+					}
+					resp, err := a.Run(t.Context(), req)
+					if err == nil && resp.Text != "ok" {
+						err = fmt.Errorf("reply %q, want ok", resp.Text)
+					}
+					done <- err
+				}()
+				return done
+			}
+			refused := run("refused")
+			m.WaitRequests(t, 1)
+			limited := run("limited") // 429, Retry-After: 5
+			if d := <-slept; d != 5*time.Second {
+				t.Fatalf("the rate-limited turn waits %v, want 5s", d)
+			}
+			held := run("held") // waits out the other turn's limit
+			if d := <-slept; d != 5*time.Second {
+				t.Fatalf("the held turn waits %v, want 5s", d)
+			}
+			close(refuse)
+			if d := <-slept; d != 5*time.Second { // the refused turn, sent again, waits too
+				t.Fatalf("the refused turn waits %v, want 5s", d)
+			}
+			close(release)
+			for name, done := range map[string]<-chan error{"refused": refused, "limited": limited, "held": held} {
+				if err := <-done; err != nil {
+					t.Errorf("the %s turn: Run() = %v; want ok", name, err)
+				}
+			}
+			var with []int
+			for i, r := range m.Requests() {
+				if strings.Contains(r.Body, tc.refused) {
+					with = append(with, i+1)
+				}
+			}
+			if len(with) != 2 || m.Count() != 5 {
+				t.Errorf("requests %v of %d carried %s, want 2 of 5: only the two sent before the refusal (the waiting turns' go out in the new form)",
+					with, m.Count(), tc.refused)
 			}
 		})
 	}
