@@ -96,6 +96,15 @@ type Refusal struct {
 	// for a tool, which it would ask for again: the message is left out of what later turns
 	// send, or every later message would carry it and be declined too.
 	Declined bool
+	// Rejected is set when the endpoint refused the request for what it holds without saying
+	// what (a plain 400 or 422): the message may be at fault, or the agent's configuration.
+	// The earlier messages that got no answer, sent along merged into the turn's own, are left
+	// out of what later turns send: each has now been refused once at least (as the turn's own
+	// message or as one sent along), and kept, a message the endpoint refuses rode along with
+	// every later message and got each refused, until /new. The turn's own messages stay for
+	// one more try (an earlier one may be what was refused), so none is refused more than
+	// twice for being sent along, and a chat recovers from one bad message by itself.
+	Rejected bool
 	Err      error
 }
 

@@ -108,7 +108,7 @@ func refusal(err error) error {
 		return err
 	}
 	var notice string
-	declined := false
+	declined, rejected := false, false
 	switch {
 	case se.Code == http.StatusUnauthorized || se.Code == http.StatusForbidden:
 		notice = "its model endpoint refused its credentials, which the operator has to fix"
@@ -121,11 +121,14 @@ func refusal(err error) error {
 	case se.Code == http.StatusBadRequest && saysAny(se.Message, "content_policy", "content policy", "content management policy", "safety system"):
 		notice, declined = "its model endpoint declined this message (its content policy)", true
 	case se.Code == http.StatusBadRequest || se.Code == http.StatusUnprocessableEntity:
-		notice = "its model endpoint refused the request"
+		// For what the request holds, without saying what: a message the endpoint cannot
+		// take, or the agent's configuration (Rejected: the session leaves out the earlier
+		// unanswered messages sent along).
+		notice, rejected = "its model endpoint refused the request", true
 	default:
 		return err
 	}
-	return &agents.Refusal{Notice: notice, Declined: declined, Err: err}
+	return &agents.Refusal{Notice: notice, Declined: declined, Rejected: rejected, Err: err}
 }
 
 // tooLong reports whether an endpoint's 400 message says the prompt exceeds the model's context,

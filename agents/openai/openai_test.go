@@ -204,7 +204,7 @@ func TestEmptyReplyIsAnError(t *testing.T) {
 // name, a conversation too long, a refused request, the content filter with no text) is an
 // agents.Refusal whose notice tells the user why; one that may pass (a 500) is not, and the
 // user is asked to try again. Only the content policy and filter decline the message itself
-// (Refusal.Declined).
+// (Refusal.Declined); a refusal of the request that says nothing of why is Refusal.Rejected.
 func TestRefusalsSayWhy(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -222,6 +222,7 @@ func TestRefusalsSayWhy(t *testing.T) {
 		{"too large", openaitest.Status(413, `request entity too large`), "send /new", false},
 		{"content policy", openaitest.Status(400, `{"error":{"message":"Your request was rejected as a result of our safety system.","code":"content_policy_violation"}}`), "content policy", true},
 		{"bad request", openaitest.Status(400, `{"error":{"message":"Invalid value for 'temperature'"}}`), "refused the request", false},
+		{"unprocessable", openaitest.Status(422, `{"detail":[{"loc":["body","messages",1,"content"],"msg":"Input should be a valid string","type":"string_type"}]}`), "refused the request", false},
 		{"content filter, no text", openaitest.Raw("application/json", `{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"content_filter"}]}`), "content filter", true},
 		// A refusal declines the message as the content filter does; before, it was a reply
 		// kept in later turns. Its words are the notice's end, without their period.
@@ -260,6 +261,10 @@ func TestRefusalsSayWhy(t *testing.T) {
 				t.Errorf("Run error = %v (refusal %v), want a Refusal saying %q", err, ok, tc.want)
 			case ok && ref.Declined != tc.declined:
 				t.Errorf("Run error %v: Refusal.Declined = %v, want %v", err, ref.Declined, tc.declined)
+			case ok && ref.Rejected != (tc.want == "refused the request"):
+				// Only a refusal that says nothing of why may be the fault of the earlier
+				// messages sent along: the session leaves those out.
+				t.Errorf("Run error %v: Refusal.Rejected = %v, want %v", err, ref.Rejected, !ref.Rejected)
 			}
 		})
 	}
