@@ -65,8 +65,9 @@ type Response struct {
 	// Usage is what the turn cost in model tokens; zero for agents that do not know.
 	Usage Usage
 	// Unseen is how many of the messages the agent received from Request.Steer, the last ones,
-	// never reached what answers (an exec command that no longer read its stdin): they run as
-	// the next turn instead of counting as answered. It may come next to an error.
+	// never reached what answers (an exec command that no longer read its stdin): they go back
+	// to the head of the session's queue and run next, one turn each (as queue mode followup
+	// runs queued messages), instead of counting as answered. It may come next to an error.
 	Unseen int
 }
 

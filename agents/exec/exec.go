@@ -504,7 +504,7 @@ func forwardSteer(ctx context.Context, stdin *os.File, in []byte, steer <-chan a
 			n, err := stdin.Write(line)
 			l.written += int64(n)
 			if err != nil {
-				// Not lost: Run counts it unseen, and it runs as the next turn.
+				// Not lost: Run counts it unseen, and it runs next, as a turn of its own.
 				log.Debug("exec agent could not deliver steered message", "message_id", m.MessageID, logging.Err(err))
 				return l
 			}

@@ -38,7 +38,7 @@ type input struct {
 // and stdin closes when the turn's messages end (the caller closes Request.Steer after the
 // turn). A command that declares steering must therefore read stdin line by line, not to EOF,
 // before it answers; it may exit without reading further lines, and the messages of lines it
-// left wholly unread in the pipe are reported in Response.Unseen, to run as the next turn. A
+// left wholly unread in the pipe are reported in Response.Unseen, to run next, one turn each. A
 // buffered reader takes the lines behind the one it returns out of the pipe, and their
 // messages count as seen: such a command reads without read-ahead (a byte at a time).
 func EncodeInput(req *agents.Request, history, historyBytes int) ([]byte, error) {

@@ -90,15 +90,16 @@
 // answer so far and the steered messages are appended to the conversation and the model is
 // called again, at most MaxSteerRounds more times per turn; in the last allowed call the agent
 // stops taking messages, so that every message it took is answered, and messages it did not
-// take run as the session's next turn, as do those it took during a call that failed, or
-// during the turn's own call when it was answered with no text (Response.Unseen): they never
-// reached the model, or would be declined with the message it declined. The reply of such a turn is the answers of
+// take go back to the head of the session's queue and run next, one turn each (as queue mode
+// followup runs queued messages), as do those it took during a call that failed, or during the
+// turn's own call when it was answered with no text (Response.Unseen): they never reached the
+// model, or would be declined with the message it declined. The reply of such a turn is the answers of
 // its calls joined with a blank line (what a streaming user has seen grow). When a call for
 // steered messages fails, the turn does not: its reply is the answers before that call, and the
-// steered messages no answer followed run as the next turn (Response.Unseen), with a warning.
-// So do they when that call is answered with no text (the model declined them, or asked for a
-// tool), with any steered in during it: as a turn of their own they get an answer, or the
-// notice that says why not. A call
+// steered messages no answer followed run next, one turn each (Response.Unseen), with a
+// warning. So do they when that call is answered with no text (the model declined them, or
+// asked for a tool), with any steered in during it: in turns of their own they get an answer,
+// or the notice that says why not. A call
 // refused for a parameter (see above) while messages were steered in is sent again all the
 // same, and those messages join the call after it.
 //

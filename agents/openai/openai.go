@@ -325,19 +325,19 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		if err != nil {
 			if len(answers) > 0 && parent.Err() == nil {
 				// A call for steered messages failed: the answers before it stand (a streaming
-				// user has seen them), and the steered messages run as the next turn.
-				log.Warn("model call for messages steered into the turn failed; the turn answers with the replies before it, and those messages run as the next turn",
+				// user has seen them), and the steered messages run next, one turn each.
+				log.Warn("model call for messages steered into the turn failed; the turn answers with the replies before it, and those messages run next, one turn each",
 					"messages", carried+len(steered), logging.Err(err))
 				return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage, Unseen: carried + len(steered)}, nil
 			}
-			// The messages taken during the failed call never reached the model: they run as
-			// the next turn, not fail (or, declined, be left out) with this one's.
+			// The messages taken during the failed call never reached the model: they run
+			// next, one turn each, not fail (or, declined, be left out) with this one's.
 			return unseen(spent(usage), len(steered)), refusal(err)
 		}
 		text := strings.TrimSpace(res.text)
 		if text == "" && len(answers) == 0 {
 			// The turn's own messages got no answer: the turn fails as noText says, and the
-			// messages steered in meanwhile run as the next turn. Sent again together with a
+			// messages steered in meanwhile run next, one turn each. Sent again together with a
 			// message the model had just declined (or asked a tool for), they were declined
 			// with it, left out of the conversation unanswered.
 			return unseen(spent(usage), len(steered)), a.noText(res)
@@ -345,11 +345,11 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		if text == "" {
 			// The call for steered messages got no answer (the model declined them, asked for
 			// a tool, said nothing): the answers before it stand, and the steered messages run
-			// as the next turn, where they get an answer, or the notice that says why not, as
-			// do those steered in during this call. Counted answered, their senders got
+			// next, one turn each, where they get an answer, or the notice that says why not,
+			// as do those steered in during this call. Counted answered, their senders got
 			// nothing; and those steered in meanwhile were sent again joined to the messages
 			// the model had just declined.
-			log.Warn("model answered the messages steered into the turn with no text; they run as the next turn",
+			log.Warn("model answered the messages steered into the turn with no text; they run next, one turn each",
 				"messages", carried+len(steered), "finish_reason", res.finish, "refused", strings.TrimSpace(res.refusal) != "", "tool_call", res.toolCalls)
 			return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage, Unseen: carried + len(steered)}, nil
 		}

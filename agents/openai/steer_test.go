@@ -118,7 +118,7 @@ func TestSteeredMessageAnsweredWithNoText(t *testing.T) {
 			if n := m.Count(); n != 2 {
 				t.Errorf("%d requests, want 2", n)
 			}
-			if line := "model answered the messages steered into the turn with no text; they run as the next turn"; !strings.Contains(logs.String(), line) {
+			if line := "model answered the messages steered into the turn with no text; they run next, one turn each"; !strings.Contains(logs.String(), line) {
 				t.Errorf("logs hold no %q:\n%s", line, logs.String())
 			}
 		})
