@@ -40,7 +40,7 @@ func backup(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if out == "" {
 		// backup "$FILE" with FILE unset: before, "to :  is a directory".
-		return errors.New("backup: FILE is empty: name the file to write, such as backups/agentgate.db")
+		return usagef("backup: FILE is empty: name the file to write, such as backups/agentgate.db")
 	}
 	cfg, err := cf.load()
 	if err != nil {

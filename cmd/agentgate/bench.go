@@ -122,7 +122,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 		}
 	}
 	if len(small) > 0 {
-		return fmt.Errorf("bench: %s: must be at least 1", strings.Join(small, ", "))
+		return usagef("bench: %s: must be at least 1", strings.Join(small, ", "))
 	}
 	dir := *dataDir
 	if dir != "" {

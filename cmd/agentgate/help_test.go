@@ -35,6 +35,19 @@ func TestHelpOnStdoutAndUsageErrorsOnStderr(t *testing.T) {
 		{name: "a flag without its value", args: []string{"check-config", "--config"}, code: 2,
 			stderrHas: []string{"flag needs an argument: -config\n", "usage: agentgate check-config [flags]"}},
 		{name: "an unknown command", args: []string{"frobnicate"}, code: 2, stderrHas: []string{`agentgate: unknown command "frobnicate"`}},
+		// A value the flag package parses but the command refuses, or an argument that cannot
+		// be what the command takes, is a wrong command line too: before, it exited 1, as a
+		// command that failed, while --limit abc exited 2.
+		{name: "an unparsable value", args: []string{"sessions", "list", "--data-dir", dir, "--limit", "abc"}, code: 2,
+			stderrHas: []string{`invalid value "abc" for flag -limit`}},
+		{name: "a value out of range", args: []string{"sessions", "list", "--data-dir", dir, "--limit", "-1"}, code: 2,
+			stderrHas: []string{"agentgate: sessions list: --limit -1: must be at least 1\n"}},
+		{name: "bench's too", args: []string{"bench", "--sessions", "0"}, code: 2,
+			stderrHas: []string{"agentgate: bench: --sessions 0: must be at least 1\n"}},
+		{name: "a KEY that is no session key", args: []string{"sessions", "show", "--data-dir", dir, "alice"}, code: 2,
+			stderrHas: []string{"agentgate: sessions show: identity: not a session key"}},
+		{name: "an empty query", args: []string{"sessions", "search", "--data-dir", dir, " "}, code: 2,
+			stderrHas: []string{"agentgate: sessions search: the query is empty\n"}},
 		{name: "a command that fails", args: []string{"sessions", "list", "--data-dir", dir}, code: 1, stderrHas: []string{"agentgate: no database at "}},
 	}
 	for _, tc := range tests {

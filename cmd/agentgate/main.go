@@ -33,12 +33,24 @@ import (
 
 func main() {
 	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if errors.Is(err, errUsage) {
-			os.Exit(2) // a wrong command line, as Go's flag package and most commands exit
-		}
-		printError(os.Stderr, err)
-		os.Exit(1)
+		os.Exit(exitStatus(err, os.Stderr))
 	}
+}
+
+// exitStatus prints what err says, unless the command printed it already (errUsage), and
+// returns the exit status it ends with: 2 for a wrong command line, as Go's flag package and
+// most commands exit, and 1 for a command that failed.
+func exitStatus(err error, stderr io.Writer) int {
+	var ue *usageError
+	switch {
+	case errors.As(err, &ue):
+		printError(stderr, err)
+		return 2
+	case errors.Is(err, errUsage):
+		return 2
+	}
+	printError(stderr, err)
+	return 1
 }
 
 // printError prints the error a command ended with on one line after "agentgate: " (see
@@ -78,6 +90,22 @@ func errorLine(msg string) string {
 
 // errUsage means the usage text was already printed: the command line was wrong.
 var errUsage = errors.New("usage")
+
+// usageError is a wrong command line that its flags' parse let through: a value out of range
+// (--limit -1), an argument that cannot be what the command takes (a KEY that is no session
+// key, an empty QUERY). main prints it as it prints a failure, and exits 2, as after errUsage,
+// which it is (errors.Is). Before, such a line exited 1, as a command that failed, while an
+// unparsable value (--limit abc) exited 2 (found by a CLI review).
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func (e *usageError) Is(target error) bool { return target == errUsage }
+
+// usagef returns a *usageError of the message format makes.
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
 
 // errHelp means -h was asked for and answered: the command stops with success.
 var errHelp = errors.New("help")

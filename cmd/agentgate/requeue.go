@@ -185,7 +185,7 @@ func parseKeyAndMessage(fset *flag.FlagSet, args []string, stdout, stderr io.Wri
 		return "", "", err
 	}
 	if pos[1] == "" {
-		return "", "", fmt.Errorf("%s: the message id is empty", fset.Name())
+		return "", "", usagef("%s: the message id is empty", fset.Name())
 	}
 	return key, pos[1], nil
 }

@@ -183,14 +183,14 @@ func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return helpIsDone(err)
 	}
 	if *limit < 1 {
-		return fmt.Errorf("sessions list: --limit %d: must be at least 1", *limit)
+		return usagef("sessions list: --limit %d: must be at least 1", *limit)
 	}
 	// --after is a position, not necessarily a key, so it is not parsed as one; but a value
 	// that begins with a quote names no key (each begins with "agent:") and, read raw, would
 	// list from the first key: it is refused.
 	afterKey, badQuote := keyArg(*after)
 	if badQuote != nil {
-		return fmt.Errorf("sessions list: --after %s: begins with a quote but is not Go-quoted as the more: hint prints a key (%v)",
+		return usagef("sessions list: --after %s: begins with a quote but is not Go-quoted as the more: hint prints a key (%v)",
 			strconv.Quote(*after), badQuote)
 	}
 	st, err := openReader(ctx, &cf, 0, stderr)
@@ -716,10 +716,10 @@ func sessionsSearch(ctx context.Context, args []string, stdout, stderr io.Writer
 		return helpIsDone(err)
 	}
 	if strings.TrimSpace(query) == "" {
-		return errors.New("sessions search: the query is empty")
+		return usagef("sessions search: the query is empty")
 	}
 	if *limit < 1 {
-		return fmt.Errorf("sessions search: --limit %d: must be at least 1", *limit)
+		return usagef("sessions search: --limit %d: must be at least 1", *limit)
 	}
 	st, err := openReader(ctx, &cf, searchTimeout, stderr)
 	if err != nil {
@@ -733,7 +733,7 @@ func sessionsSearch(ctx context.Context, args []string, stdout, stderr io.Writer
 	ms, err := idx.Search(ctx, query, *limit)
 	if err != nil {
 		if errors.Is(err, sqlite.ErrBadQuery) {
-			return fmt.Errorf("sessions search: %q is not a query the index understands: %s", query, searchHelp)
+			return usagef("sessions search: %q is not a query the index understands: %s", query, searchHelp)
 		}
 		return err
 	}
@@ -787,7 +787,7 @@ func sessionsQuarantined(ctx context.Context, args []string, stdout, stderr io.W
 		return helpIsDone(err)
 	}
 	if *limit < 1 {
-		return fmt.Errorf("sessions quarantined: --limit %d: must be at least 1", *limit)
+		return usagef("sessions quarantined: --limit %d: must be at least 1", *limit)
 	}
 	st, err := openReader(ctx, &cf, 0, stderr)
 	if err != nil {
@@ -882,16 +882,16 @@ func parseSessionArgs(fset *flag.FlagSet, args []string, wantKey bool, stdout, s
 	return parseKey(fset.Name(), arg)
 }
 
-// parseKey returns the session key a KEY argument of command cmd names (keyArg), or an error
-// that says why it names none.
+// parseKey returns the session key a KEY argument of command cmd names (keyArg), or a
+// *usageError that says why it names none.
 func parseKey(cmd, arg string) (string, error) {
 	key, badQuote := keyArg(arg)
 	if _, err := identity.ParseKey(key); err != nil {
 		if badQuote != nil {
-			return "", fmt.Errorf("%s: %s begins with a quote but is not Go-quoted as sessions list prints a key (%v), and no key begins with one",
+			return "", usagef("%s: %s begins with a quote but is not Go-quoted as sessions list prints a key (%v), and no key begins with one",
 				cmd, strconv.Quote(arg), badQuote)
 		}
-		return "", fmt.Errorf("%s: %v (want agent:<profile>:<platform>:<chat type>:<chat id>[:...], as printed by sessions list)", cmd, err)
+		return "", usagef("%s: %v (want agent:<profile>:<platform>:<chat type>:<chat id>[:...], as printed by sessions list)", cmd, err)
 	}
 	return key, nil
 }
