@@ -294,10 +294,17 @@ func parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) error {
 		return errUsage
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "agentgate %s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		unexpectedArg(stderr, fs)
 		return errUsage
 	}
 	return nil
+}
+
+// unexpectedArg says on stderr that fs's first argument left is one too many, and where the
+// command's arguments are explained, as a missing argument's message does (before, it named
+// the argument alone, and README said it pointed to -h).
+func unexpectedArg(stderr io.Writer, fs *flag.FlagSet) {
+	fmt.Fprintf(stderr, "agentgate %s: unexpected argument %q (agentgate %[1]s -h says what it takes)\n", fs.Name(), fs.Arg(0))
 }
 
 // parseFlags is fs.Parse(args) with the usage that -h asks for on stdout, as the command's

@@ -946,7 +946,7 @@ func restArg(fset *flag.FlagSet, one bool, stdout, stderr io.Writer) (string, er
 		}
 	}
 	if fset.NArg() > 0 {
-		fmt.Fprintf(stderr, "agentgate %s: unexpected argument %q\n", fset.Name(), fset.Arg(0))
+		unexpectedArg(stderr, fset)
 		return "", errUsage
 	}
 	return arg, nil

@@ -40,7 +40,7 @@ func sessionsPardon(ctx context.Context, args []string, stdout, stderr io.Writer
 	var key string
 	switch {
 	case *all && arg != "":
-		fmt.Fprintf(stderr, "agentgate sessions pardon: give --all or a KEY, not both\n")
+		fmt.Fprintf(stderr, "agentgate sessions pardon: give --all or a KEY, not both (agentgate sessions pardon -h says what they are)\n")
 		return errUsage
 	case !*all && arg == "":
 		fmt.Fprintf(stderr, "agentgate sessions pardon: missing --all or KEY (agentgate sessions pardon -h says what they are)\n")
