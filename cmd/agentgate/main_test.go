@@ -28,14 +28,20 @@ import (
 
 // TestMain clears the configuration a developer's environment may hold (AGENTGATE_STORE_DSN
 // and the like), which this process's config loading and every daemon it starts would read:
-// a test sets what it needs explicitly.
+// a test sets what it needs explicitly. The binary MustBuild built is removed once the tests
+// are done: before, each run left its 45 to 62 MB in the temporary directory, and a day of runs
+// filled the disk.
 func TestMain(m *testing.M) {
 	for _, kv := range os.Environ() {
 		if name, _, _ := strings.Cut(kv, "="); config.IsEnvKey(name) {
 			os.Unsetenv(name)
 		}
 	}
-	os.Exit(pgtest.Main(m))
+	code := pgtest.Main(m)
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
 }
 
 func TestRunCommands(t *testing.T) {
