@@ -44,7 +44,7 @@ func backup(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	cfg, err := cf.load()
 	if err != nil {
-		return configError(err)
+		return err
 	}
 	if cfg.Store.Driver == "postgres" {
 		return errors.New("backup: the store is PostgreSQL: back it up with pg_dump " +

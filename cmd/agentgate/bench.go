@@ -15,6 +15,7 @@ import (
 	"runtime/pprof"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -130,6 +131,9 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) (err er
 		switch entries, err := os.ReadDir(dir); {
 		case err == nil && len(entries) > 0:
 			return fmt.Errorf("bench: --data-dir %s is not empty; bench writes sessions of its own there, so give it an empty or new directory", dir)
+		case errors.Is(err, syscall.ENOTDIR):
+			// (a file, such as a daemon's agentgate.db: before, "open …: not a directory")
+			return fmt.Errorf("bench: --data-dir %s is not a directory: give it an empty or new directory", dir)
 		case err != nil && !errors.Is(err, iofs.ErrNotExist):
 			return fmt.Errorf("bench: --data-dir: %w", err)
 		}

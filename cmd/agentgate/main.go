@@ -241,10 +241,15 @@ func (f *configFlags) printDefaults() {
 	shown.PrintDefaults()
 }
 
+// load is check for an admin command that opens no store (backup): the configuration, or the
+// error that says what is wrong with it (configError), or that data_dir is no directory.
 func (f *configFlags) load() (*config.Config, error) {
-	cfg, problems, _ := f.check(nil)
+	cfg, problems, refused := f.check(func(c *config.Config) []error { return nonNil(notADirectory(c.DataDir)) })
 	if problems != nil {
-		return nil, problems
+		return nil, configError(problems)
+	}
+	if refused != nil {
+		return nil, refused
 	}
 	return cfg, nil
 }
@@ -842,10 +847,11 @@ func dataDirProblem(dir string) error {
 		return "give it to the daemon's user, or set another data_dir"
 	}
 	const elsewhere = ", which holds no files: set another data_dir"
-	fi, err := os.Stat(dir)
+	if err := notADirectory(dir); err != nil {
+		return err
+	}
+	_, err := os.Stat(dir) // (a directory, if it exists: notADirectory)
 	switch {
-	case err == nil && !fi.IsDir():
-		return problem("exists but is not a directory")
 	case err == nil:
 		if name, ok := kernelFS(dir); ok {
 			return problem("is in the kernel's %s file system%s", name, elsewhere)
@@ -887,6 +893,70 @@ func dataDirProblem(dir string) error {
 			return nil
 		}
 	}
+}
+
+// notADirectory returns why dir cannot be a data directory when it, or the nearest of its
+// parents that exists, is not a directory: a *config.FieldError of data_dir, which says so once
+// for every command. A database file (--data-dir data/agentgate.db) is named as one, with the
+// directory that holds it: before, the admin commands said what failed in their own words,
+// "stat data/agentgate.db/agentgate.db: not a directory" or "mkdir data/agentgate.db: not a
+// directory", and serve that it "exists but is not a directory" (found by a CLI review). A path
+// that cannot be looked at otherwise is left to the caller (nil).
+func notADirectory(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	problem := func(format string, args ...any) error {
+		return &config.FieldError{Field: "data_dir", Value: dir, Err: fmt.Errorf(format, args...)}
+	}
+	clean := filepath.Clean(dir)
+	for d := clean; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		switch {
+		case err == nil && fi.IsDir():
+			return nil
+		case err == nil && d == clean && isDatabaseFile(d, fi):
+			if filepath.Base(d) == databaseFile {
+				return problem("is a database file, not a directory: name the directory that holds it (%s), not the file", filepath.Dir(d))
+			}
+			return problem("is a database file, not a directory: name the directory that holds %s, not a database file", databaseFile)
+		case err == nil && d == clean:
+			return problem("exists but is not a directory")
+		case err == nil && isDatabaseFile(d, fi):
+			return problem("cannot be made: %s is a database file, not a directory: name the directory that holds %s, not a path under it",
+				d, databaseFile)
+		case err == nil:
+			return problem("cannot be made: %s is not a directory", d)
+		case !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR):
+			return nil
+		}
+		if d == filepath.Dir(d) {
+			return nil
+		}
+	}
+}
+
+// databaseFile is the name of the SQLite database in data_dir (config.Config.DSN's default).
+const databaseFile = "agentgate.db"
+
+// isDatabaseFile reports whether path, whose os.Stat is fi, is named as agentgate's database is,
+// or is a regular file that begins as a SQLite database does (one that is not regular, a FIFO,
+// is not opened: its open could block).
+func isDatabaseFile(path string, fi os.FileInfo) bool {
+	if filepath.Base(path) == databaseFile {
+		return true
+	}
+	if !fi.Mode().IsRegular() {
+		return false
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	head := make([]byte, 16)
+	_, err = io.ReadFull(f, head)
+	return err == nil && string(head) == "SQLite format 3\x00"
 }
 
 // linkLoop says which symbolic link on path, whose os.Stat fails with ELOOP, loops: the first

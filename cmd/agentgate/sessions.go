@@ -1040,7 +1040,9 @@ func openStoreWith(ctx context.Context, cf *configFlags, access storeAccess, tim
 	// What pgx refuses on this machine, in its words, with the file or the PG* variable named
 	// and the file's line of the key, as serve refuses it: the store's Open says only that the
 	// DSN cannot be parsed (before, without the line: found by a new user's walkthrough).
-	cfg, problems, refused := cf.check(func(c *config.Config) []error { return nonNil(c.CheckPostgres()) })
+	// A data_dir that is no directory (--data-dir data/agentgate.db) is said to be one, once for
+	// every command, rather than in the words of what failed on it.
+	cfg, problems, refused := cf.check(func(c *config.Config) []error { return nonNil(notADirectory(c.DataDir), c.CheckPostgres()) })
 	if problems != nil {
 		return nil, nil, nil, configError(problems)
 	}
