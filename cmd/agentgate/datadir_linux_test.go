@@ -134,3 +134,47 @@ func TestCheckConfigDataDirInTheKernelsFileSystems(t *testing.T) {
 		})
 	}
 }
+
+// TestOfflineCommandsOnReadOnlyMount: sessions reset, pardon and requeue on a data directory on
+// a read-only mount say what to do, as serve says it of the same mount (mount it writable), and
+// that the commands that only read work there, which list does. Before, they said only "data
+// directory …: lock: open …/agentgate-dir.flock: read-only file system". It mounts a tmpfs in a
+// mount namespace of its own, copies a data directory onto it and makes it read-only, so it
+// needs root and unshare(1); it is skipped without them.
+func TestOfflineCommandsOnReadOnlyMount(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounts a read-only tmpfs: needs root")
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Skip("needs unshare(1)")
+	}
+	bin := MustBuild(t)
+	seed := MustSeedSessions(t)
+	ro := filepath.Join(t.TempDir(), "ro")
+	if err := os.Mkdir(ro, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(unshare, "-m", "mount", "-t", "tmpfs", "-o", "ro", "tmpfs", ro).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs in a mount namespace of its own: %v: %s", err, out)
+	}
+	// The mount lives as long as the namespace: the command runs in it, after it.
+	agentgate := func(args ...string) (string, error) {
+		script := `mount -t tmpfs tmpfs "$1" && cp -a "$2"/. "$1"/ && mount -o remount,ro "$1" && shift 2 && exec "$@"`
+		cmd := exec.Command(unshare, append([]string{"-m", "sh", "-c", script, "sh", ro, seed, bin}, append(args, "--data-dir", ro)...)...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	for _, args := range [][]string{
+		{"sessions", "reset", keyA}, {"sessions", "pardon", "--all"}, {"sessions", "pardon", keyA}, {"sessions", "requeue", keyA, "m1"},
+	} {
+		want := "agentgate: " + args[0] + " " + args[1] + ": the data directory " + ro + " is on a read-only file system, and this command writes there " +
+			"(its lock, and the database): mount it writable (list, show, export, search and quarantined only read it)\n"
+		if out, err := agentgate(args...); err == nil || out != want {
+			t.Errorf("%q = %v, output %q; want it refused with %q", args, err, out, want)
+		}
+	}
+	if out, err := agentgate("sessions", "list"); err != nil || !strings.Contains(out, keyA) {
+		t.Errorf("sessions list = %v, output %q; want it to list %s", err, out, keyA)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -1064,6 +1065,11 @@ func openStoreWith(ctx context.Context, cf *configFlags, access storeAccess, tim
 			// stop the daemon, and a reset looked for one to ask).
 			return fmt.Errorf("%s: another admin command holds the data directory %s (agentgate %s, pid %d); run this one again once it is done",
 				cf.fs.Name(), cfg.DataDir, inUse.Holder, inUse.PID)
+		case errors.Is(err, syscall.EROFS):
+			// What to do, as serve says it of the same mount: before, only "data directory …:
+			// lock: open …/agentgate-dir.flock: read-only file system" (a CLI review).
+			return fmt.Errorf("%s: the data directory %s is on a read-only file system, and this command writes there (its lock, and the database): "+
+				"mount it writable (list, show, export, search and quarantined only read it)", cf.fs.Name(), cfg.DataDir)
 		}
 		return err
 	}
