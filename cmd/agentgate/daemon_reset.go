@@ -158,7 +158,7 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, run, key string)
 		// Only the key's session, as the daemon answers a reset, tells of a reset made.
 		var info httpplatform.SessionInfo
 		if err := json.Unmarshal(a.body, &info); err != nil || info.SessionKey != key || info.SessionID == "" {
-			return nil, fmt.Errorf("the %[1]s at %[2]s answered %[3]s without a session of %[4]s: is this the %[1]s's address?", daemonNoun(cfg), addr, a.statusText, pasteableKey(key))
+			return nil, fmt.Errorf("the %[1]s at %[2]s answered %[3]s without a session of %[4]s: is this the %[1]s's address?", daemonNoun(cfg), addr, a.statusText, shortKey(key))
 		}
 		return &info, nil
 	case a.status == http.StatusNotFound && a.code == httpplatform.CodeNotFound && a.msg == "no such session":
@@ -323,7 +323,7 @@ func resetThroughMember(ctx context.Context, st persistence.Store, cfg *config.C
 		case errors.Is(err, errAnswerLost):
 			return answerLost(key, err)
 		case err != nil:
-			return fmt.Errorf("reset %s: %w", pasteableKey(key), err)
+			return fmt.Errorf("reset %s: %w", shortKey(key), err)
 		}
 		printReset(stdout, key, "the member at "+addr, info)
 		return nil

@@ -309,7 +309,7 @@ func parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) error {
 // command's arguments are explained, as a missing argument's message does (before, it named
 // the argument alone, and README said it pointed to -h).
 func unexpectedArg(stderr io.Writer, fs *flag.FlagSet) {
-	fmt.Fprintf(stderr, "agentgate %s: unexpected argument %q (agentgate %[1]s -h says what it takes)\n", fs.Name(), fs.Arg(0))
+	fmt.Fprintf(stderr, "agentgate %s: unexpected argument %s (agentgate %[1]s -h says what it takes)\n", fs.Name(), shortQuote(fs.Arg(0)))
 }
 
 // parseFlags is fs.Parse(args) with the usage that -h asks for on stdout, as the command's

@@ -57,9 +57,9 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 		case errors.Is(err, errAnswerLost):
 			return requeueAnswerLost(key, id, err)
 		case errors.Is(err, errStopping):
-			return fmt.Errorf("requeue %s of %s: %v; run it again once the daemon has restarted", id, pasteableKey(key), err)
+			return fmt.Errorf("requeue %s of %s: %v; run it again once the daemon has restarted", shortArg(id), shortKey(key), err)
 		case err != nil:
-			return fmt.Errorf("requeue %s of %s: %w", id, pasteableKey(key), err)
+			return fmt.Errorf("requeue %s of %s: %w", shortArg(id), shortKey(key), err)
 		}
 		printRequeue(stdout, daemonNoun(cfg), addr, res)
 		return nil
@@ -80,7 +80,7 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 			case errors.Is(err, errAnswerLost):
 				return requeueAnswerLost(key, id, err)
 			case err != nil:
-				return fmt.Errorf("requeue %s of %s: %w", id, pasteableKey(key), err)
+				return fmt.Errorf("requeue %s of %s: %w", shortArg(id), shortKey(key), err)
 			}
 			printRequeue(stdout, daemonNoun(cfg), addr, res)
 			return nil
@@ -90,10 +90,10 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 		}
 		if len(silent) == 0 {
 			return fmt.Errorf("requeue %s of %s: no cluster member runs (none is registered in the database); a requeue runs the message, which only a running member does: start one and try again (nothing was changed)",
-				id, pasteableKey(key))
+				shortArg(id), shortKey(key))
 		}
 		return fmt.Errorf("requeue %s of %s: no cluster member answered (%s); a requeue runs the message, which only a running member does: start one and try again (nothing was changed)",
-			id, pasteableKey(key), strings.Join(silent, "; "))
+			shortArg(id), shortKey(key), strings.Join(silent, "; "))
 	}
 	// What the store shows of the message may lack writes waiting in the spool (its quarantine,
 	// or its requeue through the daemon): the start replays them before any session loads, so the
@@ -104,7 +104,7 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 			"(sessions quarantined and show lack them)", n, filepath.Join(cfg.DataDir, "spool"))
 	}
 	return fmt.Errorf("requeue %s of %s: no daemon runs on %s; a requeue runs the message, which only the daemon does: start it (agentgate serve) and try again%s (nothing was changed)",
-		id, pasteableKey(key), cfg.DataDir, spooled)
+		shortArg(id), shortKey(key), cfg.DataDir, spooled)
 }
 
 // daemonRequeue asks the daemon listening at addr, run run, to requeue message id of key
@@ -118,7 +118,7 @@ func daemonRequeue(ctx context.Context, cfg *config.Config, addr, run, key, id s
 	case http.StatusOK, http.StatusAccepted:
 		var res httpplatform.MessageResponse
 		if err := json.Unmarshal(a.body, &res); err != nil || res.SessionKey != key || res.MessageID != id {
-			return nil, fmt.Errorf("the %[1]s at %[2]s answered %[3]s without the requeue of %[4]s: is this the %[1]s's address?", daemonNoun(cfg), addr, a.statusText, id)
+			return nil, fmt.Errorf("the %[1]s at %[2]s answered %[3]s without the requeue of %[4]s: is this the %[1]s's address?", daemonNoun(cfg), addr, a.statusText, shortArg(id))
 		}
 		return &res, nil
 	case http.StatusNotFound, http.StatusConflict:

@@ -192,7 +192,7 @@ func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	afterKey, badQuote := keyArg(*after)
 	if badQuote != nil {
 		return usagef("sessions list: --after %s: begins with a quote but is not Go-quoted as the more: hint prints a key (%v)",
-			strconv.Quote(*after), badQuote)
+			shortQuote(*after), badQuote)
 	}
 	st, err := openReader(ctx, &cf, 0, stderr)
 	if err != nil {
@@ -323,7 +323,7 @@ func sessionsShow(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if snap.Route == nil {
-		return fmt.Errorf("session %s not found", pasteableKey(key))
+		return fmt.Errorf("session %s not found", shortKey(key))
 	}
 	out := showJSON{
 		SessionKey: key,
@@ -445,7 +445,7 @@ func sessionsExport(ctx context.Context, args []string, stdout, stderr io.Writer
 	defer st.Close()
 	route, err := st.Route(ctx, key)
 	if errors.Is(err, persistence.ErrNotFound) {
-		return fmt.Errorf("session %s not found", pasteableKey(key))
+		return fmt.Errorf("session %s not found", shortKey(key))
 	}
 	if err != nil {
 		return err
@@ -538,7 +538,10 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return helpIsDone(err)
 	}
-	shown := pasteableKey(key) // (as the messages name the key: its characters reach no terminal raw)
+	// As the errors name the key: its characters reach no terminal raw, and of a KEY of any
+	// length that may name no session, the first bytes only. What is printed of a session the
+	// reset found names its key whole.
+	shown := shortKey(key)
 	// The data directory's lock first, as a daemon takes it (openStoreWith): a daemon that is
 	// starting holds it before it opens the store. Before, the reset took only the store's lock
 	// then, and ended the session in the store under the starting daemon (and could fail its
@@ -566,10 +569,10 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return answerLost(key, err)
 		}
 		if errors.Is(err, errStopping) {
-			return fmt.Errorf("reset %s: %v; run it again once the daemon has restarted, or with it stopped", shown, err)
+			return fmt.Errorf("reset %s: %v; run it again once the daemon has restarted, or with it stopped", shortKey(key), err)
 		}
 		if err != nil {
-			return fmt.Errorf("reset %s: %w", shown, err)
+			return fmt.Errorf("reset %s: %w", shortKey(key), err) // (a refusal: a KEY no session has, one too long for a request)
 		}
 		printDaemonReset(stdout, key, addr, info)
 		return nil
@@ -614,16 +617,16 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	if snap.Route == nil {
-		return fmt.Errorf("session %s not found", shown)
+		return fmt.Errorf("session %s not found", shortKey(key))
 	}
 	s := snap.Session
 	if s == nil {
 		// Pruned: it ended longer ago than sessions.prune.retention. Nothing is left to end.
-		fmt.Fprintf(stdout, "session %s of %s ended and was pruned; the key's next message starts a new one\n", snap.Route.SessionID, shown)
+		fmt.Fprintf(stdout, "session %s of %s ended and was pruned; the key's next message starts a new one\n", snap.Route.SessionID, pasteableKey(key))
 		return nil
 	}
 	if !s.EndedAt.IsZero() {
-		fmt.Fprintf(stdout, "session %s of %s already ended (%s)\n", s.ID, shown, s.EndReason)
+		fmt.Fprintf(stdout, "session %s of %s already ended (%s)\n", s.ID, pasteableKey(key), s.EndReason)
 		return nil
 	}
 	// Read without their text: a flooded chat's backlog is not held to be dropped. Nothing
@@ -649,7 +652,7 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		if len(said) == 0 && !continues {
 			// "No conversation", not "nothing": sessions show counts its commands and notices
 			// among its messages (a new operator's review read the two as contradicting).
-			fmt.Fprintf(stdout, "session %s of %s holds no conversation yet (commands and notices do not count): left as it is\n", s.ID, shown)
+			fmt.Fprintf(stdout, "session %s of %s holds no conversation yet (commands and notices do not count): left as it is\n", s.ID, pasteableKey(key))
 			return nil
 		}
 	}
@@ -664,7 +667,7 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if errs := st.Commit(ctx, [][]persistence.Op{ops}); len(errs) > 0 && errs[0] != nil {
 		return fmt.Errorf("reset %s: %w", shown, errs[0])
 	}
-	fmt.Fprintf(stdout, "ended session %s of %s (%s)\n", s.ID, shown, persistence.EndResetCommand)
+	fmt.Fprintf(stdout, "ended session %s of %s (%s)\n", s.ID, pasteableKey(key), persistence.EndResetCommand)
 	if n := len(pending); n > 0 {
 		// Said as sessions show will show them: failed, no longer pending.
 		fmt.Fprintf(stderr, "note: the ended session's %d pending message(s) are marked failed and will not be answered; "+
@@ -734,7 +737,7 @@ func sessionsSearch(ctx context.Context, args []string, stdout, stderr io.Writer
 	ms, err := idx.Search(ctx, query, *limit)
 	if err != nil {
 		if errors.Is(err, sqlite.ErrBadQuery) {
-			return usagef("sessions search: %q is not a query the index understands: %s", query, searchHelp)
+			return usagef("sessions search: %s is not a query the index understands: %s", shortQuote(query), searchHelp)
 		}
 		return err
 	}
@@ -890,7 +893,11 @@ func parseKey(cmd, arg string) (string, error) {
 	if _, err := identity.ParseKey(key); err != nil {
 		if badQuote != nil {
 			return "", usagef("%s: %s begins with a quote but is not Go-quoted as sessions list prints a key (%v), and no key begins with one",
-				cmd, strconv.Quote(arg), badQuote)
+				cmd, shortQuote(arg), badQuote)
+		}
+		if errors.Is(err, identity.ErrBadKey) {
+			// (Its error quotes the key whole: a 100 KB one filled the terminal.)
+			err = fmt.Errorf("%w: %s", identity.ErrBadKey, shortQuote(key))
 		}
 		return "", usagef("%s: %v (want agent:<profile>:<platform>:<chat type>:<chat id>[:...], as printed by sessions list)", cmd, err)
 	}
@@ -1294,6 +1301,48 @@ func keyCell(key string) string {
 		return "-"
 	}
 	return pasteableKey(key)
+}
+
+// errArgBytes is how much of an argument an error that refuses it repeats: a KEY pasted with a
+// log line, or a file's contents, may be of any length, and before, "session … not found" echoed
+// a 100 KB one whole (found by a CLI review). A key the platforms make is far shorter than
+// that, whole, wherever a command names a key that a session has.
+const errArgBytes = 200
+
+// shortKey is key as an error that refuses it names it: pasteableKey's form of its first
+// errArgBytes bytes (whole runes), then "…" and its length when it is longer.
+func shortKey(key string) string {
+	if len(key) <= errArgBytes {
+		return pasteableKey(key)
+	}
+	return pasteableKey(head(key)) + fmt.Sprintf("… (%d bytes)", len(key))
+}
+
+// shortQuote is s Go-quoted, as an error that refuses it names it: at most its first
+// errArgBytes bytes, as shortKey.
+func shortQuote(s string) string {
+	if len(s) <= errArgBytes {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(head(s)) + fmt.Sprintf("… (%d bytes)", len(s))
+}
+
+// shortArg is s as is, as an error names an id it refuses: at most its first errArgBytes
+// bytes, as shortKey.
+func shortArg(s string) string {
+	if len(s) <= errArgBytes {
+		return s
+	}
+	return head(s) + fmt.Sprintf("… (%d bytes)", len(s))
+}
+
+// head is s's first errArgBytes bytes, fewer to end at a rune's start.
+func head(s string) string {
+	n := min(len(s), errArgBytes)
+	for n > 0 && n < len(s) && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // timeCell is t in RFC 3339 UTC, or "-" for the zero time.

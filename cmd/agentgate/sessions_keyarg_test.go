@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -202,5 +203,50 @@ func TestSessionsKeyArgument(t *testing.T) {
 	if _, _, err := runSessions(t, "requeue", "--data-dir", dir, `"agent:main:http:dm:\q"`, "q1"); err == nil ||
 		!strings.Contains(err.Error(), "sessions requeue: ") || !strings.Contains(err.Error(), "begins with a quote") {
 		t.Errorf("requeue of a broken quoted key: error %v, want why it names no key", err)
+	}
+}
+
+// TestErrorsCutALongArgument: an error that refuses a KEY no session has, one that is no key,
+// or another argument of any length repeats its first 200 bytes and says how long it is: before,
+// "session … not found" echoed a 100 KB KEY (pasted with a log line) whole. A key a session has
+// is named whole (sessions reset's line of what it ended).
+func TestErrorsCutALongArgument(t *testing.T) {
+	dir := MustSeedSessions(t)
+	tail := strings.Repeat("x", 100_000)
+	long := "agent:main:http:dm:" + tail
+	cut := func(s string) string { return s[:200] + fmt.Sprintf("… (%d bytes)", len(s)) }
+	quoted := func(s string) string { return strconv.Quote(s[:200]) + fmt.Sprintf("… (%d bytes)", len(s)) }
+	for _, tc := range []struct {
+		args []string
+		want string // the whole error, or stderr when the error is errUsage alone
+	}{
+		{[]string{"show", long}, "session " + cut(long) + " not found"},
+		{[]string{"export", long}, "session " + cut(long) + " not found"},
+		{[]string{"reset", long}, "session " + cut(long) + " not found"},
+		{[]string{"pardon", long}, "sessions pardon: session " + cut(long) + " not found: nothing was pardoned (agentgate sessions list prints the keys)"},
+		{[]string{"requeue", long, "m1"}, "requeue m1 of " + cut(long) + ": no daemon runs on " + dir +
+			"; a requeue runs the message, which only the daemon does: start it (agentgate serve) and try again (nothing was changed)"},
+		{[]string{"requeue", keyA, tail}, "requeue " + cut(tail) + " of " + keyA + ": no daemon runs on " + dir +
+			"; a requeue runs the message, which only the daemon does: start it (agentgate serve) and try again (nothing was changed)"},
+		{[]string{"show", "x" + long}, "sessions show: identity: not a session key: " + quoted("x"+long) + " (want agent:<profile>:<platform>:<chat type>:<chat id>[:...], as printed by sessions list)"},
+		{[]string{"show", `"` + long}, "sessions show: " + quoted(`"`+long) + " begins with a quote but is not Go-quoted as sessions list prints a key (invalid syntax), and no key begins with one"},
+		{[]string{"list", "--after", `"` + long}, "sessions list: --after " + quoted(`"`+long) + ": begins with a quote but is not Go-quoted as the more: hint prints a key (invalid syntax)"},
+		{[]string{"list", long}, "agentgate sessions list: unexpected argument " + quoted(long) + " (agentgate sessions list -h says what it takes)\n"},
+	} {
+		t.Run(strings.Join(tc.args, " ")[:min(40, len(strings.Join(tc.args, " ")))], func(t *testing.T) {
+			_, stderr, err := runSessions(t, append(tc.args, "--data-dir", dir)...)
+			got := stderr
+			if err != nil && err != errUsage {
+				got = err.Error()
+			}
+			if got != tc.want {
+				t.Errorf("sessions %.60q = %v, stderr %.300q; want %.300q", tc.args, err, stderr, tc.want)
+			}
+		})
+	}
+	// A key a session has is named whole.
+	out, _ := MustRunSessions(t, "reset", "--data-dir", dir, keyA)
+	if !strings.Contains(out, " of "+keyA+" ") {
+		t.Errorf("reset %s printed %q, want the key whole", keyA, out)
 	}
 }
