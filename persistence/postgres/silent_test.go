@@ -292,6 +292,63 @@ func TestPingWhoseCallerGaveUpKeepsTheLock(t *testing.T) {
 	}
 }
 
+// TestPingAnswersWhileTheLockCheckWaits: /readyz gives the store's ping 0.8 s, within a
+// probe's timeout, and the ping checks the daemon lock's connection on the way, which a server
+// that does not answer (hung, behind a partition) leaves waiting for the check's whole bound
+// (5 s by default, an hour here). The ping answers once its caller's context ends, the
+// database unavailable, and a ping that comes meanwhile waits for the same check, not behind
+// it. Before, each ping waited for its check to end, after the check in progress: with
+// PostgreSQL stopped by SIGSTOP, a soak's /readyz took 5 s and more, past a probe's timeout.
+func TestPingAnswersWhileTheLockCheckWaits(t *testing.T) {
+	s, dsn := openUnchecked(t)
+	ctx := context.Background()
+	defer s.Close()
+	// The lock's connection alone goes through a silencer: the lock is let go, and taken again
+	// there.
+	p := newSilencer(t, dsn)
+	defer p.close() // first: the check's ping ends before Close lets go of the lock
+	through, err := pgx.ParseConfig(p.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.lockMu.Lock()
+	s.unlock()
+	s.lockCfg.Host, s.lockCfg.Fallbacks = through.Host, nil
+	s.lockMu.Unlock()
+	if err := s.checkLock(ctx); err != nil {
+		t.Fatalf("take the lock again through the silencer: %v", err)
+	}
+
+	p.silence()
+	pctx, cancel := context.WithCancel(ctx)
+	pinged := make(chan error, 1)
+	go func() { pinged <- s.Ping(pctx) }()
+	<-p.dropped // the ping's check of the lock has gone to a server that does not answer
+	cancel()    // the probe's time is up
+	gone, cancelGone := context.WithCancel(ctx)
+	cancelGone()
+	for i, ping := range []func() error{
+		func() error { return <-pinged },
+		func() error { return s.Ping(gone) }, // a probe while the first one's check waits
+	} {
+		answered := make(chan error, 1)
+		go func() { answered <- ping() }()
+		select {
+		case err := <-answered:
+			if !errors.Is(err, persistence.ErrUnavailable) {
+				t.Errorf("ping %d while the lock's check got no answer: %v, want ErrUnavailable", i+1, err)
+			}
+		case <-time.After(10 * time.Second): // a fail-safe: the check would wait an hour
+			p.close() // the check's connection ends: the ping goes on
+			t.Fatalf("ping %d answered only once the lock's check ended: %v", i+1, <-answered)
+		}
+	}
+	// Its caller gone, the check goes on: the lock stays held until the check finds it lost.
+	if _, err := s.lockHeld(); err != nil {
+		t.Errorf("the lock while its check waits: %v, want it held", err)
+	}
+}
+
 // TestCloseEndsALockRetakeTheServerDoesNotAnswer: a store whose lost daemon lock is being
 // taken again (watchLock) over a network that drops everything (a partition: no RST) closes at
 // once; the retake's connection is given up. Before, Close waited for it: up to the lock

@@ -62,7 +62,7 @@ type Options struct {
 	// member's) or spooled, and the caller tells the persistence actor
 	// (persistence.StoreRecovered), which tells the senders of the writes it refused to send
 	// them again at once. It is called with the lock's check held (on the lock watcher's
-	// goroutine, or a Ping's caller's), so it must not block.
+	// goroutine, or on one a Ping started), so it must not block.
 	LockTaken func()
 }
 
@@ -127,6 +127,11 @@ type Store struct {
 	lockIdle time.Duration
 	// lockEvery is the lock check's interval (watchLock), which also bounds Ping's check.
 	lockEvery time.Duration
+	// probe is the lock check a Ping started and that has not ended yet (nil: none); pings
+	// that come meanwhile wait for it (pingLock) rather than start checks of their own behind
+	// it. Guarded by probeMu.
+	probeMu sync.Mutex
+	probe   *lockProbe
 
 	// sweepMu serialises the prune steps of this store, for sweepAfter: the id after which the
 	// next step's sweep of the outbox reads (0: from the start; sweepOutbox).
@@ -659,16 +664,8 @@ func (s *Store) Ping(ctx context.Context) error {
 		return fmt.Errorf("ping: %w", err)
 	}
 	defer done()
-	// The lock is checked on a context of its own, bounded as the lock check's is: a caller
-	// that gives up (a readiness probe's client that timed out or hung up, also while a slow
-	// check in progress holds lockMu) does not make a live lock connection look dead, which
-	// checkLock lets go of, leaving the lock free until the next check, for another daemon to
-	// take (TestPingWhoseCallerGaveUpKeepsTheLock).
-	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.lockEvery)
-	err = s.checkLock(lctx)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("ping: %w", s.explain(ctx, err))
+	if err := s.pingLock(ctx); err != nil {
+		return fmt.Errorf("ping: %w", err)
 	}
 	var readOnly string
 	if err := s.pool.QueryRow(ctx, `SHOW transaction_read_only`).Scan(&readOnly); err != nil {
@@ -678,6 +675,53 @@ func (s *Store) Ping(ctx context.Context) error {
 		return fmt.Errorf("ping: %w: the database accepts no writes (transaction_read_only is on)", persistence.ErrUnavailable)
 	}
 	return nil
+}
+
+// lockProbe is a check of the daemon lock a Ping started (pingLock): done is closed once it has
+// ended, with its error in err.
+type lockProbe struct {
+	done chan struct{}
+	err  error
+}
+
+// pingLock checks the daemon lock for Ping, and waits for the check no longer than ctx allows.
+// The check runs on a context of its own, bounded as the lock watcher's check is and ended by
+// Close: a caller that gives up (a readiness probe's client that timed out or hung up) does not
+// make a live lock connection look dead, which checkLock lets go of, leaving the lock free
+// until the next check, for another daemon to take (TestPingWhoseCallerGaveUpKeepsTheLock).
+// Called between enter and its done, so that Close waits for the check it starts (watcher).
+//
+// Before, Ping waited for the check itself: against a server that does not answer (hung, or
+// behind a partition) each /readyz took the check's whole 5 s, after waiting for the check in
+// progress (the watcher's, another probe's), which holds lockMu as long, though the daemon
+// gives the store's ping 0.8 s to answer within a probe's timeout (1 s by default for
+// Kubernetes): in a soak of the binary with PostgreSQL stopped by SIGSTOP for 30 s, none of
+// 143 probes with a 1 s timeout was answered. A ping now answers once ctx ends, the database
+// unavailable, and the pings that come while a check it started runs wait for that check, not
+// behind it (TestPingAnswersWhileTheLockCheckWaits).
+func (s *Store) pingLock(ctx context.Context) error {
+	s.probeMu.Lock()
+	p := s.probe
+	if p == nil {
+		p = &lockProbe{done: make(chan struct{})}
+		s.probe = p
+		s.watcher.Go(func() {
+			lctx, cancel := context.WithTimeout(s.closing, s.lockEvery)
+			p.err = s.checkLock(lctx)
+			cancel()
+			s.probeMu.Lock()
+			s.probe = nil
+			s.probeMu.Unlock()
+			close(p.done)
+		})
+	}
+	s.probeMu.Unlock()
+	select {
+	case <-p.done:
+		return s.explain(ctx, p.err)
+	case <-ctx.Done():
+		return fmt.Errorf("%w: the check of the daemon lock got no answer in time", persistence.ErrUnavailable)
+	}
 }
 
 // Close waits for the calls in progress and closes the pool. It is idempotent.
