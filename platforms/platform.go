@@ -182,7 +182,10 @@ type InboundWaiter interface {
 // what it received is still handed to deliver, with a ctx that a stop ends (WaitInbound), not
 // left as a stop leaves it for the next start's read-back: the member may take the connection
 // again and resume it, and a resume reads nothing back. Another member's read-back of the same
-// message is a duplicate of it (the store's message ids).
+// message is a duplicate of it (the store's message ids). What a resume's replay held when the
+// connection went (Discord) waits for the member's next Run a while first (30 s), as it waits
+// after a lost connection outside a cluster: that Run's resume replays the deletions and edits
+// that came after it.
 var ErrLetGo = errors.New("platforms: the connection is let go; the daemon does not stop")
 
 // InterruptedMark ends the text of a draft whose turn was cancelled or crashed (EditDraft). An

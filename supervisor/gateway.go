@@ -98,7 +98,10 @@ func (l *leaderPlatform) Run(ctx context.Context, deliver platforms.Deliver) err
 // a stop, it was left for a read-back that never came when this member took the lease again
 // and resumed the gateway session (a resume replays nothing received already): lost without a
 // word. Delivered here while another member holds the lease, a message that member's read-back
-// reads too is a duplicate of it.
+// reads too is a duplicate of it. What a Discord replay held when the connection went waits up
+// to 30 s for this member's next Run first (platforms.ErrLetGo), whose RESUME replays the
+// deletions that follow it: handed on at once, a message deleted before that RESUME was
+// answered.
 func (l *leaderPlatform) lead(ctx context.Context, deliver platforms.Deliver) error {
 	lost, release, err := l.leases.Lease(ctx, postgres.GatewayLease(l.Name())) // the name its store fences unread clears by
 	if err != nil {

@@ -141,6 +141,9 @@ type Platform struct {
 	// goroutine, ends no hold of a later one's (endReplayOf).
 	unhold func() bool
 	runs   int
+	// letGoHeld is closed when the next Run starts: it ends the wait of a let-go Run for its
+	// replay's hold (keepLetGoHoldLocked). Nil while no such wait runs.
+	letGoHeld chan struct{}
 	// endRun ends runCtx: the daemon stops (Run's ctx ends without platforms.ErrLetGo, or
 	// WaitInbound). Nil before the first Run.
 	endRun context.CancelCauseFunc
@@ -153,8 +156,8 @@ type Platform struct {
 
 	// resumable is set at the first READY: discordgo's every later Open sends RESUME. While
 	// replaying, from the RESUME sent until RESUMED (or the READY of a new gateway session, or
-	// the end of Run's ctx: a lost connection does not end it), the messages Discord replays
-	// wait in held (replay.go).
+	// a stop; a lost connection does not end it, a let-go after letGoHold), the messages
+	// Discord replays wait in held (replay.go).
 	resumable bool
 	replaying bool
 
@@ -315,10 +318,13 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	if p.unhold != nil {
 		p.unhold() // an earlier Run's ctx no longer ends the hold: this one's does
 	}
+	p.endLetGoWaitLocked()
 	// A resume's replay cut short by a lost connection stays held (replay.go): the platform
 	// actor runs Run again in the same ctx, and the next RESUME replays the rest. A ctx that
-	// ends (the daemon stops; a cluster member lets the gateway connection go, and another
-	// member may take it) hands it on.
+	// ends for a stop hands it on. One that ends with platforms.ErrLetGo (a cluster member lets
+	// the gateway connection go, lost or its lease lost) keeps it until this member's next Run,
+	// whose RESUME replays the rest, for letGoHold at most: another member may take the
+	// gateway, and no RESUME of this member's comes.
 	// An earlier Run's ctx that ends late (a cluster member's, with platforms.ErrLetGo, once
 	// that Run returned) no longer has the hold: this Run's replay is another, and handed on at
 	// the end of the earlier ctx, it met its own deletions and edits too late.
@@ -326,7 +332,7 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	run := p.runs
 	p.unhold = context.AfterFunc(ctx, func() {
 		p.stopping(ctx)
-		end := func() { p.endReplayOf(run) }
+		end := func() { p.endReplayOf(run, context.Cause(ctx)) }
 		if f := runEnded.Load(); f != nil {
 			(*f)(end)
 			return

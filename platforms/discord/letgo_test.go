@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/bwmarrin/discordgo"
 
@@ -86,4 +87,143 @@ func TestLateEndOfALetGoRunKeepsTheNextReplaysHold(t *testing.T) {
 	if texts, _, _ := h.got(); !slices.Equal(texts, []string{"after"}) {
 		t.Errorf("delivered %q, want only %q: the message deleted during the replay was handed on before its deletion", texts, "after")
 	}
+}
+
+// letGoWorld is a platform whose RESUME's replay holds a message said while the bot was away
+// (gone), in a DM no read-back finds, when its connection is lost before RESUMED and the
+// cluster member lets the gateway go: the Run's ctx ends with platforms.ErrLetGo, as the
+// gateway wrapper ends it. The let-go's bound (letGoHold) passes when the test sends on bound;
+// RESUMED waits until resumed is called.
+type letGoWorld struct {
+	srv     *discordtest.Server
+	p       *Platform
+	h       *heldDelivery
+	dm      string
+	alice   discordtest.User
+	gone    *discordgo.Message
+	bound   chan time.Time
+	resumed func()
+}
+
+func startLetGo(t *testing.T) *letGoWorld {
+	t.Helper()
+	w := &letGoWorld{dm: "300000000000000001", alice: discordtest.User{ID: "400000000000000001", Username: "alice"}, h: newHeldDelivery()}
+	w.srv = discordtest.New(t)
+	w.srv.AddChannel(discordtest.Channel{ID: w.dm, Type: discordgo.ChannelTypeDM})
+	p, err := New(Config{Token: w.srv.Token(), Settings: config.Discord{APIURL: w.srv.APIURL()}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.p = p
+	p.SetWithdraw(w.h.withdraw)
+	t.Cleanup(func() { p.WaitInbound(context.Background()) }) // the stop, last
+
+	armed := make(chan time.Duration, 8)
+	w.bound = make(chan time.Time, 1)
+	wait := func(d time.Duration) <-chan time.Time { armed <- d; return w.bound }
+	letGoWait.Store(&wait)
+	t.Cleanup(func() { letGoWait.Store(nil) })
+	ended := make(chan struct{}, 8)
+	hook := func(end func()) { end(); ended <- struct{}{} }
+	runEnded.Store(&hook)
+	t.Cleanup(func() { runEnded.Store(nil) })
+
+	// run runs p.Run until the connection is lost, then lets the gateway go as the gateway
+	// wrapper does, and waits until the end of the Run's ctx is handled.
+	run := func(lose func()) {
+		t.Helper()
+		ctx, letGo := context.WithCancelCause(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- p.Run(ctx, w.h.deliver) }()
+		lose()
+		if err := <-done; err == nil {
+			t.Fatal("Run returned nil after a lost connection, want the loss")
+		}
+		letGo(platforms.ErrLetGo)
+		<-ended
+	}
+	run(func() {
+		w.srv.WaitReady(t)
+		w.resumed = w.srv.WithholdResumed()
+		t.Cleanup(w.resumed)
+		w.srv.Disconnect()
+	})
+	w.gone = w.srv.Post(discordtest.UserMessage{ChannelID: w.dm, Author: w.alice, Content: "never mind"})
+	run(func() {
+		pollFor(t, "the replay holding the message", func() bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return len(p.held) == 1
+		})
+		w.srv.WaitReady(t)
+		w.srv.Disconnect() // lost again before RESUMED
+	})
+
+	p.mu.Lock()
+	held := len(p.held)
+	p.mu.Unlock()
+	if held != 1 {
+		t.Errorf("the let-go left %d messages held, want the replay's 1 kept", held)
+	}
+	select {
+	case d := <-armed:
+		if d != letGoHold {
+			t.Errorf("the let-go keeps the hold for %v, want %v", d, letGoHold)
+		}
+	default:
+		t.Error("the let-go armed no bound for the hold")
+	}
+	if texts, _, _ := w.h.got(); len(texts) > 0 {
+		t.Errorf("delivered %q before the bound passed, want nothing", texts)
+	}
+	return w
+}
+
+// TestLetGoKeepsAReplaysHoldForAWhile: a cluster member's RESUME's replay holds a message its
+// sender said while the bot was away, and the connection is lost before RESUMED; the member
+// lets the gateway go (platforms.ErrLetGo). The hold is kept, as a lost connection keeps it
+// outside a cluster, until this member's next Run, whose RESUME replays the message's
+// deletion, which drops it: never delivered. With no next Run, the message (a new DM's, which
+// another member's read-back does not find) is delivered once the bound (letGoHold) passes,
+// not before, and a stop hands it on at once. Before, the let-go handed it on at once: in a
+// cluster the hold never outlived a lost connection, and the deletion the next RESUME replayed
+// came after the delivery.
+func TestLetGoKeepsAReplaysHoldForAWhile(t *testing.T) {
+	t.Run("this member resumes", func(t *testing.T) {
+		w := startLetGo(t)
+		w.srv.Delete(w.gone.ID)
+		ctx, stop := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- w.p.Run(ctx, w.h.deliver) }()
+		t.Cleanup(func() {
+			stop()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+		w.srv.WaitFor(t, "the next RESUME", func() bool { return w.srv.Resumes() == 2 && w.srv.Ready() })
+		w.resumed()
+		after := w.srv.Post(discordtest.UserMessage{ChannelID: w.dm, Author: w.alice, Content: "after"})
+		pollFor(t, "the delivery of the message after", func() bool { texts, _, _ := w.h.got(); return slices.Contains(texts, after.Content) })
+		if texts, _, _ := w.h.got(); !slices.Equal(texts, []string{"after"}) {
+			t.Errorf("delivered %q, want only %q: the message deleted before the next RESUME was handed on", texts, "after")
+		}
+	})
+	t.Run("no Run within the bound", func(t *testing.T) {
+		w := startLetGo(t)
+		w.bound <- time.Time{}
+		pollFor(t, "the delivery of the held message", func() bool { texts, _, _ := w.h.got(); return len(texts) > 0 })
+		w.p.WaitInbound(t.Context())
+		if texts, _, _ := w.h.got(); !slices.Equal(texts, []string{w.gone.Content}) {
+			t.Errorf("delivered %q, want %q once", texts, w.gone.Content)
+		}
+	})
+	t.Run("a stop", func(t *testing.T) {
+		w := startLetGo(t)
+		w.h.drain() // the runtime stops: it turns the message away, and its sender is told
+		w.p.WaitInbound(t.Context())
+		if texts, _, _ := w.h.got(); !slices.Equal(texts, []string{w.gone.Content}) {
+			t.Errorf("delivered %q at the stop, want %q", texts, w.gone.Content)
+		}
+	})
 }

@@ -1,9 +1,13 @@
 package discord
 
 import (
+	"errors"
 	"sync/atomic"
+	"time"
 
 	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/platforms"
 )
 
 // On RESUME, Discord replays the events the connection missed, in order, and then sends
@@ -18,10 +22,12 @@ import (
 // that fails) keeps the hold: discordgo keeps its gateway session, and the next RESUME replays
 // from the last event handled, with the deletions and edits of what is held. Handed on at the
 // loss, an idle session ran a message deleted before the next replay. The hold ends otherwise
-// too (INVALID_SESSION and a new IDENTIFY's READY, a refusal for good, the end of Run's ctx: a
-// stop, or a cluster member that lets the gateway go), and nothing held is dropped. discordgo
-// resumes whenever it has a gateway session, that is after the first READY, for as long as the
-// Platform lives.
+// too (INVALID_SESSION and a new IDENTIFY's READY, a refusal for good, a stop), and nothing
+// held is dropped. A cluster member that lets the gateway go (platforms.ErrLetGo: its connection
+// lost, or its lease) keeps the hold as a lost connection does, for letGoHold at most: its next
+// Run RESUMEs, unless another member took the gateway, whose READY reads back the chats it
+// knows and not what this member holds. discordgo resumes whenever it has a gateway session,
+// that is after the first READY, for as long as the Platform lives.
 
 // maxReplayHeld bounds the messages a replay holds (a var: tests lower it). Past it, what is
 // held is handed on, in order, and the message after it with it, as without the hold: a long
@@ -38,8 +44,9 @@ func (p *Platform) beginReplay() {
 
 // endReplay ends the hold of a replay and hands what it holds to the intake (intake.go), in
 // order: at RESUMED, at the READY of a new gateway session, at a refusal for good, when Run's
-// ctx ends (Run, settle). While a backfill runs, the held messages are left to it: it hands them on after its
-// own, in order, unless a replay is in flight again when it is done, whose end hands them on.
+// ctx ends for a stop (Run, settle), letGoHold after a let-go (endReplayOf). While a backfill
+// runs, the held messages are left to it: it hands them on after its own, in order, unless a
+// replay is in flight again when it is done, whose end hands them on.
 func (p *Platform) endReplay() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -50,19 +57,80 @@ func (p *Platform) endReplay() {
 // (endReplayOf), to run it (tests: a goroutine that runs late).
 var runEnded atomic.Pointer[func(end func())]
 
-// endReplayOf ends the hold of a replay as endReplay does, when Run's ctx ends, unless a
-// later Run than run has started: the hold is then that Run's (its RESUME's), which its own
-// end, RESUMED or READY hands on. The ctx of a cluster member's Run ends once the Run has
-// returned (platforms.ErrLetGo), and the AfterFunc that hands the hold on runs on its own
+// letGoHold bounds how long a replay's hold outlives a Run whose ctx ended with
+// platforms.ErrLetGo (a cluster member let the gateway go: its connection lost, or its lease).
+// Handed on at once, the hold never outlived a lost connection in a cluster, and a deletion
+// the member's next RESUME replayed came after the delivery: the bot answered a message taken
+// back. Kept until the member's next READY or stop, the messages of a chat no read-back finds
+// (a new DM) sat for hours when another member took the lease: its READY reads back the other
+// chats, deleted messages gone. 30 s covers the member's next Run after a loss (the platform
+// actor's backoff, 1 to 16 s in a streak's first five) and the lease's turn (its checks every
+// 2 s, a dead holder's freed in 10 s), and answers such a message at most that much later.
+const letGoHold = 30 * time.Second
+
+// letGoWait, when set, replaces time.After for the wait of letGoHold (tests fire it). It is
+// called with p.mu held.
+var letGoWait atomic.Pointer[func(time.Duration) <-chan time.Time]
+
+// endReplayOf ends the hold of a replay as endReplay does, when Run's ctx ends with cause,
+// unless a later Run than run has started: the hold is then that Run's (its RESUME's), which
+// its own end, RESUMED or READY hands on. The ctx of a cluster member's Run ends once the Run
+// has returned (platforms.ErrLetGo), and the AfterFunc that hands the hold on runs on its own
 // goroutine: run late, past the next Run's RESUME, it handed that replay's messages on before
-// the deletions and edits the replay brought after them.
-func (p *Platform) endReplayOf(run int) {
+// the deletions and edits the replay brought after them. A let-go keeps a replay's hold for
+// letGoHold (keepLetGoHoldLocked); a stop hands it on at once.
+func (p *Platform) endReplayOf(run int, cause error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.runs != run {
 		return
 	}
+	if p.replaying && errors.Is(cause, platforms.ErrLetGo) && p.runCtx.Err() == nil {
+		p.keepLetGoHoldLocked(run)
+		return
+	}
 	p.endReplayLocked()
+}
+
+// keepLetGoHoldLocked keeps the hold of run's replay after its ctx ended with
+// platforms.ErrLetGo, until the next Run starts (its RESUME replays the rest, and its RESUMED,
+// READY or refusal hands the hold on), a stop hands it on (settle), or letGoHold passes, which
+// hands it on. p.mu is held.
+func (p *Platform) keepLetGoHoldLocked(run int) {
+	after := time.After
+	if f := letGoWait.Load(); f != nil {
+		after = *f
+	}
+	bound := after(letGoHold)
+	p.endLetGoWaitLocked()
+	next := make(chan struct{})
+	p.letGoHeld = next
+	stopped := p.runCtx.Done()
+	go func() {
+		select {
+		case <-bound:
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if p.runs != run {
+				return // the next Run started as the bound passed: its replay has the hold
+			}
+			if len(p.held) > 0 {
+				p.log.Debug("discord replay's hold handed on: the gateway was not taken again in time", "held", len(p.held), "after", letGoHold)
+			}
+			p.endReplayLocked()
+		case <-next: // the next Run's replay has the hold
+		case <-stopped: // the stop handed it on
+		}
+	}()
+}
+
+// endLetGoWaitLocked ends the wait of an earlier Run's let-go for its hold
+// (keepLetGoHoldLocked): the Run starting now has it. p.mu is held.
+func (p *Platform) endLetGoWaitLocked() {
+	if p.letGoHeld != nil {
+		close(p.letGoHeld)
+		p.letGoHeld = nil
+	}
 }
 
 // endReplayLocked is endReplay with p.mu held.
