@@ -110,9 +110,13 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 	ch, err := p.channelOf(lookups, m)
 	if err != nil {
 		notice := unknownChannelNotice
-		if stopped {
-			// Not the channel's failure: the stop's bound ran out, or Discord failed as the
-			// daemon stopped. The stop's own notice says why the message was not taken.
+		if stopped && restStatus(err) == 0 {
+			// Not the channel's failure: the stop's bound ran out, or the connection to Discord
+			// failed as the daemon stopped. The stop's own notice says why the message was not
+			// taken. An answer of Discord's (403: the bot lost access; 404) is the channel's,
+			// told as outside a stop: taken for the stop's, it was logged as a lookup not made
+			// in time, and its sender was told to send it again in a minute, to meet the same
+			// refusal after the restart.
 			notice = drainingNotice
 			p.log.Warn("discord message not taken", "channel", m.ChannelID, "message_id", m.ID,
 				logging.Err(fmt.Errorf("%w: its channel was not looked up in time: %w", platforms.ErrDraining, err)))

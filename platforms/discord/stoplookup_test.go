@@ -1,0 +1,63 @@
+package discord
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/platforms/discord/discordtest"
+)
+
+// TestStopTellsALookupRefusedForWhatItIs: the daemon stops while a delivery is held, with a
+// mention queued behind it in a thread discordgo's state does not hold, in a chat the store
+// took nothing from (the next start does not read it back), and Discord refuses the thread's
+// lookup (403: the bot lost access to it). That is the channel's failure, not the stop's: it
+// is logged at ERR as outside a stop, and its sender is told the channel could not be looked
+// up. Before, every failed lookup during a stop was taken for the stop's bound running out:
+// logged at WRN as "its channel was not looked up in time", and its sender was told the bot
+// was restarting and to send it again in a minute, when the next start refuses it the same.
+func TestStopTellsALookupRefusedForWhatItIs(t *testing.T) {
+	const channel, thread = "200000000000000002", "200000000000000003"
+	h := newHeldDelivery()
+	srv, p, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
+		srv.AddGuild(recentGuild, "guild")
+		srv.AddChannel(discordtest.Channel{ID: channel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+		srv.AddChannel(discordtest.Channel{ID: thread, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildPublicThread, ParentID: channel, OwnerID: "400000000000000002", Name: "a thread"})
+		srv.ArchiveThread(thread) // GUILD_CREATE does not list it
+		srv.FailNext("GET", "/channels/"+thread, 403, 1)
+	}, func(c *Config) {
+		c.Settings.BackfillWindow = time.Hour
+		c.Settings.RequireMention = true
+	}, discordtest.WithHeartbeatInterval(discordtest.DefaultHeartbeatInterval))
+	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+	bob := discordtest.User{ID: "400000000000000002", Username: "bob"}
+	srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: alice, Content: "first"})
+	<-h.started
+	inThread := srv.Post(discordtest.UserMessage{ChannelID: thread, Author: bob, Content: "a question", MentionBot: true})
+	pollFor(t, "the mention queued behind the held delivery", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.intake) == 1
+	})
+	onStopWait(t, func() {
+		h.drain()
+		close(h.release)
+	})
+	stop() // returns once the intake has handed the queue on (settle)
+	if n := srv.Requests("GET", "/channels/"+thread); n != 1 {
+		t.Fatalf("the thread was looked up %d times, want once (refused)", n)
+	}
+	sent := srv.Sent(thread)
+	if len(sent) != 1 || sent[0].Content != unknownChannelNotice || sent[0].MessageReference == nil || sent[0].MessageReference.MessageID != inThread.ID {
+		var got []string
+		for _, s := range sent {
+			got = append(got, s.Content)
+		}
+		t.Errorf("the bot posted %q in the thread, want the notice that its channel could not be looked up, replying to %s", got, inThread.ID)
+	}
+	if s := log.String(); !strings.Contains(s, "level=ERROR msg=\"discord message from an unknown channel; not taken\"") || strings.Contains(s, "not looked up in time") {
+		t.Errorf("Discord's refusal of the lookup is not logged as the channel's failure:\n%s", s)
+	}
+}
