@@ -108,6 +108,16 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 	role := p.botRole(lookups, m)
 	mentioned := mentions(m, bot, role)
 	ch, err := p.channelOf(lookups, m)
+	if err != nil && !stopped && ctx.Err() != nil && restStatus(err) == 0 {
+		// The stop came while the lookup waited for Discord, and ended it: the message meets
+		// the stop here, as one queued behind it does above. Before, the lookup the stop cut
+		// short was logged at ERR as an unknown channel, and its sender told so.
+		if p.readBackAfterStop(ctx, ctx.Err(), m.ChannelID) {
+			p.log.Info("discord message not taken while stopping; the next start reads it back", "channel", m.ChannelID, "message_id", m.ID)
+			return true
+		}
+		stopped = true
+	}
 	if err != nil {
 		notice := unknownChannelNotice
 		if stopped && restStatus(err) == 0 {

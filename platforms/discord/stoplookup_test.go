@@ -61,3 +61,44 @@ func TestStopTellsALookupRefusedForWhatItIs(t *testing.T) {
 		t.Errorf("Discord's refusal of the lookup is not logged as the channel's failure:\n%s", s)
 	}
 }
+
+// TestStopDuringALookupTellsItsSenderToSendAgain: a mention in a thread discordgo's state does
+// not hold, in a chat the store took nothing from, is being handled, its thread's lookup waiting
+// for a slow Discord, when the daemon stops. The stop ends the lookup, and its sender gets the
+// stop's notice to send it again, as one queued behind it does
+// (TestStopTellsSendersInAThreadAndAnAutoThreadToSendAgain). Before, only a message that met
+// the stop before its lookups was handled so: the lookup the stop cut short logged ERR "discord
+// message from an unknown channel", and its sender was told the channel could not be looked
+// up.
+func TestStopDuringALookupTellsItsSenderToSendAgain(t *testing.T) {
+	const channel, thread = "200000000000000002", "200000000000000003"
+	answer := make(chan struct{})
+	defer close(answer) // after the stop: the fake's held handler ends
+	h := newHeldDelivery()
+	srv, _, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
+		srv.AddGuild(recentGuild, "guild")
+		srv.AddChannel(discordtest.Channel{ID: channel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+		srv.AddChannel(discordtest.Channel{ID: thread, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildPublicThread, ParentID: channel, OwnerID: "400000000000000002", Name: "a thread"})
+		srv.ArchiveThread(thread) // GUILD_CREATE does not list it
+		srv.HoldNext("GET", "/channels/"+thread, answer, 1)
+	}, func(c *Config) {
+		c.Settings.BackfillWindow = time.Hour
+		c.Settings.RequireMention = true
+	}, discordtest.WithHeartbeatInterval(discordtest.DefaultHeartbeatInterval))
+	bob := discordtest.User{ID: "400000000000000002", Username: "bob"}
+	m := srv.Post(discordtest.UserMessage{ChannelID: thread, Author: bob, Content: "a question", MentionBot: true})
+	pollFor(t, "the thread's lookup", func() bool { return srv.Requests("GET", "/channels/"+thread) == 1 })
+	h.drain()
+	stop() // returns once the intake has handled the message (settle)
+	sent := srv.Sent(thread)
+	if len(sent) != 1 || sent[0].Content != drainingNotice || sent[0].MessageReference == nil || sent[0].MessageReference.MessageID != m.ID {
+		var got []string
+		for _, s := range sent {
+			got = append(got, s.Content)
+		}
+		t.Errorf("the bot posted %q in the thread, want the stop's notice to send it again replying to %s", got, m.ID)
+	}
+	if s := log.String(); strings.Contains(s, "unknown channel") {
+		t.Errorf("the lookup the stop cut short is logged as the channel's failure:\n%s", s)
+	}
+}
