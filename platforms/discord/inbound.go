@@ -335,6 +335,7 @@ func (p *Platform) tellUser(ctx context.Context, channelID, ref, text string) {
 // When it is not, the user is told so, unless told (they were, for this message), or the
 // message is gone: Discord no longer has it (404 Unknown Message), its sender deleted it.
 func (p *Platform) openThread(ctx context.Context, channelID, messageID, text string, told bool) (open, gone bool) {
+	run := ctx
 	ctx, cancel := context.WithTimeout(ctx, restTimeout)
 	defer cancel()
 	switch err := p.startThread(ctx, channelID, messageID, threadName(text)); {
@@ -344,6 +345,12 @@ func (p *Platform) openThread(ctx context.Context, channelID, messageID, text st
 	case apiCode(err) == discordgo.ErrCodeUnknownMessage:
 		p.log.Debug("discord message deleted before its thread was opened; not taken", "channel", channelID, "message_id", messageID)
 		return false, true
+	case run.Err() != nil && restStatus(err) == 0:
+		// The daemon's stop ended the opening: the message meets the stop at its delivery (left
+		// for the read-back, or the stop's notice), and one the runtime takes all the same gets
+		// its thread from its reply (Send). Before, it warned of a thread to be opened on the
+		// reply, and of a sender not told, as its notice failed on the ended ctx.
+		p.log.Debug("discord thread not opened: the daemon stops", "channel", channelID, "message_id", messageID, logging.Err(err))
 	case refusedForGood(err):
 		// No permission to open threads here: the reply goes to the channel (Send).
 		p.log.Warn("discord refuses a thread for this message; the reply goes to the channel", "channel", channelID, "message_id", messageID, logging.Err(err))

@@ -102,3 +102,43 @@ func TestStopDuringALookupTellsItsSenderToSendAgain(t *testing.T) {
 		t.Errorf("the lookup the stop cut short is logged as the channel's failure:\n%s", s)
 	}
 }
+
+// TestStopDuringAThreadsOpeningSaysNothingFalse: a mention in a channel whose mentions open an
+// auto-thread, in a chat the store took nothing from, is being handled, its thread's opening
+// waiting for a slow Discord, when the daemon stops. The stop ends the opening, the stopping
+// runtime turns the message away, and its sender gets the stop's notice to send it again, in
+// the channel, replying to it; nothing warns of a thread to be opened on the reply, or of a
+// sender not told. Before, the opening the stop cut short warned "open discord thread; will
+// retry on reply", and its notice that the thread would open later, posted on the stop's
+// cancelled context, warned that its author was not told, though the stop's notice followed.
+func TestStopDuringAThreadsOpeningSaysNothingFalse(t *testing.T) {
+	const channel = "200000000000000002"
+	answer := make(chan struct{})
+	defer close(answer) // after the stop: the fake's held handler ends
+	h := newHeldDelivery()
+	srv, _, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
+		srv.AddGuild(recentGuild, "guild")
+		srv.AddChannel(discordtest.Channel{ID: channel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+		srv.HoldNext("POST", "/threads", answer, 1)
+	}, func(c *Config) {
+		c.Settings.BackfillWindow = time.Hour
+		c.Settings.AutoThread = true
+		c.Settings.RequireMention = true
+	}, discordtest.WithHeartbeatInterval(discordtest.DefaultHeartbeatInterval))
+	bob := discordtest.User{ID: "400000000000000002", Username: "bob"}
+	m := srv.Post(discordtest.UserMessage{ChannelID: channel, Author: bob, Content: "a question", MentionBot: true})
+	pollFor(t, "the thread's opening", func() bool { return srv.Requests("POST", "/threads") == 1 })
+	h.drain()
+	stop() // returns once the intake has handled the message (settle)
+	sent := srv.Sent(channel)
+	if len(sent) != 1 || sent[0].Content != drainingNotice || sent[0].MessageReference == nil || sent[0].MessageReference.MessageID != m.ID {
+		var got []string
+		for _, s := range sent {
+			got = append(got, s.Content)
+		}
+		t.Errorf("the bot posted %q in the channel, want the stop's notice to send it again replying to %s", got, m.ID)
+	}
+	if s := log.String(); strings.Contains(s, "open discord thread") || strings.Contains(s, "its author is not told") {
+		t.Errorf("the opening the stop cut short warned:\n%s", s)
+	}
+}
