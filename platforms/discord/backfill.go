@@ -337,6 +337,15 @@ rounds:
 				delete(p.unread, c.channel)
 				p.forgetUnread(c.channel)
 			}
+			if _, kept := p.unread[c.channel]; kept {
+				if _, ok := p.seen[c.channel]; !ok {
+					// Forgotten while this backfill read the channels before it (an auto-thread
+					// one opened was new past backfillChannels, and it was the quietest without a
+					// place yet): a place is read again only where a channel is remembered.
+					// Before, the reads of the gaps never read it.
+					p.seen[c.channel] = c.seenAt
+				}
+			}
 			p.mu.Unlock()
 			if left != "" {
 				break rounds // the daemon stops: the runtime takes nothing more

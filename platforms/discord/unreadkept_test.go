@@ -66,3 +66,65 @@ func TestFullChannelsKeepAnUnreadPlace(t *testing.T) {
 		t.Errorf("delivered %q, want the message said in the quiet channel while the gateway was down:\n%s", texts, log.String())
 	}
 }
+
+// TestUnreadPlaceOfAChannelForgottenMidBackfillIsReadAgain: the platform remembers its most
+// channels (backfillChannels, lowered to 2), a and b, and a READY's backfill reads a first (the
+// quieter): a mention said there while the gateway was down opens an auto-thread, a channel new
+// past the bound, which forgets the quietest one without an unread place: b, not read yet. b's
+// read then fails (Discord failed every try) and keeps its place unread; the read of the gaps
+// reads it again, and answers the message said there while the gateway was down. Before, b's
+// place was kept for a channel no longer remembered, which the reads of the gaps never read
+// (they read the remembered channels): the message waited for the next new gateway session,
+// days away maybe, while the gap read was armed again and again to read nothing.
+func TestUnreadPlaceOfAChannelForgottenMidBackfillIsReadAgain(t *testing.T) {
+	old := backfillChannels
+	backfillChannels = 2
+	t.Cleanup(func() { backfillChannels = old })
+	SetGapRetry(t, 100*time.Millisecond)
+	const a, b = "200000000000000002", "200000000000000003"
+	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+	var marks []persistence.ChatMark
+	var fake *discordtest.Server
+	h := newHeldDelivery()
+	_, p, log, _ := intakeWorldWith(t, h, func(srv *discordtest.Server) {
+		fake = srv
+		srv.AddGuild(recentGuild, "guild")
+		for _, ch := range []string{a, b} {
+			srv.AddChannel(discordtest.Channel{ID: ch, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general-" + ch})
+		}
+		for _, ch := range []string{a, b} { // a is the quieter one
+			m := srv.Post(discordtest.UserMessage{ChannelID: ch, Author: alice, Content: "answered already", MentionBot: true})
+			marks = append([]persistence.ChatMark{{ChatID: ch, ScopeID: recentGuild, MessageID: m.ID, At: srv.Now()}}, marks...)
+		}
+		// Said before the platform connects: no gateway session hears them.
+		srv.Post(discordtest.UserMessage{ChannelID: b, Author: alice, Content: "missed", MentionBot: true})
+		srv.Post(discordtest.UserMessage{ChannelID: a, Author: alice, Content: "a question", MentionBot: true})
+		srv.FailNext("GET", "/channels/"+b+"/messages", 500, backfillTries) // the READY's backfill
+	}, func(c *Config) {
+		c.Settings.BackfillWindow = time.Hour
+		c.Settings.AutoThread = true
+		c.Settings.RequireMention = true
+		c.Now = fake.Now // the clock the fake's messages are stamped with
+		c.Recent = func(context.Context, time.Time) ([]persistence.ChatMark, error) { return marks, nil }
+	}, discordtest.WithHeartbeatInterval(discordtest.DefaultHeartbeatInterval))
+	pollFor(t, "the READY's backfill", func() bool {
+		return strings.Contains(log.String(), "discord gateway session was new: read what was missed")
+	})
+	if !strings.Contains(log.String(), "read again later") {
+		t.Fatalf("the backfill read b, want its read failed:\n%s", log.String())
+	}
+	p.mu.Lock()
+	_, unread := p.unread[b]
+	_, seen := p.seen[b]
+	p.mu.Unlock()
+	if !unread || !seen {
+		t.Errorf("b's place unread: %v, b remembered: %v; want both", unread, seen)
+	}
+	pollFor(t, "the message said in b while the gateway was down, read again", func() bool {
+		texts, _, _ := h.got()
+		return slices.Contains(texts, "missed")
+	})
+	if texts, _, _ := h.got(); !slices.Contains(texts, "a question") {
+		t.Errorf("delivered %q, want a's question too", texts)
+	}
+}
