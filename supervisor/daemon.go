@@ -416,7 +416,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			// The actor replays a spool left by the last run when it starts; sessions must not
 			// read the store before that.
 			if _, err := d.system.Root.RequestFuture(pid, &persistence.Flush{}, time.Minute).Result(); err != nil {
-				log.Warn("persistence actor did not answer its start barrier", logging.Err(err))
+				log.Warn("the persistence actor did not answer within a minute of its start; the start goes on without waiting for its replay of the spool", logging.Err(err))
 			}
 			if !opts.SharedStore {
 				if err := d.beginRun(opts.Now); err != nil {
@@ -947,10 +947,11 @@ func (d *Daemon) stopChildren(ctx context.Context, beforeStore func()) {
 		select {
 		case err := <-done:
 			if err != nil {
-				d.log.Warn("stop actor", "actor", d.pids[i].Id, logging.Err(err))
+				// protoactor's PoisonFuture gives an actor 10 s (err: future: timeout).
+				d.log.Warn("an actor did not stop within 10 s; the stop goes on without waiting for it", "actor", d.pids[i].Id, logging.Err(err))
 			}
 		case <-ctx.Done():
-			d.log.Warn("stop actor: deadline passed", "actor", d.pids[i].Id)
+			d.log.Warn("the stop's deadline passed while an actor stopped; the stop goes on without waiting for it", "actor", d.pids[i].Id)
 		}
 	}
 }
