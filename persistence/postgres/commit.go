@@ -121,8 +121,8 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 	if err != nil {
 		return sqlstore.Fill(errs, fmt.Errorf("commit: %w", err))
 	}
-	s.commitMu.Lock()
-	defer s.commitMu.Unlock()
+	s.commits <- struct{}{}
+	defer func() { <-s.commits }()
 
 	stmts := make([][]stmt, len(groups))
 	for i, g := range groups {

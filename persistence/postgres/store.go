@@ -81,7 +81,10 @@ type Store struct {
 	mu     sync.RWMutex
 	closed bool
 
-	commitMu sync.Mutex
+	// commits holds one token while a Commit runs (Commits are serialised): Ping waits for the
+	// commit in progress to end (pingCommits), so that its answer says when this daemon's writes
+	// wait for the database.
+	commits chan struct{}
 
 	// lockMu lets one check of the daemon lock (checkLock: a ping of its connection, or a
 	// retake once it is lost) or Close's release of it run at a time; it guards lockConn and
@@ -196,7 +199,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		// The schema the store keeps to, which its DSN's search_path may name or not.
 		named = strings.TrimSuffix(named, ")") + " schema " + schema + ")"
 	}
-	st := &Store{pool: pool, log: log, where: named, timeout: timeout, connCfg: cfg.ConnConfig.Copy(),
+	st := &Store{pool: pool, log: log, where: named, timeout: timeout, connCfg: cfg.ConnConfig.Copy(), commits: make(chan struct{}, 1),
 		noAnswer: fmt.Errorf("%w: postgres did not answer within %v", persistence.ErrUnavailable, timeout)}
 	st.closing, st.cancelClosing = context.WithCancel(context.Background())
 	if opts.Exclusive || opts.Shared {
@@ -671,8 +674,9 @@ func (s *Store) explain(ctx context.Context, err error) error {
 	return err
 }
 
-// Ping checks that the database answers and that this session can write (a standby, or a
-// database set read-only, fails).
+// Ping checks that the database answers, that this store's writes are not waiting for it (a
+// commit in progress for as long as ctx allows: pingCommits) and that this session can write (a
+// standby, or a database set read-only, fails).
 func (s *Store) Ping(ctx context.Context) error {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
@@ -680,6 +684,9 @@ func (s *Store) Ping(ctx context.Context) error {
 	}
 	defer done()
 	if err := s.pingLock(ctx); err != nil {
+		return fmt.Errorf("ping: %w", err)
+	}
+	if err := s.pingCommits(ctx); err != nil {
 		return fmt.Errorf("ping: %w", err)
 	}
 	var readOnly string
@@ -690,6 +697,27 @@ func (s *Store) Ping(ctx context.Context) error {
 		return fmt.Errorf("ping: %w: the database accepts no writes (transaction_read_only is on)", persistence.ErrUnavailable)
 	}
 	return nil
+}
+
+// pingCommits waits for the commit in progress, if any, to end, no longer than ctx allows, and
+// says that this daemon's writes are waiting for the database when ctx ends first, as the SQLite
+// store's ping does when its writer stays busy. A commit waits for a lock another session holds
+// (a LOCK TABLE, a migration's ALTER TABLE, a long transaction that updated the same rows), or
+// for a slow server, for up to the store's Timeout (15 s) before it fails and its writes are
+// spooled, and the persistence actor's next batches wait behind it. Before, /readyz said ready
+// all that time, the lock check and SHOW being answered at once
+// (TestPingSaysWritesWaitForATableLock).
+func (s *Store) pingCommits(ctx context.Context) error {
+	start := time.Now()
+	select {
+	case s.commits <- struct{}{}:
+		<-s.commits
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("no answer within %s: this daemon's writes are waiting for the database "+
+			"(a lock held by another session: a LOCK TABLE, a migration, a long transaction; or a slow server): %w",
+			time.Since(start).Round(time.Millisecond), persistence.ErrUnavailable)
+	}
 }
 
 // lockProbe is a check of the daemon lock a Ping started (pingLock): done is closed once it has
