@@ -349,6 +349,43 @@ func TestPingAnswersWhileTheLockCheckWaits(t *testing.T) {
 	}
 }
 
+// TestLockCheckBehindAnotherKeepsItsBound: a check of the daemon lock (a ping's, or the lock
+// watcher's) that waits for the check in progress (lockMu) has its whole bound once it runs.
+// Before, its bound ran out while it waited: behind a check that took most of its own (a
+// server slow to answer, each round trip seconds long, or a retake's connection and four
+// statements), it pinged the lock's live connection with little or no time left, took the
+// ping that ran out for a dead connection and let the lock go (a single daemon's writes
+// spooled, a member's refused, and another daemon free to take it) until the next retake.
+func TestLockCheckBehindAnotherKeepsItsBound(t *testing.T) {
+	s, _ := openUnchecked(t)
+	defer s.Close()
+	s.lockEvery = 250 * time.Millisecond // the checks' bound, before the store is shared
+	held := s.held.Load()
+	s.lockMu.Lock() // a check in progress
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = s.Ping(gone)              // its caller gone at once; the check it started waits for the one in progress
+	<-time.After(3 * s.lockEvery) // the check in progress outlasts the waiting one's bound
+	s.lockMu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s.probeMu.Lock()
+		running := s.probe != nil
+		s.probeMu.Unlock()
+		if !running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the ping's check of the lock did not end")
+		}
+		time.Sleep(5 * time.Millisecond) // a real server: poll under a deadline
+	}
+	if got := s.held.Load(); got != held {
+		t.Errorf("the lock after a check that waited for another: %+v, want it held as before (%+v): "+
+			"the check's bound ran out while it waited, and it let go of the live lock", got, held)
+	}
+}
+
 // TestCloseEndsALockRetakeTheServerDoesNotAnswer: a store whose lost daemon lock is being
 // taken again (watchLock) over a network that drops everything (a partition: no RST) closes at
 // once; the retake's connection is given up. Before, Close waited for it: up to the lock

@@ -338,9 +338,7 @@ func (s *Store) watchLock(every time.Duration) {
 		// Given up as the store closes: a retake's connection to a server behind a partition
 		// (no RST) waits out the whole interval, and Close waited for it at the end of a
 		// daemon's stop (TestCloseEndsALockRetakeTheServerDoesNotAnswer).
-		ctx, cancel := context.WithTimeout(s.closing, every)
-		_ = s.checkLock(ctx) // logged by checkLock
-		cancel()
+		_ = s.checkLockWithin(every) // logged by checkLock
 	}
 }
 
@@ -554,6 +552,28 @@ func (s *Store) checkLock(ctx context.Context) error {
 	}
 	s.lockMu.Lock()
 	defer s.lockMu.Unlock()
+	return s.checkLockLocked(ctx)
+}
+
+// checkLockWithin is checkLock bounded by within from the moment it holds lockMu, and given
+// up as the store closes (the lock watcher's check, and a ping's: pingLock). Its bound does not
+// run while it waits for the check in progress: behind one that took most of its own (a server
+// slow to answer, a retake's connection and four statements), it pinged the lock's live
+// connection with little or no time left, took the ping that ran out for a dead connection and
+// let the lock go, for another daemon to take (TestLockCheckBehindAnotherKeepsItsBound).
+func (s *Store) checkLockWithin(within time.Duration) error {
+	if s.lockCfg == nil {
+		return nil
+	}
+	s.lockMu.Lock()
+	defer s.lockMu.Unlock()
+	ctx, cancel := context.WithTimeout(s.closing, within)
+	defer cancel()
+	return s.checkLockLocked(ctx)
+}
+
+// checkLockLocked is checkLock with lockMu held.
+func (s *Store) checkLockLocked(ctx context.Context) error {
 	if s.lockConn != nil {
 		err := s.lockConn.Ping(ctx)
 		if err == nil {
@@ -749,9 +769,7 @@ func (s *Store) pingLock(ctx context.Context) error {
 		p = &lockProbe{done: make(chan struct{})}
 		s.probe = p
 		s.watcher.Go(func() {
-			lctx, cancel := context.WithTimeout(s.closing, s.lockEvery)
-			p.err = s.checkLock(lctx)
-			cancel()
+			p.err = s.checkLockWithin(s.lockEvery)
 			s.probeMu.Lock()
 			s.probe = nil
 			s.probeMu.Unlock()
