@@ -2,9 +2,11 @@ package actors
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/agentgate/agentgate/agents"
@@ -72,6 +74,60 @@ func TestRefusedRidersAreLeftOut(t *testing.T) {
 	}
 	if body := m.Body(t, 5); strings.Contains(body, bad) || !strings.Contains(body, "a harmless question") {
 		t.Errorf("m5's request after the reload = %s, want the history without m2", body)
+	}
+}
+
+// TestRefusalOfTheConfigurationLeavesNoMessageOut: while the agent's configuration is one the
+// model endpoint refuses, and its refusal names the setting (max_tokens too large for the
+// model), every message is refused, and none is left out: once the operator puts it right, the
+// next request carries every message of the outage, as after an outage of the endpoint. Before,
+// each refused turn archived the message before it (agents.Refusal.Rejected), and the
+// conversation kept only the last message of the outage, though the refusal said the
+// configuration was at fault.
+//
+// It runs the openai agent against a fake endpoint on loopback, with real time: the agent's
+// HTTP connections cannot live in a synctest bubble.
+func TestRefusalOfTheConfigurationLeavesNoMessageOut(t *testing.T) {
+	var broken atomic.Bool
+	m := openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if broken.Load() {
+			openaitest.Status(http.StatusBadRequest, `{"error":{"message":"max_tokens is too large: 100000. This model supports at most 16384 completion tokens, whereas you provided 100000.","type":"invalid_request_error","param":"max_tokens","code":null}}`)(w, r)
+			return
+		}
+		openaitest.WriteReply(w, "ok", 1, 1)
+	})
+	agent, err := openai.New(openai.Config{BaseURL: m.URL(), Model: "test-model", MaxHistory: 50, MaxTokens: 100000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newManagerWorldAt(t, filepath.Join(t.TempDir(), "agentgate.db"), agent, nil)
+	w.deliver(t, "m1", "hello")
+	if got := w.answerTo("m1"); got != "ok" {
+		t.Fatalf("m1 answered %q, want ok", got)
+	}
+	broken.Store(true)
+	outage := []string{"first question", "second question", "third question"}
+	for i, text := range outage {
+		id := fmt.Sprint("o", i+1)
+		w.deliver(t, id, text)
+		if got := w.answerTo(id); !strings.HasSuffix(got, "its model endpoint refused the request.") {
+			t.Errorf("%s answered %q, want the refusal's notice, which leaves nothing out", id, got)
+		}
+	}
+	broken.Store(false)
+	w.deliver(t, "m2", "is it back?")
+	if got := w.answerTo("m2"); got != "ok" {
+		t.Fatalf("m2 answered %q, want ok", got)
+	}
+	body := m.Body(t, m.Count())
+	for i, text := range outage {
+		if !strings.Contains(body, text) {
+			t.Errorf("the request after the outage = %s; want it to carry %q", body, text)
+		}
+		id := fmt.Sprint("o", i+1)
+		if row, err := w.store.FindInbound(w.ctx, w.src.Platform, w.src.ChatID, id); err != nil || row == nil || row.Archived {
+			t.Errorf("%s's row = %+v, %v; want it kept in the conversation", id, row, err)
+		}
 	}
 }
 

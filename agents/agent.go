@@ -99,6 +99,8 @@ type Refusal struct {
 	Declined bool
 	// Rejected is set when the endpoint refused the request for what it holds without saying
 	// what (a plain 400 or 422): the message may be at fault, or the agent's configuration.
+	// A refusal that names only parameters of the configuration (a max_tokens too large, a
+	// temperature the model does not take) is not Rejected: no message is at fault.
 	// The earlier messages that got no answer, sent along merged into the turn's own, are left
 	// out of what later turns send: each has now been refused once at least (as the turn's own
 	// message or as one sent along), and kept, a message the endpoint refuses rode along with

@@ -121,10 +121,13 @@ func refusal(err error) error {
 	case se.Code == http.StatusBadRequest && saysAny(se.Message, "content_policy", "content policy", "content management policy", "safety system"):
 		notice, declined = "its model endpoint declined this message (its content policy)", true
 	case se.Code == http.StatusBadRequest || se.Code == http.StatusUnprocessableEntity:
-		// For what the request holds, without saying what: a message the endpoint cannot
-		// take, or the agent's configuration (Rejected: the session leaves out the earlier
-		// unanswered messages sent along).
-		notice, rejected = "its model endpoint refused the request", true
+		// For what the request holds: a message the endpoint cannot take, or the agent's
+		// configuration. Rejected (the session leaves out the earlier unanswered messages
+		// sent along) unless the refusal names only parameters of the configuration
+		// (OpenAI's "max_tokens is too large" or a temperature the model does not take, with
+		// their param): no message is at fault, and every message is refused until the
+		// operator puts it right, each leaving out the one before it.
+		notice, rejected = "its model endpoint refused the request", !se.refused.settingsOnly()
 	default:
 		return err
 	}

@@ -85,6 +85,13 @@ type refusedNames struct {
 	unknown []string
 }
 
+// settingsOnly reports whether r names parameters the endpoint refuses and none of them is the
+// conversation's (messages): the refusal is of the agent's configuration (max_tokens, the
+// temperature, the model), not of anything a chat sent.
+func (r refusedNames) settingsOnly() bool {
+	return len(r.named) > 0 && !slices.Contains(r.named, "messages")
+}
+
 // add notes the parameter that name starts with (refusedName), as refused; unknown says for
 // not being taken.
 func (r *refusedNames) add(name string, unknown bool) {

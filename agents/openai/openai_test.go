@@ -270,6 +270,46 @@ func TestRefusalsSayWhy(t *testing.T) {
 	}
 }
 
+// TestRefusalOfASettingIsNotRejected: a 400 or 422 that names only parameters of the agent's
+// configuration as what it refuses (a max_tokens too large for the model, a temperature it does
+// not take, an unknown model) fails the turn as "refused the request" without
+// Refusal.Rejected: no message is at fault, so the session leaves none out. Before, each was
+// Rejected: while the configuration was wrong, every turn left out the message before it, and
+// once put right the conversation held only the last message of the outage. A refusal that
+// names the messages, or names nothing, is Rejected.
+func TestRefusalOfASettingIsNotRejected(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		rejected   bool
+	}{
+		{"max_tokens too large (OpenAI)", `{"error":{"message":"max_tokens is too large: 100000. This model supports at most 16384 completion tokens, whereas you provided 100000.","type":"invalid_request_error","param":"max_tokens","code":null}}`, false},
+		{"temperature (OpenAI)", `{"error":{"message":"Unsupported value: 'temperature' does not support 0.7 with this model. Only the default (1) value is supported.","type":"invalid_request_error","param":"temperature","code":"unsupported_value"}}`, false},
+		{"temperature (vLLM)", `{"object":"error","message":"temperature must be in [0, 2], got 3.0. (parameter=temperature, value=3.0)","type":"BadRequestError","code":400}`, false},
+		{"model", `{"error":{"message":"invalid model ID","type":"invalid_request_error","param":"model"}}`, false},
+		{"a message (OpenAI)", `{"error":{"message":"Invalid 'messages[1].content': string too long.","type":"invalid_request_error","param":"messages[1].content"}}`, true},
+		{"a message (pydantic)", `{"detail":[{"loc":["body","messages",1,"content"],"msg":"Input should be a valid string","type":"string_type"}]}`, true},
+		{"a message and a setting", `{"detail":[{"loc":["body","messages",1,"content"],"msg":"Input should be a valid string","type":"string_type"},{"loc":["body","max_tokens"],"msg":"Input should be less than 4096","type":"less_than"}]}`, true},
+		{"nothing named", `{"error":{"message":"Bad Request"}}`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code := http.StatusBadRequest
+			if strings.HasPrefix(tc.body, `{"detail"`) {
+				code = http.StatusUnprocessableEntity
+			}
+			m := newFakeModel(t, openaitest.Status(code, tc.body))
+			a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.MaxRetries, c.MaxTokens = 0, 100000 })
+			_, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
+			ref, ok := errors.AsType[*agents.Refusal](err)
+			if !ok || !strings.Contains(ref.Notice, "refused the request") {
+				t.Fatalf("Run error = %v, want a Refusal saying it refused the request", err)
+			}
+			if ref.Rejected != tc.rejected {
+				t.Errorf("Run error %v: Refusal.Rejected = %v, want %v", err, ref.Rejected, tc.rejected)
+			}
+		})
+	}
+}
+
 // TestStreamedRefusalIsNoReply: a refusal streamed in the refusal field, as OpenAI streams it,
 // is not shown growing as a reply: the turn fails with a Refusal that quotes it, and declines
 // the message. Before, the user watched it stream in as the answer, and it stayed in later
