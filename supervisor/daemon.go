@@ -519,12 +519,18 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	if d.dirLock != nil {
 		_ = d.dirLock.Close() // after the spool's last write and the address files
 	}
-	if n := d.spooled(); n > 0 {
+	switch n, cerr := d.spooled(); {
+	case cerr != nil:
+		// Not "stopped", as if nothing waited: writes may, and the operator who moves or
+		// restores the database now must know to look.
+		d.log.Warn("stopped, but the writes left in the spool could not be counted; any there are replayed at the next start before any session loads",
+			"dir", d.spool.Dir(), logging.Err(cerr))
+	case n > 0:
 		// Acknowledged writes the database does not have: an operator who moves or restores
 		// the database now must keep data_dir/spool with it.
 		d.log.Warn("stopped with writes waiting in the spool; the next start replays them before any session loads",
 			"batches", n, "dir", d.spool.Dir())
-	} else {
+	default:
 		d.log.Info("stopped")
 	}
 	return err
@@ -550,16 +556,13 @@ func warnSpoolLeft(log *slog.Logger, dataDir string) {
 	}
 }
 
-// spooled counts the batches left in the spool (none for a member, which keeps no spool).
-func (d *Daemon) spooled() int {
+// spooled counts the batches left in the spool (none for a member, which keeps no spool), or
+// says why it cannot (its directory cannot be read).
+func (d *Daemon) spooled() (int, error) {
 	if d.spool == nil {
-		return 0
+		return 0, nil
 	}
-	n, err := spool.Waiting(d.spool.Dir())
-	if err != nil {
-		d.log.Warn("count the writes left in the spool", "dir", d.spool.Dir(), logging.Err(err))
-	}
-	return n
+	return spool.Waiting(d.spool.Dir())
 }
 
 // beginRun records this run in the store (Store.BeginRun) once the persistence actor has
