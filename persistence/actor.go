@@ -56,9 +56,11 @@ type ActorOptions struct {
 	// error instead.
 	Spool Spooler
 	// Spooling is set while the spool holds batches (sessions then stay in memory, since the
-	// store does not yet show their writes). May be nil.
+	// store does not yet show their writes), from before the replay of a spool the actor finds
+	// at its start. May be nil.
 	Spooling *atomic.Bool
-	// SpoolFiles receives the number of spooled batches whenever it changes (metrics).
+	// SpoolFiles receives the number of spooled batches whenever it changes, during a replay
+	// too (metrics, and the daemon's start barrier).
 	SpoolFiles func(n int)
 	// ReplayEvery is how often a non-empty spool is replayed (default 1s).
 	ReplayEvery time.Duration
@@ -251,11 +253,22 @@ func (a *Actor) Receive(c actor.Context) {
 		a.timers = scheduler.NewTimerScheduler(c)
 		a.root = c.ActorSystem().Root
 		a.startCommitter(c)
-		if n := a.spoolLen(); n > 0 && (a.o.Spooling == nil || !a.o.Spooling.Load()) {
-			// A new process: the last run stopped (or died) with writes in the spool. The daemon
-			// waits for this replay before any session loads (its start barrier).
-			a.leftover = true
-			a.o.Log.Info("writes left in the spool by the last run; replaying them before any session loads", "batches", n)
+		if n := a.spoolLen(); n > 0 {
+			if a.o.Spooling == nil || !a.o.Spooling.Load() {
+				// A new process: the last run stopped (or died) with writes in the spool. The
+				// daemon's start waits for this replay while it takes batches out of the spool
+				// (its start barrier, supervisor.awaitReplay).
+				a.leftover = true
+				a.o.Log.Info("writes left in the spool by the last run; replaying them before any session loads", "batches", n)
+			}
+			// Readers learn of the spool before the replay begins, not once it ends: a start that
+			// goes on without waiting for a replay that takes no batch out of the spool (a commit
+			// that hangs) loaded sessions from a database without the spooled writes (a reset
+			// undone, a message run twice), for the flag was set only after the replay. With it
+			// set, a session that must load waits for the spool to drain (actors.Deps.Spooling).
+			if a.o.Spooling != nil {
+				a.o.Spooling.Store(true)
+			}
 		}
 		a.replay(c)
 	case *Write:
@@ -704,6 +717,9 @@ func (a *Actor) replay(c actor.Context) {
 func (a *Actor) replaySpool() error {
 	took := false // the database took a run
 	for a.o.Spool.Len() > 0 {
+		// The replay's progress, as it goes (the start's barrier waits while it moves; an
+		// operator watches agentgate_spool_files fall).
+		a.o.SpoolFiles(a.o.Spool.Len())
 		if err := a.ctx.Err(); err != nil {
 			return err
 		}

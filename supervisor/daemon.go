@@ -79,6 +79,9 @@ type Daemon struct {
 	store   persistence.Store
 	spool   *spool.Spool
 	dirLock *os.File // the data directory's lock, held while the daemon keeps a spool there
+	// spoolLeft is the batches waiting in the spool, as the persistence actor last said
+	// (ActorOptions.SpoolFiles): the start's barrier watches its replay by it (awaitReplay).
+	spoolLeft atomic.Int64
 	// persist is the persistence actor once it is spawned (nil before), for the store's hook
 	// that runs on the store's own goroutine (storeRecovered).
 	persist atomic.Pointer[actor.PID]
@@ -296,6 +299,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		if d.spool, err = spool.Open(filepath.Join(cfg.DataDir, "spool")); err != nil {
 			return nil, fmt.Errorf("start: open spool: %w", err)
 		}
+		d.spoolLeft.Store(int64(d.spool.Len())) // (the persistence actor owns the spool once spawned)
 	} else {
 		warnSpoolLeft(log, cfg.DataDir)
 	}
@@ -413,11 +417,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		case ch.Name == "persistence":
 			d.deps.Persist = pid
 			d.persist.Store(pid)
-			// The actor replays a spool left by the last run when it starts; sessions must not
-			// read the store before that.
-			if _, err := d.system.Root.RequestFuture(pid, &persistence.Flush{}, time.Minute).Result(); err != nil {
-				log.Warn("the persistence actor did not answer within a minute of its start; the start goes on without waiting for its replay of the spool", logging.Err(err))
-			}
+			// The actor replays a spool left by the last run when it starts; nothing may read
+			// the store before that.
+			d.awaitReplay(pid)
 			if !opts.SharedStore {
 				if err := d.beginRun(opts.Now); err != nil {
 					d.stopChildren(context.Background(), nil)
@@ -1121,8 +1123,11 @@ func persistenceProps(d *Daemon) *actor.Props {
 		Spooling:      &d.deps.Spooling,
 		Refusals:      &d.refusals,
 		WritesRefused: func(n int) { d.metrics.WritesRefused.Add(float64(n)) },
-		SpoolFiles:    func(n int) { d.metrics.SpoolFiles.Set(float64(n)) },
-		Incarnation:   &d.deps.PersistIncarnation,
+		SpoolFiles: func(n int) {
+			d.metrics.SpoolFiles.Set(float64(n))
+			d.spoolLeft.Store(int64(n))
+		},
+		Incarnation: &d.deps.PersistIncarnation,
 	}), d.deps.Mailbox("persistence")...)
 }
 
