@@ -3,6 +3,7 @@ package actors
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -40,6 +41,9 @@ import (
 // next loads.
 const msgMarkFailed = "record a delivery mark; not tried again (a reply left unmarked is sent again when its session next loads)"
 
+// msgMarksUnacked says that a mark write got no answer within resendAfter and is sent again.
+const msgMarksUnacked = "delivery marks not acknowledged; sending them again"
+
 // opAttrs are the log attributes that name what a mark write was for.
 func opAttrs(op persistence.Op) []any {
 	switch o := op.(type) {
@@ -69,6 +73,9 @@ type marks struct {
 	paused   bool                 // the last write was refused as unavailable: wait for marksRetry
 	refused  int                  // writes refused as unavailable in a row (the first, then one a minute, are logged)
 	nextID   uint64               // ids of coalesced writes: 1, 2, …; 0 marks a single mark's write
+	// unacked holds back msgMarksUnacked while mark writes go unanswered (a database that
+	// hangs): it was logged at every resend, each resendAfter, for as long as that lasted.
+	unacked logging.Limiter
 }
 
 // busy reports whether marks wait to be written or a mark write awaits its result.
@@ -137,6 +144,7 @@ func (a *Platform) onMarksWritten(c actor.Context, r *persistence.WriteResult) {
 	m.inflight = nil
 	cancelTimer(m.stopTick)
 	m.stopTick = nil
+	m.unacked.Reset() // answered: the next write that goes unanswered says so at once
 	if errors.Is(r.Err, persistence.ErrUnavailable) {
 		// Nothing of it was written, and the store may take it later: it goes first again.
 		m.refused++
@@ -184,7 +192,7 @@ func (a *Platform) onMarksTick(c actor.Context, t *marksTick) {
 	if w == nil || w.ID != t.id {
 		return
 	}
-	a.log.Warn("delivery marks not acknowledged; sending them again", "marks", len(w.Ops))
+	a.marks.unacked.Log(a.log, slog.LevelWarn, msgMarksUnacked, "marks", len(w.Ops))
 	c.Request(a.d.Persist, w)
 	a.marks.stopTick = a.timers.SendOnce(resendAfter, c.Self(), &marksTick{id: t.id})
 }

@@ -136,3 +136,35 @@ func TestFailedMarkNamesItsReply(t *testing.T) {
 		}
 	})
 }
+
+// TestUnacknowledgedMarksAreLoggedOnceAMinute: a mark write that gets no answer (a database that
+// hangs) is sent again every resendAfter, and says so at once, then at most once a minute with
+// the resends held back in between (repeats); once a write is answered, the next one that goes
+// unanswered says so at once again. Before, it warned at every resend, each 5 s, for as long as
+// the database hung.
+func TestUnacknowledgedMarksAreLoggedOnceAMinute(t *testing.T) {
+	const unacked = `level=WARN msg="delivery marks not acknowledged; sending them again"`
+	synctest.Test(t, func(t *testing.T) {
+		var logs testutil.Buffer
+		system, p, _, writes := heldMarksWorldLog(t, slog.New(slog.NewTextHandler(&logs, nil)))
+
+		system.Root.Send(p, &SendOutbound{Out: &platforms.Outbound{SessionKey: "fake:dm:1", Seq: 1, Text: "hi"}})
+		last := <-writes
+		for range 2 * int(time.Minute/resendAfter) { // two minutes of resends, none answered
+			last = <-writes
+		}
+		synctest.Wait()
+		if got := logs.String(); strings.Count(got, unacked) != 2 || !strings.Contains(got, "repeats=11") {
+			t.Errorf("log of two minutes of unanswered mark writes:\n%s\nwant %q twice (once a minute), the second with repeats=11", got, unacked)
+		}
+
+		system.Root.Send(last.from, &persistence.WriteResult{ID: last.w.ID})
+		system.Root.Send(p, &SendOutbound{Out: &platforms.Outbound{SessionKey: "fake:dm:1", Seq: 2, Text: "hi again"}})
+		<-writes
+		<-writes // its resend
+		synctest.Wait()
+		if got := logs.String(); strings.Count(got, unacked) != 3 || strings.Count(got, "repeats=") != 1 {
+			t.Errorf("log once a write was answered and the next went unanswered:\n%s\nwant %q a third time, at once (no repeats)", got, unacked)
+		}
+	})
+}
