@@ -462,7 +462,7 @@ func (s *Session) load(c actor.Context) {
 			// The member that held the key died: its death counts against the message it was
 			// running (or was next to run), which afterUncleanStops quarantines at the limit.
 			s.logger().Warn("took the session over from a cluster member that stopped uncleanly; its head message counts it",
-				"previous_owner", claimed.Previous, "message_id", h.MessageID, "strikes", fmt.Sprintf("%d/%d", h.Attempts, QuarantineAfter))
+				"previous_owner", claimed.Previous, "epoch", claimed.Epoch, "message_id", h.MessageID, "strikes", fmt.Sprintf("%d/%d", h.Attempts, QuarantineAfter))
 			s.d.Metrics.SessionsTakenOver.Inc()
 		}
 	}

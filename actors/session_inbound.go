@@ -775,6 +775,7 @@ func (s *Session) newIncarnation(src identity.Source, now time.Time, prev string
 		Platform: src.Platform, ChatType: src.ChatType, ChatID: src.ChatID, ThreadID: src.ThreadID,
 		UserID: src.UserID, UserName: src.UserName, ScopeID: src.ScopeID, Profile: src.Profile,
 		StartedAt: now, LastActivityAt: now, PrevSessionID: prev,
+		Epoch: s.epoch, // the claim this activation holds (0 in a single daemon)
 	}
 	if identity.IsShared(src, s.d.Config.Keys) {
 		s.cur.UserID, s.cur.UserName = "", "" // a shared session belongs to no single user

@@ -89,7 +89,11 @@ type Session struct {
 	EndReason      string
 	PrevSessionID  string
 	Title          string
-	Epoch          int64
+	// Epoch is the epoch of the key's claim (Store.Claim) under which the session began: that
+	// of the activation that created it, which every write of that activation was fenced with
+	// (cluster mode). 0 in a single daemon, which claims nothing. Later activations of the key
+	// claim newer epochs and leave it as it is.
+	Epoch int64
 	// QueueMode is the session's own queue mode (set with /queue); empty means the default.
 	QueueMode string
 	// InputTokens and OutputTokens are the model tokens the session's turns used, summed by
