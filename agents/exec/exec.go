@@ -227,10 +227,11 @@ func (a *Agent) CanSteer() bool { return a.steer }
 // every message received from req.Steer is written to it as one line (see EncodeInput) until
 // req.Steer is closed, which closes stdin. Run stops receiving from req.Steer when the command
 // exits or ctx ends, and does not wait for req.Steer to be closed: a sender must not block on
-// it once the turn is over. The messages it received that the command never saw (their line
-// could not be written, or lay wholly unread in stdin when the command exited or, on a timeout
-// or cancel, when it was stopped) are counted in Response.Unseen, which comes next to an error
-// too. Without steering, stdin closes after the input object and req.Steer is never read.
+// it once the turn is over. A message whose line cannot be encoded ends the turn's messages, as
+// a closed req.Steer does, and the later ones are not received. The messages it received that
+// the command never saw (their line could not be encoded or written, or lay wholly unread in
+// stdin when the command exited or, on a timeout or cancel, when it was stopped) are counted in
+// Response.Unseen, which comes next to an error too. Without steering, stdin closes after the input object and req.Steer is never read.
 func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 	name := a.command[0]
 	if err := ctx.Err(); err != nil {
@@ -497,8 +498,15 @@ func forwardSteer(ctx context.Context, stdin *os.File, in []byte, steer <-chan a
 			l.received++
 			line, err := EncodeSteer(m)
 			if err != nil {
+				// Its time is outside years 0-9999, which only a caller's clock makes (the
+				// stores' and time.Now's are within). Unseen counts the last messages received,
+				// so none may be written after it: the turn's messages end here (EOF), it counts
+				// unseen, and it and those not taken run next, each as a turn of its own.
+				// Before, it was skipped: it counted seen, and the next one written unseen.
 				log.Warn("exec agent could not encode steered message", "message_id", m.MessageID, logging.Err(err))
-				continue
+				stdin.Close()
+				l.closed = true
+				return l
 			}
 			start := l.written
 			n, err := stdin.Write(line)

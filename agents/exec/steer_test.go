@@ -400,6 +400,52 @@ func TestRunSteerUnseen(t *testing.T) {
 	}
 }
 
+// TestRunSteerUnencodable: a steered message that cannot be written as JSON (a time outside
+// years 0-9999, which only a caller's clock makes) ends the turn's messages: stdin closes before
+// it, it counts unseen (Response.Unseen counts the last messages the agent took), and those
+// after it are not taken, so that it and they run next, each as a turn of its own. Before, it
+// was skipped and the next one written: the command saw that one, yet Unseen counted it (the
+// last taken) unseen and the skipped one seen, to run again and never run.
+func TestRunSteerUnencodable(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	steered := []agents.Message{
+		{Role: "user", Text: "first steer", MessageID: "m2", At: at},
+		{Role: "user", Text: "from year 10000", MessageID: "m3", At: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)},
+		{Role: "user", Text: "after it", MessageID: "m4", At: at},
+	}
+	if _, err := exec.EncodeSteer(steered[1]); err == nil {
+		t.Fatalf("EncodeSteer(%v) = nil error, want one", steered[1].At)
+	}
+	cmd, _ := MustScript(t, `exec cat`)
+	a := MustNew(t, exec.Config{Command: cmd, Steer: true})
+	steer := make(chan agents.Message, len(steered))
+	for _, m := range steered {
+		steer <- m
+	}
+	close(steer)
+	req := request(turn(3), "first")
+	req.Steer = steer
+	r := mustResult(t, runAsync(t.Context(), a, req))
+	if r.err != nil {
+		t.Fatalf("Run() error = %v, want nil", r.err)
+	}
+	lines := mustStdinLines(t, r.resp.Text, req)
+	want, err := exec.EncodeSteer(steered[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{strings.TrimSuffix(string(want), "\n")}, lines[1:]); diff != "" {
+		t.Errorf("steer lines the command read mismatch (-want +got):\n%s", diff)
+	}
+	if r.resp.Unseen != 1 {
+		t.Errorf("Run() Unseen = %d, want 1 (m3)", r.resp.Unseen)
+	}
+	if got := len(steer); got != 1 {
+		t.Errorf("after Run, steer channel holds %d messages, want 1 (m4, not taken)", got)
+	}
+}
+
 // TestRunSteerUnseenWhenStopped checks that the steered messages a command left wholly unread
 // are counted unseen also when Run stopped it: at its timeout, or for its output. Run closes
 // stdin then, and measured nothing afterwards, so they counted as seen and failed with the turn
