@@ -67,14 +67,7 @@ func TestRefusedRidersAreLeftOut(t *testing.T) {
 	}
 	w.stop()
 
-	w2 := newManagerWorldAt(t, path, agent, nil)
-	w2.deliver(t, "m5", "after the reload")
-	if got := w2.answerTo("m5"); got != "ok" {
-		t.Errorf("m5 answered %q after the reload, want ok", got)
-	}
-	if body := m.Body(t, 5); strings.Contains(body, bad) || !strings.Contains(body, "a harmless question") {
-		t.Errorf("m5's request after the reload = %s, want the history without m2", body)
-	}
+	answeredWithoutAfterReload(t, path, agent, m, bad)
 }
 
 // TestRefusalOfTheConfigurationLeavesNoMessageOut: while the agent's configuration is one the

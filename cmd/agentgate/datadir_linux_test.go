@@ -71,21 +71,8 @@ func TestCheckConfigDataDirNotWritable(t *testing.T) {
 // It mounts a read-only tmpfs in a mount namespace of its own (unshare -m, which leaves the
 // host's mounts alone), so it needs root and unshare(1); it is skipped without them.
 func TestCheckConfigDataDirOnReadOnlyMount(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounts a read-only tmpfs: needs root")
-	}
-	unshare, err := exec.LookPath("unshare")
-	if err != nil {
-		t.Skip("needs unshare(1)")
-	}
+	unshare, ro := readOnlyTmpfs(t)
 	bin := MustBuild(t)
-	ro := filepath.Join(t.TempDir(), "ro")
-	if err := os.Mkdir(ro, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(unshare, "-m", "mount", "-t", "tmpfs", "-o", "ro", "tmpfs", ro).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs in a mount namespace of its own: %v: %s", err, out)
-	}
 	const fix = "(read-only file system): mount it writable, or set another data_dir"
 	for _, tt := range []struct {
 		name, dataDir, want string
@@ -142,22 +129,9 @@ func TestCheckConfigDataDirInTheKernelsFileSystems(t *testing.T) {
 // mount namespace of its own, copies a data directory onto it and makes it read-only, so it
 // needs root and unshare(1); it is skipped without them.
 func TestOfflineCommandsOnReadOnlyMount(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounts a read-only tmpfs: needs root")
-	}
-	unshare, err := exec.LookPath("unshare")
-	if err != nil {
-		t.Skip("needs unshare(1)")
-	}
+	unshare, ro := readOnlyTmpfs(t)
 	bin := MustBuild(t)
 	seed := MustSeedSessions(t)
-	ro := filepath.Join(t.TempDir(), "ro")
-	if err := os.Mkdir(ro, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(unshare, "-m", "mount", "-t", "tmpfs", "-o", "ro", "tmpfs", ro).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs in a mount namespace of its own: %v: %s", err, out)
-	}
 	// The mount lives as long as the namespace: the command runs in it, after it.
 	agentgate := func(args ...string) (string, error) {
 		script := `mount -t tmpfs tmpfs "$1" && cp -a "$2"/. "$1"/ && mount -o remount,ro "$1" && shift 2 && exec "$@"`
@@ -177,4 +151,27 @@ func TestOfflineCommandsOnReadOnlyMount(t *testing.T) {
 	if out, err := agentgate("sessions", "list"); err != nil || !strings.Contains(out, keyA) {
 		t.Errorf("sessions list = %v, output %q; want it to list %s", err, out, keyA)
 	}
+}
+
+// readOnlyTmpfs checks that a read-only tmpfs can be mounted in a mount namespace of its own
+// (unshare -m, which leaves the host's mounts alone) at ro, a new directory, and skips the test
+// when it cannot (it needs root and unshare(1)). The mount lives only as long as its namespace:
+// a command that is to meet it runs in one of its own (unshare -m, mount, then the command).
+func readOnlyTmpfs(t *testing.T) (unshare, ro string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounts a read-only tmpfs: needs root")
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Skip("needs unshare(1)")
+	}
+	ro = filepath.Join(t.TempDir(), "ro")
+	if err := os.Mkdir(ro, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(unshare, "-m", "mount", "-t", "tmpfs", "-o", "ro", "tmpfs", ro).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs in a mount namespace of its own: %v: %s", err, out)
+	}
+	return unshare, ro
 }

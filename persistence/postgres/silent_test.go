@@ -256,6 +256,28 @@ func newSilencer(t *testing.T, dsn string) *silencer {
 	return p
 }
 
+// lockThroughSilencer lets go of s's daemon lock and takes it again on a connection through a
+// silencer, the lock's connection alone: the caller closes the silencer before s, so that a
+// check's ping ends before Close lets go of the lock.
+func lockThroughSilencer(t *testing.T, s *Store, dsn string) *silencer {
+	t.Helper()
+	p := newSilencer(t, dsn)
+	through, err := pgx.ParseConfig(p.dsn)
+	if err != nil {
+		p.close()
+		t.Fatal(err)
+	}
+	s.lockMu.Lock()
+	s.unlock()
+	s.lockCfg.Host, s.lockCfg.Fallbacks = through.Host, nil
+	s.lockMu.Unlock()
+	if err := s.checkLock(context.Background()); err != nil {
+		p.close()
+		t.Fatalf("take the lock again through the silencer: %v", err)
+	}
+	return p
+}
+
 func (p *silencer) silence() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -303,21 +325,8 @@ func TestPingAnswersWhileTheLockCheckWaits(t *testing.T) {
 	s, dsn := openUnchecked(t)
 	ctx := context.Background()
 	defer s.Close()
-	// The lock's connection alone goes through a silencer: the lock is let go, and taken again
-	// there.
-	p := newSilencer(t, dsn)
+	p := lockThroughSilencer(t, s, dsn)
 	defer p.close() // first: the check's ping ends before Close lets go of the lock
-	through, err := pgx.ParseConfig(p.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.lockMu.Lock()
-	s.unlock()
-	s.lockCfg.Host, s.lockCfg.Fallbacks = through.Host, nil
-	s.lockMu.Unlock()
-	if err := s.checkLock(ctx); err != nil {
-		t.Fatalf("take the lock again through the silencer: %v", err)
-	}
 
 	p.silence()
 	pctx, cancel := context.WithCancel(ctx)
@@ -478,21 +487,8 @@ func TestLockCheckHoldsNoCommit(t *testing.T) {
 	s, dsn := openUnchecked(t)
 	ctx := context.Background()
 	defer s.Close()
-	// The lock's connection alone goes through a silencer: the lock is let go, and taken again
-	// there.
-	p := newSilencer(t, dsn)
+	p := lockThroughSilencer(t, s, dsn)
 	defer p.close() // first: the check's ping ends before Close lets go of the lock
-	through, err := pgx.ParseConfig(p.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.lockMu.Lock()
-	s.unlock()
-	s.lockCfg.Host, s.lockCfg.Fallbacks = through.Host, nil
-	s.lockMu.Unlock()
-	if err := s.checkLock(ctx); err != nil {
-		t.Fatalf("take the lock again through the silencer: %v", err)
-	}
 
 	p.silence()
 	// Given up after 10 s, as the watcher's check is after its interval: without it, a commit
