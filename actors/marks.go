@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/logging"
@@ -55,6 +56,49 @@ func opAttrs(op persistence.Op) []any {
 		return []any{"op", "clear unread", "chat", o.ChatID}
 	}
 	return []any{"op", fmt.Sprintf("%T", op)}
+}
+
+// records holds the ops a platform records (platforms.Recorder) from its own goroutines until
+// its actor takes them: at each recordOps, and at its stop, once Run has returned
+// (writeLateRecords). A platform records while the actor waits for Run at its stop (the
+// Discord platform keeps the unread place of a message the stop left for the next start to
+// read back), and sent to the actor's mailbox such a record reached an actor that had stopped
+// by the time it was read, and was dropped: the next start did not read the message back.
+type records struct {
+	mu  sync.Mutex
+	ops []persistence.Op
+}
+
+// add queues ops.
+func (r *records) add(ops []persistence.Op) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ops = append(r.ops, ops...)
+}
+
+// take returns the ops queued, oldest first, and empties the queue; nil on a nil records.
+func (r *records) take() []persistence.Op {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ops := r.ops
+	r.ops = nil
+	return ops
+}
+
+// writeLateRecords sends, at the actor's stop once Run has returned, what its platform
+// recorded meanwhile, and the marks the stop's flush held back behind a write in flight, in
+// one write of their own: the actor takes no answer now, and the persistence actor, which
+// stops after the platforms, still takes it.
+func (a *Platform) writeLateRecords(c actor.Context) {
+	ops := append(a.marks.waiting, a.records.take()...)
+	a.marks.waiting = nil
+	if len(ops) == 0 {
+		return
+	}
+	c.Send(a.d.Persist, &persistence.Write{Ops: ops})
 }
 
 // maxMarks bounds the marks of one write. It is not below the replies one commit can carry

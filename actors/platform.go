@@ -52,7 +52,8 @@ type Platform struct {
 	quiesce  []quiesceWait
 	sending  int // sends in flight
 
-	marks marks // delivery marks waiting for (or in) their write
+	marks   marks    // delivery marks waiting for (or in) their write
+	records *records // what the platform recorded (platforms.Recorder), not taken yet; nil for none
 
 	drafts        map[string]*draft // by turn id
 	oldDraftsRead bool              // removeOldDrafts has read the drafts earlier runs left
@@ -61,8 +62,9 @@ type Platform struct {
 	ended         endedTurns        // turns whose drafts are finished or dropped
 }
 
-// recordOps carries the ops a platform records (platforms.Recorder) to its actor.
-type recordOps struct{ ops []persistence.Op }
+// recordOps tells the actor that its platform recorded ops (platforms.Recorder): they wait in
+// its records.
+type recordOps struct{}
 
 // job is one entry of a key's send queue: an outbound message, or a draft post or edit.
 type job struct {
@@ -157,8 +159,12 @@ func (a *Platform) Receive(c actor.Context) {
 		if r, ok := a.p.(platforms.Recorder); ok {
 			// Its records go with the delivery marks: in order, and tried again while the
 			// store is unavailable. The PID is the same across restarts.
-			root, self := c.ActorSystem().Root, c.Self()
-			r.SetRecord(func(ops ...persistence.Op) { root.Send(self, &recordOps{ops: ops}) })
+			root, self, recs := c.ActorSystem().Root, c.Self(), &records{}
+			a.records = recs
+			r.SetRecord(func(ops ...persistence.Op) {
+				recs.add(ops)
+				root.Send(self, &recordOps{})
+			})
 		}
 		a.removeOldDrafts(c)
 		a.started = true
@@ -225,7 +231,7 @@ func (a *Platform) Receive(c actor.Context) {
 			a.pump(c, m.key)
 		}
 	case *recordOps:
-		for _, op := range m.ops {
+		for _, op := range a.records.take() {
 			a.mark(c, op)
 		}
 	case *persistence.WriteResult:
@@ -239,6 +245,7 @@ func (a *Platform) Receive(c actor.Context) {
 		cancelTimer(a.marks.stopTick)
 		a.marks.paused = false
 		a.warnUnsureDrafts()
+		a.marks.waiting = append(a.marks.waiting, a.records.take()...)
 		a.flushMarks(c) // the persistence actor stops after the platforms: it still takes them
 		// No re-send tick can reach a stopped actor; a pending one would only hold the actor
 		// system until it fired.
@@ -251,6 +258,7 @@ func (a *Platform) Receive(c actor.Context) {
 				a.log.Warn("platform did not stop in time")
 			}
 		}
+		a.writeLateRecords(c)
 	}
 	a.handling = jobRef{} // handled without a panic
 }
