@@ -268,7 +268,9 @@ rounds:
 				break rounds
 			}
 			// left is where the daemon's stop left reading: the message before the first one
-			// the runtime no longer took, which the next start is to read back.
+			// the runtime no longer took, which the next start is to read back (one the next
+			// start would not read back is told so; one whose notice failed is left too:
+			// leaveUntold).
 			left := ""
 			switch {
 			case readErr != nil && restStatus(readErr) == http.StatusNotFound:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -46,8 +47,8 @@ func (p *Platform) onMessage(_ *discordgo.Session, m *discordgo.MessageCreate) {
 // reports that the bot has posted a reply to the message already (a backfill read it in the
 // history after the message): whatever it said then (a hint, a notice), the user is not told
 // again. left reports that the message was not taken because the daemon stops, and is left for
-// the next start to read back (readBackAfterStop): a backfill keeps its place unread
-// (backfill.go).
+// the next start to read back (readBackAfterStop; or leaveUntold, its notice not posted): a
+// backfill keeps its place unread (backfill.go).
 func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 	// One message's panic drops that message only (logged): not the backfill or the intake
 	// (intake.go) it runs in. Its sender is told when the
@@ -58,6 +59,25 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 		if !told {
 			p.tellUser(p.noticeCtx(ctx), channelID, ref, text)
 		}
+	}
+	// tellStopped tells the sender of a message a stop met that it was not taken, and reports
+	// whether the message is left for the next start instead, its notice not posted (Discord
+	// refused it, or the stop's notice bound ran out): see leaveUntold.
+	tellStopped := func(channelID, ref, text string) (left bool) {
+		if told {
+			return false
+		}
+		err := p.postNotice(p.noticeCtx(ctx), channelID, ref, text)
+		if err == nil {
+			return false
+		}
+		if p.leaveUntold(m) {
+			p.log.Info("discord message not taken while stopping, and its notice not posted; the next start reads it back",
+				"channel", m.ChannelID, "message_id", m.ID, logging.Err(err))
+			return true
+		}
+		p.log.Warn("discord notice about a message not posted; its author is not told", "channel", channelID, "message_id", ref, logging.Err(err))
+		return false
 	}
 	defer func() {
 		if v := recover(); v != nil {
@@ -135,6 +155,9 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 		}
 		// Only a message the bot would likely answer is told: not chatter that needs a mention.
 		if mentioned || !p.gate.mentionRequired(m.GuildID, m.ChannelID, m.ChannelID) {
+			if notice == drainingNotice {
+				return tellStopped(m.ChannelID, m.ID, notice)
+			}
 			tell(m.ChannelID, m.ID, notice)
 		}
 		return
@@ -234,9 +257,46 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 			// notice at all (404), its sender left waiting for an answer promised in it.
 			where, ref = m.ChannelID, m.ID
 		}
+		if ctx.Err() != nil || errors.Is(err, platforms.ErrDraining) {
+			return tellStopped(where, ref, refusal(err))
+		}
 		tell(where, ref, refusal(err))
 	}
 	return false
+}
+
+// leaveUntold leaves m, a message a stop met that the runtime did not take and whose sender
+// could not be told so (the notice's post failed: Discord refused it, or the stop's notice
+// bound ran out, noticeCtx), for the next start to read back, and reports whether it could:
+// backfill is on, and the store keeps the bot's unread places. Its channel's unread place is
+// kept before it (an earlier one stays), in the store too, where the next start's backfill
+// reads it (loadUnread) even in a chat the store took nothing from (a new DM); a backfill that
+// read m keeps its own place before it (left). Before, the message was neither answered, nor
+// told, nor read back: lost without a word but a WRN, and a backfill that read it cleared the
+// channel's place past it. A notice Discord posted though its answer was lost is found in the
+// read-back (repliedTo), and the message is not taken twice.
+func (p *Platform) leaveUntold(m *discordgo.Message) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cfg.BackfillWindow <= 0 || p.record == nil {
+		return false
+	}
+	if _, ok := p.unread[m.ChannelID]; !ok {
+		p.unread[m.ChannelID] = seenAt{id: snowflakeBefore(m.ID), guild: m.GuildID}
+	}
+	u := p.unread[m.ChannelID]
+	p.keepUnread(m.ChannelID, u.id, u.guild)
+	return true
+}
+
+// snowflakeBefore returns the snowflake just before id: a place that reads id back. An id that
+// is not a snowflake reads the channel from its start (within backfill_window).
+func snowflakeBefore(id string) string {
+	n, err := strconv.ParseUint(id, 10, 64)
+	if err != nil || n == 0 {
+		return "0"
+	}
+	return strconv.FormatUint(n-1, 10)
 }
 
 // readBackAfterStop reports whether a message the runtime did not take, with err, in channel
@@ -320,15 +380,21 @@ func (p *Platform) noticeCtx(ctx context.Context) context.Context {
 
 // tellUser posts a short, non-durable answer about a message that was not taken.
 func (p *Platform) tellUser(ctx context.Context, channelID, ref, text string) {
+	if err := p.postNotice(ctx, channelID, ref, text); err != nil {
+		p.log.Warn("discord notice about a message not posted; its author is not told", "channel", channelID, "message_id", ref, logging.Err(err))
+	}
+}
+
+// postNotice posts text in channelID, in reply to the message ref ("" for none).
+func (p *Platform) postNotice(ctx context.Context, channelID, ref, text string) error {
 	ctx, cancel := context.WithTimeout(ctx, restTimeout)
 	defer cancel()
 	msg := &sendBody{Content: text, AllowedMentions: noMentions()}
 	if ref != "" {
 		msg.Reference = &discordgo.MessageReference{MessageID: ref, ChannelID: channelID, FailIfNotExists: new(false)}
 	}
-	if _, err := p.post(ctx, channelID, msg); err != nil {
-		p.log.Warn("discord notice about a message not posted; its author is not told", "channel", channelID, "message_id", ref, logging.Err(err))
-	}
+	_, err := p.post(ctx, channelID, msg)
+	return err
 }
 
 // openThread starts the thread of an auto-threaded message, and reports whether it is open.

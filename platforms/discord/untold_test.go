@@ -1,0 +1,196 @@
+package discord
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms/discord/discordtest"
+)
+
+// unreadStore keeps the unread places a platform records (SetRecord), as the store does, and
+// hands them to the next start (Config.Unread).
+type unreadStore struct {
+	mu     sync.Mutex
+	places map[string]persistence.Unread
+}
+
+func newUnreadStore(places ...persistence.Unread) *unreadStore {
+	s := &unreadStore{places: map[string]persistence.Unread{}}
+	for _, u := range places {
+		s.places[u.ChatID] = u
+	}
+	return s
+}
+
+func (s *unreadStore) record(ops ...persistence.Op) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, op := range ops {
+		switch o := op.(type) {
+		case *persistence.MarkUnread:
+			s.places[o.Unread.ChatID] = o.Unread
+		case *persistence.ClearUnread:
+			if u, ok := s.places[o.ChatID]; ok && u.After == o.After {
+				delete(s.places, o.ChatID)
+			}
+		}
+	}
+}
+
+func (s *unreadStore) unread(context.Context) ([]persistence.Unread, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Collect(maps.Values(s.places)), nil
+}
+
+// startAgain runs a new platform against srv, as the next start does, with the store's unread
+// places, and returns its runtime; it stops when the test ends.
+func startAgain(t *testing.T, srv *discordtest.Server, store *unreadStore) *heldDelivery {
+	t.Helper()
+	h := newHeldDelivery()
+	p, err := New(Config{Token: srv.Token(), Settings: config.Discord{APIURL: srv.APIURL(), BackfillWindow: time.Hour},
+		Logger: slog.New(slog.DiscardHandler), Unread: store.unread, Now: srv.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = p.Run(ctx, h.deliver)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return h
+}
+
+// noticeFaults are the ways a stop's notice fails: Discord refuses the post, or does not
+// answer it within the stop's notice bound (stopNoticeTimeout), which then runs out for every
+// notice after it.
+var noticeFaults = []struct {
+	name  string
+	fault func(srv *discordtest.Server, channel string, answer <-chan struct{})
+}{
+	{"refused", func(srv *discordtest.Server, channel string, _ <-chan struct{}) {
+		srv.FailNext("POST", "/channels/"+channel+"/messages", 500, 5)
+	}},
+	{"out of time", func(srv *discordtest.Server, channel string, answer <-chan struct{}) {
+		srv.HoldNext("POST", "/channels/"+channel+"/messages", answer, 5)
+	}},
+}
+
+// TestBackfilledMessageWhoseNoticeFailsIsReadBack: a new gateway session's backfill reads a
+// thread the store took nothing from lately (an unread place a failed read left; discordgo's
+// state does not hold the thread: its messages' handling looks it up), and the daemon stops
+// while the first message's lookup waits for Discord. The stop ends the lookup, the stopping
+// runtime turns the others away, and their notices, the stop's "send it again", are not posted
+// (Discord refuses them, or does not answer within the stop's 3 s). The thread keeps its place
+// before them, in the store too, and the next start reads them back and answers them. Before,
+// the backfill moved the place past them (the store's was cleared): neither answered, nor
+// told, nor read back.
+func TestBackfilledMessageWhoseNoticeFailsIsReadBack(t *testing.T) {
+	for _, tc := range noticeFaults {
+		t.Run(tc.name, func(t *testing.T) {
+			const channel, thread = "200000000000000002", "200000000000000003"
+			bob := discordtest.User{ID: "400000000000000002", Username: "bob"}
+			answer := make(chan struct{})
+			defer close(answer) // after the stop: the fake's held handlers end
+			store := newUnreadStore(persistence.Unread{Platform: Name, ChatID: thread, ScopeID: recentGuild, After: "1", At: time.Now()})
+			var fake *discordtest.Server
+			h := newHeldDelivery()
+			srv, p, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
+				fake = srv
+				srv.AddGuild(recentGuild, "guild")
+				srv.AddChannel(discordtest.Channel{ID: channel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+				srv.AddChannel(discordtest.Channel{ID: thread, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildPublicThread, ParentID: channel, OwnerID: bob.ID, Name: "a thread"})
+				srv.ArchiveThread(thread) // GUILD_CREATE does not list it
+				// Said while no gateway session was up: the backfill reads them back.
+				for _, text := range []string{"one", "two", "three"} {
+					srv.Post(discordtest.UserMessage{ChannelID: thread, Author: bob, Content: text, MentionBot: true})
+				}
+				srv.HoldNext("GET", "/channels/"+thread, answer, 1) // the lookup of the first one read back
+			}, func(c *Config) {
+				c.Settings.BackfillWindow = time.Hour
+				c.Unread = store.unread
+				c.Now = fake.Now
+			}, discordtest.WithHeartbeatInterval(discordtest.DefaultHeartbeatInterval))
+			p.SetRecord(store.record)
+			srv.WaitFor(t, "the first message's lookup", func() bool { return srv.Requests("GET", "/channels/"+thread) == 1 })
+			tc.fault(srv, thread, answer)
+			h.drain() // the runtime drains before the platform stops
+			stop()
+			if s := log.String(); !strings.Contains(s, "its notice not posted; the next start reads it back") {
+				t.Errorf("no message was left for the next start:\n%s", s)
+			}
+
+			again := startAgain(t, srv, store)
+			pollFor(t, "the messages read back", func() bool {
+				texts, _, _ := again.got()
+				return len(texts) == 3
+			})
+			if texts, _, _ := again.got(); !slices.Equal(texts, []string{"one", "two", "three"}) {
+				t.Errorf("the next start delivered %q, want one, two and three", texts)
+			}
+		})
+	}
+}
+
+// TestQueuedMessageWhoseNoticeFailsIsReadBack: the daemon stops while a delivery is held, with
+// a message of a new DM queued behind it (the next start does not read that chat back); the
+// stopping runtime turns it away, and its notice is not posted (Discord refuses it, or does not
+// answer within the stop's 3 s). The DM keeps an unread place before the message in the store,
+// and the next start reads it back and answers it. Before, the message was lost, with only the
+// WRN that its author was not told.
+func TestQueuedMessageWhoseNoticeFailsIsReadBack(t *testing.T) {
+	for _, tc := range noticeFaults {
+		t.Run(tc.name, func(t *testing.T) {
+			const knownDM, newDM = "300000000000000001", "300000000000000002"
+			answer := make(chan struct{})
+			defer close(answer) // after the stop: the fake's held handlers end
+			store := newUnreadStore()
+			h := newHeldDelivery()
+			srv, p, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
+				srv.AddChannel(discordtest.Channel{ID: newDM, Type: discordgo.ChannelTypeDM})
+			}, func(c *Config) { c.Settings.BackfillWindow = time.Hour },
+				discordtest.WithHeartbeatInterval(discordtest.DefaultHeartbeatInterval))
+			p.SetRecord(store.record)
+			alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+			bob := discordtest.User{ID: "400000000000000002", Username: "bob"}
+			srv.Post(discordtest.UserMessage{ChannelID: knownDM, Author: alice, Content: "first"})
+			<-h.started
+			fresh := srv.Post(discordtest.UserMessage{ChannelID: newDM, Author: bob, Content: "hello, first time"})
+			pollFor(t, "the new DM's message queued behind the held delivery", func() bool {
+				p.mu.Lock()
+				defer p.mu.Unlock()
+				return len(p.intake) == 1
+			})
+			tc.fault(srv, newDM, answer)
+			onStopWait(t, func() {
+				h.drain()
+				close(h.release)
+			})
+			stop()
+			if s := log.String(); !strings.Contains(s, "its notice not posted; the next start reads it back") || !strings.Contains(s, "message_id="+fresh.ID) {
+				t.Errorf("the new DM's message was not left for the next start:\n%s", s)
+			}
+
+			again := startAgain(t, srv, store)
+			pollFor(t, "the new DM's message read back", func() bool {
+				texts, _, _ := again.got()
+				return slices.Contains(texts, "hello, first time")
+			})
+		})
+	}
+}
