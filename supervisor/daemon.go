@@ -66,7 +66,17 @@ type Options struct {
 	// messages (503) instead. Drafts left by earlier runs are not removed at start (they may be
 	// another live member's).
 	SharedStore bool
+	// Stop, closed by the owner, asks a start still under way to stop (`agentgate serve`'s first
+	// stop signal): the start's wait for the replay of the spool the last run left gives up, the
+	// replay stops after the run of batches it commits, and Start stops what it started and
+	// returns ErrStopped, with what the replay did not take still in the spool (the next start
+	// replays it). Before, nothing heard a stop signal until Start returned, and a long replay
+	// that kept taking batches out of the spool ignored SIGTERM until it ended. May be nil.
+	Stop <-chan struct{}
 }
+
+// ErrStopped is Start's error when its owner asked it to stop (Options.Stop) before it was done.
+var ErrStopped = errors.New("start: stopped before the daemon served")
 
 // Daemon is a running agentgate: its actor system, store, platforms and the PIDs of the
 // supervision tree.
@@ -419,7 +429,14 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			d.persist.Store(pid)
 			// The actor replays a spool left by the last run when it starts; nothing may read
 			// the store before that.
-			d.awaitReplay(pid)
+			if !d.awaitReplay(pid, opts.Stop) {
+				// The daemon's ctx ends the replay after its run of batches (or the commit of
+				// it, which the database rolls back): the rest waits in the spool.
+				d.cancel()
+				d.stopChildren(context.Background(), nil)
+				d.logStopped()
+				return nil, ErrStopped
+			}
 			if !opts.SharedStore {
 				if err := d.beginRun(opts.Now); err != nil {
 					d.stopChildren(context.Background(), nil)
@@ -521,6 +538,12 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	if d.dirLock != nil {
 		_ = d.dirLock.Close() // after the spool's last write and the address files
 	}
+	d.logStopped()
+	return err
+}
+
+// logStopped says that the daemon stopped, and whether writes wait in its spool.
+func (d *Daemon) logStopped() {
 	switch n, cerr := d.spooled(); {
 	case cerr != nil:
 		// Not "stopped", as if nothing waited: writes may, and the operator who moves or
@@ -535,7 +558,6 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	default:
 		d.log.Info("stopped")
 	}
-	return err
 }
 
 // warnSpoolLeft says, in one line, that the spool in a cluster member's data directory holds

@@ -33,15 +33,20 @@ var replayChecks atomic.Pointer[func() (<-chan time.Time, func())]
 // writes wait in the spool. The persistence actor set actors.Deps.Spooling before it began, so
 // a session that must load waits for the spool to drain, as at a start whose database refuses
 // the spool.
-func (d *Daemon) awaitReplay(pid *actor.PID) {
+//
+// It returns false when stop is closed first (a stop signal during the start, Options.Stop): the
+// start stops then, whatever the replay has left in the spool waiting for the next start.
+// Before, only the replay's end ended the wait, and a daemon replaying a long spool ignored
+// SIGTERM (and every Ctrl-C) until it was done.
+func (d *Daemon) awaitReplay(pid *actor.PID, stop <-chan struct{}) bool {
 	f := d.system.Root.RequestFuture(pid, &persistence.Flush{}, -1) // no timeout: resolved below
 	answered := make(chan error, 1)
 	go func() { // ends when f resolves: the actor's answer, or the barrier's own (below)
 		_, err := f.Result()
 		answered <- err
 	}()
-	ticks, stop := replayTicker()
-	defer stop()
+	ticks, stopTicks := replayTicker()
+	defer stopTicks()
 	start, left := time.Now(), d.spoolLeft.Load()
 	for {
 		select {
@@ -49,7 +54,13 @@ func (d *Daemon) awaitReplay(pid *actor.PID) {
 			if err != nil {
 				d.log.Warn("the persistence actor did not answer its start barrier; the start goes on without waiting for its replay of the spool", logging.Err(err))
 			}
-			return
+			return true
+		case <-stop:
+			d.log.Info("asked to stop during the start; the replay of the spool left by the last run stops after its current batches, the rest waits for the next start",
+				"batches", d.spoolLeft.Load())
+			d.system.Root.Send(f.PID(), &persistence.Flushed{}) // resolves f, as below
+			<-answered
+			return false
 		case <-ticks:
 		}
 		now := d.spoolLeft.Load()
@@ -63,7 +74,7 @@ func (d *Daemon) awaitReplay(pid *actor.PID) {
 			"batches", now, "waited", time.Since(start).Round(time.Second))
 		d.system.Root.Send(f.PID(), &persistence.Flushed{}) // resolves f (a dead letter if the actor just answered)
 		<-answered
-		return
+		return true
 	}
 }
 

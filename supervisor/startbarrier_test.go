@@ -3,6 +3,8 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -11,12 +13,13 @@ import (
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
 )
 
-// gatedStore holds each commit, while armed, until the test lets it through: a replay as slow
-// as the test wants.
+// gatedStore holds each commit, while armed, until the test lets it through or its ctx ends: a
+// replay as slow as the test wants.
 type gatedStore struct {
 	persistence.Store
 	armed   atomic.Bool
@@ -33,7 +36,10 @@ func newGatedStore() *gatedStore {
 func (g *gatedStore) Commit(ctx context.Context, groups [][]persistence.Op) []error {
 	if g.armed.Load() {
 		g.entered <- struct{}{}
-		<-g.release
+		select {
+		case <-g.release:
+		case <-ctx.Done(): // the daemon stops: the commit fails, as a real one would
+		}
 	}
 	return g.Store.Commit(ctx, groups)
 }
@@ -201,5 +207,80 @@ func TestStartWaitsForAReplayThatTakesBatches(t *testing.T) {
 	}
 	r.inject(t, dm, "m3", "three")
 	r.waitReplyTo(t, "m3")
+	checkAnsweredInOrder(t, r, dir, key, "m2", "m3")
+}
+
+// TestStopDuringTheStartsReplay: a stop asked for while the start waits for the replay of the
+// spool the last run left (serve's first stop signal, Options.Stop) ends the start at once: the
+// replay stops after the batch it commits, Start stops what it started and returns ErrStopped,
+// the batches the replay did not take stay in the spool, the stop says so, and the next start
+// replays them, losing nothing. Before, the start waited for as long as the replay took batches
+// out of the spool, hearing no stop: SIGTERM waited for the end of a long replay.
+func TestStopDuringTheStartsReplay(t *testing.T) {
+	dir := t.TempDir()
+	key, ended := mustLeaveResetInSpool(t, dir)
+	spooled := func() int {
+		n, err := spool.Waiting(filepath.Join(dir, "spool"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	left := spooled()
+
+	g := newGatedStore()
+	defer g.open() // a start that did not stop must not hang the test
+	cfg := config.Default()
+	cfg.DataDir, cfg.HTTP.Addr = dir, "127.0.0.1:0"
+	cfg.Persist.MaxBatch = 1 // a transaction a batch
+	var logs logSignal
+	stop := make(chan struct{})
+	started := make(chan error, 1)
+	go func() {
+		d, err := Start(t.Context(), cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Agent: echo.New(), Stop: stop,
+			WrapStore: func(s persistence.Store) persistence.Store {
+				g.Store = s
+				return g
+			}})
+		if err == nil {
+			err = errors.New("Start returned a daemon")
+			_ = d.Stop(context.Background())
+		}
+		started <- err
+	}()
+	if !waitAtGate(t, g, "the start's replay") {
+		return
+	}
+	close(stop) // the replay's first batch is at the gate
+	select {
+	case err := <-started:
+		if !errors.Is(err, ErrStopped) {
+			t.Fatalf("Start = %v, want ErrStopped", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("Start did not return within 30 s of the stop, its replay at the database's gate:\n%s", logs.String())
+	}
+	if n := spooled(); n != left {
+		t.Errorf("%d batches in the spool after a stop during its replay, want the %d the start found", n, left)
+	}
+	const stopped = `level=WARN msg="stopped with writes waiting in the spool; the next start replays them before any session loads"`
+	if got := logs.String(); !strings.Contains(got, stopped) || strings.Contains(got, "agentgate started") {
+		t.Errorf("the start's log:\n%s\nwant %q, and no start line", got, stopped)
+	}
+
+	r := MustStartDaemon(t, echo.New(), daemonOpts{dir: dir})
+	defer r.stop(t)
+	if n := spooled(); n != 0 {
+		t.Errorf("%d batches in the spool once the next start replayed it", n)
+	}
+	r.inject(t, dm, "m3", "three")
+	r.waitReplyTo(t, "m3")
+	route, err := r.d.store.Route(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if route.SessionID == ended {
+		t.Errorf("the key routes to session %s, which the spooled reset ended", ended)
+	}
 	checkAnsweredInOrder(t, r, dir, key, "m2", "m3")
 }
