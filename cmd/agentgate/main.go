@@ -424,12 +424,25 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// stays ignored in the agents' commands, and a shell pipeline there would change.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 
-	d, err := supervisor.Start(ctx, cfg, log, supervisor.Options{})
+	// The signals are heard during the start too: it waits for the replay of the spool the
+	// last run left for as long as the replay takes batches out of it, and that may be long.
+	stop, started := make(chan struct{}), make(chan struct{})
+	heard := make(chan bool, 1)
+	go func() { heard <- awaitStartSignal(sigs, stop, started, log) }() // ends with the start
+	d, err := supervisor.Start(ctx, cfg, log, supervisor.Options{Stop: stop})
+	close(started)
+	signalled := <-heard
+	if errors.Is(err, supervisor.ErrStopped) {
+		return nil // stopped as asked; the spool keeps what the replay did not take
+	}
 	if err != nil {
 		return startError(ctx, cfg, err)
 	}
 	fmt.Fprintf(stdout, "listening on %s\n", d.Addr())
-	fatal, signalled := awaitStop(ctx, sigs, d.Fatal(), cfg.Shutdown.DrainTimeout, log)
+	var fatal error
+	if !signalled {
+		fatal, signalled = awaitStop(ctx, sigs, d.Fatal(), cfg.Shutdown.DrainTimeout, log)
+	}
 	var exit exitGate
 	go func() {
 		if awaitSecondSignal(sigs, signalled, &exit, log) {
@@ -521,6 +534,36 @@ func awaitStop(ctx context.Context, sigs <-chan os.Signal, fatals <-chan error, 
 		log.Info("stopping", "reason", fatal)
 	}
 	return fatal, signalled
+}
+
+// awaitStartSignal hears the stop signals while the daemon starts, until started is closed, and
+// reports whether one came. The first closes stop (supervisor.Options.Stop): the start ends
+// without waiting for the rest of the replay of the spool, and the daemon stops (a start that
+// was past it stops as after a signal once it serves). A second SIGINT or SIGTERM exits at once,
+// as in the drain (awaitSecondSignal). Before, no signal was read until the start returned: a
+// long replay of the spool ignored SIGTERM and Ctrl-C until it ended, and a service manager
+// killed the daemon at its stop timeout.
+func awaitStartSignal(sigs <-chan os.Signal, stop chan<- struct{}, started <-chan struct{}, log *slog.Logger) bool {
+	signalled := false
+	for {
+		select {
+		case <-started:
+			return signalled
+		case sig := <-sigs:
+			switch {
+			case !signalled:
+				signalled = true
+				close(stop)
+				log.Info("signal received during the start; stopping: the replay of the spool stops after its current batches, the rest waits for the next start; "+
+					"a second SIGINT or SIGTERM (Ctrl-C again) exits at once", "signal", sig.String())
+			case sig == syscall.SIGHUP:
+				log.Info("hangup received (SIGHUP) during the start's stop; it goes on: a second SIGINT or SIGTERM exits at once", "signal", sig.String())
+			default:
+				log.Warn("second signal; exiting now", "signal", sig.String())
+				os.Exit(2)
+			}
+		}
+	}
 }
 
 // awaitSecondSignal returns true once a stop signal comes that is a second one: the drain is
