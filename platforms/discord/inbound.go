@@ -285,6 +285,11 @@ func (p *Platform) leaveUntold(m *discordgo.Message) bool {
 		p.unread[m.ChannelID] = seenAt{id: snowflakeBefore(m.ID), guild: m.GuildID}
 	}
 	u := p.unread[m.ChannelID]
+	// The place holds a message said now: it is recorded afresh, with the time of now. An
+	// earlier place kept the time of its gap's first recording, and one recorded longer ago than
+	// backfill_window was cleared unread at the next start, m with it
+	// (TestMessageLeftInAnOldGapIsReadBack). A read from there skips what is older than the window.
+	delete(p.kept, m.ChannelID)
 	p.keepUnread(m.ChannelID, u.id, u.guild)
 	return true
 }

@@ -194,3 +194,49 @@ func TestQueuedMessageWhoseNoticeFailsIsReadBack(t *testing.T) {
 		})
 	}
 }
+
+// TestMessageLeftInAnOldGapIsReadBack: a stop leaves a message whose notice is not posted in a
+// thread whose unread place the store has kept for 50 minutes (a read that failed then; the
+// backfill window is an hour), and the next start comes 15 minutes later. It reads the message
+// back and answers it. Before, the place kept the time of its first recording, so the next
+// start found it older than the window and cleared it without a read, as a place that holds
+// only messages older than the window: the message, said 15 minutes before, was lost without a
+// word.
+func TestMessageLeftInAnOldGapIsReadBack(t *testing.T) {
+	const channel, thread = "200000000000000002", "200000000000000003"
+	bob := discordtest.User{ID: "400000000000000002", Username: "bob"}
+	answer := make(chan struct{})
+	defer close(answer) // after the stop: the fake's held handlers end
+	store := newUnreadStore()
+	var fake *discordtest.Server
+	h := newHeldDelivery()
+	srv, p, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
+		fake = srv
+		store.places[thread] = persistence.Unread{Platform: Name, ChatID: thread, ScopeID: recentGuild, After: "1", At: srv.Now().Add(-50 * time.Minute)}
+		srv.AddGuild(recentGuild, "guild")
+		srv.AddChannel(discordtest.Channel{ID: channel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+		srv.AddChannel(discordtest.Channel{ID: thread, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildPublicThread, ParentID: channel, OwnerID: bob.ID, Name: "a thread"})
+		srv.ArchiveThread(thread) // GUILD_CREATE does not list it
+		srv.Post(discordtest.UserMessage{ChannelID: thread, Author: bob, Content: "one", MentionBot: true})
+		srv.HoldNext("GET", "/channels/"+thread, answer, 1) // the lookup of the message read back
+	}, func(c *Config) {
+		c.Settings.BackfillWindow = time.Hour
+		c.Unread = store.unread
+		c.Now = fake.Now
+	}, discordtest.WithHeartbeatInterval(discordtest.DefaultHeartbeatInterval))
+	p.SetRecord(store.record)
+	srv.WaitFor(t, "the message's lookup", func() bool { return srv.Requests("GET", "/channels/"+thread) == 1 })
+	srv.FailNext("POST", "/channels/"+thread+"/messages", 500, 5)
+	h.drain()
+	stop()
+	if s := log.String(); !strings.Contains(s, "its notice not posted; the next start reads it back") {
+		t.Fatalf("the message was not left for the next start:\n%s", s)
+	}
+
+	srv.Advance(15 * time.Minute)
+	again := startAgain(t, srv, store)
+	pollFor(t, "the message read back", func() bool {
+		texts, _, _ := again.got()
+		return slices.Contains(texts, "one")
+	})
+}
