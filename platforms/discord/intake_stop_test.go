@@ -222,10 +222,7 @@ func TestStopTellsANewDMsSenderToSendAgain(t *testing.T) {
 		close(h.release)
 	})
 	stop() // returns once the intake has handed the queue on (settle)
-	sent := srv.Sent(newDM)
-	if len(sent) != 1 || sent[0].Content != drainingNotice || sent[0].MessageReference == nil || sent[0].MessageReference.MessageID != fresh.ID {
-		t.Errorf("the bot posted %d messages in the new DM, want the notice to send it again replying to %s:\n%s", len(sent), fresh.ID, log.String())
-	}
+	wantStopNotice(t, srv, newDM, fresh)
 	if s := log.String(); strings.Contains(s, "its author is not told") {
 		t.Errorf("a notice failed:\n%s", s)
 	}
@@ -289,10 +286,7 @@ func TestStopTellsSendersInAThreadAndAnAutoThreadToSendAgain(t *testing.T) {
 	const channel, thread = "200000000000000002", "200000000000000003"
 	h := newHeldDelivery()
 	srv, p, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
-		srv.AddGuild(recentGuild, "guild")
-		srv.AddChannel(discordtest.Channel{ID: channel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
-		srv.AddChannel(discordtest.Channel{ID: thread, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildPublicThread, ParentID: channel, OwnerID: "400000000000000002", Name: "a thread"})
-		srv.ArchiveThread(thread) // GUILD_CREATE does not list it
+		addArchivedThread(srv, channel, thread, "400000000000000002")
 	}, func(c *Config) {
 		c.Settings.BackfillWindow = time.Hour
 		c.Settings.AutoThread = true
@@ -321,14 +315,7 @@ func TestStopTellsSendersInAThreadAndAnAutoThreadToSendAgain(t *testing.T) {
 		where string
 		m     *discordgo.Message
 	}{{thread, inThread}, {channel, inChannel}} {
-		sent := srv.Sent(c.where)
-		if len(sent) != 1 || sent[0].Content != drainingNotice || sent[0].MessageReference == nil || sent[0].MessageReference.MessageID != c.m.ID {
-			var got []string
-			for _, s := range sent {
-				got = append(got, s.Content)
-			}
-			t.Errorf("the bot posted %q in %s, want the stop's notice to send it again replying to %s", got, c.where, c.m.ID)
-		}
+		wantStopNotice(t, srv, c.where, c.m)
 	}
 	if n := srv.Requests("POST", "/threads"); n > 0 {
 		t.Errorf("tried to open %d threads for a message the stopping runtime did not take, want none", n)

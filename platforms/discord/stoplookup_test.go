@@ -22,10 +22,7 @@ func TestStopTellsALookupRefusedForWhatItIs(t *testing.T) {
 	const channel, thread = "200000000000000002", "200000000000000003"
 	h := newHeldDelivery()
 	srv, p, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
-		srv.AddGuild(recentGuild, "guild")
-		srv.AddChannel(discordtest.Channel{ID: channel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
-		srv.AddChannel(discordtest.Channel{ID: thread, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildPublicThread, ParentID: channel, OwnerID: "400000000000000002", Name: "a thread"})
-		srv.ArchiveThread(thread) // GUILD_CREATE does not list it
+		addArchivedThread(srv, channel, thread, "400000000000000002")
 		srv.FailNext("GET", "/channels/"+thread, 403, 1)
 	}, func(c *Config) {
 		c.Settings.BackfillWindow = time.Hour
@@ -76,10 +73,7 @@ func TestStopDuringALookupTellsItsSenderToSendAgain(t *testing.T) {
 	defer close(answer) // after the stop: the fake's held handler ends
 	h := newHeldDelivery()
 	srv, _, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
-		srv.AddGuild(recentGuild, "guild")
-		srv.AddChannel(discordtest.Channel{ID: channel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
-		srv.AddChannel(discordtest.Channel{ID: thread, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildPublicThread, ParentID: channel, OwnerID: "400000000000000002", Name: "a thread"})
-		srv.ArchiveThread(thread) // GUILD_CREATE does not list it
+		addArchivedThread(srv, channel, thread, "400000000000000002")
 		srv.HoldNext("GET", "/channels/"+thread, answer, 1)
 	}, func(c *Config) {
 		c.Settings.BackfillWindow = time.Hour
@@ -90,14 +84,7 @@ func TestStopDuringALookupTellsItsSenderToSendAgain(t *testing.T) {
 	pollFor(t, "the thread's lookup", func() bool { return srv.Requests("GET", "/channels/"+thread) == 1 })
 	h.drain()
 	stop() // returns once the intake has handled the message (settle)
-	sent := srv.Sent(thread)
-	if len(sent) != 1 || sent[0].Content != drainingNotice || sent[0].MessageReference == nil || sent[0].MessageReference.MessageID != m.ID {
-		var got []string
-		for _, s := range sent {
-			got = append(got, s.Content)
-		}
-		t.Errorf("the bot posted %q in the thread, want the stop's notice to send it again replying to %s", got, m.ID)
-	}
+	wantStopNotice(t, srv, thread, m)
 	if s := log.String(); strings.Contains(s, "unknown channel") {
 		t.Errorf("the lookup the stop cut short is logged as the channel's failure:\n%s", s)
 	}
@@ -130,15 +117,32 @@ func TestStopDuringAThreadsOpeningSaysNothingFalse(t *testing.T) {
 	pollFor(t, "the thread's opening", func() bool { return srv.Requests("POST", "/threads") == 1 })
 	h.drain()
 	stop() // returns once the intake has handled the message (settle)
-	sent := srv.Sent(channel)
+	wantStopNotice(t, srv, channel, m)
+	if s := log.String(); strings.Contains(s, "open discord thread") || strings.Contains(s, "its author is not told") {
+		t.Errorf("the opening the stop cut short warned:\n%s", s)
+	}
+}
+
+// addArchivedThread adds a guild (recentGuild) with a text channel and an archived public
+// thread in it, started by owner: GUILD_CREATE does not list the thread, and its messages are
+// looked up over REST.
+func addArchivedThread(srv *discordtest.Server, channel, thread, owner string) {
+	srv.AddGuild(recentGuild, "guild")
+	srv.AddChannel(discordtest.Channel{ID: channel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+	srv.AddChannel(discordtest.Channel{ID: thread, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildPublicThread, ParentID: channel, OwnerID: owner, Name: "a thread"})
+	srv.ArchiveThread(thread)
+}
+
+// wantStopNotice: the bot posted one message in where, the stop's notice to send it again,
+// replying to m.
+func wantStopNotice(t *testing.T, srv *discordtest.Server, where string, m *discordgo.Message) {
+	t.Helper()
+	sent := srv.Sent(where)
 	if len(sent) != 1 || sent[0].Content != drainingNotice || sent[0].MessageReference == nil || sent[0].MessageReference.MessageID != m.ID {
 		var got []string
 		for _, s := range sent {
 			got = append(got, s.Content)
 		}
-		t.Errorf("the bot posted %q in the channel, want the stop's notice to send it again replying to %s", got, m.ID)
-	}
-	if s := log.String(); strings.Contains(s, "open discord thread") || strings.Contains(s, "its author is not told") {
-		t.Errorf("the opening the stop cut short warned:\n%s", s)
+		t.Errorf("the bot posted %q in %s, want the stop's notice to send it again replying to %s", got, where, m.ID)
 	}
 }

@@ -112,10 +112,7 @@ func TestBackfilledMessageWhoseNoticeFailsIsReadBack(t *testing.T) {
 			h := newHeldDelivery()
 			srv, p, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
 				fake = srv
-				srv.AddGuild(recentGuild, "guild")
-				srv.AddChannel(discordtest.Channel{ID: channel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
-				srv.AddChannel(discordtest.Channel{ID: thread, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildPublicThread, ParentID: channel, OwnerID: bob.ID, Name: "a thread"})
-				srv.ArchiveThread(thread) // GUILD_CREATE does not list it
+				addArchivedThread(srv, channel, thread, bob.ID)
 				// Said while no gateway session was up: the backfill reads them back.
 				for _, text := range []string{"one", "two", "three"} {
 					srv.Post(discordtest.UserMessage{ChannelID: thread, Author: bob, Content: text, MentionBot: true})
@@ -213,10 +210,7 @@ func TestMessageLeftInAnOldGapIsReadBack(t *testing.T) {
 	srv, p, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
 		fake = srv
 		store.places[thread] = persistence.Unread{Platform: Name, ChatID: thread, ScopeID: recentGuild, After: "1", At: srv.Now().Add(-50 * time.Minute)}
-		srv.AddGuild(recentGuild, "guild")
-		srv.AddChannel(discordtest.Channel{ID: channel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
-		srv.AddChannel(discordtest.Channel{ID: thread, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildPublicThread, ParentID: channel, OwnerID: bob.ID, Name: "a thread"})
-		srv.ArchiveThread(thread) // GUILD_CREATE does not list it
+		addArchivedThread(srv, channel, thread, bob.ID)
 		srv.Post(discordtest.UserMessage{ChannelID: thread, Author: bob, Content: "one", MentionBot: true})
 		srv.HoldNext("GET", "/channels/"+thread, answer, 1) // the lookup of the message read back
 	}, func(c *Config) {
