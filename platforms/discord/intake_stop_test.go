@@ -79,11 +79,7 @@ func TestStopBetweenRunsWaitsForTheIntake(t *testing.T) {
 	post("first")
 	<-h.started
 	post("second")
-	pollFor(t, "the second message queued behind the held delivery", func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return len(p.intake) == 1
-	})
+	waitQueued(t, p, "the second message queued behind the held delivery", 1)
 	srv.Disconnect() // Run returns; the actor runs it again after its backoff
 	<-r.returned
 
@@ -212,11 +208,7 @@ func TestStopTellsANewDMsSenderToSendAgain(t *testing.T) {
 	<-h.started
 	fresh := srv.Post(discordtest.UserMessage{ChannelID: newDM, Author: bob, Content: "hello, first time"})
 	known := srv.Post(discordtest.UserMessage{ChannelID: knownDM, Author: alice, Content: "and then"})
-	pollFor(t, "both queued behind the held delivery", func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return len(p.intake) == 2
-	})
+	waitQueued(t, p, "both queued behind the held delivery", 2)
 	onStopWait(t, func() {
 		h.drain()
 		close(h.release)
@@ -257,11 +249,7 @@ func TestStopBoundsItsNoticesTogether(t *testing.T) {
 	for i := range queued {
 		srv.Post(discordtest.UserMessage{ChannelID: newDM, Author: bob, Content: fmt.Sprint("hello ", i)})
 	}
-	pollFor(t, "the new DM's messages queued behind the held delivery", func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return len(p.intake) == queued
-	})
+	waitQueued(t, p, "the new DM's messages queued behind the held delivery", queued)
 	onStopWait(t, func() {
 		h.drain()
 		close(h.release)
@@ -298,11 +286,7 @@ func TestStopTellsSendersInAThreadAndAnAutoThreadToSendAgain(t *testing.T) {
 	<-h.started
 	inThread := srv.Post(discordtest.UserMessage{ChannelID: thread, Author: bob, Content: "a question", MentionBot: true})
 	inChannel := srv.Post(discordtest.UserMessage{ChannelID: channel, Author: bob, Content: "another one", MentionBot: true})
-	pollFor(t, "both queued behind the held delivery", func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return len(p.intake) == 2
-	})
+	waitQueued(t, p, "both queued behind the held delivery", 2)
 	if _, err := p.s.State.Channel(thread); err == nil {
 		t.Fatal("discordgo's state holds the thread: its handling would look nothing up")
 	}

@@ -227,11 +227,7 @@ func TestStopWaitsForTheIntake(t *testing.T) {
 	<-h.started
 	post("second")
 	post("third")
-	pollFor(t, "both queued behind the held delivery", func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return len(p.intake) == 2
-	})
+	waitQueued(t, p, "both queued behind the held delivery", 2)
 	// Release the held delivery once the stop waits for the intake, or once Run returned
 	// without waiting (as before: a failure).
 	waiting := stopWaits(t)
@@ -280,11 +276,7 @@ func TestStopLeavesAQueuedMessageForTheReadBack(t *testing.T) {
 	srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: alice, Content: "first"})
 	<-h.started
 	second := srv.Post(discordtest.UserMessage{ChannelID: recentChannel, Author: alice, Content: "second"})
-	pollFor(t, "the second message queued behind the held delivery", func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return len(p.intake) == 1
-	})
+	waitQueued(t, p, "the second message queued behind the held delivery", 1)
 	onStopWait(t, func() { close(h.release) })
 	stop()
 	if s := log.String(); strings.Contains(s, "unknown channel") || !strings.Contains(s, "discord message not taken while stopping; the next start reads it back") ||
@@ -398,4 +390,14 @@ func onStopWait(t *testing.T, f func()) {
 	wait := func() { once.Do(f) }
 	stopWait.Store(&wait)
 	t.Cleanup(func() { stopWait.Store(nil) })
+}
+
+// waitQueued waits until n messages wait in p's intake (queued behind a held delivery).
+func waitQueued(t *testing.T, p *Platform, what string, n int) {
+	t.Helper()
+	pollFor(t, what, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.intake) == n
+	})
 }

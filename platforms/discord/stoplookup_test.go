@@ -33,11 +33,7 @@ func TestStopTellsALookupRefusedForWhatItIs(t *testing.T) {
 	srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: alice, Content: "first"})
 	<-h.started
 	inThread := srv.Post(discordtest.UserMessage{ChannelID: thread, Author: bob, Content: "a question", MentionBot: true})
-	pollFor(t, "the mention queued behind the held delivery", func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return len(p.intake) == 1
-	})
+	waitQueued(t, p, "the mention queued behind the held delivery", 1)
 	onStopWait(t, func() {
 		h.drain()
 		close(h.release)

@@ -168,11 +168,7 @@ func TestQueuedMessageWhoseNoticeFailsIsReadBack(t *testing.T) {
 			srv.Post(discordtest.UserMessage{ChannelID: knownDM, Author: alice, Content: "first"})
 			<-h.started
 			fresh := srv.Post(discordtest.UserMessage{ChannelID: newDM, Author: bob, Content: "hello, first time"})
-			pollFor(t, "the new DM's message queued behind the held delivery", func() bool {
-				p.mu.Lock()
-				defer p.mu.Unlock()
-				return len(p.intake) == 1
-			})
+			waitQueued(t, p, "the new DM's message queued behind the held delivery", 1)
 			tc.fault(srv, newDM, answer)
 			onStopWait(t, func() {
 				h.drain()
