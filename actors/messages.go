@@ -130,7 +130,9 @@ type TurnFinished struct {
 	// arrived too late and run in the next turn.
 	Steered int
 	// Usage is what the turn cost in model tokens (also when it failed, if the agent knows).
-	Usage agents.Usage
+	Usage agents.Usage // RidersLeftOut is the agent's agents.Response.RidersLeftOut: the answer left out the
+	// unanswered user messages before the turn's, which the session archives.
+	RidersLeftOut bool
 }
 
 // turnPanicked is sent by a Turn whose agent panicked; the session re-raises it (G5).

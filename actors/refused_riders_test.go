@@ -1,7 +1,6 @@
 package actors
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"path/filepath"
@@ -9,18 +8,18 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/openai"
 	"github.com/agentgate/agentgate/agents/openai/openaitest"
 )
 
 // TestRefusedRidersAreLeftOut: a message whose request the model endpoint refuses with a plain
 // 400 (not for what it says: no content policy, no context length) stays in the conversation
-// once, merged into the next message; when that request is refused too, the earlier message is
-// left out, also after a reload, and the notice says so and names /new. The next message's own
-// is sent once more, and answered once the message at fault is gone. Before, the refused
-// message rode along with every later message, and every later turn failed with "its model
-// endpoint refused the request" until /new, which no notice named (found by a soak).
+// once, merged into the next message; when that request is refused too, the agent sends it
+// again without the earlier message, and the endpoint's answer to that answers the next message,
+// saying the earlier one is left out, which the session archives (also after a reload). Before,
+// the refused message rode along with every later message, and every later turn failed with
+// "its model endpoint refused the request" until /new; then, the next message's turn failed
+// too, leaving the earlier one out, and its own rode once more with the one after it.
 //
 // It runs the openai agent against a fake endpoint on loopback, with real time: the agent's
 // HTTP connections cannot live in a synctest bubble.
@@ -45,29 +44,87 @@ func TestRefusedRidersAreLeftOut(t *testing.T) {
 		t.Fatalf("m1 answered %q, want ok", got)
 	}
 	w.deliver(t, "m2", bad)
-	if got, want := w.answerTo("m2"), "its model endpoint refused the request."; !strings.HasSuffix(got, want) {
-		t.Fatalf("m2 answered %q, want it to end %q", got, want)
+	if got, want := w.answerTo("m2"), "its model endpoint refused the request"; !strings.Contains(got, want) || strings.Contains(got, "/new") {
+		t.Fatalf("m2 answered %q, want it to say %q, without /new", got, want)
 	}
 	w.deliver(t, "m3", "and what else?")
-	if got, want := w.answerTo("m3"), "The earlier message sent along with it that got no answer is left out of the conversation"; !strings.Contains(got, want) || !strings.Contains(got, "/new") {
-		t.Errorf("m3 answered %q, want it to say %q, and name /new", got, want)
+	if got := w.answerTo("m3"); !strings.HasPrefix(got, "ok\n\n[") || !strings.Contains(got, "left out") {
+		t.Errorf("m3 answered %q, want ok with a note that the earlier message is left out", got)
+	}
+	if body := m.Body(t, 4); strings.Contains(body, bad) || !strings.Contains(body, "and what else?") {
+		t.Errorf("m3's request without the rider = %s, want m3 in it, and not m2", body)
 	}
 	w.deliver(t, "m4", "a harmless question")
 	if got := w.answerTo("m4"); got != "ok" {
-		t.Errorf("m4 answered %q, want ok (its request: %s)", got, m.Body(t, 4))
+		t.Errorf("m4 answered %q, want ok (its request: %s)", got, m.Body(t, 5))
 	}
-	if body := m.Body(t, 4); strings.Contains(body, bad) || !strings.Contains(body, "and what else?") || !strings.Contains(body, "hello") {
-		t.Errorf("m4's request = %s, want hello and m3 in it, and not m2", body)
+	if body := m.Body(t, 5); strings.Contains(body, bad) || !strings.Contains(body, "and what else?") || !strings.Contains(body, "hello") ||
+		strings.Contains(body, "left out") {
+		t.Errorf("m4's request = %s, want hello and m3 in it, and neither m2 nor the note", body)
 	}
 	if row, err := w.store.FindInbound(w.ctx, w.src.Platform, w.src.ChatID, "m2"); err != nil || row == nil || row.Active || !row.Archived {
 		t.Errorf("m2's row = %+v, %v; want archived", row, err)
 	}
 	if row, err := w.store.FindInbound(w.ctx, w.src.Platform, w.src.ChatID, "m3"); err != nil || row == nil || row.Archived {
-		t.Errorf("m3's row = %+v, %v; want kept (m4 answered it)", row, err)
+		t.Errorf("m3's row = %+v, %v; want kept", row, err)
 	}
 	w.stop()
 
-	answeredWithoutAfterReload(t, path, agent, m, bad)
+	answeredWithoutAfterReload(t, path, agent, m, bad, 6)
+}
+
+// TestEndpointRefusingEveryRequestKeepsEveryMessage: while the model endpoint (or a proxy in
+// front of it) refuses every request with a bare 400, whose refusal names nothing, every
+// message is refused and none is left out, also for a user who sends one message again: each
+// notice after the first says the configuration or the endpoint is at fault and that the
+// message is sent again with the next one, and none names /new. Once it is put right, the next
+// request carries every message of the outage. Before, each refused turn archived the message
+// before it, and the second told the user to send /new.
+func TestEndpointRefusingEveryRequestKeepsEveryMessage(t *testing.T) {
+	var broken atomic.Bool
+	m := openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if broken.Load() {
+			openaitest.Status(http.StatusBadRequest, "")(w, r)
+			return
+		}
+		openaitest.WriteReply(w, "ok", 1, 1)
+	})
+	agent, err := openai.New(openai.Config{BaseURL: m.URL(), Model: "test-model", MaxHistory: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newManagerWorldAt(t, filepath.Join(t.TempDir(), "agentgate.db"), agent, nil)
+	w.deliver(t, "m1", "hello")
+	if got := w.answerTo("m1"); got != "ok" {
+		t.Fatalf("m1 answered %q, want ok", got)
+	}
+	broken.Store(true)
+	outage := []string{"what is the time?", "what is the time?", "what is the time?!"}
+	for i, text := range outage {
+		id := fmt.Sprint("o", i+1)
+		w.deliver(t, id, text)
+		got := w.answerTo(id)
+		if strings.Contains(got, "/new") || strings.Contains(got, "left out of the conversation") {
+			t.Errorf("%s answered %q, want no message left out, and no /new", id, got)
+		}
+		if i > 0 && !strings.Contains(got, "refuses every request") {
+			t.Errorf("%s answered %q, want it to say the endpoint refuses every request", id, got)
+		}
+	}
+	broken.Store(false)
+	w.deliver(t, "m2", "is it back?")
+	if got := w.answerTo("m2"); got != "ok" {
+		t.Fatalf("m2 answered %q, want ok", got)
+	}
+	if body := m.Body(t, m.Count()); strings.Count(body, "what is the time?") != 3 {
+		t.Errorf("the request after the outage = %s; want it to carry the 3 messages of the outage", body)
+	}
+	for i := range outage {
+		id := fmt.Sprint("o", i+1)
+		if row, err := w.store.FindInbound(w.ctx, w.src.Platform, w.src.ChatID, id); err != nil || row == nil || row.Archived {
+			t.Errorf("%s's row = %+v, %v; want it kept in the conversation", id, row, err)
+		}
+	}
 }
 
 // TestRefusalOfTheConfigurationLeavesNoMessageOut: while the agent's configuration is one the
@@ -103,8 +160,8 @@ func TestRefusalOfTheConfigurationLeavesNoMessageOut(t *testing.T) {
 	for i, text := range outage {
 		id := fmt.Sprint("o", i+1)
 		w.deliver(t, id, text)
-		if got := w.answerTo(id); !strings.HasSuffix(got, "its model endpoint refused the request.") {
-			t.Errorf("%s answered %q, want the refusal's notice, which leaves nothing out", id, got)
+		if got := w.answerTo(id); !strings.Contains(got, "its model endpoint refused the request for a setting of the agent") || strings.Contains(got, "left out") {
+			t.Errorf("%s answered %q, want the notice of a setting's refusal, which leaves nothing out", id, got)
 		}
 	}
 	broken.Store(false)
@@ -120,27 +177,6 @@ func TestRefusalOfTheConfigurationLeavesNoMessageOut(t *testing.T) {
 		id := fmt.Sprint("o", i+1)
 		if row, err := w.store.FindInbound(w.ctx, w.src.Platform, w.src.ChatID, id); err != nil || row == nil || row.Archived {
 			t.Errorf("%s's row = %+v, %v; want it kept in the conversation", id, row, err)
-		}
-	}
-}
-
-// TestRejectedNoticeCountsTheRiders: the notice of a turn whose request the endpoint refused
-// (agents.Refusal.Rejected) says how many earlier messages were left out, and names /new; with
-// none, it says nothing more.
-func TestRejectedNoticeCountsTheRiders(t *testing.T) {
-	rejected := &agents.Refusal{Notice: "its model endpoint refused the request", Rejected: true, Err: errors.New("400")}
-	const head = "⚠️ The agent could not answer this message (turn t_1 failed): its model endpoint refused the request."
-	const next = "; if it refuses your next message too, send /new to start a fresh session."
-	for _, tt := range []struct {
-		riders int
-		want   string
-	}{
-		{0, head},
-		{1, head + " The earlier message sent along with it that got no answer is left out of the conversation and will not be sent to the agent again, in case it is what the endpoint refuses" + next},
-		{3, head + " The 3 earlier messages sent along with it that got no answer are left out of the conversation and will not be sent to the agent again, in case one of them is what the endpoint refuses" + next},
-	} {
-		if got := failedNotice("t_1", rejected, tt.riders); got != tt.want {
-			t.Errorf("failedNotice(%d riders) = %q, want %q", tt.riders, got, tt.want)
 		}
 	}
 }

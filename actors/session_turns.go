@@ -203,21 +203,11 @@ func failedNotice(turnID string, err error, riders int) string {
 				" earlier messages sent along with it that got no answer; they will not be sent to the agent again."
 		case ref.Declined:
 			n += " It is left out of the conversation and will not be sent to the agent again."
-		case ref.Rejected && riders == 1:
-			n += " The earlier message sent along with it that got no answer is left out of the conversation and will not be sent to the agent again, in case it is what the endpoint refuses" + refusedAgain
-		case ref.Rejected && riders > 1:
-			n += " The " + strconv.Itoa(riders) + " earlier messages sent along with it that got no answer are left out of the conversation and will not be sent to the agent again, in case one of them is what the endpoint refuses" + refusedAgain
 		}
 		return n
 	}
 	return "⚠️ The agent could not answer this message (turn " + turnID + " failed). Please try again."
 }
-
-// refusedAgain ends the notice of a rejected turn (agents.Refusal.Rejected) that left earlier
-// messages out: the turn's own message is sent again with the next one, and when that is
-// refused too the fault is not the messages' (the conversation, the agent's configuration), and
-// only a fresh session may get past it.
-const refusedAgain = "; if it refuses your next message too, send /new to start a fresh session."
 
 // agentText is a user's text as the agent sees it: in a shared session, prefixed with the
 // sender's neutralised name, so the agent can tell the senders apart (G7); a sender without a
@@ -510,14 +500,17 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 		case ref != nil && ref.Declined:
 			riders = s.leaveOut(r, true)
 			archive = append(itemSeqs(r.items), riders...)
-		case ref != nil && ref.Rejected:
-			riders = s.leaveOut(r, false)
-			archive = riders
 		}
 		s.finish(c, r, persistence.RoleNotice, failedNotice(r.id, m.Err, len(riders)), persistence.StatusFailed, m.Usage, archive)
 	} else {
 		s.d.Metrics.TurnsTotal.WithLabelValues("ok").Inc()
-		s.finish(c, r, persistence.RoleAssistant, m.Text, persistence.StatusDone, m.Usage, nil)
+		var archive []int64
+		if m.RidersLeftOut {
+			// The agent answered without them, once the endpoint had refused the request
+			// with them (agents.Response.RidersLeftOut): its reply says so.
+			archive = s.leaveOut(r, false)
+		}
+		s.finish(c, r, persistence.RoleAssistant, m.Text, persistence.StatusDone, m.Usage, archive)
 	}
 	s.tryStart(c)
 }
@@ -578,10 +571,10 @@ func (s *Session) cutShortByStop(c actor.Context, r *turnRun) {
 // the turn's, which no reply follows (their turns failed, or an interrupt cut them short), go
 // with them, and leaveOut returns their seqs: they rode in the declined request, merged into its
 // message, and may be what was declined; left in, they made the next message declined in its
-// turn (TestDeclinedRidersAreLeftOut). Of a turn whose request the endpoint refused without
-// saying why (agents.Refusal.Rejected), only those go (own is not set): the turn's own messages
-// get one more try, and a message the endpoint refuses stalls its chat for two turns, not until
-// /new (TestRefusedRidersAreLeftOut). finish archives all their rows, so that a reload leaves
+// turn (TestDeclinedRidersAreLeftOut). Of a turn the agent answered without them, once the
+// endpoint had refused the request with them (agents.Response.RidersLeftOut), only those go
+// (own is not set): a message the endpoint cannot take no longer rides along with every later
+// one (TestRefusedRidersAreLeftOut). finish archives all their rows, so that a reload leaves
 // them out as well.
 func (s *Session) leaveOut(r *turnRun, own bool) []int64 {
 	if s.cur == nil || s.cur.ID != r.items[0].sessionID {

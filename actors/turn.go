@@ -99,7 +99,7 @@ func (t *Turn) Receive(c actor.Context) {
 		t.closeSteer()
 		fin := &TurnFinished{TurnID: t.turnID, Text: respText(m.resp), Err: m.err, Took: m.took, Steered: m.steered}
 		if m.resp != nil {
-			fin.Usage = m.resp.Usage
+			fin.Usage, fin.RidersLeftOut = m.resp.Usage, m.resp.RidersLeftOut
 		}
 		c.Send(t.session, fin)
 	case *steerIn:

@@ -69,6 +69,15 @@ type Response struct {
 	// to the head of the session's queue and run next, one turn each (as queue mode followup
 	// runs queued messages), instead of counting as answered. It may come next to an error.
 	Unseen int
+	// RidersLeftOut is set when the answer left out the user messages that got no answer
+	// right before Messages (the last user messages of History, which a request carries
+	// merged into the turn's own): the endpoint refused the request that carried them without
+	// saying why, and answered the same request without them. The session archives them, as
+	// it does a declined turn's, so that later turns leave them out too; kept, they rode
+	// along with every later message, and got each refused. Only a request answered without
+	// them shows that they, not the configuration or the endpoint, were refused: a refusal
+	// alone leaves nothing out.
+	RidersLeftOut bool
 }
 
 // Usage counts the model tokens of one turn.
@@ -97,17 +106,6 @@ type Refusal struct {
 	// for a tool, which it would ask for again: the message is left out of what later turns
 	// send, or every later message would carry it and be declined too.
 	Declined bool
-	// Rejected is set when the endpoint refused the request for what it holds without saying
-	// what (a plain 400 or 422): the message may be at fault, or the agent's configuration.
-	// A refusal that names only parameters of the configuration (a max_tokens too large, a
-	// temperature the model does not take) is not Rejected: no message is at fault.
-	// The earlier messages that got no answer, sent along merged into the turn's own, are left
-	// out of what later turns send: each has now been refused once at least (as the turn's own
-	// message or as one sent along), and kept, a message the endpoint refuses rode along with
-	// every later message and got each refused, until /new. The turn's own messages stay for
-	// one more try (an earlier one may be what was refused), so none is refused more than
-	// twice for being sent along, and a chat recovers from one bad message by itself.
-	Rejected bool
 	Err      error
 }
 

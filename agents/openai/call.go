@@ -122,7 +122,11 @@ func (a *Agent) call(ctx context.Context, msgs []chatMessage, partial func(strin
 		}
 		start := time.Now()
 		res, err := a.attempt(ctx, body, partial, log)
-		a.requests(requestResult(ctx, res, err))
+		result := requestResult(ctx, res, err)
+		a.requests(result)
+		if result == ResultOK {
+			a.answered()
+		}
 		if se, ok := errors.AsType[*StatusError](err); ok {
 			se.sent = f
 		}

@@ -59,6 +59,19 @@
 // such an event, not to its end: two long streams would otherwise keep every other large
 // answer waiting.
 //
+// Refusals of what a request holds: a 400 or 422 that names neither the context, nor a content
+// policy, nor only settings (refusesWhatItHolds) may be a message's fault, the configuration's
+// or the endpoint's (a proxy's bare 400). A message is left out only when a request without it
+// is answered: a refused request of the turn's first call that carried earlier messages that
+// got no answer (the last user messages of Request.History) is sent once more without them;
+// answered, its reply answers the turn, ends with a note that says so (ridersNote; later turns
+// give the model the reply without it), and Response.RidersLeftOut has the session archive them.
+// Refused the same way, or met the same way by another session's request with no request
+// answered in between, the endpoint refuses every request (refusesEvery): nothing is left out,
+// the notice says so, and one ERR tells the operator. A refusal that max_tokens does not fit in
+// the model's context next to the input (vLLM's wordings: contextOverflowOf) says it is the
+// max_tokens setting when that is the context or more, or the input alone fits, with an ERR.
+//
 // Retries: 429, 5xx and transport failures are retried up to Config.MaxRetries times, waiting
 // 1s, 2s, 4s… capped at Config.MaxBackoff (each spread from half of it to all of it,
 // Config.Jitter, so that turns that failed together do not retry together), or exactly what

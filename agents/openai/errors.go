@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -95,8 +96,10 @@ func (e *StatusError) retryable() bool {
 
 // refusal wraps an error the endpoint answered that the same request would get again in an
 // agents.Refusal that tells the user why (otherwise it returns err): they were told to try
-// again, which could only fail the same way.
-func refusal(err error) error {
+// again, which could only fail the same way. every is set when the endpoint refuses every
+// request the same way, whatever it holds (refusesEvery): the notice then says the fault is
+// the configuration's or the endpoint's.
+func (a *Agent) refusal(err error, every bool) error {
 	if errors.Is(err, ErrTooLarge) {
 		return &agents.Refusal{Notice: fmt.Sprintf("its model endpoint sent an answer larger than agentgate reads (%d MiB), which the operator has to look into", MaxBody>>20), Err: err}
 	}
@@ -108,30 +111,91 @@ func refusal(err error) error {
 		return err
 	}
 	var notice string
-	declined, rejected := false, false
-	switch {
+	declined := false
+	switch o, overflow := contextOverflowOf(se.Message); {
 	case se.Code == http.StatusUnauthorized || se.Code == http.StatusForbidden:
 		notice = "its model endpoint refused its credentials, which the operator has to fix"
 	case se.Code == http.StatusNotFound:
 		// Said of both causes: an unknown model, or a base_url without the API's path (its
 		// /v1), where the endpoint has no route to answer (notFoundHint).
 		notice = "its model endpoint has no such model or address (404), which the operator has to fix"
+	case se.Code == http.StatusBadRequest && overflow && a.maxTokens > 0 && o.output >= o.context:
+		// No conversation fits: /new would not help.
+		notice = fmt.Sprintf("its max_tokens setting (%d tokens) leaves no room in the model's context (%d tokens) for any conversation, which the operator has to fix", o.output, o.context)
+	case se.Code == http.StatusBadRequest && overflow && a.maxTokens > 0 && o.input < o.context:
+		notice = fmt.Sprintf("the conversation (%d tokens) fits in the model's context (%d tokens) only without the room its max_tokens setting keeps for the reply (%d tokens), which the operator has to lower; until then, send /new to start a fresh session", o.input, o.context, o.output)
 	case se.Code == http.StatusRequestEntityTooLarge || (se.Code == http.StatusBadRequest && tooLong(se.Message)):
 		notice = "the conversation is too long for the model: send /new to start a fresh session, or a shorter message"
 	case se.Code == http.StatusBadRequest && saysAny(se.Message, "content_policy", "content policy", "content management policy", "safety system"):
 		notice, declined = "its model endpoint declined this message (its content policy)", true
+	case every:
+		notice = "its model endpoint refuses every request the same way, whatever the conversation holds, so the agent's configuration or the endpoint is at fault, which the operator has to fix; nothing is left out, and this message is sent again with your next one"
+	case se.refused.settingsOnly() && (se.Code == http.StatusBadRequest || se.Code == http.StatusUnprocessableEntity):
+		// OpenAI's "max_tokens is too large" or a temperature the model does not take, with
+		// their param: no message is at fault.
+		notice = "its model endpoint refused the request for a setting of the agent, which the operator has to fix; this message is sent again with your next one"
 	case se.Code == http.StatusBadRequest || se.Code == http.StatusUnprocessableEntity:
 		// For what the request holds: a message the endpoint cannot take, or the agent's
-		// configuration. Rejected (the session leaves out the earlier unanswered messages
-		// sent along) unless the refusal names only parameters of the configuration
-		// (OpenAI's "max_tokens is too large" or a temperature the model does not take, with
-		// their param): no message is at fault, and every message is refused until the
-		// operator puts it right, each leaving out the one before it.
-		notice, rejected = "its model endpoint refused the request", !se.refused.settingsOnly()
+		// configuration. Run has already sent it again without the earlier unanswered messages
+		// where it carried any (refusesWhatItHolds), and that was refused too.
+		notice = "its model endpoint refused the request; this message is sent again with your next one, and left out only if the endpoint then takes that one without it"
 	default:
 		return err
 	}
-	return &agents.Refusal{Notice: notice, Declined: declined, Rejected: rejected, Err: err}
+	return &agents.Refusal{Notice: notice, Declined: declined, Err: err}
+}
+
+// refusesWhatItHolds returns the StatusError of err when it is a refusal of the request for what
+// it holds that says nothing of what (a 400 or 422 that names neither the context, nor a
+// content policy, nor only settings: see refusal): a message the endpoint cannot take, or the
+// agent's configuration, or the endpoint (a proxy's bare 400). Run tells them apart by sending
+// the request again without the earlier unanswered messages (the riders).
+func (a *Agent) refusesWhatItHolds(err error) (*StatusError, bool) {
+	se, ok := errors.AsType[*StatusError](err)
+	if !ok || (se.Code != http.StatusBadRequest && se.Code != http.StatusUnprocessableEntity) || se.refused.settingsOnly() {
+		return nil, false
+	}
+	if _, overflow := contextOverflowOf(se.Message); se.Code == http.StatusBadRequest &&
+		(overflow || tooLong(se.Message) || saysAny(se.Message, "content_policy", "content policy", "content management policy", "safety system")) {
+		return nil, false
+	}
+	return se, true
+}
+
+// contextOverflow is what an endpoint's refusal of a request too long for the model says of it:
+// the model's context, the request's input, and the output it asked room for (max_tokens), in
+// tokens.
+type contextOverflow struct{ context, input, output int }
+
+// overflowWordings are the refusals that give the three numbers of a contextOverflow, with the
+// submatch of each: vLLM's ("'max_tokens' is too large: 9000. This model's maximum context
+// length is 8192 tokens and your request has 12 input tokens (9000 > 8192 - 12)", with "or
+// 'max_completion_tokens'" since 0.6; since 0.20 "This model's maximum context length is 8192
+// tokens. However, you requested 9000 output tokens and your prompt contains at least 12 input
+// tokens, for a total of at least 9012 tokens"; its renderer's "You passed 12 input tokens and
+// requested 9000 output tokens. However, the model's context length is only 8192 tokens"), and
+// OpenAI's older one, which vLLM kept ("This model's maximum context length is 8192 tokens.
+// However, you requested 9000 tokens (7000 in the messages, 2000 in the completion)").
+var overflowWordings = []struct {
+	re                     *regexp.Regexp
+	context, input, output int
+}{
+	{regexp.MustCompile(`(?i)is too large: (\d+)\. this model's maximum context length is (\d+) tokens and your request has (\d+) input tokens`), 2, 3, 1},
+	{regexp.MustCompile(`(?i)maximum context length is (\d+) tokens\. however, you requested (\d+) output tokens and your prompt contains at least (\d+) input tokens`), 1, 3, 2},
+	{regexp.MustCompile(`(?i)you passed (\d+) input tokens and requested (\d+) output tokens\. however, the model's context length is only (\d+) tokens`), 3, 1, 2},
+	{regexp.MustCompile(`(?i)maximum context length is (\d+) tokens\. however, you requested \d+ tokens \((\d+) in the messages, (\d+) in the completion\)`), 1, 2, 3},
+}
+
+// contextOverflowOf reads a refusal's message for what it says of a request too long for the
+// model's context, in the wordings of overflowWordings; false for any other.
+func contextOverflowOf(message string) (contextOverflow, bool) {
+	for _, w := range overflowWordings {
+		if m := w.re.FindStringSubmatch(message); m != nil {
+			n := func(i int) int { v, _ := strconv.Atoi(m[i]); return v }
+			return contextOverflow{context: n(w.context), input: n(w.input), output: n(w.output)}, true
+		}
+	}
+	return contextOverflow{}, false
 }
 
 // tooLong reports whether an endpoint's 400 message says the prompt exceeds the model's context,

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -112,6 +113,12 @@ type Agent struct {
 	// large holds a value for each answer past largeAnswer being read (maxLargeAnswers at
 	// most): what the calls of the Agent hold of their answers together is bounded.
 	large chan struct{}
+	// refusals is the endpoint's last refusal of what a request held, and whether it refuses
+	// every request so (refusesEvery).
+	refusals refusalLog
+	// overflowLines limits the line of a max_tokens that leaves the conversation no room to
+	// one a minute (overflowed).
+	overflowLines logging.Limiter
 	// budgetCut is set once the token budget left history out of a request (logCut).
 	budgetCut atomic.Bool
 	// completionTokens is set once the endpoint refused max_tokens, asking for
@@ -284,6 +291,9 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 	var usage agents.Usage
 	cut := 0     // the most history messages a request of the turn left out (logged)
 	carried := 0 // the steered messages the call of this round carries that no answer followed
+	// ridersLeftOut is how many earlier messages that got no answer the request that answered
+	// the turn's own left out, once the endpoint refused the request with them.
+	ridersLeftOut := 0
 	stream := req.Partial != nil
 	for round := 0; ; round++ {
 		msgs := conv.messages(a.maxHistory, a.budget)
@@ -300,20 +310,40 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		if round >= MaxSteerRounds {
 			takeSteer = nil // the last call: every message taken must be answered
 		}
-		res, steered, open, retried, err := a.round(ctx, msgs, partial, takeSteer, 0, log)
-		// Refused for a parameter the agent can name otherwise or do without, the request is
-		// sent again at once in the form the refusal asks for, also when messages were steered
-		// in meanwhile (they join the call after it, as if taken during this one), and also when
-		// another turn's request met the refusal first: this one was sent before the switch.
-		// Each form changes one parameter for good, so a call is sent again at most twice.
-		for err != nil && a.adapt(err, stream, log) {
-			if !open {
-				takeSteer = nil
+		res, steered, open, err := a.send(ctx, msgs, partial, takeSteer, stream, log)
+		every := false
+		if se, ok := a.refusesWhatItHolds(err); ok && round == 0 {
+			// Refused for what it holds, without a word of what: the earlier messages that got
+			// no answer, sent along merged into the turn's own, may be at fault, or the
+			// configuration, or the endpoint. Sent again without them, an answer shows they
+			// were, and answers the turn; the same refusal shows they were not, and nothing is
+			// left out (refusesEvery).
+			without, riders := withoutRiders(req.History)
+			probe := *conv
+			probe.history = chatMessages(without)
+			pm := probe.messages(a.maxHistory, a.budget)
+			if riders == 0 || ctx.Err() != nil || slices.Equal(pm, msgs) {
+				// Nothing to leave out (none, or none the request carried): another session's
+				// refusal may still show it is the endpoint's.
+				every = a.refusesEvery(se, req.Identity.SessionKey, false, log)
+			} else {
+				log.Debug("model endpoint refused the request; sent again without the earlier messages that got no answer",
+					"left_out", riders, logging.Err(err))
+				if !open {
+					takeSteer = nil
+				}
+				pres, more, stillOpen, perr := a.send(ctx, pm, partial, takeSteer, stream, log)
+				steered, open = append(steered, more...), open && stillOpen
+				switch pse, refused := a.refusesWhatItHolds(perr); {
+				case perr == nil:
+					res, err, ridersLeftOut = pres, nil, riders
+					*conv = probe
+				case refused && pse.Code == se.Code && pse.Message == se.Message:
+					every = a.refusesEvery(se, req.Identity.SessionKey, true, log)
+				default:
+					err = perr // what the endpoint says of the request it would take
+				}
 			}
-			var more []agents.Message
-			var stillOpen bool
-			res, more, stillOpen, retried, err = a.round(ctx, msgs, partial, takeSteer, retried, log)
-			steered, open = append(steered, more...), open && stillOpen
 		}
 		if !open {
 			steer = nil
@@ -328,11 +358,11 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 				// user has seen them), and the steered messages run next, one turn each.
 				log.Warn("model call for messages steered into the turn failed; the turn answers with the replies before it, and those messages run next, one turn each",
 					"messages", carried+len(steered), logging.Err(err))
-				return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage, Unseen: carried + len(steered)}, nil
+				return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage, Unseen: carried + len(steered), RidersLeftOut: ridersLeftOut > 0}, nil
 			}
 			// The messages taken during the failed call never reached the model: they run
 			// next, one turn each, not fail (or, declined, be left out) with this one's.
-			return unseen(spent(usage), len(steered)), refusal(err)
+			return unseen(spent(usage), len(steered)), a.refusal(a.overflowed(err, log), every)
 		}
 		text := strings.TrimSpace(res.text)
 		if text == "" && len(answers) == 0 {
@@ -351,14 +381,20 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			// the model had just declined.
 			log.Warn("model answered the messages steered into the turn with no text; they run next, one turn each",
 				"messages", carried+len(steered), "finish_reason", res.finish, "refused", strings.TrimSpace(res.refusal) != "", "tool_call", res.toolCalls)
-			return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage, Unseen: carried + len(steered)}, nil
+			return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage, Unseen: carried + len(steered), RidersLeftOut: ridersLeftOut > 0}, nil
 		}
 		if text != "" {
 			conv.tail = append(conv.tail, chatMessage{Role: roleAssistant, Content: text})
-			if note := cutNote(res); note != "" {
+			note := ""
+			if n := cutNote(res); n != "" {
 				// Said, or the user takes the start of an answer for all of it.
 				log.Warn("model reply cut off", "finish_reason", res.finish, "longer_than_max_reply", res.cut)
-				note = "\n\n" + note
+				note = "\n\n" + n
+			}
+			if ridersLeftOut > 0 && len(answers) == 0 {
+				note += "\n\n" + ridersNote(ridersLeftOut)
+			}
+			if note != "" {
 				text = cutAt(text, MaxReply-len(note)) + note
 				if partial != nil {
 					partial(text)
@@ -374,7 +410,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		conv.tail = append(conv.tail, chatMessages(steered)...)
 		carried += len(steered)
 	}
-	return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage}, nil
+	return &agents.Response{Text: strings.Join(answers, "\n\n"), Usage: usage, RidersLeftOut: ridersLeftOut > 0}, nil
 }
 
 // logCut logs that the turn's request left out conv.cut history messages: at Debug once a
@@ -466,9 +502,16 @@ const (
 	noteToolCall      = "[…cut off: the model asked to call a tool, which agentgate does not offer]"
 )
 
-// withoutCutNote returns an assistant message of the history without the note cutNote appended
-// to it: the note is for the user, and a model shown it in its own words may take to writing it.
+// withoutCutNote returns an assistant message of the history without the notes cutNote and
+// ridersNote appended to it: a note is for the user, and a model shown it in its own words may
+// take to writing it.
 func withoutCutNote(text string) string {
+	// A cut reply whose request left riders out ends with both notes.
+	if t, ok := strings.CutSuffix(text, "\n\n"+noteRiderLeftOut); ok {
+		text = t
+	} else if t, ok := strings.CutSuffix(text, "\n\n"+noteRidersLeftOut); ok {
+		text = t
+	}
 	for _, note := range []string{noteTooLong, noteLengthLimit, noteContentFilter, noteToolCall} {
 		if t, ok := strings.CutSuffix(text, "\n\n"+note); ok {
 			return t
@@ -495,6 +538,26 @@ func spent(u agents.Usage) *agents.Response {
 		return nil
 	}
 	return &agents.Response{Usage: u}
+}
+
+// send makes one model call (round) and, refused for a parameter the agent can name otherwise
+// or do without, sends it again at once in the form the refusal asks for (adapt), also when
+// messages were steered in meanwhile (they join the call after it, as if taken during this one),
+// and also when another turn's request met the refusal first: this one was sent before the
+// switch. Each form changes one parameter for good, so a call is sent again at most twice; its
+// retries count on. It returns what round does, but the count of retries.
+func (a *Agent) send(ctx context.Context, msgs []chatMessage, partial func(string), steer <-chan agents.Message, stream bool, log *slog.Logger) (*result, []agents.Message, bool, error) {
+	res, steered, open, retried, err := a.round(ctx, msgs, partial, steer, 0, log)
+	for err != nil && a.adapt(err, stream, log) {
+		if !open {
+			steer = nil
+		}
+		var more []agents.Message
+		var stillOpen bool
+		res, more, stillOpen, retried, err = a.round(ctx, msgs, partial, steer, retried, log)
+		steered, open = append(steered, more...), open && stillOpen
+	}
+	return res, steered, open, err
 }
 
 // round makes one model call (with its retries, counted on from retried: see call) and, while

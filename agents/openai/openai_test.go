@@ -204,7 +204,7 @@ func TestEmptyReplyIsAnError(t *testing.T) {
 // name, a conversation too long, a refused request, the content filter with no text) is an
 // agents.Refusal whose notice tells the user why; one that may pass (a 500) is not, and the
 // user is asked to try again. Only the content policy and filter decline the message itself
-// (Refusal.Declined); a refusal of the request that says nothing of why is Refusal.Rejected.
+// (Refusal.Declined).
 func TestRefusalsSayWhy(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -261,26 +261,21 @@ func TestRefusalsSayWhy(t *testing.T) {
 				t.Errorf("Run error = %v (refusal %v), want a Refusal saying %q", err, ok, tc.want)
 			case ok && ref.Declined != tc.declined:
 				t.Errorf("Run error %v: Refusal.Declined = %v, want %v", err, ref.Declined, tc.declined)
-			case ok && ref.Rejected != (tc.want == "refused the request"):
-				// Only a refusal that says nothing of why may be the fault of the earlier
-				// messages sent along: the session leaves those out.
-				t.Errorf("Run error %v: Refusal.Rejected = %v, want %v", err, ref.Rejected, !ref.Rejected)
 			}
 		})
 	}
 }
 
-// TestRefusalOfASettingIsNotRejected: a 400 or 422 that names only parameters of the agent's
-// configuration as what it refuses (a max_tokens too large for the model, a temperature it does
-// not take, an unknown model) fails the turn as "refused the request" without
-// Refusal.Rejected: no message is at fault, so the session leaves none out. Before, each was
-// Rejected: while the configuration was wrong, every turn left out the message before it, and
-// once put right the conversation held only the last message of the outage. A refusal that
-// names the messages, or names nothing, is Rejected.
-func TestRefusalOfASettingIsNotRejected(t *testing.T) {
+// TestRefusalOfASettingIsNotSentWithoutTheRiders: a 400 or 422 that names only parameters of
+// the agent's configuration as what it refuses (a max_tokens too large for the model, a
+// temperature it does not take, an unknown model) fails the turn as "refused the request" for a
+// setting, and is not sent again without the earlier messages that got no answer: no message is
+// at fault, and none is left out. A refusal that names the messages, or names nothing, is sent
+// again without them (TestRefusedRequestIsSentAgainWithoutTheRiders), and says so in the log.
+func TestRefusalOfASettingIsNotSentWithoutTheRiders(t *testing.T) {
 	for _, tc := range []struct {
 		name, body string
-		rejected   bool
+		probed     bool
 	}{
 		{"max_tokens too large (OpenAI)", `{"error":{"message":"max_tokens is too large: 100000. This model supports at most 16384 completion tokens, whereas you provided 100000.","type":"invalid_request_error","param":"max_tokens","code":null}}`, false},
 		{"temperature (OpenAI)", `{"error":{"message":"Unsupported value: 'temperature' does not support 0.7 with this model. Only the default (1) value is supported.","type":"invalid_request_error","param":"temperature","code":"unsupported_value"}}`, false},
@@ -298,13 +293,16 @@ func TestRefusalOfASettingIsNotRejected(t *testing.T) {
 			}
 			m := newFakeModel(t, openaitest.Status(code, tc.body))
 			a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.MaxRetries, c.MaxTokens = 0, 100000 })
-			_, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
+			_, err := a.Run(t.Context(), &agents.Request{History: []agents.Message{msg("user", "unanswered")}, Messages: []agents.Message{msg("user", "hi")}})
 			ref, ok := errors.AsType[*agents.Refusal](err)
-			if !ok || !strings.Contains(ref.Notice, "refused the request") {
+			if !ok || !strings.Contains(ref.Notice, "refuse") {
 				t.Fatalf("Run error = %v, want a Refusal saying it refused the request", err)
 			}
-			if ref.Rejected != tc.rejected {
-				t.Errorf("Run error %v: Refusal.Rejected = %v, want %v", err, ref.Rejected, tc.rejected)
+			if want := map[bool]int{false: 1, true: 2}[tc.probed]; m.Count() != want {
+				t.Errorf("the model got %d requests, want %d", m.Count(), want)
+			}
+			if setting := strings.Contains(ref.Notice, "for a setting of the agent"); setting == tc.probed {
+				t.Errorf("Run error %v: notice %q, want it to name a setting: %v", err, ref.Notice, !tc.probed)
 			}
 		})
 	}

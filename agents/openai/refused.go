@@ -1,0 +1,107 @@
+package openai
+
+import (
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/logging"
+)
+
+// refusalLog is the endpoint's last refusal of what a request held (refusesWhatItHolds), and
+// whether it was found to refuse every request so (Agent.refusesEvery). An answer clears it.
+type refusalLog struct {
+	mu      sync.Mutex
+	code    int
+	message string
+	session string // the session whose request it refused
+	every   bool
+}
+
+// answered notes that the endpoint answered a request: a refusal after it is a message's again
+// until shown otherwise.
+func (a *Agent) answered() {
+	r := &a.refusals
+	r.mu.Lock()
+	r.code, r.message, r.session, r.every = 0, "", "", false
+	r.mu.Unlock()
+}
+
+// refusesEvery notes se, the endpoint's refusal of what a request of session held, and reports
+// whether the endpoint refuses every request so, whatever it holds: the same request without
+// the earlier unanswered messages was refused the same way (probed: the status and the message
+// alike), or another session's request was, with no request answered in between, or it was
+// already found to. The configuration (a model some servers refuse with a bare 400, a proxy
+// that refuses what it does not know) or the endpoint is then at fault, not a message: nothing
+// is left out, and the operator is told once with an ERR, again only for another refusal or
+// after an answer. A message the endpoint cannot take, sent again by its sender, looks the same
+// to a probe; the next message other than it gets past (its probe is answered), and leaves it
+// out then.
+func (a *Agent) refusesEvery(se *StatusError, session string, probed bool, log *slog.Logger) bool {
+	r := &a.refusals
+	r.mu.Lock()
+	same := r.code == se.Code && r.message == se.Message
+	every := probed || same && (r.every || r.session != session)
+	told := same && r.every
+	r.code, r.message, r.session, r.every = se.Code, se.Message, session, every
+	r.mu.Unlock()
+	if every && !told {
+		seen := "the same request without the earlier messages that got no answer"
+		if !probed {
+			seen = "the requests of two sessions"
+		}
+		log.Error("the model endpoint refuses every request the same way, whatever the conversation holds; check agent.openai (model, max_tokens, temperature, base_url) and the server or proxy that answers at base_url",
+			"status", se.Code, "seen", seen, logging.Err(se))
+	}
+	return every
+}
+
+// withoutRiders returns history without its last user messages, those that got no answer
+// (their turns failed, or an interrupt cut them short), which a request carries merged into the
+// turn's own message (joinRuns), and how many they are: the session's leaveOut counts the same.
+func withoutRiders(history []agents.Message) ([]agents.Message, int) {
+	n := len(history)
+	for n > 0 && history[n-1].Role == roleUser {
+		n--
+	}
+	return history[:n], len(history) - n
+}
+
+// The notes a reply ends with when the request that answered it left out the earlier messages
+// that got no answer (Response.RidersLeftOut), after a blank line: one rider, or more.
+const (
+	noteRiderLeftOut  = "[the earlier message that got no answer is left out of the conversation: the model endpoint refused it, and this answers without it]"
+	noteRidersLeftOut = "[the earlier messages that got no answer are left out of the conversation: the model endpoint refused them, and this answers without them]"
+)
+
+// ridersNote is the note of a reply whose request left out n riders.
+func ridersNote(n int) string {
+	if n == 1 {
+		return noteRiderLeftOut
+	}
+	return noteRidersLeftOut
+}
+
+// overflowed logs, at most once a minute, an endpoint's refusal (err) that says the request's
+// max_tokens leaves its input no room in the model's context (contextOverflowOf) when the
+// setting is at fault: it is the model's context or more, which no conversation fits next to,
+// or the input alone fits. The operator lowers agent.openai.max_tokens, or sets
+// agent.openai.token_budget, which trims the history, below the context less max_tokens;
+// /new helps a user only in the second case, until the conversation grows again. It returns
+// err.
+func (a *Agent) overflowed(err error, log *slog.Logger) error {
+	se, ok := errors.AsType[*StatusError](err)
+	if !ok || se.Code != http.StatusBadRequest || a.maxTokens <= 0 {
+		return err
+	}
+	o, ok := contextOverflowOf(se.Message)
+	if !ok || (o.output < o.context && o.input >= o.context) {
+		return err
+	}
+	if args, ok := a.overflowLines.Allowed("context", o.context, "max_tokens", o.output, "input_tokens", o.input, "token_budget", a.budget); ok {
+		log.Error("agent.openai.max_tokens leaves the conversation no room in the model's context; lower it, or set agent.openai.token_budget below the context less max_tokens", args...)
+	}
+	return err
+}

@@ -1,0 +1,183 @@
+package openai_test
+
+import (
+	"bytes"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/openai"
+	"github.com/agentgate/agentgate/agents/openai/openaitest"
+	"github.com/agentgate/agentgate/internal/identity"
+)
+
+// ridersRequest is a turn of session whose history ends with rider, a user message that got no
+// answer, sent along merged into the turn's own message, own.
+func ridersRequest(session, rider, own string) *agents.Request {
+	return &agents.Request{
+		Identity: identity.Turn{SessionKey: session, TurnID: "t_1"},
+		History:  []agents.Message{msg("user", "hello"), msg("assistant", "hi there"), msg("user", rider)},
+		Messages: []agents.Message{msg("user", own)},
+	}
+}
+
+// TestRefusedRequestIsSentAgainWithoutTheRiders: a request the endpoint refuses without saying
+// why (a plain 400) while it carries earlier messages that got no answer is sent once more
+// without them; answered, the turn answers with that reply, which says they were left out, and
+// Response.RidersLeftOut has the session archive them. Before, the turn failed (the reply the
+// endpoint would have given was never asked for), the session left the riders out, and the
+// turn's own message had to ride once more with the next one.
+func TestRefusedRequestIsSentAgainWithoutTheRiders(t *testing.T) {
+	const bad = "a message the endpoint cannot take"
+	var m *openaitest.Model
+	m = openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(m.Requests()[n-1].Body, bad) {
+			openaitest.Status(http.StatusBadRequest, `{"error":{"message":"Invalid 'messages[3].content': string contains an unsupported sequence"}}`)(w, r)
+			return
+		}
+		openaitest.WriteReply(w, "ok", 1, 1)
+	})
+	a := MustAgent(t, m, nil, nil, nil)
+	resp, err := a.Run(t.Context(), ridersRequest("s1", bad, "and what else?"))
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if !resp.RidersLeftOut || !strings.HasPrefix(resp.Text, "ok\n\n[") || !strings.Contains(resp.Text, "left out") {
+		t.Errorf("Run = %q, RidersLeftOut %v; want ok with a note that the earlier message is left out, and RidersLeftOut", resp.Text, resp.RidersLeftOut)
+	}
+	if got := m.Count(); got != 2 {
+		t.Fatalf("the model got %d requests, want 2 (the request, then the same without the rider)", got)
+	}
+	if body := m.Body(t, 2); strings.Contains(body, bad) || !strings.Contains(body, "and what else?") || !strings.Contains(body, "hi there") {
+		t.Errorf("the second request = %s, want the history and the turn's message without the rider", body)
+	}
+	// The note is the user's: a later turn gives the model the reply without it.
+	resp2, err := a.Run(t.Context(), &agents.Request{History: []agents.Message{msg("user", "and what else?"), msg("assistant", resp.Text)},
+		Messages: []agents.Message{msg("user", "next")}})
+	if err != nil || resp2.RidersLeftOut {
+		t.Fatalf("Run = %+v, %v", resp2, err)
+	}
+	if body := m.Body(t, 3); strings.Contains(body, "left out") {
+		t.Errorf("the next turn's request = %s, want the reply without its note", body)
+	}
+}
+
+// TestEndpointThatRefusesEveryRequestLeavesNothingOut: an endpoint (or a proxy in front of it)
+// that refuses every request with a bare 400 (no body, or a web page) refuses the request
+// without the riders too: nothing is left out, the user is told the configuration or the
+// endpoint is at fault and that the message is sent again with the next one, and the
+// operator gets one ERR with the status and the body's start, not one a turn. Before, each
+// turn left out the message before it, and a user who sent one message again was told to
+// send /new after the second refusal.
+func TestEndpointThatRefusesEveryRequestLeavesNothingOut(t *testing.T) {
+	for _, tc := range []struct{ name, body string }{
+		{"empty", ""},
+		{"web page", "<html><head><title>400 Bad Request</title></head><body><center><h1>400 Bad Request</h1></center><hr><center>nginx</center></body></html>"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFakeModel(t, openaitest.Status(http.StatusBadRequest, tc.body))
+			var logs bytes.Buffer
+			a := MustAgent(t, m, &logs, nil, nil)
+			for i, session := range []string{"s1", "s1", "s2"} {
+				resp, err := a.Run(t.Context(), ridersRequest(session, "what is the time?", "what is the time?"))
+				ref, ok := errors.AsType[*agents.Refusal](err)
+				if !ok || !strings.Contains(ref.Notice, "refuses every request") || strings.Contains(ref.Notice, "/new") {
+					t.Fatalf("Run %d error = %v, want a Refusal saying the endpoint refuses every request, without /new", i+1, err)
+				}
+				if resp != nil && resp.RidersLeftOut {
+					t.Errorf("Run %d left the riders out", i+1)
+				}
+			}
+			if got := m.Count(); got != 6 {
+				t.Errorf("the model got %d requests, want 6 (each turn's, and each without its rider)", got)
+			}
+			if n := strings.Count(logs.String(), "level=ERROR"); n != 1 || !strings.Contains(logs.String(), "status=400") {
+				t.Errorf("logs hold %d ERR lines, want 1 with the status:\n%s", n, logs.String())
+			}
+			if strings.Contains(tc.body, "nginx") && !strings.Contains(logs.String(), "nginx") {
+				t.Errorf("the ERR line does not show the body's start:\n%s", logs.String())
+			}
+		})
+	}
+}
+
+// TestSameRefusalInTwoSessionsIsTheEndpoints: a request with nothing to leave out that the
+// endpoint refuses as it refused another session's, with no request answered in between, is
+// the endpoint's or the configuration's fault, and its notice says so; an answer in between
+// makes the next refusal a message's again.
+func TestSameRefusalInTwoSessionsIsTheEndpoints(t *testing.T) {
+	refuse := openaitest.Status(http.StatusBadRequest, `{"error":{"message":"Bad Request"}}`)
+	m := newFakeModel(t, refuse, refuse, openaitest.Reply("ok", 1, 1), refuse)
+	var logs bytes.Buffer
+	a := MustAgent(t, m, &logs, nil, nil)
+	run := func(session string) error {
+		_, err := a.Run(t.Context(), &agents.Request{Identity: identity.Turn{SessionKey: session, TurnID: "t_1"}, Messages: []agents.Message{msg("user", "hi")}})
+		return err
+	}
+	notice := func(err error) string {
+		ref, ok := errors.AsType[*agents.Refusal](err)
+		if !ok {
+			t.Fatalf("Run error = %v, want a Refusal", err)
+		}
+		return ref.Notice
+	}
+	if n := notice(run("s1")); strings.Contains(n, "refuses every request") {
+		t.Errorf("the first refusal's notice = %q, want a message's refusal (nothing shows yet that every request is refused)", n)
+	}
+	if n := notice(run("s2")); !strings.Contains(n, "refuses every request") {
+		t.Errorf("the second session's notice = %q, want it to say the endpoint refuses every request", n)
+	}
+	if err := run("s3"); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if n := notice(run("s4")); strings.Contains(n, "refuses every request") {
+		t.Errorf("the notice after an answer = %q, want a message's refusal", n)
+	}
+	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 {
+		t.Errorf("logs hold %d ERR lines, want 1:\n%s", n, logs.String())
+	}
+}
+
+// TestMaxTokensLargerThanTheContext: a refusal that says the request's max_tokens does not fit
+// in the model's context next to its input, as vLLM words it, is the agent's max_tokens
+// setting's fault when max_tokens alone is the context or more (no conversation fits), and
+// partly when the input alone fits: the user is told so, not only to send /new (which does not
+// help the first), and the operator gets an ERR. An input longer than the context is the
+// conversation's, as before.
+func TestMaxTokensLargerThanTheContext(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		want       string // in the notice
+		newHelps   bool   // the notice names /new
+		operator   bool   // an ERR for the operator
+	}{
+		{"vLLM, max_tokens past the context", `{"object":"error","message":"'max_tokens' is too large: 9000. This model's maximum context length is 8192 tokens and your request has 12 input tokens (9000 > 8192 - 12).","type":"BadRequestError","param":null,"code":400}`,
+			"max_tokens setting", false, true},
+		{"vLLM, max_completion_tokens wording", `{"object":"error","message":"'max_tokens' or 'max_completion_tokens' is too large: 9000. This model's maximum context length is 8192 tokens and your request has 12 input tokens (9000 > 8192 - 12).","type":"BadRequestError","param":null,"code":400}`,
+			"max_tokens setting", false, true},
+		{"vLLM, the input fits alone", `{"object":"error","message":"'max_tokens' or 'max_completion_tokens' is too large: 4000. This model's maximum context length is 8192 tokens and your request has 5000 input tokens (4000 > 8192 - 5000).","type":"BadRequestError","param":null,"code":400}`,
+			"max_tokens setting", true, true},
+		{"vLLM 0.20", `{"object":"error","message":"This model's maximum context length is 8192 tokens. However, you requested 9000 output tokens and your prompt contains at least 12 input tokens, for a total of at least 9012 tokens.","code":400}`,
+			"max_tokens setting", false, true},
+		{"OpenAI's older wording, input too long", `{"error":{"message":"This model's maximum context length is 8192 tokens. However, you requested 12000 tokens (10000 in the messages, 2000 in the completion). Please reduce the length of the messages or completion.","code":"context_length_exceeded"}}`,
+			"conversation is too long", true, false},
+		{"OpenAI's older wording, the input fits", `{"error":{"message":"This model's maximum context length is 8192 tokens. However, you requested 9000 tokens (7000 in the messages, 2000 in the completion). Please reduce the length of the messages or completion.","code":"context_length_exceeded"}}`,
+			"max_tokens setting", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFakeModel(t, openaitest.Status(http.StatusBadRequest, tc.body))
+			var logs bytes.Buffer
+			a := MustAgent(t, m, &logs, nil, func(c *openai.Config) { c.MaxTokens = 2000 })
+			_, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
+			ref, ok := errors.AsType[*agents.Refusal](err)
+			if !ok || !strings.Contains(ref.Notice, tc.want) || strings.Contains(ref.Notice, "/new") != tc.newHelps {
+				t.Fatalf("Run error = %v (refusal %v), want a Refusal saying %q, /new named: %v", err, ok, tc.want, tc.newHelps)
+			}
+			if got := strings.Contains(logs.String(), "level=ERROR"); got != tc.operator {
+				t.Errorf("an ERR logged: %v, want %v:\n%s", got, tc.operator, logs.String())
+			}
+		})
+	}
+}
