@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -252,9 +251,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 				r.Disposition = platforms.Duplicate
 			} else {
 				s.seen.remove(m.MessageId)
-				if !s.logRefusedCommand(err, m.MessageId, cmd.name) {
-					restart = slog.LevelDebug // (its command's line is held back too)
-				}
+				s.logRefusedCommand(err, m.MessageId, cmd.name)
 				r.ErrorCode, r.Error = "unavailable", "command could not be stored"
 			}
 			if (acted || !errorsIsDuplicate(err)) && !s.fencedOut {

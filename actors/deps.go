@@ -209,7 +209,7 @@ type Deps struct {
 	// and again, and each resend's check fails.
 	duplicateChecks logging.Limiter
 	// commandRefusals limits, by command, the line of a command whose write was refused in an
-	// outage (Session.logRefusedCommand), and of the session's restart after it: its client
+	// outage (Session.logRefusedCommand): its client
 	// resends it, refused, again and again.
 	commandRefusals logging.KeyedLimiter
 	// queueFull limits the line of messages a full queue refused (overflow: reject): a chat

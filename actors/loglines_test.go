@@ -14,6 +14,7 @@ import (
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
@@ -403,31 +404,41 @@ func (s *readsDown) FindInbound(ctx context.Context, platform, chatID, messageID
 // TestRefusedCommandResendsAreLoggedOnceAMinute: a command whose write is refused in an outage
 // (the database and the spool both failing) tells its client to send it again, and the session
 // starts again from the store; the client resends it, refused again, until the outage ends. Its
-// lines, "store command; …" and the session's "the session starts again from the store", are
-// logged at once, then once a minute for that command, the first counting its resends between
-// (repeats; each at DEBUG). Before, each resend logged both at WARN: one /new a client resent
-// through an outage of half a minute logged them 4 times each. Another command is logged at
-// once (TestWritesBehindARefusedBeginningAreOutageRefusals).
+// line, "store command; …", is logged at once, then as the minute passes for that command,
+// counting its resends held back (repeats, and between which times; each at DEBUG). The
+// session's own "the session starts again from the store" is at DEBUG: the manager's line says
+// it, with why (TestRefusedSessionPausesAreLoggedOnceAMinute). Before, each resend logged both at
+// WARN: one /new a client resent through an outage of half a minute logged them 4 times each.
+// Another command is logged at once (TestWritesBehindARefusedBeginningAreOutageRefusals).
 func TestRefusedCommandResendsAreLoggedOnceAMinute(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		logs, _, end := resendNewThroughAnOutage(t, slog.LevelInfo)
+		logs, _, end := resendNewThroughAnOutage(t, slog.LevelDebug)
 		defer end()
+		synctest.Wait()
 		for _, tc := range []struct {
 			msg  string
 			want [][]string // each line's
 		}{
 			{`msg="store command; its sender is told to send it again"`, [][]string{
 				{"level=WARN", "message_id=new1", "command=new", "err="},
-				{"level=WARN", "message_id=new1", "repeats=3"},
+				{"level=WARN", "message_id=new1", "repeats=3", "repeats_from=00:00:10.000", "repeats_to=00:00:30.000"},
 			}},
 			{`msg="the session starts again from the store"`, [][]string{
-				{"level=WARN", `why="the write of /new was refused"`},
-				{"level=WARN", `why="the write of /new was refused"`},
+				{"level=DEBUG", `why="the write of /new was refused"`},
+				{"level=DEBUG", `why="the write of /new was refused"`},
+				{"level=DEBUG", `why="the write of /new was refused"`},
+				{"level=DEBUG", `why="the write of /new was refused"`},
+				{"level=DEBUG", `why="the write of /new was refused"`},
 			}},
 		} {
-			lines := linesWith(logs, tc.msg)
+			var lines []string
+			for _, l := range linesWith(logs, tc.msg) {
+				if !strings.Contains(l, "level=DEBUG") || strings.Contains(tc.want[0][0], "DEBUG") {
+					lines = append(lines, l)
+				}
+			}
 			if len(lines) != len(tc.want) {
-				t.Errorf("%d lines with %s, want %d (the first, then a minute later):\n%s", len(lines), tc.msg, len(tc.want), strings.Join(lines, "\n"))
+				t.Errorf("%d lines with %s, want %d:\n%s", len(lines), tc.msg, len(tc.want), strings.Join(lines, "\n"))
 				continue
 			}
 			for i, want := range tc.want {
@@ -442,10 +453,11 @@ func TestRefusedCommandResendsAreLoggedOnceAMinute(t *testing.T) {
 }
 
 // TestRefusedSessionPausesAreLoggedOnceAMinute: the manager's side of a refused write, "the
-// store refused a session's write; it starts again from the store", is logged at once, then once
-// a minute for that session, counting the pauses between (repeats; each at DEBUG), as the
-// session's own line is. Before, each resend of a command refused in an outage logged one at
-// WARN: a client resending through a long outage at night logged one a resend.
+// store refused a session's write; it starts again from the store", is logged at once, then as
+// the minute passes for that session, counting the pauses held back (repeats, and between which
+// times; each at DEBUG), with which write was refused and why (why, err). Before, each resend of
+// a command refused in an outage logged one at WARN: a client resending through a long outage
+// at night logged one a resend.
 func TestRefusedSessionPausesAreLoggedOnceAMinute(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		logs, key, end := resendNewThroughAnOutage(t, slog.LevelInfo)
@@ -457,8 +469,8 @@ func TestRefusedSessionPausesAreLoggedOnceAMinute(t *testing.T) {
 			t.Fatalf("%d lines with %s over 5 resends, want 2 (the first, then a minute later):\n%s", len(lines), msg, strings.Join(lines, "\n"))
 		}
 		for i, want := range [][]string{
-			{"level=WARN", "session=" + key, "in=1s"},
-			{"level=WARN", "session=" + key, "in=16s", "repeats=3"},
+			{"level=WARN", "session=" + key, "in=1s", `why="the write of /new was refused"`, `err="persistence: database unavailable`},
+			{"level=WARN", "session=" + key, "in=8s", "repeats=3", "repeats_from=00:00:10.000", "repeats_to=00:00:30.000"},
 		} {
 			for _, s := range want {
 				if !strings.Contains(lines[i], s) {
@@ -500,4 +512,47 @@ func resendNewThroughAnOutage(t *testing.T, level slog.Level) (logs *testutil.Bu
 		t.Fatalf("/new a minute later: %+v, want unavailable", r)
 	}
 	return logs, w.key, func() { out.Down.Store(false) }
+}
+
+// TestRefusedPausesOfManySessionsAreFolded: in an outage of many chats, the manager's line of a
+// refused write is logged at once for each session, and then, beyond logging.FoldAbove lines a
+// minute, the pauses of all the sessions held back are one line a minute, which counts them
+// (keys, repeats) and names a few. Before, each session had its line each minute: an outage of
+// 5,000 chats logged 5,000 lines a minute.
+func TestRefusedPausesOfManySessionsAreFolded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		logs := &testutil.Buffer{}
+		w := newManagerWorldWrites(t, echo.New(), func(d *Deps) {
+			d.Log = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			d.Store = &readsDown{Store: d.Store, down: &out.Down}
+		}, out.Wrap)
+		defer out.Down.Store(false)
+		const chats = 12
+		for i := range chats {
+			w.deliverTo(t, fmt.Sprint("c", i), "m0", "zero")
+		}
+		w.awaitTurnEnds(chats)
+		out.Down.Store(true)
+		for range 18 { // 3 minutes: each client resends its /new every 10 s
+			for i := range chats {
+				w.deliverTo(t, fmt.Sprint("c", i), "new1", "/new")
+			}
+			time.Sleep(10 * time.Second)
+		}
+		synctest.Wait()
+		const msg = `msg="the store refused a session's write; it starts again from the store"`
+		lines := linesWith(logs, msg)
+		folded := 0
+		for _, l := range lines {
+			if strings.Contains(l, "keys=") && strings.Contains(l, "examples=") {
+				folded++
+			}
+		}
+		// Each session's first line, FoldAbove lines of their own, then one a minute.
+		if most := chats + logging.FoldAbove + 3; len(lines) > most || folded == 0 {
+			t.Errorf("%d lines with %s in 3 minutes of %d sessions paused again and again, %d folded; want at most %d, with the folded ones:\n%s",
+				len(lines), msg, chats, folded, most, strings.Join(lines, "\n"))
+		}
+	})
 }

@@ -42,9 +42,9 @@ type SessionManager struct {
 	// refused counts, per key, the restarts from the store since it last passivated for
 	// idleness that the store caused by refusing a write as unavailable (passivate.pause; the
 	// pause before the next activation grows with it); paused holds the keys whose next
-	// activation waits.
+	// activation waits, with the refusal its line says.
 	refused map[string]int
-	paused  map[string]bool
+	paused  map[string]*refusal
 	// waitingOut holds the keys whose next activation waits out such a pause (startSuccessor),
 	// with the time it began: a message for one is answered unavailable at once rather than
 	// held, unless the store has taken writes since (see route).
@@ -394,7 +394,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 				m.rerun[msg.key] = true
 			}
 			if msg.pause {
-				m.paused[msg.key] = true
+				m.paused[msg.key] = &refusal{why: msg.why, err: msg.err}
 			}
 			if msg.crashed {
 				m.crashed[msg.key] = true
@@ -463,7 +463,7 @@ func (m *SessionManager) start(c actor.Context) {
 	m.crashed = map[string]bool{}
 	m.rerun = map[string]bool{}
 	m.refused = map[string]int{}
-	m.paused = map[string]bool{}
+	m.paused = map[string]*refusal{}
 	m.waitingOut = map[string]pause{}
 	m.startedEarly = map[string]bool{}
 	m.keptBackoffs = list.New()
@@ -735,6 +735,13 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 	} else {
 		m.letGo(c, key)
 	}
+}
+
+// refusal is the write the store refused as unavailable that paused a session, as its line
+// says it.
+type refusal struct {
+	why string
+	err error
 }
 
 // crashedOut counts a stop of the session of key for crashing too often (Session.crashOut) and,
@@ -1030,7 +1037,7 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 	// (TestRefusedSessionOfAKeyThatMovedLeavesNoPause).
 	paused := m.paused[key]
 	delete(m.paused, key)
-	if paused && m.elsewhere(key) == nil {
+	if paused != nil && m.elsewhere(key) == nil {
 		// The store refused the session's write: started again at once, it would run its
 		// message again only to have the result refused again, in a loop as fast as the agent
 		// answers. What comes for the key meanwhile is held, in order.
@@ -1038,13 +1045,11 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		m.refused[key] = n + 1
 		wait := min(refusedPause<<min(n, 6), maxRefusedPause)
 		// At once, then once a LimitEvery for the key, with the pauses between (repeats),
-		// each at Debug (TestRefusedSessionPausesAreLoggedOnceAMinute).
+		// each at Debug, and of many keys one line a minute
+		// (TestRefusedSessionPausesAreLoggedOnceAMinute, TestRefusedPausesOfManySessionsAreFolded).
+		// It says which write was refused and why: the session's own line of it is at Debug.
 		const msg = "the store refused a session's write; it starts again from the store"
-		if args, ok := m.refusedLines.Allowed(key, "session", key, "in", wait); ok {
-			m.log.Warn(msg, args...)
-		} else {
-			m.log.Debug(msg, args...)
-		}
+		m.refusedLines.Log(m.log, slog.LevelWarn, msg, key, "session", key, "in", wait, "why", paused.why, logging.Err(paused.err))
 		m.pauses++
 		p := pause{n: m.pauses, began: time.Now(), early: !m.startedEarly[key]}
 		delete(m.startedEarly, key)

@@ -77,6 +77,8 @@ type passivate struct {
 	fenced bool       // another activation claimed the key (Deps.Fencing)
 	rerun  bool       // the key is activated again once the session is gone (its state was stale)
 	pause  bool       // ... after a pause: the store refused the session's write as unavailable
+	why    string     // with pause: which write was refused (Session.restartFromStoreAt)
+	err    error      // with pause: the refusal
 	// crashed: the session crashed past its restart budget (Session.crashOut); the key starts
 	// again after crashPause, or at once with the requests it handed back.
 	crashed bool

@@ -89,6 +89,10 @@ type rareState struct {
 	// committed (a COMMIT whose answer was lost), by message id (adoptStored, adoptUnsure).
 	unsure  map[string]*item
 	handoff []routed // requests for the key's next activation, sent once the session stops
+	// refusedWhy and refusedErr say why the session starts again from the store after a write
+	// refused as unavailable (restartFromStoreAt): its manager's line says it (passivate).
+	refusedWhy string
+	refusedErr error
 	// probation is the request for the probation token of a suspect message (Probation); nil
 	// when the session neither holds nor waits for it.
 	probation *probationRun
@@ -1024,20 +1028,29 @@ func (s *Session) restartFromStore(c actor.Context, why string, err error) {
 
 // restartLevel is the level of the line of a restart from the store for err.
 func restartLevel(err error) slog.Level {
-	if errors.Is(err, persistence.ErrDuplicate) {
+	switch {
+	case errors.Is(err, persistence.ErrDuplicate):
 		// The store's dedupe refused a message, and its sender was told (duplicate, or 409
 		// for another conversation's message id): no fault, and any client can repeat it.
 		return slog.LevelInfo
+	case errors.Is(err, persistence.ErrUnavailable):
+		// The manager pauses the key, and its line says so with why and err, at once for the
+		// key and then at most once a minute (SessionManager.refusedLines): in an outage this
+		// line came at every pause of every chat, unlimited, beside the manager's.
+		return slog.LevelDebug
 	}
 	return slog.LevelWarn
 }
 
-// restartFromStoreAt is restartFromStore with its line at level: Debug for a command's refusal
-// whose line is held back (logRefusedCommand), as the client resends it through an outage.
+// restartFromStoreAt is restartFromStore with its line at level.
 func (s *Session) restartFromStoreAt(c actor.Context, level slog.Level, why string, err error) {
 	s.logger().Log(context.Background(), level, "the session starts again from the store", "why", why, logging.Err(err))
 	s.stale = true
 	s.refused = errors.Is(err, persistence.ErrUnavailable)
+	if s.refused {
+		u := s.rare()
+		u.refusedWhy, u.refusedErr = why, err
+	}
 	s.fileOverdue()
 	s.handOverAll(c, errRestarted)
 	s.stopWhenSettled(c)
@@ -1102,7 +1115,11 @@ func (s *Session) stopWhenSettled(c actor.Context) {
 		return // (the key's next activation must not run beside a cancelled call still ending)
 	}
 	s.passivating = true
-	c.Send(c.Parent(), &passivate{key: s.key, pid: c.Self(), fenced: true, rerun: s.stale, pause: s.refused, crashed: s.crashed})
+	p := &passivate{key: s.key, pid: c.Self(), fenced: true, rerun: s.stale, pause: s.refused, crashed: s.crashed}
+	if u := s.unusual; s.refused && u != nil {
+		p.why, p.err = u.refusedWhy, u.refusedErr
+	}
+	c.Send(c.Parent(), p)
 	if s.unusual != nil {
 		for _, r := range s.unusual.handoff {
 			s.sendToManager(c, r)

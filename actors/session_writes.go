@@ -42,25 +42,20 @@ func (s *Session) logRefusedInbound(err error, messageID string, seq int64) {
 	}
 }
 
-// logRefusedCommand logs a command's refused write (logRefusedWrite), and reports whether it
-// did at its level. A refusal of an outage (persistence.ErrUnavailable) is logged once a
-// LimitEvery for each command (its session and message id), with how many resends it stands
-// for (repeats), and at Debug between: its client resends the command, refused again, until the
-// outage ends, and each resend logged it, and the session's restart from the store after it
+// logRefusedCommand logs a command's refused write (logRefusedWrite). A refusal of an outage
+// (persistence.ErrUnavailable) is logged once a LimitEvery for each command (its session and
+// message id), with how many resends it stands for (repeats), and at Debug between, and the
+// commands of many sessions in one line a minute (logging.KeyedLimiter): its client resends the
+// command, refused again, until the outage ends, and each resend logged it
 // (TestRefusedCommandResendsAreLoggedOnceAMinute). Another command is logged at once.
-func (s *Session) logRefusedCommand(err error, messageID, command string) bool {
+func (s *Session) logRefusedCommand(err error, messageID, command string) {
 	const msg = "store command; its sender is told to send it again"
 	if !errors.Is(err, persistence.ErrUnavailable) || messageID == "" {
 		s.logRefusedWrite(msg, err, "message_id", messageID, "command", command)
-		return true
+		return
 	}
-	args, ok := s.d.commandRefusals.Allowed(s.key+"\x00"+messageID, "message_id", messageID, "command", command)
-	if !ok {
-		s.logger().Debug(msg, "message_id", messageID, "command", command, logging.Err(err))
-		return false
-	}
-	s.logRefusedWrite(msg, err, args...)
-	return true
+	// (At Warn, as logRefusedWrite logs a refusal as unavailable.)
+	s.d.commandRefusals.Log(s.logger(), slog.LevelWarn, msg, s.key+" "+messageID, "message_id", messageID, "command", command, logging.Err(err))
 }
 
 // outboxEntry is the outbox entry of one reply or notice to src, with the next outbox seq.

@@ -3,6 +3,7 @@ package logging
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 )
@@ -86,59 +87,259 @@ func (l *Limiter) Reset() {
 	l.last, l.n = time.Time{}, 0
 }
 
-// KeyedLimiter is a Limiter for each key: the events of one key (a command its client resends
-// through an outage, by its message id) are let through once a LimitEvery, those of other keys
-// apart. The zero value is ready; it is safe for concurrent use.
+// KeyedLimiter is a Limiter for each key, and logs its lines itself (Log): the events of one key
+// (a session paused again and again through an outage, a command its client resends by its
+// message id) are logged once a LimitEvery, those of other keys apart. The zero value is ready;
+// it is safe for concurrent use.
 //
-// A key with no event let through for LimitEvery is forgotten, when the keys are next pruned,
-// unless it holds events back: those are reported (repeats) by its next event let through, and
-// it is kept for that up to a second LimitEvery (TestKeyedLimiterPruneKeepsHeldRepeats). The
-// events a key holds back when its events stop (the outage ends, and the command is stored) are
-// reported only by the Debug line its caller logs for each: no next event reports them, and the
-// limiter has no timer to report them when due. Keeping the key until its next event would not
-// help: most keys (a command's message id) never have one, and would stay for good; a later one
-// would count them on a line of another outage.
+// A key's first event (the first since the key was last seen, KeyedForget ago or more) is logged
+// at once: it says which keys a failure reached. The events that follow within LimitEvery of its
+// last line are logged at Debug and held back, and reported once its window has passed, at the
+// line's own level, with how many they were and between which times (repeats, repeats_from,
+// repeats_to): by the key's next event if it comes first, otherwise by a report that one timer
+// for the whole limiter logs (no goroutine per key, and no timer armed while nothing is held
+// back). Before, they waited for the key's next event, maybe hours later, whose line then
+// counted the events of two outages as one; when none came (the outage ended) they were only at
+// Debug.
+//
+// At most FoldAbove such reports a LimitEvery are lines of their own; beyond, those due are
+// folded into one line a LimitEvery that counts the keys (keys) and their events held back
+// (repeats), and names a few (examples): an outage of thousands of chats logs each key's first
+// line, then one line a minute, not one for each key. A key not seen for KeyedForget with
+// nothing held back is forgotten, so memory follows the keys of the last minutes, however many
+// distinct keys come.
 type KeyedLimiter struct {
 	mu     sync.Mutex
 	keys   map[string]*keyedEvents
 	pruned int // len(keys) after the last prune
+
+	timer   *time.Timer // the reports' timer; armed while a key holds events back
+	timerAt time.Time   // when it fires; zero when not armed
+	budget  time.Time   // when the current LimitEvery of reports began
+	reports int         // report lines logged since budget
+	// folding: the reports due did not fit in a LimitEvery's lines (FoldAbove), and are folded
+	// into one line a LimitEvery: no key's event is let through but a first one, so that the
+	// keys' next events do not take the lines of the next LimitEvery first.
+	folding bool
 }
 
-// keyedEvents is a KeyedLimiter's record of one key: as Limiter's last and n.
+// FoldAbove is how many reports of held-back events a KeyedLimiter logs as lines of their own in
+// a LimitEvery; beyond, it folds those due into one line a LimitEvery.
+const FoldAbove = 3
+
+// KeyedForget is how long a KeyedLimiter keeps a key not seen since, with nothing held back:
+// its next event is then a first one, logged at once. Two windows, so that a key whose events
+// come about once a LimitEvery (a session paused for a minute at each refusal of its writes)
+// keeps its place in the reports, and so in the folded line.
+const KeyedForget = 2 * LimitEvery
+
+// keyedEvents is a KeyedLimiter's record of one key: when it was last seen, when its last line
+// was logged (let through or reported), and the events held back since, with the times of the
+// first and the last of them and what the last one would have logged.
 type keyedEvents struct {
-	last time.Time
-	n    int
+	seen, last  time.Time
+	n           int
+	first, prev time.Time // of the events held back
+	log         *slog.Logger
+	level       slog.Level
+	msg         string
+	args        []any
 }
 
-// Allowed is Limiter.Allowed for key's events.
-func (l *KeyedLimiter) Allowed(key string, args ...any) ([]any, bool) {
+// Log logs msg with args to log at level for an event of key when it is let through: the key's
+// first, or an event once LimitEvery has passed since the key's last line while this
+// LimitEvery's reports are not spent (FoldAbove), with the events held back since (repeats,
+// repeats_from, repeats_to) when there were any. Otherwise it logs it at Debug, in full, and
+// holds it back for the key's report. It reports whether it logged at level.
+func (l *KeyedLimiter) Log(log *slog.Logger, level slog.Level, msg, key string, args ...any) bool {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	now := time.Now()
 	if l.keys == nil {
 		l.keys = map[string]*keyedEvents{}
 	}
 	if len(l.keys) >= 2*max(l.pruned, 64) { // amortised: a prune at most every doubling
-		for k, e := range l.keys {
-			if age := now.Sub(e.last); age >= LimitEvery && (e.n == 0 || age >= 2*LimitEvery) {
-				delete(l.keys, k)
-			}
-		}
-		l.pruned = len(l.keys)
+		l.prune(now)
 	}
 	e := l.keys[key]
+	through := e == nil
 	if e == nil {
 		e = &keyedEvents{}
 		l.keys[key] = e
+	} else if now.Sub(e.last) >= LimitEvery && !l.folding {
+		if now.Sub(l.budget) >= LimitEvery {
+			l.budget, l.reports = now, 0
+		}
+		if through = l.reports < FoldAbove; through {
+			l.reports++
+		} else {
+			l.folding = true // the lines of this LimitEvery are spent: those due are folded
+		}
 	}
-	e.n++
-	if !e.last.IsZero() && now.Sub(e.last) < LimitEvery {
-		return args, false
+	e.seen = now
+	if !through {
+		if e.n == 0 {
+			e.first = now
+		}
+		e.n++
+		e.prev, e.log, e.level, e.msg, e.args = now, log, level, msg, args
+		l.arm(now, e.last.Add(LimitEvery))
+		l.mu.Unlock()
+		if log.Enabled(context.Background(), slog.LevelDebug) {
+			log.Debug(msg, args...)
+		}
+		return false
 	}
-	n := e.n
-	e.n, e.last = 0, now
-	if n > 1 {
-		args = append(args, "repeats", n-1)
+	if e.n > 0 {
+		args = append(args[:len(args):len(args)], heldArgs(e.n, e.first, e.prev)...)
 	}
-	return args, true
+	l.reported(e, now)
+	l.mu.Unlock()
+	log.Log(context.Background(), level, msg, args...)
+	return true
+}
+
+// heldArgs are the arguments that report n events held back between first and last.
+func heldArgs(n int, first, last time.Time) []any {
+	return []any{"repeats", n, "repeats_from", first.Format(TimeFormat), "repeats_to", last.Format(TimeFormat)}
+}
+
+// prune forgets the keys not seen for KeyedForget with nothing held back. Those holding events
+// back are kept until their report.
+func (l *KeyedLimiter) prune(now time.Time) {
+	for k, e := range l.keys {
+		if e.n == 0 && now.Sub(e.seen) >= KeyedForget {
+			delete(l.keys, k)
+		}
+	}
+	l.pruned = len(l.keys)
+}
+
+// arm sets the reports' timer for at, the end of a window with events held back, or, once this
+// LimitEvery's reports are spent, for the next LimitEvery. It keeps a timer that fires sooner.
+func (l *KeyedLimiter) arm(now, at time.Time) {
+	if next := l.budget.Add(LimitEvery); (l.folding || l.reports >= FoldAbove) && at.Before(next) {
+		at = next
+	}
+	if !l.timerAt.IsZero() && !l.timerAt.After(at) {
+		return
+	}
+	l.timerAt = at
+	if l.timer == nil {
+		l.timer = time.AfterFunc(at.Sub(now), l.report)
+	} else {
+		l.timer.Reset(at.Sub(now))
+	}
+}
+
+// heldLine is a line a report logs.
+type heldLine struct {
+	log   *slog.Logger
+	level slog.Level
+	msg   string
+	args  []any
+}
+
+// report logs the reports due, run by the reports' timer: each key whose window has passed with
+// events held back gets a line at its level with the last of them and their count and times,
+// as a line of its own while FoldAbove a LimitEvery allow, folded with the others due into one
+// line otherwise (fold). The key's next event then waits LimitEvery from the report, as after a
+// line let through.
+func (l *KeyedLimiter) report() {
+	l.mu.Lock()
+	now := time.Now()
+	l.timerAt = time.Time{}
+	if now.Sub(l.budget) >= LimitEvery {
+		l.budget, l.reports = now, 0
+	}
+	var due []string
+	for k, e := range l.keys {
+		if e.n > 0 && now.Sub(e.last) >= LimitEvery {
+			due = append(due, k)
+		}
+	}
+	slices.Sort(due)
+	var lines []heldLine
+	switch {
+	case len(due) == 0:
+		l.folding = false
+	case l.reports+len(due) <= FoldAbove:
+		l.folding = false
+		for _, k := range due {
+			e := l.keys[k]
+			lines = append(lines, heldLine{e.log, e.level, e.msg, append(e.args[:len(e.args):len(e.args)], heldArgs(e.n, e.first, e.prev)...)})
+			l.reported(e, now)
+		}
+		l.reports += len(due)
+	case l.reports > 0:
+		// They do not all fit in what is left of this LimitEvery's lines: they wait for the
+		// next LimitEvery, folded then.
+		l.folding = true
+	default:
+		lines = l.fold(due, now)
+		l.folding = true
+	}
+	l.prune(now)
+	var at time.Time
+	for _, e := range l.keys {
+		if due := e.last.Add(LimitEvery); e.n > 0 && (at.IsZero() || due.Before(at)) {
+			at = due
+		}
+	}
+	if !at.IsZero() {
+		l.arm(now, at)
+	}
+	l.mu.Unlock()
+	for _, ln := range lines {
+		ln.log.Log(context.Background(), ln.level, ln.msg, ln.args...)
+	}
+}
+
+// reported starts e's window anew at now, its events held back reported.
+func (l *KeyedLimiter) reported(e *keyedEvents, now time.Time) {
+	e.n, e.last, e.args, e.log = 0, now, nil, nil
+}
+
+// fold reports the events held back by the keys due in one line for each message (a limiter
+// logs one message, as a rule): the arguments of the last event held back, with the count of the
+// keys (keys), the first FoldAbove of them (examples), and their events held back in all, from
+// the first to the last (repeats, repeats_from, repeats_to).
+func (l *KeyedLimiter) fold(due []string, now time.Time) []heldLine {
+	type sum struct {
+		last        *keyedEvents
+		keys, n     int
+		first, prev time.Time
+		examples    []string
+	}
+	var order []string
+	sums := map[string]*sum{}
+	for _, k := range due {
+		e := l.keys[k]
+		s := sums[e.msg]
+		if s == nil {
+			s = &sum{last: e, first: e.first, prev: e.prev}
+			sums[e.msg] = s
+			order = append(order, e.msg)
+		}
+		s.keys++
+		s.n += e.n
+		if e.prev.After(s.prev) {
+			s.last, s.prev = e, e.prev
+		}
+		if e.first.Before(s.first) {
+			s.first = e.first
+		}
+		if len(s.examples) < FoldAbove {
+			s.examples = append(s.examples, k)
+		}
+	}
+	var lines []heldLine
+	for _, msg := range order {
+		s := sums[msg]
+		args := append(s.last.args[:len(s.last.args):len(s.last.args)], "keys", s.keys, "examples", s.examples)
+		lines = append(lines, heldLine{s.last.log, s.last.level, msg, append(args, heldArgs(s.n, s.first, s.prev)...)})
+	}
+	for _, k := range due {
+		l.reported(l.keys[k], now)
+	}
+	return lines
 }

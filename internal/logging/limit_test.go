@@ -1,7 +1,12 @@
 package logging
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -88,78 +93,229 @@ func TestLimiterFlush(t *testing.T) {
 	})
 }
 
-// TestKeyedLimiter: each key's events are let through once a LimitEvery, with how many were
-// held back, apart from the other keys'; a key not seen for LimitEvery is forgotten.
+// keyedLog is a logger at Debug into a buffer, and its lines without their time.
+type keyedLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+	log *slog.Logger
+}
+
+func (k *keyedLog) Write(p []byte) (int, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.buf.Write(p)
+}
+
+func newKeyedLog() *keyedLog {
+	k := &keyedLog{}
+	k.log = slog.New(slog.NewTextHandler(k, &slog.HandlerOptions{Level: slog.LevelDebug,
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		}}))
+	return k
+}
+
+// lines are the lines logged since the last call, those at Debug left out unless debug, once
+// the reports' timer is done.
+func (k *keyedLog) lines(debug bool) []string {
+	synctest.Wait()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []string
+	for _, l := range strings.Split(strings.TrimSpace(k.buf.String()), "\n") {
+		if l != "" && (debug || !strings.HasPrefix(l, "level=DEBUG")) {
+			out = append(out, l)
+		}
+	}
+	k.buf.Reset()
+	return out
+}
+
+// clock is the time of day as a held-back event's report says it.
+func clock(t time.Time) string { return t.Format(TimeFormat) }
+
+// TestKeyedLimiter: each key's events are let through once a LimitEvery, the others logged at
+// Debug in full, apart from the other keys', and reported as the key's window passes, with when
+// they were.
 func TestKeyedLimiter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var l KeyedLimiter
-		allowed := func(key string) string {
-			args, ok := l.Allowed(key, "k", key)
-			return fmt.Sprint(args, ok)
-		}
-		for i, tc := range []struct{ key, want string }{
-			{"a", "[k a] true"},
-			{"a", "[k a] false"},
-			{"b", "[k b] true"}, // another key's first
-			{"a", "[k a] false"},
-		} {
-			if got := allowed(tc.key); got != tc.want {
-				t.Errorf("event %d (%s) = %s, want %s", i+1, tc.key, got, tc.want)
+		k := newKeyedLog()
+		start := time.Now()
+		logged := func(key string) bool { return l.Log(k.log, slog.LevelWarn, "m", key, "k", key) }
+		for i, tc := range []struct {
+			key  string
+			want bool
+		}{{"a", true}, {"a", false}, {"b", true}, {"a", false}} {
+			if got := logged(tc.key); got != tc.want {
+				t.Errorf("event %d (%s) logged = %v, want %v", i+1, tc.key, got, tc.want)
 			}
 		}
+		if got, want := k.lines(true), []string{
+			"level=WARN msg=m k=a", "level=DEBUG msg=m k=a", "level=WARN msg=m k=b", "level=DEBUG msg=m k=a",
+		}; !slices.Equal(got, want) {
+			t.Errorf("lines = %q, want %q", got, want)
+		}
+		time.Sleep(LimitEvery - time.Second)
+		logged("a") // held back
+		time.Sleep(time.Second)
+		if got, want := k.lines(false), []string{
+			"level=WARN msg=m k=a repeats=3 repeats_from=" + clock(start) + " repeats_to=" + clock(start.Add(LimitEvery-time.Second)),
+		}; !slices.Equal(got, want) {
+			t.Errorf("lines as a's window passed = %q, want %q", got, want)
+		}
+		if logged("a") {
+			t.Error("a's event right after its report was let through, want it held back a LimitEvery")
+		}
 		time.Sleep(LimitEvery)
-		if got, want := allowed("a"), "[k a repeats 2] true"; got != want {
-			t.Errorf("a after LimitEvery = %s, want %s", got, want)
-		}
-		for i := range 200 { // enough new keys to prune the old ones
-			allowed(fmt.Sprint("n", i))
-		}
+		k.lines(false) // its report
 		time.Sleep(LimitEvery)
-		for i := range 200 {
-			allowed(fmt.Sprint("m", i))
+		if !logged("a") {
+			t.Error("a's event a LimitEvery after its last line, nothing held back, was held back")
 		}
-		l.mu.Lock()
-		_, kept := l.keys["n0"]
-		l.mu.Unlock()
-		if kept {
-			t.Error("a key not seen for LimitEvery is still kept")
+		if got, want := k.lines(false), []string{"level=WARN msg=m k=a"}; !slices.Equal(got, want) {
+			t.Errorf("lines = %q, want %q", got, want)
 		}
 	})
 }
 
-// TestKeyedLimiterPruneKeepsHeldRepeats: a key whose window ended with events held back is not
-// forgotten by a prune before its next event can report them (repeats), as it is when other
-// keys come meanwhile; one not seen for two windows is. Before, a prune forgot any key past its
-// window, and the next line of a command resent through an outage while new commands came
-// stood for itself alone: the resends held back in its last window were never reported.
-func TestKeyedLimiterPruneKeepsHeldRepeats(t *testing.T) {
+// TestKeyedLimiterReportsWhenTheWindowPasses: the events a key held back are reported at the
+// line's level when its window passes, without a next event of any key, with the times they
+// came between; the key's event an hour later stands for itself alone. Before, they were
+// reported by the key's next event, whenever it came: an hour later, its line counted the events
+// of an earlier outage with its own, and nothing said when they were; at Info, an operator whose
+// events stopped never learned of them.
+func TestKeyedLimiterReportsWhenTheWindowPasses(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var l KeyedLimiter
-		allowed := func(key string) string {
-			args, ok := l.Allowed(key, "k", key)
-			return fmt.Sprint(args, ok)
+		k := newKeyedLog()
+		l.Log(k.log, slog.LevelWarn, "m", "a", "k", "a", "n", 0)
+		time.Sleep(10 * time.Second)
+		from := time.Now()
+		l.Log(k.log, slog.LevelWarn, "m", "a", "k", "a", "n", 1)
+		time.Sleep(10 * time.Second)
+		to := time.Now()
+		l.Log(k.log, slog.LevelWarn, "m", "a", "k", "a", "n", 2)
+		k.lines(true)
+		time.Sleep(LimitEvery - 20*time.Second - time.Millisecond)
+		synctest.Wait()
+		if got := k.lines(true); len(got) != 0 {
+			t.Errorf("lines before the window passed: %q, want none", got)
 		}
-		allowed("a")
-		time.Sleep(LimitEvery / 2)
-		allowed("a") // held back
-		time.Sleep(LimitEvery / 2)
-		for i := range 200 { // enough new keys to prune the old ones
-			allowed(fmt.Sprint("n", i))
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		if got, want := k.lines(true), []string{
+			"level=WARN msg=m k=a n=2 repeats=2 repeats_from=" + clock(from) + " repeats_to=" + clock(to),
+		}; !slices.Equal(got, want) {
+			t.Errorf("lines when the window passed = %q, want %q", got, want)
 		}
-		time.Sleep(LimitEvery / 4)
-		if got, want := allowed("a"), "[k a repeats 1] true"; got != want {
-			t.Errorf("a after a prune = %s, want %s (its held-back event reported)", got, want)
+		time.Sleep(time.Hour)
+		if !l.Log(k.log, slog.LevelWarn, "m", "a", "k", "a", "n", 3) {
+			t.Error("a's event an hour later was held back")
 		}
-		allowed("a") // held back again
+		if got, want := k.lines(true), []string{"level=WARN msg=m k=a n=3"}; !slices.Equal(got, want) {
+			t.Errorf("lines of a's event an hour later = %q, want %q (no repeats)", got, want)
+		}
+	})
+}
+
+// TestKeyedLimiterFoldsManyKeys: the reports of many keys are folded into one line a
+// LimitEvery, which counts the keys and their events held back and names a few, after at most
+// FoldAbove lines of their own; the first line of each key is logged at once, and every event
+// held back (at Debug) is counted in a line's repeats. Before, every key had a line of its own
+// each LimitEvery: an outage of thousands of chats, thousands of lines a minute.
+func TestKeyedLimiterFoldsManyKeys(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l KeyedLimiter
+		k := newKeyedLog()
+		const keys = 1000
+		event := func(i int) { l.Log(k.log, slog.LevelWarn, "m", fmt.Sprintf("k%03d", i), "session", i) }
+		for i := range keys { // spread over half a minute
+			event(i)
+			event(i) // held back
+			time.Sleep(LimitEvery / 2 / keys)
+		}
+		var lines []string
+		held, repeats := 0, 0
+		count := func() {
+			for _, line := range k.lines(true) {
+				if strings.HasPrefix(line, "level=DEBUG") {
+					held++
+					continue
+				}
+				lines = append(lines, line)
+				if i := strings.Index(line, "repeats="); i >= 0 {
+					var n int
+					fmt.Sscan(line[i+len("repeats="):], &n)
+					repeats += n
+				}
+			}
+		}
+		count()
+		if len(lines) != keys {
+			t.Fatalf("%d lines for %d keys' first events, want one each", len(lines), keys)
+		}
+		lines = nil
+		// Each key has an event every 10 s for 5 minutes.
+		for range 30 {
+			for i := range keys {
+				event(i)
+			}
+			time.Sleep(10 * time.Second)
+		}
+		count()
+		if len(lines) > FoldAbove+6 {
+			t.Errorf("%d lines in 5 minutes of %d keys, want at most %d (FoldAbove, then one a minute):\n%s",
+				len(lines), keys, FoldAbove+6, strings.Join(lines, "\n"))
+		}
+		folded := 0
+		for _, line := range lines {
+			if strings.Contains(line, "keys=") {
+				folded++
+				if !strings.Contains(line, `examples="[k`) {
+					t.Errorf("folded line %q names no examples", line)
+				}
+			}
+		}
+		if folded < 4 {
+			t.Errorf("%d folded lines in 5 minutes, want one a minute:\n%s", folded, strings.Join(lines, "\n"))
+		}
 		time.Sleep(2 * LimitEvery)
-		for i := range 400 {
-			allowed(fmt.Sprint("m", i))
+		count()
+		if repeats != held {
+			t.Errorf("the lines count %d events held back, want %d (those logged at Debug)", repeats, held)
 		}
-		l.mu.Lock()
-		_, kept := l.keys["a"]
-		l.mu.Unlock()
-		if kept {
-			t.Error("a key not seen for two LimitEvery is still kept, with events held back")
+	})
+}
+
+// TestKeyedLimiterForgetsKeys: memory follows the keys of the last windows, however many
+// distinct keys come: a key whose window passed with nothing held back is forgotten, one holding
+// events back once they are reported.
+func TestKeyedLimiterForgetsKeys(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l KeyedLimiter
+		log := slog.New(slog.DiscardHandler)
+		most := 0
+		for i := range 60000 { // 100 new keys a second for 10 minutes, every fifth holding an event back
+			key := fmt.Sprint("n", i)
+			l.Log(log, slog.LevelWarn, "m", key)
+			if i%5 == 0 {
+				l.Log(log, slog.LevelWarn, "m", key)
+			}
+			if i%100 == 99 {
+				time.Sleep(time.Second)
+			}
+			l.mu.Lock()
+			most = max(most, len(l.keys))
+			l.mu.Unlock()
+		}
+		// Those seen within KeyedForget, twice that between two prunes (amortised), and a window
+		// for the reports.
+		if limit := 100 * int((2*KeyedForget+LimitEvery)/time.Second); most > limit {
+			t.Errorf("%d keys kept at most, want at most %d (those of the last minutes)", most, limit)
 		}
 	})
 }
