@@ -207,6 +207,7 @@ func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
+	found := len(sums) > 0
 	if *asJSON {
 		j := newJSONStream(stdout)
 		j.open("[")
@@ -223,15 +224,7 @@ func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if err := j.end(); err != nil {
 			return err
 		}
-	} else if len(sums) == 0 {
-		// The note alone, as search and quarantined print theirs (before, a header over no
-		// rows: found by a new operator's walkthrough, README saying otherwise).
-		if *platform != "" || afterKey != "" {
-			fmt.Fprintln(stderr, "no session key matches")
-		} else {
-			fmt.Fprintln(stderr, "no session is stored yet")
-		}
-	} else {
+	} else if found {
 		// Each page is aligned as it is printed; a column only widens from one page to the
 		// next (sticky), so the table stays aligned unless a later page holds a wider cell.
 		tw := newTable(stdout)
@@ -248,6 +241,16 @@ func sessionsList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		if err != nil {
 			return err
+		}
+	}
+	if !found {
+		// A note on stderr, with --json too, as search, quarantined and export say theirs:
+		// a table printed none (before, a header over no rows: found by a new operator's
+		// walkthrough), and --json printed [] alone (a CLI review).
+		if *platform != "" || afterKey != "" {
+			fmt.Fprintln(stderr, "no session key matches")
+		} else {
+			fmt.Fprintln(stderr, "no session is stored yet")
 		}
 	}
 	if pages.more {
@@ -460,6 +463,7 @@ func sessionsExport(ctx context.Context, args []string, stdout, stderr io.Writer
 	jw.field("exported_at", time.Now().UTC())
 	jw.open(`"sessions": [`)
 	seen := map[string]bool{}
+	exported, messages := 0, 0
 	for id := route.SessionID; id != "" && !seen[id] && len(seen) < maxIncarnations; {
 		seen[id] = true
 		s, err := st.Session(ctx, id)
@@ -476,6 +480,7 @@ func sessionsExport(ctx context.Context, args []string, stdout, stderr io.Writer
 			for _, m := range ms {
 				jw.item(messageToJSON(&m))
 			}
+			messages += len(ms)
 			return jw.err
 		})
 		if err != nil {
@@ -483,6 +488,7 @@ func sessionsExport(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		jw.close("]")
 		jw.close("}")
+		exported++
 		id = s.PrevSessionID
 	}
 	jw.close("]")
@@ -507,7 +513,27 @@ func sessionsExport(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	jw.close("]")
 	jw.close("}")
-	return jw.end()
+	if err := jw.end(); err != nil {
+		return err
+	}
+	if messages == 0 {
+		// Said as list, search and quarantined say they found nothing: before, an export of
+		// empty arrays came without a word (a CLI review).
+		fmt.Fprintln(stderr, exportHoldsNoMessage(key, route.SessionID, exported))
+	}
+	return nil
+}
+
+// exportHoldsNoMessage is the note of an export of key that holds no message: its n sessions
+// hold none, or its current session, current, is pruned (n is 0).
+func exportHoldsNoMessage(key, current string, n int) string {
+	switch n {
+	case 0:
+		return fmt.Sprintf("the current session %s of %s was pruned after it ended: the export holds its outbox only", current, pasteableKey(key))
+	case 1:
+		return fmt.Sprintf("no message is stored in the 1 session of %s: the export holds its session and outbox only", pasteableKey(key))
+	}
+	return fmt.Sprintf("no message is stored in the %d sessions of %s: the export holds its sessions and outbox only", n, pasteableKey(key))
 }
 
 // eachTranscriptPage calls fn with the messages of a session (archived ones included), by seq,
@@ -758,16 +784,19 @@ func sessionsSearch(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		out = append(out, searchJSON{SessionKey: key, messageJSON: messageToJSON(&m)})
 	}
-	if *asJSON {
-		return writeJSON(stdout, out)
-	}
 	if len(out) == 0 {
-		// The note alone: a header over no rows read as a table whose rows went missing.
+		// The note alone, with --json beside its [] too: a header over no rows read as a table
+		// whose rows went missing.
 		note := ""
 		if _, lags := idx.(*sqlite.Store); lags {
 			note = " (messages of the last second may not be indexed yet)"
 		}
 		fmt.Fprintln(stderr, "no message matches"+note)
+	}
+	if *asJSON {
+		return writeJSON(stdout, out)
+	}
+	if len(out) == 0 {
 		return nil
 	}
 	tw := newTable(stdout)
