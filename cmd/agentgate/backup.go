@@ -53,6 +53,11 @@ func backup(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if _, err := os.Stat(cfg.DSN()); errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("backup: no database at %s (%s)", cfg.DSN(), noDatabaseHint)
+	} else if d := denied("backup", databasePlace(cfg), cfg.DataDir, err, false); d != nil {
+		return d
+	}
+	if err := mayOpen("backup", cfg, cfg.DSN(), false); err != nil {
+		return err
 	}
 	size, err := sqlite.Backup(ctx, cfg.DSN(), out)
 	if err != nil {

@@ -1048,6 +1048,31 @@ func noteSpooled(cfg *config.Config, stderr io.Writer) {
 	}
 }
 
+// databasePlace names where cfg's SQLite database is, as an error that this user may not use it
+// says: its data directory, or the database file when store.dsn puts it elsewhere.
+func databasePlace(cfg *config.Config) string {
+	if path := cfg.DSN(); filepath.Dir(path) != filepath.Clean(cfg.DataDir) {
+		return "the database " + path
+	}
+	return "the data directory " + cfg.DataDir
+}
+
+// mayOpen returns the error of the admin command cmd (denied) when this user may not open the
+// SQLite database at path, to read it, or to write it: a copy a restore left root's, in a data
+// directory this user may use. SQLite says only "unable to open database file (14)", with the
+// files it could not open.
+func mayOpen(cmd string, cfg *config.Config, path string, write bool) error {
+	flag := os.O_RDONLY
+	if write {
+		flag = os.O_RDWR
+	}
+	f, err := os.OpenFile(path, flag, 0)
+	if err != nil {
+		return denied(cmd, databasePlace(cfg), cfg.DataDir, err, write)
+	}
+	return f.Close()
+}
+
 // storeAccess is how an admin command opens the store.
 type storeAccess int
 
@@ -1107,6 +1132,9 @@ func openStoreWith(ctx context.Context, cf *configFlags, access storeAccess, tim
 			return fmt.Errorf("%s: the data directory %s is on a read-only file system, and this command writes there (its lock, and the database): "+
 				"mount it writable (list, show, export, search and quarantined only read it)", cf.fs.Name(), cfg.DataDir)
 		}
+		if d := denied(cf.fs.Name(), "the data directory "+cfg.DataDir, cfg.DataDir, err, true); d != nil {
+			return d
+		}
 		return err
 	}
 	closeDir := func() {
@@ -1136,8 +1164,14 @@ func openStoreWith(ctx context.Context, cf *configFlags, access storeAccess, tim
 	path := cfg.DSN()
 	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 		return nil, cfg, nil, fmt.Errorf("no database at %s (%s)", path, noDatabaseHint)
+	} else if d := denied(cf.fs.Name(), databasePlace(cfg), cfg.DataDir, err, false); d != nil {
+		return nil, cfg, nil, d
 	}
 	if err := lockDir(); err != nil {
+		return nil, cfg, nil, err
+	}
+	if err := mayOpen(cf.fs.Name(), cfg, path, !readOnly); err != nil {
+		closeDir()
 		return nil, cfg, nil, err
 	}
 	var st *sqlite.Store

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestDataDirDeniedSaysWhatToDo: an admin command run by a user that may not read its data
+// directory (the daemon's, 0700), or may not write it to reset or pardon, or may not read the
+// database a restore left root's, fails with one line that says so: the data directory, this
+// user, whose the path that stops it is and its mode, and what to do: run the command as the
+// daemon's user, or give this user access; or, of a file in the data directory that is not its
+// owner's, give it to that user. Before, the sessions commands and backup printed the
+// raw error of whatever failed first ("open …/agentgate.db: stat …/agentgate.db: permission
+// denied", "data directory …: lock: open …/agentgate-dir.flock: permission denied"), which
+// named neither the user nor a way out (a CLI review). As root, which may read anything, the
+// commands run as nobody; otherwise the directory's mode shuts this user out.
+func TestDataDirDeniedSaysWhatToDo(t *testing.T) {
+	seeded := MustSeedSessions(t)
+	bin := MustBuild(t)
+	uid, root := os.Getuid(), os.Geteuid() == 0
+	var dir string
+	if root {
+		dir, bin = dirForAnotherUser(t, bin)
+		uid = 65534 // nobody
+	} else {
+		dir = t.TempDir()
+	}
+	runAs := func(t *testing.T, args ...string) (string, int) {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		if root {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		}
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatalf("agentgate %s: %v", strings.Join(args, " "), err)
+		}
+		return string(out), cmd.ProcessState.ExitCode()
+	}
+	// mkData makes a data directory in dir holding the seeded database, with the modes given;
+	// as root they are root's, else this user's. nobodyDir gives the directory to nobody (as
+	// root only).
+	mkData := func(t *testing.T, name string, dirMode, dbMode os.FileMode, nobodyDir bool) string {
+		t.Helper()
+		data := filepath.Join(dir, name)
+		if err := os.Mkdir(data, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(seeded, "agentgate.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := filepath.Join(data, "agentgate.db")
+		if err := os.WriteFile(db, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if nobodyDir {
+			if err := os.Chown(data, 65534, 65534); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for p, m := range map[string]os.FileMode{db: dbMode, data: dirMode} {
+			if err := os.Chmod(p, m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Cleanup(func() { os.Chmod(data, 0o700) }) // (so that it can be removed)
+		return data
+	}
+
+	copies := filepath.Join(dir, "copies") // (backup's FILE: where this user may write)
+	if err := os.Mkdir(copies, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if root {
+		if err := os.Chown(copies, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readers := func(data string) [][]string {
+		return [][]string{
+			{"sessions", "list", "--data-dir", data},
+			{"sessions", "show", "--data-dir", data, keyA},
+			{"sessions", "export", "--data-dir", data, keyA},
+			{"sessions", "search", "--data-dir", data, "hello"},
+			{"sessions", "quarantined", "--data-dir", data},
+			{"backup", "--data-dir", data, filepath.Join(copies, "copy.db")},
+		}
+	}
+	writers := func(data string) [][]string {
+		return [][]string{
+			{"sessions", "reset", "--data-dir", data, keyA},
+			{"sessions", "pardon", "--data-dir", data, "--all"},
+		}
+	}
+	owner := "this user's"
+	if root {
+		owner = "root's (uid 0)"
+	}
+	unreadable := mkData(t, "unreadable", 0o700, 0o600, false)
+	if !root {
+		if err := os.Chmod(unreadable, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unwritable := mkData(t, "unwritable", 0o755, 0o644, false)
+	if !root {
+		if err := os.Chmod(unwritable, 0o555); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		cmds [][]string
+		want []string // in the one line of stderr
+	}{
+		{"a data directory this user may not read", append(readers(unreadable), writers(unreadable)...), []string{
+			"the data directory " + unreadable + " is not ",
+			fmt.Sprintf(" by this user, uid %d", uid),
+			fmt.Sprintf(": %s is %s, mode d", unreadable, owner),
+			"; run the command as the daemon's user (sudo -u ",
+			", or give this user access",
+		}},
+		{"a data directory this user may read, not write", writers(unwritable), []string{
+			"the data directory " + unwritable + " is not writable by this user, uid ",
+			fmt.Sprintf(": %s is %s, mode drwxr-xr-x", unwritable, owner),
+			"; run the command as the daemon's user (sudo -u ",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, args := range tc.cmds {
+				out, code := runAs(t, args...)
+				if code != 1 {
+					t.Errorf("agentgate %s: exit %d, want 1: %s", strings.Join(args, " "), code, out)
+				}
+				if n := strings.Count(out, "\n"); n != 1 || !strings.HasPrefix(out, "agentgate: ") {
+					t.Errorf("agentgate %s: %d lines, want one error line: %s", strings.Join(args, " "), n, out)
+				}
+				for _, w := range tc.want {
+					if !strings.Contains(out, w) {
+						t.Errorf("agentgate %s:\n%s\nwant it to say %q", strings.Join(args, " "), out, w)
+					}
+				}
+			}
+		})
+	}
+
+	t.Run("a database a restore left root's", func(t *testing.T) {
+		if !root {
+			t.Skip("a file another user owns needs root to make")
+		}
+		// What to do is not to run the command as root, whose the file is, but to give it to the
+		// daemon's user, whose the data directory is: the daemon cannot use it either.
+		data := mkData(t, "restored", 0o700, 0o600, true) // nobody's directory, root's database
+		for _, args := range readers(data) {
+			out, code := runAs(t, args...)
+			for _, want := range []string{
+				"the data directory " + data + " is not readable by this user, uid 65534",
+				": agentgate.db is root's (uid 0), mode -rw-------",
+				"; the data directory is this user's: give the file to the daemon's user (chown nobody " + filepath.Join(data, "agentgate.db") + ")",
+			} {
+				if code != 1 || !strings.Contains(out, want) {
+					t.Errorf("agentgate %s: exit %d: %s\nwant exit 1, and it to say %q", strings.Join(args, " "), code, out, want)
+				}
+			}
+		}
+	})
+}
