@@ -144,8 +144,13 @@ func jsonFields(t reflect.Type, prefix string, fields map[string]docField) (embe
 			name = f.Name
 		}
 		path := prefix + name
-		fields[path] = docField{typ: jsonType(f.Type), omit: strings.Contains(opts, "omitempty") || strings.Contains(opts, "omitzero")}
-		switch ft := f.Type; {
+		omit := strings.Contains(opts, "omitempty") || strings.Contains(opts, "omitzero")
+		ft := f.Type
+		if omit && ft.Kind() == reflect.Pointer {
+			ft = ft.Elem() // left out when nil: never null
+		}
+		fields[path] = docField{typ: jsonType(ft), omit: omit}
+		switch {
 		case ft.Kind() == reflect.Struct && cliDocShapes[ft] == "" && ft != reflect.TypeFor[time.Time]():
 			jsonFields(ft, path+".", fields)
 		case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct && cliDocShapes[ft.Elem()] == "":

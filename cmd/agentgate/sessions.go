@@ -334,6 +334,12 @@ func sessionsShow(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		Outbox:     outboxCountsJSON{LastSeq: snap.LastOutboxSeq, Undelivered: len(snap.Unconfirmed)},
 		Last:       []messageJSON{},
 	}
+	switch own, err := st.Ownership(ctx, key); {
+	case err == nil:
+		out.Claim = &claimJSON{Owner: own.Owner, Epoch: own.Epoch, ClaimedAt: utc(own.ClaimedAt)}
+	case !errors.Is(err, persistence.ErrNotFound):
+		return err
+	}
 	if snap.Session != nil {
 		sj := sessionToJSON(snap.Session)
 		out.Session = &sj
@@ -375,14 +381,23 @@ func printShow(w io.Writer, o *showJSON) error {
 	r := o.Route
 	fmt.Fprintf(tw, "key:\t%s\n", keyCell(o.SessionKey))
 	fmt.Fprintf(tw, "route:\tsession %s, generation %d, updated %s\n", cell(r.SessionID), r.Generation, timeCell(r.UpdatedAt))
+	// The key's owner row: which cluster member's activation runs the key, or ran it last.
+	if c := o.Claim; c == nil {
+		fmt.Fprintln(tw, "claim:\tnone (only a cluster's members claim a key)")
+	} else {
+		fmt.Fprintf(tw, "claim:\t%s, epoch %d, claimed %s\n", cell(c.Owner), c.Epoch, timeCell(c.ClaimedAt))
+	}
+	// "current session", not "session": the one the key's route names, which its next
+	// message goes to while it is open (before, an operator could not tell it was: a CLI
+	// review).
 	if s := o.Session; s == nil {
-		fmt.Fprintf(tw, "session:\t%s (gone: pruned after it ended)\n", cell(r.SessionID))
+		fmt.Fprintf(tw, "current session:\t%s (gone: pruned after it ended)\n", cell(r.SessionID))
 	} else {
 		// The ids the key is made of are shown as the key is (keyCell): Go-quoted when one holds
 		// a character that does not display, which cell would show as U+FFFD, so that it can be
 		// told from the key's part it is. Before, the chat id line showed U+FFFD.
 		for _, kv := range [][2]string{
-			{"session", cell(s.ID)}, {"platform", cell(s.Platform)}, {"chat type", cell(s.ChatType)}, {"chat id", keyCell(s.ChatID)},
+			{"current session", cell(s.ID)}, {"platform", cell(s.Platform)}, {"chat type", cell(s.ChatType)}, {"chat id", keyCell(s.ChatID)},
 			{"thread id", keyCell(s.ThreadID)}, {"user id", keyCell(s.UserID)}, {"user name", cell(s.UserName)},
 			{"scope id", keyCell(s.ScopeID)}, {"profile", cell(s.Profile)}, {"title", cell(s.Title)},
 			{"epoch", fmt.Sprint(s.Epoch)}, {"started", timeCell(s.StartedAt)},
@@ -404,7 +419,7 @@ func printShow(w io.Writer, o *showJSON) error {
 				fmt.Fprintf(tw, "reset due:\t%s%s, once its work is done\n", cell(s.ResetDueReason), due)
 			}
 		} else {
-			fmt.Fprintf(tw, "ended:\t%s (%s)\n", timeCell(s.EndedAt), cell(s.EndReason))
+			fmt.Fprintf(tw, "ended:\t%s (%s): the key's next message starts a new session\n", timeCell(s.EndedAt), cell(s.EndReason))
 		}
 		c := o.Counts
 		fmt.Fprintf(tw, "messages:\t%d (pending %d, failed %d, archived %d)\n", c.Messages, c.Pending, c.Failed, c.Archived)
@@ -1526,10 +1541,13 @@ type listJSON struct {
 }
 
 type showJSON struct {
-	SessionKey string       `json:"session_key"`
-	Route      routeJSON    `json:"route"`
-	Session    *sessionJSON `json:"session"` // null when the routed row is missing
-	Counts     struct {
+	SessionKey string    `json:"session_key"`
+	Route      routeJSON `json:"route"`
+	// Claim is the key's owner row (Store.Ownership): the cluster member whose activation runs
+	// the key, or ran it last; absent when no member ever claimed it (a single daemon's key).
+	Claim   *claimJSON   `json:"claim,omitempty"`
+	Session *sessionJSON `json:"session"` // null when the routed row is missing
+	Counts  struct {
 		Messages int `json:"messages"` // every row, archived ones included
 		Pending  int `json:"pending"`
 		// Failed counts the user messages that will not be answered: their turn failed, or a
@@ -1540,6 +1558,12 @@ type showJSON struct {
 	} `json:"counts"`
 	Outbox outboxCountsJSON `json:"outbox"`
 	Last   []messageJSON    `json:"last_messages"`
+}
+
+type claimJSON struct {
+	Owner     string    `json:"owner"`
+	Epoch     int64     `json:"epoch"`
+	ClaimedAt time.Time `json:"claimed_at,omitzero"`
 }
 
 type outboxCountsJSON struct {

@@ -105,7 +105,7 @@ func TestSessionsKeyPastedAsListed(t *testing.T) {
 			if got := fieldOf(out, "key"); got != printed[key] {
 				t.Errorf("show %s: key line %q, want %q", arg, got, printed[key])
 			}
-			if got := fieldOf(out, "session"); got != id {
+			if got := fieldOf(out, "current session"); got != id {
 				t.Errorf("show %s: session %q, want %q", arg, got, id)
 			}
 
@@ -130,7 +130,7 @@ func TestSessionsKeyPastedAsListed(t *testing.T) {
 				t.Errorf("reset %s printed %q, want %q", arg, out, want)
 			}
 			out, _ = MustRunSessions(t, "show", "--data-dir", dir, arg)
-			if got := fieldOf(out, "ended"); !strings.HasSuffix(got, "(reset_command)") {
+			if got := fieldOf(out, "ended"); !strings.Contains(got, " (reset_command)") {
 				t.Errorf("show %s after its reset: ended %q, want the reset's", arg, got)
 			}
 		})
@@ -193,7 +193,7 @@ func TestSessionsKeyArgument(t *testing.T) {
 			switch {
 			case tc.wantErr == "" && err != nil:
 				t.Errorf("show %s: %v, want keyA's session", tc.arg, err)
-			case tc.wantErr == "" && fieldOf(out, "session") != "sa2":
+			case tc.wantErr == "" && fieldOf(out, "current session") != "sa2":
 				t.Errorf("show %s printed %q, want keyA's session sa2", tc.arg, out)
 			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
 				t.Errorf("show %s: error %v, want one with %q", tc.arg, err, tc.wantErr)

@@ -279,7 +279,7 @@ func TestSessionsShow(t *testing.T) {
 		for _, f := range []struct{ label, want string }{
 			{"key", keyA},
 			{"route", "session sa2, generation 2, updated 2025-03-01T12:10:00Z"},
-			{"session", "sa2"},
+			{"current session", "sa2"},
 			{"platform", "http"},
 			{"chat type", "dm"},
 			{"chat id", "alice"},
@@ -622,8 +622,8 @@ func TestSessionsReset(t *testing.T) {
 			t.Errorf("after reset, outbox after seq 2 = %+v, want one pending notice answering m4", out3)
 		}
 		show, _ := MustRunSessions(t, "show", "--data-dir", dir, keyA)
-		if got := fieldOf(show, "ended"); !strings.HasSuffix(got, "(reset_command)") {
-			t.Errorf("after reset, ended = %q, want it to end in (reset_command)", got)
+		if got := fieldOf(show, "ended"); !strings.Contains(got, " (reset_command)") {
+			t.Errorf("after reset, ended = %q, want it to say (reset_command)", got)
 		}
 		// show counts the message the note spoke of where the note put it: failed, not pending
 		// (before, the note said pending and show counted it nowhere).
@@ -771,8 +771,8 @@ func TestSessionsReset(t *testing.T) {
 		if want := "session sa-gone of " + keyA + " ended and was pruned; the key's next message starts a new one\n"; out != want {
 			t.Errorf("reset of a key whose session was pruned: stdout = %q, want %q", out, want)
 		}
-		if show, _ := MustRunSessions(t, "show", "--data-dir", dir, keyA); fieldOf(show, "session") != "sa-gone (gone: pruned after it ended)" {
-			t.Errorf("show of a key whose session was pruned: session = %q", fieldOf(show, "session"))
+		if show, _ := MustRunSessions(t, "show", "--data-dir", dir, keyA); fieldOf(show, "current session") != "sa-gone (gone: pruned after it ended)" {
+			t.Errorf("show of a key whose session was pruned: session = %q", fieldOf(show, "current session"))
 		}
 	})
 
