@@ -19,6 +19,8 @@ import (
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/workload"
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
 func TestBenchJSON(t *testing.T) {
@@ -75,9 +77,9 @@ func TestBenchJSON(t *testing.T) {
 		t.Errorf("replay_written_bytes_per_turn, raw_written_bytes_per_turn = %v, %v, want replay >= raw > 0",
 			got.ReplayWrittenPerTurn, got.RawWrittenPerTurn)
 	}
-	if got.Target != 0 || got.TargetShortfall != 0 {
-		t.Errorf("target_ratio_to_raw, target_shortfall = %v, %v at 5 sessions, want none (the issue sets targets at 100 and 1,000)",
-			got.Target, got.TargetShortfall)
+	if got.Target != 0 || got.TargetShortfall != nil || got.Targets == nil || len(got.Targets) != 0 {
+		t.Errorf("target_ratio_to_raw, target_shortfall, targets = %v, %v, %v at 5 sessions, want none, none and [] (the issue sets targets at 100 and 1,000)",
+			got.Target, got.TargetShortfall, got.Targets)
 	}
 	// Two rounds: each has its own report, and the top level holds their medians (of two: the
 	// mean, so between them).
@@ -250,4 +252,73 @@ func summarizeWrites(groups [][]persistence.Op) writes {
 		}
 	}
 	return w
+}
+
+// TestBenchJSONSaysEachTarget: bench --json says of each target at its session count the
+// figure it bounds, the measured value, the bound, and whether it is met, with its shortfall
+// 0 when it is; each round says its own; and at a session count with no target, targets is
+// [], not left out. target_shortfall is there whenever target_ratio_to_raw is, 0 when met.
+// Before, target_shortfall was left out at 0, so a script could not tell a met target from one
+// not measured, and a round said nothing of the target (a CLI review).
+func TestBenchJSONSaysEachTarget(t *testing.T) {
+	encode := func(r *benchReport) map[string]any {
+		t.Helper()
+		setTargets(r)
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	target := func(measured, bound float64, met bool, shortfall float64) map[string]any {
+		return map[string]any{"name": "daemon ÷ raw at 100 sessions (issue #9)", "figure": "ratio_to_raw",
+			"measured": measured, "bound": bound, "at_most": false, "met": met, "shortfall": shortfall}
+	}
+	for _, tc := range []struct {
+		name          string
+		rep           *benchReport
+		wantTargets   []any
+		wantShortfall any // target_shortfall; nil for absent
+		wantRounds    [][]any
+	}{
+		{"met", &benchReport{Sessions: 100, RatioToRaw: 0.9}, []any{target(0.9, 0.75, true, 0)}, 0.0, nil},
+		{"missed", &benchReport{Sessions: 100, RatioToRaw: 0.5}, []any{target(0.5, 0.75, false, 0.25)}, 0.25, nil},
+		{"no target at this count", &benchReport{Sessions: 5, RatioToRaw: 0.5}, []any{}, nil, nil},
+		{"rounds", &benchReport{Sessions: 100, RatioToRaw: 0.7, Rounds: []*benchReport{
+			{Sessions: 100, RatioToRaw: 0.5}, {Sessions: 100, RatioToRaw: 0.9},
+		}}, []any{target(0.7, 0.75, false, 0.75-0.7)}, 0.75 - 0.7, [][]any{
+			{target(0.5, 0.75, false, 0.25)}, {target(0.9, 0.75, true, 0)},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := encode(tc.rep)
+			if d := cmp.Diff(tc.wantTargets, m["targets"], cmpopts.EquateApprox(0, 1e-9)); d != "" {
+				t.Errorf("targets (-want +got):\n%s", d)
+			}
+			shortfall, ok := m["target_shortfall"]
+			if tc.wantShortfall == nil && ok || tc.wantShortfall != nil && (!ok || !cmp.Equal(shortfall, tc.wantShortfall, cmpopts.EquateApprox(0, 1e-9))) {
+				t.Errorf("target_shortfall = %v (present %v), want %v", shortfall, ok, tc.wantShortfall)
+			}
+			if _, ok := m["target_ratio_to_raw"]; ok != (tc.wantShortfall != nil) {
+				t.Errorf("target_ratio_to_raw present = %v, want %v", ok, tc.wantShortfall != nil)
+			}
+			var rounds [][]any
+			if rs, ok := m["rounds"].([]any); ok {
+				for _, r := range rs {
+					rm := r.(map[string]any)
+					rounds = append(rounds, rm["targets"].([]any))
+					if _, ok := rm["target_shortfall"]; ok {
+						t.Errorf("a round has target_shortfall: %v", rm)
+					}
+				}
+			}
+			if d := cmp.Diff(tc.wantRounds, rounds, cmpopts.EquateApprox(0, 1e-9)); d != "" {
+				t.Errorf("rounds' targets (-want +got):\n%s", d)
+			}
+		})
+	}
 }
