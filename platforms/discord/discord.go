@@ -411,7 +411,7 @@ func (p *Platform) serve(ctx context.Context) error {
 	case <-ctx.Done():
 		p.setErr(errors.New("stopped"))
 		p.stopGapRead()
-		if err := p.s.Close(); err != nil {
+		if err := p.s.CloseWithCode(closeCode(ctx)); err != nil {
 			p.log.Debug("close gateway", logging.Err(err))
 		}
 		if p.stopping(ctx) {
@@ -421,6 +421,29 @@ func (p *Platform) serve(ctx context.Context) error {
 	case err := <-p.lost:
 		return err
 	}
+}
+
+// closeResumable is the close code of a gateway connection let go with its session kept: any
+// but 1000 and 1001 leaves the session resumable on Discord (docs: Gateway, Disconnecting), and
+// 4000 is the one libraries use for it (discord.py, DSharpPlus).
+const closeResumable = 4000
+
+// closeCode is the close code of the gateway connection when Run's ctx ends. A stop (the daemon
+// stops) closes it with 1000: the gateway session ends with the daemon, whose next start
+// identifies anew (discordgo keeps no session across processes), and the bot shows offline at
+// once. A let-go (platforms.ErrLetGo: a cluster member's lease lost) closes it with
+// closeResumable, so that this member's next Run RESUMEs the session and Discord replays what
+// was said meanwhile. Closed with 1000 (Session.Close), the session ended on Discord, and that
+// RESUME got INVALID_SESSION: the new IDENTIFY's READY replayed nothing, a message said
+// meanwhile in a chat no read-back finds (a new DM) was lost, and the deletions a replay brings
+// after the messages a replay held never came (TestLetGoLeavesTheGatewaySessionResumable).
+// Another member that takes the gateway identifies anyway (its discordgo has no session), and
+// the session let go times out on Discord after a few minutes.
+func closeCode(ctx context.Context) int {
+	if errors.Is(context.Cause(ctx), platforms.ErrLetGo) {
+		return closeResumable
+	}
+	return websocket.CloseNormalClosure
 }
 
 // open connects to the gateway, once a rate limit on its lookup has passed.

@@ -227,3 +227,69 @@ func TestLetGoKeepsAReplaysHoldForAWhile(t *testing.T) {
 		}
 	})
 }
+
+// TestLetGoLeavesTheGatewaySessionResumable: a cluster member that lets a live gateway
+// connection go (its lease lost: Run's ctx ends with platforms.ErrLetGo) closes it with a code
+// that keeps the gateway session (closeResumable), so its next Run RESUMEs it and Discord
+// replays what was said meanwhile: a new DM's message, which no read-back finds, is delivered.
+// Before, the connection was closed with 1000, which ends the session on Discord: the RESUME
+// got INVALID_SESSION, the new IDENTIFY's READY replayed nothing, and the message was lost. A
+// stop still closes with 1000: the session ends with the daemon, and the bot shows offline.
+func TestLetGoLeavesTheGatewaySessionResumable(t *testing.T) {
+	const dm = "300000000000000001"
+	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+	for _, tt := range []struct {
+		name       string
+		cause      error // of the first Run's ctx
+		resumable  bool
+		identifies int
+	}{
+		{"a let-go", platforms.ErrLetGo, true, 1},
+		{"a stop", context.Canceled, false, 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHeldDelivery()
+			srv := discordtest.New(t)
+			srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
+			p, err := New(Config{Token: srv.Token(), Settings: config.Discord{APIURL: srv.APIURL()}, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.SetWithdraw(h.withdraw)
+
+			ctx1, end := context.WithCancelCause(t.Context())
+			done1 := make(chan error, 1)
+			go func() { done1 <- p.Run(ctx1, h.deliver) }()
+			srv.WaitReady(t)
+			end(tt.cause)
+			if err := <-done1; err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			away := srv.Post(discordtest.UserMessage{ChannelID: dm, Author: alice, Content: "said while away"})
+
+			ctx2, stop := context.WithCancel(t.Context())
+			done2 := make(chan error, 1)
+			go func() { done2 <- p.Run(ctx2, h.deliver) }()
+			t.Cleanup(func() {
+				stop()
+				if err := <-done2; err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			})
+			srv.WaitReady(t)
+			if got := srv.Identifies(); got != tt.identifies {
+				t.Errorf("Identifies() = %d after the second Run, want %d", got, tt.identifies)
+			}
+			if !tt.resumable {
+				return // the new session's READY replays nothing: what it reads back is backfill's
+			}
+			if got := srv.Resumes(); got != 1 {
+				t.Errorf("Resumes() = %d, want 1: the let-go's close ended the gateway session", got)
+			}
+			pollFor(t, "the replay of the message said while away", func() bool {
+				texts, _, _ := h.got()
+				return slices.Contains(texts, away.Content)
+			})
+		})
+	}
+}

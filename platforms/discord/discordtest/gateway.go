@@ -2,6 +2,7 @@ package discordtest
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -212,6 +213,10 @@ func (s *Server) serveGateway(w http.ResponseWriter, r *http.Request) {
 	for {
 		_, data, err := ws.ReadMessage()
 		if err != nil {
+			var ce *websocket.CloseError
+			if errors.As(err, &ce) {
+				s.clientClosed(c, ce.Code)
+			}
 			break
 		}
 		s.handleFrame(c, data)
@@ -224,6 +229,31 @@ func (s *Server) serveGateway(w http.ResponseWriter, r *http.Request) {
 	}
 	s.notifyLocked()
 	s.mu.Unlock()
+}
+
+// clientClosed handles the close frame the client sent on c with code. As on Discord, a close
+// with 1000 (normal closure) or 1001 (going away) ends the gateway session: the bot shows
+// offline, and a RESUME of it gets op 9 INVALID_SESSION; the client's next connection must
+// IDENTIFY, and what was dispatched meanwhile is lost. Any other code, like a connection dropped
+// without a close frame, leaves the session resumable. A close frame that answers the
+// Server's own (closeConn) ends nothing: the Server's code said what the session's fate is.
+func (s *Server) clientClosed(c *conn, code int) {
+	if code != websocket.CloseNormalClosure && code != websocket.CloseGoingAway {
+		return // 1006, gorilla's for a connection dropped without a close frame, among them
+	}
+	c.mu.Lock()
+	answered := c.closing != nil
+	c.mu.Unlock()
+	s.mu.Lock()
+	if answered || s.sess == nil || s.sess.conn != c {
+		s.mu.Unlock()
+		return
+	}
+	id := s.sess.id
+	s.sess = nil
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.logf("gateway: the client closed the connection with %d: session %s ends", code, id)
 }
 
 // handleFrame handles one payload from the client. It runs on the connection's reader

@@ -3,6 +3,7 @@ package discordtest_test
 import (
 	"encoding/json"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -183,6 +184,57 @@ func TestGatewayCloseCodes(t *testing.T) {
 				}
 				t.Logf("frame before close: %s", b)
 			}
+		})
+	}
+}
+
+// A client's close frame decides whether its gateway session lives on, as on Discord: 1000 and
+// 1001 end it (a RESUME gets op 9 INVALID_SESSION, false), any other code keeps it resumable,
+// and the RESUME replays what was dispatched meanwhile.
+func TestClientCloseCodeDecidesTheResume(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		code      int
+		resumable bool
+	}{
+		{websocket.CloseNormalClosure, false},
+		{websocket.CloseGoingAway, false},
+		{4000, true},
+		{websocket.CloseServiceRestart, true},
+	} {
+		t.Run(strconv.Itoa(tt.code), func(t *testing.T) {
+			t.Parallel()
+			srv := newWorld(t)
+			ws := mustDial(t, srv)
+			mustWrite(t, ws, identify(srv.Token(), int(allIntents)))
+			var r struct {
+				SessionID string `json:"session_id"`
+			}
+			if err := json.Unmarshal(mustDispatch(t, ws, "READY", 1).D, &r); err != nil {
+				t.Fatalf("decode READY: %v", err)
+			}
+			mustDispatch(t, ws, "GUILD_CREATE", 2)
+			mustWrite(t, ws, map[string]any{"op": 1, "d": 2}) // Ready from now on, until the server has handled the close
+			if p := mustRead(t, ws); p.Op != 11 {
+				t.Fatalf("reply to heartbeat: op %d, want 11", p.Op)
+			}
+			if err := ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(tt.code, ""), time.Now().Add(discordtest.WaitTimeout)); err != nil {
+				t.Fatalf("write close frame: %v", err)
+			}
+			srv.WaitFor(t, "the server to notice the closed connection", func() bool { return !srv.Ready() })
+			ws.Close()
+
+			srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "while away"})
+			ws2 := mustDial(t, srv)
+			mustWrite(t, ws2, map[string]any{"op": 6, "d": map[string]any{"token": srv.Token(), "session_id": r.SessionID, "seq": 2}})
+			if !tt.resumable {
+				if p := mustRead(t, ws2); p.Op != 9 || string(p.D) != "false" {
+					t.Errorf("RESUME after a close with %d: op %d d %s, want op 9 d false", tt.code, p.Op, p.D)
+				}
+				return
+			}
+			mustDispatch(t, ws2, "MESSAGE_CREATE", 3)
+			mustDispatch(t, ws2, "RESUMED", 4)
 		})
 	}
 }

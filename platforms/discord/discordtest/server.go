@@ -120,7 +120,8 @@ func WithToken(token string) Option {
 //
 // Gateway, at GatewayURL: HELLO, then IDENTIFY (READY, then GUILD_CREATE per guild with the
 // GUILDS intent: its channels, active threads and roles, the bot its only member) or RESUME
-// (replay, then RESUMED; op 9 INVALID_SESSION for an unknown session). Heartbeats get ACKs, but for
+// (replay, then RESUMED; op 9 INVALID_SESSION for an unknown session, or one the client
+// ended with a close frame of 1000 or 1001, as Discord ends it). Heartbeats get ACKs, but for
 // those MissHeartbeatACKs leaves unanswered.
 // Close codes: 4001 unknown opcode, 4002 decode error, 4003 not authenticated, 4004
 // authentication failed, 4005 already authenticated, 4010 invalid shard, and whichever
