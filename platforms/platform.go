@@ -183,9 +183,9 @@ type InboundWaiter interface {
 // left as a stop leaves it for the next start's read-back: the member may take the connection
 // again and resume it, and a resume reads nothing back. Another member's read-back of the same
 // message is a duplicate of it (the store's message ids). What a resume's replay held when the
-// connection went (Discord) waits for the member's next Run a while first (30 s), as it waits
-// after a lost connection outside a cluster: that Run's resume replays the deletions and edits
-// that came after it.
+// connection went (Discord) waits for the member's next Run a while first (30 s of its wait
+// for the gateway), as it waits after a lost connection outside a cluster: that Run's resume
+// replays the deletions and edits that came after it.
 var ErrLetGo = errors.New("platforms: the connection is let go; the daemon does not stop")
 
 // InterruptedMark ends the text of a draft whose turn was cancelled or crashed (EditDraft). An

@@ -51,12 +51,22 @@ type leaderPlatform struct {
 var (
 	_ platforms.Recorder      = (*leaderPlatform)(nil)
 	_ platforms.InboundWaiter = (*leaderPlatform)(nil)
+	_ runDuer                 = (*discord.Platform)(nil)
 )
 
 func newLeaderPlatform(p gatewayPlatform, leases leaser, log *slog.Logger) *leaderPlatform {
 	l := &leaderPlatform{gatewayPlatform: p, leases: leases, log: log}
 	l.standby.Store(true)
 	return l
+}
+
+// runDuer is a gateway platform that keeps what it received for its next Run a while after a
+// let-go (discord.Platform.RunDue: a resume's replay's hold), counted from when that Run is due:
+// once the platform actor's backoff has passed and this member waits for the lease. Counted
+// from the let-go, a backoff past the bound handed the hold on before the Run whose RESUME
+// replays the deletions after it.
+type runDuer interface {
+	RunDue()
 }
 
 // errLeaseLost ends a Run whose lease went with its database connection; the platform actor
@@ -99,10 +109,13 @@ func (l *leaderPlatform) Run(ctx context.Context, deliver platforms.Deliver) err
 // and resumed the gateway session (a resume replays nothing received already): lost without a
 // word. Delivered here while another member holds the lease, a message that member's read-back
 // reads too is a duplicate of it. What a Discord replay held when the connection went waits up
-// to 30 s for this member's next Run first (platforms.ErrLetGo), whose RESUME replays the
-// deletions that follow it: handed on at once, a message deleted before that RESUME was
-// answered.
+// to 30 s for this member's next Run first (platforms.ErrLetGo), from when lead is called
+// again (runDuer), whose RESUME replays the deletions that follow it: handed on at once, a
+// message deleted before that RESUME was answered.
 func (l *leaderPlatform) lead(ctx context.Context, deliver platforms.Deliver) error {
+	if d, ok := l.gatewayPlatform.(runDuer); ok {
+		d.RunDue()
+	}
 	lost, release, err := l.leases.Lease(ctx, postgres.GatewayLease(l.Name())) // the name its store fences unread clears by
 	if err != nil {
 		if ctx.Err() != nil {

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"sync"
@@ -205,5 +206,46 @@ func TestLeaderKeepsTheQueueThroughALostGateway(t *testing.T) {
 				t.Errorf("%d IDENTIFYs, want 1 (a RESUME after it)", n)
 			}
 		})
+	}
+}
+
+// dueRecorder is a gateway platform that records, with its leaser, the order of RunDue, the
+// lease and Run; its Run returns as after a lost connection.
+type dueRecorder struct {
+	gatewayPlatform
+	mu     sync.Mutex
+	events []string
+}
+
+func (d *dueRecorder) note(e string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.events = append(d.events, e)
+}
+
+func (d *dueRecorder) Name() string { return discord.Name }
+func (d *dueRecorder) RunDue()      { d.note("due") }
+func (d *dueRecorder) Run(context.Context, platforms.Deliver) error {
+	d.note("run")
+	return errors.New("gateway connection lost")
+}
+func (d *dueRecorder) Lease(context.Context, string) (<-chan struct{}, func(), error) {
+	d.note("lease")
+	return make(chan struct{}), func() {}, nil
+}
+
+// TestLeaderSaysTheRunIsDueBeforeItWaitsForTheLease: the gateway wrapper tells the platform
+// that its Run is due (discord.Platform.RunDue) as it begins to wait for the lease, after the
+// platform actor's backoff, so that what a let-go's replay held waits letGoHold from then.
+// Counted from the let-go, a backoff past 30 s handed the hold on before the Run whose RESUME
+// replays the deletions after it (the Discord platform's TestLetGoHoldOutlivesALongBackoff).
+func TestLeaderSaysTheRunIsDueBeforeItWaitsForTheLease(t *testing.T) {
+	p := &dueRecorder{}
+	l := newLeaderPlatform(p, p, slog.New(slog.DiscardHandler))
+	if err := l.Run(t.Context(), nil); err == nil {
+		t.Fatal("Run returned nil, want the lost connection")
+	}
+	if want := []string{"due", "lease", "run"}; !slices.Equal(p.events, want) {
+		t.Errorf("events %q, want %q", p.events, want)
 	}
 }

@@ -144,6 +144,11 @@ type Platform struct {
 	// letGoHeld is closed when the next Run starts: it ends the wait of a let-go Run for its
 	// replay's hold (keepLetGoHoldLocked). Nil while no such wait runs.
 	letGoHeld chan struct{}
+	// letGoDue takes from RunDue the wait of letGoHold that bounds the wait of a let-go Run
+	// for the next (keepLetGoHoldLocked): that Run is due. Nil while no such wait waits for
+	// it. dueAfter is p.runs at a RunDue that came before that wait began.
+	letGoDue chan (<-chan time.Time)
+	dueAfter int
 	// endRun ends runCtx: the daemon stops (Run's ctx ends without platforms.ErrLetGo, or
 	// WaitInbound). Nil before the first Run.
 	endRun context.CancelCauseFunc
@@ -323,8 +328,8 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	// actor runs Run again in the same ctx, and the next RESUME replays the rest. A ctx that
 	// ends for a stop hands it on. One that ends with platforms.ErrLetGo (a cluster member lets
 	// the gateway connection go, lost or its lease lost) keeps it until this member's next Run,
-	// whose RESUME replays the rest, for letGoHold at most: another member may take the
-	// gateway, and no RESUME of this member's comes.
+	// whose RESUME replays the rest, for letGoHold at most once that Run is due (RunDue):
+	// another member may take the gateway, and no RESUME of this member's comes.
 	// An earlier Run's ctx that ends late (a cluster member's, with platforms.ErrLetGo, once
 	// that Run returned) no longer has the hold: this Run's replay is another, and handed on at
 	// the end of the earlier ctx, it met its own deletions and edits too late.

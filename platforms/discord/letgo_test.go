@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -101,8 +102,58 @@ type letGoWorld struct {
 	dm      string
 	alice   discordtest.User
 	gone    *discordgo.Message
-	bound   chan time.Time
+	clock   *letGoClock
 	resumed func()
+}
+
+// letGoClock is the clock of the let-go's waits (letGoWait): a wait's channel fires once
+// advance has moved the clock past its end.
+type letGoClock struct {
+	mu     sync.Mutex
+	now    time.Duration // since the clock was made
+	timers []letGoTimer
+}
+
+type letGoTimer struct {
+	at time.Duration
+	ch chan time.Time
+}
+
+func (c *letGoClock) after(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	c.timers = append(c.timers, letGoTimer{at: c.now + d, ch: ch})
+	return ch
+}
+
+// advance moves the clock on by d and fires the waits that end by then; it returns how many
+// it fired.
+func (c *letGoClock) advance(d time.Duration) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now += d
+	fired := 0
+	c.timers = slices.DeleteFunc(c.timers, func(tm letGoTimer) bool {
+		if tm.at > c.now {
+			return false
+		}
+		tm.ch <- time.Time{}
+		fired++
+		return true
+	})
+	return fired
+}
+
+// armed returns the waits that have not fired, as how long each has still to run.
+func (c *letGoClock) armed() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var left []time.Duration
+	for _, tm := range c.timers {
+		left = append(left, tm.at-c.now)
+	}
+	return left
 }
 
 func startLetGo(t *testing.T) *letGoWorld {
@@ -118,9 +169,8 @@ func startLetGo(t *testing.T) *letGoWorld {
 	p.SetWithdraw(w.h.withdraw)
 	t.Cleanup(func() { p.WaitInbound(context.Background()) }) // the stop, last
 
-	armed := make(chan time.Duration, 8)
-	w.bound = make(chan time.Time, 1)
-	wait := func(d time.Duration) <-chan time.Time { armed <- d; return w.bound }
+	w.clock = &letGoClock{}
+	wait := w.clock.after
 	letGoWait.Store(&wait)
 	t.Cleanup(func() { letGoWait.Store(nil) })
 	ended := make(chan struct{}, 8)
@@ -165,13 +215,8 @@ func startLetGo(t *testing.T) *letGoWorld {
 	if held != 1 {
 		t.Errorf("the let-go left %d messages held, want the replay's 1 kept", held)
 	}
-	select {
-	case d := <-armed:
-		if d != letGoHold {
-			t.Errorf("the let-go keeps the hold for %v, want %v", d, letGoHold)
-		}
-	default:
-		t.Error("the let-go armed no bound for the hold")
+	if got := w.clock.armed(); !slices.Equal(got, []time.Duration{letGoHoldMost}) {
+		t.Errorf("the let-go armed waits of %v, want %v until the next Run is due", got, letGoHoldMost)
 	}
 	if texts, _, _ := w.h.got(); len(texts) > 0 {
 		t.Errorf("delivered %q before the bound passed, want nothing", texts)
@@ -184,34 +229,32 @@ func startLetGo(t *testing.T) *letGoWorld {
 // lets the gateway go (platforms.ErrLetGo). The hold is kept, as a lost connection keeps it
 // outside a cluster, until this member's next Run, whose RESUME replays the message's
 // deletion, which drops it: never delivered. With no next Run, the message (a new DM's, which
-// another member's read-back does not find) is delivered once the bound (letGoHold) passes,
-// not before, and a stop hands it on at once. Before, the let-go handed it on at once: in a
-// cluster the hold never outlived a lost connection, and the deletion the next RESUME replayed
-// came after the delivery.
+// another member's read-back does not find) is delivered once letGoHold has passed since the
+// Run was due (RunDue: the member waits for the lease another holds), not before, or
+// letGoHoldMost after the let-go when none says it is due; and a stop hands it on at once.
+// Before, the let-go handed it on at once: in a cluster the hold never outlived a lost
+// connection, and the deletion the next RESUME replayed came after the delivery.
 func TestLetGoKeepsAReplaysHoldForAWhile(t *testing.T) {
 	t.Run("this member resumes", func(t *testing.T) {
 		w := startLetGo(t)
-		w.srv.Delete(w.gone.ID)
-		ctx, stop := context.WithCancel(t.Context())
-		done := make(chan error, 1)
-		go func() { done <- w.p.Run(ctx, w.h.deliver) }()
-		t.Cleanup(func() {
-			stop()
-			if err := <-done; err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		})
-		w.srv.WaitFor(t, "the next RESUME", func() bool { return w.srv.Resumes() == 2 && w.srv.Ready() })
-		w.resumed()
-		after := w.srv.Post(discordtest.UserMessage{ChannelID: w.dm, Author: w.alice, Content: "after"})
-		pollFor(t, "the delivery of the message after", func() bool { texts, _, _ := w.h.got(); return slices.Contains(texts, after.Content) })
-		if texts, _, _ := w.h.got(); !slices.Equal(texts, []string{"after"}) {
-			t.Errorf("delivered %q, want only %q: the message deleted before the next RESUME was handed on", texts, "after")
+		w.resumeAndCheck(t)
+	})
+	t.Run("another member holds the lease", func(t *testing.T) {
+		w := startLetGo(t)
+		w.p.RunDue() // the wrapper waits for the lease
+		if n := w.clock.advance(letGoHold - time.Second); n != 0 {
+			t.Errorf("%d waits fired before letGoHold passed, want none", n)
+		}
+		w.clock.advance(time.Second)
+		pollFor(t, "the delivery of the held message", func() bool { texts, _, _ := w.h.got(); return len(texts) > 0 })
+		w.p.WaitInbound(t.Context())
+		if texts, _, _ := w.h.got(); !slices.Equal(texts, []string{w.gone.Content}) {
+			t.Errorf("delivered %q, want %q once", texts, w.gone.Content)
 		}
 	})
-	t.Run("no Run within the bound", func(t *testing.T) {
+	t.Run("no Run said to be due", func(t *testing.T) {
 		w := startLetGo(t)
-		w.bound <- time.Time{}
+		w.clock.advance(letGoHoldMost)
 		pollFor(t, "the delivery of the held message", func() bool { texts, _, _ := w.h.got(); return len(texts) > 0 })
 		w.p.WaitInbound(t.Context())
 		if texts, _, _ := w.h.got(); !slices.Equal(texts, []string{w.gone.Content}) {
@@ -226,6 +269,44 @@ func TestLetGoKeepsAReplaysHoldForAWhile(t *testing.T) {
 			t.Errorf("delivered %q at the stop, want %q", texts, w.gone.Content)
 		}
 	})
+}
+
+// TestLetGoHoldOutlivesALongBackoff: a cluster member lets the gateway go with a replay's
+// message held, and the platform actor waits a backoff longer than letGoHold before it runs
+// the platform again (32 s: a streak's sixth try); the wrapper then says the Run is due, gets
+// the lease and runs it, whose RESUME replays the message's deletion: the message is never
+// delivered. Before, letGoHold was counted from the let-go and passed within the backoff: the
+// message was handed on before the Run, and the bot answered a message its sender had deleted.
+func TestLetGoHoldOutlivesALongBackoff(t *testing.T) {
+	w := startLetGo(t)
+	if n := w.clock.advance(32 * time.Second); n != 0 {
+		t.Errorf("%d waits of the hold ended within the backoff, want none: the hold was handed on before the next Run", n)
+	}
+	w.p.RunDue()
+	w.resumeAndCheck(t)
+}
+
+// resumeAndCheck deletes the held message on Discord, runs the platform again, and checks that
+// its RESUME drops the message: only a message said after it is delivered.
+func (w *letGoWorld) resumeAndCheck(t *testing.T) {
+	t.Helper()
+	w.srv.Delete(w.gone.ID)
+	ctx, stop := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- w.p.Run(ctx, w.h.deliver) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	w.srv.WaitFor(t, "the next RESUME", func() bool { return w.srv.Resumes() == 2 && w.srv.Ready() })
+	w.resumed()
+	after := w.srv.Post(discordtest.UserMessage{ChannelID: w.dm, Author: w.alice, Content: "after"})
+	pollFor(t, "the delivery of the message after", func() bool { texts, _, _ := w.h.got(); return slices.Contains(texts, after.Content) })
+	if texts, _, _ := w.h.got(); !slices.Equal(texts, []string{"after"}) {
+		t.Errorf("delivered %q, want only %q: the message deleted before the next RESUME was handed on", texts, "after")
+	}
 }
 
 // TestLetGoLeavesTheGatewaySessionResumable: a cluster member that lets a live gateway

@@ -24,9 +24,9 @@ import (
 // loss, an idle session ran a message deleted before the next replay. The hold ends otherwise
 // too (INVALID_SESSION and a new IDENTIFY's READY, a refusal for good, a stop), and nothing
 // held is dropped. A cluster member that lets the gateway go (platforms.ErrLetGo: its connection
-// lost, or its lease) keeps the hold as a lost connection does, for letGoHold at most: its next
-// Run RESUMEs, unless another member took the gateway, whose READY reads back the chats it
-// knows and not what this member holds. discordgo resumes whenever it has a gateway session,
+// lost, or its lease) keeps the hold as a lost connection does, for letGoHold at most once its
+// next Run is due (RunDue): that Run RESUMEs, unless another member took the gateway, whose
+// READY reads back the chats it knows and not what this member holds. discordgo resumes whenever it has a gateway session,
 // that is after the first READY, for as long as the Platform lives.
 
 // maxReplayHeld bounds the messages a replay holds (a var: tests lower it). Past it, what is
@@ -58,19 +58,51 @@ func (p *Platform) endReplay() {
 var runEnded atomic.Pointer[func(end func())]
 
 // letGoHold bounds how long a replay's hold outlives a Run whose ctx ended with
-// platforms.ErrLetGo (a cluster member let the gateway go: its connection lost, or its lease).
-// Handed on at once, the hold never outlived a lost connection in a cluster, and a deletion
-// the member's next RESUME replayed came after the delivery: the bot answered a message taken
-// back. Kept until the member's next READY or stop, the messages of a chat no read-back finds
-// (a new DM) sat for hours when another member took the lease: its READY reads back the other
-// chats, deleted messages gone. 30 s covers the member's next Run after a loss (the platform
-// actor's backoff, 1 to 16 s in a streak's first five) and the lease's turn (its checks every
-// 2 s, a dead holder's freed in 10 s), and answers such a message at most that much later.
+// platforms.ErrLetGo (a cluster member let the gateway go: its connection lost, or its lease),
+// from the moment the member's next Run is due (RunDue: its gateway wrapper begins to wait for
+// the lease). Handed on at once, the hold never outlived a lost connection in a cluster, and a
+// deletion the member's next RESUME replayed came after the delivery: the bot answered a
+// message taken back. Kept until the member's next READY or stop, the messages of a chat no
+// read-back finds (a new DM) sat for hours when another member took the lease: its READY reads
+// back the other chats, deleted messages gone. 30 s covers the lease's turn (its checks every
+// 2 s, a dead holder's freed in 10 s), and answers such a message at most that much after the
+// member began to wait for it. Counted from the let-go, it covered the platform actor's backoff
+// before that wait too, and a backoff past 30 s (32 s and 1 min, a streak's sixth try on) handed
+// the hold on before the next Run, whose RESUME replayed the deletions after the delivery
+// (TestLetGoHoldOutlivesALongBackoff).
 const letGoHold = 30 * time.Second
 
-// letGoWait, when set, replaces time.After for the wait of letGoHold (tests fire it). It is
-// called with p.mu held.
+// letGoHoldMost bounds the hold of a let-go whose next Run is never said to be due (RunDue):
+// a wrapper that does not say it. It covers the platform actor's longest backoff (1 min) and
+// letGoHold after it.
+const letGoHoldMost = 2 * time.Minute
+
+// letGoWait, when set, replaces time.After for the waits of letGoHold and letGoHoldMost (tests
+// drive them).
 var letGoWait atomic.Pointer[func(time.Duration) <-chan time.Time]
+
+// letGoAfter returns time.After, or letGoWait when a test set it.
+func letGoAfter() func(time.Duration) <-chan time.Time {
+	if f := letGoWait.Load(); f != nil {
+		return *f
+	}
+	return time.After
+}
+
+// RunDue tells the platform that its next Run is due and waits only for what gates it: a
+// cluster member's gateway wrapper calls it as it begins to wait for the gateway lease, after
+// the platform actor's backoff. What the replay of a Run that let the gateway go holds waits
+// for that Run letGoHold from now at most (keepLetGoHoldLocked), not from the let-go.
+func (p *Platform) RunDue() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.letGoDue != nil {
+		p.letGoDue <- letGoAfter()(letGoHold) // buffered: the wait takes it
+		p.letGoDue = nil
+		return
+	}
+	p.dueAfter = p.runs // before the end of the let-go Run's ctx was handled (endReplayOf)
+}
 
 // endReplayOf ends the hold of a replay as endReplay does, when Run's ctx ends with cause,
 // unless a later Run than run has started: the hold is then that Run's (its RESUME's), which
@@ -94,32 +126,45 @@ func (p *Platform) endReplayOf(run int, cause error) {
 
 // keepLetGoHoldLocked keeps the hold of run's replay after its ctx ended with
 // platforms.ErrLetGo, until the next Run starts (its RESUME replays the rest, and its RESUMED,
-// READY or refusal hands the hold on), a stop hands it on (settle), or letGoHold passes, which
-// hands it on. p.mu is held.
+// READY or refusal hands the hold on), a stop hands it on (settle), or letGoHold passes after
+// that Run is due (RunDue), or letGoHoldMost after the let-go; either hands it on. p.mu is held.
 func (p *Platform) keepLetGoHoldLocked(run int) {
-	after := time.After
-	if f := letGoWait.Load(); f != nil {
-		after = *f
-	}
-	bound := after(letGoHold)
+	after := letGoAfter()
 	p.endLetGoWaitLocked()
+	most := after(letGoHoldMost)
+	var bound <-chan time.Time
+	due := make(chan (<-chan time.Time), 1)
+	if p.dueAfter == run {
+		bound = after(letGoHold) // RunDue came first
+	} else {
+		p.letGoDue = due
+	}
 	next := make(chan struct{})
 	p.letGoHeld = next
 	stopped := p.runCtx.Done()
 	go func() {
-		select {
-		case <-bound:
+		for {
+			select {
+			case bound = <-due:
+				due = nil
+				continue
+			case <-bound:
+			case <-most:
+			case <-next: // the next Run's replay has the hold
+				return
+			case <-stopped: // the stop handed it on
+				return
+			}
 			p.mu.Lock()
 			defer p.mu.Unlock()
 			if p.runs != run {
 				return // the next Run started as the bound passed: its replay has the hold
 			}
 			if len(p.held) > 0 {
-				p.log.Debug("discord replay's hold handed on: the gateway was not taken again in time", "held", len(p.held), "after", letGoHold)
+				p.log.Debug("discord replay's hold handed on: the gateway was not taken again in time", "held", len(p.held))
 			}
 			p.endReplayLocked()
-		case <-next: // the next Run's replay has the hold
-		case <-stopped: // the stop handed it on
+			return
 		}
 	}()
 }
@@ -127,6 +172,7 @@ func (p *Platform) keepLetGoHoldLocked(run int) {
 // endLetGoWaitLocked ends the wait of an earlier Run's let-go for its hold
 // (keepLetGoHoldLocked): the Run starting now has it. p.mu is held.
 func (p *Platform) endLetGoWaitLocked() {
+	p.letGoDue = nil // a RunDue from now on is of the next let-go's
 	if p.letGoHeld != nil {
 		close(p.letGoHeld)
 		p.letGoHeld = nil
