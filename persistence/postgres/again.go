@@ -62,7 +62,9 @@ func (s *Store) attempt(ctx context.Context, second bool, f func(c *pgxpool.Conn
 
 // again runs f on a connection of the pool, and once more on another when the first was dead
 // (attempt). f must be safe to run twice: a read, or a write that changes nothing the second
-// time (the first may have taken effect before its connection broke).
+// time (the first may have taken effect before its connection broke). It builds its pgx.Batch
+// afresh each time: a batch sent keeps the statements pgx prepared for it on its connection,
+// which another connection lacks.
 func (s *Store) again(ctx context.Context, f func(c *pgxpool.Conn) error) error {
 	dead, err := s.attempt(ctx, false, f)
 	if dead {
@@ -75,7 +77,7 @@ func (s *Store) again(ctx context.Context, f func(c *pgxpool.Conn) error) error 
 // once more on another connection when the first was dead before the COMMIT was sent: the
 // server commits nothing without one, and ends the transaction with its session. Once COMMIT is
 // sent, a failure is not tried again: whether the server committed is not known. f sets what
-// it fills afresh at each run.
+// it fills afresh at each run, and builds its batches afresh (again).
 func (s *Store) inTx(ctx context.Context, opts pgx.TxOptions, f func(tx pgx.Tx) error) error {
 	var sent bool
 	run := func(c *pgxpool.Conn) error {

@@ -149,6 +149,7 @@ func TestConnectionEndedAfterItsAcquisitionFailsNoCall(t *testing.T) {
 		{"listing", func() error { _, err := s.ListSessions(ctx, persistence.ListFilter{}); return err }},
 		{"load session", func() error { _, err := s.LoadSession(ctx, "k0", 10, 10); return err }},
 		{"transaction", func() error { _, err := s.Pardon(ctx, "k0"); return err }},
+		{"batch", func() error { _, err := s.Holders(ctx, "c", []string{"k0"}, time.Minute); return err }},
 		{"ping", func() error { return s.Ping(ctx) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

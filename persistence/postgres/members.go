@@ -317,12 +317,14 @@ func (s *Store) Holders(ctx context.Context, cluster string, keys []string, ttl 
 		return nil, fmt.Errorf("holders of %d keys: %w", len(keys), err)
 	}
 	defer done()
-	b := &pgx.Batch{}
-	for chunk := range slices.Chunk(keys, holdersPerQuery) {
-		b.Queue(holdersSQL, chunk, cluster, ttl.Seconds())
-	}
 	err = s.again(ctx, func(c *pgxpool.Conn) (err error) {
 		clear(out)
+		// A batch of its own for each connection: pgx keeps in a sent batch's queries the
+		// statements it prepared on the connection it was sent on.
+		b := &pgx.Batch{}
+		for chunk := range slices.Chunk(keys, holdersPerQuery) {
+			b.Queue(holdersSQL, chunk, cluster, ttl.Seconds())
+		}
 		br := c.SendBatch(ctx, b)
 		for range b.Len() {
 			var rows pgx.Rows
