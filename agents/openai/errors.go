@@ -98,8 +98,10 @@ func (e *StatusError) retryable() bool {
 // agents.Refusal that tells the user why (otherwise it returns err): they were told to try
 // again, which could only fail the same way. every is set when the endpoint refuses every
 // request the same way, whatever it holds (refusesEvery): the notice then says the fault is
-// the configuration's or the endpoint's.
-func (a *Agent) refusal(err error, every bool) error {
+// the configuration's or the endpoint's. probed is set when err refused the request sent again
+// without the earlier messages that got no answer: the rest of the conversation may be at
+// fault, and the notice names /new.
+func (a *Agent) refusal(err error, every, probed bool) error {
 	if errors.Is(err, ErrTooLarge) {
 		return &agents.Refusal{Notice: fmt.Sprintf("its model endpoint sent an answer larger than agentgate reads (%d MiB), which the operator has to look into", MaxBody>>20), Err: err}
 	}
@@ -134,10 +136,15 @@ func (a *Agent) refusal(err error, every bool) error {
 		// OpenAI's "max_tokens is too large" or a temperature the model does not take, with
 		// their param: no message is at fault.
 		notice = "its model endpoint refused the request for a setting of the agent, which the operator has to fix; this message is sent again with your next one"
+	case probed:
+		// Refused also without the earlier unanswered messages, while the endpoint answers
+		// other requests (not every): this message, or an older one of the conversation,
+		// which only a fresh session leaves behind.
+		notice = "its model endpoint refused the request, also without the earlier messages that got no answer; this message is sent again with your next one, and if that is refused too, send /new to start a fresh session"
 	case se.Code == http.StatusBadRequest || se.Code == http.StatusUnprocessableEntity:
 		// For what the request holds: a message the endpoint cannot take, or the agent's
-		// configuration. Run has already sent it again without the earlier unanswered messages
-		// where it carried any (refusesWhatItHolds), and that was refused too.
+		// configuration. It carried no earlier unanswered messages to send it again without
+		// (refusesWhatItHolds), or it was a call for steered messages.
 		notice = "its model endpoint refused the request; this message is sent again with your next one, and left out only if the endpoint then takes that one without it"
 	default:
 		return err

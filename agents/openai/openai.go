@@ -311,7 +311,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			takeSteer = nil // the last call: every message taken must be answered
 		}
 		res, steered, open, err := a.send(ctx, msgs, partial, takeSteer, stream, log)
-		every := false
+		every, probed := false, false
 		if se, ok := a.refusesWhatItHolds(err); ok && round == 0 {
 			// Refused for what it holds, without a word of what: the earlier messages that got
 			// no answer, sent along merged into the turn's own, may be at fault, or the
@@ -340,8 +340,10 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 					*conv = probe
 				case refused && pse.Code == se.Code && pse.Message == se.Message:
 					every = a.refusesEvery(se, req.Identity.SessionKey, true, log)
+					probed = true
 				default:
 					err = perr // what the endpoint says of the request it would take
+					probed = refused
 				}
 			}
 		}
@@ -362,7 +364,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 			}
 			// The messages taken during the failed call never reached the model: they run
 			// next, one turn each, not fail (or, declined, be left out) with this one's.
-			return unseen(spent(usage), len(steered)), a.refusal(a.overflowed(err, log), every)
+			return unseen(spent(usage), len(steered)), a.refusal(a.overflowed(err, log), every, probed)
 		}
 		text := strings.TrimSpace(res.text)
 		if text == "" && len(answers) == 0 {

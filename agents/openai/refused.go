@@ -11,13 +11,17 @@ import (
 )
 
 // refusalLog is the endpoint's last refusal of what a request held (refusesWhatItHolds), and
-// whether it was found to refuse every request so (Agent.refusesEvery). An answer clears it.
+// whether it was found to refuse every request so (Agent.refusesEvery). An answer clears it,
+// and sets answered.
 type refusalLog struct {
 	mu      sync.Mutex
 	code    int
 	message string
 	session string // the session whose request it refused
 	every   bool
+	// answered is set when the endpoint answered a request after the last refusal noted (or
+	// since the start, when none is): it takes other requests, whatever this one's refusals.
+	answered bool
 }
 
 // answered notes that the endpoint answered a request: a refusal after it is a message's again
@@ -25,25 +29,30 @@ type refusalLog struct {
 func (a *Agent) answered() {
 	r := &a.refusals
 	r.mu.Lock()
-	r.code, r.message, r.session, r.every = 0, "", "", false
+	r.code, r.message, r.session, r.every, r.answered = 0, "", "", false, true
 	r.mu.Unlock()
 }
 
 // refusesEvery notes se, the endpoint's refusal of what a request of session held, and reports
 // whether the endpoint refuses every request so, whatever it holds: the same request without
 // the earlier unanswered messages was refused the same way (probed: the status and the message
-// alike), or another session's request was, with no request answered in between, or it was
-// already found to. The configuration (a model some servers refuse with a bare 400, a proxy
-// that refuses what it does not know) or the endpoint is then at fault, not a message: nothing
-// is left out, and the operator is told once with an ERR, again only for another refusal or
-// after an answer. A message the endpoint cannot take, sent again by its sender, looks the same
-// to a probe; the next message other than it gets past (its probe is answered), and leaves it
-// out then.
+// alike) with no request answered since the last refusal noted, or another session's request
+// was, with no request answered in between, or it was already found to. The configuration (a
+// model some servers refuse with a bare 400, a proxy that refuses what it does not know) or the
+// endpoint is then at fault, not a message: nothing is left out, and the operator is told once
+// with an ERR, again only for another refusal or after an answer. A probe refused while the
+// endpoint answers other requests shows only that the rest of this conversation is refused (an
+// answered message the endpoint now refuses, or a conversation too long in words tooLong does
+// not know): not every request, and the notice names /new (before, such a chat was told the
+// endpoint refuses every request at each turn, never /new, and logged the ERR at each). A
+// message the endpoint cannot take, sent again by its sender, looks the same to a probe; the
+// next message other than it gets past (its probe is answered), and leaves it out then.
 func (a *Agent) refusesEvery(se *StatusError, session string, probed bool, log *slog.Logger) bool {
 	r := &a.refusals
 	r.mu.Lock()
 	same := r.code == se.Code && r.message == se.Message
-	every := probed || same && (r.every || r.session != session)
+	every := probed && !r.answered || same && (r.every || r.session != session)
+	r.answered = false
 	told := same && r.every
 	r.code, r.message, r.session, r.every = se.Code, se.Message, session, every
 	r.mu.Unlock()

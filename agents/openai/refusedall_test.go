@@ -181,3 +181,49 @@ func TestMaxTokensLargerThanTheContext(t *testing.T) {
 		})
 	}
 }
+
+// TestConversationRefusedWhileOthersAreAnswered: a session whose request the endpoint refuses
+// without saying why, also when sent again without the earlier messages that got no answer,
+// while it answers other sessions' requests in between, is refused for something its
+// conversation holds (an answered message the endpoint now refuses, a conversation too long in
+// words the agent does not know), not every request: the notice names /new, and the operator
+// gets no ERR. Before, each such turn told its sender the endpoint refuses every request and
+// never named /new, so the chat stayed refused for ever, and each logged the ERR again (any
+// answer in between cleared it).
+func TestConversationRefusedWhileOthersAreAnswered(t *testing.T) {
+	const poison = "an answered message the endpoint now refuses"
+	var m *openaitest.Model
+	m = openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(m.Requests()[n-1].Body, poison) {
+			openaitest.Status(http.StatusBadRequest, `{"error":{"message":"Bad Request"}}`)(w, r)
+			return
+		}
+		openaitest.WriteReply(w, "ok", 1, 1)
+	})
+	var logs bytes.Buffer
+	a := MustAgent(t, m, &logs, nil, nil)
+	poisoned := &agents.Request{
+		Identity: identity.Turn{SessionKey: "s1", TurnID: "t_1"},
+		History:  []agents.Message{msg("user", poison), msg("assistant", "hi there"), msg("user", "an earlier question")},
+		Messages: []agents.Message{msg("user", "and what else?")},
+	}
+	for i := range 2 {
+		if _, err := a.Run(t.Context(), &agents.Request{Identity: identity.Turn{SessionKey: "s2", TurnID: "t_1"}, Messages: []agents.Message{msg("user", "hi")}}); err != nil {
+			t.Fatalf("s2's Run: %v", err)
+		}
+		resp, err := a.Run(t.Context(), poisoned)
+		ref, ok := errors.AsType[*agents.Refusal](err)
+		if !ok {
+			t.Fatalf("s1's Run %d error = %v, want a Refusal", i+1, err)
+		}
+		if strings.Contains(ref.Notice, "refuses every request") || !strings.Contains(ref.Notice, "/new") {
+			t.Errorf("s1's Run %d notice = %q, want one that names /new, not one saying the endpoint refuses every request", i+1, ref.Notice)
+		}
+		if resp != nil && resp.RidersLeftOut {
+			t.Errorf("s1's Run %d left the riders out", i+1)
+		}
+	}
+	if strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("logs hold an ERR, want none (the endpoint answers other sessions):\n%s", logs.String())
+	}
+}
