@@ -70,8 +70,8 @@
 // answered in between, the endpoint refuses every request (refusesEvery): nothing is left out,
 // the notice says so, and one ERR tells the operator. Refused while the endpoint answers other
 // requests, nothing is left out either, and the notice names /new: the rest of the
-// conversation may be at fault.
-// A refusal that max_tokens does not fit in
+// conversation may be at fault. The request without them is the same call in another form: its
+// retries count on from the refused request's. A refusal that max_tokens does not fit in
 // the model's context next to the input (vLLM's wordings: contextOverflowOf) says it is the
 // max_tokens setting when that is the context or more, or the input alone fits, with an ERR.
 //

@@ -310,7 +310,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 		if round >= MaxSteerRounds {
 			takeSteer = nil // the last call: every message taken must be answered
 		}
-		res, steered, open, err := a.send(ctx, msgs, partial, takeSteer, stream, log)
+		res, steered, open, retried, err := a.send(ctx, msgs, partial, takeSteer, stream, 0, log)
 		every, probed := false, false
 		if se, ok := a.refusesWhatItHolds(err); ok && round == 0 {
 			// Refused for what it holds, without a word of what: the earlier messages that got
@@ -332,7 +332,10 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 				if !open {
 					takeSteer = nil
 				}
-				pres, more, stillOpen, perr := a.send(ctx, pm, partial, takeSteer, stream, log)
+				// Its retries count on from the refused request's: the call is retried
+				// max_retries times in all, as in the form a refusal asks for (send), not as
+				// often again without the riders.
+				pres, more, stillOpen, _, perr := a.send(ctx, pm, partial, takeSteer, stream, retried, log)
 				steered, open = append(steered, more...), open && stillOpen
 				switch pse, refused := a.refusesWhatItHolds(perr); {
 				case perr == nil:
@@ -547,9 +550,10 @@ func spent(u agents.Usage) *agents.Response {
 // messages were steered in meanwhile (they join the call after it, as if taken during this one),
 // and also when another turn's request met the refusal first: this one was sent before the
 // switch. Each form changes one parameter for good, so a call is sent again at most twice; its
-// retries count on. It returns what round does, but the count of retries.
-func (a *Agent) send(ctx context.Context, msgs []chatMessage, partial func(string), steer <-chan agents.Message, stream bool, log *slog.Logger) (*result, []agents.Message, bool, error) {
-	res, steered, open, retried, err := a.round(ctx, msgs, partial, steer, 0, log)
+// retries count on from retried, those of the call before it of which it is another form. It
+// returns what round does.
+func (a *Agent) send(ctx context.Context, msgs []chatMessage, partial func(string), steer <-chan agents.Message, stream bool, retried int, log *slog.Logger) (*result, []agents.Message, bool, int, error) {
+	res, steered, open, retried, err := a.round(ctx, msgs, partial, steer, retried, log)
 	for err != nil && a.adapt(err, stream, log) {
 		if !open {
 			steer = nil
@@ -559,7 +563,7 @@ func (a *Agent) send(ctx context.Context, msgs []chatMessage, partial func(strin
 		res, more, stillOpen, retried, err = a.round(ctx, msgs, partial, steer, retried, log)
 		steered, open = append(steered, more...), open && stillOpen
 	}
-	return res, steered, open, err
+	return res, steered, open, retried, err
 }
 
 // round makes one model call (with its retries, counted on from retried: see call) and, while

@@ -227,3 +227,22 @@ func TestConversationRefusedWhileOthersAreAnswered(t *testing.T) {
 		t.Errorf("logs hold an ERR, want none (the endpoint answers other sessions):\n%s", logs.String())
 	}
 }
+
+// TestRequestWithoutTheRidersCountsItsRetriesOn: the request sent again without the earlier
+// messages that got no answer is the same call in another form: its retries count on from the
+// refused request's, max_retries in all, as a form a refusal asks for does. Before, it was
+// retried max_retries times again: a turn made twice the requests, and waited twice the
+// backoffs, against an endpoint in trouble.
+func TestRequestWithoutTheRidersCountsItsRetriesOn(t *testing.T) {
+	unavailable := openaitest.Status(http.StatusServiceUnavailable, "")
+	m := newFakeModel(t, unavailable, openaitest.Status(http.StatusBadRequest, ""), unavailable)
+	a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.MaxRetries = 2 })
+	_, err := a.Run(t.Context(), ridersRequest("s1", "an earlier question", "and what else?"))
+	if se, ok := errors.AsType[*openai.StatusError](err); !ok || se.Code != http.StatusServiceUnavailable {
+		t.Fatalf("Run error = %v, want the 503 of the request without the rider", err)
+	}
+	// The request (503, retried: 400), then without the rider (503, retried: 503).
+	if got := m.Count(); got != 4 {
+		t.Errorf("the model got %d requests, want 4 (2 retries in all)", got)
+	}
+}
