@@ -509,18 +509,17 @@ const (
 
 // withoutCutNote returns an assistant message of the history without the notes cutNote and
 // ridersNote appended to it: a note is for the user, and a model shown it in its own words may
-// take to writing it.
+// take to writing it. A note ends the answer it was appended to, which the answers to messages
+// steered into the turn follow, a blank line apart (Run joins them): it is taken out there too.
+// Before, only a note that ended the reply was, and the rider note of a turn that answered a
+// steered message after it was shown to the model at every later turn.
 func withoutCutNote(text string) string {
-	// A cut reply whose request left riders out ends with both notes.
-	if t, ok := strings.CutSuffix(text, "\n\n"+noteRiderLeftOut); ok {
-		text = t
-	} else if t, ok := strings.CutSuffix(text, "\n\n"+noteRidersLeftOut); ok {
-		text = t
+	if !strings.Contains(text, "\n\n[") {
+		return text // no note: the common case costs no copy
 	}
-	for _, note := range []string{noteTooLong, noteLengthLimit, noteContentFilter, noteToolCall} {
-		if t, ok := strings.CutSuffix(text, "\n\n"+note); ok {
-			return t
-		}
+	for _, note := range []string{noteRiderLeftOut, noteRidersLeftOut, noteTooLong, noteLengthLimit, noteContentFilter, noteToolCall} {
+		text = strings.ReplaceAll(text, "\n\n"+note+"\n\n", "\n\n")
+		text, _ = strings.CutSuffix(text, "\n\n"+note)
 	}
 	return text
 }

@@ -228,6 +228,53 @@ func TestConversationRefusedWhileOthersAreAnswered(t *testing.T) {
 	}
 }
 
+// TestRidersNoteLeftOutOfHistoryAfterASteeredAnswer: the note of a reply whose request left
+// the riders out is the user's, also when a steered message's answer follows it in the turn's
+// reply (the note then sits between the two answers): a later turn gives the model the reply
+// without it. Before, only a note at the reply's end was taken out.
+func TestRidersNoteLeftOutOfHistoryAfterASteeredAnswer(t *testing.T) {
+	const bad = "a message the endpoint cannot take"
+	release := make(chan struct{})
+	var m *openaitest.Model
+	m = openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		body := m.Requests()[n-1].Body
+		switch {
+		case strings.Contains(body, bad):
+			openaitest.Status(http.StatusBadRequest, `{"error":{"message":"Bad Request"}}`)(w, r)
+		case n == 2: // the request without the rider: answered once a message was steered in
+			<-release
+			openaitest.WriteReply(w, "First answer.", 1, 1)
+		default:
+			openaitest.WriteReply(w, "Second answer.", 1, 1)
+		}
+	})
+	a := MustAgent(t, m, nil, nil, nil)
+	steer := make(chan agents.Message) // unbuffered: a send returns once the agent took it
+	done := make(chan ran, 1)
+	go func() {
+		req := ridersRequest("s1", bad, "and what else?")
+		req.Steer = steer
+		resp, err := a.Run(t.Context(), req)
+		done <- ran{resp, err}
+	}()
+	m.WaitRequests(t, 2) // the probe, held
+	steer <- msg("user", "and also this")
+	close(release)
+	got := <-done
+	close(steer)
+	if got.err != nil || !got.resp.RidersLeftOut || !strings.Contains(got.resp.Text, "left out") || !strings.HasSuffix(got.resp.Text, "Second answer.") {
+		t.Fatalf("Run = %+v, %v; want both answers, the note after the first, and RidersLeftOut", got.resp, got.err)
+	}
+	_, err := a.Run(t.Context(), &agents.Request{History: []agents.Message{msg("user", "and what else?"), msg("user", "and also this"), msg("assistant", got.resp.Text)},
+		Messages: []agents.Message{msg("user", "next")}})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if body := m.Body(t, m.Count()); strings.Contains(body, "left out") || !strings.Contains(body, `First answer.\n\nSecond answer.`) {
+		t.Errorf("the next turn's request = %s, want the reply without its note", body)
+	}
+}
+
 // TestRequestWithoutTheRidersCountsItsRetriesOn: the request sent again without the earlier
 // messages that got no answer is the same call in another form: its retries count on from the
 // refused request's, max_retries in all, as a form a refusal asks for does. Before, it was
