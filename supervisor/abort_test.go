@@ -2,7 +2,9 @@ package supervisor
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents/echo"
+	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/persistence"
 )
 
@@ -86,5 +89,45 @@ func TestAbortKillsWithoutBlamingAServiceManager(t *testing.T) {
 		if strings.Contains(l, "KillMode=mixed") && !strings.Contains(l, "level=DEBUG") {
 			t.Errorf("the log after Abort blames a service manager for the command it killed itself:\n%s", l)
 		}
+	}
+}
+
+// TestAbortGivenOnceTheRunIsRecorded: Start gives Options.Abortable its Abort once the run is
+// in the store (and before the sessions start): an Abort called right then, as serve's second
+// stop signal during the start calls it, records the clean stop, so the exit that follows is
+// not counted as an unclean stop at the next start. Before, nothing gave serve's start-time
+// signal reader Abort, and it exited without the clean stop.
+func TestAbortGivenOnceTheRunIsRecorded(t *testing.T) {
+	cfg := config.Default()
+	cfg.DataDir, cfg.HTTP.Addr = t.TempDir(), "127.0.0.1:0"
+	var logs logSignal
+	given := 0
+	d, err := Start(t.Context(), cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Agent: echo.New(),
+		Abortable: func(abort func()) {
+			given++
+			abort() // a second signal in the instant Start gives it
+		}})
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	defer func() { _ = d.Stop(context.Background()) }()
+	if given != 1 {
+		t.Errorf("Start gave Abort %d times, want once", given)
+	}
+	db, err := sql.Open("sqlite", "file:"+cfg.DSN()+"?mode=ro&_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var run string
+	var started sql.NullInt64
+	if err := db.QueryRow(`SELECT run, started_at FROM daemon_run WHERE one = 1`).Scan(&run, &started); err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case !started.Valid:
+		t.Errorf("no run recorded: Abort was given before the run was in the store, which it then kept out\n%s", logs.String())
+	case run != "":
+		t.Errorf("after an Abort during the start the database names run %s as running: the next start counts an unclean stop\n%s", run, logs.String())
 	}
 }

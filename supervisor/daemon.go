@@ -73,6 +73,15 @@ type Options struct {
 	// replays it). Before, nothing heard a stop signal until Start returned, and a long replay
 	// that kept taking batches out of the spool ignored SIGTERM until it ended. May be nil.
 	Stop <-chan struct{}
+	// Abortable, when set, is called once from Start as soon as an exit at once would leave
+	// behind what Daemon.Abort sees to: once the start has recorded its run in the store (an
+	// exit without the clean stop makes the next start count an unclean stop, a strike against
+	// each session's running message), before the sessions and platforms start (a turn's exec
+	// agent can run from then on). It is given Abort, which may be called from any goroutine
+	// from then on, also while the start goes on (`agentgate serve`'s second stop signal during
+	// the start). Before, serve's second signal during the start, or in the instant after Start
+	// returned, exited without Abort: the clean stop unrecorded, the agents' commands running on.
+	Abortable func(abort func())
 }
 
 // ErrStopped is Start's error when its owner asked it to stop (Options.Stop) before it was done.
@@ -442,6 +451,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 					d.stopChildren(context.Background(), nil)
 					return nil, fmt.Errorf("start: record the daemon's run: %w", err)
 				}
+			}
+			if opts.Abortable != nil {
+				opts.Abortable(d.Abort)
 			}
 		case strings.HasPrefix(ch.Name, "platform-"):
 			d.deps.Platforms[strings.TrimPrefix(ch.Name, "platform-")] = pid

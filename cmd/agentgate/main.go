@@ -426,10 +426,16 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	// The signals are heard during the start too: it waits for the replay of the spool the
 	// last run left for as long as the replay takes batches out of it, and that may be long.
+	// A second signal exits through one path whenever it comes (ab.exit): during the start,
+	// in the instant between Start's return and the end of the start's reader, and in the stop.
 	stop, started := make(chan struct{}), make(chan struct{})
+	var ab aborter
 	heard := make(chan bool, 1)
-	go func() { heard <- awaitStartSignal(sigs, stop, started, log) }() // ends with the start
-	d, err := supervisor.Start(ctx, cfg, log, supervisor.Options{Stop: stop})
+	go func() { heard <- awaitStartSignal(sigs, stop, started, &ab, log) }() // ends with the start
+	d, err := supervisor.Start(ctx, cfg, log, supervisor.Options{Stop: stop, Abortable: ab.set})
+	if testHookStartReturned != nil {
+		testHookStartReturned()
+	}
 	close(started)
 	signalled := <-heard
 	if errors.Is(err, supervisor.ErrStopped) {
@@ -446,8 +452,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var exit exitGate
 	go func() {
 		if awaitSecondSignal(sigs, signalled, &exit, log) {
-			d.Abort()
-			os.Exit(2)
+			ab.exit()
 		}
 	}()
 	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.Shutdown.DrainTimeout+config.StopMargin)
@@ -476,6 +481,43 @@ func stopResult(stopErr, fatal error, fatals <-chan error) error {
 		}
 	}
 	return fatal
+}
+
+// exitProcess is os.Exit; a test of a second signal's exit replaces it.
+var exitProcess = os.Exit
+
+// testHookStartReturned, when set, runs in serve between Start's return and the end of the
+// start's signal reader, for a test to send its signals in that instant.
+var testHookStartReturned func()
+
+// aborter is what a second stop signal does before the process exits: Daemon.Abort, once the
+// start has given it (supervisor.Options.Abortable: from the record of the run on), which
+// kills the exec agent's commands with what they started and records the clean stop. Both
+// signal readers exit through it. Before, the start's reader exited without Abort, also when
+// it took the second signal in the instant after Start returned, before serve's own reader
+// began: the commands ran on, and the next start counted an unclean stop (a strike against
+// each session's running message) (TestSecondSignalAsTheStartReturns).
+type aborter struct {
+	mu    sync.Mutex
+	abort func()
+}
+
+// set is supervisor.Options.Abortable.
+func (a *aborter) set(abort func()) {
+	a.mu.Lock()
+	a.abort = abort
+	a.mu.Unlock()
+}
+
+// exit aborts the daemon, if the start got as far as that matters, and exits with status 2.
+func (a *aborter) exit() {
+	a.mu.Lock()
+	abort := a.abort
+	a.mu.Unlock()
+	if abort != nil {
+		abort()
+	}
+	exitProcess(2)
 }
 
 // exitGate lets the first of a stop's end and its second signal set the exit status. Before,
@@ -540,10 +582,10 @@ func awaitStop(ctx context.Context, sigs <-chan os.Signal, fatals <-chan error, 
 // reports whether one came. The first closes stop (supervisor.Options.Stop): the start ends
 // without waiting for the rest of the replay of the spool, and the daemon stops (a start that
 // was past it stops as after a signal once it serves). A second SIGINT or SIGTERM exits at once,
-// as in the drain (awaitSecondSignal). Before, no signal was read until the start returned: a
-// long replay of the spool ignored SIGTERM and Ctrl-C until it ended, and a service manager
-// killed the daemon at its stop timeout.
-func awaitStartSignal(sigs <-chan os.Signal, stop chan<- struct{}, started <-chan struct{}, log *slog.Logger) bool {
+// as in the drain (awaitSecondSignal), through ab as there. Before, no signal was read until
+// the start returned: a long replay of the spool ignored SIGTERM and Ctrl-C until it ended, and
+// a service manager killed the daemon at its stop timeout.
+func awaitStartSignal(sigs <-chan os.Signal, stop chan<- struct{}, started <-chan struct{}, ab *aborter, log *slog.Logger) bool {
 	signalled := false
 	for {
 		select {
@@ -560,7 +602,7 @@ func awaitStartSignal(sigs <-chan os.Signal, stop chan<- struct{}, started <-cha
 				log.Info("hangup received (SIGHUP) during the start's stop; it goes on: a second SIGINT or SIGTERM exits at once", "signal", sig.String())
 			default:
 				log.Warn("second signal; exiting now", "signal", sig.String())
-				os.Exit(2)
+				ab.exit()
 			}
 		}
 	}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"database/sql"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -80,4 +82,68 @@ func TestSIGTERMDuringTheStartsReplay(t *testing.T) {
 	if got := stderr.String(); !strings.Contains(got, "stopped with writes waiting in the spool") || strings.Contains(got, "agentgate started") {
 		t.Errorf("the daemon's log says nothing of the writes left in the spool, or that it started:\n%s", got)
 	}
+}
+
+// TestSecondSignalAsTheStartReturns: a second stop signal that the start's signal reader takes
+// in the instant after Start returned, before serve's own reader begins, exits as one during
+// the drain does: Daemon.Abort first (the exec agents' commands killed, the clean stop
+// recorded), then exit status 2. Before, that reader exited 2 at once: the commands ran on, and
+// the next start counted an unclean stop, a strike against each session's running message.
+// serve runs in the test's process, its exit replaced, and the signals are sent in that
+// instant (testHookStartReturned): a SIGTERM and a SIGINT, two signals the kernel does not
+// merge into one.
+func TestSecondSignalAsTheStartReturns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a daemon")
+	}
+	dataDir := t.TempDir()
+	// The run the database names when the process would exit: "" once the clean stop is in.
+	exited := make(chan string, 1)
+	exitProcess = func(code int) {
+		if code != 2 {
+			t.Errorf("exit status %d at a second signal, want 2", code)
+		}
+		exited <- runRecorded(t, dataDir)
+	}
+	var atExit string
+	testHookStartReturned = func() {
+		for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+			if err := syscall.Kill(os.Getpid(), sig); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case atExit = <-exited:
+		case <-time.After(30 * time.Second):
+			t.Error("no exit within 30 s of two stop signals as the start returned")
+		}
+	}
+	t.Cleanup(func() { exitProcess, testHookStartReturned = os.Exit, nil })
+	var stderr testutil.Buffer
+	err := serve(t.Context(), []string{"--data-dir", dataDir, "--http-addr", "127.0.0.1:0"}, io.Discard, &stderr)
+	if err != nil {
+		t.Errorf("serve: %v", err)
+	}
+	if atExit != "" {
+		t.Errorf("the database still names run %s as running when a second signal exits: the next start counts an unclean stop\n%s", atExit, stderr.String())
+	}
+	if got := stderr.String(); !strings.Contains(got, "second signal; exiting now") {
+		t.Errorf("serve's log says nothing of the second signal:\n%s", got)
+	}
+}
+
+// runRecorded is the daemon run the SQLite database in dataDir names as running (daemon_run):
+// "" when the last run recorded its clean stop.
+func runRecorded(t *testing.T, dataDir string) string {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dataDir, "agentgate.db")+"?mode=ro&_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var run string
+	if err := db.QueryRow(`SELECT run FROM daemon_run WHERE one = 1`).Scan(&run); err != nil {
+		t.Errorf("read the daemon's run: %v", err)
+	}
+	return run
 }
