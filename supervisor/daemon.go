@@ -84,6 +84,31 @@ type Options struct {
 	Abortable func(abort func())
 }
 
+// stopContext is ctx, also ended once stop is closed (a nil stop never is); cancel releases it.
+func stopContext(ctx context.Context, stop <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	if stop != nil {
+		go func() { // ends with ctx, which cancel ends
+			select {
+			case <-stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	return ctx, cancel
+}
+
+// isClosed reports whether ch is closed (a nil ch never is).
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
 // ErrStopped is Start's error when its owner asked it to stop (Options.Stop) before it was done.
 var ErrStopped = errors.New("start: stopped before the daemon served")
 
@@ -312,7 +337,17 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	// Before, with a store.dsn outside data_dir, it made a new, empty database there, and its
 	// lock file, and logged it, only to be refused.
 	if !opts.SharedStore {
-		if d.dirLock, err = lockDataDirWaiting(ctx, cfg.DataDir, log); err != nil {
+		// A stop asked for while the start waits for an admin command to let the directory go
+		// (up to adminLockWait) ends the wait: before, the signal was acted on only once the
+		// wait was over (TestStopWhileTheStartWaitsForTheDataDir).
+		waitCtx, endWait := stopContext(ctx, opts.Stop)
+		d.dirLock, err = lockDataDirWaiting(waitCtx, cfg.DataDir, log)
+		endWait()
+		if err != nil && isClosed(opts.Stop) {
+			log.Info("asked to stop during the start while it waited for the admin command that holds the data directory; stopped without opening the store")
+			return nil, ErrStopped
+		}
+		if err != nil {
 			return nil, fmt.Errorf("start: %w", err)
 		}
 		if d.spool, err = spool.Open(filepath.Join(cfg.DataDir, "spool")); err != nil {
