@@ -126,6 +126,8 @@ type Daemon struct {
 	// spoolLeft is the batches waiting in the spool, as the persistence actor last said
 	// (ActorOptions.SpoolFiles): the start's barrier watches its replay by it (awaitReplay).
 	spoolLeft atomic.Int64
+	// startPhase is what the start is doing, for /readyz while it runs (startStatus).
+	startPhase atomic.Pointer[string]
 	// persist is the persistence actor once it is spawned (nil before), for the store's hook
 	// that runs on the store's own goroutine (storeRecovered).
 	persist atomic.Pointer[actor.PID]
@@ -251,6 +253,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			if d.dirLock != nil {
 				_ = d.dirLock.Close()
 			}
+			if d.http != nil {
+				d.http.Close() // the start's server and the listener, unless Run took them
+			}
 		}
 	}()
 	if d.agent = opts.Agent; d.agent == nil {
@@ -332,6 +337,13 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		}
 		return nil, fmt.Errorf("start: %w", err)
 	}
+	// From here the listener answers (ServeStarting): /healthz 200, /readyz 503 saying what the
+	// start waits for, the rest 503 starting. The start may take minutes (a spool's replay),
+	// and a liveness probe that got no answer killed a daemon making progress.
+	d.phase(phaseDataDir)
+	if err := d.http.ServeStarting(d.startStatus); err != nil {
+		return nil, fmt.Errorf("start: %w", err)
+	}
 	// The data directory's lock and the spool come before the store too: a start refused for a
 	// data directory another daemon holds, or for a spool it cannot write, opens no database.
 	// Before, with a store.dsn outside data_dir, it made a new, empty database there, and its
@@ -357,6 +369,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	} else {
 		warnSpoolLeft(log, cfg.DataDir)
 	}
+	d.phase(phaseStore)
 	corrupt := func() { d.metrics.StoreCorrupt.Set(1) }
 	if d.store, err = openStore(ctx, cfg, log.With("component", "persistence"), !opts.SharedStore, corrupt, d.storeRecovered); err != nil {
 		return nil, fmt.Errorf("start: open store: %w", err)
@@ -459,6 +472,11 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		top[ch.Name] = true
 	}
 	d.topLevel.Store(&top)
+	if d.spool != nil {
+		d.phase(phaseReplay) // the persistence actor replays it as it starts, first
+	} else {
+		d.phase(phaseActors)
+	}
 	for _, ch := range d.children {
 		props := ch.Props(d).Configure(actor.WithGuardian(ch.Policy))
 		pid, err := d.system.Root.SpawnNamed(props, ch.Name)
@@ -487,6 +505,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 					return nil, fmt.Errorf("start: record the daemon's run: %w", err)
 				}
 			}
+			d.phase(phaseActors)
 			if opts.Abortable != nil {
 				opts.Abortable(d.Abort)
 			}
@@ -496,6 +515,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			d.manager = pid
 			d.router = actors.NewLocalRouter(d.system.Root, d.manager)
 			if cfg.Cluster.Enabled {
+				d.phase(phaseCluster)
 				if err := d.startCluster(); err != nil {
 					d.stopChildren(context.Background(), nil)
 					return nil, fmt.Errorf("start: %w", err)
@@ -507,6 +527,9 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			d.timers = pid
 		}
 	}
+	// The start is over: what comes now waits in the listen backlog for the HTTP platform's Run,
+	// and is never answered "starting".
+	d.http.EndStarting()
 	d.intake = actors.NewIntake(d.router, d.deps.Config.Keys, d.metrics)
 	for _, pid := range d.deps.Platforms {
 		d.system.Root.Send(pid, &actors.StartIntake{Deliver: d.intake.Deliver, Withdraw: d.intake.Withdraw})
@@ -521,6 +544,31 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		log.Info("http API serves without a bearer token: every user and process on this host can use it; set http.token_env to require one", "addr", d.addr.String())
 	}
 	return d, nil
+}
+
+// What the start is doing, as /readyz says it while the daemon starts (startStatus).
+const (
+	phaseDataDir = "taking the data directory's lock (an admin command that holds it is waited for)"
+	phaseStore   = "opening the store"
+	phaseReplay  = "replaying the writes the last run left in the spool before anything reads the database"
+	phaseActors  = "starting the sessions and the platforms"
+	phaseCluster = "joining the cluster"
+)
+
+// phase records what the start is doing (startPhase).
+func (d *Daemon) phase(what string) { d.startPhase.Store(&what) }
+
+// startStatus says what the start is doing, for /readyz while it runs (ServeStarting): during
+// the replay of the spool, with the batches left.
+func (d *Daemon) startStatus() string {
+	p := d.startPhase.Load()
+	switch {
+	case p == nil:
+		return "starting"
+	case *p == phaseReplay:
+		return fmt.Sprintf("%s: %d batches left", *p, d.spoolLeft.Load())
+	}
+	return *p
 }
 
 // agentAttrs are the start line's words on the agent beyond its backend: an openai backend's

@@ -33,7 +33,8 @@ import (
 // in the store.
 
 // errNoAnswer is the error of a daemon address where nothing took the request: no connection
-// was made, so the request was never sent (another member, or the store, may reset instead).
+// was made, so the request was never sent, or the daemon there is still starting and refused it
+// (503 starting) (another member, or the store, may reset instead).
 var errNoAnswer = errors.New("no answer")
 
 // notTheDaemon is the error of an address where the process that answers is not the daemon
@@ -254,6 +255,10 @@ func daemonPost(ctx context.Context, cfg *config.Config, addr, run, path, what s
 	}
 	a.code, a.msg = e.Error.Code, printable(msg)
 	switch {
+	case resp.StatusCode == http.StatusServiceUnavailable && e.Error.Code == httpplatform.CodeStarting:
+		// A daemon that starts answers before it serves (its /healthz too), and takes nothing:
+		// as a daemon that does not answer yet. Before, nothing answered until it served.
+		return nil, fmt.Errorf("%w at %s: the %s is starting and took nothing (%s)", errNoAnswer, addr, noun, a.msg)
 	case resp.StatusCode == http.StatusServiceUnavailable && e.Error.Code == httpplatform.CodeDraining:
 		// The daemon answers draining only for a request that reached no session (its other
 		// failures while it stops are 503 unavailable: they may have been done).

@@ -210,6 +210,35 @@ func TestResetAndRequeueThroughAStoppingDaemon(t *testing.T) {
 	}
 }
 
+// TestResetAndRequeueThroughAStartingDaemon: a daemon that is starting answers before it serves
+// (/healthz 200, every other route 503 starting: supervisor.Start, ServeStarting), and took
+// nothing: reset and requeue say it is starting and to run them again once it answers, never
+// that it may have reset the session (a 503 other than draining reads as a lost answer).
+func TestResetAndRequeueThroughAStartingDaemon(t *testing.T) {
+	dir, _ := MustSeedLockedSessions(t) // the daemon holds the database
+	starting := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", "5")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		w.Write([]byte(`{"error":{"code":"starting","message":"agentgate is starting (opening the store); send the request again once it serves: GET /readyz says ready"}}`))
+	})
+	MustRecordDaemon(t, dir, starting, testRun)
+	addr := starting.Listener.Addr().String()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"reset", "--data-dir", dir, keyA}, "reset through it when it answers"},
+		{[]string{"requeue", "--data-dir", dir, keyA, "m1"}, "requeue through it when it answers"},
+	} {
+		_, _, err := runSessions(t, c.args...)
+		if err == nil || !strings.Contains(err.Error(), "at "+addr+": the daemon is starting and took nothing") ||
+			!strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "may have") {
+			t.Errorf("sessions %s through a starting daemon: %v\nwant it to say the daemon is starting and took nothing, and %q", c.args[0], err, c.want)
+		}
+	}
+}
+
 // TestSessionsResetFollowsNoRedirect: the command posts the reset, with the bearer token, to
 // the daemon's own address only. A redirect (from whatever listens there now) is not followed:
 // neither to another port of the host (which would get the token: Go's client keeps the

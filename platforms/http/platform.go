@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -211,7 +212,11 @@ type Platform struct {
 	mu      sync.Mutex
 	ln      net.Listener // bound by Listen, consumed by Run
 	running bool
-	deliver platforms.Deliver
+	// starting serves ln during the daemon's start (ServeStarting), until EndStarting.
+	starting *startServer
+	// startClosed is closed once the connections of the start's server are (EndStarting).
+	startClosed chan struct{}
+	deliver     platforms.Deliver
 	// stop is closed when the current Run stops serving; it ends SSE streams and ?wait waits
 	// so that Shutdown is not held up by long-lived requests.
 	stop    chan struct{}
@@ -280,8 +285,19 @@ func New(c Config) (*Platform, error) {
 	p.platforms = slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(ownPlatforms), c.Platforms...))))
 	p.relayed.Store(c.Clustered) // relays miss a member most when it has just started
 	p.routes()
-	p.handler = p.count(p.recoverPanics(p.identify(p.limitBody(p.refuseBrowsers(p.authenticate(http.HandlerFunc(p.route)))))))
+	p.handler = p.wrap(http.HandlerFunc(p.route))
 	return p, nil
+}
+
+// wrap puts around h what every request passes, during the start (ServeStarting) as once Run
+// serves: counted, panics answered, the run and the body checked, browsers and the token too.
+func (p *Platform) wrap(h http.Handler) http.Handler {
+	return p.count(p.recoverPanics(p.identify(p.limitBody(p.refuseBrowsers(p.authenticate(h))))))
+}
+
+// serverLog is the http.Server's ErrorLog: its lines at Warn, on the platform's log.
+func (p *Platform) serverLog() *log.Logger {
+	return slog.NewLogLogger(p.log.Handler(), slog.LevelWarn)
 }
 
 // IsLoopback reports whether addr's host is "localhost" or a loopback IP: only there may the
@@ -383,8 +399,12 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 		// OPTIONS * goes to the handler, past its checks, to be answered as OPTIONS of a
 		// route is (route): Go's server answered it itself, a bare 200.
 		DisableGeneralOptionsHandler: true,
-		ErrorLog:                     slog.NewLogLogger(p.log.Handler(), slog.LevelWarn),
+		ErrorLog:                     p.serverLog(),
 	}
+	// The start's server, if one still serves ln, answers no more; its connections close once
+	// idle.
+	p.EndStarting()
+	defer p.waitStartClosed()
 	p.log.Info("http platform serving", "addr", ln.Addr().String())
 
 	// The Serve goroutine is owned by Run: Run does not return before Serve has.

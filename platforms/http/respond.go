@@ -39,6 +39,7 @@ const (
 	CodeMessageIDConflict = "message_id_conflict"
 	CodeMessageIDReused   = "message_id_reused"
 	CodeDraining          = "draining"
+	CodeStarting          = "starting" // the daemon starts (ServeStarting): it took nothing
 	CodeUnavailable       = "unavailable"
 	CodeTooManyHeld       = "too_many_held"
 	CodeMisdirected       = "misdirected"

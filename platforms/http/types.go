@@ -280,6 +280,9 @@ type ReadyResponse struct {
 	// bearer token (when one is set), to ComponentOK or ComponentFailing.
 	Components map[string]string `json:"components"`
 	Draining   bool              `json:"draining,omitempty"`
+	// Starting says that the daemon has not finished its start: Components holds only
+	// ComponentStart then, which says what the start waits for.
+	Starting bool `json:"starting,omitempty"`
 	// Detail says how to see the errors Components leaves out; "" when it leaves none out.
 	Detail string `json:"detail,omitempty"`
 }
