@@ -17,7 +17,8 @@ import (
 // for any other): this user may not read it, or, to write (a reset, a pardon), write it. It
 // says which path stops this user, whose that path is and its mode, and what to do: run the
 // command as the daemon's user, or, for a file in the data directory that is not the
-// directory's owner's (a database a restore as root left root's), give it to that user.
+// directory's owner's (a database a restore as root left root's), give it to that user, or,
+// for a path that is this user's own (a directory of mode 000), chmod it.
 // Before, the command printed the raw error of what failed first, "open …/agentgate.db: stat
 // …/agentgate.db: permission denied" or "data directory …: lock: open
 // …/agentgate-dir.flock: permission denied", which named neither (a CLI review).
@@ -54,6 +55,11 @@ func denied(cmd, place, dir string, err error, write bool) error {
 		return fmt.Errorf("%s: %s is of mode %s (%v); run the command as the daemon's user, or give this user access", head, name, fi.Mode(), err)
 	}
 	what := fmt.Sprintf("%s: %s is %s, mode %s (%v)", head, name, ownerOf(uid), fi.Mode(), err)
+	if uid == os.Getuid() {
+		// This user's own, shut by its mode: running the command as its owner (sudo -u this
+		// user) changes nothing (before, it said so to nobody of nobody's directory).
+		return fmt.Errorf("%s; give this user access to it: chmod %s %s", what, ownerMode(fi.IsDir(), write), blocker)
+	}
 	if name != blocker {
 		// A file in a directory this user may use: a restore as root leaves the database
 		// root's in the daemon's directory, where the daemon cannot use it either.
@@ -102,6 +108,19 @@ func deniedAt(path string, write bool) string {
 		return path
 	}
 	return ""
+}
+
+// ownerMode is the chmod mode that gives a file's owner what a command needs of it: to read it
+// (a directory: to list and enter it), and, write, to write it.
+func ownerMode(dir, write bool) string {
+	mode := "u+r"
+	if write {
+		mode += "w"
+	}
+	if dir {
+		mode += "x"
+	}
+	return mode
 }
 
 // ownerOf names the owner of a file: "this user's", "root's (uid 0)", "uid 1001's".

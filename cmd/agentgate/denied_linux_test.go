@@ -101,9 +101,12 @@ func TestDataDirDeniedSaysWhatToDo(t *testing.T) {
 			{"sessions", "pardon", "--data-dir", data, "--all"},
 		}
 	}
-	owner := "this user's"
+	// As root the directories are root's, and the way out is to run the command as their
+	// owner; otherwise they are this user's own, and it is chmod
+	// (TestDeniedByItsOwnModeSaysChmod).
+	owner, wayOut := "this user's", "; give this user access to it: chmod u+r"
 	if root {
-		owner = "root's (uid 0)"
+		owner, wayOut = "root's (uid 0)", "; run the command as the daemon's user (sudo -u "
 	}
 	unreadable := mkData(t, "unreadable", 0o700, 0o600, false)
 	if !root {
@@ -126,13 +129,12 @@ func TestDataDirDeniedSaysWhatToDo(t *testing.T) {
 			"the data directory " + unreadable + " is not ",
 			fmt.Sprintf(" by this user, uid %d", uid),
 			fmt.Sprintf(": %s is %s, mode d", unreadable, owner),
-			"; run the command as the daemon's user (sudo -u ",
-			", or give this user access",
+			wayOut,
 		}},
 		{"a data directory this user may read, not write", writers(unwritable), []string{
 			"the data directory " + unwritable + " is not writable by this user, uid ",
-			fmt.Sprintf(": %s is %s, mode drwxr-xr-x", unwritable, owner),
-			"; run the command as the daemon's user (sudo -u ",
+			fmt.Sprintf(": %s is %s, mode d", unwritable, owner),
+			wayOut,
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -173,4 +175,96 @@ func TestDataDirDeniedSaysWhatToDo(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestDeniedByItsOwnModeSaysChmod: a data directory, or a database, that is this user's own
+// but whose mode shuts this user out (chmod 000, a read-only directory for a reset) is not
+// mended by running the command as its owner, this user: the error says to give this user
+// access with chmod, naming the path. Before, it said "run the command as the daemon's user
+// (sudo -u nobody agentgate …)" to nobody, which changes nothing. As root, which its modes do
+// not stop, the commands run as nobody on nobody's directories.
+func TestDeniedByItsOwnModeSaysChmod(t *testing.T) {
+	seeded := MustSeedSessions(t)
+	bin := MustBuild(t)
+	root := os.Geteuid() == 0
+	var dir string
+	if root {
+		dir, bin = dirForAnotherUser(t, bin)
+	} else {
+		dir = t.TempDir()
+	}
+	// mk makes the data directory name holding the seeded database, this user's (nobody's as
+	// root), with the modes given.
+	mk := func(t *testing.T, name string, dirMode, dbMode os.FileMode) string {
+		t.Helper()
+		data := filepath.Join(dir, name)
+		b, err := os.ReadFile(filepath.Join(seeded, "agentgate.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := filepath.Join(data, "agentgate.db")
+		if err := os.Mkdir(data, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(db, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []string{data, db} {
+			if root {
+				if err := os.Chown(p, 65534, 65534); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for p, m := range map[string]os.FileMode{db: dbMode, data: dirMode} {
+			if err := os.Chmod(p, m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Cleanup(func() { os.Chmod(data, 0o700) })
+		return data
+	}
+	shut := mk(t, "shut", 0, 0o600)
+	readOnly := mk(t, "read-only", 0o555, 0o644)
+	dbShut := mk(t, "db-shut", 0o700, 0)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"a data directory of mode 000", []string{"sessions", "list", "--data-dir", shut}, []string{
+			"the data directory " + shut + " is not readable by this user",
+			fmt.Sprintf(": %s is this user's, mode d---------", shut),
+			"; give this user access to it: chmod u+rx " + shut,
+		}},
+		{"a read-only data directory, for a reset", []string{"sessions", "reset", "--data-dir", readOnly, keyA}, []string{
+			"the data directory " + readOnly + " is not writable by this user",
+			fmt.Sprintf(": %s is this user's, mode dr-xr-xr-x", readOnly),
+			"; give this user access to it: chmod u+rwx " + readOnly,
+		}},
+		{"a database of mode 000", []string{"sessions", "list", "--data-dir", dbShut}, []string{
+			"the data directory " + dbShut + " is not readable by this user",
+			": agentgate.db is this user's, mode ----------",
+			"; give this user access to it: chmod u+r " + filepath.Join(dbShut, "agentgate.db"),
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(bin, tc.args...)
+			if root {
+				cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+			}
+			out, _ := cmd.CombinedOutput()
+			if code := cmd.ProcessState.ExitCode(); code != 1 {
+				t.Errorf("agentgate %s: exit %d, want 1: %s", strings.Join(tc.args, " "), code, out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("agentgate %s:\n%s\nwant it to say %q", strings.Join(tc.args, " "), out, w)
+				}
+			}
+			if strings.Contains(string(out), "sudo -u") {
+				t.Errorf("agentgate %s:\n%s\nwant no sudo -u: the path is this user's", strings.Join(tc.args, " "), out)
+			}
+		})
+	}
 }
