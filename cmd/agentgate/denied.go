@@ -34,6 +34,12 @@ func denied(cmd, place, dir string, err error, write bool) error {
 	if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
 		at = pe.Path
 	}
+	if abs, aerr := filepath.Abs(dir); aerr == nil {
+		// In full, as deniedAt names the blocker: a file in a data directory named relative to
+		// the working directory (the default ./data) is then known to be in it (filepath.Rel
+		// of an absolute path to a relative directory fails).
+		dir = abs
+	}
 	blocker := deniedAt(at, write)
 	if blocker == "" {
 		blocker = deniedAt(dir, write)

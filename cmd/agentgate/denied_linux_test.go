@@ -268,3 +268,49 @@ func TestDeniedByItsOwnModeSaysChmod(t *testing.T) {
 		})
 	}
 }
+
+// TestDeniedRestoredDatabaseInARelativeDataDir: a database a restore left root's, in a data
+// directory named relative to the working directory (as the default ./data is), is said to be
+// given to the daemon's user (chown), as it is in one named in full. Before, the file was not
+// recognised as one in the data directory (filepath.Rel of an absolute path to a relative
+// directory fails), and the error said to run the command as root, whose the file is.
+func TestDeniedRestoredDatabaseInARelativeDataDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a file another user owns needs root to make")
+	}
+	seeded := MustSeedSessions(t)
+	dir, bin := dirForAnotherUser(t, MustBuild(t))
+	data := filepath.Join(dir, "data")
+	if err := os.Mkdir(data, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(data, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(seeded, "agentgate.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := filepath.Join(data, "agentgate.db")
+	if err := os.WriteFile(db, b, 0o600); err != nil { // root's
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"sessions", "list", "--data-dir", "data"},
+		{"sessions", "list", "--data-dir", "./data"},
+		{"backup", "--data-dir", "data", filepath.Join(dir, "copy.db")},
+	} {
+		cmd := exec.Command(bin, args...)
+		cmd.Dir = dir
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		out, _ := cmd.CombinedOutput()
+		for _, want := range []string{
+			": agentgate.db is root's (uid 0), mode -rw-------",
+			"; the data directory is this user's: give the file to the daemon's user (chown nobody " + db + ")",
+		} {
+			if code := cmd.ProcessState.ExitCode(); code != 1 || !strings.Contains(string(out), want) {
+				t.Errorf("agentgate %s (in %s): exit %d: %s\nwant exit 1, and it to say %q", strings.Join(args, " "), dir, code, out, want)
+			}
+		}
+	}
+}
