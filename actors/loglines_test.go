@@ -556,3 +556,43 @@ func TestRefusedPausesOfManySessionsAreFolded(t *testing.T) {
 		}
 	})
 }
+
+// TestHeldRefusalLinesAreReportedAtTheStop: the refusals an outage held back within the minute
+// of their lines (the manager's pause of the session, the command's own line) are reported when
+// the session manager stops, with their count (repeats), as its window would have reported
+// them. Before, only the limiter's timer reported them, up to a minute after a stop that a
+// daemon's exit follows at once: a daemon stopped in an outage (as an operator does, to restart
+// it) left the refusals of its last minute at DEBUG alone.
+func TestHeldRefusalLinesAreReportedAtTheStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		logs := &testutil.Buffer{}
+		w := newManagerWorldWrites(t, echo.New(), func(d *Deps) {
+			d.Log = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			d.Store = &readsDown{Store: d.Store, down: &out.Down}
+		}, out.Wrap)
+		defer out.Down.Store(false)
+		w.deliver(t, "m0", "zero")
+		w.awaitTurnEnds(1)
+		out.Down.Store(true)
+		for range 2 {
+			if r := w.deliver(t, "new1", "/new"); r.ErrorCode != "unavailable" {
+				t.Fatalf("/new in the outage: %+v, want unavailable", r)
+			}
+			time.Sleep(10 * time.Second)
+		}
+		synctest.Wait()
+		w.stop() // 20 s after the first refusal: within its line's minute
+		synctest.Wait()
+		for _, msg := range []string{
+			`msg="the store refused a session's write; it starts again from the store"`,
+			`msg="store command; its sender is told to send it again"`,
+		} {
+			lines := linesWith(logs, msg)
+			if len(lines) != 2 || strings.Contains(lines[0], "repeats=") || !strings.Contains(lines[1], "repeats=1 ") {
+				t.Errorf("%d lines with %s after 2 refusals and a stop, want 2: the first, then the second's, reported at the stop (repeats=1):\n%s",
+					len(lines), msg, strings.Join(lines, "\n"))
+			}
+		}
+	})
+}

@@ -308,6 +308,12 @@ func (m *SessionManager) Receive(c actor.Context) {
 		for _, held := range m.stopping {
 			answerStopped(c, held)
 		}
+	case *actor.Stopped:
+		// What the limited lines hold back is reported as the manager stops, its sessions
+		// stopped: the limiters' timer would report it up to a minute later, when a daemon that
+		// stops has exited (TestHeldRefusalLinesAreReportedAtTheStop).
+		m.refusedLines.Flush()
+		m.d.commandRefusals.Flush()
 	case *Routed:
 		if msg.Grain != nil && !m.stoppedByManager(msg.Key, msg.Grain) {
 			m.grains[msg.Key] = msg.Grain

@@ -98,7 +98,7 @@ func (l *Limiter) Reset() {
 // line's own level, with how many they were and between which times (repeats, repeats_from,
 // repeats_to): by the key's next event if it comes first, otherwise by a report that one timer
 // for the whole limiter logs (no goroutine per key, and no timer armed while nothing is held
-// back). Before, they waited for the key's next event, maybe hours later, whose line then
+// back), or by Flush, which its owner calls as it stops. Before, they waited for the key's next event, maybe hours later, whose line then
 // counted the events of two outages as one; when none came (the outage ended) they were only at
 // Debug.
 //
@@ -264,11 +264,7 @@ func (l *KeyedLimiter) report() {
 		l.folding = false
 	case l.reports+len(due) <= FoldAbove:
 		l.folding = false
-		for _, k := range due {
-			e := l.keys[k]
-			lines = append(lines, heldLine{e.log, e.level, e.msg, append(e.args[:len(e.args):len(e.args)], heldArgs(e.n, e.first, e.prev)...)})
-			l.reported(e, now)
-		}
+		lines = l.own(due, now)
 		l.reports += len(due)
 	case l.reports > 0:
 		// They do not all fit in what is left of this LimitEvery's lines: they wait for the
@@ -289,9 +285,54 @@ func (l *KeyedLimiter) report() {
 		l.arm(now, at)
 	}
 	l.mu.Unlock()
+	logHeld(lines)
+}
+
+// Flush reports at once the events every key holds back, due or not, as their windows' passing
+// would (lines of their own up to FoldAbove keys, one folded line beyond), and stops the
+// reports' timer. Its owner calls it as it stops: the timer reports up to LimitEvery later, and
+// a daemon that stops exits meanwhile, its last minute's events held back at Debug alone.
+func (l *KeyedLimiter) Flush() {
+	l.mu.Lock()
+	now := time.Now()
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	l.timerAt, l.folding = time.Time{}, false
+	var due []string
+	for k, e := range l.keys {
+		if e.n > 0 {
+			due = append(due, k)
+		}
+	}
+	slices.Sort(due)
+	var lines []heldLine
+	if len(due) <= FoldAbove {
+		lines = l.own(due, now)
+	} else {
+		lines = l.fold(due, now)
+	}
+	l.mu.Unlock()
+	logHeld(lines)
+}
+
+// logHeld logs the report lines (outside the limiter's lock).
+func logHeld(lines []heldLine) {
 	for _, ln := range lines {
 		ln.log.Log(context.Background(), ln.level, ln.msg, ln.args...)
 	}
+}
+
+// own reports the events held back by each key of due in a line of its own: the arguments of
+// the last of them, with their count and times.
+func (l *KeyedLimiter) own(due []string, now time.Time) []heldLine {
+	var lines []heldLine
+	for _, k := range due {
+		e := l.keys[k]
+		lines = append(lines, heldLine{e.log, e.level, e.msg, append(e.args[:len(e.args):len(e.args)], heldArgs(e.n, e.first, e.prev)...)})
+		l.reported(e, now)
+	}
+	return lines
 }
 
 // reported starts e's window anew at now, its events held back reported.

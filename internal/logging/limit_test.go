@@ -319,3 +319,42 @@ func TestKeyedLimiterForgetsKeys(t *testing.T) {
 		}
 	})
 }
+
+// TestKeyedLimiterFlush: Flush reports every key's events held back at once, due or not, in
+// lines of their own up to FoldAbove keys and one folded line beyond, and the timer then reports
+// nothing more. Before, only the timer reported them, up to LimitEvery after an owner's stop.
+func TestKeyedLimiterFlush(t *testing.T) {
+	for _, keys := range []int{2, FoldAbove + 2} {
+		t.Run(fmt.Sprint(keys, " keys"), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var l KeyedLimiter
+				k := newKeyedLog()
+				for i := range keys {
+					key := fmt.Sprint("k", i)
+					l.Log(k.log, slog.LevelWarn, "m", key, "k", key)
+					l.Log(k.log, slog.LevelWarn, "m", key, "k", key) // held back
+				}
+				k.lines(true)
+				time.Sleep(10 * time.Second)
+				l.Flush()
+				var want []string
+				if keys <= FoldAbove {
+					for i := range keys {
+						want = append(want, fmt.Sprintf("level=WARN msg=m k=k%d repeats=1 repeats_from=%s repeats_to=%[2]s", i, clock(time.Now().Add(-10*time.Second))))
+					}
+				} else {
+					// (The arguments of the last event held back: all came at once, the first key's.)
+					want = []string{fmt.Sprintf(`level=WARN msg=m k=k0 keys=%d examples="[k0 k1 k2]" repeats=%[1]d repeats_from=%s repeats_to=%[2]s`,
+						keys, clock(time.Now().Add(-10*time.Second)))}
+				}
+				if got := k.lines(false); !slices.Equal(got, want) {
+					t.Errorf("lines at the Flush = %q, want %q", got, want)
+				}
+				time.Sleep(2 * LimitEvery)
+				if got := k.lines(true); len(got) != 0 {
+					t.Errorf("lines after the Flush: %q, want none", got)
+				}
+			})
+		})
+	}
+}
