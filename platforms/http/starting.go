@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 )
 
@@ -23,6 +24,9 @@ type startServer struct {
 	ln     *startListener
 	served chan error    // Serve's end
 	closed chan struct{} // its connections closed, once EndStarting ended it
+	// conns are the connections it accepted and has not closed (ConnState): each is added
+	// in Serve's goroutine before Serve returns, and EndStarting waits for them after that.
+	conns sync.WaitGroup
 }
 
 // startListener is the bound listener as the start's server sees it: Run takes it over by
@@ -90,7 +94,21 @@ func (p *Platform) ServeStarting(status func() string) error {
 		MaxHeaderBytes:               64 << 10,
 		DisableGeneralOptionsHandler: true,
 		ErrorLog:                     p.serverLog(),
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			switch st {
+			case http.StateNew:
+				s.conns.Add(1)
+			case http.StateClosed, http.StateHijacked:
+				s.conns.Done()
+			}
+		},
 	}
+	// Each answer closes its connection (Connection: close): the hand-over (EndStarting)
+	// closes the start server's idle connections, and a keep-alive client that sent its next
+	// request on one in that instant lost it (EOF, a reset), a POST too, which Go's client does
+	// not send again (TestHandOverAnswersEveryRequest). A new connection an answer is cheap at
+	// the pace of probes and of clients that wait out Retry-After.
+	s.srv.SetKeepAlivesEnabled(false)
 	p.starting = s
 	go func() { // ends when Run takes the listener over, or Close closes it
 		s.served <- s.srv.Serve(s.ln)
@@ -141,7 +159,7 @@ func (p *Platform) EndStarting() {
 	_ = dl.SetDeadline(time.Time{})
 	go func() { // ends within shutdownTimeout; Run or Close waits for it
 		defer close(s.closed)
-		shutdownStart(s.srv)
+		endConns(s)
 	}()
 	p.mu.Lock()
 	p.startClosed = s.closed
@@ -174,6 +192,28 @@ func (p *Platform) Close() {
 		_ = ln.Close()
 	}
 	p.waitStartClosed()
+}
+
+// endConns waits for the connections the start's server accepted before EndStarting ended its
+// Serve: each carries one request, which it answers (keep-alives are off), and closes. Not
+// Shutdown: Go's server drops a request it reads once Shutdown has begun, closing the
+// connection without an answer, and a client that connected an instant before the hand-over
+// lost its request (EOF) (TestHandOverAnswersEveryRequest). A connection still open after
+// shutdownTimeout (a client that sends nothing) is closed, as Shutdown's deadline did.
+func endConns(s *startServer) {
+	done := make(chan struct{})
+	go func() { // ends once the connections have closed; Close below closes the last ones
+		s.conns.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(shutdownTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		_ = s.srv.Close()
+		<-done
+	}
 }
 
 // shutdownStart shuts the start's server down: its answers are at once, so its connections
