@@ -171,8 +171,16 @@ func lockDataDirWaiting(ctx context.Context, dir string, log *slog.Logger) (*os.
 		}
 		select {
 		case <-ctx.Done():
-			return nil, err
+			return nil, &lockWaitEnded{err}
 		case <-time.After(adminLockPoll):
 		}
 	}
 }
+
+// lockWaitEnded is lockDataDirWaiting's error when its ctx ended the wait for an admin command:
+// the admin command's hold (DataDirInUse), which it wraps. A start told to stop tells this
+// apart from a refusal that had nothing to wait for (another daemon's lock).
+type lockWaitEnded struct{ err error }
+
+func (e *lockWaitEnded) Error() string { return e.err.Error() }
+func (e *lockWaitEnded) Unwrap() error { return e.err }

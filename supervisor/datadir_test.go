@@ -224,3 +224,32 @@ func TestStopWhileTheStartWaitsForTheDataDir(t *testing.T) {
 		t.Errorf("after a stop during the wait for the data directory, %s: %v; want it not made", cfg.DSN(), err)
 	}
 }
+
+// TestStopDuringTheStartKeepsTheDataDirsRefusal: a stop asked for during the start (serve's
+// first signal, here before the start even tries the lock) of a start refused for the data
+// directory (another daemon holds it: no wait) leaves the refusal as it is: Start returns it,
+// serve exits 1 saying why, and nothing says the start stopped while it waited for an admin
+// command. Before, any failure of the lock with the stop asked for was taken for the stop's end
+// of the wait: ErrStopped (exit 0) and a log line of a wait that never was.
+func TestStopDuringTheStartKeepsTheDataDirsRefusal(t *testing.T) {
+	cfg := config.Default()
+	cfg.DataDir, cfg.HTTP.Addr = t.TempDir(), "127.0.0.1:0"
+	daemon, err := LockDataDir(cfg.DataDir, HolderDaemon)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer daemon.Close()
+	var logs testutil.Buffer
+	stop := make(chan struct{})
+	close(stop)
+	d, err := Start(t.Context(), cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Agent: echo.New(), Stop: stop})
+	if err == nil {
+		_ = d.Stop(context.Background())
+	}
+	if !errors.Is(err, persistence.ErrLocked) || errors.Is(err, ErrStopped) {
+		t.Errorf("Start on a daemon's data directory with a stop asked for = %v, want its refusal (ErrLocked)", err)
+	}
+	if got := logs.String(); strings.Contains(got, "while it waited for the admin command") {
+		t.Errorf("the start's log says it waited for an admin command, which it did not:\n%s", got)
+	}
+}
