@@ -60,6 +60,9 @@ func backup(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	size, err := sqlite.Backup(ctx, cfg.DSN(), out)
+	if d := backupDenied(out, err); d != nil {
+		return fmt.Errorf("back up %s to %s: %w", cfg.DSN(), out, d)
+	}
 	if err != nil {
 		return err
 	}
@@ -72,4 +75,25 @@ func backup(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			"lacks them too; the daemon writes them once the database takes writes again: back up again after that\n", dir, n)
 	}
 	return nil
+}
+
+// backupDenied is the error of a backup to out when err says this user may not write out's
+// directory (or enter a directory on the way to it); nil for any other err. It says which path
+// stops this user, whose it is, and what to do, as denied says of a data directory. Before, the
+// backup printed the raw error of the temporary file it could not make, "open
+// DIR/.FILE.NNN.partial: permission denied", which named neither (a CLI review).
+func backupDenied(out string, err error) error {
+	var pe *fs.PathError
+	if !errors.Is(err, fs.ErrPermission) || !errors.As(err, &pe) {
+		return nil
+	}
+	abs, aerr := filepath.Abs(out)
+	at, perr := filepath.Abs(pe.Path)
+	if aerr != nil || perr != nil || filepath.Dir(at) != filepath.Dir(abs) {
+		return nil // not the backup's file (the database's: mayOpen said so before)
+	}
+	dir := filepath.Dir(abs)
+	return deniedWith("the backup's directory "+dir, dir, pe, true, func(string) string {
+		return "back up into a directory this user may write (one of its own), or give this user access"
+	})
 }

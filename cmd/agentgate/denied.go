@@ -23,6 +23,17 @@ import (
 // …/agentgate.db: permission denied" or "data directory …: lock: open
 // …/agentgate-dir.flock: permission denied", which named neither (a CLI review).
 func denied(cmd, place, dir string, err error, write bool) error {
+	return deniedWith(place, dir, err, write, func(owner string) string {
+		if owner == "" {
+			return "run the command as the daemon's user, or give this user access"
+		}
+		return fmt.Sprintf("run the command as the daemon's user (sudo -u %s agentgate %s …), or give this user access", owner, cmd)
+	})
+}
+
+// deniedWith is denied with what to do said by todo, given the owner of the path that stops
+// this user as sudo -u takes it ("" when it is not known).
+func deniedWith(place, dir string, err error, write bool, todo func(owner string) string) error {
 	if !errors.Is(err, fs.ErrPermission) {
 		return nil
 	}
@@ -46,11 +57,11 @@ func denied(cmd, place, dir string, err error, write bool) error {
 	}
 	head := fmt.Sprintf("%s is not %s by this user, %s", place, verb, whoAmI())
 	if blocker == "" {
-		return fmt.Errorf("%s (%v); run the command as the daemon's user, or give this user access", head, err)
+		return fmt.Errorf("%s (%v); %s", head, err, todo(""))
 	}
 	fi, serr := os.Stat(blocker)
 	if serr != nil {
-		return fmt.Errorf("%s: %s cannot be looked at (%v); run the command as the daemon's user, or give this user access", head, blocker, err)
+		return fmt.Errorf("%s: %s cannot be looked at (%v); %s", head, blocker, err, todo(""))
 	}
 	name := blocker
 	if rel, rerr := filepath.Rel(dir, blocker); rerr == nil && !strings.HasPrefix(rel, "..") && rel != "." {
@@ -58,7 +69,7 @@ func denied(cmd, place, dir string, err error, write bool) error {
 	}
 	uid, known := fileOwner(fi)
 	if !known {
-		return fmt.Errorf("%s: %s is of mode %s (%v); run the command as the daemon's user, or give this user access", head, name, fi.Mode(), err)
+		return fmt.Errorf("%s: %s is of mode %s (%v); %s", head, name, fi.Mode(), err, todo(""))
 	}
 	what := fmt.Sprintf("%s: %s is %s, mode %s (%v)", head, name, ownerOf(uid), fi.Mode(), err)
 	if uid == os.Getuid() {
@@ -76,7 +87,7 @@ func denied(cmd, place, dir string, err error, write bool) error {
 			}
 		}
 	}
-	return fmt.Errorf("%s; run the command as the daemon's user (sudo -u %s agentgate %s …), or give this user access", what, sudoUser(uid), cmd)
+	return fmt.Errorf("%s; %s", what, todo(sudoUser(uid)))
 }
 
 // deniedAt returns the path that keeps this user from path: the first directory on the way

@@ -314,3 +314,136 @@ func TestDeniedRestoredDatabaseInARelativeDataDir(t *testing.T) {
 		}
 	}
 }
+// accessWorld is a directory for a test of what an admin command says of a path this user may
+// not use, with bin, the built binary to run there, and uid, the user it runs as: as root,
+// which may use anything, nobody (dirForAnotherUser), else this user.
+type accessWorld struct {
+	dir, bin string
+	uid      int
+	root     bool
+}
+
+func newAccessWorld(t *testing.T) *accessWorld {
+	t.Helper()
+	dir, bin, uid := dirForAccessTests(t)
+	w := &accessWorld{dir: dir, bin: bin, uid: uid, root: bin != ""}
+	if !w.root {
+		w.bin = MustBuild(t)
+	}
+	return w
+}
+
+// owner is how an error names the owner of the files the test makes: root's as root.
+func (w *accessWorld) owner() string {
+	if w.root {
+		return "root's (uid 0)"
+	}
+	return "this user's"
+}
+
+// give makes the paths the command's user's (as root; else they are already).
+func (w *accessWorld) give(t *testing.T, paths ...string) {
+	t.Helper()
+	if !w.root {
+		return
+	}
+	for _, p := range paths {
+		if err := os.Chown(p, w.uid, w.uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// shut makes path a directory the command's user may not use: root's with mode (as root), else
+// of mode asUser; it gets its mode back at the end, so that it can be removed.
+func (w *accessWorld) shut(t *testing.T, path string, mode, asUser os.FileMode) {
+	t.Helper()
+	if err := os.MkdirAll(path, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if !w.root {
+		mode = asUser
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Chmod(path, 0o700) })
+}
+
+// run runs agentgate with args in the test's directory as the command's user.
+func (w *accessWorld) run(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(w.bin, args...)
+	cmd.Dir = w.dir
+	if w.root {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(w.uid), Gid: uint32(w.uid)}}
+	}
+	var o, e strings.Builder
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatalf("agentgate %s: %v", strings.Join(args, " "), err)
+	}
+	return o.String(), e.String(), cmd.ProcessState.ExitCode()
+}
+
+// seeded makes a data directory named name in the test's directory, the command's user's, with
+// the seeded database.
+func (w *accessWorld) seeded(t *testing.T, name string) string {
+	t.Helper()
+	data := filepath.Join(w.dir, name)
+	if err := os.Mkdir(data, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, filepath.Join(MustSeedSessions(t), "agentgate.db"), filepath.Join(data, "agentgate.db"))
+	w.give(t, data, filepath.Join(data, "agentgate.db"))
+	return data
+}
+
+// TestBackupIntoADirectoryThisUserMayNotWrite: a backup to a directory this user may not write,
+// or under one it may not enter, fails with one line that says so: the backup's directory, this
+// user, which path stops it, whose that is and its mode, and what to do, as an admin command
+// says of a data directory it may not use (denied). Before, it printed the raw error of the
+// temporary file it could not make, "back up X to Y: open DIR/.Y.NNN.partial: permission
+// denied", or "lstat …: permission denied", which named neither the user nor a way out (a CLI
+// review).
+func TestBackupIntoADirectoryThisUserMayNotWrite(t *testing.T) {
+	w := newAccessWorld(t)
+	data := w.seeded(t, "data")
+	locked := filepath.Join(w.dir, "locked")
+	w.shut(t, locked, 0o755, 0o555)
+	private := filepath.Join(w.dir, "private")
+	if err := os.MkdirAll(filepath.Join(private, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w.shut(t, private, 0o700, 0)
+	mode := map[bool]string{true: "drwxr-xr-x", false: "dr-xr-xr-x"}[w.root]
+	privateMode := map[bool]string{true: "drwx------", false: "d---------"}[w.root]
+	for _, tc := range []struct {
+		name, out, blocker, mode string
+	}{
+		{"a directory this user may not write", filepath.Join(locked, "copy.db"), locked, mode},
+		{"under a directory this user may not enter", filepath.Join(private, "sub", "copy.db"), private, privateMode},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, stderr, code := w.run(t, "backup", "--data-dir", data, tc.out)
+			if code != 1 {
+				t.Errorf("backup: exit %d, want 1: %s", code, stderr)
+			}
+			if n := strings.Count(stderr, "\n"); n != 1 || !strings.HasPrefix(stderr, "agentgate: ") {
+				t.Errorf("backup: %d lines, want one error line: %s", n, stderr)
+			}
+			for _, want := range []string{
+				"agentgate: back up " + filepath.Join(data, "agentgate.db") + " to " + tc.out + ": the backup's directory " +
+					filepath.Dir(tc.out) + fmt.Sprintf(" is not writable by this user, uid %d", w.uid),
+				fmt.Sprintf(": %s is %s, mode %s (", tc.blocker, w.owner(), tc.mode),
+				": permission denied); back up into a directory this user may write (one of its own), or give this user access\n",
+			} {
+				if !strings.Contains(stderr, want) {
+					t.Errorf("backup:\n%s\nwant it to say %q", stderr, want)
+				}
+			}
+		})
+	}
+}
