@@ -69,7 +69,7 @@ func backup(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintf(stdout, "backed up %s to %s (%d bytes)\n", cfg.DSN(), out, size)
 	dir := filepath.Join(cfg.DataDir, "spool")
 	if n, err := spool.Waiting(dir); err != nil {
-		fmt.Fprintf(stderr, "warning: could not read %s: %v\n", dir, err)
+		fmt.Fprintf(stderr, "warning: %s\n", spoolUnread("backup", cfg, err, "the backup"))
 	} else if n > 0 {
 		fmt.Fprintf(stderr, "warning: %s holds %d batch(es) of writes the database does not have yet, so the backup "+
 			"lacks them too; the daemon writes them once the database takes writes again: back up again after that\n", dir, n)

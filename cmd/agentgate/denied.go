@@ -64,6 +64,9 @@ func deniedWith(place, dir string, err error, write bool, todo func(owner string
 		return fmt.Errorf("%s: %s cannot be looked at (%v); %s", head, blocker, err, todo(""))
 	}
 	name := blocker
+	if abs, aerr := filepath.Abs(dir); aerr == nil {
+		dir = abs // (blocker is absolute: Rel of a relative --data-dir fails)
+	}
 	if rel, rerr := filepath.Rel(dir, blocker); rerr == nil && !strings.HasPrefix(rel, "..") && rel != "." {
 		name = rel // a file in the data directory, named as SQLite's errors name them
 	}
@@ -82,6 +85,10 @@ func deniedWith(place, dir string, err error, write bool, todo func(owner string
 		// root's in the daemon's directory, where the daemon cannot use it either.
 		if di, derr := os.Stat(dir); derr == nil {
 			if duid, ok := fileOwner(di); ok && duid != uid {
+				if fi.IsDir() { // the spool, a run as root left root's
+					return fmt.Errorf("%s; the data directory is %s: give the directory to the daemon's user (chown -R %s %s)",
+						what, ownerOf(duid), chownUser(duid), blocker)
+				}
 				return fmt.Errorf("%s; the data directory is %s: give the file to the daemon's user (chown %s %s)",
 					what, ownerOf(duid), chownUser(duid), blocker)
 			}

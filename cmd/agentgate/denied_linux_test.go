@@ -447,3 +447,65 @@ func TestBackupIntoADirectoryThisUserMayNotWrite(t *testing.T) {
 		})
 	}
 }
+
+// TestUnreadableSpoolWarningSaysWhatItMeans: a reading command, or backup, run by a user that may
+// read the data directory but not its spool (0700, as the daemon makes it; root's, as a run as
+// root leaves it) warns on one line what that means for its output, that it may lack writes
+// still waiting there, and which path stops this user, whose it is and what to do (denied).
+// Before, the warning was the raw "could not read …/spool: spool: open …/spool: permission
+// denied" (a CLI review). The data directory is given relative to the working directory, as an
+// operator types it: the spool is named as a file of the data directory all the same.
+func TestUnreadableSpoolWarningSaysWhatItMeans(t *testing.T) {
+	w := newAccessWorld(t)
+	data := w.seeded(t, "data")
+	if err := os.Chmod(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	spool := filepath.Join(data, "spool")
+	w.shut(t, spool, 0o700, 0)
+	copies := filepath.Join(w.dir, "copies")
+	if err := os.Mkdir(copies, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w.give(t, copies)
+	todo := "; run the command as the daemon's user (sudo -u "
+	if w.root {
+		// The data directory is nobody's, the daemon's user: the spool root's stops the
+		// daemon's start too.
+		todo = "; the data directory is this user's: give the directory to the daemon's user (chown -R nobody " + spool + ")\n"
+	}
+	for _, tc := range []struct {
+		args  []string
+		what  string
+		empty bool // (nothing is quarantined: stdout says nothing)
+	}{
+		{[]string{"sessions", "list"}, "what this prints", false},
+		{[]string{"sessions", "show", keyA}, "what this prints", false},
+		{[]string{"sessions", "export", keyA}, "what this prints", false},
+		{[]string{"sessions", "search", "hello"}, "what this prints", false},
+		{[]string{"sessions", "quarantined"}, "what this prints", true},
+		{[]string{"backup", filepath.Join("copies", "copy.db")}, "the backup", false},
+	} {
+		args := append(tc.args, "--data-dir", "data")
+		stdout, stderr, code := w.run(t, args...)
+		if code != 0 || (stdout == "") != tc.empty {
+			t.Errorf("agentgate %s: exit %d, stdout %q, want 0 and its output: %s", strings.Join(args, " "), code, stdout, stderr)
+		}
+		var warning string
+		for line := range strings.Lines(stderr) {
+			if strings.HasPrefix(line, "warning: ") {
+				warning = line
+			}
+		}
+		for _, want := range []string{
+			"warning: " + tc.what + " may lack writes still waiting in the spool, which the database does not have yet: " +
+				fmt.Sprintf("the spool directory %s is not readable by this user, uid %d", filepath.Join("data", "spool"), w.uid),
+			fmt.Sprintf(": spool is %s, mode d", w.owner()),
+			todo,
+		} {
+			if !strings.Contains(warning, want) {
+				t.Errorf("agentgate %s: stderr\n%s\nwant a warning that says %q", strings.Join(args, " "), stderr, want)
+			}
+		}
+	}
+}

@@ -1044,23 +1044,37 @@ func openReader(ctx context.Context, cf *configFlags, timeout time.Duration, std
 	if err != nil {
 		return nil, err
 	}
-	noteSpooled(cfg, stderr)
+	noteSpooled(cf.fs.Name(), cfg, stderr)
 	return st, nil
 }
 
 // noteSpooled writes a note on stderr when the spool of cfg's data_dir holds writes the
-// database does not have yet.
-func noteSpooled(cfg *config.Config, stderr io.Writer) {
+// database does not have yet, and a warning when the command cmd cannot tell (spoolUnread).
+func noteSpooled(cmd string, cfg *config.Config, stderr io.Writer) {
 	if cfg.Cluster.Enabled {
 		return // (a cluster keeps no spool)
 	}
 	dir := filepath.Join(cfg.DataDir, "spool")
 	if n, err := spool.Waiting(dir); err != nil {
-		fmt.Fprintf(stderr, "warning: could not read %s: %v\n", dir, err)
+		fmt.Fprintf(stderr, "warning: %s\n", spoolUnread(cmd, cfg, err, "what this prints"))
 	} else if n > 0 {
 		fmt.Fprintf(stderr, "note: %s holds %d batch(es) of writes the database does not have yet, so this lacks them; "+
 			"the daemon writes them once the database takes writes again (a stopped daemon, when it starts)\n", dir, n)
 	}
+}
+
+// spoolUnread is the warning of the command cmd that could not read the spool of cfg's data_dir
+// (err): what, its output, may lack writes still waiting there, and, when this user may not
+// read it, which path stops it, whose it is and what to do (denied). Before, it was the raw
+// "could not read …/spool: spool: open …/spool: permission denied", which said neither what it
+// meant for the output nor what to do (a CLI review).
+func spoolUnread(cmd string, cfg *config.Config, err error, what string) string {
+	dir := filepath.Join(cfg.DataDir, "spool")
+	head := what + " may lack writes still waiting in the spool, which the database does not have yet"
+	if d := denied(cmd, "the spool directory "+dir, cfg.DataDir, err, false); d != nil {
+		return head + ": " + d.Error()
+	}
+	return fmt.Sprintf("%s: could not read the spool directory %s (%v)", head, dir, err)
 }
 
 // databasePlace names where cfg's SQLite database is, as an error that this user may not use it
