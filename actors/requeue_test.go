@@ -180,17 +180,26 @@ func TestRequeueRunsAQuarantinedMessage(t *testing.T) {
 			t.Errorf("agentgate_messages_requeued_total = %v, want 1", n)
 		}
 
+		route, err := w.store.Route(w.ctx, w.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A message not there is refused naming the key as a key, and the session looked in
+		// (before: "no message nope in session KEY").
+		notThere := func(id string) string {
+			return "key " + w.key + " has no message " + id + ": not in its current session " + route.SessionID + ", nor in an ended one still stored"
+		}
 		refusals := []struct {
-			id, code, status string
+			id, code, status, msg string
 		}{
-			{"m1", ErrCodeNotQuarantined, persistence.StatusDone}, // ran once; not again
-			{"m3", ErrCodeNotQuarantined, persistence.StatusDone},
-			{"nope", ErrCodeNotFound, ""},
-			{"", ErrCodeNotFound, ""},
+			{"m1", ErrCodeNotQuarantined, persistence.StatusDone, ""}, // ran once; not again
+			{"m3", ErrCodeNotQuarantined, persistence.StatusDone, ""},
+			{"nope", ErrCodeNotFound, "", notThere("nope")},
+			{"", ErrCodeNotFound, "", notThere("")},
 		}
 		for _, tc := range refusals {
-			if r := w.requeue(t, tc.id); r.ErrorCode != tc.code || r.Status != tc.status || r.Error == "" {
-				t.Errorf("requeue %q = %+v, want %s (status %q) with a message", tc.id, r, tc.code, tc.status)
+			if r := w.requeue(t, tc.id); r.ErrorCode != tc.code || r.Status != tc.status || r.Error == "" || tc.msg != "" && r.Error != tc.msg {
+				t.Errorf("requeue %q = %+v, want %s (status %q) with a message %q", tc.id, r, tc.code, tc.status, tc.msg)
 			}
 		}
 		if n := len(slices.DeleteFunc(a.order(), func(id string) bool { return id != "m1" })); n != 1 {

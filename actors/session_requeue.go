@@ -43,8 +43,22 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 	if sess == nil {
 		sess = s.prev
 	}
+	// The refusal names the key as a key, and the session it looked in: before, "no message
+	// ID in session KEY" called the key a session (a CLI review).
+	notFound := func() {
+		switch {
+		case s.cur != nil:
+			refuse(ErrCodeNotFound, "", "key %s has no message %s: not in its current session %s, nor in an ended one still stored",
+				s.key, m.MessageId, s.cur.ID)
+		case s.prev != nil:
+			refuse(ErrCodeNotFound, "", "key %s has no message %s: not in its last session %s, which has ended, nor in an earlier one still stored",
+				s.key, m.MessageId, s.prev.ID)
+		default:
+			refuse(ErrCodeNotFound, "", "key %s has no message %s: it holds no stored session", s.key, m.MessageId)
+		}
+	}
 	if sess == nil || m.MessageId == "" {
-		refuse(ErrCodeNotFound, "", "no message %s in session %s", m.MessageId, s.key)
+		notFound()
 		return
 	}
 	// A message this activation holds is pending, whatever the store says yet: its requeue (or
@@ -69,7 +83,7 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 	}
 	switch {
 	case errors.Is(err, persistence.ErrNotFound):
-		refuse(ErrCodeNotFound, "", "no message %s in session %s", m.MessageId, s.key)
+		notFound()
 		return
 	case errors.Is(err, errEnded):
 		refuse(ErrCodeSessionEnded, row.Status, "message %s belongs to session %s, which has ended (reset, /new or switched away from): "+
