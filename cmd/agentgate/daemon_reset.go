@@ -163,7 +163,7 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, run, key string)
 		}
 		return &info, nil
 	case a.status == http.StatusNotFound && a.code == httpplatform.CodeNotFound && a.msg == "no such session":
-		return nil, errors.New("no such session")
+		return nil, errNoSession
 	}
 	return nil, fmt.Errorf("the %s at %s answered %s: %s", daemonNoun(cfg), addr, a.statusText, a.msg)
 }
@@ -327,6 +327,8 @@ func resetThroughMember(ctx context.Context, st persistence.Store, cfg *config.C
 			return err // the next member is asked (a stopping one changed nothing)
 		case errors.Is(err, errAnswerLost):
 			return answerLost(key, err)
+		case errors.Is(err, errNoSession):
+			return noSession("sessions reset", key, "reset")
 		case err != nil:
 			return fmt.Errorf("reset %s: %w", shortKey(key), err)
 		}

@@ -59,7 +59,7 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 		case errors.Is(err, errStopping):
 			return fmt.Errorf("requeue %s of %s: %v; run it again once the daemon has restarted", shortArg(id), shortKey(key), err)
 		case err != nil:
-			return fmt.Errorf("requeue %s of %s: %w", shortArg(id), shortKey(key), err)
+			return requeueRefused(key, id, err)
 		}
 		printRequeue(stdout, daemonNoun(cfg), addr, res)
 		return nil
@@ -80,7 +80,7 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 			case errors.Is(err, errAnswerLost):
 				return requeueAnswerLost(key, id, err)
 			case err != nil:
-				return fmt.Errorf("requeue %s of %s: %w", shortArg(id), shortKey(key), err)
+				return requeueRefused(key, id, err)
 			}
 			printRequeue(stdout, daemonNoun(cfg), addr, res)
 			return nil
@@ -122,11 +122,42 @@ func daemonRequeue(ctx context.Context, cfg *config.Config, addr, run, key, id s
 		}
 		return &res, nil
 	case http.StatusNotFound, http.StatusConflict:
-		if a.code != "" {
+		switch {
+		case a.code == httpplatform.CodeNotFound && a.msg == "no such session":
+			return nil, errNoSession
+		case a.code == httpplatform.CodeNotFound:
+			return nil, &noMessageError{a.msg}
+		case a.code != "":
 			return nil, fmt.Errorf("%s (%s)", a.msg, a.code)
 		}
 	}
 	return nil, fmt.Errorf("the %s at %s answered %s: %s", daemonNoun(cfg), addr, a.statusText, a.msg)
+}
+
+// noMessageError is a daemon's refusal of a requeue of a message its key does not have (404
+// not_found), with the daemon's message: the key and the session it looked in.
+type noMessageError struct{ msg string }
+
+func (e *noMessageError) Error() string { return e.msg }
+
+// requeueRefused is the error of a requeue of message id of key the daemon refused (err). A key
+// no session has, or a message the key does not have, is said for an operator: what was not
+// found, and the command that lists what there is. Before, they were the daemon's raw "no such
+// session (not_found)" and "no message ID in session KEY (not_found)", which called the key a
+// session (a CLI review).
+func requeueRefused(key, id string, err error) error {
+	if errors.Is(err, errNoSession) {
+		return noSession("sessions requeue", key, "requeued")
+	}
+	if nm, ok := errors.AsType[*noMessageError](err); ok {
+		show := "agentgate sessions show KEY"
+		if len(key) <= errArgBytes {
+			show = "agentgate sessions show " + pasteableKey(key)
+		}
+		return fmt.Errorf("sessions requeue: %s, so nothing was requeued; %s lists the key's last messages with their ids, "+
+			"agentgate sessions quarantined the quarantined ones, which a requeue runs", nm.msg, show)
+	}
+	return fmt.Errorf("requeue %s of %s: %w", shortArg(id), shortKey(key), err)
 }
 
 // requeueAnswerLost is the error of a requeue whose answer did not come back: the operator

@@ -176,6 +176,20 @@ func TestSessionsRequeueThroughTheDaemon(t *testing.T) {
 	if got, want := overHTTP(), []listed{{key, false, "q1", "alice"}, {"agent:main:http:dm:d2", true, "q2", "bob"}}; !slices.Equal(got, want) {
 		t.Errorf("GET /v1/quarantined = %+v, want %+v", got, want)
 	}
+	// A message the key does not have, and a key no session has, are said for an operator: the
+	// key as a key, the session the daemon looked in, and the command that lists what there is.
+	// Before: "no message nope in session KEY (not_found)" and "no such session (not_found)".
+	for _, tc := range []struct{ key, id, want string }{
+		{key, "nope", "sessions requeue: key " + key + " has no message nope: not in its current session s1, nor in an ended one still stored, " +
+			"so nothing was requeued; agentgate sessions show " + key + " lists the key's last messages with their ids, " +
+			"agentgate sessions quarantined the quarantined ones, which a requeue runs"},
+		{"agent:main:http:dm:nobody", "q1", "sessions requeue: the key agent:main:http:dm:nobody has no session, so nothing was requeued; " +
+			"agentgate sessions list prints the keys that have one"},
+	} {
+		if _, _, err := runSessions(t, "requeue", "--data-dir", dataDir, tc.key, tc.id); err == nil || err.Error() != tc.want {
+			t.Errorf("sessions requeue %s %s = %v, want %q", tc.key, tc.id, err, tc.want)
+		}
+	}
 	out, _ := MustRunSessions(t, "requeue", "--data-dir", dataDir, key, "q1")
 	if !strings.Contains(out, "requeued message q1 of "+key) {
 		t.Errorf("sessions requeue printed %q, want the requeue it made", out)

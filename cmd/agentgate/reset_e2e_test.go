@@ -66,8 +66,9 @@ func TestSessionsResetThroughTheDaemon(t *testing.T) {
 	}
 
 	t.Setenv("ADMIN_TOKEN", "s3cret")
-	if _, _, err := runSessions(t, "reset", "--data-dir", dir, "agent:main:http:dm:nobody"); err == nil || err.Error() != "reset agent:main:http:dm:nobody: no such session" {
-		t.Errorf("reset of an unknown key through the daemon: %v, want no such session", err)
+	if _, _, err := runSessions(t, "reset", "--data-dir", dir, "agent:main:http:dm:nobody"); err == nil ||
+		err.Error() != "sessions reset: the key agent:main:http:dm:nobody has no session, so nothing was reset; agentgate sessions list prints the keys that have one" {
+		t.Errorf("reset of an unknown key through the daemon: %v, want that the key has no session", err)
 	}
 	out, _ := MustRunSessions(t, "reset", "--data-dir", dir, key)
 	if want := "ended session " + first + " of " + key + " (reset_command) through the daemon at "; !strings.HasPrefix(out, want) {

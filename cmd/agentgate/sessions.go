@@ -326,7 +326,7 @@ func sessionsShow(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if snap.Route == nil {
-		return fmt.Errorf("session %s not found", shortKey(key))
+		return noSession("sessions show", key, "")
 	}
 	out := showJSON{
 		SessionKey: key,
@@ -463,7 +463,7 @@ func sessionsExport(ctx context.Context, args []string, stdout, stderr io.Writer
 	defer st.Close()
 	route, err := st.Route(ctx, key)
 	if errors.Is(err, persistence.ErrNotFound) {
-		return fmt.Errorf("session %s not found", shortKey(key))
+		return noSession("sessions export", key, "")
 	}
 	if err != nil {
 		return err
@@ -612,8 +612,11 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		if errors.Is(err, errStopping) {
 			return fmt.Errorf("reset %s: %v; run it again once the daemon has restarted, or with it stopped", shortKey(key), err)
 		}
+		if errors.Is(err, errNoSession) {
+			return noSession("sessions reset", key, "reset")
+		}
 		if err != nil {
-			return fmt.Errorf("reset %s: %w", shortKey(key), err) // (a refusal: a KEY no session has, one too long for a request)
+			return fmt.Errorf("reset %s: %w", shortKey(key), err) // (a refusal: one too long for a request)
 		}
 		printDaemonReset(stdout, key, addr, info)
 		return nil
@@ -658,7 +661,7 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	if snap.Route == nil {
-		return fmt.Errorf("session %s not found", shortKey(key))
+		return noSession("sessions reset", key, "reset")
 	}
 	s := snap.Session
 	if s == nil {
@@ -1400,6 +1403,21 @@ func keyCell(key string) string {
 // a 100 KB one whole (found by a CLI review). A key the platforms make is far shorter than
 // that, whole, wherever a command names a key that a session has.
 const errArgBytes = 200
+
+// noSession is the error of the admin command cmd ("sessions show") given a KEY no session has
+// (a typo, a key of another deployment); undone, of a command that changes something, is what
+// it did not do ("reset"). It names the key as a key, and the command that prints the keys.
+// Before, "session KEY not found" called the key a session, and requeue printed the daemon's
+// raw "no such session (not_found)" (a CLI review).
+func noSession(cmd, key, undone string) error {
+	if undone != "" {
+		undone = ", so nothing was " + undone
+	}
+	return fmt.Errorf("%s: the key %s has no session%s; agentgate sessions list prints the keys that have one", cmd, shortKey(key), undone)
+}
+
+// errNoSession is a daemon's refusal of a KEY no session has (404 not_found "no such session").
+var errNoSession = errors.New("no such session")
 
 // shortKey is key as an error that refuses it names it: pasteableKey's form of its first
 // errArgBytes bytes (whole runes), then "…" and its length when it is longer.

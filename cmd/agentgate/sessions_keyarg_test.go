@@ -181,7 +181,7 @@ func TestSessionsKeyArgument(t *testing.T) {
 		{"raw", keyA, ""},
 		{"quoted", `"` + keyA + `"`, ""},
 		{"quoted with escapes", `"agent:main:http:dm:\x61lice"`, ""},
-		{"raw with a quote inside", `agent:main:http:dm:o"x`, `session '"agent:main:http:dm:o\"x"' not found`},
+		{"raw with a quote inside", `agent:main:http:dm:o"x`, `sessions show: the key '"agent:main:http:dm:o\"x"' has no session; `},
 		{"bad escape", `"agent:main:http:dm:\q"`, `sessions show: "\"agent:main:http:dm:\\q\"" begins with a quote but is not Go-quoted as sessions list prints a key (invalid syntax)`},
 		{"unterminated", `"` + keyA, "begins with a quote but is not Go-quoted"},
 		{"quoted, but no key", `"agent:main"`, `sessions show: identity: not a session key: "agent:main" (want agent:`},
@@ -208,7 +208,7 @@ func TestSessionsKeyArgument(t *testing.T) {
 
 // TestErrorsCutALongArgument: an error that refuses a KEY no session has, one that is no key,
 // or another argument of any length repeats its first 200 bytes and says how long it is: before,
-// "session … not found" echoed a 100 KB KEY (pasted with a log line) whole. A key a session has
+// "session … not found" (now "the key … has no session") echoed a 100 KB KEY (pasted with a log line) whole. A key a session has
 // is named whole (sessions reset's line of what it ended).
 func TestErrorsCutALongArgument(t *testing.T) {
 	dir := MustSeedSessions(t)
@@ -220,10 +220,10 @@ func TestErrorsCutALongArgument(t *testing.T) {
 		args []string
 		want string // the whole error, or stderr when the error is errUsage alone
 	}{
-		{[]string{"show", long}, "session " + cut(long) + " not found"},
-		{[]string{"export", long}, "session " + cut(long) + " not found"},
-		{[]string{"reset", long}, "session " + cut(long) + " not found"},
-		{[]string{"pardon", long}, "sessions pardon: session " + cut(long) + " not found: nothing was pardoned (agentgate sessions list prints the keys)"},
+		{[]string{"show", long}, "sessions show: the key " + cut(long) + " has no session; agentgate sessions list prints the keys that have one"},
+		{[]string{"export", long}, "sessions export: the key " + cut(long) + " has no session; agentgate sessions list prints the keys that have one"},
+		{[]string{"reset", long}, "sessions reset: the key " + cut(long) + " has no session, so nothing was reset; agentgate sessions list prints the keys that have one"},
+		{[]string{"pardon", long}, "sessions pardon: the key " + cut(long) + " has no session, so nothing was pardoned; agentgate sessions list prints the keys that have one"},
 		{[]string{"requeue", long, "m1"}, "requeue m1 of " + cut(long) + ": no daemon runs on " + dir +
 			"; a requeue runs the message, which only the daemon does: start it (agentgate serve) and try again (nothing was changed)"},
 		{[]string{"requeue", keyA, tail}, "requeue " + cut(tail) + " of " + keyA + ": no daemon runs on " + dir +

@@ -73,7 +73,7 @@ func sessionsPardon(ctx context.Context, args []string, stdout, stderr io.Writer
 		// (After the replay: a session the spool holds is one.) A key no session has is a
 		// typo, not a session with nothing to pardon, as show and reset say.
 		if _, err := st.Route(ctx, key); errors.Is(err, persistence.ErrNotFound) {
-			return fmt.Errorf("sessions pardon: session %s not found: nothing was pardoned (agentgate sessions list prints the keys)", shortKey(key))
+			return noSession("sessions pardon", key, "pardoned")
 		} else if err != nil {
 			return err
 		}

@@ -348,7 +348,7 @@ func TestSessionsPardonOfAnUnknownKey(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			out, _, err := runSessions(t, "pardon", "--data-dir", dir, c.arg)
-			want := "sessions pardon: session " + c.shown + " not found: nothing was pardoned (agentgate sessions list prints the keys)"
+			want := "sessions pardon: the key " + c.shown + " has no session, so nothing was pardoned; agentgate sessions list prints the keys that have one"
 			if err == nil || err.Error() != want || out != "" {
 				t.Errorf("pardon of an unknown key = %v, stdout %q; want the error %q", err, out, want)
 			}

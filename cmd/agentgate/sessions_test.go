@@ -465,7 +465,7 @@ func TestSessionsShow(t *testing.T) {
 	errTests := []struct {
 		name, key, want string
 	}{
-		{"unknown key", "agent:main:http:dm:nobody", "session agent:main:http:dm:nobody not found"},
+		{"unknown key", "agent:main:http:dm:nobody", "sessions show: the key agent:main:http:dm:nobody has no session; agentgate sessions list prints the keys that have one"},
 		{"not a key", "alice", "not a session key"},
 	}
 	for _, tc := range errTests {
@@ -581,8 +581,8 @@ func TestSessionsExport(t *testing.T) {
 
 	t.Run("unknown key", func(t *testing.T) {
 		_, _, err := runSessions(t, "export", "--data-dir", dir, "agent:main:http:dm:nobody")
-		if err == nil || !strings.Contains(err.Error(), "not found") {
-			t.Errorf("export of an unknown key error = %v, want not found", err)
+		if err == nil || !strings.Contains(err.Error(), "has no session") {
+			t.Errorf("export of an unknown key error = %v, want has no session", err)
 		}
 	})
 }
@@ -751,8 +751,8 @@ func TestSessionsReset(t *testing.T) {
 	t.Run("unknown key", func(t *testing.T) {
 		dir := MustSeedSessions(t)
 		_, _, err := runSessions(t, "reset", "--data-dir", dir, "agent:main:http:dm:nobody")
-		if err == nil || !strings.Contains(err.Error(), "not found") {
-			t.Errorf("reset of an unknown key error = %v, want not found", err)
+		if err == nil || !strings.Contains(err.Error(), "has no session") {
+			t.Errorf("reset of an unknown key error = %v, want has no session", err)
 		}
 	})
 
