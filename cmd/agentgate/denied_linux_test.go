@@ -314,6 +314,7 @@ func TestDeniedRestoredDatabaseInARelativeDataDir(t *testing.T) {
 		}
 	}
 }
+
 // accessWorld is a directory for a test of what an admin command says of a path this user may
 // not use, with bin, the built binary to run there, and uid, the user it runs as: as root,
 // which may use anything, nobody (dirForAnotherUser), else this user.
