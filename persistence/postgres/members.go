@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Member is one member of a cluster, as it registers itself (Store.Heartbeat).
@@ -131,19 +130,15 @@ func (s *Store) Strangers(ctx context.Context, cluster, id string, ttl time.Dura
 		return nil, fmt.Errorf("list other clusters' members: %w", err)
 	}
 	defer done()
-	var ms []Member
-	err = s.again(ctx, func(c *pgxpool.Conn) error {
-		rows, err := c.Query(ctx, strangersSQL, cluster, ttl.Seconds(), id)
-		if err == nil {
-			ms, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
-				var m Member
-				return m, r.Scan(&m.Cluster, &m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node, &m.HTTP)
-			})
-		}
-		return err
-	})
+	rows, err := s.pool.Query(ctx, strangersSQL, cluster, ttl.Seconds(), id)
 	if err == nil {
-		return ms, nil
+		var ms []Member
+		if ms, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
+			var m Member
+			return m, r.Scan(&m.Cluster, &m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node, &m.HTTP)
+		}); err == nil {
+			return ms, nil
+		}
 	}
 	return nil, fmt.Errorf("list other clusters' members: %w", s.explain(ctx, err))
 }
@@ -165,9 +160,7 @@ func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl tim
 	defer done()
 	secs := ttl.Seconds()
 	var live []Member
-	// Run again once if its connection was dead before its COMMIT (inTx): a renewal that fails
-	// is retried only at the next heartbeat, a fraction of member_ttl later.
-	err = s.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		kinds := m.Kinds
 		if kinds == nil {
@@ -205,16 +198,12 @@ func (s *Store) Members(ctx context.Context, cluster string, ttl time.Duration) 
 		return nil, fmt.Errorf("list members: %w", err)
 	}
 	defer done()
-	var live []Member
-	err = s.again(ctx, func(c *pgxpool.Conn) error {
-		rows, err := c.Query(ctx, liveMembersSQL, cluster, ttl.Seconds())
-		if err == nil {
-			live, err = pgx.CollectRows(rows, scanMember)
-		}
-		return err
-	})
+	rows, err := s.pool.Query(ctx, liveMembersSQL, cluster, ttl.Seconds())
 	if err == nil {
-		return live, nil
+		var live []Member
+		if live, err = pgx.CollectRows(rows, scanMember); err == nil {
+			return live, nil
+		}
 	}
 	return nil, fmt.Errorf("list members of %s: %w", cluster, s.explain(ctx, err))
 }
@@ -232,10 +221,7 @@ func (s *Store) Leave(ctx context.Context, cluster, id string) error {
 		return fmt.Errorf("leave: %w", err)
 	}
 	defer done()
-	if err := s.again(ctx, func(c *pgxpool.Conn) error { // a DELETE: twice is once
-		_, err := c.Exec(ctx, leaveSQL, cluster, id)
-		return err
-	}); err != nil {
+	if _, err := s.pool.Exec(ctx, leaveSQL, cluster, id); err != nil {
 		return fmt.Errorf("leave %s: %w", cluster, s.explain(ctx, err))
 	}
 	return nil
@@ -254,16 +240,11 @@ func (s *Store) RecordSelfStops(ctx context.Context, cluster string, nodes []str
 		return 0, fmt.Errorf("record members that stopped themselves: %w", err)
 	}
 	defer done()
-	var marked int64
-	err = s.again(ctx, func(c *pgxpool.Conn) error { // sets a flag: twice marks the same rows
-		tag, err := c.Exec(ctx, selfStoppedSQL, cluster, nodes)
-		marked = tag.RowsAffected()
-		return err
-	})
+	tag, err := s.pool.Exec(ctx, selfStoppedSQL, cluster, nodes)
 	if err != nil {
 		return 0, fmt.Errorf("record members that stopped themselves: %w", s.explain(ctx, err))
 	}
-	return int(marked), nil
+	return int(tag.RowsAffected()), nil
 }
 
 // memberHTTPSQL lists the members that are live by their own ttl, not leaving, and registered
@@ -282,19 +263,15 @@ func (s *Store) MemberHTTP(ctx context.Context, cluster string) ([]Member, error
 		return nil, fmt.Errorf("list members: %w", err)
 	}
 	defer done()
-	var ms []Member
-	err = s.again(ctx, func(c *pgxpool.Conn) error {
-		rows, err := c.Query(ctx, memberHTTPSQL, cluster)
-		if err == nil {
-			ms, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
-				var m Member
-				return m, r.Scan(&m.ID, &m.Node, &m.HTTP)
-			})
-		}
-		return err
-	})
+	rows, err := s.pool.Query(ctx, memberHTTPSQL, cluster)
 	if err == nil {
-		return ms, nil
+		var ms []Member
+		if ms, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
+			var m Member
+			return m, r.Scan(&m.ID, &m.Node, &m.HTTP)
+		}); err == nil {
+			return ms, nil
+		}
 	}
 	return nil, fmt.Errorf("list members of %s: %w", cluster, s.explain(ctx, err))
 }
@@ -317,35 +294,29 @@ func (s *Store) Holders(ctx context.Context, cluster string, keys []string, ttl 
 		return nil, fmt.Errorf("holders of %d keys: %w", len(keys), err)
 	}
 	defer done()
-	err = s.again(ctx, func(c *pgxpool.Conn) (err error) {
-		clear(out)
-		// A batch of its own for each connection: pgx keeps in a sent batch's queries the
-		// statements it prepared on the connection it was sent on.
-		b := &pgx.Batch{}
-		for chunk := range slices.Chunk(keys, holdersPerQuery) {
-			b.Queue(holdersSQL, chunk, cluster, ttl.Seconds())
+	b := &pgx.Batch{}
+	for chunk := range slices.Chunk(keys, holdersPerQuery) {
+		b.Queue(holdersSQL, chunk, cluster, ttl.Seconds())
+	}
+	br := s.pool.SendBatch(ctx, b)
+	for range b.Len() {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err != nil {
+			break
 		}
-		br := c.SendBatch(ctx, b)
-		for range b.Len() {
-			var rows pgx.Rows
-			if rows, err = br.Query(); err != nil {
-				break
-			}
-			var key string
-			var m Member
-			if _, err = pgx.ForEachRow(rows, []any{&key, &m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node}, func() error {
-				out[key] = m
-				m = Member{}
-				return nil
-			}); err != nil {
-				break
-			}
+		var key string
+		var m Member
+		if _, err = pgx.ForEachRow(rows, []any{&key, &m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node}, func() error {
+			out[key] = m
+			m = Member{}
+			return nil
+		}); err != nil {
+			break
 		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-		return err
-	})
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return nil, fmt.Errorf("holders of %d keys: %w", len(keys), s.explain(ctx, err))
 	}
@@ -362,9 +333,7 @@ func (s *Store) Clock(ctx context.Context) (time.Time, error) {
 	}
 	defer done()
 	var t time.Time
-	if err := s.again(ctx, func(c *pgxpool.Conn) error {
-		return c.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&t)
-	}); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&t); err != nil {
 		return time.Time{}, fmt.Errorf("read the database's clock: %w", s.explain(ctx, err))
 	}
 	return t, nil

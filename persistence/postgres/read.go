@@ -10,7 +10,6 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 const defaultListLimit = 100
@@ -60,20 +59,15 @@ func (s *Store) LoadSession(ctx context.Context, key string, historyLimit, pendi
 		return nil, fmt.Errorf("load session %s: %w", key, err)
 	}
 	defer done()
-	var snap *persistence.Snapshot
-	err = s.again(ctx, func(c *pgxpool.Conn) (err error) {
-		snap, err = loadSession(ctx, c, key, historyLimit, pendingLimit)
-		return err
-	})
+	snap, err := s.loadSession(ctx, key, historyLimit, pendingLimit)
 	if err != nil {
 		return nil, fmt.Errorf("load session %s: %w", key, s.explain(ctx, err))
 	}
 	return snap, nil
 }
 
-// loadSession is LoadSession's read on c.
-func loadSession(ctx context.Context, c *pgxpool.Conn, key string, historyLimit, pendingLimit int) (*persistence.Snapshot, error) {
-	tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+func (s *Store) loadSession(ctx context.Context, key string, historyLimit, pendingLimit int) (*persistence.Snapshot, error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, err
 	}
@@ -204,13 +198,9 @@ func (s *Store) FindInbound(ctx context.Context, platform, chatID, messageID str
 	if messageID == "" {
 		return nil, fmt.Errorf("find inbound %s/%s: empty message id: %w", platform, chatID, persistence.ErrNotFound)
 	}
-	var m persistence.Message
-	err = s.again(ctx, func(c *pgxpool.Conn) (err error) {
-		m, err = scanMessage(c.QueryRow(ctx, `SELECT `+messageCols+` FROM messages
-			WHERE platform = $1 AND chat_id = $2 AND message_id = $3 AND role = 'user' AND message_id <> ''`,
-			platform, chatID, messageID))
-		return err
-	})
+	m, err := scanMessage(s.pool.QueryRow(ctx, `SELECT `+messageCols+` FROM messages
+		WHERE platform = $1 AND chat_id = $2 AND message_id = $3 AND role = 'user' AND message_id <> ''`,
+		platform, chatID, messageID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = persistence.ErrNotFound
 	}
@@ -228,7 +218,7 @@ func (s *Store) RepliesTo(ctx context.Context, key, messageID string, after int6
 		return nil, fmt.Errorf("replies to %s: %w", messageID, err)
 	}
 	defer done()
-	es, err := readAll(ctx, s, scanOutbox, `SELECT `+outboxCols+` FROM outbox
+	es, err := queryAll(ctx, s.pool, scanOutbox, `SELECT `+outboxCols+` FROM outbox
 		WHERE session_key = $1 AND seq > $3 AND $2 = ANY (in_reply_to) ORDER BY seq`, key, messageID, after)
 	if err != nil {
 		return nil, fmt.Errorf("replies to %s: %w", messageID, s.explain(ctx, err))
@@ -257,11 +247,7 @@ func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit 
 		return nil, fmt.Errorf("outbox after %d: %w", after, err)
 	}
 	defer done()
-	var es []persistence.OutboxEntry
-	err = s.again(ctx, func(c *pgxpool.Conn) (err error) {
-		es, err = outboxAfter(ctx, c, key, after, limit)
-		return err
-	})
+	es, err := outboxAfter(ctx, s.pool, key, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox after %d: %w", after, s.explain(ctx, err))
 	}
@@ -285,9 +271,7 @@ func (s *Store) LastOutboxSeq(ctx context.Context, key string) (int64, error) {
 	}
 	defer done()
 	var seq int64
-	if err := s.again(ctx, func(c *pgxpool.Conn) error {
-		return c.QueryRow(ctx, lastOutboxSeqSQL, key).Scan(&seq)
-	}); err != nil {
+	if err := s.pool.QueryRow(ctx, lastOutboxSeqSQL, key).Scan(&seq); err != nil {
 		return 0, fmt.Errorf("last outbox seq: %w", s.explain(ctx, err))
 	}
 	return seq, nil
@@ -301,7 +285,7 @@ func (s *Store) Transcript(ctx context.Context, sessionID string) ([]persistence
 		return nil, fmt.Errorf("transcript %s: %w", sessionID, err)
 	}
 	defer done()
-	ms, err := readAll(ctx, s, scanMessage, `SELECT `+messageCols+` FROM messages
+	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+messageCols+` FROM messages
 		WHERE session_id = $1 ORDER BY seq`, sessionID)
 	if err != nil {
 		return nil, fmt.Errorf("transcript %s: %w", sessionID, s.explain(ctx, err))
@@ -331,7 +315,7 @@ func (s *Store) TranscriptAfter(ctx context.Context, sessionID string, after int
 	if limit > 0 {
 		budget = persistence.TranscriptPageBytes
 	}
-	ms, err := readAll(ctx, s, scanMessage, transcriptAfterSQL, sessionID, after, limitArg(limit), budget)
+	ms, err := queryAll(ctx, s.pool, scanMessage, transcriptAfterSQL, sessionID, after, limitArg(limit), budget)
 	if err != nil {
 		return nil, fmt.Errorf("transcript %s after %d: %w", sessionID, after, s.explain(ctx, err))
 	}
@@ -355,7 +339,7 @@ func (s *Store) pendingAfter(ctx context.Context, cols, sessionID string, after,
 		return nil, fmt.Errorf("pending messages of %s after %d: %w", sessionID, after, err)
 	}
 	defer done()
-	ms, err := readAll(ctx, s, scanMessage, `SELECT `+cols+` FROM messages
+	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+cols+` FROM messages
 		WHERE session_id = $1 AND role = 'user' AND status = 'pending' AND active
 		AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4`, sessionID, after, through, limitArg(limit))
 	if err != nil {
@@ -372,12 +356,10 @@ func (s *Store) CountMessages(ctx context.Context, sessionID string) (messages, 
 		return 0, 0, fmt.Errorf("count messages of %s: %w", sessionID, err)
 	}
 	defer done()
-	err = s.again(ctx, func(c *pgxpool.Conn) error {
-		return c.QueryRow(ctx, `SELECT
+	err = s.pool.QueryRow(ctx, `SELECT
 			(SELECT COUNT(*) FROM messages WHERE session_id = $1),
 			(SELECT COUNT(*) FROM messages WHERE session_id = $1
 				AND role = 'user' AND status = 'pending' AND active)`, sessionID).Scan(&messages, &pending)
-	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("count messages of %s: %w", sessionID, s.explain(ctx, err))
 	}
@@ -399,21 +381,15 @@ func (s *Store) History(ctx context.Context, sessionID string, limit int) ([]per
 		return nil, 0, fmt.Errorf("history of %s: %w", sessionID, err)
 	}
 	defer done()
-	var h []persistence.Message
-	var last int64
-	err = s.again(ctx, func(c *pgxpool.Conn) (err error) {
-		h, last, err = history(ctx, c, sessionID, limit)
-		return err
-	})
+	h, last, err := s.history(ctx, sessionID, limit)
 	if err != nil {
 		return nil, 0, fmt.Errorf("history of %s: %w", sessionID, s.explain(ctx, err))
 	}
 	return h, last, nil
 }
 
-// history is History's read on c.
-func history(ctx context.Context, c *pgxpool.Conn, sessionID string, limit int) ([]persistence.Message, int64, error) {
-	tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+func (s *Store) history(ctx context.Context, sessionID string, limit int) ([]persistence.Message, int64, error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, 0, err
 	}
@@ -467,7 +443,7 @@ func (s *Store) Search(ctx context.Context, query string, limit int) ([]persiste
 		limit = defaultListLimit
 	}
 	// The WHERE clause is the expression of the optional index above, so the planner uses it.
-	ms, err := readAll(ctx, s, scanMessage, `SELECT `+messageCols+`
+	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+messageCols+`
 		FROM messages, websearch_to_tsquery('simple', $1) AS q
 		WHERE `+searchVector+` @@ q
 		ORDER BY ts_rank(`+searchVector+`, q) DESC, id LIMIT $2`, query, limit)
@@ -487,7 +463,7 @@ func (s *Store) Quarantined(ctx context.Context, limit int) ([]persistence.Quara
 	if limit <= 0 {
 		limit = defaultListLimit
 	}
-	ms, err := readAll(ctx, s, scanQuarantined, `SELECT `+sqlstore.Prefixed("m.", messageCols)+`, s.key, s.ended_at
+	ms, err := queryAll(ctx, s.pool, scanQuarantined, `SELECT `+sqlstore.Prefixed("m.", messageCols)+`, s.key, s.ended_at
 		FROM messages m JOIN sessions s ON s.id = m.session_id
 		WHERE m.status = 'quarantined' AND m.role = 'user' AND m.active
 		ORDER BY m.created_at DESC, m.id DESC LIMIT $1`, limit)
@@ -509,9 +485,7 @@ func (s *Store) Route(ctx context.Context, key string) (*persistence.Route, erro
 	}
 	defer done()
 	var r persistence.Route
-	err = s.again(ctx, func(c *pgxpool.Conn) error {
-		return c.QueryRow(ctx, routeSQL, key).Scan(&r.Key, &r.SessionID, &r.Generation, nanoTime{&r.UpdatedAt})
-	})
+	err = s.pool.QueryRow(ctx, routeSQL, key).Scan(&r.Key, &r.SessionID, &r.Generation, nanoTime{&r.UpdatedAt})
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = persistence.ErrNotFound
 	}
@@ -528,11 +502,7 @@ func (s *Store) Session(ctx context.Context, id string) (*persistence.Session, e
 		return nil, fmt.Errorf("session %s: %w", id, err)
 	}
 	defer done()
-	var ss *persistence.Session
-	err = s.again(ctx, func(c *pgxpool.Conn) (err error) {
-		ss, err = scanSession(c.QueryRow(ctx, sessionSQL, id))
-		return err
-	})
+	ss, err := scanSession(s.pool.QueryRow(ctx, sessionSQL, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = persistence.ErrNotFound
 	}
@@ -558,7 +528,7 @@ func (s *Store) SessionsOfKey(ctx context.Context, key string, limit int) ([]per
 	if limit <= 0 {
 		limit = persistence.DefaultSessionsOfKeyLimit
 	}
-	ss, err := readAll(ctx, s, scanSessionValue, `SELECT `+sessionCols+` FROM sessions
+	ss, err := queryAll(ctx, s.pool, scanSessionValue, `SELECT `+sessionCols+` FROM sessions
 		WHERE key = $1 ORDER BY `+validNanos("started_at")+` DESC, id COLLATE "C" LIMIT $2`, key, limit)
 	if err != nil {
 		return nil, fmt.Errorf("sessions of key %s: %w", key, s.explain(ctx, err))
@@ -586,7 +556,7 @@ func (s *Store) IdleSessions(ctx context.Context, before time.Time, limit int) (
 	if before.IsZero() {
 		return nil, nil // nothing, not even the zero time, is before the zero time
 	}
-	ss, err := readAll(ctx, s, scanSessionValue, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+`
+	ss, err := queryAll(ctx, s.pool, scanSessionValue, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+`
 		FROM sessions s WHERE `+openRouted+`
 			AND (s.last_activity_at IS NULL OR s.last_activity_at < $1)
 		ORDER BY `+validNanos("s.last_activity_at")+`, s.id COLLATE "C" LIMIT $2`, sqlstore.NanoBound(before), limit)
@@ -615,7 +585,7 @@ func (s *Store) IdleSessionsAfter(ctx context.Context, before, lastActivity time
 	if !lastActivity.IsZero() {
 		from = lastActivity.UnixNano()
 	}
-	ss, err := readAll(ctx, s, scanSessionValue, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+`
+	ss, err := queryAll(ctx, s.pool, scanSessionValue, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+`
 		FROM sessions s WHERE `+openRouted+`
 			AND s.last_activity_at < $1
 			AND (s.last_activity_at > $2 OR (s.last_activity_at = $2 AND s.id COLLATE "C" > $3))
@@ -639,7 +609,7 @@ func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]p
 	if limit <= 0 {
 		limit = defaultListLimit
 	}
-	out, err := readAll(ctx, s, func(r scanner) (persistence.SessionSummary, error) {
+	out, err := queryAll(ctx, s.pool, func(r scanner) (persistence.SessionSummary, error) {
 		var sum persistence.SessionSummary
 		err := r.Scan(append(sessionDest(&sum.Session), &sum.Messages, &sum.Pending)...)
 		return sum, err
@@ -664,7 +634,7 @@ func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("recoverable: %w", err)
 	}
 	defer done()
-	keys, err := readAll(ctx, s, func(r scanner) (string, error) {
+	keys, err := queryAll(ctx, s.pool, func(r scanner) (string, error) {
 		var k string
 		return k, r.Scan(&k)
 	}, `SELECT k FROM (
@@ -710,7 +680,7 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 			mark     persistence.ChatMark
 			at       *int64
 		}
-		page, err := readAll(ctx, s, func(r scanner) (row, error) {
+		page, err := queryAll(ctx, s.pool, func(r scanner) (row, error) {
 			var v row
 			err := r.Scan(&v.id, &v.platform, &v.mark.ChatID, &v.mark.ThreadID, &v.mark.ScopeID, &v.mark.MessageID, &v.at)
 			return v, err
@@ -749,7 +719,7 @@ func (s *Store) Unread(ctx context.Context, platform string, limit int) ([]persi
 	if limit <= 0 {
 		limit = persistence.DefaultUnreadLimit
 	}
-	us, err := readAll(ctx, s, scanUnread, `SELECT `+sqlstore.UnreadCols+` FROM unread
+	us, err := queryAll(ctx, s.pool, scanUnread, `SELECT `+sqlstore.UnreadCols+` FROM unread
 		WHERE platform = $1 ORDER BY `+validNanos("created_at")+`, chat_id COLLATE "C" LIMIT $2`, platform, limit)
 	if err != nil {
 		return nil, fmt.Errorf("unread places of %s: %w", platform, s.explain(ctx, err))
@@ -767,7 +737,7 @@ func (s *Store) OpenDrafts(ctx context.Context, platform string, limit int) ([]p
 	if limit <= 0 {
 		limit = persistence.DefaultOpenDraftsLimit
 	}
-	ds, err := readAll(ctx, s, scanDraft, `SELECT `+sqlstore.DraftCols+` FROM drafts
+	ds, err := queryAll(ctx, s.pool, scanDraft, `SELECT `+sqlstore.DraftCols+` FROM drafts
 		WHERE platform = $1 ORDER BY `+validNanos("created_at")+`, id COLLATE "C" LIMIT $2`, platform, limit)
 	if err != nil {
 		return nil, fmt.Errorf("open drafts of %s: %w", platform, s.explain(ctx, err))
