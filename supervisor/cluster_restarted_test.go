@@ -6,6 +6,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -38,7 +39,9 @@ func TestClusterRequestToAMemberRestartedOnItsPortIsSentAgain(t *testing.T) {
 	if _, err := admin.Exec(t.Context(), `CREATE ROLE `+role+` LOGIN SUPERUSER`); err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Exec(context.Background(), `DROP ROLE IF EXISTS `+role)
+	// Dropped after b's stop (cleanups run last first): a session whose role is dropped is no
+	// superuser any more, and b's stop met "permission denied for table members".
+	t.Cleanup(func() { admin.Exec(context.Background(), `DROP ROLE IF EXISTS `+role) })
 	bDSN := strings.Replace(dsn, "user=postgres", "user="+role, 1)
 	if bDSN == dsn {
 		t.Fatalf("the dsn %q names no user postgres", dsn)
@@ -69,7 +72,15 @@ func TestClusterRequestToAMemberRestartedOnItsPortIsSentAgain(t *testing.T) {
 	// the key's owner row (each write passes the key's fence, which reads that row FOR SHARE),
 	// and then b is cut off as a kill -9 cuts it (its cluster port closed and its remote
 	// stopped, its renewals and its database connections ended).
-	lock, err := admin.Begin(t.Context())
+	// On a connection of its own: on admin, the transaction took in the ALTER ROLE below,
+	// which no login saw before the transaction's end and its rollback undid, so b's pool
+	// dialled anew at once (its commit of m2 ran again and committed).
+	locker, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+	lock, err := locker.Begin(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,12 +106,17 @@ func TestClusterRequestToAMemberRestartedOnItsPortIsSentAgain(t *testing.T) {
 	// still let b's answer out through its own connection to a).
 	b.d.endpoints.shutdown(b.d.cluster.Remote, b.d.log)
 	b.d.membership.once.Do(func() { close(b.d.membership.stop) })
+	b.fake.SetSendError(errors.New("the member is dead"))
 	if _, err := admin.Exec(t.Context(), `ALTER ROLE `+role+` NOLOGIN`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.Exec(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1`, role); err != nil {
-		t.Fatal(err)
-	}
+	// Until none is left: a termination is asynchronous, and a backend that passed its login
+	// check just before the NOLOGIN committed shows in pg_stat_activity only a moment later.
+	waitUntil(t, func() bool {
+		var n int
+		err := admin.QueryRow(t.Context(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = $1`, role).Scan(&n)
+		return err == nil && n == 0
+	})
 	if err := lock.Rollback(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -112,4 +128,7 @@ func TestClusterRequestToAMemberRestartedOnItsPortIsSentAgain(t *testing.T) {
 		t.Fatalf("m2, sent while the member of its session died and came back on its port: %v; want it taken by the key's owner", err)
 	}
 	waitReply(t, []*runtime{a, c}, "m2")
+	if n := repliesTo([]*runtime{a, b, c}, "m2"); n != 1 {
+		t.Errorf("m2 answered %d times, want once", n)
+	}
 }
