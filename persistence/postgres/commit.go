@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Column lists, in the order the scan functions and the INSERTs use them.
@@ -142,26 +144,59 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 	if len(valid) == 0 {
 		return errs
 	}
-	if retry := s.commitTx(ctx, fence, stmts, valid, errs, false); retry {
-		s.commitTx(ctx, fence, stmts, valid, errs, true)
-	}
+	s.commitTxs(ctx, fence, stmts, valid, errs)
 	for i, err := range errs {
 		errs[i] = s.explain(ctx, err)
 	}
 	return errs
 }
 
-// commitTx runs the valid groups in one transaction and fills their errs. Without savepoints,
-// a group that fails rolls the whole transaction back and commitTx asks for a retry with them.
-// A fence, when not nil, runs first: when it fails, so does every group.
-func (s *Store) commitTx(ctx context.Context, fence *stmt, stmts [][]stmt, valid []int, errs []error, savepoints bool) (retry bool) {
+// commitTxs runs the valid groups in a transaction without savepoints and, when one of them
+// failed for what it holds, again in one with a savepoint per group (commitTx). A transaction
+// whose connection was dead before its COMMIT was sent (the server ended the session while the
+// connection was idle in the pool, or it broke) committed nothing, and runs once more, on a
+// connection the pool pings first (attempt); once per Commit. A connection that breaks once
+// COMMIT is sent leaves the transaction's fate unknown, and it is not run again here: its
+// groups fail with ErrUnavailable, and the persistence actor spools them and replays them,
+// which every op bears (each is idempotent but the counters: docs/ARCHITECTURE.md)
+// (TestLostCommitAnswerIsNotRetried).
+func (s *Store) commitTxs(ctx context.Context, fence *stmt, stmts [][]stmt, valid []int, errs []error) {
+	savepoints, retried := false, false
+	for {
+		try := slices.Clone(errs) // a transaction run again starts from errs as they were
+		var retry, sent bool
+		dead, err := s.attempt(ctx, retried, func(c *pgxpool.Conn) error {
+			retry, sent = s.commitTx(ctx, c, fence, stmts, valid, try, savepoints)
+			return nil
+		})
+		if err != nil { // the pool gave no connection
+			sqlstore.FillUndecided(errs, fmt.Errorf("commit: begin: %w", err))
+			return
+		}
+		if dead && !sent && !retried {
+			retried = true
+			continue
+		}
+		copy(errs, try)
+		if !retry || savepoints {
+			return
+		}
+		savepoints = true
+	}
+}
+
+// commitTx runs the valid groups in one transaction on c and fills their errs. Without
+// savepoints, a group that fails rolls the whole transaction back and commitTx asks for a retry
+// with them. A fence, when not nil, runs first: when it fails, so does every group. sent says
+// that the COMMIT was sent.
+func (s *Store) commitTx(ctx context.Context, c *pgxpool.Conn, fence *stmt, stmts [][]stmt, valid []int, errs []error, savepoints bool) (retry, sent bool) {
 	// failAll fails the groups not yet decided: a group the savepoint pass refused for what it
 	// holds keeps its own error, as does one invalid on its face (sqlstore.FillUndecided).
-	failAll := func(err error) bool {
+	failAll := func(err error) (bool, bool) {
 		sqlstore.FillUndecided(errs, err)
-		return false
+		return false, sent
 	}
-	tx, err := s.pool.Begin(ctx)
+	tx, err := c.Begin(ctx)
 	if err != nil {
 		return failAll(fmt.Errorf("commit: begin: %w", err))
 	}
@@ -173,7 +208,7 @@ func (s *Store) commitTx(ctx context.Context, fence *stmt, stmts [][]stmt, valid
 		case failed < 0 || IsUnavailable(err) || ctx.Err() != nil:
 			return failAll(fmt.Errorf("commit: %w", err))
 		default:
-			return true
+			return true, false
 		}
 	} else {
 		if fence != nil {
@@ -201,10 +236,11 @@ func (s *Store) commitTx(ctx context.Context, fence *stmt, stmts [][]stmt, valid
 			errs[i] = fmt.Errorf("commit: group %d: %w", i, err)
 		}
 	}
+	sent = true
 	if err := tx.Commit(ctx); err != nil {
-		failAll(fmt.Errorf("commit: %w", err))
+		return failAll(fmt.Errorf("commit: %w", err))
 	}
-	return false
+	return false, true
 }
 
 // run sends the statements of the groups idx as one batch, after fence when it is not nil,

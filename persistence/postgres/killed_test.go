@@ -2,7 +2,9 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,11 +62,13 @@ func mustUseConns(t *testing.T, s *Store, n int) {
 
 // TestEndedIdleConnectionsFailNoCall: a store's call right after the server ended the sessions
 // of its idle pool connections (pg_terminate_backend; a pooler's or the server's
-// idle_session_timeout, a failover do the same) takes a live connection and succeeds. Before,
-// pgxpool pinged only a connection idle for more than a second, and the first call on each
-// failed, FATAL 57P01 or a broken pipe: a commit's BEGIN ("commit: begin: FATAL: terminating
-// connection due to administrator command"), whose batch a daemon spooled with /readyz at 503
-// for about a second (26 of 38 spool episodes in a soak), a read, a ping.
+// idle_session_timeout, a failover do the same) runs again on a live connection (again.go) and
+// succeeds. Before the pool pinged every connection it handed out, pgxpool pinged only a
+// connection idle for more than a second, and the first call on each failed, FATAL 57P01 or a
+// broken pipe: a commit's BEGIN ("commit: begin: FATAL: terminating connection due to
+// administrator command"), whose batch a daemon spooled with /readyz at 503 for about a second
+// (26 of 38 spool episodes in a soak), a read, a ping. With neither the ping nor the retry, every
+// case fails.
 func TestEndedIdleConnectionsFailNoCall(t *testing.T) {
 	s, dsn := openUnchecked(t)
 	defer s.Close()
@@ -105,5 +109,121 @@ func TestEndedIdleConnectionsFailNoCall(t *testing.T) {
 				t.Errorf("%s again: %v, want nil", tc.name, err)
 			}
 		})
+	}
+}
+
+// TestConnectionEndedAfterItsAcquisitionFailsNoCall: a call whose connection's session the
+// server ends after the pool handed it out, before the call's first statement on it, runs again
+// on another connection and succeeds, once: a commit is applied, a read answers. The ping of
+// every connection the pool handed out left this window open (the session ended between the
+// ping and the first statement), and such a call failed: a commit's batch was spooled.
+func TestConnectionEndedAfterItsAcquisitionFailsNoCall(t *testing.T) {
+	s, dsn := openUnchecked(t)
+	defer s.Close()
+	c := mustConn(t, dsn)
+	ctx := context.Background()
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s0", "k0")},
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: "s0", Seq: 1,
+			Role: persistence.RoleUser, Content: "hi", CreatedAt: t0}})
+	var end atomic.Bool // end the session of the next connection handed out
+	var ended atomic.Int32
+	s.acquired = func(conn *pgx.Conn) {
+		if !end.CompareAndSwap(true, false) {
+			return
+		}
+		var gone bool // pg_terminate_backend's timeout waits for the backend's exit
+		if err := c.QueryRow(ctx, `SELECT pg_terminate_backend($1, 10000)`, conn.PgConn().PID()).Scan(&gone); err != nil || !gone {
+			t.Errorf("end the session of a connection just handed out: %v, %v", gone, err)
+			return
+		}
+		ended.Add(1)
+	}
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"commit", func() error {
+			return s.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s1", "k1")}}})[0]
+		}},
+		{"read", func() error { _, err := s.Session(ctx, "s0"); return err }},
+		{"listing", func() error { _, err := s.ListSessions(ctx, persistence.ListFilter{}); return err }},
+		{"load session", func() error { _, err := s.LoadSession(ctx, "k0", 10, 10); return err }},
+		{"transaction", func() error { _, err := s.Pardon(ctx, "k0"); return err }},
+		{"batch", func() error { _, err := s.Holders(ctx, "c", []string{"k0"}, time.Minute); return err }},
+		{"ping", func() error { return s.Ping(ctx) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := ended.Load()
+			end.Store(true)
+			if err := tc.call(); err != nil {
+				t.Errorf("%s on a connection ended after its acquisition: %v, want nil", tc.name, err)
+			}
+			if ended.Load() != before+1 {
+				t.Fatalf("ended %d sessions, want 1: the test does not test", ended.Load()-before)
+			}
+		})
+	}
+	if _, err := s.Session(ctx, "s1"); err != nil {
+		t.Errorf("Session(s1) after its commit: %v, want it committed", err)
+	}
+}
+
+// TestLostCommitAnswerIsNotRetried: a transaction whose connection dies once its COMMIT is sent
+// is not run again, since the server may have committed it (here it did not: a deferred trigger
+// ends its own session at the COMMIT, which counts each COMMIT in a sequence, outside any
+// transaction). The call fails with ErrUnavailable, which a daemon spools and replays. Run again,
+// a commit whose answer was lost after the server committed it would apply its counters twice
+// (IncrementAttempts, a delivery attempt) outside the spool's knowledge.
+func TestLostCommitAnswerIsNotRetried(t *testing.T) {
+	s, dsn := openUnchecked(t)
+	defer s.Close()
+	c := mustConn(t, dsn)
+	ctx := context.Background()
+	for _, q := range []string{
+		`CREATE SEQUENCE commits_ended`,
+		`CREATE FUNCTION end_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			PERFORM nextval('commits_ended');
+			PERFORM pg_terminate_backend(pg_backend_pid());
+			RETURN NULL;
+		END $$`,
+		`CREATE CONSTRAINT TRIGGER end_at_commit AFTER INSERT ON sessions DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW WHEN (NEW.id = 'doomed') EXECUTE FUNCTION end_at_commit()`,
+		`CREATE CONSTRAINT TRIGGER end_at_commit AFTER UPDATE ON daemon_run DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW WHEN (NEW.run = 'doomed') EXECUTE FUNCTION end_at_commit()`,
+	} {
+		if _, err := c.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"commit", func() error {
+			return s.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("doomed", "kd")}}})[0]
+		}},
+		{"transaction", func() error { _, err := s.BeginRun(ctx, "doomed", t0); return err }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var before int64
+			if err := c.QueryRow(ctx, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM commits_ended`).Scan(&before); err != nil {
+				t.Fatal(err)
+			}
+			err := tc.call()
+			if !errors.Is(err, persistence.ErrUnavailable) {
+				t.Errorf("%s whose connection died at its COMMIT = %v, want persistence.ErrUnavailable", tc.name, err)
+			}
+			var after int64
+			if err := c.QueryRow(ctx, `SELECT last_value FROM commits_ended`).Scan(&after); err != nil {
+				t.Fatal(err)
+			}
+			if after-before != 1 {
+				t.Errorf("%s whose connection died at its COMMIT sent COMMIT %d times, want 1", tc.name, after-before)
+			}
+		})
+	}
+	if _, err := s.Session(ctx, "doomed"); !errors.Is(err, persistence.ErrNotFound) {
+		t.Errorf("Session(doomed) = %v, want persistence.ErrNotFound (the trigger ended the transaction)", err)
 	}
 }

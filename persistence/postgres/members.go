@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Member is one member of a cluster, as it registers itself (Store.Heartbeat).
@@ -130,15 +131,19 @@ func (s *Store) Strangers(ctx context.Context, cluster, id string, ttl time.Dura
 		return nil, fmt.Errorf("list other clusters' members: %w", err)
 	}
 	defer done()
-	rows, err := s.pool.Query(ctx, strangersSQL, cluster, ttl.Seconds(), id)
-	if err == nil {
-		var ms []Member
-		if ms, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
-			var m Member
-			return m, r.Scan(&m.Cluster, &m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node, &m.HTTP)
-		}); err == nil {
-			return ms, nil
+	var ms []Member
+	err = s.again(ctx, func(c *pgxpool.Conn) error {
+		rows, err := c.Query(ctx, strangersSQL, cluster, ttl.Seconds(), id)
+		if err == nil {
+			ms, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
+				var m Member
+				return m, r.Scan(&m.Cluster, &m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node, &m.HTTP)
+			})
 		}
+		return err
+	})
+	if err == nil {
+		return ms, nil
 	}
 	return nil, fmt.Errorf("list other clusters' members: %w", s.explain(ctx, err))
 }
@@ -160,7 +165,9 @@ func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl tim
 	defer done()
 	secs := ttl.Seconds()
 	var live []Member
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	// Run again once if its connection was dead before its COMMIT (inTx): a renewal that fails
+	// is retried only at the next heartbeat, a fraction of member_ttl later.
+	err = s.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		kinds := m.Kinds
 		if kinds == nil {
@@ -198,12 +205,16 @@ func (s *Store) Members(ctx context.Context, cluster string, ttl time.Duration) 
 		return nil, fmt.Errorf("list members: %w", err)
 	}
 	defer done()
-	rows, err := s.pool.Query(ctx, liveMembersSQL, cluster, ttl.Seconds())
-	if err == nil {
-		var live []Member
-		if live, err = pgx.CollectRows(rows, scanMember); err == nil {
-			return live, nil
+	var live []Member
+	err = s.again(ctx, func(c *pgxpool.Conn) error {
+		rows, err := c.Query(ctx, liveMembersSQL, cluster, ttl.Seconds())
+		if err == nil {
+			live, err = pgx.CollectRows(rows, scanMember)
 		}
+		return err
+	})
+	if err == nil {
+		return live, nil
 	}
 	return nil, fmt.Errorf("list members of %s: %w", cluster, s.explain(ctx, err))
 }
@@ -221,7 +232,10 @@ func (s *Store) Leave(ctx context.Context, cluster, id string) error {
 		return fmt.Errorf("leave: %w", err)
 	}
 	defer done()
-	if _, err := s.pool.Exec(ctx, leaveSQL, cluster, id); err != nil {
+	if err := s.again(ctx, func(c *pgxpool.Conn) error { // a DELETE: twice is once
+		_, err := c.Exec(ctx, leaveSQL, cluster, id)
+		return err
+	}); err != nil {
 		return fmt.Errorf("leave %s: %w", cluster, s.explain(ctx, err))
 	}
 	return nil
@@ -240,11 +254,16 @@ func (s *Store) RecordSelfStops(ctx context.Context, cluster string, nodes []str
 		return 0, fmt.Errorf("record members that stopped themselves: %w", err)
 	}
 	defer done()
-	tag, err := s.pool.Exec(ctx, selfStoppedSQL, cluster, nodes)
+	var marked int64
+	err = s.again(ctx, func(c *pgxpool.Conn) error { // sets a flag: twice marks the same rows
+		tag, err := c.Exec(ctx, selfStoppedSQL, cluster, nodes)
+		marked = tag.RowsAffected()
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("record members that stopped themselves: %w", s.explain(ctx, err))
 	}
-	return int(tag.RowsAffected()), nil
+	return int(marked), nil
 }
 
 // memberHTTPSQL lists the members that are live by their own ttl, not leaving, and registered
@@ -263,15 +282,19 @@ func (s *Store) MemberHTTP(ctx context.Context, cluster string) ([]Member, error
 		return nil, fmt.Errorf("list members: %w", err)
 	}
 	defer done()
-	rows, err := s.pool.Query(ctx, memberHTTPSQL, cluster)
-	if err == nil {
-		var ms []Member
-		if ms, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
-			var m Member
-			return m, r.Scan(&m.ID, &m.Node, &m.HTTP)
-		}); err == nil {
-			return ms, nil
+	var ms []Member
+	err = s.again(ctx, func(c *pgxpool.Conn) error {
+		rows, err := c.Query(ctx, memberHTTPSQL, cluster)
+		if err == nil {
+			ms, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
+				var m Member
+				return m, r.Scan(&m.ID, &m.Node, &m.HTTP)
+			})
 		}
+		return err
+	})
+	if err == nil {
+		return ms, nil
 	}
 	return nil, fmt.Errorf("list members of %s: %w", cluster, s.explain(ctx, err))
 }
@@ -294,29 +317,35 @@ func (s *Store) Holders(ctx context.Context, cluster string, keys []string, ttl 
 		return nil, fmt.Errorf("holders of %d keys: %w", len(keys), err)
 	}
 	defer done()
-	b := &pgx.Batch{}
-	for chunk := range slices.Chunk(keys, holdersPerQuery) {
-		b.Queue(holdersSQL, chunk, cluster, ttl.Seconds())
-	}
-	br := s.pool.SendBatch(ctx, b)
-	for range b.Len() {
-		var rows pgx.Rows
-		if rows, err = br.Query(); err != nil {
-			break
+	err = s.again(ctx, func(c *pgxpool.Conn) (err error) {
+		clear(out)
+		// A batch of its own for each connection: pgx keeps in a sent batch's queries the
+		// statements it prepared on the connection it was sent on.
+		b := &pgx.Batch{}
+		for chunk := range slices.Chunk(keys, holdersPerQuery) {
+			b.Queue(holdersSQL, chunk, cluster, ttl.Seconds())
 		}
-		var key string
-		var m Member
-		if _, err = pgx.ForEachRow(rows, []any{&key, &m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node}, func() error {
-			out[key] = m
-			m = Member{}
-			return nil
-		}); err != nil {
-			break
+		br := c.SendBatch(ctx, b)
+		for range b.Len() {
+			var rows pgx.Rows
+			if rows, err = br.Query(); err != nil {
+				break
+			}
+			var key string
+			var m Member
+			if _, err = pgx.ForEachRow(rows, []any{&key, &m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node}, func() error {
+				out[key] = m
+				m = Member{}
+				return nil
+			}); err != nil {
+				break
+			}
 		}
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("holders of %d keys: %w", len(keys), s.explain(ctx, err))
 	}
@@ -333,7 +362,9 @@ func (s *Store) Clock(ctx context.Context) (time.Time, error) {
 	}
 	defer done()
 	var t time.Time
-	if err := s.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&t); err != nil {
+	if err := s.again(ctx, func(c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&t)
+	}); err != nil {
 		return time.Time{}, fmt.Errorf("read the database's clock: %w", s.explain(ctx, err))
 	}
 	return t, nil

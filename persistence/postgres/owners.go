@@ -8,6 +8,7 @@ import (
 
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // claimSQL claims key $1 for owner $2 at $3 and counts the death of the owner it replaces
@@ -128,7 +129,10 @@ func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time) (per
 	b.Queue(claimSQL, key, owner, timeArg(at)).QueryRow(func(r pgx.Row) error {
 		return r.Scan(&c.Epoch, &c.Previous, &sessionID, &messageID, &attempts)
 	})
-	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+	// Not run again on a dead connection: the claim raises the key's epoch, and one whose
+	// connection broke may have been committed. The pool pings the connection it hands out
+	// for it instead (a round trip; a session ended after the ping still fails the claim).
+	if err := s.pool.SendBatch(pinged(ctx), b).Close(); err != nil {
 		if fence != nil {
 			err = describe(*fence, err)
 		}
@@ -148,7 +152,9 @@ func (s *Store) Ownership(ctx context.Context, key string) (*persistence.Ownersh
 	}
 	defer done()
 	var o persistence.Ownership
-	err = s.pool.QueryRow(ctx, ownershipSQL, key).Scan(&o.Key, &o.Epoch, &o.Owner, nanoTime{&o.ClaimedAt})
+	err = s.again(ctx, func(c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, ownershipSQL, key).Scan(&o.Key, &o.Epoch, &o.Owner, nanoTime{&o.ClaimedAt})
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = persistence.ErrNotFound
 	}

@@ -110,7 +110,7 @@ func (s *Store) prune(ctx context.Context, endedBefore time.Time, rows, most int
 	defer s.sweepMu.Unlock()
 	var c persistence.PruneCount
 	after, next, swept := s.sweepAfter, int64(0), false
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = s.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		c = persistence.PruneCount{}
 		if fence != nil { // fenced as a commit is: a daemon that lost its lock deletes nothing
 			if _, err := tx.Exec(ctx, fence.sql, fence.args...); err != nil {

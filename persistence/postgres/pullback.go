@@ -35,7 +35,7 @@ func (s *Store) PullBack(ctx context.Context, after, to time.Time) (int, error) 
 		return 0, fmt.Errorf("pull back times after %v: %w", after, err)
 	}
 	var n int64
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = s.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		n = 0
 		if fence != nil { // a daemon that lost its lock changes nothing
 			if _, err := tx.Exec(ctx, fence.sql, fence.args...); err != nil {

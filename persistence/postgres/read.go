@@ -10,6 +10,7 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 const defaultListLimit = 100
@@ -59,15 +60,20 @@ func (s *Store) LoadSession(ctx context.Context, key string, historyLimit, pendi
 		return nil, fmt.Errorf("load session %s: %w", key, err)
 	}
 	defer done()
-	snap, err := s.loadSession(ctx, key, historyLimit, pendingLimit)
+	var snap *persistence.Snapshot
+	err = s.again(ctx, func(c *pgxpool.Conn) (err error) {
+		snap, err = loadSession(ctx, c, key, historyLimit, pendingLimit)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("load session %s: %w", key, s.explain(ctx, err))
 	}
 	return snap, nil
 }
 
-func (s *Store) loadSession(ctx context.Context, key string, historyLimit, pendingLimit int) (*persistence.Snapshot, error) {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+// loadSession is LoadSession's read on c.
+func loadSession(ctx context.Context, c *pgxpool.Conn, key string, historyLimit, pendingLimit int) (*persistence.Snapshot, error) {
+	tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, err
 	}
@@ -198,9 +204,13 @@ func (s *Store) FindInbound(ctx context.Context, platform, chatID, messageID str
 	if messageID == "" {
 		return nil, fmt.Errorf("find inbound %s/%s: empty message id: %w", platform, chatID, persistence.ErrNotFound)
 	}
-	m, err := scanMessage(s.pool.QueryRow(ctx, `SELECT `+messageCols+` FROM messages
-		WHERE platform = $1 AND chat_id = $2 AND message_id = $3 AND role = 'user' AND message_id <> ''`,
-		platform, chatID, messageID))
+	var m persistence.Message
+	err = s.again(ctx, func(c *pgxpool.Conn) (err error) {
+		m, err = scanMessage(c.QueryRow(ctx, `SELECT `+messageCols+` FROM messages
+			WHERE platform = $1 AND chat_id = $2 AND message_id = $3 AND role = 'user' AND message_id <> ''`,
+			platform, chatID, messageID))
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = persistence.ErrNotFound
 	}
@@ -218,7 +228,7 @@ func (s *Store) RepliesTo(ctx context.Context, key, messageID string, after int6
 		return nil, fmt.Errorf("replies to %s: %w", messageID, err)
 	}
 	defer done()
-	es, err := queryAll(ctx, s.pool, scanOutbox, `SELECT `+outboxCols+` FROM outbox
+	es, err := readAll(ctx, s, scanOutbox, `SELECT `+outboxCols+` FROM outbox
 		WHERE session_key = $1 AND seq > $3 AND $2 = ANY (in_reply_to) ORDER BY seq`, key, messageID, after)
 	if err != nil {
 		return nil, fmt.Errorf("replies to %s: %w", messageID, s.explain(ctx, err))
@@ -247,7 +257,11 @@ func (s *Store) OutboxAfter(ctx context.Context, key string, after int64, limit 
 		return nil, fmt.Errorf("outbox after %d: %w", after, err)
 	}
 	defer done()
-	es, err := outboxAfter(ctx, s.pool, key, after, limit)
+	var es []persistence.OutboxEntry
+	err = s.again(ctx, func(c *pgxpool.Conn) (err error) {
+		es, err = outboxAfter(ctx, c, key, after, limit)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox after %d: %w", after, s.explain(ctx, err))
 	}
@@ -271,7 +285,9 @@ func (s *Store) LastOutboxSeq(ctx context.Context, key string) (int64, error) {
 	}
 	defer done()
 	var seq int64
-	if err := s.pool.QueryRow(ctx, lastOutboxSeqSQL, key).Scan(&seq); err != nil {
+	if err := s.again(ctx, func(c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, lastOutboxSeqSQL, key).Scan(&seq)
+	}); err != nil {
 		return 0, fmt.Errorf("last outbox seq: %w", s.explain(ctx, err))
 	}
 	return seq, nil
@@ -285,7 +301,7 @@ func (s *Store) Transcript(ctx context.Context, sessionID string) ([]persistence
 		return nil, fmt.Errorf("transcript %s: %w", sessionID, err)
 	}
 	defer done()
-	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+messageCols+` FROM messages
+	ms, err := readAll(ctx, s, scanMessage, `SELECT `+messageCols+` FROM messages
 		WHERE session_id = $1 ORDER BY seq`, sessionID)
 	if err != nil {
 		return nil, fmt.Errorf("transcript %s: %w", sessionID, s.explain(ctx, err))
@@ -315,7 +331,7 @@ func (s *Store) TranscriptAfter(ctx context.Context, sessionID string, after int
 	if limit > 0 {
 		budget = persistence.TranscriptPageBytes
 	}
-	ms, err := queryAll(ctx, s.pool, scanMessage, transcriptAfterSQL, sessionID, after, limitArg(limit), budget)
+	ms, err := readAll(ctx, s, scanMessage, transcriptAfterSQL, sessionID, after, limitArg(limit), budget)
 	if err != nil {
 		return nil, fmt.Errorf("transcript %s after %d: %w", sessionID, after, s.explain(ctx, err))
 	}
@@ -339,7 +355,7 @@ func (s *Store) pendingAfter(ctx context.Context, cols, sessionID string, after,
 		return nil, fmt.Errorf("pending messages of %s after %d: %w", sessionID, after, err)
 	}
 	defer done()
-	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+cols+` FROM messages
+	ms, err := readAll(ctx, s, scanMessage, `SELECT `+cols+` FROM messages
 		WHERE session_id = $1 AND role = 'user' AND status = 'pending' AND active
 		AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4`, sessionID, after, through, limitArg(limit))
 	if err != nil {
@@ -356,10 +372,12 @@ func (s *Store) CountMessages(ctx context.Context, sessionID string) (messages, 
 		return 0, 0, fmt.Errorf("count messages of %s: %w", sessionID, err)
 	}
 	defer done()
-	err = s.pool.QueryRow(ctx, `SELECT
+	err = s.again(ctx, func(c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, `SELECT
 			(SELECT COUNT(*) FROM messages WHERE session_id = $1),
 			(SELECT COUNT(*) FROM messages WHERE session_id = $1
 				AND role = 'user' AND status = 'pending' AND active)`, sessionID).Scan(&messages, &pending)
+	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("count messages of %s: %w", sessionID, s.explain(ctx, err))
 	}
@@ -381,15 +399,21 @@ func (s *Store) History(ctx context.Context, sessionID string, limit int) ([]per
 		return nil, 0, fmt.Errorf("history of %s: %w", sessionID, err)
 	}
 	defer done()
-	h, last, err := s.history(ctx, sessionID, limit)
+	var h []persistence.Message
+	var last int64
+	err = s.again(ctx, func(c *pgxpool.Conn) (err error) {
+		h, last, err = history(ctx, c, sessionID, limit)
+		return err
+	})
 	if err != nil {
 		return nil, 0, fmt.Errorf("history of %s: %w", sessionID, s.explain(ctx, err))
 	}
 	return h, last, nil
 }
 
-func (s *Store) history(ctx context.Context, sessionID string, limit int) ([]persistence.Message, int64, error) {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+// history is History's read on c.
+func history(ctx context.Context, c *pgxpool.Conn, sessionID string, limit int) ([]persistence.Message, int64, error) {
+	tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, 0, err
 	}
@@ -443,7 +467,7 @@ func (s *Store) Search(ctx context.Context, query string, limit int) ([]persiste
 		limit = defaultListLimit
 	}
 	// The WHERE clause is the expression of the optional index above, so the planner uses it.
-	ms, err := queryAll(ctx, s.pool, scanMessage, `SELECT `+messageCols+`
+	ms, err := readAll(ctx, s, scanMessage, `SELECT `+messageCols+`
 		FROM messages, websearch_to_tsquery('simple', $1) AS q
 		WHERE `+searchVector+` @@ q
 		ORDER BY ts_rank(`+searchVector+`, q) DESC, id LIMIT $2`, query, limit)
@@ -463,7 +487,7 @@ func (s *Store) Quarantined(ctx context.Context, limit int) ([]persistence.Quara
 	if limit <= 0 {
 		limit = defaultListLimit
 	}
-	ms, err := queryAll(ctx, s.pool, scanQuarantined, `SELECT `+sqlstore.Prefixed("m.", messageCols)+`, s.key, s.ended_at
+	ms, err := readAll(ctx, s, scanQuarantined, `SELECT `+sqlstore.Prefixed("m.", messageCols)+`, s.key, s.ended_at
 		FROM messages m JOIN sessions s ON s.id = m.session_id
 		WHERE m.status = 'quarantined' AND m.role = 'user' AND m.active
 		ORDER BY m.created_at DESC, m.id DESC LIMIT $1`, limit)
@@ -485,7 +509,9 @@ func (s *Store) Route(ctx context.Context, key string) (*persistence.Route, erro
 	}
 	defer done()
 	var r persistence.Route
-	err = s.pool.QueryRow(ctx, routeSQL, key).Scan(&r.Key, &r.SessionID, &r.Generation, nanoTime{&r.UpdatedAt})
+	err = s.again(ctx, func(c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, routeSQL, key).Scan(&r.Key, &r.SessionID, &r.Generation, nanoTime{&r.UpdatedAt})
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = persistence.ErrNotFound
 	}
@@ -502,7 +528,11 @@ func (s *Store) Session(ctx context.Context, id string) (*persistence.Session, e
 		return nil, fmt.Errorf("session %s: %w", id, err)
 	}
 	defer done()
-	ss, err := scanSession(s.pool.QueryRow(ctx, sessionSQL, id))
+	var ss *persistence.Session
+	err = s.again(ctx, func(c *pgxpool.Conn) (err error) {
+		ss, err = scanSession(c.QueryRow(ctx, sessionSQL, id))
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = persistence.ErrNotFound
 	}
@@ -528,7 +558,7 @@ func (s *Store) SessionsOfKey(ctx context.Context, key string, limit int) ([]per
 	if limit <= 0 {
 		limit = persistence.DefaultSessionsOfKeyLimit
 	}
-	ss, err := queryAll(ctx, s.pool, scanSessionValue, `SELECT `+sessionCols+` FROM sessions
+	ss, err := readAll(ctx, s, scanSessionValue, `SELECT `+sessionCols+` FROM sessions
 		WHERE key = $1 ORDER BY `+validNanos("started_at")+` DESC, id COLLATE "C" LIMIT $2`, key, limit)
 	if err != nil {
 		return nil, fmt.Errorf("sessions of key %s: %w", key, s.explain(ctx, err))
@@ -556,7 +586,7 @@ func (s *Store) IdleSessions(ctx context.Context, before time.Time, limit int) (
 	if before.IsZero() {
 		return nil, nil // nothing, not even the zero time, is before the zero time
 	}
-	ss, err := queryAll(ctx, s.pool, scanSessionValue, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+`
+	ss, err := readAll(ctx, s, scanSessionValue, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+`
 		FROM sessions s WHERE `+openRouted+`
 			AND (s.last_activity_at IS NULL OR s.last_activity_at < $1)
 		ORDER BY `+validNanos("s.last_activity_at")+`, s.id COLLATE "C" LIMIT $2`, sqlstore.NanoBound(before), limit)
@@ -585,7 +615,7 @@ func (s *Store) IdleSessionsAfter(ctx context.Context, before, lastActivity time
 	if !lastActivity.IsZero() {
 		from = lastActivity.UnixNano()
 	}
-	ss, err := queryAll(ctx, s.pool, scanSessionValue, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+`
+	ss, err := readAll(ctx, s, scanSessionValue, `SELECT `+sqlstore.Prefixed("s.", sessionCols)+`
 		FROM sessions s WHERE `+openRouted+`
 			AND s.last_activity_at < $1
 			AND (s.last_activity_at > $2 OR (s.last_activity_at = $2 AND s.id COLLATE "C" > $3))
@@ -609,7 +639,7 @@ func (s *Store) ListSessions(ctx context.Context, f persistence.ListFilter) ([]p
 	if limit <= 0 {
 		limit = defaultListLimit
 	}
-	out, err := queryAll(ctx, s.pool, func(r scanner) (persistence.SessionSummary, error) {
+	out, err := readAll(ctx, s, func(r scanner) (persistence.SessionSummary, error) {
 		var sum persistence.SessionSummary
 		err := r.Scan(append(sessionDest(&sum.Session), &sum.Messages, &sum.Pending)...)
 		return sum, err
@@ -634,7 +664,7 @@ func (s *Store) Recoverable(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("recoverable: %w", err)
 	}
 	defer done()
-	keys, err := queryAll(ctx, s.pool, func(r scanner) (string, error) {
+	keys, err := readAll(ctx, s, func(r scanner) (string, error) {
 		var k string
 		return k, r.Scan(&k)
 	}, `SELECT k FROM (
@@ -680,7 +710,7 @@ func (s *Store) RecentChats(ctx context.Context, platform string, since time.Tim
 			mark     persistence.ChatMark
 			at       *int64
 		}
-		page, err := queryAll(ctx, s.pool, func(r scanner) (row, error) {
+		page, err := readAll(ctx, s, func(r scanner) (row, error) {
 			var v row
 			err := r.Scan(&v.id, &v.platform, &v.mark.ChatID, &v.mark.ThreadID, &v.mark.ScopeID, &v.mark.MessageID, &v.at)
 			return v, err
@@ -719,7 +749,7 @@ func (s *Store) Unread(ctx context.Context, platform string, limit int) ([]persi
 	if limit <= 0 {
 		limit = persistence.DefaultUnreadLimit
 	}
-	us, err := queryAll(ctx, s.pool, scanUnread, `SELECT `+sqlstore.UnreadCols+` FROM unread
+	us, err := readAll(ctx, s, scanUnread, `SELECT `+sqlstore.UnreadCols+` FROM unread
 		WHERE platform = $1 ORDER BY `+validNanos("created_at")+`, chat_id COLLATE "C" LIMIT $2`, platform, limit)
 	if err != nil {
 		return nil, fmt.Errorf("unread places of %s: %w", platform, s.explain(ctx, err))
@@ -737,7 +767,7 @@ func (s *Store) OpenDrafts(ctx context.Context, platform string, limit int) ([]p
 	if limit <= 0 {
 		limit = persistence.DefaultOpenDraftsLimit
 	}
-	ds, err := queryAll(ctx, s.pool, scanDraft, `SELECT `+sqlstore.DraftCols+` FROM drafts
+	ds, err := readAll(ctx, s, scanDraft, `SELECT `+sqlstore.DraftCols+` FROM drafts
 		WHERE platform = $1 ORDER BY `+validNanos("created_at")+`, id COLLATE "C" LIMIT $2`, platform, limit)
 	if err != nil {
 		return nil, fmt.Errorf("open drafts of %s: %w", platform, s.explain(ctx, err))

@@ -9,6 +9,7 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 const (
@@ -65,7 +66,8 @@ func (s *Store) beginRun(ctx context.Context, run string, at time.Time) (*persis
 		return nil, err
 	}
 	var u *persistence.UncleanStop
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = s.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		u = nil // (run again when its connection was dead: inTx)
 		if fence != nil {
 			if _, err := tx.Exec(ctx, fence.sql, fence.args...); err != nil {
 				return describe(*fence, err)
@@ -106,7 +108,10 @@ func (s *Store) EndRun(ctx context.Context, run string) error {
 		return fmt.Errorf("end run %s: %w", run, err)
 	}
 	defer done()
-	if _, err := s.pool.Exec(ctx, endRunSQL, run); err != nil {
+	if err := s.again(ctx, func(c *pgxpool.Conn) error { // clears a run id: twice is once
+		_, err := c.Exec(ctx, endRunSQL, run)
+		return err
+	}); err != nil {
 		return markUnavailable(fmt.Errorf("end run %s: %w", run, s.explain(ctx, err)))
 	}
 	return nil
@@ -124,7 +129,7 @@ func (s *Store) Pardon(ctx context.Context, key string) (persistence.Pardoned, e
 		return persistence.Pardoned{}, fmt.Errorf("pardon: %w", err)
 	}
 	var ids []string
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = s.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		if fence != nil {
 			if _, err := tx.Exec(ctx, fence.sql, fence.args...); err != nil {
 				return describe(*fence, err)

@@ -144,6 +144,10 @@ type Store struct {
 	leaseMu sync.Mutex
 	// leases holds the epoch of each lease this store took (Lease), by name; nil until the first.
 	leases map[string]int64
+
+	// acquired, when set (by tests), is called with each connection a call takes from the pool
+	// (attempt), before the call's first statement on it.
+	acquired func(*pgx.Conn)
 }
 
 var _ persistence.Store = (*Store)(nil)
@@ -181,7 +185,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		timeout = 15 * time.Second
 	}
 	endSilentTransactions(cfg.ConnConfig, timeout)
-	cfg.ShouldPing = pingEveryAcquire
+	cfg.ShouldPing = shouldPing // a dead connection's call runs again instead (again.go)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
@@ -302,20 +306,6 @@ func endSilentTransactions(cfg *pgx.ConnConfig, timeout time.Duration) {
 		return c.Exec(ctx, set).Close()
 	}
 }
-
-// pingEveryAcquire is the pool's ShouldPing: it pings every connection it hands out, and hands
-// out another one (a new one once every idle one has failed) in place of one whose session the
-// server ended while it was idle: pg_terminate_backend, a pooler's or the server's
-// idle_session_timeout, a failover. pgxpool's default pings only a connection idle for more
-// than a second, and under traffic the first call on a connection ended sooner failed
-// (FATAL 57P01, or a broken pipe): a commit's BEGIN, whose batch went to the spool with
-// /readyz at 503 for about a second (26 of 38 spool episodes of a soak that ended the daemon's
-// sessions), a read (a listing, a transcript page, a session's load) or /readyz's ping. Nothing
-// has run when the ping fails, so nothing is lost by taking another connection. A ping is one
-// round trip, next to a commit's three (BEGIN, the pipelined batch, COMMIT) and its fsync.
-// A session ended between the ping and the call's first statement still fails that call
-// (TestEndedIdleConnectionsFailNoCall).
-func pingEveryAcquire(context.Context, pgxpool.ShouldPingParams) bool { return true }
 
 // watchLock checks the daemon lock every interval until the store closes, so that a lost lock
 // stops the writes (lockHeld) without waiting for a readiness probe, and once it is lost (by
@@ -710,7 +700,9 @@ func (s *Store) Ping(ctx context.Context) error {
 		return fmt.Errorf("ping: %w", err)
 	}
 	var readOnly string
-	if err := s.pool.QueryRow(ctx, `SHOW transaction_read_only`).Scan(&readOnly); err != nil {
+	if err := s.again(ctx, func(c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, `SHOW transaction_read_only`).Scan(&readOnly)
+	}); err != nil {
 		return fmt.Errorf("ping: %w", s.explain(ctx, err))
 	}
 	if readOnly == "on" {
