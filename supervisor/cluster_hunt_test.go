@@ -331,9 +331,16 @@ func (h *hunt) kill(m *huntMember) {
 	if _, err := h.admin.Exec(t.Context(), `ALTER ROLE `+m.role+` NOLOGIN`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.admin.Exec(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1`, m.role); err != nil {
-		t.Fatal(err)
-	}
+	// Until none is left: a termination is asynchronous, and a backend that passed its login
+	// check just before the NOLOGIN committed shows in pg_stat_activity only a moment later
+	// (as TestClusterRequestToAMemberRestartedOnItsPortIsSentAgain found): the store's retry of
+	// a call whose connection died dials anew, and a backend left alive would let a killed
+	// member write on.
+	waitUntil(t, func() bool {
+		var n int
+		err := h.admin.QueryRow(t.Context(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = $1`, m.role).Scan(&n)
+		return err == nil && n == 0
+	})
 	m.r.d.cluster.Remote.Shutdown(false)
 }
 
