@@ -1,6 +1,7 @@
 package discord
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -150,18 +151,18 @@ func TestBotRoleIsLookedUpBeforeItsGuildCreate(t *testing.T) {
 		{&discordgo.Message{GuildID: guild2, Content: "<@&" + botRole + "> hi"}, ""},
 		{&discordgo.Message{GuildID: guild2, Content: "<@&" + botRole + "> again"}, ""},
 	} {
-		if got := p.botRole(t.Context(), tc.m); got != tc.want {
+		if got, _ := p.botRole(t.Context(), tc.m); got != tc.want {
 			t.Errorf("botRole(%q in guild %s) = %q, want %q", tc.m.Content, tc.m.GuildID, got, tc.want)
 		}
 	}
-	if got := p.botRole(t.Context(), &discordgo.Message{GuildID: "100000000000000003", Content: "no role"}); got != "" {
+	if got, _ := p.botRole(t.Context(), &discordgo.Message{GuildID: "100000000000000003", Content: "no role"}); got != "" {
 		t.Errorf("botRole of a message that mentions no role = %q, want none (and no lookup)", got)
 	}
 	// A lookup that fails (a guild Discord does not know here) is not made again at once: each
 	// holds the gateway's reader.
 	const unknown = "100000000000000004"
 	for range 2 {
-		if got := p.botRole(t.Context(), &discordgo.Message{GuildID: unknown, Content: "<@&" + botRole + "> hi"}); got != "" {
+		if got, _ := p.botRole(t.Context(), &discordgo.Message{GuildID: unknown, Content: "<@&" + botRole + "> hi"}); got != "" {
 			t.Errorf("botRole in a guild whose roles cannot be read = %q, want none", got)
 		}
 	}
@@ -172,5 +173,29 @@ func TestBotRoleIsLookedUpBeforeItsGuildCreate(t *testing.T) {
 	}
 	if n := srv.Requests("", ""); n != 3 {
 		t.Errorf("%d requests reached Discord, want 3 (a lookup per guild)", n)
+	}
+}
+
+// TestBotRoleLookupACtxEndedIsNotAMiss: a lookup of a guild's roles that its ctx ended (the
+// daemon's stop, or its notice bound) returns its error, as the role is not known, and is not
+// remembered as a miss: the next message that mentions a role there looks them up again.
+// Before, it counted as no role and was remembered so for roleRetry: every mention of the bot's
+// role in that guild met meanwhile counted as none, without a lookup.
+func TestBotRoleLookupACtxEndedIsNotAMiss(t *testing.T) {
+	const guild, botRole = "100000000000000001", "500000000000000001"
+	srv := discordtest.New(t)
+	srv.AddGuild(guild, "guild")
+	srv.AddRole(guild, discordtest.Role{ID: botRole, Name: "agentgate", BotID: srv.BotID()})
+	p := mustNew(t, srv)
+	bot := srv.BotID()
+	p.botID.Store(&bot)
+	m := &discordgo.Message{GuildID: guild, Content: "<@&" + botRole + "> hi", MentionRoles: []string{botRole}}
+	ended, cancel := context.WithCancel(t.Context())
+	cancel()
+	if got, err := p.botRole(ended, m); err == nil || got != "" {
+		t.Errorf("botRole on an ended ctx = %q, %v; want no role and the lookup's error", got, err)
+	}
+	if got, err := p.botRole(t.Context(), m); err != nil || got != botRole {
+		t.Errorf("botRole after a lookup the ctx ended = %q, %v; want %s, looked up again", got, err, botRole)
 	}
 }

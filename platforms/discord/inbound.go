@@ -125,7 +125,21 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 	if stopped {
 		lookups = p.noticeCtx(ctx)
 	}
-	role := p.botRole(lookups, m)
+	role, err := p.botRole(lookups, m)
+	if err != nil {
+		// The stop, or its notice bound, ended the lookup of the bot's role (botRole): whether
+		// m mentions the bot is not known, and a mention of its role is one. Left for the next
+		// start, whose lookup tells. Counted as no role, the message was dropped as one not
+		// for the bot where the bot answers only when mentioned, and not read back.
+		if p.readBackAfterStop(ctx, ctx.Err(), m.ChannelID) || p.leaveUntold(m) {
+			p.log.Info("discord message not taken while stopping, the bot's role not looked up; the next start reads it back",
+				"channel", m.ChannelID, "message_id", m.ID, logging.Err(err))
+			return true
+		}
+		// Backfill off: nothing reads it back, and a notice would answer what may be chatter.
+		p.log.Warn("discord: cannot look up the guild's roles; a mention of the bot's role is not seen as a mention",
+			"guild", m.GuildID, "message_id", m.ID, logging.Err(err))
+	}
 	mentioned := mentions(m, bot, role)
 	ch, err := p.channelOf(lookups, m)
 	if err != nil && !stopped && ctx.Err() != nil && restStatus(err) == 0 {
@@ -139,7 +153,8 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 		stopped = true
 	}
 	if err != nil {
-		notice := unknownChannelNotice
+		// Only a message the bot would likely answer is told: not chatter that needs a mention.
+		likely := mentioned || !p.gate.mentionRequired(m.GuildID, m.ChannelID, m.ChannelID)
 		if stopped && restStatus(err) == 0 {
 			// Not the channel's failure: the stop's bound ran out, or the connection to Discord
 			// failed as the daemon stopped. The stop's own notice says why the message was not
@@ -147,18 +162,25 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 			// told as outside a stop: taken for the stop's, it was logged as a lookup not made
 			// in time, and its sender was told to send it again in a minute, to meet the same
 			// refusal after the restart.
-			notice = drainingNotice
+			if !likely && p.leaveUntold(m) {
+				// Unmentioned, in a channel not known: a thread the bot opened (archived, so out of
+				// discordgo's state) is its conversation and needs no mention (gate.admit). Left
+				// for the next start, whose lookup tells; a notice would answer what may be
+				// chatter. Before, it was dropped, and the bot's conversation lost its message.
+				p.log.Info("discord message not taken while stopping, its channel not looked up; the next start reads it back",
+					"channel", m.ChannelID, "message_id", m.ID, logging.Err(err))
+				return true
+			}
 			p.log.Warn("discord message not taken", "channel", m.ChannelID, "message_id", m.ID,
 				logging.Err(fmt.Errorf("%w: its channel was not looked up in time: %w", platforms.ErrDraining, err)))
-		} else {
-			p.log.Error("discord message from an unknown channel; not taken", "channel", m.ChannelID, "message_id", m.ID, logging.Err(err))
-		}
-		// Only a message the bot would likely answer is told: not chatter that needs a mention.
-		if mentioned || !p.gate.mentionRequired(m.GuildID, m.ChannelID, m.ChannelID) {
-			if notice == drainingNotice {
-				return tellStopped(m.ChannelID, m.ID, notice)
+			if likely {
+				return tellStopped(m.ChannelID, m.ID, drainingNotice)
 			}
-			tell(m.ChannelID, m.ID, notice)
+			return
+		}
+		p.log.Error("discord message from an unknown channel; not taken", "channel", m.ChannelID, "message_id", m.ID, logging.Err(err))
+		if likely {
+			tell(m.ChannelID, m.ID, unknownChannelNotice)
 		}
 		return
 	}

@@ -3,6 +3,7 @@ package discord
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -106,24 +107,33 @@ func mentionsARole(m *discordgo.Message) bool {
 }
 
 // botRole returns the id of the bot's role in m's guild if m mentions a role, else "" (no
-// lookup is needed). A failed lookup is logged and counts as no role: the message is handled
-// as one that mentions another role.
-func (p *Platform) botRole(ctx context.Context, m *discordgo.Message) string {
+// lookup is needed). A lookup that fails is logged and counts as no role: the message is
+// handled as one that mentions another role. One that ctx ended (the daemon's stop, or its
+// notice bound: noticeCtx) returns its error instead, and is neither logged nor remembered as a
+// miss: the role is not known, and the caller leaves the message for the next start
+// (handle). Counted as none, a mention of the bot's role in a chat where the bot answers only
+// when mentioned was dropped as one not for the bot, and not read back; remembered as a miss,
+// it made every later message of the stop that mentions a role in that guild count none
+// without a lookup, and those of a run again within roleRetry (a cluster member's).
+func (p *Platform) botRole(ctx context.Context, m *discordgo.Message) (string, error) {
 	if !mentionsARole(m) {
-		return ""
+		return "", nil
 	}
 	p.mu.Lock()
 	role, ok := p.roles[m.GuildID]
 	failed := p.roleMisses[m.GuildID]
 	p.mu.Unlock()
 	if ok || time.Since(failed) < roleRetry {
-		return role
+		return role, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, restTimeout)
+	lookup, cancel := context.WithTimeout(ctx, restTimeout)
 	defer cancel()
 	ep := discordgo.EndpointGuildRoles(m.GuildID)
 	var roles []wireRole
-	if err := p.request(ctx, http.MethodGet, ep, ep, nil, &roles); err != nil {
+	if err := p.request(lookup, http.MethodGet, ep, ep, nil, &roles); err != nil {
+		if ctx.Err() != nil && restStatus(err) == 0 {
+			return "", fmt.Errorf("look up the roles of guild %s: %w", m.GuildID, err)
+		}
 		p.log.Warn("discord: cannot look up the guild's roles; a mention of the bot's role is not seen as a mention",
 			"guild", m.GuildID, "message_id", m.ID, logging.Err(err))
 		// Not asked again for a while: each lookup holds the gateway's reader, and in an
@@ -131,11 +141,11 @@ func (p *Platform) botRole(ctx context.Context, m *discordgo.Message) string {
 		p.mu.Lock()
 		p.roleMisses[m.GuildID] = time.Now()
 		p.mu.Unlock()
-		return ""
+		return "", nil
 	}
 	role = botRoleIn(roles, p.bot())
 	p.setBotRole(m.GuildID, role)
-	return role
+	return role, nil
 }
 
 // roleRetry is how long after a failed lookup of a guild's roles none is made again.

@@ -1,6 +1,7 @@
 package discord
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -141,4 +142,145 @@ func wantStopNotice(t *testing.T, srv *discordtest.Server, where string, m *disc
 		}
 		t.Errorf("the bot posted %q in %s, want the stop's notice to send it again replying to %s", got, where, m.ID)
 	}
+}
+
+// stopLookupCases are the ways a stop cuts a message's REST lookup short: the stop comes while
+// the lookup waits for a slow Discord (and ends it), or the message is queued behind a held
+// delivery when the stop comes, and its lookup, made within the stop's notice bound
+// (noticeCtx), waits until the bound's 3 s run out.
+var stopLookupCases = []struct {
+	name   string
+	queued bool
+}{
+	{"during the lookup", false},
+	{"queued, out of time", true},
+}
+
+// TestStopCuttingARoleLookupLeavesTheMessageForTheNextStart: in a channel where the bot
+// answers only when mentioned, bob mentions the bot's role in a guild whose roles are not
+// known yet (its GUILD_CREATE has not come: a backfill runs beside the gateway's first events),
+// in a chat the store took nothing from, and the stop cuts the lookup of the guild's roles
+// short. Whether the message is for the bot is not known: it is left for the next start, which
+// reads it back and answers it. Before, the failed lookup counted as no role: the message was
+// dropped as one not for the bot, with a WRN, and the next start did not read it back.
+func TestStopCuttingARoleLookupLeavesTheMessageForTheNextStart(t *testing.T) {
+	const channel, botRole = "200000000000000002", "500000000000000001"
+	for _, tc := range stopLookupCases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := stopDuringALookup(t, tc.queued, "/guilds/"+recentGuild+"/roles",
+				func(srv *discordtest.Server) {
+					srv.AddGuild(recentGuild, "guild")
+					srv.AddChannel(discordtest.Channel{ID: channel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+					srv.AddRole(recentGuild, discordtest.Role{ID: botRole, Name: "agentgate", BotID: srv.BotID()})
+				},
+				func(p *Platform) { forgetRoles(t, p, recentGuild) },
+				discordtest.UserMessage{ChannelID: channel, Content: "a question", MentionRoles: []string{botRole}},
+				"the bot's role not looked up; the next start reads it back")
+			if m.Content != "<@&"+botRole+"> a question" {
+				t.Fatalf("posted %q, want the role's mention", m.Content)
+			}
+		})
+	}
+}
+
+// TestStopCuttingAChannelLookupLeavesAnUnmentionedMessageForTheNextStart: in a channel where
+// the bot answers only when mentioned, bob writes without a mention in a thread the bot opened
+// (its conversation, which needs none), archived, so out of discordgo's state, and the stop
+// cuts the thread's lookup short. Whether the message is for the bot is not known: it is left
+// for the next start, which reads it back and answers it, and nothing is posted (a notice would
+// answer what may be chatter). Before, it was dropped as unmentioned chatter, with a WRN
+// "its channel was not looked up in time", and the next start did not read it back.
+func TestStopCuttingAChannelLookupLeavesAnUnmentionedMessageForTheNextStart(t *testing.T) {
+	const channel, thread = "200000000000000002", "200000000000000003"
+	for _, tc := range stopLookupCases {
+		t.Run(tc.name, func(t *testing.T) {
+			var srv *discordtest.Server
+			stopDuringALookup(t, tc.queued, "/channels/"+thread,
+				func(s *discordtest.Server) {
+					srv = s
+					addArchivedThread(s, channel, thread, s.BotID())
+				},
+				nil,
+				discordtest.UserMessage{ChannelID: thread, Content: "and another thing"},
+				"its channel not looked up; the next start reads it back")
+			if sent := srv.Sent(thread); len(sent) != 0 {
+				t.Errorf("the bot posted %q in its thread, want nothing", contentsOf(sent))
+			}
+		})
+	}
+}
+
+// stopDuringALookup runs a platform in a world setup arranges, where the bot answers only when
+// mentioned and backfill is on, with a store that keeps its unread places; ready runs once it
+// is connected. bob posts um, whose handling makes a REST lookup (a GET of a path that ends in
+// lookup) that Discord holds, and the daemon stops: during the lookup, or with um queued behind
+// a held delivery (queued). um is not delivered, the log says it is left for the next start
+// (left), and the next start reads it back and delivers it. It returns the message posted.
+func stopDuringALookup(t *testing.T, queued bool, lookup string, setup func(*discordtest.Server), ready func(*Platform),
+	um discordtest.UserMessage, left string) *discordgo.Message {
+	t.Helper()
+	answer := make(chan struct{})
+	defer close(answer) // after the stop: the fake's held handler ends
+	store := newUnreadStore()
+	mentionOnly := func(c *Config) { c.Settings.RequireMention = true }
+	h := newHeldDelivery()
+	srv, p, log, stop := intakeWorldWith(t, h, setup, func(c *Config) {
+		c.Settings.BackfillWindow = time.Hour
+		mentionOnly(c)
+	}, discordtest.WithHeartbeatInterval(discordtest.DefaultHeartbeatInterval))
+	p.SetRecord(store.record)
+	if ready != nil {
+		ready(p)
+	}
+	srv.HoldNext("GET", lookup, answer, 1)
+	um.Author = discordtest.User{ID: "400000000000000002", Username: "bob"}
+	var m *discordgo.Message
+	if queued {
+		alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+		srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: alice, Content: "first"})
+		<-h.started
+		m = srv.Post(um)
+		waitQueued(t, p, "the message queued behind the held delivery", 1)
+		onStopWait(t, func() {
+			h.drain()
+			close(h.release)
+		})
+	} else {
+		m = srv.Post(um)
+		pollFor(t, "the lookup", func() bool { return srv.Requests("GET", lookup) == 1 })
+		h.drain()
+	}
+	stop() // returns once the intake has handled the message (settle)
+	if n := srv.Requests("GET", lookup); n != 1 {
+		t.Errorf("%s was looked up %d times, want once", lookup, n)
+	}
+	if texts, _, _ := h.got(); slices.Contains(texts, um.Content) {
+		t.Errorf("the runtime was handed %q, want it turned away by the stop", texts)
+	}
+	if s := log.String(); !strings.Contains(s, left) || !strings.Contains(s, "message_id="+m.ID) {
+		t.Fatalf("the message was not left for the next start:\n%s", s)
+	}
+
+	again := startAgain(t, srv, store, mentionOnly)
+	pollFor(t, "the message read back", func() bool {
+		texts, _, _ := again.got()
+		return slices.Contains(texts, um.Content)
+	})
+	return m
+}
+
+// forgetRoles waits until p knows the bot's role in guild (its GUILD_CREATE), then forgets it,
+// as before the guild's GUILD_CREATE came: a message that mentions a role there looks the
+// guild's roles up over REST.
+func forgetRoles(t *testing.T, p *Platform, guild string) {
+	t.Helper()
+	pollFor(t, "the guild's roles", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		_, ok := p.roles[guild]
+		return ok
+	})
+	p.mu.Lock()
+	delete(p.roles, guild)
+	p.mu.Unlock()
 }

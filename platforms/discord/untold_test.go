@@ -54,12 +54,16 @@ func (s *unreadStore) unread(context.Context) ([]persistence.Unread, error) {
 }
 
 // startAgain runs a new platform against srv, as the next start does, with the store's unread
-// places, and returns its runtime; it stops when the test ends.
-func startAgain(t *testing.T, srv *discordtest.Server, store *unreadStore) *heldDelivery {
+// places (and tweaks to its config), and returns its runtime; it stops when the test ends.
+func startAgain(t *testing.T, srv *discordtest.Server, store *unreadStore, tweaks ...func(*Config)) *heldDelivery {
 	t.Helper()
 	h := newHeldDelivery()
-	p, err := New(Config{Token: srv.Token(), Settings: config.Discord{APIURL: srv.APIURL(), BackfillWindow: time.Hour},
-		Logger: slog.New(slog.DiscardHandler), Unread: store.unread, Now: srv.Now})
+	c := Config{Token: srv.Token(), Settings: config.Discord{APIURL: srv.APIURL(), BackfillWindow: time.Hour},
+		Logger: slog.New(slog.DiscardHandler), Unread: store.unread, Now: srv.Now}
+	for _, tweak := range tweaks {
+		tweak(&c)
+	}
+	p, err := New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
