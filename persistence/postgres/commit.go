@@ -307,7 +307,9 @@ func describe(st stmt, err error) error {
 	case pe.Code == daemonFencedCode:
 		// Another daemon took the lock: the writes wait in the spool (this daemon's next check
 		// of its lock finds it lost, and /readyz fails). Or this one took it again, and raised
-		// the epoch, since the write read it: the lock was lost without its noticing.
+		// the epoch, since the write read it: the lock was lost without its noticing, and the
+		// row no longer held this store's raise (another daemon's or member's raise came
+		// between, a restore, or this store's raise whose COMMIT lost its answer: raiseEpoch).
 		var cur, took int64
 		_, perr := fmt.Sscanf(pe.Message, "the daemon lock is held with epoch %d, this daemon took epoch %d", &cur, &took)
 		var own *ownRaise

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -103,12 +104,12 @@ type Store struct {
 	// lockTaken is Options.LockTaken (nil: none), called by checkLock at each retake.
 	lockTaken func()
 	// held is the daemon lock as the checks last left it, for lockHeld: the epoch of the lock
-	// lockConn holds, once it is taken with its epoch raised and its idle session bounded; nil
-	// while it is lost, being released or being taken again. Set with lockMu held (or before
-	// the store is shared), read without it: a commit neither waits for a check's ping (a
-	// round trip, or the whole check's timeout when the server does not answer) nor for a
-	// retake (a connection and four statements), which held every commit, the persistence
-	// actor's whole batch, for as long (TestLockCheckHoldsNoCommit).
+	// lockConn holds, once it is taken with its epoch raised (or kept: raiseEpoch) and its idle
+	// session bounded; nil while it is lost, being released or being taken again. Set with
+	// lockMu held (or before the store is shared), read without it: a commit neither waits
+	// for a check's ping (a round trip, or the whole check's timeout when the server does not
+	// answer) nor for a retake (a connection and four statements), which held every commit,
+	// the persistence actor's whole batch, for as long (TestLockCheckHoldsNoCommit).
 	held atomic.Pointer[lockHold]
 	// closing ends as Close begins: it ends the lock watcher, and gives up the check or the
 	// retake of the lock it has in progress (watchLock).
@@ -120,6 +121,10 @@ type Store struct {
 	// every commit is fenced with it (agentgate_daemon_fence), as held publishes it. Guarded
 	// as lockConn is.
 	lockEpoch int64
+	// lockRaise is the id of the raise that made lockEpoch (daemon_epoch.raise_id, migration
+	// 0020; "" for a member, and before the first raise): a retake that finds the epoch, this
+	// id and the exclusive mark unchanged keeps the epoch (raiseEpoch). Guarded as lockConn is.
+	lockRaise string
 	// raised is the epoch this store last raised the daemon lock's to, published before the
 	// raise commits (nil: none; set back when it does not): a write of its own fenced with an
 	// earlier epoch that meets it was refused by this store's retake, not by another daemon
@@ -393,8 +398,25 @@ func (s *Store) lock(ctx context.Context, wait time.Duration) error {
 // this store took the lock, and keeps it for the fence of its commits. The raise waits for the
 // commits of the lock's previous holder that passed their fence, and no later one of them
 // passes it. Called with lockMu held or before the store is shared.
+//
+// An exclusive store's retake keeps the epoch instead when the row still holds this store's
+// last raise (its epoch, its id and the exclusive mark): the lock's previous holder is this
+// store, and its commits in flight, fenced with that epoch, go through rather than be spooled
+// (TestRetakeWithNoOneBetweenKeepsTheEpoch). That keeps the fence's guarantee, that a daemon
+// that lost its lock commits nothing once another one has taken it, because only a holder
+// with an epoch of its own raise can write: an exclusive store raises at each take but such
+// a retake (Open always raises), a member raises after a single daemon (exclusive) and reads
+// otherwise, and a store whose raise failed holds no epoch (held stays nil) and writes
+// nothing. So a process that took the lock in between and could write changed the row, and
+// the retake raises (TestRetakeAfterAnotherDaemonFencesACommitInFlight); one that took it
+// without a raise (it lost it again first) wrote nothing. The row is read without a lock: no
+// other process changes it while this one holds the lock exclusively (a raise takes the lock
+// first, and a raise in progress when its session ended is rolled back before the lock goes).
+// Not the epoch alone: a database restored to a point before this store's raise may since
+// hold the same epoch raised by another daemon, which may still commit with it.
 func (s *Store) raiseEpoch(ctx context.Context) error {
 	var epoch int64
+	var raise string // the id of this raise; "" when the epoch is kept or only read
 	prev := s.raised.Load()
 	published := false
 	publish := func() { // before the commit, which a fence that meets it waits for
@@ -413,7 +435,18 @@ func (s *Store) raiseEpoch(ctx context.Context) error {
 			return err
 		}
 		if !s.shared {
-			err := tx.QueryRow(ctx, `UPDATE daemon_epoch SET epoch = epoch + 1, exclusive = true RETURNING epoch`).Scan(&epoch)
+			if s.lockRaise != "" { // a retake
+				var kept bool
+				err := tx.QueryRow(ctx, `SELECT epoch = $1 AND exclusive AND raise_id IS NOT DISTINCT FROM $2
+					FROM daemon_epoch`, s.lockEpoch, s.lockRaise).Scan(&kept)
+				if err != nil || kept {
+					epoch = s.lockEpoch
+					return err
+				}
+			}
+			raise = rand.Text()
+			err := tx.QueryRow(ctx, `UPDATE daemon_epoch SET epoch = epoch + 1, exclusive = true, raise_id = $1
+				RETURNING epoch`, raise).Scan(&epoch)
 			if err == nil {
 				publish()
 			}
@@ -428,7 +461,7 @@ func (s *Store) raiseEpoch(ctx context.Context) error {
 		// commits must be refused from now on (TestLockHoldersFenceCommits). Of two members
 		// that take it at once, the second's UPDATE waits for the first's and then finds the
 		// row no longer exclusive.
-		err := tx.QueryRow(ctx, `UPDATE daemon_epoch SET epoch = epoch + 1, exclusive = false
+		err := tx.QueryRow(ctx, `UPDATE daemon_epoch SET epoch = epoch + 1, exclusive = false, raise_id = NULL
 			WHERE exclusive RETURNING epoch`).Scan(&epoch)
 		switch {
 		case err == nil:
@@ -451,6 +484,9 @@ func (s *Store) raiseEpoch(ctx context.Context) error {
 		return fmt.Errorf("raise the daemon lock's epoch: %w", err)
 	}
 	s.lockEpoch = epoch
+	if raise != "" {
+		s.lockRaise = raise
+	}
 	return nil
 }
 
@@ -522,7 +558,7 @@ func (s *Store) lockFunc(op string) string {
 // connection that died unnoticed still counts as held here; the fence refuses the commit once
 // another daemon has taken the lock exclusively. It reads the state the last check left (held)
 // and waits for no check in progress: a check's ping is of a lock held until it fails, and a
-// retake's lock counts as lost until its epoch is raised.
+// retake's lock counts as lost until its epoch is raised (or kept: raiseEpoch).
 func (s *Store) lockHeld() (fence *stmt, err error) {
 	if s.lockCfg == nil {
 		return nil, nil
