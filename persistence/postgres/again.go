@@ -75,7 +75,8 @@ func (s *Store) again(ctx context.Context, f func(c *pgxpool.Conn) error) error 
 
 // inTx runs f in a transaction of opts on a connection of the pool and commits it, and runs it
 // once more on another connection when the first was dead before the COMMIT was sent: the
-// server commits nothing without one, and ends the transaction with its session. Once COMMIT is
+// server commits nothing without one, and ends the transaction with its session (one ended
+// while a statement of f waited for a row lock: TestCallEndedWhileItWaitsForARowLockRunsAgain). Once COMMIT is
 // sent, a failure is not tried again: whether the server committed is not known. f sets what
 // it fills afresh at each run, and builds its batches afresh (again).
 func (s *Store) inTx(ctx context.Context, opts pgx.TxOptions, f func(tx pgx.Tx) error) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -225,5 +226,107 @@ func TestLostCommitAnswerIsNotRetried(t *testing.T) {
 	}
 	if _, err := s.Session(ctx, "doomed"); !errors.Is(err, persistence.ErrNotFound) {
 		t.Errorf("Session(doomed) = %v, want persistence.ErrNotFound (the trigger ended the transaction)", err)
+	}
+}
+
+// TestCallEndedWhileItWaitsForARowLockRunsAgain: a transaction whose session the server ends
+// while a statement of it waits for a row lock another session holds (pg_terminate_backend: an
+// administrator, a soak's kills) committed nothing, since its COMMIT was never sent, and runs
+// again on another connection (again.go), where it waits for the lock in turn and commits once
+// the lock is let go: a commit, and a transaction of the store's own (BeginRun).
+func TestCallEndedWhileItWaitsForARowLockRunsAgain(t *testing.T) {
+	s, dsn := openUnchecked(t)
+	defer s.Close()
+	ctx := context.Background()
+	admin := mustConn(t, dsn)
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s0", "k0")})
+	if _, err := s.BeginRun(ctx, "r0", t0); err != nil {
+		t.Fatal(err)
+	}
+	// waiters returns the sessions of the database that wait for a lock (the store's).
+	waiters := func() []uint32 {
+		t.Helper()
+		rows, err := admin.Query(ctx, `SELECT pid FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids, err := pgx.CollectRows(rows, pgx.RowTo[uint32])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pids
+	}
+	for _, tc := range []struct {
+		name  string
+		lock  string // takes the row lock the call waits for
+		call  func() error
+		check string // true once the call took effect
+	}{
+		{"commit", `SELECT 1 FROM sessions WHERE id = 's0' FOR UPDATE`, func() error {
+			return s.Commit(ctx, [][]persistence.Op{{&persistence.TouchSession{SessionID: "s0", At: t0.Add(time.Hour)}}})[0]
+		}, `SELECT last_activity_at = ` + fmt.Sprint(t0.Add(time.Hour).UnixNano()) + ` FROM sessions WHERE id = 's0'`},
+		{"transaction", `SELECT 1 FROM daemon_run FOR UPDATE`, func() error {
+			_, err := s.BeginRun(ctx, "r1", t0.Add(time.Hour))
+			return err
+		}, `SELECT run = 'r1' FROM daemon_run`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			holder := mustConn(t, dsn) // holds the row lock in a transaction of its own
+			tx, err := holder.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			if _, err := tx.Exec(ctx, tc.lock); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- tc.call() }()
+			// waitFor waits until a session other than those of not waits for the lock, and
+			// returns its pid; 0 when the call ended first.
+			waitFor := func(not ...uint32) uint32 {
+				t.Helper()
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					for _, pid := range waiters() {
+						if !slices.Contains(not, pid) {
+							return pid
+						}
+					}
+					select {
+					case err := <-done:
+						done <- err
+						return 0
+					default:
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("no session of the store waits for the row lock 10 s on")
+					}
+					time.Sleep(time.Millisecond) // polls the server under a deadline
+				}
+			}
+			first := waitFor()
+			if first == 0 {
+				t.Fatalf("%s ended before it waited for the row lock: %v", tc.name, <-done)
+			}
+			var gone bool // pg_terminate_backend's timeout waits for the backend's exit
+			if err := admin.QueryRow(ctx, `SELECT pg_terminate_backend($1, 10000)`, first).Scan(&gone); err != nil || !gone {
+				t.Fatalf("end the waiting session: %v, %v", gone, err)
+			}
+			if again := waitFor(first); again == 0 {
+				t.Fatalf("%s whose session ended while it waited for a row lock: %v, want it run again", tc.name, <-done)
+			}
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Errorf("%s run again once the row lock is let go: %v, want nil", tc.name, err)
+			}
+			var took bool
+			if err := admin.QueryRow(ctx, tc.check).Scan(&took); err != nil || !took {
+				t.Errorf("%s took effect = %v, %v; want true", tc.name, took, err)
+			}
+		})
 	}
 }
