@@ -258,7 +258,7 @@ func (a *sessionsAPI) Requeue(ctx context.Context, key, messageID string) (*http
 	}
 	// An unknown key is not activated for nothing.
 	if _, err := a.d.store.Route(ctx, key); errors.Is(err, persistence.ErrNotFound) {
-		return nil, &httpplatform.RefusedError{Code: httpplatform.CodeNotFound, Message: "no such session"}
+		return nil, &httpplatform.RefusedError{Code: httpplatform.CodeNoSession, Message: "no such session"}
 	} else if err != nil {
 		return nil, fmt.Errorf("requeue: %w", err)
 	}

@@ -162,10 +162,21 @@ func daemonReset(ctx context.Context, cfg *config.Config, addr, run, key string)
 			return nil, fmt.Errorf("the %[1]s at %[2]s answered %[3]s without a session of %[4]s: is this the %[1]s's address?", daemonNoun(cfg), addr, a.statusText, shortKey(key))
 		}
 		return &info, nil
-	case a.status == http.StatusNotFound && a.code == httpplatform.CodeNotFound && a.msg == "no such session":
+	case a.noSession():
 		return nil, errNoSession
 	}
 	return nil, fmt.Errorf("the %s at %s answered %s: %s", daemonNoun(cfg), addr, a.statusText, a.msg)
+}
+
+// noSession reports whether a is the daemon's refusal of a key no session has: 404 no_session.
+// A daemon older than that code (one still running during a rolling upgrade) answers it 404
+// not_found "no such session", which only its message tells from the 404 of a message or a
+// route that is not there: that answer is read by its text, as before, and only that one.
+func (a *daemonAnswer) noSession() bool {
+	if a.status != http.StatusNotFound {
+		return false
+	}
+	return a.code == httpplatform.CodeNoSession || a.code == httpplatform.CodeNotFound && a.msg == "no such session"
 }
 
 // daemonNoun names the process an admin command asks in its messages: "member" in cluster mode,

@@ -310,6 +310,48 @@ func TestSessionsResetNotFound(t *testing.T) {
 	}
 }
 
+// TestResetAndRequeueReadNoSessionByItsCode: a daemon's 404 no_session is a key no session has,
+// whatever its message; an older daemon's (one still running during a rolling upgrade) 404
+// not_found "no such session" is one too, by its text as before; any other 404 not_found is
+// not (no such route, or for a requeue a message the key does not have). Before, only the
+// text told it, and a daemon that worded it otherwise had its key's refusal printed raw.
+func TestResetAndRequeueReadNoSessionByItsCode(t *testing.T) {
+	const (
+		noSessionReset   = "sessions reset: the key " + keyA + " has no session, so nothing was reset; agentgate sessions list prints the keys that have one"
+		noSessionRequeue = "sessions requeue: the key " + keyA + " has no session, so nothing was requeued; agentgate sessions list prints the keys that have one"
+	)
+	for _, tc := range []struct {
+		name, code, msg        string
+		wantReset, wantRequeue string
+	}{
+		{"no_session", "no_session", "no such session", noSessionReset, noSessionRequeue},
+		{"no_session worded otherwise", "no_session", "the key has none", noSessionReset, noSessionRequeue},
+		{"an older daemon's not_found", "not_found", "no such session", noSessionReset, noSessionRequeue},
+		{"another not_found", "not_found", "no such route",
+			"reset " + keyA + ": the daemon at ADDR answered 404 Not Found: no such route",
+			"sessions requeue: no such route, so nothing was requeued; agentgate sessions show " + keyA +
+				" lists the key's last messages with their ids, agentgate sessions quarantined the quarantined ones, which a requeue runs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, _ := MustSeedLockedSessions(t) // the daemon holds the database
+			d := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusNotFound)
+				fmt.Fprintf(w, `{"error":{"code":%q,"message":%q}}`, tc.code, tc.msg)
+			})
+			MustRecordDaemon(t, dir, d, testRun)
+			addr := d.Listener.Addr().String()
+			if _, _, err := runSessions(t, "reset", "--data-dir", dir, keyA); err == nil ||
+				err.Error() != strings.ReplaceAll(tc.wantReset, "ADDR", addr) {
+				t.Errorf("reset: %v, want %q", err, tc.wantReset)
+			}
+			if _, _, err := runSessions(t, "requeue", "--data-dir", dir, keyA, "m1"); err == nil || err.Error() != tc.wantRequeue {
+				t.Errorf("requeue: %v, want %q", err, tc.wantRequeue)
+			}
+		})
+	}
+}
+
 // TestSessionsResetSkipsALoopbackMemberOfAnotherHost: a member of a cluster on one host
 // registers its loopback address; the command run on another host (with the database's DSN)
 // does not ask its own loopback there, where another process listens (perhaps a daemon of

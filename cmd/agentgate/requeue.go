@@ -108,7 +108,8 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 }
 
 // daemonRequeue asks the daemon listening at addr, run run, to requeue message id of key
-// (daemonPost), and returns its answer. A refusal (404, 409) is an error with its message.
+// (daemonPost), and returns its answer. A refusal (404, 409) is an error with its message:
+// errNoSession, a *noMessageError or a *requeueRefusal.
 func daemonRequeue(ctx context.Context, cfg *config.Config, addr, run, key, id string) (*httpplatform.MessageResponse, error) {
 	a, err := daemonPost(ctx, cfg, addr, run, requeuePath(key, id), "requeue")
 	if err != nil {
@@ -123,12 +124,12 @@ func daemonRequeue(ctx context.Context, cfg *config.Config, addr, run, key, id s
 		return &res, nil
 	case http.StatusNotFound, http.StatusConflict:
 		switch {
-		case a.code == httpplatform.CodeNotFound && a.msg == "no such session":
+		case a.noSession():
 			return nil, errNoSession
 		case a.code == httpplatform.CodeNotFound:
 			return nil, &noMessageError{a.msg}
 		case a.code != "":
-			return nil, fmt.Errorf("%s (%s)", a.msg, a.code)
+			return nil, &requeueRefusal{code: a.code, msg: a.msg}
 		}
 	}
 	return nil, fmt.Errorf("the %s at %s answered %s: %s", daemonNoun(cfg), addr, a.statusText, a.msg)
@@ -140,22 +141,43 @@ type noMessageError struct{ msg string }
 
 func (e *noMessageError) Error() string { return e.msg }
 
+// requeueRefusal is a daemon's refusal of a requeue (409) with its code (not_quarantined,
+// session_ended) and message.
+type requeueRefusal struct{ code, msg string }
+
+func (e *requeueRefusal) Error() string { return fmt.Sprintf("%s (%s)", e.msg, e.code) }
+
 // requeueRefused is the error of a requeue of message id of key the daemon refused (err). A key
-// no session has, or a message the key does not have, is said for an operator: what was not
-// found, and the command that lists what there is. Before, they were the daemon's raw "no such
-// session (not_found)" and "no message ID in session KEY (not_found)", which called the key a
-// session (a CLI review).
+// no session has, a message the key does not have, and a message that is not quarantined or
+// whose session has ended are said for an operator: the daemon's reason, and the command that
+// shows what there is. Before, they were the daemon's raw "no such session (not_found)" and
+// "no message ID in session KEY (not_found)", which called the key a session (a CLI review),
+// and its reason with the code after it, "… (not_quarantined)", "… (session_ended)", which said
+// nothing of what to do (a CLI review). A code this command does not know (a newer daemon's) is
+// still shown as it comes.
 func requeueRefused(key, id string, err error) error {
 	if errors.Is(err, errNoSession) {
 		return noSession("sessions requeue", key, "requeued")
 	}
+	show := "agentgate sessions show KEY"
+	if len(key) <= errArgBytes {
+		show = "agentgate sessions show " + pasteableKey(key)
+	}
 	if nm, ok := errors.AsType[*noMessageError](err); ok {
-		show := "agentgate sessions show KEY"
-		if len(key) <= errArgBytes {
-			show = "agentgate sessions show " + pasteableKey(key)
-		}
 		return fmt.Errorf("sessions requeue: %s, so nothing was requeued; %s lists the key's last messages with their ids, "+
 			"agentgate sessions quarantined the quarantined ones, which a requeue runs", nm.msg, show)
+	}
+	if rr, ok := errors.AsType[*requeueRefusal](err); ok {
+		switch rr.code {
+		case httpplatform.CodeNotQuarantined:
+			return fmt.Errorf("sessions requeue: %s, so nothing was requeued; %s lists the key's last messages with their status, "+
+				"agentgate sessions quarantined the quarantined ones, which a requeue runs", rr.msg, show)
+		case httpplatform.CodeSessionEnded:
+			// Not "nothing was requeued": a command that ended the session's work as the
+			// requeue was stored sets the message aside again only once the command is stored
+			// (the daemon's message says so).
+			return fmt.Errorf("sessions requeue: %s; %s lists the key's last messages with their status", rr.msg, show)
+		}
 	}
 	return fmt.Errorf("requeue %s of %s: %w", shortArg(id), shortKey(key), err)
 }

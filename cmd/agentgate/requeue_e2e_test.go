@@ -49,7 +49,7 @@ func TestRequeueRunsAQuarantinedMessageAsItsSender(t *testing.T) {
 	}{
 		{key, "m2", http.StatusConflict, "not_quarantined"}, // answered
 		{key, "nope", http.StatusNotFound, "not_found"},
-		{"agent:main:http:dm:nobody", "poison-1", http.StatusNotFound, "not_found"},
+		{"agent:main:http:dm:nobody", "poison-1", http.StatusNotFound, "no_session"},
 	}
 	for _, tc := range refusals {
 		status, body := requeue(tc.key, tc.id, "")
@@ -85,8 +85,9 @@ func TestRequeueRunsAQuarantinedMessageAsItsSender(t *testing.T) {
 		t.Errorf("no INF line for the requeue:\n%s", d.stderr.String())
 	}
 	_, _, err := runSessions(t, "requeue", "--data-dir", dataDir, key, "poison-1")
-	if err == nil || !strings.Contains(err.Error(), "not_quarantined") {
-		t.Errorf("sessions requeue of a message done = %v, want the daemon's not_quarantined refusal", err)
+	if want := "sessions requeue: message poison-1 is done, not quarantined: only a quarantined message is requeued, so nothing was requeued; "; err == nil ||
+		!strings.HasPrefix(err.Error(), want) {
+		t.Errorf("sessions requeue of a message done = %v, want the daemon's not_quarantined refusal, beginning %q", err, want)
 	}
 	if err := d.stop(t, 30*time.Second); err != nil {
 		t.Errorf("exit after SIGTERM: %v, want 0", err)
@@ -262,5 +263,125 @@ func TestRequeuePathKeepsDotIDs(t *testing.T) {
 		if g := <-got; g != [2]string{key, id} {
 			t.Errorf("requeue of %q reached the route as key %q, id %q", id, g[0], g[1])
 		}
+	}
+}
+
+// TestRequeueRefusalsSayWhatToDo: the daemon answers a key no session has 404 no_session (its
+// message still "no such session"), on every route that takes a key, and a requeue it refuses
+// 409 not_quarantined or session_ended; `sessions requeue` says each as a sentence that says
+// what was not done and what shows more, without the code. Before, the no-session 404 was
+// not_found, told from a message's 404 by its text alone, and the 409s were printed as the
+// daemon's message with the code after it: "… (not_quarantined)", "… (session_ended)".
+func TestRequeueRefusalsSayWhatToDo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the daemon binary")
+	}
+	dataDir := t.TempDir()
+	const (
+		keyDone  = "agent:main:http:dm:r1" // its message m-done ran
+		keyEnded = "agent:main:http:dm:r2" // its message q-old is quarantined in a session since ended
+		nobody   = "agent:main:http:dm:nobody"
+	)
+	func() {
+		st, err := sqlite.Open(t.Context(), filepath.Join(dataDir, "agentgate.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		now := time.Now().UTC()
+		session := func(id, key, chat string, at time.Time) *persistence.CreateSession {
+			return &persistence.CreateSession{Session: persistence.Session{ID: id, Key: key, Platform: "http", ChatType: identity.ChatDM,
+				ChatID: chat, UserID: "u1", StartedAt: at, LastActivityAt: at}}
+		}
+		message := func(session, chat, id, status string, at time.Time) *persistence.AppendMessage {
+			return &persistence.AppendMessage{Message: persistence.Message{SessionID: session, Seq: 1, Role: persistence.RoleUser,
+				Content: "hello", Platform: "http", ChatID: chat, MessageID: id, UserID: "u1", Status: status, Active: true, CreatedAt: at}}
+		}
+		errs := st.Commit(t.Context(), [][]persistence.Op{{
+			session("s1", keyDone, "r1", now),
+			&persistence.PutRoute{Route: persistence.Route{Key: keyDone, SessionID: "s1", Generation: 1, UpdatedAt: now}},
+			message("s1", "r1", "m-done", persistence.StatusDone, now),
+			session("sb1", keyEnded, "r2", now.Add(-time.Hour)),
+			message("sb1", "r2", "q-old", persistence.StatusQuarantined, now.Add(-time.Hour)),
+			&persistence.EndSession{SessionID: "sb1", Reason: persistence.EndResetCommand, At: now.Add(-time.Minute)},
+			session("sb2", keyEnded, "r2", now),
+			&persistence.PutRoute{Route: persistence.Route{Key: keyEnded, SessionID: "sb2", Generation: 2, UpdatedAt: now}},
+		}})
+		if errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+	}()
+	d := MustServe(t, dataDir)
+
+	// Over HTTP: the status, the code and the message.
+	requeuePath := func(key, id string) string {
+		return "/v1/sessions/" + url.PathEscape(key) + "/messages/" + url.PathEscape(id) + "/requeue"
+	}
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		code, msg    string
+	}{
+		{http.MethodPost, requeuePath(nobody, "q1"), http.StatusNotFound, "no_session", "no such session"},
+		{http.MethodPost, "/v1/sessions/" + nobody + "/reset", http.StatusNotFound, "no_session", "no such session"},
+		{http.MethodGet, "/v1/sessions/" + nobody, http.StatusNotFound, "no_session", "no such session"},
+		{http.MethodGet, "/v1/sessions/" + nobody + "/transcript", http.StatusNotFound, "no_session", "no such session"},
+		// A session the request names that is not the key's is no answer about the key.
+		{http.MethodGet, "/v1/sessions/" + keyDone + "/transcript?session_id=sb1", http.StatusNotFound, "not_found", "no such session"},
+		// A message the key does not have stays not_found.
+		{http.MethodPost, requeuePath(keyDone, "nope"), http.StatusNotFound, "not_found",
+			"key " + keyDone + " has no message nope: not in its current session s1, nor in an ended one still stored"},
+		{http.MethodPost, requeuePath(keyDone, "m-done"), http.StatusConflict, "not_quarantined",
+			"message m-done is done, not quarantined: only a quarantined message is requeued"},
+		{http.MethodPost, requeuePath(keyEnded, "q-old"), http.StatusConflict, "session_ended",
+			"message q-old belongs to session sb1, which has ended (reset, /new or switched away from): " +
+				"its conversation is gone, so it is not run in the current one; its sender may send it again"},
+	} {
+		req, err := http.NewRequestWithContext(t.Context(), tc.method, d.base+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e struct {
+			Error struct{ Code, Message string }
+		}
+		err = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != tc.status || e.Error.Code != tc.code || e.Error.Message != tc.msg {
+			t.Errorf("%s %s = %d %+v (%v), want %d %s %q", tc.method, tc.path, resp.StatusCode, e, err, tc.status, tc.code, tc.msg)
+		}
+	}
+
+	// On the command line: the line it ends with on stderr.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"requeue", nobody, "q1"}, "sessions requeue: the key " + nobody + " has no session, so nothing was requeued; " +
+			"agentgate sessions list prints the keys that have one"},
+		{[]string{"reset", nobody}, "sessions reset: the key " + nobody + " has no session, so nothing was reset; " +
+			"agentgate sessions list prints the keys that have one"},
+		{[]string{"requeue", keyDone, "m-done"}, "sessions requeue: message m-done is done, not quarantined: only a quarantined message is requeued, " +
+			"so nothing was requeued; agentgate sessions show " + keyDone + " lists the key's last messages with their status, " +
+			"agentgate sessions quarantined the quarantined ones, which a requeue runs"},
+		{[]string{"requeue", keyEnded, "q-old"}, "sessions requeue: message q-old belongs to session sb1, which has ended (reset, /new or switched away from): " +
+			"its conversation is gone, so it is not run in the current one; its sender may send it again; " +
+			"agentgate sessions show " + keyEnded + " lists the key's last messages with their status"},
+	} {
+		out, _, err := runSessions(t, append(tc.args, "--data-dir", dataDir)...)
+		if err == nil {
+			t.Errorf("sessions %q succeeded (%q), want a refusal", tc.args, out)
+			continue
+		}
+		var stderr strings.Builder
+		if status := exitStatus(err, &stderr); status != 1 || stderr.String() != "agentgate: "+tc.want+"\n" {
+			t.Errorf("sessions %q printed %q, exit %d; want exit 1 and\n%s", tc.args, stderr.String(), status, "agentgate: "+tc.want)
+		}
+	}
+	if err := d.stop(t, 30*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v, want 0", err)
 	}
 }

@@ -1416,7 +1416,8 @@ func noSession(cmd, key, undone string) error {
 	return fmt.Errorf("%s: the key %s has no session%s; agentgate sessions list prints the keys that have one", cmd, shortKey(key), undone)
 }
 
-// errNoSession is a daemon's refusal of a KEY no session has (404 not_found "no such session").
+// errNoSession is a daemon's refusal of a KEY no session has (404 no_session; an older daemon's
+// 404 not_found "no such session": daemonAnswer.noSession).
 var errNoSession = errors.New("no such session")
 
 // shortKey is key as an error that refuses it names it: pasteableKey's form of its first

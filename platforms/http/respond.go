@@ -34,6 +34,7 @@ const (
 	CodeCrossOrigin       = "cross_origin"
 	CodeForeignHost       = "foreign_host"
 	CodeNotFound          = "not_found"
+	CodeNoSession         = "no_session" // a 404 of a key no session has (a refinement of not_found: see docs/HTTP-API.md)
 	CodeMethodNotAllowed  = "method_not_allowed"
 	CodeQueueFull         = "queue_full"
 	CodeMessageIDConflict = "message_id_conflict"
@@ -134,7 +135,7 @@ func (p *Platform) writeSessionsError(w http.ResponseWriter, r *http.Request, op
 	if re, ok := errors.AsType[*RefusedError](err); ok {
 		status := http.StatusConflict
 		switch re.Code {
-		case CodeNotFound:
+		case CodeNotFound, CodeNoSession:
 			status = http.StatusNotFound
 		case CodeUnavailable:
 			status = http.StatusServiceUnavailable
@@ -145,7 +146,11 @@ func (p *Platform) writeSessionsError(w http.ResponseWriter, r *http.Request, op
 	}
 	switch {
 	case errors.Is(err, persistence.ErrNotFound):
-		writeError(w, http.StatusNotFound, CodeNotFound, "no such session")
+		// The key has no session (a transcript's ?session_id= that names none of the key's is
+		// answered not_found by its handler). It has a code of its own, so that a client need
+		// not match the message to tell it from the 404 of a message or a route that is not
+		// there, as agentgate sessions reset and requeue did; the message is the one it was.
+		writeError(w, http.StatusNotFound, CodeNoSession, "no such session")
 	case errors.Is(err, identity.ErrBadKey):
 		writeError(w, http.StatusBadRequest, CodeInvalidKey, "not a session key")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

@@ -51,9 +51,20 @@ func TestSessionRoutes(t *testing.T) {
 		}
 	})
 	t.Run("get unknown", func(t *testing.T) {
-		got := h.do("GET", "/v1/sessions/agent:main:http:dm:nope", nil, "")
-		if got.status != 404 || got.errCode() != CodeNotFound {
-			t.Errorf("GET unknown session = %d %q, want 404 %q", got.status, got.errCode(), CodeNotFound)
+		// A key no session has is 404 no_session, with the message it always had; a session a
+		// transcript names that is none of the key's stays 404 not_found (before, both were
+		// not_found, told apart by their message).
+		for _, req := range []struct{ method, path, code string }{
+			{"GET", "/v1/sessions/agent:main:http:dm:nope", CodeNoSession},
+			{"POST", "/v1/sessions/agent:main:http:dm:nope/reset", CodeNoSession},
+			{"GET", "/v1/sessions/agent:main:http:dm:nope/transcript", CodeNoSession},
+			{"GET", "/v1/sessions/agent:main:http:dm:nope/transcript?session_id=s9", CodeNotFound},
+		} {
+			got := h.do(req.method, req.path, nil, "")
+			e := mustDecode[ErrorResponse](t, got)
+			if got.status != 404 || e.Error.Code != req.code || e.Error.Message != "no such session" {
+				t.Errorf("%s %s = %d %s, want 404 %q \"no such session\"", req.method, req.path, got.status, got.body, req.code)
+			}
 		}
 	})
 	t.Run("not a session key", func(t *testing.T) {
@@ -104,8 +115,8 @@ func TestSessionRoutes(t *testing.T) {
 
 	// Every key reached Sessions exactly as built: decoded once by the mux, never again.
 	for _, c := range sessions.callLog() {
-		if c == "get agent:main:http:dm:nope" {
-			continue
+		if strings.Contains(c, " agent:main:http:dm:nope") {
+			continue // the unknown key's
 		}
 		if want := []string{"get " + key, "reset " + key, "transcript " + key + " s0"}; !contains(want, c) {
 			t.Errorf("Sessions call %q, want one of %q", c, want)
@@ -241,11 +252,12 @@ func TestRequeueRoute(t *testing.T) {
 		code   string
 	}{
 		{&RefusedError{Code: CodeNotFound, Message: "no message"}, 404, CodeNotFound},
+		{&RefusedError{Code: CodeNoSession, Message: "no such session"}, 404, CodeNoSession},
 		{&RefusedError{Code: CodeNotQuarantined, Status: "done", Message: "message m is done, not quarantined"}, 409, CodeNotQuarantined},
 		{&RefusedError{Code: CodeSessionEnded, Message: "ended"}, 409, CodeSessionEnded},
 		{&RefusedError{Code: CodeUnavailable, Message: "later"}, 503, CodeUnavailable},
 		{fmt.Errorf("requeue: %w", persistence.ErrUnavailable), 503, CodeUnavailable},
-		{fmt.Errorf("requeue: %w", persistence.ErrNotFound), 404, CodeNotFound},
+		{fmt.Errorf("requeue: %w", persistence.ErrNotFound), 404, CodeNoSession},
 	}
 	for _, tc := range refusals {
 		sessions.mu.Lock()

@@ -2,6 +2,7 @@ package http
 
 import (
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -71,9 +72,14 @@ func (p *Platform) streamTranscript(w http.ResponseWriter, r *http.Request, s Se
 			err = persistence.ErrNotFound
 		}
 		if err != nil {
-			if tw == nil {
+			switch {
+			case tw == nil && req.SessionID != "" && errors.Is(err, persistence.ErrNotFound):
+				// The session the request names is not one of the key's: not_found, as before,
+				// not no_session, which says the key has none (it may have).
+				writeError(w, http.StatusNotFound, CodeNotFound, "no such session")
+			case tw == nil:
 				p.writeSessionsError(w, r, "transcript", err)
-			} else if ctx.Err() == nil {
+			case ctx.Err() == nil:
 				p.pageFails.Log(p.log, slog.LevelWarn, "transcript answer ended early: a page could not be read", "session", key,
 					"after", req.After, logging.Err(err))
 			}

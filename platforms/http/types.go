@@ -10,7 +10,8 @@ import (
 
 // Sessions answers the session queries of the HTTP API. The daemon implements it over the
 // store and the session manager. Methods return persistence.ErrNotFound (possibly wrapped)
-// for an unknown key or session.
+// for an unknown key or session: answered 404 no_session (the key has no session), but for a
+// transcript's named session (TranscriptRequest.SessionID), 404 not_found.
 type Sessions interface {
 	// List returns one page of known sessions.
 	List(ctx context.Context, f ListRequest) (*SessionList, error)
@@ -242,8 +243,8 @@ type Event struct {
 }
 
 // RefusedError is a request the session refused, with its own message for the client: Code is
-// CodeNotFound (404), CodeUnavailable (503), or for a requeue CodeNotQuarantined (Status says
-// what the message is) or CodeSessionEnded (409).
+// CodeNoSession or CodeNotFound (404), CodeUnavailable (503), or for a requeue
+// CodeNotQuarantined (Status says what the message is) or CodeSessionEnded (409).
 type RefusedError struct {
 	Code    string
 	Status  string
