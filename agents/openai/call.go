@@ -453,9 +453,12 @@ func stripURL(err error) error {
 // statusError reads an error response to the request body into a safe StatusError.
 func (a *Agent) statusError(resp *http.Response, body []byte) *StatusError {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	msg := errorMessage(raw)
+	c := contextRefusalOf(msg, raw, a.maxTokens)
 	se := &StatusError{
 		Code:       resp.StatusCode,
-		Message:    sanitize(errorMessage(raw), a.keyString()),
+		Message:    sanitize(msg, a.keyString()),
+		context:    &c,
 		RetryAfter: retryAfter(resp.Header, a.now()),
 		refused:    refusedParams(raw, body),
 	}
@@ -654,8 +657,10 @@ func (c *choiceText) text() string {
 // apply adds one completion (or chunk) to res; it returns an error for an error document.
 func (a *Agent) apply(res *result, c *completion, b *strings.Builder) error {
 	if len(c.Error) > 0 && string(c.Error) != "null" {
-		return &StatusError{Code: inBandStatus(c.Error), Message: sanitize(errorMessage([]byte(`{"error":`+string(c.Error)+`}`)), a.keyString()),
-			inBand: true}
+		raw := []byte(`{"error":` + string(c.Error) + `}`)
+		msg := errorMessage(raw)
+		ctx := contextRefusalOf(msg, raw, a.maxTokens)
+		return &StatusError{Code: inBandStatus(c.Error), Message: sanitize(msg, a.keyString()), inBand: true, context: &ctx}
 	}
 	for i, ch := range c.Choices {
 		if i > 0 {

@@ -72,8 +72,10 @@
 // requests, nothing is left out either, and the notice names /new: the rest of the
 // conversation may be at fault. The request without them is the same call in another form: its
 // retries count on from the refused request's. A refusal that max_tokens does not fit in
-// the model's context next to the input (vLLM's wordings: contextOverflowOf) says it is the
-// max_tokens setting when that is the context or more, or the input alone fits, with an ERR.
+// the model's context next to the input (vLLM's wordings: contextOverflowOf; llama.cpp's
+// exceed_context_size_error of a prompt shorter than its n_ctx), read from the whole error
+// (contextRefusalOf), says it is the max_tokens setting when that is the context or more, or
+// the input alone fits, with an ERR.
 //
 // Retries: 429, 5xx and transport failures are retried up to Config.MaxRetries times, waiting
 // 1s, 2s, 4s… capped at Config.MaxBackoff (each spread from half of it to all of it,

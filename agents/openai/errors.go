@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -63,6 +64,18 @@ type StatusError struct {
 	refused refusedNames
 	// sent is the form of the request the answer refused, which refused says what of.
 	sent form
+	// context is what the answer says of a request too long for the model's context, read
+	// from the whole of it (contextRefusalOf); nil for a StatusError made without reading an
+	// answer, whose Message is read instead (contextOf).
+	context *contextRefusal
+}
+
+// contextOf returns what e says of a request too long for the model's context.
+func (e *StatusError) contextOf() contextRefusal {
+	if e.context != nil {
+		return *e.context
+	}
+	return contextRefusalOf(e.Message, nil, 0)
 }
 
 // Error says which status the endpoint answered, its message, what to check (hint), and the
@@ -114,7 +127,8 @@ func (a *Agent) refusal(err error, every, probed bool) error {
 	}
 	var notice string
 	declined := false
-	switch o, overflow := contextOverflowOf(se.Message); {
+	c := se.contextOf()
+	switch o, overflow := c.overflow, c.counted; {
 	case se.Code == http.StatusUnauthorized || se.Code == http.StatusForbidden:
 		notice = "its model endpoint refused its credentials, which the operator has to fix"
 	case se.Code == http.StatusNotFound:
@@ -126,7 +140,7 @@ func (a *Agent) refusal(err error, every, probed bool) error {
 		notice = fmt.Sprintf("its max_tokens setting (%d tokens) leaves no room in the model's context (%d tokens) for any conversation, which the operator has to fix", o.output, o.context)
 	case se.Code == http.StatusBadRequest && overflow && a.maxTokens > 0 && o.input < o.context:
 		notice = fmt.Sprintf("the conversation (%d tokens) fits in the model's context (%d tokens) only without the room its max_tokens setting keeps for the reply (%d tokens), which the operator has to lower; until then, send /new to start a fresh session", o.input, o.context, o.output)
-	case se.Code == http.StatusRequestEntityTooLarge || (se.Code == http.StatusBadRequest && tooLong(se.Message)):
+	case se.Code == http.StatusRequestEntityTooLarge || (se.Code == http.StatusBadRequest && c.tooLong):
 		notice = "the conversation is too long for the model: send /new to start a fresh session, or a shorter message"
 	case se.Code == http.StatusBadRequest && saysAny(se.Message, "content_policy", "content policy", "content management policy", "safety system"):
 		notice, declined = "its model endpoint declined this message (its content policy)", true
@@ -162,8 +176,8 @@ func (a *Agent) refusesWhatItHolds(err error) (*StatusError, bool) {
 	if !ok || (se.Code != http.StatusBadRequest && se.Code != http.StatusUnprocessableEntity) || se.refused.settingsOnly() {
 		return nil, false
 	}
-	if _, overflow := contextOverflowOf(se.Message); se.Code == http.StatusBadRequest &&
-		(overflow || tooLong(se.Message) || saysAny(se.Message, "content_policy", "content policy", "content management policy", "safety system")) {
+	if se.Code == http.StatusBadRequest &&
+		(se.contextOf().tooLong || saysAny(se.Message, "content_policy", "content policy", "content management policy", "safety system")) {
 		return nil, false
 	}
 	return se, true
@@ -206,10 +220,61 @@ func contextOverflowOf(message string) (contextOverflow, bool) {
 }
 
 // tooLong reports whether an endpoint's 400 message says the prompt exceeds the model's context,
-// in the words OpenAI, vLLM, llama.cpp and Ollama use.
+// in the words OpenAI, vLLM, llama.cpp (its exceed_context_size_error's, whose wording has
+// changed from release to release), Ollama and LiteLLM (its ContextWindowExceededError) use.
 func tooLong(message string) bool {
 	return saysAny(message, "context length", "context_length", "context window", "maximum context", "too many tokens",
-		"prompt is too long", "exceeds the context")
+		"prompt is too long", "exceeds the context", "exceeds the available context size", "exceeds context size",
+		"larger than the max context size", "contextwindowexceeded")
+}
+
+// contextRefusal is what an endpoint's refusal says of a request too long for the model's
+// context (contextRefusalOf).
+type contextRefusal struct {
+	// tooLong is set when it says the request does not fit in the model's context.
+	tooLong bool
+	// counted is set when overflow holds its numbers: the model's context, the request's input,
+	// and the max_tokens that does not fit next to it.
+	counted  bool
+	overflow contextOverflow
+}
+
+// maxContextScan bounds what contextRefusalOf reads of a message: an error in a stream event may
+// be as long as the event.
+const maxContextScan = maxErrorBody
+
+// contextRefusalOf reads an endpoint's refusal for what it says of a request too long for the
+// model's context: its message, whole (message; StatusError.Message is cut at maxErrorMessage
+// runes, and the numbers of a wording behind a proxy's prefix, LiteLLM's, fell past the cut, so
+// that a max_tokens at fault read as a conversation too long), and its error body (raw, when
+// not nil), whose type llama.cpp's server sets to exceed_context_size_error for a prompt that
+// does not fit in its context (400), with n_prompt_tokens and n_ctx. That server refuses for the
+// prompt alone (a reply is cut at the context's end, never refused), so a prompt as long as the
+// context or longer is the conversation's, whatever the request's max_tokens; one shorter than
+// the context (a server that counts max_tokens in, or a proxy's) can be refused only for the
+// request's max_tokens (maxTokens, zero for none), which it counts as overflow's output.
+func contextRefusalOf(message string, raw []byte, maxTokens int) contextRefusal {
+	if len(message) > maxContextScan {
+		message = message[:maxContextScan]
+	}
+	var c contextRefusal
+	c.overflow, c.counted = contextOverflowOf(message)
+	c.tooLong = c.counted || tooLong(message)
+	var doc struct {
+		Error struct {
+			Type   string `json:"type"`
+			Prompt int    `json:"n_prompt_tokens"`
+			Ctx    int    `json:"n_ctx"`
+		} `json:"error"`
+	}
+	if c.counted || len(raw) == 0 || json.Unmarshal(raw, &doc) != nil || doc.Error.Type != "exceed_context_size_error" {
+		return c
+	}
+	c.tooLong = true
+	if e := doc.Error; maxTokens > 0 && e.Prompt >= 0 && e.Prompt < e.Ctx {
+		c.counted, c.overflow = true, contextOverflow{context: e.Ctx, input: e.Prompt, output: maxTokens}
+	}
+	return c
 }
 
 // saysAny reports whether message holds any of phrases (lower case), in any case.

@@ -24,6 +24,8 @@ func FuzzContextOverflow(f *testing.F) {
 		"This model's maximum context length is 8192 tokens. However, you requested 9000 tokens (7000 in the messages, 2000 in the completion).",
 		"'max_tokens' is too large: 99999999999999999999999. This model's maximum context length is 8,192 tokens and your request has 12 input tokens",
 		"This model's maximum context length is 0 tokens. However, you requested 0 tokens (0 in the messages, 0 in the completion).",
+		`{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error","n_prompt_tokens":12,"n_ctx":1024}}`,
+		`{"error":{"type":"exceed_context_size_error","n_prompt_tokens":-5,"n_ctx":99999999999999999999}}`,
 		"",
 	} {
 		f.Add(s, 2000)
@@ -35,11 +37,18 @@ func FuzzContextOverflow(f *testing.F) {
 		if ok && (o.context < 0 || o.input < 0 || o.output < 0) {
 			t.Errorf("contextOverflowOf(%q) = %+v, want no negative count", message, o)
 		}
+		// The message as a whole error body too (llama.cpp's fields).
+		c := contextRefusalOf(message, []byte(message), max(maxTokens, 0))
+		if c.counted && (c.overflow.context < 0 || c.overflow.input < 0 || c.overflow.output < 0) {
+			t.Errorf("contextRefusalOf(%q) = %+v, want no negative count", message, c)
+		}
 		a := &Agent{maxTokens: maxTokens}
 		for _, code := range []int{http.StatusBadRequest, http.StatusUnprocessableEntity} {
-			err := a.refusal(a.overflowed(&StatusError{Code: code, Message: message}, log), false, false)
-			if ref, isRef := errors.AsType[*agents.Refusal](err); !isRef || ref.Notice == "" {
-				t.Errorf("refusal of a %d with %q = %v, want a Refusal with a notice", code, message, err)
+			for _, se := range []*StatusError{{Code: code, Message: message}, {Code: code, Message: message, context: &c}} {
+				err := a.refusal(a.overflowed(se, log), false, false)
+				if ref, isRef := errors.AsType[*agents.Refusal](err); !isRef || ref.Notice == "" {
+					t.Errorf("refusal of a %d with %q = %v, want a Refusal with a notice", code, message, err)
+				}
 			}
 		}
 	})

@@ -94,7 +94,7 @@ func ridersNote(n int) string {
 }
 
 // overflowed logs, at most once a minute, an endpoint's refusal (err) that says the request's
-// max_tokens leaves its input no room in the model's context (contextOverflowOf) when the
+// max_tokens leaves its input no room in the model's context (contextRefusalOf) when the
 // setting is at fault: it is the model's context or more, which no conversation fits next to,
 // or the input alone fits. The operator lowers agent.openai.max_tokens, or sets
 // agent.openai.token_budget, which trims the history, below the context less max_tokens;
@@ -105,8 +105,9 @@ func (a *Agent) overflowed(err error, log *slog.Logger) error {
 	if !ok || se.Code != http.StatusBadRequest || a.maxTokens <= 0 {
 		return err
 	}
-	o, ok := contextOverflowOf(se.Message)
-	if !ok || (o.output < o.context && o.input >= o.context) {
+	c := se.contextOf()
+	o := c.overflow
+	if !c.counted || (o.output < o.context && o.input >= o.context) {
 		return err
 	}
 	if args, ok := a.overflowLines.Allowed("context", o.context, "max_tokens", o.output, "input_tokens", o.input, "token_budget", a.budget); ok {

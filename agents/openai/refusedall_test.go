@@ -165,6 +165,26 @@ func TestMaxTokensLargerThanTheContext(t *testing.T) {
 			"conversation is too long", true, false},
 		{"OpenAI's older wording, the input fits", `{"error":{"message":"This model's maximum context length is 8192 tokens. However, you requested 9000 tokens (7000 in the messages, 2000 in the completion). Please reduce the length of the messages or completion.","code":"context_length_exceeded"}}`,
 			"max_tokens setting", true, true},
+		// Behind LiteLLM's proxy, whose prefix pushes the numbers past the 200 characters the
+		// message is cut to: read whole, not as a conversation too long.
+		{"vLLM behind LiteLLM", `{"error":{"message":"litellm.BadRequestError: OpenAIException - Error code: 400 - {'object': 'error', 'message': \"'max_tokens' or 'max_completion_tokens' is too large: 9000. This model's maximum context length is 8192 tokens and your request has 12 input tokens (9000 > 8192 - 12). None\", 'type': 'BadRequestError', 'param': None, 'code': 400}\nReceived Model Group=local\nAvailable Model Group Fallbacks=None","type":null,"param":null,"code":"400"}}`,
+			"max_tokens setting", false, true},
+		{"OpenAI's older wording behind LiteLLM, the input fits", `{"error":{"message":"litellm.ContextWindowExceededError: litellm.BadRequestError: ContextWindowExceededError: OpenAIException - Error code: 400 - {'error': {'message': \"This model's maximum context length is 8192 tokens. However, you requested 9000 tokens (7000 in the messages, 2000 in the completion). Please reduce the length of the messages or completion.\", 'type': 'invalid_request_error', 'param': 'messages', 'code': 'context_length_exceeded'}}","type":null,"param":null,"code":"400"}}`,
+			"max_tokens setting", true, true},
+		{"OpenAI behind LiteLLM, no numbers", `{"error":{"message":"litellm.ContextWindowExceededError: litellm.BadRequestError: ContextWindowExceededError: OpenAIException - Error code: 400 - {'error': {'message': \"This model's maximum context length is 128000 tokens. However, your messages resulted in 419624 tokens. Please reduce the length of the messages.\", 'type': 'invalid_request_error', 'param': 'messages', 'code': 'context_length_exceeded'}}","type":null,"param":null,"code":"400"}}`,
+			"conversation is too long", true, false},
+		// llama.cpp's server: exceed_context_size_error, with n_prompt_tokens and n_ctx, in the
+		// wordings of its releases. It refuses for the prompt alone.
+		{"llama.cpp, prompt too long", `{"error":{"code":400,"message":"the request exceeds the available context size. try increasing the context size or enable context shift","type":"exceed_context_size_error","n_prompt_tokens":14429,"n_ctx":8192}}`,
+			"conversation is too long", true, false},
+		{"llama.cpp's later wording", `{"error":{"code":400,"message":"request (4476 tokens) exceeds the available context size (4096 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":4476,"n_ctx":4096}}`,
+			"conversation is too long", true, false},
+		{"llama.cpp, a wording not known, prompt too long", `{"error":{"code":400,"message":"input is larger than what this slot holds","type":"exceed_context_size_error","n_prompt_tokens":4096,"n_ctx":4096}}`,
+			"conversation is too long", true, false},
+		{"llama.cpp, the prompt fits", `{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error","n_prompt_tokens":7000,"n_ctx":8192}}`,
+			"max_tokens setting", true, true},
+		{"llama.cpp, max_tokens past the context", `{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error","n_prompt_tokens":12,"n_ctx":1024}}`,
+			"max_tokens setting", false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newFakeModel(t, openaitest.Status(http.StatusBadRequest, tc.body))
