@@ -289,6 +289,19 @@ var refusedPhrases = []struct {
 	// LiteLLM: "litellm.UnsupportedParamsError: openrouter does not support parameters:
 	// {'stream_options': {'include_usage': True}}, for model=…" (or a list of names).
 	{regexp.MustCompile(`(?i)does not support parameters: [\[{]([^\]}]*)`), true},
+	// LiteLLM passing a provider's error on as Python's repr: "litellm.BadRequestError:
+	// OpenAIException - Error code: 400 - {'error': {'message': 'max_tokens is too large: …',
+	// 'type': 'invalid_request_error', 'param': 'max_tokens', 'code': None}}", the param that
+	// the error's JSON would give; unknown when its code says so.
+	{regexp.MustCompile(`'param': '([\w.]+)'`), false},
+	{regexp.MustCompile(`'param': '([\w.]+)', 'code': '(?:unsupported|unknown)_parameter'`), true},
+	// serde's, which axum-based servers answer (a 422 in plain text): "Failed to deserialize
+	// the JSON body into the target type: unknown field `stream_options`, expected one of
+	// `model`, …", or for a field inside a parameter, after its path: "…target type:
+	// stream_options: unknown field `include_usage`, expected …". The names it expects are not
+	// what it refuses.
+	{regexp.MustCompile(`target type: ([\w]+)[\w.\[\]]*: unknown field ` + "`"), true},
+	{regexp.MustCompile(`unknown field ` + "`([\\w.]+)`"), true},
 }
 
 // isWordRune reports whether r may be part of a parameter's name.

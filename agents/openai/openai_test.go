@@ -281,6 +281,12 @@ func TestRefusalOfASettingIsNotSentWithoutTheRiders(t *testing.T) {
 		{"temperature (OpenAI)", `{"error":{"message":"Unsupported value: 'temperature' does not support 0.7 with this model. Only the default (1) value is supported.","type":"invalid_request_error","param":"temperature","code":"unsupported_value"}}`, false},
 		{"temperature (vLLM)", `{"object":"error","message":"temperature must be in [0, 2], got 3.0. (parameter=temperature, value=3.0)","type":"BadRequestError","code":400}`, false},
 		{"model", `{"error":{"message":"invalid model ID","type":"invalid_request_error","param":"model"}}`, false},
+		// LiteLLM's proxy passes a provider's error on as Python's repr, in its message.
+		{"max_tokens too large (OpenAI behind LiteLLM)", `{"error":{"message":"litellm.BadRequestError: OpenAIException - Error code: 400 - {'error': {'message': 'max_tokens is too large: 100000. This model supports at most 16384 completion tokens, whereas you provided 100000.', 'type': 'invalid_request_error', 'param': 'max_tokens', 'code': None}}","type":null,"param":null,"code":"400"}}`, false},
+		{"stop (vLLM behind LiteLLM)", `{"error":{"message":"litellm.BadRequestError: OpenAIException - Error code: 400 - {'error': {'message': \"[{'type': 'string_type', 'loc': ('body', 'stop', 'str'), 'msg': 'Input should be a valid string', 'input': []}]\", 'type': 'BadRequestError', 'param': None, 'code': 400}}","type":null,"param":null,"code":"400"}}`, false},
+		{"a message (OpenAI behind LiteLLM)", `{"error":{"message":"litellm.BadRequestError: OpenAIException - Error code: 400 - {'error': {'message': \"Invalid 'messages[1].content': string too long.\", 'type': 'invalid_request_error', 'param': 'messages', 'code': None}}","type":null,"param":null,"code":"400"}}`, true},
+		// serde's, as an axum-based server answers a setting it does not know.
+		{"temperature (an axum server)", "Failed to deserialize the JSON body into the target type: unknown field `temperature`, expected one of `model`, `messages`, `max_tokens` at line 1 column 60", false},
 		{"a message (OpenAI)", `{"error":{"message":"Invalid 'messages[1].content': string too long.","type":"invalid_request_error","param":"messages[1].content"}}`, true},
 		{"a message (pydantic)", `{"detail":[{"loc":["body","messages",1,"content"],"msg":"Input should be a valid string","type":"string_type"}]}`, true},
 		{"a message and a setting", `{"detail":[{"loc":["body","messages",1,"content"],"msg":"Input should be a valid string","type":"string_type"},{"loc":["body","max_tokens"],"msg":"Input should be less than 4096","type":"less_than"}]}`, true},
@@ -288,7 +294,7 @@ func TestRefusalOfASettingIsNotSentWithoutTheRiders(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code := http.StatusBadRequest
-			if strings.HasPrefix(tc.body, `{"detail"`) {
+			if strings.HasPrefix(tc.body, `{"detail"`) || strings.HasPrefix(tc.body, "Failed to deserialize") {
 				code = http.StatusUnprocessableEntity
 			}
 			m := newFakeModel(t, openaitest.Status(code, tc.body))

@@ -305,8 +305,9 @@ func TestRefusedParameterKeepsTheRetriesCounted(t *testing.T) {
 // names it in a shape real endpoints send: OpenAI's error.param and its "Unknown parameter"
 // and "Unsupported parameter", Azure OpenAI's "Unrecognized request argument(s) supplied" and
 // "Validation error at #/…", Groq's "property … is unsupported", LiteLLM's "does not support
-// parameters", and pydantic's validation errors (FastAPI's 422 detail list, Mistral's, vLLM's
-// as Python's repr), whose loc names the field. A refusal that merely holds the request (a
+// parameters", pydantic's validation errors (FastAPI's 422 detail list, Mistral's, vLLM's as
+// Python's repr), whose loc names the field, and serde's "unknown field `…`" (an axum-based
+// server's plain-text 422; before, nothing named, every streamed turn was refused). A refusal that merely holds the request (a
 // proxy, or vLLM's validation error, that echoes the body it refused for another reason) does
 // not switch: the next refusal of a streamed request would then be met without stream_options,
 // and every streamed turn's token usage went uncounted from then on. Before, any 400 or 422 whose
@@ -333,7 +334,11 @@ func TestStreamOptionsRefusalShapes(t *testing.T) {
 		{"FastAPI's 422", 422, `{"detail":[{"type":"extra_forbidden","loc":["body","stream_options"],"msg":"Extra inputs are not permitted","input":{"include_usage":true}}]}`, true},
 		{"Mistral's 422", 422, `{"object":"error","message":{"detail":[{"type":"extra_forbidden","loc":["body","stream_options"],"msg":"Extra inputs are not permitted","input":{"include_usage":true}}]},"type":"invalid_request_error","param":null,"code":null}`, true},
 		{"Mistral's 422 through a proxy", 422, `{"object":"error","message":"{\"detail\":[{\"type\":\"extra_forbidden\",\"loc\":[\"body\",\"stream_options\"],\"msg\":\"Extra inputs are not permitted\"}]}","type":"internal_error_proxy","param":null,"code":"1000"}`, true},
+		{"an axum server's 422", 422, "Failed to deserialize the JSON body into the target type: unknown field `stream_options`, expected one of `model`, `messages`, `max_tokens`, `temperature`, `stream` at line 1 column 121", true},
+		{"an axum server's 422 of a field inside it", 422, "Failed to deserialize the JSON body into the target type: stream_options: unknown field `include_usage`, expected `continuous_usage_stats` at line 1 column 118", true},
+		{"serde's words in JSON", 400, `{"message":"Failed to deserialize the JSON body into the target type: unknown field ` + "`stream_options`" + `, expected one of ` + "`model`, `messages`" + `"}`, true},
 		// Refusals that only hold the request.
+		{"an axum server's 422 of another field", 422, "Failed to deserialize the JSON body into the target type: unknown field `seed`, expected one of `model`, `messages`, `stream`, `stream_options` at line 1 column 121", false},
 		{"vLLM's value error echoing the body", 400, `{"error":{"message":"1 validation error:\n  {'type': 'value_error', 'loc': ('body',), 'msg': 'Value error, n must be 1', 'input': {'model': 'gpt-test', 'n': 2, 'stream': True, 'stream_options': {'include_usage': True}}}","type":"BadRequestError","param":null,"code":400}}`, false},
 		{"a proxy echoing the body in its message", 400, `{"error":{"message":"upstream rejected the request ` + strings.ReplaceAll(echoed, `"`, `\"`) + `","type":"proxy_error"}}`, false},
 		{"a proxy echoing the body in plain text", 400, "bad request: " + echoed, false},
@@ -389,6 +394,7 @@ func TestMaxTokensRefusalShapes(t *testing.T) {
 		{"LiteLLM passing OpenAI's on", 400, `{"error":{"message":"litellm.BadRequestError: OpenAIException - ` + openAI + `","type":null,"param":null,"code":"400"}}`, true},
 		{"LiteLLM's own", 400, `{"error":{"message":"litellm.UnsupportedParamsError: openai does not support parameters: ['max_tokens'], for model=gpt-test. To drop these, set litellm.drop_params=True","type":"invalid_request_error","param":null,"code":"400"}}`, true},
 		{"a 422 of pydantic's extra_forbidden", 422, `{"detail":[{"type":"extra_forbidden","loc":["body","max_tokens"],"msg":"Extra inputs are not permitted","input":300}]}`, true},
+		{"an axum server's 422", 422, "Failed to deserialize the JSON body into the target type: unknown field `max_tokens`, expected one of `model`, `messages`, `max_completion_tokens` at line 1 column 80", true},
 		// Refusals of its value, or that merely hold the name.
 		{"OpenAI, too large", 400, `{"error":{"message":"max_tokens is too large: 300. This model supports at most 256 completion tokens, whereas you provided 300.","type":"invalid_request_error","param":"max_tokens","code":null}}`, false},
 		{"vLLM, the context full", 400, `{"error":{"message":"'max_tokens' or 'max_completion_tokens' is too large: 300. This model's maximum context length is 4096 tokens and your request has 3900 input tokens (300 > 4096 - 3900). (parameter=max_tokens, value=300)","type":"BadRequestError","param":"max_tokens","code":400}}`, false},
