@@ -341,7 +341,7 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 				case perr == nil:
 					res, err, ridersLeftOut = pres, nil, riders
 					*conv = probe
-				case refused && pse.Code == se.Code && pse.Message == se.Message:
+				case refused && sameRefusal(pse, se):
 					every = a.refusesEvery(se, req.Identity.SessionKey, true, log)
 					probed = true
 				default:

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"sync"
 
 	"github.com/agentgate/agentgate/agents"
@@ -49,12 +50,13 @@ func (a *Agent) answered() {
 // next message other than it gets past (its probe is answered), and leaves it out then.
 func (a *Agent) refusesEvery(se *StatusError, session string, probed bool, log *slog.Logger) bool {
 	r := &a.refusals
+	key := refusalKey(se.Message)
 	r.mu.Lock()
-	same := r.code == se.Code && r.message == se.Message
+	same := r.code == se.Code && r.message == key
 	every := probed && !r.answered || same && (r.every || r.session != session)
 	r.answered = false
 	told := same && r.every
-	r.code, r.message, r.session, r.every = se.Code, se.Message, session, every
+	r.code, r.message, r.session, r.every = se.Code, key, session, every
 	r.mu.Unlock()
 	if every && !told {
 		seen := "the same request without the earlier messages that got no answer"
@@ -65,6 +67,26 @@ func (a *Agent) refusesEvery(se *StatusError, session string, probed bool, log *
 			"status", se.Code, "seen", seen, logging.Err(se))
 	}
 	return every
+}
+
+// requestIDs matches what an error page or message may hold that differs from one request to
+// the next while the refusal is the same: a UUID, a run of 16 or more hex digits (Cloudflare's
+// Ray ID, with the data centre after it, "8a1b2c3d4e5f6789-FRA"; OpenAI's req_…; a trace id).
+var requestIDs = regexp.MustCompile(`(?i)\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b|[0-9a-f]{16,}(?:-[a-z]{3}\b)?`)
+
+// refusalKey is what of a refusal's message two refusals must share to be the same refusal
+// (refusesEvery, and the probe's in Run): the message with its per-request ids (requestIDs)
+// taken out. Before, a proxy's error page that names each request's own id (Cloudflare's "Ray
+// ID: …") was never the same refusal twice, and an endpoint behind it that refuses every
+// request read as a conversation at fault.
+func refusalKey(message string) string {
+	return requestIDs.ReplaceAllString(message, "…")
+}
+
+// sameRefusal reports whether a and b are the same refusal: the status, and the message but for
+// its per-request ids (refusalKey).
+func sameRefusal(a, b *StatusError) bool {
+	return a.Code == b.Code && refusalKey(a.Message) == refusalKey(b.Message)
 }
 
 // withoutRiders returns history without its last user messages, those that got no answer

@@ -3,6 +3,7 @@ package openai_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -311,5 +312,40 @@ func TestRequestWithoutTheRidersCountsItsRetriesOn(t *testing.T) {
 	// The request (503, retried: 400), then without the rider (503, retried: 503).
 	if got := m.Count(); got != 4 {
 		t.Errorf("the model got %d requests, want 4 (2 retries in all)", got)
+	}
+}
+
+// TestRefusalsWithPerRequestIDsAreTheSame: a proxy's error page that names each request's own id
+// (Cloudflare's Ray ID) is the same refusal from one request to the next: the request sent
+// again without the riders, refused with another id, shows the endpoint refuses every request
+// (one ERR), and so does another session's refusal after it. Before, the ids made every
+// refusal another one: the turn was told to send /new, as if its conversation were at fault,
+// and the operator was never told.
+func TestRefusalsWithPerRequestIDsAreTheSame(t *testing.T) {
+	m := openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		page := fmt.Sprintf("<html><body><h1>400 Bad Request</h1><p>Cloudflare Ray ID: %016x-FRA</p><p>request %08x-1c2d-4e5f-8a9b-%012x</p></body></html>",
+			uint64(0x8a1b2c3d4e5f0000)+uint64(n), 0x1a2b0000+n, 0xc0ffee000000+n)
+		openaitest.Status(http.StatusBadRequest, page)(w, r)
+	})
+	var logs bytes.Buffer
+	a := MustAgent(t, m, &logs, nil, nil)
+	for i, req := range []*agents.Request{
+		ridersRequest("s1", "what is the time?", "and the date?"),
+		{Identity: identity.Turn{SessionKey: "s2", TurnID: "t_1"}, Messages: []agents.Message{msg("user", "hi")}},
+	} {
+		resp, err := a.Run(t.Context(), req)
+		ref, ok := errors.AsType[*agents.Refusal](err)
+		if !ok || !strings.Contains(ref.Notice, "refuses every request") || strings.Contains(ref.Notice, "/new") {
+			t.Fatalf("Run %d error = %v, want a Refusal saying the endpoint refuses every request, without /new", i+1, err)
+		}
+		if resp != nil && resp.RidersLeftOut {
+			t.Errorf("Run %d left the riders out", i+1)
+		}
+	}
+	if got := m.Count(); got != 3 {
+		t.Errorf("the model got %d requests, want 3", got)
+	}
+	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 {
+		t.Errorf("logs hold %d ERR lines, want 1:\n%s", n, logs.String())
 	}
 }
