@@ -44,7 +44,7 @@ const clusterRequestTimeout = 30 * time.Second
 
 // startCluster makes the daemon a member of its cluster and routes sessions through it. It
 // runs once the session manager is spawned and before intake starts.
-func (d *Daemon) startCluster() (err error) {
+func (d *Daemon) startCluster(stop <-chan struct{}) (err error) {
 	cc := d.cfg.Cluster
 	host, portText, err := net.SplitHostPort(cc.Bind)
 	if err != nil {
@@ -73,6 +73,7 @@ func (d *Daemon) startCluster() (err error) {
 	}
 	provider := newStoreMembership(d.members, cc.Name, d.deps.Node, d.addr.String(), cc.MemberTTL, d.log.With("component", "cluster"), d.membershipLost)
 	provider.notes = d.cfg.DataDir
+	provider.join = stop
 	d.membership = provider
 	kind := actors.NewSessionKind(func() *actor.PID { return d.manager })
 	cfg := cluster.Configure(cc.Name, provider, disthash.New(), remote.Configure(host, port, ropts...),
@@ -82,7 +83,11 @@ func (d *Daemon) startCluster() (err error) {
 	defer func() {
 		// protoactor panics when it cannot listen or register; that is a start error here.
 		if p := recover(); p != nil {
-			err = fmt.Errorf("cluster: join %s as %s: %v", cc.Name, cc.Bind, p)
+			if perr, ok := p.(error); ok { // the provider's, which a stop's cut wraps (Start)
+				err = fmt.Errorf("cluster: join %s as %s: %w", cc.Name, cc.Bind, perr)
+			} else {
+				err = fmt.Errorf("cluster: join %s as %s: %v", cc.Name, cc.Bind, p)
+			}
 		}
 	}()
 	// The router is the cluster's before the first change of membership, whose recovery uses it.

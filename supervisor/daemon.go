@@ -374,8 +374,24 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	}
 	d.phase(phaseStore)
 	corrupt := func() { d.metrics.StoreCorrupt.Set(1) }
-	if d.store, err = openStore(ctx, cfg, log.With("component", "persistence"), !opts.SharedStore, corrupt, d.storeRecovered); err != nil {
+	// A stop asked for while the store opens ends its waits at once (PostgreSQL's connect and
+	// its daemon lock, up to 5 s while another daemon holds it: the start then failed, exit 1,
+	// "another agentgate daemon uses this database"), but not a migration that has begun, which
+	// ends first (openStore); the start stops then, before the next step. Before, the stop was
+	// acted on only once the whole of the store's opening was over
+	// (TestSIGTERMWhileTheStartWaitsForPostgresLock, TestStopWhileTheStartOpensTheStore).
+	openCtx, endOpen := stopContext(ctx, opts.Stop)
+	d.store, err = openStore(openCtx, cfg, log.With("component", "persistence"), !opts.SharedStore, corrupt, d.storeRecovered)
+	endOpen()
+	switch {
+	case err != nil && isClosed(opts.Stop) && errors.Is(err, context.Canceled) && !errors.Is(err, postgres.ErrMigratedThenEnded):
+		log.Info("asked to stop during the start while it opened the store (connecting to the database or waiting for its lock); stopped without writing anything")
+		return nil, ErrStopped
+	case err != nil && !errors.Is(err, postgres.ErrMigratedThenEnded):
 		return nil, fmt.Errorf("start: open store: %w", err)
+	case isClosed(opts.Stop):
+		log.Info("asked to stop during the start while it opened the store; the opening, its migrations included, finished first; stopped before the daemon served")
+		return nil, ErrStopped // (the deferred cleanup closes the store: no run was recorded in it)
 	}
 	if !opts.SharedStore {
 		// A disk nearly full is said at once, not found when the writes fail (check-config says
@@ -518,9 +534,21 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 			d.manager = pid
 			d.router = actors.NewLocalRouter(d.system.Root, d.manager)
 			if cfg.Cluster.Enabled {
-				d.phase(phaseCluster)
-				if err := d.startCluster(); err != nil {
+				// A stop asked for by now stops the start before it joins; one during the
+				// join ends its registration's waits (startCluster). A join that ended
+				// before the stop is left to the stop once the daemon serves (it leaves then).
+				if isClosed(opts.Stop) {
 					d.stopChildren(context.Background(), nil)
+					log.Info("asked to stop during the start before it joined the cluster; stopped")
+					return nil, ErrStopped
+				}
+				d.phase(phaseCluster)
+				if err := d.startCluster(opts.Stop); err != nil {
+					d.stopChildren(context.Background(), nil)
+					if isClosed(opts.Stop) && errors.Is(err, context.Canceled) {
+						log.Info("asked to stop during the start while it joined the cluster; stopped without joining")
+						return nil, ErrStopped
+					}
 					return nil, fmt.Errorf("start: %w", err)
 				}
 			}
@@ -1321,6 +1349,9 @@ func (f floor) WithGroup(n string) slog.Handler      { return floor{f.h.WithGrou
 // returns a nil interface, never a nil *Store inside one (the caller's cleanup closes a
 // non-nil store). corrupt is called once a SQLite store finds its database damaged, recovered
 // each time a PostgreSQL store takes writes again after it lost its daemon lock.
+// ctx ends a PostgreSQL store's waits (postgres.Open), but not SQLite's open: its migrations
+// run in one transaction that a cut would roll back, to be done again from the start, and it
+// has no wait of its own to end besides (the data directory's lock came before).
 func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, exclusive bool, corrupt, recovered func()) (persistence.Store, error) {
 	switch cfg.Store.Driver {
 	case "postgres":
@@ -1331,7 +1362,7 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, exclus
 		}
 		return st, nil
 	default:
-		st, err := sqlite.Open(ctx, cfg.DSN(), sqlite.Options{Synchronous: cfg.Store.Synchronous, Logger: log, Corrupt: corrupt})
+		st, err := sqlite.Open(context.WithoutCancel(ctx), cfg.DSN(), sqlite.Options{Synchronous: cfg.Store.Synchronous, Logger: log, Corrupt: corrupt})
 		if err != nil {
 			return nil, err
 		}

@@ -54,6 +54,9 @@ type storeMembership struct {
 	// notes is the data directory where the member leaves a note of its stop when its
 	// membership is lost, and where it finds its predecessors' (selfstop.go); "" for none.
 	notes string
+	// join, once closed, ends StartMember's registration (the start's Options.Stop), which
+	// then fails with context.Canceled; nil for none.
+	join <-chan struct{}
 
 	me   postgres.Member
 	stop chan struct{}
@@ -122,18 +125,28 @@ func (p *storeMembership) StartMember(c *cluster.Cluster) error {
 	}
 	p.me = postgres.Member{ID: c.ActorSystem.ID, Host: host, Port: port, Kinds: c.GetClusterKinds(), Node: p.node,
 		HTTP: httpForCluster(p.http, host)}
-	ctx, cancel := context.WithTimeout(context.Background(), p.ttl)
+	// A stop during the start (join) ends the registration's waits at once: a database that
+	// does not answer, or a members table another transaction holds, kept the start for up to
+	// member_ttl before (TestSIGTERMWhileTheStartJoinsTheCluster).
+	ctx, cancel := stopContext(context.Background(), p.join)
 	defer cancel()
+	ctx, cancelTTL := context.WithTimeout(ctx, p.ttl)
+	defer cancelTTL()
 	if err := p.recordSelfStops(ctx); err != nil {
 		return fmt.Errorf("membership: %w", err)
 	}
 	began := time.Now()
+	// A registration the stop cut was rolled back, or (its answer lost) expires after
+	// member_ttl, as a member's killed right after it registered does: no leave is waited for.
 	live, err := p.heartbeat(ctx)
 	if err != nil {
 		return fmt.Errorf("membership: register: %w", err)
 	}
 	if err := p.strangers(ctx); err != nil {
-		_ = p.store.Leave(ctx, p.name, p.me.ID)
+		// Not with ctx, which the stop may have ended: the registration committed.
+		lctx, lcancel := context.WithTimeout(context.Background(), p.ttl)
+		defer lcancel()
+		_ = p.store.Leave(lctx, p.name, p.me.ID)
 		return fmt.Errorf("membership: %w", err)
 	}
 	live = p.registeredMeanwhile(ctx, live)

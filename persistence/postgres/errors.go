@@ -5,3 +5,8 @@ import "errors"
 // ErrConflict is returned when an AppendMessage names a (session id, seq) that already holds a
 // different row: a re-sent write is harmless, a different write to the same seq is a bug.
 var ErrConflict = errors.New("postgres: message seq already holds a different row")
+
+// ErrMigratedThenEnded is Open's error when its ctx ended while it migrated the schema: the
+// migration, once begun, went on to its end (a cut would roll it back, to be done again), and
+// Open went no further. The error wraps ctx's too.
+var ErrMigratedThenEnded = errors.New("postgres: the schema's migration ended, and the open went no further: asked to stop meanwhile")

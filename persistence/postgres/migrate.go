@@ -30,15 +30,21 @@ const migrateLock = 0x61676d67
 
 // migrate applies the embedded migrations that the database lacks, in order, in one transaction
 // under an advisory lock, and records each in schema_migrations. A database migrated by a newer
-// binary is refused.
+// binary is refused. ctx ends only the wait for the advisory lock (another process migrates),
+// before anything is done: once the lock is taken the migration runs to its end whatever ctx
+// does (Open says why), and the caller looks at ctx then.
 func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	ms, err := migrations()
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
+	wait := ctx
+	ctx = context.WithoutCancel(ctx)
 	start, from, applied := time.Now(), 0, 0
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext(current_schema()))`, int32(migrateLock)); err != nil {
+		// Cut by wait, the statement fails and the transaction, which holds nothing yet, rolls
+		// back (pgx closes the connection whose statement its ctx ended).
+		if _, err := tx.Exec(wait, `SELECT pg_advisory_xact_lock($1, hashtext(current_schema()))`, int32(migrateLock)); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (

@@ -163,6 +163,14 @@ const defaultMaxConns = 8
 // as pgx accepts), checks that it answers and applies the embedded migrations that it lacks.
 // The store keeps to the schema the search_path resolves to at Open (pinSchema). Members of a
 // cluster may open the same database at once: migrations take an advisory lock.
+//
+// ctx ends Open's waits at once: the connects, the ping, the wait for the daemon lock (up to
+// Options.LockWait) and the wait for another process's migration. A migration that has begun
+// is not cut by it: it runs to its end (a cut would roll all of it back, to be done again from
+// the start at the next Open), and Open then returns ErrMigratedThenEnded (and ctx's error)
+// without going further. An
+// error that ctx's end caused wraps context.Canceled (or DeadlineExceeded): `agentgate serve`
+// takes it for its stop signal's (TestSIGTERMWhileTheStartWaitsForPostgresLock).
 func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -230,6 +238,11 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		st.unlock()
 		pool.Close()
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
+	}
+	if err := ctx.Err(); err != nil { // ended while it migrated, which went on to its end
+		st.unlock()
+		pool.Close()
+		return nil, fmt.Errorf("open postgres %s: %w: %w", where(cfg), ErrMigratedThenEnded, err)
 	}
 	if opts.Exclusive || opts.Shared {
 		if err := st.raiseEpoch(ctx); err != nil { // the table exists once migrated
