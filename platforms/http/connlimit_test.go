@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestMaxConnections: connections past Config.MaxConnections wait in the kernel's backlog, not
@@ -222,4 +223,65 @@ func listenBacklog(t *testing.T, port int) int {
 	}
 	t.Fatalf("/proc/net/tcp lists no listener on port %d", port)
 	return 0
+}
+
+// TestStartingMaxConnections: the start's server (ServeStarting) keeps to Config.MaxConnections
+// as Run's does: a connection past the limit waits in the listen backlog until another closes,
+// then is answered, and the metrics count the start's connections. Before, the start's server
+// took every connection a client opened (a start that replays a long spool serves for minutes),
+// each with a goroutine and a descriptor, and the metrics counted none of them.
+func TestStartingMaxConnections(t *testing.T) {
+	m := metrics.New(Name)
+	h := mustNew(t, Config{MaxConnections: 1, Metrics: m.Handler(), ConnectionsOpen: m.HTTPConnectionsOpen,
+		ConnectionsLimit: m.HTTPConnectionsLimit, ConnectionsLimitReached: m.HTTPConnectionsLimitReached})
+	addr, err := h.p.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.p.ServeStarting(startingStatus); err != nil {
+		t.Fatal(err)
+	}
+	defer h.p.Close()
+	port := mustPort(t, addr.String())
+	// The one place: a connection that sends nothing yet, taken once the server counts it.
+	held := mustDial(t, addr.String())
+	waitFor(t, "the first connection counted open", func() bool { return testutil.ToFloat64(m.HTTPConnectionsOpen) == 1 })
+	extra := mustDial(t, addr.String())
+	writeGet(t, extra, "/healthz")
+	if err := extra.SetReadDeadline(time.Now().Add(testTimeout)); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan int, 1)
+	go func() {
+		resp, err := http.ReadResponse(bufio.NewReader(extra), nil)
+		if err != nil {
+			answered <- 0
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	waitFor(t, "the connection past the limit in the listen backlog", func() bool {
+		select {
+		case status := <-answered:
+			t.Fatalf("a request past the start's limit of 1 was answered (%d) while the first connection was open", status)
+		default:
+		}
+		return listenBacklog(t, port) == 1
+	})
+	if err := held.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if status := <-answered; status != http.StatusOK {
+		t.Fatalf("the waiting request, once the first connection closed = %d, want 200", status)
+	}
+	if got := testutil.ToFloat64(m.HTTPConnectionsLimitReached); got != 2 {
+		t.Errorf("connections that took the last place during the start = %v, want 2", got)
+	}
+	// The hand-over ends the start's server also while it waits for a place.
+	held = mustDial(t, addr.String())
+	waitFor(t, "a connection counted open again", func() bool { return testutil.ToFloat64(m.HTTPConnectionsOpen) == 1 })
+	h.p.EndStarting()
+	_ = held.Close()
 }

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"golang.org/x/net/netutil"
 )
 
 // retryStarting is the Retry-After of an answer during the start: a start that is not over at
@@ -20,8 +22,12 @@ const ComponentStart = "start"
 // startServer is the server of the daemon's start (ServeStarting), until Run takes its
 // listener over.
 type startServer struct {
-	srv    *http.Server
-	ln     *startListener
+	srv *http.Server
+	ln  *startListener
+	// limit is what srv serves: ln within Config.MaxConnections, counted as Run's server counts
+	// its own (countingListener). Before, the start's server took every connection a client
+	// opened, past the limit, each with a goroutine and a descriptor (TestStartingMaxConnections).
+	limit  net.Listener
 	served chan error    // Serve's end
 	closed chan struct{} // its connections closed, once EndStarting ended it
 	// conns are the connections it accepted and has not closed (ConnState): each is added
@@ -87,6 +93,7 @@ func (p *Platform) ServeStarting(status func() string) error {
 		return errors.New("serve http during the start: the listener cannot be handed over")
 	}
 	s := &startServer{ln: &startListener{Listener: p.ln, handed: make(chan struct{})}, served: make(chan error, 1), closed: make(chan struct{})}
+	s.limit = netutil.LimitListener(countingListener{Listener: s.ln, p: p}, p.cfg.MaxConnections)
 	s.srv = &http.Server{
 		Handler:                      p.wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.routeStarting(w, r, status) })),
 		ReadHeaderTimeout:            readHeaderTimeout,
@@ -111,7 +118,7 @@ func (p *Platform) ServeStarting(status func() string) error {
 	s.srv.SetKeepAlivesEnabled(false)
 	p.starting = s
 	go func() { // ends when Run takes the listener over, or Close closes it
-		s.served <- s.srv.Serve(s.ln)
+		s.served <- s.srv.Serve(s.limit)
 	}()
 	return nil
 }
@@ -155,6 +162,9 @@ func (p *Platform) EndStarting() {
 	close(s.ln.handed)
 	dl := s.ln.Listener.(deadliner) // ServeStarting checked
 	_ = dl.SetDeadline(time.Unix(1, 0))
+	// An Accept that waits for a place under the limit is no Accept of the listener's, which
+	// the deadline ends: the limit's Close ends it (and, once handed, closes no listener).
+	_ = s.limit.Close()
 	<-s.served
 	_ = dl.SetDeadline(time.Time{})
 	go func() { // ends within shutdownTimeout; Run or Close waits for it
