@@ -17,8 +17,9 @@
 // persistence.ErrUnavailable. An exclusive store (a daemon's) holds an advisory lock for as
 // long as it is open, so that two daemons never share one database; taking the lock raises its
 // epoch (migration 0006; a retake with no other holder between keeps it, migration 0020), and
-// every write transaction of the store checks the epoch it took first, so one whose lock
-// connection died commits nothing once another daemon has the lock.
+// every write transaction of the store checks the epoch it took first (and the id of the raise
+// that made it, migration 0021), so one whose lock connection died commits nothing once another
+// daemon has the lock.
 // A shared store (a cluster member's) holds the same lock shared: members do not exclude each
 // other, but a single daemon and they do. Members fence their writes per session key (Claim).
 // Lease hands out leases that one process holds at a time (a cluster's Discord gateway); taking

@@ -91,8 +91,10 @@ const (
 	// fencedCode is the SQLSTATE agentgate_fence raises.
 	fencedCode = "AG001"
 	// daemonFenceSQL fails a commit of an exclusive store whose daemon lock another process has
-	// taken since (migration 0006), with daemonFencedCode.
-	daemonFenceSQL   = `SELECT agentgate_daemon_fence($1)`
+	// taken since (migration 0006), with daemonFencedCode: of the epoch ($1) and, for a store
+	// that raised it, of its raise's id ($2; NULL for a cluster member), which a restore of the
+	// database may leave with the same epoch under another daemon's raise (migration 0021).
+	daemonFenceSQL   = `SELECT agentgate_daemon_fence($1, $2)`
 	daemonFencedCode = "AG002"
 )
 

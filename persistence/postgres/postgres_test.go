@@ -924,6 +924,51 @@ func TestRetakeAfterAnotherDaemonFencesACommitInFlight(t *testing.T) {
 	}
 }
 
+// TestRestoredEpochUnderAnotherRaiseFencesACommitInFlight: a database restored (or failed over
+// to a standby) to a point before a single daemon's raise of the lock's epoch, where another
+// daemon then raised the epoch to the same number, refuses the first daemon's commit in flight
+// (ErrUnavailable: spooled), which read the epoch before its lock was lost: the fence checks
+// the raise's id too (migration 0021). Before, it checked the epoch alone, and the commit went
+// through beside the other daemon's, as did every commit of the first daemon until its next
+// check of its lock found the lock lost (up to LockCheckInterval, 5 s).
+func TestRestoredEpochUnderAnotherRaiseFencesACommitInFlight(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	opts := Options{Exclusive: true, LockCheckInterval: time.Hour}
+	a, err := Open(ctx, dsn, opts)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer a.Close()
+	before := a.held.Load()
+	finish := commitInFlight(t, a, "s-a")
+	c := mustConn(t, dsn)
+	if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(l.pid, 10000) FROM pg_locks l
+		WHERE l.locktype = 'advisory' AND l.granted`); err != nil {
+		t.Fatal(err)
+	}
+	// The restore: the row as it was before A's raise.
+	if _, err := c.Exec(ctx, `UPDATE daemon_epoch SET epoch = epoch - 1, raise_id = 'before A''s raise'`); err != nil {
+		t.Fatal(err)
+	}
+	b, err := Open(ctx, dsn, opts)
+	if err != nil {
+		t.Fatalf("Open B after the restore: %v", err)
+	}
+	defer b.Close()
+	if h := b.held.Load(); h == nil || h.epoch != before.epoch {
+		t.Fatalf("B holds %+v, want the epoch A held, %d (raised to the same number)", h, before.epoch)
+	}
+	err = finish()
+	if !errors.Is(err, persistence.ErrUnavailable) || !strings.Contains(err.Error(), "another agentgate daemon took the database's daemon lock") {
+		t.Errorf("A's commit in flight after B raised the restored epoch to A's: error = %v, want ErrUnavailable saying another daemon took the lock", err)
+	}
+	if _, err := b.Session(ctx, "s-a"); !errors.Is(err, persistence.ErrNotFound) {
+		t.Errorf("Session(s-a) of A's commit in flight = %v, want persistence.ErrNotFound (fenced)", err)
+	}
+	storetest.MustCommit(t, b, &persistence.CreateSession{Session: newSession("s-b", "k-b")})
+}
+
 // TestRetakeWhoseRaiseLostItsAnswerIsNoOtherDaemon: a retake whose raise of the epoch committed
 // but whose answer was lost (the connection broke between the COMMIT and its answer, as it may
 // in the outage that lost the lock) raised the epoch all the same, as this store: a write fenced

@@ -261,7 +261,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 			pool.Close()
 			return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 		}
-		st.held.Store(&lockHold{epoch: st.lockEpoch})
+		st.held.Store(&lockHold{epoch: st.lockEpoch, raise: st.lockRaise})
 		st.watcher.Go(func() { st.watchLock(every) })
 	}
 	return st, nil
@@ -371,6 +371,18 @@ func (s *Store) lockGone() bool {
 // lockHold is the daemon lock as a store holds it (Store.held).
 type lockHold struct {
 	epoch int64 // the lock's epoch, every commit's fence
+	// raise is the id of this store's raise that made epoch (Store.lockRaise), which the fence
+	// checks too (migration 0021); "" for a cluster member, which read the epoch: the epoch
+	// alone is checked.
+	raise string
+}
+
+// fenceArgs are the arguments of daemonFenceSQL for h.
+func (h *lockHold) fenceArgs() []any {
+	if h.raise == "" {
+		return []any{h.epoch, nil}
+	}
+	return []any{h.epoch, h.raise}
 }
 
 // daemonLock is the advisory lock class an exclusive store holds, and every cluster member
@@ -580,7 +592,7 @@ func (s *Store) lockHeld() (fence *stmt, err error) {
 	if h == nil {
 		return nil, fmt.Errorf("%w: the daemon lock on the database is lost", persistence.ErrUnavailable)
 	}
-	return &stmt{sql: daemonFenceSQL, args: []any{h.epoch}, raised: &s.raised}, nil
+	return &stmt{sql: daemonFenceSQL, args: h.fenceArgs(), raised: &s.raised}, nil
 }
 
 // checkLock checks that an exclusive store still holds its lock, and takes it again on a new
@@ -636,7 +648,7 @@ func (s *Store) checkLockLocked(ctx context.Context) error {
 		s.logLockLost(err)
 		return fmt.Errorf("daemon lock lost: %w", err)
 	}
-	s.held.Store(&lockHold{epoch: s.lockEpoch})
+	s.held.Store(&lockHold{epoch: s.lockEpoch, raise: s.lockRaise})
 	var args []any
 	if s.lockLost { // (else the check found the connection dead and took the lock again at once)
 		args = []any{"lost_for", time.Since(s.lockLostAt).Round(100 * time.Millisecond)}
