@@ -17,6 +17,9 @@ import (
 // everything from the store and runs the pending messages again. A message that was running
 // during QuarantineAfter crashes is quarantined: kept, marked, and the user told (G5).
 
+// crashLine is the line of a session's crash within its restart budget.
+const crashLine = "session crashed; it restarts from the store and runs what was running again"
+
 // onRestarting runs on the failed incarnation, just before it is replaced.
 func (s *Session) onRestarting(c actor.Context) {
 	life := s.life()
@@ -64,7 +67,19 @@ func (s *Session) onRestarting(c actor.Context) {
 	if u := s.unusual; u != nil {
 		life.ending, u.ending = u.ending, nil
 	}
-	s.logger().Warn("session restarting", "restarts", life.restarts, "running", life.suspects)
+	// One line per crash, here, with what it panicked with (its stack is at Debug where the
+	// turn's panic is re-raised): the supervisor's "actor failed" of a session is at Debug,
+	// and a crash past the restart budget is the manager's line alone (crashedOut), which
+	// says the pause. Before, each crash logged two lines and the last one three, nine a
+	// pause in a crash loop (TestSessionCrashLogsOneLinePerCrash).
+	id := c.Self().Id
+	p, _ := s.d.crashPanics.LoadAndDelete(id)
+	life.panic, _ = p.(string)
+	if _, out := s.d.crashedOut.Load(id); out {
+		s.logger().Debug("session crashed past its restart budget; it stops", "panic", life.panic, "restarts", life.restarts, "running", life.suspects)
+	} else {
+		s.logger().Warn(crashLine, "panic", life.panic, "restarts", life.restarts, "running", life.suspects)
+	}
 	// The failed incarnation still sees its children terminate before it is replaced; it must
 	// act on nothing more.
 	s.dead = true

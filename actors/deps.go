@@ -246,6 +246,10 @@ type Deps struct {
 	// their supervisor's decision and their next incarnation's start, which then stops
 	// (sessionSupervisor, Session.crashOut).
 	crashedOut sync.Map
+	// crashPanics holds, by a session's PID's id, what its last crash panicked with, between its
+	// supervisor's decision and the failed incarnation's onRestarting, which logs the crash's
+	// line with it (or, past the restart budget, hands it to the manager's line).
+	crashPanics sync.Map
 	// asides holds, by key, the work of setting stored messages aside (aside.go) that a
 	// session's activation has not finished: the key's next activation or incarnation takes it
 	// up if this one stops or crashes first (Session.resumeAside).

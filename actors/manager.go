@@ -37,8 +37,8 @@ type SessionManager struct {
 	// since it last passivated for idleness (the pause before it starts again grows with it;
 	// one passivated to make room keeps it for a while: keptBackoffs).
 	crashStops map[string]int
-	crashed    map[string]bool // key → its stopping session crashed past its budget (passivate.crashed)
-	rerun      map[string]bool // key → activate again once its stopping session is gone (passivate.rerun)
+	crashed    map[string]string // key → its stopping session crashed past its budget (passivate.crashed): with what it panicked
+	rerun      map[string]bool   // key → activate again once its stopping session is gone (passivate.rerun)
 	// refused counts, per key, the restarts from the store since it last passivated for
 	// idleness that the store caused by refusing a write as unavailable (passivate.pause; the
 	// pause before the next activation grows with it); paused holds the keys whose next
@@ -261,6 +261,7 @@ func (s *sessionSupervisor) HandleFailure(system *actor.ActorSystem, supervisor 
 		directive = actor.StopDirective
 		s.d.crashedOut.Store(child.Id, struct{}{})
 	}
+	s.d.crashPanics.Store(child.Id, fmt.Sprint(reason)) // for the crash's one line (onRestarting)
 	system.EventStream.Publish(&actor.SupervisorEvent{Child: child, Reason: reason, Directive: directive})
 	supervisor.RestartChildren(child)
 }
@@ -403,7 +404,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 				m.paused[msg.key] = &refusal{why: msg.why, err: msg.err}
 			}
 			if msg.crashed {
-				m.crashed[msg.key] = true
+				m.crashed[msg.key] = msg.panic
 			}
 			if !msg.fenced {
 				m.d.Metrics.SessionPassivations.Inc()
@@ -466,7 +467,7 @@ func (m *SessionManager) start(c actor.Context) {
 	m.stopping = map[string][]routed{}
 	m.handed = map[string]int{}
 	m.crashStops = map[string]int{}
-	m.crashed = map[string]bool{}
+	m.crashed = map[string]string{}
 	m.rerun = map[string]bool{}
 	m.refused = map[string]int{}
 	m.paused = map[string]*refusal{}
@@ -712,6 +713,9 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 		return
 	}
 	key := t.Who.Id[len(prefix):]
+	// A crash no incarnation took up (onRestarting) leaves nothing behind.
+	p, _ := m.d.crashPanics.LoadAndDelete(t.Who.Id)
+	why, _ := p.(string)
 	m.d.Metrics.SessionsActive.Dec()
 	if pid := m.sessions[key]; pid != nil && pid.Equal(t.Who) && !m.closing {
 		// Stopped by its supervisor after too many crashes, with work it may still hold. In a
@@ -719,7 +723,7 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 		delete(m.sessions, key)
 		delete(m.leavers, key)
 		m.setIdle(key, false)
-		m.crashedOut(c, key, true)
+		m.crashedOut(c, key, true, why)
 	}
 	delete(m.busy, key)
 	if pid := m.sessions[key]; pid == nil || pid.Equal(t.Who) {
@@ -754,7 +758,9 @@ type refusal struct {
 // when restart is set, has it start again from the store after a pause that grows with each
 // such stop, so that a session that cannot even load backs off. In a cluster the recovery
 // sweep starts it again, wherever the key lives by then.
-func (m *SessionManager) crashedOut(c actor.Context, key string, restart bool) {
+// It is the one line of the crash that stopped the session, with what it panicked with (panic)
+// and the pause (in): the session's own line of that crash is at Debug (onRestarting).
+func (m *SessionManager) crashedOut(c actor.Context, key string, restart bool, why string) {
 	n := m.crashStops[key]
 	if !m.d.Clustered {
 		// Counted only where a pause follows: in a cluster the key may start on another member,
@@ -763,12 +769,12 @@ func (m *SessionManager) crashedOut(c actor.Context, key string, restart bool) {
 	}
 	switch {
 	case !restart:
-		m.log.Error("session stopped after crashing too often; it starts again at once with what was asked meanwhile", "session", key)
+		m.log.Error("session stopped after crashing too often; it starts again at once with what was asked meanwhile", "session", key, "panic", why)
 	case m.d.Clustered:
-		m.log.Error("session stopped after crashing too often; the cluster's recovery starts it again", "session", key)
+		m.log.Error("session stopped after crashing too often; the cluster's recovery starts it again", "session", key, "panic", why)
 	default:
 		pause := min(crashPause<<min(n, 6), maxCrashPause)
-		m.log.Error("session stopped after crashing too often; it starts again from the store", "session", key, "in", pause)
+		m.log.Error("session stopped after crashing too often; it starts again from the store", "session", key, "panic", why, "in", pause)
 		m.timers.SendOnce(pause, c.Self(), &restartCrashed{key: key})
 	}
 }
@@ -1012,7 +1018,7 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		m.handOnFiledReset(c, m.elsewhere(key), key) // (after letGo: see below)
 		return
 	}
-	if m.crashed[key] {
+	if why, crashed := m.crashed[key]; crashed {
 		// The session crashed past its restart budget. With requests handed back or held, it
 		// starts again at once (as a message that reached a stopped session started it);
 		// otherwise after its pause, from the store.
@@ -1020,7 +1026,7 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 		if len(m.stopping[key]) == 0 && !m.rerun[key] {
 			delete(m.stopping, key)
 			delete(m.handed, key)
-			m.crashedOut(c, key, true)
+			m.crashedOut(c, key, true, why)
 			// The reset filed for the key (the crash filed it, and the incarnation that stopped
 			// loaded nothing) goes on with the key when it is another member's, to the same
 			// member and after letGo, as below. Before, it stayed here, and so did a send again
@@ -1036,7 +1042,7 @@ func (m *SessionManager) startSuccessor(c actor.Context, key string) {
 			m.answerDrains(c)
 			return
 		}
-		m.crashedOut(c, key, false)
+		m.crashedOut(c, key, false, why)
 	}
 	// A key handed on waits out no pause here, nor keeps the note of one: it stayed, and the
 	// key's next normal passivation here waited out a pause for nothing

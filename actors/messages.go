@@ -82,6 +82,7 @@ type passivate struct {
 	// crashed: the session crashed past its restart budget (Session.crashOut); the key starts
 	// again after crashPause, or at once with the requests it handed back.
 	crashed bool
+	panic   string // with crashed: what its last crash panicked with, for the manager's line
 	// room: it stops to make room (roomCheck), not for idleness; its key keeps its backoffs
 	// for a while (SessionManager.keepBackoffs).
 	room bool
@@ -141,6 +142,7 @@ type TurnFinished struct {
 type turnPanicked struct {
 	TurnID string
 	Err    error
+	Stack  []byte // where it panicked, logged at Debug by the session
 }
 
 // slotTaken is sent by a Turn whose head was struck once (turnRun.marks) when its agent call
@@ -206,7 +208,10 @@ type agentDone struct {
 type steerIn struct{ msg agents.Message }
 
 // agentPanicked carries a panic of the agent back into the actor, which hands it to the session.
-type agentPanicked struct{ value any }
+type agentPanicked struct {
+	value any
+	stack []byte // the agent's goroutine's, logged at Debug by its session
+}
 
 // cancelRun asks a turn to cancel its agent's call and to tell its session (callEnded) once
 // the call has returned; the turn then stops itself (Session.cancelAwaited).

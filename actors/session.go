@@ -176,6 +176,9 @@ type lifeline struct {
 	// manager goes on counting the key busy until the next incarnation says it is idle
 	// (updateBusy): a drain ended by the crash would stop the daemon while the rerun starts.
 	busy bool
+	// panic is what the last crash panicked with: the crashed-out incarnation hands it to the
+	// manager (passivate.panic) for its line.
+	panic string
 }
 
 // item is one inbound message waiting for (or in) a turn.
@@ -315,6 +318,10 @@ func (s *Session) Receive(c actor.Context) {
 			// The session restarts with its state reloaded from the store and runs the message
 			// again; a message that crashes its session QuarantineAfter times is quarantined.
 			s.d.Metrics.Actor("session").Box.Failed() // the mailbox never sees it received
+			// The stack at Debug only: the crash's line (onRestarting, or the manager's
+			// crashedOut past the restart budget) names the panic, and a crash loop would
+			// otherwise log a stack a second.
+			s.logger().Debug("the turn panicked; its stack", "turn", m.TurnID, "panic", m.Err, "stack", string(m.Stack))
 			panic(m.Err)
 		}
 	case *GetState:
@@ -1116,6 +1123,9 @@ func (s *Session) stopWhenSettled(c actor.Context) {
 	}
 	s.passivating = true
 	p := &passivate{key: s.key, pid: c.Self(), fenced: true, rerun: s.stale, pause: s.refused, crashed: s.crashed}
+	if life := s.life(); s.crashed && life != nil {
+		p.panic = life.panic
+	}
 	if u := s.unusual; s.refused && u != nil {
 		p.why, p.err = u.refusedWhy, u.refusedErr
 	}

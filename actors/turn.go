@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -71,7 +72,7 @@ func (t *Turn) Receive(c actor.Context) {
 		// A turn has no supervisor of its own (the top-level guardian would restart it empty):
 		// a failure of the turn is its session's to handle.
 		if v := recover(); v != nil && t.session != nil {
-			c.Send(t.session, &turnPanicked{TurnID: t.turnID, Err: fmt.Errorf("turn %s: %v", t.turnID, v)})
+			c.Send(t.session, &turnPanicked{TurnID: t.turnID, Err: fmt.Errorf("turn %s: %v", t.turnID, v), Stack: debug.Stack()})
 		}
 	}()
 	switch m := c.Message().(type) {
@@ -116,7 +117,7 @@ func (t *Turn) Receive(c actor.Context) {
 			return
 		}
 		t.closeSteer()
-		c.Send(t.session, &turnPanicked{TurnID: t.turnID, Err: fmt.Errorf("turn %s: agent panicked: %v", t.turnID, m.value)})
+		c.Send(t.session, &turnPanicked{TurnID: t.turnID, Err: fmt.Errorf("turn %s: agent panicked: %v", t.turnID, m.value), Stack: m.stack})
 	case *cancelRun:
 		if t.session == nil || t.cancelled {
 			return
@@ -190,7 +191,7 @@ func (t *Turn) start(c actor.Context, steer, mark bool) {
 		defer func() {
 			if v := recover(); v != nil {
 				relay.finish()
-				root.Send(self, &agentPanicked{value: v})
+				root.Send(self, &agentPanicked{value: v, stack: debug.Stack()})
 			}
 		}()
 		if err := slots.acquire(ctx); err != nil {

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -39,8 +40,15 @@ func watchEvents(system *actor.ActorSystem, log *slog.Logger, m *metrics.Metrics
 		if e.Directive != actor.EscalateDirective {
 			m.ActorRestarts.WithLabelValues(kind).Inc()
 		}
-		// The actor's id names a session's key (sessions/<key>): which chat's session failed.
-		log.Warn("actor failed", "kind", kind, logging.KeyActor, e.Child.GetId(), "directive", e.Directive.String(), "reason", fmt.Sprint(e.Reason))
+		// A session's crash is logged by the session (or its manager) in one line with its key,
+		// the panic and what follows; here it is at Debug, not a second line of each crash
+		// (TestSessionCrashLogsOneLinePerCrash). The actor's id names a session's key
+		// (sessions/<key>).
+		level := slog.LevelWarn
+		if kind == "session" {
+			level = slog.LevelDebug
+		}
+		log.Log(context.Background(), level, "actor failed", "kind", kind, logging.KeyActor, e.Child.GetId(), "directive", e.Directive.String(), "reason", fmt.Sprint(e.Reason))
 	})
 	return &eventLog{system: system, sub: sub}
 }
