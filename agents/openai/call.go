@@ -454,7 +454,7 @@ func stripURL(err error) error {
 func (a *Agent) statusError(resp *http.Response, body []byte) *StatusError {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	msg := errorMessage(raw)
-	c := contextRefusalOf(msg, raw, a.maxTokens)
+	c := contextRefusalOf(msg, raw, body, a.maxTokens)
 	se := &StatusError{
 		Code:       resp.StatusCode,
 		Message:    sanitize(msg, a.keyString()),
@@ -659,7 +659,7 @@ func (a *Agent) apply(res *result, c *completion, b *strings.Builder) error {
 	if len(c.Error) > 0 && string(c.Error) != "null" {
 		raw := []byte(`{"error":` + string(c.Error) + `}`)
 		msg := errorMessage(raw)
-		ctx := contextRefusalOf(msg, raw, a.maxTokens)
+		ctx := contextRefusalOf(msg, raw, nil, a.maxTokens)
 		return &StatusError{Code: inBandStatus(c.Error), Message: sanitize(msg, a.keyString()), inBand: true, context: &ctx}
 	}
 	for i, ch := range c.Choices {

@@ -75,7 +75,7 @@ func (e *StatusError) contextOf() contextRefusal {
 	if e.context != nil {
 		return *e.context
 	}
-	return contextRefusalOf(e.Message, nil, 0)
+	return contextRefusalOf(e.Message, nil, nil, 0)
 }
 
 // Error says which status the endpoint answered, its message, what to check (hint), and the
@@ -253,13 +253,24 @@ const maxContextScan = maxErrorBody
 // context or longer is the conversation's, whatever the request's max_tokens; one shorter than
 // the context (a server that counts max_tokens in, or a proxy's) can be refused only for the
 // request's max_tokens (maxTokens, zero for none), which it counts as overflow's output.
-func contextRefusalOf(message string, raw []byte, maxTokens int) contextRefusal {
+//
+// A refusal may echo the request it refused (vLLM's validation error holds it whole as its
+// input, a proxy's message may): the chat's words, which may speak of the model's context or
+// paste such a refusal, are not the endpoint's. So when the whole message says more than its
+// first maxErrorMessage runes (what StatusError.Message keeps, all that was read before) and
+// the chat's messages in sent (the request's body, nil for none) say the same of their own,
+// only those first runes count. Before, a chat that asked about the model's context window,
+// echoed, read as a conversation too long, and its rider was never left out.
+func contextRefusalOf(message string, raw, sent []byte, maxTokens int) contextRefusal {
 	if len(message) > maxContextScan {
 		message = message[:maxContextScan]
 	}
-	var c contextRefusal
-	c.overflow, c.counted = contextOverflowOf(message)
-	c.tooLong = c.counted || tooLong(message)
+	c := contextWordsOf(message)
+	if c != (contextRefusal{}) && len(message) > maxErrorMessage {
+		if cut := contextWordsOf(sanitize(message, "")); cut != c && chatSpeaksOfContext(sent) {
+			c = cut
+		}
+	}
 	var doc struct {
 		Error struct {
 			Type   string `json:"type"`
@@ -275,6 +286,20 @@ func contextRefusalOf(message string, raw []byte, maxTokens int) contextRefusal 
 		c.counted, c.overflow = true, contextOverflow{context: e.Ctx, input: e.Prompt, output: maxTokens}
 	}
 	return c
+}
+
+// contextWordsOf is what message says in words of a request too long for the model's context.
+func contextWordsOf(message string) contextRefusal {
+	var c contextRefusal
+	c.overflow, c.counted = contextOverflowOf(message)
+	c.tooLong = c.counted || tooLong(message)
+	return c
+}
+
+// chatSpeaksOfContext reports whether a message of the request sent (its body) holds the words
+// of a refusal of a request too long for the model's context (contextWordsOf).
+func chatSpeaksOfContext(sent []byte) bool {
+	return slices.ContainsFunc(chatTexts(sent), func(text string) bool { return contextWordsOf(text) != contextRefusal{} })
 }
 
 // saysAny reports whether message holds any of phrases (lower case), in any case.

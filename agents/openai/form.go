@@ -225,17 +225,27 @@ var messageStart = regexp.MustCompile(`^\s*(?:[\w.]*(?:Error|Exception)\s*[:-]?\
 // chatRefusals returns the parameters that the messages of the request sent name in a
 // refusal's phrasing (refusedPhrases): their text is the chat's, which an error may echo.
 func chatRefusals(sent []byte) *refusedNames {
+	r := &refusedNames{}
+	for _, text := range chatTexts(sent) {
+		eachPhrased(text, func(name string, unknown bool, _ int) { r.add(name, unknown) })
+	}
+	return r
+}
+
+// chatTexts returns the texts of the messages of the request sent (its body), which an
+// endpoint's error may echo.
+func chatTexts(sent []byte) []string {
 	var req struct {
 		Messages []struct {
 			Content string `json:"content"`
 		} `json:"messages"`
 	}
 	_ = json.Unmarshal(sent, &req) // a request that does not decode holds no text to echo
-	r := &refusedNames{}
-	for _, m := range req.Messages {
-		eachPhrased(m.Content, func(name string, unknown bool, _ int) { r.add(name, unknown) })
+	texts := make([]string, len(req.Messages))
+	for i, m := range req.Messages {
+		texts[i] = m.Content
 	}
-	return r
+	return texts
 }
 
 // extraForbidden reports whether the pydantic validation error ve refuses its loc as a field

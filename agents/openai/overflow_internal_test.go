@@ -38,7 +38,7 @@ func FuzzContextOverflow(f *testing.F) {
 			t.Errorf("contextOverflowOf(%q) = %+v, want no negative count", message, o)
 		}
 		// The message as a whole error body too (llama.cpp's fields).
-		c := contextRefusalOf(message, []byte(message), max(maxTokens, 0))
+		c := contextRefusalOf(message, []byte(message), []byte(message), max(maxTokens, 0))
 		if c.counted && (c.overflow.context < 0 || c.overflow.input < 0 || c.overflow.output < 0) {
 			t.Errorf("contextRefusalOf(%q) = %+v, want no negative count", message, c)
 		}

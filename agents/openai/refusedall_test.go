@@ -2,6 +2,7 @@ package openai_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -347,5 +348,47 @@ func TestRefusalsWithPerRequestIDsAreTheSame(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 {
 		t.Errorf("logs hold %d ERR lines, want 1:\n%s", n, logs.String())
+	}
+}
+
+// TestEchoedChatIsNotAContextRefusal: a refusal that echoes the request it refused (vLLM's
+// validation error holds it whole as its input) holds the chat's words, which may speak of the
+// model's context, or paste a vLLM refusal of max_tokens: read past the message's first 200
+// characters only where the chat does not say the same, they are not the endpoint's. The
+// rider the endpoint cannot take is left out (the request without it answers), no ERR blames
+// max_tokens, and the user is not told the conversation is too long. Before (7c8252f reads the
+// whole message), the echoed words read as a conversation too long, or a max_tokens that does
+// not fit (an ERR), and the request was not sent again without the rider: the user was told to
+// send /new.
+func TestEchoedChatIsNotAContextRefusal(t *testing.T) {
+	for _, rider := range []string{
+		"what is the context window of this model? \x00",
+		"I got this: 'max_tokens' is too large: 9000. This model's maximum context length is 8192 tokens and your request has 12 input tokens (9000 > 8192 - 12). \x00",
+	} {
+		t.Run(rider[:20], func(t *testing.T) {
+			var m *openaitest.Model
+			m = openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+				body := m.Requests()[n-1].Body
+				if !strings.Contains(body, `\u0000`) {
+					openaitest.WriteReply(w, "ok", 1, 1)
+					return
+				}
+				msg := "1 validation error:\n  {'type': 'value_error', 'loc': ('body', 'messages', 3, 'content'), 'msg': 'Value error, the text holds a NUL character', 'input': " + body + "}"
+				b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": "BadRequestError", "param": nil, "code": 400}})
+				openaitest.Status(http.StatusBadRequest, string(b))(w, r)
+			})
+			var logs bytes.Buffer
+			a := MustAgent(t, m, &logs, nil, func(c *openai.Config) { c.MaxTokens = 9000 })
+			resp, err := a.Run(t.Context(), ridersRequest("s1", rider, "and what else?"))
+			if err != nil {
+				t.Fatalf("Run: %v, want the answer of the request without the rider", err)
+			}
+			if !resp.RidersLeftOut {
+				t.Errorf("Run = %+v, want the rider left out", resp)
+			}
+			if strings.Contains(logs.String(), "level=ERROR") {
+				t.Errorf("logs hold an ERR:\n%s", logs.String())
+			}
+		})
 	}
 }
