@@ -341,6 +341,13 @@ func (a *Agent) Run(ctx context.Context, req *agents.Request) (*agents.Response,
 				case perr == nil:
 					res, err, ridersLeftOut = pres, nil, riders
 					*conv = probe
+				case refused && sameRefusal(pse, se) && resends(req.Messages, req.History[len(without):]):
+					// The turn sends again a message it carries as a rider: the request without
+					// the riders still holds it, and its refusal shows nothing of the endpoint.
+					// Taken as one with nothing to leave out, another session's may still show
+					// it; before, one user who sent again the one message the endpoint cannot
+					// take read as an endpoint that refuses every request, with an ERR.
+					every = a.refusesEvery(se, req.Identity.SessionKey, false, log)
 				case refused && sameRefusal(pse, se):
 					every = a.refusesEvery(se, req.Identity.SessionKey, true, log)
 					probed = true

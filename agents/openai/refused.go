@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"net/http"
 	"regexp"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/agentgate/agentgate/agents"
@@ -46,8 +48,9 @@ func (a *Agent) answered() {
 // answered message the endpoint now refuses, or a conversation too long in words tooLong does
 // not know): not every request, and the notice names /new (before, such a chat was told the
 // endpoint refuses every request at each turn, never /new, and logged the ERR at each). A
-// message the endpoint cannot take, sent again by its sender, looks the same to a probe; the
-// next message other than it gets past (its probe is answered), and leaves it out then.
+// message the endpoint cannot take, sent again by its sender, is one of the riders too, and
+// the probe still holds it: Run notes that refusal as one with nothing to leave out (resends);
+// the next message other than it gets past (its probe is answered), and leaves it out then.
 func (a *Agent) refusesEvery(se *StatusError, session string, probed bool, log *slog.Logger) bool {
 	r := &a.refusals
 	key := refusalKey(se.Message)
@@ -87,6 +90,16 @@ func refusalKey(message string) string {
 // its per-request ids (refusalKey).
 func sameRefusal(a, b *StatusError) bool {
 	return a.Code == b.Code && refusalKey(a.Message) == refusalKey(b.Message)
+}
+
+// resends reports whether a message of own (the turn's) has the text of one of riders (the
+// earlier messages that got no answer, which the request carries), but for the space around it:
+// its sender sent it again.
+func resends(own, riders []agents.Message) bool {
+	return slices.ContainsFunc(own, func(m agents.Message) bool {
+		text := strings.TrimSpace(m.Text)
+		return slices.ContainsFunc(riders, func(r agents.Message) bool { return strings.TrimSpace(r.Text) == text })
+	})
 }
 
 // withoutRiders returns history without its last user messages, those that got no answer

@@ -83,7 +83,7 @@ func TestEndpointThatRefusesEveryRequestLeavesNothingOut(t *testing.T) {
 			var logs bytes.Buffer
 			a := MustAgent(t, m, &logs, nil, nil)
 			for i, session := range []string{"s1", "s1", "s2"} {
-				resp, err := a.Run(t.Context(), ridersRequest(session, "what is the time?", "what is the time?"))
+				resp, err := a.Run(t.Context(), ridersRequest(session, "what is the time?", "and the date?"))
 				ref, ok := errors.AsType[*agents.Refusal](err)
 				if !ok || !strings.Contains(ref.Notice, "refuses every request") || strings.Contains(ref.Notice, "/new") {
 					t.Fatalf("Run %d error = %v, want a Refusal saying the endpoint refuses every request, without /new", i+1, err)
@@ -390,5 +390,71 @@ func TestEchoedChatIsNotAContextRefusal(t *testing.T) {
 				t.Errorf("logs hold an ERR:\n%s", logs.String())
 			}
 		})
+	}
+}
+
+// TestMessageSentAgainIsNotAnEndpointThatRefusesEveryRequest: a user who sends again the one
+// message the endpoint cannot take, with no request answered meanwhile, carries it as a rider
+// too: the request without the riders still holds it, and its refusal shows nothing of the
+// endpoint. The turn gets the ordinary notice (sent again with the next message), not that the
+// endpoint refuses every request, and the operator no ERR; the next message other than it is
+// answered without it, and leaves it out. Another session's refusal the same way still shows
+// an endpoint that refuses every request (one ERR). Before, the message sent again read as an
+// endpoint that refuses every request, with an ERR.
+func TestMessageSentAgainIsNotAnEndpointThatRefusesEveryRequest(t *testing.T) {
+	const bad = "a message the endpoint cannot take"
+	var m *openaitest.Model
+	m = openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(m.Requests()[n-1].Body, bad) {
+			openaitest.Status(http.StatusBadRequest, `{"error":{"message":"Bad Request"}}`)(w, r)
+			return
+		}
+		openaitest.WriteReply(w, "ok", 1, 1)
+	})
+	var logs bytes.Buffer
+	a := MustAgent(t, m, &logs, nil, nil)
+	history := []agents.Message{msg("user", "hello"), msg("assistant", "hi there")}
+	turn := func(riders []string, own string) (*agents.Response, error) {
+		h := append([]agents.Message(nil), history...)
+		for _, r := range riders {
+			h = append(h, msg("user", r))
+		}
+		return a.Run(t.Context(), &agents.Request{Identity: identity.Turn{SessionKey: "s1", TurnID: "t_1"}, History: h, Messages: []agents.Message{msg("user", own)}})
+	}
+	for i, riders := range [][]string{nil, {bad}, {bad, bad + "\n"}} {
+		resp, err := turn(riders, bad+" ")
+		ref, ok := errors.AsType[*agents.Refusal](err)
+		if !ok || strings.Contains(ref.Notice, "refuses every request") || !strings.Contains(ref.Notice, "sent again with your next one") {
+			t.Fatalf("turn %d error = %v, want a Refusal that sends the message again with the next one", i+1, err)
+		}
+		if resp != nil && resp.RidersLeftOut {
+			t.Errorf("turn %d left the riders out", i+1)
+		}
+	}
+	if strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("logs hold an ERR:\n%s", logs.String())
+	}
+	resp, err := turn([]string{bad, bad, bad}, "something else")
+	if err != nil || !resp.RidersLeftOut {
+		t.Fatalf("the next message other than it = %+v, %v; want it answered, the riders left out", resp, err)
+	}
+
+	// An endpoint that refuses every request: the message sent again shows it no more, another
+	// session's request does.
+	m2 := newFakeModel(t, openaitest.Status(http.StatusBadRequest, `{"error":{"message":"Bad Request"}}`))
+	logs.Reset()
+	a = MustAgent(t, m2, &logs, nil, nil)
+	for i, req := range []*agents.Request{
+		ridersRequest("s1", "what is the time?", "what is the time?"),
+		{Identity: identity.Turn{SessionKey: "s2", TurnID: "t_1"}, Messages: []agents.Message{msg("user", "hi")}},
+	} {
+		_, err := a.Run(t.Context(), req)
+		ref, ok := errors.AsType[*agents.Refusal](err)
+		if every := i == 1; !ok || strings.Contains(ref.Notice, "refuses every request") != every {
+			t.Fatalf("Run %d error = %v, want a Refusal that says the endpoint refuses every request: %v", i+1, err, every)
+		}
+	}
+	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 || !strings.Contains(logs.String(), "the requests of two sessions") {
+		t.Errorf("logs hold %d ERR lines, want 1, of two sessions:\n%s", n, logs.String())
 	}
 }
