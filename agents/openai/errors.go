@@ -142,7 +142,7 @@ func (a *Agent) refusal(err error, every, probed bool) error {
 		notice = fmt.Sprintf("the conversation (%d tokens) fits in the model's context (%d tokens) only without the room its max_tokens setting keeps for the reply (%d tokens), which the operator has to lower; until then, send /new to start a fresh session", o.input, o.context, o.output)
 	case se.Code == http.StatusRequestEntityTooLarge || (se.Code == http.StatusBadRequest && c.tooLong):
 		notice = "the conversation is too long for the model: send /new to start a fresh session, or a shorter message"
-	case se.Code == http.StatusBadRequest && saysAny(se.Message, "content_policy", "content policy", "content management policy", "safety system"):
+	case se.Code == http.StatusBadRequest && contentPolicy(se.Message):
 		notice, declined = "its model endpoint declined this message (its content policy)", true
 	case every:
 		notice = "its model endpoint refuses every request the same way, whatever the conversation holds, so the agent's configuration or the endpoint is at fault, which the operator has to fix; nothing is left out, and this message is sent again with your next one"
@@ -177,7 +177,7 @@ func (a *Agent) refusesWhatItHolds(err error) (*StatusError, bool) {
 		return nil, false
 	}
 	if se.Code == http.StatusBadRequest &&
-		(se.contextOf().tooLong || saysAny(se.Message, "content_policy", "content policy", "content management policy", "safety system")) {
+		(se.contextOf().tooLong || contentPolicy(se.Message)) {
 		return nil, false
 	}
 	return se, true
@@ -300,6 +300,17 @@ func contextWordsOf(message string) contextRefusal {
 // of a refusal of a request too long for the model's context (contextWordsOf).
 func chatSpeaksOfContext(sent []byte) bool {
 	return slices.ContainsFunc(chatTexts(sent), func(text string) bool { return contextWordsOf(text) != contextRefusal{} })
+}
+
+// contentPolicy reports whether an endpoint's 400 message says a content policy refused what
+// the request holds: OpenAI's content_policy_violation ("…rejected as a result of our safety
+// system"), Azure OpenAI's content management policy, and OpenAI's invalid_prompt ("Invalid
+// prompt: your prompt was flagged as potentially violating our usage policy", with a null
+// param; as Python's repr behind LiteLLM, with its code). Before, invalid_prompt named
+// nothing: taken for a refusal of the riders or of every request, never declined.
+func contentPolicy(message string) bool {
+	return saysAny(message, "content_policy", "content policy", "content management policy", "safety system",
+		"flagged as potentially violating", "invalid_prompt")
 }
 
 // saysAny reports whether message holds any of phrases (lower case), in any case.
