@@ -136,9 +136,16 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 				"channel", m.ChannelID, "message_id", m.ID, logging.Err(err))
 			return true
 		}
-		// Backfill off: nothing reads it back, and a notice would answer what may be chatter.
-		p.log.Warn("discord: cannot look up the guild's roles; a mention of the bot's role is not seen as a mention",
-			"guild", m.GuildID, "message_id", m.ID, logging.Err(err))
+		// Backfill off (or a store that keeps no unread places): nothing reads it back, and a
+		// notice would answer what may be chatter. Said as the stop's: "cannot look up the
+		// guild's roles", Discord's failure's line, sent the operator to look at Discord.
+		p.log.Warn("discord message met the stop before the bot's role was looked up, and nothing reads it back (backfill is off); a mention of the bot's role in it is not seen as a mention: where one is needed, it is not answered and its sender not told",
+			"channel", m.ChannelID, "guild", m.GuildID, "message_id", m.ID, logging.Err(fmt.Errorf("%w: %w", platforms.ErrDraining, err)))
+		if !stopped {
+			// The stop came during the lookup: the channel's lookup runs within the stop's
+			// notice bound, and no thread is opened, as for a message the stop met before.
+			stopped, lookups = true, p.noticeCtx(ctx)
+		}
 	}
 	mentioned := mentions(m, bot, role)
 	ch, err := p.channelOf(lookups, m)

@@ -3,6 +3,7 @@ package discord
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -108,9 +109,9 @@ func mentionsARole(m *discordgo.Message) bool {
 
 // botRole returns the id of the bot's role in m's guild if m mentions a role, else "" (no
 // lookup is needed). A lookup that fails is logged and counts as no role: the message is
-// handled as one that mentions another role. One that ctx ended (the daemon's stop, or its
-// notice bound: noticeCtx) returns its error instead, and is neither logged nor remembered as a
-// miss: the role is not known, and the caller leaves the message for the next start
+// handled as one that mentions another role. One that ctx cut short (the daemon's stop, or its
+// notice bound: noticeCtx; also a rate limit past that bound, cutShort) returns its error
+// instead, and is neither logged nor remembered as a miss: the role is not known, and the caller leaves the message for the next start
 // (handle). Counted as none, a mention of the bot's role in a chat where the bot answers only
 // when mentioned was dropped as one not for the bot, and not read back; remembered as a miss,
 // it made every later message of the stop that mentions a role in that guild count none
@@ -131,7 +132,7 @@ func (p *Platform) botRole(ctx context.Context, m *discordgo.Message) (string, e
 	ep := discordgo.EndpointGuildRoles(m.GuildID)
 	var roles []wireRole
 	if err := p.request(lookup, http.MethodGet, ep, ep, nil, &roles); err != nil {
-		if ctx.Err() != nil && restStatus(err) == 0 {
+		if cutShort(ctx, lookup, err) {
 			return "", fmt.Errorf("look up the roles of guild %s: %w", m.GuildID, err)
 		}
 		p.log.Warn("discord: cannot look up the guild's roles; a mention of the bot's role is not seen as a mention",
@@ -146,6 +147,25 @@ func (p *Platform) botRole(ctx context.Context, m *discordgo.Message) (string, e
 	role = botRoleIn(roles, p.bot())
 	p.setBotRole(m.GuildID, role)
 	return role, nil
+}
+
+// cutShort reports whether err, of a REST call made on lookup (ctx bounded by restTimeout),
+// is ctx's doing, not Discord's: ctx ended, or the call was not sent because a rate limit
+// lasts past ctx's deadline, which bounds lookup (the stop's notice bound, noticeCtx: 3 s).
+// Taken for Discord's failure, a role lookup the stop's bound refused that way at once (a
+// guild's roles rate limited for a few seconds) was remembered as a miss, and its message,
+// a mention of the bot's role, dropped as one not for the bot and not read back.
+func cutShort(ctx, lookup context.Context, err error) bool {
+	if restStatus(err) != 0 {
+		return false
+	}
+	if ctx.Err() != nil {
+		return true
+	}
+	_, unsent := errors.AsType[*notSent](err)
+	bound, ok := ctx.Deadline()
+	end, _ := lookup.Deadline()
+	return unsent && ok && !bound.After(end)
 }
 
 // roleRetry is how long after a failed lookup of a guild's roles none is made again.

@@ -284,3 +284,103 @@ func forgetRoles(t *testing.T, p *Platform, guild string) {
 	delete(p.roles, guild)
 	p.mu.Unlock()
 }
+
+// TestStopsBoundMeetingARateLimitLeavesARoleMentionForTheNextStart: in a channel where the bot
+// answers only when mentioned, bob mentions the bot's role in a guild whose roles are not known
+// yet, queued behind a held delivery when the daemon stops, and the guild's roles route is rate
+// limited past the stop's notice bound (3 s), within which the lookup is made: the lookup fails
+// at once, before the bound ends, without asking Discord. The stop's bound cut it short, as one
+// that ran out: the message is left for the next start, which reads it back and answers it.
+// Before, only a lookup whose ctx had ended was the stop's: this one counted as no role, was
+// remembered as a miss, and the message was dropped as one not for the bot (a WRN "cannot look
+// up the guild's roles"), not read back.
+func TestStopsBoundMeetingARateLimitLeavesARoleMentionForTheNextStart(t *testing.T) {
+	const channel, botRole = "200000000000000002", "500000000000000001"
+	store := newUnreadStore()
+	mentionOnly := func(c *Config) { c.Settings.RequireMention = true }
+	h := newHeldDelivery()
+	srv, p, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
+		srv.AddGuild(recentGuild, "guild")
+		srv.AddChannel(discordtest.Channel{ID: channel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+		srv.AddRole(recentGuild, discordtest.Role{ID: botRole, Name: "agentgate", BotID: srv.BotID()})
+	}, func(c *Config) {
+		c.Settings.BackfillWindow = time.Hour
+		mentionOnly(c)
+	}, discordtest.WithHeartbeatInterval(discordtest.DefaultHeartbeatInterval))
+	p.SetRecord(store.record)
+	forgetRoles(t, p, recentGuild)
+	p.mu.Lock()
+	// Past the stop's bound, within restTimeout: outside a stop, the lookup waits it out.
+	p.limited[discordgo.EndpointGuildRoles(recentGuild)] = time.Now().Add(2 * stopNoticeTimeout)
+	p.mu.Unlock()
+	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+	bob := discordtest.User{ID: "400000000000000002", Username: "bob"}
+	srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: alice, Content: "first"})
+	<-h.started
+	m := srv.Post(discordtest.UserMessage{ChannelID: channel, Author: bob, Content: "a question", MentionRoles: []string{botRole}})
+	waitQueued(t, p, "the mention queued behind the held delivery", 1)
+	onStopWait(t, func() {
+		h.drain()
+		close(h.release)
+	})
+	stop() // returns once the intake has handled the message (settle)
+	lookup := "/guilds/" + recentGuild + "/roles"
+	if n := srv.Requests("GET", lookup); n != 0 {
+		t.Errorf("%s was asked %d times, want none (rate limited past the stop's bound)", lookup, n)
+	}
+	if s := log.String(); !strings.Contains(s, "the bot's role not looked up; the next start reads it back") ||
+		!strings.Contains(s, "message_id="+m.ID) || strings.Contains(s, "cannot look up the guild's roles") {
+		t.Fatalf("the message was not left for the next start:\n%s", s)
+	}
+	p.mu.Lock()
+	_, missed := p.roleMisses[recentGuild]
+	p.mu.Unlock()
+	if missed {
+		t.Errorf("the lookup the stop's bound cut short is remembered as a miss")
+	}
+	again := startAgain(t, srv, store, mentionOnly)
+	pollFor(t, "the message read back", func() bool {
+		texts, _, _ := again.got()
+		return slices.Contains(texts, "a question")
+	})
+}
+
+// TestStopCuttingARoleLookupShortWithBackfillOffSaysSo: as
+// TestStopsBoundMeetingARateLimitLeavesARoleMentionForTheNextStart, with backfill off: nothing
+// reads the message back, and a notice would answer what may be chatter, so the message is not
+// answered. The log says it was the stop, and what it means: before, the line was Discord's
+// failure's, "cannot look up the guild's roles", which sent the operator to look at Discord.
+func TestStopCuttingARoleLookupShortWithBackfillOffSaysSo(t *testing.T) {
+	const channel, botRole = "200000000000000002", "500000000000000001"
+	h := newHeldDelivery()
+	srv, p, log, stop := intakeWorldWith(t, h, func(srv *discordtest.Server) {
+		srv.AddGuild(recentGuild, "guild")
+		srv.AddChannel(discordtest.Channel{ID: channel, GuildID: recentGuild, Type: discordgo.ChannelTypeGuildText, Name: "general"})
+		srv.AddRole(recentGuild, discordtest.Role{ID: botRole, Name: "agentgate", BotID: srv.BotID()})
+	}, func(c *Config) { c.Settings.RequireMention = true },
+		discordtest.WithHeartbeatInterval(discordtest.DefaultHeartbeatInterval))
+	p.SetRecord(newUnreadStore().record)
+	forgetRoles(t, p, recentGuild)
+	p.mu.Lock()
+	p.limited[discordgo.EndpointGuildRoles(recentGuild)] = time.Now().Add(2 * stopNoticeTimeout)
+	p.mu.Unlock()
+	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+	bob := discordtest.User{ID: "400000000000000002", Username: "bob"}
+	srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: alice, Content: "first"})
+	<-h.started
+	m := srv.Post(discordtest.UserMessage{ChannelID: channel, Author: bob, Content: "a question", MentionRoles: []string{botRole}})
+	waitQueued(t, p, "the mention queued behind the held delivery", 1)
+	onStopWait(t, func() {
+		h.drain()
+		close(h.release)
+	})
+	stop()
+	s := log.String()
+	if !strings.Contains(s, "discord message met the stop before the bot's role was looked up, and nothing reads it back (backfill is off)") ||
+		!strings.Contains(s, "message_id="+m.ID) || strings.Contains(s, "cannot look up the guild's roles") {
+		t.Errorf("the log does not say the stop cut the role's lookup short:\n%s", s)
+	}
+	if sent := srv.Sent(channel); len(sent) != 0 {
+		t.Errorf("the bot posted %q, want nothing (it may be chatter)", contentsOf(sent))
+	}
+}
