@@ -379,15 +379,21 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	// "another agentgate daemon uses this database"), but not a migration that has begun, which
 	// ends first (openStore); the start stops then, before the next step. Before, the stop was
 	// acted on only once the whole of the store's opening was over
-	// (TestSIGTERMWhileTheStartWaitsForPostgresLock, TestStopWhileTheStartOpensTheStore).
+	// (TestSIGTERMWhileTheStartWaitsForPostgresLock, TestSIGTERMWhileTheStartMigratesPostgres).
 	openCtx, endOpen := stopContext(ctx, opts.Stop)
 	d.store, err = openStore(openCtx, cfg, log.With("component", "persistence"), !opts.SharedStore, corrupt, d.storeRecovered)
 	endOpen()
-	switch {
-	case err != nil && isClosed(opts.Stop) && errors.Is(err, context.Canceled) && !errors.Is(err, postgres.ErrMigratedThenEnded):
+	// Only a stop that Options.Stop asked for is ErrStopped: an end of ctx is the start's
+	// failure, postgres.ErrMigratedThenEnded's too, which returned no store. Before, that one
+	// went on with none, and panicked at its first use (TestStartsContextEndedWhileItMigratesFails).
+	switch stopped := isClosed(opts.Stop) && errors.Is(err, context.Canceled); {
+	case err != nil && stopped && !errors.Is(err, postgres.ErrMigratedThenEnded):
 		log.Info("asked to stop during the start while it opened the store (connecting to the database or waiting for its lock); stopped without writing anything")
 		return nil, ErrStopped
-	case err != nil && !errors.Is(err, postgres.ErrMigratedThenEnded):
+	case err != nil && stopped:
+		log.Info("asked to stop during the start while it opened the store; the opening, its migrations included, finished first; stopped before the daemon served")
+		return nil, ErrStopped
+	case err != nil:
 		return nil, fmt.Errorf("start: open store: %w", err)
 	case isClosed(opts.Stop):
 		log.Info("asked to stop during the start while it opened the store; the opening, its migrations included, finished first; stopped before the daemon served")

@@ -127,7 +127,7 @@ func (p *storeMembership) StartMember(c *cluster.Cluster) error {
 		HTTP: httpForCluster(p.http, host)}
 	// A stop during the start (join) ends the registration's waits at once: a database that
 	// does not answer, or a members table another transaction holds, kept the start for up to
-	// member_ttl before (TestSIGTERMWhileTheStartJoinsTheCluster).
+	// member_ttl before (TestClusterStopWhileTheStartJoins).
 	ctx, cancel := stopContext(context.Background(), p.join)
 	defer cancel()
 	ctx, cancelTTL := context.WithTimeout(ctx, p.ttl)
