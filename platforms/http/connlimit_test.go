@@ -2,6 +2,7 @@ package http
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -283,5 +284,50 @@ func TestStartingMaxConnections(t *testing.T) {
 	held = mustDial(t, addr.String())
 	waitFor(t, "a connection counted open again", func() bool { return testutil.ToFloat64(m.HTTPConnectionsOpen) == 1 })
 	h.p.EndStarting()
+	_ = held.Close()
+}
+
+// TestHandOverServesTheConnectionWaitingForAPlace: a connection that waits in the listen
+// backlog for a place under the start's limit when Run takes the listener over is served by
+// Run's server, not answered "starting", nor reset by the start's limit as it closes (its
+// Close, once the listener is handed over, takes no connection of it).
+func TestHandOverServesTheConnectionWaitingForAPlace(t *testing.T) {
+	m := metrics.New(Name)
+	h := mustNew(t, Config{MaxConnections: 1, ConnectionsOpen: m.HTTPConnectionsOpen})
+	addr, err := h.p.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.p.ServeStarting(startingStatus); err != nil {
+		t.Fatal(err)
+	}
+	port := mustPort(t, addr.String())
+	held := mustDial(t, addr.String())
+	waitFor(t, "the first connection counted open", func() bool { return testutil.ToFloat64(m.HTTPConnectionsOpen) == 1 })
+	waiting := mustDial(t, addr.String())
+	writeGet(t, waiting, "/v1/nothing-here")
+	waitFor(t, "the second connection in the listen backlog", func() bool { return listenBacklog(t, port) == 1 })
+	rt := &fakeRuntime{p: h.p}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.p.Run(ctx, rt.deliver) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() = %v", err)
+		}
+	}()
+	if err := waiting.SetReadDeadline(time.Now().Add(testTimeout)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(waiting), nil)
+	if err != nil {
+		t.Fatalf("the connection that waited for a place at the hand-over got no answer: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound || strings.Contains(string(body), CodeStarting) {
+		t.Fatalf("the connection that waited for a place at the hand-over = %d %s, want Run's 404", resp.StatusCode, body)
+	}
 	_ = held.Close()
 }
