@@ -8,6 +8,7 @@ import (
 
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -16,14 +17,16 @@ import (
 // to a platforms.Ack. It is not an actor; platforms call Deliver from their own goroutines.
 type Intake struct {
 	router   SessionRouter
+	store    persistence.Store // WithdrawStored's reads
 	keys     identity.KeyOptions
 	metrics  *metrics.Metrics
 	draining atomic.Bool
 }
 
-// NewIntake returns an intake that routes with router.
-func NewIntake(router SessionRouter, keys identity.KeyOptions, m *metrics.Metrics) *Intake {
-	return &Intake{router: router, keys: keys, metrics: m}
+// NewIntake returns an intake that routes with router and finds in store the messages a
+// platform withdraws without their Source (WithdrawStored).
+func NewIntake(router SessionRouter, store persistence.Store, keys identity.KeyOptions, m *metrics.Metrics) *Intake {
+	return &Intake{router: router, store: store, keys: keys, metrics: m}
 }
 
 // Drain stops intake: every later Deliver fails with platforms.ErrDraining.
@@ -99,7 +102,42 @@ func (in *Intake) Deliver(ctx context.Context, m *platforms.Inbound) (*platforms
 // there (running or answered already, or never taken).
 func (in *Intake) Withdraw(ctx context.Context, src identity.Source, id string) (bool, error) {
 	src.UserName = identity.NeutraliseName(src.UserName)
-	key := in.Key(src)
+	return in.withdraw(ctx, in.Key(src), src, id)
+}
+
+// WithdrawStored implements platforms.WithdrawStored: it finds message id of chatID in the
+// store (one read by the index of inbound ids) and, while the message waits there unanswered,
+// asks the session it was stored in to take it back, by that session's key (the key the
+// message was delivered under, whatever the platform knows of its sender now), on whichever
+// member owns the key. A message the store does not hold, or holds answered or archived, is
+// not asked about: the platform falls back on the store for every deletion it cannot place,
+// chatter the bot never took included.
+func (in *Intake) WithdrawStored(ctx context.Context, platform, chatID, id string) (identity.Source, bool, error) {
+	if in.store == nil || id == "" {
+		return identity.Source{}, false, nil
+	}
+	m, err := in.store.FindInbound(ctx, platform, chatID, id)
+	if errors.Is(err, persistence.ErrNotFound) {
+		return identity.Source{}, false, nil
+	}
+	if err != nil {
+		return identity.Source{}, false, fmt.Errorf("withdraw %s: %w", id, err)
+	}
+	if m.Status != persistence.StatusPending || !m.Active || m.Archived {
+		return identity.Source{}, false, nil // answered or set aside already
+	}
+	s, err := in.store.Session(ctx, m.SessionID)
+	if err != nil {
+		return identity.Source{}, false, fmt.Errorf("withdraw %s: %w", id, err)
+	}
+	src := identity.Source{Platform: s.Platform, ChatType: s.ChatType, ChatID: s.ChatID, ThreadID: s.ThreadID,
+		UserID: m.UserID, UserName: m.UserName, ScopeID: s.ScopeID, Profile: s.Profile}
+	taken, err := in.withdraw(ctx, s.Key, src, id)
+	return src, taken, err
+}
+
+// withdraw asks the session of key to take back message id of src.
+func (in *Intake) withdraw(ctx context.Context, key string, src identity.Source, id string) (bool, error) {
 	res, err := in.router.Request(ctx, key, &Withdraw{Source: sourceToProto(src), MessageId: id})
 	if err != nil {
 		return false, fmt.Errorf("withdraw %s from %s: %w", id, key, err)

@@ -32,7 +32,7 @@ func TestMessageCaughtByTheStopIsDraining(t *testing.T) {
 			held.Store = s
 			return held
 		})
-		in := NewIntake(NewLocalRouter(w.system.Root, w.manager), identity.DefaultKeyOptions, metrics.New("fake"))
+		in := NewIntake(NewLocalRouter(w.system.Root, w.manager), w.store, identity.DefaultKeyOptions, metrics.New("fake"))
 		errc := make(chan error, 1)
 		go func() {
 			_, err := in.Deliver(w.ctx, &platforms.Inbound{Source: w.src, MessageID: "m1", Text: "hi", ReceivedAt: time.Now()})
@@ -67,7 +67,7 @@ func TestDeliverUnansweredInTimeIsUnavailable(t *testing.T) {
 			held.Store = s
 			return held
 		})
-		in := NewIntake(NewLocalRouter(w.system.Root, w.manager), identity.DefaultKeyOptions, metrics.New("fake"))
+		in := NewIntake(NewLocalRouter(w.system.Root, w.manager), w.store, identity.DefaultKeyOptions, metrics.New("fake"))
 		_, err := in.Deliver(context.Background(), &platforms.Inbound{Source: w.src, MessageID: "m1", Text: "one", ReceivedAt: time.Now()})
 		if !errors.Is(err, platforms.ErrUnavailable) {
 			t.Errorf("Deliver whose session does not answer in time = %v, want platforms.ErrUnavailable", err)
@@ -226,7 +226,7 @@ func TestDeliverToAPausedSessionIsAnsweredAtOnce(t *testing.T) {
 		w.pauseByRefusedResets(t, out.Down.Store)
 		time.Sleep(64 * time.Second) // just after a restart: the next is a minute away
 		synctest.Wait()
-		in := NewIntake(NewLocalRouter(w.system.Root, w.manager), identity.DefaultKeyOptions, metrics.New("fake"))
+		in := NewIntake(NewLocalRouter(w.system.Root, w.manager), w.store, identity.DefaultKeyOptions, metrics.New("fake"))
 		start := time.Now()
 		_, err := in.Deliver(context.Background(), &platforms.Inbound{Source: w.src, MessageID: "m2", Text: "two", ReceivedAt: time.Now()})
 		if !errors.Is(err, platforms.ErrUnavailable) {

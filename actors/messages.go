@@ -227,10 +227,11 @@ type cancelOverdue struct{ TurnID string }
 // Received by Platform.
 
 // StartIntake tells a platform actor to start its platform's Run loop with Deliver, and to hand
-// a platforms.Withdrawer Withdraw first.
+// a platforms.Withdrawer Withdraw and WithdrawStored first.
 type StartIntake struct {
-	Deliver  platforms.Deliver
-	Withdraw platforms.Withdraw
+	Deliver        platforms.Deliver
+	Withdraw       platforms.Withdraw
+	WithdrawStored platforms.WithdrawStored
 }
 
 // Quiesce asks a platform actor to answer *Quiesced once it has no send in flight and no

@@ -176,7 +176,7 @@ func (a *Platform) Receive(c actor.Context) {
 		a.onOldDraftsRemoved(c, m)
 	case *StartIntake:
 		if w, ok := a.p.(platforms.Withdrawer); ok && m.Withdraw != nil && a.runCancel == nil {
-			w.SetWithdraw(m.Withdraw)
+			w.SetWithdraw(m.Withdraw, m.WithdrawStored)
 		}
 		a.startRun(c, m.Deliver)
 	case *SendOutbound:

@@ -65,6 +65,16 @@ type Deliver func(ctx context.Context, in *Inbound) (*Ack, error)
 // turn has begun is left as it is. It reports whether the message was taken back.
 type Withdraw func(ctx context.Context, src identity.Source, id string) (bool, error)
 
+// WithdrawStored takes back message id, posted in chat chatID of platform, which its sender
+// deleted on the platform and whose Source the platform does not know: it did not deliver the
+// message itself (another process did, before a restart, or another cluster member that held
+// the platform's connection then). The runtime finds the message in the store, by the index
+// of inbound ids, and asks the session that holds it, by the session's own key, as Withdraw
+// does. It reports whether the message was taken back and, if so, the Source of its session
+// (UserID and UserName the message's sender's). A message the store does not hold, or holds
+// answered, costs that one read.
+type WithdrawStored func(ctx context.Context, platform, chatID, id string) (src identity.Source, taken bool, err error)
+
 // Outbound kinds.
 const (
 	KindReply  = "reply"  // what the agent said
@@ -157,9 +167,10 @@ type Recorder interface {
 
 // Withdrawer is implemented by a platform that learns when its users delete their messages
 // (Discord's MESSAGE_DELETE). Before its Run starts, the runtime hands it withdraw, which it
-// calls with the Source and id a deleted message was delivered with.
+// calls with the Source and id a deleted message was delivered with, and stored, which it calls
+// with the chat and id of a deleted message it may not have delivered itself.
 type Withdrawer interface {
-	SetWithdraw(withdraw Withdraw)
+	SetWithdraw(withdraw Withdraw, stored WithdrawStored)
 }
 
 // InboundWaiter is implemented by a platform whose Run, when it returns with an error, may

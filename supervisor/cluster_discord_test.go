@@ -3,16 +3,20 @@
 package supervisor
 
 import (
+	"context"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms/discord"
 	"github.com/agentgate/agentgate/platforms/discord/discordtest"
 	"github.com/bwmarrin/discordgo"
@@ -278,5 +282,96 @@ func TestClusterDiscordSharedRefusalIsTriedOncePerMember(t *testing.T) {
 	}
 	if n := srv.Identifies(); n != 1 {
 		t.Errorf("%d identifies, want 1: one member holds the gateway", n)
+	}
+}
+
+// TestClusterDiscordDeletionAfterTheGatewayMovedIsWithdrawn: a DM taken by the member that held
+// the gateway, waiting in its session's queue behind a long turn, is withdrawn when its sender
+// deletes it after the gateway moved to another member (the holder's connection was lost, and
+// the other member took the lease), while the session stays with the holder: the new holder never delivered it, so it asks the store for it and withdraws it by its
+// session's key, wherever the session runs. It is not answered, its row is archived, and the
+// turns before and after it are answered. Before, the new holder had no record of the message,
+// ignored its deletion without a word, and the message was answered.
+func TestClusterDiscordDeletionAfterTheGatewayMovedIsWithdrawn(t *testing.T) {
+	srv, dm, dsn := discordDMOnADatabase(t)
+	release, started := make(chan struct{}), make(chan struct{}, 4)
+	var mu sync.Mutex
+	var ran []string
+	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+		mu.Lock()
+		for _, m := range req.Messages {
+			ran = append(ran, m.Text)
+		}
+		mu.Unlock()
+		if req.Messages[0].Text == "first" {
+			started <- struct{}{}
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return echo.New().Run(ctx, req)
+	})
+	start := func(logs io.Writer) *runtime {
+		r := MustStartDaemon(t, agent, daemonOpts{now: srv.Now, logs: logs, tweak: func(c *config.Config) {
+			c.Store.Driver, c.Store.DSN = "postgres", dsn
+			c.Cluster.Enabled, c.Cluster.Bind, c.Cluster.MemberTTL = true, "127.0.0.1:0", 2*time.Second
+			c.Platforms.Discord.Enabled, c.Platforms.Discord.APIURL = true, srv.APIURL()
+		}})
+		t.Cleanup(func() { r.stop(t) })
+		return r
+	}
+	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+	post := func(text string) *discordgo.Message {
+		return srv.Post(discordtest.UserMessage{ChannelID: dm, Author: alice, Content: text})
+	}
+	holder := start(nil)
+	srv.WaitReady(t)
+	post("first")
+	<-started
+	gone := post("to be deleted")
+	stored := func(id string, cond func(*persistence.Message) bool) func() bool {
+		return func() bool {
+			m, err := holder.d.Store().FindInbound(t.Context(), discord.Name, dm, id)
+			return err == nil && cond(m)
+		}
+	}
+	waitUntil(t, stored(gone.ID, func(m *persistence.Message) bool { return m.Active }))
+
+	nextLog := &logSignal{want: "discord gateway session was new: read what was missed", ready: make(chan struct{})}
+	next := start(nextLog)
+	waitUntil(t, func() bool {
+		return len(holder.d.cluster.MemberList.Members().Members()) == 2 && len(next.d.cluster.MemberList.Members().Members()) == 2
+	})
+	// The holder's connection is lost: its Run ends, and the lease goes to the next member,
+	// which waits for it, while the holder's platform waits a second before it runs again.
+	srv.Disconnect()
+	select { // the next member holds the gateway, and has read back what it would (nothing)
+	case <-nextLog.ready:
+	case <-time.After(discordtest.WaitTimeout):
+		t.Fatalf("the next member never took the gateway over:\n%s", nextLog.String())
+	}
+	srv.Delete(gone.ID)
+	// Its intake hands on in order: once a later message is stored, the deletion's withdrawal
+	// has returned.
+	third := post("third")
+	waitUntil(t, stored(third.ID, func(m *persistence.Message) bool { return m.Active }))
+	if m, err := holder.d.Store().FindInbound(t.Context(), discord.Name, dm, gone.ID); err != nil || m.Active || !m.Archived {
+		t.Errorf("the deleted message's row = %+v (err %v), want it archived", m, err)
+	}
+	close(release)
+	sent := srv.WaitSent(t, dm, 2)
+	var answered []string
+	for _, m := range sent {
+		answered = append(answered, m.Content)
+	}
+	if want := []string{"first", "third"}; !slices.Equal(answered, want) {
+		t.Errorf("replies %q, want %q (not the deleted message's)", answered, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if slices.Contains(ran, "to be deleted") {
+		t.Errorf("agent ran %q, want no run of the deleted message", ran)
 	}
 }

@@ -154,11 +154,12 @@ func (l *leaderPlatform) Ready(ctx context.Context) error {
 	return l.gatewayPlatform.Ready(ctx)
 }
 
-// SetWithdraw hands withdraw to the gateway platform when it learns of deleted messages
-// (platforms.Withdrawer: Discord), which the wrapper would otherwise hide from the platform actor.
-func (l *leaderPlatform) SetWithdraw(withdraw platforms.Withdraw) {
+// SetWithdraw hands withdraw and stored to the gateway platform when it learns of deleted
+// messages (platforms.Withdrawer: Discord), which the wrapper would otherwise hide from the
+// platform actor.
+func (l *leaderPlatform) SetWithdraw(withdraw platforms.Withdraw, stored platforms.WithdrawStored) {
 	if w, ok := l.gatewayPlatform.(platforms.Withdrawer); ok {
-		w.SetWithdraw(withdraw)
+		w.SetWithdraw(withdraw, stored)
 	}
 }
 

@@ -193,7 +193,7 @@ func mustRunWithWithdraw(t *testing.T, withdraw platforms.Withdraw) (srv *discor
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.SetWithdraw(withdraw)
+	p.SetWithdraw(withdraw, nil)
 	delivered := make(chan string, 64)
 	deliver := func(_ context.Context, in *platforms.Inbound) (*platforms.Ack, error) {
 		delivered <- in.Text

@@ -19,9 +19,13 @@ import (
 // session key holds the author (each user has their own session): the platform remembers, by
 // id, the Source of each message it delivered, with the channel it was posted in, and hands the
 // deletion of one of them to the runtime (platforms.Withdraw), which finds the same session as
-// the message did. Only messages this process delivered are known: one taken before a restart
-// (or before another cluster member took the gateway over) and deleted since is answered, as
-// one deleted while agentgate was down is. A deleted message is never read back: Discord's
+// the message did. Only messages this process delivered since its Run began are known: the
+// deletion of an unknown one posted before then (taken before a restart, or by the cluster
+// member that held the gateway before this one) goes to the store (platforms.WithdrawStored),
+// which finds the message by its chat and id, if it was taken, and its session by the key it
+// was stored under; the deletion of an unknown one posted since (chatter the bot never took,
+// an answered message) costs nothing. One taken and then deleted while agentgate was down is
+// answered: no event tells of its deletion. A deleted message is never read back: Discord's
 // history no longer holds it. A moderator's purge (MESSAGE_DELETE_BULK, of the GUILD_MESSAGES
 // intent the platform asks for) takes back each of its messages the same way.
 
@@ -36,6 +40,12 @@ const maxDelivered = 10_000
 // minute, deliverTimeout, before).
 const withdrawTimeout = 5 * time.Second
 
+// recordSkew is how much later than the platform's clock at a Run's start Discord's may date
+// a message another process took before: such a message, deleted, goes to the store. A margin
+// for clocks apart, which costs a store read for the deletions of what is said in the first
+// minute of a Run.
+const recordSkew = time.Minute
+
 // deliveredMsg is a message the runtime took: where it was posted and the Source it went with.
 type deliveredMsg struct {
 	channel string
@@ -43,10 +53,32 @@ type deliveredMsg struct {
 }
 
 // SetWithdraw implements platforms.Withdrawer.
-func (p *Platform) SetWithdraw(withdraw platforms.Withdraw) {
+func (p *Platform) SetWithdraw(withdraw platforms.Withdraw, stored platforms.WithdrawStored) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.withdraw = withdraw
+	p.withdraw, p.withdrawStored = withdraw, stored
+}
+
+// recordFromLocked makes delivered complete only for messages posted after now (recordSkew
+// later): a Run starts, and what was taken before it may have been taken by another process.
+// p.mu is held.
+func (p *Platform) recordFromLocked(now time.Time) {
+	p.recordAfterLocked(snowflakeAt(now.Add(recordSkew)))
+}
+
+// recordAfterLocked makes delivered complete only for messages after snowflake id, if it is
+// later than the snowflake it was complete after. p.mu is held.
+func (p *Platform) recordAfterLocked(id string) {
+	if snowflakeLess(p.recordedAfter, id) {
+		p.recordedAfter = id
+	}
+}
+
+// unrecordedLocked reports whether message id, which delivered does not hold, may be held
+// unanswered by the runtime all the same, and the store can tell (recordedAfter). p.mu is
+// held.
+func (p *Platform) unrecordedLocked(id string) bool {
+	return p.withdrawStored != nil && p.recordedAfter != "" && !snowflakeLess(p.recordedAfter, id)
 }
 
 // noteDelivered remembers that message id, posted in channel, was delivered with src, and
@@ -67,6 +99,7 @@ func (p *Platform) noteDelivered(channel, id string, src identity.Source) {
 		n := len(p.deliveredOrder) - maxDelivered
 		for _, old := range p.deliveredOrder[:n] {
 			delete(p.delivered, old)
+			p.recordAfterLocked(old) // its deletion asks the store from now on
 		}
 		p.deliveredOrder = slices.Delete(p.deliveredOrder, 0, n)
 	}
@@ -102,7 +135,7 @@ func (p *Platform) onMessageDelete(_ *discordgo.Session, d *discordgo.MessageDel
 		return
 	}
 	p.queueDeletion(channel, []string{id}, func() {
-		for _, w := range p.withdrawDeleted("MESSAGE_DELETE", channel, []string{id}) {
+		for _, w := range p.withdrawDeleted("MESSAGE_DELETE", d.GuildID, channel, []string{id}) {
 			if w.err != nil {
 				p.log.Warn("discord message deleted by its sender but not withdrawn; it is answered", "channel", channel, "message_id", id, logging.Err(w.err))
 			} else if w.taken {
@@ -126,7 +159,7 @@ func (p *Platform) onMessageDeleteBulk(_ *discordgo.Session, d *discordgo.Messag
 	p.queueDeletion(channel, ids, func() {
 		var taken, failed int
 		var firstErr error
-		for _, w := range p.withdrawDeleted("MESSAGE_DELETE_BULK", channel, ids) {
+		for _, w := range p.withdrawDeleted("MESSAGE_DELETE_BULK", d.GuildID, channel, ids) {
 			switch {
 			case w.err != nil:
 				failed++
@@ -152,33 +185,54 @@ type withdrawal struct {
 	err   error
 }
 
-// withdrawDeleted withdraws the delivered messages among ids, deleted in channel, all at once,
-// under one withdrawTimeout: the intake that waits for them hands on nothing meanwhile, and a
-// purge of 100 queued messages, one after another, would have held it up to 100 times as long
-// (their sessions are mostly different users' in a guild channel, and each answers as soon as
-// it can). It returns the outcome of each withdrawal; none for ids the runtime does not hold.
-func (p *Platform) withdrawDeleted(event, channel string, ids []string) []withdrawal {
+// withdrawDeleted withdraws the delivered messages among ids, deleted in channel (of guild, ""
+// for a DM), all at once, under one withdrawTimeout: the intake that waits for them hands on
+// nothing meanwhile, and a purge of 100 queued messages, one after another, would have held it
+// up to 100 times as long (their sessions are mostly different users' in a guild channel, and
+// each answers as soon as it can). The ids delivered does not hold and that the runtime may
+// hold all the same (unrecordedLocked) are withdrawn through the store, by the chat they were
+// posted in (a thread's is its parent channel). It returns the outcome of each withdrawal;
+// none for ids the runtime cannot hold.
+func (p *Platform) withdrawDeleted(event, guild, channel string, ids []string) []withdrawal {
 	type found struct {
-		id  string
-		src identity.Source
+		id     string
+		src    identity.Source
+		stored bool // not in delivered: asked of the store
 	}
 	var todo []found
+	var unknown bool
 	p.mu.Lock()
 	for _, id := range ids {
-		if m, ok := p.delivered[id]; ok && m.channel == channel {
-			todo = append(todo, found{id: id, src: m.src})
+		if m, ok := p.delivered[id]; ok {
+			if m.channel == channel {
+				todo = append(todo, found{id: id, src: m.src})
+			}
+		} else if p.unrecordedLocked(id) {
+			todo, unknown = append(todo, found{id: id, stored: true}), true
 		}
 	}
-	withdraw, ctx := p.withdraw, p.runCtx
+	withdraw, stored, ctx := p.withdraw, p.withdrawStored, p.runCtx
 	p.mu.Unlock()
 	if withdraw == nil || len(todo) == 0 {
 		return nil
 	}
 	wctx, cancel := context.WithTimeout(ctx, withdrawTimeout)
 	defer cancel()
+	var chat string
+	var chatErr error
+	if unknown {
+		// Known for any channel the bot takes messages in (discordgo's state, or the cache of
+		// threads looked up): a lookup over REST only for a thread seen by no message since the
+		// start.
+		chat, chatErr = p.chatOf(wctx, guild, channel)
+	}
 	out := make([]withdrawal, len(todo))
 	var wg sync.WaitGroup
 	for i, f := range todo {
+		if f.stored && chatErr != nil {
+			out[i] = withdrawal{err: fmt.Errorf("withdraw %s: look up channel %s: %w", f.id, channel, chatErr)}
+			continue
+		}
 		wg.Go(func() {
 			// Off the intake, where take's recover does not reach: a panic would end the
 			// daemon. The message is answered as if nothing had withdrawn it: a failed
@@ -189,15 +243,33 @@ func (p *Platform) withdrawDeleted(event, channel string, ids []string) []withdr
 					out[i] = withdrawal{err: fmt.Errorf("withdraw panicked: %v", v)}
 				}
 			}()
-			taken, err := withdraw(wctx, f.src, f.id)
+			src, taken, err := f.src, false, error(nil)
+			if f.stored {
+				src, taken, err = stored(wctx, Name, chat, f.id)
+			} else {
+				taken, err = withdraw(wctx, f.src, f.id)
+			}
 			out[i] = withdrawal{taken: taken, err: err}
 			if taken && err == nil {
 				// No reply will answer it: the typing indicator no longer waits for its turn.
 				// Awaited still, it ran on after the last reply until typingMax.
-				p.typing.turnEnded(replyChannel(f.src), []string{f.id})
+				p.typing.turnEnded(replyChannel(src), []string{f.id})
 			}
 		})
 	}
 	wg.Wait()
 	return out
+}
+
+// chatOf returns the chat id of the messages of channel, of guild ("" for a DM): the channel's
+// own, or its parent's for a thread, as source gives it.
+func (p *Platform) chatOf(ctx context.Context, guild, channel string) (string, error) {
+	ch, err := p.channelOf(ctx, &discordgo.Message{ChannelID: channel, GuildID: guild})
+	if err != nil {
+		return "", err
+	}
+	if ch.kind == kindThread {
+		return ch.parent, nil
+	}
+	return channel, nil
 }

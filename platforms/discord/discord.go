@@ -99,6 +99,14 @@ type Platform struct {
 	stored   func(context.Context) ([]persistence.Unread, error)
 	record   func(ops ...persistence.Op) // platforms.Recorder; nil until the runtime sets it
 	withdraw platforms.Withdraw          // platforms.Withdrawer; nil until the runtime sets it
+	// withdrawStored is the other half of platforms.Withdrawer: the withdrawal of a message
+	// delivered holds no Source of (deleted.go). Nil until the runtime sets it.
+	withdrawStored platforms.WithdrawStored
+	// recordedAfter is the snowflake after which delivered holds every message the runtime
+	// holds unanswered from this platform: one up to it may have been taken by another process
+	// (before a restart, or by another cluster member before this one's Run) or forgotten
+	// past maxDelivered, and its deletion asks the store (deleted.go). "" before the first Run.
+	recordedAfter string
 	// delivered are the messages the runtime took, by id, for their deletion (deleted.go);
 	// deliveredOrder holds their ids oldest first, to forget the oldest past maxDelivered.
 	delivered      map[string]deliveredMsg
@@ -320,6 +328,7 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 		p.runCtx, p.endRun = context.WithCancelCause(context.WithoutCancel(ctx))
 	}
 	p.deliver = deliver
+	p.recordFromLocked(p.now()) // what was said before, another process may have taken (deleted.go)
 	if p.unhold != nil {
 		p.unhold() // an earlier Run's ctx no longer ends the hold: this one's does
 	}

@@ -187,7 +187,8 @@ func (p *Platform) doneBackfillLocked() {
 
 // dropDeleted drops the messages among ids, deleted in channel, that wait in held, in the
 // intake queue or in a backfill's backlog, and reports whether the runtime may hold one of the
-// others: delivered, or in the hands of the intake or of a backfill. p.mu is held.
+// others: delivered, in the hands of the intake or of a backfill, or posted before delivered
+// holds all the runtime took (unrecordedLocked). p.mu is held.
 func (p *Platform) dropDeleted(channel string, ids []string) (maybeTaken bool) {
 	p.held = slices.DeleteFunc(p.held, deletedIn(channel, ids))
 	p.intake = slices.DeleteFunc(p.intake, func(it intakeItem) bool { return it.m != nil && deletedIn(channel, ids)(it.m) })
@@ -195,7 +196,7 @@ func (p *Platform) dropDeleted(channel string, ids []string) (maybeTaken bool) {
 	if p.intaking != nil || p.inHand != nil && deletedIn(channel, ids)(p.inHand) {
 		return true
 	}
-	return slices.ContainsFunc(ids, func(id string) bool { _, ok := p.delivered[id]; return ok })
+	return slices.ContainsFunc(ids, func(id string) bool { _, ok := p.delivered[id]; return ok || p.unrecordedLocked(id) })
 }
 
 // deletedIn reports whether a message is one of ids, deleted in channel.

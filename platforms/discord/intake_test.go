@@ -113,7 +113,7 @@ func intakeWorldWith(t *testing.T, h *heldDelivery, setup func(*discordtest.Serv
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.SetWithdraw(h.withdraw)
+	p.SetWithdraw(h.withdraw, nil)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {

@@ -32,7 +32,7 @@ func TestLateEndOfALetGoRunKeepsTheNextReplaysHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.SetWithdraw(h.withdraw)
+	p.SetWithdraw(h.withdraw, nil)
 
 	// The first Run's ctx end waits in the hook until the next Run's replay holds the message.
 	entered, goOn, finished := make(chan struct{}), make(chan struct{}), make(chan struct{})
@@ -166,7 +166,7 @@ func startLetGo(t *testing.T) *letGoWorld {
 		t.Fatal(err)
 	}
 	w.p = p
-	p.SetWithdraw(w.h.withdraw)
+	p.SetWithdraw(w.h.withdraw, nil)
 	t.Cleanup(func() { p.WaitInbound(context.Background()) }) // the stop, last
 
 	w.clock = &letGoClock{}
@@ -336,7 +336,7 @@ func TestLetGoLeavesTheGatewaySessionResumable(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p.SetWithdraw(h.withdraw)
+			p.SetWithdraw(h.withdraw, nil)
 
 			ctx1, end := context.WithCancelCause(t.Context())
 			done1 := make(chan error, 1)

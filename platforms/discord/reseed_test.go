@@ -49,7 +49,7 @@ func TestNewSessionReadsAChatAnotherMemberTook(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.SetWithdraw(h.withdraw)
+	p.SetWithdraw(h.withdraw, nil)
 	// run runs the platform as the gateway's holder until the returned func ends Run's ctx
 	// with cause: platforms.ErrLetGo when the member lets the gateway go.
 	run := func() (end func(cause error)) {
