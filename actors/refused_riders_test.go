@@ -75,9 +75,9 @@ func TestRefusedRidersAreLeftOut(t *testing.T) {
 
 // TestEndpointRefusingEveryRequestKeepsEveryMessage: while the model endpoint (or a proxy in
 // front of it) refuses every request with a bare 400, whose refusal names nothing, every
-// message is refused and none is left out, also for a user who sends one message again: each
-// notice after the first says the configuration or the endpoint is at fault and that the
-// message is sent again with the next one, and none names /new. Once it is put right, the next
+// message is refused and none is left out, also for a user who sends one message again: a
+// notice after a different message's refusal says the configuration or the endpoint is at
+// fault, each says the message is sent again with the next one, and none names /new. Once it is put right, the next
 // request carries every message of the outage. Before, each refused turn archived the message
 // before it, and the second told the user to send /new.
 func TestEndpointRefusingEveryRequestKeepsEveryMessage(t *testing.T) {
@@ -107,7 +107,13 @@ func TestEndpointRefusingEveryRequestKeepsEveryMessage(t *testing.T) {
 		if strings.Contains(got, "/new") || strings.Contains(got, "left out of the conversation") {
 			t.Errorf("%s answered %q, want no message left out, and no /new", id, got)
 		}
-		if i > 0 && !strings.Contains(got, "refuses every request") {
+		// o2 is o1 sent again: a refusal of the request without o1 still held o2's text, which
+		// proves nothing about the endpoint (b55cd18), so o2 is told its message goes again with
+		// the next one; o3 differs, and its refusal without the two shows every request refused.
+		switch resent := i == 1; {
+		case resent && (strings.Contains(got, "refuses every request") || !strings.Contains(got, "sent again with your next one")):
+			t.Errorf("%s (o1 sent again) answered %q, want it sent again with the next one, not that the endpoint refuses every request", id, got)
+		case i == 2 && !strings.Contains(got, "refuses every request"):
 			t.Errorf("%s answered %q, want it to say the endpoint refuses every request", id, got)
 		}
 	}
