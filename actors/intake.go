@@ -111,7 +111,8 @@ func (in *Intake) Withdraw(ctx context.Context, src identity.Source, id string) 
 // message was delivered under, whatever the platform knows of its sender now), on whichever
 // member owns the key. A message the store does not hold, or holds answered or archived, is
 // not asked about: the platform falls back on the store for every deletion it cannot place,
-// chatter the bot never took included.
+// chatter the bot never took included. The Source is zero with an error when the store could
+// not tell whether it holds the message.
 func (in *Intake) WithdrawStored(ctx context.Context, platform, chatID, id string) (identity.Source, bool, error) {
 	if in.store == nil || id == "" {
 		return identity.Source{}, false, nil
@@ -128,7 +129,9 @@ func (in *Intake) WithdrawStored(ctx context.Context, platform, chatID, id strin
 	}
 	s, err := in.store.Session(ctx, m.SessionID)
 	if err != nil {
-		return identity.Source{}, false, fmt.Errorf("withdraw %s: %w", id, err)
+		// The message waits: the platform says it is answered.
+		return identity.Source{Platform: m.Platform, ChatID: m.ChatID, UserID: m.UserID, UserName: m.UserName},
+			false, fmt.Errorf("withdraw %s: %w", id, err)
 	}
 	src := identity.Source{Platform: s.Platform, ChatType: s.ChatType, ChatID: s.ChatID, ThreadID: s.ThreadID,
 		UserID: m.UserID, UserName: m.UserName, ScopeID: s.ScopeID, Profile: s.Profile}

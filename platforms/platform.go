@@ -72,7 +72,9 @@ type Withdraw func(ctx context.Context, src identity.Source, id string) (bool, e
 // of inbound ids, and asks the session that holds it, by the session's own key, as Withdraw
 // does. It reports whether the message was taken back and, if so, the Source of its session
 // (UserID and UserName the message's sender's). A message the store does not hold, or holds
-// answered, costs that one read.
+// answered, costs that one read. With an error, src is zero when the store could not tell
+// whether it holds the message (its read failed: it may be chatter the platform never
+// delivered), and names the message's chat when it holds it waiting (it is answered).
 type WithdrawStored func(ctx context.Context, platform, chatID, id string) (src identity.Source, taken bool, err error)
 
 // Outbound kinds.

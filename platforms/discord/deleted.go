@@ -136,9 +136,12 @@ func (p *Platform) onMessageDelete(_ *discordgo.Session, d *discordgo.MessageDel
 	}
 	p.queueDeletion(channel, []string{id}, func() {
 		for _, w := range p.withdrawDeleted("MESSAGE_DELETE", d.GuildID, channel, []string{id}) {
-			if w.err != nil {
+			switch {
+			case w.err != nil && w.unsure:
+				p.log.Warn(unsureLine, "channel", channel, "message_id", id, logging.Err(w.err))
+			case w.err != nil:
 				p.log.Warn("discord message deleted by its sender but not withdrawn; it is answered", "channel", channel, "message_id", id, logging.Err(w.err))
-			} else if w.taken {
+			case w.taken:
 				p.log.Debug("discord message deleted by its sender before its turn; withdrawn", "channel", channel, "message_id", id)
 			}
 		}
@@ -157,10 +160,15 @@ func (p *Platform) onMessageDeleteBulk(_ *discordgo.Session, d *discordgo.Messag
 		return
 	}
 	p.queueDeletion(channel, ids, func() {
-		var taken, failed int
-		var firstErr error
+		var taken, failed, unsure int
+		var firstErr, unsureErr error
 		for _, w := range p.withdrawDeleted("MESSAGE_DELETE_BULK", d.GuildID, channel, ids) {
 			switch {
+			case w.err != nil && w.unsure:
+				unsure++
+				if unsureErr == nil {
+					unsureErr = w.err
+				}
 			case w.err != nil:
 				failed++
 				if firstErr == nil {
@@ -173,16 +181,31 @@ func (p *Platform) onMessageDeleteBulk(_ *discordgo.Session, d *discordgo.Messag
 		if failed > 0 {
 			p.log.Warn("discord messages deleted in bulk but not withdrawn; they are answered", "channel", channel, "messages", failed, "deleted", len(ids), logging.Err(firstErr))
 		}
+		if unsure > 0 {
+			p.log.Warn(unsureBulkLine, "channel", channel, "messages", unsure, "deleted", len(ids), logging.Err(unsureErr))
+		}
 		if taken > 0 {
 			p.log.Debug("discord messages deleted in bulk before their turns; withdrawn", "channel", channel, "messages", taken, "deleted", len(ids))
 		}
 	})
 }
 
+// The lines of a deletion the store could not be asked about (unsure): most deleted messages
+// posted before the Run began are chatter the bot never took, and the line that says a message
+// the bot took "is answered" told an operator, for each of them during a store outage, of an
+// answer that was never coming (found by a review).
+const (
+	unsureLine     = "discord message deleted by its sender could not be looked up in the store; if agentgate took it before this run and it still waits, it is answered"
+	unsureBulkLine = "discord messages deleted in bulk could not be looked up in the store; those agentgate took before this run that still wait are answered"
+)
+
 // withdrawal is the outcome of the withdrawal of one deleted message.
 type withdrawal struct {
 	taken bool
 	err   error
+	// unsure: err kept the store from telling whether the runtime holds the message at all
+	// (its lookup, or its channel's, failed): it may be chatter the bot never took.
+	unsure bool
 }
 
 // withdrawDeleted withdraws the delivered messages among ids, deleted in channel (of guild, ""
@@ -230,7 +253,7 @@ func (p *Platform) withdrawDeleted(event, guild, channel string, ids []string) [
 	var wg sync.WaitGroup
 	for i, f := range todo {
 		if f.stored && chatErr != nil {
-			out[i] = withdrawal{err: fmt.Errorf("withdraw %s: look up channel %s: %w", f.id, channel, chatErr)}
+			out[i] = withdrawal{err: fmt.Errorf("withdraw %s: look up channel %s: %w", f.id, channel, chatErr), unsure: true}
 			continue
 		}
 		wg.Go(func() {
@@ -249,7 +272,9 @@ func (p *Platform) withdrawDeleted(event, guild, channel string, ids []string) [
 			} else {
 				taken, err = withdraw(wctx, f.src, f.id)
 			}
-			out[i] = withdrawal{taken: taken, err: err}
+			// WithdrawStored's Source is zero when the store did not find out whether it
+			// holds the message.
+			out[i] = withdrawal{taken: taken, err: err, unsure: f.stored && err != nil && src.Platform == ""}
 			if taken && err == nil {
 				// No reply will answer it: the typing indicator no longer waits for its turn.
 				// Awaited still, it ran on after the last reply until typingMax.

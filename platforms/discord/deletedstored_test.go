@@ -2,9 +2,11 @@ package discord_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -154,5 +156,59 @@ func TestDeletedChatterCostsAtMostOneRead(t *testing.T) {
 	}
 	if n := counter.count(after.ID); n != 0 {
 		t.Errorf("%d reads for the deletion of chatter posted since the start, want none", n)
+	}
+}
+
+// findRefuser is a store whose FindInbound fails (persistence.ErrUnavailable) while refuse is
+// set, as a store in an outage does.
+type findRefuser struct {
+	persistence.Store
+	refuse atomic.Bool
+}
+
+func (f *findRefuser) FindInbound(ctx context.Context, platform, chatID, messageID string) (*persistence.Message, error) {
+	if f.refuse.Load() {
+		return nil, fmt.Errorf("find inbound %s/%s/%s: %w", platform, chatID, messageID, persistence.ErrUnavailable)
+	}
+	return f.Store.FindInbound(ctx, platform, chatID, messageID)
+}
+
+// TestDeletedChatterTheStoreCannotFindIsNotSaidAnswered: the deletion of a message posted
+// before the platform's Run began, which the store cannot be read for, is logged as one the
+// platform cannot place (it may be chatter the bot never took), with the store's error, once
+// for a message and once for a purge; not as a message the bot took that "is answered". Before,
+// each deletion of old chatter during a store outage said an answer was coming that never
+// would.
+func TestDeletedChatterTheStoreCannotFindIsNotSaidAnswered(t *testing.T) {
+	w := startWorld(t, echoAgent, nil)
+	one := w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "chatter"})
+	purged := []*discordgo.Message{
+		w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: bob, Content: "chatter 2"}),
+		w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: alice, Content: "chatter 3"}),
+	}
+	w.stop(t)
+	refuser := &findRefuser{}
+	refuser.refuse.Store(true)
+	w.wrapStore = func(s persistence.Store) persistence.Store { refuser.Store = s; return refuser }
+	w.start(t)
+	w.srv.WaitReady(t)
+	w.srv.Delete(one.ID)
+	w.srv.DeleteBulk(purged[0].ID, purged[1].ID)
+	// The intake hands on in order: once this is answered, the deletions have been handled.
+	last := w.srv.Post(discordtest.UserMessage{ChannelID: dmID, Author: alice, Content: "then"})
+	w.replyTo(t, dmID, last.ID)
+	log := w.log.String()
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, "but not withdrawn") { // the line of a message the bot took
+			t.Errorf("a deletion the store could not be asked about is said answered: %s", l)
+		}
+	}
+	for _, want := range []string{
+		"discord message deleted by its sender could not be looked up in the store",
+		"discord messages deleted in bulk could not be looked up in the store",
+	} {
+		if !strings.Contains(log, want) || !strings.Contains(log, persistence.ErrUnavailable.Error()) {
+			t.Errorf("no line %q with the store's error in the log:\n%s", want, log)
+		}
 	}
 }
