@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"sort"
 	"testing"
 	"time"
 
@@ -31,26 +28,7 @@ func migrationHeld(t *testing.T, dsn string) (admin *pgx.Conn, latest int, waiti
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = admin.Close(context.Background()) })
-	files, err := filepath.Glob("../persistence/postgres/migrations/*.sql")
-	if err != nil || len(files) < 2 {
-		t.Fatalf("migrations: %v %v", files, err)
-	}
-	sort.Strings(files)
-	if _, err := admin.Exec(ctx, `CREATE TABLE schema_migrations (version INTEGER NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	for i, f := range files[:len(files)-1] {
-		sql, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := admin.Exec(ctx, string(sql)); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		if _, err := admin.Exec(ctx, `INSERT INTO schema_migrations VALUES ($1, 0)`, i+1); err != nil {
-			t.Fatal(err)
-		}
-	}
+	latest = pgtest.SchemaOneMigrationShort(t, ctx, admin, "../persistence/postgres/migrations")
 	tx, err := admin.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +48,7 @@ func migrationHeld(t *testing.T, dsn string) (admin *pgx.Conn, latest int, waiti
 			t.Fatal(err)
 		}
 	}
-	return admin, len(files), waiting, release
+	return admin, latest, waiting, release
 }
 
 // TestStartsContextEndedWhileItMigratesFails: the ctx Start was given (not Options.Stop) ending

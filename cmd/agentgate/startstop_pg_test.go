@@ -4,8 +4,6 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -142,26 +140,7 @@ func TestSIGTERMWhileTheStartMigratesPostgres(t *testing.T) {
 	}
 	defer admin.Close(context.Background())
 	// The schema one migration short of this binary's, as an older binary left it.
-	files, err := filepath.Glob("../../persistence/postgres/migrations/*.sql")
-	if err != nil || len(files) < 2 {
-		t.Fatalf("migrations: %v %v", files, err)
-	}
-	sort.Strings(files)
-	if _, err := admin.Exec(ctx, `CREATE TABLE schema_migrations (version INTEGER NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	for i, f := range files[:len(files)-1] {
-		sql, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := admin.Exec(ctx, string(sql)); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		if _, err := admin.Exec(ctx, `INSERT INTO schema_migrations VALUES ($1, 0)`, i+1); err != nil {
-			t.Fatal(err)
-		}
-	}
+	latest := pgtest.SchemaOneMigrationShort(t, ctx, admin, "../../persistence/postgres/migrations")
 	tx, err := admin.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -208,8 +187,8 @@ func TestSIGTERMWhileTheStartMigratesPostgres(t *testing.T) {
 	if err := admin.QueryRow(ctx, `SELECT max(version) FROM schema_migrations`).Scan(&version); err != nil {
 		t.Fatal(err)
 	}
-	if version != len(files) {
-		t.Errorf("schema version %d after a stop during the migration, want %d (the migration finished)", version, len(files))
+	if version != latest {
+		t.Errorf("schema version %d after a stop during the migration, want %d (the migration finished)", version, latest)
 	}
 	var run string
 	if err := admin.QueryRow(ctx, `SELECT run FROM daemon_run`).Scan(&run); err != nil {
