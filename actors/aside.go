@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"log/slog"
 	"math"
 	"slices"
 
@@ -195,9 +196,7 @@ func (s *Session) asideNext(c actor.Context) {
 		msgs, err := s.d.Store.PendingRefsAfter(ctx, w.sessionID, w.after, w.through, asidePage)
 		cancel()
 		if err != nil {
-			if args, ok := s.d.spillReadFailures.Allowed("session_id", w.sessionID, logging.Err(err)); ok {
-				s.logger().Warn("read pending messages to set aside; retrying in a second", args...)
-			}
+			s.d.spillReadFailures.LogQuiet(s.logger(), slog.LevelWarn, "read pending messages to set aside; retrying in a second", "session_id", w.sessionID, logging.Err(err))
 			s.timers(c).SendOnce(spillRetryAfter, c.Self(), &asideRetry{})
 			return
 		}

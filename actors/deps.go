@@ -196,10 +196,10 @@ type Deps struct {
 
 	// loadWaits limits the line of sessions that wait for the database to load (waitToLoad):
 	// in an outage every chat that writes starts one.
-	loadWaits logging.Limiter
+	loadWaits logging.Counter
 	// loadResumes limits the line of waiting sessions that loaded once the database answered
 	// again: at the end of an outage they all load within a second.
-	loadResumes logging.Limiter
+	loadResumes logging.Counter
 	// inboundRefusals limits the line of messages whose write was refused in an outage (the
 	// database and the spool both failing: a full disk): every message, and each retry of it,
 	// would log one.
@@ -218,7 +218,7 @@ type Deps struct {
 	// probationWaits limits the line of sessions whose suspect message begins to wait for
 	// probation (Probation.logWaiting): after an unclean stop during a backlog, every chat's.
 	// Here, not in Probation, so that a restart of Probation loses no count.
-	probationWaits logging.Limiter
+	probationWaits logging.Counter
 	// recoveryNotices limits the line of sessions whose pending messages a start answers with a
 	// notice (Session.logNoticed): after a backlog, every chat's.
 	recoveryNotices logging.Limiter
@@ -345,4 +345,10 @@ func newSessionID(now time.Time) string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return now.Format("20060102_150405_") + hex.EncodeToString(b[:])
+}
+
+// flushLines reports what the sessions' limited lines hold back (logging.Limiter.Flush): the
+// manager calls it as it stops, its sessions stopped.
+func (d *Deps) flushLines() {
+	logging.FlushAll(&d.inboundRefusals, &d.duplicateChecks, &d.queueFull, &d.recoveryNotices, &d.turnFailures, &d.spillReadFailures)
 }

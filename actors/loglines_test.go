@@ -153,9 +153,10 @@ func TestConflictingFirstMessageIsNoWarning(t *testing.T) {
 }
 
 // TestRefusedByAFullQueueIsLogged: a message a full queue refuses (overflow: reject) is logged
-// with its session and id, at most once a minute with the refusals in between counted; and the
-// queue depth histogram sees only the messages that wait, not a depth past the cap that never
-// was. Before, nothing was logged at any level, and each refusal was observed as a depth.
+// with its session and id, at most once a minute, the refusals held back reported with their
+// count as the minute passes (not by the next refusal, however late); and the queue depth
+// histogram sees only the messages that wait, not a depth past the cap that never was. Before,
+// nothing was logged at any level, and each refusal was observed as a depth.
 func TestRefusedByAFullQueueIsLogged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs testutil.Buffer
@@ -176,7 +177,7 @@ func TestRefusedByAFullQueueIsLogged(t *testing.T) {
 				t.Fatalf("%s: %+v, want rejected", id, r)
 			}
 		}
-		time.Sleep(time.Minute)
+		time.Sleep(2*time.Minute + time.Second) // m4 and m5 reported at 1:00, then a quiet minute
 		if r := w.deliver(t, "m6", "refused"); r.ErrorCode != "rejected" {
 			t.Fatalf("m6: %+v, want rejected", r)
 		}
@@ -186,18 +187,22 @@ func TestRefusedByAFullQueueIsLogged(t *testing.T) {
 				lines = append(lines, l)
 			}
 		}
-		if len(lines) != 2 {
-			t.Fatalf("%d lines of a full queue, want 2 (m3, then m6 a minute later, counting m4 and m5):\n%s", len(lines), logs.String())
+		if len(lines) != 3 {
+			t.Fatalf("%d lines of a full queue, want 3 (m3, m4 and m5 reported a minute later, then m6):\n%s", len(lines), logs.String())
 		}
 		for i, want := range [][]string{
 			{"level=WARN", "session=" + w.key, "message_id=m3", "cap=1"},
-			{"message_id=m6", "repeats=2"}, // m4 and m5
+			{"time=2000-01-01T00:01:00.000Z", "level=WARN", "message_id=m5", "repeats=2 "}, // m4 and m5
+			{"level=WARN", "message_id=m6"},
 		} {
 			for _, s := range want {
 				if !strings.Contains(lines[i], s) {
 					t.Errorf("line %q lacks %q", lines[i], s)
 				}
 			}
+		}
+		if strings.Contains(lines[0], "repeats=") || strings.Contains(lines[2], "repeats=") {
+			t.Errorf("m3's line %q or m6's %q counts repeats, want none: m4 and m5 were reported", lines[0], lines[2])
 		}
 		var depth dto.Metric
 		if err := w.d.Metrics.QueueDepth.Write(&depth); err != nil {
@@ -236,9 +241,12 @@ func TestFailedTurnNamesItsMessages(t *testing.T) {
 }
 
 // TestFailedTurnsAreLoggedOnceAMinute: an agent that fails every turn logs the first failure at
-// once, in full, and then a line a minute for all sessions, whose repeats count the failures
-// held back since the line before; each held back is logged in full at Debug. The lines add up
-// to every failed turn. Before, each failed turn logged its own WRN line, without bound.
+// once, in full, and then a line a minute for all sessions, which reports the failures held back
+// in the minute before (repeats) as the minute passes, with no next failure needed; each held
+// back is logged in full at Debug. A failure after a quiet minute is logged at once, alone. The
+// lines add up to every failed turn. Before, each failed turn logged its own WRN line, without
+// bound; and then (a single-key Limiter) the failures held back waited for the next line let
+// through, which counted them as its repeats however much later it came.
 func TestFailedTurnsAreLoggedOnceAMinute(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs testutil.Buffer
@@ -266,11 +274,13 @@ func TestFailedTurnsAreLoggedOnceAMinute(t *testing.T) {
 			fail(w.src, fmt.Sprintf("a%d", i))
 			fail(other, fmt.Sprintf("b%d", i))
 		}
-		time.Sleep(time.Minute)
+		// At 1:00 the 19 held back are reported; the next window runs from then.
+		time.Sleep(time.Minute + time.Second)
 		for i := range 5 {
 			fail(other, fmt.Sprintf("c%d", i))
 		}
-		time.Sleep(time.Minute)
+		// At 2:00 the five held back are reported; d0 comes after a quiet minute.
+		time.Sleep(2 * time.Minute)
 		fail(w.src, "d0")
 		synctest.Wait()
 
@@ -288,13 +298,14 @@ func TestFailedTurnsAreLoggedOnceAMinute(t *testing.T) {
 				}
 			}
 		}
-		if len(warns) != 3 {
-			t.Fatalf("%d failed turns logged %d WRN lines, want 3 (the first, then one a minute):\n%s", failed, len(warns), strings.Join(warns, "\n"))
+		if len(warns) != 4 {
+			t.Fatalf("%d failed turns logged %d WRN lines, want 4 (the first, then a report a minute, then the one after a quiet minute):\n%s", failed, len(warns), strings.Join(warns, "\n"))
 		}
 		for i, want := range [][]string{
 			{"session=" + w.key, "message_id=a0", "turn=", `err="model endpoint down (a0)"`},
-			{"session=" + identity.Key(other, w.d.Config.Keys), "message_id=c0", `err="model endpoint down (c0)"`, "repeats=19"},
-			{"message_id=d0", "repeats=4"},
+			{"time=2000-01-01T00:01:00.000Z", "session=" + identity.Key(other, w.d.Config.Keys), "message_id=b9", `err="model endpoint down (b9)"`, "repeats=19 ", "repeats_from=", "repeats_to="},
+			{"time=2000-01-01T00:02:00.000Z", "message_id=c4", "repeats=5 "},
+			{"message_id=d0"},
 		} {
 			for _, s := range want {
 				if !strings.Contains(warns[i], s) {
@@ -302,13 +313,13 @@ func TestFailedTurnsAreLoggedOnceAMinute(t *testing.T) {
 				}
 			}
 		}
-		if strings.Contains(warns[0], "repeats=") {
-			t.Errorf("the first line %q counts repeats, want none before it", warns[0])
+		if strings.Contains(warns[0], "repeats=") || strings.Contains(warns[3], "repeats=") {
+			t.Errorf("the first line %q or the one after a quiet minute %q counts repeats, want none", warns[0], warns[3])
 		}
-		if logged := len(warns) + 19 + 4; logged != failed {
+		if logged := 2 + 19 + 5; logged != failed {
 			t.Errorf("the lines stand for %d failed turns, want %d", logged, failed)
 		}
-		if debugs+len(warns) != failed {
+		if debugs+2 != failed { // the first and d0 at Warn, the others at Debug and in a report
 			t.Errorf("%d WRN and %d DEBUG lines for %d failed turns, want one line each", len(warns), debugs, failed)
 		}
 		if n := promtestutil.ToFloat64(w.d.Metrics.TurnsTotal.WithLabelValues("error")); int(n) != failed {

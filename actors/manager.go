@@ -127,8 +127,8 @@ type SessionManager struct {
 	holderFails logging.Limiter
 	// unreachableHolders limit, by the PID of the member's manager, the line of an activation
 	// that waits for a member it cannot reach, which the store names as the key's holder
-	// (stillHolds, unreachableLimiter).
-	unreachableHolders map[string]*logging.Limiter
+	// (stillHolds); it forgets a member not waited for since (KeyedForget).
+	unreachableHolders logging.KeyedLimiter
 	// leftRecovers limits the line of a Recover that reached the manager as it stopped and
 	// could not be handed on (whileClosing).
 	leftRecovers logging.Limiter
@@ -315,6 +315,9 @@ func (m *SessionManager) Receive(c actor.Context) {
 		// stops has exited (TestHeldRefusalLinesAreReportedAtTheStop).
 		m.refusedLines.Flush()
 		m.d.commandRefusals.Flush()
+		m.unreachableHolders.Flush()
+		logging.FlushAll(&m.overBound, &m.holderFails, &m.leftRecovers, &m.bouncedRecovers, &m.resetHandOnFails, &m.resetHandOnsGivenUp)
+		m.d.flushLines()
 	case *Routed:
 		if msg.Grain != nil && !m.stoppedByManager(msg.Key, msg.Grain) {
 			m.grains[msg.Key] = msg.Grain
@@ -693,9 +696,7 @@ func (m *SessionManager) makeRoom(c actor.Context) {
 	for len(m.sessions)-len(m.evicting) >= bound {
 		e := m.idle.Back()
 		if e == nil {
-			if args, ok := m.overBound.Allowed("count", len(m.sessions)+1, "bound", bound); ok {
-				m.log.Warn("sessions in memory exceed sessions.max_in_memory: every session is busy, none can passivate to make room", args...)
-			}
+			m.overBound.LogQuiet(m.log, slog.LevelWarn, "sessions in memory exceed sessions.max_in_memory: every session is busy, none can passivate to make room", "count", len(m.sessions)+1, "bound", bound)
 			return
 		}
 		key := e.Value.(string)
@@ -902,9 +903,7 @@ func (m *SessionManager) whileClosing(c actor.Context, key string, r routed) {
 	}
 	if _, ok := r.msg.(*Recover); ok {
 		// No one to answer, but the key's pending work waits for it: said.
-		if args, ok := m.leftRecovers.Allowed("session", key); ok {
-			m.log.Info("the manager stops; a recovery of the session is left to the next sweep", args...)
-		}
+		m.leftRecovers.LogQuiet(m.log, slog.LevelInfo, "the manager stops; a recovery of the session is left to the next sweep", "session", key)
 	}
 	answerStopped(c, []routed{r})
 }
@@ -1207,16 +1206,12 @@ func (m *SessionManager) sendFiledReset(c actor.Context, to *actor.PID, key stri
 			// shared with the first failure's line was held back by a line of another key.
 			delete(m.handingOn, key) // (the entry stays for the key's next activation here)
 			if begunClosing {
-				if args, ok := m.resetHandOnsGivenUp.Allowed("session", key, "member", to.Address, "sent", failures+1, logging.Err(err)); ok {
-					m.log.Warn(handOnGivenUpLine, args...)
-				}
+				m.resetHandOnsGivenUp.LogQuiet(m.log, slog.LevelWarn, handOnGivenUpLine, "session", key, "member", to.Address, "sent", failures+1, logging.Err(err))
 			}
 			return
 		}
 		if failures == 0 {
-			if args, ok := m.resetHandOnFails.Allowed("session", key, "member", to.Address, logging.Err(err)); ok {
-				m.log.Warn(handOnFailedLine, args...)
-			}
+			m.resetHandOnFails.LogQuiet(m.log, slog.LevelWarn, handOnFailedLine, "session", key, "member", to.Address, logging.Err(err))
 		}
 		wait := min(time.Second<<min(failures, 6), maxResetHandOnWait)
 		if m.handOnRetries == nil {
@@ -1610,9 +1605,7 @@ func (m *SessionManager) bouncedBack(c actor.Context, key string, r routed) bool
 // leaveBouncedRecover drops the Recover of key that bouncedBack keeps from starting the key
 // here, and says so: the key's work waits in the store for a member that stays.
 func (m *SessionManager) leaveBouncedRecover(key string) {
-	if args, ok := m.bouncedRecovers.Allowed("session", key); ok {
-		m.log.Info("the member leaves; a recovery of the session forwarded back to it is left to a member that stays", args...)
-	}
+	m.bouncedRecovers.LogQuiet(m.log, slog.LevelInfo, "the member leaves; a recovery of the session forwarded back to it is left to a member that stays", "session", key)
 }
 
 // handOnQuiesceTimeout bounds how long a leaving member waits for a platform to confirm a

@@ -139,9 +139,10 @@ func TestFailedMarkNamesItsReply(t *testing.T) {
 
 // TestUnacknowledgedMarksAreLoggedOnceAMinute: a mark write that gets no answer (a database that
 // hangs) is sent again every resendAfter, and says so at once, then at most once a minute with
-// the resends held back in between (repeats); once a write is answered, the next one that goes
-// unanswered says so at once again. Before, it warned at every resend, each 5 s, for as long as
-// the database hung.
+// the resends held back in between (repeats); once a write is answered, the resends held back
+// since the last line are reported, and the next write that goes unanswered says so at once
+// again, alone. Before, it warned at every resend, each 5 s, for as long as the database hung;
+// and then the resends held back were counted in the next outage's first line, or never.
 func TestUnacknowledgedMarksAreLoggedOnceAMinute(t *testing.T) {
 	const unacked = `level=WARN msg="delivery marks not acknowledged; sending them again"`
 	synctest.Test(t, func(t *testing.T) {
@@ -163,8 +164,17 @@ func TestUnacknowledgedMarksAreLoggedOnceAMinute(t *testing.T) {
 		<-writes
 		<-writes // its resend
 		synctest.Wait()
-		if got := logs.String(); strings.Count(got, unacked) != 3 || strings.Count(got, "repeats=") != 1 {
-			t.Errorf("log once a write was answered and the next went unanswered:\n%s\nwant %q a third time, at once (no repeats)", got, unacked)
+		var lines []string
+		for l := range strings.SplitSeq(logs.String(), "\n") {
+			if strings.Contains(l, unacked) {
+				lines = append(lines, l)
+			}
+		}
+		// 11 or 12 held back since the second line: the resend at 1:05 is that line's own event
+		// or held back, as it comes before or after the limiter's timer.
+		if len(lines) != 4 || !strings.Contains(lines[2], "repeats=11 ") && !strings.Contains(lines[2], "repeats=12 ") ||
+			strings.Contains(lines[3], "repeats=") {
+			t.Errorf("log once a write was answered and the next went unanswered:\n%s\nwant %q a third time as the write is answered, with the resends held back (repeats), then a fourth at once, alone", logs.String(), unacked)
 		}
 	})
 }

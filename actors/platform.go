@@ -259,6 +259,7 @@ func (a *Platform) Receive(c actor.Context) {
 			}
 		}
 		a.writeLateRecords(c)
+		a.marks.unacked.Flush() // its lines held back, reported at the stop (logging.Limiter)
 	}
 	a.handling = jobRef{} // handled without a panic
 }

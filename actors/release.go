@@ -3,6 +3,7 @@ package actors
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -215,9 +216,7 @@ func (m *SessionManager) lookUpHolder(c actor.Context, key string, a *activation
 		case err != nil:
 			// Limited, for all keys: in an outage every activation's lookup fails, and the line
 			// of each crowded out the others (a leaving member logged 100,000 of them).
-			if args, ok := m.holderFails.Allowed("session", key, logging.Err(err)); ok {
-				m.log.Warn("could not look up which member holds the session; activating without asking it", args...)
-			}
+			m.holderFails.LogQuiet(m.log, slog.LevelWarn, "could not look up which member holds the session; activating without asking it", "session", key, logging.Err(err))
 		case holder != nil && !holder.Equal(m.d.Placement.Self()) && a.asked[holder.String()] == nil &&
 			!slices.ContainsFunc(a.peers, holder.Equal):
 			m.log.Info("the session's holder is a member this one does not know yet; asking it to let go too",
@@ -489,41 +488,15 @@ func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, 
 		if err == nil {
 			err = cause
 		}
-		if args, ok := m.unreachableLimiter(k).Allowed("session", key, "member", p.Address, "waiting", time.Since(since),
-			logging.Err(err)); ok {
-			m.log.Warn("a member that may still run the session cannot be reached; the session waits until it answers or its registration in the database is gone",
-				args...)
-		}
+		// Limited for each member (k), its lines apart from those of the others.
+		m.unreachableHolders.LogQuiet(m.log, slog.LevelWarn, "a member that may still run the session cannot be reached; the session waits until it answers or its registration in the database is gone", k, "session", key, "member", p.Address, "waiting", time.Since(since),
+			logging.Err(err))
 		if !errors.Is(cause, actor.ErrTimeout) {
 			m.timers.SendOnce(releaseAnswerTimeout, c.Self(), &askAgain{key: key, a: a, holder: p, chain: chain})
 			return
 		}
 		m.askRelease(c, key, a, p, chain)
 	})
-}
-
-// unreachableLimiter returns the limiter of the wait lines of the member whose manager is pid
-// (stillHolds), made on first use. Making one drops those of the other members that hold no line
-// back and would let the next through at once, as a new one does. A member whose wait lasted
-// past its first line holds lines back (its next line counts them in repeats), so its limiter
-// stays: the map keeps a small entry (tens of bytes) for each member waited for since the
-// manager started.
-func (m *SessionManager) unreachableLimiter(pid string) *logging.Limiter {
-	if l := m.unreachableHolders[pid]; l != nil {
-		return l
-	}
-	now := time.Now()
-	for k, l := range m.unreachableHolders {
-		if n, due := l.Held(); n == 0 && !now.Before(due) {
-			delete(m.unreachableHolders, k)
-		}
-	}
-	if m.unreachableHolders == nil {
-		m.unreachableHolders = map[string]*logging.Limiter{}
-	}
-	l := &logging.Limiter{}
-	m.unreachableHolders[pid] = l
-	return l
 }
 
 // onAskAgain asks a holder again, while the activation still waits for it: a holder that has

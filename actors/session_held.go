@@ -3,6 +3,7 @@ package actors
 import (
 	"cmp"
 	"errors"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -185,6 +186,7 @@ func (s *Session) holdResult(c actor.Context, w *pendingWrite, err error) bool {
 		if h.first(w) {
 			h.writes = h.writes[1:]
 			if err == nil && h.refused > 0 && w.turn != "" {
+				h.log.Flush() // its refusals held back, reported before the line that ends them
 				s.logger().Info("the store took a turn's result it had refused; the reply goes out", "turn", w.turn, "refused", h.refused)
 			}
 			h.refused = 0
@@ -205,11 +207,9 @@ func (s *Session) holdResult(c actor.Context, w *pendingWrite, err error) bool {
 		h.refused++
 	}
 	if w.turn != "" {
-		if args, ok := h.log.Allowed("turn", w.turn, logging.Err(err)); ok {
-			s.logger().Warn("store turn result; the session keeps it and writes it again, and its next turns wait", args...)
-		}
-	} else if args, ok := h.behindLog.Allowed(logging.Err(err)); ok {
-		s.logger().Warn("store a write behind a turn result the store refused; the session keeps it and writes it again after that result", args...)
+		h.log.LogQuiet(s.logger(), slog.LevelWarn, "store turn result; the session keeps it and writes it again, and its next turns wait", "turn", w.turn, logging.Err(err))
+	} else {
+		h.behindLog.LogQuiet(s.logger(), slog.LevelWarn, "store a write behind a turn result the store refused; the session keeps it and writes it again after that result", logging.Err(err))
 	}
 	s.refuseBehind(c, err)
 	if h.retry == nil {
@@ -331,6 +331,7 @@ func (s *Session) stopHeld() {
 		if h.retry != nil {
 			h.retry()
 		}
+		logging.FlushAll(&h.log, &h.behindLog) // their refusals held back, reported as they end
 		s.unusual.held = nil
 	}
 }

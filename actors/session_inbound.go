@@ -86,11 +86,9 @@ func (s *Session) onDeliver(c actor.Context, m *Deliver) {
 			}
 			r := s.result(m, platforms.Rejected, "")
 			r.ErrorCode, r.Error = "rejected", fmt.Sprintf("session queue is full (%d waiting)", waiting)
-			if args, ok := s.d.queueFull.Allowed("message_id", m.MessageId, "waiting", waiting, "cap", s.d.Config.QueueCap); ok {
-				// Else only the overflow counter said so: nothing in the log tied a sender's
-				// refused message to its session (found by an audit).
-				s.logger().Warn("session queue full; message refused, its sender told to send it later", args...)
-			}
+			// Else only the overflow counter said so: nothing in the log tied a sender's
+			// refused message to its session (found by an audit).
+			s.d.queueFull.LogQuiet(s.logger(), slog.LevelWarn, "session queue full; message refused, its sender told to send it later", "message_id", m.MessageId, "waiting", waiting, "cap", s.d.Config.QueueCap)
 			c.Respond(r)
 			return
 		}

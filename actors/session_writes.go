@@ -37,9 +37,8 @@ func (s *Session) logRefusedInbound(err error, messageID string, seq int64) {
 		s.logRefusedWrite(msg, err, "message_id", messageID, "seq", seq)
 		return
 	}
-	if args, ok := s.d.inboundRefusals.Allowed("message_id", messageID, "seq", seq); ok {
-		s.logRefusedWrite(msg, err, args...)
-	}
+	// (At Warn, as logRefusedWrite logs a refusal as unavailable.)
+	s.d.inboundRefusals.LogQuiet(s.logger(), slog.LevelWarn, msg, "message_id", messageID, "seq", seq, logging.Err(err))
 }
 
 // logRefusedCommand logs a command's refused write (logRefusedWrite). A refusal of an outage

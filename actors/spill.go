@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -132,9 +133,7 @@ func (s *Session) refill(c actor.Context) {
 	}
 	want := s.d.Config.QueueCap + 1 - len(s.queue)
 	if err := s.readBack(sp, want, true); err != nil {
-		if args, ok := s.d.spillReadFailures.Allowed("spilled", sp.stored, logging.Err(err)); ok {
-			s.logger().Warn("read the messages waiting in the store past the queue's cap; retrying in a second", args...)
-		}
+		s.d.spillReadFailures.LogQuiet(s.logger(), slog.LevelWarn, "read the messages waiting in the store past the queue's cap; retrying in a second", "spilled", sp.stored, logging.Err(err))
 		s.timers(c).SendOnce(spillRetryAfter, c.Self(), &spillRetry{})
 	}
 }

@@ -230,7 +230,7 @@ type AgentSlots struct {
 	waiting prometheus.Gauge
 	waited  prometheus.Histogram
 	log     *slog.Logger
-	warn    logging.Limiter // the line of calls that wait
+	warn    logging.Counter // the line of calls that wait
 }
 
 // NewAgentSlots returns slots for n calls at once; nil when n <= 0 (no bound). waiting counts

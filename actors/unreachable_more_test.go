@@ -308,23 +308,3 @@ func TestEveryUnreachableHolderIsNamed(t *testing.T) {
 		}
 	})
 }
-
-// TestUnreachableLimitersAreDropped: the limiters of the wait lines (one a member) do not pile
-// up: a member's is dropped, as another's is made, once it holds no line back and would let the
-// next through at once; one that holds lines back is kept, so that its repeats are counted.
-func TestUnreachableLimitersAreDropped(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		m := &SessionManager{}
-		m.unreachableLimiter("b").Allow()
-		m.unreachableLimiter("c").Allow()
-		m.unreachableLimiter("c").Allow() // held back
-		time.Sleep(2 * time.Minute)
-		m.unreachableLimiter("d")
-		if _, ok := m.unreachableHolders["b"]; ok {
-			t.Error("b's limiter, idle for two minutes with nothing held back, was kept")
-		}
-		if _, ok := m.unreachableHolders["c"]; !ok {
-			t.Error("c's limiter, which holds a line back, was dropped")
-		}
-	})
-}

@@ -360,6 +360,7 @@ func (a *Actor) Receive(c actor.Context) {
 		a.stopCommitter()
 	case *actor.Stopped:
 		a.stopCommitter()
+		a.repeats.flush() // the lines held back, reported at the stop (logging.Limiter)
 	}
 }
 

@@ -1,7 +1,6 @@
 package persistence
 
 import (
-	"context"
 	"log/slog"
 
 	"github.com/agentgate/agentgate/internal/logging"
@@ -10,11 +9,13 @@ import (
 // lineLimits holds back the lines a lasting failure repeats (a full disk or an unreadable
 // spool would log them at every commit, or at every replay tick, each second): each message
 // is logged at most once per logging.LimitEvery, and the lines held back meanwhile are counted
-// in the next one (repeats). The persistence actor owns it; it is not safe for concurrent use.
+// (not logged at Debug: LogQuiet) and reported once its window has passed (repeats,
+// repeats_from, repeats_to: logging.Limiter), or as the persistence actor stops. The
+// persistence actor owns it; it is not safe for concurrent use.
 type lineLimits map[string]*logging.Limiter
 
-// log logs msg at level unless it was logged within logging.LimitEvery, adding how many times
-// it was held back since it was last logged.
+// log logs msg at level unless it was logged within logging.LimitEvery; the lines held back are
+// reported, with how many they were, once its window has passed.
 func (ls *lineLimits) log(log *slog.Logger, level slog.Level, msg string, args ...any) {
 	if *ls == nil {
 		*ls = lineLimits{}
@@ -24,8 +25,14 @@ func (ls *lineLimits) log(log *slog.Logger, level slog.Level, msg string, args .
 		l = &logging.Limiter{}
 		(*ls)[msg] = l
 	}
-	if args, ok := l.Allowed(args...); ok {
-		log.Log(context.Background(), level, msg, args...)
+	l.LogQuiet(log, level, msg, args...)
+}
+
+// flush reports the lines held back (logging.Limiter.Flush): the persistence actor calls it as
+// it stops.
+func (ls lineLimits) flush() {
+	for _, l := range ls {
+		l.Flush()
 	}
 }
 

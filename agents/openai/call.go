@@ -100,9 +100,7 @@ func (a *Agent) call(ctx context.Context, msgs []chatMessage, partial func(strin
 						// Held by another turn's limit, which its own log lines name: this
 						// chat's reply is late for no reason of its own (found by a walkthrough:
 						// one chat's Retry-After held another for 25 s without a word).
-						if args, ok := a.pauseLines.Allowed("wait", left.Round(time.Millisecond)); ok {
-							log.Warn("model call waits out a rate limit the endpoint gave another request; every turn's calls wait", args...)
-						}
+						a.pauseLines.LogQuiet(log, slog.LevelWarn, "model call waits out a rate limit the endpoint gave another request; every turn's calls wait", "wait", left.Round(time.Millisecond))
 					}
 					wait = left
 				}
@@ -152,11 +150,9 @@ func (a *Agent) call(ctx context.Context, msgs []chatMessage, partial func(strin
 		if !retry || outlasts(ctx, wait) {
 			return nil, attempt - 1, err // no retry, or the turn would end before it: fail now
 		}
-		if args, ok := a.retryLines.Allowed("attempt", attempt, "wait", wait, logging.Err(err)); ok {
-			// Once a minute, repeats counted: in an outage of the endpoint every turn
-			// retries, and each logged each of its retries (found by an audit).
-			log.Warn("model call failed; retrying", args...)
-		}
+		// Once a minute, repeats counted: in an outage of the endpoint every turn
+		// retries, and each logged each of its retries (found by an audit).
+		a.retryLines.LogQuiet(log, slog.LevelWarn, "model call failed; retrying", "attempt", attempt, "wait", wait, logging.Err(err))
 	}
 }
 

@@ -145,8 +145,6 @@ func (a *Agent) overflowed(err error, log *slog.Logger) error {
 	if !c.counted || (o.output < o.context && o.input >= o.context) {
 		return err
 	}
-	if args, ok := a.overflowLines.Allowed("context", o.context, "max_tokens", o.output, "input_tokens", o.input, "token_budget", a.budget); ok {
-		log.Error("agent.openai.max_tokens leaves the conversation no room in the model's context; lower it, or set agent.openai.token_budget below the context less max_tokens", args...)
-	}
+	a.overflowLines.LogQuiet(log, slog.LevelError, "agent.openai.max_tokens leaves the conversation no room in the model's context; lower it, or set agent.openai.token_budget below the context less max_tokens", "context", o.context, "max_tokens", o.output, "input_tokens", o.input, "token_budget", a.budget)
 	return err
 }

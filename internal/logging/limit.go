@@ -11,10 +11,13 @@ import (
 // LimitEvery is how often a Limiter lets an event through.
 const LimitEvery = time.Minute
 
-// Limiter lets one event through per LimitEvery and counts the ones it holds back: a failure
-// that lasts (a full disk, an unreadable spool, a failing checkpoint) would otherwise log its
-// line at every commit or every tick. The zero value is ready; it is safe for concurrent use.
-type Limiter struct {
+// Counter lets one event through per LimitEvery and counts the ones it holds back, for a
+// caller that logs the count itself (Allow) in a field of its own: a failure that lasts (a
+// failing checkpoint, a rate limit) would otherwise log its line at every tick. Its count of
+// the events held back reaches the log only with the next event let through, or when its
+// caller flushes them (Held, Flush): a caller with a line to log uses a Limiter instead, which
+// reports them when its window passes. The zero value is ready; it is safe for concurrent use.
+type Counter struct {
 	mu   sync.Mutex
 	last time.Time // when an event was last let through; zero: none since Reset
 	n    int       // events since then
@@ -22,7 +25,7 @@ type Limiter struct {
 
 // Allow records one event and reports whether to log it, and how many events the line stands
 // for: this one and those held back since the last one let through.
-func (l *Limiter) Allow() (n int, ok bool) {
+func (l *Counter) Allow() (n int, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.n++
@@ -38,7 +41,7 @@ func (l *Limiter) Allow() (n int, ok bool) {
 // next line is due: a caller whose events may stop coming arms a timer for then and calls
 // Flush, so that their count is logged when due, not only with the next event (which may come
 // much later, or never).
-func (l *Limiter) Held() (n int, due time.Time) {
+func (l *Counter) Held() (n int, due time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.n, l.last.Add(LimitEvery)
@@ -48,7 +51,7 @@ func (l *Limiter) Held() (n int, due time.Time) {
 // through: it returns how many there were (ok false, and nothing changed, when none), and the
 // next event waits LimitEvery from now. It does not check that a line is due (Held): a
 // caller may flush early, at a stop.
-func (l *Limiter) Flush() (n int, ok bool) {
+func (l *Counter) Flush() (n int, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.n == 0 {
@@ -58,33 +61,62 @@ func (l *Limiter) Flush() (n int, ok bool) {
 	return n, true
 }
 
-// Allowed records one event and, when it is let through (Allow), returns args with
-// "repeats", the events held back since the last line, when there were any: the arguments of
-// the line to log.
-func (l *Limiter) Allowed(args ...any) ([]any, bool) {
-	n, ok := l.Allow()
-	if ok && n > 1 {
-		args = append(args, "repeats", n-1)
-	}
-	return args, ok
-}
-
-// Log logs msg with args to log at level when the event is let through (Allowed, with its
-// "repeats"), and at Debug when it is held back, so that an operator who asks for Debug still
-// sees each one in full.
-func (l *Limiter) Log(log *slog.Logger, level slog.Level, msg string, args ...any) {
-	if all, ok := l.Allowed(args...); ok {
-		log.Log(context.Background(), level, msg, all...)
-	} else if log.Enabled(context.Background(), slog.LevelDebug) {
-		log.Debug(msg, args...)
-	}
-}
-
 // Reset forgets the events: what failed works again, and its next failure is logged at once.
-func (l *Limiter) Reset() {
+func (l *Counter) Reset() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.last, l.n = time.Time{}, 0
+}
+
+// Limiter logs one line of an event per LimitEvery, and the others at Debug: a failure that
+// lasts (a full disk, an unreadable spool, a refused write) would otherwise log its line at
+// every commit or every tick. It is a KeyedLimiter with one key, and reports as it does: the
+// events held back are reported once the window of the last line has passed, at the line's
+// level, with how many they were and between which times (repeats, repeats_from,
+// repeats_to), by the next event if it comes first, otherwise by the limiter's timer, or by
+// Flush, which its owner calls as it stops. Before, they were reported only with the next
+// event let through, maybe hours later, whose line then counted the events of two outages as
+// one, and never when none came (TestLimiterReportsWhenTheWindowPasses). The zero value is
+// ready; it is safe for concurrent use.
+type Limiter struct {
+	k KeyedLimiter
+}
+
+// Log logs msg with args to log at level when the event is let through: the first, or one
+// once LimitEvery has passed since the last line, with the events held back since (repeats,
+// repeats_from, repeats_to) when they were not reported yet. Otherwise it logs it at Debug,
+// in full, so that an operator who asks for Debug still sees each one, and holds it back for
+// the report. It reports whether it logged at level.
+func (l *Limiter) Log(log *slog.Logger, level slog.Level, msg string, args ...any) bool {
+	return l.k.Log(log, level, msg, "", args...)
+}
+
+// LogQuiet is Log but for an event held back, which it counts for the report without logging
+// it at Debug (KeyedLimiter.LogQuiet): for a line whose events come by the hundred in an
+// outage, a request refused or a call retried each, which were not logged at all held back
+// before the Limiter reported them, and would bury the Debug log.
+func (l *Limiter) LogQuiet(log *slog.Logger, level slog.Level, msg string, args ...any) bool {
+	return l.k.LogQuiet(log, level, msg, "", args...)
+}
+
+// Flush reports at once the events held back, due or not, and stops the limiter's timer. Its
+// owner calls it as it stops (FlushAll).
+func (l *Limiter) Flush() { l.k.Flush() }
+
+// Reset reports the events held back (Flush) and forgets the last line: what failed works
+// again, and its next failure is logged at once.
+func (l *Limiter) Reset() {
+	l.k.Flush()
+	l.k.mu.Lock()
+	defer l.k.mu.Unlock()
+	delete(l.k.keys, "")
+}
+
+// FlushAll flushes each of ls (Limiter.Flush): the owner of limiters calls it as it stops.
+func FlushAll(ls ...*Limiter) {
+	for _, l := range ls {
+		l.Flush()
+	}
 }
 
 // KeyedLimiter is a Limiter for each key, and logs its lines itself (Log): the events of one key
@@ -152,6 +184,18 @@ type keyedEvents struct {
 // repeats_from, repeats_to) when there were any. Otherwise it logs it at Debug, in full, and
 // holds it back for the key's report. It reports whether it logged at level.
 func (l *KeyedLimiter) Log(log *slog.Logger, level slog.Level, msg, key string, args ...any) bool {
+	return l.log(log, level, msg, key, true, args)
+}
+
+// LogQuiet is Log but for an event held back, which it counts for the key's report without
+// logging it at Debug: for a line whose events come by the hundred in an outage (each request,
+// each retry), where one line a LimitEvery with their count says all there is to say.
+func (l *KeyedLimiter) LogQuiet(log *slog.Logger, level slog.Level, msg, key string, args ...any) bool {
+	return l.log(log, level, msg, key, false, args)
+}
+
+// log is Log, and LogQuiet when debug is false.
+func (l *KeyedLimiter) log(log *slog.Logger, level slog.Level, msg, key string, debug bool, args []any) bool {
 	l.mu.Lock()
 	now := time.Now()
 	if l.keys == nil {
@@ -184,7 +228,7 @@ func (l *KeyedLimiter) Log(log *slog.Logger, level slog.Level, msg, key string, 
 		e.prev, e.log, e.level, e.msg, e.args = now, log, level, msg, args
 		l.arm(now, e.last.Add(LimitEvery))
 		l.mu.Unlock()
-		if log.Enabled(context.Background(), slog.LevelDebug) {
+		if debug && log.Enabled(context.Background(), slog.LevelDebug) {
 			log.Debug(msg, args...)
 		}
 		return false

@@ -12,11 +12,11 @@ import (
 	"time"
 )
 
-// TestLimiter: the first event of a failure is let through at once, then one a LimitEvery,
+// TestCounter: the first event of a failure is let through at once, then one a LimitEvery,
 // standing for the events held back; after Reset the next is let through at once.
-func TestLimiter(t *testing.T) {
+func TestCounter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var l Limiter
+		var l Counter
 		type got struct {
 			n  int
 			ok bool
@@ -42,30 +42,11 @@ func TestLimiter(t *testing.T) {
 	})
 }
 
-// TestLimiterAllowed: the line's arguments say how many events it stands for beyond its own.
-func TestLimiterAllowed(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var l Limiter
-		if args, ok := l.Allowed("k", 1); !ok || fmt.Sprint(args) != "[k 1]" {
-			t.Errorf("first event: %v %v, want [k 1] let through", args, ok)
-		}
-		for range 3 {
-			if _, ok := l.Allowed("k", 2); ok {
-				t.Fatal("an event within LimitEvery was let through")
-			}
-		}
-		time.Sleep(LimitEvery)
-		if args, ok := l.Allowed("k", 3); !ok || fmt.Sprint(args) != "[k 3 repeats 3]" {
-			t.Errorf("after LimitEvery: %v %v, want [k 3 repeats 3] let through", args, ok)
-		}
-	})
-}
-
-// TestLimiterFlush: the events held back are let through once a line is due without a new
+// TestCounterFlush: the events held back are let through once a line is due without a new
 // event, and the next event then waits LimitEvery from the flush.
-func TestLimiterFlush(t *testing.T) {
+func TestCounterFlush(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var l Limiter
+		var l Counter
 		if n, ok := l.Flush(); ok || n != 0 {
 			t.Errorf("Flush with nothing held back = %d, %v, want 0, false", n, ok)
 		}
@@ -218,6 +199,115 @@ func TestKeyedLimiterReportsWhenTheWindowPasses(t *testing.T) {
 		}
 		if got, want := k.lines(true), []string{"level=WARN msg=m k=a n=3"}; !slices.Equal(got, want) {
 			t.Errorf("lines of a's event an hour later = %q, want %q (no repeats)", got, want)
+		}
+	})
+}
+
+// TestLimiterReportsWhenTheWindowPasses: a Limiter (one key) logs its first event at once and
+// those within LimitEvery of it at Debug, and reports them when the window passes, without a
+// next event, at the line's level with their count and times; its event an hour later stands
+// for itself alone. Before, they waited for its next event let through, an hour later, whose
+// line counted them as its own repeats, and nothing said when they were.
+func TestLimiterReportsWhenTheWindowPasses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l Limiter
+		k := newKeyedLog()
+		if !l.Log(k.log, slog.LevelWarn, "m", "n", 0) {
+			t.Error("the first event was held back")
+		}
+		time.Sleep(10 * time.Second)
+		from := time.Now()
+		l.Log(k.log, slog.LevelWarn, "m", "n", 1)
+		time.Sleep(10 * time.Second)
+		to := time.Now()
+		if l.Log(k.log, slog.LevelWarn, "m", "n", 2) {
+			t.Error("an event within LimitEvery of the first was let through")
+		}
+		if got, want := k.lines(true), []string{"level=WARN msg=m n=0", "level=DEBUG msg=m n=1", "level=DEBUG msg=m n=2"}; !slices.Equal(got, want) {
+			t.Errorf("lines = %q, want %q", got, want)
+		}
+		time.Sleep(LimitEvery - 20*time.Second - time.Millisecond)
+		if got := k.lines(true); len(got) != 0 {
+			t.Errorf("lines before the window passed: %q, want none", got)
+		}
+		time.Sleep(time.Millisecond)
+		if got, want := k.lines(true), []string{
+			"level=WARN msg=m n=2 repeats=2 repeats_from=" + clock(from) + " repeats_to=" + clock(to),
+		}; !slices.Equal(got, want) {
+			t.Errorf("lines when the window passed = %q, want %q", got, want)
+		}
+		time.Sleep(time.Hour)
+		if !l.Log(k.log, slog.LevelWarn, "m", "n", 3) {
+			t.Error("the event an hour later was held back")
+		}
+		if got, want := k.lines(true), []string{"level=WARN msg=m n=3"}; !slices.Equal(got, want) {
+			t.Errorf("lines of the event an hour later = %q, want %q (no repeats)", got, want)
+		}
+	})
+}
+
+// TestLimiterLogQuiet: LogQuiet logs an event let through as Log does, but an event held back
+// is not logged at Debug: it is only counted, and reported when the window passes, so that a
+// line whose events come by the hundred in an outage (each request refused, each retry) does
+// not bury the Debug log, as the limiters' Allowed, which it replaces, never logged them.
+func TestLimiterLogQuiet(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l Limiter
+		k := newKeyedLog()
+		if !l.LogQuiet(k.log, slog.LevelWarn, "m", "n", 0) {
+			t.Error("the first event was held back")
+		}
+		from := time.Now()
+		for i := 1; i <= 3; i++ {
+			if l.LogQuiet(k.log, slog.LevelWarn, "m", "n", i) {
+				t.Errorf("event %d within LimitEvery of the first was let through", i)
+			}
+		}
+		if got, want := k.lines(true), []string{"level=WARN msg=m n=0"}; !slices.Equal(got, want) {
+			t.Errorf("lines = %q, want %q (the events held back not at Debug)", got, want)
+		}
+		time.Sleep(LimitEvery)
+		if got, want := k.lines(true), []string{
+			"level=WARN msg=m n=3 repeats=3 repeats_from=" + clock(from) + " repeats_to=" + clock(from),
+		}; !slices.Equal(got, want) {
+			t.Errorf("lines when the window passed = %q, want %q", got, want)
+		}
+	})
+}
+
+// TestLimiterFlushAndReset: Flush (its owner's stop) reports the events held back at once, and
+// stops the timer, which reports nothing more; Reset (what failed works again) reports them too,
+// and the next event is logged at once.
+func TestLimiterFlushAndReset(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l Limiter
+		k := newKeyedLog()
+		l.Flush() // nothing held back: nothing logged
+		l.Log(k.log, slog.LevelWarn, "m", "n", 0)
+		at := time.Now()
+		l.Log(k.log, slog.LevelWarn, "m", "n", 1)
+		k.lines(true)
+		l.Flush()
+		if got, want := k.lines(false), []string{
+			"level=WARN msg=m n=1 repeats=1 repeats_from=" + clock(at) + " repeats_to=" + clock(at),
+		}; !slices.Equal(got, want) {
+			t.Errorf("lines of the Flush = %q, want %q", got, want)
+		}
+		time.Sleep(2 * LimitEvery)
+		if got := k.lines(true); len(got) != 0 {
+			t.Errorf("lines after the Flush: %q, want none", got)
+		}
+		l.Log(k.log, slog.LevelWarn, "m", "n", 2)
+		at = time.Now()
+		l.Log(k.log, slog.LevelWarn, "m", "n", 3)
+		l.Reset()
+		l.Log(k.log, slog.LevelWarn, "m", "n", 4)
+		if got, want := k.lines(false), []string{
+			"level=WARN msg=m n=2",
+			"level=WARN msg=m n=3 repeats=1 repeats_from=" + clock(at) + " repeats_to=" + clock(at),
+			"level=WARN msg=m n=4",
+		}; !slices.Equal(got, want) {
+			t.Errorf("lines around a Reset = %q, want %q", got, want)
 		}
 	})
 }

@@ -42,7 +42,7 @@ type checkpointer struct {
 	drop     func(*sql.Conn) // Store.dropWriter
 	wal      string          // path of the -wal file
 	log      *slog.Logger
-	warn     logging.Limiter // a failure that lasts would log at every tick (each second by default)
+	warn     logging.Counter // a failure that lasts would log at every tick (each second by default)
 	pages    atomic.Int64    // pages written to the WAL since the last checkpoint began (wrote)
 	burst    chan struct{}   // wakes run once pages reach burstPages
 	cancel   context.CancelFunc

@@ -4,6 +4,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -169,9 +170,7 @@ func (s *Store) reportCorrupt(err error) {
 	if s.corrupt.CompareAndSwap(nil, &err) && s.onCorrupt != nil {
 		s.onCorrupt()
 	}
-	if args, ok := s.corruptWarn.Allowed("path", s.path, logging.Err(err)); ok {
-		s.log.Error(msgCorrupt, args...)
-	}
+	s.corruptWarn.LogQuiet(s.log, slog.LevelError, msgCorrupt, "path", s.path, logging.Err(err))
 }
 
 // corruptError is Ping's error once the store has found its database damaged: what SQLite

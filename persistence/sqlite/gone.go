@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 
 	"github.com/agentgate/agentgate/internal/logging"
@@ -128,9 +129,7 @@ func (s *Store) commitChecked(tx committer) error {
 // reportGone logs msgGone, at Error and at most once a minute: the commits a gone file
 // refuses are tried again each second by the spool's replay.
 func (s *Store) reportGone(err error) {
-	if args, ok := s.goneWarn.Allowed("path", s.path, logging.Err(err)); ok {
-		s.log.Error(msgGone, args...)
-	}
+	s.goneWarn.LogQuiet(s.log, slog.LevelError, msgGone, "path", s.path, logging.Err(err))
 }
 
 // emptyLostWAL folds the write-ahead log into the old file, deleted or replaced, and empties

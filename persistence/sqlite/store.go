@@ -93,7 +93,7 @@ type Store struct {
 	ckpt      *checkpointer
 	idx       *indexer // the search index backlog; nil for a read-only store
 	now       func() time.Time
-	ftsWarn   logging.Limiter
+	ftsWarn   logging.Counter
 	// pruning is what the prune steps know of the rows an earlier step left behind (prune.go).
 	pruning pruneState
 	// corruptWarn holds back the lines of a corrupt database (reportCorrupt).
@@ -516,6 +516,7 @@ func (s *Store) Close() error {
 		s.commitMu.Unlock()
 	}
 	err := s.closeAll()
+	logging.FlushAll(&s.corruptWarn, &s.goneWarn) // the lines held back, reported at the close
 	if err != nil {
 		return fmt.Errorf("close %s: %w", s.path, err)
 	}

@@ -90,7 +90,7 @@ type Platform struct {
 	limited  map[string]time.Time    // discordgo bucket → until when Discord rate limits it (ratelimit.go)
 	global   time.Time               // until when Discord rate limits every route (ratelimit.go)
 	buckets  restBuckets             // the limiter of the REST calls' buckets (ratelimit.go); own lock
-	rateWarn logging.Limiter         // the "discord rate limit" line (ratelimit.go); own lock
+	rateWarn logging.Counter         // the "discord rate limit" line (ratelimit.go); own lock
 	threads  *channelCache
 	typing   *typing
 	seen     map[string]seenAt             // channel → the newest message seen there (backfill.go)
@@ -180,7 +180,7 @@ type Platform struct {
 	gapWait time.Duration
 
 	// blockWarn is rateWarn for the 429s of Discord's edge (ratelimit.go); own lock.
-	blockWarn logging.Limiter
+	blockWarn logging.Counter
 }
 
 var (

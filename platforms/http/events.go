@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/http"
 	"strconv"
@@ -206,9 +207,7 @@ func (p *Platform) replayFailed(ctx context.Context, key string, err error) {
 	if ctx.Err() != nil {
 		return
 	}
-	if args, ok := p.replayFails.Allowed("session", key, logging.Err(err)); ok {
-		p.log.Warn("sse replay failed", args...)
-	}
+	p.replayFails.LogQuiet(p.log, slog.LevelWarn, "sse replay failed", "session", key, logging.Err(err))
 }
 
 // fillGap writes the outbox entries of key after the last event written and before seq

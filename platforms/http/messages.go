@@ -194,9 +194,7 @@ func (p *Platform) writeDeliverError(w http.ResponseWriter, ack *platforms.Ack, 
 	case errors.Is(err, platforms.ErrReused):
 		writeError(w, http.StatusConflict, CodeMessageIDReused, "message_id is already used in this chat for another message (by another user, or with another text); send this message with a new message_id")
 	case errors.Is(err, platforms.ErrUnavailable):
-		if args, ok := p.unstored.Allowed("chat", in.Source.ChatID, "message_id", in.MessageID, logging.Err(err)); ok {
-			p.log.Warn("message not stored; the client is told to send it again", args...)
-		}
+		p.unstored.LogQuiet(p.log, slog.LevelWarn, "message not stored; the client is told to send it again", "chat", in.Source.ChatID, "message_id", in.MessageID, logging.Err(err))
 		setRetryAfter(w, retrySoon)
 		writeJSON(w, http.StatusServiceUnavailable, ErrorResponse{Error: APIError{Code: CodeUnavailable,
 			Message: "the message could not be stored, retry later"}, MessageID: in.MessageID})

@@ -386,6 +386,8 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	ln := p.ln
 	p.ln = nil // a restarted Run binds afresh
 	p.running = true
+	// The lines held back (logging.Limiter), reported as the platform stops.
+	defer logging.FlushAll(&p.unstored, &p.overHeld, &p.unauthorized, &p.cutOff, &p.slowSubs, &p.replayFails, &p.pageFails)
 	p.deliver = deliver
 	stop := make(chan struct{})
 	p.stop = stop
@@ -489,9 +491,7 @@ func (p *Platform) show(out *platforms.Outbound) {
 	for s := range p.subs[out.SessionKey] {
 		if !s.offer(out) {
 			p.removeSubLocked(out.SessionKey, s)
-			if args, ok := p.slowSubs.Allowed("session", out.SessionKey); ok {
-				p.log.Warn("sse subscriber dropped, too slow", args...)
-			}
+			p.slowSubs.LogQuiet(p.log, slog.LevelWarn, "sse subscriber dropped, too slow", "session", out.SessionKey)
 		}
 	}
 	var seen map[*waiter]bool
@@ -798,10 +798,8 @@ func (p *Platform) authenticate(next http.Handler) http.Handler {
 		if !p.authorized(r) {
 			// Else a scraper or client with a stale token was refused without a word in the
 			// log (found by an audit). Never the token it sent.
-			if args, ok := p.unauthorized.Allowed("remote", r.RemoteAddr, "path", clipped(r.URL.Path),
-				"authorization", r.Header.Get("Authorization") != ""); ok {
-				p.log.Warn("request refused: missing or invalid bearer token", args...)
-			}
+			p.unauthorized.LogQuiet(p.log, slog.LevelWarn, "request refused: missing or invalid bearer token", "remote", r.RemoteAddr, "path", clipped(r.URL.Path),
+				"authorization", r.Header.Get("Authorization") != "")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="agentgate"`)
 			// A client without the token keeps no connection idle here for the idle timeout.
 			w.Header().Set("Connection", "close")
@@ -858,9 +856,7 @@ func (p *Platform) recoverPanics(next http.Handler) http.Handler {
 						// Which session's stream or transcript it was: the route names none.
 						args = append(args, "session", key)
 					}
-					if args, ok := p.cutOff.Allowed(args...); ok {
-						p.log.Warn("answer cut off: the client stopped reading it", args...)
-					}
+					p.cutOff.LogQuiet(p.log, slog.LevelWarn, "answer cut off: the client stopped reading it", args...)
 				}
 				return
 			}
@@ -920,9 +916,7 @@ func (t *trackingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter 
 func (p *Platform) hold(w http.ResponseWriter, what string) (release func(), ok bool) {
 	if n := p.held.Add(1); n > int64(p.cfg.MaxHeld) {
 		p.held.Add(-1)
-		if args, ok := p.overHeld.Allowed("max", p.cfg.MaxHeld, "refused", what); ok {
-			p.log.Warn("too many event streams and ?wait requests held open; refusing more", args...)
-		}
+		p.overHeld.LogQuiet(p.log, slog.LevelWarn, "too many event streams and ?wait requests held open; refusing more", "max", p.cfg.MaxHeld, "refused", what)
 		setRetryAfter(w, retryHeld)
 		writeError(w, http.StatusServiceUnavailable, CodeTooManyHeld,
 			fmt.Sprintf("%d event streams and ?wait requests are held open already (http.max_held); nothing was done for this one: send it again later, or without ?wait", p.cfg.MaxHeld))
