@@ -210,7 +210,8 @@ func TestMessageBehindAHeldResultIsRefusedWithIt(t *testing.T) {
 // store takes it (within the drain's deadline), the reply goes out and the drain ends. A daemon
 // that stops first (the deadline passed) loses the result: the message runs again at the next
 // start, and is answered then; with sessions.recovery: notice the line says it is answered
-// with a notice then (before, it said it runs again).
+// with a notice then (before, it said it runs again). The refusals held back are reported
+// before that line (before, after it, their line saying the session keeps the result).
 func TestDrainWaitsForAHeldResult(t *testing.T) {
 	for _, tc := range []struct{ room, notice bool }{{true, false}, {false, false}, {false, true}} {
 		room := tc.room
@@ -249,8 +250,24 @@ func TestDrainWaitsForAHeldResult(t *testing.T) {
 					return
 				}
 				w.stop() // the drain's deadline
-				if !strings.Contains(logs.String(), "the session stops with turn results the store has not taken") {
+				// The refusals held back since the first one's line (the result is written again
+				// every few seconds) are reported before the line that says the session stops with
+				// it: after it, their line said the session keeps the result and writes it again.
+				var refusals []string
+				stops := -1
+				for i, l := range strings.Split(logs.String(), "\n") {
+					switch {
+					case strings.Contains(l, "the session stops with turn results the store has not taken"):
+						stops = i
+					case strings.Contains(l, "store turn result; the session keeps it") && stops < 0:
+						refusals = append(refusals, l)
+					}
+				}
+				if stops < 0 {
 					t.Errorf("the lost result is not logged:\n%s", logs.String())
+				}
+				if len(refusals) != 2 || strings.Contains(refusals[0], "repeats=") || !strings.Contains(refusals[1], "repeats=") {
+					t.Errorf("refusals logged before the line of the stop %q, want the first, then those held back (repeats):\n%s", refusals, logs.String())
 				}
 				if tc.notice {
 					if !strings.Contains(logs.String(), "not taken; their messages are answered at the next start with a notice instead of run") {

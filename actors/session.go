@@ -381,6 +381,11 @@ func (s *Session) Receive(c actor.Context) {
 			s.stopResend()
 			s.stopResend = nil
 		}
+		// The refusals of the held writes that their limiters hold back are reported before
+		// the line that says the session stops with them: after it, a line that says the
+		// session keeps the result and writes it again told an operator the opposite
+		// (TestDrainWaitsForAHeldResult).
+		s.reportHeldRefusals()
 		if turns := s.heldTurns(); len(turns) > 0 {
 			// A drain's deadline passed while the store refused them (or the member let the
 			// key go): at-least-once, as for a turn cut short by the stop.

@@ -325,6 +325,14 @@ func (s *Session) sendHeld(c actor.Context) {
 	}
 }
 
+// reportHeldRefusals reports the refusals of the held writes that their lines hold back
+// (logging.Limiter.Flush), as the session stops.
+func (s *Session) reportHeldRefusals() {
+	if h := s.held(); h != nil {
+		logging.FlushAll(&h.log, &h.behindLog)
+	}
+}
+
 // stopHeld forgets the held writes and stops their retry.
 func (s *Session) stopHeld() {
 	if h := s.held(); h != nil {
