@@ -386,8 +386,6 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 	ln := p.ln
 	p.ln = nil // a restarted Run binds afresh
 	p.running = true
-	// The lines held back (logging.Limiter), reported as the platform stops.
-	defer logging.FlushAll(&p.unstored, &p.overHeld, &p.unauthorized, &p.cutOff, &p.slowSubs, &p.replayFails, &p.pageFails)
 	p.deliver = deliver
 	stop := make(chan struct{})
 	p.stop = stop
@@ -433,6 +431,12 @@ func (p *Platform) Run(ctx context.Context, deliver platforms.Deliver) error {
 		serveErr = <-served
 	}
 
+	// The lines held back (logging.Limiter) are reported as the platform stops, once no
+	// handler logs (the start's server's, too), and before the line that says it stopped:
+	// after it, a refusal reported read as one of a platform still serving
+	// (TestLinesHeldBackAreReportedBeforeTheStop).
+	p.waitStartClosed()
+	logging.FlushAll(&p.unstored, &p.overHeld, &p.unauthorized, &p.cutOff, &p.slowSubs, &p.replayFails, &p.pageFails)
 	p.mu.Lock()
 	p.running = false
 	p.mu.Unlock()

@@ -603,3 +603,26 @@ func TestRequestsAreCounted(t *testing.T) {
 		t.Errorf("requests counted (-want +got):\n%s", diff)
 	}
 }
+
+// TestLinesHeldBackAreReportedBeforeTheStop: the refusals a limited line holds back (a request
+// without the token, refused again within the minute) are reported as the platform stops,
+// before the line that says it stopped. Before, they were reported after it, as if the stopped
+// platform still refused requests.
+func TestLinesHeldBackAreReportedBeforeTheStop(t *testing.T) {
+	logs := &testutil.Buffer{}
+	h := mustStart(t, Config{Token: "s3cret", Logger: slog.New(slog.NewTextHandler(logs, nil))}, &fakeRuntime{})
+	for range 3 {
+		h.do("GET", "/metrics", map[string]string{"Authorization": "Bearer stale-token"}, "")
+	}
+	h.stop()
+	var lines []string
+	for l := range strings.SplitSeq(logs.String(), "\n") {
+		if strings.Contains(l, "request refused: missing or invalid bearer token") || strings.Contains(l, "http platform stopped") {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != 3 || strings.Contains(lines[0], "repeats=") || !strings.Contains(lines[1], "repeats=2 ") ||
+		!strings.Contains(lines[2], "http platform stopped") {
+		t.Errorf("lines = %q, want the first refusal, then the two held back (repeats=2), then the stop's line:\n%s", lines, logs.String())
+	}
+}
