@@ -383,17 +383,29 @@ func TestKeyedLimiterFoldsManyKeys(t *testing.T) {
 
 // TestKeyedLimiterForgetsKeys: memory follows the keys of the last windows, however many
 // distinct keys come: a key whose window passed with nothing held back is forgotten, one holding
-// events back once they are reported.
+// events back once they are reported. So with LogQuiet, as the manager's line of a member it
+// cannot reach (a key for each member, SessionManager.unreachableHolders) uses it: its limiters
+// of a member each, which it dropped itself, did not pile up (TestUnreachableLimitersAreDropped).
 func TestKeyedLimiterForgetsKeys(t *testing.T) {
+	for _, quiet := range []bool{false, true} {
+		t.Run(fmt.Sprint("quiet=", quiet), func(t *testing.T) { testKeyedLimiterForgetsKeys(t, quiet) })
+	}
+}
+
+func testKeyedLimiterForgetsKeys(t *testing.T, quiet bool) {
 	synctest.Test(t, func(t *testing.T) {
 		var l KeyedLimiter
 		log := slog.New(slog.DiscardHandler)
+		logged := l.Log
+		if quiet {
+			logged = l.LogQuiet
+		}
 		most := 0
 		for i := range 60000 { // 100 new keys a second for 10 minutes, every fifth holding an event back
 			key := fmt.Sprint("n", i)
-			l.Log(log, slog.LevelWarn, "m", key)
+			logged(log, slog.LevelWarn, "m", key)
 			if i%5 == 0 {
-				l.Log(log, slog.LevelWarn, "m", key)
+				logged(log, slog.LevelWarn, "m", key)
 			}
 			if i%100 == 99 {
 				time.Sleep(time.Second)
