@@ -153,6 +153,12 @@ type KeyedLimiter struct {
 	// into one line a LimitEvery: no key's event is let through but a first one, so that the
 	// keys' next events do not take the lines of the next LimitEvery first.
 	folding bool
+	// turn is held (a value in it) by the timer's report and by Flush, from before they read
+	// the events held back until their lines are logged (outside mu): a Flush at its owner's
+	// stop waits for a report the timer began, whose line would otherwise come after the
+	// owner's line that it stopped (TestLimiterFlushWaitsForTheTimersReport). Made with the
+	// timer.
+	turn chan struct{}
 }
 
 // FoldAbove is how many reports of held-back events a KeyedLimiter logs as lines of their own in
@@ -269,6 +275,7 @@ func (l *KeyedLimiter) arm(now, at time.Time) {
 	}
 	l.timerAt = at
 	if l.timer == nil {
+		l.turn = make(chan struct{}, 1)
 		l.timer = time.AfterFunc(at.Sub(now), l.report)
 	} else {
 		l.timer.Reset(at.Sub(now))
@@ -289,6 +296,11 @@ type heldLine struct {
 // line otherwise (fold). The key's next event then waits LimitEvery from the report, as after a
 // line let through.
 func (l *KeyedLimiter) report() {
+	l.mu.Lock()
+	turn := l.turn
+	l.mu.Unlock()
+	turn <- struct{}{}
+	defer func() { <-turn }()
 	l.mu.Lock()
 	now := time.Now()
 	l.timerAt = time.Time{}
@@ -335,9 +347,17 @@ func (l *KeyedLimiter) report() {
 // Flush reports at once the events every key holds back, due or not, as their windows' passing
 // would (lines of their own up to FoldAbove keys, one folded line beyond), and stops the
 // reports' timer. Its owner calls it as it stops: the timer reports up to LimitEvery later, and
-// a daemon that stops exits meanwhile, its last minute's events held back at Debug alone.
+// a daemon that stops exits meanwhile, its last minute's events held back at Debug alone. A
+// report the timer has begun is logged before Flush returns, so that the owner's line that it
+// stopped comes after every report.
 func (l *KeyedLimiter) Flush() {
 	l.mu.Lock()
+	if turn := l.turn; turn != nil { // a report of the timer's logs its lines first
+		l.mu.Unlock()
+		turn <- struct{}{}
+		defer func() { <-turn }()
+		l.mu.Lock()
+	}
 	now := time.Now()
 	if l.timer != nil {
 		l.timer.Stop()

@@ -2,6 +2,7 @@ package logging
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -311,6 +312,55 @@ func TestLimiterFlushAndReset(t *testing.T) {
 		}
 	})
 }
+
+// TestLimiterFlushWaitsForTheTimersReport: a Flush at its owner's stop while the timer's report
+// is being logged (its handler slow: a full pipe, a disk) returns once that report is logged,
+// so that the owner's line that it stopped, logged next, comes after it. Before, the report,
+// logged outside the limiter's lock, could come after the owner's stopped line.
+func TestLimiterFlushWaitsForTheTimersReport(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l Limiter
+		var mu sync.Mutex
+		var lines []string
+		record := func(line string) {
+			mu.Lock()
+			defer mu.Unlock()
+			lines = append(lines, line)
+		}
+		slow := make(chan struct{})
+		log := slog.New(handlerFunc(func(r slog.Record) {
+			if r.Level == slog.LevelWarn && r.NumAttrs() > 1 { // the report (n, repeats, …)
+				<-slow
+			}
+			record(r.Message)
+		}))
+		l.LogQuiet(log, slog.LevelWarn, "m", "n", 0)
+		l.LogQuiet(log, slog.LevelWarn, "m", "n", 1) // held back
+		time.Sleep(LimitEvery)
+		synctest.Wait() // the timer's report is in the handler
+		stopped := make(chan struct{})
+		go func() {
+			l.Flush()
+			record("stopped")
+			close(stopped)
+		}()
+		synctest.Wait()
+		close(slow)
+		<-stopped
+		synctest.Wait()
+		if want := []string{"m", "m", "stopped"}; !slices.Equal(lines, want) {
+			t.Errorf("lines = %q, want %q (the report before the owner's stopped line)", lines, want)
+		}
+	})
+}
+
+// handlerFunc is a slog.Handler that hands each record to itself.
+type handlerFunc func(slog.Record)
+
+func (h handlerFunc) Enabled(context.Context, slog.Level) bool      { return true }
+func (h handlerFunc) Handle(_ context.Context, r slog.Record) error { h(r); return nil }
+func (h handlerFunc) WithAttrs([]slog.Attr) slog.Handler            { return h }
+func (h handlerFunc) WithGroup(string) slog.Handler                 { return h }
 
 // TestKeyedLimiterFoldsManyKeys: the reports of many keys are folded into one line a
 // LimitEvery, which counts the keys and their events held back and names a few, after at most
