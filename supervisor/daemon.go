@@ -652,6 +652,12 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	d.stopChildren(ctx, d.withdraw)
 	d.cancel()
 	d.waitAgents(ctx)
+	// What the agent's limited lines hold back is reported now, before the line that the daemon
+	// stopped: their limiter's timer reported it up to a minute later, when the daemon had
+	// exited (TestStopReportsTheAgentsLinesHeldBack).
+	if f, ok := d.agent.(interface{ FlushLines() }); ok {
+		f.FlushLines()
+	}
 	d.events.close()
 	if d.cluster != nil {
 		d.leaveCluster(ctx) // it shuts the actor system down

@@ -193,6 +193,13 @@ func (a *Agent) KillAll() int {
 	return n
 }
 
+// FlushLines reports the events the agent's limited lines hold back (logging.Limiter.Flush):
+// the daemon calls it as it stops, once the agent's calls have ended. Else their limiter's
+// timer reported them up to a minute later, when the daemon had exited.
+func (a *Agent) FlushLines() {
+	logging.FlushAll(&a.heldOpen, &a.graceKill, &a.replyCut, &a.timeoutStderr, &a.runaway)
+}
+
 // Ready reports whether the command can be started now, as New checked it (FindCommand): nil
 // when it can, otherwise why not and since when (the first turn or check that found it so). A
 // program removed, or no longer executable, while the daemon runs fails every turn, and the

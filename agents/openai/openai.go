@@ -240,6 +240,14 @@ func New(c Config) (*Agent, error) {
 // CanSteer reports true: Run takes steered messages between its model calls.
 func (a *Agent) CanSteer() bool { return true }
 
+// FlushLines reports the events the agent's limited lines hold back (logging.Limiter.Flush):
+// the daemon calls it as it stops, once the agent's calls have ended. Else their limiter's
+// timer reported them up to a minute later, when the daemon had exited: the retries of the
+// last minute of an endpoint's outage were counted nowhere (TestRetryLineNamesTheTurn).
+func (a *Agent) FlushLines() {
+	logging.FlushAll(&a.retryLines, &a.pauseLines, &a.overflowLines)
+}
+
 func (a *Agent) keyString() string {
 	if a.key == nil {
 		return ""

@@ -1076,7 +1076,7 @@ func TestAPanicInTheCallReachesRunsCaller(t *testing.T) {
 
 // TestRetryLineNamesTheTurn: the line of a retried model call names the session and the turn
 // it is for, so an operator can tell which chat waits on the endpoint; it is logged at most
-// once a minute.
+// once a minute, and the retries held back are reported as the daemon stops (FlushLines).
 func TestRetryLineNamesTheTurn(t *testing.T) {
 	upstream := openaitest.Status(http.StatusBadGateway, `{"error":{"message":"upstream"}}`)
 	m := newFakeModel(t, upstream, openaitest.Reply("hello", 1, 1), upstream, openaitest.Reply("hello again", 1, 1))
@@ -1106,6 +1106,18 @@ func TestRetryLineNamesTheTurn(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "model call failed; retrying"); n != 1 {
 		t.Errorf("%d retry lines for two turns' retries within a minute, want 1:\n%s", n, logs.String())
+	}
+	// The retry held back is reported as the daemon stops (FlushLines): else the limiter's
+	// timer reported it a minute later, when the daemon had exited.
+	a.FlushLines()
+	var lines []string
+	for l := range strings.SplitSeq(logs.String(), "\n") {
+		if strings.Contains(l, "model call failed; retrying") {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != 2 || !strings.Contains(lines[1], "turn=t_2") || !strings.Contains(lines[1], "repeats=1 ") {
+		t.Errorf("retry lines after FlushLines = %q, want the second turn's retry reported (turn=t_2, repeats=1)", lines)
 	}
 }
 
