@@ -595,10 +595,13 @@ func awaitStartSignal(sigs <-chan os.Signal, stop chan<- struct{}, started <-cha
 			switch {
 			case !signalled:
 				signalled = true
-				close(stop)
+				// Logged before stop closes: the start's own line about the stop it made
+				// must come after it (logged first, from the start's goroutine, it came
+				// before it now and then under load).
 				log.Info("signal received during the start; stopping: a wait ends at once (the data directory's or the database's lock, the connect, the cluster's join), "+
 					"a migration of the schema finishes first, the replay of the spool stops after its current batches and the rest waits for the next start; "+
 					"a second SIGINT or SIGTERM (Ctrl-C again) exits at once", "signal", sig.String())
+				close(stop)
 			case sig == syscall.SIGHUP:
 				log.Info("hangup received (SIGHUP) during the start's stop; it goes on: a second SIGINT or SIGTERM exits at once", "signal", sig.String())
 			default:
