@@ -66,7 +66,8 @@
 // got no answer (the last user messages of Request.History) is sent once more without them;
 // answered, its reply answers the turn, ends with a note that says so (ridersNote; later turns
 // give the model the reply without it), and Response.RidersLeftOut has the session archive them.
-// Refused the same way, or met the same way by another session's request, with no request
+// Refused the same way (per-request ids aside: refusalKey), or met the same way by another
+// session's request, with no request
 // answered in between, the endpoint refuses every request (refusesEvery): nothing is left out,
 // the notice says so, and one ERR tells the operator. Refused while the endpoint answers other
 // requests, nothing is left out either, and the notice names /new: the rest of the

@@ -77,12 +77,42 @@ func (a *Agent) refusesEvery(se *StatusError, session string, probed bool, log *
 // Ray ID, with the data centre after it, "8a1b2c3d4e5f6789-FRA"; OpenAI's req_…; a trace id).
 var requestIDs = regexp.MustCompile(`(?i)\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b|[0-9a-f]{16,}(?:-[a-z]{3}\b)?`)
 
+// namedIDs matches an id a message names as one, whatever its alphabet or length (cut short
+// with the message, it may be a few characters): one-api's and new-api's "(request id:
+// 20251207123456789012345aB3xYz9Q)" (the time to the nanosecond, then random digits or
+// letters), "request_id": "req_…" (Anthropic's, as a proxy passes its error on), x-request-id,
+// trace and correlation ids. Group 1 is the name, group 2 the id; only an id with a digit is
+// one (refusalKey), not a word that follows such a name.
+var namedIDs = regexp.MustCompile(`(?i)(\b(?:x-)?(?:request|req|trace|correlation)[ _-]?id\b['"]?\s*[:=]?\s*['"]?)([A-Za-z0-9][\w-]*)`)
+
+// idTokens matches a run of 16 or more characters of an id's alphabet (letters, digits, '_'
+// and '-'): refusalKey takes one with a digit for an id, such as Anthropic's
+// "req_011CZACayYzvBK2dtytcvDpD" (base58) or new-api's, named or not.
+var idTokens = regexp.MustCompile(`[A-Za-z0-9_-]{16,}`)
+
 // refusalKey is what of a refusal's message two refusals must share to be the same refusal
-// (refusesEvery, and the probe's in Run): the message with its per-request ids (requestIDs)
-// taken out. Before, a proxy's error page that names each request's own id (Cloudflare's "Ray
-// ID: …") was never the same refusal twice, and an endpoint behind it that refuses every
-// request read as a conversation at fault.
+// (refusesEvery, and the probe's in Run): the message with its per-request ids taken out. Those
+// are what namedIDs names as an id, runs of 16 or more id characters with a digit among them
+// (idTokens), and UUIDs and hex runs (requestIDs). Words, parameter names and counts of fewer
+// than 16 digits are kept (a message index, a context size, n_ctx): two refusals that differ in
+// them differ. Before, a proxy's error page that names each request's own id (Cloudflare's "Ray
+// ID: …") was never the same refusal twice, nor, until the named and alphanumeric ids were
+// taken out, one-api's or new-api's "(request id: …)" and Anthropic's req_… behind a proxy: an
+// endpoint behind them that refuses every request read as a conversation at fault.
 func refusalKey(message string) string {
+	message = namedIDs.ReplaceAllStringFunc(message, func(m string) string {
+		sub := namedIDs.FindStringSubmatch(m)
+		if !strings.ContainsAny(sub[2], "0123456789") {
+			return m
+		}
+		return sub[1] + "…"
+	})
+	message = idTokens.ReplaceAllStringFunc(message, func(t string) string {
+		if !strings.ContainsAny(t, "0123456789") {
+			return t
+		}
+		return "…"
+	})
 	return requestIDs.ReplaceAllString(message, "…")
 }
 

@@ -351,6 +351,121 @@ func TestRefusalsWithPerRequestIDsAreTheSame(t *testing.T) {
 	}
 }
 
+// alnumID is a per-request id of n characters of base58 that differs with seed, as a proxy's
+// request ids do from one request to the next.
+func alnumID(seed, n int) string {
+	const base58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = base58[(seed*7919+i*31+i*i*seed)%len(base58)]
+	}
+	return string(b)
+}
+
+// TestRefusalsWithOtherPerRequestIDsAreTheSame: per-request ids that are no hex run are taken
+// out of the refusals compared too, so an endpoint behind the proxy that refuses every request
+// is told as one (one ERR), as with Cloudflare's Ray ID: new-api's "(request id: …)", the time
+// to the nanosecond then 8 random letters and digits (new-api common/utils.go:
+// MessageWithRequestId, GetTimeString() + GetRandomString(8)), and Anthropic's base58
+// request_id, which LiteLLM passes on in its message (BerriAI/litellm#16525, HKUDS/nanobot#2200,
+// where every call was refused so). Before, each request's id made another refusal: the turn was
+// told to send /new, as if its conversation were at fault, and the operator was never told.
+func TestRefusalsWithOtherPerRequestIDsAreTheSame(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		body func(n int) string
+	}{
+		{"new-api", func(n int) string {
+			id := fmt.Sprintf("20251207%06d%d%s", 73841+n, 40213+n*7919, alnumID(n, 8))
+			return `{"error":{"message":"bad response status code 400 (request id: ` + id + `)","type":"new_api_error","param":"","code":"bad_response_status_code"}}`
+		}},
+		{"Anthropic behind LiteLLM", func(n int) string {
+			id := "req_011CZ" + alnumID(n, 15)
+			return `{"error":{"message":"litellm.BadRequestError: AnthropicException - {\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"Error\"},\"request_id\":\"` + id + `\"}","type":null,"param":null,"code":"400"}}`
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+				openaitest.Status(http.StatusBadRequest, tc.body(n))(w, r)
+			})
+			var logs bytes.Buffer
+			a := MustAgent(t, m, &logs, nil, nil)
+			for i, req := range []*agents.Request{
+				ridersRequest("s1", "what is the time?", "and the date?"),
+				{Identity: identity.Turn{SessionKey: "s2", TurnID: "t_1"}, Messages: []agents.Message{msg("user", "hi")}},
+			} {
+				resp, err := a.Run(t.Context(), req)
+				ref, ok := errors.AsType[*agents.Refusal](err)
+				if !ok || !strings.Contains(ref.Notice, "refuses every request") || strings.Contains(ref.Notice, "/new") {
+					t.Fatalf("Run %d error = %v, want a Refusal saying the endpoint refuses every request, without /new", i+1, err)
+				}
+				if resp != nil && resp.RidersLeftOut {
+					t.Errorf("Run %d left the riders out", i+1)
+				}
+			}
+			if got := m.Count(); got != 3 {
+				t.Errorf("the model got %d requests, want 3", got)
+			}
+			if n := strings.Count(logs.String(), "level=ERROR"); n != 1 {
+				t.Errorf("logs hold %d ERR lines, want 1:\n%s", n, logs.String())
+			}
+		})
+	}
+}
+
+// TestRefusalsThatDifferBesideTheirIDsAreNotTheSame: taking per-request ids out keeps what tells
+// two refusals apart, the numbers among it (a message's index, a count of tokens): a request
+// refused for its rider's message, and refused for another message without it, each with its own
+// request id, is a conversation at fault (the notice names /new), not an endpoint that refuses
+// every request (no ERR). Shapes as Anthropic's behind LiteLLM (BerriAI/litellm#16525's
+// "messages.4: …" with its request_id) and new-api's "(request id: …)".
+func TestRefusalsThatDifferBesideTheirIDsAreNotTheSame(t *testing.T) {
+	const rider = "a message the endpoint cannot take"
+	for _, tc := range []struct {
+		name string
+		// body is the refusal of request n, which holds the rider or not: they differ in
+		// one number beside the id.
+		body func(n int, withRider bool) string
+	}{
+		{"a message's index, Anthropic behind LiteLLM", func(n int, withRider bool) string {
+			index := 1
+			if withRider {
+				index = 3
+			}
+			return fmt.Sprintf(`{"error":{"message":"litellm.BadRequestError: AnthropicException - {\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"messages.%d: text content blocks must be non-empty\"},\"request_id\":\"req_011CZ%s\"}","type":null,"param":null,"code":"400"}}`,
+				index, alnumID(n, 15))
+		}},
+		{"a count, new-api", func(n int, withRider bool) string {
+			count := 604
+			if withRider {
+				count = 812
+			}
+			return fmt.Sprintf(`{"error":{"message":"a message holds %d tokens of one word, more than the 512 the upstream takes (request id: 20251207%06d%d%s)","type":"new_api_error","param":"","code":"bad_response_status_code"}}`,
+				count, 73841+n, 40213+n*7919, alnumID(n, 8))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var m *openaitest.Model
+			m = openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+				openaitest.Status(http.StatusBadRequest, tc.body(n, strings.Contains(m.Requests()[n-1].Body, rider)))(w, r)
+			})
+			var logs bytes.Buffer
+			a := MustAgent(t, m, &logs, nil, nil)
+			_, err := a.Run(t.Context(), ridersRequest("s1", rider, "and the date?"))
+			ref, ok := errors.AsType[*agents.Refusal](err)
+			if !ok || strings.Contains(ref.Notice, "refuses every request") || !strings.Contains(ref.Notice, "/new") {
+				t.Fatalf("Run error = %v, want a Refusal naming /new, not one saying the endpoint refuses every request", err)
+			}
+			if m.Count() != 2 {
+				t.Errorf("the model got %d requests, want 2", m.Count())
+			}
+			if strings.Contains(logs.String(), "level=ERROR") {
+				t.Errorf("logs hold an ERR:\n%s", logs.String())
+			}
+		})
+	}
+}
+
 // TestEchoedChatIsNotAContextRefusal: a refusal that echoes the request it refused (vLLM's
 // validation error holds it whole as its input) holds the chat's words, which may speak of the
 // model's context, or paste a vLLM refusal of max_tokens: read past the message's first 200
